@@ -1,0 +1,97 @@
+// Architecture-neutral vocabulary for unwinding a stack from a register snapshot plus a copy
+// of the stack bytes (a perf sample, an in-process signal handler, or a recorded snapshot).
+//
+// The architecture is data, not the build target: the same code unwinds x86-64 and MIPS64
+// (either endianness) stacks on any host, so the MIPS64 unwinder is unit-tested on x86-64.
+// Everything here is plain data with no allocation, usable from a signal handler.
+#ifndef STRATA_COMMON_UNWIND_UNWIND_TYPES_H_
+#define STRATA_COMMON_UNWIND_UNWIND_TYPES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace strata::unwind {
+
+enum class Arch : uint8_t {
+  kX86_64 = 0,
+  kMips64El = 1,  // little-endian n64 (Debian mips64el)
+  kMips64Be = 2,  // big-endian n64
+};
+
+std::string_view ArchName(Arch arch);  // "x86_64", "mips64el", "mips64"
+inline bool IsBigEndian(Arch arch) { return arch == Arch::kMips64Be; }
+
+// Registers of the interrupted thread under architecture-neutral names.
+struct Registers {
+  uint64_t pc = 0;
+  uint64_t sp = 0;
+  uint64_t fp = 0;  // rbp on x86-64, s8/fp ($30) on MIPS64
+  uint64_t ra = 0;  // $31 on MIPS64 (valid for the innermost frame only); unused on x86-64
+};
+
+// A copy of the thread's stack taken at sample time: `data` holds memory [start, start+size).
+// Not owned.
+struct StackSnapshot {
+  uint64_t start = 0;
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+
+  bool Contains(uint64_t addr, size_t len) const {
+    return addr >= start && len <= size && addr - start <= size - len;
+  }
+  // Reads a 64-bit word in the target's byte order. False when outside the copy.
+  bool Read64(uint64_t addr, bool big_endian, uint64_t* out) const {
+    if (!Contains(addr, 8)) return false;
+    uint64_t v;
+    std::memcpy(&v, data + (addr - start), 8);
+    if (big_endian) v = __builtin_bswap64(v);  // hosts are little-endian (x86-64, mips64el)
+    *out = v;
+    return true;
+  }
+};
+
+// How to step from a frame to its caller, as compiled from CFI (x86-64) or from a decoded
+// prologue (MIPS64). All offsets are relative to the CFA, the caller's stack pointer value.
+struct UnwindRow {
+  enum class CfaBase : uint8_t { kSp, kFp, kUndefined };
+  enum class RaRule : uint8_t {
+    kAtCfaOffset,  // return address stored at CFA + ra_offset
+    kInRegister,   // still in the RA register (MIPS leaf / before the save); innermost frame only
+    kUndefined,    // outermost frame: stop here
+  };
+  enum class FpRule : uint8_t { kSame, kAtCfaOffset };
+
+  CfaBase cfa_base = CfaBase::kUndefined;
+  RaRule ra_rule = RaRule::kUndefined;
+  FpRule fp_rule = FpRule::kSame;
+  int32_t cfa_offset = 0;
+  int32_t ra_offset = 0;
+  int32_t fp_offset = 0;
+};
+
+// One unwound frame. `ra_slot` is the stack address the return address that leads OUT of
+// this frame was read from (0 when it came from a register or for the outermost frame): the
+// (ra_slot, return address) pairs are what the incremental unwinder compares between samples.
+struct Frame {
+  uint64_t pc = 0;       // for frames other than the innermost: the return address
+  uint64_t sp = 0;       // the frame's stack pointer
+  uint64_t ra_slot = 0;
+};
+
+enum class StopReason : uint8_t {
+  kOutermost,        // reached a frame whose RA rule is undefined (_start, thread start)
+  kMaxFrames,        // output buffer full
+  kNoModule,         // pc outside any known module
+  kNoRule,           // module has no rule for pc
+  kStackOutOfRange,  // needed bytes beyond the stack copy
+  kBadReturnAddress, // sanity check failed (not executable, not after a call, sp not rising)
+  kSpliced,          // incremental unwinder reused cached outer frames
+};
+
+std::string_view StopReasonName(StopReason reason);
+
+}  // namespace strata::unwind
+
+#endif  // STRATA_COMMON_UNWIND_UNWIND_TYPES_H_

@@ -1,0 +1,70 @@
+// The unwinding loop shared by every architecture, and the two interfaces it needs:
+//
+//  - RuleSource: per module, "how do I leave the frame executing at module-relative pc?".
+//    Implemented per architecture in one file each (x86_64/cfi_table.*: compiled
+//    .eh_frame/.debug_frame rows; mips64/prologue_table.*: decoded prologues). A RuleSource
+//    is built once per module (keyed by build ID) and is immutable afterwards, so it can be
+//    shared by every process mapping that module and read from a signal handler.
+//  - AddressSpace: per process, absolute pc -> (module's RuleSource, module-relative pc),
+//    plus whether an address is executable (sanity checks). Owned by whoever tracks the
+//    process's mappings (the agent, or the in-process sampler).
+//
+// Unwind() writes frames into a caller-provided buffer and never allocates, so it is
+// async-signal-safe as long as the RuleSource/AddressSpace lookups are.
+#ifndef STRATA_COMMON_UNWIND_UNWINDER_H_
+#define STRATA_COMMON_UNWIND_UNWINDER_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/unwind/unwind_types.h"
+
+namespace strata::unwind {
+
+class RuleSource {
+ public:
+  virtual ~RuleSource() = default;
+  // Fills `row` for module-relative `pc`. `innermost` is true for the interrupted frame (its
+  // pc is exact; for caller frames pc is a return address and the lookup uses pc - 1, which
+  // the implementation handles). False when the module has no rule for pc.
+  virtual bool FindRow(uint64_t pc, bool innermost, UnwindRow* row) const = 0;
+  // Optional per-architecture check that `return_address` (module-relative) follows a call
+  // instruction (MIPS: jal/jalr + delay slot 8 bytes before). Default: accept.
+  virtual bool IsPlausibleReturnAddress(uint64_t return_address) const { return true; }
+};
+
+class AddressSpace {
+ public:
+  virtual ~AddressSpace() = default;
+  // Maps absolute `pc` to the module containing it: its rule source (may be null when the
+  // module has no unwind info) and the module-relative pc. False when pc is in no module.
+  virtual bool Lookup(uint64_t pc, const RuleSource** rules, uint64_t* module_pc) const = 0;
+};
+
+struct UnwindOptions {
+  Arch arch = Arch::kX86_64;
+  size_t max_frames = 256;
+  // Fall back to a frame-pointer walk when a module has no rule (x86-64 only).
+  bool frame_pointer_fallback = true;
+};
+
+struct UnwindResult {
+  size_t num_frames = 0;
+  StopReason stop = StopReason::kOutermost;
+};
+
+// Unwinds from `regs` over `stack`, writing at most min(capacity, options.max_frames) frames,
+// innermost first. frames[0].pc == regs.pc.
+UnwindResult Unwind(const UnwindOptions& options, const Registers& regs,
+                    const StackSnapshot& stack, const AddressSpace& space, Frame* frames,
+                    size_t capacity);
+
+// One step: computes the caller's registers from `row`. Exposed for the incremental
+// unwinder and for tests. `ra_slot` receives the address the return address was read from
+// (0 if from a register). False when a needed word is outside `stack`.
+bool StepWithRow(Arch arch, const UnwindRow& row, const Registers& regs, bool innermost,
+                 const StackSnapshot& stack, Registers* caller, uint64_t* ra_slot);
+
+}  // namespace strata::unwind
+
+#endif  // STRATA_COMMON_UNWIND_UNWINDER_H_
