@@ -1,0 +1,277 @@
+// Store: the server's persistence, an embedded RocksDB directory.
+//
+// The store owns the RocksDB instance, its column families and the in-memory intern caches.
+// Callers (ingest, aggregation, query, capture) own their WriteBatch objects and the
+// records they pass in; everything returned is a copy owned by the caller.
+//
+// Column families:
+//   stacks     stack ID (content hash of the frame list, probed on collision) -> frames
+//   functions  function ID (content hash of (build ID or module path, start offset, name))
+//              -> name, module, build ID, start offset
+//   samples    service '\0' BE(window_start_ms) host '\0' BE(stack_id) -> u64 count
+//              (uint64-add merge operator)
+//   captures   capture_id '\0' BE(window_start_ms) host '\0' BE(stack_id) -> u64 count
+//              (same layout and operator; ad hoc captures stay out of continuous queries)
+//   services   service -> first/last window and total samples (min/max/sum merge operator),
+//              so ListServices reads one small record per service
+//   meta       agents, per-agent applied batch sequence, per-agent call graph records,
+//              phase-change events, capture metadata
+//
+// Durability: every Commit goes through the write-ahead log, so an acknowledged commit
+// survives a process kill. StoreOptions::sync additionally fsyncs the WAL on every commit
+// (survives power loss; much slower). Default: off.
+//
+// Thread safety: Store is thread-safe. Any number of threads may intern, commit and read
+// concurrently. A WriteBatch belongs to one thread at a time.
+#ifndef STRATA_SERVER_STORE_STORE_H_
+#define STRATA_SERVER_STORE_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace strata::store {
+
+struct FunctionInfo {
+  std::string name;
+  std::string module;    // path of the executable or shared library
+  std::string build_id;  // raw GNU build ID bytes; empty when the module has none
+  uint64_t start_offset = 0;
+
+  bool operator==(const FunctionInfo&) const = default;
+};
+
+struct StackFrames {
+  std::vector<uint64_t> function_ids;  // outermost first
+  bool truncated = false;              // unwinding stopped before the outermost frame
+
+  bool operator==(const StackFrames&) const = default;
+};
+
+struct SampleKey {
+  std::string service;
+  int64_t window_start_ms = 0;
+  std::string host;
+  uint64_t stack_id = 0;
+
+  bool operator==(const SampleKey&) const = default;
+};
+
+struct SampleQuery {
+  std::string service;
+  int64_t from_ms = 0;  // inclusive
+  int64_t to_ms = 0;    // exclusive
+  std::optional<std::string> host;
+  // When set, scans the samples of this capture instead of the continuous profile; the
+  // returned keys carry `service` as given here.
+  std::optional<std::string> capture_id;
+};
+
+struct ServiceSummary {
+  std::string service;
+  int64_t first_window_ms = 0;
+  int64_t last_window_ms = 0;
+  uint64_t total_samples = 0;
+
+  bool operator==(const ServiceSummary&) const = default;
+};
+
+struct AgentRecord {
+  std::string agent_id;
+  std::string host;
+  std::string arch;
+  std::string version;
+  int64_t last_batch_ms = 0;
+  uint64_t batches = 0;
+
+  bool operator==(const AgentRecord&) const = default;
+};
+
+// One function node of an agent's call graph (dense node ID = record index).
+struct GraphNode {
+  uint32_t id = 0;
+  std::string name;
+  std::string module;
+  std::string build_id;
+  uint64_t start_offset = 0;
+
+  bool operator==(const GraphNode&) const = default;
+};
+
+// One call edge of an agent's call graph; its edge ID is its index in AgentGraph::edges.
+struct GraphEdge {
+  uint32_t caller = 0;
+  uint64_t call_site = 0;
+  uint32_t callee = 0;
+
+  bool operator==(const GraphEdge&) const = default;
+};
+
+// All persisted records of one (agent, graph_id), in index order. Nodes are contiguous by
+// id (starting at whatever id was appended first); edges are contiguous from edge 0.
+struct AgentGraph {
+  std::vector<GraphNode> nodes;
+  std::vector<GraphEdge> edges;
+};
+
+struct PhaseEvent {
+  std::string service;
+  int64_t window_start_ms = 0;
+  std::string payload;  // opaque to the store
+
+  bool operator==(const PhaseEvent&) const = default;
+};
+
+struct CaptureInfo {
+  std::string capture_id;
+  std::string service;
+  std::string host;
+  uint32_t pid = 0;
+  uint32_t frequency_hz = 0;
+  int64_t start_ms = 0;
+  int64_t end_ms = 0;  // 0 while running
+  bool finished = false;
+  std::string error;
+
+  bool operator==(const CaptureInfo&) const = default;
+};
+
+struct StoreOptions {
+  // fsync the WAL on every commit. Off: a commit survives a process kill but not power loss.
+  bool sync = false;
+  bool create_if_missing = true;
+  // Shared block cache for all column families.
+  size_t block_cache_bytes = 64 << 20;
+  // Upper bound on committed entries kept in each intern cache (stacks, functions).
+  // Entries of batches not yet committed are never evicted, so the bound can be exceeded
+  // by the in-flight working set.
+  size_t intern_cache_entries = 1 << 20;
+  // Test hook: replaces the content hash used for stack and function IDs so that tests
+  // can force collisions. `probe` is 0 for the first candidate, 1, 2, ... after collisions.
+  std::function<uint64_t(std::string_view identity, uint32_t probe)> id_hash_for_testing;
+};
+
+struct StoreStats {
+  uint64_t malformed_merge_operands = 0;  // skipped by the merge operators
+  uint64_t id_collisions = 0;             // intern probes past an occupied ID
+  uint64_t stack_cache_entries = 0;
+  uint64_t function_cache_entries = 0;
+};
+
+// Column families, for tests and tools that need raw access.
+enum class Column { kStacks, kFunctions, kSamples, kCaptures, kServices, kMeta };
+
+class Store;
+
+// A set of writes applied atomically by Store::Commit. Strings must not contain '\0' where
+// they become key components (service, host, agent ID, capture ID); such input, and negative
+// windows, make Commit fail with InvalidArgument without writing anything.
+class WriteBatch {
+ public:
+  WriteBatch();
+  ~WriteBatch();
+  WriteBatch(const WriteBatch&) = delete;
+  WriteBatch& operator=(const WriteBatch&) = delete;
+
+  // Adds `count` to the continuous profile cell (service, window, host, stack).
+  void AddSamples(std::string_view service, int64_t window_start_ms, std::string_view host,
+                  uint64_t stack_id, uint64_t count);
+  // Adds `count` to a cell of an ad hoc capture.
+  void AddCaptureSamples(std::string_view capture_id, int64_t window_start_ms,
+                         std::string_view host, uint64_t stack_id, uint64_t count);
+  // Records that the agent's batch `sequence` is applied by this commit. Commit refuses
+  // (AlreadyExists, nothing written) if `sequence` is not above the stored one.
+  void SetAppliedSequence(std::string_view agent_id, uint64_t sequence);
+  void PutAgent(const AgentRecord& agent);
+  // Graph records of (agent, graph_id): nodes are keyed by node id, edges by
+  // first_edge + position. Re-appending an index overwrites it (resync-safe).
+  void AppendGraphNodes(std::string_view agent_id, uint64_t graph_id,
+                        const std::vector<GraphNode>& nodes);
+  void AppendGraphEdges(std::string_view agent_id, uint64_t graph_id, uint64_t first_edge,
+                        const std::vector<GraphEdge>& edges);
+  // Drops every record of (agent, graph_id), e.g. when the agent starts a new graph.
+  void DeleteGraph(std::string_view agent_id, uint64_t graph_id);
+  // Identical events (same service, window, payload) are stored once.
+  void PutPhaseEvent(const PhaseEvent& event);
+  void PutCapture(const CaptureInfo& capture);
+
+  bool empty() const;
+  // Drops everything added so far.
+  void Clear();
+
+ private:
+  friend class Store;
+  struct Rep;
+  std::unique_ptr<Rep> rep_;
+};
+
+class Store {
+ public:
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& dir,
+                                                     const StoreOptions& options);
+  // Flushes memtables and closes the database (Close() if not called yet).
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // Flushes all memtables and closes the database. Later calls return the first result;
+  // other methods must not be called afterwards.
+  absl::Status Close();
+
+  // Returns the ID of the function or stack; if it may not be persisted yet, its record is
+  // added to `batch` so it lands atomically with the counts that reference it. The same
+  // content always yields the same ID (also across restarts and agents); different content
+  // never shares an ID (collisions are resolved by probing). Errors only on I/O failure.
+  absl::StatusOr<uint64_t> InternFunction(const FunctionInfo& function, WriteBatch* batch);
+  absl::StatusOr<uint64_t> InternStack(const StackFrames& stack, WriteBatch* batch);
+
+  // Applies the batch atomically (counts, interned records, applied sequences, metadata)
+  // and clears it on success.
+  absl::Status Commit(WriteBatch* batch);
+
+  // Last applied batch sequence of the agent; 0 when none was ever committed.
+  absl::StatusOr<uint64_t> AppliedSequence(std::string_view agent_id);
+
+  // Calls `fn` for every cell matching `query`, in key order (window, host, stack).
+  absl::Status ScanSamples(const SampleQuery& query,
+                           const std::function<void(const SampleKey&, uint64_t count)>& fn);
+
+  // NotFound for unknown IDs, DataLoss for corrupt records. Served from the intern caches
+  // when possible.
+  absl::StatusOr<StackFrames> GetStack(uint64_t stack_id);
+  absl::StatusOr<FunctionInfo> GetFunction(uint64_t function_id);
+
+  absl::StatusOr<std::vector<ServiceSummary>> ListServices();
+  absl::StatusOr<std::vector<AgentRecord>> ListAgents();
+  absl::StatusOr<AgentGraph> LoadGraph(std::string_view agent_id, uint64_t graph_id);
+  // Events of `service` with window in [from_ms, to_ms), by window.
+  absl::StatusOr<std::vector<PhaseEvent>> ScanPhaseEvents(std::string_view service,
+                                                          int64_t from_ms, int64_t to_ms);
+  absl::StatusOr<CaptureInfo> GetCapture(std::string_view capture_id);
+  absl::StatusOr<std::vector<CaptureInfo>> ListCaptures();
+
+  // Live SST bytes of all column families plus WAL bytes.
+  uint64_t ApproximateBytesOnDisk();
+  StoreStats Stats();
+
+  // Forces a full compaction of every column family (tests, tools).
+  absl::Status CompactAll();
+  // Writes raw bytes under a key, bypassing all encoding (tests: corrupt records).
+  absl::Status PutRawForTesting(Column column, std::string_view key, std::string_view value);
+
+ private:
+  struct Impl;
+  explicit Store(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::store
+
+#endif  // STRATA_SERVER_STORE_STORE_H_
