@@ -1,0 +1,105 @@
+// Keeps the agent's set of target processes and their threads up to date.
+//
+// The owner (the agent's main loop) calls Rescan() periodically, e.g. once a second; each call
+// reads /proc and reports what changed since the previous call: processes that started (or were
+// pinned with Track()), processes that exited, processes that exec'd (reported as removed and
+// then added, since their mappings and service may have changed), and threads that appeared or
+// exited in the target processes. A process is identified by (pid, start time) so that pid
+// reuse is seen as exit + start. Non-target processes are remembered by (pid, start time,
+// executable) so that their command line and environment are read once, not every scan; a
+// change of executable (exec) makes them be evaluated again.
+//
+// Not thread-safe; owned and driven by one thread.
+
+#ifndef STRATA_AGENT_PROCFS_PROCESS_TRACKER_H_
+#define STRATA_AGENT_PROCFS_PROCESS_TRACKER_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "agent/procfs/service_matcher.h"
+
+namespace strata::procfs {
+
+struct TrackedProcess {
+  pid_t pid = 0;
+  uint64_t start_time = 0;  // clock ticks after boot (see ReadStartTime)
+  std::string executable;
+  std::vector<std::string> command_line;
+  std::string comm;
+  std::string service;
+  std::vector<pid_t> threads;  // ascending, as of the last scan
+};
+
+struct ThreadRef {
+  pid_t pid = 0;
+  pid_t tid = 0;
+  bool operator==(const ThreadRef&) const = default;
+};
+
+struct ProcessChanges {
+  // Removed processes come first in the order of application: an exec'd process appears in
+  // both lists, removed (old image) then added (new image).
+  std::vector<TrackedProcess> removed;
+  // New targets, with all their threads (those threads are not repeated in threads_added).
+  std::vector<TrackedProcess> added;
+  // Threads that appeared or exited in targets that were already tracked and still are.
+  std::vector<ThreadRef> threads_added;
+  std::vector<ThreadRef> threads_removed;
+
+  bool empty() const {
+    return removed.empty() && added.empty() && threads_added.empty() && threads_removed.empty();
+  }
+};
+
+class ProcessTracker {
+ public:
+  struct Options {
+    // Do not profile the agent itself.
+    bool exclude_self = true;
+  };
+
+  explicit ProcessTracker(ServiceMatcher matcher);
+  ProcessTracker(ServiceMatcher matcher, Options options);
+
+  // Makes `pid` a target under `service` regardless of the rules (ad hoc capture of one pid).
+  // Takes effect at the next Rescan(). Pinned targets stay pinned for the life of that process
+  // (pid + start time); they are not re-pinned if the pid is reused.
+  void Track(pid_t pid, std::string service);
+  // Undoes Track(); the process is reported removed at the next Rescan() unless a rule matches.
+  void Untrack(pid_t pid);
+
+  // Reads /proc and returns the changes since the previous call. Processes that vanish while
+  // being read are treated as gone. Fails only if /proc itself cannot be listed.
+  absl::StatusOr<ProcessChanges> Rescan();
+
+  // Current targets by pid, as of the last Rescan().
+  const absl::flat_hash_map<pid_t, TrackedProcess>& targets() const { return targets_; }
+
+ private:
+  struct Seen {
+    uint64_t start_time = 0;
+    std::string executable;
+  };
+
+  // Reads everything about `pid` and decides whether it is a target; false if it is not or
+  // vanished meanwhile.
+  bool Evaluate(pid_t pid, uint64_t start_time, const std::string& executable,
+                TrackedProcess* out);
+
+  ServiceMatcher matcher_;
+  Options options_;
+  absl::flat_hash_map<pid_t, TrackedProcess> targets_;
+  absl::flat_hash_map<pid_t, Seen> ignored_;
+  absl::flat_hash_map<pid_t, std::string> pinned_;  // pid -> service
+  absl::flat_hash_map<pid_t, uint64_t> pinned_start_;  // pid -> start time once seen
+};
+
+}  // namespace strata::procfs
+
+#endif  // STRATA_AGENT_PROCFS_PROCESS_TRACKER_H_

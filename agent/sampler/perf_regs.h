@@ -1,0 +1,37 @@
+// Which user registers the sampler asks perf for, per architecture, and where they land in a
+// PERF_RECORD_SAMPLE.
+//
+// The architecture is data here (numbers from the kernel's uapi asm/perf_regs.h), so records of
+// either architecture can be parsed and tested on any host; the host's architecture is chosen
+// in exactly one place (HostArch()).
+
+#ifndef STRATA_AGENT_SAMPLER_PERF_REGS_H_
+#define STRATA_AGENT_SAMPLER_PERF_REGS_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+
+namespace strata::sampler {
+
+enum class Arch { kX86_64, kMips64 };
+
+// Bit mask for perf_event_attr.sample_regs_user and the position of each register we use in
+// the record's regs[] array (registers are stored in ascending bit order). -1: not sampled.
+struct UserRegsLayout {
+  uint64_t mask = 0;
+  int count = 0;  // number of bits set in mask = number of u64 in the record
+  int pc_index = -1;
+  int sp_index = -1;
+  int fp_index = -1;
+  int ra_index = -1;
+};
+
+const UserRegsLayout& RegsLayoutFor(Arch arch);
+
+// The architecture this binary runs on; UnimplementedError on anything else.
+absl::StatusOr<Arch> HostArch();
+
+}  // namespace strata::sampler
+
+#endif  // STRATA_AGENT_SAMPLER_PERF_REGS_H_

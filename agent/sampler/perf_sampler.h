@@ -1,0 +1,149 @@
+// perf_event_open-based sampling of user-space threads: registers + a copy of the top of the
+// stack, at a fixed rate per sampling session, delivered to a callback.
+//
+// Model. A *session* (id chosen by the caller, e.g. 0 for continuous profiling, a capture id for
+// an ad hoc capture) has its own rate and stack-copy size. For every (session, thread) pair the
+// sampler opens one PERF_TYPE_SOFTWARE / PERF_COUNT_SW_CPU_CLOCK event (pid = tid, cpu = -1,
+// frequency mode, user registers and user stack, exclude_kernel / exclude_hv), so two sessions on
+// the same thread sample independently at their own rates and every sample carries its session
+// id. The cpu-clock event counts the thread's CPU time, so an idle thread costs nothing.
+//
+// One ring per (session, thread), not PERF_EVENT_IOC_SET_OUTPUT into one ring per process: the
+// kernel refuses SET_OUTPUT between events of different tasks unless both are per-CPU events
+// (EINVAL for cpu = -1), and per-CPU events would need threads x CPUs file descriptors. The
+// cost of per-thread rings is memory: (1 + ring_pages) pages per thread and session, by default
+// 33 pages (132 KiB, about 7 samples of 16 KiB stacks); the agent sizes ring_pages against its
+// drain interval. The kernel wakes us at half a ring (watermark), not at every sample.
+//
+// Threads are attached explicitly (AttachThread / AttachProcess / AttachNewThread) by the owner,
+// typically from procfs::ProcessTracker changes on each rescan, rather than with perf `inherit`:
+// inherited events also follow fork()ed child processes, do not cover threads that already exist,
+// and do not take a run-time rate change (PERF_EVENT_IOC_PERIOD applies to the parent event
+// only). The price is that a thread living shorter than one rescan interval is not sampled.
+// Threads that exit are detected by the kernel's hang-up on their event (or by DetachThread):
+// their remaining samples are delivered by the next Drain() and their events are closed.
+//
+// Use from one thread (the agent's main loop): Wait(timeout) blocks until some ring has data or
+// the timeout passes, Drain(callback) delivers everything buffered. No allocation per sample:
+// records are handed out in place, or through one scratch buffer when they wrap the ring.
+//
+// Errors: perf events missing (ENOSYS under qemu-user, ENOENT/EOPNOTSUPP/ENODEV on kernels or
+// cores without them) -> UnavailableError; EACCES/EPERM (perf_event_paranoid, no CAP_PERFMON)
+// -> PermissionDeniedError; the thread is gone (ESRCH) -> NotFoundError.
+
+#ifndef STRATA_AGENT_SAMPLER_PERF_SAMPLER_H_
+#define STRATA_AGENT_SAMPLER_PERF_SAMPLER_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "agent/sampler/perf_regs.h"
+#include "agent/sampler/raw_sample.h"
+
+namespace strata::sampler {
+
+struct SessionOptions {
+  uint32_t session_id = 0;
+  uint32_t frequency_hz = 99;
+  // Bytes of user stack copied per sample; a multiple of 8, at most kMaxStackBytes.
+  uint32_t stack_bytes = 16 * 1024;
+  // Data pages of each thread's ring; a power of two, large enough for two samples.
+  uint32_t ring_pages = 32;
+};
+
+// Leaves room for the rest of the sample in a record whose size is a u16.
+inline constexpr uint32_t kMaxStackBytes = 63 * 1024;
+
+struct SamplerStats {
+  uint64_t samples = 0;   // samples delivered to callbacks
+  uint64_t lost = 0;      // samples the kernel dropped (ring full), from PERF_RECORD_LOST
+  uint64_t bytes = 0;     // ring bytes consumed
+  uint64_t malformed = 0;  // records that did not parse, and rings found corrupt
+  uint64_t threads_attached = 0;  // events opened over the sampler's life
+  uint64_t threads_exited = 0;    // events closed because their thread exited
+};
+
+// Opens and closes one cpu-clock sampling event on the calling thread: OK if this host can use
+// the sampler, otherwise the error AttachThread would return (see above).
+absl::Status ProbePerfEvents();
+
+class PerfSampler {
+ public:
+  // UnimplementedError on an unsupported architecture; errors from epoll_create1.
+  static absl::StatusOr<std::unique_ptr<PerfSampler>> Create();
+  ~PerfSampler();
+
+  PerfSampler(const PerfSampler&) = delete;
+  PerfSampler& operator=(const PerfSampler&) = delete;
+
+  // AlreadyExistsError if the id is taken; InvalidArgumentError for bad options.
+  absl::Status AddSession(const SessionOptions& options);
+  // Closes all of the session's events; samples not yet drained are dropped (Drain() first to
+  // keep them). Its statistics are forgotten.
+  absl::Status RemoveSession(uint32_t session_id);
+  // Changes the rate of every event of the session, now and for threads attached later.
+  absl::Status SetFrequency(uint32_t session_id, uint32_t frequency_hz);
+
+  // Starts sampling thread `tid` of process `pid` in the session; no-op if already sampled.
+  // The pid becomes a target of the session (see AttachNewThread).
+  absl::Status AttachThread(uint32_t session_id, pid_t pid, pid_t tid);
+  // AttachThread for each of `tids`; threads that already exited are skipped (NotFound is not
+  // an error here). The pid is a target of the session even if no thread could be attached.
+  absl::Status AttachProcess(uint32_t session_id, pid_t pid, absl::Span<const pid_t> tids);
+  // Attaches a new thread of `pid` to every session for which `pid` is a target.
+  absl::Status AttachNewThread(pid_t pid, pid_t tid);
+  // Stops sampling `tid` in every session (its undrained samples are dropped).
+  void DetachThread(pid_t pid, pid_t tid);
+  // Stops sampling `pid` in one session / in every session, and forgets it as a target.
+  void DetachProcess(uint32_t session_id, pid_t pid);
+  void DetachProcess(pid_t pid);
+
+  // Blocks until a ring has data (or a sampled thread exited), `timeout` passes, or a signal
+  // arrives. Returns the number of ready events (0 on timeout or signal).
+  absl::StatusOr<int> Wait(absl::Duration timeout);
+  // Delivers every buffered sample of every session to `callback`, then closes events of
+  // threads that exited. Returns the number of samples delivered.
+  size_t Drain(SampleCallback callback);
+
+  SamplerStats stats() const;  // summed over sessions, including removed ones
+  absl::StatusOr<SamplerStats> session_stats(uint32_t session_id) const;
+  // Number of (session, thread) events currently open.
+  size_t attached_events() const;
+  // Threads of `pid` currently sampled in the session, ascending.
+  std::vector<pid_t> AttachedThreads(uint32_t session_id, pid_t pid) const;
+
+  // The epoll descriptor that Wait() uses, for embedding in an outer event loop: readable when
+  // Wait() would return > 0.
+  int wait_fd() const { return epoll_fd_; }
+
+ private:
+  struct ThreadEvent;
+  struct Session;
+
+  PerfSampler(int epoll_fd, const UserRegsLayout& layout);
+
+  absl::StatusOr<std::unique_ptr<ThreadEvent>> OpenEvent(const Session& session, pid_t pid,
+                                                         pid_t tid);
+  void CloseEvent(ThreadEvent* event);
+  size_t DrainEvent(Session& session, ThreadEvent& event, SampleCallback callback);
+
+  int epoll_fd_;
+  const UserRegsLayout& layout_;
+  size_t page_size_;
+  absl::flat_hash_map<uint32_t, std::unique_ptr<Session>> sessions_;
+  SamplerStats retired_stats_;  // of removed sessions
+  std::unique_ptr<uint8_t[]> scratch_;  // kMaxRecordSize bytes for wrapped records
+};
+
+}  // namespace strata::sampler
+
+#endif  // STRATA_AGENT_SAMPLER_PERF_SAMPLER_H_

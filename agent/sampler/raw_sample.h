@@ -1,0 +1,36 @@
+// The unit of data the sampler hands to the agent: one user-space sample of one thread
+// (registers needed to start unwinding plus a copy of the top of its stack).
+//
+// A RawSample points into memory owned by the sampler (the perf ring or a scratch buffer) and is
+// valid only during the callback that receives it; copy what you keep.
+
+#ifndef STRATA_AGENT_SAMPLER_RAW_SAMPLE_H_
+#define STRATA_AGENT_SAMPLER_RAW_SAMPLE_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/functional/function_ref.h"
+
+namespace strata::sampler {
+
+struct RawSample {
+  uint32_t pid = 0;
+  uint32_t tid = 0;
+  uint64_t time_ns = 0;  // perf clock (CLOCK_MONOTONIC-based, see perf_event_open(2))
+  uint64_t pc = 0;
+  uint64_t sp = 0;
+  uint64_t fp = 0;  // x86-64: rbp; MIPS64: s8/fp (r30)
+  uint64_t ra = 0;  // MIPS64: ra (r31); 0 on x86-64 (the return address is on the stack)
+  // Copy of the user stack starting at `sp`: only the `stack_size` valid bytes (the kernel's
+  // dyn_size), possibly fewer than requested when the stack is shallower.
+  const uint8_t* stack = nullptr;
+  size_t stack_size = 0;
+  uint32_t session_id = 0;  // the sampling session that took it
+};
+
+using SampleCallback = absl::FunctionRef<void(const RawSample&)>;
+
+}  // namespace strata::sampler
+
+#endif  // STRATA_AGENT_SAMPLER_RAW_SAMPLE_H_
