@@ -1,0 +1,57 @@
+// Modules (executables and shared objects) the agent has opened, shared by every process that
+// maps them. Each module is opened and compiled once: its ElfFile, SymbolTable and unwind
+// RuleSource are built on first use and are immutable afterwards. Keyed by GNU build ID, or by
+// (path, inode, mtime) for files without one; a file reached again under another path or
+// inode but with a known build ID reuses the existing module.
+//
+// The cache owns the modules (shared_ptr: a process address space holds them while mapped).
+// Not thread-safe: the agent's symbolization thread owns it.
+#ifndef STRATA_AGENT_SYMBOLS_MODULE_CACHE_H_
+#define STRATA_AGENT_SYMBOLS_MODULE_CACHE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/elf/elf_file.h"
+#include "common/elf/symbol_table.h"
+#include "common/unwind/unwinder.h"
+
+namespace strata::symbols {
+
+struct Module {
+  std::string path;          // path as the process sees it (from /proc/PID/maps)
+  std::string build_id_hex;  // empty when the file has none
+  std::unique_ptr<elf::ElfFile> elf;
+  elf::SymbolTable symbols;
+  std::unique_ptr<unwind::RuleSource> rules;  // null when the module has no usable unwind info
+  absl::Status rules_status;                  // why `rules` is null
+};
+
+class ModuleCache {
+ public:
+  // Returns the module for the file at `open_path` (where the agent can read it, e.g.
+  // /proc/PID/root/usr/lib/...), known to the process as `path` with `inode`.
+  absl::StatusOr<std::shared_ptr<const Module>> Get(const std::string& open_path,
+                                                     const std::string& path, uint64_t inode);
+  // Builds a module from an already opened ELF image (e.g. a [vdso] copied from memory).
+  std::shared_ptr<const Module> Adopt(std::unique_ptr<elf::ElfFile> elf, const std::string& path);
+
+  size_t size() const { return by_build_id_.size() + by_file_only_.size(); }
+  uint64_t opens() const { return opens_; }  // files parsed so far (cache misses)
+
+ private:
+  using FileKey = std::tuple<std::string, uint64_t, int64_t>;  // path, inode, mtime (ns)
+  absl::flat_hash_map<std::string, std::shared_ptr<const Module>> by_build_id_;
+  absl::flat_hash_map<FileKey, std::shared_ptr<const Module>> by_file_;      // all files
+  absl::flat_hash_map<FileKey, std::shared_ptr<const Module>> by_file_only_; // no build ID
+  uint64_t opens_ = 0;
+};
+
+}  // namespace strata::symbols
+
+#endif  // STRATA_AGENT_SYMBOLS_MODULE_CACHE_H_

@@ -1,0 +1,86 @@
+// One target process's view of its modules: which module (and which of its unwind rules and
+// symbols) covers each executable mapping. Implements unwind::AddressSpace for the unwinder
+// and symbolizes pcs into (module, build ID, function start, name) for the calling-context
+// graph. Refresh() re-reads the mapping list after dlopen/dlclose; modules come from a shared
+// ModuleCache, so refreshing only opens files that are new.
+//
+// Not thread-safe: Refresh() must not run concurrently with Lookup()/Symbolize().
+#ifndef STRATA_AGENT_SYMBOLS_PROCESS_ADDRESS_SPACE_H_
+#define STRATA_AGENT_SYMBOLS_PROCESS_ADDRESS_SPACE_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "agent/symbols/module_cache.h"
+#include "common/unwind/unwinder.h"
+
+namespace strata::symbols {
+
+// One line of /proc/PID/maps (field names as in agent/procfs's Mapping).
+struct MappingInfo {
+  uint64_t start = 0;
+  uint64_t end = 0;
+  uint64_t offset = 0;  // file offset of `start`
+  bool exec = false;
+  uint64_t inode = 0;
+  std::string path;
+};
+
+// Parses /proc/PID/maps (used when no procfs reader is supplied, and by tests).
+absl::StatusOr<std::vector<MappingInfo>> ReadProcMaps(pid_t pid);
+
+struct SymbolizedPc {
+  std::string module_path;    // empty when pc is in no known module
+  std::string build_id;       // hex, empty when the module has none
+  uint64_t module_pc = 0;     // ELF vaddr of pc in the module
+  uint64_t function_start = 0;  // ELF vaddr of the function start (module-relative)
+  std::string function_name;  // demangled; "target@plt" for PLT stubs; "module+0x..." unknown
+  bool known_function = false;
+  bool is_plt = false;
+};
+
+class ProcessAddressSpace final : public unwind::AddressSpace {
+ public:
+  ProcessAddressSpace(pid_t pid, ModuleCache* cache) : pid_(pid), cache_(cache) {}
+
+  // Replaces the module list from `mappings` (executable, file-backed ones are used).
+  // Modules that cannot be opened are skipped and counted in failed_modules(); returns the
+  // first such error only when no module at all could be opened.
+  absl::Status Refresh(const std::vector<MappingInfo>& mappings);
+  // Re-reads /proc/PID/maps and refreshes.
+  absl::Status Refresh();
+
+  bool Lookup(uint64_t pc, const unwind::RuleSource** rules,
+              uint64_t* module_pc) const override;
+  SymbolizedPc Symbolize(uint64_t pc) const;
+
+  // The module mapped at `pc` and the pc's ELF vaddr, or null.
+  const Module* ModuleAt(uint64_t pc, uint64_t* module_pc) const;
+
+  size_t num_modules() const { return regions_.size(); }
+  size_t failed_modules() const { return failed_modules_; }
+
+ private:
+  struct Region {
+    uint64_t start;
+    uint64_t end;
+    int64_t bias;  // module_pc = pc - bias
+    std::shared_ptr<const Module> module;
+  };
+  const Region* Find(uint64_t pc) const;
+  absl::StatusOr<std::shared_ptr<const Module>> OpenModule(const MappingInfo& m);
+
+  pid_t pid_;
+  ModuleCache* cache_;
+  std::vector<Region> regions_;  // sorted by start, non-overlapping
+  size_t failed_modules_ = 0;
+};
+
+}  // namespace strata::symbols
+
+#endif  // STRATA_AGENT_SYMBOLS_PROCESS_ADDRESS_SPACE_H_

@@ -1,0 +1,91 @@
+// x86-64 unwind rules of one module, compiled once from its DWARF CFI (.eh_frame, found
+// through .eh_frame_hdr when present, and .debug_frame) into a compact sorted row table:
+// pc range -> UnwindRow (CFA = rsp/rbp + offset, return address at CFA-8, saved rbp rule).
+//
+// Per sample a lookup is a direct-mapped cache probe, then a binary search over 32-bit
+// offsets. The table is immutable after Build(); the cache is lock-free (single 64-bit
+// relaxed atomics), so one table is shared by every thread and process mapping the module and
+// is usable from a signal handler.
+//
+// CFI that a row cannot represent (CFA expressions other than the PLT pattern, registers
+// other than rsp/rbp as CFA base, rbp/rip rules other than offset/same/undefined, signal
+// frames) is counted in CfiStats and its pc ranges are marked unrepresentable: FindRow() then
+// returns a row with cfa_base == kUndefined so the unwinder stops with kNoRule instead of
+// guessing.
+#ifndef STRATA_COMMON_UNWIND_X86_64_CFI_TABLE_H_
+#define STRATA_COMMON_UNWIND_X86_64_CFI_TABLE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/elf/elf_file.h"
+#include "common/unwind/unwinder.h"
+
+namespace strata::unwind::x86_64 {
+
+struct CfiStats {
+  uint64_t cies = 0;
+  uint64_t fdes = 0;
+  uint64_t debug_frame_fdes = 0;       // FDEs taken from .debug_frame
+  uint64_t overlapping_fdes = 0;       // dropped: range already covered
+  uint64_t bad_records = 0;            // malformed CIE/FDE skipped
+  uint64_t bad_instructions = 0;       // FDEs whose CFA program was malformed (dropped)
+  uint64_t rows = 0;                   // entries in the table (incl. gaps)
+  uint64_t distinct_rows = 0;
+  uint64_t plt_expressions = 0;        // PLT CFA expressions compiled to per-stub rows
+  uint64_t unsupported_cfa_expressions = 0;  // pc ranges marked unrepresentable, by cause:
+  uint64_t unsupported_cfa_registers = 0;
+  uint64_t unsupported_register_rules = 0;   // rbp or rip rule
+  uint64_t signal_frames = 0;
+  uint64_t unsupported_ranges() const {
+    return unsupported_cfa_expressions + unsupported_cfa_registers +
+           unsupported_register_rules + signal_frames;
+  }
+  std::string ToString() const;
+};
+
+class CfiTable final : public RuleSource {
+ public:
+  // Compiles the module's CFI. Error when the module has no CFI section at all or its
+  // sections are unusable (a module whose records are all bad gives an empty table).
+  static absl::StatusOr<std::unique_ptr<CfiTable>> Build(const elf::ElfFile& elf);
+
+  bool FindRow(uint64_t pc, bool innermost, UnwindRow* row) const override;
+  // The same lookup without the cache (benchmarks, tests).
+  bool FindRowUncached(uint64_t pc, bool innermost, UnwindRow* row) const;
+
+  const CfiStats& stats() const { return stats_; }
+  size_t size() const { return starts_.size(); }
+  size_t MemoryBytes() const;
+
+  // Construction input: one row covering [start, end). Public for the builder in cfi_table.cc.
+  struct Span {
+    uint64_t start;
+    uint64_t end;
+    UnwindRow row;
+  };
+
+ private:
+  CfiTable() = default;
+  void Assemble(std::vector<Span> spans);
+  bool Search(uint64_t addr, uint32_t* row_index) const;
+
+  static constexpr uint32_t kGap = 0xffffffffu;
+  static constexpr size_t kCacheSlots = 1024;
+
+  uint64_t base_ = 0;               // starts_ are offsets from base_
+  std::vector<uint32_t> starts_;    // sorted
+  std::vector<uint32_t> row_index_; // into rows_, or kGap
+  std::vector<UnwindRow> rows_;     // distinct rows
+  // Cache slot: (offset + 1) << 32 | row index; 0 = empty.
+  mutable std::unique_ptr<std::atomic<uint64_t>[]> cache_;
+  CfiStats stats_;
+};
+
+}  // namespace strata::unwind::x86_64
+
+#endif  // STRATA_COMMON_UNWIND_X86_64_CFI_TABLE_H_
