@@ -1,0 +1,515 @@
+// Bounded, periodically sorted hash table (the AMD method, US8024719).
+//
+// The server aggregates (stack ID -> count) per (service, time window) in one of these; the
+// agent aggregates its per-interval batch (hash of the sample context -> count) in another.
+// Memory is fixed at construction: a power-of-two bucket array and a slab of `max_entries`
+// entries, both allocated once. Nothing is allocated afterwards (Add, sorting, Drain, Clear
+// and phase-change recording never allocate; TopN and TakePhaseChanges allocate only the
+// vectors they return). When the slab is full, Add() reports AddResult::kFull and the owner
+// flushes with Drain() (or ForEach() + Clear() when the sink can fail), then adds again: counts
+// are never dropped or merged lossily.
+//
+// Sorting. Each entry keeps its count of the current period (the sum of the counts added to
+// it; with count 1 per Add, as the agent does, this is its access count). Every `period`
+// counts, chains longer than `depth_threshold` are partially sorted: entries whose period
+// count is above `frequency_threshold` move to the front in descending order of that count,
+// the other entries keep their relative order behind them. Only chains where the sort can
+// change something are visited (a chain is queued when one of its entries, not already at the
+// head, becomes hot), so a sort costs O(hot entries), not O(table).
+//
+// Phase changes. Counts used for both sorting and phase detection are per period, never
+// cumulative: a cumulative count takes a long time to be overtaken, so a hot-path switch in
+// the middle of a window would go unseen. A sort that moves entry X ahead of entry Y records
+// a PhaseChange when Y was hot in the previous period and the two are an order of magnitude
+// apart (`phase_change_factor`) either in the previous period (Y >= factor * X) or in the
+// current one (X >= factor * Y). Checking both periods catches a switch whichever side of a
+// period boundary it falls on; requiring Y to have been hot keeps warm-up (first sorts of a
+// chain) and noise at low counts from recording anything. Detection is pairwise within a
+// chain, as in the patent: only keys that share a sorted chain are compared.
+//
+// Not thread-safe: the owner serializes calls. Keys are trivially copyable, equality
+// comparable and hashed by `Hash` (whose result is mixed again, so std::hash's identity for
+// integers is fine).
+
+#ifndef STRATA_COMMON_TABLE_SORTED_TABLE_H_
+#define STRATA_COMMON_TABLE_SORTED_TABLE_H_
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
+namespace strata::table {
+
+struct SortedTableOptions {
+  // Distinct keys the table holds before Add() returns kFull. At most 2^31.
+  uint32_t max_entries = 1u << 16;
+  // Number of chains, rounded up to a power of two (at least 2, at most 2^31). 0 picks the
+  // smallest power of two >= max_entries, i.e. mean chain length <= 1 when full. Fewer
+  // buckets save 8 bytes each and make chains deeper, which is where sorting pays.
+  uint32_t bucket_count = 0;
+  // false: a plain bounded chained table (no sorting, no phase changes).
+  bool sorting = true;
+  // A period ends after this many counts have been added (updates, with count 1 per Add).
+  // 65536 samples is a few seconds of a busy server, a full interval of a busy agent.
+  uint32_t period = 1u << 16;
+  // Only chains with more than this many entries are sorted: following one or two links
+  // costs less than sorting (the patent's "small buckets are ignored").
+  uint32_t depth_threshold = 2;
+  // Only entries with more than this many counts in the period move to the front. 64 is
+  // 1/1024 of the default period: it bounds the number of hot entries (and so the sort
+  // work) per period to period / (frequency_threshold + 1) and keeps Poisson noise at
+  // small counts from reordering chains.
+  uint32_t frequency_threshold = 64;
+  // Order-of-magnitude test for phase changes (see the file comment). At least 2.
+  uint32_t phase_change_factor = 10;
+  // Phase changes buffered until TakePhaseChanges(); later ones are only counted.
+  uint32_t max_phase_changes = 256;
+};
+
+enum class AddResult {
+  kUpdated,   // key was present; its count grew
+  kInserted,  // key was new and is now stored
+  kFull,      // key was new and the slab is full: nothing stored; Drain() and add again
+};
+
+template <typename Key>
+struct KeyCount {
+  Key key;
+  uint64_t count;
+  friend bool operator==(const KeyCount&, const KeyCount&) = default;
+};
+
+// A sort moved `rose_key` ahead of `fell_key`, whose counts were an order of magnitude apart.
+// The owner adds service and window when it publishes these.
+template <typename Key>
+struct PhaseChange {
+  uint64_t update_index;  // Add() calls stored so far in this table's lifetime
+  uint64_t period_index;  // the period that just ended (0-based)
+  Key rose_key;
+  uint32_t rose_count;       // period count of rose_key in the period that ended
+  uint32_t rose_prev_count;  // ... and in the period before
+  Key fell_key;
+  uint32_t fell_count;
+  uint32_t fell_prev_count;
+};
+
+// Cumulative counters; subtract two snapshots to measure an interval.
+struct TableStats {
+  uint64_t updates = 0;           // Add() calls that stored (kUpdated + kInserted)
+  uint64_t hits = 0;              // kUpdated
+  uint64_t hit_probe_sum = 0;     // chain position of each hit, head = 1
+  uint64_t inserts = 0;           // kInserted
+  uint64_t insert_probe_sum = 0;  // entries walked before each insert
+  uint64_t full_rejections = 0;   // kFull
+  uint64_t periods = 0;           // periods ended (sort passes)
+  uint64_t chains_sorted = 0;
+  uint64_t entries_moved = 0;     // entries whose chain position a sort changed
+  uint64_t phase_changes = 0;     // recorded (buffered or dropped)
+  uint64_t phase_changes_dropped = 0;
+  uint64_t drains = 0;            // Drain() and Clear() calls
+
+  double MeanHitProbeLength() const {
+    return hits == 0 ? 0.0 : static_cast<double>(hit_probe_sum) / static_cast<double>(hits);
+  }
+  // Mean chain position of the hits between snapshot `since` and this one.
+  double MeanHitProbeLengthSince(const TableStats& since) const {
+    const uint64_t h = hits - since.hits;
+    return h == 0 ? 0.0 : static_cast<double>(hit_probe_sum - since.hit_probe_sum) / h;
+  }
+};
+
+template <typename Key = uint64_t, typename Hash = std::hash<Key>>
+class SortedTable {
+  static_assert(std::is_trivially_copyable_v<Key>, "keys are copied into a fixed slab");
+
+ public:
+  // Validates `options` and allocates all memory the table will ever use.
+  static absl::StatusOr<SortedTable> Create(const SortedTableOptions& options,
+                                            Hash hash = Hash()) {
+    if (absl::Status s = Validate(options); !s.ok()) return s;
+    return SortedTable(options, std::move(hash));
+  }
+
+  SortedTable(SortedTable&&) noexcept = default;
+  SortedTable& operator=(SortedTable&&) noexcept = default;
+  SortedTable(const SortedTable&) = delete;
+  SortedTable& operator=(const SortedTable&) = delete;
+
+  // Adds `count` to `key`'s entry, creating it if there is room. May end a period (and sort).
+  AddResult Add(const Key& key, uint64_t count = 1) {
+    const uint32_t b = BucketIndex(key);
+    Bucket& bucket = buckets_[b];
+    uint32_t* link = &bucket.head;
+    uint32_t position = 1;
+    for (uint32_t i = bucket.head; i != kNil; i = slab_[i].next, ++position) {
+      Entry& e = slab_[i];
+      if (e.key == key) {
+        e.count += count;
+        if (e.epoch != epoch_) RollPeriod(e);
+        const uint32_t before = e.period_count;
+        e.period_count = SaturatingAdd(before, count);
+        if (before <= options_.frequency_threshold &&
+            e.period_count > options_.frequency_threshold && position > 1) {
+          QueueForSort(bucket, b);
+        }
+        ++stats_.hits;
+        stats_.hit_probe_sum += position;
+        EndUpdate(count);
+        return AddResult::kUpdated;
+      }
+      link = &e.next;
+    }
+    if (size_ == options_.max_entries) {
+      ++stats_.full_rejections;
+      return AddResult::kFull;
+    }
+    const uint32_t i = size_++;
+    slab_[i] = Entry{key, count, kNil, epoch_, SaturatingAdd(0, count), 0};
+    *link = i;
+    ++bucket.depth;
+    if (slab_[i].period_count > options_.frequency_threshold && position > 1) {
+      QueueForSort(bucket, b);
+    }
+    ++stats_.inserts;
+    stats_.insert_probe_sum += position - 1;
+    EndUpdate(count);
+    return AddResult::kInserted;
+  }
+
+  // Count stored for `key`, if present. Does not count as an access.
+  std::optional<uint64_t> Find(const Key& key) const {
+    for (uint32_t i = buckets_[BucketIndex(key)].head; i != kNil; i = slab_[i].next) {
+      if (slab_[i].key == key) return slab_[i].count;
+    }
+    return std::nullopt;
+  }
+
+  // Calls fn(key, count) for every entry, in insertion order.
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (uint32_t i = 0; i < size_; ++i) fn(static_cast<const Key&>(slab_[i].key), slab_[i].count);
+  }
+
+  // Hands every entry to fn(key, count), then clears the table. The sum of counts handed over
+  // plus those added afterwards equals the sum of all counts added. If the sink can fail, use
+  // ForEach() and call Clear() once it succeeded.
+  template <typename Fn>
+  void Drain(Fn&& fn) {
+    ForEach(fn);
+    Clear();
+  }
+
+  // Removes all entries. Period counters, statistics and buffered phase changes are kept.
+  void Clear() {
+    std::fill(buckets_.get(), buckets_.get() + bucket_count_, Bucket{kNil, 0});
+    size_ = 0;
+    sort_queue_size_ = 0;
+    ++stats_.drains;
+  }
+
+  // The n entries with the largest counts, largest first; ties by ascending key (Key needs
+  // operator<). One pass over the slab with a heap of n: O(size log n).
+  std::vector<KeyCount<Key>> TopN(size_t n) const {
+    std::vector<KeyCount<Key>> heap;
+    n = std::min<size_t>(n, size_);
+    if (n == 0) return heap;
+    heap.reserve(n);
+    // "a before b" in the result; the heap keeps the worst of the best n at its front.
+    auto better = [](const KeyCount<Key>& a, const KeyCount<Key>& b) {
+      return a.count != b.count ? a.count > b.count : a.key < b.key;
+    };
+    for (uint32_t i = 0; i < size_; ++i) {
+      KeyCount<Key> kc{slab_[i].key, slab_[i].count};
+      if (heap.size() < n) {
+        heap.push_back(kc);
+        std::push_heap(heap.begin(), heap.end(), better);
+      } else if (better(kc, heap.front())) {
+        std::pop_heap(heap.begin(), heap.end(), better);
+        heap.back() = kc;
+        std::push_heap(heap.begin(), heap.end(), better);
+      }
+    }
+    std::sort_heap(heap.begin(), heap.end(), better);
+    return heap;
+  }
+
+  // Moves the buffered phase changes (oldest first) to the caller.
+  std::vector<PhaseChange<Key>> TakePhaseChanges() {
+    std::vector<PhaseChange<Key>> out(phase_changes_.get(),
+                                      phase_changes_.get() + phase_change_count_);
+    phase_change_count_ = 0;
+    return out;
+  }
+
+  // Diagnostics and tests: the bucket `key` maps to, and the chain of a bucket head first as
+  // fn(key, count, period_count).
+  uint32_t BucketIndex(const Key& key) const {
+    uint64_t h = static_cast<uint64_t>(hash_(key));
+    h ^= h >> 32;
+    h *= 0x9e3779b97f4a7c15ull;
+    return static_cast<uint32_t>(h >> bucket_shift_);
+  }
+  template <typename Fn>
+  void ForEachInChain(uint32_t bucket, Fn&& fn) const {
+    if (bucket >= bucket_count_) return;
+    for (uint32_t i = buckets_[bucket].head; i != kNil; i = slab_[i].next) {
+      fn(static_cast<const Key&>(slab_[i].key), slab_[i].count, PeriodCount(slab_[i]));
+    }
+  }
+
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  size_t capacity() const { return options_.max_entries; }
+  size_t bucket_count() const { return bucket_count_; }
+  // Bytes allocated at construction; constant for the table's lifetime.
+  size_t memory_bytes() const { return memory_bytes_; }
+  const SortedTableOptions& options() const { return options_; }
+  const TableStats& stats() const { return stats_; }
+
+ private:
+  static constexpr uint32_t kNil = std::numeric_limits<uint32_t>::max();
+  static constexpr uint32_t kQueuedBit = 1u << 31;  // in Bucket::depth
+
+  struct Entry {
+    Key key;
+    uint64_t count;
+    uint32_t next;          // slab index of the next entry in the chain, kNil at the tail
+    uint32_t epoch;         // period of the last update; the counters below are as of then
+    uint32_t period_count;  // counts added in period `epoch` (saturating)
+    uint32_t prev_count;    // counts added in period `epoch - 1`
+  };
+  struct Bucket {
+    uint32_t head;   // slab index of the chain head, kNil when empty
+    uint32_t depth;  // chain length; kQueuedBit set while queued for the next sort
+  };
+  // One entry of a chain being sorted.
+  struct SortItem {
+    uint32_t index;     // slab index
+    uint32_t position;  // position before the sort, head = 0
+    uint32_t count;     // period count
+    uint32_t rank;      // position after the sort; kNil if in the cold group
+  };
+
+  static absl::Status Validate(const SortedTableOptions& o) {
+    constexpr uint32_t kMaxSize = 1u << 31;
+    if (o.max_entries == 0 || o.max_entries > kMaxSize) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("max_entries must be in [1, 2^31], got ", o.max_entries));
+    }
+    if (o.bucket_count > kMaxSize) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bucket_count must be at most 2^31, got ", o.bucket_count));
+    }
+    if (o.period == 0 || o.period > kMaxSize) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("period must be in [1, 2^31], got ", o.period));
+    }
+    if (o.frequency_threshold >= o.period) {
+      return absl::InvalidArgumentError("frequency_threshold must be below period");
+    }
+    if (o.phase_change_factor < 2) {
+      return absl::InvalidArgumentError("phase_change_factor must be at least 2");
+    }
+    return absl::OkStatus();
+  }
+
+  SortedTable(const SortedTableOptions& options, Hash hash)
+      : options_(options), hash_(std::move(hash)) {
+    const uint32_t wanted = options_.bucket_count != 0 ? options_.bucket_count
+                                                       : options_.max_entries;
+    bucket_count_ = std::max<uint32_t>(2, std::bit_ceil(wanted));
+    bucket_shift_ = 64 - std::countr_zero(bucket_count_);
+    // A chain is queued when one of its entries crosses frequency_threshold in the current
+    // period; the counts of a period sum to less than period + the last count, so at most
+    // (period - 1) / (threshold + 1) + 1 entries cross per period. The same bounds the hot
+    // entries of one chain, and the entries that were hot in the previous period.
+    const uint64_t per_period =
+        (uint64_t{options_.period} - 1) / (uint64_t{options_.frequency_threshold} + 1) + 1;
+    sort_capacity_ = static_cast<uint32_t>(
+        std::min<uint64_t>({per_period, options_.max_entries, bucket_count_}));
+    scratch_capacity_ = static_cast<uint32_t>(std::min<uint64_t>(per_period, options_.max_entries));
+
+    buckets_ = std::make_unique_for_overwrite<Bucket[]>(bucket_count_);
+    slab_ = std::make_unique_for_overwrite<Entry[]>(options_.max_entries);
+    if (options_.sorting) {
+      sort_queue_ = std::make_unique_for_overwrite<uint32_t[]>(sort_capacity_);
+      hot_ = std::make_unique_for_overwrite<SortItem[]>(scratch_capacity_);
+      fallers_ = std::make_unique_for_overwrite<SortItem[]>(scratch_capacity_);
+      phase_changes_ =
+          std::make_unique_for_overwrite<PhaseChange<Key>[]>(options_.max_phase_changes);
+    }
+    memory_bytes_ = sizeof(Bucket) * bucket_count_ + sizeof(Entry) * options_.max_entries;
+    if (options_.sorting) {
+      memory_bytes_ += sizeof(uint32_t) * sort_capacity_ +
+                       2 * sizeof(SortItem) * scratch_capacity_ +
+                       sizeof(PhaseChange<Key>) * options_.max_phase_changes;
+    }
+    Clear();
+    stats_.drains = 0;
+  }
+
+  static uint32_t SaturatingAdd(uint32_t a, uint64_t b) {
+    return static_cast<uint32_t>(std::min<uint64_t>(uint64_t{a} + b, kNil));
+  }
+
+  // Counters of an entry last updated in an earlier period, brought to the current one.
+  void RollPeriod(Entry& e) {
+    e.prev_count = e.epoch + 1 == epoch_ ? e.period_count : 0;
+    e.period_count = 0;
+    e.epoch = epoch_;
+  }
+  uint32_t PeriodCount(const Entry& e) const { return e.epoch == epoch_ ? e.period_count : 0; }
+  uint32_t PrevCount(const Entry& e) const {
+    if (e.epoch == epoch_) return e.prev_count;
+    return e.epoch + 1 == epoch_ ? e.period_count : 0;
+  }
+
+  void QueueForSort(Bucket& bucket, uint32_t b) {
+    if (!options_.sorting || (bucket.depth & kQueuedBit) != 0 ||
+        bucket.depth <= options_.depth_threshold || sort_queue_size_ == sort_capacity_) {
+      return;
+    }
+    bucket.depth |= kQueuedBit;
+    sort_queue_[sort_queue_size_++] = b;
+  }
+
+  void EndUpdate(uint64_t count) {
+    ++stats_.updates;
+    counts_this_period_ += count;
+    if (counts_this_period_ >= options_.period) EndPeriod();
+  }
+
+  void EndPeriod() {
+    for (uint32_t q = 0; q < sort_queue_size_; ++q) {
+      Bucket& bucket = buckets_[sort_queue_[q]];
+      bucket.depth &= ~kQueuedBit;
+      SortChain(bucket);
+    }
+    sort_queue_size_ = 0;
+    counts_this_period_ = 0;
+    ++stats_.periods;
+    ++epoch_;
+  }
+
+  // Hot entries to the front in descending period count (ties keep their order), the rest
+  // behind in their original order; records phase changes among the moved pairs.
+  void SortChain(Bucket& bucket) {
+    if (bucket.depth <= options_.depth_threshold) return;
+    const uint32_t threshold = options_.frequency_threshold;
+    uint32_t hot = 0;
+    uint32_t fallers = 0;
+    uint32_t cold_head = kNil;
+    uint32_t* cold_tail = &cold_head;
+    uint32_t position = 0;
+    uint32_t cold_seen = 0;
+    uint32_t cold_before_last_hot = 0;
+    for (uint32_t i = bucket.head; i != kNil; ++position) {
+      Entry& e = slab_[i];
+      const uint32_t next = e.next;
+      const uint32_t count = PeriodCount(e);
+      const bool is_hot = count > threshold && hot < scratch_capacity_;
+      if (is_hot) {
+        hot_[hot++] = SortItem{i, position, count, 0};
+        cold_before_last_hot = cold_seen;
+      } else {
+        ++cold_seen;
+        *cold_tail = i;
+        cold_tail = &e.next;
+      }
+      if (PrevCount(e) > threshold && fallers < scratch_capacity_) {
+        fallers_[fallers++] = SortItem{i, position, count, is_hot ? 0 : kNil};
+      }
+      i = next;
+    }
+    *cold_tail = kNil;
+    std::sort(hot_.get(), hot_.get() + hot, [](const SortItem& a, const SortItem& b) {
+      return a.count != b.count ? a.count > b.count : a.position < b.position;
+    });
+
+    // Relink: hot group, then the cold chain. Count entries whose position changed.
+    uint32_t* link = &bucket.head;
+    for (uint32_t r = 0; r < hot; ++r) {
+      hot_[r].rank = r;
+      *link = hot_[r].index;
+      link = &slab_[hot_[r].index].next;
+      if (hot_[r].position != r) ++stats_.entries_moved;
+    }
+    *link = cold_head;
+    // A cold entry moved back iff some hot entry was behind it.
+    stats_.entries_moved += cold_before_last_hot;
+    ++stats_.chains_sorted;
+    if (fallers > 0) RecordPhaseChanges(hot, fallers);
+  }
+
+  void RecordPhaseChanges(uint32_t hot, uint32_t fallers) {
+    const uint64_t factor = options_.phase_change_factor;
+    for (uint32_t f = 0; f < fallers; ++f) {
+      SortItem& y = fallers_[f];
+      if (y.rank != kNil) {  // hot faller: find its rank
+        for (uint32_t r = 0; r < hot; ++r) {
+          if (hot_[r].index == y.index) y.rank = r;
+        }
+      }
+    }
+    for (uint32_t f = 0; f < fallers; ++f) {
+      const SortItem& y = fallers_[f];
+      const Entry& ye = slab_[y.index];
+      const uint64_t y_prev = PrevCount(ye);
+      for (uint32_t r = 0; r < hot; ++r) {
+        const SortItem& x = hot_[r];
+        // x was behind y and is now ahead of it.
+        if (x.position < y.position || (y.rank != kNil && y.rank < r)) continue;
+        const Entry& xe = slab_[x.index];
+        const uint64_t x_prev = PrevCount(xe);
+        if (y_prev < factor * x_prev && uint64_t{x.count} < factor * y.count) continue;
+        ++stats_.phase_changes;
+        if (phase_change_count_ == options_.max_phase_changes) {
+          ++stats_.phase_changes_dropped;
+          continue;
+        }
+        phase_changes_[phase_change_count_++] = PhaseChange<Key>{
+            stats_.updates, epoch_,       xe.key, x.count, static_cast<uint32_t>(x_prev),
+            ye.key,         y.count,      static_cast<uint32_t>(y_prev)};
+      }
+    }
+  }
+
+  SortedTableOptions options_;
+  Hash hash_;
+  uint32_t bucket_count_ = 0;
+  int bucket_shift_ = 0;
+  uint32_t size_ = 0;
+  uint32_t epoch_ = 0;
+  uint64_t counts_this_period_ = 0;
+  std::unique_ptr<Bucket[]> buckets_;
+  std::unique_ptr<Entry[]> slab_;
+  uint32_t sort_capacity_ = 0;
+  uint32_t sort_queue_size_ = 0;
+  std::unique_ptr<uint32_t[]> sort_queue_;
+  uint32_t scratch_capacity_ = 0;
+  std::unique_ptr<SortItem[]> hot_;
+  std::unique_ptr<SortItem[]> fallers_;
+  uint32_t phase_change_count_ = 0;
+  std::unique_ptr<PhaseChange<Key>[]> phase_changes_;
+  size_t memory_bytes_ = 0;
+  TableStats stats_;
+};
+
+// The primary use: 64-bit stack ID / context hash -> count.
+using CountTable = SortedTable<uint64_t>;
+
+}  // namespace strata::table
+
+#endif  // STRATA_COMMON_TABLE_SORTED_TABLE_H_
