@@ -1,0 +1,410 @@
+#include "server/store/codec.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata::store::codec {
+namespace {
+
+absl::Status Corrupt(const char* what) {
+  return absl::DataLossError(absl::StrCat("corrupt ", what, " record"));
+}
+
+void PutVarint(std::string* out, uint64_t v) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+void PutString(std::string* out, std::string_view s) {
+  PutVarint(out, s.size());
+  out->append(s);
+}
+
+// Bounds-checked sequential reader over a value; every Read fails instead of overrunning.
+class Reader {
+ public:
+  explicit Reader(std::string_view in) : in_(in) {}
+
+  bool Varint(uint64_t* v) {
+    uint64_t result = 0;
+    for (int shift = 0; shift <= 63 && !in_.empty(); shift += 7) {
+      uint8_t byte = static_cast<uint8_t>(in_[0]);
+      in_.remove_prefix(1);
+      result |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if ((byte & 0x80) == 0) {
+        *v = result;
+        return true;
+      }
+    }
+    return false;
+  }
+  bool Varint32(uint32_t* v) {
+    uint64_t wide;
+    if (!Varint(&wide) || wide > UINT32_MAX) return false;
+    *v = static_cast<uint32_t>(wide);
+    return true;
+  }
+  bool String(std::string* s) {
+    uint64_t len;
+    if (!Varint(&len) || len > in_.size()) return false;
+    s->assign(in_.data(), len);
+    in_.remove_prefix(len);
+    return true;
+  }
+  bool Fixed64(uint64_t* v) {
+    if (in_.size() < 8) return false;
+    *v = GetFixed64LE(in_.data());
+    in_.remove_prefix(8);
+    return true;
+  }
+  bool Byte(uint8_t* b) {
+    if (in_.empty()) return false;
+    *b = static_cast<uint8_t>(in_[0]);
+    in_.remove_prefix(1);
+    return true;
+  }
+  bool Done() const { return in_.empty(); }
+
+ private:
+  std::string_view in_;
+};
+
+std::string TaggedKey(char tag, std::string_view name) {
+  std::string key;
+  key.reserve(1 + name.size());
+  key.push_back(tag);
+  key.append(name);
+  return key;
+}
+
+}  // namespace
+
+uint64_t Hash64(std::string_view data, uint64_t seed) {
+  constexpr uint64_t m = 0xc6a4a7935bd1e995ULL;
+  constexpr int r = 47;
+  uint64_t h = seed ^ (data.size() * m);
+  const char* p = data.data();
+  size_t n = data.size();
+  while (n >= 8) {
+    uint64_t k = GetFixed64LE(p);
+    k *= m;
+    k ^= k >> r;
+    k *= m;
+    h ^= k;
+    h *= m;
+    p += 8;
+    n -= 8;
+  }
+  if (n > 0) {
+    uint64_t k = 0;
+    for (size_t i = 0; i < n; ++i) k |= static_cast<uint64_t>(static_cast<uint8_t>(p[i])) << (8 * i);
+    h ^= k;
+    h *= m;
+  }
+  h ^= h >> r;
+  h *= m;
+  h ^= h >> r;
+  return h;
+}
+
+uint64_t ContentId(std::string_view identity, uint32_t probe) {
+  uint64_t id = Hash64(identity, 0x5354524154410000ULL + probe);  // "STRATA" + probe
+  return id == 0 ? 1 : id;
+}
+
+void PutFixed64BE(std::string* out, uint64_t v) {
+  char buf[8];
+  for (int i = 7; i >= 0; --i) {
+    buf[i] = static_cast<char>(v & 0xff);
+    v >>= 8;
+  }
+  out->append(buf, 8);
+}
+
+uint64_t GetFixed64BE(const char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+void PutFixed64LE(std::string* out, uint64_t v) {
+  char buf[8];
+  for (int i = 0; i < 8; ++i) {
+    buf[i] = static_cast<char>(v & 0xff);
+    v >>= 8;
+  }
+  out->append(buf, 8);
+}
+
+uint64_t GetFixed64LE(const char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+std::string IdKey(uint64_t id) {
+  std::string key;
+  PutFixed64BE(&key, id);
+  return key;
+}
+
+absl::StatusOr<uint64_t> DecodeIdKey(std::string_view key) {
+  if (key.size() != 8) return Corrupt("id key");
+  return GetFixed64BE(key.data());
+}
+
+std::string CellPrefix(std::string_view scope, uint64_t window_start_ms) {
+  std::string key;
+  key.reserve(scope.size() + 9);
+  key.append(scope);
+  key.push_back('\0');
+  PutFixed64BE(&key, window_start_ms);
+  return key;
+}
+
+std::string EncodeCellKey(std::string_view scope, uint64_t window_start_ms,
+                          std::string_view host, uint64_t stack_id) {
+  std::string key = CellPrefix(scope, window_start_ms);
+  key.append(host);
+  key.push_back('\0');
+  PutFixed64BE(&key, stack_id);
+  return key;
+}
+
+absl::StatusOr<CellKey> DecodeCellKey(std::string_view key) {
+  CellKey cell;
+  size_t scope_end = key.find('\0');
+  if (scope_end == std::string_view::npos || key.size() < scope_end + 1 + 8 + 1 + 8) {
+    return Corrupt("sample key");
+  }
+  cell.scope = key.substr(0, scope_end);
+  cell.window_start_ms = GetFixed64BE(key.data() + scope_end + 1);
+  std::string_view rest = key.substr(scope_end + 9);
+  // The host is everything up to the '\0' that precedes the final 8 stack ID bytes.
+  if (rest.size() < 9 || rest[rest.size() - 9] != '\0') return Corrupt("sample key");
+  cell.host = rest.substr(0, rest.size() - 9);
+  if (cell.host.find('\0') != std::string_view::npos) return Corrupt("sample key");
+  cell.stack_id = GetFixed64BE(rest.data() + rest.size() - 8);
+  return cell;
+}
+
+std::string EncodeCount(uint64_t count) {
+  std::string value;
+  PutFixed64LE(&value, count);
+  return value;
+}
+
+absl::StatusOr<uint64_t> DecodeCount(std::string_view value) {
+  if (value.size() != 8) return Corrupt("sample count");
+  return GetFixed64LE(value.data());
+}
+
+std::string EncodeStack(const StackFrames& stack) {
+  std::string value;
+  value.reserve(1 + 8 * stack.function_ids.size());
+  value.push_back(stack.truncated ? 1 : 0);
+  for (uint64_t id : stack.function_ids) PutFixed64LE(&value, id);
+  return value;
+}
+
+absl::StatusOr<StackFrames> DecodeStack(std::string_view value) {
+  if (value.empty() || (value.size() - 1) % 8 != 0 || (static_cast<uint8_t>(value[0]) & ~1u)) {
+    return Corrupt("stack");
+  }
+  StackFrames stack;
+  stack.truncated = value[0] & 1;
+  size_t n = (value.size() - 1) / 8;
+  stack.function_ids.reserve(n);
+  for (size_t i = 0; i < n; ++i) stack.function_ids.push_back(GetFixed64LE(value.data() + 1 + 8 * i));
+  return stack;
+}
+
+std::string FunctionIdentity(const FunctionInfo& function) {
+  std::string identity;
+  if (!function.build_id.empty()) {
+    identity.push_back('b');
+    PutString(&identity, function.build_id);
+  } else {
+    identity.push_back('m');
+    PutString(&identity, function.module);
+  }
+  PutFixed64LE(&identity, function.start_offset);
+  identity.append(function.name);
+  return identity;
+}
+
+std::string EncodeFunction(const FunctionInfo& function) {
+  std::string value;
+  value.push_back(1);  // format version
+  PutString(&value, function.name);
+  PutString(&value, function.module);
+  PutString(&value, function.build_id);
+  PutFixed64LE(&value, function.start_offset);
+  return value;
+}
+
+absl::StatusOr<FunctionInfo> DecodeFunction(std::string_view value) {
+  Reader in(value);
+  uint8_t version;
+  FunctionInfo f;
+  if (!in.Byte(&version) || version != 1 || !in.String(&f.name) || !in.String(&f.module) ||
+      !in.String(&f.build_id) || !in.Fixed64(&f.start_offset) || !in.Done()) {
+    return Corrupt("function");
+  }
+  return f;
+}
+
+std::string EncodeServiceSummary(int64_t first_window_ms, int64_t last_window_ms,
+                                 uint64_t total) {
+  std::string value;
+  PutFixed64LE(&value, static_cast<uint64_t>(first_window_ms));
+  PutFixed64LE(&value, static_cast<uint64_t>(last_window_ms));
+  PutFixed64LE(&value, total);
+  return value;
+}
+
+absl::StatusOr<ServiceSummary> DecodeServiceSummary(std::string_view value) {
+  if (value.size() != 24) return Corrupt("service summary");
+  ServiceSummary s;
+  s.first_window_ms = static_cast<int64_t>(GetFixed64LE(value.data()));
+  s.last_window_ms = static_cast<int64_t>(GetFixed64LE(value.data() + 8));
+  s.total_samples = GetFixed64LE(value.data() + 16);
+  return s;
+}
+
+std::string AgentKey(std::string_view agent_id) { return TaggedKey(kAgentTag, agent_id); }
+std::string SequenceKey(std::string_view agent_id) { return TaggedKey(kSequenceTag, agent_id); }
+std::string CaptureKey(std::string_view capture_id) { return TaggedKey(kCaptureTag, capture_id); }
+
+std::string GraphPrefix(std::string_view agent_id, uint64_t graph_id) {
+  std::string key = TaggedKey(kGraphTag, agent_id);
+  key.push_back('\0');
+  PutFixed64BE(&key, graph_id);
+  return key;
+}
+
+std::string GraphNodeKey(std::string_view agent_id, uint64_t graph_id, uint64_t node_id) {
+  std::string key = GraphPrefix(agent_id, graph_id);
+  key.push_back('n');
+  PutFixed64BE(&key, node_id);
+  return key;
+}
+
+std::string GraphEdgeKey(std::string_view agent_id, uint64_t graph_id, uint64_t index) {
+  std::string key = GraphPrefix(agent_id, graph_id);
+  key.push_back('e');
+  PutFixed64BE(&key, index);
+  return key;
+}
+
+std::string PhasePrefix(std::string_view service, uint64_t window_start_ms) {
+  std::string key = TaggedKey(kPhaseTag, service);
+  key.push_back('\0');
+  PutFixed64BE(&key, window_start_ms);
+  return key;
+}
+
+std::string PhaseKey(const PhaseEvent& event) {
+  std::string key = PhasePrefix(event.service, static_cast<uint64_t>(event.window_start_ms));
+  PutFixed64BE(&key, Hash64(event.payload, 0));
+  return key;
+}
+
+std::string EncodeAgent(const AgentRecord& agent) {
+  std::string value;
+  value.push_back(1);
+  PutString(&value, agent.host);
+  PutString(&value, agent.arch);
+  PutString(&value, agent.version);
+  PutFixed64LE(&value, static_cast<uint64_t>(agent.last_batch_ms));
+  PutVarint(&value, agent.batches);
+  return value;
+}
+
+absl::StatusOr<AgentRecord> DecodeAgent(std::string_view value) {
+  Reader in(value);
+  uint8_t version;
+  uint64_t last_batch;
+  AgentRecord a;
+  if (!in.Byte(&version) || version != 1 || !in.String(&a.host) || !in.String(&a.arch) ||
+      !in.String(&a.version) || !in.Fixed64(&last_batch) || !in.Varint(&a.batches) ||
+      !in.Done()) {
+    return Corrupt("agent");
+  }
+  a.last_batch_ms = static_cast<int64_t>(last_batch);
+  return a;
+}
+
+std::string EncodeGraphNode(const GraphNode& node) {
+  std::string value;
+  PutString(&value, node.name);
+  PutString(&value, node.module);
+  PutString(&value, node.build_id);
+  PutVarint(&value, node.start_offset);
+  return value;
+}
+
+absl::StatusOr<GraphNode> DecodeGraphNode(std::string_view value) {
+  Reader in(value);
+  GraphNode n;
+  if (!in.String(&n.name) || !in.String(&n.module) || !in.String(&n.build_id) ||
+      !in.Varint(&n.start_offset) || !in.Done()) {
+    return Corrupt("graph node");
+  }
+  return n;
+}
+
+std::string EncodeGraphEdge(const GraphEdge& edge) {
+  std::string value;
+  PutVarint(&value, edge.caller);
+  PutVarint(&value, edge.call_site);
+  PutVarint(&value, edge.callee);
+  return value;
+}
+
+absl::StatusOr<GraphEdge> DecodeGraphEdge(std::string_view value) {
+  Reader in(value);
+  GraphEdge e;
+  if (!in.Varint32(&e.caller) || !in.Varint(&e.call_site) || !in.Varint32(&e.callee) ||
+      !in.Done()) {
+    return Corrupt("graph edge");
+  }
+  return e;
+}
+
+std::string EncodeCapture(const CaptureInfo& c) {
+  std::string value;
+  value.push_back(1);
+  PutString(&value, c.service);
+  PutString(&value, c.host);
+  PutVarint(&value, c.pid);
+  PutVarint(&value, c.frequency_hz);
+  PutFixed64LE(&value, static_cast<uint64_t>(c.start_ms));
+  PutFixed64LE(&value, static_cast<uint64_t>(c.end_ms));
+  value.push_back(c.finished ? 1 : 0);
+  PutString(&value, c.error);
+  return value;
+}
+
+absl::StatusOr<CaptureInfo> DecodeCapture(std::string_view value) {
+  Reader in(value);
+  uint8_t version, finished;
+  uint64_t start, end;
+  CaptureInfo c;
+  if (!in.Byte(&version) || version != 1 || !in.String(&c.service) || !in.String(&c.host) ||
+      !in.Varint32(&c.pid) || !in.Varint32(&c.frequency_hz) || !in.Fixed64(&start) ||
+      !in.Fixed64(&end) || !in.Byte(&finished) || finished > 1 || !in.String(&c.error) ||
+      !in.Done()) {
+    return Corrupt("capture");
+  }
+  c.start_ms = static_cast<int64_t>(start);
+  c.end_ms = static_cast<int64_t>(end);
+  c.finished = finished == 1;
+  return c;
+}
+
+}  // namespace strata::store::codec

@@ -1,0 +1,94 @@
+// Key and value encodings of the store's column families, and the stable content hash
+// behind stack and function IDs. Internal to server/store (store.cc and its tests).
+//
+// Keys use big-endian fixed-width integers so that byte order equals numeric order; values
+// use little-endian fixed64 and varint-prefixed strings. Every decoder validates lengths and
+// returns DataLoss on malformed input.
+#ifndef STRATA_SERVER_STORE_CODEC_H_
+#define STRATA_SERVER_STORE_CODEC_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/store/store.h"
+
+namespace strata::store::codec {
+
+// MurmurHash64A: fixed across platforms and releases (IDs are persisted).
+uint64_t Hash64(std::string_view data, uint64_t seed);
+// Candidate ID number `probe` for content `identity`; never 0 (0 means "no ID").
+uint64_t ContentId(std::string_view identity, uint32_t probe);
+
+void PutFixed64BE(std::string* out, uint64_t v);
+uint64_t GetFixed64BE(const char* p);
+void PutFixed64LE(std::string* out, uint64_t v);
+uint64_t GetFixed64LE(const char* p);
+
+std::string IdKey(uint64_t id);  // stacks and functions CFs
+absl::StatusOr<uint64_t> DecodeIdKey(std::string_view key);
+
+// Samples / captures cell key: scope '\0' BE(window) host '\0' BE(stack).
+struct CellKey {
+  std::string_view scope;  // service or capture ID
+  uint64_t window_start_ms = 0;
+  std::string_view host;
+  uint64_t stack_id = 0;
+};
+std::string EncodeCellKey(std::string_view scope, uint64_t window_start_ms,
+                          std::string_view host, uint64_t stack_id);
+// Prefix of every cell of `scope` in `window` (and `host`, when given).
+std::string CellPrefix(std::string_view scope, uint64_t window_start_ms);
+absl::StatusOr<CellKey> DecodeCellKey(std::string_view key);  // views into `key`
+
+std::string EncodeCount(uint64_t count);
+absl::StatusOr<uint64_t> DecodeCount(std::string_view value);
+
+// Stacks: [flags u8: bit0 truncated][fixed64 LE function id]*. The encoding is also the
+// stack's identity.
+std::string EncodeStack(const StackFrames& stack);
+absl::StatusOr<StackFrames> DecodeStack(std::string_view value);
+
+// Functions: the identity is (build ID, or module path when there is none; start offset;
+// name); the value holds all fields.
+std::string FunctionIdentity(const FunctionInfo& function);
+std::string EncodeFunction(const FunctionInfo& function);
+absl::StatusOr<FunctionInfo> DecodeFunction(std::string_view value);
+
+// Services: [fixed64 first window][fixed64 last window][fixed64 total samples].
+std::string EncodeServiceSummary(int64_t first_window_ms, int64_t last_window_ms,
+                                 uint64_t total);
+absl::StatusOr<ServiceSummary> DecodeServiceSummary(std::string_view value);
+
+// Meta column family: one leading byte tells the record type.
+inline constexpr char kAgentTag = 'a';
+inline constexpr char kCaptureTag = 'c';
+inline constexpr char kGraphTag = 'g';
+inline constexpr char kPhaseTag = 'p';
+inline constexpr char kSequenceTag = 'q';
+
+std::string AgentKey(std::string_view agent_id);
+std::string SequenceKey(std::string_view agent_id);
+std::string CaptureKey(std::string_view capture_id);
+// 'g' agent '\0' BE(graph_id); nodes follow as 'n' BE(node id), edges as 'e' BE(index).
+std::string GraphPrefix(std::string_view agent_id, uint64_t graph_id);
+std::string GraphNodeKey(std::string_view agent_id, uint64_t graph_id, uint64_t node_id);
+std::string GraphEdgeKey(std::string_view agent_id, uint64_t graph_id, uint64_t index);
+// 'p' service '\0' BE(window) BE(hash of payload).
+std::string PhasePrefix(std::string_view service, uint64_t window_start_ms);
+std::string PhaseKey(const PhaseEvent& event);
+
+std::string EncodeAgent(const AgentRecord& agent);
+absl::StatusOr<AgentRecord> DecodeAgent(std::string_view value);
+std::string EncodeGraphNode(const GraphNode& node);  // id lives in the key
+absl::StatusOr<GraphNode> DecodeGraphNode(std::string_view value);
+std::string EncodeGraphEdge(const GraphEdge& edge);
+absl::StatusOr<GraphEdge> DecodeGraphEdge(std::string_view value);
+std::string EncodeCapture(const CaptureInfo& capture);
+absl::StatusOr<CaptureInfo> DecodeCapture(std::string_view value);
+
+}  // namespace strata::store::codec
+
+#endif  // STRATA_SERVER_STORE_CODEC_H_

@@ -1,0 +1,122 @@
+#include "server/store/merge.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+
+#include "server/store/codec.h"
+
+namespace strata::store {
+namespace {
+
+struct CountTraits {
+  using Value = uint64_t;
+  static constexpr const char* kName = "strata.CountAdd";
+  static std::optional<Value> Parse(const rocksdb::Slice& s) {
+    if (s.size() != 8) return std::nullopt;
+    return codec::GetFixed64LE(s.data());
+  }
+  static Value Combine(Value a, Value b) { return a + b; }
+  static std::string Encode(Value v) { return codec::EncodeCount(v); }
+};
+
+struct ServiceSummaryTraits {
+  using Value = ServiceSummary;
+  static constexpr const char* kName = "strata.ServiceSummary";
+  static std::optional<Value> Parse(const rocksdb::Slice& s) {
+    auto decoded = codec::DecodeServiceSummary(std::string_view(s.data(), s.size()));
+    if (!decoded.ok()) return std::nullopt;
+    return *decoded;
+  }
+  static Value Combine(const Value& a, const Value& b) {
+    Value out;
+    out.first_window_ms = std::min(a.first_window_ms, b.first_window_ms);
+    out.last_window_ms = std::max(a.last_window_ms, b.last_window_ms);
+    out.total_samples = a.total_samples + b.total_samples;
+    return out;
+  }
+  static std::string Encode(const Value& v) {
+    return codec::EncodeServiceSummary(v.first_window_ms, v.last_window_ms, v.total_samples);
+  }
+};
+
+template <typename Traits>
+class FixedRecordMergeOperator : public rocksdb::MergeOperator {
+ public:
+  explicit FixedRecordMergeOperator(std::shared_ptr<std::atomic<uint64_t>> malformed)
+      : malformed_(std::move(malformed)) {}
+
+  const char* Name() const override { return Traits::kName; }
+
+  bool FullMergeV2(const MergeOperationInput& in, MergeOperationOutput* out) const override {
+    std::optional<typename Traits::Value> acc;
+    if (in.existing_value != nullptr) Add(*in.existing_value, &acc);
+    for (const rocksdb::Slice& operand : in.operand_list) Add(operand, &acc);
+    // All inputs malformed: keep a well-formed neutral record rather than failing the read
+    // (a failed merge would surface as a corruption error on every read of the key).
+    out->new_value = acc ? Traits::Encode(*acc) : Traits::Encode(typename Traits::Value{});
+    return true;
+  }
+
+  bool PartialMerge(const rocksdb::Slice& key, const rocksdb::Slice& left,
+                    const rocksdb::Slice& right, std::string* new_value,
+                    rocksdb::Logger* logger) const override {
+    std::optional<typename Traits::Value> acc;
+    Add(left, &acc);
+    Add(right, &acc);
+    if (!acc) return false;  // keep the operands; the full merge will skip them
+    *new_value = Traits::Encode(*acc);
+    return true;
+  }
+
+  bool PartialMergeMulti(const rocksdb::Slice& key, const std::deque<rocksdb::Slice>& operands,
+                         std::string* new_value, rocksdb::Logger* logger) const override {
+    std::optional<typename Traits::Value> acc;
+    for (const rocksdb::Slice& operand : operands) Add(operand, &acc);
+    if (!acc) return false;
+    *new_value = Traits::Encode(*acc);
+    return true;
+  }
+
+ private:
+  void Add(const rocksdb::Slice& s, std::optional<typename Traits::Value>* acc) const {
+    std::optional<typename Traits::Value> v = Traits::Parse(s);
+    if (!v) {
+      malformed_->fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    *acc = *acc ? Traits::Combine(**acc, *v) : *v;
+  }
+
+  std::shared_ptr<std::atomic<uint64_t>> malformed_;
+};
+
+class ScopePrefixExtractor : public rocksdb::SliceTransform {
+ public:
+  const char* Name() const override { return "strata.ScopePrefix"; }
+  rocksdb::Slice Transform(const rocksdb::Slice& key) const override {
+    const void* nul = memchr(key.data(), '\0', key.size());
+    return rocksdb::Slice(key.data(), static_cast<const char*>(nul) - key.data() + 1);
+  }
+  bool InDomain(const rocksdb::Slice& key) const override {
+    return memchr(key.data(), '\0', key.size()) != nullptr;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<rocksdb::MergeOperator> NewCountAddOperator(
+    std::shared_ptr<std::atomic<uint64_t>> malformed) {
+  return std::make_shared<FixedRecordMergeOperator<CountTraits>>(std::move(malformed));
+}
+
+std::shared_ptr<rocksdb::MergeOperator> NewServiceSummaryOperator(
+    std::shared_ptr<std::atomic<uint64_t>> malformed) {
+  return std::make_shared<FixedRecordMergeOperator<ServiceSummaryTraits>>(std::move(malformed));
+}
+
+std::shared_ptr<const rocksdb::SliceTransform> NewScopePrefixExtractor() {
+  return std::make_shared<ScopePrefixExtractor>();
+}
+
+}  // namespace strata::store

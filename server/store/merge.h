@@ -1,0 +1,32 @@
+// RocksDB merge operators and prefix extractor of the store. Internal to server/store.
+//
+// Both operators combine fixed-size records and are associative and commutative, so
+// RocksDB may apply them in any grouping (reads, flushes, compactions). Malformed operands
+// or base values never crash: they are skipped and counted in `malformed`, which the
+// owner (Store) shares with the operator.
+#ifndef STRATA_SERVER_STORE_MERGE_H_
+#define STRATA_SERVER_STORE_MERGE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "rocksdb/merge_operator.h"
+#include "rocksdb/slice_transform.h"
+
+namespace strata::store {
+
+// Sums u64 counts (fixed64 little-endian), wrapping on overflow.
+std::shared_ptr<rocksdb::MergeOperator> NewCountAddOperator(
+    std::shared_ptr<std::atomic<uint64_t>> malformed);
+
+// Combines service summaries: min first window, max last window, sum of samples.
+std::shared_ptr<rocksdb::MergeOperator> NewServiceSummaryOperator(
+    std::shared_ptr<std::atomic<uint64_t>> malformed);
+
+// Prefix = key up to and including its first '\0' (the service or capture ID of a cell).
+std::shared_ptr<const rocksdb::SliceTransform> NewScopePrefixExtractor();
+
+}  // namespace strata::store
+
+#endif  // STRATA_SERVER_STORE_MERGE_H_

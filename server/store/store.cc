@@ -1,0 +1,772 @@
+#include "server/store/store.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <mutex>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "rocksdb/cache.h"
+#include "rocksdb/convenience.h"
+#include "rocksdb/db.h"
+#include "rocksdb/filter_policy.h"
+#include "rocksdb/options.h"
+#include "rocksdb/table.h"
+#include "rocksdb/write_batch.h"
+#include "server/store/codec.h"
+#include "server/store/merge.h"
+
+namespace strata::store {
+namespace {
+
+constexpr std::array<const char*, 6> kColumnNames = {"stacks",   "functions", "samples",
+                                                     "captures", "services",  "meta"};
+constexpr size_t kNumColumns = kColumnNames.size();
+constexpr uint32_t kMaxProbes = 64;
+constexpr size_t kInternShards = 16;
+constexpr size_t kSequenceStripes = 16;
+
+size_t ColumnIndex(Column c) { return static_cast<size_t>(c); }
+
+absl::Status FromRocks(const rocksdb::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  if (s.IsNotFound()) return absl::NotFoundError(s.ToString());
+  if (s.IsCorruption()) return absl::DataLossError(s.ToString());
+  if (s.IsInvalidArgument()) return absl::InvalidArgumentError(s.ToString());
+  if (s.IsBusy() || s.IsTryAgain()) return absl::UnavailableError(s.ToString());
+  return absl::InternalError(s.ToString());
+}
+
+std::string_view View(const rocksdb::Slice& s) { return std::string_view(s.data(), s.size()); }
+rocksdb::Slice ToSlice(std::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
+
+bool ValidKeyPart(std::string_view s) { return s.find('\0') == std::string_view::npos; }
+
+// Smallest key greater than every key starting with `prefix`, or "" if none exists.
+std::string PrefixSuccessor(std::string prefix) {
+  while (!prefix.empty()) {
+    unsigned char last = static_cast<unsigned char>(prefix.back());
+    if (last != 0xff) {
+      prefix.back() = static_cast<char>(last + 1);
+      return prefix;
+    }
+    prefix.pop_back();
+  }
+  return prefix;
+}
+
+// Kinds of content-addressed records.
+enum class InternKind { kStack, kFunction };
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// WriteBatch
+
+struct WriteBatch::Rep {
+  enum class OpType { kPut, kMerge, kDeleteRange };
+  struct Op {
+    Column column;
+    OpType type;
+    std::string key;
+    std::string value;  // end key for kDeleteRange
+  };
+  std::vector<Op> ops;
+  absl::flat_hash_map<std::string, ServiceSummary> services;
+  std::vector<std::pair<std::string, uint64_t>> sequences;
+  std::vector<std::pair<InternKind, uint64_t>> interned;
+  absl::Status status;
+
+  void Fail(absl::Status s) {
+    if (status.ok()) status = std::move(s);
+  }
+  bool CheckKeyPart(const char* what, std::string_view s, bool allow_empty) {
+    if (ValidKeyPart(s) && (allow_empty || !s.empty())) return true;
+    Fail(absl::InvalidArgumentError(
+        absl::StrCat(what, " must be non-empty and contain no NUL byte")));
+    return false;
+  }
+  bool CheckWindow(int64_t window_start_ms) {
+    if (window_start_ms >= 0) return true;
+    Fail(absl::InvalidArgumentError(absl::StrCat("negative window ", window_start_ms)));
+    return false;
+  }
+  void Add(Column c, OpType t, std::string key, std::string value) {
+    ops.push_back(Op{c, t, std::move(key), std::move(value)});
+  }
+};
+
+WriteBatch::WriteBatch() : rep_(std::make_unique<Rep>()) {}
+WriteBatch::~WriteBatch() = default;
+
+void WriteBatch::AddSamples(std::string_view service, int64_t window_start_ms,
+                            std::string_view host, uint64_t stack_id, uint64_t count) {
+  if (!rep_->CheckKeyPart("service", service, false) || !rep_->CheckKeyPart("host", host, true) ||
+      !rep_->CheckWindow(window_start_ms)) {
+    return;
+  }
+  rep_->Add(Column::kSamples, Rep::OpType::kMerge,
+            codec::EncodeCellKey(service, window_start_ms, host, stack_id),
+            codec::EncodeCount(count));
+  auto [it, inserted] = rep_->services.try_emplace(std::string(service));
+  ServiceSummary& s = it->second;
+  if (inserted) {
+    s.first_window_ms = s.last_window_ms = window_start_ms;
+  } else {
+    s.first_window_ms = std::min(s.first_window_ms, window_start_ms);
+    s.last_window_ms = std::max(s.last_window_ms, window_start_ms);
+  }
+  s.total_samples += count;
+}
+
+void WriteBatch::AddCaptureSamples(std::string_view capture_id, int64_t window_start_ms,
+                                   std::string_view host, uint64_t stack_id, uint64_t count) {
+  if (!rep_->CheckKeyPart("capture id", capture_id, false) ||
+      !rep_->CheckKeyPart("host", host, true) || !rep_->CheckWindow(window_start_ms)) {
+    return;
+  }
+  rep_->Add(Column::kCaptures, Rep::OpType::kMerge,
+            codec::EncodeCellKey(capture_id, window_start_ms, host, stack_id),
+            codec::EncodeCount(count));
+}
+
+void WriteBatch::SetAppliedSequence(std::string_view agent_id, uint64_t sequence) {
+  if (!rep_->CheckKeyPart("agent id", agent_id, false)) return;
+  for (auto& [agent, seq] : rep_->sequences) {
+    if (agent == agent_id) {
+      seq = std::max(seq, sequence);
+      return;
+    }
+  }
+  rep_->sequences.emplace_back(std::string(agent_id), sequence);
+}
+
+void WriteBatch::PutAgent(const AgentRecord& agent) {
+  if (!rep_->CheckKeyPart("agent id", agent.agent_id, false)) return;
+  rep_->Add(Column::kMeta, Rep::OpType::kPut, codec::AgentKey(agent.agent_id),
+            codec::EncodeAgent(agent));
+}
+
+void WriteBatch::AppendGraphNodes(std::string_view agent_id, uint64_t graph_id,
+                                  const std::vector<GraphNode>& nodes) {
+  if (!rep_->CheckKeyPart("agent id", agent_id, false)) return;
+  for (const GraphNode& node : nodes) {
+    rep_->Add(Column::kMeta, Rep::OpType::kPut, codec::GraphNodeKey(agent_id, graph_id, node.id),
+              codec::EncodeGraphNode(node));
+  }
+}
+
+void WriteBatch::AppendGraphEdges(std::string_view agent_id, uint64_t graph_id,
+                                  uint64_t first_edge, const std::vector<GraphEdge>& edges) {
+  if (!rep_->CheckKeyPart("agent id", agent_id, false)) return;
+  for (size_t i = 0; i < edges.size(); ++i) {
+    rep_->Add(Column::kMeta, Rep::OpType::kPut,
+              codec::GraphEdgeKey(agent_id, graph_id, first_edge + i),
+              codec::EncodeGraphEdge(edges[i]));
+  }
+}
+
+void WriteBatch::DeleteGraph(std::string_view agent_id, uint64_t graph_id) {
+  if (!rep_->CheckKeyPart("agent id", agent_id, false)) return;
+  std::string begin = codec::GraphPrefix(agent_id, graph_id);
+  std::string end = PrefixSuccessor(begin);
+  rep_->Add(Column::kMeta, Rep::OpType::kDeleteRange, std::move(begin), std::move(end));
+}
+
+void WriteBatch::PutPhaseEvent(const PhaseEvent& event) {
+  if (!rep_->CheckKeyPart("service", event.service, false) ||
+      !rep_->CheckWindow(event.window_start_ms)) {
+    return;
+  }
+  rep_->Add(Column::kMeta, Rep::OpType::kPut, codec::PhaseKey(event), event.payload);
+}
+
+void WriteBatch::PutCapture(const CaptureInfo& capture) {
+  if (!rep_->CheckKeyPart("capture id", capture.capture_id, false)) return;
+  rep_->Add(Column::kMeta, Rep::OpType::kPut, codec::CaptureKey(capture.capture_id),
+            codec::EncodeCapture(capture));
+}
+
+bool WriteBatch::empty() const {
+  return rep_->ops.empty() && rep_->sequences.empty() && rep_->status.ok();
+}
+
+void WriteBatch::Clear() { *rep_ = Rep(); }
+
+// ---------------------------------------------------------------------------------------
+// Intern tables: content-addressed IDs with collision probing.
+
+namespace {
+
+// Cache of stored (or about to be stored) records by ID. An entry is `durable` once a
+// commit containing its record succeeded; only durable entries are evicted, since pending
+// ones reserve their ID against colliding content interned concurrently.
+class InternTable {
+ public:
+  struct Entry {
+    std::string value;
+    bool durable = false;
+  };
+
+  explicit InternTable(size_t capacity)
+      : shard_capacity_(std::max<size_t>(capacity / kInternShards, 16)) {}
+
+  struct Shard {
+    absl::Mutex mu;
+    absl::flat_hash_map<uint64_t, Entry> entries ABSL_GUARDED_BY(mu);
+  };
+
+  Shard& ShardFor(uint64_t id) { return shards_[(id * 0x9e3779b97f4a7c15ULL) >> 60]; }
+
+  // Inserts into a shard whose lock is held, evicting durable entries when full.
+  Entry& Insert(Shard& shard, uint64_t id, Entry entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) {
+    if (shard.entries.size() >= shard_capacity_) {
+      for (auto it = shard.entries.begin();
+           it != shard.entries.end() && shard.entries.size() > shard_capacity_ / 2;) {
+        if (it->second.durable) {
+          shard.entries.erase(it++);
+        } else {
+          ++it;
+        }
+      }
+    }
+    return shard.entries.insert_or_assign(id, std::move(entry)).first->second;
+  }
+
+  void MarkDurable(uint64_t id) {
+    Shard& shard = ShardFor(id);
+    absl::MutexLock lock(&shard.mu);
+    auto it = shard.entries.find(id);
+    if (it != shard.entries.end()) it->second.durable = true;
+  }
+
+  size_t Size() {
+    size_t n = 0;
+    for (Shard& shard : shards_) {
+      absl::MutexLock lock(&shard.mu);
+      n += shard.entries.size();
+    }
+    return n;
+  }
+
+ private:
+  const size_t shard_capacity_;
+  std::array<Shard, kInternShards> shards_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Store
+
+struct Store::Impl {
+  StoreOptions options;
+  rocksdb::DB* db = nullptr;
+  std::array<rocksdb::ColumnFamilyHandle*, kNumColumns> columns{};
+  std::shared_ptr<std::atomic<uint64_t>> malformed = std::make_shared<std::atomic<uint64_t>>(0);
+  std::atomic<uint64_t> collisions{0};
+  std::unique_ptr<InternTable> stacks;
+  std::unique_ptr<InternTable> functions;
+  std::array<absl::Mutex, kSequenceStripes> sequence_mu;
+  std::mutex close_mu;
+  bool closed = false;
+  absl::Status close_status;
+
+  rocksdb::ColumnFamilyHandle* cf(Column c) const { return columns[ColumnIndex(c)]; }
+
+  InternTable& Table(InternKind kind) {
+    return kind == InternKind::kStack ? *stacks : *functions;
+  }
+  Column ColumnOf(InternKind kind) {
+    return kind == InternKind::kStack ? Column::kStacks : Column::kFunctions;
+  }
+
+  uint64_t Candidate(std::string_view identity, uint32_t probe) {
+    if (options.id_hash_for_testing) return options.id_hash_for_testing(identity, probe);
+    return codec::ContentId(identity, probe);
+  }
+
+  // Identity of a stored record, or an error if the record is corrupt.
+  static absl::StatusOr<std::string> IdentityOf(InternKind kind, std::string_view value) {
+    if (kind == InternKind::kStack) {
+      absl::StatusOr<StackFrames> stack = codec::DecodeStack(value);
+      if (!stack.ok()) return stack.status();
+      return std::string(value);
+    }
+    absl::StatusOr<FunctionInfo> function = codec::DecodeFunction(value);
+    if (!function.ok()) return function.status();
+    return codec::FunctionIdentity(*function);
+  }
+
+  absl::StatusOr<uint64_t> Intern(InternKind kind, std::string_view identity,
+                                  std::string value, WriteBatch* batch) {
+    InternTable& table = Table(kind);
+    Column column = ColumnOf(kind);
+    for (uint32_t probe = 0; probe < kMaxProbes; ++probe) {
+      uint64_t id = Candidate(identity, probe);
+      InternTable::Shard& shard = table.ShardFor(id);
+      // The shard lock covers lookup, store read and reservation of this one ID, so two
+      // threads never reserve the same ID for different content.
+      absl::MutexLock lock(&shard.mu);
+      const InternTable::Entry* entry = nullptr;
+      auto it = shard.entries.find(id);
+      if (it != shard.entries.end()) {
+        entry = &it->second;
+      } else {
+        std::string stored;
+        rocksdb::Status s = db->Get(rocksdb::ReadOptions(), cf(column), codec::IdKey(id), &stored);
+        if (s.IsNotFound()) {
+          entry = &table.Insert(shard, id, InternTable::Entry{std::move(value), false});
+        } else if (!s.ok()) {
+          return FromRocks(s);
+        } else if (!IdentityOf(kind, stored).ok()) {
+          // A corrupt record occupies this ID: keep probing rather than reuse it, since
+          // samples may reference whatever it held.
+          collisions.fetch_add(1, std::memory_order_relaxed);
+          continue;
+        } else {
+          entry = &table.Insert(shard, id, InternTable::Entry{std::move(stored), true});
+        }
+      }
+      absl::StatusOr<std::string> occupant = IdentityOf(kind, entry->value);
+      if (!occupant.ok() || *occupant != identity) {
+        collisions.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      if (!entry->durable) {
+        // Not known to be committed (possibly pending in another batch): write it with this
+        // batch too so this batch never references a missing record.
+        batch->rep_->Add(column, WriteBatch::Rep::OpType::kPut, codec::IdKey(id), entry->value);
+        batch->rep_->interned.emplace_back(kind, id);
+      }
+      return id;
+    }
+    return absl::InternalError(absl::StrCat("no free ID after ", kMaxProbes, " probes"));
+  }
+
+  absl::StatusOr<std::string> Lookup(InternKind kind, uint64_t id) {
+    InternTable& table = Table(kind);
+    InternTable::Shard& shard = table.ShardFor(id);
+    {
+      absl::MutexLock lock(&shard.mu);
+      auto it = shard.entries.find(id);
+      if (it != shard.entries.end()) return it->second.value;
+    }
+    std::string stored;
+    rocksdb::Status s =
+        db->Get(rocksdb::ReadOptions(), cf(ColumnOf(kind)), codec::IdKey(id), &stored);
+    if (!s.ok()) return FromRocks(s);
+    absl::StatusOr<std::string> identity = IdentityOf(kind, stored);
+    if (!identity.ok()) return identity.status();
+    absl::MutexLock lock(&shard.mu);
+    if (!shard.entries.contains(id)) table.Insert(shard, id, InternTable::Entry{stored, true});
+    return stored;
+  }
+
+  absl::StatusOr<uint64_t> ReadSequence(std::string_view agent_id) {
+    std::string value;
+    rocksdb::Status s =
+        db->Get(rocksdb::ReadOptions(), cf(Column::kMeta), codec::SequenceKey(agent_id), &value);
+    if (s.IsNotFound()) return 0;
+    if (!s.ok()) return FromRocks(s);
+    if (value.size() != 8) return absl::DataLossError("corrupt applied sequence record");
+    return codec::GetFixed64LE(value.data());
+  }
+
+  absl::Status Write(WriteBatch::Rep& rep) {
+    rocksdb::WriteBatch wb;
+    rocksdb::Status s;
+    for (const auto& op : rep.ops) {
+      switch (op.type) {
+        case WriteBatch::Rep::OpType::kPut:
+          s = wb.Put(cf(op.column), op.key, op.value);
+          break;
+        case WriteBatch::Rep::OpType::kMerge:
+          s = wb.Merge(cf(op.column), op.key, op.value);
+          break;
+        case WriteBatch::Rep::OpType::kDeleteRange:
+          s = wb.DeleteRange(cf(op.column), op.key, op.value);
+          break;
+      }
+      if (!s.ok()) return FromRocks(s);
+    }
+    for (const auto& [service, summary] : rep.services) {
+      s = wb.Merge(cf(Column::kServices), service,
+                   codec::EncodeServiceSummary(summary.first_window_ms, summary.last_window_ms,
+                                               summary.total_samples));
+      if (!s.ok()) return FromRocks(s);
+    }
+    for (const auto& [agent, seq] : rep.sequences) {
+      s = wb.Put(cf(Column::kMeta), codec::SequenceKey(agent), codec::EncodeCount(seq));
+      if (!s.ok()) return FromRocks(s);
+    }
+    rocksdb::WriteOptions wo;
+    wo.sync = options.sync;
+    return FromRocks(db->Write(wo, &wb));
+  }
+
+  // Iterates [begin, end) of a column family; `fn` returns false to stop early.
+  absl::Status Scan(Column column, const std::string& begin, const std::string& end,
+                    const std::function<absl::Status(std::string_view key, std::string_view value)>& fn) {
+    rocksdb::ReadOptions ro;
+    rocksdb::Slice upper(end);
+    if (!end.empty()) ro.iterate_upper_bound = &upper;
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro, cf(column)));
+    for (it->Seek(begin); it->Valid(); it->Next()) {
+      absl::Status s = fn(View(it->key()), View(it->value()));
+      if (!s.ok()) return s;
+    }
+    return FromRocks(it->status());
+  }
+};
+
+Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Store::~Store() { Close().IgnoreError(); }
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
+                                                   const StoreOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->stacks = std::make_unique<InternTable>(options.intern_cache_entries);
+  impl->functions = std::make_unique<InternTable>(options.intern_cache_entries);
+
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = options.create_if_missing;
+  db_options.create_missing_column_families = true;
+  db_options.max_background_jobs = 2;
+  db_options.bytes_per_sync = 1 << 20;
+
+  // Prefer LZ4 for hot levels and ZSTD for the bottommost level, as built into librocksdb.
+  std::vector<rocksdb::CompressionType> supported = rocksdb::GetSupportedCompressions();
+  auto has = [&](rocksdb::CompressionType t) {
+    return std::find(supported.begin(), supported.end(), t) != supported.end();
+  };
+  rocksdb::CompressionType hot = has(rocksdb::kLZ4Compression)      ? rocksdb::kLZ4Compression
+                                 : has(rocksdb::kSnappyCompression) ? rocksdb::kSnappyCompression
+                                                                    : rocksdb::kNoCompression;
+  rocksdb::CompressionType cold = has(rocksdb::kZSTD) ? rocksdb::kZSTD : hot;
+
+  std::shared_ptr<rocksdb::Cache> cache = rocksdb::NewLRUCache(options.block_cache_bytes);
+  auto table_factory = [&](bool prefix_bloom) {
+    rocksdb::BlockBasedTableOptions t;
+    t.block_cache = cache;
+    t.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+    // Cell tables are read by range per service; point lookups go to stacks/functions/meta.
+    t.whole_key_filtering = !prefix_bloom;
+    t.format_version = 5;
+    return std::shared_ptr<rocksdb::TableFactory>(rocksdb::NewBlockBasedTableFactory(t));
+  };
+
+  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+  for (size_t i = 0; i < kNumColumns; ++i) {
+    rocksdb::ColumnFamilyOptions cf_options;
+    cf_options.compression = hot;
+    cf_options.bottommost_compression = cold;
+    Column column = static_cast<Column>(i);
+    bool cells = column == Column::kSamples || column == Column::kCaptures;
+    if (cells) {
+      cf_options.merge_operator = NewCountAddOperator(impl->malformed);
+      cf_options.prefix_extractor = NewScopePrefixExtractor();
+    } else if (column == Column::kServices) {
+      cf_options.merge_operator = NewServiceSummaryOperator(impl->malformed);
+    }
+    cf_options.table_factory = table_factory(cells);
+    descriptors.emplace_back(kColumnNames[i], cf_options);
+  }
+  // RocksDB always has a default column family; the store keeps nothing in it.
+  descriptors.emplace_back(rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions());
+
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::Status s = rocksdb::DB::Open(db_options, dir, descriptors, &handles, &impl->db);
+  if (!s.ok()) return FromRocks(s);
+  for (size_t i = 0; i < kNumColumns; ++i) impl->columns[i] = handles[i];
+  impl->db->DestroyColumnFamilyHandle(handles.back()).PermitUncheckedError();
+  return std::unique_ptr<Store>(new Store(std::move(impl)));
+}
+
+absl::Status Store::Close() {
+  std::lock_guard<std::mutex> lock(impl_->close_mu);
+  if (impl_->closed) return impl_->close_status;
+  impl_->closed = true;
+  rocksdb::FlushOptions fo;
+  fo.wait = true;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles(impl_->columns.begin(), impl_->columns.end());
+  absl::Status status = FromRocks(impl_->db->Flush(fo, handles));
+  for (rocksdb::ColumnFamilyHandle* h : handles) {
+    impl_->db->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+  }
+  absl::Status close = FromRocks(impl_->db->Close());
+  if (status.ok()) status = close;
+  delete impl_->db;
+  impl_->db = nullptr;
+  impl_->close_status = status;
+  return status;
+}
+
+absl::StatusOr<uint64_t> Store::InternFunction(const FunctionInfo& function, WriteBatch* batch) {
+  return impl_->Intern(InternKind::kFunction, codec::FunctionIdentity(function),
+                       codec::EncodeFunction(function), batch);
+}
+
+absl::StatusOr<uint64_t> Store::InternStack(const StackFrames& stack, WriteBatch* batch) {
+  std::string value = codec::EncodeStack(stack);
+  std::string identity = value;
+  return impl_->Intern(InternKind::kStack, identity, std::move(value), batch);
+}
+
+absl::Status Store::Commit(WriteBatch* batch) {
+  WriteBatch::Rep& rep = *batch->rep_;
+  if (!rep.status.ok()) return rep.status;
+
+  // Lock the stripes of every agent whose sequence this batch advances, in stripe order,
+  // so that checking and advancing a sequence is atomic against other commits.
+  std::vector<size_t> stripes;
+  for (const auto& [agent, seq] : rep.sequences) {
+    stripes.push_back(codec::Hash64(agent, 0) % kSequenceStripes);
+  }
+  std::sort(stripes.begin(), stripes.end());
+  stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
+  for (size_t stripe : stripes) impl_->sequence_mu[stripe].Lock();
+  absl::Status status;
+  for (const auto& [agent, seq] : rep.sequences) {
+    absl::StatusOr<uint64_t> applied = impl_->ReadSequence(agent);
+    if (!applied.ok()) {
+      status = applied.status();
+    } else if (seq <= *applied) {
+      status = absl::AlreadyExistsError(
+          absl::StrCat("agent ", agent, " batch ", seq, " already applied (last ", *applied, ")"));
+    }
+    if (!status.ok()) break;
+  }
+  if (status.ok()) status = impl_->Write(rep);
+  for (auto it = stripes.rbegin(); it != stripes.rend(); ++it) impl_->sequence_mu[*it].Unlock();
+  if (!status.ok()) return status;
+
+  for (const auto& [kind, id] : rep.interned) impl_->Table(kind).MarkDurable(id);
+  batch->Clear();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Store::AppliedSequence(std::string_view agent_id) {
+  return impl_->ReadSequence(agent_id);
+}
+
+absl::Status Store::ScanSamples(const SampleQuery& query,
+                                const std::function<void(const SampleKey&, uint64_t)>& fn) {
+  const std::string& scope = query.capture_id ? *query.capture_id : query.service;
+  if (scope.empty() || !ValidKeyPart(scope)) {
+    return absl::InvalidArgumentError("service or capture id must be non-empty, without NUL");
+  }
+  if (query.host && !ValidKeyPart(*query.host)) {
+    return absl::InvalidArgumentError("host must not contain NUL");
+  }
+  uint64_t from = static_cast<uint64_t>(std::max<int64_t>(query.from_ms, 0));
+  if (query.to_ms <= 0 || static_cast<uint64_t>(query.to_ms) <= from) return absl::OkStatus();
+  uint64_t to = static_cast<uint64_t>(query.to_ms);
+
+  Column column = query.capture_id ? Column::kCaptures : Column::kSamples;
+  std::string upper_key = codec::CellPrefix(scope, to);
+  rocksdb::Slice upper(upper_key);
+  rocksdb::ReadOptions ro;
+  ro.iterate_upper_bound = &upper;
+  ro.prefix_same_as_start = true;
+  std::unique_ptr<rocksdb::Iterator> it(impl_->db->NewIterator(ro, impl_->cf(column)));
+
+  SampleKey key;
+  key.service = query.service;
+  it->Seek(codec::CellPrefix(scope, from));
+  while (it->Valid()) {
+    absl::StatusOr<codec::CellKey> cell = codec::DecodeCellKey(View(it->key()));
+    if (!cell.ok()) return cell.status();
+    if (cell->scope != scope) return absl::DataLossError("sample key outside its prefix");
+    if (query.host && cell->host != *query.host) {
+      // Skip to the wanted host in this window, or to the next window once past it.
+      if (cell->host < *query.host) {
+        std::string target = codec::CellPrefix(scope, cell->window_start_ms);
+        target.append(*query.host);
+        target.push_back('\0');
+        it->Seek(target);
+      } else {
+        it->Seek(codec::CellPrefix(scope, cell->window_start_ms + 1));
+      }
+      continue;
+    }
+    absl::StatusOr<uint64_t> count = codec::DecodeCount(View(it->value()));
+    if (!count.ok()) return count.status();
+    key.window_start_ms = static_cast<int64_t>(cell->window_start_ms);
+    key.host.assign(cell->host);
+    key.stack_id = cell->stack_id;
+    fn(key, *count);
+    it->Next();
+  }
+  return FromRocks(it->status());
+}
+
+absl::StatusOr<StackFrames> Store::GetStack(uint64_t stack_id) {
+  absl::StatusOr<std::string> value = impl_->Lookup(InternKind::kStack, stack_id);
+  if (!value.ok()) return value.status();
+  return codec::DecodeStack(*value);
+}
+
+absl::StatusOr<FunctionInfo> Store::GetFunction(uint64_t function_id) {
+  absl::StatusOr<std::string> value = impl_->Lookup(InternKind::kFunction, function_id);
+  if (!value.ok()) return value.status();
+  return codec::DecodeFunction(*value);
+}
+
+absl::StatusOr<std::vector<ServiceSummary>> Store::ListServices() {
+  std::vector<ServiceSummary> out;
+  absl::Status s = impl_->Scan(Column::kServices, "", "",
+                               [&](std::string_view key, std::string_view value) {
+                                 absl::StatusOr<ServiceSummary> summary =
+                                     codec::DecodeServiceSummary(value);
+                                 if (!summary.ok()) return summary.status();
+                                 summary->service.assign(key);
+                                 out.push_back(std::move(*summary));
+                                 return absl::OkStatus();
+                               });
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<std::vector<AgentRecord>> Store::ListAgents() {
+  std::vector<AgentRecord> out;
+  std::string begin(1, codec::kAgentTag);
+  absl::Status s = impl_->Scan(Column::kMeta, begin, PrefixSuccessor(begin),
+                               [&](std::string_view key, std::string_view value) {
+                                 absl::StatusOr<AgentRecord> agent = codec::DecodeAgent(value);
+                                 if (!agent.ok()) return agent.status();
+                                 agent->agent_id.assign(key.substr(1));
+                                 out.push_back(std::move(*agent));
+                                 return absl::OkStatus();
+                               });
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<AgentGraph> Store::LoadGraph(std::string_view agent_id, uint64_t graph_id) {
+  if (!ValidKeyPart(agent_id)) return absl::InvalidArgumentError("agent id contains NUL");
+  AgentGraph graph;
+  std::string prefix = codec::GraphPrefix(agent_id, graph_id);
+  absl::Status s = impl_->Scan(
+      Column::kMeta, prefix, PrefixSuccessor(prefix),
+      [&](std::string_view key, std::string_view value) -> absl::Status {
+        if (key.size() != prefix.size() + 9) return absl::DataLossError("corrupt graph key");
+        char kind = key[prefix.size()];
+        uint64_t index = codec::GetFixed64BE(key.data() + prefix.size() + 1);
+        if (kind == 'n') {
+          absl::StatusOr<GraphNode> node = codec::DecodeGraphNode(value);
+          if (!node.ok()) return node.status();
+          if (index > UINT32_MAX ||
+              (!graph.nodes.empty() && index != uint64_t{graph.nodes.back().id} + 1)) {
+            return absl::DataLossError(absl::StrCat("graph node ", index, " out of sequence"));
+          }
+          node->id = static_cast<uint32_t>(index);
+          graph.nodes.push_back(std::move(*node));
+        } else if (kind == 'e') {
+          absl::StatusOr<GraphEdge> edge = codec::DecodeGraphEdge(value);
+          if (!edge.ok()) return edge.status();
+          if (index != graph.edges.size()) {
+            return absl::DataLossError(absl::StrCat("graph edge ", index, " out of sequence"));
+          }
+          graph.edges.push_back(*edge);
+        } else {
+          return absl::DataLossError("corrupt graph key");
+        }
+        return absl::OkStatus();
+      });
+  if (!s.ok()) return s;
+  return graph;
+}
+
+absl::StatusOr<std::vector<PhaseEvent>> Store::ScanPhaseEvents(std::string_view service,
+                                                               int64_t from_ms, int64_t to_ms) {
+  if (!ValidKeyPart(service)) return absl::InvalidArgumentError("service contains NUL");
+  std::vector<PhaseEvent> out;
+  uint64_t from = static_cast<uint64_t>(std::max<int64_t>(from_ms, 0));
+  if (to_ms <= 0 || static_cast<uint64_t>(to_ms) <= from) return out;
+  std::string begin = codec::PhasePrefix(service, from);
+  size_t window_at = begin.size() - 8;
+  absl::Status s = impl_->Scan(
+      Column::kMeta, begin, codec::PhasePrefix(service, static_cast<uint64_t>(to_ms)),
+      [&](std::string_view key, std::string_view value) -> absl::Status {
+        if (key.size() != window_at + 16) return absl::DataLossError("corrupt phase event key");
+        PhaseEvent event;
+        event.service.assign(service);
+        event.window_start_ms = static_cast<int64_t>(codec::GetFixed64BE(key.data() + window_at));
+        event.payload.assign(value);
+        out.push_back(std::move(event));
+        return absl::OkStatus();
+      });
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<CaptureInfo> Store::GetCapture(std::string_view capture_id) {
+  std::string value;
+  rocksdb::Status s = impl_->db->Get(rocksdb::ReadOptions(), impl_->cf(Column::kMeta),
+                                     codec::CaptureKey(capture_id), &value);
+  if (!s.ok()) return FromRocks(s);
+  absl::StatusOr<CaptureInfo> capture = codec::DecodeCapture(value);
+  if (capture.ok()) capture->capture_id.assign(capture_id);
+  return capture;
+}
+
+absl::StatusOr<std::vector<CaptureInfo>> Store::ListCaptures() {
+  std::vector<CaptureInfo> out;
+  std::string begin(1, codec::kCaptureTag);
+  absl::Status s = impl_->Scan(Column::kMeta, begin, PrefixSuccessor(begin),
+                               [&](std::string_view key, std::string_view value) {
+                                 absl::StatusOr<CaptureInfo> c = codec::DecodeCapture(value);
+                                 if (!c.ok()) return c.status();
+                                 c->capture_id.assign(key.substr(1));
+                                 out.push_back(std::move(*c));
+                                 return absl::OkStatus();
+                               });
+  if (!s.ok()) return s;
+  return out;
+}
+
+uint64_t Store::ApproximateBytesOnDisk() {
+  uint64_t total = 0;
+  for (rocksdb::ColumnFamilyHandle* h : impl_->columns) {
+    uint64_t bytes = 0;
+    if (impl_->db->GetIntProperty(h, rocksdb::DB::Properties::kLiveSstFilesSize, &bytes)) {
+      total += bytes;
+    }
+  }
+  rocksdb::VectorLogPtr wal_files;
+  if (impl_->db->GetSortedWalFiles(wal_files).ok()) {
+    for (const auto& f : wal_files) total += f->SizeFileBytes();
+  }
+  return total;
+}
+
+StoreStats Store::Stats() {
+  StoreStats stats;
+  stats.malformed_merge_operands = impl_->malformed->load(std::memory_order_relaxed);
+  stats.id_collisions = impl_->collisions.load(std::memory_order_relaxed);
+  stats.stack_cache_entries = impl_->stacks->Size();
+  stats.function_cache_entries = impl_->functions->Size();
+  return stats;
+}
+
+absl::Status Store::CompactAll() {
+  rocksdb::CompactRangeOptions options;
+  options.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+  for (rocksdb::ColumnFamilyHandle* h : impl_->columns) {
+    absl::Status s = FromRocks(impl_->db->CompactRange(options, h, nullptr, nullptr));
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::PutRawForTesting(Column column, std::string_view key, std::string_view value) {
+  return FromRocks(
+      impl_->db->Put(rocksdb::WriteOptions(), impl_->cf(column), ToSlice(key), ToSlice(value)));
+}
+
+}  // namespace strata::store

@@ -1,0 +1,3 @@
+#include "server/store/store.h"
+#include "gtest/gtest.h"
+TEST(StoreTest, Opens) {}
