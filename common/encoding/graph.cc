@@ -1,0 +1,233 @@
+#include "common/encoding/graph.h"
+
+#include <algorithm>
+#include <limits>
+#include <tuple>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace strata::encoding {
+namespace {
+
+// Node IDs must stay representable as uint32 and leave room for the mark epoch scheme.
+constexpr size_t kMaxNodes = size_t{1} << 31;
+
+bool IsSource(NodeId n) { return n == kRootNode || n == kTruncatedNode; }
+
+}  // namespace
+
+CallGraph::CallGraph()
+    : succ_(kFirstFunctionNode),
+      pred_(kFirstFunctionNode),
+      order_{0, 1},
+      mark_(kFirstFunctionNode, 0) {}
+
+NodeId CallGraph::AddNode() {
+  const NodeId id = static_cast<NodeId>(num_nodes_++);
+  succ_.emplace_back();
+  pred_.emplace_back();
+  order_.push_back(id);  // new nodes have no edges: any position after the others is valid
+  mark_.push_back(0);
+  return id;
+}
+
+absl::Status CallGraph::EnsureNodes(size_t n) {
+  if (n > kMaxNodes) {
+    return absl::InvalidArgumentError(absl::StrCat("node count ", n, " exceeds the limit"));
+  }
+  while (num_nodes_ < n) AddNode();
+  return absl::OkStatus();
+}
+
+std::optional<EdgeId> CallGraph::FindEdge(NodeId caller, uint64_t call_site,
+                                          NodeId callee) const {
+  auto it = index_.find(EdgeKey{caller, callee, call_site});
+  if (it == index_.end()) return std::nullopt;
+  return it->second;
+}
+
+absl::StatusOr<EdgeId> CallGraph::AddEdge(const CallEdge& edge) {
+  if (edge.caller >= num_nodes_ || edge.callee >= num_nodes_) {
+    return absl::InvalidArgumentError(absl::StrCat("edge ", edge.caller, " -> ", edge.callee,
+                                                   " references an unknown node (have ",
+                                                   num_nodes_, ")"));
+  }
+  if (IsSource(edge.callee)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("edge ", edge.caller, " -> ", edge.callee, " calls the root or marker"));
+  }
+  const EdgeKey key{edge.caller, edge.callee, edge.call_site};
+  auto [it, inserted] = index_.try_emplace(key, edges_.size());
+  if (!inserted) return it->second;
+  const bool back = InsertIntoOrder(edge.caller, edge.callee);
+  edges_.push_back(edge);
+  is_back_.push_back(back ? 1 : 0);
+  return it->second;
+}
+
+// Pearce-Kelly dynamic topological sort over the non-back edges. order_[n] is n's position.
+// Adding x -> y with order_[x] < order_[y] needs nothing; otherwise the nodes reachable from y
+// with positions <= order_[x] (delta_f) and the nodes reaching x with positions >= order_[y]
+// (delta_b) are re-laid out in the union of their positions, delta_b first. Reaching x from y
+// means the edge closes a cycle: it becomes a back edge and is not added to the order.
+bool CallGraph::InsertIntoOrder(NodeId x, NodeId y) {
+  if (x == y) return true;
+  const uint32_t lb = order_[y];
+  const uint32_t ub = order_[x];
+  if (lb > ub) {
+    succ_[x].push_back(y);
+    pred_[y].push_back(x);
+    return false;
+  }
+  if (++mark_epoch_ == 0) {  // wrapped: reset marks
+    std::fill(mark_.begin(), mark_.end(), 0);
+    mark_epoch_ = 1;
+  }
+  // Forward search from y.
+  scratch_forward_.clear();
+  scratch_stack_.clear();
+  scratch_stack_.push_back(y);
+  mark_[y] = mark_epoch_;
+  while (!scratch_stack_.empty()) {
+    const NodeId n = scratch_stack_.back();
+    scratch_stack_.pop_back();
+    scratch_forward_.push_back(n);
+    for (NodeId w : succ_[n]) {
+      if (w == x) return true;
+      if (mark_[w] != mark_epoch_ && order_[w] < ub) {
+        mark_[w] = mark_epoch_;
+        scratch_stack_.push_back(w);
+      }
+    }
+  }
+  // Backward search from x.
+  scratch_backward_.clear();
+  scratch_stack_.push_back(x);
+  mark_[x] = mark_epoch_;
+  while (!scratch_stack_.empty()) {
+    const NodeId n = scratch_stack_.back();
+    scratch_stack_.pop_back();
+    scratch_backward_.push_back(n);
+    for (NodeId w : pred_[n]) {
+      if (mark_[w] != mark_epoch_ && order_[w] > lb) {
+        mark_[w] = mark_epoch_;
+        scratch_stack_.push_back(w);
+      }
+    }
+  }
+  auto by_order = [this](NodeId a, NodeId b) { return order_[a] < order_[b]; };
+  std::sort(scratch_forward_.begin(), scratch_forward_.end(), by_order);
+  std::sort(scratch_backward_.begin(), scratch_backward_.end(), by_order);
+  std::vector<uint32_t> positions;
+  positions.reserve(scratch_forward_.size() + scratch_backward_.size());
+  for (NodeId n : scratch_backward_) positions.push_back(order_[n]);
+  for (NodeId n : scratch_forward_) positions.push_back(order_[n]);
+  std::sort(positions.begin(), positions.end());
+  size_t i = 0;
+  for (NodeId n : scratch_backward_) order_[n] = positions[i++];
+  for (NodeId n : scratch_forward_) order_[n] = positions[i++];
+  succ_[x].push_back(y);
+  pred_[y].push_back(x);
+  return false;
+}
+
+namespace {
+
+template <typename Lookup>
+absl::StatusOr<std::vector<EdgeId>> WalkPath(size_t num_nodes,
+                                             std::span<const PathFrame> outer_to_leaf,
+                                             bool truncated, Lookup&& lookup) {
+  if (outer_to_leaf.empty()) return absl::InvalidArgumentError("empty path");
+  for (const PathFrame& f : outer_to_leaf) {
+    if (f.function >= num_nodes || IsSource(f.function)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("path frame references invalid node ", f.function));
+    }
+  }
+  std::vector<EdgeId> edges;
+  edges.reserve(outer_to_leaf.size());
+  CallEdge e{truncated ? kTruncatedNode : kRootNode, 0, outer_to_leaf[0].function};
+  for (size_t i = 0;; ++i) {
+    absl::StatusOr<EdgeId> id = lookup(e);
+    if (!id.ok()) return id.status();
+    edges.push_back(*id);
+    if (i + 1 == outer_to_leaf.size()) break;
+    e = CallEdge{outer_to_leaf[i].function, outer_to_leaf[i].call_site,
+                 outer_to_leaf[i + 1].function};
+  }
+  return edges;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<EdgeId>> CallGraph::AddPath(std::span<const PathFrame> outer_to_leaf,
+                                                       bool truncated) {
+  return WalkPath(num_nodes_, outer_to_leaf, truncated,
+                  [this](const CallEdge& e) { return AddEdge(e); });
+}
+
+absl::StatusOr<std::vector<EdgeId>> CallGraph::FindPath(
+    std::span<const PathFrame> outer_to_leaf, bool truncated) const {
+  return WalkPath(num_nodes_, outer_to_leaf, truncated,
+                  [this](const CallEdge& e) -> absl::StatusOr<EdgeId> {
+                    std::optional<EdgeId> id = FindEdge(e.caller, e.call_site, e.callee);
+                    if (!id) {
+                      return absl::NotFoundError(absl::StrCat("no edge ", e.caller, " -> ",
+                                                              e.callee, " at ", e.call_site));
+                    }
+                    return *id;
+                  });
+}
+
+absl::StatusOr<std::vector<CallEdge>> ExportEdges(const CallGraph& graph, uint64_t from,
+                                                  uint64_t to) {
+  if (from > to || to > graph.num_edges()) {
+    return absl::OutOfRangeError(absl::StrCat("edge range [", from, ", ", to,
+                                              ") not inside [0, ", graph.num_edges(), ")"));
+  }
+  auto all = graph.edges();
+  return std::vector<CallEdge>(all.begin() + from, all.begin() + to);
+}
+
+absl::Status AppendNodes(CallGraph& graph, uint32_t first_node, size_t count) {
+  if (first_node != graph.num_nodes()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "delta starts at node ", first_node, " but the graph has ", graph.num_nodes()));
+  }
+  if (count > kMaxNodes - graph.num_nodes()) {
+    return absl::InvalidArgumentError(absl::StrCat("node count overflow: ", count));
+  }
+  return graph.EnsureNodes(graph.num_nodes() + count);
+}
+
+absl::Status AppendEdges(CallGraph& graph, uint64_t first_edge,
+                         std::span<const CallEdge> edges) {
+  if (first_edge != graph.num_edges()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "delta starts at edge ", first_edge, " but the graph has ", graph.num_edges()));
+  }
+  // Validate everything first so that a bad delta leaves the graph untouched.
+  absl::flat_hash_set<std::tuple<NodeId, NodeId, uint64_t>> seen;
+  seen.reserve(edges.size());
+  for (size_t i = 0; i < edges.size(); ++i) {
+    const CallEdge& e = edges[i];
+    if (e.caller >= graph.num_nodes() || e.callee >= graph.num_nodes() || IsSource(e.callee)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("delta edge ", first_edge + i, " (", e.caller, " -> ", e.callee,
+                       ") references an unknown or invalid node"));
+    }
+    if (graph.FindEdge(e.caller, e.call_site, e.callee) ||
+        !seen.insert({e.caller, e.callee, e.call_site}).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("delta edge ", first_edge + i, " duplicates an existing edge"));
+    }
+  }
+  for (const CallEdge& e : edges) {
+    absl::StatusOr<EdgeId> id = graph.AddEdge(e);
+    if (!id.ok()) return id.status();  // unreachable after validation
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata::encoding
