@@ -1,0 +1,382 @@
+#include "common/table/sorted_table.h"
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <new>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+// Counts every global allocation so tests can assert that a region allocates nothing.
+namespace {
+std::atomic<uint64_t> g_allocations{0};
+}  // namespace
+
+void* operator new(std::size_t size) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+// The table never frees through these in the measured regions; free() matches malloc() above.
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace strata::table {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+
+CountTable MakeTable(const SortedTableOptions& options) {
+  absl::StatusOr<CountTable> table = CountTable::Create(options);
+  EXPECT_TRUE(table.ok()) << table.status();
+  return *std::move(table);
+}
+
+std::vector<uint64_t> ChainKeys(const CountTable& table, uint32_t bucket) {
+  std::vector<uint64_t> keys;
+  table.ForEachInChain(bucket, [&](uint64_t key, uint64_t, uint32_t) { keys.push_back(key); });
+  return keys;
+}
+
+// Keys 1, 2, ... grouped by bucket: `per_bucket` keys from each of `buckets` distinct buckets.
+std::vector<std::vector<uint64_t>> KeysByBucket(const CountTable& table, size_t buckets,
+                                                size_t per_bucket) {
+  std::map<uint32_t, std::vector<uint64_t>> by_bucket;
+  std::vector<std::vector<uint64_t>> out;
+  for (uint64_t key = 1; out.size() < buckets; ++key) {
+    std::vector<uint64_t>& keys = by_bucket[table.BucketIndex(key)];
+    keys.push_back(key);
+    if (keys.size() == per_bucket) out.push_back(keys);
+  }
+  return out;
+}
+
+// Adds `count` to `filler` (alone in its chain) until the current period ends.
+void FinishPeriod(CountTable& table, uint64_t filler) {
+  const uint64_t periods = table.stats().periods;
+  while (table.stats().periods == periods) ASSERT_NE(table.Add(filler), AddResult::kFull);
+}
+
+TEST(SortedTableTest, RejectsBadOptions) {
+  EXPECT_FALSE(CountTable::Create({.max_entries = 0}).ok());
+  EXPECT_FALSE(CountTable::Create({.max_entries = (1u << 31) + 1}).ok());
+  EXPECT_FALSE(CountTable::Create({.period = 0}).ok());
+  EXPECT_FALSE(CountTable::Create({.period = 100, .frequency_threshold = 100}).ok());
+  EXPECT_FALSE(CountTable::Create({.phase_change_factor = 1}).ok());
+  absl::StatusOr<CountTable> ok = CountTable::Create({.max_entries = 1000, .bucket_count = 100});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->bucket_count(), 128u);
+  EXPECT_EQ(ok->capacity(), 1000u);
+}
+
+TEST(SortedTableTest, AddFindForEach) {
+  CountTable table = MakeTable({.max_entries = 8});
+  EXPECT_EQ(table.Add(42, 3), AddResult::kInserted);
+  EXPECT_EQ(table.Add(42, 4), AddResult::kUpdated);
+  EXPECT_EQ(table.Add(7), AddResult::kInserted);
+  EXPECT_EQ(table.Find(42), 7u);
+  EXPECT_EQ(table.Find(7), 1u);
+  EXPECT_EQ(table.Find(8), std::nullopt);
+  std::map<uint64_t, uint64_t> seen;
+  table.ForEach([&](uint64_t key, uint64_t count) { seen[key] = count; });
+  EXPECT_THAT(seen, ElementsAre(std::pair<const uint64_t, uint64_t>{7, 1},
+                                std::pair<const uint64_t, uint64_t>{42, 7}));
+  // A count that overflows the 32-bit period counter is still summed exactly.
+  EXPECT_EQ(table.Add(7, uint64_t{1} << 40), AddResult::kUpdated);
+  EXPECT_EQ(table.Find(7), (uint64_t{1} << 40) + 1);
+}
+
+TEST(SortedTableTest, FullTableRejectsNewKeysUntilDrained) {
+  CountTable table = MakeTable({.max_entries = 3, .bucket_count = 2});
+  for (uint64_t k = 1; k <= 3; ++k) ASSERT_EQ(table.Add(k, k), AddResult::kInserted);
+  EXPECT_EQ(table.Add(4), AddResult::kFull);
+  EXPECT_EQ(table.Add(2), AddResult::kUpdated);  // existing keys still update
+  EXPECT_EQ(table.size(), 3u);
+  EXPECT_EQ(table.stats().full_rejections, 1u);
+  uint64_t drained = 0;
+  table.Drain([&](uint64_t, uint64_t count) { drained += count; });
+  EXPECT_EQ(drained, 1u + 3u + 3u);
+  EXPECT_TRUE(table.empty());
+  EXPECT_EQ(table.Find(2), std::nullopt);
+  EXPECT_EQ(table.Add(4), AddResult::kInserted);
+}
+
+// Random skewed workloads on a small table that fills up again and again: every count added
+// is handed over by exactly one Drain, per key.
+TEST(SortedTableTest, ConservesCountsUnderForcedFlushes) {
+  for (uint32_t seed : {1u, 2u, 3u, 4u}) {
+    SCOPED_TRACE(seed);
+    CountTable table = MakeTable({.max_entries = 300,
+                                  .bucket_count = 32,  // deep chains: sorting is busy
+                                  .period = 512,
+                                  .depth_threshold = 1,
+                                  .frequency_threshold = 4,
+                                  .max_phase_changes = 8});
+    std::mt19937_64 rng(seed);
+    std::map<uint64_t, uint64_t> added, drained;
+    auto drain = [&] { table.Drain([&](uint64_t k, uint64_t c) { drained[k] += c; }); };
+    uint64_t drains = 0;
+    for (int i = 0; i < 200000; ++i) {
+      // Hot set shifts every 20000 updates; keys are scrambled 64-bit values.
+      const uint64_t phase = static_cast<uint64_t>(i / 20000);
+      const uint64_t r = rng() % 1000;
+      const uint64_t rank = r < 700 ? r % 10 + phase * 10 : r;
+      const uint64_t key = (rank + 1) * 0x9e3779b97f4a7c15ull ^ 0xabcdef;
+      const uint64_t count = 1 + rng() % 5;
+      added[key] += count;
+      AddResult result = table.Add(key, count);
+      if (result == AddResult::kFull) {
+        drain();
+        ++drains;
+        ASSERT_EQ(table.Add(key, count), AddResult::kInserted);
+      }
+      ASSERT_LE(table.size(), table.capacity());
+    }
+    drain();
+    EXPECT_GT(drains, 10u);
+    EXPECT_GT(table.stats().chains_sorted, 0u);
+    EXPECT_EQ(drained, added);
+  }
+}
+
+TEST(SortedTableTest, NothingAllocatedAfterConstruction) {
+  CountTable table = MakeTable({.max_entries = 200,
+                                .bucket_count = 2,  // hot keys often share a chain
+                                .period = 256,
+                                .depth_threshold = 1,
+                                .frequency_threshold = 2,
+                                .max_phase_changes = 2});
+  const size_t memory = table.memory_bytes();
+  std::mt19937_64 rng(7);
+  std::vector<uint64_t> keys(1000);
+  for (uint64_t& k : keys) k = rng();
+  const uint64_t before = g_allocations.load();
+  uint64_t sum = 0;
+  for (int i = 0; i < 100000; ++i) {
+    // A hot key that switches every 5000 updates keeps sorts and phase changes happening.
+    const uint64_t key = rng() % 10 != 0 ? keys[(i / 2000) % 20] : keys[rng() % 400];
+    if (table.Add(key) == AddResult::kFull) {
+      table.Drain([&](uint64_t, uint64_t c) { sum += c; });
+      table.Add(key);
+    }
+  }
+  const uint64_t after = g_allocations.load();
+  EXPECT_EQ(after, before);
+  EXPECT_EQ(table.memory_bytes(), memory);
+  EXPECT_GT(table.stats().chains_sorted, 0u);
+  EXPECT_GT(table.stats().phase_changes_dropped, 0u);  // the event buffer is bounded too
+  EXPECT_EQ(table.TakePhaseChanges().size(), 2u);
+}
+
+// Chain A (six keys, deeper than depth_threshold 2) and chain B (two keys) in one period.
+TEST(SortedTableTest, SortMovesHotEntriesOfDeepChainsOnly) {
+  CountTable table = MakeTable({.max_entries = 64,
+                                .bucket_count = 16,
+                                .period = 1000,
+                                .depth_threshold = 2,
+                                .frequency_threshold = 3});
+  const auto groups = KeysByBucket(table, 3, 6);
+  const std::vector<uint64_t>& a = groups[0];
+  const std::vector<uint64_t> b = {groups[1][0], groups[1][1]};
+  const uint64_t filler = groups[2][0];
+  for (uint64_t k : a) table.Add(k);  // period counts 1 each
+  for (uint64_t k : b) table.Add(k);
+  ASSERT_THAT(ChainKeys(table, table.BucketIndex(a[0])), ElementsAreArray(a));
+  // Period counts: a0 1, a1 1, a2 21, a3 3 (not above 3), a4 11, a5 6 (ties broken by
+  // position: none here). b1 is hot but its chain is shallow.
+  table.Add(a[2], 20);
+  table.Add(a[4], 10);
+  table.Add(a[5], 5);
+  table.Add(a[3], 2);
+  for (int i = 0; i < 50; ++i) table.Add(b[1]);
+  table.Add(filler);
+  EXPECT_EQ(table.stats().chains_sorted, 0u);  // nothing before the period ends
+  FinishPeriod(table, filler);
+  EXPECT_THAT(ChainKeys(table, table.BucketIndex(a[0])),
+              ElementsAre(a[2], a[4], a[5], a[0], a[1], a[3]));
+  EXPECT_THAT(ChainKeys(table, table.BucketIndex(b[0])), ElementsAre(b[0], b[1]));
+  EXPECT_EQ(table.stats().chains_sorted, 1u);
+  // Hot a2, a4, a5 moved forward; cold a0, a1, a3 each had a hot entry behind them.
+  EXPECT_EQ(table.stats().entries_moved, 6u);
+}
+
+TEST(SortedTableTest, SortIsStableForEqualCountsAndSkipsOrderedChains) {
+  CountTable table = MakeTable({.max_entries = 64,
+                                .bucket_count = 16,
+                                .period = 1000,
+                                .depth_threshold = 2,
+                                .frequency_threshold = 3});
+  const auto groups = KeysByBucket(table, 2, 5);
+  const std::vector<uint64_t>& a = groups[0];
+  const uint64_t filler = groups[1][0];
+  for (uint64_t k : a) table.Add(k);
+  table.Add(a[3], 9);  // a3 and a1 tie at 10: a1 was first, stays first
+  table.Add(a[1], 9);
+  FinishPeriod(table, filler);
+  EXPECT_THAT(ChainKeys(table, table.BucketIndex(a[0])),
+              ElementsAre(a[1], a[3], a[0], a[2], a[4]));
+  // Next period only the head is hot: the chain is not even visited.
+  const uint64_t sorted = table.stats().chains_sorted;
+  table.Add(a[1], 50);
+  FinishPeriod(table, filler);
+  EXPECT_EQ(table.stats().chains_sorted, sorted);
+  EXPECT_THAT(ChainKeys(table, table.BucketIndex(a[0])),
+              ElementsAre(a[1], a[3], a[0], a[2], a[4]));
+}
+
+TEST(SortedTableTest, SortingOffNeverReorders) {
+  CountTable table = MakeTable({.max_entries = 64,
+                                .bucket_count = 16,
+                                .sorting = false,
+                                .period = 100,
+                                .depth_threshold = 1,
+                                .frequency_threshold = 1});
+  const auto groups = KeysByBucket(table, 2, 4);
+  for (uint64_t k : groups[0]) table.Add(k);
+  for (int i = 0; i < 1000; ++i) table.Add(groups[0][3]);
+  EXPECT_THAT(ChainKeys(table, table.BucketIndex(groups[0][0])), ElementsAreArray(groups[0]));
+  EXPECT_EQ(table.stats().chains_sorted, 0u);
+  EXPECT_GT(table.stats().periods, 0u);
+}
+
+TEST(SortedTableTest, SortingShortensProbes) {
+  CountTable table = MakeTable({.max_entries = 64,
+                                .bucket_count = 16,
+                                .period = 100,
+                                .depth_threshold = 2,
+                                .frequency_threshold = 10});
+  const auto groups = KeysByBucket(table, 1, 8);
+  const std::vector<uint64_t>& a = groups[0];
+  for (uint64_t k : a) table.Add(k);
+  // 92 more hits on the tail (position 8) end the first period.
+  const TableStats start = table.stats();
+  for (int i = 0; i < 92; ++i) table.Add(a[7]);
+  EXPECT_EQ(table.stats().periods, 1u);
+  EXPECT_DOUBLE_EQ(table.stats().MeanHitProbeLengthSince(start), 8.0);
+  const TableStats sorted = table.stats();
+  for (int i = 0; i < 100; ++i) table.Add(a[7]);
+  EXPECT_DOUBLE_EQ(table.stats().MeanHitProbeLengthSince(sorted), 1.0);
+}
+
+// One chain of four keys; the hot key switches from `a` to `b` after `switch_at` updates, at
+// various offsets inside a period. Each period has 1000 updates.
+std::vector<PhaseChange<uint64_t>> RunHotSwitch(uint64_t switch_at, uint64_t* a_key,
+                                                uint64_t* b_key) {
+  CountTable table = MakeTable({.max_entries = 64,
+                                .bucket_count = 16,
+                                .period = 1000,
+                                .depth_threshold = 2,
+                                .frequency_threshold = 10});
+  const auto groups = KeysByBucket(table, 1, 4);
+  const uint64_t a = groups[0][0], b = groups[0][1], c = groups[0][2], d = groups[0][3];
+  *a_key = a;
+  *b_key = b;
+  std::mt19937_64 rng(99);
+  for (uint64_t i = 0; i < 20000; ++i) {
+    const bool switched = i >= switch_at;
+    const uint64_t r = rng() % 100;  // hot 90%, cold 1%, c 4%, d 5%
+    const uint64_t hot = switched ? b : a, cold = switched ? a : b;
+    table.Add(r < 90 ? hot : r < 91 ? cold : r < 95 ? c : d);
+  }
+  EXPECT_EQ(table.stats().phase_changes_dropped, 0u);
+  return table.TakePhaseChanges();
+}
+
+TEST(SortedTableTest, RecordsPhaseChangeWhenHotKeySwitches) {
+  for (uint64_t switch_at : {10000u, 10001u, 10250u, 10500u, 10530u, 10750u, 10999u}) {
+    SCOPED_TRACE(switch_at);
+    uint64_t a, b;
+    const std::vector<PhaseChange<uint64_t>> changes = RunHotSwitch(switch_at, &a, &b);
+    ASSERT_FALSE(changes.empty());
+    bool b_over_a = false;
+    for (const PhaseChange<uint64_t>& change : changes) {
+      // Every reversal is the new hot key rising or the old one falling (c and d pass a when
+      // it drops below them: a was 10x above them in the previous period).
+      EXPECT_TRUE(change.rose_key == b || change.fell_key == a);
+      EXPECT_GE(change.update_index, switch_at);
+      EXPECT_LE(change.update_index, switch_at + 2000);
+      if (change.fell_key == a) {
+        b_over_a = true;
+        EXPECT_TRUE(change.fell_prev_count >= 10 * uint64_t{change.rose_prev_count} ||
+                    change.rose_count >= 10 * uint64_t{change.fell_count});
+      }
+    }
+    EXPECT_TRUE(b_over_a);
+  }
+}
+
+TEST(SortedTableTest, NoPhaseChangeForSmallSwaps) {
+  CountTable table = MakeTable({.max_entries = 64,
+                                .bucket_count = 16,
+                                .period = 1000,
+                                .depth_threshold = 2,
+                                .frequency_threshold = 10});
+  const auto groups = KeysByBucket(table, 1, 6);
+  const std::vector<uint64_t>& k = groups[0];
+  std::mt19937_64 rng(5);
+  // Two keys trade the lead every period (500 vs 400, 3-4x over the rest), plus noise.
+  for (int period = 0; period < 40; ++period) {
+    const uint64_t lead = k[period % 2], second = k[1 - period % 2];
+    for (int i = 0; i < 1000; ++i) {
+      const uint64_t r = rng() % 1000;
+      table.Add(r < 500 ? lead : r < 900 ? second : k[2 + r % 4]);
+    }
+  }
+  EXPECT_GT(table.stats().entries_moved, 30u);  // the two did swap, again and again
+  EXPECT_EQ(table.stats().phase_changes, 0u);
+  EXPECT_TRUE(table.TakePhaseChanges().empty());
+}
+
+TEST(SortedTableTest, TopNMatchesReference) {
+  CountTable table = MakeTable({.max_entries = 5000, .period = 4096, .frequency_threshold = 8});
+  std::mt19937_64 rng(11);
+  std::map<uint64_t, uint64_t> reference;
+  for (int i = 0; i < 50000; ++i) {
+    const uint64_t key = rng() % 3000 + 1;  // many ties among small counts
+    const uint64_t count = rng() % 4 + 1;
+    table.Add(key, count);
+    reference[key] += count;
+  }
+  std::vector<KeyCount<uint64_t>> expected;
+  for (const auto& [key, count] : reference) expected.push_back({key, count});
+  std::sort(expected.begin(), expected.end(), [](const auto& x, const auto& y) {
+    return x.count != y.count ? x.count > y.count : x.key < y.key;
+  });
+  for (size_t n : {0u, 1u, 10u, 100u, 2999u, 3000u, 10000u}) {
+    SCOPED_TRACE(n);
+    std::vector<KeyCount<uint64_t>> want(expected.begin(),
+                                         expected.begin() + std::min(n, expected.size()));
+    EXPECT_EQ(table.TopN(n), want);
+  }
+}
+
+// All keys in one chain (a degenerate hash) still work, sort, and conserve counts.
+struct ConstantHash {
+  uint64_t operator()(uint64_t) const { return 0; }
+};
+
+TEST(SortedTableTest, DegenerateHashOneChain) {
+  absl::StatusOr<SortedTable<uint64_t, ConstantHash>> table = SortedTable<uint64_t, ConstantHash>::Create(
+      {.max_entries = 500, .period = 200, .depth_threshold = 2, .frequency_threshold = 5});
+  ASSERT_TRUE(table.ok());
+  uint64_t sum = 0;
+  for (int i = 0; i < 20000; ++i) {
+    // 498 arrives last, at the tail of the one chain, and is then a third of the updates.
+    const uint64_t key = i >= 1000 && i % 3 == 0 ? 498 : static_cast<uint64_t>(i % 498);
+    ASSERT_NE(table->Add(key), AddResult::kFull);
+    ++sum;
+  }
+  uint64_t drained = 0;
+  table->Drain([&](uint64_t, uint64_t c) { drained += c; });
+  EXPECT_EQ(drained, sum);
+  EXPECT_GT(table->stats().chains_sorted, 0u);
+  EXPECT_EQ(table->stats().phase_changes, 0u);
+}
+
+}  // namespace
+}  // namespace strata::table
