@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "agent/procfs/service_matcher.h"
 
@@ -98,6 +99,7 @@ class ProcessTracker {
   absl::flat_hash_map<pid_t, Seen> ignored_;
   absl::flat_hash_map<pid_t, std::string> pinned_;  // pid -> service
   absl::flat_hash_map<pid_t, uint64_t> pinned_start_;  // pid -> start time once seen
+  absl::flat_hash_set<pid_t> reevaluate_;  // pins changed since the last scan
 };
 
 }  // namespace strata::procfs
