@@ -1,0 +1,187 @@
+#include "common/unwind/mips64/function_table.h"
+
+#include <algorithm>
+
+namespace strata::unwind::mips64 {
+namespace {
+
+const CodeRegion* RegionFor(std::span<const CodeRegion> code, uint64_t start, uint64_t end) {
+  for (const CodeRegion& r : code) {
+    if (start >= r.vaddr && end <= r.vaddr + r.size && r.bytes != nullptr) return &r;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::unique_ptr<PrologueTable> PrologueTable::Build(Arch arch,
+                                                    std::vector<FunctionRange> functions,
+                                                    std::span<const CodeRegion> code) {
+  std::unique_ptr<PrologueTable> t(new PrologueTable());
+  t->arch_ = arch;
+  const bool be = IsBigEndian(arch);
+
+  // One entry per start, the largest size wins (aliases, weak/strong pairs).
+  std::sort(functions.begin(), functions.end(), [](const FunctionRange& a, const FunctionRange& b) {
+    return a.start != b.start ? a.start < b.start : a.size > b.size;
+  });
+  functions.erase(std::unique(functions.begin(), functions.end(),
+                              [](const FunctionRange& a, const FunctionRange& b) {
+                                return a.start == b.start;
+                              }),
+                  functions.end());
+
+  std::vector<uint32_t> words;
+  for (size_t i = 0; i < functions.size(); ++i) {
+    const FunctionRange& fr = functions[i];
+    const uint64_t next = i + 1 < functions.size() ? functions[i + 1].start : UINT64_MAX;
+    uint64_t end = fr.size ? fr.start + fr.size : next;
+    if (end == UINT64_MAX) {  // last function of unknown size: up to the end of its code
+      end = fr.start;
+      for (const CodeRegion& r : code) {
+        if (fr.start >= r.vaddr && fr.start < r.vaddr + r.size) end = r.vaddr + r.size;
+      }
+    }
+    end = std::min(end, next);
+    if (end <= fr.start) continue;
+
+    Func f{fr.start, end, static_cast<uint32_t>(t->rows_.size()), 0, fr.flags};
+    const CodeRegion* region = RegionFor(code, fr.start & ~uint64_t{3}, end & ~uint64_t{3});
+    if (region == nullptr) {
+      ++t->stats_.without_code;
+    } else {
+      const uint64_t first = (fr.start + 3) & ~uint64_t{3};
+      words.clear();
+      for (uint64_t a = first; a + 4 <= end; a += 4) {
+        words.push_back(LoadWord(region->bytes + (a - region->vaddr), be));
+      }
+      AnalysisStats as;
+      std::vector<RowRange> rows =
+          AnalyzeFunctionAt(words, first, (fr.flags & FunctionRange::kStub) != 0, &as);
+      if (rows.size() > UINT16_MAX) rows.resize(UINT16_MAX);
+      for (RowRange& r : rows) r.offset += static_cast<uint32_t>(first - fr.start);
+      if (!rows.empty()) rows.front().offset = 0;
+      t->rows_.insert(t->rows_.end(), rows.begin(), rows.end());
+      f.num_rows = static_cast<uint16_t>(rows.size());
+      t->stats_.instructions += as.instructions;
+      t->stats_.unreached += as.unreached;
+      t->stats_.conflicts += as.conflicts;
+    }
+    t->funcs_.push_back(f);
+  }
+  t->funcs_.shrink_to_fit();
+  t->rows_.shrink_to_fit();
+
+  // Page index.
+  if (!t->funcs_.empty()) {
+    t->page_base_ = t->funcs_.front().start & ~((uint64_t{1} << kPageShift) - 1);
+    const uint64_t span = t->funcs_.back().end - t->page_base_;
+    const uint64_t pages = (span >> kPageShift) + 1;
+    if (pages <= (uint64_t{1} << 26)) {
+      t->page_first_.resize(pages);
+      size_t i = 0;
+      for (uint64_t p = 0; p < pages; ++p) {
+        const uint64_t page_start = t->page_base_ + (p << kPageShift);
+        while (i + 1 < t->funcs_.size() && t->funcs_[i + 1].start <= page_start) ++i;
+        t->page_first_[p] = static_cast<uint32_t>(i);
+      }
+    }
+  }
+
+  // Addresses that follow a call, for the return-address sanity check.
+  if (!code.empty()) {
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (const CodeRegion& r : code) {
+      if (r.bytes == nullptr || r.size < 4) continue;
+      lo = std::min(lo, r.vaddr & ~uint64_t{3});
+      hi = std::max(hi, r.vaddr + r.size + 8);
+    }
+    if (lo < hi && (hi - lo) / 4 <= (uint64_t{1} << 30)) {
+      t->call_base_ = lo;
+      t->after_call_bits_ = (hi - lo) / 4 + 1;
+      t->after_call_.assign((t->after_call_bits_ + 63) / 64, 0);
+      auto mark = [&](uint64_t addr) {
+        const uint64_t bit = (addr - lo) / 4;
+        if (bit < t->after_call_bits_) t->after_call_[bit / 64] |= uint64_t{1} << (bit % 64);
+      };
+      for (const CodeRegion& r : code) {
+        if (r.bytes == nullptr) continue;
+        const uint64_t skew = (4 - (r.vaddr & 3)) & 3;
+        for (uint64_t off = skew; off + 4 <= r.size; off += 4) {
+          const uint32_t w = LoadWord(r.bytes + off, be);
+          if (insn::IsCallWithDelaySlot(w)) mark(r.vaddr + off + 8);
+          else if (insn::IsCompactCall(w)) mark(r.vaddr + off + 4);
+        }
+      }
+    }
+  }
+
+  t->stats_.functions = t->funcs_.size();
+  t->stats_.rows = t->rows_.size();
+  t->stats_.memory_bytes = t->funcs_.size() * sizeof(Func) + t->rows_.size() * sizeof(RowRange) +
+                           t->page_first_.size() * sizeof(uint32_t) +
+                           t->after_call_.size() * sizeof(uint64_t);
+  return t;
+}
+
+int64_t PrologueTable::FindFunction(uint64_t pc) const {
+  if (page_first_.empty()) return FindFunctionBinarySearch(pc);
+  if (pc < page_base_) return -1;
+  const uint64_t page = (pc - page_base_) >> kPageShift;
+  if (page >= page_first_.size()) return -1;
+  size_t i = page_first_[page];
+  const size_t n = funcs_.size();
+  while (i + 1 < n && funcs_[i + 1].start <= pc) ++i;
+  const Func& f = funcs_[i];
+  return (pc >= f.start && pc < f.end) ? static_cast<int64_t>(i) : -1;
+}
+
+int64_t PrologueTable::FindFunctionBinarySearch(uint64_t pc) const {
+  size_t lo = 0, hi = funcs_.size();  // first start > pc
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (funcs_[mid].start <= pc) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo == 0) return -1;
+  const Func& f = funcs_[lo - 1];
+  return pc < f.end ? static_cast<int64_t>(lo - 1) : -1;
+}
+
+bool PrologueTable::RowAt(const Func& f, uint64_t offset, UnwindRow* row) const {
+  if (f.num_rows == 0) return false;
+  const RowRange* first = rows_.data() + f.first_row;
+  size_t lo = 0, hi = f.num_rows;  // first entry with offset > `offset`
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (first[mid].offset <= offset) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo == 0) return false;
+  const RowRange& r = first[lo - 1];
+  if (!r.valid) return false;
+  *row = r.row;
+  if (f.flags & FunctionRange::kOutermost) row->ra_rule = UnwindRow::RaRule::kUndefined;
+  return true;
+}
+
+bool PrologueTable::FindRow(uint64_t pc, bool innermost, UnwindRow* row) const {
+  // A caller's pc is a return address: the call sits 8 bytes before it and the frame state
+  // that holds while the callee runs is the one at the call's delay slot (pc - 4), which also
+  // keeps calls to noreturn functions at a function's end inside that function.
+  if (!innermost && pc < 4) return false;
+  const uint64_t at = innermost ? pc : pc - 4;
+  const int64_t i = FindFunction(at);
+  if (i < 0) return false;
+  const Func& f = funcs_[static_cast<size_t>(i)];
+  return RowAt(f, at - f.start, row);
+}
+
+bool PrologueTable::IsPlausibleReturnAddress(uint64_t return_address) const {
+  if ((return_address & 3) != 0 || return_address < call_base_) return false;
+  const uint64_t bit = (return_address - call_base_) / 4;
+  if (bit >= after_call_bits_) return false;
+  return (after_call_[bit / 64] >> (bit % 64)) & 1;
+}
+
+}  // namespace strata::unwind::mips64
