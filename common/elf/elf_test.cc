@@ -1,0 +1,367 @@
+#include <link.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include "common/elf/cfi_records.h"
+#include "common/elf/elf_file.h"
+#include "common/elf/symbol_table.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace strata::elf {
+namespace {
+
+extern "C" __attribute__((noinline)) int StrataElfTestMarker(int x) {
+  asm volatile("" ::: "memory");
+  return x * 7;
+}
+
+namespace demangle_ns {
+__attribute__((noinline)) int Marked(double d) { asm volatile(""); return static_cast<int>(d); }
+}  // namespace demangle_ns
+
+std::string RunCommand(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Load bias of the main executable.
+uint64_t MainBias() {
+  uint64_t bias = 0;
+  dl_iterate_phdr([](dl_phdr_info* info, size_t, void* data) {
+    *static_cast<uint64_t*>(data) = info->dlpi_addr;
+    return 1;  // the first entry is the main program
+  }, &bias);
+  return bias;
+}
+
+std::string SelfPath() { return "/proc/self/exe"; }
+
+std::string LibcPath() {
+  std::string maps = ReadFile("/proc/self/maps");
+  std::istringstream in(maps);
+  std::string line;
+  while (std::getline(in, line)) {
+    size_t slash = line.find('/');
+    if (slash != std::string::npos && line.find("libc.so") != std::string::npos) {
+      return line.substr(slash);
+    }
+  }
+  return "/lib/x86_64-linux-gnu/libc.so.6";
+}
+
+// `readelf -n` prints "Build ID: <hex>".
+std::string ReadelfBuildId(const std::string& path) {
+  std::string out = RunCommand("readelf -n '" + path + "' 2>/dev/null");
+  size_t pos = out.find("Build ID: ");
+  if (pos == std::string::npos) return "";
+  size_t end = out.find('\n', pos);
+  return out.substr(pos + 10, end - pos - 10);
+}
+
+TEST(ElfFileTest, SelfSymbolsAndBuildId) {
+  auto elf = ElfFile::Open(SelfPath());
+  ASSERT_TRUE(elf.ok()) << elf.status();
+  EXPECT_EQ((*elf)->machine(), kMachineX86_64);
+  EXPECT_FALSE((*elf)->big_endian());
+  EXPECT_NE((*elf)->FindSection(".text"), nullptr);
+  EXPECT_EQ((*elf)->FindSection(".no_such_section"), nullptr);
+  EXPECT_EQ((*elf)->BuildIdHex(), ReadelfBuildId(std::string(realpath("/proc/self/exe", nullptr))));
+  EXPECT_EQ((*elf)->build_id().size(), 20u);
+
+  auto table = SymbolTable::Build(**elf);
+  ASSERT_TRUE(table.ok()) << table.status();
+  uint64_t marker = reinterpret_cast<uint64_t>(&StrataElfTestMarker) - MainBias();
+  const SymbolTable::Function* f = table->Lookup(marker + 3);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->start, marker);
+  EXPECT_EQ(f->name, "StrataElfTestMarker");
+  uint64_t marked = reinterpret_cast<uint64_t>(&demangle_ns::Marked) - MainBias();
+  f = table->Lookup(marked);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->name, "strata::elf::(anonymous namespace)::demangle_ns::Marked(double)");
+  EXPECT_EQ(table->Lookup(0), nullptr);
+}
+
+TEST(ElfFileTest, CodeBytesMatchMemory) {
+  auto elf = ElfFile::Open(SelfPath());
+  ASSERT_TRUE(elf.ok());
+  uint64_t marker = reinterpret_cast<uint64_t>(&StrataElfTestMarker) - MainBias();
+  auto bytes = (*elf)->ReadAt(marker, 8);
+  ASSERT_TRUE(bytes.has_value());
+  EXPECT_EQ(*bytes, std::string_view(reinterpret_cast<const char*>(&StrataElfTestMarker), 8));
+  auto word = (*elf)->ReadU32At(marker);
+  ASSERT_TRUE(word.has_value());
+  uint32_t expected;
+  std::memcpy(&expected, reinterpret_cast<const void*>(&StrataElfTestMarker), 4);
+  EXPECT_EQ(*word, expected);
+  EXPECT_FALSE((*elf)->ReadAt(~uint64_t{0} - 4, 8).has_value());
+}
+
+TEST(ElfFileTest, FileOffsetToVaddrMatchesMaps) {
+  auto elf = ElfFile::FromBytes(ReadFile(SelfPath()));  // not mapped: only the loader's maps
+  ASSERT_TRUE(elf.ok());
+  std::string self = realpath("/proc/self/exe", nullptr);
+  std::istringstream in(ReadFile("/proc/self/maps"));
+  std::string line;
+  int checked = 0;
+  while (std::getline(in, line)) {
+    if (line.size() < self.size() || line.compare(line.size() - self.size(), self.size(), self) != 0) continue;
+    uint64_t start, end, offset;
+    char perms[5];
+    ASSERT_EQ(sscanf(line.c_str(), "%lx-%lx %4s %lx", &start, &end, perms, &offset), 4);
+    auto vaddr = (*elf)->FileOffsetToVaddr(offset);
+    ASSERT_TRUE(vaddr.has_value()) << line;
+    EXPECT_EQ(start - *vaddr, MainBias()) << line;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(ElfFileTest, LibcSymbolsBuildIdAndFdes) {
+  std::string libc = LibcPath();
+  auto elf = ElfFile::Open(libc);
+  ASSERT_TRUE(elf.ok()) << elf.status();
+  EXPECT_EQ((*elf)->BuildIdHex(), ReadelfBuildId(libc));
+  auto table = SymbolTable::Build(**elf);
+  ASSERT_TRUE(table.ok());
+  bool found_malloc = false;
+  for (const auto& f : table->functions()) found_malloc |= f.name == "malloc";
+  EXPECT_TRUE(found_malloc);
+  EXPECT_FALSE((*elf)->PltRanges().empty());
+  std::vector<AddressRange> fdes = FdeRanges(**elf);
+  EXPECT_GT(fdes.size(), 1000u);
+  for (size_t i = 1; i < fdes.size(); ++i) ASSERT_LT(fdes[i - 1].start, fdes[i].start);
+  // Every FDE lies inside an executable segment.
+  for (const AddressRange& r : fdes) {
+    bool inside = false;
+    for (const LoadSegment& s : (*elf)->load_segments()) {
+      inside |= s.executable() && r.start >= s.vaddr && r.end <= s.vaddr + s.memsz;
+    }
+    ASSERT_TRUE(inside) << std::hex << r.start;
+  }
+}
+
+// PLT stub names agree with objdump's "<name@plt>" labels.
+TEST(ElfFileTest, PltEntriesMatchObjdump) {
+  std::string self = realpath("/proc/self/exe", nullptr);
+  auto elf = ElfFile::Open(self);
+  ASSERT_TRUE(elf.ok());
+  auto plt = (*elf)->ReadPltEntries();
+  ASSERT_TRUE(plt.ok()) << plt.status();
+  std::map<uint64_t, std::string> ours;
+  for (const PltEntry& e : *plt) {
+    if (!e.target.empty()) ours[e.start] = e.target;
+  }
+  std::istringstream in(RunCommand("objdump -d -j .plt -j .plt.sec -j .plt.got '" + self + "' 2>/dev/null"));
+  std::string line;
+  int compared = 0;
+  while (std::getline(in, line)) {
+    // "0000000000012340 <malloc@plt>:"
+    uint64_t addr;
+    char name[512];
+    if (sscanf(line.c_str(), "%lx <%511[^>]>:", &addr, name) != 2) continue;
+    std::string n = name;
+    size_t at = n.find("@plt");
+    if (at == std::string::npos || at + 4 != n.size()) continue;
+    n = n.substr(0, at);
+    ASSERT_TRUE(ours.count(addr)) << std::hex << addr << " " << n;
+    EXPECT_EQ(ours[addr], Demangle(n)) << std::hex << addr;
+    ++compared;
+  }
+  EXPECT_GT(compared, 10);
+  auto table = SymbolTable::Build(**elf);
+  ASSERT_TRUE(table.ok());
+  const SymbolTable::Function* f = table->Lookup(ours.begin()->first + 2);
+  ASSERT_NE(f, nullptr);
+  EXPECT_TRUE(f->is_plt());
+  EXPECT_EQ(f->name, ours.begin()->second + "@plt");
+}
+
+TEST(ElfFileTest, StrippedModuleFallsBackToFdeRanges) {
+  std::string dir = testing::TempDir();
+  std::string stripped = dir + "/stripped_self";
+  std::string self = realpath("/proc/self/exe", nullptr);
+  ASSERT_EQ(system(("strip -o '" + stripped + "' '" + self + "'").c_str()), 0);
+  auto elf = ElfFile::Open(stripped);
+  ASSERT_TRUE(elf.ok()) << elf.status();
+  auto table = SymbolTable::Build(**elf);
+  ASSERT_TRUE(table.ok());
+  uint64_t marker = reinterpret_cast<uint64_t>(&StrataElfTestMarker) - MainBias();
+  const SymbolTable::Function* f = table->Lookup(marker + 1);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->start, marker);
+  EXPECT_EQ(f->origin, SymbolTable::Origin::kFde);
+  EXPECT_TRUE(f->name.empty());
+  unlink(stripped.c_str());
+}
+
+void ExerciseEverything(const ElfFile& elf) {
+  (void)elf.BuildIdHex();
+  (void)elf.ReadFunctionSymbols();
+  (void)elf.ReadPltEntries();
+  (void)FdeRanges(elf);
+  (void)SymbolTable::Build(elf);
+  for (const Section& s : elf.sections()) (void)elf.SectionData(s);
+  for (const LoadSegment& s : elf.load_segments()) {
+    (void)elf.ReadAt(s.vaddr, 64);
+    (void)elf.FileOffsetToVaddr(s.offset);
+  }
+}
+
+TEST(ElfFileTest, TruncatedFilesGiveErrorsNotCrashes) {
+  std::string bytes = ReadFile(LibcPath());
+  ASSERT_GT(bytes.size(), 100000u);
+  EXPECT_FALSE(ElfFile::FromBytes("").ok());
+  EXPECT_FALSE(ElfFile::FromBytes(bytes.substr(0, 63)).ok());
+  std::string bad_magic = bytes;
+  bad_magic[1] = 'X';
+  EXPECT_FALSE(ElfFile::FromBytes(bad_magic).ok());
+  std::string elf32 = bytes;
+  elf32[4] = 1;
+  EXPECT_FALSE(ElfFile::FromBytes(elf32).ok());
+  // Section headers sit at the end of the file: any truncation loses them.
+  for (size_t len : {size_t{64}, size_t{100}, size_t{4096}, bytes.size() / 2, bytes.size() - 1}) {
+    auto elf = ElfFile::FromBytes(bytes.substr(0, len));
+    EXPECT_FALSE(elf.ok()) << len;
+  }
+  // Through the file path as well.
+  std::string path = testing::TempDir() + "/truncated_libc";
+  {
+    std::ofstream(path, std::ios::binary) << bytes.substr(0, bytes.size() / 3);
+  }
+  EXPECT_FALSE(ElfFile::Open(path).ok());
+  unlink(path.c_str());
+  EXPECT_FALSE(ElfFile::Open("/nonexistent/file").ok());
+}
+
+TEST(ElfFileTest, SectionsPointingOutsideTheFileAreErrors) {
+  std::string bytes = ReadFile(LibcPath());
+  auto good = ElfFile::FromBytes(bytes);
+  ASSERT_TRUE(good.ok());
+  const Section* eh = (*good)->FindSection(".eh_frame");
+  ASSERT_NE(eh, nullptr);
+  // Find .eh_frame's header and make its size huge.
+  uint64_t shoff;
+  std::memcpy(&shoff, bytes.data() + 0x28, 8);
+  size_t index = eh - (*good)->sections().data();
+  uint64_t huge = uint64_t{1} << 40;
+  std::memcpy(bytes.data() + shoff + index * 64 + 32, &huge, 8);
+  auto bad = ElfFile::FromBytes(bytes);
+  ASSERT_TRUE(bad.ok());
+  EXPECT_FALSE((*bad)->SectionData(*(*bad)->FindSection(".eh_frame")).ok());
+  EXPECT_TRUE(FdeRanges(**bad).empty());
+}
+
+TEST(ElfFileTest, CorruptedBytesNeverCrash) {
+  std::string original = ReadFile("/proc/self/exe");
+  auto parsed = ElfFile::FromBytes(original);
+  ASSERT_TRUE(parsed.ok());
+  // Corrupt the regions the parser reads: headers, symbol tables, CFI, relocations.
+  std::vector<std::pair<uint64_t, uint64_t>> regions = {{0, 64}};
+  for (const Section& s : (*parsed)->sections()) {
+    if (s.name == ".eh_frame" || s.name == ".eh_frame_hdr" || s.name == ".dynsym" ||
+        s.name == ".rela.plt" || s.name == ".symtab" || s.name == ".note.gnu.build-id") {
+      regions.push_back({s.offset, s.size});
+    }
+  }
+  uint64_t shoff;
+  std::memcpy(&shoff, original.data() + 0x28, 8);
+  regions.push_back({shoff, original.size() - shoff});
+  std::mt19937_64 rng(42);
+  for (int iter = 0; iter < 150; ++iter) {
+    std::string bytes = original;
+    for (int k = 0; k < 24; ++k) {
+      auto [off, size] = regions[rng() % regions.size()];
+      if (size == 0) continue;
+      size_t pos = off + rng() % size;
+      if (pos < bytes.size()) bytes[pos] = static_cast<char>(rng());
+    }
+    auto elf = ElfFile::FromBytes(std::move(bytes));
+    if (elf.ok()) ExerciseEverything(**elf);
+  }
+}
+
+TEST(ByteReaderTest, LebAndBounds) {
+  ByteReader r(std::string_view("\xe5\x8e\x26\x7f\x80", 5), false);
+  EXPECT_EQ(r.Uleb128(), 624485u);
+  EXPECT_EQ(r.Sleb128(), -1);
+  EXPECT_TRUE(r.ok());
+  EXPECT_EQ(r.Uleb128(), 0u);  // 0x80 continues past the end
+  EXPECT_FALSE(r.ok());
+  ByteReader be(std::string_view("\x01\x02\x03\x04", 4), true);
+  EXPECT_EQ(be.U32(), 0x01020304u);
+  EXPECT_EQ(be.U8(), 0u);
+  EXPECT_FALSE(be.ok());
+  std::string ff(11, '\xff');
+  ByteReader overlong(ff, false);
+  overlong.Uleb128();
+  EXPECT_FALSE(overlong.ok());
+}
+
+void CheckMipsFixture(const char* path, bool big_endian) {
+  const std::string objdump =
+      big_endian ? "mips64-linux-gnuabi64-objdump" : "mips64el-linux-gnuabi64-objdump";
+  auto elf = ElfFile::Open(path);
+  ASSERT_TRUE(elf.ok()) << elf.status();
+  EXPECT_EQ((*elf)->machine(), kMachineMips);
+  EXPECT_EQ((*elf)->big_endian(), big_endian);
+  EXPECT_EQ((*elf)->BuildIdHex(), ReadelfBuildId(path));
+  auto table = SymbolTable::Build(**elf);
+  ASSERT_TRUE(table.ok());
+  std::map<std::string, uint64_t> starts;
+  for (const auto& f : table->functions()) starts[std::string(f.name)] = f.start;
+  ASSERT_TRUE(starts.count("fixture_leaf"));
+  ASSERT_TRUE(starts.count("fixture_caller"));
+  // Symbol addresses agree with nm; FDEs (eh_frame, big/little endian) start at functions.
+  std::string nm = RunCommand(std::string("nm '") + path + "' | grep ' fixture_leaf$'");
+  EXPECT_EQ(std::stoull(nm, nullptr, 16), starts["fixture_leaf"]);
+  std::vector<AddressRange> fdes = FdeRanges(**elf);
+  ASSERT_GE(fdes.size(), 3u);
+  bool leaf_fde = false;
+  for (const AddressRange& r : fdes) leaf_fde |= r.start == starts["fixture_leaf"];
+  EXPECT_TRUE(leaf_fde);
+  // First instruction word, in the file's byte order, equals objdump's.
+  std::string dis = RunCommand(objdump + " -d '" + path + "' | grep -A1 '<fixture_leaf>:' | tail -1");
+  unsigned word = 0;
+  ASSERT_EQ(sscanf(dis.c_str(), " %*x: %x", &word), 1) << dis;
+  EXPECT_EQ((*elf)->ReadU32At(starts["fixture_leaf"]).value_or(0), word);
+}
+
+TEST(ElfFileTest, Mips64BigEndianFixture) {
+#ifdef STRATA_MIPS64_FIXTURE
+  CheckMipsFixture(STRATA_MIPS64_FIXTURE, true);
+#else
+  GTEST_SKIP() << "mips64-linux-gnuabi64-gcc not installed";
+#endif
+}
+
+TEST(ElfFileTest, Mips64LittleEndianFixture) {
+#ifdef STRATA_MIPS64EL_FIXTURE
+  CheckMipsFixture(STRATA_MIPS64EL_FIXTURE, false);
+#else
+  GTEST_SKIP() << "mips64el-linux-gnuabi64-gcc not installed";
+#endif
+}
+
+}  // namespace
+}  // namespace strata::elf

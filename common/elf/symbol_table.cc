@@ -1,0 +1,92 @@
+#include "common/elf/symbol_table.h"
+
+#include <algorithm>
+
+#include "common/elf/cfi_records.h"
+
+namespace strata::elf {
+namespace {
+
+// Which symbol names a start when several do: sized beats unsized, .symtab beats .dynsym
+// (same names, more of them), global beats local, then the shortest name (aliases such as
+// __GI_memcpy vs memcpy).
+bool Better(const FunctionSymbol& a, const FunctionSymbol& b) {
+  if ((a.size != 0) != (b.size != 0)) return a.size != 0;
+  if (a.global != b.global) return a.global;
+  if (a.name.size() != b.name.size()) return a.name.size() < b.name.size();
+  return a.name < b.name;
+}
+
+}  // namespace
+
+absl::StatusOr<SymbolTable> SymbolTable::Build(const ElfFile& elf) {
+  absl::StatusOr<std::vector<FunctionSymbol>> symbols = elf.ReadFunctionSymbols();
+  if (!symbols.ok()) return symbols.status();
+  absl::StatusOr<std::vector<PltEntry>> plt = elf.ReadPltEntries();
+  if (!plt.ok()) return plt.status();
+  return FromFunctions(*std::move(symbols), FdeRanges(elf), *std::move(plt));
+}
+
+SymbolTable SymbolTable::FromFunctions(std::vector<FunctionSymbol> symbols,
+                                       std::vector<AddressRange> fde_ranges,
+                                       std::vector<PltEntry> plt) {
+  std::sort(symbols.begin(), symbols.end(), [](const FunctionSymbol& a, const FunctionSymbol& b) {
+    return a.start != b.start ? a.start < b.start : Better(a, b);
+  });
+  struct Pending {
+    uint64_t start, end;
+    std::string name;
+    Origin origin;
+  };
+  std::vector<Pending> pending;
+  for (size_t i = 0; i < symbols.size(); ++i) {
+    if (i > 0 && symbols[i].start == symbols[i - 1].start) continue;  // best one came first
+    FunctionSymbol& s = symbols[i];
+    pending.push_back({s.start, s.start + s.size, std::move(s.name),
+                       s.from_dynsym ? Origin::kDynsym : Origin::kSymtab});
+  }
+  // PLT stubs are never covered by symbols; FDE ranges only where no symbol starts.
+  for (PltEntry& e : plt) {
+    std::string name = e.target.empty() ? std::string() : e.target + "@plt";
+    pending.push_back({e.start, e.start + e.size, std::move(name), Origin::kPlt});
+  }
+  std::vector<uint64_t> symbol_starts;
+  symbol_starts.reserve(pending.size());
+  for (const Pending& p : pending) symbol_starts.push_back(p.start);
+  std::sort(symbol_starts.begin(), symbol_starts.end());
+  for (const AddressRange& r : fde_ranges) {
+    if (!std::binary_search(symbol_starts.begin(), symbol_starts.end(), r.start)) {
+      pending.push_back({r.start, r.end, {}, Origin::kFde});
+    }
+  }
+  std::stable_sort(pending.begin(), pending.end(),
+                   [](const Pending& a, const Pending& b) { return a.start < b.start; });
+
+  SymbolTable table;
+  size_t total = 0;
+  for (const Pending& p : pending) total += p.name.size();
+  table.names_.reserve(total);
+  std::vector<std::pair<size_t, size_t>> name_spans;
+  for (const Pending& p : pending) {
+    if (!table.functions_.empty() && table.functions_.back().start == p.start) continue;
+    name_spans.emplace_back(table.names_.size(), p.name.size());
+    table.names_.insert(table.names_.end(), p.name.begin(), p.name.end());
+    table.functions_.push_back({p.start, p.end, {}, p.origin});
+  }
+  for (size_t i = 0; i < table.functions_.size(); ++i) {
+    table.functions_[i].name =
+        std::string_view(table.names_.data() + name_spans[i].first, name_spans[i].second);
+  }
+  return table;
+}
+
+const SymbolTable::Function* SymbolTable::Lookup(uint64_t vaddr) const {
+  auto it = std::upper_bound(functions_.begin(), functions_.end(), vaddr,
+                             [](uint64_t a, const Function& f) { return a < f.start; });
+  if (it == functions_.begin()) return nullptr;
+  --it;
+  if (it->end > it->start && vaddr >= it->end) return nullptr;
+  return &*it;
+}
+
+}  // namespace strata::elf
