@@ -1,3 +1,484 @@
 #include "server/store/store.h"
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <map>
+#include <thread>
+#include <tuple>
+
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
-TEST(StoreTest, Opens) {}
+#include "server/store/codec.h"
+
+namespace strata::store {
+namespace {
+
+using ::testing::ElementsAre;
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/strata_store_test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    Reopen();
+  }
+  void TearDown() override {
+    store_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  void Reopen() {
+    store_.reset();
+    auto store = Store::Open(dir_, options_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+  }
+  void CommitOk(WriteBatch* batch) {
+    absl::Status s = store_->Commit(batch);
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  // All cells of a query as (window, host, stack) -> count.
+  std::map<std::tuple<int64_t, std::string, uint64_t>, uint64_t> Scan(const SampleQuery& q) {
+    std::map<std::tuple<int64_t, std::string, uint64_t>, uint64_t> cells;
+    absl::Status s = store_->ScanSamples(q, [&](const SampleKey& k, uint64_t count) {
+      EXPECT_EQ(k.service, q.service);
+      cells[{k.window_start_ms, k.host, k.stack_id}] += count;
+    });
+    EXPECT_TRUE(s.ok()) << s;
+    return cells;
+  }
+  uint64_t CellCount(const std::string& service, int64_t window, const std::string& host,
+                     uint64_t stack) {
+    auto cells = Scan(SampleQuery{service, window, window + 1, host, std::nullopt});
+    auto it = cells.find({window, host, stack});
+    return it == cells.end() ? 0 : it->second;
+  }
+
+  std::string dir_;
+  StoreOptions options_;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_F(StoreTest, FunctionsAndStacksRoundTripAcrossReopen) {
+  WriteBatch batch;
+  FunctionInfo main_fn{"main", "/usr/bin/app", "\x01\x02\x03", 0x1000};
+  FunctionInfo work_fn{"work", "/usr/lib/libw.so", "", 0x20};
+  auto main_id = store_->InternFunction(main_fn, &batch);
+  auto work_id = store_->InternFunction(work_fn, &batch);
+  ASSERT_TRUE(main_id.ok() && work_id.ok());
+  EXPECT_NE(*main_id, *work_id);
+  StackFrames stack{{*main_id, *work_id}, false};
+  StackFrames truncated{{*work_id}, true};
+  auto stack_id = store_->InternStack(stack, &batch);
+  auto truncated_id = store_->InternStack(truncated, &batch);
+  ASSERT_TRUE(stack_id.ok() && truncated_id.ok());
+  EXPECT_NE(*stack_id, *truncated_id);
+  CommitOk(&batch);
+
+  Reopen();
+  EXPECT_EQ(*store_->GetFunction(*main_id), main_fn);
+  EXPECT_EQ(*store_->GetFunction(*work_id), work_fn);
+  EXPECT_EQ(*store_->GetStack(*stack_id), stack);
+  EXPECT_EQ(*store_->GetStack(*truncated_id), truncated);
+  EXPECT_EQ(store_->GetStack(12345).status().code(), absl::StatusCode::kNotFound);
+
+  // Same content => same ID after restart, and nothing needs writing again.
+  WriteBatch again;
+  EXPECT_EQ(*store_->InternStack(stack, &again), *stack_id);
+  EXPECT_EQ(*store_->InternFunction(main_fn, &again), *main_id);
+  EXPECT_TRUE(again.empty());
+}
+
+TEST_F(StoreTest, FunctionIdentityIgnoresModulePathWhenBuildIdKnown) {
+  WriteBatch batch;
+  auto a = store_->InternFunction({"f", "/a/lib.so", "BID", 0x10}, &batch);
+  auto b = store_->InternFunction({"f", "/b/lib.so", "BID", 0x10}, &batch);
+  auto c = store_->InternFunction({"f", "/a/lib.so", "", 0x10}, &batch);
+  auto d = store_->InternFunction({"f", "/b/lib.so", "", 0x10}, &batch);
+  EXPECT_EQ(*a, *b);
+  EXPECT_NE(*a, *c);
+  EXPECT_NE(*c, *d);
+}
+
+TEST_F(StoreTest, UncommittedInternIsRewrittenByLaterBatch) {
+  StackFrames stack{{1, 2, 3}, false};
+  uint64_t id;
+  {
+    WriteBatch abandoned;
+    id = *store_->InternStack(stack, &abandoned);
+  }  // never committed
+  WriteBatch batch;
+  EXPECT_EQ(*store_->InternStack(stack, &batch), id);
+  EXPECT_FALSE(batch.empty());
+  CommitOk(&batch);
+  Reopen();
+  EXPECT_EQ(*store_->GetStack(id), stack);
+}
+
+TEST_F(StoreTest, StackHashCollisionIsProbedNotMerged) {
+  // Every identity hashes to 7 on the first probe, 100 + probe afterwards.
+  options_.id_hash_for_testing = [](std::string_view, uint32_t probe) -> uint64_t {
+    return probe == 0 ? 7 : 100 + probe;
+  };
+  Reopen();
+  StackFrames a{{1, 2}, false}, b{{3}, false}, c{{4}, true};
+  WriteBatch batch;
+  uint64_t id_a = *store_->InternStack(a, &batch);
+  uint64_t id_b = *store_->InternStack(b, &batch);
+  CommitOk(&batch);
+  EXPECT_EQ(id_a, 7u);
+  EXPECT_EQ(id_b, 101u);
+  EXPECT_GE(store_->Stats().id_collisions, 1u);
+
+  // After a restart (empty caches) the same probing yields the same IDs.
+  Reopen();
+  WriteBatch batch2;
+  EXPECT_EQ(*store_->InternStack(b, &batch2), 101u);
+  EXPECT_EQ(*store_->InternStack(a, &batch2), 7u);
+  EXPECT_EQ(*store_->InternStack(c, &batch2), 102u);
+  CommitOk(&batch2);
+  EXPECT_EQ(*store_->GetStack(7), a);
+  EXPECT_EQ(*store_->GetStack(101), b);
+  EXPECT_EQ(*store_->GetStack(102), c);
+}
+
+TEST_F(StoreTest, CollidingConcurrentInternsGetDistinctIds) {
+  options_.id_hash_for_testing = [](std::string_view, uint32_t probe) -> uint64_t {
+    return 1000 + probe;
+  };
+  Reopen();
+  constexpr int kThreads = 4;
+  std::vector<uint64_t> ids(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      WriteBatch batch;
+      ids[t] = *store_->InternStack(StackFrames{{static_cast<uint64_t>(t)}, false}, &batch);
+      EXPECT_TRUE(store_->Commit(&batch).ok());
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(std::unique(ids.begin(), ids.end()), ids.end());
+  for (int t = 0; t < kThreads; ++t) {
+    // Each stored ID holds exactly one of the stacks.
+    auto stack = store_->GetStack(1000 + t);
+    ASSERT_TRUE(stack.ok());
+    ASSERT_EQ(stack->function_ids.size(), 1u);
+  }
+}
+
+TEST_F(StoreTest, MergeSumsAcrossBatchesReopenAndCompaction) {
+  for (int i = 1; i <= 3; ++i) {
+    WriteBatch batch;
+    batch.AddSamples("svc", 60000, "h1", 42, i);
+    batch.AddSamples("svc", 60000, "h1", 42, 10 * i);  // same cell twice in one batch
+    CommitOk(&batch);
+  }
+  EXPECT_EQ(CellCount("svc", 60000, "h1", 42), 66u);
+  Reopen();
+  EXPECT_EQ(CellCount("svc", 60000, "h1", 42), 66u);
+  WriteBatch more;
+  more.AddSamples("svc", 60000, "h1", 42, 4);
+  CommitOk(&more);
+  ASSERT_TRUE(store_->CompactAll().ok());
+  EXPECT_EQ(CellCount("svc", 60000, "h1", 42), 70u);
+  Reopen();
+  ASSERT_TRUE(store_->CompactAll().ok());
+  EXPECT_EQ(CellCount("svc", 60000, "h1", 42), 70u);
+  EXPECT_EQ(store_->Stats().malformed_merge_operands, 0u);
+}
+
+TEST_F(StoreTest, MalformedMergeOperandsAreSkippedAndCounted) {
+  std::string key = codec::EncodeCellKey("svc", 1000, "h", 9);
+  WriteBatch batch;
+  batch.AddSamples("svc", 1000, "h", 9, 5);
+  CommitOk(&batch);
+  // A garbage base value under the key, then valid operands on top of it.
+  ASSERT_TRUE(store_->PutRawForTesting(Column::kSamples, key, "bad").ok());
+  WriteBatch batch2;
+  batch2.AddSamples("svc", 1000, "h", 9, 3);
+  batch2.AddSamples("svc", 1000, "h", 9, 4);
+  CommitOk(&batch2);
+  EXPECT_EQ(CellCount("svc", 1000, "h", 9), 7u);
+  EXPECT_GE(store_->Stats().malformed_merge_operands, 1u);
+  ASSERT_TRUE(store_->CompactAll().ok());
+  EXPECT_EQ(CellCount("svc", 1000, "h", 9), 7u);
+}
+
+TEST_F(StoreTest, AppliedSequenceIsAtomicWithCountsAndSurvivesReopen) {
+  EXPECT_EQ(*store_->AppliedSequence("agent-1"), 0u);
+  WriteBatch batch;
+  batch.AddSamples("svc", 0, "h", 1, 5);
+  batch.SetAppliedSequence("agent-1", 1);
+  CommitOk(&batch);
+  EXPECT_TRUE(batch.empty());
+
+  // A resent batch 1 is refused as a whole: counts unchanged.
+  WriteBatch resent;
+  resent.AddSamples("svc", 0, "h", 1, 5);
+  resent.SetAppliedSequence("agent-1", 1);
+  EXPECT_EQ(store_->Commit(&resent).code(), absl::StatusCode::kAlreadyExists);
+
+  Reopen();
+  EXPECT_EQ(*store_->AppliedSequence("agent-1"), 1u);
+  EXPECT_EQ(*store_->AppliedSequence("agent-2"), 0u);
+  EXPECT_EQ(CellCount("svc", 0, "h", 1), 5u);
+  EXPECT_EQ(store_->Commit(&resent).code(), absl::StatusCode::kAlreadyExists);
+
+  WriteBatch next;
+  next.AddSamples("svc", 0, "h", 1, 2);
+  next.SetAppliedSequence("agent-1", 2);
+  CommitOk(&next);
+  Reopen();
+  EXPECT_EQ(*store_->AppliedSequence("agent-1"), 2u);
+  EXPECT_EQ(CellCount("svc", 0, "h", 1), 7u);
+}
+
+TEST_F(StoreTest, ConcurrentDuplicateBatchesApplyOnce) {
+  constexpr int kThreads = 4;
+  std::atomic<int> applied{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      WriteBatch batch;
+      batch.AddSamples("svc", 0, "h", 1, 1);
+      batch.SetAppliedSequence("agent", 9);
+      if (store_->Commit(&batch).ok()) applied++;
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(applied.load(), 1);
+  EXPECT_EQ(CellCount("svc", 0, "h", 1), 1u);
+}
+
+TEST_F(StoreTest, InvalidInputFailsCommitWithoutWriting) {
+  WriteBatch batch;
+  batch.AddSamples("svc", 0, "h", 1, 1);
+  batch.AddSamples(std::string("bad\0svc", 7), 0, "h", 1, 1);
+  EXPECT_EQ(store_->Commit(&batch).code(), absl::StatusCode::kInvalidArgument);
+  WriteBatch negative;
+  negative.AddSamples("svc", -5, "h", 1, 1);
+  EXPECT_EQ(store_->Commit(&negative).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CellCount("svc", 0, "h", 1), 0u);
+  EXPECT_TRUE(store_->ListServices()->empty());
+}
+
+TEST_F(StoreTest, ScanSamplesFiltersRangeHostAndCaptures) {
+  WriteBatch batch;
+  for (int64_t w : {0, 10000, 20000, 30000}) {
+    for (std::string host : {"a", "ab", "b"}) {
+      batch.AddSamples("svc", w, host, 1, w / 10000 + 1);
+      batch.AddSamples("svc", w, host, 2, 100);
+    }
+    batch.AddSamples("svc2", w, "a", 1, 1000);  // other service, also a prefix match risk
+    batch.AddSamples("sv", w, "a", 1, 5000);
+  }
+  batch.AddCaptureSamples("cap-1", 10000, "a", 1, 77);
+  batch.AddCaptureSamples("cap-2", 10000, "a", 1, 88);
+  CommitOk(&batch);
+
+  auto all = Scan({"svc", 0, 40000, std::nullopt, std::nullopt});
+  EXPECT_EQ(all.size(), 4u * 3 * 2);
+  uint64_t total = 0;
+  for (auto& [k, v] : all) total += v;
+  EXPECT_EQ(total, 3u * (1 + 2 + 3 + 4) + 4 * 3 * 100);
+
+  auto range = Scan({"svc", 10000, 30000, std::nullopt, std::nullopt});
+  for (auto& [k, v] : range) {
+    EXPECT_GE(std::get<0>(k), 10000);
+    EXPECT_LT(std::get<0>(k), 30000);
+  }
+  EXPECT_EQ(range.size(), 2u * 3 * 2);
+
+  auto host_a = Scan({"svc", 0, 40000, std::string("a"), std::nullopt});
+  EXPECT_EQ(host_a.size(), 4u * 2);
+  for (auto& [k, v] : host_a) EXPECT_EQ(std::get<1>(k), "a");
+  auto host_ab = Scan({"svc", 10000, 20001, std::string("ab"), std::nullopt});
+  EXPECT_EQ(host_ab.size(), 2u * 2);
+  EXPECT_EQ((host_ab[{20000, "ab", 1}]), 3u);
+  EXPECT_TRUE(Scan({"svc", 0, 40000, std::string("zz"), std::nullopt}).empty());
+  EXPECT_TRUE(Scan({"svc", 0, 40000, std::string("0"), std::nullopt}).empty());
+
+  auto cap = Scan({"svc", 0, 40000, std::nullopt, std::string("cap-1")});
+  ASSERT_EQ(cap.size(), 1u);
+  EXPECT_EQ((cap[{10000, "a", 1}]), 77u);
+  EXPECT_TRUE(Scan({"svc", 0, 40000, std::nullopt, std::string("cap-3")}).empty());
+  // Captures are invisible to continuous queries.
+  EXPECT_EQ((Scan({"svc", 10000, 10001, std::string("a"), std::nullopt})[{10000, "a", 1}]), 2u);
+
+  auto services = store_->ListServices();
+  ASSERT_TRUE(services.ok());
+  ASSERT_EQ(services->size(), 3u);
+  EXPECT_EQ((*services)[1], (ServiceSummary{"svc", 0, 30000, 3u * 10 + 1200}));
+}
+
+TEST_F(StoreTest, ServiceSummariesAccumulateAcrossCommitsAndReopen) {
+  WriteBatch b1;
+  b1.AddSamples("svc", 50000, "h", 1, 3);
+  CommitOk(&b1);
+  WriteBatch b2;
+  b2.AddSamples("svc", 20000, "h", 1, 4);
+  b2.AddSamples("svc", 90000, "h", 2, 5);
+  CommitOk(&b2);
+  Reopen();
+  ASSERT_TRUE(store_->CompactAll().ok());
+  EXPECT_THAT(*store_->ListServices(), ElementsAre(ServiceSummary{"svc", 20000, 90000, 12}));
+}
+
+TEST_F(StoreTest, MetaRecordsRoundTrip) {
+  WriteBatch batch;
+  AgentRecord agent{"agent-1", "host-1", "mips64", "0.1.0", 123456, 7};
+  AgentRecord agent2{"agent-2", "host-2", "x86_64", "0.1.0", 99, 1};
+  batch.PutAgent(agent2);
+  batch.PutAgent(agent);
+  CaptureInfo capture{"cap-1", "svc", "host-1", 4242, 499, 1000, 31000, true, ""};
+  batch.PutCapture(capture);
+  PhaseEvent e1{"svc", 10000, std::string("rose\0a", 6)};
+  PhaseEvent e2{"svc", 20000, "rose b"};
+  PhaseEvent e3{"svc", 20000, "rose c"};
+  PhaseEvent other{"svc2", 20000, "x"};
+  for (const auto& e : {e1, e2, e3, other, e2}) batch.PutPhaseEvent(e);
+  CommitOk(&batch);
+  Reopen();
+
+  EXPECT_THAT(*store_->ListAgents(), ElementsAre(agent, agent2));
+  EXPECT_EQ(*store_->GetCapture("cap-1"), capture);
+  EXPECT_THAT(*store_->ListCaptures(), ElementsAre(capture));
+  EXPECT_EQ(store_->GetCapture("nope").status().code(), absl::StatusCode::kNotFound);
+
+  auto events = store_->ScanPhaseEvents("svc", 0, 100000);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 3u);  // the duplicate e2 is stored once
+  EXPECT_EQ((*events)[0], e1);
+  auto later = store_->ScanPhaseEvents("svc", 15000, 20001);
+  ASSERT_EQ(later->size(), 2u);
+  EXPECT_TRUE(store_->ScanPhaseEvents("svc", 0, 10000)->empty());
+}
+
+TEST_F(StoreTest, GraphRecordsLoadBackInOrder) {
+  std::vector<GraphNode> nodes;
+  for (uint32_t i = 2; i < 300; ++i) {
+    nodes.push_back({i, "fn" + std::to_string(i), "/m.so", "B", 16ull * i});
+  }
+  std::vector<GraphEdge> edges;
+  for (uint32_t i = 0; i < 300; ++i) edges.push_back({i % 7, 0x1000ull + i, i + 2});
+  // Appended across several commits, as graph deltas arrive.
+  {
+    WriteBatch b;
+    b.AppendGraphNodes("agent", 5, std::vector<GraphNode>(nodes.begin(), nodes.begin() + 100));
+    b.AppendGraphEdges("agent", 5, 0, std::vector<GraphEdge>(edges.begin(), edges.begin() + 256));
+    CommitOk(&b);
+  }
+  {
+    WriteBatch b;
+    b.AppendGraphNodes("agent", 5, std::vector<GraphNode>(nodes.begin() + 100, nodes.end()));
+    b.AppendGraphEdges("agent", 5, 256, std::vector<GraphEdge>(edges.begin() + 256, edges.end()));
+    b.AppendGraphNodes("agent", 6, {{2, "other", "", "", 0}});
+    b.AppendGraphNodes("agent-x", 5, {{2, "other", "", "", 0}});
+    CommitOk(&b);
+  }
+  Reopen();
+  auto graph = store_->LoadGraph("agent", 5);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_EQ(graph->nodes, nodes);
+  EXPECT_EQ(graph->edges, edges);
+  EXPECT_EQ(store_->LoadGraph("agent", 6)->nodes.size(), 1u);
+
+  WriteBatch del;
+  del.DeleteGraph("agent", 5);
+  CommitOk(&del);
+  EXPECT_TRUE(store_->LoadGraph("agent", 5)->nodes.empty());
+  EXPECT_EQ(store_->LoadGraph("agent", 6)->nodes.size(), 1u);
+}
+
+TEST_F(StoreTest, GraphGapIsReportedAsDataLoss) {
+  WriteBatch b;
+  b.AppendGraphEdges("agent", 1, 0, {{0, 1, 2}});
+  b.AppendGraphEdges("agent", 1, 2, {{0, 1, 3}});  // edge 1 missing
+  CommitOk(&b);
+  EXPECT_EQ(store_->LoadGraph("agent", 1).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(StoreTest, CorruptRecordsReturnErrors) {
+  ASSERT_TRUE(store_->PutRawForTesting(Column::kStacks, codec::IdKey(5), "\x01\x02\x03").ok());
+  ASSERT_TRUE(store_->PutRawForTesting(Column::kFunctions, codec::IdKey(6), "\x01\xff").ok());
+  ASSERT_TRUE(store_->PutRawForTesting(Column::kMeta, codec::AgentKey("a"), "junk").ok());
+  ASSERT_TRUE(store_->PutRawForTesting(Column::kMeta, codec::CaptureKey("c"), "").ok());
+  ASSERT_TRUE(store_->PutRawForTesting(Column::kMeta, codec::SequenceKey("a"), "xx").ok());
+  ASSERT_TRUE(store_->PutRawForTesting(Column::kServices, "svc", "short").ok());
+  ASSERT_TRUE(
+      store_->PutRawForTesting(Column::kMeta, codec::GraphNodeKey("a", 1, 2), "\x05x").ok());
+  // A cell key cut short (window present, host and stack ID missing).
+  ASSERT_TRUE(
+      store_->PutRawForTesting(Column::kSamples, codec::CellPrefix("svc", 1) + "h", "12345678")
+          .ok());
+  ASSERT_TRUE(store_->PutRawForTesting(Column::kCaptures,
+                                       codec::EncodeCellKey("cap", 0, "h", 1), "x").ok());
+
+  EXPECT_EQ(store_->GetStack(5).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->GetFunction(6).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->ListAgents().status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->GetCapture("c").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->AppliedSequence("a").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->ListServices().status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->LoadGraph("a", 1).status().code(), absl::StatusCode::kDataLoss);
+  auto ignore = [](const SampleKey&, uint64_t) {};
+  EXPECT_EQ(store_->ScanSamples({"svc", 0, 1LL << 62, std::nullopt, std::nullopt}, ignore).code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->ScanSamples({"svc", 0, 10, std::nullopt, std::string("cap")}, ignore).code(),
+            absl::StatusCode::kDataLoss);
+
+  // A corrupt record squatting on a stack's first candidate ID is probed past, not reused.
+  options_.id_hash_for_testing = [](std::string_view, uint32_t probe) -> uint64_t {
+    return 5 + probe;
+  };
+  Reopen();
+  WriteBatch batch;
+  StackFrames stack{{1}, false};
+  EXPECT_EQ(*store_->InternStack(stack, &batch), 6u);
+  CommitOk(&batch);
+  EXPECT_EQ(*store_->GetStack(6), stack);
+}
+
+TEST_F(StoreTest, CodecRejectsTruncatedInput) {
+  std::string fn = codec::EncodeFunction({"name", "module", "bid", 77});
+  for (size_t n = 0; n < fn.size(); ++n) {
+    EXPECT_FALSE(codec::DecodeFunction(std::string_view(fn).substr(0, n)).ok()) << n;
+  }
+  std::string cap = codec::EncodeCapture({"c", "s", "h", 1, 2, 3, 4, false, "err"});
+  for (size_t n = 0; n < cap.size(); ++n) {
+    EXPECT_FALSE(codec::DecodeCapture(std::string_view(cap).substr(0, n)).ok()) << n;
+  }
+  std::string key = codec::EncodeCellKey("svc", 5, "host", 9);
+  for (size_t n = 0; n < key.size(); ++n) {
+    EXPECT_FALSE(codec::DecodeCellKey(std::string_view(key).substr(0, n)).ok()) << n;
+  }
+  auto cell = codec::DecodeCellKey(key);
+  ASSERT_TRUE(cell.ok());
+  EXPECT_EQ(cell->scope, "svc");
+  EXPECT_EQ(cell->window_start_ms, 5u);
+  EXPECT_EQ(cell->host, "host");
+  EXPECT_EQ(cell->stack_id, 9u);
+}
+
+TEST_F(StoreTest, ContentIdIsStable) {
+  // IDs are persisted: these values must never change between releases.
+  EXPECT_EQ(codec::Hash64("strata profiler", 0), 0xf591b6fff5ac1693ull);
+  EXPECT_EQ(codec::ContentId("abc", 3), 0x12c8b5ce30a424d8ull);
+  EXPECT_NE(codec::ContentId("abc", 0), codec::ContentId("abc", 1));
+  EXPECT_NE(codec::ContentId("abc", 0), codec::ContentId("abd", 0));
+}
+
+TEST_F(StoreTest, BytesOnDiskGrowsWithData) {
+  uint64_t before = store_->ApproximateBytesOnDisk();
+  WriteBatch batch;
+  for (uint64_t s = 0; s < 2000; ++s) batch.AddSamples("svc", 0, "host", s * 7919, s + 1);
+  CommitOk(&batch);
+  ASSERT_TRUE(store_->CompactAll().ok());
+  EXPECT_GT(store_->ApproximateBytesOnDisk(), before + 2000);
+}
+
+}  // namespace
+}  // namespace strata::store
