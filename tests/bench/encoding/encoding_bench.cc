@@ -1,0 +1,566 @@
+// Dynamic PCCE on a program-like sample stream: encode/decode cost per context, the share of
+// contexts per ID-stack depth (the paper's table), and wire bytes per distinct context per
+// batch for Strata's encoding against frame-address lists, pprof-style batches and 128-bit
+// stack hashes (Elastic scheme), all computed in the same run on the same stream.
+//
+// Usage: encoding_bench [--stream=FILE] [--write_stream=FILE] [--intervals=N] [--functions=N]
+//                       [benchmark flags]
+// FILE uses the text format of sample_stream.h. Without --stream a synthetic stream is used.
+#include <zlib.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
+#include "absl/strings/numbers.h"
+#include "benchmark/benchmark.h"
+#include "common/encoding/graph.h"
+#include "common/encoding/numbering.h"
+#include "tests/bench/encoding/sample_stream.h"
+
+namespace strata::bench {
+namespace {
+
+using encoding::CallGraph;
+using encoding::EdgeId;
+using encoding::EncodedContext;
+using encoding::Encoder;
+using encoding::NodeId;
+using encoding::Numbering;
+using encoding::PathFrame;
+
+// ---- protobuf wire encoding (what the generated code would write) ----
+void PutVarint(std::string* s, uint64_t v) {
+  while (v >= 0x80) {
+    s->push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  s->push_back(static_cast<char>(v));
+}
+void PutUint(std::string* s, int field, uint64_t v) {  // proto3: zero is not written
+  if (v == 0) return;
+  PutVarint(s, static_cast<uint64_t>(field) << 3);
+  PutVarint(s, v);
+}
+void PutBytes(std::string* s, int field, std::string_view b) {
+  PutVarint(s, (static_cast<uint64_t>(field) << 3) | 2);
+  PutVarint(s, b.size());
+  s->append(b);
+}
+void PutPacked(std::string* s, int field, const std::vector<uint64_t>& v) {
+  if (v.empty()) return;
+  std::string inner;
+  for (uint64_t x : v) PutVarint(&inner, x);
+  PutBytes(s, field, inner);
+}
+size_t Gzipped(const std::string& s) {
+  uLongf len = compressBound(s.size());
+  std::vector<Bytef> out(len);
+  compress2(out.data(), &len, reinterpret_cast<const Bytef*>(s.data()), s.size(), 6);
+  return len;
+}
+
+constexpr uint64_t kLoadBase = 0x55d4c0a00000;
+uint64_t FunctionStart(uint32_t f) { return 0x1000 + uint64_t{f} * 0x200; }
+// Frame addresses, leaf first (as unwinders report them).
+std::vector<uint64_t> FrameAddresses(const StreamStack& s) {
+  std::vector<uint64_t> a;
+  for (size_t i = s.frames.size(); i-- > 0;) {
+    const StreamFrame& f = s.frames[i];
+    const uint64_t off = i + 1 == s.frames.size() ? 0x8 : f.call_site;
+    a.push_back(kLoadBase + FunctionStart(f.function) + off);
+  }
+  return a;
+}
+
+struct SchemeBytes {
+  const char* name;
+  std::vector<size_t> raw;   // per interval
+  std::vector<size_t> gzip;  // per interval
+};
+
+// State kept after the report, used by the timing benchmarks.
+struct World {
+  SampleStream stream;
+  CallGraph agent_graph;
+  std::shared_ptr<const Numbering> numbering;
+  std::vector<std::vector<EdgeId>> paths;  // distinct paths of the last interval
+  std::vector<EncodedContext> encoded;
+  std::vector<std::vector<uint64_t>> addresses;
+};
+World* world = nullptr;
+
+int RunReport(World& w) {
+  SampleStream& stream = w.stream;
+  std::vector<NodeId> node_of(stream.function_names.size());
+  CallGraph& agent = w.agent_graph;
+  for (auto& n : node_of) n = agent.AddNode();
+  size_t shipped_nodes = encoding::kFirstFunctionNode;
+  uint64_t shipped_edges = 0;
+
+  CallGraph server;
+  encoding::NumberingCache server_cache;
+
+  SchemeBytes strata{"strata (proto as defined)", {}, {}};
+  SchemeBytes packed{"strata (packed columns)", {}, {}};
+  SchemeBytes frames{"frame-address lists", {}, {}};
+  SchemeBytes pprof{"pprof-style batch", {}, {}};
+  SchemeBytes elastic{"128-bit hash (Elastic)", {}, {}};
+  std::vector<size_t> contexts_per_interval;
+  std::map<size_t, uint64_t> depth_static, depth_dynamic;
+  std::map<size_t, uint64_t> leaf_id_bytes;
+  absl::flat_hash_set<std::vector<uint64_t>> elastic_known;
+  absl::flat_hash_set<std::pair<NodeId, std::vector<uint64_t>>> distinct_ever;
+  double compute_ms_total = 0;
+  uint64_t decode_errors = 0;
+  std::vector<EdgeId> decoded;
+
+  for (size_t iv = 0; iv < stream.intervals.size(); ++iv) {
+    // Agent: intern each stack's edge path during the interval (aggregating equal stacks).
+    std::map<std::vector<EdgeId>, uint64_t> agg;
+    std::map<std::vector<EdgeId>, const StreamStack*> example;
+    for (const StreamStack& s : stream.intervals[iv]) {
+      std::vector<PathFrame> pf;
+      for (const StreamFrame& f : s.frames) pf.push_back({node_of[f.function], f.call_site});
+      auto path = agent.AddPath(pf, s.truncated);
+      if (!path.ok()) {
+        std::fprintf(stderr, "AddPath: %s\n", std::string(path.status().message()).c_str());
+        return 1;
+      }
+      agg[*path] += s.count;
+      example.emplace(*path, &s);
+    }
+    // Ship: one numbering per batch, each distinct path encoded once.
+    auto t0 = std::chrono::steady_clock::now();
+    auto num = Numbering::Compute(agent, agent.num_edges());
+    compute_ms_total +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    Encoder enc(**num);
+    std::string delta_msg, batch_msg, packed_msg;
+    {  // GraphDelta
+      std::string d;
+      PutUint(&d, 1, shipped_nodes);
+      for (size_t n = shipped_nodes; n < agent.num_nodes(); ++n) {
+        const uint32_t f = static_cast<uint32_t>(n - encoding::kFirstFunctionNode);
+        std::string node;
+        PutUint(&node, 1, n);
+        PutBytes(&node, 2, stream.function_names[f]);
+        PutBytes(&node, 3, "/opt/demo/bin/demo_service");
+        PutBytes(&node, 4, std::string(20, '\xab'));
+        PutUint(&node, 5, FunctionStart(f));
+        PutBytes(&d, 2, node);
+      }
+      PutUint(&d, 3, shipped_edges);
+      auto edges = encoding::ExportEdges(agent, shipped_edges, agent.num_edges());
+      for (const auto& e : *edges) {
+        std::string ce;
+        PutUint(&ce, 1, e.caller);
+        PutUint(&ce, 2, e.call_site);
+        PutUint(&ce, 3, e.callee);
+        PutBytes(&d, 4, ce);
+      }
+      if (shipped_nodes < agent.num_nodes() || shipped_edges < agent.num_edges()) {
+        PutBytes(&delta_msg, 2, d);
+        // Server applies the delta.
+        if (!encoding::AppendNodes(server, static_cast<uint32_t>(shipped_nodes),
+                                   agent.num_nodes() - shipped_nodes)
+                 .ok() ||
+            !encoding::AppendEdges(server, shipped_edges, *edges).ok()) {
+          std::fprintf(stderr, "server rejected the delta\n");
+          return 1;
+        }
+      }
+      shipped_nodes = agent.num_nodes();
+      shipped_edges = agent.num_edges();
+    }
+    std::vector<std::pair<EncodedContext, uint64_t>> ctxs;
+    {
+      std::string b;
+      PutUint(&b, 1, iv + 1);
+      PutUint(&b, 2, agent.num_edges());
+      PutUint(&b, 3, 1700000000000 + iv * 10000);
+      PutUint(&b, 4, 1700000000000 + (iv + 1) * 10000);
+      std::string target;
+      PutUint(&target, 1, 1);
+      PutBytes(&target, 2, "demo");
+      PutUint(&target, 3, 4242);
+      PutBytes(&target, 4, "/opt/demo/bin/demo_service");
+      PutBytes(&b, 5, target);
+      for (const auto& [path, count] : agg) {
+        auto c = enc.Encode(path);
+        if (!c.ok()) return 1;
+        std::string cc;
+        PutUint(&cc, 1, 1);
+        PutUint(&cc, 2, c->leaf);
+        PutPacked(&cc, 3, c->ids);
+        PutUint(&cc, 4, count);
+        PutBytes(&b, 6, cc);
+        ++depth_dynamic[c->ids.size() - 1] += count - 1;
+        if (distinct_ever.insert({c->leaf, c->ids}).second) {
+          ++depth_static[c->ids.size() - 1];
+          std::string v;
+          PutVarint(&v, c->ids.back());
+          ++leaf_id_bytes[v.size()];
+        }
+        ctxs.emplace_back(*std::move(c), count);
+      }
+      PutBytes(&batch_msg, 3, b);
+    }
+    {  // Packed alternative: contexts sorted by (leaf, ids), delta-coded leaf.
+      std::vector<std::pair<EncodedContext, uint64_t>> sorted = ctxs;
+      std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
+        return std::tie(a.first.leaf, a.first.ids) < std::tie(b.first.leaf, b.first.ids);
+      });
+      std::string p;
+      PutVarint(&p, sorted.size());
+      NodeId prev = 0;
+      for (const auto& [c, count] : sorted) {
+        PutVarint(&p, (uint64_t{c.leaf - prev} << 1) | (c.ids.size() > 1 ? 1 : 0));
+        prev = c.leaf;
+        if (c.ids.size() > 1) PutVarint(&p, c.ids.size());
+        for (uint64_t id : c.ids) PutVarint(&p, id);
+        PutVarint(&p, count);
+      }
+      std::string b;
+      PutUint(&b, 1, iv + 1);
+      PutUint(&b, 2, agent.num_edges());
+      PutUint(&b, 3, 1700000000000 + iv * 10000);
+      PutUint(&b, 4, 1700000000000 + (iv + 1) * 10000);
+      PutBytes(&b, 9, p);
+      PutBytes(&packed_msg, 3, b);
+    }
+    // Server: decode every context of the batch against the batch's epoch and compare.
+    auto snum = server_cache.Get(server, agent.num_edges());
+    if (!snum.ok()) return 1;
+    {
+      size_t k = 0;
+      for (const auto& [path, count] : agg) {
+        bool truncated = false;
+        if (!(*snum)->DecodeEdges(ctxs[k++].first, &decoded, &truncated).ok() || decoded != path) {
+          ++decode_errors;
+        }
+      }
+    }
+    contexts_per_interval.push_back(agg.size());
+    strata.raw.push_back(delta_msg.size() + batch_msg.size());
+    strata.gzip.push_back(Gzipped(delta_msg + batch_msg));
+    packed.raw.push_back(delta_msg.size() + packed_msg.size());
+    packed.gzip.push_back(Gzipped(delta_msg + packed_msg));
+
+    // Baselines on the same distinct stacks.
+    std::string fl, el, pp;
+    absl::flat_hash_map<uint64_t, uint64_t> location_id;  // address -> id
+    std::vector<uint64_t> location_addr, location_fn;
+    absl::flat_hash_map<uint32_t, uint64_t> function_id;
+    std::vector<uint32_t> function_list;
+    for (const auto& [path, count] : agg) {
+      const StreamStack& s = *example.at(path);
+      std::vector<uint64_t> addrs = FrameAddresses(s);
+      {
+        std::string m;
+        PutPacked(&m, 1, addrs);
+        PutUint(&m, 2, count);
+        PutBytes(&fl, 1, m);
+      }
+      {
+        // 128-bit hash of the frame list; the full stack goes once, when first seen.
+        std::string h(16, '\0');
+        const uint64_t h1 = absl::HashOf(addrs), h2 = absl::HashOf(addrs, 0x9e3779b97f4a7c15ull);
+        std::memcpy(h.data(), &h1, 8);
+        std::memcpy(h.data() + 8, &h2, 8);
+        std::string m;
+        PutBytes(&m, 1, h);
+        PutUint(&m, 2, count);
+        PutBytes(&el, 1, m);
+        if (elastic_known.insert(addrs).second) {
+          std::string full;
+          PutBytes(&full, 1, h);
+          PutPacked(&full, 2, addrs);
+          PutBytes(&el, 2, full);
+        }
+      }
+      {
+        std::vector<uint64_t> locs;
+        for (size_t i = 0; i < addrs.size(); ++i) {
+          auto [it, inserted] = location_id.try_emplace(addrs[i], location_addr.size() + 1);
+          if (inserted) {
+            location_addr.push_back(addrs[i]);
+            const uint32_t f = s.frames[s.frames.size() - 1 - i].function;
+            location_fn.push_back(f);
+            if (function_id.try_emplace(f, function_list.size() + 1).second) function_list.push_back(f);
+          }
+          locs.push_back(it->second);
+        }
+        std::string m;
+        PutPacked(&m, 1, locs);
+        PutPacked(&m, 2, {count, count * 10000000});
+        PutBytes(&pp, 2, m);
+      }
+    }
+    {  // pprof tables, re-sent each interval.
+      std::vector<std::string> strings = {"", "samples", "count", "cpu", "nanoseconds",
+                                          "/opt/demo/bin/demo_service", std::string(40, 'b')};
+      std::string vt;
+      PutUint(&vt, 1, 1);
+      PutUint(&vt, 2, 2);
+      PutBytes(&pp, 1, vt);
+      vt.clear();
+      PutUint(&vt, 1, 3);
+      PutUint(&vt, 2, 4);
+      PutBytes(&pp, 1, vt);
+      std::string mapping;
+      PutUint(&mapping, 1, 1);
+      PutUint(&mapping, 2, kLoadBase);
+      PutUint(&mapping, 3, kLoadBase + 0x4000000);
+      PutUint(&mapping, 5, 5);
+      PutUint(&mapping, 6, 6);
+      PutBytes(&pp, 3, mapping);
+      for (size_t i = 0; i < location_addr.size(); ++i) {
+        std::string loc, line;
+        PutUint(&line, 1, function_id[location_fn[i]]);
+        PutUint(&line, 2, 100 + location_addr[i] % 500);
+        PutUint(&loc, 1, i + 1);
+        PutUint(&loc, 2, 1);
+        PutUint(&loc, 3, location_addr[i]);
+        PutBytes(&loc, 4, line);
+        PutBytes(&pp, 4, loc);
+      }
+      absl::flat_hash_map<std::string, uint64_t> files;
+      for (size_t i = 0; i < function_list.size(); ++i) {
+        const uint32_t f = function_list[i];
+        strings.push_back(stream.function_names[f]);
+        const uint64_t name_idx = strings.size() - 1;
+        std::string file = "src/module" + std::to_string(f / 100) + ".cc";
+        auto [it, inserted] = files.try_emplace(file, strings.size());
+        if (inserted) strings.push_back(file);
+        std::string fn;
+        PutUint(&fn, 1, i + 1);
+        PutUint(&fn, 2, name_idx);
+        PutUint(&fn, 3, name_idx);
+        PutUint(&fn, 4, it->second);
+        PutUint(&fn, 5, 100);
+        PutBytes(&pp, 5, fn);
+      }
+      for (const auto& str : strings) PutBytes(&pp, 6, str);
+      PutUint(&pp, 9, 1700000000000000000ull + iv * 10000000000ull);
+      PutUint(&pp, 10, 10000000000ull);
+      PutUint(&pp, 12, 10101010);
+    }
+    frames.raw.push_back(fl.size());
+    frames.gzip.push_back(Gzipped(fl));
+    elastic.raw.push_back(el.size());
+    elastic.gzip.push_back(Gzipped(el));
+    pprof.raw.push_back(pp.size());
+    pprof.gzip.push_back(Gzipped(pp));
+
+    if (iv + 1 == stream.intervals.size()) {
+      w.numbering = *num;
+      for (const auto& [path, count] : agg) {
+        w.paths.push_back(path);
+        w.addresses.push_back(FrameAddresses(*example.at(path)));
+      }
+      for (auto& c : ctxs) w.encoded.push_back(c.first);
+    }
+  }
+
+  const size_t n_iv = stream.intervals.size();
+  const size_t steady_from = n_iv >= 10 ? n_iv / 3 : 0;
+  uint64_t total_ctx = 0, steady_ctx = 0;
+  for (size_t i = 0; i < n_iv; ++i) {
+    total_ctx += contexts_per_interval[i];
+    if (i >= steady_from) steady_ctx += contexts_per_interval[i];
+  }
+  std::printf("== stream: %zu functions, %zu intervals, graph %zu nodes / %llu edges "
+              "(%llu back, %llu push edges in the last epoch)\n",
+              stream.function_names.size(), n_iv, agent.num_nodes(),
+              static_cast<unsigned long long>(agent.num_edges()),
+              static_cast<unsigned long long>([&] {
+                uint64_t b = 0;
+                for (EdgeId e = 0; e < agent.num_edges(); ++e) b += agent.is_back_edge(e);
+                return b;
+              }()),
+              static_cast<unsigned long long>(w.numbering->num_push_edges()));
+  std::printf("   distinct contexts per interval: first %zu, last %zu; server decode mismatches: %llu\n",
+              contexts_per_interval.front(), contexts_per_interval.back(),
+              static_cast<unsigned long long>(decode_errors));
+  std::printf("   Numbering::Compute per batch (agent side): %.3f ms average\n",
+              compute_ms_total / n_iv);
+
+  auto print_depth = [](const char* title, const std::map<size_t, uint64_t>& m) {
+    uint64_t total = 0;
+    for (auto [d, c] : m) total += c;
+    std::printf("   %-30s", title);
+    for (size_t d = 0; d <= 4; ++d) {
+      uint64_t c = 0;
+      for (auto [k, v] : m) {
+        if (k == d || (d == 4 && k > 4)) c += v;
+      }
+      std::printf("  %6.2f%%", total ? 100.0 * c / total : 0.0);
+    }
+    std::printf("\n");
+  };
+  std::printf("\n== ID stack depth (pushed entries; depth 0 = a single number), paper Table 3 style\n");
+  std::printf("   %-30s  %7s  %7s  %7s  %7s  %7s\n", "", "0", "1", "2", "3", ">=4");
+  print_depth("distinct contexts (static)", depth_static);
+  print_depth("samples (dynamic)", depth_dynamic);
+  std::printf("   varint bytes of the leaf segment id over distinct contexts:");
+  for (auto [b, c] : leaf_id_bytes) std::printf("  %zuB: %llu", b, static_cast<unsigned long long>(c));
+  std::printf("\n");
+
+  std::printf("\n== wire bytes per distinct context per batch (%zu intervals; steady = intervals %zu..%zu)\n",
+              n_iv, steady_from + 1, n_iv);
+  std::printf("   %-28s %12s %12s %12s %14s %12s\n", "scheme", "interval 1", "steady", "all",
+              "steady gzip", "vs pprof");
+  const SchemeBytes* schemes[] = {&strata, &packed, &frames, &elastic, &pprof};
+  auto per_ctx = [&](const std::vector<size_t>& v, size_t from, size_t to) {
+    uint64_t bytes = 0, ctx = 0;
+    for (size_t i = from; i < to; ++i) {
+      bytes += v[i];
+      ctx += contexts_per_interval[i];
+    }
+    return ctx ? static_cast<double>(bytes) / ctx : 0.0;
+  };
+  const double pprof_steady = per_ctx(pprof.raw, steady_from, n_iv);
+  for (const SchemeBytes* s : schemes) {
+    const double steady = per_ctx(s->raw, steady_from, n_iv);
+    std::printf("   %-28s %12.2f %12.2f %12.2f %14.2f %11.1fx\n", s->name, per_ctx(s->raw, 0, 1),
+                steady, per_ctx(s->raw, 0, n_iv), per_ctx(s->gzip, steady_from, n_iv),
+                steady > 0 ? pprof_steady / steady : 0.0);
+  }
+  std::printf("   (vs pprof = pprof steady bytes / scheme steady bytes, uncompressed; strata rows "
+              "include GraphDelta bytes with function names; baselines send no symbol data)\n\n");
+  (void)total_ctx;
+  (void)steady_ctx;
+  return decode_errors == 0 ? 0 : 1;
+}
+
+void BM_NumberingCompute(benchmark::State& state) {
+  for (auto _ : state) {
+    auto n = Numbering::Compute(world->agent_graph, world->agent_graph.num_edges());
+    benchmark::DoNotOptimize(n);
+  }
+  state.counters["edges"] = static_cast<double>(world->agent_graph.num_edges());
+  state.counters["nodes"] = static_cast<double>(world->agent_graph.num_nodes());
+}
+BENCHMARK(BM_NumberingCompute)->Unit(benchmark::kMicrosecond);
+
+void BM_EncodeContext(benchmark::State& state) {
+  Encoder enc(*world->numbering);
+  EncodedContext out;
+  size_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(enc.EncodeInto(world->paths[i], &out));
+    if (++i == world->paths.size()) i = 0;
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_EncodeContext);
+
+void BM_DecodeContextToEdges(benchmark::State& state) {
+  std::vector<EdgeId> edges;
+  bool truncated;
+  size_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(world->numbering->DecodeEdges(world->encoded[i], &edges, &truncated));
+    if (++i == world->encoded.size()) i = 0;
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_DecodeContextToEdges);
+
+void BM_DecodeContextToFrames(benchmark::State& state) {
+  bool truncated;
+  size_t i = 0;
+  for (auto _ : state) {
+    auto f = encoding::Decode(*world->numbering, world->encoded[i], &truncated);
+    benchmark::DoNotOptimize(f);
+    if (++i == world->encoded.size()) i = 0;
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_DecodeContextToFrames);
+
+// Comparison: what a hash-based scheme pays per stack to identify it (hash the frame list).
+void BM_Hash128FrameList(benchmark::State& state) {
+  size_t i = 0;
+  for (auto _ : state) {
+    const auto& a = world->addresses[i];
+    benchmark::DoNotOptimize(absl::HashOf(a));
+    benchmark::DoNotOptimize(absl::HashOf(a, 0x9e3779b97f4a7c15ull));
+    if (++i == world->addresses.size()) i = 0;
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_Hash128FrameList);
+
+}  // namespace
+}  // namespace strata::bench
+
+int main(int argc, char** argv) {
+  using namespace strata::bench;
+  std::string stream_path, write_path;
+  SyntheticOptions opts;
+  std::vector<char*> rest = {argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    auto value = [&](std::string_view flag) -> std::optional<std::string_view> {
+      if (a.substr(0, flag.size()) == flag) return a.substr(flag.size());
+      return std::nullopt;
+    };
+    if (auto v = value("--stream=")) {
+      stream_path = std::string(*v);
+    } else if (auto v = value("--write_stream=")) {
+      write_path = std::string(*v);
+    } else if (auto v = value("--intervals=")) {
+      (void)absl::SimpleAtoi(absl::string_view(v->data(), v->size()), &opts.intervals);
+    } else if (auto v = value("--functions=")) {
+      (void)absl::SimpleAtoi(absl::string_view(v->data(), v->size()), &opts.functions);
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  int rargc = static_cast<int>(rest.size());
+  benchmark::Initialize(&rargc, rest.data());
+  static World w;
+  world = &w;
+  if (!stream_path.empty()) {
+    std::ifstream in(stream_path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto parsed = ParseSampleStream(ss.str());
+    if (!in || !parsed.ok()) {
+      std::fprintf(stderr, "cannot read %s: %s\n", stream_path.c_str(),
+                   parsed.ok() ? "I/O error" : std::string(parsed.status().message()).c_str());
+      return 1;
+    }
+    w.stream = *std::move(parsed);
+    std::printf("== recorded stream %s\n", stream_path.c_str());
+  } else {
+    w.stream = SynthesizeSampleStream(opts);
+    std::printf("== synthetic stream: %u functions, %u paths in the pool, %u samples/interval, "
+                "Zipf s=%.2f, seed %u\n",
+                opts.functions, opts.distinct_paths, opts.samples_per_interval, opts.zipf_s,
+                opts.seed);
+  }
+  if (!write_path.empty()) {
+    std::ofstream(write_path) << FormatSampleStream(w.stream);
+  }
+  if (w.stream.intervals.empty()) {
+    std::fprintf(stderr, "empty stream\n");
+    return 1;
+  }
+  if (int rc = RunReport(w); rc != 0) {
+    std::fprintf(stderr, "report failed\n");
+    return rc;
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
