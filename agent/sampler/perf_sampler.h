@@ -70,6 +70,16 @@ struct SamplerStats {
   uint64_t malformed = 0;  // records that did not parse, and rings found corrupt
   uint64_t threads_attached = 0;  // events opened over the sampler's life
   uint64_t threads_exited = 0;    // events closed because their thread exited
+
+  SamplerStats& operator+=(const SamplerStats& other) {
+    samples += other.samples;
+    lost += other.lost;
+    bytes += other.bytes;
+    malformed += other.malformed;
+    threads_attached += other.threads_attached;
+    threads_exited += other.threads_exited;
+    return *this;
+  }
 };
 
 // Opens and closes one cpu-clock sampling event on the calling thread: OK if this host can use

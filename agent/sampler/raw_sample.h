@@ -17,7 +17,7 @@ namespace strata::sampler {
 struct RawSample {
   uint32_t pid = 0;
   uint32_t tid = 0;
-  uint64_t time_ns = 0;  // perf clock (CLOCK_MONOTONIC-based, see perf_event_open(2))
+  uint64_t time_ns = 0;  // CLOCK_MONOTONIC
   uint64_t pc = 0;
   uint64_t sp = 0;
   uint64_t fp = 0;  // x86-64: rbp; MIPS64: s8/fp (r30)

@@ -1,0 +1,425 @@
+#include "agent/sampler/perf_sampler.h"
+
+#include <errno.h>
+#include <linux/perf_event.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "agent/sampler/perf_record.h"
+
+namespace strata::sampler {
+
+struct PerfSampler::ThreadEvent {
+  pid_t pid = 0;
+  pid_t tid = 0;
+  int fd = -1;
+  void* mapping = nullptr;
+  size_t mapping_size = 0;
+  perf_event_mmap_page* control = nullptr;
+  uint8_t* data = nullptr;
+  size_t data_size = 0;
+  bool exited = false;  // the kernel hung up: the thread is gone
+};
+
+struct PerfSampler::Session {
+  SessionOptions options;
+  // pid -> tid -> event. A pid with no threads stays as a target (see AttachNewThread).
+  absl::flat_hash_map<pid_t, absl::flat_hash_map<pid_t, std::unique_ptr<ThreadEvent>>> targets;
+  SamplerStats stats;
+};
+
+namespace {
+
+// Sample records carry a header, pid/tid, time, abi, registers and two u64 around the stack.
+size_t MaxSampleRecordSize(uint32_t stack_bytes, const UserRegsLayout& layout) {
+  return sizeof(perf_event_header) + 8 + 8 + 8 + 8 * layout.count + 8 + stack_bytes + 8;
+}
+
+absl::Status ValidateOptions(const SessionOptions& options, const UserRegsLayout& layout,
+                             size_t page_size) {
+  if (options.frequency_hz == 0) return absl::InvalidArgumentError("frequency_hz must be > 0");
+  if (options.stack_bytes % 8 != 0 || options.stack_bytes > kMaxStackBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stack_bytes must be a multiple of 8 and at most ", kMaxStackBytes, ", got ",
+        options.stack_bytes));
+  }
+  if (options.ring_pages == 0 || !std::has_single_bit(options.ring_pages)) {
+    return absl::InvalidArgumentError("ring_pages must be a power of two");
+  }
+  const size_t ring_bytes = size_t{options.ring_pages} * page_size;
+  if (ring_bytes < 2 * MaxSampleRecordSize(options.stack_bytes, layout)) {
+    return absl::InvalidArgumentError(absl::StrCat("ring of ", options.ring_pages,
+                                                   " pages cannot hold two samples of ",
+                                                   options.stack_bytes, " stack bytes"));
+  }
+  return absl::OkStatus();
+}
+
+perf_event_attr MakeAttr(const SessionOptions& options, const UserRegsLayout& layout,
+                         size_t ring_bytes) {
+  perf_event_attr attr;
+  std::memset(&attr, 0, sizeof(attr));
+  attr.size = sizeof(attr);
+  attr.type = PERF_TYPE_SOFTWARE;
+  attr.config = PERF_COUNT_SW_CPU_CLOCK;
+  attr.freq = 1;
+  attr.sample_freq = options.frequency_hz;
+  attr.sample_type =
+      PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_REGS_USER | PERF_SAMPLE_STACK_USER;
+  attr.sample_regs_user = layout.mask;
+  attr.sample_stack_user = options.stack_bytes;
+  attr.exclude_kernel = 1;
+  attr.exclude_hv = 1;
+  // Timestamps comparable with clock_gettime(CLOCK_MONOTONIC) elsewhere in the agent.
+  attr.use_clockid = 1;
+  attr.clockid = CLOCK_MONOTONIC;
+  // Wake the reader at half a ring rather than at every sample.
+  attr.watermark = 1;
+  attr.wakeup_watermark = static_cast<uint32_t>(ring_bytes / 2);
+  return attr;
+}
+
+absl::Status PerfOpenError(int err, pid_t tid) {
+  std::string message = absl::StrCat("perf_event_open(cpu-clock, tid ", tid, "): ",
+                                     strerror(err));
+  switch (err) {
+    case ENOSYS:
+    case ENOENT:
+    case EOPNOTSUPP:
+    case ENODEV:
+      return absl::UnavailableError(
+          absl::StrCat(message, " (perf events are not available on this kernel or CPU)"));
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(absl::StrCat(
+          message, " (needs CAP_PERFMON/root or a lower kernel.perf_event_paranoid)"));
+    case ESRCH:
+      return absl::NotFoundError(message);
+    case EMFILE:
+    case ENFILE:
+    case ENOMEM:
+      return absl::ResourceExhaustedError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+int PerfEventOpen(perf_event_attr* attr, pid_t tid) {
+  return static_cast<int>(
+      syscall(__NR_perf_event_open, attr, tid, /*cpu=*/-1, /*group_fd=*/-1, PERF_FLAG_FD_CLOEXEC));
+}
+
+}  // namespace
+
+absl::Status ProbePerfEvents() {
+  absl::StatusOr<Arch> arch = HostArch();
+  if (!arch.ok()) return arch.status();
+  SessionOptions options;
+  perf_event_attr attr = MakeAttr(options, RegsLayoutFor(*arch), 1 << 20);
+  const pid_t self = static_cast<pid_t>(syscall(SYS_gettid));
+  int fd = PerfEventOpen(&attr, self);
+  if (fd < 0) return PerfOpenError(errno, self);
+  close(fd);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<PerfSampler>> PerfSampler::Create() {
+  absl::StatusOr<Arch> arch = HostArch();
+  if (!arch.ok()) return arch.status();
+  int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd < 0) {
+    return absl::InternalError(absl::StrCat("epoll_create1: ", strerror(errno)));
+  }
+  return std::unique_ptr<PerfSampler>(new PerfSampler(epoll_fd, RegsLayoutFor(*arch)));
+}
+
+PerfSampler::PerfSampler(int epoll_fd, const UserRegsLayout& layout)
+    : epoll_fd_(epoll_fd),
+      layout_(layout),
+      page_size_(static_cast<size_t>(sysconf(_SC_PAGESIZE))),
+      scratch_(new uint8_t[kMaxRecordSize]) {}
+
+PerfSampler::~PerfSampler() {
+  for (auto& [id, session] : sessions_) {
+    for (auto& [pid, threads] : session->targets) {
+      for (auto& [tid, event] : threads) CloseEvent(event.get());
+    }
+  }
+  close(epoll_fd_);
+}
+
+absl::Status PerfSampler::AddSession(const SessionOptions& options) {
+  if (sessions_.contains(options.session_id)) {
+    return absl::AlreadyExistsError(absl::StrCat("session ", options.session_id, " exists"));
+  }
+  if (absl::Status status = ValidateOptions(options, layout_, page_size_); !status.ok()) {
+    return status;
+  }
+  auto session = std::make_unique<Session>();
+  session->options = options;
+  sessions_.emplace(options.session_id, std::move(session));
+  return absl::OkStatus();
+}
+
+absl::Status PerfSampler::RemoveSession(uint32_t session_id) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("no session ", session_id));
+  }
+  Session& session = *it->second;
+  for (auto& [pid, threads] : session.targets) {
+    for (auto& [tid, event] : threads) CloseEvent(event.get());
+  }
+  retired_stats_ += session.stats;
+  sessions_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status PerfSampler::SetFrequency(uint32_t session_id, uint32_t frequency_hz) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("no session ", session_id));
+  }
+  if (frequency_hz == 0) return absl::InvalidArgumentError("frequency_hz must be > 0");
+  Session& session = *it->second;
+  session.options.frequency_hz = frequency_hz;
+  // cpu-clock is driven by an hrtimer: at open the kernel turns sample_freq into a fixed period
+  // in nanoseconds and clears attr.freq, so PERF_EVENT_IOC_PERIOD takes a period here.
+  uint64_t period_ns = 1'000'000'000ull / frequency_hz;
+  std::vector<std::pair<pid_t, pid_t>> reopen;
+  for (auto& [pid, threads] : session.targets) {
+    for (auto& [tid, event] : threads) {
+      if (ioctl(event->fd, PERF_EVENT_IOC_PERIOD, &period_ns) != 0) reopen.emplace_back(pid, tid);
+    }
+  }
+  // A kernel that kept frequency mode rejects the period; reopen those events at the new rate
+  // (their undrained samples are dropped).
+  for (auto [pid, tid] : reopen) {
+    auto& threads = session.targets[pid];
+    CloseEvent(threads[tid].get());
+    threads.erase(tid);
+    absl::Status status = AttachThread(session_id, pid, tid);
+    if (!status.ok() && !absl::IsNotFound(status)) return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<PerfSampler::ThreadEvent>> PerfSampler::OpenEvent(
+    const Session& session, pid_t pid, pid_t tid) {
+  const size_t data_size = size_t{session.options.ring_pages} * page_size_;
+  perf_event_attr attr = MakeAttr(session.options, layout_, data_size);
+  auto event = std::make_unique<ThreadEvent>();
+  event->pid = pid;
+  event->tid = tid;
+  event->fd = PerfEventOpen(&attr, tid);
+  if (event->fd < 0) return PerfOpenError(errno, tid);
+  event->mapping_size = page_size_ + data_size;
+  event->mapping =
+      mmap(nullptr, event->mapping_size, PROT_READ | PROT_WRITE, MAP_SHARED, event->fd, 0);
+  if (event->mapping == MAP_FAILED) {
+    int err = errno;
+    event->mapping = nullptr;
+    CloseEvent(event.get());
+    // EPERM here is the perf_event_mlock_kb limit for unprivileged users.
+    return absl::ResourceExhaustedError(
+        absl::StrCat("mmap of perf ring for tid ", tid, ": ", strerror(err)));
+  }
+  event->control = static_cast<perf_event_mmap_page*>(event->mapping);
+  event->data = static_cast<uint8_t*>(event->mapping) + page_size_;
+  event->data_size = data_size;
+  epoll_event ev;
+  std::memset(&ev, 0, sizeof(ev));
+  ev.events = EPOLLIN;
+  ev.data.ptr = event.get();
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, event->fd, &ev) != 0) {
+    int err = errno;
+    CloseEvent(event.get());
+    return absl::InternalError(absl::StrCat("epoll_ctl: ", strerror(err)));
+  }
+  return event;
+}
+
+void PerfSampler::CloseEvent(ThreadEvent* event) {
+  if (event->fd >= 0) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, event->fd, nullptr);
+  if (event->mapping != nullptr) munmap(event->mapping, event->mapping_size);
+  if (event->fd >= 0) close(event->fd);
+  event->fd = -1;
+  event->mapping = nullptr;
+}
+
+absl::Status PerfSampler::AttachThread(uint32_t session_id, pid_t pid, pid_t tid) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("no session ", session_id));
+  }
+  Session& session = *it->second;
+  auto& threads = session.targets[pid];
+  if (threads.contains(tid)) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<ThreadEvent>> event = OpenEvent(session, pid, tid);
+  if (!event.ok()) return event.status();
+  threads.emplace(tid, std::move(*event));
+  ++session.stats.threads_attached;
+  return absl::OkStatus();
+}
+
+absl::Status PerfSampler::AttachProcess(uint32_t session_id, pid_t pid,
+                                        absl::Span<const pid_t> tids) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("no session ", session_id));
+  }
+  it->second->targets.try_emplace(pid);
+  for (pid_t tid : tids) {
+    absl::Status status = AttachThread(session_id, pid, tid);
+    if (!status.ok() && !absl::IsNotFound(status)) return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PerfSampler::AttachNewThread(pid_t pid, pid_t tid) {
+  for (auto& [id, session] : sessions_) {
+    if (!session->targets.contains(pid)) continue;
+    absl::Status status = AttachThread(id, pid, tid);
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+void PerfSampler::DetachThread(pid_t pid, pid_t tid) {
+  for (auto& [id, session] : sessions_) {
+    auto target = session->targets.find(pid);
+    if (target == session->targets.end()) continue;
+    auto thread = target->second.find(tid);
+    if (thread == target->second.end()) continue;
+    CloseEvent(thread->second.get());
+    target->second.erase(thread);
+  }
+}
+
+void PerfSampler::DetachProcess(uint32_t session_id, pid_t pid) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return;
+  auto target = it->second->targets.find(pid);
+  if (target == it->second->targets.end()) return;
+  for (auto& [tid, event] : target->second) CloseEvent(event.get());
+  it->second->targets.erase(target);
+}
+
+void PerfSampler::DetachProcess(pid_t pid) {
+  for (auto& [id, session] : sessions_) DetachProcess(id, pid);
+}
+
+absl::StatusOr<int> PerfSampler::Wait(absl::Duration timeout) {
+  int timeout_ms = -1;
+  if (timeout != absl::InfiniteDuration()) {
+    timeout_ms = static_cast<int>(std::clamp<int64_t>(
+        absl::ToInt64Milliseconds(absl::Ceil(timeout, absl::Milliseconds(1))), 0, INT32_MAX));
+  }
+  epoll_event events[64];
+  int n = epoll_wait(epoll_fd_, events, 64, timeout_ms);
+  if (n < 0) {
+    if (errno == EINTR) return 0;
+    return absl::InternalError(absl::StrCat("epoll_wait: ", strerror(errno)));
+  }
+  for (int i = 0; i < n; ++i) {
+    if (events[i].events & (EPOLLHUP | EPOLLERR)) {
+      static_cast<ThreadEvent*>(events[i].data.ptr)->exited = true;
+    }
+  }
+  return n;
+}
+
+size_t PerfSampler::DrainEvent(Session& session, ThreadEvent& event, SampleCallback callback) {
+  size_t delivered = 0;
+  RingReader reader(event.control, event.data, event.data_size);
+  RawSample sample;
+  RingReader::ReadResult result = reader.ReadAll(
+      [&](const uint8_t* record, size_t size) {
+        perf_event_header header;
+        std::memcpy(&header, record, sizeof(header));
+        if (header.type == PERF_RECORD_SAMPLE) {
+          sample.session_id = session.options.session_id;
+          if (ParseSampleRecord(record, size, layout_, &sample).ok()) {
+            callback(sample);
+            ++delivered;
+          } else {
+            ++session.stats.malformed;
+          }
+        } else if (header.type == PERF_RECORD_LOST) {
+          absl::StatusOr<uint64_t> lost = ParseLostRecord(record, size);
+          if (lost.ok()) {
+            session.stats.lost += *lost;
+          } else {
+            ++session.stats.malformed;
+          }
+        }
+        // Other records (throttling) carry nothing the agent uses.
+      },
+      scratch_.get());
+  session.stats.samples += delivered;
+  session.stats.bytes += result.bytes;
+  if (result.corrupt) ++session.stats.malformed;
+  return delivered;
+}
+
+size_t PerfSampler::Drain(SampleCallback callback) {
+  size_t delivered = 0;
+  for (auto& [id, session] : sessions_) {
+    for (auto& [pid, threads] : session->targets) {
+      for (auto& [tid, event] : threads) delivered += DrainEvent(*session, *event, callback);
+      // Events of exited threads are closed once their last samples are out.
+      absl::erase_if(threads, [&](const auto& entry) {
+        if (!entry.second->exited) return false;
+        CloseEvent(entry.second.get());
+        ++session->stats.threads_exited;
+        return true;
+      });
+    }
+  }
+  return delivered;
+}
+
+SamplerStats PerfSampler::stats() const {
+  SamplerStats total = retired_stats_;
+  for (const auto& [id, session] : sessions_) total += session->stats;
+  return total;
+}
+
+absl::StatusOr<SamplerStats> PerfSampler::session_stats(uint32_t session_id) const {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("no session ", session_id));
+  }
+  return it->second->stats;
+}
+
+size_t PerfSampler::attached_events() const {
+  size_t count = 0;
+  for (const auto& [id, session] : sessions_) {
+    for (const auto& [pid, threads] : session->targets) count += threads.size();
+  }
+  return count;
+}
+
+std::vector<pid_t> PerfSampler::AttachedThreads(uint32_t session_id, pid_t pid) const {
+  std::vector<pid_t> tids;
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return tids;
+  auto target = it->second->targets.find(pid);
+  if (target == it->second->targets.end()) return tids;
+  for (const auto& [tid, event] : target->second) tids.push_back(tid);
+  std::sort(tids.begin(), tids.end());
+  return tids;
+}
+
+}  // namespace strata::sampler
