@@ -1,6 +1,9 @@
 #include "server/store/store.h"
 
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <map>
@@ -167,6 +170,36 @@ TEST_F(StoreTest, CollidingConcurrentInternsGetDistinctIds) {
     ASSERT_TRUE(stack.ok());
     ASSERT_EQ(stack->function_ids.size(), 1u);
   }
+}
+
+TEST_F(StoreTest, CommittedDataSurvivesProcessKill) {
+  store_.reset();
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Child: commit, then die without closing (no memtable flush).
+    auto store = Store::Open(dir_, options_);
+    if (!store.ok()) _exit(1);
+    WriteBatch batch;
+    auto stack = (*store)->InternStack(StackFrames{{11, 22}, false}, &batch);
+    if (!stack.ok() || *stack == 0) _exit(2);
+    batch.AddSamples("svc", 5000, "h", *stack, 9);
+    batch.SetAppliedSequence("agent", 3);
+    if (!(*store)->Commit(&batch).ok()) _exit(3);
+    kill(getpid(), SIGKILL);
+    _exit(4);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(wstatus)) << "child exit " << WEXITSTATUS(wstatus);
+  Reopen();
+  EXPECT_EQ(*store_->AppliedSequence("agent"), 3u);
+  uint64_t stack_id = 0;
+  auto cells = Scan({"svc", 0, 10000, std::nullopt, std::nullopt});
+  ASSERT_EQ(cells.size(), 1u);
+  stack_id = std::get<2>(cells.begin()->first);
+  EXPECT_EQ(cells.begin()->second, 9u);
+  EXPECT_EQ(*store_->GetStack(stack_id), (StackFrames{{11, 22}, false}));
 }
 
 TEST_F(StoreTest, MergeSumsAcrossBatchesReopenAndCompaction) {
