@@ -1,0 +1,342 @@
+// Live tests: a forked child spins on the CPU while the sampler samples it with real perf
+// events; the samples are checked against the child's own /proc view.
+
+#include "agent/sampler/perf_sampler.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "agent/procfs/procfs.h"
+#include "agent/procfs/process_tracker.h"
+#include "gtest/gtest.h"
+
+namespace strata::sampler {
+namespace {
+
+// ---- The child workload. ----
+
+volatile sig_atomic_t g_start_thread = 0;
+
+void OnStartThread(int) { g_start_thread = 1; }
+
+void Spin() {
+  static volatile uint64_t counter = 0;
+  for (int i = 0; i < 100000; ++i) counter = counter + 1;
+}
+
+void* SpinForever(void*) {
+  for (;;) Spin();
+}
+
+// Spins in the main thread; on SIGUSR1 starts a second spinning thread. Reports readiness by
+// writing one byte to `ready_fd`.
+[[noreturn]] void ChildMain(int ready_fd) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  signal(SIGUSR1, OnStartThread);
+  char byte = 'r';
+  if (write(ready_fd, &byte, 1) != 1) _exit(1);
+  close(ready_fd);
+  bool started = false;
+  for (;;) {
+    Spin();
+    if (g_start_thread && !started) {
+      started = true;
+      pthread_t thread;
+      pthread_create(&thread, nullptr, SpinForever, nullptr);
+    }
+  }
+}
+
+class SpinningChild {
+ public:
+  SpinningChild() {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(fds[0]);
+      ChildMain(fds[1]);
+    }
+    close(fds[1]);
+    char byte;
+    if (pid_ < 0 || read(fds[0], &byte, 1) != 1) pid_ = -1;
+    close(fds[0]);
+  }
+  ~SpinningChild() { Kill(); }
+
+  pid_t pid() const { return pid_; }
+  void StartSecondThread() { kill(pid_, SIGUSR1); }
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+// ---- Helpers. ----
+
+// CPU time the thread has run, from the scheduler's own accounting.
+uint64_t RuntimeNs(pid_t pid, pid_t tid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) +
+                   "/schedstat");
+  uint64_t runtime = 0;
+  in >> runtime;
+  return runtime;
+}
+
+struct CopiedSample {
+  RawSample regs;  // stack pointer cleared: the bytes live in `first_bytes`
+  uint64_t first_bytes = 0;
+};
+
+// Waits and drains for `duration`, copying every sample.
+void SampleFor(PerfSampler& sampler, absl::Duration duration, std::vector<CopiedSample>* out) {
+  const absl::Time deadline = absl::Now() + duration;
+  auto keep = [out](const RawSample& s) {
+    CopiedSample copy{s, 0};
+    if (s.stack_size >= 8) std::memcpy(&copy.first_bytes, s.stack, 8);
+    copy.regs.stack = nullptr;
+    out->push_back(copy);
+  };
+  for (absl::Time now = absl::Now(); now < deadline; now = absl::Now()) {
+    ASSERT_TRUE(sampler.Wait(std::min(deadline - now, absl::Milliseconds(50))).ok());
+    sampler.Drain(keep);
+  }
+  sampler.Drain(keep);
+}
+
+size_t CountSession(const std::vector<CopiedSample>& samples, uint32_t session_id) {
+  size_t n = 0;
+  for (const CopiedSample& s : samples) n += s.regs.session_id == session_id;
+  return n;
+}
+
+class PerfSamplerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::Status probe = ProbePerfEvents();
+    if (absl::IsUnavailable(probe) || absl::IsPermissionDenied(probe)) {
+      GTEST_SKIP() << "perf events not usable here: " << probe;
+    }
+    ASSERT_TRUE(probe.ok()) << probe;
+    sampler_ = PerfSampler::Create().value();
+    ASSERT_GT(child_.pid(), 0);
+  }
+
+  SessionOptions Session(uint32_t id, uint32_t hz) {
+    SessionOptions options;
+    options.session_id = id;
+    options.frequency_hz = hz;
+    return options;
+  }
+
+  SpinningChild child_;
+  std::unique_ptr<PerfSampler> sampler_;
+};
+
+TEST_F(PerfSamplerTest, SamplesChildAtRateWithRegistersInsideItsMappings) {
+  constexpr uint32_t kHz = 499;
+  const pid_t pid = child_.pid();
+  ASSERT_TRUE(sampler_->AddSession(Session(1, kHz)).ok());
+  ASSERT_TRUE(sampler_->AttachProcess(1, pid, {pid}).ok());
+  const uint64_t runtime_before = RuntimeNs(pid, pid);
+  std::vector<CopiedSample> samples;
+  SampleFor(*sampler_, absl::Seconds(1), &samples);
+  const uint64_t runtime_ns = RuntimeNs(pid, pid) - runtime_before;
+  sampler_->DetachProcess(pid);
+  EXPECT_EQ(sampler_->attached_events(), 0u);
+
+  // cpu-clock counts the child's CPU time, which on a shared machine may be < 1 s.
+  const double expected = static_cast<double>(runtime_ns) * kHz / 1e9;
+  ASSERT_GT(expected, 100) << "child barely ran: " << runtime_ns << " ns";
+  EXPECT_GT(samples.size(), expected * 0.6);
+  EXPECT_LT(samples.size(), expected * 1.25 + 10);
+
+  std::vector<procfs::Mapping> maps = procfs::ReadMappings(pid).value();
+  uint64_t previous_time = 0;
+  for (const CopiedSample& s : samples) {
+    ASSERT_EQ(s.regs.pid, static_cast<uint32_t>(pid));
+    ASSERT_EQ(s.regs.tid, static_cast<uint32_t>(pid));
+    ASSERT_EQ(s.regs.session_id, 1u);
+    ASSERT_GE(s.regs.time_ns, previous_time);
+    previous_time = s.regs.time_ns;
+    const procfs::Mapping* code = procfs::FindMapping(maps, s.regs.pc);
+    ASSERT_NE(code, nullptr) << std::hex << s.regs.pc;
+    EXPECT_TRUE(code->exec) << code->path;
+    const procfs::Mapping* stack = procfs::FindMapping(maps, s.regs.sp);
+    ASSERT_NE(stack, nullptr) << std::hex << s.regs.sp;
+    EXPECT_EQ(stack->path, "[stack]");
+    // The copy starts at sp and never claims bytes beyond the stack's end.
+    EXPECT_GE(s.regs.stack_size, 8u);
+    EXPECT_LE(s.regs.stack_size, 16u * 1024);
+    EXPECT_LE(s.regs.sp + s.regs.stack_size, stack->end);
+  }
+  SamplerStats stats = sampler_->stats();
+  EXPECT_EQ(stats.samples, samples.size());
+  EXPECT_EQ(stats.malformed, 0u);
+  EXPECT_GE(stats.bytes, samples.size() * 16u * 1024);
+  EXPECT_EQ(stats.threads_attached, 1u);
+}
+
+TEST_F(PerfSamplerTest, ThreadStartedAfterAttachIsSampledAfterRescan) {
+  const pid_t pid = child_.pid();
+  procfs::ProcessTracker tracker(procfs::ServiceMatcher::Create({}).value());
+  tracker.Track(pid, "spinner");
+  procfs::ProcessChanges changes = tracker.Rescan().value();
+  ASSERT_EQ(changes.added.size(), 1u);
+  ASSERT_TRUE(sampler_->AddSession(Session(3, 499)).ok());
+  ASSERT_TRUE(sampler_->AttachProcess(3, pid, changes.added[0].threads).ok());
+  EXPECT_EQ(sampler_->AttachedThreads(3, pid), std::vector<pid_t>{pid});
+
+  child_.StartSecondThread();
+  std::vector<pid_t> threads;
+  for (int i = 0; i < 1000 && threads.size() < 2; ++i) {
+    usleep(1000);
+    threads = procfs::ListThreads(pid).value_or(threads);
+  }
+  ASSERT_EQ(threads.size(), 2u);
+  const pid_t new_tid = threads[0] == pid ? threads[1] : threads[0];
+
+  changes = tracker.Rescan().value();
+  ASSERT_EQ(changes.threads_added.size(), 1u);
+  EXPECT_EQ(changes.threads_added[0].tid, new_tid);
+  for (const procfs::ThreadRef& t : changes.threads_added) {
+    ASSERT_TRUE(sampler_->AttachNewThread(t.pid, t.tid).ok());
+  }
+  EXPECT_EQ(sampler_->AttachedThreads(3, pid), (std::vector<pid_t>{pid, new_tid}));
+
+  std::vector<CopiedSample> samples;
+  SampleFor(*sampler_, absl::Milliseconds(400), &samples);
+  std::vector<procfs::Mapping> maps = procfs::ReadMappings(pid).value();
+  size_t from_new_thread = 0;
+  for (const CopiedSample& s : samples) {
+    if (s.regs.tid != static_cast<uint32_t>(new_tid)) continue;
+    ++from_new_thread;
+    const procfs::Mapping* code = procfs::FindMapping(maps, s.regs.pc);
+    ASSERT_NE(code, nullptr);
+    EXPECT_TRUE(code->exec);
+    // A pthread stack: anonymous, writable, not [stack].
+    const procfs::Mapping* stack = procfs::FindMapping(maps, s.regs.sp);
+    ASSERT_NE(stack, nullptr);
+    EXPECT_TRUE(stack->write);
+    EXPECT_FALSE(stack->exec);
+    EXPECT_NE(stack->path, "[stack]");
+    EXPECT_GE(s.regs.stack_size, 8u);
+  }
+  // 400 ms at 499 Hz is ~200 samples with a full CPU; the machine is shared.
+  EXPECT_GT(from_new_thread, 20u);
+}
+
+TEST_F(PerfSamplerTest, ExitedTargetIsCleanedUp) {
+  const pid_t pid = child_.pid();
+  ASSERT_TRUE(sampler_->AddSession(Session(4, 499)).ok());
+  ASSERT_TRUE(sampler_->AttachProcess(4, pid, {pid}).ok());
+  std::vector<CopiedSample> samples;
+  SampleFor(*sampler_, absl::Milliseconds(200), &samples);
+  EXPECT_GT(samples.size(), 0u);
+
+  child_.Kill();
+  // The kernel hangs up the exited thread's event: Wait reports it, Drain closes it.
+  for (int i = 0; i < 40 && sampler_->attached_events() > 0; ++i) {
+    ASSERT_TRUE(sampler_->Wait(absl::Milliseconds(50)).ok());
+    sampler_->Drain([&](const RawSample&) {});
+  }
+  EXPECT_EQ(sampler_->attached_events(), 0u);
+  SamplerStats stats = sampler_->stats();
+  EXPECT_EQ(stats.threads_exited, 1u);
+  EXPECT_EQ(stats.malformed, 0u);
+  // The tracker's removal arriving afterwards is harmless; the pid is no longer a target.
+  sampler_->DetachProcess(pid);
+  EXPECT_TRUE(sampler_->AttachNewThread(pid, pid).ok());
+  EXPECT_EQ(sampler_->attached_events(), 0u);
+  EXPECT_TRUE(absl::IsNotFound(sampler_->AttachThread(4, pid, pid)));
+}
+
+TEST_F(PerfSamplerTest, ConcurrentSessionsSampleAtTheirOwnRates) {
+  const pid_t pid = child_.pid();
+  ASSERT_TRUE(sampler_->AddSession(Session(10, 99)).ok());
+  ASSERT_TRUE(sampler_->AddSession(Session(20, 499)).ok());
+  ASSERT_TRUE(sampler_->AttachProcess(10, pid, {pid}).ok());
+  ASSERT_TRUE(sampler_->AttachProcess(20, pid, {pid}).ok());
+  std::vector<CopiedSample> samples;
+  SampleFor(*sampler_, absl::Seconds(1), &samples);
+  const size_t slow = CountSession(samples, 10);
+  const size_t fast = CountSession(samples, 20);
+  ASSERT_GT(slow, 20u);
+  const double ratio = static_cast<double>(fast) / slow;
+  EXPECT_GT(ratio, 499.0 / 99 * 0.7) << fast << " / " << slow;
+  EXPECT_LT(ratio, 499.0 / 99 * 1.3) << fast << " / " << slow;
+  EXPECT_EQ(sampler_->session_stats(10).value().samples, slow);
+  EXPECT_EQ(sampler_->session_stats(20).value().samples, fast);
+  EXPECT_EQ(slow + fast, samples.size());
+
+  // Ending the fast session leaves the slow one running.
+  ASSERT_TRUE(sampler_->RemoveSession(20).ok());
+  EXPECT_EQ(sampler_->attached_events(), 1u);
+  samples.clear();
+  SampleFor(*sampler_, absl::Milliseconds(200), &samples);
+  EXPECT_GT(samples.size(), 0u);
+  EXPECT_EQ(CountSession(samples, 10), samples.size());
+  EXPECT_EQ(sampler_->stats().samples, slow + fast + samples.size());
+}
+
+TEST_F(PerfSamplerTest, SetFrequencyChangesRateOfRunningSession) {
+  const pid_t pid = child_.pid();
+  ASSERT_TRUE(sampler_->AddSession(Session(5, 99)).ok());
+  ASSERT_TRUE(sampler_->AttachProcess(5, pid, {pid}).ok());
+  auto rate = [&](absl::Duration duration) {
+    std::vector<CopiedSample> samples;
+    const uint64_t before = RuntimeNs(pid, pid);
+    SampleFor(*sampler_, duration, &samples);
+    const double cpu_seconds = (RuntimeNs(pid, pid) - before) / 1e9;
+    return cpu_seconds > 0 ? samples.size() / cpu_seconds : 0.0;
+  };
+  const double slow = rate(absl::Milliseconds(600));
+  ASSERT_TRUE(sampler_->SetFrequency(5, 499).ok());
+  const double fast = rate(absl::Milliseconds(600));
+  EXPECT_NEAR(slow, 99, 40);
+  EXPECT_NEAR(fast, 499, 150);
+  EXPECT_EQ(sampler_->attached_events(), 1u);
+}
+
+TEST(PerfSamplerOptionsTest, RejectsBadSessions) {
+  auto sampler = PerfSampler::Create();
+  ASSERT_TRUE(sampler.ok());
+  SessionOptions options;
+  options.session_id = 1;
+  ASSERT_TRUE((*sampler)->AddSession(options).ok());
+  EXPECT_TRUE(absl::IsAlreadyExists((*sampler)->AddSession(options)));
+  options.session_id = 2;
+  options.stack_bytes = 1001;
+  EXPECT_TRUE(absl::IsInvalidArgument((*sampler)->AddSession(options)));
+  options.stack_bytes = kMaxStackBytes + 8;
+  EXPECT_TRUE(absl::IsInvalidArgument((*sampler)->AddSession(options)));
+  options.stack_bytes = 16 * 1024;
+  options.ring_pages = 3;
+  EXPECT_TRUE(absl::IsInvalidArgument((*sampler)->AddSession(options)));
+  options.ring_pages = 4;  // 16 KiB: not two 16 KiB samples
+  EXPECT_TRUE(absl::IsInvalidArgument((*sampler)->AddSession(options)));
+  options.ring_pages = 32;
+  options.frequency_hz = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument((*sampler)->AddSession(options)));
+  EXPECT_TRUE(absl::IsNotFound((*sampler)->AttachThread(99, getpid(), gettid())));
+  EXPECT_TRUE(absl::IsNotFound((*sampler)->SetFrequency(99, 10)));
+  EXPECT_TRUE(absl::IsNotFound((*sampler)->RemoveSession(99)));
+  EXPECT_TRUE(absl::IsInvalidArgument((*sampler)->SetFrequency(1, 0)));
+}
+
+}  // namespace
+}  // namespace strata::sampler
