@@ -72,12 +72,12 @@ TEST_P(RecordedStacks, MatchGroundTruth) {
     const elf::SymbolTable::Function* leaf = symbols->Lookup(s.regs.pc);
     const int leaf_id = leaf ? IdOf(leaf->name) : -1;
     bool transition = false;
-    if (leaf_id >= 0 && (truth.empty() || truth[0] != leaf_id || got.size() == truth.size() + 1)) {
-      if (got.size() == truth.size() + 1 && !got.empty() && got[0] == leaf_id) {
-        truth.insert(truth.begin(), leaf_id);
-        tail.insert(tail.begin(), false);
-        transition = true;
-      }
+    if (leaf_id >= 0 && !got.empty() && got[0] == leaf_id &&
+        (truth.empty() || truth[0] != leaf_id || got.size() == truth.size() + 1)) {
+      // Recursion (truth[0] == leaf_id) is ambiguous; only a chain one longer counts there.
+      truth.insert(truth.begin(), leaf_id);
+      tail.insert(tail.begin(), false);
+      transition = true;
     }
     // Match, allowing tail-called-away frames to be missing (counted).
     size_t gi = 0, correct = 0, lost = 0;
@@ -99,6 +99,13 @@ TEST_P(RecordedStacks, MatchGroundTruth) {
     if (!ok) {
       const elf::SymbolTable::Function* f = symbols->Lookup(s.regs.pc);
       failures[f ? std::string(f->name) : "?"]++;
+      std::string g, tr;
+      for (int id : got) g += std::to_string(id) + " ";
+      for (int id : truth) tr += std::to_string(id) + " ";
+      std::printf("  pc %#llx (%s+%#llx) ra %#llx: unwound [%s] truth [%s]\n",
+                  static_cast<unsigned long long>(s.regs.pc), f ? std::string(f->name).c_str() : "?",
+                  static_cast<unsigned long long>(f ? s.regs.pc - f->start : 0),
+                  static_cast<unsigned long long>(s.regs.ra), g.c_str(), tr.c_str());
     }
   }
   const double acc = 100.0 * t.correct_frames / std::max<size_t>(1, t.expected_frames);
