@@ -121,7 +121,8 @@ class PerfSampler {
   // arrives. Returns the number of ready events (0 on timeout or signal).
   absl::StatusOr<int> Wait(absl::Duration timeout);
   // Delivers every buffered sample of every session to `callback`, then closes events of
-  // threads that exited. Returns the number of samples delivered.
+  // threads that exited. Returns the number of samples delivered. `callback` must not call
+  // back into the sampler.
   size_t Drain(SampleCallback callback);
 
   SamplerStats stats() const;  // summed over sessions, including removed ones

@@ -312,6 +312,28 @@ TEST_F(PerfSamplerTest, SetFrequencyChangesRateOfRunningSession) {
   EXPECT_EQ(sampler_->attached_events(), 1u);
 }
 
+TEST_F(PerfSamplerTest, FullRingCountsLostSamples) {
+  const pid_t pid = child_.pid();
+  SessionOptions options = Session(6, 499);
+  options.stack_bytes = 4096;
+  options.ring_pages = 4;  // 16 KiB: three samples fit
+  ASSERT_TRUE(sampler_->AddSession(options).ok());
+  ASSERT_TRUE(sampler_->AttachProcess(6, pid, {pid}).ok());
+  const uint64_t before = RuntimeNs(pid, pid);
+  usleep(400 * 1000);  // not draining: the ring fills up
+  size_t delivered = sampler_->Drain([](const RawSample&) {});
+  const double expected = (RuntimeNs(pid, pid) - before) / 1e9 * 499;
+  EXPECT_LE(delivered, 4u);
+  // The kernel reports the loss with the first record it can write after the drain.
+  std::vector<CopiedSample> samples;
+  SampleFor(*sampler_, absl::Milliseconds(100), &samples);
+  SamplerStats stats = sampler_->session_stats(6).value();
+  ASSERT_GT(expected, 50);
+  EXPECT_GT(static_cast<double>(stats.lost), expected * 0.5);
+  EXPECT_LT(static_cast<double>(stats.lost), expected * 1.25);
+  EXPECT_EQ(stats.samples, delivered + samples.size());
+}
+
 TEST(PerfSamplerOptionsTest, RejectsBadSessions) {
   auto sampler = PerfSampler::Create();
   ASSERT_TRUE(sampler.ok());
