@@ -1,0 +1,43 @@
+#include "common/unwind/rule_source.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/unwind/x86_64/cfi_table.h"
+#ifdef STRATA_HAVE_MIPS64_RULES
+#include "common/unwind/mips64/prologue_table.h"
+#endif
+
+namespace strata::unwind {
+
+absl::StatusOr<Arch> ArchOf(const elf::ElfFile& elf) {
+  switch (elf.machine()) {
+    case elf::kMachineX86_64:
+      if (!elf.big_endian()) return Arch::kX86_64;
+      break;
+    case elf::kMachineMips:
+      return elf.big_endian() ? Arch::kMips64Be : Arch::kMips64El;
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("unsupported architecture: e_machine ", elf.machine(),
+                   elf.big_endian() ? " (big-endian)" : " (little-endian)"));
+}
+
+absl::StatusOr<std::unique_ptr<RuleSource>> MakeRuleSource(Arch arch, const elf::ElfFile& elf) {
+  switch (arch) {
+    case Arch::kX86_64: {
+      absl::StatusOr<std::unique_ptr<x86_64::CfiTable>> table = x86_64::CfiTable::Build(elf);
+      if (!table.ok()) return table.status();
+      return std::unique_ptr<RuleSource>(std::move(*table));
+    }
+    case Arch::kMips64El:
+    case Arch::kMips64Be:
+#ifdef STRATA_HAVE_MIPS64_RULES
+      return mips64::BuildPrologueTable(elf);
+#else
+      break;
+#endif
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("unsupported architecture: ", std::string(ArchName(arch)), " (no rule decoder built)"));
+}
+
+}  // namespace strata::unwind

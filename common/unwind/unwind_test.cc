@@ -1,0 +1,160 @@
+#include <dlfcn.h>
+
+#include <cstring>
+#include <string>
+
+#include "common/elf/symbol_table.h"
+#include "common/unwind/unwind_test_chain.h"
+#include "common/unwind/unwind_test_space.h"
+#include "common/unwind/unwinder.h"
+#include "gtest/gtest.h"
+
+namespace strata::unwind {
+namespace {
+
+using testing::CapturedStack;
+using testing::SelfAddressSpace;
+
+// Name of the function of this executable containing `pc` (from its .symtab).
+std::string SymbolAt(uint64_t pc) {
+  static const auto* table = [] {
+    auto elf = elf::ElfFile::Open("/proc/self/exe");
+    return new elf::SymbolTable(std::move(*elf::SymbolTable::Build(**elf)));
+  }();
+  uint64_t bias = 0;
+  dl_iterate_phdr([](dl_phdr_info* info, size_t, void* data) {
+    *static_cast<uint64_t*>(data) = info->dlpi_addr;
+    return 1;
+  }, &bias);
+  const elf::SymbolTable::Function* f = table->Lookup(pc - bias);
+  return f == nullptr ? "?" : std::string(f->name);
+}
+
+TEST(UnwindTest, CfiUnwindMatchesReturnAddresses) {
+  SelfAddressSpace space;
+  for (int depth : {1, 5, 20}) {
+    CapturedStack cap;
+    ASSERT_GT(testing::CaptureChainNoFp(depth, &cap), 0);
+    ASSERT_EQ(cap.return_addresses.size(), static_cast<size_t>(depth + 1));
+    Frame frames[256];
+    UnwindOptions options;
+    options.frame_pointer_fallback = false;  // CFI alone must get through
+    UnwindResult r = Unwind(options, cap.regs, cap.snapshot(), space, frames, 256);
+    ASSERT_GT(r.num_frames, cap.return_addresses.size()) << StopReasonName(r.stop);
+    EXPECT_EQ(frames[0].pc, cap.regs.pc);
+    EXPECT_EQ(frames[0].sp, cap.regs.sp);
+    for (size_t i = 0; i < cap.return_addresses.size(); ++i) {
+      EXPECT_EQ(frames[i + 1].pc, cap.return_addresses[i]) << "frame " << i + 1 << " depth " << depth;
+      // The slot the return address was read from holds it.
+      uint64_t v = 0;
+      ASSERT_TRUE(cap.snapshot().Read64(frames[i].ra_slot, false, &v));
+      EXPECT_EQ(v, frames[i + 1].pc);
+    }
+    for (size_t i = 1; i < r.num_frames; ++i) EXPECT_GT(frames[i].sp, frames[i - 1].sp);
+    // The walk continues through this test, gtest, main and libc up to _start.
+    EXPECT_EQ(r.stop, StopReason::kOutermost) << StopReasonName(r.stop);
+    bool saw_main = false;
+    for (size_t i = 0; i < r.num_frames; ++i) saw_main |= SymbolAt(frames[i].pc) == "main";
+    EXPECT_TRUE(saw_main);
+    EXPECT_EQ(frames[r.num_frames - 1].ra_slot, 0u);
+    EXPECT_EQ(SymbolAt(frames[r.num_frames - 1].pc), "_start");
+  }
+}
+
+TEST(UnwindTest, MaxFramesAndTruncatedStack) {
+  SelfAddressSpace space;
+  CapturedStack cap;
+  testing::CaptureChainNoFp(10, &cap);
+  Frame frames[4];
+  UnwindOptions options;
+  UnwindResult r = Unwind(options, cap.regs, cap.snapshot(), space, frames, 4);
+  EXPECT_EQ(r.num_frames, 4u);
+  EXPECT_EQ(r.stop, StopReason::kMaxFrames);
+  // Keep only the first 200 bytes of the stack copy: the walk stops inside it, cleanly.
+  StackSnapshot small{cap.stack_start, cap.stack.data(), 200};
+  Frame more[64];
+  r = Unwind(options, cap.regs, small, space, more, 64);
+  EXPECT_EQ(r.stop, StopReason::kStackOutOfRange);
+  EXPECT_GE(r.num_frames, 1u);
+  EXPECT_LT(r.num_frames, 12u);
+}
+
+TEST(UnwindTest, GarbageStackStopsWithoutCrashing) {
+  SelfAddressSpace space;
+  CapturedStack cap;
+  testing::CaptureChainNoFp(5, &cap);
+  uint64_t state = 12345;
+  for (int iter = 0; iter < 200; ++iter) {
+    std::vector<uint8_t> bytes = cap.stack;
+    for (size_t i = 0; i < std::min<size_t>(bytes.size(), 4096); ++i) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      if ((state >> 60) == 0) bytes[i] = static_cast<uint8_t>(state >> 32);
+    }
+    Frame frames[64];
+    UnwindOptions options;
+    UnwindResult r = Unwind(options, cap.regs, {cap.stack_start, bytes.data(), bytes.size()},
+                            space, frames, 64);
+    ASSERT_GE(r.num_frames, 1u);
+    for (size_t i = 1; i < r.num_frames; ++i) ASSERT_GT(frames[i].sp, frames[i - 1].sp);
+  }
+}
+
+TEST(UnwindTest, FramePointerFallback) {
+  SelfAddressSpace no_rules(/*with_rules=*/false);
+  CapturedStack cap;
+  testing::CaptureChainFp(6, &cap);
+  Frame frames[64];
+  UnwindOptions options;
+  UnwindResult r = Unwind(options, cap.regs, cap.snapshot(), no_rules, frames, 64);
+  ASSERT_GE(r.num_frames, cap.return_addresses.size() + 1) << StopReasonName(r.stop);
+  for (size_t i = 0; i < cap.return_addresses.size(); ++i) {
+    EXPECT_EQ(frames[i + 1].pc, cap.return_addresses[i]) << i;
+  }
+  // Without the fallback there is no rule at all.
+  options.frame_pointer_fallback = false;
+  r = Unwind(options, cap.regs, cap.snapshot(), no_rules, frames, 64);
+  EXPECT_EQ(r.num_frames, 1u);
+  EXPECT_EQ(r.stop, StopReason::kNoRule);
+}
+
+TEST(UnwindTest, PcOutsideModules) {
+  SelfAddressSpace space;
+  Registers regs{.pc = 0x10, .sp = 0x1000};
+  Frame frames[4];
+  UnwindResult r = Unwind(UnwindOptions(), regs, StackSnapshot(), space, frames, 4);
+  EXPECT_EQ(r.num_frames, 1u);
+  EXPECT_EQ(r.stop, StopReason::kNoModule);
+}
+
+TEST(StepWithRowTest, BigEndianAndRegisterRules) {
+  uint8_t bytes[32] = {};
+  // Big-endian words: RA 0x1122334455667788 at 0x1010, fp 0xaabb at 0x1008.
+  const uint8_t ra[8] = {0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88};
+  std::memcpy(bytes + 0x10, ra, 8);
+  bytes[0x08 + 6] = 0xaa;
+  bytes[0x08 + 7] = 0xbb;
+  StackSnapshot stack{0x1000, bytes, sizeof bytes};
+  UnwindRow row{UnwindRow::CfaBase::kSp, UnwindRow::RaRule::kAtCfaOffset,
+                UnwindRow::FpRule::kAtCfaOffset, 0x18, -8, -16};
+  Registers regs{.pc = 0x400000, .sp = 0x1000, .fp = 7, .ra = 0};
+  Registers caller;
+  uint64_t slot;
+  ASSERT_TRUE(StepWithRow(Arch::kMips64Be, row, regs, true, stack, &caller, &slot));
+  EXPECT_EQ(caller.pc, 0x1122334455667788u);
+  EXPECT_EQ(caller.fp, 0xaabbu);
+  EXPECT_EQ(caller.sp, 0x1018u);
+  EXPECT_EQ(slot, 0x1010u);
+  row.ra_rule = UnwindRow::RaRule::kInRegister;
+  row.fp_rule = UnwindRow::FpRule::kSame;
+  regs.ra = 0x400100;
+  ASSERT_TRUE(StepWithRow(Arch::kMips64El, row, regs, true, stack, &caller, &slot));
+  EXPECT_EQ(caller.pc, 0x400100u);
+  EXPECT_EQ(caller.fp, 7u);
+  EXPECT_EQ(slot, 0u);
+  row.cfa_offset = 0x40;  // RA slot beyond the copy
+  row.ra_rule = UnwindRow::RaRule::kAtCfaOffset;
+  EXPECT_FALSE(StepWithRow(Arch::kX86_64, row, regs, true, stack, &caller, &slot));
+}
+
+}  // namespace
+}  // namespace strata::unwind

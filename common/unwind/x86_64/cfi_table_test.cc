@@ -1,0 +1,275 @@
+// Checks the compiled CFI rows against libdw's interpretation of the same CFI
+// (dwarf_cfi_addrframe), the reference, at many pcs of this executable and of libc.
+#include "common/unwind/x86_64/cfi_table.h"
+
+#include <dwarf.h>
+#include <elfutils/libdw.h>
+#include <fcntl.h>
+#include <libelf.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "common/elf/cfi_records.h"
+#include "common/elf/elf_file.h"
+#include "common/unwind/rule_source.h"
+#include "gtest/gtest.h"
+
+namespace strata::unwind::x86_64 {
+namespace {
+
+std::string LibPath(const std::string& name) {
+  std::ifstream in("/proc/self/maps");
+  std::string line;
+  while (std::getline(in, line)) {
+    size_t slash = line.find('/');
+    if (slash != std::string::npos && line.find(name) != std::string::npos) return line.substr(slash);
+  }
+  return "";
+}
+
+// libdw's view of one pc, reduced to what a row can say.
+struct Reference {
+  bool found = false;
+  bool cfa_is_reg = false;
+  uint64_t cfa_reg = 0;
+  int64_t cfa_offset = 0;
+  std::string cfa_expr;     // raw ops when not reg+offset
+  int ra_kind = 0;          // 0 undefined, 1 at CFA+off, 2 same, 3 other
+  int64_t ra_offset = 0;
+  int fp_kind = 0;
+  int64_t fp_offset = 0;
+  bool signal_frame = false;
+};
+
+// Decodes dwarf_frame_register's expression: {call_frame_cfa [, plus_uconst N | consts N, plus]}.
+void DecodeRegister(Dwarf_Frame* frame, int regno, int* kind, int64_t* offset) {
+  Dwarf_Op ops_mem[3];
+  Dwarf_Op* ops = nullptr;
+  size_t nops = 0;
+  int rc = dwarf_frame_register(frame, regno, ops_mem, &ops, &nops);
+  *offset = 0;
+  if (rc != 0) { *kind = 3; return; }  // value rule or error
+  if (nops == 0) { *kind = ops == nullptr ? 0 : 2; return; }
+  if (ops[0].atom != DW_OP_call_frame_cfa) { *kind = 3; return; }
+  if (nops == 1) { *kind = 1; return; }
+  if (nops == 2 && ops[1].atom == DW_OP_plus_uconst) {
+    *kind = 1; *offset = static_cast<int64_t>(ops[1].number); return;
+  }
+  if (nops == 3 && ops[2].atom == DW_OP_plus &&
+      (ops[1].atom == DW_OP_consts || ops[1].atom == DW_OP_const1s || ops[1].atom == DW_OP_const2s ||
+       ops[1].atom == DW_OP_const4s || ops[1].atom == DW_OP_const8s)) {
+    *kind = 1; *offset = static_cast<int64_t>(ops[1].number); return;
+  }
+  *kind = 3;
+}
+
+Reference QueryLibdw(Dwarf_CFI* cfi, uint64_t pc) {
+  Reference ref;
+  Dwarf_Frame* frame = nullptr;
+  if (dwarf_cfi_addrframe(cfi, pc, &frame) != 0) return ref;
+  ref.found = true;
+  Dwarf_Addr start, end;
+  bool signalp = false;
+  dwarf_frame_info(frame, &start, &end, &signalp);
+  ref.signal_frame = signalp;
+  Dwarf_Op* ops = nullptr;
+  size_t nops = 0;
+  if (dwarf_frame_cfa(frame, &ops, &nops) == 0) {
+    if (nops == 1 && ops[0].atom == DW_OP_bregx) {
+      ref.cfa_is_reg = true;
+      ref.cfa_reg = ops[0].number;
+      ref.cfa_offset = static_cast<int64_t>(ops[0].number2);
+    } else {
+      for (size_t i = 0; i < nops; ++i) ref.cfa_expr += std::to_string(ops[i].atom) + ",";
+    }
+  }
+  DecodeRegister(frame, 16, &ref.ra_kind, &ref.ra_offset);
+  DecodeRegister(frame, 6, &ref.fp_kind, &ref.fp_offset);
+  free(frame);
+  return ref;
+}
+
+struct CompareCounts {
+  int rows = 0;
+  int plt_rows = 0;
+  int unrepresentable = 0;
+};
+
+// Compares our row with libdw's at `pc`; returns a description of a mismatch or "".
+std::string Compare(const CfiTable& table, const Reference& ref, uint64_t pc, CompareCounts* counts) {
+  UnwindRow row;
+  bool ours = table.FindRowUncached(pc, /*innermost=*/true, &row);
+  UnwindRow cached;
+  bool ours_cached = table.FindRow(pc, true, &cached);
+  if (ours != ours_cached || (ours && cached.cfa_offset != row.cfa_offset)) return "cache disagrees";
+  if (!ref.found) return ours ? "row where libdw has none" : "";
+  if (!ours) return "no row where libdw has one";
+  if (row.cfa_base == UnwindRow::CfaBase::kUndefined) {
+    ++counts->unrepresentable;
+    // Only acceptable when libdw's rule is beyond a row too.
+    bool beyond = !ref.cfa_is_reg || ref.signal_frame || (ref.cfa_reg != 6 && ref.cfa_reg != 7) ||
+                  ref.ra_kind == 2 || ref.ra_kind == 3 || ref.fp_kind == 3;
+    return beyond ? "" : "marked unrepresentable but libdw has a plain rule";
+  }
+  if (!ref.cfa_is_reg) {
+    // The PLT expression: rsp + 8 + ((pc & 15) >= 11) * 8.
+    if (ref.cfa_expr.empty()) return "libdw gave no CFA";
+    ++counts->plt_rows;
+    int64_t expected = 8 + ((pc & 15) >= 11 ? 8 : 0);
+    if (row.cfa_base != UnwindRow::CfaBase::kSp || row.cfa_offset != expected) {
+      return "PLT row mismatch: " + std::to_string(row.cfa_offset) + " expr " + ref.cfa_expr;
+    }
+  } else {
+    ++counts->rows;
+    UnwindRow::CfaBase base = ref.cfa_reg == 7 ? UnwindRow::CfaBase::kSp : UnwindRow::CfaBase::kFp;
+    if (row.cfa_base != base || row.cfa_offset != ref.cfa_offset) {
+      return "CFA mismatch: ours " + std::to_string(row.cfa_offset) + " libdw r" +
+             std::to_string(ref.cfa_reg) + "+" + std::to_string(ref.cfa_offset);
+    }
+  }
+  if (ref.ra_kind == 0) {
+    if (row.ra_rule != UnwindRow::RaRule::kUndefined) return "RA should be undefined";
+  } else if (row.ra_rule != UnwindRow::RaRule::kAtCfaOffset || row.ra_offset != ref.ra_offset) {
+    return "RA mismatch";
+  }
+  if (ref.fp_kind == 1) {
+    if (row.fp_rule != UnwindRow::FpRule::kAtCfaOffset || row.fp_offset != ref.fp_offset) return "rbp mismatch";
+  } else if (row.fp_rule != UnwindRow::FpRule::kSame) {
+    return "rbp should be unchanged";
+  }
+  return "";
+}
+
+void CompareModule(const std::string& path, CompareCounts* counts, CfiStats* stats_out) {
+  auto elf = elf::ElfFile::Open(path);
+  ASSERT_TRUE(elf.ok()) << elf.status();
+  auto table = CfiTable::Build(**elf);
+  ASSERT_TRUE(table.ok()) << table.status();
+  *stats_out = (*table)->stats();
+
+  elf_version(EV_CURRENT);
+  int fd = open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  Elf* e = elf_begin(fd, ELF_C_READ_MMAP, nullptr);
+  ASSERT_NE(e, nullptr);
+  Dwarf_CFI* cfi = dwarf_getcfi_elf(e);
+  ASSERT_NE(cfi, nullptr);
+
+  std::vector<elf::AddressRange> fdes = elf::FdeRanges(**elf);
+  // .plt (not always covered by an FDE in FdeRanges' sense: it is, via its expression FDE).
+  int mismatches = 0;
+  for (size_t i = 0; i < fdes.size(); ++i) {
+    const elf::AddressRange& f = fdes[i];
+    uint64_t len = f.end - f.start;
+    for (uint64_t off = 0; off < len; off += (off < 48 || len - off < 24) ? 1 : 7) {
+      uint64_t pc = f.start + off;
+      Reference ref = QueryLibdw(cfi, pc);
+      std::string diff = Compare(**table, ref, pc, counts);
+      if (!diff.empty() && ++mismatches <= 10) {
+        ADD_FAILURE() << path << " pc 0x" << std::hex << pc << ": " << diff;
+      }
+    }
+    // Just past the end: a gap unless the next FDE starts there.
+    if (i + 1 < fdes.size() && fdes[i + 1].start > f.end) {
+      UnwindRow row;
+      EXPECT_FALSE((*table)->FindRow(f.end, true, &row)) << std::hex << f.end;
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+  elf_end(e);
+  close(fd);
+}
+
+TEST(CfiTableTest, SelfMatchesLibdw) {
+  CompareCounts counts;
+  CfiStats stats;
+  CompareModule("/proc/self/exe", &counts, &stats);
+  EXPECT_GT(counts.rows, 10000);
+  EXPECT_GT(counts.plt_rows, 0) << "lazy-binding .plt expression not seen";
+  EXPECT_EQ(stats.bad_records, 0u);
+  EXPECT_EQ(stats.bad_instructions, 0u);
+  std::cout << "self: " << stats.ToString() << "\n";
+}
+
+TEST(CfiTableTest, LibcMatchesLibdw) {
+  std::string libc = LibPath("libc.so");
+  ASSERT_FALSE(libc.empty());
+  CompareCounts counts;
+  CfiStats stats;
+  CompareModule(libc, &counts, &stats);
+  EXPECT_GT(counts.rows, 50000);
+  EXPECT_GT(stats.signal_frames, 0u) << "__restore_rt is a signal frame";
+  EXPECT_EQ(stats.bad_records, 0u);
+  std::cout << "libc: " << stats.ToString() << " unrepresentable pcs sampled "
+            << counts.unrepresentable << "\n";
+}
+
+TEST(CfiTableTest, CallerLookupUsesPcMinusOne) {
+  auto elf = elf::ElfFile::Open("/proc/self/exe");
+  ASSERT_TRUE(elf.ok());
+  auto table = CfiTable::Build(**elf);
+  ASSERT_TRUE(table.ok());
+  std::vector<elf::AddressRange> fdes = elf::FdeRanges(**elf);
+  // At an FDE's first byte a return address belongs to the previous function (or nothing).
+  int checked = 0;
+  for (const elf::AddressRange& f : fdes) {
+    UnwindRow inner, caller, last;
+    ASSERT_TRUE((*table)->FindRow(f.start, true, &inner));
+    bool prev = (*table)->FindRowUncached(f.start - 1, true, &last);
+    bool got = (*table)->FindRow(f.start, false, &caller);
+    ASSERT_EQ(got, prev);
+    if (got) {
+      EXPECT_EQ(caller.cfa_offset, last.cfa_offset);
+    }
+    if (++checked > 200) break;
+  }
+}
+
+TEST(CfiTableTest, FactoryRejectsUnsupportedArchitecture) {
+  auto elf = elf::ElfFile::Open("/proc/self/exe");
+  ASSERT_TRUE(elf.ok());
+  auto arch = ArchOf(**elf);
+  ASSERT_TRUE(arch.ok());
+  EXPECT_EQ(*arch, Arch::kX86_64);
+  auto rules = MakeRuleSource(Arch::kX86_64, **elf);
+  EXPECT_TRUE(rules.ok()) << rules.status();
+#ifndef STRATA_HAVE_MIPS64_RULES
+  auto mips = MakeRuleSource(Arch::kMips64El, **elf);
+  ASSERT_FALSE(mips.ok());
+  EXPECT_NE(mips.status().message().find("unsupported architecture"), std::string::npos);
+#endif
+}
+
+TEST(CfiTableTest, CorruptCfiNeverCrashes) {
+  std::ifstream in(LibPath("libc.so"), std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string original = ss.str();
+  auto parsed = elf::ElfFile::FromBytes(original);
+  ASSERT_TRUE(parsed.ok());
+  const elf::Section* eh = (*parsed)->FindSection(".eh_frame");
+  const elf::Section* hdr = (*parsed)->FindSection(".eh_frame_hdr");
+  ASSERT_TRUE(eh != nullptr && hdr != nullptr);
+  uint64_t state = 7;
+  for (int iter = 0; iter < 30; ++iter) {
+    std::string bytes = original;
+    for (int k = 0; k < 64; ++k) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      const elf::Section* s = (state >> 63) ? eh : hdr;
+      bytes[s->offset + (state >> 20) % s->size] = static_cast<char>(state >> 8);
+    }
+    auto elf = elf::ElfFile::FromBytes(std::move(bytes));
+    ASSERT_TRUE(elf.ok());
+    auto table = CfiTable::Build(**elf);
+    if (!table.ok()) continue;
+    UnwindRow row;
+    for (uint64_t pc = 0x20000; pc < 0x40000; pc += 97) (*table)->FindRow(pc, true, &row);
+  }
+}
+
+}  // namespace
+}  // namespace strata::unwind::x86_64
