@@ -103,7 +103,35 @@ class ScopePrefixExtractor : public rocksdb::SliceTransform {
   }
 };
 
+class RetentionFilter : public rocksdb::CompactionFilter {
+ public:
+  RetentionFilter(int64_t retention_ms, std::function<int64_t()> now_ms)
+      : retention_ms_(retention_ms), now_ms_(std::move(now_ms)) {}
+
+  const char* Name() const override { return "strata.Retention"; }
+
+  Decision FilterV2(int level, const rocksdb::Slice& key, ValueType value_type,
+                    const rocksdb::Slice& existing_value, std::string* new_value,
+                    std::string* skip_until) const override {
+    if (value_type != kValue && value_type != kMergeOperand) return Decision::kKeep;
+    auto cell = codec::DecodeCellKey(std::string_view(key.data(), key.size()));
+    if (!cell.ok()) return Decision::kKeep;
+    int64_t cutoff = now_ms_() - retention_ms_;
+    return cutoff > 0 && cell->window_start_ms < static_cast<uint64_t>(cutoff) ? Decision::kRemove
+                                                                             : Decision::kKeep;
+  }
+
+ private:
+  const int64_t retention_ms_;
+  const std::function<int64_t()> now_ms_;
+};
+
 }  // namespace
+
+std::unique_ptr<rocksdb::CompactionFilter> NewRetentionFilter(int64_t retention_ms,
+                                                              std::function<int64_t()> now_ms) {
+  return std::make_unique<RetentionFilter>(retention_ms, std::move(now_ms));
+}
 
 std::shared_ptr<rocksdb::MergeOperator> NewCountAddOperator(
     std::shared_ptr<std::atomic<uint64_t>> malformed) {

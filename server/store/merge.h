@@ -11,6 +11,9 @@
 #include <cstdint>
 #include <memory>
 
+#include <functional>
+
+#include "rocksdb/compaction_filter.h"
 #include "rocksdb/merge_operator.h"
 #include "rocksdb/slice_transform.h"
 
@@ -26,6 +29,11 @@ std::shared_ptr<rocksdb::MergeOperator> NewServiceSummaryOperator(
 
 // Prefix = key up to and including its first '\0' (the service or capture ID of a cell).
 std::shared_ptr<const rocksdb::SliceTransform> NewScopePrefixExtractor();
+
+// Drops cells (values and merge operands) whose window start is older than
+// now_ms() - retention_ms. Keys that do not parse as cells are kept.
+std::unique_ptr<rocksdb::CompactionFilter> NewRetentionFilter(int64_t retention_ms,
+                                                              std::function<int64_t()> now_ms);
 
 }  // namespace strata::store
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 
 #include "absl/container/flat_hash_map.h"
@@ -21,8 +22,10 @@
 namespace strata::store {
 namespace {
 
-constexpr std::array<const char*, 6> kColumnNames = {"stacks",   "functions", "samples",
-                                                     "captures", "services",  "meta"};
+constexpr std::array<const char*, 8> kColumnNames = {
+    "stacks", "functions", "samples", "captures", "services", "meta", "rollup_1m", "rollup_1h"};
+constexpr int64_t kMinuteMs = 60'000;
+constexpr int64_t kHourMs = 3'600'000;
 constexpr size_t kNumColumns = kColumnNames.size();
 constexpr uint32_t kMaxProbes = 64;
 constexpr size_t kInternShards = 16;
@@ -109,6 +112,14 @@ void WriteBatch::AddSamples(std::string_view service, int64_t window_start_ms,
   }
   rep_->Add(Column::kSamples, Rep::OpType::kMerge,
             codec::EncodeCellKey(service, window_start_ms, host, stack_id),
+            codec::EncodeCount(count));
+  rep_->Add(Column::kRollupMinute, Rep::OpType::kMerge,
+            codec::EncodeCellKey(service, window_start_ms - window_start_ms % kMinuteMs, host,
+                                 stack_id),
+            codec::EncodeCount(count));
+  rep_->Add(Column::kRollupHour, Rep::OpType::kMerge,
+            codec::EncodeCellKey(service, window_start_ms - window_start_ms % kHourMs, host,
+                                 stack_id),
             codec::EncodeCount(count));
   auto [it, inserted] = rep_->services.try_emplace(std::string(service));
   ServiceSummary& s = it->second;
@@ -270,6 +281,8 @@ struct Store::Impl {
   std::unique_ptr<InternTable> stacks;
   std::unique_ptr<InternTable> functions;
   std::array<absl::Mutex, kSequenceStripes> sequence_mu;
+  // Referenced by the column family options; must outlive the DB.
+  std::vector<std::unique_ptr<rocksdb::CompactionFilter>> retention_filters;
   std::mutex close_mu;
   bool closed = false;
   absl::Status close_status;
@@ -407,6 +420,48 @@ struct Store::Impl {
     return FromRocks(db->Write(wo, &wb));
   }
 
+  // Cells of `scope` in column `column` with window in [from, to) (0 <= from < to),
+  // filtered by query.host.
+  absl::Status ScanCells(Column column, const std::string& scope, int64_t from, int64_t to,
+                         const SampleQuery& query,
+                         const std::function<void(const SampleKey&, uint64_t)>& fn) {
+    std::string upper_key = codec::CellPrefix(scope, static_cast<uint64_t>(to));
+    rocksdb::Slice upper(upper_key);
+    rocksdb::ReadOptions ro;
+    ro.iterate_upper_bound = &upper;
+    ro.prefix_same_as_start = true;
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro, cf(column)));
+
+    SampleKey key;
+    key.service = query.service;
+    it->Seek(codec::CellPrefix(scope, static_cast<uint64_t>(from)));
+    while (it->Valid()) {
+      absl::StatusOr<codec::CellKey> cell = codec::DecodeCellKey(View(it->key()));
+      if (!cell.ok()) return cell.status();
+      if (cell->scope != scope) return absl::DataLossError("sample key outside its prefix");
+      if (query.host && cell->host != *query.host) {
+        // Skip to the wanted host in this window, or to the next window once past it.
+        if (cell->host < *query.host) {
+          std::string target = codec::CellPrefix(scope, cell->window_start_ms);
+          target.append(*query.host);
+          target.push_back('\0');
+          it->Seek(target);
+        } else {
+          it->Seek(codec::CellPrefix(scope, cell->window_start_ms + 1));
+        }
+        continue;
+      }
+      absl::StatusOr<uint64_t> count = codec::DecodeCount(View(it->value()));
+      if (!count.ok()) return count.status();
+      key.window_start_ms = static_cast<int64_t>(cell->window_start_ms);
+      key.host.assign(cell->host);
+      key.stack_id = cell->stack_id;
+      fn(key, *count);
+      it->Next();
+    }
+    return FromRocks(it->status());
+  }
+
   // Iterates [begin, end) of a column family; `fn` returns false to stop early.
   absl::Status Scan(Column column, const std::string& begin, const std::string& end,
                     const std::function<absl::Status(std::string_view key, std::string_view value)>& fn) {
@@ -466,10 +521,27 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
     cf_options.compression = hot;
     cf_options.bottommost_compression = cold;
     Column column = static_cast<Column>(i);
-    bool cells = column == Column::kSamples || column == Column::kCaptures;
+    int64_t retention_ms = column == Column::kSamples        ? options.raw_retention_ms
+                           : column == Column::kRollupMinute ? options.minute_retention_ms
+                           : column == Column::kRollupHour   ? options.hour_retention_ms
+                                                             : 0;
+    bool cells = column == Column::kSamples || column == Column::kCaptures ||
+                 column == Column::kRollupMinute || column == Column::kRollupHour;
     if (cells) {
       cf_options.merge_operator = NewCountAddOperator(impl->malformed);
       cf_options.prefix_extractor = NewScopePrefixExtractor();
+    }
+    if (retention_ms > 0) {
+      std::function<int64_t()> now = options.now_ms_for_testing;
+      if (!now) {
+        now = [] {
+          return std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::system_clock::now().time_since_epoch())
+              .count();
+        };
+      }
+      impl->retention_filters.push_back(NewRetentionFilter(retention_ms, std::move(now)));
+      cf_options.compaction_filter = impl->retention_filters.back().get();
     } else if (column == Column::kServices) {
       cf_options.merge_operator = NewServiceSummaryOperator(impl->malformed);
     }
@@ -563,46 +635,53 @@ absl::Status Store::ScanSamples(const SampleQuery& query,
   if (query.host && !ValidKeyPart(*query.host)) {
     return absl::InvalidArgumentError("host must not contain NUL");
   }
-  uint64_t from = static_cast<uint64_t>(std::max<int64_t>(query.from_ms, 0));
-  if (query.to_ms <= 0 || static_cast<uint64_t>(query.to_ms) <= from) return absl::OkStatus();
-  uint64_t to = static_cast<uint64_t>(query.to_ms);
-
-  Column column = query.capture_id ? Column::kCaptures : Column::kSamples;
-  std::string upper_key = codec::CellPrefix(scope, to);
-  rocksdb::Slice upper(upper_key);
-  rocksdb::ReadOptions ro;
-  ro.iterate_upper_bound = &upper;
-  ro.prefix_same_as_start = true;
-  std::unique_ptr<rocksdb::Iterator> it(impl_->db->NewIterator(ro, impl_->cf(column)));
-
-  SampleKey key;
-  key.service = query.service;
-  it->Seek(codec::CellPrefix(scope, from));
-  while (it->Valid()) {
-    absl::StatusOr<codec::CellKey> cell = codec::DecodeCellKey(View(it->key()));
-    if (!cell.ok()) return cell.status();
-    if (cell->scope != scope) return absl::DataLossError("sample key outside its prefix");
-    if (query.host && cell->host != *query.host) {
-      // Skip to the wanted host in this window, or to the next window once past it.
-      if (cell->host < *query.host) {
-        std::string target = codec::CellPrefix(scope, cell->window_start_ms);
-        target.append(*query.host);
-        target.push_back('\0');
-        it->Seek(target);
-      } else {
-        it->Seek(codec::CellPrefix(scope, cell->window_start_ms + 1));
-      }
-      continue;
-    }
-    absl::StatusOr<uint64_t> count = codec::DecodeCount(View(it->value()));
-    if (!count.ok()) return count.status();
-    key.window_start_ms = static_cast<int64_t>(cell->window_start_ms);
-    key.host.assign(cell->host);
-    key.stack_id = cell->stack_id;
-    fn(key, *count);
-    it->Next();
+  int64_t from = std::max<int64_t>(query.from_ms, 0);
+  int64_t to = query.to_ms;
+  if (to <= from) return absl::OkStatus();
+  if (query.capture_id) return impl_->ScanCells(Column::kCaptures, scope, from, to, query, fn);
+  switch (query.resolution) {
+    case Resolution::kRaw:
+      return impl_->ScanCells(Column::kSamples, scope, from, to, query, fn);
+    case Resolution::kMinute:
+      return impl_->ScanCells(Column::kRollupMinute, scope, from, to, query, fn);
+    case Resolution::kHour:
+      return impl_->ScanCells(Column::kRollupHour, scope, from, to, query, fn);
+    case Resolution::kAuto:
+      break;
   }
-  return FromRocks(it->status());
+  // Pieces in ascending time order: raw head, minute head, whole hours, minute tail, raw tail.
+  struct Piece {
+    Column column;
+    int64_t from, to;
+  };
+  auto round_up = [](int64_t v, int64_t unit) { return (v + unit - 1) / unit * unit; };
+  auto round_down = [](int64_t v, int64_t unit) { return v / unit * unit; };
+  std::vector<Piece> pieces;
+  // Splits [a, b) into raw edges around whole minutes.
+  auto add_minutes = [&](int64_t a, int64_t b) {
+    int64_t ms = round_up(a, kMinuteMs), me = round_down(b, kMinuteMs);
+    if (ms >= me) {
+      pieces.push_back({Column::kSamples, a, b});
+      return;
+    }
+    pieces.push_back({Column::kSamples, a, ms});
+    pieces.push_back({Column::kRollupMinute, ms, me});
+    pieces.push_back({Column::kSamples, me, b});
+  };
+  int64_t hs = round_up(from, kHourMs), he = round_down(to, kHourMs);
+  if (hs < he) {
+    add_minutes(from, hs);
+    pieces.push_back({Column::kRollupHour, hs, he});
+    add_minutes(he, to);
+  } else {
+    add_minutes(from, to);
+  }
+  for (const Piece& piece : pieces) {
+    if (piece.from >= piece.to) continue;
+    absl::Status s = impl_->ScanCells(piece.column, scope, piece.from, piece.to, query, fn);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StackFrames> Store::GetStack(uint64_t stack_id) {

@@ -14,6 +14,9 @@
 //              (same layout and operator; ad hoc captures stay out of continuous queries)
 //   services   service -> first/last window and total samples (min/max/sum merge operator),
 //              so ListServices reads one small record per service
+//   rollup_1m, rollup_1h
+//              same layout as samples, windows truncated to 1 minute / 1 hour, written by
+//              the same commit; long-range queries read them (Resolution::kAuto)
 //   meta       agents, per-agent applied batch sequence, per-agent call graph records,
 //              phase-change events, capture metadata
 //
@@ -64,6 +67,18 @@ struct SampleKey {
   bool operator==(const SampleKey&) const = default;
 };
 
+// Time resolution of sample cells. Raw windows are expected to divide a minute evenly
+// (e.g. 10 s), so that every raw window lies inside one rollup window.
+enum class Resolution {
+  kRaw,
+  kMinute,
+  kHour,
+  // Coarsest resolutions that exactly cover the range: whole hours from rollup_1h, whole
+  // minutes at the edges from rollup_1m, the rest raw. Keys carry the window start of the
+  // resolution they were read at. Not available for captures (always raw).
+  kAuto,
+};
+
 struct SampleQuery {
   std::string service;
   int64_t from_ms = 0;  // inclusive
@@ -72,6 +87,7 @@ struct SampleQuery {
   // When set, scans the samples of this capture instead of the continuous profile; the
   // returned keys carry `service` as given here.
   std::optional<std::string> capture_id;
+  Resolution resolution = Resolution::kRaw;
 };
 
 struct ServiceSummary {
@@ -153,6 +169,13 @@ struct StoreOptions {
   // Entries of batches not yet committed are never evicted, so the bound can be exceeded
   // by the in-flight working set.
   size_t intern_cache_entries = 1 << 20;
+  // Retention of continuous-profile cells by window start, enforced by compaction (data may
+  // remain readable until compacted); 0 keeps forever. Captures and metadata are kept.
+  int64_t raw_retention_ms = 0;
+  int64_t minute_retention_ms = 0;
+  int64_t hour_retention_ms = 0;
+  // Test hook: clock used by retention, Unix milliseconds.
+  std::function<int64_t()> now_ms_for_testing;
   // Test hook: replaces the content hash used for stack and function IDs so that tests
   // can force collisions. `probe` is 0 for the first candidate, 1, 2, ... after collisions.
   std::function<uint64_t(std::string_view identity, uint32_t probe)> id_hash_for_testing;
@@ -166,7 +189,16 @@ struct StoreStats {
 };
 
 // Column families, for tests and tools that need raw access.
-enum class Column { kStacks, kFunctions, kSamples, kCaptures, kServices, kMeta };
+enum class Column {
+  kStacks,
+  kFunctions,
+  kSamples,
+  kCaptures,
+  kServices,
+  kMeta,
+  kRollupMinute,
+  kRollupHour
+};
 
 class Store;
 
@@ -240,6 +272,7 @@ class Store {
   absl::StatusOr<uint64_t> AppliedSequence(std::string_view agent_id);
 
   // Calls `fn` for every cell matching `query`, in key order (window, host, stack).
+  // With Resolution::kAuto, windows still ascend but a stack repeats once per piece.
   absl::Status ScanSamples(const SampleQuery& query,
                            const std::function<void(const SampleKey&, uint64_t count)>& fn);
 

@@ -504,6 +504,77 @@ TEST_F(StoreTest, ContentIdIsStable) {
   EXPECT_NE(codec::ContentId("abc", 0), codec::ContentId("abd", 0));
 }
 
+TEST_F(StoreTest, AutoResolutionMatchesRawTotalsAndUsesRollups) {
+  constexpr int64_t kMin = 60'000, kHour = 3'600'000;
+  WriteBatch batch;
+  // 10 s windows across three hours, two hosts, a few stacks.
+  for (int64_t w = 0; w < 3 * kHour; w += 10'000) {
+    batch.AddSamples("svc", w, (w / 10'000) % 2 ? "a" : "b", 1 + (w / 10'000) % 3, 1 + w % 7);
+  }
+  CommitOk(&batch);
+  for (auto [from, to] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, 3 * kHour}, {25'000, 2 * kHour + 95'000}, {kHour - 10'000, kHour + 130'000},
+           {30'000, 50'000}, {kMin, 2 * kMin}}) {
+    for (std::optional<std::string> host : {std::optional<std::string>(), std::optional<std::string>("a")}) {
+      std::map<uint64_t, uint64_t> raw, auto_totals;
+      int64_t last_window = -1;
+      ASSERT_TRUE(store_
+                      ->ScanSamples({"svc", from, to, host, std::nullopt, Resolution::kRaw},
+                                    [&](const SampleKey& k, uint64_t c) { raw[k.stack_id] += c; })
+                      .ok());
+      size_t auto_cells = 0;
+      ASSERT_TRUE(store_
+                      ->ScanSamples({"svc", from, to, host, std::nullopt, Resolution::kAuto},
+                                    [&](const SampleKey& k, uint64_t c) {
+                                      EXPECT_GE(k.window_start_ms, last_window);
+                                      last_window = k.window_start_ms;
+                                      if (host) EXPECT_EQ(k.host, *host);
+                                      auto_totals[k.stack_id] += c;
+                                      ++auto_cells;
+                                    })
+                      .ok());
+      EXPECT_EQ(raw, auto_totals) << from << ".." << to;
+      if (from == 0 && to == 3 * kHour) {
+        EXPECT_LE(auto_cells, 3u * 2 * 3);  // three hour windows, at most 2 hosts x 3 stacks
+      }
+    }
+  }
+  std::map<int64_t, uint64_t> hours;
+  ASSERT_TRUE(store_
+                  ->ScanSamples({"svc", 0, 3 * kHour, std::nullopt, std::nullopt, Resolution::kHour},
+                                [&](const SampleKey& k, uint64_t c) { hours[k.window_start_ms] += c; })
+                  .ok());
+  EXPECT_EQ(hours.size(), 3u);
+  EXPECT_TRUE(hours.contains(kHour) && hours.contains(2 * kHour));
+}
+
+TEST_F(StoreTest, RetentionDropsOldCellsPerResolution) {
+  constexpr int64_t kHour = 3'600'000;
+  options_.now_ms_for_testing = [] { return 10 * kHour; };
+  options_.raw_retention_ms = 2 * kHour;
+  options_.minute_retention_ms = 5 * kHour;
+  Reopen();
+  WriteBatch batch;
+  batch.AddSamples("svc", 1 * kHour, "h", 1, 5);   // beyond raw and minute retention
+  batch.AddSamples("svc", 6 * kHour, "h", 1, 7);   // beyond raw retention only
+  batch.AddSamples("svc", 9 * kHour, "h", 1, 11);  // kept everywhere
+  CommitOk(&batch);
+  ASSERT_TRUE(store_->CompactAll().ok());
+  auto windows = [&](Resolution r) {
+    std::map<int64_t, uint64_t> out;
+    EXPECT_TRUE(store_
+                    ->ScanSamples({"svc", 0, 11 * kHour, std::nullopt, std::nullopt, r},
+                                  [&](const SampleKey& k, uint64_t c) { out[k.window_start_ms] += c; })
+                    .ok());
+    return out;
+  };
+  EXPECT_EQ(windows(Resolution::kRaw), (std::map<int64_t, uint64_t>{{9 * kHour, 11}}));
+  EXPECT_EQ(windows(Resolution::kMinute),
+            (std::map<int64_t, uint64_t>{{6 * kHour, 7}, {9 * kHour, 11}}));
+  EXPECT_EQ(windows(Resolution::kHour),
+            (std::map<int64_t, uint64_t>{{1 * kHour, 5}, {6 * kHour, 7}, {9 * kHour, 11}}));
+}
+
 TEST_F(StoreTest, BytesOnDiskGrowsWithData) {
   uint64_t before = store_->ApproximateBytesOnDisk();
   WriteBatch batch;
