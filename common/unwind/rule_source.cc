@@ -22,6 +22,13 @@ absl::StatusOr<Arch> ArchOf(const elf::ElfFile& elf) {
 }
 
 absl::StatusOr<std::unique_ptr<RuleSource>> MakeRuleSource(Arch arch, const elf::ElfFile& elf) {
+  absl::StatusOr<Arch> file_arch = ArchOf(elf);
+  if (!file_arch.ok()) return file_arch.status();
+  if (*file_arch != arch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("architecture mismatch: module is ", std::string(ArchName(*file_arch)),
+                     ", expected ", std::string(ArchName(arch))));
+  }
   switch (arch) {
     case Arch::kX86_64: {
       absl::StatusOr<std::unique_ptr<x86_64::CfiTable>> table = x86_64::CfiTable::Build(elf);

@@ -52,8 +52,9 @@ void DecodeRegister(Dwarf_Frame* frame, int regno, int* kind, int64_t* offset) {
   size_t nops = 0;
   int rc = dwarf_frame_register(frame, regno, ops_mem, &ops, &nops);
   *offset = 0;
-  if (rc != 0) { *kind = 3; return; }  // value rule or error
-  if (nops == 0) { *kind = ops == nullptr ? 0 : 2; return; }
+  if (rc != 0) { *kind = 3 + rc * 10; return; }  // value rule or error
+  // libdw: undefined leaves *ops pointing at ops_mem; "same value" sets it to NULL.
+  if (nops == 0) { *kind = ops == nullptr ? 2 : 0; return; }
   if (ops[0].atom != DW_OP_call_frame_cfa) { *kind = 3; return; }
   if (nops == 1) { *kind = 1; return; }
   if (nops == 2 && ops[1].atom == DW_OP_plus_uconst) {
@@ -134,7 +135,7 @@ std::string Compare(const CfiTable& table, const Reference& ref, uint64_t pc, Co
   if (ref.ra_kind == 0) {
     if (row.ra_rule != UnwindRow::RaRule::kUndefined) return "RA should be undefined";
   } else if (row.ra_rule != UnwindRow::RaRule::kAtCfaOffset || row.ra_offset != ref.ra_offset) {
-    return "RA mismatch";
+    return "RA mismatch: libdw kind " + std::to_string(ref.ra_kind) + " ours " + std::to_string(static_cast<int>(row.ra_rule));
   }
   if (ref.fp_kind == 1) {
     if (row.fp_rule != UnwindRow::FpRule::kAtCfaOffset || row.fp_offset != ref.fp_offset) return "rbp mismatch";
@@ -237,11 +238,23 @@ TEST(CfiTableTest, FactoryRejectsUnsupportedArchitecture) {
   EXPECT_EQ(*arch, Arch::kX86_64);
   auto rules = MakeRuleSource(Arch::kX86_64, **elf);
   EXPECT_TRUE(rules.ok()) << rules.status();
-#ifndef STRATA_HAVE_MIPS64_RULES
   auto mips = MakeRuleSource(Arch::kMips64El, **elf);
   ASSERT_FALSE(mips.ok());
-  EXPECT_NE(mips.status().message().find("unsupported architecture"), std::string::npos);
-#endif
+  EXPECT_NE(mips.status().message().find("architecture mismatch"), std::string::npos)
+      << mips.status();
+  // An ELF for another machine (e_machine patched to AArch64).
+  std::ifstream in("/proc/self/exe", std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string bytes = ss.str();
+  bytes[18] = static_cast<char>(183);
+  bytes[19] = 0;
+  auto other = elf::ElfFile::FromBytes(bytes);
+  ASSERT_TRUE(other.ok());
+  auto unsupported = MakeRuleSource(Arch::kX86_64, **other);
+  ASSERT_FALSE(unsupported.ok());
+  EXPECT_NE(unsupported.status().message().find("unsupported architecture"), std::string::npos)
+      << unsupported.status();
 }
 
 TEST(CfiTableTest, CorruptCfiNeverCrashes) {
