@@ -42,6 +42,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <span>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -107,7 +108,7 @@ struct PhaseChange {
 
 // Cumulative counters; subtract two snapshots to measure an interval.
 struct TableStats {
-  uint64_t updates = 0;           // Add() calls that stored (kUpdated + kInserted)
+  uint64_t updates = 0;           // Add() calls that stored: hits + inserts
   uint64_t hits = 0;              // kUpdated
   uint64_t hit_probe_sum = 0;     // chain position of each hit, head = 1
   uint64_t inserts = 0;           // kInserted
@@ -148,49 +149,52 @@ class SortedTable {
   SortedTable& operator=(const SortedTable&) = delete;
 
   // Adds `count` to `key`'s entry, creating it if there is room. May end a period (and sort).
+  // The hit path is small enough to inline; inserting is out of line.
   AddResult Add(const Key& key, uint64_t count = 1) {
     const uint32_t b = BucketIndex(key);
-    Bucket& bucket = buckets_[b];
-    uint32_t* link = &bucket.head;
     uint32_t position = 1;
-    for (uint32_t i = bucket.head; i != kNil; i = slab_[i].next, ++position) {
+    for (uint32_t i = heads_[b]; i != kNil; i = slab_[i].next, ++position) {
       Entry& e = slab_[i];
-      if (e.key == key) {
+      if (e.key == key) [[likely]] {
         e.count += count;
-        if (e.epoch != epoch_) RollPeriod(e);
-        const uint32_t before = e.period_count;
-        e.period_count = SaturatingAdd(before, count);
-        if (before <= options_.frequency_threshold &&
-            e.period_count > options_.frequency_threshold && position > 1) {
-          QueueForSort(bucket, b);
+        if (e.epoch != epoch_) [[unlikely]] RollPeriod(e);
+        const uint32_t weight = PeriodWeight(count);
+        e.period_count += weight;
+        // True iff the entry just crossed frequency_threshold (period_count >= weight).
+        if (e.period_count - (options_.frequency_threshold + 1) < weight) [[unlikely]] {
+          if (position > 1) QueueForSort(b);
         }
         ++stats_.hits;
         stats_.hit_probe_sum += position;
         EndUpdate(count);
         return AddResult::kUpdated;
       }
-      link = &e.next;
     }
-    if (size_ == options_.max_entries) {
-      ++stats_.full_rejections;
-      return AddResult::kFull;
+    return Insert(key, count, b, position);
+  }
+
+  // Adds items in order, as Add() would, prefetching chains a few items ahead (a batch hides
+  // most cache misses of a table larger than the cache). Returns how many items were stored:
+  // fewer than items.size() means items[returned] found the table full; the owner drains and
+  // calls again with the rest.
+  size_t AddBatch(std::span<const KeyCount<Key>> items) {
+    constexpr size_t kHeadsAhead = 16;  // prefetch the chain head slot this far ahead
+    constexpr size_t kEntryAhead = 8;   // ... and the head entry this far ahead
+    const size_t n = items.size();
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kHeadsAhead < n) __builtin_prefetch(&heads_[BucketIndex(items[i + kHeadsAhead].key)]);
+      if (i + kEntryAhead < n) {
+        const uint32_t head = heads_[BucketIndex(items[i + kEntryAhead].key)];
+        if (head != kNil) __builtin_prefetch(&slab_[head], 1);
+      }
+      if (Add(items[i].key, items[i].count) == AddResult::kFull) return i;
     }
-    const uint32_t i = size_++;
-    slab_[i] = Entry{key, count, kNil, epoch_, SaturatingAdd(0, count), 0};
-    *link = i;
-    ++bucket.depth;
-    if (slab_[i].period_count > options_.frequency_threshold && position > 1) {
-      QueueForSort(bucket, b);
-    }
-    ++stats_.inserts;
-    stats_.insert_probe_sum += position - 1;
-    EndUpdate(count);
-    return AddResult::kInserted;
+    return n;
   }
 
   // Count stored for `key`, if present. Does not count as an access.
   std::optional<uint64_t> Find(const Key& key) const {
-    for (uint32_t i = buckets_[BucketIndex(key)].head; i != kNil; i = slab_[i].next) {
+    for (uint32_t i = heads_[BucketIndex(key)]; i != kNil; i = slab_[i].next) {
       if (slab_[i].key == key) return slab_[i].count;
     }
     return std::nullopt;
@@ -213,7 +217,8 @@ class SortedTable {
 
   // Removes all entries. Period counters, statistics and buffered phase changes are kept.
   void Clear() {
-    std::fill(buckets_.get(), buckets_.get() + bucket_count_, Bucket{kNil, 0});
+    std::fill(heads_.get(), heads_.get() + bucket_count_, kNil);
+    std::fill(depths_.get(), depths_.get() + bucket_count_, 0);
     size_ = 0;
     sort_queue_size_ = 0;
     ++stats_.drains;
@@ -264,7 +269,7 @@ class SortedTable {
   template <typename Fn>
   void ForEachInChain(uint32_t bucket, Fn&& fn) const {
     if (bucket >= bucket_count_) return;
-    for (uint32_t i = buckets_[bucket].head; i != kNil; i = slab_[i].next) {
+    for (uint32_t i = heads_[bucket]; i != kNil; i = slab_[i].next) {
       fn(static_cast<const Key&>(slab_[i].key), slab_[i].count, PeriodCount(slab_[i]));
     }
   }
@@ -276,23 +281,23 @@ class SortedTable {
   // Bytes allocated at construction; constant for the table's lifetime.
   size_t memory_bytes() const { return memory_bytes_; }
   const SortedTableOptions& options() const { return options_; }
-  const TableStats& stats() const { return stats_; }
+  TableStats stats() const {
+    TableStats s = stats_;
+    s.updates = s.hits + s.inserts;
+    return s;
+  }
 
  private:
   static constexpr uint32_t kNil = std::numeric_limits<uint32_t>::max();
-  static constexpr uint32_t kQueuedBit = 1u << 31;  // in Bucket::depth
+  static constexpr uint32_t kQueuedBit = 1u << 31;  // in depths_[bucket]
 
   struct Entry {
     Key key;
     uint64_t count;
     uint32_t next;          // slab index of the next entry in the chain, kNil at the tail
     uint32_t epoch;         // period of the last update; the counters below are as of then
-    uint32_t period_count;  // counts added in period `epoch` (saturating)
+    uint32_t period_count;  // counts added in period `epoch` (see PeriodWeight)
     uint32_t prev_count;    // counts added in period `epoch - 1`
-  };
-  struct Bucket {
-    uint32_t head;   // slab index of the chain head, kNil when empty
-    uint32_t depth;  // chain length; kQueuedBit set while queued for the next sort
   };
   // One entry of a chain being sorted.
   struct SortItem {
@@ -341,7 +346,8 @@ class SortedTable {
         std::min<uint64_t>({per_period, options_.max_entries, bucket_count_}));
     scratch_capacity_ = static_cast<uint32_t>(std::min<uint64_t>(per_period, options_.max_entries));
 
-    buckets_ = std::make_unique_for_overwrite<Bucket[]>(bucket_count_);
+    heads_ = std::make_unique_for_overwrite<uint32_t[]>(bucket_count_);
+    depths_ = std::make_unique_for_overwrite<uint32_t[]>(bucket_count_);
     slab_ = std::make_unique_for_overwrite<Entry[]>(options_.max_entries);
     if (options_.sorting) {
       sort_queue_ = std::make_unique_for_overwrite<uint32_t[]>(sort_capacity_);
@@ -350,7 +356,7 @@ class SortedTable {
       phase_changes_ =
           std::make_unique_for_overwrite<PhaseChange<Key>[]>(options_.max_phase_changes);
     }
-    memory_bytes_ = sizeof(Bucket) * bucket_count_ + sizeof(Entry) * options_.max_entries;
+    memory_bytes_ = 2 * sizeof(uint32_t) * bucket_count_ + sizeof(Entry) * options_.max_entries;
     if (options_.sorting) {
       memory_bytes_ += sizeof(uint32_t) * sort_capacity_ +
                        2 * sizeof(SortItem) * scratch_capacity_ +
@@ -358,10 +364,34 @@ class SortedTable {
     }
     Clear();
     stats_.drains = 0;
+    period_left_ = options_.period;
   }
 
-  static uint32_t SaturatingAdd(uint32_t a, uint64_t b) {
-    return static_cast<uint32_t>(std::min<uint64_t>(uint64_t{a} + b, kNil));
+  // Appends `key` at the tail of chain `b` (which has position - 1 entries): new keys start
+  // cold, behind the sorted ones.
+  [[gnu::noinline]] AddResult Insert(const Key& key, uint64_t count, uint32_t b,
+                                     uint32_t position) {
+    if (size_ == options_.max_entries) {
+      ++stats_.full_rejections;
+      return AddResult::kFull;
+    }
+    uint32_t* link = &heads_[b];
+    while (*link != kNil) link = &slab_[*link].next;
+    const uint32_t i = size_++;
+    slab_[i] = Entry{key, count, kNil, epoch_, PeriodWeight(count), 0};
+    *link = i;
+    ++depths_[b];
+    if (slab_[i].period_count > options_.frequency_threshold && position > 1) QueueForSort(b);
+    ++stats_.inserts;
+    stats_.insert_probe_sum += position - 1;
+    EndUpdate(count);
+    return AddResult::kInserted;
+  }
+
+  // What an Add of `count` adds to the period counter. Cannot overflow it: the counts of a
+  // period before its last Add sum to less than period <= 2^31, and the last adds <= 2^31.
+  static uint32_t PeriodWeight(uint64_t count) {
+    return static_cast<uint32_t>(std::min<uint64_t>(count, uint64_t{1} << 31));
   }
 
   // Counters of an entry last updated in an earlier period, brought to the current one.
@@ -376,37 +406,38 @@ class SortedTable {
     return e.epoch + 1 == epoch_ ? e.period_count : 0;
   }
 
-  void QueueForSort(Bucket& bucket, uint32_t b) {
-    if (!options_.sorting || (bucket.depth & kQueuedBit) != 0 ||
-        bucket.depth <= options_.depth_threshold || sort_queue_size_ == sort_capacity_) {
+  void QueueForSort(uint32_t b) {
+    uint32_t& depth = depths_[b];
+    if (!options_.sorting || (depth & kQueuedBit) != 0 || depth <= options_.depth_threshold ||
+        sort_queue_size_ == sort_capacity_) {
       return;
     }
-    bucket.depth |= kQueuedBit;
+    depth |= kQueuedBit;
     sort_queue_[sort_queue_size_++] = b;
   }
 
   void EndUpdate(uint64_t count) {
-    ++stats_.updates;
-    counts_this_period_ += count;
-    if (counts_this_period_ >= options_.period) EndPeriod();
+    // Counts above 2^62 end the period at once like any count >= period.
+    period_left_ -= static_cast<int64_t>(std::min<uint64_t>(count, uint64_t{1} << 62));
+    if (period_left_ <= 0) [[unlikely]] EndPeriod();
   }
 
-  void EndPeriod() {
+  [[gnu::noinline]] void EndPeriod() {
     for (uint32_t q = 0; q < sort_queue_size_; ++q) {
-      Bucket& bucket = buckets_[sort_queue_[q]];
-      bucket.depth &= ~kQueuedBit;
-      SortChain(bucket);
+      const uint32_t b = sort_queue_[q];
+      depths_[b] &= ~kQueuedBit;
+      SortChain(b);
     }
     sort_queue_size_ = 0;
-    counts_this_period_ = 0;
+    period_left_ = options_.period;
     ++stats_.periods;
     ++epoch_;
   }
 
   // Hot entries to the front in descending period count (ties keep their order), the rest
   // behind in their original order; records phase changes among the moved pairs.
-  void SortChain(Bucket& bucket) {
-    if (bucket.depth <= options_.depth_threshold) return;
+  void SortChain(uint32_t b) {
+    if (depths_[b] <= options_.depth_threshold) return;
     const uint32_t threshold = options_.frequency_threshold;
     uint32_t hot = 0;
     uint32_t fallers = 0;
@@ -415,7 +446,7 @@ class SortedTable {
     uint32_t position = 0;
     uint32_t cold_seen = 0;
     uint32_t cold_before_last_hot = 0;
-    for (uint32_t i = bucket.head; i != kNil; ++position) {
+    for (uint32_t i = heads_[b]; i != kNil; ++position) {
       Entry& e = slab_[i];
       const uint32_t next = e.next;
       const uint32_t count = PeriodCount(e);
@@ -439,7 +470,7 @@ class SortedTable {
     });
 
     // Relink: hot group, then the cold chain. Count entries whose position changed.
-    uint32_t* link = &bucket.head;
+    uint32_t* link = &heads_[b];
     for (uint32_t r = 0; r < hot; ++r) {
       hot_[r].rank = r;
       *link = hot_[r].index;
@@ -480,7 +511,7 @@ class SortedTable {
           continue;
         }
         phase_changes_[phase_change_count_++] = PhaseChange<Key>{
-            stats_.updates, epoch_,       xe.key, x.count, static_cast<uint32_t>(x_prev),
+            stats_.hits + stats_.inserts, epoch_,       xe.key, x.count, static_cast<uint32_t>(x_prev),
             ye.key,         y.count,      static_cast<uint32_t>(y_prev)};
       }
     }
@@ -492,8 +523,11 @@ class SortedTable {
   int bucket_shift_ = 0;
   uint32_t size_ = 0;
   uint32_t epoch_ = 0;
-  uint64_t counts_this_period_ = 0;
-  std::unique_ptr<Bucket[]> buckets_;
+  int64_t period_left_ = 0;  // counts until the current period ends
+  // Chain heads (slab index, kNil when empty) apart from the chain lengths: the hot path
+  // reads only heads_, so more of it stays in cache.
+  std::unique_ptr<uint32_t[]> heads_;
+  std::unique_ptr<uint32_t[]> depths_;  // chain length | kQueuedBit while queued
   std::unique_ptr<Entry[]> slab_;
   uint32_t sort_capacity_ = 0;
   uint32_t sort_queue_size_ = 0;

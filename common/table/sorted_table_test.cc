@@ -6,6 +6,7 @@
 #include <map>
 #include <new>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -142,6 +143,46 @@ TEST(SortedTableTest, ConservesCountsUnderForcedFlushes) {
     EXPECT_GT(table.stats().chains_sorted, 0u);
     EXPECT_EQ(drained, added);
   }
+}
+
+// AddBatch stops at the first item that finds the table full; resuming after a drain
+// conserves every count and leaves the same contents as item-by-item Add().
+TEST(SortedTableTest, AddBatchStopsWhenFullAndMatchesAdd) {
+  const SortedTableOptions options{.max_entries = 100, .bucket_count = 16, .period = 64,
+                                   .frequency_threshold = 3};
+  CountTable batched = MakeTable(options);
+  CountTable single = MakeTable(options);
+  std::mt19937_64 rng(3);
+  std::vector<KeyCount<uint64_t>> items(5000);
+  for (KeyCount<uint64_t>& item : items) item = {rng() % 150 * 0x9e3779b97f4a7c15ull, rng() % 3 + 1};
+  std::map<uint64_t, uint64_t> added, from_batched, from_single;
+  for (const KeyCount<uint64_t>& item : items) added[item.key] += item.count;
+
+  std::span<const KeyCount<uint64_t>> rest(items);
+  int drains = 0;
+  while (!rest.empty()) {
+    const size_t stored = batched.AddBatch(rest);
+    ASSERT_LE(stored, rest.size());
+    if (stored < rest.size()) {
+      ASSERT_EQ(batched.size(), batched.capacity());
+      batched.Drain([&](uint64_t k, uint64_t c) { from_batched[k] += c; });
+      ++drains;
+    }
+    rest = rest.subspan(stored);
+  }
+  batched.Drain([&](uint64_t k, uint64_t c) { from_batched[k] += c; });
+  EXPECT_GT(drains, 0);
+  EXPECT_EQ(from_batched, added);
+
+  for (const KeyCount<uint64_t>& item : items) {
+    if (single.Add(item.key, item.count) == AddResult::kFull) {
+      single.Drain([&](uint64_t k, uint64_t c) { from_single[k] += c; });
+      ASSERT_EQ(single.Add(item.key, item.count), AddResult::kInserted);
+    }
+  }
+  single.Drain([&](uint64_t k, uint64_t c) { from_single[k] += c; });
+  EXPECT_EQ(from_single, added);
+  EXPECT_EQ(single.stats().chains_sorted, batched.stats().chains_sorted);
 }
 
 TEST(SortedTableTest, NothingAllocatedAfterConstruction) {
