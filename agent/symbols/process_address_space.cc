@@ -1,0 +1,171 @@
+#include "agent/symbols/process_address_space.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace strata::symbols {
+namespace {
+
+std::string BaseName(const std::string& path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+constexpr uint64_t kMaxVdsoBytes = 1 << 20;
+
+}  // namespace
+
+absl::StatusOr<std::vector<MappingInfo>> ReadProcMaps(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/maps"));
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read /proc/", pid, "/maps"));
+  std::vector<MappingInfo> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    MappingInfo m;
+    char perms[8] = {};
+    int path_pos = 0;
+    unsigned long long start, end, offset, inode;
+    if (sscanf(line.c_str(), "%llx-%llx %7s %llx %*x:%*x %llu %n", &start, &end, perms, &offset,
+               &inode, &path_pos) < 5) {
+      continue;
+    }
+    m.start = start;
+    m.end = end;
+    m.offset = offset;
+    m.inode = inode;
+    m.exec = perms[2] == 'x';
+    if (path_pos > 0 && static_cast<size_t>(path_pos) < line.size()) m.path = line.substr(path_pos);
+    constexpr std::string_view kDeleted = " (deleted)";
+    if (m.path.size() > kDeleted.size() && m.path.ends_with(kDeleted)) {
+      m.path.resize(m.path.size() - kDeleted.size());
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<const Module>> ProcessAddressSpace::OpenModule(const MappingInfo& m) {
+  if (m.path == "[vdso]") {
+    if (m.end - m.start > kMaxVdsoBytes) return absl::OutOfRangeError("vdso too large");
+    int fd = open(absl::StrCat("/proc/", pid_, "/mem").c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return absl::PermissionDeniedError("cannot read vdso");
+    std::string bytes(m.end - m.start, '\0');
+    ssize_t n = pread(fd, bytes.data(), bytes.size(), static_cast<off_t>(m.start));
+    close(fd);
+    if (n != static_cast<ssize_t>(bytes.size())) return absl::DataLossError("short vdso read");
+    absl::StatusOr<std::unique_ptr<elf::ElfFile>> elf = elf::ElfFile::FromBytes(std::move(bytes));
+    if (!elf.ok()) return elf.status();
+    return cache_->Adopt(*std::move(elf), m.path);
+  }
+  // The process may live in another mount namespace, or the file may have been replaced.
+  const std::string candidates[] = {
+      absl::StrCat("/proc/", pid_, "/root", m.path),
+      absl::StrFormat("/proc/%d/map_files/%x-%x", pid_, m.start, m.end),
+      m.path,
+  };
+  absl::Status last = absl::NotFoundError(m.path);
+  for (const std::string& candidate : candidates) {
+    absl::StatusOr<std::shared_ptr<const Module>> module = cache_->Get(candidate, m.path, m.inode);
+    if (module.ok()) return module;
+    last = module.status();
+  }
+  return last;
+}
+
+absl::Status ProcessAddressSpace::Refresh(const std::vector<MappingInfo>& mappings) {
+  std::vector<Region> regions;
+  failed_modules_ = 0;
+  absl::Status first_error;
+  for (const MappingInfo& m : mappings) {
+    if (!m.exec || m.path.empty() || (m.path[0] != '/' && m.path != "[vdso]")) continue;
+    absl::StatusOr<std::shared_ptr<const Module>> module = OpenModule(m);
+    if (!module.ok()) {
+      ++failed_modules_;
+      if (first_error.ok()) first_error = module.status();
+      continue;
+    }
+    std::optional<uint64_t> vaddr = (*module)->elf->FileOffsetToVaddr(m.offset);
+    if (!vaddr) {
+      ++failed_modules_;
+      if (first_error.ok()) first_error = absl::InvalidArgumentError(
+          absl::StrCat(m.path, ": offset ", m.offset, " not in a loadable segment"));
+      continue;
+    }
+    regions.push_back({m.start, m.end, static_cast<int64_t>(m.start - *vaddr), *std::move(module)});
+  }
+  std::sort(regions.begin(), regions.end(), [](const Region& a, const Region& b) { return a.start < b.start; });
+  regions_ = std::move(regions);
+  if (regions_.empty() && !first_error.ok()) return first_error;
+  return absl::OkStatus();
+}
+
+absl::Status ProcessAddressSpace::Refresh() {
+  absl::StatusOr<std::vector<MappingInfo>> mappings = ReadProcMaps(pid_);
+  if (!mappings.ok()) return mappings.status();
+  return Refresh(*mappings);
+}
+
+const ProcessAddressSpace::Region* ProcessAddressSpace::Find(uint64_t pc) const {
+  auto it = std::upper_bound(regions_.begin(), regions_.end(), pc,
+                             [](uint64_t v, const Region& r) { return v < r.start; });
+  if (it == regions_.begin()) return nullptr;
+  --it;
+  return pc < it->end ? &*it : nullptr;
+}
+
+const Module* ProcessAddressSpace::ModuleAt(uint64_t pc, uint64_t* module_pc) const {
+  const Region* r = Find(pc);
+  if (r == nullptr) return nullptr;
+  *module_pc = pc - r->bias;
+  return r->module.get();
+}
+
+bool ProcessAddressSpace::Lookup(uint64_t pc, const unwind::RuleSource** rules,
+                                 uint64_t* module_pc) const {
+  const Region* r = Find(pc);
+  if (r == nullptr) return false;
+  *rules = r->module->rules.get();
+  *module_pc = pc - r->bias;
+  return true;
+}
+
+SymbolizedPc ProcessAddressSpace::Symbolize(uint64_t pc) const {
+  SymbolizedPc out;
+  uint64_t module_pc = 0;
+  const Module* module = ModuleAt(pc, &module_pc);
+  if (module == nullptr) {
+    out.function_name = absl::StrFormat("[unknown]+0x%x", pc);
+    out.function_start = pc;
+    return out;
+  }
+  out.module_path = module->path;
+  out.build_id = module->build_id_hex;
+  out.module_pc = module_pc;
+  const elf::SymbolTable::Function* f = module->symbols.Lookup(module_pc);
+  if (f == nullptr) {
+    out.function_start = module_pc;
+    out.function_name = absl::StrFormat("%s+0x%x", BaseName(module->path), module_pc);
+    return out;
+  }
+  out.function_start = f->start;
+  out.known_function = true;
+  out.is_plt = f->is_plt();
+  if (!f->name.empty()) {
+    out.function_name = std::string(f->name);
+  } else {
+    out.function_name = absl::StrFormat("%s+0x%x%s", BaseName(module->path), f->start,
+                                        f->is_plt() ? "@plt" : "");
+  }
+  return out;
+}
+
+}  // namespace strata::symbols
