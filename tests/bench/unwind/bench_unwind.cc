@@ -175,8 +175,10 @@ bool DwMemoryRead(Dwfl*, Dwarf_Addr addr, Dwarf_Word* result, void* arg) {
   return true;
 }
 
-bool DwSetInitialRegisters(Dwfl_Thread* thread, void* arg) {
-  const CapturedStack* cap = static_cast<DwArg*>(arg)->cap;
+DwArg g_dw_arg{nullptr, 0};  // set_initial_registers gets the thread argument, not this
+
+bool DwSetInitialRegisters(Dwfl_Thread* thread, void*) {
+  const CapturedStack* cap = g_dw_arg.cap;
   Dwarf_Word regs[17] = {};
   regs[6] = cap->regs.fp;
   regs[7] = cap->regs.sp;
@@ -193,7 +195,7 @@ void BM_Libdw(benchmark::State& state) {
   static char* debuginfo_path = nullptr;
   static const Dwfl_Callbacks callbacks = {dwfl_linux_proc_find_elf, dwfl_standard_find_debuginfo,
                                            nullptr, &debuginfo_path};
-  static DwArg arg{nullptr, 0};
+  DwArg& arg = g_dw_arg;
   static Dwfl* dwfl = [] {
     Dwfl* d = dwfl_begin(&callbacks);
     dwfl_linux_proc_report(d, getpid());
