@@ -28,7 +28,7 @@ TRIPLE=mips64el-linux-gnuabi64
 ROOTS=(
   libgrpc++-dev libgrpc-dev libprotobuf-dev libabsl-dev libre2-dev libc-ares-dev
   libssl-dev zlib1g-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
-  libelf-dev libdw-dev libzstd-dev liblzma-dev libbz2-dev
+  libelf-dev libdw-dev libzstd-dev liblzma-dev libbz2-dev libcli11-dev
 )
 # Printed by `apt-cache depends` without the arch suffix, so missed by the closure.
 EXTRA=(zlib1g zlib1g-dev)
@@ -36,7 +36,7 @@ EXTRA=(zlib1g zlib1g-dev)
 EXCLUDE_RE='^(libc6|libc6-dev|libc-dev-bin|libc-bin|libgcc-s1|libstdc\+\+6|libstdc\+\+-[0-9]+-dev|libgcc-[0-9]+-dev|gcc-[0-9]+-base|linux-libc-dev|libcrypt1|libcrypt-dev|libnsl-dev|libnsl2|libtirpc.*|rpcsvc-proto|debconf|debconf-2.0|perl-base|dpkg|tar|install-info|sensible-utils)$'
 
 STAMP="$SYSROOT/.strata-sysroot-done"
-WANT="roots=${ROOTS[*]} extra=${EXTRA[*]} v3"
+WANT="roots=${ROOTS[*]} extra=${EXTRA[*]} v4"
 if [[ -f "$STAMP" ]] && [[ "$(cat "$STAMP")" == "$WANT" ]]; then
   echo "sysroot $SYSROOT is up to date"
   exit 0
@@ -107,7 +107,7 @@ done
 # relative to the sysroot so the cross linker does not pick up host files.
 while IFS= read -r link; do
   target=$(readlink "$link")
-  if [[ "$target" == /* ]]; then
+  if [[ "$target" == /* && "$target" != "$SYSROOT"* && -e "$SYSROOT$target" ]]; then
     ln -sfn "$SYSROOT$target" "$link"
   fi
 done < <(find "$SYSROOT/usr" "$SYSROOT/lib" -type l 2>/dev/null || true)
@@ -117,8 +117,8 @@ done < <(find "$SYSROOT/usr" "$SYSROOT/lib" -type l 2>/dev/null || true)
 mkdir -p "$SYSROOT/usr/bin"
 for tool in grpc_cpp_plugin grpc_csharp_plugin grpc_node_plugin grpc_objective_c_plugin \
             grpc_php_plugin grpc_python_plugin grpc_ruby_plugin protoc; do
-  if [[ -x /usr/bin/$tool && ! -e "$SYSROOT/usr/bin/$tool" ]]; then
-    ln -s "/usr/bin/$tool" "$SYSROOT/usr/bin/$tool"
+  if [[ -x /usr/bin/$tool ]]; then
+    ln -sfn "/usr/bin/$tool" "$SYSROOT/usr/bin/$tool"
   fi
 done
 
