@@ -157,9 +157,14 @@ class SortedTable {
       Entry& e = slab_[i];
       if (e.key == key) [[likely]] {
         e.count += count;
-        if (e.epoch != epoch_) [[unlikely]] RollPeriod(e);
+        // Branch-free: entries touched less than once a period roll on most hits, and a
+        // mispredicted branch there would stall the lookups that follow.
         const uint32_t weight = PeriodWeight(count);
-        e.period_count += weight;
+        const bool current = e.epoch == epoch_;
+        const bool previous = e.epoch + 1 == epoch_;
+        e.prev_count = current ? e.prev_count : (previous ? e.period_count : 0);
+        e.period_count = (current ? e.period_count : 0) + weight;
+        e.epoch = epoch_;
         // True iff the entry just crossed frequency_threshold (period_count >= weight).
         if (e.period_count - (options_.frequency_threshold + 1) < weight) [[unlikely]] {
           if (position > 1) QueueForSort(b);
@@ -394,12 +399,6 @@ class SortedTable {
     return static_cast<uint32_t>(std::min<uint64_t>(count, uint64_t{1} << 31));
   }
 
-  // Counters of an entry last updated in an earlier period, brought to the current one.
-  void RollPeriod(Entry& e) {
-    e.prev_count = e.epoch + 1 == epoch_ ? e.period_count : 0;
-    e.period_count = 0;
-    e.epoch = epoch_;
-  }
   uint32_t PeriodCount(const Entry& e) const { return e.epoch == epoch_ ? e.period_count : 0; }
   uint32_t PrevCount(const Entry& e) const {
     if (e.epoch == epoch_) return e.prev_count;

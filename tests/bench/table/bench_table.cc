@@ -36,10 +36,15 @@ uint64_t SplitMix64(uint64_t x) {
 }
 
 // The stream for exponent s (scaled by 100 in the benchmark argument); one cached at a time.
-const std::vector<uint64_t>& ZipfStream(int s_times_100) {
-  static int cached_s = -1;
+// Arguments above 1000 mean the same exponent with a phase switch: halfway through, the
+// popularity ranks rotate by half the key space, so the hot keys of the second half are keys
+// that were cold (and inserted late, at chain tails) in the first half.
+const std::vector<uint64_t>& ZipfStream(int arg) {
+  static int cached_arg = -1;
   static std::vector<uint64_t> stream;
-  if (cached_s == s_times_100) return stream;
+  if (cached_arg == arg) return stream;
+  const bool phase_switch = arg > 1000;
+  const int s_times_100 = arg % 1000;
   const double s = s_times_100 / 100.0;
   std::vector<double> cdf(kDistinctKeys);
   double sum = 0;
@@ -48,13 +53,14 @@ const std::vector<uint64_t>& ZipfStream(int s_times_100) {
   std::mt19937_64 rng(20240601 + s_times_100);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   stream.resize(kUpdates);
-  for (uint64_t& key : stream) {
-    const uint32_t rank = static_cast<uint32_t>(
+  for (size_t i = 0; i < kUpdates; ++i) {
+    uint32_t rank = static_cast<uint32_t>(
         std::min<size_t>(std::lower_bound(cdf.begin(), cdf.end(), uniform(rng)) - cdf.begin(),
                          kDistinctKeys - 1));
-    key = SplitMix64(rank);  // bijective: distinct ranks give distinct keys
+    if (phase_switch && i >= kUpdates / 2) rank = (rank + kDistinctKeys / 2) % kDistinctKeys;
+    stream[i] = SplitMix64(rank);  // bijective: distinct ranks give distinct keys
   }
-  cached_s = s_times_100;
+  cached_arg = arg;
   return stream;
 }
 
@@ -71,11 +77,12 @@ void RunStrata(benchmark::State& state, bool sorting, uint32_t bucket_count, boo
   size_t memory = 0;
   for (auto _ : state) {
     state.PauseTiming();
-    absl::StatusOr<CountTable> table = CountTable::Create(options);
-    if (!table.ok()) {
-      state.SkipWithError(std::string(table.status().message()).c_str());
+    absl::StatusOr<CountTable> created = CountTable::Create(options);
+    if (!created.ok()) {
+      state.SkipWithError(std::string(created.status().message()).c_str());
       return;
     }
+    CountTable* table = &*created;
     state.ResumeTiming();
     const size_t period = options.period;
     if (batched) {
@@ -227,6 +234,15 @@ STRATA_TABLE_BENCH_11(BM_StdUnorderedMap);
 STRATA_TABLE_BENCH_11(BM_AbslFlatHashMap);
 STRATA_TABLE_BENCH_11(BM_StrataSortedBatch);
 STRATA_TABLE_BENCH_11(BM_AbslFlatHashMapPrefetch);
+// Zipf 1.1 with a phase switch halfway: where sorting has work to do.
+#define STRATA_TABLE_BENCH_SWITCH(fn) \
+  BENCHMARK(fn)->Arg(1110)->Iterations(3)->Unit(benchmark::kMillisecond)
+STRATA_TABLE_BENCH_SWITCH(BM_StrataSorted);
+STRATA_TABLE_BENCH_SWITCH(BM_StrataUnsorted);
+STRATA_TABLE_BENCH_SWITCH(BM_StrataSortedDeep);
+STRATA_TABLE_BENCH_SWITCH(BM_StrataUnsortedDeep);
+STRATA_TABLE_BENCH_SWITCH(BM_AbslFlatHashMap);
+
 BENCHMARK(BM_StrataTop100)->Arg(110)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
