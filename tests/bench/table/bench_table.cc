@@ -68,10 +68,11 @@ using strata::table::CountTable;
 using strata::table::SortedTableOptions;
 using strata::table::TableStats;
 
-void RunStrata(benchmark::State& state, bool sorting, uint32_t bucket_count, bool batched = false) {
+void RunStrata(benchmark::State& state, bool sorting, uint32_t bucket_count, bool batched = false,
+               uint32_t frequency_threshold = SortedTableOptions().frequency_threshold) {
   const std::vector<uint64_t>& stream = ZipfStream(static_cast<int>(state.range(0)));
   SortedTableOptions options{.max_entries = kDistinctKeys, .bucket_count = bucket_count,
-                             .sorting = sorting};
+                             .sorting = sorting, .frequency_threshold = frequency_threshold};
   TableStats first, end;
   double probe_final = 0;
   size_t memory = 0;
@@ -129,6 +130,10 @@ void BM_StrataUnsorted(benchmark::State& state) { RunStrata(state, false, 0); }
 // A quarter of the buckets (mean chain length 4 when full): less memory, deeper chains.
 void BM_StrataSortedDeep(benchmark::State& state) { RunStrata(state, true, kDistinctKeys / 4); }
 void BM_StrataUnsortedDeep(benchmark::State& state) { RunStrata(state, false, kDistinctKeys / 4); }
+// Deep chains, and entries with more than 4 counts per period (not 64) count as hot.
+void BM_StrataSortedDeepT4(benchmark::State& state) {
+  RunStrata(state, true, kDistinctKeys / 4, false, 4);
+}
 
 void BM_StrataSortedBatch(benchmark::State& state) { RunStrata(state, true, 0, true); }
 
@@ -241,6 +246,7 @@ STRATA_TABLE_BENCH_SWITCH(BM_StrataSorted);
 STRATA_TABLE_BENCH_SWITCH(BM_StrataUnsorted);
 STRATA_TABLE_BENCH_SWITCH(BM_StrataSortedDeep);
 STRATA_TABLE_BENCH_SWITCH(BM_StrataUnsortedDeep);
+STRATA_TABLE_BENCH_SWITCH(BM_StrataSortedDeepT4);
 STRATA_TABLE_BENCH_SWITCH(BM_AbslFlatHashMap);
 
 BENCHMARK(BM_StrataTop100)->Arg(110)->Unit(benchmark::kMicrosecond);
