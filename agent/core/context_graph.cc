@@ -1,0 +1,72 @@
+#include "agent/core/context_graph.h"
+
+namespace strata::agent {
+
+encoding::NodeId ContextGraph::NodeFor(const FunctionRecord& function) {
+  absl::MutexLock lock(&mu_);
+  // Functions are identified by their module (build ID when it has one, so the same library
+  // in two processes is one node) and start offset.
+  std::pair<std::string, uint64_t> key(
+      function.build_id.empty() ? function.module : function.build_id, function.start_offset);
+  auto it = nodes_.find(key);
+  if (it != nodes_.end()) return it->second;
+  const encoding::NodeId node = graph_.AddNode();
+  functions_.push_back(function);
+  nodes_.emplace(std::move(key), node);
+  return node;
+}
+
+absl::StatusOr<std::vector<encoding::EdgeId>> ContextGraph::AddPath(
+    std::span<const encoding::PathFrame> outer_to_leaf, bool truncated) {
+  absl::MutexLock lock(&mu_);
+  return graph_.AddPath(outer_to_leaf, truncated);
+}
+
+absl::StatusOr<std::shared_ptr<const encoding::Numbering>> ContextGraph::CurrentNumbering() {
+  absl::MutexLock lock(&mu_);
+  if (!numbering_ || numbering_->epoch() != graph_.num_edges() ||
+      numbering_->num_nodes() != graph_.num_nodes()) {
+    auto n = encoding::Numbering::Compute(graph_, graph_.num_edges());
+    if (!n.ok()) return n.status();
+    numbering_ = std::move(*n);
+  }
+  return numbering_;
+}
+
+v1::GraphDelta ContextGraph::DeltaFrom(uint32_t from_node, uint64_t from_edge) const {
+  absl::MutexLock lock(&mu_);
+  v1::GraphDelta delta;
+  const uint32_t num_nodes = static_cast<uint32_t>(graph_.num_nodes());
+  from_node = std::max<uint32_t>(from_node, encoding::kFirstFunctionNode);
+  delta.set_first_node(std::min(from_node, num_nodes));
+  for (uint32_t n = from_node; n < num_nodes; ++n) {
+    const FunctionRecord& f = functions_[n - encoding::kFirstFunctionNode];
+    auto* node = delta.add_nodes();
+    node->set_id(n);
+    node->set_name(f.name);
+    node->set_module(f.module);
+    node->set_build_id(f.build_id);
+    node->set_start_offset(f.start_offset);
+  }
+  delta.set_first_edge(std::min(from_edge, graph_.num_edges()));
+  for (uint64_t e = from_edge; e < graph_.num_edges(); ++e) {
+    const encoding::CallEdge& edge = graph_.edge(e);
+    auto* out = delta.add_edges();
+    out->set_caller(edge.caller);
+    out->set_call_site(edge.call_site);
+    out->set_callee(edge.callee);
+  }
+  return delta;
+}
+
+uint32_t ContextGraph::num_nodes() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<uint32_t>(graph_.num_nodes());
+}
+
+uint64_t ContextGraph::num_edges() const {
+  absl::MutexLock lock(&mu_);
+  return graph_.num_edges();
+}
+
+}  // namespace strata::agent

@@ -1,0 +1,64 @@
+// The agent's side of the calling-context encoding: function nodes (keyed by module and
+// function start) and the append-only call graph discovered while unwinding, plus the
+// records the shipper sends to the server as GraphDelta messages.
+//
+// Written by the profiling thread (NodeFor/AddPath), read by the shipping thread (DeltaFrom):
+// all methods lock internally. The graph only grows for the life of the agent process; its
+// random graph_id tells the server when an agent restarted with a new graph.
+#ifndef STRATA_AGENT_CORE_CONTEXT_GRAPH_H_
+#define STRATA_AGENT_CORE_CONTEXT_GRAPH_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/encoding/graph.h"
+#include "common/encoding/numbering.h"
+#include "strata/v1/ingest.pb.h"
+
+namespace strata::agent {
+
+struct FunctionRecord {
+  std::string name;
+  std::string module;
+  std::string build_id;  // raw bytes
+  uint64_t start_offset = 0;
+};
+
+class ContextGraph {
+ public:
+  explicit ContextGraph(uint64_t graph_id) : graph_id_(graph_id) {}
+
+  uint64_t graph_id() const { return graph_id_; }
+
+  // The node of a function, created on first sight.
+  encoding::NodeId NodeFor(const FunctionRecord& function);
+  // Edge IDs of a sampled path (outermost first), adding missing edges.
+  absl::StatusOr<std::vector<encoding::EdgeId>> AddPath(
+      std::span<const encoding::PathFrame> outer_to_leaf, bool truncated);
+  // Numbering of the current epoch (recomputed only when edges were added since).
+  absl::StatusOr<std::shared_ptr<const encoding::Numbering>> CurrentNumbering();
+
+  // Nodes [from_node, end) and edges [from_edge, end) as one message.
+  v1::GraphDelta DeltaFrom(uint32_t from_node, uint64_t from_edge) const;
+  uint32_t num_nodes() const;
+  uint64_t num_edges() const;
+
+ private:
+  const uint64_t graph_id_;
+  mutable absl::Mutex mu_;
+  encoding::CallGraph graph_ ABSL_GUARDED_BY(mu_);
+  std::vector<FunctionRecord> functions_ ABSL_GUARDED_BY(mu_);  // by node ID - 2
+  absl::flat_hash_map<std::pair<std::string, uint64_t>, encoding::NodeId> nodes_
+      ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const encoding::Numbering> numbering_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace strata::agent
+
+#endif  // STRATA_AGENT_CORE_CONTEXT_GRAPH_H_

@@ -1,0 +1,61 @@
+#include "agent/core/context_graph.h"
+
+#include "gtest/gtest.h"
+
+namespace strata::agent {
+namespace {
+
+TEST(ContextGraphTest, FunctionsAreKeyedByBuildIdOrModuleAndStart) {
+  ContextGraph graph(42);
+  const auto a = graph.NodeFor({"f", "/usr/lib/libx.so", "BID", 0x100});
+  // The same library under another path (another container) is the same function.
+  EXPECT_EQ(graph.NodeFor({"f", "/proc/1/root/usr/lib/libx.so", "BID", 0x100}), a);
+  EXPECT_NE(graph.NodeFor({"f", "/usr/lib/libx.so", "BID", 0x200}), a);
+  const auto b = graph.NodeFor({"g", "/bin/app", "", 0x100});
+  EXPECT_EQ(graph.NodeFor({"g", "/bin/app", "", 0x100}), b);
+  EXPECT_NE(graph.NodeFor({"g", "/bin/other", "", 0x100}), b);
+  EXPECT_EQ(graph.num_nodes(), 2u + 4u);
+}
+
+TEST(ContextGraphTest, DeltaCarriesRecordsAndEdgesFromAnyPoint) {
+  ContextGraph graph(42);
+  const auto main = graph.NodeFor({"main", "/bin/app", "", 0x10});
+  const auto work = graph.NodeFor({"work", "/bin/app", "", 0x20});
+  std::vector<encoding::PathFrame> path{{main, 0x15}, {work, 0}};
+  ASSERT_TRUE(graph.AddPath(path, false).ok());
+
+  v1::GraphDelta all = graph.DeltaFrom(0, 0);
+  EXPECT_EQ(all.first_node(), encoding::kFirstFunctionNode);
+  ASSERT_EQ(all.nodes_size(), 2);
+  EXPECT_EQ(all.nodes(0).id(), main);
+  EXPECT_EQ(all.nodes(1).name(), "work");
+  EXPECT_EQ(all.nodes(1).start_offset(), 0x20u);
+  ASSERT_EQ(all.edges_size(), 2);  // root -> main, main -> work
+  EXPECT_EQ(all.edges(1).caller(), main);
+  EXPECT_EQ(all.edges(1).call_site(), 0x15u);
+
+  v1::GraphDelta tail = graph.DeltaFrom(main + 1, 1);
+  EXPECT_EQ(tail.first_node(), work);
+  EXPECT_EQ(tail.nodes_size(), 1);
+  EXPECT_EQ(tail.first_edge(), 1u);
+  EXPECT_EQ(tail.edges_size(), 1);
+  EXPECT_EQ(graph.DeltaFrom(100, 100).nodes_size(), 0);
+}
+
+TEST(ContextGraphTest, NumberingFollowsTheEpoch) {
+  ContextGraph graph(1);
+  const auto a = graph.NodeFor({"a", "/m", "", 1});
+  const auto b = graph.NodeFor({"b", "/m", "", 2});
+  std::vector<encoding::PathFrame> p1{{a, 0}};
+  ASSERT_TRUE(graph.AddPath(p1, false).ok());
+  auto n1 = graph.CurrentNumbering();
+  ASSERT_TRUE(n1.ok());
+  EXPECT_EQ((*n1)->epoch(), 1u);
+  EXPECT_EQ(graph.CurrentNumbering()->get(), n1->get());  // cached
+  std::vector<encoding::PathFrame> p2{{a, 5}, {b, 0}};
+  ASSERT_TRUE(graph.AddPath(p2, false).ok());
+  EXPECT_EQ((*graph.CurrentNumbering())->epoch(), 2u);
+}
+
+}  // namespace
+}  // namespace strata::agent

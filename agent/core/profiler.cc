@@ -1,0 +1,257 @@
+#include "agent/core/profiler.h"
+
+#include <algorithm>
+
+#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
+#include "agent/procfs/procfs.h"
+#include "spdlog/spdlog.h"
+
+namespace strata::agent {
+
+namespace {
+constexpr uint32_t kContinuousSession = 0;
+constexpr size_t kMaxPcCacheEntries = 1 << 20;
+}  // namespace
+
+struct Profiler::Target {
+  uint32_t id = 0;
+  pid_t pid = 0;
+  std::string service;
+  std::string executable;
+  std::unique_ptr<symbols::ProcessAddressSpace> space;
+  size_t maps_hash = 0;
+  absl::Time last_refresh = absl::InfinitePast();
+  // Absolute pc (already adjusted for return addresses) -> function node and module offset.
+  struct CachedPc {
+    encoding::NodeId node;
+    uint64_t module_pc;
+  };
+  absl::flat_hash_map<uint64_t, CachedPc> pc_cache;
+};
+
+absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(ProfilerOptions options,
+                                                          ContextGraph* graph) {
+  auto matcher = procfs::ServiceMatcher::Create(options.service_rules);
+  if (!matcher.ok()) return matcher.status();
+  procfs::ProcessTracker tracker(std::move(*matcher), {});
+  for (pid_t pid : options.pids) {
+    auto exe = procfs::ReadExecutable(pid);
+    if (!exe.ok()) {
+      return absl::NotFoundError(absl::StrCat("--pid ", pid, ": no such process (",
+                                              exe.status().message(), ")"));
+    }
+    auto env = procfs::ReadEnvironValue(pid, procfs::kServiceEnvVar);
+    std::string service = env.ok() && env->has_value()
+                              ? **env
+                              : std::string(procfs::ExecutableBasename(*exe));
+    tracker.Track(pid, service);
+  }
+  auto sampler = sampler::PerfSampler::Create();
+  if (!sampler.ok()) return sampler.status();
+  sampler::SessionOptions session;
+  session.session_id = kContinuousSession;
+  session.frequency_hz = options.frequency_hz;
+  session.stack_bytes = options.stack_bytes;
+  if (auto st = (*sampler)->AddSession(session); !st.ok()) return st;
+  return std::unique_ptr<Profiler>(
+      new Profiler(std::move(options), graph, std::move(tracker), std::move(*sampler)));
+}
+
+Profiler::Profiler(ProfilerOptions options, ContextGraph* graph, procfs::ProcessTracker tracker,
+                   std::unique_ptr<sampler::PerfSampler> sampler)
+    : options_(std::move(options)),
+      graph_(graph),
+      tracker_(std::move(tracker)),
+      sampler_(std::move(sampler)) {
+  frames_.resize(options_.max_frames);
+}
+
+Profiler::~Profiler() = default;
+
+absl::Status Profiler::Poll(absl::Duration timeout) {
+  if (absl::Now() >= next_rescan_) {
+    if (auto st = Rescan(); !st.ok()) return st;
+    next_rescan_ = absl::Now() + options_.rescan_interval;
+  }
+  auto ready = sampler_->Wait(std::min(timeout, next_rescan_ - absl::Now()));
+  if (!ready.ok()) return ready.status();
+  sampler_->Drain([this](const sampler::RawSample& s) { HandleSample(s); });
+  return absl::OkStatus();
+}
+
+absl::Status Profiler::Rescan() {
+  auto changes = tracker_.Rescan();
+  if (!changes.ok()) return changes.status();
+  for (const auto& p : changes->removed) RemoveTarget(p.pid);
+  for (const auto& p : changes->added) AddTarget(p);
+  for (const auto& t : changes->threads_added) {
+    if (targets_.contains(t.pid)) (void)sampler_->AttachNewThread(t.pid, t.tid);
+  }
+  for (const auto& t : changes->threads_removed) sampler_->DetachThread(t.pid, t.tid);
+  // dlopen/dlclose: pick up mapping changes of every target once per rescan.
+  for (auto& [pid, target] : targets_) RefreshMappings(*target);
+  return absl::OkStatus();
+}
+
+void Profiler::AddTarget(const procfs::TrackedProcess& process) {
+  auto target = std::make_unique<Target>();
+  target->id = next_target_id_++;
+  target->pid = process.pid;
+  target->service = process.service;
+  target->executable = process.executable;
+  target->space = std::make_unique<symbols::ProcessAddressSpace>(process.pid, &modules_);
+  RefreshMappings(*target);
+  auto st = sampler_->AttachProcess(kContinuousSession, process.pid, process.threads);
+  if (!st.ok()) {
+    spdlog::warn("cannot sample pid {} ({}): {}", process.pid, process.executable, st.ToString());
+    return;
+  }
+  spdlog::info("profiling pid {} ({}) as service '{}', {} threads", process.pid,
+               process.executable, process.service, process.threads.size());
+  targets_[process.pid] = std::move(target);
+}
+
+void Profiler::RemoveTarget(pid_t pid) {
+  // Samples already in the ring still count: drain them before the events close.
+  sampler_->Drain([this](const sampler::RawSample& s) { HandleSample(s); });
+  sampler_->DetachProcess(pid);
+  auto it = targets_.find(pid);
+  if (it == targets_.end()) return;
+  v1::Target retired;
+  retired.set_id(it->second->id);
+  retired.set_service(it->second->service);
+  retired.set_pid(static_cast<uint32_t>(pid));
+  retired.set_executable(it->second->executable);
+  retired_targets_.push_back(std::move(retired));
+  targets_.erase(it);
+  spdlog::info("pid {} exited or changed; no longer profiled", pid);
+}
+
+bool Profiler::RefreshMappings(Target& target) {
+  auto maps = symbols::ReadProcMaps(target.pid);
+  if (!maps.ok()) return false;
+  size_t hash = 0;
+  for (const auto& m : *maps) {
+    if (!m.exec) continue;
+    hash = absl::HashOf(hash, m.start, m.end, m.offset, m.inode, m.path);
+  }
+  if (hash == target.maps_hash && target.space->num_modules() > 0) return false;
+  target.maps_hash = hash;
+  target.last_refresh = absl::Now();
+  target.pc_cache.clear();
+  if (auto st = target.space->Refresh(*maps); !st.ok()) {
+    spdlog::warn("pid {}: {}", target.pid, st.ToString());
+  }
+  ++stats_.refreshes;
+  return true;
+}
+
+encoding::PathFrame Profiler::FrameFor(Target& target, uint64_t pc, bool innermost) {
+  // A return address points after the call; look up the call itself so a call that is the
+  // last instruction of a function is attributed to that function.
+  const uint64_t lookup = innermost ? pc : pc - 1;
+  auto it = target.pc_cache.find(lookup);
+  if (it == target.pc_cache.end()) {
+    symbols::SymbolizedPc sym = target.space->Symbolize(lookup);
+    FunctionRecord record;
+    if (sym.module_path.empty()) {
+      record.name = "[unknown]";
+    } else {
+      record.name = sym.function_name;
+      record.module = sym.module_path;
+      record.build_id = sym.build_id;
+      record.start_offset = sym.known_function ? sym.function_start : sym.module_pc;
+    }
+    if (target.pc_cache.size() >= kMaxPcCacheEntries) target.pc_cache.clear();
+    it = target.pc_cache.emplace(lookup, Target::CachedPc{graph_->NodeFor(record), sym.module_pc})
+             .first;
+  }
+  return {it->second.node, innermost ? 0 : it->second.module_pc + 1};
+}
+
+void Profiler::HandleSample(const sampler::RawSample& sample) {
+  auto it = targets_.find(static_cast<pid_t>(sample.pid));
+  if (it == targets_.end()) {
+    ++stats_.dropped;
+    return;
+  }
+  Target& target = *it->second;
+  ++stats_.samples;
+
+  unwind::UnwindOptions options;
+  options.arch = kHostArch;
+  options.max_frames = options_.max_frames;
+  unwind::Registers regs{sample.pc, sample.sp, sample.fp, sample.ra};
+  unwind::StackSnapshot stack{sample.sp, sample.stack, sample.stack_size};
+  unwind::UnwindResult result =
+      unwind::Unwind(options, regs, stack, *target.space, frames_.data(), frames_.size());
+  if (result.num_frames == 0) {
+    frames_[0] = {sample.pc, sample.sp, 0};
+    result.num_frames = 1;
+  }
+  // A pc in no known module usually means a library was just mapped: refresh (at most once a
+  // second per process) so the next samples resolve.
+  if (result.stop == unwind::StopReason::kNoModule &&
+      absl::Now() - target.last_refresh > absl::Seconds(1)) {
+    RefreshMappings(target);
+  }
+  const bool truncated = result.stop != unwind::StopReason::kOutermost;
+  stats_.unwound_frames += result.num_frames;
+  stats_.truncated += truncated;
+
+  path_.clear();
+  for (size_t i = result.num_frames; i-- > 0;) {
+    path_.push_back(FrameFor(target, frames_[i].pc, i == 0));
+  }
+  auto edges = graph_->AddPath(path_, truncated);
+  if (!edges.ok()) {
+    ++stats_.dropped;
+    return;
+  }
+  if (!aggregator_.Add(target.id, *edges, 1)) batch_full_ = true;
+}
+
+absl::StatusOr<std::optional<v1::SampleBatch>> Profiler::TakeBatch(int64_t start_ms,
+                                                                  int64_t end_ms,
+                                                                  uint64_t sequence) {
+  batch_full_ = false;
+  const uint64_t lost = sampler_->stats().lost;
+  if (aggregator_.empty()) return std::nullopt;
+  auto numbering = graph_->CurrentNumbering();
+  if (!numbering.ok()) return numbering.status();
+  v1::SampleBatch batch;
+  batch.set_sequence(sequence);
+  batch.set_epoch((*numbering)->epoch());
+  batch.set_start_ms(start_ms);
+  batch.set_end_ms(end_ms);
+  batch.set_lost_samples(lost - lost_reported_);
+  lost_reported_ = lost;
+  for (const v1::Target& t : targets()) *batch.add_targets() = t;
+  for (v1::Target& t : retired_targets_) *batch.add_targets() = std::move(t);
+  retired_targets_.clear();
+  if (auto st = aggregator_.EncodeInto(**numbering, &batch); !st.ok()) return st;
+  return batch;
+}
+
+std::vector<v1::Target> Profiler::targets() const {
+  std::vector<v1::Target> out;
+  for (const auto& [pid, t] : targets_) {
+    v1::Target target;
+    target.set_id(t->id);
+    target.set_service(t->service);
+    target.set_pid(static_cast<uint32_t>(pid));
+    target.set_executable(t->executable);
+    out.push_back(std::move(target));
+  }
+  return out;
+}
+
+ProfilerStats Profiler::stats() const {
+  ProfilerStats s = stats_;
+  s.lost = sampler_->stats().lost;
+  s.targets = targets_.size();
+  return s;
+}
+
+}  // namespace strata::agent

@@ -1,0 +1,116 @@
+// The agent's sampling pipeline for one host: finds target processes (ProcessTracker), samples
+// their threads (PerfSampler), unwinds every sample from its registers and stack copy
+// (common/unwind over each process's ProcessAddressSpace), symbolizes frames into function
+// nodes, adds each calling context to the ContextGraph and counts it in the interval's
+// IntervalAggregator. TakeBatch() turns the interval into an encoded SampleBatch.
+//
+// Single-threaded: Poll() and TakeBatch() are called from the agent's main loop. The
+// ContextGraph is shared with the Shipper (it locks internally).
+#ifndef STRATA_AGENT_CORE_PROFILER_H_
+#define STRATA_AGENT_CORE_PROFILER_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "agent/core/context_graph.h"
+#include "agent/core/interval_aggregator.h"
+#include "agent/procfs/process_tracker.h"
+#include "agent/procfs/service_matcher.h"
+#include "agent/sampler/perf_sampler.h"
+#include "agent/symbols/module_cache.h"
+#include "agent/symbols/process_address_space.h"
+#include "common/unwind/unwinder.h"
+#include "strata/v1/ingest.pb.h"
+
+namespace strata::agent {
+
+// The architecture this agent binary samples (the host's): chosen here, once.
+#if defined(__x86_64__)
+inline constexpr unwind::Arch kHostArch = unwind::Arch::kX86_64;
+#elif defined(__mips__) && defined(__MIPSEL__)
+inline constexpr unwind::Arch kHostArch = unwind::Arch::kMips64El;
+#elif defined(__mips__)
+inline constexpr unwind::Arch kHostArch = unwind::Arch::kMips64Be;
+#else
+#error "strata-agent: unsupported architecture (x86-64 and MIPS64 are supported)"
+#endif
+
+struct ProfilerOptions {
+  uint32_t frequency_hz = 99;
+  uint32_t stack_bytes = 16 * 1024;
+  std::vector<procfs::ServiceRule> service_rules;
+  std::vector<pid_t> pids;  // explicit targets (service: STRATA_SERVICE or executable name)
+  absl::Duration rescan_interval = absl::Seconds(1);
+  size_t max_frames = 256;
+};
+
+struct ProfilerStats {
+  uint64_t samples = 0;
+  uint64_t unwound_frames = 0;
+  uint64_t truncated = 0;       // stacks whose unwinding stopped early
+  uint64_t dropped = 0;         // samples of unknown processes or that failed to encode
+  uint64_t lost = 0;            // samples the kernel dropped
+  uint64_t refreshes = 0;       // mapping refreshes (dlopen/dlclose seen)
+  size_t targets = 0;
+};
+
+class Profiler {
+ public:
+  static absl::StatusOr<std::unique_ptr<Profiler>> Create(ProfilerOptions options,
+                                                          ContextGraph* graph);
+  ~Profiler();
+
+  // Waits up to `timeout` for samples, processes them, and rescans /proc when due.
+  absl::Status Poll(absl::Duration timeout);
+  // The interval's samples as a batch (nullopt when there were none). `sequence` is only
+  // used when a batch is returned.
+  absl::StatusOr<std::optional<v1::SampleBatch>> TakeBatch(int64_t start_ms, int64_t end_ms,
+                                                           uint64_t sequence);
+  // True when the interval aggregator reached its bound (ship an early batch).
+  bool batch_full() const { return batch_full_; }
+
+  ProfilerStats stats() const;
+  std::vector<v1::Target> targets() const;
+
+ private:
+  struct Target;
+  Profiler(ProfilerOptions options, ContextGraph* graph, procfs::ProcessTracker tracker,
+           std::unique_ptr<sampler::PerfSampler> sampler);
+
+  absl::Status Rescan();
+  void AddTarget(const procfs::TrackedProcess& process);
+  void RemoveTarget(pid_t pid);
+  void HandleSample(const sampler::RawSample& sample);
+  // Refreshes the target's mappings if they changed; true when they did.
+  bool RefreshMappings(Target& target);
+  encoding::PathFrame FrameFor(Target& target, uint64_t pc, bool innermost);
+
+  ProfilerOptions options_;
+  ContextGraph* graph_;
+  procfs::ProcessTracker tracker_;
+  std::unique_ptr<sampler::PerfSampler> sampler_;
+  symbols::ModuleCache modules_;
+  absl::flat_hash_map<pid_t, std::unique_ptr<Target>> targets_;
+  // Targets gone since the last batch: their samples still name them.
+  std::vector<v1::Target> retired_targets_;
+  uint32_t next_target_id_ = 1;
+  absl::Time next_rescan_ = absl::InfinitePast();
+  IntervalAggregator aggregator_;
+  bool batch_full_ = false;
+  ProfilerStats stats_;
+  uint64_t lost_reported_ = 0;
+  std::vector<unwind::Frame> frames_;
+  std::vector<encoding::PathFrame> path_;
+};
+
+}  // namespace strata::agent
+
+#endif  // STRATA_AGENT_CORE_PROFILER_H_

@@ -1,0 +1,235 @@
+#include "agent/core/shipper.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "spdlog/spdlog.h"
+
+namespace strata::agent {
+
+Shipper::Shipper(ShipperOptions options, ContextGraph* graph)
+    : options_(std::move(options)), graph_(graph) {}
+
+Shipper::~Shipper() { Stop(); }
+
+void Shipper::SetControlHandler(ControlHandler handler) {
+  absl::MutexLock lock(&mu_);
+  control_handler_ = std::move(handler);
+}
+
+void Shipper::Start() { thread_ = std::thread([this] { Run(); }); }
+
+void Shipper::Enqueue(v1::SampleBatch batch) {
+  absl::MutexLock lock(&mu_);
+  spool_.push_back({std::move(batch), false});
+  while (spool_.size() > options_.max_spool_batches) {
+    spool_.pop_front();
+    ++stats_.batches_dropped;
+  }
+}
+
+void Shipper::SendStatus(v1::CaptureStatus status) {
+  absl::MutexLock lock(&mu_);
+  statuses_.push_back(std::move(status));
+}
+
+bool Shipper::Flush(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return spool_.empty(); };
+  return mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
+}
+
+void Shipper::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+ShipperStats Shipper::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void Shipper::Run() {
+  auto channel = grpc::CreateChannel(options_.server, grpc::InsecureChannelCredentials());
+  auto stub = v1::Ingest::NewStub(channel);
+  absl::Duration backoff = absl::Milliseconds(500);
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+    }
+    const uint64_t connects_before = stats().connects;
+    Session(stub.get());
+    // Reset the backoff after a session that got as far as Welcome.
+    if (stats().connects != connects_before) backoff = absl::Milliseconds(500);
+    absl::MutexLock lock(&mu_);
+    auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+    if (mu_.AwaitWithTimeout(absl::Condition(&stop), backoff)) return;
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+}
+
+void Shipper::HandleServerMessage(const v1::ServerMessage& m) {
+  switch (m.kind_case()) {
+    case v1::ServerMessage::kAck: {
+      while (!spool_.empty() && spool_.front().batch.sequence() <= m.ack().sequence()) {
+        spool_.pop_front();
+        ++stats_.batches_acked;
+      }
+      break;
+    }
+    case v1::ServerMessage::kResync:
+      spdlog::info("server asks to resend the graph from node {} / edge {}: {}",
+                   m.resync().from_node(), m.resync().from_edge(), m.resync().reason());
+      sent_nodes_ = m.resync().from_node();
+      sent_edges_ = m.resync().from_edge();
+      break;
+    case v1::ServerMessage::kError: {
+      const auto& e = m.error();
+      // FailedPrecondition: the batch referenced graph the server lacked; it is resent after
+      // the graph (Resync came with it). Anything else is permanent: drop the batch.
+      for (auto it = spool_.begin(); it != spool_.end(); ++it) {
+        if (e.sequence() == 0 || it->batch.sequence() != e.sequence()) continue;
+        if (e.code() == static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION)) {
+          it->sent = false;
+        } else {
+          spdlog::error("server rejected batch {}: {}", e.sequence(), e.message());
+          spool_.erase(it);
+          ++stats_.batches_rejected;
+        }
+        break;
+      }
+      if (e.sequence() == 0) spdlog::error("server reported: {}", e.message());
+      break;
+    }
+    default:
+      if (control_handler_) control_handler_(m);
+      break;
+  }
+}
+
+void Shipper::Session(v1::Ingest::Stub* stub) {
+  grpc::ClientContext context;
+  auto stream = stub->Connect(&context);
+  v1::AgentMessage hello_message;
+  v1::Hello* hello = hello_message.mutable_hello();
+  hello->set_agent_id(options_.agent_id);
+  hello->set_token(options_.token);
+  hello->set_host(options_.host);
+  hello->set_arch(options_.arch);
+  hello->set_version(options_.version);
+  hello->set_graph_id(graph_->graph_id());
+  hello->set_frequency_hz(options_.frequency_hz);
+  for (const auto& [k, v] : options_.labels) (*hello->mutable_labels())[k] = v;
+  v1::ServerMessage welcome;
+  if (!stream->Write(hello_message) || !stream->Read(&welcome) || !welcome.has_welcome()) {
+    grpc::Status status = stream->Finish();
+    spdlog::warn("cannot connect to strata-server at {}: {}", options_.server,
+                 status.ok() ? "stream closed" : status.error_message());
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.connects;
+    stats_.connected = true;
+    stream_broken_ = false;
+    sent_nodes_ = welcome.welcome().known_nodes();
+    sent_edges_ = welcome.welcome().known_edges();
+    // Batches the server applied before a lost Ack are done; the rest go (again).
+    while (!spool_.empty() &&
+           spool_.front().batch.sequence() <= welcome.welcome().last_applied_sequence()) {
+      spool_.pop_front();
+      ++stats_.batches_acked;
+    }
+    for (auto& s : spool_) s.sent = false;
+  }
+  spdlog::info("connected to strata-server at {} (server has {} nodes, {} edges)",
+               options_.server, welcome.welcome().known_nodes(), welcome.welcome().known_edges());
+
+  std::thread reader([&] {
+    v1::ServerMessage m;
+    while (stream->Read(&m)) {
+      absl::MutexLock lock(&mu_);
+      inbox_.push_back(m);
+    }
+    absl::MutexLock lock(&mu_);
+    stream_broken_ = true;
+  });
+
+  absl::Time last_write = absl::Now();
+  bool ok = true;
+  while (ok) {
+    std::vector<v1::AgentMessage> out;
+    {
+      absl::MutexLock lock(&mu_);
+      auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (stopping_ || stream_broken_ || !inbox_.empty() || !statuses_.empty()) return true;
+        for (const auto& s : spool_) {
+          if (!s.sent) return true;
+        }
+        return false;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&work), absl::Seconds(1));
+      while (!inbox_.empty()) {
+        HandleServerMessage(inbox_.front());
+        inbox_.pop_front();
+      }
+      if (stream_broken_) break;
+      if (stopping_) {
+        // Stop after the spool is acknowledged or the caller gave up waiting (Flush).
+        break;
+      }
+      while (!statuses_.empty()) {
+        v1::AgentMessage m;
+        *m.mutable_capture_status() = std::move(statuses_.front());
+        statuses_.pop_front();
+        out.push_back(std::move(m));
+      }
+      for (auto& s : spool_) {
+        if (s.sent) continue;
+        if (sent_edges_ < s.batch.epoch() || sent_nodes_ < graph_->num_nodes()) {
+          v1::AgentMessage delta;
+          *delta.mutable_graph_delta() = graph_->DeltaFrom(sent_nodes_, sent_edges_);
+          sent_nodes_ = delta.graph_delta().first_node() + delta.graph_delta().nodes_size();
+          sent_edges_ = delta.graph_delta().first_edge() + delta.graph_delta().edges_size();
+          if (delta.graph_delta().nodes_size() > 0 || delta.graph_delta().edges_size() > 0) {
+            out.push_back(std::move(delta));
+          }
+        }
+        v1::AgentMessage batch;
+        *batch.mutable_sample_batch() = s.batch;
+        out.push_back(std::move(batch));
+        s.sent = true;
+      }
+    }
+    if (out.empty() && absl::Now() - last_write > options_.heartbeat) {
+      v1::AgentMessage hb;
+      hb.mutable_heartbeat()->set_time_ms(absl::ToUnixMillis(absl::Now()));
+      out.push_back(std::move(hb));
+    }
+    for (const auto& m : out) {
+      const size_t bytes = m.ByteSizeLong();
+      if (!stream->Write(m)) {
+        ok = false;
+        break;
+      }
+      last_write = absl::Now();
+      absl::MutexLock lock(&mu_);
+      stats_.bytes_sent += bytes;
+    }
+  }
+  stream->WritesDone();
+  context.TryCancel();
+  reader.join();
+  grpc::Status status = stream->Finish();
+  absl::MutexLock lock(&mu_);
+  stats_.connected = false;
+  if (!stopping_) {
+    spdlog::warn("connection to strata-server lost: {}",
+                 status.ok() ? "stream closed" : status.error_message());
+  }
+}
+
+}  // namespace strata::agent

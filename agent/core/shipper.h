@@ -1,0 +1,100 @@
+// Ships the agent's batches to strata-server over one bidirectional gRPC stream
+// (proto/strata/v1/ingest.proto), with reconnection and a bounded spool.
+//
+// Every batch stays in the spool until the server acknowledges its sequence number, so
+// batches survive server restarts and network loss (up to `max_spool_batches`; the oldest
+// are dropped beyond that, and counted). Before a batch goes out, the graph nodes and edges
+// it is encoded against are sent; after a reconnect the server's Welcome says which part of
+// the graph it already has. Server control messages (captures, rates) are passed to the
+// control handler on the shipper's reader thread.
+//
+// Thread model: Enqueue/Flush/Stop from any thread; one internal thread writes to the stream
+// and one reads from it.
+#ifndef STRATA_AGENT_CORE_SHIPPER_H_
+#define STRATA_AGENT_CORE_SHIPPER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "agent/core/context_graph.h"
+#include "strata/v1/ingest.grpc.pb.h"
+
+namespace strata::agent {
+
+struct ShipperOptions {
+  std::string server;  // host:port
+  std::string agent_id;
+  std::string host;
+  std::string arch;
+  std::string version;
+  std::string token;
+  uint32_t frequency_hz = 99;
+  std::map<std::string, std::string> labels;
+  size_t max_spool_batches = 360;  // one hour of 10 s batches
+  absl::Duration heartbeat = absl::Seconds(10);
+  absl::Duration max_backoff = absl::Seconds(30);
+};
+
+struct ShipperStats {
+  uint64_t connects = 0;
+  uint64_t batches_acked = 0;
+  uint64_t batches_rejected = 0;
+  uint64_t batches_dropped = 0;  // spool overflow
+  uint64_t bytes_sent = 0;
+  bool connected = false;
+};
+
+class Shipper {
+ public:
+  using ControlHandler = std::function<void(const v1::ServerMessage&)>;
+
+  Shipper(ShipperOptions options, ContextGraph* graph);
+  ~Shipper();
+
+  void SetControlHandler(ControlHandler handler);
+  void Start();
+  // Queues a batch (its sequence number must be above every earlier one).
+  void Enqueue(v1::SampleBatch batch);
+  // Sends a capture status update (not spooled: progress is only useful live).
+  void SendStatus(v1::CaptureStatus status);
+  // Waits until every queued batch is acknowledged; false on timeout.
+  bool Flush(absl::Duration timeout);
+  void Stop();
+  ShipperStats stats() const;
+
+ private:
+  struct Spooled {
+    v1::SampleBatch batch;
+    bool sent = false;
+  };
+  void Run();
+  // One connection's lifetime; returns when the stream breaks or Stop() is called.
+  void Session(v1::Ingest::Stub* stub);
+  void HandleServerMessage(const v1::ServerMessage& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ShipperOptions options_;
+  ContextGraph* const graph_;
+  std::thread thread_;
+
+  mutable absl::Mutex mu_;
+  std::deque<Spooled> spool_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::CaptureStatus> statuses_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::ServerMessage> inbox_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stream_broken_ ABSL_GUARDED_BY(mu_) = false;
+  uint32_t sent_nodes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t sent_edges_ ABSL_GUARDED_BY(mu_) = 0;
+  ShipperStats stats_ ABSL_GUARDED_BY(mu_);
+  ControlHandler control_handler_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace strata::agent
+
+#endif  // STRATA_AGENT_CORE_SHIPPER_H_

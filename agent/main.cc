@@ -1,0 +1,154 @@
+// strata-agent: profiles the processes of this host that match its rules and ships their
+// calling contexts to strata-server.
+//
+//   strata-agent --server HOST:PORT [--pid PID]... [--service NAME=REGEX]...
+//                [--frequency HZ] [--interval SECONDS]
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "agent/core/context_graph.h"
+#include "agent/core/profiler.h"
+#include "agent/core/shipper.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop.store(true); }
+
+constexpr char kVersion[] = "0.1.0";
+
+std::string Hostname() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
+  return buf;
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{"strata-agent: continuous profiling agent"};
+  std::string server = "127.0.0.1:7070";
+  std::vector<int> pids;
+  std::vector<std::string> service_flags;
+  uint32_t frequency = 99;
+  double interval_s = 10;
+  uint32_t stack_bytes = 16 * 1024;
+  std::string token, agent_id, host = Hostname(), log_level = "info";
+  app.add_option("--server", server, "strata-server address (host:port)")->capture_default_str();
+  app.add_option("--pid", pids, "profile this process (repeatable)");
+  app.add_option("--service", service_flags,
+                 "NAME=REGEX: profile processes whose executable name or command line "
+                 "matches REGEX as service NAME (repeatable; new processes are picked up)");
+  app.add_option("--frequency", frequency, "samples per second per thread")
+      ->check(CLI::Range(1u, 10000u))
+      ->capture_default_str();
+  app.add_option("--interval", interval_s, "seconds between batches")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  app.add_option("--stack-bytes", stack_bytes, "bytes of stack copied per sample")
+      ->check(CLI::Range(512u, 63u * 1024u))
+      ->capture_default_str();
+  app.add_option("--token", token, "shared secret the server expects");
+  app.add_option("--agent-id", agent_id, "agent identity (default: host-<random>)");
+  app.add_option("--host", host, "host label")->capture_default_str();
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::from_str(log_level));
+
+  if (pids.empty() && service_flags.empty()) {
+    std::fprintf(stderr, "strata-agent: nothing to profile: give --pid or --service\n");
+    return 2;
+  }
+  strata::agent::ProfilerOptions options;
+  options.frequency_hz = frequency;
+  options.stack_bytes = stack_bytes & ~7u;
+  for (int pid : pids) options.pids.push_back(pid);
+  for (const auto& flag : service_flags) {
+    auto rule = strata::procfs::ParseServiceRule(flag);
+    if (!rule.ok()) {
+      std::fprintf(stderr, "strata-agent: --service %s: %s\n", flag.c_str(),
+                   std::string(rule.status().message()).c_str());
+      return 2;
+    }
+    options.service_rules.push_back(*rule);
+  }
+
+  std::random_device random;
+  const uint64_t graph_id = (uint64_t{random()} << 32) | random();
+  if (agent_id.empty()) agent_id = absl::StrFormat("%s-%08x", host, graph_id & 0xffffffff);
+  strata::agent::ContextGraph graph(graph_id);
+  auto profiler = strata::agent::Profiler::Create(options, &graph);
+  if (!profiler.ok()) {
+    std::fprintf(stderr, "strata-agent: %s\n", profiler.status().ToString().c_str());
+    return 1;
+  }
+
+  strata::agent::ShipperOptions ship;
+  ship.server = server;
+  ship.agent_id = agent_id;
+  ship.host = host;
+  ship.arch = std::string(strata::unwind::ArchName(strata::agent::kHostArch));
+  ship.version = kVersion;
+  ship.token = token;
+  ship.frequency_hz = frequency;
+  strata::agent::Shipper shipper(ship, &graph);
+  shipper.Start();
+
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  spdlog::info("strata-agent {} on {} ({}), shipping to {} every {} s at {} Hz", agent_id, host,
+               ship.arch, server, interval_s, frequency);
+  const absl::Duration interval = absl::Milliseconds(static_cast<int64_t>(interval_s * 1000));
+  uint64_t sequence = 0;
+  absl::Time window_start = absl::Now();
+  // Batches end on multiples of the interval, so agents' windows line up with each other.
+  auto next_boundary = [&](absl::Time t) {
+    const int64_t ms = absl::ToInt64Milliseconds(interval);
+    return absl::FromUnixMillis((absl::ToUnixMillis(t) / ms + 1) * ms);
+  };
+  absl::Time window_end = next_boundary(window_start);
+  auto ship_window = [&](absl::Time end) {
+    auto batch = (*profiler)->TakeBatch(absl::ToUnixMillis(window_start),
+                                        absl::ToUnixMillis(end), sequence + 1);
+    if (!batch.ok()) {
+      spdlog::error("building batch: {}", batch.status().ToString());
+    } else if (batch->has_value()) {
+      ++sequence;
+      shipper.Enqueue(std::move(**batch));
+    }
+    window_start = end;
+  };
+  while (!g_stop.load()) {
+    auto st = (*profiler)->Poll(std::min(absl::Milliseconds(200), window_end - absl::Now()));
+    if (!st.ok()) spdlog::warn("sampling: {}", st.ToString());
+    const absl::Time now = absl::Now();
+    if (now >= window_end || (*profiler)->batch_full()) {
+      ship_window(now);
+      window_end = next_boundary(now);
+    }
+  }
+  ship_window(absl::Now());
+  const auto stats = (*profiler)->stats();
+  spdlog::info("stopping: {} samples, {} frames, {} truncated, {} lost; flushing", stats.samples,
+               stats.unwound_frames, stats.truncated, stats.lost);
+  if (!shipper.Flush(absl::Seconds(5))) {
+    spdlog::warn("server did not acknowledge every batch before shutdown");
+  }
+  shipper.Stop();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Run(argc, argv); }

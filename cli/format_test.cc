@@ -1,0 +1,50 @@
+#include "cli/format.h"
+
+#include "gtest/gtest.h"
+
+namespace strata::cli {
+namespace {
+
+TEST(FormatTest, ParsesDurations) {
+  EXPECT_EQ(*ParseDuration("30s"), 30'000);
+  EXPECT_EQ(*ParseDuration("10m"), 600'000);
+  EXPECT_EQ(*ParseDuration("1h30m"), 5'400'000);
+  EXPECT_EQ(*ParseDuration("7d"), 604'800'000);
+  EXPECT_EQ(*ParseDuration("250ms"), 250);
+  for (const char* bad : {"", "10", "m", "10x", "-5m", "0s", "1.5h", "99999999999999d"}) {
+    EXPECT_FALSE(ParseDuration(bad).ok()) << bad;
+  }
+}
+
+TEST(FormatTest, ParsesRfc3339) {
+  EXPECT_EQ(*ParseRfc3339("1970-01-01T00:00:00Z"), 0);
+  EXPECT_EQ(*ParseRfc3339("2026-11-21T05:53:00Z"), 1795240380000);
+  EXPECT_EQ(*ParseRfc3339("2026-11-21T07:53:00+02:00"), 1795240380000);
+  EXPECT_EQ(*ParseRfc3339("2026-11-21T05:53:00.25Z"), 1795240380250);
+  EXPECT_EQ(FormatRfc3339(1795240380000), "2026-11-21T05:53:00Z");
+  for (const char* bad : {"2026-11-21", "2026-11-21T05:53:00", "2026-13-01T00:00:00Z",
+                          "2026-11-21T05:53:00+2", "yesterday", "2026-11-21T05:53:00Zjunk"}) {
+    EXPECT_FALSE(ParseRfc3339(bad).ok()) << bad;
+  }
+}
+
+TEST(FormatTest, NumbersAndPercentages) {
+  EXPECT_EQ(WithThousands(0), "0");
+  EXPECT_EQ(WithThousands(999), "999");
+  EXPECT_EQ(WithThousands(1234567), "1,234,567");
+  EXPECT_EQ(Percent(1, 3), "33.3%");
+  EXPECT_EQ(Percent(1, 0), "-");
+}
+
+TEST(FormatTest, TableAlignsColumns) {
+  Table t({"N", "NAME"}, {0});
+  t.AddRow({"5", "a > b"});
+  t.AddRow({"1,000", "x"});
+  EXPECT_EQ(t.ToString(),
+            "    N  NAME\n"
+            "    5  a > b\n"
+            "1,000  x\n");
+}
+
+}  // namespace
+}  // namespace strata::cli

@@ -1,0 +1,259 @@
+#include "server/ingest/agent_session.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata::server {
+namespace {
+
+constexpr size_t kMaxDecodeDepth = 4096;
+constexpr size_t kMaxDecodeCacheEntries = 1 << 18;
+
+std::string DecodeCacheKey(const v1::ContextCount& c) {
+  std::string key;
+  key.resize(4 + 8 * c.ids_size());
+  uint32_t leaf = c.leaf();
+  std::memcpy(key.data(), &leaf, 4);
+  for (int i = 0; i < c.ids_size(); ++i) {
+    uint64_t id = c.ids(i);
+    std::memcpy(key.data() + 4 + 8 * i, &id, 8);
+  }
+  return key;
+}
+
+}  // namespace
+
+AgentSession::AgentSession(store::Store* store, AgentIdentity identity)
+    : store_(store), identity_(std::move(identity)) {
+  node_function_ids_.assign(encoding::kFirstFunctionNode, 0);
+}
+
+absl::StatusOr<std::unique_ptr<AgentSession>> AgentSession::Open(store::Store* store,
+                                                                  AgentIdentity identity) {
+  std::unique_ptr<AgentSession> session(new AgentSession(store, std::move(identity)));
+  const AgentIdentity& id = session->identity_;
+  auto applied = store->AppliedSequence(id.agent_id);
+  if (!applied.ok()) return applied.status();
+  session->last_applied_ = *applied;
+
+  auto graph = store->LoadGraph(id.agent_id, id.graph_id);
+  if (!graph.ok()) return graph.status();
+  // Replay the persisted graph; stop at the first gap so a partial record set only costs a
+  // resend of the rest (the agent is told what we have in Welcome).
+  for (const store::GraphNode& node : graph->nodes) {
+    if (node.id != session->graph_.num_nodes()) break;
+    store::WriteBatch unused;
+    auto fn = store->InternFunction(
+        {node.name, node.module, node.build_id, node.start_offset}, &unused);
+    if (!fn.ok()) return fn.status();
+    if (!unused.empty()) {
+      if (auto st = store->Commit(&unused); !st.ok()) return st;
+    }
+    session->graph_.AddNode();
+    session->node_function_ids_.push_back(*fn);
+  }
+  std::vector<encoding::CallEdge> edges;
+  edges.reserve(graph->edges.size());
+  for (const store::GraphEdge& e : graph->edges) edges.push_back({e.caller, e.call_site, e.callee});
+  if (!edges.empty()) {
+    if (auto st = encoding::AppendEdges(session->graph_, 0, edges); !st.ok()) {
+      // A persisted graph that does not replay is treated as absent: the agent resends it.
+      session->graph_ = encoding::CallGraph();
+      session->node_function_ids_.assign(encoding::kFirstFunctionNode, 0);
+    }
+  }
+  return session;
+}
+
+absl::Status AgentSession::ApplyGraphDelta(const v1::GraphDelta& delta) {
+  if (delta.first_node() != graph_.num_nodes() && delta.nodes_size() > 0) {
+    return absl::FailedPreconditionError(absl::StrCat("graph delta starts at node ",
+                                                      delta.first_node(), ", server has ",
+                                                      graph_.num_nodes()));
+  }
+  if (delta.first_edge() != graph_.num_edges() && delta.edges_size() > 0) {
+    return absl::FailedPreconditionError(absl::StrCat("graph delta starts at edge ",
+                                                      delta.first_edge(), ", server has ",
+                                                      graph_.num_edges()));
+  }
+  // Validate everything before changing anything.
+  for (int i = 0; i < delta.nodes_size(); ++i) {
+    const v1::FunctionNode& n = delta.nodes(i);
+    if (n.id() != delta.first_node() + static_cast<uint32_t>(i)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("graph delta node ", i, " has id ", n.id(), ", expected ",
+                       delta.first_node() + i));
+    }
+    if (n.name().empty()) return absl::InvalidArgumentError("graph delta node without a name");
+  }
+  const size_t nodes_after = graph_.num_nodes() + delta.nodes_size();
+  std::vector<encoding::CallEdge> edges;
+  edges.reserve(delta.edges_size());
+  for (const v1::CallEdge& e : delta.edges()) {
+    if (e.caller() >= nodes_after || e.callee() >= nodes_after) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("graph delta edge references unknown node (", e.caller(), " -> ",
+                       e.callee(), ", graph has ", nodes_after, " nodes)"));
+    }
+    edges.push_back({e.caller(), e.call_site(), e.callee()});
+  }
+
+  store::WriteBatch wb;
+  std::vector<uint64_t> new_function_ids;
+  std::vector<store::GraphNode> records;
+  for (const v1::FunctionNode& n : delta.nodes()) {
+    store::FunctionInfo info{n.name(), n.module(), n.build_id(), n.start_offset()};
+    auto fn = store_->InternFunction(info, &wb);
+    if (!fn.ok()) return fn.status();
+    new_function_ids.push_back(*fn);
+    records.push_back({n.id(), n.name(), n.module(), n.build_id(), n.start_offset()});
+  }
+
+  // Apply edges to a trial copy first would cost a graph copy; AppendEdges is all-or-nothing
+  // on its own, but nodes must exist before it runs, so nodes are rolled back on failure.
+  const size_t nodes_before = graph_.num_nodes();
+  if (auto st = encoding::AppendNodes(graph_, delta.first_node(), delta.nodes_size());
+      !st.ok() && delta.nodes_size() > 0) {
+    return st;
+  }
+  if (auto st = encoding::AppendEdges(graph_, delta.first_edge(), edges);
+      !st.ok() && !edges.empty()) {
+    if (graph_.num_nodes() != nodes_before) {
+      // CallGraph cannot shrink; rebuild it from the persisted state. Rare: only a delta
+      // whose nodes were fine but whose edges were not.
+      auto reloaded = Open(store_, identity_);
+      if (!reloaded.ok()) return reloaded.status();
+      graph_ = std::move((*reloaded)->graph_);
+      node_function_ids_ = std::move((*reloaded)->node_function_ids_);
+    }
+    return st;
+  }
+
+  wb.AppendGraphNodes(identity_.agent_id, identity_.graph_id, records);
+  std::vector<store::GraphEdge> edge_records;
+  edge_records.reserve(edges.size());
+  for (const auto& e : edges) edge_records.push_back({e.caller, e.call_site, e.callee});
+  if (!edge_records.empty()) {
+    wb.AppendGraphEdges(identity_.agent_id, identity_.graph_id, delta.first_edge(),
+                        edge_records);
+  }
+  if (auto st = store_->Commit(&wb); !st.ok()) return st;
+  node_function_ids_.insert(node_function_ids_.end(), new_function_ids.begin(),
+                            new_function_ids.end());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> AgentSession::StackIdFor(const encoding::Numbering& numbering,
+                                                  const v1::ContextCount& context,
+                                                  store::WriteBatch* wb) {
+  std::string key = DecodeCacheKey(context);
+  if (auto it = decode_cache_.find(key); it != decode_cache_.end()) return it->second;
+  if (auto it = pending_cache_.find(key); it != pending_cache_.end()) return it->second;
+
+  encoding::EncodedContext encoded;
+  encoded.leaf = context.leaf();
+  encoded.ids.assign(context.ids().begin(), context.ids().end());
+  bool truncated = false;
+  auto path = encoding::Decode(numbering, encoded, &truncated, kMaxDecodeDepth);
+  if (!path.ok()) return path.status();
+  store::StackFrames frames;
+  frames.truncated = truncated;
+  frames.function_ids.reserve(path->size());
+  for (const encoding::PathFrame& f : *path) {
+    if (f.function >= node_function_ids_.size() || node_function_ids_[f.function] == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("context references node ", f.function,
+                                                     " which has no function record"));
+    }
+    frames.function_ids.push_back(node_function_ids_[f.function]);
+  }
+  auto stack_id = store_->InternStack(frames, wb);
+  if (!stack_id.ok()) return stack_id.status();
+  if (decode_cache_.size() >= kMaxDecodeCacheEntries) decode_cache_.clear();
+  // Entries become visible to later batches only once this batch commits (its write batch
+  // carries the stack record); see ApplyBatch.
+  pending_cache_.emplace(std::move(key), *stack_id);
+  return *stack_id;
+}
+
+absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& batch) {
+  AppliedBatch applied{&identity_, &batch, WindowStart(batch.start_ms()), false, {}};
+  if (batch.sequence() == 0) {
+    return absl::InvalidArgumentError("sample batch without a sequence number");
+  }
+  if (batch.sequence() <= last_applied_) {  // resent after a lost Ack: acknowledge only
+    applied.duplicate = true;
+    return applied;
+  }
+  if (batch.epoch() > graph_.num_edges()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("batch ", batch.sequence(), " is encoded against epoch ", batch.epoch(),
+                     " but the server has ", graph_.num_edges(), " edges"));
+  }
+  if (batch.start_ms() <= 0 || batch.end_ms() < batch.start_ms()) {
+    return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(),
+                                                   " has an invalid time window"));
+  }
+  absl::flat_hash_map<uint32_t, const v1::Target*> targets;
+  for (const v1::Target& t : batch.targets()) {
+    if (t.service().empty() || t.service().find('\0') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("target ", t.id(), " has no valid service"));
+    }
+    targets[t.id()] = &t;
+  }
+  auto numbering = numberings_.Get(graph_, batch.epoch());
+  if (!numbering.ok()) return numbering.status();
+  if (decode_cache_epoch_ != batch.epoch()) {
+    decode_cache_.clear();
+    decode_cache_epoch_ = batch.epoch();
+  }
+
+  store::WriteBatch wb;
+  pending_cache_.clear();
+  applied.contexts.reserve(batch.contexts_size());
+  for (const v1::ContextCount& c : batch.contexts()) {
+    auto target = targets.find(c.target_id());
+    if (target == targets.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch ", batch.sequence(), " references unknown target ", c.target_id()));
+    }
+    auto stack_id = StackIdFor(**numbering, c, &wb);
+    if (!stack_id.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(),
+                                                     ": undecodable context: ",
+                                                     stack_id.status().message()));
+    }
+    if (c.count() == 0) continue;
+    const std::string& service = target->second->service();
+    if (batch.capture_id().empty()) {
+      wb.AddSamples(service, applied.window_start_ms, identity_.host, *stack_id, c.count());
+    } else {
+      wb.AddCaptureSamples(batch.capture_id(), applied.window_start_ms, identity_.host,
+                           *stack_id, c.count());
+    }
+    applied.contexts.push_back({&service, *stack_id, c.count()});
+  }
+  wb.SetAppliedSequence(identity_.agent_id, batch.sequence());
+  ++batches_;
+  wb.PutAgent({identity_.agent_id, identity_.host, identity_.arch, identity_.version,
+               batch.end_ms(), batches_});
+  if (auto st = store_->Commit(&wb); !st.ok()) {
+    --batches_;
+    // The store refuses a sequence at or below the applied one atomically: another stream
+    // of the same agent (a reconnect racing the old stream) applied it first.
+    if (absl::IsAlreadyExists(st)) {
+      pending_cache_.clear();
+      applied.duplicate = true;
+      applied.contexts.clear();
+      return applied;
+    }
+    return st;
+  }
+  last_applied_ = batch.sequence();
+  decode_cache_.merge(pending_cache_);
+  pending_cache_.clear();
+  return applied;
+}
+
+}  // namespace strata::server

@@ -1,0 +1,100 @@
+// Server-side state of one agent's ingest stream: its call graph (replayed from GraphDelta
+// messages or reloaded from the store), the mapping from graph nodes to stored function IDs,
+// the numberings of recent epochs, and the decode cache from (leaf, ID stack) to stack ID.
+//
+// AgentSession is transport-free (the gRPC stream handler owns one and feeds it messages), so
+// the decoding and validation rules are unit-tested without a network. It is used by one
+// thread at a time. Every accepted message is written to the Store before the caller
+// acknowledges it; rejected input changes nothing.
+#ifndef STRATA_SERVER_INGEST_AGENT_SESSION_H_
+#define STRATA_SERVER_INGEST_AGENT_SESSION_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/encoding/graph.h"
+#include "common/encoding/numbering.h"
+#include "server/store/store.h"
+#include "strata/v1/ingest.pb.h"
+
+namespace strata::server {
+
+// Width of the server's aggregation windows.
+inline constexpr int64_t kWindowMs = 10'000;
+inline int64_t WindowStart(int64_t time_ms) { return time_ms - (time_ms % kWindowMs + kWindowMs) % kWindowMs; }
+
+struct AgentIdentity {
+  std::string agent_id;
+  std::string host;
+  std::string arch;
+  std::string version;
+  uint64_t graph_id = 0;
+};
+
+// Observes every batch an AgentSession applies, after it is committed (aggregation tables,
+// capture progress). Called on the ingest thread.
+struct AppliedContext {
+  const std::string* service;
+  uint64_t stack_id;
+  uint64_t count;
+};
+struct AppliedBatch {
+  const AgentIdentity* agent;
+  const v1::SampleBatch* batch;
+  int64_t window_start_ms;
+  bool duplicate = false;  // already applied earlier: acknowledged, not stored again
+  std::vector<AppliedContext> contexts;
+};
+
+class AgentSession {
+ public:
+  // Loads the persisted graph of (agent, graph_id) if any, and the last applied sequence.
+  static absl::StatusOr<std::unique_ptr<AgentSession>> Open(store::Store* store,
+                                                            AgentIdentity identity);
+
+  const AgentIdentity& identity() const { return identity_; }
+  uint32_t num_nodes() const { return static_cast<uint32_t>(graph_.num_nodes()); }
+  uint64_t num_edges() const { return graph_.num_edges(); }
+  uint64_t last_applied_sequence() const { return last_applied_; }
+
+  // Appends the delta's nodes and edges and persists them. FailedPrecondition when the delta
+  // does not start where the graph ends (the caller answers Resync); InvalidArgument for
+  // malformed content. All-or-nothing.
+  absl::Status ApplyGraphDelta(const v1::GraphDelta& delta);
+
+  // Decodes and stores a batch atomically with its sequence number. Returns the applied
+  // contexts (empty with OK for an already-applied sequence: the caller just acknowledges).
+  // FailedPrecondition when the batch's epoch is beyond the graph (caller answers Resync);
+  // InvalidArgument when any context does not decode (nothing is stored).
+  absl::StatusOr<AppliedBatch> ApplyBatch(const v1::SampleBatch& batch);
+
+ private:
+  AgentSession(store::Store* store, AgentIdentity identity);
+
+  // Decodes one context to a stored stack ID.
+  absl::StatusOr<uint64_t> StackIdFor(const encoding::Numbering& numbering,
+                                      const v1::ContextCount& context, store::WriteBatch* wb);
+
+  store::Store* store_;
+  AgentIdentity identity_;
+  encoding::CallGraph graph_;
+  std::vector<uint64_t> node_function_ids_;  // by node ID; 0 for the root and the marker
+  encoding::NumberingCache numberings_;
+  uint64_t last_applied_ = 0;
+  uint64_t batches_ = 0;
+
+  // (leaf, ids) -> stack ID, valid for `decode_cache_epoch_` only.
+  uint64_t decode_cache_epoch_ = UINT64_MAX;
+  absl::flat_hash_map<std::string, uint64_t> decode_cache_;
+  // Decoded in the batch being applied, not committed yet.
+  absl::flat_hash_map<std::string, uint64_t> pending_cache_;
+};
+
+}  // namespace strata::server
+
+#endif  // STRATA_SERVER_INGEST_AGENT_SESSION_H_

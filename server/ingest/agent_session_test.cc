@@ -1,0 +1,234 @@
+#include "server/ingest/agent_session.h"
+
+#include "common/encoding/numbering.h"
+#include "common/testing/temp_dir.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/query/profile.h"
+
+namespace strata::server {
+namespace {
+
+using ::testing::ElementsAre;
+using strata::testing::TempDir;
+
+// Mirrors what an agent does: builds a graph, ships it as a delta, encodes paths.
+struct FakeAgent {
+  encoding::CallGraph graph;
+  std::vector<std::string> names{"<root>", "<truncated>"};
+
+  encoding::NodeId Function(const std::string& name) {
+    for (size_t i = 2; i < names.size(); ++i) {
+      if (names[i] == name) return static_cast<encoding::NodeId>(i);
+    }
+    names.push_back(name);
+    return graph.AddNode();
+  }
+  v1::GraphDelta Delta(uint32_t from_node, uint64_t from_edge) const {
+    v1::GraphDelta d;
+    d.set_first_node(from_node);
+    for (uint32_t n = from_node; n < graph.num_nodes(); ++n) {
+      auto* fn = d.add_nodes();
+      fn->set_id(n);
+      fn->set_name(names[n]);
+      fn->set_module("/bin/demo");
+      fn->set_start_offset(n * 16);
+    }
+    d.set_first_edge(from_edge);
+    for (uint64_t e = from_edge; e < graph.num_edges(); ++e) {
+      auto* ce = d.add_edges();
+      ce->set_caller(graph.edge(e).caller);
+      ce->set_call_site(graph.edge(e).call_site);
+      ce->set_callee(graph.edge(e).callee);
+    }
+    return d;
+  }
+  v1::ContextCount Context(const std::vector<std::string>& path, uint64_t count,
+                           bool truncated = false) {
+    std::vector<encoding::PathFrame> frames;
+    for (size_t i = 0; i < path.size(); ++i) frames.push_back({Function(path[i]), 100 + i});
+    std::shared_ptr<const encoding::Numbering> numbering;
+    auto encoded = encoding::EncodePath(graph, frames, truncated, &numbering);
+    EXPECT_TRUE(encoded.ok()) << encoded.status();
+    v1::ContextCount c;
+    c.set_leaf(encoded->leaf);
+    for (uint64_t id : encoded->ids) c.add_ids(id);
+    c.set_count(count);
+    return c;
+  }
+};
+
+v1::SampleBatch Batch(uint64_t seq, uint64_t epoch, std::vector<v1::ContextCount> contexts) {
+  v1::SampleBatch b;
+  b.set_sequence(seq);
+  b.set_epoch(epoch);
+  b.set_start_ms(1'700'000'000'000 + seq * 10'000);
+  b.set_end_ms(b.start_ms() + 10'000);
+  auto* t = b.add_targets();
+  t->set_id(1);
+  t->set_service("demo");
+  t->set_pid(42);
+  for (auto& c : contexts) {
+    c.set_target_id(1);
+    *b.add_contexts() = c;
+  }
+  return b;
+}
+
+std::vector<std::string> Names(const Profile& p, const ResolvedStack& s) {
+  std::vector<std::string> out;
+  for (uint32_t f : s.frames) out.push_back(p.functions[f].name);
+  return out;
+}
+
+class AgentSessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Reopen(); }
+  void Reopen() {
+    store_.reset();
+    auto s = store::Store::Open(dir_.path(), {});
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+  }
+  std::unique_ptr<AgentSession> Open(uint64_t graph_id = 7) {
+    auto s = AgentSession::Open(store_.get(), {"agent-1", "host-a", "x86_64", "test", graph_id});
+    EXPECT_TRUE(s.ok()) << s.status();
+    return std::move(*s);
+  }
+  Profile Load() {
+    ProfileReader reader(store_.get());
+    auto p = reader.Load({.service = "demo", .from_ms = 0, .to_ms = INT64_MAX});
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : Profile{};
+  }
+
+  TempDir dir_;
+  std::unique_ptr<store::Store> store_;
+};
+
+TEST_F(AgentSessionTest, DecodesAndStoresBatch) {
+  FakeAgent agent;
+  auto c1 = agent.Context({"main", "serve", "tokenize"}, 6);
+  auto c2 = agent.Context({"main", "serve", "deflate"}, 3);
+  auto session = Open();
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  auto applied = session->ApplyBatch(Batch(1, agent.graph.num_edges(), {c1, c2}));
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_EQ(applied->contexts.size(), 2u);
+
+  Profile p = Load();
+  EXPECT_EQ(p.total, 9u);
+  ASSERT_EQ(p.stacks.size(), 2u);
+  EXPECT_THAT(Names(p, p.stacks[0]), ElementsAre("main", "serve", "tokenize"));
+  EXPECT_THAT(Names(p, p.stacks[1]), ElementsAre("main", "serve", "deflate"));
+  EXPECT_EQ(p.stacks[0].count, 6u);
+}
+
+TEST_F(AgentSessionTest, ResentBatchIsAppliedOnce) {
+  FakeAgent agent;
+  auto c = agent.Context({"main", "work"}, 5);
+  auto session = Open();
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  auto batch = Batch(1, agent.graph.num_edges(), {c});
+  ASSERT_TRUE(session->ApplyBatch(batch).ok());
+  auto again = session->ApplyBatch(batch);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->duplicate);
+  EXPECT_EQ(Load().total, 5u);
+}
+
+TEST_F(AgentSessionTest, GraphSurvivesServerRestart) {
+  FakeAgent agent;
+  auto c1 = agent.Context({"main", "a", "b"}, 2);
+  {
+    auto session = Open();
+    ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+    ASSERT_TRUE(session->ApplyBatch(Batch(1, agent.graph.num_edges(), {c1})).ok());
+  }
+  Reopen();
+  auto session = Open();
+  EXPECT_EQ(session->num_nodes(), agent.graph.num_nodes());
+  EXPECT_EQ(session->num_edges(), agent.graph.num_edges());
+  EXPECT_EQ(session->last_applied_sequence(), 1u);
+  // A later batch encoded against the same graph still decodes.
+  const uint32_t nodes = session->num_nodes();
+  const uint64_t edges = session->num_edges();
+  auto c2 = agent.Context({"main", "a", "c"}, 4);
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(nodes, edges)).ok());
+  ASSERT_TRUE(session->ApplyBatch(Batch(2, agent.graph.num_edges(), {c1, c2})).ok());
+  EXPECT_EQ(Load().total, 8u);
+}
+
+TEST_F(AgentSessionTest, NewGraphIdStartsEmpty) {
+  FakeAgent agent;
+  agent.Context({"main", "a"}, 1);
+  {
+    auto session = Open(7);
+    ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  }
+  auto session = Open(8);
+  EXPECT_EQ(session->num_edges(), 0u);
+}
+
+TEST_F(AgentSessionTest, RejectsDeltaNotStartingAtTheEnd) {
+  FakeAgent agent;
+  agent.Context({"main", "a"}, 1);
+  auto session = Open();
+  auto st = session->ApplyGraphDelta(agent.Delta(3, 1));
+  EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
+  EXPECT_EQ(session->num_edges(), 0u);
+}
+
+TEST_F(AgentSessionTest, RejectsEdgeToUnknownNodeWithoutChangingState) {
+  FakeAgent agent;
+  agent.Context({"main", "a"}, 1);
+  auto session = Open();
+  auto delta = agent.Delta(2, 0);
+  delta.mutable_edges(1)->set_callee(999);
+  auto st = session->ApplyGraphDelta(delta);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_EQ(session->num_nodes(), 2u);
+  // The good delta still applies afterwards.
+  EXPECT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+}
+
+TEST_F(AgentSessionTest, RejectsUndecodableContextsAndKeepsEarlierData) {
+  FakeAgent agent;
+  auto good = agent.Context({"main", "a"}, 3);
+  auto session = Open();
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  ASSERT_TRUE(session->ApplyBatch(Batch(1, agent.graph.num_edges(), {good})).ok());
+
+  auto bad = good;
+  bad.set_leaf(12345);  // unknown node
+  auto r = session->ApplyBatch(Batch(2, agent.graph.num_edges(), {good, bad}));
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  auto out_of_range = good;
+  out_of_range.set_ids(0, 1ull << 40);
+  r = session->ApplyBatch(Batch(3, agent.graph.num_edges(), {out_of_range}));
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  // Epoch beyond the graph: the agent must resend the graph.
+  r = session->ApplyBatch(Batch(4, agent.graph.num_edges() + 5, {good}));
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
+  auto unknown_target = Batch(5, agent.graph.num_edges(), {good});
+  unknown_target.mutable_contexts(0)->set_target_id(9);
+  EXPECT_TRUE(absl::IsInvalidArgument(session->ApplyBatch(unknown_target).status()));
+
+  EXPECT_EQ(Load().total, 3u);
+  EXPECT_EQ(session->last_applied_sequence(), 1u);
+}
+
+TEST_F(AgentSessionTest, TruncatedStacksAreMarked) {
+  FakeAgent agent;
+  auto c = agent.Context({"inner", "leaf"}, 2, /*truncated=*/true);
+  auto session = Open();
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  ASSERT_TRUE(session->ApplyBatch(Batch(1, agent.graph.num_edges(), {c})).ok());
+  Profile p = Load();
+  ASSERT_EQ(p.stacks.size(), 1u);
+  EXPECT_TRUE(p.stacks[0].truncated);
+  EXPECT_THAT(Names(p, p.stacks[0]), ElementsAre("inner", "leaf"));
+}
+
+}  // namespace
+}  // namespace strata::server

@@ -1,0 +1,99 @@
+// gRPC Ingest service: one bidirectional stream per agent (protocol in
+// proto/strata/v1/ingest.proto). Each stream owns an AgentSession; the AgentRegistry tracks
+// connected agents for queries (ListAgents) and for pushing control messages (captures).
+//
+// Bad client input is answered with an IngestError on the stream (or a failed status for a
+// stream that does not start with a valid Hello) and never affects other agents or data
+// already accepted.
+#ifndef STRATA_SERVER_INGEST_INGEST_SERVICE_H_
+#define STRATA_SERVER_INGEST_INGEST_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "server/ingest/agent_session.h"
+#include "server/store/store.h"
+#include "strata/v1/ingest.grpc.pb.h"
+#include "strata/v1/query.pb.h"
+
+namespace strata::server {
+
+struct IngestMetrics {
+  std::atomic<uint64_t> streams{0};
+  std::atomic<uint64_t> batches{0};
+  std::atomic<uint64_t> duplicate_batches{0};
+  std::atomic<uint64_t> samples{0};
+  std::atomic<uint64_t> contexts{0};
+  std::atomic<uint64_t> rejected_messages{0};
+  std::atomic<uint64_t> resyncs{0};
+};
+
+// Connected (and recently seen) agents. Thread-safe.
+class AgentRegistry {
+ public:
+  using Sender = std::function<bool(const v1::ServerMessage&)>;
+
+  void Attach(const AgentIdentity& identity, uint32_t frequency_hz, Sender sender);
+  void Detach(const std::string& agent_id);
+  void RecordBatch(const std::string& agent_id, const v1::SampleBatch& batch);
+  std::vector<v1::AgentInfo> List() const;
+  // Agents (connected) that currently profile a target of `service` (empty: any) on `host`
+  // (empty: any) with `pid` (0: any).
+  std::vector<std::string> FindAgents(const std::string& service, const std::string& host,
+                                      uint32_t pid) const;
+  // Sends a control message to a connected agent; false if it is gone.
+  bool Send(const std::string& agent_id, const v1::ServerMessage& message);
+
+ private:
+  struct Entry {
+    AgentIdentity identity;
+    uint32_t frequency_hz = 0;
+    bool connected = false;
+    int64_t last_batch_ms = 0;
+    uint64_t batches = 0;
+    std::map<uint32_t, v1::Target> targets;  // by pid, latest seen
+    std::shared_ptr<Sender> sender;
+  };
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry> agents_ ABSL_GUARDED_BY(mu_);
+};
+
+class IngestService final : public v1::Ingest::Service {
+ public:
+  struct Options {
+    std::string token;  // required Hello.token when non-empty
+  };
+  using BatchObserver = std::function<void(const AppliedBatch&)>;
+
+  IngestService(store::Store* store, AgentRegistry* registry, IngestMetrics* metrics,
+                Options options);
+  // Called after every committed batch (aggregation, capture progress).
+  void AddBatchObserver(BatchObserver observer) { observers_.push_back(std::move(observer)); }
+  using CaptureStatusObserver =
+      std::function<void(const std::string& agent_id, const v1::CaptureStatus&)>;
+  void AddCaptureStatusObserver(CaptureStatusObserver observer) {
+    capture_status_observers_.push_back(std::move(observer));
+  }
+
+  grpc::Status Connect(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::ServerMessage, v1::AgentMessage>* stream) override;
+
+ private:
+  store::Store* store_;
+  AgentRegistry* registry_;
+  IngestMetrics* metrics_;
+  Options options_;
+  std::vector<BatchObserver> observers_;
+  std::vector<CaptureStatusObserver> capture_status_observers_;
+};
+
+}  // namespace strata::server
+
+#endif  // STRATA_SERVER_INGEST_INGEST_SERVICE_H_

@@ -1,0 +1,104 @@
+// strata-server: receives agent streams, stores profiles in an embedded RocksDB directory and
+// answers queries (gRPC, plus HTTP for /healthz, /metrics and the JSON mirror).
+#include <signal.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "server/http/http_server.h"
+#include "server/ingest/ingest_service.h"
+#include "server/query/query_service.h"
+#include "server/server_metrics.h"
+#include "server/store/store.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+int Run(int argc, char** argv) {
+  CLI::App app{"strata-server: continuous profiling server"};
+  std::string listen = "0.0.0.0:7070";
+  std::string http = "127.0.0.1:7071";
+  std::string data = "./var/strata";
+  std::string token;
+  std::string log_level = "info";
+  bool sync = false;
+  app.add_option("--listen", listen, "gRPC address for agents and clients (host:port)");
+  app.add_option("--http", http, "HTTP address for /healthz, /metrics and the UI; empty: off");
+  app.add_option("--data", data, "RocksDB data directory (created if missing)");
+  app.add_option("--token", token, "shared secret agents must present");
+  app.add_flag("--sync", sync, "fsync the write-ahead log on every batch");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::from_str(log_level));
+
+  // Signals are taken synchronously by the main thread below; block them before any thread
+  // starts so none of gRPC's or Beast's threads receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  strata::store::StoreOptions store_options;
+  store_options.sync = sync;
+  auto store_or = strata::store::Store::Open(data, store_options);
+  if (!store_or.ok()) {
+    std::fprintf(stderr, "strata-server: cannot open data directory %s: %s\n", data.c_str(),
+                 store_or.status().ToString().c_str());
+    return 1;
+  }
+  std::unique_ptr<strata::store::Store> store = std::move(*store_or);
+
+  strata::server::AgentRegistry registry;
+  strata::server::IngestMetrics metrics;
+  strata::server::IngestService ingest(store.get(), &registry, &metrics, {token});
+  strata::server::QueryService query(store.get(), &registry);
+
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.RegisterService(&ingest);
+  builder.RegisterService(&query);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || bound_port == 0) {
+    std::fprintf(stderr, "strata-server: cannot listen on %s\n", listen.c_str());
+    return 1;
+  }
+
+  strata::server::HttpServer http_server;
+  strata::server::RegisterHttpRoutes(&http_server, store.get(), &metrics, &query);
+  if (!http.empty()) {
+    if (auto st = http_server.Start(http); !st.ok()) {
+      std::fprintf(stderr, "strata-server: %s\n", std::string(st.message()).c_str());
+      server->Shutdown();
+      return 1;
+    }
+  }
+  spdlog::info("strata-server listening on {} (port {}), HTTP on {}, data in {}", listen,
+               bound_port, http.empty() ? "off" : http, data);
+  std::printf("strata-server ready on port %d\n", bound_port);
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("signal {}: shutting down", sig);
+  // Agents' streams end here; every batch acknowledged so far is already committed.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  http_server.Stop();
+  if (auto st = store->Close(); !st.ok()) {
+    spdlog::error("closing the store: {}", st.ToString());
+    return 1;
+  }
+  spdlog::info("stopped cleanly");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Run(argc, argv); }

@@ -1,0 +1,72 @@
+// Reading profiles back: the samples of one service (or capture) over a time range, resolved
+// to frames, filtered, and reduced to the views the query API serves (top functions, hot
+// paths). Shared by the gRPC Query service and the HTTP/JSON mirror.
+//
+// A Profile owns its resolved data; ProfileReader borrows the Store.
+#ifndef STRATA_SERVER_QUERY_PROFILE_H_
+#define STRATA_SERVER_QUERY_PROFILE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/store/store.h"
+
+namespace strata::server {
+
+struct ProfileQuery {
+  std::string service;
+  int64_t from_ms = 0;  // inclusive
+  int64_t to_ms = 0;    // exclusive
+  std::string host;     // empty: all hosts
+  std::string capture_id;  // non-empty: the samples of this capture instead
+  std::string focus;    // RE2: keep stacks with a matching function
+  std::string ignore;   // RE2: drop stacks with a matching function
+};
+
+struct ResolvedFunction {
+  uint64_t id = 0;
+  std::string name;
+  std::string module;
+};
+
+struct ResolvedStack {
+  uint64_t stack_id = 0;
+  uint64_t count = 0;
+  bool truncated = false;
+  std::vector<uint32_t> frames;  // indices into Profile::functions, outermost first
+};
+
+struct Profile {
+  uint64_t total = 0;
+  std::vector<ResolvedFunction> functions;
+  std::vector<ResolvedStack> stacks;  // by count, descending
+  std::vector<std::string> hosts;     // hosts that contributed samples, sorted
+};
+
+struct FunctionTotals {
+  uint32_t function;  // index into Profile::functions
+  uint64_t self = 0;
+  uint64_t total = 0;
+};
+
+// Self and total samples per function; a function appearing several times in one stack
+// (recursion) counts once towards that stack's total.
+std::vector<FunctionTotals> TopFunctions(const Profile& profile, bool sort_by_total);
+
+class ProfileReader {
+ public:
+  explicit ProfileReader(store::Store* store) : store_(store) {}
+  // InvalidArgument: empty service, from >= to, bad regex. NotFound: unknown service (with
+  // the known ones in the message). Stacks that cannot be resolved are reported as DataLoss.
+  absl::StatusOr<Profile> Load(const ProfileQuery& query);
+
+ private:
+  store::Store* store_;
+};
+
+}  // namespace strata::server
+
+#endif  // STRATA_SERVER_QUERY_PROFILE_H_

@@ -1,0 +1,77 @@
+#include "server/query/profile.h"
+
+#include "common/testing/temp_dir.h"
+#include "gtest/gtest.h"
+
+namespace strata::server {
+namespace {
+
+class ProfileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = store::Store::Open(dir_.path(), {});
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+    // main -> a -> leaf (5), main -> b -> leaf (3), main -> a -> a (2): recursion
+    store::WriteBatch wb;
+    auto fn = [&](const char* name) {
+      return *store_->InternFunction({name, "/bin/x", "", 0}, &wb);
+    };
+    const uint64_t main = fn("main"), a = fn("a"), b = fn("b"), leaf = fn("leaf");
+    auto stack = [&](std::vector<uint64_t> f) {
+      return *store_->InternStack({std::move(f), false}, &wb);
+    };
+    wb.AddSamples("svc", 10'000, "h1", stack({main, a, leaf}), 5);
+    wb.AddSamples("svc", 20'000, "h2", stack({main, b, leaf}), 3);
+    wb.AddSamples("svc", 20'000, "h1", stack({main, a, a}), 2);
+    wb.AddSamples("other", 20'000, "h1", stack({main}), 100);
+    ASSERT_TRUE(store_->Commit(&wb).ok());
+  }
+  absl::StatusOr<Profile> Load(ProfileQuery q) {
+    if (q.service.empty()) q.service = "svc";
+    if (q.to_ms == 0) q.to_ms = 1'000'000;
+    return ProfileReader(store_.get()).Load(q);
+  }
+  strata::testing::TempDir dir_;
+  std::unique_ptr<store::Store> store_;
+};
+
+TEST_F(ProfileTest, TopCountsSelfAndTotalOncePerStack) {
+  auto p = Load({});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->total, 10u);
+  auto top = TopFunctions(*p, /*sort_by_total=*/false);
+  ASSERT_GE(top.size(), 3u);
+  EXPECT_EQ(p->functions[top[0].function].name, "leaf");
+  EXPECT_EQ(top[0].self, 8u);
+  EXPECT_EQ(top[0].total, 8u);
+  for (const auto& t : top) {
+    if (p->functions[t.function].name == "a") {
+      EXPECT_EQ(t.self, 2u);
+      EXPECT_EQ(t.total, 7u);  // the recursive stack counts once
+    }
+    if (p->functions[t.function].name == "main") EXPECT_EQ(t.total, 10u);
+  }
+  auto by_total = TopFunctions(*p, /*sort_by_total=*/true);
+  EXPECT_EQ(p->functions[by_total[0].function].name, "main");
+}
+
+TEST_F(ProfileTest, FiltersByRangeHostFocusAndIgnore) {
+  EXPECT_EQ(Load({.from_ms = 20'000})->total, 5u);
+  EXPECT_EQ(Load({.host = "h2"})->total, 3u);
+  EXPECT_EQ(Load({.focus = "^b$"})->total, 3u);
+  EXPECT_EQ(Load({.ignore = "^b$"})->total, 7u);
+  EXPECT_EQ(Load({})->hosts, (std::vector<std::string>{"h1", "h2"}));
+}
+
+TEST_F(ProfileTest, ClearErrors) {
+  EXPECT_TRUE(absl::IsNotFound(Load({.service = "nope"}).status()));
+  EXPECT_NE(Load({.service = "nope"}).status().message().find("known: other, svc"),
+            std::string::npos)
+      << Load({.service = "nope"}).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(Load({.focus = "("}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(Load({.from_ms = 5, .to_ms = 5}).status()));
+}
+
+}  // namespace
+}  // namespace strata::server

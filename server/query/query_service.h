@@ -1,0 +1,51 @@
+// gRPC Query service (proto/strata/v1/query.proto): services, agents, top functions and hot
+// paths over the store, with the filters of ProfileQuery. Stateless apart from borrowed
+// pointers; thread-safe.
+#ifndef STRATA_SERVER_QUERY_QUERY_SERVICE_H_
+#define STRATA_SERVER_QUERY_QUERY_SERVICE_H_
+
+#include <functional>
+
+#include "absl/status/statusor.h"
+#include "server/ingest/ingest_service.h"
+#include "server/query/profile.h"
+#include "server/store/store.h"
+#include "strata/v1/query.grpc.pb.h"
+
+namespace strata::server {
+
+// Converts a proto filter to a ProfileQuery; `now_ms` fills an open end.
+absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int64_t now_ms);
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+class QueryService final : public v1::Query::Service {
+ public:
+  QueryService(store::Store* store, AgentRegistry* registry);
+
+  grpc::Status ListServices(grpc::ServerContext*, const v1::ListServicesRequest*,
+                            v1::ListServicesResponse*) override;
+  grpc::Status ListAgents(grpc::ServerContext*, const v1::ListAgentsRequest*,
+                          v1::ListAgentsResponse*) override;
+  grpc::Status Top(grpc::ServerContext*, const v1::TopRequest*, v1::TopResponse*) override;
+  grpc::Status HotPaths(grpc::ServerContext*, const v1::HotPathsRequest*,
+                        v1::HotPathsResponse*) override;
+
+  // Transport-free entry points (also used by the HTTP/JSON mirror).
+  absl::StatusOr<v1::TopResponse> RunTop(const v1::TopRequest& request);
+  absl::StatusOr<v1::HotPathsResponse> RunHotPaths(const v1::HotPathsRequest& request);
+  absl::StatusOr<v1::ListServicesResponse> RunListServices();
+  v1::ListAgentsResponse RunListAgents();
+
+ private:
+  absl::StatusOr<Profile> LoadProfile(const v1::ProfileFilter& filter);
+  // Architectures of the hosts that contributed to `profile`.
+  std::vector<std::string> ArchsOf(const Profile& profile);
+
+  store::Store* store_;
+  AgentRegistry* registry_;
+  ProfileReader reader_;
+};
+
+}  // namespace strata::server
+
+#endif  // STRATA_SERVER_QUERY_QUERY_SERVICE_H_

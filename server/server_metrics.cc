@@ -1,0 +1,126 @@
+#include "server/server_metrics.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace strata::server {
+namespace {
+
+HttpResponse Json(const google::protobuf::Message& message) {
+  HttpResponse r;
+  r.content_type = "application/json";
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &r.body, options);
+  return r;
+}
+
+HttpResponse Error(const absl::Status& status) {
+  HttpResponse r;
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument: r.status = 400; break;
+    case absl::StatusCode::kNotFound: r.status = 404; break;
+    default: r.status = 500;
+  }
+  r.content_type = "application/json";
+  std::string escaped;
+  for (char c : status.message()) {
+    if (c == '"' || c == '\\') escaped.push_back('\\');
+    if (static_cast<unsigned char>(c) >= 0x20) escaped.push_back(c);
+  }
+  r.body = absl::StrCat("{\"error\":\"", escaped, "\"}");
+  return r;
+}
+
+// Fills a ProfileFilter from ?service=&from_ms=&to_ms=&since_s=&host=&focus=&ignore=.
+absl::Status FilterFromQuery(const HttpRequest& req, v1::ProfileFilter* filter) {
+  auto get = [&](const char* key) -> std::string {
+    auto it = req.query.find(key);
+    return it == req.query.end() ? "" : it->second;
+  };
+  filter->set_service(get("service"));
+  filter->set_host(get("host"));
+  filter->set_focus(get("focus"));
+  filter->set_ignore(get("ignore"));
+  filter->set_capture_id(get("capture"));
+  int64_t v = 0;
+  for (auto [key, setter] :
+       {std::pair<const char*, void (v1::TimeRange::*)(int64_t)>{"from_ms", &v1::TimeRange::set_from_ms},
+        {"to_ms", &v1::TimeRange::set_to_ms}}) {
+    std::string s = get(key);
+    if (s.empty()) continue;
+    if (!absl::SimpleAtoi(s, &v)) return absl::InvalidArgumentError(absl::StrCat("bad ", key));
+    (filter->mutable_range()->*setter)(v);
+  }
+  if (std::string s = get("since_s"); !s.empty()) {
+    if (!absl::SimpleAtoi(s, &v) || v <= 0) return absl::InvalidArgumentError("bad since_s");
+    const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+    filter->mutable_range()->set_from_ms(now - v * 1000);
+  }
+  return absl::OkStatus();
+}
+
+uint32_t LimitFromQuery(const HttpRequest& req) {
+  auto it = req.query.find("limit");
+  uint32_t limit = 0;
+  if (it != req.query.end()) (void)absl::SimpleAtoi(it->second, &limit);
+  return limit;
+}
+
+}  // namespace
+
+void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* metrics,
+                        QueryService* query) {
+  http->Route("/healthz", [](const HttpRequest&) { return HttpResponse{200, "text/plain", "ok\n"}; });
+  http->Route("/metrics", [store, metrics](const HttpRequest&) {
+    HttpResponse r;
+    r.content_type = "text/plain; version=0.0.4";
+    auto counter = [&](const char* name, const char* help, uint64_t value) {
+      absl::StrAppend(&r.body, "# HELP ", name, " ", help, "\n# TYPE ", name, " counter\n", name,
+                      " ", value, "\n");
+    };
+    counter("strata_ingest_streams_total", "Agent streams accepted.", metrics->streams);
+    counter("strata_ingest_batches_total", "Sample batches applied.", metrics->batches);
+    counter("strata_ingest_duplicate_batches_total", "Resent batches acknowledged again.",
+            metrics->duplicate_batches);
+    counter("strata_ingest_samples_total", "Samples applied.", metrics->samples);
+    counter("strata_ingest_contexts_total", "Distinct contexts applied (per batch).",
+            metrics->contexts);
+    counter("strata_ingest_rejected_messages_total", "Messages rejected as malformed.",
+            metrics->rejected_messages);
+    counter("strata_ingest_resyncs_total", "Graph resyncs requested.", metrics->resyncs);
+    absl::StrAppend(&r.body, "# HELP strata_store_bytes Approximate bytes on disk.\n",
+                    "# TYPE strata_store_bytes gauge\nstrata_store_bytes ",
+                    store->ApproximateBytesOnDisk(), "\n");
+    return r;
+  });
+  http->Route("/api/v1/services", [query](const HttpRequest&) {
+    auto r = query->RunListServices();
+    return r.ok() ? Json(*r) : Error(r.status());
+  });
+  http->Route("/api/v1/agents", [query](const HttpRequest&) { return Json(query->RunListAgents()); });
+  http->Route("/api/v1/top", [query](const HttpRequest& req) {
+    v1::TopRequest request;
+    if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
+    request.set_limit(LimitFromQuery(req));
+    if (auto it = req.query.find("sort"); it != req.query.end() && it->second == "total") {
+      request.set_sort(v1::TopRequest::TOTAL);
+    }
+    auto r = query->RunTop(request);
+    return r.ok() ? Json(*r) : Error(r.status());
+  });
+  http->Route("/api/v1/hot-paths", [query](const HttpRequest& req) {
+    v1::HotPathsRequest request;
+    if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
+    request.set_limit(LimitFromQuery(req));
+    auto r = query->RunHotPaths(request);
+    return r.ok() ? Json(*r) : Error(r.status());
+  });
+}
+
+}  // namespace strata::server

@@ -1,0 +1,19 @@
+// HTTP routes of strata-server: /healthz, Prometheus /metrics and the JSON mirror of the
+// query API (/api/v1/...). The routes borrow the store, metrics and query service, which
+// must outlive the HttpServer.
+#ifndef STRATA_SERVER_SERVER_METRICS_H_
+#define STRATA_SERVER_SERVER_METRICS_H_
+
+#include "server/http/http_server.h"
+#include "server/ingest/ingest_service.h"
+#include "server/query/query_service.h"
+#include "server/store/store.h"
+
+namespace strata::server {
+
+void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* metrics,
+                        QueryService* query);
+
+}  // namespace strata::server
+
+#endif  // STRATA_SERVER_SERVER_METRICS_H_
