@@ -157,17 +157,13 @@ class SortedTable {
       Entry& e = slab_[i];
       if (e.key == key) [[likely]] {
         e.count += count;
-        // Branch-free: entries touched less than once a period roll on most hits, and a
-        // mispredicted branch there would stall the lookups that follow.
         const uint32_t weight = PeriodWeight(count);
-        const bool current = e.epoch == epoch_;
-        const bool previous = e.epoch + 1 == epoch_;
-        e.prev_count = current ? e.prev_count : (previous ? e.period_count : 0);
-        e.period_count = (current ? e.period_count : 0) + weight;
-        e.epoch = epoch_;
-        // True iff the entry just crossed frequency_threshold (period_count >= weight).
-        if (e.period_count - (options_.frequency_threshold + 1) < weight) [[unlikely]] {
-          if (position > 1) QueueForSort(b);
+        const uint32_t period_count = CountInPeriod(e, weight);
+        // A chain is queued when an entry behind its head just crossed frequency_threshold
+        // (the subtraction cannot wrap below: period_count >= weight).
+        if (position > 1 &&
+            period_count - (options_.frequency_threshold + 1) < weight) [[unlikely]] {
+          QueueForSort(b);
         }
         ++stats_.hits;
         stats_.hit_probe_sum += position;
@@ -296,14 +292,18 @@ class SortedTable {
   static constexpr uint32_t kNil = std::numeric_limits<uint32_t>::max();
   static constexpr uint32_t kQueuedBit = 1u << 31;  // in depths_[bucket]
 
-  struct Entry {
+  struct EntryFields {
     Key key;
     uint64_t count;
-    uint32_t next;          // slab index of the next entry in the chain, kNil at the tail
-    uint32_t epoch;         // period of the last update; the counters below are as of then
-    uint32_t period_count;  // counts added in period `epoch` (see PeriodWeight)
-    uint32_t prev_count;    // counts added in period `epoch - 1`
+    // (period of the last update) << 32 | counts added in that period (see PeriodWeight).
+    // One word, so that "reset if stale, then add" is a max and an add.
+    uint64_t period_word;
+    uint32_t next;        // slab index of the next entry in the chain, kNil at the tail
+    uint32_t prev_count;  // counts added in the period before that of period_word
   };
+  // Aligned to its power-of-two size (32 bytes for 64-bit keys) so no entry straddles two
+  // cache lines.
+  struct alignas(std::min<size_t>(64, std::bit_ceil(sizeof(EntryFields)))) Entry : EntryFields {};
   // One entry of a chain being sorted.
   struct SortItem {
     uint32_t index;     // slab index
@@ -383,10 +383,10 @@ class SortedTable {
     uint32_t* link = &heads_[b];
     while (*link != kNil) link = &slab_[*link].next;
     const uint32_t i = size_++;
-    slab_[i] = Entry{key, count, kNil, epoch_, PeriodWeight(count), 0};
+    slab_[i] = Entry{{key, count, epoch_base() + PeriodWeight(count), kNil, 0}};
     *link = i;
     ++depths_[b];
-    if (slab_[i].period_count > options_.frequency_threshold && position > 1) QueueForSort(b);
+    if (PeriodWeight(count) > options_.frequency_threshold && position > 1) QueueForSort(b);
     ++stats_.inserts;
     stats_.insert_probe_sum += position - 1;
     EndUpdate(count);
@@ -399,10 +399,30 @@ class SortedTable {
     return static_cast<uint32_t>(std::min<uint64_t>(count, uint64_t{1} << 31));
   }
 
-  uint32_t PeriodCount(const Entry& e) const { return e.epoch == epoch_ ? e.period_count : 0; }
+  uint64_t epoch_base() const { return uint64_t{epoch_} << 32; }
+  static uint32_t WordEpoch(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
+  static uint32_t WordCount(uint64_t word) { return static_cast<uint32_t>(word); }
+
+  // Adds `weight` to the entry's count of the current period, first moving a stale count to
+  // prev_count (or 0 if older than the previous period). Written without branches: entries
+  // hit less than once a period roll on most of their hits, so a branch would be unpredictable.
+  // Returns the new period count.
+  uint32_t CountInPeriod(Entry& e, uint32_t weight) const {
+    const uint64_t base = epoch_base();
+    const uint64_t old = e.period_word;
+    const uint64_t stale = uint64_t{0} - uint64_t{old < base};  // all ones if stale
+    const uint32_t last = WordEpoch(old) + 1 == epoch_ ? WordCount(old) : 0;
+    e.prev_count = (e.prev_count & ~static_cast<uint32_t>(stale)) |
+                   (last & static_cast<uint32_t>(stale));
+    e.period_word = ((old & ~stale) | (base & stale)) + weight;
+    return WordCount(e.period_word);
+  }
+  uint32_t PeriodCount(const Entry& e) const {
+    return WordEpoch(e.period_word) == epoch_ ? WordCount(e.period_word) : 0;
+  }
   uint32_t PrevCount(const Entry& e) const {
-    if (e.epoch == epoch_) return e.prev_count;
-    return e.epoch + 1 == epoch_ ? e.period_count : 0;
+    if (WordEpoch(e.period_word) == epoch_) return e.prev_count;
+    return WordEpoch(e.period_word) + 1 == epoch_ ? WordCount(e.period_word) : 0;
   }
 
   void QueueForSort(uint32_t b) {
