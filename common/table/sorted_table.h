@@ -60,7 +60,7 @@ struct SortedTableOptions {
   // smallest power of two >= max_entries, i.e. mean chain length <= 1 when full. Fewer
   // buckets save 8 bytes each and make chains deeper, which is where sorting pays.
   uint32_t bucket_count = 0;
-  // false: a plain bounded chained table (no sorting, no phase changes).
+  // false: a plain bounded chained table (no period counts, sorting or phase changes).
   bool sorting = true;
   // A period ends after this many counts have been added (updates, with count 1 per Add).
   // 65536 samples is a few seconds of a busy server, a full interval of a busy agent.
@@ -157,13 +157,15 @@ class SortedTable {
       Entry& e = slab_[i];
       if (e.key == key) [[likely]] {
         e.count += count;
-        const uint32_t weight = PeriodWeight(count);
-        const uint32_t period_count = CountInPeriod(e, weight);
-        // A chain is queued when an entry behind its head just crossed frequency_threshold
-        // (the subtraction cannot wrap below: period_count >= weight).
-        if (position > 1 &&
-            period_count - (options_.frequency_threshold + 1) < weight) [[unlikely]] {
-          QueueForSort(b);
+        if (options_.sorting) {  // without sorting nobody reads the period counts
+          const uint32_t weight = PeriodWeight(count);
+          const uint32_t period_count = CountInPeriod(e, weight);
+          // A chain is queued when an entry behind its head just crossed frequency_threshold
+          // (the subtraction cannot wrap below: period_count >= weight).
+          if (position > 1 &&
+              period_count - (options_.frequency_threshold + 1) < weight) [[unlikely]] {
+            QueueForSort(b);
+          }
         }
         ++stats_.hits;
         stats_.hit_probe_sum += position;
@@ -260,7 +262,7 @@ class SortedTable {
   }
 
   // Diagnostics and tests: the bucket `key` maps to, and the chain of a bucket head first as
-  // fn(key, count, period_count).
+  // fn(key, count, period_count). period_count is only maintained when sorting is on.
   uint32_t BucketIndex(const Key& key) const {
     uint64_t h = static_cast<uint64_t>(hash_(key));
     h ^= h >> 32;
