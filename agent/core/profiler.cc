@@ -196,13 +196,17 @@ void Profiler::HandleSample(const sampler::RawSample& sample) {
       absl::Now() - target.last_refresh > absl::Seconds(1)) {
     RefreshMappings(target);
   }
-  const bool truncated = result.stop != unwind::StopReason::kOutermost;
-  stats_.unwound_frames += result.num_frames;
-  stats_.truncated += truncated;
+  RecordStack(target, frames_.data(), result.num_frames,
+              result.stop != unwind::StopReason::kOutermost);
+}
 
+void Profiler::RecordStack(Target& target, const unwind::Frame* frames, size_t num_frames,
+                           bool truncated) {
+  stats_.unwound_frames += num_frames;
+  stats_.truncated += truncated;
   path_.clear();
-  for (size_t i = result.num_frames; i-- > 0;) {
-    path_.push_back(FrameFor(target, frames_[i].pc, i == 0));
+  for (size_t i = num_frames; i-- > 0;) {
+    path_.push_back(FrameFor(target, frames[i].pc, i == 0));
   }
   auto edges = graph_->AddPath(path_, truncated);
   if (!edges.ok()) {

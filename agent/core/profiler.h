@@ -89,6 +89,11 @@ class Profiler {
   void AddTarget(const procfs::TrackedProcess& process);
   void RemoveTarget(pid_t pid);
   void HandleSample(const sampler::RawSample& sample);
+  // Symbolizes an unwound stack (innermost first; frames[0].pc exact, the others return
+  // addresses), adds its context to the graph and counts it. Every stack source ends here:
+  // perf samples unwound by the agent and stacks unwound in-process (agent/inproc).
+  void RecordStack(Target& target, const unwind::Frame* frames, size_t num_frames,
+                   bool truncated);
   // Refreshes the target's mappings if they changed; true when they did.
   bool RefreshMappings(Target& target);
   encoding::PathFrame FrameFor(Target& target, uint64_t pc, bool innermost);
