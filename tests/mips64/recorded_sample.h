@@ -1,8 +1,6 @@
-// Recorded MIPS64 samples (programs/workload.c writes them under qemu) and the unwinding loop
-// the recorded-stack tests and benchmarks run them through.
-//
-// The loop is the same walk the generic Unwind() (common/unwind/unwinder.h) performs with a
-// MIPS64 RuleSource; it stays local to the tests until that implementation is in the tree.
+// Recorded MIPS64 samples (programs/workload.c writes them under qemu) and the address space
+// the recorded-stack tests and benchmarks unwind them in with the generic Unwind()
+// (common/unwind/unwinder.h), exactly as the agent and the in-process sampler do.
 #ifndef STRATA_TESTS_MIPS64_RECORDED_SAMPLE_H_
 #define STRATA_TESTS_MIPS64_RECORDED_SAMPLE_H_
 
@@ -12,8 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "common/elf/elf_file.h"
 #include "common/unwind/mips64/function_table.h"
 #include "common/unwind/unwind_types.h"
+#include "common/unwind/unwinder.h"
 
 namespace strata::unwind::mips64 {
 
@@ -64,39 +64,38 @@ inline bool ReadRecordedSamples(const std::string& path, bool be, std::vector<Re
   return true;
 }
 
-// Walks from `s.regs` with `table`; returns the number of frames written.
-inline size_t UnwindMips64(const PrologueTable& table, const RecordedSample& s, Frame* frames,
-                           size_t capacity) {
-  const bool be = IsBigEndian(table.arch());
-  const StackSnapshot stack = s.snapshot();
-  Registers r = s.regs;
-  size_t n = 0;
-  for (bool innermost = true; n < capacity; innermost = false) {
-    frames[n++] = {r.pc, r.sp, 0};
-    UnwindRow row;
-    if (!table.FindRow(r.pc, innermost, &row)) break;
-    if (row.ra_rule == UnwindRow::RaRule::kUndefined) break;
-    const uint64_t cfa = (row.cfa_base == UnwindRow::CfaBase::kSp ? r.sp : r.fp) + row.cfa_offset;
-    Registers caller = r;
-    uint64_t slot = 0;
-    if (row.ra_rule == UnwindRow::RaRule::kInRegister) {
-      if (!innermost) break;
-      caller.pc = r.ra;
-    } else {
-      slot = cfa + row.ra_offset;
-      if (!stack.Read64(slot, be, &caller.pc)) break;
+// The address space of a statically linked recorded program: one module, loaded at its link
+// addresses (bias 0), whose executable PT_LOAD segments are covered by `rules`.
+class StaticModuleSpace final : public AddressSpace {
+ public:
+  StaticModuleSpace(const elf::ElfFile& elf, const RuleSource* rules) : rules_(rules) {
+    for (const elf::LoadSegment& seg : elf.load_segments()) {
+      if (seg.executable()) exec_.push_back({seg.vaddr, seg.vaddr + seg.memsz});
     }
-    if (row.fp_rule == UnwindRow::FpRule::kAtCfaOffset &&
-        !stack.Read64(cfa + row.fp_offset, be, &caller.fp)) {
-      break;
-    }
-    caller.sp = cfa;
-    frames[n - 1].ra_slot = slot;
-    if (caller.pc == 0 || cfa < r.sp || !table.IsPlausibleReturnAddress(caller.pc)) break;
-    if (cfa == r.sp && caller.pc == r.pc) break;
-    r = caller;
   }
-  return n;
+  bool Lookup(uint64_t pc, const RuleSource** rules, uint64_t* module_pc) const override {
+    for (const elf::AddressRange& r : exec_) {
+      if (r.Contains(pc)) {
+        *rules = rules_;
+        *module_pc = pc;
+        return true;
+      }
+    }
+    return false;
+  }
+
+ private:
+  const RuleSource* rules_;
+  std::vector<elf::AddressRange> exec_;
+};
+
+// Unwinds a recorded sample with the generic loop (common/unwind/unwinder.h).
+inline UnwindResult UnwindRecorded(Arch arch, const AddressSpace& space, const RecordedSample& s,
+                                   Frame* frames, size_t capacity) {
+  UnwindOptions options;
+  options.arch = arch;
+  options.max_frames = capacity;
+  return Unwind(options, s.regs, s.snapshot(), space, frames, capacity);
 }
 
 }  // namespace strata::unwind::mips64

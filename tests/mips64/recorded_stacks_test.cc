@@ -50,11 +50,14 @@ TEST_P(RecordedStacks, MatchGroundTruth) {
   ASSERT_TRUE(ReadRecordedSamples(base + ".samples", (*elf)->big_endian(), &samples));
   ASSERT_GE(samples.size(), 50u);
 
+  const StaticModuleSpace space(**elf, table->get());
+  const Arch arch = (*table)->arch();
+
   Totals t;
   std::map<std::string, int> failures;
   for (const RecordedSample& s : samples) {
     Frame frames[128];
-    const size_t n = UnwindMips64(**table, s, frames, 128);
+    const size_t n = UnwindRecorded(arch, space, s, frames, 128).num_frames;
     // Instrumented frames only, innermost first (libc frames such as qsort's are unwound
     // through but not compared).
     std::vector<int> got;

@@ -26,6 +26,7 @@ struct Fixture {
   std::vector<uint32_t> text;  // host-order words of the executable segment
   std::vector<uint64_t> pcs;   // random instruction addresses inside functions
   std::vector<RecordedSample> samples;
+  std::unique_ptr<StaticModuleSpace> space;
 };
 
 Fixture& Get() {
@@ -56,6 +57,7 @@ Fixture& Get() {
       if (len < 4) continue;
       fx->pcs.push_back((t.function_start(i) + rng() % len) & ~uint64_t{3});
     }
+    fx->space = std::make_unique<StaticModuleSpace>(*fx->elf, fx->table.get());
     ReadRecordedSamples(path + ".samples", fx->elf->big_endian(), &fx->samples);
     std::fprintf(stderr, "module: %zu functions, %zu rows, %zu instructions, table %zu bytes\n",
                  t.stats().functions, t.stats().rows, t.stats().instructions,
@@ -117,7 +119,7 @@ void BM_UnwindRecordedSample(benchmark::State& state) {
   size_t i = 0, total = 0;
   for (auto _ : state) {
     const RecordedSample& s = f.samples[i++ % f.samples.size()];
-    total += UnwindMips64(*f.table, s, frames, 128);
+    total += UnwindRecorded(f.table->arch(), *f.space, s, frames, 128).num_frames;
   }
   state.counters["frames_per_sample"] =
       benchmark::Counter(static_cast<double>(total) / static_cast<double>(state.iterations()));
