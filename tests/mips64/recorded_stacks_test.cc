@@ -14,27 +14,10 @@
 #include "common/elf/symbol_table.h"
 #include "common/unwind/mips64/prologue_table.h"
 #include "tests/mips64/recorded_sample.h"
+#include "tests/mips64/truth_match.h"
 
 namespace strata::unwind::mips64 {
 namespace {
-
-// Same order as the enum in programs/workload.c.
-const char* const kNames[] = {"main",        "work",        "leaf",          "recurse",
-                              "use_alloca",  "big_frame",   "tail_caller",   "tail_target",
-                              "qsort_cmp",   "sorter",      "epilogue_heavy"};
-
-int IdOf(std::string_view name) {
-  if (auto dot = name.find('.'); dot != std::string_view::npos) name = name.substr(0, dot);
-  for (int i = 0; i < static_cast<int>(std::size(kNames)); ++i) {
-    if (name == kNames[i]) return i;
-  }
-  return -1;
-}
-
-struct Totals {
-  size_t samples = 0, exact = 0, transition = 0, expected_frames = 0, correct_frames = 0,
-         tail_lost = 0;
-};
 
 class RecordedStacks : public testing::TestWithParam<std::string> {};
 
@@ -53,52 +36,20 @@ TEST_P(RecordedStacks, MatchGroundTruth) {
   const StaticModuleSpace space(**elf, table->get());
   const Arch arch = (*table)->arch();
 
-  Totals t;
+  MatchTotals t;
   std::map<std::string, int> failures;
   for (const RecordedSample& s : samples) {
     Frame frames[128];
     const size_t n = UnwindRecorded(arch, space, s, frames, 128).num_frames;
-    // Instrumented frames only, innermost first (libc frames such as qsort's are unwound
-    // through but not compared).
-    std::vector<int> got;
-    for (size_t i = 0; i < n; ++i) {
-      const uint64_t lookup = i == 0 ? frames[i].pc : frames[i].pc - 4;
-      const elf::SymbolTable::Function* f = symbols->Lookup(lookup);
-      const int id = f ? IdOf(f->name) : -1;
-      if (id >= 0) got.push_back(id);
-      if (id == 0) break;  // main: the truth ends here
-    }
-    std::vector<int> truth(s.ids.rbegin(), s.ids.rend());
-    std::vector<bool> tail(s.tail.rbegin(), s.tail.rend());
-    // The leaf may be inside an instrumented function's prologue/epilogue, before its push or
-    // after its pop: then the truth has it on top of the shadow stack.
-    const elf::SymbolTable::Function* leaf = symbols->Lookup(s.regs.pc);
-    const int leaf_id = leaf ? IdOf(leaf->name) : -1;
-    bool transition = false;
-    if (leaf_id >= 0 && !got.empty() && got[0] == leaf_id &&
-        (truth.empty() || truth[0] != leaf_id || got.size() == truth.size() + 1)) {
-      // Recursion (truth[0] == leaf_id) is ambiguous; only a chain one longer counts there.
-      truth.insert(truth.begin(), leaf_id);
-      tail.insert(tail.begin(), false);
-      transition = true;
-    }
-    // Match, allowing tail-called-away frames to be missing (counted).
-    size_t gi = 0, correct = 0, lost = 0;
-    for (size_t k = 0; k < truth.size(); ++k) {
-      if (gi < got.size() && got[gi] == truth[k]) {
-        ++gi;
-        ++correct;
-      } else if (tail[k]) {
-        ++lost;
-      }
-    }
-    t.samples++;
-    t.transition += transition;
-    t.expected_frames += truth.size() - lost;
-    t.correct_frames += correct;
-    t.tail_lost += lost;
-    const bool ok = correct + lost == truth.size() && gi == got.size();
-    t.exact += ok;
+    const SampleMatch m = MatchSample(
+        frames, n, s.ids, s.tail, [&](uint64_t pc) {
+          const elf::SymbolTable::Function* f = symbols->Lookup(pc);
+          return f ? IdOf(f->name) : -1;
+        });
+    const std::vector<int>& got = m.got;
+    const std::vector<int>& truth = m.truth;
+    t.Add(m);
+    const bool ok = m.exact;
     if (!ok) {
       const elf::SymbolTable::Function* f = symbols->Lookup(s.regs.pc);
       failures[f ? std::string(f->name) : "?"]++;

@@ -21,24 +21,12 @@
 #include <ucontext.h>
 #include <unistd.h>
 
-#define NOINLINE __attribute__((noinline))
-#define MAXD 128
+#include "shadow_workload.h"
 
-/* Function ids; the x86-64 test maps symbol names to the same ids (kNames there). */
-enum { F_MAIN, F_WORK, F_LEAF, F_RECURSE, F_ALLOCA, F_BIG, F_TAIL_CALLER, F_TAIL_TARGET,
-       F_QSORT_CMP, F_SORTER, F_EPILOGUE_HEAVY };
-
-volatile int g_shadow[MAXD];
-volatile unsigned char g_tail[MAXD];
-volatile int g_depth;
 static int g_fd = -1;
 static volatile int g_samples, g_limit = 300;
 static timer_t g_timer;
 extern void *__libc_stack_end;
-
-#define ENTER(id) do { g_shadow[g_depth] = (id); g_tail[g_depth] = 0; g_depth = g_depth + 1; } while (0)
-#define LEAVE() do { int d_ = g_depth - 1; while (d_ > 0 && g_tail[d_ - 1]) d_--; g_depth = d_; } while (0)
-#define MARK_TAIL() (g_tail[g_depth - 1] = 1)
 
 struct SampleHeader {
   uint64_t magic, pc, sp, fp, ra, stack_start, stack_size;
@@ -67,92 +55,6 @@ static void on_prof(int sig, siginfo_t *si, void *uc_void) {
   if (write(g_fd, &h, sizeof h) != (ssize_t)sizeof h) return;
   if (write(g_fd, (const void *)(uintptr_t)h.sp, h.stack_size) != (ssize_t)h.stack_size) return;
   g_samples = g_samples + 1;
-}
-
-static volatile long sink;
-
-NOINLINE long leaf(long n) {
-  ENTER(F_LEAF);
-  long s = 0;
-  for (long i = 0; i < n; i++) s += (i * i) ^ (s >> 3);
-  LEAVE();
-  return s;
-}
-
-NOINLINE long recurse(int n) {
-  ENTER(F_RECURSE);
-  long r = n <= 0 ? leaf(2000) : recurse(n - 1) + n;
-  LEAVE();
-  return r;
-}
-
-NOINLINE long use_alloca(int n) {
-  ENTER(F_ALLOCA);
-  volatile char *p = alloca(n);
-  for (int i = 0; i < n; i += 64) p[i] = (char)i;
-  long r = leaf(1500) + p[n / 2];
-  LEAVE();
-  return r;
-}
-
-NOINLINE long big_frame(int n) {
-  ENTER(F_BIG);
-  volatile char buf[40000]; /* > 32 KiB: li v1,N; dsubu sp,sp,v1 */
-  for (int i = 0; i < (int)sizeof buf; i += 512) buf[i] = (char)(i + n);
-  long r = leaf(1500) + buf[n & 1023];
-  LEAVE();
-  return r;
-}
-
-NOINLINE long tail_target(long n) {
-  ENTER(F_TAIL_TARGET);
-  long r = leaf(1000 + (n & 7));
-  LEAVE();
-  return r;
-}
-
-NOINLINE long tail_caller(long n) {
-  ENTER(F_TAIL_CALLER);
-  sink = n;
-  MARK_TAIL();
-  return tail_target(n + 1); /* a sibling call at -O2 */
-}
-
-NOINLINE int qsort_cmp(const void *a, const void *b) {
-  ENTER(F_QSORT_CMP);
-  long x = *(const long *)a, y = *(const long *)b;
-  for (volatile int i = 0; i < 20; i++) {}
-  LEAVE();
-  return (x > y) - (x < y);
-}
-
-NOINLINE void sorter(void) {
-  ENTER(F_SORTER);
-  long v[64];
-  for (int i = 0; i < 64; i++) v[i] = (i * 7919) % 64;
-  qsort(v, 64, sizeof v[0], qsort_cmp); /* libc frames between two instrumented ones */
-  LEAVE();
-}
-
-NOINLINE long epilogue_heavy(long n) {
-  ENTER(F_EPILOGUE_HEAVY);
-  long r = 0;
-  if (n & 1) { LEAVE(); return n; } /* early exit before any call: shrink-wrapping */
-  r = leaf(200) + n;
-  LEAVE();
-  return r;
-}
-
-NOINLINE void work(int iter) {
-  ENTER(F_WORK);
-  sink = leaf(3000);
-  sink = recurse(3 + iter % 5);
-  sink = use_alloca(256 + (iter % 4) * 512);
-  sink = big_frame(iter);
-  sink = tail_caller(iter);
-  if (iter % 4 == 0) sorter();
-  for (int i = 0; i < 50; i++) sink = epilogue_heavy(i);
-  LEAVE();
 }
 
 int main(int argc, char **argv) {
