@@ -157,4 +157,30 @@ grpc::Status QueryService::HotPaths(grpc::ServerContext*, const v1::HotPathsRequ
   return grpc::Status::OK;
 }
 
+absl::StatusOr<v1::PhasesResponse> QueryService::RunPhases(const v1::PhasesRequest& request) {
+  auto query = ToProfileQuery(request.filter(), NowMs());
+  if (!query.ok()) return query.status();
+  if (query->service.empty()) return absl::InvalidArgumentError("a service is required");
+  auto events = store_->ScanPhaseEvents(query->service, query->from_ms, query->to_ms);
+  if (!events.ok()) return events.status();
+  v1::PhasesResponse response;
+  for (const auto& e : *events) {
+    v1::PhaseChange change;
+    if (!change.ParseFromString(e.payload)) {
+      return absl::DataLossError(absl::StrCat("corrupt phase event of ", query->service,
+                                              " at window ", e.window_start_ms));
+    }
+    *response.add_changes() = std::move(change);
+  }
+  return response;
+}
+
+grpc::Status QueryService::Phases(grpc::ServerContext*, const v1::PhasesRequest* request,
+                                  v1::PhasesResponse* response) {
+  auto r = RunPhases(*request);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *response = std::move(*r);
+  return grpc::Status::OK;
+}
+
 }  // namespace strata::server

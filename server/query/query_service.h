@@ -29,12 +29,15 @@ class QueryService final : public v1::Query::Service {
   grpc::Status Top(grpc::ServerContext*, const v1::TopRequest*, v1::TopResponse*) override;
   grpc::Status HotPaths(grpc::ServerContext*, const v1::HotPathsRequest*,
                         v1::HotPathsResponse*) override;
+  grpc::Status Phases(grpc::ServerContext*, const v1::PhasesRequest*,
+                      v1::PhasesResponse*) override;
 
   // Transport-free entry points (also used by the HTTP/JSON mirror).
   absl::StatusOr<v1::TopResponse> RunTop(const v1::TopRequest& request);
   absl::StatusOr<v1::HotPathsResponse> RunHotPaths(const v1::HotPathsRequest& request);
   absl::StatusOr<v1::ListServicesResponse> RunListServices();
   v1::ListAgentsResponse RunListAgents();
+  absl::StatusOr<v1::PhasesResponse> RunPhases(const v1::PhasesRequest& request);
 
  private:
   absl::StatusOr<Profile> LoadProfile(const v1::ProfileFilter& filter);

@@ -1,0 +1,111 @@
+#include "cli/client.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+#include <google/protobuf/util/json_util.h>
+
+#include "cli/format.h"
+
+namespace strata::cli {
+
+void Fail(const std::string& message) {
+  std::fprintf(stderr, "strata: %s\n", message.c_str());
+  std::exit(1);
+}
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void AddFilterFlags(CLI::App* cmd, FilterOptions* f, bool service_required) {
+  auto* service = cmd->add_option("--service,-s", f->service, "service name");
+  if (service_required) service->required();
+  cmd->add_option("--since", f->since, "look back this far (e.g. 30s, 10m, 1h, 7d)")
+      ->capture_default_str();
+  cmd->add_option("--from", f->from, "range start, RFC 3339 (overrides --since)");
+  cmd->add_option("--to", f->to, "range end, RFC 3339 (default: now)");
+  cmd->add_option("--host", f->host, "only samples from this host");
+  cmd->add_option("--focus", f->focus, "keep stacks with a function matching this regex");
+  cmd->add_option("--ignore", f->ignore, "drop stacks with a function matching this regex");
+  cmd->add_option("--limit,-n", f->limit, "rows to show")->capture_default_str();
+}
+
+v1::ProfileFilter BuildFilter(const FilterOptions& f) {
+  v1::ProfileFilter filter;
+  filter.set_service(f.service);
+  filter.set_host(f.host);
+  filter.set_focus(f.focus);
+  filter.set_ignore(f.ignore);
+  int64_t to = NowMs();
+  if (!f.to.empty()) {
+    auto t = ParseRfc3339(f.to);
+    if (!t.ok()) Fail(absl::StrCat("--to: ", t.status().message()));
+    to = *t;
+  }
+  int64_t from;
+  if (!f.from.empty()) {
+    auto t = ParseRfc3339(f.from);
+    if (!t.ok()) Fail(absl::StrCat("--from: ", t.status().message()));
+    from = *t;
+  } else {
+    auto d = ParseDuration(f.since);
+    if (!d.ok()) Fail(absl::StrCat("--since: ", d.status().message()));
+    from = to - *d;
+  }
+  if (from >= to) Fail("--from must be before --to");
+  filter.mutable_range()->set_from_ms(from);
+  filter.mutable_range()->set_to_ms(to + 1);
+  return filter;
+}
+
+std::string RangeText(const FilterOptions& f) {
+  if (!f.from.empty()) return absl::StrCat(f.from, " .. ", f.to.empty() ? "now" : f.to);
+  return absl::StrCat("last ", f.since);
+}
+
+void PrintJson(const google::protobuf::Message& message) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  std::fputs(out.c_str(), stdout);
+}
+
+Client::Client(const GlobalOptions& options) : options_(options) {
+  channel_ = grpc::CreateChannel(options.server, grpc::InsecureChannelCredentials());
+}
+
+v1::Query::Stub* Client::query() {
+  if (!query_) query_ = v1::Query::NewStub(channel_);
+  return query_.get();
+}
+
+void Client::Prepare(grpc::ClientContext* context) const {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::seconds(options_.timeout_s));
+}
+
+void Client::Check(const grpc::Status& status) const {
+  if (status.ok()) return;
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+       channel_->GetState(false) != GRPC_CHANNEL_READY)) {
+    Fail(absl::StrCat("cannot reach strata-server at ", options_.server, ": ",
+                      status.error_message(),
+                      " (is the server running? set --server or STRATA_SERVER)"));
+  }
+  Fail(status.error_message());
+}
+
+Client& CliContext::client() {
+  if (!client_) client_ = std::make_unique<Client>(options_);
+  return *client_;
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,96 @@
+// Shared plumbing of the strata CLI commands: global options, the connection to
+// strata-server, common profile filters (--service/--since/--from/--to/--host/--focus/
+// --ignore/--limit) and output helpers. Each command group (query_commands.cc, ...)
+// registers its subcommands on the CLI11 app with a CliContext it borrows.
+#ifndef STRATA_CLI_CLIENT_H_
+#define STRATA_CLI_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "strata/v1/query.grpc.pb.h"
+
+namespace strata::cli {
+
+struct GlobalOptions {
+  std::string server;
+  bool json = false;
+  int timeout_s = 30;
+};
+
+struct FilterOptions {
+  std::string service;
+  std::string since = "10m";
+  std::string from, to;
+  std::string host, focus, ignore;
+  uint32_t limit = 20;
+};
+
+// Prints "strata: <message>" to stderr and exits with status 1.
+[[noreturn]] void Fail(const std::string& message);
+int64_t NowMs();
+
+// Adds the filter flags to `cmd`.
+void AddFilterFlags(CLI::App* cmd, FilterOptions* f, bool service_required = true);
+// Builds the proto filter; exits with a clear message on bad durations/times.
+v1::ProfileFilter BuildFilter(const FilterOptions& f);
+// "last 10m" or "FROM .. TO" for headers.
+std::string RangeText(const FilterOptions& f);
+
+void PrintJson(const google::protobuf::Message& message);
+
+// The connection; stubs are created on first use.
+class Client {
+ public:
+  explicit Client(const GlobalOptions& options);
+  const GlobalOptions& options() const { return options_; }
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  v1::Query::Stub* query();
+
+  // Applies the global deadline to `context`.
+  void Prepare(grpc::ClientContext* context) const;
+  // Exits with a clear message when `status` is not OK (unreachable server included).
+  void Check(const grpc::Status& status) const;
+
+  // Calls a unary method of `stub` with the global deadline; exits on error.
+  template <typename Stub, typename Request, typename Response>
+  Response Call(Stub* stub,
+                grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                const Request& request) {
+    grpc::ClientContext context;
+    Prepare(&context);
+    Response response;
+    Check((stub->*method)(&context, request, &response));
+    return response;
+  }
+
+ private:
+  GlobalOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Query::Stub> query_;
+};
+
+// What command groups share: the global options (filled by parsing) and the client
+// (created after parsing, on first use).
+class CliContext {
+ public:
+  GlobalOptions& options() { return options_; }
+  Client& client();
+
+ private:
+  GlobalOptions options_;
+  std::unique_ptr<Client> client_;
+};
+
+// Command groups. Each adds its subcommands; a subcommand's callback runs the command and
+// stores its exit status in `*exit_code`.
+void AddQueryCommands(CLI::App* app, CliContext* context, int* exit_code);
+
+}  // namespace strata::cli
+
+#endif  // STRATA_CLI_CLIENT_H_
