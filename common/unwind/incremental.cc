@@ -1,0 +1,295 @@
+#include "common/unwind/incremental.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata::unwind {
+
+std::string_view VerifyModeName(VerifyMode mode) {
+  switch (mode) {
+    case VerifyMode::kOff: return "off";
+    case VerifyMode::kBoundary: return "boundary";
+    case VerifyMode::kFull: return "full";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<VerifyMode> ParseVerifyMode(std::string_view name) {
+  if (name == "off") return VerifyMode::kOff;
+  if (name == "boundary") return VerifyMode::kBoundary;
+  if (name == "full") return VerifyMode::kFull;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown unwind verification mode '", std::string(name),
+                   "' (expected full, boundary or off)"));
+}
+
+void IncrementalTotals::Add(const SampleStats& s) {
+  ++samples;
+  frames_unwound += s.frames_unwound;
+  frames_reused += s.frames_reused;
+  frames_verified += s.frames_verified;
+  frames_beyond_copy += s.frames_beyond_copy;
+  splices += s.spliced;
+  verify_failures += s.verify_failed;
+  invalidations += s.invalidated;
+}
+
+IncrementalUnwinder::IncrementalUnwinder(const IncrementalOptions& options)
+    : options_(options),
+      capacity_(std::max<size_t>(options.unwind.max_frames, 1)),
+      cached_(new Element[capacity_]),
+      scratch_(new Element[capacity_]) {}
+
+IncrementalUnwinder::~IncrementalUnwinder() = default;
+
+void IncrementalUnwinder::Invalidate() {
+  num_cached_ = 0;
+  cached_stack_end_ = 0;
+}
+
+UnwindResult IncrementalUnwinder::Unwind(const SampleInput& in, const AddressSpace& space,
+                                         Frame* frames, size_t capacity, SampleStats* stats) {
+  SampleStats local;
+  SampleStats* s = stats != nullptr ? stats : &local;
+  *s = SampleStats{};
+  const size_t limit = std::min({capacity, options_.unwind.max_frames, capacity_});
+  UnwindResult result;
+  if (options_.verify == VerifyMode::kOff || limit == 0) {
+    result = unwind::Unwind(options_.unwind, in.regs, in.stack, space, frames, limit);
+    s->frames_unwound = static_cast<uint32_t>(result.num_frames);
+  } else {
+    const uint64_t stack_end = in.stack.start + in.stack.size;
+    if (num_cached_ > 0 &&
+        (in.epoch != cached_epoch_ ||
+         (in.stack_end_known && cached_stack_end_ != 0 && stack_end != cached_stack_end_))) {
+      Invalidate();
+      s->invalidated = true;
+    }
+    cached_epoch_ = in.epoch;
+    if (in.stack_end_known) cached_stack_end_ = stack_end;
+    result = UnwindAndCache(in, space, frames, limit, s);
+  }
+  totals_.Add(*s);
+  return result;
+}
+
+// The walk below mirrors unwind::Unwind() step for step (same row rules, same sanity checks,
+// same stop reasons, same ra_slot bookkeeping) so that its output is interchangeable with a
+// full unwind; incremental_test.cc checks this frame for frame.
+UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const AddressSpace& space,
+                                                 Frame* frames, size_t limit, SampleStats* s) {
+  const Arch arch = options_.unwind.arch;
+  const bool full_verify = options_.verify == VerifyMode::kFull;
+  const StackSnapshot& stack = in.stack;
+  const UnwindRow kFramePointerRow{UnwindRow::CfaBase::kFp, UnwindRow::RaRule::kAtCfaOffset,
+                                   UnwindRow::FpRule::kAtCfaOffset, 16, -8, -16};
+
+  UnwindResult result;
+  size_t n = 0;       // frames written
+  size_t ns = 0;      // scratch elements written (frames found with rule lookups)
+  size_t inner = 0;   // scratch elements before the splice point
+  size_t lo = 0, hi = 0;  // reused cached elements [lo, hi] (outer-first indices)
+  bool spliced = false;
+  // Candidate splice element: cached elements are outer-first and their slots rise towards
+  // index 0, like the new walk's slots, so one cursor moving outwards finds every match.
+  size_t cursor = num_cached_ > 0 ? num_cached_ - 1 : 0;
+  bool can_splice = num_cached_ > 1;
+
+  Registers cur = in.regs;
+  bool innermost = true;
+  frames[n++] = {cur.pc, cur.sp, 0};
+  scratch_[ns++] = {cur.pc, cur.sp, cur.fp, 0, {}};
+  Element* cur_el = &scratch_[0];
+  const RuleSource* rules = nullptr;
+  uint64_t module_pc = 0;
+
+  // Continues the walk from a reused element (the cache's outermost frame, or where full
+  // verification diverged): from there on, rule lookups as usual.
+  auto resume_from = [&](Element& el) -> bool {
+    cur = {el.pc, el.sp, el.fp, 0};
+    cur_el = &el;
+    el.ra_slot = 0;
+    frames[n - 1].ra_slot = 0;
+    innermost = false;
+    can_splice = false;
+    if (!space.Lookup(cur.pc, &rules, &module_pc)) {
+      result.stop = StopReason::kNoModule;
+      return false;
+    }
+    return true;
+  };
+
+  if (!space.Lookup(cur.pc, &rules, &module_pc)) {
+    result.stop = StopReason::kNoModule;
+  } else {
+    for (;;) {
+      UnwindRow row;
+      bool have_row = rules != nullptr && rules->FindRow(module_pc, innermost, &row);
+      if (!have_row) {
+        if (!options_.unwind.frame_pointer_fallback || arch != Arch::kX86_64) {
+          result.stop = StopReason::kNoRule;
+          break;
+        }
+        row = kFramePointerRow;
+      }
+      cur_el->row = row;
+      cur_el->fp = cur.fp;
+      if (row.ra_rule == UnwindRow::RaRule::kUndefined) {
+        result.stop = StopReason::kOutermost;
+        break;
+      }
+      if (row.cfa_base == UnwindRow::CfaBase::kUndefined ||
+          (row.ra_rule == UnwindRow::RaRule::kInRegister && !innermost)) {
+        result.stop = StopReason::kNoRule;
+        break;
+      }
+      Registers caller;
+      uint64_t ra_slot = 0;
+      if (!StepWithRow(arch, row, cur, innermost, stack, &caller, &ra_slot)) {
+        result.stop = StopReason::kStackOutOfRange;
+        break;
+      }
+      if (caller.pc == 0) {
+        result.stop = StopReason::kOutermost;
+        break;
+      }
+      bool sp_ok = caller.sp > cur.sp ||
+                   (caller.sp == cur.sp && row.ra_rule == UnwindRow::RaRule::kInRegister);
+
+      if (can_splice && sp_ok && ra_slot != 0) {
+        while (cursor > 0 && (cached_[cursor].ra_slot == 0 || cached_[cursor].ra_slot < ra_slot)) {
+          --cursor;
+        }
+        if (cursor > 0 && cached_[cursor].ra_slot == ra_slot &&
+            cached_[cursor - 1].pc == caller.pc && cached_[cursor - 1].sp == caller.sp) {
+          // The boundary element matches: the caller is cached element c.
+          if (n >= limit) {
+            result.stop = StopReason::kMaxFrames;
+            break;
+          }
+          const size_t c = cursor - 1;
+          can_splice = false;
+          spliced = true;
+          inner = ns;
+          frames[n - 1].ra_slot = ra_slot;
+          cur_el->ra_slot = ra_slot;
+          hi = c;
+          if (!full_verify) {
+            const size_t keep = std::min(c + 1, limit - n);
+            lo = c + 1 - keep;
+            for (size_t q = c + 1; q-- > lo;) {
+              const Element& el = cached_[q];
+              frames[n++] = {el.pc, el.sp, el.ra_slot};
+              s->frames_beyond_copy += el.ra_slot != 0 && !stack.Contains(el.ra_slot, 8);
+            }
+            s->frames_reused += static_cast<uint32_t>(keep);
+            if (keep < c + 1) {
+              frames[n - 1].ra_slot = 0;
+              result.stop = StopReason::kMaxFrames;
+              break;
+            }
+            // A cache that ended because its copy or its array ran out may continue further
+            // out now; everything else ended for a reason that belongs to the reused frames.
+            if (cached_stop_ == StopReason::kMaxFrames ||
+                cached_stop_ == StopReason::kStackOutOfRange) {
+              if (!resume_from(cached_[0])) break;
+              continue;
+            }
+            result.stop = cached_stop_;
+            break;
+          }
+          // Full verification: re-derive each reused element from the new bytes with its
+          // cached row (no lookups); any difference ends the reuse there.
+          Element* el = &cached_[c];
+          el->fp = caller.fp;
+          frames[n++] = {el->pc, el->sp, 0};
+          s->frames_reused += 1;
+          s->frames_verified += 1;
+          size_t q = c;
+          bool stopped = false;
+          while (q > 0) {
+            Registers nx;
+            uint64_t slot = 0;
+            if (!StepWithRow(arch, el->row, {el->pc, el->sp, el->fp, 0}, false, stack, &nx,
+                             &slot)) {
+              result.stop = StopReason::kStackOutOfRange;
+              stopped = true;
+              break;
+            }
+            Element& up = cached_[q - 1];
+            if (slot != el->ra_slot || nx.pc != up.pc || nx.sp != up.sp) {
+              s->verify_failed = true;
+              break;  // resume the walk with lookups from *el
+            }
+            if (n >= limit) {
+              result.stop = StopReason::kMaxFrames;
+              stopped = true;
+              break;
+            }
+            frames[n - 1].ra_slot = slot;
+            up.fp = nx.fp;
+            frames[n++] = {up.pc, up.sp, 0};
+            s->frames_reused += 1;
+            s->frames_verified += 1;
+            el = &up;
+            --q;
+          }
+          lo = q;
+          if (stopped) {
+            el->ra_slot = 0;
+            break;
+          }
+          // The outermost cached frame (or the diverging one) is stepped with lookups, so
+          // the stop reason is exactly the full unwind's.
+          if (!resume_from(*el)) break;
+          continue;
+        }
+      }
+
+      const RuleSource* caller_rules = nullptr;
+      uint64_t caller_module_pc = 0;
+      if (!sp_ok || !space.Lookup(caller.pc, &caller_rules, &caller_module_pc) ||
+          (caller_rules != nullptr &&
+           !caller_rules->IsPlausibleReturnAddress(caller_module_pc))) {
+        result.stop = StopReason::kBadReturnAddress;
+        break;
+      }
+      if (n >= limit) {
+        result.stop = StopReason::kMaxFrames;
+        break;
+      }
+      frames[n - 1].ra_slot = ra_slot;
+      cur_el->ra_slot = ra_slot;
+      frames[n++] = {caller.pc, caller.sp, 0};
+      scratch_[ns++] = {caller.pc, caller.sp, caller.fp, 0, {}};
+      cur_el = &scratch_[ns - 1];
+      cur = caller;
+      rules = caller_rules;
+      module_pc = caller_module_pc;
+      innermost = false;
+    }
+  }
+  result.num_frames = n;
+  s->spliced = spliced;
+  s->frames_unwound = static_cast<uint32_t>(ns);
+
+  // New cache, outer-first: [frames found beyond the reused part] [reused cached_[lo..hi]]
+  // [frames found inside the splice point]. In steady state lo == 0 and nothing beyond was
+  // found, so the outer part stays in place and only the inner part is written.
+  if (!spliced) inner = ns;
+  const size_t keep = spliced ? hi - lo + 1 : 0;
+  const size_t outer_new = ns - inner;
+  if (keep > 0 && lo != outer_new) {
+    std::memmove(&cached_[outer_new], &cached_[lo], keep * sizeof(Element));
+  }
+  for (size_t i = 0; i < outer_new; ++i) cached_[outer_new - 1 - i] = scratch_[inner + i];
+  for (size_t i = 0; i < inner; ++i) cached_[outer_new + keep + inner - 1 - i] = scratch_[i];
+  num_cached_ = outer_new + keep + inner;
+  cached_stop_ = result.stop;
+  return result;
+}
+
+}  // namespace strata::unwind

@@ -1,0 +1,148 @@
+// Per-thread incremental unwinding (seed 000: efficient call sequence restoration).
+//
+// A thread sampled at 99 Hz usually sits in the same outer call chain sample after sample;
+// only the innermost frames change. IncrementalUnwinder keeps, per thread, the previous
+// sample's procedure-linkage elements -- for every frame: its pc, sp, fp, the stack address
+// of the slot its return address was read from (ra_slot) and the unwind row that was used --
+// and on a new sample:
+//
+//  1. unwinds from the leaf with the normal rule lookups (AddressSpace + RuleSource, the same
+//     steps and sanity checks as unwind::Unwind());
+//  2. after every step compares the (ra_slot, return address, caller sp) just read from the
+//     live stack copy with the cached elements (slots are sorted, so one forward cursor);
+//  3. at the first match, the caller and everything outside it is the cached outer part:
+//     - VerifyMode::kBoundary: only that splice element is compared (the patent's lowest
+//       confidence threshold). The cached outer frames are copied as they are.
+//     - VerifyMode::kFull: every cached outer element is re-derived from the new stack bytes
+//       with its cached row (StepWithRow, no rule lookups) and compared -- slot address,
+//       return address and sp. Any mismatch discards the rest of the splice and the walk
+//       continues from the diverging frame with rule lookups. Since a row depends only on
+//       (pc, mappings), the result is frame for frame what unwind::Unwind() returns.
+//     - VerifyMode::kOff: no cache, every sample is unwound fully (the reference).
+//
+// Frames beyond the copied stack bytes. A cached element whose slot lies outside the new
+// copy (the thread went deeper than the copy reaches) cannot be compared. kFull never reuses
+// it: verification fails there, exactly like a full unwind stops (kStackOutOfRange). kBoundary
+// reuses it: it was read from real bytes in an earlier sample of the same thread, the
+// mappings epoch and the stack range are unchanged, and the thread cannot have unwound past
+// it without changing the matched boundary element below it (outside longjmp-style stack
+// switching at the same slot with the same return address). Such frames are counted in
+// SampleStats::frames_beyond_copy so the trade-off is visible.
+//
+// Invalidation: a different mappings epoch (dlopen/dlclose/exec: the owner passes a counter it
+// bumps whenever the process's AddressSpace changes), a change of the stack range (see
+// SampleInput::stack_end_known), and Invalidate() (owner: on exec, on thread exit; or simply
+// destroy the object).
+//
+// Ownership and cost: one object per thread, owned by whoever tracks threads (the agent's
+// Profiler). Its arrays are allocated once in the constructor (options.max_frames elements),
+// so Unwind() never allocates. Not thread-safe; architecture-neutral (x86-64 and MIPS64 as
+// data, like unwind::Unwind()).
+#ifndef STRATA_COMMON_UNWIND_INCREMENTAL_H_
+#define STRATA_COMMON_UNWIND_INCREMENTAL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "common/unwind/unwinder.h"
+
+namespace strata::unwind {
+
+enum class VerifyMode : uint8_t { kOff, kBoundary, kFull };
+
+std::string_view VerifyModeName(VerifyMode mode);  // "off", "boundary", "full"
+absl::StatusOr<VerifyMode> ParseVerifyMode(std::string_view name);
+
+struct IncrementalOptions {
+  UnwindOptions unwind;  // arch, max_frames (the per-thread array size), fp fallback
+  VerifyMode verify = VerifyMode::kFull;
+};
+
+// One sample as seen by the incremental unwinder.
+struct SampleInput {
+  Registers regs;
+  StackSnapshot stack;
+  // Changes whenever the process's mappings change (the owner's refresh counter).
+  uint64_t epoch = 0;
+  // True when the copy ended at the end of the thread's stack (it is shorter than requested):
+  // then stack.start + stack.size is the stack's top, and a different top than the cached
+  // one means the thread runs on another stack (tid reused, stack switched): invalidate.
+  bool stack_end_known = false;
+};
+
+struct SampleStats {
+  uint32_t frames_unwound = 0;      // frames whose caller was found with rule lookups
+  uint32_t frames_reused = 0;       // frames copied from the cache
+  uint32_t frames_verified = 0;     // of those, re-derived from the new bytes (kFull)
+  uint32_t frames_beyond_copy = 0;  // reused frames whose ra slot is outside the copy
+  bool spliced = false;             // a cached element matched
+  bool verify_failed = false;       // kFull found a changed element after the splice point
+  bool invalidated = false;         // the cache was dropped (epoch / stack range change)
+};
+
+struct IncrementalTotals {
+  uint64_t samples = 0;
+  uint64_t frames_unwound = 0;
+  uint64_t frames_reused = 0;
+  uint64_t frames_verified = 0;
+  uint64_t frames_beyond_copy = 0;
+  uint64_t splices = 0;
+  uint64_t verify_failures = 0;
+  uint64_t invalidations = 0;
+  void Add(const SampleStats& s);
+};
+
+class IncrementalUnwinder {
+ public:
+  explicit IncrementalUnwinder(const IncrementalOptions& options);
+  ~IncrementalUnwinder();
+  IncrementalUnwinder(const IncrementalUnwinder&) = delete;
+  IncrementalUnwinder& operator=(const IncrementalUnwinder&) = delete;
+
+  // Unwinds `in` into `frames` (innermost first, at most min(capacity, max_frames)), with the
+  // same contract as unwind::Unwind(), and remembers the result for the next sample of this
+  // thread. `stats` (optional) receives this sample's figures.
+  UnwindResult Unwind(const SampleInput& in, const AddressSpace& space, Frame* frames,
+                      size_t capacity, SampleStats* stats = nullptr);
+
+  // Forgets the cached elements (exec, thread exit, mapping change known to the owner).
+  void Invalidate();
+
+  const IncrementalOptions& options() const { return options_; }
+  const IncrementalTotals& totals() const { return totals_; }
+  size_t cached_frames() const { return num_cached_; }
+
+ private:
+  // One procedure-linkage element: a frame and how it was left.
+  struct Element {
+    uint64_t pc;
+    uint64_t sp;
+    uint64_t fp;
+    uint64_t ra_slot;  // slot of the return address into the caller; 0 = none
+    UnwindRow row;     // the row used to step out of this frame
+  };
+  struct Walk;
+
+  UnwindResult UnwindAndCache(const SampleInput& in, const AddressSpace& space, Frame* frames,
+                              size_t limit, SampleStats* stats);
+
+  IncrementalOptions options_;
+  size_t capacity_;
+  // The previous sample's elements, OUTERMOST FIRST: the outer part stays in place and a new
+  // sample only rewrites the inner part after the splice point.
+  std::unique_ptr<Element[]> cached_;
+  size_t num_cached_ = 0;
+  StopReason cached_stop_ = StopReason::kOutermost;
+  uint64_t cached_epoch_ = 0;
+  uint64_t cached_stack_end_ = 0;  // 0 = unknown
+  // Elements of the frames unwound in the current sample, innermost first.
+  std::unique_ptr<Element[]> scratch_;
+  IncrementalTotals totals_;
+};
+
+}  // namespace strata::unwind
+
+#endif  // STRATA_COMMON_UNWIND_INCREMENTAL_H_

@@ -1,0 +1,423 @@
+// IncrementalUnwinder against unwind::Unwind(): over synthetic stacks (x86-64 and big-endian
+// MIPS64 layouts, a persistent stack buffer so stale return addresses of returned frames stay
+// in memory like on a real stack) and over real captured stacks of this process.
+#include "common/unwind/incremental.h"
+
+#include <cstdlib>
+#include <new>
+#include <random>
+#include <vector>
+
+#include "common/unwind/unwind_test_chain.h"
+#include "common/unwind/unwind_test_space.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+// Allocation counter for the steady-state check (this binary only).
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+namespace {
+thread_local bool g_count_allocations = false;
+thread_local size_t g_allocations = 0;
+}  // namespace
+void* operator new(size_t size) {
+  if (g_count_allocations) ++g_allocations;
+  void* p = std::malloc(size == 0 ? 1 : size);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+namespace strata::unwind {
+namespace {
+
+// ---------------------------------------------------------------------------- synthetic
+
+// Functions live at 0x10000 * id (id 1..15); a function's frame is 16 + 16 * (id % 5) bytes, the
+// return address is at CFA - 8, the frame pointer is not saved. Function 1 is the outermost
+// (return address undefined).
+uint64_t FuncPc(int id, int call_site) { return 0x10000ull * id + 0x40 + 8 * call_site; }
+int FuncId(uint64_t pc) { return static_cast<int>(pc >> 16); }
+int32_t FrameSize(int id) { return 16 + 16 * (id % 5); }
+
+class SyntheticRules final : public RuleSource {
+ public:
+  bool FindRow(uint64_t pc, bool innermost, UnwindRow* row) const override {
+    int id = FuncId(innermost ? pc : pc - 1);
+    if (id < 1 || id > 15) return false;
+    row->cfa_base = UnwindRow::CfaBase::kSp;
+    row->ra_rule = id == 1 ? UnwindRow::RaRule::kUndefined : UnwindRow::RaRule::kAtCfaOffset;
+    row->fp_rule = UnwindRow::FpRule::kSame;
+    row->cfa_offset = FrameSize(id);
+    row->ra_offset = -8;
+    return true;
+  }
+};
+
+class SyntheticSpace final : public AddressSpace {
+ public:
+  bool Lookup(uint64_t pc, const RuleSource** rules, uint64_t* module_pc) const override {
+    if (pc < 0x10000 || pc >= 0x100000) return false;
+    *rules = &rules_;
+    *module_pc = pc;
+    return true;
+  }
+
+ private:
+  SyntheticRules rules_;
+};
+
+// A thread's stack memory: [kTop - kSize, kTop). Frames are written into it and never
+// cleared, so returned frames leave their return addresses behind.
+class SyntheticStack {
+ public:
+  static constexpr uint64_t kTop = 0x7fff0000;
+  static constexpr size_t kSize = 64 * 1024;
+
+  explicit SyntheticStack(Arch arch) : arch_(arch), mem_(kSize, 0xcc) {}
+
+  // `pcs` outermost first: pcs[0] in function 1, the others the pcs of the callees (a
+  // caller's pc is its return address). Returns the sample's registers.
+  Registers Build(const std::vector<uint64_t>& pcs) {
+    uint64_t sp = kTop - 64 - FrameSize(1);
+    for (size_t k = 1; k < pcs.size(); ++k) {
+      Write(sp - 8, pcs[k - 1]);
+      sp -= FrameSize(FuncId(pcs[k]));
+    }
+    return {pcs.back(), sp, 0x1234, 0};
+  }
+  StackSnapshot Snapshot(uint64_t sp, size_t max_bytes = kSize) const {
+    size_t len = std::min<uint64_t>(kTop - sp, max_bytes);
+    return {sp, mem_.data() + (sp - (kTop - kSize)), len};
+  }
+  void Write(uint64_t addr, uint64_t value) {
+    if (IsBigEndian(arch_)) value = __builtin_bswap64(value);
+    std::memcpy(mem_.data() + (addr - (kTop - kSize)), &value, 8);
+  }
+
+ private:
+  Arch arch_;
+  std::vector<uint8_t> mem_;
+};
+
+void ExpectSameFrames(const Frame* a, const UnwindResult& ra, const Frame* b,
+                      const UnwindResult& rb, const char* what) {
+  ASSERT_EQ(ra.num_frames, rb.num_frames) << what;
+  EXPECT_EQ(ra.stop, rb.stop) << what << ": " << StopReasonName(ra.stop) << " vs "
+                              << StopReasonName(rb.stop);
+  for (size_t i = 0; i < ra.num_frames; ++i) {
+    EXPECT_EQ(a[i].pc, b[i].pc) << what << " frame " << i;
+    EXPECT_EQ(a[i].sp, b[i].sp) << what << " frame " << i;
+    EXPECT_EQ(a[i].ra_slot, b[i].ra_slot) << what << " frame " << i;
+  }
+}
+
+IncrementalOptions Options(Arch arch, VerifyMode mode, size_t max_frames = 256) {
+  IncrementalOptions o;
+  o.unwind.arch = arch;
+  o.unwind.max_frames = max_frames;
+  o.verify = mode;
+  return o;
+}
+
+class RandomSequenceTest : public ::testing::TestWithParam<std::tuple<Arch, VerifyMode>> {};
+
+// Random walk of call chains: each sample keeps an outer prefix of the previous one (usually
+// all but a few frames) and calls new functions below it. New frames get call sites unique
+// to the sample, so a cached element can only match inside the kept prefix. Sometimes an
+// element inside the kept prefix changes (a frame returned and its caller called elsewhere
+// at the same depth): kFull must still equal a full unwind; kBoundary compares only the
+// splice element and may keep the stale outer part, by design.
+TEST_P(RandomSequenceTest, EqualsFullUnwind) {
+  const auto [arch, mode] = GetParam();
+  SyntheticSpace space;
+  SyntheticStack mem(arch);
+  IncrementalUnwinder inc(Options(arch, mode));
+  UnwindOptions full_options;
+  full_options.arch = arch;
+  std::mt19937 rng(42);
+  std::vector<uint64_t> pcs = {FuncPc(1, 0)};
+  Frame want[256], got[256];
+  size_t exact = 0, reused = 0, unwound = 0;
+  // Outermost changed element kBoundary may not have seen yet (SIZE_MAX: none). The cache
+  // is clean again once a sample keeps no frame at or outside it.
+  size_t dirty = SIZE_MAX;
+  for (int sample = 0; sample < 3000; ++sample) {
+    const bool jump = rng() % 20 == 0;
+    size_t keep = jump ? 1 + rng() % pcs.size()
+                       : std::max<size_t>(1, pcs.size() - std::min<size_t>(pcs.size(), rng() % 4));
+    pcs.resize(keep);
+    if (keep <= dirty) dirty = SIZE_MAX;
+    if (keep > 2 && rng() % 50 == 0) {
+      size_t k = 1 + rng() % (keep - 2);
+      pcs[k] = FuncPc(FuncId(pcs[k]), static_cast<int>(rng() % 4));
+      dirty = std::min(dirty, k);
+    }
+    const bool mutated = dirty != SIZE_MAX;
+    size_t depth = jump ? 2 + rng() % 199 : keep + rng() % 4;
+    while (pcs.size() < depth) {
+      pcs.push_back(FuncPc(2 + static_cast<int>(rng() % 14), sample % 4096));
+    }
+    Registers regs = mem.Build(pcs);
+    // Mostly 16 KiB copies; sometimes 1..4 KiB ones that lose the outermost frames.
+    size_t copy = rng() % 20 == 0 ? (1 + rng() % 4) * 1024 : 16 * 1024;
+    StackSnapshot stack = mem.Snapshot(regs.sp, copy);
+    UnwindResult w = Unwind(full_options, regs, stack, space, want, 256);
+    SampleStats st;
+    UnwindResult g = inc.Unwind({regs, stack, 7, false}, space, got, 256, &st);
+    reused += st.frames_reused;
+    unwound += st.frames_unwound;
+    if (mode == VerifyMode::kFull || mode == VerifyMode::kOff) {
+      ExpectSameFrames(want, w, got, g, "sample");
+      ++exact;
+    } else if (!mutated && st.frames_beyond_copy == 0) {
+      ExpectSameFrames(want, w, got, g, "sample");
+      ++exact;
+    } else if (st.frames_beyond_copy > 0 && !mutated) {
+      // Frames beyond the copy are reused in kBoundary: the full unwind is a prefix.
+      ASSERT_GE(g.num_frames, w.num_frames);
+      EXPECT_EQ(w.stop, StopReason::kStackOutOfRange);
+      ASSERT_LE(g.num_frames, pcs.size());
+      for (size_t i = 0; i < g.num_frames; ++i) EXPECT_EQ(got[i].pc, pcs[pcs.size() - 1 - i]);
+    }
+    if (::testing::Test::HasFailure()) break;
+  }
+  EXPECT_GT(exact, mode == VerifyMode::kBoundary ? 1000u : 2990u);
+  if (mode != VerifyMode::kOff) {
+    EXPECT_GT(reused, 3 * unwound) << "reuse should dominate";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, RandomSequenceTest,
+    ::testing::Combine(::testing::Values(Arch::kX86_64, Arch::kMips64Be),
+                       ::testing::Values(VerifyMode::kOff, VerifyMode::kBoundary,
+                                         VerifyMode::kFull)),
+    [](const auto& info) {
+      return std::string(ArchName(std::get<0>(info.param))) == "mips64"
+                 ? "mips64be_" + std::string(VerifyModeName(std::get<1>(info.param)))
+                 : std::string(ArchName(std::get<0>(info.param))) + "_" +
+                       std::string(VerifyModeName(std::get<1>(info.param)));
+    });
+
+std::vector<uint64_t> Chain(size_t depth, int variant) {
+  std::vector<uint64_t> pcs = {FuncPc(1, 0)};
+  for (size_t i = 1; i < depth; ++i) pcs.push_back(FuncPc(2 + i % 13, static_cast<int>(i % 3)));
+  pcs.back() = FuncPc(15, variant);
+  return pcs;
+}
+
+TEST(IncrementalTest, SteadyStateUnwindsOnlyTheLeafSide) {
+  SyntheticSpace space;
+  SyntheticStack mem(Arch::kX86_64);
+  for (VerifyMode mode : {VerifyMode::kBoundary, VerifyMode::kFull}) {
+    IncrementalUnwinder inc(Options(Arch::kX86_64, mode));
+    Frame got[256];
+    std::vector<uint64_t> pcs = Chain(100, 0);
+    Registers regs = mem.Build(pcs);
+    SampleStats st;
+    inc.Unwind({regs, mem.Snapshot(regs.sp), 1, false}, space, got, 256, &st);
+    EXPECT_FALSE(st.spliced);
+    EXPECT_EQ(st.frames_unwound, 100u);
+    // The leaf moves within its function and calls one level deeper: two frames are new.
+    pcs.back() = FuncPc(15, 1);
+    pcs.push_back(FuncPc(3, 2));
+    regs = mem.Build(pcs);
+    UnwindResult r = inc.Unwind({regs, mem.Snapshot(regs.sp), 1, false}, space, got, 256, &st);
+    EXPECT_TRUE(st.spliced);
+    EXPECT_EQ(r.num_frames, 101u);
+    EXPECT_EQ(r.stop, StopReason::kOutermost);
+    EXPECT_EQ(st.frames_unwound, 2u);
+    EXPECT_EQ(st.frames_reused, 99u);
+    EXPECT_EQ(st.frames_verified, mode == VerifyMode::kFull ? 99u : 0u);
+    EXPECT_EQ(got[0].pc, pcs.back());
+    EXPECT_EQ(got[100].pc, pcs.front());
+  }
+}
+
+TEST(IncrementalTest, ChangedOuterElementFullVerifiesBoundaryTrusts) {
+  SyntheticSpace space;
+  SyntheticStack mem(Arch::kX86_64);
+  UnwindOptions full_options;
+  for (VerifyMode mode : {VerifyMode::kBoundary, VerifyMode::kFull}) {
+    IncrementalUnwinder inc(Options(Arch::kX86_64, mode));
+    Frame got[256], want[256];
+    std::vector<uint64_t> pcs = Chain(60, 0);
+    Registers regs = mem.Build(pcs);
+    inc.Unwind({regs, mem.Snapshot(regs.sp), 1, false}, space, got, 256);
+    // Frame 20 from the outside now sits at another call site of the same function (same
+    // frame size): its callee's return-address slot changed, the leaf side did not.
+    std::vector<uint64_t> changed = pcs;
+    changed[20] = FuncPc(FuncId(pcs[20]), 3);
+    regs = mem.Build(changed);
+    SampleStats st;
+    UnwindResult g = inc.Unwind({regs, mem.Snapshot(regs.sp), 1, false}, space, got, 256, &st);
+    UnwindResult w = Unwind(full_options, regs, mem.Snapshot(regs.sp), space, want, 256);
+    EXPECT_TRUE(st.spliced);
+    if (mode == VerifyMode::kFull) {
+      EXPECT_TRUE(st.verify_failed);
+      ExpectSameFrames(want, w, got, g, "full");
+    } else {
+      // The patent's lowest confidence threshold: only the boundary element is compared.
+      EXPECT_FALSE(st.verify_failed);
+      EXPECT_EQ(got[59 - 20].pc, pcs[20]);
+      EXPECT_EQ(want[59 - 20].pc, changed[20]);
+    }
+    // Mutating the cached part itself: the next sample of the original chain must be right.
+    regs = mem.Build(pcs);
+    g = inc.Unwind({regs, mem.Snapshot(regs.sp), 1, false}, space, got, 256, &st);
+    w = Unwind(full_options, regs, mem.Snapshot(regs.sp), space, want, 256);
+    if (mode == VerifyMode::kFull) {
+      ExpectSameFrames(want, w, got, g, "after");
+    }
+  }
+}
+
+TEST(IncrementalTest, EpochAndStackRangeInvalidate) {
+  SyntheticSpace space;
+  SyntheticStack mem(Arch::kX86_64);
+  IncrementalUnwinder inc(Options(Arch::kX86_64, VerifyMode::kBoundary));
+  Frame got[256];
+  Registers regs = mem.Build(Chain(30, 0));
+  SampleStats st;
+  inc.Unwind({regs, mem.Snapshot(regs.sp), 1, true}, space, got, 256, &st);
+  inc.Unwind({regs, mem.Snapshot(regs.sp), 1, true}, space, got, 256, &st);
+  EXPECT_TRUE(st.spliced);
+  inc.Unwind({regs, mem.Snapshot(regs.sp), 2, true}, space, got, 256, &st);  // dlopen
+  EXPECT_TRUE(st.invalidated);
+  EXPECT_FALSE(st.spliced);
+  EXPECT_EQ(st.frames_unwound, 30u);
+  // Same registers, but the copy now ends elsewhere: another stack.
+  StackSnapshot shorter = mem.Snapshot(regs.sp);
+  shorter.size -= 8;
+  inc.Unwind({regs, shorter, 2, true}, space, got, 256, &st);
+  EXPECT_TRUE(st.invalidated);
+  EXPECT_FALSE(st.spliced);
+  inc.Invalidate();
+  EXPECT_EQ(inc.cached_frames(), 0u);
+  inc.Unwind({regs, mem.Snapshot(regs.sp), 2, false}, space, got, 256, &st);
+  EXPECT_FALSE(st.spliced);
+  EXPECT_EQ(inc.totals().invalidations, 2u);
+}
+
+TEST(IncrementalTest, CapacityAndCopyLimitsMatchFullUnwind) {
+  SyntheticSpace space;
+  SyntheticStack mem(Arch::kX86_64);
+  UnwindOptions full_options;
+  for (VerifyMode mode : {VerifyMode::kBoundary, VerifyMode::kFull}) {
+    for (size_t cap : {1, 2, 5, 40, 256}) {
+      IncrementalUnwinder inc(Options(Arch::kX86_64, mode));
+      Frame got[256], want[256];
+      for (size_t depth : {50, 50, 45, 80, 80, 10, 50}) {
+        Registers regs = mem.Build(Chain(depth, static_cast<int>(depth % 4)));
+        UnwindResult g = inc.Unwind({regs, mem.Snapshot(regs.sp), 1, false}, space, got, cap);
+        UnwindResult w = Unwind(full_options, regs, mem.Snapshot(regs.sp), space, want, cap);
+        ExpectSameFrames(want, w, got, g, "capacity");
+      }
+    }
+  }
+  // A copy too short for the outer frames: kFull stops like the full unwind, kBoundary
+  // reuses the frames it verified in an earlier, shallower sample.
+  for (VerifyMode mode : {VerifyMode::kBoundary, VerifyMode::kFull}) {
+    IncrementalUnwinder inc(Options(Arch::kX86_64, mode));
+    Frame got[256], want[256];
+    std::vector<uint64_t> pcs = Chain(40, 0);
+    Registers regs = mem.Build(pcs);
+    inc.Unwind({regs, mem.Snapshot(regs.sp), 1, false}, space, got, 256);
+    pcs.back() = FuncPc(15, 2);
+    regs = mem.Build(pcs);
+    StackSnapshot small = mem.Snapshot(regs.sp, 1024);
+    SampleStats st;
+    UnwindResult g = inc.Unwind({regs, small, 1, false}, space, got, 256, &st);
+    UnwindResult w = Unwind(full_options, regs, small, space, want, 256);
+    EXPECT_EQ(w.stop, StopReason::kStackOutOfRange);
+    if (mode == VerifyMode::kFull) {
+      ExpectSameFrames(want, w, got, g, "short copy");
+    } else {
+      EXPECT_EQ(g.num_frames, 40u);
+      EXPECT_EQ(g.stop, StopReason::kOutermost);
+      EXPECT_GT(st.frames_beyond_copy, 0u);
+    }
+  }
+}
+
+TEST(IncrementalTest, MalformedStacksNeverCrash) {
+  SyntheticSpace space;
+  std::mt19937_64 rng(7);
+  std::vector<uint8_t> junk(8192);
+  for (VerifyMode mode : {VerifyMode::kBoundary, VerifyMode::kFull}) {
+    IncrementalUnwinder inc(Options(Arch::kX86_64, mode, 64));
+    Frame got[64];
+    for (int i = 0; i < 2000; ++i) {
+      for (size_t k = 0; k < junk.size(); k += 8) {
+        uint64_t v = rng() % 3 == 0 ? FuncPc(2 + rng() % 14, rng() % 4) : rng();
+        std::memcpy(&junk[k], &v, 8);
+      }
+      Registers regs{FuncPc(2 + rng() % 14, 0), 0x100000 + (rng() % 64) * 8, 0, 0};
+      StackSnapshot stack{regs.sp, junk.data(), rng() % junk.size()};
+      UnwindResult r = inc.Unwind({regs, stack, 1, false}, space, got, 64);
+      ASSERT_GE(r.num_frames, 1u);
+      ASSERT_LE(r.num_frames, 64u);
+    }
+  }
+}
+
+TEST(IncrementalTest, SteadyStateDoesNotAllocate) {
+  SyntheticSpace space;
+  SyntheticStack mem(Arch::kX86_64);
+  IncrementalUnwinder inc(Options(Arch::kX86_64, VerifyMode::kFull));
+  Frame got[256];
+  std::vector<Registers> regs;
+  for (int v = 0; v < 4; ++v) regs.push_back(mem.Build(Chain(120 + v, v)));
+  g_allocations = 0;
+  g_count_allocations = true;
+  for (int i = 0; i < 100; ++i) {
+    const Registers& r = regs[i % 4];
+    inc.Unwind({r, mem.Snapshot(r.sp), 1, false}, space, got, 256);
+  }
+  g_count_allocations = false;
+  EXPECT_EQ(g_allocations, 0u);
+}
+
+TEST(IncrementalTest, ParseVerifyMode) {
+  EXPECT_EQ(*ParseVerifyMode("full"), VerifyMode::kFull);
+  EXPECT_EQ(*ParseVerifyMode("boundary"), VerifyMode::kBoundary);
+  EXPECT_EQ(*ParseVerifyMode("off"), VerifyMode::kOff);
+  EXPECT_FALSE(ParseVerifyMode("sometimes").ok());
+}
+
+// ---------------------------------------------------------------------------- real stacks
+
+// Captured chains of this process (no frame pointers, compiled CFI): a sequence of depths
+// from the same call site shares the outer frames.
+TEST(IncrementalTest, RealCapturedStacksEqualFullUnwind) {
+  const testing::SelfAddressSpace& space = *new testing::SelfAddressSpace();
+  UnwindOptions full_options;
+  full_options.max_frames = 512;
+  for (VerifyMode mode : {VerifyMode::kBoundary, VerifyMode::kFull}) {
+    IncrementalUnwinder inc(Options(Arch::kX86_64, mode, 512));
+    size_t spliced = 0;
+    int previous = 0;
+    for (int depth : {50, 50, 60, 45, 200, 199, 10, 50}) {
+      testing::CapturedStack cap;
+      testing::CaptureChainNoFp(depth, &cap);
+      std::vector<Frame> want(512), got(512);
+      UnwindResult w = Unwind(full_options, cap.regs, cap.snapshot(), space, want.data(), 512);
+      SampleStats st;
+      UnwindResult g = inc.Unwind({cap.regs, cap.snapshot(), 1, false}, space, got.data(), 512,
+                                  &st);
+      ExpectSameFrames(want.data(), w, got.data(), g, "captured");
+      EXPECT_GE(w.num_frames, static_cast<size_t>(depth) + 2);
+      spliced += st.spliced;
+      // Only the frames below the deepest common one (plus the leaf's caller) are new.
+      if (st.spliced) {
+        EXPECT_LE(st.frames_unwound, std::abs(depth - previous) + 3) << depth;
+      }
+      previous = depth;
+    }
+    EXPECT_GE(spliced, 6u) << VerifyModeName(mode);
+  }
+}
+
+}  // namespace
+}  // namespace strata::unwind
