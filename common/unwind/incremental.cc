@@ -76,6 +76,28 @@ UnwindResult IncrementalUnwinder::Unwind(const SampleInput& in, const AddressSpa
   return result;
 }
 
+// Re-derives the caller of a reused element from the new stack bytes. For sp-based rows the
+// CFA and the slot addresses depend only on the element's sp and row, which are the cached
+// ones, so only the words read from the stack (return address, saved fp) can differ: read
+// just those. Other rows take the general step.
+inline bool IncrementalUnwinder::VerifyStep(Arch arch, const Element& el,
+                                            const StackSnapshot& stack, Registers* caller,
+                                            uint64_t* slot) {
+  const UnwindRow& row = el.row;
+  if (row.cfa_base == UnwindRow::CfaBase::kSp && row.ra_rule == UnwindRow::RaRule::kAtCfaOffset) {
+    const bool be = IsBigEndian(arch);
+    const uint64_t cfa = el.sp + static_cast<int64_t>(row.cfa_offset);
+    *slot = cfa + static_cast<int64_t>(row.ra_offset);
+    caller->sp = cfa;
+    caller->ra = 0;
+    caller->fp = el.fp;
+    if (!stack.Read64(*slot, be, &caller->pc)) return false;
+    return row.fp_rule != UnwindRow::FpRule::kAtCfaOffset ||
+           stack.Read64(cfa + static_cast<int64_t>(row.fp_offset), be, &caller->fp);
+  }
+  return StepWithRow(arch, row, {el.pc, el.sp, el.fp, 0}, false, stack, caller, slot);
+}
+
 // The walk below mirrors unwind::Unwind() step for step (same row rules, same sanity checks,
 // same stop reasons, same ra_slot bookkeeping) so that its output is interchangeable with a
 // full unwind; incremental_test.cc checks this frame for frame.
@@ -213,8 +235,7 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
           while (q > 0) {
             Registers nx;
             uint64_t slot = 0;
-            if (!StepWithRow(arch, el->row, {el->pc, el->sp, el->fp, 0}, false, stack, &nx,
-                             &slot)) {
+            if (!VerifyStep(arch, *el, stack, &nx, &slot)) {
               result.stop = StopReason::kStackOutOfRange;
               stopped = true;
               break;

@@ -124,7 +124,8 @@ class IncrementalUnwinder {
     uint64_t ra_slot;  // slot of the return address into the caller; 0 = none
     UnwindRow row;     // the row used to step out of this frame
   };
-  struct Walk;
+  static bool VerifyStep(Arch arch, const Element& el, const StackSnapshot& stack,
+                         Registers* caller, uint64_t* slot);
 
   UnwindResult UnwindAndCache(const SampleInput& in, const AddressSpace& space, Frame* frames,
                               size_t limit, SampleStats* stats);

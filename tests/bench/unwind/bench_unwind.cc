@@ -2,6 +2,12 @@
 // sample delivers them) with: the compiled CFI table (strata), libunwind's remote API with
 // accessors over the copied bytes, and libdw (dwfl_getthread_frames with a memory callback).
 // Depths 10, 50, 200 of a recursive non-inlined chain; frames per sample are reported.
+//
+// Steady state (BM_Seq*): a sequence of four samples of one thread whose outer frames stay
+// and whose leaf side changes (chain depths d, d-1, d, d-2 from the same call site), replayed
+// in order, as the agent sees a thread at 99 Hz. Full unwinding, the incremental unwinder
+// (boundary and full verification) and libunwind run over the same sequence; the counters
+// give frames per sample and frames actually unwound (rule lookups) per sample.
 #include <benchmark/benchmark.h>
 #include <elfutils/libdwfl.h>
 #include <libunwind.h>
@@ -11,7 +17,9 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <vector>
 
+#include "common/unwind/incremental.h"
 #include "common/unwind/unwind_test_chain.h"
 #include "common/unwind/unwind_test_space.h"
 #include "common/unwind/unwinder.h"
@@ -30,6 +38,18 @@ const CapturedStack& Stack(int depth) {
   if (!s) {
     s = std::make_unique<CapturedStack>();
     testing::CaptureChainNoFp(depth, s.get());
+  }
+  return *s;
+}
+
+// Four samples whose outer frames coincide: captured from one call site, one after another.
+const std::vector<CapturedStack>& Sequence(int depth) {
+  static std::map<int, std::unique_ptr<std::vector<CapturedStack>>> seqs;
+  auto& s = seqs[depth];
+  if (!s) {
+    s = std::make_unique<std::vector<CapturedStack>>(4);
+    const int depths[4] = {depth, depth - 1, depth, depth - 2};
+    for (int i = 0; i < 4; ++i) testing::CaptureChainNoFp(depths[i], &(*s)[i]);
   }
   return *s;
 }
@@ -53,6 +73,50 @@ void BM_CfiTable(benchmark::State& state) {
   }
   state.counters["frames"] = n;
 }
+
+void BM_SeqFull(benchmark::State& state) {
+  const auto& seq = Sequence(state.range(0));
+  Frame frames[512];
+  UnwindOptions options;
+  options.max_frames = 512;
+  size_t i = 0, total = 0;
+  for (auto _ : state) {
+    const CapturedStack& cap = seq[i++ & 3];
+    size_t n = Unwind(options, cap.regs, cap.snapshot(), Space(), frames, 512).num_frames;
+    total += n;
+    benchmark::DoNotOptimize(frames[n - 1]);
+  }
+  state.counters["frames"] = benchmark::Counter(total, benchmark::Counter::kAvgIterations);
+  state.counters["unwound"] = benchmark::Counter(total, benchmark::Counter::kAvgIterations);
+}
+
+void SeqIncremental(benchmark::State& state, VerifyMode mode) {
+  const auto& seq = Sequence(state.range(0));
+  Frame frames[512];
+  IncrementalOptions options;
+  options.unwind.max_frames = 512;
+  options.verify = mode;
+  IncrementalUnwinder inc(options);
+  // Warm the cache with the last sample of the cycle: what the previous tick left behind.
+  inc.Unwind({seq[3].regs, seq[3].snapshot(), 1, false}, Space(), frames, 512);
+  const IncrementalTotals before = inc.totals();
+  size_t i = 0, total = 0;
+  for (auto _ : state) {
+    const CapturedStack& cap = seq[i++ & 3];
+    size_t n = inc.Unwind({cap.regs, cap.snapshot(), 1, false}, Space(), frames, 512).num_frames;
+    total += n;
+    benchmark::DoNotOptimize(frames[n - 1]);
+  }
+  const IncrementalTotals& t = inc.totals();
+  state.counters["frames"] = benchmark::Counter(total, benchmark::Counter::kAvgIterations);
+  state.counters["unwound"] = benchmark::Counter(t.frames_unwound - before.frames_unwound,
+                                                 benchmark::Counter::kAvgIterations);
+  state.counters["reused"] = benchmark::Counter(t.frames_reused - before.frames_reused,
+                                                benchmark::Counter::kAvgIterations);
+  state.counters["verify_fail"] = t.verify_failures - before.verify_failures;
+}
+void BM_SeqIncrementalBoundary(benchmark::State& state) { SeqIncremental(state, VerifyMode::kBoundary); }
+void BM_SeqIncrementalFull(benchmark::State& state) { SeqIncremental(state, VerifyMode::kFull); }
 
 // ---------------------------------------------------------------------------- libunwind
 
@@ -130,8 +194,7 @@ int AccessFpreg(unw_addr_space_t, unw_regnum_t, unw_fpreg_t*, int, void*) { retu
 int Resume(unw_addr_space_t, unw_cursor_t*, void*) { return -UNW_EINVAL; }
 int GetProcName(unw_addr_space_t, unw_word_t, char*, size_t, unw_word_t*, void*) { return -UNW_EINVAL; }
 
-void BM_LibunwindRemote(benchmark::State& state) {
-  const CapturedStack& cap = Stack(state.range(0));
+unw_addr_space_t LibunwindSpace() {
   static unw_accessors_t accessors = {FindProcInfo, PutUnwindInfo, GetDynInfoListAddr, AccessMem,
                                       AccessReg, AccessFpreg, Resume, GetProcName};
   static unw_addr_space_t as = [] {
@@ -139,6 +202,32 @@ void BM_LibunwindRemote(benchmark::State& state) {
     unw_set_caching_policy(a, UNW_CACHE_GLOBAL);
     return a;
   }();
+  return as;
+}
+
+void BM_SeqLibunwind(benchmark::State& state) {
+  const auto& seq = Sequence(state.range(0));
+  unw_addr_space_t as = LibunwindSpace();
+  size_t i = 0, total = 0;
+  for (auto _ : state) {
+    UnwArg arg{&seq[i++ & 3]};
+    unw_cursor_t cursor;
+    if (unw_init_remote(&cursor, as, &arg) != 0) {
+      state.SkipWithError("unw_init_remote failed");
+      return;
+    }
+    size_t n = 1;
+    while (n < 512 && unw_step(&cursor) > 0) ++n;
+    total += n;
+    benchmark::DoNotOptimize(n);
+  }
+  state.counters["frames"] = benchmark::Counter(total, benchmark::Counter::kAvgIterations);
+  state.counters["unwound"] = benchmark::Counter(total, benchmark::Counter::kAvgIterations);
+}
+
+void BM_LibunwindRemote(benchmark::State& state) {
+  const CapturedStack& cap = Stack(state.range(0));
+  unw_addr_space_t as = LibunwindSpace();
   UnwArg arg{&cap};
   size_t n = 0;
   for (auto _ : state) {
@@ -221,6 +310,10 @@ void BM_Libdw(benchmark::State& state) {
 BENCHMARK(BM_CfiTable)->Arg(10)->Arg(50)->Arg(200);
 BENCHMARK(BM_LibunwindRemote)->Arg(10)->Arg(50)->Arg(200);
 BENCHMARK(BM_Libdw)->Arg(10)->Arg(50)->Arg(200);
+BENCHMARK(BM_SeqFull)->Arg(10)->Arg(50)->Arg(200);
+BENCHMARK(BM_SeqIncrementalBoundary)->Arg(10)->Arg(50)->Arg(200);
+BENCHMARK(BM_SeqIncrementalFull)->Arg(10)->Arg(50)->Arg(200);
+BENCHMARK(BM_SeqLibunwind)->Arg(10)->Arg(50)->Arg(200);
 
 }  // namespace
 }  // namespace strata::unwind
