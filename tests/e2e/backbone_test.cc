@@ -1,0 +1,308 @@
+// The backbone end to end on loopback: real strata-server (RocksDB in a temp dir), the demo
+// workload, real strata-agent with perf events, and the strata CLI.
+#include <signal.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "strata/v1/ingest.grpc.pb.h"
+#include "strata/v1/query.grpc.pb.h"
+#include "tests/e2e/harness.h"
+
+namespace strata::e2e {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<std::string> Names(const v1::HotPath& path) {
+  std::vector<std::string> names;
+  for (const auto& f : path.frames()) names.push_back(f.function());
+  return names;
+}
+
+v1::HotPathsResponse HotPaths(const std::shared_ptr<grpc::Channel>& channel,
+                              const std::string& service) {
+  auto stub = v1::Query::NewStub(channel);
+  v1::HotPathsRequest request;
+  request.mutable_filter()->set_service(service);
+  request.set_limit(100000);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::HotPathsResponse response;
+  grpc::Status status = stub->HotPaths(&context, request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return response;
+}
+
+// Which of the demo's three paths a stack is, by the frames from serve_forever inwards.
+enum class DemoPath { kTokenize, kDeflate, kFib, kOther };
+
+DemoPath Classify(const std::vector<std::string>& names) {
+  auto at = std::find(names.begin(), names.end(), "serve_forever");
+  if (at == names.end()) return DemoPath::kOther;
+  std::vector<std::string> tail(at + 1, names.end());
+  using V = std::vector<std::string>;
+  if (tail == V{"handle_request", "parse_request", "tokenize"}) return DemoPath::kTokenize;
+  if (tail == V{"handle_request", "compress_response", "deflate_block"}) return DemoPath::kDeflate;
+  if (tail.size() >= 2 && tail[0] == "recompute_stats" &&
+      std::all_of(tail.begin() + 1, tail.end(), [](const std::string& n) { return n == "fib"; })) {
+    return DemoPath::kFib;
+  }
+  return DemoPath::kOther;
+}
+
+class BackboneTest : public ::testing::Test {
+ protected:
+  strata::testing::TempDir dir_{"strata_e2e"};
+};
+
+TEST_F(BackboneTest, DemoHotPathsSurviveRestart) {
+  const std::string data = dir_.File("data");
+  auto server = std::make_unique<ServerProcess>(data, dir_.File("server.log"));
+  ASSERT_GT(server->port(), 0) << server->process().Output();
+
+  ChildProcess demo({BinPath("demo_service")}, dir_.File("demo.log"), {{"STRATA_SERVICE", "demo"}});
+  ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
+  ChildProcess agent({BinPath("strata-agent"), "--server", server->address(), "--pid",
+                      std::to_string(demo.pid()), "--interval", "2"},
+                     dir_.File("agent.log"));
+  std::this_thread::sleep_for(std::chrono::seconds(15));
+  ASSERT_TRUE(agent.running()) << agent.Output();
+  // SIGTERM: the agent ships its last interval and waits for the acknowledgement.
+  EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();
+  demo.Stop(SIGKILL);
+
+  v1::HotPathsResponse paths = HotPaths(server->Channel(), "demo");
+  // 2 busy threads at 99 Hz for ~15 s is ~3,000 samples of CPU time; a loaded CI machine
+  // gives the demo less CPU, so only a floor is checked.
+  EXPECT_GT(paths.total_samples(), 300u);
+  RecordProperty("samples", std::to_string(paths.total_samples()));
+  EXPECT_THAT(paths.archs(), ::testing::ElementsAre("x86_64"));
+  std::map<DemoPath, uint64_t> by_path;
+  uint64_t main_thread_samples = 0;
+  for (const auto& p : paths.paths()) {
+    const auto names = Names(p);
+    const DemoPath kind = Classify(names);
+    by_path[kind] += p.samples();
+    if (kind != DemoPath::kOther && !p.truncated()) {
+      // Frames run outermost first; the main thread's paths go through main.
+      auto main_at = std::find(names.begin(), names.end(), "main");
+      if (main_at != names.end()) {
+        EXPECT_LT(main_at - names.begin(),
+                  std::find(names.begin(), names.end(), "serve_forever") - names.begin());
+        main_thread_samples += p.samples();
+      }
+    }
+  }
+  const double total = static_cast<double>(paths.total_samples());
+  const double tokenize = 100 * by_path[DemoPath::kTokenize] / total;
+  const double deflate = 100 * by_path[DemoPath::kDeflate] / total;
+  const double fib = 100 * by_path[DemoPath::kFib] / total;
+  EXPECT_NEAR(tokenize, 60, 10);
+  EXPECT_NEAR(deflate, 30, 10);
+  EXPECT_NEAR(fib, 10, 10);
+  EXPECT_GT(main_thread_samples, paths.total_samples() / 4);
+  RecordProperty("tokenize_pct", std::to_string(tokenize));
+  RecordProperty("deflate_pct", std::to_string(deflate));
+  RecordProperty("fib_pct", std::to_string(fib));
+
+  // The human CLI output shows the hottest path with a percentage.
+  CommandResult cli = RunCommand({BinPath("strata"), "--server", server->address(), "hot-paths",
+                                  "--service", "demo", "--limit", "3"});
+  EXPECT_EQ(cli.exit_code, 0) << cli.output;
+  EXPECT_THAT(cli.output, HasSubstr("serve_forever > handle_request > parse_request > tokenize"));
+  EXPECT_THAT(cli.output, HasSubstr("%"));
+  CommandResult top = RunCommand(
+      {BinPath("strata"), "--server", server->address(), "--json", "top", "--service", "demo"});
+  EXPECT_EQ(top.exit_code, 0) << top.output;
+  EXPECT_THAT(top.output, HasSubstr("\"tokenize\""));
+
+  // Restart on the same directory: every acknowledged sample is still there.
+  EXPECT_EQ(server->process().Stop(SIGTERM, 15), 0) << server->process().Output();
+  server = std::make_unique<ServerProcess>(data, dir_.File("server2.log"));
+  ASSERT_GT(server->port(), 0) << server->process().Output();
+  v1::HotPathsResponse again = HotPaths(server->Channel(), "demo");
+  EXPECT_EQ(again.total_samples(), paths.total_samples());
+  ASSERT_EQ(again.paths_size(), paths.paths_size());
+  EXPECT_EQ(Names(again.paths(0)), Names(paths.paths(0)));
+}
+
+// A raw ingest client speaking the protocol by hand.
+class RawAgent {
+ public:
+  RawAgent(const std::shared_ptr<grpc::Channel>& channel, const std::string& agent_id)
+      : stub_(v1::Ingest::NewStub(channel)) {
+    stream_ = stub_->Connect(&context_);
+    agent_id_ = agent_id;
+  }
+  bool Hello() {
+    v1::AgentMessage m;
+    m.mutable_hello()->set_agent_id(agent_id_);
+    m.mutable_hello()->set_host("test-host");
+    m.mutable_hello()->set_arch("x86_64");
+    m.mutable_hello()->set_graph_id(1);
+    v1::ServerMessage welcome;
+    return stream_->Write(m) && stream_->Read(&welcome) && welcome.has_welcome();
+  }
+  bool Send(const v1::AgentMessage& m) { return stream_->Write(m); }
+  v1::ServerMessage Read() {
+    v1::ServerMessage m;
+    EXPECT_TRUE(stream_->Read(&m));
+    return m;
+  }
+  grpc::Status Finish() {
+    stream_->WritesDone();
+    return stream_->Finish();
+  }
+
+  // A graph with root -> main -> work and a batch of `count` samples of that path.
+  static v1::AgentMessage Graph() {
+    v1::AgentMessage m;
+    auto* d = m.mutable_graph_delta();
+    d->set_first_node(2);
+    for (const char* name : {"main", "work"}) {
+      auto* n = d->add_nodes();
+      n->set_id(2 + d->nodes_size() - 1);
+      n->set_name(name);
+      n->set_module("/bin/raw");
+    }
+    d->set_first_edge(0);
+    auto* e0 = d->add_edges();
+    e0->set_caller(0);
+    e0->set_callee(2);
+    auto* e1 = d->add_edges();
+    e1->set_caller(2);
+    e1->set_call_site(0x10);
+    e1->set_callee(3);
+    return m;
+  }
+  static v1::AgentMessage Batch(uint64_t seq, uint64_t count, uint32_t leaf = 3,
+                                uint64_t id = 0, uint64_t epoch = 2) {
+    v1::AgentMessage m;
+    auto* b = m.mutable_sample_batch();
+    b->set_sequence(seq);
+    b->set_epoch(epoch);
+    b->set_start_ms(1'700'000'000'000);
+    b->set_end_ms(1'700'000'010'000);
+    auto* t = b->add_targets();
+    t->set_id(1);
+    t->set_service("raw");
+    t->set_pid(1);
+    auto* c = b->add_contexts();
+    c->set_target_id(1);
+    c->set_leaf(leaf);
+    c->add_ids(id);
+    c->set_count(count);
+    return m;
+  }
+
+ private:
+  std::unique_ptr<v1::Ingest::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::ServerMessage>> stream_;
+  std::string agent_id_;
+};
+
+TEST_F(BackboneTest, BadInputGetsClearErrorsAndOthersKeepServing) {
+  ServerProcess server(dir_.File("data"), dir_.File("server.log"));
+  ASSERT_GT(server.port(), 0) << server.process().Output();
+  auto channel = server.Channel();
+
+  // A stream that does not start with Hello is refused.
+  {
+    RawAgent bad(channel, "bad-0");
+    ASSERT_TRUE(bad.Send(RawAgent::Batch(1, 1)));
+    grpc::Status status = bad.Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr("Hello"));
+  }
+
+  RawAgent good(channel, "good");
+  ASSERT_TRUE(good.Hello());
+  ASSERT_TRUE(good.Send(RawAgent::Graph()));
+  ASSERT_TRUE(good.Send(RawAgent::Batch(1, 5)));
+  EXPECT_EQ(good.Read().ack().sequence(), 1u);
+
+  RawAgent bad(channel, "bad-1");
+  ASSERT_TRUE(bad.Hello());
+  ASSERT_TRUE(bad.Send(RawAgent::Graph()));
+  // Unknown leaf node.
+  ASSERT_TRUE(bad.Send(RawAgent::Batch(1, 7, /*leaf=*/99)));
+  v1::ServerMessage reply = bad.Read();
+  ASSERT_TRUE(reply.has_error()) << reply.DebugString();
+  EXPECT_EQ(reply.error().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_EQ(reply.error().sequence(), 1u);
+  // ID out of range for the leaf.
+  ASSERT_TRUE(bad.Send(RawAgent::Batch(2, 7, 3, /*id=*/1'000'000)));
+  reply = bad.Read();
+  ASSERT_TRUE(reply.has_error());
+  EXPECT_THAT(reply.error().message(), HasSubstr("undecodable"));
+  // Epoch beyond the graph the server has: Resync, then an error for the batch.
+  ASSERT_TRUE(bad.Send(RawAgent::Batch(3, 7, 3, 0, /*epoch=*/50)));
+  reply = bad.Read();
+  EXPECT_TRUE(reply.has_resync()) << reply.DebugString();
+  EXPECT_TRUE(bad.Read().has_error());
+  // A delta with an edge to a node that does not exist.
+  v1::AgentMessage broken = RawAgent::Graph();
+  broken.mutable_graph_delta()->set_first_node(4);
+  broken.mutable_graph_delta()->mutable_nodes(0)->set_id(4);
+  broken.mutable_graph_delta()->mutable_nodes(1)->set_id(5);
+  broken.mutable_graph_delta()->set_first_edge(2);
+  broken.mutable_graph_delta()->mutable_edges(0)->set_callee(77);
+  ASSERT_TRUE(bad.Send(broken));
+  reply = bad.Read();
+  ASSERT_TRUE(reply.has_error()) << reply.DebugString();
+  EXPECT_THAT(reply.error().message(), HasSubstr("unknown node"));
+
+  // The well-behaved agent is unaffected and its data is intact.
+  ASSERT_TRUE(good.Send(RawAgent::Batch(2, 3)));
+  EXPECT_EQ(good.Read().ack().sequence(), 2u);
+  // A resent batch is acknowledged but not counted twice.
+  ASSERT_TRUE(good.Send(RawAgent::Batch(2, 3)));
+  EXPECT_EQ(good.Read().ack().sequence(), 2u);
+  EXPECT_TRUE(good.Finish().ok());
+  EXPECT_TRUE(bad.Finish().ok());
+
+  auto stub = v1::Query::NewStub(channel);
+  v1::HotPathsRequest request;
+  request.mutable_filter()->set_service("raw");
+  grpc::ClientContext context;
+  v1::HotPathsResponse response;
+  ASSERT_TRUE(stub->HotPaths(&context, request, &response).ok());
+  EXPECT_EQ(response.total_samples(), 8u);
+  ASSERT_EQ(response.paths_size(), 1);
+  EXPECT_EQ(Names(response.paths(0)), (std::vector<std::string>{"main", "work"}));
+  EXPECT_TRUE(server.process().running());
+}
+
+TEST_F(BackboneTest, CliReportsUnreachableServerAndBadFlags) {
+  // A port nobody listens on: bind-and-release would race; port 1 is privileged and unused.
+  CommandResult r = RunCommand({BinPath("strata"), "--server", "127.0.0.1:1", "--timeout", "5",
+                                "services"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("cannot reach strata-server at 127.0.0.1:1"));
+
+  ServerProcess server(dir_.File("data"), dir_.File("server.log"));
+  ASSERT_GT(server.port(), 0);
+  r = RunCommand({BinPath("strata"), "--server", server.address(), "top", "--service", "nope"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("unknown service 'nope'"));
+  r = RunCommand({BinPath("strata"), "--server", server.address(), "hot-paths", "--service", "x",
+                  "--since", "ten minutes"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("invalid duration"));
+  r = RunCommand({BinPath("strata-agent"), "--server", server.address()});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("nothing to profile"));
+  r = RunCommand({BinPath("strata-agent"), "--server", server.address(), "--pid", "999999999"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("no such process"));
+}
+
+}  // namespace
+}  // namespace strata::e2e

@@ -1,0 +1,144 @@
+#include "tests/e2e/harness.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+
+extern char** environ;
+
+namespace strata::e2e {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::string BinPath(const std::string& name) { return std::string(STRATA_BIN_DIR) + "/" + name; }
+
+ChildProcess::ChildProcess(std::vector<std::string> argv, std::string log_path,
+                           std::map<std::string, std::string> env)
+    : log_path_(std::move(log_path)) {
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp, args;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_ = fork();
+  if (pid_ == 0) {
+    int fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, 0);
+    setpgid(0, 0);
+    execve(args[0], args.data(), envp.data());
+    _exit(127);
+  }
+}
+
+ChildProcess::~ChildProcess() {
+  if (pid_ > 0 && !reaped_) Stop(SIGKILL, 5);
+}
+
+bool ChildProcess::running() {
+  if (reaped_ || pid_ <= 0) return false;
+  int status;
+  if (waitpid(pid_, &status, WNOHANG) == pid_) {
+    reaped_ = true;
+    status_ = status;
+    return false;
+  }
+  return true;
+}
+
+int ChildProcess::Wait(double timeout_s) {
+  const double deadline = Now() + timeout_s;
+  while (running() && Now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (!reaped_) return -1;
+  return WIFEXITED(status_) ? WEXITSTATUS(status_) : -1;
+}
+
+int ChildProcess::Stop(int signal, double timeout_s) {
+  if (!running()) return reaped_ ? status_ : -1;
+  kill(pid_, signal);
+  const double deadline = Now() + timeout_s;
+  while (running() && Now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (!reaped_) {
+    kill(pid_, SIGKILL);
+    int status;
+    waitpid(pid_, &status, 0);
+    reaped_ = true;
+    status_ = status;
+  }
+  return status_;
+}
+
+std::string ChildProcess::Output() const { return ReadFile(log_path_); }
+
+bool ChildProcess::WaitForOutput(const std::string& text, double timeout_s) {
+  const double deadline = Now() + timeout_s;
+  while (Now() < deadline) {
+    if (Output().find(text) != std::string::npos) return true;
+    if (!running()) return Output().find(text) != std::string::npos;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+ServerProcess::ServerProcess(const std::string& data_dir, const std::string& log_path,
+                             std::vector<std::string> extra_args) {
+  std::vector<std::string> argv{BinPath("strata-server"), "--listen", "127.0.0.1:0", "--http",
+                                "", "--data", data_dir};
+  for (auto& a : extra_args) argv.push_back(std::move(a));
+  process_ = std::make_unique<ChildProcess>(std::move(argv), log_path);
+  const std::string marker = "ready on port ";
+  if (!process_->WaitForOutput(marker, 30)) return;
+  const std::string out = process_->Output();
+  const size_t at = out.rfind(marker) + marker.size();
+  (void)absl::SimpleAtoi(out.substr(at, out.find('\n', at) - at), &port_);
+}
+
+std::shared_ptr<grpc::Channel> ServerProcess::Channel() const {
+  return grpc::CreateChannel(address(), grpc::InsecureChannelCredentials());
+}
+
+CommandResult RunCommand(std::vector<std::string> argv, double timeout_s) {
+  static int counter = 0;
+  const std::string log = "/tmp/strata_cmd_" + std::to_string(getpid()) + "_" +
+                          std::to_string(counter++) + ".log";
+  CommandResult result;
+  {
+    ChildProcess child(std::move(argv), log);
+    result.exit_code = child.Wait(timeout_s);
+    if (result.exit_code == -1) child.Stop(SIGKILL, 1);
+    result.output = child.Output();
+  }
+  unlink(log.c_str());
+  return result;
+}
+
+}  // namespace strata::e2e

@@ -1,0 +1,76 @@
+// End-to-end test harness: runs the real binaries (strata-server, strata-agent, strata, the
+// workloads) as child processes on loopback, with their output captured to files in a
+// per-test temp dir. Child processes are killed when their ChildProcess goes out of scope.
+#ifndef STRATA_TESTS_E2E_HARNESS_H_
+#define STRATA_TESTS_E2E_HARNESS_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/testing/temp_dir.h"
+
+namespace strata::e2e {
+
+// Absolute path of a binary built into build/bin.
+std::string BinPath(const std::string& name);
+
+class ChildProcess {
+ public:
+  // Starts `argv[0]` (absolute path) with stdout+stderr to `log_path`; `env` entries are
+  // added to the environment.
+  ChildProcess(std::vector<std::string> argv, std::string log_path,
+               std::map<std::string, std::string> env = {});
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool running();
+  // Sends `signal` and waits up to `timeout_s`; SIGKILL after that. Returns the exit status
+  // (as from waitpid), or -1.
+  int Stop(int signal = 15, double timeout_s = 10);
+  // Waits for exit up to `timeout_s`; returns the exit code, or -1 on timeout / signal.
+  int Wait(double timeout_s);
+  std::string Output() const;
+  // Waits until the output contains `text`; false on timeout or exit.
+  bool WaitForOutput(const std::string& text, double timeout_s);
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_path_;
+  int status_ = -1;
+  bool reaped_ = false;
+};
+
+// strata-server on 127.0.0.1 with an ephemeral gRPC port, HTTP off unless asked.
+class ServerProcess {
+ public:
+  explicit ServerProcess(const std::string& data_dir, const std::string& log_path,
+                         std::vector<std::string> extra_args = {});
+  int port() const { return port_; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  ChildProcess& process() { return *process_; }
+  std::shared_ptr<grpc::Channel> Channel() const;
+
+ private:
+  std::unique_ptr<ChildProcess> process_;
+  int port_ = 0;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+// Runs a command to completion (bounded by `timeout_s`).
+CommandResult RunCommand(std::vector<std::string> argv, double timeout_s = 60);
+
+}  // namespace strata::e2e
+
+#endif  // STRATA_TESTS_E2E_HARNESS_H_
