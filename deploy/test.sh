@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# deploy/test.sh: installs dependencies, builds Strata and runs every test through CTest:
+# the x86-64 build (unit, integration, end-to-end on loopback with real perf events) and the
+# MIPS64 cross builds (mips64el and big-endian mips64, run under qemu user mode).
+# Benchmarks are not part of this run: see deploy/bench.sh.
+#
+# Environment: BUILD_DIR (default build), JOBS (default: number of cores),
+# STRATA_SKIP_MIPS64=1 to run the x86-64 part only.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$(pwd)
+build=${BUILD_DIR:-build}
+jobs=${JOBS:-$(nproc)}
+
+"$root/deploy/install-deps.sh"
+
+echo "== x86-64 build ($build)"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_BUILD_BENCHMARKS=OFF >/dev/null
+cmake --build "$build" -j "$jobs"
+
+status=0
+echo "== x86-64 tests"
+(cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 900) || status=1
+
+if [[ "${STRATA_SKIP_MIPS64:-0}" != 1 ]]; then
+  for arch in mips64el mips64; do
+    echo "== $arch cross build (build-$arch)"
+    JOBS=$jobs deploy/cross/build.sh "$arch" "build-$arch" >/dev/null
+    echo "== $arch tests (qemu user mode)"
+    (cd "build-$arch" && ctest --output-on-failure -j "$jobs" --timeout 900) || status=1
+  done
+fi
+exit $status
