@@ -40,6 +40,11 @@ constexpr unwind::Arch kSelfArch = unwind::Arch::kMips64Be;
 #endif
 
 constexpr size_t kMaxThreads = 4096;
+#if defined(__x86_64__)
+constexpr uint64_t kRedZone = 128;
+#else
+constexpr uint64_t kRedZone = 0;
+#endif
 constexpr size_t kMaxModules = kMaxRingModules;
 
 // An executable range of one loaded module, with the rules the handler unwinds it by.
@@ -132,8 +137,11 @@ void OnSigprof(int, siginfo_t*, void* context) {
   if (slot != nullptr && space != nullptr && g_running.load(std::memory_order_acquire)) {
     const unwind::Registers regs = RegistersFrom(context);
     if (regs.sp >= slot->stack_lo && regs.sp < slot->stack_hi) {
-      const unwind::StackSnapshot stack{regs.sp, reinterpret_cast<const uint8_t*>(regs.sp),
-                                        static_cast<size_t>(slot->stack_hi - regs.sp)};
+      // x86-64 epilogues restore registers from just below sp (CFI keeps describing the
+      // popped slots); the kernel leaves the 128-byte red zone intact, so it is readable.
+      const uint64_t lo = std::max<uint64_t>(slot->stack_lo, regs.sp - kRedZone);
+      const unwind::StackSnapshot stack{lo, reinterpret_cast<const uint8_t*>(lo),
+                                        static_cast<size_t>(slot->stack_hi - lo)};
       unwind::UnwindOptions options;
       options.arch = kSelfArch;
       options.max_frames = kMaxRecordFrames;
@@ -175,6 +183,8 @@ struct PhdrModule {
   std::string name;
   uint64_t bias;
   std::vector<RingModule> exec;  // absolute executable ranges with file offsets
+  uint64_t image_lo = UINT64_MAX;  // loaded extent of the PT_LOAD segments
+  uint64_t image_hi = 0;
 };
 
 // Builds and publishes a new SelfSpace and the ring's module table. Caller holds mu.
@@ -195,7 +205,10 @@ absl::Status RebuildSpaceLocked(State& s) {
     m.bias = info->dlpi_addr;
     for (int i = 0; i < info->dlpi_phnum; ++i) {
       const ElfW(Phdr)& ph = info->dlpi_phdr[i];
-      if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X)) continue;
+      if (ph.p_type != PT_LOAD) continue;
+      m.image_lo = std::min<uint64_t>(m.image_lo, info->dlpi_addr + ph.p_vaddr);
+      m.image_hi = std::max<uint64_t>(m.image_hi, info->dlpi_addr + ph.p_vaddr + ph.p_filesz);
+      if (!(ph.p_flags & PF_X)) continue;
       RingModule r;
       // Page-aligned like the kernel maps it, so the agent's offset -> vaddr lookup works.
       const uint64_t page = 4096;
@@ -220,13 +233,16 @@ absl::Status RebuildSpaceLocked(State& s) {
     for (auto& lm : s.modules) {
       if (lm->path == path && lm->bias == m.bias) loaded = lm.get();
     }
-    if (loaded == nullptr && !is_vdso) {
+    if (loaded == nullptr) {
       auto lm = std::make_unique<LoadedModule>();
       lm->path = path;
       lm->bias = m.bias;
       // Under qemu-user /proc/self/exe is the guest program; opening it is the reliable way.
+      // The vDSO has no file: its image is read from memory.
       absl::StatusOr<std::unique_ptr<elf::ElfFile>> elf =
-          elf::ElfFile::Open(is_main ? std::string("/proc/self/exe") : path);
+          is_vdso ? elf::ElfFile::FromBytes(std::string(reinterpret_cast<const char*>(m.image_lo),
+                                                        m.image_hi - m.image_lo))
+                  : elf::ElfFile::Open(is_main ? std::string("/proc/self/exe") : path);
       if (elf.ok()) {
         lm->elf = std::move(*elf);
         absl::StatusOr<std::unique_ptr<unwind::RuleSource>> rules =

@@ -1,0 +1,127 @@
+// Analysis half of the in-process sampler accuracy test (programs/inproc_workload.c): after
+// the workload ran under the sampler, symbolizes every recorded stack with the ELF symbol
+// tables of the loaded modules and compares it frame by frame with the shadow stack.
+// Passes when every frame matches except those lost to tail calls (counted and printed).
+#include <link.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/elf/elf_file.h"
+#include "common/elf/symbol_table.h"
+#include "tests/mips64/truth_match.h"
+
+namespace {
+
+constexpr int kMaxPcs = 126;
+constexpr int kMaxDepth = 128;
+struct Record {  // struct Record in programs/inproc_workload.c
+  uint64_t pcs[kMaxPcs];
+  int32_t num_pcs, truncated, depth;
+  int32_t ids[kMaxDepth];
+  uint8_t tail[kMaxDepth];
+};
+
+struct Module {
+  uint64_t lo, hi, bias;
+  std::unique_ptr<strata::elf::ElfFile> elf;
+  std::optional<strata::elf::SymbolTable> symbols;
+};
+
+std::vector<Module> LoadedModules() {
+  std::vector<Module> out;
+  dl_iterate_phdr([](dl_phdr_info* info, size_t, void* data) {
+    auto* mods = static_cast<std::vector<Module>*>(data);
+    std::string path = info->dlpi_name && info->dlpi_name[0] ? info->dlpi_name : "/proc/self/exe";
+    auto elf = strata::elf::ElfFile::Open(path);
+    if (!elf.ok()) return 0;
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+      const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+      if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X)) continue;
+      Module m;
+      m.lo = info->dlpi_addr + ph.p_vaddr;
+      m.hi = m.lo + ph.p_memsz;
+      m.bias = info->dlpi_addr;
+      auto symbols = strata::elf::SymbolTable::Build(**elf);
+      if (!symbols.ok()) continue;
+      m.symbols.emplace(std::move(*symbols));
+      m.elf = std::move(*elf);
+      mods->push_back(std::move(m));
+      break;
+    }
+    return 0;
+  }, &out);
+  return out;
+}
+
+}  // namespace
+
+extern "C" int strata_analyze_records(const Record* records, int n, int limit, double seconds) {
+  using namespace strata::unwind::mips64;
+  const std::vector<Module> modules = LoadedModules();
+  auto id_of = [&](uint64_t pc) {
+    for (const Module& m : modules) {
+      if (pc < m.lo || pc >= m.hi) continue;
+      const strata::elf::SymbolTable::Function* f = m.symbols->Lookup(pc - m.bias);
+      return f ? IdOf(f->name) : -1;
+    }
+    return -1;
+  };
+  MatchTotals t;
+  size_t truncated = 0, printed = 0;
+  std::map<int, size_t> mismatched_leaf;
+  for (int i = 0; i < n; ++i) {
+    const Record& r = records[i];
+    strata::unwind::Frame frames[kMaxPcs];
+    for (int k = 0; k < r.num_pcs; ++k) frames[k] = {r.pcs[k], 0, 0};
+    std::vector<int> ids(r.ids, r.ids + std::min(r.depth, kMaxDepth));
+    std::vector<bool> tail(r.tail, r.tail + std::min(r.depth, kMaxDepth));
+    const SampleMatch m = MatchSample(frames, static_cast<size_t>(r.num_pcs), ids, tail, id_of);
+    t.Add(m);
+    truncated += r.truncated != 0;
+    if (!m.exact) {
+      mismatched_leaf[r.num_pcs > 0 ? id_of(r.pcs[0]) : -1]++;
+      if (printed++ < 10) {
+        std::string g, tr;
+        for (int id : m.got) g += std::to_string(id) + " ";
+        for (int id : m.truth) tr += std::to_string(id) + " ";
+        std::string where = "?";
+        for (const Module& mod : modules) {
+          if (r.pcs[0] < mod.lo || r.pcs[0] >= mod.hi) continue;
+          const strata::elf::SymbolTable::Function* f = mod.symbols->Lookup(r.pcs[0] - mod.bias);
+          char off[32];
+          std::snprintf(off, sizeof off, "+%#llx", static_cast<unsigned long long>(r.pcs[0] - mod.bias));
+          where = (f ? std::string(f->name) : std::string()) + off;
+        }
+        std::printf("  mismatch: pc %#llx (%s) %d frames unwound [%s] truth [%s]\n",
+                    static_cast<unsigned long long>(r.pcs[0]), where.c_str(), r.num_pcs,
+                    g.c_str(), tr.c_str());
+      }
+    }
+  }
+  const double acc = 100.0 * static_cast<double>(t.correct_frames) /
+                     static_cast<double>(std::max<size_t>(1, t.expected_frames));
+  std::printf("inproc accuracy: samples %zu in %.1f s, exact %zu (%.2f%%), frames %zu/%zu correct "
+              "(%.2f%%), frames lost to tail calls %zu, prologue/epilogue samples %zu, "
+              "stacks not reaching the outermost frame %zu\n",
+              t.samples, seconds, t.exact,
+              100.0 * static_cast<double>(t.exact) / static_cast<double>(std::max<size_t>(1, t.samples)),
+              t.correct_frames, t.expected_frames, acc, t.tail_lost, t.transition, truncated);
+  for (const auto& [id, count] : mismatched_leaf) std::printf("  mismatches with leaf id %d: %zu\n", id, count);
+  if (n < limit) {
+    std::printf("FAIL: only %d of %d samples\n", n, limit);
+    return 1;
+  }
+  if (t.correct_frames != t.expected_frames) {
+    std::printf("FAIL: frames unwound wrongly\n");
+    return 1;
+  }
+  std::printf("PASS\n");
+  return 0;
+}
