@@ -2,7 +2,7 @@
 // calling contexts to strata-server.
 //
 //   strata-agent --server HOST:PORT [--pid PID]... [--service NAME=REGEX]...
-//                [--frequency HZ] [--interval SECONDS]
+//                [--frequency HZ] [--interval SECONDS] [--unwind-verify full|boundary|off]
 #include <signal.h>
 #include <unistd.h>
 
@@ -42,6 +42,7 @@ int Run(int argc, char** argv) {
   double interval_s = 10;
   uint32_t stack_bytes = 16 * 1024;
   std::string token, agent_id, host = Hostname(), log_level = "info";
+  std::string unwind_verify = "full";
   app.add_option("--server", server, "strata-server address (host:port)")->capture_default_str();
   app.add_option("--pid", pids, "profile this process (repeatable)");
   app.add_option("--service", service_flags,
@@ -60,6 +61,12 @@ int Run(int argc, char** argv) {
   app.add_option("--agent-id", agent_id, "agent identity (default: host-<random>)");
   app.add_option("--host", host, "host label")->capture_default_str();
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  app.add_option("--unwind-verify", unwind_verify,
+                 "incremental unwinding: full (re-check every reused frame against the new "
+                 "stack bytes), boundary (check only the splice point) or off (unwind every "
+                 "sample fully)")
+      ->check(CLI::IsMember({"full", "boundary", "off"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
 
@@ -70,6 +77,7 @@ int Run(int argc, char** argv) {
   strata::agent::ProfilerOptions options;
   options.frequency_hz = frequency;
   options.stack_bytes = stack_bytes & ~7u;
+  options.unwind_verify = *strata::unwind::ParseVerifyMode(unwind_verify);  // checked above
   for (int pid : pids) options.pids.push_back(pid);
   for (const auto& flag : service_flags) {
     auto rule = strata::procfs::ParseServiceRule(flag);
@@ -142,6 +150,9 @@ int Run(int argc, char** argv) {
   const auto stats = (*profiler)->stats();
   spdlog::info("stopping: {} samples, {} frames, {} truncated, {} lost; flushing", stats.samples,
                stats.unwound_frames, stats.truncated, stats.lost);
+  spdlog::info("unwinding ({}): {} frames walked, {} reused, {} verification failures",
+               unwind_verify, stats.frames_walked, stats.frames_reused,
+               stats.unwind_verify_failures);
   if (!shipper.Flush(absl::Seconds(5))) {
     spdlog::warn("server did not acknowledge every batch before shutdown");
   }

@@ -21,6 +21,10 @@ struct Profiler::Target {
   std::string executable;
   std::unique_ptr<symbols::ProcessAddressSpace> space;
   size_t maps_hash = 0;
+  // Bumped on every mapping change: the threads' incremental unwinders drop their caches.
+  uint64_t maps_epoch = 0;
+  // Per-thread incremental unwinding state (previous sample's frames), by tid.
+  absl::flat_hash_map<pid_t, std::unique_ptr<unwind::IncrementalUnwinder>> threads;
   absl::Time last_refresh = absl::InfinitePast();
   // Absolute pc (already adjusted for return addresses) -> function node and module offset.
   struct CachedPc {
@@ -88,7 +92,11 @@ absl::Status Profiler::Rescan() {
   for (const auto& t : changes->threads_added) {
     if (targets_.contains(t.pid)) (void)sampler_->AttachNewThread(t.pid, t.tid);
   }
-  for (const auto& t : changes->threads_removed) sampler_->DetachThread(t.pid, t.tid);
+  for (const auto& t : changes->threads_removed) {
+    sampler_->DetachThread(t.pid, t.tid);
+    // A later thread may reuse the tid: never splice its stack onto this one's frames.
+    if (auto it = targets_.find(t.pid); it != targets_.end()) it->second->threads.erase(t.tid);
+  }
   // dlopen/dlclose: pick up mapping changes of every target once per rescan.
   for (auto& [pid, target] : targets_) RefreshMappings(*target);
   return absl::OkStatus();
@@ -138,6 +146,7 @@ bool Profiler::RefreshMappings(Target& target) {
   }
   if (hash == target.maps_hash && target.space->num_modules() > 0) return false;
   target.maps_hash = hash;
+  ++target.maps_epoch;
   target.last_refresh = absl::Now();
   target.pc_cache.clear();
   if (auto st = target.space->Refresh(*maps); !st.ok()) {
@@ -179,13 +188,30 @@ void Profiler::HandleSample(const sampler::RawSample& sample) {
   Target& target = *it->second;
   ++stats_.samples;
 
-  unwind::UnwindOptions options;
-  options.arch = kHostArch;
-  options.max_frames = options_.max_frames;
+  unwind::IncrementalOptions options;
+  options.unwind.arch = kHostArch;
+  options.unwind.max_frames = options_.max_frames;
+  options.verify = options_.unwind_verify;
   unwind::Registers regs{sample.pc, sample.sp, sample.fp, sample.ra};
   unwind::StackSnapshot stack{sample.sp, sample.stack, sample.stack_size};
-  unwind::UnwindResult result =
-      unwind::Unwind(options, regs, stack, *target.space, frames_.data(), frames_.size());
+  unwind::UnwindResult result;
+  if (options.verify == unwind::VerifyMode::kOff) {
+    result = unwind::Unwind(options.unwind, regs, stack, *target.space, frames_.data(),
+                            frames_.size());
+    stats_.frames_walked += result.num_frames;
+  } else {
+    std::unique_ptr<unwind::IncrementalUnwinder>& thread =
+        target.threads[static_cast<pid_t>(sample.tid)];
+    if (thread == nullptr) thread = std::make_unique<unwind::IncrementalUnwinder>(options);
+    // A copy shorter than requested ended at the top of the thread's stack.
+    const bool stack_end_known = sample.stack_size < options_.stack_bytes;
+    unwind::SampleStats unwind_stats;
+    result = thread->Unwind({regs, stack, target.maps_epoch, stack_end_known}, *target.space,
+                            frames_.data(), frames_.size(), &unwind_stats);
+    stats_.frames_walked += unwind_stats.frames_unwound;
+    stats_.frames_reused += unwind_stats.frames_reused;
+    stats_.unwind_verify_failures += unwind_stats.verify_failed;
+  }
   if (result.num_frames == 0) {
     frames_[0] = {sample.pc, sample.sp, 0};
     result.num_frames = 1;

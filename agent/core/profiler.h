@@ -27,6 +27,7 @@
 #include "agent/sampler/perf_sampler.h"
 #include "agent/symbols/module_cache.h"
 #include "agent/symbols/process_address_space.h"
+#include "common/unwind/incremental.h"
 #include "common/unwind/unwinder.h"
 #include "strata/v1/ingest.pb.h"
 
@@ -50,6 +51,10 @@ struct ProfilerOptions {
   std::vector<pid_t> pids;  // explicit targets (service: STRATA_SERVICE or executable name)
   absl::Duration rescan_interval = absl::Seconds(1);
   size_t max_frames = 256;
+  // Per-thread incremental unwinding (common/unwind/incremental.h). kFull (default) re-derives
+  // every reused frame from the new stack bytes, so stacks equal a full unwind; kBoundary
+  // checks only the splice element; kOff unwinds every sample fully.
+  unwind::VerifyMode unwind_verify = unwind::VerifyMode::kFull;
 };
 
 struct ProfilerStats {
@@ -59,6 +64,9 @@ struct ProfilerStats {
   uint64_t dropped = 0;         // samples of unknown processes or that failed to encode
   uint64_t lost = 0;            // samples the kernel dropped
   uint64_t refreshes = 0;       // mapping refreshes (dlopen/dlclose seen)
+  uint64_t frames_walked = 0;   // frames found with unwind-rule lookups
+  uint64_t frames_reused = 0;   // frames taken from the thread's previous sample
+  uint64_t unwind_verify_failures = 0;
   size_t targets = 0;
 };
 
