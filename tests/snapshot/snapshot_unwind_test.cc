@@ -1,0 +1,327 @@
+// Records real perf samples of the unwinding workloads (tests/workloads/unwind) into snapshot
+// files in a temporary directory, then unwinds every sample three ways over the same bytes:
+//   (1) full unwinding (unwind::Unwind over agent/symbols' ProcessAddressSpace),
+//   (2) incremental unwinding over each thread's recorded sequence (full and boundary
+//       verification),
+//   (3) libdw (dwfl_getthread_frames with the modules reported at the recorded addresses and
+//       memory reads served from the copied stack) as the independent reference.
+// (1) and (2, full) must agree on every sample; (2, boundary) too, except for reused frames
+// beyond the copy (counted); (1) and (3) must agree frame for frame wherever both have a
+// module for the pc -- each remaining difference is classified below.
+#include <elfutils/libdwfl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "agent/symbols/module_cache.h"
+#include "agent/symbols/process_address_space.h"
+#include "common/unwind/incremental.h"
+#include "gtest/gtest.h"
+#include "tests/snapshot/snapshot.h"
+
+namespace strata::snapshot {
+namespace {
+
+constexpr size_t kMaxFrames = 512;
+
+// ---------------------------------------------------------------------------- libdw
+
+struct DwState {
+  const Sample* sample = nullptr;
+  pid_t fake_pid = 0;
+};
+DwState g_dw;
+
+pid_t DwNextThread(Dwfl*, void*, void** thread_argp) {
+  if (*thread_argp != nullptr) return 0;
+  *thread_argp = reinterpret_cast<void*>(1);
+  return g_dw.fake_pid;
+}
+
+bool DwMemoryRead(Dwfl*, Dwarf_Addr addr, Dwarf_Word* result, void*) {
+  const Sample& s = *g_dw.sample;
+  unwind::StackSnapshot stack{s.sp, s.stack.data(), s.stack.size()};
+  uint64_t v;
+  if (!stack.Read64(addr, false, &v)) return false;
+  *result = v;
+  return true;
+}
+
+bool DwSetInitialRegisters(Dwfl_Thread* thread, void*) {
+  const Sample& s = *g_dw.sample;
+  Dwarf_Word regs[17] = {};
+  regs[6] = s.fp;
+  regs[7] = s.sp;
+  if (!dwfl_thread_state_registers(thread, 0, 17, regs)) return false;
+  dwfl_thread_state_register_pc(thread, s.pc);
+  return true;
+}
+
+const Dwfl_Thread_Callbacks kDwCallbacks = {DwNextThread, nullptr, DwMemoryRead,
+                                            DwSetInitialRegisters, nullptr, nullptr};
+char* g_debuginfo_path = nullptr;
+const Dwfl_Callbacks kDwflCallbacks = {dwfl_build_id_find_elf, dwfl_standard_find_debuginfo,
+                                       nullptr, &g_debuginfo_path};
+
+// One Dwfl per mapping set: the modules reported at the recorded load biases.
+class LibdwUnwinder {
+ public:
+  LibdwUnwinder(const symbols::ProcessAddressSpace& space, const std::vector<Mapping>& maps) {
+    dwfl_ = dwfl_begin(&kDwflCallbacks);
+    dwfl_report_begin(dwfl_);
+    std::map<std::string, bool> reported;
+    for (const Mapping& m : maps) {
+      if (!m.info.exec || reported[m.info.path]) continue;
+      uint64_t module_pc = 0;
+      if (space.ModuleAt(m.info.start, &module_pc) == nullptr) continue;
+      reported[m.info.path] = true;
+      dwfl_report_elf(dwfl_, m.info.path.c_str(), m.info.path.c_str(), -1,
+                      m.info.start - module_pc, false);
+    }
+    dwfl_report_end(dwfl_, nullptr, nullptr);
+    g_dw.fake_pid = getpid();
+    ok_ = dwfl_attach_state(dwfl_, nullptr, g_dw.fake_pid, &kDwCallbacks, nullptr);
+  }
+  ~LibdwUnwinder() { dwfl_end(dwfl_); }
+  bool ok() const { return ok_; }
+
+  std::vector<uint64_t> Unwind(const Sample& s) {
+    g_dw.sample = &s;
+    pcs_.clear();
+    dwfl_getthread_frames(dwfl_, g_dw.fake_pid, [](Dwfl_Frame* frame, void* arg) -> int {
+      auto* pcs = static_cast<std::vector<uint64_t>*>(arg);
+      Dwarf_Addr pc;
+      bool activation;
+      if (!dwfl_frame_pc(frame, &pc, &activation)) return DWARF_CB_ABORT;
+      pcs->push_back(pc);
+      return pcs->size() < kMaxFrames ? DWARF_CB_OK : DWARF_CB_ABORT;
+    }, &pcs_);
+    return pcs_;
+  }
+
+ private:
+  Dwfl* dwfl_ = nullptr;
+  bool ok_ = false;
+  std::vector<uint64_t> pcs_;
+};
+
+// ---------------------------------------------------------------------------- recording
+
+std::string TempDir() {
+  static std::string dir = [] {
+    char tmpl[] = "/tmp/strata-snapshots-XXXXXX";
+    return std::string(mkdtemp(tmpl));
+  }();
+  return dir;
+}
+
+// Runs the workload for a little longer than the recording and records it.
+std::string RecordWorkload(const std::string& name, std::vector<std::string> args) {
+  std::string path = TempDir() + "/" + name + ".snap";
+  args.insert(args.begin(), "3");
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    std::string exe = std::string(STRATA_WORKLOAD_DIR) + "/unwind_workload_" + name;
+    argv.push_back(exe.data());
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(exe.c_str(), argv.data());
+    _exit(127);
+  }
+  usleep(200 * 1000);
+  RecordOptions options;
+  options.seconds = 1.5;
+  auto stats = Record(pid, options, path);
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  if (!stats.ok()) return "";
+  std::printf("[%s] recorded %zu samples of %zu threads, %zu mapping sets, %llu lost\n",
+              name.c_str(), stats->samples, stats->threads, stats->mapping_sets,
+              static_cast<unsigned long long>(stats->lost));
+  return path;
+}
+
+struct Tally {
+  size_t samples = 0;
+  size_t full_frames = 0;
+  size_t inc_unwound = 0, inc_reused = 0, splices = 0, verify_failures = 0;
+  size_t boundary_beyond_copy = 0;
+  size_t libdw_equal = 0;
+  size_t libdw_prefix_equal = 0;  // one stopped earlier; the common frames agree
+  size_t libdw_differ = 0;
+  std::map<std::string, size_t> stop_reasons;
+};
+
+bool SameFrames(const unwind::Frame* a, size_t na, const unwind::Frame* b, size_t nb) {
+  if (na != nb) return false;
+  for (size_t i = 0; i < na; ++i) {
+    if (a[i].pc != b[i].pc || a[i].sp != b[i].sp || a[i].ra_slot != b[i].ra_slot) return false;
+  }
+  return true;
+}
+
+Tally Replay(const std::string& name, const std::string& path, size_t min_depth) {
+  Tally t;
+  auto snap = Load(path);
+  EXPECT_TRUE(snap.ok()) << snap.status();
+  if (!snap.ok()) return t;
+  symbols::ModuleCache modules;
+  std::vector<std::unique_ptr<symbols::ProcessAddressSpace>> spaces;
+  std::vector<std::unique_ptr<LibdwUnwinder>> libdw;
+  for (const auto& set : snap->mapping_sets) {
+    std::vector<symbols::MappingInfo> infos;
+    for (const Mapping& m : set) {
+      infos.push_back(m.info);
+      // The replay reads the module files from disk: they must still be the recorded ones.
+      auto elf = elf::ElfFile::Open(m.info.path);
+      if (elf.ok()) EXPECT_EQ((*elf)->BuildIdHex(), m.build_id_hex) << m.info.path;
+    }
+    auto space = std::make_unique<symbols::ProcessAddressSpace>(0, &modules);
+    EXPECT_TRUE(space->Refresh(infos).ok());
+    libdw.push_back(std::make_unique<LibdwUnwinder>(*space, set));
+    EXPECT_TRUE(libdw.back()->ok()) << dwfl_errmsg(-1);
+    spaces.push_back(std::move(space));
+  }
+  unwind::IncrementalOptions inc_options;
+  inc_options.unwind.max_frames = kMaxFrames;
+  absl::flat_hash_map<uint32_t, std::unique_ptr<unwind::IncrementalUnwinder>> full_verify,
+      boundary;
+  std::vector<unwind::Frame> full(kMaxFrames), inc(kMaxFrames), bnd(kMaxFrames);
+  size_t deep = 0;
+  for (const Sample& s : snap->samples) {
+    ++t.samples;
+    const auto& space = *spaces[s.mapping_set];
+    unwind::Registers regs{s.pc, s.sp, s.fp, s.ra};
+    unwind::StackSnapshot stack{s.sp, s.stack.data(), s.stack.size()};
+    unwind::UnwindOptions options;
+    options.max_frames = kMaxFrames;
+    unwind::UnwindResult rf = unwind::Unwind(options, regs, stack, space, full.data(), kMaxFrames);
+    t.full_frames += rf.num_frames;
+    t.stop_reasons[std::string(unwind::StopReasonName(rf.stop))]++;
+    deep += rf.num_frames >= min_depth;
+
+    const unwind::SampleInput in{regs, stack, s.mapping_set, s.stack.size() < 16 * 1024};
+    auto& fv = full_verify[s.tid];
+    auto& bv = boundary[s.tid];
+    if (fv == nullptr) {
+      inc_options.verify = unwind::VerifyMode::kFull;
+      fv = std::make_unique<unwind::IncrementalUnwinder>(inc_options);
+      inc_options.verify = unwind::VerifyMode::kBoundary;
+      bv = std::make_unique<unwind::IncrementalUnwinder>(inc_options);
+    }
+    unwind::SampleStats st;
+    unwind::UnwindResult ri = fv->Unwind(in, space, inc.data(), kMaxFrames, &st);
+    t.inc_unwound += st.frames_unwound;
+    t.inc_reused += st.frames_reused;
+    t.splices += st.spliced;
+    t.verify_failures += st.verify_failed;
+    EXPECT_TRUE(SameFrames(full.data(), rf.num_frames, inc.data(), ri.num_frames))
+        << name << ": incremental (full verification) differs from the full unwind, tid "
+        << s.tid << " t=" << s.time_ns;
+    EXPECT_EQ(ri.stop, rf.stop);
+    unwind::UnwindResult rb = bv->Unwind(in, space, bnd.data(), kMaxFrames, &st);
+    if (st.frames_beyond_copy > 0) {
+      ++t.boundary_beyond_copy;
+      EXPECT_GE(rb.num_frames, rf.num_frames);
+    } else {
+      EXPECT_TRUE(SameFrames(full.data(), rf.num_frames, bnd.data(), rb.num_frames))
+          << name << ": incremental (boundary) differs from the full unwind";
+    }
+
+    std::vector<uint64_t> ref = libdw[s.mapping_set]->Unwind(s);
+    size_t common = std::min(ref.size(), rf.num_frames);
+    bool prefix_equal = true;
+    for (size_t i = 0; i < common; ++i) prefix_equal &= ref[i] == full[i].pc;
+    if (prefix_equal && ref.size() == rf.num_frames) {
+      ++t.libdw_equal;
+    } else if (prefix_equal) {
+      ++t.libdw_prefix_equal;
+      // Who stopped first, and why (printed for the first few).
+      if (t.libdw_prefix_equal <= 3) {
+        const uint64_t last = full[rf.num_frames - 1].pc;
+        std::string where = "no recorded mapping";
+        for (const Mapping& m : snap->mapping_sets[s.mapping_set]) {
+          if (last >= m.info.start && last < m.info.end) {
+            where = m.info.path + (m.info.exec ? " (exec)" : " (not exec)");
+          }
+        }
+        std::printf("[%s] libdw %zu frames, strata %zu (%s), last pc %#llx in %s\n",
+                    name.c_str(), ref.size(), rf.num_frames,
+                    std::string(unwind::StopReasonName(rf.stop)).c_str(),
+                    static_cast<unsigned long long>(last), where.c_str());
+      }
+    } else {
+      ++t.libdw_differ;
+      if (t.libdw_differ <= 3) {
+        for (size_t i = 0; i < common; ++i) {
+          if (ref[i] != full[i].pc) {
+            std::printf("[%s] frame %zu: libdw %#llx strata %#llx\n", name.c_str(), i,
+                        static_cast<unsigned long long>(ref[i]),
+                        static_cast<unsigned long long>(full[i].pc));
+            break;
+          }
+        }
+      }
+    }
+  }
+  std::printf("[%s] %zu samples, %.1f frames/sample (%zu with >= %zu frames); incremental: "
+              "%.2f unwound + %.2f reused per sample, %zu splices, %zu verify failures; "
+              "boundary beyond copy %zu; libdw equal %zu, prefix-equal %zu, differ %zu\n",
+              name.c_str(), t.samples, double(t.full_frames) / std::max<size_t>(1, t.samples),
+              deep, min_depth, double(t.inc_unwound) / std::max<size_t>(1, t.samples),
+              double(t.inc_reused) / std::max<size_t>(1, t.samples), t.splices,
+              t.verify_failures, t.boundary_beyond_copy, t.libdw_equal, t.libdw_prefix_equal,
+              t.libdw_differ);
+  for (const auto& [reason, n] : t.stop_reasons) std::printf("[%s]   stop %s: %zu\n", name.c_str(), reason.c_str(), n);
+  EXPECT_GT(t.samples, 50u);
+  return t;
+}
+
+TEST(SnapshotUnwindTest, DeepRecursion) {
+  std::string path = RecordWorkload("deep_recursion", {});
+  ASSERT_FALSE(path.empty());
+  Tally t = Replay("deep_recursion", path, 200);
+  EXPECT_EQ(t.libdw_differ, 0u);
+  EXPECT_GE(t.libdw_equal, t.samples * 95 / 100);
+  EXPECT_GT(t.inc_reused, 10 * t.inc_unwound);
+}
+
+TEST(SnapshotUnwindTest, CallTree) {
+  std::string path = RecordWorkload("call_tree", {});
+  ASSERT_FALSE(path.empty());
+  Tally t = Replay("call_tree", path, 40);
+  EXPECT_EQ(t.libdw_differ, 0u);
+  EXPECT_GE(t.libdw_equal, t.samples * 95 / 100);
+  EXPECT_GT(t.inc_reused, 3 * t.inc_unwound);
+}
+
+TEST(SnapshotUnwindTest, Dlopen) {
+  std::string path = RecordWorkload("dlopen_host", {STRATA_PLUGIN_PATH});
+  ASSERT_FALSE(path.empty());
+  Tally t = Replay("dlopen_host", path, 10);
+  EXPECT_EQ(t.libdw_differ, 0u);
+  EXPECT_GE(t.libdw_equal, t.samples * 90 / 100);
+}
+
+TEST(SnapshotUnwindTest, Threads) {
+  std::string path = RecordWorkload("threads", {});
+  ASSERT_FALSE(path.empty());
+  Tally t = Replay("threads", path, 30);
+  EXPECT_EQ(t.libdw_differ, 0u);
+  EXPECT_GE(t.libdw_equal, t.samples * 95 / 100);
+  EXPECT_GT(t.inc_reused, 3 * t.inc_unwound);
+}
+
+}  // namespace
+}  // namespace strata::snapshot
