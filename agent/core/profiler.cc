@@ -223,11 +223,11 @@ void Profiler::HandleSample(const sampler::RawSample& sample) {
     RefreshMappings(target);
   }
   RecordStack(target, frames_.data(), result.num_frames,
-              result.stop != unwind::StopReason::kOutermost);
+              result.stop != unwind::StopReason::kOutermost, sample.session_id);
 }
 
 void Profiler::RecordStack(Target& target, const unwind::Frame* frames, size_t num_frames,
-                           bool truncated) {
+                           bool truncated, uint32_t session_id) {
   stats_.unwound_frames += num_frames;
   stats_.truncated += truncated;
   path_.clear();
@@ -237,6 +237,11 @@ void Profiler::RecordStack(Target& target, const unwind::Frame* frames, size_t n
   auto edges = graph_->AddPath(path_, truncated);
   if (!edges.ok()) {
     ++stats_.dropped;
+    return;
+  }
+  if (session_id != 0) {
+    auto it = session_aggregators_.find(session_id);
+    if (it != session_aggregators_.end()) it->second->Add(target.id, *edges, 1);
     return;
   }
   if (!aggregator_.Add(target.id, *edges, 1)) batch_full_ = true;

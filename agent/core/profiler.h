@@ -100,8 +100,10 @@ class Profiler {
   // Symbolizes an unwound stack (innermost first; frames[0].pc exact, the others return
   // addresses), adds its context to the graph and counts it. Every stack source ends here:
   // perf samples unwound by the agent and stacks unwound in-process (agent/inproc).
+  // `session_id` 0 is continuous profiling; other sessions (ad hoc captures) count into
+  // their own aggregator in session_aggregators_.
   void RecordStack(Target& target, const unwind::Frame* frames, size_t num_frames,
-                   bool truncated);
+                   bool truncated, uint32_t session_id = 0);
   // Refreshes the target's mappings if they changed; true when they did.
   bool RefreshMappings(Target& target);
   encoding::PathFrame FrameFor(Target& target, uint64_t pc, bool innermost);
@@ -117,6 +119,8 @@ class Profiler {
   uint32_t next_target_id_ = 1;
   absl::Time next_rescan_ = absl::InfinitePast();
   IntervalAggregator aggregator_;
+  // Aggregators of sampling sessions other than continuous profiling, by session ID.
+  absl::flat_hash_map<uint32_t, std::unique_ptr<IntervalAggregator>> session_aggregators_;
   bool batch_full_ = false;
   ProfilerStats stats_;
   uint64_t lost_reported_ = 0;
