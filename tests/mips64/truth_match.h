@@ -50,7 +50,9 @@ SampleMatch MatchSample(const Frame* frames, size_t n, const std::vector<int>& i
   int leaf_id = -1;
   for (size_t i = 0; i < n; ++i) {
     const int id = id_of(i == 0 ? frames[i].pc : frames[i].pc - 1);
-    if (i == 0) leaf_id = id;
+    // The shadow-stack bookkeeping itself may call a runtime helper (__tls_get_addr for the
+    // per-thread stack in a shared library): a sample there is in the caller's push/pop.
+    if (i == 0 || (i == 1 && leaf_id < 0 && m.got.empty())) leaf_id = id;
     if (id >= 0) m.got.push_back(id);
     if (id == kMainId || id == kThreadMainId) break;  // the truth ends here
   }
