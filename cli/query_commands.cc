@@ -1,8 +1,12 @@
-// Query commands: services, agents, top, hot-paths.
+// Query commands: services, agents, top, hot-paths, flamegraph, diff, export.
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
 #include "cli/client.h"
 #include "cli/format.h"
@@ -102,6 +106,164 @@ int RunHotPaths(CliContext* ctx, const FilterOptions& f) {
   return 0;
 }
 
+// Flame graphs and exports can exceed gRPC's default 4 MiB receive limit; these calls use a
+// channel without that limit (the server bounds flame graphs by node count).
+v1::Query::Stub* LargeResponseStub(CliContext* ctx) {
+  static std::unique_ptr<v1::Query::Stub> stub;
+  if (!stub) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    stub = v1::Query::NewStub(grpc::CreateCustomChannel(
+        ctx->options().server, grpc::InsecureChannelCredentials(), args));
+  }
+  return stub.get();
+}
+
+void WriteFile(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  out.close();
+  if (!out) Fail(absl::StrCat("cannot write ", path));
+}
+
+struct FlameOptions {
+  std::string format = "svg";
+  std::string output;
+  uint32_t max_nodes = 0;
+};
+
+int RunFlameGraph(CliContext* ctx, const FilterOptions& f, const FlameOptions& o) {
+  Client& client = ctx->client();
+  v1::FlameGraphRequest request;
+  *request.mutable_filter() = BuildFilter(f);
+  request.set_max_nodes(o.max_nodes);
+  v1::FlameGraphRequest::Format format;
+  (void)v1::FlameGraphRequest::Format_Parse(absl::AsciiStrToUpper(o.format), &format);
+  const bool to_stdout = o.output.empty() || o.output == "-";
+  // --json without a file: the JSON tree is what is printed.
+  if (ctx->options().json && to_stdout) format = v1::FlameGraphRequest::JSON;
+  request.set_format(format);
+  auto r = client.Call(LargeResponseStub(ctx), &v1::Query::Stub::FlameGraph, request);
+  if (to_stdout) {
+    std::fwrite(r.rendered().data(), 1, r.rendered().size(), stdout);
+    return 0;
+  }
+  WriteFile(o.output, r.rendered());
+  if (ctx->options().json) {
+    r.clear_rendered();
+    return PrintJson(r), 0;
+  }
+  std::printf("Wrote %s flame graph of %s (%s, %s samples%s) to %s (%s bytes)\n",
+              o.format.c_str(), f.service.c_str(), RangeText(f).c_str(),
+              WithThousands(r.total_samples()).c_str(), ArchSuffix(r.archs()).c_str(),
+              o.output.c_str(), WithThousands(r.rendered().size()).c_str());
+  if (r.pruned_nodes() > 0) {
+    std::printf("%s light nodes left out (raise --max-nodes to keep them)\n",
+                WithThousands(r.pruned_nodes()).c_str());
+  }
+  return 0;
+}
+
+struct ExportOptions {
+  std::string format = "pprof";
+  std::string output;
+};
+
+int RunExport(CliContext* ctx, const FilterOptions& f, const ExportOptions& o) {
+  Client& client = ctx->client();
+  v1::ExportRequest request;
+  *request.mutable_filter() = BuildFilter(f);
+  request.set_format(v1::ExportRequest::PPROF);
+  auto r = client.Call(LargeResponseStub(ctx), &v1::Query::Stub::Export, request);
+  WriteFile(o.output, r.data());
+  if (ctx->options().json) {
+    r.clear_data();
+    return PrintJson(r), 0;
+  }
+  std::printf("Wrote pprof profile of %s (%s, %s samples) to %s (%s bytes); open it with "
+              "`go tool pprof %s`\n",
+              f.service.c_str(), RangeText(f).c_str(), WithThousands(r.total_samples()).c_str(),
+              o.output.c_str(), WithThousands(r.data().size()).c_str(), o.output.c_str());
+  return 0;
+}
+
+struct BaseOptions {
+  std::string service;
+  std::string since;
+  std::string from, to;
+};
+
+std::string Signed(double v) { return absl::StrFormat("%+.2f", v); }
+
+int RunDiff(CliContext* ctx, const FilterOptions& f, const BaseOptions& b) {
+  Client& client = ctx->client();
+  v1::DiffRequest request;
+  *request.mutable_filter() = BuildFilter(f);
+  request.set_limit(f.limit);
+  v1::ProfileFilter* base = request.mutable_base();
+  base->set_service(b.service.empty() ? f.service : b.service);
+  base->set_host(f.host);
+  base->set_focus(f.focus);
+  base->set_ignore(f.ignore);
+  std::string base_text;
+  const int64_t current_from = request.filter().range().from_ms();
+  if (!b.from.empty()) {
+    FilterOptions bf;
+    bf.from = b.from;
+    bf.to = b.to;
+    if (bf.to.empty()) bf.to = FormatRfc3339(current_from);
+    *base->mutable_range() = BuildFilter(bf).range();
+    if (b.to.empty()) base->mutable_range()->set_to_ms(current_from);
+    base_text = RangeText(bf);
+  } else if (!b.to.empty()) {
+    Fail("--base-to needs --base-from");
+  } else if (!b.since.empty()) {
+    auto d = ParseDuration(b.since);
+    if (!d.ok()) Fail(absl::StrCat("--base-since: ", d.status().message()));
+    const int64_t from = NowMs() - *d;
+    if (from >= current_from) {
+      Fail(absl::StrCat("--base-since ", b.since,
+                        " must reach further back than the compared range (", RangeText(f), ")"));
+    }
+    base->mutable_range()->set_from_ms(from);
+    base->mutable_range()->set_to_ms(current_from);
+    base_text = absl::StrCat("last ", b.since, " before it");
+  } else {
+    base_text = b.service.empty() ? "the period before" : "the same range";
+  }
+  auto r = client.Call(client.query(), &v1::Query::Stub::Diff, request);
+  if (ctx->options().json) return PrintJson(r), 0;
+  std::printf("Diff of %s (%s, %s samples) against %s (%s, %s samples)\n", f.service.c_str(),
+              RangeText(f).c_str(), WithThousands(r.total_samples()).c_str(),
+              base->service().c_str(), base_text.c_str(),
+              WithThousands(r.base_total_samples()).c_str());
+  if (r.total_samples() == 0 && r.base_total_samples() == 0) {
+    std::printf("No samples in either range.\n");
+    return 0;
+  }
+  std::printf("\nFunctions (change of share in percentage points):\n");
+  Table functions({"ΔSELF", "BASE SELF%", "SELF%", "ΔTOTAL", "BASE TOTAL%", "TOTAL%", "FUNCTION"},
+                  {0, 1, 2, 3, 4, 5});
+  for (const auto& fn : r.functions()) {
+    functions.AddRow({Signed(fn.self_delta_pct()), Percent(fn.base_self(), r.base_total_samples()),
+                      Percent(fn.self(), r.total_samples()), Signed(fn.total_delta_pct()),
+                      Percent(fn.base_total(), r.base_total_samples()),
+                      Percent(fn.total(), r.total_samples()), fn.function().function()});
+  }
+  std::fputs(functions.ToString().c_str(), stdout);
+  std::printf("\nPaths:\n");
+  Table paths({"Δ", "BASE%", "NOW%", "PATH"}, {0, 1, 2});
+  for (const auto& p : r.paths()) {
+    std::vector<std::string> names;
+    if (p.truncated()) names.push_back("[truncated]");
+    for (const auto& frame : p.frames()) names.push_back(frame.function());
+    paths.AddRow({Signed(p.delta_pct()), Percent(p.base_samples(), r.base_total_samples()),
+                  Percent(p.samples(), r.total_samples()), absl::StrJoin(names, " > ")});
+  }
+  std::fputs(paths.ToString().c_str(), stdout);
+  return 0;
+}
+
 }  // namespace
 
 void AddQueryCommands(CLI::App* app, CliContext* ctx, int* exit_code) {
@@ -122,6 +284,42 @@ void AddQueryCommands(CLI::App* app, CliContext* ctx, int* exit_code) {
   auto* hot_paths = app->add_subcommand("hot-paths", "hottest full call paths");
   AddFilterFlags(hot_paths, &paths_filter);
   hot_paths->callback([=] { *exit_code = RunHotPaths(ctx, paths_filter); });
+
+  static FilterOptions flame_filter, diff_filter, export_filter;
+  static FlameOptions flame;
+  auto* flamegraph = app->add_subcommand("flamegraph", "flame graph as SVG, HTML, folded or JSON");
+  AddFilterFlags(flamegraph, &flame_filter);
+  flamegraph->add_option("--format,-f", flame.format, "svg, html, folded or json")
+      ->check(CLI::IsMember({"svg", "html", "folded", "json"}))
+      ->capture_default_str();
+  flamegraph->add_option("--output,-o", flame.output, "file to write (default: stdout)");
+  flamegraph->add_option("--max-nodes", flame.max_nodes,
+                         "keep at most this many tree nodes (default 16384; not for folded)");
+  flamegraph->callback([=] { *exit_code = RunFlameGraph(ctx, flame_filter, flame); });
+
+  static BaseOptions base;
+  auto* diff = app->add_subcommand(
+      "diff", "what changed between two ranges of a service, or between two services");
+  AddFilterFlags(diff, &diff_filter);
+  diff->add_option("--base-service", base.service, "compare against this service");
+  diff->add_option("--base-since", base.since,
+                   "base range: from this far back up to the start of the compared range");
+  diff->add_option("--base-from", base.from, "base range start, RFC 3339");
+  diff->add_option("--base-to", base.to, "base range end, RFC 3339 (default: compared start)");
+  diff->footer(
+      "Without base range flags the base is the equally long range just before the compared "
+      "one, or with --base-service the same range of that service.");
+  diff->callback([=] { *exit_code = RunDiff(ctx, diff_filter, base); });
+
+  static ExportOptions export_options;
+  auto* exp = app->add_subcommand("export", "write the profile for other tools (pprof)");
+  AddFilterFlags(exp, &export_filter);
+  exp->add_option("--format,-f", export_options.format, "pprof (gzipped profile.proto)")
+      ->check(CLI::IsMember({"pprof"}))
+      ->capture_default_str();
+  exp->add_option("--output,-o", export_options.output, "file to write, e.g. cpu.pb.gz")
+      ->required();
+  exp->callback([=] { *exit_code = RunExport(ctx, export_filter, export_options); });
 }
 
 }  // namespace strata::cli

@@ -3,7 +3,9 @@
 #include <google/protobuf/util/json_util.h>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "server/web/assets.h"
 
 namespace strata::server {
 namespace {
@@ -35,10 +37,12 @@ HttpResponse Error(const absl::Status& status) {
   return r;
 }
 
-// Fills a ProfileFilter from ?service=&from_ms=&to_ms=&since_s=&host=&focus=&ignore=.
-absl::Status FilterFromQuery(const HttpRequest& req, v1::ProfileFilter* filter) {
+// Fills a ProfileFilter from ?service=&from_ms=&to_ms=&since_s=&host=&focus=&ignore=, each
+// key optionally prefixed (the diff's base profile uses "base_").
+absl::Status FilterFromQuery(const HttpRequest& req, v1::ProfileFilter* filter,
+                             const std::string& prefix = "") {
   auto get = [&](const char* key) -> std::string {
-    auto it = req.query.find(key);
+    auto it = req.query.find(prefix + key);
     return it == req.query.end() ? "" : it->second;
   };
   filter->set_service(get("service"));
@@ -52,11 +56,15 @@ absl::Status FilterFromQuery(const HttpRequest& req, v1::ProfileFilter* filter) 
         {"to_ms", &v1::TimeRange::set_to_ms}}) {
     std::string s = get(key);
     if (s.empty()) continue;
-    if (!absl::SimpleAtoi(s, &v)) return absl::InvalidArgumentError(absl::StrCat("bad ", key));
+    if (!absl::SimpleAtoi(s, &v)) {
+      return absl::InvalidArgumentError(absl::StrCat("bad ", prefix, key, " '", s, "'"));
+    }
     (filter->mutable_range()->*setter)(v);
   }
   if (std::string s = get("since_s"); !s.empty()) {
-    if (!absl::SimpleAtoi(s, &v) || v <= 0) return absl::InvalidArgumentError("bad since_s");
+    if (!absl::SimpleAtoi(s, &v) || v <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("bad ", prefix, "since_s '", s, "'"));
+    }
     const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
                             std::chrono::system_clock::now().time_since_epoch())
                             .count();
@@ -65,11 +73,30 @@ absl::Status FilterFromQuery(const HttpRequest& req, v1::ProfileFilter* filter) 
   return absl::OkStatus();
 }
 
-uint32_t LimitFromQuery(const HttpRequest& req) {
-  auto it = req.query.find("limit");
+uint32_t LimitFromQuery(const HttpRequest& req, const char* key = "limit") {
+  auto it = req.query.find(key);
   uint32_t limit = 0;
   if (it != req.query.end()) (void)absl::SimpleAtoi(it->second, &limit);
   return limit;
+}
+
+HttpResponse Raw(const std::string& content_type, std::string body) {
+  HttpResponse r;
+  r.content_type = content_type;
+  r.body = std::move(body);
+  return r;
+}
+
+absl::StatusOr<v1::FlameGraphRequest::Format> FlameFormat(const HttpRequest& req) {
+  auto it = req.query.find("format");
+  if (it == req.query.end() || it->second == "json") return v1::FlameGraphRequest::JSON;
+  v1::FlameGraphRequest::Format format;
+  if (it->second == "tree") return v1::FlameGraphRequest::TREE;
+  if (!v1::FlameGraphRequest::Format_Parse(absl::AsciiStrToUpper(it->second), &format)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown format '", it->second, "' (svg, html, folded, json, tree)"));
+  }
+  return format;
 }
 
 }  // namespace
@@ -121,6 +148,47 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     auto r = query->RunHotPaths(request);
     return r.ok() ? Json(*r) : Error(r.status());
   });
+  // ?format=json (default; nested tree) | svg | html | folded | tree (the proto's node table).
+  http->Route("/api/v1/flamegraph", [query](const HttpRequest& req) {
+    v1::FlameGraphRequest request;
+    if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
+    auto format = FlameFormat(req);
+    if (!format.ok()) return Error(format.status());
+    request.set_format(*format);
+    request.set_max_nodes(LimitFromQuery(req, "max_nodes"));
+    auto r = query->RunFlameGraph(request);
+    if (!r.ok()) return Error(r.status());
+    if (*format == v1::FlameGraphRequest::TREE) return Json(*r);
+    return Raw(r->content_type(), std::move(*r->mutable_rendered()));
+  });
+  // The compared profile takes the usual keys, the base profile the same keys prefixed with
+  // "base_" (base_service, base_from_ms, ...); see QueryService::RunDiff for defaults.
+  http->Route("/api/v1/diff", [query](const HttpRequest& req) {
+    v1::DiffRequest request;
+    if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
+    if (auto st = FilterFromQuery(req, request.mutable_base(), "base_"); !st.ok()) {
+      return Error(st);
+    }
+    request.set_limit(LimitFromQuery(req));
+    auto r = query->RunDiff(request);
+    return r.ok() ? Json(*r) : Error(r.status());
+  });
+  http->Route("/api/v1/export", [query](const HttpRequest& req) {
+    v1::ExportRequest request;
+    if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
+    if (auto it = req.query.find("format"); it != req.query.end() && it->second != "pprof") {
+      return Error(absl::InvalidArgumentError(
+          absl::StrCat("unknown export format '", it->second, "' (pprof)")));
+    }
+    auto r = query->RunExport(request);
+    if (!r.ok()) return Error(r.status());
+    return Raw(r->content_type(), std::move(*r->mutable_data()));
+  });
+  // The web UI: static assets compiled into the binary.
+  for (const web::Asset& asset : web::Assets()) {
+    HttpResponse response{200, std::string(asset.content_type), std::string(asset.body)};
+    http->Route(std::string(asset.path), [response](const HttpRequest&) { return response; });
+  }
 }
 
 }  // namespace strata::server

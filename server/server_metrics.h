@@ -1,5 +1,6 @@
-// HTTP routes of strata-server: /healthz, Prometheus /metrics and the JSON mirror of the
-// query API (/api/v1/...). The routes borrow the store, metrics and query service, which
+// HTTP routes of strata-server: /healthz, Prometheus /metrics, the JSON mirror of the
+// query API (/api/v1/services, agents, top, hot-paths, flamegraph, diff, export) and the web
+// UI (/, /ui/...). The routes borrow the store, metrics and query service, which
 // must outlive the HttpServer.
 #ifndef STRATA_SERVER_SERVER_METRICS_H_
 #define STRATA_SERVER_SERVER_METRICS_H_

@@ -76,6 +76,7 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
   sq.service = query.service;
   sq.from_ms = query.from_ms;
   sq.to_ms = query.to_ms;
+  sq.resolution = query.resolution;
   if (!query.host.empty()) sq.host = query.host;
   if (!query.capture_id.empty()) sq.capture_id = query.capture_id;
   absl::flat_hash_map<uint64_t, uint64_t> counts;

@@ -24,6 +24,8 @@ struct ProfileQuery {
   std::string capture_id;  // non-empty: the samples of this capture instead
   std::string focus;    // RE2: keep stacks with a matching function
   std::string ignore;   // RE2: drop stacks with a matching function
+  // kAuto reads whole hours and minutes from the rollups, so long ranges scan few cells.
+  store::Resolution resolution = store::Resolution::kAuto;
 };
 
 struct ResolvedFunction {

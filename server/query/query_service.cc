@@ -5,6 +5,10 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "server/query/diff.h"
+#include "server/query/flamegraph.h"
+#include "server/query/pprof.h"
 
 namespace strata::server {
 namespace {
@@ -26,6 +30,19 @@ uint32_t EffectiveLimit(uint32_t requested) {
 void SetFrame(const ResolvedFunction& f, v1::Frame* out) {
   out->set_function(f.name);
   out->set_module(f.module);
+}
+
+std::string Rfc3339(int64_t ms) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixMillis(ms), absl::UTCTimeZone());
+}
+
+// Runs `run` and moves its result into `*response`.
+template <typename Response, typename Run>
+grpc::Status Respond(Run run, Response* response) {
+  absl::StatusOr<Response> r = run();
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *response = std::move(*r);
+  return grpc::Status::OK;
 }
 
 }  // namespace
@@ -155,6 +172,151 @@ grpc::Status QueryService::HotPaths(grpc::ServerContext*, const v1::HotPathsRequ
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = std::move(*r);
   return grpc::Status::OK;
+}
+
+absl::StatusOr<v1::FlameGraphResponse> QueryService::RunFlameGraph(
+    const v1::FlameGraphRequest& request) {
+  auto query = ToProfileQuery(request.filter(), NowMs());
+  if (!query.ok()) return query.status();
+  auto profile = reader_.Load(*query);
+  if (!profile.ok()) return profile.status();
+  v1::FlameGraphResponse response;
+  response.set_total_samples(profile->total);
+  for (auto& arch : ArchsOf(*profile)) response.add_archs(arch);
+  const auto format = request.format();
+  if (format == v1::FlameGraphRequest::FOLDED) {
+    // Folded stacks are the stacks themselves: no tree, no pruning.
+    response.set_rendered(RenderFolded(*profile));
+    response.set_content_type("text/plain; charset=utf-8");
+    return response;
+  }
+  const FlameTree tree = BuildFlameTree(*profile, request.max_nodes());
+  response.set_pruned_nodes(tree.pruned);
+  std::string title = request.title();
+  if (title.empty()) {
+    title = absl::StrCat(query->capture_id.empty() ? query->service : query->capture_id, "  ",
+                         Rfc3339(query->from_ms), " .. ", Rfc3339(query->to_ms), "  (",
+                         profile->total, " samples)");
+  }
+  switch (format) {
+    case v1::FlameGraphRequest::SVG:
+      response.set_rendered(RenderFlameSvg(tree, title));
+      response.set_content_type("image/svg+xml");
+      return response;
+    case v1::FlameGraphRequest::HTML:
+      response.set_rendered(RenderFlameHtml(tree, title));
+      response.set_content_type("text/html; charset=utf-8");
+      return response;
+    case v1::FlameGraphRequest::JSON:
+      response.set_rendered(RenderFlameJson(tree));
+      response.set_content_type("application/json");
+      return response;
+    default:
+      break;
+  }
+  for (const ResolvedFunction& f : tree.functions) SetFrame(f, response.add_functions());
+  response.mutable_nodes()->Reserve(static_cast<int>(tree.nodes.size()));
+  for (const FlameTreeNode& n : tree.nodes) {
+    auto* node = response.add_nodes();
+    node->set_function(n.function);
+    node->set_parent(n.parent);
+    node->set_total(n.total);
+    node->set_self(n.self);
+  }
+  return response;
+}
+
+absl::StatusOr<v1::DiffResponse> QueryService::RunDiff(const v1::DiffRequest& request) {
+  const int64_t now = NowMs();
+  auto current = ToProfileQuery(request.filter(), now);
+  if (!current.ok()) return current.status();
+  v1::ProfileFilter base_filter = request.base();
+  if (base_filter.service().empty() && base_filter.capture_id().empty()) {
+    base_filter.set_service(request.filter().service());
+  }
+  const bool same_target = base_filter.service() == request.filter().service() &&
+                           base_filter.capture_id() == request.filter().capture_id();
+  if (base_filter.range().from_ms() == 0 && base_filter.range().to_ms() == 0) {
+    if (same_target) {
+      const int64_t length = current->to_ms - current->from_ms;
+      if (current->from_ms - length < 0) {
+        return absl::InvalidArgumentError("no base range before the compared range");
+      }
+      base_filter.mutable_range()->set_from_ms(current->from_ms - length);
+      base_filter.mutable_range()->set_to_ms(current->from_ms);
+    } else {
+      base_filter.mutable_range()->set_from_ms(current->from_ms);
+      base_filter.mutable_range()->set_to_ms(current->to_ms);
+    }
+  }
+  auto base = ToProfileQuery(base_filter, now);
+  if (!base.ok()) return base.status();
+  if (same_target && base->from_ms == current->from_ms && base->to_ms == current->to_ms) {
+    return absl::InvalidArgumentError("base and compared profiles are the same");
+  }
+  auto base_profile = reader_.Load(*base);
+  if (!base_profile.ok()) {
+    return absl::Status(base_profile.status().code(),
+                        absl::StrCat("base: ", base_profile.status().message()));
+  }
+  auto profile = reader_.Load(*current);
+  if (!profile.ok()) return profile.status();
+
+  const ProfileDiff diff = DiffProfiles(*base_profile, *profile, EffectiveLimit(request.limit()));
+  v1::DiffResponse response;
+  response.set_base_total_samples(diff.base_total);
+  response.set_total_samples(diff.total);
+  for (const FunctionChange& c : diff.functions) {
+    auto* row = response.add_functions();
+    SetFrame(c.function, row->mutable_function());
+    row->set_base_self(c.base_self);
+    row->set_self(c.self);
+    row->set_base_total(c.base_total);
+    row->set_total(c.total);
+    row->set_self_delta_pct(c.self_delta_pct);
+    row->set_total_delta_pct(c.total_delta_pct);
+  }
+  for (const PathChange& c : diff.paths) {
+    auto* row = response.add_paths();
+    for (const ResolvedFunction& f : c.frames) SetFrame(f, row->add_frames());
+    row->set_base_samples(c.base_samples);
+    row->set_samples(c.samples);
+    row->set_delta_pct(c.delta_pct);
+    row->set_truncated(c.truncated);
+  }
+  return response;
+}
+
+absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportRequest& request) {
+  if (request.format() != v1::ExportRequest::PPROF) {
+    return absl::InvalidArgumentError("unsupported export format");
+  }
+  auto query = ToProfileQuery(request.filter(), NowMs());
+  if (!query.ok()) return query.status();
+  auto profile = reader_.Load(*query);
+  if (!profile.ok()) return profile.status();
+  auto data = EncodePprof(*profile, {query->from_ms, query->to_ms});
+  if (!data.ok()) return data.status();
+  v1::ExportResponse response;
+  response.set_data(std::move(*data));
+  response.set_content_type("application/vnd.google.protobuf+gzip");
+  response.set_total_samples(profile->total);
+  return response;
+}
+
+grpc::Status QueryService::FlameGraph(grpc::ServerContext*, const v1::FlameGraphRequest* request,
+                                      v1::FlameGraphResponse* response) {
+  return Respond([&] { return RunFlameGraph(*request); }, response);
+}
+
+grpc::Status QueryService::Diff(grpc::ServerContext*, const v1::DiffRequest* request,
+                                v1::DiffResponse* response) {
+  return Respond([&] { return RunDiff(*request); }, response);
+}
+
+grpc::Status QueryService::Export(grpc::ServerContext*, const v1::ExportRequest* request,
+                                  v1::ExportResponse* response) {
+  return Respond([&] { return RunExport(*request); }, response);
 }
 
 absl::StatusOr<v1::PhasesResponse> QueryService::RunPhases(const v1::PhasesRequest& request) {

@@ -31,6 +31,11 @@ class QueryService final : public v1::Query::Service {
                         v1::HotPathsResponse*) override;
   grpc::Status Phases(grpc::ServerContext*, const v1::PhasesRequest*,
                       v1::PhasesResponse*) override;
+  grpc::Status FlameGraph(grpc::ServerContext*, const v1::FlameGraphRequest*,
+                          v1::FlameGraphResponse*) override;
+  grpc::Status Diff(grpc::ServerContext*, const v1::DiffRequest*, v1::DiffResponse*) override;
+  grpc::Status Export(grpc::ServerContext*, const v1::ExportRequest*,
+                      v1::ExportResponse*) override;
 
   // Transport-free entry points (also used by the HTTP/JSON mirror).
   absl::StatusOr<v1::TopResponse> RunTop(const v1::TopRequest& request);
@@ -38,6 +43,11 @@ class QueryService final : public v1::Query::Service {
   absl::StatusOr<v1::ListServicesResponse> RunListServices();
   v1::ListAgentsResponse RunListAgents();
   absl::StatusOr<v1::PhasesResponse> RunPhases(const v1::PhasesRequest& request);
+  absl::StatusOr<v1::FlameGraphResponse> RunFlameGraph(const v1::FlameGraphRequest& request);
+  // An empty base service means the compared service; an empty base range means the same
+  // range for another service, else the equally long range just before the compared one.
+  absl::StatusOr<v1::DiffResponse> RunDiff(const v1::DiffRequest& request);
+  absl::StatusOr<v1::ExportResponse> RunExport(const v1::ExportRequest& request);
 
  private:
   absl::StatusOr<Profile> LoadProfile(const v1::ProfileFilter& filter);

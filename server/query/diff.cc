@@ -1,0 +1,106 @@
+#include "server/query/diff.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+
+namespace strata::server {
+namespace {
+
+double Share(uint64_t part, uint64_t total) {
+  return total == 0 ? 0.0 : 100.0 * static_cast<double>(part) / static_cast<double>(total);
+}
+
+std::string FunctionKey(const ResolvedFunction& f) {
+  std::string key = f.name;
+  key.push_back('\0');
+  key += f.module;
+  return key;
+}
+
+// Keeps the `limit` largest by `magnitude`, sorted, dropping zero changes.
+template <typename T, typename F>
+void KeepLargest(std::vector<T>* rows, size_t limit, F magnitude) {
+  std::erase_if(*rows, [&](const T& r) { return magnitude(r) == 0; });
+  auto cmp = [&](const T& a, const T& b) { return magnitude(a) > magnitude(b); };
+  if (rows->size() > limit) {
+    std::nth_element(rows->begin(), rows->begin() + limit, rows->end(), cmp);
+    rows->resize(limit);
+  }
+  std::stable_sort(rows->begin(), rows->end(), cmp);
+}
+
+}  // namespace
+
+ProfileDiff DiffProfiles(const Profile& base, const Profile& current, size_t limit) {
+  ProfileDiff diff;
+  diff.base_total = base.total;
+  diff.total = current.total;
+
+  // A dense key per (name, module) over both profiles: rows of the function table, and the
+  // alphabet of path keys (so path keys stay short).
+  absl::flat_hash_map<std::string, uint32_t> function_row;
+  auto global_ids = [&](const Profile& p) {
+    std::vector<uint32_t> ids(p.functions.size());
+    for (size_t i = 0; i < p.functions.size(); ++i) {
+      auto [it, inserted] = function_row.try_emplace(FunctionKey(p.functions[i]),
+                                                     diff.functions.size());
+      if (inserted) diff.functions.push_back({p.functions[i]});
+      ids[i] = it->second;
+    }
+    return ids;
+  };
+  const std::vector<uint32_t> base_ids = global_ids(base);
+  const std::vector<uint32_t> current_ids = global_ids(current);
+
+  auto add_functions = [&](const Profile& p, const std::vector<uint32_t>& ids, bool is_base) {
+    for (const FunctionTotals& t : TopFunctions(p, false)) {
+      FunctionChange& row = diff.functions[ids[t.function]];
+      (is_base ? row.base_self : row.self) += t.self;
+      (is_base ? row.base_total : row.total) += t.total;
+    }
+  };
+  add_functions(base, base_ids, true);
+  add_functions(current, current_ids, false);
+
+  absl::flat_hash_map<std::string, size_t> path_row;
+  std::string key;
+  auto add_paths = [&](const Profile& p, const std::vector<uint32_t>& ids, bool is_base) {
+    for (const ResolvedStack& s : p.stacks) {
+      key.assign(1, s.truncated ? 'T' : 'F');
+      for (uint32_t f : s.frames) {
+        key.append(reinterpret_cast<const char*>(&ids[f]), sizeof(uint32_t));
+      }
+      auto [it, inserted] = path_row.try_emplace(key, diff.paths.size());
+      if (inserted) {
+        PathChange row;
+        row.truncated = s.truncated;
+        row.frames.reserve(s.frames.size());
+        for (uint32_t f : s.frames) row.frames.push_back(p.functions[f]);
+        diff.paths.push_back(std::move(row));
+      }
+      (is_base ? diff.paths[it->second].base_samples : diff.paths[it->second].samples) +=
+          s.count;
+    }
+  };
+  add_paths(base, base_ids, true);
+  add_paths(current, current_ids, false);
+
+  for (FunctionChange& row : diff.functions) {
+    row.self_delta_pct = Share(row.self, current.total) - Share(row.base_self, base.total);
+    row.total_delta_pct = Share(row.total, current.total) - Share(row.base_total, base.total);
+  }
+  // Ties on self (e.g. callers without self samples) are broken by the total change.
+  KeepLargest(&diff.functions, limit, [](const FunctionChange& r) {
+    return std::abs(r.self_delta_pct) * 1e6 + std::abs(r.total_delta_pct);
+  });
+  for (PathChange& row : diff.paths) {
+    row.delta_pct = Share(row.samples, current.total) - Share(row.base_samples, base.total);
+  }
+  KeepLargest(&diff.paths, limit, [](const PathChange& r) { return std::abs(r.delta_pct); });
+  return diff;
+}
+
+}  // namespace strata::server

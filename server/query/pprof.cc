@@ -1,0 +1,171 @@
+#include "server/query/pprof.h"
+
+#include <zlib.h>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+
+namespace strata::server {
+namespace {
+
+// Minimal protobuf wire-format writer (varint and length-delimited fields only).
+class Writer {
+ public:
+  void Varint(uint64_t v) {
+    while (v >= 0x80) {
+      out_.push_back(static_cast<char>(v | 0x80));
+      v >>= 7;
+    }
+    out_.push_back(static_cast<char>(v));
+  }
+  void Tag(uint32_t field, uint32_t wire_type) { Varint((uint64_t{field} << 3) | wire_type); }
+  void UInt(uint32_t field, uint64_t v) {
+    if (v == 0) return;  // proto3 default
+    Tag(field, 0);
+    Varint(v);
+  }
+  void Bytes(uint32_t field, std::string_view bytes) {
+    Tag(field, 2);
+    Varint(bytes.size());
+    out_.append(bytes);
+  }
+  // Packed repeated varints.
+  template <typename It>
+  void Packed(uint32_t field, It begin, It end) {
+    Writer inner;
+    for (It it = begin; it != end; ++it) inner.Varint(static_cast<uint64_t>(*it));
+    Bytes(field, inner.out_);
+  }
+  std::string& str() { return out_; }
+
+ private:
+  std::string out_;
+};
+
+// profile.proto field numbers.
+enum ProfileField : uint32_t {
+  kSampleType = 1,
+  kSample = 2,
+  kMapping = 3,
+  kLocation = 4,
+  kFunction = 5,
+  kStringTable = 6,
+  kTimeNanos = 9,
+  kDurationNanos = 10,
+  kPeriodType = 11,
+  kPeriod = 12,
+  kDefaultSampleType = 14,
+};
+
+class StringTable {
+ public:
+  StringTable() { Index(""); }
+  uint64_t Index(const std::string& s) {
+    auto [it, inserted] = index_.try_emplace(s, strings_.size());
+    if (inserted) strings_.push_back(s);
+    return it->second;
+  }
+  const std::vector<std::string>& strings() const { return strings_; }
+
+ private:
+  absl::flat_hash_map<std::string, uint64_t> index_;
+  std::vector<std::string> strings_;
+};
+
+std::string ValueType(StringTable* strings, const std::string& type, const std::string& unit) {
+  Writer w;
+  w.UInt(1, strings->Index(type));
+  w.UInt(2, strings->Index(unit));
+  return w.str();
+}
+
+}  // namespace
+
+std::string EncodePprofProto(const Profile& profile, const PprofOptions& options) {
+  StringTable strings;
+  Writer out;
+  out.Bytes(kSampleType, ValueType(&strings, "samples", "count"));
+
+  // Samples: location IDs leaf first (pprof's order); location i+1 is function i.
+  std::vector<uint64_t> locations;
+  for (const ResolvedStack& stack : profile.stacks) {
+    locations.clear();
+    for (auto it = stack.frames.rbegin(); it != stack.frames.rend(); ++it) {
+      locations.push_back(*it + 1);
+    }
+    Writer sample;
+    sample.Packed(1, locations.begin(), locations.end());
+    const uint64_t value = stack.count;
+    sample.Packed(2, &value, &value + 1);
+    out.Bytes(kSample, sample.str());
+  }
+
+  // One mapping per module, IDs from 1 in order of first use.
+  absl::flat_hash_map<std::string, uint64_t> mapping_ids;
+  std::vector<const std::string*> mappings;
+  for (const ResolvedFunction& f : profile.functions) {
+    if (mapping_ids.try_emplace(f.module, mappings.size() + 1).second) {
+      mappings.push_back(&f.module);
+    }
+  }
+  for (size_t i = 0; i < mappings.size(); ++i) {
+    Writer m;
+    m.UInt(1, i + 1);
+    m.UInt(5, strings.Index(*mappings[i]));  // filename
+    m.UInt(7, 1);                            // has_functions
+    m.UInt(8, 1);                            // has_filenames
+    out.Bytes(kMapping, m.str());
+  }
+  for (size_t i = 0; i < profile.functions.size(); ++i) {
+    const ResolvedFunction& f = profile.functions[i];
+    Writer line;
+    line.UInt(1, i + 1);  // function_id
+    Writer loc;
+    loc.UInt(1, i + 1);
+    loc.UInt(2, mapping_ids[f.module]);
+    loc.Bytes(4, line.str());
+    out.Bytes(kLocation, loc.str());
+
+    Writer fn;
+    fn.UInt(1, i + 1);
+    fn.UInt(2, strings.Index(f.name));  // name
+    fn.UInt(3, strings.Index(f.name));  // system_name
+    fn.UInt(4, strings.Index(f.module));  // filename
+    out.Bytes(kFunction, fn.str());
+  }
+  const std::string period_type = ValueType(&strings, "cpu", "samples");
+  // The string table must hold every index used above, so it goes last.
+  for (const std::string& s : strings.strings()) out.Bytes(kStringTable, s);
+  out.UInt(kTimeNanos, static_cast<uint64_t>(options.from_ms) * 1'000'000);
+  if (options.to_ms > options.from_ms) {
+    out.UInt(kDurationNanos, static_cast<uint64_t>(options.to_ms - options.from_ms) * 1'000'000);
+  }
+  out.Bytes(kPeriodType, period_type);
+  out.UInt(kPeriod, 1);
+  return std::move(out.str());
+}
+
+absl::StatusOr<std::string> Gzip(std::string_view data) {
+  z_stream z{};
+  // 15 window bits + 16: gzip header and trailer.
+  if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) !=
+      Z_OK) {
+    return absl::InternalError("zlib: deflateInit2 failed");
+  }
+  std::string out(deflateBound(&z, data.size()), '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  z.avail_in = static_cast<uInt>(data.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  const int rc = deflate(&z, Z_FINISH);
+  deflateEnd(&z);
+  if (rc != Z_STREAM_END) return absl::InternalError(absl::StrCat("zlib: deflate failed (", rc, ")"));
+  out.resize(z.total_out);
+  return out;
+}
+
+absl::StatusOr<std::string> EncodePprof(const Profile& profile, const PprofOptions& options) {
+  return Gzip(EncodePprofProto(profile, options));
+}
+
+}  // namespace strata::server

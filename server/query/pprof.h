@@ -1,0 +1,36 @@
+// pprof export: a Profile encoded as a gzipped perftools.profiles.Profile
+// (github.com/google/pprof/proto/profile.proto), which `go tool pprof` and other pprof
+// readers open. Written directly in protobuf wire format so the server needs no copy of the
+// schema; the field numbers below are those of profile.proto.
+//
+// Strata stacks are lists of functions, not addresses: every function becomes one Location
+// (address 0) with one Line, and every module one Mapping with has_functions set, so pprof
+// does not try to symbolize.
+#ifndef STRATA_SERVER_QUERY_PPROF_H_
+#define STRATA_SERVER_QUERY_PPROF_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/query/profile.h"
+
+namespace strata::server {
+
+struct PprofOptions {
+  int64_t from_ms = 0;  // time_nanos of the profile
+  int64_t to_ms = 0;    // with from_ms: duration_nanos
+};
+
+// Returns the gzipped encoding; Internal only if zlib fails.
+absl::StatusOr<std::string> EncodePprof(const Profile& profile, const PprofOptions& options);
+
+// Uncompressed encoding (tests, and callers that compress themselves).
+std::string EncodePprofProto(const Profile& profile, const PprofOptions& options);
+
+// gzip (RFC 1952) of `data`.
+absl::StatusOr<std::string> Gzip(std::string_view data);
+
+}  // namespace strata::server
+
+#endif  // STRATA_SERVER_QUERY_PPROF_H_

@@ -1,0 +1,256 @@
+// Strata web UI: picks a service and time range, then shows the flame graph, top functions
+// or a diff, all from the server's JSON API (/api/v1/...). No external resources.
+'use strict';
+
+const $ = (id) => document.getElementById(id);
+const state = { view: 'flame', tree: null, zoom: null, services: [] };
+
+function rangeParams() {
+  const p = new URLSearchParams();
+  const range = $('range').value;
+  if (range === 'custom') {
+    const from = Date.parse($('from').value), to = Date.parse($('to').value);
+    if (isNaN(from)) throw new Error('pick a start time for the custom range');
+    p.set('from_ms', from);
+    if (!isNaN(to)) p.set('to_ms', to);
+  } else {
+    p.set('since_s', range);
+  }
+  return p;
+}
+
+function filterParams() {
+  const p = rangeParams();
+  p.set('service', $('service').value);
+  for (const key of ['host', 'focus', 'ignore']) {
+    const v = $(key).value.trim();
+    if (v) p.set(key, v);
+  }
+  return p;
+}
+
+async function api(path, params) {
+  const res = await fetch(path + (params ? '?' + params.toString() : ''));
+  const text = await res.text();
+  let body;
+  try { body = JSON.parse(text); } catch (e) { throw new Error(text || res.statusText); }
+  if (!res.ok) throw new Error(body.error || res.statusText);
+  return body;
+}
+
+function showError(e) {
+  $('error').hidden = !e;
+  $('error').textContent = e ? String(e.message || e) : '';
+}
+
+const fmt = (n) => Number(n).toLocaleString('en-US');
+const pct = (part, total) => (total > 0 ? (100 * part / total).toFixed(2) : '0.00') + '%';
+const signed = (v) => (v > 0 ? '+' : '') + v.toFixed(2);
+
+function cell(text, cls) {
+  const td = document.createElement('td');
+  td.textContent = text;
+  if (cls) td.className = cls;
+  return td;
+}
+
+function fillTable(table, rows) {
+  const body = table.querySelector('tbody');
+  body.replaceChildren();
+  for (const cells of rows) {
+    const tr = document.createElement('tr');
+    for (const td of cells) tr.appendChild(td);
+    body.appendChild(tr);
+  }
+}
+
+// ---- flame graph --------------------------------------------------------------------------
+
+// Stable warm colour per function name (same palette idea as the SVG export).
+function color(name) {
+  let h = 2166136261;
+  for (let i = 0; i < name.length; i++) h = Math.imul(h ^ name.charCodeAt(i), 16777619) >>> 0;
+  return `rgb(${205 + (h >>> 16) % 50},${(h & 0xff) * 230 / 255 | 0},${((h >>> 8) & 0xff) * 55 / 255 | 0})`;
+}
+
+// Annotates the tree with parents so zooming can show the path to the root.
+function link(node, parent) {
+  node.parent = parent;
+  for (const c of node.children) link(c, node);
+}
+
+function renderFlame() {
+  const box = $('flame');
+  box.replaceChildren();
+  const root = state.tree;
+  if (!root || !root.value) {
+    box.style.height = '40px';
+    box.textContent = 'No samples in this range.';
+    return;
+  }
+  const zoom = state.zoom || root;
+  const width = box.clientWidth || 1200, rowH = 18, total = root.value;
+  const frag = document.createDocumentFragment();
+  let maxDepth = 0;
+  const place = (node, depth, x, w, ancestor) => {
+    if (w < 0.5) return;
+    maxDepth = Math.max(maxDepth, depth);
+    const div = document.createElement('div');
+    div.className = 'frame' + (ancestor ? ' ancestor' : '');
+    div.style.left = x + 'px';
+    div.style.top = depth * rowH + 'px';
+    div.style.width = w + 'px';
+    div.style.background = depth === 0 ? 'rgb(235,200,120)' : color(node.name);
+    if (w > 24) div.textContent = node.name;
+    div.title = '';
+    div._node = node;
+    frag.appendChild(div);
+  };
+  // Ancestors of the zoomed node span the full width.
+  const chain = [];
+  for (let n = zoom; n; n = n.parent) chain.unshift(n);
+  chain.forEach((n, i) => { if (n !== zoom) place(n, i, 0, width, true); });
+  const scale = width / zoom.value;
+  const walk = (node, depth, x) => {
+    place(node, depth, x, node.value * scale, false);
+    let cx = x;
+    for (const c of node.children) {
+      if (c.value * scale >= 0.5) walk(c, depth + 1, cx);
+      cx += c.value * scale;
+    }
+  };
+  walk(zoom, chain.length - 1, 0);
+  box.style.height = (maxDepth + 1) * rowH + 2 + 'px';
+  box.appendChild(frag);
+  $('flame-reset').hidden = zoom === root;
+  state.total = total;
+}
+
+function frameText(node) {
+  const mod = node.module ? '  ' + node.module : '';
+  return `${node.name}  —  ${fmt(node.value)} samples, ${pct(node.value, state.tree.value)}` +
+         ` (self ${fmt(node.self)})${mod}`;
+}
+
+$('flame').addEventListener('click', (e) => {
+  const node = e.target._node;
+  if (!node) return;
+  state.zoom = node === state.zoom ? (node.parent || null) : node;
+  renderFlame();
+});
+$('flame').addEventListener('mousemove', (e) => {
+  const node = e.target._node, tip = $('tooltip');
+  if (!node) { tip.hidden = true; return; }
+  tip.textContent = frameText(node);
+  tip.hidden = false;
+  tip.style.left = Math.min(e.clientX + 12, window.innerWidth - tip.offsetWidth - 4) + 'px';
+  tip.style.top = e.clientY + 14 + 'px';
+  $('flame-details').textContent = frameText(node);
+});
+$('flame').addEventListener('mouseleave', () => { $('tooltip').hidden = true; });
+$('flame-reset').addEventListener('click', () => { state.zoom = null; renderFlame(); });
+window.addEventListener('resize', () => { if (state.view === 'flame') renderFlame(); });
+
+async function loadFlame() {
+  const tree = await api('/api/v1/flamegraph', filterParams());
+  link(tree, null);
+  state.tree = tree;
+  state.zoom = null;
+  $('summary').textContent = `${$('service').value}: ${fmt(tree.value || 0)} samples`;
+  renderFlame();
+}
+
+// ---- top ----------------------------------------------------------------------------------
+
+async function loadTop() {
+  const p = filterParams();
+  p.set('limit', 100);
+  const r = await api('/api/v1/top', p);
+  const total = Number(r.total_samples);
+  $('summary').textContent = `${$('service').value}: ${fmt(total)} samples` +
+      (r.archs.length ? ` (${r.archs.join(', ')})` : '');
+  fillTable($('top-table'), r.functions.map((f) => [
+    cell(fmt(f.self), 'num'), cell(pct(f.self, total), 'num'), cell(fmt(f.total), 'num'),
+    cell(pct(f.total, total), 'num'), cell(f.function.function, 'fn'), cell(f.function.module)]));
+}
+
+// ---- diff ---------------------------------------------------------------------------------
+
+async function loadDiff() {
+  const p = filterParams();
+  p.set('limit', 50);
+  if ($('diff-base').value === 'service') {
+    if (!$('diff-service').value) throw new Error('pick the service to compare against');
+    p.set('base_service', $('diff-service').value);
+  }
+  const r = await api('/api/v1/diff', p);
+  const bt = Number(r.base_total_samples), t = Number(r.total_samples);
+  $('summary').textContent = `base ${fmt(bt)} samples, compared ${fmt(t)} samples`;
+  const deltaCell = (v) => cell(signed(v), 'num ' + (v > 0 ? 'up' : v < 0 ? 'down' : ''));
+  fillTable($('diff-functions'), r.functions.map((f) => [
+    deltaCell(f.self_delta_pct), cell(pct(f.base_self, bt), 'num'), cell(pct(f.self, t), 'num'),
+    deltaCell(f.total_delta_pct), cell(f.function.function, 'fn')]));
+  fillTable($('diff-paths'), r.paths.map((x) => [
+    deltaCell(x.delta_pct), cell(pct(x.base_samples, bt), 'num'), cell(pct(x.samples, t), 'num'),
+    cell((x.truncated ? '[truncated] > ' : '') + x.frames.map((f) => f.function).join(' > '), 'fn')]));
+}
+
+// ---- wiring -------------------------------------------------------------------------------
+
+const loaders = { flame: loadFlame, top: loadTop, diff: loadDiff };
+
+async function refresh() {
+  if (!$('service').value) {
+    showError(new Error('No service has reported samples yet.'));
+    return;
+  }
+  try {
+    showError(null);
+    await loaders[state.view]();
+    document.body.dataset.loaded = state.view;
+  } catch (e) {
+    showError(e);
+  }
+}
+
+function selectView(view) {
+  state.view = view;
+  for (const b of document.querySelectorAll('nav .tab')) {
+    b.classList.toggle('active', b.dataset.view === view);
+  }
+  for (const v of Object.keys(loaders)) $('view-' + v).hidden = v !== view;
+  refresh();
+}
+
+for (const b of document.querySelectorAll('nav .tab')) {
+  b.addEventListener('click', () => selectView(b.dataset.view));
+}
+$('filters').addEventListener('submit', (e) => { e.preventDefault(); refresh(); });
+$('diff-form').addEventListener('submit', (e) => { e.preventDefault(); refresh(); });
+$('diff-base').addEventListener('change', () => {
+  $('diff-service').hidden = $('diff-base').value !== 'service';
+});
+$('range').addEventListener('change', () => {
+  $('custom-range').hidden = $('range').value !== 'custom';
+});
+$('service').addEventListener('change', refresh);
+
+async function init() {
+  try {
+    const r = await api('/api/v1/services');
+    state.services = r.services;
+    const params = new URLSearchParams(location.search);
+    for (const sel of [$('service'), $('diff-service')]) {
+      sel.replaceChildren(...r.services.map((s) => new Option(s.name, s.name)));
+    }
+    if (params.get('service')) $('service').value = params.get('service');
+    if (params.get('since_s')) {
+      const opt = [...$('range').options].find((o) => o.value === params.get('since_s'));
+      if (opt) $('range').value = opt.value;
+    }
+    selectView(params.get('view') in loaders ? params.get('view') : 'flame');
+  } catch (e) {
+    showError(e);
+  }
+}
+init();
