@@ -21,7 +21,7 @@ mkdir -p "$data" "$run"
 
 "$root/deploy/install-deps.sh"
 echo "== building (first build takes a few minutes)"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_BUILD_TESTS=OFF \
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_BUILD_TESTS=ON \
   -DSTRATA_BUILD_BENCHMARKS=OFF >/dev/null
 cmake --build "$build" -j "$(nproc)" --target strata-server strata-agent strata demo_service
 bin=$root/$build/bin

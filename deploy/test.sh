@@ -15,7 +15,8 @@ jobs=${JOBS:-$(nproc)}
 "$root/deploy/install-deps.sh"
 
 echo "== x86-64 build ($build)"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_BUILD_BENCHMARKS=OFF >/dev/null
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_BUILD_TESTS=ON \
+  -DSTRATA_BUILD_BENCHMARKS=OFF >/dev/null
 cmake --build "$build" -j "$jobs"
 
 status=0
