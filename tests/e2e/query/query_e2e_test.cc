@@ -314,7 +314,7 @@ TEST_F(QueryE2eTest, DiffOfTwoServices) {
 TEST_F(QueryE2eTest, PprofExportMatchesTop) {
   const fs::path out = *dir_ / "demo.pb.gz";
   CommandResult r =
-      Shell(Cli(absl::StrCat("export --format pprof -o ", out.string(), AllRange())));
+      Shell(Cli(absl::StrCat("export -s demo --format pprof -o ", out.string(), AllRange())));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_THAT(ReadFile(out).substr(0, 2), "\x1f\x8b");
   if (!HaveProgram("go")) GTEST_SKIP() << "go is not installed (apt-get install golang-go)";
