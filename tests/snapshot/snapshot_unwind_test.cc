@@ -5,9 +5,12 @@
 //       verification),
 //   (3) libdw (dwfl_getthread_frames with the modules reported at the recorded addresses and
 //       memory reads served from the copied stack) as the independent reference.
-// (1) and (2, full) must agree on every sample; (2, boundary) too, except for reused frames
-// beyond the copy (counted); (1) and (3) must agree frame for frame wherever both have a
-// module for the pc -- each remaining difference is classified below.
+// (1) and (2, full) must agree on every sample. (2, boundary) must too, except for reused
+// frames beyond the copy (counted) and where the workload is built to defeat a one-element
+// check (dlopen_host, explained there). (1) and (3) must agree frame for frame; the only
+// accepted difference is a prefix one: a pc in [vdso] (not a file mapping, so not in the
+// recorded modules) stops strata with no_module while libdw's x86-64 backend falls back to a
+// frame-pointer step there.
 #include <elfutils/libdwfl.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -154,9 +157,11 @@ std::string RecordWorkload(const std::string& name, std::vector<std::string> arg
 
 struct Tally {
   size_t samples = 0;
+  size_t mapping_sets = 0;
   size_t full_frames = 0;
   size_t inc_unwound = 0, inc_reused = 0, splices = 0, verify_failures = 0;
   size_t boundary_beyond_copy = 0;
+  size_t boundary_stale = 0;  // boundary verification kept an outer frame that changed
   size_t libdw_equal = 0;
   size_t libdw_prefix_equal = 0;  // one stopped earlier; the common frames agree
   size_t libdw_differ = 0;
@@ -176,6 +181,7 @@ Tally Replay(const std::string& name, const std::string& path, size_t min_depth)
   auto snap = Load(path);
   EXPECT_TRUE(snap.ok()) << snap.status();
   if (!snap.ok()) return t;
+  t.mapping_sets = snap->mapping_sets.size();
   symbols::ModuleCache modules;
   std::vector<std::unique_ptr<symbols::ProcessAddressSpace>> spaces;
   std::vector<std::unique_ptr<LibdwUnwinder>> libdw;
@@ -235,8 +241,16 @@ Tally Replay(const std::string& name, const std::string& path, size_t min_depth)
       ++t.boundary_beyond_copy;
       EXPECT_GE(rb.num_frames, rf.num_frames);
     } else {
-      EXPECT_TRUE(SameFrames(full.data(), rf.num_frames, bnd.data(), rb.num_frames))
-          << name << ": incremental (boundary) differs from the full unwind";
+      bool same = SameFrames(full.data(), rf.num_frames, bnd.data(), rb.num_frames);
+      if (!same && getenv("SNAPSHOT_DEBUG") != nullptr) {
+        std::printf("boundary %zu frames vs full %zu\n", rb.num_frames, rf.num_frames);
+        for (size_t i = 0; i < std::max(rb.num_frames, rf.num_frames); ++i) {
+          std::printf("  %2zu full %#llx/%#llx  bnd %#llx/%#llx\n", i,
+                      (unsigned long long)full[i].pc, (unsigned long long)full[i].sp,
+                      (unsigned long long)bnd[i].pc, (unsigned long long)bnd[i].sp);
+        }
+      }
+      t.boundary_stale += !same;
     }
 
     std::vector<uint64_t> ref = libdw[s.mapping_set]->Unwind(s);
@@ -277,11 +291,11 @@ Tally Replay(const std::string& name, const std::string& path, size_t min_depth)
   }
   std::printf("[%s] %zu samples, %.1f frames/sample (%zu with >= %zu frames); incremental: "
               "%.2f unwound + %.2f reused per sample, %zu splices, %zu verify failures; "
-              "boundary beyond copy %zu; libdw equal %zu, prefix-equal %zu, differ %zu\n",
+              "boundary: beyond copy %zu, stale %zu; libdw equal %zu, prefix-equal %zu, differ %zu\n",
               name.c_str(), t.samples, double(t.full_frames) / std::max<size_t>(1, t.samples),
               deep, min_depth, double(t.inc_unwound) / std::max<size_t>(1, t.samples),
               double(t.inc_reused) / std::max<size_t>(1, t.samples), t.splices,
-              t.verify_failures, t.boundary_beyond_copy, t.libdw_equal, t.libdw_prefix_equal,
+              t.verify_failures, t.boundary_beyond_copy, t.boundary_stale, t.libdw_equal, t.libdw_prefix_equal,
               t.libdw_differ);
   for (const auto& [reason, n] : t.stop_reasons) std::printf("[%s]   stop %s: %zu\n", name.c_str(), reason.c_str(), n);
   EXPECT_GT(t.samples, 50u);
@@ -292,6 +306,7 @@ TEST(SnapshotUnwindTest, DeepRecursion) {
   std::string path = RecordWorkload("deep_recursion", {});
   ASSERT_FALSE(path.empty());
   Tally t = Replay("deep_recursion", path, 200);
+  EXPECT_EQ(t.boundary_stale, 0u);
   EXPECT_EQ(t.libdw_differ, 0u);
   EXPECT_GE(t.libdw_equal, t.samples * 95 / 100);
   EXPECT_GT(t.inc_reused, 10 * t.inc_unwound);
@@ -301,6 +316,7 @@ TEST(SnapshotUnwindTest, CallTree) {
   std::string path = RecordWorkload("call_tree", {});
   ASSERT_FALSE(path.empty());
   Tally t = Replay("call_tree", path, 40);
+  EXPECT_EQ(t.boundary_stale, 0u);
   EXPECT_EQ(t.libdw_differ, 0u);
   EXPECT_GE(t.libdw_equal, t.samples * 95 / 100);
   EXPECT_GT(t.inc_reused, 3 * t.inc_unwound);
@@ -312,12 +328,20 @@ TEST(SnapshotUnwindTest, Dlopen) {
   Tally t = Replay("dlopen_host", path, 10);
   EXPECT_EQ(t.libdw_differ, 0u);
   EXPECT_GE(t.libdw_equal, t.samples * 90 / 100);
+  EXPECT_GT(t.mapping_sets, 2u) << "the plugin was never unloaded while recording";
+  // main() calls the same CallPlugin chain from two call sites at the same stack depth (with
+  // and without the plugin). When the sample's leaf side matches the cached one, boundary
+  // verification splices the cached chain including main's old return address: the
+  // patent's lowest confidence threshold is wrong here by construction. Full verification
+  // re-reads every reused slot, notices (verify failures), and stays exact.
+  if (t.boundary_stale > 0) EXPECT_GT(t.verify_failures, 0u);
 }
 
 TEST(SnapshotUnwindTest, Threads) {
   std::string path = RecordWorkload("threads", {});
   ASSERT_FALSE(path.empty());
   Tally t = Replay("threads", path, 30);
+  EXPECT_EQ(t.boundary_stale, 0u);
   EXPECT_EQ(t.libdw_differ, 0u);
   EXPECT_GE(t.libdw_equal, t.samples * 95 / 100);
   EXPECT_GT(t.inc_reused, 3 * t.inc_unwound);
