@@ -10,6 +10,8 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "server/capture/capture_service.h"
+#include "server/aggregate/phase_detector.h"
 #include "server/http/http_server.h"
 #include "server/ingest/ingest_service.h"
 #include "server/query/query_service.h"
@@ -27,13 +29,23 @@ int Run(int argc, char** argv) {
   std::string token;
   std::string log_level = "info";
   bool sync = false;
+  std::string capture_retention = "7d";
   app.add_option("--listen", listen, "gRPC address for agents and clients (host:port)");
   app.add_option("--http", http, "HTTP address for /healthz, /metrics and the UI; empty: off");
   app.add_option("--data", data, "RocksDB data directory (created if missing)");
   app.add_option("--token", token, "shared secret agents must present");
   app.add_flag("--sync", sync, "fsync the write-ahead log on every batch");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  app.add_option("--capture-retention", capture_retention,
+                 "keep ad hoc captures this long after they end (e.g. 7d, 12h; 0: forever)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  auto retention = strata::server::ParseRetention(capture_retention);
+  if (!retention.ok()) {
+    std::fprintf(stderr, "strata-server: --capture-retention: %s\n",
+                 std::string(retention.status().message()).c_str());
+    return 2;
+  }
   spdlog::set_level(spdlog::level::from_str(log_level));
 
   // Signals are taken synchronously by the main thread below; block them before any thread
@@ -58,12 +70,24 @@ int Run(int argc, char** argv) {
   strata::server::IngestMetrics metrics;
   strata::server::IngestService ingest(store.get(), &registry, &metrics, {token});
   strata::server::QueryService query(store.get(), &registry);
+  strata::server::CaptureService::Options capture_options;
+  capture_options.retention = *retention;
+  strata::server::CaptureService capture(store.get(), &registry, capture_options);
+  ingest.AddBatchObserver([&capture](const auto& batch) { capture.OnBatch(batch); });
+  ingest.AddCaptureStatusObserver(
+      [&capture](const std::string& agent_id, const auto& status) {
+        capture.OnStatus(agent_id, status);
+      });
+  capture.Start();
+  strata::server::PhaseDetector phases(store.get());
+  ingest.AddBatchObserver([&phases](const strata::server::AppliedBatch& b) { phases.OnBatch(b); });
 
   grpc::ServerBuilder builder;
   int bound_port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound_port);
   builder.RegisterService(&ingest);
   builder.RegisterService(&query);
+  builder.RegisterService(&capture);
   builder.SetMaxReceiveMessageSize(64 << 20);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || bound_port == 0) {

@@ -1,0 +1,103 @@
+#include "server/aggregate/phase_detector.h"
+
+#include <chrono>
+#include <set>
+
+#include "spdlog/spdlog.h"
+
+namespace strata::server {
+
+PhaseDetector::PhaseDetector(store::Store* store, PhaseDetectorOptions options)
+    : store_(store), options_(options) {}
+
+uint64_t PhaseDetector::events() const {
+  absl::MutexLock lock(&mu_);
+  return events_;
+}
+
+void PhaseDetector::OnBatch(const AppliedBatch& batch) {
+  if (!batch.batch->capture_id().empty()) return;  // captures are not the service's phases
+  std::map<std::string, std::vector<table::PhaseChange<uint64_t>>> found;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const AppliedContext& c : batch.contexts) {
+      auto& table = tables_[*c.service];
+      if (!table) {
+        table::SortedTableOptions o;
+        o.max_entries = options_.max_contexts;
+        o.bucket_count = 2;  // the hash sends everything to one chain anyway
+        o.period = options_.period;
+        o.depth_threshold = 1;
+        o.frequency_threshold = options_.hot_threshold;
+        o.phase_change_factor = options_.factor;
+        auto created = Table::Create(o);
+        if (!created.ok()) {
+          spdlog::error("phase detector: {}", created.status().ToString());
+          return;
+        }
+        table = std::make_unique<Table>(std::move(*created));
+      }
+      if (table->Add(c.stack_id, c.count) == table::AddResult::kFull) {
+        table->Clear();  // counts are durable already; start a fresh comparison
+        table->Add(c.stack_id, c.count);
+      }
+      auto changes = table->TakePhaseChanges();
+      if (!changes.empty()) {
+        auto& out = found[*c.service];
+        out.insert(out.end(), changes.begin(), changes.end());
+      }
+    }
+  }
+  for (const auto& [service, changes] : found) Publish(service, batch.window_start_ms, changes);
+}
+
+void PhaseDetector::Resolve(uint64_t stack_id, v1::HotPath* path) {
+  auto stack = store_->GetStack(stack_id);
+  if (!stack.ok()) return;
+  path->set_truncated(stack->truncated);
+  for (uint64_t fid : stack->function_ids) {
+    auto fn = store_->GetFunction(fid);
+    auto* frame = path->add_frames();
+    if (fn.ok()) {
+      frame->set_function(fn->name);
+      frame->set_module(fn->module);
+    }
+  }
+}
+
+void PhaseDetector::Publish(const std::string& service, int64_t window_start_ms,
+                            const std::vector<table::PhaseChange<uint64_t>>& changes) {
+  v1::PhaseChange event;
+  event.set_service(service);
+  event.set_window_start_ms(window_start_ms);
+  event.set_detected_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count());
+  std::set<uint64_t> rose, fell;
+  for (const auto& c : changes) {
+    if (rose.insert(c.rose_key).second) {
+      auto* shift = event.add_rose();
+      Resolve(c.rose_key, shift->mutable_path());
+      shift->set_count_before(c.rose_prev_count);
+      shift->set_count_after(c.rose_count);
+    }
+    if (fell.insert(c.fell_key).second) {
+      auto* shift = event.add_fell();
+      Resolve(c.fell_key, shift->mutable_path());
+      shift->set_count_before(c.fell_prev_count);
+      shift->set_count_after(c.fell_count);
+    }
+  }
+  store::WriteBatch wb;
+  wb.PutPhaseEvent({service, window_start_ms, event.SerializeAsString()});
+  if (auto st = store_->Commit(&wb); !st.ok()) {
+    spdlog::error("storing a phase change of {}: {}", service, st.ToString());
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  ++events_;
+  spdlog::info("phase change in {} (window {}): {} contexts rose, {} fell", service,
+               window_start_ms, event.rose_size(), event.fell_size());
+}
+
+}  // namespace strata::server

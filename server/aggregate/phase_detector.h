@@ -1,0 +1,67 @@
+// Program phase-change detection per service, on the bounded, periodically sorted hash table
+// of common/table (the AMD method): every applied batch's (stack, count) pairs go into the
+// service's table; every `period` counts the table sorts its hot entries to the front, and a
+// sort that moves a context ahead of one that was hot, by an order of magnitude, is a phase
+// change. Events are resolved to call paths and stored (Store::PutPhaseEvent) as
+// v1::PhaseChange messages, which the Phases query and `strata phases` read back.
+//
+// All of a service's contexts share one chain (a constant hash): the patent compares entries
+// within a bucket, and a service's hot contexts must be comparable with each other. The table
+// is small (it only has to hold the contexts that matter); when it is full it is drained
+// (its counts are already durable: ingest writes every batch to RocksDB) and starts over.
+//
+// Thread-safe: OnBatch may be called from every ingest stream.
+#ifndef STRATA_SERVER_AGGREGATE_PHASE_DETECTOR_H_
+#define STRATA_SERVER_AGGREGATE_PHASE_DETECTOR_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "common/table/sorted_table.h"
+#include "server/ingest/agent_session.h"
+#include "server/store/store.h"
+#include "strata/v1/query.pb.h"
+
+namespace strata::server {
+
+struct PhaseDetectorOptions {
+  // Contexts tracked per service before the table is drained and restarted.
+  uint32_t max_contexts = 1024;
+  // Samples per comparison period. At 99 Hz on two busy threads this is ~5 s.
+  uint32_t period = 1000;
+  // A context is hot in a period above this many samples (10 % of the default period).
+  uint32_t hot_threshold = 100;
+  uint32_t factor = 10;
+};
+
+class PhaseDetector {
+ public:
+  PhaseDetector(store::Store* store, PhaseDetectorOptions options = {});
+
+  void OnBatch(const AppliedBatch& batch);
+  uint64_t events() const;
+
+ private:
+  struct SameChain {
+    size_t operator()(uint64_t) const { return 0; }
+  };
+  using Table = table::SortedTable<uint64_t, SameChain>;
+
+  // Resolves the events of one sort and stores them as one v1::PhaseChange.
+  void Publish(const std::string& service, int64_t window_start_ms,
+               const std::vector<table::PhaseChange<uint64_t>>& changes);
+  void Resolve(uint64_t stack_id, v1::HotPath* path);
+
+  store::Store* store_;
+  PhaseDetectorOptions options_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
+  uint64_t events_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace strata::server
+
+#endif  // STRATA_SERVER_AGGREGATE_PHASE_DETECTOR_H_
