@@ -65,28 +65,46 @@ ProfileDiff DiffProfiles(const Profile& base, const Profile& current, size_t lim
   add_functions(base, base_ids, true);
   add_functions(current, current_ids, false);
 
+  // Paths are materialized (frames copied) only for the rows that are returned.
+  struct PathRow {
+    const Profile* profile;
+    uint32_t stack;
+    uint64_t base_samples = 0, samples = 0;
+    double delta_pct = 0;
+  };
+  std::vector<PathRow> path_rows;
   absl::flat_hash_map<std::string, size_t> path_row;
   std::string key;
   auto add_paths = [&](const Profile& p, const std::vector<uint32_t>& ids, bool is_base) {
-    for (const ResolvedStack& s : p.stacks) {
+    path_row.reserve(path_row.size() + p.stacks.size());
+    for (uint32_t i = 0; i < p.stacks.size(); ++i) {
+      const ResolvedStack& s = p.stacks[i];
       key.assign(1, s.truncated ? 'T' : 'F');
       for (uint32_t f : s.frames) {
         key.append(reinterpret_cast<const char*>(&ids[f]), sizeof(uint32_t));
       }
-      auto [it, inserted] = path_row.try_emplace(key, diff.paths.size());
-      if (inserted) {
-        PathChange row;
-        row.truncated = s.truncated;
-        row.frames.reserve(s.frames.size());
-        for (uint32_t f : s.frames) row.frames.push_back(p.functions[f]);
-        diff.paths.push_back(std::move(row));
-      }
-      (is_base ? diff.paths[it->second].base_samples : diff.paths[it->second].samples) +=
-          s.count;
+      auto [it, inserted] = path_row.try_emplace(key, path_rows.size());
+      if (inserted) path_rows.push_back({&p, i});
+      (is_base ? path_rows[it->second].base_samples : path_rows[it->second].samples) += s.count;
     }
   };
   add_paths(base, base_ids, true);
   add_paths(current, current_ids, false);
+  for (PathRow& row : path_rows) {
+    row.delta_pct = Share(row.samples, current.total) - Share(row.base_samples, base.total);
+  }
+  KeepLargest(&path_rows, limit, [](const PathRow& r) { return std::abs(r.delta_pct); });
+  for (const PathRow& row : path_rows) {
+    const ResolvedStack& s = row.profile->stacks[row.stack];
+    PathChange change;
+    change.truncated = s.truncated;
+    change.frames.reserve(s.frames.size());
+    for (uint32_t f : s.frames) change.frames.push_back(row.profile->functions[f]);
+    change.base_samples = row.base_samples;
+    change.samples = row.samples;
+    change.delta_pct = row.delta_pct;
+    diff.paths.push_back(std::move(change));
+  }
 
   for (FunctionChange& row : diff.functions) {
     row.self_delta_pct = Share(row.self, current.total) - Share(row.base_self, base.total);
@@ -96,10 +114,6 @@ ProfileDiff DiffProfiles(const Profile& base, const Profile& current, size_t lim
   KeepLargest(&diff.functions, limit, [](const FunctionChange& r) {
     return std::abs(r.self_delta_pct) * 1e6 + std::abs(r.total_delta_pct);
   });
-  for (PathChange& row : diff.paths) {
-    row.delta_pct = Share(row.samples, current.total) - Share(row.base_samples, base.total);
-  }
-  KeepLargest(&diff.paths, limit, [](const PathChange& r) { return std::abs(r.delta_pct); });
   return diff;
 }
 

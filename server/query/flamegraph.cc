@@ -29,7 +29,6 @@ struct BuildNode {
   uint32_t depth;
   uint64_t total = 0;
   uint64_t self = 0;
-  std::vector<uint32_t> children;
 };
 
 // Label that fits `width_px`, flamegraph.pl style: full, shortened with "..", or nothing.
@@ -150,15 +149,13 @@ FlameTree BuildFlameTree(const Profile& profile, uint32_t max_nodes) {
 
   // Merge stacks into a tree keyed by (parent node, function).
   std::vector<BuildNode> nodes;
-  nodes.push_back({kRootFunction, 0, 0, profile.total, 0, {}});
+  nodes.push_back({kRootFunction, 0, 0, profile.total, 0});
   absl::flat_hash_map<uint64_t, uint32_t> child_of;
+  child_of.reserve(profile.stacks.size() * 2);
   auto descend = [&](uint32_t parent, uint32_t function, uint64_t count) {
     auto [it, inserted] =
         child_of.try_emplace((uint64_t{parent} << 32) | function, nodes.size());
-    if (inserted) {
-      nodes.push_back({function, parent, nodes[parent].depth + 1, 0, 0, {}});
-      nodes[parent].children.push_back(it->second);
-    }
+    if (inserted) nodes.push_back({function, parent, nodes[parent].depth + 1, 0, 0});
     nodes[it->second].total += count;
     return it->second;
   };
@@ -185,6 +182,20 @@ FlameTree BuildFlameTree(const Profile& profile, uint32_t max_nodes) {
     tree.pruned = static_cast<uint32_t>(order.size() - max_nodes);
   }
 
+  // Children of kept nodes, grouped by parent (counting sort; no per-node allocations).
+  std::vector<uint32_t> first_child(nodes.size() + 1, 0);
+  for (uint32_t i = 1; i < nodes.size(); ++i) {
+    if (keep[i]) ++first_child[nodes[i].parent + 1];
+  }
+  for (size_t i = 1; i < first_child.size(); ++i) first_child[i] += first_child[i - 1];
+  std::vector<uint32_t> children(first_child.back());
+  {
+    std::vector<uint32_t> fill(first_child.begin(), first_child.end() - 1);
+    for (uint32_t i = 1; i < nodes.size(); ++i) {
+      if (keep[i]) children[fill[nodes[i].parent]++] = i;
+    }
+  }
+
   // Pre-order with siblings by name (flamegraph.pl's order), laying out offsets.
   tree.nodes.reserve(nodes.size() - tree.pruned);
   struct Item {
@@ -195,24 +206,27 @@ FlameTree BuildFlameTree(const Profile& profile, uint32_t max_nodes) {
   while (!todo.empty()) {
     Item item = todo.back();
     todo.pop_back();
-    BuildNode& n = nodes[item.node];
+    const BuildNode& n = nodes[item.node];
     const uint32_t out = static_cast<uint32_t>(tree.nodes.size());
     tree.nodes.push_back({n.function, item.node == 0 ? 0 : item.parent_out, n.depth, n.total,
                           n.self, item.offset});
     tree.max_depth = std::max(tree.max_depth, n.depth);
-    std::erase_if(n.children, [&](uint32_t c) { return !keep[c]; });
-    std::sort(n.children.begin(), n.children.end(), [&](uint32_t a, uint32_t b) {
+    const auto begin = children.begin() + first_child[item.node];
+    const auto end_it = children.begin() + first_child[item.node + 1];
+    std::sort(begin, end_it, [&](uint32_t a, uint32_t b) {
       const std::string& na = tree.functions[nodes[a].function].name;
       const std::string& nb = tree.functions[nodes[b].function].name;
       return na != nb ? na < nb : nodes[a].function < nodes[b].function;
     });
-    // Push in reverse so the first sibling is emitted first.
-    uint64_t end = item.offset + n.self;
-    for (uint32_t c : n.children) end += nodes[c].total;
-    for (auto it = n.children.rbegin(); it != n.children.rend(); ++it) {
-      end -= nodes[*it].total;
-      todo.push_back({*it, out, end});
+    // Children from the left edge (self and pruned samples leave a gap on the right), pushed
+    // in reverse so the first sibling is emitted first.
+    const size_t pushed = todo.size();
+    uint64_t x = item.offset;
+    for (auto it = begin; it != end_it; ++it) {
+      todo.push_back({*it, out, x});
+      x += nodes[*it].total;
     }
+    std::reverse(todo.begin() + pushed, todo.end());
   }
   return tree;
 }

@@ -1,0 +1,286 @@
+// bench_query: query latency over a week of one service's profiles.
+//
+// Fill (through the Store API, as ingest writes it): one service, `--stacks` distinct stacks
+// (default 100,000; depth 6-30, drawn as paths of a random call tree over 5,000 functions)
+// over `--days` days of 10 s windows. Each window holds `--zipf-cells` cells drawn from a
+// Zipf(1.1) distribution over all stacks (the hot set, 1-20 samples each) plus
+// `--sweep-cells` cells that sweep through every stack in turn (the long tail), so every stack
+// occurs and each hour holds a few thousand distinct stacks. The store is compacted after the
+// fill, as a long-running server would have done by then.
+//
+// Then, for ranges of 1 h, 24 h and 7 d ending mid-hour at the end of the data: p50/p99 of
+// flame graph (JSON rendering, default node budget), top (20 functions) and diff (the last
+// half of the range against the first half, i.e. the same amount of data), in process through
+// QueryService::Run*. The first (cold cache) run of each is reported separately. For
+// comparison the same top queries run once more reading raw 10 s cells only.
+//
+//   bench_query [--data DIR] [--reuse] [--iterations N]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "server/ingest/ingest_service.h"
+#include "server/query/profile.h"
+#include "server/query/query_service.h"
+#include "server/store/store.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int64_t kWindowMs = 10'000;
+constexpr int64_t kHourMs = 3'600'000;
+constexpr int64_t kDayMs = 24 * kHourMs;
+
+struct Options {
+  std::string data = "/tmp/strata_bench_query";
+  bool reuse = false;
+  int stacks = 100'000;
+  int days = 7;
+  int zipf_cells = 24;
+  int sweep_cells = 6;
+  int iterations = 20;
+};
+
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+// Zipf over [0, n) by inverse CDF table.
+class Zipf {
+ public:
+  Zipf(int n, double s) : cdf_(n) {
+    double sum = 0;
+    for (int i = 0; i < n; ++i) cdf_[i] = (sum += 1.0 / std::pow(i + 1, s));
+    for (double& c : cdf_) c /= sum;
+  }
+  int operator()(std::mt19937_64& rng) {
+    const double u = std::uniform_real_distribution<double>(0, 1)(rng);
+    return static_cast<int>(std::lower_bound(cdf_.begin(), cdf_.end(), u) - cdf_.begin());
+  }
+
+ private:
+  std::vector<double> cdf_;
+};
+
+int64_t Fill(const Options& o, int64_t t0) {
+  strata::store::StoreOptions so;
+  auto store = strata::store::Store::Open(o.data, so);
+  if (!store.ok()) {
+    std::fprintf(stderr, "open: %s\n", store.status().ToString().c_str());
+    std::exit(1);
+  }
+  std::mt19937_64 rng(42);
+  const auto start = Clock::now();
+
+  // Functions and stacks: a random call tree of 5,000 functions; each stack is a path from
+  // main through it (caller chosen from a small fan-out so paths share prefixes, as real
+  // profiles do).
+  strata::store::WriteBatch batch;
+  constexpr int kFunctions = 5000;
+  std::vector<uint64_t> fids(kFunctions);
+  for (int i = 0; i < kFunctions; ++i) {
+    auto id = (*store)->InternFunction(
+        {absl::StrCat(i == 0 ? "main" : "fn_", i), "/usr/bin/bench_service", "",
+         static_cast<uint64_t>(i) * 64},
+        &batch);
+    fids[i] = *id;
+  }
+  std::vector<uint64_t> stack_ids;
+  stack_ids.reserve(o.stacks);
+  for (int s = 0; s < o.stacks; ++s) {
+    strata::store::StackFrames frames;
+    const int depth = 6 + static_cast<int>(rng() % 25);
+    uint64_t f = 0;
+    frames.function_ids.push_back(fids[0]);
+    for (int d = 1; d < depth; ++d) {
+      // Fan-out 4 near the root, wider deeper down; the last frame makes the stack distinct.
+      const uint64_t fan = d < 4 ? 4 : 40;
+      f = (f * 7 + 1 + rng() % fan) % kFunctions;
+      frames.function_ids.push_back(fids[f]);
+    }
+    frames.function_ids.push_back(fids[1 + s % (kFunctions - 1)]);
+    frames.truncated = false;
+    auto id = (*store)->InternStack(frames, &batch);
+    // Distinct content → distinct ID; duplicate paths are possible, count the distinct ones.
+    stack_ids.push_back(*id);
+    if (s % 10'000 == 9'999) (void)(*store)->Commit(&batch);
+  }
+  (void)(*store)->Commit(&batch);
+  std::sort(stack_ids.begin(), stack_ids.end());
+  const size_t distinct =
+      std::unique(stack_ids.begin(), stack_ids.end()) - stack_ids.begin();
+  stack_ids.resize(distinct);
+  std::shuffle(stack_ids.begin(), stack_ids.end(), rng);
+
+  Zipf zipf(static_cast<int>(stack_ids.size()), 1.1);
+  const int64_t windows = o.days * kDayMs / kWindowMs;
+  uint64_t cells = 0, samples = 0;
+  size_t sweep = 0;
+  for (int64_t w = 0; w < windows; ++w) {
+    const int64_t window = t0 + w * kWindowMs;
+    for (int c = 0; c < o.zipf_cells; ++c) {
+      const uint64_t n = 1 + rng() % 20;
+      batch.AddSamples("bench", window, "host-1", stack_ids[zipf(rng)], n);
+      samples += n;
+    }
+    for (int c = 0; c < o.sweep_cells; ++c) {
+      batch.AddSamples("bench", window, "host-1", stack_ids[sweep++ % stack_ids.size()], 1);
+      samples += 1;
+    }
+    cells += o.zipf_cells + o.sweep_cells;
+    if (w % 360 == 359 || w + 1 == windows) {
+      if (auto st = (*store)->Commit(&batch); !st.ok()) {
+        std::fprintf(stderr, "commit: %s\n", st.ToString().c_str());
+        std::exit(1);
+      }
+    }
+  }
+  const auto filled = Clock::now();
+  (void)(*store)->CompactAll();
+  const auto compacted = Clock::now();
+  std::printf(
+      "fill: %zu distinct stacks, %lld windows, %llu cells (%.0f per window), %llu samples in "
+      "%.1f s; compaction %.1f s; %.1f MiB on disk\n",
+      distinct, static_cast<long long>(windows), static_cast<unsigned long long>(cells),
+      static_cast<double>(cells) / windows, static_cast<unsigned long long>(samples),
+      Ms(filled - start) / 1000, Ms(compacted - filled) / 1000,
+      (*store)->ApproximateBytesOnDisk() / 1048576.0);
+  (void)(*store)->Close();
+  return t0 + windows * kWindowMs;
+}
+
+struct Stats {
+  double cold, p50, p99, max;
+};
+
+template <typename F>
+Stats Measure(int iterations, F run) {
+  auto t = Clock::now();
+  run();
+  Stats s{Ms(Clock::now() - t), 0, 0, 0};
+  std::vector<double> v;
+  for (int i = 0; i < iterations; ++i) {
+    t = Clock::now();
+    run();
+    v.push_back(Ms(Clock::now() - t));
+  }
+  std::sort(v.begin(), v.end());
+  auto pct = [&](double p) {
+    return v[std::min(v.size() - 1, static_cast<size_t>(std::ceil(p * v.size())) - 1)];
+  };
+  s.p50 = pct(0.50);
+  s.p99 = pct(0.99);
+  s.max = v.back();
+  return s;
+}
+
+template <typename T>
+void Check(const absl::StatusOr<T>& r, const char* what) {
+  if (!r.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, r.status().ToString().c_str());
+    std::exit(1);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"bench_query: flame graph, top and diff latency over a week of profiles"};
+  app.add_option("--data", o.data, "store directory (wiped unless --reuse)")->capture_default_str();
+  app.add_flag("--reuse", o.reuse, "reuse a store filled by an earlier run");
+  app.add_option("--stacks", o.stacks, "distinct stacks")->capture_default_str();
+  app.add_option("--days", o.days, "days of 10 s windows")->capture_default_str();
+  app.add_option("--zipf-cells", o.zipf_cells, "Zipf-drawn cells per window")
+      ->capture_default_str();
+  app.add_option("--sweep-cells", o.sweep_cells, "sweeping cells per window")
+      ->capture_default_str();
+  app.add_option("--iterations", o.iterations, "timed runs per query (after one cold run)")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  // A fixed, hour-aligned start keeps reused stores valid.
+  const int64_t t0 = 1'760'000'400'000 / kHourMs * kHourMs;
+  int64_t end = t0 + o.days * kDayMs;
+  if (!o.reuse) {
+    std::filesystem::remove_all(o.data);
+    end = Fill(o, t0);
+  }
+
+  strata::store::StoreOptions so;
+  auto store = strata::store::Store::Open(o.data, so);
+  Check(store, "open");
+  strata::server::AgentRegistry registry;
+  strata::server::QueryService query(store->get(), &registry);
+
+  // "Now" in the middle of the last hour, as a user's query would be.
+  const int64_t now = end - 25 * 60'000 - 30'000;
+  std::printf("\n%-6s %-10s %10s %10s %10s %10s %10s %9s\n", "range", "query", "cold ms",
+              "p50 ms", "p99 ms", "max ms", "samples", "stacks");
+  struct Range {
+    const char* name;
+    int64_t ms;
+  };
+  for (Range r : {Range{"1h", kHourMs}, Range{"24h", kDayMs}, Range{"7d", 7 * kDayMs}}) {
+    strata::v1::ProfileFilter filter;
+    filter.set_service("bench");
+    filter.mutable_range()->set_from_ms(now - r.ms);
+    filter.mutable_range()->set_to_ms(now);
+    const int iterations = r.ms >= 7 * kDayMs ? std::max(5, o.iterations / 2) : o.iterations;
+
+    strata::v1::FlameGraphRequest flame;
+    *flame.mutable_filter() = filter;
+    flame.set_format(strata::v1::FlameGraphRequest::JSON);
+    uint64_t total = 0;
+    uint32_t pruned = 0;
+    Stats fs = Measure(iterations, [&] {
+      auto resp = query.RunFlameGraph(flame);
+      Check(resp, "flamegraph");
+      total = resp->total_samples();
+      pruned = resp->pruned_nodes();
+    });
+
+    strata::v1::TopRequest top;
+    *top.mutable_filter() = filter;
+    Stats ts = Measure(iterations, [&] { Check(query.RunTop(top), "top"); });
+
+    strata::v1::DiffRequest diff;
+    *diff.mutable_filter() = filter;
+    diff.mutable_filter()->mutable_range()->set_from_ms(now - r.ms / 2);
+    *diff.mutable_base() = filter;
+    diff.mutable_base()->mutable_range()->set_to_ms(now - r.ms / 2);
+    Stats ds = Measure(iterations, [&] { Check(query.RunDiff(diff), "diff"); });
+
+    // Distinct stacks in the range, for context.
+    strata::server::ProfileReader reader(store->get());
+    strata::server::ProfileQuery pq{"bench", now - r.ms, now};
+    auto profile = reader.Load(pq);
+    Check(profile, "profile");
+    for (auto [name, s] : {std::pair{"flamegraph", fs}, {"top", ts}, {"diff", ds}}) {
+      std::printf("%-6s %-10s %10.1f %10.1f %10.1f %10.1f %10llu %9zu\n", r.name, name, s.cold,
+                  s.p50, s.p99, s.max, static_cast<unsigned long long>(total),
+                  profile->stacks.size());
+    }
+    std::printf("       (%d timed runs each; flame graph nodes pruned to the budget: %u)\n",
+                iterations, pruned);
+  }
+
+  // Comparison: the same loads reading raw cells only (what the rollups save).
+  std::printf("\nProfile load, rollups (kAuto) vs raw cells only (kRaw), 3 runs each:\n");
+  std::printf("%-6s %14s %14s\n", "range", "auto p50 ms", "raw p50 ms");
+  strata::server::ProfileReader reader(store->get());
+  for (Range r : {Range{"24h", kDayMs}, Range{"7d", 7 * kDayMs}}) {
+    strata::server::ProfileQuery pq{"bench", now - r.ms, now};
+    Stats a = Measure(3, [&] { Check(reader.Load(pq), "auto"); });
+    pq.resolution = strata::store::Resolution::kRaw;
+    Stats raw = Measure(3, [&] { Check(reader.Load(pq), "raw"); });
+    std::printf("%-6s %14.1f %14.1f\n", r.name, a.p50, raw.p50);
+  }
+  (void)(*store)->Close();
+  return 0;
+}
