@@ -252,6 +252,21 @@ TEST(PrologueAnalyzer, ZeroedRaMarksTheOutermostFrame) {
   EXPECT_EQ(a.row.ra_rule, RaR::kUndefined);
 }
 
+// glibc's __start: `move ra,zero`, then sp realigned with `and` (no CFA the analysis can
+// follow) before the call to __libc_start_main. The return address into it is outermost.
+TEST(PrologueAnalyzer, ZeroedRaIsOutermostEvenAfterSpIsRealigned) {
+  constexpr int at = 1;
+  const uint32_t and_sp_sp_at = R(sp, at, sp, 0x24);
+  std::vector<uint32_t> f = {move(ra, zero), daddiu(at, zero, -16), and_sp_sp_at,
+                             daddiu(sp, sp, -32), jalr_t9, nop, 0x1000FFFF /* b . */, nop};
+  auto rows = AnalyzeFunction(f);
+  for (uint32_t off : {4u, 12u, 20u, 24u}) {
+    At a = RowAt(rows, off);
+    ASSERT_TRUE(a.valid) << off;
+    EXPECT_EQ(a.row.ra_rule, RaR::kUndefined) << off;
+  }
+}
+
 TEST(PrologueAnalyzer, GarbageNeverCrashes) {
   std::mt19937 rng(7);
   for (int iter = 0; iter < 300; ++iter) {

@@ -38,9 +38,13 @@ TEST_P(RecordedStacks, MatchGroundTruth) {
 
   MatchTotals t;
   std::map<std::string, int> failures;
+  size_t not_outermost = 0;
   for (const RecordedSample& s : samples) {
     Frame frames[128];
-    const size_t n = UnwindRecorded(arch, space, s, frames, 128).num_frames;
+    const UnwindResult result = UnwindRecorded(arch, space, s, frames, 128);
+    const size_t n = result.num_frames;
+    // Every recorded stack runs up to __start (main thread) and must end there as outermost.
+    if (result.stop != StopReason::kOutermost) ++not_outermost;
     const SampleMatch m = MatchSample(
         frames, n, s.ids, s.tail, [&](uint64_t pc) {
           const elf::SymbolTable::Function* f = symbols->Lookup(pc);
@@ -69,6 +73,7 @@ TEST_P(RecordedStacks, MatchGroundTruth) {
               t.correct_frames, t.expected_frames, acc, t.tail_lost, t.transition);
   for (const auto& [name, count] : failures) std::printf("  mismatch with leaf in %s: %d\n", name.c_str(), count);
   EXPECT_EQ(t.exact, t.samples);
+  EXPECT_EQ(not_outermost, 0u) << "stacks that did not end at the outermost frame";
 }
 
 INSTANTIATE_TEST_SUITE_P(

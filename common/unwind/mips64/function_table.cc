@@ -149,6 +149,14 @@ int64_t PrologueTable::FindFunctionBinarySearch(uint64_t pc) const {
 }
 
 bool PrologueTable::RowAt(const Func& f, uint64_t offset, UnwindRow* row) const {
+  if (f.flags & FunctionRange::kOutermost) {
+    // Process/thread entry: nothing above it, whatever its code did to sp and ra (__start
+    // aligns sp with `and`, so the analysis has no CFA there).
+    *row = UnwindRow{};
+    row->cfa_base = UnwindRow::CfaBase::kSp;
+    row->ra_rule = UnwindRow::RaRule::kUndefined;
+    return true;
+  }
   if (f.num_rows == 0) return false;
   const RowRange* first = rows_.data() + f.first_row;
   size_t lo = 0, hi = f.num_rows;  // first entry with offset > `offset`
@@ -161,7 +169,6 @@ bool PrologueTable::RowAt(const Func& f, uint64_t offset, UnwindRow* row) const 
   const RowRange& r = first[lo - 1];
   if (!r.valid) return false;
   *row = r.row;
-  if (f.flags & FunctionRange::kOutermost) row->ra_rule = UnwindRow::RaRule::kUndefined;
   return true;
 }
 

@@ -303,6 +303,12 @@ Transfer Classify(uint32_t w, size_t i, size_t n, uint64_t start_vaddr) {
 UnwindRow ToRow(const State& s, bool* valid) {
   UnwindRow row;
   *valid = true;
+  if (s.ra == Ra::kZeroed) {
+    // `move ra,zero`: the outermost frame. Valid whatever sp is (entry code realigns it).
+    row.cfa_base = UnwindRow::CfaBase::kSp;
+    row.ra_rule = UnwindRow::RaRule::kUndefined;
+    return row;
+  }
   if (s.sp_known && s.sp_off <= 0) {
     row.cfa_base = UnwindRow::CfaBase::kSp;
     row.cfa_offset = -s.sp_off;
