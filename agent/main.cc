@@ -3,6 +3,7 @@
 //
 //   strata-agent --server HOST:PORT [--pid PID]... [--service NAME=REGEX]...
 //                [--frequency HZ] [--interval SECONDS] [--unwind-verify full|boundary|off]
+//                [--capture-cpu-budget PERCENT]
 #include <signal.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "agent/core/capture_controller.h"
 #include "agent/core/context_graph.h"
 #include "agent/core/profiler.h"
 #include "agent/core/shipper.h"
@@ -43,6 +45,7 @@ int Run(int argc, char** argv) {
   uint32_t stack_bytes = 16 * 1024;
   std::string token, agent_id, host = Hostname(), log_level = "info";
   std::string unwind_verify = "full";
+  double capture_cpu_budget_pct = 5;
   app.add_option("--server", server, "strata-server address (host:port)")->capture_default_str();
   app.add_option("--pid", pids, "profile this process (repeatable)");
   app.add_option("--service", service_flags,
@@ -66,6 +69,11 @@ int Run(int argc, char** argv) {
                  "stack bytes), boundary (check only the splice point) or off (unwind every "
                  "sample fully)")
       ->check(CLI::IsMember({"full", "boundary", "off"}))
+      ->capture_default_str();
+  app.add_option("--capture-cpu-budget", capture_cpu_budget_pct,
+                 "percent of one core the agent may use while an ad hoc capture runs; the "
+                 "capture's rate is lowered to stay under it")
+      ->check(CLI::Range(0.001, 100.0))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
@@ -108,6 +116,15 @@ int Run(int argc, char** argv) {
   ship.token = token;
   ship.frequency_hz = frequency;
   strata::agent::Shipper shipper(ship, &graph);
+  strata::agent::CaptureControllerOptions capture_options;
+  capture_options.cpu_budget = capture_cpu_budget_pct / 100;
+  strata::agent::CaptureController captures(
+      profiler->get(), capture_options,
+      {[&shipper](strata::v1::SampleBatch b) { shipper.Enqueue(std::move(b)); },
+       [&shipper](strata::v1::CaptureStatus s) { shipper.SendStatus(std::move(s)); }});
+  // Control messages arrive on the shipper's reader thread; the main loop applies them.
+  shipper.SetControlHandler(
+      [&captures](const strata::v1::ServerMessage& m) { captures.HandleMessage(m); });
   shipper.Start();
 
   struct sigaction sa = {};
@@ -138,14 +155,19 @@ int Run(int argc, char** argv) {
     window_start = end;
   };
   while (!g_stop.load()) {
-    auto st = (*profiler)->Poll(std::min(absl::Milliseconds(200), window_end - absl::Now()));
+    // Shorter waits while a capture runs: its batches go out every second.
+    const absl::Duration max_wait =
+        captures.running() > 0 ? absl::Milliseconds(50) : absl::Milliseconds(200);
+    auto st = (*profiler)->Poll(std::min(max_wait, window_end - absl::Now()));
     if (!st.ok()) spdlog::warn("sampling: {}", st.ToString());
     const absl::Time now = absl::Now();
+    captures.Tick(now, &sequence);
     if (now >= window_end || (*profiler)->batch_full()) {
       ship_window(now);
       window_end = next_boundary(now);
     }
   }
+  captures.StopAll(absl::Now(), &sequence);
   ship_window(absl::Now());
   const auto stats = (*profiler)->stats();
   spdlog::info("stopping: {} samples, {} frames, {} truncated, {} lost; flushing", stats.samples,

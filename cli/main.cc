@@ -7,6 +7,11 @@
 #include "CLI/CLI.hpp"
 #include "cli/client.h"
 
+namespace strata::cli {
+// cli/capture_commands.cc
+void AddCaptureCommands(CLI::App* app, CliContext* context, int* exit_code);
+}  // namespace strata::cli
+
 int main(int argc, char** argv) {
   using strata::cli::CliContext;
   CLI::App app{"strata: query and control the Strata continuous profiler"};
@@ -23,6 +28,7 @@ int main(int argc, char** argv) {
 
   int exit_code = 0;
   strata::cli::AddQueryCommands(&app, &context, &exit_code);
+  strata::cli::AddCaptureCommands(&app, &context, &exit_code);
   for (auto* sub : app.get_subcommands({})) sub->fallthrough();
 
   CLI11_PARSE(app, argc, argv);

@@ -269,6 +269,92 @@ absl::StatusOr<std::optional<v1::SampleBatch>> Profiler::TakeBatch(int64_t start
   return batch;
 }
 
+absl::Status Profiler::StartSession(uint32_t session_id, uint32_t frequency_hz,
+                                    const std::string& service, pid_t pid) {
+  if (session_id == kContinuousSession) {
+    return absl::InvalidArgumentError("session 0 is continuous profiling");
+  }
+  if (sampler_ == nullptr) {
+    return absl::FailedPreconditionError("ad hoc captures need perf events (this agent reads "
+                                         "in-process sampler rings only)");
+  }
+  std::vector<const Target*> matching;
+  for (const auto& [tpid, t] : targets_) {
+    if ((service.empty() || t->service == service) && (pid == 0 || tpid == pid)) {
+      matching.push_back(t.get());
+    }
+  }
+  if (matching.empty()) {
+    return absl::NotFoundError(absl::StrCat("this agent profiles no process",
+                                            service.empty() ? "" : " of service '", service,
+                                            service.empty() ? "" : "'",
+                                            pid == 0 ? "" : absl::StrCat(" with pid ", pid)));
+  }
+  sampler::SessionOptions session;
+  session.session_id = session_id;
+  session.frequency_hz = frequency_hz;
+  session.stack_bytes = options_.stack_bytes;
+  if (auto st = sampler_->AddSession(session); !st.ok()) return st;
+  size_t attached = 0;
+  absl::Status last_error;
+  for (const Target* t : matching) {
+    // The continuous session's threads are the target's live threads.
+    std::vector<pid_t> tids = sampler_->AttachedThreads(kContinuousSession, t->pid);
+    if (auto st = sampler_->AttachProcess(session_id, t->pid, tids); st.ok()) {
+      ++attached;
+    } else {
+      last_error = st;
+    }
+  }
+  if (attached == 0) {
+    (void)sampler_->RemoveSession(session_id);
+    return last_error;
+  }
+  session_aggregators_[session_id] = std::make_unique<IntervalAggregator>();
+  session_targets_[session_id] = attached;
+  return absl::OkStatus();
+}
+
+absl::Status Profiler::SetSessionFrequency(uint32_t session_id, uint32_t frequency_hz) {
+  if (sampler_ == nullptr) return absl::FailedPreconditionError("no perf events");
+  return sampler_->SetFrequency(session_id, frequency_hz);
+}
+
+absl::StatusOr<std::optional<v1::SampleBatch>> Profiler::TakeSessionBatch(
+    uint32_t session_id, const std::string& capture_id, int64_t start_ms, int64_t end_ms,
+    uint64_t sequence, uint64_t* samples) {
+  if (samples != nullptr) *samples = 0;
+  auto it = session_aggregators_.find(session_id);
+  if (it == session_aggregators_.end() || it->second->empty()) return std::nullopt;
+  auto numbering = graph_->CurrentNumbering();
+  if (!numbering.ok()) return numbering.status();
+  if (samples != nullptr) *samples = it->second->samples();
+  v1::SampleBatch batch;
+  batch.set_sequence(sequence);
+  batch.set_epoch((*numbering)->epoch());
+  batch.set_start_ms(start_ms);
+  batch.set_end_ms(end_ms);
+  batch.set_capture_id(capture_id);
+  for (const v1::Target& t : targets()) *batch.add_targets() = t;
+  if (auto st = it->second->EncodeInto(**numbering, &batch); !st.ok()) return st;
+  return batch;
+}
+
+void Profiler::StopSession(uint32_t session_id) {
+  if (sampler_ != nullptr) {
+    sampler_->Drain([this](const sampler::RawSample& s) { HandleSample(s); });
+    (void)sampler_->RemoveSession(session_id);
+  }
+  session_targets_.erase(session_id);
+}
+
+void Profiler::ReleaseSession(uint32_t session_id) { session_aggregators_.erase(session_id); }
+
+size_t Profiler::SessionTargets(uint32_t session_id) const {
+  auto it = session_targets_.find(session_id);
+  return it == session_targets_.end() ? 0 : it->second;
+}
+
 std::vector<v1::Target> Profiler::targets() const {
   std::vector<v1::Target> out;
   for (const auto& [pid, t] : targets_) {

@@ -88,6 +88,30 @@ class Profiler {
   ProfilerStats stats() const;
   std::vector<v1::Target> targets() const;
 
+  // Sampling sessions besides continuous profiling (ad hoc captures), each with its own rate
+  // and aggregator. Same thread as Poll().
+  //
+  // Starts session `session_id` (not 0) on the current targets of `service` (empty: any) and
+  // `pid` (0: any); threads those processes start later join it (new processes do not). NotFound when no target matches;
+  // the sampler's errors otherwise (nothing is left open).
+  absl::Status StartSession(uint32_t session_id, uint32_t frequency_hz, const std::string& service,
+                            pid_t pid);
+  absl::Status SetSessionFrequency(uint32_t session_id, uint32_t frequency_hz);
+  // The session's samples since the last call, as a batch tagged with `capture_id`; nullopt
+  // when there were none. `samples` (optional) receives their number.
+  absl::StatusOr<std::optional<v1::SampleBatch>> TakeSessionBatch(uint32_t session_id,
+                                                                  const std::string& capture_id,
+                                                                  int64_t start_ms,
+                                                                  int64_t end_ms,
+                                                                  uint64_t sequence,
+                                                                  uint64_t* samples = nullptr);
+  // Delivers the session's buffered samples and closes its events; its aggregator stays for
+  // one last TakeSessionBatch() and is dropped by ReleaseSession().
+  void StopSession(uint32_t session_id);
+  void ReleaseSession(uint32_t session_id);
+  // Targets sampled by the session.
+  size_t SessionTargets(uint32_t session_id) const;
+
  private:
   struct Target;
   Profiler(ProfilerOptions options, ContextGraph* graph, procfs::ProcessTracker tracker,
@@ -121,6 +145,8 @@ class Profiler {
   IntervalAggregator aggregator_;
   // Aggregators of sampling sessions other than continuous profiling, by session ID.
   absl::flat_hash_map<uint32_t, std::unique_ptr<IntervalAggregator>> session_aggregators_;
+  // Targets attached to each of those sessions.
+  absl::flat_hash_map<uint32_t, size_t> session_targets_;
   bool batch_full_ = false;
   ProfilerStats stats_;
   uint64_t lost_reported_ = 0;

@@ -1,0 +1,533 @@
+#include "server/capture/capture_service.h"
+
+#include <algorithm>
+#include <random>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
+
+namespace strata::server {
+namespace {
+
+constexpr uint32_t kDefaultFrequencyHz = 499;
+constexpr uint32_t kMaxFrequencyHz = 10'000;
+constexpr uint32_t kMaxDurationMs = 3'600'000;
+// After an agent reports the end, how long its last batch may take to be stored.
+constexpr absl::Duration kLastBatchWait = absl::Seconds(2);
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+bool ValidKeyPart(const std::string& s) {
+  return s.size() <= 256 && s.find('\0') == std::string::npos;
+}
+
+std::string NewCaptureId() {
+  static std::mt19937_64 random(std::random_device{}());
+  static absl::Mutex mu;
+  uint64_t r;
+  {
+    absl::MutexLock lock(&mu);
+    r = random();
+  }
+  return absl::StrCat("cap-", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::UTCTimeZone()),
+                      "-", absl::StrFormat("%04x", r & 0xffff));
+}
+
+std::string TargetText(const v1::RunCaptureRequest& r) {
+  std::vector<std::string> parts;
+  if (!r.service().empty()) parts.push_back(absl::StrCat("service '", r.service(), "'"));
+  if (!r.host().empty()) parts.push_back(absl::StrCat("host '", r.host(), "'"));
+  if (r.pid() != 0) parts.push_back(absl::StrCat("pid ", r.pid()));
+  return absl::StrJoin(parts, " ");
+}
+
+v1::CaptureRecord ToRecord(const store::CaptureInfo& info) {
+  v1::CaptureRecord r;
+  r.set_capture_id(info.capture_id);
+  r.set_service(info.service);
+  r.set_host(info.host);
+  r.set_pid(info.pid);
+  r.set_frequency_hz(info.frequency_hz);
+  r.set_start_ms(info.start_ms);
+  r.set_end_ms(info.end_ms);
+  r.set_finished(info.finished);
+  r.set_error(info.error);
+  return r;
+}
+
+absl::Status PutCapture(store::Store* store, const store::CaptureInfo& info) {
+  store::WriteBatch wb;
+  wb.PutCapture(info);
+  return store->Commit(&wb);
+}
+
+}  // namespace
+
+absl::StatusOr<absl::Duration> ParseRetention(const std::string& text) {
+  struct Unit {
+    const char* suffix;
+    absl::Duration unit;
+  };
+  static const Unit kUnits[] = {{"ms", absl::Milliseconds(1)}, {"s", absl::Seconds(1)},
+                                {"m", absl::Minutes(1)},       {"h", absl::Hours(1)},
+                                {"d", absl::Hours(24)},        {"w", absl::Hours(24 * 7)}};
+  for (const Unit& u : kUnits) {
+    const std::string suffix = u.suffix;
+    if (text.size() > suffix.size() && text.ends_with(suffix)) {
+      const std::string number = text.substr(0, text.size() - suffix.size());
+      double value;
+      // "5m" must not parse as 5 with an "ms"-less suffix: digits only before the unit.
+      if (absl::SimpleAtod(number, &value) && value >= 0 &&
+          number.find_first_not_of("0123456789.") == std::string::npos) {
+        return value * u.unit;
+      }
+    }
+  }
+  double seconds;
+  if (absl::SimpleAtod(text, &seconds) && seconds >= 0) return seconds * absl::Seconds(1);
+  return absl::InvalidArgumentError(
+      absl::StrCat("cannot parse duration '", text, "' (e.g. 7d, 12h, 30m, 45s)"));
+}
+
+CaptureService::CaptureService(store::Store* store, AgentRegistry* registry, Options options)
+    : store_(store), registry_(registry), options_(std::move(options)) {}
+
+CaptureService::~CaptureService() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    ++changes_;
+  }
+  if (sweeper_.joinable()) sweeper_.join();
+}
+
+void CaptureService::Start() {
+  // A capture that was running when the previous server process stopped will never finish.
+  if (auto list = store_->ListCaptures(); list.ok()) {
+    for (store::CaptureInfo info : *list) {
+      if (info.finished) continue;
+      info.finished = true;
+      info.end_ms = absl::ToUnixMillis(absl::Now());
+      info.error = "interrupted: the server stopped during the capture";
+      if (auto st = PutCapture(store_, info); !st.ok()) {
+        spdlog::warn("capture {}: cannot mark as interrupted: {}", info.capture_id,
+                     st.ToString());
+      }
+    }
+  }
+  if (auto n = Sweep(absl::ToUnixMillis(absl::Now())); !n.ok()) {
+    spdlog::warn("capture retention sweep: {}", n.status().ToString());
+  }
+  sweeper_ = std::thread([this] {
+    absl::MutexLock lock(&mu_);
+    while (!stopping_) {
+      const bool* stopping = &stopping_;
+      mu_.AwaitWithTimeout(absl::Condition(stopping), options_.sweep_interval);
+      if (stopping_) break;
+      mu_.Unlock();
+      if (auto n = Sweep(absl::ToUnixMillis(absl::Now())); !n.ok()) {
+        spdlog::warn("capture retention sweep: {}", n.status().ToString());
+      }
+      mu_.Lock();
+    }
+  });
+}
+
+bool CaptureService::Expired(const store::CaptureInfo& info, int64_t now_ms) const {
+  if (options_.retention <= absl::ZeroDuration() || !info.finished) return false;
+  const int64_t end = info.end_ms != 0 ? info.end_ms : info.start_ms;
+  return end < now_ms - absl::ToInt64Milliseconds(options_.retention);
+}
+
+absl::StatusOr<int> CaptureService::Sweep(int64_t now_ms) {
+  auto list = store_->ListCaptures();
+  if (!list.ok()) return list.status();
+  int expired = 0;
+  for (const auto& info : *list) {
+    if (!Expired(info, now_ms)) continue;
+    ++expired;
+    if (options_.deleter) {
+      if (auto st = options_.deleter(info.capture_id); !st.ok()) return st;
+    }
+  }
+  if (expired > 0) {
+    spdlog::info("capture retention: {} capture(s) older than {} {}", expired,
+                 absl::FormatDuration(options_.retention),
+                 options_.deleter ? "deleted" : "hidden (the store cannot delete them yet)");
+  }
+  return expired;
+}
+
+void CaptureService::OnBatch(const AppliedBatch& batch) {
+  if (batch.duplicate || batch.batch->capture_id().empty()) return;
+  uint64_t samples = 0;
+  for (const auto& c : batch.contexts) samples += c.count;
+  absl::MutexLock lock(&mu_);
+  auto it = running_.find(batch.batch->capture_id());
+  if (it == running_.end()) return;
+  auto agent = it->second->agents.find(batch.agent->agent_id);
+  if (agent == it->second->agents.end()) return;
+  agent->second.stored_samples += samples;
+  ++changes_;
+}
+
+void CaptureService::OnStatus(const std::string& agent_id, const v1::CaptureStatus& status) {
+  absl::MutexLock lock(&mu_);
+  auto it = running_.find(status.capture_id());
+  if (it == running_.end()) return;
+  auto agent = it->second->agents.find(agent_id);
+  if (agent == it->second->agents.end()) return;
+  AgentState& a = agent->second;
+  a.reporting = true;
+  a.reported_samples = status.samples();
+  a.effective_frequency_hz = status.effective_frequency_hz();
+  if (!status.error().empty()) a.error = status.error();
+  if (status.finished() && !a.finished) {
+    a.finished = true;
+    a.finished_at = absl::Now();
+  }
+  ++changes_;
+}
+
+absl::StatusOr<std::shared_ptr<CaptureService::Running>> CaptureService::Begin(
+    const v1::RunCaptureRequest& request) {
+  if (request.service().empty() && request.host().empty()) {
+    return absl::InvalidArgumentError("a capture needs a target: --service, or --host [--pid]");
+  }
+  if (request.pid() != 0 && request.host().empty() && request.service().empty()) {
+    return absl::InvalidArgumentError("--pid needs --host (pids are per host)");
+  }
+  if (!ValidKeyPart(request.service()) || !ValidKeyPart(request.host())) {
+    return absl::InvalidArgumentError("service and host must be at most 256 bytes, no NUL");
+  }
+  if (request.duration_ms() == 0 || request.duration_ms() > kMaxDurationMs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("duration must be between 1 ms and 1 h, not ", request.duration_ms(), " ms"));
+  }
+  const uint32_t frequency =
+      request.frequency_hz() == 0 ? kDefaultFrequencyHz : request.frequency_hz();
+  if (frequency > kMaxFrequencyHz) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frequency must be at most ", kMaxFrequencyHz, " Hz, not ", frequency));
+  }
+
+  std::vector<std::string> agent_ids =
+      registry_->FindAgents(request.service(), request.host(), request.pid());
+  // Connected agents only; their hosts and targets for the messages and metadata.
+  std::map<std::string, v1::AgentInfo> infos;
+  std::vector<std::string> known_targets;
+  for (v1::AgentInfo& a : registry_->List()) {
+    if (!a.connected()) continue;
+    for (const auto& t : a.targets()) known_targets.push_back(absl::StrCat(a.host(), ":", t));
+    infos[a.agent_id()] = std::move(a);
+  }
+  if (agent_ids.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no connected agent profiles ", TargetText(request),
+        known_targets.empty() ? " (no agent has reported any target yet)"
+                              : absl::StrCat(" (known targets, host:service/pid: ",
+                                             absl::StrJoin(known_targets, ", "), ")")));
+  }
+
+  auto running = std::make_shared<Running>();
+  running->info.capture_id = NewCaptureId();
+  running->info.service = request.service();
+  running->info.pid = request.pid();
+  running->info.frequency_hz = frequency;
+  running->duration_ms = request.duration_ms();
+  running->started = absl::Now();
+  running->info.start_ms = absl::ToUnixMillis(running->started);
+  std::set<std::string> hosts;
+  for (const std::string& id : agent_ids) {
+    AgentState state;
+    if (auto it = infos.find(id); it != infos.end()) {
+      state.host = it->second.host();
+      hosts.insert(state.host);
+      // A pid capture names the service the pid runs as, for listings.
+      if (running->info.service.empty() && request.pid() != 0) {
+        const std::string suffix = absl::StrCat("/", request.pid());
+        for (const auto& t : it->second.targets()) {
+          if (t.ends_with(suffix)) running->info.service = t.substr(0, t.size() - suffix.size());
+        }
+      }
+    }
+    running->agents[id] = state;
+  }
+  running->info.host = request.host().empty() ? absl::StrJoin(hosts, ",") : request.host();
+
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [other_id, other] : running_) {
+      for (const auto& [agent_id, state] : running->agents) {
+        if (other->agents.contains(agent_id)) {
+          return absl::AlreadyExistsError(absl::StrCat(
+              "agent ", agent_id, " (host ", state.host, ") is already running capture ",
+              other_id, " (", other->info.service.empty() ? "all targets" : other->info.service,
+              "); wait for it to end or cancel it"));
+        }
+      }
+    }
+    running_[running->info.capture_id] = running;
+  }
+  if (auto st = PutCapture(store_, running->info); !st.ok()) {
+    absl::MutexLock lock(&mu_);
+    running_.erase(running->info.capture_id);
+    return st;
+  }
+
+  v1::ServerMessage start;
+  auto* s = start.mutable_start_capture();
+  s->set_capture_id(running->info.capture_id);
+  s->set_service(request.service());
+  s->set_pid(request.pid());
+  s->set_frequency_hz(frequency);
+  s->set_duration_ms(request.duration_ms());
+  size_t sent = 0;
+  for (auto& [agent_id, state] : running->agents) {
+    if (registry_->Send(agent_id, start)) {
+      ++sent;
+    } else {
+      absl::MutexLock lock(&mu_);
+      state.error = "agent disconnected before the capture started";
+      state.finished = true;
+    }
+  }
+  if (sent == 0) {
+    Finish(running, "no agent of the target could be reached");
+    return absl::FailedPreconditionError(
+        absl::StrCat("no agent serving ", TargetText(request), " could be reached"));
+  }
+  spdlog::info("capture {} of {} at {} Hz for {} ms on {} agent(s)", running->info.capture_id,
+               TargetText(request), frequency, request.duration_ms(), sent);
+  return running;
+}
+
+void CaptureService::StopAgents(const Running& running, const std::string& why) {
+  v1::ServerMessage stop;
+  stop.mutable_stop_capture()->set_capture_id(running.info.capture_id);
+  std::vector<std::string> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, state] : running.agents) {
+      if (!state.finished) ids.push_back(id);
+    }
+  }
+  for (const auto& id : ids) registry_->Send(id, stop);
+  spdlog::info("capture {} stopped on {} agent(s): {}", running.info.capture_id, ids.size(), why);
+}
+
+void CaptureService::Finish(const std::shared_ptr<Running>& running, const std::string& error) {
+  store::CaptureInfo info;
+  {
+    absl::MutexLock lock(&mu_);
+    running_.erase(running->info.capture_id);
+    running->info.finished = true;
+    running->info.end_ms = absl::ToUnixMillis(absl::Now());
+    running->info.error = error;
+    info = running->info;
+    ++changes_;
+  }
+  if (auto st = PutCapture(store_, info); !st.ok()) {
+    spdlog::error("capture {}: cannot store its end: {}", info.capture_id, st.ToString());
+  }
+}
+
+v1::CaptureProgress CaptureService::ProgressOf(const Running& running) const {
+  v1::CaptureProgress p;
+  p.set_capture_id(running.info.capture_id);
+  p.set_elapsed_ms(absl::ToInt64Milliseconds(absl::Now() - running.started));
+  p.set_duration_ms(running.duration_ms);
+  p.set_requested_frequency_hz(running.info.frequency_hz);
+  p.set_start_ms(running.info.start_ms);
+  p.set_agents(static_cast<uint32_t>(running.agents.size()));
+  uint64_t samples = 0;
+  uint32_t reporting = 0;
+  for (const auto& [id, state] : running.agents) {
+    auto* a = p.add_agent();
+    a->set_agent_id(id);
+    a->set_host(state.host);
+    a->set_samples(state.stored_samples);
+    a->set_effective_frequency_hz(state.effective_frequency_hz);
+    a->set_reporting(state.reporting);
+    a->set_finished(state.finished);
+    a->set_error(state.error);
+    samples += state.stored_samples;
+    reporting += state.reporting;
+  }
+  p.set_samples(samples);
+  p.set_agents_reporting(reporting);
+  return p;
+}
+
+grpc::Status CaptureService::Run(grpc::ServerContext* context,
+                                 const v1::RunCaptureRequest* request,
+                                 grpc::ServerWriter<v1::CaptureProgress>* writer) {
+  auto begun = Begin(*request);
+  if (!begun.ok()) return ToGrpc(begun.status());
+  std::shared_ptr<Running> running = std::move(*begun);
+  const absl::Time deadline =
+      running->started + absl::Milliseconds(running->duration_ms) + options_.grace;
+  absl::Time last_write = absl::InfinitePast();
+  absl::Time last_presence_check = absl::Now();
+  std::string error;       // the capture's outcome; empty: success
+  bool failed_all = false;  // every agent failed: the RPC fails too
+
+  for (;;) {
+    v1::CaptureProgress progress;
+    bool done = false;
+    std::string stop_reason;  // non-empty: send StopCapture to unfinished agents
+    {
+      absl::MutexLock lock(&mu_);
+      const uint64_t seen = changes_;
+      auto changed = [this, seen]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return changes_ != seen || stopping_;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&changed), options_.progress_interval);
+      const absl::Time now = absl::Now();
+      bool all_finished = true, all_failed = true;
+      for (auto& [id, state] : running->agents) {
+        // The agent reports the end after queueing its last batch; give that batch a moment
+        // to be stored before the result is read.
+        const bool settled = state.finished && (state.stored_samples >= state.reported_samples ||
+                                                now - state.finished_at > kLastBatchWait);
+        all_finished &= settled;
+        all_failed &= state.finished && !state.error.empty();
+      }
+      if (!running->cancel_reason.empty()) {
+        error = running->cancel_reason;
+        stop_reason = error;
+        done = true;
+      } else if (stopping_) {
+        error = "the server is shutting down";
+        stop_reason = error;
+        done = true;
+      } else if (all_failed) {
+        std::vector<std::string> errors;
+        for (const auto& [id, state] : running->agents) {
+          errors.push_back(absl::StrCat(state.host.empty() ? id : state.host, ": ", state.error));
+        }
+        error = absl::StrCat("no agent could run the capture (", absl::StrJoin(errors, "; "), ")");
+        failed_all = true;
+        done = true;
+      } else if (all_finished) {
+        done = true;
+      } else if (now > deadline) {
+        for (auto& [id, state] : running->agents) {
+          if (state.finished) continue;
+          state.error = "did not report the end of the capture in time";
+        }
+        stop_reason = "agents did not report the end in time";
+        done = true;
+      }
+      progress = ProgressOf(*running);
+    }
+    if (!done && context->IsCancelled()) {
+      error = "cancelled: the client went away";
+      stop_reason = error;
+      done = true;
+    }
+    if (!done && absl::Now() - last_presence_check > absl::Seconds(1)) {
+      last_presence_check = absl::Now();
+      std::set<std::string> connected;
+      for (const auto& a : registry_->List()) {
+        if (a.connected()) connected.insert(a.agent_id());
+      }
+      absl::MutexLock lock(&mu_);
+      for (auto& [id, state] : running->agents) {
+        if (state.finished || connected.contains(id)) continue;
+        state.finished = true;
+        state.finished_at = absl::Now();
+        state.error = "agent disconnected during the capture";
+        ++changes_;
+      }
+    }
+    if (!stop_reason.empty()) StopAgents(*running, stop_reason);
+    if (done) {
+      Finish(running, error);
+      {
+        absl::MutexLock lock(&mu_);
+        progress = ProgressOf(*running);
+      }
+      progress.set_finished(true);
+      progress.set_error(error);
+      writer->Write(progress);
+      spdlog::info("capture {} ended: {} samples{}", running->info.capture_id, progress.samples(),
+                   error.empty() ? "" : absl::StrCat(", ", error));
+      if (failed_all) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, error);
+      return grpc::Status::OK;
+    }
+    if (absl::Now() - last_write >= options_.progress_interval) {
+      last_write = absl::Now();
+      if (!writer->Write(progress)) {
+        absl::MutexLock lock(&mu_);
+        running->cancel_reason = "cancelled: the client went away";
+      }
+    }
+  }
+}
+
+grpc::Status CaptureService::Cancel(grpc::ServerContext*, const v1::CancelCaptureRequest* request,
+                                    v1::CancelCaptureResponse* response) {
+  absl::MutexLock lock(&mu_);
+  auto it = running_.find(request->capture_id());
+  if (it == running_.end()) {
+    response->set_cancelled(false);
+    return grpc::Status::OK;
+  }
+  it->second->cancel_reason = "cancelled by the user";
+  ++changes_;
+  response->set_cancelled(true);
+  return grpc::Status::OK;
+}
+
+grpc::Status CaptureService::List(grpc::ServerContext*, const v1::ListCapturesRequest*,
+                                  v1::ListCapturesResponse* response) {
+  auto list = store_->ListCaptures();
+  if (!list.ok()) return ToGrpc(list.status());
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  std::vector<store::CaptureInfo> kept;
+  for (auto& info : *list) {
+    if (!Expired(info, now_ms)) kept.push_back(std::move(info));
+  }
+  std::sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) {
+    return a.start_ms != b.start_ms ? a.start_ms > b.start_ms : a.capture_id < b.capture_id;
+  });
+  for (const auto& info : kept) *response->add_captures() = ToRecord(info);
+  return grpc::Status::OK;
+}
+
+grpc::Status CaptureService::Get(grpc::ServerContext*, const v1::GetCaptureRequest* request,
+                                 v1::CaptureRecord* response) {
+  if (request->capture_id().empty() || !ValidKeyPart(request->capture_id())) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a capture ID is required");
+  }
+  auto info = store_->GetCapture(request->capture_id());
+  if (!info.ok()) {
+    if (absl::IsNotFound(info.status())) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          absl::StrCat("no capture '", request->capture_id(),
+                                       "' (see `strata captures`)"));
+    }
+    return ToGrpc(info.status());
+  }
+  if (Expired(*info, absl::ToUnixMillis(absl::Now()))) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("capture '", request->capture_id(),
+                                     "' is older than the capture retention"));
+  }
+  *response = ToRecord(*info);
+  return grpc::Status::OK;
+}
+
+}  // namespace strata::server

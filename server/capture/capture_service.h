@@ -1,0 +1,121 @@
+// Ad hoc captures (proto/strata/v1/capture.proto): the gRPC Capture service and the state of
+// running captures.
+//
+// A capture is driven by the Run call that started it: the handler sends StartCapture to the
+// target's agents (through AgentRegistry::Send, i.e. their ingest streams), then follows the
+// capture with what the ingest service reports (OnBatch for stored capture samples, OnStatus
+// for the agents' CaptureStatus) and streams progress to the caller. When the caller goes
+// away (Ctrl-C in the CLI) or Cancel is called, StopCapture goes to every agent of the
+// capture. Metadata (store::CaptureInfo) is written when the capture starts and when it ends;
+// samples are written by ingest (captures column family).
+//
+// One capture per agent at a time: a second capture that needs a busy agent is refused with
+// ALREADY_EXISTS naming the running one (two high-rate sessions on one host would share one
+// CPU budget and double the perturbation of the target).
+//
+// Retention: Sweep() forgets captures whose end is older than the retention. The store has no
+// deletion of capture records yet, so expired captures are hidden from List and Get (their
+// cells stay on disk until a deleter is given in Options).
+//
+// Thread safety: all methods may be called from any thread. The service borrows the store and
+// the registry, which must outlive it.
+#ifndef STRATA_SERVER_CAPTURE_CAPTURE_SERVICE_H_
+#define STRATA_SERVER_CAPTURE_CAPTURE_SERVICE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/ingest/agent_session.h"
+#include "server/ingest/ingest_service.h"
+#include "server/store/store.h"
+#include "strata/v1/capture.grpc.pb.h"
+
+namespace strata::server {
+
+class CaptureService final : public v1::Capture::Service {
+ public:
+  struct Options {
+    // Extra time after the duration for agents to ship their last batch and report the end.
+    absl::Duration grace = absl::Seconds(5);
+    // How often Run writes progress.
+    absl::Duration progress_interval = absl::Milliseconds(250);
+    // Captures that ended longer ago are dropped by Sweep(); zero keeps them forever.
+    absl::Duration retention = absl::Hours(24 * 7);
+    absl::Duration sweep_interval = absl::Hours(1);
+    // Deletes a capture's metadata and samples; unset: expired captures are only hidden.
+    std::function<absl::Status(const std::string& capture_id)> deleter;
+  };
+
+  CaptureService(store::Store* store, AgentRegistry* registry, Options options);
+  ~CaptureService() override;
+
+  // Ingest observers (IngestService::AddBatchObserver / AddCaptureStatusObserver).
+  void OnBatch(const AppliedBatch& batch);
+  void OnStatus(const std::string& agent_id, const v1::CaptureStatus& status);
+
+  // Marks captures a previous server process left running as failed, runs a sweep, and then
+  // sweeps every `sweep_interval` on a background thread until destruction.
+  void Start();
+  // Drops (or hides) captures that ended before now - retention. Returns how many.
+  absl::StatusOr<int> Sweep(int64_t now_ms);
+
+  grpc::Status Run(grpc::ServerContext* context, const v1::RunCaptureRequest* request,
+                   grpc::ServerWriter<v1::CaptureProgress>* writer) override;
+  grpc::Status Cancel(grpc::ServerContext* context, const v1::CancelCaptureRequest* request,
+                      v1::CancelCaptureResponse* response) override;
+  grpc::Status List(grpc::ServerContext* context, const v1::ListCapturesRequest* request,
+                    v1::ListCapturesResponse* response) override;
+  grpc::Status Get(grpc::ServerContext* context, const v1::GetCaptureRequest* request,
+                   v1::CaptureRecord* response) override;
+
+ private:
+  struct AgentState {
+    std::string host;
+    uint64_t stored_samples = 0;    // from applied batches
+    uint64_t reported_samples = 0;  // from the agent's last status
+    uint32_t effective_frequency_hz = 0;
+    bool reporting = false;
+    bool finished = false;
+    std::string error;
+    absl::Time finished_at;
+  };
+  struct Running {
+    store::CaptureInfo info;
+    uint32_t duration_ms = 0;
+    absl::Time started;
+    std::map<std::string, AgentState> agents;
+    std::string cancel_reason;  // non-empty: stop now
+  };
+
+  // Chooses agents, registers the capture and sends StartCapture. Errors are the RPC's.
+  absl::StatusOr<std::shared_ptr<Running>> Begin(const v1::RunCaptureRequest& request);
+  void StopAgents(const Running& running, const std::string& why);
+  void Finish(const std::shared_ptr<Running>& running, const std::string& error);
+  v1::CaptureProgress ProgressOf(const Running& running) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool Expired(const store::CaptureInfo& info, int64_t now_ms) const;
+
+  store::Store* const store_;
+  AgentRegistry* const registry_;
+  const Options options_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Running>> running_ ABSL_GUARDED_BY(mu_);
+  // Bumped on every change a Run loop may wait for.
+  uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread sweeper_;
+};
+
+// Parses "7d", "12h", "30m", "45s", "500ms" (also a bare number of seconds); for flags.
+absl::StatusOr<absl::Duration> ParseRetention(const std::string& text);
+
+}  // namespace strata::server
+
+#endif  // STRATA_SERVER_CAPTURE_CAPTURE_SERVICE_H_
