@@ -1,40 +1,127 @@
 #include "agent/core/interval_aggregator.h"
 
+#include <algorithm>
 #include <cstring>
-#include <vector>
+#include <utility>
+
+#include "absl/hash/hash.h"
+#include "absl/types/span.h"
+#include "common/encoding/packed_contexts.h"
 
 namespace strata::agent {
+namespace {
+
+table::SortedTable<uint64_t> MakeTable(size_t max_contexts) {
+  table::SortedTableOptions options;
+  options.max_entries = static_cast<uint32_t>(std::clamp<size_t>(max_contexts, 1, 1u << 31));
+  // Options are valid by construction.
+  return *table::SortedTable<uint64_t>::Create(options);
+}
+
+IntervalAggregatorOptions Normalize(IntervalAggregatorOptions o) {
+  o.max_contexts = std::clamp<size_t>(o.max_contexts, 1, 1u << 31);
+  if (o.max_path_edges == 0) o.max_path_edges = o.max_contexts * 64;
+  if (!o.hash) {
+    o.hash = [](uint32_t target_id, std::span<const encoding::EdgeId> edges) {
+      return static_cast<uint64_t>(
+          absl::HashOf(target_id, absl::MakeConstSpan(edges.data(), edges.size())));
+    };
+  }
+  return o;
+}
+
+std::string SpillKey(uint32_t target_id, std::span<const encoding::EdgeId> edges) {
+  std::string key(4 + sizeof(encoding::EdgeId) * edges.size(), '\0');
+  std::memcpy(key.data(), &target_id, 4);
+  std::memcpy(key.data() + 4, edges.data(), sizeof(encoding::EdgeId) * edges.size());
+  return key;
+}
+
+}  // namespace
+
+IntervalAggregator::IntervalAggregator(size_t max_contexts)
+    : IntervalAggregator(IntervalAggregatorOptions{.max_contexts = max_contexts}) {}
+
+IntervalAggregator::IntervalAggregator(IntervalAggregatorOptions options)
+    : options_(Normalize(std::move(options))), table_(MakeTable(options_.max_contexts)) {
+  key_index_.reserve(std::min<size_t>(options_.max_contexts, 1 << 12));
+}
 
 bool IntervalAggregator::Add(uint32_t target_id, std::span<const encoding::EdgeId> edges,
                              uint64_t count) {
-  std::string key(4 + 8 * edges.size(), '\0');
-  std::memcpy(key.data(), &target_id, 4);
-  std::memcpy(key.data() + 4, edges.data(), 8 * edges.size());
-  counts_[key] += count;
+  if (count == 0) return !full_;
   samples_ += count;
-  return counts_.size() < max_contexts_;
+  const uint64_t hash = options_.hash(target_id, edges);
+  uint64_t key = hash;
+  for (auto it = key_index_.find(key); it != key_index_.end(); it = key_index_.find(++key)) {
+    const Record& r = records_[it->second];
+    if (r.target_id == target_id && std::ranges::equal(PathOf(r), edges)) {
+      table_.Add(key, count);  // present in the table: never kFull
+      return !full_;
+    }
+  }
+  // A new context: store it under the first free key from its hash on.
+  if (!full_ && records_.size() < options_.max_contexts &&
+      edges_.size() + edges.size() <= options_.max_path_edges) {
+    if (table_.Add(key, count) != table::AddResult::kInserted) {
+      // Cannot happen (the table holds exactly the records); keep the count anyway.
+      full_ = true;
+      spill_[SpillKey(target_id, edges)] += count;
+      return false;
+    }
+    collisions_ += key != hash;
+    key_index_.emplace(key, static_cast<uint32_t>(records_.size()));
+    records_.push_back({target_id, static_cast<uint32_t>(edges.size()), edges_.size()});
+    edges_.insert(edges_.end(), edges.begin(), edges.end());
+    if (records_.size() >= options_.max_contexts || edges_.size() >= options_.max_path_edges) {
+      full_ = true;
+    }
+    return !full_;
+  }
+  full_ = true;
+  spill_[SpillKey(target_id, edges)] += count;
+  return false;
 }
 
 absl::Status IntervalAggregator::EncodeInto(const encoding::Numbering& numbering,
                                             v1::SampleBatch* batch) {
   encoding::Encoder encoder(numbering);
-  encoding::EncodedContext encoded;
+  std::vector<encoding::ContextRecord> contexts;
+  contexts.reserve(distinct_contexts());
+  absl::Status status;
+  table_.ForEach([&](uint64_t key, uint64_t count) {
+    if (!status.ok()) return;
+    const Record& r = records_[key_index_.at(key)];
+    encoding::ContextRecord& c = contexts.emplace_back();
+    c.target_id = r.target_id;
+    c.count = count;
+    status = encoder.EncodeInto(PathOf(r), &c.context);
+  });
+  if (!status.ok()) return status;
   std::vector<encoding::EdgeId> edges;
-  for (const auto& [key, count] : counts_) {
-    uint32_t target_id;
-    std::memcpy(&target_id, key.data(), 4);
-    edges.resize((key.size() - 4) / 8);
-    std::memcpy(edges.data(), key.data() + 4, 8 * edges.size());
-    if (auto st = encoder.EncodeInto(edges, &encoded); !st.ok()) return st;
-    auto* c = batch->add_contexts();
-    c->set_target_id(target_id);
-    c->set_leaf(encoded.leaf);
-    for (uint64_t id : encoded.ids) c->add_ids(id);
-    c->set_count(count);
+  for (const auto& [key, count] : spill_) {
+    encoding::ContextRecord& c = contexts.emplace_back();
+    std::memcpy(&c.target_id, key.data(), 4);
+    edges.resize((key.size() - 4) / sizeof(encoding::EdgeId));
+    std::memcpy(edges.data(), key.data() + 4, sizeof(encoding::EdgeId) * edges.size());
+    c.count = count;
+    if (auto st = encoder.EncodeInto(edges, &c.context); !st.ok()) return st;
   }
-  counts_.clear();
-  samples_ = 0;
+  auto packed = encoding::EncodePackedContexts(std::move(contexts));
+  if (!packed.ok()) return packed.status();
+  batch->set_packed_contexts(*std::move(packed));
+  Clear();
   return absl::OkStatus();
+}
+
+void IntervalAggregator::Clear() {
+  table_.Clear();
+  key_index_.clear();
+  records_.clear();
+  edges_.clear();
+  spill_.clear();
+  samples_ = 0;
+  full_ = false;
 }
 
 }  // namespace strata::agent
