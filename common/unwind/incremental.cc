@@ -32,6 +32,7 @@ void IncrementalTotals::Add(const SampleStats& s) {
   frames_reused += s.frames_reused;
   frames_verified += s.frames_verified;
   frames_beyond_copy += s.frames_beyond_copy;
+  frames_rederived += s.frames_rederived;
   splices += s.spliced;
   verify_failures += s.verify_failed;
   invalidations += s.invalidated;
@@ -76,11 +77,12 @@ UnwindResult IncrementalUnwinder::Unwind(const SampleInput& in, const AddressSpa
   return result;
 }
 
-// Re-derives the caller of a reused element from the new stack bytes. For sp-based rows the
-// CFA and the slot addresses depend only on the element's sp and row, which are the cached
-// ones, so only the words read from the stack (return address, saved fp) can differ: read
-// just those. Other rows take the general step.
-inline bool IncrementalUnwinder::VerifyStep(Arch arch, const Element& el,
+// Re-derives the caller of a reused element from the new stack bytes with its cached row,
+// `fp` being the element's current incoming fp (the general check, where the word compare of
+// VerifyRun cannot decide). For sp-based rows the CFA and the slot addresses depend only on
+// the element's sp and row, which are the cached ones, so only the words read from the stack
+// (return address, saved fp) can differ: read just those. Other rows take the general step.
+inline bool IncrementalUnwinder::VerifyStep(Arch arch, const Element& el, uint64_t fp,
                                             const StackSnapshot& stack, Registers* caller,
                                             uint64_t* slot) {
   const UnwindRow& row = el.row;
@@ -90,13 +92,115 @@ inline bool IncrementalUnwinder::VerifyStep(Arch arch, const Element& el,
     *slot = cfa + static_cast<int64_t>(row.ra_offset);
     caller->sp = cfa;
     caller->ra = 0;
-    caller->fp = el.fp;
+    caller->fp = fp;
     if (!stack.Read64(*slot, be, &caller->pc)) return false;
     return row.fp_rule != UnwindRow::FpRule::kAtCfaOffset ||
            stack.Read64(cfa + static_cast<int64_t>(row.fp_offset), be, &caller->fp);
   }
-  return StepWithRow(arch, row, {el.pc, el.sp, el.fp, 0}, false, stack, caller, slot);
+  return StepWithRow(arch, row, {el.pc, el.sp, fp, 0}, false, stack, caller, slot);
 }
+
+inline void IncrementalUnwinder::Seal(Arch arch, Element& el, const UnwindRow& row,
+                                      const Registers& regs, uint64_t ra_slot,
+                                      const Registers& caller) {
+  el.fp = regs.fp;
+  el.ra_slot = ra_slot;
+  el.ra_word = IsBigEndian(arch) ? __builtin_bswap64(caller.pc) : caller.pc;
+  el.fp_slot = ra_slot;
+  if (row.fp_rule == UnwindRow::FpRule::kAtCfaOffset) {
+    const uint64_t cfa = (row.cfa_base == UnwindRow::CfaBase::kFp ? regs.fp : regs.sp) +
+                         static_cast<int64_t>(row.cfa_offset);
+    el.fp_slot = cfa + static_cast<int64_t>(row.fp_offset);
+  }
+}
+
+// Why comparing words is enough. Element q was stepped, in an earlier sample, with its row
+// from (pc, sp, fp) and read its caller's pc at ra_slot, a function of (sp or fp, row) only.
+// If q's pc and sp are the cached ones -- true for the splice element, and inductively for
+// every element whose callee's return-address word compared equal (the callee's caller sp is
+// its CFA, fixed by the same inputs) -- and, for an fp-based row, its incoming fp is the one
+// the slots were derived with, the step reads the same slots, so it yields the cached caller
+// exactly when the return-address word is unchanged. That is the patent's comparison of the
+// reference map with the live stack and needs no row math per frame. The fp itself is not
+// compared where no row depends on it (rbp is an ordinary register in code built without
+// frame pointers, and its saved copies change freely): the run only remembers where the
+// latest saved fp sits and reads it when an fp-based row, or the caller of this function,
+// needs the value.
+//
+// Accepts elements cached[q], cached[q-1], ... (outwards) while that holds, their slots lie
+// inside the copy and fewer than `room` frames have been accepted. Returns the number
+// accepted; `frames` receives the callers, with the callee's ra_slot filled in (frames[-1]
+// is cached[q]'s frame). `fp`: in, cached[q]'s incoming fp; out, that of the first element
+// not accepted (or of cached[0]).
+size_t IncrementalUnwinder::VerifyRun(Arch arch, const Element* cached, size_t q, size_t room,
+                                      const StackSnapshot& stack, uint64_t* fp, Frame* frames) {
+  if (stack.size < 8) return 0;
+  const bool be = IsBigEndian(arch);
+  const uint64_t start = stack.start;
+  const uint64_t last = stack.size - 8;  // highest readable offset
+  const uint8_t* data = stack.data;
+  const uint8_t* fp_at = nullptr;  // the latest restored fp in the copy; null: still *fp
+  auto current_fp = [&] {
+    if (fp_at == nullptr) return *fp;
+    uint64_t v;
+    std::memcpy(&v, fp_at, 8);
+    return be ? __builtin_bswap64(v) : v;
+  };
+  const size_t stop = q > room ? q - room : 0;
+  frames[-1].ra_slot = cached[q].ra_slot;  // cleared again below when nothing is accepted
+  size_t i = q;
+  for (; i > stop; --i) {
+    const Element& e = cached[i];
+    const uint64_t ra_off = e.ra_slot - start;
+    const uint64_t fp_off = e.fp_slot - start;
+    if (ra_off > last || fp_off > last) break;
+    if (e.row.cfa_base != UnwindRow::CfaBase::kSp && current_fp() != e.fp) break;
+    uint64_t ra;
+    std::memcpy(&ra, data + ra_off, 8);
+    if (ra != e.ra_word) break;
+    if (e.row.fp_rule == UnwindRow::FpRule::kAtCfaOffset) fp_at = data + fp_off;
+    // The caller's own ra_slot goes in with it (one store less per frame); it holds only
+    // once the caller is accepted in turn, so the last frame written is cleared below.
+    const Element& up = cached[i - 1];
+    *frames++ = {up.pc, up.sp, up.ra_slot};
+  }
+  frames[-1].ra_slot = 0;
+  *fp = current_fp();
+  return q - i;
+}
+
+namespace {
+
+// For the cache's outermost element, whose walk ended with kOutermost in an earlier sample:
+// true when stepping it with its cached row ends the walk again (an undefined return address,
+// a zero return address, or a word outside the copy), with the stop reason in `stop`.
+// False: it has a caller now; the walk must go on with lookups.
+template <typename Element>
+bool OutermostEnds(Arch arch, const Element& el, uint64_t fp, const StackSnapshot& stack,
+                   StopReason* stop) {
+  const UnwindRow& row = el.row;
+  if (row.ra_rule == UnwindRow::RaRule::kUndefined) {
+    *stop = StopReason::kOutermost;
+    return true;
+  }
+  if (row.cfa_base == UnwindRow::CfaBase::kUndefined ||
+      row.ra_rule != UnwindRow::RaRule::kAtCfaOffset) {
+    return false;
+  }
+  Registers caller;
+  uint64_t slot = 0;
+  if (!StepWithRow(arch, row, {el.pc, el.sp, fp, 0}, false, stack, &caller, &slot)) {
+    *stop = StopReason::kStackOutOfRange;
+    return true;
+  }
+  if (caller.pc == 0) {
+    *stop = StopReason::kOutermost;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 // The walk below mirrors unwind::Unwind() step for step (same row rules, same sanity checks,
 // same stop reasons, same ra_slot bookkeeping) so that its output is interchangeable with a
@@ -123,15 +227,15 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
   Registers cur = in.regs;
   bool innermost = true;
   frames[n++] = {cur.pc, cur.sp, 0};
-  scratch_[ns++] = {cur.pc, cur.sp, cur.fp, 0, {}};
+  scratch_[ns++] = {cur.pc, cur.sp, cur.fp, 0, 0, 0, {}};
   Element* cur_el = &scratch_[0];
   const RuleSource* rules = nullptr;
   uint64_t module_pc = 0;
 
   // Continues the walk from a reused element (the cache's outermost frame, or where full
   // verification diverged): from there on, rule lookups as usual.
-  auto resume_from = [&](Element& el) -> bool {
-    cur = {el.pc, el.sp, el.fp, 0};
+  auto resume_from = [&](Element& el, uint64_t fp) -> bool {
+    cur = {el.pc, el.sp, fp, 0};
     cur_el = &el;
     el.ra_slot = 0;
     frames[n - 1].ra_slot = 0;
@@ -148,7 +252,9 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
     result.stop = StopReason::kNoModule;
   } else {
     for (;;) {
-      UnwindRow row;
+      // The row goes straight into the element (no copy through a local: the rule source
+      // writes it field by field, and reading it back whole would stall).
+      UnwindRow& row = cur_el->row;
       bool have_row = rules != nullptr && rules->FindRow(module_pc, innermost, &row);
       if (!have_row) {
         if (!options_.unwind.frame_pointer_fallback || arch != Arch::kX86_64) {
@@ -157,7 +263,6 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
         }
         row = kFramePointerRow;
       }
-      cur_el->row = row;
       cur_el->fp = cur.fp;
       if (row.ra_rule == UnwindRow::RaRule::kUndefined) {
         result.stop = StopReason::kOutermost;
@@ -197,7 +302,7 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
           spliced = true;
           inner = ns;
           frames[n - 1].ra_slot = ra_slot;
-          cur_el->ra_slot = ra_slot;
+          Seal(arch, *cur_el, row, cur, ra_slot, caller);
           hi = c;
           if (!full_verify) {
             const size_t keep = std::min(c + 1, limit - n);
@@ -217,33 +322,41 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
             // out now; everything else ended for a reason that belongs to the reused frames.
             if (cached_stop_ == StopReason::kMaxFrames ||
                 cached_stop_ == StopReason::kStackOutOfRange) {
-              if (!resume_from(cached_[0])) break;
+              if (!resume_from(cached_[0], cached_[0].fp)) break;
               continue;
             }
             result.stop = cached_stop_;
             break;
           }
-          // Full verification: re-derive each reused element from the new bytes with its
-          // cached row (no lookups); any difference ends the reuse there.
-          Element* el = &cached_[c];
-          el->fp = caller.fp;
-          frames[n++] = {el->pc, el->sp, 0};
-          s->frames_reused += 1;
-          s->frames_verified += 1;
+          // Full verification of every reused element against the new bytes: the word
+          // compare of VerifyRun, and where it cannot decide (a word or an fp-based row's fp
+          // differs, the copy or the output ends), a re-derivation with the cached row (no
+          // lookups) that decides exactly like the full unwind. Any difference in slot,
+          // return address or sp ends the reuse there.
+          uint64_t fp = caller.fp;  // the incoming fp of cached_[q]
+          frames[n++] = {cached_[c].pc, cached_[c].sp, 0};
+          size_t verified = 1;
           size_t q = c;
           bool stopped = false;
           while (q > 0) {
+            const size_t k = VerifyRun(arch, cached_.get(), q, limit - n, stack, &fp, frames + n);
+            n += k;
+            q -= k;
+            verified += k;
+            if (q == 0) break;
+            Element& el = cached_[q];
             Registers nx;
             uint64_t slot = 0;
-            if (!VerifyStep(arch, *el, stack, &nx, &slot)) {
+            ++s->frames_rederived;
+            if (!VerifyStep(arch, el, fp, stack, &nx, &slot)) {
               result.stop = StopReason::kStackOutOfRange;
               stopped = true;
               break;
             }
-            Element& up = cached_[q - 1];
-            if (slot != el->ra_slot || nx.pc != up.pc || nx.sp != up.sp) {
+            const Element& up = cached_[q - 1];
+            if (slot != el.ra_slot || nx.pc != up.pc || nx.sp != up.sp) {
               s->verify_failed = true;
-              break;  // resume the walk with lookups from *el
+              break;  // resume the walk with lookups from el
             }
             if (n >= limit) {
               result.stop = StopReason::kMaxFrames;
@@ -251,21 +364,30 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
               break;
             }
             frames[n - 1].ra_slot = slot;
-            up.fp = nx.fp;
+            Seal(arch, el, el.row, {el.pc, el.sp, fp, 0}, slot, nx);
+            fp = nx.fp;
             frames[n++] = {up.pc, up.sp, 0};
-            s->frames_reused += 1;
-            s->frames_verified += 1;
-            el = &up;
+            ++verified;
             --q;
           }
+          s->frames_reused += static_cast<uint32_t>(verified);
+          s->frames_verified += static_cast<uint32_t>(verified);
           lo = q;
           if (stopped) {
-            el->ra_slot = 0;
+            cached_[q].ra_slot = 0;
             break;
           }
           // The outermost cached frame (or the diverging one) is stepped with lookups, so
-          // the stop reason is exactly the full unwind's.
-          if (!resume_from(*el)) break;
+          // the stop reason is exactly the full unwind's -- except in the steady state where
+          // the cache's outermost frame ended the walk: its row is a function of its pc and
+          // the mappings, both unchanged, so stepping it with the cached row decides the same
+          // without the lookups.
+          if (q == 0 && cached_stop_ == StopReason::kOutermost &&
+              OutermostEnds(arch, cached_[0], fp, stack, &result.stop)) {
+            cached_[0].fp = fp;
+            break;
+          }
+          if (!resume_from(cached_[q], fp)) break;
           continue;
         }
       }
@@ -283,9 +405,9 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
         break;
       }
       frames[n - 1].ra_slot = ra_slot;
-      cur_el->ra_slot = ra_slot;
+      Seal(arch, *cur_el, row, cur, ra_slot, caller);
       frames[n++] = {caller.pc, caller.sp, 0};
-      scratch_[ns++] = {caller.pc, caller.sp, caller.fp, 0, {}};
+      scratch_[ns++] = {caller.pc, caller.sp, caller.fp, 0, 0, 0, {}};
       cur_el = &scratch_[ns - 1];
       cur = caller;
       rules = caller_rules;
@@ -303,6 +425,8 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
   if (!spliced) inner = ns;
   const size_t keep = spliced ? hi - lo + 1 : 0;
   const size_t outer_new = ns - inner;
+  s->outer_kept = keep > 0 && lo == 0 && outer_new == 0 ? static_cast<uint32_t>(keep) : 0;
+  s->outer_kept = keep > 0 && lo == 0 && outer_new == 0 ? static_cast<uint32_t>(keep) : 0;
   if (keep > 0 && lo != outer_new) {
     std::memmove(&cached_[outer_new], &cached_[lo], keep * sizeof(Element));
   }

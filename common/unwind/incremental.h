@@ -13,11 +13,17 @@
 //  3. at the first match, the caller and everything outside it is the cached outer part:
 //     - VerifyMode::kBoundary: only that splice element is compared (the patent's lowest
 //       confidence threshold). The cached outer frames are copied as they are.
-//     - VerifyMode::kFull: every cached outer element is re-derived from the new stack bytes
-//       with its cached row (StepWithRow, no rule lookups) and compared -- slot address,
-//       return address and sp. Any mismatch discards the rest of the splice and the walk
-//       continues from the diverging frame with rule lookups. Since a row depends only on
-//       (pc, mappings), the result is frame for frame what unwind::Unwind() returns.
+//     - VerifyMode::kFull: every cached outer element is checked against the new stack
+//       bytes -- the patent's full comparison of the reference map with the live stack: the
+//       return-address word at its cached slot is compared with the cached one, a load and a
+//       compare per frame and no row math, because with the same (pc, sp) an sp-based row
+//       reads the same slots and yields the same caller sp. The fp is tracked lazily (the
+//       slot of the last restored fp) and compared only for fp-based rows, whose slots depend
+//       on it. Where a word or such an fp differs, the element is re-derived with its cached
+//       row (StepWithRow, no rule lookups); a difference in slot, return address or sp
+//       discards the rest of the splice and the walk continues from the diverging frame with
+//       rule lookups. Since a row depends only on (pc, mappings), the result is frame for
+//       frame what unwind::Unwind() returns.
 //     - VerifyMode::kOff: no cache, every sample is unwound fully (the reference).
 //
 // Frames beyond the copied stack bytes. A cached element whose slot lies outside the new
@@ -78,6 +84,15 @@ struct SampleStats {
   uint32_t frames_reused = 0;       // frames copied from the cache
   uint32_t frames_verified = 0;     // of those, re-derived from the new bytes (kFull)
   uint32_t frames_beyond_copy = 0;  // reused frames whose ra slot is outside the copy
+  // Reused elements full verification re-derived with their cached row because the word
+  // compare could not decide (a word differed, the fp an fp-based row depends on differed,
+  // the copy or the output ended there); includes the one where a difference ended reuse.
+  uint32_t frames_rederived = 0;
+  // Outermost frames of this sample that are the previous sample's outermost frames, index
+  // for index counted from the outside (reused in place: same elements, nothing found
+  // beyond them). Per-frame data an owner keeps outer-first alongside the frames (function
+  // nodes, edge IDs of the path prefix) stays valid for these; 0 after any other change.
+  uint32_t outer_kept = 0;
   bool spliced = false;             // a cached element matched
   bool verify_failed = false;       // kFull found a changed element after the splice point
   bool invalidated = false;         // the cache was dropped (epoch / stack range change)
@@ -89,6 +104,7 @@ struct IncrementalTotals {
   uint64_t frames_reused = 0;
   uint64_t frames_verified = 0;
   uint64_t frames_beyond_copy = 0;
+  uint64_t frames_rederived = 0;
   uint64_t splices = 0;
   uint64_t verify_failures = 0;
   uint64_t invalidations = 0;
@@ -117,15 +133,29 @@ class IncrementalUnwinder {
 
  private:
   // One procedure-linkage element: a frame and how it was left.
-  struct Element {
+  struct alignas(64) Element {  // one cache line each
     uint64_t pc;
     uint64_t sp;
+    // The fp the step out of this frame was derived with: ra_slot, fp_slot and the caller's
+    // sp are functions of (sp or fp, row). Not necessarily the frame's latest fp (full
+    // verification does not write back fp values that no row depends on).
     uint64_t fp;
     uint64_t ra_slot;  // slot of the return address into the caller; 0 = none
-    UnwindRow row;     // the row used to step out of this frame
+    // The return address read at ra_slot, in target byte order as it sits in memory (the
+    // word full verification compares). Valid when ra_slot != 0.
+    uint64_t ra_word;
+    // Slot of the saved fp when the row restores fp, otherwise ra_slot (so the bounds check
+    // of full verification needs no branch on the row).
+    uint64_t fp_slot;
+    UnwindRow row;  // the row used to step out of this frame
   };
-  static bool VerifyStep(Arch arch, const Element& el, const StackSnapshot& stack,
+  static bool VerifyStep(Arch arch, const Element& el, uint64_t fp, const StackSnapshot& stack,
                          Registers* caller, uint64_t* slot);
+  // Records how `el` was left: `row` applied to `regs` read `caller` from the stack.
+  static void Seal(Arch arch, Element& el, const UnwindRow& row, const Registers& regs,
+                   uint64_t ra_slot, const Registers& caller);
+  static size_t VerifyRun(Arch arch, const Element* cached, size_t q, size_t room,
+                          const StackSnapshot& stack, uint64_t* fp, Frame* frames);
 
   UnwindResult UnwindAndCache(const SampleInput& in, const AddressSpace& space, Frame* frames,
                               size_t limit, SampleStats* stats);

@@ -386,6 +386,182 @@ TEST(IncrementalTest, ParseVerifyMode) {
   EXPECT_FALSE(ParseVerifyMode("sometimes").ok());
 }
 
+// ---------------------------------------------------------------------------- fp rows
+
+// Frames whose rows use or restore the frame pointer, to check that full verification by
+// return-address words alone never accepts a frame whose slots depend on an fp that changed.
+// Function kinds by id % 3: kFpBased (push fp; mov sp, fp: CFA = fp + 16, fp saved at
+// CFA - 16), kSpNoFp (CFA = sp + 16, fp untouched), kSpSavesFp (CFA = sp + 32, fp saved at
+// CFA - 16 and the register reused for data). Id 1 is the outermost.
+enum FpKind { kFpBased = 0, kSpNoFp = 1, kSpSavesFp = 2 };
+FpKind KindOf(int id) { return static_cast<FpKind>(id % 3); }
+int32_t FpFrameSize(int id) { return id == 1 ? 16 : KindOf(id) == kSpNoFp ? 16 : 32; }
+
+class FpRules final : public RuleSource {
+ public:
+  bool FindRow(uint64_t pc, bool innermost, UnwindRow* row) const override {
+    int id = FuncId(innermost ? pc : pc - 1);
+    if (id < 1 || id > 15) return false;
+    *row = {};
+    row->ra_rule = id == 1 ? UnwindRow::RaRule::kUndefined : UnwindRow::RaRule::kAtCfaOffset;
+    row->ra_offset = -8;
+    switch (id == 1 ? kSpNoFp : KindOf(id)) {
+      case kFpBased:
+        *row = {UnwindRow::CfaBase::kFp, row->ra_rule, UnwindRow::FpRule::kAtCfaOffset, 16, -8,
+                -16};
+        break;
+      case kSpNoFp:
+        row->cfa_base = UnwindRow::CfaBase::kSp;
+        row->fp_rule = UnwindRow::FpRule::kSame;
+        row->cfa_offset = FpFrameSize(id);
+        break;
+      case kSpSavesFp:
+        *row = {UnwindRow::CfaBase::kSp, row->ra_rule, UnwindRow::FpRule::kAtCfaOffset,
+                FpFrameSize(id), -8, -16};
+        break;
+    }
+    return true;
+  }
+};
+
+class FpSpace final : public AddressSpace {
+ public:
+  bool Lookup(uint64_t pc, const RuleSource** rules, uint64_t* module_pc) const override {
+    if (pc < 0x10000 || pc >= 0x100000) return false;
+    *rules = &rules_;
+    *module_pc = pc;
+    return true;
+  }
+
+ private:
+  FpRules rules_;
+};
+
+// Lays out `pcs` (outermost first) on `mem` like the compiled frames would: return addresses
+// at CFA - 8, saved fps at CFA - 16, an fp-based frame's fp pointing at its saved fp, and
+// `data[k]` as the fp register's value inside a kSpSavesFp frame k (rbp used for data).
+Registers BuildFp(SyntheticStack& mem, const std::vector<uint64_t>& pcs,
+                  const std::vector<uint64_t>& data) {
+  uint64_t sp = SyntheticStack::kTop - 64 - FpFrameSize(1);
+  uint64_t fp = 0x5eed;  // the outermost frame's fp register
+  for (size_t k = 1; k < pcs.size(); ++k) {
+    const int id = FuncId(pcs[k]);
+    const uint64_t cfa = sp;
+    mem.Write(cfa - 8, pcs[k - 1]);
+    switch (KindOf(id)) {
+      case kFpBased: mem.Write(cfa - 16, fp); fp = cfa - 16; break;
+      case kSpNoFp: break;
+      case kSpSavesFp: mem.Write(cfa - 16, fp); fp = data[k]; break;
+    }
+    sp = cfa - FpFrameSize(id);
+  }
+  return {pcs.back(), sp, fp, 0};
+}
+
+uint64_t FpPc(FpKind kind, int n, int call_site) {
+  return FuncPc(3 * (1 + n % 4) + kind, call_site);  // ids 3..14, kind = id % 3
+}
+
+// Outer part of a chain: 1 -> kFpBased -> kSpSavesFp -> kSpNoFp x3 -> kSpSavesFp x2, then a
+// leaf side that the test varies.
+std::vector<uint64_t> FpChain(int leaf_site) {
+  std::vector<uint64_t> pcs = {FuncPc(1, 0)};
+  pcs.push_back(FpPc(kFpBased, 0, 0));
+  pcs.push_back(FpPc(kSpSavesFp, 1, 0));
+  for (int i = 0; i < 3; ++i) pcs.push_back(FpPc(kSpNoFp, i, 1));
+  pcs.push_back(FpPc(kSpSavesFp, 2, 2));
+  pcs.push_back(FpPc(kSpSavesFp, 3, 2));
+  pcs.push_back(FpPc(kSpNoFp, 3, leaf_site));
+  return pcs;
+}
+
+// rbp holding data that changes between samples (code built without frame pointers) is not a
+// change of any frame: full verification stays a word compare and reuses everything.
+TEST(IncrementalFpTest, ChangingFpDataIsNotAChangedFrame) {
+  for (Arch arch : {Arch::kX86_64, Arch::kMips64Be}) {
+    FpSpace space;
+    SyntheticStack mem(arch);
+    UnwindOptions full_options;
+    full_options.arch = arch;
+    IncrementalUnwinder inc(Options(arch, VerifyMode::kFull));
+    Frame got[256], want[256];
+    std::vector<uint64_t> data(16, 0);
+    for (int sample = 0; sample < 8; ++sample) {
+      for (size_t k = 0; k < data.size(); ++k) data[k] = 0x1000 * sample + k;
+      Registers regs = BuildFp(mem, FpChain(sample % 3), data);
+      SampleStats st;
+      UnwindResult g = inc.Unwind({regs, mem.Snapshot(regs.sp), 1, false}, space, got, 256, &st);
+      UnwindResult w = Unwind(full_options, regs, mem.Snapshot(regs.sp), space, want, 256);
+      ExpectSameFrames(want, w, got, g, "fp data");
+      EXPECT_EQ(w.stop, StopReason::kOutermost);
+      if (sample > 0) {
+        EXPECT_TRUE(st.spliced);
+        EXPECT_FALSE(st.verify_failed);
+        EXPECT_EQ(st.frames_unwound, 1u);
+        EXPECT_EQ(st.frames_rederived, 0u) << "only words compared";
+      }
+    }
+  }
+}
+
+// The stale frame a return-address-only comparison would miss: every return-address word
+// stays where it was, but the saved fp an fp-based frame derives its CFA from changed (and,
+// separately, the fp register a run of fp-preserving frames hands up to it). The fp-based
+// frame's return address is then read from another slot; full verification must notice and
+// agree with the full unwind.
+TEST(IncrementalFpTest, ChangedFpUnderFpBasedFrameIsVerified) {
+  for (Arch arch : {Arch::kX86_64, Arch::kMips64Be}) {
+    for (int variant = 0; variant < 2; ++variant) {
+      FpSpace space;
+      SyntheticStack mem(arch);
+      UnwindOptions full_options;
+      full_options.arch = arch;
+      IncrementalUnwinder inc(Options(arch, VerifyMode::kFull));
+      Frame got[256], want[256];
+      std::vector<uint64_t> data(16, 0x77);
+      std::vector<uint64_t> pcs = FpChain(0);
+      if (variant == 1) {
+        // Only fp-preserving frames between the leaf side and the fp-based frame.
+        pcs = {FuncPc(1, 0), FpPc(kFpBased, 0, 0)};
+        for (int i = 0; i < 4; ++i) pcs.push_back(FpPc(kSpNoFp, i, 1));
+        pcs.push_back(FpPc(kSpNoFp, 3, 0));
+      }
+      Registers regs = BuildFp(mem, pcs, data);
+      inc.Unwind({regs, mem.Snapshot(regs.sp), 1, false}, space, got, 256);
+      pcs.back() = FpPc(kSpNoFp, 3, 3);  // the leaf moved: a splice below the outer part
+      regs = BuildFp(mem, pcs, data);
+      Frame base[256];
+      UnwindResult before = Unwind(full_options, regs, mem.Snapshot(regs.sp), space, base, 256);
+      ASSERT_EQ(before.stop, StopReason::kOutermost);
+      // The fp-based frame (second from the outside) has its CFA at the outermost frame's sp
+      // and its locals in [CFA - 32, CFA - 16). An fp pointing into those locals makes it read
+      // its return address there: put a plausible one in.
+      const uint64_t cfa = base[before.num_frames - 1].sp;
+      const uint64_t moved = cfa - 32;
+      mem.Write(moved + 8, FuncPc(5, 1));
+      mem.Write(moved, 0);
+      if (variant == 0) {
+        // The kSpSavesFp frame right below it saved its fp at (its CFA = cfa - 32) - 16.
+        mem.Write(cfa - 32 - 16, moved);
+      } else {
+        regs.fp = moved;  // the fp register, handed up unchanged by the fp-preserving frames
+      }
+      SampleStats st;
+      UnwindResult g = inc.Unwind({regs, mem.Snapshot(regs.sp), 1, false}, space, got, 256, &st);
+      UnwindResult w = Unwind(full_options, regs, mem.Snapshot(regs.sp), space, want, 256);
+      ExpectSameFrames(want, w, got, g, variant == 0 ? "saved fp" : "fp register");
+      EXPECT_TRUE(st.spliced);
+      // The full unwind no longer reaches the old outermost frame through the old slot.
+      EXPECT_NE(want[w.num_frames - 1].sp, base[before.num_frames - 1].sp);
+      // And restoring the stack restores the original frames, also from the cache.
+      regs = BuildFp(mem, pcs, data);
+      g = inc.Unwind({regs, mem.Snapshot(regs.sp), 1, false}, space, got, 256, &st);
+      w = Unwind(full_options, regs, mem.Snapshot(regs.sp), space, want, 256);
+      ExpectSameFrames(want, w, got, g, "restored");
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------- real stacks
 
 // Captured chains of this process (no frame pointers, compiled CFI): a sequence of depths
