@@ -147,23 +147,52 @@ FlameTree BuildFlameTree(const Profile& profile, uint32_t max_nodes) {
   tree.functions.push_back({0, "[truncated]", ""});
   tree.functions.insert(tree.functions.end(), profile.functions.begin(), profile.functions.end());
 
-  // Merge stacks into a tree keyed by (parent node, function).
+  // Merge stacks into a tree: visiting stacks in lexicographic order of their frame lists,
+  // a stack shares its nodes with the previous one up to their common prefix, so no hash
+  // lookups per frame are needed (they dominated on large profiles).
+  auto path_of = [&](const ResolvedStack& s, size_t i) -> uint32_t {
+    // The "[truncated]" marker is a leading pseudo-frame; frames are offset by 2.
+    if (s.truncated) return i == 0 ? kTruncatedFunction : s.frames[i - 1] + 2;
+    return s.frames[i] + 2;
+  };
+  auto path_size = [](const ResolvedStack& s) { return s.frames.size() + (s.truncated ? 1 : 0); };
+  std::vector<uint32_t> order(profile.stacks.size());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    const ResolvedStack& sa = profile.stacks[a];
+    const ResolvedStack& sb = profile.stacks[b];
+    const size_t na = path_size(sa), nb = path_size(sb);
+    for (size_t i = 0; i < na && i < nb; ++i) {
+      const uint32_t fa = path_of(sa, i), fb = path_of(sb, i);
+      if (fa != fb) return fa < fb;
+    }
+    return na < nb;
+  });
   std::vector<BuildNode> nodes;
   nodes.push_back({kRootFunction, 0, 0, profile.total, 0});
-  absl::flat_hash_map<uint64_t, uint32_t> child_of;
-  child_of.reserve(profile.stacks.size() * 2);
-  auto descend = [&](uint32_t parent, uint32_t function, uint64_t count) {
-    auto [it, inserted] =
-        child_of.try_emplace((uint64_t{parent} << 32) | function, nodes.size());
-    if (inserted) nodes.push_back({function, parent, nodes[parent].depth + 1, 0, 0});
-    nodes[it->second].total += count;
-    return it->second;
-  };
-  for (const ResolvedStack& stack : profile.stacks) {
-    uint32_t at = 0;
-    if (stack.truncated) at = descend(at, kTruncatedFunction, stack.count);
-    for (uint32_t f : stack.frames) at = descend(at, f + 2, stack.count);
-    nodes[at].self += stack.count;
+  std::vector<uint32_t> path_nodes{0};  // node at each depth of the previous stack
+  const ResolvedStack* previous = nullptr;
+  for (uint32_t index : order) {
+    const ResolvedStack& stack = profile.stacks[index];
+    const size_t n = path_size(stack);
+    size_t common = 0;
+    if (previous != nullptr) {
+      const size_t np = path_size(*previous);
+      while (common < n && common < np && path_of(stack, common) == path_of(*previous, common)) {
+        ++common;
+      }
+    }
+    path_nodes.resize(common + 1);
+    for (size_t i = 0; i < n; ++i) {
+      if (i >= common) {
+        const uint32_t parent = path_nodes.back();
+        nodes.push_back({path_of(stack, i), parent, static_cast<uint32_t>(i + 1), 0, 0});
+        path_nodes.push_back(static_cast<uint32_t>(nodes.size() - 1));
+      }
+      nodes[path_nodes[i + 1]].total += stack.count;
+    }
+    nodes[path_nodes[n]].self += stack.count;
+    previous = &stack;
   }
 
   // Keep the heaviest nodes. A parent is at least as heavy as its child and shallower, so

@@ -81,9 +81,17 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
   if (!query.capture_id.empty()) sq.capture_id = query.capture_id;
   absl::flat_hash_map<uint64_t, uint64_t> counts;
   absl::flat_hash_set<std::string> hosts;
+  counts.reserve(1 << 12);
+  // Cells arrive grouped by host within each window: hash the host only when it changes.
+  std::string last_host;
+  bool any = false;
   auto st = store_->ScanSamples(sq, [&](const store::SampleKey& key, uint64_t count) {
     counts[key.stack_id] += count;
-    if (!hosts.contains(key.host)) hosts.insert(key.host);
+    if (!any || key.host != last_host) {
+      any = true;
+      last_host = key.host;
+      hosts.insert(last_host);
+    }
   });
   if (!st.ok()) return st;
 
