@@ -22,6 +22,37 @@ absl::StatusOr<std::vector<encoding::EdgeId>> ContextGraph::AddPath(
   return graph_.AddPath(outer_to_leaf, truncated);
 }
 
+absl::Status ContextGraph::ExtendPath(std::span<const encoding::PathFrame> outer_to_leaf,
+                                      bool truncated, size_t known,
+                                      std::vector<encoding::EdgeId>* edges) {
+  if (outer_to_leaf.empty()) return absl::InvalidArgumentError("empty path");
+  if (known > outer_to_leaf.size() || known > edges->size()) {
+    return absl::InvalidArgumentError("known edge prefix longer than the path");
+  }
+  edges->resize(outer_to_leaf.size());
+  absl::MutexLock lock(&mu_);
+  for (size_t i = known; i < outer_to_leaf.size(); ++i) {
+    const encoding::PathFrame& f = outer_to_leaf[i];
+    // Same checks as CallGraph::AddPath: function nodes only (no root or marker inside).
+    if (f.function < encoding::kFirstFunctionNode || f.function >= graph_.num_nodes()) {
+      edges->resize(i);
+      return absl::InvalidArgumentError("path frame references an invalid node");
+    }
+    const encoding::CallEdge e =
+        i == 0 ? encoding::CallEdge{truncated ? encoding::kTruncatedNode : encoding::kRootNode,
+                                    0, f.function}
+               : encoding::CallEdge{outer_to_leaf[i - 1].function,
+                                    outer_to_leaf[i - 1].call_site, f.function};
+    absl::StatusOr<encoding::EdgeId> id = graph_.AddEdge(e);
+    if (!id.ok()) {
+      edges->resize(i);
+      return id.status();
+    }
+    (*edges)[i] = *id;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<const encoding::Numbering>> ContextGraph::CurrentNumbering() {
   absl::MutexLock lock(&mu_);
   if (!numbering_ || numbering_->epoch() != graph_.num_edges() ||

@@ -41,6 +41,14 @@ class ContextGraph {
   // Edge IDs of a sampled path (outermost first), adding missing edges.
   absl::StatusOr<std::vector<encoding::EdgeId>> AddPath(
       std::span<const encoding::PathFrame> outer_to_leaf, bool truncated);
+  // AddPath for a path whose first `known` edge IDs are already in (*edges)[0, known), from
+  // an earlier AddPath/ExtendPath of the same outer frames with the same `truncated` (edges
+  // never change once added). Only the edges into frames [known, end) are looked up or
+  // added; *edges is resized to the path's length. Lets the profiler reuse the edge-ID
+  // prefix of a thread's unchanged outer frames and keep one vector per thread (no
+  // allocation per sample). On error *edges is shortened to the valid prefix.
+  absl::Status ExtendPath(std::span<const encoding::PathFrame> outer_to_leaf, bool truncated,
+                          size_t known, std::vector<encoding::EdgeId>* edges);
   // Numbering of the current epoch (recomputed only when edges were added since).
   absl::StatusOr<std::shared_ptr<const encoding::Numbering>> CurrentNumbering();
 

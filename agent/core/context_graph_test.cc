@@ -17,6 +17,29 @@ TEST(ContextGraphTest, FunctionsAreKeyedByBuildIdOrModuleAndStart) {
   EXPECT_EQ(graph.num_nodes(), 2u + 4u);
 }
 
+TEST(ContextGraphTest, ExtendPathReusesAKnownPrefix) {
+  ContextGraph graph(42);
+  const auto main = graph.NodeFor({"main", "/bin/app", "", 0x10});
+  const auto loop = graph.NodeFor({"loop", "/bin/app", "", 0x20});
+  const auto a = graph.NodeFor({"a", "/bin/app", "", 0x30});
+  const auto b = graph.NodeFor({"b", "/bin/app", "", 0x40});
+  std::vector<encoding::PathFrame> path{{main, 0x15}, {loop, 0x25}, {a, 0}};
+  std::vector<encoding::EdgeId> edges;
+  ASSERT_TRUE(graph.ExtendPath(path, false, 0, &edges).ok());
+  EXPECT_EQ(edges, *graph.AddPath(path, false));
+  // The leaf changes below the same two outer frames: only the last edge is new.
+  path.back() = {b, 0};
+  const auto before = graph.num_edges();
+  ASSERT_TRUE(graph.ExtendPath(path, false, 2, &edges).ok());
+  EXPECT_EQ(edges, *graph.AddPath(path, false));
+  EXPECT_EQ(graph.num_edges(), before + 1);
+  // A bad prefix length or node is an error, not a crash.
+  EXPECT_FALSE(graph.ExtendPath(path, false, 4, &edges).ok());
+  path.back() = {encoding::kRootNode, 0};
+  EXPECT_FALSE(graph.ExtendPath(path, false, 2, &edges).ok());
+  EXPECT_EQ(edges.size(), 2u);
+}
+
 TEST(ContextGraphTest, DeltaCarriesRecordsAndEdgesFromAnyPoint) {
   ContextGraph graph(42);
   const auto main = graph.NodeFor({"main", "/bin/app", "", 0x10});

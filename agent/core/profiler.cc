@@ -14,6 +14,18 @@ constexpr uint32_t kContinuousSession = 0;
 constexpr size_t kMaxPcCacheEntries = 1 << 20;
 }  // namespace
 
+// A thread's last recorded stack as a path, outermost first: path[i] is frame i's (function
+// node, call site) and edges[i] the edge ID into it -- the patent's cumulative context
+// encoding kept per cached frame. Valid for the mappings epoch the nodes were resolved in and
+// for the `truncated` the edges were added with (the outermost edge hangs off the root or the
+// truncated marker). Edge IDs never change once added, so a kept prefix stays exact.
+struct Profiler::PathCache {
+  std::vector<encoding::PathFrame> path;
+  std::vector<encoding::EdgeId> edges;
+  uint64_t epoch = 0;
+  bool truncated = false;
+};
+
 struct Profiler::Target {
   uint32_t id = 0;
   pid_t pid = 0;
@@ -23,8 +35,18 @@ struct Profiler::Target {
   size_t maps_hash = 0;
   // Bumped on every mapping change: the threads' incremental unwinders drop their caches.
   uint64_t maps_epoch = 0;
-  // Per-thread incremental unwinding state (previous sample's frames), by tid.
-  absl::flat_hash_map<pid_t, std::unique_ptr<unwind::IncrementalUnwinder>> threads;
+  // Per-thread state of continuous unwinding: the incremental unwinder (previous sample's
+  // frames) and the path recorded for them. Both arrays are sized once, so a sample of a
+  // known thread allocates nothing here.
+  struct Thread {
+    Thread(const unwind::IncrementalOptions& options, size_t max_frames) : unwinder(options) {
+      paths.path.reserve(max_frames);
+      paths.edges.reserve(max_frames);
+    }
+    unwind::IncrementalUnwinder unwinder;
+    PathCache paths;
+  };
+  absl::flat_hash_map<pid_t, std::unique_ptr<Thread>> threads;  // by tid
   absl::Time last_refresh = absl::InfinitePast();
   // Absolute pc (already adjusted for return addresses) -> function node and module offset.
   struct CachedPc {
@@ -195,19 +217,25 @@ void Profiler::HandleSample(const sampler::RawSample& sample) {
   unwind::Registers regs{sample.pc, sample.sp, sample.fp, sample.ra};
   unwind::StackSnapshot stack{sample.sp, sample.stack, sample.stack_size};
   unwind::UnwindResult result;
+  PathCache* paths = nullptr;
+  size_t outer_kept = 0;
   if (options.verify == unwind::VerifyMode::kOff) {
     result = unwind::Unwind(options.unwind, regs, stack, *target.space, frames_.data(),
                             frames_.size());
     stats_.frames_walked += result.num_frames;
   } else {
-    std::unique_ptr<unwind::IncrementalUnwinder>& thread =
-        target.threads[static_cast<pid_t>(sample.tid)];
-    if (thread == nullptr) thread = std::make_unique<unwind::IncrementalUnwinder>(options);
+    std::unique_ptr<Target::Thread>& thread = target.threads[static_cast<pid_t>(sample.tid)];
+    if (thread == nullptr) {
+      thread = std::make_unique<Target::Thread>(options, options_.max_frames);
+    }
     // A copy shorter than requested ended at the top of the thread's stack.
     const bool stack_end_known = sample.stack_size < options_.stack_bytes;
     unwind::SampleStats unwind_stats;
-    result = thread->Unwind({regs, stack, target.maps_epoch, stack_end_known}, *target.space,
-                            frames_.data(), frames_.size(), &unwind_stats);
+    result = thread->unwinder.Unwind({regs, stack, target.maps_epoch, stack_end_known},
+                                     *target.space, frames_.data(), frames_.size(),
+                                     &unwind_stats);
+    paths = &thread->paths;
+    outer_kept = unwind_stats.outer_kept;
     stats_.frames_walked += unwind_stats.frames_unwound;
     stats_.frames_reused += unwind_stats.frames_reused;
     stats_.unwind_verify_failures += unwind_stats.verify_failed;
@@ -223,28 +251,43 @@ void Profiler::HandleSample(const sampler::RawSample& sample) {
     RefreshMappings(target);
   }
   RecordStack(target, frames_.data(), result.num_frames,
-              result.stop != unwind::StopReason::kOutermost, sample.session_id);
+              result.stop != unwind::StopReason::kOutermost, sample.session_id, paths,
+              outer_kept);
 }
 
 void Profiler::RecordStack(Target& target, const unwind::Frame* frames, size_t num_frames,
-                           bool truncated, uint32_t session_id) {
+                           bool truncated, uint32_t session_id, PathCache* cache,
+                           size_t outer_kept) {
   stats_.unwound_frames += num_frames;
   stats_.truncated += truncated;
-  path_.clear();
-  for (size_t i = num_frames; i-- > 0;) {
-    path_.push_back(FrameFor(target, frames[i].pc, i == 0));
+  std::vector<encoding::PathFrame>& path = cache != nullptr ? cache->path : path_;
+  std::vector<encoding::EdgeId>& edges = cache != nullptr ? cache->edges : edges_;
+  // Frames kept from the thread's last stack keep their path frames and edge IDs. Never that
+  // stack's leaf: its node was resolved from an exact pc, not from a return address.
+  size_t keep = 0;
+  if (cache != nullptr && !path.empty() && cache->epoch == target.maps_epoch &&
+      cache->truncated == truncated) {
+    keep = std::min({outer_kept, path.size() - 1, edges.size(), num_frames - 1});
   }
-  auto edges = graph_->AddPath(path_, truncated);
-  if (!edges.ok()) {
+  path.resize(keep);
+  for (size_t i = num_frames - keep; i-- > 0;) {
+    path.push_back(FrameFor(target, frames[i].pc, i == 0));
+  }
+  if (cache != nullptr) {
+    cache->epoch = target.maps_epoch;
+    cache->truncated = truncated;
+  }
+  if (!graph_->ExtendPath(path, truncated, keep, &edges).ok()) {
+    path.clear();  // nothing of it is reusable
     ++stats_.dropped;
     return;
   }
   if (session_id != 0) {
     auto it = session_aggregators_.find(session_id);
-    if (it != session_aggregators_.end()) it->second->Add(target.id, *edges, 1);
+    if (it != session_aggregators_.end()) it->second->Add(target.id, edges, 1);
     return;
   }
-  if (!aggregator_.Add(target.id, *edges, 1)) batch_full_ = true;
+  if (!aggregator_.Add(target.id, edges, 1)) batch_full_ = true;
 }
 
 absl::StatusOr<std::optional<v1::SampleBatch>> Profiler::TakeBatch(int64_t start_ms,

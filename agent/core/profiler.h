@@ -114,6 +114,7 @@ class Profiler {
 
  private:
   struct Target;
+  struct PathCache;
   Profiler(ProfilerOptions options, ContextGraph* graph, procfs::ProcessTracker tracker,
            std::unique_ptr<sampler::PerfSampler> sampler);
 
@@ -126,8 +127,14 @@ class Profiler {
   // perf samples unwound by the agent and stacks unwound in-process (agent/inproc).
   // `session_id` 0 is continuous profiling; other sessions (ad hoc captures) count into
   // their own aggregator in session_aggregators_.
+  //
+  // `cache` (optional): the thread's last recorded path; its `outer_kept` outermost frames
+  // are the ones the incremental unwinder kept in place since then (SampleStats::outer_kept),
+  // whose function nodes and edge IDs are taken from the cache instead of being symbolized
+  // and looked up again.
   void RecordStack(Target& target, const unwind::Frame* frames, size_t num_frames,
-                   bool truncated, uint32_t session_id = 0);
+                   bool truncated, uint32_t session_id = 0, PathCache* cache = nullptr,
+                   size_t outer_kept = 0);
   // Refreshes the target's mappings if they changed; true when they did.
   bool RefreshMappings(Target& target);
   encoding::PathFrame FrameFor(Target& target, uint64_t pc, bool innermost);
@@ -152,6 +159,7 @@ class Profiler {
   uint64_t lost_reported_ = 0;
   std::vector<unwind::Frame> frames_;
   std::vector<encoding::PathFrame> path_;
+  std::vector<encoding::EdgeId> edges_;  // RecordStack's, for stacks without a PathCache
 };
 
 }  // namespace strata::agent

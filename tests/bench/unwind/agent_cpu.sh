@@ -1,24 +1,39 @@
 #!/usr/bin/env bash
-# Agent CPU cost of unwinding: runs strata-server, a 2-thread CPU-bound workload
-# (demo_service) and strata-agent at 99 Hz for DURATION seconds per mode, once with each
-# --unwind-verify mode (off = every sample unwound fully), and prints the agent's CPU time
-# (utime + stime from /proc/PID/stat) as % of one core, with the unwinding counters the
-# agent logs at exit (frames walked vs reused).
+# Agent CPU cost of unwinding, per --unwind-verify mode and per workload, in one run.
+#
+# For each workload (a 2-thread CPU-bound demo_service; a 200-frame recursion, where unwinding
+# dominates) and each mode (off = every sample unwound fully, boundary, full), runs
+# strata-agent at HZ against it for DURATION seconds after a start-up grace period, and reads
+# the agent's on-CPU time from /proc/PID/schedstat (nanoseconds, first field: all threads of
+# the agent summed by the kernel) at the start and end of that window -- not /proc/PID/stat,
+# whose 10 ms ticks cannot separate the modes. Prints one table row per (workload, mode):
+# agent CPU as % of one core, agent CPU ns per sample, and the unwinding counters the agent
+# logs at exit (frames walked with rule lookups vs reused from the thread's previous sample).
 #
 #   tests/bench/unwind/agent_cpu.sh [DURATION_SECONDS] [MODES...]
-#   env: SERVER, AGENT, WORKLOAD (binaries), HZ (default 99), PORT (default 17931)
+#   env: SERVER, AGENT (binaries), DEMO (demo_service), DEEP (unwind_workload_deep_recursion),
+#        WORKLOADS (default "demo deep"), HZ (default 99), PORT (default 17931),
+#        BUILD (default build: where the binaries are looked for)
+#
+# Samples in the window are estimated from the agent's total (it logs the total at exit,
+# start-up included) scaled by window / run time; ns per sample is therefore approximate,
+# the CPU % is exact. Other load on the machine shifts both: compare rows of one run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 duration=${1:-30}
 shift || true
 modes=("$@")
 [ ${#modes[@]} -eq 0 ] && modes=(off boundary full)
-SERVER=${SERVER:-$root/build/bin/strata-server}
-AGENT=${AGENT:-$root/build/bin/strata-agent}
-WORKLOAD=${WORKLOAD:-$root/build/bin/demo_service}
+BUILD=${BUILD:-$root/build}
+SERVER=${SERVER:-$BUILD/bin/strata-server}
+AGENT=${AGENT:-$BUILD/bin/strata-agent}
+DEMO=${DEMO:-$BUILD/bin/demo_service}
+DEEP=${DEEP:-$(ls "$BUILD"/tests/workloads/unwind/unwind_workload_deep_recursion \
+  "$BUILD"/bin/unwind_workload_deep_recursion 2>/dev/null | head -1)}
+WORKLOADS=${WORKLOADS:-demo deep}
 HZ=${HZ:-99}
 PORT=${PORT:-17931}
-ticks=$(getconf CLK_TCK)
+grace=3  # start-up (symbol tables, CFI compilation) is not the steady state
 work=$(mktemp -d /tmp/strata-agent-cpu-XXXXXX)
 pids=()
 cleanup() {
@@ -28,34 +43,54 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+oncpu_ns() { awk '{print $1}' "/proc/$1/schedstat"; }
+now_ns() { date +%s%N; }
 
 "$SERVER" --listen "127.0.0.1:$PORT" --http "" --data "$work/data" --log-level warn \
   > "$work/server.log" 2>&1 &
 pids+=($!)
 sleep 1
-"$WORKLOAD" --threads 2 > /dev/null 2>&1 &
-workload=$!
-pids+=($workload)
-sleep 1
 
-printf '%-9s %8s %10s %12s %14s %14s\n' mode seconds cpu_s agent_cpu_% frames_walked frames_reused
-for mode in "${modes[@]}"; do
-  "$AGENT" --server "127.0.0.1:$PORT" --pid "$workload" --frequency "$HZ" --interval 5 \
-    --unwind-verify "$mode" --log-level info > "$work/agent-$mode.log" 2>&1 &
-  agent=$!
-  sleep 2  # start-up (symbol tables, CFI compilation) is not the steady state
-  t0=$(cpu_ticks "$agent")
-  w0=$(date +%s.%N)
-  sleep "$duration"
-  t1=$(cpu_ticks "$agent")
-  w1=$(date +%s.%N)
-  kill -INT "$agent"
-  wait "$agent" || true
-  walked=$(grep -o '[0-9]* frames walked' "$work/agent-$mode.log" | awk '{print $1}' | tail -1)
-  reused=$(grep -o '[0-9]* reused' "$work/agent-$mode.log" | awk '{print $1}' | tail -1)
-  awk -v m="$mode" -v t0="$t0" -v t1="$t1" -v w0="$w0" -v w1="$w1" -v hz="$ticks" \
-      -v walked="${walked:-?}" -v reused="${reused:-?}" 'BEGIN {
-    cpu = (t1 - t0) / hz; wall = w1 - w0;
-    printf "%-9s %8.1f %10.2f %12.3f %14s %14s\n", m, wall, cpu, 100 * cpu / wall, walked, reused }'
+printf '%-6s %-9s %7s %9s %11s %9s %12s %12s\n' workload mode seconds samples agent_cpu_% \
+  ns/sample walked/smpl reused/smpl
+for wl in $WORKLOADS; do
+  case "$wl" in
+    demo) cmd=("$DEMO" --threads 2) ;;
+    deep) cmd=("$DEEP" 100000) ;;
+    *) echo "unknown workload $wl (demo, deep)" >&2; exit 2 ;;
+  esac
+  "${cmd[@]}" > /dev/null 2>&1 &
+  workload=$!
+  pids+=($workload)
+  sleep 1
+  for mode in "${modes[@]}"; do
+    log="$work/agent-$wl-$mode.log"
+    "$AGENT" --server "127.0.0.1:$PORT" --pid "$workload" --frequency "$HZ" --interval 5 \
+      --unwind-verify "$mode" --log-level info > "$log" 2>&1 &
+    agent=$!
+    s0=$(now_ns)
+    sleep "$grace"
+    c0=$(oncpu_ns "$agent")
+    w0=$(now_ns)
+    sleep "$duration"
+    c1=$(oncpu_ns "$agent")
+    w1=$(now_ns)
+    kill -INT "$agent"
+    wait "$agent" || true
+    s1=$(now_ns)
+    samples=$(grep -o 'stopping: [0-9]* samples' "$log" | awk '{print $2}' | tail -1)
+    walked=$(grep -o '[0-9]* frames walked' "$log" | awk '{print $1}' | tail -1)
+    reused=$(grep -o '[0-9]* reused' "$log" | awk '{print $1}' | tail -1)
+    awk -v wl="$wl" -v m="$mode" -v c0="$c0" -v c1="$c1" -v w0="$w0" -v w1="$w1" \
+        -v s0="$s0" -v s1="$s1" -v n="${samples:-0}" -v walked="${walked:-0}" \
+        -v reused="${reused:-0}" 'BEGIN {
+      cpu = c1 - c0; wall = w1 - w0;
+      win = (s1 > s0) ? n * wall / (s1 - s0) : 0;  # samples in the window (estimate)
+      per = (win > 0) ? sprintf("%.0f", cpu / win) : "?";
+      wps = (n > 0) ? walked / n : 0; rps = (n > 0) ? reused / n : 0;
+      printf "%-6s %-9s %7.1f %9d %11.3f %9s %12.1f %12.1f\n", wl, m, wall / 1e9, win,
+             100 * cpu / wall, per, wps, rps }'
+  done
+  kill "$workload" 2>/dev/null || true
+  wait "$workload" 2>/dev/null || true
 done

@@ -7,7 +7,9 @@
 // and whose leaf side changes (chain depths d, d-1, d, d-2 from the same call site), replayed
 // in order, as the agent sees a thread at 99 Hz. Full unwinding, the incremental unwinder
 // (boundary and full verification) and libunwind run over the same sequence; the counters
-// give frames per sample and frames actually unwound (rule lookups) per sample.
+// give frames per sample and frames actually unwound (rule lookups) per sample; for full
+// verification also the reused frames re-derived with their row (0 when the word compare
+// decides everything).
 #include <benchmark/benchmark.h>
 #include <elfutils/libdwfl.h>
 #include <libunwind.h>
@@ -113,6 +115,8 @@ void SeqIncremental(benchmark::State& state, VerifyMode mode) {
                                                  benchmark::Counter::kAvgIterations);
   state.counters["reused"] = benchmark::Counter(t.frames_reused - before.frames_reused,
                                                 benchmark::Counter::kAvgIterations);
+  state.counters["rederived"] = benchmark::Counter(t.frames_rederived - before.frames_rederived,
+                                                   benchmark::Counter::kAvgIterations);
   state.counters["verify_fail"] = t.verify_failures - before.verify_failures;
 }
 void BM_SeqIncrementalBoundary(benchmark::State& state) { SeqIncremental(state, VerifyMode::kBoundary); }
