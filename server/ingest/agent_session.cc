@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/encoding/packed_contexts.h"
 
 namespace strata::server {
 namespace {
@@ -11,15 +12,12 @@ namespace {
 constexpr size_t kMaxDecodeDepth = 4096;
 constexpr size_t kMaxDecodeCacheEntries = 1 << 18;
 
-std::string DecodeCacheKey(const v1::ContextCount& c) {
+std::string DecodeCacheKey(const encoding::EncodedContext& c) {
   std::string key;
-  key.resize(4 + 8 * c.ids_size());
-  uint32_t leaf = c.leaf();
+  key.resize(4 + 8 * c.ids.size());
+  const uint32_t leaf = c.leaf;
   std::memcpy(key.data(), &leaf, 4);
-  for (int i = 0; i < c.ids_size(); ++i) {
-    uint64_t id = c.ids(i);
-    std::memcpy(key.data() + 4 + 8 * i, &id, 8);
-  }
+  if (!c.ids.empty()) std::memcpy(key.data() + 4, c.ids.data(), 8 * c.ids.size());
   return key;
 }
 
@@ -146,17 +144,14 @@ absl::Status AgentSession::ApplyGraphDelta(const v1::GraphDelta& delta) {
 }
 
 absl::StatusOr<uint64_t> AgentSession::StackIdFor(const encoding::Numbering& numbering,
-                                                  const v1::ContextCount& context,
+                                                  const encoding::EncodedContext& context,
                                                   store::WriteBatch* wb) {
   std::string key = DecodeCacheKey(context);
   if (auto it = decode_cache_.find(key); it != decode_cache_.end()) return it->second;
   if (auto it = pending_cache_.find(key); it != pending_cache_.end()) return it->second;
 
-  encoding::EncodedContext encoded;
-  encoded.leaf = context.leaf();
-  encoded.ids.assign(context.ids().begin(), context.ids().end());
   bool truncated = false;
-  auto path = encoding::Decode(numbering, encoded, &truncated, kMaxDecodeDepth);
+  auto path = encoding::Decode(numbering, context, &truncated, kMaxDecodeDepth);
   if (!path.ok()) return path.status();
   store::StackFrames frames;
   frames.truncated = truncated;
@@ -202,6 +197,25 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
     }
     targets[t.id()] = &t;
   }
+  // Both context forms as records: packed first, then the repeated field. Malformed packed
+  // bytes reject the whole batch before anything is decoded.
+  std::vector<encoding::ContextRecord> contexts;
+  if (!batch.packed_contexts().empty()) {
+    auto packed = encoding::DecodePackedContexts(batch.packed_contexts());
+    if (!packed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch ", batch.sequence(), ": malformed packed contexts: ", packed.status().message()));
+    }
+    contexts = *std::move(packed);
+  }
+  contexts.reserve(contexts.size() + batch.contexts_size());
+  for (const v1::ContextCount& c : batch.contexts()) {
+    encoding::ContextRecord& r = contexts.emplace_back();
+    r.target_id = c.target_id();
+    r.context.leaf = c.leaf();
+    r.context.ids.assign(c.ids().begin(), c.ids().end());
+    r.count = c.count();
+  }
   auto numbering = numberings_.Get(graph_, batch.epoch());
   if (!numbering.ok()) return numbering.status();
   if (decode_cache_epoch_ != batch.epoch()) {
@@ -211,28 +225,28 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
 
   store::WriteBatch wb;
   pending_cache_.clear();
-  applied.contexts.reserve(batch.contexts_size());
-  for (const v1::ContextCount& c : batch.contexts()) {
-    auto target = targets.find(c.target_id());
+  applied.contexts.reserve(contexts.size());
+  for (const encoding::ContextRecord& c : contexts) {
+    auto target = targets.find(c.target_id);
     if (target == targets.end()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("batch ", batch.sequence(), " references unknown target ", c.target_id()));
+          absl::StrCat("batch ", batch.sequence(), " references unknown target ", c.target_id));
     }
-    auto stack_id = StackIdFor(**numbering, c, &wb);
+    auto stack_id = StackIdFor(**numbering, c.context, &wb);
     if (!stack_id.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(),
                                                      ": undecodable context: ",
                                                      stack_id.status().message()));
     }
-    if (c.count() == 0) continue;
+    if (c.count == 0) continue;
     const std::string& service = target->second->service();
     if (batch.capture_id().empty()) {
-      wb.AddSamples(service, applied.window_start_ms, identity_.host, *stack_id, c.count());
+      wb.AddSamples(service, applied.window_start_ms, identity_.host, *stack_id, c.count);
     } else {
       wb.AddCaptureSamples(batch.capture_id(), applied.window_start_ms, identity_.host,
-                           *stack_id, c.count());
+                           *stack_id, c.count);
     }
-    applied.contexts.push_back({&service, *stack_id, c.count()});
+    applied.contexts.push_back({&service, *stack_id, c.count});
   }
   wb.SetAppliedSequence(identity_.agent_id, batch.sequence());
   ++batches_;

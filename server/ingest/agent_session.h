@@ -67,10 +67,12 @@ class AgentSession {
   // malformed content. All-or-nothing.
   absl::Status ApplyGraphDelta(const v1::GraphDelta& delta);
 
-  // Decodes and stores a batch atomically with its sequence number. Returns the applied
-  // contexts (empty with OK for an already-applied sequence: the caller just acknowledges).
-  // FailedPrecondition when the batch's epoch is beyond the graph (caller answers Resync);
-  // InvalidArgument when any context does not decode (nothing is stored).
+  // Decodes and stores a batch atomically with its sequence number. The contexts are those
+  // of `packed_contexts` (current agents) plus the repeated `contexts` (older agents).
+  // Returns the applied contexts (empty with OK for an already-applied sequence: the caller
+  // just acknowledges). FailedPrecondition when the batch's epoch is beyond the graph (caller
+  // answers Resync); InvalidArgument when the packed bytes are malformed or any context does
+  // not decode (nothing is stored).
   absl::StatusOr<AppliedBatch> ApplyBatch(const v1::SampleBatch& batch);
 
  private:
@@ -78,7 +80,8 @@ class AgentSession {
 
   // Decodes one context to a stored stack ID.
   absl::StatusOr<uint64_t> StackIdFor(const encoding::Numbering& numbering,
-                                      const v1::ContextCount& context, store::WriteBatch* wb);
+                                      const encoding::EncodedContext& context,
+                                      store::WriteBatch* wb);
 
   store::Store* store_;
   AgentIdentity identity_;

@@ -1,6 +1,7 @@
 #include "server/ingest/agent_session.h"
 
 #include "common/encoding/numbering.h"
+#include "common/encoding/packed_contexts.h"
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -58,7 +59,24 @@ struct FakeAgent {
   }
 };
 
-v1::SampleBatch Batch(uint64_t seq, uint64_t epoch, std::vector<v1::ContextCount> contexts) {
+// How a batch carries its contexts: the repeated ContextCount field (older agents) or
+// packed_contexts (current agents). Every test runs with both.
+enum class Form { kRepeated, kPacked };
+
+// Moves the batch's repeated contexts into packed_contexts.
+void Pack(v1::SampleBatch* b) {
+  std::vector<encoding::ContextRecord> records;
+  for (const auto& c : b->contexts()) {
+    records.push_back({c.target_id(), {c.leaf(), {c.ids().begin(), c.ids().end()}}, c.count()});
+  }
+  auto packed = encoding::EncodePackedContexts(records);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  b->set_packed_contexts(*packed);
+  b->clear_contexts();
+}
+
+v1::SampleBatch Batch(uint64_t seq, uint64_t epoch, std::vector<v1::ContextCount> contexts,
+                      Form form = Form::kRepeated, uint32_t target_id = 1) {
   v1::SampleBatch b;
   b.set_sequence(seq);
   b.set_epoch(epoch);
@@ -69,9 +87,10 @@ v1::SampleBatch Batch(uint64_t seq, uint64_t epoch, std::vector<v1::ContextCount
   t->set_service("demo");
   t->set_pid(42);
   for (auto& c : contexts) {
-    c.set_target_id(1);
+    c.set_target_id(target_id);
     *b.add_contexts() = c;
   }
+  if (form == Form::kPacked) Pack(&b);
   return b;
 }
 
@@ -81,9 +100,14 @@ std::vector<std::string> Names(const Profile& p, const ResolvedStack& s) {
   return out;
 }
 
-class AgentSessionTest : public ::testing::Test {
+class AgentSessionTest : public ::testing::TestWithParam<Form> {
  protected:
   void SetUp() override { Reopen(); }
+  // A batch in the form under test.
+  v1::SampleBatch Batch(uint64_t seq, uint64_t epoch, std::vector<v1::ContextCount> contexts,
+                        uint32_t target_id = 1) {
+    return server::Batch(seq, epoch, std::move(contexts), GetParam(), target_id);
+  }
   void Reopen() {
     store_.reset();
     auto s = store::Store::Open(dir_.path(), {});
@@ -106,7 +130,7 @@ class AgentSessionTest : public ::testing::Test {
   std::unique_ptr<store::Store> store_;
 };
 
-TEST_F(AgentSessionTest, DecodesAndStoresBatch) {
+TEST_P(AgentSessionTest, DecodesAndStoresBatch) {
   FakeAgent agent;
   auto c1 = agent.Context({"main", "serve", "tokenize"}, 6);
   auto c2 = agent.Context({"main", "serve", "deflate"}, 3);
@@ -124,7 +148,7 @@ TEST_F(AgentSessionTest, DecodesAndStoresBatch) {
   EXPECT_EQ(p.stacks[0].count, 6u);
 }
 
-TEST_F(AgentSessionTest, ResentBatchIsAppliedOnce) {
+TEST_P(AgentSessionTest, ResentBatchIsAppliedOnce) {
   FakeAgent agent;
   auto c = agent.Context({"main", "work"}, 5);
   auto session = Open();
@@ -137,7 +161,7 @@ TEST_F(AgentSessionTest, ResentBatchIsAppliedOnce) {
   EXPECT_EQ(Load().total, 5u);
 }
 
-TEST_F(AgentSessionTest, GraphSurvivesServerRestart) {
+TEST_P(AgentSessionTest, GraphSurvivesServerRestart) {
   FakeAgent agent;
   auto c1 = agent.Context({"main", "a", "b"}, 2);
   {
@@ -159,7 +183,7 @@ TEST_F(AgentSessionTest, GraphSurvivesServerRestart) {
   EXPECT_EQ(Load().total, 8u);
 }
 
-TEST_F(AgentSessionTest, NewGraphIdStartsEmpty) {
+TEST_P(AgentSessionTest, NewGraphIdStartsEmpty) {
   FakeAgent agent;
   agent.Context({"main", "a"}, 1);
   {
@@ -170,7 +194,7 @@ TEST_F(AgentSessionTest, NewGraphIdStartsEmpty) {
   EXPECT_EQ(session->num_edges(), 0u);
 }
 
-TEST_F(AgentSessionTest, RejectsDeltaNotStartingAtTheEnd) {
+TEST_P(AgentSessionTest, RejectsDeltaNotStartingAtTheEnd) {
   FakeAgent agent;
   agent.Context({"main", "a"}, 1);
   auto session = Open();
@@ -179,7 +203,7 @@ TEST_F(AgentSessionTest, RejectsDeltaNotStartingAtTheEnd) {
   EXPECT_EQ(session->num_edges(), 0u);
 }
 
-TEST_F(AgentSessionTest, RejectsEdgeToUnknownNodeWithoutChangingState) {
+TEST_P(AgentSessionTest, RejectsEdgeToUnknownNodeWithoutChangingState) {
   FakeAgent agent;
   agent.Context({"main", "a"}, 1);
   auto session = Open();
@@ -192,7 +216,7 @@ TEST_F(AgentSessionTest, RejectsEdgeToUnknownNodeWithoutChangingState) {
   EXPECT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
 }
 
-TEST_F(AgentSessionTest, RejectsUndecodableContextsAndKeepsEarlierData) {
+TEST_P(AgentSessionTest, RejectsUndecodableContextsAndKeepsEarlierData) {
   FakeAgent agent;
   auto good = agent.Context({"main", "a"}, 3);
   auto session = Open();
@@ -210,15 +234,14 @@ TEST_F(AgentSessionTest, RejectsUndecodableContextsAndKeepsEarlierData) {
   // Epoch beyond the graph: the agent must resend the graph.
   r = session->ApplyBatch(Batch(4, agent.graph.num_edges() + 5, {good}));
   EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
-  auto unknown_target = Batch(5, agent.graph.num_edges(), {good});
-  unknown_target.mutable_contexts(0)->set_target_id(9);
+  auto unknown_target = Batch(5, agent.graph.num_edges(), {good}, /*target_id=*/9);
   EXPECT_TRUE(absl::IsInvalidArgument(session->ApplyBatch(unknown_target).status()));
 
   EXPECT_EQ(Load().total, 3u);
   EXPECT_EQ(session->last_applied_sequence(), 1u);
 }
 
-TEST_F(AgentSessionTest, TruncatedStacksAreMarked) {
+TEST_P(AgentSessionTest, TruncatedStacksAreMarked) {
   FakeAgent agent;
   auto c = agent.Context({"inner", "leaf"}, 2, /*truncated=*/true);
   auto session = Open();
@@ -229,6 +252,68 @@ TEST_F(AgentSessionTest, TruncatedStacksAreMarked) {
   EXPECT_TRUE(p.stacks[0].truncated);
   EXPECT_THAT(Names(p, p.stacks[0]), ElementsAre("inner", "leaf"));
 }
+
+TEST_P(AgentSessionTest, BatchWithBothFormsCountsBoth) {
+  FakeAgent agent;
+  auto c1 = agent.Context({"main", "serve", "tokenize"}, 6);
+  auto c2 = agent.Context({"main", "serve", "deflate"}, 3);
+  auto session = Open();
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  auto batch = server::Batch(1, agent.graph.num_edges(), {c1, c2}, Form::kPacked);
+  c1.set_target_id(1);
+  *batch.add_contexts() = c1;
+  ASSERT_TRUE(session->ApplyBatch(batch).ok());
+  Profile p = Load();
+  EXPECT_EQ(p.total, 15u);
+  ASSERT_EQ(p.stacks.size(), 2u);
+  EXPECT_THAT(Names(p, p.stacks[0]), ElementsAre("main", "serve", "tokenize"));
+  EXPECT_EQ(p.stacks[0].count, 12u);
+}
+
+TEST_P(AgentSessionTest, MalformedPackedContextsAreRejectedAndNothingIsStored) {
+  FakeAgent agent;
+  auto good = agent.Context({"main", "a"}, 3);
+  auto other = agent.Context({"main", "b"}, 2);
+  auto session = Open();
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  ASSERT_TRUE(session->ApplyBatch(Batch(1, agent.graph.num_edges(), {good})).ok());
+
+  const auto valid = server::Batch(2, agent.graph.num_edges(), {good, other}, Form::kPacked);
+  const std::string bytes = valid.packed_contexts();
+  std::vector<std::string> malformed = {
+      std::string(1, '\x07') + bytes.substr(1),  // unknown version
+      bytes.substr(0, bytes.size() - 1),        // truncated
+      bytes + std::string(1, '\0'),             // trailing byte
+      std::string(1, '\x01') + std::string(12, '\xff'),
+  };
+  for (const std::string& m : malformed) {
+    auto batch = valid;
+    batch.set_packed_contexts(m);
+    // Repeated contexts in the same batch must not be stored either.
+    good.set_target_id(1);
+    *batch.add_contexts() = good;
+    auto r = session->ApplyBatch(batch);
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("packed"));
+  }
+  // Well-formed bytes whose context does not decode (an unknown leaf).
+  auto unknown = good;
+  unknown.set_leaf(4000);
+  auto r = session->ApplyBatch(
+      server::Batch(2, agent.graph.num_edges(), {good, unknown}, Form::kPacked));
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_EQ(Load().total, 3u);
+  EXPECT_EQ(session->last_applied_sequence(), 1u);
+  // The valid batch still applies.
+  ASSERT_TRUE(session->ApplyBatch(valid).ok());
+  EXPECT_EQ(Load().total, 8u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Forms, AgentSessionTest,
+                         ::testing::Values(Form::kRepeated, Form::kPacked),
+                         [](const ::testing::TestParamInfo<Form>& info) {
+                           return info.param == Form::kPacked ? "Packed" : "Repeated";
+                         });
 
 }  // namespace
 }  // namespace strata::server
