@@ -21,7 +21,8 @@ void PhaseDetector::OnBatch(const AppliedBatch& batch) {
   {
     absl::MutexLock lock(&mu_);
     for (const AppliedContext& c : batch.contexts) {
-      auto& table = tables_[*c.service];
+      ServiceState& state = services_[*c.service];
+      auto& table = state.table;
       if (!table) {
         table::SortedTableOptions o;
         o.max_entries = options_.max_contexts;
@@ -42,13 +43,46 @@ void PhaseDetector::OnBatch(const AppliedBatch& batch) {
         table->Add(c.stack_id, c.count);
       }
       auto changes = table->TakePhaseChanges();
-      if (!changes.empty()) {
-        auto& out = found[*c.service];
-        out.insert(out.end(), changes.begin(), changes.end());
-      }
+      auto& out = found[*c.service];
+      out.insert(out.end(), changes.begin(), changes.end());
+      state.current[c.stack_id] += c.count;
+      state.current_total += c.count;
+      if (state.current_total >= options_.period) EndPeriod(state, &out);
     }
   }
+  std::erase_if(found, [](const auto& kv) { return kv.second.empty(); });
   for (const auto& [service, changes] : found) Publish(service, batch.window_start_ms, changes);
+}
+
+void PhaseDetector::EndPeriod(ServiceState& state,
+                              std::vector<table::PhaseChange<uint64_t>>* out) {
+  const auto& before = state.previous[1];  // two periods back
+  const uint64_t factor = options_.factor;
+  auto count_in = [](const std::map<uint64_t, uint64_t>& m, uint64_t key) -> uint64_t {
+    auto it = m.find(key);
+    return it == m.end() ? 0 : it->second;
+  };
+  // Every change the swap test reports for the straddling period is already in `out`; this
+  // adds the reorderings that only show against the ranking two periods back.
+  for (const auto& [x, x_now] : state.current) {
+    if (x_now <= options_.hot_threshold) continue;
+    const uint64_t x_before = count_in(before, x);
+    for (const auto& [y, y_before] : before) {
+      if (x == y || y_before <= options_.hot_threshold || x_before >= y_before) continue;
+      const uint64_t y_now = count_in(state.current, y);
+      if (x_now <= y_now) continue;  // no reordering
+      if (y_before < factor * std::max<uint64_t>(x_before, 1) &&
+          x_now < factor * std::max<uint64_t>(y_now, 1)) {
+        continue;  // reordered, but not by an order of magnitude
+      }
+      out->push_back({0, 0, x, static_cast<uint32_t>(x_now), static_cast<uint32_t>(x_before), y,
+                      static_cast<uint32_t>(y_now), static_cast<uint32_t>(y_before)});
+    }
+  }
+  state.previous[1] = std::move(state.previous[0]);
+  state.previous[0] = std::move(state.current);
+  state.current.clear();
+  state.current_total = 0;
 }
 
 void PhaseDetector::Resolve(uint64_t stack_id, v1::HotPath* path) {

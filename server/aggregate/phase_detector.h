@@ -10,6 +10,13 @@
 // is small (it only has to hold the contexts that matter); when it is full it is drained
 // (its counts are already durable: ingest writes every batch to RocksDB) and starts over.
 //
+// A switch rarely falls on a period boundary: in the period that straddles it, the new hot
+// context overtakes the old one by less than 10x, and afterwards it is already ahead, so the
+// table's swap test alone misses most real switches. The detector therefore also compares
+// each period's ranking with the one two periods back (skipping the straddling period): a
+// context that is now hot and ranked ahead of one that was hot then, with an order of
+// magnitude between them on either side, is the same kind of reordering, seen across it.
+//
 // Thread-safe: OnBatch may be called from every ingest stream.
 #ifndef STRATA_SERVER_AGGREGATE_PHASE_DETECTOR_H_
 #define STRATA_SERVER_AGGREGATE_PHASE_DETECTOR_H_
@@ -30,10 +37,11 @@ namespace strata::server {
 struct PhaseDetectorOptions {
   // Contexts tracked per service before the table is drained and restarted.
   uint32_t max_contexts = 1024;
-  // Samples per comparison period. At 99 Hz on two busy threads this is ~5 s.
-  uint32_t period = 1000;
+  // Samples per comparison period. At 99 Hz on two busy threads this is ~1.5 s; short
+  // periods let a switch be confirmed soon after it happens.
+  uint32_t period = 300;
   // A context is hot in a period above this many samples (10 % of the default period).
-  uint32_t hot_threshold = 100;
+  uint32_t hot_threshold = 30;
   uint32_t factor = 10;
 };
 
@@ -55,10 +63,21 @@ class PhaseDetector {
                const std::vector<table::PhaseChange<uint64_t>>& changes);
   void Resolve(uint64_t stack_id, v1::HotPath* path);
 
+  struct ServiceState {
+    std::unique_ptr<Table> table;
+    // Per-period counts of the current period and the two before it (bounded by the table:
+    // contexts outside it are not tracked).
+    std::map<uint64_t, uint64_t> current;
+    std::map<uint64_t, uint64_t> previous[2];
+    uint64_t current_total = 0;
+  };
+  // Ends a period of `state`: compares it with the period two back; appends events.
+  void EndPeriod(ServiceState& state, std::vector<table::PhaseChange<uint64_t>>* out);
+
   store::Store* store_;
   PhaseDetectorOptions options_;
   mutable absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, ServiceState> services_ ABSL_GUARDED_BY(mu_);
   uint64_t events_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

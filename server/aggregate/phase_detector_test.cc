@@ -65,6 +65,20 @@ TEST_F(PhaseDetectorTest, HotPathSwitchIsRecordedWithBothPaths) {
   EXPECT_GE(e.fell(0).count_before(), 10 * e.rose(0).count_before());
 }
 
+TEST_F(PhaseDetectorTest, SwitchInsideAPeriodIsRecorded) {
+  // 7 batches of 200 before the switch: the period of samples 1000-2000 straddles it, so the
+  // new hot path overtakes the old one there by less than 10x.
+  PhaseDetector detector(store_.get(), {.period = 1000, .hot_threshold = 100});
+  for (int i = 0; i < 7; ++i) Feed(detector, i * 10'000, 120, 60, 20);
+  for (int i = 7; i < 20; ++i) Feed(detector, i * 10'000, 5, 185, 10);
+  auto events = Events();
+  ASSERT_FALSE(events.empty());
+  ASSERT_GE(events.front().rose_size(), 1);
+  EXPECT_EQ(events.front().rose(0).path().frames(1).function(), "deflate");
+  EXPECT_EQ(events.front().fell(0).path().frames(1).function(), "parse");
+  EXPECT_LE(events.size(), 2u);  // one switch, not an event per period
+}
+
 TEST_F(PhaseDetectorTest, SteadyOrMildChangesRecordNothing) {
   PhaseDetector detector(store_.get(), {.period = 1000, .hot_threshold = 100});
   for (int i = 0; i < 10; ++i) Feed(detector, i * 10'000, 120, 60, 20);

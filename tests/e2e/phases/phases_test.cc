@@ -1,0 +1,66 @@
+// Phase changes end to end: a workload that switches its hot path halfway, profiled by the
+// real agent into the real server; `strata phases` reports the switch and `strata top` points
+// at it in its header.
+#include <signal.h>
+
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/harness.h"
+
+namespace strata::e2e {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(PhasesTest, HotPathSwitchIsReported) {
+  strata::testing::TempDir dir("strata_e2e_phases");
+  ServerProcess server(dir.File("data"), dir.File("server.log"));
+  ASSERT_GT(server.port(), 0) << server.process().Output();
+  // tokenize ~60 % for 12 s, then ~5 % while deflate_block rises to ~85 %.
+  ChildProcess demo({BinPath("demo_service"), "--switch-after", "12"}, dir.File("demo.log"),
+                    {{"STRATA_SERVICE", "phased"}});
+  ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
+  ChildProcess agent({BinPath("strata-agent"), "--server", server.address(), "--pid",
+                      std::to_string(demo.pid()), "--interval", "1"},
+                     dir.File("agent.log"));
+  std::this_thread::sleep_for(std::chrono::seconds(30));
+  EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();
+  demo.Stop(SIGKILL);
+
+  CommandResult phases = RunCommand({BinPath("strata"), "--server", server.address(), "phases",
+                                     "--service", "phased", "--since", "10m"});
+  EXPECT_EQ(phases.exit_code, 0) << phases.output;
+  EXPECT_THAT(phases.output, ::testing::Not(HasSubstr("Phase changes of phased (last 10m): 0")))
+      << phases.output << server.process().Output();
+  EXPECT_THAT(phases.output, HasSubstr("rose")) << phases.output;
+  EXPECT_THAT(phases.output, HasSubstr("compress_response > deflate_block")) << phases.output;
+  EXPECT_THAT(phases.output, HasSubstr("parse_request > tokenize")) << phases.output;
+
+  CommandResult json = RunCommand({BinPath("strata"), "--server", server.address(), "--json",
+                                   "phases", "--service", "phased", "--since", "10m"});
+  EXPECT_EQ(json.exit_code, 0);
+  EXPECT_THAT(json.output, HasSubstr("\"rose\""));
+
+}
+
+TEST(PhasesTest, SteadyWorkloadReportsNoPhaseChange) {
+  strata::testing::TempDir dir("strata_e2e_steady");
+  ServerProcess server(dir.File("data"), dir.File("server.log"));
+  ASSERT_GT(server.port(), 0) << server.process().Output();
+  ChildProcess demo({BinPath("demo_service")}, dir.File("demo.log"), {{"STRATA_SERVICE", "steady"}});
+  ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
+  ChildProcess agent({BinPath("strata-agent"), "--server", server.address(), "--pid",
+                      std::to_string(demo.pid()), "--interval", "1"},
+                     dir.File("agent.log"));
+  std::this_thread::sleep_for(std::chrono::seconds(20));
+  EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();
+  CommandResult phases = RunCommand({BinPath("strata"), "--server", server.address(), "phases",
+                                     "--service", "steady", "--since", "10m"});
+  EXPECT_EQ(phases.exit_code, 0) << phases.output;
+  EXPECT_THAT(phases.output, HasSubstr("Phase changes of steady (last 10m): 0")) << phases.output;
+}
+
+}  // namespace
+}  // namespace strata::e2e
