@@ -36,8 +36,10 @@ std::chrono::system_clock::time_point Deadline(int seconds) {
 // batches (the server learns the agent's targets from its batches).
 class CaptureTest : public ::testing::Test {
  protected:
-  void StartAll(std::vector<std::string> agent_flags = {}) {
-    server_ = std::make_unique<ServerProcess>(dir_.File("data"), dir_.File("server.log"));
+  void StartAll(std::vector<std::string> agent_flags = {},
+                std::vector<std::string> server_flags = {}) {
+    server_ = std::make_unique<ServerProcess>(dir_.File("data"), dir_.File("server.log"),
+                                              server_flags);
     ASSERT_GT(server_->port(), 0) << server_->process().Output();
     demo_ = std::make_unique<ChildProcess>(std::vector<std::string>{BinPath("demo_service")},
                                            dir_.File("demo.log"),
@@ -295,6 +297,24 @@ TEST_F(CaptureTest, CpuBudgetLowersTheRate) {
   EXPECT_GT(effective, 0u);
   EXPECT_LT(effective, 499u);
   EXPECT_THAT(agent_->Output(), HasSubstr("budget 0.10 %"));
+}
+
+TEST_F(CaptureTest, CapturesExpireAfterTheRetention) {
+  ASSERT_NO_FATAL_FAILURE(StartAll({}, {"--capture-retention", "3s"}));
+  CommandResult capture =
+      RunCommand(Cli({"capture", "--service", "demo", "--duration", "1s", "--format", "top"}), 20);
+  ASSERT_EQ(capture.exit_code, 0) << capture.output;
+  const std::string id = CaptureIdIn(capture.output);
+  ASSERT_FALSE(id.empty()) << capture.output;
+  CommandResult listed = RunCommand(Cli({"captures"}), 10);
+  EXPECT_THAT(listed.output, HasSubstr(id));
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  listed = RunCommand(Cli({"captures"}), 10);
+  EXPECT_EQ(listed.exit_code, 0) << listed.output;
+  EXPECT_THAT(listed.output, ::testing::Not(HasSubstr(id)));
+  CommandResult show = RunCommand(Cli({"capture", "show", id}), 10);
+  EXPECT_EQ(show.exit_code, 1) << show.output;
+  EXPECT_THAT(show.output, HasSubstr("older than the capture retention"));
 }
 
 }  // namespace
