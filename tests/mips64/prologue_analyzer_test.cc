@@ -252,6 +252,31 @@ TEST(PrologueAnalyzer, ZeroedRaMarksTheOutermostFrame) {
   EXPECT_EQ(a.row.ra_rule, RaR::kUndefined);
 }
 
+// A loop exit branch with the epilogue's `ld ra` in its delay slot: on the loop path ra is
+// reloaded (slot unchanged) and then overwritten by the next call. The return address stays
+// in its slot; the loop's calls must still unwind through it (GCC -O2, seen in the wild).
+TEST(PrologueAnalyzer, LdRaInLoopExitDelaySlotKeepsTheSlot) {
+  std::vector<uint32_t> f = {
+      daddiu(sp, sp, -64),  // 0
+      sd(ra, 40, sp),       // 4
+      jalr_t9,              // 8
+      nop,                  // 12
+      beq(v0, zero, 5),     // 16: exit to 40
+      ld(ra, 40, sp),       // 20: delay slot, runs on both paths
+      jalr_t9,              // 24: loop head, ra overwritten
+      nop,                  // 28
+      beq(v0, a0, -3),      // 32: back to 24
+      nop,                  // 36
+      jr_ra,                // 40: reached from 16 (ra reloaded) and from the loop (ra garbage)
+      daddiu(sp, sp, 64),   // 44
+  };
+  auto rows = AnalyzeFunction(f);
+  ExpectSp(rows, 24, 64, RaR::kAtCfaOffset, -24);  // loop head: the slot is right on both paths
+  ExpectSp(rows, 28, 64, RaR::kAtCfaOffset, -24);  // return address of the loop's call
+  ExpectSp(rows, 40, 64, RaR::kAtCfaOffset, -24);  // the register may hold the loop's call's
+  ExpectSp(rows, 44, 64, RaR::kAtCfaOffset, -24);
+}
+
 // glibc's __start: `move ra,zero`, then sp realigned with `and` (no CFA the analysis can
 // follow) before the call to __libc_start_main. The return address into it is outermost.
 TEST(PrologueAnalyzer, ZeroedRaIsOutermostEvenAfterSpIsRealigned) {

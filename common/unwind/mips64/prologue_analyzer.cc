@@ -23,6 +23,10 @@ struct State {
   bool fp_modified = false;  // s8 no longer holds the caller's value
   bool fp_saved = false;     // the caller's s8 is at CFA + fp_save_off
   Ra ra = Ra::kInRegister;
+  // With ra kInRegister after `ld ra` from its save slot: the slot (CFA + ra_off) still holds
+  // the return address until the frame is released, so a call that overwrites ra (a loop
+  // whose exit branch has the `ld ra` in its delay slot) leaves it kSaved, not lost.
+  bool ra_slot_copy = false;
   int32_t sp_off = 0;
   int32_t fp_off = 0;
   int32_t ra_off = 0;
@@ -31,7 +35,10 @@ struct State {
   bool SameFrame(const State& o) const {
     return sp_known == o.sp_known && (!sp_known || sp_off == o.sp_off) &&
            fp_known == o.fp_known && (!fp_known || fp_off == o.fp_off) && ra == o.ra &&
-           (ra != Ra::kSaved || ra_off == o.ra_off) && fp_saved == o.fp_saved &&
+           (ra != Ra::kSaved || ra_off == o.ra_off) &&
+           (ra != Ra::kInRegister || (ra_slot_copy == o.ra_slot_copy &&
+                                      (!ra_slot_copy || ra_off == o.ra_off))) &&
+           fp_saved == o.fp_saved &&
            (!fp_saved || fp_save_off == o.fp_save_off) && fp_modified == o.fp_modified;
   }
 };
@@ -116,7 +123,19 @@ std::optional<int64_t> ConstBefore(std::span<const uint32_t> words, size_t i, in
 bool IsMoveFunct(uint32_t f) { return f == 0x2D || f == 0x25 || f == 0x21; }  // daddu/or/addu
 
 // Applies one instruction's effect on the frame state.
+State ApplyInsn(State s, std::span<const uint32_t> words, size_t i);
+
+// The state after instruction i. The slot copy of ra dies with the frame.
 State Apply(State s, std::span<const uint32_t> words, size_t i) {
+  State out = ApplyInsn(s, words, i);
+  if (out.ra != Ra::kInRegister ||
+      (out.ra_slot_copy && (!out.sp_known || out.sp_off > out.ra_off))) {
+    out.ra_slot_copy = false;
+  }
+  return out;
+}
+
+State ApplyInsn(State s, std::span<const uint32_t> words, size_t i) {
   const uint32_t w = words[i];
   const uint32_t op = Op(w);
   const int rs = Rs(w), rt = Rt(w);
@@ -185,6 +204,7 @@ State Apply(State s, std::span<const uint32_t> words, size_t i) {
       if (rt == kRa && s.ra == Ra::kInRegister) {
         s.ra = Ra::kSaved;
         s.ra_off = slot;
+        s.ra_slot_copy = false;
       } else if (rt == kS8 && !s.fp_modified && !s.fp_saved) {
         s.fp_saved = true;
         s.fp_save_off = slot;
@@ -195,8 +215,14 @@ State Apply(State s, std::span<const uint32_t> words, size_t i) {
   // Loads back into ra / s8 (epilogue).
   if ((op == 0x37 || op == 0x23) && (rs == kSp || rs == kS8) && (rt == kRa || rt == kS8)) {
     if (rt == kRa) {
-      if (s.ra == Ra::kSaved) s.ra = Ra::kInRegister;
-      else s.ra = Ra::kLost;
+      const bool base_known = rs == kSp ? s.sp_known : s.fp_known;
+      const int32_t slot = (rs == kSp ? s.sp_off : s.fp_off) + Imm(w);
+      if (s.ra == Ra::kSaved) {
+        s.ra_slot_copy = base_known && slot == s.ra_off;
+        s.ra = Ra::kInRegister;
+      } else {
+        s.ra = Ra::kLost;
+      }
     } else if (s.fp_saved) {
       s.fp_saved = false;
       s.fp_known = false;
@@ -213,7 +239,7 @@ State Apply(State s, std::span<const uint32_t> words, size_t i) {
     s.fp_known = false;
     s.fp_modified = true;
   }
-  if (dest == kRa && s.ra == Ra::kInRegister) s.ra = Ra::kLost;
+  if (dest == kRa && s.ra == Ra::kInRegister) s.ra = s.ra_slot_copy ? Ra::kSaved : Ra::kLost;
   return s;
 }
 
@@ -359,6 +385,18 @@ bool Join(State* slot, const State& in, uint32_t* conflicts) {
   if (slot->fp_known && (!in.fp_known || in.fp_off != slot->fp_off)) {
     slot->fp_known = false;
     changed = true;
+  }
+  // ra back in the register after `ld ra` (slot still intact) on one path, saved in that same
+  // slot on the other (a loop around a call): the slot is right on both.
+  if (slot->ra == Ra::kInRegister && slot->ra_slot_copy) {
+    if (in.ra == Ra::kSaved && in.ra_off == slot->ra_off) {
+      slot->ra = Ra::kSaved;
+      slot->ra_slot_copy = false;
+      changed = true;
+    } else if (in.ra == Ra::kInRegister && !in.ra_slot_copy) {
+      slot->ra_slot_copy = false;
+      changed = true;
+    }
   }
   if (!changed) ++*conflicts;
   return changed;
