@@ -56,6 +56,24 @@ int RunAgents(CliContext* ctx) {
   return 0;
 }
 
+// One header line per phase change in the range: a profile that mixes two phases reads
+// differently from one of a steady program.
+void PrintPhaseHeader(Client& client, const v1::ProfileFilter& filter) {
+  v1::PhasesRequest request;
+  *request.mutable_filter() = filter;
+  auto r = client.Call(client.query(), &v1::Query::Stub::Phases, request);
+  for (const auto& c : r.changes()) {
+    auto leaf = [](const v1::PhaseChange::Shift& s) {
+      return s.path().frames().empty() ? std::string("?")
+                                       : s.path().frames().rbegin()->function();
+    };
+    std::printf("Phase change at %s: %s rose, %s fell (see strata phases)\n",
+                FormatRfc3339(c.detected_ms()).c_str(),
+                c.rose().empty() ? "?" : leaf(c.rose(0)).c_str(),
+                c.fell().empty() ? "?" : leaf(c.fell(0)).c_str());
+  }
+}
+
 int RunTop(CliContext* ctx, const FilterOptions& f, bool by_total) {
   Client& client = ctx->client();
   v1::TopRequest request;
@@ -67,6 +85,7 @@ int RunTop(CliContext* ctx, const FilterOptions& f, bool by_total) {
   std::printf("Top functions of %s (%s, %s samples%s)\n", f.service.c_str(),
               RangeText(f).c_str(), WithThousands(r.total_samples()).c_str(),
               ArchSuffix(r.archs()).c_str());
+  PrintPhaseHeader(client, request.filter());
   if (r.total_samples() == 0) {
     std::printf("No samples in this range.\n");
     return 0;

@@ -38,6 +38,12 @@ TEST(PhasesTest, HotPathSwitchIsReported) {
   EXPECT_THAT(phases.output, HasSubstr("compress_response > deflate_block")) << phases.output;
   EXPECT_THAT(phases.output, HasSubstr("parse_request > tokenize")) << phases.output;
 
+  CommandResult top = RunCommand({BinPath("strata"), "--server", server.address(), "top",
+                                  "--service", "phased", "--since", "10m"});
+  EXPECT_EQ(top.exit_code, 0) << top.output;
+  EXPECT_THAT(top.output, HasSubstr("Phase change at ")) << top.output;
+  EXPECT_THAT(top.output, HasSubstr("deflate_block rose, tokenize fell")) << top.output;
+
   CommandResult json = RunCommand({BinPath("strata"), "--server", server.address(), "--json",
                                    "phases", "--service", "phased", "--since", "10m"});
   EXPECT_EQ(json.exit_code, 0);
