@@ -47,6 +47,10 @@ set(ENV{PKG_CONFIG_LIBDIR} "${_sr}/usr/lib/${STRATA_CROSS_TRIPLE}/pkgconfig:${_s
 set(ENV{PKG_CONFIG_SYSROOT_DIR} "${_sr}")
 set(ENV{PKG_CONFIG_PATH} "")
 
+# Debian's CMake packages name shared objects: retarget their imported libraries to the
+# sysroot's static archives, spdlog/fmt header-only (static-imports.cmake).
+set(CMAKE_PROJECT_TOP_LEVEL_INCLUDES "${CMAKE_CURRENT_LIST_DIR}/static-imports.cmake")
+
 # Host code generators.
 set(STRATA_PROTOC /usr/bin/protoc CACHE FILEPATH "host protoc")
 set(STRATA_GRPC_CPP_PLUGIN /usr/bin/grpc_cpp_plugin CACHE FILEPATH "host grpc_cpp_plugin")

@@ -1,7 +1,8 @@
 // Analysis half of the in-process sampler accuracy test (programs/inproc_workload.c): after
 // the workload ran under the sampler, symbolizes every recorded stack with the ELF symbol
 // tables of the loaded modules and compares it frame by frame with the shadow stack.
-// Passes when every frame matches except those lost to tail calls (counted and printed).
+// Passes when every frame matches except those lost to tail calls (counted and printed) and
+// every stack ends at the outermost frame.
 #include <link.h>
 
 #include <cstdint>
@@ -120,6 +121,12 @@ extern "C" int strata_analyze_records(const Record* records, int n, int limit, d
   }
   if (t.correct_frames != t.expected_frames) {
     std::printf("FAIL: frames unwound wrongly\n");
+    return 1;
+  }
+  // Every thread's stack runs up to its entry point (__start/_start, the thread start): the
+  // sampler must say so, or the agent marks the stacks truncated.
+  if (truncated != 0) {
+    std::printf("FAIL: %zu stacks did not end at the outermost frame\n", truncated);
     return 1;
   }
   std::printf("PASS\n");
