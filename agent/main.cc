@@ -4,6 +4,7 @@
 //   strata-agent --server HOST:PORT [--pid PID]... [--service NAME=REGEX]...
 //                [--frequency HZ] [--interval SECONDS] [--unwind-verify full|boundary|off]
 //                [--capture-cpu-budget PERCENT]
+//                [--inproc auto|on|off] [--inproc-dir DIR]
 #include <signal.h>
 #include <unistd.h>
 
@@ -45,6 +46,7 @@ int Run(int argc, char** argv) {
   uint32_t stack_bytes = 16 * 1024;
   std::string token, agent_id, host = Hostname(), log_level = "info";
   std::string unwind_verify = "full";
+  std::string inproc_mode = "auto", inproc_dir = "/dev/shm";
   double capture_cpu_budget_pct = 5;
   app.add_option("--server", server, "strata-server address (host:port)")->capture_default_str();
   app.add_option("--pid", pids, "profile this process (repeatable)");
@@ -75,6 +77,15 @@ int Run(int argc, char** argv) {
                  "capture's rate is lowered to stay under it")
       ->check(CLI::Range(0.001, 100.0))
       ->capture_default_str();
+  app.add_option("--inproc", inproc_mode,
+                 "stacks from processes running the in-process sampler (libstrata_inproc.so): "
+                 "auto (their rings where present, perf events for the rest; rings only when "
+                 "perf events are unavailable), on (rings only), off (perf events only)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  app.add_option("--inproc-dir", inproc_dir,
+                 "directory of the in-process samplers' rings (their STRATA_INPROC_DIR)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
 
@@ -86,6 +97,8 @@ int Run(int argc, char** argv) {
   options.frequency_hz = frequency;
   options.stack_bytes = stack_bytes & ~7u;
   options.unwind_verify = *strata::unwind::ParseVerifyMode(unwind_verify);  // checked above
+  options.inproc = *strata::agent::ParseInprocMode(inproc_mode);              // checked above
+  options.inproc_dir = inproc_dir;
   for (int pid : pids) options.pids.push_back(pid);
   for (const auto& flag : service_flags) {
     auto rule = strata::procfs::ParseServiceRule(flag);
@@ -175,6 +188,10 @@ int Run(int argc, char** argv) {
   spdlog::info("unwinding ({}): {} frames walked, {} reused, {} verification failures",
                unwind_verify, stats.frames_walked, stats.frames_reused,
                stats.unwind_verify_failures);
+  if (stats.inproc_targets > 0 || stats.inproc_stacks > 0) {
+    spdlog::info("in-process rings: {} stacks, {} targets", stats.inproc_stacks,
+                 stats.inproc_targets);
+  }
   if (!shipper.Flush(absl::Seconds(5))) {
     spdlog::warn("server did not acknowledge every batch before shutdown");
   }

@@ -4,6 +4,7 @@
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "agent/inproc/inproc_source.h"
 #include "agent/procfs/procfs.h"
 #include "spdlog/spdlog.h"
 
@@ -54,6 +55,7 @@ struct Profiler::Target {
     uint64_t module_pc;
   };
   absl::flat_hash_map<uint64_t, CachedPc> pc_cache;
+  bool inproc = false;  // stacks come from its in-process ring (mappings too)
 };
 
 absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(ProfilerOptions options,
@@ -73,15 +75,37 @@ absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(ProfilerOptions optio
                               : std::string(procfs::ExecutableBasename(*exe));
     tracker.Track(pid, service);
   }
-  auto sampler = sampler::PerfSampler::Create();
-  if (!sampler.ok()) return sampler.status();
-  sampler::SessionOptions session;
-  session.session_id = kContinuousSession;
-  session.frequency_hz = options.frequency_hz;
-  session.stack_bytes = options.stack_bytes;
-  if (auto st = (*sampler)->AddSession(session); !st.ok()) return st;
-  return std::unique_ptr<Profiler>(
-      new Profiler(std::move(options), graph, std::move(tracker), std::move(*sampler)));
+  std::unique_ptr<sampler::PerfSampler> perf;
+  if (options.inproc != ProfilerOptions::Inproc::kOn) {
+    absl::Status probe = sampler::ProbePerfEvents();
+    if (probe.ok()) {
+      auto sampler = sampler::PerfSampler::Create();
+      if (!sampler.ok()) return sampler.status();
+      sampler::SessionOptions session;
+      session.session_id = kContinuousSession;
+      session.frequency_hz = options.frequency_hz;
+      session.stack_bytes = options.stack_bytes;
+      if (auto st = (*sampler)->AddSession(session); !st.ok()) return st;
+      perf = std::move(*sampler);
+    } else if (options.inproc == ProfilerOptions::Inproc::kOff) {
+      return probe;
+    } else {
+      spdlog::warn("perf events unavailable ({}); sampling only processes that run the "
+                   "in-process sampler (rings in {})",
+                   probe.ToString(), options.inproc_dir);
+    }
+  }
+  std::unique_ptr<inproc::InprocSource> rings;
+  if (options.inproc != ProfilerOptions::Inproc::kOff) {
+    inproc::InprocSourceOptions ring_options;
+    ring_options.dir = options.inproc_dir;
+    ring_options.arch = static_cast<uint32_t>(kHostArch);
+    rings = std::make_unique<inproc::InprocSource>(std::move(ring_options));
+  }
+  auto profiler = std::unique_ptr<Profiler>(
+      new Profiler(std::move(options), graph, std::move(tracker), std::move(perf)));
+  profiler->inproc_ = std::move(rings);
+  return profiler;
 }
 
 Profiler::Profiler(ProfilerOptions options, ContextGraph* graph, procfs::ProcessTracker tracker,
@@ -97,12 +121,22 @@ Profiler::~Profiler() = default;
 
 absl::Status Profiler::Poll(absl::Duration timeout) {
   if (absl::Now() >= next_rescan_) {
+    // Rings first: a new target with a ring is not attached to perf.
+    if (inproc_ != nullptr) RescanInproc();
     if (auto st = Rescan(); !st.ok()) return st;
     next_rescan_ = absl::Now() + options_.rescan_interval;
   }
-  auto ready = sampler_->Wait(std::min(timeout, next_rescan_ - absl::Now()));
-  if (!ready.ok()) return ready.status();
-  sampler_->Drain([this](const sampler::RawSample& s) { HandleSample(s); });
+  absl::Duration wait = std::min(timeout, next_rescan_ - absl::Now());
+  // Rings have no wake-up: look at them at least every 100 ms.
+  if (inproc_ != nullptr) wait = std::min(wait, absl::Milliseconds(100));
+  if (sampler_ != nullptr) {
+    auto ready = sampler_->Wait(wait);
+    if (!ready.ok()) return ready.status();
+    sampler_->Drain([this](const sampler::RawSample& s) { HandleSample(s); });
+  } else if (wait > absl::ZeroDuration()) {
+    absl::SleepFor(wait);
+  }
+  if (inproc_ != nullptr) DrainInproc();
   return absl::OkStatus();
 }
 
@@ -112,10 +146,12 @@ absl::Status Profiler::Rescan() {
   for (const auto& p : changes->removed) RemoveTarget(p.pid);
   for (const auto& p : changes->added) AddTarget(p);
   for (const auto& t : changes->threads_added) {
-    if (targets_.contains(t.pid)) (void)sampler_->AttachNewThread(t.pid, t.tid);
+    if (sampler_ != nullptr && targets_.contains(t.pid) && !InprocServes(t.pid)) {
+      (void)sampler_->AttachNewThread(t.pid, t.tid);
+    }
   }
   for (const auto& t : changes->threads_removed) {
-    sampler_->DetachThread(t.pid, t.tid);
+    if (sampler_ != nullptr) sampler_->DetachThread(t.pid, t.tid);
     // A later thread may reuse the tid: never splice its stack onto this one's frames.
     if (auto it = targets_.find(t.pid); it != targets_.end()) it->second->threads.erase(t.tid);
   }
@@ -131,8 +167,11 @@ void Profiler::AddTarget(const procfs::TrackedProcess& process) {
   target->service = process.service;
   target->executable = process.executable;
   target->space = std::make_unique<symbols::ProcessAddressSpace>(process.pid, &modules_);
+  target->inproc = InprocServes(process.pid);
   RefreshMappings(*target);
-  auto st = sampler_->AttachProcess(kContinuousSession, process.pid, process.threads);
+  auto st = target->inproc || sampler_ == nullptr
+                ? absl::OkStatus()
+                : sampler_->AttachProcess(kContinuousSession, process.pid, process.threads);
   if (!st.ok()) {
     spdlog::warn("cannot sample pid {} ({}): {}", process.pid, process.executable, st.ToString());
     return;
@@ -144,8 +183,10 @@ void Profiler::AddTarget(const procfs::TrackedProcess& process) {
 
 void Profiler::RemoveTarget(pid_t pid) {
   // Samples already in the ring still count: drain them before the events close.
-  sampler_->Drain([this](const sampler::RawSample& s) { HandleSample(s); });
-  sampler_->DetachProcess(pid);
+  if (sampler_ != nullptr) {
+    sampler_->Drain([this](const sampler::RawSample& s) { HandleSample(s); });
+    sampler_->DetachProcess(pid);
+  }
   auto it = targets_.find(pid);
   if (it == targets_.end()) return;
   v1::Target retired;
@@ -159,6 +200,7 @@ void Profiler::RemoveTarget(pid_t pid) {
 }
 
 bool Profiler::RefreshMappings(Target& target) {
+  if (target.inproc) return RefreshInprocMappings(target);
   auto maps = symbols::ReadProcMaps(target.pid);
   if (!maps.ok()) return false;
   size_t hash = 0;
@@ -294,7 +336,7 @@ absl::StatusOr<std::optional<v1::SampleBatch>> Profiler::TakeBatch(int64_t start
                                                                   int64_t end_ms,
                                                                   uint64_t sequence) {
   batch_full_ = false;
-  const uint64_t lost = sampler_->stats().lost;
+  const uint64_t lost = LostSamples();
   if (aggregator_.empty()) return std::nullopt;
   auto numbering = graph_->CurrentNumbering();
   if (!numbering.ok()) return numbering.status();
@@ -398,6 +440,91 @@ size_t Profiler::SessionTargets(uint32_t session_id) const {
   return it == session_targets_.end() ? 0 : it->second;
 }
 
+std::optional<ProfilerOptions::Inproc> ParseInprocMode(std::string_view mode) {
+  if (mode == "auto") return ProfilerOptions::Inproc::kAuto;
+  if (mode == "on") return ProfilerOptions::Inproc::kOn;
+  if (mode == "off") return ProfilerOptions::Inproc::kOff;
+  return std::nullopt;
+}
+
+bool Profiler::InprocServes(pid_t pid) const { return inproc_ != nullptr && inproc_->Has(pid); }
+
+void Profiler::RescanInproc() {
+  // An exited process's ring is closed by the rescan: take its last stacks first.
+  DrainInproc();
+  std::vector<pid_t> added;
+  if (auto st = inproc_->Rescan(&added); !st.ok()) {
+    spdlog::debug("in-process rings: {}", st.ToString());
+    return;
+  }
+  for (pid_t pid : added) {
+    auto it = targets_.find(pid);
+    if (it == targets_.end() || it->second->inproc) continue;
+    // Started sampling itself after we found it: switch it from perf to its ring.
+    Target& target = *it->second;
+    if (sampler_ != nullptr) sampler_->DetachProcess(kContinuousSession, pid);
+    target.threads.clear();
+    target.inproc = true;
+    target.maps_hash = 0;
+    RefreshMappings(target);
+    spdlog::info("pid {} ({}): reading its in-process sampler's ring", pid, target.executable);
+  }
+}
+
+void Profiler::DrainInproc() {
+  inproc_->Drain([this](const inproc::RingStack& s) { HandleInprocStack(s); });
+}
+
+void Profiler::HandleInprocStack(const inproc::RingStack& stack) {
+  auto it = targets_.find(stack.pid);
+  if (it == targets_.end() || stack.num_frames == 0) {
+    ++stats_.dropped;
+    return;
+  }
+  Target& target = *it->second;
+  if (!target.inproc) {  // ring opened by this drain's rescan before the target switched
+    target.inproc = true;
+    target.maps_hash = 0;
+    RefreshMappings(target);
+  }
+  ++stats_.samples;
+  ++stats_.inproc_stacks;
+  const size_t n = std::min(stack.num_frames, frames_.size());
+  for (size_t i = 0; i < n; ++i) frames_[i] = {stack.pcs[i], 0, 0};
+  // A pc outside the modules we know: the target mapped a library since the last rescan.
+  if (stack.stop == static_cast<uint8_t>(unwind::StopReason::kNoModule) &&
+      absl::Now() - target.last_refresh > absl::Seconds(1)) {
+    RefreshMappings(target);
+  }
+  RecordStack(target, frames_.data(), n, stack.truncated || n < stack.num_frames,
+              kContinuousSession);
+}
+
+bool Profiler::RefreshInprocMappings(Target& target) {
+  // Under qemu-user /proc/PID/maps shows the emulator's mappings: the ring has the guest's.
+  uint64_t generation = 0;
+  auto maps = inproc_->Mappings(target.pid, &generation);
+  if (!maps.ok()) return false;
+  size_t hash = absl::HashOf(generation);
+  for (const auto& m : *maps) hash = absl::HashOf(hash, m.start, m.end, m.offset, m.path);
+  if (hash == target.maps_hash && target.space->num_modules() > 0) return false;
+  target.maps_hash = hash;
+  ++target.maps_epoch;
+  target.last_refresh = absl::Now();
+  target.pc_cache.clear();
+  if (auto st = target.space->Refresh(*maps); !st.ok()) {
+    spdlog::warn("pid {}: {}", target.pid, st.ToString());
+  }
+  ++stats_.refreshes;
+  return true;
+}
+
+uint64_t Profiler::LostSamples() const {
+  uint64_t lost = sampler_ != nullptr ? sampler_->stats().lost : 0;
+  if (inproc_ != nullptr) lost += inproc_->stats().lost;
+  return lost;
+}
+
 std::vector<v1::Target> Profiler::targets() const {
   std::vector<v1::Target> out;
   for (const auto& [pid, t] : targets_) {
@@ -413,8 +540,9 @@ std::vector<v1::Target> Profiler::targets() const {
 
 ProfilerStats Profiler::stats() const {
   ProfilerStats s = stats_;
-  s.lost = sampler_->stats().lost;
+  s.lost = LostSamples();
   s.targets = targets_.size();
+  for (const auto& [pid, t] : targets_) s.inproc_targets += t->inproc;
   return s;
 }
 

@@ -4,6 +4,11 @@
 // nodes, adds each calling context to the ContextGraph and counts it in the interval's
 // IntervalAggregator. TakeBatch() turns the interval into an encoded SampleBatch.
 //
+// Where perf events are unavailable (qemu-user, locked-down kernels) or unwanted, stacks come
+// from processes running the in-process sampler (agent/inproc: libstrata_inproc.so or a
+// program linked with it), read from their shared-memory rings (ProfilerOptions::inproc).
+// Such targets are not attached to perf; their mappings come from the ring's module table.
+//
 // Single-threaded: Poll() and TakeBatch() are called from the agent's main loop. The
 // ContextGraph is shared with the Shipper (it locks internally).
 #ifndef STRATA_AGENT_CORE_PROFILER_H_
@@ -15,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -30,6 +36,11 @@
 #include "common/unwind/incremental.h"
 #include "common/unwind/unwinder.h"
 #include "strata/v1/ingest.pb.h"
+
+namespace strata::inproc {
+class InprocSource;
+struct RingStack;
+}  // namespace strata::inproc
 
 namespace strata::agent {
 
@@ -55,7 +66,18 @@ struct ProfilerOptions {
   // every reused frame from the new stack bytes, so stacks equal a full unwind; kBoundary
   // checks only the splice element; kOff unwinds every sample fully.
   unwind::VerifyMode unwind_verify = unwind::VerifyMode::kFull;
+  // Stacks from the in-process sampler's rings (agent/inproc):
+  //   kAuto: perf events where available; a target with a ring is read from its ring instead;
+  //          without perf events, only targets with a ring are sampled.
+  //   kOn:   rings only (perf events are never opened).
+  //   kOff:  perf events only (Create() fails without them).
+  enum class Inproc { kAuto, kOn, kOff };
+  Inproc inproc = Inproc::kAuto;
+  std::string inproc_dir = "/dev/shm";  // where the samplers create their rings
 };
+
+// Parses "auto" | "on" | "off".
+std::optional<ProfilerOptions::Inproc> ParseInprocMode(std::string_view mode);
 
 struct ProfilerStats {
   uint64_t samples = 0;
@@ -68,6 +90,8 @@ struct ProfilerStats {
   uint64_t frames_reused = 0;   // frames taken from the thread's previous sample
   uint64_t unwind_verify_failures = 0;
   size_t targets = 0;
+  uint64_t inproc_stacks = 0;   // stacks read from in-process rings (part of `samples`)
+  size_t inproc_targets = 0;    // targets served by an in-process ring
 };
 
 class Profiler {
@@ -139,10 +163,22 @@ class Profiler {
   bool RefreshMappings(Target& target);
   encoding::PathFrame FrameFor(Target& target, uint64_t pc, bool innermost);
 
+  // In-process rings (null inproc_: off). RescanInproc opens new rings (switching their
+  // targets off perf) and closes those of exited processes; DrainInproc records every stack
+  // published so far; RefreshInprocMappings takes the target's mappings from its ring.
+  void RescanInproc();
+  void DrainInproc();
+  void HandleInprocStack(const inproc::RingStack& stack);
+  bool RefreshInprocMappings(Target& target);
+  bool InprocServes(pid_t pid) const;
+  // Samples dropped by the kernel (perf) or on full in-process rings.
+  uint64_t LostSamples() const;
+
   ProfilerOptions options_;
   ContextGraph* graph_;
   procfs::ProcessTracker tracker_;
-  std::unique_ptr<sampler::PerfSampler> sampler_;
+  std::unique_ptr<sampler::PerfSampler> sampler_;  // null: no perf events (in-process only)
+  std::unique_ptr<inproc::InprocSource> inproc_;   // null: --inproc off
   symbols::ModuleCache modules_;
   absl::flat_hash_map<pid_t, std::unique_ptr<Target>> targets_;
   // Targets gone since the last batch: their samples still name them.
