@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/base/duration.h"
 
 namespace strata::cli {
 
-// "90s", "10m", "1h30m", "7d", "500ms" -> milliseconds. Errors on anything else.
-absl::StatusOr<int64_t> ParseDuration(std::string_view text);
+using base::ParseDuration;
 // RFC 3339 ("2026-11-21T05:53:00Z", "2026-11-21T07:53:00+02:00", fractional seconds
 // allowed) -> Unix milliseconds.
 absl::StatusOr<int64_t> ParseRfc3339(std::string_view text);

@@ -30,6 +30,7 @@ int Run(int argc, char** argv) {
   std::string log_level = "info";
   bool sync = false;
   std::string capture_retention = "7d";
+  std::string raw_retention = "7d", minute_retention = "30d", hour_retention = "365d";
   app.add_option("--listen", listen, "gRPC address for agents and clients (host:port)");
   app.add_option("--http", http, "HTTP address for /healthz, /metrics and the UI; empty: off");
   app.add_option("--data", data, "RocksDB data directory (created if missing)");
@@ -39,12 +40,35 @@ int Run(int argc, char** argv) {
   app.add_option("--capture-retention", capture_retention,
                  "keep ad hoc captures this long after they end (e.g. 7d, 12h; 0: forever)")
       ->capture_default_str();
+  app.add_option("--retention-raw", raw_retention, "keep 10 s windows this long (0: forever)")
+      ->capture_default_str();
+  app.add_option("--retention-minute", minute_retention,
+                 "keep the 1-minute rollups this long (0: forever)")
+      ->capture_default_str();
+  app.add_option("--retention-hour", hour_retention,
+                 "keep the 1-hour rollups this long (0: forever)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   auto retention = strata::server::ParseRetention(capture_retention);
   if (!retention.ok()) {
     std::fprintf(stderr, "strata-server: --capture-retention: %s\n",
                  std::string(retention.status().message()).c_str());
     return 2;
+  }
+  // Retention per resolution, enforced when RocksDB compacts (see StoreOptions).
+  int64_t retention_ms[3];
+  const std::pair<const char*, const std::string*> retention_flags[3] = {
+      {"--retention-raw", &raw_retention},
+      {"--retention-minute", &minute_retention},
+      {"--retention-hour", &hour_retention}};
+  for (int i = 0; i < 3; ++i) {
+    auto d = strata::server::ParseRetention(*retention_flags[i].second);
+    if (!d.ok()) {
+      std::fprintf(stderr, "strata-server: %s: %s\n", retention_flags[i].first,
+                   std::string(d.status().message()).c_str());
+      return 2;
+    }
+    retention_ms[i] = absl::ToInt64Milliseconds(*d);
   }
   spdlog::set_level(spdlog::level::from_str(log_level));
 
@@ -58,6 +82,9 @@ int Run(int argc, char** argv) {
 
   strata::store::StoreOptions store_options;
   store_options.sync = sync;
+  store_options.raw_retention_ms = retention_ms[0];
+  store_options.minute_retention_ms = retention_ms[1];
+  store_options.hour_retention_ms = retention_ms[2];
   auto store_or = strata::store::Store::Open(data, store_options);
   if (!store_or.ok()) {
     std::fprintf(stderr, "strata-server: cannot open data directory %s: %s\n", data.c_str(),

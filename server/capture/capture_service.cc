@@ -1,5 +1,7 @@
 #include "server/capture/capture_service.h"
 
+#include "common/base/duration.h"
+
 #include <algorithm>
 #include <random>
 #include <set>
@@ -75,29 +77,9 @@ absl::Status PutCapture(store::Store* store, const store::CaptureInfo& info) {
 }  // namespace
 
 absl::StatusOr<absl::Duration> ParseRetention(const std::string& text) {
-  struct Unit {
-    const char* suffix;
-    absl::Duration unit;
-  };
-  static const Unit kUnits[] = {{"ms", absl::Milliseconds(1)}, {"s", absl::Seconds(1)},
-                                {"m", absl::Minutes(1)},       {"h", absl::Hours(1)},
-                                {"d", absl::Hours(24)},        {"w", absl::Hours(24 * 7)}};
-  for (const Unit& u : kUnits) {
-    const std::string suffix = u.suffix;
-    if (text.size() > suffix.size() && text.ends_with(suffix)) {
-      const std::string number = text.substr(0, text.size() - suffix.size());
-      double value;
-      // "5m" must not parse as 5 with an "ms"-less suffix: digits only before the unit.
-      if (absl::SimpleAtod(number, &value) && value >= 0 &&
-          number.find_first_not_of("0123456789.") == std::string::npos) {
-        return value * u.unit;
-      }
-    }
-  }
-  double seconds;
-  if (absl::SimpleAtod(text, &seconds) && seconds >= 0) return seconds * absl::Seconds(1);
-  return absl::InvalidArgumentError(
-      absl::StrCat("cannot parse duration '", text, "' (e.g. 7d, 12h, 30m, 45s)"));
+  auto ms = base::ParseRetention(text);
+  if (!ms.ok()) return ms.status();
+  return absl::Milliseconds(*ms);
 }
 
 CaptureService::CaptureService(store::Store* store, AgentRegistry* registry, Options options)
