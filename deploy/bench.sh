@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# deploy/bench.sh: builds the benchmarks and runs them, printing every figure with its
+# comparison anchor from the same run. Not part of deploy/test.sh (it takes ~15 minutes).
+#
+#   deploy/bench.sh                 all of them
+#   deploy/bench.sh table unwind    only those (backbone encoding table unwind mips64 query)
+#
+# Figures are single runs on whatever machine this is: compare ratios, not absolute times.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+build=${BUILD_DIR:-build}
+"$PWD/deploy/install-deps.sh"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_BUILD_TESTS=ON \
+  -DSTRATA_BUILD_BENCHMARKS=ON >/dev/null
+cmake --build "$build" -j "$(nproc)"
+bin=$build/bin
+want=("$@")
+[[ ${#want[@]} -gt 0 ]] || want=(backbone encoding table unwind mips64 query)
+for b in "${want[@]}"; do
+  echo "===== $b"
+  case $b in
+    backbone) tests/bench/backbone/figures.sh 60 "$bin" ;;
+    encoding) "$bin/encoding_bench" ;;
+    table) "$bin/bench_table" ;;
+    unwind)
+      "$bin/bench_unwind" --benchmark_min_time=0.3
+      BUILD="$PWD/$build" tests/bench/unwind/agent_cpu.sh ;;
+    mips64) "$bin/bench_mips64_lookup" ;;
+    query) "$bin/bench_query" ;;
+    *) echo "unknown benchmark '$b'" >&2; exit 2 ;;
+  esac
+done
