@@ -29,7 +29,8 @@ void PhaseDetector::OnBatch(const AppliedBatch& batch) {
         o.bucket_count = 2;  // the hash sends everything to one chain anyway
         o.period = options_.period;
         o.depth_threshold = 1;
-        o.frequency_threshold = options_.hot_threshold;
+        o.frequency_threshold =
+            static_cast<uint32_t>(options_.hot_share * options_.period);
         o.phase_change_factor = options_.factor;
         auto created = Table::Create(o);
         if (!created.ok()) {
@@ -42,12 +43,15 @@ void PhaseDetector::OnBatch(const AppliedBatch& batch) {
         table->Clear();  // counts are durable already; start a fresh comparison
         table->Add(c.stack_id, c.count);
       }
-      auto changes = table->TakePhaseChanges();
-      auto& out = found[*c.service];
-      out.insert(out.end(), changes.begin(), changes.end());
+      // The table's own swap test runs on periods that end inside a batch; a batch adds each
+      // context's whole interval at once, so such a period compares lumps in arrival order,
+      // not program behaviour. Periods here end at batch boundaries (below) instead.
+      (void)table->TakePhaseChanges();
       state.current[c.stack_id] += c.count;
       state.current_total += c.count;
-      if (state.current_total >= options_.period) EndPeriod(state, &out);
+    }
+    for (auto& [service, state] : services_) {
+      if (state.current_total >= options_.period) EndPeriod(state, &found[service]);
     }
   }
   std::erase_if(found, [](const auto& kv) { return kv.second.empty(); });
@@ -58,17 +62,17 @@ void PhaseDetector::EndPeriod(ServiceState& state,
                               std::vector<table::PhaseChange<uint64_t>>* out) {
   const auto& before = state.previous[1];  // two periods back
   const uint64_t factor = options_.factor;
+  const double hot_now = options_.hot_share * static_cast<double>(state.current_total);
+  const double hot_before = options_.hot_share * static_cast<double>(state.previous_total[1]);
   auto count_in = [](const std::map<uint64_t, uint64_t>& m, uint64_t key) -> uint64_t {
     auto it = m.find(key);
     return it == m.end() ? 0 : it->second;
   };
-  // Every change the swap test reports for the straddling period is already in `out`; this
-  // adds the reorderings that only show against the ranking two periods back.
   for (const auto& [x, x_now] : state.current) {
-    if (x_now <= options_.hot_threshold) continue;
+    if (x_now <= hot_now) continue;
     const uint64_t x_before = count_in(before, x);
     for (const auto& [y, y_before] : before) {
-      if (x == y || y_before <= options_.hot_threshold || x_before >= y_before) continue;
+      if (x == y || y_before <= hot_before || x_before >= y_before) continue;
       const uint64_t y_now = count_in(state.current, y);
       if (x_now <= y_now) continue;  // no reordering
       if (y_before < factor * std::max<uint64_t>(x_before, 1) &&
@@ -81,6 +85,8 @@ void PhaseDetector::EndPeriod(ServiceState& state,
   }
   state.previous[1] = std::move(state.previous[0]);
   state.previous[0] = std::move(state.current);
+  state.previous_total[1] = state.previous_total[0];
+  state.previous_total[0] = state.current_total;
   state.current.clear();
   state.current_total = 0;
 }

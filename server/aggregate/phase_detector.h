@@ -10,12 +10,14 @@
 // is small (it only has to hold the contexts that matter); when it is full it is drained
 // (its counts are already durable: ingest writes every batch to RocksDB) and starts over.
 //
-// A switch rarely falls on a period boundary: in the period that straddles it, the new hot
-// context overtakes the old one by less than 10x, and afterwards it is already ahead, so the
-// table's swap test alone misses most real switches. The detector therefore also compares
-// each period's ranking with the one two periods back (skipping the straddling period): a
-// context that is now hot and ranked ahead of one that was hot then, with an order of
-// magnitude between them on either side, is the same kind of reordering, seen across it.
+// Periods end at batch boundaries once `period` samples have arrived: a batch carries each
+// context's count for a whole agent interval at once, so a period cut inside a batch would
+// compare lumps in arrival order. A switch rarely falls on a period boundary: in the period
+// that straddles it the new hot context overtakes the old one by less than 10x, and
+// afterwards it is already ahead. Each period's ranking is therefore compared with the one two
+// periods back (skipping the straddling period): a context that is now hot and ranked ahead
+// of one that was hot then, with an order of magnitude between them on either side, is a
+// phase change.
 //
 // Thread-safe: OnBatch may be called from every ingest stream.
 #ifndef STRATA_SERVER_AGGREGATE_PHASE_DETECTOR_H_
@@ -40,8 +42,8 @@ struct PhaseDetectorOptions {
   // Samples per comparison period. At 99 Hz on two busy threads this is ~1.5 s; short
   // periods let a switch be confirmed soon after it happens.
   uint32_t period = 300;
-  // A context is hot in a period above this many samples (10 % of the default period).
-  uint32_t hot_threshold = 30;
+  // A context is hot in a period when it has more than this share of the period's samples.
+  double hot_share = 0.1;
   uint32_t factor = 10;
 };
 
@@ -70,6 +72,7 @@ class PhaseDetector {
     std::map<uint64_t, uint64_t> current;
     std::map<uint64_t, uint64_t> previous[2];
     uint64_t current_total = 0;
+    uint64_t previous_total[2] = {0, 0};
   };
   // Ends a period of `state`: compares it with the period two back; appends events.
   void EndPeriod(ServiceState& state, std::vector<table::PhaseChange<uint64_t>>* out);
