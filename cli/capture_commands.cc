@@ -115,15 +115,7 @@ int PrintResult(CliContext* ctx, const std::string& capture_id, const std::strin
     std::printf("Hot paths of capture %s (%s, %s samples)\n", capture_id.c_str(), title.c_str(),
                 WithThousands(r.total_samples()).c_str());
     if (r.total_samples() == 0) return std::printf("No samples.\n"), 0;
-    Table table({"SAMPLES", "%", "PATH"}, {0, 1});
-    for (const auto& p : r.paths()) {
-      std::vector<std::string> names;
-      if (p.truncated()) names.push_back("[truncated]");
-      for (const auto& frame : p.frames()) names.push_back(frame.function());
-      table.AddRow({WithThousands(p.samples()), Percent(p.samples(), r.total_samples()),
-                    absl::StrJoin(names, " > ")});
-    }
-    std::fputs(table.ToString().c_str(), stdout);
+    PrintHotPathsTable(r);
     return 0;
   }
   auto stub = LargeQueryStub(ctx);

@@ -77,6 +77,15 @@ void PrintJson(const google::protobuf::Message& message) {
   std::fputs(out.c_str(), stdout);
 }
 
+void PrintHotPathsTable(const v1::HotPathsResponse& r) {
+  Table table({"SAMPLES", "%", "PATH"}, {0, 1});
+  for (const auto& p : r.paths()) {
+    table.AddRow({WithThousands(p.samples()), Percent(p.samples(), r.total_samples()),
+                  PathText(p)});
+  }
+  std::fputs(table.ToString().c_str(), stdout);
+}
+
 Client::Client(const GlobalOptions& options) : options_(options) {
   channel_ = grpc::CreateChannel(options.server, grpc::InsecureChannelCredentials());
 }

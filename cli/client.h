@@ -44,6 +44,21 @@ std::string RangeText(const FilterOptions& f);
 
 void PrintJson(const google::protobuf::Message& message);
 
+// "a > b > c" (outermost first), with "[truncated]" first when unwinding stopped early.
+// Any message with `truncated()` and `frames()` (HotPath, PathDelta).
+template <typename PathMessage>
+std::string PathText(const PathMessage& path) {
+  std::string out = path.truncated() ? "[truncated]" : "";
+  for (const auto& frame : path.frames()) {
+    if (!out.empty()) out += " > ";
+    out += frame.function();
+  }
+  return out;
+}
+
+// The SAMPLES / % / PATH table of a hot-paths response.
+void PrintHotPathsTable(const v1::HotPathsResponse& response);
+
 // The connection; stubs are created on first use.
 class Client {
  public:

@@ -10,13 +10,6 @@
 namespace strata::cli {
 namespace {
 
-std::string PathText(const v1::HotPath& path) {
-  std::vector<std::string> names;
-  if (path.truncated()) names.push_back("[truncated]");
-  for (const auto& f : path.frames()) names.push_back(f.function());
-  return absl::StrJoin(names, " > ");
-}
-
 int RunPhases(CliContext* ctx, const FilterOptions& f) {
   Client& client = ctx->client();
   v1::PhasesRequest request;

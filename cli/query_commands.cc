@@ -113,15 +113,7 @@ int RunHotPaths(CliContext* ctx, const FilterOptions& f) {
     std::printf("No samples in this range.\n");
     return 0;
   }
-  Table table({"SAMPLES", "%", "PATH"}, {0, 1});
-  for (const auto& p : r.paths()) {
-    std::vector<std::string> names;
-    if (p.truncated()) names.push_back("[truncated]");
-    for (const auto& frame : p.frames()) names.push_back(frame.function());
-    table.AddRow({WithThousands(p.samples()), Percent(p.samples(), r.total_samples()),
-                  absl::StrJoin(names, " > ")});
-  }
-  std::fputs(table.ToString().c_str(), stdout);
+  PrintHotPathsTable(r);
   return 0;
 }
 
@@ -273,11 +265,8 @@ int RunDiff(CliContext* ctx, const FilterOptions& f, const BaseOptions& b) {
   std::printf("\nPaths:\n");
   Table paths({"Δ", "BASE%", "NOW%", "PATH"}, {0, 1, 2});
   for (const auto& p : r.paths()) {
-    std::vector<std::string> names;
-    if (p.truncated()) names.push_back("[truncated]");
-    for (const auto& frame : p.frames()) names.push_back(frame.function());
     paths.AddRow({Signed(p.delta_pct()), Percent(p.base_samples(), r.base_total_samples()),
-                  Percent(p.samples(), r.total_samples()), absl::StrJoin(names, " > ")});
+                  Percent(p.samples(), r.total_samples()), PathText(p)});
   }
   std::fputs(paths.ToString().c_str(), stdout);
   return 0;
