@@ -81,3 +81,6 @@ macro(strata_static_provider method strata_pkg_name)
 endmacro()
 
 cmake_language(SET_DEPENDENCY_PROVIDER strata_static_provider SUPPORTED_METHODS FIND_PACKAGE)
+# Tells the project that imported libraries are archives: nothing here can go into a shared
+# object (Debian's archives are not built for it, e.g. Abseil's initial-exec TLS).
+set(STRATA_STATIC_IMPORTS ON)
