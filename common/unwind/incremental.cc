@@ -48,6 +48,7 @@ IncrementalUnwinder::~IncrementalUnwinder() = default;
 
 void IncrementalUnwinder::Invalidate() {
   num_cached_ = 0;
+  cached_signal_ = false;
   cached_stack_end_ = 0;
 }
 
@@ -107,7 +108,13 @@ inline void IncrementalUnwinder::Seal(Arch arch, Element& el, const UnwindRow& r
   el.ra_slot = ra_slot;
   el.ra_word = IsBigEndian(arch) ? __builtin_bswap64(caller.pc) : caller.pc;
   el.fp_slot = ra_slot;
-  if (row.fp_rule == UnwindRow::FpRule::kAtCfaOffset) {
+  if (row.ra_rule == UnwindRow::RaRule::kSignalFrame) {
+    // Offsets from sp, not from a CFA. Such elements are never verified (see the walk), so
+    // this only keeps the element self-consistent.
+    if (row.fp_rule == UnwindRow::FpRule::kAtCfaOffset) {
+      el.fp_slot = regs.sp + static_cast<int64_t>(row.fp_offset);
+    }
+  } else if (row.fp_rule == UnwindRow::FpRule::kAtCfaOffset) {
     const uint64_t cfa = (row.cfa_base == UnwindRow::CfaBase::kFp ? regs.fp : regs.sp) +
                          static_cast<int64_t>(row.cfa_offset);
     el.fp_slot = cfa + static_cast<int64_t>(row.fp_offset);
@@ -222,7 +229,16 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
   // Candidate splice element: cached elements are outer-first and their slots rise towards
   // index 0, like the new walk's slots, so one cursor moving outwards finds every match.
   size_t cursor = num_cached_ > 0 ? num_cached_ - 1 : 0;
-  bool can_splice = num_cached_ > 1;
+  // Never splice across a signal frame. Its step reads the interrupted pc, sp AND fp from
+  // the signal context, so the caller's sp is not a function of (sp, row) and the word
+  // compare of a reused element proves nothing about it; and a later signal delivered at
+  // the same depth reproduces the handler's slots and return addresses exactly while the
+  // interrupted context differs. So a sample whose previous stack held a signal frame is
+  // unwound in full, and a signal frame's own step is never a splice point. (Splicing the
+  // interrupted chain outside a signal frame to a cache without one is sound: those are
+  // ordinary frames.) Samples inside signal handlers are rare enough for the full cost.
+  bool can_splice = num_cached_ > 1 && !cached_signal_;
+  bool saw_signal = false;
 
   Registers cur = in.regs;
   bool innermost = true;
@@ -264,6 +280,8 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
         row = kFramePointerRow;
       }
       cur_el->fp = cur.fp;
+      const bool interrupted = row.ra_rule == UnwindRow::RaRule::kSignalFrame;
+      saw_signal |= interrupted;
       if (row.ra_rule == UnwindRow::RaRule::kUndefined) {
         result.stop = StopReason::kOutermost;
         break;
@@ -286,7 +304,7 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
       bool sp_ok = caller.sp > cur.sp ||
                    (caller.sp == cur.sp && row.ra_rule == UnwindRow::RaRule::kInRegister);
 
-      if (can_splice && sp_ok && ra_slot != 0) {
+      if (can_splice && sp_ok && ra_slot != 0 && !interrupted) {
         while (cursor > 0 && (cached_[cursor].ra_slot == 0 || cached_[cursor].ra_slot < ra_slot)) {
           --cursor;
         }
@@ -394,8 +412,10 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
 
       const RuleSource* caller_rules = nullptr;
       uint64_t caller_module_pc = 0;
+      // As in unwind::Unwind(): out of a signal frame the pc is exact (no pc - 1 lookup, no
+      // call-site check).
       if (!sp_ok || !space.Lookup(caller.pc, &caller_rules, &caller_module_pc) ||
-          (caller_rules != nullptr &&
+          (!interrupted && caller_rules != nullptr &&
            !caller_rules->IsPlausibleReturnAddress(caller_module_pc))) {
         result.stop = StopReason::kBadReturnAddress;
         break;
@@ -412,7 +432,7 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
       cur = caller;
       rules = caller_rules;
       module_pc = caller_module_pc;
-      innermost = false;
+      innermost = interrupted;
     }
   }
   result.num_frames = n;
@@ -434,6 +454,9 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
   for (size_t i = 0; i < inner; ++i) cached_[outer_new + keep + inner - 1 - i] = scratch_[i];
   num_cached_ = outer_new + keep + inner;
   cached_stop_ = result.stop;
+  // Reused elements never hold a signal frame (no splice when the cache had one), so the
+  // frames found with lookups tell whether the new cache does.
+  cached_signal_ = saw_signal;
   return result;
 }
 

@@ -35,6 +35,11 @@
 // switching at the same slot with the same return address). Such frames are counted in
 // SampleStats::frames_beyond_copy so the trade-off is visible.
 //
+// Signal frames (RaRule::kSignalFrame) are unwound through like in unwind::Unwind() (the
+// interrupted frame's pc is exact), but never spliced across: when the previous sample's
+// stack held a signal frame the new sample is unwound in full, and a signal frame's step is
+// never a splice point (the reasons are at the walk in incremental.cc).
+//
 // Invalidation: a different mappings epoch (dlopen/dlclose/exec: the owner passes a counter it
 // bumps whenever the process's AddressSpace changes), a change of the stack range (see
 // SampleInput::stack_end_known), and Invalidate() (owner: on exec, on thread exit; or simply
@@ -167,6 +172,7 @@ class IncrementalUnwinder {
   std::unique_ptr<Element[]> cached_;
   size_t num_cached_ = 0;
   StopReason cached_stop_ = StopReason::kOutermost;
+  bool cached_signal_ = false;  // a cached element is a signal frame: do not splice
   uint64_t cached_epoch_ = 0;
   uint64_t cached_stack_end_ = 0;  // 0 = unknown
   // Elements of the frames unwound in the current sample, innermost first.

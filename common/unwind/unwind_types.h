@@ -53,13 +53,22 @@ struct StackSnapshot {
 };
 
 // How to step from a frame to its caller, as compiled from CFI (x86-64) or from a decoded
-// prologue (MIPS64). All offsets are relative to the CFA, the caller's stack pointer value.
+// prologue (MIPS64). All offsets are relative to the CFA, the caller's stack pointer value --
+// except in a signal-frame row (RaRule::kSignalFrame), see there.
 struct UnwindRow {
   enum class CfaBase : uint8_t { kSp, kFp, kUndefined };
   enum class RaRule : uint8_t {
     kAtCfaOffset,  // return address stored at CFA + ra_offset
     kInRegister,   // still in the RA register (MIPS leaf / before the save); innermost frame only
     kUndefined,    // outermost frame: stop here
+    // The frame is a signal trampoline (x86-64 __restore_rt): the kernel saved the whole
+    // interrupted context on the stack, at offsets fixed by its sigframe layout and measured
+    // from THIS frame's sp (cfa_base is kSp), not from a CFA:
+    //   caller pc = [sp + ra_offset], caller sp = [sp + cfa_offset],
+    //   caller fp = [sp + fp_offset] when fp_rule is kAtCfaOffset (else unchanged).
+    // The caller was interrupted, not calling: its pc is exact (the unwinder looks its row up
+    // without the return-address pc - 1 adjustment and skips call-site plausibility checks).
+    kSignalFrame,
   };
   enum class FpRule : uint8_t { kSame, kAtCfaOffset };
 
@@ -75,7 +84,9 @@ struct UnwindRow {
 // this frame was read from (0 when it came from a register or for the outermost frame): the
 // (ra_slot, return address) pairs are what the incremental unwinder compares between samples.
 struct Frame {
-  uint64_t pc = 0;       // for frames other than the innermost: the return address
+  // For frames other than the innermost: the return address -- except for the frame right
+  // outside a signal frame, whose pc is the exact interrupted pc (see RaRule::kSignalFrame).
+  uint64_t pc = 0;
   uint64_t sp = 0;       // the frame's stack pointer
   uint64_t ra_slot = 0;
 };

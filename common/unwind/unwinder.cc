@@ -29,6 +29,28 @@ std::string_view StopReasonName(StopReason reason) {
 bool StepWithRow(Arch arch, const UnwindRow& row, const Registers& regs, bool innermost,
                  const StackSnapshot& stack, Registers* caller, uint64_t* ra_slot) {
   const bool be = IsBigEndian(arch);
+  if (row.ra_rule == UnwindRow::RaRule::kSignalFrame) {
+    // The interrupted context as the kernel saved it: three words read from the copy (a
+    // context outside it, e.g. on a sigaltstack-switched stack, is kStackOutOfRange).
+    if (row.cfa_base != UnwindRow::CfaBase::kSp) return false;
+    Registers next;
+    const uint64_t pc_slot = regs.sp + static_cast<int64_t>(row.ra_offset);
+    if (!stack.Read64(pc_slot, be, &next.pc) ||
+        !stack.Read64(regs.sp + static_cast<int64_t>(row.cfa_offset), be, &next.sp)) {
+      return false;
+    }
+    next.fp = regs.fp;
+    if (row.fp_rule == UnwindRow::FpRule::kAtCfaOffset &&
+        !stack.Read64(regs.sp + static_cast<int64_t>(row.fp_offset), be, &next.fp)) {
+      return false;
+    }
+    // The interrupted frame's RA register is in the context too, but no architecture that
+    // emits these rows needs it (x86-64 has none).
+    next.ra = 0;
+    *ra_slot = pc_slot;
+    *caller = next;
+    return true;
+  }
   uint64_t cfa = (row.cfa_base == UnwindRow::CfaBase::kFp ? regs.fp : regs.sp) +
                  static_cast<int64_t>(row.cfa_offset);
   Registers next;
@@ -103,14 +125,20 @@ UnwindResult Unwind(const UnwindOptions& options, const Registers& regs,
       result.stop = StopReason::kOutermost;
       break;
     }
+    // Out of a signal frame the caller was interrupted, not calling: its pc is exact, so
+    // its row is looked up like the innermost frame's and it need not follow a call.
+    const bool interrupted = row.ra_rule == UnwindRow::RaRule::kSignalFrame;
     // The stack grows down: a caller's frame lies strictly above its callee's, except a
-    // MIPS leaf that has not touched sp yet (return address still in a register).
+    // MIPS leaf that has not touched sp yet (return address still in a register). The
+    // kernel places a signal frame below the interrupted sp (and its red zone), so the rule
+    // holds across it too.
     bool sp_ok = caller.sp > cur.sp ||
                  (caller.sp == cur.sp && row.ra_rule == UnwindRow::RaRule::kInRegister);
     const RuleSource* caller_rules = nullptr;
     uint64_t caller_module_pc = 0;
     if (!sp_ok || !space.Lookup(caller.pc, &caller_rules, &caller_module_pc) ||
-        (caller_rules != nullptr && !caller_rules->IsPlausibleReturnAddress(caller_module_pc))) {
+        (!interrupted && caller_rules != nullptr &&
+         !caller_rules->IsPlausibleReturnAddress(caller_module_pc))) {
       result.stop = StopReason::kBadReturnAddress;
       break;
     }
@@ -123,7 +151,7 @@ UnwindResult Unwind(const UnwindOptions& options, const Registers& regs,
     cur = caller;
     rules = caller_rules;
     module_pc = caller_module_pc;
-    innermost = false;
+    innermost = interrupted;
   }
   result.num_frames = n;
   return result;

@@ -24,9 +24,10 @@ namespace strata::unwind {
 class RuleSource {
  public:
   virtual ~RuleSource() = default;
-  // Fills `row` for module-relative `pc`. `innermost` is true for the interrupted frame (its
-  // pc is exact; for caller frames pc is a return address and the lookup uses pc - 1, which
-  // the implementation handles). False when the module has no rule for pc.
+  // Fills `row` for module-relative `pc`. `innermost` is true for the interrupted frame and
+  // for the frame a signal frame leads to (their pc is exact; for other caller frames pc is a
+  // return address and the lookup uses pc - 1, which the implementation handles). False when
+  // the module has no rule for pc.
   virtual bool FindRow(uint64_t pc, bool innermost, UnwindRow* row) const = 0;
   // Optional per-architecture check that `return_address` (module-relative) follows a call
   // instruction (MIPS: jal/jalr + delay slot 8 bytes before). Default: accept.
@@ -61,7 +62,8 @@ UnwindResult Unwind(const UnwindOptions& options, const Registers& regs,
 
 // One step: computes the caller's registers from `row`. Exposed for the incremental
 // unwinder and for tests. `ra_slot` receives the address the return address was read from
-// (0 if from a register). False when a needed word is outside `stack`.
+// (0 if from a register; for a signal-frame row, the saved pc's slot in the signal context).
+// False when a needed word is outside `stack`.
 bool StepWithRow(Arch arch, const UnwindRow& row, const Registers& regs, bool innermost,
                  const StackSnapshot& stack, Registers* caller, uint64_t* ra_slot);
 

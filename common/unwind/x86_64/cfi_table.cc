@@ -27,8 +27,14 @@ auto RowKey(const UnwindRow& r) {
 }
 
 struct RegRule {
-  enum Kind : uint8_t { kSame, kUndefined, kOffset, kOther } kind = kSame;
+  // kExpression: DW_CFA_expression (saved at the address the expression computes); only
+  // signal frames' rules are read back, every other use is as unrepresentable as kOther.
+  enum Kind : uint8_t { kSame, kUndefined, kOffset, kExpression, kOther };
+  RegRule() = default;
+  RegRule(Kind k, int64_t off, std::string_view expr = {}) : kind(k), offset(off), expression(expr) {}
+  Kind kind = kSame;
   int64_t offset = 0;
+  std::string_view expression;
 };
 
 struct CfaRule {
@@ -69,20 +75,45 @@ std::optional<PltExpression> MatchPltExpression(std::string_view expr) {
   return PltExpression{n, mask + 1, k};
 }
 
+// Offsets of the interrupted rip, rsp and rbp from rsp inside x86-64 __restore_rt. The handler
+// was entered as if called with rsp at the kernel's struct rt_sigframe {char* pretcode;
+// struct ucontext uc; struct siginfo info;}; its `ret` popped pretcode, so in the trampoline
+// rsp points at uc itself (not uc + 8), and uc.uc_mcontext.gregs[] (struct sigcontext: r8..r15,
+// rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip) starts 40 bytes in, after uc_flags, uc_link
+// and the 24-byte stack_t. Hence gregs[REG_RBP = 10] at 120, [REG_RSP = 15] at 160,
+// [REG_RIP = 16] at 168 -- the same numbers glibc's sigaction.c writes into its CFI (oRBP,
+// oRSP, oRIP). Used when a signal FDE's expressions are not glibc's but its code is the
+// kernel's rt_sigreturn trampoline (the layout is the kernel ABI, not a libc choice).
+constexpr int32_t kSigFrameRbp = 120;
+constexpr int32_t kSigFrameRsp = 160;
+constexpr int32_t kSigFrameRip = 168;
+// mov $__NR_rt_sigreturn (15), %rax; syscall
+constexpr uint8_t kRtSigreturnCode[] = {0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05};
+
+// DW_OP_breg7 (rsp) N [; DW_OP_deref]: the only expression forms signal-frame CFI uses for
+// "at rsp + N" (registers) and "[rsp + N]" (the CFA).
+std::optional<int32_t> MatchRspExpression(std::string_view expr, bool deref) {
+  elf::ByteReader r(expr, false);
+  if (r.U8() != 0x77) return std::nullopt;  // DW_OP_breg7
+  int64_t n = r.Sleb128();
+  if (deref && r.U8() != 0x06) return std::nullopt;  // DW_OP_deref
+  if (!r.ok() || r.remaining() != 0) return std::nullopt;
+  if (n < std::numeric_limits<int32_t>::min() || n > std::numeric_limits<int32_t>::max()) {
+    return std::nullopt;
+  }
+  return static_cast<int32_t>(n);
+}
+
 class FdeCompiler {
  public:
-  FdeCompiler(const elf::Cie& cie, const elf::Fde& fde, CfiStats* stats,
-              std::vector<CfiTable::Span>* out)
-      : cie_(cie), fde_(fde), stats_(stats), out_(out) {}
+  FdeCompiler(const elf::ElfFile& elf, const elf::Cie& cie, const elf::Fde& fde,
+              CfiStats* stats, std::vector<CfiTable::Span>* out)
+      : elf_(elf), cie_(cie), fde_(fde), stats_(stats), out_(out) {}
 
   // False when the instructions are malformed; spans emitted so far are then discarded.
   bool Compile() {
     size_t first = out_->size();
-    if (cie_.signal_frame) {
-      ++stats_->signal_frames;
-      out_->push_back({fde_.pc_start, fde_.pc_end, kUnrepresentable});
-      return true;
-    }
+    if (cie_.signal_frame) ++stats_->signal_frames;
     loc_ = fde_.pc_start;
     if (!Run(cie_.initial_instructions, /*in_cie=*/true)) return Fail(first);
     initial_ = state_;
@@ -101,7 +132,9 @@ class FdeCompiler {
   void Emit(uint64_t end) {
     if (end <= loc_) return;
     const CfaRule& cfa = state_.cfa;
-    if (!cfa.expression.empty()) {
+    if (cie_.signal_frame) {
+      out_->push_back({loc_, end, SignalRow()});
+    } else if (!cfa.expression.empty()) {
       if (std::optional<PltExpression> plt = MatchPltExpression(cfa.expression)) {
         EmitPlt(*plt, end);
       } else {
@@ -131,6 +164,53 @@ class FdeCompiler {
         pc = next;
       }
     }
+  }
+
+  // A signal FDE ('S' augmentation) describes the kernel-saved context of the interrupted
+  // frame. glibc's (sysdeps/unix/sysv/linux/x86_64/sigaction.c) says CFA = [rsp + oRSP],
+  // rip at rsp + oRIP, rbp at rsp + oRBP, all DW_OP_breg7 forms: taken as they are. Any
+  // other form is trusted only over the kernel's trampoline code, with the kernel's layout.
+  UnwindRow SignalRow() {
+    UnwindRow row;
+    row.cfa_base = UnwindRow::CfaBase::kSp;
+    row.ra_rule = UnwindRow::RaRule::kSignalFrame;
+    const RegRule& rip = state_.regs[kRegRip];
+    const RegRule& rbp = state_.regs[kRegRbp];
+    std::optional<int32_t> sp_at, pc_at, fp_at;
+    if (!state_.cfa.expression.empty()) sp_at = MatchRspExpression(state_.cfa.expression, true);
+    if (rip.kind == RegRule::kExpression) pc_at = MatchRspExpression(rip.expression, false);
+    if (rbp.kind == RegRule::kExpression) fp_at = MatchRspExpression(rbp.expression, false);
+    if (sp_at && pc_at && (fp_at || rbp.kind == RegRule::kSame)) {
+      row.cfa_offset = *sp_at;
+      row.ra_offset = *pc_at;
+      if (fp_at) {
+        row.fp_rule = UnwindRow::FpRule::kAtCfaOffset;
+        row.fp_offset = *fp_at;
+      }
+      ++stats_->signal_frame_rows;
+      return row;
+    }
+    if (IsRtSigreturnTrampoline()) {
+      row.cfa_offset = kSigFrameRsp;
+      row.ra_offset = kSigFrameRip;
+      row.fp_rule = UnwindRow::FpRule::kAtCfaOffset;
+      row.fp_offset = kSigFrameRbp;
+      ++stats_->signal_frame_rows;
+      return row;
+    }
+    ++stats_->unsupported_signal_frames;
+    return kUnrepresentable;
+  }
+
+  // The FDE covers the kernel's rt_sigreturn sequence (glibc and GCC start signal FDEs one
+  // byte early, at a nop, so that a pc - 1 lookup of the trampoline's address still hits).
+  bool IsRtSigreturnTrampoline() const {
+    const uint64_t len = fde_.pc_end - fde_.pc_start;
+    if (len < sizeof kRtSigreturnCode || len > 64) return false;
+    std::optional<std::string_view> code = elf_.ReadAt(fde_.pc_start, len);
+    if (!code) return false;
+    return code->find(std::string_view(reinterpret_cast<const char*>(kRtSigreturnCode),
+                                       sizeof kRtSigreturnCode)) != std::string_view::npos;
   }
 
   UnwindRow ToRow(uint64_t cfa_reg, int64_t cfa_offset) {
@@ -163,7 +243,7 @@ class FdeCompiler {
     if (fp.kind == RegRule::kOffset && fits(fp.offset)) {
       row.fp_rule = UnwindRow::FpRule::kAtCfaOffset;
       row.fp_offset = static_cast<int32_t>(fp.offset);
-    } else if (fp.kind == RegRule::kOther) {
+    } else if (fp.kind == RegRule::kOther || fp.kind == RegRule::kExpression) {
       ++stats_->unsupported_register_rules;
       return kUnrepresentable;
     }
@@ -252,8 +332,9 @@ class FdeCompiler {
         }
         case 0x10: case 0x16: {  // expression, val_expression
           uint64_t reg = r.Uleb128();
-          r.Bytes(r.Uleb128());
-          SetRule(reg, {RegRule::kOther, 0});
+          std::string_view expr = r.Bytes(r.Uleb128());
+          if (op == 0x10) SetRule(reg, {RegRule::kExpression, 0, expr});
+          else SetRule(reg, {RegRule::kOther, 0});
           break;
         }
         case 0x11: {  // offset_extended_sf
@@ -289,6 +370,7 @@ class FdeCompiler {
   bool big_endian_ = false;
 
  private:
+  const elf::ElfFile& elf_;
   const elf::Cie& cie_;
   const elf::Fde& fde_;
   CfiStats* stats_;
@@ -309,7 +391,9 @@ std::string CfiStats::ToString() const {
                       " unsupported_cfa_expressions=", unsupported_cfa_expressions,
                       " unsupported_cfa_registers=", unsupported_cfa_registers,
                       " unsupported_register_rules=", unsupported_register_rules,
-                      " signal_frames=", signal_frames);
+                      " signal_frames=", signal_frames,
+                      " signal_frame_rows=", signal_frame_rows,
+                      " unsupported_signal_frames=", unsupported_signal_frames);
 }
 
 absl::StatusOr<std::unique_ptr<CfiTable>> CfiTable::Build(const elf::ElfFile& elf) {
@@ -328,7 +412,7 @@ absl::StatusOr<std::unique_ptr<CfiTable>> CfiTable::Build(const elf::ElfFile& el
     int priority = kind == elf::CfiSectionKind::kEhFrame ? 0 : 1;
     absl::Status s = elf::ForEachFde(elf, kind, [&](const elf::Cie& cie, const elf::Fde& fde) {
       size_t first = spans.size();
-      FdeCompiler compiler(cie, fde, &stats, &spans);
+      FdeCompiler compiler(elf, cie, fde, &stats, &spans);
       compiler.big_endian_ = elf.big_endian();
       if (compiler.Compile()) {
         fdes.push_back({fde.pc_start, fde.pc_end, priority, first, spans.size() - first});

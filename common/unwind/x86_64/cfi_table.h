@@ -7,11 +7,16 @@
 // relaxed atomics), so one table is shared by every thread and process mapping the module and
 // is usable from a signal handler.
 //
-// CFI that a row cannot represent (CFA expressions other than the PLT pattern, registers
-// other than rsp/rbp as CFA base, rbp/rip rules other than offset/same/undefined, signal
-// frames) is counted in CfiStats and its pc ranges are marked unrepresentable: FindRow() then
-// returns a row with cfa_base == kUndefined so the unwinder stops with kNoRule instead of
-// guessing.
+// Signal trampolines (FDEs with the 'S' augmentation, glibc's __restore_rt) compile to
+// RaRule::kSignalFrame rows: the interrupted rip/rsp/rbp at fixed offsets from rsp, taken from
+// glibc's DW_OP_breg7 expressions, or from the kernel's sigframe layout when the FDE covers
+// the `mov $15,%rax; syscall` trampoline code but says it differently.
+//
+// CFI that a row cannot represent (CFA expressions other than the PLT and signal-frame
+// patterns, registers other than rsp/rbp as CFA base, rbp/rip rules other than
+// offset/same/undefined, other signal frames) is counted in CfiStats and its pc ranges are
+// marked unrepresentable: FindRow() then returns a row with cfa_base == kUndefined so the
+// unwinder stops with kNoRule instead of guessing.
 #ifndef STRATA_COMMON_UNWIND_X86_64_CFI_TABLE_H_
 #define STRATA_COMMON_UNWIND_X86_64_CFI_TABLE_H_
 
@@ -40,10 +45,12 @@ struct CfiStats {
   uint64_t unsupported_cfa_expressions = 0;  // pc ranges marked unrepresentable, by cause:
   uint64_t unsupported_cfa_registers = 0;
   uint64_t unsupported_register_rules = 0;   // rbp or rip rule
-  uint64_t signal_frames = 0;
+  uint64_t signal_frames = 0;               // FDEs with the 'S' augmentation
+  uint64_t signal_frame_rows = 0;           // of those, compiled to kSignalFrame rows
+  uint64_t unsupported_signal_frames = 0;   // neither glibc's expressions nor the kernel's code
   uint64_t unsupported_ranges() const {
     return unsupported_cfa_expressions + unsupported_cfa_registers +
-           unsupported_register_rules + signal_frames;
+           unsupported_register_rules + unsupported_signal_frames;
   }
   std::string ToString() const;
 };

@@ -4,7 +4,10 @@
 
 #include <dwarf.h>
 #include <elfutils/libdw.h>
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <ucontext.h>
 #include <libelf.h>
 #include <unistd.h>
 
@@ -43,7 +46,26 @@ struct Reference {
   int fp_kind = 0;
   int64_t fp_offset = 0;
   bool signal_frame = false;
+  // Signal frames: libdw's expressions reduced to "at/[rsp + N]" (-1 when not of that form).
+  int64_t sig_cfa = -1, sig_rip = -1, sig_rbp = -1;
 };
+
+// `ops` as DW_OP_breg7 N [DW_OP_deref], after the DW_OP_call_frame_cfa libdw puts in front of
+// a DW_CFA_expression's ops; N or -1.
+int64_t RspOffset(const Dwarf_Op* ops, size_t nops, bool deref) {
+  if (nops > 0 && ops[0].atom == DW_OP_call_frame_cfa) { ++ops; --nops; }
+  if (nops != (deref ? 2u : 1u) || ops[0].atom != DW_OP_breg7) return -1;
+  if (deref && ops[1].atom != DW_OP_deref) return -1;
+  return static_cast<int64_t>(ops[0].number);
+}
+
+int64_t SignalRegister(Dwarf_Frame* frame, int regno) {
+  Dwarf_Op ops_mem[3];
+  Dwarf_Op* ops = nullptr;
+  size_t nops = 0;
+  if (dwarf_frame_register(frame, regno, ops_mem, &ops, &nops) != 0 || ops == nullptr) return -1;
+  return RspOffset(ops, nops, false);
+}
 
 // Decodes dwarf_frame_register's expression: {call_frame_cfa [, plus_uconst N | consts N, plus]}.
 void DecodeRegister(Dwarf_Frame* frame, int regno, int* kind, int64_t* offset) {
@@ -90,6 +112,11 @@ Reference QueryLibdw(Dwarf_CFI* cfi, uint64_t pc) {
   }
   DecodeRegister(frame, 16, &ref.ra_kind, &ref.ra_offset);
   DecodeRegister(frame, 6, &ref.fp_kind, &ref.fp_offset);
+  if (signalp) {
+    if (dwarf_frame_cfa(frame, &ops, &nops) == 0) ref.sig_cfa = RspOffset(ops, nops, true);
+    ref.sig_rip = SignalRegister(frame, 16);
+    ref.sig_rbp = SignalRegister(frame, 6);
+  }
   free(frame);
   return ref;
 }
@@ -98,6 +125,7 @@ struct CompareCounts {
   int rows = 0;
   int plt_rows = 0;
   int unrepresentable = 0;
+  int signal_rows = 0;
 };
 
 // Compares our row with libdw's at `pc`; returns a description of a mismatch or "".
@@ -109,6 +137,22 @@ std::string Compare(const CfiTable& table, const Reference& ref, uint64_t pc, Co
   if (ours != ours_cached || (ours && cached.cfa_offset != row.cfa_offset)) return "cache disagrees";
   if (!ref.found) return ours ? "row where libdw has none" : "";
   if (!ours) return "no row where libdw has one";
+  if (ref.signal_frame) {
+    // libdw's rule: CFA = [rsp + a], rip at rsp + b, rbp at rsp + c; ours must say the same.
+    ++counts->signal_rows;
+    if (row.ra_rule != UnwindRow::RaRule::kSignalFrame || row.cfa_base != UnwindRow::CfaBase::kSp) {
+      return "signal frame not compiled to a signal-frame row";
+    }
+    if (row.cfa_offset != ref.sig_cfa || row.ra_offset != ref.sig_rip ||
+        (ref.sig_rbp >= 0) != (row.fp_rule == UnwindRow::FpRule::kAtCfaOffset) ||
+        (ref.sig_rbp >= 0 && row.fp_offset != ref.sig_rbp)) {
+      return "signal row mismatch: ours sp@" + std::to_string(row.cfa_offset) + " pc@" +
+             std::to_string(row.ra_offset) + " fp@" + std::to_string(row.fp_offset) +
+             " libdw " + std::to_string(ref.sig_cfa) + "/" + std::to_string(ref.sig_rip) + "/" +
+             std::to_string(ref.sig_rbp);
+    }
+    return "";
+  }
   if (row.cfa_base == UnwindRow::CfaBase::kUndefined) {
     ++counts->unrepresentable;
     // Only acceptable when libdw's rule is beyond a row too.
@@ -204,9 +248,54 @@ TEST(CfiTableTest, LibcMatchesLibdw) {
   CompareModule(libc, &counts, &stats);
   EXPECT_GT(counts.rows, 50000);
   EXPECT_GT(stats.signal_frames, 0u) << "__restore_rt is a signal frame";
+  // Every signal FDE of glibc compiles to a signal-frame row matching libdw's rule, and its
+  // offsets are the kernel's ucontext layout.
+  EXPECT_EQ(stats.signal_frame_rows, stats.signal_frames);
+  EXPECT_EQ(stats.unsupported_signal_frames, 0u);
+  EXPECT_GT(counts.signal_rows, 0);
   EXPECT_EQ(stats.bad_records, 0u);
   std::cout << "libc: " << stats.ToString() << " unrepresentable pcs sampled "
             << counts.unrepresentable << "\n";
+}
+
+// __restore_rt's row, found through the trampoline's address as a return address (the
+// handler "returns" to it, so the unwinder looks up pc - 1, the nop glibc puts in front):
+// the interrupted rip/rsp/rbp sit at uc_mcontext.gregs[REG_*] of the ucontext at rsp.
+TEST(CfiTableTest, RestoreRtRowIsTheKernelLayout) {
+  std::string libc = LibPath("libc.so");
+  ASSERT_FALSE(libc.empty());
+  auto elf = elf::ElfFile::Open(libc);
+  ASSERT_TRUE(elf.ok());
+  auto table = CfiTable::Build(**elf);
+  ASSERT_TRUE(table.ok());
+  // sigaction() reports the restorer glibc installs: __restore_rt.
+  struct sigaction old_action;
+  ASSERT_EQ(sigaction(SIGUSR2, nullptr, &old_action), 0);
+  struct sigaction action = {};
+  action.sa_handler = SIG_IGN;
+  ASSERT_EQ(sigaction(SIGUSR2, &action, nullptr), 0);
+  struct sigaction installed;
+  ASSERT_EQ(sigaction(SIGUSR2, nullptr, &installed), 0);
+  sigaction(SIGUSR2, &old_action, nullptr);
+  constexpr int kSaRestorer = 0x04000000;  // the kernel's SA_RESTORER; glibc's headers hide it
+  ASSERT_NE(installed.sa_flags & kSaRestorer, 0);
+  Dl_info info;
+  ASSERT_NE(dladdr(reinterpret_cast<void*>(installed.sa_restorer), &info), 0);
+  const uint64_t restorer = reinterpret_cast<uint64_t>(installed.sa_restorer) -
+                            reinterpret_cast<uint64_t>(info.dli_fbase);
+  UnwindRow row;
+  ASSERT_TRUE((*table)->FindRow(restorer, /*innermost=*/false, &row));
+  EXPECT_EQ(row.ra_rule, UnwindRow::RaRule::kSignalFrame);
+  EXPECT_EQ(row.cfa_base, UnwindRow::CfaBase::kSp);
+  EXPECT_EQ(row.ra_offset, offsetof(ucontext_t, uc_mcontext.gregs[REG_RIP]));
+  EXPECT_EQ(row.cfa_offset, offsetof(ucontext_t, uc_mcontext.gregs[REG_RSP]));
+  EXPECT_EQ(row.fp_rule, UnwindRow::FpRule::kAtCfaOffset);
+  EXPECT_EQ(row.fp_offset, offsetof(ucontext_t, uc_mcontext.gregs[REG_RBP]));
+  // Inside the trampoline (an exact pc: a sample taken there) the row is the same.
+  UnwindRow inner;
+  ASSERT_TRUE((*table)->FindRow(restorer + 7, /*innermost=*/true, &inner));
+  EXPECT_EQ(inner.ra_rule, UnwindRow::RaRule::kSignalFrame);
+  EXPECT_EQ(inner.ra_offset, row.ra_offset);
 }
 
 TEST(CfiTableTest, CallerLookupUsesPcMinusOne) {
