@@ -1,9 +1,11 @@
 #include <dlfcn.h>
+#include <signal.h>
 
 #include <cstring>
 #include <string>
 
 #include "common/elf/symbol_table.h"
+#include "common/unwind/incremental.h"
 #include "common/unwind/unwind_test_chain.h"
 #include "common/unwind/unwind_test_space.h"
 #include "common/unwind/unwinder.h"
@@ -124,6 +126,112 @@ TEST(UnwindTest, PcOutsideModules) {
   UnwindResult r = Unwind(UnwindOptions(), regs, StackSnapshot(), space, frames, 4);
   EXPECT_EQ(r.num_frames, 1u);
   EXPECT_EQ(r.stop, StopReason::kNoModule);
+}
+
+// A stack captured inside a SIGALRM handler that interrupted a frameless spinning leaf: the
+// walk goes through the handler's frames, __restore_rt (a signal-frame row), the interrupted
+// leaf at its exact pc, and the interrupted chain up to _start.
+TEST(UnwindTest, ThroughSignalFrame) {
+  SelfAddressSpace space;
+  testing::SignalCapture cap;
+  constexpr int kDepth = 6, kHandlerDepth = 3;
+  ASSERT_TRUE(testing::CaptureInSignalHandler(kDepth, kHandlerDepth, &cap));
+  const size_t h = cap.num_handler;  // HandlerLeaf..HandlerStep x3..OnSignal -> restorer
+  ASSERT_EQ(h, static_cast<size_t>(kHandlerDepth + 2));
+  ASSERT_EQ(cap.interrupted_return_addresses.size(), static_cast<size_t>(kDepth + 1));
+  // The handler's return address is the restorer glibc registered: __restore_rt.
+  struct sigaction current;
+  ASSERT_EQ(sigaction(SIGALRM, nullptr, &current), 0);
+  EXPECT_EQ(cap.handler_return_addresses[h - 1],
+            reinterpret_cast<uint64_t>(current.sa_restorer));
+
+  Frame frames[256];
+  UnwindOptions options;
+  options.frame_pointer_fallback = false;  // CFI alone, signal frame included
+  const StackSnapshot snap = cap.stack.snapshot();
+  UnwindResult r = Unwind(options, cap.stack.regs, snap, space, frames, 256);
+  ASSERT_GT(r.num_frames, h + 1 + cap.interrupted_return_addresses.size())
+      << StopReasonName(r.stop) << " after " << r.num_frames << " frames";
+  EXPECT_NE(SymbolAt(frames[0].pc).find("HandlerLeaf"), std::string::npos);
+  for (size_t i = 0; i < h; ++i) {
+    EXPECT_EQ(frames[i + 1].pc, cap.handler_return_addresses[i]) << "handler frame " << i + 1;
+  }
+  EXPECT_NE(SymbolAt(frames[h - 1].pc).find("OnSignal"), std::string::npos);
+  // frames[h] is __restore_rt; its step read the interrupted rip from the ucontext.
+  uint64_t saved_pc = 0;
+  ASSERT_TRUE(snap.Read64(frames[h].ra_slot, false, &saved_pc));
+  EXPECT_EQ(saved_pc, cap.interrupted_pc);
+  // The interrupted frame: exact pc and sp of the context, inside the spinning leaf.
+  EXPECT_EQ(frames[h + 1].pc, cap.interrupted_pc);
+  EXPECT_EQ(frames[h + 1].sp, cap.interrupted_sp);
+  EXPECT_NE(SymbolAt(frames[h + 1].pc).find("SpinLeaf"), std::string::npos)
+      << SymbolAt(frames[h + 1].pc);
+  for (size_t i = 0; i < cap.interrupted_return_addresses.size(); ++i) {
+    EXPECT_EQ(frames[h + 2 + i].pc, cap.interrupted_return_addresses[i]) << "interrupted " << i;
+  }
+  for (size_t i = 1; i < r.num_frames; ++i) EXPECT_GT(frames[i].sp, frames[i - 1].sp) << i;
+  EXPECT_EQ(r.stop, StopReason::kOutermost) << StopReasonName(r.stop);
+  bool saw_main = false;
+  for (size_t i = 0; i < r.num_frames; ++i) saw_main |= SymbolAt(frames[i].pc) == "main";
+  EXPECT_TRUE(saw_main);
+  EXPECT_EQ(SymbolAt(frames[r.num_frames - 1].pc), "_start");
+
+  // The incremental unwinder agrees, sample after sample, and never splices across the
+  // signal frame (the second sample of the same stack is unwound in full).
+  for (VerifyMode mode : {VerifyMode::kFull, VerifyMode::kBoundary}) {
+    IncrementalOptions inc_options;
+    inc_options.unwind = options;
+    inc_options.verify = mode;
+    IncrementalUnwinder inc(inc_options);
+    for (int round = 0; round < 2; ++round) {
+      Frame got[256];
+      SampleStats stats;
+      UnwindResult ri = inc.Unwind({cap.stack.regs, snap, 1, false}, space, got, 256, &stats);
+      ASSERT_EQ(ri.num_frames, r.num_frames);
+      EXPECT_EQ(ri.stop, r.stop);
+      for (size_t i = 0; i < r.num_frames; ++i) {
+        EXPECT_EQ(got[i].pc, frames[i].pc) << i;
+        EXPECT_EQ(got[i].sp, frames[i].sp) << i;
+        EXPECT_EQ(got[i].ra_slot, frames[i].ra_slot) << i;
+      }
+      EXPECT_FALSE(stats.spliced) << VerifyModeName(mode) << " round " << round;
+    }
+  }
+
+  // The saved context must come from the copy: cut just before the saved rip, the walk stops
+  // at __restore_rt with kStackOutOfRange.
+  StackSnapshot cut{snap.start, snap.data, static_cast<size_t>(frames[h].ra_slot - snap.start)};
+  Frame few[64];
+  UnwindResult rc = Unwind(options, cap.stack.regs, cut, space, few, 64);
+  EXPECT_EQ(rc.stop, StopReason::kStackOutOfRange);
+  EXPECT_EQ(rc.num_frames, h + 1);
+}
+
+// The signal-frame row on its own: pc, sp and fp read at sp offsets, bounds-checked.
+TEST(StepWithRowTest, SignalFrameRow) {
+  uint8_t bytes[256] = {};
+  auto put = [&](size_t off, uint64_t v) { std::memcpy(bytes + off, &v, 8); };
+  put(120, 0x7ffd0000);  // rbp
+  put(160, 0x7ffe0000);  // rsp
+  put(168, 0x401234);    // rip
+  StackSnapshot stack{0x1000, bytes, sizeof bytes};
+  UnwindRow row{UnwindRow::CfaBase::kSp, UnwindRow::RaRule::kSignalFrame,
+                UnwindRow::FpRule::kAtCfaOffset, 160, 168, 120};
+  Registers regs{.pc = 0x500000, .sp = 0x1000, .fp = 7, .ra = 0};
+  Registers caller;
+  uint64_t slot = 0;
+  ASSERT_TRUE(StepWithRow(Arch::kX86_64, row, regs, false, stack, &caller, &slot));
+  EXPECT_EQ(caller.pc, 0x401234u);
+  EXPECT_EQ(caller.sp, 0x7ffe0000u);
+  EXPECT_EQ(caller.fp, 0x7ffd0000u);
+  EXPECT_EQ(slot, 0x1000u + 168);
+  row.fp_rule = UnwindRow::FpRule::kSame;
+  ASSERT_TRUE(StepWithRow(Arch::kX86_64, row, regs, false, stack, &caller, &slot));
+  EXPECT_EQ(caller.fp, 7u);
+  StackSnapshot short_copy{0x1000, bytes, 168};  // the saved rip is beyond the copy
+  EXPECT_FALSE(StepWithRow(Arch::kX86_64, row, regs, false, short_copy, &caller, &slot));
+  row.cfa_base = UnwindRow::CfaBase::kFp;  // not a valid signal-frame row
+  EXPECT_FALSE(StepWithRow(Arch::kX86_64, row, regs, false, stack, &caller, &slot));
 }
 
 TEST(StepWithRowTest, BigEndianAndRegisterRules) {

@@ -29,6 +29,28 @@ int CaptureChainFp(int depth, CapturedStack* out);
 // Copies [sp, top of the current thread's stack) into `out` (at most `max_bytes`).
 void CopyCurrentStack(uint64_t sp, size_t max_bytes, CapturedStack* out);
 
+// A stack captured inside a signal handler, as a sampler interrupting the handler sees it.
+// The arrays are fixed-size because they are filled in the handler (no allocation there).
+struct SignalCapture {
+  static constexpr size_t kMax = 64;
+  CapturedStack stack;  // registers of the handler chain's innermost function + stack copy
+  // __builtin_return_address(0) of the handler chain's functions, innermost first; the last
+  // one is the signal handler's own: the sa_restorer (__restore_rt) the kernel pushed.
+  uint64_t handler_return_addresses[kMax] = {};
+  size_t num_handler = 0;
+  // The interrupted context (uc_mcontext.gregs): the frame after __restore_rt.
+  uint64_t interrupted_pc = 0, interrupted_sp = 0, interrupted_fp = 0;
+  // Return addresses of the interrupted chain, innermost (the spinning leaf's) first.
+  std::vector<uint64_t> interrupted_return_addresses;
+  bool captured = false;
+};
+
+// Runs a chain of `depth` (>= 1) non-inlined functions whose innermost spins until a one-shot
+// ITIMER_REAL SIGALRM interrupts it; the SA_SIGINFO handler calls a chain of `handler_depth`
+// functions whose innermost captures into `out`. Not reentrant (one process-wide handler).
+// False when the signal did not arrive in time.
+bool CaptureInSignalHandler(int depth, int handler_depth, SignalCapture* out);
+
 }  // namespace strata::unwind::testing
 
 #endif  // STRATA_COMMON_UNWIND_UNWIND_TEST_CHAIN_H_
