@@ -55,7 +55,7 @@ class IntervalAggregator {
   bool full() const { return full_; }
   // Contexts that took a key other than their hash (hash collisions), since construction.
   uint64_t collisions() const { return collisions_; }
-  const table::TableStats table_stats() const { return table_.stats(); }
+  table::TableStats table_stats() const { return table_.stats(); }
 
   // Encodes every context against `numbering` into `batch->packed_contexts` and clears the
   // aggregator. Contexts whose edges lie beyond the numbering's epoch are an internal error

@@ -3,15 +3,21 @@
 // batch for Strata's encoding against frame-address lists, pprof-style batches and 128-bit
 // stack hashes (Elastic scheme), all computed in the same run on the same stream.
 //
+// The packed rows use the product's codec (common/encoding/packed_contexts.h), and the agent
+// side's cost per sample compares the product's IntervalAggregator with the string-keyed map it
+// replaced.
+//
 // Usage: encoding_bench [--stream=FILE] [--write_stream=FILE] [--intervals=N] [--functions=N]
 //                       [benchmark flags]
-// FILE uses the text format of sample_stream.h. Without --stream a synthetic stream is used.
+// FILE uses the text format of sample_stream.h (record_stream writes one from a live process).
+// Without --stream a synthetic stream is used.
 #include <zlib.h>
 
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -22,7 +28,9 @@
 #include "absl/strings/numbers.h"
 #include "benchmark/benchmark.h"
 #include "common/encoding/graph.h"
+#include "agent/core/interval_aggregator.h"
 #include "common/encoding/numbering.h"
+#include "common/encoding/packed_contexts.h"
 #include "tests/bench/encoding/sample_stream.h"
 
 namespace strata::bench {
@@ -93,6 +101,8 @@ struct World {
   std::shared_ptr<const Numbering> numbering;
   std::vector<std::vector<EdgeId>> paths;  // distinct paths of the last interval
   std::vector<EncodedContext> encoded;
+  std::vector<uint64_t> counts;  // of `encoded`
+  std::string packed;            // packed_contexts of the last interval
   std::vector<std::vector<uint64_t>> addresses;
 };
 World* world = nullptr;
@@ -108,12 +118,14 @@ int RunReport(World& w) {
   CallGraph server;
   encoding::NumberingCache server_cache;
 
-  SchemeBytes strata{"strata (proto as defined)", {}, {}};
-  SchemeBytes packed{"strata (packed columns)", {}, {}};
+  SchemeBytes strata{"strata repeated ContextCount", {}, {}};
+  SchemeBytes packed{"strata packed_contexts", {}, {}};
   SchemeBytes frames{"frame-address lists", {}, {}};
   SchemeBytes pprof{"pprof-style batch", {}, {}};
   SchemeBytes elastic{"128-bit hash (Elastic)", {}, {}};
   std::vector<size_t> contexts_per_interval;
+  std::vector<uint64_t> samples_per_interval;
+  std::vector<size_t> packed_context_bytes;  // the packed_contexts field alone
   std::map<size_t, uint64_t> depth_static, depth_dynamic;
   std::map<size_t, uint64_t> leaf_id_bytes;
   absl::flat_hash_set<std::vector<uint64_t>> elastic_known;
@@ -181,17 +193,17 @@ int RunReport(World& w) {
       shipped_edges = agent.num_edges();
     }
     std::vector<std::pair<EncodedContext, uint64_t>> ctxs;
+    std::string target;
+    PutUint(&target, 1, 1);
+    PutBytes(&target, 2, "demo");
+    PutUint(&target, 3, 4242);
+    PutBytes(&target, 4, "/opt/demo/bin/demo_service");
     {
       std::string b;
       PutUint(&b, 1, iv + 1);
       PutUint(&b, 2, agent.num_edges());
       PutUint(&b, 3, 1700000000000 + iv * 10000);
       PutUint(&b, 4, 1700000000000 + (iv + 1) * 10000);
-      std::string target;
-      PutUint(&target, 1, 1);
-      PutBytes(&target, 2, "demo");
-      PutUint(&target, 3, 4242);
-      PutBytes(&target, 4, "/opt/demo/bin/demo_service");
       PutBytes(&b, 5, target);
       for (const auto& [path, count] : agg) {
         auto c = enc.Encode(path);
@@ -213,28 +225,38 @@ int RunReport(World& w) {
       }
       PutBytes(&batch_msg, 3, b);
     }
-    {  // Packed alternative: contexts sorted by (leaf, ids), delta-coded leaf.
-      std::vector<std::pair<EncodedContext, uint64_t>> sorted = ctxs;
-      std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
-        return std::tie(a.first.leaf, a.first.ids) < std::tie(b.first.leaf, b.first.ids);
-      });
-      std::string p;
-      PutVarint(&p, sorted.size());
-      NodeId prev = 0;
-      for (const auto& [c, count] : sorted) {
-        PutVarint(&p, (uint64_t{c.leaf - prev} << 1) | (c.ids.size() > 1 ? 1 : 0));
-        prev = c.leaf;
-        if (c.ids.size() > 1) PutVarint(&p, c.ids.size());
-        for (uint64_t id : c.ids) PutVarint(&p, id);
-        PutVarint(&p, count);
+    {  // The product's layout: SampleBatch.packed_contexts written by the product's codec.
+      std::vector<encoding::ContextRecord> records;
+      records.reserve(ctxs.size());
+      for (const auto& [c, count] : ctxs) records.push_back({1, c, count});
+      auto p = encoding::EncodePackedContexts(records);
+      if (!p.ok()) {
+        std::fprintf(stderr, "EncodePackedContexts: %s\n", std::string(p.status().message()).c_str());
+        return 1;
+      }
+      // The server's side: unpack and compare with what was packed.
+      auto unpacked = encoding::DecodePackedContexts(*p);
+      if (!unpacked.ok() || unpacked->size() != records.size()) {
+        ++decode_errors;
+      } else {
+        std::sort(records.begin(), records.end(), [](const auto& a, const auto& b) {
+          return std::tie(a.context.leaf, a.context.ids) < std::tie(b.context.leaf, b.context.ids);
+        });
+        std::sort(unpacked->begin(), unpacked->end(), [](const auto& a, const auto& b) {
+          return std::tie(a.context.leaf, a.context.ids) < std::tie(b.context.leaf, b.context.ids);
+        });
+        if (*unpacked != records) ++decode_errors;
       }
       std::string b;
       PutUint(&b, 1, iv + 1);
       PutUint(&b, 2, agent.num_edges());
       PutUint(&b, 3, 1700000000000 + iv * 10000);
       PutUint(&b, 4, 1700000000000 + (iv + 1) * 10000);
-      PutBytes(&b, 9, p);
+      PutBytes(&b, 5, target);
+      PutBytes(&b, 9, *p);
       PutBytes(&packed_msg, 3, b);
+      packed_context_bytes.push_back(p->size());
+      if (iv + 1 == stream.intervals.size()) w.packed = *p;
     }
     // Server: decode every context of the batch against the batch's epoch and compare.
     auto snum = server_cache.Get(server, agent.num_edges());
@@ -249,6 +271,8 @@ int RunReport(World& w) {
       }
     }
     contexts_per_interval.push_back(agg.size());
+    samples_per_interval.push_back(0);
+    for (const auto& [path, count] : agg) samples_per_interval.back() += count;
     strata.raw.push_back(delta_msg.size() + batch_msg.size());
     strata.gzip.push_back(Gzipped(delta_msg + batch_msg));
     packed.raw.push_back(delta_msg.size() + packed_msg.size());
@@ -366,12 +390,17 @@ int RunReport(World& w) {
         w.paths.push_back(path);
         w.addresses.push_back(FrameAddresses(*example.at(path)));
       }
-      for (auto& c : ctxs) w.encoded.push_back(c.first);
+      for (auto& c : ctxs) {
+        w.encoded.push_back(c.first);
+        w.counts.push_back(c.second);
+      }
     }
   }
 
   const size_t n_iv = stream.intervals.size();
-  const size_t steady_from = n_iv >= 10 ? n_iv / 3 : 0;
+  // Steady state: the last two thirds of a long stream; without the first interval (which
+  // carries the whole graph) of a short one.
+  const size_t steady_from = n_iv >= 10 ? n_iv / 3 : n_iv >= 3 ? 1 : 0;
   uint64_t total_ctx = 0, steady_ctx = 0;
   for (size_t i = 0; i < n_iv; ++i) {
     total_ctx += contexts_per_interval[i];
@@ -416,8 +445,8 @@ int RunReport(World& w) {
 
   std::printf("\n== wire bytes per distinct context per batch (%zu intervals; steady = intervals %zu..%zu)\n",
               n_iv, steady_from + 1, n_iv);
-  std::printf("   %-28s %12s %12s %12s %14s %12s\n", "scheme", "interval 1", "steady", "all",
-              "steady gzip", "vs pprof");
+  std::printf("   %-28s %12s %12s %12s %14s %12s %14s\n", "scheme", "interval 1", "steady", "all",
+              "steady gzip", "vs pprof", "B/sample steady");
   const SchemeBytes* schemes[] = {&strata, &packed, &frames, &elastic, &pprof};
   auto per_ctx = [&](const std::vector<size_t>& v, size_t from, size_t to) {
     uint64_t bytes = 0, ctx = 0;
@@ -427,13 +456,35 @@ int RunReport(World& w) {
     }
     return ctx ? static_cast<double>(bytes) / ctx : 0.0;
   };
+  auto per_sample = [&](const std::vector<size_t>& v, size_t from, size_t to) {
+    uint64_t bytes = 0, samples = 0;
+    for (size_t i = from; i < to; ++i) {
+      bytes += v[i];
+      samples += samples_per_interval[i];
+    }
+    return samples ? static_cast<double>(bytes) / samples : 0.0;
+  };
   const double pprof_steady = per_ctx(pprof.raw, steady_from, n_iv);
   for (const SchemeBytes* s : schemes) {
     const double steady = per_ctx(s->raw, steady_from, n_iv);
-    std::printf("   %-28s %12.2f %12.2f %12.2f %14.2f %11.1fx\n", s->name, per_ctx(s->raw, 0, 1),
-                steady, per_ctx(s->raw, 0, n_iv), per_ctx(s->gzip, steady_from, n_iv),
-                steady > 0 ? pprof_steady / steady : 0.0);
+    std::printf("   %-28s %12.2f %12.2f %12.2f %14.2f %11.1fx %14.3f\n", s->name,
+                per_ctx(s->raw, 0, 1), steady, per_ctx(s->raw, 0, n_iv),
+                per_ctx(s->gzip, steady_from, n_iv), steady > 0 ? pprof_steady / steady : 0.0,
+                per_sample(s->raw, steady_from, n_iv));
   }
+  {
+    const double steady = per_ctx(packed_context_bytes, steady_from, n_iv);
+    std::printf("   %-28s %12.2f %12.2f %12.2f %14s %11.1fx %14.3f\n",
+                "  packed_contexts field only", per_ctx(packed_context_bytes, 0, 1), steady,
+                per_ctx(packed_context_bytes, 0, n_iv), "-",
+                steady > 0 ? pprof_steady / steady : 0.0,
+                per_sample(packed_context_bytes, steady_from, n_iv));
+  }
+  uint64_t steady_samples = 0;
+  for (size_t i = steady_from; i < n_iv; ++i) steady_samples += samples_per_interval[i];
+  std::printf("   steady state: %.1f samples and %.1f distinct contexts per batch on average\n",
+              static_cast<double>(steady_samples) / static_cast<double>(n_iv - steady_from),
+              static_cast<double>(steady_ctx) / static_cast<double>(n_iv - steady_from));
   std::printf("   (vs pprof = pprof steady bytes / scheme steady bytes, uncompressed; strata rows "
               "include GraphDelta bytes with function names; baselines send no symbol data)\n\n");
   (void)total_ctx;
@@ -486,6 +537,96 @@ void BM_DecodeContextToFrames(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_DecodeContextToFrames);
+
+// The product's packed_contexts codec on the last interval's contexts; items = contexts.
+void BM_PackContexts(benchmark::State& state) {
+  std::vector<encoding::ContextRecord> records;
+  for (size_t i = 0; i < world->encoded.size(); ++i) {
+    records.push_back({1, world->encoded[i], world->counts[i]});
+  }
+  for (auto _ : state) {
+    auto p = encoding::EncodePackedContexts(records);  // copies: the agent hands a vector over
+    benchmark::DoNotOptimize(p);
+  }
+  state.SetItemsProcessed(state.iterations() * records.size());
+}
+BENCHMARK(BM_PackContexts)->Unit(benchmark::kMicrosecond);
+
+void BM_UnpackContexts(benchmark::State& state) {
+  size_t n = 0;
+  for (auto _ : state) {
+    auto r = encoding::DecodePackedContexts(world->packed);
+    n = r.ok() ? r->size() : 0;
+    benchmark::DoNotOptimize(r);
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_UnpackContexts)->Unit(benchmark::kMicrosecond);
+
+// Agent-side cost of one interval, per sample: the last interval's samples (one Add each, as
+// the profiler does, in a fixed shuffled order), then encoding the batch.
+std::vector<uint32_t> IntervalSamples() {
+  std::vector<uint32_t> order;
+  for (size_t i = 0; i < world->paths.size(); ++i) order.insert(order.end(), world->counts[i], i);
+  std::mt19937 rng(1);
+  std::shuffle(order.begin(), order.end(), rng);
+  return order;
+}
+
+// The product: IntervalAggregator on the sorted table, packed_contexts.
+void BM_IntervalAggregator(benchmark::State& state) {
+  const std::vector<uint32_t> order = IntervalSamples();
+  agent::IntervalAggregator agg;
+  size_t bytes = 0;
+  for (auto _ : state) {
+    for (uint32_t i : order) agg.Add(1, world->paths[i], 1);
+    v1::SampleBatch batch;
+    if (!agg.EncodeInto(*world->numbering, &batch).ok()) state.SkipWithError("encode failed");
+    bytes = batch.ByteSizeLong();
+  }
+  state.SetItemsProcessed(state.iterations() * order.size());
+  state.counters["batch_bytes"] = static_cast<double>(bytes);
+}
+BENCHMARK(BM_IntervalAggregator)->Unit(benchmark::kMicrosecond);
+
+// Baseline: the aggregator this replaced (absl::flat_hash_map keyed by a byte string built
+// per sample, repeated ContextCount messages).
+void BM_StringKeyedAggregator(benchmark::State& state) {
+  const std::vector<uint32_t> order = IntervalSamples();
+  absl::flat_hash_map<std::string, uint64_t> counts;
+  size_t bytes = 0;
+  for (auto _ : state) {
+    for (uint32_t i : order) {
+      const auto& edges = world->paths[i];
+      const uint32_t target_id = 1;
+      std::string key(4 + 8 * edges.size(), '\0');
+      std::memcpy(key.data(), &target_id, 4);
+      std::memcpy(key.data() + 4, edges.data(), 8 * edges.size());
+      counts[key] += 1;
+    }
+    v1::SampleBatch batch;
+    Encoder encoder(*world->numbering);
+    EncodedContext encoded;
+    std::vector<EdgeId> edges;
+    for (const auto& [key, count] : counts) {
+      uint32_t target_id;
+      std::memcpy(&target_id, key.data(), 4);
+      edges.resize((key.size() - 4) / 8);
+      std::memcpy(edges.data(), key.data() + 4, 8 * edges.size());
+      if (!encoder.EncodeInto(edges, &encoded).ok()) state.SkipWithError("encode failed");
+      auto* c = batch.add_contexts();
+      c->set_target_id(target_id);
+      c->set_leaf(encoded.leaf);
+      for (uint64_t id : encoded.ids) c->add_ids(id);
+      c->set_count(count);
+    }
+    counts.clear();
+    bytes = batch.ByteSizeLong();
+  }
+  state.SetItemsProcessed(state.iterations() * order.size());
+  state.counters["batch_bytes"] = static_cast<double>(bytes);
+}
+BENCHMARK(BM_StringKeyedAggregator)->Unit(benchmark::kMicrosecond);
 
 // Comparison: what a hash-based scheme pays per stack to identify it (hash the frame list).
 void BM_Hash128FrameList(benchmark::State& state) {
