@@ -11,6 +11,11 @@
 // accepted difference is a prefix one: a pc in [vdso] (not a file mapping, so not in the
 // recorded modules) stops strata with no_module while libdw's x86-64 backend falls back to a
 // frame-pointer step there.
+//
+// signal_handler spends most of its time in a SIGALRM handler: those samples unwind through
+// glibc's __restore_rt (a signal-frame row: the interrupted rip/rsp/rbp from the kernel's
+// ucontext, the next pc exact) into the interrupted chain, and libdw (which reads the same
+// 'S' FDE and treats the next frame as an activation) must agree frame for frame.
 #include <elfutils/libdwfl.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -165,6 +170,7 @@ struct Tally {
   size_t libdw_equal = 0;
   size_t libdw_prefix_equal = 0;  // one stopped earlier; the common frames agree
   size_t libdw_differ = 0;
+  size_t deep = 0;  // samples with >= min_depth frames
   std::map<std::string, size_t> stop_reasons;
 };
 
@@ -299,6 +305,7 @@ Tally Replay(const std::string& name, const std::string& path, size_t min_depth)
               double(t.inc_rederived) / std::max<size_t>(1, t.samples), t.splices,
               t.verify_failures, t.boundary_beyond_copy, t.boundary_stale, t.libdw_equal, t.libdw_prefix_equal,
               t.libdw_differ);
+  t.deep = deep;
   for (const auto& [reason, n] : t.stop_reasons) std::printf("[%s]   stop %s: %zu\n", name.c_str(), reason.c_str(), n);
   EXPECT_GT(t.samples, 50u);
   return t;
@@ -339,6 +346,22 @@ TEST(SnapshotUnwindTest, Dlopen) {
   if (t.boundary_stale > 0) {
     EXPECT_GT(t.verify_failures, 0u);
   }
+}
+
+TEST(SnapshotUnwindTest, SignalHandler) {
+  std::string path = RecordWorkload("signal_handler", {});
+  ASSERT_FALSE(path.empty());
+  // Handler chain (10) + OnAlarm + __restore_rt + the interrupted main chain (>= 30) + main:
+  // only a sample unwound through the signal frame has 43 frames or more; the main chain
+  // alone has about 34.
+  Tally t = Replay("signal_handler", path, 43);
+  EXPECT_GE(t.deep, t.samples / 2) << "too few samples unwound through the signal frame";
+  EXPECT_EQ(t.boundary_stale, 0u);
+  EXPECT_EQ(t.libdw_differ, 0u);
+  EXPECT_GE(t.libdw_equal, t.samples * 95 / 100);
+  // The incremental unwinder never splices across a signal frame: handler samples are unwound
+  // in full, so only the main-chain samples (and handler samples right after one) reuse.
+  EXPECT_GT(t.inc_unwound, t.inc_reused);
 }
 
 TEST(SnapshotUnwindTest, Threads) {
