@@ -355,7 +355,10 @@ TEST(SnapshotUnwindTest, SignalHandler) {
   // only a sample unwound through the signal frame has 43 frames or more; the main chain
   // alone has about 34.
   Tally t = Replay("signal_handler", path, 43);
-  EXPECT_GE(t.deep, t.samples / 2) << "too few samples unwound through the signal frame";
+  // The handler's share depends on how much CPU the machine gives the workload against its
+  // wall-clock timer (about two thirds when idle): only require a clear presence.
+  EXPECT_GE(t.deep, std::max<size_t>(50, t.samples / 4))
+      << "too few samples unwound through the signal frame";
   EXPECT_EQ(t.boundary_stale, 0u);
   EXPECT_EQ(t.libdw_differ, 0u);
   EXPECT_GE(t.libdw_equal, t.samples * 95 / 100);
