@@ -173,6 +173,7 @@ int Run(int argc, char** argv) {
         captures.running() > 0 ? absl::Milliseconds(50) : absl::Milliseconds(200);
     auto st = (*profiler)->Poll(std::min(max_wait, window_end - absl::Now()));
     if (!st.ok()) spdlog::warn("sampling: {}", st.ToString());
+    shipper.SetTargets((*profiler)->targets());
     const absl::Time now = absl::Now();
     captures.Tick(now, &sequence);
     if (now >= window_end || (*profiler)->batch_full()) {

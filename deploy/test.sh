@@ -24,6 +24,8 @@ echo "== x86-64 tests"
 (cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 900) || status=1
 
 if [[ "${STRATA_SKIP_MIPS64:-0}" != 1 ]]; then
+  # The MIPS64 end-to-end test ships to the x86-64 server and queries it with the CLI.
+  export STRATA_HOST_BIN_DIR="$root/$build/bin"
   for arch in mips64el mips64; do
     echo "== $arch cross build (build-$arch)"
     JOBS=$jobs deploy/cross/build.sh "$arch" "build-$arch" >/dev/null

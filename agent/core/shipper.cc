@@ -32,6 +32,20 @@ void Shipper::SendStatus(v1::CaptureStatus status) {
   statuses_.push_back(std::move(status));
 }
 
+void Shipper::SetTargets(std::vector<v1::Target> targets) {
+  absl::MutexLock lock(&mu_);
+  auto same = [](const std::vector<v1::Target>& a, const std::vector<v1::Target>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i].id() != b[i].id() || a[i].pid() != b[i].pid()) return false;
+    }
+    return true;
+  };
+  if (same(targets, targets_)) return;
+  targets_ = std::move(targets);
+  targets_sent_ = false;
+}
+
 bool Shipper::Flush(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return spool_.empty(); };
@@ -144,6 +158,7 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
       ++stats_.batches_acked;
     }
     for (auto& s : spool_) s.sent = false;
+    targets_sent_ = false;
   }
   spdlog::info("connected to strata-server at {} (server has {} nodes, {} edges)",
                options_.server, welcome.welcome().known_nodes(), welcome.welcome().known_edges());
@@ -166,6 +181,7 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
       absl::MutexLock lock(&mu_);
       auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         if (stopping_ || stream_broken_ || !inbox_.empty() || !statuses_.empty()) return true;
+        if (!targets_sent_ && !targets_.empty()) return true;
         for (const auto& s : spool_) {
           if (!s.sent) return true;
         }
@@ -180,6 +196,13 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
       if (stopping_) {
         // Stop after the spool is acknowledged or the caller gave up waiting (Flush).
         break;
+      }
+      if (!targets_sent_ && !targets_.empty()) {
+        v1::AgentMessage m;
+        m.mutable_heartbeat()->set_time_ms(absl::ToUnixMillis(absl::Now()));
+        for (const auto& t : targets_) *m.mutable_heartbeat()->add_targets() = t;
+        out.push_back(std::move(m));
+        targets_sent_ = true;
       }
       while (!statuses_.empty()) {
         v1::AgentMessage m;

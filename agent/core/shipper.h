@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -64,6 +65,9 @@ class Shipper {
   void Enqueue(v1::SampleBatch batch);
   // Sends a capture status update (not spooled: progress is only useful live).
   void SendStatus(v1::CaptureStatus status);
+  // The agent's current targets: announced in a Heartbeat after every (re)connect and
+  // whenever they change.
+  void SetTargets(std::vector<v1::Target> targets);
   // Waits until every queued batch is acknowledged; false on timeout.
   bool Flush(absl::Duration timeout);
   void Stop();
@@ -86,6 +90,8 @@ class Shipper {
   mutable absl::Mutex mu_;
   std::deque<Spooled> spool_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::CaptureStatus> statuses_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::Target> targets_ ABSL_GUARDED_BY(mu_);
+  bool targets_sent_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<v1::ServerMessage> inbox_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool stream_broken_ ABSL_GUARDED_BY(mu_) = false;

@@ -50,6 +50,15 @@ void AgentRegistry::RecordBatch(const std::string& agent_id, const v1::SampleBat
   for (const v1::Target& t : batch.targets()) it->second.targets[t.pid()] = t;
 }
 
+void AgentRegistry::SetTargets(const std::string& agent_id,
+                               const google::protobuf::RepeatedPtrField<v1::Target>& targets) {
+  absl::MutexLock lock(&mu_);
+  auto it = agents_.find(agent_id);
+  if (it == agents_.end()) return;
+  it->second.targets.clear();
+  for (const v1::Target& t : targets) it->second.targets[t.pid()] = t;
+}
+
 std::vector<v1::AgentInfo> AgentRegistry::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::AgentInfo> out;
@@ -202,6 +211,9 @@ grpc::Status IngestService::Connect(
         break;
       }
       case v1::AgentMessage::kHeartbeat:
+        if (message.heartbeat().targets_size() > 0) {
+          registry_->SetTargets(identity.agent_id, message.heartbeat().targets());
+        }
         break;
       case v1::AgentMessage::kCaptureStatus:
         for (const auto& observer : capture_status_observers_) {

@@ -42,6 +42,9 @@ class AgentRegistry {
   void Attach(const AgentIdentity& identity, uint32_t frequency_hz, Sender sender);
   void Detach(const std::string& agent_id);
   void RecordBatch(const std::string& agent_id, const v1::SampleBatch& batch);
+  // Replaces the agent's target list (from a Heartbeat).
+  void SetTargets(const std::string& agent_id,
+                  const google::protobuf::RepeatedPtrField<v1::Target>& targets);
   std::vector<v1::AgentInfo> List() const;
   // Agents (connected) that currently profile a target of `service` (empty: any) on `host`
   // (empty: any) with `pid` (0: any).
