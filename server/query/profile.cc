@@ -79,25 +79,20 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
   sq.resolution = query.resolution;
   if (!query.host.empty()) sq.host = query.host;
   if (!query.capture_id.empty()) sq.capture_id = query.capture_id;
-  absl::flat_hash_map<uint64_t, uint64_t> counts;
-  absl::flat_hash_set<std::string> hosts;
-  counts.reserve(1 << 12);
-  // Cells arrive grouped by host within each window: hash the host only when it changes.
-  std::string last_host;
-  bool any = false;
-  auto st = store_->ScanSamples(sq, [&](const store::SampleKey& key, uint64_t count) {
-    counts[key.stack_id] += count;
-    if (!any || key.host != last_host) {
-      any = true;
-      last_host = key.host;
-      hosts.insert(last_host);
-    }
-  });
-  if (!st.ok()) return st;
+  // Summed per stack by the store (whole hours come from its per-hour aggregates).
+  auto totals = store_->SumSamples(sq);
+  if (!totals.ok()) return totals.status();
+  // Resolving in the final order (heaviest first) makes function indices deterministic and
+  // leaves nothing to sort afterwards.
+  std::vector<store::StackCount>& counts = totals->stacks;
+  std::sort(counts.begin(), counts.end(),
+            [](const store::StackCount& a, const store::StackCount& b) {
+              return a.count != b.count ? a.count > b.count : a.stack_id < b.stack_id;
+            });
 
   Profile profile;
-  profile.hosts.assign(hosts.begin(), hosts.end());
-  std::sort(profile.hosts.begin(), profile.hosts.end());
+  profile.hosts = std::move(totals->hosts);
+  profile.stacks.reserve(counts.size());
   absl::flat_hash_map<uint64_t, uint32_t> function_index;
   // Per function: does it match focus / ignore (computed once per function).
   std::vector<uint8_t> matches_focus, matches_ignore;
@@ -130,10 +125,6 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
     profile.total += count;
     profile.stacks.push_back(std::move(stack));
   }
-  std::sort(profile.stacks.begin(), profile.stacks.end(),
-            [](const ResolvedStack& a, const ResolvedStack& b) {
-              return a.count != b.count ? a.count > b.count : a.stack_id < b.stack_id;
-            });
   return profile;
 }
 

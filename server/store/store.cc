@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "rocksdb/cache.h"
@@ -60,6 +61,40 @@ std::string PrefixSuccessor(std::string prefix) {
   return prefix;
 }
 
+// A part of a query's range read from one column family.
+struct Piece {
+  Column column;
+  int64_t from, to;
+};
+
+// kAuto's pieces of [from, to), in ascending time order: raw head, minute head, whole hours,
+// minute tail, raw tail (empty pieces included).
+std::vector<Piece> AutoPieces(int64_t from, int64_t to) {
+  auto round_up = [](int64_t v, int64_t unit) { return (v + unit - 1) / unit * unit; };
+  auto round_down = [](int64_t v, int64_t unit) { return v / unit * unit; };
+  std::vector<Piece> pieces;
+  // Splits [a, b) into raw edges around whole minutes.
+  auto add_minutes = [&](int64_t a, int64_t b) {
+    int64_t ms = round_up(a, kMinuteMs), me = round_down(b, kMinuteMs);
+    if (ms >= me) {
+      pieces.push_back({Column::kSamples, a, b});
+      return;
+    }
+    pieces.push_back({Column::kSamples, a, ms});
+    pieces.push_back({Column::kRollupMinute, ms, me});
+    pieces.push_back({Column::kSamples, me, b});
+  };
+  int64_t hs = round_up(from, kHourMs), he = round_down(to, kHourMs);
+  if (hs < he) {
+    add_minutes(from, hs);
+    pieces.push_back({Column::kRollupHour, hs, he});
+    add_minutes(he, to);
+  } else {
+    add_minutes(from, to);
+  }
+  return pieces;
+}
+
 // Kinds of content-addressed records.
 enum class InternKind { kStack, kFunction };
 
@@ -80,6 +115,9 @@ struct WriteBatch::Rep {
   absl::flat_hash_map<std::string, ServiceSummary> services;
   std::vector<std::pair<std::string, uint64_t>> sequences;
   std::vector<std::pair<InternKind, uint64_t>> interned;
+  // CellPrefix(service, hour) of every hour this batch adds samples to: their cached hour
+  // aggregates are dropped once the batch is committed.
+  absl::flat_hash_set<std::string> touched_hours;
   absl::Status status;
 
   void Fail(absl::Status s) {
@@ -117,10 +155,10 @@ void WriteBatch::AddSamples(std::string_view service, int64_t window_start_ms,
             codec::EncodeCellKey(service, window_start_ms - window_start_ms % kMinuteMs, host,
                                  stack_id),
             codec::EncodeCount(count));
+  const int64_t hour = window_start_ms - window_start_ms % kHourMs;
   rep_->Add(Column::kRollupHour, Rep::OpType::kMerge,
-            codec::EncodeCellKey(service, window_start_ms - window_start_ms % kHourMs, host,
-                                 stack_id),
-            codec::EncodeCount(count));
+            codec::EncodeCellKey(service, hour, host, stack_id), codec::EncodeCount(count));
+  rep_->touched_hours.insert(codec::CellPrefix(service, static_cast<uint64_t>(hour)));
   auto [it, inserted] = rep_->services.try_emplace(std::string(service));
   ServiceSummary& s = it->second;
   if (inserted) {
@@ -270,6 +308,132 @@ class InternTable {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
+// Hour blocks: the hour rollup of one (service, hour), summed per (host, stack), in memory.
+
+namespace {
+
+struct HourBlock {
+  std::vector<std::string> hosts;  // sorted (key order)
+  std::vector<uint32_t> host_end;  // entries of hosts[i] end at host_end[i]
+  std::vector<StackCount> entries;
+
+  size_t Bytes() const {
+    size_t bytes = sizeof(HourBlock) + entries.capacity() * sizeof(StackCount) +
+                   host_end.capacity() * sizeof(uint32_t);
+    for (const std::string& h : hosts) bytes += sizeof(std::string) + h.capacity();
+    return bytes;
+  }
+};
+
+// Blocks by CellPrefix(service, hour), bounded by bytes (least recently used dropped first).
+//
+// Consistency with concurrent commits: a block is built from a RocksDB read that may race
+// with a commit to the same hour. Every key has a generation, bumped when a commit touching
+// the hour completes; a reader notes the generation before reading and its block is kept
+// only if the generation is unchanged when it inserts. A commit bumps after its write is
+// visible, so a block that could have missed the write is never kept. Keys evicted (or
+// cleared) while a read is in flight lose their generation: such blocks are not kept either.
+class HourBlockCache {
+ public:
+  explicit HourBlockCache(size_t capacity_bytes) : capacity_(capacity_bytes) {}
+
+  bool enabled() const { return capacity_ > 0; }
+
+  // The cached block of `key`, or null with *generation set for a later Insert.
+  std::shared_ptr<const HourBlock> Lookup(const std::string& key, uint64_t* generation) {
+    absl::MutexLock lock(&mu_);
+    auto [it, inserted] = entries_.try_emplace(key);
+    Entry& e = it->second;
+    if (inserted) e.generation = next_generation_++;
+    e.last_use = ++tick_;
+    if (e.block) {
+      ++hits_;
+      return e.block;
+    }
+    ++misses_;
+    *generation = e.generation;
+    return nullptr;
+  }
+
+  void Insert(const std::string& key, uint64_t generation, std::shared_ptr<const HourBlock> block) {
+    const size_t bytes = block->Bytes() + key.size() + sizeof(Entry);
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end() || it->second.generation != generation || it->second.block) return;
+    if (bytes > capacity_ / 2) return;  // one block never pushes out most of the others
+    it->second.block = std::move(block);
+    it->second.bytes = bytes;
+    bytes_ += bytes;
+    if (bytes_ > capacity_) EvictLocked();
+  }
+
+  void Invalidate(const std::string& key) {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return;
+    bytes_ -= it->second.bytes;
+    // Erasing also voids in-flight reads of this key (Insert finds no entry).
+    entries_.erase(it);
+  }
+
+  void Clear() {
+    absl::MutexLock lock(&mu_);
+    entries_.clear();
+    bytes_ = 0;
+  }
+
+  void Stats(StoreStats* stats) {
+    absl::MutexLock lock(&mu_);
+    stats->hour_block_hits = hits_;
+    stats->hour_block_misses = misses_;
+    stats->hour_block_bytes = bytes_;
+  }
+
+ private:
+  struct Entry {
+    uint64_t generation = 0;
+    uint64_t last_use = 0;
+    size_t bytes = 0;
+    std::shared_ptr<const HourBlock> block;
+  };
+
+  // Drops the least recently used entries (placeholders of in-flight reads included) until
+  // three quarters of the capacity is used, so eviction runs rarely.
+  void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<std::pair<uint64_t, const std::string*>> order;
+    order.reserve(entries_.size());
+    for (const auto& [key, e] : entries_) order.emplace_back(e.last_use, &key);
+    std::sort(order.begin(), order.end());
+    std::vector<std::string> victims;
+    size_t bytes = bytes_;
+    for (const auto& [use, key] : order) {
+      if (bytes <= capacity_ / 4 * 3) break;
+      bytes -= entries_.find(*key)->second.bytes;
+      victims.push_back(*key);
+    }
+    for (const std::string& key : victims) entries_.erase(key);
+    bytes_ = bytes;
+  }
+
+  const size_t capacity_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t tick_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Per-stack sums and contributing hosts while reducing a query's cells.
+struct Totals {
+  absl::flat_hash_map<uint64_t, uint64_t> counts;
+  absl::flat_hash_set<std::string> hosts;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
 // Store
 
 struct Store::Impl {
@@ -280,6 +444,8 @@ struct Store::Impl {
   std::atomic<uint64_t> collisions{0};
   std::unique_ptr<InternTable> stacks;
   std::unique_ptr<InternTable> functions;
+  std::unique_ptr<HourBlockCache> hour_blocks;
+  std::atomic<uint64_t> cells_scanned{0};
   std::array<absl::Mutex, kSequenceStripes> sequence_mu;
   // Referenced by the column family options; must outlive the DB.
   std::vector<std::unique_ptr<rocksdb::CompactionFilter>> retention_filters;
@@ -422,9 +588,12 @@ struct Store::Impl {
 
   // Cells of `scope` in column `column` with window in [from, to) (0 <= from < to),
   // filtered by query.host.
-  absl::Status ScanCells(Column column, const std::string& scope, int64_t from, int64_t to,
-                         const SampleQuery& query,
-                         const std::function<void(const SampleKey&, uint64_t)>& fn) {
+  // Calls visit(const codec::CellKey&, uint64_t count) for the cells of `scope` in column
+  // `column` with window in [from, to) (0 <= from < to), of `host` only when given. The
+  // key's views are valid during the call only.
+  template <typename Visit>
+  absl::Status VisitCells(Column column, const std::string& scope, int64_t from, int64_t to,
+                          const std::optional<std::string>& host, Visit&& visit) {
     std::string upper_key = codec::CellPrefix(scope, static_cast<uint64_t>(to));
     rocksdb::Slice upper(upper_key);
     rocksdb::ReadOptions ro;
@@ -432,18 +601,17 @@ struct Store::Impl {
     ro.prefix_same_as_start = true;
     std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro, cf(column)));
 
-    SampleKey key;
-    key.service = query.service;
+    uint64_t cells = 0;
     it->Seek(codec::CellPrefix(scope, static_cast<uint64_t>(from)));
     while (it->Valid()) {
       absl::StatusOr<codec::CellKey> cell = codec::DecodeCellKey(View(it->key()));
       if (!cell.ok()) return cell.status();
       if (cell->scope != scope) return absl::DataLossError("sample key outside its prefix");
-      if (query.host && cell->host != *query.host) {
+      if (host && cell->host != *host) {
         // Skip to the wanted host in this window, or to the next window once past it.
-        if (cell->host < *query.host) {
+        if (cell->host < *host) {
           std::string target = codec::CellPrefix(scope, cell->window_start_ms);
-          target.append(*query.host);
+          target.append(*host);
           target.push_back('\0');
           it->Seek(target);
         } else {
@@ -453,13 +621,98 @@ struct Store::Impl {
       }
       absl::StatusOr<uint64_t> count = codec::DecodeCount(View(it->value()));
       if (!count.ok()) return count.status();
-      key.window_start_ms = static_cast<int64_t>(cell->window_start_ms);
-      key.host.assign(cell->host);
-      key.stack_id = cell->stack_id;
-      fn(key, *count);
+      ++cells;
+      visit(*cell, *count);
       it->Next();
     }
+    cells_scanned.fetch_add(cells, std::memory_order_relaxed);
     return FromRocks(it->status());
+  }
+
+  absl::Status ScanCells(Column column, const std::string& scope, int64_t from, int64_t to,
+                         const SampleQuery& query,
+                         const std::function<void(const SampleKey&, uint64_t)>& fn) {
+    SampleKey key;
+    key.service = query.service;
+    return VisitCells(column, scope, from, to, query.host,
+                      [&](const codec::CellKey& cell, uint64_t count) {
+                        key.window_start_ms = static_cast<int64_t>(cell.window_start_ms);
+                        key.host.assign(cell.host);
+                        key.stack_id = cell.stack_id;
+                        fn(key, count);
+                      });
+  }
+
+  // Adds the cells of a piece read from RocksDB to `totals`.
+  absl::Status SumCells(Column column, const std::string& scope, int64_t from, int64_t to,
+                        const std::optional<std::string>& host, Totals* totals) {
+    // Cells arrive grouped by host within each window: hash the host only when it changes.
+    std::string last_host;
+    bool any = false;
+    return VisitCells(column, scope, from, to, host,
+                      [&](const codec::CellKey& cell, uint64_t count) {
+                        totals->counts[cell.stack_id] += count;
+                        if (!any || cell.host != last_host) {
+                          any = true;
+                          last_host.assign(cell.host);
+                          totals->hosts.insert(last_host);
+                        }
+                      });
+  }
+
+  // Reads the hour rollup of `scope` for hour `hour` (all hosts) into a block.
+  absl::StatusOr<std::shared_ptr<const HourBlock>> ReadHourBlock(const std::string& scope,
+                                                                 int64_t hour) {
+    auto block = std::make_shared<HourBlock>();
+    absl::Status s = VisitCells(
+        Column::kRollupHour, scope, hour, hour + kHourMs, std::nullopt,
+        [&](const codec::CellKey& cell, uint64_t count) {
+          if (block->hosts.empty() || cell.host != block->hosts.back()) {
+            if (!block->hosts.empty()) block->host_end.push_back(block->entries.size());
+            block->hosts.emplace_back(cell.host);
+          }
+          block->entries.push_back({cell.stack_id, count});
+        });
+    if (!s.ok()) return s;
+    if (!block->hosts.empty()) block->host_end.push_back(block->entries.size());
+    block->entries.shrink_to_fit();
+    return block;
+  }
+
+  // Adds whole hours [from, to) of the hour rollup to `totals`, through the block cache.
+  absl::Status SumHours(const std::string& scope, int64_t from, int64_t to,
+                        const std::optional<std::string>& host, Totals* totals) {
+    std::vector<std::shared_ptr<const HourBlock>> blocks;
+    blocks.reserve(static_cast<size_t>((to - from) / kHourMs));
+    size_t entries = 0;
+    for (int64_t hour = from; hour < to; hour += kHourMs) {
+      const std::string key = codec::CellPrefix(scope, static_cast<uint64_t>(hour));
+      uint64_t generation = 0;
+      std::shared_ptr<const HourBlock> block = hour_blocks->Lookup(key, &generation);
+      if (!block) {
+        absl::StatusOr<std::shared_ptr<const HourBlock>> read = ReadHourBlock(scope, hour);
+        if (!read.ok()) return read.status();
+        block = *std::move(read);
+        hour_blocks->Insert(key, generation, block);
+      }
+      entries = std::max(entries, block->entries.size());
+      blocks.push_back(std::move(block));
+    }
+    // Hours share most of their stacks: the largest hour is a fair lower bound of the result.
+    totals->counts.reserve(totals->counts.size() + entries * 2);
+    for (const auto& block : blocks) {
+      for (size_t h = 0; h < block->hosts.size(); ++h) {
+        if (host && block->hosts[h] != *host) continue;
+        const size_t begin = h == 0 ? 0 : block->host_end[h - 1];
+        const size_t end = block->host_end[h];
+        if (begin == end) continue;
+        if (!totals->hosts.contains(block->hosts[h])) totals->hosts.insert(block->hosts[h]);
+        for (size_t i = begin; i < end; ++i) {
+          totals->counts[block->entries[i].stack_id] += block->entries[i].count;
+        }
+      }
+    }
+    return absl::OkStatus();
   }
 
   // Iterates [begin, end) of a column family; `fn` returns false to stop early.
@@ -487,6 +740,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
   impl->options = options;
   impl->stacks = std::make_unique<InternTable>(options.intern_cache_entries);
   impl->functions = std::make_unique<InternTable>(options.intern_cache_entries);
+  impl->hour_blocks = std::make_unique<HourBlockCache>(options.hour_block_cache_bytes);
 
   rocksdb::DBOptions db_options;
   db_options.create_if_missing = options.create_if_missing;
@@ -615,6 +869,9 @@ absl::Status Store::Commit(WriteBatch* batch) {
   }
   if (status.ok()) status = impl_->Write(rep);
   for (auto it = stripes.rbegin(); it != stripes.rend(); ++it) impl_->sequence_mu[*it].Unlock();
+  // After the write is visible (see HourBlockCache); also after a failed write, which may
+  // have been applied before failing to report.
+  for (const std::string& hour : rep.touched_hours) impl_->hour_blocks->Invalidate(hour);
   if (!status.ok()) return status;
 
   for (const auto& [kind, id] : rep.interned) impl_->Table(kind).MarkDurable(id);
@@ -649,39 +906,55 @@ absl::Status Store::ScanSamples(const SampleQuery& query,
     case Resolution::kAuto:
       break;
   }
-  // Pieces in ascending time order: raw head, minute head, whole hours, minute tail, raw tail.
-  struct Piece {
-    Column column;
-    int64_t from, to;
-  };
-  auto round_up = [](int64_t v, int64_t unit) { return (v + unit - 1) / unit * unit; };
-  auto round_down = [](int64_t v, int64_t unit) { return v / unit * unit; };
-  std::vector<Piece> pieces;
-  // Splits [a, b) into raw edges around whole minutes.
-  auto add_minutes = [&](int64_t a, int64_t b) {
-    int64_t ms = round_up(a, kMinuteMs), me = round_down(b, kMinuteMs);
-    if (ms >= me) {
-      pieces.push_back({Column::kSamples, a, b});
-      return;
-    }
-    pieces.push_back({Column::kSamples, a, ms});
-    pieces.push_back({Column::kRollupMinute, ms, me});
-    pieces.push_back({Column::kSamples, me, b});
-  };
-  int64_t hs = round_up(from, kHourMs), he = round_down(to, kHourMs);
-  if (hs < he) {
-    add_minutes(from, hs);
-    pieces.push_back({Column::kRollupHour, hs, he});
-    add_minutes(he, to);
-  } else {
-    add_minutes(from, to);
-  }
-  for (const Piece& piece : pieces) {
+  for (const Piece& piece : AutoPieces(from, to)) {
     if (piece.from >= piece.to) continue;
     absl::Status s = impl_->ScanCells(piece.column, scope, piece.from, piece.to, query, fn);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<SampleTotals> Store::SumSamples(const SampleQuery& query) {
+  const std::string& scope = query.capture_id ? *query.capture_id : query.service;
+  if (scope.empty() || !ValidKeyPart(scope)) {
+    return absl::InvalidArgumentError("service or capture id must be non-empty, without NUL");
+  }
+  if (query.host && !ValidKeyPart(*query.host)) {
+    return absl::InvalidArgumentError("host must not contain NUL");
+  }
+  int64_t from = std::max<int64_t>(query.from_ms, 0);
+  int64_t to = query.to_ms;
+  Totals totals;
+  std::vector<Piece> pieces;
+  if (to <= from) {
+    // Nothing to read.
+  } else if (query.capture_id) {
+    pieces.push_back({Column::kCaptures, from, to});
+  } else if (query.resolution == Resolution::kRaw) {
+    pieces.push_back({Column::kSamples, from, to});
+  } else if (query.resolution == Resolution::kMinute) {
+    pieces.push_back({Column::kRollupMinute, from, to});
+  } else if (query.resolution == Resolution::kHour) {
+    // Hour windows starting in [from, to), as a scan of the hour rollup returns them.
+    const int64_t first = (from + kHourMs - 1) / kHourMs * kHourMs;
+    if (first < to) pieces.push_back({Column::kRollupHour, first, (to + kHourMs - 1) / kHourMs * kHourMs});
+  } else {
+    pieces = AutoPieces(from, to);
+  }
+  for (const Piece& piece : pieces) {
+    if (piece.from >= piece.to) continue;
+    absl::Status s =
+        piece.column == Column::kRollupHour && impl_->hour_blocks->enabled()
+            ? impl_->SumHours(scope, piece.from, piece.to, query.host, &totals)
+            : impl_->SumCells(piece.column, scope, piece.from, piece.to, query.host, &totals);
+    if (!s.ok()) return s;
+  }
+  SampleTotals out;
+  out.stacks.reserve(totals.counts.size());
+  for (const auto& [stack_id, count] : totals.counts) out.stacks.push_back({stack_id, count});
+  out.hosts.assign(totals.hosts.begin(), totals.hosts.end());
+  std::sort(out.hosts.begin(), out.hosts.end());
+  return out;
 }
 
 absl::StatusOr<StackFrames> Store::GetStack(uint64_t stack_id) {
@@ -830,6 +1103,8 @@ StoreStats Store::Stats() {
   stats.id_collisions = impl_->collisions.load(std::memory_order_relaxed);
   stats.stack_cache_entries = impl_->stacks->Size();
   stats.function_cache_entries = impl_->functions->Size();
+  stats.cells_scanned = impl_->cells_scanned.load(std::memory_order_relaxed);
+  impl_->hour_blocks->Stats(&stats);
   return stats;
 }
 
@@ -840,12 +1115,16 @@ absl::Status Store::CompactAll() {
     absl::Status s = FromRocks(impl_->db->CompactRange(options, h, nullptr, nullptr));
     if (!s.ok()) return s;
   }
+  // Retention may have dropped hour rows that cached blocks still hold.
+  impl_->hour_blocks->Clear();
   return absl::OkStatus();
 }
 
 absl::Status Store::PutRawForTesting(Column column, std::string_view key, std::string_view value) {
-  return FromRocks(
+  absl::Status s = FromRocks(
       impl_->db->Put(rocksdb::WriteOptions(), impl_->cf(column), ToSlice(key), ToSlice(value)));
+  impl_->hour_blocks->Clear();  // bypasses the commit path that invalidates blocks
+  return s;
 }
 
 }  // namespace strata::store

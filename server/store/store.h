@@ -90,6 +90,21 @@ struct SampleQuery {
   Resolution resolution = Resolution::kRaw;
 };
 
+// Samples of one stack summed over a query's range.
+struct StackCount {
+  uint64_t stack_id = 0;
+  uint64_t count = 0;
+
+  bool operator==(const StackCount&) const = default;
+};
+
+// The cells of a SampleQuery reduced to one count per stack: what a profile needs, without
+// the window and host of every cell.
+struct SampleTotals {
+  std::vector<StackCount> stacks;  // one entry per stack that has a cell; in no fixed order
+  std::vector<std::string> hosts;  // hosts that have a cell, sorted
+};
+
 struct ServiceSummary {
   std::string service;
   int64_t first_window_ms = 0;
@@ -165,6 +180,9 @@ struct StoreOptions {
   bool create_if_missing = true;
   // Shared block cache for all column families.
   size_t block_cache_bytes = 64 << 20;
+  // Memory for per-(service, hour) aggregates of the hour rollup (SumSamples); 0 disables
+  // them. One hour of a service costs about 16 bytes per distinct (host, stack).
+  size_t hour_block_cache_bytes = 256 << 20;
   // Upper bound on committed entries kept in each intern cache (stacks, functions).
   // Entries of batches not yet committed are never evicted, so the bound can be exceeded
   // by the in-flight working set.
@@ -186,6 +204,12 @@ struct StoreStats {
   uint64_t id_collisions = 0;             // intern probes past an occupied ID
   uint64_t stack_cache_entries = 0;
   uint64_t function_cache_entries = 0;
+  // Cells read from RocksDB by ScanSamples and SumSamples (including hour-block fills).
+  uint64_t cells_scanned = 0;
+  // SumSamples' whole hours served from memory / read from the hour rollup.
+  uint64_t hour_block_hits = 0;
+  uint64_t hour_block_misses = 0;
+  uint64_t hour_block_bytes = 0;
 };
 
 // Column families, for tests and tools that need raw access.
@@ -275,6 +299,14 @@ class Store {
   // With Resolution::kAuto, windows still ascend but a stack repeats once per piece.
   absl::Status ScanSamples(const SampleQuery& query,
                            const std::function<void(const SampleKey&, uint64_t count)>& fn);
+
+  // The cells ScanSamples would return for `query`, summed per stack (counts of zero
+  // included, so the stacks and hosts listed are exactly those of the cells). With kAuto
+  // and kHour, whole hours come from an in-memory aggregate per (service, hour) of the hour
+  // rollup: filled on first read, dropped by any commit that adds samples to that hour, so
+  // results always equal a fresh scan. Long ranges then cost one merge per hour instead of
+  // one RocksDB cell per (hour, host, stack).
+  absl::StatusOr<SampleTotals> SumSamples(const SampleQuery& query);
 
   // NotFound for unknown IDs, DataLoss for corrupt records. Served from the intern caches
   // when possible.

@@ -14,7 +14,7 @@
 // QueryService::Run*. The first (cold cache) run of each is reported separately. For
 // comparison the same top queries run once more reading raw 10 s cells only.
 //
-//   bench_query [--data DIR] [--reuse] [--iterations N]
+//   bench_query [--data DIR] [--reuse] [--iterations N] [--hour-block-mib N]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -46,6 +46,7 @@ struct Options {
   int zipf_cells = 24;
   int sweep_cells = 6;
   int iterations = 20;
+  size_t hour_block_mib = 256;
 };
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
@@ -202,6 +203,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--iterations", o.iterations, "timed runs per query (after one cold run)")
       ->capture_default_str();
+  app.add_option("--hour-block-mib", o.hour_block_mib,
+                 "store memory for per-hour aggregates (0: read the hour rollup every time)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   // A fixed, hour-aligned start keeps reused stores valid.
@@ -213,6 +217,7 @@ int main(int argc, char** argv) {
   }
 
   strata::store::StoreOptions so;
+  so.hour_block_cache_bytes = o.hour_block_mib << 20;
   auto store = strata::store::Store::Open(o.data, so);
   Check(store, "open");
   strata::server::AgentRegistry registry;
@@ -238,6 +243,7 @@ int main(int argc, char** argv) {
     flame.set_format(strata::v1::FlameGraphRequest::JSON);
     uint64_t total = 0;
     uint32_t pruned = 0;
+    const strata::store::StoreStats before = (*store)->Stats();
     Stats fs = Measure(iterations, [&] {
       auto resp = query.RunFlameGraph(flame);
       Check(resp, "flamegraph");
@@ -256,11 +262,13 @@ int main(int argc, char** argv) {
     diff.mutable_base()->mutable_range()->set_to_ms(now - r.ms / 2);
     Stats ds = Measure(iterations, [&] { Check(query.RunDiff(diff), "diff"); });
 
-    // Distinct stacks in the range, for context.
+    // Distinct stacks in the range, for context, and what one (warm) load reads.
     strata::server::ProfileReader reader(store->get());
     strata::server::ProfileQuery pq{"bench", now - r.ms, now};
+    const strata::store::StoreStats warm = (*store)->Stats();
     auto profile = reader.Load(pq);
     Check(profile, "profile");
+    const strata::store::StoreStats after = (*store)->Stats();
     for (auto [name, s] : {std::pair{"flamegraph", fs}, {"top", ts}, {"diff", ds}}) {
       std::printf("%-6s %-10s %10.1f %10.1f %10.1f %10.1f %10llu %9zu\n", r.name, name, s.cold,
                   s.p50, s.p99, s.max, static_cast<unsigned long long>(total),
@@ -268,10 +276,19 @@ int main(int argc, char** argv) {
     }
     std::printf("       (%d timed runs each; flame graph nodes pruned to the budget: %u)\n",
                 iterations, pruned);
+    std::printf(
+        "       cells read from RocksDB: %llu by all runs of the range, %llu by one warm load "
+        "(hour blocks: %llu cached, %llu read; %.1f MiB cached)\n",
+        static_cast<unsigned long long>(warm.cells_scanned - before.cells_scanned),
+        static_cast<unsigned long long>(after.cells_scanned - warm.cells_scanned),
+        static_cast<unsigned long long>(after.hour_block_hits - warm.hour_block_hits),
+        static_cast<unsigned long long>(after.hour_block_misses - warm.hour_block_misses),
+        after.hour_block_bytes / 1048576.0);
   }
 
   // Comparison: the same loads reading raw cells only (what the rollups save).
-  std::printf("\nProfile load, rollups (kAuto) vs raw cells only (kRaw), 3 runs each:\n");
+  std::printf("\nProfile load, rollups (kAuto, hour blocks cached) vs raw cells only (kRaw), "
+              "3 runs each:\n");
   std::printf("%-6s %14s %14s\n", "range", "auto p50 ms", "raw p50 ms");
   strata::server::ProfileReader reader(store->get());
   for (Range r : {Range{"24h", kDayMs}, Range{"7d", 7 * kDayMs}}) {
