@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "re2/re2.h"
 
 namespace strata::server {
@@ -35,6 +36,176 @@ std::vector<FunctionTotals> TopFunctions(const Profile& profile, bool sort_by_to
   });
   return totals;
 }
+
+// Stack and function records are immutable (content-addressed IDs), so what a load resolved
+// stays valid: later loads translate cached stacks through dense function numbers instead of
+// copying, decoding and hashing every frame again. Entries are never removed, so a lookup
+// made under the lock holds for the whole load; once full, further stacks and functions are
+// resolved per load from the store (whose intern caches still serve them).
+class ProfileReader::Resolved {
+ public:
+  // Appends the stacks of `counts` (in that order) to profile->stacks, their functions to
+  // profile->functions, and their counts to profile->total, skipping stacks that do not
+  // match `focus` (when given) or that match `ignore` (when given).
+  absl::Status Resolve(store::Store& store, const std::vector<store::StackCount>& counts,
+                       const RE2* focus, const RE2* ignore, Profile* profile);
+
+ private:
+  static constexpr size_t kMaxStacks = size_t{1} << 20;
+  static constexpr size_t kMaxFunctions = size_t{1} << 20;
+
+  struct Function {
+    uint64_t id;
+    std::string name, module;
+  };
+  struct Stack {
+    uint64_t offset;  // into frames_
+    uint32_t size;
+    bool truncated;
+  };
+
+  absl::Mutex mu_;
+  std::vector<Function> functions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, uint32_t> function_number_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Stack> stacks_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> frames_ ABSL_GUARDED_BY(mu_);  // function numbers, outermost first
+};
+
+absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
+                                              const std::vector<store::StackCount>& counts,
+                                              const RE2* focus, const RE2* ignore,
+                                              Profile* profile) {
+  // 1. Stacks not resolved by earlier loads.
+  std::vector<uint64_t> missing;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const store::StackCount& c : counts) {
+      if (!stacks_.contains(c.stack_id)) missing.push_back(c.stack_id);
+    }
+  }
+  // 2. Read those (and their unknown functions) from the store, without holding the lock.
+  absl::flat_hash_map<uint64_t, store::StackFrames> fetched;
+  absl::flat_hash_map<uint64_t, store::FunctionInfo> fetched_functions;
+  if (!missing.empty()) {
+    fetched.reserve(missing.size());
+    for (uint64_t stack_id : missing) {
+      auto frames = store.GetStack(stack_id);
+      if (!frames.ok()) {
+        return absl::DataLossError(absl::StrCat("stack ", stack_id,
+                                                " cannot be read: ", frames.status().message()));
+      }
+      fetched.emplace(stack_id, *std::move(frames));
+    }
+    std::vector<uint64_t> unknown;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      for (const auto& [stack_id, frames] : fetched) {
+        for (uint64_t fid : frames.function_ids) {
+          if (!function_number_.contains(fid)) unknown.push_back(fid);
+        }
+      }
+    }
+    for (uint64_t fid : unknown) {
+      if (fetched_functions.contains(fid)) continue;
+      auto info = store.GetFunction(fid);
+      if (!info.ok()) {
+        return absl::DataLossError(
+            absl::StrCat("function ", fid, " cannot be read: ", info.status().message()));
+      }
+      fetched_functions.emplace(fid, *std::move(info));
+    }
+    // 3. Keep them for later loads, while there is room.
+    absl::MutexLock lock(&mu_);
+    for (const auto& [fid, info] : fetched_functions) {
+      if (functions_.size() >= kMaxFunctions) break;
+      if (function_number_.try_emplace(fid, functions_.size()).second) {
+        functions_.push_back({fid, info.name, info.module});
+      }
+    }
+    for (const auto& [stack_id, frames] : fetched) {
+      if (stacks_.size() >= kMaxStacks) break;
+      if (stacks_.contains(stack_id)) continue;
+      const uint64_t offset = frames_.size();
+      bool complete = true;
+      for (uint64_t fid : frames.function_ids) {
+        auto it = function_number_.find(fid);
+        if (it == function_number_.end()) {
+          complete = false;
+          break;
+        }
+        frames_.push_back(it->second);
+      }
+      if (!complete) {
+        frames_.resize(offset);
+        continue;
+      }
+      stacks_.emplace(stack_id, Stack{offset, static_cast<uint32_t>(frames.function_ids.size()),
+                                      frames.truncated});
+    }
+  }
+
+  // 4. Build the profile: function numbers map to profile indices through a dense table.
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<uint32_t> index_of_number(functions_.size(), UINT32_MAX);
+  absl::flat_hash_map<uint64_t, uint32_t> index_of_uncached;  // functions beyond the cache
+  // Per profile function: does it match focus / ignore (computed once per function).
+  std::vector<uint8_t> matches_focus, matches_ignore;
+  auto add_function = [&](uint64_t id, const std::string& name, const std::string& module) {
+    profile->functions.push_back({id, name, module});
+    matches_focus.push_back(focus && RE2::PartialMatch(name, *focus));
+    matches_ignore.push_back(ignore && RE2::PartialMatch(name, *ignore));
+    return static_cast<uint32_t>(profile->functions.size() - 1);
+  };
+  auto index_of = [&](uint32_t number) {
+    uint32_t& index = index_of_number[number];
+    if (index == UINT32_MAX) {
+      const Function& f = functions_[number];
+      index = add_function(f.id, f.name, f.module);
+    }
+    return index;
+  };
+  for (const store::StackCount& c : counts) {
+    ResolvedStack stack{c.stack_id, c.count, false, {}};
+    bool has_focus = !focus, has_ignore = false;
+    auto add_frame = [&](uint32_t index) {
+      stack.frames.push_back(index);
+      has_focus |= matches_focus[index] != 0;
+      has_ignore |= matches_ignore[index] != 0;
+    };
+    if (auto cached = stacks_.find(c.stack_id); cached != stacks_.end()) {
+      const Stack& s = cached->second;
+      stack.truncated = s.truncated;
+      stack.frames.reserve(s.size);
+      for (uint64_t i = s.offset; i < s.offset + s.size; ++i) add_frame(index_of(frames_[i]));
+    } else {
+      // Missed in step 1, so fetched in step 2; functions not numbered were fetched too.
+      const store::StackFrames& frames = fetched.at(c.stack_id);
+      stack.truncated = frames.truncated;
+      stack.frames.reserve(frames.function_ids.size());
+      for (uint64_t fid : frames.function_ids) {
+        if (auto n = function_number_.find(fid); n != function_number_.end()) {
+          add_frame(index_of(n->second));
+          continue;
+        }
+        auto [it, inserted] = index_of_uncached.try_emplace(fid, 0);
+        if (inserted) {
+          const store::FunctionInfo& info = fetched_functions.at(fid);
+          it->second = add_function(fid, info.name, info.module);
+        }
+        add_frame(it->second);
+      }
+    }
+    if (!has_focus || has_ignore) continue;
+    profile->total += c.count;
+    profile->stacks.push_back(std::move(stack));
+  }
+  return absl::OkStatus();
+}
+
+ProfileReader::ProfileReader(store::Store* store)
+    : store_(store), resolved_(std::make_unique<Resolved>()) {}
+
+ProfileReader::~ProfileReader() = default;
 
 absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
   if (query.service.empty() && query.capture_id.empty()) {
@@ -93,38 +264,8 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
   Profile profile;
   profile.hosts = std::move(totals->hosts);
   profile.stacks.reserve(counts.size());
-  absl::flat_hash_map<uint64_t, uint32_t> function_index;
-  // Per function: does it match focus / ignore (computed once per function).
-  std::vector<uint8_t> matches_focus, matches_ignore;
-  for (const auto& [stack_id, count] : counts) {
-    auto frames = store_->GetStack(stack_id);
-    if (!frames.ok()) {
-      return absl::DataLossError(absl::StrCat("stack ", stack_id,
-                                              " cannot be read: ", frames.status().message()));
-    }
-    ResolvedStack stack{stack_id, count, frames->truncated, {}};
-    stack.frames.reserve(frames->function_ids.size());
-    bool has_focus = !focus, has_ignore = false;
-    for (uint64_t fid : frames->function_ids) {
-      auto [it, inserted] = function_index.try_emplace(fid, profile.functions.size());
-      if (inserted) {
-        auto info = store_->GetFunction(fid);
-        if (!info.ok()) {
-          return absl::DataLossError(absl::StrCat("function ", fid,
-                                                  " cannot be read: ", info.status().message()));
-        }
-        profile.functions.push_back({fid, info->name, info->module});
-        matches_focus.push_back(focus && RE2::PartialMatch(info->name, *focus));
-        matches_ignore.push_back(ignore && RE2::PartialMatch(info->name, *ignore));
-      }
-      stack.frames.push_back(it->second);
-      has_focus |= matches_focus[it->second] != 0;
-      has_ignore |= matches_ignore[it->second] != 0;
-    }
-    if (!has_focus || has_ignore) continue;
-    profile.total += count;
-    profile.stacks.push_back(std::move(stack));
-  }
+  absl::Status resolved = resolved_->Resolve(*store_, counts, focus.get(), ignore.get(), &profile);
+  if (!resolved.ok()) return resolved;
   return profile;
 }
 

@@ -2,11 +2,13 @@
 // to frames, filtered, and reduced to the views the query API serves (top functions, hot
 // paths). Shared by the gRPC Query service and the HTTP/JSON mirror.
 //
-// A Profile owns its resolved data; ProfileReader borrows the Store.
+// A Profile owns its resolved data; ProfileReader borrows the Store and keeps the stacks and
+// functions it resolved (immutable records) for later loads.
 #ifndef STRATA_SERVER_QUERY_PROFILE_H_
 #define STRATA_SERVER_QUERY_PROFILE_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,13 +62,22 @@ std::vector<FunctionTotals> TopFunctions(const Profile& profile, bool sort_by_to
 
 class ProfileReader {
  public:
-  explicit ProfileReader(store::Store* store) : store_(store) {}
+  explicit ProfileReader(store::Store* store);
+  ~ProfileReader();
+  ProfileReader(const ProfileReader&) = delete;
+  ProfileReader& operator=(const ProfileReader&) = delete;
+
   // InvalidArgument: empty service, from >= to, bad regex. NotFound: unknown service (with
   // the known ones in the message). Stacks that cannot be resolved are reported as DataLoss.
+  // Thread-safe.
   absl::StatusOr<Profile> Load(const ProfileQuery& query);
 
  private:
+  // Stacks and functions resolved by earlier loads (see profile.cc).
+  class Resolved;
+
   store::Store* store_;
+  std::unique_ptr<Resolved> resolved_;
 };
 
 }  // namespace strata::server
