@@ -94,7 +94,8 @@ TEST(ProcessTrackerTest, EnvironmentVariableMakesATarget) {
   char* envp[] = {env.data(), nullptr};
   pid_t child = 0;
   ASSERT_EQ(posix_spawnp(&child, "sleep", nullptr, nullptr, argv, envp), 0);
-  for (int i = 0; i < 1000 && ExecutableBasename(ReadExecutable(child).value_or("")) != "sleep";
+  // Up to 10 s: on a loaded machine the exec can take a while.
+  for (int i = 0; i < 10000 && ExecutableBasename(ReadExecutable(child).value_or("")) != "sleep";
        ++i) {
     usleep(1000);
   }

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "agent/procfs/service_matcher.h"
+#include "common/testing/emulation.h"
 
 extern char** environ;
 
@@ -144,6 +145,7 @@ TEST(NulSeparatedTest, SplitsAndFindsEnvironment) {
 int FunctionInThisBinary() { return 7; }
 
 TEST(LiveProcfsTest, ReadsOwnProcess) {
+  STRATA_SKIP_UNDER_QEMU_USER();
   const pid_t self = getpid();
   std::vector<pid_t> pids = ListProcesses().value();
   EXPECT_THAT(pids, Contains(self));

@@ -307,6 +307,12 @@ absl::StatusOr<std::string_view> ElfFile::SectionData(const Section& section) co
 }
 
 std::optional<uint64_t> ElfFile::FileOffsetToVaddr(uint64_t offset) const {
+  // Two segments can share a file page (the end of one and the start of the next, e.g. a
+  // read-only segment and the RELRO start of the data segment). A mapping begins at its own
+  // segment's first page, so a segment starting on exactly this page wins.
+  for (const LoadSegment& seg : load_segments_) {
+    if ((seg.offset & ~uint64_t{0xfff}) == offset) return seg.vaddr - (seg.offset - offset);
+  }
   for (const LoadSegment& seg : load_segments_) {
     // A mapping's file offset is page aligned: it may sit before the segment's own offset
     // inside the same page.

@@ -13,6 +13,7 @@
 #include "common/elf/symbol_table.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/testing/emulation.h"
 
 namespace strata::elf {
 namespace {
@@ -79,6 +80,7 @@ std::string ReadelfBuildId(const std::string& path) {
 }
 
 TEST(ElfFileTest, SelfSymbolsAndBuildId) {
+  STRATA_SKIP_UNDER_QEMU_USER();
   auto elf = ElfFile::Open(SelfPath());
   ASSERT_TRUE(elf.ok()) << elf.status();
   EXPECT_EQ((*elf)->machine(), kMachineX86_64);
@@ -118,6 +120,7 @@ TEST(ElfFileTest, CodeBytesMatchMemory) {
 }
 
 TEST(ElfFileTest, FileOffsetToVaddrMatchesMaps) {
+  STRATA_SKIP_UNDER_QEMU_USER();
   auto elf = ElfFile::FromBytes(ReadFile(SelfPath()));  // not mapped: only the loader's maps
   ASSERT_TRUE(elf.ok());
   std::string self = realpath("/proc/self/exe", nullptr);
@@ -163,6 +166,7 @@ TEST(ElfFileTest, LibcSymbolsBuildIdAndFdes) {
 
 // PLT stub names agree with objdump's "<name@plt>" labels.
 TEST(ElfFileTest, PltEntriesMatchObjdump) {
+  STRATA_SKIP_UNDER_QEMU_USER();
   std::string self = realpath("/proc/self/exe", nullptr);
   auto elf = ElfFile::Open(self);
   ASSERT_TRUE(elf.ok());
@@ -198,7 +202,8 @@ TEST(ElfFileTest, PltEntriesMatchObjdump) {
 }
 
 TEST(ElfFileTest, StrippedModuleFallsBackToFdeRanges) {
-  std::string dir = testing::TempDir();
+  STRATA_SKIP_UNDER_QEMU_USER();
+  std::string dir = ::testing::TempDir();
   std::string stripped = dir + "/stripped_self";
   std::string self = realpath("/proc/self/exe", nullptr);
   ASSERT_EQ(system(("strip -o '" + stripped + "' '" + self + "'").c_str()), 0);
@@ -245,7 +250,7 @@ TEST(ElfFileTest, TruncatedFilesGiveErrorsNotCrashes) {
     EXPECT_FALSE(elf.ok()) << len;
   }
   // Through the file path as well.
-  std::string path = testing::TempDir() + "/truncated_libc";
+  std::string path = ::testing::TempDir() + "/truncated_libc";
   {
     std::ofstream(path, std::ios::binary) << bytes.substr(0, bytes.size() / 3);
   }
