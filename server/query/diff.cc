@@ -20,6 +20,39 @@ std::string FunctionKey(const ResolvedFunction& f) {
   return key;
 }
 
+// Final mixer of MurmurHash3 (fmix64): spreads every input bit over the result.
+uint64_t Mix(uint64_t h) {
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdULL;
+  h ^= h >> 33;
+  h *= 0xc4ceb93fe53a87cdULL;
+  h ^= h >> 33;
+  return h;
+}
+
+// A stack of a profile seen through that profile's function rows (`ids`, shared by both
+// profiles of a diff), with the hash of its path.
+struct PathRef {
+  const ResolvedStack* stack;
+  const std::vector<uint32_t>* ids;
+  uint64_t hash;
+};
+struct PathRefHash {
+  size_t operator()(const PathRef& r) const { return r.hash; }
+};
+struct PathRefEq {
+  bool operator()(const PathRef& a, const PathRef& b) const {
+    if (a.hash != b.hash || a.stack->truncated != b.stack->truncated ||
+        a.stack->frames.size() != b.stack->frames.size()) {
+      return false;
+    }
+    for (size_t i = 0; i < a.stack->frames.size(); ++i) {
+      if ((*a.ids)[a.stack->frames[i]] != (*b.ids)[b.stack->frames[i]]) return false;
+    }
+    return true;
+  }
+};
+
 // Keeps the `limit` largest by `magnitude`, sorted, dropping zero changes.
 template <typename T, typename F>
 void KeepLargest(std::vector<T>* rows, size_t limit, F magnitude) {
@@ -73,17 +106,16 @@ ProfileDiff DiffProfiles(const Profile& base, const Profile& current, size_t lim
     double delta_pct = 0;
   };
   std::vector<PathRow> path_rows;
-  absl::flat_hash_map<std::string, size_t> path_row;
-  std::string key;
+  // A path is its truncated flag and the rows of its frames. The table is keyed by a hash of
+  // that sequence and compares frame by frame on a hash match, so no key is materialized.
+  absl::flat_hash_map<PathRef, size_t, PathRefHash, PathRefEq> path_row;
   auto add_paths = [&](const Profile& p, const std::vector<uint32_t>& ids, bool is_base) {
     path_row.reserve(path_row.size() + p.stacks.size());
     for (uint32_t i = 0; i < p.stacks.size(); ++i) {
       const ResolvedStack& s = p.stacks[i];
-      key.assign(1, s.truncated ? 'T' : 'F');
-      for (uint32_t f : s.frames) {
-        key.append(reinterpret_cast<const char*>(&ids[f]), sizeof(uint32_t));
-      }
-      auto [it, inserted] = path_row.try_emplace(key, path_rows.size());
+      uint64_t hash = s.truncated ? 0x51ed270b27u : 0x2545f4914fu;
+      for (uint32_t f : s.frames) hash = Mix(hash + ids[f]);
+      auto [it, inserted] = path_row.try_emplace(PathRef{&s, &ids, hash}, path_rows.size());
       if (inserted) path_rows.push_back({&p, i});
       (is_base ? path_rows[it->second].base_samples : path_rows[it->second].samples) += s.count;
     }

@@ -59,9 +59,10 @@ class ProfileReader::Resolved {
     std::string name, module;
   };
   struct Stack {
-    uint64_t offset;  // into frames_
-    uint32_t size;
-    bool truncated;
+    uint64_t offset = 0;  // into frames_
+    uint32_t size = 0;
+    bool truncated = false;
+    bool cached = false;  // in a load's lookup results: found in stacks_
   };
 
   absl::Mutex mu_;
@@ -75,12 +76,18 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
                                               const std::vector<store::StackCount>& counts,
                                               const RE2* focus, const RE2* ignore,
                                               Profile* profile) {
-  // 1. Stacks not resolved by earlier loads.
+  // 1. Stacks resolved by earlier loads (kept by value: entries are never removed and the
+  // frames they point to never move within frames_' indices), and those that are not.
+  std::vector<Stack> found(counts.size());
   std::vector<uint64_t> missing;
   {
     absl::ReaderMutexLock lock(&mu_);
-    for (const store::StackCount& c : counts) {
-      if (!stacks_.contains(c.stack_id)) missing.push_back(c.stack_id);
+    for (size_t i = 0; i < counts.size(); ++i) {
+      if (auto it = stacks_.find(counts[i].stack_id); it != stacks_.end()) {
+        found[i] = it->second;
+      } else {
+        missing.push_back(counts[i].stack_id);
+      }
     }
   }
   // 2. Read those (and their unknown functions) from the store, without holding the lock.
@@ -140,7 +147,7 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
         continue;
       }
       stacks_.emplace(stack_id, Stack{offset, static_cast<uint32_t>(frames.function_ids.size()),
-                                      frames.truncated});
+                                      frames.truncated, true});
     }
   }
 
@@ -164,7 +171,8 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
     }
     return index;
   };
-  for (const store::StackCount& c : counts) {
+  for (size_t k = 0; k < counts.size(); ++k) {
+    const store::StackCount& c = counts[k];
     ResolvedStack stack{c.stack_id, c.count, false, {}};
     bool has_focus = !focus, has_ignore = false;
     auto add_frame = [&](uint32_t index) {
@@ -172,8 +180,8 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
       has_focus |= matches_focus[index] != 0;
       has_ignore |= matches_ignore[index] != 0;
     };
-    if (auto cached = stacks_.find(c.stack_id); cached != stacks_.end()) {
-      const Stack& s = cached->second;
+    if (found[k].cached) {
+      const Stack& s = found[k];
       stack.truncated = s.truncated;
       stack.frames.reserve(s.size);
       for (uint64_t i = s.offset; i < s.offset + s.size; ++i) add_frame(index_of(frames_[i]));

@@ -27,6 +27,8 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "server/ingest/ingest_service.h"
+#include "server/query/diff.h"
+#include "server/query/flamegraph.h"
 #include "server/query/profile.h"
 #include "server/query/query_service.h"
 #include "server/store/store.h"
@@ -284,6 +286,33 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(after.hour_block_hits - warm.hour_block_hits),
         static_cast<unsigned long long>(after.hour_block_misses - warm.hour_block_misses),
         after.hour_block_bytes / 1048576.0);
+  }
+
+  // Where a 7 d query's time goes, stage by stage (warm caches; p50 of the timed runs).
+  {
+    strata::server::ProfileReader reader(store->get());
+    strata::server::ProfileQuery pq{"bench", now - 7 * kDayMs, now};
+    strata::server::ProfileQuery first_half = pq, second_half = pq;
+    first_half.to_ms = second_half.from_ms = now - 7 * kDayMs / 2;
+    absl::StatusOr<strata::server::Profile> profile, base, current;
+    strata::server::FlameTree tree;
+    const int n = std::max(3, o.iterations / 4);
+    const Stats load = Measure(n, [&] { profile = reader.Load(pq); });
+    Check(profile, "profile");
+    const Stats build = Measure(n, [&] { tree = strata::server::BuildFlameTree(*profile, 0); });
+    const Stats json = Measure(n, [&] { (void)strata::server::RenderFlameJson(tree); });
+    const Stats top = Measure(n, [&] { (void)strata::server::TopFunctions(*profile, false); });
+    const Stats halves = Measure(n, [&] {
+      base = reader.Load(first_half);
+      current = reader.Load(second_half);
+    });
+    Check(base, "base");
+    Check(current, "current");
+    const Stats diff = Measure(n, [&] { (void)strata::server::DiffProfiles(*base, *current, 20); });
+    std::printf(
+        "\n7d stages, p50 ms: load %.1f, flame tree %.1f, JSON %.1f, top functions %.1f; "
+        "diff: two half loads %.1f, compare %.1f\n",
+        load.p50, build.p50, json.p50, top.p50, halves.p50, diff.p50);
   }
 
   // Comparison: the same loads reading raw cells only (what the rollups save).
