@@ -1,6 +1,7 @@
 #include "server/query/flamegraph.h"
 
 #include <algorithm>
+#include <bit>
 #include <cinttypes>
 #include <cstdio>
 
@@ -98,6 +99,246 @@ constexpr char kSvgScript[] = R"JS(
 })();
 )JS";
 
+
+// Paths of a profile's stacks (function index + 2, after a leading "[truncated]" marker for
+// truncated stacks; 0 never occurs), in lexicographic order, in one contiguous arena so that
+// comparing neighbours reads memory sequentially.
+struct SortedPaths {
+  std::vector<uint32_t> arena;
+  std::vector<uint64_t> begin;   // path k is arena[begin[k], begin[k + 1])
+  std::vector<uint32_t> stack;   // profile stack of path k
+  size_t size(size_t k) const { return begin[k + 1] - begin[k]; }
+  const uint32_t* data(size_t k) const { return arena.data() + begin[k]; }
+};
+
+SortedPaths SortPaths(const Profile& profile) {
+  const size_t n = profile.stacks.size();
+  std::vector<uint64_t> begin(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const ResolvedStack& s = profile.stacks[i];
+    begin[i + 1] = begin[i] + s.frames.size() + (s.truncated ? 1 : 0);
+  }
+  std::vector<uint32_t> arena(begin[n]);
+  for (size_t i = 0; i < n; ++i) {
+    const ResolvedStack& s = profile.stacks[i];
+    uint32_t* out = arena.data() + begin[i];
+    if (s.truncated) *out++ = kTruncatedFunction;
+    for (uint32_t f : s.frames) *out++ = f + 2;
+  }
+  // Sort keys: the first 2K path values packed K to a word, B bits each, most significant
+  // first; a position past the end packs as 0, below every value, so shorter sorts first as
+  // in lexicographic order. Ties (equal first 2K values) compare the rest of the paths.
+  const uint64_t max_value = profile.functions.size() + 1;
+  const int bits = std::max(1, static_cast<int>(std::bit_width(max_value)));
+  const size_t per_word = bits > 32 ? 1 : static_cast<size_t>(64 / bits);
+  struct Item {
+    uint64_t k0, k1;
+    uint32_t stack;
+  };
+  std::vector<Item> items(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t* p = arena.data() + begin[i];
+    const size_t len = begin[i + 1] - begin[i];
+    auto pack = [&](size_t from) {
+      uint64_t key = 0;
+      for (size_t j = from; j < from + per_word; ++j) {
+        key = per_word == 1 ? 0 : key << bits;
+        key |= j < len ? p[j] : 0;
+      }
+      return key;
+    };
+    items[i] = {pack(0), pack(per_word), static_cast<uint32_t>(i)};
+  }
+  const size_t packed = 2 * per_word;
+  std::sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
+    if (a.k0 != b.k0) return a.k0 < b.k0;
+    if (a.k1 != b.k1) return a.k1 < b.k1;
+    const size_t na = begin[a.stack + 1] - begin[a.stack], nb = begin[b.stack + 1] - begin[b.stack];
+    if (na <= packed || nb <= packed) return na < nb;
+    return std::lexicographical_compare(arena.data() + begin[a.stack] + packed,
+                                        arena.data() + begin[a.stack + 1],
+                                        arena.data() + begin[b.stack] + packed,
+                                        arena.data() + begin[b.stack + 1]);
+  });
+  SortedPaths sorted;
+  sorted.arena.reserve(arena.size());
+  sorted.begin.reserve(n + 1);
+  sorted.stack.reserve(n);
+  sorted.begin.push_back(0);
+  for (const Item& item : items) {
+    sorted.arena.insert(sorted.arena.end(), arena.begin() + begin[item.stack],
+                        arena.begin() + begin[item.stack + 1]);
+    sorted.begin.push_back(sorted.arena.size());
+    sorted.stack.push_back(item.stack);
+  }
+  return sorted;
+}
+
+// The merged call tree of `profile`, already pruned to its `max_nodes` heaviest nodes
+// (heavier first, then shallower, then created earlier — creation order being a walk of the
+// stacks in lexicographic order), root first, every parent before its children.
+//
+// Visiting paths in lexicographic order, a path shares its nodes with the previous one up to
+// their common prefix. The nodes a path creates below the common prefix with the *next* path
+// belong to it alone: such a chain has the path's count as every node's total, so it is
+// kept as one record and only its kept nodes are materialized. On profiles whose stacks
+// share little beyond the first frames, that leaves a small fraction of the nodes to build.
+std::vector<BuildNode> MergeAndPrune(const Profile& profile, uint32_t max_nodes,
+                                     uint32_t* pruned) {
+  const SortedPaths paths = SortPaths(profile);
+  const size_t n = paths.stack.size();
+  auto common_prefix = [&](size_t a, size_t b) {
+    const size_t len = std::min(paths.size(a), paths.size(b));
+    const uint32_t* pa = paths.data(a);
+    const uint32_t* pb = paths.data(b);
+    size_t i = 0;
+    while (i < len && pa[i] == pb[i]) ++i;
+    return i;
+  };
+  struct Shared {
+    BuildNode node;
+    uint64_t index;  // creation order (the root is 0)
+  };
+  struct Chain {
+    uint32_t path;
+    uint32_t parent;      // in `shared`
+    uint32_t first_depth;  // depth of its first node; it ends at the path's length
+    uint32_t length;
+    uint64_t count;
+    uint64_t first_index;  // creation order of its first node
+  };
+  std::vector<Shared> shared;
+  std::vector<Chain> chains;
+  shared.push_back({{kRootFunction, 0, 0, profile.total, 0}, 0});
+  std::vector<uint32_t> path_nodes{0};  // shared node at each depth of the current path
+  uint64_t created = 1;
+  size_t common = 0;  // with the previous path
+  for (size_t k = 0; k < n; ++k) {
+    const ResolvedStack& stack = profile.stacks[paths.stack[k]];
+    const uint32_t* p = paths.data(k);
+    const size_t len = paths.size(k);
+    const size_t next = k + 1 < n ? common_prefix(k, k + 1) : 0;
+    const size_t shared_end = std::max(common, std::min(len, next));  // deepest shared depth
+    path_nodes.resize(common + 1);
+    for (size_t d = common + 1; d <= shared_end; ++d) {
+      shared.push_back({{p[d - 1], path_nodes.back(), static_cast<uint32_t>(d), 0, 0}, created++});
+      path_nodes.push_back(static_cast<uint32_t>(shared.size() - 1));
+    }
+    for (size_t d = 1; d <= shared_end; ++d) shared[path_nodes[d]].node.total += stack.count;
+    if (shared_end < len) {
+      chains.push_back({static_cast<uint32_t>(k), path_nodes[shared_end],
+                        static_cast<uint32_t>(shared_end + 1),
+                        static_cast<uint32_t>(len - shared_end), stack.count, created});
+      created += len - shared_end;
+    } else {
+      shared[path_nodes[len]].node.self += stack.count;
+    }
+    common = next;
+  }
+
+  // How many nodes of each chain are kept, and which shared nodes: all when within budget.
+  const uint64_t all_nodes = created - 1;
+  std::vector<uint32_t> chain_kept(chains.size());
+  std::vector<uint8_t> shared_kept(shared.size(), 1);
+  for (size_t c = 0; c < chains.size(); ++c) chain_kept[c] = chains[c].length;
+  *pruned = 0;
+  if (all_nodes > max_nodes) {
+    *pruned = static_cast<uint32_t>(all_nodes - max_nodes);
+    // The threshold total T: fewer than max_nodes nodes are heavier, at least max_nodes are
+    // at least as heavy (weighted quickselect over shared nodes and chains).
+    struct Group {
+      uint64_t total;
+      uint64_t weight;
+    };
+    std::vector<Group> groups;
+    groups.reserve(shared.size() + chains.size());
+    for (size_t i = 1; i < shared.size(); ++i) groups.push_back({shared[i].node.total, 1});
+    for (const Chain& c : chains) groups.push_back({c.count, c.length});
+    uint64_t wanted = max_nodes;
+    uint64_t threshold = 0;
+    auto lo = groups.begin(), hi = groups.end();
+    while (lo != hi) {
+      const uint64_t pivot = lo[(hi - lo) / 2].total;
+      auto gt_end = std::partition(lo, hi, [&](const Group& g) { return g.total > pivot; });
+      auto eq_end = std::partition(gt_end, hi, [&](const Group& g) { return g.total == pivot; });
+      uint64_t w_gt = 0, w_eq = 0;
+      for (auto it = lo; it != gt_end; ++it) w_gt += it->weight;
+      for (auto it = gt_end; it != eq_end; ++it) w_eq += it->weight;
+      if (wanted <= w_gt) {
+        hi = gt_end;
+      } else if (wanted <= w_gt + w_eq) {
+        threshold = pivot;
+        wanted -= w_gt;  // nodes of total == T still to keep
+        break;
+      } else {
+        wanted -= w_gt + w_eq;
+        lo = eq_end;
+      }
+    }
+    // Among nodes of total T, the shallowest, then earliest created, are kept.
+    struct Tie {
+      uint64_t depth, index;
+      uint32_t owner;  // shared node, or chains: shared.size() + chain
+      bool operator<(const Tie& o) const {
+        return depth != o.depth ? depth < o.depth : index < o.index;
+      }
+    };
+    std::vector<Tie> ties;
+    for (size_t i = 1; i < shared.size(); ++i) {
+      if (shared[i].node.total < threshold) shared_kept[i] = 0;
+      if (shared[i].node.total == threshold) {
+        shared_kept[i] = 0;
+        ties.push_back({shared[i].node.depth, shared[i].index, static_cast<uint32_t>(i)});
+      }
+    }
+    for (size_t c = 0; c < chains.size(); ++c) {
+      const Chain& chain = chains[c];
+      if (chain.count > threshold) continue;
+      chain_kept[c] = 0;
+      if (chain.count < threshold) continue;
+      for (uint32_t j = 0; j < chain.length; ++j) {
+        ties.push_back({chain.first_depth + j, chain.first_index + j,
+                        static_cast<uint32_t>(shared.size() + c)});
+      }
+    }
+    if (wanted < ties.size()) {
+      std::nth_element(ties.begin(), ties.begin() + wanted, ties.end());
+      ties.resize(wanted);
+    }
+    // A chain's kept nodes are its shallowest ones (same total, increasing depth).
+    for (const Tie& t : ties) {
+      if (t.owner < shared.size()) {
+        shared_kept[t.owner] = 1;
+      } else {
+        ++chain_kept[t.owner - shared.size()];
+      }
+    }
+  }
+
+  // Materialize the kept nodes: shared ones in creation order (parents first), then chains.
+  std::vector<BuildNode> nodes;
+  std::vector<uint32_t> renumber(shared.size(), 0);
+  for (size_t i = 0; i < shared.size(); ++i) {
+    if (!shared_kept[i]) continue;
+    renumber[i] = static_cast<uint32_t>(nodes.size());
+    BuildNode node = shared[i].node;
+    node.parent = renumber[node.parent];
+    nodes.push_back(node);
+  }
+  for (size_t c = 0; c < chains.size(); ++c) {
+    const Chain& chain = chains[c];
+    const uint32_t* p = paths.data(chain.path);
+    uint32_t parent = renumber[chain.parent];
+    for (uint32_t j = 0; j < chain_kept[c]; ++j) {
+      const uint32_t depth = chain.first_depth + j;
+      const bool leaf = j + 1 == chain.length;
+      nodes.push_back({p[depth - 1], parent, depth, chain.count, leaf ? chain.count : 0});
+      parent = static_cast<uint32_t>(nodes.size() - 1);
+    }
+  }
+  return nodes;
+}
+
 }  // namespace
 
 std::string JsonEscape(std::string_view text) {
@@ -147,86 +388,20 @@ FlameTree BuildFlameTree(const Profile& profile, uint32_t max_nodes) {
   tree.functions.push_back({0, "[truncated]", ""});
   tree.functions.insert(tree.functions.end(), profile.functions.begin(), profile.functions.end());
 
-  // Merge stacks into a tree: visiting stacks in lexicographic order of their frame lists,
-  // a stack shares its nodes with the previous one up to their common prefix, so no hash
-  // lookups per frame are needed (they dominated on large profiles).
-  auto path_of = [&](const ResolvedStack& s, size_t i) -> uint32_t {
-    // The "[truncated]" marker is a leading pseudo-frame; frames are offset by 2.
-    if (s.truncated) return i == 0 ? kTruncatedFunction : s.frames[i - 1] + 2;
-    return s.frames[i] + 2;
-  };
-  auto path_size = [](const ResolvedStack& s) { return s.frames.size() + (s.truncated ? 1 : 0); };
-  std::vector<uint32_t> order(profile.stacks.size());
-  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
-    const ResolvedStack& sa = profile.stacks[a];
-    const ResolvedStack& sb = profile.stacks[b];
-    const size_t na = path_size(sa), nb = path_size(sb);
-    for (size_t i = 0; i < na && i < nb; ++i) {
-      const uint32_t fa = path_of(sa, i), fb = path_of(sb, i);
-      if (fa != fb) return fa < fb;
-    }
-    return na < nb;
-  });
-  std::vector<BuildNode> nodes;
-  nodes.push_back({kRootFunction, 0, 0, profile.total, 0});
-  std::vector<uint32_t> path_nodes{0};  // node at each depth of the previous stack
-  const ResolvedStack* previous = nullptr;
-  for (uint32_t index : order) {
-    const ResolvedStack& stack = profile.stacks[index];
-    const size_t n = path_size(stack);
-    size_t common = 0;
-    if (previous != nullptr) {
-      const size_t np = path_size(*previous);
-      while (common < n && common < np && path_of(stack, common) == path_of(*previous, common)) {
-        ++common;
-      }
-    }
-    path_nodes.resize(common + 1);
-    for (size_t i = 0; i < n; ++i) {
-      if (i >= common) {
-        const uint32_t parent = path_nodes.back();
-        nodes.push_back({path_of(stack, i), parent, static_cast<uint32_t>(i + 1), 0, 0});
-        path_nodes.push_back(static_cast<uint32_t>(nodes.size() - 1));
-      }
-      nodes[path_nodes[i + 1]].total += stack.count;
-    }
-    nodes[path_nodes[n]].self += stack.count;
-    previous = &stack;
-  }
+  std::vector<BuildNode> nodes = MergeAndPrune(profile, max_nodes, &tree.pruned);
 
-  // Keep the heaviest nodes. A parent is at least as heavy as its child and shallower, so
-  // this order never keeps a node without its parent.
-  std::vector<uint8_t> keep(nodes.size(), 1);
-  if (nodes.size() - 1 > max_nodes) {
-    std::vector<uint32_t> order(nodes.size() - 1);
-    for (uint32_t i = 0; i < order.size(); ++i) order[i] = i + 1;
-    std::nth_element(order.begin(), order.begin() + max_nodes, order.end(),
-                     [&](uint32_t a, uint32_t b) {
-                       if (nodes[a].total != nodes[b].total) return nodes[a].total > nodes[b].total;
-                       if (nodes[a].depth != nodes[b].depth) return nodes[a].depth < nodes[b].depth;
-                       return a < b;
-                     });
-    for (size_t i = max_nodes; i < order.size(); ++i) keep[order[i]] = 0;
-    tree.pruned = static_cast<uint32_t>(order.size() - max_nodes);
-  }
-
-  // Children of kept nodes, grouped by parent (counting sort; no per-node allocations).
+  // Children, grouped by parent (counting sort; no per-node allocations).
   std::vector<uint32_t> first_child(nodes.size() + 1, 0);
-  for (uint32_t i = 1; i < nodes.size(); ++i) {
-    if (keep[i]) ++first_child[nodes[i].parent + 1];
-  }
+  for (uint32_t i = 1; i < nodes.size(); ++i) ++first_child[nodes[i].parent + 1];
   for (size_t i = 1; i < first_child.size(); ++i) first_child[i] += first_child[i - 1];
   std::vector<uint32_t> children(first_child.back());
   {
     std::vector<uint32_t> fill(first_child.begin(), first_child.end() - 1);
-    for (uint32_t i = 1; i < nodes.size(); ++i) {
-      if (keep[i]) children[fill[nodes[i].parent]++] = i;
-    }
+    for (uint32_t i = 1; i < nodes.size(); ++i) children[fill[nodes[i].parent]++] = i;
   }
 
   // Pre-order with siblings by name (flamegraph.pl's order), laying out offsets.
-  tree.nodes.reserve(nodes.size() - tree.pruned);
+  tree.nodes.reserve(nodes.size());
   struct Item {
     uint32_t node, parent_out;
     uint64_t offset;

@@ -3,6 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
+#include <set>
+#include <string>
+
 #include "server/query/diff.h"
 #include "server/query/pprof.h"
 
@@ -44,6 +49,187 @@ TEST(FlameTreeTest, PruningKeepsHeaviestConnectedNodes) {
   for (const auto& n : tree.nodes) names.push_back(tree.functions[n.function].name);
   EXPECT_THAT(names, testing::ElementsAre("all", "main", "a", "b"));
   EXPECT_EQ(tree.nodes[1].total, 10u);  // pruned children still count
+}
+
+// The straightforward merge (every node materialized, pruned by nth_element over all of
+// them): BuildFlameTree must produce exactly its trees.
+constexpr uint32_t kRootFunction = 0;
+constexpr uint32_t kTruncatedFunction = 1;
+struct BuildNode {
+  uint32_t function;
+  uint32_t parent;
+  uint32_t depth;
+  uint64_t total = 0;
+  uint64_t self = 0;
+};
+
+FlameTree ReferenceBuildFlameTree(const Profile& profile, uint32_t max_nodes) {
+  if (max_nodes == 0) max_nodes = kDefaultFlameNodes;
+  FlameTree tree;
+  tree.total = profile.total;
+  tree.functions.reserve(profile.functions.size() + 2);
+  tree.functions.push_back({0, "all", ""});
+  tree.functions.push_back({0, "[truncated]", ""});
+  tree.functions.insert(tree.functions.end(), profile.functions.begin(), profile.functions.end());
+
+  // Merge stacks into a tree: visiting stacks in lexicographic order of their frame lists,
+  // a stack shares its nodes with the previous one up to their common prefix, so no hash
+  // lookups per frame are needed (they dominated on large profiles).
+  auto path_of = [&](const ResolvedStack& s, size_t i) -> uint32_t {
+    // The "[truncated]" marker is a leading pseudo-frame; frames are offset by 2.
+    if (s.truncated) return i == 0 ? kTruncatedFunction : s.frames[i - 1] + 2;
+    return s.frames[i] + 2;
+  };
+  auto path_size = [](const ResolvedStack& s) { return s.frames.size() + (s.truncated ? 1 : 0); };
+  std::vector<uint32_t> order(profile.stacks.size());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    const ResolvedStack& sa = profile.stacks[a];
+    const ResolvedStack& sb = profile.stacks[b];
+    const size_t na = path_size(sa), nb = path_size(sb);
+    for (size_t i = 0; i < na && i < nb; ++i) {
+      const uint32_t fa = path_of(sa, i), fb = path_of(sb, i);
+      if (fa != fb) return fa < fb;
+    }
+    return na < nb;
+  });
+  std::vector<BuildNode> nodes;
+  nodes.push_back({kRootFunction, 0, 0, profile.total, 0});
+  std::vector<uint32_t> path_nodes{0};  // node at each depth of the previous stack
+  const ResolvedStack* previous = nullptr;
+  for (uint32_t index : order) {
+    const ResolvedStack& stack = profile.stacks[index];
+    const size_t n = path_size(stack);
+    size_t common = 0;
+    if (previous != nullptr) {
+      const size_t np = path_size(*previous);
+      while (common < n && common < np && path_of(stack, common) == path_of(*previous, common)) {
+        ++common;
+      }
+    }
+    path_nodes.resize(common + 1);
+    for (size_t i = 0; i < n; ++i) {
+      if (i >= common) {
+        const uint32_t parent = path_nodes.back();
+        nodes.push_back({path_of(stack, i), parent, static_cast<uint32_t>(i + 1), 0, 0});
+        path_nodes.push_back(static_cast<uint32_t>(nodes.size() - 1));
+      }
+      nodes[path_nodes[i + 1]].total += stack.count;
+    }
+    nodes[path_nodes[n]].self += stack.count;
+    previous = &stack;
+  }
+
+  // Keep the heaviest nodes. A parent is at least as heavy as its child and shallower, so
+  // this order never keeps a node without its parent.
+  std::vector<uint8_t> keep(nodes.size(), 1);
+  if (nodes.size() - 1 > max_nodes) {
+    std::vector<uint32_t> order(nodes.size() - 1);
+    for (uint32_t i = 0; i < order.size(); ++i) order[i] = i + 1;
+    std::nth_element(order.begin(), order.begin() + max_nodes, order.end(),
+                     [&](uint32_t a, uint32_t b) {
+                       if (nodes[a].total != nodes[b].total) return nodes[a].total > nodes[b].total;
+                       if (nodes[a].depth != nodes[b].depth) return nodes[a].depth < nodes[b].depth;
+                       return a < b;
+                     });
+    for (size_t i = max_nodes; i < order.size(); ++i) keep[order[i]] = 0;
+    tree.pruned = static_cast<uint32_t>(order.size() - max_nodes);
+  }
+
+  // Children of kept nodes, grouped by parent (counting sort; no per-node allocations).
+  std::vector<uint32_t> first_child(nodes.size() + 1, 0);
+  for (uint32_t i = 1; i < nodes.size(); ++i) {
+    if (keep[i]) ++first_child[nodes[i].parent + 1];
+  }
+  for (size_t i = 1; i < first_child.size(); ++i) first_child[i] += first_child[i - 1];
+  std::vector<uint32_t> children(first_child.back());
+  {
+    std::vector<uint32_t> fill(first_child.begin(), first_child.end() - 1);
+    for (uint32_t i = 1; i < nodes.size(); ++i) {
+      if (keep[i]) children[fill[nodes[i].parent]++] = i;
+    }
+  }
+
+  // Pre-order with siblings by name (flamegraph.pl's order), laying out offsets.
+  tree.nodes.reserve(nodes.size() - tree.pruned);
+  struct Item {
+    uint32_t node, parent_out;
+    uint64_t offset;
+  };
+  std::vector<Item> todo{{0, 0, 0}};
+  while (!todo.empty()) {
+    Item item = todo.back();
+    todo.pop_back();
+    const BuildNode& n = nodes[item.node];
+    const uint32_t out = static_cast<uint32_t>(tree.nodes.size());
+    tree.nodes.push_back({n.function, item.node == 0 ? 0 : item.parent_out, n.depth, n.total,
+                          n.self, item.offset});
+    tree.max_depth = std::max(tree.max_depth, n.depth);
+    const auto begin = children.begin() + first_child[item.node];
+    const auto end_it = children.begin() + first_child[item.node + 1];
+    std::sort(begin, end_it, [&](uint32_t a, uint32_t b) {
+      const std::string& na = tree.functions[nodes[a].function].name;
+      const std::string& nb = tree.functions[nodes[b].function].name;
+      return na != nb ? na < nb : nodes[a].function < nodes[b].function;
+    });
+    // Children from the left edge (self and pruned samples leave a gap on the right), pushed
+    // in reverse so the first sibling is emitted first.
+    const size_t pushed = todo.size();
+    uint64_t x = item.offset;
+    for (auto it = begin; it != end_it; ++it) {
+      todo.push_back({*it, out, x});
+      x += nodes[*it].total;
+    }
+    std::reverse(todo.begin() + pushed, todo.end());
+  }
+  return tree;
+}
+
+// Random profiles: paths through a small call tree (so prefixes are shared), some truncated,
+// some empty, small counts (many ties), and distinct functions sharing a name.
+// Deep stacks over many functions also exercise the comparison past the packed sort keys.
+Profile RandomProfile(std::mt19937_64& rng, size_t stacks, bool deep) {
+  Profile p;
+  const size_t functions = deep ? 2 + rng() % 5000 : 2 + rng() % 40;
+  for (size_t i = 0; i < functions; ++i) {
+    p.functions.push_back({i + 1, "f" + std::to_string(i % (functions / 2 + 1)), "/bin/m"});
+  }
+  std::set<std::pair<bool, std::vector<uint32_t>>> seen;
+  for (size_t s = 0; s < stacks; ++s) {
+    ResolvedStack stack{s + 1, 1 + rng() % 4, rng() % 5 == 0, {}};
+    const size_t depth = rng() % (deep ? 40 : 9);
+    uint32_t f = 0;
+    for (size_t d = 0; d < depth; ++d) {
+      f = static_cast<uint32_t>((f * 3 + rng() % 3) % functions);
+      stack.frames.push_back(f);
+    }
+    if (!seen.insert({stack.truncated, stack.frames}).second) continue;  // stacks are distinct
+    p.total += stack.count;
+    p.stacks.push_back(std::move(stack));
+  }
+  return p;
+}
+
+TEST(FlameTreeTest, MatchesReferenceMergeOnRandomProfiles) {
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < 300; ++round) {
+    const Profile p = RandomProfile(rng, 1 + rng() % 200, round % 3 == 0);
+    for (uint32_t max_nodes : {0u, 1u, 2u, 3u, 7u, 20u, 64u, 500u}) {
+      const FlameTree want = ReferenceBuildFlameTree(p, max_nodes);
+      const FlameTree got = BuildFlameTree(p, max_nodes);
+      ASSERT_EQ(got.total, want.total);
+      ASSERT_EQ(got.pruned, want.pruned) << round << " " << max_nodes;
+      ASSERT_EQ(got.max_depth, want.max_depth) << round << " " << max_nodes;
+      ASSERT_EQ(got.nodes.size(), want.nodes.size()) << round << " " << max_nodes;
+      for (size_t i = 0; i < want.nodes.size(); ++i) {
+        const FlameTreeNode& a = got.nodes[i];
+        const FlameTreeNode& b = want.nodes[i];
+        ASSERT_TRUE(a.function == b.function && a.parent == b.parent && a.depth == b.depth &&
+                    a.total == b.total && a.self == b.self && a.offset == b.offset)
+            << "round " << round << " max_nodes " << max_nodes << " node " << i;
+      }
+    }
+  }
 }
 
 TEST(FlameTreeTest, Renderings) {
