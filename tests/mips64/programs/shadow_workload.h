@@ -13,6 +13,10 @@
 #endif
 #include "shadow_defs.h"
 
+#ifndef SHADOW_LIB_CALLS
+#define SHADOW_LIB_CALLS 1
+#endif
+
 long lib_entry(long n, long (*callback)(long));
 
 SHADOW_TLS volatile int g_shadow[MAXD];
@@ -109,7 +113,8 @@ NOINLINE void work(int iter) {
   sink = tail_caller(iter);
   if (iter % 4 == 0) sorter();
   for (int i = 0; i < 50; i++) sink = epilogue_heavy(i);
-  sink = lib_entry(iter, lib_callback);
+  /* SHADOW_LIB_CALLS > 1 (the dynamic-library variant): most of the time in the library. */
+  for (int i = 0; i < SHADOW_LIB_CALLS; i++) sink = lib_entry(iter + i, lib_callback);
   LEAVE();
 }
 
