@@ -6,7 +6,10 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <algorithm>
+#include <atomic>
 #include <map>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -582,6 +585,148 @@ TEST_F(StoreTest, BytesOnDiskGrowsWithData) {
   CommitOk(&batch);
   ASSERT_TRUE(store_->CompactAll().ok());
   EXPECT_GT(store_->ApproximateBytesOnDisk(), before + 2000);
+}
+
+// SumSamples against the per-stack sums of ScanSamples, for every resolution, with hosts.
+class SumSamplesTest : public StoreTest {
+ protected:
+  static constexpr int64_t kHour = 3'600'000;
+
+  // Per-stack sums and hosts of ScanSamples for `q`.
+  SampleTotals Expected(const SampleQuery& q) {
+    std::map<uint64_t, uint64_t> counts;
+    std::set<std::string> hosts;
+    absl::Status s = store_->ScanSamples(q, [&](const SampleKey& k, uint64_t c) {
+      counts[k.stack_id] += c;
+      hosts.insert(k.host);
+    });
+    EXPECT_TRUE(s.ok()) << s;
+    SampleTotals t;
+    for (auto [id, c] : counts) t.stacks.push_back({id, c});
+    t.hosts.assign(hosts.begin(), hosts.end());
+    return t;
+  }
+  SampleTotals Sum(const SampleQuery& q) {
+    absl::StatusOr<SampleTotals> t = store_->SumSamples(q);
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (!t.ok()) return {};
+    std::sort(t->stacks.begin(), t->stacks.end(),
+              [](const StackCount& a, const StackCount& b) { return a.stack_id < b.stack_id; });
+    return *std::move(t);
+  }
+  void ExpectSame(const SampleQuery& q) {
+    SampleTotals want = Expected(q), got = Sum(q);
+    EXPECT_EQ(got.stacks, want.stacks) << q.from_ms << ".." << q.to_ms;
+    EXPECT_EQ(got.hosts, want.hosts) << q.from_ms << ".." << q.to_ms;
+  }
+  void Fill() {
+    WriteBatch batch;
+    for (int64_t w = 0; w < 4 * kHour; w += 10'000) {
+      const int64_t i = w / 10'000;
+      batch.AddSamples("svc", w, i % 3 == 0 ? "a" : (i % 3 == 1 ? "b" : "c"), 1 + i % 5,
+                       i % 11);  // zero counts too
+      batch.AddSamples("svc2", w, "a", 1, 1000);
+    }
+    CommitOk(&batch);
+  }
+};
+
+TEST_F(SumSamplesTest, MatchesScanForEveryResolutionRangeAndHost) {
+  Fill();
+  for (Resolution r : {Resolution::kAuto, Resolution::kRaw, Resolution::kMinute, Resolution::kHour}) {
+    for (auto [from, to] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, 4 * kHour}, {25'000, 3 * kHour + 95'000}, {kHour - 10'000, kHour + 130'000},
+             {30'000, 50'000}, {kHour, 2 * kHour}, {5 * kHour, 6 * kHour}, {-5, 7}}) {
+      for (std::optional<std::string> host :
+           {std::optional<std::string>(), std::optional<std::string>("b"),
+            std::optional<std::string>("zz")}) {
+        // Twice: the second run reads whole hours from the cached blocks.
+        ExpectSame({"svc", from, to, host, std::nullopt, r});
+        ExpectSame({"svc", from, to, host, std::nullopt, r});
+      }
+    }
+  }
+  const StoreStats stats = store_->Stats();
+  EXPECT_GT(stats.hour_block_hits, 0u);
+  EXPECT_GT(stats.hour_block_misses, 0u);
+  EXPECT_GT(stats.hour_block_bytes, 0u);
+}
+
+TEST_F(SumSamplesTest, WholeHoursAreReadOnceThenServedFromMemory) {
+  Fill();
+  const SampleQuery q{"svc", 0, 4 * kHour, std::nullopt, std::nullopt, Resolution::kAuto};
+  const uint64_t before = store_->Stats().cells_scanned;
+  Sum(q);
+  const uint64_t first = store_->Stats().cells_scanned - before;
+  EXPECT_GT(first, 0u);
+  EXPECT_LE(first, 4u * 3 * 5);  // four hour rows of at most 3 hosts x 5 stacks
+  Sum(q);
+  EXPECT_EQ(store_->Stats().cells_scanned - before, first);  // nothing read again
+  EXPECT_EQ(store_->Stats().hour_block_hits, 4u);
+}
+
+TEST_F(SumSamplesTest, LateWritesToAClosedHourInvalidateItsBlock) {
+  Fill();
+  const SampleQuery q{"svc", 0, 4 * kHour, std::nullopt, std::nullopt, Resolution::kAuto};
+  Sum(q);  // caches all four hours
+  WriteBatch batch;
+  batch.AddSamples("svc", kHour + 20'000, "d", 3, 7);  // a late sample, new host
+  batch.AddSamples("svc", 2 * kHour, "a", 99, 1);       // a new stack
+  CommitOk(&batch);
+  ExpectSame(q);
+  SampleTotals t = Sum(q);
+  EXPECT_EQ(t.hosts, (std::vector<std::string>{"a", "b", "c", "d"}));
+  EXPECT_EQ(t.stacks.back(), (StackCount{99, 1}));
+  // Other services' hours stay cached; a failed commit invalidates nothing it did not write.
+  ExpectSame({"svc2", 0, 4 * kHour, std::nullopt, std::nullopt, Resolution::kAuto});
+  WriteBatch bad;
+  bad.AddSamples("svc", kHour, std::string("x\0y", 3), 1, 1);
+  EXPECT_FALSE(store_->Commit(&bad).ok());
+  ExpectSame(q);
+}
+
+TEST_F(SumSamplesTest, ConcurrentLateWritesNeverLeaveAStaleBlock) {
+  Fill();
+  const SampleQuery q{"svc", 0, 4 * kHour, std::nullopt, std::nullopt, Resolution::kHour};
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    for (int i = 0; i < 200; ++i) {
+      WriteBatch batch;
+      batch.AddSamples("svc", (i % 4) * kHour + 10'000, "a", 1, 1);
+      ASSERT_TRUE(store_->Commit(&batch).ok());
+    }
+    done = true;
+  });
+  while (!done) Sum(q);
+  writer.join();
+  ExpectSame(q);  // whatever was cached while writing, the final answer is fresh
+}
+
+TEST_F(SumSamplesTest, DisabledCacheAndSmallCacheStayExact) {
+  for (size_t bytes : {size_t{0}, size_t{600}}) {
+    options_.hour_block_cache_bytes = bytes;
+    Reopen();
+    Fill();
+    ExpectSame({"svc", 0, 4 * kHour, std::nullopt, std::nullopt, Resolution::kAuto});
+    ExpectSame({"svc", 0, 4 * kHour, std::nullopt, std::nullopt, Resolution::kAuto});
+    if (bytes == 0) EXPECT_EQ(store_->Stats().hour_block_misses, 0u);
+    store_.reset();
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  Reopen();
+}
+
+TEST_F(SumSamplesTest, CorruptHourRowIsAnErrorNotCached) {
+  Fill();
+  ASSERT_TRUE(store_
+                  ->PutRawForTesting(Column::kRollupHour,
+                                     codec::EncodeCellKey("svc", kHour, "a", 1), "bad")
+                  .ok());
+  const SampleQuery q{"svc", 0, 4 * kHour, std::nullopt, std::nullopt, Resolution::kAuto};
+  EXPECT_FALSE(store_->SumSamples(q).ok());
+  EXPECT_FALSE(store_->SumSamples(q).ok());
+  EXPECT_FALSE(store_->SumSamples({"", 0, 1, std::nullopt, std::nullopt}).ok());
 }
 
 }  // namespace
