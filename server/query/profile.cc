@@ -82,7 +82,9 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
   std::vector<uint64_t> missing;
   {
     absl::ReaderMutexLock lock(&mu_);
+    constexpr size_t kAhead = 8;  // hash probes are cache misses: overlap a few
     for (size_t i = 0; i < counts.size(); ++i) {
+      if (i + kAhead < counts.size()) stacks_.prefetch(counts[i + kAhead].stack_id);
       if (auto it = stacks_.find(counts[i].stack_id); it != stacks_.end()) {
         found[i] = it->second;
       } else {
@@ -173,6 +175,10 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
   };
   for (size_t k = 0; k < counts.size(); ++k) {
     const store::StackCount& c = counts[k];
+    // Cached frames lie wherever earlier loads put them: fetch a few stacks ahead.
+    if (k + 4 < counts.size() && found[k + 4].cached) {
+      __builtin_prefetch(frames_.data() + found[k + 4].offset);
+    }
     ResolvedStack stack{c.stack_id, c.count, false, {}};
     bool has_focus = !focus, has_ignore = false;
     auto add_frame = [&](uint32_t index) {

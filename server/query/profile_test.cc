@@ -64,6 +64,56 @@ TEST_F(ProfileTest, FiltersByRangeHostFocusAndIgnore) {
   EXPECT_EQ(Load({})->hosts, (std::vector<std::string>{"h1", "h2"}));
 }
 
+TEST_F(ProfileTest, RepeatedLoadsOfOneReaderMatchFreshReaders) {
+  ProfileReader reader(store_.get());
+  auto first = reader.Load({.service = "svc", .to_ms = 1'000'000});
+  ASSERT_TRUE(first.ok()) << first.status();
+  // New stacks and functions after the reader cached the first ones.
+  store::WriteBatch wb;
+  const uint64_t main = *store_->InternFunction({"main", "/bin/x", "", 0}, &wb);
+  const uint64_t fresh = *store_->InternFunction({"fresh", "/bin/x", "", 0}, &wb);
+  wb.AddSamples("svc", 30'000, "h3", *store_->InternStack({{main, fresh}, true}, &wb), 4);
+  ASSERT_TRUE(store_->Commit(&wb).ok());
+  for (const ProfileQuery& q : {ProfileQuery{.service = "svc", .to_ms = 1'000'000},
+                                ProfileQuery{.service = "svc", .to_ms = 1'000'000,
+                                             .focus = "fresh"},
+                                ProfileQuery{.service = "svc", .to_ms = 1'000'000,
+                                             .ignore = "^a$"}}) {
+    for (int i = 0; i < 2; ++i) {
+      auto cached = reader.Load(q);
+      auto fresh_reader = ProfileReader(store_.get()).Load(q);
+      ASSERT_TRUE(cached.ok() && fresh_reader.ok());
+      EXPECT_EQ(cached->total, fresh_reader->total);
+      ASSERT_EQ(cached->stacks.size(), fresh_reader->stacks.size());
+      for (size_t s = 0; s < cached->stacks.size(); ++s) {
+        const ResolvedStack& a = cached->stacks[s];
+        const ResolvedStack& b = fresh_reader->stacks[s];
+        EXPECT_EQ(a.stack_id, b.stack_id);
+        EXPECT_EQ(a.count, b.count);
+        EXPECT_EQ(a.truncated, b.truncated);
+        ASSERT_EQ(a.frames.size(), b.frames.size());
+        for (size_t f = 0; f < a.frames.size(); ++f) {
+          EXPECT_EQ(cached->functions[a.frames[f]].id, fresh_reader->functions[b.frames[f]].id);
+          EXPECT_EQ(cached->functions[a.frames[f]].name,
+                    fresh_reader->functions[b.frames[f]].name);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(reader.Load({.service = "svc", .to_ms = 1'000'000})->total, 14u);
+  EXPECT_EQ(reader.Load({.service = "svc", .to_ms = 1'000'000, .focus = "fresh"})->total, 4u);
+}
+
+TEST_F(ProfileTest, UnreadableStackIsDataLoss) {
+  store::WriteBatch wb;
+  wb.AddSamples("svc", 30'000, "h1", 0x1234, 1);  // no such stack record
+  ASSERT_TRUE(store_->Commit(&wb).ok());
+  ProfileReader reader(store_.get());
+  EXPECT_TRUE(absl::IsDataLoss(reader.Load({.service = "svc", .to_ms = 1'000'000}).status()));
+  EXPECT_TRUE(absl::IsDataLoss(reader.Load({.service = "svc", .to_ms = 1'000'000}).status()));
+  EXPECT_EQ(reader.Load({.service = "svc", .to_ms = 25'000})->total, 10u);
+}
+
 TEST_F(ProfileTest, ClearErrors) {
   EXPECT_TRUE(absl::IsNotFound(Load({.service = "nope"}).status()));
   EXPECT_NE(Load({.service = "nope"}).status().message().find("known: other, svc"),

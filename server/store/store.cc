@@ -707,7 +707,9 @@ struct Store::Impl {
         const size_t end = block->host_end[h];
         if (begin == end) continue;
         if (!totals->hosts.contains(block->hosts[h])) totals->hosts.insert(block->hosts[h]);
+        constexpr size_t kAhead = 8;  // overlap the cache misses of the hash probes
         for (size_t i = begin; i < end; ++i) {
+          if (i + kAhead < end) totals->counts.prefetch(block->entries[i + kAhead].stack_id);
           totals->counts[block->entries[i].stack_id] += block->entries[i].count;
         }
       }
