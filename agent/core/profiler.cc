@@ -58,9 +58,14 @@ struct Profiler::Target {
   bool inproc = false;  // stacks come from its in-process ring (mappings too)
 };
 
+absl::StatusOr<procfs::ServiceMatcher> MakeTargetMatcher(const ProfilerOptions& options) {
+  return procfs::ServiceMatcher::Create(options.service_rules,
+                                        /*use_env_var=*/!options.service_rules.empty());
+}
+
 absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(ProfilerOptions options,
                                                           ContextGraph* graph) {
-  auto matcher = procfs::ServiceMatcher::Create(options.service_rules);
+  auto matcher = MakeTargetMatcher(options);
   if (!matcher.ok()) return matcher.status();
   procfs::ProcessTracker tracker(std::move(*matcher), {});
   for (pid_t pid : options.pids) {

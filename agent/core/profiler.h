@@ -58,6 +58,8 @@ inline constexpr unwind::Arch kHostArch = unwind::Arch::kMips64Be;
 struct ProfilerOptions {
   uint32_t frequency_hz = 99;
   uint32_t stack_bytes = 16 * 1024;
+  // Discovery: processes matching a rule, and processes that name themselves with
+  // STRATA_SERVICE. Without rules nothing is discovered: only `pids` are profiled.
   std::vector<procfs::ServiceRule> service_rules;
   std::vector<pid_t> pids;  // explicit targets (service: STRATA_SERVICE or executable name)
   absl::Duration rescan_interval = absl::Seconds(1);
@@ -75,6 +77,12 @@ struct ProfilerOptions {
   Inproc inproc = Inproc::kAuto;
   std::string inproc_dir = "/dev/shm";  // where the samplers create their rings
 };
+
+// The matcher that decides which processes besides `pids` the agent profiles. STRATA_SERVICE
+// makes a process a target only when the agent discovers processes (it has service rules):
+// an agent given only --pid profiles exactly those processes, not every process on the host
+// that happens to name itself.
+absl::StatusOr<procfs::ServiceMatcher> MakeTargetMatcher(const ProfilerOptions& options);
 
 // Parses "auto" | "on" | "off".
 std::optional<ProfilerOptions::Inproc> ParseInprocMode(std::string_view mode);

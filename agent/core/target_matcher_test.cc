@@ -1,0 +1,99 @@
+// Which processes the agent profiles: an agent given only explicit pids profiles exactly
+// those, even when other processes on the host name themselves with STRATA_SERVICE (other
+// services' processes used to be picked up and shipped too, e.g. another test's workload).
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "agent/core/profiler.h"
+#include "agent/procfs/procfs.h"
+#include "gtest/gtest.h"
+
+namespace strata::agent {
+namespace {
+
+// Spawns `sleep 30` with STRATA_SERVICE=`service` and waits until it has exec'd.
+pid_t SpawnSelfNamed(const std::string& service) {
+  char arg0[] = "sleep";
+  char arg1[] = "30";
+  char* argv[] = {arg0, arg1, nullptr};
+  std::string env = absl::StrCat("STRATA_SERVICE=", service);
+  char* envp[] = {env.data(), nullptr};
+  pid_t child = 0;
+  if (posix_spawnp(&child, "sleep", nullptr, nullptr, argv, envp) != 0) return -1;
+  // Up to 10 s: on a loaded machine the exec can take a while.
+  for (int i = 0; i < 10000; ++i) {
+    if (procfs::ExecutableBasename(procfs::ReadExecutable(child).value_or("")) == "sleep" &&
+        procfs::ReadEnvironValue(child, procfs::kServiceEnvVar).value_or(std::nullopt)) {
+      break;
+    }
+    usleep(1000);
+  }
+  return child;
+}
+
+void KillAndReap(pid_t pid) {
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+bool Added(const procfs::ProcessChanges& changes, pid_t pid, std::string* service = nullptr) {
+  auto it = std::find_if(changes.added.begin(), changes.added.end(),
+                         [pid](const procfs::TrackedProcess& p) { return p.pid == pid; });
+  if (it == changes.added.end()) return false;
+  if (service != nullptr) *service = it->service;
+  return true;
+}
+
+TEST(TargetMatcherTest, ExplicitPidsOnlyProfileThosePids) {
+  const std::string suffix = absl::StrCat(getpid());
+  const pid_t pinned = SpawnSelfNamed("pinned-" + suffix);
+  const pid_t bystander = SpawnSelfNamed("bystander-" + suffix);
+  ASSERT_GT(pinned, 0);
+  ASSERT_GT(bystander, 0);
+
+  ProfilerOptions options;
+  options.pids = {pinned};
+  auto matcher = MakeTargetMatcher(options);
+  ASSERT_TRUE(matcher.ok()) << matcher.status();
+  procfs::ProcessTracker tracker(*std::move(matcher));
+  tracker.Track(pinned, "pinned-" + suffix);
+  auto changes = tracker.Rescan();
+  ASSERT_TRUE(changes.ok()) << changes.status();
+  std::string service;
+  EXPECT_TRUE(Added(*changes, pinned, &service));
+  EXPECT_EQ(service, "pinned-" + suffix);
+  EXPECT_FALSE(Added(*changes, bystander)) << "a process the agent was not asked to profile";
+  EXPECT_EQ(tracker.targets().size(), 1u);
+
+  KillAndReap(pinned);
+  KillAndReap(bystander);
+}
+
+TEST(TargetMatcherTest, WithServiceRulesSelfNamedProcessesAreDiscovered) {
+  const std::string service = absl::StrCat("self-named-", getpid());
+  const pid_t child = SpawnSelfNamed(service);
+  ASSERT_GT(child, 0);
+
+  ProfilerOptions options;
+  options.service_rules = {{"nothing", "^no-such-executable-anywhere$"}};
+  auto matcher = MakeTargetMatcher(options);
+  ASSERT_TRUE(matcher.ok()) << matcher.status();
+  procfs::ProcessTracker tracker(*std::move(matcher));
+  auto changes = tracker.Rescan();
+  ASSERT_TRUE(changes.ok()) << changes.status();
+  std::string found;
+  EXPECT_TRUE(Added(*changes, child, &found));
+  EXPECT_EQ(found, service);
+
+  KillAndReap(child);
+}
+
+}  // namespace
+}  // namespace strata::agent
