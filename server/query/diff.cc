@@ -30,29 +30,6 @@ uint64_t Mix(uint64_t h) {
   return h;
 }
 
-// A stack of a profile seen through that profile's function rows (`ids`, shared by both
-// profiles of a diff), with the hash of its path.
-struct PathRef {
-  const ResolvedStack* stack;
-  const std::vector<uint32_t>* ids;
-  uint64_t hash;
-};
-struct PathRefHash {
-  size_t operator()(const PathRef& r) const { return r.hash; }
-};
-struct PathRefEq {
-  bool operator()(const PathRef& a, const PathRef& b) const {
-    if (a.hash != b.hash || a.stack->truncated != b.stack->truncated ||
-        a.stack->frames.size() != b.stack->frames.size()) {
-      return false;
-    }
-    for (size_t i = 0; i < a.stack->frames.size(); ++i) {
-      if ((*a.ids)[a.stack->frames[i]] != (*b.ids)[b.stack->frames[i]]) return false;
-    }
-    return true;
-  }
-};
-
 // Keeps the `limit` largest by `magnitude`, sorted, dropping zero changes.
 template <typename T, typename F>
 void KeepLargest(std::vector<T>* rows, size_t limit, F magnitude) {
@@ -105,23 +82,82 @@ ProfileDiff DiffProfiles(const Profile& base, const Profile& current, size_t lim
     uint64_t base_samples = 0, samples = 0;
     double delta_pct = 0;
   };
-  std::vector<PathRow> path_rows;
-  // A path is its truncated flag and the rows of its frames. The table is keyed by a hash of
-  // that sequence and compares frame by frame on a hash match, so no key is materialized.
-  absl::flat_hash_map<PathRef, size_t, PathRefHash, PathRefEq> path_row;
-  auto add_paths = [&](const Profile& p, const std::vector<uint32_t>& ids, bool is_base) {
-    path_row.reserve(path_row.size() + p.stacks.size());
-    for (uint32_t i = 0; i < p.stacks.size(); ++i) {
-      const ResolvedStack& s = p.stacks[i];
-      uint64_t hash = s.truncated ? 0x51ed270b27u : 0x2545f4914fu;
-      for (uint32_t f : s.frames) hash = Mix(hash + ids[f]);
-      auto [it, inserted] = path_row.try_emplace(PathRef{&s, &ids, hash}, path_rows.size());
-      if (inserted) path_rows.push_back({&p, i});
-      (is_base ? path_rows[it->second].base_samples : path_rows[it->second].samples) += s.count;
-    }
+  // A path is its truncated flag and the rows of its frames. Stacks of both profiles are
+  // grouped by a hash of that sequence by sorting (sequential memory, unlike a hash table
+  // of this size) and compared frame by frame within a hash group. Rows keep the order of
+  // each path's first occurrence (base stacks, then current ones), which ranking ties
+  // depend on.
+  const size_t nb = base.stacks.size(), nc = current.stacks.size();
+  auto stack_at = [&](uint64_t pos) -> const ResolvedStack& {
+    return pos < nb ? base.stacks[pos] : current.stacks[pos - nb];
   };
-  add_paths(base, base_ids, true);
-  add_paths(current, current_ids, false);
+  auto ids_at = [&](uint64_t pos) -> const std::vector<uint32_t>& {
+    return pos < nb ? base_ids : current_ids;
+  };
+  struct Keyed {
+    uint64_t hash;
+    uint64_t pos;    // base stack index, or nb + current stack index
+    uint64_t count;  // copied here: reading it through the stack is a cache miss
+  };
+  std::vector<Keyed> keyed(nb + nc);
+  for (uint64_t pos = 0; pos < nb + nc; ++pos) {
+    const ResolvedStack& s = stack_at(pos);
+    const std::vector<uint32_t>& ids = ids_at(pos);
+    uint64_t hash = s.truncated ? 0x51ed270b27u : 0x2545f4914fu;
+    for (uint32_t f : s.frames) hash = Mix(hash + ids[f]);
+    keyed[pos] = {hash, pos, s.count};
+  }
+  std::sort(keyed.begin(), keyed.end(), [](const Keyed& a, const Keyed& b) {
+    return a.hash != b.hash ? a.hash < b.hash : a.pos < b.pos;
+  });
+  auto same_path = [&](uint64_t a, uint64_t b) {
+    const ResolvedStack& sa = stack_at(a);
+    const ResolvedStack& sb = stack_at(b);
+    if (sa.truncated != sb.truncated || sa.frames.size() != sb.frames.size()) return false;
+    const std::vector<uint32_t>& ia = ids_at(a);
+    const std::vector<uint32_t>& ib = ids_at(b);
+    for (size_t i = 0; i < sa.frames.size(); ++i) {
+      if (ia[sa.frames[i]] != ib[sb.frames[i]]) return false;
+    }
+    return true;
+  };
+  struct FirstRow {
+    uint64_t first_pos;
+    uint64_t base_samples = 0, samples = 0;
+  };
+  std::vector<FirstRow> firsts;
+  firsts.reserve(nb + nc);
+  for (size_t g = 0; g < keyed.size();) {
+    size_t end = g + 1;
+    while (end < keyed.size() && keyed[end].hash == keyed[g].hash) ++end;
+    // Distinct paths within one hash group (almost always one); positions ascend, so each
+    // class's first member is the path's first occurrence.
+    const size_t group_rows = firsts.size();
+    for (size_t k = g; k < end; ++k) {
+      const uint64_t pos = keyed[k].pos;
+      size_t row = firsts.size();
+      for (size_t r = group_rows; r < firsts.size(); ++r) {
+        // Frames are compared only within a hash group: one pair per path in both profiles.
+        if (same_path(firsts[r].first_pos, pos)) {
+          row = r;
+          break;
+        }
+      }
+      if (row == firsts.size()) firsts.push_back({pos});
+      (pos < nb ? firsts[row].base_samples : firsts[row].samples) += keyed[k].count;
+    }
+    g = end;
+  }
+  std::sort(firsts.begin(), firsts.end(),
+            [](const FirstRow& a, const FirstRow& b) { return a.first_pos < b.first_pos; });
+  std::vector<PathRow> path_rows;
+  path_rows.reserve(firsts.size());
+  for (const FirstRow& f : firsts) {
+    const bool in_base = f.first_pos < nb;
+    path_rows.push_back({in_base ? &base : &current,
+                         static_cast<uint32_t>(in_base ? f.first_pos : f.first_pos - nb),
+                         f.base_samples, f.samples});
+  }
   for (PathRow& row : path_rows) {
     row.delta_pct = Share(row.samples, current.total) - Share(row.base_samples, base.total);
   }

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <set>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "server/query/diff.h"
 #include "server/query/pprof.h"
 
@@ -257,6 +259,146 @@ TEST(DiffTest, ComparesShares) {
   EXPECT_EQ(d.paths[0].frames.back().name, "b");
   EXPECT_EQ(d.paths[0].base_samples, 6u);
   EXPECT_EQ(d.paths[0].samples, 2u);
+}
+
+// The plain diff (a string key per path): DiffProfiles must produce exactly its results.
+double RefShare(uint64_t part, uint64_t total) {
+  return total == 0 ? 0.0 : 100.0 * static_cast<double>(part) / static_cast<double>(total);
+}
+
+std::string RefFunctionKey(const ResolvedFunction& f) {
+  std::string key = f.name;
+  key.push_back('\0');
+  key += f.module;
+  return key;
+}
+
+// Keeps the `limit` largest by `magnitude`, sorted, dropping zero changes.
+template <typename T, typename F>
+void RefKeepLargest(std::vector<T>* rows, size_t limit, F magnitude) {
+  std::erase_if(*rows, [&](const T& r) { return magnitude(r) == 0; });
+  auto cmp = [&](const T& a, const T& b) { return magnitude(a) > magnitude(b); };
+  if (rows->size() > limit) {
+    std::nth_element(rows->begin(), rows->begin() + limit, rows->end(), cmp);
+    rows->resize(limit);
+  }
+  std::stable_sort(rows->begin(), rows->end(), cmp);
+}
+
+ProfileDiff ReferenceDiffProfiles(const Profile& base, const Profile& current, size_t limit) {
+  ProfileDiff diff;
+  diff.base_total = base.total;
+  diff.total = current.total;
+
+  // A dense key per (name, module) over both profiles: rows of the function table, and the
+  // alphabet of path keys (so path keys stay short).
+  absl::flat_hash_map<std::string, uint32_t> function_row;
+  auto global_ids = [&](const Profile& p) {
+    std::vector<uint32_t> ids(p.functions.size());
+    for (size_t i = 0; i < p.functions.size(); ++i) {
+      auto [it, inserted] = function_row.try_emplace(RefFunctionKey(p.functions[i]),
+                                                     diff.functions.size());
+      if (inserted) diff.functions.push_back({p.functions[i]});
+      ids[i] = it->second;
+    }
+    return ids;
+  };
+  const std::vector<uint32_t> base_ids = global_ids(base);
+  const std::vector<uint32_t> current_ids = global_ids(current);
+
+  auto add_functions = [&](const Profile& p, const std::vector<uint32_t>& ids, bool is_base) {
+    for (const FunctionTotals& t : TopFunctions(p, false)) {
+      FunctionChange& row = diff.functions[ids[t.function]];
+      (is_base ? row.base_self : row.self) += t.self;
+      (is_base ? row.base_total : row.total) += t.total;
+    }
+  };
+  add_functions(base, base_ids, true);
+  add_functions(current, current_ids, false);
+
+  // Paths are materialized (frames copied) only for the rows that are returned.
+  struct PathRow {
+    const Profile* profile;
+    uint32_t stack;
+    uint64_t base_samples = 0, samples = 0;
+    double delta_pct = 0;
+  };
+  std::vector<PathRow> path_rows;
+  absl::flat_hash_map<std::string, size_t> path_row;
+  std::string key;
+  auto add_paths = [&](const Profile& p, const std::vector<uint32_t>& ids, bool is_base) {
+    path_row.reserve(path_row.size() + p.stacks.size());
+    for (uint32_t i = 0; i < p.stacks.size(); ++i) {
+      const ResolvedStack& s = p.stacks[i];
+      key.assign(1, s.truncated ? 'T' : 'F');
+      for (uint32_t f : s.frames) {
+        key.append(reinterpret_cast<const char*>(&ids[f]), sizeof(uint32_t));
+      }
+      auto [it, inserted] = path_row.try_emplace(key, path_rows.size());
+      if (inserted) path_rows.push_back({&p, i});
+      (is_base ? path_rows[it->second].base_samples : path_rows[it->second].samples) += s.count;
+    }
+  };
+  add_paths(base, base_ids, true);
+  add_paths(current, current_ids, false);
+  for (PathRow& row : path_rows) {
+    row.delta_pct = RefShare(row.samples, current.total) - RefShare(row.base_samples, base.total);
+  }
+  RefKeepLargest(&path_rows, limit, [](const PathRow& r) { return std::abs(r.delta_pct); });
+  for (const PathRow& row : path_rows) {
+    const ResolvedStack& s = row.profile->stacks[row.stack];
+    PathChange change;
+    change.truncated = s.truncated;
+    change.frames.reserve(s.frames.size());
+    for (uint32_t f : s.frames) change.frames.push_back(row.profile->functions[f]);
+    change.base_samples = row.base_samples;
+    change.samples = row.samples;
+    change.delta_pct = row.delta_pct;
+    diff.paths.push_back(std::move(change));
+  }
+
+  for (FunctionChange& row : diff.functions) {
+    row.self_delta_pct = RefShare(row.self, current.total) - RefShare(row.base_self, base.total);
+    row.total_delta_pct = RefShare(row.total, current.total) - RefShare(row.base_total, base.total);
+  }
+  // Ties on self (e.g. callers without self samples) are broken by the total change.
+  RefKeepLargest(&diff.functions, limit, [](const FunctionChange& r) {
+    return std::abs(r.self_delta_pct) * 1e6 + std::abs(r.total_delta_pct);
+  });
+  return diff;
+}
+
+TEST(DiffTest, MatchesReferenceDiffOnRandomProfiles) {
+  std::mt19937_64 rng(11);
+  for (int round = 0; round < 200; ++round) {
+    Profile base = RandomProfile(rng, 1 + rng() % 150, round % 2 == 0);
+    Profile current = RandomProfile(rng, 1 + rng() % 150, round % 2 == 0);
+    // Same (name, module) under another ID in one profile: such paths must still match.
+    if (!current.functions.empty()) current.functions[0].id += 1000;
+    for (size_t limit : {size_t{1}, size_t{5}, size_t{1000}}) {
+      const ProfileDiff want = ReferenceDiffProfiles(base, current, limit);
+      const ProfileDiff got = DiffProfiles(base, current, limit);
+      ASSERT_EQ(got.paths.size(), want.paths.size()) << round;
+      for (size_t i = 0; i < want.paths.size(); ++i) {
+        const PathChange& a = got.paths[i];
+        const PathChange& b = want.paths[i];
+        ASSERT_EQ(a.truncated, b.truncated) << round << " path " << i;
+        ASSERT_EQ(a.base_samples, b.base_samples) << round << " path " << i;
+        ASSERT_EQ(a.samples, b.samples) << round << " path " << i;
+        ASSERT_EQ(a.delta_pct, b.delta_pct) << round << " path " << i;
+        ASSERT_EQ(a.frames.size(), b.frames.size()) << round << " path " << i;
+        for (size_t f = 0; f < a.frames.size(); ++f) {
+          ASSERT_EQ(a.frames[f].id, b.frames[f].id) << round << " path " << i;
+        }
+      }
+      ASSERT_EQ(got.functions.size(), want.functions.size()) << round;
+      for (size_t i = 0; i < want.functions.size(); ++i) {
+        ASSERT_EQ(got.functions[i].function.id, want.functions[i].function.id) << round;
+        ASSERT_EQ(got.functions[i].self, want.functions[i].self) << round;
+        ASSERT_EQ(got.functions[i].base_total, want.functions[i].base_total) << round;
+      }
+    }
+  }
 }
 
 TEST(PprofTest, GzipsAnEncodedProfile) {
