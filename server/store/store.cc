@@ -455,6 +455,14 @@ struct Store::Impl {
 
   rocksdb::ColumnFamilyHandle* cf(Column c) const { return columns[ColumnIndex(c)]; }
 
+  // The clock retention uses, Unix milliseconds.
+  int64_t NowMs() const {
+    if (options.now_ms_for_testing) return options.now_ms_for_testing();
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+
   InternTable& Table(InternKind kind) {
     return kind == InternKind::kStack ? *stacks : *functions;
   }
@@ -685,7 +693,18 @@ struct Store::Impl {
     std::vector<std::shared_ptr<const HourBlock>> blocks;
     blocks.reserve(static_cast<size_t>((to - from) / kHourMs));
     size_t entries = 0;
+    // Hours past the hour retention may be dropped by any compaction: read, never cached, so
+    // a block does not keep them visible longer than the rollup itself.
+    const int64_t cutoff =
+        options.hour_retention_ms > 0 ? NowMs() - options.hour_retention_ms : INT64_MIN;
     for (int64_t hour = from; hour < to; hour += kHourMs) {
+      if (hour < cutoff) {
+        absl::StatusOr<std::shared_ptr<const HourBlock>> read = ReadHourBlock(scope, hour);
+        if (!read.ok()) return read.status();
+        entries = std::max(entries, (*read)->entries.size());
+        blocks.push_back(*std::move(read));
+        continue;
+      }
       const std::string key = codec::CellPrefix(scope, static_cast<uint64_t>(hour));
       uint64_t generation = 0;
       std::shared_ptr<const HourBlock> block = hour_blocks->Lookup(key, &generation);

@@ -717,6 +717,19 @@ TEST_F(SumSamplesTest, DisabledCacheAndSmallCacheStayExact) {
   Reopen();
 }
 
+TEST_F(SumSamplesTest, HoursPastRetentionAreNotKeptInMemory) {
+  options_.now_ms_for_testing = [] { return 10 * kHour; };
+  options_.hour_retention_ms = 8 * kHour;  // hours before 2 h are past retention
+  Reopen();
+  Fill();
+  const SampleQuery q{"svc", 0, 4 * kHour, std::nullopt, std::nullopt, Resolution::kHour};
+  ExpectSame(q);
+  ExpectSame(q);
+  // Hours 0 and 1 were read each time; hours 2 and 3 once, then served from memory.
+  EXPECT_EQ(store_->Stats().hour_block_misses, 2u);
+  EXPECT_EQ(store_->Stats().hour_block_hits, 2u);
+}
+
 TEST_F(SumSamplesTest, CorruptHourRowIsAnErrorNotCached) {
   Fill();
   ASSERT_TRUE(store_
