@@ -668,12 +668,34 @@ struct Store::Impl {
                       });
   }
 
-  // Reads the hour rollup of `scope` for hour `hour` (all hosts) into a block.
+  // Window of the first cell of `scope` in `column` with window in [from, to), or `to`.
+  absl::StatusOr<int64_t> NextWindow(Column column, const std::string& scope, int64_t from,
+                                     int64_t to) {
+    std::string upper_key = codec::CellPrefix(scope, static_cast<uint64_t>(to));
+    rocksdb::Slice upper(upper_key);
+    rocksdb::ReadOptions ro;
+    ro.iterate_upper_bound = &upper;
+    ro.prefix_same_as_start = true;
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro, cf(column)));
+    it->Seek(codec::CellPrefix(scope, static_cast<uint64_t>(from)));
+    if (!it->Valid()) {
+      absl::Status s = FromRocks(it->status());
+      if (!s.ok()) return s;
+      return to;
+    }
+    absl::StatusOr<codec::CellKey> cell = codec::DecodeCellKey(View(it->key()));
+    if (!cell.ok()) return cell.status();
+    if (cell->scope != scope) return absl::DataLossError("sample key outside its prefix");
+    if (cell->window_start_ms >= static_cast<uint64_t>(to)) return to;
+    return std::max(from, static_cast<int64_t>(cell->window_start_ms));
+  }
+
+  // Reads the hour rollup of `scope` with window in [hour, end) (all hosts) into a block.
   absl::StatusOr<std::shared_ptr<const HourBlock>> ReadHourBlock(const std::string& scope,
-                                                                 int64_t hour) {
+                                                                 int64_t hour, int64_t end) {
     auto block = std::make_shared<HourBlock>();
     absl::Status s = VisitCells(
-        Column::kRollupHour, scope, hour, hour + kHourMs, std::nullopt,
+        Column::kRollupHour, scope, hour, end, std::nullopt,
         [&](const codec::CellKey& cell, uint64_t count) {
           if (block->hosts.empty() || cell.host != block->hosts.back()) {
             if (!block->hosts.empty()) block->host_end.push_back(block->entries.size());
@@ -691,31 +713,38 @@ struct Store::Impl {
   absl::Status SumHours(const std::string& scope, int64_t from, int64_t to,
                         const std::optional<std::string>& host, Totals* totals) {
     std::vector<std::shared_ptr<const HourBlock>> blocks;
-    blocks.reserve(static_cast<size_t>((to - from) / kHourMs));
     size_t entries = 0;
     // Hours past the hour retention may be dropped by any compaction: read, never cached, so
     // a block does not keep them visible longer than the rollup itself.
     const int64_t cutoff =
         options.hour_retention_ms > 0 ? NowMs() - options.hour_retention_ms : INT64_MIN;
-    for (int64_t hour = from; hour < to; hour += kHourMs) {
-      if (hour < cutoff) {
-        absl::StatusOr<std::shared_ptr<const HourBlock>> read = ReadHourBlock(scope, hour);
-        if (!read.ok()) return read.status();
-        entries = std::max(entries, (*read)->entries.size());
-        blocks.push_back(*std::move(read));
-        continue;
-      }
+    // Hours are visited one by one while in memory; on a miss, the rollup is sought, which
+    // also skips every empty hour up to the next row, so a range costs its rows and gaps,
+    // not its length (ranges may reach to the end of time).
+    for (int64_t hour = from; hour < to;) {
+      // `hour` is a multiple of the hour below `to`: the end never overflows.
+      const int64_t end = to - hour <= kHourMs ? to : hour + kHourMs;
       const std::string key = codec::CellPrefix(scope, static_cast<uint64_t>(hour));
+      const bool cacheable = hour >= cutoff;
       uint64_t generation = 0;
-      std::shared_ptr<const HourBlock> block = hour_blocks->Lookup(key, &generation);
+      std::shared_ptr<const HourBlock> block =
+          cacheable ? hour_blocks->Lookup(key, &generation) : nullptr;
       if (!block) {
-        absl::StatusOr<std::shared_ptr<const HourBlock>> read = ReadHourBlock(scope, hour);
+        absl::StatusOr<int64_t> next = NextWindow(Column::kRollupHour, scope, hour, to);
+        if (!next.ok()) return next.status();
+        if (*next >= to) break;
+        if (*next >= end) {
+          hour = *next - *next % kHourMs;  // empty hours in between
+          continue;
+        }
+        absl::StatusOr<std::shared_ptr<const HourBlock>> read = ReadHourBlock(scope, hour, end);
         if (!read.ok()) return read.status();
         block = *std::move(read);
-        hour_blocks->Insert(key, generation, block);
+        if (cacheable) hour_blocks->Insert(key, generation, block);
       }
       entries = std::max(entries, block->entries.size());
       blocks.push_back(std::move(block));
+      hour = end;
     }
     // Hours share most of their stacks: the largest hour is a fair lower bound of the result.
     totals->counts.reserve(totals->counts.size() + entries * 2);
@@ -957,8 +986,8 @@ absl::StatusOr<SampleTotals> Store::SumSamples(const SampleQuery& query) {
     pieces.push_back({Column::kRollupMinute, from, to});
   } else if (query.resolution == Resolution::kHour) {
     // Hour windows starting in [from, to), as a scan of the hour rollup returns them.
-    const int64_t first = (from + kHourMs - 1) / kHourMs * kHourMs;
-    if (first < to) pieces.push_back({Column::kRollupHour, first, (to + kHourMs - 1) / kHourMs * kHourMs});
+    const int64_t first = from % kHourMs == 0 ? from : from - from % kHourMs + kHourMs;
+    if (first < to) pieces.push_back({Column::kRollupHour, first, to});
   } else {
     pieces = AutoPieces(from, to);
   }

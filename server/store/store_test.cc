@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <map>
 #include <set>
 #include <thread>
@@ -728,6 +729,25 @@ TEST_F(SumSamplesTest, HoursPastRetentionAreNotKeptInMemory) {
   // Hours 0 and 1 were read each time; hours 2 and 3 once, then served from memory.
   EXPECT_EQ(store_->Stats().hour_block_misses, 2u);
   EXPECT_EQ(store_->Stats().hour_block_hits, 2u);
+}
+
+TEST_F(SumSamplesTest, AllTimeAndSparseRangesCostTheirRowsNotTheirLength) {
+  WriteBatch batch;
+  batch.AddSamples("svc", 3 * kHour + 10'000, "a", 1, 2);
+  batch.AddSamples("svc", 24 * 365 * kHour, "a", 2, 3);  // a year later
+  batch.AddSamples("svc", 24 * 365 * kHour + kHour, "b", 2, 4);
+  CommitOk(&batch);
+  for (int i = 0; i < 2; ++i) {
+    for (int64_t to : {std::numeric_limits<int64_t>::max(), 24 * 366 * kHour}) {
+      for (Resolution r : {Resolution::kAuto, Resolution::kHour}) {
+        ExpectSame({"svc", 0, to, std::nullopt, std::nullopt, r});
+      }
+    }
+  }
+  SampleTotals t = Sum({"svc", 0, std::numeric_limits<int64_t>::max(), std::nullopt,
+                        std::nullopt, Resolution::kAuto});
+  EXPECT_EQ(t.stacks, (std::vector<StackCount>{{1, 2}, {2, 7}}));
+  EXPECT_EQ(t.hosts, (std::vector<std::string>{"a", "b"}));
 }
 
 TEST_F(SumSamplesTest, CorruptHourRowIsAnErrorNotCached) {
