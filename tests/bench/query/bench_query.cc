@@ -11,8 +11,11 @@
 // Then, for ranges of 1 h, 24 h and 7 d ending mid-hour at the end of the data: p50/p99 of
 // flame graph (JSON rendering, default node budget), top (20 functions) and diff (the last
 // half of the range against the first half, i.e. the same amount of data), in process through
-// QueryService::Run*. The first (cold cache) run of each is reported separately. For
-// comparison the same top queries run once more reading raw 10 s cells only.
+// QueryService::Run*. The first (cold cache) run of each is reported separately: it fills the
+// store's per-hour aggregates and the reader's resolved stacks, which later runs reuse. Per
+// range it prints the cells read from RocksDB (all runs; one warm load) and the hour blocks
+// used; then a stage breakdown of a warm 7 d query (load, flame tree, JSON, top, diff). For
+// comparison the same loads run once more reading raw 10 s cells only.
 //
 //   bench_query [--data DIR] [--reuse] [--iterations N] [--hour-block-mib N]
 #include <algorithm>
