@@ -118,6 +118,9 @@ struct WriteBatch::Rep {
   // CellPrefix(service, hour) of every hour this batch adds samples to: their cached hour
   // aggregates are dropped once the batch is committed.
   absl::flat_hash_set<std::string> touched_hours;
+  // The last (service, hour) added to touched_hours: consecutive samples mostly repeat it.
+  std::string last_touched_service;
+  int64_t last_touched_hour = -1;
   absl::Status status;
 
   void Fail(absl::Status s) {
@@ -158,7 +161,11 @@ void WriteBatch::AddSamples(std::string_view service, int64_t window_start_ms,
   const int64_t hour = window_start_ms - window_start_ms % kHourMs;
   rep_->Add(Column::kRollupHour, Rep::OpType::kMerge,
             codec::EncodeCellKey(service, hour, host, stack_id), codec::EncodeCount(count));
-  rep_->touched_hours.insert(codec::CellPrefix(service, static_cast<uint64_t>(hour)));
+  if (hour != rep_->last_touched_hour || service != rep_->last_touched_service) {
+    rep_->touched_hours.insert(codec::CellPrefix(service, static_cast<uint64_t>(hour)));
+    rep_->last_touched_hour = hour;
+    rep_->last_touched_service.assign(service);
+  }
   auto [it, inserted] = rep_->services.try_emplace(std::string(service));
   ServiceSummary& s = it->second;
   if (inserted) {

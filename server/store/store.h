@@ -16,7 +16,10 @@
 //              so ListServices reads one small record per service
 //   rollup_1m, rollup_1h
 //              same layout as samples, windows truncated to 1 minute / 1 hour, written by
-//              the same commit; long-range queries read them (Resolution::kAuto)
+//              the same commit; long-range queries read them (Resolution::kAuto).
+//              SumSamples keeps each (service, hour) of rollup_1h summed per (host, stack)
+//              in memory (StoreOptions::hour_block_cache_bytes); a commit adding samples to
+//              an hour drops that hour's aggregate
 //   meta       agents, per-agent applied batch sequence, per-agent call graph records,
 //              phase-change events, capture metadata
 //
