@@ -14,6 +14,7 @@
 #include "agent/procfs/procfs.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/testing/emulation.h"
 
 namespace strata::procfs {
 namespace {
@@ -85,6 +86,7 @@ TEST(ProcessTrackerTest, ReportsStartedAndExitedTargetsOnce) {
 }
 
 TEST(ProcessTrackerTest, EnvironmentVariableMakesATarget) {
+  STRATA_SKIP_UNDER_QEMU_USER();  // the spawned host `sleep` is not a guest process
   ProcessTracker tracker(ServiceMatcher::Create({}).value());
   tracker.Rescan().value();
   char arg0[] = "sleep";

@@ -4,6 +4,7 @@
 #ifndef STRATA_COMMON_TESTING_EMULATION_H_
 #define STRATA_COMMON_TESTING_EMULATION_H_
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <string>
@@ -11,12 +12,14 @@
 namespace strata::testing {
 
 inline bool RunningUnderQemuUser() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return false;
-  const std::string exe(buf, static_cast<size_t>(n));
-  const size_t slash = exe.rfind('/');
-  return exe.compare(slash == std::string::npos ? 0 : slash + 1, 5, "qemu-") == 0;
+  // qemu answers for /proc/<self>/exe itself (with the guest binary), but not for comm,
+  // which names the qemu process.
+  char buf[64] = {};
+  const int fd = open("/proc/self/comm", O_RDONLY);
+  if (fd < 0) return false;
+  const ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  return n >= 5 && std::string(buf, 5) == "qemu-";
 }
 
 }  // namespace strata::testing
