@@ -99,6 +99,11 @@ int Run(int argc, char** argv) {
   strata::server::QueryService query(store.get(), &registry);
   strata::server::CaptureService::Options capture_options;
   capture_options.retention = *retention;
+  capture_options.deleter = [store = store.get()](const std::string& capture_id) {
+    strata::store::WriteBatch wb;
+    wb.DeleteCapture(capture_id);
+    return store->Commit(&wb);
+  };
   strata::server::CaptureService capture(store.get(), &registry, capture_options);
   ingest.AddBatchObserver([&capture](const auto& batch) { capture.OnBatch(batch); });
   ingest.AddCaptureStatusObserver(

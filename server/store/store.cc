@@ -231,6 +231,20 @@ void WriteBatch::DeleteGraph(std::string_view agent_id, uint64_t graph_id) {
   rep_->Add(Column::kMeta, Rep::OpType::kDeleteRange, std::move(begin), std::move(end));
 }
 
+void WriteBatch::DeleteCapture(std::string_view capture_id) {
+  if (!rep_->CheckKeyPart("capture id", capture_id, false)) return;
+  // Every cell key of the capture starts with its ID and the separator.
+  std::string cells = codec::CellPrefix(capture_id, 0);
+  cells.resize(cells.size() - 8);
+  std::string cells_end = PrefixSuccessor(cells);
+  rep_->Add(Column::kCaptures, Rep::OpType::kDeleteRange, std::move(cells), std::move(cells_end));
+  // The metadata record is the only key with exactly this value: a one-key range.
+  std::string meta = codec::CaptureKey(capture_id);
+  std::string meta_end = meta;
+  meta_end.push_back('\0');
+  rep_->Add(Column::kMeta, Rep::OpType::kDeleteRange, std::move(meta), std::move(meta_end));
+}
+
 void WriteBatch::PutPhaseEvent(const PhaseEvent& event) {
   if (!rep_->CheckKeyPart("service", event.service, false) ||
       !rep_->CheckWindow(event.window_start_ms)) {

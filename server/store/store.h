@@ -260,6 +260,8 @@ class WriteBatch {
   // Identical events (same service, window, payload) are stored once.
   void PutPhaseEvent(const PhaseEvent& event);
   void PutCapture(const CaptureInfo& capture);
+  // Drops a capture: its sample cells and its metadata record (capture retention).
+  void DeleteCapture(std::string_view capture_id);
 
   bool empty() const;
   // Drops everything added so far.

@@ -302,6 +302,30 @@ TEST_F(StoreTest, InvalidInputFailsCommitWithoutWriting) {
   EXPECT_TRUE(store_->ListServices()->empty());
 }
 
+TEST_F(StoreTest, DeleteCaptureDropsItsCellsAndRecordOnly) {
+  WriteBatch batch;
+  batch.AddCaptureSamples("cap-1", 10000, "a", 1, 77);
+  batch.AddCaptureSamples("cap-1", 20000, "b", 2, 5);
+  batch.AddCaptureSamples("cap-10", 10000, "a", 1, 88);  // shares the prefix "cap-1"
+  batch.AddSamples("cap-1", 10000, "a", 1, 9);           // a service named like the capture
+  CaptureInfo one, ten;
+  one.capture_id = "cap-1";
+  ten.capture_id = "cap-10";
+  batch.PutCapture(one);
+  batch.PutCapture(ten);
+  CommitOk(&batch);
+
+  batch.DeleteCapture("cap-1");
+  CommitOk(&batch);
+  EXPECT_TRUE(Scan({"x", 0, 40000, std::nullopt, std::string("cap-1")}).empty());
+  EXPECT_EQ(Scan({"x", 0, 40000, std::nullopt, std::string("cap-10")}).size(), 1u);
+  EXPECT_EQ(Scan({"cap-1", 0, 40000, std::nullopt, std::nullopt}).size(), 1u);
+  EXPECT_TRUE(absl::IsNotFound(store_->GetCapture("cap-1").status()));
+  EXPECT_TRUE(store_->GetCapture("cap-10").ok());
+  Reopen();
+  EXPECT_TRUE(Scan({"x", 0, 40000, std::nullopt, std::string("cap-1")}).empty());
+}
+
 TEST_F(StoreTest, ScanSamplesFiltersRangeHostAndCaptures) {
   WriteBatch batch;
   for (int64_t w : {0, 10000, 20000, 30000}) {

@@ -19,7 +19,10 @@ TEST(PhasesTest, HotPathSwitchIsReported) {
   ServerProcess server(dir.File("data"), dir.File("server.log"));
   ASSERT_GT(server.port(), 0) << server.process().Output();
   // tokenize ~60 % for 12 s, then ~5 % while deflate_block rises to ~85 %.
-  ChildProcess demo({BinPath("demo_service"), "--switch-after", "12"}, dir.File("demo.log"),
+  // One serving thread: with two, a starved thread shifts samples between two stacks that
+  // differ only in their thread root, which is a real (scheduling) change of hot contexts.
+  ChildProcess demo({BinPath("demo_service"), "--threads", "1", "--switch-after", "12"},
+                    dir.File("demo.log"),
                     {{"STRATA_SERVICE", "phased"}});
   ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
   ChildProcess agent({BinPath("strata-agent"), "--server", server.address(), "--pid",
@@ -55,7 +58,8 @@ TEST(PhasesTest, SteadyWorkloadReportsNoPhaseChange) {
   strata::testing::TempDir dir("strata_e2e_steady");
   ServerProcess server(dir.File("data"), dir.File("server.log"));
   ASSERT_GT(server.port(), 0) << server.process().Output();
-  ChildProcess demo({BinPath("demo_service")}, dir.File("demo.log"), {{"STRATA_SERVICE", "steady"}});
+  ChildProcess demo({BinPath("demo_service"), "--threads", "1"}, dir.File("demo.log"),
+                    {{"STRATA_SERVICE", "steady"}});
   ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
   ChildProcess agent({BinPath("strata-agent"), "--server", server.address(), "--pid",
                       std::to_string(demo.pid()), "--interval", "1"},
