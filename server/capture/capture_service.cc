@@ -146,7 +146,7 @@ absl::StatusOr<int> CaptureService::Sweep(int64_t now_ms) {
   if (expired > 0) {
     spdlog::info("capture retention: {} capture(s) older than {} {}", expired,
                  absl::FormatDuration(options_.retention),
-                 options_.deleter ? "deleted" : "hidden (the store cannot delete them yet)");
+                 options_.deleter ? "deleted" : "hidden (no deleter configured)");
   }
   return expired;
 }

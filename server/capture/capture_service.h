@@ -13,9 +13,9 @@
 // ALREADY_EXISTS naming the running one (two high-rate sessions on one host would share one
 // CPU budget and double the perturbation of the target).
 //
-// Retention: Sweep() forgets captures whose end is older than the retention. The store has no
-// deletion of capture records yet, so expired captures are hidden from List and Get (their
-// cells stay on disk until a deleter is given in Options).
+// Retention: Sweep() deletes captures whose end is older than the retention through
+// Options::deleter (strata-server passes Store's DeleteCapture); without a deleter they are
+// only hidden from List and Get.
 //
 // Thread safety: all methods may be called from any thread. The service borrows the store and
 // the registry, which must outlive it.
