@@ -19,43 +19,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::vector<std::string> Names(const v1::HotPath& path) {
-  std::vector<std::string> names;
-  for (const auto& f : path.frames()) names.push_back(f.function());
-  return names;
-}
-
-v1::HotPathsResponse HotPaths(const std::shared_ptr<grpc::Channel>& channel,
-                              const std::string& service) {
-  auto stub = v1::Query::NewStub(channel);
-  v1::HotPathsRequest request;
-  request.mutable_filter()->set_service(service);
-  request.set_limit(100000);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  v1::HotPathsResponse response;
-  grpc::Status status = stub->HotPaths(&context, request, &response);
-  EXPECT_TRUE(status.ok()) << status.error_message();
-  return response;
-}
-
-// Which of the demo's three paths a stack is, by the frames from serve_forever inwards.
-enum class DemoPath { kTokenize, kDeflate, kFib, kOther };
-
-DemoPath Classify(const std::vector<std::string>& names) {
-  auto at = std::find(names.begin(), names.end(), "serve_forever");
-  if (at == names.end()) return DemoPath::kOther;
-  std::vector<std::string> tail(at + 1, names.end());
-  using V = std::vector<std::string>;
-  if (tail == V{"handle_request", "parse_request", "tokenize"}) return DemoPath::kTokenize;
-  if (tail == V{"handle_request", "compress_response", "deflate_block"}) return DemoPath::kDeflate;
-  if (tail.size() >= 2 && tail[0] == "recompute_stats" &&
-      std::all_of(tail.begin() + 1, tail.end(), [](const std::string& n) { return n == "fib"; })) {
-    return DemoPath::kFib;
-  }
-  return DemoPath::kOther;
-}
-
 class BackboneTest : public ::testing::Test {
  protected:
   strata::testing::TempDir dir_{"strata_e2e"};
@@ -77,7 +40,7 @@ TEST_F(BackboneTest, DemoHotPathsSurviveRestart) {
   EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();
   demo.Stop(SIGKILL);
 
-  v1::HotPathsResponse paths = HotPaths(server->Channel(), "demo");
+  v1::HotPathsResponse paths = QueryHotPaths(server->address(), "demo");
   // 2 busy threads at 99 Hz for ~15 s is ~3,000 samples of CPU time; a loaded CI machine
   // gives the demo less CPU, so only a floor is checked.
   EXPECT_GT(paths.total_samples(), 300u);
@@ -86,8 +49,8 @@ TEST_F(BackboneTest, DemoHotPathsSurviveRestart) {
   std::map<DemoPath, uint64_t> by_path;
   uint64_t main_thread_samples = 0;
   for (const auto& p : paths.paths()) {
-    const auto names = Names(p);
-    const DemoPath kind = Classify(names);
+    const auto names = FrameNames(p);
+    const DemoPath kind = ClassifyDemoPath(names);
     by_path[kind] += p.samples();
     if (kind != DemoPath::kOther && !p.truncated()) {
       // Frames run outermost first; the main thread's paths go through main.
@@ -126,10 +89,10 @@ TEST_F(BackboneTest, DemoHotPathsSurviveRestart) {
   EXPECT_EQ(server->process().Stop(SIGTERM, 15), 0) << server->process().Output();
   server = std::make_unique<ServerProcess>(data, dir_.File("server2.log"));
   ASSERT_GT(server->port(), 0) << server->process().Output();
-  v1::HotPathsResponse again = HotPaths(server->Channel(), "demo");
+  v1::HotPathsResponse again = QueryHotPaths(server->address(), "demo");
   EXPECT_EQ(again.total_samples(), paths.total_samples());
   ASSERT_EQ(again.paths_size(), paths.paths_size());
-  EXPECT_EQ(Names(again.paths(0)), Names(paths.paths(0)));
+  EXPECT_EQ(FrameNames(again.paths(0)), FrameNames(paths.paths(0)));
 }
 
 // A raw ingest client speaking the protocol by hand.
@@ -276,7 +239,7 @@ TEST_F(BackboneTest, BadInputGetsClearErrorsAndOthersKeepServing) {
   ASSERT_TRUE(stub->HotPaths(&context, request, &response).ok());
   EXPECT_EQ(response.total_samples(), 8u);
   ASSERT_EQ(response.paths_size(), 1);
-  EXPECT_EQ(Names(response.paths(0)), (std::vector<std::string>{"main", "work"}));
+  EXPECT_EQ(FrameNames(response.paths(0)), (std::vector<std::string>{"main", "work"}));
   EXPECT_TRUE(server.process().running());
 }
 

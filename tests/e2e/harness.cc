@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/numbers.h"
+#include "gtest/gtest.h"
 
 extern char** environ;
 
@@ -139,6 +141,40 @@ CommandResult RunCommand(std::vector<std::string> argv, double timeout_s) {
   }
   unlink(log.c_str());
   return result;
+}
+
+v1::HotPathsResponse QueryHotPaths(const std::string& address, const std::string& service) {
+  auto stub =
+      v1::Query::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  v1::HotPathsRequest request;
+  request.mutable_filter()->set_service(service);
+  request.set_limit(100000);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::HotPathsResponse response;
+  grpc::Status status = stub->HotPaths(&context, request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return response;
+}
+
+std::vector<std::string> FrameNames(const v1::HotPath& path) {
+  std::vector<std::string> names;
+  for (const auto& f : path.frames()) names.push_back(f.function());
+  return names;
+}
+
+DemoPath ClassifyDemoPath(const std::vector<std::string>& names) {
+  auto at = std::find(names.begin(), names.end(), "serve_forever");
+  if (at == names.end()) return DemoPath::kOther;
+  std::vector<std::string> tail(at + 1, names.end());
+  using V = std::vector<std::string>;
+  if (tail == V{"handle_request", "parse_request", "tokenize"}) return DemoPath::kTokenize;
+  if (tail == V{"handle_request", "compress_response", "deflate_block"}) return DemoPath::kDeflate;
+  if (tail.size() >= 2 && tail[0] == "recompute_stats" &&
+      std::all_of(tail.begin() + 1, tail.end(), [](const std::string& n) { return n == "fib"; })) {
+    return DemoPath::kFib;
+  }
+  return DemoPath::kOther;
 }
 
 }  // namespace strata::e2e

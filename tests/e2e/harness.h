@@ -14,6 +14,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/testing/temp_dir.h"
+#include "strata/v1/query.grpc.pb.h"
 
 namespace strata::e2e {
 
@@ -70,6 +71,17 @@ struct CommandResult {
 
 // Runs a command to completion (bounded by `timeout_s`).
 CommandResult RunCommand(std::vector<std::string> argv, double timeout_s = 60);
+
+// Every hot path of `service` over all time (a failed call is a test failure, and an empty
+// response is returned).
+v1::HotPathsResponse QueryHotPaths(const std::string& address, const std::string& service);
+
+// Function names of a path, outermost first.
+std::vector<std::string> FrameNames(const v1::HotPath& path);
+
+// Which of demo_service's three paths a stack is, by its frames from serve_forever inwards.
+enum class DemoPath { kTokenize, kDeflate, kFib, kOther };
+DemoPath ClassifyDemoPath(const std::vector<std::string>& names);
 
 }  // namespace strata::e2e
 

@@ -43,6 +43,18 @@ double ThreadCpuMs() {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+// This thread's current speed of each kernel, iterations per CPU millisecond.
+thread_local double t_tokenize_per_ms = 1;
+thread_local double t_deflate_per_ms = 1;
+thread_local double t_fib_calls_per_ms = 1;
+
+// Moves a speed estimate towards what the last call measured (smoothed: one slow call, e.g.
+// a preemption inside it, must not swing the shares).
+void Adapt(double* per_ms, uint64_t iterations, double ms) {
+  if (iterations == 0 || ms <= 0.01) return;
+  *per_ms = 0.8 * *per_ms + 0.2 * (static_cast<double>(iterations) / ms);
+}
+
 }  // namespace
 
 extern "C" {
@@ -81,8 +93,13 @@ __attribute__((noinline)) uint64_t compress_response(uint64_t iterations) {
 
 __attribute__((noinline)) uint64_t handle_request(uint64_t parse_iterations,
                                                   uint64_t deflate_iterations) {
+  const double t0 = ThreadCpuMs();
   uint64_t r = parse_request(parse_iterations);
+  const double t1 = ThreadCpuMs();
   r += compress_response(deflate_iterations);
+  const double t2 = ThreadCpuMs();
+  Adapt(&t_tokenize_per_ms, parse_iterations, t1 - t0);
+  Adapt(&t_deflate_per_ms, deflate_iterations, t2 - t1);
   asm volatile("" : "+r"(r));
   return r;
 }
@@ -102,14 +119,22 @@ __attribute__((noinline)) uint64_t recompute_stats(uint64_t repetitions) {
 }
 
 __attribute__((noinline)) void serve_forever() {
-  // One "request" = 6 ms parse + 3 ms compress + 1 ms stats, in CPU time.
+  // One "request" = 6 ms parse + 3 ms compress + 1 ms stats, in CPU time. The iteration
+  // counts follow each kernel's measured speed on this thread, so the shares hold while other
+  // processes compete for the core (they slow the kernels unevenly).
+  t_tokenize_per_ms = g_tokenize_per_ms;
+  t_deflate_per_ms = g_deflate_per_ms;
+  t_fib_calls_per_ms = g_fib_calls_per_ms;
   while (!g_stop.load(std::memory_order_relaxed)) {
     const bool switched = g_switched.load(std::memory_order_relaxed);
     const double parse_ms = switched ? 0.5 : 6;
     const double deflate_ms = switched ? 8.5 : 3;
-    g_sink = handle_request(static_cast<uint64_t>(parse_ms * g_tokenize_per_ms),
-                            static_cast<uint64_t>(deflate_ms * g_deflate_per_ms));
-    g_sink = recompute_stats(static_cast<uint64_t>(1.0 * g_fib_calls_per_ms));
+    g_sink = handle_request(static_cast<uint64_t>(parse_ms * t_tokenize_per_ms),
+                            static_cast<uint64_t>(deflate_ms * t_deflate_per_ms));
+    const uint64_t fib_calls = static_cast<uint64_t>(1.0 * t_fib_calls_per_ms);
+    const double t0 = ThreadCpuMs();
+    g_sink = recompute_stats(fib_calls);
+    Adapt(&t_fib_calls_per_ms, fib_calls, ThreadCpuMs() - t0);
   }
 }
 

@@ -32,39 +32,6 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-v1::HotPathsResponse HotPaths(const std::string& address, const std::string& service) {
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-  auto stub = v1::Query::NewStub(channel);
-  v1::HotPathsRequest request;
-  request.mutable_filter()->set_service(service);
-  request.set_limit(100000);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  v1::HotPathsResponse response;
-  grpc::Status status = stub->HotPaths(&context, request, &response);
-  EXPECT_TRUE(status.ok()) << status.error_message();
-  return response;
-}
-
-// The demo's three hot paths, by the frames from serve_forever inwards.
-enum class DemoPath { kTokenize, kDeflate, kFib, kOther };
-
-DemoPath Classify(const v1::HotPath& path) {
-  std::vector<std::string> names;
-  for (const auto& f : path.frames()) names.push_back(f.function());
-  auto at = std::find(names.begin(), names.end(), "serve_forever");
-  if (at == names.end()) return DemoPath::kOther;
-  std::vector<std::string> tail(at + 1, names.end());
-  using V = std::vector<std::string>;
-  if (tail == V{"handle_request", "parse_request", "tokenize"}) return DemoPath::kTokenize;
-  if (tail == V{"handle_request", "compress_response", "deflate_block"}) return DemoPath::kDeflate;
-  if (tail.size() >= 2 && tail[0] == "recompute_stats" &&
-      std::all_of(tail.begin() + 1, tail.end(), [](const std::string& n) { return n == "fib"; })) {
-    return DemoPath::kFib;
-  }
-  return DemoPath::kOther;
-}
-
 // All matches of `re`'s first group in `text`.
 std::vector<std::string> Matches(const std::string& text, const std::string& re) {
   std::vector<std::string> out;
@@ -129,7 +96,7 @@ TEST_F(EncodingRestartTest, AgentSurvivesServerKillsWithoutLossOrDoubleCounting)
   ASSERT_TRUE(WaitForConnects(agent, 1, 30)) << agent.Output();
   std::this_thread::sleep_for(std::chrono::seconds(5));
   ASSERT_TRUE(agent.running()) << agent.Output();
-  const uint64_t before_kill = HotPaths(address, "demo").total_samples();
+  const uint64_t before_kill = QueryHotPaths(address, "demo").total_samples();
   EXPECT_GT(before_kill, 0u);
 
   // Kill the first server hard: whatever it acknowledged is in RocksDB's log; batches in
@@ -170,14 +137,14 @@ TEST_F(EncodingRestartTest, AgentSurvivesServerKillsWithoutLossOrDoubleCounting)
   const auto counted = Matches(log, R"(stopping: (\d+) samples)");
   ASSERT_EQ(counted.size(), 1u) << log;
   const uint64_t agent_samples = std::stoull(counted[0]);
-  v1::HotPathsResponse paths = HotPaths(address, "demo");
+  v1::HotPathsResponse paths = QueryHotPaths(address, "demo");
   EXPECT_EQ(paths.total_samples(), agent_samples) << log;
   EXPECT_GT(paths.total_samples(), before_kill);
   RecordProperty("samples", std::to_string(paths.total_samples()));
 
   // Every batch decoded against its own graph: the demo's shape and mix are intact.
   std::map<DemoPath, uint64_t> by_path;
-  for (const auto& p : paths.paths()) by_path[Classify(p)] += p.samples();
+  for (const auto& p : paths.paths()) by_path[ClassifyDemoPath(FrameNames(p))] += p.samples();
   const double total = static_cast<double>(paths.total_samples());
   EXPECT_LT(100 * by_path[DemoPath::kOther] / total, 10);
   EXPECT_NEAR(100 * by_path[DemoPath::kTokenize] / total, 60, 12);
