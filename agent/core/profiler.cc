@@ -205,12 +205,23 @@ void Profiler::RemoveTarget(pid_t pid) {
 }
 
 bool Profiler::RefreshMappings(Target& target) {
-  if (target.inproc) return RefreshInprocMappings(target);
-  auto maps = symbols::ReadProcMaps(target.pid);
-  if (!maps.ok()) return false;
+  // In-process targets: under qemu-user /proc/PID/maps shows the emulator's mappings, so the
+  // ring's copy of the guest's is used instead.
+  std::vector<symbols::MappingInfo> maps;
   size_t hash = 0;
-  for (const auto& m : *maps) {
-    if (!m.exec) continue;
+  if (target.inproc) {
+    uint64_t generation = 0;
+    auto ring_maps = inproc_->Mappings(target.pid, &generation);
+    if (!ring_maps.ok()) return false;
+    maps = std::move(*ring_maps);
+    hash = absl::HashOf(generation);
+  } else {
+    auto proc_maps = symbols::ReadProcMaps(target.pid);
+    if (!proc_maps.ok()) return false;
+    maps = std::move(*proc_maps);
+  }
+  for (const auto& m : maps) {
+    if (!target.inproc && !m.exec) continue;
     hash = absl::HashOf(hash, m.start, m.end, m.offset, m.inode, m.path);
   }
   if (hash == target.maps_hash && target.space->num_modules() > 0) return false;
@@ -218,7 +229,7 @@ bool Profiler::RefreshMappings(Target& target) {
   ++target.maps_epoch;
   target.last_refresh = absl::Now();
   target.pc_cache.clear();
-  if (auto st = target.space->Refresh(*maps); !st.ok()) {
+  if (auto st = target.space->Refresh(maps); !st.ok()) {
     spdlog::warn("pid {}: {}", target.pid, st.ToString());
   }
   ++stats_.refreshes;
@@ -503,25 +514,6 @@ void Profiler::HandleInprocStack(const inproc::RingStack& stack) {
   }
   RecordStack(target, frames_.data(), n, stack.truncated || n < stack.num_frames,
               kContinuousSession);
-}
-
-bool Profiler::RefreshInprocMappings(Target& target) {
-  // Under qemu-user /proc/PID/maps shows the emulator's mappings: the ring has the guest's.
-  uint64_t generation = 0;
-  auto maps = inproc_->Mappings(target.pid, &generation);
-  if (!maps.ok()) return false;
-  size_t hash = absl::HashOf(generation);
-  for (const auto& m : *maps) hash = absl::HashOf(hash, m.start, m.end, m.offset, m.path);
-  if (hash == target.maps_hash && target.space->num_modules() > 0) return false;
-  target.maps_hash = hash;
-  ++target.maps_epoch;
-  target.last_refresh = absl::Now();
-  target.pc_cache.clear();
-  if (auto st = target.space->Refresh(*maps); !st.ok()) {
-    spdlog::warn("pid {}: {}", target.pid, st.ToString());
-  }
-  ++stats_.refreshes;
-  return true;
 }
 
 uint64_t Profiler::LostSamples() const {

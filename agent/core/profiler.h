@@ -167,17 +167,17 @@ class Profiler {
   void RecordStack(Target& target, const unwind::Frame* frames, size_t num_frames,
                    bool truncated, uint32_t session_id = 0, PathCache* cache = nullptr,
                    size_t outer_kept = 0);
-  // Refreshes the target's mappings if they changed; true when they did.
+  // Refreshes the target's mappings (from /proc, or from its in-process ring) if they
+  // changed; true when they did.
   bool RefreshMappings(Target& target);
   encoding::PathFrame FrameFor(Target& target, uint64_t pc, bool innermost);
 
   // In-process rings (null inproc_: off). RescanInproc opens new rings (switching their
   // targets off perf) and closes those of exited processes; DrainInproc records every stack
-  // published so far; RefreshInprocMappings takes the target's mappings from its ring.
+  // published so far.
   void RescanInproc();
   void DrainInproc();
   void HandleInprocStack(const inproc::RingStack& stack);
-  bool RefreshInprocMappings(Target& target);
   bool InprocServes(pid_t pid) const;
   // Samples dropped by the kernel (perf) or on full in-process rings.
   uint64_t LostSamples() const;
