@@ -50,7 +50,9 @@ TEST_F(ProfileTest, TopCountsSelfAndTotalOncePerStack) {
       EXPECT_EQ(t.self, 2u);
       EXPECT_EQ(t.total, 7u);  // the recursive stack counts once
     }
-    if (p->functions[t.function].name == "main") EXPECT_EQ(t.total, 10u);
+    if (p->functions[t.function].name == "main") {
+      EXPECT_EQ(t.total, 10u);
+    }
   }
   auto by_total = TopFunctions(*p, /*sort_by_total=*/true);
   EXPECT_EQ(p->functions[by_total[0].function].name, "main");

@@ -734,7 +734,9 @@ TEST_F(SumSamplesTest, DisabledCacheAndSmallCacheStayExact) {
     Fill();
     ExpectSame({"svc", 0, 4 * kHour, std::nullopt, std::nullopt, Resolution::kAuto});
     ExpectSame({"svc", 0, 4 * kHour, std::nullopt, std::nullopt, Resolution::kAuto});
-    if (bytes == 0) EXPECT_EQ(store_->Stats().hour_block_misses, 0u);
+    if (bytes == 0) {
+      EXPECT_EQ(store_->Stats().hour_block_misses, 0u);
+    }
     store_.reset();
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
