@@ -1055,19 +1055,35 @@ absl::StatusOr<std::vector<ServiceSummary>> Store::ListServices() {
   return out;
 }
 
-absl::StatusOr<std::vector<AgentRecord>> Store::ListAgents() {
-  std::vector<AgentRecord> out;
-  std::string begin(1, codec::kAgentTag);
-  absl::Status s = impl_->Scan(Column::kMeta, begin, PrefixSuccessor(begin),
-                               [&](std::string_view key, std::string_view value) {
-                                 absl::StatusOr<AgentRecord> agent = codec::DecodeAgent(value);
-                                 if (!agent.ok()) return agent.status();
-                                 agent->agent_id.assign(key.substr(1));
-                                 out.push_back(std::move(*agent));
-                                 return absl::OkStatus();
-                               });
+namespace {
+
+// Every meta record under a one-byte tag, decoded; the key after the tag is the record's ID.
+template <typename Record>
+absl::StatusOr<std::vector<Record>> ScanTaggedRecords(
+    const std::function<absl::Status(Column, const std::string&, const std::string&,
+                                     const std::function<absl::Status(std::string_view,
+                                                                      std::string_view)>&)>& scan,
+    char tag, absl::StatusOr<Record> (*decode)(std::string_view), std::string Record::*id) {
+  std::vector<Record> out;
+  const std::string begin(1, tag);
+  absl::Status s = scan(Column::kMeta, begin, PrefixSuccessor(begin),
+                        [&](std::string_view key, std::string_view value) {
+                          absl::StatusOr<Record> record = decode(value);
+                          if (!record.ok()) return record.status();
+                          ((*record).*id).assign(key.substr(1));
+                          out.push_back(std::move(*record));
+                          return absl::OkStatus();
+                        });
   if (!s.ok()) return s;
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<AgentRecord>> Store::ListAgents() {
+  return ScanTaggedRecords<AgentRecord>(
+      [this](auto... args) { return impl_->Scan(args...); }, codec::kAgentTag,
+      &codec::DecodeAgent, &AgentRecord::agent_id);
 }
 
 absl::StatusOr<AgentGraph> Store::LoadGraph(std::string_view agent_id, uint64_t graph_id) {
@@ -1139,18 +1155,9 @@ absl::StatusOr<CaptureInfo> Store::GetCapture(std::string_view capture_id) {
 }
 
 absl::StatusOr<std::vector<CaptureInfo>> Store::ListCaptures() {
-  std::vector<CaptureInfo> out;
-  std::string begin(1, codec::kCaptureTag);
-  absl::Status s = impl_->Scan(Column::kMeta, begin, PrefixSuccessor(begin),
-                               [&](std::string_view key, std::string_view value) {
-                                 absl::StatusOr<CaptureInfo> c = codec::DecodeCapture(value);
-                                 if (!c.ok()) return c.status();
-                                 c->capture_id.assign(key.substr(1));
-                                 out.push_back(std::move(*c));
-                                 return absl::OkStatus();
-                               });
-  if (!s.ok()) return s;
-  return out;
+  return ScanTaggedRecords<CaptureInfo>(
+      [this](auto... args) { return impl_->Scan(args...); }, codec::kCaptureTag,
+      &codec::DecodeCapture, &CaptureInfo::capture_id);
 }
 
 uint64_t Store::ApproximateBytesOnDisk() {
