@@ -22,32 +22,11 @@ void PhaseDetector::OnBatch(const AppliedBatch& batch) {
     absl::MutexLock lock(&mu_);
     for (const AppliedContext& c : batch.contexts) {
       ServiceState& state = services_[*c.service];
-      auto& table = state.table;
-      if (!table) {
-        table::SortedTableOptions o;
-        o.max_entries = options_.max_contexts;
-        o.bucket_count = 2;  // the hash sends everything to one chain anyway
-        o.period = options_.period;
-        o.depth_threshold = 1;
-        o.frequency_threshold =
-            static_cast<uint32_t>(options_.hot_share * options_.period);
-        o.phase_change_factor = options_.factor;
-        auto created = Table::Create(o);
-        if (!created.ok()) {
-          spdlog::error("phase detector: {}", created.status().ToString());
-          return;
-        }
-        table = std::make_unique<Table>(std::move(*created));
+      // Bounded memory: a context beyond max_contexts in one period is not ranked (its
+      // samples still count towards the period's length).
+      if (state.current.size() < options_.max_contexts || state.current.contains(c.stack_id)) {
+        state.current[c.stack_id] += c.count;
       }
-      if (table->Add(c.stack_id, c.count) == table::AddResult::kFull) {
-        table->Clear();  // counts are durable already; start a fresh comparison
-        table->Add(c.stack_id, c.count);
-      }
-      // The table's own swap test runs on periods that end inside a batch; a batch adds each
-      // context's whole interval at once, so such a period compares lumps in arrival order,
-      // not program behaviour. Periods here end at batch boundaries (below) instead.
-      (void)table->TakePhaseChanges();
-      state.current[c.stack_id] += c.count;
       state.current_total += c.count;
     }
     for (auto& [service, state] : services_) {

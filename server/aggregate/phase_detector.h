@@ -1,23 +1,16 @@
-// Program phase-change detection per service, on the bounded, periodically sorted hash table
-// of common/table (the AMD method): every applied batch's (stack, count) pairs go into the
-// service's table; every `period` counts the table sorts its hot entries to the front, and a
-// sort that moves a context ahead of one that was hot, by an order of magnitude, is a phase
+// Program phase-change detection per service (the AMD method's "reordering of hot entries by
+// an order of magnitude"): every applied batch's (stack, count) pairs are counted per period;
+// a period ends at a batch boundary once `period` samples have arrived, and its ranking of hot
+// contexts is compared with the ranking two periods back. A context that is now hot and ahead
+// of one that was hot then, with an order of magnitude between them on either side, is a phase
 // change. Events are resolved to call paths and stored (Store::PutPhaseEvent) as
 // v1::PhaseChange messages, which the Phases query and `strata phases` read back.
 //
-// All of a service's contexts share one chain (a constant hash): the patent compares entries
-// within a bucket, and a service's hot contexts must be comparable with each other. The table
-// is small (it only has to hold the contexts that matter); when it is full it is drained
-// (its counts are already durable: ingest writes every batch to RocksDB) and starts over.
-//
-// Periods end at batch boundaries once `period` samples have arrived: a batch carries each
-// context's count for a whole agent interval at once, so a period cut inside a batch would
-// compare lumps in arrival order. A switch rarely falls on a period boundary: in the period
-// that straddles it the new hot context overtakes the old one by less than 10x, and
-// afterwards it is already ahead. Each period's ranking is therefore compared with the one two
-// periods back (skipping the straddling period): a context that is now hot and ranked ahead
-// of one that was hot then, with an order of magnitude between them on either side, is a
-// phase change.
+// Why not the sorted table's own swap test (common/table): its periods end inside a batch,
+// and a batch adds each context's whole agent interval at once, so such a period compares
+// lumps in arrival order, not program behaviour. And a switch rarely falls on a period
+// boundary: in the period that straddles it, the new hot context overtakes the old one by less
+// than 10x, and afterwards it is already ahead; comparing two periods apart sees across it.
 //
 // Thread-safe: OnBatch may be called from every ingest stream.
 #ifndef STRATA_SERVER_AGGREGATE_PHASE_DETECTOR_H_
@@ -29,7 +22,7 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
-#include "common/table/sorted_table.h"
+#include "common/table/sorted_table.h"  // table::PhaseChange
 #include "server/ingest/agent_session.h"
 #include "server/store/store.h"
 #include "strata/v1/query.pb.h"
@@ -37,7 +30,7 @@
 namespace strata::server {
 
 struct PhaseDetectorOptions {
-  // Contexts tracked per service before the table is drained and restarted.
+  // Contexts ranked per service and period; more are counted but not ranked.
   uint32_t max_contexts = 1024;
   // Samples per comparison period. At 99 Hz on two busy threads this is ~1.5 s; short
   // periods let a switch be confirmed soon after it happens.
@@ -55,10 +48,6 @@ class PhaseDetector {
   uint64_t events() const;
 
  private:
-  struct SameChain {
-    size_t operator()(uint64_t) const { return 0; }
-  };
-  using Table = table::SortedTable<uint64_t, SameChain>;
 
   // Resolves the events of one sort and stores them as one v1::PhaseChange.
   void Publish(const std::string& service, int64_t window_start_ms,
@@ -66,9 +55,8 @@ class PhaseDetector {
   void Resolve(uint64_t stack_id, v1::HotPath* path);
 
   struct ServiceState {
-    std::unique_ptr<Table> table;
-    // Per-period counts of the current period and the two before it (bounded by the table:
-    // contexts outside it are not tracked).
+    // Per-period counts of the current period and the two before it, at most max_contexts
+    // contexts each.
     std::map<uint64_t, uint64_t> current;
     std::map<uint64_t, uint64_t> previous[2];
     uint64_t current_total = 0;
