@@ -17,15 +17,23 @@
 // change something are visited (a chain is queued when one of its entries, not already at the
 // head, becomes hot), so a sort costs O(hot entries), not O(table).
 //
+// Periods. A period ends every `period` counts, or, with period = 0, only when the owner calls
+// EndPeriod() (the server ends one per aggregation window: its counts arrive in lumps of a
+// whole agent interval, so a period measured in counts would end inside a lump).
+//
 // Phase changes. Counts used for both sorting and phase detection are per period, never
 // cumulative: a cumulative count takes a long time to be overtaken, so a hot-path switch in
-// the middle of a window would go unseen. A sort that moves entry X ahead of entry Y records
-// a PhaseChange when Y was hot in the previous period and the two are an order of magnitude
-// apart (`phase_change_factor`) either in the previous period (Y >= factor * X) or in the
-// current one (X >= factor * Y). Checking both periods catches a switch whichever side of a
-// period boundary it falls on; requiring Y to have been hot keeps warm-up (first sorts of a
-// chain) and noise at low counts from recording anything. Detection is pairwise within a
-// chain, as in the patent: only keys that share a sorted chain are compared.
+// the middle of a window would go unseen. At the end of every period the hot set (entries
+// above frequency_threshold in the period, at most `phase_rank_limit` of them) is sorted by
+// period count and compared with the previous period's sorted hot set. When entry X is now
+// ahead of entry Y, Y was ahead of X in the previous ranking, and the two are an order of
+// magnitude apart (`phase_change_factor`) either in the previous period (Y >= factor * X) or
+// in the current one (X >= factor * Y), the table records a PhaseChange. Checking both periods
+// catches a switch whichever side of a period boundary it falls on; requiring Y to have been
+// in the previous ranking keeps warm-up and low-count noise from recording anything.
+// The patent compares neighbours inside one sorted chain; two stacks that trade places rarely
+// share a chain, so the comparison is made over the table's sorted hot set instead (the chain
+// sorts still order the chains for lookups).
 //
 // Not thread-safe: the owner serializes calls. Keys are trivially copyable, equality
 // comparable and hashed by `Hash` (whose result is mixed again, so std::hash's identity for
@@ -64,6 +72,7 @@ struct SortedTableOptions {
   bool sorting = true;
   // A period ends after this many counts have been added (updates, with count 1 per Add).
   // 65536 samples is a few seconds of a busy server, a full interval of a busy agent.
+  // 0: periods end only when the owner calls EndPeriod().
   uint32_t period = 1u << 16;
   // Only chains with more than this many entries are sorted: following one or two links
   // costs less than sorting (the patent's "small buckets are ignored").
@@ -77,6 +86,14 @@ struct SortedTableOptions {
   uint32_t phase_change_factor = 10;
   // Phase changes buffered until TakePhaseChanges(); later ones are only counted.
   uint32_t max_phase_changes = 256;
+  // Hot entries ranked per period for phase detection (the hottest ones). Pairs compared per
+  // period: at most phase_rank_limit^2.
+  uint32_t phase_rank_limit = 64;
+  // Entries remembered per period as having crossed frequency_threshold (with period = 0,
+  // where the number of hot entries has no bound from the period length). 0 picks
+  // min(max_entries, the bound implied by period and frequency_threshold, or 4096 with
+  // period = 0).
+  uint32_t max_hot_entries = 0;
 };
 
 enum class AddResult {
@@ -160,11 +177,10 @@ class SortedTable {
         if (options_.sorting) {  // without sorting nobody reads the period counts
           const uint32_t weight = PeriodWeight(count);
           const uint32_t period_count = CountInPeriod(e, weight);
-          // A chain is queued when an entry behind its head just crossed frequency_threshold
-          // (the subtraction cannot wrap below: period_count >= weight).
-          if (position > 1 &&
-              period_count - (options_.frequency_threshold + 1) < weight) [[unlikely]] {
-            QueueForSort(b);
+          // The entry just crossed frequency_threshold (the subtraction cannot wrap below:
+          // period_count >= weight).
+          if (period_count - (options_.frequency_threshold + 1) < weight) [[unlikely]] {
+            BecameHot(i, b, position);
           }
         }
         ++stats_.hits;
@@ -218,17 +234,73 @@ class SortedTable {
     Clear();
   }
 
-  // Removes all entries. Period counters, statistics and buffered phase changes are kept.
+  // Removes all entries. Period counters, statistics, buffered phase changes and the previous
+  // period's ranking are kept.
   void Clear() {
     std::fill(heads_.get(), heads_.get() + bucket_count_, kNil);
     std::fill(depths_.get(), depths_.get() + bucket_count_, 0);
     size_ = 0;
     sort_queue_size_ = 0;
+    hot_count_ = 0;
     ++stats_.drains;
   }
 
-  // The n entries with the largest counts, largest first; ties by ascending key (Key needs
-  // operator<). One pass over the slab with a heap of n: O(size log n).
+  // Hands every non-zero count to fn(key, count) and sets it to zero, keeping the entries,
+  // their chain order and their period counts: the owner flushes a window's counts and the
+  // table keeps what it learned about which keys are hot. Counts conserved as with Drain().
+  template <typename Fn>
+  void TakeCounts(Fn&& fn) {
+    for (uint32_t i = 0; i < size_; ++i) {
+      if (slab_[i].count == 0) continue;
+      fn(static_cast<const Key&>(slab_[i].key), slab_[i].count);
+      slab_[i].count = 0;
+    }
+    ++stats_.drains;
+  }
+
+  // Removes the entries for which pred(key, count, period_count) is true, keeping the order of
+  // every chain, and compacts the slab. O(size * mean chain length); never allocates. The
+  // current period's record of entries that turned hot is reset (the previous period's
+  // ranking is kept). Returns the number removed.
+  template <typename Pred>
+  size_t RemoveIf(Pred&& pred) {
+    constexpr uint32_t kRemoved = kNil - 1;
+    size_t removed = 0;
+    for (uint32_t b = 0; b < bucket_count_; ++b) {
+      uint32_t* link = &heads_[b];
+      for (uint32_t i = *link; i != kNil;) {
+        Entry& e = slab_[i];
+        const uint32_t next = e.next;
+        if (pred(static_cast<const Key&>(e.key), e.count, PeriodCount(e))) {
+          *link = next;
+          e.next = kRemoved;
+          --depths_[b];
+          ++removed;
+        } else {
+          link = &e.next;
+        }
+        i = next;
+      }
+    }
+    if (removed == 0) return 0;
+    uint32_t kept = 0;
+    for (uint32_t src = 0; src < size_; ++src) {
+      if (slab_[src].next == kRemoved) continue;
+      if (src != kept) {
+        uint32_t* link = &heads_[BucketIndex(slab_[src].key)];
+        while (*link != src) link = &slab_[*link].next;
+        *link = kept;
+        slab_[kept] = slab_[src];
+      }
+      ++kept;
+    }
+    size_ = kept;
+    hot_count_ = 0;
+    return removed;
+  }
+
+  // The n entries with the largest non-zero counts, largest first; ties by ascending key (Key
+  // needs operator<). One pass over the slab with a heap of n: O(size log n).
   std::vector<KeyCount<Key>> TopN(size_t n) const {
     std::vector<KeyCount<Key>> heap;
     n = std::min<size_t>(n, size_);
@@ -240,6 +312,7 @@ class SortedTable {
     };
     for (uint32_t i = 0; i < size_; ++i) {
       KeyCount<Key> kc{slab_[i].key, slab_[i].count};
+      if (kc.count == 0) continue;
       if (heap.size() < n) {
         heap.push_back(kc);
         std::push_heap(heap.begin(), heap.end(), better);
@@ -251,6 +324,23 @@ class SortedTable {
     }
     std::sort_heap(heap.begin(), heap.end(), better);
     return heap;
+  }
+
+  // Ends the current period now: sorts the queued chains, ranks the hot set and records phase
+  // changes. Called by the table itself every `period` counts, or by the owner (period = 0).
+  [[gnu::noinline]] void EndPeriod() {
+    if (options_.sorting) {
+      for (uint32_t q = 0; q < sort_queue_size_; ++q) {
+        const uint32_t b = sort_queue_[q];
+        depths_[b] &= ~kQueuedBit;
+        SortChain(b);
+      }
+      sort_queue_size_ = 0;
+      RankHotSet();
+    }
+    period_left_ = options_.period != 0 ? int64_t{options_.period} : kNoPeriodEnd;
+    ++stats_.periods;
+    ++epoch_;
   }
 
   // Moves the buffered phase changes (oldest first) to the caller.
@@ -309,10 +399,18 @@ class SortedTable {
   // One entry of a chain being sorted.
   struct SortItem {
     uint32_t index;     // slab index
-    uint32_t position;  // position before the sort, head = 0
+    uint32_t position;  // position before the sort (head = 0), or order of turning hot
     uint32_t count;     // period count
-    uint32_t rank;      // position after the sort; kNil if in the cold group
   };
+  // One key of a period's hot-set ranking.
+  struct Ranked {
+    Key key;
+    uint32_t count;        // period count
+    uint32_t prev_count;   // count in the period before
+    uint32_t rank_after;   // for the previous ranking: rank in the next one, kNil if unranked
+    uint32_t count_after;  // ... and count in the next period
+  };
+  static constexpr int64_t kNoPeriodEnd = std::numeric_limits<int64_t>::max();
 
   static absl::Status Validate(const SortedTableOptions& o) {
     constexpr uint32_t kMaxSize = 1u << 31;
@@ -324,15 +422,18 @@ class SortedTable {
       return absl::InvalidArgumentError(
           absl::StrCat("bucket_count must be at most 2^31, got ", o.bucket_count));
     }
-    if (o.period == 0 || o.period > kMaxSize) {
+    if (o.period > kMaxSize) {
       return absl::InvalidArgumentError(
-          absl::StrCat("period must be in [1, 2^31], got ", o.period));
+          absl::StrCat("period must be at most 2^31, got ", o.period));
     }
-    if (o.frequency_threshold >= o.period) {
+    if (o.period != 0 && o.frequency_threshold >= o.period) {
       return absl::InvalidArgumentError("frequency_threshold must be below period");
     }
     if (o.phase_change_factor < 2) {
       return absl::InvalidArgumentError("phase_change_factor must be at least 2");
+    }
+    if (o.max_hot_entries > kMaxSize) {
+      return absl::InvalidArgumentError("max_hot_entries must be at most 2^31");
     }
     return absl::OkStatus();
   }
@@ -346,12 +447,20 @@ class SortedTable {
     // A chain is queued when one of its entries crosses frequency_threshold in the current
     // period; the counts of a period sum to less than period + the last count, so at most
     // (period - 1) / (threshold + 1) + 1 entries cross per period. The same bounds the hot
-    // entries of one chain, and the entries that were hot in the previous period.
+    // entries of one chain. Owner-driven periods have no such bound: max_hot_entries (or
+    // 4096) caps the entries remembered and sorted per period; more are sorted next time.
+    constexpr uint64_t kDefaultHotEntries = 4096;
     const uint64_t per_period =
-        (uint64_t{options_.period} - 1) / (uint64_t{options_.frequency_threshold} + 1) + 1;
+        options_.period != 0
+            ? (uint64_t{options_.period} - 1) / (uint64_t{options_.frequency_threshold} + 1) + 1
+            : (options_.max_hot_entries != 0 ? options_.max_hot_entries : kDefaultHotEntries);
+    const uint64_t hot_bound = options_.max_hot_entries != 0 ? options_.max_hot_entries : per_period;
     sort_capacity_ = static_cast<uint32_t>(
         std::min<uint64_t>({per_period, options_.max_entries, bucket_count_}));
-    scratch_capacity_ = static_cast<uint32_t>(std::min<uint64_t>(per_period, options_.max_entries));
+    hot_capacity_ = static_cast<uint32_t>(std::min<uint64_t>(hot_bound, options_.max_entries));
+    scratch_capacity_ = std::max(
+        static_cast<uint32_t>(std::min<uint64_t>(per_period, options_.max_entries)), hot_capacity_);
+    const uint32_t rank_capacity = std::max<uint32_t>(1, options_.phase_rank_limit);
 
     heads_ = std::make_unique_for_overwrite<uint32_t[]>(bucket_count_);
     depths_ = std::make_unique_for_overwrite<uint32_t[]>(bucket_count_);
@@ -359,19 +468,21 @@ class SortedTable {
     if (options_.sorting) {
       sort_queue_ = std::make_unique_for_overwrite<uint32_t[]>(sort_capacity_);
       hot_ = std::make_unique_for_overwrite<SortItem[]>(scratch_capacity_);
-      fallers_ = std::make_unique_for_overwrite<SortItem[]>(scratch_capacity_);
+      hot_list_ = std::make_unique_for_overwrite<uint32_t[]>(hot_capacity_);
+      rank_now_ = std::make_unique_for_overwrite<Ranked[]>(rank_capacity);
+      rank_before_ = std::make_unique_for_overwrite<Ranked[]>(rank_capacity);
       phase_changes_ =
           std::make_unique_for_overwrite<PhaseChange<Key>[]>(options_.max_phase_changes);
     }
     memory_bytes_ = 2 * sizeof(uint32_t) * bucket_count_ + sizeof(Entry) * options_.max_entries;
     if (options_.sorting) {
-      memory_bytes_ += sizeof(uint32_t) * sort_capacity_ +
-                       2 * sizeof(SortItem) * scratch_capacity_ +
+      memory_bytes_ += sizeof(uint32_t) * (sort_capacity_ + hot_capacity_) +
+                       sizeof(SortItem) * scratch_capacity_ + 2 * sizeof(Ranked) * rank_capacity +
                        sizeof(PhaseChange<Key>) * options_.max_phase_changes;
     }
     Clear();
     stats_.drains = 0;
-    period_left_ = options_.period;
+    period_left_ = options_.period != 0 ? int64_t{options_.period} : kNoPeriodEnd;
   }
 
   // Appends `key` at the tail of chain `b` (which has position - 1 entries): new keys start
@@ -388,7 +499,9 @@ class SortedTable {
     slab_[i] = Entry{{key, count, epoch_base() + PeriodWeight(count), kNil, 0}};
     *link = i;
     ++depths_[b];
-    if (PeriodWeight(count) > options_.frequency_threshold && position > 1) QueueForSort(b);
+    if (options_.sorting && PeriodWeight(count) > options_.frequency_threshold) {
+      BecameHot(i, b, position);
+    }
     ++stats_.inserts;
     stats_.insert_probe_sum += position - 1;
     EndUpdate(count);
@@ -440,19 +553,20 @@ class SortedTable {
   void EndUpdate(uint64_t count) {
     // Counts above 2^62 end the period at once like any count >= period.
     period_left_ -= static_cast<int64_t>(std::min<uint64_t>(count, uint64_t{1} << 62));
-    if (period_left_ <= 0) [[unlikely]] EndPeriod();
+    if (period_left_ <= 0) [[unlikely]] {
+      if (options_.period != 0) {
+        EndPeriod();
+      } else {
+        period_left_ = kNoPeriodEnd;  // owner-driven periods
+      }
+    }
   }
 
-  [[gnu::noinline]] void EndPeriod() {
-    for (uint32_t q = 0; q < sort_queue_size_; ++q) {
-      const uint32_t b = sort_queue_[q];
-      depths_[b] &= ~kQueuedBit;
-      SortChain(b);
-    }
-    sort_queue_size_ = 0;
-    period_left_ = options_.period;
-    ++stats_.periods;
-    ++epoch_;
+  // Entry `index` (position `position` of chain `b`) crossed frequency_threshold in this
+  // period: remember it for the ranking, and queue its chain if it is not at the head.
+  [[gnu::noinline]] void BecameHot(uint32_t index, uint32_t b, uint32_t position) {
+    if (hot_count_ < hot_capacity_) hot_list_[hot_count_++] = index;
+    if (position > 1) QueueForSort(b);
   }
 
   // Hot entries to the front in descending period count (ties keep their order), the rest
@@ -461,7 +575,6 @@ class SortedTable {
     if (depths_[b] <= options_.depth_threshold) return;
     const uint32_t threshold = options_.frequency_threshold;
     uint32_t hot = 0;
-    uint32_t fallers = 0;
     uint32_t cold_head = kNil;
     uint32_t* cold_tail = &cold_head;
     uint32_t position = 0;
@@ -473,15 +586,12 @@ class SortedTable {
       const uint32_t count = PeriodCount(e);
       const bool is_hot = count > threshold && hot < scratch_capacity_;
       if (is_hot) {
-        hot_[hot++] = SortItem{i, position, count, 0};
+        hot_[hot++] = SortItem{i, position, count};
         cold_before_last_hot = cold_seen;
       } else {
         ++cold_seen;
         *cold_tail = i;
         cold_tail = &e.next;
-      }
-      if (PrevCount(e) > threshold && fallers < scratch_capacity_) {
-        fallers_[fallers++] = SortItem{i, position, count, is_hot ? 0 : kNil};
       }
       i = next;
     }
@@ -493,7 +603,6 @@ class SortedTable {
     // Relink: hot group, then the cold chain. Count entries whose position changed.
     uint32_t* link = &heads_[b];
     for (uint32_t r = 0; r < hot; ++r) {
-      hot_[r].rank = r;
       *link = hot_[r].index;
       link = &slab_[hot_[r].index].next;
       if (hot_[r].position != r) ++stats_.entries_moved;
@@ -502,40 +611,81 @@ class SortedTable {
     // A cold entry moved back iff some hot entry was behind it.
     stats_.entries_moved += cold_before_last_hot;
     ++stats_.chains_sorted;
-    if (fallers > 0) RecordPhaseChanges(hot, fallers);
   }
 
-  void RecordPhaseChanges(uint32_t hot, uint32_t fallers) {
-    const uint64_t factor = options_.phase_change_factor;
-    for (uint32_t f = 0; f < fallers; ++f) {
-      SortItem& y = fallers_[f];
-      if (y.rank != kNil) {  // hot faller: find its rank
-        for (uint32_t r = 0; r < hot; ++r) {
-          if (hot_[r].index == y.index) y.rank = r;
+  // Sorts this period's hot entries by period count (the hottest phase_rank_limit of them),
+  // compares that ranking with the previous period's and records phase changes; the new
+  // ranking becomes the previous one.
+  void RankHotSet() {
+    const uint32_t limit = options_.phase_rank_limit;
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < hot_count_; ++k) {
+      const uint32_t index = hot_list_[k];
+      hot_[n++] = SortItem{index, k, PeriodCount(slab_[index])};
+    }
+    hot_count_ = 0;
+    const uint32_t ranked = std::min(n, limit);
+    std::partial_sort(hot_.get(), hot_.get() + ranked, hot_.get() + n,
+                      [](const SortItem& a, const SortItem& b) {
+                        return a.count != b.count ? a.count > b.count : a.position < b.position;
+                      });
+    Ranked* now = rank_now_.get();
+    for (uint32_t r = 0; r < ranked; ++r) {
+      const Entry& e = slab_[hot_[r].index];
+      now[r] = Ranked{e.key, hot_[r].count, PrevCount(e), 0, 0};
+    }
+    // Where each previously ranked key stands now.
+    Ranked* before = rank_before_.get();
+    for (uint32_t p = 0; p < ranked_before_; ++p) {
+      before[p].rank_after = kNil;
+      for (uint32_t r = 0; r < ranked; ++r) {
+        if (now[r].key == before[p].key) {
+          before[p].rank_after = r;
+          before[p].count_after = now[r].count;
+          break;
         }
       }
+      if (before[p].rank_after == kNil) before[p].count_after = CurrentPeriodCount(before[p].key);
     }
-    for (uint32_t f = 0; f < fallers; ++f) {
-      const SortItem& y = fallers_[f];
-      const Entry& ye = slab_[y.index];
-      const uint64_t y_prev = PrevCount(ye);
-      for (uint32_t r = 0; r < hot; ++r) {
-        const SortItem& x = hot_[r];
-        // x was behind y and is now ahead of it.
-        if (x.position < y.position || (y.rank != kNil && y.rank < r)) continue;
-        const Entry& xe = slab_[x.index];
-        const uint64_t x_prev = PrevCount(xe);
-        if (y_prev < factor * x_prev && uint64_t{x.count} < factor * y.count) continue;
+    const uint64_t factor = options_.phase_change_factor;
+    for (uint32_t r = 0; r < ranked; ++r) {
+      const Ranked& x = now[r];
+      uint32_t x_rank_before = ranked_before_;
+      uint64_t x_before = x.prev_count;
+      for (uint32_t p = 0; p < ranked_before_; ++p) {
+        if (before[p].key == x.key) {
+          x_rank_before = p;
+          x_before = before[p].count;
+          break;
+        }
+      }
+      // Every y ranked ahead of x before and behind it now.
+      for (uint32_t p = 0; p < x_rank_before; ++p) {
+        const Ranked& y = before[p];
+        if (y.rank_after != kNil && y.rank_after < r) continue;
+        if (uint64_t{y.count} < factor * x_before && uint64_t{x.count} < factor * y.count_after) {
+          continue;
+        }
         ++stats_.phase_changes;
         if (phase_change_count_ == options_.max_phase_changes) {
           ++stats_.phase_changes_dropped;
           continue;
         }
         phase_changes_[phase_change_count_++] = PhaseChange<Key>{
-            stats_.hits + stats_.inserts, epoch_,       xe.key, x.count, static_cast<uint32_t>(x_prev),
-            ye.key,         y.count,      static_cast<uint32_t>(y_prev)};
+            stats_.hits + stats_.inserts, epoch_, x.key, x.count, static_cast<uint32_t>(x_before),
+            y.key, y.count_after, y.count};
       }
     }
+    std::copy(now, now + ranked, before);
+    ranked_before_ = ranked;
+  }
+
+  // Period count of `key` in the current period; 0 if absent.
+  uint32_t CurrentPeriodCount(const Key& key) const {
+    for (uint32_t i = heads_[BucketIndex(key)]; i != kNil; i = slab_[i].next) {
+      if (slab_[i].key == key) return PeriodCount(slab_[i]);
+    }
+    return 0;
   }
 
   SortedTableOptions options_;
@@ -555,7 +705,14 @@ class SortedTable {
   std::unique_ptr<uint32_t[]> sort_queue_;
   uint32_t scratch_capacity_ = 0;
   std::unique_ptr<SortItem[]> hot_;
-  std::unique_ptr<SortItem[]> fallers_;
+  // Entries that crossed frequency_threshold in the current period (slab indices).
+  uint32_t hot_capacity_ = 0;
+  uint32_t hot_count_ = 0;
+  std::unique_ptr<uint32_t[]> hot_list_;
+  // The current and the previous period's hot-set rankings (phase_rank_limit each).
+  std::unique_ptr<Ranked[]> rank_now_;
+  std::unique_ptr<Ranked[]> rank_before_;
+  uint32_t ranked_before_ = 0;
   uint32_t phase_change_count_ = 0;
   std::unique_ptr<PhaseChange<Key>[]> phase_changes_;
   size_t memory_bytes_ = 0;

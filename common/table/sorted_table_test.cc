@@ -66,8 +66,9 @@ void FinishPeriod(CountTable& table, uint64_t filler) {
 TEST(SortedTableTest, RejectsBadOptions) {
   EXPECT_FALSE(CountTable::Create({.max_entries = 0}).ok());
   EXPECT_FALSE(CountTable::Create({.max_entries = (1u << 31) + 1}).ok());
-  EXPECT_FALSE(CountTable::Create({.period = 0}).ok());
+  EXPECT_FALSE(CountTable::Create({.period = (1u << 31) + 1}).ok());
   EXPECT_FALSE(CountTable::Create({.period = 100, .frequency_threshold = 100}).ok());
+  EXPECT_TRUE(CountTable::Create({.period = 0, .frequency_threshold = 100}).ok());
   EXPECT_FALSE(CountTable::Create({.phase_change_factor = 1}).ok());
   absl::StatusOr<CountTable> ok = CountTable::Create({.max_entries = 1000, .bucket_count = 100});
   ASSERT_TRUE(ok.ok());
@@ -371,6 +372,110 @@ TEST(SortedTableTest, NoPhaseChangeForSmallSwaps) {
   EXPECT_GT(table.stats().entries_moved, 30u);  // the two did swap, again and again
   EXPECT_EQ(table.stats().phase_changes, 0u);
   EXPECT_TRUE(table.TakePhaseChanges().empty());
+}
+
+// Owner-driven periods (period = 0), counts added in lumps as the server adds a batch: the
+// hot key of a service switches between two keys that never share a chain. The ranking of
+// the hot set sees it, whichever side of a period boundary the switch falls on.
+TEST(SortedTableTest, OwnerDrivenPeriodsSeeSwitchAcrossChains) {
+  for (int switch_lump : {0, 3, 5, 9}) {  // lumps into the switching period (10 per period)
+    SCOPED_TRACE(switch_lump);
+    CountTable table = MakeTable({.max_entries = 1000,
+                                  .period = 0,
+                                  .frequency_threshold = 20});
+    const auto groups = KeysByBucket(table, 6, 1);  // six keys in six different chains
+    const uint64_t a = groups[0][0], b = groups[1][0];
+    std::mt19937_64 rng(3);
+    for (int period = 0; period < 8; ++period) {
+      for (int lump = 0; lump < 10; ++lump) {
+        const bool switched = period > 3 || (period == 3 && lump >= switch_lump);
+        table.Add(switched ? b : a, 40 + rng() % 10);
+        table.Add(switched ? a : b, rng() % 2);
+        for (int k = 2; k < 6; ++k) table.Add(groups[k][0], 2 + rng() % 3);
+      }
+      EXPECT_EQ(table.stats().periods, static_cast<uint64_t>(period));  // never on its own
+      table.EndPeriod();
+    }
+    const std::vector<PhaseChange<uint64_t>> changes = table.TakePhaseChanges();
+    ASSERT_FALSE(changes.empty());
+    bool b_over_a = false;
+    for (const PhaseChange<uint64_t>& change : changes) {
+      // The new hot key rising, or the old one falling (the small keys pass a when it drops
+      // below them: it was 10x above them in the previous period).
+      EXPECT_TRUE(change.rose_key == b || change.fell_key == a);
+      EXPECT_TRUE(change.period_index == 3 || change.period_index == 4) << change.period_index;
+      b_over_a |= change.rose_key == b && change.fell_key == a;
+    }
+    EXPECT_TRUE(b_over_a);
+  }
+}
+
+// Steady lumps (the same keys every period, +-20%) record nothing, across many periods.
+TEST(SortedTableTest, OwnerDrivenPeriodsSteadyLumpsRecordNothing) {
+  CountTable table = MakeTable({.max_entries = 1000, .period = 0, .frequency_threshold = 20});
+  std::mt19937_64 rng(8);
+  for (int period = 0; period < 50; ++period) {
+    for (uint64_t key = 1; key <= 200; ++key) {
+      // Zipf-like: key k gets ~2000/k per period.
+      table.Add(key * 0x9e3779b97f4a7c15ull, 1 + (2000 / key) * (80 + rng() % 41) / 100);
+    }
+    table.EndPeriod();
+  }
+  EXPECT_EQ(table.stats().phase_changes, 0u);
+}
+
+// TakeCounts flushes counts but keeps keys, chain order and period history; RemoveIf drops
+// entries and compacts without disturbing the order of the rest; nothing is lost.
+TEST(SortedTableTest, TakeCountsAndRemoveIfKeepOrderAndConserve) {
+  CountTable table = MakeTable({.max_entries = 64,
+                                .bucket_count = 4,
+                                .period = 0,
+                                .depth_threshold = 1,
+                                .frequency_threshold = 5});
+  std::map<uint64_t, uint64_t> added, taken;
+  for (uint64_t k = 1; k <= 40; ++k) {
+    table.Add(k, k % 7 + 1);
+    added[k] += k % 7 + 1;
+  }
+  table.Add(33, 50);
+  added[33] += 50;
+  table.EndPeriod();  // 33 sorts to the front of its chain
+  const uint32_t b33 = table.BucketIndex(33);
+  ASSERT_EQ(ChainKeys(table, b33).front(), 33u);
+  std::vector<std::vector<uint64_t>> chains;
+  for (uint32_t b = 0; b < 4; ++b) chains.push_back(ChainKeys(table, b));
+
+  table.TakeCounts([&](uint64_t k, uint64_t c) { taken[k] += c; });
+  EXPECT_EQ(taken, added);
+  EXPECT_EQ(table.size(), 40u);
+  EXPECT_EQ(table.Find(33), 0u);
+  EXPECT_TRUE(table.TopN(10).empty());  // zero counts are not "top"
+  for (uint32_t b = 0; b < 4; ++b) EXPECT_EQ(ChainKeys(table, b), chains[b]);
+
+  // Remove the odd keys: every chain keeps its even keys in the same order.
+  const size_t removed = table.RemoveIf([](uint64_t k, uint64_t, uint32_t) { return k % 2 == 1; });
+  EXPECT_EQ(removed, 20u);
+  EXPECT_EQ(table.size(), 20u);
+  for (uint32_t b = 0; b < 4; ++b) {
+    std::vector<uint64_t> even;
+    for (uint64_t k : chains[b]) {
+      if (k % 2 == 0) even.push_back(k);
+    }
+    EXPECT_EQ(ChainKeys(table, b), even);
+  }
+  for (uint64_t k = 1; k <= 40; ++k) {
+    EXPECT_EQ(table.Find(k).has_value(), k % 2 == 0) << k;
+  }
+  // The freed slots are reused; counts keep adding up.
+  added.clear();
+  taken.clear();
+  for (uint64_t k = 1; k <= 60; ++k) {
+    ASSERT_NE(table.Add(k, 2), AddResult::kFull) << k;
+    added[k] += 2;
+  }
+  EXPECT_EQ(table.size(), 60u);
+  table.Drain([&](uint64_t k, uint64_t c) { taken[k] += c; });
+  EXPECT_EQ(taken, added);
 }
 
 TEST(SortedTableTest, TopNMatchesReference) {
