@@ -260,8 +260,8 @@ class SortedTable {
 
   // Removes the entries for which pred(key, count, period_count) is true, keeping the order of
   // every chain, and compacts the slab. O(size * mean chain length); never allocates. The
-  // current period's record of entries that turned hot is reset (the previous period's
-  // ranking is kept). Returns the number removed.
+  // current period's hot entries that remain stay recorded for its ranking. Returns the
+  // number removed.
   template <typename Pred>
   size_t RemoveIf(Pred&& pred) {
     constexpr uint32_t kRemoved = kNil - 1;
@@ -295,7 +295,13 @@ class SortedTable {
       ++kept;
     }
     size_ = kept;
+    // Slab indices moved: record the surviving hot entries of this period again.
     hot_count_ = 0;
+    if (options_.sorting) {
+      for (uint32_t i = 0; i < size_ && hot_count_ < hot_capacity_; ++i) {
+        if (PeriodCount(slab_[i]) > options_.frequency_threshold) hot_list_[hot_count_++] = i;
+      }
+    }
     return removed;
   }
 
