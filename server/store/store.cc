@@ -23,8 +23,9 @@
 namespace strata::store {
 namespace {
 
-constexpr std::array<const char*, 8> kColumnNames = {
-    "stacks", "functions", "samples", "captures", "services", "meta", "rollup_1m", "rollup_1h"};
+constexpr std::array<const char*, 9> kColumnNames = {
+    "stacks",  "functions", "samples",   "captures", "services",
+    "meta",    "rollup_1m", "rollup_1h", "journal"};
 constexpr int64_t kMinuteMs = 60'000;
 constexpr int64_t kHourMs = 3'600'000;
 constexpr size_t kNumColumns = kColumnNames.size();
@@ -243,6 +244,23 @@ void WriteBatch::DeleteCapture(std::string_view capture_id) {
   std::string meta_end = meta;
   meta_end.push_back('\0');
   rep_->Add(Column::kMeta, Rep::OpType::kDeleteRange, std::move(meta), std::move(meta_end));
+}
+
+namespace {
+std::string JournalKey(uint64_t sequence) {
+  std::string key;
+  codec::PutFixed64BE(&key, sequence);
+  return key;
+}
+}  // namespace
+
+void WriteBatch::PutJournal(uint64_t sequence, std::string_view record) {
+  rep_->Add(Column::kJournal, Rep::OpType::kPut, JournalKey(sequence), std::string(record));
+}
+
+void WriteBatch::DeleteJournalBefore(uint64_t sequence) {
+  if (sequence == 0) return;
+  rep_->Add(Column::kJournal, Rep::OpType::kDeleteRange, JournalKey(0), JournalKey(sequence));
 }
 
 void WriteBatch::PutPhaseEvent(const PhaseEvent& event) {
@@ -1152,6 +1170,15 @@ absl::StatusOr<CaptureInfo> Store::GetCapture(std::string_view capture_id) {
   absl::StatusOr<CaptureInfo> capture = codec::DecodeCapture(value);
   if (capture.ok()) capture->capture_id.assign(capture_id);
   return capture;
+}
+
+absl::Status Store::ScanJournal(
+    const std::function<absl::Status(uint64_t sequence, std::string_view record)>& fn) {
+  return impl_->Scan(Column::kJournal, std::string(), std::string(),
+                     [&](std::string_view key, std::string_view value) -> absl::Status {
+                       if (key.size() != 8) return absl::DataLossError("corrupt journal key");
+                       return fn(codec::GetFixed64BE(key.data()), value);
+                     });
 }
 
 absl::StatusOr<std::vector<CaptureInfo>> Store::ListCaptures() {

@@ -22,6 +22,9 @@
 //              an hour drops that hour's aggregate
 //   meta       agents, per-agent applied batch sequence, per-agent call graph records,
 //              phase-change events, capture metadata
+//   journal    BE(sequence) -> opaque record: acknowledged samples that the server's
+//              aggregation tables hold in memory and have not written to the cell column
+//              families yet (server/aggregate); deleted by the commit that writes them
 //
 // Durability: every Commit goes through the write-ahead log, so an acknowledged commit
 // survives a process kill. StoreOptions::sync additionally fsyncs the WAL on every commit
@@ -224,7 +227,8 @@ enum class Column {
   kServices,
   kMeta,
   kRollupMinute,
-  kRollupHour
+  kRollupHour,
+  kJournal
 };
 
 class Store;
@@ -262,6 +266,10 @@ class WriteBatch {
   void PutCapture(const CaptureInfo& capture);
   // Drops a capture: its sample cells and its metadata record (capture retention).
   void DeleteCapture(std::string_view capture_id);
+  // Journal records (see the journal column family): an opaque record under `sequence`, and
+  // the deletion of every record below `sequence`.
+  void PutJournal(uint64_t sequence, std::string_view record);
+  void DeleteJournalBefore(uint64_t sequence);
 
   bool empty() const;
   // Drops everything added so far.
@@ -325,6 +333,9 @@ class Store {
   absl::StatusOr<std::vector<PhaseEvent>> ScanPhaseEvents(std::string_view service,
                                                           int64_t from_ms, int64_t to_ms);
   absl::StatusOr<CaptureInfo> GetCapture(std::string_view capture_id);
+  // Every journal record in sequence order; stops at the first error `fn` returns.
+  absl::Status ScanJournal(
+      const std::function<absl::Status(uint64_t sequence, std::string_view record)>& fn);
   absl::StatusOr<std::vector<CaptureInfo>> ListCaptures();
 
   // Live SST bytes of all column families plus WAL bytes.

@@ -97,6 +97,37 @@ TEST_F(StoreTest, FunctionsAndStacksRoundTripAcrossReopen) {
   EXPECT_TRUE(again.empty());
 }
 
+TEST_F(StoreTest, JournalRecordsSurviveReopenAndDeleteByPrefix) {
+  WriteBatch wb;
+  for (uint64_t seq : {1u, 2u, 300u, 1u << 20}) wb.PutJournal(seq, "record " + std::to_string(seq));
+  CommitOk(&wb);
+  Reopen();
+  std::vector<std::pair<uint64_t, std::string>> seen;
+  auto scan = [&] {
+    seen.clear();
+    ASSERT_TRUE(store_
+                    ->ScanJournal([&](uint64_t seq, std::string_view record) {
+                      seen.emplace_back(seq, std::string(record));
+                      return absl::OkStatus();
+                    })
+                    .ok());
+  };
+  scan();
+  EXPECT_THAT(seen, ElementsAre(std::pair<uint64_t, std::string>{1, "record 1"},
+                                std::pair<uint64_t, std::string>{2, "record 2"},
+                                std::pair<uint64_t, std::string>{300, "record 300"},
+                                std::pair<uint64_t, std::string>{1u << 20, "record 1048576"}));
+  wb.DeleteJournalBefore(300);
+  CommitOk(&wb);
+  scan();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].first, 300u);
+  // A callback error stops the scan and is returned.
+  absl::Status s = store_->ScanJournal(
+      [](uint64_t, std::string_view) { return absl::DataLossError("bad record"); });
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+}
+
 TEST_F(StoreTest, FunctionIdentityIgnoresModulePathWhenBuildIdKnown) {
   WriteBatch batch;
   auto a = store_->InternFunction({"f", "/a/lib.so", "BID", 0x10}, &batch);
