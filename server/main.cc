@@ -11,7 +11,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "server/capture/capture_service.h"
-#include "server/aggregate/phase_detector.h"
+#include "server/aggregate/window_aggregator.h"
 #include "server/http/http_server.h"
 #include "server/ingest/ingest_service.h"
 #include "server/query/query_service.h"
@@ -31,6 +31,7 @@ int Run(int argc, char** argv) {
   bool sync = false;
   std::string capture_retention = "7d";
   std::string raw_retention = "7d", minute_retention = "30d", hour_retention = "365d";
+  strata::server::AggregatorOptions aggregation;
   app.add_option("--listen", listen, "gRPC address for agents and clients (host:port)");
   app.add_option("--http", http, "HTTP address for /healthz, /metrics and the UI; empty: off");
   app.add_option("--data", data, "RocksDB data directory (created if missing)");
@@ -48,6 +49,19 @@ int Run(int argc, char** argv) {
   app.add_option("--retention-hour", hour_retention,
                  "keep the 1-hour rollups this long (0: forever)")
       ->capture_default_str();
+  app.add_option("--table-entries", aggregation.max_entries,
+                 "distinct (host, stack) entries per service in the aggregation tables; a "
+                 "fuller table is written early")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1u << 24));
+  app.add_option("--hot-threshold", aggregation.hot_threshold,
+                 "samples per 10 s window that make a context hot (sorted first, ranked for "
+                 "phase changes)")
+      ->capture_default_str();
+  app.add_option("--phase-factor", aggregation.phase_change_factor,
+                 "how far apart two reordered hot contexts must be to report a phase change")
+      ->capture_default_str()
+      ->check(CLI::Range(2u, 1000000u));
   CLI11_PARSE(app, argc, argv);
   auto retention = strata::server::ParseRetention(capture_retention);
   if (!retention.ok()) {
@@ -92,11 +106,21 @@ int Run(int argc, char** argv) {
     return 1;
   }
   std::unique_ptr<strata::store::Store> store = std::move(*store_or);
+  // Writes samples an earlier process acknowledged but did not flush (see the journal).
+  auto aggregator_or = strata::server::WindowAggregator::Create(store.get(), aggregation);
+  if (!aggregator_or.ok()) {
+    std::fprintf(stderr, "strata-server: aggregation: %s\n",
+                 aggregator_or.status().ToString().c_str());
+    return 1;
+  }
+  std::unique_ptr<strata::server::WindowAggregator> aggregator = std::move(*aggregator_or);
+  aggregator->Start();
 
   strata::server::AgentRegistry registry;
   strata::server::IngestMetrics metrics;
-  strata::server::IngestService ingest(store.get(), &registry, &metrics, {token});
-  strata::server::QueryService query(store.get(), &registry);
+  strata::server::IngestService ingest(store.get(), &registry, &metrics,
+                                       {.token = token, .committer = aggregator.get()});
+  strata::server::QueryService query(store.get(), &registry, aggregator.get());
   strata::server::CaptureService::Options capture_options;
   capture_options.retention = *retention;
   capture_options.deleter = [store = store.get()](const std::string& capture_id) {
@@ -111,8 +135,6 @@ int Run(int argc, char** argv) {
         capture.OnStatus(agent_id, status);
       });
   capture.Start();
-  strata::server::PhaseDetector phases(store.get());
-  ingest.AddBatchObserver([&phases](const strata::server::AppliedBatch& b) { phases.OnBatch(b); });
 
   grpc::ServerBuilder builder;
   int bound_port = 0;
@@ -147,6 +169,12 @@ int Run(int argc, char** argv) {
   // Agents' streams end here; every batch acknowledged so far is already committed.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
   http_server.Stop();
+  aggregator->Stop();
+  if (auto st = aggregator->FlushAll(); !st.ok()) {
+    // The journal still holds the open windows; the next start writes them.
+    spdlog::error("writing the open windows: {}", st.ToString());
+  }
+  aggregator.reset();
   if (auto st = store->Close(); !st.ok()) {
     spdlog::error("closing the store: {}", st.ToString());
     return 1;

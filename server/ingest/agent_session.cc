@@ -29,8 +29,10 @@ AgentSession::AgentSession(store::Store* store, AgentIdentity identity)
 }
 
 absl::StatusOr<std::unique_ptr<AgentSession>> AgentSession::Open(store::Store* store,
-                                                                  AgentIdentity identity) {
+                                                                  AgentIdentity identity,
+                                                                  BatchCommitter* committer) {
   std::unique_ptr<AgentSession> session(new AgentSession(store, std::move(identity)));
+  session->committer_ = committer;
   const AgentIdentity& id = session->identity_;
   auto applied = store->AppliedSequence(id.agent_id);
   if (!applied.ok()) return applied.status();
@@ -121,7 +123,7 @@ absl::Status AgentSession::ApplyGraphDelta(const v1::GraphDelta& delta) {
     if (graph_.num_nodes() != nodes_before) {
       // CallGraph cannot shrink; rebuild it from the persisted state. Rare: only a delta
       // whose nodes were fine but whose edges were not.
-      auto reloaded = Open(store_, identity_);
+      auto reloaded = Open(store_, identity_, committer_);
       if (!reloaded.ok()) return reloaded.status();
       graph_ = std::move((*reloaded)->graph_);
       node_function_ids_ = std::move((*reloaded)->node_function_ids_);
@@ -226,6 +228,8 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
   store::WriteBatch wb;
   pending_cache_.clear();
   applied.contexts.reserve(contexts.size());
+  const bool aggregated = committer_ != nullptr && batch.capture_id().empty();
+  std::vector<BatchCommitter::Cell> cells;
   for (const encoding::ContextRecord& c : contexts) {
     auto target = targets.find(c.target_id);
     if (target == targets.end()) {
@@ -240,7 +244,9 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
     }
     if (c.count == 0) continue;
     const std::string& service = target->second->service();
-    if (batch.capture_id().empty()) {
+    if (aggregated) {
+      cells.push_back({&service, *stack_id, c.count});
+    } else if (batch.capture_id().empty()) {
       wb.AddSamples(service, applied.window_start_ms, identity_.host, *stack_id, c.count);
     } else {
       wb.AddCaptureSamples(batch.capture_id(), applied.window_start_ms, identity_.host,
@@ -252,7 +258,10 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
   ++batches_;
   wb.PutAgent({identity_.agent_id, identity_.host, identity_.arch, identity_.version,
                batch.end_ms(), batches_});
-  if (auto st = store_->Commit(&wb); !st.ok()) {
+  absl::Status committed =
+      aggregated ? committer_->CommitBatch(&wb, identity_.host, applied.window_start_ms, cells)
+                 : store_->Commit(&wb);
+  if (auto st = committed; !st.ok()) {
     --batches_;
     // The store refuses a sequence at or below the applied one atomically: another stream
     // of the same agent (a reconnect racing the old stream) applied it first.

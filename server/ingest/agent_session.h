@@ -51,11 +51,30 @@ struct AppliedBatch {
   std::vector<AppliedContext> contexts;
 };
 
+// Commits a decoded batch: its records and applied sequence (`wb`) together with its sample
+// counts (server/aggregate's WindowAggregator keeps them in its tables and journal).
+class BatchCommitter {
+ public:
+  struct Cell {
+    const std::string* service;
+    uint64_t stack_id;
+    uint64_t count;
+  };
+  virtual ~BatchCommitter() = default;
+  // Same contract as Store::Commit (AlreadyExists for a sequence already applied); nothing
+  // of the batch is kept when it fails.
+  virtual absl::Status CommitBatch(store::WriteBatch* wb, const std::string& host,
+                                   int64_t window_start_ms, const std::vector<Cell>& cells) = 0;
+};
+
 class AgentSession {
  public:
   // Loads the persisted graph of (agent, graph_id) if any, and the last applied sequence.
+  // Continuous-profile counts go through `committer` when given (capture samples, and all
+  // samples without one, are merged into the store by the batch's own commit).
   static absl::StatusOr<std::unique_ptr<AgentSession>> Open(store::Store* store,
-                                                            AgentIdentity identity);
+                                                            AgentIdentity identity,
+                                                            BatchCommitter* committer = nullptr);
 
   const AgentIdentity& identity() const { return identity_; }
   uint32_t num_nodes() const { return static_cast<uint32_t>(graph_.num_nodes()); }
@@ -84,6 +103,7 @@ class AgentSession {
                                       store::WriteBatch* wb);
 
   store::Store* store_;
+  BatchCommitter* committer_ = nullptr;
   AgentIdentity identity_;
   encoding::CallGraph graph_;
   std::vector<uint64_t> node_function_ids_;  // by node ID; 0 for the root and the marker

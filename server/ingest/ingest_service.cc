@@ -134,7 +134,7 @@ grpc::Status IngestService::Connect(
   }
   AgentIdentity identity{hello.agent_id(), hello.host(), hello.arch(), hello.version(),
                          hello.graph_id()};
-  auto session_or = AgentSession::Open(store_, identity);
+  auto session_or = AgentSession::Open(store_, identity, options_.committer);
   if (!session_or.ok()) {
     spdlog::error("agent {}: cannot open session: {}", hello.agent_id(),
                   session_or.status().ToString());

@@ -71,6 +71,9 @@ class IngestService final : public v1::Ingest::Service {
  public:
   struct Options {
     std::string token;  // required Hello.token when non-empty
+    // Commits the continuous-profile counts of every batch (the aggregation tables); null:
+    // each batch's counts are merged into the store directly.
+    BatchCommitter* committer = nullptr;
   };
   using BatchObserver = std::function<void(const AppliedBatch&)>;
 

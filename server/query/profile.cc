@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <set>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -216,8 +217,52 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
   return absl::OkStatus();
 }
 
-ProfileReader::ProfileReader(store::Store* store)
-    : store_(store), resolved_(std::make_unique<Resolved>()) {}
+absl::StatusOr<std::vector<store::ServiceSummary>> ListServices(store::Store* store,
+                                                                const LiveSamples* live) {
+  auto services = store->ListServices();
+  if (!services.ok() || live == nullptr) return services;
+  for (const store::ServiceSummary& l : live->LiveServices()) {
+    auto it = std::find_if(services->begin(), services->end(),
+                           [&](const auto& s) { return s.service == l.service; });
+    if (it == services->end()) {
+      services->push_back(l);
+      continue;
+    }
+    it->first_window_ms = std::min(it->first_window_ms, l.first_window_ms);
+    it->last_window_ms = std::max(it->last_window_ms, l.last_window_ms);
+    it->total_samples += l.total_samples;
+  }
+  std::sort(services->begin(), services->end(),
+            [](const auto& a, const auto& b) { return a.service < b.service; });
+  return services;
+}
+
+ProfileReader::ProfileReader(store::Store* store, const LiveSamples* live)
+    : store_(store), live_(live), resolved_(std::make_unique<Resolved>()) {}
+
+absl::StatusOr<store::SampleTotals> ProfileReader::SumSamples(const store::SampleQuery& query) {
+  if (live_ == nullptr || query.capture_id) return store_->SumSamples(query);
+  // A window flush between reading the store and reading the tables would count its samples
+  // twice (or not at all): retry until no flush happened in between.
+  for (;;) {
+    const uint64_t generation = live_->FlushGeneration();
+    auto totals = store_->SumSamples(query);
+    if (!totals.ok()) return totals;
+    absl::flat_hash_map<uint64_t, uint64_t> live_counts;
+    std::set<std::string> hosts(totals->hosts.begin(), totals->hosts.end());
+    if (!live_->AddLiveCounts(query, generation, &live_counts, &hosts)) continue;
+    if (live_counts.empty()) return totals;
+    for (store::StackCount& s : totals->stacks) {
+      auto it = live_counts.find(s.stack_id);
+      if (it == live_counts.end()) continue;
+      s.count += it->second;
+      live_counts.erase(it);
+    }
+    for (const auto& [stack, count] : live_counts) totals->stacks.push_back({stack, count});
+    totals->hosts.assign(hosts.begin(), hosts.end());
+    return totals;
+  }
+}
 
 ProfileReader::~ProfileReader() = default;
 
@@ -241,7 +286,7 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
     }
   }
   if (query.capture_id.empty()) {
-    auto services = store_->ListServices();
+    auto services = ListServices(store_, live_);
     if (!services.ok()) return services.status();
     bool known = false;
     std::vector<std::string> names;
@@ -265,7 +310,7 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
   if (!query.host.empty()) sq.host = query.host;
   if (!query.capture_id.empty()) sq.capture_id = query.capture_id;
   // Summed per stack by the store (whole hours come from its per-hour aggregates).
-  auto totals = store_->SumSamples(sq);
+  auto totals = SumSamples(sq);
   if (!totals.ok()) return totals.status();
   // Resolving in the final order (heaviest first) makes function indices deterministic and
   // leaves nothing to sort afterwards.

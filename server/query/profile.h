@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/aggregate/live_samples.h"
 #include "server/store/store.h"
 
 namespace strata::server {
@@ -60,9 +61,15 @@ struct FunctionTotals {
 // (recursion) counts once towards that stack's total.
 std::vector<FunctionTotals> TopFunctions(const Profile& profile, bool sort_by_total);
 
+// Services of the store, plus those whose only samples are still live (`live` may be null),
+// with live totals added.
+absl::StatusOr<std::vector<store::ServiceSummary>> ListServices(store::Store* store,
+                                                                const LiveSamples* live);
+
 class ProfileReader {
  public:
-  explicit ProfileReader(store::Store* store);
+  // `live` (optional) adds the acknowledged samples not yet written to the store.
+  explicit ProfileReader(store::Store* store, const LiveSamples* live = nullptr);
   ~ProfileReader();
   ProfileReader(const ProfileReader&) = delete;
   ProfileReader& operator=(const ProfileReader&) = delete;
@@ -76,7 +83,11 @@ class ProfileReader {
   // Stacks and functions resolved by earlier loads (see profile.cc).
   class Resolved;
 
+  // The store's totals for `query` plus the live counts, read consistently.
+  absl::StatusOr<store::SampleTotals> SumSamples(const store::SampleQuery& query);
+
   store::Store* store_;
+  const LiveSamples* live_;
   std::unique_ptr<Resolved> resolved_;
 };
 

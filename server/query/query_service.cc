@@ -69,8 +69,9 @@ absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int
   return q;
 }
 
-QueryService::QueryService(store::Store* store, AgentRegistry* registry)
-    : store_(store), registry_(registry), reader_(store) {}
+QueryService::QueryService(store::Store* store, AgentRegistry* registry,
+                           const LiveSamples* live)
+    : store_(store), registry_(registry), live_(live), reader_(store, live) {}
 
 absl::StatusOr<Profile> QueryService::LoadProfile(const v1::ProfileFilter& filter) {
   auto query = ToProfileQuery(filter, NowMs());
@@ -126,7 +127,7 @@ absl::StatusOr<v1::HotPathsResponse> QueryService::RunHotPaths(
 }
 
 absl::StatusOr<v1::ListServicesResponse> QueryService::RunListServices() {
-  auto services = store_->ListServices();
+  auto services = server::ListServices(store_, live_);
   if (!services.ok()) return services.status();
   v1::ListServicesResponse response;
   for (const auto& s : *services) {

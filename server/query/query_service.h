@@ -1,5 +1,6 @@
 // gRPC Query service (proto/strata/v1/query.proto): services, agents, top functions and hot
-// paths over the store, with the filters of ProfileQuery. Stateless apart from borrowed
+// paths over the store plus the live aggregation tables (hot paths of the open window come
+// from the sorted tables), with the filters of ProfileQuery. Stateless apart from borrowed
 // pointers; thread-safe.
 #ifndef STRATA_SERVER_QUERY_QUERY_SERVICE_H_
 #define STRATA_SERVER_QUERY_QUERY_SERVICE_H_
@@ -20,7 +21,8 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 class QueryService final : public v1::Query::Service {
  public:
-  QueryService(store::Store* store, AgentRegistry* registry);
+  // `live` (optional): the aggregation tables' counts not yet written to the store.
+  QueryService(store::Store* store, AgentRegistry* registry, const LiveSamples* live = nullptr);
 
   grpc::Status ListServices(grpc::ServerContext*, const v1::ListServicesRequest*,
                             v1::ListServicesResponse*) override;
@@ -56,6 +58,7 @@ class QueryService final : public v1::Query::Service {
 
   store::Store* store_;
   AgentRegistry* registry_;
+  const LiveSamples* live_;
   ProfileReader reader_;
 };
 

@@ -1,0 +1,36 @@
+// LiveSamples: acknowledged samples that the server holds in memory and has not written to
+// the store yet (the aggregation tables of server/aggregate). Readers of the store add them
+// so that every query sees every acknowledged sample. The implementation owns the counts;
+// results are copied into caller-owned containers.
+#ifndef STRATA_SERVER_AGGREGATE_LIVE_SAMPLES_H_
+#define STRATA_SERVER_AGGREGATE_LIVE_SAMPLES_H_
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "server/store/store.h"
+
+namespace strata::server {
+
+// Counts accepted but not yet written to the store, for queries.
+class LiveSamples {
+ public:
+  virtual ~LiveSamples() = default;
+  // Changes whenever live counts move to the store. A reader takes it, reads the store,
+  // then calls AddLiveCounts with it; false means counts moved in between: read again.
+  virtual uint64_t FlushGeneration() const = 0;
+  // Adds the live counts of `query` (continuous profile; windows in [from_ms, to_ms); one
+  // host if set) to `stacks` (stack ID -> count) and their hosts to `hosts`.
+  virtual bool AddLiveCounts(const store::SampleQuery& query, uint64_t generation,
+                             absl::flat_hash_map<uint64_t, uint64_t>* stacks,
+                             std::set<std::string>* hosts) const = 0;
+  // Services with live counts, with their open window and live total.
+  virtual std::vector<store::ServiceSummary> LiveServices() const = 0;
+};
+
+}  // namespace strata::server
+
+#endif  // STRATA_SERVER_AGGREGATE_LIVE_SAMPLES_H_

@@ -1,0 +1,453 @@
+#include "server/aggregate/window_aggregator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/encoding/packed_contexts.h"  // AppendVarint, ReadVarint
+#include "spdlog/spdlog.h"
+#include "strata/v1/query.pb.h"
+
+namespace strata::server {
+namespace {
+
+using encoding::AppendVarint;
+using encoding::ReadVarint;
+
+// Journal record: version, host, then groups of (service, window, cells (stack, count)).
+constexpr uint8_t kJournalVersion = 1;
+
+void AppendString(std::string* out, std::string_view s) {
+  AppendVarint(out, s.size());
+  out->append(s);
+}
+
+bool ReadString(std::string_view in, size_t* pos, std::string* s) {
+  uint64_t n = 0;
+  if (!ReadVarint(in, pos, &n) || n > in.size() - *pos) return false;
+  s->assign(in.substr(*pos, n));
+  *pos += n;
+  return true;
+}
+
+struct JournalCell {
+  std::string service;
+  int64_t window_start_ms;
+  uint64_t stack_id;
+  uint64_t count;
+};
+
+// Cells of one batch, grouped by service (one window per batch).
+std::string EncodeJournalRecord(const std::string& host, int64_t window_start_ms,
+                                const std::vector<const BatchCommitter::Cell*>& cells) {
+  std::string out;
+  out.push_back(static_cast<char>(kJournalVersion));
+  AppendString(&out, host);
+  AppendVarint(&out, static_cast<uint64_t>(window_start_ms));
+  AppendVarint(&out, cells.size());
+  const std::string* service = nullptr;
+  for (const BatchCommitter::Cell* c : cells) {
+    // A service name is written when it changes; 0 length repeats the previous one (service
+    // names are never empty).
+    if (service != nullptr && *c->service == *service) {
+      AppendVarint(&out, 0);
+    } else {
+      AppendString(&out, *c->service);
+      service = c->service;
+    }
+    AppendVarint(&out, c->stack_id);
+    AppendVarint(&out, c->count);
+  }
+  return out;
+}
+
+absl::Status DecodeJournalRecord(std::string_view in, std::string* host,
+                                 std::vector<JournalCell>* cells) {
+  auto corrupt = [](const char* what) {
+    return absl::DataLossError(absl::StrCat("corrupt journal record: ", what));
+  };
+  if (in.empty() || static_cast<uint8_t>(in[0]) != kJournalVersion) return corrupt("version");
+  size_t pos = 1;
+  uint64_t window = 0, n = 0;
+  if (!ReadString(in, &pos, host)) return corrupt("host");
+  if (!ReadVarint(in, &pos, &window) ||
+      window > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return corrupt("window");
+  }
+  if (!ReadVarint(in, &pos, &n) || n > in.size() - pos) return corrupt("cell count");
+  std::string service;
+  for (uint64_t i = 0; i < n; ++i) {
+    uint64_t len = 0;
+    const size_t at = pos;
+    if (!ReadVarint(in, &pos, &len)) return corrupt("service");
+    if (len != 0) {
+      pos = at;
+      if (!ReadString(in, &pos, &service)) return corrupt("service");
+    } else if (service.empty()) {
+      return corrupt("first cell without a service");
+    }
+    JournalCell cell{service, static_cast<int64_t>(window), 0, 0};
+    if (!ReadVarint(in, &pos, &cell.stack_id) || !ReadVarint(in, &pos, &cell.count)) {
+      return corrupt("cell");
+    }
+    cells->push_back(std::move(cell));
+  }
+  if (pos != in.size()) return corrupt("trailing bytes");
+  return absl::OkStatus();
+}
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Resolves a stack to a HotPath (function names and modules, outermost first).
+void ResolvePath(store::Store* store, uint64_t stack_id, v1::HotPath* path) {
+  auto stack = store->GetStack(stack_id);
+  if (!stack.ok()) return;
+  path->set_truncated(stack->truncated);
+  for (uint64_t fid : stack->function_ids) {
+    auto fn = store->GetFunction(fid);
+    auto* frame = path->add_frames();
+    if (fn.ok()) {
+      frame->set_function(fn->name);
+      frame->set_module(fn->module);
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WindowAggregator>> WindowAggregator::Create(
+    store::Store* store, AggregatorOptions options) {
+  table::SortedTableOptions t;
+  t.max_entries = options.max_entries;
+  t.bucket_count = options.bucket_count != 0 ? options.bucket_count
+                                             : std::max<uint32_t>(2, options.max_entries / 4);
+  t.period = 0;  // one period per window, ended at the window's close
+  t.depth_threshold = options.depth_threshold;
+  t.frequency_threshold = options.hot_threshold;
+  t.phase_change_factor = options.phase_change_factor;
+  t.phase_rank_limit = options.phase_rank_limit;
+  t.max_phase_changes = 1024;
+  // Validate once, so that creating a service's table later cannot fail.
+  if (auto probe = Table::Create({.max_entries = 1, .period = 0,
+                                  .frequency_threshold = t.frequency_threshold,
+                                  .phase_change_factor = t.phase_change_factor});
+      !probe.ok()) {
+    return probe.status();
+  }
+  if (t.max_entries == 0 || t.max_entries > (1u << 24)) {
+    return absl::InvalidArgumentError("table entries must be in [1, 2^24]");
+  }
+  if (options.close_delay_ms < 0) return absl::InvalidArgumentError("negative close delay");
+  std::unique_ptr<WindowAggregator> aggregator(new WindowAggregator(store, options, t));
+  if (absl::Status s = aggregator->Recover(); !s.ok()) return s;
+  return aggregator;
+}
+
+WindowAggregator::WindowAggregator(store::Store* store, AggregatorOptions options,
+                                   table::SortedTableOptions table_options)
+    : store_(store), options_(options), table_options_(table_options) {}
+
+WindowAggregator::~WindowAggregator() { Stop(); }
+
+absl::Status WindowAggregator::Recover() {
+  store::WriteBatch wb;
+  uint64_t last = 0, records = 0, corrupt = 0;
+  std::vector<JournalCell> cells;
+  std::string host;
+  absl::Status s = store_->ScanJournal([&](uint64_t seq, std::string_view record) {
+    last = seq;
+    cells.clear();
+    if (absl::Status d = DecodeJournalRecord(record, &host, &cells); !d.ok()) {
+      // Nothing else can recover these samples; the rest of the journal still is.
+      spdlog::error("journal record {}: {}; its samples are skipped", seq, d.ToString());
+      ++corrupt;
+      return absl::OkStatus();
+    }
+    for (const JournalCell& c : cells) {
+      wb.AddSamples(c.service, c.window_start_ms, host, c.stack_id, c.count);
+    }
+    ++records;
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  if (last == 0) return absl::OkStatus();
+  wb.DeleteJournalBefore(last + 1);
+  if (absl::Status c = store_->Commit(&wb); !c.ok()) return c;
+  absl::MutexLock lock(&mu_);
+  next_journal_ = last + 1;
+  stats_.recovered_records = records;
+  spdlog::info("wrote {} journal records of an earlier run to the store ({} corrupt)", records,
+               corrupt);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WindowAggregator::ServiceTable*> WindowAggregator::TableFor(
+    const std::string& service) {
+  auto it = tables_.find(service);
+  if (it != tables_.end()) return it->second.get();
+  absl::StatusOr<Table> table = Table::Create(table_options_);
+  if (!table.ok()) return table.status();
+  auto inserted = tables_.emplace(service, std::make_unique<ServiceTable>(*std::move(table)));
+  return inserted.first->second.get();
+}
+
+uint32_t WindowAggregator::InternHost(const std::string& host) {
+  auto [it, inserted] = host_index_.try_emplace(host, static_cast<uint32_t>(hosts_.size()));
+  if (inserted) hosts_.push_back(host);
+  return it->second;
+}
+
+uint64_t WindowAggregator::JournalWatermark() const {
+  uint64_t watermark = next_journal_;
+  for (const auto& [service, t] : tables_) watermark = std::min(watermark, t->first_journal);
+  return watermark;
+}
+
+absl::Status WindowAggregator::CommitBatch(store::WriteBatch* wb, const std::string& host,
+                                           int64_t window_start_ms,
+                                           const std::vector<Cell>& cells) {
+  absl::MutexLock lock(&mu_);
+  const uint32_t host_id = InternHost(host);
+  // Where each service's cells go: its table (open window) or the store (closed window).
+  std::map<const std::string*, size_t> per_service;  // cells per service name object
+  for (const Cell& c : cells) ++per_service[c.service];
+  std::map<std::string, ServiceTable*> tabled;
+  for (const auto& [service, n] : per_service) {
+    if (tabled.contains(*service)) continue;
+    absl::StatusOr<ServiceTable*> t = TableFor(*service);
+    if (!t.ok()) return t.status();
+    ServiceTable& table = **t;
+    if (table.open && window_start_ms > table.window_start_ms) {
+      if (absl::Status s = Flush(*service, table, /*close_window=*/true); !s.ok()) return s;
+    }
+    if (!table.open && window_start_ms > table.last_closed_ms) {
+      table.open = true;
+      table.window_start_ms = window_start_ms;
+    }
+    if (!table.open || table.window_start_ms != window_start_ms) continue;  // late
+    size_t incoming = 0;
+    for (const auto& [s, count] : per_service) {
+      if (*s == *service) incoming += count;
+    }
+    if (incoming > table.table.capacity()) continue;  // cannot fit even when empty
+    if (table.table.size() + incoming > table.table.capacity()) {
+      if (absl::Status s = Flush(*service, table, /*close_window=*/false); !s.ok()) return s;
+      MakeRoom(table, incoming);
+    }
+    tabled.emplace(*service, &table);
+  }
+
+  std::vector<const Cell*> journaled;
+  for (const Cell& c : cells) {
+    if (c.count == 0) continue;
+    if (tabled.contains(*c.service)) {
+      journaled.push_back(&c);
+    } else {
+      wb->AddSamples(*c.service, window_start_ms, host, c.stack_id, c.count);
+      ++stats_.late_cells;
+    }
+  }
+  const uint64_t seq = next_journal_;
+  if (!journaled.empty()) {
+    wb->PutJournal(seq, EncodeJournalRecord(host, window_start_ms, journaled));
+  }
+  if (absl::Status s = store_->Commit(wb); !s.ok()) return s;
+  if (journaled.empty()) return absl::OkStatus();
+  ++next_journal_;
+  ++stats_.journal_records;
+  for (const Cell* c : journaled) {
+    ServiceTable& t = *tabled.at(*c->service);
+    // Room was made above; a full table here would be a bug, and the journal still holds
+    // the counts, so the cell is written through rather than dropped.
+    if (t.table.Add(CellKey{host_id, 0, c->stack_id}, c->count) == table::AddResult::kFull) {
+      spdlog::error("aggregation table of {} unexpectedly full", *c->service);
+      store::WriteBatch direct;
+      direct.AddSamples(*c->service, window_start_ms, host, c->stack_id, c->count);
+      if (absl::Status s = store_->Commit(&direct); !s.ok()) return s;
+      continue;
+    }
+    t.live_total += c->count;
+    t.first_journal = std::min(t.first_journal, seq);
+  }
+  return absl::OkStatus();
+}
+
+void WindowAggregator::MakeRoom(ServiceTable& t, size_t incoming) {
+  // Entries not seen in the open window go first: their counts are already written.
+  t.table.RemoveIf([](const CellKey&, uint64_t, uint32_t period_count) {
+    return period_count == 0;
+  });
+  if (t.table.size() + incoming > t.table.capacity()) t.table.Clear();
+  ++stats_.capacity_flushes;
+}
+
+absl::Status WindowAggregator::Flush(const std::string& service, ServiceTable& t,
+                                     bool close_window) {
+  store::WriteBatch wb;
+  if (close_window) {
+    t.table.EndPeriod();
+    std::vector<table::PhaseChange<CellKey>> changes = t.table.TakePhaseChanges();
+    // Only a reordering within one host is a change of the program's behaviour; across hosts
+    // it may just be one host's batch arriving late.
+    std::erase_if(changes, [](const auto& c) { return c.rose_key.host != c.fell_key.host; });
+    if (!changes.empty()) AddPhaseEvent(service, t.window_start_ms, changes, &wb);
+  }
+  t.table.ForEach([&](const CellKey& key, uint64_t count) {
+    if (count != 0) wb.AddSamples(service, t.window_start_ms, hosts_[key.host], key.stack, count);
+  });
+  const uint64_t first_journal = t.first_journal;
+  t.first_journal = kNoJournal;
+  wb.DeleteJournalBefore(JournalWatermark());
+  if (absl::Status s = store_->Commit(&wb); !s.ok()) {
+    t.first_journal = first_journal;  // the counts stay in the table and in the journal
+    spdlog::error("writing window {} of {}: {}", t.window_start_ms, service, s.ToString());
+    return s;
+  }
+  ++generation_;
+  t.live_total = 0;
+  if (close_window) {
+    // Entries not seen since the last flush are dropped; the others keep their place (and
+    // their period history) for the next window, with zero counts.
+    t.table.RemoveIf([](const CellKey&, uint64_t count, uint32_t) { return count == 0; });
+    t.open = false;
+    t.last_closed_ms = t.window_start_ms;
+    ++stats_.windows_closed;
+  }
+  t.table.TakeCounts([](const CellKey&, uint64_t) {});
+  return absl::OkStatus();
+}
+
+void WindowAggregator::AddPhaseEvent(const std::string& service, int64_t window_start_ms,
+                                     const std::vector<table::PhaseChange<CellKey>>& changes,
+                                     store::WriteBatch* wb) {
+  v1::PhaseChange event;
+  event.set_service(service);
+  event.set_window_start_ms(window_start_ms);
+  event.set_detected_ms(NowMs());
+  // Per stack, summed over the hosts whose entries reordered.
+  struct Shift {
+    uint64_t before = 0, after = 0;
+  };
+  std::map<uint64_t, Shift> rose, fell;
+  std::set<std::pair<uint32_t, uint64_t>> rose_seen, fell_seen;
+  for (const auto& c : changes) {
+    if (rose_seen.insert({c.rose_key.host, c.rose_key.stack}).second) {
+      rose[c.rose_key.stack].before += c.rose_prev_count;
+      rose[c.rose_key.stack].after += c.rose_count;
+    }
+    if (fell_seen.insert({c.fell_key.host, c.fell_key.stack}).second) {
+      fell[c.fell_key.stack].before += c.fell_prev_count;
+      fell[c.fell_key.stack].after += c.fell_count;
+    }
+  }
+  for (const auto& [shifts, out] : {std::pair{&rose, event.mutable_rose()},
+                                    std::pair{&fell, event.mutable_fell()}}) {
+    for (const auto& [stack, shift] : *shifts) {
+      v1::PhaseChange::Shift* s = out->Add();
+      ResolvePath(store_, stack, s->mutable_path());
+      s->set_count_before(shift.before);
+      s->set_count_after(shift.after);
+    }
+  }
+  wb->PutPhaseEvent({service, window_start_ms, event.SerializeAsString()});
+  ++stats_.phase_events;
+  spdlog::info("phase change in {} (window {}): {} contexts rose, {} fell", service,
+               window_start_ms, event.rose_size(), event.fell_size());
+}
+
+absl::Status WindowAggregator::CloseDueWindows(int64_t now_ms) {
+  absl::MutexLock lock(&mu_);
+  absl::Status result;
+  for (auto& [service, t] : tables_) {
+    if (t->open && t->window_start_ms + kWindowMs + options_.close_delay_ms <= now_ms) {
+      result.Update(Flush(service, *t, /*close_window=*/true));
+    }
+  }
+  return result;
+}
+
+absl::Status WindowAggregator::FlushAll() {
+  absl::MutexLock lock(&mu_);
+  absl::Status result;
+  for (auto& [service, t] : tables_) {
+    if (t->open) result.Update(Flush(service, *t, /*close_window=*/true));
+  }
+  return result;
+}
+
+void WindowAggregator::Start(absl::Duration tick) {
+  if (ticker_.joinable()) return;
+  stop_ = std::make_unique<absl::Notification>();
+  ticker_ = std::thread([this, tick] {
+    while (!stop_->WaitForNotificationWithTimeout(tick)) {
+      if (absl::Status s = CloseDueWindows(NowMs()); !s.ok()) {
+        spdlog::error("closing aggregation windows: {}", s.ToString());
+      }
+    }
+  });
+}
+
+void WindowAggregator::Stop() {
+  if (!ticker_.joinable()) return;
+  stop_->Notify();
+  ticker_.join();
+}
+
+uint64_t WindowAggregator::FlushGeneration() const {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
+bool WindowAggregator::AddLiveCounts(const store::SampleQuery& query, uint64_t generation,
+                                     absl::flat_hash_map<uint64_t, uint64_t>* stacks,
+                                     std::set<std::string>* hosts) const {
+  absl::MutexLock lock(&mu_);
+  if (generation != generation_) return false;
+  if (query.capture_id) return true;  // captures are written directly
+  auto it = tables_.find(query.service);
+  if (it == tables_.end()) return true;
+  const ServiceTable& t = *it->second;
+  if (t.live_total == 0 || t.window_start_ms < query.from_ms || t.window_start_ms >= query.to_ms) {
+    return true;
+  }
+  std::optional<uint32_t> host;
+  if (query.host) {
+    auto h = host_index_.find(*query.host);
+    if (h == host_index_.end()) return true;
+    host = h->second;
+  }
+  std::set<uint32_t> seen_hosts;
+  t.table.ForEach([&](const CellKey& key, uint64_t count) {
+    if (count == 0 || (host && key.host != *host)) return;
+    (*stacks)[key.stack] += count;
+    seen_hosts.insert(key.host);
+  });
+  for (uint32_t h : seen_hosts) hosts->insert(hosts_[h]);
+  return true;
+}
+
+std::vector<store::ServiceSummary> WindowAggregator::LiveServices() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<store::ServiceSummary> out;
+  for (const auto& [service, t] : tables_) {
+    if (t->live_total == 0) continue;
+    out.push_back({service, t->window_start_ms, t->window_start_ms, t->live_total});
+  }
+  return out;
+}
+
+AggregatorStats WindowAggregator::stats() const {
+  absl::MutexLock lock(&mu_);
+  AggregatorStats s = stats_;
+  s.live_entries = 0;
+  for (const auto& [service, t] : tables_) s.live_entries += t->table.size();
+  return s;
+}
+
+}  // namespace strata::server

@@ -1,0 +1,173 @@
+// Server-side aggregation of acknowledged samples per (service, window) in bounded, sorted
+// hash tables (common/table), with phase-change detection and a journal that keeps every
+// acknowledged sample durable until its window is written to the store.
+//
+// Each service has one table keyed by (host, stack ID). A window's counts accumulate in it
+// and are written to the store's cell column families (samples and rollups, merge-add) when
+// the window closes: when a batch of a later window arrives, or close_delay_ms after the
+// window ended. The table then keeps its entries (with zero counts) for the next window, so
+// the sort order and the per-period counts carry over: one period per window, and the
+// table's ranking of hot entries compares each window with the one before (phase changes).
+// Entries not seen for a whole window are dropped. When a batch would not fit, the table's
+// counts are written early (a capacity flush) and entries not seen in the current window are
+// dropped, or all of them if that is not enough; counts are never lost.
+//
+// Durability: a batch's cells are written to the journal column family in the same commit as
+// the batch's other records and applied sequence, before the caller acknowledges it. A window
+// flush deletes the journal records whose cells are all written, in the same commit.
+// Create() writes the cells of journal records left by a killed process to the store. Cells
+// of windows already closed (late batches) go to the cell column families directly.
+//
+// Queries see every acknowledged sample: LiveSamples adds the counts still in the tables to
+// what the store returns (hot paths, top, flame graphs, exports).
+//
+// Thread-safe. The aggregator borrows the store, which must outlive it.
+#ifndef STRATA_SERVER_AGGREGATE_WINDOW_AGGREGATOR_H_
+#define STRATA_SERVER_AGGREGATE_WINDOW_AGGREGATOR_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/table/sorted_table.h"
+#include "server/aggregate/live_samples.h"
+#include "server/ingest/agent_session.h"
+#include "server/store/store.h"
+
+namespace strata::server {
+
+struct AggregatorOptions {
+  // Distinct (host, stack) entries per service table; 64 bytes each plus the buckets.
+  uint32_t max_entries = 1u << 16;
+  // Chains per table; 0 picks max_entries / 4 (chains of about four when full, so sorting
+  // the hot entries to the front pays).
+  uint32_t bucket_count = 0;
+  // Chains longer than this are sorted at each window close.
+  uint32_t depth_threshold = 2;
+  // An entry with more samples than this in a window is hot: it is sorted to the front of
+  // its chain and ranked for phase changes. 50 samples is half a CPU-second at 99 Hz.
+  uint32_t hot_threshold = 50;
+  // Order of magnitude between two reordered entries that makes a phase change.
+  uint32_t phase_change_factor = 10;
+  // Hottest entries ranked per window for phase changes.
+  uint32_t phase_rank_limit = 64;
+  // A window with no batch of a later window is closed this long after it ended.
+  int64_t close_delay_ms = kWindowMs;
+};
+
+struct AggregatorStats {
+  uint64_t windows_closed = 0;
+  uint64_t capacity_flushes = 0;
+  uint64_t late_cells = 0;        // written directly: their window was already closed
+  uint64_t journal_records = 0;   // written
+  uint64_t recovered_records = 0; // replayed by Create()
+  uint64_t phase_events = 0;
+  uint64_t live_entries = 0;      // entries in all tables now
+};
+
+class WindowAggregator : public LiveSamples, public BatchCommitter {
+ public:
+  // Writes the cells of journal records left by an earlier process to the store, then starts
+  // with empty tables. InvalidArgument for bad options.
+  static absl::StatusOr<std::unique_ptr<WindowAggregator>> Create(store::Store* store,
+                                                                 AggregatorOptions options);
+  ~WindowAggregator() override;
+
+  // Commits `wb` (an agent batch's records and applied sequence) together with its cells,
+  // all of window `window_start_ms` from `host`. Cells of a service's open window, or of a
+  // later one (which closes the open window first), go to the journal in this commit and to
+  // the table after it; cells of a closed window are merged into the store directly. If the
+  // commit fails its error is returned and nothing was added (AlreadyExists: a duplicate
+  // sequence). `wb` is cleared on success.
+  absl::Status CommitBatch(store::WriteBatch* wb, const std::string& host,
+                           int64_t window_start_ms, const std::vector<Cell>& cells) override;
+
+  // Closes the windows that ended more than close_delay_ms before `now_ms`.
+  absl::Status CloseDueWindows(int64_t now_ms);
+  // Closes every open window (shutdown, tests).
+  absl::Status FlushAll();
+  // Calls CloseDueWindows every `tick` with the wall clock until Stop() (or destruction).
+  void Start(absl::Duration tick = absl::Seconds(1));
+  void Stop();
+
+  uint64_t FlushGeneration() const override;
+  bool AddLiveCounts(const store::SampleQuery& query, uint64_t generation,
+                     absl::flat_hash_map<uint64_t, uint64_t>* stacks,
+                     std::set<std::string>* hosts) const override;
+  std::vector<store::ServiceSummary> LiveServices() const override;
+
+  AggregatorStats stats() const;
+
+ private:
+  struct CellKey {
+    uint32_t host;
+    uint32_t zero = 0;  // keeps the key free of indeterminate padding
+    uint64_t stack;
+    friend bool operator==(const CellKey&, const CellKey&) = default;
+    friend bool operator<(const CellKey& a, const CellKey& b) {
+      return a.stack != b.stack ? a.stack < b.stack : a.host < b.host;
+    }
+  };
+  struct CellKeyHash {
+    uint64_t operator()(const CellKey& k) const {
+      return k.stack ^ (uint64_t{k.host} * 0x9e3779b97f4a7c15ull);
+    }
+  };
+  using Table = table::SortedTable<CellKey, CellKeyHash>;
+  static constexpr uint64_t kNoJournal = ~uint64_t{0};
+
+  struct ServiceTable {
+    explicit ServiceTable(Table t) : table(std::move(t)) {}
+    Table table;
+    bool open = false;
+    int64_t window_start_ms = 0;         // of the open window
+    int64_t last_closed_ms = -1;         // window start of the last closed window
+    uint64_t first_journal = kNoJournal; // oldest journal record with counts still in table
+    uint64_t live_total = 0;             // counts in the table
+  };
+
+  WindowAggregator(store::Store* store, AggregatorOptions options,
+                   table::SortedTableOptions table_options);
+  absl::Status Recover();
+  absl::StatusOr<ServiceTable*> TableFor(const std::string& service)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t InternHost(const std::string& host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the table's counts (and, on a window close, its phase changes) to the store and
+  // deletes the journal records no table needs any more, in one commit.
+  absl::Status Flush(const std::string& service, ServiceTable& t, bool close_window)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes room for `incoming` new entries after a capacity flush.
+  void MakeRoom(ServiceTable& t, size_t incoming) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t JournalWatermark() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddPhaseEvent(const std::string& service, int64_t window_start_ms,
+                     const std::vector<table::PhaseChange<CellKey>>& changes,
+                     store::WriteBatch* wb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  store::Store* const store_;
+  const AggregatorOptions options_;
+  const table::SortedTableOptions table_options_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<ServiceTable>> tables_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> hosts_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint32_t> host_index_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_journal_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  AggregatorStats stats_ ABSL_GUARDED_BY(mu_);
+
+  std::unique_ptr<absl::Notification> stop_;
+  std::thread ticker_;
+};
+
+}  // namespace strata::server
+
+#endif  // STRATA_SERVER_AGGREGATE_WINDOW_AGGREGATOR_H_

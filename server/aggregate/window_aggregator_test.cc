@@ -1,0 +1,259 @@
+#include "server/aggregate/window_aggregator.h"
+
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/testing/temp_dir.h"
+#include "gtest/gtest.h"
+#include "strata/v1/query.pb.h"
+
+namespace strata::server {
+namespace {
+
+using Totals = std::map<uint64_t, uint64_t>;  // stack -> count
+
+class WindowAggregatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override { OpenStore(); }
+
+  void OpenStore() {
+    aggregator_.reset();
+    store_.reset();
+    auto store = store::Store::Open(dir_.path(), {});
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+  }
+  void CreateAggregator(AggregatorOptions options) {
+    options_ = options;
+    auto aggregator = WindowAggregator::Create(store_.get(), options);
+    ASSERT_TRUE(aggregator.ok()) << aggregator.status();
+    aggregator_ = std::move(*aggregator);
+  }
+
+  // Commits one batch of `cells` (stack -> count) of `service` from `host` at `window`.
+  absl::Status Commit(const std::string& service, const std::string& host, int64_t window,
+                      const Totals& cells, uint64_t sequence = 0) {
+    store::WriteBatch wb;
+    if (sequence != 0) wb.SetAppliedSequence("agent-" + host, sequence);
+    std::vector<BatchCommitter::Cell> batch;
+    for (const auto& [stack, count] : cells) batch.push_back({&service, stack, count});
+    return aggregator_->CommitBatch(&wb, host, window, batch);
+  }
+
+  // What a query of `service` over all time sees: store plus live counts.
+  Totals Query(const std::string& service, const std::string& host = "") {
+    store::SampleQuery q;
+    q.service = service;
+    q.from_ms = 0;
+    q.to_ms = int64_t{1} << 50;
+    if (!host.empty()) q.host = host;
+    for (;;) {
+      const uint64_t generation = aggregator_ ? aggregator_->FlushGeneration() : 0;
+      Totals out;
+      auto totals = store_->SumSamples(q);
+      EXPECT_TRUE(totals.ok()) << totals.status();
+      if (!totals.ok()) return out;
+      for (const auto& s : totals->stacks) {
+        if (s.count != 0) out[s.stack_id] += s.count;
+      }
+      if (!aggregator_) return out;
+      absl::flat_hash_map<uint64_t, uint64_t> live;
+      std::set<std::string> hosts;
+      if (!aggregator_->AddLiveCounts(q, generation, &live, &hosts)) continue;
+      for (const auto& [stack, count] : live) out[stack] += count;
+      return out;
+    }
+  }
+  // Counts written to the store only.
+  Totals Stored(const std::string& service) {
+    auto saved = std::move(aggregator_);
+    Totals t = Query(service);
+    aggregator_ = std::move(saved);
+    return t;
+  }
+  size_t JournalRecords() {
+    size_t n = 0;
+    EXPECT_TRUE(store_->ScanJournal([&](uint64_t, std::string_view) {
+                        ++n;
+                        return absl::OkStatus();
+                      })
+                    .ok());
+    return n;
+  }
+  std::vector<v1::PhaseChange> Phases(const std::string& service) {
+    auto events = store_->ScanPhaseEvents(service, 0, int64_t{1} << 50);
+    EXPECT_TRUE(events.ok()) << events.status();
+    std::vector<v1::PhaseChange> out;
+    for (const auto& e : *events) {
+      out.emplace_back();
+      EXPECT_TRUE(out.back().ParseFromString(e.payload));
+    }
+    return out;
+  }
+
+  strata::testing::TempDir dir_{"window_aggregator_test"};
+  std::unique_ptr<store::Store> store_;
+  AggregatorOptions options_;
+  std::unique_ptr<WindowAggregator> aggregator_;
+};
+
+// Random batches into small tables that flush early again and again, windows moving on,
+// some late batches: after every batch, store + live equals everything committed, and after
+// FlushAll the store alone does and the journal is empty.
+TEST_F(WindowAggregatorTest, ConservesCountsUnderCapacityFlushesAndWindowCloses) {
+  CreateAggregator({.max_entries = 24, .hot_threshold = 5});
+  std::mt19937_64 rng(17);
+  const std::vector<std::string> services = {"api", "db"};
+  const std::vector<std::string> hosts = {"h1", "h2", "h3"};
+  std::map<std::string, Totals> want;
+  int64_t window = 1'000'000 * kWindowMs;
+  for (int i = 0; i < 600; ++i) {
+    if (rng() % 8 == 0) window += kWindowMs;
+    const int64_t w = rng() % 10 == 0 ? window - kWindowMs * (1 + rng() % 3) : window;  // late
+    const std::string& service = services[rng() % 2];
+    Totals cells;
+    const int n = 1 + static_cast<int>(rng() % 12);
+    for (int k = 0; k < n; ++k) {
+      const uint64_t stack = rng() % 3 == 0 ? rng() % 4 + 1 : rng() % 200 + 1;
+      cells[stack] += 1 + rng() % 30;
+    }
+    ASSERT_TRUE(Commit(service, hosts[rng() % 3], w, cells).ok());
+    for (const auto& [stack, count] : cells) want[service][stack] += count;
+    if (i % 50 == 0) {
+      for (const auto& s : services) ASSERT_EQ(Query(s), want[s]) << s << " after batch " << i;
+    }
+    if (i % 97 == 0) ASSERT_TRUE(aggregator_->CloseDueWindows(window + 5 * kWindowMs).ok());
+  }
+  const AggregatorStats stats = aggregator_->stats();
+  EXPECT_GT(stats.capacity_flushes, 10u);
+  EXPECT_GT(stats.windows_closed, 20u);
+  EXPECT_GT(stats.late_cells, 0u);
+  for (const auto& s : services) EXPECT_EQ(Query(s), want[s]) << s;
+  ASSERT_TRUE(aggregator_->FlushAll().ok());
+  for (const auto& s : services) EXPECT_EQ(Stored(s), want[s]) << s;
+  EXPECT_EQ(JournalRecords(), 0u);
+}
+
+// A process killed with open windows: its acknowledged samples are only in the journal; the
+// next aggregator writes them to the store exactly once.
+TEST_F(WindowAggregatorTest, RecoversOpenWindowsFromTheJournal) {
+  CreateAggregator({});
+  const int64_t w = 500 * kWindowMs;
+  ASSERT_TRUE(Commit("api", "h1", w, {{1, 10}, {2, 5}}).ok());
+  ASSERT_TRUE(Commit("api", "h2", w, {{1, 7}}).ok());
+  ASSERT_TRUE(Commit("db", "h1", w + kWindowMs, {{3, 4}}).ok());
+  EXPECT_EQ(Stored("api"), Totals{});  // nothing written yet: all in the tables
+  EXPECT_EQ(Query("api"), (Totals{{1, 17}, {2, 5}}));
+  EXPECT_EQ(Query("api", "h2"), (Totals{{1, 7}}));
+  EXPECT_EQ(JournalRecords(), 3u);
+
+  aggregator_.reset();  // no flush: as if killed
+  OpenStore();
+  CreateAggregator({});
+  EXPECT_EQ(aggregator_->stats().recovered_records, 3u);
+  EXPECT_EQ(JournalRecords(), 0u);
+  EXPECT_EQ(Stored("api"), (Totals{{1, 17}, {2, 5}}));
+  EXPECT_EQ(Stored("db"), (Totals{{3, 4}}));
+  // Recovering again (another restart) adds nothing.
+  aggregator_.reset();
+  CreateAggregator({});
+  EXPECT_EQ(Stored("api"), (Totals{{1, 17}, {2, 5}}));
+}
+
+// A corrupt journal record is reported and skipped; the others are recovered.
+TEST_F(WindowAggregatorTest, CorruptJournalRecordIsSkipped) {
+  CreateAggregator({});
+  ASSERT_TRUE(Commit("api", "h1", 500 * kWindowMs, {{1, 10}}).ok());
+  aggregator_.reset();
+  std::string key(8, '\0');
+  key[7] = 100;  // sequence 100
+  ASSERT_TRUE(store_->PutRawForTesting(store::Column::kJournal, key, "\x01garbage").ok());
+  CreateAggregator({});
+  EXPECT_EQ(aggregator_->stats().recovered_records, 1u);
+  EXPECT_EQ(Stored("api"), (Totals{{1, 10}}));
+  EXPECT_EQ(JournalRecords(), 0u);
+}
+
+// A batch whose sequence was applied already fails to commit and leaves no counts behind.
+TEST_F(WindowAggregatorTest, RefusedCommitAddsNothing) {
+  CreateAggregator({});
+  const int64_t w = 500 * kWindowMs;
+  ASSERT_TRUE(Commit("api", "h1", w, {{1, 10}}, /*sequence=*/5).ok());
+  absl::Status again = Commit("api", "h1", w, {{1, 10}}, /*sequence=*/5);
+  EXPECT_TRUE(absl::IsAlreadyExists(again)) << again;
+  EXPECT_EQ(Query("api"), (Totals{{1, 10}}));
+  EXPECT_EQ(JournalRecords(), 1u);
+}
+
+// Windows close when a later window's batch arrives or on the timer; a closed window's late
+// batch goes to the store directly.
+TEST_F(WindowAggregatorTest, WindowsCloseOnNewerBatchOrTimer) {
+  CreateAggregator({.close_delay_ms = 5000});
+  const int64_t w = 500 * kWindowMs;
+  ASSERT_TRUE(Commit("api", "h1", w, {{1, 10}}).ok());
+  ASSERT_TRUE(Commit("api", "h1", w + kWindowMs, {{1, 3}}).ok());
+  EXPECT_EQ(Stored("api"), (Totals{{1, 10}}));  // w closed by the later batch
+  ASSERT_TRUE(aggregator_->CloseDueWindows(w + 2 * kWindowMs + 4999).ok());
+  EXPECT_EQ(Stored("api"), (Totals{{1, 10}}));  // not yet due
+  ASSERT_TRUE(aggregator_->CloseDueWindows(w + 2 * kWindowMs + 5000).ok());
+  EXPECT_EQ(Stored("api"), (Totals{{1, 13}}));
+  ASSERT_TRUE(Commit("api", "h2", w, {{2, 1}}).ok());  // late
+  EXPECT_EQ(Stored("api"), (Totals{{1, 13}, {2, 1}}));
+  EXPECT_EQ(aggregator_->stats().late_cells, 1u);
+  EXPECT_EQ(aggregator_->stats().windows_closed, 2u);
+  EXPECT_EQ(JournalRecords(), 0u);
+}
+
+// One host's hot path switches from stack 1 to stack 2 inside window 3: the table's ranking
+// at the window closes records it; a steady service (with the usual jitter) records nothing.
+TEST_F(WindowAggregatorTest, RecordsPhaseChangeWhenHotPathSwitches) {
+  CreateAggregator({.hot_threshold = 20});
+  std::mt19937_64 rng(5);
+  const int64_t w0 = 700 * kWindowMs;
+  for (int window = 0; window < 8; ++window) {
+    for (int batch = 0; batch < 10; ++batch) {  // 1 s batches
+      const bool switched = window > 3 || (window == 3 && batch >= 4);
+      Totals cells{{switched ? 2u : 1u, 40 + rng() % 10},
+                   {switched ? 1u : 2u, rng() % 2 + 1},
+                   {3, 10 + rng() % 5},
+                   {4, 8 + rng() % 5}};
+      ASSERT_TRUE(Commit("shifty", "h1", w0 + window * kWindowMs, cells).ok());
+      Totals steady{{1, 40 + rng() % 10}, {2, 20 + rng() % 10}, {3, 10 + rng() % 5}};
+      ASSERT_TRUE(Commit("steady", "h1", w0 + window * kWindowMs, steady).ok());
+      // A second host of the steady service whose batches stop: that is not a phase change.
+      if (window < 4) ASSERT_TRUE(Commit("steady", "h2", w0 + window * kWindowMs, {{5, 60}}).ok());
+    }
+  }
+  ASSERT_TRUE(aggregator_->FlushAll().ok());
+  EXPECT_TRUE(Phases("steady").empty());
+  const std::vector<v1::PhaseChange> events = Phases("shifty");
+  ASSERT_FALSE(events.empty());
+  bool two_over_one = false;
+  for (const v1::PhaseChange& e : events) {
+    EXPECT_TRUE(e.window_start_ms() == w0 + 3 * kWindowMs || e.window_start_ms() == w0 + 4 * kWindowMs)
+        << e.window_start_ms();
+    for (const auto& rose : e.rose()) {
+      EXPECT_GT(rose.count_after(), rose.count_before());
+    }
+    bool rose2 = false, fell1 = false;
+    for (const auto& fell : e.fell()) {
+      EXPECT_LT(fell.count_after(), fell.count_before());
+      fell1 |= fell.count_before() >= 200;  // stack 1's window before the switch
+    }
+    for (const auto& rose : e.rose()) rose2 |= rose.count_after() >= 200;
+    two_over_one |= rose2 && fell1;
+  }
+  EXPECT_TRUE(two_over_one);
+  EXPECT_EQ(aggregator_->stats().phase_events, events.size());
+}
+
+TEST_F(WindowAggregatorTest, RejectsBadOptions) {
+  EXPECT_FALSE(WindowAggregator::Create(store_.get(), {.max_entries = 0}).ok());
+  EXPECT_FALSE(WindowAggregator::Create(store_.get(), {.phase_change_factor = 1}).ok());
+  EXPECT_FALSE(WindowAggregator::Create(store_.get(), {.close_delay_ms = -1}).ok());
+}
+
+}  // namespace
+}  // namespace strata::server
