@@ -3,9 +3,10 @@
 // batch for Strata's encoding against frame-address lists, pprof-style batches and 128-bit
 // stack hashes (Elastic scheme), all computed in the same run on the same stream.
 //
-// The packed rows use the product's codec (common/encoding/packed_contexts.h), and the agent
-// side's cost per sample compares the product's IntervalAggregator with the string-keyed map it
-// replaced.
+// The packed rows use the product's codec (common/encoding/packed_contexts.h) in the version
+// agents ship (kPackedContextsVersion); the previous layout (version 1, which servers still
+// accept) is reported beside it for reference. The agent side's cost per sample compares the
+// product's IntervalAggregator with the string-keyed map it replaced.
 //
 // Usage: encoding_bench [--stream=FILE] [--write_stream=FILE] [--intervals=N] [--functions=N]
 //                       [benchmark flags]
@@ -102,7 +103,8 @@ struct World {
   std::vector<std::vector<EdgeId>> paths;  // distinct paths of the last interval
   std::vector<EncodedContext> encoded;
   std::vector<uint64_t> counts;  // of `encoded`
-  std::string packed;            // packed_contexts of the last interval
+  std::string packed;            // packed_contexts of the last interval (shipped version)
+  std::string packed_v1;         // the same in version 1
   std::vector<std::vector<uint64_t>> addresses;
 };
 World* world = nullptr;
@@ -119,13 +121,16 @@ int RunReport(World& w) {
   encoding::NumberingCache server_cache;
 
   SchemeBytes strata{"strata repeated ContextCount", {}, {}};
-  SchemeBytes packed{"strata packed_contexts", {}, {}};
+  const std::string packed_name =
+      "strata packed_contexts v" + std::to_string(encoding::kPackedContextsVersion);
+  SchemeBytes packed{packed_name.c_str(), {}, {}};
   SchemeBytes frames{"frame-address lists", {}, {}};
   SchemeBytes pprof{"pprof-style batch", {}, {}};
   SchemeBytes elastic{"128-bit hash (Elastic)", {}, {}};
   std::vector<size_t> contexts_per_interval;
   std::vector<uint64_t> samples_per_interval;
   std::vector<size_t> packed_context_bytes;  // the packed_contexts field alone
+  std::vector<size_t> packed_v1_bytes;       // the same field in version 1
   std::map<size_t, uint64_t> depth_static, depth_dynamic;
   std::map<size_t, uint64_t> leaf_id_bytes;
   absl::flat_hash_set<std::vector<uint64_t>> elastic_known;
@@ -234,17 +239,20 @@ int RunReport(World& w) {
         std::fprintf(stderr, "EncodePackedContexts: %s\n", std::string(p.status().message()).c_str());
         return 1;
       }
-      // The server's side: unpack and compare with what was packed.
-      auto unpacked = encoding::DecodePackedContexts(*p);
-      if (!unpacked.ok() || unpacked->size() != records.size()) {
-        ++decode_errors;
-      } else {
-        std::sort(records.begin(), records.end(), [](const auto& a, const auto& b) {
-          return std::tie(a.context.leaf, a.context.ids) < std::tie(b.context.leaf, b.context.ids);
-        });
-        std::sort(unpacked->begin(), unpacked->end(), [](const auto& a, const auto& b) {
-          return std::tie(a.context.leaf, a.context.ids) < std::tie(b.context.leaf, b.context.ids);
-        });
+      auto p1 = encoding::EncodePackedContexts(records, encoding::kPackedContextsVersion1);
+      if (!p1.ok()) return 1;
+      // The server's side: unpack both versions and compare with what was packed.
+      auto by_context = [](const auto& a, const auto& b) {
+        return std::tie(a.context.leaf, a.context.ids) < std::tie(b.context.leaf, b.context.ids);
+      };
+      std::sort(records.begin(), records.end(), by_context);
+      for (const std::string* buffer : {&*p, &*p1}) {
+        auto unpacked = encoding::DecodePackedContexts(*buffer);
+        if (!unpacked.ok() || unpacked->size() != records.size()) {
+          ++decode_errors;
+          continue;
+        }
+        std::sort(unpacked->begin(), unpacked->end(), by_context);
         if (*unpacked != records) ++decode_errors;
       }
       std::string b;
@@ -256,7 +264,11 @@ int RunReport(World& w) {
       PutBytes(&b, 9, *p);
       PutBytes(&packed_msg, 3, b);
       packed_context_bytes.push_back(p->size());
-      if (iv + 1 == stream.intervals.size()) w.packed = *p;
+      packed_v1_bytes.push_back(p1->size());
+      if (iv + 1 == stream.intervals.size()) {
+        w.packed = *p;
+        w.packed_v1 = *p1;
+      }
     }
     // Server: decode every context of the batch against the batch's epoch and compare.
     auto snum = server_cache.Get(server, agent.num_edges());
@@ -472,21 +484,30 @@ int RunReport(World& w) {
                 per_ctx(s->gzip, steady_from, n_iv), steady > 0 ? pprof_steady / steady : 0.0,
                 per_sample(s->raw, steady_from, n_iv));
   }
-  {
-    const double steady = per_ctx(packed_context_bytes, steady_from, n_iv);
-    std::printf("   %-28s %12.2f %12.2f %12.2f %14s %11.1fx %14.3f\n",
-                "  packed_contexts field only", per_ctx(packed_context_bytes, 0, 1), steady,
-                per_ctx(packed_context_bytes, 0, n_iv), "-",
-                steady > 0 ? pprof_steady / steady : 0.0,
-                per_sample(packed_context_bytes, steady_from, n_iv));
-  }
+  auto print_field = [&](const std::string& name, const std::vector<size_t>& v) {
+    const double steady = per_ctx(v, steady_from, n_iv);
+    std::printf("   %-28s %12.2f %12.2f %12.2f %14s %11.1fx %14.3f\n", name.c_str(),
+                per_ctx(v, 0, 1), steady, per_ctx(v, 0, n_iv), "-",
+                steady > 0 ? pprof_steady / steady : 0.0, per_sample(v, steady_from, n_iv));
+    return steady;
+  };
+  const double field_steady = print_field(
+      "  packed_contexts field, v" + std::to_string(encoding::kPackedContextsVersion),
+      packed_context_bytes);
+  print_field("  (old v1 field, reference)", packed_v1_bytes);
   uint64_t steady_samples = 0;
   for (size_t i = steady_from; i < n_iv; ++i) steady_samples += samples_per_interval[i];
   std::printf("   steady state: %.1f samples and %.1f distinct contexts per batch on average\n",
               static_cast<double>(steady_samples) / static_cast<double>(n_iv - steady_from),
               static_cast<double>(steady_ctx) / static_cast<double>(n_iv - steady_from));
   std::printf("   (vs pprof = pprof steady bytes / scheme steady bytes, uncompressed; strata rows "
-              "include GraphDelta bytes with function names; baselines send no symbol data)\n\n");
+              "include GraphDelta bytes with function names; baselines send no symbol data)\n");
+  const bool small = field_steady <= 4.0;
+  const bool vs_pprof = field_steady > 0 && pprof_steady / field_steady >= 10.0;
+  std::printf("   goal (packed_contexts v%d field at steady state: <= 4 B per distinct context, "
+              ">= 10x fewer than pprof-style): %.2f B %s, %.1fx %s\n\n",
+              encoding::kPackedContextsVersion, field_steady, small ? "met" : "NOT met",
+              field_steady > 0 ? pprof_steady / field_steady : 0.0, vs_pprof ? "met" : "NOT met");
   (void)total_ctx;
   (void)steady_ctx;
   return decode_errors == 0 ? 0 : 1;
@@ -539,29 +560,48 @@ void BM_DecodeContextToFrames(benchmark::State& state) {
 BENCHMARK(BM_DecodeContextToFrames);
 
 // The product's packed_contexts codec on the last interval's contexts; items = contexts.
+// Argument: the layout version (the shipped one, and version 1 for reference).
+void SetPerContextCounters(benchmark::State& state, size_t contexts) {
+  state.SetItemsProcessed(state.iterations() * contexts);
+  // Seconds per context, printed with an SI prefix ("150n" = 150 ns).
+  state.counters["sec_per_context"] = benchmark::Counter(
+      static_cast<double>(contexts),
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+
 void BM_PackContexts(benchmark::State& state) {
+  const auto version = static_cast<uint8_t>(state.range(0));
   std::vector<encoding::ContextRecord> records;
   for (size_t i = 0; i < world->encoded.size(); ++i) {
     records.push_back({1, world->encoded[i], world->counts[i]});
   }
   for (auto _ : state) {
-    auto p = encoding::EncodePackedContexts(records);  // copies: the agent hands a vector over
+    // Copies: the agent hands a vector over.
+    auto p = encoding::EncodePackedContexts(records, version);
     benchmark::DoNotOptimize(p);
   }
-  state.SetItemsProcessed(state.iterations() * records.size());
+  SetPerContextCounters(state, records.size());
 }
-BENCHMARK(BM_PackContexts)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PackContexts)
+    ->Arg(encoding::kPackedContextsVersion)
+    ->Arg(encoding::kPackedContextsVersion1)
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_UnpackContexts(benchmark::State& state) {
+  const std::string& packed =
+      state.range(0) == encoding::kPackedContextsVersion1 ? world->packed_v1 : world->packed;
   size_t n = 0;
   for (auto _ : state) {
-    auto r = encoding::DecodePackedContexts(world->packed);
+    auto r = encoding::DecodePackedContexts(packed);
     n = r.ok() ? r->size() : 0;
     benchmark::DoNotOptimize(r);
   }
-  state.SetItemsProcessed(state.iterations() * n);
+  SetPerContextCounters(state, n);
 }
-BENCHMARK(BM_UnpackContexts)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_UnpackContexts)
+    ->Arg(encoding::kPackedContextsVersion)
+    ->Arg(encoding::kPackedContextsVersion1)
+    ->Unit(benchmark::kMicrosecond);
 
 // Agent-side cost of one interval, per sample: the last interval's samples (one Add each, as
 // the profiler does, in a fixed shuffled order), then encoding the batch.

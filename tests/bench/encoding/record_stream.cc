@@ -197,8 +197,9 @@ int Run(int argc, char** argv) {
               stream.intervals.empty() ? 0.0 : double(contexts) / stream.intervals.size(),
               stream.function_names.size(), graph.num_nodes(),
               static_cast<unsigned long long>(graph.num_edges()));
-  std::printf("packed_contexts: %.2f bytes per context, %.3f per sample; whole SampleBatch "
-              "%.2f bytes per context\n",
+  std::printf("packed_contexts v%d (all intervals): %.2f bytes per context, %.3f per sample; "
+              "whole SampleBatch %.2f bytes per context\n",
+              strata::encoding::kPackedContextsVersion,
               contexts ? double(packed_bytes) / contexts : 0.0,
               samples ? double(packed_bytes) / samples : 0.0,
               contexts ? double(batch_bytes) / contexts : 0.0);
