@@ -150,7 +150,8 @@ int Run(int argc, char** argv) {
   }
 
   strata::server::HttpServer http_server;
-  strata::server::RegisterHttpRoutes(&http_server, store.get(), &metrics, &query);
+  strata::server::RegisterHttpRoutes(&http_server, store.get(), &metrics, &query,
+                                     aggregator.get());
   if (!http.empty()) {
     if (auto st = http_server.Start(http); !st.ok()) {
       std::fprintf(stderr, "strata-server: %s\n", std::string(st.message()).c_str());

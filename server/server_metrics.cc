@@ -102,9 +102,9 @@ absl::StatusOr<v1::FlameGraphRequest::Format> FlameFormat(const HttpRequest& req
 }  // namespace
 
 void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* metrics,
-                        QueryService* query) {
+                        QueryService* query, const WindowAggregator* aggregator) {
   http->Route("/healthz", [](const HttpRequest&) { return HttpResponse{200, "text/plain", "ok\n"}; });
-  http->Route("/metrics", [store, metrics](const HttpRequest&) {
+  http->Route("/metrics", [store, metrics, aggregator](const HttpRequest&) {
     HttpResponse r;
     r.content_type = "text/plain; version=0.0.4";
     auto counter = [&](const char* name, const char* help, uint64_t value) {
@@ -121,6 +121,21 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     counter("strata_ingest_rejected_messages_total", "Messages rejected as malformed.",
             metrics->rejected_messages);
     counter("strata_ingest_resyncs_total", "Graph resyncs requested.", metrics->resyncs);
+    if (aggregator != nullptr) {
+      const AggregatorStats a = aggregator->stats();
+      counter("strata_aggregation_windows_closed_total",
+              "Service windows written from the sorted tables to the store.", a.windows_closed);
+      counter("strata_aggregation_capacity_flushes_total",
+              "Tables written early because a batch would not fit.", a.capacity_flushes);
+      counter("strata_aggregation_late_cells_total",
+              "Counts of already closed windows, written directly.", a.late_cells);
+      counter("strata_aggregation_phase_changes_total", "Phase-change events recorded.",
+              a.phase_events);
+      absl::StrAppend(&r.body,
+                      "# HELP strata_aggregation_live_entries Entries in the sorted tables.\n",
+                      "# TYPE strata_aggregation_live_entries gauge\n",
+                      "strata_aggregation_live_entries ", a.live_entries, "\n");
+    }
     absl::StrAppend(&r.body, "# HELP strata_store_bytes Approximate bytes on disk.\n",
                     "# TYPE strata_store_bytes gauge\nstrata_store_bytes ",
                     store->ApproximateBytesOnDisk(), "\n");
