@@ -101,15 +101,6 @@ size_t GroupEnd(const std::vector<ContextRecord>& records, size_t begin) {
   return end;
 }
 
-void AppendHeader(std::string* out, uint8_t version, const std::vector<ContextRecord>& records) {
-  out->push_back(static_cast<char>(version));
-  uint64_t groups = 0;
-  for (size_t i = 0; i < records.size(); ++i) {
-    groups += i == 0 || records[i].target_id != records[i - 1].target_id;
-  }
-  AppendVarint(out, groups);
-}
-
 // Bits are appended least significant first within each byte; fields are written least
 // significant bit first.
 class BitWriter {
@@ -240,37 +231,53 @@ size_t CommonPrefix(const std::vector<uint64_t>& a, const std::vector<uint64_t>&
   return static_cast<size_t>(ai - a.begin());
 }
 
-std::string EncodeV1(const std::vector<ContextRecord>& records) {
+// The framing both versions share (see DecodeGroups): version, group count, then per group
+// the target ID and a body that `write_body(records, begin, end, &out)` writes for records
+// [begin, end).
+template <typename WriteBody>
+std::string EncodeGroups(const std::vector<ContextRecord>& records, uint8_t version,
+                         WriteBody write_body) {
   std::string out;
   out.reserve(8 + records.size() * 4);
-  AppendHeader(&out, kPackedContextsVersion1, records);
+  out.push_back(static_cast<char>(version));
+  uint64_t groups = 0;
+  for (size_t i = 0; i < records.size(); ++i) {
+    groups += i == 0 || records[i].target_id != records[i - 1].target_id;
+  }
+  AppendVarint(&out, groups);
   for (size_t g = 0; g < records.size();) {
     const size_t end = GroupEnd(records, g);
     AppendVarint(&out, records[g].target_id);
-    AppendVarint(&out, end - g);
-    NodeId prev_leaf = 0;
-    uint64_t base = 0;
-    for (size_t i = g; i < end; ++i) {
-      const ContextRecord& r = records[i];
-      const uint64_t delta = r.context.leaf - prev_leaf;  // sorted: no wrap
-      if (delta != 0) base = 0;
-      prev_leaf = r.context.leaf;
-      const bool multi = IsMulti(r);
-      AppendVarint(&out, (delta << kFlagBits) | (multi ? kMulti : 0) |
-                             (r.count == 1 ? kCountIsOne : 0));
-      if (!multi) {
-        const uint64_t id = r.context.ids[0];
-        AppendVarint(&out, id - base);  // single ids of a leaf ascend
-        base = id;
-      } else {
-        AppendVarint(&out, r.context.ids.size() - 2);
-        for (uint64_t id : r.context.ids) AppendVarint(&out, id);
-      }
-      if (r.count != 1) AppendVarint(&out, r.count - 2);
-    }
+    write_body(records, g, end, &out);
     g = end;
   }
   return out;
+}
+
+// Version 1 group body (sorted by leaf, multi, ids).
+void EncodeGroupV1(const std::vector<ContextRecord>& records, size_t begin, size_t end,
+                   std::string* out) {
+  AppendVarint(out, end - begin);
+  NodeId prev_leaf = 0;
+  uint64_t base = 0;
+  for (size_t i = begin; i < end; ++i) {
+    const ContextRecord& r = records[i];
+    const uint64_t delta = r.context.leaf - prev_leaf;  // sorted: no wrap
+    if (delta != 0) base = 0;
+    prev_leaf = r.context.leaf;
+    const bool multi = IsMulti(r);
+    AppendVarint(out, (delta << kFlagBits) | (multi ? kMulti : 0) |
+                          (r.count == 1 ? kCountIsOne : 0));
+    if (!multi) {
+      const uint64_t id = r.context.ids[0];
+      AppendVarint(out, id - base);  // single ids of a leaf ascend
+      base = id;
+    } else {
+      AppendVarint(out, r.context.ids.size() - 2);
+      for (uint64_t id : r.context.ids) AppendVarint(out, id);
+    }
+    if (r.count != 1) AppendVarint(out, r.count - 2);
+  }
 }
 
 // Multi-id contexts [begin, end) of one group (sorted by leaf, ids) as a bit stream.
@@ -331,50 +338,75 @@ void EncodeMultiV2(const std::vector<ContextRecord>& records, size_t begin, size
   bits.Finish();
 }
 
-std::string EncodeV2(const std::vector<ContextRecord>& records) {
-  std::string out;
-  out.reserve(8 + records.size() * 3);
-  AppendHeader(&out, kPackedContextsVersion, records);
-  for (size_t g = 0; g < records.size();) {
-    const size_t end = GroupEnd(records, g);
-    const size_t multi_begin = static_cast<size_t>(
-        std::find_if(records.begin() + static_cast<ptrdiff_t>(g),
-                     records.begin() + static_cast<ptrdiff_t>(end), IsMulti) -
-        records.begin());
-    AppendVarint(&out, records[g].target_id);
-    AppendVarint(&out, multi_begin - g);
-    AppendVarint(&out, end - multi_begin);
-    NodeId prev_leaf = 0;
-    uint64_t prev_id = 0;
-    for (size_t i = g; i < multi_begin; ++i) {
-      const ContextRecord& r = records[i];
-      const uint64_t delta = r.context.leaf - prev_leaf;  // sorted: no wrap
-      prev_leaf = r.context.leaf;
-      const uint64_t id = r.context.ids[0];
-      AppendVarint(&out, (delta << 1) | (r.count == 1 ? 1 : 0));
-      // Ids of a leaf strictly ascend after its first one.
-      AppendVarint(&out, i != g && delta == 0 ? id - prev_id - 1 : id);
-      prev_id = id;
-      if (r.count != 1) AppendVarint(&out, r.count - 2);
-    }
-    if (multi_begin < end) EncodeMultiV2(records, multi_begin, end, &out);
-    g = end;
+// Version 2 group body (single-id contexts first, each part sorted by leaf, ids).
+void EncodeGroupV2(const std::vector<ContextRecord>& records, size_t begin, size_t end,
+                   std::string* out) {
+  const size_t multi_begin = static_cast<size_t>(
+      std::find_if(records.begin() + static_cast<ptrdiff_t>(begin),
+                   records.begin() + static_cast<ptrdiff_t>(end), IsMulti) -
+      records.begin());
+  AppendVarint(out, multi_begin - begin);
+  AppendVarint(out, end - multi_begin);
+  NodeId prev_leaf = 0;
+  uint64_t prev_id = 0;
+  for (size_t i = begin; i < multi_begin; ++i) {
+    const ContextRecord& r = records[i];
+    const uint64_t delta = r.context.leaf - prev_leaf;  // sorted: no wrap
+    prev_leaf = r.context.leaf;
+    const uint64_t id = r.context.ids[0];
+    AppendVarint(out, (delta << 1) | (r.count == 1 ? 1 : 0));
+    // Ids of a leaf strictly ascend after its first one.
+    AppendVarint(out, i != begin && delta == 0 ? id - prev_id - 1 : id);
+    prev_id = id;
+    if (r.count != 1) AppendVarint(out, r.count - 2);
   }
-  return out;
+  if (multi_begin < end) EncodeMultiV2(records, multi_begin, end, out);
 }
 
-absl::StatusOr<std::vector<ContextRecord>> DecodeV1(std::string_view bytes) {
+// leaf += delta, unless the sum leaves 32 bits.
+absl::Status AddLeafDelta(uint64_t delta, size_t at, uint64_t* leaf) {
+  if (delta > kMaxLeaf - *leaf) return Malformed("leaf beyond 32 bits", at);
+  *leaf += delta;
+  return absl::OkStatus();
+}
+
+// A context's count: 1 when flagged, else the stored count - 2.
+absl::Status CountOf(bool count_is_one, uint64_t stored, size_t at, uint64_t* count) {
+  if (count_is_one) {
+    *count = 1;
+  } else if (stored > kMaxU64 - 2) {
+    return Malformed("count overflows", at);
+  } else {
+    *count = stored + 2;
+  }
+  return absl::OkStatus();
+}
+
+// Reads the count of a context whose head is at `at`: nothing when flagged as 1, else a
+// varint.
+absl::Status ReadCount(std::string_view bytes, size_t* pos, bool count_is_one, size_t at,
+                       uint64_t* count) {
+  uint64_t stored = 0;
+  if (!count_is_one && !ReadVarint(bytes, pos, &stored)) {
+    return Malformed("truncated count", *pos);
+  }
+  return CountOf(count_is_one, stored, at, count);
+}
+
+// The framing both versions share: after the version byte, the group count, then per group
+// its target ID (strictly increasing) and a body that `read_body(target, group_pos, &pos,
+// &out)` decodes; no trailing bytes. Every group takes at least 4 bytes.
+template <typename ReadBody>
+absl::StatusOr<std::vector<ContextRecord>> DecodeGroups(std::string_view bytes,
+                                                        ReadBody read_body) {
   size_t pos = 1;
-  auto remaining = [&] { return bytes.size() - pos; };
   uint64_t groups = 0;
   if (!ReadVarint(bytes, &pos, &groups)) return Malformed("truncated group count", pos);
-  // A group takes at least 4 bytes (target, count, one head, one id).
-  if (groups > remaining() / 4) return Malformed("group count beyond the buffer", pos);
-
+  if (groups > (bytes.size() - pos) / 4) return Malformed("group count beyond the buffer", pos);
   std::vector<ContextRecord> out;
   uint64_t prev_target = 0;
   for (uint64_t g = 0; g < groups; ++g) {
-    uint64_t target = 0, n = 0;
+    uint64_t target = 0;
     const size_t group_pos = pos;
     if (!ReadVarint(bytes, &pos, &target)) return Malformed("truncated target id", pos);
     if (target > std::numeric_limits<uint32_t>::max()) {
@@ -382,53 +414,59 @@ absl::StatusOr<std::vector<ContextRecord>> DecodeV1(std::string_view bytes) {
     }
     if (g > 0 && target <= prev_target) return Malformed("targets out of order", group_pos);
     prev_target = target;
-    if (!ReadVarint(bytes, &pos, &n)) return Malformed("truncated context count", pos);
-    // A context takes at least 2 bytes (head, one id).
-    if (n == 0 || n > remaining() / 2) return Malformed("bad context count", group_pos);
-    out.reserve(out.size() + n);
-    uint64_t leaf = 0;
-    uint64_t base = 0;
-    for (uint64_t i = 0; i < n; ++i) {
-      const size_t at = pos;
-      uint64_t head = 0;
-      if (!ReadVarint(bytes, &pos, &head)) return Malformed("truncated context", at);
-      const uint64_t delta = head >> kFlagBits;
-      if (delta > kMaxLeaf - leaf) return Malformed("leaf beyond 32 bits", at);
-      leaf += delta;
-      if (delta != 0) base = 0;
-      ContextRecord r;
-      r.target_id = static_cast<uint32_t>(target);
-      r.context.leaf = static_cast<NodeId>(leaf);
-      if ((head & kMulti) == 0) {
-        uint64_t v = 0;
-        if (!ReadVarint(bytes, &pos, &v)) return Malformed("truncated id", pos);
-        if (v > kMaxU64 - base) return Malformed("id overflows", at);
-        base += v;
-        r.context.ids.push_back(base);
-      } else {
-        uint64_t extra = 0;
-        if (!ReadVarint(bytes, &pos, &extra)) return Malformed("truncated id count", pos);
-        if (extra > kMaxPackedIds - 2 || extra + 2 > remaining()) {
-          return Malformed("bad id count", at);
-        }
-        r.context.ids.resize(extra + 2);
-        for (uint64_t& id : r.context.ids) {
-          if (!ReadVarint(bytes, &pos, &id)) return Malformed("truncated id", pos);
-        }
-      }
-      if ((head & kCountIsOne) != 0) {
-        r.count = 1;
-      } else {
-        uint64_t v = 0;
-        if (!ReadVarint(bytes, &pos, &v)) return Malformed("truncated count", pos);
-        if (v > kMaxU64 - 2) return Malformed("count overflows", at);
-        r.count = v + 2;
-      }
-      out.push_back(std::move(r));
+    if (absl::Status s = read_body(static_cast<uint32_t>(target), group_pos, &pos, &out);
+        !s.ok()) {
+      return s;
     }
   }
   if (pos != bytes.size()) return Malformed("trailing bytes", pos);
   return out;
+}
+
+// Version 1 group body: context_count, then contexts (head, id part, count).
+absl::Status DecodeGroupV1(std::string_view bytes, uint32_t target, size_t group_pos,
+                           size_t* pos, std::vector<ContextRecord>* out) {
+  uint64_t n = 0;
+  if (!ReadVarint(bytes, pos, &n)) return Malformed("truncated context count", *pos);
+  // A context takes at least 2 bytes (head, one id).
+  if (n == 0 || n > (bytes.size() - *pos) / 2) return Malformed("bad context count", group_pos);
+  out->reserve(out->size() + n);
+  uint64_t leaf = 0;
+  uint64_t base = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    const size_t at = *pos;
+    uint64_t head = 0;
+    if (!ReadVarint(bytes, pos, &head)) return Malformed("truncated context", at);
+    const uint64_t delta = head >> kFlagBits;
+    if (absl::Status s = AddLeafDelta(delta, at, &leaf); !s.ok()) return s;
+    if (delta != 0) base = 0;
+    ContextRecord r;
+    r.target_id = target;
+    r.context.leaf = static_cast<NodeId>(leaf);
+    if ((head & kMulti) == 0) {
+      uint64_t v = 0;
+      if (!ReadVarint(bytes, pos, &v)) return Malformed("truncated id", *pos);
+      if (v > kMaxU64 - base) return Malformed("id overflows", at);
+      base += v;
+      r.context.ids.push_back(base);
+    } else {
+      uint64_t extra = 0;
+      if (!ReadVarint(bytes, pos, &extra)) return Malformed("truncated id count", *pos);
+      if (extra > kMaxPackedIds - 2 || extra + 2 > bytes.size() - *pos) {
+        return Malformed("bad id count", at);
+      }
+      r.context.ids.resize(extra + 2);
+      for (uint64_t& id : r.context.ids) {
+        if (!ReadVarint(bytes, pos, &id)) return Malformed("truncated id", *pos);
+      }
+    }
+    if (absl::Status s = ReadCount(bytes, pos, (head & kCountIsOne) != 0, at, &r.count);
+        !s.ok()) {
+      return s;
+    }
+    out->push_back(std::move(r));
+  }
+  return absl::OkStatus();
 }
 
 // Decodes `n` multi-id contexts of target `target` from the bit stream at *pos, appending
@@ -443,20 +481,15 @@ absl::Status DecodeMultiV2(std::string_view bytes, size_t* pos, uint32_t target,
     const size_t at = bits.byte_pos();
     uint64_t delta = 0, one = 0, keep = 0, rest = 0, same_width = 0;
     if (!bits.GetExpGolomb(kLeafOrder, &delta)) return Malformed("truncated leaf", at);
-    if (delta > kMaxLeaf - leaf) return Malformed("leaf beyond 32 bits", at);
-    leaf += delta;
+    if (absl::Status s = AddLeafDelta(delta, at, &leaf); !s.ok()) return s;
     ContextRecord r;
     r.target_id = target;
     r.context.leaf = static_cast<NodeId>(leaf);
-    if (!bits.Get(1, &one)) return Malformed("truncated count", at);
-    if (one != 0) {
-      r.count = 1;
-    } else {
-      uint64_t v = 0;
-      if (!bits.GetExpGolomb(kCountOrder, &v)) return Malformed("truncated count", at);
-      if (v > kMaxU64 - 2) return Malformed("count overflows", at);
-      r.count = v + 2;
+    uint64_t stored_count = 0;
+    if (!bits.Get(1, &one) || (one == 0 && !bits.GetExpGolomb(kCountOrder, &stored_count))) {
+      return Malformed("truncated count", at);
     }
+    if (absl::Status s = CountOf(one != 0, stored_count, at, &r.count); !s.ok()) return s;
     if (!bits.GetExpGolomb(kPrefixOrder, &keep) || !bits.GetExpGolomb(kSuffixOrder, &rest)) {
       return Malformed("truncated id stack", at);
     }
@@ -518,77 +551,50 @@ absl::Status DecodeMultiV2(std::string_view bytes, size_t* pos, uint32_t target,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<ContextRecord>> DecodeV2(std::string_view bytes) {
-  size_t pos = 1;
-  auto remaining = [&] { return bytes.size() - pos; };
-  uint64_t groups = 0;
-  if (!ReadVarint(bytes, &pos, &groups)) return Malformed("truncated group count", pos);
-  // A group takes at least 4 bytes (target, two counts, one context).
-  if (groups > remaining() / 4) return Malformed("group count beyond the buffer", pos);
-
-  std::vector<ContextRecord> out;
-  uint64_t prev_target = 0;
-  uint64_t total_ids = 0;
-  for (uint64_t g = 0; g < groups; ++g) {
-    uint64_t target = 0, singles = 0, multis = 0;
-    const size_t group_pos = pos;
-    if (!ReadVarint(bytes, &pos, &target)) return Malformed("truncated target id", pos);
-    if (target > std::numeric_limits<uint32_t>::max()) {
-      return Malformed("target id beyond 32 bits", group_pos);
-    }
-    if (g > 0 && target <= prev_target) return Malformed("targets out of order", group_pos);
-    prev_target = target;
-    if (!ReadVarint(bytes, &pos, &singles) || !ReadVarint(bytes, &pos, &multis)) {
-      return Malformed("truncated context count", pos);
-    }
-    // A single-id context takes at least 2 bytes (head, id), a multi-id one kMinMultiBits.
-    if (singles > remaining() / 2 ||
-        multis > (remaining() - singles * 2) * 8 / kMinMultiBits || singles + multis == 0) {
-      return Malformed("bad context count", group_pos);
-    }
-    out.reserve(out.size() + singles + multis);
-    uint64_t leaf = 0;
-    uint64_t prev_id = 0;
-    for (uint64_t i = 0; i < singles; ++i) {
-      const size_t at = pos;
-      uint64_t head = 0, v = 0;
-      if (!ReadVarint(bytes, &pos, &head)) return Malformed("truncated context", at);
-      const uint64_t delta = head >> 1;
-      if (delta > kMaxLeaf - leaf) return Malformed("leaf beyond 32 bits", at);
-      leaf += delta;
-      if (!ReadVarint(bytes, &pos, &v)) return Malformed("truncated id", pos);
-      if (i != 0 && delta == 0) {
-        if (prev_id == kMaxU64 || v > kMaxU64 - prev_id - 1) return Malformed("id overflows", at);
-        v += prev_id + 1;
-      }
-      prev_id = v;
-      ContextRecord r;
-      r.target_id = static_cast<uint32_t>(target);
-      r.context.leaf = static_cast<NodeId>(leaf);
-      r.context.ids.push_back(v);
-      if ((head & 1) != 0) {
-        r.count = 1;
-      } else {
-        if (!ReadVarint(bytes, &pos, &v)) return Malformed("truncated count", pos);
-        if (v > kMaxU64 - 2) return Malformed("count overflows", at);
-        r.count = v + 2;
-      }
-      out.push_back(std::move(r));
-    }
-    total_ids += singles;
-    if (total_ids > kMaxPackedIdsPerBuffer) {
-      return Malformed("more ids than a buffer may hold", group_pos);
-    }
-    if (multis > 0) {
-      if (absl::Status s = DecodeMultiV2(bytes, &pos, static_cast<uint32_t>(target), multis,
-                                         &total_ids, &out);
-          !s.ok()) {
-        return s;
-      }
-    }
+// Version 2 group body: single_count, multi_count, the single-id contexts (varints), the
+// multi-id contexts (bit stream). *total_ids counts the ids of the buffer so far.
+absl::Status DecodeGroupV2(std::string_view bytes, uint32_t target, size_t group_pos,
+                           size_t* pos, uint64_t* total_ids, std::vector<ContextRecord>* out) {
+  uint64_t singles = 0, multis = 0;
+  if (!ReadVarint(bytes, pos, &singles) || !ReadVarint(bytes, pos, &multis)) {
+    return Malformed("truncated context count", *pos);
   }
-  if (pos != bytes.size()) return Malformed("trailing bytes", pos);
-  return out;
+  // A single-id context takes at least 2 bytes (head, id), a multi-id one kMinMultiBits.
+  const uint64_t remaining = bytes.size() - *pos;
+  if (singles > remaining / 2 || multis > (remaining - singles * 2) * 8 / kMinMultiBits ||
+      singles + multis == 0) {
+    return Malformed("bad context count", group_pos);
+  }
+  out->reserve(out->size() + singles + multis);
+  uint64_t leaf = 0;
+  uint64_t prev_id = 0;
+  for (uint64_t i = 0; i < singles; ++i) {
+    const size_t at = *pos;
+    uint64_t head = 0, id = 0;
+    if (!ReadVarint(bytes, pos, &head)) return Malformed("truncated context", at);
+    const uint64_t delta = head >> 1;
+    if (absl::Status s = AddLeafDelta(delta, at, &leaf); !s.ok()) return s;
+    if (!ReadVarint(bytes, pos, &id)) return Malformed("truncated id", *pos);
+    if (i != 0 && delta == 0) {
+      if (prev_id == kMaxU64 || id > kMaxU64 - prev_id - 1) return Malformed("id overflows", at);
+      id += prev_id + 1;
+    }
+    prev_id = id;
+    ContextRecord r;
+    r.target_id = target;
+    r.context.leaf = static_cast<NodeId>(leaf);
+    r.context.ids.push_back(id);
+    if (absl::Status s = ReadCount(bytes, pos, (head & 1) != 0, at, &r.count); !s.ok()) {
+      return s;
+    }
+    out->push_back(std::move(r));
+  }
+  *total_ids += singles;
+  if (*total_ids > kMaxPackedIdsPerBuffer) {
+    return Malformed("more ids than a buffer may hold", group_pos);
+  }
+  if (multis == 0) return absl::OkStatus();
+  return DecodeMultiV2(bytes, pos, target, multis, total_ids, out);
 }
 
 }  // namespace
@@ -626,14 +632,26 @@ absl::StatusOr<std::string> EncodePackedContexts(std::vector<ContextRecord> reco
         absl::StrCat("packed contexts: cannot write version ", version));
   }
   if (absl::Status s = Canonicalize(records, version); !s.ok()) return s;
-  return version == kPackedContextsVersion1 ? EncodeV1(records) : EncodeV2(records);
+  return EncodeGroups(records, version,
+                      version == kPackedContextsVersion1 ? EncodeGroupV1 : EncodeGroupV2);
 }
 
 absl::StatusOr<std::vector<ContextRecord>> DecodePackedContexts(std::string_view bytes) {
   if (bytes.empty()) return Malformed("empty buffer", 0);
   const uint8_t version = static_cast<uint8_t>(bytes[0]);
-  if (version == kPackedContextsVersion) return DecodeV2(bytes);
-  if (version == kPackedContextsVersion1) return DecodeV1(bytes);
+  if (version == kPackedContextsVersion) {
+    uint64_t total_ids = 0;
+    return DecodeGroups(bytes, [&](uint32_t target, size_t group_pos, size_t* pos,
+                                   std::vector<ContextRecord>* out) {
+      return DecodeGroupV2(bytes, target, group_pos, pos, &total_ids, out);
+    });
+  }
+  if (version == kPackedContextsVersion1) {
+    return DecodeGroups(bytes, [&](uint32_t target, size_t group_pos, size_t* pos,
+                                   std::vector<ContextRecord>* out) {
+      return DecodeGroupV1(bytes, target, group_pos, pos, out);
+    });
+  }
   return Malformed(absl::StrCat("unknown version ", version), 0);
 }
 
