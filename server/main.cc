@@ -175,6 +175,11 @@ int Run(int argc, char** argv) {
     // The journal still holds the open windows; the next start writes them.
     spdlog::error("writing the open windows: {}", st.ToString());
   }
+  const strata::server::AggregatorStats aggregated = aggregator->stats();
+  spdlog::info("aggregation: {} windows closed, {} capacity flushes, {} cells written "
+               "directly, {} phase changes",
+               aggregated.windows_closed, aggregated.capacity_flushes, aggregated.direct_cells,
+               aggregated.phase_events);
   aggregator.reset();
   if (auto st = store->Close(); !st.ok()) {
     spdlog::error("closing the store: {}", st.ToString());

@@ -127,8 +127,8 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
               "Service windows written from the sorted tables to the store.", a.windows_closed);
       counter("strata_aggregation_capacity_flushes_total",
               "Tables written early because a batch would not fit.", a.capacity_flushes);
-      counter("strata_aggregation_late_cells_total",
-              "Counts of already closed windows, written directly.", a.late_cells);
+      counter("strata_aggregation_direct_cells_total",
+              "Counts written directly (closed window, or more than a table holds).", a.direct_cells);
       counter("strata_aggregation_phase_changes_total", "Phase-change events recorded.",
               a.phase_events);
       absl::StrAppend(&r.body,

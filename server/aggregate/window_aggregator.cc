@@ -250,7 +250,7 @@ absl::Status WindowAggregator::CommitBatch(store::WriteBatch* wb, const std::str
       journaled.push_back(&c);
     } else {
       wb->AddSamples(*c.service, window_start_ms, host, c.stack_id, c.count);
-      ++stats_.late_cells;
+      ++stats_.direct_cells;
     }
   }
   const uint64_t seq = next_journal_;

@@ -67,7 +67,9 @@ struct AggregatorOptions {
 struct AggregatorStats {
   uint64_t windows_closed = 0;
   uint64_t capacity_flushes = 0;
-  uint64_t late_cells = 0;        // written directly: their window was already closed
+  // Written to the store directly: their window was already closed, or one batch brought
+  // more new entries than a table holds.
+  uint64_t direct_cells = 0;
   uint64_t journal_records = 0;   // written
   uint64_t recovered_records = 0; // replayed by Create()
   uint64_t phase_events = 0;

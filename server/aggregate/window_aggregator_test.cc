@@ -129,7 +129,7 @@ TEST_F(WindowAggregatorTest, ConservesCountsUnderCapacityFlushesAndWindowCloses)
   const AggregatorStats stats = aggregator_->stats();
   EXPECT_GT(stats.capacity_flushes, 10u);
   EXPECT_GT(stats.windows_closed, 20u);
-  EXPECT_GT(stats.late_cells, 0u);
+  EXPECT_GT(stats.direct_cells, 0u);
   for (const auto& s : services) EXPECT_EQ(Query(s), want[s]) << s;
   ASSERT_TRUE(aggregator_->FlushAll().ok());
   for (const auto& s : services) EXPECT_EQ(Stored(s), want[s]) << s;
@@ -201,7 +201,7 @@ TEST_F(WindowAggregatorTest, WindowsCloseOnNewerBatchOrTimer) {
   EXPECT_EQ(Stored("api"), (Totals{{1, 13}}));
   ASSERT_TRUE(Commit("api", "h2", w, {{2, 1}}).ok());  // late
   EXPECT_EQ(Stored("api"), (Totals{{1, 13}, {2, 1}}));
-  EXPECT_EQ(aggregator_->stats().late_cells, 1u);
+  EXPECT_EQ(aggregator_->stats().direct_cells, 1u);
   EXPECT_EQ(aggregator_->stats().windows_closed, 2u);
   EXPECT_EQ(JournalRecords(), 0u);
 }

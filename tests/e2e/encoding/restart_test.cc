@@ -9,6 +9,9 @@
 //    batch was rejected, and the decoded paths keep the demo's known shape and mix;
 //  * nothing acknowledged is lost and nothing is applied twice: after the agent's final flush
 //    (every batch acknowledged), the server's total equals the samples the agent counted.
+//    The kills hit windows still in the server's aggregation tables (their counts live only
+//    in the journal), with the default table size and with tables so small that nearly every
+//    batch forces a capacity flush.
 #include <signal.h>
 
 #include <algorithm>
@@ -66,15 +69,16 @@ bool WaitForConnects(ChildProcess& agent, size_t n, double timeout_s) {
   return false;
 }
 
-class EncodingRestartTest : public ::testing::Test {
+// Parameter: extra strata-server flags.
+class EncodingRestartTest : public ::testing::TestWithParam<std::vector<std::string>> {
  protected:
   // strata-server on a fixed port (the agent keeps its address across restarts).
   std::unique_ptr<ChildProcess> StartServer(int port, const std::string& log) {
-    auto server = std::make_unique<ChildProcess>(
-        std::vector<std::string>{BinPath("strata-server"), "--listen",
-                                 "127.0.0.1:" + std::to_string(port), "--http", "", "--data",
-                                 dir_.File("data")},
-        dir_.File(log));
+    std::vector<std::string> argv{BinPath("strata-server"), "--listen",
+                                  "127.0.0.1:" + std::to_string(port), "--http", "", "--data",
+                                  dir_.File("data")};
+    argv.insert(argv.end(), GetParam().begin(), GetParam().end());
+    auto server = std::make_unique<ChildProcess>(std::move(argv), dir_.File(log));
     EXPECT_TRUE(server->WaitForOutput("ready on port", 30)) << server->Output();
     return server;
   }
@@ -82,8 +86,9 @@ class EncodingRestartTest : public ::testing::Test {
   strata::testing::TempDir dir_{"strata_e2e_encoding"};
 };
 
-TEST_F(EncodingRestartTest, AgentSurvivesServerKillsWithoutLossOrDoubleCounting) {
-  auto first = std::make_unique<ServerProcess>(dir_.File("data"), dir_.File("server0.log"));
+TEST_P(EncodingRestartTest, AgentSurvivesServerKillsWithoutLossOrDoubleCounting) {
+  auto first = std::make_unique<ServerProcess>(dir_.File("data"), dir_.File("server0.log"),
+                                               GetParam());
   const int port = first->port();
   ASSERT_GT(port, 0) << first->process().Output();
   const std::string address = first->address();
@@ -159,6 +164,14 @@ TEST_F(EncodingRestartTest, AgentSurvivesServerKillsWithoutLossOrDoubleCounting)
     EXPECT_THAT(server_log, Not(HasSubstr("rejected"))) << name;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Tables, EncodingRestartTest,
+                         ::testing::Values(std::vector<std::string>{},
+                                           std::vector<std::string>{"--table-entries", "16"}),
+                         [](const auto& info) {
+                           return info.param.empty() ? std::string("DefaultTables")
+                                                     : std::string("TinyTables");
+                         });
 
 }  // namespace
 }  // namespace strata::e2e
