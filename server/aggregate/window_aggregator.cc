@@ -212,6 +212,9 @@ uint64_t WindowAggregator::JournalWatermark() const {
 absl::Status WindowAggregator::CommitBatch(store::WriteBatch* wb, const std::string& host,
                                            int64_t window_start_ms,
                                            const std::vector<Cell>& cells) {
+  // A batch from a clock far ahead must not close the windows everybody else still fills:
+  // its cells are written directly.
+  const bool from_future = window_start_ms > NowMs() + 2 * kWindowMs;
   absl::MutexLock lock(&mu_);
   const uint32_t host_id = InternHost(host);
   // Where each service's cells go: its table (open window) or the store (closed window).
@@ -219,7 +222,7 @@ absl::Status WindowAggregator::CommitBatch(store::WriteBatch* wb, const std::str
   for (const Cell& c : cells) ++per_service[c.service];
   std::map<std::string, ServiceTable*> tabled;
   for (const auto& [service, n] : per_service) {
-    if (tabled.contains(*service)) continue;
+    if (from_future || tabled.contains(*service)) continue;
     absl::StatusOr<ServiceTable*> t = TableFor(*service);
     if (!t.ok()) return t.status();
     ServiceTable& table = **t;

@@ -1,5 +1,6 @@
 #include "server/aggregate/window_aggregator.h"
 
+#include <chrono>
 #include <map>
 #include <random>
 #include <string>
@@ -247,6 +248,22 @@ TEST_F(WindowAggregatorTest, RecordsPhaseChangeWhenHotPathSwitches) {
   }
   EXPECT_TRUE(two_over_one);
   EXPECT_EQ(aggregator_->stats().phase_events, events.size());
+}
+
+// A batch stamped far in the future (a skewed agent clock) is written directly and leaves
+// the open window alone.
+TEST_F(WindowAggregatorTest, FutureWindowDoesNotCloseTheOpenOne) {
+  CreateAggregator({});
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  const int64_t w = WindowStart(now);
+  ASSERT_TRUE(Commit("api", "h1", w, {{1, 10}}).ok());
+  ASSERT_TRUE(Commit("api", "h2", w + 3600 * 1000, {{2, 4}}).ok());
+  EXPECT_EQ(Stored("api"), (Totals{{2, 4}}));
+  EXPECT_EQ(Query("api"), (Totals{{1, 10}, {2, 4}}));
+  EXPECT_EQ(aggregator_->stats().windows_closed, 0u);
+  EXPECT_EQ(aggregator_->stats().direct_cells, 1u);
 }
 
 TEST_F(WindowAggregatorTest, RejectsBadOptions) {
