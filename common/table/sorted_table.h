@@ -35,6 +35,15 @@
 // share a chain, so the comparison is made over the table's sorted hot set instead (the chain
 // sorts still order the chains for lookups).
 //
+// Cost of an update. A hit on a chain head (where sorting keeps the hot entries) is inlined
+// into the caller: one load of the head slot, one 32-byte entry (key, count, period word,
+// link, previous period count; 64-bit keys), a branch-light period-count update, and one
+// counter decrement towards the period end. Hits and updates are not counted per Add: they
+// follow from the counts added (see Tally). Deeper hits, inserts, crossing the frequency
+// threshold and the first hit of an entry in a period take separate, mostly out-of-line paths.
+// AddBatch() also prefetches chain heads and head entries ahead and keeps the counters in
+// registers.
+//
 // Not thread-safe: the owner serializes calls. Keys are trivially copyable, equality
 // comparable and hashed by `Hash` (whose result is mixed again, so std::hash's identity for
 // integers is fine).
@@ -166,48 +175,62 @@ class SortedTable {
   SortedTable& operator=(const SortedTable&) = delete;
 
   // Adds `count` to `key`'s entry, creating it if there is room. May end a period (and sort).
-  // The hit path is small enough to inline; inserting is out of line.
+  // A hit on a chain's head (where sorting keeps the hot entries) is small enough to inline;
+  // deeper hits and inserts are out of line.
   AddResult Add(const Key& key, uint64_t count = 1) {
     const uint32_t b = BucketIndex(key);
-    uint32_t position = 1;
-    for (uint32_t i = heads_[b]; i != kNil; i = slab_[i].next, ++position) {
-      Entry& e = slab_[i];
-      if (e.key == key) [[likely]] {
-        e.count += count;
-        if (options_.sorting) {  // without sorting nobody reads the period counts
-          const uint32_t weight = PeriodWeight(count);
-          const uint32_t period_count = CountInPeriod(e, weight);
-          // The entry just crossed frequency_threshold (the subtraction cannot wrap below:
-          // period_count >= weight).
-          if (period_count - (options_.frequency_threshold + 1) < weight) [[unlikely]] {
-            BecameHot(i, b, position);
-          }
-        }
-        ++stats_.hits;
-        stats_.hit_probe_sum += position;
-        EndUpdate(count);
-        return AddResult::kUpdated;
-      }
+    const uint32_t i = heads_[b];
+    if (i != kNil && slab_[i].key == key) [[likely]] {
+      if (Hit(i, b, 1, count, tally_)) [[unlikely]] PeriodCountReached();
+      return AddResult::kUpdated;
     }
-    return Insert(key, count, b, position);
+    return AddBehindHead(key, count, b);
   }
 
-  // Adds items in order, as Add() would, prefetching chains a few items ahead (a batch hides
-  // most cache misses of a table larger than the cache). Returns how many items were stored:
-  // fewer than items.size() means items[returned] found the table full; the owner drains and
-  // calls again with the rest.
+  // Adds items in order, as Add() would. Returns how many items were stored: fewer than
+  // items.size() means items[returned] found the table full; the owner drains and calls again
+  // with the rest. Faster than Add() per item: chain heads and head entries are prefetched a
+  // few items ahead (which hides most cache misses of a table larger than the cache), and the
+  // counters stay in registers between slow paths.
   size_t AddBatch(std::span<const KeyCount<Key>> items) {
-    constexpr size_t kHeadsAhead = 16;  // prefetch the chain head slot this far ahead
-    constexpr size_t kEntryAhead = 8;   // ... and the head entry this far ahead
+    // Bucket indices are computed kHeadAhead items ahead and the head slot prefetched; the
+    // head entry is prefetched kEntryAhead items ahead. Far enough ahead for a miss to DRAM
+    // at ~10 ns per item.
+    constexpr size_t kHeadAhead = 32;
+    constexpr size_t kEntryAhead = kHeadAhead / 2;
+    uint32_t buckets[kHeadAhead];  // of items i .. i + kHeadAhead - 1, at index % kHeadAhead
+    const KeyCount<Key>* const item = items.data();
     const size_t n = items.size();
+    for (size_t i = 0; i < std::min(n, kHeadAhead); ++i) {
+      buckets[i] = BucketIndex(item[i].key);
+      __builtin_prefetch(&heads_[buckets[i]]);
+    }
+    Tally t = tally_;
     for (size_t i = 0; i < n; ++i) {
-      if (i + kHeadsAhead < n) __builtin_prefetch(&heads_[BucketIndex(items[i + kHeadsAhead].key)]);
+      const uint32_t b = buckets[i % kHeadAhead];
+      if (i + kHeadAhead < n) {
+        const uint32_t ahead = BucketIndex(item[i + kHeadAhead].key);
+        buckets[i % kHeadAhead] = ahead;
+        __builtin_prefetch(&heads_[ahead]);
+      }
       if (i + kEntryAhead < n) {
-        const uint32_t head = heads_[BucketIndex(items[i + kEntryAhead].key)];
+        const uint32_t head = heads_[buckets[(i + kEntryAhead) % kHeadAhead]];
         if (head != kNil) __builtin_prefetch(&slab_[head], 1);
       }
-      if (Add(items[i].key, items[i].count) == AddResult::kFull) return i;
+      const uint32_t head = heads_[b];
+      if (head != kNil && slab_[head].key == item[i].key) [[likely]] {
+        if (!Hit(head, b, 1, item[i].count, t)) [[likely]] continue;
+        tally_ = t;
+        PeriodCountReached();
+        t = tally_;
+        continue;
+      }
+      tally_ = t;
+      const AddResult result = AddBehindHead(item[i].key, item[i].count, b);
+      t = tally_;
+      if (result == AddResult::kFull) return i;
     }
+    tally_ = t;
     return n;
   }
 
@@ -344,9 +367,10 @@ class SortedTable {
       sort_queue_size_ = 0;
       RankHotSet();
     }
-    period_left_ = options_.period != 0 ? int64_t{options_.period} : kNoPeriodEnd;
+    RestartPeriodCount();
     ++stats_.periods;
     ++epoch_;
+    tally_.epoch_base = uint64_t{epoch_} << 32;
   }
 
   // Moves the buffered phase changes (oldest first) to the caller.
@@ -382,7 +406,9 @@ class SortedTable {
   const SortedTableOptions& options() const { return options_; }
   TableStats stats() const {
     TableStats s = stats_;
-    s.updates = s.hits + s.inserts;
+    s.updates = Updates();
+    s.hits = s.updates - s.inserts;
+    s.hit_probe_sum = s.hits + deep_probes_;
     return s;
   }
 
@@ -445,7 +471,11 @@ class SortedTable {
   }
 
   SortedTable(const SortedTableOptions& options, Hash hash)
-      : options_(options), hash_(std::move(hash)) {
+      : hash_(std::move(hash)),
+        sorting_(options.sorting),
+        hot_min_(static_cast<uint32_t>(
+            std::min<uint64_t>(options.frequency_threshold, kMaxPeriodCount) + 1)),
+        options_(options) {
     const uint32_t wanted = options_.bucket_count != 0 ? options_.bucket_count
                                                        : options_.max_entries;
     bucket_count_ = std::max<uint32_t>(2, std::bit_ceil(wanted));
@@ -488,56 +518,95 @@ class SortedTable {
     }
     Clear();
     stats_.drains = 0;
-    period_left_ = options_.period != 0 ? int64_t{options_.period} : kNoPeriodEnd;
+    RestartPeriodCount();
   }
 
-  // Appends `key` at the tail of chain `b` (which has position - 1 entries): new keys start
-  // cold, behind the sorted ones.
-  [[gnu::noinline]] AddResult Insert(const Key& key, uint64_t count, uint32_t b,
-                                     uint32_t position) {
+  // What every stored Add() updates besides its entry. AddBatch() works on a copy.
+  struct Tally {
+    uint64_t epoch_base = 0;  // epoch_ << 32: the smallest period_word of the current period
+    int64_t period_left = 0;  // counts until the current period ends
+    // Sum over stored Adds of (weight - 1) (see PeriodWeight): with the weights summed in
+    // period_left, it gives the number of Adds (see Updates()) without a counter of its own
+    // (Add(key) with the default count adds 0 here).
+    uint64_t excess = 0;
+  };
+
+  // Add() when the key is not at the head of its chain: a deeper hit, or an insert at the
+  // tail (new keys start cold, behind the sorted ones).
+  // `key` by value: Add() need not store it to memory for the call.
+  [[gnu::noinline]] AddResult AddBehindHead(Key key, uint64_t count, uint32_t b) {
+    uint32_t* link = &heads_[b];
+    uint32_t position = 1;
+    for (uint32_t i = *link; i != kNil; i = *link, ++position) {
+      if (slab_[i].key == key) {
+        deep_probes_ += position - 1;
+        if (Hit(i, b, position, count, tally_)) PeriodCountReached();
+        return AddResult::kUpdated;
+      }
+      link = &slab_[i].next;
+    }
     if (size_ == options_.max_entries) {
       ++stats_.full_rejections;
       return AddResult::kFull;
     }
-    uint32_t* link = &heads_[b];
-    while (*link != kNil) link = &slab_[*link].next;
     const uint32_t i = size_++;
-    slab_[i] = Entry{{key, count, epoch_base() + PeriodWeight(count), kNil, 0}};
+    const uint32_t weight = PeriodWeight(count);
+    slab_[i] = Entry{{key, count, tally_.epoch_base + weight, kNil, 0}};
     *link = i;
     ++depths_[b];
-    if (options_.sorting && PeriodWeight(count) > options_.frequency_threshold) {
-      BecameHot(i, b, position);
-    }
+    if (sorting_ && weight >= hot_min_) BecameHot(i, b, position);
     ++stats_.inserts;
     stats_.insert_probe_sum += position - 1;
-    EndUpdate(count);
+    if (CountTowardsPeriod(weight, tally_)) PeriodCountReached();
     return AddResult::kInserted;
   }
 
-  // What an Add of `count` adds to the period counter. Cannot overflow it: the counts of a
-  // period before its last Add sum to less than period <= 2^31, and the last adds <= 2^31.
+  // Adds `count` to entry `i`, found at `position` of chain `b`. Returns true when the period
+  // is complete: the caller then calls PeriodCountReached() (with `t` stored in tally_).
+  bool Hit(uint32_t i, uint32_t b, uint32_t position, uint64_t count, Tally& t) {
+    Entry& e = slab_[i];
+    e.count += count;
+    const uint32_t weight = PeriodWeight(count);
+    if (sorting_) {  // without sorting nobody reads the period counts
+      const uint64_t n = AddToPeriodCount(e, weight, t.epoch_base);
+      // The entry just crossed frequency_threshold (cannot wrap below: n >= weight).
+      if (n - hot_min_ < weight) [[unlikely]] BecameHot(i, b, position);
+    }
+    return CountTowardsPeriod(weight, t);
+  }
+
+  // Adds `weight` to the entry's count of the current period, first moving a stale count to
+  // prev_count (0 if older than the previous period), and returns the new period count.
+  // The stale case is a branch, inline: a mispredicted branch costs less than computing and
+  // storing prev_count on every hit, even with Zipf 0.8 where most hits on cold keys are the
+  // first of their period.
+  static uint64_t AddToPeriodCount(Entry& e, uint32_t weight, uint64_t base) {
+    const uint64_t old = e.period_word;
+    uint64_t n;
+    if (old >= base) [[likely]] {
+      n = std::min(old - base + weight, kMaxPeriodCount);
+    } else {
+      // In epoch 0 nothing is stale, so base >= 2^32 here.
+      e.prev_count = old >= base - (uint64_t{1} << 32) ? WordCount(old) : 0;
+      n = weight;
+    }
+    e.period_word = base + n;
+    return n;
+  }
+
+  // What an Add of `count` adds to the period counters: the count, capped at 2^31. A count
+  // of 2^31 or more ends the period at once like any count >= period (period <= 2^31).
   static uint32_t PeriodWeight(uint64_t count) {
     return static_cast<uint32_t>(std::min<uint64_t>(count, uint64_t{1} << 31));
   }
+  // Period counts saturate here (only reachable with period = 0 or counts near 2^31):
+  // kMaxPeriodCount + weight < 2^32, so the count half of period_word never carries into the
+  // epoch half.
+  static constexpr uint64_t kMaxPeriodCount = (uint64_t{1} << 31) - 1;
 
-  uint64_t epoch_base() const { return uint64_t{epoch_} << 32; }
   static uint32_t WordEpoch(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
   static uint32_t WordCount(uint64_t word) { return static_cast<uint32_t>(word); }
 
-  // Adds `weight` to the entry's count of the current period, first moving a stale count to
-  // prev_count (or 0 if older than the previous period). Written without branches: entries
-  // hit less than once a period roll on most of their hits, so a branch would be unpredictable.
-  // Returns the new period count.
-  uint32_t CountInPeriod(Entry& e, uint32_t weight) const {
-    const uint64_t base = epoch_base();
-    const uint64_t old = e.period_word;
-    const uint64_t stale = uint64_t{0} - uint64_t{old < base};  // all ones if stale
-    const uint32_t last = WordEpoch(old) + 1 == epoch_ ? WordCount(old) : 0;
-    e.prev_count = (e.prev_count & ~static_cast<uint32_t>(stale)) |
-                   (last & static_cast<uint32_t>(stale));
-    e.period_word = ((old & ~stale) | (base & stale)) + weight;
-    return WordCount(e.period_word);
-  }
   uint32_t PeriodCount(const Entry& e) const {
     return WordEpoch(e.period_word) == epoch_ ? WordCount(e.period_word) : 0;
   }
@@ -556,16 +625,29 @@ class SortedTable {
     sort_queue_[sort_queue_size_++] = b;
   }
 
-  void EndUpdate(uint64_t count) {
-    // Counts above 2^62 end the period at once like any count >= period.
-    period_left_ -= static_cast<int64_t>(std::min<uint64_t>(count, uint64_t{1} << 62));
-    if (period_left_ <= 0) [[unlikely]] {
-      if (options_.period != 0) {
-        EndPeriod();
-      } else {
-        period_left_ = kNoPeriodEnd;  // owner-driven periods
-      }
+  // Returns true when the period is complete.
+  static bool CountTowardsPeriod(uint32_t weight, Tally& t) {
+    t.excess += uint64_t{weight} - 1;
+    t.period_left -= weight;
+    return t.period_left <= 0;
+  }
+  [[gnu::noinline]] void PeriodCountReached() {
+    if (options_.period != 0) {
+      EndPeriod();
+    } else {
+      RestartPeriodCount();  // owner-driven periods: only the counter restarts
     }
+  }
+  void RestartPeriodCount() {
+    counted_ += static_cast<uint64_t>(period_start_) - static_cast<uint64_t>(tally_.period_left);
+    period_start_ = options_.period != 0 ? int64_t{options_.period} : kNoPeriodEnd;
+    tally_.period_left = period_start_;
+  }
+  // Stored Add() calls so far: the weights they added minus their excess over 1 each (exact
+  // modulo 2^64).
+  uint64_t Updates() const {
+    return counted_ + (static_cast<uint64_t>(period_start_) -
+                       static_cast<uint64_t>(tally_.period_left)) - tally_.excess;
   }
 
   // Entry `index` (position `position` of chain `b`) crossed frequency_threshold in this
@@ -678,7 +760,7 @@ class SortedTable {
           continue;
         }
         phase_changes_[phase_change_count_++] = PhaseChange<Key>{
-            stats_.hits + stats_.inserts, epoch_, x.key, x.count, static_cast<uint32_t>(x_before),
+            Updates(), epoch_, x.key, x.count, static_cast<uint32_t>(x_before),
             y.key, y.count_after, y.count};
       }
     }
@@ -694,18 +776,25 @@ class SortedTable {
     return 0;
   }
 
-  SortedTableOptions options_;
-  Hash hash_;
-  uint32_t bucket_count_ = 0;
+  // What a hit on a chain head reads and writes, together. Chain heads (slab index, kNil when
+  // empty) apart from the chain lengths: the hot path reads only heads_, so more of it stays
+  // in cache.
+  std::unique_ptr<uint32_t[]> heads_;
+  std::unique_ptr<Entry[]> slab_;
+  [[no_unique_address]] Hash hash_;
   int bucket_shift_ = 0;
+  bool sorting_ = false;      // options_.sorting
+  uint32_t hot_min_ = 0;      // options_.frequency_threshold + 1 (at most 2^31)
+  Tally tally_;
+  uint64_t counted_ = 0;       // weights added before period_left last restarted
+  int64_t period_start_ = 0;   // ... where it restarted
+  uint64_t deep_probes_ = 0;   // TableStats::hit_probe_sum - hits
+
+  SortedTableOptions options_;
+  uint32_t bucket_count_ = 0;
   uint32_t size_ = 0;
   uint32_t epoch_ = 0;
-  int64_t period_left_ = 0;  // counts until the current period ends
-  // Chain heads (slab index, kNil when empty) apart from the chain lengths: the hot path
-  // reads only heads_, so more of it stays in cache.
-  std::unique_ptr<uint32_t[]> heads_;
   std::unique_ptr<uint32_t[]> depths_;  // chain length | kQueuedBit while queued
-  std::unique_ptr<Entry[]> slab_;
   uint32_t sort_capacity_ = 0;
   uint32_t sort_queue_size_ = 0;
   std::unique_ptr<uint32_t[]> sort_queue_;

@@ -7,6 +7,7 @@
 #include <new>
 #include <random>
 #include <span>
+#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -522,6 +523,280 @@ TEST(SortedTableTest, DegenerateHashOneChain) {
   EXPECT_EQ(drained, sum);
   EXPECT_GT(table->stats().chains_sorted, 0u);
   EXPECT_EQ(table->stats().phase_changes, 0u);
+}
+
+
+// Everything the table reports about itself, for comparing two tables.
+template <typename Table>
+struct Snapshot {
+  std::vector<std::vector<std::tuple<uint64_t, uint64_t, uint32_t>>> chains;
+  TableStats stats;
+  size_t size;
+
+  explicit Snapshot(const Table& table) : stats(table.stats()), size(table.size()) {
+    for (uint32_t b = 0; b < table.bucket_count(); ++b) {
+      auto& chain = chains.emplace_back();
+      table.ForEachInChain(b, [&](uint64_t k, uint64_t c, uint32_t pc) {
+        chain.emplace_back(k, c, pc);
+      });
+    }
+  }
+  void ExpectEq(const Snapshot& other) const {
+    EXPECT_EQ(chains, other.chains);
+    EXPECT_EQ(size, other.size);
+    EXPECT_EQ(stats.updates, other.stats.updates);
+    EXPECT_EQ(stats.hits, other.stats.hits);
+    EXPECT_EQ(stats.hit_probe_sum, other.stats.hit_probe_sum);
+    EXPECT_EQ(stats.inserts, other.stats.inserts);
+    EXPECT_EQ(stats.insert_probe_sum, other.stats.insert_probe_sum);
+    EXPECT_EQ(stats.full_rejections, other.stats.full_rejections);
+    EXPECT_EQ(stats.periods, other.stats.periods);
+    EXPECT_EQ(stats.chains_sorted, other.stats.chains_sorted);
+    EXPECT_EQ(stats.entries_moved, other.stats.entries_moved);
+    EXPECT_EQ(stats.phase_changes, other.stats.phase_changes);
+    EXPECT_EQ(stats.drains, other.stats.drains);
+  }
+};
+
+// 1-based position of `key` in its chain, 0 if absent.
+template <typename Table>
+uint32_t ChainPosition(const Table& table, uint64_t key) {
+  uint32_t position = 0, found = 0;
+  table.ForEachInChain(table.BucketIndex(key), [&](uint64_t k, uint64_t, uint32_t) {
+    ++position;
+    if (k == key) found = position;
+  });
+  return found;
+}
+
+// A random mix of Add (counts 0, 1, a few, 2^31 and 2^40), AddBatch of every size around
+// the prefetch distances, EndPeriod, Clear, TakeCounts and RemoveIf on a small table that
+// fills up. `batched` takes the batches, `single` the same items one Add at a time; both must
+// end in the same state, `single`'s statistics must match a model that counts each Add by
+// the position of its key before the Add, and every count is handed over exactly once.
+template <typename Table>
+void RunAgainstModel(Table& batched, Table& single, uint32_t seed, int steps) {
+  std::mt19937_64 rng(seed);
+  TableStats model;
+  std::map<uint64_t, uint64_t> added, removed, taken_batched, taken_single;
+  auto key_at = [&](uint64_t r) { return (r + 1) * 0x9e3779b97f4a7c15ull ^ 0x5bd1e995; };
+  auto next_item = [&]() -> KeyCount<uint64_t> {
+    const uint64_t r = rng() % 100;
+    const uint64_t key = key_at(r < 60 ? rng() % 8 : rng() % 400);
+    const uint64_t c = rng() % 50;
+    const uint64_t count = c == 0 ? 0 : c == 1 ? uint64_t{1} << 40 : c == 2 ? uint64_t{1} << 31
+                           : c < 30 ? 1 : c % 7 + 1;
+    return {key, count};
+  };
+  // Adds one item to `single` and to the model; false if the table was full.
+  auto add_single = [&](const KeyCount<uint64_t>& item) {
+    const uint32_t position = ChainPosition(single, item.key);
+    const AddResult result = single.Add(item.key, item.count);
+    if (position != 0) {
+      EXPECT_EQ(result, AddResult::kUpdated);
+      ++model.hits;
+      model.hit_probe_sum += position;
+    } else if (result == AddResult::kFull) {
+      EXPECT_EQ(single.size(), single.capacity());
+      ++model.full_rejections;
+      return false;
+    } else {
+      EXPECT_EQ(result, AddResult::kInserted);
+      ++model.inserts;
+    }
+    added[item.key] += item.count;
+    return true;
+  };
+  auto drain_both = [&] {
+    batched.Drain([&](uint64_t k, uint64_t c) { taken_batched[k] += c; });
+    single.Drain([&](uint64_t k, uint64_t c) { taken_single[k] += c; });
+  };
+  std::vector<KeyCount<uint64_t>> items;
+  for (int step = 0; step < steps; ++step) {
+    const uint64_t op = rng() % 100;
+    if (op < 60) {
+      // A batch of 0 .. 70 items (the prefetch ring holds 32).
+      items.resize(rng() % 71);
+      for (KeyCount<uint64_t>& item : items) item = next_item();
+      std::span<const KeyCount<uint64_t>> rest(items);
+      while (true) {
+        const size_t stored = batched.AddBatch(rest);
+        for (size_t i = 0; i < stored; ++i) ASSERT_TRUE(add_single(rest[i]));
+        if (stored == rest.size()) break;
+        ASSERT_FALSE(add_single(rest[stored]));  // full for both
+        drain_both();
+        rest = rest.subspan(stored);
+      }
+    } else if (op < 90) {
+      const KeyCount<uint64_t> item = next_item();
+      if (!add_single(item)) {
+        ASSERT_EQ(batched.Add(item.key, item.count), AddResult::kFull);
+        drain_both();
+        ASSERT_TRUE(add_single(item));
+      }
+      ASSERT_NE(batched.Add(item.key, item.count), AddResult::kFull);
+    } else if (op < 93) {
+      batched.EndPeriod();
+      single.EndPeriod();
+    } else if (op < 95) {
+      drain_both();
+    } else if (op < 98) {
+      batched.TakeCounts([&](uint64_t k, uint64_t c) { taken_batched[k] += c; });
+      single.TakeCounts([&](uint64_t k, uint64_t c) { taken_single[k] += c; });
+    } else {
+      const uint64_t odd = rng() % 2;
+      ASSERT_EQ(batched.RemoveIf([&](uint64_t k, uint64_t, uint32_t) { return k % 2 == odd; }),
+                single.RemoveIf([&](uint64_t k, uint64_t c, uint32_t) {
+                  if (k % 2 == odd) removed[k] += c;
+                  return k % 2 == odd;
+                }));
+    }
+    const TableStats stats = single.stats();
+    ASSERT_EQ(stats.hits, model.hits) << step;
+    ASSERT_EQ(stats.hit_probe_sum, model.hit_probe_sum) << step;
+    ASSERT_EQ(stats.inserts, model.inserts) << step;
+    ASSERT_EQ(stats.updates, model.hits + model.inserts) << step;
+    ASSERT_EQ(stats.full_rejections, model.full_rejections) << step;
+  }
+  Snapshot<Table>(batched).ExpectEq(Snapshot<Table>(single));
+  EXPECT_EQ(batched.TakePhaseChanges().size(), single.TakePhaseChanges().size());
+  drain_both();
+  EXPECT_EQ(taken_batched, taken_single);
+  // RemoveIf drops counts on purpose; what it dropped is what is missing.
+  for (auto& [key, count] : removed) taken_single[key] += count;
+  EXPECT_EQ(taken_single, added);
+}
+
+TEST(SortedTableTest, StatsAndBatchesMatchAModel) {
+  for (uint32_t period : {0u, 64u, 1000u}) {
+    for (uint32_t seed : {1u, 2u}) {
+      SCOPED_TRACE(testing::Message() << "period " << period << " seed " << seed);
+      const SortedTableOptions options{.max_entries = 120,
+                                       .bucket_count = 16,  // chains of ~8: deep hits
+                                       .period = period,
+                                       .depth_threshold = 1,
+                                       .frequency_threshold = 3,
+                                       .max_phase_changes = 16};
+      CountTable batched = MakeTable(options), single = MakeTable(options);
+      RunAgainstModel(batched, single, seed, 3000);
+      EXPECT_GT(single.stats().full_rejections, 0u);
+      EXPECT_GT(single.stats().hit_probe_sum, single.stats().hits);  // some deep hits
+      if (period != 0) {
+        EXPECT_GT(single.stats().chains_sorted, 0u);
+      }
+    }
+  }
+}
+
+// The model run with every key in one chain (the head fast path rarely applies).
+TEST(SortedTableTest, StatsAndBatchesMatchAModelWithDegenerateHash) {
+  using Table = SortedTable<uint64_t, ConstantHash>;
+  const SortedTableOptions options{.max_entries = 100, .period = 128, .depth_threshold = 1,
+                                   .frequency_threshold = 3};
+  absl::StatusOr<Table> batched = Table::Create(options), single = Table::Create(options);
+  ASSERT_TRUE(batched.ok() && single.ok());
+  RunAgainstModel(*batched, *single, 5, 2000);
+  EXPECT_GT(single->stats().chains_sorted, 0u);
+}
+
+// Period counts saturate at 2^31 - 1 (owner-driven periods have no bound on them) without
+// spilling into the period number, and counts stay exact.
+TEST(SortedTableTest, PeriodCountsSaturate) {
+  CountTable table = MakeTable({.max_entries = 8, .period = 0, .frequency_threshold = 10});
+  const uint64_t a = 11, b = 12;
+  auto period_count = [&](uint64_t key) {
+    uint32_t out = 0;
+    table.ForEachInChain(table.BucketIndex(key), [&](uint64_t k, uint64_t, uint32_t pc) {
+      if (k == key) out = pc;
+    });
+    return out;
+  };
+  constexpr uint32_t kMax = (1u << 31) - 1;
+  table.Add(a, kMax - 10);
+  table.Add(b, 3);
+  EXPECT_EQ(period_count(a), kMax - 10);
+  table.Add(a, 100);
+  EXPECT_EQ(period_count(a), kMax);
+  table.Add(a, uint64_t{1} << 40);
+  table.Add(a, uint64_t{1} << 31);
+  EXPECT_EQ(period_count(a), kMax);
+  EXPECT_EQ(table.Find(a), kMax - 10 + 100 + (uint64_t{1} << 40) + (uint64_t{1} << 31));
+  EXPECT_EQ(period_count(b), 3u);
+  table.EndPeriod();
+  EXPECT_EQ(period_count(a), 0u);  // a new period, not a carry into the period number
+  table.Add(a, 5);
+  table.Add(b);
+  EXPECT_EQ(period_count(a), 5u);
+  EXPECT_EQ(period_count(b), 1u);
+  EXPECT_EQ(table.stats().updates, 7u);
+  EXPECT_EQ(table.stats().periods, 1u);
+
+  // With counted periods a count of 2^31 or more ends the period at once.
+  CountTable counted = MakeTable({.max_entries = 8, .period = 1u << 31});
+  counted.Add(a, 1);
+  EXPECT_EQ(counted.stats().periods, 0u);
+  counted.Add(a, uint64_t{1} << 40);
+  EXPECT_EQ(counted.stats().periods, 1u);
+  EXPECT_EQ(counted.Find(a), (uint64_t{1} << 40) + 1);
+  EXPECT_EQ(counted.stats().updates, 2u);
+}
+
+// The server's key: 16 bytes (host, padding, stack ID).
+struct CellKey {
+  uint32_t host;
+  uint32_t pad;
+  uint64_t stack;
+  friend bool operator==(const CellKey&, const CellKey&) = default;
+  friend auto operator<=>(const CellKey&, const CellKey&) = default;
+};
+struct CellKeyHash {
+  uint64_t operator()(const CellKey& k) const { return k.stack * 31 + k.host; }
+};
+
+TEST(SortedTableTest, SixteenByteKeys) {
+  using Table = SortedTable<CellKey, CellKeyHash>;
+  absl::StatusOr<Table> table = Table::Create({.max_entries = 200,
+                                               .bucket_count = 32,
+                                               .period = 256,
+                                               .depth_threshold = 1,
+                                               .frequency_threshold = 4});
+  ASSERT_TRUE(table.ok());
+  std::mt19937_64 rng(4);
+  std::map<std::pair<uint32_t, uint64_t>, uint64_t> added, drained;
+  auto drain = [&] {
+    table->Drain([&](const CellKey& k, uint64_t c) { drained[{k.host, k.stack}] += c; });
+  };
+  std::vector<KeyCount<CellKey>> batch;
+  for (int i = 0; i < 20000; ++i) {
+    const uint64_t r = rng() % 10;
+    const CellKey key{static_cast<uint32_t>(rng() % 3), 0, r < 7 ? rng() % 5 : rng() % 150};
+    const uint64_t count = 1 + rng() % 3;
+    added[{key.host, key.stack}] += count;
+    if (i % 2 == 0) {  // half one at a time, half in batches of 37
+      if (table->Add(key, count) == AddResult::kFull) {
+        drain();
+        ASSERT_EQ(table->Add(key, count), AddResult::kInserted);
+      }
+      continue;
+    }
+    batch.push_back({key, count});
+    if (batch.size() < 37) continue;
+    std::span<const KeyCount<CellKey>> rest(batch);
+    while (true) {
+      rest = rest.subspan(table->AddBatch(rest));
+      if (rest.empty()) break;
+      drain();
+    }
+    batch.clear();
+  }
+  ASSERT_EQ(table->AddBatch(batch), batch.size());
+  std::vector<KeyCount<CellKey>> top = table->TopN(3);
+  ASSERT_EQ(top.size(), 3u);
+  EXPECT_GE(top[0].count, top[1].count);
+  EXPECT_EQ(table->Find(top[0].key), top[0].count);
+  EXPECT_GT(table->stats().chains_sorted, 0u);
+  drain();
+  EXPECT_EQ(drained, added);
 }
 
 }  // namespace
