@@ -1,32 +1,53 @@
 // Aggregation throughput of strata::table::SortedTable against std::unordered_map and
 // absl::flat_hash_map: 10 M updates of Zipf-distributed stack IDs (100,000 distinct keys,
-// s = 0.8 and 1.1), every container bounded to 100,000 entries (the maps reserve that many).
-// Keys are scrambled 64-bit values, as stack IDs are hashes. The key stream is generated once
-// per exponent, outside the timed loop.
+// s = 0.8 and 1.1, and 1.1 with a phase switch halfway), count 1 per update.
 //
-// Times are CPU time (the build machine is shared). Counters: items_per_second = updates/s; probe_* = mean chain position of hits (1 = head):
-// probe_first_period is before any sort could happen, probe_after the rest of the stream,
-// probe_final the count-weighted mean position in the final layout (for the maps: chain
-// position in std::unordered_map, groups probed in absl::flat_hash_map); mem_MB = bytes the
-// container holds at the bound.
+// Every contender does the same work: the same key stream (generated once per stream,
+// outside the timed loop), one count per update, a container bounded to the 100,000 keys
+// (the table's max_entries; the maps reserve that many, so neither rehashes), built before
+// the clock starts. After each timed run, outside the clock, the container's contents are
+// checked against reference counts: a contender that dropped or miscounted an update fails
+// the run. Contenders run round-robin, `--rounds` times each, so that a noisy neighbour
+// slows all of them alike; times are CPU time of this process. The summary gives the median
+// and best rate per contender and, in the same run, the ratios of the medians against
+// std::unordered_map and absl::flat_hash_map.
+//
+// Probe lengths (1 = the key's entry is the first one looked at): for the table, the mean
+// chain position of hits during the first period (before any sort could run), during the
+// rest of the stream (sorted chains), and count-weighted in the final layout; for the maps,
+// the count-weighted final value only (chain position in std::unordered_map, groups probed
+// in absl::flat_hash_map). MB = bytes the container holds at the bound (the maps: buckets
+// or slots plus, for std::unordered_map, one 32-byte node per key).
+//
+// Usage: bench_table [--rounds=N] [--updates=N]
+
+#include <time.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <random>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/internal/hashtable_debug.h"
-#include "benchmark/benchmark.h"
 #include "common/table/sorted_table.h"
 
 namespace {
 
+using strata::table::CountTable;
+using strata::table::KeyCount;
+using strata::table::SortedTableOptions;
+using strata::table::TableStats;
+
 constexpr uint32_t kDistinctKeys = 100'000;
-constexpr size_t kUpdates = 10'000'000;
 
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -35,222 +56,298 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// The stream for exponent s (scaled by 100 in the benchmark argument); one cached at a time.
-// Arguments above 1000 mean the same exponent with a phase switch: halfway through, the
-// popularity ranks rotate by half the key space, so the hot keys of the second half are keys
-// that were cold (and inserted late, at chain tails) in the first half.
-const std::vector<uint64_t>& ZipfStream(int arg) {
-  static int cached_arg = -1;
-  static std::vector<uint64_t> stream;
-  if (cached_arg == arg) return stream;
-  const bool phase_switch = arg > 1000;
-  const int s_times_100 = arg % 1000;
-  const double s = s_times_100 / 100.0;
+struct Stream {
+  std::string name;
+  std::vector<uint64_t> keys;
+  std::vector<KeyCount<uint64_t>> items;  // the same keys, count 1, for AddBatch
+  absl::flat_hash_map<uint64_t, uint64_t> expected;
+};
+
+// Keys are scrambled 64-bit values, as stack IDs are hashes. With `phase_switch`, halfway
+// through the popularity ranks rotate by half the key space: the hot keys of the second
+// half were cold (and inserted late, at chain tails) in the first half.
+Stream MakeStream(double s, bool phase_switch, size_t updates) {
+  Stream out;
+  char name[64];
+  std::snprintf(name, sizeof name, "Zipf s=%.1f%s", s, phase_switch ? ", phase switch" : "");
+  out.name = name;
   std::vector<double> cdf(kDistinctKeys);
   double sum = 0;
   for (uint32_t r = 0; r < kDistinctKeys; ++r) cdf[r] = sum += 1.0 / std::pow(r + 1.0, s);
   for (double& c : cdf) c /= sum;
-  std::mt19937_64 rng(20240601 + s_times_100);
+  std::mt19937_64 rng(20240601 + static_cast<int>(std::lround(s * 100)));
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
-  stream.resize(kUpdates);
-  for (size_t i = 0; i < kUpdates; ++i) {
+  out.keys.resize(updates);
+  for (size_t i = 0; i < updates; ++i) {
     uint32_t rank = static_cast<uint32_t>(
         std::min<size_t>(std::lower_bound(cdf.begin(), cdf.end(), uniform(rng)) - cdf.begin(),
                          kDistinctKeys - 1));
-    if (phase_switch && i >= kUpdates / 2) rank = (rank + kDistinctKeys / 2) % kDistinctKeys;
-    stream[i] = SplitMix64(rank);  // bijective: distinct ranks give distinct keys
+    if (phase_switch && i >= updates / 2) rank = (rank + kDistinctKeys / 2) % kDistinctKeys;
+    out.keys[i] = SplitMix64(rank);  // bijective: distinct ranks give distinct keys
   }
-  cached_arg = arg;
-  return stream;
+  out.items.reserve(updates);
+  for (uint64_t key : out.keys) out.items.push_back({key, 1});
+  for (uint64_t key : out.keys) ++out.expected[key];
+  return out;
 }
 
-using strata::table::CountTable;
-using strata::table::SortedTableOptions;
-using strata::table::TableStats;
+double CpuSeconds() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
 
-void RunStrata(benchmark::State& state, bool sorting, uint32_t bucket_count, bool batched = false,
-               uint32_t frequency_threshold = SortedTableOptions().frequency_threshold) {
-  const std::vector<uint64_t>& stream = ZipfStream(static_cast<int>(state.range(0)));
-  SortedTableOptions options{.max_entries = kDistinctKeys, .bucket_count = bucket_count,
-                             .sorting = sorting, .frequency_threshold = frequency_threshold};
-  TableStats first, end;
-  double probe_final = 0;
-  size_t memory = 0;
-  for (auto _ : state) {
-    state.PauseTiming();
-    absl::StatusOr<CountTable> created = CountTable::Create(options);
-    if (!created.ok()) {
-      state.SkipWithError(std::string(created.status().message()).c_str());
-      return;
-    }
-    CountTable* table = &*created;
-    state.ResumeTiming();
-    const size_t period = options.period;
-    if (batched) {
-      // The server and agent hand over batches; 1024 (key, 1) items per call.
-      std::vector<strata::table::KeyCount<uint64_t>> batch(1024);
-      for (size_t i = 0; i < stream.size(); i += batch.size()) {
-        const size_t n = std::min(batch.size(), stream.size() - i);
-        for (size_t j = 0; j < n; ++j) batch[j] = {stream[i + j], 1};
-        table->AddBatch(std::span(batch.data(), n));
-        if (i + n == period) first = table->stats();
-      }
-    } else {
-      for (size_t i = 0; i < period; ++i) table->Add(stream[i]);
-      first = table->stats();  // the first sort has just run, at the end of the first period
-      for (size_t i = period; i < stream.size(); ++i) table->Add(stream[i]);
-    }
-    benchmark::ClobberMemory();
-    state.PauseTiming();
-    end = table->stats();
-    uint64_t weighted = 0, total = 0;
-    for (uint32_t b = 0; b < table->bucket_count(); ++b) {
-      uint64_t position = 0;
-      table->ForEachInChain(b, [&](uint64_t, uint64_t count, uint32_t) {
-        weighted += count * ++position;
-        total += count;
-      });
-    }
-    probe_final = static_cast<double>(weighted) / total;
-    memory = table->memory_bytes();
-    state.ResumeTiming();
+// One timed run of one contender on one stream.
+struct Run {
+  double seconds = 0;
+  double probe_first = 0, probe_after = 0, probe_final = 0;  // 0: not applicable
+  double memory_mb = 0;
+  uint64_t chains_sorted = 0;
+};
+
+[[noreturn]] void Fail(const std::string& contender, const std::string& what) {
+  std::fprintf(stderr, "%s: %s\n", contender.c_str(), what.c_str());
+  std::exit(1);
+}
+
+template <typename Map>
+void CheckCounts(const std::string& contender, const Stream& stream, const Map& map) {
+  if (map.size() != stream.expected.size()) Fail(contender, "wrong number of keys");
+  for (const auto& [key, count] : map) {
+    auto it = stream.expected.find(key);
+    if (it == stream.expected.end() || it->second != count) Fail(contender, "wrong count");
   }
-  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * stream.size()));
-  TableStats none;
-  state.counters["probe_first_period"] = first.MeanHitProbeLengthSince(none);
-  state.counters["probe_after"] = end.MeanHitProbeLengthSince(first);
-  state.counters["probe_final"] = probe_final;
-  state.counters["chains_sorted"] = static_cast<double>(end.chains_sorted);
-  state.counters["phase_changes"] = static_cast<double>(end.phase_changes);
-  state.counters["mem_MB"] = memory / 1e6;
 }
 
-void BM_StrataSorted(benchmark::State& state) { RunStrata(state, true, 0); }
-void BM_StrataUnsorted(benchmark::State& state) { RunStrata(state, false, 0); }
-// A quarter of the buckets (mean chain length 4 when full): less memory, deeper chains.
-void BM_StrataSortedDeep(benchmark::State& state) { RunStrata(state, true, kDistinctKeys / 4); }
-void BM_StrataUnsortedDeep(benchmark::State& state) { RunStrata(state, false, kDistinctKeys / 4); }
-// Deep chains, and entries with more than 4 counts per period (not 64) count as hot.
-void BM_StrataSortedDeepT4(benchmark::State& state) {
-  RunStrata(state, true, kDistinctKeys / 4, false, 4);
-}
-
-void BM_StrataSortedBatch(benchmark::State& state) { RunStrata(state, true, 0, true); }
-
-void BM_StdUnorderedMap(benchmark::State& state) {
-  const std::vector<uint64_t>& stream = ZipfStream(static_cast<int>(state.range(0)));
-  double probe_final = 0, memory = 0;
-  for (auto _ : state) {
-    state.PauseTiming();
-    std::unordered_map<uint64_t, uint64_t> map;
-    map.reserve(kDistinctKeys);
-    state.ResumeTiming();
-    for (uint64_t key : stream) ++map[key];
-    benchmark::ClobberMemory();
-    state.PauseTiming();
-    uint64_t weighted = 0, total = 0;
-    for (size_t b = 0; b < map.bucket_count(); ++b) {
-      uint64_t position = 0;
-      for (auto it = map.begin(b); it != map.end(b); ++it) {
-        weighted += it->second * ++position;
-        total += it->second;
-      }
+// The table, fed one Add per update or AddBatch with 1024 items per call (the server and the
+// agent hand over batches).
+Run RunStrata(const std::string& name, const Stream& stream, SortedTableOptions options,
+              bool batched) {
+  options.max_entries = kDistinctKeys;
+  absl::StatusOr<CountTable> created = CountTable::Create(options);
+  if (!created.ok()) Fail(name, std::string(created.status().message()));
+  CountTable& table = *created;
+  const size_t period = options.period;
+  const size_t n = stream.keys.size();
+  TableStats first;
+  const double start = CpuSeconds();
+  if (batched) {
+    constexpr size_t kBatch = 1024;
+    for (size_t i = 0; i < n; i += kBatch) {
+      const size_t stored = table.AddBatch(std::span(stream.items).subspan(i, std::min(kBatch, n - i)));
+      if (stored != std::min(kBatch, n - i)) Fail(name, "table full");
+      if (i < period && i + kBatch >= period) first = table.stats();  // ~ the first period
     }
-    probe_final = static_cast<double>(weighted) / total;
-    // Bucket pointers plus one node (next pointer + pair, as malloc rounds it: 32 bytes).
-    memory = map.bucket_count() * sizeof(void*) + map.size() * 32.0;
-    state.ResumeTiming();
+  } else {
+    const size_t first_end = std::min(period, n);
+    for (size_t i = 0; i < first_end; ++i) table.Add(stream.keys[i]);
+    first = table.stats();  // the first sort has just run, at the end of the first period
+    for (size_t i = first_end; i < n; ++i) table.Add(stream.keys[i]);
   }
-  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * stream.size()));
-  state.counters["probe_final"] = probe_final;
-  state.counters["mem_MB"] = memory / 1e6;
-}
+  Run run;
+  run.seconds = CpuSeconds() - start;
 
-void BM_AbslFlatHashMap(benchmark::State& state) {
-  const std::vector<uint64_t>& stream = ZipfStream(static_cast<int>(state.range(0)));
-  double probe_final = 0, memory = 0;
-  for (auto _ : state) {
-    state.PauseTiming();
-    absl::flat_hash_map<uint64_t, uint64_t> map;
-    map.reserve(kDistinctKeys);
-    state.ResumeTiming();
-    for (uint64_t key : stream) ++map[key];
-    benchmark::ClobberMemory();
-    state.PauseTiming();
-    uint64_t weighted = 0, total = 0;
-    for (const auto& [key, count] : map) {
-      weighted += count * (1 + absl::container_internal::GetHashtableDebugNumProbes(map, key));
+  absl::flat_hash_map<uint64_t, uint64_t> contents;
+  table.ForEach([&](uint64_t key, uint64_t count) { contents[key] = count; });
+  CheckCounts(name, stream, contents);
+  const TableStats end = table.stats();
+  if (end.updates != n) Fail(name, "wrong number of updates");
+  run.probe_first = first.MeanHitProbeLengthSince(TableStats());
+  run.probe_after = end.MeanHitProbeLengthSince(first);
+  uint64_t weighted = 0, total = 0;
+  for (uint32_t b = 0; b < table.bucket_count(); ++b) {
+    uint64_t position = 0;
+    table.ForEachInChain(b, [&](uint64_t, uint64_t count, uint32_t) {
+      weighted += count * ++position;
       total += count;
-    }
-    probe_final = static_cast<double>(weighted) / total;
-    memory = map.capacity() * (sizeof(std::pair<uint64_t, uint64_t>) + 1.0);
-    state.ResumeTiming();
+    });
   }
-  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * stream.size()));
-  state.counters["probe_final"] = probe_final;
-  state.counters["mem_MB"] = memory / 1e6;
+  run.probe_final = static_cast<double>(weighted) / static_cast<double>(total);
+  run.memory_mb = static_cast<double>(table.memory_bytes()) / 1e6;
+  run.chains_sorted = end.chains_sorted;
+  return run;
 }
 
-// The same loop as above with absl's own prefetch 8 keys ahead (the analogue of AddBatch).
-void BM_AbslFlatHashMapPrefetch(benchmark::State& state) {
-  const std::vector<uint64_t>& stream = ZipfStream(static_cast<int>(state.range(0)));
-  for (auto _ : state) {
-    state.PauseTiming();
-    absl::flat_hash_map<uint64_t, uint64_t> map;
-    map.reserve(kDistinctKeys);
-    state.ResumeTiming();
-    for (size_t i = 0; i < stream.size(); ++i) {
-      if (i + 8 < stream.size()) map.prefetch(stream[i + 8]);
-      ++map[stream[i]];
+Run RunStdUnorderedMap(const std::string& name, const Stream& stream) {
+  std::unordered_map<uint64_t, uint64_t> map;
+  map.reserve(kDistinctKeys);
+  const double start = CpuSeconds();
+  for (uint64_t key : stream.keys) ++map[key];
+  Run run;
+  run.seconds = CpuSeconds() - start;
+  CheckCounts(name, stream, map);
+  uint64_t weighted = 0, total = 0;
+  for (size_t b = 0; b < map.bucket_count(); ++b) {
+    uint64_t position = 0;
+    for (auto it = map.begin(b); it != map.end(b); ++it) {
+      weighted += it->second * ++position;
+      total += it->second;
     }
-    benchmark::ClobberMemory();
   }
-  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * stream.size()));
+  run.probe_final = static_cast<double>(weighted) / static_cast<double>(total);
+  run.memory_mb = (map.bucket_count() * sizeof(void*) + map.size() * 32.0) / 1e6;
+  return run;
 }
 
-// The hot-paths query: top 100 of a full table.
-void BM_StrataTop100(benchmark::State& state) {
-  const std::vector<uint64_t>& stream = ZipfStream(static_cast<int>(state.range(0)));
+// With `prefetch`, absl's own prefetch 8 keys ahead (the analogue of AddBatch).
+Run RunAbslFlatHashMap(const std::string& name, const Stream& stream, bool prefetch) {
+  absl::flat_hash_map<uint64_t, uint64_t> map;
+  map.reserve(kDistinctKeys);
+  const std::vector<uint64_t>& keys = stream.keys;
+  const double start = CpuSeconds();
+  if (prefetch) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (i + 8 < keys.size()) map.prefetch(keys[i + 8]);
+      ++map[keys[i]];
+    }
+  } else {
+    for (uint64_t key : keys) ++map[key];
+  }
+  Run run;
+  run.seconds = CpuSeconds() - start;
+  CheckCounts(name, stream, map);
+  uint64_t weighted = 0, total = 0;
+  for (const auto& [key, count] : map) {
+    weighted += count * (1 + absl::container_internal::GetHashtableDebugNumProbes(map, key));
+    total += count;
+  }
+  run.probe_final = static_cast<double>(weighted) / static_cast<double>(total);
+  run.memory_mb = map.capacity() * (sizeof(std::pair<uint64_t, uint64_t>) + 1.0) / 1e6;
+  return run;
+}
+
+struct Contender {
+  std::string name;
+  std::function<Run(const Stream&)> run;
+  std::vector<Run> runs;  // one per round
+
+  double Rate(const Run& r, size_t updates) const { return updates / r.seconds / 1e6; }
+  double MedianRate(size_t updates) const {
+    std::vector<double> rates;
+    for (const Run& r : runs) rates.push_back(Rate(r, updates));
+    std::sort(rates.begin(), rates.end());
+    const size_t m = rates.size() / 2;
+    return rates.size() % 2 == 1 ? rates[m] : (rates[m - 1] + rates[m]) / 2;
+  }
+  double BestRate(size_t updates) const {
+    double best = 0;
+    for (const Run& r : runs) best = std::max(best, Rate(r, updates));
+    return best;
+  }
+};
+
+constexpr const char* kStd = "std::unordered_map";
+constexpr const char* kAbsl = "absl::flat_hash_map";
+constexpr const char* kSortedAdd = "strata sorted, Add";
+constexpr const char* kSortedBatch = "strata sorted, AddBatch";
+
+std::vector<Contender> MakeContenders() {
+  const SortedTableOptions sorted;  // the defaults: sorting on, 2^17 buckets for 100k keys
+  const SortedTableOptions unsorted{.sorting = false};
+  // A quarter of the buckets (mean chain length ~3 when full): less memory, deeper chains.
+  const SortedTableOptions deep{.bucket_count = kDistinctKeys / 4};
+  const SortedTableOptions deep_unsorted{.bucket_count = kDistinctKeys / 4, .sorting = false};
+  auto strata = [](const char* name, SortedTableOptions options, bool batched) {
+    return Contender{name, [=](const Stream& s) { return RunStrata(name, s, options, batched); },
+                     {}};
+  };
+  std::vector<Contender> out;
+  out.push_back(strata(kSortedAdd, sorted, false));
+  out.push_back(strata(kSortedBatch, sorted, true));
+  out.push_back(strata("strata sorting off, Add", unsorted, false));
+  out.push_back(strata("strata deep sorted, Add", deep, false));
+  out.push_back(strata("strata deep sorting off, Add", deep_unsorted, false));
+  out.push_back({kStd, [](const Stream& s) { return RunStdUnorderedMap(kStd, s); }, {}});
+  out.push_back({kAbsl, [](const Stream& s) { return RunAbslFlatHashMap(kAbsl, s, false); }, {}});
+  out.push_back({"absl::flat_hash_map, prefetch",
+                 [](const Stream& s) {
+                   return RunAbslFlatHashMap("absl::flat_hash_map, prefetch", s, true);
+                 },
+                 {}});
+  return out;
+}
+
+const Contender& Find(const std::vector<Contender>& contenders, const char* name) {
+  for (const Contender& c : contenders) {
+    if (c.name == name) return c;
+  }
+  Fail(name, "no such contender");
+}
+
+void Report(const Stream& stream, const std::vector<Contender>& contenders, int rounds) {
+  const size_t n = stream.keys.size();
+  std::printf("\n%s: %zu updates, %zu distinct keys (of %u), %d rounds, CPU time\n",
+              stream.name.c_str(), n, stream.expected.size(), kDistinctKeys, rounds);
+  std::printf("%-30s %9s %9s %7s %7s %7s %7s %7s %7s %7s\n", "contender", "M upd/s", "best",
+              "x std", "x absl", "probe1", "probe2", "final", "MB", "sorts");
+  const double std_rate = Find(contenders, kStd).MedianRate(n);
+  const double absl_rate = Find(contenders, kAbsl).MedianRate(n);
+  for (const Contender& c : contenders) {
+    const Run& last = c.runs.back();  // probe lengths and memory are the same every round
+    const double rate = c.MedianRate(n);
+    std::printf("%-30s %9.1f %9.1f %7.2f %7.2f ", c.name.c_str(), rate, c.BestRate(n),
+                rate / std_rate, rate / absl_rate);
+    if (last.probe_first > 0) {
+      std::printf("%7.3f %7.3f ", last.probe_first, last.probe_after);
+    } else {
+      std::printf("%7s %7s ", "-", "-");
+    }
+    std::printf("%7.3f %7.2f ", last.probe_final, last.memory_mb);
+    if (c.name.starts_with("strata")) {
+      std::printf("%7llu\n", static_cast<unsigned long long>(last.chains_sorted));
+    } else {
+      std::printf("%7s\n", "-");
+    }
+  }
+  for (const char* name : {kSortedAdd, kSortedBatch}) {
+    const double rate = Find(contenders, name).MedianRate(n);
+    std::printf("goal (%s): >= 2x std::unordered_map %s (%.2fx), >= absl::flat_hash_map %s "
+                "(%.2fx)\n",
+                name, rate >= 2 * std_rate ? "met" : "NOT met", rate / std_rate,
+                rate >= absl_rate ? "met" : "NOT met", rate / absl_rate);
+  }
+}
+
+// The hot-paths query: TopN(100) of a full table, microseconds per call.
+void ReportTopN(const Stream& stream) {
   absl::StatusOr<CountTable> table = CountTable::Create({.max_entries = kDistinctKeys});
-  for (uint64_t key : stream) table->Add(key);
-  for (auto _ : state) benchmark::DoNotOptimize(table->TopN(100));
-  state.counters["entries"] = static_cast<double>(table->size());
+  for (uint64_t key : stream.keys) table->Add(key);
+  constexpr int kCalls = 200;
+  size_t sink = 0;
+  const double start = CpuSeconds();
+  for (int i = 0; i < kCalls; ++i) sink += table->TopN(100).size();
+  const double us = (CpuSeconds() - start) / kCalls * 1e6;
+  std::printf("\nTopN(100) of %zu entries (%s): %.0f us per call (%zu)\n", table->size(),
+              stream.name.c_str(), us, sink / kCalls);
 }
-
-// Exponents 0.8 and 1.1; each contender runs on the same cached stream back to back.
-#define STRATA_TABLE_BENCH(fn) \
-  BENCHMARK(fn)->Arg(80)->Iterations(3)->Unit(benchmark::kMillisecond)
-#define STRATA_TABLE_BENCH_11(fn) \
-  BENCHMARK(fn)->Arg(110)->Iterations(3)->Unit(benchmark::kMillisecond)
-
-STRATA_TABLE_BENCH(BM_StrataSorted);
-STRATA_TABLE_BENCH(BM_StrataUnsorted);
-STRATA_TABLE_BENCH(BM_StrataSortedDeep);
-STRATA_TABLE_BENCH(BM_StrataUnsortedDeep);
-STRATA_TABLE_BENCH(BM_StdUnorderedMap);
-STRATA_TABLE_BENCH(BM_AbslFlatHashMap);
-STRATA_TABLE_BENCH(BM_StrataSortedBatch);
-STRATA_TABLE_BENCH(BM_AbslFlatHashMapPrefetch);
-STRATA_TABLE_BENCH_11(BM_StrataSorted);
-STRATA_TABLE_BENCH_11(BM_StrataUnsorted);
-STRATA_TABLE_BENCH_11(BM_StrataSortedDeep);
-STRATA_TABLE_BENCH_11(BM_StrataUnsortedDeep);
-STRATA_TABLE_BENCH_11(BM_StdUnorderedMap);
-STRATA_TABLE_BENCH_11(BM_AbslFlatHashMap);
-STRATA_TABLE_BENCH_11(BM_StrataSortedBatch);
-STRATA_TABLE_BENCH_11(BM_AbslFlatHashMapPrefetch);
-// Zipf 1.1 with a phase switch halfway: where sorting has work to do.
-#define STRATA_TABLE_BENCH_SWITCH(fn) \
-  BENCHMARK(fn)->Arg(1110)->Iterations(3)->Unit(benchmark::kMillisecond)
-STRATA_TABLE_BENCH_SWITCH(BM_StrataSorted);
-STRATA_TABLE_BENCH_SWITCH(BM_StrataUnsorted);
-STRATA_TABLE_BENCH_SWITCH(BM_StrataSortedDeep);
-STRATA_TABLE_BENCH_SWITCH(BM_StrataUnsortedDeep);
-STRATA_TABLE_BENCH_SWITCH(BM_StrataSortedDeepT4);
-STRATA_TABLE_BENCH_SWITCH(BM_AbslFlatHashMap);
-
-BENCHMARK(BM_StrataTop100)->Arg(110)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  int rounds = 5;
+  size_t updates = 10'000'000;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--rounds=", 9) == 0) {
+      rounds = std::max(1, std::atoi(argv[i] + 9));
+    } else if (std::strncmp(argv[i], "--updates=", 10) == 0) {
+      updates = std::max<size_t>(kDistinctKeys, std::strtoull(argv[i] + 10, nullptr, 10));
+    } else {
+      std::fprintf(stderr, "usage: %s [--rounds=N] [--updates=N]\n", argv[0]);
+      return 2;
+    }
+  }
+  const struct {
+    double s;
+    bool phase_switch;
+  } kStreams[] = {{0.8, false}, {1.1, false}, {1.1, true}};
+  for (const auto& spec : kStreams) {
+    const Stream stream = MakeStream(spec.s, spec.phase_switch, updates);
+    std::vector<Contender> contenders = MakeContenders();
+    for (int round = 0; round < rounds; ++round) {
+      for (Contender& c : contenders) c.runs.push_back(c.run(stream));
+    }
+    Report(stream, contenders, rounds);
+    if (spec.s == 1.1 && !spec.phase_switch) ReportTopN(stream);
+  }
+  return 0;
+}
