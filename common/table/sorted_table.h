@@ -599,10 +599,10 @@ class SortedTable {
   static uint32_t PeriodWeight(uint64_t count) {
     return static_cast<uint32_t>(std::min<uint64_t>(count, uint64_t{1} << 31));
   }
-  // Period counts saturate here (only reachable with period = 0 or counts near 2^31):
-  // kMaxPeriodCount + weight < 2^32, so the count half of period_word never carries into the
-  // epoch half.
-  static constexpr uint64_t kMaxPeriodCount = (uint64_t{1} << 31) - 1;
+  // Period counts saturate here (reachable only with period = 0 or counts near 2^31), so the
+  // count half of period_word never carries into the epoch half. A weight alone is at most
+  // this.
+  static constexpr uint64_t kMaxPeriodCount = uint64_t{1} << 31;
 
   static uint32_t WordEpoch(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
   static uint32_t WordCount(uint64_t word) { return static_cast<uint32_t>(word); }

@@ -699,7 +699,7 @@ TEST(SortedTableTest, StatsAndBatchesMatchAModelWithDegenerateHash) {
   EXPECT_GT(single->stats().chains_sorted, 0u);
 }
 
-// Period counts saturate at 2^31 - 1 (owner-driven periods have no bound on them) without
+// Period counts saturate at 2^31 (owner-driven periods have no bound on them) without
 // spilling into the period number, and counts stay exact.
 TEST(SortedTableTest, PeriodCountsSaturate) {
   CountTable table = MakeTable({.max_entries = 8, .period = 0, .frequency_threshold = 10});
@@ -711,7 +711,7 @@ TEST(SortedTableTest, PeriodCountsSaturate) {
     });
     return out;
   };
-  constexpr uint32_t kMax = (1u << 31) - 1;
+  constexpr uint32_t kMax = 1u << 31;
   table.Add(a, kMax - 10);
   table.Add(b, 3);
   EXPECT_EQ(period_count(a), kMax - 10);
@@ -722,13 +722,18 @@ TEST(SortedTableTest, PeriodCountsSaturate) {
   EXPECT_EQ(period_count(a), kMax);
   EXPECT_EQ(table.Find(a), kMax - 10 + 100 + (uint64_t{1} << 40) + (uint64_t{1} << 31));
   EXPECT_EQ(period_count(b), 3u);
+  table.Add(b, uint64_t{1} << 40);  // a single count saturates too
+  EXPECT_EQ(period_count(b), kMax);
   table.EndPeriod();
   EXPECT_EQ(period_count(a), 0u);  // a new period, not a carry into the period number
   table.Add(a, 5);
   table.Add(b);
   EXPECT_EQ(period_count(a), 5u);
   EXPECT_EQ(period_count(b), 1u);
-  EXPECT_EQ(table.stats().updates, 7u);
+  EXPECT_EQ(table.stats().updates, 8u);
+  // A new key with a huge count: saturated from the start.
+  table.Add(13, uint64_t{1} << 40);
+  EXPECT_EQ(period_count(13), kMax);
   EXPECT_EQ(table.stats().periods, 1u);
 
   // With counted periods a count of 2^31 or more ends the period at once.
