@@ -25,12 +25,15 @@
 // cumulative: a cumulative count takes a long time to be overtaken, so a hot-path switch in
 // the middle of a window would go unseen. At the end of every period the hot set (entries
 // above frequency_threshold in the period, at most `phase_rank_limit` of them) is sorted by
-// period count and compared with the previous period's sorted hot set. When entry X is now
-// ahead of entry Y, Y was ahead of X in the previous ranking, and the two are an order of
-// magnitude apart (`phase_change_factor`) either in the previous period (Y >= factor * X) or
-// in the current one (X >= factor * Y), the table records a PhaseChange. Checking both periods
-// catches a switch whichever side of a period boundary it falls on; requiring Y to have been
-// in the previous ranking keeps warm-up and low-count noise from recording anything.
+// period count and compared with the sorted hot sets of the previous period and of the one
+// before. When entry X is now ahead of entry Y, Y was ahead of X in such a ranking, and the
+// two are an order of magnitude apart (`phase_change_factor`) either then (Y >= factor * X)
+// or now (X >= factor * Y), the table records a PhaseChange (once: a pair recorded in this or
+// the previous period is not recorded again). Two periods back as well, because a switch
+// rarely falls on a period boundary: in the period that straddles it the new hot entry
+// overtakes the old one by less than 10x, and in the next it is already ahead; compared with
+// the period before the switch, the reordering and its magnitude are plain. Requiring Y to
+// have been ranked keeps warm-up and low-count noise from recording anything.
 // The patent compares neighbours inside one sorted chain; two stacks that trade places rarely
 // share a chain, so the comparison is made over the table's sorted hot set instead (the chain
 // sorts still order the chains for lookups).
@@ -438,9 +441,12 @@ class SortedTable {
   struct Ranked {
     Key key;
     uint32_t count;        // period count
-    uint32_t prev_count;   // count in the period before
-    uint32_t rank_after;   // for the previous ranking: rank in the next one, kNil if unranked
-    uint32_t count_after;  // ... and count in the next period
+    uint32_t rank_after;   // for an older ranking: rank in the current one, kNil if unranked
+    uint32_t count_after;  // ... and count in the current period
+  };
+  struct KeyPair {
+    Key rose;
+    Key fell;
   };
   static constexpr int64_t kNoPeriodEnd = std::numeric_limits<int64_t>::max();
 
@@ -506,14 +512,18 @@ class SortedTable {
       hot_ = std::make_unique_for_overwrite<SortItem[]>(scratch_capacity_);
       hot_list_ = std::make_unique_for_overwrite<uint32_t[]>(hot_capacity_);
       rank_now_ = std::make_unique_for_overwrite<Ranked[]>(rank_capacity);
-      rank_before_ = std::make_unique_for_overwrite<Ranked[]>(rank_capacity);
+      rank_back1_ = std::make_unique_for_overwrite<Ranked[]>(rank_capacity);
+      rank_back2_ = std::make_unique_for_overwrite<Ranked[]>(rank_capacity);
+      reported_now_ = std::make_unique_for_overwrite<KeyPair[]>(options_.max_phase_changes);
+      reported_before_ = std::make_unique_for_overwrite<KeyPair[]>(options_.max_phase_changes);
       phase_changes_ =
           std::make_unique_for_overwrite<PhaseChange<Key>[]>(options_.max_phase_changes);
     }
     memory_bytes_ = 2 * sizeof(uint32_t) * bucket_count_ + sizeof(Entry) * options_.max_entries;
     if (options_.sorting) {
       memory_bytes_ += sizeof(uint32_t) * (sort_capacity_ + hot_capacity_) +
-                       sizeof(SortItem) * scratch_capacity_ + 2 * sizeof(Ranked) * rank_capacity +
+                       sizeof(SortItem) * scratch_capacity_ + 3 * sizeof(Ranked) * rank_capacity +
+                       2 * sizeof(KeyPair) * options_.max_phase_changes +
                        sizeof(PhaseChange<Key>) * options_.max_phase_changes;
     }
     Clear();
@@ -702,8 +712,7 @@ class SortedTable {
   }
 
   // Sorts this period's hot entries by period count (the hottest phase_rank_limit of them),
-  // compares that ranking with the previous period's and records phase changes; the new
-  // ranking becomes the previous one.
+  // compares that ranking with the previous two and records phase changes.
   void RankHotSet() {
     const uint32_t limit = options_.phase_rank_limit;
     uint32_t n = 0;
@@ -720,52 +729,81 @@ class SortedTable {
     Ranked* now = rank_now_.get();
     for (uint32_t r = 0; r < ranked; ++r) {
       const Entry& e = slab_[hot_[r].index];
-      now[r] = Ranked{e.key, hot_[r].count, PrevCount(e), 0, 0};
+      now[r] = Ranked{e.key, hot_[r].count, 0, 0};
     }
-    // Where each previously ranked key stands now.
-    Ranked* before = rank_before_.get();
-    for (uint32_t p = 0; p < ranked_before_; ++p) {
-      before[p].rank_after = kNil;
+    uint32_t reported = 0;
+    CompareRankings(now, ranked, rank_back1_.get(), ranked_back1_, &reported);
+    CompareRankings(now, ranked, rank_back2_.get(), ranked_back2_, &reported);
+    // The previous ranking becomes the one two back; this one the previous.
+    std::swap(rank_back2_, rank_back1_);
+    ranked_back2_ = ranked_back1_;
+    std::copy(now, now + ranked, rank_back1_.get());
+    ranked_back1_ = ranked;
+    std::swap(reported_now_, reported_before_);
+    reported_before_count_ = reported;
+  }
+
+  // Records the pairs (x now ahead of y, y ahead of x in `back`) an order of magnitude apart
+  // then or now, skipping pairs recorded in this period or the previous one.
+  void CompareRankings(const Ranked* now, uint32_t ranked, Ranked* back, uint32_t ranked_back,
+                       uint32_t* reported) {
+    // Where each key of the older ranking stands now.
+    for (uint32_t p = 0; p < ranked_back; ++p) {
+      back[p].rank_after = kNil;
       for (uint32_t r = 0; r < ranked; ++r) {
-        if (now[r].key == before[p].key) {
-          before[p].rank_after = r;
-          before[p].count_after = now[r].count;
+        if (now[r].key == back[p].key) {
+          back[p].rank_after = r;
+          back[p].count_after = now[r].count;
           break;
         }
       }
-      if (before[p].rank_after == kNil) before[p].count_after = CurrentPeriodCount(before[p].key);
+      if (back[p].rank_after == kNil) back[p].count_after = CurrentPeriodCount(back[p].key);
     }
+    // A key missing from the older ranking had at most this many counts then.
+    const uint64_t unranked_bound = ranked_back < options_.phase_rank_limit || ranked_back == 0
+                                        ? uint64_t{options_.frequency_threshold}
+                                        : uint64_t{back[ranked_back - 1].count};
     const uint64_t factor = options_.phase_change_factor;
     for (uint32_t r = 0; r < ranked; ++r) {
       const Ranked& x = now[r];
-      uint32_t x_rank_before = ranked_before_;
-      uint64_t x_before = x.prev_count;
-      for (uint32_t p = 0; p < ranked_before_; ++p) {
-        if (before[p].key == x.key) {
-          x_rank_before = p;
-          x_before = before[p].count;
+      uint32_t x_rank_back = ranked_back;
+      uint64_t x_back = unranked_bound;
+      for (uint32_t p = 0; p < ranked_back; ++p) {
+        if (back[p].key == x.key) {
+          x_rank_back = p;
+          x_back = back[p].count;
           break;
         }
       }
-      // Every y ranked ahead of x before and behind it now.
-      for (uint32_t p = 0; p < x_rank_before; ++p) {
-        const Ranked& y = before[p];
+      // Every y ranked ahead of x then and behind it now.
+      for (uint32_t p = 0; p < x_rank_back; ++p) {
+        const Ranked& y = back[p];
         if (y.rank_after != kNil && y.rank_after < r) continue;
-        if (uint64_t{y.count} < factor * x_before && uint64_t{x.count} < factor * y.count_after) {
+        if (uint64_t{y.count} < factor * x_back && uint64_t{x.count} < factor * y.count_after) {
           continue;
         }
+        if (Reported(reported_before_.get(), reported_before_count_, x.key, y.key) ||
+            Reported(reported_now_.get(), *reported, x.key, y.key)) {
+          continue;
+        }
+        if (*reported < options_.max_phase_changes) reported_now_[(*reported)++] = {x.key, y.key};
         ++stats_.phase_changes;
         if (phase_change_count_ == options_.max_phase_changes) {
           ++stats_.phase_changes_dropped;
           continue;
         }
         phase_changes_[phase_change_count_++] = PhaseChange<Key>{
-            Updates(), epoch_, x.key, x.count, static_cast<uint32_t>(x_before),
+            Updates(), epoch_, x.key, x.count, static_cast<uint32_t>(x_back),
             y.key, y.count_after, y.count};
       }
     }
-    std::copy(now, now + ranked, before);
-    ranked_before_ = ranked;
+  }
+
+  static bool Reported(const KeyPair* pairs, uint32_t n, const Key& rose, const Key& fell) {
+    for (uint32_t i = 0; i < n; ++i) {
+      if (pairs[i].rose == rose && pairs[i].fell == fell) return true;
+    }
+    return false;
   }
 
   // Period count of `key` in the current period; 0 if absent.
@@ -806,8 +844,14 @@ class SortedTable {
   std::unique_ptr<uint32_t[]> hot_list_;
   // The current and the previous period's hot-set rankings (phase_rank_limit each).
   std::unique_ptr<Ranked[]> rank_now_;
-  std::unique_ptr<Ranked[]> rank_before_;
-  uint32_t ranked_before_ = 0;
+  std::unique_ptr<Ranked[]> rank_back1_;  // the previous period's ranking
+  std::unique_ptr<Ranked[]> rank_back2_;  // the ranking before that
+  uint32_t ranked_back1_ = 0;
+  uint32_t ranked_back2_ = 0;
+  // (rose, fell) pairs recorded in the current and the previous period.
+  std::unique_ptr<KeyPair[]> reported_now_;
+  std::unique_ptr<KeyPair[]> reported_before_;
+  uint32_t reported_before_count_ = 0;
   uint32_t phase_change_count_ = 0;
   std::unique_ptr<PhaseChange<Key>[]> phase_changes_;
   size_t memory_bytes_ = 0;

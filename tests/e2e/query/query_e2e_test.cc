@@ -127,8 +127,8 @@ class QueryE2eTest : public ::testing::Test {
             http.c_str(), "--data", data.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
-    // Ready when the HTTP health check answers.
-    for (int i = 0; i < 100; ++i) {
+    // Ready when the HTTP health check answers (a loaded machine may take a while).
+    for (int i = 0; i < 300; ++i) {
       if (Http("/healthz").find("ok") != std::string::npos) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
