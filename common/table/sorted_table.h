@@ -40,12 +40,11 @@
 //
 // Cost of an update. A hit on a chain head (where sorting keeps the hot entries) is inlined
 // into the caller: one load of the head slot, one 32-byte entry (key, count, period word,
-// link, previous period count; 64-bit keys), a branch-light period-count update, and one
-// counter decrement towards the period end. Hits and updates are not counted per Add: they
-// follow from the counts added (see Tally). Deeper hits, inserts, crossing the frequency
-// threshold and the first hit of an entry in a period take separate, mostly out-of-line paths.
-// AddBatch() also prefetches chain heads and head entries ahead and keeps the counters in
-// registers.
+// link; 64-bit keys), a period-count update without branches, and one counter decrement
+// towards the period end. Hits and updates are not counted per Add: they follow from the
+// counts added (see Tally). Deeper hits, inserts and crossing the frequency threshold take
+// out-of-line paths. AddBatch() also prefetches chain heads and head entries ahead and keeps
+// the counters in registers.
 //
 // Not thread-safe: the owner serializes calls. Keys are trivially copyable, equality
 // comparable and hashed by `Hash` (whose result is mixed again, so std::hash's identity for
@@ -423,10 +422,9 @@ class SortedTable {
     Key key;
     uint64_t count;
     // (period of the last update) << 32 | counts added in that period (see PeriodWeight).
-    // One word, so that "reset if stale, then add" is a max and an add.
+    // One word, so that "reset if stale, then add" is a mask and an add.
     uint64_t period_word;
-    uint32_t next;        // slab index of the next entry in the chain, kNil at the tail
-    uint32_t prev_count;  // counts added in the period before that of period_word
+    uint32_t next;  // slab index of the next entry in the chain, kNil at the tail
   };
   // Aligned to its power-of-two size (32 bytes for 64-bit keys) so no entry straddles two
   // cache lines.
@@ -561,7 +559,7 @@ class SortedTable {
     }
     const uint32_t i = size_++;
     const uint32_t weight = PeriodWeight(count);
-    slab_[i] = Entry{{key, count, tally_.epoch_base + weight, kNil, 0}};
+    slab_[i] = Entry{{key, count, tally_.epoch_base + weight, kNil}};
     *link = i;
     ++depths_[b];
     if (sorting_ && weight >= hot_min_) BecameHot(i, b, position);
@@ -585,21 +583,14 @@ class SortedTable {
     return CountTowardsPeriod(weight, t);
   }
 
-  // Adds `weight` to the entry's count of the current period, first moving a stale count to
-  // prev_count (0 if older than the previous period), and returns the new period count.
-  // The stale case is a branch, inline: a mispredicted branch costs less than computing and
-  // storing prev_count on every hit, even with Zipf 0.8 where most hits on cold keys are the
-  // first of their period.
+  // Adds `weight` to the entry's count of the current period, restarting from 0 if the word
+  // is from an earlier period, and returns the new period count. A mask, not a branch: entries
+  // hit less than once a period start over on most of their hits (most hits on cold keys), and
+  // the branch would be mispredicted on each of those.
   static uint64_t AddToPeriodCount(Entry& e, uint32_t weight, uint64_t base) {
     const uint64_t old = e.period_word;
-    uint64_t n;
-    if (old >= base) [[likely]] {
-      n = std::min(old - base + weight, kMaxPeriodCount);
-    } else {
-      // In epoch 0 nothing is stale, so base >= 2^32 here.
-      e.prev_count = old >= base - (uint64_t{1} << 32) ? WordCount(old) : 0;
-      n = weight;
-    }
+    const uint64_t current = uint64_t{0} - uint64_t{old >= base};  // all ones unless stale
+    const uint64_t n = std::min(((old - base) & current) + weight, kMaxPeriodCount);
     e.period_word = base + n;
     return n;
   }
@@ -619,10 +610,6 @@ class SortedTable {
 
   uint32_t PeriodCount(const Entry& e) const {
     return WordEpoch(e.period_word) == epoch_ ? WordCount(e.period_word) : 0;
-  }
-  uint32_t PrevCount(const Entry& e) const {
-    if (WordEpoch(e.period_word) == epoch_) return e.prev_count;
-    return WordEpoch(e.period_word) + 1 == epoch_ ? WordCount(e.period_word) : 0;
   }
 
   void QueueForSort(uint32_t b) {

@@ -573,12 +573,16 @@ uint32_t ChainPosition(const Table& table, uint64_t key) {
 // the prefetch distances, EndPeriod, Clear, TakeCounts and RemoveIf on a small table that
 // fills up. `batched` takes the batches, `single` the same items one Add at a time; both must
 // end in the same state, `single`'s statistics must match a model that counts each Add by
-// the position of its key before the Add, and every count is handed over exactly once.
+// the position of its key before the Add, its period counts a model that restarts them at
+// every period end, and every count is handed over exactly once.
 template <typename Table>
 void RunAgainstModel(Table& batched, Table& single, uint32_t seed, int steps) {
   std::mt19937_64 rng(seed);
   TableStats model;
   std::map<uint64_t, uint64_t> added, removed, taken_batched, taken_single;
+  constexpr uint64_t kMaxPeriodCount = uint64_t{1} << 31;
+  std::map<uint64_t, uint64_t> period_counts;  // keys absent: 0
+  uint64_t periods = 0;
   auto key_at = [&](uint64_t r) { return (r + 1) * 0x9e3779b97f4a7c15ull ^ 0x5bd1e995; };
   auto next_item = [&]() -> KeyCount<uint64_t> {
     const uint64_t r = rng() % 100;
@@ -605,9 +609,18 @@ void RunAgainstModel(Table& batched, Table& single, uint32_t seed, int steps) {
       ++model.inserts;
     }
     added[item.key] += item.count;
+    // Period counts: the count, capped, restarting after every period end (the Add that
+    // completes a period counts in that period).
+    uint64_t& pc = period_counts[item.key];
+    pc = std::min(pc + std::min(item.count, kMaxPeriodCount), kMaxPeriodCount);
+    if (single.stats().periods != periods) {
+      periods = single.stats().periods;
+      period_counts.clear();
+    }
     return true;
   };
   auto drain_both = [&] {
+    period_counts.clear();
     batched.Drain([&](uint64_t k, uint64_t c) { taken_batched[k] += c; });
     single.Drain([&](uint64_t k, uint64_t c) { taken_single[k] += c; });
   };
@@ -638,6 +651,8 @@ void RunAgainstModel(Table& batched, Table& single, uint32_t seed, int steps) {
     } else if (op < 93) {
       batched.EndPeriod();
       single.EndPeriod();
+      period_counts.clear();
+      periods = single.stats().periods;
     } else if (op < 95) {
       drain_both();
     } else if (op < 98) {
@@ -647,7 +662,10 @@ void RunAgainstModel(Table& batched, Table& single, uint32_t seed, int steps) {
       const uint64_t odd = rng() % 2;
       ASSERT_EQ(batched.RemoveIf([&](uint64_t k, uint64_t, uint32_t) { return k % 2 == odd; }),
                 single.RemoveIf([&](uint64_t k, uint64_t c, uint32_t) {
-                  if (k % 2 == odd) removed[k] += c;
+                  if (k % 2 == odd) {
+                    removed[k] += c;
+                    period_counts.erase(k);
+                  }
                   return k % 2 == odd;
                 }));
     }
@@ -657,6 +675,14 @@ void RunAgainstModel(Table& batched, Table& single, uint32_t seed, int steps) {
     ASSERT_EQ(stats.inserts, model.inserts) << step;
     ASSERT_EQ(stats.updates, model.hits + model.inserts) << step;
     ASSERT_EQ(stats.full_rejections, model.full_rejections) << step;
+    if (step % 16 == 0) {
+      for (uint32_t b = 0; b < single.bucket_count(); ++b) {
+        single.ForEachInChain(b, [&](uint64_t k, uint64_t, uint32_t pc) {
+          auto it = period_counts.find(k);
+          ASSERT_EQ(pc, it == period_counts.end() ? 0 : it->second) << step;
+        });
+      }
+    }
   }
   Snapshot<Table>(batched).ExpectEq(Snapshot<Table>(single));
   EXPECT_EQ(batched.TakePhaseChanges().size(), single.TakePhaseChanges().size());
