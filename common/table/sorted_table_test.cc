@@ -198,14 +198,24 @@ TEST(SortedTableTest, NothingAllocatedAfterConstruction) {
   std::mt19937_64 rng(7);
   std::vector<uint64_t> keys(1000);
   for (uint64_t& k : keys) k = rng();
+  std::vector<KeyCount<uint64_t>> batch(100);
   const uint64_t before = g_allocations.load();
   uint64_t sum = 0;
   for (int i = 0; i < 100000; ++i) {
     // A hot key that switches every 5000 updates keeps sorts and phase changes happening.
     const uint64_t key = rng() % 10 != 0 ? keys[(i / 2000) % 20] : keys[rng() % 400];
-    if (table.Add(key) == AddResult::kFull) {
+    if (i % 2 == 0) {  // half of the updates one at a time, half in batches of 100
+      if (table.Add(key) == AddResult::kFull) {
+        table.Drain([&](uint64_t, uint64_t c) { sum += c; });
+        table.Add(key);
+      }
+      continue;
+    }
+    batch[i / 2 % 100] = {key, 1};
+    if (i / 2 % 100 != 99) continue;
+    std::span<const KeyCount<uint64_t>> rest(batch);
+    while (!(rest = rest.subspan(table.AddBatch(rest))).empty()) {
       table.Drain([&](uint64_t, uint64_t c) { sum += c; });
-      table.Add(key);
     }
   }
   const uint64_t after = g_allocations.load();
