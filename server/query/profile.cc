@@ -219,9 +219,18 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
 
 absl::StatusOr<std::vector<store::ServiceSummary>> ListServices(store::Store* store,
                                                                 const LiveSamples* live) {
-  auto services = store->ListServices();
-  if (!services.ok() || live == nullptr) return services;
-  for (const store::ServiceSummary& l : live->LiveServices()) {
+  if (live == nullptr) return store->ListServices();
+  // As in ProfileReader::SumSamples: a flush between the two reads would count a window twice.
+  absl::StatusOr<std::vector<store::ServiceSummary>> services;
+  std::vector<store::ServiceSummary> live_services;
+  for (;;) {
+    const uint64_t generation = live->FlushGeneration();
+    services = store->ListServices();
+    if (!services.ok()) return services;
+    live_services = live->LiveServices();
+    if (live->FlushGeneration() == generation) break;
+  }
+  for (const store::ServiceSummary& l : live_services) {
     auto it = std::find_if(services->begin(), services->end(),
                            [&](const auto& s) { return s.service == l.service; });
     if (it == services->end()) {
