@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 
@@ -96,14 +97,19 @@ TEST(ProcessTrackerTest, EnvironmentVariableMakesATarget) {
   char* envp[] = {env.data(), nullptr};
   pid_t child = 0;
   ASSERT_EQ(posix_spawnp(&child, "sleep", nullptr, nullptr, argv, envp), 0);
-  // Up to 10 s: on a loaded machine the exec can take a while.
-  for (int i = 0; i < 10000 && ExecutableBasename(ReadExecutable(child).value_or("")) != "sleep";
-       ++i) {
+  // Up to 20 s of wall time: on a loaded machine the exec can take a while.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  std::string executable;
+  while ((executable = ReadExecutable(child).value_or(""), ExecutableBasename(executable)) !=
+             "sleep" &&
+         std::chrono::steady_clock::now() < deadline) {
     usleep(1000);
   }
+  ASSERT_EQ(ExecutableBasename(executable), "sleep") << "the child did not exec: " << executable;
   ProcessChanges changes = tracker.Rescan().value();
   const TrackedProcess* added = FindPid(changes.added, child);
-  ASSERT_NE(added, nullptr);
+  ASSERT_NE(added, nullptr) << "environment: "
+                            << ReadEnvironValue(child, "STRATA_SERVICE").status().ToString();
   EXPECT_EQ(added->service, absl::StrCat("env-svc-", getpid()));
   KillAndReap(child);
 }
