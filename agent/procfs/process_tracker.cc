@@ -42,7 +42,8 @@ void ProcessTracker::Untrack(pid_t pid) {
 }
 
 bool ProcessTracker::Evaluate(pid_t pid, uint64_t start_time, const std::string& executable,
-                              TrackedProcess* out) {
+                              TrackedProcess* out, bool* settled) {
+  if (settled != nullptr) *settled = true;
   std::optional<std::string> service;
   if (auto pin = pinned_.find(pid); pin != pinned_.end()) {
     auto [it, inserted] = pinned_start_.try_emplace(pid, start_time);
@@ -61,14 +62,19 @@ bool ProcessTracker::Evaluate(pid_t pid, uint64_t start_time, const std::string&
   if (!service.has_value()) {
     if (executable.empty()) return false;  // kernel thread, or not ours to read
     ProcessIdentity identity{executable, command_line, std::nullopt};
+    bool empty_environment = false;
     if (matcher_.uses_env_var()) {
       // Unreadable environments (other users' processes without privileges) just do not match.
-      if (auto env = ReadEnvironValue(pid, kServiceEnvVar); env.ok()) {
-        identity.env_service = std::move(*env);
+      if (absl::StatusOr<std::string> env = ReadEnviron(pid); env.ok()) {
+        identity.env_service = FindEnvironValue(*env, kServiceEnvVar);
+        empty_environment = env->empty();
       }
     }
     service = matcher_.Match(identity);
-    if (!service.has_value()) return false;
+    if (!service.has_value()) {
+      if (settled != nullptr) *settled = !command_line.empty() && !empty_environment;
+      return false;
+    }
   }
   absl::StatusOr<std::vector<pid_t>> threads = ListThreads(pid);
   if (!threads.ok() || threads->empty()) return false;  // exited meanwhile
@@ -134,12 +140,15 @@ absl::StatusOr<ProcessChanges> ProcessTracker::Rescan() {
     }
 
     TrackedProcess process;
-    if (Evaluate(pid, *start_time, executable, &process)) {
+    bool settled = true;
+    if (Evaluate(pid, *start_time, executable, &process, &settled)) {
       ignored_.erase(pid);
       changes.added.push_back(process);
       targets_.emplace(pid, std::move(process));
-    } else {
+    } else if (settled) {
       ignored_[pid] = Seen{*start_time, std::move(executable)};
+    } else {
+      ignored_.erase(pid);  // mid-exec: decide on a later scan
     }
   }
 

@@ -89,9 +89,11 @@ class ProcessTracker {
   };
 
   // Reads everything about `pid` and decides whether it is a target; false if it is not or
-  // vanished meanwhile.
+  // vanished meanwhile. `*settled` (when given) is false when the decision rests on an empty
+  // command line or environment: a process caught in the middle of exec has its new
+  // executable before its new arguments and environment, so it is looked at again.
   bool Evaluate(pid_t pid, uint64_t start_time, const std::string& executable,
-                TrackedProcess* out);
+                TrackedProcess* out, bool* settled = nullptr);
 
   ServiceMatcher matcher_;
   Options options_;

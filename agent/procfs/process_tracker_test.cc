@@ -185,10 +185,21 @@ TEST(ProcessTrackerTest, ReportsThreadsOfTrackedProcess) {
 
   stop = true;
   worker.join();
-  changes = tracker.Rescan().value();
-  EXPECT_THAT(changes.threads_removed, Contains(ThreadRef{getpid(), tid}));
-  EXPECT_THAT(changes.threads_added, IsEmpty());
-  EXPECT_TRUE(changes.removed.empty() || FindPid(changes.removed, getpid()) == nullptr);
+  // pthread_join returns when the kernel clears the thread's tid, which is before the task
+  // leaves /proc (under qemu user mode the host thread can linger longer): scan until the
+  // removal shows, for up to 10 s.
+  std::vector<ThreadRef> removed, added;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  do {
+    changes = tracker.Rescan().value();
+    removed.insert(removed.end(), changes.threads_removed.begin(), changes.threads_removed.end());
+    added.insert(added.end(), changes.threads_added.begin(), changes.threads_added.end());
+    EXPECT_TRUE(changes.removed.empty() || FindPid(changes.removed, getpid()) == nullptr);
+    if (!removed.empty()) break;
+    usleep(10000);
+  } while (std::chrono::steady_clock::now() < deadline);
+  EXPECT_THAT(removed, Contains(ThreadRef{getpid(), tid}));
+  EXPECT_THAT(added, IsEmpty());
 }
 
 }  // namespace

@@ -235,8 +235,10 @@ absl::StatusOr<uint64_t> ReadStartTime(pid_t pid) {
   return ParseStatStartTime(*text);
 }
 
+absl::StatusOr<std::string> ReadEnviron(pid_t pid) { return ReadProcFile(PidPath(pid, "environ")); }
+
 absl::StatusOr<std::optional<std::string>> ReadEnvironValue(pid_t pid, std::string_view name) {
-  absl::StatusOr<std::string> text = ReadProcFile(PidPath(pid, "environ"));
+  absl::StatusOr<std::string> text = ReadEnviron(pid);
   if (!text.ok()) return text.status();
   return FindEnvironValue(*text, name);
 }

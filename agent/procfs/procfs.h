@@ -82,8 +82,9 @@ absl::StatusOr<std::string> ReadComm(pid_t pid);
 // Start time of `pid` (see ParseStatStartTime). With the pid it identifies a process across pid
 // reuse.
 absl::StatusOr<uint64_t> ReadStartTime(pid_t pid);
-// Value of environment variable `name` in /proc/PID/environ (the environment the process was
-// started or exec'd with), nullopt if unset.
+// /proc/PID/environ (the environment the process was started or exec'd with), NUL-separated.
+absl::StatusOr<std::string> ReadEnviron(pid_t pid);
+// Value of environment variable `name` in /proc/PID/environ, nullopt if unset.
 absl::StatusOr<std::optional<std::string>> ReadEnvironValue(pid_t pid, std::string_view name);
 // Parsed /proc/PID/maps.
 absl::StatusOr<std::vector<Mapping>> ReadMappings(pid_t pid);
