@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -19,11 +20,14 @@ namespace strata::server {
 class LiveSamples {
  public:
   virtual ~LiveSamples() = default;
-  // Changes whenever live counts move to the store. A reader takes it, reads the store,
-  // then calls AddLiveCounts with it; false means counts moved in between: read again.
-  virtual uint64_t FlushGeneration() const = 0;
+  // Changes whenever live counts of `service` (any service if empty) move to the store. A
+  // reader takes it, reads the store, then calls AddLiveCounts with it; false means counts
+  // moved in between: read again. Per service, so that a long read of one service is not
+  // retried for every other service's window flush.
+  virtual uint64_t FlushGeneration(std::string_view service) const = 0;
   // Adds the live counts of `query` (continuous profile; windows in [from_ms, to_ms); one
-  // host if set) to `stacks` (stack ID -> count) and their hosts to `hosts`.
+  // host if set) to `stacks` (stack ID -> count) and their hosts to `hosts`, if the flush
+  // generation of query.service is still `generation`.
   virtual bool AddLiveCounts(const store::SampleQuery& query, uint64_t generation,
                              absl::flat_hash_map<uint64_t, uint64_t>* stacks,
                              std::set<std::string>* hosts) const = 0;

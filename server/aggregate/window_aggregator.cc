@@ -218,32 +218,29 @@ absl::Status WindowAggregator::CommitBatch(store::WriteBatch* wb, const std::str
   absl::MutexLock lock(&mu_);
   const uint32_t host_id = InternHost(host);
   // Where each service's cells go: its table (open window) or the store (closed window).
-  std::map<const std::string*, size_t> per_service;  // cells per service name object
-  for (const Cell& c : cells) ++per_service[c.service];
-  std::map<std::string, ServiceTable*> tabled;
-  for (const auto& [service, n] : per_service) {
-    if (from_future || tabled.contains(*service)) continue;
-    absl::StatusOr<ServiceTable*> t = TableFor(*service);
+  std::map<std::string_view, size_t> per_service;  // service -> cells (new entries at most)
+  for (const Cell& c : cells) ++per_service[*c.service];
+  std::map<std::string_view, ServiceTable*> tabled;
+  for (const auto& [service_name, incoming] : per_service) {
+    if (from_future) break;
+    const std::string service(service_name);
+    absl::StatusOr<ServiceTable*> t = TableFor(service);
     if (!t.ok()) return t.status();
     ServiceTable& table = **t;
     if (table.open && window_start_ms > table.window_start_ms) {
-      if (absl::Status s = Flush(*service, table, /*close_window=*/true); !s.ok()) return s;
+      if (absl::Status s = Flush(service, table, /*close_window=*/true); !s.ok()) return s;
     }
     if (!table.open && window_start_ms > table.last_closed_ms) {
       table.open = true;
       table.window_start_ms = window_start_ms;
     }
     if (!table.open || table.window_start_ms != window_start_ms) continue;  // late
-    size_t incoming = 0;
-    for (const auto& [s, count] : per_service) {
-      if (*s == *service) incoming += count;
-    }
     if (incoming > table.table.capacity()) continue;  // cannot fit even when empty
     if (table.table.size() + incoming > table.table.capacity()) {
-      if (absl::Status s = Flush(*service, table, /*close_window=*/false); !s.ok()) return s;
+      if (absl::Status s = Flush(service, table, /*close_window=*/false); !s.ok()) return s;
       MakeRoom(table, incoming);
     }
-    tabled.emplace(*service, &table);
+    tabled.emplace(service_name, &table);
   }
 
   std::vector<const Cell*> journaled;
@@ -266,15 +263,8 @@ absl::Status WindowAggregator::CommitBatch(store::WriteBatch* wb, const std::str
   ++stats_.journal_records;
   for (const Cell* c : journaled) {
     ServiceTable& t = *tabled.at(*c->service);
-    // Room was made above; a full table here would be a bug, and the journal still holds
-    // the counts, so the cell is written through rather than dropped.
-    if (t.table.Add(CellKey{host_id, 0, c->stack_id}, c->count) == table::AddResult::kFull) {
-      spdlog::error("aggregation table of {} unexpectedly full", *c->service);
-      store::WriteBatch direct;
-      direct.AddSamples(*c->service, window_start_ms, host, c->stack_id, c->count);
-      if (absl::Status s = store_->Commit(&direct); !s.ok()) return s;
-      continue;
-    }
+    // Never kFull: each cell adds at most one entry, and room for all of them was made above.
+    t.table.Add(CellKey{host_id, 0, c->stack_id}, c->count);
     t.live_total += c->count;
     t.first_journal = std::min(t.first_journal, seq);
   }
@@ -313,6 +303,7 @@ absl::Status WindowAggregator::Flush(const std::string& service, ServiceTable& t
     return s;
   }
   ++generation_;
+  ++t.generation;
   t.live_total = 0;
   if (close_window) {
     // Entries not seen since the last flush are dropped; the others keep their place (and
@@ -402,20 +393,22 @@ void WindowAggregator::Stop() {
   ticker_.join();
 }
 
-uint64_t WindowAggregator::FlushGeneration() const {
+uint64_t WindowAggregator::FlushGeneration(std::string_view service) const {
   absl::MutexLock lock(&mu_);
-  return generation_;
+  if (service.empty()) return generation_;
+  auto it = tables_.find(service);
+  return it == tables_.end() ? 0 : it->second->generation;
 }
 
 bool WindowAggregator::AddLiveCounts(const store::SampleQuery& query, uint64_t generation,
                                      absl::flat_hash_map<uint64_t, uint64_t>* stacks,
                                      std::set<std::string>* hosts) const {
   absl::MutexLock lock(&mu_);
-  if (generation != generation_) return false;
   if (query.capture_id) return true;  // captures are written directly
   auto it = tables_.find(query.service);
-  if (it == tables_.end()) return true;
+  if (it == tables_.end()) return generation == 0;
   const ServiceTable& t = *it->second;
+  if (generation != t.generation) return false;
   if (t.live_total == 0 || t.window_start_ms < query.from_ms || t.window_start_ms >= query.to_ms) {
     return true;
   }

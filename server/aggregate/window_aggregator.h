@@ -101,7 +101,7 @@ class WindowAggregator : public LiveSamples, public BatchCommitter {
   void Start(absl::Duration tick = absl::Seconds(1));
   void Stop();
 
-  uint64_t FlushGeneration() const override;
+  uint64_t FlushGeneration(std::string_view service) const override;
   bool AddLiveCounts(const store::SampleQuery& query, uint64_t generation,
                      absl::flat_hash_map<uint64_t, uint64_t>* stacks,
                      std::set<std::string>* hosts) const override;
@@ -135,6 +135,7 @@ class WindowAggregator : public LiveSamples, public BatchCommitter {
     int64_t last_closed_ms = -1;         // window start of the last closed window
     uint64_t first_journal = kNoJournal; // oldest journal record with counts still in table
     uint64_t live_total = 0;             // counts in the table
+    uint64_t generation = 0;             // flushes of this table
   };
 
   WindowAggregator(store::Store* store, AggregatorOptions options,
@@ -159,7 +160,7 @@ class WindowAggregator : public LiveSamples, public BatchCommitter {
   const table::SortedTableOptions table_options_;
 
   mutable absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<ServiceTable>> tables_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<ServiceTable>, std::less<>> tables_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> hosts_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint32_t> host_index_ ABSL_GUARDED_BY(mu_);
   uint64_t next_journal_ ABSL_GUARDED_BY(mu_) = 1;

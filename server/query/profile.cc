@@ -224,11 +224,11 @@ absl::StatusOr<std::vector<store::ServiceSummary>> ListServices(store::Store* st
   absl::StatusOr<std::vector<store::ServiceSummary>> services;
   std::vector<store::ServiceSummary> live_services;
   for (;;) {
-    const uint64_t generation = live->FlushGeneration();
+    const uint64_t generation = live->FlushGeneration("");
     services = store->ListServices();
     if (!services.ok()) return services;
     live_services = live->LiveServices();
-    if (live->FlushGeneration() == generation) break;
+    if (live->FlushGeneration("") == generation) break;
   }
   for (const store::ServiceSummary& l : live_services) {
     auto it = std::find_if(services->begin(), services->end(),
@@ -254,7 +254,7 @@ absl::StatusOr<store::SampleTotals> ProfileReader::SumSamples(const store::Sampl
   // A window flush between reading the store and reading the tables would count its samples
   // twice (or not at all): retry until no flush happened in between.
   for (;;) {
-    const uint64_t generation = live_->FlushGeneration();
+    const uint64_t generation = live_->FlushGeneration(query.service);
     auto totals = store_->SumSamples(query);
     if (!totals.ok()) return totals;
     absl::flat_hash_map<uint64_t, uint64_t> live_counts;
