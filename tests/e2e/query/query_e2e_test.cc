@@ -105,7 +105,9 @@ std::string ReadFile(const fs::path& path) {
 class QueryE2eTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::path(STRATA_ARTIFACT_DIR) / "query_e2e");
+    // One directory per process: ctest runs the cases of this suite in parallel processes,
+    // each with its own store and server.
+    dir_ = new fs::path(fs::path(STRATA_ARTIFACT_DIR) / absl::StrCat("query_e2e_", getpid()));
     fs::remove_all(*dir_);
     fs::create_directories(*dir_);
     // Whole windows, 20 minutes back: 10 base minutes, then 10 recent minutes.
@@ -140,6 +142,8 @@ class QueryE2eTest : public ::testing::Test {
       int status;
       waitpid(server_pid_, &status, 0);
     }
+    // Kept for inspection when something failed.
+    if (!::testing::UnitTest::GetInstance()->Failed()) fs::remove_all(*dir_);
     delete dir_;
   }
 
