@@ -131,6 +131,9 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
               "Counts written directly (closed window, or more than a table holds).", a.direct_cells);
       counter("strata_aggregation_phase_changes_total", "Phase-change events recorded.",
               a.phase_events);
+      counter("strata_aggregation_journal_records_total",
+              "Batches whose counts went to the tables (one journal record each).",
+              a.journal_records);
       absl::StrAppend(&r.body,
                       "# HELP strata_aggregation_live_entries Entries in the sorted tables.\n",
                       "# TYPE strata_aggregation_live_entries gauge\n",

@@ -120,18 +120,21 @@ struct KeyCount {
   friend bool operator==(const KeyCount&, const KeyCount&) = default;
 };
 
-// A sort moved `rose_key` ahead of `fell_key`, whose counts were an order of magnitude apart.
-// The owner adds service and window when it publishes these.
+// The ranking of the period that ended has `rose_key` ahead of `fell_key`, which was ahead in
+// an earlier ranking (one or two periods back); their counts were an order of magnitude apart
+// then or now. The owner adds service and window when it publishes these.
 template <typename Key>
 struct PhaseChange {
   uint64_t update_index;  // Add() calls stored so far in this table's lifetime
   uint64_t period_index;  // the period that just ended (0-based)
   Key rose_key;
   uint32_t rose_count;       // period count of rose_key in the period that ended
-  uint32_t rose_prev_count;  // ... and in the period before
+  // ... and in the earlier ranking's period; if rose_key was not ranked then, an upper bound
+  // (the lowest ranked count, or frequency_threshold).
+  uint32_t rose_prev_count;
   Key fell_key;
-  uint32_t fell_count;
-  uint32_t fell_prev_count;
+  uint32_t fell_count;       // period count of fell_key in the period that ended
+  uint32_t fell_prev_count;  // ... and in the earlier ranking's period
 };
 
 // Cumulative counters; subtract two snapshots to measure an interval.
@@ -829,7 +832,7 @@ class SortedTable {
   uint32_t hot_capacity_ = 0;
   uint32_t hot_count_ = 0;
   std::unique_ptr<uint32_t[]> hot_list_;
-  // The current and the previous period's hot-set rankings (phase_rank_limit each).
+  // Hot-set rankings (phase_rank_limit entries each): the period ending now and two before.
   std::unique_ptr<Ranked[]> rank_now_;
   std::unique_ptr<Ranked[]> rank_back1_;  // the previous period's ranking
   std::unique_ptr<Ranked[]> rank_back2_;  // the ranking before that

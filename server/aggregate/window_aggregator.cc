@@ -302,7 +302,6 @@ absl::Status WindowAggregator::Flush(const std::string& service, ServiceTable& t
     spdlog::error("writing window {} of {}: {}", t.window_start_ms, service, s.ToString());
     return s;
   }
-  ++generation_;
   ++t.generation;
   t.live_total = 0;
   if (close_window) {
@@ -395,7 +394,11 @@ void WindowAggregator::Stop() {
 
 uint64_t WindowAggregator::FlushGeneration(std::string_view service) const {
   absl::MutexLock lock(&mu_);
-  if (service.empty()) return generation_;
+  if (service.empty()) {  // any service: flushes of all tables
+    uint64_t sum = 0;
+    for (const auto& [name, t] : tables_) sum += t->generation;
+    return sum;
+  }
   auto it = tables_.find(service);
   return it == tables_.end() ? 0 : it->second->generation;
 }

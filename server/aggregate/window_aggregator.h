@@ -164,7 +164,6 @@ class WindowAggregator : public LiveSamples, public BatchCommitter {
   std::vector<std::string> hosts_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint32_t> host_index_ ABSL_GUARDED_BY(mu_);
   uint64_t next_journal_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   AggregatorStats stats_ ABSL_GUARDED_BY(mu_);
 
   std::unique_ptr<absl::Notification> stop_;

@@ -460,21 +460,20 @@ int RunReport(World& w) {
   std::printf("   %-28s %12s %12s %12s %14s %12s %14s\n", "scheme", "interval 1", "steady", "all",
               "steady gzip", "vs pprof", "B/sample steady");
   const SchemeBytes* schemes[] = {&strata, &packed, &frames, &elastic, &pprof};
-  auto per_ctx = [&](const std::vector<size_t>& v, size_t from, size_t to) {
-    uint64_t bytes = 0, ctx = 0;
+  // Bytes of intervals [from, to) per unit of `per` (contexts or samples) in them.
+  auto bytes_per = [](const std::vector<size_t>& v, const auto& per, size_t from, size_t to) {
+    uint64_t bytes = 0, units = 0;
     for (size_t i = from; i < to; ++i) {
       bytes += v[i];
-      ctx += contexts_per_interval[i];
+      units += per[i];
     }
-    return ctx ? static_cast<double>(bytes) / ctx : 0.0;
+    return units ? static_cast<double>(bytes) / units : 0.0;
+  };
+  auto per_ctx = [&](const std::vector<size_t>& v, size_t from, size_t to) {
+    return bytes_per(v, contexts_per_interval, from, to);
   };
   auto per_sample = [&](const std::vector<size_t>& v, size_t from, size_t to) {
-    uint64_t bytes = 0, samples = 0;
-    for (size_t i = from; i < to; ++i) {
-      bytes += v[i];
-      samples += samples_per_interval[i];
-    }
-    return samples ? static_cast<double>(bytes) / samples : 0.0;
+    return bytes_per(v, samples_per_interval, from, to);
   };
   const double pprof_steady = per_ctx(pprof.raw, steady_from, n_iv);
   for (const SchemeBytes* s : schemes) {
