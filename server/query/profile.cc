@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
+#include "common/base/saturating.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -211,7 +212,7 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
       }
     }
     if (!has_focus || has_ignore) continue;
-    profile->total += c.count;
+    SaturatingAddTo(profile->total, c.count);
     profile->stacks.push_back(std::move(stack));
   }
   return absl::OkStatus();
@@ -239,7 +240,7 @@ absl::StatusOr<std::vector<store::ServiceSummary>> ListServices(store::Store* st
     }
     it->first_window_ms = std::min(it->first_window_ms, l.first_window_ms);
     it->last_window_ms = std::max(it->last_window_ms, l.last_window_ms);
-    it->total_samples += l.total_samples;
+    SaturatingAddTo(it->total_samples, l.total_samples);
   }
   std::sort(services->begin(), services->end(),
             [](const auto& a, const auto& b) { return a.service < b.service; });
@@ -264,7 +265,7 @@ absl::StatusOr<store::SampleTotals> ProfileReader::SumSamples(const store::Sampl
     for (store::StackCount& s : totals->stacks) {
       auto it = live_counts.find(s.stack_id);
       if (it == live_counts.end()) continue;
-      s.count += it->second;
+      SaturatingAddTo(s.count, it->second);
       live_counts.erase(it);
     }
     for (const auto& [stack, count] : live_counts) totals->stacks.push_back({stack, count});

@@ -277,7 +277,15 @@ absl::StatusOr<ServiceSummary> DecodeServiceSummary(std::string_view value) {
 }
 
 std::string AgentKey(std::string_view agent_id) { return TaggedKey(kAgentTag, agent_id); }
-std::string SequenceKey(std::string_view agent_id) { return TaggedKey(kSequenceTag, agent_id); }
+std::string SequenceKey(std::string_view agent_id, uint64_t incarnation) {
+  std::string key = TaggedKey(kSequenceTag, agent_id);
+  key.push_back('\0');
+  PutFixed64BE(&key, incarnation);
+  return key;
+}
+std::string LegacySequenceKey(std::string_view agent_id) {
+  return TaggedKey(kSequenceTag, agent_id);
+}
 std::string CaptureKey(std::string_view capture_id) { return TaggedKey(kCaptureTag, capture_id); }
 
 std::string GraphPrefix(std::string_view agent_id, uint64_t graph_id) {

@@ -70,7 +70,10 @@ inline constexpr char kPhaseTag = 'p';
 inline constexpr char kSequenceTag = 'q';
 
 std::string AgentKey(std::string_view agent_id);
-std::string SequenceKey(std::string_view agent_id);
+// Applied batch sequence of one incarnation of an agent (its graph ID): 'q' agent '\0'
+// BE(incarnation). Stores written before incarnations keyed it 'q' agent (LegacySequenceKey).
+std::string SequenceKey(std::string_view agent_id, uint64_t incarnation);
+std::string LegacySequenceKey(std::string_view agent_id);
 std::string CaptureKey(std::string_view capture_id);
 // 'g' agent '\0' BE(graph_id); nodes follow as 'n' BE(node id), edges as 'e' BE(index).
 std::string GraphPrefix(std::string_view agent_id, uint64_t graph_id);

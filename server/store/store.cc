@@ -17,6 +17,7 @@
 #include "rocksdb/options.h"
 #include "rocksdb/table.h"
 #include "rocksdb/write_batch.h"
+#include "common/base/saturating.h"
 #include "server/store/codec.h"
 #include "server/store/merge.h"
 
@@ -114,7 +115,12 @@ struct WriteBatch::Rep {
   };
   std::vector<Op> ops;
   absl::flat_hash_map<std::string, ServiceSummary> services;
-  std::vector<std::pair<std::string, uint64_t>> sequences;
+  struct Sequence {
+    std::string agent_id;
+    uint64_t incarnation;
+    uint64_t sequence;
+  };
+  std::vector<Sequence> sequences;
   std::vector<std::pair<InternKind, uint64_t>> interned;
   // CellPrefix(service, hour) of every hour this batch adds samples to: their cached hour
   // aggregates are dropped once the batch is committed.
@@ -175,7 +181,7 @@ void WriteBatch::AddSamples(std::string_view service, int64_t window_start_ms,
     s.first_window_ms = std::min(s.first_window_ms, window_start_ms);
     s.last_window_ms = std::max(s.last_window_ms, window_start_ms);
   }
-  s.total_samples += count;
+  SaturatingAddTo(s.total_samples, count);
 }
 
 void WriteBatch::AddCaptureSamples(std::string_view capture_id, int64_t window_start_ms,
@@ -189,15 +195,16 @@ void WriteBatch::AddCaptureSamples(std::string_view capture_id, int64_t window_s
             codec::EncodeCount(count));
 }
 
-void WriteBatch::SetAppliedSequence(std::string_view agent_id, uint64_t sequence) {
+void WriteBatch::SetAppliedSequence(std::string_view agent_id, uint64_t incarnation,
+                                    uint64_t sequence) {
   if (!rep_->CheckKeyPart("agent id", agent_id, false)) return;
-  for (auto& [agent, seq] : rep_->sequences) {
-    if (agent == agent_id) {
-      seq = std::max(seq, sequence);
+  for (Rep::Sequence& s : rep_->sequences) {
+    if (s.agent_id == agent_id && s.incarnation == incarnation) {
+      s.sequence = std::max(s.sequence, sequence);
       return;
     }
   }
-  rep_->sequences.emplace_back(std::string(agent_id), sequence);
+  rep_->sequences.push_back({std::string(agent_id), incarnation, sequence});
 }
 
 void WriteBatch::PutAgent(const AgentRecord& agent) {
@@ -591,14 +598,33 @@ struct Store::Impl {
     return stored;
   }
 
-  absl::StatusOr<uint64_t> ReadSequence(std::string_view agent_id) {
+  absl::StatusOr<uint64_t> ReadSequence(std::string_view agent_id, uint64_t incarnation) {
     std::string value;
-    rocksdb::Status s =
-        db->Get(rocksdb::ReadOptions(), cf(Column::kMeta), codec::SequenceKey(agent_id), &value);
-    if (s.IsNotFound()) return 0;
+    rocksdb::Status s = db->Get(rocksdb::ReadOptions(), cf(Column::kMeta),
+                                codec::SequenceKey(agent_id, incarnation), &value);
+    if (s.IsNotFound()) {
+      // A store from before incarnations: its one sequence per agent belongs to the graph it
+      // holds (the agent's latest), so a batch of that graph resent after the upgrade is
+      // still recognised as applied.
+      s = db->Get(rocksdb::ReadOptions(), cf(Column::kMeta), codec::LegacySequenceKey(agent_id),
+                  &value);
+      if (s.IsNotFound()) return 0;
+      if (s.ok()) {
+        absl::StatusOr<bool> has_graph = HasRecords(codec::GraphPrefix(agent_id, incarnation));
+        if (!has_graph.ok()) return has_graph.status();
+        if (!*has_graph) return 0;
+      }
+    }
     if (!s.ok()) return FromRocks(s);
     if (value.size() != 8) return absl::DataLossError("corrupt applied sequence record");
     return codec::GetFixed64LE(value.data());
+  }
+
+  absl::StatusOr<bool> HasRecords(const std::string& prefix) {
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf(Column::kMeta)));
+    it->Seek(prefix);
+    if (!it->status().ok()) return FromRocks(it->status());
+    return it->Valid() && it->key().starts_with(rocksdb::Slice(prefix));
   }
 
   absl::Status Write(WriteBatch::Rep& rep) {
@@ -624,8 +650,9 @@ struct Store::Impl {
                                                summary.total_samples));
       if (!s.ok()) return FromRocks(s);
     }
-    for (const auto& [agent, seq] : rep.sequences) {
-      s = wb.Put(cf(Column::kMeta), codec::SequenceKey(agent), codec::EncodeCount(seq));
+    for (const WriteBatch::Rep::Sequence& q : rep.sequences) {
+      s = wb.Put(cf(Column::kMeta), codec::SequenceKey(q.agent_id, q.incarnation),
+                 codec::EncodeCount(q.sequence));
       if (!s.ok()) return FromRocks(s);
     }
     rocksdb::WriteOptions wo;
@@ -698,7 +725,7 @@ struct Store::Impl {
     bool any = false;
     return VisitCells(column, scope, from, to, host,
                       [&](const codec::CellKey& cell, uint64_t count) {
-                        totals->counts[cell.stack_id] += count;
+                        SaturatingAddTo(totals->counts[cell.stack_id], count);
                         if (!any || cell.host != last_host) {
                           any = true;
                           last_host.assign(cell.host);
@@ -939,20 +966,21 @@ absl::Status Store::Commit(WriteBatch* batch) {
   // Lock the stripes of every agent whose sequence this batch advances, in stripe order,
   // so that checking and advancing a sequence is atomic against other commits.
   std::vector<size_t> stripes;
-  for (const auto& [agent, seq] : rep.sequences) {
-    stripes.push_back(codec::Hash64(agent, 0) % kSequenceStripes);
+  for (const WriteBatch::Rep::Sequence& q : rep.sequences) {
+    stripes.push_back(codec::Hash64(q.agent_id, q.incarnation) % kSequenceStripes);
   }
   std::sort(stripes.begin(), stripes.end());
   stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
   for (size_t stripe : stripes) impl_->sequence_mu[stripe].Lock();
   absl::Status status;
-  for (const auto& [agent, seq] : rep.sequences) {
-    absl::StatusOr<uint64_t> applied = impl_->ReadSequence(agent);
+  for (const WriteBatch::Rep::Sequence& q : rep.sequences) {
+    absl::StatusOr<uint64_t> applied = impl_->ReadSequence(q.agent_id, q.incarnation);
     if (!applied.ok()) {
       status = applied.status();
-    } else if (seq <= *applied) {
-      status = absl::AlreadyExistsError(
-          absl::StrCat("agent ", agent, " batch ", seq, " already applied (last ", *applied, ")"));
+    } else if (q.sequence <= *applied) {
+      status = absl::AlreadyExistsError(absl::StrCat("agent ", q.agent_id, " batch ",
+                                                     q.sequence, " already applied (last ",
+                                                     *applied, ")"));
     }
     if (!status.ok()) break;
   }
@@ -968,8 +996,10 @@ absl::Status Store::Commit(WriteBatch* batch) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> Store::AppliedSequence(std::string_view agent_id) {
-  return impl_->ReadSequence(agent_id);
+absl::StatusOr<uint64_t> Store::AppliedSequence(std::string_view agent_id,
+                                                uint64_t incarnation) {
+  if (!ValidKeyPart(agent_id)) return absl::InvalidArgumentError("agent id contains NUL");
+  return impl_->ReadSequence(agent_id, incarnation);
 }
 
 absl::Status Store::ScanSamples(const SampleQuery& query,

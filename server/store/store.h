@@ -249,9 +249,10 @@ class WriteBatch {
   // Adds `count` to a cell of an ad hoc capture.
   void AddCaptureSamples(std::string_view capture_id, int64_t window_start_ms,
                          std::string_view host, uint64_t stack_id, uint64_t count);
-  // Records that the agent's batch `sequence` is applied by this commit. Commit refuses
-  // (AlreadyExists, nothing written) if `sequence` is not above the stored one.
-  void SetAppliedSequence(std::string_view agent_id, uint64_t sequence);
+  // Records that batch `sequence` of the agent's incarnation (its graph ID: a restarted
+  // agent numbers its batches from 1 again under a new one) is applied by this commit.
+  // Commit refuses (AlreadyExists, nothing written) if `sequence` is not above the stored one.
+  void SetAppliedSequence(std::string_view agent_id, uint64_t incarnation, uint64_t sequence);
   void PutAgent(const AgentRecord& agent);
   // Graph records of (agent, graph_id): nodes are keyed by node id, edges by
   // first_edge + position. Re-appending an index overwrites it (resync-safe).
@@ -305,8 +306,10 @@ class Store {
   // and clears it on success.
   absl::Status Commit(WriteBatch* batch);
 
-  // Last applied batch sequence of the agent; 0 when none was ever committed.
-  absl::StatusOr<uint64_t> AppliedSequence(std::string_view agent_id);
+  // Last applied batch sequence of the agent's incarnation; 0 when none was ever committed.
+  // A store written before sequences were kept per incarnation has one per agent: it counts
+  // for the incarnation whose graph the store holds.
+  absl::StatusOr<uint64_t> AppliedSequence(std::string_view agent_id, uint64_t incarnation);
 
   // Calls `fn` for every cell matching `query`, in key order (window, host, stack).
   // With Resolution::kAuto, windows still ascend but a stack repeats once per piece.

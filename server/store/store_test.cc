@@ -219,7 +219,7 @@ TEST_F(StoreTest, CommittedDataSurvivesProcessKill) {
     auto stack = (*store)->InternStack(StackFrames{{11, 22}, false}, &batch);
     if (!stack.ok() || *stack == 0) _exit(2);
     batch.AddSamples("svc", 5000, "h", *stack, 9);
-    batch.SetAppliedSequence("agent", 3);
+    batch.SetAppliedSequence("agent", 7, 3);
     if (!(*store)->Commit(&batch).ok()) _exit(3);
     kill(getpid(), SIGKILL);
     _exit(4);
@@ -228,7 +228,7 @@ TEST_F(StoreTest, CommittedDataSurvivesProcessKill) {
   ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
   ASSERT_TRUE(WIFSIGNALED(wstatus)) << "child exit " << WEXITSTATUS(wstatus);
   Reopen();
-  EXPECT_EQ(*store_->AppliedSequence("agent"), 3u);
+  EXPECT_EQ(*store_->AppliedSequence("agent", 7), 3u);
   uint64_t stack_id = 0;
   auto cells = Scan({"svc", 0, 10000, std::nullopt, std::nullopt});
   ASSERT_EQ(cells.size(), 1u);
@@ -276,32 +276,84 @@ TEST_F(StoreTest, MalformedMergeOperandsAreSkippedAndCounted) {
 }
 
 TEST_F(StoreTest, AppliedSequenceIsAtomicWithCountsAndSurvivesReopen) {
-  EXPECT_EQ(*store_->AppliedSequence("agent-1"), 0u);
+  EXPECT_EQ(*store_->AppliedSequence("agent-1", 7), 0u);
   WriteBatch batch;
   batch.AddSamples("svc", 0, "h", 1, 5);
-  batch.SetAppliedSequence("agent-1", 1);
+  batch.SetAppliedSequence("agent-1", 7, 1);
   CommitOk(&batch);
   EXPECT_TRUE(batch.empty());
 
   // A resent batch 1 is refused as a whole: counts unchanged.
   WriteBatch resent;
   resent.AddSamples("svc", 0, "h", 1, 5);
-  resent.SetAppliedSequence("agent-1", 1);
+  resent.SetAppliedSequence("agent-1", 7, 1);
   EXPECT_EQ(store_->Commit(&resent).code(), absl::StatusCode::kAlreadyExists);
 
   Reopen();
-  EXPECT_EQ(*store_->AppliedSequence("agent-1"), 1u);
-  EXPECT_EQ(*store_->AppliedSequence("agent-2"), 0u);
+  EXPECT_EQ(*store_->AppliedSequence("agent-1", 7), 1u);
+  EXPECT_EQ(*store_->AppliedSequence("agent-2", 7), 0u);
   EXPECT_EQ(CellCount("svc", 0, "h", 1), 5u);
   EXPECT_EQ(store_->Commit(&resent).code(), absl::StatusCode::kAlreadyExists);
 
   WriteBatch next;
   next.AddSamples("svc", 0, "h", 1, 2);
-  next.SetAppliedSequence("agent-1", 2);
+  next.SetAppliedSequence("agent-1", 7, 2);
   CommitOk(&next);
   Reopen();
-  EXPECT_EQ(*store_->AppliedSequence("agent-1"), 2u);
+  EXPECT_EQ(*store_->AppliedSequence("agent-1", 7), 2u);
   EXPECT_EQ(CellCount("svc", 0, "h", 1), 7u);
+}
+
+TEST_F(StoreTest, SequencesArePerIncarnation) {
+  // A restarted agent (new graph ID) numbers its batches from 1 again: they are new batches,
+  // not replays of the earlier incarnation's.
+  WriteBatch first;
+  first.AddSamples("svc", 0, "h", 1, 5);
+  first.SetAppliedSequence("agent-1", 7, 40);
+  CommitOk(&first);
+  WriteBatch restarted;
+  restarted.AddSamples("svc", 0, "h", 1, 2);
+  restarted.SetAppliedSequence("agent-1", 8, 1);
+  CommitOk(&restarted);
+  EXPECT_EQ(*store_->AppliedSequence("agent-1", 7), 40u);
+  EXPECT_EQ(*store_->AppliedSequence("agent-1", 8), 1u);
+  EXPECT_EQ(CellCount("svc", 0, "h", 1), 7u);
+}
+
+TEST_F(StoreTest, LegacySequenceCountsForTheStoredGraphOnly) {
+  // A store written before incarnations holds 'q' agent -> sequence. It belongs to the graph
+  // the store has for that agent; a new incarnation starts from 0.
+  ASSERT_TRUE(store_->PutRawForTesting(Column::kMeta, codec::LegacySequenceKey("old"),
+                                       codec::EncodeCount(12))
+                  .ok());
+  WriteBatch graph;
+  graph.AppendGraphNodes("old", 5, {{2, "main", "m", "", 0}});
+  CommitOk(&graph);
+  EXPECT_EQ(*store_->AppliedSequence("old", 5), 12u);
+  EXPECT_EQ(*store_->AppliedSequence("old", 6), 0u);
+  WriteBatch resent;
+  resent.SetAppliedSequence("old", 5, 12);
+  EXPECT_EQ(store_->Commit(&resent).code(), absl::StatusCode::kAlreadyExists);
+  WriteBatch next;
+  next.SetAppliedSequence("old", 5, 13);
+  CommitOk(&next);
+  EXPECT_EQ(*store_->AppliedSequence("old", 5), 13u);
+}
+
+TEST_F(StoreTest, CountsSaturateInsteadOfWrapping) {
+  WriteBatch big;
+  big.AddSamples("svc", 0, "h", 1, UINT64_MAX);
+  CommitOk(&big);
+  WriteBatch more;
+  more.AddSamples("svc", 0, "h", 1, 2);
+  CommitOk(&more);
+  EXPECT_EQ(CellCount("svc", 0, "h", 1), UINT64_MAX);
+  ASSERT_TRUE(store_->CompactAll().ok());
+  EXPECT_EQ(CellCount("svc", 0, "h", 1), UINT64_MAX);
+  auto services = store_->ListServices();
+  ASSERT_TRUE(services.ok());
+  ASSERT_EQ(services->size(), 1u);
+  EXPECT_EQ((*services)[0].total_samples, UINT64_MAX);
 }
 
 TEST_F(StoreTest, ConcurrentDuplicateBatchesApplyOnce) {
@@ -312,7 +364,7 @@ TEST_F(StoreTest, ConcurrentDuplicateBatchesApplyOnce) {
     threads.emplace_back([&] {
       WriteBatch batch;
       batch.AddSamples("svc", 0, "h", 1, 1);
-      batch.SetAppliedSequence("agent", 9);
+      batch.SetAppliedSequence("agent", 7, 9);
       if (store_->Commit(&batch).ok()) applied++;
     });
   }
@@ -498,7 +550,7 @@ TEST_F(StoreTest, CorruptRecordsReturnErrors) {
   ASSERT_TRUE(store_->PutRawForTesting(Column::kFunctions, codec::IdKey(6), "\x01\xff").ok());
   ASSERT_TRUE(store_->PutRawForTesting(Column::kMeta, codec::AgentKey("a"), "junk").ok());
   ASSERT_TRUE(store_->PutRawForTesting(Column::kMeta, codec::CaptureKey("c"), "").ok());
-  ASSERT_TRUE(store_->PutRawForTesting(Column::kMeta, codec::SequenceKey("a"), "xx").ok());
+  ASSERT_TRUE(store_->PutRawForTesting(Column::kMeta, codec::SequenceKey("a", 7), "xx").ok());
   ASSERT_TRUE(store_->PutRawForTesting(Column::kServices, "svc", "short").ok());
   ASSERT_TRUE(
       store_->PutRawForTesting(Column::kMeta, codec::GraphNodeKey("a", 1, 2), "\x05x").ok());
@@ -513,7 +565,7 @@ TEST_F(StoreTest, CorruptRecordsReturnErrors) {
   EXPECT_EQ(store_->GetFunction(6).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(store_->ListAgents().status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(store_->GetCapture("c").status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(store_->AppliedSequence("a").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->AppliedSequence("a", 7).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(store_->ListServices().status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(store_->LoadGraph("a", 1).status().code(), absl::StatusCode::kDataLoss);
   auto ignore = [](const SampleKey&, uint64_t) {};
