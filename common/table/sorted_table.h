@@ -3,7 +3,8 @@
 // The server aggregates (stack ID -> count) per (service, time window) in one of these; the
 // agent aggregates its per-interval batch (hash of the sample context -> count) in another.
 // Memory is fixed at construction: a power-of-two bucket array and a slab of `max_entries`
-// entries, both allocated once. Nothing is allocated afterwards (Add, sorting, Drain, Clear
+// entries, both allocated once (an owner may Grow() them explicitly, e.g. the server creates
+// tables small and grows them with use). Nothing else allocates (Add, sorting, Drain, Clear
 // and phase-change recording never allocate; TopN and TakePhaseChanges allocate only the
 // vectors they return). When the slab is full, Add() reports AddResult::kFull and the owner
 // flushes with Drain() (or ForEach() + Clear() when the sink can fail), then adds again: counts
@@ -239,6 +240,77 @@ class SortedTable {
     return n;
   }
 
+  // Raises the table's bounds to `options` (max_entries, bucket_count, max_phase_changes and
+  // max_hot_entries may grow; everything else must be as before), keeping every entry with
+  // its count, period count and chain order, the period in progress, the previous rankings
+  // and the buffered phase changes. Owners that create tables small and grow them with use
+  // call this when Add() reports kFull. Allocates the new arrays and frees the old ones: the
+  // only allocation after Create(). InvalidArgument for options it cannot grow to.
+  absl::Status Grow(const SortedTableOptions& options) {
+    if (absl::Status s = Validate(options); !s.ok()) return s;
+    const SortedTableOptions& o = options_;
+    if (options.max_entries < o.max_entries || options.max_phase_changes < o.max_phase_changes ||
+        (options.bucket_count != 0 && options.bucket_count < bucket_count_) ||
+        options.sorting != o.sorting || options.period != o.period ||
+        options.depth_threshold != o.depth_threshold ||
+        options.frequency_threshold != o.frequency_threshold ||
+        options.phase_change_factor != o.phase_change_factor ||
+        options.phase_rank_limit != o.phase_rank_limit) {
+      return absl::InvalidArgumentError(
+          "Grow may only raise max_entries, bucket_count, max_phase_changes, max_hot_entries");
+    }
+    SortedTable grown(options, hash_);
+    if (grown.bucket_count_ < bucket_count_) {
+      return absl::InvalidArgumentError("Grow cannot reduce the number of chains");
+    }
+    // Slab indices stay; chains are rebuilt. Bucket indices are the hash's top bits, so each
+    // new chain takes its entries from one old chain, in that chain's (sorted) order.
+    std::copy(slab_.get(), slab_.get() + size_, grown.slab_.get());
+    grown.size_ = size_;
+    std::vector<uint32_t> tails(grown.bucket_count_, kNil);
+    for (uint32_t b = 0; b < bucket_count_; ++b) {
+      for (uint32_t i = heads_[b]; i != kNil; i = slab_[i].next) {
+        const uint32_t nb = grown.BucketIndex(slab_[i].key);
+        grown.slab_[i].next = kNil;
+        if (tails[nb] == kNil) {
+          grown.heads_[nb] = i;
+        } else {
+          grown.slab_[tails[nb]].next = i;
+        }
+        tails[nb] = i;
+        ++grown.depths_[nb];
+      }
+    }
+    grown.tally_ = tally_;
+    grown.counted_ = counted_;
+    grown.period_start_ = period_start_;
+    grown.deep_probes_ = deep_probes_;
+    grown.epoch_ = epoch_;
+    grown.stats_ = stats_;
+    if (sorting_) {
+      // The period's hot entries stay recorded; chains where one is not at the head are
+      // queued again for the period's sort.
+      for (uint32_t k = 0; k < hot_count_ && grown.hot_count_ < grown.hot_capacity_; ++k) {
+        const uint32_t i = hot_list_[k];
+        grown.hot_list_[grown.hot_count_++] = i;
+        const uint32_t nb = grown.BucketIndex(slab_[i].key);
+        if (grown.heads_[nb] != i) grown.QueueForSort(nb);
+      }
+      std::copy(rank_back1_.get(), rank_back1_.get() + ranked_back1_, grown.rank_back1_.get());
+      std::copy(rank_back2_.get(), rank_back2_.get() + ranked_back2_, grown.rank_back2_.get());
+      grown.ranked_back1_ = ranked_back1_;
+      grown.ranked_back2_ = ranked_back2_;
+      std::copy(reported_before_.get(), reported_before_.get() + reported_before_count_,
+                grown.reported_before_.get());
+      grown.reported_before_count_ = reported_before_count_;
+      std::copy(phase_changes_.get(), phase_changes_.get() + phase_change_count_,
+                grown.phase_changes_.get());
+      grown.phase_change_count_ = phase_change_count_;
+    }
+    *this = std::move(grown);
+    return absl::OkStatus();
+  }
+
   // Count stored for `key`, if present. Does not count as an access.
   std::optional<uint64_t> Find(const Key& key) const {
     for (uint32_t i = heads_[BucketIndex(key)]; i != kNil; i = slab_[i].next) {
@@ -406,7 +478,12 @@ class SortedTable {
   bool empty() const { return size_ == 0; }
   size_t capacity() const { return options_.max_entries; }
   size_t bucket_count() const { return bucket_count_; }
-  // Bytes allocated at construction; constant for the table's lifetime.
+  // Bytes a table with `options` allocates (what memory_bytes() will say), without creating
+  // one: owners check a memory budget before they create or grow a table.
+  static size_t MemoryBytesFor(const SortedTableOptions& options) {
+    return LayoutFor(options).memory_bytes;
+  }
+  // Bytes allocated at construction (or by the last Grow()).
   size_t memory_bytes() const { return memory_bytes_; }
   const SortedTableOptions& options() const { return options_; }
   TableStats stats() const {
@@ -477,16 +554,19 @@ class SortedTable {
     return absl::OkStatus();
   }
 
-  SortedTable(const SortedTableOptions& options, Hash hash)
-      : hash_(std::move(hash)),
-        sorting_(options.sorting),
-        hot_min_(static_cast<uint32_t>(
-            std::min<uint64_t>(options.frequency_threshold, kMaxPeriodCount) + 1)),
-        options_(options) {
-    const uint32_t wanted = options_.bucket_count != 0 ? options_.bucket_count
-                                                       : options_.max_entries;
-    bucket_count_ = std::max<uint32_t>(2, std::bit_ceil(wanted));
-    bucket_shift_ = 64 - std::countr_zero(bucket_count_);
+  // Array sizes implied by a set of options.
+  struct Layout {
+    uint32_t bucket_count;
+    uint32_t sort_capacity;
+    uint32_t hot_capacity;
+    uint32_t scratch_capacity;
+    uint32_t rank_capacity;
+    size_t memory_bytes;
+  };
+  static Layout LayoutFor(const SortedTableOptions& o) {
+    Layout l;
+    const uint32_t wanted = o.bucket_count != 0 ? o.bucket_count : o.max_entries;
+    l.bucket_count = std::max<uint32_t>(2, std::bit_ceil(wanted));
     // A chain is queued when one of its entries crosses frequency_threshold in the current
     // period; the counts of a period sum to less than period + the last count, so at most
     // (period - 1) / (threshold + 1) + 1 entries cross per period. The same bounds the hot
@@ -494,16 +574,39 @@ class SortedTable {
     // 4096) caps the entries remembered and sorted per period; more are sorted next time.
     constexpr uint64_t kDefaultHotEntries = 4096;
     const uint64_t per_period =
-        options_.period != 0
-            ? (uint64_t{options_.period} - 1) / (uint64_t{options_.frequency_threshold} + 1) + 1
-            : (options_.max_hot_entries != 0 ? options_.max_hot_entries : kDefaultHotEntries);
-    const uint64_t hot_bound = options_.max_hot_entries != 0 ? options_.max_hot_entries : per_period;
-    sort_capacity_ = static_cast<uint32_t>(
-        std::min<uint64_t>({per_period, options_.max_entries, bucket_count_}));
-    hot_capacity_ = static_cast<uint32_t>(std::min<uint64_t>(hot_bound, options_.max_entries));
-    scratch_capacity_ = std::max(
-        static_cast<uint32_t>(std::min<uint64_t>(per_period, options_.max_entries)), hot_capacity_);
-    const uint32_t rank_capacity = std::max<uint32_t>(1, options_.phase_rank_limit);
+        o.period != 0 ? (uint64_t{o.period} - 1) / (uint64_t{o.frequency_threshold} + 1) + 1
+                      : (o.max_hot_entries != 0 ? o.max_hot_entries : kDefaultHotEntries);
+    const uint64_t hot_bound = o.max_hot_entries != 0 ? o.max_hot_entries : per_period;
+    l.sort_capacity = static_cast<uint32_t>(
+        std::min<uint64_t>({per_period, o.max_entries, l.bucket_count}));
+    l.hot_capacity = static_cast<uint32_t>(std::min<uint64_t>(hot_bound, o.max_entries));
+    l.scratch_capacity = std::max(
+        static_cast<uint32_t>(std::min<uint64_t>(per_period, o.max_entries)), l.hot_capacity);
+    l.rank_capacity = std::max<uint32_t>(1, o.phase_rank_limit);
+    l.memory_bytes = 2 * sizeof(uint32_t) * l.bucket_count + sizeof(Entry) * o.max_entries;
+    if (o.sorting) {
+      l.memory_bytes += sizeof(uint32_t) * (l.sort_capacity + l.hot_capacity) +
+                        sizeof(SortItem) * l.scratch_capacity +
+                        3 * sizeof(Ranked) * l.rank_capacity +
+                        2 * sizeof(KeyPair) * o.max_phase_changes +
+                        sizeof(PhaseChange<Key>) * o.max_phase_changes;
+    }
+    return l;
+  }
+
+  SortedTable(const SortedTableOptions& options, Hash hash)
+      : hash_(std::move(hash)),
+        sorting_(options.sorting),
+        hot_min_(static_cast<uint32_t>(
+            std::min<uint64_t>(options.frequency_threshold, kMaxPeriodCount) + 1)),
+        options_(options) {
+    const Layout layout = LayoutFor(options_);
+    bucket_count_ = layout.bucket_count;
+    bucket_shift_ = 64 - std::countr_zero(bucket_count_);
+    sort_capacity_ = layout.sort_capacity;
+    hot_capacity_ = layout.hot_capacity;
+    scratch_capacity_ = layout.scratch_capacity;
+    const uint32_t rank_capacity = layout.rank_capacity;
 
     heads_ = std::make_unique_for_overwrite<uint32_t[]>(bucket_count_);
     depths_ = std::make_unique_for_overwrite<uint32_t[]>(bucket_count_);
@@ -520,13 +623,7 @@ class SortedTable {
       phase_changes_ =
           std::make_unique_for_overwrite<PhaseChange<Key>[]>(options_.max_phase_changes);
     }
-    memory_bytes_ = 2 * sizeof(uint32_t) * bucket_count_ + sizeof(Entry) * options_.max_entries;
-    if (options_.sorting) {
-      memory_bytes_ += sizeof(uint32_t) * (sort_capacity_ + hot_capacity_) +
-                       sizeof(SortItem) * scratch_capacity_ + 3 * sizeof(Ranked) * rank_capacity +
-                       2 * sizeof(KeyPair) * options_.max_phase_changes +
-                       sizeof(PhaseChange<Key>) * options_.max_phase_changes;
-    }
+    memory_bytes_ = layout.memory_bytes;
     Clear();
     stats_.drains = 0;
     RestartPeriodCount();

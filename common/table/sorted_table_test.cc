@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <set>
 #include <new>
 #include <random>
 #include <span>
@@ -487,6 +488,90 @@ TEST(SortedTableTest, TakeCountsAndRemoveIfKeepOrderAndConserve) {
   EXPECT_EQ(table.size(), 60u);
   table.Drain([&](uint64_t k, uint64_t c) { taken[k] += c; });
   EXPECT_EQ(taken, added);
+}
+
+// Grow keeps entries, counts, chain order and the period history: a table grown from 16 to
+// 1024 entries in the middle of a hot-path switch reports the same phase changes as one
+// created at 1024.
+TEST(SortedTableTest, GrowKeepsEntriesOrderAndPhaseHistory) {
+  const SortedTableOptions small{.max_entries = 16,
+                                 .period = 0,
+                                 .depth_threshold = 1,
+                                 .frequency_threshold = 20,
+                                 .max_phase_changes = 256};
+  SortedTableOptions big = small;
+  big.max_entries = 1024;
+  CountTable grown = MakeTable(small);
+  CountTable reference = MakeTable(big);
+  std::mt19937_64 rng(5);
+  std::map<uint64_t, uint64_t> added;
+  const uint64_t a = 1001, b = 2002;
+  for (int period = 0; period < 8; ++period) {
+    for (int lump = 0; lump < 10; ++lump) {
+      const bool switched = period > 3 || (period == 3 && lump >= 5);
+      std::vector<std::pair<uint64_t, uint64_t>> adds = {{switched ? b : a, 40 + rng() % 10},
+                                                         {switched ? a : b, rng() % 2 + 1}};
+      // More distinct keys every period: the small table fills up and grows.
+      for (int k = 0; k < 2 + period * 3; ++k) adds.push_back({10 + k, 2 + rng() % 3});
+      for (const auto& [key, count] : adds) {
+        ASSERT_NE(reference.Add(key, count), AddResult::kFull);
+        if (grown.Add(key, count) == AddResult::kFull) {
+          // Chains of the table before growing, to check their order survives.
+          std::vector<std::vector<uint64_t>> chains;
+          for (uint32_t c = 0; c < grown.bucket_count(); ++c) chains.push_back(ChainKeys(grown, c));
+          const size_t size_before = grown.size();
+          SortedTableOptions next = small;
+          next.max_entries = static_cast<uint32_t>(grown.capacity() * 2);
+          ASSERT_TRUE(grown.Grow(next).ok());
+          EXPECT_EQ(grown.size(), size_before);
+          EXPECT_GT(grown.memory_bytes(), 0u);
+          for (const auto& chain : chains) {
+            // Keys of one old chain keep their relative order in their new chains.
+            std::map<uint32_t, std::vector<uint64_t>> split;
+            for (uint64_t k : chain) split[grown.BucketIndex(k)].push_back(k);
+            for (const auto& [nb, keys] : split) {
+              std::vector<uint64_t> now;
+              for (uint64_t k : ChainKeys(grown, nb)) {
+                if (std::find(keys.begin(), keys.end(), k) != keys.end()) now.push_back(k);
+              }
+              EXPECT_EQ(now, keys);
+            }
+          }
+          ASSERT_EQ(grown.Add(key, count), AddResult::kInserted);
+        }
+        added[key] += count;
+      }
+    }
+    grown.EndPeriod();
+    reference.EndPeriod();
+  }
+  EXPECT_GE(grown.capacity(), 32u);
+  EXPECT_EQ(grown.stats().updates, reference.stats().updates);
+  EXPECT_EQ(grown.stats().periods, reference.stats().periods);
+  auto pairs = [](const std::vector<PhaseChange<uint64_t>>& changes) {
+    std::set<std::tuple<uint64_t, uint64_t, uint64_t>> out;
+    for (const auto& c : changes) out.insert({c.rose_key, c.fell_key, c.period_index});
+    return out;
+  };
+  const auto grown_changes = pairs(grown.TakePhaseChanges());
+  EXPECT_FALSE(grown_changes.empty());
+  EXPECT_EQ(grown_changes, pairs(reference.TakePhaseChanges()));
+  std::map<uint64_t, uint64_t> taken;
+  grown.Drain([&](uint64_t k, uint64_t c) { taken[k] += c; });
+  EXPECT_EQ(taken, added);
+}
+
+TEST(SortedTableTest, GrowRejectsShrinkingOrChangedRules) {
+  const SortedTableOptions o{.max_entries = 64, .period = 0, .frequency_threshold = 20};
+  CountTable table = MakeTable(o);
+  SortedTableOptions smaller = o;
+  smaller.max_entries = 32;
+  EXPECT_EQ(table.Grow(smaller).code(), absl::StatusCode::kInvalidArgument);
+  SortedTableOptions other_rule = o;
+  other_rule.max_entries = 128;
+  other_rule.frequency_threshold = 10;
+  EXPECT_EQ(table.Grow(other_rule).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(table.capacity(), 64u);
 }
 
 TEST(SortedTableTest, TopNMatchesReference) {
