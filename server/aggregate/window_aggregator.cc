@@ -1,11 +1,13 @@
 #include "server/aggregate/window_aggregator.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/saturating.h"
 #include "common/encoding/packed_contexts.h"  // AppendVarint, ReadVarint
 #include "spdlog/spdlog.h"
 #include "strata/v1/query.pb.h"
@@ -123,28 +125,33 @@ void ResolvePath(store::Store* store, uint64_t stack_id, v1::HotPath* path) {
 
 absl::StatusOr<std::unique_ptr<WindowAggregator>> WindowAggregator::Create(
     store::Store* store, AggregatorOptions options) {
+  if (options.max_entries == 0 || options.max_entries > (1u << 24)) {
+    return absl::InvalidArgumentError("table entries must be in [1, 2^24]");
+  }
+  if (options.close_delay_ms < 0) return absl::InvalidArgumentError("negative close delay");
+  options.initial_entries = std::clamp<uint32_t>(options.initial_entries, 1, options.max_entries);
   table::SortedTableOptions t;
   t.max_entries = options.max_entries;
-  t.bucket_count = options.bucket_count != 0 ? options.bucket_count
-                                             : std::max<uint32_t>(2, options.max_entries / 4);
+  t.bucket_count = options.bucket_count;
   t.period = 0;  // one period per window, ended at the window's close
   t.depth_threshold = options.depth_threshold;
   t.frequency_threshold = options.hot_threshold;
   t.phase_change_factor = options.phase_change_factor;
   t.phase_rank_limit = options.phase_rank_limit;
-  t.max_phase_changes = 1024;
-  // Validate once, so that creating a service's table later cannot fail.
+  // Validate once, so that creating or growing a service's table later cannot fail.
   if (auto probe = Table::Create({.max_entries = 1, .period = 0,
                                   .frequency_threshold = t.frequency_threshold,
                                   .phase_change_factor = t.phase_change_factor});
       !probe.ok()) {
     return probe.status();
   }
-  if (t.max_entries == 0 || t.max_entries > (1u << 24)) {
-    return absl::InvalidArgumentError("table entries must be in [1, 2^24]");
-  }
-  if (options.close_delay_ms < 0) return absl::InvalidArgumentError("negative close delay");
   std::unique_ptr<WindowAggregator> aggregator(new WindowAggregator(store, options, t));
+  const size_t smallest = Table::MemoryBytesFor(aggregator->TableOptions(options.initial_entries));
+  if (options.memory_budget_bytes < smallest) {
+    return absl::InvalidArgumentError(absl::StrCat("table memory budget of ",
+                                                   options.memory_budget_bytes,
+                                                   " bytes is below one table (", smallest, ")"));
+  }
   if (absl::Status s = aggregator->Recover(); !s.ok()) return s;
   return aggregator;
 }
@@ -187,14 +194,73 @@ absl::Status WindowAggregator::Recover() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<WindowAggregator::ServiceTable*> WindowAggregator::TableFor(
-    const std::string& service) {
-  auto it = tables_.find(service);
-  if (it != tables_.end()) return it->second.get();
-  absl::StatusOr<Table> table = Table::Create(table_options_);
-  if (!table.ok()) return table.status();
-  auto inserted = tables_.emplace(service, std::make_unique<ServiceTable>(*std::move(table)));
-  return inserted.first->second.get();
+table::SortedTableOptions WindowAggregator::TableOptions(uint32_t entries) const {
+  table::SortedTableOptions t = table_options_;
+  t.max_entries = entries;
+  // Chains scale with the entries (a quarter of them by default); phase changes buffered per
+  // window with the table, from 64 (a small table has few hot entries to reorder) to 1024.
+  const uint64_t buckets_at_max = table_options_.bucket_count != 0
+                                      ? table_options_.bucket_count
+                                      : std::max<uint32_t>(2, options_.max_entries / 4);
+  t.bucket_count = static_cast<uint32_t>(
+      std::max<uint64_t>(2, buckets_at_max * entries / options_.max_entries));
+  t.max_phase_changes = std::clamp<uint32_t>(entries / 4, 64, 1024);
+  return t;
+}
+
+bool WindowAggregator::Reserve(size_t bytes, const ServiceTable* keep) {
+  if (table_bytes_ + bytes <= options_.memory_budget_bytes) return true;
+  std::vector<std::pair<uint64_t, std::string>> idle;  // (last used, service)
+  for (const auto& [service, t] : tables_) {
+    if (t.get() != keep && !t->open && t->live_total == 0) idle.push_back({t->last_used, service});
+  }
+  std::sort(idle.begin(), idle.end());
+  for (const auto& [last_used, service] : idle) {
+    if (table_bytes_ + bytes <= options_.memory_budget_bytes) break;
+    auto it = tables_.find(service);
+    table_bytes_ -= it->second->table.memory_bytes();
+    tables_.erase(it);
+    ++generation_;
+    ++stats_.tables_released;
+  }
+  return table_bytes_ + bytes <= options_.memory_budget_bytes;
+}
+
+bool WindowAggregator::GrowTable(ServiceTable& t, size_t wanted) {
+  const size_t capacity = t.table.capacity();
+  if (capacity >= options_.max_entries) return false;
+  const uint32_t entries = static_cast<uint32_t>(std::min<uint64_t>(
+      options_.max_entries, std::bit_ceil(std::max<uint64_t>(2 * capacity, wanted))));
+  const table::SortedTableOptions grown = TableOptions(entries);
+  const size_t before = t.table.memory_bytes();
+  const size_t after = Table::MemoryBytesFor(grown);
+  if (!Reserve(after - before, &t)) {
+    ++stats_.growth_refused;
+    return false;
+  }
+  if (absl::Status s = t.table.Grow(grown); !s.ok()) {
+    // Only options Create() validated reach here.
+    spdlog::error("growing an aggregation table: {}", s.ToString());
+    return false;
+  }
+  table_bytes_ = table_bytes_ - before + t.table.memory_bytes();
+  ++stats_.tables_grown;
+  return true;
+}
+
+void WindowAggregator::ReleaseIdle(int64_t now_ms) {
+  const int64_t idle_ms = int64_t{options_.idle_windows} * kWindowMs + options_.close_delay_ms;
+  for (auto it = tables_.begin(); it != tables_.end();) {
+    const ServiceTable& t = *it->second;
+    if (!t.open && t.live_total == 0 && t.last_closed_ms + kWindowMs + idle_ms <= now_ms) {
+      table_bytes_ -= t.table.memory_bytes();
+      it = tables_.erase(it);
+      ++generation_;
+      ++stats_.tables_released;
+    } else {
+      ++it;
+    }
+  }
 }
 
 uint32_t WindowAggregator::InternHost(const std::string& host) {
@@ -216,17 +282,44 @@ absl::Status WindowAggregator::CommitBatch(store::WriteBatch* wb, const std::str
   // its cells are written directly.
   const bool from_future = window_start_ms > NowMs() + 2 * kWindowMs;
   absl::MutexLock lock(&mu_);
-  const uint32_t host_id = InternHost(host);
   // Where each service's cells go: its table (open window) or the store (closed window).
   std::map<std::string_view, size_t> per_service;  // service -> cells (new entries at most)
   for (const Cell& c : cells) ++per_service[*c.service];
+  // Services without a table get one, all or none: a batch the budget cannot hold even
+  // after releasing idle tables is refused before anything is written.
+  if (!from_future) {
+    size_t missing = 0;
+    for (const auto& [service_name, incoming] : per_service) {
+      if (!tables_.contains(service_name)) ++missing;
+    }
+    const table::SortedTableOptions initial = TableOptions(options_.initial_entries);
+    const size_t bytes = Table::MemoryBytesFor(initial);
+    if (missing != 0 && !Reserve(missing * bytes, nullptr)) {
+      ++stats_.budget_refusals;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "aggregation tables are at their memory budget (", table_bytes_, " of ",
+          options_.memory_budget_bytes, " bytes in ", tables_.size(),
+          " tables; strata-server --table-memory): ", missing,
+          " new services refused, retry later"));
+    }
+    for (const auto& [service_name, incoming] : per_service) {
+      if (tables_.contains(service_name)) continue;
+      absl::StatusOr<Table> table = Table::Create(initial);
+      if (!table.ok()) return table.status();
+      auto t = std::make_unique<ServiceTable>(*std::move(table));
+      t->generation = ++generation_;
+      table_bytes_ += t->table.memory_bytes();
+      tables_.emplace(std::string(service_name), std::move(t));
+    }
+  }
+  const uint32_t host_id = InternHost(host);
+  ++use_clock_;
   std::map<std::string_view, ServiceTable*> tabled;
   for (const auto& [service_name, incoming] : per_service) {
     if (from_future) break;
     const std::string service(service_name);
-    absl::StatusOr<ServiceTable*> t = TableFor(service);
-    if (!t.ok()) return t.status();
-    ServiceTable& table = **t;
+    ServiceTable& table = *tables_.find(service_name)->second;
+    table.last_used = use_clock_;
     if (table.open && window_start_ms > table.window_start_ms) {
       if (absl::Status s = Flush(service, table, /*close_window=*/true); !s.ok()) return s;
     }
@@ -235,11 +328,13 @@ absl::Status WindowAggregator::CommitBatch(store::WriteBatch* wb, const std::str
       table.window_start_ms = window_start_ms;
     }
     if (!table.open || table.window_start_ms != window_start_ms) continue;  // late
-    if (incoming > table.table.capacity()) continue;  // cannot fit even when empty
-    if (table.table.size() + incoming > table.table.capacity()) {
+    if (incoming > options_.max_entries) continue;  // cannot fit even when empty
+    if (table.table.size() + incoming > table.table.capacity() &&
+        !GrowTable(table, table.table.size() + incoming)) {
       if (absl::Status s = Flush(service, table, /*close_window=*/false); !s.ok()) return s;
       MakeRoom(table, incoming);
     }
+    if (table.table.size() + incoming > table.table.capacity()) continue;  // still too small
     tabled.emplace(service_name, &table);
   }
 
@@ -265,7 +360,7 @@ absl::Status WindowAggregator::CommitBatch(store::WriteBatch* wb, const std::str
     ServiceTable& t = *tabled.at(*c->service);
     // Never kFull: each cell adds at most one entry, and room for all of them was made above.
     t.table.Add(CellKey{host_id, 0, c->stack_id}, c->count);
-    t.live_total += c->count;
+    SaturatingAddTo(t.live_total, c->count);
     t.first_journal = std::min(t.first_journal, seq);
   }
   return absl::OkStatus();
@@ -302,7 +397,7 @@ absl::Status WindowAggregator::Flush(const std::string& service, ServiceTable& t
     spdlog::error("writing window {} of {}: {}", t.window_start_ms, service, s.ToString());
     return s;
   }
-  ++t.generation;
+  t.generation = ++generation_;
   t.live_total = 0;
   if (close_window) {
     // Entries not seen since the last flush are dropped; the others keep their place (and
@@ -362,6 +457,7 @@ absl::Status WindowAggregator::CloseDueWindows(int64_t now_ms) {
       result.Update(Flush(service, *t, /*close_window=*/true));
     }
   }
+  ReleaseIdle(now_ms);
   return result;
 }
 
@@ -394,11 +490,7 @@ void WindowAggregator::Stop() {
 
 uint64_t WindowAggregator::FlushGeneration(std::string_view service) const {
   absl::MutexLock lock(&mu_);
-  if (service.empty()) {  // any service: flushes of all tables
-    uint64_t sum = 0;
-    for (const auto& [name, t] : tables_) sum += t->generation;
-    return sum;
-  }
+  if (service.empty()) return generation_;  // any service: any flush, creation or release
   auto it = tables_.find(service);
   return it == tables_.end() ? 0 : it->second->generation;
 }
@@ -424,7 +516,7 @@ bool WindowAggregator::AddLiveCounts(const store::SampleQuery& query, uint64_t g
   std::set<uint32_t> seen_hosts;
   t.table.ForEach([&](const CellKey& key, uint64_t count) {
     if (count == 0 || (host && key.host != *host)) return;
-    (*stacks)[key.stack] += count;
+    SaturatingAddTo((*stacks)[key.stack], count);
     seen_hosts.insert(key.host);
   });
   for (uint32_t h : seen_hosts) hosts->insert(hosts_[h]);
@@ -446,6 +538,8 @@ AggregatorStats WindowAggregator::stats() const {
   AggregatorStats s = stats_;
   s.live_entries = 0;
   for (const auto& [service, t] : tables_) s.live_entries += t->table.size();
+  s.tables = tables_.size();
+  s.table_bytes = table_bytes_;
   return s;
 }
 

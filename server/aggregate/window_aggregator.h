@@ -46,10 +46,20 @@
 namespace strata::server {
 
 struct AggregatorOptions {
-  // Distinct (host, stack) entries per service table; 64 bytes each plus the buckets.
+  // Distinct (host, stack) entries per service table at most; 64 bytes each plus the buckets.
   uint32_t max_entries = 1u << 16;
-  // Chains per table; 0 picks max_entries / 4 (chains of about four when full, so sorting
-  // the hot entries to the front pays).
+  // Entries of a new table: tables start small and double when full (up to max_entries, as
+  // the memory budget allows), so services with few contexts cost little.
+  uint32_t initial_entries = 256;
+  // All tables together (SortedTable::memory_bytes()). A table that cannot grow within it is
+  // written early when full; a batch that needs a new table beyond it, after idle tables
+  // were released, is refused with ResourceExhausted (the agent retries later).
+  size_t memory_budget_bytes = size_t{512} << 20;
+  // A table whose service sent nothing for this many windows after its last closed window
+  // is released (its counts are in the store; its sort order and phase history are lost).
+  uint32_t idle_windows = 6;
+  // Chains per table at max_entries; 0 picks max_entries / 4 (chains of about four when
+  // full, so sorting the hot entries to the front pays). Smaller tables scale it down.
   uint32_t bucket_count = 0;
   // Chains longer than this are sorted at each window close.
   uint32_t depth_threshold = 2;
@@ -74,6 +84,12 @@ struct AggregatorStats {
   uint64_t recovered_records = 0; // replayed by Create()
   uint64_t phase_events = 0;
   uint64_t live_entries = 0;      // entries in all tables now
+  uint64_t tables = 0;            // tables now
+  uint64_t table_bytes = 0;       // their memory, against AggregatorOptions::memory_budget_bytes
+  uint64_t tables_grown = 0;
+  uint64_t tables_released = 0;   // idle, or to make room within the budget
+  uint64_t growth_refused = 0;    // a full table not grown for the budget: written early
+  uint64_t budget_refusals = 0;   // batches refused: no room for a new table
 };
 
 class WindowAggregator : public LiveSamples, public BatchCommitter {
@@ -135,14 +151,23 @@ class WindowAggregator : public LiveSamples, public BatchCommitter {
     int64_t last_closed_ms = -1;         // window start of the last closed window
     uint64_t first_journal = kNoJournal; // oldest journal record with counts still in table
     uint64_t live_total = 0;             // counts in the table
-    uint64_t generation = 0;             // flushes of this table
+    // Changes with every flush of this table (from the aggregator-wide counter, so a table
+    // released and created again never repeats an earlier value).
+    uint64_t generation = 0;
+    uint64_t last_used = 0;              // use_clock_ at its last batch, for releasing
   };
 
   WindowAggregator(store::Store* store, AggregatorOptions options,
                    table::SortedTableOptions table_options);
   absl::Status Recover();
-  absl::StatusOr<ServiceTable*> TableFor(const std::string& service)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  table::SortedTableOptions TableOptions(uint32_t entries) const;
+  // Makes room for `bytes` more table memory within the budget, releasing idle tables
+  // (closed, nothing live) least recently used first, except `keep`. False if impossible.
+  bool Reserve(size_t bytes, const ServiceTable* keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Doubles `t` (or more, to hold `wanted` entries) up to max_entries within the budget.
+  bool GrowTable(ServiceTable& t, size_t wanted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases tables idle since before `now_ms`.
+  void ReleaseIdle(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t InternHost(const std::string& host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the table's counts (and, on a window close, its phase changes) to the store and
   // deletes the journal records no table needs any more, in one commit.
@@ -161,6 +186,9 @@ class WindowAggregator : public LiveSamples, public BatchCommitter {
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<ServiceTable>, std::less<>> tables_ ABSL_GUARDED_BY(mu_);
+  size_t table_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t use_clock_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> hosts_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint32_t> host_index_ ABSL_GUARDED_BY(mu_);
   uint64_t next_journal_ ABSL_GUARDED_BY(mu_) = 1;

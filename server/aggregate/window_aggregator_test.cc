@@ -40,7 +40,7 @@ class WindowAggregatorTest : public ::testing::Test {
   absl::Status Commit(const std::string& service, const std::string& host, int64_t window,
                       const Totals& cells, uint64_t sequence = 0) {
     store::WriteBatch wb;
-    if (sequence != 0) wb.SetAppliedSequence("agent-" + host, sequence);
+    if (sequence != 0) wb.SetAppliedSequence("agent-" + host, 1, sequence);
     std::vector<BatchCommitter::Cell> batch;
     for (const auto& [stack, count] : cells) batch.push_back({&service, stack, count});
     return aggregator_->CommitBatch(&wb, host, window, batch);
@@ -107,7 +107,8 @@ class WindowAggregatorTest : public ::testing::Test {
 // some late batches: after every batch, store + live equals everything committed, and after
 // FlushAll the store alone does and the journal is empty.
 TEST_F(WindowAggregatorTest, ConservesCountsUnderCapacityFlushesAndWindowCloses) {
-  CreateAggregator({.max_entries = 24, .hot_threshold = 5});
+  // Tables start at 4 entries and grow to 24.
+  CreateAggregator({.max_entries = 24, .initial_entries = 4, .hot_threshold = 5});
   std::mt19937_64 rng(17);
   const std::vector<std::string> services = {"api", "db"};
   const std::vector<std::string> hosts = {"h1", "h2", "h3"};
@@ -131,6 +132,7 @@ TEST_F(WindowAggregatorTest, ConservesCountsUnderCapacityFlushesAndWindowCloses)
     if (i % 97 == 0) ASSERT_TRUE(aggregator_->CloseDueWindows(window + 5 * kWindowMs).ok());
   }
   const AggregatorStats stats = aggregator_->stats();
+  EXPECT_GT(stats.tables_grown, 0u);
   EXPECT_GT(stats.capacity_flushes, 10u);
   EXPECT_GT(stats.windows_closed, 20u);
   EXPECT_GT(stats.direct_cells, 0u);
@@ -273,7 +275,7 @@ TEST_F(WindowAggregatorTest, FutureWindowDoesNotCloseTheOpenOne) {
 // capacity flushes: every profile's total lies between what was committed before the query
 // started and after it ended (no window counted twice or missed).
 TEST_F(WindowAggregatorTest, ProfilesStayConsistentWhileWindowsFlush) {
-  CreateAggregator({.max_entries = 8});
+  CreateAggregator({.max_entries = 8, .initial_entries = 2});
   store::WriteBatch interned;
   std::vector<uint64_t> stacks;
   for (uint64_t i = 0; i < 12; ++i) {
@@ -329,10 +331,94 @@ TEST_F(WindowAggregatorTest, ProfilesStayConsistentWhileWindowsFlush) {
   EXPECT_EQ(final_profile->total, committed.load());
 }
 
+int64_t NowWindow() {
+  return WindowStart(std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count());
+}
+
+// Bytes of one table of `entries` entries, as the aggregator accounts them.
+size_t TableBytes(store::Store* store, uint32_t entries) {
+  auto a = WindowAggregator::Create(store, {.max_entries = entries, .initial_entries = entries});
+  EXPECT_TRUE(a.ok());
+  store::WriteBatch wb;
+  const std::string service = "probe";
+  EXPECT_TRUE((*a)->CommitBatch(&wb, "h", NowWindow(), {{&service, 1, 1}}).ok());
+  const size_t bytes = (*a)->stats().table_bytes;
+  EXPECT_TRUE((*a)->FlushAll().ok());
+  return bytes;
+}
+
+// Tables start small and grow with their service's contexts; counts are conserved.
+TEST_F(WindowAggregatorTest, TablesStartSmallAndGrowWithUse) {
+  CreateAggregator({.max_entries = 1024, .initial_entries = 16});
+  const int64_t w = NowWindow();
+  ASSERT_TRUE(Commit("small", "h1", w, {{1, 3}}).ok());
+  const size_t small_bytes = aggregator_->stats().table_bytes;
+  Totals big;
+  for (uint64_t stack = 1; stack <= 600; ++stack) big[stack] = stack % 7 + 1;
+  ASSERT_TRUE(Commit("big", "h1", w, big).ok());
+  const AggregatorStats stats = aggregator_->stats();
+  EXPECT_EQ(stats.tables, 2u);
+  EXPECT_GT(stats.tables_grown, 0u);
+  EXPECT_EQ(stats.capacity_flushes, 0u);
+  EXPECT_GT(stats.table_bytes, 4 * small_bytes);
+  EXPECT_EQ(Query("big"), big);
+  EXPECT_EQ(Stored("big"), Totals{});  // all still in the (grown) table
+}
+
+// All tables share one memory budget: a batch that needs a new table beyond it is refused
+// whole (ResourceExhausted, nothing written), a full table that cannot grow is written
+// early, and tables of closed windows are released to make room.
+TEST_F(WindowAggregatorTest, MemoryBudgetRefusesNewTablesAndReleasesIdleOnes) {
+  const size_t bytes = TableBytes(store_.get(), 16);
+  ASSERT_GT(bytes, 0u);
+  CreateAggregator({.max_entries = 1024, .initial_entries = 16,
+                    .memory_budget_bytes = 3 * bytes + bytes / 2});
+  const int64_t w = NowWindow();
+  ASSERT_TRUE(Commit("a", "h1", w, {{1, 1}}).ok());
+  ASSERT_TRUE(Commit("b", "h1", w, {{1, 2}}).ok());
+  // Two new services in one batch, room for one: refused as a whole.
+  {
+    store::WriteBatch wb;
+    wb.SetAppliedSequence("agent-h1", 1, 1);
+    const std::string c = "c", d = "d";
+    absl::Status s = aggregator_->CommitBatch(&wb, "h1", w, {{&c, 1, 5}, {&d, 1, 6}});
+    EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+    EXPECT_EQ(*store_->AppliedSequence("agent-h1", 1), 0u);  // nothing committed
+  }
+  EXPECT_EQ(Query("c"), Totals{});
+  EXPECT_EQ(aggregator_->stats().budget_refusals, 1u);
+  ASSERT_TRUE(Commit("c", "h1", w, {{1, 5}}).ok());
+  // A full table that cannot grow within the budget is written early; nothing is lost.
+  Totals many;
+  for (uint64_t stack = 1; stack <= 100; ++stack) many[stack] = 1;
+  ASSERT_TRUE(Commit("a", "h1", w, many).ok());
+  many[1] += 1;
+  EXPECT_EQ(Query("a"), many);
+  EXPECT_GT(aggregator_->stats().growth_refused, 0u);
+  EXPECT_LE(aggregator_->stats().table_bytes, 3 * bytes + bytes / 2);
+  EXPECT_TRUE(absl::IsResourceExhausted(Commit("d", "h1", w, {{1, 6}})));
+  // Once their windows closed, tables are released for new services (least recently used
+  // first), and after idle_windows without a batch on their own.
+  ASSERT_TRUE(aggregator_->CloseDueWindows(w + 3 * kWindowMs).ok());
+  ASSERT_TRUE(Commit("d", "h1", w + kWindowMs, {{1, 6}}).ok());
+  EXPECT_GT(aggregator_->stats().tables_released, 0u)
+      << aggregator_->stats().tables << " tables, " << aggregator_->stats().table_bytes << " bytes";
+  ASSERT_TRUE(aggregator_->CloseDueWindows(w + 100 * kWindowMs).ok());
+  EXPECT_EQ(aggregator_->stats().tables, 0u);
+  EXPECT_EQ(aggregator_->stats().table_bytes, 0u);
+  EXPECT_EQ(Stored("a"), many);
+  EXPECT_EQ(Stored("c"), (Totals{{1, 5}}));
+  EXPECT_EQ(Stored("d"), (Totals{{1, 6}}));
+  EXPECT_EQ(JournalRecords(), 0u);
+}
+
 TEST_F(WindowAggregatorTest, RejectsBadOptions) {
   EXPECT_FALSE(WindowAggregator::Create(store_.get(), {.max_entries = 0}).ok());
   EXPECT_FALSE(WindowAggregator::Create(store_.get(), {.phase_change_factor = 1}).ok());
   EXPECT_FALSE(WindowAggregator::Create(store_.get(), {.close_delay_ms = -1}).ok());
+  EXPECT_FALSE(WindowAggregator::Create(store_.get(), {.memory_budget_bytes = 100}).ok());
 }
 
 }  // namespace
