@@ -23,18 +23,20 @@ std::string DecodeCacheKey(const encoding::EncodedContext& c) {
 
 }  // namespace
 
-AgentSession::AgentSession(store::Store* store, AgentIdentity identity)
-    : store_(store), identity_(std::move(identity)) {
+AgentSession::AgentSession(store::Store* store, AgentIdentity identity,
+                           const IngestLimits& limits)
+    : store_(store), identity_(std::move(identity)), limits_(limits) {
   node_function_ids_.assign(encoding::kFirstFunctionNode, 0);
 }
 
 absl::StatusOr<std::unique_ptr<AgentSession>> AgentSession::Open(store::Store* store,
                                                                   AgentIdentity identity,
-                                                                  BatchCommitter* committer) {
-  std::unique_ptr<AgentSession> session(new AgentSession(store, std::move(identity)));
+                                                                  BatchCommitter* committer,
+                                                                  const IngestLimits& limits) {
+  std::unique_ptr<AgentSession> session(new AgentSession(store, std::move(identity), limits));
   session->committer_ = committer;
   const AgentIdentity& id = session->identity_;
-  auto applied = store->AppliedSequence(id.agent_id);
+  auto applied = store->AppliedSequence(id.agent_id, id.graph_id);
   if (!applied.ok()) return applied.status();
   session->last_applied_ = *applied;
 
@@ -79,6 +81,13 @@ absl::Status AgentSession::ApplyGraphDelta(const v1::GraphDelta& delta) {
                                                       graph_.num_edges()));
   }
   // Validate everything before changing anything.
+  if (absl::Status s = CheckGraphDelta(delta, limits_); !s.ok()) return s;
+  if (graph_.num_nodes() + delta.nodes_size() > limits_.max_graph_nodes ||
+      graph_.num_edges() + delta.edges_size() > limits_.max_graph_edges) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the agent's call graph would exceed ", limits_.max_graph_nodes, " nodes or ",
+        limits_.max_graph_edges, " edges (strata-server --max-graph-nodes, --max-graph-edges)"));
+  }
   for (int i = 0; i < delta.nodes_size(); ++i) {
     const v1::FunctionNode& n = delta.nodes(i);
     if (n.id() != delta.first_node() + static_cast<uint32_t>(i)) {
@@ -123,7 +132,7 @@ absl::Status AgentSession::ApplyGraphDelta(const v1::GraphDelta& delta) {
     if (graph_.num_nodes() != nodes_before) {
       // CallGraph cannot shrink; rebuild it from the persisted state. Rare: only a delta
       // whose nodes were fine but whose edges were not.
-      auto reloaded = Open(store_, identity_, committer_);
+      auto reloaded = Open(store_, identity_, committer_, limits_);
       if (!reloaded.ok()) return reloaded.status();
       graph_ = std::move((*reloaded)->graph_);
       node_function_ids_ = std::move((*reloaded)->node_function_ids_);
@@ -183,22 +192,31 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
     applied.duplicate = true;
     return applied;
   }
+  if (batch.sequence() - last_applied_ > limits_.max_sequence_gap) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch ", batch.sequence(), " jumps more than ", limits_.max_sequence_gap,
+        " past the last applied batch ", last_applied_, " of this agent's graph ",
+        absl::Hex(identity_.graph_id)));
+  }
+  if (waiting_for_ != 0 && batch.sequence() > waiting_for_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "batch ", batch.sequence(), " waits for batch ", waiting_for_, " (resend in order)"));
+  }
   if (batch.epoch() > graph_.num_edges()) {
+    waiting_for_ = batch.sequence();
     return absl::FailedPreconditionError(
         absl::StrCat("batch ", batch.sequence(), " is encoded against epoch ", batch.epoch(),
                      " but the server has ", graph_.num_edges(), " edges"));
+  }
+  if (absl::Status s = CheckBatchShape(batch, limits_); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(), ": ", s.message()));
   }
   if (batch.start_ms() <= 0 || batch.end_ms() < batch.start_ms()) {
     return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(),
                                                    " has an invalid time window"));
   }
   absl::flat_hash_map<uint32_t, const v1::Target*> targets;
-  for (const v1::Target& t : batch.targets()) {
-    if (t.service().empty() || t.service().find('\0') != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("target ", t.id(), " has no valid service"));
-    }
-    targets[t.id()] = &t;
-  }
+  for (const v1::Target& t : batch.targets()) targets[t.id()] = &t;
   // Both context forms as records: packed first, then the repeated field. Malformed packed
   // bytes reject the whole batch before anything is decoded.
   std::vector<encoding::ContextRecord> contexts;
@@ -210,6 +228,10 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
     }
     contexts = *std::move(packed);
   }
+  if (contexts.size() + batch.contexts_size() > limits_.max_batch_contexts) {
+    return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(), " has more than ",
+                                                   limits_.max_batch_contexts, " contexts"));
+  }
   contexts.reserve(contexts.size() + batch.contexts_size());
   for (const v1::ContextCount& c : batch.contexts()) {
     encoding::ContextRecord& r = contexts.emplace_back();
@@ -217,6 +239,14 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
     r.context.leaf = c.leaf();
     r.context.ids.assign(c.ids().begin(), c.ids().end());
     r.count = c.count();
+  }
+  for (const encoding::ContextRecord& c : contexts) {
+    if (c.count > limits_.max_context_count) {
+      return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(),
+                                                     ": a context count of ", c.count,
+                                                     " exceeds the limit of ",
+                                                     limits_.max_context_count));
+    }
   }
   auto numbering = numberings_.Get(graph_, batch.epoch());
   if (!numbering.ok()) return numbering.status();
@@ -254,7 +284,7 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
     }
     applied.contexts.push_back({&service, *stack_id, c.count});
   }
-  wb.SetAppliedSequence(identity_.agent_id, batch.sequence());
+  wb.SetAppliedSequence(identity_.agent_id, identity_.graph_id, batch.sequence());
   ++batches_;
   wb.PutAgent({identity_.agent_id, identity_.host, identity_.arch, identity_.version,
                batch.end_ms(), batches_});
@@ -274,6 +304,7 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
     return st;
   }
   last_applied_ = batch.sequence();
+  waiting_for_ = 0;
   decode_cache_.merge(pending_cache_);
   pending_cache_.clear();
   return applied;

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "common/encoding/graph.h"
 #include "common/encoding/numbering.h"
+#include "server/ingest/limits.h"
 #include "server/store/store.h"
 #include "strata/v1/ingest.pb.h"
 
@@ -74,7 +75,8 @@ class AgentSession {
   // samples without one, are merged into the store by the batch's own commit).
   static absl::StatusOr<std::unique_ptr<AgentSession>> Open(store::Store* store,
                                                             AgentIdentity identity,
-                                                            BatchCommitter* committer = nullptr);
+                                                            BatchCommitter* committer = nullptr,
+                                                            const IngestLimits& limits = {});
 
   const AgentIdentity& identity() const { return identity_; }
   uint32_t num_nodes() const { return static_cast<uint32_t>(graph_.num_nodes()); }
@@ -83,19 +85,26 @@ class AgentSession {
 
   // Appends the delta's nodes and edges and persists them. FailedPrecondition when the delta
   // does not start where the graph ends (the caller answers Resync); InvalidArgument for
-  // malformed content. All-or-nothing.
+  // malformed content, ResourceExhausted when the graph would outgrow the limits.
+  // All-or-nothing.
   absl::Status ApplyGraphDelta(const v1::GraphDelta& delta);
 
   // Decodes and stores a batch atomically with its sequence number. The contexts are those
   // of `packed_contexts` (current agents) plus the repeated `contexts` (older agents).
-  // Returns the applied contexts (empty with OK for an already-applied sequence: the caller
-  // just acknowledges). FailedPrecondition when the batch's epoch is beyond the graph (caller
-  // answers Resync); InvalidArgument when the packed bytes are malformed or any context does
-  // not decode (nothing is stored).
+  // Returns the applied contexts (empty with OK for an already-applied sequence of this
+  // incarnation: the caller just acknowledges). Batches apply in sequence order: gaps are
+  // allowed (an agent drops what it cannot keep), going back is not, so an acknowledgement
+  // always means "stored now or before".
+  //   FailedPrecondition: the batch's epoch is beyond the graph (the caller answers Resync),
+  //     or an earlier batch failed that way and has not been applied yet (this one must wait
+  //     for it, or it would make the earlier one look applied).
+  //   InvalidArgument: malformed packed bytes, an undecodable context, a count above the
+  //     limit, a sequence that jumps implausibly far (nothing is stored).
+  //   ResourceExhausted (from the committer): retry later, in order.
   absl::StatusOr<AppliedBatch> ApplyBatch(const v1::SampleBatch& batch);
 
  private:
-  AgentSession(store::Store* store, AgentIdentity identity);
+  AgentSession(store::Store* store, AgentIdentity identity, const IngestLimits& limits);
 
   // Decodes one context to a stored stack ID.
   absl::StatusOr<uint64_t> StackIdFor(const encoding::Numbering& numbering,
@@ -108,7 +117,10 @@ class AgentSession {
   encoding::CallGraph graph_;
   std::vector<uint64_t> node_function_ids_;  // by node ID; 0 for the root and the marker
   encoding::NumberingCache numberings_;
+  const IngestLimits limits_;
   uint64_t last_applied_ = 0;
+  // Sequence of a batch refused for a missing graph part; later ones wait for it (0: none).
+  uint64_t waiting_for_ = 0;
   uint64_t batches_ = 0;
 
   // (leaf, ids) -> stack ID, valid for `decode_cache_epoch_` only.

@@ -114,8 +114,9 @@ class AgentSessionTest : public ::testing::TestWithParam<Form> {
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
   }
-  std::unique_ptr<AgentSession> Open(uint64_t graph_id = 7) {
-    auto s = AgentSession::Open(store_.get(), {"agent-1", "host-a", "x86_64", "test", graph_id});
+  std::unique_ptr<AgentSession> Open(uint64_t graph_id = 7, const IngestLimits& limits = {}) {
+    auto s = AgentSession::Open(store_.get(), {"agent-1", "host-a", "x86_64", "test", graph_id},
+                                nullptr, limits);
     EXPECT_TRUE(s.ok()) << s.status();
     return std::move(*s);
   }
@@ -194,6 +195,120 @@ TEST_P(AgentSessionTest, NewGraphIdStartsEmpty) {
   EXPECT_EQ(session->num_edges(), 0u);
 }
 
+// A restarted agent (same agent ID, new graph) numbers its batches from 1 again: they are
+// stored, not acknowledged as replays of the earlier incarnation's.
+TEST_P(AgentSessionTest, RestartedAgentIsNotTakenForAReplay) {
+  FakeAgent agent;
+  auto c = agent.Context({"main", "work"}, 5);
+  {
+    auto session = Open(7);
+    ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+    for (uint64_t seq = 1; seq <= 3; ++seq) {
+      ASSERT_TRUE(session->ApplyBatch(Batch(seq, agent.graph.num_edges(), {c})).ok());
+    }
+  }
+  auto restarted = Open(8);
+  EXPECT_EQ(restarted->last_applied_sequence(), 0u);
+  ASSERT_TRUE(restarted->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  auto applied = restarted->ApplyBatch(Batch(1, agent.graph.num_edges(), {c}));
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_FALSE(applied->duplicate);
+  EXPECT_EQ(Load().total, 20u);
+  // The first incarnation's batches, resent, are still recognised.
+  auto first = Open(7);
+  EXPECT_EQ(first->last_applied_sequence(), 3u);
+  auto again = first->ApplyBatch(Batch(3, agent.graph.num_edges(), {c}));
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->duplicate);
+  EXPECT_EQ(Load().total, 20u);
+}
+
+TEST_P(AgentSessionTest, ImplausibleSequenceJumpIsRefused) {
+  FakeAgent agent;
+  auto c = agent.Context({"main", "work"}, 5);
+  IngestLimits limits;
+  limits.max_sequence_gap = 100;
+  auto session = Open(7, limits);
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  auto r = session->ApplyBatch(Batch(UINT64_MAX, agent.graph.num_edges(), {c}));
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  ASSERT_TRUE(session->ApplyBatch(Batch(100, agent.graph.num_edges(), {c})).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      session->ApplyBatch(Batch(201, agent.graph.num_edges(), {c})).status()));
+  // Nothing was poisoned: the next plausible batch is stored.
+  auto next = session->ApplyBatch(Batch(101, agent.graph.num_edges(), {c}));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_FALSE(next->duplicate);
+  EXPECT_EQ(Load().total, 10u);
+}
+
+// A batch refused for a missing graph part makes the later ones wait: applying batch 3
+// while 2 waits would make 2 look applied (acknowledged, never stored) when it comes again.
+TEST_P(AgentSessionTest, LaterBatchesWaitForOneThatNeedsTheGraph) {
+  FakeAgent agent;
+  auto c = agent.Context({"main", "work"}, 5);
+  auto session = Open();
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  ASSERT_TRUE(session->ApplyBatch(Batch(1, agent.graph.num_edges(), {c})).ok());
+  const uint32_t nodes = session->num_nodes();
+  const uint64_t edges = session->num_edges();
+  auto deeper = agent.Context({"main", "work", "deeper"}, 2);
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      session->ApplyBatch(Batch(2, agent.graph.num_edges(), {deeper})).status()));
+  EXPECT_TRUE(
+      absl::IsFailedPrecondition(session->ApplyBatch(Batch(3, edges, {c})).status()));
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(nodes, edges)).ok());
+  ASSERT_TRUE(session->ApplyBatch(Batch(2, agent.graph.num_edges(), {deeper})).ok());
+  auto third = session->ApplyBatch(Batch(3, agent.graph.num_edges(), {c}));
+  ASSERT_TRUE(third.ok());
+  EXPECT_FALSE(third->duplicate);
+  EXPECT_EQ(Load().total, 12u);
+}
+
+TEST_P(AgentSessionTest, CountsAboveTheLimitAreRefused) {
+  FakeAgent agent;
+  auto huge = agent.Context({"main", "work"}, UINT64_MAX);
+  auto session = Open();
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  auto r = session->ApplyBatch(Batch(1, agent.graph.num_edges(), {huge}));
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  auto largest = agent.Context({"main", "work"}, (uint64_t{1} << 32) - 1);
+  ASSERT_TRUE(session->ApplyBatch(Batch(2, agent.graph.num_edges(), {largest})).ok());
+  EXPECT_EQ(Load().total, (uint64_t{1} << 32) - 1);
+}
+
+TEST_P(AgentSessionTest, GraphAndBatchLimits) {
+  FakeAgent agent;
+  auto c = agent.Context({"main", "a", "b", "c"}, 1);
+  IngestLimits limits;
+  limits.max_graph_nodes = 4;
+  limits.max_batch_services = 1;
+  auto session = Open(7, limits);
+  // 2 + 4 function nodes: beyond the graph limit, nothing is applied.
+  EXPECT_TRUE(absl::IsResourceExhausted(session->ApplyGraphDelta(agent.Delta(2, 0))));
+  EXPECT_EQ(session->num_nodes(), 2u);
+  limits.max_graph_nodes = 1u << 20;
+  limits.max_delta_nodes = 2;
+  session = Open(7, limits);
+  EXPECT_TRUE(absl::IsInvalidArgument(session->ApplyGraphDelta(agent.Delta(2, 0))));
+  limits.max_delta_nodes = 1u << 16;
+  limits.max_name_bytes = 8;
+  session = Open(7, limits);
+  FakeAgent long_names;
+  long_names.Context({"main", "a_function_name_longer_than_eight_bytes"}, 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(session->ApplyGraphDelta(long_names.Delta(2, 0))));
+  limits.max_name_bytes = 16384;
+  session = Open(7, limits);
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  auto two_services = Batch(1, agent.graph.num_edges(), {c});
+  auto* t = two_services.add_targets();
+  t->set_id(2);
+  t->set_service("other");
+  EXPECT_TRUE(absl::IsInvalidArgument(session->ApplyBatch(two_services).status()));
+  ASSERT_TRUE(session->ApplyBatch(Batch(2, agent.graph.num_edges(), {c})).ok());
+  EXPECT_EQ(Load().total, 1u);
+}
+
 TEST_P(AgentSessionTest, RejectsDeltaNotStartingAtTheEnd) {
   FakeAgent agent;
   agent.Context({"main", "a"}, 1);
@@ -231,11 +346,11 @@ TEST_P(AgentSessionTest, RejectsUndecodableContextsAndKeepsEarlierData) {
   out_of_range.set_ids(0, 1ull << 40);
   r = session->ApplyBatch(Batch(3, agent.graph.num_edges(), {out_of_range}));
   EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
-  // Epoch beyond the graph: the agent must resend the graph.
-  r = session->ApplyBatch(Batch(4, agent.graph.num_edges() + 5, {good}));
-  EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
-  auto unknown_target = Batch(5, agent.graph.num_edges(), {good}, /*target_id=*/9);
+  auto unknown_target = Batch(4, agent.graph.num_edges(), {good}, /*target_id=*/9);
   EXPECT_TRUE(absl::IsInvalidArgument(session->ApplyBatch(unknown_target).status()));
+  // Epoch beyond the graph: the agent must resend the graph.
+  r = session->ApplyBatch(Batch(5, agent.graph.num_edges() + 5, {good}));
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
 
   EXPECT_EQ(Load().total, 3u);
   EXPECT_EQ(session->last_applied_sequence(), 1u);

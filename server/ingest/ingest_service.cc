@@ -8,17 +8,20 @@
 namespace strata::server {
 namespace {
 
-bool ValidKeyPart(const std::string& s) {
-  return !s.empty() && s.size() <= 256 && s.find('\0') == std::string::npos;
-}
-
-v1::ServerMessage ErrorMessage(const absl::Status& status, uint64_t sequence) {
+v1::ServerMessage ErrorMessage(const absl::Status& status, uint64_t sequence,
+                               bool fatal = false, uint32_t retry_after_ms = 0) {
   v1::ServerMessage m;
   auto* e = m.mutable_error();
   e->set_code(static_cast<int32_t>(status.code()));
   e->set_message(std::string(status.message()));
   e->set_sequence(sequence);
+  e->set_fatal(fatal);
+  e->set_retry_after_ms(retry_after_ms);
   return m;
+}
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
 }  // namespace
@@ -27,6 +30,7 @@ void AgentRegistry::Attach(const AgentIdentity& identity, uint32_t frequency_hz,
                            Sender sender) {
   absl::MutexLock lock(&mu_);
   Entry& e = agents_[identity.agent_id];
+  if (!e.connected && e.detached_at != 0) disconnected_.erase(e.detached_at);
   e.identity = identity;
   e.frequency_hz = frequency_hz;
   e.connected = true;
@@ -39,6 +43,12 @@ void AgentRegistry::Detach(const std::string& agent_id) {
   if (it == agents_.end()) return;
   it->second.connected = false;
   it->second.sender.reset();
+  it->second.detached_at = ++detaches_;
+  disconnected_.emplace(it->second.detached_at, agent_id);
+  while (disconnected_.size() > max_disconnected_) {
+    agents_.erase(disconnected_.begin()->second);
+    disconnected_.erase(disconnected_.begin());
+  }
 }
 
 void AgentRegistry::RecordBatch(const std::string& agent_id, const v1::SampleBatch& batch) {
@@ -127,14 +137,13 @@ grpc::Status IngestService::Connect(
     ++metrics_->rejected_messages;
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid agent token");
   }
-  if (!ValidKeyPart(hello.agent_id()) || !ValidKeyPart(hello.host())) {
+  if (absl::Status st = CheckHello(hello, options_.limits); !st.ok()) {
     ++metrics_->rejected_messages;
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "Hello needs a non-empty agent_id and host (at most 256 bytes, no NUL)");
+    return ToGrpc(st);
   }
   AgentIdentity identity{hello.agent_id(), hello.host(), hello.arch(), hello.version(),
                          hello.graph_id()};
-  auto session_or = AgentSession::Open(store_, identity, options_.committer);
+  auto session_or = AgentSession::Open(store_, identity, options_.committer, options_.limits);
   if (!session_or.ok()) {
     spdlog::error("agent {}: cannot open session: {}", hello.agent_id(),
                   session_or.status().ToString());
@@ -170,16 +179,35 @@ grpc::Status IngestService::Connect(
     write(m);
   };
 
-  while (stream->Read(&message)) {
+  // Ends the stream with `st`: the agent reconnects (with backoff) and starts over from what
+  // the server has, so nothing after the refused message is taken out of order.
+  grpc::Status ended;
+  auto end_stream = [&](const absl::Status& st, uint64_t sequence) {
+    ++metrics_->rejected_messages;
+    uint32_t retry_after_ms = 0;
+    if (absl::IsResourceExhausted(st)) {
+      ++metrics_->resource_exhausted;
+      retry_after_ms = options_.retry_after_ms;
+    }
+    spdlog::warn("agent {}: ending stream: {}", identity.agent_id, st.ToString());
+    write(ErrorMessage(st, sequence, /*fatal=*/true, retry_after_ms));
+    ended = ToGrpc(st);
+  };
+  auto reject = [&](const absl::Status& st, uint64_t sequence) {
+    ++metrics_->rejected_messages;
+    write(ErrorMessage(st, sequence));
+  };
+
+  while (ended.ok() && stream->Read(&message)) {
     switch (message.kind_case()) {
       case v1::AgentMessage::kGraphDelta: {
         absl::Status st = session->ApplyGraphDelta(message.graph_delta());
         if (absl::IsFailedPrecondition(st)) {
           resync(st);
         } else if (!st.ok()) {
-          ++metrics_->rejected_messages;
-          spdlog::warn("agent {}: rejected graph delta: {}", identity.agent_id, st.ToString());
-          write(ErrorMessage(st, 0));
+          // The agent's view of the graph is now ahead of the server's: every later batch
+          // would fail. It starts over after a reconnect.
+          end_stream(st, 0);
         }
         break;
       }
@@ -187,11 +215,19 @@ grpc::Status IngestService::Connect(
         const v1::SampleBatch& batch = message.sample_batch();
         auto applied = session->ApplyBatch(batch);
         if (!applied.ok()) {
-          if (absl::IsFailedPrecondition(applied.status())) resync(applied.status());
-          ++metrics_->rejected_messages;
-          spdlog::warn("agent {}: rejected batch {}: {}", identity.agent_id, batch.sequence(),
-                       applied.status().ToString());
-          write(ErrorMessage(applied.status(), batch.sequence()));
+          const absl::Status& st = applied.status();
+          if (absl::IsResourceExhausted(st)) {
+            end_stream(st, batch.sequence());
+            break;
+          }
+          // Only a batch beyond the graph needs the graph again; one waiting for an earlier
+          // batch just comes again after it.
+          if (absl::IsFailedPrecondition(st) && batch.epoch() > session->num_edges()) resync(st);
+          if (!absl::IsFailedPrecondition(st)) {
+            spdlog::warn("agent {}: rejected batch {}: {}", identity.agent_id, batch.sequence(),
+                         st.ToString());
+          }
+          reject(st, batch.sequence());
           break;
         }
         if (applied->duplicate) {
@@ -211,28 +247,32 @@ grpc::Status IngestService::Connect(
         break;
       }
       case v1::AgentMessage::kHeartbeat:
-        if (message.heartbeat().targets_size() > 0) {
+        if (absl::Status st = CheckHeartbeat(message.heartbeat(), options_.limits); !st.ok()) {
+          reject(st, 0);
+        } else if (message.heartbeat().targets_size() > 0) {
           registry_->SetTargets(identity.agent_id, message.heartbeat().targets());
         }
         break;
       case v1::AgentMessage::kCaptureStatus:
+        if (absl::Status st = CheckCaptureStatus(message.capture_status(), options_.limits);
+            !st.ok()) {
+          reject(st, 0);
+          break;
+        }
         for (const auto& observer : capture_status_observers_) {
           observer(identity.agent_id, message.capture_status());
         }
         break;
       case v1::AgentMessage::kHello:
-      default: {
-        ++metrics_->rejected_messages;
-        write(ErrorMessage(absl::InvalidArgumentError(
-                               "unexpected message on an established ingest stream"),
-                           0));
+      default:
+        reject(absl::InvalidArgumentError("unexpected message on an established ingest stream"),
+               0);
         break;
-      }
     }
   }
   registry_->Detach(identity.agent_id);
   spdlog::info("agent {} disconnected", identity.agent_id);
-  return grpc::Status::OK;
+  return ended;
 }
 
 }  // namespace strata::server

@@ -18,6 +18,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "server/ingest/agent_session.h"
+#include "server/ingest/limits.h"
 #include "server/store/store.h"
 #include "strata/v1/ingest.grpc.pb.h"
 #include "strata/v1/query.pb.h"
@@ -31,13 +32,19 @@ struct IngestMetrics {
   std::atomic<uint64_t> samples{0};
   std::atomic<uint64_t> contexts{0};
   std::atomic<uint64_t> rejected_messages{0};
+  // Streams ended because the server was out of a resource (table memory).
+  std::atomic<uint64_t> resource_exhausted{0};
   std::atomic<uint64_t> resyncs{0};
 };
 
-// Connected (and recently seen) agents. Thread-safe.
+// Connected (and recently seen) agents. Thread-safe. Disconnected agents are remembered
+// up to a bound (the oldest are forgotten first), so agent IDs that come and go cost
+// bounded memory.
 class AgentRegistry {
  public:
   using Sender = std::function<bool(const v1::ServerMessage&)>;
+
+  explicit AgentRegistry(size_t max_disconnected = 10'000) : max_disconnected_(max_disconnected) {}
 
   void Attach(const AgentIdentity& identity, uint32_t frequency_hz, Sender sender);
   void Detach(const std::string& agent_id);
@@ -62,9 +69,13 @@ class AgentRegistry {
     uint64_t batches = 0;
     std::map<uint32_t, v1::Target> targets;  // by pid, latest seen
     std::shared_ptr<Sender> sender;
+    uint64_t detached_at = 0;  // Detach() order, for forgetting the oldest
   };
+  const size_t max_disconnected_;
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> agents_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::string> disconnected_ ABSL_GUARDED_BY(mu_);  // by detached_at
+  uint64_t detaches_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class IngestService final : public v1::Ingest::Service {
@@ -74,6 +85,10 @@ class IngestService final : public v1::Ingest::Service {
     // Commits the continuous-profile counts of every batch (the aggregation tables); null:
     // each batch's counts are merged into the store directly.
     BatchCommitter* committer = nullptr;
+    IngestLimits limits;
+    // A stream refused for lack of memory (RESOURCE_EXHAUSTED) is told to come back no
+    // sooner than this.
+    uint32_t retry_after_ms = 5000;
   };
   using BatchObserver = std::function<void(const AppliedBatch&)>;
 
