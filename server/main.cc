@@ -10,6 +10,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "common/base/byte_size.h"
 #include "server/capture/capture_service.h"
 #include "server/aggregate/window_aggregator.h"
 #include "server/http/http_server.h"
@@ -62,7 +63,50 @@ int Run(int argc, char** argv) {
                  "how far apart two reordered hot contexts must be to report a phase change")
       ->capture_default_str()
       ->check(CLI::Range(2u, 1000000u));
+  std::string table_memory = "512MiB";
+  std::string max_message = "16MiB";
+  strata::server::IngestLimits limits;
+  app.add_option("--table-memory", table_memory,
+                 "memory for all aggregation tables together; past it, batches of new services "
+                 "are refused with RESOURCE_EXHAUSTED until idle tables are released")
+      ->capture_default_str();
+  app.add_option("--max-message-bytes", max_message, "largest gRPC message accepted")
+      ->capture_default_str();
+  app.add_option("--max-graph-nodes", limits.max_graph_nodes,
+                 "functions in one agent's call graph")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-graph-edges", limits.max_graph_edges, "call edges in one agent's graph")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-batch-services", limits.max_batch_services,
+                 "distinct services named by one sample batch")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-batch-targets", limits.max_batch_targets,
+                 "targets (processes) in one sample batch or heartbeat")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-sequence-gap", limits.max_sequence_gap,
+                 "largest jump of an agent's batch sequence number that is accepted")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  auto table_bytes = strata::base::ParseByteSize(table_memory);
+  auto message_bytes = strata::base::ParseByteSize(max_message);
+  if (!table_bytes.ok() || !message_bytes.ok()) {
+    std::fprintf(stderr, "strata-server: %s: %s\n",
+                 table_bytes.ok() ? "--max-message-bytes" : "--table-memory",
+                 std::string((table_bytes.ok() ? message_bytes : table_bytes).status().message())
+                     .c_str());
+    return 2;
+  }
+  if (*message_bytes < 4096 || *message_bytes > (1u << 30)) {
+    std::fprintf(stderr, "strata-server: --max-message-bytes must be in [4KiB, 1GiB]\n");
+    return 2;
+  }
+  aggregation.memory_budget_bytes = *table_bytes;
+  limits.max_message_bytes = static_cast<uint32_t>(*message_bytes);
   auto retention = strata::server::ParseRetention(capture_retention);
   if (!retention.ok()) {
     std::fprintf(stderr, "strata-server: --capture-retention: %s\n",
@@ -119,7 +163,9 @@ int Run(int argc, char** argv) {
   strata::server::AgentRegistry registry;
   strata::server::IngestMetrics metrics;
   strata::server::IngestService ingest(store.get(), &registry, &metrics,
-                                       {.token = token, .committer = aggregator.get()});
+                                       {.token = token,
+                                        .committer = aggregator.get(),
+                                        .limits = limits});
   strata::server::QueryService query(store.get(), &registry, aggregator.get());
   strata::server::CaptureService::Options capture_options;
   capture_options.retention = *retention;
@@ -142,7 +188,7 @@ int Run(int argc, char** argv) {
   builder.RegisterService(&ingest);
   builder.RegisterService(&query);
   builder.RegisterService(&capture);
-  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(limits.max_message_bytes));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || bound_port == 0) {
     std::fprintf(stderr, "strata-server: cannot listen on %s\n", listen.c_str());
