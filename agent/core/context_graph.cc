@@ -64,24 +64,42 @@ absl::StatusOr<std::shared_ptr<const encoding::Numbering>> ContextGraph::Current
   return numbering_;
 }
 
-v1::GraphDelta ContextGraph::DeltaFrom(uint32_t from_node, uint64_t from_edge) const {
+namespace {
+
+// `s` cut to at most `max_bytes`, not inside a UTF-8 sequence.
+std::string_view Truncated(std::string_view s, size_t max_bytes) {
+  if (s.size() <= max_bytes) return s;
+  size_t n = max_bytes;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return s.substr(0, n);
+}
+
+}  // namespace
+
+v1::GraphDelta ContextGraph::DeltaFrom(uint32_t from_node, uint64_t from_edge,
+                                       uint32_t max_nodes, uint32_t max_edges) const {
   absl::MutexLock lock(&mu_);
   v1::GraphDelta delta;
   const uint32_t num_nodes = static_cast<uint32_t>(graph_.num_nodes());
   from_node = std::max<uint32_t>(from_node, encoding::kFirstFunctionNode);
   delta.set_first_node(std::min(from_node, num_nodes));
-  for (uint32_t n = from_node; n < num_nodes; ++n) {
+  const uint32_t end_node =
+      static_cast<uint32_t>(std::min<uint64_t>(num_nodes, uint64_t{from_node} + max_nodes));
+  for (uint32_t n = from_node; n < end_node; ++n) {
     const FunctionRecord& f = functions_[n - encoding::kFirstFunctionNode];
     auto* node = delta.add_nodes();
     node->set_id(n);
-    node->set_name(f.name);
-    node->set_module(f.module);
+    node->set_name(std::string(Truncated(f.name, kMaxNameBytes)));
+    node->set_module(std::string(Truncated(f.module, kMaxPathBytes)));
     node->set_build_id(f.build_id);
     node->set_start_offset(f.start_offset);
   }
+  const uint32_t known_nodes = std::max(end_node, from_node);
   delta.set_first_edge(std::min(from_edge, graph_.num_edges()));
-  for (uint64_t e = from_edge; e < graph_.num_edges(); ++e) {
+  const uint64_t end_edge = std::min(graph_.num_edges(), from_edge + max_edges);
+  for (uint64_t e = from_edge; e < end_edge; ++e) {
     const encoding::CallEdge& edge = graph_.edge(e);
+    if (edge.caller >= known_nodes || edge.callee >= known_nodes) break;  // next message
     auto* out = delta.add_edges();
     out->set_caller(edge.caller);
     out->set_call_site(edge.call_site);

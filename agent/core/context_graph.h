@@ -52,8 +52,18 @@ class ContextGraph {
   // Numbering of the current epoch (recomputed only when edges were added since).
   absl::StatusOr<std::shared_ptr<const encoding::Numbering>> CurrentNumbering();
 
-  // Nodes [from_node, end) and edges [from_edge, end) as one message.
-  v1::GraphDelta DeltaFrom(uint32_t from_node, uint64_t from_edge) const;
+  // Nodes from `from_node` and edges from `from_edge` as one message of at most
+  // `max_nodes` nodes and `max_edges` edges (edges only up to the first that references a
+  // node not in the message or earlier): the server bounds its messages, so a large graph
+  // goes out in several. Names and modules are cut to what the server accepts (at a UTF-8
+  // character boundary).
+  static constexpr uint32_t kMaxDeltaNodes = 16384;
+  static constexpr uint32_t kMaxDeltaEdges = 65536;
+  static constexpr size_t kMaxNameBytes = 16384;
+  static constexpr size_t kMaxPathBytes = 4096;
+  v1::GraphDelta DeltaFrom(uint32_t from_node, uint64_t from_edge,
+                           uint32_t max_nodes = kMaxDeltaNodes,
+                           uint32_t max_edges = kMaxDeltaEdges) const;
   uint32_t num_nodes() const;
   uint64_t num_edges() const;
 

@@ -65,6 +65,43 @@ TEST(ContextGraphTest, DeltaCarriesRecordsAndEdgesFromAnyPoint) {
   EXPECT_EQ(graph.DeltaFrom(100, 100).nodes_size(), 0);
 }
 
+// A large graph goes out in bounded messages; every message's edges reference only nodes
+// the server has after it, and the messages together are the whole graph.
+TEST(ContextGraphTest, DeltasAreBoundedAndSelfContained) {
+  ContextGraph graph(7);
+  std::vector<encoding::PathFrame> path;
+  for (uint64_t i = 0; i < 50; ++i) {
+    path.push_back({graph.NodeFor({"f" + std::to_string(i), "/bin/app", "", i * 16}), i * 16 + 5});
+    ASSERT_TRUE(graph.AddPath(path, false).ok());
+  }
+  // A name longer than the server takes, with a two-byte character across the limit.
+  const std::string long_name = std::string(ContextGraph::kMaxNameBytes - 1, 'x') + "\xc3\xa9yz";
+  const auto long_node = graph.NodeFor({long_name, "/bin/app", "", 4096});
+  uint32_t nodes = 0;
+  uint64_t edges = 0;
+  int messages = 0;
+  while (nodes < graph.num_nodes() || edges < graph.num_edges()) {
+    v1::GraphDelta d = graph.DeltaFrom(nodes, edges, /*max_nodes=*/7, /*max_edges=*/9);
+    ASSERT_TRUE(d.nodes_size() > 0 || d.edges_size() > 0) << "no progress at " << nodes;
+    EXPECT_LE(d.nodes_size(), 7);
+    EXPECT_LE(d.edges_size(), 9);
+    const uint32_t after = std::max<uint32_t>(nodes, encoding::kFirstFunctionNode) + d.nodes_size();
+    for (const v1::CallEdge& e : d.edges()) {
+      EXPECT_LT(e.caller(), after);
+      EXPECT_LT(e.callee(), after);
+    }
+    for (const v1::FunctionNode& n : d.nodes()) EXPECT_LE(n.name().size(), ContextGraph::kMaxNameBytes);
+    nodes = after;
+    edges = d.first_edge() + d.edges_size();
+    ++messages;
+  }
+  EXPECT_GE(messages, 8);
+  EXPECT_EQ(edges, graph.num_edges());
+  v1::GraphDelta last = graph.DeltaFrom(long_node, graph.num_edges());
+  ASSERT_EQ(last.nodes_size(), 1);
+  EXPECT_EQ(last.nodes(0).name(), long_name.substr(0, ContextGraph::kMaxNameBytes - 1));
+}
+
 TEST(ContextGraphTest, NumberingFollowsTheEpoch) {
   ContextGraph graph(1);
   const auto a = graph.NodeFor({"a", "/m", "", 1});

@@ -2,6 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <random>
+
 #include "spdlog/spdlog.h"
 
 namespace strata::agent {
@@ -68,19 +70,30 @@ ShipperStats Shipper::stats() const {
 void Shipper::Run() {
   auto channel = grpc::CreateChannel(options_.server, grpc::InsecureChannelCredentials());
   auto stub = v1::Ingest::NewStub(channel);
-  absl::Duration backoff = absl::Milliseconds(500);
+  const absl::Duration min_backoff = absl::Milliseconds(500);
+  absl::Duration backoff = min_backoff;
+  std::minstd_rand rng(std::random_device{}());
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
+      retry_after_ = absl::ZeroDuration();
     }
     const uint64_t connects_before = stats().connects;
     Session(stub.get());
-    // Reset the backoff after a session that got as far as Welcome.
-    if (stats().connects != connects_before) backoff = absl::Milliseconds(500);
     absl::MutexLock lock(&mu_);
+    // Reset the backoff after a session that got as far as Welcome, unless the server sent
+    // us away for lack of resources: then wait at least as long as it asked, and keep
+    // growing, so that a fleet refused together does not come back together.
+    if (stats_.connects != connects_before && retry_after_ == absl::ZeroDuration()) {
+      backoff = min_backoff;
+    }
+    // Jitter: a uniformly random wait in [backoff / 2, backoff).
+    absl::Duration wait = std::max(backoff, retry_after_);
+    wait = wait / 2 + wait / 2 * (static_cast<double>(rng() - rng.min()) / (rng.max() - rng.min() + 1.0));
+    if (retry_after_ > absl::ZeroDuration()) wait = std::max(wait, retry_after_);
     auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
-    if (mu_.AwaitWithTimeout(absl::Condition(&stop), backoff)) return;
+    if (mu_.AwaitWithTimeout(absl::Condition(&stop), wait)) return;
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
 }
@@ -102,11 +115,22 @@ void Shipper::HandleServerMessage(const v1::ServerMessage& m) {
       break;
     case v1::ServerMessage::kError: {
       const auto& e = m.error();
-      // FailedPrecondition: the batch referenced graph the server lacked; it is resent after
-      // the graph (Resync came with it). Anything else is permanent: drop the batch.
+      const bool retryable = e.code() == static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION) ||
+                             e.code() == static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED);
+      if (e.fatal()) {
+        // The server ends the stream: everything unacknowledged goes again, in order, after
+        // the reconnect (no sooner than it asked).
+        retry_after_ = std::max(retry_after_, absl::Milliseconds(e.retry_after_ms()));
+        spdlog::warn("server ends the stream: {} (retry in {} ms)", e.message(),
+                     e.retry_after_ms());
+        if (retryable) break;
+      }
+      // FailedPrecondition: the batch referenced graph the server lacked (Resync came with
+      // it), or waits for such a batch; ResourceExhausted: the server is short of memory.
+      // Both are resent. Anything else is permanent: drop the batch.
       for (auto it = spool_.begin(); it != spool_.end(); ++it) {
         if (e.sequence() == 0 || it->batch.sequence() != e.sequence()) continue;
-        if (e.code() == static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION)) {
+        if (retryable) {
           it->sent = false;
         } else {
           spdlog::error("server rejected batch {}: {}", e.sequence(), e.message());
@@ -212,14 +236,15 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
       }
       for (auto& s : spool_) {
         if (s.sent) continue;
-        if (sent_edges_ < s.batch.epoch() || sent_nodes_ < graph_->num_nodes()) {
+        // The graph the batch needs, in messages of bounded size.
+        while (sent_edges_ < s.batch.epoch() || sent_nodes_ < graph_->num_nodes()) {
           v1::AgentMessage delta;
           *delta.mutable_graph_delta() = graph_->DeltaFrom(sent_nodes_, sent_edges_);
-          sent_nodes_ = delta.graph_delta().first_node() + delta.graph_delta().nodes_size();
-          sent_edges_ = delta.graph_delta().first_edge() + delta.graph_delta().edges_size();
-          if (delta.graph_delta().nodes_size() > 0 || delta.graph_delta().edges_size() > 0) {
-            out.push_back(std::move(delta));
-          }
+          const v1::GraphDelta& d = delta.graph_delta();
+          sent_nodes_ = d.first_node() + d.nodes_size();
+          sent_edges_ = d.first_edge() + d.edges_size();
+          if (d.nodes_size() == 0 && d.edges_size() == 0) break;
+          out.push_back(std::move(delta));
         }
         v1::AgentMessage batch;
         *batch.mutable_sample_batch() = s.batch;

@@ -3,7 +3,9 @@
 //
 // Every batch stays in the spool until the server acknowledges its sequence number, so
 // batches survive server restarts and network loss (up to `max_spool_batches`; the oldest
-// are dropped beyond that, and counted). Before a batch goes out, the graph nodes and edges
+// are dropped beyond that, and counted). Batches go out in sequence order; after a refusal
+// the server can recover from (FAILED_PRECONDITION, RESOURCE_EXHAUSTED) they are resent in
+// order. Reconnects back off exponentially with jitter, at least as long as the server asks. Before a batch goes out, the graph nodes and edges
 // it is encoded against are sent; after a reconnect the server's Welcome says which part of
 // the graph it already has. Server control messages (captures, rates) are passed to the
 // control handler on the shipper's reader thread.
@@ -97,6 +99,9 @@ class Shipper {
   bool stream_broken_ ABSL_GUARDED_BY(mu_) = false;
   uint32_t sent_nodes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t sent_edges_ ABSL_GUARDED_BY(mu_) = 0;
+  // Set when the server ends the stream for lack of resources: the least wait before the
+  // next connection.
+  absl::Duration retry_after_ ABSL_GUARDED_BY(mu_);
   ShipperStats stats_ ABSL_GUARDED_BY(mu_);
   ControlHandler control_handler_ ABSL_GUARDED_BY(mu_);
 };
