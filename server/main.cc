@@ -91,6 +91,16 @@ int Run(int argc, char** argv) {
                  "largest jump of an agent's batch sequence number that is accepted")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  uint32_t max_agents = 20'000;
+  uint32_t ingest_threads = 0;
+  app.add_option("--max-agents", max_agents,
+                 "agent streams held at once; more are refused with RESOURCE_EXHAUSTED and a "
+                 "retry delay")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--ingest-threads", ingest_threads,
+                 "threads that decode and commit agent batches (0: one per core)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   auto table_bytes = strata::base::ParseByteSize(table_memory);
   auto message_bytes = strata::base::ParseByteSize(max_message);
@@ -165,7 +175,9 @@ int Run(int argc, char** argv) {
   strata::server::IngestService ingest(store.get(), &registry, &metrics,
                                        {.token = token,
                                         .committer = aggregator.get(),
-                                        .limits = limits});
+                                        .limits = limits,
+                                        .max_agents = max_agents,
+                                        .worker_threads = ingest_threads});
   strata::server::QueryService query(store.get(), &registry, aggregator.get());
   strata::server::CaptureService::Options capture_options;
   capture_options.retention = *retention;

@@ -163,6 +163,11 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
   for (const auto& [k, v] : options_.labels) (*hello->mutable_labels())[k] = v;
   v1::ServerMessage welcome;
   if (!stream->Write(hello_message) || !stream->Read(&welcome) || !welcome.has_welcome()) {
+    if (welcome.has_error() && welcome.error().retry_after_ms() > 0) {
+      // Refused for now (the server holds its maximum of agents): come back later.
+      absl::MutexLock lock(&mu_);
+      retry_after_ = absl::Milliseconds(welcome.error().retry_after_ms());
+    }
     grpc::Status status = stream->Finish();
     spdlog::warn("cannot connect to strata-server at {}: {}", options_.server,
                  status.ok() ? "stream closed" : status.error_message());

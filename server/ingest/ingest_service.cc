@@ -1,8 +1,12 @@
 #include "server/ingest/ingest_service.h"
 
+#include <algorithm>
+#include <deque>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 
 namespace strata::server {
@@ -118,161 +122,312 @@ bool AgentRegistry::Send(const std::string& agent_id, const v1::ServerMessage& m
   return (*sender)(message);
 }
 
-IngestService::IngestService(store::Store* store, AgentRegistry* registry,
-                             IngestMetrics* metrics, Options options)
-    : store_(store), registry_(registry), metrics_(metrics), options_(std::move(options)) {}
+// One agent stream. Lives from Connect() until gRPC calls OnDone(). Messages are handled on
+// the worker pool, one at a time: the next read starts only when Handle() is done with the
+// last one. Writes (replies from Handle, control messages from other threads through the
+// registry) go through an outbox with one write in flight; Finish comes after the outbox
+// is empty.
+class IngestService::Stream final
+    : public grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage> {
+ public:
+  explicit Stream(IngestService* service) : service_(service), link_(std::make_shared<Link>()) {
+    link_->stream = this;
+  }
 
-grpc::Status IngestService::Connect(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<v1::ServerMessage, v1::AgentMessage>* stream) {
-  v1::AgentMessage message;
-  if (!stream->Read(&message)) return grpc::Status::OK;
+  // Refuses the stream before reading anything.
+  void Refuse(const absl::Status& status, uint32_t retry_after_ms) {
+    Queue(ErrorMessage(status, 0, /*fatal=*/true, retry_after_ms));
+    EndAfterWrites(ToGrpc(status));
+  }
+  void Begin() {
+    admitted_ = true;
+    ++service_->metrics_->connected;
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the agent closed its side, or the stream broke
+      EndAfterWrites(grpc::Status::OK);
+      return;
+    }
+    const absl::Time read_at = absl::Now();
+    service_->pool_->Post([this, read_at] {
+      service_->metrics_->queue_wait.Observe(absl::Now() - read_at);
+      absl::Status end = Handle(in_);
+      if (!end.ok()) {
+        EndAfterWrites(ToGrpc(end));
+        return;
+      }
+      StartRead(&in_);
+    });
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) outbox_.clear();  // the agent is gone: nothing more can be written
+    }
+    Pump();
+  }
+
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&link_->mu);
+      link_->stream = nullptr;
+    }
+    if (session_ != nullptr) {
+      service_->registry_->Detach(session_->identity().agent_id);
+      spdlog::info("agent {} disconnected", session_->identity().agent_id);
+    }
+    if (admitted_) --service_->metrics_->connected;
+    delete this;
+  }
+
+ private:
+  // What the registry's Sender holds: the stream until OnDone().
+  struct Link {
+    absl::Mutex mu;
+    Stream* stream ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
+  // Queues a message; false once the stream is ending.
+  bool Queue(v1::ServerMessage m) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (end_requested_) return false;
+      outbox_.push_back(std::move(m));
+    }
+    Pump();
+    return true;
+  }
+
+  void EndAfterWrites(grpc::Status status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (end_requested_) return;
+      end_requested_ = true;
+      end_status_ = std::move(status);
+    }
+    Pump();
+  }
+
+  // Starts the next write, or Finish once everything queued is written. gRPC calls are made
+  // outside the lock: a reaction may run inline.
+  void Pump() {
+    bool write = false, finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_) return;
+      if (!outbox_.empty()) {
+        current_ = std::move(outbox_.front());
+        outbox_.pop_front();
+        writing_ = write = true;
+      } else if (end_requested_ && !finish_called_) {
+        finish_called_ = finish = true;
+      }
+    }
+    if (write) StartWrite(&current_);
+    if (finish) Finish(end_status_);
+  }
+
+  // Handles one message; a non-OK status ends the stream with it.
+  absl::Status Handle(const v1::AgentMessage& message);
+  absl::Status HandleHello(const v1::AgentMessage& message);
+  absl::Status HandleBatch(const v1::SampleBatch& batch);
+  absl::Status EndWith(const absl::Status& st, uint64_t sequence);
+  void Reject(const absl::Status& st, uint64_t sequence) {
+    ++service_->metrics_->rejected_messages;
+    Queue(ErrorMessage(st, sequence));
+  }
+  void Resync(const absl::Status& why) {
+    ++service_->metrics_->resyncs;
+    v1::ServerMessage m;
+    m.mutable_resync()->set_from_node(session_->num_nodes());
+    m.mutable_resync()->set_from_edge(session_->num_edges());
+    m.mutable_resync()->set_reason(std::string(why.message()));
+    Queue(std::move(m));
+  }
+
+  IngestService* const service_;
+  const std::shared_ptr<Link> link_;
+  bool admitted_ = false;
+  v1::AgentMessage in_;
+  std::unique_ptr<AgentSession> session_;  // after Hello
+
+  absl::Mutex mu_;
+  std::deque<v1::ServerMessage> outbox_ ABSL_GUARDED_BY(mu_);
+  v1::ServerMessage current_;  // being written
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool end_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status end_status_;
+};
+
+absl::Status IngestService::Stream::Handle(const v1::AgentMessage& message) {
+  if (session_ == nullptr) return HandleHello(message);
+  IngestMetrics* metrics = service_->metrics_;
+  switch (message.kind_case()) {
+    case v1::AgentMessage::kGraphDelta: {
+      absl::Status st = session_->ApplyGraphDelta(message.graph_delta());
+      if (absl::IsFailedPrecondition(st)) {
+        Resync(st);
+      } else if (!st.ok()) {
+        // The agent's view of the graph is now ahead of the server's: every later batch
+        // would fail. It starts over after a reconnect.
+        return EndWith(st, 0);
+      }
+      return absl::OkStatus();
+    }
+    case v1::AgentMessage::kSampleBatch:
+      return HandleBatch(message.sample_batch());
+    case v1::AgentMessage::kHeartbeat:
+      if (absl::Status st = CheckHeartbeat(message.heartbeat(), service_->options_.limits);
+          !st.ok()) {
+        Reject(st, 0);
+      } else if (message.heartbeat().targets_size() > 0) {
+        service_->registry_->SetTargets(session_->identity().agent_id,
+                                        message.heartbeat().targets());
+      }
+      return absl::OkStatus();
+    case v1::AgentMessage::kCaptureStatus:
+      if (absl::Status st =
+              CheckCaptureStatus(message.capture_status(), service_->options_.limits);
+          !st.ok()) {
+        Reject(st, 0);
+        return absl::OkStatus();
+      }
+      for (const auto& observer : service_->capture_status_observers_) {
+        observer(session_->identity().agent_id, message.capture_status());
+      }
+      return absl::OkStatus();
+    case v1::AgentMessage::kHello:
+    default:
+      (void)metrics;
+      Reject(absl::InvalidArgumentError("unexpected message on an established ingest stream"),
+             0);
+      return absl::OkStatus();
+  }
+}
+
+absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message) {
+  IngestMetrics* metrics = service_->metrics_;
+  const Options& options = service_->options_;
   if (!message.has_hello()) {
-    ++metrics_->rejected_messages;
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "the first message of an ingest stream must be Hello");
+    ++metrics->rejected_messages;
+    return absl::InvalidArgumentError("the first message of an ingest stream must be Hello");
   }
   const v1::Hello& hello = message.hello();
-  if (!options_.token.empty() && hello.token() != options_.token) {
-    ++metrics_->rejected_messages;
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid agent token");
+  if (!options.token.empty() && hello.token() != options.token) {
+    ++metrics->rejected_messages;
+    return absl::UnauthenticatedError("invalid agent token");
   }
-  if (absl::Status st = CheckHello(hello, options_.limits); !st.ok()) {
-    ++metrics_->rejected_messages;
-    return ToGrpc(st);
+  if (absl::Status st = CheckHello(hello, options.limits); !st.ok()) {
+    ++metrics->rejected_messages;
+    return st;
   }
   AgentIdentity identity{hello.agent_id(), hello.host(), hello.arch(), hello.version(),
                          hello.graph_id()};
-  auto session_or = AgentSession::Open(store_, identity, options_.committer, options_.limits);
-  if (!session_or.ok()) {
+  auto session = AgentSession::Open(service_->store_, identity, options.committer, options.limits);
+  if (!session.ok()) {
     spdlog::error("agent {}: cannot open session: {}", hello.agent_id(),
-                  session_or.status().ToString());
-    return grpc::Status(grpc::StatusCode::INTERNAL, "cannot load agent state");
+                  session.status().ToString());
+    return absl::InternalError("cannot load agent state");
   }
-  std::unique_ptr<AgentSession> session = std::move(*session_or);
-  ++metrics_->streams;
-
-  // gRPC allows one outstanding Write per stream: control messages from other threads and
-  // replies from this one are serialized here.
-  auto write_mu = std::make_shared<absl::Mutex>();
-  auto write = [stream, write_mu](const v1::ServerMessage& m) {
-    absl::MutexLock lock(write_mu.get());
-    return stream->Write(m);
-  };
-  registry_->Attach(identity, hello.frequency_hz(), write);
+  session_ = std::move(*session);
+  ++metrics->streams;
+  std::shared_ptr<Link> link = link_;
+  service_->registry_->Attach(identity, hello.frequency_hz(),
+                              [link](const v1::ServerMessage& m) {
+                                absl::MutexLock lock(&link->mu);
+                                return link->stream != nullptr && link->stream->Queue(m);
+                              });
   spdlog::info("agent {} connected (host {}, arch {}, graph {:x}: {} nodes, {} edges known)",
                identity.agent_id, identity.host, identity.arch, identity.graph_id,
-               session->num_nodes(), session->num_edges());
-
+               session_->num_nodes(), session_->num_edges());
   v1::ServerMessage welcome;
-  welcome.mutable_welcome()->set_known_nodes(session->num_nodes());
-  welcome.mutable_welcome()->set_known_edges(session->num_edges());
-  welcome.mutable_welcome()->set_last_applied_sequence(session->last_applied_sequence());
-  write(welcome);
+  welcome.mutable_welcome()->set_known_nodes(session_->num_nodes());
+  welcome.mutable_welcome()->set_known_edges(session_->num_edges());
+  welcome.mutable_welcome()->set_last_applied_sequence(session_->last_applied_sequence());
+  Queue(std::move(welcome));
+  return absl::OkStatus();
+}
 
-  auto resync = [&](const absl::Status& why) {
-    ++metrics_->resyncs;
-    v1::ServerMessage m;
-    m.mutable_resync()->set_from_node(session->num_nodes());
-    m.mutable_resync()->set_from_edge(session->num_edges());
-    m.mutable_resync()->set_reason(std::string(why.message()));
-    write(m);
-  };
-
-  // Ends the stream with `st`: the agent reconnects (with backoff) and starts over from what
-  // the server has, so nothing after the refused message is taken out of order.
-  grpc::Status ended;
-  auto end_stream = [&](const absl::Status& st, uint64_t sequence) {
-    ++metrics_->rejected_messages;
-    uint32_t retry_after_ms = 0;
-    if (absl::IsResourceExhausted(st)) {
-      ++metrics_->resource_exhausted;
-      retry_after_ms = options_.retry_after_ms;
+absl::Status IngestService::Stream::HandleBatch(const v1::SampleBatch& batch) {
+  IngestMetrics* metrics = service_->metrics_;
+  const absl::Time start = absl::Now();
+  auto applied = session_->ApplyBatch(batch);
+  metrics->batch_apply.Observe(absl::Now() - start);
+  const AgentIdentity& identity = session_->identity();
+  if (!applied.ok()) {
+    const absl::Status& st = applied.status();
+    if (absl::IsResourceExhausted(st)) return EndWith(st, batch.sequence());
+    // Only a batch beyond the graph needs the graph again; one waiting for an earlier
+    // batch just comes again after it.
+    if (absl::IsFailedPrecondition(st) && batch.epoch() > session_->num_edges()) Resync(st);
+    if (!absl::IsFailedPrecondition(st)) {
+      spdlog::warn("agent {}: rejected batch {}: {}", identity.agent_id, batch.sequence(),
+                   st.ToString());
     }
-    spdlog::warn("agent {}: ending stream: {}", identity.agent_id, st.ToString());
-    write(ErrorMessage(st, sequence, /*fatal=*/true, retry_after_ms));
-    ended = ToGrpc(st);
-  };
-  auto reject = [&](const absl::Status& st, uint64_t sequence) {
-    ++metrics_->rejected_messages;
-    write(ErrorMessage(st, sequence));
-  };
-
-  while (ended.ok() && stream->Read(&message)) {
-    switch (message.kind_case()) {
-      case v1::AgentMessage::kGraphDelta: {
-        absl::Status st = session->ApplyGraphDelta(message.graph_delta());
-        if (absl::IsFailedPrecondition(st)) {
-          resync(st);
-        } else if (!st.ok()) {
-          // The agent's view of the graph is now ahead of the server's: every later batch
-          // would fail. It starts over after a reconnect.
-          end_stream(st, 0);
-        }
-        break;
-      }
-      case v1::AgentMessage::kSampleBatch: {
-        const v1::SampleBatch& batch = message.sample_batch();
-        auto applied = session->ApplyBatch(batch);
-        if (!applied.ok()) {
-          const absl::Status& st = applied.status();
-          if (absl::IsResourceExhausted(st)) {
-            end_stream(st, batch.sequence());
-            break;
-          }
-          // Only a batch beyond the graph needs the graph again; one waiting for an earlier
-          // batch just comes again after it.
-          if (absl::IsFailedPrecondition(st) && batch.epoch() > session->num_edges()) resync(st);
-          if (!absl::IsFailedPrecondition(st)) {
-            spdlog::warn("agent {}: rejected batch {}: {}", identity.agent_id, batch.sequence(),
-                         st.ToString());
-          }
-          reject(st, batch.sequence());
-          break;
-        }
-        if (applied->duplicate) {
-          ++metrics_->duplicate_batches;
-        } else {
-          ++metrics_->batches;
-          uint64_t samples = 0;
-          for (const auto& c : applied->contexts) samples += c.count;
-          metrics_->samples += samples;
-          metrics_->contexts += applied->contexts.size();
-          registry_->RecordBatch(identity.agent_id, batch);
-          for (const auto& observer : observers_) observer(*applied);
-        }
-        v1::ServerMessage ack;
-        ack.mutable_ack()->set_sequence(batch.sequence());
-        write(ack);
-        break;
-      }
-      case v1::AgentMessage::kHeartbeat:
-        if (absl::Status st = CheckHeartbeat(message.heartbeat(), options_.limits); !st.ok()) {
-          reject(st, 0);
-        } else if (message.heartbeat().targets_size() > 0) {
-          registry_->SetTargets(identity.agent_id, message.heartbeat().targets());
-        }
-        break;
-      case v1::AgentMessage::kCaptureStatus:
-        if (absl::Status st = CheckCaptureStatus(message.capture_status(), options_.limits);
-            !st.ok()) {
-          reject(st, 0);
-          break;
-        }
-        for (const auto& observer : capture_status_observers_) {
-          observer(identity.agent_id, message.capture_status());
-        }
-        break;
-      case v1::AgentMessage::kHello:
-      default:
-        reject(absl::InvalidArgumentError("unexpected message on an established ingest stream"),
-               0);
-        break;
-    }
+    Reject(st, batch.sequence());
+    return absl::OkStatus();
   }
-  registry_->Detach(identity.agent_id);
-  spdlog::info("agent {} disconnected", identity.agent_id);
-  return ended;
+  if (applied->duplicate) {
+    ++metrics->duplicate_batches;
+  } else {
+    ++metrics->batches;
+    uint64_t samples = 0;
+    for (const auto& c : applied->contexts) samples += c.count;
+    metrics->samples += samples;
+    metrics->contexts += applied->contexts.size();
+    service_->registry_->RecordBatch(identity.agent_id, batch);
+    for (const auto& observer : service_->observers_) observer(*applied);
+  }
+  v1::ServerMessage ack;
+  ack.mutable_ack()->set_sequence(batch.sequence());
+  Queue(std::move(ack));
+  return absl::OkStatus();
+}
+
+// Ends the stream with `st`: the agent reconnects (with backoff) and starts over from what
+// the server has, so nothing after the refused message is taken out of order.
+absl::Status IngestService::Stream::EndWith(const absl::Status& st, uint64_t sequence) {
+  IngestMetrics* metrics = service_->metrics_;
+  ++metrics->rejected_messages;
+  uint32_t retry_after_ms = 0;
+  if (absl::IsResourceExhausted(st)) {
+    ++metrics->resource_exhausted;
+    retry_after_ms = service_->options_.retry_after_ms;
+  }
+  spdlog::warn("agent {}: ending stream: {}", session_->identity().agent_id, st.ToString());
+  Queue(ErrorMessage(st, sequence, /*fatal=*/true, retry_after_ms));
+  return st;
+}
+
+IngestService::IngestService(store::Store* store, AgentRegistry* registry,
+                             IngestMetrics* metrics, Options options)
+    : store_(store), registry_(registry), metrics_(metrics), options_(std::move(options)) {
+  const size_t threads = options_.worker_threads != 0
+                             ? options_.worker_threads
+                             : std::max<size_t>(2, std::thread::hardware_concurrency());
+  pool_ = std::make_unique<WorkerPool>(threads);
+}
+
+IngestService::~IngestService() = default;
+
+grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage>* IngestService::Connect(
+    grpc::CallbackServerContext* context) {
+  auto* stream = new Stream(this);
+  if (metrics_->connected.load() >= static_cast<int64_t>(options_.max_agents)) {
+    ++metrics_->streams_refused;
+    stream->Refuse(absl::ResourceExhaustedError(absl::StrCat(
+                       "the server holds its maximum of ", options_.max_agents,
+                       " agent streams (strata-server --max-agents); retry later")),
+                   options_.retry_after_ms);
+    return stream;
+  }
+  stream->Begin();
+  return stream;
 }
 
 }  // namespace strata::server

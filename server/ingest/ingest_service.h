@@ -1,10 +1,15 @@
 // gRPC Ingest service: one bidirectional stream per agent (protocol in
-// proto/strata/v1/ingest.proto). Each stream owns an AgentSession; the AgentRegistry tracks
-// connected agents for queries (ListAgents) and for pushing control messages (captures).
+// proto/strata/v1/ingest.proto). Streams use gRPC's callback API, so a connected agent costs
+// memory, not a thread: each stream owns an AgentSession, and its messages are decoded and
+// committed on a bounded worker pool, one at a time per stream (the next message is read
+// only after the previous one was handled, which keeps an agent's batches in order and lets
+// gRPC's flow control push back on a fast agent). The AgentRegistry tracks connected agents
+// for queries (ListAgents) and for pushing control messages (captures).
 //
 // Bad client input is answered with an IngestError on the stream (or a failed status for a
 // stream that does not start with a valid Hello) and never affects other agents or data
-// already accepted.
+// already accepted. Past --max-agents a new stream is refused with RESOURCE_EXHAUSTED and a
+// retry delay.
 #ifndef STRATA_SERVER_INGEST_INGEST_SERVICE_H_
 #define STRATA_SERVER_INGEST_INGEST_SERVICE_H_
 
@@ -18,7 +23,9 @@
 
 #include "absl/synchronization/mutex.h"
 #include "server/ingest/agent_session.h"
+#include "server/ingest/latency_histogram.h"
 #include "server/ingest/limits.h"
+#include "server/ingest/worker_pool.h"
 #include "server/store/store.h"
 #include "strata/v1/ingest.grpc.pb.h"
 #include "strata/v1/query.pb.h"
@@ -34,6 +41,12 @@ struct IngestMetrics {
   std::atomic<uint64_t> rejected_messages{0};
   // Streams ended because the server was out of a resource (table memory).
   std::atomic<uint64_t> resource_exhausted{0};
+  // Streams refused at connection: over --max-agents.
+  std::atomic<uint64_t> streams_refused{0};
+  std::atomic<int64_t> connected{0};
+  // A message's wait for a worker, and a batch's decode and commit.
+  LatencyHistogram queue_wait;
+  LatencyHistogram batch_apply;
   std::atomic<uint64_t> resyncs{0};
 };
 
@@ -78,7 +91,7 @@ class AgentRegistry {
   uint64_t detaches_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-class IngestService final : public v1::Ingest::Service {
+class IngestService final : public v1::Ingest::CallbackService {
  public:
   struct Options {
     std::string token;  // required Hello.token when non-empty
@@ -89,11 +102,17 @@ class IngestService final : public v1::Ingest::Service {
     // A stream refused for lack of memory (RESOURCE_EXHAUSTED) is told to come back no
     // sooner than this.
     uint32_t retry_after_ms = 5000;
+    // Streams open at once; more are refused with RESOURCE_EXHAUSTED.
+    uint32_t max_agents = 20'000;
+    // Threads that decode and commit; 0: one per core.
+    uint32_t worker_threads = 0;
   };
   using BatchObserver = std::function<void(const AppliedBatch&)>;
 
   IngestService(store::Store* store, AgentRegistry* registry, IngestMetrics* metrics,
                 Options options);
+  // Joins the worker pool: the gRPC server must be shut down (every stream done) first.
+  ~IngestService() override;
   // Called after every committed batch (aggregation, capture progress).
   void AddBatchObserver(BatchObserver observer) { observers_.push_back(std::move(observer)); }
   using CaptureStatusObserver =
@@ -102,17 +121,22 @@ class IngestService final : public v1::Ingest::Service {
     capture_status_observers_.push_back(std::move(observer));
   }
 
-  grpc::Status Connect(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<v1::ServerMessage, v1::AgentMessage>* stream) override;
+  grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage>* Connect(
+      grpc::CallbackServerContext* context) override;
+
+  // Messages waiting for a worker.
+  size_t queued() const { return pool_->queued(); }
 
  private:
+  class Stream;
+
   store::Store* store_;
   AgentRegistry* registry_;
   IngestMetrics* metrics_;
   Options options_;
   std::vector<BatchObserver> observers_;
   std::vector<CaptureStatusObserver> capture_status_observers_;
+  std::unique_ptr<WorkerPool> pool_;
 };
 
 }  // namespace strata::server

@@ -210,7 +210,8 @@ TEST_F(BackboneTest, BadInputGetsClearErrorsAndOthersKeepServing) {
   reply = bad.Read();
   EXPECT_TRUE(reply.has_resync()) << reply.DebugString();
   EXPECT_TRUE(bad.Read().has_error());
-  // A delta with an edge to a node that does not exist.
+  // A delta with an edge to a node that does not exist: the agent's graph and the server's
+  // now differ, so the stream ends with the error (the agent starts over after reconnecting).
   v1::AgentMessage broken = RawAgent::Graph();
   broken.mutable_graph_delta()->set_first_node(4);
   broken.mutable_graph_delta()->mutable_nodes(0)->set_id(4);
@@ -221,6 +222,7 @@ TEST_F(BackboneTest, BadInputGetsClearErrorsAndOthersKeepServing) {
   reply = bad.Read();
   ASSERT_TRUE(reply.has_error()) << reply.DebugString();
   EXPECT_THAT(reply.error().message(), HasSubstr("unknown node"));
+  EXPECT_TRUE(reply.error().fatal());
 
   // The well-behaved agent is unaffected and its data is intact.
   ASSERT_TRUE(good.Send(RawAgent::Batch(2, 3)));
@@ -229,7 +231,7 @@ TEST_F(BackboneTest, BadInputGetsClearErrorsAndOthersKeepServing) {
   ASSERT_TRUE(good.Send(RawAgent::Batch(2, 3)));
   EXPECT_EQ(good.Read().ack().sequence(), 2u);
   EXPECT_TRUE(good.Finish().ok());
-  EXPECT_TRUE(bad.Finish().ok());
+  EXPECT_EQ(bad.Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 
   auto stub = v1::Query::NewStub(channel);
   v1::HotPathsRequest request;

@@ -405,6 +405,53 @@ TEST_F(HostileIngestTest, RealAgentRestartedWithTheSameIdLosesNothing) {
   EXPECT_EQ(Total("demo"), counted);
 }
 
+// Past --max-agents new streams are refused with RESOURCE_EXHAUSTED and a retry delay; they
+// get in when others leave. The real agent backs off and then delivers everything.
+TEST_F(HostileIngestTest, AgentsOverTheLimitAreRefusedAndGetInLater) {
+  Start({"--max-agents", "2"});
+  auto first = std::make_unique<RawAgent>(channel_, "first", 1);
+  ASSERT_TRUE(first->Connect());
+  RawAgent second(channel_, "second", 1);
+  ASSERT_TRUE(second.Connect());
+  {
+    RawAgent third(channel_, "third", 1);
+    v1::AgentMessage hello;
+    *hello.mutable_hello() = third.MakeHello();
+    third.Write(hello);
+    v1::ServerMessage answer;
+    ASSERT_TRUE(third.Answer(&answer));
+    ASSERT_TRUE(answer.has_error()) << answer.DebugString();
+    EXPECT_EQ(answer.error().code(), static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED));
+    EXPECT_TRUE(answer.error().fatal());
+    EXPECT_GT(answer.error().retry_after_ms(), 0u);
+    EXPECT_EQ(third.Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  ChildProcess demo({BinPath("demo_service")}, dir_.path() + "/demo.log",
+                    {{"STRATA_SERVICE", "demo"}});
+  ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
+  ChildProcess agent({BinPath("strata-agent"), "--server", server_->address(), "--pid",
+                      std::to_string(demo.pid()), "--interval", "1"},
+                     dir_.path() + "/agent.log");
+  ASSERT_TRUE(agent.WaitForOutput("cannot connect", 60)) << agent.Output();
+  EXPECT_EQ(Total("demo"), 0u);
+  // One leaves: the agent gets in after its backoff and ships what it had spooled.
+  ASSERT_TRUE(first->Finish().ok());
+  first.reset();
+  ASSERT_TRUE(agent.WaitForOutput("connected to strata-server", 60)) << agent.Output();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (Total("demo") == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(agent.Stop(SIGTERM, 30), 0) << agent.Output();
+  const std::string log = agent.Output();
+  const size_t at = log.find("stopping: ");
+  ASSERT_NE(at, std::string::npos) << log;
+  uint64_t samples = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(log.substr(at + 10, log.find(' ', at + 10) - at - 10), &samples));
+  EXPECT_GT(samples, 0u);
+  EXPECT_EQ(Total("demo"), samples);
+}
+
 // 4. A count of 2^64-1 followed by 2 made the service total 1.
 TEST_F(HostileIngestTest, CountsNeverWrap) {
   Start();
