@@ -10,7 +10,9 @@ namespace strata::server {
 namespace {
 
 constexpr size_t kMaxDecodeDepth = 4096;
-constexpr size_t kMaxDecodeCacheEntries = 1 << 18;
+// Per session: distinct contexts of recent batches (an agent sends a few hundred to a few
+// thousand per batch); bounds a connected agent's memory.
+constexpr size_t kMaxDecodeCacheEntries = 1 << 14;
 
 std::string DecodeCacheKey(const encoding::EncodedContext& c) {
   std::string key;

@@ -491,6 +491,7 @@ struct Store::Impl {
   std::unique_ptr<InternTable> stacks;
   std::unique_ptr<InternTable> functions;
   std::unique_ptr<HourBlockCache> hour_blocks;
+  std::shared_ptr<rocksdb::Cache> block_cache;
   std::atomic<uint64_t> cells_scanned{0};
   std::array<absl::Mutex, kSequenceStripes> sequence_mu;
   // Referenced by the column family options; must outlive the DB.
@@ -875,6 +876,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
   rocksdb::CompressionType cold = has(rocksdb::kZSTD) ? rocksdb::kZSTD : hot;
 
   std::shared_ptr<rocksdb::Cache> cache = rocksdb::NewLRUCache(options.block_cache_bytes);
+  impl->block_cache = cache;
   auto table_factory = [&](bool prefix_bloom) {
     rocksdb::BlockBasedTableOptions t;
     t.block_cache = cache;
@@ -1240,6 +1242,16 @@ StoreStats Store::Stats() {
   stats.function_cache_entries = impl_->functions->Size();
   stats.cells_scanned = impl_->cells_scanned.load(std::memory_order_relaxed);
   impl_->hour_blocks->Stats(&stats);
+  for (rocksdb::ColumnFamilyHandle* h : impl_->columns) {
+    uint64_t v = 0;
+    if (impl_->db->GetIntProperty(h, rocksdb::DB::Properties::kSizeAllMemTables, &v)) {
+      stats.memtable_bytes += v;
+    }
+    if (impl_->db->GetIntProperty(h, rocksdb::DB::Properties::kEstimateTableReadersMem, &v)) {
+      stats.table_reader_bytes += v;
+    }
+  }
+  if (impl_->block_cache) stats.block_cache_bytes = impl_->block_cache->GetUsage();
   return stats;
 }
 

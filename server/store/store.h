@@ -216,6 +216,11 @@ struct StoreStats {
   uint64_t hour_block_hits = 0;
   uint64_t hour_block_misses = 0;
   uint64_t hour_block_bytes = 0;
+  // RocksDB memory: memtables of all column families, the shared block cache in use, and
+  // index and filter blocks of open files.
+  uint64_t memtable_bytes = 0;
+  uint64_t block_cache_bytes = 0;
+  uint64_t table_reader_bytes = 0;
 };
 
 // Column families, for tests and tools that need raw access.
