@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/escape.h"
 #include "server/web/assets.h"
 
 namespace strata::server {
@@ -37,6 +38,18 @@ HttpResponse Error(const absl::Status& status) {
   return r;
 }
 
+// Parses an integer query parameter within [min, max]; 400 naming the parameter otherwise.
+absl::StatusOr<int64_t> IntParam(const std::string& key, const std::string& value, int64_t min,
+                                 int64_t max) {
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(value, &v) || v < min || v > max) {
+    return absl::InvalidArgumentError(absl::StrCat("bad ", key, " '", EscapeForLog(value, 64),
+                                                   "': an integer in [", min, ", ", max,
+                                                   "] is expected"));
+  }
+  return v;
+}
+
 // Fills a ProfileFilter from ?service=&from_ms=&to_ms=&since_s=&host=&focus=&ignore=, each
 // key optionally prefixed (the diff's base profile uses "base_").
 absl::Status FilterFromQuery(const HttpRequest& req, v1::ProfileFilter* filter,
@@ -50,34 +63,41 @@ absl::Status FilterFromQuery(const HttpRequest& req, v1::ProfileFilter* filter,
   filter->set_focus(get("focus"));
   filter->set_ignore(get("ignore"));
   filter->set_capture_id(get("capture"));
-  int64_t v = 0;
+  // Unix milliseconds up to 2^62 (the year 146 million): sums and differences of two of
+  // them cannot overflow.
+  constexpr int64_t kMaxMs = int64_t{1} << 62;
   for (auto [key, setter] :
        {std::pair<const char*, void (v1::TimeRange::*)(int64_t)>{"from_ms", &v1::TimeRange::set_from_ms},
         {"to_ms", &v1::TimeRange::set_to_ms}}) {
     std::string s = get(key);
     if (s.empty()) continue;
-    if (!absl::SimpleAtoi(s, &v)) {
-      return absl::InvalidArgumentError(absl::StrCat("bad ", prefix, key, " '", s, "'"));
-    }
-    (filter->mutable_range()->*setter)(v);
+    auto v = IntParam(prefix + key, s, 0, kMaxMs);
+    if (!v.ok()) return v.status();
+    (filter->mutable_range()->*setter)(*v);
+  }
+  if (filter->has_range() && filter->range().to_ms() != 0 &&
+      filter->range().from_ms() > filter->range().to_ms()) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "from_ms is after ", prefix, "to_ms"));
   }
   if (std::string s = get("since_s"); !s.empty()) {
-    if (!absl::SimpleAtoi(s, &v) || v <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("bad ", prefix, "since_s '", s, "'"));
-    }
+    constexpr int64_t kTenYears = int64_t{10} * 366 * 24 * 3600;
+    auto v = IntParam(prefix + "since_s", s, 1, kTenYears);
+    if (!v.ok()) return v.status();
     const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
                             std::chrono::system_clock::now().time_since_epoch())
                             .count();
-    filter->mutable_range()->set_from_ms(now - v * 1000);
+    filter->mutable_range()->set_from_ms(std::max<int64_t>(0, now - *v * 1000));
   }
   return absl::OkStatus();
 }
 
-uint32_t LimitFromQuery(const HttpRequest& req, const char* key = "limit") {
+// ?limit= (or another count): 0 or absent means the query's default.
+absl::StatusOr<uint32_t> LimitFromQuery(const HttpRequest& req, const char* key = "limit") {
   auto it = req.query.find(key);
-  uint32_t limit = 0;
-  if (it != req.query.end()) (void)absl::SimpleAtoi(it->second, &limit);
-  return limit;
+  if (it == req.query.end() || it->second.empty()) return 0;
+  auto v = IntParam(key, it->second, 0, 1'000'000);
+  if (!v.ok()) return v.status();
+  return static_cast<uint32_t>(*v);
 }
 
 HttpResponse Raw(const std::string& content_type, std::string body) {
@@ -94,7 +114,7 @@ absl::StatusOr<v1::FlameGraphRequest::Format> FlameFormat(const HttpRequest& req
   if (it->second == "tree") return v1::FlameGraphRequest::TREE;
   if (!v1::FlameGraphRequest::Format_Parse(absl::AsciiStrToUpper(it->second), &format)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown format '", it->second, "' (svg, html, folded, json, tree)"));
+        absl::StrCat("unknown format '", EscapeForLog(it->second, 64), "' (svg, html, folded, json, tree)"));
   }
   return format;
 }
@@ -103,8 +123,11 @@ absl::StatusOr<v1::FlameGraphRequest::Format> FlameFormat(const HttpRequest& req
 
 void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* metrics,
                         QueryService* query, const WindowAggregator* aggregator) {
-  http->Route("/healthz", [](const HttpRequest&) { return HttpResponse{200, "text/plain", "ok\n"}; });
-  http->Route("/metrics", [store, metrics, aggregator](const HttpRequest&) {
+  // Health checks and metrics answer on the I/O threads: never behind slow queries.
+  http->Route(
+      "/healthz", [](const HttpRequest&) { return HttpResponse{200, "text/plain", "ok\n"}; },
+      /*inline_handler=*/true);
+  http->Route("/metrics", [http, store, metrics, aggregator](const HttpRequest&) {
     HttpResponse r;
     r.content_type = "text/plain; version=0.0.4";
     auto counter = [&](const char* name, const char* help, uint64_t value) {
@@ -121,6 +144,39 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     counter("strata_ingest_rejected_messages_total", "Messages rejected as malformed.",
             metrics->rejected_messages);
     counter("strata_ingest_resyncs_total", "Graph resyncs requested.", metrics->resyncs);
+    auto gauge = [&](const char* name, const char* help, auto value) {
+      absl::StrAppend(&r.body, "# HELP ", name, " ", help, "\n# TYPE ", name, " gauge\n", name,
+                      " ", value, "\n");
+    };
+    gauge("strata_ingest_connected_agents", "Agent streams open now.", metrics->connected.load());
+    gauge("strata_ingest_queued_messages", "Agent messages waiting for an ingest worker.",
+          metrics->queued.load());
+    counter("strata_ingest_streams_refused_total",
+            "Agent streams refused over --max-agents (RESOURCE_EXHAUSTED).",
+            metrics->streams_refused);
+    counter("strata_ingest_resource_exhausted_total",
+            "Agent streams ended for lack of memory (table budget), with a retry delay.",
+            metrics->resource_exhausted);
+    metrics->queue_wait.AppendPrometheus(&r.body, "strata_ingest_queue_wait_seconds",
+                                         "Time an agent message waited for an ingest worker.");
+    metrics->batch_apply.AppendPrometheus(&r.body, "strata_ingest_batch_apply_seconds",
+                                          "Time to decode and commit one sample batch.");
+    const HttpServerStats h = http->stats();
+    gauge("strata_http_open_connections", "HTTP connections open now.", h.open_connections);
+    counter("strata_http_refused_connections_total",
+            "HTTP connections closed at once: over the connection limit.", h.refused_connections);
+    counter("strata_http_timed_out_connections_total",
+            "HTTP connections closed by a header, body or idle deadline.", h.timed_out);
+    counter("strata_http_bad_requests_total", "Unparsable, oversized or non-UTF-8 requests.",
+            h.bad_requests);
+    const store::StoreStats st = store->Stats();
+    gauge("strata_memory_rocksdb_memtable_bytes", "RocksDB memtables.", st.memtable_bytes);
+    gauge("strata_memory_rocksdb_block_cache_bytes", "RocksDB block cache in use.",
+          st.block_cache_bytes);
+    gauge("strata_memory_rocksdb_table_reader_bytes", "RocksDB index and filter blocks.",
+          st.table_reader_bytes);
+    gauge("strata_memory_hour_block_bytes", "In-memory hour aggregates for long queries.",
+          st.hour_block_bytes);
     if (aggregator != nullptr) {
       const AggregatorStats a = aggregator->stats();
       counter("strata_aggregation_windows_closed_total",
@@ -134,10 +190,21 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
       counter("strata_aggregation_journal_records_total",
               "Batches whose counts went to the tables (one journal record each).",
               a.journal_records);
-      absl::StrAppend(&r.body,
-                      "# HELP strata_aggregation_live_entries Entries in the sorted tables.\n",
-                      "# TYPE strata_aggregation_live_entries gauge\n",
-                      "strata_aggregation_live_entries ", a.live_entries, "\n");
+      gauge("strata_aggregation_live_entries", "Entries in the sorted tables.", a.live_entries);
+      gauge("strata_aggregation_tables", "Aggregation tables (services with recent samples).",
+            a.tables);
+      gauge("strata_memory_table_bytes", "Memory of all aggregation tables (--table-memory).",
+            a.table_bytes);
+      counter("strata_aggregation_tables_grown_total", "Tables doubled as their service grew.",
+              a.tables_grown);
+      counter("strata_aggregation_tables_released_total",
+              "Idle tables released (written out, memory returned).", a.tables_released);
+      counter("strata_aggregation_growth_refused_total",
+              "Full tables not grown for the memory budget (written early instead).",
+              a.growth_refused);
+      counter("strata_aggregation_budget_refusals_total",
+              "Batches refused with RESOURCE_EXHAUSTED: no room for a new table.",
+              a.budget_refusals);
     }
     absl::StrAppend(&r.body, "# HELP strata_store_bytes Approximate bytes on disk.\n",
                     "# TYPE strata_store_bytes gauge\nstrata_store_bytes ",
@@ -152,7 +219,9 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
   http->Route("/api/v1/top", [query](const HttpRequest& req) {
     v1::TopRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
-    request.set_limit(LimitFromQuery(req));
+    auto limit = LimitFromQuery(req);
+    if (!limit.ok()) return Error(limit.status());
+    request.set_limit(*limit);
     if (auto it = req.query.find("sort"); it != req.query.end() && it->second == "total") {
       request.set_sort(v1::TopRequest::TOTAL);
     }
@@ -162,7 +231,9 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
   http->Route("/api/v1/hot-paths", [query](const HttpRequest& req) {
     v1::HotPathsRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
-    request.set_limit(LimitFromQuery(req));
+    auto limit = LimitFromQuery(req);
+    if (!limit.ok()) return Error(limit.status());
+    request.set_limit(*limit);
     auto r = query->RunHotPaths(request);
     return r.ok() ? Json(*r) : Error(r.status());
   });
@@ -173,7 +244,9 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     auto format = FlameFormat(req);
     if (!format.ok()) return Error(format.status());
     request.set_format(*format);
-    request.set_max_nodes(LimitFromQuery(req, "max_nodes"));
+    auto max_nodes = LimitFromQuery(req, "max_nodes");
+    if (!max_nodes.ok()) return Error(max_nodes.status());
+    request.set_max_nodes(*max_nodes);
     auto r = query->RunFlameGraph(request);
     if (!r.ok()) return Error(r.status());
     if (*format == v1::FlameGraphRequest::TREE) return Json(*r);
@@ -187,7 +260,9 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     if (auto st = FilterFromQuery(req, request.mutable_base(), "base_"); !st.ok()) {
       return Error(st);
     }
-    request.set_limit(LimitFromQuery(req));
+    auto limit = LimitFromQuery(req);
+    if (!limit.ok()) return Error(limit.status());
+    request.set_limit(*limit);
     auto r = query->RunDiff(request);
     return r.ok() ? Json(*r) : Error(r.status());
   });
