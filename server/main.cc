@@ -1,6 +1,7 @@
 // strata-server: receives agent streams, stores profiles in an embedded RocksDB directory and
 // answers queries (gRPC, plus HTTP for /healthz, /metrics and the JSON mirror).
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <memory>
@@ -34,7 +35,8 @@ int Run(int argc, char** argv) {
   std::string raw_retention = "7d", minute_retention = "30d", hour_retention = "365d";
   strata::server::AggregatorOptions aggregation;
   app.add_option("--listen", listen, "gRPC address for agents and clients (host:port)");
-  app.add_option("--http", http, "HTTP address for /healthz, /metrics and the UI; empty: off");
+  app.add_option("--http", http, "HTTP address for /healthz, /metrics and the UI; empty: off")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--data", data, "RocksDB data directory (created if missing)");
   app.add_option("--token", token, "shared secret agents must present");
   app.add_flag("--sync", sync, "fsync the write-ahead log on every batch");
@@ -91,6 +93,11 @@ int Run(int argc, char** argv) {
                  "largest jump of an agent's batch sequence number that is accepted")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  int http_max_connections = 1024;
+  app.add_option("--http-max-connections", http_max_connections,
+                 "HTTP connections open at once; more are closed when accepted")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   uint32_t max_agents = 20'000;
   uint32_t ingest_threads = 0;
   app.add_option("--max-agents", max_agents,
@@ -139,6 +146,12 @@ int Run(int argc, char** argv) {
     retention_ms[i] = absl::ToInt64Milliseconds(*d);
   }
   spdlog::set_level(spdlog::level::from_str(log_level));
+  // Every agent stream and HTTP connection is a file descriptor, beside RocksDB's files:
+  // take all the kernel allows this process rather than the shell's default 1024.
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &files) != 0) spdlog::warn("cannot raise the open-file limit");
+  }
 
   // Signals are taken synchronously by the main thread below; block them before any thread
   // starts so none of gRPC's or Beast's threads receives them.
@@ -211,7 +224,9 @@ int Run(int argc, char** argv) {
   strata::server::RegisterHttpRoutes(&http_server, store.get(), &metrics, &query,
                                      aggregator.get());
   if (!http.empty()) {
-    if (auto st = http_server.Start(http); !st.ok()) {
+    strata::server::HttpServerOptions http_options;
+    http_options.max_connections = http_max_connections;
+    if (auto st = http_server.Start(http, http_options); !st.ok()) {
       std::fprintf(stderr, "strata-server: %s\n", std::string(st.message()).c_str());
       server->Shutdown();
       return 1;
@@ -219,6 +234,8 @@ int Run(int argc, char** argv) {
   }
   spdlog::info("strata-server listening on {} (port {}), HTTP on {}, data in {}", listen,
                bound_port, http.empty() ? "off" : http, data);
+  // The HTTP port first: whoever waits for "ready" (tests, scripts with port 0) finds both.
+  if (!http.empty()) std::printf("strata-server HTTP on port %d\n", http_server.port());
   std::printf("strata-server ready on port %d\n", bound_port);
   std::fflush(stdout);
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/escape.h"
 #include "spdlog/spdlog.h"
 
 namespace strata::server {
@@ -151,7 +152,9 @@ class IngestService::Stream final
       return;
     }
     const absl::Time read_at = absl::Now();
+    ++service_->metrics_->queued;
     service_->pool_->Post([this, read_at] {
+      --service_->metrics_->queued;
       service_->metrics_->queue_wait.Observe(absl::Now() - read_at);
       absl::Status end = Handle(in_);
       if (!end.ok()) {
@@ -178,7 +181,7 @@ class IngestService::Stream final
     }
     if (session_ != nullptr) {
       service_->registry_->Detach(session_->identity().agent_id);
-      spdlog::info("agent {} disconnected", session_->identity().agent_id);
+      spdlog::info("agent {} disconnected", log_name_);
     }
     if (admitted_) --service_->metrics_->connected;
     delete this;
@@ -254,6 +257,7 @@ class IngestService::Stream final
   bool admitted_ = false;
   v1::AgentMessage in_;
   std::unique_ptr<AgentSession> session_;  // after Hello
+  std::string log_name_;                   // the agent ID, escaped for logs
 
   absl::Mutex mu_;
   std::deque<v1::ServerMessage> outbox_ ABSL_GUARDED_BY(mu_);
@@ -330,11 +334,12 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
                          hello.graph_id()};
   auto session = AgentSession::Open(service_->store_, identity, options.committer, options.limits);
   if (!session.ok()) {
-    spdlog::error("agent {}: cannot open session: {}", hello.agent_id(),
+    spdlog::error("agent {}: cannot open session: {}", EscapeForLog(hello.agent_id()),
                   session.status().ToString());
     return absl::InternalError("cannot load agent state");
   }
   session_ = std::move(*session);
+  log_name_ = EscapeForLog(identity.agent_id);
   ++metrics->streams;
   std::shared_ptr<Link> link = link_;
   service_->registry_->Attach(identity, hello.frequency_hz(),
@@ -343,7 +348,8 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
                                 return link->stream != nullptr && link->stream->Queue(m);
                               });
   spdlog::info("agent {} connected (host {}, arch {}, graph {:x}: {} nodes, {} edges known)",
-               identity.agent_id, identity.host, identity.arch, identity.graph_id,
+               log_name_, EscapeForLog(identity.host), EscapeForLog(identity.arch),
+               identity.graph_id,
                session_->num_nodes(), session_->num_edges());
   v1::ServerMessage welcome;
   welcome.mutable_welcome()->set_known_nodes(session_->num_nodes());
@@ -366,7 +372,7 @@ absl::Status IngestService::Stream::HandleBatch(const v1::SampleBatch& batch) {
     // batch just comes again after it.
     if (absl::IsFailedPrecondition(st) && batch.epoch() > session_->num_edges()) Resync(st);
     if (!absl::IsFailedPrecondition(st)) {
-      spdlog::warn("agent {}: rejected batch {}: {}", identity.agent_id, batch.sequence(),
+      spdlog::warn("agent {}: rejected batch {}: {}", log_name_, batch.sequence(),
                    st.ToString());
     }
     Reject(st, batch.sequence());
@@ -399,7 +405,7 @@ absl::Status IngestService::Stream::EndWith(const absl::Status& st, uint64_t seq
     ++metrics->resource_exhausted;
     retry_after_ms = service_->options_.retry_after_ms;
   }
-  spdlog::warn("agent {}: ending stream: {}", session_->identity().agent_id, st.ToString());
+  spdlog::warn("agent {}: ending stream: {}", log_name_, st.ToString());
   Queue(ErrorMessage(st, sequence, /*fatal=*/true, retry_after_ms));
   return st;
 }

@@ -44,6 +44,7 @@ struct IngestMetrics {
   // Streams refused at connection: over --max-agents.
   std::atomic<uint64_t> streams_refused{0};
   std::atomic<int64_t> connected{0};
+  std::atomic<int64_t> queued{0};  // messages waiting for a worker
   // A message's wait for a worker, and a batch's decode and commit.
   LatencyHistogram queue_wait;
   LatencyHistogram batch_apply;
