@@ -14,6 +14,7 @@
 #include <boost/beast/http.hpp>
 
 #include "absl/synchronization/notification.h"
+#include "common/testing/http_get.h"
 #include "gtest/gtest.h"
 
 namespace strata::server {
@@ -23,22 +24,7 @@ namespace asio = boost::asio;
 namespace http = boost::beast::http;
 using tcp = asio::ip::tcp;
 
-// GET `target`; status 0 when the connection failed or was closed without a response.
-std::pair<int, std::string> Get(int port, const std::string& target) {
-  asio::io_context io;
-  tcp::socket socket(io);
-  boost::system::error_code ec;
-  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)}, ec);
-  if (ec) return {0, ec.message()};
-  http::request<http::empty_body> req{http::verb::get, target, 11};
-  req.set(http::field::host, "localhost");
-  http::write(socket, req, ec);
-  boost::beast::flat_buffer buffer;
-  http::response<http::string_body> res;
-  http::read(socket, buffer, res, ec);
-  if (ec) return {0, ec.message()};
-  return {res.result_int(), res.body()};
-}
+using strata::testing::HttpGet;
 
 double MsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
@@ -51,7 +37,7 @@ double HealthzMs(int port, int tries = 5) {
   double best = 1e9;
   for (int i = 0; i < tries; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    auto r = Get(port, "/healthz");
+    auto r = HttpGet(port, "/healthz");
     const double ms = MsSince(start);
     EXPECT_EQ(r.first, 200) << r.second;
     best = std::min(best, ms);
@@ -90,12 +76,12 @@ TEST(HttpServerTest, RoutesAndDecodesQuery) {
   });
   ASSERT_TRUE(server.Start("127.0.0.1:0").ok());
   ASSERT_GT(server.port(), 0);
-  EXPECT_EQ(Get(server.port(), "/echo?q=a%20b+c&x=1"), std::make_pair(200, std::string("a b c")));
-  EXPECT_EQ(Get(server.port(), "/echo?q=%C3%A9"), std::make_pair(200, std::string("\xc3\xa9")));
-  EXPECT_EQ(Get(server.port(), "/missing").first, 404);
+  EXPECT_EQ(HttpGet(server.port(), "/echo?q=a%20b+c&x=1"), std::make_pair(200, std::string("a b c")));
+  EXPECT_EQ(HttpGet(server.port(), "/echo?q=%C3%A9"), std::make_pair(200, std::string("\xc3\xa9")));
+  EXPECT_EQ(HttpGet(server.port(), "/missing").first, 404);
   // Invalid UTF-8 in a parameter (it would end up in protobuf strings and JSON).
-  EXPECT_EQ(Get(server.port(), "/echo?q=%FF%FE").first, 400);
-  EXPECT_EQ(Get(server.port(), "/echo?q=%C0%AF").first, 400);  // overlong '/'
+  EXPECT_EQ(HttpGet(server.port(), "/echo?q=%FF%FE").first, 400);
+  EXPECT_EQ(HttpGet(server.port(), "/echo?q=%C0%AF").first, 400);  // overlong '/'
   server.Stop();
 }
 
@@ -156,7 +142,7 @@ TEST(HttpServerTest, SlowHandlersDoNotBlockHealthChecks) {
   ASSERT_TRUE(server.Start("127.0.0.1:0", options).ok());
   std::vector<std::thread> slow;
   for (int i = 0; i < 4; ++i) {  // more than there are handler threads
-    slow.emplace_back([&] { EXPECT_EQ(Get(server.port(), "/slow").first, 200); });
+    slow.emplace_back([&] { EXPECT_EQ(HttpGet(server.port(), "/slow").first, 200); });
   }
   ASSERT_TRUE(WaitFor([&] { return inside.load() == 2; }));
   EXPECT_LT(HealthzMs(server.port()), 100.0);
@@ -207,11 +193,11 @@ TEST(HttpServerTest, ConnectionLimitRefusesTheExcess) {
     held.back()->connect(endpoint);
   }
   ASSERT_TRUE(WaitFor([&] { return server.stats().open_connections == 3; }));
-  EXPECT_EQ(Get(server.port(), "/healthz").first, 0);  // closed without an answer
+  EXPECT_EQ(HttpGet(server.port(), "/healthz").first, 0);  // closed without an answer
   EXPECT_GE(server.stats().refused_connections, 1u);
   held.clear();
   ASSERT_TRUE(WaitFor([&] { return server.stats().open_connections == 0; }));
-  EXPECT_EQ(Get(server.port(), "/healthz").first, 200);
+  EXPECT_EQ(HttpGet(server.port(), "/healthz").first, 200);
   server.Stop();
 }
 

@@ -13,10 +13,9 @@
 #include <vector>
 
 #include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 
 #include "absl/strings/numbers.h"
+#include "common/testing/http_get.h"
 #include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/harness.h"
@@ -25,7 +24,6 @@ namespace strata::e2e {
 namespace {
 
 namespace asio = boost::asio;
-namespace http = boost::beast::http;
 using tcp = asio::ip::tcp;
 
 struct Reply {
@@ -34,19 +32,8 @@ struct Reply {
 };
 
 Reply Get(int port, const std::string& target) {
-  asio::io_context io;
-  tcp::socket socket(io);
-  boost::system::error_code ec;
-  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)}, ec);
-  if (ec) return {0, ec.message()};
-  http::request<http::empty_body> req{http::verb::get, target, 11};
-  req.set(http::field::host, "localhost");
-  http::write(socket, req, ec);
-  boost::beast::flat_buffer buffer;
-  http::response<http::string_body> res;
-  http::read(socket, buffer, res, ec);
-  if (ec) return {0, ec.message()};
-  return {static_cast<int>(res.result_int()), res.body()};
+  auto [status, body] = strata::testing::HttpGet(port, target);
+  return {status, std::move(body)};
 }
 
 class HostileHttpTest : public ::testing::Test {
