@@ -1,5 +1,7 @@
 #include "server/ingest/ingest_service.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <deque>
 #include <thread>
@@ -274,6 +276,12 @@ absl::Status IngestService::Stream::Handle(const v1::AgentMessage& message) {
   switch (message.kind_case()) {
     case v1::AgentMessage::kGraphDelta: {
       absl::Status st = session_->ApplyGraphDelta(message.graph_delta());
+      // A large delta (a new agent's whole graph) leaves tens of MB of freed parse and
+      // write-batch buffers in malloc's arenas; give them back rather than let every
+      // worker's arena keep its peak.
+      if (message.graph_delta().nodes_size() + message.graph_delta().edges_size() > (1 << 16)) {
+        malloc_trim(0);
+      }
       if (absl::IsFailedPrecondition(st)) {
         Resync(st);
       } else if (!st.ok()) {
