@@ -32,11 +32,18 @@
 #include "agent/core/interval_aggregator.h"
 #include "common/encoding/numbering.h"
 #include "common/encoding/packed_contexts.h"
-#include "tests/bench/encoding/sample_stream.h"
+#include "tools/loadgen/sample_stream.h"
 
 namespace strata::bench {
 namespace {
 
+using loadgen::FormatSampleStream;
+using loadgen::ParseSampleStream;
+using loadgen::SampleStream;
+using loadgen::StreamFrame;
+using loadgen::StreamStack;
+using loadgen::SynthesizeSampleStream;
+using loadgen::SyntheticOptions;
 using encoding::CallGraph;
 using encoding::EdgeId;
 using encoding::EncodedContext;

@@ -23,7 +23,7 @@
 #include "agent/core/context_graph.h"
 #include "agent/core/profiler.h"
 #include "common/encoding/packed_contexts.h"
-#include "tests/bench/encoding/sample_stream.h"
+#include "tools/loadgen/sample_stream.h"
 
 namespace {
 
@@ -38,7 +38,7 @@ double CpuSeconds() {
 // separators of the format.
 class Names {
  public:
-  explicit Names(strata::agent::ContextGraph* graph, strata::bench::SampleStream* stream)
+  explicit Names(strata::agent::ContextGraph* graph, strata::loadgen::SampleStream* stream)
       : graph_(graph), stream_(stream) {}
 
   // Stream function index of graph node `node`.
@@ -69,7 +69,7 @@ class Names {
   }
 
   strata::agent::ContextGraph* graph_;
-  strata::bench::SampleStream* stream_;
+  strata::loadgen::SampleStream* stream_;
   uint32_t known_ = strata::encoding::kFirstFunctionNode;
   absl::flat_hash_map<strata::encoding::NodeId, uint32_t> index_;
   absl::flat_hash_set<std::string> used_;
@@ -119,7 +119,7 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "record_stream: %s\n", profiler.status().ToString().c_str());
     return 1;
   }
-  strata::bench::SampleStream stream;
+  strata::loadgen::SampleStream stream;
   Names names(&graph, &stream);
   uint64_t sequence = 0, samples = 0, contexts = 0, packed_bytes = 0, batch_bytes = 0;
   double encode_cpu = 0;
@@ -158,7 +158,7 @@ int Run(int argc, char** argv) {
         std::fprintf(stderr, "record_stream: %s\n", path.status().ToString().c_str());
         return false;
       }
-      strata::bench::StreamStack& s = interval.emplace_back();
+      strata::loadgen::StreamStack& s = interval.emplace_back();
       s.truncated = truncated;
       s.count = r.count;
       samples += r.count;
@@ -184,7 +184,7 @@ int Run(int argc, char** argv) {
   std::ofstream out(out_path);
   out << "# recorded by record_stream from pid " << pid << " at " << frequency << " Hz, "
       << interval_s << " s intervals\n"
-      << strata::bench::FormatSampleStream(stream);
+      << strata::loadgen::FormatSampleStream(stream);
   if (!out) {
     std::fprintf(stderr, "record_stream: cannot write %s\n", out_path.c_str());
     return 1;

@@ -1,6 +1,7 @@
-// Sample streams for the encoding benchmark: a sequence of shipping intervals, each a list of
-// distinct outer->leaf stacks with sample counts. Either synthesized (a program-like call graph
-// with recursion and Zipf-distributed hot paths) or read from a recorded text file.
+// Sample streams for the load generator and the encoding benchmark: a sequence of shipping
+// intervals, each a list of distinct outer->leaf stacks with sample counts. Either
+// synthesized (a program-like call graph with recursion and Zipf-distributed hot paths) or
+// read from a recorded text file.
 //
 // Text format (one stack per line, folded-stack style, outermost frame first):
 //
@@ -13,8 +14,8 @@
 // caller's module) belongs to the call made from this frame to the next one and is ignored on
 // the leaf. Without it, call sites default to 0. Function names are interned in order of first
 // appearance; a stack may repeat within an interval (counts add up).
-#ifndef STRATA_TESTS_BENCH_ENCODING_SAMPLE_STREAM_H_
-#define STRATA_TESTS_BENCH_ENCODING_SAMPLE_STREAM_H_
+#ifndef STRATA_TOOLS_LOADGEN_SAMPLE_STREAM_H_
+#define STRATA_TOOLS_LOADGEN_SAMPLE_STREAM_H_
 
 #include <cstdint>
 #include <string>
@@ -22,7 +23,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace strata::bench {
+namespace strata::loadgen {
 
 struct StreamFrame {
   uint32_t function = 0;  // index into SampleStream::function_names
@@ -58,6 +59,6 @@ struct SyntheticOptions {
 // the pool in every interval.
 SampleStream SynthesizeSampleStream(const SyntheticOptions& options);
 
-}  // namespace strata::bench
+}  // namespace strata::loadgen
 
-#endif  // STRATA_TESTS_BENCH_ENCODING_SAMPLE_STREAM_H_
+#endif  // STRATA_TOOLS_LOADGEN_SAMPLE_STREAM_H_

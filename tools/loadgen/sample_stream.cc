@@ -1,4 +1,4 @@
-#include "tests/bench/encoding/sample_stream.h"
+#include "tools/loadgen/sample_stream.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
-namespace strata::bench {
+namespace strata::loadgen {
 
 absl::StatusOr<SampleStream> ParseSampleStream(const std::string& text) {
   SampleStream stream;
@@ -162,4 +162,4 @@ SampleStream SynthesizeSampleStream(const SyntheticOptions& o) {
   return stream;
 }
 
-}  // namespace strata::bench
+}  // namespace strata::loadgen

@@ -1,0 +1,85 @@
+#include "tools/loadgen/program.h"
+
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/encoding/packed_contexts.h"
+
+namespace strata::loadgen {
+namespace {
+
+std::vector<v1::GraphDelta> ChunkedDeltas(const agent::ContextGraph& graph, uint32_t nodes,
+                                          uint64_t edges) {
+  std::vector<v1::GraphDelta> out;
+  while (nodes < graph.num_nodes() || edges < graph.num_edges()) {
+    v1::GraphDelta d = graph.DeltaFrom(nodes, edges);
+    if (d.nodes_size() == 0 && d.edges_size() == 0) break;
+    nodes = d.first_node() + d.nodes_size();
+    edges = d.first_edge() + d.edges_size();
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Program>> Program::Build(const ProgramOptions& options) {
+  SyntheticOptions synthetic;
+  synthetic.functions = options.functions;
+  synthetic.distinct_paths = std::max<uint32_t>(1, options.contexts);
+  synthetic.samples_per_interval = options.samples_per_interval;
+  synthetic.intervals = options.intervals;
+  synthetic.seed = options.seed;
+  const SampleStream stream = SynthesizeSampleStream(synthetic);
+
+  std::unique_ptr<Program> program(new Program());
+  program->graph_ = std::make_unique<agent::ContextGraph>(options.seed);
+  agent::ContextGraph& graph = *program->graph_;
+  std::vector<encoding::NodeId> node_of;
+  node_of.reserve(stream.function_names.size());
+  for (size_t f = 0; f < stream.function_names.size(); ++f) {
+    node_of.push_back(graph.NodeFor(
+        {stream.function_names[f], "/opt/loadgen/bin/service", "", 0x1000 + 64 * f}));
+  }
+  // Every path first, so that all payloads are encoded against the final graph (one epoch).
+  std::vector<std::map<std::vector<encoding::EdgeId>, uint64_t>> intervals;
+  for (const auto& interval : stream.intervals) {
+    auto& agg = intervals.emplace_back();
+    for (const StreamStack& s : interval) {
+      std::vector<encoding::PathFrame> frames;
+      for (const StreamFrame& f : s.frames) frames.push_back({node_of[f.function], f.call_site});
+      auto path = graph.AddPath(frames, s.truncated);
+      if (!path.ok()) return path.status();
+      agg[*path] += s.count;
+    }
+  }
+  auto numbering = graph.CurrentNumbering();
+  if (!numbering.ok()) return numbering.status();
+  encoding::Encoder encoder(**numbering);
+  for (const auto& agg : intervals) {
+    std::vector<encoding::ContextRecord> records;
+    Payload payload;
+    for (const auto& [path, count] : agg) {
+      auto context = encoder.Encode(path);
+      if (!context.ok()) return context.status();
+      records.push_back({1, *std::move(context), count});
+      payload.samples += count;
+    }
+    payload.contexts = static_cast<uint32_t>(records.size());
+    auto packed = encoding::EncodePackedContexts(std::move(records));
+    if (!packed.ok()) return packed.status();
+    payload.packed_contexts = *std::move(packed);
+    program->payloads_.push_back(std::move(payload));
+  }
+  if (program->payloads_.empty()) return absl::InvalidArgumentError("no intervals");
+  program->initial_deltas_ = ChunkedDeltas(graph, 0, 0);
+  return program;
+}
+
+std::vector<v1::GraphDelta> Program::DeltasFrom(uint32_t known_nodes, uint64_t known_edges) const {
+  if (known_nodes <= encoding::kFirstFunctionNode && known_edges == 0) return initial_deltas_;
+  return ChunkedDeltas(*graph_, known_nodes, known_edges);
+}
+
+}  // namespace strata::loadgen
