@@ -159,6 +159,9 @@ class IngestService::Stream final
       --service_->metrics_->queued;
       service_->metrics_->queue_wait.Observe(absl::Now() - read_at);
       absl::Status end = Handle(in_);
+      // The next read reuses the message; a graph delta's thousands of nodes would stay
+      // allocated in it for as long as the agent is connected.
+      if (in_.has_graph_delta()) v1::AgentMessage().Swap(&in_);
       if (!end.ok()) {
         EndAfterWrites(ToGrpc(end));
         return;

@@ -80,6 +80,7 @@ int Run(int argc, char** argv) {
   bool json = false;
   std::vector<double> storms_s;
   fleet.prefix = absl::StrCat("lg", std::random_device{}() % 100000);
+  fleet.services = 0;
   app.add_option("--server", fleet.server, "strata-server address (host:port)")->required();
   app.add_option("--agents", fleet.agents, "simulated agents")->capture_default_str();
   app.add_option("--interval", interval_s, "seconds between an agent's batches")
@@ -136,6 +137,13 @@ int Run(int argc, char** argv) {
     built.push_back(*std::move(p));
   }
 
+  if (!json) {
+    std::printf("strata-loadgen: %u programs, e.g. %u graph nodes and %lu edges, %u contexts "
+                "and %lu samples per batch\n",
+                programs, built[0]->num_nodes(), static_cast<unsigned long>(built[0]->epoch()),
+                built[0]->payload(0).contexts,
+                static_cast<unsigned long>(built[0]->payload(0).samples));
+  }
   // Queries during the load: hot paths of the first service, timed.
   auto channel = grpc::CreateChannel(fleet.server, grpc::InsecureChannelCredentials());
   auto query = strata::v1::Query::NewStub(channel);

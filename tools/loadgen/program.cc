@@ -36,19 +36,22 @@ absl::StatusOr<std::unique_ptr<Program>> Program::Build(const ProgramOptions& op
   std::unique_ptr<Program> program(new Program());
   program->graph_ = std::make_unique<agent::ContextGraph>(options.seed);
   agent::ContextGraph& graph = *program->graph_;
-  std::vector<encoding::NodeId> node_of;
-  node_of.reserve(stream.function_names.size());
-  for (size_t f = 0; f < stream.function_names.size(); ++f) {
-    node_of.push_back(graph.NodeFor(
-        {stream.function_names[f], "/opt/loadgen/bin/service", "", 0x1000 + 64 * f}));
-  }
+  // Nodes for the functions that appear in samples only, as a real agent discovers them.
+  std::vector<encoding::NodeId> node_of(stream.function_names.size(), 0);
+  auto node = [&](uint32_t f) {
+    if (node_of[f] == 0) {
+      node_of[f] = graph.NodeFor(
+          {stream.function_names[f], "/opt/loadgen/bin/service", "", 0x1000 + 64 * uint64_t{f}});
+    }
+    return node_of[f];
+  };
   // Every path first, so that all payloads are encoded against the final graph (one epoch).
   std::vector<std::map<std::vector<encoding::EdgeId>, uint64_t>> intervals;
   for (const auto& interval : stream.intervals) {
     auto& agg = intervals.emplace_back();
     for (const StreamStack& s : interval) {
       std::vector<encoding::PathFrame> frames;
-      for (const StreamFrame& f : s.frames) frames.push_back({node_of[f.function], f.call_site});
+      for (const StreamFrame& f : s.frames) frames.push_back({node(f.function), f.call_site});
       auto path = graph.AddPath(frames, s.truncated);
       if (!path.ok()) return path.status();
       agg[*path] += s.count;
