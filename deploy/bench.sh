@@ -3,7 +3,7 @@
 # comparison anchor from the same run. Not part of deploy/test.sh (it takes ~15 minutes).
 #
 #   deploy/bench.sh                 all of them
-#   deploy/bench.sh table unwind    only those (backbone encoding table unwind mips64 query)
+#   deploy/bench.sh table unwind    only those (backbone encoding table unwind mips64 query fleet)
 #
 # Figures are single runs on whatever machine this is: compare ratios, not absolute times.
 set -euo pipefail
@@ -15,7 +15,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_BUILD
 cmake --build "$build" -j "$(nproc)"
 bin=$build/bin
 want=("$@")
-[[ ${#want[@]} -gt 0 ]] || want=(backbone encoding table unwind mips64 query)
+[[ ${#want[@]} -gt 0 ]] || want=(backbone encoding table unwind mips64 query fleet)
 for b in "${want[@]}"; do
   echo "===== $b"
   case $b in
@@ -27,6 +27,7 @@ for b in "${want[@]}"; do
       BUILD="$PWD/$build" tests/bench/unwind/agent_cpu.sh ;;
     mips64) "$bin/bench_mips64_lookup" ;;
     query) "$bin/bench_query" ;;
+    fleet) tests/bench/fleet/fleet.sh "$bin" ;;
     *) echo "unknown benchmark '$b'" >&2; exit 2 ;;
   esac
 done

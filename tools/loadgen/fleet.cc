@@ -298,11 +298,13 @@ FleetReport RunFleet(const FleetOptions& options,
                      const std::vector<std::unique_ptr<Program>>& programs) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  // Several channels: one HTTP/2 connection per channel, so the streams of thousands of
-  // agents do not all share one connection's flow control and one socket.
-  constexpr size_t kChannels = 8;
+  // One HTTP/2 connection per channel, shared by agents_per_connection agents: real agents
+  // have a connection each; sharing keeps the load generator's sockets and threads in check
+  // while the server still sees thousands of streams over hundreds of connections.
+  const size_t channels =
+      (options.agents + options.agents_per_connection - 1) / options.agents_per_connection;
   std::vector<std::unique_ptr<v1::Ingest::Stub>> stubs;
-  for (size_t i = 0; i < kChannels; ++i) {
+  for (size_t i = 0; i < channels; ++i) {
     grpc::ChannelArguments a = args;
     a.SetInt("strata.loadgen.channel", static_cast<int>(i));  // distinct channels
     stubs.push_back(v1::Ingest::NewStub(

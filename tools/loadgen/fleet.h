@@ -33,6 +33,7 @@ struct FleetOptions {
   absl::Duration max_backoff = absl::Seconds(30);
   absl::Duration drain_timeout = absl::Seconds(60);
   uint32_t frequency_hz = 99;
+  uint32_t agents_per_connection = 16;  // agents sharing one HTTP/2 connection
   uint64_t seed = 1;
 };
 

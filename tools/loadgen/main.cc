@@ -3,6 +3,7 @@
 // lost, counted twice, refused for good or left unacknowledged; prints the figures operators
 // size a server with (throughput, ack latency, query latency during the load, and the
 // server's CPU, memory and threads when --server-pid is given).
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -111,6 +112,10 @@ int Run(int argc, char** argv) {
                  "seconds between hot-paths queries of one service during the run (0: none)")
       ->capture_default_str();
   app.add_option("--seed", fleet.seed, "random seed")->capture_default_str();
+  app.add_option("--agents-per-connection", fleet.agents_per_connection,
+                 "simulated agents sharing one HTTP/2 connection")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_flag("--json", json, "print the figures as one JSON object");
   CLI11_PARSE(app, argc, argv);
   if (fleet.agents == 0 || interval_s <= 0 || duration_s <= 0 || rate <= 0 || programs == 0) {
@@ -118,6 +123,11 @@ int Run(int argc, char** argv) {
     return 2;
   }
   if (fleet.services == 0) fleet.services = std::max<uint32_t>(1, fleet.agents / 10);
+  // A connection per few agents: take every file descriptor the kernel allows.
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
   fleet.interval = absl::Seconds(interval_s);
   fleet.duration = absl::Seconds(duration_s);
   fleet.ramp_up = absl::Seconds(ramp_s);
