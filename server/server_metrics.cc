@@ -2,9 +2,16 @@
 
 #include <google/protobuf/util/json_util.h>
 
-#include "absl/strings/numbers.h"
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <string>
+#include <utility>
+
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/base/escape.h"
 #include "server/web/assets.h"
 
@@ -21,6 +28,42 @@ HttpResponse Json(const google::protobuf::Message& message) {
   return r;
 }
 
+// `s` as the contents of a JSON string: quotes, backslashes, control characters and bytes
+// that are not UTF-8 escaped, and at most `max_bytes` of it (status messages may quote what
+// a client sent, such as a regular expression).
+std::string JsonEscape(absl::string_view s, size_t max_bytes = 1024) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  const size_t n = std::min(s.size(), max_bytes);
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len = 1;
+    if (c >= 0xC2 && c <= 0xF4) len = c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    bool sequence = len > 1 && i + len <= n;
+    for (size_t k = 1; sequence && k < len; ++k) {
+      sequence = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+    }
+    if (sequence) {
+      out.append(s.data() + i, len);
+      i += len;
+      continue;
+    }
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(static_cast<char>(c));
+    } else if (c >= 0x20 && c < 0x7f) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += "\\u00";
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+    ++i;
+  }
+  if (s.size() > n) absl::StrAppend(&out, "...(", s.size(), " bytes)");
+  return out;
+}
+
 HttpResponse Error(const absl::Status& status) {
   HttpResponse r;
   switch (status.code()) {
@@ -29,20 +72,22 @@ HttpResponse Error(const absl::Status& status) {
     default: r.status = 500;
   }
   r.content_type = "application/json";
-  std::string escaped;
-  for (char c : status.message()) {
-    if (c == '"' || c == '\\') escaped.push_back('\\');
-    if (static_cast<unsigned char>(c) >= 0x20) escaped.push_back(c);
-  }
-  r.body = absl::StrCat("{\"error\":\"", escaped, "\"}");
+  r.body = absl::StrCat("{\"error\":\"", JsonEscape(status.message()), "\"}");
   return r;
 }
 
 // Parses an integer query parameter within [min, max]; 400 naming the parameter otherwise.
+// Only digits and a leading minus are taken: SimpleAtoi alone would also accept spaces and
+// a plus sign.
 absl::StatusOr<int64_t> IntParam(const std::string& key, const std::string& value, int64_t min,
                                  int64_t max) {
+  const size_t digits_from = !value.empty() && value[0] == '-' ? 1 : 0;
+  const bool digits =
+      value.size() > digits_from &&
+      std::all_of(value.begin() + digits_from, value.end(),
+                  [](char c) { return absl::ascii_isdigit(static_cast<unsigned char>(c)); });
   int64_t v = 0;
-  if (!absl::SimpleAtoi(value, &v) || v < min || v > max) {
+  if (!digits || !absl::SimpleAtoi(value, &v) || v < min || v > max) {
     return absl::InvalidArgumentError(absl::StrCat("bad ", key, " '", EscapeForLog(value, 64),
                                                    "': an integer in [", min, ", ", max,
                                                    "] is expected"));
@@ -66,28 +111,34 @@ absl::Status FilterFromQuery(const HttpRequest& req, v1::ProfileFilter* filter,
   // Unix milliseconds up to 2^62 (the year 146 million): sums and differences of two of
   // them cannot overflow.
   constexpr int64_t kMaxMs = int64_t{1} << 62;
-  for (auto [key, setter] :
-       {std::pair<const char*, void (v1::TimeRange::*)(int64_t)>{"from_ms", &v1::TimeRange::set_from_ms},
-        {"to_ms", &v1::TimeRange::set_to_ms}}) {
-    std::string s = get(key);
+  std::optional<int64_t> from_ms, to_ms;
+  for (auto [key, out] : {std::pair{"from_ms", &from_ms}, std::pair{"to_ms", &to_ms}}) {
+    const std::string s = get(key);
     if (s.empty()) continue;
     auto v = IntParam(prefix + key, s, 0, kMaxMs);
     if (!v.ok()) return v.status();
-    (filter->mutable_range()->*setter)(*v);
-  }
-  if (filter->has_range() && filter->range().to_ms() != 0 &&
-      filter->range().from_ms() > filter->range().to_ms()) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, "from_ms is after ", prefix, "to_ms"));
+    *out = *v;
   }
   if (std::string s = get("since_s"); !s.empty()) {
+    if (from_ms) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("give ", prefix, "since_s or ", prefix, "from_ms, not both"));
+    }
+    // Ten years in seconds; in milliseconds still far from overflowing.
     constexpr int64_t kTenYears = int64_t{10} * 366 * 24 * 3600;
     auto v = IntParam(prefix + "since_s", s, 1, kTenYears);
     if (!v.ok()) return v.status();
     const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
                             std::chrono::system_clock::now().time_since_epoch())
                             .count();
-    filter->mutable_range()->set_from_ms(std::max<int64_t>(0, now - *v * 1000));
+    from_ms = std::max<int64_t>(0, now - *v * 1000);
   }
+  if (from_ms && to_ms && *from_ms > *to_ms) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "from_ms (or ", prefix,
+                                                   "since_s) is after ", prefix, "to_ms"));
+  }
+  if (from_ms) filter->mutable_range()->set_from_ms(*from_ms);
+  if (to_ms) filter->mutable_range()->set_to_ms(*to_ms);
   return absl::OkStatus();
 }
 
@@ -114,7 +165,8 @@ absl::StatusOr<v1::FlameGraphRequest::Format> FlameFormat(const HttpRequest& req
   if (it->second == "tree") return v1::FlameGraphRequest::TREE;
   if (!v1::FlameGraphRequest::Format_Parse(absl::AsciiStrToUpper(it->second), &format)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown format '", EscapeForLog(it->second, 64), "' (svg, html, folded, json, tree)"));
+        absl::StrCat("unknown format '", EscapeForLog(it->second, 64),
+                     "' (svg, html, folded, json, tree)"));
   }
   return format;
 }
@@ -123,10 +175,12 @@ absl::StatusOr<v1::FlameGraphRequest::Format> FlameFormat(const HttpRequest& req
 
 void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* metrics,
                         QueryService* query, const WindowAggregator* aggregator) {
-  // Health checks and metrics answer on the I/O threads: never behind slow queries.
+  // Health checks answer on the I/O threads and metrics on a thread of their own: neither
+  // waits behind slow queries. Metrics may wait briefly (the aggregator's lock, RocksDB
+  // properties), which must not hold an I/O thread.
   http->Route(
       "/healthz", [](const HttpRequest&) { return HttpResponse{200, "text/plain", "ok\n"}; },
-      /*inline_handler=*/true);
+      HttpServer::Dispatch::kInline);
   http->Route("/metrics", [http, store, metrics, aggregator](const HttpRequest&) {
     HttpResponse r;
     r.content_type = "text/plain; version=0.0.4";
@@ -169,6 +223,9 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
             "HTTP connections closed by a header, body or idle deadline.", h.timed_out);
     counter("strata_http_bad_requests_total", "Unparsable, oversized or non-UTF-8 requests.",
             h.bad_requests);
+    counter("strata_http_connections_total", "HTTP connections accepted and served.",
+            h.connections);
+    counter("strata_http_requests_total", "HTTP requests read.", h.requests);
     const store::StoreStats st = store->Stats();
     gauge("strata_memory_rocksdb_memtable_bytes", "RocksDB memtables.", st.memtable_bytes);
     gauge("strata_memory_rocksdb_block_cache_bytes", "RocksDB block cache in use.",
@@ -210,7 +267,7 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
                     "# TYPE strata_store_bytes gauge\nstrata_store_bytes ",
                     store->ApproximateBytesOnDisk(), "\n");
     return r;
-  });
+  }, HttpServer::Dispatch::kPriority);
   http->Route("/api/v1/services", [query](const HttpRequest&) {
     auto r = query->RunListServices();
     return r.ok() ? Json(*r) : Error(r.status());
@@ -222,8 +279,13 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     auto limit = LimitFromQuery(req);
     if (!limit.ok()) return Error(limit.status());
     request.set_limit(*limit);
-    if (auto it = req.query.find("sort"); it != req.query.end() && it->second == "total") {
-      request.set_sort(v1::TopRequest::TOTAL);
+    if (auto it = req.query.find("sort"); it != req.query.end() && !it->second.empty()) {
+      if (it->second == "total") {
+        request.set_sort(v1::TopRequest::TOTAL);
+      } else if (it->second != "self") {
+        return Error(absl::InvalidArgumentError(absl::StrCat(
+            "unknown sort '", EscapeForLog(it->second, 64), "' (self, total)")));
+      }
     }
     auto r = query->RunTop(request);
     return r.ok() ? Json(*r) : Error(r.status());
@@ -271,16 +333,18 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     if (auto it = req.query.find("format"); it != req.query.end() && it->second != "pprof") {
       return Error(absl::InvalidArgumentError(
-          absl::StrCat("unknown export format '", it->second, "' (pprof)")));
+          absl::StrCat("unknown export format '", EscapeForLog(it->second, 64), "' (pprof)")));
     }
     auto r = query->RunExport(request);
     if (!r.ok()) return Error(r.status());
     return Raw(r->content_type(), std::move(*r->mutable_data()));
   });
-  // The web UI: static assets compiled into the binary.
+  // The web UI: static assets compiled into the binary, a copy away, so served inline.
   for (const web::Asset& asset : web::Assets()) {
     HttpResponse response{200, std::string(asset.content_type), std::string(asset.body)};
-    http->Route(std::string(asset.path), [response](const HttpRequest&) { return response; });
+    http->Route(
+        std::string(asset.path), [response](const HttpRequest&) { return response; },
+        HttpServer::Dispatch::kInline);
   }
 }
 

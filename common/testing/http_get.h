@@ -1,8 +1,14 @@
-// A blocking HTTP/1.1 GET for tests of the server's HTTP endpoint (unit and end to end).
+// Socket helpers for tests of the server's HTTP endpoint (unit and end to end): a blocking
+// GET, loopback connections, raw writes, the open-file limit, and waiting on a condition.
 #ifndef STRATA_COMMON_TESTING_HTTP_GET_H_
 #define STRATA_COMMON_TESTING_HTTP_GET_H_
 
+#include <sys/resource.h>
+
+#include <chrono>
+#include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include <boost/asio.hpp>
@@ -29,6 +35,47 @@ inline std::pair<int, std::string> HttpGet(int port, const std::string& target) 
   http::read(socket, buffer, res, ec);
   if (ec) return {0, ec.message()};
   return {static_cast<int>(res.result_int()), res.body()};
+}
+
+inline boost::asio::ip::tcp::endpoint Local(int port) {
+  return {boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)};
+}
+
+// A connection to 127.0.0.1:`port`; check is_open() (a failure leaves it closed).
+inline std::unique_ptr<boost::asio::ip::tcp::socket> ConnectLocal(boost::asio::io_context& io,
+                                                                  int port) {
+  auto s = std::make_unique<boost::asio::ip::tcp::socket>(io);
+  boost::system::error_code ec;
+  s->connect(Local(port), ec);
+  if (ec) s->close(ec);
+  return s;
+}
+
+// Writes all of `bytes`; false on error.
+inline bool SendAll(boost::asio::ip::tcp::socket& s, const std::string& bytes) {
+  boost::system::error_code ec;
+  boost::asio::write(s, boost::asio::buffer(bytes), ec);
+  return !ec;
+}
+
+// Raises the soft open-file limit to the hard one; true if `wanted` files are allowed.
+inline bool RaiseFileLimit(rlim_t wanted) {
+  rlimit l{};
+  if (getrlimit(RLIMIT_NOFILE, &l) != 0) return false;
+  if (l.rlim_cur >= wanted) return true;
+  l.rlim_cur = l.rlim_max;
+  return setrlimit(RLIMIT_NOFILE, &l) == 0 && l.rlim_cur >= wanted;
+}
+
+// Polls `done()` until it holds or `timeout` passes; false on timeout.
+template <typename Pred>
+bool WaitFor(Pred done, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
 }
 
 }  // namespace strata::testing

@@ -1,10 +1,15 @@
 #include "server/http/http_server.h"
 
 #include <atomic>
+#include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -109,9 +114,9 @@ bool IsValidUtf8(std::string_view s) {
 }  // namespace
 
 struct HttpServer::Impl {
-  struct Route {
+  struct RouteEntry {
     Handler handler;
-    bool inline_handler = false;
+    Dispatch dispatch = Dispatch::kPool;
   };
 
   // One connection. Owned by the completion handlers it has in flight (shared_ptr); every
@@ -121,14 +126,27 @@ struct HttpServer::Impl {
     Session(Impl* impl, tcp::socket socket) : impl_(impl), stream_(std::move(socket)) {}
     ~Session() { --impl_->open; }
 
-    void Start() { ReadHeader(impl_->options.header_timeout); }
+    void Start() { ReadHeader(); }
 
    private:
-    void ReadHeader(absl::Duration deadline) {
+    // Between kept-alive requests: the next request's first byte may take idle_timeout;
+    // from there, its header has header_timeout like any other.
+    void AwaitRequest() {
+      if (buffer_.size() > 0) return ReadHeader();  // pipelined
+      stream_.expires_after(ToChrono(impl_->options.idle_timeout));
+      stream_.async_read_some(buffer_.prepare(kFirstRead),
+                              [self = shared_from_this()](beast::error_code ec, size_t n) {
+                                self->buffer_.commit(n);
+                                if (ec) return self->Fail(ec);
+                                self->ReadHeader();
+                              });
+    }
+
+    void ReadHeader() {
       parser_.emplace();
       parser_->header_limit(impl_->options.max_header_bytes);
       parser_->body_limit(impl_->options.max_body_bytes);
-      stream_.expires_after(ToChrono(deadline));
+      stream_.expires_after(ToChrono(impl_->options.header_timeout));
       http::async_read_header(stream_, buffer_, *parser_,
                               [self = shared_from_this()](beast::error_code ec, size_t) {
                                 self->OnHeader(ec);
@@ -147,11 +165,11 @@ struct HttpServer::Impl {
     void OnRequest(beast::error_code ec) {
       if (ec) return Fail(ec);
       ++impl_->requests;
-      const auto& req = parser_->get();
+      http::request<http::string_body> req = parser_->release();
       keep_alive_ = req.keep_alive();
       version_ = req.version();
       HttpRequest request;
-      if (!Parse(req, &request)) {
+      if (!Parse(std::move(req), &request)) {
         ++impl_->bad_requests;
         keep_alive_ = false;
         return Respond({400, "text/plain; charset=utf-8",
@@ -162,11 +180,22 @@ struct HttpServer::Impl {
         return Respond({404, "text/plain; charset=utf-8",
                         absl::StrCat("no such path: ", EscapeForLog(request.path), "\n")});
       }
-      if (route->second.inline_handler) return Respond(route->second.handler(request));
-      // Slow handlers run on the handler pool; the response comes back to the strand.
-      asio::post(*impl_->handlers, [self = shared_from_this(), handler = &route->second.handler,
-                                   request = std::move(request)] {
-        HttpResponse response = (*handler)(request);
+      const RouteEntry& entry = route->second;
+      switch (entry.dispatch) {
+        case Dispatch::kInline:
+          return Respond(entry.handler(request));
+        case Dispatch::kPriority:
+          return RunOn(*impl_->priority, entry.handler, std::move(request));
+        case Dispatch::kPool:
+          return RunOn(*impl_->pool, entry.handler, std::move(request));
+      }
+    }
+
+    // Runs `handler` on `pool`; the response comes back to the connection's strand. Routes
+    // do not change after Start(), so the handler outlives the task.
+    void RunOn(asio::thread_pool& pool, const Handler& handler, HttpRequest request) {
+      asio::post(pool, [self = shared_from_this(), &handler, request = std::move(request)] {
+        HttpResponse response = handler(request);
         asio::post(self->stream_.get_executor(),
                    [self, response = std::move(response)]() mutable {
                      self->Respond(std::move(response));
@@ -174,7 +203,7 @@ struct HttpServer::Impl {
       });
     }
 
-    static bool Parse(const http::request<http::string_body>& req, HttpRequest* out) {
+    static bool Parse(http::request<http::string_body> req, HttpRequest* out) {
       out->method = std::string(req.method_string());
       std::string_view target(req.target().data(), req.target().size());
       const size_t q = target.find('?');
@@ -193,7 +222,7 @@ struct HttpServer::Impl {
           out->query[std::move(key)] = std::move(value);
         }
       }
-      out->body = req.body();
+      out->body = std::move(req.body());
       return true;
     }
 
@@ -215,23 +244,25 @@ struct HttpServer::Impl {
       if (ec) return Fail(ec);
       if (!keep_alive_) return Close();
       response_.reset();
-      ReadHeader(impl_->options.idle_timeout);
+      AwaitRequest();
     }
 
     void Fail(beast::error_code ec) {
       if (ec == beast::error::timeout) {
         ++impl_->timed_out;
       } else if (ec != http::error::end_of_stream && ec != asio::error::eof &&
-                 ec != asio::error::connection_reset && ec != asio::error::operation_aborted) {
+                 ec != asio::error::connection_reset && ec != asio::error::broken_pipe &&
+                 ec != asio::error::operation_aborted) {
         // Malformed or over a limit: say so if the connection still takes it.
         ++impl_->bad_requests;
         if (!responded_bad_) {
           responded_bad_ = true;
           keep_alive_ = false;
-          return Respond({ec == http::error::body_limit || ec == http::error::header_limit
-                              ? 413
-                              : 400,
-                          "text/plain; charset=utf-8", "malformed or oversized request\n"});
+          const bool too_large =
+              ec == http::error::body_limit || ec == http::error::header_limit;
+          return Respond({too_large ? 413 : 400, "text/plain; charset=utf-8",
+                          too_large ? "request header or body too large\n"
+                                    : "malformed request\n"});
         }
       }
       Close();
@@ -243,10 +274,8 @@ struct HttpServer::Impl {
       stream_.close();
     }
 
-    static std::chrono::steady_clock::duration ToChrono(absl::Duration d) {
-      return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-          absl::ToChronoNanoseconds(d));
-    }
+    // The first read of a kept-alive connection; the header parser reads the rest.
+    static constexpr size_t kFirstRead = 1024;
 
     Impl* const impl_;
     beast::tcp_stream stream_;
@@ -258,24 +287,25 @@ struct HttpServer::Impl {
     unsigned version_ = 11;
   };
 
-  HttpServerOptions options;
-  asio::io_context io;
-  std::unique_ptr<tcp::acceptor> acceptor;
-  std::map<std::string, Route> routes;
-  std::vector<std::thread> threads;
-  std::unique_ptr<asio::thread_pool> handlers;
-  std::atomic<bool> stopped{false};
-  std::atomic<int64_t> open{0};
-  std::atomic<uint64_t> connections{0}, refused{0}, timed_out{0}, bad_requests{0}, requests{0};
+  static std::chrono::steady_clock::duration ToChrono(absl::Duration d) {
+    return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        absl::ToChronoNanoseconds(d));
+  }
 
   void Accept() {
-    acceptor->async_accept(asio::make_strand(io), [this](beast::error_code ec, tcp::socket socket) {
+    acceptor->async_accept(asio::make_strand(*io), [this](beast::error_code ec,
+                                                          tcp::socket socket) {
+      if (stopped) return;
       if (ec) {
-        if (!stopped) Accept();
+        // Typically out of file descriptors: try again shortly instead of spinning.
+        accept_retry->expires_after(std::chrono::milliseconds(100));
+        accept_retry->async_wait([this](beast::error_code) {
+          if (!stopped) Accept();
+        });
         return;
       }
       if (open.load() >= options.max_connections) {
-        // Over the limit: close at once (a reset, not a wait) and keep accepting.
+        // Over the limit: a reset at once, so the client neither waits nor holds a slot.
         ++refused;
         beast::error_code ignored;
         socket.set_option(asio::socket_base::linger(true, 0), ignored);
@@ -288,62 +318,102 @@ struct HttpServer::Impl {
       Accept();
     });
   }
+
+  // Declared before the I/O objects: sessions still queued in `io` or in a pool reach the
+  // options and counters when they are destroyed.
+  HttpServerOptions options;
+  std::map<std::string, RouteEntry> routes;
+  std::atomic<bool> stopped{false};
+  std::atomic<int64_t> open{0};
+  std::atomic<uint64_t> connections{0}, refused{0}, timed_out{0}, bad_requests{0}, requests{0};
+  int bound_port = 0;
+
+  std::unique_ptr<asio::io_context> io;
+  std::unique_ptr<tcp::acceptor> acceptor;
+  std::unique_ptr<asio::steady_timer> accept_retry;
+  std::unique_ptr<asio::thread_pool> pool;
+  std::unique_ptr<asio::thread_pool> priority;
+  std::vector<std::thread> threads;
 };
 
 HttpServer::HttpServer() : impl_(std::make_unique<Impl>()) {}
 HttpServer::~HttpServer() { Stop(); }
 
-void HttpServer::Route(const std::string& path, Handler handler, bool inline_handler) {
-  impl_->routes[path] = {std::move(handler), inline_handler};
+void HttpServer::Route(const std::string& path, Handler handler, Dispatch dispatch) {
+  impl_->routes[path] = {std::move(handler), dispatch};
 }
 
 absl::Status HttpServer::Start(const std::string& address, const HttpServerOptions& options) {
-  if (options.io_threads < 1 || options.handler_threads < 1 || options.max_connections < 1) {
-    return absl::InvalidArgumentError("HTTP server needs threads and connections");
+  if (impl_->io != nullptr || impl_->stopped) {
+    return absl::FailedPreconditionError("an HTTP server starts once");
   }
-  impl_->options = options;
+  if (options.io_threads < 1 || options.handler_threads < 1 || options.max_connections < 1) {
+    return absl::InvalidArgumentError(
+        "the HTTP server needs an I/O thread, a handler thread and a connection");
+  }
   auto hp = SplitHostPort(address);
   if (!hp.ok()) return hp.status();
   beast::error_code ec;
-  auto ip = asio::ip::make_address(hp->first, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("bad HTTP address: ", address));
-  tcp::endpoint endpoint(ip, static_cast<unsigned short>(hp->second));
-  auto acceptor = std::make_unique<tcp::acceptor>(impl_->io);
+  const asio::ip::address ip = asio::ip::make_address(hp->first, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad HTTP address '", EscapeForLog(address), "'"));
+  }
+  const tcp::endpoint endpoint(ip, static_cast<unsigned short>(hp->second));
+  auto io = std::make_unique<asio::io_context>(options.io_threads);
+  auto acceptor = std::make_unique<tcp::acceptor>(*io);
   acceptor->open(endpoint.protocol(), ec);
   if (!ec) acceptor->set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) acceptor->bind(endpoint, ec);
   if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
+  tcp::endpoint bound;
+  if (!ec) bound = acceptor->local_endpoint(ec);
   if (ec) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen for HTTP on ", address, ": ", ec.message()));
+    return absl::UnavailableError(absl::StrCat("cannot listen for HTTP on ",
+                                               EscapeForLog(address), ": ", ec.message()));
   }
-  impl_->acceptor = std::move(acceptor);
-  impl_->handlers =
-      std::make_unique<asio::thread_pool>(static_cast<size_t>(options.handler_threads));
-  impl_->Accept();
+  Impl& s = *impl_;
+  s.options = options;
+  s.bound_port = bound.port();
+  s.io = std::move(io);
+  s.acceptor = std::move(acceptor);
+  s.accept_retry = std::make_unique<asio::steady_timer>(*s.io);
+  s.pool = std::make_unique<asio::thread_pool>(static_cast<size_t>(options.handler_threads));
+  s.priority = std::make_unique<asio::thread_pool>(1);
+  s.Accept();
   for (int i = 0; i < options.io_threads; ++i) {
-    impl_->threads.emplace_back([this] { impl_->io.run(); });
+    s.threads.emplace_back([&s] { s.io->run(); });
   }
   return absl::OkStatus();
 }
 
-int HttpServer::port() const {
-  return impl_->acceptor ? impl_->acceptor->local_endpoint().port() : 0;
-}
+int HttpServer::port() const { return impl_->bound_port; }
 
 HttpServerStats HttpServer::stats() const {
-  return {impl_->open.load(),     impl_->connections.load(),  impl_->refused.load(),
-          impl_->timed_out.load(), impl_->bad_requests.load(), impl_->requests.load()};
+  const Impl& s = *impl_;
+  return {s.open.load(),      s.connections.load(),  s.refused.load(),
+          s.timed_out.load(), s.bad_requests.load(), s.requests.load()};
 }
 
 void HttpServer::Stop() {
-  if (impl_->stopped.exchange(true)) return;
-  beast::error_code ec;
-  if (impl_->acceptor) impl_->acceptor->close(ec);
-  if (impl_->handlers) impl_->handlers->join();
-  impl_->io.stop();
-  for (auto& t : impl_->threads) t.join();
-  impl_->threads.clear();
+  Impl& s = *impl_;
+  if (s.io == nullptr || s.stopped.exchange(true)) return;
+  // No more I/O: then no more work reaches the pools.
+  s.io->stop();
+  for (auto& t : s.threads) t.join();
+  s.threads.clear();
+  // Handlers already running finish (their responses are dropped); queued ones are not run.
+  for (asio::thread_pool* p : {s.pool.get(), s.priority.get()}) {
+    p->stop();
+    p->join();
+  }
+  // Destroying what still holds sessions closes their sockets: the pools' queued tasks
+  // first, then the acceptor, then the I/O context with its pending operations.
+  s.pool.reset();
+  s.priority.reset();
+  s.accept_retry.reset();
+  s.acceptor.reset();
+  s.io.reset();
 }
 
 }  // namespace strata::server

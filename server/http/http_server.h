@@ -1,14 +1,19 @@
 // A small HTTP/1.1 endpoint on Boost.Beast for health checks, Prometheus metrics, the JSON
 // mirror of the query API and the web UI. Routes are exact paths registered before Start().
 //
-// Fully asynchronous: connections cost a socket and a small buffer, not a thread, so slow
+// Fully asynchronous: a connection costs a socket and a small buffer, not a thread, so slow
 // or idle clients cannot hold the server. Every read and write has a deadline (the whole
-// header, the body, an idle keep-alive wait), connections beyond `max_connections` are
-// closed at once, and request headers and bodies are bounded. Handlers run on a separate
-// pool (a flame graph query may take a while); routes marked inline (/healthz, /metrics)
-// answer on the I/O threads, so they stay fast while every handler thread is busy.
+// header, the body, the response, the idle wait between kept-alive requests); connections
+// beyond `max_connections` are accepted and closed at once (no response), and request
+// headers and bodies are bounded (413 past the limit).
 //
-// HttpServer owns its threads and sockets; Stop() (or the destructor) joins them.
+// Handlers run off the I/O threads, on a pool (a flame graph query may take a while). Two
+// kinds of route are never queued behind it: inline routes (/healthz) answer on the I/O
+// thread itself, and priority routes (/metrics, which takes locks and reads RocksDB
+// properties) run on a thread of their own.
+//
+// HttpServer owns its threads and sockets; Stop() (or the destructor) closes every
+// connection and joins them. A server starts once.
 #ifndef STRATA_SERVER_HTTP_HTTP_SERVER_H_
 #define STRATA_SERVER_HTTP_HTTP_SERVER_H_
 
@@ -17,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -39,24 +45,27 @@ struct HttpResponse {
 
 struct HttpServerOptions {
   int io_threads = 2;
+  // Pooled handlers running at once; more requests wait for a thread.
   int handler_threads = 2;
-  // Open connections; more are closed as soon as they are accepted.
+  // Connections open at once; more are closed as soon as they are accepted.
   int max_connections = 1024;
-  // A request's header must arrive within header_timeout of the connection (or of the
-  // previous response, on a kept-alive connection: idle_timeout); its body within
-  // body_timeout; a response must be taken within body_timeout.
+  // A request's header must arrive within header_timeout of the connection, or of its
+  // first byte on a kept-alive connection, which may first wait idle_timeout for it. The
+  // body must arrive within body_timeout of the header, and the response be taken within
+  // body_timeout.
   absl::Duration header_timeout = absl::Seconds(10);
-  absl::Duration idle_timeout = absl::Seconds(30);
   absl::Duration body_timeout = absl::Seconds(30);
+  absl::Duration idle_timeout = absl::Seconds(30);
   uint32_t max_header_bytes = 16 << 10;
   uint32_t max_body_bytes = 1 << 20;
 };
 
+// Counters since Start().
 struct HttpServerStats {
   int64_t open_connections = 0;
-  uint64_t connections = 0;          // accepted
-  uint64_t refused_connections = 0;  // over max_connections
-  uint64_t timed_out = 0;            // closed by a deadline
+  uint64_t connections = 0;          // accepted and served
+  uint64_t refused_connections = 0;  // closed at once: over max_connections
+  uint64_t timed_out = 0;            // closed by a header, body, write or idle deadline
   uint64_t bad_requests = 0;         // unparsable, too large, or not UTF-8
   uint64_t requests = 0;
 };
@@ -65,12 +74,20 @@ class HttpServer {
  public:
   using Handler = std::function<HttpResponse(const HttpRequest&)>;
 
+  // Where a route's handler runs.
+  enum class Dispatch {
+    kPool,      // the handler pool: anything, including slow queries
+    kInline,    // the I/O thread: must be cheap and never block (health checks)
+    kPriority,  // a thread of its own, never behind the pool: brief work that may wait on
+                // a lock or a file (metrics)
+  };
+
   HttpServer();
   ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
 
-  // `inline_handler`: cheap and non-blocking; runs on an I/O thread, never queued behind
-  // slow handlers (health checks, metrics).
-  void Route(const std::string& path, Handler handler, bool inline_handler = false);
+  void Route(const std::string& path, Handler handler, Dispatch dispatch = Dispatch::kPool);
   // Binds `address` ("host:port"; port 0 picks a free one) and starts serving.
   absl::Status Start(const std::string& address, const HttpServerOptions& options = {});
   // The bound port (after Start).
