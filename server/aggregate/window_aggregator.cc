@@ -100,6 +100,10 @@ absl::Status DecodeJournalRecord(std::string_view in, std::string* host,
   return absl::OkStatus();
 }
 
+// Counts of pending flushes past which a batch writes them itself instead of leaving them to
+// the ticker (back pressure when the store falls behind).
+constexpr size_t kMaxPendingCells = size_t{1} << 21;
+
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -212,7 +216,9 @@ bool WindowAggregator::Reserve(size_t bytes, const ServiceTable* keep) {
   if (table_bytes_ + bytes <= options_.memory_budget_bytes) return true;
   std::vector<std::pair<uint64_t, std::string>> idle;  // (last used, service)
   for (const auto& [service, t] : tables_) {
-    if (t.get() != keep && !t->open && t->live_total == 0) idle.push_back({t->last_used, service});
+    if (t.get() != keep && !t->open && t->live_total == 0 && t->pending_flushes == 0) {
+      idle.push_back({t->last_used, service});
+    }
   }
   std::sort(idle.begin(), idle.end());
   for (const auto& [last_used, service] : idle) {
@@ -252,7 +258,8 @@ void WindowAggregator::ReleaseIdle(int64_t now_ms) {
   const int64_t idle_ms = int64_t{options_.idle_windows} * kWindowMs + options_.close_delay_ms;
   for (auto it = tables_.begin(); it != tables_.end();) {
     const ServiceTable& t = *it->second;
-    if (!t.open && t.live_total == 0 && t.last_closed_ms + kWindowMs + idle_ms <= now_ms) {
+    if (!t.open && t.live_total == 0 && t.pending_flushes == 0 &&
+        t.last_closed_ms + kWindowMs + idle_ms <= now_ms) {
       table_bytes_ -= t.table.memory_bytes();
       it = tables_.erase(it);
       ++generation_;
@@ -269,15 +276,40 @@ uint32_t WindowAggregator::InternHost(const std::string& host) {
   return it->second;
 }
 
-uint64_t WindowAggregator::JournalWatermark() const {
+uint64_t WindowAggregator::JournalWatermark(const PendingFlush* except) const {
   uint64_t watermark = next_journal_;
   for (const auto& [service, t] : tables_) watermark = std::min(watermark, t->first_journal);
+  for (const PendingFlush& p : pending_) {
+    if (&p != except) watermark = std::min(watermark, p.first_journal);
+  }
   return watermark;
 }
 
 absl::Status WindowAggregator::CommitBatch(store::WriteBatch* wb, const std::string& host,
                                            int64_t window_start_ms,
                                            const std::vector<Cell>& cells) {
+  absl::Status status = CommitBatchLocked(wb, host, window_start_ms, cells);
+  bool drain_here = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!pending_.empty()) {
+      // The ticker writes pending flushes in the background; without one (tests, tools), or
+      // when they pile up, the batch that made them writes them.
+      drain_here = !ticker_.joinable() || pending_cells_ > kMaxPendingCells;
+      if (!drain_here) wake_.Signal();
+    }
+  }
+  if (drain_here) {
+    if (absl::Status d = DrainPending(); !d.ok()) {
+      spdlog::error("writing aggregation windows: {}", d.ToString());
+    }
+  }
+  return status;
+}
+
+absl::Status WindowAggregator::CommitBatchLocked(store::WriteBatch* wb, const std::string& host,
+                                                 int64_t window_start_ms,
+                                                 const std::vector<Cell>& cells) {
   // A batch from a clock far ahead must not close the windows everybody else still fills:
   // its cells are written directly.
   const bool from_future = window_start_ms > NowMs() + 2 * kWindowMs;
@@ -321,7 +353,7 @@ absl::Status WindowAggregator::CommitBatch(store::WriteBatch* wb, const std::str
     ServiceTable& table = *tables_.find(service_name)->second;
     table.last_used = use_clock_;
     if (table.open && window_start_ms > table.window_start_ms) {
-      if (absl::Status s = Flush(service, table, /*close_window=*/true); !s.ok()) return s;
+      Flush(service, table, /*close_window=*/true);
     }
     if (!table.open && window_start_ms > table.last_closed_ms) {
       table.open = true;
@@ -331,7 +363,7 @@ absl::Status WindowAggregator::CommitBatch(store::WriteBatch* wb, const std::str
     if (incoming > options_.max_entries) continue;  // cannot fit even when empty
     if (table.table.size() + incoming > table.table.capacity() &&
         !GrowTable(table, table.table.size() + incoming)) {
-      if (absl::Status s = Flush(service, table, /*close_window=*/false); !s.ok()) return s;
+      Flush(service, table, /*close_window=*/false);
       MakeRoom(table, incoming);
     }
     if (table.table.size() + incoming > table.table.capacity()) continue;  // still too small
@@ -375,30 +407,31 @@ void WindowAggregator::MakeRoom(ServiceTable& t, size_t incoming) {
   ++stats_.capacity_flushes;
 }
 
-absl::Status WindowAggregator::Flush(const std::string& service, ServiceTable& t,
-                                     bool close_window) {
-  store::WriteBatch wb;
+void WindowAggregator::Flush(const std::string& service, ServiceTable& t, bool close_window) {
+  PendingFlush p;
+  p.service = service;
+  p.window_start_ms = t.window_start_ms;
+  p.wb = std::make_unique<store::WriteBatch>();
   if (close_window) {
     t.table.EndPeriod();
     std::vector<table::PhaseChange<CellKey>> changes = t.table.TakePhaseChanges();
     // Only a reordering within one host is a change of the program's behaviour; across hosts
     // it may just be one host's batch arriving late.
     std::erase_if(changes, [](const auto& c) { return c.rose_key.host != c.fell_key.host; });
-    if (!changes.empty()) AddPhaseEvent(service, t.window_start_ms, changes, &wb);
+    if (!changes.empty()) AddPhaseEvent(service, t.window_start_ms, changes, p.wb.get());
   }
   t.table.ForEach([&](const CellKey& key, uint64_t count) {
-    if (count != 0) wb.AddSamples(service, t.window_start_ms, hosts_[key.host], key.stack, count);
+    if (count == 0) return;
+    p.wb->AddSamples(service, t.window_start_ms, hosts_[key.host], key.stack, count);
+    p.cells.push_back({key, count});
+    SaturatingAddTo(p.total, count);
   });
-  const uint64_t first_journal = t.first_journal;
+  p.first_journal = t.first_journal;
   t.first_journal = kNoJournal;
-  wb.DeleteJournalBefore(JournalWatermark());
-  if (absl::Status s = store_->Commit(&wb); !s.ok()) {
-    t.first_journal = first_journal;  // the counts stay in the table and in the journal
-    spdlog::error("writing window {} of {}: {}", t.window_start_ms, service, s.ToString());
-    return s;
-  }
-  t.generation = ++generation_;
   t.live_total = 0;
+  ++t.pending_flushes;
+  pending_cells_ += p.cells.size();
+  pending_.push_back(std::move(p));
   if (close_window) {
     // Entries not seen since the last flush are dropped; the others keep their place (and
     // their period history) for the next window, with zero counts.
@@ -408,7 +441,35 @@ absl::Status WindowAggregator::Flush(const std::string& service, ServiceTable& t
     ++stats_.windows_closed;
   }
   t.table.TakeCounts([](const CellKey&, uint64_t) {});
-  return absl::OkStatus();
+}
+
+absl::Status WindowAggregator::DrainPending() {
+  absl::MutexLock drain(&drain_mu_);
+  for (;;) {
+    PendingFlush* p = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (pending_.empty()) return absl::OkStatus();
+      // Only this drainer pops, and deque::push_back keeps references: p stays valid.
+      p = &pending_.front();
+      p->wb->DeleteJournalBefore(JournalWatermark(p));
+    }
+    absl::Status committed = store_->Commit(p->wb.get());
+    absl::MutexLock lock(&mu_);
+    if (!committed.ok()) {
+      // The counts stay pending (queries still see them) and in the journal.
+      return absl::Status(committed.code(),
+                          absl::StrCat("writing window ", p->window_start_ms, " of ", p->service,
+                                       ": ", committed.message()));
+    }
+    auto it = tables_.find(p->service);
+    if (it != tables_.end()) {
+      it->second->generation = ++generation_;
+      --it->second->pending_flushes;
+    }
+    pending_cells_ -= p->cells.size();
+    pending_.pop_front();
+  }
 }
 
 void WindowAggregator::AddPhaseEvent(const std::string& service, int64_t window_start_ms,
@@ -450,33 +511,46 @@ void WindowAggregator::AddPhaseEvent(const std::string& service, int64_t window_
 }
 
 absl::Status WindowAggregator::CloseDueWindows(int64_t now_ms) {
-  absl::MutexLock lock(&mu_);
-  absl::Status result;
-  for (auto& [service, t] : tables_) {
-    if (t->open && t->window_start_ms + kWindowMs + options_.close_delay_ms <= now_ms) {
-      result.Update(Flush(service, *t, /*close_window=*/true));
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [service, t] : tables_) {
+      if (t->open && t->window_start_ms + kWindowMs + options_.close_delay_ms <= now_ms) {
+        Flush(service, *t, /*close_window=*/true);
+      }
     }
   }
+  absl::Status result = DrainPending();
+  absl::MutexLock lock(&mu_);
   ReleaseIdle(now_ms);
   return result;
 }
 
 absl::Status WindowAggregator::FlushAll() {
-  absl::MutexLock lock(&mu_);
-  absl::Status result;
-  for (auto& [service, t] : tables_) {
-    if (t->open) result.Update(Flush(service, *t, /*close_window=*/true));
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [service, t] : tables_) {
+      if (t->open) Flush(service, *t, /*close_window=*/true);
+    }
   }
-  return result;
+  return DrainPending();
 }
 
 void WindowAggregator::Start(absl::Duration tick) {
   if (ticker_.joinable()) return;
-  stop_ = std::make_unique<absl::Notification>();
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = false;
+  }
   ticker_ = std::thread([this, tick] {
-    while (!stop_->WaitForNotificationWithTimeout(tick)) {
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (!stopping_ && pending_.empty()) wake_.WaitWithTimeout(&mu_, tick);
+        if (stopping_) return;
+      }
       if (absl::Status s = CloseDueWindows(NowMs()); !s.ok()) {
         spdlog::error("closing aggregation windows: {}", s.ToString());
+        absl::SleepFor(absl::Milliseconds(100));  // a failing store: do not spin
       }
     }
   });
@@ -484,7 +558,11 @@ void WindowAggregator::Start(absl::Duration tick) {
 
 void WindowAggregator::Stop() {
   if (!ticker_.joinable()) return;
-  stop_->Notify();
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    wake_.Signal();
+  }
   ticker_.join();
 }
 
@@ -501,35 +579,51 @@ bool WindowAggregator::AddLiveCounts(const store::SampleQuery& query, uint64_t g
   absl::MutexLock lock(&mu_);
   if (query.capture_id) return true;  // captures are written directly
   auto it = tables_.find(query.service);
-  if (it == tables_.end()) return generation == 0;
+  if (it == tables_.end()) return generation == 0;  // no table, so no pending flush either
   const ServiceTable& t = *it->second;
   if (generation != t.generation) return false;
-  if (t.live_total == 0 || t.window_start_ms < query.from_ms || t.window_start_ms >= query.to_ms) {
-    return true;
-  }
   std::optional<uint32_t> host;
   if (query.host) {
     auto h = host_index_.find(*query.host);
     if (h == host_index_.end()) return true;
     host = h->second;
   }
+  auto in_range = [&](int64_t window) { return window >= query.from_ms && window < query.to_ms; };
   std::set<uint32_t> seen_hosts;
-  t.table.ForEach([&](const CellKey& key, uint64_t count) {
+  auto add = [&](const CellKey& key, uint64_t count) {
     if (count == 0 || (host && key.host != *host)) return;
     SaturatingAddTo((*stacks)[key.stack], count);
     seen_hosts.insert(key.host);
-  });
+  };
+  if (t.live_total != 0 && in_range(t.window_start_ms)) t.table.ForEach(add);
+  if (t.pending_flushes != 0) {
+    for (const PendingFlush& p : pending_) {
+      if (p.service != query.service || !in_range(p.window_start_ms)) continue;
+      for (const auto& [key, count] : p.cells) add(key, count);
+    }
+  }
   for (uint32_t h : seen_hosts) hosts->insert(hosts_[h]);
   return true;
 }
 
 std::vector<store::ServiceSummary> WindowAggregator::LiveServices() const {
   absl::MutexLock lock(&mu_);
-  std::vector<store::ServiceSummary> out;
+  std::map<std::string, store::ServiceSummary, std::less<>> by_service;
+  auto add = [&](const std::string& service, int64_t window, uint64_t total) {
+    auto [it, inserted] = by_service.try_emplace(service, store::ServiceSummary{service, window,
+                                                                               window, 0});
+    it->second.first_window_ms = std::min(it->second.first_window_ms, window);
+    it->second.last_window_ms = std::max(it->second.last_window_ms, window);
+    SaturatingAddTo(it->second.total_samples, total);
+  };
   for (const auto& [service, t] : tables_) {
-    if (t->live_total == 0) continue;
-    out.push_back({service, t->window_start_ms, t->window_start_ms, t->live_total});
+    if (t->live_total != 0) add(service, t->window_start_ms, t->live_total);
   }
+  for (const PendingFlush& p : pending_) {
+    if (p.total != 0) add(p.service, p.window_start_ms, p.total);
+  }
+  std::vector<store::ServiceSummary> out;
+  for (auto& [service, summary] : by_service) out.push_back(std::move(summary));
   return out;
 }
 

@@ -12,9 +12,16 @@
 // counts are written early (a capacity flush) and entries not seen in the current window are
 // dropped, or all of them if that is not enough; counts are never lost.
 //
+// Flushes leave the ingest path at once: a closing window's counts move from its table to a
+// pending flush (in memory, under the lock), and the ticker thread commits pending flushes in
+// order outside the lock, so a thousand services closing their windows together do not stall
+// every batch behind their RocksDB writes. Queries count pending flushes as live until their
+// commit, which changes the table's flush generation.
+//
 // Durability: a batch's cells are written to the journal column family in the same commit as
 // the batch's other records and applied sequence, before the caller acknowledges it. A window
-// flush deletes the journal records whose cells are all written, in the same commit.
+// flush deletes, in its commit, the journal records no table and no other pending flush
+// still needs.
 // Create() writes the cells of journal records left by a killed process to the store. Cells
 // of windows already closed (late batches) go to the cell column families directly.
 //
@@ -26,6 +33,7 @@
 #define STRATA_SERVER_AGGREGATE_WINDOW_AGGREGATOR_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -155,6 +163,17 @@ class WindowAggregator : public LiveSamples, public BatchCommitter {
     // released and created again never repeats an earlier value).
     uint64_t generation = 0;
     uint64_t last_used = 0;              // use_clock_ at its last batch, for releasing
+    uint32_t pending_flushes = 0;        // in pending_: the table is not released meanwhile
+  };
+  // Counts taken from a table, on their way to the store. Queries see them as live counts
+  // until their commit, which bumps the table's generation.
+  struct PendingFlush {
+    std::string service;
+    int64_t window_start_ms = 0;
+    std::vector<std::pair<CellKey, uint64_t>> cells;
+    uint64_t total = 0;
+    uint64_t first_journal = kNoJournal;
+    std::unique_ptr<store::WriteBatch> wb;  // cells, rollups, phase events
   };
 
   WindowAggregator(store::Store* store, AggregatorOptions options,
@@ -169,13 +188,22 @@ class WindowAggregator : public LiveSamples, public BatchCommitter {
   // Releases tables idle since before `now_ms`.
   void ReleaseIdle(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t InternHost(const std::string& host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes the table's counts (and, on a window close, its phase changes) to the store and
-  // deletes the journal records no table needs any more, in one commit.
-  absl::Status Flush(const std::string& service, ServiceTable& t, bool close_window)
+  // Moves the table's counts (and, on a window close, its phase changes) to a pending flush.
+  // DrainPending() writes them to the store.
+  void Flush(const std::string& service, ServiceTable& t, bool close_window)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Commits the pending flushes in order, each with the deletion of the journal records no
+  // table or pending flush needs any more, outside mu_: ingest goes on meanwhile. One drainer
+  // at a time. A failed commit stays pending and is retried by the next drain.
+  absl::Status DrainPending() ABSL_LOCKS_EXCLUDED(mu_);
   // Makes room for `incoming` new entries after a capacity flush.
   void MakeRoom(ServiceTable& t, size_t incoming) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint64_t JournalWatermark() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The oldest journal record that a table or a pending flush (but `except`) still needs.
+  uint64_t JournalWatermark(const PendingFlush* except = nullptr) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CommitBatchLocked(store::WriteBatch* wb, const std::string& host,
+                                 int64_t window_start_ms, const std::vector<Cell>& cells)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void AddPhaseEvent(const std::string& service, int64_t window_start_ms,
                      const std::vector<table::PhaseChange<CellKey>>& changes,
                      store::WriteBatch* wb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -189,12 +217,17 @@ class WindowAggregator : public LiveSamples, public BatchCommitter {
   size_t table_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t use_clock_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<PendingFlush> pending_ ABSL_GUARDED_BY(mu_);
+  size_t pending_cells_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Mutex drain_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Wakes the ticker when a batch left pending flushes behind.
+  absl::CondVar wake_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::string> hosts_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint32_t> host_index_ ABSL_GUARDED_BY(mu_);
   uint64_t next_journal_ ABSL_GUARDED_BY(mu_) = 1;
   AggregatorStats stats_ ABSL_GUARDED_BY(mu_);
 
-  std::unique_ptr<absl::Notification> stop_;
   std::thread ticker_;
 };
 

@@ -274,8 +274,17 @@ TEST_F(WindowAggregatorTest, FutureWindowDoesNotCloseTheOpenOne) {
 // Queries read the store and the tables while batches keep closing windows and forcing
 // capacity flushes: every profile's total lies between what was committed before the query
 // started and after it ended (no window counted twice or missed).
-TEST_F(WindowAggregatorTest, ProfilesStayConsistentWhileWindowsFlush) {
+// With the ticker running, closed windows are written by it in the background while batches
+// go on: queries see their counts as live until they are committed.
+class WindowAggregatorFlushTest : public WindowAggregatorTest,
+                                  public ::testing::WithParamInterface<bool> {};
+
+INSTANTIATE_TEST_SUITE_P(Writer, WindowAggregatorFlushTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Ticker" : "Inline"; });
+
+TEST_P(WindowAggregatorFlushTest, ProfilesStayConsistentWhileWindowsFlush) {
   CreateAggregator({.max_entries = 8, .initial_entries = 2});
+  if (GetParam()) aggregator_->Start(absl::Milliseconds(2));
   store::WriteBatch interned;
   std::vector<uint64_t> stacks;
   for (uint64_t i = 0; i < 12; ++i) {
