@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include <grpcpp/grpcpp.h>
 
@@ -66,6 +67,11 @@ int Run(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(2u, 1000000u));
   std::string table_memory = "512MiB";
+  std::string session_memory = "2GiB";
+  app.add_option("--session-memory", session_memory,
+                 "memory for connected agents' call graphs and decode caches; past it, idle "
+                 "graphs are dropped and reloaded from the store when needed")
+      ->capture_default_str();
   std::string max_message = "16MiB";
   strata::server::IngestLimits limits;
   app.add_option("--table-memory", table_memory,
@@ -109,21 +115,24 @@ int Run(int argc, char** argv) {
                  "threads that decode and commit agent batches (0: one per core)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  auto table_bytes = strata::base::ParseByteSize(table_memory);
-  auto message_bytes = strata::base::ParseByteSize(max_message);
-  if (!table_bytes.ok() || !message_bytes.ok()) {
-    std::fprintf(stderr, "strata-server: %s: %s\n",
-                 table_bytes.ok() ? "--max-message-bytes" : "--table-memory",
-                 std::string((table_bytes.ok() ? message_bytes : table_bytes).status().message())
-                     .c_str());
-    return 2;
+  uint64_t table_bytes = 0, message_bytes = 0, session_bytes = 0;
+  for (auto [flag, text, out] : {std::tuple{"--table-memory", &table_memory, &table_bytes},
+                                 std::tuple{"--max-message-bytes", &max_message, &message_bytes},
+                                 std::tuple{"--session-memory", &session_memory, &session_bytes}}) {
+    auto bytes = strata::base::ParseByteSize(*text);
+    if (!bytes.ok()) {
+      std::fprintf(stderr, "strata-server: %s: %s\n", flag,
+                   std::string(bytes.status().message()).c_str());
+      return 2;
+    }
+    *out = *bytes;
   }
-  if (*message_bytes < 4096 || *message_bytes > (1u << 30)) {
+  if (message_bytes < 4096 || message_bytes > (1u << 30)) {
     std::fprintf(stderr, "strata-server: --max-message-bytes must be in [4KiB, 1GiB]\n");
     return 2;
   }
-  aggregation.memory_budget_bytes = *table_bytes;
-  limits.max_message_bytes = static_cast<uint32_t>(*message_bytes);
+  aggregation.memory_budget_bytes = table_bytes;
+  limits.max_message_bytes = static_cast<uint32_t>(message_bytes);
   auto retention = strata::server::ParseRetention(capture_retention);
   if (!retention.ok()) {
     std::fprintf(stderr, "strata-server: --capture-retention: %s\n",
@@ -190,7 +199,8 @@ int Run(int argc, char** argv) {
                                         .committer = aggregator.get(),
                                         .limits = limits,
                                         .max_agents = max_agents,
-                                        .worker_threads = ingest_threads});
+                                        .worker_threads = ingest_threads,
+                                        .session_memory_bytes = session_bytes});
   strata::server::QueryService query(store.get(), &registry, aggregator.get());
   strata::server::CaptureService::Options capture_options;
   capture_options.retention = *retention;

@@ -205,6 +205,12 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     gauge("strata_ingest_connected_agents", "Agent streams open now.", metrics->connected.load());
     gauge("strata_ingest_queued_messages", "Agent messages waiting for an ingest worker.",
           metrics->queued.load());
+    gauge("strata_memory_agent_session_bytes",
+          "Agent sessions' call graphs and decode caches (estimate; --session-memory).",
+          metrics->session_bytes.load());
+    counter("strata_ingest_sessions_unloaded_total",
+            "Agent graphs dropped for the session memory budget (reloaded on the next batch).",
+            metrics->sessions_unloaded);
     counter("strata_ingest_streams_refused_total",
             "Agent streams refused over --max-agents (RESOURCE_EXHAUSTED).",
             metrics->streams_refused);

@@ -42,36 +42,65 @@ absl::StatusOr<std::unique_ptr<AgentSession>> AgentSession::Open(store::Store* s
   if (!applied.ok()) return applied.status();
   session->last_applied_ = *applied;
 
-  auto graph = store->LoadGraph(id.agent_id, id.graph_id);
+  if (absl::Status s = session->Load(); !s.ok()) return s;
+  return session;
+}
+
+absl::Status AgentSession::Load() {
+  if (loaded_) return absl::OkStatus();
+  graph_ = encoding::CallGraph();
+  node_function_ids_.assign(encoding::kFirstFunctionNode, 0);
+  auto graph = store_->LoadGraph(identity_.agent_id, identity_.graph_id);
   if (!graph.ok()) return graph.status();
   // Replay the persisted graph; stop at the first gap so a partial record set only costs a
   // resend of the rest (the agent is told what we have in Welcome).
   for (const store::GraphNode& node : graph->nodes) {
-    if (node.id != session->graph_.num_nodes()) break;
+    if (node.id != graph_.num_nodes()) break;
     store::WriteBatch unused;
-    auto fn = store->InternFunction(
+    auto fn = store_->InternFunction(
         {node.name, node.module, node.build_id, node.start_offset}, &unused);
     if (!fn.ok()) return fn.status();
     if (!unused.empty()) {
-      if (auto st = store->Commit(&unused); !st.ok()) return st;
+      if (auto st = store_->Commit(&unused); !st.ok()) return st;
     }
-    session->graph_.AddNode();
-    session->node_function_ids_.push_back(*fn);
+    graph_.AddNode();
+    node_function_ids_.push_back(*fn);
   }
   std::vector<encoding::CallEdge> edges;
   edges.reserve(graph->edges.size());
   for (const store::GraphEdge& e : graph->edges) edges.push_back({e.caller, e.call_site, e.callee});
   if (!edges.empty()) {
-    if (auto st = encoding::AppendEdges(session->graph_, 0, edges); !st.ok()) {
+    if (auto st = encoding::AppendEdges(graph_, 0, edges); !st.ok()) {
       // A persisted graph that does not replay is treated as absent: the agent resends it.
-      session->graph_ = encoding::CallGraph();
-      session->node_function_ids_.assign(encoding::kFirstFunctionNode, 0);
+      graph_ = encoding::CallGraph();
+      node_function_ids_.assign(encoding::kFirstFunctionNode, 0);
     }
   }
-  return session;
+  loaded_ = true;
+  return absl::OkStatus();
+}
+
+void AgentSession::Unload() {
+  if (!loaded_) return;
+  graph_ = encoding::CallGraph();
+  std::vector<uint64_t>().swap(node_function_ids_);
+  numberings_.Clear();
+  absl::flat_hash_map<std::string, uint64_t>().swap(decode_cache_);
+  absl::flat_hash_map<std::string, uint64_t>().swap(pending_cache_);
+  decode_cache_epoch_ = UINT64_MAX;
+  loaded_ = false;
+}
+
+size_t AgentSession::MemoryBytes() const {
+  if (!loaded_) return sizeof(*this);
+  // Estimates from the structures' layouts: per node its function ID and adjacency lists, per
+  // edge the edge, its index entry and its numbering, per cached context its key and ID.
+  return sizeof(*this) + 64 * graph_.num_nodes() + 96 * graph_.num_edges() +
+         96 * decode_cache_.size();
 }
 
 absl::Status AgentSession::ApplyGraphDelta(const v1::GraphDelta& delta) {
+  if (absl::Status s = Load(); !s.ok()) return s;
   if (delta.first_node() != graph_.num_nodes() && delta.nodes_size() > 0) {
     return absl::FailedPreconditionError(absl::StrCat("graph delta starts at node ",
                                                       delta.first_node(), ", server has ",
@@ -134,10 +163,8 @@ absl::Status AgentSession::ApplyGraphDelta(const v1::GraphDelta& delta) {
     if (graph_.num_nodes() != nodes_before) {
       // CallGraph cannot shrink; rebuild it from the persisted state. Rare: only a delta
       // whose nodes were fine but whose edges were not.
-      auto reloaded = Open(store_, identity_, committer_, limits_);
-      if (!reloaded.ok()) return reloaded.status();
-      graph_ = std::move((*reloaded)->graph_);
-      node_function_ids_ = std::move((*reloaded)->node_function_ids_);
+      loaded_ = false;
+      if (absl::Status reloaded = Load(); !reloaded.ok()) return reloaded;
     }
     return st;
   }
@@ -187,6 +214,7 @@ absl::StatusOr<uint64_t> AgentSession::StackIdFor(const encoding::Numbering& num
 
 absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& batch) {
   AppliedBatch applied{&identity_, &batch, WindowStart(batch.start_ms()), false, {}};
+  if (absl::Status s = Load(); !s.ok()) return s;
   if (batch.sequence() == 0) {
     return absl::InvalidArgumentError("sample batch without a sequence number");
   }

@@ -79,6 +79,13 @@ class AgentSession {
                                                             const IngestLimits& limits = {});
 
   const AgentIdentity& identity() const { return identity_; }
+
+  // Drops the call graph and the decode caches (an idle agent under a memory budget); the
+  // next delta or batch loads the graph from the store again.
+  void Unload();
+  // Approximate bytes of this session's graph and caches.
+  size_t MemoryBytes() const;
+  // The graph's size; valid after Open() and after ApplyGraphDelta/ApplyBatch, until Unload().
   uint32_t num_nodes() const { return static_cast<uint32_t>(graph_.num_nodes()); }
   uint64_t num_edges() const { return graph_.num_edges(); }
   uint64_t last_applied_sequence() const { return last_applied_; }
@@ -106,6 +113,8 @@ class AgentSession {
  private:
   AgentSession(store::Store* store, AgentIdentity identity, const IngestLimits& limits);
 
+  // Loads the persisted graph (a no-op while it is loaded).
+  absl::Status Load();
   // Decodes one context to a stored stack ID.
   absl::StatusOr<uint64_t> StackIdFor(const encoding::Numbering& numbering,
                                       const encoding::EncodedContext& context,
@@ -118,6 +127,7 @@ class AgentSession {
   std::vector<uint64_t> node_function_ids_;  // by node ID; 0 for the root and the marker
   encoding::NumberingCache numberings_;
   const IngestLimits limits_;
+  bool loaded_ = false;
   uint64_t last_applied_ = 0;
   // Sequence of a batch refused for a missing graph part; later ones wait for it (0: none).
   uint64_t waiting_for_ = 0;

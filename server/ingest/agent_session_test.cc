@@ -309,6 +309,32 @@ TEST_P(AgentSessionTest, GraphAndBatchLimits) {
   EXPECT_EQ(Load().total, 1u);
 }
 
+// Under a memory budget a session drops its graph between messages and loads it from the
+// store for the next one: batches decode the same.
+TEST_P(AgentSessionTest, UnloadedGraphIsLoadedAgainForTheNextBatch) {
+  FakeAgent agent;
+  auto c1 = agent.Context({"main", "serve", "tokenize"}, 6);
+  auto session = Open();
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  ASSERT_TRUE(session->ApplyBatch(Batch(1, agent.graph.num_edges(), {c1})).ok());
+  const size_t loaded = session->MemoryBytes();
+  session->Unload();
+  EXPECT_LT(session->MemoryBytes(), loaded);
+  ASSERT_TRUE(session->ApplyBatch(Batch(2, agent.graph.num_edges(), {c1})).ok());
+  EXPECT_EQ(session->num_nodes(), agent.graph.num_nodes());
+  // A delta after an unload appends where the persisted graph ends.
+  session->Unload();
+  const uint32_t nodes = agent.graph.num_nodes();
+  const uint64_t edges = agent.graph.num_edges();
+  auto c2 = agent.Context({"main", "serve", "deflate"}, 3);
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(nodes, edges)).ok());
+  session->Unload();
+  ASSERT_TRUE(session->ApplyBatch(Batch(3, agent.graph.num_edges(), {c1, c2})).ok());
+  Profile p = Load();
+  EXPECT_EQ(p.total, 21u);
+  ASSERT_EQ(p.stacks.size(), 2u);
+}
+
 TEST_P(AgentSessionTest, RejectsDeltaNotStartingAtTheEnd) {
   FakeAgent agent;
   agent.Context({"main", "a"}, 1);

@@ -162,6 +162,7 @@ class IngestService::Stream final
       // The next read reuses the message; a graph delta's thousands of nodes would stay
       // allocated in it for as long as the agent is connected.
       if (in_.has_graph_delta()) v1::AgentMessage().Swap(&in_);
+      AccountMemory();
       if (!end.ok()) {
         EndAfterWrites(ToGrpc(end));
         return;
@@ -189,6 +190,7 @@ class IngestService::Stream final
       spdlog::info("agent {} disconnected", log_name_);
     }
     if (admitted_) --service_->metrics_->connected;
+    service_->metrics_->session_bytes -= static_cast<int64_t>(accounted_bytes_);
     delete this;
   }
 
@@ -239,6 +241,25 @@ class IngestService::Stream final
     if (finish) Finish(end_status_);
   }
 
+  // Updates the sessions' memory estimate with this one's, and drops this session's graph
+  // while all of them are over the budget.
+  void AccountMemory() {
+    if (session_ == nullptr) return;
+    IngestMetrics* metrics = service_->metrics_;
+    auto account = [&] {
+      const size_t now = session_->MemoryBytes();
+      metrics->session_bytes += static_cast<int64_t>(now) - static_cast<int64_t>(accounted_bytes_);
+      accounted_bytes_ = now;
+    };
+    account();
+    if (metrics->session_bytes.load() >
+        static_cast<int64_t>(service_->options_.session_memory_bytes)) {
+      session_->Unload();
+      ++metrics->sessions_unloaded;
+      account();
+    }
+  }
+
   // Handles one message; a non-OK status ends the stream with it.
   absl::Status Handle(const v1::AgentMessage& message);
   absl::Status HandleHello(const v1::AgentMessage& message);
@@ -263,6 +284,7 @@ class IngestService::Stream final
   v1::AgentMessage in_;
   std::unique_ptr<AgentSession> session_;  // after Hello
   std::string log_name_;                   // the agent ID, escaped for logs
+  size_t accounted_bytes_ = 0;             // this session's part of session_bytes
 
   absl::Mutex mu_;
   std::deque<v1::ServerMessage> outbox_ ABSL_GUARDED_BY(mu_);

@@ -45,6 +45,8 @@ struct IngestMetrics {
   std::atomic<uint64_t> streams_refused{0};
   std::atomic<int64_t> connected{0};
   std::atomic<int64_t> queued{0};  // messages waiting for a worker
+  std::atomic<int64_t> session_bytes{0};      // estimated, of all sessions
+  std::atomic<uint64_t> sessions_unloaded{0};  // graphs dropped for the session budget
   // A message's wait for a worker, and a batch's decode and commit.
   LatencyHistogram queue_wait;
   LatencyHistogram batch_apply;
@@ -107,6 +109,10 @@ class IngestService final : public v1::Ingest::CallbackService {
     uint32_t max_agents = 20'000;
     // Threads that decode and commit; 0: one per core.
     uint32_t worker_threads = 0;
+    // Memory of all agent sessions (call graphs, decode caches). Past it, a session drops its
+    // graph after each message and loads it from the store for the next one: connected
+    // agents then cost RocksDB reads instead of memory.
+    size_t session_memory_bytes = size_t{2} << 30;
   };
   using BatchObserver = std::function<void(const AppliedBatch&)>;
 

@@ -2,11 +2,13 @@
 // steady load, and a reconnect storm of every agent at once. strata-loadgen compares the
 // server's totals with what it delivered, per service, and exits non-zero on any loss,
 // double count, rejected or unacknowledged batch; its JSON line carries the figures.
+#include <functional>
 #include <regex>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "common/testing/http_get.h"
 #include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/harness.h"
@@ -25,9 +27,11 @@ double Field(const std::string& json, const std::string& name) {
 
 class FleetTest : public ::testing::Test {
  protected:
-  // Runs strata-loadgen against a fresh server; returns its JSON line.
+  // Runs strata-loadgen against a fresh server; returns its JSON line. `after` runs while the
+  // server is still up (to read its metrics).
   std::string RunLoad(std::vector<std::string> server_args, std::vector<std::string> load_args,
-                      double timeout_s) {
+                      double timeout_s,
+                      const std::function<void(ServerProcess&)>& after = nullptr) {
     ServerProcess server(dir_.path() + "/data", dir_.path() + "/server.log",
                          std::move(server_args));
     EXPECT_NE(server.port(), 0) << server.process().Output();
@@ -39,6 +43,7 @@ class FleetTest : public ::testing::Test {
     std::printf("%s", r.output.c_str());
     EXPECT_EQ(r.exit_code, 0) << r.output << "\nserver log:\n" << server.process().Output();
     EXPECT_TRUE(server.process().running());
+    if (after) after(server);
     return r.output;
   }
 
@@ -71,6 +76,32 @@ TEST_F(FleetTest, ReconnectStormOfFiveHundredAgents) {
   std::printf("server peak RSS through two reconnect storms of 500 agents: %.0f MiB\n", peak_rss);
   EXPECT_GT(peak_rss, 0);
   EXPECT_LT(peak_rss, 1024);
+}
+
+// A session memory budget far below what the agents' graphs need: sessions drop their
+// graphs after each message and load them again for the next; nothing is lost.
+TEST_F(FleetTest, SessionBudgetDropsGraphsAndLosesNothing) {
+  double unloaded = -1;
+  const std::string json = RunLoad(
+      {"--session-memory", "64KiB", "--http", "127.0.0.1:0"},
+      {"--agents", "50", "--interval", "2", "--duration", "16", "--ramp-up", "2", "--rate", "99"},
+      120, [&](ServerProcess& server) {
+        const std::string out = server.process().Output();
+        const std::string marker = "HTTP on port ";
+        int port = 0;
+        const size_t at = out.find(marker);
+        ASSERT_NE(at, std::string::npos) << out;
+        ASSERT_TRUE(absl::SimpleAtoi(
+            out.substr(at + marker.size(), out.find('\n', at) - at - marker.size()), &port));
+        auto [status, metrics] = strata::testing::HttpGet(port, "/metrics");
+        ASSERT_EQ(status, 200);
+        std::smatch m;
+        if (std::regex_search(metrics, m, std::regex("strata_ingest_sessions_unloaded_total ([0-9]+)"))) {
+          (void)absl::SimpleAtod(m[1].str(), &unloaded);
+        }
+      });
+  EXPECT_NE(json.find("\"ok\":true"), std::string::npos) << json;
+  EXPECT_GT(unloaded, 50) << "sessions should have dropped their graphs";
 }
 
 }  // namespace
