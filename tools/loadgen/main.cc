@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -117,6 +118,10 @@ int Run(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_flag("--json", json, "print the figures as one JSON object");
+  std::string stream_file;
+  app.add_option("--stream", stream_file,
+                 "a recorded sample stream (record_stream's text format) as every agent's "
+                 "program, instead of synthetic ones");
   CLI11_PARSE(app, argc, argv);
   if (fleet.agents == 0 || interval_s <= 0 || duration_s <= 0 || rate <= 0 || programs == 0) {
     std::fprintf(stderr, "strata-loadgen: agents, interval, duration, rate, programs must be > 0\n");
@@ -136,6 +141,21 @@ int Run(int argc, char** argv) {
   for (double s : storms_s) fleet.storms.push_back(absl::Seconds(s));
   program.samples_per_interval = static_cast<uint32_t>(rate * interval_s);
 
+  strata::loadgen::SampleStream recorded;
+  if (!stream_file.empty()) {
+    std::ifstream in(stream_file);
+    std::stringstream text;
+    text << in.rdbuf();
+    auto parsed = strata::loadgen::ParseSampleStream(text.str());
+    if (!in || !parsed.ok()) {
+      std::fprintf(stderr, "strata-loadgen: --stream %s: %s\n", stream_file.c_str(),
+                   in ? parsed.status().ToString().c_str() : "cannot read");
+      return 2;
+    }
+    recorded = *std::move(parsed);
+    program.recorded = &recorded;
+    programs = 1;
+  }
   std::vector<std::unique_ptr<strata::loadgen::Program>> built;
   for (uint32_t i = 0; i < programs; ++i) {
     program.seed = static_cast<uint32_t>(fleet.seed * 1000 + i + 1);

@@ -31,7 +31,8 @@ absl::StatusOr<std::unique_ptr<Program>> Program::Build(const ProgramOptions& op
   synthetic.samples_per_interval = options.samples_per_interval;
   synthetic.intervals = options.intervals;
   synthetic.seed = options.seed;
-  const SampleStream stream = SynthesizeSampleStream(synthetic);
+  const SampleStream stream =
+      options.recorded != nullptr ? *options.recorded : SynthesizeSampleStream(synthetic);
 
   std::unique_ptr<Program> program(new Program());
   program->graph_ = std::make_unique<agent::ContextGraph>(options.seed);

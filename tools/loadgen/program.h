@@ -26,6 +26,9 @@ struct ProgramOptions {
   uint32_t samples_per_interval = 3960;  // 99 Hz x 4 busy threads x 10 s
   uint32_t intervals = 16;            // payloads before they repeat
   uint32_t seed = 1;
+  // A recorded stream (sample_stream.h's text format, e.g. from record_stream) instead of a
+  // synthetic one; the options above other than the seed are then ignored.
+  const SampleStream* recorded = nullptr;
 };
 
 struct Payload {
