@@ -171,9 +171,11 @@ class WindowAggregator : public LiveSamples, public BatchCommitter {
     std::string service;
     int64_t window_start_ms = 0;
     std::vector<std::pair<CellKey, uint64_t>> cells;
+    absl::flat_hash_map<uint32_t, std::string> hosts;  // of the cells, by host ID
     uint64_t total = 0;
     uint64_t first_journal = kNoJournal;
-    std::unique_ptr<store::WriteBatch> wb;  // cells, rollups, phase events
+    std::unique_ptr<store::WriteBatch> wb;  // phase events; the drainer adds the cells
+    bool cells_in_wb = false;                // once (a failed commit keeps the batch)
   };
 
   WindowAggregator(store::Store* store, AggregatorOptions options,
