@@ -174,30 +174,55 @@ int Run(int argc, char** argv) {
                 built[0]->payload(0).contexts,
                 static_cast<unsigned long>(built[0]->payload(0).samples));
   }
-  // Queries during the load: hot paths of the first service, timed.
+  // Queries during the load, of the first service over the last hour, timed: hot paths, top
+  // functions and a flame graph (SVG), the queries people run while a fleet ships.
   auto channel = grpc::CreateChannel(fleet.server, grpc::InsecureChannelCredentials());
   auto query = strata::v1::Query::NewStub(channel);
   const std::string first_service = absl::StrCat(fleet.prefix, "-svc-0");
   absl::Notification done;
-  std::vector<double> query_ms;
+  std::vector<double> query_ms, top_ms, flame_ms;
   double peak_rss = 0;
   std::thread watcher([&] {
     absl::Time next_query = absl::Now() + absl::Seconds(ramp_s + interval_s);
+    auto timed = [](std::vector<double>* out, auto&& call) {
+      const absl::Time t0 = absl::Now();
+      if (call().ok()) out->push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+    };
     while (!done.WaitForNotificationWithTimeout(absl::Seconds(1))) {
       peak_rss = std::max(peak_rss, SampleProcess(server_pid).rss_mib);
       if (query_every_s <= 0 || absl::Now() < next_query) continue;
       next_query = absl::Now() + absl::Seconds(query_every_s);
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-      strata::v1::HotPathsRequest req;
-      req.mutable_filter()->set_service(first_service);
-      req.mutable_filter()->mutable_range()->set_from_ms(absl::ToUnixMillis(absl::Now()) -
-                                                         3600 * 1000);
-      strata::v1::HotPathsResponse resp;
-      const absl::Time t0 = absl::Now();
-      if (query->HotPaths(&ctx, req, &resp).ok()) {
-        query_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
-      }
+      strata::v1::ProfileFilter filter;
+      filter.set_service(first_service);
+      filter.mutable_range()->set_from_ms(absl::ToUnixMillis(absl::Now()) - 3600 * 1000);
+      auto deadline = [] {
+        return std::chrono::system_clock::now() + std::chrono::seconds(30);
+      };
+      timed(&query_ms, [&] {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(deadline());
+        strata::v1::HotPathsRequest req;
+        *req.mutable_filter() = filter;
+        strata::v1::HotPathsResponse resp;
+        return query->HotPaths(&ctx, req, &resp);
+      });
+      timed(&top_ms, [&] {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(deadline());
+        strata::v1::TopRequest req;
+        *req.mutable_filter() = filter;
+        strata::v1::TopResponse resp;
+        return query->Top(&ctx, req, &resp);
+      });
+      timed(&flame_ms, [&] {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(deadline());
+        strata::v1::FlameGraphRequest req;
+        *req.mutable_filter() = filter;
+        req.set_format(strata::v1::FlameGraphRequest::SVG);
+        strata::v1::FlameGraphResponse resp;
+        return query->FlameGraph(&ctx, req, &resp);
+      });
     }
   });
 
@@ -231,7 +256,7 @@ int Run(int argc, char** argv) {
     if (got < sent) lost += sent - got;
     if (got > sent) extra += got - sent;
   }
-  std::sort(query_ms.begin(), query_ms.end());
+  for (auto* v : {&query_ms, &top_ms, &flame_ms}) std::sort(v->begin(), v->end());
   const double span_s = absl::ToDoubleSeconds(elapsed);
   const double cpu_s = after.cpu_s - before.cpu_s;
   const bool exact = lost == 0 && extra == 0;
@@ -243,7 +268,8 @@ int Run(int argc, char** argv) {
         "\"lost\":%lu,\"extra\":%lu,\"rejected\":%lu,\"unacknowledged\":%lu,\"samples_per_s\":%.0f,"
         "\"contexts_per_s\":%.0f,\"batches_per_s\":%.1f,\"ack_p50_ms\":%.1f,\"ack_p99_ms\":%.1f,"
         "\"ack_max_ms\":%.1f,\"connects\":%lu,\"reconnects\":%lu,\"refusals\":%lu,"
-        "\"hot_paths_p50_ms\":%.1f,\"hot_paths_p99_ms\":%.1f,\"server_cpu_pct\":%.1f,"
+        "\"hot_paths_p50_ms\":%.1f,\"hot_paths_p99_ms\":%.1f,\"top_p99_ms\":%.1f,"
+        "\"flamegraph_p99_ms\":%.1f,\"server_cpu_pct\":%.1f,"
         "\"server_cpu_ms_per_million_samples\":%.1f,\"server_rss_mib\":%.1f,"
         "\"server_peak_rss_mib\":%.1f,\"server_threads\":%d,\"ok\":%s}\n",
         fleet.agents, absl::ToDoubleSeconds(fleet.duration), r.batches_delivered, r.samples_delivered,
@@ -253,7 +279,7 @@ int Run(int argc, char** argv) {
         Percentile(r.ack_latency_ms, 0.5), Percentile(r.ack_latency_ms, 0.99),
         r.ack_latency_ms.empty() ? 0.0 : r.ack_latency_ms.back(), r.connects, r.reconnects,
         r.refusals, Percentile(query_ms, 0.5), Percentile(query_ms, 0.99),
-        100 * cpu_s / span_s, r.samples_delivered ? 1e9 * cpu_s / r.samples_delivered : 0.0,
+        Percentile(top_ms, 0.99), Percentile(flame_ms, 0.99), 100 * cpu_s / span_s, r.samples_delivered ? 1e9 * cpu_s / r.samples_delivered : 0.0,
         after.rss_mib, std::max(peak_rss, after.rss_mib), after.threads, ok ? "true" : "false");
   } else {
     std::printf("strata-loadgen: %u agents, %u services, %.0f s of sending (+%.0f s ramp-up "
@@ -274,9 +300,11 @@ int Run(int argc, char** argv) {
                 r.connects, r.reconnects, r.refusals, r.batches_rejected,
                 r.batches_unacknowledged);
     if (!query_ms.empty()) {
-      std::printf("  hot-paths of %s during the load: p50 %.1f ms, p99 %.1f ms (%zu queries)\n",
+      std::printf("  queries of %s (last hour) during the load, p50 / p99: hot-paths %.1f / %.1f "
+                  "ms, top %.1f / %.1f ms, flame graph %.1f / %.1f ms (%zu rounds)\n",
                   first_service.c_str(), Percentile(query_ms, 0.5), Percentile(query_ms, 0.99),
-                  query_ms.size());
+                  Percentile(top_ms, 0.5), Percentile(top_ms, 0.99), Percentile(flame_ms, 0.5),
+                  Percentile(flame_ms, 0.99), query_ms.size());
     }
     if (server_pid > 0) {
       std::printf("  server      %.1f %% of one core, %.0f CPU ms per million samples, RSS %.0f "
