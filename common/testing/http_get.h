@@ -15,6 +15,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "gtest/gtest.h"
+
 namespace strata::testing {
 
 // GET `target` from 127.0.0.1:`port`: (status, body), or (0, error) when the connection
@@ -51,11 +53,23 @@ inline std::unique_ptr<boost::asio::ip::tcp::socket> ConnectLocal(boost::asio::i
   return s;
 }
 
+// ConnectLocal and SendAll for tests: a failure is a test failure.
+inline std::unique_ptr<boost::asio::ip::tcp::socket> Connect(boost::asio::io_context& io,
+                                                             int port) {
+  auto s = ConnectLocal(io, port);
+  EXPECT_TRUE(s->is_open()) << "cannot connect to 127.0.0.1:" << port;
+  return s;
+}
+
 // Writes all of `bytes`; false on error.
 inline bool SendAll(boost::asio::ip::tcp::socket& s, const std::string& bytes) {
   boost::system::error_code ec;
   boost::asio::write(s, boost::asio::buffer(bytes), ec);
   return !ec;
+}
+
+inline void Send(boost::asio::ip::tcp::socket& s, const std::string& bytes) {
+  EXPECT_TRUE(SendAll(s, bytes));
 }
 
 // Raises the soft open-file limit to the hard one; true if `wanted` files are allowed.

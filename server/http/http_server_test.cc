@@ -31,18 +31,11 @@ namespace http = beast::http;
 using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using strata::testing::Connect;
 using strata::testing::Local;
 using strata::testing::RaiseFileLimit;
+using strata::testing::Send;
 using strata::testing::WaitFor;
-
-std::unique_ptr<tcp::socket> Connect(asio::io_context& io, int port) {
-  auto s = strata::testing::ConnectLocal(io, port);
-  EXPECT_TRUE(s->is_open());
-  return s;
-}
-void Send(tcp::socket& s, const std::string& bytes) {
-  EXPECT_TRUE(strata::testing::SendAll(s, bytes));
-}
 
 double MsSince(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();

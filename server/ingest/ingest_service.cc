@@ -297,7 +297,6 @@ class IngestService::Stream final
 
 absl::Status IngestService::Stream::Handle(const v1::AgentMessage& message) {
   if (session_ == nullptr) return HandleHello(message);
-  IngestMetrics* metrics = service_->metrics_;
   switch (message.kind_case()) {
     case v1::AgentMessage::kGraphDelta: {
       absl::Status st = session_->ApplyGraphDelta(message.graph_delta());
@@ -340,7 +339,6 @@ absl::Status IngestService::Stream::Handle(const v1::AgentMessage& message) {
       return absl::OkStatus();
     case v1::AgentMessage::kHello:
     default:
-      (void)metrics;
       Reject(absl::InvalidArgumentError("unexpected message on an established ingest stream"),
              0);
       return absl::OkStatus();

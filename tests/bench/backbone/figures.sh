@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Backbone figures on the demo workload, one scripted run:
 #  - samples per second received by the server (strata_ingest_samples_total over the run),
-#  - agent CPU % of one core at 99 Hz (/proc/PID/schedstat, ns) over the run,
+#  - agent CPU % of one core at 99 Hz (/proc/PID/task/*/schedstat summed, ns) over the run,
 #  - RocksDB bytes on disk per stored sample after the run (live estimate, and `du` of the
 #    data directory after a clean server shutdown).
 #
@@ -29,7 +29,8 @@ sleep 0.5
 agent=$!
 
 metric() { curl -s "http://127.0.0.1:$http_port/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
-cpu_ns() { awk '{print $1}' "/proc/$1/schedstat"; }
+# On-CPU ns of every thread of the process: /proc/PID/schedstat alone is the main thread.
+cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ns += $1} END {print ns + 0}'; }
 
 sleep 5  # let the agent attach and settle
 t0=$(date +%s.%N); a0=$(cpu_ns "$agent"); s0=$(metric strata_ingest_samples_total)

@@ -4,8 +4,8 @@
 # For each workload (a 2-thread CPU-bound demo_service; a 200-frame recursion, where unwinding
 # dominates) and each mode (off = every sample unwound fully, boundary, full), runs
 # strata-agent at HZ against it for DURATION seconds after a start-up grace period, and reads
-# the agent's on-CPU time from /proc/PID/schedstat (nanoseconds, first field: all threads of
-# the agent summed by the kernel) at the start and end of that window -- not /proc/PID/stat,
+# the agent's on-CPU time from /proc/PID/task/*/schedstat (nanoseconds, first field, summed
+# over all of the agent's threads) at the start and end of that window -- not /proc/PID/stat,
 # whose 10 ms ticks cannot separate the modes. Prints one table row per (workload, mode):
 # agent CPU as % of one core, agent CPU ns per sample, and the unwinding counters the agent
 # logs at exit (frames walked with rule lookups vs reused from the thread's previous sample).
@@ -43,7 +43,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-oncpu_ns() { awk '{print $1}' "/proc/$1/schedstat"; }
+# On-CPU ns of every thread of the process: /proc/PID/schedstat alone is the main thread.
+oncpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ns += $1} END {print ns + 0}'; }
 now_ns() { date +%s%N; }
 
 "$SERVER" --listen "127.0.0.1:$PORT" --http "" --data "$work/data" --log-level warn \
