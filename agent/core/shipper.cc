@@ -163,6 +163,13 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
   for (const auto& [k, v] : options_.labels) (*hello->mutable_labels())[k] = v;
   v1::ServerMessage welcome;
   if (!stream->Write(hello_message) || !stream->Read(&welcome) || !welcome.has_welcome()) {
+    // A server that refuses the stream may end it before the Hello is written; its error
+    // message is then still unread, and Finish would wait for ever for a status that gRPC
+    // delivers only after every message has been read.
+    v1::ServerMessage unread;
+    while (stream->Read(&unread)) {
+      if (!welcome.has_error() && unread.has_error()) welcome = std::move(unread);
+    }
     if (welcome.has_error() && welcome.error().retry_after_ms() > 0) {
       // Refused for now (the server holds its maximum of agents): come back later.
       absl::MutexLock lock(&mu_);

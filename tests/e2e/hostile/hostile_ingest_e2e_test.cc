@@ -146,8 +146,12 @@ class RawAgent {
     EXPECT_TRUE(Answer(&answer)) << "stream ended: " << Finish().error_message();
     return answer;
   }
+  // gRPC delivers the status only after every message has been read.
   grpc::Status Finish() {
     stream_->WritesDone();
+    v1::ServerMessage unread;
+    while (stream_->Read(&unread)) {
+    }
     return stream_->Finish();
   }
   const v1::Welcome& welcome() const { return welcome_; }
@@ -439,7 +443,8 @@ TEST_F(HostileIngestTest, AgentsOverTheLimitAreRefusedAndGetInLater) {
   ChildProcess agent({BinPath("strata-agent"), "--server", server_->address(), "--pid",
                       std::to_string(demo.pid()), "--interval", "1"},
                      dir_.path() + "/agent.log");
-  ASSERT_TRUE(agent.WaitForOutput("cannot connect", 60)) << agent.Output();
+  ASSERT_TRUE(agent.WaitForOutput("cannot connect", 60))
+      << agent.Output() << "\nserver:\n" << server_->process().Output();
   EXPECT_EQ(Total("demo"), 0u);
   // One leaves: the agent gets in after its backoff and ships what it had spooled.
   ASSERT_TRUE(first->Finish().ok());
