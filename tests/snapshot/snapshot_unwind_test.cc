@@ -365,9 +365,10 @@ TEST(SnapshotUnwindTest, SignalHandler) {
   // only a sample unwound through the signal frame has 43 frames or more; the main chain
   // alone has about 34.
   Tally t = Replay("signal_handler", path, 43);
-  // The handler's share depends on how much CPU the machine gives the workload against its
-  // wall-clock timer (about two thirds when idle): only require a clear presence.
-  EXPECT_GE(t.deep, std::max<size_t>(50, t.samples / 4))
+  // The handler holds at least 5/8 of the thread's CPU time (a CPU-time budget per 4 ms
+  // delivery; more under load): about 60 % of the samples are deep when idle, up to all of
+  // them on a loaded machine.
+  EXPECT_GE(t.deep, std::max<size_t>(50, t.samples / 3))
       << "too few samples unwound through the signal frame";
   EXPECT_EQ(t.boundary_stale, 0u);
   EXPECT_EQ(t.libdw_differ, 0u);

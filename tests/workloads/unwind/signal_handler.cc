@@ -1,12 +1,18 @@
 // Most of the time inside a signal handler: a periodic SIGALRM (ITIMER_REAL, every 4 ms)
-// whose handler burns CPU under a 10-frame handler chain for about two thirds of each period
-// (the rest lets the main chain be sampled too), interrupting a 30-frame
+// whose handler burns CPU under a 10-frame handler chain for 2.5 ms of the thread's CPU time
+// per delivery (the rest lets the main chain be sampled too), interrupting a 30-frame
 // main chain that burns CPU in short calls (so the interrupted pc lands anywhere: in the leaf,
 // in the chain's frames between calls, at function entries). Samples taken in the handler
 // unwind through __restore_rt's signal frame into the interrupted chain.
+//
+// The handler's budget is CPU time, not a count of iterations: a fixed amount of work would
+// give the handler a share that depends on the machine's speed. With CPU time the handler
+// holds at least 2.5 / 4 of the thread's CPU whatever the speed or load (a slower or busier
+// machine only coalesces more deliveries into back-to-back handler runs).
 //   unwind_workload_signal_handler [SECONDS]
 #include <signal.h>
 #include <sys/time.h>
+#include <time.h>
 
 #include "common.h"
 
@@ -16,15 +22,24 @@ constexpr int kHandlerDepth = 10;
 constexpr int kMainDepth = 30;
 
 __attribute__((noinline)) uint64_t HandlerChain(int depth, uint64_t x) {
-  uint64_t r = depth <= 1 ? workload::Burn(400000, x) : HandlerChain(depth - 1, x * 5 + 1);
+  uint64_t r = depth <= 1 ? workload::Burn(40000, x) : HandlerChain(depth - 1, x * 5 + 1);
   return r + static_cast<uint64_t>(depth);  // not a tail call
+}
+
+int64_t ThreadCpuNs() {
+  timespec ts;  // clock_gettime is async-signal-safe
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
 __attribute__((noinline)) void OnAlarm(int) {
   static uint64_t x = 7;
-  // Several leaf calls per delivery so the handler's own frames are sampled between them.
-  // The count sets the handler's share of the time (8 would leave no time to the main chain).
-  for (int i = 0; i < 3; ++i) x = HandlerChain(kHandlerDepth, x);
+  constexpr int64_t kBudgetNs = 2'500'000;
+  // Many short leaf calls per delivery, so the handler's own frames are sampled between them.
+  const int64_t start = ThreadCpuNs();
+  do {
+    x = HandlerChain(kHandlerDepth, x);
+  } while (ThreadCpuNs() - start < kBudgetNs);
 }
 
 __attribute__((noinline)) uint64_t MainChain(int depth, uint64_t x) {
