@@ -5,6 +5,7 @@
 //                [--frequency HZ] [--interval SECONDS] [--unwind-verify full|boundary|off]
 //                [--capture-cpu-budget PERCENT]
 //                [--inproc auto|on|off] [--inproc-dir DIR]
+//                [--spool-dir DIR] [--spool-max-bytes SIZE]
 #include <signal.h>
 #include <unistd.h>
 
@@ -21,6 +22,8 @@
 #include "agent/core/context_graph.h"
 #include "agent/core/profiler.h"
 #include "agent/core/shipper.h"
+#include "agent/spool/spool.h"
+#include "common/base/byte_size.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -29,6 +32,7 @@ std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop.store(true); }
 
 constexpr char kVersion[] = "0.1.0";
+constexpr char kDefaultSpoolDir[] = "/var/lib/strata-agent/spool";
 
 std::string Hostname() {
   char buf[256] = {};
@@ -48,6 +52,7 @@ int Run(int argc, char** argv) {
   std::string unwind_verify = "full";
   std::string inproc_mode = "auto", inproc_dir = "/dev/shm";
   double capture_cpu_budget_pct = 5;
+  std::string spool_dir = kDefaultSpoolDir, spool_max = "256MiB";
   app.add_option("--server", server, "strata-server address (host:port)")->capture_default_str();
   app.add_option("--pid", pids, "profile this process (repeatable)");
   app.add_option("--service", service_flags,
@@ -86,6 +91,14 @@ int Run(int argc, char** argv) {
   app.add_option("--inproc-dir", inproc_dir,
                  "directory of the in-process samplers' rings (their STRATA_INPROC_DIR)")
       ->capture_default_str();
+  app.add_option("--spool-dir", spool_dir,
+                 "directory of the durable spool: batches not yet acknowledged by the server, "
+                 "with the call graph they need, survive agent restarts, kill -9 and reboots "
+                 "and are resent under the same identity ('' or 'none': in memory only)")
+      ->capture_default_str();
+  app.add_option("--spool-max-bytes", spool_max,
+                 "disk the spool may use; past it the oldest batches are dropped (counted)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
 
@@ -110,11 +123,62 @@ int Run(int argc, char** argv) {
     options.service_rules.push_back(*rule);
   }
 
+  auto spool_max_bytes = strata::base::ParseByteSize(spool_max);
+  if (!spool_max_bytes.ok()) {
+    std::fprintf(stderr, "strata-agent: --spool-max-bytes: %s\n",
+                 std::string(spool_max_bytes.status().message()).c_str());
+    return 2;
+  }
+
+  // Who this agent is: the identity of an earlier run that left batches in the spool, or a
+  // new one (a new graph, sequence numbers from 1).
   std::random_device random;
-  const uint64_t graph_id = (uint64_t{random()} << 32) | random();
-  if (agent_id.empty()) agent_id = absl::StrFormat("%s-%08x", host, graph_id & 0xffffffff);
-  strata::agent::ContextGraph graph(graph_id);
-  auto profiler = strata::agent::Profiler::Create(options, &graph);
+  strata::agent::SpoolIdentity fresh;
+  fresh.graph_id = (uint64_t{random()} << 32) | random();
+  fresh.host = host;
+  fresh.agent_id = agent_id.empty()
+                       ? absl::StrFormat("%s-%08x", host, fresh.graph_id & 0xffffffff)
+                       : agent_id;
+  strata::agent::SpoolOptions spool_options;
+  spool_options.dir = spool_dir == "none" ? "" : spool_dir;
+  spool_options.max_bytes = *spool_max_bytes;
+  spool_options.segment_bytes = std::clamp<uint64_t>(*spool_max_bytes / 16, 64 << 10, 4 << 20);
+  spool_options.adopt = agent_id.empty();
+  std::unique_ptr<strata::agent::ContextGraph> graph;
+  auto restore = [&graph](const strata::agent::SpoolIdentity& resumed,
+                          const strata::v1::GraphDelta& delta) {
+    if (graph == nullptr) graph = std::make_unique<strata::agent::ContextGraph>(resumed.graph_id);
+    return graph->Restore(delta);
+  };
+  strata::agent::SpoolRecovery recovery;
+  auto spool = strata::agent::Spool::Open(spool_options, fresh, restore, &recovery);
+  if (!spool.ok() && spool_dir == kDefaultSpoolDir && !absl::IsFailedPrecondition(spool.status())) {
+    // Not running as the service (no access to the default place): keep the spool in memory.
+    spdlog::warn("spool: {}; batches are kept in memory only (give --spool-dir)",
+                 std::string(spool.status().message()));
+    graph.reset();
+    spool_options.dir.clear();
+    spool = strata::agent::Spool::Open(spool_options, fresh, restore, &recovery);
+  }
+  if (!spool.ok()) {
+    std::fprintf(stderr, "strata-agent: spool: %s\n", std::string(spool.status().message()).c_str());
+    return 1;
+  }
+  const strata::agent::SpoolIdentity& identity = recovery.identity;
+  if (graph == nullptr || !recovery.resumed) {
+    graph = std::make_unique<strata::agent::ContextGraph>(identity.graph_id);
+  }
+  agent_id = identity.agent_id;
+  if (recovery.resumed) {
+    spdlog::info("spool {}: resuming as agent {} (graph {:x}): {} batches ({} samples) to "
+                 "deliver, {} graph records", recovery.path, identity.agent_id,
+                 identity.graph_id, recovery.batches, recovery.samples, recovery.graph_records);
+  }
+  if (recovery.corrupt_records > 0 || recovery.orphaned_batches > 0) {
+    spdlog::warn("spool {}: skipped {} torn or corrupt records and {} batches whose graph was "
+                 "lost", recovery.path, recovery.corrupt_records, recovery.orphaned_batches);
+  }
+  auto profiler = strata::agent::Profiler::Create(options, graph.get());
   if (!profiler.ok()) {
     std::fprintf(stderr, "strata-agent: %s\n", profiler.status().ToString().c_str());
     return 1;
@@ -128,7 +192,7 @@ int Run(int argc, char** argv) {
   ship.version = kVersion;
   ship.token = token;
   ship.frequency_hz = frequency;
-  strata::agent::Shipper shipper(ship, &graph);
+  strata::agent::Shipper shipper(ship, graph.get(), spool->get());
   strata::agent::CaptureControllerOptions capture_options;
   capture_options.cpu_budget = capture_cpu_budget_pct / 100;
   strata::agent::CaptureController captures(
@@ -148,7 +212,7 @@ int Run(int argc, char** argv) {
   spdlog::info("strata-agent {} on {} ({}), shipping to {} every {} s at {} Hz", agent_id, host,
                ship.arch, server, interval_s, frequency);
   const absl::Duration interval = absl::Milliseconds(static_cast<int64_t>(interval_s * 1000));
-  uint64_t sequence = 0;
+  uint64_t sequence = recovery.last_sequence;  // a resumed incarnation numbers on
   absl::Time window_start = absl::Now();
   // Batches end on multiples of the interval, so agents' windows line up with each other.
   auto next_boundary = [&](absl::Time t) {
@@ -193,10 +257,23 @@ int Run(int argc, char** argv) {
     spdlog::info("in-process rings: {} stacks, {} targets", stats.inproc_stacks,
                  stats.inproc_targets);
   }
-  if (!shipper.Flush(absl::Seconds(5))) {
-    spdlog::warn("server did not acknowledge every batch before shutdown");
-  }
+  const bool flushed = shipper.Flush(absl::Seconds(5));
   shipper.Stop();
+  const strata::agent::ShipperStats shipped = shipper.stats();
+  if (shipped.spool.batches_dropped > 0) {
+    spdlog::warn("spool: dropped {} batches ({} samples) past --spool-max-bytes",
+                 shipped.spool.batches_dropped, shipped.spool.samples_dropped);
+  }
+  if (!flushed) {
+    if ((*spool)->path().empty()) {
+      spdlog::warn("server did not acknowledge every batch before shutdown: {} batches lost "
+                   "(the spool is in memory)", shipped.spool.batches);
+    } else {
+      spdlog::warn("server did not acknowledge every batch before shutdown: {} batches stay in "
+                   "the spool {} and go out when the agent starts again",
+                   shipped.spool.batches, (*spool)->path());
+    }
+  }
   return 0;
 }
 

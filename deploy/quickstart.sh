@@ -50,7 +50,7 @@ STRATA_SERVICE=demo nohup "$bin/demo_service" >"$run/demo.log" 2>&1 &
 echo $! >"$run/demo.pid"
 sleep 0.5
 nohup "$bin/strata-agent" --server "127.0.0.1:$port" --pid "$(cat "$run/demo.pid")" \
-  --interval 5 >"$run/agent.log" 2>&1 &
+  --interval 5 --spool-dir "$run/spool" >"$run/agent.log" 2>&1 &
 echo $! >"$run/agent.pid"
 
 echo "== profiling for $wait_s s"

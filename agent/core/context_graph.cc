@@ -1,5 +1,7 @@
 #include "agent/core/context_graph.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace strata::agent {
 
 encoding::NodeId ContextGraph::NodeFor(const FunctionRecord& function) {
@@ -49,6 +51,35 @@ absl::Status ContextGraph::ExtendPath(std::span<const encoding::PathFrame> outer
       return id.status();
     }
     (*edges)[i] = *id;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ContextGraph::Restore(const v1::GraphDelta& delta) {
+  absl::MutexLock lock(&mu_);
+  if (delta.nodes_size() > 0 && delta.first_node() != graph_.num_nodes()) {
+    return absl::DataLossError(absl::StrCat("graph delta starts at node ", delta.first_node(),
+                                            ", the graph has ", graph_.num_nodes()));
+  }
+  if (delta.edges_size() > 0 && delta.first_edge() != graph_.num_edges()) {
+    return absl::DataLossError(absl::StrCat("graph delta starts at edge ", delta.first_edge(),
+                                            ", the graph has ", graph_.num_edges()));
+  }
+  for (const v1::FunctionNode& n : delta.nodes()) {
+    FunctionRecord f{n.name(), n.module(), n.build_id(), n.start_offset()};
+    std::pair<std::string, uint64_t> key(f.build_id.empty() ? f.module : f.build_id,
+                                         f.start_offset);
+    if (n.id() != graph_.num_nodes() || nodes_.contains(key)) {
+      return absl::DataLossError(absl::StrCat("graph delta node ", n.id(), " out of order"));
+    }
+    nodes_.emplace(std::move(key), graph_.AddNode());
+    functions_.push_back(std::move(f));
+  }
+  for (const v1::CallEdge& e : delta.edges()) {
+    const uint64_t expected = graph_.num_edges();
+    auto id = graph_.AddEdge({e.caller(), e.call_site(), e.callee()});
+    if (!id.ok()) return id.status();
+    if (*id != expected) return absl::DataLossError("graph delta repeats an edge");
   }
   return absl::OkStatus();
 }

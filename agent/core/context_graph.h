@@ -49,6 +49,11 @@ class ContextGraph {
   // allocation per sample). On error *edges is shortened to the valid prefix.
   absl::Status ExtendPath(std::span<const encoding::PathFrame> outer_to_leaf, bool truncated,
                           size_t known, std::vector<encoding::EdgeId>* edges);
+  // Appends a delta this graph produced earlier (DeltaFrom, kept in the agent's spool): a
+  // restarted agent resumes its graph. Errors when the delta does not continue the graph
+  // exactly where it ends (nodes and edges in order, no duplicate) or names unknown nodes;
+  // the graph is then unchanged by the part that failed.
+  absl::Status Restore(const v1::GraphDelta& delta);
   // Numbering of the current epoch (recomputed only when edges were added since).
   absl::StatusOr<std::shared_ptr<const encoding::Numbering>> CurrentNumbering();
 

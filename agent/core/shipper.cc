@@ -7,9 +7,18 @@
 #include "spdlog/spdlog.h"
 
 namespace strata::agent {
+namespace {
 
-Shipper::Shipper(ShipperOptions options, ContextGraph* graph)
-    : options_(std::move(options)), graph_(graph) {}
+constexpr size_t kMaxBytesPerRound = 4 << 20;
+
+}  // namespace
+
+Shipper::Shipper(ShipperOptions options, ContextGraph* graph, Spool* spool)
+    : options_(std::move(options)),
+      graph_(graph),
+      spool_(spool),
+      spooled_nodes_(graph->num_nodes()),
+      spooled_edges_(graph->num_edges()) {}
 
 Shipper::~Shipper() { Stop(); }
 
@@ -22,11 +31,32 @@ void Shipper::Start() { thread_ = std::thread([this] { Run(); }); }
 
 void Shipper::Enqueue(v1::SampleBatch batch) {
   absl::MutexLock lock(&mu_);
-  spool_.push_back({std::move(batch), false});
-  while (spool_.size() > options_.max_spool_batches) {
-    spool_.pop_front();
-    ++stats_.batches_dropped;
+  // The graph first: a batch in the spool must be decodable after a restart.
+  absl::Status st;
+  while (st.ok() && (spooled_edges_ < batch.epoch() || spooled_nodes_ < graph_->num_nodes())) {
+    v1::GraphDelta d = graph_->DeltaFrom(spooled_nodes_, spooled_edges_);
+    if (d.nodes_size() == 0 && d.edges_size() == 0) break;
+    st = spool_->AppendGraph(d);
+    if (st.ok()) {
+      spooled_nodes_ = d.first_node() + d.nodes_size();
+      spooled_edges_ = d.first_edge() + d.edges_size();
+    }
   }
+  // Kept in memory when the disk refuses it. (Written after a graph that failed, it is
+  // dropped at a restart as undecodable, and counted there.)
+  absl::Status appended = spool_->Append(batch);
+  if (st.ok()) st = appended;
+  if (!st.ok() && stats_.spool_errors++ % 60 == 0) {  // a full disk would log every batch
+    spdlog::warn("spool {}: {} (batch {} kept in memory; {} such errors)", spool_->path(),
+                 std::string(st.message()), batch.sequence(), stats_.spool_errors);
+  }
+  const uint64_t dropped = spool_->stats().batches_dropped;
+  if (dropped > stats_.spool.batches_dropped) {
+    spdlog::warn("spool {} full: dropped the oldest batches ({} in all, {} samples)",
+                 spool_->path().empty() ? "in memory" : spool_->path(), dropped,
+                 spool_->stats().samples_dropped);
+  }
+  stats_.spool = spool_->stats();
 }
 
 void Shipper::SendStatus(v1::CaptureStatus status) {
@@ -50,7 +80,7 @@ void Shipper::SetTargets(std::vector<v1::Target> targets) {
 
 bool Shipper::Flush(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return spool_.empty(); };
+  auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return spool_->empty(); };
   return mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
 }
 
@@ -101,10 +131,9 @@ void Shipper::Run() {
 void Shipper::HandleServerMessage(const v1::ServerMessage& m) {
   switch (m.kind_case()) {
     case v1::ServerMessage::kAck: {
-      while (!spool_.empty() && spool_.front().batch.sequence() <= m.ack().sequence()) {
-        spool_.pop_front();
-        ++stats_.batches_acked;
-      }
+      const size_t before = spool_->size();
+      spool_->AckThrough(m.ack().sequence());
+      stats_.batches_acked += before - spool_->size();
       break;
     }
     case v1::ServerMessage::kResync:
@@ -128,16 +157,13 @@ void Shipper::HandleServerMessage(const v1::ServerMessage& m) {
       // FailedPrecondition: the batch referenced graph the server lacked (Resync came with
       // it), or waits for such a batch; ResourceExhausted: the server is short of memory.
       // Both are resent. Anything else is permanent: drop the batch.
-      for (auto it = spool_.begin(); it != spool_.end(); ++it) {
-        if (e.sequence() == 0 || it->batch.sequence() != e.sequence()) continue;
-        if (retryable) {
-          it->sent = false;
-        } else {
-          spdlog::error("server rejected batch {}: {}", e.sequence(), e.message());
-          spool_.erase(it);
-          ++stats_.batches_rejected;
-        }
-        break;
+      if (e.sequence() != 0 && retryable) {
+        next_send_ = std::min(next_send_, e.sequence());
+      } else if (e.sequence() != 0) {
+        spdlog::error("server rejected batch {}: {}", e.sequence(), e.message());
+        const size_t before = spool_->size();
+        spool_->Remove(e.sequence());
+        stats_.batches_rejected += before - spool_->size();
       }
       if (e.sequence() == 0) spdlog::error("server reported: {}", e.message());
       break;
@@ -188,12 +214,10 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
     sent_nodes_ = welcome.welcome().known_nodes();
     sent_edges_ = welcome.welcome().known_edges();
     // Batches the server applied before a lost Ack are done; the rest go (again).
-    while (!spool_.empty() &&
-           spool_.front().batch.sequence() <= welcome.welcome().last_applied_sequence()) {
-      spool_.pop_front();
-      ++stats_.batches_acked;
-    }
-    for (auto& s : spool_) s.sent = false;
+    const size_t before = spool_->size();
+    spool_->AckThrough(welcome.welcome().last_applied_sequence());
+    stats_.batches_acked += before - spool_->size();
+    next_send_ = 0;
     targets_sent_ = false;
   }
   spdlog::info("connected to strata-server at {} (server has {} nodes, {} edges)",
@@ -218,10 +242,7 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
       auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         if (stopping_ || stream_broken_ || !inbox_.empty() || !statuses_.empty()) return true;
         if (!targets_sent_ && !targets_.empty()) return true;
-        for (const auto& s : spool_) {
-          if (!s.sent) return true;
-        }
-        return false;
+        return !spool_->empty() && spool_->entry(spool_->size() - 1).sequence >= next_send_;
       };
       mu_.AwaitWithTimeout(absl::Condition(&work), absl::Seconds(1));
       while (!inbox_.empty()) {
@@ -246,10 +267,22 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
         statuses_.pop_front();
         out.push_back(std::move(m));
       }
-      for (auto& s : spool_) {
-        if (s.sent) continue;
+      // A bounded part of the spool per round: after a long outage it is far larger than
+      // the agent's memory should be.
+      size_t out_bytes = 0;
+      for (size_t i = 0; i < spool_->size() && out_bytes < kMaxBytesPerRound; ++i) {
+        const Spool::Entry& entry = spool_->entry(i);
+        if (entry.sequence < next_send_) continue;
+        auto batch = spool_->Read(i);
+        if (!batch.ok()) {
+          // Unreadable (the disk changed under us): it can never be sent.
+          spdlog::error("spool: batch {} lost: {}", entry.sequence, batch.status().ToString());
+          spool_->Remove(entry.sequence);
+          --i;
+          continue;
+        }
         // The graph the batch needs, in messages of bounded size.
-        while (sent_edges_ < s.batch.epoch() || sent_nodes_ < graph_->num_nodes()) {
+        while (sent_edges_ < batch->epoch() || sent_nodes_ < graph_->num_nodes()) {
           v1::AgentMessage delta;
           *delta.mutable_graph_delta() = graph_->DeltaFrom(sent_nodes_, sent_edges_);
           const v1::GraphDelta& d = delta.graph_delta();
@@ -258,10 +291,11 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
           if (d.nodes_size() == 0 && d.edges_size() == 0) break;
           out.push_back(std::move(delta));
         }
-        v1::AgentMessage batch;
-        *batch.mutable_sample_batch() = s.batch;
-        out.push_back(std::move(batch));
-        s.sent = true;
+        v1::AgentMessage m;
+        *m.mutable_sample_batch() = std::move(*batch);
+        out_bytes += m.ByteSizeLong();
+        out.push_back(std::move(m));
+        next_send_ = entry.sequence + 1;
       }
     }
     if (out.empty() && absl::Now() - last_write > options_.heartbeat) {

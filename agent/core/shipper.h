@@ -1,17 +1,18 @@
 // Ships the agent's batches to strata-server over one bidirectional gRPC stream
-// (proto/strata/v1/ingest.proto), with reconnection and a bounded spool.
+// (proto/strata/v1/ingest.proto), with reconnection, from the agent's spool.
 //
-// Every batch stays in the spool until the server acknowledges its sequence number, so
-// batches survive server restarts and network loss (up to `max_spool_batches`; the oldest
-// are dropped beyond that, and counted). Batches go out in sequence order; after a refusal
-// the server can recover from (FAILED_PRECONDITION, RESOURCE_EXHAUSTED) they are resent in
-// order. Reconnects back off exponentially with jitter, at least as long as the server asks. Before a batch goes out, the graph nodes and edges
-// it is encoded against are sent; after a reconnect the server's Welcome says which part of
-// the graph it already has. Server control messages (captures, rates) are passed to the
+// Every batch goes to the spool (agent/spool: on disk, with the graph it needs, before it is
+// sent) and stays there until the server acknowledges its sequence number, so batches survive
+// server restarts, network loss and agent restarts. Batches go out in sequence order; after a
+// refusal the server can recover from (FAILED_PRECONDITION, RESOURCE_EXHAUSTED) they are
+// resent in order. Reconnects back off exponentially with jitter, at least as long as the
+// server asks. Before a batch goes out, the graph nodes and edges it is encoded against are
+// sent; after a reconnect the server's Welcome says which part of the graph it already has
+// and which batches it applied. Server control messages (captures, rates) are passed to the
 // control handler on the shipper's reader thread.
 //
 // Thread model: Enqueue/Flush/Stop from any thread; one internal thread writes to the stream
-// and one reads from it.
+// and one reads from it. The shipper owns the spool's use; the caller keeps it alive.
 #ifndef STRATA_AGENT_CORE_SHIPPER_H_
 #define STRATA_AGENT_CORE_SHIPPER_H_
 
@@ -27,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/core/context_graph.h"
+#include "agent/spool/spool.h"
 #include "strata/v1/ingest.grpc.pb.h"
 
 namespace strata::agent {
@@ -40,7 +42,6 @@ struct ShipperOptions {
   std::string token;
   uint32_t frequency_hz = 99;
   std::map<std::string, std::string> labels;
-  size_t max_spool_batches = 360;  // one hour of 10 s batches
   absl::Duration heartbeat = absl::Seconds(10);
   absl::Duration max_backoff = absl::Seconds(30);
 };
@@ -49,21 +50,23 @@ struct ShipperStats {
   uint64_t connects = 0;
   uint64_t batches_acked = 0;
   uint64_t batches_rejected = 0;
-  uint64_t batches_dropped = 0;  // spool overflow
   uint64_t bytes_sent = 0;
+  uint64_t spool_errors = 0;  // batches or graph the spool could not write (kept in memory)
   bool connected = false;
+  SpoolStats spool;
 };
 
 class Shipper {
  public:
   using ControlHandler = std::function<void(const v1::ServerMessage&)>;
 
-  Shipper(ShipperOptions options, ContextGraph* graph);
+  Shipper(ShipperOptions options, ContextGraph* graph, Spool* spool);
   ~Shipper();
 
   void SetControlHandler(ControlHandler handler);
   void Start();
-  // Queues a batch (its sequence number must be above every earlier one).
+  // Spools a batch (its sequence number must be above every earlier one) after the graph it
+  // is encoded against, then queues it for sending.
   void Enqueue(v1::SampleBatch batch);
   // Sends a capture status update (not spooled: progress is only useful live).
   void SendStatus(v1::CaptureStatus status);
@@ -76,10 +79,6 @@ class Shipper {
   ShipperStats stats() const;
 
  private:
-  struct Spooled {
-    v1::SampleBatch batch;
-    bool sent = false;
-  };
   void Run();
   // One connection's lifetime; returns when the stream breaks or Stop() is called.
   void Session(v1::Ingest::Stub* stub);
@@ -90,7 +89,12 @@ class Shipper {
   std::thread thread_;
 
   mutable absl::Mutex mu_;
-  std::deque<Spooled> spool_ ABSL_GUARDED_BY(mu_);
+  Spool* const spool_ ABSL_GUARDED_BY(mu_);
+  // Batches from this sequence number on have not been written to the current stream.
+  uint64_t next_send_ ABSL_GUARDED_BY(mu_) = 0;
+  // How much of the graph the spool holds.
+  uint32_t spooled_nodes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t spooled_edges_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<v1::CaptureStatus> statuses_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::Target> targets_ ABSL_GUARDED_BY(mu_);
   bool targets_sent_ ABSL_GUARDED_BY(mu_) = false;

@@ -32,7 +32,8 @@ TEST_F(BackboneTest, DemoHotPathsSurviveRestart) {
   ChildProcess demo({BinPath("demo_service")}, dir_.File("demo.log"), {{"STRATA_SERVICE", "demo"}});
   ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
   ChildProcess agent({BinPath("strata-agent"), "--server", server->address(), "--pid",
-                      std::to_string(demo.pid()), "--interval", "2"},
+                      std::to_string(demo.pid()), "--interval", "2", "--spool-dir",
+                      dir_.File("spool")},
                      dir_.File("agent.log"));
   std::this_thread::sleep_for(std::chrono::seconds(15));
   ASSERT_TRUE(agent.running()) << agent.Output();

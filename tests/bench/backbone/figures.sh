@@ -25,6 +25,7 @@ STRATA_SERVICE=demo "$bin/demo_service" >"$work/demo.log" 2>&1 &
 demo=$!
 sleep 0.5
 "$bin/strata-agent" --server "127.0.0.1:$port" --pid "$demo" --frequency 99 \
+  --spool-dir "$work/spool" \
   >"$work/agent.log" 2>&1 &
 agent=$!
 

@@ -67,6 +67,7 @@ for wl in $WORKLOADS; do
   for mode in "${modes[@]}"; do
     log="$work/agent-$wl-$mode.log"
     "$AGENT" --server "127.0.0.1:$PORT" --pid "$workload" --frequency "$HZ" --interval 5 \
+      --spool-dir "$work/spool" \
       --unwind-verify "$mode" --log-level info > "$log" 2>&1 &
     agent=$!
     s0=$(now_ns)

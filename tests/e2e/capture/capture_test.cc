@@ -48,7 +48,8 @@ class CaptureTest : public ::testing::Test {
     ASSERT_TRUE(demo_->WaitForOutput("ready", 30)) << demo_->Output();
     std::vector<std::string> argv = {BinPath("strata-agent"), "--server", server_->address(),
                                      "--pid", std::to_string(demo_->pid()), "--interval", "1",
-                                     "--frequency", "99", "--host", "capture-host"};
+                                     "--frequency", "99", "--host", "capture-host",
+                                     "--spool-dir", dir_.File("spool")};
     argv.insert(argv.end(), agent_flags.begin(), agent_flags.end());
     agent_ = std::make_unique<ChildProcess>(argv, dir_.File("agent.log"));
     ASSERT_TRUE(WaitForTarget(20)) << agent_->Output();

@@ -96,7 +96,8 @@ TEST_P(EncodingRestartTest, AgentSurvivesServerKillsWithoutLossOrDoubleCounting)
   ChildProcess demo({BinPath("demo_service")}, dir_.File("demo.log"), {{"STRATA_SERVICE", "demo"}});
   ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
   ChildProcess agent({BinPath("strata-agent"), "--server", address, "--pid",
-                      std::to_string(demo.pid()), "--interval", "1"},
+                      std::to_string(demo.pid()), "--interval", "1", "--spool-dir",
+                      dir_.File("spool")},
                      dir_.File("agent.log"));
   ASSERT_TRUE(WaitForConnects(agent, 1, 30)) << agent.Output();
   std::this_thread::sleep_for(std::chrono::seconds(5));

@@ -399,7 +399,7 @@ TEST_F(HostileIngestTest, RealAgentRestartedWithTheSameIdLosesNothing) {
     const uint64_t before = Total("demo");
     ChildProcess agent({BinPath("strata-agent"), "--server", server_->address(), "--pid",
                         std::to_string(demo.pid()), "--interval", "1", "--agent-id",
-                        "same-id"},
+                        "same-id", "--spool-dir", dir_.path() + "/spool"},
                        dir_.path() + "/agent" + std::to_string(run) + ".log");
     // Wait for this run's samples to arrive, by condition (a loaded machine may be slow).
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -441,7 +441,8 @@ TEST_F(HostileIngestTest, AgentsOverTheLimitAreRefusedAndGetInLater) {
                     {{"STRATA_SERVICE", "demo"}});
   ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
   ChildProcess agent({BinPath("strata-agent"), "--server", server_->address(), "--pid",
-                      std::to_string(demo.pid()), "--interval", "1"},
+                      std::to_string(demo.pid()), "--interval", "1", "--spool-dir",
+                      dir_.path() + "/spool"},
                      dir_.path() + "/agent.log");
   ASSERT_TRUE(agent.WaitForOutput("cannot connect", 60))
       << agent.Output() << "\nserver:\n" << server_->process().Output();

@@ -26,7 +26,8 @@ TEST(PhasesTest, HotPathSwitchIsReported) {
                     {{"STRATA_SERVICE", "phased"}});
   ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
   ChildProcess agent({BinPath("strata-agent"), "--server", server.address(), "--pid",
-                      std::to_string(demo.pid()), "--interval", "1"},
+                      std::to_string(demo.pid()), "--interval", "1", "--spool-dir",
+                      dir.File("spool")},
                      dir.File("agent.log"));
   // The server ranks a window's hot contexts when the window closes, against the two windows
   // before it: the switch (12 s in) is seen once the window after it closed, at the latest
@@ -73,7 +74,8 @@ TEST(PhasesTest, SteadyWorkloadReportsNoPhaseChange) {
                     {{"STRATA_SERVICE", "steady"}});
   ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
   ChildProcess agent({BinPath("strata-agent"), "--server", server.address(), "--pid",
-                      std::to_string(demo.pid()), "--interval", "1"},
+                      std::to_string(demo.pid()), "--interval", "1", "--spool-dir",
+                      dir.File("spool")},
                      dir.File("agent.log"));
   std::this_thread::sleep_for(std::chrono::seconds(24));
   EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();

@@ -61,6 +61,7 @@ pids+=($wpid)
 wait_for 30 test -e "$tmp/rings/strata-inproc-$wpid" || fail "workload created no ring"
 
 "$emu" "$agent" --server "127.0.0.1:$port" --pid "$wpid" --inproc on --inproc-dir "$tmp/rings" \
+  --spool-dir "$tmp/spool" \
   --interval 1 >"$tmp/agent.log" 2>&1 &
 pids+=($!)
 

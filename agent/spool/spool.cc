@@ -1,0 +1,679 @@
+#include "agent/spool/spool.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/base/crc32c.h"
+#include "common/encoding/packed_contexts.h"
+
+namespace strata::agent {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kMagic[8] = {'S', 'T', 'R', 'S', 'P', 'L', '1', '\n'};
+constexpr size_t kRecordHeader = 9;  // u32 length, u32 crc32c, u8 type
+constexpr uint32_t kMaxRecordBytes = 64u << 20;
+constexpr char kGraphFile[] = "graph.log";
+constexpr char kLockFile[] = "LOCK";
+constexpr char kAckedFile[] = "acked";
+constexpr char kSegmentPrefix[] = "batches-";
+constexpr char kSegmentSuffix[] = ".log";
+
+enum RecordType : uint8_t { kHelloRecord = 1, kGraphRecord = 2, kBatchRecord = 3 };
+
+absl::Status ErrnoError(const std::string& what, const std::string& path, int error) {
+  std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(error));
+  if (error == ENOSPC || error == EDQUOT) return absl::ResourceExhaustedError(message);
+  return absl::InternalError(message);
+}
+
+void PutU32(uint32_t v, char* out) {
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<char>(v >> (8 * i));
+}
+uint32_t GetU32(const char* in) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<unsigned char>(in[i])} << (8 * i);
+  return v;
+}
+
+// The checksum covers the type byte and the payload.
+uint32_t RecordCrc(uint8_t type, std::string_view payload) {
+  const char t = static_cast<char>(type);
+  return base::Crc32c(payload, base::Crc32c(std::string_view(&t, 1)));
+}
+
+std::string FrameRecord(uint8_t type, std::string_view payload) {
+  std::string out(kRecordHeader, '\0');
+  PutU32(static_cast<uint32_t>(payload.size()), out.data());
+  PutU32(RecordCrc(type, payload), out.data() + 4);
+  out[8] = static_cast<char>(type);
+  out.append(payload);
+  return out;
+}
+
+struct Record {
+  uint8_t type = 0;
+  uint64_t offset = 0;  // of the record's header in the file
+  std::string_view payload;
+};
+
+// The whole records of a file's contents; `*corrupt` counts a torn or failing tail (the
+// rest of the file after it is not trusted); `*good_end` is where the last whole record ends.
+std::vector<Record> ParseRecords(std::string_view data, uint64_t* corrupt, uint64_t* good_end) {
+  std::vector<Record> records;
+  *good_end = 0;
+  if (data.size() < sizeof kMagic || std::memcmp(data.data(), kMagic, sizeof kMagic) != 0) {
+    if (!data.empty()) ++*corrupt;
+    return records;
+  }
+  uint64_t pos = sizeof kMagic;
+  *good_end = pos;
+  while (pos < data.size()) {
+    if (data.size() - pos < kRecordHeader) {
+      ++*corrupt;
+      break;
+    }
+    const uint32_t length = GetU32(data.data() + pos);
+    const uint32_t crc = GetU32(data.data() + pos + 4);
+    const uint8_t type = static_cast<uint8_t>(data[pos + 8]);
+    if (length > kMaxRecordBytes || data.size() - pos - kRecordHeader < length) {
+      ++*corrupt;
+      break;
+    }
+    const std::string_view payload = data.substr(pos + kRecordHeader, length);
+    if (RecordCrc(type, payload) != crc) {
+      ++*corrupt;
+      break;
+    }
+    records.push_back({type, pos, payload});
+    pos += kRecordHeader + length;
+    *good_end = pos;
+  }
+  return records;
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("cannot open", path, errno);
+  std::string data;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      close(fd);
+      return ErrnoError("cannot read", path, error);
+    }
+    if (n == 0) break;
+    data.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return data;
+}
+
+absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
+  while (!data.empty()) {
+    const ssize_t n = write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError("cannot write", path, errno);
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+// Appends whole records and makes them durable; on failure the file is cut back to
+// `size`, so no torn record stays behind a good one.
+absl::Status AppendDurably(int fd, uint64_t size, std::string_view data, const std::string& path) {
+  absl::Status st = WriteAll(fd, data, path);
+  if (st.ok() && fdatasync(fd) != 0) st = ErrnoError("cannot sync", path, errno);
+  if (!st.ok()) (void)ftruncate(fd, static_cast<off_t>(size));
+  return st;
+}
+
+void SyncDirectory(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)fsync(fd);
+  close(fd);
+}
+
+// A file name for an agent ID: [A-Za-z0-9._-] as is (no leading dot), the rest as %XX.
+std::string DirectoryName(std::string_view agent_id) {
+  std::string out;
+  for (size_t i = 0; i < agent_id.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(agent_id[i]);
+    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                       (c >= '0' && c <= '9') || c == '_' || c == '-' || (c == '.' && i > 0);
+    if (plain) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += absl::StrFormat("%%%02X", c);
+    }
+  }
+  return out.empty() ? "%" : out;
+}
+
+// For the operator's accounting only (what was recovered, what was dropped).
+uint64_t SamplesOf(const v1::SampleBatch& batch) {
+  uint64_t samples = 0;
+  for (const auto& c : batch.contexts()) samples += c.count();
+  if (!batch.packed_contexts().empty()) {
+    auto records = encoding::DecodePackedContexts(batch.packed_contexts());
+    if (records.ok()) {
+      for (const auto& r : *records) samples += r.count;
+    }
+  }
+  return samples;
+}
+
+// Locks `dir`/LOCK; -1 with `*held` set when another process holds it.
+absl::StatusOr<int> LockDirectory(const std::string& dir, bool* held) {
+  *held = false;
+  const std::string path = dir + "/" + kLockFile;
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoError("cannot open", path, errno);
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    close(fd);
+    if (error == EWOULDBLOCK) {
+      *held = true;
+      return -1;
+    }
+    return ErrnoError("cannot lock", path, error);
+  }
+  return fd;
+}
+
+}  // namespace
+
+struct Spool::Segment {
+  uint64_t first_sequence = 0;
+  std::string path;
+  int fd = -1;          // read-write for the segment taking appends, else read-only
+  uint64_t bytes = 0;
+  size_t live = 0;      // entries still in the spool
+};
+
+Spool::Spool(SpoolOptions options, std::string path, int lock_fd)
+    : options_(std::move(options)), path_(std::move(path)), lock_fd_(lock_fd) {}
+
+Spool::~Spool() {
+  for (auto& s : segments_) {
+    if (s->fd >= 0) close(s->fd);
+  }
+  if (graph_fd_ >= 0) close(graph_fd_);
+  if (acked_fd_ >= 0) close(acked_fd_);
+  if (lock_fd_ >= 0) close(lock_fd_);
+}
+
+absl::StatusOr<std::unique_ptr<Spool>> Spool::Open(const SpoolOptions& options,
+                                                   const SpoolIdentity& fresh,
+                                                   const GraphRestorer& restore,
+                                                   SpoolRecovery* recovery) {
+  *recovery = SpoolRecovery();
+  recovery->identity = fresh;
+  if (options.dir.empty()) return std::unique_ptr<Spool>(new Spool(options, "", -1));
+  // Generated identities live apart from given ones: only they may be adopted.
+  const std::string parent = options.dir + (options.adopt ? "/generated" : "/given");
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", parent, ": ", ec.message()));
+  if (::access(parent.c_str(), W_OK) != 0) return ErrnoError("cannot write to", parent, errno);
+
+  if (options.adopt) {
+    // An earlier agent without a given ID that left batches behind: resume as it.
+    std::vector<std::string> candidates;
+    for (const auto& e : fs::directory_iterator(parent, ec)) {
+      if (e.is_directory(ec)) candidates.push_back(e.path().string());
+    }
+    std::sort(candidates.begin(), candidates.end());
+    for (const std::string& dir : candidates) {
+      bool held = false;
+      auto lock = LockDirectory(dir, &held);
+      if (!lock.ok() || held) continue;
+      std::unique_ptr<Spool> spool(new Spool(options, dir, *lock));
+      SpoolRecovery found;
+      found.identity = fresh;
+      absl::Status st = spool->Recover(fresh, restore, &found);
+      if (!st.ok()) return st;
+      if (found.resumed) {
+        *recovery = found;
+        return spool;
+      }
+      // Nothing left to deliver: an abandoned directory.
+      spool.reset();
+      fs::remove_all(dir, ec);
+    }
+  }
+
+  const std::string dir = parent + "/" + DirectoryName(fresh.agent_id);
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  bool held = false;
+  auto lock = LockDirectory(dir, &held);
+  if (!lock.ok()) return lock.status();
+  if (held) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "another strata-agent runs as agent ID '", fresh.agent_id, "' (", dir, "/", kLockFile,
+        " is locked): give each agent its own --agent-id or --spool-dir"));
+  }
+  std::unique_ptr<Spool> spool(new Spool(options, dir, *lock));
+  absl::Status st = spool->Recover(fresh, restore, recovery);
+  if (!st.ok()) return st;
+  return spool;
+}
+
+absl::Status Spool::Recover(const SpoolIdentity& fresh, const GraphRestorer& restore,
+                            SpoolRecovery* recovery) {
+  recovery->path = path_;
+  // The identity of the earlier run, from graph.log's first record.
+  const std::string graph_path = path_ + "/" + kGraphFile;
+  std::string graph_data;
+  std::vector<Record> graph_records;
+  uint64_t graph_good_end = 0;
+  bool have_identity = false;
+  v1::Hello hello;
+  if (::access(graph_path.c_str(), F_OK) == 0) {
+    auto data = ReadWholeFile(graph_path);
+    if (!data.ok()) return data.status();
+    graph_data = std::move(*data);
+    graph_records = ParseRecords(graph_data, &recovery->corrupt_records, &graph_good_end);
+    have_identity = !graph_records.empty() && graph_records[0].type == kHelloRecord &&
+                    hello.ParseFromString(std::string(graph_records[0].payload)) &&
+                    !hello.agent_id().empty();
+  }
+
+  // The last acknowledgement written (not synced: losing it only resends what the server
+  // already has, and the server knows it).
+  uint64_t acked = 0;
+  if (auto data = ReadWholeFile(path_ + "/" + kAckedFile);
+      data.ok() && data->size() == 12 && base::Crc32c(data->substr(0, 8)) == GetU32(data->data() + 8)) {
+    acked = uint64_t{GetU32(data->data())} | uint64_t{GetU32(data->data() + 4)} << 32;
+  }
+  acked_through_ = acked;
+
+  // Every whole batch record of every segment, oldest first.
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(path_, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(kSegmentPrefix, 0) == 0 && name.size() > sizeof kSegmentSuffix &&
+        name.ends_with(kSegmentSuffix)) {
+      names.push_back(name);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  uint64_t last_sequence = 0;
+  for (const std::string& name : names) {
+    auto segment = std::make_unique<Segment>();
+    segment->path = path_ + "/" + name;
+    auto data = ReadWholeFile(segment->path);
+    if (!data.ok()) {
+      ++recovery->corrupt_records;
+      fs::remove(segment->path, ec);
+      continue;
+    }
+    uint64_t good_end = 0;
+    std::vector<Record> records = ParseRecords(*data, &recovery->corrupt_records, &good_end);
+    segment->bytes = data->size();
+    for (const Record& r : records) {
+      v1::SampleBatch batch;
+      if (r.type != kBatchRecord || !batch.ParseFromString(std::string(r.payload)) ||
+          batch.sequence() <= last_sequence) {
+        ++recovery->corrupt_records;
+        continue;
+      }
+      last_sequence = batch.sequence();
+      if (batch.sequence() <= acked) continue;
+      Slot slot;
+      slot.entry = {batch.sequence(), batch.epoch(), SamplesOf(batch)};
+      slot.segment = segment.get();
+      slot.offset = r.offset;
+      slot.length = static_cast<uint32_t>(kRecordHeader + r.payload.size());
+      if (segment->live++ == 0) segment->first_sequence = batch.sequence();
+      entries_.push_back(std::move(slot));
+    }
+    if (segment->live == 0) {
+      fs::remove(segment->path, ec);
+      continue;
+    }
+    segment->fd = open(segment->path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (segment->fd < 0) return ErrnoError("cannot open", segment->path, errno);
+    segments_.push_back(std::move(segment));
+  }
+
+  if (entries_.empty() || !have_identity) {
+    // Nothing to deliver (or no identity to deliver it under): start over.
+    recovery->orphaned_batches += entries_.size();
+    recovery->last_sequence = last_sequence;
+    while (!segments_.empty()) DropSegment(segments_.front().get(), false);
+    entries_.clear();
+    return StartOver(fresh);
+  }
+
+  // Resume: the same incarnation, its graph restored as far as it is whole.
+  recovery->resumed = true;
+  recovery->identity.agent_id = hello.agent_id();
+  recovery->identity.graph_id = hello.graph_id();
+  recovery->identity.host = fresh.host;
+  recovery->last_sequence = last_sequence;
+  uint64_t restored_edges = 0;
+  uint64_t keep_bytes = graph_good_end;
+  for (size_t i = 1; i < graph_records.size(); ++i) {
+    const Record& r = graph_records[i];
+    v1::GraphDelta delta;
+    absl::Status st = r.type == kGraphRecord && delta.ParseFromString(std::string(r.payload))
+                          ? restore(recovery->identity, delta)
+                          : absl::DataLossError("not a graph record");
+    if (!st.ok()) {
+      ++recovery->corrupt_records;
+      keep_bytes = r.offset;  // later deltas would not be contiguous
+      break;
+    }
+    ++recovery->graph_records;
+    restored_edges = delta.first_edge() + static_cast<uint64_t>(delta.edges_size());
+  }
+  // Batches encoded against graph that was lost cannot be decoded by anyone; their records
+  // go from disk too, or a graph that grows again would make them decodable, wrongly.
+  std::vector<Segment*> rewrite;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->entry.epoch > restored_edges) {
+      ++recovery->orphaned_batches;
+      --it->segment->live;
+      if (rewrite.empty() || rewrite.back() != it->segment) rewrite.push_back(it->segment);
+      it = entries_.erase(it);
+    } else {
+      ++recovery->batches;
+      recovery->samples += it->entry.samples;
+      ++it;
+    }
+  }
+  for (Segment* segment : rewrite) {
+    if (segment->live == 0) continue;
+    absl::Status st = RewriteSegment(segment);
+    if (!st.ok()) return st;
+  }
+  for (size_t i = 0; i < segments_.size();) {
+    if (segments_[i]->live == 0) {
+      DropSegment(segments_[i].get(), false);
+    } else {
+      ++i;
+    }
+  }
+  graph_fd_ = open(graph_path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (graph_fd_ < 0) return ErrnoError("cannot open", graph_path, errno);
+  if (keep_bytes < graph_data.size() && ftruncate(graph_fd_, static_cast<off_t>(keep_bytes)) != 0) {
+    return ErrnoError("cannot truncate", graph_path, errno);
+  }
+  if (lseek(graph_fd_, 0, SEEK_END) < 0) return ErrnoError("cannot seek", graph_path, errno);
+  graph_bytes_ = keep_bytes;
+  append_to_last_ = false;  // new batches go to a new segment
+  return absl::OkStatus();
+}
+
+// An empty spool for `fresh`: graph.log holds only its identity.
+absl::Status Spool::StartOver(const SpoolIdentity& fresh) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(path_, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(kSegmentPrefix, 0) == 0 || name == kAckedFile) fs::remove(e.path(), ec);
+  }
+  acked_through_ = 0;
+  v1::Hello hello;
+  hello.set_agent_id(fresh.agent_id);
+  hello.set_host(fresh.host);
+  hello.set_graph_id(fresh.graph_id);
+  std::string contents(kMagic, sizeof kMagic);
+  contents += FrameRecord(kHelloRecord, hello.SerializeAsString());
+  const std::string graph_path = path_ + "/" + kGraphFile;
+  const std::string tmp = graph_path + ".tmp";
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoError("cannot create", tmp, errno);
+  absl::Status st = WriteAll(fd, contents, tmp);
+  if (st.ok() && fdatasync(fd) != 0) st = ErrnoError("cannot sync", tmp, errno);
+  close(fd);
+  if (st.ok() && rename(tmp.c_str(), graph_path.c_str()) != 0) {
+    st = ErrnoError("cannot rename", tmp, errno);
+  }
+  if (!st.ok()) return st;
+  SyncDirectory(path_);
+  if (graph_fd_ >= 0) close(graph_fd_);
+  graph_fd_ = open(graph_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (graph_fd_ < 0) return ErrnoError("cannot open", graph_path, errno);
+  graph_bytes_ = contents.size();
+  append_to_last_ = false;
+  return absl::OkStatus();
+}
+
+// Keeps only the segment's live records: written to a new file that replaces it.
+absl::Status Spool::RewriteSegment(Segment* segment) {
+  const std::string tmp = segment->path + ".tmp";
+  const int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoError("cannot create", tmp, errno);
+  std::string contents(kMagic, sizeof kMagic);
+  std::vector<std::pair<Slot*, uint64_t>> moved;
+  for (Slot& slot : entries_) {
+    if (slot.segment != segment) continue;
+    std::string record(slot.length, '\0');
+    if (pread(segment->fd, record.data(), record.size(), static_cast<off_t>(slot.offset)) !=
+        static_cast<ssize_t>(record.size())) {
+      close(fd);
+      unlink(tmp.c_str());
+      return ErrnoError("cannot read", segment->path, errno);
+    }
+    moved.emplace_back(&slot, contents.size());
+    contents += record;
+  }
+  absl::Status st = AppendDurably(fd, 0, contents, tmp);
+  if (st.ok() && rename(tmp.c_str(), segment->path.c_str()) != 0) {
+    st = ErrnoError("cannot rename", tmp, errno);
+  }
+  if (!st.ok()) {
+    close(fd);
+    unlink(tmp.c_str());
+    return st;
+  }
+  SyncDirectory(path_);
+  close(segment->fd);
+  segment->fd = fd;
+  segment->bytes = contents.size();
+  for (auto& [slot, offset] : moved) slot->offset = offset;
+  return absl::OkStatus();
+}
+
+absl::Status Spool::AppendGraph(const v1::GraphDelta& delta) {
+  if (path_.empty()) return absl::OkStatus();
+  const std::string graph_path = path_ + "/" + kGraphFile;
+  absl::Status st = AppendDurably(graph_fd_, graph_bytes_,
+                                  FrameRecord(kGraphRecord, delta.SerializeAsString()), graph_path);
+  if (!st.ok()) {
+    // Cut back to the last whole record; position appends there.
+    (void)lseek(graph_fd_, static_cast<off_t>(graph_bytes_), SEEK_SET);
+    return st;
+  }
+  graph_bytes_ += kRecordHeader + delta.ByteSizeLong();
+  return absl::OkStatus();
+}
+
+absl::Status Spool::OpenSegment(uint64_t first_sequence) {
+  auto segment = std::make_unique<Segment>();
+  segment->first_sequence = first_sequence;
+  segment->path = absl::StrFormat("%s/%s%020u%s", path_, kSegmentPrefix, first_sequence,
+                                  kSegmentSuffix);
+  segment->fd = open(segment->path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (segment->fd < 0) return ErrnoError("cannot create", segment->path, errno);
+  absl::Status st = AppendDurably(segment->fd, 0, std::string_view(kMagic, sizeof kMagic),
+                                  segment->path);
+  if (!st.ok()) {
+    close(segment->fd);
+    unlink(segment->path.c_str());
+    return st;
+  }
+  SyncDirectory(path_);
+  segment->bytes = sizeof kMagic;
+  segments_.push_back(std::move(segment));
+  append_to_last_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Spool::Append(const v1::SampleBatch& batch) {
+  Slot slot;
+  slot.entry = {batch.sequence(), batch.epoch(), SamplesOf(batch)};
+  absl::Status st;
+  if (!path_.empty()) {
+    if (!append_to_last_ || segments_.back()->bytes >= options_.segment_bytes) {
+      st = OpenSegment(batch.sequence());
+    }
+    if (st.ok()) {
+      Segment* segment = segments_.back().get();
+      const std::string record = FrameRecord(kBatchRecord, batch.SerializeAsString());
+      st = AppendDurably(segment->fd, segment->bytes, record, segment->path);
+      if (st.ok()) {
+        slot.segment = segment;
+        slot.offset = segment->bytes;
+        slot.length = static_cast<uint32_t>(record.size());
+        segment->bytes += record.size();
+        ++segment->live;
+      } else {
+        (void)lseek(segment->fd, static_cast<off_t>(segment->bytes), SEEK_SET);
+      }
+    }
+    if (!st.ok()) ++stats_.write_errors;
+  }
+  if (slot.segment == nullptr) {
+    slot.memory = std::make_shared<const std::string>(batch.SerializeAsString());
+  }
+  entries_.push_back(std::move(slot));
+  EnforceBounds();
+  return st;
+}
+
+absl::StatusOr<v1::SampleBatch> Spool::Read(size_t i) const {
+  const Slot& slot = entries_[i];
+  v1::SampleBatch batch;
+  if (slot.segment == nullptr) {
+    if (!batch.ParseFromString(*slot.memory)) return absl::DataLossError("unparsable batch");
+    return batch;
+  }
+  std::string record(slot.length, '\0');
+  size_t done = 0;
+  while (done < record.size()) {
+    const ssize_t n = pread(slot.segment->fd, record.data() + done, record.size() - done,
+                            static_cast<off_t>(slot.offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return ErrnoError("cannot read", slot.segment->path, n < 0 ? errno : EIO);
+    done += static_cast<size_t>(n);
+  }
+  uint64_t corrupt = 0, good_end = 0;
+  // Re-checked on the way out: the disk may have changed under us since.
+  std::string framed(kMagic, sizeof kMagic);
+  framed += record;
+  std::vector<Record> records = ParseRecords(framed, &corrupt, &good_end);
+  if (records.size() != 1 || records[0].type != kBatchRecord ||
+      !batch.ParseFromString(std::string(records[0].payload))) {
+    return absl::DataLossError(absl::StrCat("corrupt batch record in ", slot.segment->path,
+                                            " at offset ", slot.offset));
+  }
+  return batch;
+}
+
+void Spool::DropSegment(Segment* segment, bool count_as_dropped) {
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->segment != segment) {
+      ++it;
+      continue;
+    }
+    if (count_as_dropped) {
+      ++stats_.batches_dropped;
+      stats_.samples_dropped += it->entry.samples;
+    }
+    it = entries_.erase(it);
+  }
+  if (segment->fd >= 0) close(segment->fd);
+  std::error_code ec;
+  fs::remove(segment->path, ec);
+  const bool last = !segments_.empty() && segments_.back().get() == segment;
+  if (last) append_to_last_ = false;
+  segments_.erase(std::find_if(segments_.begin(), segments_.end(),
+                               [segment](const auto& s) { return s.get() == segment; }));
+}
+
+void Spool::EnforceBounds() {
+  // Batches held in memory (no directory, or the disk refused them): the oldest go first.
+  size_t in_memory = 0;
+  for (const Slot& s : entries_) in_memory += s.segment == nullptr;
+  for (auto it = entries_.begin(); in_memory > options_.max_memory_batches && it != entries_.end();) {
+    if (it->segment != nullptr) {
+      ++it;
+      continue;
+    }
+    ++stats_.batches_dropped;
+    stats_.samples_dropped += it->entry.samples;
+    it = entries_.erase(it);
+    --in_memory;
+  }
+  // On disk: whole segments, oldest first.
+  while (!segments_.empty() && stats().bytes > options_.max_bytes) {
+    DropSegment(segments_.front().get(), true);
+  }
+}
+
+void Spool::AckThrough(uint64_t sequence) {
+  if (!path_.empty() && sequence > acked_through_) {
+    acked_through_ = sequence;
+    if (acked_fd_ < 0) {
+      const std::string path = path_ + "/" + kAckedFile;
+      acked_fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    }
+    if (acked_fd_ >= 0) {
+      char buf[12];
+      PutU32(static_cast<uint32_t>(sequence), buf);
+      PutU32(static_cast<uint32_t>(sequence >> 32), buf + 4);
+      PutU32(base::Crc32c(std::string_view(buf, 8)), buf + 8);
+      (void)pwrite(acked_fd_, buf, sizeof buf, 0);
+    }
+  }
+  while (!entries_.empty() && entries_.front().entry.sequence <= sequence) {
+    if (entries_.front().segment != nullptr) --entries_.front().segment->live;
+    entries_.pop_front();
+  }
+  for (size_t i = 0; i < segments_.size();) {
+    if (segments_[i]->live == 0) {
+      DropSegment(segments_[i].get(), false);
+    } else {
+      ++i;
+    }
+  }
+}
+
+void Spool::Remove(uint64_t sequence) {
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (it->entry.sequence != sequence) continue;
+    Segment* segment = it->segment;
+    entries_.erase(it);
+    if (segment != nullptr && --segment->live == 0) DropSegment(segment, false);
+    return;
+  }
+}
+
+SpoolStats Spool::stats() const {
+  SpoolStats s = stats_;
+  s.batches = entries_.size();
+  s.bytes = path_.empty() ? 0 : graph_bytes_;
+  for (const auto& segment : segments_) s.bytes += segment->bytes;
+  return s;
+}
+
+}  // namespace strata::agent

@@ -1,0 +1,162 @@
+// The agent's spool: every batch it has built and the server has not acknowledged yet, in
+// sequence order, with the call graph the batches are encoded against.
+//
+// On disk (a directory per agent identity under the spool directory) it survives agent
+// restarts, kill -9, OOM kills and reboots: a restarted agent resumes the same identity
+// (agent ID and graph ID), restores its call graph and resends what the server had not
+// acknowledged; the server applies each batch once (it keeps the last sequence number
+// applied per agent incarnation). Without a directory the spool lives in memory, bounded by
+// a number of batches.
+//
+// An agent's directory is <spool dir>/given/<agent ID> when its ID was given, else
+// <spool dir>/generated/<agent ID>; only the latter are adopted by an agent started without
+// an ID (a given identity is resumed only by the agent it was given to). Its files:
+//   LOCK                   flock()ed for the life of the agent: one agent per identity
+//   graph.log              the identity (a Hello record), then every graph delta, in order
+//   batches-<seq>.log      segments of batch records, the first sequence in the name
+//   acked                  the highest sequence number the server acknowledged
+// Every file is a header and records of [u32 length][u32 crc32c][u8 type][payload]; a
+// record is written whole before the batch can go out (fdatasync), so a torn or corrupt
+// tail (a crash mid-write, a bad disk) is detected by its length or checksum, skipped and
+// counted, never fatal. Only the batch bytes are on disk: memory holds an index entry per
+// batch, so the agent stays flat however long the server is away. Past `max_bytes` the
+// oldest segment is dropped (counted). A batch that cannot be written (disk full) is kept in
+// memory and counted, so shipping goes on.
+//
+// Not thread-safe: the shipper calls it under its own lock.
+#ifndef STRATA_AGENT_SPOOL_SPOOL_H_
+#define STRATA_AGENT_SPOOL_SPOOL_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "strata/v1/ingest.pb.h"
+
+namespace strata::agent {
+
+struct SpoolOptions {
+  std::string dir;                        // empty: in memory only
+  uint64_t max_bytes = 256ull << 20;      // on disk, graph included
+  uint64_t segment_bytes = 4ull << 20;    // a new segment past this size
+  size_t max_memory_batches = 360;        // in memory: one hour of 10 s batches
+  // No agent ID was given: adopt the directory of an earlier agent that left batches behind
+  // (and is not running) instead of making a new one.
+  bool adopt = false;
+};
+
+// Who the agent is: kept in the spool so that a restarted agent resumes as the same
+// incarnation while it has batches to deliver.
+struct SpoolIdentity {
+  std::string agent_id;
+  std::string host;
+  uint64_t graph_id = 0;
+};
+
+// What Open() found of an earlier run.
+struct SpoolRecovery {
+  bool resumed = false;          // unacknowledged batches of an earlier run: same identity
+  SpoolIdentity identity;        // the identity to run as (the earlier one when resumed)
+  uint64_t last_sequence = 0;    // highest batch sequence number of the earlier run
+  uint64_t batches = 0;          // batches recovered
+  uint64_t samples = 0;          // their samples
+  uint64_t graph_records = 0;    // graph deltas restored
+  uint64_t corrupt_records = 0;  // torn or failing their checksum: skipped
+  uint64_t orphaned_batches = 0; // encoded against graph that was not recovered: dropped
+  std::string path;              // the agent's spool directory (empty in memory)
+};
+
+struct SpoolStats {
+  uint64_t batches = 0;          // unacknowledged, in the spool now
+  uint64_t bytes = 0;            // on disk now
+  uint64_t batches_dropped = 0;  // past the bound, oldest first
+  uint64_t samples_dropped = 0;
+  uint64_t write_errors = 0;     // batches kept in memory because the disk refused them
+};
+
+class Spool {
+ public:
+  // Applies one recovered graph delta to the call graph of the resumed identity; an error
+  // stops the graph's recovery there.
+  using GraphRestorer =
+      std::function<absl::Status(const SpoolIdentity& resumed, const v1::GraphDelta&)>;
+
+  // Opens (creating) the spool. The agent's directory is `fresh.agent_id`'s; with
+  // `options.adopt`, the directory of an earlier agent that left batches behind and is no
+  // longer running is adopted first. An identity with no batches left
+  // starts over as `fresh` (new graph, sequence numbers from 1). Errors: the directory cannot
+  // be created or written, or another running agent holds the identity.
+  static absl::StatusOr<std::unique_ptr<Spool>> Open(const SpoolOptions& options,
+                                                     const SpoolIdentity& fresh,
+                                                     const GraphRestorer& restore,
+                                                     SpoolRecovery* recovery);
+  ~Spool();
+  Spool(const Spool&) = delete;
+  Spool& operator=(const Spool&) = delete;
+
+  // Records graph nodes and edges (in order, contiguous with the previous ones) before the
+  // batches that need them.
+  absl::Status AppendGraph(const v1::GraphDelta& delta);
+  // Adds a batch (sequence above every earlier one). Durable when it returns OK; on a write
+  // error the batch is kept in memory and the error returned for the caller to report.
+  absl::Status Append(const v1::SampleBatch& batch);
+
+  struct Entry {
+    uint64_t sequence = 0;
+    uint64_t epoch = 0;
+    uint64_t samples = 0;
+  };
+  bool empty() const { return entries_.empty(); }
+  size_t size() const { return entries_.size(); }
+  const Entry& entry(size_t i) const { return entries_[i].entry; }
+  // The batch of entry `i`, read back from disk (or memory).
+  absl::StatusOr<v1::SampleBatch> Read(size_t i) const;
+  // The server has everything up to `sequence`: drops those entries and their segments.
+  void AckThrough(uint64_t sequence);
+  // The server refused batch `sequence` for good.
+  void Remove(uint64_t sequence);
+
+  SpoolStats stats() const;
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Segment;
+  struct Slot {
+    Entry entry;
+    Segment* segment = nullptr;  // null: the batch is in `memory`
+    uint64_t offset = 0;
+    uint32_t length = 0;
+    std::shared_ptr<const std::string> memory;  // serialized batch
+  };
+
+  Spool(SpoolOptions options, std::string path, int lock_fd);
+  absl::Status Recover(const SpoolIdentity& fresh, const GraphRestorer& restore,
+                       SpoolRecovery* recovery);
+  absl::Status StartOver(const SpoolIdentity& fresh);
+  absl::Status OpenSegment(uint64_t first_sequence);
+  absl::Status RewriteSegment(Segment* segment);
+  void DropSegment(Segment* segment, bool count_as_dropped);
+  void EnforceBounds();
+
+  const SpoolOptions options_;
+  const std::string path_;  // empty: in memory
+  const int lock_fd_;
+  int graph_fd_ = -1;
+  int acked_fd_ = -1;
+  uint64_t acked_through_ = 0;  // the server has every batch up to here
+  uint64_t graph_bytes_ = 0;
+  std::deque<std::unique_ptr<Segment>> segments_;  // oldest first; the last takes appends
+  bool append_to_last_ = false;                    // false: the next Append opens a segment
+  std::deque<Slot> entries_;
+  SpoolStats stats_;
+};
+
+}  // namespace strata::agent
+
+#endif  // STRATA_AGENT_SPOOL_SPOOL_H_

@@ -1,0 +1,311 @@
+#include "agent/spool/spool.h"
+
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/testing/temp_dir.h"
+#include "gtest/gtest.h"
+
+namespace strata::agent {
+namespace {
+
+namespace fs = std::filesystem;
+
+v1::SampleBatch Batch(uint64_t sequence, uint64_t epoch, uint64_t count) {
+  v1::SampleBatch b;
+  b.set_sequence(sequence);
+  b.set_epoch(epoch);
+  b.set_start_ms(1000 * sequence);
+  b.set_end_ms(1000 * sequence + 1000);
+  auto* c = b.add_contexts();
+  c->set_leaf(2);
+  c->add_ids(sequence);
+  c->set_count(count);
+  return b;
+}
+
+// A delta of one node and one edge, continuing a graph of `nodes` nodes and `edges` edges.
+v1::GraphDelta Delta(uint32_t nodes, uint64_t edges) {
+  v1::GraphDelta d;
+  d.set_first_node(nodes);
+  auto* n = d.add_nodes();
+  n->set_id(nodes);
+  n->set_name("f" + std::to_string(nodes));
+  n->set_module("/bin/x");
+  d.set_first_edge(edges);
+  auto* e = d.add_edges();
+  e->set_caller(0);
+  e->set_callee(nodes);
+  return d;
+}
+
+class SpoolTest : public ::testing::Test {
+ protected:
+  SpoolOptions Options() const {
+    SpoolOptions o;
+    o.dir = dir_.path();
+    return o;
+  }
+  SpoolIdentity Fresh(std::string id, uint64_t graph_id) const { return {id, "host", graph_id}; }
+  // Opens, collecting the restored graph deltas.
+  std::unique_ptr<Spool> Open(const SpoolOptions& options, const SpoolIdentity& fresh) {
+    restored_.clear();
+    auto spool = Spool::Open(
+        options, fresh,
+        [this](const SpoolIdentity&, const v1::GraphDelta& d) {
+          if (restore_fails_at_ >= 0 && static_cast<int>(restored_.size()) == restore_fails_at_) {
+            return absl::DataLossError("refused");
+          }
+          restored_.push_back(d);
+          return absl::OkStatus();
+        },
+        &recovery_);
+    EXPECT_TRUE(spool.ok()) << spool.status();
+    return spool.ok() ? std::move(*spool) : nullptr;
+  }
+  std::vector<std::string> Segments(const std::string& id) const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir_.path() + "/given/" + id)) {
+      if (e.path().filename().string().rfind("batches-", 0) == 0) out.push_back(e.path());
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  strata::testing::TempDir dir_{"spool_test"};
+  SpoolRecovery recovery_;
+  std::vector<v1::GraphDelta> restored_;
+  int restore_fails_at_ = -1;
+};
+
+TEST_F(SpoolTest, InMemoryKeepsTheNewestBatchesWithinItsBound) {
+  SpoolOptions o;
+  o.max_memory_batches = 3;
+  auto spool = Open(o, Fresh("a", 1));
+  for (uint64_t s = 1; s <= 5; ++s) ASSERT_TRUE(spool->Append(Batch(s, 0, 10)).ok());
+  ASSERT_EQ(spool->size(), 3u);
+  EXPECT_EQ(spool->entry(0).sequence, 3u);
+  EXPECT_EQ(spool->stats().batches_dropped, 2u);
+  EXPECT_EQ(spool->stats().samples_dropped, 20u);
+  auto b = spool->Read(2);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->sequence(), 5u);
+}
+
+TEST_F(SpoolTest, ARestartResumesTheIdentityGraphAndUnacknowledgedBatches) {
+  {
+    auto spool = Open(Options(), Fresh("web-1", 0xabc));
+    EXPECT_FALSE(recovery_.resumed);
+    ASSERT_TRUE(spool->AppendGraph(Delta(2, 0)).ok());
+    ASSERT_TRUE(spool->Append(Batch(1, 1, 5)).ok());
+    ASSERT_TRUE(spool->AppendGraph(Delta(3, 1)).ok());
+    for (uint64_t s = 2; s <= 4; ++s) ASSERT_TRUE(spool->Append(Batch(s, 2, 7)).ok());
+    spool->AckThrough(2);
+    EXPECT_EQ(spool->size(), 2u);
+  }
+  // Restarted with a new identity in mind: the old one comes back, with what it owed.
+  auto spool = Open(Options(), Fresh("web-1", 0xdef));
+  ASSERT_TRUE(recovery_.resumed);
+  EXPECT_EQ(recovery_.identity.agent_id, "web-1");
+  EXPECT_EQ(recovery_.identity.graph_id, 0xabcu);
+  EXPECT_EQ(recovery_.last_sequence, 4u);
+  EXPECT_EQ(recovery_.batches, 2u);
+  EXPECT_EQ(recovery_.samples, 14u);
+  EXPECT_EQ(recovery_.corrupt_records, 0u);
+  ASSERT_EQ(restored_.size(), 2u);
+  EXPECT_EQ(restored_[1].first_edge(), 1u);
+  ASSERT_EQ(spool->size(), 2u);
+  auto b = spool->Read(0);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->SerializeAsString(), Batch(3, 2, 7).SerializeAsString());
+  // It goes on where it was: more graph, more batches, and another restart.
+  ASSERT_TRUE(spool->AppendGraph(Delta(4, 2)).ok());
+  ASSERT_TRUE(spool->Append(Batch(5, 3, 1)).ok());
+  spool.reset();
+  spool = Open(Options(), Fresh("web-1", 0x123));
+  ASSERT_TRUE(recovery_.resumed);
+  EXPECT_EQ(recovery_.identity.graph_id, 0xabcu);
+  EXPECT_EQ(restored_.size(), 3u);
+  EXPECT_EQ(spool->size(), 3u);
+}
+
+TEST_F(SpoolTest, NothingOwedStartsOverAsTheFreshIdentity) {
+  {
+    auto spool = Open(Options(), Fresh("web-1", 1));
+    ASSERT_TRUE(spool->AppendGraph(Delta(2, 0)).ok());
+    ASSERT_TRUE(spool->Append(Batch(1, 1, 5)).ok());
+    spool->AckThrough(1);
+    EXPECT_TRUE(Segments("web-1").empty());  // acknowledged segments are deleted
+  }
+  auto spool = Open(Options(), Fresh("web-1", 2));
+  EXPECT_FALSE(recovery_.resumed);
+  EXPECT_EQ(recovery_.identity.graph_id, 2u);
+  EXPECT_TRUE(restored_.empty());
+  EXPECT_TRUE(spool->empty());
+}
+
+TEST_F(SpoolTest, ATornTailIsSkippedAndCounted) {
+  {
+    auto spool = Open(Options(), Fresh("a", 1));
+    for (uint64_t s = 1; s <= 3; ++s) ASSERT_TRUE(spool->Append(Batch(s, 0, 1)).ok());
+  }
+  // A crash in the middle of writing the third record.
+  const auto segments = Segments("a");
+  ASSERT_EQ(segments.size(), 1u);
+  fs::resize_file(segments[0], fs::file_size(segments[0]) - 5);
+  {
+    auto spool = Open(Options(), Fresh("a", 2));
+    ASSERT_TRUE(recovery_.resumed);
+    EXPECT_EQ(recovery_.batches, 2u);
+    EXPECT_EQ(recovery_.corrupt_records, 1u);
+    EXPECT_EQ(recovery_.last_sequence, 2u);
+    ASSERT_TRUE(spool->Append(Batch(3, 0, 1)).ok());  // the next run's new batches
+  }
+  auto spool = Open(Options(), Fresh("a", 3));
+  EXPECT_EQ(recovery_.batches, 3u);
+  EXPECT_EQ(recovery_.corrupt_records, 1u);  // still there, still skipped
+}
+
+TEST_F(SpoolTest, AFlippedByteFailsItsChecksum) {
+  {
+    auto spool = Open(Options(), Fresh("a", 1));
+    for (uint64_t s = 1; s <= 3; ++s) ASSERT_TRUE(spool->Append(Batch(s, 0, 1)).ok());
+  }
+  const auto segments = Segments("a");
+  std::fstream f(segments[0], std::ios::in | std::ios::out | std::ios::binary);
+  const auto size = fs::file_size(segments[0]);
+  f.seekp(static_cast<std::streamoff>(size - 3));  // inside the last record's payload
+  f.put('\x5a');
+  f.close();
+  auto spool = Open(Options(), Fresh("a", 2));
+  EXPECT_EQ(recovery_.batches, 2u);
+  EXPECT_EQ(recovery_.corrupt_records, 1u);
+}
+
+TEST_F(SpoolTest, BatchesWhoseGraphWasLostAreDroppedAndCounted) {
+  {
+    auto spool = Open(Options(), Fresh("a", 1));
+    ASSERT_TRUE(spool->AppendGraph(Delta(2, 0)).ok());
+    ASSERT_TRUE(spool->Append(Batch(1, 1, 1)).ok());
+    ASSERT_TRUE(spool->AppendGraph(Delta(3, 1)).ok());
+    ASSERT_TRUE(spool->Append(Batch(2, 2, 1)).ok());
+  }
+  const std::string graph = dir_.path() + "/given/a/graph.log";
+  fs::resize_file(graph, fs::file_size(graph) - 2);
+  auto spool = Open(Options(), Fresh("a", 2));
+  ASSERT_TRUE(recovery_.resumed);
+  EXPECT_EQ(restored_.size(), 1u);
+  EXPECT_EQ(recovery_.batches, 1u);
+  EXPECT_EQ(recovery_.orphaned_batches, 1u);
+  EXPECT_EQ(recovery_.corrupt_records, 1u);
+  // The graph continues from the last whole delta.
+  ASSERT_TRUE(spool->AppendGraph(Delta(3, 1)).ok());
+  ASSERT_TRUE(spool->Append(Batch(3, 2, 1)).ok());
+  spool.reset();
+  spool = Open(Options(), Fresh("a", 3));
+  EXPECT_EQ(restored_.size(), 2u);
+  EXPECT_EQ(recovery_.batches, 2u);
+  EXPECT_EQ(recovery_.corrupt_records, 0u);
+}
+
+TEST_F(SpoolTest, AGraphTheAgentRefusesEndsTheRestoreThere) {
+  {
+    auto spool = Open(Options(), Fresh("a", 1));
+    ASSERT_TRUE(spool->AppendGraph(Delta(2, 0)).ok());
+    ASSERT_TRUE(spool->AppendGraph(Delta(3, 1)).ok());
+    ASSERT_TRUE(spool->Append(Batch(1, 1, 1)).ok());
+    ASSERT_TRUE(spool->Append(Batch(2, 2, 1)).ok());
+  }
+  restore_fails_at_ = 1;
+  auto spool = Open(Options(), Fresh("a", 2));
+  EXPECT_EQ(restored_.size(), 1u);
+  EXPECT_EQ(recovery_.batches, 1u);
+  EXPECT_EQ(recovery_.orphaned_batches, 1u);
+}
+
+TEST_F(SpoolTest, OneRunningAgentPerIdentity) {
+  auto first = Open(Options(), Fresh("a", 1));
+  SpoolRecovery recovery;
+  auto second = Spool::Open(
+      Options(), Fresh("a", 2),
+      [](const SpoolIdentity&, const v1::GraphDelta&) { return absl::OkStatus(); }, &recovery);
+  ASSERT_FALSE(second.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
+  EXPECT_NE(second.status().message().find("--agent-id"), std::string::npos);
+}
+
+TEST_F(SpoolTest, AnAgentWithoutAnIdAdoptsAnAbandonedGeneratedOne) {
+  SpoolOptions o = Options();
+  o.adopt = true;
+  {
+    auto spool = Open(o, Fresh("host-1111", 1));
+    ASSERT_TRUE(spool->Append(Batch(1, 0, 3)).ok());
+  }
+  {
+    // A given identity's batches are not adopted.
+    auto given = Open(Options(), Fresh("web-1", 5));
+    ASSERT_TRUE(given->Append(Batch(1, 0, 3)).ok());
+  }
+  auto running = Open(o, Fresh("host-2222", 2));  // adopts host-1111
+  ASSERT_TRUE(recovery_.resumed);
+  EXPECT_EQ(recovery_.identity.agent_id, "host-1111");
+  EXPECT_EQ(recovery_.identity.graph_id, 1u);
+  // While it runs, a second agent cannot adopt the same one: it starts as itself.
+  auto other = Open(o, Fresh("host-3333", 3));
+  EXPECT_FALSE(recovery_.resumed);
+  EXPECT_EQ(recovery_.identity.agent_id, "host-3333");
+}
+
+TEST_F(SpoolTest, PastItsBoundTheOldestSegmentsGo) {
+  SpoolOptions o = Options();
+  o.segment_bytes = 1000;
+  o.max_bytes = 5000;
+  auto spool = Open(o, Fresh("a", 1));
+  for (uint64_t s = 1; s <= 200; ++s) ASSERT_TRUE(spool->Append(Batch(s, 0, 2)).ok());
+  const SpoolStats stats = spool->stats();
+  EXPECT_LE(stats.bytes, o.max_bytes);
+  EXPECT_GT(stats.batches_dropped, 0u);
+  EXPECT_EQ(stats.batches_dropped + stats.batches, 200u);
+  EXPECT_EQ(stats.samples_dropped, 2 * stats.batches_dropped);
+  EXPECT_EQ(spool->entry(spool->size() - 1).sequence, 200u);
+  // What is left is what a restart finds.
+  spool.reset();
+  spool = Open(o, Fresh("a", 2));
+  EXPECT_EQ(recovery_.batches, stats.batches);
+}
+
+TEST_F(SpoolTest, ABatchTheDiskRefusesIsKeptInMemory) {
+  auto spool = Open(Options(), Fresh("a", 1));
+  ASSERT_TRUE(spool->Append(Batch(1, 0, 1)).ok());
+  // The process may not grow files: writes fail with EFBIG (SIGXFSZ ignored).
+  struct sigaction ignore = {}, old_action;
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGXFSZ, &ignore, &old_action);
+  rlimit old_limit;
+  getrlimit(RLIMIT_FSIZE, &old_limit);
+  rlimit limit = old_limit;
+  limit.rlim_cur = 16;
+  setrlimit(RLIMIT_FSIZE, &limit);
+  absl::Status st = spool->Append(Batch(2, 0, 1));
+  setrlimit(RLIMIT_FSIZE, &old_limit);
+  sigaction(SIGXFSZ, &old_action, nullptr);
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(spool->stats().write_errors, 1u);
+  ASSERT_EQ(spool->size(), 2u);
+  auto b = spool->Read(1);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->sequence(), 2u);
+  // The segment holds whole records only: a restart finds batch 1 and nothing torn.
+  spool.reset();
+  spool = Open(Options(), Fresh("a", 2));
+  EXPECT_EQ(recovery_.batches, 1u);
+  EXPECT_EQ(recovery_.corrupt_records, 0u);
+}
+
+}  // namespace
+}  // namespace strata::agent
