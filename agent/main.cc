@@ -53,6 +53,7 @@ int Run(int argc, char** argv) {
   std::string inproc_mode = "auto", inproc_dir = "/dev/shm";
   double capture_cpu_budget_pct = 5;
   std::string spool_dir = kDefaultSpoolDir, spool_max = "256MiB";
+  double flush_timeout_s = 5;
   app.add_option("--server", server, "strata-server address (host:port)")->capture_default_str();
   app.add_option("--pid", pids, "profile this process (repeatable)");
   app.add_option("--service", service_flags,
@@ -98,6 +99,11 @@ int Run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--spool-max-bytes", spool_max,
                  "disk the spool may use; past it the oldest batches are dropped (counted)")
+      ->capture_default_str();
+  app.add_option("--flush-timeout", flush_timeout_s,
+                 "seconds to wait at shutdown for the server to acknowledge every batch (what "
+                 "is left stays in the spool)")
+      ->check(CLI::Range(0.0, 3600.0))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
@@ -173,6 +179,10 @@ int Run(int argc, char** argv) {
     spdlog::info("spool {}: resuming as agent {} (graph {:x}): {} batches ({} samples) to "
                  "deliver, {} graph records", recovery.path, identity.agent_id,
                  identity.graph_id, recovery.batches, recovery.samples, recovery.graph_records);
+  }
+  for (size_t i = 0; i < (*spool)->size(); ++i) {
+    spdlog::debug("recovered batch {} ({} samples)", (*spool)->entry(i).sequence,
+                  (*spool)->entry(i).samples);
   }
   if (recovery.corrupt_records > 0 || recovery.orphaned_batches > 0) {
     spdlog::warn("spool {}: skipped {} torn or corrupt records and {} batches whose graph was "
@@ -257,7 +267,8 @@ int Run(int argc, char** argv) {
     spdlog::info("in-process rings: {} stacks, {} targets", stats.inproc_stacks,
                  stats.inproc_targets);
   }
-  const bool flushed = shipper.Flush(absl::Seconds(5));
+  const bool flushed =
+      shipper.Flush(absl::Milliseconds(static_cast<int64_t>(flush_timeout_s * 1000)));
   shipper.Stop();
   const strata::agent::ShipperStats shipped = shipper.stats();
   if (shipped.spool.batches_dropped > 0) {

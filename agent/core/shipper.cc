@@ -45,6 +45,10 @@ void Shipper::Enqueue(v1::SampleBatch batch) {
   // Kept in memory when the disk refuses it. (Written after a graph that failed, it is
   // dropped at a restart as undecodable, and counted there.)
   absl::Status appended = spool_->Append(batch);
+  if (!spool_->empty()) {
+    const Spool::Entry& e = spool_->entry(spool_->size() - 1);
+    spdlog::debug("spooled batch {} ({} samples)", e.sequence, e.samples);
+  }
   if (st.ok()) st = appended;
   if (!st.ok() && stats_.spool_errors++ % 60 == 0) {  // a full disk would log every batch
     spdlog::warn("spool {}: {} (batch {} kept in memory; {} such errors)", spool_->path(),
@@ -80,6 +84,7 @@ void Shipper::SetTargets(std::vector<v1::Target> targets) {
 
 bool Shipper::Flush(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
+  flushing_ = true;  // a reconnect waiting out its backoff goes now
   auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return spool_->empty(); };
   return mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
 }
@@ -98,7 +103,15 @@ ShipperStats Shipper::stats() const {
 }
 
 void Shipper::Run() {
-  auto channel = grpc::CreateChannel(options_.server, grpc::InsecureChannelCredentials());
+  // The shipper backs off itself (jittered, honoring the server's retry_after); gRPC's own
+  // reconnect backoff, up to 120 s by default, would keep a channel failing fast long after
+  // the server is back.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 250);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 250);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  auto channel =
+      grpc::CreateCustomChannel(options_.server, grpc::InsecureChannelCredentials(), args);
   auto stub = v1::Ingest::NewStub(channel);
   const absl::Duration min_backoff = absl::Milliseconds(500);
   absl::Duration backoff = min_backoff;
@@ -122,8 +135,14 @@ void Shipper::Run() {
     absl::Duration wait = std::max(backoff, retry_after_);
     wait = wait / 2 + wait / 2 * (static_cast<double>(rng() - rng.min()) / (rng.max() - rng.min() + 1.0));
     if (retry_after_ > absl::ZeroDuration()) wait = std::max(wait, retry_after_);
-    auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
-    if (mu_.AwaitWithTimeout(absl::Condition(&stop), wait)) return;
+    auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || flushing_; };
+    mu_.AwaitWithTimeout(absl::Condition(&stop), wait);
+    if (stopping_) return;
+    if (flushing_) {
+      // Once, then the backoff again: a server that is still away is not hammered.
+      flushing_ = false;
+      continue;
+    }
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
 }

@@ -73,7 +73,8 @@ class Shipper {
   // The agent's current targets: announced in a Heartbeat after every (re)connect and
   // whenever they change.
   void SetTargets(std::vector<v1::Target> targets);
-  // Waits until every queued batch is acknowledged; false on timeout.
+  // Waits until every queued batch is acknowledged; false on timeout. A reconnect waiting out
+  // its backoff is tried at once.
   bool Flush(absl::Duration timeout);
   void Stop();
   ShipperStats stats() const;
@@ -100,6 +101,7 @@ class Shipper {
   bool targets_sent_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<v1::ServerMessage> inbox_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool flushing_ ABSL_GUARDED_BY(mu_) = false;  // Flush() waits: reconnect without backoff
   bool stream_broken_ ABSL_GUARDED_BY(mu_) = false;
   uint32_t sent_nodes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t sent_edges_ ABSL_GUARDED_BY(mu_) = 0;

@@ -143,6 +143,30 @@ CommandResult RunCommand(std::vector<std::string> argv, double timeout_s) {
   return result;
 }
 
+uint64_t AgentSampleCount(const std::string& agent_log) {
+  const size_t at = agent_log.find("stopping: ");
+  uint64_t samples = 0;
+  if (at == std::string::npos ||
+      !absl::SimpleAtoi(agent_log.substr(at + 10, agent_log.find(' ', at + 10) - at - 10),
+                        &samples)) {
+    return 0;
+  }
+  return samples;
+}
+
+uint64_t ServiceTotal(const std::string& address, const std::string& service) {
+  auto stub = v1::Query::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::ListServicesRequest req;
+  v1::ListServicesResponse resp;
+  if (!stub->ListServices(&ctx, req, &resp).ok()) return 0;
+  for (const auto& s : resp.services()) {
+    if (s.name() == service) return s.total_samples();
+  }
+  return 0;
+}
+
 v1::HotPathsResponse QueryHotPaths(const std::string& address, const std::string& service) {
   auto stub =
       v1::Query::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));

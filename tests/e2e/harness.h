@@ -72,6 +72,12 @@ struct CommandResult {
 // Runs a command to completion (bounded by `timeout_s`).
 CommandResult RunCommand(std::vector<std::string> argv, double timeout_s = 60);
 
+// The samples an agent counted in its run, from its "stopping: N samples" line (0 if none).
+uint64_t AgentSampleCount(const std::string& agent_log);
+
+// A service's total samples over all time (ListServices); 0 when unknown or unreachable.
+uint64_t ServiceTotal(const std::string& address, const std::string& service);
+
 // Every hot path of `service` over all time (a failed call is a test failure, and an empty
 // response is returned).
 v1::HotPathsResponse QueryHotPaths(const std::string& address, const std::string& service);

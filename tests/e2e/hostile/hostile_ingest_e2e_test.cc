@@ -170,16 +170,6 @@ class RawAgent {
 };
 
 // The samples a stopped strata-agent says it took ("stopping: N samples"); 0 if absent.
-uint64_t AgentSampleCount(const std::string& log) {
-  const size_t at = log.find("stopping: ");
-  uint64_t samples = 0;
-  if (at == std::string::npos ||
-      !absl::SimpleAtoi(log.substr(at + 10, log.find(' ', at + 10) - at - 10), &samples)) {
-    return 0;
-  }
-  return samples;
-}
-
 std::vector<std::string> ServiceNames(const std::string& prefix, int n) {
   std::vector<std::string> out;
   for (int i = 0; i < n; ++i) out.push_back(absl::StrCat(prefix, i));

@@ -1,0 +1,323 @@
+// Fault injection with the real binaries: agents killed with SIGKILL during a server outage
+// and while shipping, a torn spool record, a server killed again and again under several
+// agents, and a lossy, slow, partitioned network between an agent in its own network
+// namespace and the server. Every case ends with exact totals: the server holds precisely
+// the samples the agents spooled or counted, none lost, none twice.
+//
+// What the agents spooled and recovered is read from their debug log ("spooled batch N (M
+// samples)", "recovered batch N (M samples)"): a batch killed between its spool write and its
+// log line is still recovered by the next run, so the union by sequence number is exactly
+// the set of batches that reached the spool.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/testing/temp_dir.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/harness.h"
+
+namespace strata::e2e {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kService[] = "faults";
+
+// sequence -> samples of every "<verb> batch N (M samples)" line.
+std::map<uint64_t, uint64_t> BatchLines(const std::string& log, const std::string& verb) {
+  std::map<uint64_t, uint64_t> out;
+  std::regex re(verb + " batch ([0-9]+) \\(([0-9]+) samples\\)");
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
+       ++it) {
+    uint64_t seq = 0, samples = 0;
+    if (absl::SimpleAtoi((*it)[1].str(), &seq) && absl::SimpleAtoi((*it)[2].str(), &samples)) {
+      out[seq] = samples;
+    }
+  }
+  return out;
+}
+
+uint64_t Sum(const std::map<uint64_t, uint64_t>& batches) {
+  uint64_t total = 0;
+  for (const auto& [seq, samples] : batches) total += samples;
+  return total;
+}
+
+// Waits for `done()` up to `timeout_s`, polling.
+template <typename F>
+bool WaitUntil(F done, double timeout_s) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return true;
+}
+
+class FaultsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    demo_ = std::make_unique<ChildProcess>(std::vector<std::string>{BinPath("demo_service")},
+                                           dir_.File("demo.log"),
+                                           std::map<std::string, std::string>{
+                                               {"STRATA_SERVICE", kService}});
+    ASSERT_TRUE(demo_->WaitForOutput("ready", 30)) << demo_->Output();
+  }
+
+  // A port for a server that comes and goes: one the kernel gave a server that then left.
+  int ReservePort() {
+    ServerProcess probe(dir_.File("probe-data"), dir_.File("probe.log"));
+    const int port = probe.port();
+    probe.process().Stop(SIGTERM, 30);
+    return port;
+  }
+  std::unique_ptr<ChildProcess> StartServer(const std::string& listen, const std::string& log) {
+    auto server = std::make_unique<ChildProcess>(
+        std::vector<std::string>{BinPath("strata-server"), "--listen", listen, "--http", "",
+                                 "--data", dir_.File("data")},
+        dir_.File(log));
+    EXPECT_TRUE(server->WaitForOutput("ready on port", 30)) << server->Output();
+    return server;
+  }
+  // The agent command line; `prefix` runs it inside something (ip netns exec).
+  std::vector<std::string> AgentArgs(const std::string& server, const std::string& agent_id,
+                                     std::vector<std::string> prefix = {}) {
+    std::vector<std::string> argv = std::move(prefix);
+    argv.push_back(BinPath("strata-agent"));
+    for (std::string a : {std::string("--server"), server, std::string("--pid"),
+                          std::to_string(demo_->pid()), std::string("--interval"),
+                          std::string("0.5"), std::string("--agent-id"), agent_id,
+                          std::string("--spool-dir"), dir_.File("spool"),
+                          std::string("--log-level"), std::string("debug"),
+                          std::string("--flush-timeout"), std::string("60")}) {
+      argv.push_back(std::move(a));
+    }
+    return argv;
+  }
+  std::unique_ptr<ChildProcess> StartAgent(const std::string& server, const std::string& agent_id,
+                                           const std::string& log,
+                                           std::vector<std::string> prefix = {}) {
+    return std::make_unique<ChildProcess>(AgentArgs(server, agent_id, std::move(prefix)),
+                                          dir_.File(log));
+  }
+  // Stops an agent that must deliver everything on its way out; its run's samples.
+  uint64_t StopAndCount(ChildProcess& agent) {
+    EXPECT_EQ(agent.Stop(SIGTERM, 90), 0) << agent.Output();
+    EXPECT_EQ(agent.Output().find("stay in the spool"), std::string::npos) << agent.Output();
+    const uint64_t samples = AgentSampleCount(agent.Output());
+    EXPECT_GT(samples, 0u) << agent.Output();
+    return samples;
+  }
+
+  strata::testing::TempDir dir_{"strata_e2e_faults"};
+  std::unique_ptr<ChildProcess> demo_;
+};
+
+class AgentKillTest : public FaultsTest, public ::testing::WithParamInterface<bool> {};
+
+// Killed during a server outage, restarted, the server back: every spooled batch arrives
+// once. With the parameter set, the newest spool record is cut as by a crash in the middle
+// of its write: that batch is skipped (and reported), every other one arrives.
+TEST_P(AgentKillTest, KilledDuringAnOutageDeliversItsSpoolAfterARestart) {
+  const bool torn = GetParam();
+  const int port = ReservePort();
+  ASSERT_GT(port, 0);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  auto first = StartAgent(address, "fault-outage", "agent1.log");
+  ASSERT_TRUE(WaitUntil([&] { return BatchLines(first->Output(), "spooled").size() >= 4; }, 60))
+      << first->Output();
+  first->Stop(SIGKILL);
+  const auto spooled = BatchLines(first->Output(), "spooled");
+  if (torn) {
+    fs::path newest;
+    for (const auto& e : fs::directory_iterator(dir_.File("spool") + "/given/fault-outage")) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("batches-", 0) == 0 && (newest.empty() || e.path() > newest)) newest = e.path();
+    }
+    ASSERT_FALSE(newest.empty());
+    ASSERT_GT(fs::file_size(newest), 17u);  // the magic and at least one record header
+    fs::resize_file(newest, fs::file_size(newest) - 3);
+  }
+
+  auto second = StartAgent(address, "fault-outage", "agent2.log");
+  ASSERT_TRUE(second->WaitForOutput("resuming as agent fault-outage", 30)) << second->Output();
+  const auto recovered = BatchLines(second->Output(), "recovered");
+  // Every batch the first run logged as spooled came back (one more may have been spooled
+  // and killed before its log line), except the torn one.
+  size_t logged_and_recovered = 0;
+  for (const auto& [seq, samples] : spooled) {
+    auto it = recovered.find(seq);
+    if (it == recovered.end()) continue;
+    EXPECT_EQ(it->second, samples) << seq;
+    ++logged_and_recovered;
+  }
+  EXPECT_GE(logged_and_recovered + (torn ? 1 : 0), spooled.size()) << second->Output();
+  if (torn) {
+    EXPECT_TRUE(second->WaitForOutput("skipped 1 torn or corrupt records", 10)) << second->Output();
+  }
+
+  auto server = StartServer(address, "server.log");
+  ASSERT_TRUE(second->WaitForOutput("connected to strata-server", 60)) << second->Output();
+  ASSERT_TRUE(WaitUntil([&] { return ServiceTotal(address, kService) >= Sum(recovered); }, 60));
+  const uint64_t counted = StopAndCount(*second);
+  EXPECT_EQ(ServiceTotal(address, kService), Sum(recovered) + counted);
+}
+
+INSTANTIATE_TEST_SUITE_P(Spool, AgentKillTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "TornRecord" : "Whole"; });
+
+// Killed while connected and shipping: batches acknowledged, in flight, applied but not
+// acknowledged, spooled but not sent. The restart resends what the server lacks; the server
+// applies each batch once.
+TEST_F(FaultsTest, AgentKilledWhileShippingLosesNothingAndCountsNothingTwice) {
+  ServerProcess server(dir_.File("data"), dir_.File("server.log"));
+  ASSERT_GT(server.port(), 0) << server.process().Output();
+  // Batches by (incarnation, sequence): a run that had nothing left to deliver starts a new
+  // incarnation (new graph, sequence numbers from 1); one that resumed continues the last.
+  std::map<std::pair<int, uint64_t>, uint64_t> spooled;
+  int incarnation = 0;
+  auto take = [&](const std::string& log, const std::string& verb) {
+    for (const auto& [seq, samples] : BatchLines(log, verb)) spooled[{incarnation, seq}] = samples;
+  };
+  for (int run = 0; run < 4; ++run) {
+    auto agent = StartAgent(server.address(), "fault-shipping", absl::StrCat("agent", run, ".log"));
+    ASSERT_TRUE(agent->WaitForOutput("strata-agent fault-shipping", 30)) << agent->Output();
+    if (agent->Output().find("resuming as agent") == std::string::npos) ++incarnation;
+    if (run == 3) {
+      ASSERT_TRUE(agent->WaitForOutput("connected to strata-server", 60)) << agent->Output();
+      ASSERT_TRUE(WaitUntil([&] { return BatchLines(agent->Output(), "spooled").size() >= 2; }, 60));
+      take(agent->Output(), "recovered");
+      const uint64_t counted = StopAndCount(*agent);
+      uint64_t expected = counted;
+      for (const auto& [key, samples] : spooled) expected += samples;
+      EXPECT_EQ(ServiceTotal(server.address(), kService), expected);
+      break;
+    }
+    // Killed at different points: soon after connecting, and later.
+    const uint64_t before = ServiceTotal(server.address(), kService);
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          return BatchLines(agent->Output(), "spooled").size() >= 3u + run &&
+                 ServiceTotal(server.address(), kService) > before;
+        },
+        60))
+        << agent->Output();
+    agent->Stop(SIGKILL);
+    take(agent->Output(), "recovered");
+    take(agent->Output(), "spooled");
+  }
+}
+
+// The server killed with SIGKILL three times under three agents, restarted each time on the
+// same data and port: every sample every agent counted is stored once.
+TEST_F(FaultsTest, ServerKilledAgainAndAgainUnderSeveralAgents) {
+  const int port = ReservePort();
+  ASSERT_GT(port, 0);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  auto server = StartServer(address, "server0.log");
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int i = 0; i < 3; ++i) {
+    agents.push_back(StartAgent(address, absl::StrCat("fault-fleet-", i), absl::StrCat("agent", i, ".log")));
+  }
+  for (int kill = 1; kill <= 3; ++kill) {
+    const uint64_t before = ServiceTotal(address, kService);
+    ASSERT_TRUE(WaitUntil([&] { return ServiceTotal(address, kService) > before; }, 60));
+    server->Stop(SIGKILL);
+    server = StartServer(address, absl::StrCat("server", kill, ".log"));
+  }
+  ASSERT_TRUE(WaitUntil([&] { return ServiceTotal(address, kService) > 0; }, 60));
+  uint64_t counted = 0;
+  for (auto& agent : agents) counted += StopAndCount(*agent);
+  EXPECT_EQ(ServiceTotal(address, kService), counted);
+}
+
+// An agent in its own network namespace behind a veth pair: a slow link (netem delay,
+// jitter and loss both ways where the kernel has sch_netem, else a 512 kbit/s token bucket),
+// then cut off for a while (the link down) and healed.
+TEST_F(FaultsTest, SlowLossyAndPartitionedLinkLosesNothing) {
+  const std::string tag = std::to_string(getpid() % 100000);
+  const std::string ns = "sfault" + tag, host_if = "sfh" + tag, ns_if = "sfn" + tag;
+  const std::string subnet = absl::StrCat("10.", 200 + getpid() % 50, ".", getpid() % 250);
+  const std::string host_ip = subnet + ".1", ns_ip = subnet + ".2";
+  const std::string ip = "/usr/sbin/ip", tc = "/usr/sbin/tc";
+  if (RunCommand({ip, "netns", "add", ns}).exit_code != 0) {
+    GTEST_SKIP() << "cannot create a network namespace (needs root and iproute2)";
+  }
+  struct Cleanup {
+    std::string ip, ns, host_if;
+    ~Cleanup() {
+      RunCommand({ip, "link", "del", host_if});
+      RunCommand({ip, "netns", "del", ns});
+    }
+  } cleanup{ip, ns, host_if};
+  auto run = [](std::vector<std::string> argv) {
+    CommandResult r = RunCommand(argv);
+    std::string line;
+    for (const auto& a : argv) line += a + " ";
+    EXPECT_EQ(r.exit_code, 0) << line << ": " << r.output;
+    return r.exit_code == 0;
+  };
+  const std::vector<std::string> in_ns = {ip, "netns", "exec", ns};
+  auto inside = [&](std::vector<std::string> argv) {
+    argv.insert(argv.begin(), in_ns.begin(), in_ns.end());
+    return argv;
+  };
+  ASSERT_TRUE(run({ip, "link", "add", host_if, "type", "veth", "peer", "name", ns_if}));
+  ASSERT_TRUE(run({ip, "link", "set", ns_if, "netns", ns}));
+  ASSERT_TRUE(run({ip, "addr", "add", host_ip + "/30", "dev", host_if}));
+  ASSERT_TRUE(run({ip, "link", "set", host_if, "up"}));
+  ASSERT_TRUE(run(inside({ip, "addr", "add", ns_ip + "/30", "dev", ns_if})));
+  ASSERT_TRUE(run(inside({ip, "link", "set", ns_if, "up"})));
+  ASSERT_TRUE(run(inside({ip, "link", "set", "lo", "up"})));
+  // Both directions slow (and lossy where netem exists).
+  const std::vector<std::string> netem = {"netem", "delay", "40ms", "10ms", "loss", "5%"};
+  const std::vector<std::string> tbf = {"tbf", "rate", "512kbit", "burst", "16kb", "latency",
+                                        "200ms"};
+  std::vector<std::string> qdisc = netem;
+  std::vector<std::string> probe = {tc, "qdisc", "add", "dev", host_if, "root"};
+  probe.insert(probe.end(), netem.begin(), netem.end());
+  if (RunCommand(probe).exit_code != 0) {
+    std::printf("kernel without sch_netem: the link is slow (512 kbit/s) and partitioned, "
+                "not lossy\n");
+    qdisc = tbf;
+    std::vector<std::string> add = {tc, "qdisc", "add", "dev", host_if, "root"};
+    add.insert(add.end(), tbf.begin(), tbf.end());
+    ASSERT_TRUE(run(add));
+  }
+  std::vector<std::string> add_ns = {tc, "qdisc", "add", "dev", ns_if, "root"};
+  add_ns.insert(add_ns.end(), qdisc.begin(), qdisc.end());
+  ASSERT_TRUE(run(inside(add_ns)));
+
+  const int port = ReservePort();
+  ASSERT_GT(port, 0);
+  const std::string address = host_ip + ":" + std::to_string(port);
+  auto server = StartServer(address, "server.log");
+  auto agent = StartAgent(address, "fault-net", "agent.log", in_ns);
+  ASSERT_TRUE(agent->WaitForOutput("connected to strata-server", 60)) << agent->Output();
+  ASSERT_TRUE(WaitUntil([&] { return ServiceTotal(address, kService) > 0; }, 60));
+  // Cut off for ten batches, then healed.
+  ASSERT_TRUE(run({ip, "link", "set", host_if, "down"}));
+  const size_t at_cut = BatchLines(agent->Output(), "spooled").size();
+  ASSERT_TRUE(WaitUntil(
+      [&] { return BatchLines(agent->Output(), "spooled").size() >= at_cut + 10; }, 60));
+  ASSERT_TRUE(run({ip, "link", "set", host_if, "up"}));
+  const uint64_t spooled = Sum(BatchLines(agent->Output(), "spooled"));
+  ASSERT_TRUE(WaitUntil([&] { return ServiceTotal(address, kService) >= spooled; }, 120))
+      << agent->Output();
+  const uint64_t counted = StopAndCount(*agent);
+  EXPECT_EQ(ServiceTotal(address, kService), counted);
+}
+
+}  // namespace
+}  // namespace strata::e2e
