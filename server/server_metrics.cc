@@ -240,6 +240,11 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
           st.table_reader_bytes);
     gauge("strata_memory_hour_block_bytes", "In-memory hour aggregates for long queries.",
           st.hour_block_bytes);
+    counter("strata_store_write_errors_total",
+            "Writes the store refused (disk full, I/O errors): those batches were not "
+            "acknowledged and come again.", st.write_errors);
+    counter("strata_store_write_resumes_total",
+            "Times the store resumed writing after such errors.", st.write_resumes);
     if (aggregator != nullptr) {
       const AggregatorStats a = aggregator->stats();
       counter("strata_aggregation_windows_closed_total",

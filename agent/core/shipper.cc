@@ -164,7 +164,8 @@ void Shipper::HandleServerMessage(const v1::ServerMessage& m) {
     case v1::ServerMessage::kError: {
       const auto& e = m.error();
       const bool retryable = e.code() == static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION) ||
-                             e.code() == static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED);
+                             e.code() == static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED) ||
+                             e.code() == static_cast<int>(grpc::StatusCode::UNAVAILABLE);
       if (e.fatal()) {
         // The server ends the stream: everything unacknowledged goes again, in order, after
         // the reconnect (no sooner than it asked).
@@ -174,8 +175,8 @@ void Shipper::HandleServerMessage(const v1::ServerMessage& m) {
         if (retryable) break;
       }
       // FailedPrecondition: the batch referenced graph the server lacked (Resync came with
-      // it), or waits for such a batch; ResourceExhausted: the server is short of memory.
-      // Both are resent. Anything else is permanent: drop the batch.
+      // it), or waits for such a batch; ResourceExhausted: the server is short of memory;
+      // Unavailable: its store cannot write. All are resent. Anything else is permanent: drop the batch.
       if (e.sequence() != 0 && retryable) {
         next_send_ = std::min(next_send_, e.sequence());
       } else if (e.sequence() != 0) {

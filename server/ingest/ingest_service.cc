@@ -398,7 +398,11 @@ absl::Status IngestService::Stream::HandleBatch(const v1::SampleBatch& batch) {
   const AgentIdentity& identity = session_->identity();
   if (!applied.ok()) {
     const absl::Status& st = applied.status();
-    if (absl::IsResourceExhausted(st)) return EndWith(st, batch.sequence());
+    // Out of memory for tables, or the store cannot write (disk full): nothing of the batch
+    // was applied; the agent comes back after a while and resends it, in order.
+    if (absl::IsResourceExhausted(st) || absl::IsUnavailable(st)) {
+      return EndWith(st, batch.sequence());
+    }
     // Only a batch beyond the graph needs the graph again; one waiting for an earlier
     // batch just comes again after it.
     if (absl::IsFailedPrecondition(st) && batch.epoch() > session_->num_edges()) Resync(st);
@@ -434,6 +438,8 @@ absl::Status IngestService::Stream::EndWith(const absl::Status& st, uint64_t seq
   uint32_t retry_after_ms = 0;
   if (absl::IsResourceExhausted(st)) {
     ++metrics->resource_exhausted;
+    retry_after_ms = service_->options_.retry_after_ms;
+  } else if (absl::IsUnavailable(st)) {
     retry_after_ms = service_->options_.retry_after_ms;
   }
   spdlog::warn("agent {}: ending stream: {}", log_name_, st.ToString());

@@ -4,12 +4,15 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdarg>
+#include <cstdio>
 #include <mutex>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "rocksdb/cache.h"
 #include "rocksdb/convenience.h"
 #include "rocksdb/db.h"
@@ -18,6 +21,7 @@
 #include "rocksdb/table.h"
 #include "rocksdb/write_batch.h"
 #include "common/base/saturating.h"
+#include "spdlog/spdlog.h"
 #include "server/store/codec.h"
 #include "server/store/merge.h"
 
@@ -42,8 +46,34 @@ absl::Status FromRocks(const rocksdb::Status& s) {
   if (s.IsCorruption()) return absl::DataLossError(s.ToString());
   if (s.IsInvalidArgument()) return absl::InvalidArgumentError(s.ToString());
   if (s.IsBusy() || s.IsTryAgain()) return absl::UnavailableError(s.ToString());
+  // Disk full, a failing disk: nothing was written; the writer tries again later.
+  if (s.IsIOError() || s.IsNoSpace()) return absl::UnavailableError(s.ToString());
   return absl::InternalError(s.ToString());
 }
+
+// RocksDB's own log goes to the server's log, not to a LOG file in the data directory: on a
+// full disk RocksDB's file logger fails its writes, and Debian's build asserts on that
+// (WritableFileWriter, "sync_without_flush_called_") and aborts the server. Info and
+// below are debug messages here; warnings and errors stay visible.
+class RocksLogger final : public rocksdb::Logger {
+ public:
+  RocksLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::INFO_LEVEL) {}
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
+  }
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    if (level < GetInfoLogLevel()) return;
+    const spdlog::level::level_enum to = level >= rocksdb::InfoLogLevel::ERROR_LEVEL ? spdlog::level::err
+                                         : level == rocksdb::InfoLogLevel::WARN_LEVEL ? spdlog::level::warn
+                                                                                     : spdlog::level::debug;
+    if (!spdlog::should_log(to)) return;
+    char buf[1024];
+    const int n = vsnprintf(buf, sizeof buf, format, ap);
+    if (n < 0) return;
+    spdlog::log(to, "rocksdb: {}", std::string_view(buf, std::min<size_t>(n, sizeof buf - 1)));
+  }
+};
 
 std::string_view View(const rocksdb::Slice& s) { return std::string_view(s.data(), s.size()); }
 rocksdb::Slice ToSlice(std::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
@@ -496,6 +526,13 @@ struct Store::Impl {
   std::array<absl::Mutex, kSequenceStripes> sequence_mu;
   // Referenced by the column family options; must outlive the DB.
   std::vector<std::unique_ptr<rocksdb::CompactionFilter>> retention_filters;
+  // After a failed write RocksDB refuses every write until Resume(): tried on the next write
+  // at most once a second, so the server recovers by itself when space returns.
+  std::atomic<uint64_t> write_errors{0};
+  std::atomic<uint64_t> resumes{0};
+  absl::Mutex resume_mu;
+  absl::Time last_resume ABSL_GUARDED_BY(resume_mu) = absl::InfinitePast();
+  bool write_failed ABSL_GUARDED_BY(resume_mu) = false;
   std::mutex close_mu;
   bool closed = false;
   absl::Status close_status;
@@ -658,7 +695,32 @@ struct Store::Impl {
     }
     rocksdb::WriteOptions wo;
     wo.sync = options.sync;
-    return FromRocks(db->Write(wo, &wb));
+    if (absl::Status resumed = ResumeAfterWriteError(); !resumed.ok()) return resumed;
+    s = db->Write(wo, &wb);
+    if (!s.ok()) {
+      write_errors.fetch_add(1, std::memory_order_relaxed);
+      absl::MutexLock lock(&resume_mu);
+      if (!write_failed) spdlog::error("store: writes fail: {}", s.ToString());
+      write_failed = true;
+    }
+    return FromRocks(s);
+  }
+
+  // OK when writes may be tried; Unavailable while RocksDB stays stopped by an earlier error.
+  absl::Status ResumeAfterWriteError() {
+    absl::MutexLock lock(&resume_mu);
+    if (!write_failed) return absl::OkStatus();
+    const absl::Time now = absl::Now();
+    if (now - last_resume < absl::Seconds(1)) {
+      return absl::UnavailableError("the store cannot write (disk full or failing); retrying");
+    }
+    last_resume = now;
+    rocksdb::Status r = db->Resume();
+    if (!r.ok()) return FromRocks(r);
+    write_failed = false;
+    resumes.fetch_add(1, std::memory_order_relaxed);
+    spdlog::info("store: writes resumed");
+    return absl::OkStatus();
   }
 
   // Cells of `scope` in column `column` with window in [from, to) (0 <= from < to),
@@ -862,6 +924,10 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
   rocksdb::DBOptions db_options;
   db_options.create_if_missing = options.create_if_missing;
   db_options.create_missing_column_families = true;
+  db_options.info_log = std::make_shared<RocksLogger>();
+  // No preallocation: a full disk fails the write that meets it (the batch is then not
+  // acknowledged) instead of tens of MiB later in a background flush.
+  db_options.allow_fallocate = false;
   db_options.max_background_jobs = 2;
   db_options.bytes_per_sync = 1 << 20;
 
@@ -1241,6 +1307,8 @@ StoreStats Store::Stats() {
   stats.stack_cache_entries = impl_->stacks->Size();
   stats.function_cache_entries = impl_->functions->Size();
   stats.cells_scanned = impl_->cells_scanned.load(std::memory_order_relaxed);
+  stats.write_errors = impl_->write_errors.load(std::memory_order_relaxed);
+  stats.write_resumes = impl_->resumes.load(std::memory_order_relaxed);
   impl_->hour_blocks->Stats(&stats);
   for (rocksdb::ColumnFamilyHandle* h : impl_->columns) {
     uint64_t v = 0;

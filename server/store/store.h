@@ -221,6 +221,9 @@ struct StoreStats {
   uint64_t memtable_bytes = 0;
   uint64_t block_cache_bytes = 0;
   uint64_t table_reader_bytes = 0;
+  // Writes RocksDB refused (disk full, I/O errors), and recoveries from them.
+  uint64_t write_errors = 0;
+  uint64_t write_resumes = 0;
 };
 
 // Column families, for tests and tools that need raw access.

@@ -163,7 +163,8 @@ class Agent {
         break;
       case v1::ServerMessage::kError: {
         const v1::IngestError& e = m.error();
-        if (e.code() == static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED)) {
+        if (e.code() == static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED) ||
+            e.code() == static_cast<int>(grpc::StatusCode::UNAVAILABLE)) {
           ++refusals_;
           retry_after_ = std::max(retry_after_, absl::Milliseconds(e.retry_after_ms()));
         } else if (e.code() == static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION)) {

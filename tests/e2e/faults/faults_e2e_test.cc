@@ -319,5 +319,59 @@ TEST_F(FaultsTest, SlowLossyAndPartitionedLinkLosesNothing) {
   EXPECT_EQ(ServiceTotal(address, kService), counted);
 }
 
+// The server's disk fills up (a tmpfs the test mounts, larger than RocksDB's 64 MiB recovery
+// reserve, then a file taking what is
+// left) while a real agent and simulated ones ship: the store refuses writes, the batches
+// are not acknowledged (UNAVAILABLE, retry later), queries are still answered; the file goes,
+// the store resumes by itself, and every sample arrives once.
+TEST_F(FaultsTest, DiskFullOnTheServerLosesNothingAndRecovers) {
+  const std::string mount_point = dir_.File("disk");
+  fs::create_directories(mount_point);
+  if (RunCommand({"/usr/bin/mount", "-t", "tmpfs", "-o", "size=160m", "tmpfs", mount_point})
+          .exit_code != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs (needs root)";
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { RunCommand({"/usr/bin/umount", "-l", path}); }
+  } unmount{mount_point};
+  const int port = ReservePort();
+  ASSERT_GT(port, 0);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  auto server = std::make_unique<ChildProcess>(
+      std::vector<std::string>{BinPath("strata-server"), "--listen", address, "--http", "",
+                               "--data", mount_point + "/data"},
+      dir_.File("server.log"));
+  ASSERT_TRUE(server->WaitForOutput("ready on port", 30)) << server->Output();
+  auto agent = StartAgent(address, "fault-disk", "agent.log");
+  ASSERT_TRUE(WaitUntil([&] { return ServiceTotal(address, kService) > 0; }, 60));
+
+  // Everything left on the disk taken, then writes until the store fails.
+  const fs::space_info space = fs::space(mount_point);
+  ASSERT_EQ(RunCommand({"/usr/bin/fallocate", "-l", std::to_string(space.available),
+                        mount_point + "/fill"})
+                .exit_code,
+            0);
+  ChildProcess load({BinPath("strata-loadgen"), "--server", address, "--agents", "8",
+                     "--interval", "0.5", "--rate", "20000", "--contexts", "2000", "--duration",
+                     "15", "--ramp-up", "0", "--max-backoff", "2", "--drain-timeout", "120",
+                     "--query-every", "0", "--service-prefix", "diskfull"},
+                    dir_.File("loadgen.log"));
+  ASSERT_TRUE(server->WaitForOutput("store: writes fail", 60))
+      << "server exit status " << server->Wait(0) << "\n" << server->Output();
+  // Queries are still answered while the disk is full.
+  const uint64_t during = ServiceTotal(address, kService);
+  EXPECT_GT(during, 0u);
+  ASSERT_TRUE(agent->WaitForOutput("server ends the stream", 60)) << agent->Output();
+
+  fs::remove(mount_point + "/fill");
+  ASSERT_TRUE(server->WaitForOutput("store: writes resumed", 60)) << server->Output();
+  EXPECT_EQ(load.Wait(240), 0) << load.Output();
+  ASSERT_TRUE(WaitUntil([&] { return ServiceTotal(address, kService) > during; }, 60));
+  const uint64_t counted = StopAndCount(*agent);
+  EXPECT_EQ(ServiceTotal(address, kService), counted);
+  EXPECT_TRUE(server->running()) << server->Output();
+}
+
 }  // namespace
 }  // namespace strata::e2e
