@@ -7,10 +7,14 @@
 #include <cstdarg>
 #include <cstdio>
 #include <mutex>
+#include <fstream>
+#include <filesystem>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "rocksdb/cache.h"
@@ -909,6 +913,57 @@ struct Store::Impl {
   }
 };
 
+namespace {
+
+constexpr char kMarkerFile[] = "STRATA";
+constexpr char kMarker[] = "strata-store 1\n";
+
+// Refuses a directory that holds something other than a Strata store, before RocksDB
+// creates its files among someone else's: a path given by mistake must not be written to.
+absl::Status CheckDataDirectory(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return absl::OkStatus();
+  if (!fs::is_directory(dir, ec)) {
+    return absl::FailedPreconditionError(absl::StrCat(dir, " is not a directory"));
+  }
+  const std::string marker = dir + "/" + kMarkerFile;
+  if (fs::exists(marker, ec)) {
+    std::ifstream in(marker);
+    std::string contents((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (contents != kMarker) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          marker, " says '", absl::CHexEscape(contents.substr(0, 64)),
+          "', not '", absl::CHexEscape(kMarker), "': a store of another version or a damaged file"));
+    }
+    return absl::OkStatus();
+  }
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir, ec)) names.push_back(e.path().filename());
+  if (names.empty()) return absl::OkStatus();
+  if (fs::exists(dir + "/CURRENT", ec)) {
+    // A RocksDB database: a Strata store from before the marker has Strata's column families.
+    std::vector<std::string> families;
+    rocksdb::Status st = rocksdb::DB::ListColumnFamilies(rocksdb::DBOptions(), dir, &families);
+    if (!st.ok()) return FromRocks(st);
+    for (const char* name : kColumnNames) {
+      if (std::find(families.begin(), families.end(), name) == families.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            dir, " holds a RocksDB database that is not a Strata store (column families: ",
+            absl::StrJoin(families, ", "), ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  std::sort(names.begin(), names.end());
+  names.resize(std::min<size_t>(names.size(), 3));
+  return absl::FailedPreconditionError(absl::StrCat(
+      dir, " is not empty and is not a Strata data directory (it holds ",
+      absl::StrJoin(names, ", "), "...): give an empty or new directory"));
+}
+
+}  // namespace
+
 Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Store::~Store() { Close().IgnoreError(); }
@@ -989,9 +1044,14 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
   // RocksDB always has a default column family; the store keeps nothing in it.
   descriptors.emplace_back(rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions());
 
+  if (absl::Status checked = CheckDataDirectory(dir); !checked.ok()) return checked;
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::Status s = rocksdb::DB::Open(db_options, dir, descriptors, &handles, &impl->db);
   if (!s.ok()) return FromRocks(s);
+  if (!std::filesystem::exists(dir + "/" + kMarkerFile)) {
+    std::ofstream out(dir + "/" + kMarkerFile);
+    out << kMarker;
+  }
   for (size_t i = 0; i < kNumColumns; ++i) impl->columns[i] = handles[i];
   impl->db->DestroyColumnFamilyHandle(handles.back()).PermitUncheckedError();
   return std::unique_ptr<Store>(new Store(std::move(impl)));

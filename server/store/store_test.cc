@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <algorithm>
 #include <atomic>
 #include <limits>
@@ -16,6 +17,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rocksdb/db.h"
 #include "server/store/codec.h"
 
 namespace strata::store {
@@ -869,6 +871,63 @@ TEST_F(SumSamplesTest, CorruptHourRowIsAnErrorNotCached) {
   EXPECT_FALSE(store_->SumSamples(q).ok());
   EXPECT_FALSE(store_->SumSamples(q).ok());
   EXPECT_FALSE(store_->SumSamples({"", 0, 1, std::nullopt, std::nullopt}).ok());
+}
+
+}  // namespace
+}  // namespace strata::store
+
+namespace strata::store {
+namespace {
+
+// A directory given by mistake is refused before anything is written into it, with the
+// reason and the path; a damaged store names the file.
+TEST(StoreDirectoryTest, ForeignOrDamagedDirectoriesAreRefusedClearly) {
+  char tmpl[] = "/tmp/strata_store_dir_test.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string root = tmpl;
+  namespace fs = std::filesystem;
+  {
+    fs::create_directories(root + "/foreign");
+    std::ofstream(root + "/foreign/notes.txt") << "mine";
+    auto store = Store::Open(root + "/foreign", StoreOptions());
+    ASSERT_FALSE(store.ok());
+    EXPECT_TRUE(absl::IsFailedPrecondition(store.status())) << store.status();
+    EXPECT_NE(store.status().message().find("notes.txt"), std::string::npos) << store.status();
+    EXPECT_FALSE(fs::exists(root + "/foreign/CURRENT"));
+  }
+  {
+    std::ofstream(root + "/file") << "x";
+    auto store = Store::Open(root + "/file", StoreOptions());
+    ASSERT_FALSE(store.ok());
+    EXPECT_NE(store.status().message().find("not a directory"), std::string::npos);
+  }
+  {
+    // Another application's RocksDB database.
+    rocksdb::Options o;
+    o.create_if_missing = true;
+    rocksdb::DB* db = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(o, root + "/other", &db).ok());
+    delete db;
+    auto store = Store::Open(root + "/other", StoreOptions());
+    ASSERT_FALSE(store.ok());
+    EXPECT_NE(store.status().message().find("not a Strata store"), std::string::npos)
+        << store.status();
+  }
+  {
+    // A store whose MANIFEST was cut short.
+    const std::string dir = root + "/damaged";
+    ASSERT_TRUE(Store::Open(dir, StoreOptions()).ok());
+    std::string manifest;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      if (e.path().filename().string().rfind("MANIFEST-", 0) == 0) manifest = e.path();
+    }
+    ASSERT_FALSE(manifest.empty());
+    fs::resize_file(manifest, 20);
+    auto store = Store::Open(dir, StoreOptions());
+    ASSERT_FALSE(store.ok());
+    EXPECT_NE(store.status().message().find("MANIFEST-"), std::string::npos) << store.status();
+  }
+  fs::remove_all(root);
 }
 
 }  // namespace
