@@ -19,6 +19,7 @@
 #include "server/ingest/ingest_service.h"
 #include "server/query/query_service.h"
 #include "server/server_metrics.h"
+#include "server/store/backup.h"
 #include "server/store/store.h"
 #include "spdlog/spdlog.h"
 
@@ -114,7 +115,43 @@ int Run(int argc, char** argv) {
   app.add_option("--ingest-threads", ingest_threads,
                  "threads that decode and commit agent batches (0: one per core)")
       ->capture_default_str();
+  // Maintenance commands on a data directory, instead of serving.
+  std::string backup_to, restore_from;
+  uint32_t backup_keep = 7;
+  CLI::App* backup = app.add_subcommand(
+      "backup", "copy the store in --data into a backup directory (incremental, checksummed; "
+                "the server may keep running)");
+  backup->add_option("--data", data, "the server's data directory")->capture_default_str();
+  backup->add_option("--to", backup_to, "backup directory (created if missing)")->required();
+  backup->add_option("--keep", backup_keep, "backups to keep there (0: all)")->capture_default_str();
+  CLI::App* restore = app.add_subcommand(
+      "restore", "restore the latest backup into a new data directory (the server stopped)");
+  restore->add_option("--from", restore_from, "backup directory")->required();
+  restore->add_option("--data", data, "new data directory (must be empty or missing)")
+      ->required();
+  app.require_subcommand(0, 1);
   CLI11_PARSE(app, argc, argv);
+  if (*backup) {
+    strata::store::BackupInfo info;
+    absl::Status st = strata::store::BackupStore(data, backup_to, backup_keep, &info);
+    if (!st.ok()) {
+      std::fprintf(stderr, "strata-server backup: %s\n", std::string(st.message()).c_str());
+      return 1;
+    }
+    std::printf("backup %u of %s in %s: %llu bytes; %u backups kept\n", info.backup_id,
+                data.c_str(), backup_to.c_str(), static_cast<unsigned long long>(info.bytes),
+                info.backups);
+    return 0;
+  }
+  if (*restore) {
+    absl::Status st = strata::store::RestoreStore(restore_from, data);
+    if (!st.ok()) {
+      std::fprintf(stderr, "strata-server restore: %s\n", std::string(st.message()).c_str());
+      return 1;
+    }
+    std::printf("restored the latest backup of %s into %s\n", restore_from.c_str(), data.c_str());
+    return 0;
+  }
   uint64_t table_bytes = 0, message_bytes = 0, session_bytes = 0;
   for (auto [flag, text, out] : {std::tuple{"--table-memory", &table_memory, &table_bytes},
                                  std::tuple{"--max-message-bytes", &max_message, &message_bytes},

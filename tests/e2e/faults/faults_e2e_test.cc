@@ -373,5 +373,36 @@ TEST_F(FaultsTest, DiskFullOnTheServerLosesNothingAndRecovers) {
   EXPECT_TRUE(server->running()) << server->Output();
 }
 
+// An online backup while an agent ships, restored into a new directory: a server on it
+// holds what the store held at the backup (between the totals before and after it).
+TEST_F(FaultsTest, OnlineBackupRestoresIntoAWorkingStore) {
+  auto server = std::make_unique<ServerProcess>(dir_.File("data"), dir_.File("server.log"));
+  ASSERT_GT(server->port(), 0) << server->process().Output();
+  const std::string address = server->address();
+  auto agent = StartAgent(address, "fault-backup", "agent.log");
+  ASSERT_TRUE(WaitUntil([&] { return ServiceTotal(address, kService) > 0; }, 60));
+  const uint64_t before = ServiceTotal(address, kService);
+  CommandResult backup = RunCommand({BinPath("strata-server"), "backup", "--data",
+                                     dir_.File("data"), "--to", dir_.File("backup")});
+  ASSERT_EQ(backup.exit_code, 0) << backup.output;
+  const uint64_t after = ServiceTotal(address, kService);
+  StopAndCount(*agent);
+  server->process().Stop(SIGTERM, 30);
+
+  // Restoring over a store is refused; into a new directory it works.
+  CommandResult refused = RunCommand({BinPath("strata-server"), "restore", "--from",
+                                      dir_.File("backup"), "--data", dir_.File("data")});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("not empty"), std::string::npos) << refused.output;
+  CommandResult restore = RunCommand({BinPath("strata-server"), "restore", "--from",
+                                      dir_.File("backup"), "--data", dir_.File("restored")});
+  ASSERT_EQ(restore.exit_code, 0) << restore.output;
+  ServerProcess restored(dir_.File("restored"), dir_.File("restored.log"));
+  ASSERT_GT(restored.port(), 0) << restored.process().Output();
+  const uint64_t total = ServiceTotal(restored.address(), kService);
+  EXPECT_GE(total, before);
+  EXPECT_LE(total, after);
+}
+
 }  // namespace
 }  // namespace strata::e2e
