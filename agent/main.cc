@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -229,10 +230,21 @@ int Run(int argc, char** argv) {
     const int64_t ms = absl::ToInt64Milliseconds(interval);
     return absl::FromUnixMillis((absl::ToUnixMillis(t) / ms + 1) * ms);
   };
-  absl::Time window_end = next_boundary(window_start);
+  // Boundaries follow the wall clock (windows line up across agents); the wait for one
+  // follows the monotonic clock: a wall clock stepped back an hour must not hold an hour of
+  // samples in the agent (one stepped forward ships at once).
+  absl::Time window_end;
+  std::chrono::steady_clock::time_point window_deadline;
+  auto plan_window = [&](absl::Time now) {
+    window_end = next_boundary(now);
+    window_deadline = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(window_end - now);
+  };
+  plan_window(window_start);
   auto ship_window = [&](absl::Time end) {
-    auto batch = (*profiler)->TakeBatch(absl::ToUnixMillis(window_start),
-                                        absl::ToUnixMillis(end), sequence + 1);
+    // After the clock went back, the window starts no later than it ends.
+    const absl::Time start = std::min(window_start, end);
+    auto batch = (*profiler)->TakeBatch(absl::ToUnixMillis(start), absl::ToUnixMillis(end),
+                                        sequence + 1);
     if (!batch.ok()) {
       spdlog::error("building batch: {}", batch.status().ToString());
     } else if (batch->has_value()) {
@@ -245,14 +257,16 @@ int Run(int argc, char** argv) {
     // Shorter waits while a capture runs: its batches go out every second.
     const absl::Duration max_wait =
         captures.running() > 0 ? absl::Milliseconds(50) : absl::Milliseconds(200);
-    auto st = (*profiler)->Poll(std::min(max_wait, window_end - absl::Now()));
+    auto st = (*profiler)->Poll(std::min(
+        max_wait, absl::FromChrono(window_deadline - std::chrono::steady_clock::now())));
     if (!st.ok()) spdlog::warn("sampling: {}", st.ToString());
     shipper.SetTargets((*profiler)->targets());
     const absl::Time now = absl::Now();
     captures.Tick(now, &sequence);
-    if (now >= window_end || (*profiler)->batch_full()) {
+    if (now >= window_end || std::chrono::steady_clock::now() >= window_deadline ||
+        (*profiler)->batch_full()) {
       ship_window(now);
-      window_end = next_boundary(now);
+      plan_window(now);
     }
   }
   captures.StopAll(absl::Now(), &sequence);

@@ -11,7 +11,7 @@ packages=(
   libelf-dev libdw-dev libunwind-dev zlib1g-dev
   g++-mips64el-linux-gnuabi64 g++-mips64-linux-gnuabi64 qemu-user
   procps curl ca-certificates dpkg-dev
-  golang-go chromium libxml2-utils
+  golang-go chromium libxml2-utils libfaketime
 )
 
 missing=()

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <regex>
@@ -402,6 +403,39 @@ TEST_F(FaultsTest, OnlineBackupRestoresIntoAWorkingStore) {
   const uint64_t total = ServiceTotal(restored.address(), kService);
   EXPECT_GE(total, before);
   EXPECT_LE(total, after);
+}
+
+// The agent's wall clock stepped back an hour, then forward two (libfaketime, the monotonic
+// clock left alone): batches keep going out every interval, none is refused, and every
+// sample arrives once.
+TEST_F(FaultsTest, AgentClockJumpsLoseNothing) {
+  const std::string faketime = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+  if (!fs::exists(faketime)) GTEST_SKIP() << "libfaketime not installed (Debian libfaketime)";
+  ServerProcess server(dir_.File("data"), dir_.File("server.log"));
+  ASSERT_GT(server.port(), 0) << server.process().Output();
+  const std::string offset_file = dir_.File("clock");
+  auto set_offset = [&](const std::string& offset) {
+    std::ofstream(offset_file + ".tmp") << offset << "\n";
+    fs::rename(offset_file + ".tmp", offset_file);
+  };
+  set_offset("+0");
+  ChildProcess agent(AgentArgs(server.address(), "fault-clock"), dir_.File("agent.log"),
+                     {{"LD_PRELOAD", faketime},
+                      {"FAKETIME_TIMESTAMP_FILE", offset_file},
+                      {"FAKETIME_NO_CACHE", "1"},
+                      {"FAKETIME_DONT_FAKE_MONOTONIC", "1"}});
+  auto spooled = [&] { return BatchLines(agent.Output(), "spooled").size(); };
+  ASSERT_TRUE(WaitUntil([&] { return spooled() >= 3; }, 60)) << agent.Output();
+  for (const char* offset : {"-1h", "+1h", "+0"}) {
+    set_offset(offset);
+    const size_t at_jump = spooled();
+    // Two intervals of 0.5 s, with room for a loaded machine.
+    ASSERT_TRUE(WaitUntil([&] { return spooled() >= at_jump + 4; }, 30))
+        << "clock " << offset << ": batches stopped\n" << agent.Output();
+  }
+  const uint64_t counted = StopAndCount(agent);
+  EXPECT_EQ(agent.Output().find("rejected batch"), std::string::npos) << agent.Output();
+  EXPECT_EQ(ServiceTotal(server.address(), kService), counted);
 }
 
 }  // namespace
