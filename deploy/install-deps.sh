@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config ccache git
+  build-essential cmake ninja-build pkg-config ccache git clang libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libboost-dev libboost-system-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev libabsl-dev libcli11-dev

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# deploy/sanitize.sh [asan|tsan]: sanitizer builds and their tests (clang 14).
+#
+#  asan (default): build-sanitize, AddressSanitizer + UndefinedBehaviorSanitizer (every finding
+#     aborts) with the libFuzzer targets (STRATA_FUZZ=ON); runs `ctest -LE e2e`: every unit and
+#     integration test under ASan+UBSan, then every fuzz target over its seed corpus plus
+#     STRATA_FUZZ_SECONDS (default 10) of fuzzing. The end-to-end suites (label e2e, which
+#     includes faults) are left out: they start real servers and agents on loopback with
+#     timing-based expectations, and deploy/test.sh runs them on the regular build.
+#  tsan: build-tsan, ThreadSanitizer; builds and runs the server's concurrent-path tests only
+#     (server_test: ingest AgentSession, WindowAggregator, HTTP server, profiles;
+#     capture_service_test; store_test). See the note on Abseil below.
+#
+# Environment: JOBS (default: number of cores), BUILD_DIR (default build-sanitize /
+# build-tsan), STRATA_FUZZ_SECONDS (asan: fuzzing per target in the fuzz tests).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+mode=${1:-asan}
+jobs=${JOBS:-$(nproc)}
+
+deploy/install-deps.sh
+
+common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang-14
+        -DCMAKE_CXX_COMPILER=clang++-14 -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=OFF)
+# Reports with stacks; leaks are checked at exit (ASan) and per input (libFuzzer).
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:check_initialization_order=1:strict_string_checks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+case "$mode" in
+  asan)
+    build=${BUILD_DIR:-build-sanitize}
+    echo "== ASan+UBSan build with fuzz targets ($build)"
+    cmake -S . -B "$build" "${common[@]}" -DSTRATA_SANITIZE=address,undefined -DSTRATA_FUZZ=ON \
+      -DSTRATA_FUZZ_SECONDS="${STRATA_FUZZ_SECONDS:-10}" >/dev/null
+    cmake --build "$build" -j "$jobs"
+    echo "== unit, integration and fuzz tests under ASan+UBSan (ctest -LE e2e)"
+    (cd "$build" && ctest -LE e2e --output-on-failure -j "$jobs" --timeout 1800)
+    ;;
+  tsan)
+    build=${BUILD_DIR:-build-tsan}
+    echo "== ThreadSanitizer build ($build)"
+    cmake -S . -B "$build" "${common[@]}" -DSTRATA_SANITIZE=thread -DSTRATA_FUZZ=OFF >/dev/null
+    tests=(server_test capture_service_test store_test)
+    cmake --build "$build" -j "$jobs" --target "${tests[@]}"
+    export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/deploy/tsan.supp}
+    status=0
+    for t in "${tests[@]}"; do
+      echo "== $t under ThreadSanitizer"
+      "$build/tests/$t" --gtest_brief=1 || status=1
+    done
+    exit $status
+    ;;
+  *)
+    echo "usage: deploy/sanitize.sh [asan|tsan]" >&2
+    exit 2
+    ;;
+esac
