@@ -203,6 +203,8 @@ int Run(int argc, char** argv) {
   ship.version = kVersion;
   ship.token = token;
   ship.frequency_hz = frequency;
+  ship.spool_corrupt_records = recovery.corrupt_records;
+  ship.spool_orphaned_batches = recovery.orphaned_batches;
   strata::agent::Shipper shipper(ship, graph.get(), spool->get());
   strata::agent::CaptureControllerOptions capture_options;
   capture_options.cpu_budget = capture_cpu_budget_pct / 100;

@@ -44,13 +44,22 @@ int RunAgents(CliContext* ctx) {
     std::printf("No agents have connected since the server started.\n");
     return 0;
   }
-  Table table({"AGENT", "HOST", "ARCH", "VERSION", "STATE", "BATCHES", "LAST BATCH", "TARGETS"},
-              {5});
+  Table table({"AGENT", "HOST", "ARCH", "VERSION", "STATE", "BATCHES", "LAST BATCH", "SPOOL",
+               "DROPPED", "TARGETS"},
+              {5, 7, 8});
   for (const auto& a : r.agents()) {
+    const v1::AgentHealth& h = a.health();
+    // Unacknowledged batches held (in memory only: lost if the agent stops), and what the
+    // agent lost: dropped past its spool's bound, or found torn or without their graph.
+    const std::string spool = !a.has_health() ? "-"
+                              : absl::StrCat(WithThousands(h.spool_batches()),
+                                             h.spool_on_disk() ? "" : " (memory)");
+    const uint64_t lost =
+        h.spool_dropped_batches() + h.spool_corrupt_records() + h.spool_orphaned_batches();
     table.AddRow({a.agent_id(), a.host(), a.arch(), a.version(),
                   a.connected() ? "connected" : "gone", WithThousands(a.batches()),
-                  a.last_batch_ms() ? FormatRfc3339(a.last_batch_ms()) : "-",
-                  absl::StrJoin(a.targets(), ",")});
+                  a.last_batch_ms() ? FormatRfc3339(a.last_batch_ms()) : "-", spool,
+                  a.has_health() ? WithThousands(lost) : "-", absl::StrJoin(a.targets(), ",")});
   }
   std::fputs(table.ToString().c_str(), stdout);
   return 0;

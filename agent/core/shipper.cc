@@ -194,6 +194,23 @@ void Shipper::HandleServerMessage(const v1::ServerMessage& m) {
   }
 }
 
+v1::AgentMessage Shipper::Heartbeat() {
+  v1::AgentMessage m;
+  v1::Heartbeat* hb = m.mutable_heartbeat();
+  hb->set_time_ms(absl::ToUnixMillis(absl::Now()));
+  const SpoolStats spool = spool_->stats();
+  v1::AgentHealth* h = hb->mutable_health();
+  h->set_spool_batches(spool.batches);
+  h->set_spool_bytes(spool.bytes);
+  h->set_spool_dropped_batches(spool.batches_dropped);
+  h->set_spool_dropped_samples(spool.samples_dropped);
+  h->set_spool_write_errors(spool.write_errors);
+  h->set_spool_corrupt_records(options_.spool_corrupt_records);
+  h->set_spool_orphaned_batches(options_.spool_orphaned_batches);
+  h->set_spool_on_disk(!spool_->path().empty());
+  return m;
+}
+
 void Shipper::Session(v1::Ingest::Stub* stub) {
   grpc::ClientContext context;
   auto stream = stub->Connect(&context);
@@ -254,6 +271,7 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
   });
 
   absl::Time last_write = absl::Now();
+  absl::Time last_health = absl::Now();
   bool ok = true;
   while (ok) {
     std::vector<v1::AgentMessage> out;
@@ -275,8 +293,7 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
         break;
       }
       if (!targets_sent_ && !targets_.empty()) {
-        v1::AgentMessage m;
-        m.mutable_heartbeat()->set_time_ms(absl::ToUnixMillis(absl::Now()));
+        v1::AgentMessage m = Heartbeat();
         for (const auto& t : targets_) *m.mutable_heartbeat()->add_targets() = t;
         out.push_back(std::move(m));
         targets_sent_ = true;
@@ -318,10 +335,13 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
         next_send_ = entry.sequence + 1;
       }
     }
-    if (out.empty() && absl::Now() - last_write > options_.heartbeat) {
-      v1::AgentMessage hb;
-      hb.mutable_heartbeat()->set_time_ms(absl::ToUnixMillis(absl::Now()));
-      out.push_back(std::move(hb));
+    // A heartbeat when the stream was idle, and the agent's health at the same pace while
+    // batches flow (an agent that ships every interval would otherwise never report it).
+    if ((out.empty() && absl::Now() - last_write > options_.heartbeat) ||
+        absl::Now() - last_health > options_.heartbeat) {
+      absl::MutexLock lock(&mu_);
+      out.push_back(Heartbeat());
+      last_health = absl::Now();
     }
     for (const auto& m : out) {
       const size_t bytes = m.ByteSizeLong();

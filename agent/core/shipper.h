@@ -42,6 +42,9 @@ struct ShipperOptions {
   std::string token;
   uint32_t frequency_hz = 99;
   std::map<std::string, std::string> labels;
+  // What the spool found at start-up, reported in the agent's health.
+  uint64_t spool_corrupt_records = 0;
+  uint64_t spool_orphaned_batches = 0;
   absl::Duration heartbeat = absl::Seconds(10);
   absl::Duration max_backoff = absl::Seconds(30);
 };
@@ -84,6 +87,8 @@ class Shipper {
   // One connection's lifetime; returns when the stream breaks or Stop() is called.
   void Session(v1::Ingest::Stub* stub);
   void HandleServerMessage(const v1::ServerMessage& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A heartbeat with the agent's health.
+  v1::AgentMessage Heartbeat() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ShipperOptions options_;
   ContextGraph* const graph_;

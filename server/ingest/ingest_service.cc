@@ -76,6 +76,13 @@ void AgentRegistry::SetTargets(const std::string& agent_id,
   for (const v1::Target& t : targets) it->second.targets[t.pid()] = t;
 }
 
+void AgentRegistry::SetHealth(const std::string& agent_id, const v1::AgentHealth& health) {
+  absl::MutexLock lock(&mu_);
+  auto it = agents_.find(agent_id);
+  if (it == agents_.end()) return;
+  it->second.health = health;
+}
+
 std::vector<v1::AgentInfo> AgentRegistry::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::AgentInfo> out;
@@ -88,6 +95,7 @@ std::vector<v1::AgentInfo> AgentRegistry::List() const {
     info.set_connected(e.connected);
     info.set_last_batch_ms(e.last_batch_ms);
     info.set_batches(e.batches);
+    *info.mutable_health() = e.health;
     for (const auto& [pid, t] : e.targets) {
       info.add_targets(absl::StrCat(t.service(), "/", pid));
     }
@@ -321,9 +329,15 @@ absl::Status IngestService::Stream::Handle(const v1::AgentMessage& message) {
       if (absl::Status st = CheckHeartbeat(message.heartbeat(), service_->options_.limits);
           !st.ok()) {
         Reject(st, 0);
-      } else if (message.heartbeat().targets_size() > 0) {
-        service_->registry_->SetTargets(session_->identity().agent_id,
-                                        message.heartbeat().targets());
+      } else {
+        if (message.heartbeat().targets_size() > 0) {
+          service_->registry_->SetTargets(session_->identity().agent_id,
+                                          message.heartbeat().targets());
+        }
+        if (message.heartbeat().has_health()) {
+          service_->registry_->SetHealth(session_->identity().agent_id,
+                                         message.heartbeat().health());
+        }
       }
       return absl::OkStatus();
     case v1::AgentMessage::kCaptureStatus:

@@ -68,6 +68,8 @@ class AgentRegistry {
   // Replaces the agent's target list (from a Heartbeat).
   void SetTargets(const std::string& agent_id,
                   const google::protobuf::RepeatedPtrField<v1::Target>& targets);
+  // The agent's health from its latest heartbeat.
+  void SetHealth(const std::string& agent_id, const v1::AgentHealth& health);
   std::vector<v1::AgentInfo> List() const;
   // Agents (connected) that currently profile a target of `service` (empty: any) on `host`
   // (empty: any) with `pid` (0: any).
@@ -84,6 +86,7 @@ class AgentRegistry {
     int64_t last_batch_ms = 0;
     uint64_t batches = 0;
     std::map<uint32_t, v1::Target> targets;  // by pid, latest seen
+    v1::AgentHealth health;
     std::shared_ptr<Sender> sender;
     uint64_t detached_at = 0;  // Detach() order, for forgetting the oldest
   };
