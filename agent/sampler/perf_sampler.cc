@@ -378,10 +378,11 @@ size_t PerfSampler::Drain(SampleCallback callback) {
     for (auto& [pid, threads] : session->targets) {
       for (auto& [tid, event] : threads) delivered += DrainEvent(*session, *event, callback);
       // Events of exited threads are closed once their last samples are out.
-      absl::erase_if(threads, [&](const auto& entry) {
+      // (No structured binding in the capture: clang before 16 cannot capture one.)
+      absl::erase_if(threads, [&, &stats = session->stats](const auto& entry) {
         if (!entry.second->exited) return false;
         CloseEvent(entry.second.get());
-        ++session->stats.threads_exited;
+        ++stats.threads_exited;
         return true;
       });
     }
