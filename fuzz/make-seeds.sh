@@ -67,7 +67,7 @@ for arch in mips64el mips64; do
   command -v "$cc" >/dev/null || { echo "make-seeds: no $cc, skipping $arch" >&2; continue; }
   $cc -O1 -g -nostdlib -static -Wl,--build-id -fno-pic -mno-abicalls \
     -fasynchronous-unwind-tables -o "$work/${arch}_fixture" common/elf/testdata_mips_fixture.c
-  $cc -O0 -nostdlib -static -Wl,--build-id -fno-pic -mno-abicalls -o "$work/${arch}_tiny_O0" \
+  $cc -O0 -nostdlib -static -Wl,--build-id -Wl,-e,_start -fno-pic -mno-abicalls -o "$work/${arch}_tiny_O0" \
     "$work/tiny.c"
   $cc -O2 -shared -fPIC -Wl,--build-id -o "$work/${arch}_module.so" "$work/module.c"
   for f in "$work/${arch}_fixture" "$work/${arch}_tiny_O0" "$work/${arch}_module.so"; do
