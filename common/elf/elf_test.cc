@@ -220,6 +220,23 @@ TEST(ElfFileTest, StrippedModuleFallsBackToFdeRanges) {
   unlink(stripped.c_str());
 }
 
+// A symbol whose size wraps past 2^64 (a corrupt file) is clamped, not taken for a symbol of
+// unknown size (end == start) that would claim every address above it.
+TEST(SymbolTableTest, WrappingSymbolSizeIsClamped) {
+  std::vector<FunctionSymbol> symbols = {
+      {0x1000, 0x100, "low", true, false},
+      {0x9595959595959595ull, 0x9595959595959595ull, "wraps", true, false}};
+  std::vector<PltEntry> plt = {{0xfffffffffffff000ull, 0x2000, "stub"}};
+  SymbolTable table = SymbolTable::FromFunctions(std::move(symbols), {}, std::move(plt));
+  for (const SymbolTable::Function& f : table.functions()) {
+    EXPECT_GT(f.end, f.start) << f.name;
+  }
+  const SymbolTable::Function* f = table.Lookup(0x9595959595959595ull + 1);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->name, "wraps");
+  EXPECT_EQ(table.Lookup(0x1100), nullptr);
+}
+
 void ExerciseEverything(const ElfFile& elf) {
   (void)elf.BuildIdHex();
   (void)elf.ReadFunctionSymbols();

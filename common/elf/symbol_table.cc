@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/base/saturating.h"
 #include "common/elf/cfi_records.h"
 
 namespace strata::elf {
@@ -42,13 +43,15 @@ SymbolTable SymbolTable::FromFunctions(std::vector<FunctionSymbol> symbols,
   for (size_t i = 0; i < symbols.size(); ++i) {
     if (i > 0 && symbols[i].start == symbols[i - 1].start) continue;  // best one came first
     FunctionSymbol& s = symbols[i];
-    pending.push_back({s.start, s.start + s.size, std::move(s.name),
+    // A corrupt size must not wrap the end below the start (that would read as "size
+    // unknown" and claim every address above): clamp it to the top of the address space.
+    pending.push_back({s.start, SaturatingAdd(s.start, s.size), std::move(s.name),
                        s.from_dynsym ? Origin::kDynsym : Origin::kSymtab});
   }
   // PLT stubs are never covered by symbols; FDE ranges only where no symbol starts.
   for (PltEntry& e : plt) {
     std::string name = e.target.empty() ? std::string() : e.target + "@plt";
-    pending.push_back({e.start, e.start + e.size, std::move(name), Origin::kPlt});
+    pending.push_back({e.start, SaturatingAdd(e.start, e.size), std::move(name), Origin::kPlt});
   }
   std::vector<uint64_t> symbol_starts;
   symbol_starts.reserve(pending.size());
