@@ -17,6 +17,7 @@
 #include "common/encoding/numbering.h"
 #include "common/encoding/packed_contexts.h"
 #include "fuzz/fuzz_util.h"
+#include "google/protobuf/stubs/logging.h"
 #include "server/ingest/limits.h"
 #include "strata/v1/ingest.pb.h"
 
@@ -82,6 +83,12 @@ void CheckRoundTrips(const enc::CallGraph& graph, uint64_t epoch, std::minstd_ra
 }
 
 }  // namespace
+
+// Protobuf logs every string field that is not UTF-8; fuzz inputs are full of them.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);

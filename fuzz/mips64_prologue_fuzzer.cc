@@ -4,8 +4,10 @@
 //
 // Input: u8 flags (bit 0: big-endian, bit 1: analyze as a PLT stub), u64 address of the
 // code, u8 function count (0-15; 0: the whole code is one function of unknown size), per
-// function u32 offset from the code start, u32 size (0: unknown), u8 FunctionRange flags;
-// then the code bytes. Little-endian framing.
+// function u16 offset from the code start, u16 size (0: unknown), u8 FunctionRange flags;
+// then the code bytes. Little-endian framing. (Offsets stay within 64 KiB of the code so
+// that an input costs microseconds: far-apart functions, whose page index the table bounds
+// at 2^26 entries, are the ELF target's business.)
 // Oracles besides the sanitizers, the properties the headers promise: rows start at offset
 // 0, are strictly increasing, cover only the function and never repeat the previous row;
 // the page-indexed and binary-search function lookups agree.
@@ -47,8 +49,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<m::FunctionRange> functions;
   for (size_t i = 0; i < nfuncs; ++i) {
     m::FunctionRange f;
-    f.start = base + in.U32();
-    f.size = in.U32();
+    f.start = base + in.U16();
+    f.size = in.U16();
     f.flags = in.U8() & 3;
     functions.push_back(f);
   }

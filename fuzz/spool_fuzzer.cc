@@ -27,6 +27,7 @@
 #include "agent/spool/spool.h"
 #include "common/base/crc32c.h"
 #include "fuzz/fuzz_util.h"
+#include "google/protobuf/stubs/logging.h"
 #include "strata/v1/ingest.pb.h"
 
 namespace {
@@ -90,6 +91,12 @@ std::vector<uint64_t> Sequences(const agent::Spool& spool) {
 }
 
 }  // namespace
+
+// Protobuf logs every string field that is not UTF-8; fuzz inputs are full of them.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string root = strata::fuzz::ScratchDir() + "/spool";
