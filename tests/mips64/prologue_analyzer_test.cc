@@ -354,6 +354,27 @@ TEST_P(TableTest, LookupRowsAndReturnAddressChecks) {
   EXPECT_FALSE(t->IsPlausibleReturnAddress(0x900000));
 }
 
+// Code at the very top of the address space (a corrupt or hostile ELF segment ending at
+// 2^64): building the table reads only the region's bytes (the word loop's `a + 4 <= end`
+// used to wrap to 0 and read on past the region).
+TEST(PrologueTable, CodeEndingAtTheTopOfTheAddressSpace) {
+  const uint64_t top = UINT64_MAX - 15;  // region [2^64 - 16, 2^64)
+  std::vector<uint8_t> bytes(16, 0);
+  CodeRegion code{top, bytes.data(), bytes.size()};
+  auto t = PrologueTable::Build(Arch::kMips64El,
+                                {{top, 0, 0}, {top + 8, 0, 0}, {UINT64_MAX - 3, 1, 0},
+                                 {UINT64_MAX - 1, 0, 0}},
+                                {&code, 1});
+  ASSERT_GE(t->num_functions(), 2u);
+  EXPECT_EQ(t->FindFunction(top), 0);
+  EXPECT_EQ(t->FindFunction(top + 8), 1);
+  UnwindRow row;
+  EXPECT_TRUE(t->FindRow(top, true, &row));
+  for (uint64_t pc = top - 8; pc != 0; ++pc) {
+    ASSERT_EQ(t->FindFunction(pc), t->FindFunctionBinarySearch(pc)) << pc;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(BothEndians, TableTest,
                          testing::Values(Arch::kMips64El, Arch::kMips64Be),
                          [](const auto& info) {

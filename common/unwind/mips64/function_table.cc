@@ -7,7 +7,10 @@ namespace {
 
 const CodeRegion* RegionFor(std::span<const CodeRegion> code, uint64_t start, uint64_t end) {
   for (const CodeRegion& r : code) {
-    if (start >= r.vaddr && end <= r.vaddr + r.size && r.bytes != nullptr) return &r;
+    // As offsets into the region: vaddr + size wraps for a region ending at 2^64.
+    if (start >= r.vaddr && end >= start && end - r.vaddr <= r.size && r.bytes != nullptr) {
+      return &r;
+    }
   }
   return nullptr;
 }
@@ -39,7 +42,9 @@ std::unique_ptr<PrologueTable> PrologueTable::Build(Arch arch,
     if (end == UINT64_MAX) {  // last function of unknown size: up to the end of its code
       end = fr.start;
       for (const CodeRegion& r : code) {
-        if (fr.start >= r.vaddr && fr.start < r.vaddr + r.size) end = r.vaddr + r.size;
+        if (fr.start >= r.vaddr && fr.start - r.vaddr < r.size) {
+          end = r.size > UINT64_MAX - r.vaddr ? UINT64_MAX : r.vaddr + r.size;
+        }
       }
     }
     end = std::min(end, next);
@@ -52,7 +57,9 @@ std::unique_ptr<PrologueTable> PrologueTable::Build(Arch arch,
     } else {
       const uint64_t first = (fr.start + 3) & ~uint64_t{3};
       words.clear();
-      for (uint64_t a = first; a + 4 <= end; a += 4) {
+      // No wrap at the top of the address space: `a + 4 <= end` wrapped to 0 and read on
+      // past the region.
+      for (uint64_t a = first; a >= fr.start && a < end && end - a >= 4; a += 4) {
         words.push_back(LoadWord(region->bytes + (a - region->vaddr), be));
       }
       AnalysisStats as;
