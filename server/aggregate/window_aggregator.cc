@@ -453,6 +453,9 @@ absl::Status WindowAggregator::DrainPending() {
       // Only this drainer pops, and deque::push_back keeps references: p stays valid.
       p = &pending_.front();
       p->wb->DeleteJournalBefore(JournalWatermark(p));
+      // Until the generation changes below, a query cannot tell whether its store read saw
+      // this commit: AddLiveCounts and LiveServices wait for it.
+      committing_ = true;
     }
     if (!p->cells_in_wb) {
       // Cells in key order (the window is fixed; then host, then stack), so that RocksDB's
@@ -473,6 +476,7 @@ absl::Status WindowAggregator::DrainPending() {
     }
     absl::Status committed = store_->Commit(p->wb.get());
     absl::MutexLock lock(&mu_);
+    committing_ = false;
     if (!committed.ok()) {
       // The counts stay pending (queries still see them) and in the journal.
       return absl::Status(committed.code(),
@@ -595,6 +599,7 @@ bool WindowAggregator::AddLiveCounts(const store::SampleQuery& query, uint64_t g
                                      std::set<std::string>* hosts) const {
   absl::MutexLock lock(&mu_);
   if (query.capture_id) return true;  // captures are written directly
+  AwaitNoCommit();
   auto it = tables_.find(query.service);
   if (it == tables_.end()) return generation == 0;  // no table, so no pending flush either
   const ServiceTable& t = *it->second;
@@ -623,8 +628,13 @@ bool WindowAggregator::AddLiveCounts(const store::SampleQuery& query, uint64_t g
   return true;
 }
 
+void WindowAggregator::AwaitNoCommit() const {
+  mu_.Await(absl::Condition(+[](const bool* committing) { return !*committing; }, &committing_));
+}
+
 std::vector<store::ServiceSummary> WindowAggregator::LiveServices() const {
   absl::MutexLock lock(&mu_);
+  AwaitNoCommit();
   std::map<std::string, store::ServiceSummary, std::less<>> by_service;
   auto add = [&](const std::string& service, int64_t window, uint64_t total) {
     auto [it, inserted] = by_service.try_emplace(service, store::ServiceSummary{service, window,

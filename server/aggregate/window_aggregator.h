@@ -198,6 +198,8 @@ class WindowAggregator : public LiveSamples, public BatchCommitter {
   // table or pending flush needs any more, outside mu_: ingest goes on meanwhile. One drainer
   // at a time. A failed commit stays pending and is retried by the next drain.
   absl::Status DrainPending() ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits (releasing mu_) until no pending flush is being committed.
+  void AwaitNoCommit() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes room for `incoming` new entries after a capacity flush.
   void MakeRoom(ServiceTable& t, size_t incoming) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The oldest journal record that a table or a pending flush (but `except`) still needs.
@@ -218,6 +220,10 @@ class WindowAggregator : public LiveSamples, public BatchCommitter {
   std::map<std::string, std::unique_ptr<ServiceTable>, std::less<>> tables_ ABSL_GUARDED_BY(mu_);
   size_t table_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // A pending flush is being committed (outside mu_). A query whose store read overlaps the
+  // commit may or may not have seen it, and the generation changes only after it: reading
+  // the pending counts then would count them twice. AddLiveCounts and LiveServices wait.
+  bool committing_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t use_clock_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<PendingFlush> pending_ ABSL_GUARDED_BY(mu_);
   size_t pending_cells_ ABSL_GUARDED_BY(mu_) = 0;
