@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -36,6 +37,12 @@ std::string RunCommand(const std::string& cmd) {
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   pclose(p);
   return out;
+}
+
+// This test executable's real path (realpath's buffer freed).
+std::string SelfExe() {
+  std::unique_ptr<char, decltype(&free)> path(realpath("/proc/self/exe", nullptr), &free);
+  return path ? std::string(path.get()) : std::string();
 }
 
 std::string ReadFile(const std::string& path) {
@@ -87,7 +94,7 @@ TEST(ElfFileTest, SelfSymbolsAndBuildId) {
   EXPECT_FALSE((*elf)->big_endian());
   EXPECT_NE((*elf)->FindSection(".text"), nullptr);
   EXPECT_EQ((*elf)->FindSection(".no_such_section"), nullptr);
-  EXPECT_EQ((*elf)->BuildIdHex(), ReadelfBuildId(std::string(realpath("/proc/self/exe", nullptr))));
+  EXPECT_EQ((*elf)->BuildIdHex(), ReadelfBuildId(SelfExe()));
   EXPECT_EQ((*elf)->build_id().size(), 20u);
 
   auto table = SymbolTable::Build(**elf);
@@ -123,7 +130,7 @@ TEST(ElfFileTest, FileOffsetToVaddrMatchesMaps) {
   STRATA_SKIP_UNDER_QEMU_USER();
   auto elf = ElfFile::FromBytes(ReadFile(SelfPath()));  // not mapped: only the loader's maps
   ASSERT_TRUE(elf.ok());
-  std::string self = realpath("/proc/self/exe", nullptr);
+  std::string self = SelfExe();
   std::istringstream in(ReadFile("/proc/self/maps"));
   std::string line;
   int checked = 0;
@@ -167,7 +174,7 @@ TEST(ElfFileTest, LibcSymbolsBuildIdAndFdes) {
 // PLT stub names agree with objdump's "<name@plt>" labels.
 TEST(ElfFileTest, PltEntriesMatchObjdump) {
   STRATA_SKIP_UNDER_QEMU_USER();
-  std::string self = realpath("/proc/self/exe", nullptr);
+  std::string self = SelfExe();
   auto elf = ElfFile::Open(self);
   ASSERT_TRUE(elf.ok());
   auto plt = (*elf)->ReadPltEntries();
@@ -205,7 +212,7 @@ TEST(ElfFileTest, StrippedModuleFallsBackToFdeRanges) {
   STRATA_SKIP_UNDER_QEMU_USER();
   std::string dir = ::testing::TempDir();
   std::string stripped = dir + "/stripped_self";
-  std::string self = realpath("/proc/self/exe", nullptr);
+  std::string self = SelfExe();
   ASSERT_EQ(system(("strip -o '" + stripped + "' '" + self + "'").c_str()), 0);
   auto elf = ElfFile::Open(stripped);
   ASSERT_TRUE(elf.ok()) << elf.status();

@@ -169,7 +169,7 @@ TEST_P(PackedContextsVersionTest, RandomRecordsRoundTrip) {
         default:
           r.context.ids.push_back(rng() % 3 == 0 ? rng() >> (rng() % 64) : rng() % 100);
       }
-      r.count = rng() % 3 == 0 ? 1 : 1 + (rng() >> (rng() % 64 + 8));
+      r.count = rng() % 3 == 0 ? 1 : 1 + (rng() >> (rng() % 56 + 8));
       in.push_back(r);
     }
     const auto out = DecodeOrDie(EncodeOrDie(in, GetParam()));

@@ -225,6 +225,7 @@ void CompareModule(const std::string& path, CompareCounts* counts, CfiStats* sta
     }
   }
   EXPECT_EQ(mismatches, 0);
+  dwarf_cfi_end(cfi);
   elf_end(e);
   close(fd);
 }
