@@ -27,10 +27,10 @@ static volatile long sink;
 
 NOINLINE long leaf(long n) {
   ENTER(F_LEAF);
-  long s = 0;
-  for (long i = 0; i < n; i++) s += (i * i) ^ (s >> 3);
+  unsigned long s = 0; /* unsigned: the busy work wraps (signed overflow is undefined) */
+  for (long i = 0; i < n; i++) s += (unsigned long)(i * i) ^ (s >> 3);
   LEAVE();
-  return s;
+  return (long)s;
 }
 
 NOINLINE long recurse(int n) {
