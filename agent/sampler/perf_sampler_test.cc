@@ -193,7 +193,10 @@ TEST_F(PerfSamplerTest, SamplesChildAtRateWithRegistersInsideItsMappings) {
 
 TEST_F(PerfSamplerTest, ThreadStartedAfterAttachIsSampledAfterRescan) {
   const pid_t pid = child_.pid();
-  procfs::ProcessTracker tracker(procfs::ServiceMatcher::Create({}).value());
+  // Only the pinned child, as the agent runs with --pid alone: not every process on the host
+  // that names itself with STRATA_SERVICE.
+  procfs::ProcessTracker tracker(
+      procfs::ServiceMatcher::Create({}, /*use_env_var=*/false).value());
   tracker.Track(pid, "spinner");
   procfs::ProcessChanges changes = tracker.Rescan().value();
   ASSERT_EQ(changes.added.size(), 1u);
