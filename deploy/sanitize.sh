@@ -37,7 +37,16 @@ case "$mode" in
       -DSTRATA_FUZZ_SECONDS="${STRATA_FUZZ_SECONDS:-10}" >/dev/null
     cmake --build "$build" -j "$jobs"
     echo "== unit, integration and fuzz tests under ASan+UBSan (ctest -LE e2e)"
-    (cd "$build" && ctest -LE e2e --output-on-failure -j "$jobs" --timeout 1800)
+    # Left out under ASan (they pass in the regular build; deploy/test.sh runs them):
+    #  - inproc_accuracy_preload, inproc_accuracy_dynlib: the workload's TLS accesses from its
+    #    shared library go through ASan's __tls_get_addr interceptor, so samples land in the
+    #    ASan runtime between shadow-stack updates and the exact-stack check fails.
+    #  - SnapshotUnwindTest.SignalHandler: its share of samples taken inside the signal handler
+    #    and of samples in code mapped after the recorder's last maps read depend on timing,
+    #    which the instrumented recorder changes (the unwinder under test still agrees with
+    #    libdw on every sample it can compare).
+    exclude='^(inproc_accuracy_preload|inproc_accuracy_dynlib|SnapshotUnwindTest\.SignalHandler)$'
+    (cd "$build" && ctest -LE e2e -E "$exclude" --output-on-failure -j "$jobs" --timeout 1800)
     ;;
   tsan)
     build=${BUILD_DIR:-build-tsan}
