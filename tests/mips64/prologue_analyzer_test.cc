@@ -175,6 +175,31 @@ TEST(PrologueAnalyzer, LargeFrameViaLiV1AndDsubu) {
   EXPECT_EQ(RowAt(rows, 52).row.fp_rule, FpR::kSame);  // s8 restored
 }
 
+// Frames of gigabytes (garbage code, or a constant subtracted over and over) make sp
+// unknown; the offset arithmetic must not overflow (UBSan found it in the fuzzer).
+TEST(PrologueAnalyzer, HugeFramesMakeSpUnknown) {
+  std::vector<uint32_t> f = {
+      lui(v1, 0x4000),     // 0: v1 = 1 GiB
+      dsubu(sp, sp, v1),   // 4
+      dsubu(sp, sp, v1),   // 8: past 1 GiB: unknown
+      dsubu(sp, sp, v1),   // 12
+      daddiu(s8, sp, -32768),  // 16
+      daddiu(sp, s8, -32768),  // 20
+      jr_ra,               // 24
+      nop,                 // 28
+  };
+  auto rows = AnalyzeFunction(f);
+  ExpectSp(rows, 8, 0x40000000, RaR::kInRegister);
+  EXPECT_FALSE(RowAt(rows, 12).valid);
+  EXPECT_FALSE(RowAt(rows, 24).valid);
+  // Many small adjustments add up the same way.
+  std::vector<uint32_t> g(70000, daddiu(sp, sp, -32768));
+  g.push_back(jr_ra);
+  g.push_back(nop);
+  rows = AnalyzeFunction(g);
+  EXPECT_FALSE(RowAt(rows, 4 * 69999).valid);
+}
+
 TEST(PrologueAnalyzer, AllocaUsesTheFramePointer) {
   std::vector<uint32_t> f = {
       daddiu(sp, sp, -32),  // 0

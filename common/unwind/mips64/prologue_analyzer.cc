@@ -135,6 +135,16 @@ State Apply(State s, std::span<const uint32_t> words, size_t i) {
   return out;
 }
 
+// Frame offsets stay within +-1 GiB (far beyond any real frame), so that adding a 16-bit
+// immediate to one never overflows; a result beyond that (garbage code, or a constant
+// subtracted over and over) leaves the offset unknown instead.
+constexpr int64_t kMaxFrameOffset = int64_t{1} << 30;
+bool SetOffset(int32_t* off, int64_t value) {
+  if (value < -kMaxFrameOffset || value > kMaxFrameOffset) return false;
+  *off = static_cast<int32_t>(value);
+  return true;
+}
+
 State ApplyInsn(State s, std::span<const uint32_t> words, size_t i) {
   const uint32_t w = words[i];
   const uint32_t op = Op(w);
@@ -142,18 +152,16 @@ State ApplyInsn(State s, std::span<const uint32_t> words, size_t i) {
 
   // sp = sp + imm (frame allocation / release).
   if (IsSpAdjust(w)) {
-    if (s.sp_known) s.sp_off += Imm(w);
+    if (s.sp_known && !SetOffset(&s.sp_off, int64_t{s.sp_off} + Imm(w))) s.sp_known = false;
     if (s.sp_off > 0) s.sp_known = false;
     return s;
   }
   if ((op == 0x19 || op == 0x09) && rt == kSp && rs == kS8) {  // daddiu sp,s8,imm
-    s.sp_known = s.fp_known;
-    s.sp_off = s.fp_off + Imm(w);
+    s.sp_known = SetOffset(&s.sp_off, int64_t{s.fp_off} + Imm(w)) && s.fp_known;
     return s;
   }
   if ((op == 0x19 || op == 0x09) && rt == kS8 && rs == kSp) {  // daddiu s8,sp,imm
-    s.fp_known = s.sp_known;
-    s.fp_off = s.sp_off + Imm(w);
+    s.fp_known = SetOffset(&s.fp_off, int64_t{s.sp_off} + Imm(w)) && s.sp_known;
     s.fp_modified = true;
     return s;
   }
@@ -172,7 +180,7 @@ State ApplyInsn(State s, std::span<const uint32_t> words, size_t i) {
       if ((add || sub) && other >= 0) {
         auto c = ConstBefore(words, i, other);
         if (s.sp_known && c) {
-          s.sp_off += static_cast<int32_t>(sub ? -*c : *c);
+          if (!SetOffset(&s.sp_off, int64_t{s.sp_off} + (sub ? -*c : *c))) s.sp_known = false;
           if (s.sp_off > 0) s.sp_known = false;
         } else {
           s.sp_known = false;  // alloca
