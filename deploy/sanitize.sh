@@ -58,12 +58,16 @@ case "$mode" in
     # (preloaded) every access guarded by an absl::Mutex would be reported as a race.
     clang++-14 -std=c++20 -O1 -fPIC -shared deploy/sanitizers/tsan_absl_sync.cc \
       -o "$build/libstrata_tsan_absl_sync.so" -ldl
-    export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+    # Suppressions: third-party races TSan cannot see through (each with its reason).
+    export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/deploy/sanitizers/tsan.supp}
+    # Left out: StoreTest.CommittedDataSurvivesProcessKill forks the multi-threaded test and
+    # starts RocksDB's threads in the child, which TSan does not support (it dies there).
+    declare -A filter=([store_test]=-StoreTest.CommittedDataSurvivesProcessKill)
     status=0
     for t in "${tests[@]}"; do
       echo "== $t under ThreadSanitizer"
-      LD_PRELOAD="$PWD/$build/libstrata_tsan_absl_sync.so" "$build/tests/$t" --gtest_brief=1 ||
-        status=1
+      LD_PRELOAD="$PWD/$build/libstrata_tsan_absl_sync.so" "$build/tests/$t" --gtest_brief=1 \
+        --gtest_filter="${filter[$t]:-*}" || status=1
     done
     exit $status
     ;;

@@ -47,6 +47,21 @@ F Real(bool is_const, const char* rest) {
 
 #define REAL(type, is_const, rest) static const auto real = Real<type>(is_const, rest)
 
+// Await and LockWhen evaluate the caller's Condition with the mutex held inside Abseil
+// (in the waiting thread, or in the thread that unlocks), between this shim's annotations:
+// each evaluation acquires the mutex before and releases it after (Abseil may unlock
+// without returning to the shim, e.g. when the condition is false and the thread waits).
+struct AcquiringCondition {
+  absl::Mutex* mu;
+  const absl::Condition* cond;
+};
+bool EvalAcquiring(AcquiringCondition* c) {
+  __tsan_acquire(c->mu);
+  const bool r = c->cond->Eval();
+  __tsan_release(c->mu);
+  return r;
+}
+
 void* NotifiedFlag(const absl::Notification* n) {
   // class Notification { mutable Mutex mutex_; std::atomic<bool> notified_yet_; }
   return reinterpret_cast<char*>(const_cast<absl::Notification*>(n)) + sizeof(absl::Mutex);
@@ -91,61 +106,70 @@ void Mutex::ReaderUnlock() {
 }
 void Mutex::LockWhen(const Condition& cond) {
   REAL(void (*)(Mutex*, const Condition&), false, "5Mutex8LockWhenERKNS0_9ConditionE");
-  real(this, cond);
+  AcquiringCondition wrapped{this, &cond};
+  real(this, absl::Condition(&EvalAcquiring, &wrapped));
   __tsan_acquire(this);
 }
 void Mutex::ReaderLockWhen(const Condition& cond) {
   REAL(void (*)(Mutex*, const Condition&), false, "5Mutex14ReaderLockWhenERKNS0_9ConditionE");
-  real(this, cond);
+  AcquiringCondition wrapped{this, &cond};
+  real(this, absl::Condition(&EvalAcquiring, &wrapped));
   __tsan_acquire(this);
 }
 bool Mutex::LockWhenWithTimeout(const Condition& cond, Duration timeout) {
   REAL(bool (*)(Mutex*, const Condition&, Duration), false,
        "5Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  const bool r = real(this, cond, timeout);
+  AcquiringCondition wrapped{this, &cond};
+  const bool r = real(this, absl::Condition(&EvalAcquiring, &wrapped), timeout);
   __tsan_acquire(this);  // held either way
   return r;
 }
 bool Mutex::ReaderLockWhenWithTimeout(const Condition& cond, Duration timeout) {
   REAL(bool (*)(Mutex*, const Condition&, Duration), false,
        "5Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  const bool r = real(this, cond, timeout);
+  AcquiringCondition wrapped{this, &cond};
+  const bool r = real(this, absl::Condition(&EvalAcquiring, &wrapped), timeout);
   __tsan_acquire(this);
   return r;
 }
 bool Mutex::LockWhenWithDeadline(const Condition& cond, Time deadline) {
   REAL(bool (*)(Mutex*, const Condition&, Time), false,
        "5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  const bool r = real(this, cond, deadline);
+  AcquiringCondition wrapped{this, &cond};
+  const bool r = real(this, absl::Condition(&EvalAcquiring, &wrapped), deadline);
   __tsan_acquire(this);
   return r;
 }
 bool Mutex::ReaderLockWhenWithDeadline(const Condition& cond, Time deadline) {
   REAL(bool (*)(Mutex*, const Condition&, Time), false,
        "5Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  const bool r = real(this, cond, deadline);
+  AcquiringCondition wrapped{this, &cond};
+  const bool r = real(this, absl::Condition(&EvalAcquiring, &wrapped), deadline);
   __tsan_acquire(this);
   return r;
 }
 void Mutex::Await(const Condition& cond) {
   REAL(void (*)(Mutex*, const Condition&), false, "5Mutex5AwaitERKNS0_9ConditionE");
+  AcquiringCondition wrapped{this, &cond};
   __tsan_release(this);
-  real(this, cond);
+  real(this, absl::Condition(&EvalAcquiring, &wrapped));
   __tsan_acquire(this);
 }
 bool Mutex::AwaitWithTimeout(const Condition& cond, Duration timeout) {
   REAL(bool (*)(Mutex*, const Condition&, Duration), false,
        "5Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+  AcquiringCondition wrapped{this, &cond};
   __tsan_release(this);
-  const bool r = real(this, cond, timeout);
+  const bool r = real(this, absl::Condition(&EvalAcquiring, &wrapped), timeout);
   __tsan_acquire(this);
   return r;
 }
 bool Mutex::AwaitWithDeadline(const Condition& cond, Time deadline) {
   REAL(bool (*)(Mutex*, const Condition&, Time), false,
        "5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  AcquiringCondition wrapped{this, &cond};
   __tsan_release(this);
-  const bool r = real(this, cond, deadline);
+  const bool r = real(this, absl::Condition(&EvalAcquiring, &wrapped), deadline);
   __tsan_acquire(this);
   return r;
 }
