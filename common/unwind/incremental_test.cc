@@ -567,7 +567,7 @@ TEST(IncrementalFpTest, ChangedFpUnderFpBasedFrameIsVerified) {
 // Captured chains of this process (no frame pointers, compiled CFI): a sequence of depths
 // from the same call site shares the outer frames.
 TEST(IncrementalTest, RealCapturedStacksEqualFullUnwind) {
-  const testing::SelfAddressSpace& space = *new testing::SelfAddressSpace();
+  const testing::SelfAddressSpace space;
   UnwindOptions full_options;
   full_options.max_frames = 512;
   for (VerifyMode mode : {VerifyMode::kBoundary, VerifyMode::kFull}) {
