@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # deploy/test.sh: installs dependencies, builds Strata and runs every test through CTest:
 # the x86-64 build (unit, integration, end-to-end on loopback with real perf events) and the
-# MIPS64 cross builds (mips64el and big-endian mips64, run under qemu user mode).
+# MIPS64 cross builds (mips64el and big-endian mips64, run under qemu user mode), then the
+# ASan+UBSan build with the libFuzzer targets (deploy/sanitize.sh asan).
 # Benchmarks are not part of this run: see deploy/bench.sh.
 #
 # Environment: BUILD_DIR (default build), JOBS (default: number of cores),
-# STRATA_SKIP_MIPS64=1 to run the x86-64 part only.
+# STRATA_SKIP_MIPS64=1 skips the MIPS64 part, STRATA_SKIP_SANITIZE=1 the sanitizer and fuzz part.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
@@ -33,5 +34,11 @@ if [[ "${STRATA_SKIP_MIPS64:-0}" != 1 ]]; then
     echo "== $arch tests (qemu user mode)"
     (cd "build-$arch" && ctest --output-on-failure -j "$jobs" --timeout 900) || status=1
   done
+fi
+if [[ "${STRATA_SKIP_SANITIZE:-0}" != 1 ]]; then
+  # Every unit and integration test under ASan+UBSan, and every libFuzzer target over its
+  # seed corpus plus a short budget (long fuzzing: deploy/fuzz.sh).
+  echo "== ASan+UBSan build, unit and integration tests, fuzz targets (build-sanitize)"
+  STRATA_FUZZ_SECONDS=${STRATA_FUZZ_SECONDS:-10} JOBS=$jobs deploy/sanitize.sh asan || status=1
 fi
 exit $status
