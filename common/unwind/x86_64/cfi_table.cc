@@ -58,6 +58,10 @@ struct PltExpression {
   uint64_t threshold;
 };
 
+// Two rows per PLT entry: a real .plt is a few thousand entries. A damaged FDE claiming a PLT
+// expression over gigabytes would otherwise compile into billions of rows.
+constexpr uint64_t kMaxPltBytes = uint64_t{1} << 20;
+
 std::optional<PltExpression> MatchPltExpression(std::string_view expr) {
   elf::ByteReader r(expr, false);
   if (r.U8() != 0x77) return std::nullopt;  // DW_OP_breg7
@@ -135,7 +139,8 @@ class FdeCompiler {
     if (cie_.signal_frame) {
       out_->push_back({loc_, end, SignalRow()});
     } else if (!cfa.expression.empty()) {
-      if (std::optional<PltExpression> plt = MatchPltExpression(cfa.expression)) {
+      std::optional<PltExpression> plt = MatchPltExpression(cfa.expression);
+      if (plt && end - loc_ <= kMaxPltBytes) {
         EmitPlt(*plt, end);
       } else {
         ++stats_->unsupported_cfa_expressions;
