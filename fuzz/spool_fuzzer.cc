@@ -5,7 +5,8 @@
 //
 // Input: files of one agent's spool directory, each: u8 tag, [u32 sequence for segments],
 // u32 length, bytes. Tag bits 0-1: 0 graph.log, 1 acked, 2 and 3 a batches-<sequence>.log
-// segment; bit 7: the harness recomputes every record's CRC32C (and the acked file's) as an
+// segment (named after its first batch that parses, as the agent names them, else after
+// the u32); bit 7: the harness recomputes every record's CRC32C (and the acked file's) as an
 // intact write would have left it, so mutations get past the checksums; without it the
 // bytes are written as they are (torn and corrupt records). Little-endian framing.
 //
@@ -19,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +61,25 @@ void FixRecordChecksums(std::string* file) {
     PutU32(file->data() + pos + 4, crc);
     pos += 9 + length;
   }
+}
+
+// The sequence of the first batch record that parses, if any: the agent names a segment
+// after its first batch, and recovery orders segments by name. (A segment named out of
+// order with its contents, which only renaming files by hand produces, makes a later
+// recovery drop its batches as out of order: outside the spool's fault model.)
+std::optional<uint64_t> FirstBatchSequence(const std::string& file) {
+  if (file.compare(0, kMagic.size(), kMagic) != 0) return std::nullopt;
+  size_t pos = kMagic.size();
+  while (file.size() - pos >= 9) {
+    const uint32_t length = GetU32(file.data() + pos);
+    if (length > file.size() - pos - 9) break;
+    strata::v1::SampleBatch batch;
+    if (file[pos + 8] == 3 && batch.ParseFromArray(file.data() + pos + 9, length)) {
+      return batch.sequence();
+    }
+    pos += 9 + length;
+  }
+  return std::nullopt;
 }
 
 void WriteFile(const std::string& path, const std::string& bytes) {
@@ -113,8 +134,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     switch (tag & 3) {
       case 0: name = "graph.log"; break;
       case 1: name = "acked"; break;
-      default: name = absl::StrFormat("batches-%020u.log", in.U32()); break;
+      default: name = "segment"; break;
     }
+    const uint32_t sequence = (tag & 3) >= 2 ? in.U32() : 0;
     std::string bytes(in.Chunk());
     if (tag & 0x80) {
       if ((tag & 3) == 1) {
@@ -122,6 +144,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       } else {
         FixRecordChecksums(&bytes);
       }
+    }
+    if ((tag & 3) >= 2) {
+      name = absl::StrFormat("batches-%020u.log", FirstBatchSequence(bytes).value_or(sequence));
     }
     WriteFile(dir + "/" + name, bytes);
   }
