@@ -372,12 +372,16 @@ TEST_F(FaultsTest, DiskFullOnTheServerLosesNothingAndRecovers) {
   auto agent = StartAgent(address, "fault-disk", "agent.log");
   ASSERT_TRUE(WaitUntil([&] { return ServiceTotal(address, kService) > 0; }, 60));
 
-  // Everything left on the disk taken, then writes until the store fails.
-  const fs::space_info space = fs::space(mount_point);
-  ASSERT_EQ(RunCommand({"/usr/bin/fallocate", "-l", std::to_string(space.available),
-                        mount_point + "/fill"})
-                .exit_code,
-            0);
+  // Everything left on the disk taken, then writes until the store fails. The server writes
+  // meanwhile: what was free when measured may be gone by the fallocate, so measure again.
+  bool filled = false;
+  for (int attempt = 0; attempt < 20 && !filled; ++attempt) {
+    const fs::space_info space = fs::space(mount_point);
+    filled = RunCommand({"/usr/bin/fallocate", "-l", std::to_string(space.available),
+                         mount_point + "/fill" + std::to_string(attempt)})
+                 .exit_code == 0;
+  }
+  ASSERT_TRUE(filled);
   ChildProcess load({BinPath("strata-loadgen"), "--server", address, "--agents", "8",
                      "--interval", "0.5", "--rate", "20000", "--contexts", "2000", "--duration",
                      "15", "--ramp-up", "0", "--max-backoff", "2", "--drain-timeout", "120",
@@ -390,7 +394,9 @@ TEST_F(FaultsTest, DiskFullOnTheServerLosesNothingAndRecovers) {
   EXPECT_GT(during, 0u);
   ASSERT_TRUE(agent->WaitForOutput("server ends the stream", 60)) << agent->Output();
 
-  fs::remove(mount_point + "/fill");
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    fs::remove(mount_point + "/fill" + std::to_string(attempt));
+  }
   ASSERT_TRUE(server->WaitForOutput("store: writes resumed", 60)) << server->Output();
   EXPECT_EQ(load.Wait(240), 0) << load.Output();
   ASSERT_TRUE(WaitUntil([&] { return ServiceTotal(address, kService) > during; }, 60));
