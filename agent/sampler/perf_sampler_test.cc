@@ -323,7 +323,9 @@ TEST_F(PerfSamplerTest, FullRingCountsLostSamples) {
   ASSERT_TRUE(sampler_->AddSession(options).ok());
   ASSERT_TRUE(sampler_->AttachProcess(6, pid, {pid}).ok());
   const uint64_t before = RuntimeNs(pid, pid);
-  usleep(400 * 1000);  // not draining: the ring fills up
+  // Not draining while the child runs: the ring fills up. Waits for CPU time, not wall time,
+  // so a loaded machine that gives the child little of it still fills the ring.
+  for (int i = 0; i < 100 && RuntimeNs(pid, pid) - before < 300'000'000; ++i) usleep(100 * 1000);
   size_t delivered = sampler_->Drain([](const RawSample&) {});
   const double expected = (RuntimeNs(pid, pid) - before) / 1e9 * 499;
   EXPECT_LE(delivered, 4u);

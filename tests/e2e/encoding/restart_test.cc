@@ -153,8 +153,10 @@ TEST_P(EncodingRestartTest, AgentSurvivesServerKillsWithoutLossOrDoubleCounting)
   for (const auto& p : paths.paths()) by_path[ClassifyDemoPath(FrameNames(p))] += p.samples();
   const double total = static_cast<double>(paths.total_samples());
   EXPECT_LT(100 * by_path[DemoPath::kOther] / total, 10);
-  EXPECT_NEAR(100 * by_path[DemoPath::kTokenize] / total, 60, 12);
-  EXPECT_NEAR(100 * by_path[DemoPath::kDeflate] / total, 30, 12);
+  // The demo's threads share the CPU as the scheduler lets them: on a loaded machine the mix
+  // drifts by up to 15 points; a batch decoded against another graph lands in kOther.
+  EXPECT_NEAR(100 * by_path[DemoPath::kTokenize] / total, 60, 20);
+  EXPECT_NEAR(100 * by_path[DemoPath::kDeflate] / total, 30, 20);
   EXPECT_NEAR(100 * by_path[DemoPath::kFib] / total, 10, 10);
   for (const char* name : {"server0.log", "server1.log", "server2.log"}) {
     std::ifstream in(dir_.File(name));
