@@ -200,6 +200,19 @@ TEST(PrologueAnalyzer, HugeFramesMakeSpUnknown) {
   EXPECT_FALSE(RowAt(rows, 4 * 69999).valid);
 }
 
+// A `j` whose function lies just below 2^63: its target is computed without signed overflow
+// (UBSan found it in the fuzzer).
+TEST(PrologueAnalyzer, JumpAcrossTwoToThe63) {
+  const uint64_t start = (uint64_t{1} << 63) - 8;
+  std::vector<uint32_t> f = {nop, j(uint64_t{1} << 63), nop, jr_ra, nop};
+  AnalysisStats stats;
+  auto rows = AnalyzeFunctionAt(f, start, false, &stats);
+  ASSERT_FALSE(rows.empty());
+  EXPECT_EQ(rows.front().offset, 0u);
+  EXPECT_EQ(stats.instructions, f.size());
+  EXPECT_FALSE(AnalyzeFunctionAt(f, UINT64_MAX - 3, false, nullptr).empty());
+}
+
 TEST(PrologueAnalyzer, AllocaUsesTheFramePointer) {
   std::vector<uint32_t> f = {
       daddiu(sp, sp, -32),  // 0

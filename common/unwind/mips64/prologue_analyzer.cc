@@ -293,11 +293,13 @@ Transfer Classify(uint32_t w, size_t i, size_t n, uint64_t start_vaddr) {
     case 2: {  // j
       const uint64_t pc = start_vaddr + 4 * i;
       const uint64_t dest = ((pc + 4) & ~uint64_t{0x0FFFFFFF}) | ((w & 0x03FFFFFF) << 2);
-      const int64_t idx = (static_cast<int64_t>(dest) - static_cast<int64_t>(start_vaddr)) / 4;
-      if (dest >= start_vaddr && internal(idx) && (dest & 3) == 0) {
+      // Unsigned: the addresses may lie anywhere in the 64-bit space (their signed
+      // difference overflowed across 2^63).
+      const uint64_t offset = dest - start_vaddr;
+      if (dest >= start_vaddr && offset / 4 < n && (dest & 3) == 0) {
         t.flow = Flow::kAlways;
         t.has_target = true;
-        t.target = idx;
+        t.target = static_cast<int64_t>(offset / 4);
       } else {
         t.flow = Flow::kExit;  // tail call
       }
