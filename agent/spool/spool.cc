@@ -642,7 +642,11 @@ void Spool::AckThrough(uint64_t sequence) {
       PutU32(static_cast<uint32_t>(sequence), buf);
       PutU32(static_cast<uint32_t>(sequence >> 32), buf + 4);
       PutU32(base::Crc32c(std::string_view(buf, 8)), buf + 8);
-      (void)pwrite(acked_fd_, buf, sizeof buf, 0);
+      // The whole file is this record: a longer one (damaged, or left by something else)
+      // reads as no acknowledgement at all, and every acknowledged batch came back.
+      if (pwrite(acked_fd_, buf, sizeof buf, 0) == static_cast<ssize_t>(sizeof buf)) {
+        (void)ftruncate(acked_fd_, sizeof buf);
+      }
     }
   }
   while (!entries_.empty() && entries_.front().entry.sequence <= sequence) {
