@@ -267,6 +267,17 @@ class FdeCompiler {
     return true;
   }
 
+  // value * data_align, as the factored offsets are defined. A product that overflows (a
+  // damaged CFI program) becomes an offset no row can hold: its range is unrepresentable.
+  static int64_t Factored(int64_t value, int64_t factor) {
+    int64_t out;
+    return __builtin_mul_overflow(value, factor, &out) ? INT64_MAX : out;
+  }
+  static int64_t NegatedFactored(int64_t value, int64_t factor) {
+    int64_t out;
+    return __builtin_sub_overflow(int64_t{0}, Factored(value, factor), &out) ? INT64_MAX : out;
+  }
+
   bool Run(std::string_view program, bool in_cie) {
     elf::ByteReader r(program, big_endian_);
     const int64_t da = cie_.data_align;
@@ -278,7 +289,7 @@ class FdeCompiler {
         continue;
       }
       if (high == 0x80) {  // DW_CFA_offset
-        SetRule(low, {RegRule::kOffset, static_cast<int64_t>(r.Uleb128()) * da});
+        SetRule(low, {RegRule::kOffset, Factored(static_cast<int64_t>(r.Uleb128()), da)});
         continue;
       }
       if (high == 0xc0) {  // DW_CFA_restore
@@ -294,7 +305,7 @@ class FdeCompiler {
         case 0x04: if (in_cie || !Advance(r.U32())) return false; break;
         case 0x05: {  // offset_extended
           uint64_t reg = r.Uleb128();
-          SetRule(reg, {RegRule::kOffset, static_cast<int64_t>(r.Uleb128()) * da});
+          SetRule(reg, {RegRule::kOffset, Factored(static_cast<int64_t>(r.Uleb128()), da)});
           break;
         }
         case 0x06: {  // restore_extended
@@ -344,15 +355,15 @@ class FdeCompiler {
         }
         case 0x11: {  // offset_extended_sf
           uint64_t reg = r.Uleb128();
-          SetRule(reg, {RegRule::kOffset, r.Sleb128() * da});
+          SetRule(reg, {RegRule::kOffset, Factored(r.Sleb128(), da)});
           break;
         }
         case 0x12:  // def_cfa_sf
           state_.cfa.reg = r.Uleb128();
-          state_.cfa.offset = r.Sleb128() * da;
+          state_.cfa.offset = Factored(r.Sleb128(), da);
           state_.cfa.expression = {};
           break;
-        case 0x13: state_.cfa.offset = r.Sleb128() * da; break;  // def_cfa_offset_sf
+        case 0x13: state_.cfa.offset = Factored(r.Sleb128(), da); break;  // def_cfa_offset_sf
         case 0x14: case 0x15: {  // val_offset, val_offset_sf
           uint64_t reg = r.Uleb128();
           if (op == 0x14) r.Uleb128(); else r.Sleb128();
@@ -362,7 +373,7 @@ class FdeCompiler {
         case 0x2e: r.Uleb128(); break;  // GNU_args_size
         case 0x2f: {  // GNU_negative_offset_extended
           uint64_t reg = r.Uleb128();
-          SetRule(reg, {RegRule::kOffset, -static_cast<int64_t>(r.Uleb128()) * da});
+          SetRule(reg, {RegRule::kOffset, NegatedFactored(static_cast<int64_t>(r.Uleb128()), da)});
           break;
         }
         default: return false;
