@@ -270,8 +270,7 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
     stream_broken_ = true;
   });
 
-  absl::Time last_write = absl::Now();
-  absl::Time last_health = absl::Now();
+  absl::Time last_heartbeat = absl::Now();
   bool ok = true;
   while (ok) {
     std::vector<v1::AgentMessage> out;
@@ -335,13 +334,12 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
         next_send_ = entry.sequence + 1;
       }
     }
-    // A heartbeat when the stream was idle, and the agent's health at the same pace while
-    // batches flow (an agent that ships every interval would otherwise never report it).
-    if ((out.empty() && absl::Now() - last_write > options_.heartbeat) ||
-        absl::Now() - last_health > options_.heartbeat) {
+    // A heartbeat, with the agent's health, every period whether or not batches flow: it keeps
+    // an idle stream alive, and an agent that ships every interval still reports its health.
+    if (absl::Now() - last_heartbeat > options_.heartbeat) {
       absl::MutexLock lock(&mu_);
       out.push_back(Heartbeat());
-      last_health = absl::Now();
+      last_heartbeat = absl::Now();
     }
     for (const auto& m : out) {
       const size_t bytes = m.ByteSizeLong();
@@ -349,7 +347,6 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
         ok = false;
         break;
       }
-      last_write = absl::Now();
       absl::MutexLock lock(&mu_);
       stats_.bytes_sent += bytes;
     }
