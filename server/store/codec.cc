@@ -167,11 +167,12 @@ std::string CellPrefix(std::string_view scope, uint64_t window_start_ms) {
 }
 
 std::string EncodeCellKey(std::string_view scope, uint64_t window_start_ms,
-                          std::string_view host, uint64_t stack_id) {
+                          std::string_view host, uint64_t stack_id, uint64_t label_set) {
   std::string key = CellPrefix(scope, window_start_ms);
   key.append(host);
   key.push_back('\0');
   PutFixed64BE(&key, stack_id);
+  if (label_set != 0) PutFixed64BE(&key, label_set);
   return key;
 }
 
@@ -184,11 +185,18 @@ absl::StatusOr<CellKey> DecodeCellKey(std::string_view key) {
   cell.scope = key.substr(0, scope_end);
   cell.window_start_ms = GetFixed64BE(key.data() + scope_end + 1);
   std::string_view rest = key.substr(scope_end + 9);
-  // The host is everything up to the '\0' that precedes the final 8 stack ID bytes.
-  if (rest.size() < 9 || rest[rest.size() - 9] != '\0') return Corrupt("sample key");
-  cell.host = rest.substr(0, rest.size() - 9);
-  if (cell.host.find('\0') != std::string_view::npos) return Corrupt("sample key");
-  cell.stack_id = GetFixed64BE(rest.data() + rest.size() - 8);
+  // The host has no NUL: it ends at the first one, and 8 stack ID bytes follow, then 8
+  // label set ID bytes in keys of labelled samples (none in keys written before labels).
+  const size_t host_end = rest.find('\0');
+  if (host_end == std::string_view::npos) return Corrupt("sample key");
+  const size_t tail = rest.size() - host_end - 1;
+  if (tail != 8 && tail != 16) return Corrupt("sample key");
+  cell.host = rest.substr(0, host_end);
+  cell.stack_id = GetFixed64BE(rest.data() + host_end + 1);
+  if (tail == 16) {
+    cell.label_set = GetFixed64BE(rest.data() + host_end + 9);
+    if (cell.label_set == 0) return Corrupt("sample key");  // written without the suffix
+  }
   return cell;
 }
 
@@ -288,6 +296,25 @@ std::string LegacySequenceKey(std::string_view agent_id) {
 }
 std::string CaptureKey(std::string_view capture_id) { return TaggedKey(kCaptureTag, capture_id); }
 
+std::string LabelSetKey(uint64_t label_set) {
+  std::string key(1, kLabelSetTag);
+  PutFixed64BE(&key, label_set);
+  return key;
+}
+
+std::string ServiceLabelSetPrefix(std::string_view service) {
+  std::string key(1, kServiceLabelSetTag);
+  key.append(service);
+  key.push_back('\0');
+  return key;
+}
+
+std::string ServiceLabelSetKey(std::string_view service, uint64_t label_set) {
+  std::string key = ServiceLabelSetPrefix(service);
+  PutFixed64BE(&key, label_set);
+  return key;
+}
+
 std::string GraphPrefix(std::string_view agent_id, uint64_t graph_id) {
   std::string key = TaggedKey(kGraphTag, agent_id);
   key.push_back('\0');
@@ -323,13 +350,15 @@ std::string PhaseKey(const PhaseEvent& event) {
 }
 
 std::string EncodeAgent(const AgentRecord& agent) {
+  // Version 2 adds the owner; version 1 records (no owner) still decode.
   std::string value;
-  value.push_back(1);
+  value.push_back(2);
   PutString(&value, agent.host);
   PutString(&value, agent.arch);
   PutString(&value, agent.version);
   PutFixed64LE(&value, static_cast<uint64_t>(agent.last_batch_ms));
   PutVarint(&value, agent.batches);
+  PutString(&value, agent.owner);
   return value;
 }
 
@@ -338,9 +367,9 @@ absl::StatusOr<AgentRecord> DecodeAgent(std::string_view value) {
   uint8_t version;
   uint64_t last_batch;
   AgentRecord a;
-  if (!in.Byte(&version) || version != 1 || !in.String(&a.host) || !in.String(&a.arch) ||
-      !in.String(&a.version) || !in.Fixed64(&last_batch) || !in.Varint(&a.batches) ||
-      !in.Done()) {
+  if (!in.Byte(&version) || (version != 1 && version != 2) || !in.String(&a.host) ||
+      !in.String(&a.arch) || !in.String(&a.version) || !in.Fixed64(&last_batch) ||
+      !in.Varint(&a.batches) || (version == 2 && !in.String(&a.owner)) || !in.Done()) {
     return Corrupt("agent");
   }
   a.last_batch_ms = static_cast<int64_t>(last_batch);

@@ -30,15 +30,18 @@ uint64_t GetFixed64LE(const char* p);
 std::string IdKey(uint64_t id);  // stacks and functions CFs
 absl::StatusOr<uint64_t> DecodeIdKey(std::string_view key);
 
-// Samples / captures cell key: scope '\0' BE(window) host '\0' BE(stack).
+// Samples / captures cell key: scope '\0' BE(window) host '\0' BE(stack) [BE(label set)].
+// The label set ID is present only when not 0 (no labels), so stores written before labels
+// read unchanged and unlabelled samples cost nothing more.
 struct CellKey {
   std::string_view scope;  // service or capture ID
   uint64_t window_start_ms = 0;
   std::string_view host;
   uint64_t stack_id = 0;
+  uint64_t label_set = 0;
 };
 std::string EncodeCellKey(std::string_view scope, uint64_t window_start_ms,
-                          std::string_view host, uint64_t stack_id);
+                          std::string_view host, uint64_t stack_id, uint64_t label_set = 0);
 // Prefix of every cell of `scope` in `window` (and `host`, when given).
 std::string CellPrefix(std::string_view scope, uint64_t window_start_ms);
 absl::StatusOr<CellKey> DecodeCellKey(std::string_view key);  // views into `key`
@@ -68,6 +71,8 @@ inline constexpr char kCaptureTag = 'c';
 inline constexpr char kGraphTag = 'g';
 inline constexpr char kPhaseTag = 'p';
 inline constexpr char kSequenceTag = 'q';
+inline constexpr char kLabelSetTag = 'l';
+inline constexpr char kServiceLabelSetTag = 'L';
 
 std::string AgentKey(std::string_view agent_id);
 // Applied batch sequence of one incarnation of an agent (its graph ID): 'q' agent '\0'
@@ -75,6 +80,11 @@ std::string AgentKey(std::string_view agent_id);
 std::string SequenceKey(std::string_view agent_id, uint64_t incarnation);
 std::string LegacySequenceKey(std::string_view agent_id);
 std::string CaptureKey(std::string_view capture_id);
+// Label sets: 'l' BE(id) -> labels::Encode(set) (content-addressed like stacks), and the
+// sets each service's samples use: 'L' service '\0' BE(id) -> "".
+std::string LabelSetKey(uint64_t label_set);
+std::string ServiceLabelSetPrefix(std::string_view service);
+std::string ServiceLabelSetKey(std::string_view service, uint64_t label_set);
 // 'g' agent '\0' BE(graph_id); nodes follow as 'n' BE(node id), edges as 'e' BE(index).
 std::string GraphPrefix(std::string_view agent_id, uint64_t graph_id);
 std::string GraphNodeKey(std::string_view agent_id, uint64_t graph_id, uint64_t node_id);

@@ -24,6 +24,7 @@
 #include "rocksdb/options.h"
 #include "rocksdb/table.h"
 #include "rocksdb/write_batch.h"
+#include "common/base/escape.h"
 #include "common/base/saturating.h"
 #include "spdlog/spdlog.h"
 #include "server/store/codec.h"
@@ -156,6 +157,8 @@ struct WriteBatch::Rep {
   };
   std::vector<Sequence> sequences;
   std::vector<std::pair<InternKind, uint64_t>> interned;
+  // (service, label set ID) records this batch writes: durable once it is committed.
+  std::vector<std::pair<std::string, uint64_t>> label_sets;
   // CellPrefix(service, hour) of every hour this batch adds samples to: their cached hour
   // aggregates are dropped once the batch is committed.
   absl::flat_hash_set<std::string> touched_hours;
@@ -187,21 +190,23 @@ WriteBatch::WriteBatch() : rep_(std::make_unique<Rep>()) {}
 WriteBatch::~WriteBatch() = default;
 
 void WriteBatch::AddSamples(std::string_view service, int64_t window_start_ms,
-                            std::string_view host, uint64_t stack_id, uint64_t count) {
+                            std::string_view host, uint64_t stack_id, uint64_t count,
+                            uint64_t label_set) {
   if (!rep_->CheckKeyPart("service", service, false) || !rep_->CheckKeyPart("host", host, true) ||
       !rep_->CheckWindow(window_start_ms)) {
     return;
   }
   rep_->Add(Column::kSamples, Rep::OpType::kMerge,
-            codec::EncodeCellKey(service, window_start_ms, host, stack_id),
+            codec::EncodeCellKey(service, window_start_ms, host, stack_id, label_set),
             codec::EncodeCount(count));
   rep_->Add(Column::kRollupMinute, Rep::OpType::kMerge,
             codec::EncodeCellKey(service, window_start_ms - window_start_ms % kMinuteMs, host,
-                                 stack_id),
+                                 stack_id, label_set),
             codec::EncodeCount(count));
   const int64_t hour = window_start_ms - window_start_ms % kHourMs;
   rep_->Add(Column::kRollupHour, Rep::OpType::kMerge,
-            codec::EncodeCellKey(service, hour, host, stack_id), codec::EncodeCount(count));
+            codec::EncodeCellKey(service, hour, host, stack_id, label_set),
+            codec::EncodeCount(count));
   if (hour != rep_->last_touched_hour || service != rep_->last_touched_service) {
     rep_->touched_hours.insert(codec::CellPrefix(service, static_cast<uint64_t>(hour)));
     rep_->last_touched_hour = hour;
@@ -219,13 +224,14 @@ void WriteBatch::AddSamples(std::string_view service, int64_t window_start_ms,
 }
 
 void WriteBatch::AddCaptureSamples(std::string_view capture_id, int64_t window_start_ms,
-                                   std::string_view host, uint64_t stack_id, uint64_t count) {
+                                   std::string_view host, uint64_t stack_id, uint64_t count,
+                                   uint64_t label_set) {
   if (!rep_->CheckKeyPart("capture id", capture_id, false) ||
       !rep_->CheckKeyPart("host", host, true) || !rep_->CheckWindow(window_start_ms)) {
     return;
   }
   rep_->Add(Column::kCaptures, Rep::OpType::kMerge,
-            codec::EncodeCellKey(capture_id, window_start_ms, host, stack_id),
+            codec::EncodeCellKey(capture_id, window_start_ms, host, stack_id, label_set),
             codec::EncodeCount(count));
 }
 
@@ -396,10 +402,15 @@ struct HourBlock {
   std::vector<std::string> hosts;  // sorted (key order)
   std::vector<uint32_t> host_end;  // entries of hosts[i] end at host_end[i]
   std::vector<StackCount> entries;
+  // Label set of each entry; empty when every entry has none (0).
+  std::vector<uint64_t> label_sets;
+
+  uint64_t LabelSetOf(size_t i) const { return label_sets.empty() ? 0 : label_sets[i]; }
 
   size_t Bytes() const {
     size_t bytes = sizeof(HourBlock) + entries.capacity() * sizeof(StackCount) +
-                   host_end.capacity() * sizeof(uint32_t);
+                   host_end.capacity() * sizeof(uint32_t) +
+                   label_sets.capacity() * sizeof(uint64_t);
     for (const std::string& h : hosts) bytes += sizeof(std::string) + h.capacity();
     return bytes;
   }
@@ -540,6 +551,15 @@ struct Store::Impl {
   std::mutex close_mu;
   bool closed = false;
   absl::Status close_status;
+  // Label sets read or interned so far, and per service the sets its samples use (loaded
+  // from the meta index on first use; `true` once committed). Few and small: one lock.
+  struct ServiceLabelSets {
+    bool loaded = false;
+    absl::flat_hash_map<uint64_t, bool> ids;
+  };
+  absl::Mutex label_mu;
+  absl::flat_hash_map<uint64_t, std::string> label_sets ABSL_GUARDED_BY(label_mu);
+  absl::flat_hash_map<std::string, ServiceLabelSets> service_label_sets ABSL_GUARDED_BY(label_mu);
 
   rocksdb::ColumnFamilyHandle* cf(Column c) const { return columns[ColumnIndex(c)]; }
 
@@ -637,6 +657,34 @@ struct Store::Impl {
     if (!identity.ok()) return identity.status();
     absl::MutexLock lock(&shard.mu);
     if (!shard.entries.contains(id)) table.Insert(shard, id, InternTable::Entry{stored, true});
+    return stored;
+  }
+
+  absl::StatusOr<ServiceLabelSets*> LoadServiceLabelSets(std::string_view service)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(label_mu) {
+    ServiceLabelSets& sets = service_label_sets[std::string(service)];
+    if (sets.loaded) return &sets;
+    const std::string prefix = codec::ServiceLabelSetPrefix(service);
+    std::unique_ptr<rocksdb::Iterator> it(
+        db->NewIterator(rocksdb::ReadOptions(), cf(Column::kMeta)));
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      if (it->key().size() != prefix.size() + 8) return absl::DataLossError("corrupt label set index key");
+      sets.ids[codec::GetFixed64BE(it->key().data() + prefix.size())] = true;
+    }
+    if (!it->status().ok()) return FromRocks(it->status());
+    sets.loaded = true;
+    return &sets;
+  }
+
+  // The encoded label set `id`, from memory or the store (NotFound when absent).
+  absl::StatusOr<std::string> LabelSetBytes(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(label_mu) {
+    if (auto it = label_sets.find(id); it != label_sets.end()) return it->second;
+    std::string stored;
+    rocksdb::Status s =
+        db->Get(rocksdb::ReadOptions(), cf(Column::kMeta), codec::LabelSetKey(id), &stored);
+    if (!s.ok()) return FromRocks(s);
+    if (!labels::Decode(stored).ok()) return absl::DataLossError("corrupt label set record");
+    label_sets.emplace(id, stored);
     return stored;
   }
 
@@ -777,21 +825,28 @@ struct Store::Impl {
     key.service = query.service;
     return VisitCells(column, scope, from, to, query.host,
                       [&](const codec::CellKey& cell, uint64_t count) {
+                        if (query.label_sets && !query.label_sets->contains(cell.label_set)) {
+                          return;
+                        }
                         key.window_start_ms = static_cast<int64_t>(cell.window_start_ms);
                         key.host.assign(cell.host);
                         key.stack_id = cell.stack_id;
+                        key.label_set = cell.label_set;
                         fn(key, count);
                       });
   }
 
   // Adds the cells of a piece read from RocksDB to `totals`.
   absl::Status SumCells(Column column, const std::string& scope, int64_t from, int64_t to,
-                        const std::optional<std::string>& host, Totals* totals) {
+                        const SampleQuery& query, Totals* totals) {
     // Cells arrive grouped by host within each window: hash the host only when it changes.
     std::string last_host;
     bool any = false;
-    return VisitCells(column, scope, from, to, host,
+    return VisitCells(column, scope, from, to, query.host,
                       [&](const codec::CellKey& cell, uint64_t count) {
+                        if (query.label_sets && !query.label_sets->contains(cell.label_set)) {
+                          return;
+                        }
                         SaturatingAddTo(totals->counts[cell.stack_id], count);
                         if (!any || cell.host != last_host) {
                           any = true;
@@ -834,17 +889,23 @@ struct Store::Impl {
             if (!block->hosts.empty()) block->host_end.push_back(block->entries.size());
             block->hosts.emplace_back(cell.host);
           }
+          if (cell.label_set != 0 && block->label_sets.empty()) {
+            block->label_sets.resize(block->entries.size(), 0);
+          }
+          if (!block->label_sets.empty()) block->label_sets.push_back(cell.label_set);
           block->entries.push_back({cell.stack_id, count});
         });
     if (!s.ok()) return s;
     if (!block->hosts.empty()) block->host_end.push_back(block->entries.size());
     block->entries.shrink_to_fit();
+    block->label_sets.shrink_to_fit();
     return block;
   }
 
   // Adds whole hours [from, to) of the hour rollup to `totals`, through the block cache.
   absl::Status SumHours(const std::string& scope, int64_t from, int64_t to,
-                        const std::optional<std::string>& host, Totals* totals) {
+                        const SampleQuery& query, Totals* totals) {
+    const std::optional<std::string>& host = query.host;
     std::vector<std::shared_ptr<const HourBlock>> blocks;
     size_t entries = 0;
     // Hours past the hour retention may be dropped by any compaction: read, never cached, so
@@ -887,6 +948,17 @@ struct Store::Impl {
         const size_t begin = h == 0 ? 0 : block->host_end[h - 1];
         const size_t end = block->host_end[h];
         if (begin == end) continue;
+        if (query.label_sets) {
+          // Labelled queries are selective: no prefetching, a membership test per entry.
+          bool any = false;
+          for (size_t i = begin; i < end; ++i) {
+            if (!query.label_sets->contains(block->LabelSetOf(i))) continue;
+            any = true;
+            totals->counts[block->entries[i].stack_id] += block->entries[i].count;
+          }
+          if (any && !totals->hosts.contains(block->hosts[h])) totals->hosts.insert(block->hosts[h]);
+          continue;
+        }
         if (!totals->hosts.contains(block->hosts[h])) totals->hosts.insert(block->hosts[h]);
         constexpr size_t kAhead = 8;  // overlap the cache misses of the hash probes
         for (size_t i = begin; i < end; ++i) {
@@ -916,7 +988,10 @@ struct Store::Impl {
 namespace {
 
 constexpr char kMarkerFile[] = "STRATA";
-constexpr char kMarker[] = "strata-store 1\n";
+// Version 2 adds label set IDs to cell keys (codec.h): a version 1 store reads unchanged and
+// is marked version 2 when opened, so an older server refuses it instead of misreading it.
+constexpr char kMarker[] = "strata-store 2\n";
+constexpr char kMarkerV1[] = "strata-store 1\n";
 
 // Refuses a directory that holds something other than a Strata store, before RocksDB
 // creates its files among someone else's: a path given by mistake must not be written to.
@@ -931,7 +1006,7 @@ absl::Status CheckDataDirectory(const std::string& dir) {
   if (fs::exists(marker, ec)) {
     std::ifstream in(marker);
     std::string contents((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (contents != kMarker) {
+    if (contents != kMarker && contents != kMarkerV1) {
       return absl::FailedPreconditionError(absl::StrCat(
           marker, " says '", absl::CHexEscape(contents.substr(0, 64)),
           "', not '", absl::CHexEscape(kMarker), "': a store of another version or a damaged file"));
@@ -1048,9 +1123,13 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::Status s = rocksdb::DB::Open(db_options, dir, descriptors, &handles, &impl->db);
   if (!s.ok()) return FromRocks(s);
-  if (!std::filesystem::exists(dir + "/" + kMarkerFile)) {
-    std::ofstream out(dir + "/" + kMarkerFile);
-    out << kMarker;
+  {
+    std::ifstream in(dir + "/" + kMarkerFile);
+    std::string contents((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (contents != kMarker) {
+      std::ofstream out(dir + "/" + kMarkerFile, std::ios::trunc);
+      out << kMarker;
+    }
   }
   for (size_t i = 0; i < kNumColumns; ++i) impl->columns[i] = handles[i];
   impl->db->DestroyColumnFamilyHandle(handles.back()).PermitUncheckedError();
@@ -1087,6 +1166,81 @@ absl::StatusOr<uint64_t> Store::InternStack(const StackFrames& stack, WriteBatch
   return impl_->Intern(InternKind::kStack, identity, std::move(value), batch);
 }
 
+absl::StatusOr<uint64_t> Store::InternLabelSet(std::string_view service,
+                                               const labels::LabelSet& set,
+                                               uint32_t max_per_service, WriteBatch* batch) {
+  if (set.empty()) return 0;
+  if (service.empty() || !ValidKeyPart(service)) {
+    return absl::InvalidArgumentError("service must be non-empty, without NUL");
+  }
+  for (size_t i = 0; i < set.size(); ++i) {
+    if (absl::Status s = labels::ValidateLabel(set[i].first, set[i].second); !s.ok()) return s;
+    if (set[i].second.empty() || (i > 0 && set[i - 1].first >= set[i].first)) {
+      return absl::InvalidArgumentError("label set is not normalized");
+    }
+  }
+  const std::string encoded = labels::Encode(set);
+  absl::MutexLock lock(&impl_->label_mu);
+  uint64_t id = 0;
+  for (uint32_t probe = 0; probe < kMaxProbes && id == 0; ++probe) {
+    const uint64_t candidate = impl_->Candidate(encoded, probe);
+    absl::StatusOr<std::string> occupant = impl_->LabelSetBytes(candidate);
+    if (absl::IsNotFound(occupant.status())) {
+      impl_->label_sets.emplace(candidate, encoded);
+      id = candidate;
+    } else if (!occupant.ok() && !absl::IsDataLoss(occupant.status())) {
+      return occupant.status();
+    } else if (occupant.ok() && *occupant == encoded) {
+      id = candidate;
+    } else {
+      impl_->collisions.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  if (id == 0) return absl::InternalError(absl::StrCat("no free ID after ", kMaxProbes, " probes"));
+  absl::StatusOr<Impl::ServiceLabelSets*> sets = impl_->LoadServiceLabelSets(service);
+  if (!sets.ok()) return sets.status();
+  auto [it, inserted] = (*sets)->ids.try_emplace(id, false);
+  if (inserted && (*sets)->ids.size() > max_per_service) {
+    (*sets)->ids.erase(it);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "service '", std::string(service), "' already has ", max_per_service,
+        " distinct label sets (strata-server --max-label-sets); refused {",
+        EscapeForLog(labels::ToString(set), 200), "}"));  // NOLINT
+  }
+  if (!it->second) {
+    batch->rep_->Add(Column::kMeta, WriteBatch::Rep::OpType::kPut, codec::LabelSetKey(id), encoded);
+    batch->rep_->Add(Column::kMeta, WriteBatch::Rep::OpType::kPut,
+                     codec::ServiceLabelSetKey(service, id), std::string());
+    batch->rep_->label_sets.emplace_back(std::string(service), id);
+  }
+  return id;
+}
+
+absl::StatusOr<std::vector<LabelSetRecord>> Store::ListLabelSets(std::string_view service) {
+  if (service.empty() || !ValidKeyPart(service)) {
+    return absl::InvalidArgumentError("service must be non-empty, without NUL");
+  }
+  std::vector<LabelSetRecord> out;
+  out.push_back({0, {}});
+  absl::MutexLock lock(&impl_->label_mu);
+  absl::StatusOr<Impl::ServiceLabelSets*> sets = impl_->LoadServiceLabelSets(service);
+  if (!sets.ok()) return sets.status();
+  std::vector<uint64_t> ids;
+  for (const auto& [id, durable] : (*sets)->ids) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (uint64_t id : ids) {
+    absl::StatusOr<std::string> bytes = impl_->LabelSetBytes(id);
+    if (!bytes.ok()) {
+      return absl::DataLossError(absl::StrCat("label set ", id, " of service '", std::string(service),
+                                              "' cannot be read: ", bytes.status().message()));
+    }
+    absl::StatusOr<labels::LabelSet> set = labels::Decode(*bytes);
+    if (!set.ok()) return absl::DataLossError(absl::StrCat("corrupt label set ", id));
+    out.push_back({id, *std::move(set)});
+  }
+  return out;
+}
+
 absl::Status Store::Commit(WriteBatch* batch) {
   WriteBatch::Rep& rep = *batch->rep_;
   if (!rep.status.ok()) return rep.status;
@@ -1120,6 +1274,14 @@ absl::Status Store::Commit(WriteBatch* batch) {
   if (!status.ok()) return status;
 
   for (const auto& [kind, id] : rep.interned) impl_->Table(kind).MarkDurable(id);
+  if (!rep.label_sets.empty()) {
+    absl::MutexLock lock(&impl_->label_mu);
+    for (const auto& [service, id] : rep.label_sets) {
+      auto it = impl_->service_label_sets.find(service);
+      if (it == impl_->service_label_sets.end()) continue;
+      if (auto s = it->second.ids.find(id); s != it->second.ids.end()) s->second = true;
+    }
+  }
   batch->Clear();
   return absl::OkStatus();
 }
@@ -1192,8 +1354,8 @@ absl::StatusOr<SampleTotals> Store::SumSamples(const SampleQuery& query) {
     if (piece.from >= piece.to) continue;
     absl::Status s =
         piece.column == Column::kRollupHour && impl_->hour_blocks->enabled()
-            ? impl_->SumHours(scope, piece.from, piece.to, query.host, &totals)
-            : impl_->SumCells(piece.column, scope, piece.from, piece.to, query.host, &totals);
+            ? impl_->SumHours(scope, piece.from, piece.to, query, &totals)
+            : impl_->SumCells(piece.column, scope, piece.from, piece.to, query, &totals);
     if (!s.ok()) return s;
   }
   SampleTotals out;
@@ -1318,6 +1480,17 @@ absl::StatusOr<std::vector<PhaseEvent>> Store::ScanPhaseEvents(std::string_view 
       });
   if (!s.ok()) return s;
   return out;
+}
+
+absl::StatusOr<AgentRecord> Store::GetAgent(const std::string& agent_id) {
+  if (!ValidKeyPart(agent_id)) return absl::InvalidArgumentError("agent id contains NUL");
+  std::string value;
+  rocksdb::Status s = impl_->db->Get(rocksdb::ReadOptions(), impl_->cf(Column::kMeta),
+                                     codec::AgentKey(agent_id), &value);
+  if (!s.ok()) return FromRocks(s);
+  absl::StatusOr<AgentRecord> agent = codec::DecodeAgent(value);
+  if (agent.ok()) agent->agent_id = agent_id;
+  return agent;
 }
 
 absl::StatusOr<CaptureInfo> Store::GetCapture(std::string_view capture_id) {

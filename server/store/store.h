@@ -8,8 +8,9 @@
 //   stacks     stack ID (content hash of the frame list, probed on collision) -> frames
 //   functions  function ID (content hash of (build ID or module path, start offset, name))
 //              -> name, module, build ID, start offset
-//   samples    service '\0' BE(window_start_ms) host '\0' BE(stack_id) -> u64 count
-//              (uint64-add merge operator)
+//   samples    service '\0' BE(window_start_ms) host '\0' BE(stack_id) [BE(label_set)]
+//              -> u64 count (uint64-add merge operator); the label set ID (see meta) only
+//              when the samples' target had labels
 //   captures   capture_id '\0' BE(window_start_ms) host '\0' BE(stack_id) -> u64 count
 //              (same layout and operator; ad hoc captures stay out of continuous queries)
 //   services   service -> first/last window and total samples (min/max/sum merge operator),
@@ -21,7 +22,8 @@
 //              in memory (StoreOptions::hour_block_cache_bytes); a commit adding samples to
 //              an hour drops that hour's aggregate
 //   meta       agents, per-agent applied batch sequence, per-agent call graph records,
-//              phase-change events, capture metadata
+//              phase-change events, capture metadata, label sets (content-addressed IDs,
+//              like stacks) and the label sets each service uses
 //   journal    BE(sequence) -> opaque record: acknowledged samples that the server's
 //              aggregation tables hold in memory and have not written to the cell column
 //              families yet (server/aggregate); deleted by the commit that writes them
@@ -43,8 +45,10 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/labels/labels.h"
 
 namespace strata::store {
 
@@ -69,6 +73,7 @@ struct SampleKey {
   int64_t window_start_ms = 0;
   std::string host;
   uint64_t stack_id = 0;
+  uint64_t label_set = 0;  // 0: no labels
 
   bool operator==(const SampleKey&) const = default;
 };
@@ -94,6 +99,16 @@ struct SampleQuery {
   // returned keys carry `service` as given here.
   std::optional<std::string> capture_id;
   Resolution resolution = Resolution::kRaw;
+  // When set, only cells of these label set IDs (0 for samples without labels); unset: all.
+  std::optional<absl::flat_hash_set<uint64_t>> label_sets;
+};
+
+// A distinct label set of a service's samples.
+struct LabelSetRecord {
+  uint64_t id = 0;  // 0: the empty set
+  labels::LabelSet labels;
+
+  bool operator==(const LabelSetRecord&) const = default;
 };
 
 // Samples of one stack summed over a query's range.
@@ -127,6 +142,7 @@ struct AgentRecord {
   std::string version;
   int64_t last_batch_ms = 0;
   uint64_t batches = 0;
+  std::string owner;  // the principal that writes as this agent; empty: none recorded
 
   bool operator==(const AgentRecord&) const = default;
 };
@@ -251,12 +267,14 @@ class WriteBatch {
   WriteBatch(const WriteBatch&) = delete;
   WriteBatch& operator=(const WriteBatch&) = delete;
 
-  // Adds `count` to the continuous profile cell (service, window, host, stack).
+  // Adds `count` to the continuous profile cell (service, window, host, stack, label set);
+  // `label_set` is an ID from Store::InternLabelSet (0: no labels).
   void AddSamples(std::string_view service, int64_t window_start_ms, std::string_view host,
-                  uint64_t stack_id, uint64_t count);
+                  uint64_t stack_id, uint64_t count, uint64_t label_set = 0);
   // Adds `count` to a cell of an ad hoc capture.
   void AddCaptureSamples(std::string_view capture_id, int64_t window_start_ms,
-                         std::string_view host, uint64_t stack_id, uint64_t count);
+                         std::string_view host, uint64_t stack_id, uint64_t count,
+                         uint64_t label_set = 0);
   // Records that batch `sequence` of the agent's incarnation (its graph ID: a restarted
   // agent numbers its batches from 1 again under a new one) is applied by this commit.
   // Commit refuses (AlreadyExists, nothing written) if `sequence` is not above the stored one.
@@ -309,6 +327,16 @@ class Store {
   // never shares an ID (collisions are resolved by probing). Errors only on I/O failure.
   absl::StatusOr<uint64_t> InternFunction(const FunctionInfo& function, WriteBatch* batch);
   absl::StatusOr<uint64_t> InternStack(const StackFrames& stack, WriteBatch* batch);
+  // The ID of a label set (normalized, no empty values) used by `service`'s samples: 0 for
+  // the empty set; the same content always yields the same ID. Its records are added to
+  // `batch` until a commit of them succeeded. ResourceExhausted when the service already
+  // has `max_per_service` distinct label sets (the empty one not counted) and this one is
+  // new; InvalidArgument for a set that is not normalized or not valid label syntax.
+  absl::StatusOr<uint64_t> InternLabelSet(std::string_view service, const labels::LabelSet& set,
+                                          uint32_t max_per_service, WriteBatch* batch);
+  // The label sets of `service`'s samples, committed or pending, by ID; the empty set (ID 0)
+  // is always listed first (samples written before labels have it).
+  absl::StatusOr<std::vector<LabelSetRecord>> ListLabelSets(std::string_view service);
 
   // Applies the batch atomically (counts, interned records, applied sequences, metadata)
   // and clears it on success.
@@ -339,6 +367,8 @@ class Store {
 
   absl::StatusOr<std::vector<ServiceSummary>> ListServices();
   absl::StatusOr<std::vector<AgentRecord>> ListAgents();
+  // One agent's record; NotFound if there is none.
+  absl::StatusOr<AgentRecord> GetAgent(const std::string& agent_id);
   absl::StatusOr<AgentGraph> LoadGraph(std::string_view agent_id, uint64_t graph_id);
   // Events of `service` with window in [from_ms, to_ms), by window.
   absl::StatusOr<std::vector<PhaseEvent>> ScanPhaseEvents(std::string_view service,

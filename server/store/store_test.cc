@@ -15,6 +15,7 @@
 #include <thread>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rocksdb/db.h"
@@ -881,6 +882,149 @@ namespace {
 
 // A directory given by mistake is refused before anything is written into it, with the
 // reason and the path; a damaged store names the file.
+TEST_F(StoreTest, LabelledCellsAreKeptApartAndSelectedBySet) {
+  WriteBatch batch;
+  const labels::LabelSet v1{{"region", "eu"}, {"version", "1"}};
+  const labels::LabelSet v2{{"version", "2"}};
+  auto id1 = store_->InternLabelSet("svc", v1, 16, &batch);
+  auto id2 = store_->InternLabelSet("svc", v2, 16, &batch);
+  auto none = store_->InternLabelSet("svc", {}, 16, &batch);
+  ASSERT_TRUE(id1.ok() && id2.ok() && none.ok()) << id1.status() << id2.status();
+  EXPECT_NE(*id1, 0u);
+  EXPECT_NE(*id1, *id2);
+  EXPECT_EQ(*none, 0u);
+  // The same content always has the same ID.
+  EXPECT_EQ(*store_->InternLabelSet("svc", v1, 16, &batch), *id1);
+  const int64_t w = 3'600'000;  // an hour boundary: the hour rollup holds these too
+  batch.AddSamples("svc", w, "h", 7, 5, *id1);
+  batch.AddSamples("svc", w, "h", 7, 3, *id2);
+  batch.AddSamples("svc", w, "h", 7, 2);  // unlabelled, as before labels
+  batch.AddSamples("svc", w, "h", 8, 4, *id2);
+  CommitOk(&batch);
+  Reopen();  // label sets and the per-service index come back from disk
+
+  auto sets = store_->ListLabelSets("svc");
+  ASSERT_TRUE(sets.ok()) << sets.status();
+  ASSERT_EQ(sets->size(), 3u);
+  EXPECT_EQ((*sets)[0], (LabelSetRecord{0, {}}));
+  std::map<uint64_t, labels::LabelSet> by_id;
+  for (const auto& r : *sets) by_id[r.id] = r.labels;
+  EXPECT_EQ(by_id[*id1], v1);
+  EXPECT_EQ(by_id[*id2], v2);
+  auto other = store_->ListLabelSets("other");
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->size(), 1u);  // the empty set only
+
+  for (Resolution r : {Resolution::kRaw, Resolution::kMinute, Resolution::kHour,
+                       Resolution::kAuto}) {
+    SampleQuery q{"svc", w, w + 3'600'000, std::nullopt, std::nullopt, r};
+    auto all = store_->SumSamples(q);
+    ASSERT_TRUE(all.ok());
+    std::map<uint64_t, uint64_t> counts;
+    for (const auto& c : all->stacks) counts[c.stack_id] += c.count;
+    EXPECT_EQ(counts, (std::map<uint64_t, uint64_t>{{7, 10}, {8, 4}})) << static_cast<int>(r);
+    for (int pass = 0; pass < 2; ++pass) {  // kHour/kAuto: the second pass hits the block cache
+      q.label_sets = absl::flat_hash_set<uint64_t>{*id2};
+      auto v2_only = store_->SumSamples(q);
+      ASSERT_TRUE(v2_only.ok());
+      counts.clear();
+      for (const auto& c : v2_only->stacks) counts[c.stack_id] += c.count;
+      EXPECT_EQ(counts, (std::map<uint64_t, uint64_t>{{7, 3}, {8, 4}})) << static_cast<int>(r);
+      q.label_sets = absl::flat_hash_set<uint64_t>{0, *id1};
+      auto old_and_v1 = store_->SumSamples(q);
+      ASSERT_TRUE(old_and_v1.ok());
+      ASSERT_EQ(old_and_v1->stacks.size(), 1u);
+      EXPECT_EQ(old_and_v1->stacks[0].count, 7u);
+      EXPECT_EQ(old_and_v1->hosts, std::vector<std::string>{"h"});
+      q.label_sets = absl::flat_hash_set<uint64_t>{};
+      auto nothing = store_->SumSamples(q);
+      ASSERT_TRUE(nothing.ok());
+      EXPECT_TRUE(nothing->stacks.empty());
+      EXPECT_TRUE(nothing->hosts.empty());
+      q.label_sets.reset();
+    }
+  }
+  SampleQuery scan{"svc", w, w + 1, std::nullopt, std::nullopt};
+  scan.label_sets = absl::flat_hash_set<uint64_t>{*id1};
+  std::vector<SampleKey> keys;
+  ASSERT_TRUE(store_->ScanSamples(scan, [&](const SampleKey& k, uint64_t) { keys.push_back(k); }).ok());
+  ASSERT_EQ(keys.size(), 1u);
+  EXPECT_EQ(keys[0].label_set, *id1);
+  EXPECT_EQ(keys[0].stack_id, 7u);
+}
+
+TEST_F(StoreTest, LabelSetsPerServiceAreBounded) {
+  WriteBatch batch;
+  for (int i = 0; i < 3; ++i) {
+    auto id = store_->InternLabelSet("svc", {{"pod", absl::StrCat("p", i)}}, 3, &batch);
+    ASSERT_TRUE(id.ok()) << id.status();
+  }
+  auto refused = store_->InternLabelSet("svc", {{"pod", "p3"}}, 3, &batch);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("--max-label-sets"), std::string::npos);
+  // Known sets, the empty set and other services are not affected.
+  EXPECT_TRUE(store_->InternLabelSet("svc", {{"pod", "p1"}}, 3, &batch).ok());
+  EXPECT_TRUE(store_->InternLabelSet("svc", {}, 3, &batch).ok());
+  EXPECT_TRUE(store_->InternLabelSet("other", {{"pod", "p3"}}, 3, &batch).ok());
+  CommitOk(&batch);
+  Reopen();
+  WriteBatch again;
+  EXPECT_TRUE(absl::IsResourceExhausted(
+      store_->InternLabelSet("svc", {{"pod", "p9"}}, 3, &again).status()));
+  // Unnormalized or invalid sets are refused.
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      store_->InternLabelSet("svc", {{"b", "1"}, {"a", "2"}}, 9, &again).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      store_->InternLabelSet("svc", {{"a", "x\n"}}, 9, &again).status()));
+}
+
+TEST_F(StoreTest, CellKeysWithAndWithoutLabelSetsDecode) {
+  const std::string old_key = codec::EncodeCellKey("svc", 10'000, "host", 42);
+  auto cell = codec::DecodeCellKey(old_key);
+  ASSERT_TRUE(cell.ok());
+  EXPECT_EQ(cell->label_set, 0u);
+  EXPECT_EQ(cell->stack_id, 42u);
+  EXPECT_EQ(cell->host, "host");
+  // A stack ID whose last byte is 0 next to a label set: the host still ends at its NUL.
+  const std::string key = codec::EncodeCellKey("svc", 10'000, "h", 0x100, 0x2000);
+  cell = codec::DecodeCellKey(key);
+  ASSERT_TRUE(cell.ok());
+  EXPECT_EQ(cell->host, "h");
+  EXPECT_EQ(cell->stack_id, 0x100u);
+  EXPECT_EQ(cell->label_set, 0x2000u);
+  EXPECT_EQ(codec::EncodeCellKey("svc", 1, "h", 5, 0), codec::EncodeCellKey("svc", 1, "h", 5));
+  EXPECT_FALSE(codec::DecodeCellKey(key.substr(0, key.size() - 1)).ok());
+  EXPECT_FALSE(codec::DecodeCellKey(old_key + std::string(8, '\0')).ok());  // label set 0
+}
+
+TEST(StoreDirectoryTest, VersionOneStoresOpenAndAreMarkedVersionTwo) {
+  char tmpl[] = "/tmp/strata_store_v1_test.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  {
+    auto store = Store::Open(dir, StoreOptions());
+    ASSERT_TRUE(store.ok());
+    WriteBatch batch;
+    batch.AddSamples("svc", 10'000, "h", 1, 9);
+    ASSERT_TRUE((*store)->Commit(&batch).ok());
+  }
+  std::ofstream(dir + "/STRATA", std::ios::trunc) << "strata-store 1\n";
+  {
+    auto store = Store::Open(dir, StoreOptions());
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto totals = (*store)->SumSamples({"svc", 0, 20'000, std::nullopt, std::nullopt});
+    ASSERT_TRUE(totals.ok());
+    ASSERT_EQ(totals->stacks.size(), 1u);
+    EXPECT_EQ(totals->stacks[0].count, 9u);
+  }
+  std::ifstream in(dir + "/STRATA");
+  std::string marker((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(marker, "strata-store 2\n");
+  std::ofstream(dir + "/STRATA", std::ios::trunc) << "strata-store 3\n";
+  EXPECT_TRUE(absl::IsFailedPrecondition(Store::Open(dir, StoreOptions()).status()));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(StoreDirectoryTest, ForeignOrDamagedDirectoriesAreRefusedClearly) {
   char tmpl[] = "/tmp/strata_store_dir_test.XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
