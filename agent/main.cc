@@ -25,6 +25,7 @@
 #include "agent/core/shipper.h"
 #include "agent/spool/spool.h"
 #include "common/base/byte_size.h"
+#include "common/base/config_file.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -106,6 +107,7 @@ int Run(int argc, char** argv) {
                  "is left stays in the spool)")
       ->check(CLI::Range(0.0, 3600.0))
       ->capture_default_str();
+  strata::base::AddConfigFile(app);
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
 

@@ -6,6 +6,7 @@
 
 #include "CLI/CLI.hpp"
 #include "cli/client.h"
+#include "common/base/config_file.h"
 
 namespace strata::cli {
 // cli/capture_commands.cc
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   strata::cli::AddCaptureCommands(&app, &context, &exit_code);
   for (auto* sub : app.get_subcommands({})) sub->fallthrough();
 
+  strata::base::AddConfigFile(app);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

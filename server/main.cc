@@ -13,6 +13,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "common/base/byte_size.h"
+#include "common/base/config_file.h"
 #include "server/capture/capture_service.h"
 #include "server/aggregate/window_aggregator.h"
 #include "server/http/http_server.h"
@@ -130,6 +131,7 @@ int Run(int argc, char** argv) {
   restore->add_option("--data", data, "new data directory (must be empty or missing)")
       ->required();
   app.require_subcommand(0, 1);
+  strata::base::AddConfigFile(app);
   CLI11_PARSE(app, argc, argv);
   if (*backup) {
     strata::store::BackupInfo info;

@@ -17,6 +17,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "CLI/CLI.hpp"
+#include "common/base/config_file.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -122,6 +123,7 @@ int Run(int argc, char** argv) {
   app.add_option("--stream", stream_file,
                  "a recorded sample stream (record_stream's text format) as every agent's "
                  "program, instead of synthetic ones");
+  strata::base::AddConfigFile(app);
   CLI11_PARSE(app, argc, argv);
   if (fleet.agents == 0 || interval_s <= 0 || duration_s <= 0 || rate <= 0 || programs == 0) {
     std::fprintf(stderr, "strata-loadgen: agents, interval, duration, rate, programs must be > 0\n");
