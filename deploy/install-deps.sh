@@ -10,7 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev libabsl-dev libcli11-dev
   libelf-dev libdw-dev libunwind-dev zlib1g-dev
   g++-mips64el-linux-gnuabi64 g++-mips64-linux-gnuabi64 qemu-user
-  procps curl ca-certificates dpkg-dev
+  procps curl ca-certificates dpkg-dev openssl libssl-dev
   golang-go chromium libxml2-utils libfaketime
 )
 
