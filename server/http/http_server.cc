@@ -175,6 +175,17 @@ std::string TakeOpenSslErrors() {
   return out.empty() ? "unknown OpenSSL error" : out;
 }
 
+// What went wrong in an asio ssl::context call: asio takes the first OpenSSL error off the
+// queue into `ec`; anything still queued adds detail.
+std::string ErrorText(const beast::error_code& ec) {
+  std::string text = ec.message();
+  if (ERR_peek_error() != 0) absl::StrAppend(&text, " (", TakeOpenSslErrors(), ")");
+  return text;
+}
+
+// Keys are never encrypted here: a server has nobody to ask for a passphrase.
+int NoPassphrase(char*, int, int, void*) { return 0; }
+
 absl::StatusOr<std::string> ReadWhole(const std::string& what, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -232,15 +243,31 @@ absl::StatusOr<std::shared_ptr<ssl::context>> BuildTlsContext(const HttpServerOp
         absl::StrCat("cannot configure TLS protocols: ", TakeOpenSslErrors()));
   }
   beast::error_code ec;
+  SSL_CTX_set_default_passwd_cb(native, NoPassphrase);
   ctx->use_certificate_chain(asio::buffer(*cert), ec);
-  if (ec) return fail("certificate", tls.cert_file, TakeOpenSslErrors());
-  ctx->use_private_key(asio::buffer(*key), ssl::context::pem, ec);
-  if (ec) return fail("key", tls.key_file, TakeOpenSslErrors());
-  if (SSL_CTX_check_private_key(native) != 1) {
+  if (ec) return fail("certificate", tls.cert_file, ErrorText(ec));
+  // The key is parsed here rather than by asio: an encrypted key fails instead of OpenSSL
+  // asking for a passphrase on the terminal, and a key for another certificate is named so.
+  BIO* key_bio = BIO_new_mem_buf(key->data(), static_cast<int>(key->size()));
+  EVP_PKEY* pkey = key_bio == nullptr
+                       ? nullptr
+                       : PEM_read_bio_PrivateKey(key_bio, nullptr, NoPassphrase, nullptr);
+  BIO_free(key_bio);
+  if (pkey == nullptr) {
+    return fail("key", tls.key_file,
+                absl::StrCat("not an unencrypted PEM private key: ", TakeOpenSslErrors()));
+  }
+  const bool matches = X509_check_private_key(SSL_CTX_get0_certificate(native), pkey) == 1;
+  const bool used = matches && SSL_CTX_use_PrivateKey(native, pkey) == 1;
+  EVP_PKEY_free(pkey);
+  if (!matches) {
     TakeOpenSslErrors();
     return fail("key", tls.key_file,
                 absl::StrCat("it does not match the certificate '", EscapeForLog(tls.cert_file),
                              "'"));
+  }
+  if (!used || SSL_CTX_check_private_key(native) != 1) {
+    return fail("key", tls.key_file, TakeOpenSslErrors());
   }
   if (!tls.client_ca_file.empty()) {
     // Every certificate in the file is trusted, and named to clients as an acceptable issuer.
@@ -267,7 +294,7 @@ absl::StatusOr<std::shared_ptr<ssl::context>> BuildTlsContext(const HttpServerOp
     // A certificate is asked for but optional: without one the handlers see an empty
     // peer_identity. One that is presented must verify, or the handshake fails.
     ctx->set_verify_mode(ssl::verify_peer, ec);
-    if (ec) return fail("client CA", tls.client_ca_file, TakeOpenSslErrors());
+    if (ec) return fail("client CA", tls.client_ca_file, ErrorText(ec));
     // Sessions are cached per context; OpenSSL refuses to resume a verified session without
     // a context id.
     static constexpr unsigned char kSessionContext[] = "strata-http";
