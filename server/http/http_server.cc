@@ -656,8 +656,16 @@ struct HttpServer::Impl {
         ++open;
         ++connections;
         if (tls_on) {
-          std::make_shared<TlsSession>(this, std::move(socket), TlsContextForNewConnection())
-              ->Start();
+          std::shared_ptr<TlsSession> session;
+          try {  // OpenSSL out of memory for a new connection (SSL_new): drop just that one
+            session = std::make_shared<TlsSession>(this, std::move(socket),
+                                                   TlsContextForNewConnection());
+          } catch (const std::exception& e) {
+            --open;  // no Session to do it
+            ++tls_handshake_failures;
+            spdlog::error("http: cannot start a TLS connection: {}", e.what());
+          }
+          if (session != nullptr) session->Start();
         } else {
           std::make_shared<PlainSession>(this, std::move(socket))->Start();
         }

@@ -97,7 +97,7 @@ struct HttpServerStats {
   int64_t open_connections = 0;
   uint64_t connections = 0;          // accepted and served
   uint64_t refused_connections = 0;  // closed at once: over max_connections
-  uint64_t timed_out = 0;            // closed by a header, body, write or idle deadline
+  uint64_t timed_out = 0;            // closed by a handshake, header, body, write or idle deadline
   uint64_t bad_requests = 0;         // unparsable, too large, or not UTF-8
   uint64_t requests = 0;
   // TLS handshakes that did not complete (plaintext or an old protocol on the TLS port, a
