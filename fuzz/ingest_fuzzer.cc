@@ -124,8 +124,11 @@ class Stream {
     identity_ = {hello.agent_id(), hello.host(), hello.arch(), hello.version(),
                  hello.graph_id() ^ graph_salt_};
     if (!Open()) return false;
-    registry_->Attach(identity_, hello.frequency_hz(),
-                      [](const v1::ServerMessage&) { return false; });
+    if (!registry_->Attach(identity_, hello.frequency_hz(),
+                           [](const v1::ServerMessage&) { return false; })
+             .ok()) {
+      return false;
+    }
     return true;
   }
 

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <cstdio>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -16,6 +17,8 @@
 #include "common/base/config_file.h"
 #include "server/capture/capture_service.h"
 #include "server/aggregate/window_aggregator.h"
+#include "server/auth/authorizer.h"
+#include "server/auth/tls_credentials.h"
 #include "server/http/http_server.h"
 #include "server/ingest/ingest_service.h"
 #include "server/query/query_service.h"
@@ -28,10 +31,11 @@ namespace {
 
 int Run(int argc, char** argv) {
   CLI::App app{"strata-server: continuous profiling server"};
-  std::string listen = "0.0.0.0:7070";
+  // Loopback by default: a server reachable from elsewhere needs TLS and authentication (or an
+  // explicit --insecure), see below.
+  std::string listen = "127.0.0.1:7070";
   std::string http = "127.0.0.1:7071";
   std::string data = "./var/strata";
-  std::string token;
   std::string log_level = "info";
   bool sync = false;
   std::string capture_retention = "7d";
@@ -41,7 +45,37 @@ int Run(int argc, char** argv) {
   app.add_option("--http", http, "HTTP address for /healthz, /metrics and the UI; empty: off")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--data", data, "RocksDB data directory (created if missing)");
-  app.add_option("--token", token, "shared secret agents must present");
+  strata::server::auth::ServerTlsFiles tls;
+  strata::server::auth::AuthorizerOptions auth_options;
+  bool insecure = false, metrics_open = false;
+  std::string certificate_role = "agent";
+  app.add_option("--tls-cert", tls.cert_file,
+                 "PEM certificate (chain) of the server: TLS 1.2+ on the gRPC and HTTP "
+                 "listeners; re-read when the file changes");
+  app.add_option("--tls-key", tls.key_file, "PEM private key of --tls-cert");
+  app.add_option("--tls-client-ca", tls.client_ca_file,
+                 "PEM CA of client certificates: agents (and people) present certificates that "
+                 "chain to it; a certificate's identity is its first DNS name, else its CN");
+  app.add_option("--tls-client-role", certificate_role,
+                 "role of a client certificate the tokens file does not list: agent, reader, "
+                 "operator, or none (only listed certificates)")
+      ->check(CLI::IsMember({"agent", "reader", "operator", "none"}))
+      ->capture_default_str();
+  app.add_option("--auth-file", auth_options.auth_file,
+                 "tokens file: bearer tokens (hashed) and client certificates with their roles "
+                 "(agent, reader, operator); re-read when it changes")
+      ->check(CLI::ExistingFile);
+  app.add_flag("--insecure", insecure,
+               "allow listening on a non-loopback address without TLS and authentication");
+  app.add_flag("--metrics-open", metrics_open, "serve /metrics without authentication");
+  app.add_option("--query-rate", auth_options.query_rate,
+                 "query requests per second per principal (gRPC and /api/v1; 0: unlimited)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--query-burst", auth_options.query_burst,
+                 "query requests a principal may make at once above --query-rate")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--sync", sync, "fsync the write-ahead log on every batch");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   app.add_option("--capture-retention", capture_retention,
@@ -101,12 +135,31 @@ int Run(int argc, char** argv) {
                  "largest jump of an agent's batch sequence number that is accepted")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-label-sets", limits.max_label_sets,
+                 "distinct target label sets per service; past it samples are stored under "
+                 "strata_overflow=label_sets")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 10'000'000u));
   int http_max_connections = 1024;
   app.add_option("--http-max-connections", http_max_connections,
                  "HTTP connections open at once; more are closed when accepted")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   uint32_t max_agents = 20'000;
+  uint32_t max_streams_per_principal = 16;
+  app.add_option("--max-streams-per-principal", max_streams_per_principal,
+                 "agent streams one authenticated principal (certificate or token) may hold")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  uint32_t max_capture_hz = 1000;
+  std::string max_capture_duration = "1h";
+  app.add_option("--max-capture-hz", max_capture_hz,
+                 "highest sampling rate a capture may ask of the agents")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 10000u));
+  app.add_option("--max-capture-duration", max_capture_duration,
+                 "longest capture a client may start (at most 1h)")
+      ->capture_default_str();
   uint32_t ingest_threads = 0;
   app.add_option("--max-agents", max_agents,
                  "agent streams held at once; more are refused with RESOURCE_EXHAUSTED and a "
@@ -130,9 +183,30 @@ int Run(int argc, char** argv) {
   restore->add_option("--from", restore_from, "backup directory")->required();
   restore->add_option("--data", data, "new data directory (must be empty or missing)")
       ->required();
+  CLI::App* hash_token = app.add_subcommand(
+      "hash-token", "read a token on standard input and print the line of it for the tokens "
+                    "file (the token itself is never stored)");
+  std::string hash_name = "NAME", hash_role = "reader";
+  hash_token->add_option("--name", hash_name, "principal name")->capture_default_str();
+  hash_token->add_option("--role", hash_role, "agent, reader or operator")
+      ->check(CLI::IsMember({"agent", "reader", "operator"}))
+      ->capture_default_str();
   app.require_subcommand(0, 1);
   strata::base::AddConfigFile(app);
   CLI11_PARSE(app, argc, argv);
+  if (*hash_token) {
+    std::string token;
+    std::getline(std::cin, token);
+    while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+    if (token.empty()) {
+      std::fprintf(stderr, "strata-server hash-token: no token on standard input\n");
+      return 2;
+    }
+    std::printf("token %s %s %s\n", hash_name.c_str(), hash_role.c_str(),
+                strata::server::auth::FormatTokenHash(strata::server::auth::HashToken(token))
+                    .c_str());
+    return 0;
+  }
   if (*backup) {
     strata::store::BackupInfo info;
     absl::Status st = strata::store::BackupStore(data, backup_to, backup_keep, &info);
@@ -166,6 +240,12 @@ int Run(int argc, char** argv) {
     }
     *out = *bytes;
   }
+  auto capture_duration = strata::server::ParseRetention(max_capture_duration);
+  if (!capture_duration.ok() || *capture_duration <= absl::ZeroDuration() ||
+      *capture_duration > absl::Hours(1)) {
+    std::fprintf(stderr, "strata-server: --max-capture-duration must be between 1ms and 1h\n");
+    return 2;
+  }
   if (message_bytes < 4096 || message_bytes > (1u << 30)) {
     std::fprintf(stderr, "strata-server: --max-message-bytes must be in [4KiB, 1GiB]\n");
     return 2;
@@ -194,6 +274,51 @@ int Run(int argc, char** argv) {
     retention_ms[i] = absl::ToInt64Milliseconds(*d);
   }
   spdlog::set_level(spdlog::level::from_str(log_level));
+
+  // Who may call, and over what. Refuse a server reachable from other machines that anyone
+  // there could read, write or capture from.
+  const bool tls_on = !tls.cert_file.empty() || !tls.key_file.empty();
+  if (!tls_on && !tls.client_ca_file.empty()) {
+    std::fprintf(stderr, "strata-server: --tls-client-ca needs --tls-cert and --tls-key\n");
+    return 2;
+  }
+  auth_options.client_certificates = !tls.client_ca_file.empty();
+  if (certificate_role == "none") {
+    auth_options.certificate_role.reset();
+  } else {
+    auth_options.certificate_role = strata::server::auth::ParseRole(certificate_role);
+  }
+  auto authorizer_or = strata::server::auth::Authorizer::Create(auth_options);
+  if (!authorizer_or.ok()) {
+    std::fprintf(stderr, "strata-server: %s\n",
+                 std::string(authorizer_or.status().message()).c_str());
+    return 2;
+  }
+  std::unique_ptr<strata::server::auth::Authorizer> authorizer = std::move(*authorizer_or);
+  for (const std::string* address : {&listen, &http}) {
+    if (address->empty() || strata::server::auth::IsLoopbackAddress(*address) || insecure) continue;
+    if (!tls_on || !authorizer->enabled()) {
+      std::fprintf(stderr,
+                   "strata-server: refusing to listen on %s without %s: give --tls-cert and "
+                   "--tls-key, and --auth-file or --tls-client-ca (see deploy/gen-certs.sh), "
+                   "or --insecure\n",
+                   address->c_str(),
+                   !tls_on && !authorizer->enabled() ? "TLS and authentication"
+                   : !tls_on                        ? "TLS"
+                                                    : "authentication");
+      return 2;
+    }
+  }
+  std::shared_ptr<grpc::ServerCredentials> grpc_credentials = grpc::InsecureServerCredentials();
+  if (tls_on) {
+    auto credentials = strata::server::auth::MakeServerCredentials(tls);
+    if (!credentials.ok()) {
+      std::fprintf(stderr, "strata-server: %s\n",
+                   std::string(credentials.status().message()).c_str());
+      return 2;
+    }
+    grpc_credentials = *credentials;
+  }
   // Every agent stream and HTTP connection is a file descriptor, beside RocksDB's files:
   // take all the kernel allows this process rather than the shell's default 1024.
   if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
@@ -234,15 +359,20 @@ int Run(int argc, char** argv) {
   strata::server::AgentRegistry registry;
   strata::server::IngestMetrics metrics;
   strata::server::IngestService ingest(store.get(), &registry, &metrics,
-                                       {.token = token,
+                                       {.authorizer = authorizer.get(),
+                                        .max_streams_per_principal = max_streams_per_principal,
                                         .committer = aggregator.get(),
                                         .limits = limits,
                                         .max_agents = max_agents,
                                         .worker_threads = ingest_threads,
                                         .session_memory_bytes = session_bytes});
-  strata::server::QueryService query(store.get(), &registry, aggregator.get());
+  strata::server::QueryService query(store.get(), &registry, aggregator.get(),
+                                     authorizer.get());
   strata::server::CaptureService::Options capture_options;
   capture_options.retention = *retention;
+  capture_options.max_frequency_hz = max_capture_hz;
+  capture_options.max_duration = *capture_duration;
+  capture_options.authorizer = authorizer.get();
   capture_options.deleter = [store = store.get()](const std::string& capture_id) {
     strata::store::WriteBatch wb;
     wb.DeleteCapture(capture_id);
@@ -258,7 +388,7 @@ int Run(int argc, char** argv) {
 
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(listen, grpc_credentials, &bound_port);
   builder.RegisterService(&ingest);
   builder.RegisterService(&query);
   builder.RegisterService(&capture);
@@ -270,19 +400,24 @@ int Run(int argc, char** argv) {
   }
 
   strata::server::HttpServer http_server;
-  strata::server::RegisterHttpRoutes(&http_server, store.get(), &metrics, &query,
-                                     aggregator.get());
+  strata::server::RegisterHttpRoutes(
+      &http_server, store.get(), &metrics, &query, aggregator.get(),
+      {.authorizer = authorizer.get(),
+       .metrics_open = metrics_open,
+       .capture_limit_refusals = [&capture] { return capture.limit_refusals(); }});
   if (!http.empty()) {
     strata::server::HttpServerOptions http_options;
     http_options.max_connections = http_max_connections;
+    http_options.tls = {tls.cert_file, tls.key_file, tls.client_ca_file};
     if (auto st = http_server.Start(http, http_options); !st.ok()) {
       std::fprintf(stderr, "strata-server: %s\n", std::string(st.message()).c_str());
       server->Shutdown();
       return 1;
     }
   }
-  spdlog::info("strata-server listening on {} (port {}), HTTP on {}, data in {}", listen,
-               bound_port, http.empty() ? "off" : http, data);
+  spdlog::info("strata-server listening on {} (port {}), HTTP on {}, data in {}; {}, {}", listen,
+               bound_port, http.empty() ? "off" : http, data, tls_on ? "TLS" : "plaintext",
+               authorizer->enabled() ? "authentication required" : "no authentication");
   // The HTTP port first: whoever waits for "ready" (tests, scripts with port 0) finds both.
   if (!http.empty()) std::printf("strata-server HTTP on port %d\n", http_server.port());
   std::printf("strata-server ready on port %d\n", bound_port);

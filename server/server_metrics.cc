@@ -69,6 +69,9 @@ HttpResponse Error(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument: r.status = 400; break;
     case absl::StatusCode::kNotFound: r.status = 404; break;
+    case absl::StatusCode::kUnauthenticated: r.status = 401; break;
+    case absl::StatusCode::kPermissionDenied: r.status = 403; break;
+    case absl::StatusCode::kResourceExhausted: r.status = 429; break;
     default: r.status = 500;
   }
   r.content_type = "application/json";
@@ -95,7 +98,7 @@ absl::StatusOr<int64_t> IntParam(const std::string& key, const std::string& valu
   return v;
 }
 
-// Fills a ProfileFilter from ?service=&from_ms=&to_ms=&since_s=&host=&focus=&ignore=, each
+// Fills a ProfileFilter from ?service=&from_ms=&to_ms=&since_s=&host=&focus=&ignore=&select=, each
 // key optionally prefixed (the diff's base profile uses "base_").
 absl::Status FilterFromQuery(const HttpRequest& req, v1::ProfileFilter* filter,
                              const std::string& prefix = "") {
@@ -108,6 +111,7 @@ absl::Status FilterFromQuery(const HttpRequest& req, v1::ProfileFilter* filter,
   filter->set_focus(get("focus"));
   filter->set_ignore(get("ignore"));
   filter->set_capture_id(get("capture"));
+  filter->set_selector(get("select"));
   // Unix milliseconds up to 2^62 (the year 146 million): sums and differences of two of
   // them cannot overflow.
   constexpr int64_t kMaxMs = int64_t{1} << 62;
@@ -171,17 +175,44 @@ absl::StatusOr<v1::FlameGraphRequest::Format> FlameFormat(const HttpRequest& req
   return format;
 }
 
+
+// `handler` behind the authorizer: 401 with a Basic challenge (browsers prompt for the token
+// as the password) when credentials are missing or unknown, 403 for a role that does not
+// allow `action`, 429 over the principal's query rate.
+HttpServer::Handler Guard(auth::Authorizer* authorizer, auth::Role need, const char* action,
+                          bool rate_limited, HttpServer::Handler handler) {
+  if (authorizer == nullptr || !authorizer->enabled()) return handler;
+  return [=](const HttpRequest& req) {
+    auto principal =
+        authorizer->Authorize({req.authorization, req.peer_identity}, need, action);
+    absl::Status st = principal.status();
+    if (st.ok() && rate_limited) st = authorizer->AdmitQuery(*principal);
+    if (st.ok()) return handler(req);
+    HttpResponse r = Error(st);
+    if (absl::IsUnauthenticated(st)) {
+      r.headers.emplace_back("WWW-Authenticate", "Basic realm=\"Strata\", charset=\"UTF-8\"");
+    }
+    return r;
+  };
+}
+
 }  // namespace
 
 void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* metrics,
-                        QueryService* query, const WindowAggregator* aggregator) {
+                        QueryService* query, const WindowAggregator* aggregator,
+                        const HttpAccess& access) {
+  auth::Authorizer* const authorizer = access.authorizer;
+  auto reader = [authorizer](HttpServer::Handler h) {
+    return Guard(authorizer, auth::Role::kReader, "queries", /*rate_limited=*/true, std::move(h));
+  };
   // Health checks answer on the I/O threads and metrics on a thread of their own: neither
   // waits behind slow queries. Metrics may wait briefly (the aggregator's lock, RocksDB
   // properties), which must not hold an I/O thread.
   http->Route(
       "/healthz", [](const HttpRequest&) { return HttpResponse{200, "text/plain", "ok\n"}; },
       HttpServer::Dispatch::kInline);
-  http->Route("/metrics", [http, store, metrics, aggregator](const HttpRequest&) {
+  HttpServer::Handler metrics_handler = [http, store, metrics, aggregator,
+                                         access](const HttpRequest&) {
     HttpResponse r;
     r.content_type = "text/plain; version=0.0.4";
     auto counter = [&](const char* name, const char* help, uint64_t value) {
@@ -198,6 +229,9 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     counter("strata_ingest_rejected_messages_total", "Messages rejected as malformed.",
             metrics->rejected_messages);
     counter("strata_ingest_resyncs_total", "Graph resyncs requested.", metrics->resyncs);
+    counter("strata_ingest_label_sets_refused_total",
+            "Target label sets refused past --max-label-sets (stored as strata_overflow).",
+            LabelSetsRefused());
     auto gauge = [&](const char* name, const char* help, auto value) {
       absl::StrAppend(&r.body, "# HELP ", name, " ", help, "\n# TYPE ", name, " gauge\n", name,
                       " ", value, "\n");
@@ -214,6 +248,31 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     counter("strata_ingest_streams_refused_total",
             "Agent streams refused over --max-agents (RESOURCE_EXHAUSTED).",
             metrics->streams_refused);
+    counter("strata_ingest_principal_streams_refused_total",
+            "Agent streams refused over --max-streams-per-principal.",
+            metrics->principal_streams_refused);
+    counter("strata_ingest_identity_refused_total",
+            "Agents refused for writing as another principal's agent ID or host.",
+            metrics->identity_refused);
+    if (access.authorizer != nullptr) {
+      const auth::AuthStats a = access.authorizer->stats();
+      counter("strata_auth_unauthenticated_total",
+              "Calls refused for missing, malformed or unknown credentials (401).",
+              a.unauthenticated);
+      counter("strata_auth_permission_denied_total",
+              "Calls refused for a role that does not allow them (403).", a.permission_denied);
+      counter("strata_auth_rate_limited_total",
+              "Query calls refused over the principal's --query-rate (429).", a.rate_limited);
+      counter("strata_auth_reloads_total", "Changes of the tokens file taken.", a.reloads);
+      counter("strata_auth_reload_errors_total",
+              "Changes of the tokens file refused (the previous one stays).", a.reload_errors);
+    }
+    if (access.capture_limit_refusals) {
+      counter("strata_capture_limit_refusals_total",
+              "Captures refused for asking more than --max-capture-hz or "
+              "--max-capture-duration.",
+              access.capture_limit_refusals());
+    }
     counter("strata_ingest_resource_exhausted_total",
             "Agent streams ended for lack of memory (table budget), with a retry delay.",
             metrics->resource_exhausted);
@@ -232,6 +291,9 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     counter("strata_http_connections_total", "HTTP connections accepted and served.",
             h.connections);
     counter("strata_http_requests_total", "HTTP requests read.", h.requests);
+    counter("strata_http_tls_handshake_failures_total",
+            "HTTPS connections closed in the TLS handshake (plaintext, old TLS, bad "
+            "certificate).", h.tls_handshake_failures);
     const store::StoreStats st = store->Stats();
     gauge("strata_memory_rocksdb_memtable_bytes", "RocksDB memtables.", st.memtable_bytes);
     gauge("strata_memory_rocksdb_block_cache_bytes", "RocksDB block cache in use.",
@@ -278,13 +340,27 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
                     "# TYPE strata_store_bytes gauge\nstrata_store_bytes ",
                     store->ApproximateBytesOnDisk(), "\n");
     return r;
-  }, HttpServer::Dispatch::kPriority);
-  http->Route("/api/v1/services", [query](const HttpRequest&) {
+  };
+  if (!access.metrics_open) {
+    metrics_handler = Guard(authorizer, auth::Role::kReader, "metrics", /*rate_limited=*/false,
+                            std::move(metrics_handler));
+  }
+  http->Route("/metrics", std::move(metrics_handler), HttpServer::Dispatch::kPriority);
+  http->Route("/api/v1/services", reader([query](const HttpRequest&) {
     auto r = query->RunListServices();
     return r.ok() ? Json(*r) : Error(r.status());
-  });
-  http->Route("/api/v1/agents", [query](const HttpRequest&) { return Json(query->RunListAgents()); });
-  http->Route("/api/v1/top", [query](const HttpRequest& req) {
+  }));
+  http->Route("/api/v1/agents", reader([query](const HttpRequest&) {
+    return Json(query->RunListAgents());
+  }));
+  // ?service=: the service's label keys and their values (for selectors).
+  http->Route("/api/v1/labels", reader([query](const HttpRequest& req) {
+    v1::ListLabelsRequest request;
+    if (auto it = req.query.find("service"); it != req.query.end()) request.set_service(it->second);
+    auto r = query->RunListLabels(request);
+    return r.ok() ? Json(*r) : Error(r.status());
+  }));
+  http->Route("/api/v1/top", reader([query](const HttpRequest& req) {
     v1::TopRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     auto limit = LimitFromQuery(req);
@@ -300,8 +376,8 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     }
     auto r = query->RunTop(request);
     return r.ok() ? Json(*r) : Error(r.status());
-  });
-  http->Route("/api/v1/hot-paths", [query](const HttpRequest& req) {
+  }));
+  http->Route("/api/v1/hot-paths", reader([query](const HttpRequest& req) {
     v1::HotPathsRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     auto limit = LimitFromQuery(req);
@@ -309,9 +385,9 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     request.set_limit(*limit);
     auto r = query->RunHotPaths(request);
     return r.ok() ? Json(*r) : Error(r.status());
-  });
+  }));
   // ?format=json (default; nested tree) | svg | html | folded | tree (the proto's node table).
-  http->Route("/api/v1/flamegraph", [query](const HttpRequest& req) {
+  http->Route("/api/v1/flamegraph", reader([query](const HttpRequest& req) {
     v1::FlameGraphRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     auto format = FlameFormat(req);
@@ -324,10 +400,10 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     if (!r.ok()) return Error(r.status());
     if (*format == v1::FlameGraphRequest::TREE) return Json(*r);
     return Raw(r->content_type(), std::move(*r->mutable_rendered()));
-  });
+  }));
   // The compared profile takes the usual keys, the base profile the same keys prefixed with
   // "base_" (base_service, base_from_ms, ...); see QueryService::RunDiff for defaults.
-  http->Route("/api/v1/diff", [query](const HttpRequest& req) {
+  http->Route("/api/v1/diff", reader([query](const HttpRequest& req) {
     v1::DiffRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     if (auto st = FilterFromQuery(req, request.mutable_base(), "base_"); !st.ok()) {
@@ -338,8 +414,8 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     request.set_limit(*limit);
     auto r = query->RunDiff(request);
     return r.ok() ? Json(*r) : Error(r.status());
-  });
-  http->Route("/api/v1/export", [query](const HttpRequest& req) {
+  }));
+  http->Route("/api/v1/export", reader([query](const HttpRequest& req) {
     v1::ExportRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     if (auto it = req.query.find("format"); it != req.query.end() && it->second != "pprof") {
@@ -349,13 +425,14 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     auto r = query->RunExport(request);
     if (!r.ok()) return Error(r.status());
     return Raw(r->content_type(), std::move(*r->mutable_data()));
-  });
+  }));
   // The web UI: static assets compiled into the binary, a copy away, so served inline.
   for (const web::Asset& asset : web::Assets()) {
     HttpResponse response{200, std::string(asset.content_type), std::string(asset.body)};
-    http->Route(
-        std::string(asset.path), [response](const HttpRequest&) { return response; },
-        HttpServer::Dispatch::kInline);
+    http->Route(std::string(asset.path),
+                Guard(authorizer, auth::Role::kReader, "the web UI", /*rate_limited=*/false,
+                      [response](const HttpRequest&) { return response; }),
+                HttpServer::Dispatch::kInline);
   }
 }
 

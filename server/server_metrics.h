@@ -1,11 +1,15 @@
 // HTTP routes of strata-server: /healthz, Prometheus /metrics, the JSON mirror of the
 // query API (/api/v1/services, agents, top, hot-paths, flamegraph, diff, export) and the web
-// UI (/, /ui/...). The routes borrow the store, metrics, query service and aggregator (may be
+// UI (/, /ui/...), behind the Authorizer (HttpAccess). The routes borrow the store, metrics, query service and aggregator (may be
 // null), which must outlive the HttpServer.
 #ifndef STRATA_SERVER_SERVER_METRICS_H_
 #define STRATA_SERVER_SERVER_METRICS_H_
 
+#include <cstdint>
+#include <functional>
+
 #include "server/aggregate/window_aggregator.h"
+#include "server/auth/authorizer.h"
 #include "server/http/http_server.h"
 #include "server/ingest/ingest_service.h"
 #include "server/query/query_service.h"
@@ -13,8 +17,17 @@
 
 namespace strata::server {
 
+// Who may use the routes. /healthz is always open; the web UI and /api/v1 need role reader
+// (and count against the caller's query rate), /metrics too unless `metrics_open`.
+struct HttpAccess {
+  auth::Authorizer* authorizer = nullptr;  // null: open
+  bool metrics_open = false;
+  std::function<uint64_t()> capture_limit_refusals;  // for /metrics; optional
+};
+
 void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* metrics,
-                        QueryService* query, const WindowAggregator* aggregator = nullptr);
+                        QueryService* query, const WindowAggregator* aggregator = nullptr,
+                        const HttpAccess& access = {});
 
 }  // namespace strata::server
 

@@ -193,15 +193,23 @@ absl::StatusOr<std::shared_ptr<CaptureService::Running>> CaptureService::Begin(
   if (!ValidKeyPart(request.service()) || !ValidKeyPart(request.host())) {
     return absl::InvalidArgumentError("service and host must be at most 256 bytes, no NUL");
   }
-  if (request.duration_ms() == 0 || request.duration_ms() > kMaxDurationMs) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("duration must be between 1 ms and 1 h, not ", request.duration_ms(), " ms"));
+  const int64_t max_duration_ms =
+      std::min<int64_t>(kMaxDurationMs, absl::ToInt64Milliseconds(options_.max_duration));
+  if (request.duration_ms() == 0 || request.duration_ms() > max_duration_ms) {
+    ++limit_refusals_;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "duration must be between 1 ms and ", max_duration_ms, " ms, not ", request.duration_ms(),
+        " ms (the server's cap: strata-server --max-capture-duration)"));
   }
-  const uint32_t frequency =
-      request.frequency_hz() == 0 ? kDefaultFrequencyHz : request.frequency_hz();
-  if (frequency > kMaxFrequencyHz) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("frequency must be at most ", kMaxFrequencyHz, " Hz, not ", frequency));
+  const uint32_t max_frequency = std::min(kMaxFrequencyHz, options_.max_frequency_hz);
+  const uint32_t frequency = request.frequency_hz() == 0
+                                 ? std::min(kDefaultFrequencyHz, max_frequency)
+                                 : request.frequency_hz();
+  if (frequency > max_frequency) {
+    ++limit_refusals_;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "frequency must be at most ", max_frequency, " Hz, not ", frequency,
+        " (the server's cap: strata-server --max-capture-hz)"));
   }
 
   std::vector<std::string> agent_ids =
@@ -355,6 +363,10 @@ v1::CaptureProgress CaptureService::ProgressOf(const Running& running) const {
 grpc::Status CaptureService::Run(grpc::ServerContext* context,
                                  const v1::RunCaptureRequest* request,
                                  grpc::ServerWriter<v1::CaptureProgress>* writer) {
+  if (auto p = auth::AuthorizeCall(options_.authorizer, *context, auth::Role::kOperator, "starting captures");
+      !p.ok()) {
+    return ToGrpc(p.status());
+  }
   auto begun = Begin(*request);
   if (!begun.ok()) return ToGrpc(begun.status());
   std::shared_ptr<Running> running = std::move(*begun);
@@ -459,8 +471,12 @@ grpc::Status CaptureService::Run(grpc::ServerContext* context,
   }
 }
 
-grpc::Status CaptureService::Cancel(grpc::ServerContext*, const v1::CancelCaptureRequest* request,
+grpc::Status CaptureService::Cancel(grpc::ServerContext* context, const v1::CancelCaptureRequest* request,
                                     v1::CancelCaptureResponse* response) {
+  if (auto p = auth::AuthorizeCall(options_.authorizer, *context, auth::Role::kOperator, "cancelling captures");
+      !p.ok()) {
+    return ToGrpc(p.status());
+  }
   absl::MutexLock lock(&mu_);
   auto it = running_.find(request->capture_id());
   if (it == running_.end()) {
@@ -473,8 +489,12 @@ grpc::Status CaptureService::Cancel(grpc::ServerContext*, const v1::CancelCaptur
   return grpc::Status::OK;
 }
 
-grpc::Status CaptureService::List(grpc::ServerContext*, const v1::ListCapturesRequest*,
+grpc::Status CaptureService::List(grpc::ServerContext* context, const v1::ListCapturesRequest*,
                                   v1::ListCapturesResponse* response) {
+  if (auto p = auth::AuthorizeCall(options_.authorizer, *context, auth::Role::kReader, "listing captures");
+      !p.ok()) {
+    return ToGrpc(p.status());
+  }
   auto list = store_->ListCaptures();
   if (!list.ok()) return ToGrpc(list.status());
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
@@ -489,8 +509,12 @@ grpc::Status CaptureService::List(grpc::ServerContext*, const v1::ListCapturesRe
   return grpc::Status::OK;
 }
 
-grpc::Status CaptureService::Get(grpc::ServerContext*, const v1::GetCaptureRequest* request,
+grpc::Status CaptureService::Get(grpc::ServerContext* context, const v1::GetCaptureRequest* request,
                                  v1::CaptureRecord* response) {
+  if (auto p = auth::AuthorizeCall(options_.authorizer, *context, auth::Role::kReader, "reading captures");
+      !p.ok()) {
+    return ToGrpc(p.status());
+  }
   if (request->capture_id().empty() || !ValidKeyPart(request->capture_id())) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a capture ID is required");
   }

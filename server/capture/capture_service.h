@@ -22,6 +22,7 @@
 #ifndef STRATA_SERVER_CAPTURE_CAPTURE_SERVICE_H_
 #define STRATA_SERVER_CAPTURE_CAPTURE_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -32,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/auth/grpc_auth.h"
 #include "server/ingest/agent_session.h"
 #include "server/ingest/ingest_service.h"
 #include "server/store/store.h"
@@ -51,6 +53,12 @@ class CaptureService final : public v1::Capture::Service {
     absl::Duration sweep_interval = absl::Hours(1);
     // Deletes a capture's metadata and samples; unset: expired captures are only hidden.
     std::function<absl::Status(const std::string& capture_id)> deleter;
+    // Caps on what a caller may ask of the agents (their CPU cost is the operator's call,
+    // not the client's): requests above them are refused with INVALID_ARGUMENT.
+    uint32_t max_frequency_hz = 1000;
+    absl::Duration max_duration = absl::Hours(1);
+    // Run and Cancel need role operator, List and Get reader; null allows every call.
+    auth::Authorizer* authorizer = nullptr;
   };
 
   CaptureService(store::Store* store, AgentRegistry* registry, Options options);
@@ -65,6 +73,8 @@ class CaptureService final : public v1::Capture::Service {
   void Start();
   // Drops (or hides) captures that ended before now - retention. Returns how many.
   absl::StatusOr<int> Sweep(int64_t now_ms);
+  // Requests refused for asking more than the server's caps.
+  uint64_t limit_refusals() const { return limit_refusals_.load(); }
 
   grpc::Status Run(grpc::ServerContext* context, const v1::RunCaptureRequest* request,
                    grpc::ServerWriter<v1::CaptureProgress>* writer) override;
@@ -104,6 +114,7 @@ class CaptureService final : public v1::Capture::Service {
   store::Store* const store_;
   AgentRegistry* const registry_;
   const Options options_;
+  std::atomic<uint64_t> limit_refusals_{0};
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Running>> running_ ABSL_GUARDED_BY(mu_);

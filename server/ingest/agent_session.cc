@@ -3,8 +3,12 @@
 #include <cstring>
 #include <utility>
 
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
+#include "common/base/escape.h"
 #include "common/encoding/packed_contexts.h"
+#include "spdlog/spdlog.h"
 
 namespace strata::server {
 namespace {
@@ -23,7 +27,51 @@ std::string DecodeCacheKey(const encoding::EncodedContext& c) {
   return key;
 }
 
+// Bounds label_set_cache_ (distinct target label sets of one agent).
+constexpr size_t kMaxLabelSetCacheEntries = 1 << 12;
+std::atomic<uint64_t> g_label_sets_refused{0};
+
 }  // namespace
+
+uint64_t LabelSetsRefused() { return g_label_sets_refused.load(std::memory_order_relaxed); }
+
+absl::StatusOr<absl::flat_hash_map<uint32_t, uint64_t>> AgentSession::TargetLabelSets(
+    const v1::SampleBatch& batch, store::WriteBatch* wb) {
+  absl::flat_hash_map<uint32_t, uint64_t> out;
+  for (const v1::Target& t : batch.targets()) {
+    if (t.labels().empty() && identity_.labels.empty()) {
+      out[t.id()] = 0;
+      continue;
+    }
+    labels::LabelSet own(t.labels().begin(), t.labels().end());
+    labels::Normalize(&own);
+    const labels::LabelSet set = labels::Merge(identity_.labels, own);
+    std::string key = absl::StrCat(t.service(), std::string(1, '\0'), labels::Encode(set));
+    if (auto it = label_set_cache_.find(key); it != label_set_cache_.end()) {
+      out[t.id()] = it->second;
+      continue;
+    }
+    if (auto it = pending_label_sets_.find(key); it != pending_label_sets_.end()) {
+      out[t.id()] = it->second;
+      continue;
+    }
+    absl::StatusOr<uint64_t> id =
+        store_->InternLabelSet(t.service(), set, limits_.max_label_sets, wb);
+    if (absl::IsResourceExhausted(id.status())) {
+      // Past the bound the samples are kept, under one overflow set (allowed beyond it).
+      if (g_label_sets_refused.fetch_add(1, std::memory_order_relaxed) % 1000 == 0) {
+        spdlog::error("agent {}: {}; its samples are stored under strata_overflow=label_sets",
+                      EscapeForLog(identity_.agent_id), std::string(id.status().message()));
+      }
+      id = store_->InternLabelSet(t.service(), {{"strata_overflow", "label_sets"}},
+                                  limits_.max_label_sets + 1, wb);
+    }
+    if (!id.ok()) return id.status();
+    out[t.id()] = *id;
+    pending_label_sets_.emplace(std::move(key), *id);
+  }
+  return out;
+}
 
 AgentSession::AgentSession(store::Store* store, AgentIdentity identity,
                            const IngestLimits& limits)
@@ -287,8 +335,15 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
 
   store::WriteBatch wb;
   pending_cache_.clear();
+  pending_label_sets_.clear();
   applied.contexts.reserve(contexts.size());
   const bool aggregated = committer_ != nullptr && batch.capture_id().empty();
+  absl::flat_hash_map<uint32_t, uint64_t> label_sets;
+  if (batch.capture_id().empty()) {
+    auto sets = TargetLabelSets(batch, &wb);
+    if (!sets.ok()) return sets.status();
+    label_sets = *std::move(sets);
+  }
   std::vector<BatchCommitter::Cell> cells;
   for (const encoding::ContextRecord& c : contexts) {
     auto target = targets.find(c.target_id);
@@ -304,10 +359,12 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
     }
     if (c.count == 0) continue;
     const std::string& service = target->second->service();
+    const uint64_t label_set = batch.capture_id().empty() ? label_sets[c.target_id] : 0;
     if (aggregated) {
-      cells.push_back({&service, *stack_id, c.count});
+      cells.push_back({&service, *stack_id, c.count, label_set});
     } else if (batch.capture_id().empty()) {
-      wb.AddSamples(service, applied.window_start_ms, identity_.host, *stack_id, c.count);
+      wb.AddSamples(service, applied.window_start_ms, identity_.host, *stack_id, c.count,
+                    label_set);
     } else {
       wb.AddCaptureSamples(batch.capture_id(), applied.window_start_ms, identity_.host,
                            *stack_id, c.count);
@@ -317,7 +374,7 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
   wb.SetAppliedSequence(identity_.agent_id, identity_.graph_id, batch.sequence());
   ++batches_;
   wb.PutAgent({identity_.agent_id, identity_.host, identity_.arch, identity_.version,
-               batch.end_ms(), batches_});
+               batch.end_ms(), batches_, identity_.owner});
   absl::Status committed =
       aggregated ? committer_->CommitBatch(&wb, identity_.host, applied.window_start_ms, cells)
                  : store_->Commit(&wb);
@@ -327,6 +384,7 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
     // of the same agent (a reconnect racing the old stream) applied it first.
     if (absl::IsAlreadyExists(st)) {
       pending_cache_.clear();
+      pending_label_sets_.clear();
       applied.duplicate = true;
       applied.contexts.clear();
       return applied;
@@ -337,6 +395,11 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
   waiting_for_ = 0;
   decode_cache_.merge(pending_cache_);
   pending_cache_.clear();
+  if (label_set_cache_.size() + pending_label_sets_.size() > kMaxLabelSetCacheEntries) {
+    label_set_cache_.clear();
+  }
+  label_set_cache_.merge(pending_label_sets_);
+  pending_label_sets_.clear();
   return applied;
 }
 

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "common/encoding/graph.h"
 #include "common/encoding/numbering.h"
+#include "common/labels/labels.h"
 #include "server/ingest/limits.h"
 #include "server/store/store.h"
 #include "strata/v1/ingest.pb.h"
@@ -35,7 +36,17 @@ struct AgentIdentity {
   std::string arch;
   std::string version;
   uint64_t graph_id = 0;
+  // The principal that writes as this agent ("certificate host-1", "token fleet"); empty when
+  // the server runs without authentication. An agent ID belongs to the first principal that
+  // used it.
+  std::string owner;
+  // Hello.labels (the agent's --label), normalized; each target's own labels win over them.
+  labels::LabelSet labels;
 };
+
+// Samples whose label set was refused for the per-service bound (--max-label-sets) and
+// stored under the overflow set {strata_overflow=label_sets} instead, since the start.
+uint64_t LabelSetsRefused();
 
 // Observes every batch an AgentSession applies, after it is committed (aggregation tables,
 // capture progress). Called on the ingest thread.
@@ -60,6 +71,7 @@ class BatchCommitter {
     const std::string* service;
     uint64_t stack_id;
     uint64_t count;
+    uint64_t label_set = 0;  // Store::InternLabelSet ID of the target's labels (0: none)
   };
   virtual ~BatchCommitter() = default;
   // Same contract as Store::Commit (AlreadyExists for a sequence already applied); nothing
@@ -115,6 +127,10 @@ class AgentSession {
 
   // Loads the persisted graph (a no-op while it is loaded).
   absl::Status Load();
+  // The label set ID of every target of a continuous-profile batch (Hello labels under the
+  // target's own); new sets are interned into `wb`.
+  absl::StatusOr<absl::flat_hash_map<uint32_t, uint64_t>> TargetLabelSets(
+      const v1::SampleBatch& batch, store::WriteBatch* wb);
   // Decodes one context to a stored stack ID.
   absl::StatusOr<uint64_t> StackIdFor(const encoding::Numbering& numbering,
                                       const encoding::EncodedContext& context,
@@ -138,6 +154,10 @@ class AgentSession {
   absl::flat_hash_map<std::string, uint64_t> decode_cache_;
   // Decoded in the batch being applied, not committed yet.
   absl::flat_hash_map<std::string, uint64_t> pending_cache_;
+  // (service '\0' encoded target labels) -> label set ID, once committed; and those of the
+  // batch being applied.
+  absl::flat_hash_map<std::string, uint64_t> label_set_cache_;
+  absl::flat_hash_map<std::string, uint64_t> pending_label_sets_;
 };
 
 }  // namespace strata::server

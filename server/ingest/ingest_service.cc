@@ -33,15 +33,24 @@ grpc::Status ToGrpc(const absl::Status& status) {
 
 }  // namespace
 
-void AgentRegistry::Attach(const AgentIdentity& identity, uint32_t frequency_hz,
-                           Sender sender) {
+absl::Status AgentRegistry::Attach(const AgentIdentity& identity, uint32_t frequency_hz,
+                                   Sender sender) {
   absl::MutexLock lock(&mu_);
+  if (auto known = agents_.find(identity.agent_id);
+      known != agents_.end() && !known->second.identity.owner.empty() &&
+      known->second.identity.owner != identity.owner) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "agent ID ", EscapeForLog(identity.agent_id), " belongs to ",
+        known->second.identity.owner, "; ", identity.owner.empty() ? "anonymous" : identity.owner,
+        " may not write as it"));
+  }
   Entry& e = agents_[identity.agent_id];
   if (!e.connected && e.detached_at != 0) disconnected_.erase(e.detached_at);
   e.identity = identity;
   e.frequency_hz = frequency_hz;
   e.connected = true;
   e.sender = std::make_shared<Sender>(std::move(sender));
+  return absl::OkStatus();
 }
 
 void AgentRegistry::Detach(const std::string& agent_id) {
@@ -150,7 +159,9 @@ class IngestService::Stream final
     Queue(ErrorMessage(status, 0, /*fatal=*/true, retry_after_ms));
     EndAfterWrites(ToGrpc(status));
   }
-  void Begin() {
+  void Begin(auth::Principal principal, bool counted) {
+    principal_ = std::move(principal);
+    counted_principal_ = counted;
     admitted_ = true;
     ++service_->metrics_->connected;
     StartRead(&in_);
@@ -198,6 +209,7 @@ class IngestService::Stream final
       spdlog::info("agent {} disconnected", log_name_);
     }
     if (admitted_) --service_->metrics_->connected;
+    if (counted_principal_) service_->ReleasePrincipalStream(principal_);
     service_->metrics_->session_bytes -= static_cast<int64_t>(accounted_bytes_);
     delete this;
   }
@@ -271,6 +283,9 @@ class IngestService::Stream final
   // Handles one message; a non-OK status ends the stream with it.
   absl::Status Handle(const v1::AgentMessage& message);
   absl::Status HandleHello(const v1::AgentMessage& message);
+  // Binds the agent to its principal: a certificate writes only as its own host, and an agent
+  // ID stays with the principal that first wrote as it (the stored record says which).
+  absl::Status CheckIdentity(AgentIdentity* identity);
   absl::Status HandleBatch(const v1::SampleBatch& batch);
   absl::Status EndWith(const absl::Status& st, uint64_t sequence);
   void Reject(const absl::Status& st, uint64_t sequence) {
@@ -289,6 +304,8 @@ class IngestService::Stream final
   IngestService* const service_;
   const std::shared_ptr<Link> link_;
   bool admitted_ = false;
+  auth::Principal principal_;
+  bool counted_principal_ = false;  // holds a slot in principal_streams_
   v1::AgentMessage in_;
   std::unique_ptr<AgentSession> session_;  // after Hello
   std::string log_name_;                   // the agent ID, escaped for logs
@@ -367,16 +384,27 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
     return absl::InvalidArgumentError("the first message of an ingest stream must be Hello");
   }
   const v1::Hello& hello = message.hello();
-  if (!options.token.empty() && hello.token() != options.token) {
-    ++metrics->rejected_messages;
-    return absl::UnauthenticatedError("invalid agent token");
-  }
   if (absl::Status st = CheckHello(hello, options.limits); !st.ok()) {
     ++metrics->rejected_messages;
     return st;
   }
   AgentIdentity identity{hello.agent_id(), hello.host(), hello.arch(), hello.version(),
                          hello.graph_id()};
+  for (const auto& [key, value] : hello.labels()) {
+    // Hello.labels predate label syntax: what does not follow it is left out, not refused.
+    if (labels::ValidateLabel(key, value).ok()) {
+      identity.labels.emplace_back(key, value);
+    } else {
+      spdlog::warn("agent {}: label '{}' left out: not KEY=VALUE label syntax",
+                   EscapeForLog(hello.agent_id()), EscapeForLog(key, 64));
+    }
+  }
+  labels::Normalize(&identity.labels);
+  if (absl::Status st = CheckIdentity(&identity); !st.ok()) {
+    ++metrics->identity_refused;
+    spdlog::warn("{} refused: {}", principal_.Describe(), std::string(st.message()));
+    return st;
+  }
   auto session = AgentSession::Open(service_->store_, identity, options.committer, options.limits);
   if (!session.ok()) {
     spdlog::error("agent {}: cannot open session: {}", EscapeForLog(hello.agent_id()),
@@ -387,11 +415,17 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
   log_name_ = EscapeForLog(identity.agent_id);
   ++metrics->streams;
   std::shared_ptr<Link> link = link_;
-  service_->registry_->Attach(identity, hello.frequency_hz(),
-                              [link](const v1::ServerMessage& m) {
-                                absl::MutexLock lock(&link->mu);
-                                return link->stream != nullptr && link->stream->Queue(m);
-                              });
+  if (absl::Status st = service_->registry_->Attach(
+          identity, hello.frequency_hz(),
+          [link](const v1::ServerMessage& m) {
+            absl::MutexLock lock(&link->mu);
+            return link->stream != nullptr && link->stream->Queue(m);
+          });
+      !st.ok()) {
+    session_.reset();
+    ++metrics->identity_refused;
+    return st;
+  }
   spdlog::info("agent {} connected (host {}, arch {}, graph {:x}: {} nodes, {} edges known)",
                log_name_, EscapeForLog(identity.host), EscapeForLog(identity.arch),
                identity.graph_id,
@@ -401,6 +435,28 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
   welcome.mutable_welcome()->set_known_edges(session_->num_edges());
   welcome.mutable_welcome()->set_last_applied_sequence(session_->last_applied_sequence());
   Queue(std::move(welcome));
+  return absl::OkStatus();
+}
+
+absl::Status IngestService::Stream::CheckIdentity(AgentIdentity* identity) {
+  if (principal_.kind == auth::Principal::Kind::kAnonymous) return absl::OkStatus();
+  if (principal_.kind == auth::Principal::Kind::kCertificate && identity->host != principal_.name) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        principal_.Describe(), " may write only as host ", EscapeForLog(principal_.name),
+        ", not as host ", EscapeForLog(identity->host), " (strata-agent --host)"));
+  }
+  identity->owner = principal_.Describe();
+  auto stored = service_->store_->GetAgent(identity->agent_id);
+  if (stored.ok() && !stored->owner.empty() && stored->owner != identity->owner) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "agent ID ", EscapeForLog(identity->agent_id), " belongs to ", stored->owner, "; ",
+        identity->owner, " may not write as it"));
+  }
+  if (!stored.ok() && !absl::IsNotFound(stored.status())) {
+    spdlog::error("reading agent {}: {}", EscapeForLog(identity->agent_id),
+                  stored.status().ToString());
+    return absl::UnavailableError("cannot read the agent's record; retry later");
+  }
   return absl::OkStatus();
 }
 
@@ -475,6 +531,12 @@ IngestService::~IngestService() = default;
 grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage>* IngestService::Connect(
     grpc::CallbackServerContext* context) {
   auto* stream = new Stream(this);
+  auto principal =
+      auth::AuthorizeCall(options_.authorizer, *context, auth::Role::kAgent, "ingest");
+  if (!principal.ok()) {
+    stream->Refuse(principal.status(), 0);
+    return stream;
+  }
   if (metrics_->connected.load() >= static_cast<int64_t>(options_.max_agents)) {
     ++metrics_->streams_refused;
     stream->Refuse(absl::ResourceExhaustedError(absl::StrCat(
@@ -483,8 +545,35 @@ grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage>* IngestService::Con
                    options_.retry_after_ms);
     return stream;
   }
-  stream->Begin();
+  const bool counted = principal->kind != auth::Principal::Kind::kAnonymous;
+  if (counted && !TakePrincipalStream(*principal)) {
+    ++metrics_->principal_streams_refused;
+    stream->Refuse(absl::ResourceExhaustedError(absl::StrCat(
+                       principal->Describe(), " holds its maximum of ",
+                       options_.max_streams_per_principal,
+                       " agent streams (strata-server --max-streams-per-principal)")),
+                   options_.retry_after_ms);
+    return stream;
+  }
+  stream->Begin(std::move(*principal), counted);
   return stream;
+}
+
+bool IngestService::TakePrincipalStream(const auth::Principal& principal) {
+  absl::MutexLock lock(&principals_mu_);
+  uint32_t& n = principal_streams_[principal.Describe()];
+  if (n >= options_.max_streams_per_principal) {
+    if (n == 0) principal_streams_.erase(principal.Describe());
+    return false;
+  }
+  ++n;
+  return true;
+}
+
+void IngestService::ReleasePrincipalStream(const auth::Principal& principal) {
+  absl::MutexLock lock(&principals_mu_);
+  auto it = principal_streams_.find(principal.Describe());
+  if (it != principal_streams_.end() && --it->second == 0) principal_streams_.erase(it);
 }
 
 }  // namespace strata::server

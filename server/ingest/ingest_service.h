@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "server/auth/grpc_auth.h"
 #include "server/ingest/agent_session.h"
 #include "server/ingest/latency_histogram.h"
 #include "server/ingest/limits.h"
@@ -43,6 +44,10 @@ struct IngestMetrics {
   std::atomic<uint64_t> resource_exhausted{0};
   // Streams refused at connection: over --max-agents.
   std::atomic<uint64_t> streams_refused{0};
+  // Streams refused: over --max-streams-per-principal.
+  std::atomic<uint64_t> principal_streams_refused{0};
+  // Hellos refused for claiming another principal's agent ID or host.
+  std::atomic<uint64_t> identity_refused{0};
   std::atomic<int64_t> connected{0};
   std::atomic<int64_t> queued{0};  // messages waiting for a worker
   std::atomic<int64_t> session_bytes{0};      // estimated, of all sessions
@@ -62,7 +67,9 @@ class AgentRegistry {
 
   explicit AgentRegistry(size_t max_disconnected = 10'000) : max_disconnected_(max_disconnected) {}
 
-  void Attach(const AgentIdentity& identity, uint32_t frequency_hz, Sender sender);
+  // Registers a connected agent. PERMISSION_DENIED if the agent ID belongs to another
+  // principal (AgentIdentity::owner) that the registry knows of.
+  absl::Status Attach(const AgentIdentity& identity, uint32_t frequency_hz, Sender sender);
   void Detach(const std::string& agent_id);
   void RecordBatch(const std::string& agent_id, const v1::SampleBatch& batch);
   // Replaces the agent's target list (from a Heartbeat).
@@ -100,7 +107,13 @@ class AgentRegistry {
 class IngestService final : public v1::Ingest::CallbackService {
  public:
   struct Options {
-    std::string token;  // required Hello.token when non-empty
+    // Who may ingest (role agent); null: anyone. A certificate principal writes only as the
+    // host its certificate names, and an agent ID only ever for the principal that first
+    // used it.
+    auth::Authorizer* authorizer = nullptr;
+    // Streams one authenticated principal may hold at once (a stolen or buggy credential
+    // cannot take every slot of --max-agents).
+    uint32_t max_streams_per_principal = 16;
     // Commits the continuous-profile counts of every batch (the aggregation tables); null:
     // each batch's counts are merged into the store directly.
     BatchCommitter* committer = nullptr;
@@ -140,6 +153,10 @@ class IngestService final : public v1::Ingest::CallbackService {
  private:
   class Stream;
 
+  // A slot of the principal's --max-streams-per-principal; false when it has none left.
+  bool TakePrincipalStream(const auth::Principal& principal);
+  void ReleasePrincipalStream(const auth::Principal& principal);
+
   store::Store* store_;
   AgentRegistry* registry_;
   IngestMetrics* metrics_;
@@ -147,6 +164,8 @@ class IngestService final : public v1::Ingest::CallbackService {
   std::vector<BatchObserver> observers_;
   std::vector<CaptureStatusObserver> capture_status_observers_;
   std::unique_ptr<WorkerPool> pool_;
+  absl::Mutex principals_mu_;
+  std::map<std::string, uint32_t> principal_streams_ ABSL_GUARDED_BY(principals_mu_);
 };
 
 }  // namespace strata::server

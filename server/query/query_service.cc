@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -66,12 +67,20 @@ absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int
   q.capture_id = filter.capture_id();
   q.focus = filter.focus();
   q.ignore = filter.ignore();
+  q.selector = filter.selector();
   return q;
 }
 
 QueryService::QueryService(store::Store* store, AgentRegistry* registry,
-                           const LiveSamples* live)
-    : store_(store), registry_(registry), live_(live), reader_(store, live) {}
+                           const LiveSamples* live, auth::Authorizer* authorizer)
+    : store_(store), registry_(registry), live_(live), authorizer_(authorizer),
+      reader_(store, live) {}
+
+absl::StatusOr<auth::Principal> QueryService::AuthorizeQuery(
+    const grpc::ServerContextBase& context) {
+  return auth::AuthorizeCall(authorizer_, context, auth::Role::kReader, "queries",
+                             /*rate_limited=*/true);
+}
 
 absl::StatusOr<Profile> QueryService::LoadProfile(const v1::ProfileFilter& filter) {
   auto query = ToProfileQuery(filter, NowMs());
@@ -146,30 +155,34 @@ v1::ListAgentsResponse QueryService::RunListAgents() {
   return response;
 }
 
-grpc::Status QueryService::ListServices(grpc::ServerContext*, const v1::ListServicesRequest*,
+grpc::Status QueryService::ListServices(grpc::ServerContext* context, const v1::ListServicesRequest*,
                                         v1::ListServicesResponse* response) {
+  if (auto p = AuthorizeQuery(*context); !p.ok()) return ToGrpcStatus(p.status());
   auto r = RunListServices();
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = std::move(*r);
   return grpc::Status::OK;
 }
 
-grpc::Status QueryService::ListAgents(grpc::ServerContext*, const v1::ListAgentsRequest*,
+grpc::Status QueryService::ListAgents(grpc::ServerContext* context, const v1::ListAgentsRequest*,
                                       v1::ListAgentsResponse* response) {
+  if (auto p = AuthorizeQuery(*context); !p.ok()) return ToGrpcStatus(p.status());
   *response = RunListAgents();
   return grpc::Status::OK;
 }
 
-grpc::Status QueryService::Top(grpc::ServerContext*, const v1::TopRequest* request,
+grpc::Status QueryService::Top(grpc::ServerContext* context, const v1::TopRequest* request,
                                v1::TopResponse* response) {
+  if (auto p = AuthorizeQuery(*context); !p.ok()) return ToGrpcStatus(p.status());
   auto r = RunTop(*request);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = std::move(*r);
   return grpc::Status::OK;
 }
 
-grpc::Status QueryService::HotPaths(grpc::ServerContext*, const v1::HotPathsRequest* request,
+grpc::Status QueryService::HotPaths(grpc::ServerContext* context, const v1::HotPathsRequest* request,
                                     v1::HotPathsResponse* response) {
+  if (auto p = AuthorizeQuery(*context); !p.ok()) return ToGrpcStatus(p.status());
   auto r = RunHotPaths(*request);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = std::move(*r);
@@ -236,8 +249,11 @@ absl::StatusOr<v1::DiffResponse> QueryService::RunDiff(const v1::DiffRequest& re
   if (base_filter.service().empty() && base_filter.capture_id().empty()) {
     base_filter.set_service(request.filter().service());
   }
+  // Two label selectors of one service (e.g. version=1 against version=2) are two targets
+  // compared over the same range.
   const bool same_target = base_filter.service() == request.filter().service() &&
-                           base_filter.capture_id() == request.filter().capture_id();
+                           base_filter.capture_id() == request.filter().capture_id() &&
+                           base_filter.selector() == request.filter().selector();
   if (base_filter.range().from_ms() == 0 && base_filter.range().to_ms() == 0) {
     if (same_target) {
       const int64_t length = current->to_ms - current->from_ms;
@@ -309,19 +325,48 @@ absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportReque
   return response;
 }
 
-grpc::Status QueryService::FlameGraph(grpc::ServerContext*, const v1::FlameGraphRequest* request,
+grpc::Status QueryService::FlameGraph(grpc::ServerContext* context, const v1::FlameGraphRequest* request,
                                       v1::FlameGraphResponse* response) {
+  if (auto p = AuthorizeQuery(*context); !p.ok()) return ToGrpcStatus(p.status());
   return Respond([&] { return RunFlameGraph(*request); }, response);
 }
 
-grpc::Status QueryService::Diff(grpc::ServerContext*, const v1::DiffRequest* request,
+grpc::Status QueryService::Diff(grpc::ServerContext* context, const v1::DiffRequest* request,
                                 v1::DiffResponse* response) {
+  if (auto p = AuthorizeQuery(*context); !p.ok()) return ToGrpcStatus(p.status());
   return Respond([&] { return RunDiff(*request); }, response);
 }
 
-grpc::Status QueryService::Export(grpc::ServerContext*, const v1::ExportRequest* request,
+grpc::Status QueryService::Export(grpc::ServerContext* context, const v1::ExportRequest* request,
                                   v1::ExportResponse* response) {
+  if (auto p = AuthorizeQuery(*context); !p.ok()) return ToGrpcStatus(p.status());
   return Respond([&] { return RunExport(*request); }, response);
+}
+
+absl::StatusOr<v1::ListLabelsResponse> QueryService::RunListLabels(
+    const v1::ListLabelsRequest& request) {
+  if (request.service().empty()) return absl::InvalidArgumentError("a service is required");
+  auto sets = store_->ListLabelSets(request.service());
+  if (!sets.ok()) return sets.status();
+  std::map<std::string, std::set<std::string>> values;
+  for (const store::LabelSetRecord& r : *sets) {
+    for (const auto& [key, value] : r.labels) values[key].insert(value);
+  }
+  v1::ListLabelsResponse response;
+  response.set_label_sets(static_cast<uint32_t>(sets->size()));
+  for (const auto& [key, vs] : values) {
+    v1::LabelValues* l = response.add_labels();
+    l->set_key(key);
+    for (const std::string& v : vs) l->add_values(v);
+  }
+  return response;
+}
+
+grpc::Status QueryService::ListLabels(grpc::ServerContext* context,
+                                      const v1::ListLabelsRequest* request,
+                                      v1::ListLabelsResponse* response) {
+  if (auto p = AuthorizeQuery(*context); !p.ok()) return ToGrpcStatus(p.status());
+  return Respond([&] { return RunListLabels(*request); }, response);
 }
 
 absl::StatusOr<v1::PhasesResponse> QueryService::RunPhases(const v1::PhasesRequest& request) {
@@ -342,8 +387,9 @@ absl::StatusOr<v1::PhasesResponse> QueryService::RunPhases(const v1::PhasesReque
   return response;
 }
 
-grpc::Status QueryService::Phases(grpc::ServerContext*, const v1::PhasesRequest* request,
+grpc::Status QueryService::Phases(grpc::ServerContext* context, const v1::PhasesRequest* request,
                                   v1::PhasesResponse* response) {
+  if (auto p = AuthorizeQuery(*context); !p.ok()) return ToGrpcStatus(p.status());
   auto r = RunPhases(*request);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = std::move(*r);

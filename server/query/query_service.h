@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "absl/status/statusor.h"
+#include "server/auth/grpc_auth.h"
 #include "server/ingest/ingest_service.h"
 #include "server/query/profile.h"
 #include "server/store/store.h"
@@ -22,7 +23,11 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 class QueryService final : public v1::Query::Service {
  public:
   // `live` (optional): the aggregation tables' counts not yet written to the store.
-  QueryService(store::Store* store, AgentRegistry* registry, const LiveSamples* live = nullptr);
+  // `authorizer` (optional; null allows every call): every gRPC call needs role reader and
+  // is counted against the caller's query rate. The Run* entry points do not check: their
+  // callers (the HTTP mirror) authorize first.
+  QueryService(store::Store* store, AgentRegistry* registry, const LiveSamples* live = nullptr,
+               auth::Authorizer* authorizer = nullptr);
 
   grpc::Status ListServices(grpc::ServerContext*, const v1::ListServicesRequest*,
                             v1::ListServicesResponse*) override;
@@ -38,6 +43,8 @@ class QueryService final : public v1::Query::Service {
   grpc::Status Diff(grpc::ServerContext*, const v1::DiffRequest*, v1::DiffResponse*) override;
   grpc::Status Export(grpc::ServerContext*, const v1::ExportRequest*,
                       v1::ExportResponse*) override;
+  grpc::Status ListLabels(grpc::ServerContext*, const v1::ListLabelsRequest*,
+                          v1::ListLabelsResponse*) override;
 
   // Transport-free entry points (also used by the HTTP/JSON mirror).
   absl::StatusOr<v1::TopResponse> RunTop(const v1::TopRequest& request);
@@ -50,8 +57,11 @@ class QueryService final : public v1::Query::Service {
   // range for another service, else the equally long range just before the compared one.
   absl::StatusOr<v1::DiffResponse> RunDiff(const v1::DiffRequest& request);
   absl::StatusOr<v1::ExportResponse> RunExport(const v1::ExportRequest& request);
+  // Label keys of a service and their values; empty for an unknown service.
+  absl::StatusOr<v1::ListLabelsResponse> RunListLabels(const v1::ListLabelsRequest& request);
 
  private:
+  absl::StatusOr<auth::Principal> AuthorizeQuery(const grpc::ServerContextBase& context);
   absl::StatusOr<Profile> LoadProfile(const v1::ProfileFilter& filter);
   // Architectures of the hosts that contributed to `profile`.
   std::vector<std::string> ArchsOf(const Profile& profile);
@@ -59,6 +69,7 @@ class QueryService final : public v1::Query::Service {
   store::Store* store_;
   AgentRegistry* registry_;
   const LiveSamples* live_;
+  auth::Authorizer* const authorizer_;
   ProfileReader reader_;
 };
 
