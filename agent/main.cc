@@ -25,6 +25,7 @@
 #include "agent/core/shipper.h"
 #include "agent/spool/spool.h"
 #include "common/base/byte_size.h"
+#include "common/rpc/client_security.h"
 #include "common/base/config_file.h"
 #include "spdlog/spdlog.h"
 
@@ -50,7 +51,8 @@ int Run(int argc, char** argv) {
   uint32_t frequency = 99;
   double interval_s = 10;
   uint32_t stack_bytes = 16 * 1024;
-  std::string token, agent_id, host = Hostname(), log_level = "info";
+  std::string agent_id, host = Hostname(), log_level = "info";
+  strata::rpc::ClientSecurityOptions security;
   std::string unwind_verify = "full";
   std::string inproc_mode = "auto", inproc_dir = "/dev/shm";
   double capture_cpu_budget_pct = 5;
@@ -70,7 +72,7 @@ int Run(int argc, char** argv) {
   app.add_option("--stack-bytes", stack_bytes, "bytes of stack copied per sample")
       ->check(CLI::Range(512u, 63u * 1024u))
       ->capture_default_str();
-  app.add_option("--token", token, "shared secret the server expects");
+  strata::rpc::AddClientSecurityFlags(&app, &security);
   app.add_option("--agent-id", agent_id, "agent identity (default: host-<random>)");
   app.add_option("--host", host, "host label")->capture_default_str();
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
@@ -110,6 +112,12 @@ int Run(int argc, char** argv) {
   strata::base::AddConfigFile(app);
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
+  auto client_security = strata::rpc::ClientSecurity::Load(security);
+  if (!client_security.ok()) {
+    std::fprintf(stderr, "strata-agent: %s\n",
+                 std::string(client_security.status().message()).c_str());
+    return 2;
+  }
 
   if (pids.empty() && service_flags.empty()) {
     std::fprintf(stderr, "strata-agent: nothing to profile: give --pid or --service\n");
@@ -203,7 +211,7 @@ int Run(int argc, char** argv) {
   ship.host = host;
   ship.arch = std::string(strata::unwind::ArchName(strata::agent::kHostArch));
   ship.version = kVersion;
-  ship.token = token;
+  ship.security = std::move(*client_security);
   ship.frequency_hz = frequency;
   ship.spool_corrupt_records = recovery.corrupt_records;
   ship.spool_orphaned_batches = recovery.orphaned_batches;

@@ -58,10 +58,7 @@ std::unique_ptr<v1::Capture::Stub> CaptureStub(CliContext* ctx) {
 
 // Profile RPCs can return more than gRPC's default 4 MiB (flame graphs, pprof).
 std::unique_ptr<v1::Query::Stub> LargeQueryStub(CliContext* ctx) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  return v1::Query::NewStub(grpc::CreateCustomChannel(
-      ctx->options().server, grpc::InsecureChannelCredentials(), args));
+  return v1::Query::NewStub(ctx->client().large_channel());
 }
 
 void WriteOutput(const std::string& path, const std::string& data) {
@@ -201,6 +198,7 @@ int RunCapture(CliContext* ctx, const CaptureOptions& o) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(*duration) +
                        std::chrono::seconds(ctx->options().timeout_s));
+  ctx->client().Authorize(&context);
 
   struct sigaction sa = {};
   sa.sa_handler = OnInterrupt;
@@ -221,6 +219,7 @@ int RunCapture(CliContext* ctx, const CaptureOptions& o) {
       if (!capture_id.empty()) {
         grpc::ClientContext cancel_context;
         cancel_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+        ctx->client().Authorize(&cancel_context);
         v1::CancelCaptureRequest cancel;
         cancel.set_capture_id(capture_id);
         v1::CancelCaptureResponse response;

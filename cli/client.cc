@@ -31,6 +31,8 @@ void AddFilterFlags(CLI::App* cmd, FilterOptions* f, bool service_required) {
   cmd->add_option("--host", f->host, "only samples from this host");
   cmd->add_option("--focus", f->focus, "keep stacks with a function matching this regex");
   cmd->add_option("--ignore", f->ignore, "drop stacks with a function matching this regex");
+  cmd->add_option("--select", f->select,
+                  "only targets whose labels match, e.g. 'version=1.4.2,region=eu-*,canary!=true'");
   cmd->add_option("--limit,-n", f->limit, "rows to show")->capture_default_str();
 }
 
@@ -40,6 +42,7 @@ v1::ProfileFilter BuildFilter(const FilterOptions& f) {
   filter.set_host(f.host);
   filter.set_focus(f.focus);
   filter.set_ignore(f.ignore);
+  filter.set_selector(f.select);
   int64_t to = NowMs();
   if (!f.to.empty()) {
     auto t = ParseRfc3339(f.to);
@@ -87,7 +90,19 @@ void PrintHotPathsTable(const v1::HotPathsResponse& r) {
 }
 
 Client::Client(const GlobalOptions& options) : options_(options) {
-  channel_ = grpc::CreateChannel(options.server, grpc::InsecureChannelCredentials());
+  auto security = rpc::ClientSecurity::Load(options.security);
+  if (!security.ok()) Fail(std::string(security.status().message()));
+  security_ = std::move(*security);
+  channel_ = security_.CreateChannel(options.server);
+}
+
+std::shared_ptr<grpc::Channel> Client::large_channel() {
+  if (!large_channel_) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    large_channel_ = security_.CreateChannel(options_.server, args);
+  }
+  return large_channel_;
 }
 
 v1::Query::Stub* Client::query() {
@@ -98,6 +113,7 @@ v1::Query::Stub* Client::query() {
 void Client::Prepare(grpc::ClientContext* context) const {
   context->set_deadline(std::chrono::system_clock::now() +
                         std::chrono::seconds(options_.timeout_s));
+  security_.Authorize(context);
 }
 
 void Client::Check(const grpc::Status& status) const {

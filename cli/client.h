@@ -13,6 +13,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "common/rpc/client_security.h"
 #include "strata/v1/query.grpc.pb.h"
 
 namespace strata::cli {
@@ -21,6 +22,7 @@ struct GlobalOptions {
   std::string server;
   bool json = false;
   int timeout_s = 30;
+  rpc::ClientSecurityOptions security;  // TLS, client certificate, token file
 };
 
 struct FilterOptions {
@@ -28,6 +30,7 @@ struct FilterOptions {
   std::string since = "10m";
   std::string from, to;
   std::string host, focus, ignore;
+  std::string select;  // label selector, e.g. "version=1.4.2,region=eu-*"
   uint32_t limit = 20;
 };
 
@@ -65,10 +68,15 @@ class Client {
   explicit Client(const GlobalOptions& options);
   const GlobalOptions& options() const { return options_; }
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  // A channel without gRPC's 4 MiB receive limit, for flame graphs and exports (the server
+  // bounds flame graphs by node count).
+  std::shared_ptr<grpc::Channel> large_channel();
   v1::Query::Stub* query();
 
-  // Applies the global deadline to `context`.
+  // Applies the global deadline and the credentials to `context`.
   void Prepare(grpc::ClientContext* context) const;
+  // Applies the credentials only (calls with deadlines of their own).
+  void Authorize(grpc::ClientContext* context) const { security_.Authorize(context); }
   // Exits with a clear message when `status` is not OK (unreachable server included).
   void Check(const grpc::Status& status) const;
 
@@ -86,7 +94,9 @@ class Client {
 
  private:
   GlobalOptions options_;
+  rpc::ClientSecurity security_;
   std::shared_ptr<grpc::Channel> channel_;
+  std::shared_ptr<grpc::Channel> large_channel_;
   std::unique_ptr<v1::Query::Stub> query_;
 };
 

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   app.add_flag("--json", g.json, "print JSON instead of tables");
   app.add_option("--timeout", g.timeout_s, "seconds to wait for the server")
       ->capture_default_str();
+  strata::rpc::AddClientSecurityFlags(&app, &g.security);
 
   int exit_code = 0;
   strata::cli::AddQueryCommands(&app, &context, &exit_code);

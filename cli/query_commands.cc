@@ -1,6 +1,7 @@
 // Query commands: services, agents, top, hot-paths, flamegraph, diff, export.
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,23 @@ namespace {
 std::string ArchSuffix(const google::protobuf::RepeatedPtrField<std::string>& archs) {
   if (archs.empty()) return "";
   return absl::StrCat(", ", absl::StrJoin(archs, "+"));
+}
+
+int RunLabels(CliContext* ctx, const std::string& service) {
+  Client& client = ctx->client();
+  v1::ListLabelsRequest request;
+  request.set_service(service);
+  auto r = client.Call(client.query(), &v1::Query::Stub::ListLabels, request);
+  if (ctx->options().json) return PrintJson(r), 0;
+  if (r.labels().empty()) {
+    std::printf("The targets of %s carry no labels.\n", service.c_str());
+    return 0;
+  }
+  Table table({"LABEL", "VALUES"}, {});
+  for (const auto& l : r.labels()) table.AddRow({l.key(), absl::StrJoin(l.values(), ",")});
+  std::fputs(table.ToString().c_str(), stdout);
+  std::printf("%u label sets\n", r.label_sets());
+  return 0;
 }
 
 int RunServices(CliContext* ctx) {
@@ -131,10 +149,7 @@ int RunHotPaths(CliContext* ctx, const FilterOptions& f) {
 v1::Query::Stub* LargeResponseStub(CliContext* ctx) {
   static std::unique_ptr<v1::Query::Stub> stub;
   if (!stub) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(-1);
-    stub = v1::Query::NewStub(grpc::CreateCustomChannel(
-        ctx->options().server, grpc::InsecureChannelCredentials(), args));
+    stub = v1::Query::NewStub(ctx->client().large_channel());
   }
   return stub.get();
 }
@@ -209,6 +224,7 @@ int RunExport(CliContext* ctx, const FilterOptions& f, const ExportOptions& o) {
 
 struct BaseOptions {
   std::string service;
+  std::optional<std::string> select;  // unset: the compared profile's selector
   std::string since;
   std::string from, to;
 };
@@ -225,6 +241,7 @@ int RunDiff(CliContext* ctx, const FilterOptions& f, const BaseOptions& b) {
   base->set_host(f.host);
   base->set_focus(f.focus);
   base->set_ignore(f.ignore);
+  base->set_selector(b.select.value_or(f.select));
   std::string base_text;
   const int64_t current_from = request.filter().range().from_ms();
   if (!b.from.empty()) {
@@ -249,13 +266,18 @@ int RunDiff(CliContext* ctx, const FilterOptions& f, const BaseOptions& b) {
     base->mutable_range()->set_to_ms(current_from);
     base_text = absl::StrCat("last ", b.since, " before it");
   } else {
-    base_text = b.service.empty() ? "the period before" : "the same range";
+    base_text = b.service.empty() && base->selector() == f.select ? "the period before"
+                                                                  : "the same range";
   }
   auto r = client.Call(client.query(), &v1::Query::Stub::Diff, request);
   if (ctx->options().json) return PrintJson(r), 0;
-  std::printf("Diff of %s (%s, %s samples) against %s (%s, %s samples)\n", f.service.c_str(),
-              RangeText(f).c_str(), WithThousands(r.total_samples()).c_str(),
-              base->service().c_str(), base_text.c_str(),
+  auto with_selector = [](const std::string& service, const std::string& selector) {
+    return selector.empty() ? service : absl::StrCat(service, " {", selector, "}");
+  };
+  std::printf("Diff of %s (%s, %s samples) against %s (%s, %s samples)\n",
+              with_selector(f.service, f.select).c_str(), RangeText(f).c_str(),
+              WithThousands(r.total_samples()).c_str(),
+              with_selector(base->service(), base->selector()).c_str(), base_text.c_str(),
               WithThousands(r.base_total_samples()).c_str());
   if (r.total_samples() == 0 && r.base_total_samples() == 0) {
     std::printf("No samples in either range.\n");
@@ -288,6 +310,10 @@ void AddQueryCommands(CLI::App* app, CliContext* ctx, int* exit_code) {
       ->callback([=] { *exit_code = RunServices(ctx); });
   app->add_subcommand("agents", "list agents known to the server")
       ->callback([=] { *exit_code = RunAgents(ctx); });
+  static std::string labels_service;
+  auto* labels = app->add_subcommand("labels", "label keys and values of a service's targets");
+  labels->add_option("--service,-s", labels_service, "service name")->required();
+  labels->callback([=] { *exit_code = RunLabels(ctx, labels_service); });
 
   static FilterOptions top_filter, paths_filter;
   static std::string sort = "self";
@@ -323,9 +349,15 @@ void AddQueryCommands(CLI::App* app, CliContext* ctx, int* exit_code) {
                    "base range: from this far back up to the start of the compared range");
   diff->add_option("--base-from", base.from, "base range start, RFC 3339");
   diff->add_option("--base-to", base.to, "base range end, RFC 3339 (default: compared start)");
+  diff->add_option("--base-select,--select-a", base.select,
+                   "base profile: targets whose labels match (default: --select); with a "
+                   "different selector the base is the same range, e.g. --select-a version=1 "
+                   "--select-b version=2");
+  diff->add_option("--select-b", diff_filter.select, "compared profile's selector (= --select)");
   diff->footer(
       "Without base range flags the base is the equally long range just before the compared "
-      "one, or with --base-service the same range of that service.");
+      "one, or with --base-service or --base-select the same range of that service or those "
+      "targets.");
   diff->callback([=] { *exit_code = RunDiff(ctx, diff_filter, base); });
 
   static ExportOptions export_options;

@@ -110,8 +110,7 @@ void Shipper::Run() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 250);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 250);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  auto channel =
-      grpc::CreateCustomChannel(options_.server, grpc::InsecureChannelCredentials(), args);
+  auto channel = options_.security.CreateChannel(options_.server, args);
   auto stub = v1::Ingest::NewStub(channel);
   const absl::Duration min_backoff = absl::Milliseconds(500);
   absl::Duration backoff = min_backoff;
@@ -213,11 +212,11 @@ v1::AgentMessage Shipper::Heartbeat() {
 
 void Shipper::Session(v1::Ingest::Stub* stub) {
   grpc::ClientContext context;
+  options_.security.Authorize(&context);
   auto stream = stub->Connect(&context);
   v1::AgentMessage hello_message;
   v1::Hello* hello = hello_message.mutable_hello();
   hello->set_agent_id(options_.agent_id);
-  hello->set_token(options_.token);
   hello->set_host(options_.host);
   hello->set_arch(options_.arch);
   hello->set_version(options_.version);

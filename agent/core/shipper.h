@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "agent/core/context_graph.h"
 #include "agent/spool/spool.h"
+#include "common/rpc/client_security.h"
 #include "strata/v1/ingest.grpc.pb.h"
 
 namespace strata::agent {
@@ -39,7 +40,8 @@ struct ShipperOptions {
   std::string host;
   std::string arch;
   std::string version;
-  std::string token;
+  // TLS, client certificate and bearer token of the connection.
+  rpc::ClientSecurity security;
   uint32_t frequency_hz = 99;
   std::map<std::string, std::string> labels;
   // What the spool found at start-up, reported in the agent's health.

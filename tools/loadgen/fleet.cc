@@ -31,7 +31,9 @@ class Connection final : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Se
  public:
   Connection(Agent* agent, Events* events) : agent_(agent), events_(events) {}
 
-  void Start(v1::Ingest::Stub* stub, v1::AgentMessage hello) {
+  void Start(v1::Ingest::Stub* stub, const rpc::ClientSecurity& security,
+             v1::AgentMessage hello) {
+    security.Authorize(&context_);
     stub->async()->Connect(&context_, this);
     StartRead(&in_);
     Send(std::move(hello));
@@ -108,7 +110,6 @@ class Agent {
     h->set_host(host_);
     h->set_arch("x86_64");
     h->set_version("strata-loadgen");
-    h->set_token(options_.token);
     h->set_graph_id(graph_id_);
     h->set_frequency_hz(options_.frequency_hz);
     auto* c = new Connection(this, events);
@@ -118,7 +119,7 @@ class Agent {
       welcomed_ = false;
       retry_after_ = absl::ZeroDuration();
     }
-    c->Start(stub, std::move(hello));
+    c->Start(stub, options_.security, std::move(hello));
   }
 
   // One interval's batch: spooled, and sent if the stream is up.
@@ -308,8 +309,7 @@ FleetReport RunFleet(const FleetOptions& options,
   for (size_t i = 0; i < channels; ++i) {
     grpc::ChannelArguments a = args;
     a.SetInt("strata.loadgen.channel", static_cast<int>(i));  // distinct channels
-    stubs.push_back(v1::Ingest::NewStub(
-        grpc::CreateCustomChannel(options.server, grpc::InsecureChannelCredentials(), a)));
+    stubs.push_back(v1::Ingest::NewStub(options.security.CreateChannel(options.server, a)));
   }
 
   std::mt19937_64 seeds(options.seed);

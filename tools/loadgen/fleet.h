@@ -15,13 +15,14 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/rpc/client_security.h"
 #include "tools/loadgen/program.h"
 
 namespace strata::loadgen {
 
 struct FleetOptions {
   std::string server;
-  std::string token;
+  rpc::ClientSecurity security;  // TLS and the agents' token
   uint32_t agents = 100;
   uint32_t services = 10;
   std::string prefix = "lg";  // of agent IDs, hosts and services (unique per run)

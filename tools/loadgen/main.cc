@@ -17,6 +17,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "CLI/CLI.hpp"
+#include "common/rpc/client_security.h"
 #include "common/base/config_file.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -108,7 +109,11 @@ int Run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--service-prefix", fleet.prefix, "prefix of agent, host and service names")
       ->capture_default_str();
-  app.add_option("--token", fleet.token, "agent token of the server");
+  strata::rpc::ClientSecurityOptions security;
+  std::string query_token_file;
+  strata::rpc::AddClientSecurityFlags(&app, &security);
+  app.add_option("--query-token-file", query_token_file,
+                 "token (role reader) for the queries, when --token-file is an agent token");
   app.add_option("--server-pid", server_pid, "report this process's CPU, RSS and threads");
   app.add_option("--query-every", query_every_s,
                  "seconds between hot-paths queries of one service during the run (0: none)")
@@ -130,6 +135,16 @@ int Run(int argc, char** argv) {
     return 2;
   }
   if (fleet.services == 0) fleet.services = std::max<uint32_t>(1, fleet.agents / 10);
+  auto agent_security = strata::rpc::ClientSecurity::Load(security);
+  if (!query_token_file.empty()) security.token_file = query_token_file;
+  auto query_security = strata::rpc::ClientSecurity::Load(security);
+  for (const auto* s : {&agent_security, &query_security}) {
+    if (!s->ok()) {
+      std::fprintf(stderr, "strata-loadgen: %s\n", std::string(s->status().message()).c_str());
+      return 2;
+    }
+  }
+  fleet.security = *agent_security;
   // A connection per few agents: take every file descriptor the kernel allows.
   if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
     files.rlim_cur = files.rlim_max;
@@ -178,8 +193,7 @@ int Run(int argc, char** argv) {
   }
   // Queries during the load, of the first service over the last hour, timed: hot paths, top
   // functions and a flame graph (SVG), the queries people run while a fleet ships.
-  auto channel = grpc::CreateChannel(fleet.server, grpc::InsecureChannelCredentials());
-  auto query = strata::v1::Query::NewStub(channel);
+  auto query = strata::v1::Query::NewStub(query_security->CreateChannel(fleet.server));
   const std::string first_service = absl::StrCat(fleet.prefix, "-svc-0");
   absl::Notification done;
   std::vector<double> query_ms, top_ms, flame_ms;
@@ -203,6 +217,7 @@ int Run(int argc, char** argv) {
       timed(&query_ms, [&] {
         grpc::ClientContext ctx;
         ctx.set_deadline(deadline());
+        query_security->Authorize(&ctx);
         strata::v1::HotPathsRequest req;
         *req.mutable_filter() = filter;
         strata::v1::HotPathsResponse resp;
@@ -211,6 +226,7 @@ int Run(int argc, char** argv) {
       timed(&top_ms, [&] {
         grpc::ClientContext ctx;
         ctx.set_deadline(deadline());
+        query_security->Authorize(&ctx);
         strata::v1::TopRequest req;
         *req.mutable_filter() = filter;
         strata::v1::TopResponse resp;
@@ -219,6 +235,7 @@ int Run(int argc, char** argv) {
       timed(&flame_ms, [&] {
         grpc::ClientContext ctx;
         ctx.set_deadline(deadline());
+        query_security->Authorize(&ctx);
         strata::v1::FlameGraphRequest req;
         *req.mutable_filter() = filter;
         req.set_format(strata::v1::FlameGraphRequest::SVG);
@@ -240,6 +257,7 @@ int Run(int argc, char** argv) {
   std::map<std::string, uint64_t> server_totals;
   {
     grpc::ClientContext ctx;
+    query_security->Authorize(&ctx);
     strata::v1::ListServicesRequest req;
     strata::v1::ListServicesResponse resp;
     grpc::Status st = query->ListServices(&ctx, req, &resp);
