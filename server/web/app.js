@@ -30,7 +30,12 @@ function filterParams() {
 }
 
 async function api(path, params) {
-  const res = await fetch(path + (params ? '?' + params.toString() : ''));
+  // Against the origin, not the page's URL: a page opened as https://user:token@host/ (HTTP
+  // Basic with the token) has credentials in its URL, which fetch() refuses to resolve
+  // against; the browser sends the cached credentials with same-origin requests anyway.
+  const url = new URL(path, window.location.origin);
+  if (params) url.search = params.toString();
+  const res = await fetch(url);
   const text = await res.text();
   let body;
   try { body = JSON.parse(text); } catch (e) { throw new Error(text || res.statusText); }
