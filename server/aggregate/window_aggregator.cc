@@ -4,6 +4,7 @@
 #include <bit>
 #include <chrono>
 #include <limits>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -18,8 +19,9 @@ namespace {
 using encoding::AppendVarint;
 using encoding::ReadVarint;
 
-// Journal record: version, host, then groups of (service, window, cells (stack, count)).
-constexpr uint8_t kJournalVersion = 1;
+// Journal record: version, host, window, then cells (service, stack, count[, label set]).
+// Version 2 adds each cell's label set ID; version 1 records (no labels) still decode.
+constexpr uint8_t kJournalVersion = 2;
 
 void AppendString(std::string* out, std::string_view s) {
   AppendVarint(out, s.size());
@@ -39,6 +41,7 @@ struct JournalCell {
   int64_t window_start_ms;
   uint64_t stack_id;
   uint64_t count;
+  uint64_t label_set = 0;
 };
 
 // Cells of one batch, grouped by service (one window per batch).
@@ -61,6 +64,7 @@ std::string EncodeJournalRecord(const std::string& host, int64_t window_start_ms
     }
     AppendVarint(&out, c->stack_id);
     AppendVarint(&out, c->count);
+    AppendVarint(&out, c->label_set);
   }
   return out;
 }
@@ -70,7 +74,11 @@ absl::Status DecodeJournalRecord(std::string_view in, std::string* host,
   auto corrupt = [](const char* what) {
     return absl::DataLossError(absl::StrCat("corrupt journal record: ", what));
   };
-  if (in.empty() || static_cast<uint8_t>(in[0]) != kJournalVersion) return corrupt("version");
+  if (in.empty() || (static_cast<uint8_t>(in[0]) != kJournalVersion &&
+                     static_cast<uint8_t>(in[0]) != 1)) {
+    return corrupt("version");
+  }
+  const bool has_labels = static_cast<uint8_t>(in[0]) >= 2;
   size_t pos = 1;
   uint64_t window = 0, n = 0;
   if (!ReadString(in, &pos, host)) return corrupt("host");
@@ -91,7 +99,8 @@ absl::Status DecodeJournalRecord(std::string_view in, std::string* host,
       return corrupt("first cell without a service");
     }
     JournalCell cell{service, static_cast<int64_t>(window), 0, 0};
-    if (!ReadVarint(in, &pos, &cell.stack_id) || !ReadVarint(in, &pos, &cell.count)) {
+    if (!ReadVarint(in, &pos, &cell.stack_id) || !ReadVarint(in, &pos, &cell.count) ||
+        (has_labels && !ReadVarint(in, &pos, &cell.label_set))) {
       return corrupt("cell");
     }
     cells->push_back(std::move(cell));
@@ -181,7 +190,7 @@ absl::Status WindowAggregator::Recover() {
       return absl::OkStatus();
     }
     for (const JournalCell& c : cells) {
-      wb.AddSamples(c.service, c.window_start_ms, host, c.stack_id, c.count);
+      wb.AddSamples(c.service, c.window_start_ms, host, c.stack_id, c.count, c.label_set);
     }
     ++records;
     return absl::OkStatus();
@@ -273,6 +282,13 @@ void WindowAggregator::ReleaseIdle(int64_t now_ms) {
 uint32_t WindowAggregator::InternHost(const std::string& host) {
   auto [it, inserted] = host_index_.try_emplace(host, static_cast<uint32_t>(hosts_.size()));
   if (inserted) hosts_.push_back(host);
+  return it->second;
+}
+
+uint32_t WindowAggregator::InternLabelSet(uint64_t label_set) {
+  auto [it, inserted] =
+      label_index_.try_emplace(label_set, static_cast<uint32_t>(label_sets_.size()));
+  if (inserted) label_sets_.push_back(label_set);
   return it->second;
 }
 
@@ -376,7 +392,7 @@ absl::Status WindowAggregator::CommitBatchLocked(store::WriteBatch* wb, const st
     if (tabled.contains(*c.service)) {
       journaled.push_back(&c);
     } else {
-      wb->AddSamples(*c.service, window_start_ms, host, c.stack_id, c.count);
+      wb->AddSamples(*c.service, window_start_ms, host, c.stack_id, c.count, c.label_set);
       ++stats_.direct_cells;
     }
   }
@@ -391,7 +407,7 @@ absl::Status WindowAggregator::CommitBatchLocked(store::WriteBatch* wb, const st
   for (const Cell* c : journaled) {
     ServiceTable& t = *tabled.at(*c->service);
     // Never kFull: each cell adds at most one entry, and room for all of them was made above.
-    t.table.Add(CellKey{host_id, 0, c->stack_id}, c->count);
+    t.table.Add(CellKey{host_id, InternLabelSet(c->label_set), c->stack_id}, c->count);
     SaturatingAddTo(t.live_total, c->count);
     t.first_journal = std::min(t.first_journal, seq);
   }
@@ -415,15 +431,18 @@ void WindowAggregator::Flush(const std::string& service, ServiceTable& t, bool c
   if (close_window) {
     t.table.EndPeriod();
     std::vector<table::PhaseChange<CellKey>> changes = t.table.TakePhaseChanges();
-    // Only a reordering within one host is a change of the program's behaviour; across hosts
-    // it may just be one host's batch arriving late.
-    std::erase_if(changes, [](const auto& c) { return c.rose_key.host != c.fell_key.host; });
+    // Only a reordering within one host (and one label set: one kind of process) is a change
+    // of the program's behaviour; across hosts it may just be one host's batch arriving late.
+    std::erase_if(changes, [](const auto& c) {
+      return c.rose_key.host != c.fell_key.host || c.rose_key.labels != c.fell_key.labels;
+    });
     if (!changes.empty()) AddPhaseEvent(service, t.window_start_ms, changes, p.wb.get());
   }
   t.table.ForEach([&](const CellKey& key, uint64_t count) {
     if (count == 0) return;
     p.cells.push_back({key, count});
     p.hosts.try_emplace(key.host, hosts_[key.host]);
+    p.label_sets.try_emplace(key.labels, label_sets_[key.labels]);
     SaturatingAddTo(p.total, count);
   });
   p.first_journal = t.first_journal;
@@ -467,10 +486,12 @@ absl::Status WindowAggregator::DrainPending() {
         if (a.first.host != b.first.host) {
           return p->hosts.at(a.first.host) < p->hosts.at(b.first.host);
         }
-        return a.first.stack < b.first.stack;
+        if (a.first.stack != b.first.stack) return a.first.stack < b.first.stack;
+        return p->label_sets.at(a.first.labels) < p->label_sets.at(b.first.labels);
       });
       for (const auto& [key, count] : sorted) {
-        p->wb->AddSamples(p->service, p->window_start_ms, p->hosts.at(key.host), key.stack, count);
+        p->wb->AddSamples(p->service, p->window_start_ms, p->hosts.at(key.host), key.stack, count,
+                          p->label_sets.at(key.labels));
       }
       p->cells_in_wb = true;
     }
@@ -505,13 +526,13 @@ void WindowAggregator::AddPhaseEvent(const std::string& service, int64_t window_
     uint64_t before = 0, after = 0;
   };
   std::map<uint64_t, Shift> rose, fell;
-  std::set<std::pair<uint32_t, uint64_t>> rose_seen, fell_seen;
+  std::set<std::tuple<uint32_t, uint32_t, uint64_t>> rose_seen, fell_seen;
   for (const auto& c : changes) {
-    if (rose_seen.insert({c.rose_key.host, c.rose_key.stack}).second) {
+    if (rose_seen.insert({c.rose_key.host, c.rose_key.labels, c.rose_key.stack}).second) {
       rose[c.rose_key.stack].before += c.rose_prev_count;
       rose[c.rose_key.stack].after += c.rose_count;
     }
-    if (fell_seen.insert({c.fell_key.host, c.fell_key.stack}).second) {
+    if (fell_seen.insert({c.fell_key.host, c.fell_key.labels, c.fell_key.stack}).second) {
       fell[c.fell_key.stack].before += c.fell_prev_count;
       fell[c.fell_key.stack].after += c.fell_count;
     }
@@ -614,6 +635,7 @@ bool WindowAggregator::AddLiveCounts(const store::SampleQuery& query, uint64_t g
   std::set<uint32_t> seen_hosts;
   auto add = [&](const CellKey& key, uint64_t count) {
     if (count == 0 || (host && key.host != *host)) return;
+    if (query.label_sets && !query.label_sets->contains(label_sets_[key.labels])) return;
     SaturatingAddTo((*stacks)[key.stack], count);
     seen_hosts.insert(key.host);
   };

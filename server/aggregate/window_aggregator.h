@@ -2,7 +2,7 @@
 // hash tables (common/table), with phase-change detection and a journal that keeps every
 // acknowledged sample durable until its window is written to the store.
 //
-// Each service has one table keyed by (host, stack ID). A window's counts accumulate in it
+// Each service has one table keyed by (host, stack ID, label set). A window's counts accumulate in it
 // and are written to the store's cell column families (samples and rollups, merge-add) when
 // the window closes: when a batch of a later window arrives, or close_delay_ms after the
 // window ended. The table then keeps its entries (with zero counts) for the next window, so
@@ -136,16 +136,17 @@ class WindowAggregator : public LiveSamples, public BatchCommitter {
  private:
   struct CellKey {
     uint32_t host;
-    uint32_t zero = 0;  // keeps the key free of indeterminate padding
+    uint32_t labels = 0;  // index into label_sets_ (0: no labels); no padding either way
     uint64_t stack;
     friend bool operator==(const CellKey&, const CellKey&) = default;
     friend bool operator<(const CellKey& a, const CellKey& b) {
-      return a.stack != b.stack ? a.stack < b.stack : a.host < b.host;
+      if (a.stack != b.stack) return a.stack < b.stack;
+      return a.host != b.host ? a.host < b.host : a.labels < b.labels;
     }
   };
   struct CellKeyHash {
     uint64_t operator()(const CellKey& k) const {
-      return k.stack ^ (uint64_t{k.host} * 0x9e3779b97f4a7c15ull);
+      return k.stack ^ ((uint64_t{k.host} | uint64_t{k.labels} << 32) * 0x9e3779b97f4a7c15ull);
     }
   };
   using Table = table::SortedTable<CellKey, CellKeyHash>;
@@ -172,6 +173,7 @@ class WindowAggregator : public LiveSamples, public BatchCommitter {
     int64_t window_start_ms = 0;
     std::vector<std::pair<CellKey, uint64_t>> cells;
     absl::flat_hash_map<uint32_t, std::string> hosts;  // of the cells, by host ID
+    absl::flat_hash_map<uint32_t, uint64_t> label_sets;  // of the cells, by label index
     uint64_t total = 0;
     uint64_t first_journal = kNoJournal;
     std::unique_ptr<store::WriteBatch> wb;  // phase events; the drainer adds the cells
@@ -190,6 +192,7 @@ class WindowAggregator : public LiveSamples, public BatchCommitter {
   // Releases tables idle since before `now_ms`.
   void ReleaseIdle(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t InternHost(const std::string& host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t InternLabelSet(uint64_t label_set) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the table's counts (and, on a window close, its phase changes) to a pending flush.
   // DrainPending() writes them to the store.
   void Flush(const std::string& service, ServiceTable& t, bool close_window)
@@ -233,6 +236,9 @@ class WindowAggregator : public LiveSamples, public BatchCommitter {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::string> hosts_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint32_t> host_index_ ABSL_GUARDED_BY(mu_);
+  // Store label set IDs by table index (index 0 is ID 0, no labels), and back.
+  std::vector<uint64_t> label_sets_ ABSL_GUARDED_BY(mu_) = {0};
+  absl::flat_hash_map<uint64_t, uint32_t> label_index_ ABSL_GUARDED_BY(mu_) = {{0, 0}};
   uint64_t next_journal_ ABSL_GUARDED_BY(mu_) = 1;
   AggregatorStats stats_ ABSL_GUARDED_BY(mu_);
 

@@ -168,6 +168,80 @@ TEST_F(WindowAggregatorTest, RecoversOpenWindowsFromTheJournal) {
   EXPECT_EQ(Stored("api"), (Totals{{1, 17}, {2, 5}}));
 }
 
+// Cells of one stack under different label sets stay apart in the tables, the journal and
+// the store, and queries select them by label set ID.
+TEST_F(WindowAggregatorTest, LabelSetsStayApartThroughTablesJournalAndStore) {
+  CreateAggregator({});
+  const int64_t w = 500 * kWindowMs;
+  const std::string api = "api";
+  auto commit = [&](const std::string& host, int64_t window,
+                    std::vector<BatchCommitter::Cell> cells) {
+    store::WriteBatch wb;
+    return aggregator_->CommitBatch(&wb, host, window, cells);
+  };
+  ASSERT_TRUE(commit("h1", w, {{&api, 1, 10, 0}, {&api, 1, 4, 77}, {&api, 2, 3, 88}}).ok());
+  ASSERT_TRUE(commit("h2", w, {{&api, 1, 6, 77}}).ok());
+  auto query = [&](std::optional<absl::flat_hash_set<uint64_t>> sets) {
+    store::SampleQuery q;
+    q.service = api;
+    q.to_ms = int64_t{1} << 50;
+    q.label_sets = std::move(sets);
+    for (;;) {
+      const uint64_t generation = aggregator_->FlushGeneration(api);
+      Totals out;
+      auto totals = store_->SumSamples(q);
+      EXPECT_TRUE(totals.ok());
+      for (const auto& c : totals->stacks) {
+        if (c.count != 0) out[c.stack_id] += c.count;
+      }
+      absl::flat_hash_map<uint64_t, uint64_t> live;
+      std::set<std::string> hosts;
+      if (!aggregator_->AddLiveCounts(q, generation, &live, &hosts)) continue;
+      for (const auto& [stack, count] : live) out[stack] += count;
+      return out;
+    }
+  };
+  using Sets = absl::flat_hash_set<uint64_t>;
+  for (int phase = 0; phase < 2; ++phase) {
+    // 0: live in the tables; 1: recovered from the journal after a kill, then flushed.
+    EXPECT_EQ(query(std::nullopt), (Totals{{1, 20}, {2, 3}})) << phase;
+    EXPECT_EQ(query(Sets{77}), (Totals{{1, 10}})) << phase;
+    EXPECT_EQ(query(Sets{0, 88}), (Totals{{1, 10}, {2, 3}})) << phase;
+    EXPECT_EQ(query(Sets{}), Totals{}) << phase;
+    if (phase == 0) {
+      aggregator_.reset();  // as if killed: the journal holds everything
+      OpenStore();
+      CreateAggregator({});
+      EXPECT_EQ(aggregator_->stats().recovered_records, 2u);
+    } else if (phase == 1) {
+      ASSERT_TRUE(commit("h1", w + kWindowMs, {{&api, 2, 5, 88}}).ok());
+      ASSERT_TRUE(aggregator_->FlushAll().ok());
+      EXPECT_EQ(Stored(api), (Totals{{1, 20}, {2, 8}}));
+      EXPECT_EQ(query(Sets{88}), (Totals{{2, 8}}));
+      EXPECT_EQ(query(Sets{77}), (Totals{{1, 10}}));
+      return;
+    }
+  }
+}
+
+// Journal records written before labels (version 1) are still recovered.
+TEST_F(WindowAggregatorTest, RecoversVersionOneJournalRecords) {
+  std::string record;
+  record.push_back(1);            // version
+  record += std::string("\x02h1");  // host
+  record.push_back(100);          // window 100 ms (varint)
+  record.push_back(1);            // one cell
+  record += std::string("\x03" "api");
+  record.push_back(9);            // stack
+  record.push_back(5);            // count
+  std::string key(8, '\0');
+  key[7] = 1;
+  ASSERT_TRUE(store_->PutRawForTesting(store::Column::kJournal, key, record).ok());
+  CreateAggregator({});
+  EXPECT_EQ(aggregator_->stats().recovered_records, 1u);
+  EXPECT_EQ(Stored("api"), (Totals{{9, 5}}));
+}
+
 // A corrupt journal record is reported and skipped; the others are recovered.
 TEST_F(WindowAggregatorTest, CorruptJournalRecordIsSkipped) {
   CreateAggregator({});

@@ -450,6 +450,70 @@ TEST_P(AgentSessionTest, MalformedPackedContextsAreRejectedAndNothingIsStored) {
   EXPECT_EQ(Load().total, 8u);
 }
 
+// Each target's labels (over the agent's Hello labels) become a label set stored with its
+// samples; selectors pick them, and a service's distinct sets are bounded.
+TEST_P(AgentSessionTest, TargetLabelsAreStoredAndSelected) {
+  FakeAgent agent;
+  auto c = agent.Context({"main", "work"}, 5);
+  AgentIdentity identity{"agent-1", "host-a", "x86_64", "test", 7};
+  identity.labels = {{"region", "eu-west"}, {"version", "0"}};
+  IngestLimits limits;
+  limits.max_label_sets = 2;
+  auto opened = AgentSession::Open(store_.get(), identity, nullptr, limits);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  auto& session = *opened;
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  v1::SampleBatch b = server::Batch(1, agent.graph.num_edges(), {c}, Form::kRepeated, 1);
+  (*b.mutable_targets(0)->mutable_labels())["version"] = "1";
+  auto* t2 = b.add_targets();
+  t2->set_id(2);
+  t2->set_service("demo");
+  t2->set_pid(43);
+  (*t2->mutable_labels())["version"] = "2";
+  (*t2->mutable_labels())["region"] = "";  // removes the agent's region
+  v1::ContextCount c2 = c;
+  c2.set_target_id(2);
+  c2.set_count(3);
+  *b.add_contexts() = c2;
+  if (GetParam() == Form::kPacked) Pack(&b);
+  ASSERT_TRUE(session->ApplyBatch(b).ok());
+
+  ProfileReader reader(store_.get());
+  auto load = [&](const std::string& selector) {
+    auto p = reader.Load({.service = "demo", .from_ms = 0, .to_ms = INT64_MAX,
+                          .selector = selector});
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? p->total : 0;
+  };
+  EXPECT_EQ(load(""), 8u);
+  EXPECT_EQ(load("version=1"), 5u);
+  EXPECT_EQ(load("version=2"), 3u);
+  EXPECT_EQ(load("region=eu-*"), 5u);
+  EXPECT_EQ(load("region!=eu-*"), 3u);
+  EXPECT_EQ(load("version=3"), 0u);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      reader.Load({.service = "demo", .from_ms = 0, .to_ms = INT64_MAX, .selector = "version"})
+          .status()));
+  auto sets = store_->ListLabelSets("demo");
+  ASSERT_TRUE(sets.ok());
+  ASSERT_EQ(sets->size(), 3u);  // the empty set and the two targets'
+
+  // A third distinct set is past the bound: its samples are kept under the overflow set.
+  v1::SampleBatch b3 = server::Batch(2, agent.graph.num_edges(), {c}, GetParam(), 1);
+  (*b3.mutable_targets(0)->mutable_labels())["version"] = "3";
+  const uint64_t refused = LabelSetsRefused();
+  ASSERT_TRUE(session->ApplyBatch(b3).ok());
+  EXPECT_EQ(LabelSetsRefused(), refused + 1);
+  EXPECT_EQ(load("strata_overflow=label_sets"), 5u);
+  EXPECT_EQ(load(""), 13u);
+
+  // Labels that are not label syntax make the batch invalid; nothing is stored.
+  v1::SampleBatch bad = server::Batch(3, agent.graph.num_edges(), {c}, GetParam(), 1);
+  (*bad.mutable_targets(0)->mutable_labels())["bad key"] = "x";
+  EXPECT_TRUE(absl::IsInvalidArgument(session->ApplyBatch(bad).status()));
+  EXPECT_EQ(load(""), 13u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Forms, AgentSessionTest,
                          ::testing::Values(Form::kRepeated, Form::kPacked),
                          [](const ::testing::TestParamInfo<Form>& info) {

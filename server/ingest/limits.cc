@@ -4,6 +4,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/labels/labels.h"
 
 namespace strata::server {
 namespace {
@@ -34,6 +35,14 @@ absl::Status CheckCount(const char* what, size_t n, uint64_t bound) {
 absl::Status CheckTarget(const v1::Target& t, const IngestLimits& limits) {
   if (absl::Status s = CheckKeyPart("target service", t.service(), limits.max_id_bytes); !s.ok()) {
     return s;
+  }
+  if (absl::Status s = CheckCount("Target.labels", t.labels_size(), limits.max_labels); !s.ok()) {
+    return s;
+  }
+  for (const auto& [key, value] : t.labels()) {
+    if (absl::Status s = labels::ValidateLabel(key, value); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("Target.labels: ", s.message()));
+    }
   }
   return CheckString("target executable", t.executable(), limits.max_path_bytes);
 }

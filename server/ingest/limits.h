@@ -42,13 +42,18 @@ struct IngestLimits {
   uint32_t max_text_bytes = 4096;
   uint32_t max_labels = 64;
   uint32_t max_label_bytes = 1024;
+  // Distinct label sets (Target.labels with Hello.labels) per service, ever stored: each is
+  // a separate series in every query. Past it a target's samples are stored under the one
+  // set {strata_overflow=label_sets}, counted and logged.
+  uint32_t max_label_sets = 10'000;
 };
 
 // Shape checks of single messages (sizes, counts, NUL bytes in key parts). InvalidArgument
 // naming the field and the bound.
 absl::Status CheckHello(const v1::Hello& hello, const IngestLimits& limits);
 absl::Status CheckGraphDelta(const v1::GraphDelta& delta, const IngestLimits& limits);
-// Targets (count, strings, distinct services) and the number of repeated contexts.
+// Targets (count, strings, distinct services, labels: at most max_labels each, in the
+// syntax of common/labels) and the number of repeated contexts.
 absl::Status CheckBatchShape(const v1::SampleBatch& batch, const IngestLimits& limits);
 absl::Status CheckHeartbeat(const v1::Heartbeat& heartbeat, const IngestLimits& limits);
 absl::Status CheckCaptureStatus(const v1::CaptureStatus& status, const IngestLimits& limits);

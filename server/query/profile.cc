@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/labels/labels.h"
 #include "re2/re2.h"
 
 namespace strata::server {
@@ -295,6 +296,18 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
           absl::StrCat("invalid --", what, " regex '", *pattern, "': ", (*re)->error()));
     }
   }
+  std::optional<labels::Selector> selector;
+  if (!query.selector.empty()) {
+    auto parsed = labels::Selector::Parse(query.selector);
+    if (!parsed.ok()) return parsed.status();
+    if (!parsed->empty()) {
+      if (!query.capture_id.empty()) {
+        return absl::InvalidArgumentError(
+            "label selectors apply to continuous profiles, not to captures");
+      }
+      selector = *std::move(parsed);
+    }
+  }
   if (query.capture_id.empty()) {
     auto services = ListServices(store_, live_);
     if (!services.ok()) return services.status();
@@ -319,6 +332,15 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
   sq.resolution = query.resolution;
   if (!query.host.empty()) sq.host = query.host;
   if (!query.capture_id.empty()) sq.capture_id = query.capture_id;
+  if (selector) {
+    // The selector picks label sets; the store and the live tables keep the sets' IDs.
+    auto sets = store_->ListLabelSets(query.service);
+    if (!sets.ok()) return sets.status();
+    sq.label_sets.emplace();
+    for (const store::LabelSetRecord& r : *sets) {
+      if (selector->Matches(r.labels)) sq.label_sets->insert(r.id);
+    }
+  }
   // Summed per stack by the store (whole hours come from its per-hour aggregates).
   auto totals = SumSamples(sq);
   if (!totals.ok()) return totals.status();

@@ -27,6 +27,9 @@ struct ProfileQuery {
   std::string capture_id;  // non-empty: the samples of this capture instead
   std::string focus;    // RE2: keep stacks with a matching function
   std::string ignore;   // RE2: drop stacks with a matching function
+  // Label selector (common/labels/labels.h): only samples of targets whose labels match.
+  // Continuous profiles only.
+  std::string selector;
   // kAuto reads whole hours and minutes from the rollups, so long ranges scan few cells.
   store::Resolution resolution = store::Resolution::kAuto;
 };
@@ -74,7 +77,8 @@ class ProfileReader {
   ProfileReader(const ProfileReader&) = delete;
   ProfileReader& operator=(const ProfileReader&) = delete;
 
-  // InvalidArgument: empty service, from >= to, bad regex. NotFound: unknown service (with
+  // InvalidArgument: empty service, from >= to, bad regex, bad selector (or one given with a
+  // capture). NotFound: unknown service (with
   // the known ones in the message). Stacks that cannot be resolved are reported as DataLoss.
   // Thread-safe.
   absl::StatusOr<Profile> Load(const ProfileQuery& query);

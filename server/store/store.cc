@@ -882,6 +882,7 @@ struct Store::Impl {
   absl::StatusOr<std::shared_ptr<const HourBlock>> ReadHourBlock(const std::string& scope,
                                                                  int64_t hour, int64_t end) {
     auto block = std::make_shared<HourBlock>();
+    bool labelled = false;  // a cell with a label set was seen: label_sets is kept
     absl::Status s = VisitCells(
         Column::kRollupHour, scope, hour, end, std::nullopt,
         [&](const codec::CellKey& cell, uint64_t count) {
@@ -889,10 +890,11 @@ struct Store::Impl {
             if (!block->hosts.empty()) block->host_end.push_back(block->entries.size());
             block->hosts.emplace_back(cell.host);
           }
-          if (cell.label_set != 0 && block->label_sets.empty()) {
-            block->label_sets.resize(block->entries.size(), 0);
+          if (cell.label_set != 0 && !labelled) {
+            labelled = true;
+            block->label_sets.assign(block->entries.size(), 0);
           }
-          if (!block->label_sets.empty()) block->label_sets.push_back(cell.label_set);
+          if (labelled) block->label_sets.push_back(cell.label_set);
           block->entries.push_back({cell.stack_id, count});
         });
     if (!s.ok()) return s;
