@@ -12,8 +12,9 @@
 #                                     serverAuth)
 #
 # Idempotent: an existing CA is reused (new certificates are signed by it) and existing
-# certificates are kept, unless --new-ca (a new CA; the certificates named on this run are
-# reissued) or --renew (the certificates named on this run are reissued by the same CA).
+# certificates are kept, unless --new-ca (a new CA; the server certificate and those named
+# on this run are reissued) or --renew (the certificates named on this run, the server's
+# only with --server, are reissued by the same CA).
 # Files are written under a temporary name and renamed into place, so a server watching
 # them (certificate rotation) never reads half a file. Private keys are mode 0600.
 set -euo pipefail
@@ -33,6 +34,7 @@ usage: deploy/gen-certs.sh --out DIR [options]
   --ca-only               only the CA
   --new-ca                replace an existing CA
   --renew                 reissue the certificates named on this run even if they exist
+                          (the server's only if --server is given)
   --key-type ec|rsa       EC P-256 (default) or RSA 3072 keys for new certificates
   -h, --help              this text
 EOF
@@ -49,6 +51,7 @@ ca_name="Strata CA"
 days=825
 ca_days=3650
 server_names="localhost,127.0.0.1"
+server_named=0
 agents=()
 clients=()
 expired=()
@@ -67,7 +70,7 @@ while [[ $# -gt 0 ]]; do
     --ca-name) need_value "$@"; ca_name=$2; shift 2 ;;
     --days) need_value "$@"; days=$2; shift 2 ;;
     --ca-days) need_value "$@"; ca_days=$2; shift 2 ;;
-    --server) need_value "$@"; server_names=$2; shift 2 ;;
+    --server) need_value "$@"; server_names=$2; server_named=1; shift 2 ;;
     --agent) need_value "$@"; IFS=, read -r -a more <<<"$2"; agents+=("${more[@]}"); shift 2 ;;
     --client) need_value "$@"; IFS=, read -r -a more <<<"$2"; clients+=("${more[@]}"); shift 2 ;;
     --expired) need_value "$@"; IFS=, read -r -a more <<<"$2"; expired+=("${more[@]}"); shift 2 ;;
@@ -169,8 +172,10 @@ if [[ $new_ca == 1 || ! -s "$out/ca.pem" || ! -s "$out/ca.key" ]]; then
     echo "gen-certs: $out has half a CA (ca.pem or ca.key missing); use --new-ca" >&2
     exit 1
   fi
-  # Everything issued on this run is new: it must chain to the new CA.
+  # Everything issued on this run is new, the server certificate included: it must chain to
+  # the new CA.
   renew=1
+  server_named=1
   cat >"$tmp/ca.cnf" <<EOF
 [req]
 distinguished_name = dn
@@ -196,11 +201,12 @@ else
 fi
 if [[ $ca_only == 1 ]]; then exit 0; fi
 
-# Issues `$dest.pem` and `.key` for CN=$2 with EKU $3 and SAN $4, unless it exists.
-issue() {  # dest cn eku san
-  local dest=$1 cn=$2 eku=$3 san=$4 name
+# Issues `$dest.pem` and `.key` for CN=$2 with EKU $3 and SAN $4, unless it exists and $5
+# (reissue) is 0.
+issue() {  # dest cn eku san reissue
+  local dest=$1 cn=$2 eku=$3 san=$4 reissue=$5 name
   name=$(basename "$dest")
-  if [[ $renew == 0 && -s "$dest.pem" && -s "$dest.key" ]]; then
+  if [[ $reissue == 0 && -s "$dest.pem" && -s "$dest.key" ]]; then
     echo "gen-certs: keeping $dest.pem (--renew reissues it)"
     return
   fi
@@ -259,7 +265,10 @@ for n in "${servers[@]}"; do
   if is_ip "$n"; then entry="IP:$n"; else entry="DNS:$n"; fi
   san="${san:+$san, }$entry"
 done
-issue "$out/server" "${servers[0]}" serverAuth "$san"
-for h in "${agents[@]}"; do issue "$out/agents/$h" "$h" clientAuth "DNS:$h"; done
-for c in "${clients[@]}"; do issue "$out/clients/$c" "$c" clientAuth "DNS:$c"; done
+# The server certificate counts as named on this run (for --renew) only with --server.
+server_reissue=0
+if [[ $renew == 1 && $server_named == 1 ]]; then server_reissue=1; fi
+issue "$out/server" "${servers[0]}" serverAuth "$san" "$server_reissue"
+for h in "${agents[@]}"; do issue "$out/agents/$h" "$h" clientAuth "DNS:$h" "$renew"; done
+for c in "${clients[@]}"; do issue "$out/clients/$c" "$c" clientAuth "DNS:$c" "$renew"; done
 for e in "${expired[@]}"; do issue_expired "$out/expired/$e" "$e"; done

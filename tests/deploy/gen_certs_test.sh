@@ -100,6 +100,11 @@ expect_verify "$d/ca.pem" "$d/agents/host-c.pem" sslclient
 "$script" --out "$d" --agent host-a --renew >/dev/null
 [[ "$(serial "$d/agents/host-a.pem")" != "$host_a_before" ]] || fail "--renew kept host-a"
 [[ "$(fingerprint "$d/ca.pem")" == "$ca_before" ]] || fail "--renew replaced the CA"
+[[ "$(serial "$d/server.pem")" == "$server_before" ]] || fail "--renew --agent reissued the server"
+"$script" --out "$d" --renew --server localhost,127.0.0.1 >/dev/null
+[[ "$(serial "$d/server.pem")" != "$server_before" ]] || fail "--renew --server kept the server"
+expect_verify "$d/ca.pem" "$d/server.pem" sslserver
+pubkey_matches "$d/server.pem" "$d/server.key"
 expect_verify "$d/ca.pem" "$d/agents/host-a.pem" sslclient
 pubkey_matches "$d/agents/host-a.pem" "$d/agents/host-a.key"
 # --new-ca: a new CA, and what is named on that run is reissued by it.
