@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
@@ -253,6 +254,7 @@ absl::StatusOr<std::shared_ptr<ssl::context>> BuildTlsContext(const HttpServerOp
                        ? nullptr
                        : PEM_read_bio_PrivateKey(key_bio, nullptr, NoPassphrase, nullptr);
   BIO_free(key_bio);
+  OPENSSL_cleanse(key->data(), key->size());  // the parsed key is all that stays in memory
   if (pkey == nullptr) {
     return fail("key", tls.key_file,
                 absl::StrCat("not an unencrypted PEM private key: ", TakeOpenSslErrors()));
