@@ -181,13 +181,13 @@ std::optional<std::string> FindEnvironValue(std::string_view environ_text,
   return std::nullopt;
 }
 
-absl::StatusOr<std::string> ReadProcFile(const std::string& path) {
+absl::StatusOr<std::string> ReadProcFile(const std::string& path, size_t max_bytes) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", path));
   std::string contents;
   char buffer[16384];
-  for (;;) {
-    ssize_t n = read(fd, buffer, sizeof(buffer));
+  while (contents.size() < max_bytes) {
+    ssize_t n = read(fd, buffer, std::min(sizeof(buffer), max_bytes - contents.size()));
     if (n < 0) {
       if (errno == EINTR) continue;
       int err = errno;

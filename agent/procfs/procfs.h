@@ -89,8 +89,10 @@ absl::StatusOr<std::optional<std::string>> ReadEnvironValue(pid_t pid, std::stri
 // Parsed /proc/PID/maps.
 absl::StatusOr<std::vector<Mapping>> ReadMappings(pid_t pid);
 
-// Reads a whole /proc file (they report size 0, so this reads until EOF).
-absl::StatusOr<std::string> ReadProcFile(const std::string& path);
+// Reads a whole /proc file (they report size 0, so this reads until EOF), or its first
+// `max_bytes`.
+absl::StatusOr<std::string> ReadProcFile(const std::string& path,
+                                         size_t max_bytes = SIZE_MAX);
 
 }  // namespace strata::procfs
 
