@@ -108,8 +108,11 @@ void Shipper::Run() {
   // the server is back.
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 250);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 250);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  // Also the time one connection attempt may take (TCP and TLS handshakes): long enough for
+  // a slow host (an emulated CPU, an overloaded one) to finish a TLS handshake, short enough
+  // that an attempt into a dead link is given up soon.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 10'000);
   auto channel = options_.security.CreateChannel(options_.server, args);
   auto stub = v1::Ingest::NewStub(channel);
   const absl::Duration min_backoff = absl::Milliseconds(500);

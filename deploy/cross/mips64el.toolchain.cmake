@@ -37,6 +37,10 @@ set(CMAKE_FIND_LIBRARY_SUFFIXES .a .so)
 set(_libdirs "${_sr}/usr/lib/${STRATA_CROSS_TRIPLE}" "${_sr}/lib/${STRATA_CROSS_TRIPLE}")
 set(CMAKE_C_FLAGS_INIT "-isystem ${_sr}/usr/include")
 set(CMAKE_CXX_FLAGS_INIT "-isystem ${_sr}/usr/include -DSPDLOG_HEADER_ONLY -DFMT_HEADER_ONLY")
+# Multiarch headers (OpenSSL's opensslconf.h, configuration.h): not in the flags above, which
+# a build directory caches from its first configuration.
+set(CMAKE_C_STANDARD_INCLUDE_DIRECTORIES "${_sr}/usr/include/${STRATA_CROSS_TRIPLE}")
+set(CMAKE_CXX_STANDARD_INCLUDE_DIRECTORIES "${_sr}/usr/include/${STRATA_CROSS_TRIPLE}")
 set(_ld "-static -L${_sr}/usr/lib/${STRATA_CROSS_TRIPLE} -L${_sr}/lib/${STRATA_CROSS_TRIPLE}")
 string(APPEND _ld " -Wl,-rpath-link,${_sr}/usr/lib/${STRATA_CROSS_TRIPLE}")
 string(APPEND _ld " -Wl,-rpath-link,${_sr}/lib/${STRATA_CROSS_TRIPLE}")

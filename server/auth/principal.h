@@ -28,7 +28,7 @@ struct Principal {
   // The certificate's identity (first DNS subjectAltName, else CN), the token's name in the
   // tokens file, or "anonymous".
   std::string name = "anonymous";
-  Role role = Role::kOperator;
+  Role role = Role::kOperator;  // the anonymous principal may also ingest
 
   // "certificate host-1", "token alice", "anonymous": for errors and logs.
   std::string Describe() const;
