@@ -122,9 +122,11 @@ std::string NewValue(const Listed& o, const std::string& file_value,
   std::string def = o.has_default ? Values(o.value_text).front() : "";
   std::smatch m;
   if (std::regex_search(o.type, m, kChoices)) {
-    for (absl::string_view choice : absl::StrSplit(m[1].str(), ',')) {
-      if (choice != def) return Quote(std::string(choice));
+    std::vector<std::string> choices = absl::StrSplit(m[1].str(), ',');
+    for (const std::string& choice : choices) {
+      if (choice != def) return Quote(choice);
     }
+    return Quote(choices.front());  // one choice: still set from the file, as the output shows
   }
   if (Numeric(o.type)) {
     double d = 0, lo = -1e18, hi = 1e18;
