@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "agent/core/shipper.h"
 #include "agent/spool/spool.h"
 #include "common/base/byte_size.h"
+#include "common/labels/labels.h"
 #include "common/rpc/client_security.h"
 #include "common/base/config_file.h"
 #include "spdlog/spdlog.h"
@@ -63,6 +65,11 @@ int Run(int argc, char** argv) {
   app.add_option("--service", service_flags,
                  "NAME=REGEX: profile processes whose executable name or command line "
                  "matches REGEX as service NAME (repeatable; new processes are picked up)");
+  std::vector<std::string> label_flags;
+  app.add_option("--label", label_flags,
+                 "KEY=VALUE: a label of every target (repeatable), e.g. region=eu-west; a "
+                 "process's own STRATA_LABELS and derived labels (build_id, version, "
+                 "container_id, pod, namespace) win over it");
   app.add_option("--frequency", frequency, "samples per second per thread")
       ->check(CLI::Range(1u, 10000u))
       ->capture_default_str();
@@ -139,6 +146,16 @@ int Run(int argc, char** argv) {
     }
     options.service_rules.push_back(*rule);
   }
+  std::map<std::string, std::string> agent_labels;
+  for (const auto& flag : label_flags) {
+    auto label = strata::labels::ParseLabel(flag);
+    if (!label.ok()) {
+      std::fprintf(stderr, "strata-agent: --label %s: %s\n", flag.c_str(),
+                   std::string(label.status().message()).c_str());
+      return 2;
+    }
+    agent_labels[label->first] = label->second;
+  }
 
   auto spool_max_bytes = strata::base::ParseByteSize(spool_max);
   if (!spool_max_bytes.ok()) {
@@ -213,6 +230,7 @@ int Run(int argc, char** argv) {
   ship.version = kVersion;
   ship.security = std::move(*client_security);
   ship.frequency_hz = frequency;
+  ship.labels = std::move(agent_labels);
   ship.spool_corrupt_records = recovery.corrupt_records;
   ship.spool_orphaned_batches = recovery.orphaned_batches;
   strata::agent::Shipper shipper(ship, graph.get(), spool->get());

@@ -4,6 +4,7 @@
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "agent/core/target_labels.h"
 #include "agent/inproc/inproc_source.h"
 #include "agent/procfs/procfs.h"
 #include "spdlog/spdlog.h"
@@ -32,6 +33,7 @@ struct Profiler::Target {
   pid_t pid = 0;
   std::string service;
   std::string executable;
+  labels::LabelSet labels;  // computed once, when the process became a target
   std::unique_ptr<symbols::ProcessAddressSpace> space;
   size_t maps_hash = 0;
   // Bumped on every mapping change: the threads' incremental unwinders drop their caches.
@@ -67,7 +69,9 @@ absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(ProfilerOptions optio
                                                           ContextGraph* graph) {
   auto matcher = MakeTargetMatcher(options);
   if (!matcher.ok()) return matcher.status();
-  procfs::ProcessTracker tracker(std::move(*matcher), {});
+  // An explicit pid is named like a discovered process (a matching --service rule, or its
+  // STRATA_SERVICE when there are rules), else by its STRATA_SERVICE or executable name.
+  std::vector<std::pair<pid_t, std::string>> pinned;
   for (pid_t pid : options.pids) {
     auto exe = procfs::ReadExecutable(pid);
     if (!exe.ok()) {
@@ -75,11 +79,17 @@ absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(ProfilerOptions optio
                                               exe.status().message(), ")"));
     }
     auto env = procfs::ReadEnvironValue(pid, procfs::kServiceEnvVar);
-    std::string service = env.ok() && env->has_value()
-                              ? **env
-                              : std::string(procfs::ExecutableBasename(*exe));
-    tracker.Track(pid, service);
+    procfs::ProcessIdentity identity{*exe, procfs::ReadCommandLine(pid).value_or(std::vector<std::string>()),
+                                     env.ok() ? *env : std::nullopt};
+    std::optional<std::string> service = matcher->Match(identity);
+    if (!service) {
+      service = identity.env_service ? *identity.env_service
+                                     : std::string(procfs::ExecutableBasename(*exe));
+    }
+    pinned.emplace_back(pid, *std::move(service));
   }
+  procfs::ProcessTracker tracker(std::move(*matcher), {});
+  for (auto& [pid, service] : pinned) tracker.Track(pid, std::move(service));
   std::unique_ptr<sampler::PerfSampler> perf;
   if (options.inproc != ProfilerOptions::Inproc::kOn) {
     absl::Status probe = sampler::ProbePerfEvents();
@@ -171,6 +181,11 @@ void Profiler::AddTarget(const procfs::TrackedProcess& process) {
   target->pid = process.pid;
   target->service = process.service;
   target->executable = process.executable;
+  std::vector<std::string> label_warnings;
+  target->labels = TargetLabels(process, &label_warnings);
+  for (const std::string& w : label_warnings) {
+    spdlog::warn("pid {} ({}): {}", process.pid, process.executable, w);
+  }
   target->space = std::make_unique<symbols::ProcessAddressSpace>(process.pid, &modules_);
   target->inproc = InprocServes(process.pid);
   RefreshMappings(*target);
@@ -181,8 +196,9 @@ void Profiler::AddTarget(const procfs::TrackedProcess& process) {
     spdlog::warn("cannot sample pid {} ({}): {}", process.pid, process.executable, st.ToString());
     return;
   }
-  spdlog::info("profiling pid {} ({}) as service '{}', {} threads", process.pid,
-               process.executable, process.service, process.threads.size());
+  spdlog::info("profiling pid {} ({}) as service '{}', {} threads, labels {{{}}}", process.pid,
+               process.executable, process.service, process.threads.size(),
+               labels::ToString(target->labels));
   targets_[process.pid] = std::move(target);
 }
 
@@ -199,6 +215,7 @@ void Profiler::RemoveTarget(pid_t pid) {
   retired.set_service(it->second->service);
   retired.set_pid(static_cast<uint32_t>(pid));
   retired.set_executable(it->second->executable);
+  for (const auto& [k, v] : it->second->labels) (*retired.mutable_labels())[k] = v;
   retired_targets_.push_back(std::move(retired));
   targets_.erase(it);
   spdlog::info("pid {} exited or changed; no longer profiled", pid);
@@ -530,6 +547,7 @@ std::vector<v1::Target> Profiler::targets() const {
     target.set_service(t->service);
     target.set_pid(static_cast<uint32_t>(pid));
     target.set_executable(t->executable);
+    for (const auto& [k, v] : t->labels) (*target.mutable_labels())[k] = v;
     out.push_back(std::move(target));
   }
   return out;

@@ -95,5 +95,43 @@ TEST(TargetMatcherTest, WithServiceRulesSelfNamedProcessesAreDiscovered) {
   KillAndReap(child);
 }
 
+// --pid P with --service NAME=REGEX: P is named by the rule it matches (it used to fall back
+// to its executable's name, so queries of NAME found nothing), and carries its labels.
+TEST(TargetMatcherTest, ExplicitPidIsNamedByTheMatchingRuleAndLabelled) {
+  char arg0[] = "sleep";
+  char arg1[] = "30";
+  char* argv[] = {arg0, arg1, nullptr};
+  std::string labels = "STRATA_LABELS=version=7, team=core";
+  char* envp[] = {labels.data(), nullptr};
+  pid_t child = 0;
+  ASSERT_EQ(posix_spawnp(&child, "sleep", nullptr, nullptr, argv, envp), 0);
+  for (int i = 0; i < 10000; ++i) {
+    if (procfs::ExecutableBasename(procfs::ReadExecutable(child).value_or("")) == "sleep" &&
+        procfs::ReadEnvironValue(child, "STRATA_LABELS").value_or(std::nullopt)) {
+      break;
+    }
+    usleep(1000);
+  }
+  ProfilerOptions options;
+  options.pids = {child};
+  options.service_rules = {{"napper", "^sleep$"}, {"other", "."}};
+  ContextGraph graph(1);
+  auto profiler = Profiler::Create(options, &graph);
+  ASSERT_TRUE(profiler.ok()) << profiler.status();
+  ASSERT_TRUE((*profiler)->Poll(absl::Milliseconds(10)).ok());
+  bool found = false;
+  for (const v1::Target& t : (*profiler)->targets()) {
+    if (t.pid() != static_cast<uint32_t>(child)) continue;
+    found = true;
+    EXPECT_EQ(t.service(), "napper");
+    EXPECT_EQ(t.labels().at("version"), "7");
+    EXPECT_EQ(t.labels().at("team"), "core");
+    EXPECT_EQ(t.labels().count("build_id"), 1u);  // Debian's sleep has a GNU build ID
+  }
+  EXPECT_TRUE(found);
+  profiler->reset();
+  KillAndReap(child);
+}
+
 }  // namespace
 }  // namespace strata::agent

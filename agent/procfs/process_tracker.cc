@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "agent/procfs/procfs.h"
 
 namespace strata::procfs {
@@ -59,16 +60,27 @@ bool ProcessTracker::Evaluate(pid_t pid, uint64_t start_time, const std::string&
   if (absl::StatusOr<std::vector<std::string>> argv = ReadCommandLine(pid); argv.ok()) {
     command_line = std::move(*argv);
   }
+  // The environment is read at most once per evaluation, bounded (matching and labels).
+  std::optional<std::string> environ;
+  bool environ_unreadable = false;
+  auto read_environ = [&]() -> const std::string& {
+    if (!environ) {
+      absl::StatusOr<std::string> text =
+          ReadProcFile(absl::StrCat("/proc/", pid, "/environ"), kMaxEnvironBytes);
+      environ_unreadable = !text.ok();
+      environ = text.ok() ? *std::move(text) : std::string();
+    }
+    return *environ;
+  };
   if (!service.has_value()) {
     if (executable.empty()) return false;  // kernel thread, or not ours to read
     ProcessIdentity identity{executable, command_line, std::nullopt};
     bool empty_environment = false;
     if (matcher_.uses_env_var()) {
       // Unreadable environments (other users' processes without privileges) just do not match.
-      if (absl::StatusOr<std::string> env = ReadEnviron(pid); env.ok()) {
-        identity.env_service = FindEnvironValue(*env, kServiceEnvVar);
-        empty_environment = env->empty();
-      }
+      const std::string& env = read_environ();
+      identity.env_service = FindEnvironValue(env, kServiceEnvVar);
+      empty_environment = env.empty() && !environ_unreadable;
     }
     service = matcher_.Match(identity);
     if (!service.has_value()) {
@@ -85,6 +97,14 @@ bool ProcessTracker::Evaluate(pid_t pid, uint64_t start_time, const std::string&
   out->comm = ReadComm(pid).value_or("");
   out->service = std::move(*service);
   out->threads = std::move(*threads);
+  out->environment.clear();
+  const std::string& env = read_environ();
+  for (std::string_view name : kLabelEnvVars) {
+    std::optional<std::string> value = FindEnvironValue(env, name);
+    if (value && value->size() <= kMaxEnvValueBytes) {
+      out->environment.emplace_back(std::string(name), std::move(*value));
+    }
+  }
   return true;
 }
 

@@ -18,6 +18,8 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -35,7 +37,18 @@ struct TrackedProcess {
   std::string comm;
   std::string service;
   std::vector<pid_t> threads;  // ascending, as of the last scan
+  // The variables of kLabelEnvVars the process was started with (name, value), read from
+  // /proc/PID/environ once when it became a target (at most kMaxEnvironBytes of it).
+  std::vector<std::pair<std::string, std::string>> environment;
 };
+
+// Environment variables the agent derives target labels from (agent/core/target_labels.h).
+inline constexpr std::string_view kLabelEnvVars[] = {
+    "STRATA_LABELS", "POD_NAME", "POD_NAMESPACE", "POD_UID", "HOSTNAME",
+    "KUBERNETES_SERVICE_HOST"};
+// Bound on the environment read per process, and on one kept value.
+inline constexpr size_t kMaxEnvironBytes = 256 << 10;
+inline constexpr size_t kMaxEnvValueBytes = 4096;
 
 struct ThreadRef {
   pid_t pid = 0;
