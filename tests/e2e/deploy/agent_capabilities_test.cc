@@ -124,6 +124,21 @@ int PerfEventParanoid() {
   return v;
 }
 
+// From the agent's "stopping: N samples, F frames, T truncated, ..." line.
+struct UnwindCounts {
+  uint64_t samples = 0, truncated = 0;
+};
+UnwindCounts Counts(const std::string& log) {
+  UnwindCounts c;
+  const size_t at = log.find("stopping: ");
+  if (at == std::string::npos) return c;
+  std::vector<std::string> words = absl::StrSplit(log.substr(at, 120), ' ');
+  if (words.size() < 7) return c;
+  (void)absl::SimpleAtoi(words[1], &c.samples);
+  (void)absl::SimpleAtoi(words[5], &c.truncated);
+  return c;
+}
+
 class AgentCapabilitiesTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -208,18 +223,18 @@ TEST_F(AgentCapabilitiesTest, UnitCapabilitiesAreSufficientAndEachIsNeeded) {
   const std::string no_dac =
       RunAgent(Without(caps_, "CAP_DAC_READ_SEARCH"), demo_->pid(), "caps-no-dac", 4);
   EXPECT_THAT(no_dac, HasSubstr("profiling pid")) << no_dac;
-  uint64_t samples = 0, truncated = 0;
-  {
-    const size_t at = no_dac.find("stopping: ");
-    ASSERT_NE(at, std::string::npos) << no_dac;
-    std::vector<std::string> words = absl::StrSplit(no_dac.substr(at, 120), ' ');
-    // "stopping: N samples, F frames, T truncated, ..."
-    ASSERT_GE(words.size(), 7u);
-    ASSERT_TRUE(absl::SimpleAtoi(words[1], &samples));
-    ASSERT_TRUE(absl::SimpleAtoi(words[5], &truncated));
-  }
-  EXPECT_GT(samples, 0u) << no_dac;
-  EXPECT_EQ(truncated, samples) << no_dac;
+  const UnwindCounts with = Counts(log), without = Counts(no_dac);
+  ASSERT_GT(with.samples, 0u) << log;
+  ASSERT_GT(without.samples, 0u) << no_dac;
+  // A sample that starts in a readable library (libc) still stops at the demo's own code.
+  EXPECT_GT(without.truncated, without.samples * 9 / 10) << no_dac;
+  EXPECT_LT(with.truncated, with.samples / 10) << log;
+  std::printf("truncated stacks: %llu of %llu with the unit's capabilities, %llu of %llu "
+              "without CAP_DAC_READ_SEARCH\n",
+              static_cast<unsigned long long>(with.truncated),
+              static_cast<unsigned long long>(with.samples),
+              static_cast<unsigned long long>(without.truncated),
+              static_cast<unsigned long long>(without.samples));
 }
 
 TEST_F(AgentCapabilitiesTest, ManyThreadsNeedIpcLock) {
