@@ -4,7 +4,7 @@
 # them the 30-minute server outage of `faults`).
 #
 #   deploy/bench.sh                 all of them
-#   deploy/bench.sh table unwind    only those (backbone encoding table unwind mips64 query fleet faults)
+#   deploy/bench.sh table unwind    only those (backbone encoding table unwind mips64 query fleet tls faults)
 #
 # Figures are single runs on whatever machine this is: compare ratios, not absolute times.
 set -euo pipefail
@@ -16,7 +16,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_BUILD
 cmake --build "$build" -j "$(nproc)"
 bin=$build/bin
 want=("$@")
-[[ ${#want[@]} -gt 0 ]] || want=(backbone encoding table unwind mips64 query fleet faults)
+[[ ${#want[@]} -gt 0 ]] || want=(backbone encoding table unwind mips64 query fleet tls faults)
 for b in "${want[@]}"; do
   echo "===== $b"
   case $b in
@@ -29,6 +29,7 @@ for b in "${want[@]}"; do
     mips64) "$bin/bench_mips64_lookup" ;;
     query) "$bin/bench_query" ;;
     fleet) tests/bench/fleet/fleet.sh "$bin" ;;
+    tls) tests/bench/fleet/tls.sh "$bin" ;;
     faults) tests/bench/faults/outage_rss.sh 30 "$bin" ;;
     *) echo "unknown benchmark '$b'" >&2; exit 2 ;;
   esac

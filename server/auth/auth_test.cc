@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "server/auth/auth_file.h"
 #include "server/auth/authorizer.h"
+#include "server/auth/tls_credentials.h"
 
 namespace strata::server::auth {
 namespace {
@@ -205,6 +206,23 @@ TEST_F(AuthorizerTest, QueryRatePerPrincipal) {
   // Another principal has its own budget.
   EXPECT_TRUE(a->AdmitQuery(ops).ok());
   EXPECT_EQ(a->stats().rate_limited, 1u);
+}
+
+TEST(TlsCredentialsTest, LoopbackAddresses) {
+  for (const char* local : {"127.0.0.1:7070", "127.1.2.3:0", "localhost:7070", "[::1]:7070",
+                            "unix:/run/strata.sock"}) {
+    EXPECT_TRUE(IsLoopbackAddress(local)) << local;
+  }
+  for (const char* remote : {"0.0.0.0:7070", ":7070", "[::]:7070", "10.0.0.5:7070",
+                             "strata.example.net:7070", "128.0.0.1:7070"}) {
+    EXPECT_FALSE(IsLoopbackAddress(remote)) << remote;
+  }
+}
+
+TEST(TlsCredentialsTest, MissingFilesAreNamed) {
+  auto creds = MakeServerCredentials({"/nonexistent/server.pem", "/nonexistent/server.key"});
+  EXPECT_THAT(std::string(creds.status().message()), HasSubstr("/nonexistent/server.pem"));
+  EXPECT_TRUE(absl::IsInvalidArgument(MakeServerCredentials({"a.pem", ""}).status()));
 }
 
 }  // namespace
