@@ -127,6 +127,10 @@ int Run(int argc, char** argv) {
                  "distinct services named by one sample batch")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-batch-contexts", limits.max_batch_contexts,
+                 "distinct calling contexts in one sample batch")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1u << 22));
   app.add_option("--max-batch-targets", limits.max_batch_targets,
                  "targets (processes) in one sample batch or heartbeat")
       ->capture_default_str()

@@ -351,10 +351,17 @@ TEST_F(SecurityTest, RotatedServerCertificateWhileIngestionGoesOn) {
       std::chrono::seconds(30)));
   ASSERT_TRUE(strata::testing::WaitFor(
       [&] { return serial(http_port_) != before; }, std::chrono::seconds(30)));
-  // Every sample the agent took reaches the server: stop it and compare.
+  // A new connection trusts the new certificate (same CA) and ships beside the old one.
+  auto late = StartAgent("late", "other-host", {"--host", "other-host"});
+  ASSERT_TRUE(late->WaitForOutput("connected to strata-server", 60)) << late->Output();
+  ASSERT_TRUE(strata::testing::WaitFor(
+      [&] { return Cli({"agents"}, "alice").output.find("other-host") != std::string::npos; },
+      std::chrono::seconds(30)));
+  // Every sample the agents took reaches the server: stop them and compare.
   ASSERT_EQ(agent->Stop(SIGTERM, 30), 0) << agent->Output();
-  const uint64_t sent = AgentSampleCount(agent->Output());
-  ASSERT_GT(sent, 0u) << agent->Output();
+  ASSERT_EQ(late->Stop(SIGTERM, 30), 0) << late->Output();
+  const uint64_t sent = AgentSampleCount(agent->Output()) + AgentSampleCount(late->Output());
+  ASSERT_GT(AgentSampleCount(late->Output()), 0u) << late->Output();
   EXPECT_TRUE(strata::testing::WaitFor([&] { return ReaderTotal() == sent; },
                                        std::chrono::seconds(30)))
       << ReaderTotal() << " of " << sent;
