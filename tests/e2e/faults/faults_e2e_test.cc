@@ -97,8 +97,9 @@ class FaultsTest : public ::testing::Test {
   }
   std::unique_ptr<ChildProcess> StartServer(const std::string& listen, const std::string& log) {
     auto server = std::make_unique<ChildProcess>(
+        // The fault tests' links are test networks between namespaces: plaintext on purpose.
         std::vector<std::string>{BinPath("strata-server"), "--listen", listen, "--http", "",
-                                 "--data", dir_.File("data")},
+                                 "--data", dir_.File("data"), "--insecure"},
         dir_.File(log));
     EXPECT_TRUE(server->WaitForOutput("ready on port", 30)) << server->Output();
     return server;
