@@ -409,6 +409,11 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     if (auto st = FilterFromQuery(req, request.mutable_base(), "base_"); !st.ok()) {
       return Error(st);
     }
+    // Without base_select the base has the compared profile's selector (as in the CLI);
+    // base_select= (empty) compares against all targets.
+    if (!req.query.contains("base_select")) {
+      request.mutable_base()->set_selector(request.filter().selector());
+    }
     auto limit = LimitFromQuery(req);
     if (!limit.ok()) return Error(limit.status());
     request.set_limit(*limit);

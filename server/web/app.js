@@ -22,7 +22,7 @@ function rangeParams() {
 function filterParams() {
   const p = rangeParams();
   p.set('service', $('service').value);
-  for (const key of ['host', 'focus', 'ignore']) {
+  for (const key of ['host', 'focus', 'ignore', 'select']) {
     const v = $(key).value.trim();
     if (v) p.set(key, v);
   }
@@ -161,7 +161,9 @@ async function loadFlame() {
   link(tree, null);
   state.tree = tree;
   state.zoom = null;
-  $('summary').textContent = `${$('service').value}: ${fmt(tree.value || 0)} samples`;
+  const sel = $('select').value.trim();
+  $('summary').textContent = `${$('service').value}${sel ? ' {' + sel + '}' : ''}: ` +
+      `${fmt(tree.value || 0)} samples`;
   renderFlame();
 }
 
@@ -187,6 +189,9 @@ async function loadDiff() {
   if ($('diff-base').value === 'service') {
     if (!$('diff-service').value) throw new Error('pick the service to compare against');
     p.set('base_service', $('diff-service').value);
+  } else if ($('diff-base').value === 'select') {
+    // The same range of the targets this selector picks ("did the deploy make it slower?").
+    p.set('base_select', $('diff-select').value.trim());
   }
   const r = await api('/api/v1/diff', p);
   const bt = Number(r.base_total_samples), t = Number(r.total_samples);
@@ -234,11 +239,28 @@ $('filters').addEventListener('submit', (e) => { e.preventDefault(); refresh(); 
 $('diff-form').addEventListener('submit', (e) => { e.preventDefault(); refresh(); });
 $('diff-base').addEventListener('change', () => {
   $('diff-service').hidden = $('diff-base').value !== 'service';
+  $('diff-select').hidden = $('diff-base').value !== 'select';
 });
+
+// Suggestions for the label filter: key=value of the service's label sets.
+async function loadLabelHints() {
+  const hints = $('label-hints');
+  hints.replaceChildren();
+  if (!$('service').value) return;
+  try {
+    const r = await api('/api/v1/labels', new URLSearchParams({ service: $('service').value }));
+    for (const l of r.labels) {
+      for (const v of l.values) hints.appendChild(new Option(`${l.key}=${v}`));
+    }
+    document.body.dataset.labels = r.labels.map((l) => l.key).join(',');
+  } catch (e) {
+    // Hints are a convenience: the filter works without them.
+  }
+}
 $('range').addEventListener('change', () => {
   $('custom-range').hidden = $('range').value !== 'custom';
 });
-$('service').addEventListener('change', refresh);
+$('service').addEventListener('change', () => { loadLabelHints(); refresh(); });
 
 async function init() {
   try {
@@ -249,6 +271,13 @@ async function init() {
       sel.replaceChildren(...r.services.map((s) => new Option(s.name, s.name)));
     }
     if (params.get('service')) $('service').value = params.get('service');
+    if (params.get('select')) $('select').value = params.get('select');
+    if (params.get('base_select') !== null) {
+      $('diff-base').value = 'select';
+      $('diff-select').value = params.get('base_select');
+      $('diff-select').hidden = false;
+    }
+    await loadLabelHints();
     if (params.get('since_s')) {
       const opt = [...$('range').options].find((o) => o.value === params.get('since_s'));
       if (opt) $('range').value = opt.value;

@@ -1,0 +1,245 @@
+// Fleet labels end to end: two demo_service processes of one service, "version 1" (the usual
+// mix, tokenize ~60 %) and "version 2" (changed phase at once: deflate_block ~85 %), each
+// labelled by its STRATA_LABELS; a real strata-agent given both pids and a --service rule
+// (so they are named by the rule) and --label; the real server, CLI, HTTP API and web UI.
+// Selectors see one process each, the diff by label shows the deploy's change, and the
+// labels survive a server restart.
+#include <signal.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <google/protobuf/util/json_util.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/testing/http_get.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "strata/v1/query.grpc.pb.h"
+#include "tests/e2e/harness.h"
+
+namespace strata::e2e {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::HotPathsResponse HotPaths(const std::string& address, const std::string& selector) {
+  auto stub = v1::Query::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::HotPathsRequest request;
+  request.mutable_filter()->set_service("demo");
+  request.mutable_filter()->set_selector(selector);
+  request.set_limit(1000);
+  v1::HotPathsResponse response;
+  grpc::Status s = stub->HotPaths(&ctx, request, &response);
+  EXPECT_TRUE(s.ok()) << selector << ": " << s.error_message();
+  return response;
+}
+
+// Share of `kind` among the classified demo paths of a response, percent.
+double Share(const v1::HotPathsResponse& r, DemoPath kind) {
+  uint64_t of_kind = 0, total = 0;
+  for (const auto& p : r.paths()) {
+    const DemoPath k = ClassifyDemoPath(FrameNames(p));
+    if (k == DemoPath::kOther) continue;
+    total += p.samples();
+    if (k == kind) of_kind += p.samples();
+  }
+  return total == 0 ? 0 : 100.0 * of_kind / total;
+}
+
+// 12345 -> "12,345", as the web UI prints counts.
+std::string WithThousandsForTest(uint64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
+    out.push_back(digits[i]);
+  }
+  return out;
+}
+
+template <typename Message>
+Message ParseJson(const std::string& json) {
+  Message m;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  auto status = google::protobuf::util::JsonStringToMessage(json, &m, options);
+  EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << json;
+  return m;
+}
+
+class LabelsE2eTest : public ::testing::Test {
+ protected:
+  void StartServer(const std::string& log) {
+    server_ = std::make_unique<ServerProcess>(dir_.File("data"), dir_.File(log),
+                                              std::vector<std::string>{"--http", "127.0.0.1:0"});
+    ASSERT_GT(server_->port(), 0) << server_->process().Output();
+    const std::string out = server_->process().Output();
+    const std::string marker = "HTTP on port ";
+    const size_t at = out.find(marker);
+    ASSERT_NE(at, std::string::npos) << out;
+    const size_t from = at + marker.size();
+    ASSERT_TRUE(absl::SimpleAtoi(out.substr(from, out.find('\n', from) - from), &http_port_))
+        << out;
+  }
+  CommandResult Cli(std::vector<std::string> args) {
+    std::vector<std::string> argv{BinPath("strata"), "--server", server_->address()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunCommand(std::move(argv));
+  }
+
+  strata::testing::TempDir dir_{"labels_e2e"};
+  std::unique_ptr<ServerProcess> server_;
+  int http_port_ = 0;
+};
+
+TEST_F(LabelsE2eTest, SelectorsSplitTwoVersionsOfOneService) {
+  ASSERT_NO_FATAL_FAILURE(StartServer("server.log"));
+  // A command line no other test's demo has, for the agent's --service rule.
+  const std::string tag = absl::StrCat("360", getpid());
+  ChildProcess v1({BinPath("demo_service"), "--threads", "1", "--seconds", tag},
+                  dir_.File("demo1.log"),
+                  {{"STRATA_LABELS", "version=1,region=eu-west"}});
+  ChildProcess v2({BinPath("demo_service"), "--threads", "1", "--seconds", tag, "--switch-after",
+                   "0.001"},
+                  dir_.File("demo2.log"), {{"STRATA_LABELS", "version=2,region=us-east"}});
+  ASSERT_TRUE(v1.WaitForOutput("ready", 30)) << v1.Output();
+  ASSERT_TRUE(v2.WaitForOutput("ready", 30)) << v2.Output();
+  // Both pids given explicitly and a rule that names them: they are profiled as "demo" (not
+  // as their executable's name).
+  ChildProcess agent({BinPath("strata-agent"), "--server", server_->address(), "--pid",
+                      std::to_string(v1.pid()), "--pid", std::to_string(v2.pid()), "--service",
+                      absl::StrCat("demo=demo_service .*--seconds ", tag), "--label",
+                      "team=checkout", "--label", "version=0", "--interval", "2", "--spool-dir",
+                      "none"},
+                     dir_.File("agent.log"));
+  ASSERT_TRUE(agent.WaitForOutput(absl::StrCat("profiling pid ", v2.pid()), 30)) << agent.Output();
+  std::this_thread::sleep_for(std::chrono::seconds(12));
+  ASSERT_TRUE(agent.running()) << agent.Output();
+  EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();
+  for (size_t at = agent.Output().find("profiling pid"); at != std::string::npos;
+       at = agent.Output().find("profiling pid", at + 1)) {
+    std::printf("agent: %s\n", agent.Output().substr(at, agent.Output().find('\n', at) - at).c_str());
+  }
+  EXPECT_THAT(agent.Output(), HasSubstr("as service 'demo'"));
+  EXPECT_THAT(agent.Output(), ::testing::Not(HasSubstr("as service 'demo_service'")));
+
+  // With --service rules the agent also profiles processes that name themselves with
+  // STRATA_SERVICE (other tests' demos may run beside this one): ours are the ones with a
+  // region label ("region!=": the label is there, not empty).
+  const v1::HotPathsResponse all = HotPaths(server_->address(), "");
+  const v1::HotPathsResponse ours = HotPaths(server_->address(), "region!=");
+  const v1::HotPathsResponse one = HotPaths(server_->address(), "version=1");
+  const v1::HotPathsResponse two = HotPaths(server_->address(), "version=2");
+  ASSERT_GT(one.total_samples(), 100u);
+  ASSERT_GT(two.total_samples(), 100u);
+  // Every sample of ours is one version's or the other's; the agent's version=0 is
+  // overridden by theirs.
+  EXPECT_EQ(one.total_samples() + two.total_samples(), ours.total_samples());
+  EXPECT_GE(all.total_samples(), ours.total_samples());
+  EXPECT_EQ(HotPaths(server_->address(), "version=0,region!=").total_samples(), 0u);
+  // Each selector sees only its process: version 1's mix, version 2's changed phase.
+  EXPECT_GT(Share(one, DemoPath::kTokenize), 40);
+  EXPECT_LT(Share(two, DemoPath::kTokenize), 20);
+  EXPECT_GT(Share(two, DemoPath::kDeflate), 65);
+  // Globs, !=, several terms, the agent's --label on every target.
+  EXPECT_EQ(HotPaths(server_->address(), "region=eu-*").total_samples(), one.total_samples());
+  EXPECT_EQ(HotPaths(server_->address(), "version!=1,region!=").total_samples(),
+            two.total_samples());
+  EXPECT_EQ(HotPaths(server_->address(), "version=2,region=us-*").total_samples(),
+            two.total_samples());
+  EXPECT_EQ(HotPaths(server_->address(), "version=2,region=eu-*").total_samples(), 0u);
+  EXPECT_EQ(HotPaths(server_->address(), "team=checkout").total_samples(), all.total_samples());
+  EXPECT_EQ(HotPaths(server_->address(), "build_id!=,region!=").total_samples(),
+            ours.total_samples());
+
+  // The CLI: --select on hot-paths, the label listing, diff between two selectors.
+  CommandResult paths = Cli({"--json", "hot-paths", "--service", "demo", "--select", "version=2"});
+  ASSERT_EQ(paths.exit_code, 0) << paths.output;
+  EXPECT_EQ(ParseJson<v1::HotPathsResponse>(paths.output).total_samples(), two.total_samples());
+  CommandResult top = Cli({"top", "--service", "demo", "--select", "version=1", "--limit", "3"});
+  ASSERT_EQ(top.exit_code, 0) << top.output;
+  EXPECT_THAT(top.output, HasSubstr("tokenize"));
+  CommandResult labels = Cli({"labels", "--service", "demo"});
+  ASSERT_EQ(labels.exit_code, 0) << labels.output;
+  EXPECT_THAT(labels.output, ::testing::ContainsRegex("version +[0-9,]*1,2"));
+  EXPECT_THAT(labels.output, ::testing::ContainsRegex("region +eu-west,us-east"));
+  EXPECT_THAT(labels.output, HasSubstr("build_id"));
+  CommandResult bad = Cli({"hot-paths", "--service", "demo", "--select", "version"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.output, HasSubstr("KEY=VALUE"));
+
+  CommandResult diff_json = Cli({"--json", "diff", "--service", "demo", "--select-a", "version=1",
+                                 "--select-b", "version=2"});
+  ASSERT_EQ(diff_json.exit_code, 0) << diff_json.output;
+  const auto diff = ParseJson<v1::DiffResponse>(diff_json.output);
+  EXPECT_EQ(diff.base_total_samples(), one.total_samples());
+  EXPECT_EQ(diff.total_samples(), two.total_samples());
+  std::map<std::string, double> self_delta;
+  for (const auto& f : diff.functions()) self_delta[f.function().function()] = f.self_delta_pct();
+  EXPECT_GT(self_delta["deflate_block"], 25) << diff_json.output;
+  EXPECT_LT(self_delta["tokenize"], -25) << diff_json.output;
+  CommandResult diff_text = Cli({"diff", "--service", "demo", "--select", "version=2",
+                                 "--base-select", "version=1"});
+  ASSERT_EQ(diff_text.exit_code, 0) << diff_text.output;
+  EXPECT_THAT(diff_text.output, HasSubstr("Diff of demo {version=2}"));
+  EXPECT_THAT(diff_text.output, HasSubstr("against demo {version=1} (the same range"));
+  std::printf("version 1: %lu samples, version 2: %lu samples\n%s\n",
+              static_cast<unsigned long>(one.total_samples()),
+              static_cast<unsigned long>(two.total_samples()), diff_text.output.c_str());
+
+  // HTTP: select= on every query, and the label listing.
+  auto [status, body] = strata::testing::HttpGet(
+      http_port_, "/api/v1/hot-paths?service=demo&since_s=3600&select=version%3D2&limit=1000");
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_EQ(ParseJson<v1::HotPathsResponse>(body).total_samples(), two.total_samples());
+  auto [diff_status, diff_body] = strata::testing::HttpGet(
+      http_port_, "/api/v1/diff?service=demo&since_s=3600&select=version%3D2&base_select=version%3D1");
+  ASSERT_EQ(diff_status, 200) << diff_body;
+  EXPECT_EQ(ParseJson<v1::DiffResponse>(diff_body).base_total_samples(), one.total_samples());
+  auto [labels_status, labels_body] =
+      strata::testing::HttpGet(http_port_, "/api/v1/labels?service=demo");
+  ASSERT_EQ(labels_status, 200) << labels_body;
+  EXPECT_THAT(labels_body, HasSubstr("\"us-east\""));
+  auto [bad_status, bad_body] = strata::testing::HttpGet(
+      http_port_, "/api/v1/top?service=demo&select=%3D%3D");
+  EXPECT_EQ(bad_status, 400) << bad_body;
+
+  // The web UI's label filter, in headless Chromium when installed.
+  if (RunCommand({"/bin/sh", "-c", "command -v chromium"}).exit_code == 0) {
+    const std::string flags = absl::StrCat(
+        "chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
+        "--disable-background-networking --disable-component-update --disable-sync "
+        "--virtual-time-budget=15000 --window-size=1280,900 --user-data-dir=",
+        dir_.File("chromium-profile"), " --dump-dom ");
+    CommandResult dom = RunCommand(
+        {"/bin/sh", "-c",
+         absl::StrCat(flags, "'http://127.0.0.1:", http_port_,
+                      "/?service=demo&since_s=3600&select=version%3D2' 2>/dev/null")},
+        90);
+    ASSERT_EQ(dom.exit_code, 0) << dom.output;
+    EXPECT_THAT(dom.output, HasSubstr("data-loaded=\"flame\""));
+    EXPECT_THAT(dom.output, HasSubstr(absl::StrCat("demo {version=2}: ",
+                                                   WithThousandsForTest(two.total_samples()),
+                                                   " samples")));
+    EXPECT_THAT(dom.output, HasSubstr("<option>version=1</option>"));  // the filter's hints
+    EXPECT_THAT(dom.output, ::testing::ContainsRegex("<div class=\"frame\"[^>]*>deflate_block</div>"));
+  } else {
+    std::printf("chromium not installed: the web UI's label filter was not checked\n");
+  }
+
+  // A restarted server has the same label sets and splits.
+  EXPECT_EQ(server_->process().Stop(SIGTERM, 15), 0) << server_->process().Output();
+  ASSERT_NO_FATAL_FAILURE(StartServer("server2.log"));
+  EXPECT_EQ(HotPaths(server_->address(), "version=1").total_samples(), one.total_samples());
+  EXPECT_EQ(HotPaths(server_->address(), "version=2").total_samples(), two.total_samples());
+  v1.Stop(SIGKILL);
+  v2.Stop(SIGKILL);
+}
+
+}  // namespace
+}  // namespace strata::e2e
