@@ -1,6 +1,6 @@
 // Fuzz target: the /proc text parsers of agent/procfs/procfs.h (maps, stat, cmdline and
 // environ), which read files other processes' kernels state writes but whose contents
-// (paths, comm, arguments, environment) those processes choose.
+// (paths, comm, arguments, environment, cgroup paths) those processes choose.
 //
 // Input: the text of one /proc file; every parser runs on it. Oracles besides the
 // sanitizers: the skipped-line count and parsed mappings account for every non-empty line;
@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "agent/procfs/container.h"
 #include "agent/procfs/procfs.h"
 #include "fuzz/fuzz_util.h"
 
@@ -89,5 +90,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   (void)p::FindEnvironValue(text, "STRATA_SERVICE");
+
+  // cgroup: a container ID found is 64 hex digits, a pod UID 32 hex digits with or without
+  // dashes, and both occur in the text.
+  const p::ContainerInfo container = p::ParseCgroup(text);
+  STRATA_FUZZ_CHECK(container.container_id.empty() || container.container_id.size() == 64,
+                    "container ID of %zu bytes", container.container_id.size());
+  STRATA_FUZZ_CHECK(container.container_id.empty() ||
+                        text.find(container.container_id) != std::string_view::npos,
+                    "container ID not in the text");
+  STRATA_FUZZ_CHECK(container.pod_uid.empty() || container.pod_uid.size() == 32 ||
+                        container.pod_uid.size() == 36,
+                    "pod UID of %zu bytes", container.pod_uid.size());
   return 0;
 }
