@@ -59,4 +59,38 @@ for line in "AmbientCapabilities=$caps" "CapabilityBoundingSet=$caps" NoNewPrivi
 done
 grep -q '^User=root' "$agent" && fail "strata-agent.service runs as root"
 echo "ok: hardening settings present"
+
+# The server under what the unit imposes, emulated without systemd (no service manager runs
+# here): its own uid, no capabilities, no new privileges, the whole file system read-only
+# except its state directory (ProtectSystem=strict + StateDirectory=). It must start, answer
+# /healthz and stop cleanly.
+if [ "$(id -u)" != 0 ] || ! command -v unshare >/dev/null || ! command -v curl >/dev/null; then
+  echo "SKIP: the restricted server run needs root, unshare and curl"
+  echo "PASS"
+  exit 0
+fi
+state="$work/state" logs="$work/logs"
+mkdir -p "$state" "$logs"
+chown 61720:61720 "$state" "$logs"
+chmod 755 "$work"
+port=$((21000 + RANDOM % 20000))
+unshare -m --propagation private sh -c '
+  set -e
+  mount --bind "$1" "$1"; mount --bind "$2" "$2"
+  mount -o remount,bind,ro /
+  mount -o remount,bind,rw "$1"; mount -o remount,bind,rw "$2"
+  if touch /etc/strata-write-test 2>/dev/null; then echo "root file system is writable"; exit 1; fi
+  setpriv --reuid=61720 --regid=61720 --clear-groups --no-new-privs --inh-caps=-all     --bounding-set=-all -- "$3" --listen 127.0.0.1:0 --http "127.0.0.1:$4"     --data "$1/store" >"$2/server.log" 2>&1 &
+  pid=$!
+  for i in $(seq 1 100); do
+    if curl -fsS "http://127.0.0.1:$4/healthz" >"$2/healthz" 2>/dev/null; then break; fi
+    sleep 0.2
+  done
+  kill -TERM $pid; wait $pid
+' restricted "$state" "$logs" "$R/usr/bin/strata-server" "$port" ||
+  { cat "$logs/server.log"; fail "the restricted server run"; }
+[ "$(cat "$logs/healthz" 2>/dev/null)" = ok ] || { cat "$logs/server.log"; fail "no /healthz"; }
+grep -q "stopped cleanly" "$logs/server.log" || { cat "$logs/server.log"; fail "unclean stop"; }
+[ -f "$state/store/CURRENT" ] || fail "no store in the state directory"
+echo "ok: strata-server as uid 61720, no capabilities, no new privileges, read-only / but its state directory: /healthz ok, stopped cleanly"
 echo "PASS"
