@@ -123,7 +123,11 @@ void Client::Check(const grpc::Status& status) const {
        channel_->GetState(false) != GRPC_CHANNEL_READY)) {
     Fail(absl::StrCat("cannot reach strata-server at ", options_.server, ": ",
                       status.error_message(),
-                      " (is the server running? set --server or STRATA_SERVER)"));
+                      security_.tls()
+                          ? " (is the server running, and its certificate signed by --tls-ca "
+                            "and valid for the --server name or --tls-server-name?)"
+                          : " (is the server running? set --server or STRATA_SERVER; a server "
+                            "with TLS needs --tls-ca)"));
   }
   Fail(status.error_message());
 }
