@@ -389,7 +389,7 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
     return st;
   }
   AgentIdentity identity{hello.agent_id(), hello.host(), hello.arch(), hello.version(),
-                         hello.graph_id()};
+                         hello.graph_id(), /*owner=*/"", /*labels=*/{}};
   for (const auto& [key, value] : hello.labels()) {
     // Hello.labels predate label syntax: what does not follow it is left out, not refused.
     if (labels::ValidateLabel(key, value).ok()) {
