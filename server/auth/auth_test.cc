@@ -220,9 +220,10 @@ TEST(TlsCredentialsTest, LoopbackAddresses) {
 }
 
 TEST(TlsCredentialsTest, MissingFilesAreNamed) {
-  auto creds = MakeServerCredentials({"/nonexistent/server.pem", "/nonexistent/server.key"});
+  auto creds = MakeServerCredentials(
+      {.cert_file = "/nonexistent/server.pem", .key_file = "/nonexistent/server.key"});
   EXPECT_THAT(std::string(creds.status().message()), HasSubstr("/nonexistent/server.pem"));
-  EXPECT_TRUE(absl::IsInvalidArgument(MakeServerCredentials({"a.pem", ""}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(MakeServerCredentials({.cert_file = "a.pem"}).status()));
 }
 
 }  // namespace

@@ -235,18 +235,20 @@ TEST_F(SecurityTest, WrongCaExpiredCertificatePlaintextAndOldTlsAreRefused) {
   // agents. Listed here as operator to prove the certificate path works at all.
   WriteFile(auth_file_, ReadFile(auth_file_) + "cert laptop operator\n");
   ASSERT_TRUE(strata::testing::WaitFor(
-      [&] { return call({Pki("ca.pem"), laptop_cert, laptop_key}).ok(); },
+      [&] { return call({.ca_file = Pki("ca.pem"), .cert_file = laptop_cert, .key_file = laptop_key}).ok(); },
       std::chrono::seconds(30)));
 
   const std::string rogue = dir_.File("rogue");
-  grpc::Status wrong_ca = call({Pki("ca.pem"), rogue + "/agents/e2e-host.pem",
-                                rogue + "/agents/e2e-host.key"});
+  grpc::Status wrong_ca = call({.ca_file = Pki("ca.pem"),
+                                .cert_file = rogue + "/agents/e2e-host.pem",
+                                .key_file = rogue + "/agents/e2e-host.key"});
   EXPECT_EQ(wrong_ca.error_code(), grpc::StatusCode::UNAVAILABLE) << wrong_ca.error_message();
-  grpc::Status expired = call({Pki("ca.pem"), Pki("expired/e2e-host.pem"),
-                               Pki("expired/e2e-host.key")});
+  grpc::Status expired = call({.ca_file = Pki("ca.pem"),
+                               .cert_file = Pki("expired/e2e-host.pem"),
+                               .key_file = Pki("expired/e2e-host.key")});
   EXPECT_EQ(expired.error_code(), grpc::StatusCode::UNAVAILABLE) << expired.error_message();
   // The client checks the server too: a server certificate from another CA is refused.
-  grpc::Status wrong_server = call({rogue + "/ca.pem"});
+  grpc::Status wrong_server = call({.ca_file = rogue + "/ca.pem"});
   EXPECT_EQ(wrong_server.error_code(), grpc::StatusCode::UNAVAILABLE);
   grpc::Status plaintext = call({});
   EXPECT_EQ(plaintext.error_code(), grpc::StatusCode::UNAVAILABLE);
@@ -423,7 +425,8 @@ TEST_F(SecurityTest, LimitsPerPrincipal) {
   EXPECT_THAT(limited.output, HasSubstr("--query-rate"));
   EXPECT_EQ(Cli({"services"}, "ops").exit_code, 0);  // another principal's budget
   // Streams per principal: the agent token's second stream is refused.
-  rpc::ClientSecurityOptions options{Pki("ca.pem"), "", "", "", dir_.File("fleet.token")};
+  rpc::ClientSecurityOptions options{.ca_file = Pki("ca.pem"),
+                                     .token_file = dir_.File("fleet.token")};
   auto security = rpc::ClientSecurity::Load(options);
   ASSERT_TRUE(security.ok());
   auto stub = v1::Ingest::NewStub(security->CreateChannel(server_->address()));
