@@ -26,10 +26,11 @@ Credentials CallCredentials(const grpc::ServerContextBase& context) {
 }
 
 absl::StatusOr<Principal> AuthorizeCall(Authorizer* authorizer,
-                                        const grpc::ServerContextBase& context, Role need,
+                                        const grpc::ServerContextBase* context, Role need,
                                         std::string_view action, bool rate_limited) {
   if (authorizer == nullptr) return Principal{};
-  auto principal = authorizer->Authorize(CallCredentials(context), need, action);
+  if (context == nullptr) return absl::InternalError("a call without a server context");
+  auto principal = authorizer->Authorize(CallCredentials(*context), need, action);
   if (!principal.ok() || !rate_limited) return principal;
   if (absl::Status st = authorizer->AdmitQuery(*principal); !st.ok()) return st;
   return principal;

@@ -14,10 +14,11 @@ namespace strata::server::auth {
 
 Credentials CallCredentials(const grpc::ServerContextBase& context);
 
-// Authorizes a call for `action`; a null authorizer allows everything (tests, embedding).
-// Query calls (`rate_limited`) also take one request from the principal's rate budget.
+// Authorizes a call for `action`; a null authorizer allows everything (tests and embedders
+// that call the services directly, with a null context). Query calls (`rate_limited`) also
+// take one request from the principal's rate budget.
 absl::StatusOr<Principal> AuthorizeCall(Authorizer* authorizer,
-                                        const grpc::ServerContextBase& context, Role need,
+                                        const grpc::ServerContextBase* context, Role need,
                                         std::string_view action, bool rate_limited = false);
 
 }  // namespace strata::server::auth

@@ -363,7 +363,7 @@ v1::CaptureProgress CaptureService::ProgressOf(const Running& running) const {
 grpc::Status CaptureService::Run(grpc::ServerContext* context,
                                  const v1::RunCaptureRequest* request,
                                  grpc::ServerWriter<v1::CaptureProgress>* writer) {
-  if (auto p = auth::AuthorizeCall(options_.authorizer, *context, auth::Role::kOperator, "starting captures");
+  if (auto p = auth::AuthorizeCall(options_.authorizer, context, auth::Role::kOperator, "starting captures");
       !p.ok()) {
     return ToGrpc(p.status());
   }
@@ -473,7 +473,7 @@ grpc::Status CaptureService::Run(grpc::ServerContext* context,
 
 grpc::Status CaptureService::Cancel(grpc::ServerContext* context, const v1::CancelCaptureRequest* request,
                                     v1::CancelCaptureResponse* response) {
-  if (auto p = auth::AuthorizeCall(options_.authorizer, *context, auth::Role::kOperator, "cancelling captures");
+  if (auto p = auth::AuthorizeCall(options_.authorizer, context, auth::Role::kOperator, "cancelling captures");
       !p.ok()) {
     return ToGrpc(p.status());
   }
@@ -491,7 +491,7 @@ grpc::Status CaptureService::Cancel(grpc::ServerContext* context, const v1::Canc
 
 grpc::Status CaptureService::List(grpc::ServerContext* context, const v1::ListCapturesRequest*,
                                   v1::ListCapturesResponse* response) {
-  if (auto p = auth::AuthorizeCall(options_.authorizer, *context, auth::Role::kReader, "listing captures");
+  if (auto p = auth::AuthorizeCall(options_.authorizer, context, auth::Role::kReader, "listing captures");
       !p.ok()) {
     return ToGrpc(p.status());
   }
@@ -511,7 +511,7 @@ grpc::Status CaptureService::List(grpc::ServerContext* context, const v1::ListCa
 
 grpc::Status CaptureService::Get(grpc::ServerContext* context, const v1::GetCaptureRequest* request,
                                  v1::CaptureRecord* response) {
-  if (auto p = auth::AuthorizeCall(options_.authorizer, *context, auth::Role::kReader, "reading captures");
+  if (auto p = auth::AuthorizeCall(options_.authorizer, context, auth::Role::kReader, "reading captures");
       !p.ok()) {
     return ToGrpc(p.status());
   }

@@ -532,7 +532,7 @@ grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage>* IngestService::Con
     grpc::CallbackServerContext* context) {
   auto* stream = new Stream(this);
   auto principal =
-      auth::AuthorizeCall(options_.authorizer, *context, auth::Role::kAgent, "ingest");
+      auth::AuthorizeCall(options_.authorizer, context, auth::Role::kAgent, "ingest");
   if (!principal.ok()) {
     stream->Refuse(principal.status(), 0);
     return stream;

@@ -77,7 +77,7 @@ QueryService::QueryService(store::Store* store, AgentRegistry* registry,
       reader_(store, live) {}
 
 absl::StatusOr<auth::Principal> QueryService::AuthorizeQuery(
-    const grpc::ServerContextBase& context) {
+    const grpc::ServerContextBase* context) {
   return auth::AuthorizeCall(authorizer_, context, auth::Role::kReader, "queries",
                              /*rate_limited=*/true);
 }
@@ -157,7 +157,7 @@ v1::ListAgentsResponse QueryService::RunListAgents() {
 
 grpc::Status QueryService::ListServices(grpc::ServerContext* context, const v1::ListServicesRequest*,
                                         v1::ListServicesResponse* response) {
-  if (auto p = AuthorizeQuery(*context); !p.ok()) return ToGrpcStatus(p.status());
+  if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
   auto r = RunListServices();
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = std::move(*r);
@@ -166,14 +166,14 @@ grpc::Status QueryService::ListServices(grpc::ServerContext* context, const v1::
 
 grpc::Status QueryService::ListAgents(grpc::ServerContext* context, const v1::ListAgentsRequest*,
                                       v1::ListAgentsResponse* response) {
-  if (auto p = AuthorizeQuery(*context); !p.ok()) return ToGrpcStatus(p.status());
+  if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
   *response = RunListAgents();
   return grpc::Status::OK;
 }
 
 grpc::Status QueryService::Top(grpc::ServerContext* context, const v1::TopRequest* request,
                                v1::TopResponse* response) {
-  if (auto p = AuthorizeQuery(*context); !p.ok()) return ToGrpcStatus(p.status());
+  if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
   auto r = RunTop(*request);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = std::move(*r);
@@ -182,7 +182,7 @@ grpc::Status QueryService::Top(grpc::ServerContext* context, const v1::TopReques
 
 grpc::Status QueryService::HotPaths(grpc::ServerContext* context, const v1::HotPathsRequest* request,
                                     v1::HotPathsResponse* response) {
-  if (auto p = AuthorizeQuery(*context); !p.ok()) return ToGrpcStatus(p.status());
+  if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
   auto r = RunHotPaths(*request);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = std::move(*r);
@@ -327,19 +327,19 @@ absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportReque
 
 grpc::Status QueryService::FlameGraph(grpc::ServerContext* context, const v1::FlameGraphRequest* request,
                                       v1::FlameGraphResponse* response) {
-  if (auto p = AuthorizeQuery(*context); !p.ok()) return ToGrpcStatus(p.status());
+  if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
   return Respond([&] { return RunFlameGraph(*request); }, response);
 }
 
 grpc::Status QueryService::Diff(grpc::ServerContext* context, const v1::DiffRequest* request,
                                 v1::DiffResponse* response) {
-  if (auto p = AuthorizeQuery(*context); !p.ok()) return ToGrpcStatus(p.status());
+  if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
   return Respond([&] { return RunDiff(*request); }, response);
 }
 
 grpc::Status QueryService::Export(grpc::ServerContext* context, const v1::ExportRequest* request,
                                   v1::ExportResponse* response) {
-  if (auto p = AuthorizeQuery(*context); !p.ok()) return ToGrpcStatus(p.status());
+  if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
   return Respond([&] { return RunExport(*request); }, response);
 }
 
@@ -365,7 +365,7 @@ absl::StatusOr<v1::ListLabelsResponse> QueryService::RunListLabels(
 grpc::Status QueryService::ListLabels(grpc::ServerContext* context,
                                       const v1::ListLabelsRequest* request,
                                       v1::ListLabelsResponse* response) {
-  if (auto p = AuthorizeQuery(*context); !p.ok()) return ToGrpcStatus(p.status());
+  if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
   return Respond([&] { return RunListLabels(*request); }, response);
 }
 
@@ -389,7 +389,7 @@ absl::StatusOr<v1::PhasesResponse> QueryService::RunPhases(const v1::PhasesReque
 
 grpc::Status QueryService::Phases(grpc::ServerContext* context, const v1::PhasesRequest* request,
                                   v1::PhasesResponse* response) {
-  if (auto p = AuthorizeQuery(*context); !p.ok()) return ToGrpcStatus(p.status());
+  if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
   auto r = RunPhases(*request);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = std::move(*r);

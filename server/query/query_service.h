@@ -61,7 +61,7 @@ class QueryService final : public v1::Query::Service {
   absl::StatusOr<v1::ListLabelsResponse> RunListLabels(const v1::ListLabelsRequest& request);
 
  private:
-  absl::StatusOr<auth::Principal> AuthorizeQuery(const grpc::ServerContextBase& context);
+  absl::StatusOr<auth::Principal> AuthorizeQuery(const grpc::ServerContextBase* context);
   absl::StatusOr<Profile> LoadProfile(const v1::ProfileFilter& filter);
   // Architectures of the hosts that contributed to `profile`.
   std::vector<std::string> ArchsOf(const Profile& profile);
