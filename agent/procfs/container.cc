@@ -5,9 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/procfs/procfs.h"
+#include "common/base/split.h"
 
 namespace strata::procfs {
 namespace {
+
+using base::Split;
 
 bool IsHex(std::string_view s) {
   return std::all_of(s.begin(), s.end(),
@@ -25,17 +28,6 @@ std::string PodUid(std::string_view s) {
   std::erase(digits, '-');
   if ((dashed || uid.size() == 32) && digits.size() == 32 && IsHex(digits)) return uid;
   return "";
-}
-
-std::vector<std::string_view> Split(std::string_view s, char sep) {
-  std::vector<std::string_view> out;
-  size_t start = 0;
-  for (;;) {
-    const size_t at = s.find(sep, start);
-    out.push_back(s.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start));
-    if (at == std::string_view::npos) return out;
-    start = at + 1;
-  }
 }
 
 struct Prefix {

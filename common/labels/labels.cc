@@ -5,9 +5,12 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/escape.h"
+#include "common/base/split.h"
 
 namespace strata::labels {
 namespace {
+
+using base::Split;
 
 bool KeyStart(char c) { return absl::ascii_isalpha(static_cast<unsigned char>(c)) || c == '_'; }
 bool KeyChar(char c) {
@@ -19,18 +22,6 @@ std::string_view Strip(std::string_view s) {
   while (!s.empty() && absl::ascii_isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
   while (!s.empty() && absl::ascii_isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
   return s;
-}
-
-// absl::StrSplit over a std::string_view (Debian's Abseil has its own string_view).
-std::vector<std::string_view> Split(std::string_view s, char sep) {
-  std::vector<std::string_view> out;
-  size_t start = 0;
-  for (;;) {
-    const size_t at = s.find(sep, start);
-    out.push_back(s.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start));
-    if (at == std::string_view::npos) return out;
-    start = at + 1;
-  }
 }
 
 }  // namespace
