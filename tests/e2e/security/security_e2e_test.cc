@@ -231,8 +231,8 @@ TEST_F(SecurityTest, WrongCaExpiredCertificatePlaintextAndOldTlsAreRefused) {
     return stub->ListAgents(&ctx, {}, &response);
   };
   const std::string laptop_cert = Pki("clients/laptop.pem"), laptop_key = Pki("clients/laptop.key");
-  // The laptop's certificate is a reader per the tokens file? No: unlisted certificates are
-  // agents. Listed here as operator to prove the certificate path works at all.
+  // Unlisted certificates are agents; the laptop's is listed as an operator, so a query with
+  // it (and no token) proves a verified client certificate is a principal.
   WriteFile(auth_file_, ReadFile(auth_file_) + "cert laptop operator\n");
   ASSERT_TRUE(strata::testing::WaitFor(
       [&] { return call({.ca_file = Pki("ca.pem"), .cert_file = laptop_cert, .key_file = laptop_key}).ok(); },
@@ -408,6 +408,11 @@ TEST_F(SecurityTest, WebUiOverHttpsWithToken) {
                           120);
   EXPECT_EQ(s.exit_code, 0);
   // Without the token: the login challenge, and no data.
+  CommandResult challenge = Shell(absl::StrCat("curl -s -D - -o /dev/null --cacert ",
+                                               Pki("ca.pem"), " https://localhost:", http_port_,
+                                               "/"));
+  EXPECT_THAT(challenge.output, HasSubstr(" 401"));
+  EXPECT_THAT(challenge.output, HasSubstr("WWW-Authenticate: Basic realm=\"Strata\""));
   CommandResult anonymous = Shell(absl::StrCat(flags, " --dump-dom 'https://localhost:",
                                                http_port_, "/?service=", kService,
                                                "' 2>/dev/null"),
