@@ -122,6 +122,12 @@ ServerProcess::ServerProcess(const std::string& data_dir, const std::string& log
   const std::string out = process_->Output();
   const size_t at = out.rfind(marker) + marker.size();
   (void)absl::SimpleAtoi(out.substr(at, out.find('\n', at) - at), &port_);
+  // Printed before "ready" by a server with HTTP on.
+  const std::string http_marker = "HTTP on port ";
+  if (const size_t h = out.rfind(http_marker); h != std::string::npos) {
+    const size_t from = h + http_marker.size();
+    (void)absl::SimpleAtoi(out.substr(from, out.find('\n', from) - from), &http_port_);
+  }
 }
 
 std::shared_ptr<grpc::Channel> ServerProcess::Channel() const {

@@ -55,6 +55,8 @@ class ServerProcess {
   explicit ServerProcess(const std::string& data_dir, const std::string& log_path,
                          std::vector<std::string> extra_args = {});
   int port() const { return port_; }
+  // The HTTP port, when started with an --http address ("HTTP on port N"); 0 otherwise.
+  int http_port() const { return http_port_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   ChildProcess& process() { return *process_; }
   std::shared_ptr<grpc::Channel> Channel() const;
@@ -62,6 +64,7 @@ class ServerProcess {
  private:
   std::unique_ptr<ChildProcess> process_;
   int port_ = 0;
+  int http_port_ = 0;
 };
 
 struct CommandResult {

@@ -86,13 +86,8 @@ TEST_F(FleetTest, SessionBudgetDropsGraphsAndLosesNothing) {
       {"--session-memory", "64KiB", "--http", "127.0.0.1:0"},
       {"--agents", "50", "--interval", "2", "--duration", "16", "--ramp-up", "2", "--rate", "99"},
       120, [&](ServerProcess& server) {
-        const std::string out = server.process().Output();
-        const std::string marker = "HTTP on port ";
-        int port = 0;
-        const size_t at = out.find(marker);
-        ASSERT_NE(at, std::string::npos) << out;
-        ASSERT_TRUE(absl::SimpleAtoi(
-            out.substr(at + marker.size(), out.find('\n', at) - at - marker.size()), &port));
+        const int port = server.http_port();
+        ASSERT_GT(port, 0) << server.process().Output();
         auto [status, metrics] = strata::testing::HttpGet(port, "/metrics");
         ASSERT_EQ(status, 200);
         std::smatch m;

@@ -78,13 +78,8 @@ class LabelsE2eTest : public ::testing::Test {
     server_ = std::make_unique<ServerProcess>(dir_.File("data"), dir_.File(log),
                                               std::vector<std::string>{"--http", "127.0.0.1:0"});
     ASSERT_GT(server_->port(), 0) << server_->process().Output();
-    const std::string out = server_->process().Output();
-    const std::string marker = "HTTP on port ";
-    const size_t at = out.find(marker);
-    ASSERT_NE(at, std::string::npos) << out;
-    const size_t from = at + marker.size();
-    ASSERT_TRUE(absl::SimpleAtoi(out.substr(from, out.find('\n', from) - from), &http_port_))
-        << out;
+    http_port_ = server_->http_port();
+    ASSERT_GT(http_port_, 0) << server_->process().Output();
   }
   CommandResult Cli(std::vector<std::string> args) {
     std::vector<std::string> argv{BinPath("strata"), "--server", server_->address()};

@@ -92,12 +92,8 @@ class SecurityTest : public ::testing::Test {
     args.insert(args.end(), extra.begin(), extra.end());
     server_ = std::make_unique<ServerProcess>(dir_.File("data"), dir_.File("server.log"), args);
     ASSERT_NE(server_->port(), 0) << server_->process().Output();
-    const std::string out = server_->process().Output();
-    const std::string marker = "HTTP on port ";
-    ASSERT_TRUE(absl::SimpleAtoi(
-        out.substr(out.find(marker) + marker.size(),
-                   out.find('\n', out.find(marker)) - out.find(marker) - marker.size()),
-        &http_port_));
+    http_port_ = server_->http_port();
+    ASSERT_GT(http_port_, 0) << server_->process().Output();
   }
 
   // The strata CLI against the server over TLS, with a token file (or none).
