@@ -7,18 +7,13 @@
 #include <google/protobuf/util/json_util.h>
 
 #include "cli/format.h"
+#include "common/base/clock.h"
 
 namespace strata::cli {
 
 void Fail(const std::string& message) {
   std::fprintf(stderr, "strata: %s\n", message.c_str());
   std::exit(1);
-}
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 void AddFilterFlags(CLI::App* cmd, FilterOptions* f, bool service_required) {
@@ -43,7 +38,7 @@ v1::ProfileFilter BuildFilter(const FilterOptions& f) {
   filter.set_focus(f.focus);
   filter.set_ignore(f.ignore);
   filter.set_selector(f.select);
-  int64_t to = NowMs();
+  int64_t to = base::NowMs();
   if (!f.to.empty()) {
     auto t = ParseRfc3339(f.to);
     if (!t.ok()) Fail(absl::StrCat("--to: ", t.status().message()));

@@ -36,7 +36,6 @@ struct FilterOptions {
 
 // Prints "strata: <message>" to stderr and exits with status 1.
 [[noreturn]] void Fail(const std::string& message);
-int64_t NowMs();
 
 // Adds the filter flags to `cmd`.
 void AddFilterFlags(CLI::App* cmd, FilterOptions* f, bool service_required = true);

@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
 #include "cli/client.h"
+#include "common/base/clock.h"
 #include "cli/format.h"
 
 namespace strata::cli {
@@ -257,7 +258,7 @@ int RunDiff(CliContext* ctx, const FilterOptions& f, const BaseOptions& b) {
   } else if (!b.since.empty()) {
     auto d = ParseDuration(b.since);
     if (!d.ok()) Fail(absl::StrCat("--base-since: ", d.status().message()));
-    const int64_t from = NowMs() - *d;
+    const int64_t from = base::NowMs() - *d;
     if (from >= current_from) {
       Fail(absl::StrCat("--base-since ", b.since,
                         " must reach further back than the compared range (", RangeText(f), ")"));

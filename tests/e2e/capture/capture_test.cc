@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/base/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "strata/v1/capture.grpc.pb.h"
@@ -21,12 +22,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 std::chrono::system_clock::time_point Deadline(int seconds) {
   return std::chrono::system_clock::now() + std::chrono::seconds(seconds);
@@ -132,7 +127,7 @@ TEST_F(CaptureTest, HighRateCaptureOfDemoHasItsHotPathsAndFiveTimesTheSamples) {
   // Start the capture half a second into a 10 s server window, so the 5 s capture and the
   // continuous profile are compared over the same seconds of one window.
   const int64_t window_ms = 10'000;
-  int64_t now = NowMs();
+  int64_t now = base::NowMs();
   int64_t window = (now / window_ms + 1) * window_ms;
   std::this_thread::sleep_until(std::chrono::system_clock::time_point(
       std::chrono::milliseconds(window + 500)));

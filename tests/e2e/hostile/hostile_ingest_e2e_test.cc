@@ -15,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/clock.h"
 #include "common/encoding/graph.h"
 #include "common/encoding/numbering.h"
 #include "common/testing/temp_dir.h"
@@ -27,12 +28,6 @@ namespace strata::e2e {
 namespace {
 
 constexpr int64_t kWindowMs = 10'000;
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // Resident memory of a process, in MiB.
 double RssMiB(pid_t pid) {
@@ -115,8 +110,8 @@ class RawAgent {
     v1::SampleBatch* b = m.mutable_sample_batch();
     b->set_sequence(sequence);
     b->set_epoch(graph_.num_edges());
-    b->set_start_ms(NowMs() - 1000);
-    b->set_end_ms(NowMs());
+    b->set_start_ms(base::NowMs() - 1000);
+    b->set_end_ms(base::NowMs());
     for (size_t i = 0; i < services.size(); ++i) {
       v1::Target* t = b->add_targets();
       t->set_id(static_cast<uint32_t>(i + 1));

@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/base/clock.h"
 #include "server/store/store.h"
 
 namespace {
@@ -54,12 +55,6 @@ const std::vector<DemoPath>& DemoPaths() {
 
 std::string Rfc3339(int64_t ms) {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixMillis(ms), absl::UTCTimeZone());
-}
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 int FreePort() {
@@ -111,7 +106,7 @@ class QueryE2eTest : public ::testing::Test {
     fs::remove_all(*dir_);
     fs::create_directories(*dir_);
     // Whole windows, 20 minutes back: 10 base minutes, then 10 recent minutes.
-    recent_to_ = (NowMs() - 60'000) / 60'000 * 60'000;
+    recent_to_ = (strata::base::NowMs() - 60'000) / 60'000 * 60'000;
     recent_from_ = recent_to_ - 600'000;
     base_from_ = recent_from_ - 600'000;
     Fill();
