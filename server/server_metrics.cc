@@ -3,7 +3,6 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
-#include <chrono>
 #include <optional>
 #include <string>
 #include <utility>
@@ -12,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/base/clock.h"
 #include "common/base/escape.h"
 #include "server/web/assets.h"
 
@@ -132,10 +132,7 @@ absl::Status FilterFromQuery(const HttpRequest& req, v1::ProfileFilter* filter,
     constexpr int64_t kTenYears = int64_t{10} * 366 * 24 * 3600;
     auto v = IntParam(prefix + "since_s", s, 1, kTenYears);
     if (!v.ok()) return v.status();
-    const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::system_clock::now().time_since_epoch())
-                            .count();
-    from_ms = std::max<int64_t>(0, now - *v * 1000);
+    from_ms = std::max<int64_t>(0, base::NowMs() - *v * 1000);
   }
   if (from_ms && to_ms && *from_ms > *to_ms) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, "from_ms (or ", prefix,

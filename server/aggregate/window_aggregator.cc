@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <bit>
-#include <chrono>
 #include <limits>
 #include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/clock.h"
 #include "common/base/saturating.h"
 #include "common/encoding/packed_contexts.h"  // AppendVarint, ReadVarint
 #include "spdlog/spdlog.h"
@@ -16,6 +16,7 @@
 namespace strata::server {
 namespace {
 
+using commit::kWindowMs;
 using encoding::AppendVarint;
 using encoding::ReadVarint;
 
@@ -46,14 +47,14 @@ struct JournalCell {
 
 // Cells of one batch, grouped by service (one window per batch).
 std::string EncodeJournalRecord(const std::string& host, int64_t window_start_ms,
-                                const std::vector<const BatchCommitter::Cell*>& cells) {
+                                const std::vector<const commit::BatchCommitter::Cell*>& cells) {
   std::string out;
   out.push_back(static_cast<char>(kJournalVersion));
   AppendString(&out, host);
   AppendVarint(&out, static_cast<uint64_t>(window_start_ms));
   AppendVarint(&out, cells.size());
   const std::string* service = nullptr;
-  for (const BatchCommitter::Cell* c : cells) {
+  for (const commit::BatchCommitter::Cell* c : cells) {
     // A service name is written when it changes; 0 length repeats the previous one (service
     // names are never empty).
     if (service != nullptr && *c->service == *service) {
@@ -112,12 +113,6 @@ absl::Status DecodeJournalRecord(std::string_view in, std::string* host,
 // Counts of pending flushes past which a batch writes them itself instead of leaving them to
 // the ticker (back pressure when the store falls behind).
 constexpr size_t kMaxPendingCells = size_t{1} << 21;
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // Resolves a stack to a HotPath (function names and modules, outermost first).
 void ResolvePath(store::Store* store, uint64_t stack_id, v1::HotPath* path) {
@@ -328,7 +323,7 @@ absl::Status WindowAggregator::CommitBatchLocked(store::WriteBatch* wb, const st
                                                  const std::vector<Cell>& cells) {
   // A batch from a clock far ahead must not close the windows everybody else still fills:
   // its cells are written directly.
-  const bool from_future = window_start_ms > NowMs() + 2 * kWindowMs;
+  const bool from_future = window_start_ms > base::NowMs() + 2 * kWindowMs;
   absl::MutexLock lock(&mu_);
   // Where each service's cells go: its table (open window) or the store (closed window).
   std::map<std::string_view, size_t> per_service;  // service -> cells (new entries at most)
@@ -520,7 +515,7 @@ void WindowAggregator::AddPhaseEvent(const std::string& service, int64_t window_
   v1::PhaseChange event;
   event.set_service(service);
   event.set_window_start_ms(window_start_ms);
-  event.set_detected_ms(NowMs());
+  event.set_detected_ms(base::NowMs());
   // Per stack, summed over the hosts whose entries reordered.
   struct Shift {
     uint64_t before = 0, after = 0;
@@ -590,7 +585,7 @@ void WindowAggregator::Start(absl::Duration tick) {
         if (!stopping_ && pending_.empty()) wake_.WaitWithTimeout(&mu_, tick);
         if (stopping_) return;
       }
-      if (absl::Status s = CloseDueWindows(NowMs()); !s.ok()) {
+      if (absl::Status s = CloseDueWindows(base::NowMs()); !s.ok()) {
         spdlog::error("closing aggregation windows: {}", s.ToString());
         absl::SleepFor(absl::Milliseconds(100));  // a failing store: do not spin
       }

@@ -48,7 +48,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/table/sorted_table.h"
 #include "server/aggregate/live_samples.h"
-#include "server/ingest/agent_session.h"
+#include "server/commit/batch_committer.h"
 #include "server/store/store.h"
 
 namespace strata::server {
@@ -79,7 +79,7 @@ struct AggregatorOptions {
   // Hottest entries ranked per window for phase changes.
   uint32_t phase_rank_limit = 64;
   // A window with no batch of a later window is closed this long after it ended.
-  int64_t close_delay_ms = kWindowMs;
+  int64_t close_delay_ms = commit::kWindowMs;
 };
 
 struct AggregatorStats {
@@ -100,7 +100,7 @@ struct AggregatorStats {
   uint64_t budget_refusals = 0;   // batches refused: no room for a new table
 };
 
-class WindowAggregator : public LiveSamples, public BatchCommitter {
+class WindowAggregator : public LiveSamples, public commit::BatchCommitter {
  public:
   // Writes the cells of journal records left by an earlier process to the store, then starts
   // with empty tables. InvalidArgument for bad options.

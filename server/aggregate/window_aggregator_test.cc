@@ -16,6 +16,9 @@
 namespace strata::server {
 namespace {
 
+using commit::BatchCommitter;
+using commit::kWindowMs;
+using commit::WindowStart;
 using Totals = std::map<uint64_t, uint64_t>;  // stack -> count
 
 class WindowAggregatorTest : public ::testing::Test {

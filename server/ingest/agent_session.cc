@@ -79,11 +79,14 @@ AgentSession::AgentSession(store::Store* store, AgentIdentity identity,
   node_function_ids_.assign(encoding::kFirstFunctionNode, 0);
 }
 
-absl::StatusOr<std::unique_ptr<AgentSession>> AgentSession::Open(store::Store* store,
-                                                                  AgentIdentity identity,
-                                                                  BatchCommitter* committer,
-                                                                  const IngestLimits& limits) {
+absl::StatusOr<std::unique_ptr<AgentSession>> AgentSession::Open(
+    store::Store* store, AgentIdentity identity, commit::BatchCommitter* committer,
+    const IngestLimits& limits) {
   std::unique_ptr<AgentSession> session(new AgentSession(store, std::move(identity), limits));
+  if (committer == nullptr) {
+    session->own_committer_ = std::make_unique<commit::StoreCommitter>(store);
+    committer = session->own_committer_.get();
+  }
   session->committer_ = committer;
   const AgentIdentity& id = session->identity_;
   auto applied = store->AppliedSequence(id.agent_id, id.graph_id);
@@ -261,7 +264,7 @@ absl::StatusOr<uint64_t> AgentSession::StackIdFor(const encoding::Numbering& num
 }
 
 absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& batch) {
-  AppliedBatch applied{&identity_, &batch, WindowStart(batch.start_ms()), false, {}};
+  AppliedBatch applied{&identity_, &batch, commit::WindowStart(batch.start_ms()), false, {}};
   if (absl::Status s = Load(); !s.ok()) return s;
   if (batch.sequence() == 0) {
     return absl::InvalidArgumentError("sample batch without a sequence number");
@@ -337,14 +340,14 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
   pending_cache_.clear();
   pending_label_sets_.clear();
   applied.contexts.reserve(contexts.size());
-  const bool aggregated = committer_ != nullptr && batch.capture_id().empty();
   absl::flat_hash_map<uint32_t, uint64_t> label_sets;
   if (batch.capture_id().empty()) {
     auto sets = TargetLabelSets(batch, &wb);
     if (!sets.ok()) return sets.status();
     label_sets = *std::move(sets);
   }
-  std::vector<BatchCommitter::Cell> cells;
+  // Continuous-profile counts are the committer's cells; captured samples are records.
+  std::vector<commit::BatchCommitter::Cell> cells;
   for (const encoding::ContextRecord& c : contexts) {
     auto target = targets.find(c.target_id);
     if (target == targets.end()) {
@@ -359,12 +362,8 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
     }
     if (c.count == 0) continue;
     const std::string& service = target->second->service();
-    const uint64_t label_set = batch.capture_id().empty() ? label_sets[c.target_id] : 0;
-    if (aggregated) {
-      cells.push_back({&service, *stack_id, c.count, label_set});
-    } else if (batch.capture_id().empty()) {
-      wb.AddSamples(service, applied.window_start_ms, identity_.host, *stack_id, c.count,
-                    label_set);
+    if (batch.capture_id().empty()) {
+      cells.push_back({&service, *stack_id, c.count, label_sets[c.target_id]});
     } else {
       wb.AddCaptureSamples(batch.capture_id(), applied.window_start_ms, identity_.host,
                            *stack_id, c.count);
@@ -375,10 +374,8 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
   ++batches_;
   wb.PutAgent({identity_.agent_id, identity_.host, identity_.arch, identity_.version,
                batch.end_ms(), batches_, identity_.owner});
-  absl::Status committed =
-      aggregated ? committer_->CommitBatch(&wb, identity_.host, applied.window_start_ms, cells)
-                 : store_->Commit(&wb);
-  if (auto st = committed; !st.ok()) {
+  if (auto st = committer_->CommitBatch(&wb, identity_.host, applied.window_start_ms, cells);
+      !st.ok()) {
     --batches_;
     // The store refuses a sequence at or below the applied one atomically: another stream
     // of the same agent (a reconnect racing the old stream) applied it first.

@@ -20,15 +20,12 @@
 #include "common/encoding/graph.h"
 #include "common/encoding/numbering.h"
 #include "common/labels/labels.h"
+#include "server/commit/batch_committer.h"
 #include "server/ingest/limits.h"
 #include "server/store/store.h"
 #include "strata/v1/ingest.pb.h"
 
 namespace strata::server {
-
-// Width of the server's aggregation windows.
-inline constexpr int64_t kWindowMs = 10'000;
-inline int64_t WindowStart(int64_t time_ms) { return time_ms - (time_ms % kWindowMs + kWindowMs) % kWindowMs; }
 
 struct AgentIdentity {
   std::string agent_id;
@@ -63,32 +60,14 @@ struct AppliedBatch {
   std::vector<AppliedContext> contexts;
 };
 
-// Commits a decoded batch: its records and applied sequence (`wb`) together with its sample
-// counts (server/aggregate's WindowAggregator keeps them in its tables and journal).
-class BatchCommitter {
- public:
-  struct Cell {
-    const std::string* service;
-    uint64_t stack_id;
-    uint64_t count;
-    uint64_t label_set = 0;  // Store::InternLabelSet ID of the target's labels (0: none)
-  };
-  virtual ~BatchCommitter() = default;
-  // Same contract as Store::Commit (AlreadyExists for a sequence already applied); nothing
-  // of the batch is kept when it fails.
-  virtual absl::Status CommitBatch(store::WriteBatch* wb, const std::string& host,
-                                   int64_t window_start_ms, const std::vector<Cell>& cells) = 0;
-};
-
 class AgentSession {
  public:
   // Loads the persisted graph of (agent, graph_id) if any, and the last applied sequence.
-  // Continuous-profile counts go through `committer` when given (capture samples, and all
-  // samples without one, are merged into the store by the batch's own commit).
-  static absl::StatusOr<std::unique_ptr<AgentSession>> Open(store::Store* store,
-                                                            AgentIdentity identity,
-                                                            BatchCommitter* committer = nullptr,
-                                                            const IngestLimits& limits = {});
+  // Every batch commits through `committer` (its records, captured samples and
+  // continuous-profile cells in one commit); null: a StoreCommitter of `store`.
+  static absl::StatusOr<std::unique_ptr<AgentSession>> Open(
+      store::Store* store, AgentIdentity identity, commit::BatchCommitter* committer = nullptr,
+      const IngestLimits& limits = {});
 
   const AgentIdentity& identity() const { return identity_; }
 
@@ -137,7 +116,8 @@ class AgentSession {
                                       store::WriteBatch* wb);
 
   store::Store* store_;
-  BatchCommitter* committer_ = nullptr;
+  std::unique_ptr<commit::StoreCommitter> own_committer_;  // when Open() was given none
+  commit::BatchCommitter* committer_ = nullptr;
   AgentIdentity identity_;
   encoding::CallGraph graph_;
   std::vector<uint64_t> node_function_ids_;  // by node ID; 0 for the root and the marker

@@ -114,9 +114,9 @@ class IngestService final : public v1::Ingest::CallbackService {
     // Streams one authenticated principal may hold at once (a stolen or buggy credential
     // cannot take every slot of --max-agents).
     uint32_t max_streams_per_principal = 16;
-    // Commits the continuous-profile counts of every batch (the aggregation tables); null:
-    // each batch's counts are merged into the store directly.
-    BatchCommitter* committer = nullptr;
+    // Commits every batch (the aggregation tables); null: each session merges its batches'
+    // counts into the store directly (commit::StoreCommitter).
+    commit::BatchCommitter* committer = nullptr;
     IngestLimits limits;
     // A stream refused for lack of memory (RESOURCE_EXHAUSTED) is told to come back no
     // sooner than this.

@@ -1,25 +1,20 @@
 #include "server/query/query_service.h"
 
 #include <algorithm>
-#include <chrono>
 #include <future>
 #include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/base/clock.h"
+#include "server/commit/batch_committer.h"
 #include "server/query/diff.h"
 #include "server/query/flamegraph.h"
 #include "server/query/pprof.h"
 
 namespace strata::server {
 namespace {
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 constexpr uint32_t kDefaultLimit = 20;
 constexpr uint32_t kMaxLimit = 100'000;
@@ -62,7 +57,7 @@ absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int
   q.to_ms = filter.range().to_ms() == 0 ? now_ms + 1 : filter.range().to_ms();
   if (q.from_ms < 0 || q.to_ms < 0) return absl::InvalidArgumentError("negative time range");
   // Windows are addressed by their start: widen `from` to the window holding it.
-  q.from_ms = WindowStart(q.from_ms);
+  q.from_ms = commit::WindowStart(q.from_ms);
   q.host = filter.host();
   q.capture_id = filter.capture_id();
   q.focus = filter.focus();
@@ -83,7 +78,7 @@ absl::StatusOr<auth::Principal> QueryService::AuthorizeQuery(
 }
 
 absl::StatusOr<Profile> QueryService::LoadProfile(const v1::ProfileFilter& filter) {
-  auto query = ToProfileQuery(filter, NowMs());
+  auto query = ToProfileQuery(filter, base::NowMs());
   if (!query.ok()) return query.status();
   return reader_.Load(*query);
 }
@@ -144,7 +139,7 @@ absl::StatusOr<v1::ListServicesResponse> QueryService::RunListServices() {
     info->set_name(s.service);
     info->set_total_samples(s.total_samples);
     info->set_first_ms(s.first_window_ms);
-    info->set_last_ms(s.last_window_ms + kWindowMs);
+    info->set_last_ms(s.last_window_ms + commit::kWindowMs);
   }
   return response;
 }
@@ -191,7 +186,7 @@ grpc::Status QueryService::HotPaths(grpc::ServerContext* context, const v1::HotP
 
 absl::StatusOr<v1::FlameGraphResponse> QueryService::RunFlameGraph(
     const v1::FlameGraphRequest& request) {
-  auto query = ToProfileQuery(request.filter(), NowMs());
+  auto query = ToProfileQuery(request.filter(), base::NowMs());
   if (!query.ok()) return query.status();
   auto profile = reader_.Load(*query);
   if (!profile.ok()) return profile.status();
@@ -242,7 +237,7 @@ absl::StatusOr<v1::FlameGraphResponse> QueryService::RunFlameGraph(
 }
 
 absl::StatusOr<v1::DiffResponse> QueryService::RunDiff(const v1::DiffRequest& request) {
-  const int64_t now = NowMs();
+  const int64_t now = base::NowMs();
   auto current = ToProfileQuery(request.filter(), now);
   if (!current.ok()) return current.status();
   v1::ProfileFilter base_filter = request.base();
@@ -312,7 +307,7 @@ absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportReque
   if (request.format() != v1::ExportRequest::PPROF) {
     return absl::InvalidArgumentError("unsupported export format");
   }
-  auto query = ToProfileQuery(request.filter(), NowMs());
+  auto query = ToProfileQuery(request.filter(), base::NowMs());
   if (!query.ok()) return query.status();
   auto profile = reader_.Load(*query);
   if (!profile.ok()) return profile.status();
@@ -370,7 +365,7 @@ grpc::Status QueryService::ListLabels(grpc::ServerContext* context,
 }
 
 absl::StatusOr<v1::PhasesResponse> QueryService::RunPhases(const v1::PhasesRequest& request) {
-  auto query = ToProfileQuery(request.filter(), NowMs());
+  auto query = ToProfileQuery(request.filter(), base::NowMs());
   if (!query.ok()) return query.status();
   if (query->service.empty()) return absl::InvalidArgumentError("a service is required");
   auto events = store_->ScanPhaseEvents(query->service, query->from_ms, query->to_ms);
