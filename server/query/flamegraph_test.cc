@@ -5,11 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
 
-#include "absl/container/flat_hash_map.h"
 #include "server/query/diff.h"
 #include "server/query/pprof.h"
 
@@ -53,137 +54,86 @@ TEST(FlameTreeTest, PruningKeepsHeaviestConnectedNodes) {
   EXPECT_EQ(tree.nodes[1].total, 10u);  // pruned children still count
 }
 
-// The straightforward merge (every node materialized, pruned by nth_element over all of
-// them): BuildFlameTree must produce exactly its trees.
-constexpr uint32_t kRootFunction = 0;
-constexpr uint32_t kTruncatedFunction = 1;
-struct BuildNode {
-  uint32_t function;
-  uint32_t parent;
-  uint32_t depth;
-  uint64_t total = 0;
-  uint64_t self = 0;
+// A deliberately naive flame tree, written from the documented rules and sharing no code with
+// BuildFlameTree: a recursive tree of std::map children; nodes ranked for pruning by total
+// (heaviest first), then depth (shallowest first), then first appearance (pre-order with
+// children by function index); output in pre-order with siblings by name, then function.
+struct NaiveNode {
+  uint32_t function = 0;  // index into FlameTree::functions
+  uint32_t depth = 0;
+  uint64_t total = 0, self = 0;
+  uint32_t rank_order = 0;  // pre-order position, children by function index
+  bool kept = true;
+  std::map<uint32_t, std::unique_ptr<NaiveNode>> children;
 };
 
-FlameTree ReferenceBuildFlameTree(const Profile& profile, uint32_t max_nodes) {
+void NaiveNumber(NaiveNode* n, uint32_t* next, std::vector<NaiveNode*>* all) {
+  n->rank_order = (*next)++;
+  if (n->depth > 0) all->push_back(n);
+  for (auto& [function, child] : n->children) NaiveNumber(child.get(), next, all);
+}
+
+void NaiveEmit(const NaiveNode& n, uint32_t parent_out, uint64_t offset, FlameTree* tree) {
+  const uint32_t out = static_cast<uint32_t>(tree->nodes.size());
+  tree->nodes.push_back({n.function, n.depth == 0 ? 0 : parent_out, n.depth, n.total, n.self,
+                         offset});
+  tree->max_depth = std::max(tree->max_depth, n.depth);
+  std::vector<const NaiveNode*> kept;
+  for (const auto& [function, child] : n.children) {
+    if (child->kept) kept.push_back(child.get());
+  }
+  std::sort(kept.begin(), kept.end(), [&](const NaiveNode* a, const NaiveNode* b) {
+    const std::string& na = tree->functions[a->function].name;
+    const std::string& nb = tree->functions[b->function].name;
+    return na != nb ? na < nb : a->function < b->function;
+  });
+  for (const NaiveNode* child : kept) {
+    NaiveEmit(*child, out, offset, tree);
+    offset += child->total;
+  }
+}
+
+FlameTree NaiveFlameTree(const Profile& profile, uint32_t max_nodes) {
   if (max_nodes == 0) max_nodes = kDefaultFlameNodes;
   FlameTree tree;
   tree.total = profile.total;
-  tree.functions.reserve(profile.functions.size() + 2);
   tree.functions.push_back({0, "all", ""});
   tree.functions.push_back({0, "[truncated]", ""});
-  tree.functions.insert(tree.functions.end(), profile.functions.begin(), profile.functions.end());
+  for (const ResolvedFunction& f : profile.functions) tree.functions.push_back(f);
 
-  // Merge stacks into a tree: visiting stacks in lexicographic order of their frame lists,
-  // a stack shares its nodes with the previous one up to their common prefix, so no hash
-  // lookups per frame are needed (they dominated on large profiles).
-  auto path_of = [&](const ResolvedStack& s, size_t i) -> uint32_t {
-    // The "[truncated]" marker is a leading pseudo-frame; frames are offset by 2.
-    if (s.truncated) return i == 0 ? kTruncatedFunction : s.frames[i - 1] + 2;
-    return s.frames[i] + 2;
-  };
-  auto path_size = [](const ResolvedStack& s) { return s.frames.size() + (s.truncated ? 1 : 0); };
-  std::vector<uint32_t> order(profile.stacks.size());
-  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
-    const ResolvedStack& sa = profile.stacks[a];
-    const ResolvedStack& sb = profile.stacks[b];
-    const size_t na = path_size(sa), nb = path_size(sb);
-    for (size_t i = 0; i < na && i < nb; ++i) {
-      const uint32_t fa = path_of(sa, i), fb = path_of(sb, i);
-      if (fa != fb) return fa < fb;
+  NaiveNode root;
+  root.total = profile.total;
+  for (const ResolvedStack& stack : profile.stacks) {
+    std::vector<uint32_t> path;
+    if (stack.truncated) path.push_back(1);
+    for (uint32_t f : stack.frames) path.push_back(f + 2);
+    NaiveNode* at = &root;
+    for (uint32_t function : path) {
+      std::unique_ptr<NaiveNode>& child = at->children[function];
+      if (!child) {
+        child = std::make_unique<NaiveNode>();
+        child->function = function;
+        child->depth = at->depth + 1;
+      }
+      child->total += stack.count;
+      at = child.get();
     }
-    return na < nb;
+    at->self += stack.count;
+  }
+
+  uint32_t next = 0;
+  std::vector<NaiveNode*> all;
+  NaiveNumber(&root, &next, &all);
+  std::sort(all.begin(), all.end(), [](const NaiveNode* a, const NaiveNode* b) {
+    if (a->total != b->total) return a->total > b->total;
+    if (a->depth != b->depth) return a->depth < b->depth;
+    return a->rank_order < b->rank_order;
   });
-  std::vector<BuildNode> nodes;
-  nodes.push_back({kRootFunction, 0, 0, profile.total, 0});
-  std::vector<uint32_t> path_nodes{0};  // node at each depth of the previous stack
-  const ResolvedStack* previous = nullptr;
-  for (uint32_t index : order) {
-    const ResolvedStack& stack = profile.stacks[index];
-    const size_t n = path_size(stack);
-    size_t common = 0;
-    if (previous != nullptr) {
-      const size_t np = path_size(*previous);
-      while (common < n && common < np && path_of(stack, common) == path_of(*previous, common)) {
-        ++common;
-      }
-    }
-    path_nodes.resize(common + 1);
-    for (size_t i = 0; i < n; ++i) {
-      if (i >= common) {
-        const uint32_t parent = path_nodes.back();
-        nodes.push_back({path_of(stack, i), parent, static_cast<uint32_t>(i + 1), 0, 0});
-        path_nodes.push_back(static_cast<uint32_t>(nodes.size() - 1));
-      }
-      nodes[path_nodes[i + 1]].total += stack.count;
-    }
-    nodes[path_nodes[n]].self += stack.count;
-    previous = &stack;
+  for (size_t i = max_nodes; i < all.size(); ++i) {
+    all[i]->kept = false;
+    ++tree.pruned;
   }
-
-  // Keep the heaviest nodes. A parent is at least as heavy as its child and shallower, so
-  // this order never keeps a node without its parent.
-  std::vector<uint8_t> keep(nodes.size(), 1);
-  if (nodes.size() - 1 > max_nodes) {
-    std::vector<uint32_t> order(nodes.size() - 1);
-    for (uint32_t i = 0; i < order.size(); ++i) order[i] = i + 1;
-    std::nth_element(order.begin(), order.begin() + max_nodes, order.end(),
-                     [&](uint32_t a, uint32_t b) {
-                       if (nodes[a].total != nodes[b].total) return nodes[a].total > nodes[b].total;
-                       if (nodes[a].depth != nodes[b].depth) return nodes[a].depth < nodes[b].depth;
-                       return a < b;
-                     });
-    for (size_t i = max_nodes; i < order.size(); ++i) keep[order[i]] = 0;
-    tree.pruned = static_cast<uint32_t>(order.size() - max_nodes);
-  }
-
-  // Children of kept nodes, grouped by parent (counting sort; no per-node allocations).
-  std::vector<uint32_t> first_child(nodes.size() + 1, 0);
-  for (uint32_t i = 1; i < nodes.size(); ++i) {
-    if (keep[i]) ++first_child[nodes[i].parent + 1];
-  }
-  for (size_t i = 1; i < first_child.size(); ++i) first_child[i] += first_child[i - 1];
-  std::vector<uint32_t> children(first_child.back());
-  {
-    std::vector<uint32_t> fill(first_child.begin(), first_child.end() - 1);
-    for (uint32_t i = 1; i < nodes.size(); ++i) {
-      if (keep[i]) children[fill[nodes[i].parent]++] = i;
-    }
-  }
-
-  // Pre-order with siblings by name (flamegraph.pl's order), laying out offsets.
-  tree.nodes.reserve(nodes.size() - tree.pruned);
-  struct Item {
-    uint32_t node, parent_out;
-    uint64_t offset;
-  };
-  std::vector<Item> todo{{0, 0, 0}};
-  while (!todo.empty()) {
-    Item item = todo.back();
-    todo.pop_back();
-    const BuildNode& n = nodes[item.node];
-    const uint32_t out = static_cast<uint32_t>(tree.nodes.size());
-    tree.nodes.push_back({n.function, item.node == 0 ? 0 : item.parent_out, n.depth, n.total,
-                          n.self, item.offset});
-    tree.max_depth = std::max(tree.max_depth, n.depth);
-    const auto begin = children.begin() + first_child[item.node];
-    const auto end_it = children.begin() + first_child[item.node + 1];
-    std::sort(begin, end_it, [&](uint32_t a, uint32_t b) {
-      const std::string& na = tree.functions[nodes[a].function].name;
-      const std::string& nb = tree.functions[nodes[b].function].name;
-      return na != nb ? na < nb : nodes[a].function < nodes[b].function;
-    });
-    // Children from the left edge (self and pruned samples leave a gap on the right), pushed
-    // in reverse so the first sibling is emitted first.
-    const size_t pushed = todo.size();
-    uint64_t x = item.offset;
-    for (auto it = begin; it != end_it; ++it) {
-      todo.push_back({*it, out, x});
-      x += nodes[*it].total;
-    }
-    std::reverse(todo.begin() + pushed, todo.end());
-  }
+  NaiveEmit(root, 0, 0, &tree);
   return tree;
 }
 
@@ -212,12 +162,12 @@ Profile RandomProfile(std::mt19937_64& rng, size_t stacks, bool deep) {
   return p;
 }
 
-TEST(FlameTreeTest, MatchesReferenceMergeOnRandomProfiles) {
+TEST(FlameTreeTest, MatchesNaiveTreeOnRandomProfiles) {
   std::mt19937_64 rng(7);
   for (int round = 0; round < 300; ++round) {
     const Profile p = RandomProfile(rng, 1 + rng() % 200, round % 3 == 0);
     for (uint32_t max_nodes : {0u, 1u, 2u, 3u, 7u, 20u, 64u, 500u}) {
-      const FlameTree want = ReferenceBuildFlameTree(p, max_nodes);
+      const FlameTree want = NaiveFlameTree(p, max_nodes);
       const FlameTree got = BuildFlameTree(p, max_nodes);
       ASSERT_EQ(got.total, want.total);
       ASSERT_EQ(got.pruned, want.pruned) << round << " " << max_nodes;
@@ -261,142 +211,136 @@ TEST(DiffTest, ComparesShares) {
   EXPECT_EQ(d.paths[0].samples, 2u);
 }
 
-// The plain diff (a string key per path): DiffProfiles must produce exactly its results.
-double RefShare(uint64_t part, uint64_t total) {
+// A deliberately naive diff, written from DiffProfiles' contract and sharing no code with it:
+// functions and paths keyed by (name, module) strings in std::map, every total recounted from
+// the stacks. Rows tied in magnitude may come in any order, so the check below compares
+// against the set of all rows instead of a sequence.
+using NaiveKey = std::pair<std::string, std::string>;  // (name, module)
+
+double NaiveShare(uint64_t part, uint64_t total) {
   return total == 0 ? 0.0 : 100.0 * static_cast<double>(part) / static_cast<double>(total);
 }
 
-std::string RefFunctionKey(const ResolvedFunction& f) {
-  std::string key = f.name;
-  key.push_back('\0');
-  key += f.module;
-  return key;
-}
+struct NaiveFunctionRow {
+  uint64_t base_self = 0, self = 0, base_total = 0, total = 0;
+};
+struct NaivePathRow {
+  uint64_t base_samples = 0, samples = 0;
+};
+using NaivePathKey = std::pair<bool, std::vector<NaiveKey>>;  // (truncated, frames)
 
-// Keeps the `limit` largest by `magnitude`, sorted, dropping zero changes.
-template <typename T, typename F>
-void RefKeepLargest(std::vector<T>* rows, size_t limit, F magnitude) {
-  std::erase_if(*rows, [&](const T& r) { return magnitude(r) == 0; });
-  auto cmp = [&](const T& a, const T& b) { return magnitude(a) > magnitude(b); };
-  if (rows->size() > limit) {
-    std::nth_element(rows->begin(), rows->begin() + limit, rows->end(), cmp);
-    rows->resize(limit);
-  }
-  std::stable_sort(rows->begin(), rows->end(), cmp);
-}
+struct NaiveDiff {
+  std::map<NaiveKey, NaiveFunctionRow> functions;
+  std::map<NaivePathKey, NaivePathRow> paths;
+};
 
-ProfileDiff ReferenceDiffProfiles(const Profile& base, const Profile& current, size_t limit) {
-  ProfileDiff diff;
-  diff.base_total = base.total;
-  diff.total = current.total;
-
-  // A dense key per (name, module) over both profiles: rows of the function table, and the
-  // alphabet of path keys (so path keys stay short).
-  absl::flat_hash_map<std::string, uint32_t> function_row;
-  auto global_ids = [&](const Profile& p) {
-    std::vector<uint32_t> ids(p.functions.size());
-    for (size_t i = 0; i < p.functions.size(); ++i) {
-      auto [it, inserted] = function_row.try_emplace(RefFunctionKey(p.functions[i]),
-                                                     diff.functions.size());
-      if (inserted) diff.functions.push_back({p.functions[i]});
-      ids[i] = it->second;
-    }
-    return ids;
-  };
-  const std::vector<uint32_t> base_ids = global_ids(base);
-  const std::vector<uint32_t> current_ids = global_ids(current);
-
-  auto add_functions = [&](const Profile& p, const std::vector<uint32_t>& ids, bool is_base) {
-    for (const FunctionTotals& t : TopFunctions(p, false)) {
-      FunctionChange& row = diff.functions[ids[t.function]];
-      (is_base ? row.base_self : row.self) += t.self;
-      (is_base ? row.base_total : row.total) += t.total;
-    }
-  };
-  add_functions(base, base_ids, true);
-  add_functions(current, current_ids, false);
-
-  // Paths are materialized (frames copied) only for the rows that are returned.
-  struct PathRow {
-    const Profile* profile;
-    uint32_t stack;
-    uint64_t base_samples = 0, samples = 0;
-    double delta_pct = 0;
-  };
-  std::vector<PathRow> path_rows;
-  absl::flat_hash_map<std::string, size_t> path_row;
-  std::string key;
-  auto add_paths = [&](const Profile& p, const std::vector<uint32_t>& ids, bool is_base) {
-    path_row.reserve(path_row.size() + p.stacks.size());
-    for (uint32_t i = 0; i < p.stacks.size(); ++i) {
-      const ResolvedStack& s = p.stacks[i];
-      key.assign(1, s.truncated ? 'T' : 'F');
-      for (uint32_t f : s.frames) {
-        key.append(reinterpret_cast<const char*>(&ids[f]), sizeof(uint32_t));
+NaiveDiff NaiveDiffProfiles(const Profile& base, const Profile& current) {
+  NaiveDiff diff;
+  for (const Profile* p : {&base, &current}) {
+    const bool is_base = p == &base;
+    // Per function of the profile: self where it is the leaf, total where it appears at all.
+    for (uint32_t f = 0; f < p->functions.size(); ++f) {
+      uint64_t self = 0, total = 0;
+      for (const ResolvedStack& s : p->stacks) {
+        if (std::find(s.frames.begin(), s.frames.end(), f) != s.frames.end()) total += s.count;
+        if (!s.frames.empty() && s.frames.back() == f) self += s.count;
       }
-      auto [it, inserted] = path_row.try_emplace(key, path_rows.size());
-      if (inserted) path_rows.push_back({&p, i});
-      (is_base ? path_rows[it->second].base_samples : path_rows[it->second].samples) += s.count;
+      if (total == 0) continue;
+      NaiveFunctionRow& row = diff.functions[{p->functions[f].name, p->functions[f].module}];
+      (is_base ? row.base_self : row.self) += self;
+      (is_base ? row.base_total : row.total) += total;
     }
-  };
-  add_paths(base, base_ids, true);
-  add_paths(current, current_ids, false);
-  for (PathRow& row : path_rows) {
-    row.delta_pct = RefShare(row.samples, current.total) - RefShare(row.base_samples, base.total);
+    for (const ResolvedStack& s : p->stacks) {
+      NaivePathKey key{s.truncated, {}};
+      for (uint32_t f : s.frames) key.second.push_back({p->functions[f].name, p->functions[f].module});
+      (is_base ? diff.paths[key].base_samples : diff.paths[key].samples) += s.count;
+    }
   }
-  RefKeepLargest(&path_rows, limit, [](const PathRow& r) { return std::abs(r.delta_pct); });
-  for (const PathRow& row : path_rows) {
-    const ResolvedStack& s = row.profile->stacks[row.stack];
-    PathChange change;
-    change.truncated = s.truncated;
-    change.frames.reserve(s.frames.size());
-    for (uint32_t f : s.frames) change.frames.push_back(row.profile->functions[f]);
-    change.base_samples = row.base_samples;
-    change.samples = row.samples;
-    change.delta_pct = row.delta_pct;
-    diff.paths.push_back(std::move(change));
-  }
-
-  for (FunctionChange& row : diff.functions) {
-    row.self_delta_pct = RefShare(row.self, current.total) - RefShare(row.base_self, base.total);
-    row.total_delta_pct = RefShare(row.total, current.total) - RefShare(row.base_total, base.total);
-  }
-  // Ties on self (e.g. callers without self samples) are broken by the total change.
-  RefKeepLargest(&diff.functions, limit, [](const FunctionChange& r) {
-    return std::abs(r.self_delta_pct) * 1e6 + std::abs(r.total_delta_pct);
-  });
   return diff;
 }
 
-TEST(DiffTest, MatchesReferenceDiffOnRandomProfiles) {
+// Checks one table of a diff against the naive rows: every returned row is a real row with the
+// right figures and a non-zero change, rows are in order of magnitude, as many as the limit
+// allows, and no row left out is larger than the smallest returned.
+template <typename Row, typename Key, typename Naive, typename KeyOf, typename Check,
+          typename Magnitude>
+void ExpectLargestRows(const std::vector<Row>& got, const std::map<Key, Naive>& naive,
+                       size_t limit, KeyOf key_of, Check check, Magnitude magnitude) {
+  std::set<Key> returned;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const Key key = key_of(got[i]);
+    auto it = naive.find(key);
+    ASSERT_NE(it, naive.end()) << "row " << i << " is not in either profile";
+    ASSERT_TRUE(returned.insert(key).second) << "row " << i << " returned twice";
+    check(got[i], it->second);
+    ASSERT_NE(magnitude(it->second), 0.0) << "row " << i << " has no change";
+    if (i > 0) {
+      ASSERT_GE(magnitude(naive.at(key_of(got[i - 1]))), magnitude(it->second));
+    }
+  }
+  size_t changed = 0;
+  double smallest_returned = got.empty() ? 0 : magnitude(naive.at(key_of(got.back())));
+  for (const auto& [key, row] : naive) {
+    if (magnitude(row) == 0) continue;
+    ++changed;
+    if (!returned.contains(key)) {
+      ASSERT_LE(magnitude(row), smallest_returned);
+    }
+  }
+  ASSERT_EQ(got.size(), std::min(limit, changed));
+}
+
+TEST(DiffTest, MatchesNaiveDiffOnRandomProfiles) {
   std::mt19937_64 rng(11);
   for (int round = 0; round < 200; ++round) {
+    SCOPED_TRACE(round);
     Profile base = RandomProfile(rng, 1 + rng() % 150, round % 2 == 0);
     Profile current = RandomProfile(rng, 1 + rng() % 150, round % 2 == 0);
     // Same (name, module) under another ID in one profile: such paths must still match.
     if (!current.functions.empty()) current.functions[0].id += 1000;
+    const NaiveDiff naive = NaiveDiffProfiles(base, current);
+    auto path_delta = [&](const NaivePathRow& r) {
+      return NaiveShare(r.samples, current.total) - NaiveShare(r.base_samples, base.total);
+    };
+    auto self_delta = [&](const NaiveFunctionRow& r) {
+      return NaiveShare(r.self, current.total) - NaiveShare(r.base_self, base.total);
+    };
+    auto total_delta = [&](const NaiveFunctionRow& r) {
+      return NaiveShare(r.total, current.total) - NaiveShare(r.base_total, base.total);
+    };
     for (size_t limit : {size_t{1}, size_t{5}, size_t{1000}}) {
-      const ProfileDiff want = ReferenceDiffProfiles(base, current, limit);
+      SCOPED_TRACE(limit);
       const ProfileDiff got = DiffProfiles(base, current, limit);
-      ASSERT_EQ(got.paths.size(), want.paths.size()) << round;
-      for (size_t i = 0; i < want.paths.size(); ++i) {
-        const PathChange& a = got.paths[i];
-        const PathChange& b = want.paths[i];
-        ASSERT_EQ(a.truncated, b.truncated) << round << " path " << i;
-        ASSERT_EQ(a.base_samples, b.base_samples) << round << " path " << i;
-        ASSERT_EQ(a.samples, b.samples) << round << " path " << i;
-        ASSERT_EQ(a.delta_pct, b.delta_pct) << round << " path " << i;
-        ASSERT_EQ(a.frames.size(), b.frames.size()) << round << " path " << i;
-        for (size_t f = 0; f < a.frames.size(); ++f) {
-          ASSERT_EQ(a.frames[f].id, b.frames[f].id) << round << " path " << i;
-        }
-      }
-      ASSERT_EQ(got.functions.size(), want.functions.size()) << round;
-      for (size_t i = 0; i < want.functions.size(); ++i) {
-        ASSERT_EQ(got.functions[i].function.id, want.functions[i].function.id) << round;
-        ASSERT_EQ(got.functions[i].self, want.functions[i].self) << round;
-        ASSERT_EQ(got.functions[i].base_total, want.functions[i].base_total) << round;
-      }
+      EXPECT_EQ(got.base_total, base.total);
+      EXPECT_EQ(got.total, current.total);
+      ExpectLargestRows(
+          got.paths, naive.paths, limit,
+          [](const PathChange& c) {
+            NaivePathKey key{c.truncated, {}};
+            for (const ResolvedFunction& f : c.frames) key.second.push_back({f.name, f.module});
+            return key;
+          },
+          [&](const PathChange& c, const NaivePathRow& r) {
+            ASSERT_EQ(c.base_samples, r.base_samples);
+            ASSERT_EQ(c.samples, r.samples);
+            ASSERT_EQ(c.delta_pct, path_delta(r));
+          },
+          [&](const NaivePathRow& r) { return std::abs(path_delta(r)); });
+      ExpectLargestRows(
+          got.functions, naive.functions, limit,
+          [](const FunctionChange& c) { return NaiveKey{c.function.name, c.function.module}; },
+          [&](const FunctionChange& c, const NaiveFunctionRow& r) {
+            ASSERT_EQ(c.base_self, r.base_self);
+            ASSERT_EQ(c.self, r.self);
+            ASSERT_EQ(c.base_total, r.base_total);
+            ASSERT_EQ(c.total, r.total);
+            ASSERT_EQ(c.self_delta_pct, self_delta(r));
+            ASSERT_EQ(c.total_delta_pct, total_delta(r));
+          },
+          // Ties on self (callers without self samples) are broken by the total change.
+          [&](const NaiveFunctionRow& r) {
+            return std::abs(self_delta(r)) * 1e6 + std::abs(total_delta(r));
+          });
     }
   }
 }
