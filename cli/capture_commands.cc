@@ -52,25 +52,6 @@ struct ShowOptions {
   uint32_t limit = 20;
 };
 
-std::unique_ptr<v1::Capture::Stub> CaptureStub(CliContext* ctx) {
-  return v1::Capture::NewStub(ctx->client().channel());
-}
-
-// Profile RPCs can return more than gRPC's default 4 MiB (flame graphs, pprof).
-std::unique_ptr<v1::Query::Stub> LargeQueryStub(CliContext* ctx) {
-  return v1::Query::NewStub(ctx->client().large_channel());
-}
-
-void WriteOutput(const std::string& path, const std::string& data) {
-  if (path.empty() || path == "-") {
-    std::fwrite(data.data(), 1, data.size(), stdout);
-    return;
-  }
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(data.data(), static_cast<std::streamsize>(data.size()));
-  if (!out) Fail(absl::StrCat("cannot write ", path));
-}
-
 std::string TargetText(const v1::CaptureRecord& r) {
   std::vector<std::string> parts;
   if (!r.service().empty()) parts.push_back(r.service());
@@ -94,13 +75,7 @@ int PrintResult(CliContext* ctx, const std::string& capture_id, const std::strin
     std::printf("Top functions of capture %s (%s, %s samples)\n", capture_id.c_str(),
                 title.c_str(), WithThousands(r.total_samples()).c_str());
     if (r.total_samples() == 0) return std::printf("No samples.\n"), 0;
-    Table table({"SELF", "SELF%", "TOTAL", "TOTAL%", "FUNCTION", "MODULE"}, {0, 1, 2, 3});
-    for (const auto& fn : r.functions()) {
-      table.AddRow({WithThousands(fn.self()), Percent(fn.self(), r.total_samples()),
-                    WithThousands(fn.total()), Percent(fn.total(), r.total_samples()),
-                    fn.function().function(), fn.function().module()});
-    }
-    std::fputs(table.ToString().c_str(), stdout);
+    PrintTopTable(r);
     return 0;
   }
   if (format == "hot-paths") {
@@ -115,14 +90,13 @@ int PrintResult(CliContext* ctx, const std::string& capture_id, const std::strin
     PrintHotPathsTable(r);
     return 0;
   }
-  auto stub = LargeQueryStub(ctx);
   if (format == "flamegraph") {
     v1::FlameGraphRequest request;
     *request.mutable_filter() = filter;
     request.set_format(ctx->options().json ? v1::FlameGraphRequest::JSON
                                            : v1::FlameGraphRequest::SVG);
     request.set_title(absl::StrCat("capture ", capture_id, " (", title, ")"));
-    auto r = client.Call(stub.get(), &v1::Query::Stub::FlameGraph, request);
+    auto r = client.Call(client.large_query(), &v1::Query::Stub::FlameGraph, request);
     WriteOutput(output, r.rendered());
     if (!output.empty() && output != "-") {
       std::fprintf(stderr, "Wrote flame graph of capture %s (%s samples) to %s\n",
@@ -135,7 +109,7 @@ int PrintResult(CliContext* ctx, const std::string& capture_id, const std::strin
   v1::ExportRequest request;
   *request.mutable_filter() = filter;
   request.set_format(v1::ExportRequest::PPROF);
-  auto r = client.Call(stub.get(), &v1::Query::Stub::Export, request);
+  auto r = client.Call(client.large_query(), &v1::Query::Stub::Export, request);
   WriteOutput(output, r.data());
   if (!output.empty() && output != "-") {
     std::fprintf(stderr, "Wrote pprof profile of capture %s (%s samples) to %s\n",
@@ -194,11 +168,11 @@ int RunCapture(CliContext* ctx, const CaptureOptions& o) {
   request.set_duration_ms(static_cast<uint32_t>(*duration));
   request.set_frequency_hz(o.frequency);
 
-  auto stub = CaptureStub(ctx);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(*duration) +
                        std::chrono::seconds(ctx->options().timeout_s));
   ctx->client().Authorize(&context);
+  v1::Capture::Stub* stub = ctx->client().capture();  // created before the watcher shares it
 
   struct sigaction sa = {};
   sa.sa_handler = OnInterrupt;
@@ -308,10 +282,9 @@ int RunCapture(CliContext* ctx, const CaptureOptions& o) {
 }
 
 v1::CaptureRecord GetRecord(CliContext* ctx, const std::string& capture_id) {
-  auto stub = CaptureStub(ctx);
   v1::GetCaptureRequest request;
   request.set_capture_id(capture_id);
-  return ctx->client().Call(stub.get(), &v1::Capture::Stub::Get, request);
+  return ctx->client().Call(ctx->client().capture(), &v1::Capture::Stub::Get, request);
 }
 
 int RunShow(CliContext* ctx, const ShowOptions& o) {
@@ -336,8 +309,7 @@ int RunShow(CliContext* ctx, const ShowOptions& o) {
 }
 
 int RunList(CliContext* ctx) {
-  auto stub = CaptureStub(ctx);
-  auto r = ctx->client().Call(stub.get(), &v1::Capture::Stub::List, v1::ListCapturesRequest());
+  auto r = ctx->client().Call(ctx->client().capture(), &v1::Capture::Stub::List, v1::ListCapturesRequest());
   if (ctx->options().json) return PrintJson(r), 0;
   if (r.captures().empty()) {
     std::printf("No captures (start one with `strata capture --service S --duration 30s`).\n");
@@ -357,10 +329,9 @@ int RunList(CliContext* ctx) {
 }
 
 int RunCancel(CliContext* ctx, const std::string& capture_id) {
-  auto stub = CaptureStub(ctx);
   v1::CancelCaptureRequest request;
   request.set_capture_id(capture_id);
-  auto r = ctx->client().Call(stub.get(), &v1::Capture::Stub::Cancel, request);
+  auto r = ctx->client().Call(ctx->client().capture(), &v1::Capture::Stub::Cancel, request);
   if (ctx->options().json) return PrintJson(r), 0;
   if (!r.cancelled()) {
     std::fprintf(stderr, "strata: capture %s is not running\n", capture_id.c_str());

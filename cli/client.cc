@@ -84,6 +84,27 @@ void PrintHotPathsTable(const v1::HotPathsResponse& r) {
   std::fputs(table.ToString().c_str(), stdout);
 }
 
+void PrintTopTable(const v1::TopResponse& r) {
+  Table table({"SELF", "SELF%", "TOTAL", "TOTAL%", "FUNCTION", "MODULE"}, {0, 1, 2, 3});
+  for (const auto& fn : r.functions()) {
+    table.AddRow({WithThousands(fn.self()), Percent(fn.self(), r.total_samples()),
+                  WithThousands(fn.total()), Percent(fn.total(), r.total_samples()),
+                  fn.function().function(), fn.function().module()});
+  }
+  std::fputs(table.ToString().c_str(), stdout);
+}
+
+void WriteOutput(const std::string& path, const std::string& data) {
+  if (path.empty() || path == "-") {
+    std::fwrite(data.data(), 1, data.size(), stdout);
+    return;
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  out.close();
+  if (!out) Fail(absl::StrCat("cannot write ", path));
+}
+
 Client::Client(const GlobalOptions& options) : options_(options) {
   auto security = rpc::ClientSecurity::Load(options.security);
   if (!security.ok()) Fail(std::string(security.status().message()));
@@ -103,6 +124,16 @@ std::shared_ptr<grpc::Channel> Client::large_channel() {
 v1::Query::Stub* Client::query() {
   if (!query_) query_ = v1::Query::NewStub(channel_);
   return query_.get();
+}
+
+v1::Query::Stub* Client::large_query() {
+  if (!large_query_) large_query_ = v1::Query::NewStub(large_channel());
+  return large_query_.get();
+}
+
+v1::Capture::Stub* Client::capture() {
+  if (!capture_) capture_ = v1::Capture::NewStub(channel_);
+  return capture_.get();
 }
 
 void Client::Prepare(grpc::ClientContext* context) const {

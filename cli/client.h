@@ -14,6 +14,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "common/rpc/client_security.h"
+#include "strata/v1/capture.grpc.pb.h"
 #include "strata/v1/query.grpc.pb.h"
 
 namespace strata::cli {
@@ -60,6 +61,11 @@ std::string PathText(const PathMessage& path) {
 
 // The SAMPLES / % / PATH table of a hot-paths response.
 void PrintHotPathsTable(const v1::HotPathsResponse& response);
+// The SELF / SELF% / TOTAL / TOTAL% / FUNCTION / MODULE table of a top response.
+void PrintTopTable(const v1::TopResponse& response);
+
+// Writes `data` to `path`, or to stdout when `path` is empty or "-"; exits on a write error.
+void WriteOutput(const std::string& path, const std::string& data);
 
 // The connection; stubs are created on first use.
 class Client {
@@ -71,6 +77,9 @@ class Client {
   // bounds flame graphs by node count).
   std::shared_ptr<grpc::Channel> large_channel();
   v1::Query::Stub* query();
+  // The query service over large_channel(): flame graphs and exports.
+  v1::Query::Stub* large_query();
+  v1::Capture::Stub* capture();
 
   // Applies the global deadline and the credentials to `context`.
   void Prepare(grpc::ClientContext* context) const;
@@ -97,6 +106,8 @@ class Client {
   std::shared_ptr<grpc::Channel> channel_;
   std::shared_ptr<grpc::Channel> large_channel_;
   std::unique_ptr<v1::Query::Stub> query_;
+  std::unique_ptr<v1::Query::Stub> large_query_;
+  std::unique_ptr<v1::Capture::Stub> capture_;
 };
 
 // What command groups share: the global options (filled by parsing) and the client

@@ -118,13 +118,7 @@ int RunTop(CliContext* ctx, const FilterOptions& f, bool by_total) {
     std::printf("No samples in this range.\n");
     return 0;
   }
-  Table table({"SELF", "SELF%", "TOTAL", "TOTAL%", "FUNCTION", "MODULE"}, {0, 1, 2, 3});
-  for (const auto& fn : r.functions()) {
-    table.AddRow({WithThousands(fn.self()), Percent(fn.self(), r.total_samples()),
-                  WithThousands(fn.total()), Percent(fn.total(), r.total_samples()),
-                  fn.function().function(), fn.function().module()});
-  }
-  std::fputs(table.ToString().c_str(), stdout);
+  PrintTopTable(r);
   return 0;
 }
 
@@ -145,23 +139,6 @@ int RunHotPaths(CliContext* ctx, const FilterOptions& f) {
   return 0;
 }
 
-// Flame graphs and exports can exceed gRPC's default 4 MiB receive limit; these calls use a
-// channel without that limit (the server bounds flame graphs by node count).
-v1::Query::Stub* LargeResponseStub(CliContext* ctx) {
-  static std::unique_ptr<v1::Query::Stub> stub;
-  if (!stub) {
-    stub = v1::Query::NewStub(ctx->client().large_channel());
-  }
-  return stub.get();
-}
-
-void WriteFile(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(data.data(), static_cast<std::streamsize>(data.size()));
-  out.close();
-  if (!out) Fail(absl::StrCat("cannot write ", path));
-}
-
 struct FlameOptions {
   std::string format = "svg";
   std::string output;
@@ -179,12 +156,12 @@ int RunFlameGraph(CliContext* ctx, const FilterOptions& f, const FlameOptions& o
   // --json without a file: the JSON tree is what is printed.
   if (ctx->options().json && to_stdout) format = v1::FlameGraphRequest::JSON;
   request.set_format(format);
-  auto r = client.Call(LargeResponseStub(ctx), &v1::Query::Stub::FlameGraph, request);
+  auto r = client.Call(client.large_query(), &v1::Query::Stub::FlameGraph, request);
   if (to_stdout) {
     std::fwrite(r.rendered().data(), 1, r.rendered().size(), stdout);
     return 0;
   }
-  WriteFile(o.output, r.rendered());
+  WriteOutput(o.output, r.rendered());
   if (ctx->options().json) {
     r.clear_rendered();
     return PrintJson(r), 0;
@@ -210,8 +187,8 @@ int RunExport(CliContext* ctx, const FilterOptions& f, const ExportOptions& o) {
   v1::ExportRequest request;
   *request.mutable_filter() = BuildFilter(f);
   request.set_format(v1::ExportRequest::PPROF);
-  auto r = client.Call(LargeResponseStub(ctx), &v1::Query::Stub::Export, request);
-  WriteFile(o.output, r.data());
+  auto r = client.Call(client.large_query(), &v1::Query::Stub::Export, request);
+  WriteOutput(o.output, r.data());
   if (ctx->options().json) {
     r.clear_data();
     return PrintJson(r), 0;
