@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "server/store/store.h"
+#include "server/store/records.h"
 
 namespace strata::store::codec {
 

@@ -1,8 +1,16 @@
 // Store: the server's persistence, an embedded RocksDB directory.
 //
-// The store owns the RocksDB instance, its column families and the in-memory intern caches.
-// Callers (ingest, aggregation, query, capture) own their WriteBatch objects and the
-// records they pass in; everything returned is a copy owned by the caller.
+// Who owns what: Store owns the RocksDB instance, its column families and the components
+// that read it, and applies WriteBatches (Commit). Its components, handed out by reference
+// and valid while the Store lives:
+//   interner()  content-addressed IDs of functions, stacks and label sets (interner.h)
+//   samples()   sample cells, rollups and service summaries (sample_reader.h)
+//   meta()      agents, applied sequences, call graphs, phase events, captures, the
+//               aggregation journal (meta_records.h)
+// Callers (ingest, aggregation, query, capture) own their WriteBatch objects (write_batch.h)
+// and the records (records.h) they pass in; everything returned is a copy owned by the
+// caller. Encodings (codec.h), merge operators (merge.h) and the other internals are private
+// to this folder.
 //
 // Column families:
 //   stacks     stack ID (content hash of the frame list, probed on collision) -> frames
@@ -37,164 +45,25 @@
 #ifndef STRATA_SERVER_STORE_STORE_H_
 #define STRATA_SERVER_STORE_STORE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/labels/labels.h"
+#include "server/store/column.h"
+#include "server/store/interner.h"
+#include "server/store/meta_records.h"
+#include "server/store/records.h"
+#include "server/store/sample_reader.h"
+#include "server/store/write_batch.h"
 
 namespace strata::store {
-
-struct FunctionInfo {
-  std::string name;
-  std::string module;    // path of the executable or shared library
-  std::string build_id;  // raw GNU build ID bytes; empty when the module has none
-  uint64_t start_offset = 0;
-
-  bool operator==(const FunctionInfo&) const = default;
-};
-
-struct StackFrames {
-  std::vector<uint64_t> function_ids;  // outermost first
-  bool truncated = false;              // unwinding stopped before the outermost frame
-
-  bool operator==(const StackFrames&) const = default;
-};
-
-struct SampleKey {
-  std::string service;
-  int64_t window_start_ms = 0;
-  std::string host;
-  uint64_t stack_id = 0;
-  uint64_t label_set = 0;  // 0: no labels
-
-  bool operator==(const SampleKey&) const = default;
-};
-
-// Time resolution of sample cells. Raw windows are expected to divide a minute evenly
-// (e.g. 10 s), so that every raw window lies inside one rollup window.
-enum class Resolution {
-  kRaw,
-  kMinute,
-  kHour,
-  // Coarsest resolutions that exactly cover the range: whole hours from rollup_1h, whole
-  // minutes at the edges from rollup_1m, the rest raw. Keys carry the window start of the
-  // resolution they were read at. Not available for captures (always raw).
-  kAuto,
-};
-
-struct SampleQuery {
-  std::string service;
-  int64_t from_ms = 0;  // inclusive
-  int64_t to_ms = 0;    // exclusive
-  std::optional<std::string> host;
-  // When set, scans the samples of this capture instead of the continuous profile; the
-  // returned keys carry `service` as given here.
-  std::optional<std::string> capture_id;
-  Resolution resolution = Resolution::kRaw;
-  // When set, only cells of these label set IDs (0 for samples without labels); unset: all.
-  std::optional<absl::flat_hash_set<uint64_t>> label_sets;
-};
-
-// A distinct label set of a service's samples.
-struct LabelSetRecord {
-  uint64_t id = 0;  // 0: the empty set
-  labels::LabelSet labels;
-
-  bool operator==(const LabelSetRecord&) const = default;
-};
-
-// Samples of one stack summed over a query's range.
-struct StackCount {
-  uint64_t stack_id = 0;
-  uint64_t count = 0;
-
-  bool operator==(const StackCount&) const = default;
-};
-
-// The cells of a SampleQuery reduced to one count per stack: what a profile needs, without
-// the window and host of every cell.
-struct SampleTotals {
-  std::vector<StackCount> stacks;  // one entry per stack that has a cell; in no fixed order
-  std::vector<std::string> hosts;  // hosts that have a cell, sorted
-};
-
-struct ServiceSummary {
-  std::string service;
-  int64_t first_window_ms = 0;
-  int64_t last_window_ms = 0;
-  uint64_t total_samples = 0;
-
-  bool operator==(const ServiceSummary&) const = default;
-};
-
-struct AgentRecord {
-  std::string agent_id;
-  std::string host;
-  std::string arch;
-  std::string version;
-  int64_t last_batch_ms = 0;
-  uint64_t batches = 0;
-  std::string owner;  // the principal that writes as this agent; empty: none recorded
-
-  bool operator==(const AgentRecord&) const = default;
-};
-
-// One function node of an agent's call graph (dense node ID = record index).
-struct GraphNode {
-  uint32_t id = 0;
-  std::string name;
-  std::string module;
-  std::string build_id;
-  uint64_t start_offset = 0;
-
-  bool operator==(const GraphNode&) const = default;
-};
-
-// One call edge of an agent's call graph; its edge ID is its index in AgentGraph::edges.
-struct GraphEdge {
-  uint32_t caller = 0;
-  uint64_t call_site = 0;
-  uint32_t callee = 0;
-
-  bool operator==(const GraphEdge&) const = default;
-};
-
-// All persisted records of one (agent, graph_id), in index order. Nodes are contiguous by
-// id (starting at whatever id was appended first); edges are contiguous from edge 0.
-struct AgentGraph {
-  std::vector<GraphNode> nodes;
-  std::vector<GraphEdge> edges;
-};
-
-struct PhaseEvent {
-  std::string service;
-  int64_t window_start_ms = 0;
-  std::string payload;  // opaque to the store
-
-  bool operator==(const PhaseEvent&) const = default;
-};
-
-struct CaptureInfo {
-  std::string capture_id;
-  std::string service;
-  std::string host;
-  uint32_t pid = 0;
-  uint32_t frequency_hz = 0;
-  int64_t start_ms = 0;
-  int64_t end_ms = 0;  // 0 while running
-  bool finished = false;
-  std::string error;
-
-  bool operator==(const CaptureInfo&) const = default;
-};
 
 struct StoreOptions {
   // fsync the WAL on every commit. Off: a commit survives a process kill but not power loss.
@@ -214,7 +83,7 @@ struct StoreOptions {
   int64_t raw_retention_ms = 0;
   int64_t minute_retention_ms = 0;
   int64_t hour_retention_ms = 0;
-  // Test hook: clock used by retention, Unix milliseconds.
+  // Test hook: clock used by retention, Unix milliseconds (default: base::NowMs()).
   std::function<int64_t()> now_ms_for_testing;
   // Test hook: replaces the content hash used for stack and function IDs so that tests
   // can force collisions. `probe` is 0 for the first candidate, 1, 2, ... after collisions.
@@ -242,72 +111,6 @@ struct StoreStats {
   uint64_t write_resumes = 0;
 };
 
-// Column families, for tests and tools that need raw access.
-enum class Column {
-  kStacks,
-  kFunctions,
-  kSamples,
-  kCaptures,
-  kServices,
-  kMeta,
-  kRollupMinute,
-  kRollupHour,
-  kJournal
-};
-
-class Store;
-
-// A set of writes applied atomically by Store::Commit. Strings must not contain '\0' where
-// they become key components (service, host, agent ID, capture ID); such input, and negative
-// windows, make Commit fail with InvalidArgument without writing anything.
-class WriteBatch {
- public:
-  WriteBatch();
-  ~WriteBatch();
-  WriteBatch(const WriteBatch&) = delete;
-  WriteBatch& operator=(const WriteBatch&) = delete;
-
-  // Adds `count` to the continuous profile cell (service, window, host, stack, label set);
-  // `label_set` is an ID from Store::InternLabelSet (0: no labels).
-  void AddSamples(std::string_view service, int64_t window_start_ms, std::string_view host,
-                  uint64_t stack_id, uint64_t count, uint64_t label_set = 0);
-  // Adds `count` to a cell of an ad hoc capture.
-  void AddCaptureSamples(std::string_view capture_id, int64_t window_start_ms,
-                         std::string_view host, uint64_t stack_id, uint64_t count,
-                         uint64_t label_set = 0);
-  // Records that batch `sequence` of the agent's incarnation (its graph ID: a restarted
-  // agent numbers its batches from 1 again under a new one) is applied by this commit.
-  // Commit refuses (AlreadyExists, nothing written) if `sequence` is not above the stored one.
-  void SetAppliedSequence(std::string_view agent_id, uint64_t incarnation, uint64_t sequence);
-  void PutAgent(const AgentRecord& agent);
-  // Graph records of (agent, graph_id): nodes are keyed by node id, edges by
-  // first_edge + position. Re-appending an index overwrites it (resync-safe).
-  void AppendGraphNodes(std::string_view agent_id, uint64_t graph_id,
-                        const std::vector<GraphNode>& nodes);
-  void AppendGraphEdges(std::string_view agent_id, uint64_t graph_id, uint64_t first_edge,
-                        const std::vector<GraphEdge>& edges);
-  // Drops every record of (agent, graph_id), e.g. when the agent starts a new graph.
-  void DeleteGraph(std::string_view agent_id, uint64_t graph_id);
-  // Identical events (same service, window, payload) are stored once.
-  void PutPhaseEvent(const PhaseEvent& event);
-  void PutCapture(const CaptureInfo& capture);
-  // Drops a capture: its sample cells and its metadata record (capture retention).
-  void DeleteCapture(std::string_view capture_id);
-  // Journal records (see the journal column family): an opaque record under `sequence`, and
-  // the deletion of every record below `sequence`.
-  void PutJournal(uint64_t sequence, std::string_view record);
-  void DeleteJournalBefore(uint64_t sequence);
-
-  bool empty() const;
-  // Drops everything added so far.
-  void Clear();
-
- private:
-  friend class Store;
-  struct Rep;
-  std::unique_ptr<Rep> rep_;
-};
-
 class Store {
  public:
   static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& dir,
@@ -318,66 +121,66 @@ class Store {
   Store& operator=(const Store&) = delete;
 
   // Flushes all memtables and closes the database. Later calls return the first result;
-  // other methods must not be called afterwards.
+  // other methods (and the components) must not be used afterwards.
   absl::Status Close();
 
-  // Returns the ID of the function or stack; if it may not be persisted yet, its record is
-  // added to `batch` so it lands atomically with the counts that reference it. The same
-  // content always yields the same ID (also across restarts and agents); different content
-  // never shares an ID (collisions are resolved by probing). Errors only on I/O failure.
-  absl::StatusOr<uint64_t> InternFunction(const FunctionInfo& function, WriteBatch* batch);
-  absl::StatusOr<uint64_t> InternStack(const StackFrames& stack, WriteBatch* batch);
-  // The ID of a label set (normalized, no empty values) used by `service`'s samples: 0 for
-  // the empty set; the same content always yields the same ID. Its records are added to
-  // `batch` until a commit of them succeeded. ResourceExhausted when the service already
-  // has `max_per_service` distinct label sets (the empty one not counted) and this one is
-  // new; InvalidArgument for a set that is not normalized or not valid label syntax.
-  absl::StatusOr<uint64_t> InternLabelSet(std::string_view service, const labels::LabelSet& set,
-                                          uint32_t max_per_service, WriteBatch* batch);
-  // The label sets of `service`'s samples, committed or pending, by ID; the empty set (ID 0)
-  // is always listed first (samples written before labels have it).
-  absl::StatusOr<std::vector<LabelSetRecord>> ListLabelSets(std::string_view service);
-
   // Applies the batch atomically (counts, interned records, applied sequences, metadata)
-  // and clears it on success.
+  // and clears it on success. AlreadyExists (nothing written) when the batch sets an agent's
+  // applied sequence that is not above the stored one.
   absl::Status Commit(WriteBatch* batch);
 
-  // Last applied batch sequence of the agent's incarnation; 0 when none was ever committed.
-  // A store written before sequences were kept per incarnation has one per agent: it counts
-  // for the incarnation whose graph the store holds.
-  absl::StatusOr<uint64_t> AppliedSequence(std::string_view agent_id, uint64_t incarnation);
+  Interner& interner();
+  SampleReader& samples();
+  MetaRecords& meta();
 
-  // Calls `fn` for every cell matching `query`, in key order (window, host, stack).
-  // With Resolution::kAuto, windows still ascend but a stack repeats once per piece.
+  // Forwarders to the components, while callers move to them.
+  absl::StatusOr<uint64_t> InternFunction(const FunctionInfo& function, WriteBatch* batch) {
+    return interner().InternFunction(function, batch);
+  }
+  absl::StatusOr<uint64_t> InternStack(const StackFrames& stack, WriteBatch* batch) {
+    return interner().InternStack(stack, batch);
+  }
+  absl::StatusOr<uint64_t> InternLabelSet(std::string_view service, const labels::LabelSet& set,
+                                          uint32_t max_per_service, WriteBatch* batch) {
+    return interner().InternLabelSet(service, set, max_per_service, batch);
+  }
+  absl::StatusOr<std::vector<LabelSetRecord>> ListLabelSets(std::string_view service) {
+    return interner().ListLabelSets(service);
+  }
+  absl::StatusOr<uint64_t> AppliedSequence(std::string_view agent_id, uint64_t incarnation) {
+    return meta().AppliedSequence(agent_id, incarnation);
+  }
   absl::Status ScanSamples(const SampleQuery& query,
-                           const std::function<void(const SampleKey&, uint64_t count)>& fn);
-
-  // The cells ScanSamples would return for `query`, summed per stack (counts of zero
-  // included, so the stacks and hosts listed are exactly those of the cells). With kAuto
-  // and kHour, whole hours come from an in-memory aggregate per (service, hour) of the hour
-  // rollup: filled on first read, dropped by any commit that adds samples to that hour, so
-  // results always equal a fresh scan. Long ranges then cost one merge per hour instead of
-  // one RocksDB cell per (hour, host, stack).
-  absl::StatusOr<SampleTotals> SumSamples(const SampleQuery& query);
-
-  // NotFound for unknown IDs, DataLoss for corrupt records. Served from the intern caches
-  // when possible.
-  absl::StatusOr<StackFrames> GetStack(uint64_t stack_id);
-  absl::StatusOr<FunctionInfo> GetFunction(uint64_t function_id);
-
-  absl::StatusOr<std::vector<ServiceSummary>> ListServices();
-  absl::StatusOr<std::vector<AgentRecord>> ListAgents();
-  // One agent's record; NotFound if there is none.
-  absl::StatusOr<AgentRecord> GetAgent(const std::string& agent_id);
-  absl::StatusOr<AgentGraph> LoadGraph(std::string_view agent_id, uint64_t graph_id);
-  // Events of `service` with window in [from_ms, to_ms), by window.
+                           const std::function<void(const SampleKey&, uint64_t count)>& fn) {
+    return samples().ScanSamples(query, fn);
+  }
+  absl::StatusOr<SampleTotals> SumSamples(const SampleQuery& query) {
+    return samples().SumSamples(query);
+  }
+  absl::StatusOr<StackFrames> GetStack(uint64_t stack_id) { return interner().GetStack(stack_id); }
+  absl::StatusOr<FunctionInfo> GetFunction(uint64_t function_id) {
+    return interner().GetFunction(function_id);
+  }
+  absl::StatusOr<std::vector<ServiceSummary>> ListServices() { return samples().ListServices(); }
+  absl::StatusOr<std::vector<AgentRecord>> ListAgents() { return meta().ListAgents(); }
+  absl::StatusOr<AgentRecord> GetAgent(const std::string& agent_id) {
+    return meta().GetAgent(agent_id);
+  }
+  absl::StatusOr<AgentGraph> LoadGraph(std::string_view agent_id, uint64_t graph_id) {
+    return meta().LoadGraph(agent_id, graph_id);
+  }
   absl::StatusOr<std::vector<PhaseEvent>> ScanPhaseEvents(std::string_view service,
-                                                          int64_t from_ms, int64_t to_ms);
-  absl::StatusOr<CaptureInfo> GetCapture(std::string_view capture_id);
-  // Every journal record in sequence order; stops at the first error `fn` returns.
+                                                          int64_t from_ms, int64_t to_ms) {
+    return meta().ScanPhaseEvents(service, from_ms, to_ms);
+  }
+  absl::StatusOr<CaptureInfo> GetCapture(std::string_view capture_id) {
+    return meta().GetCapture(capture_id);
+  }
   absl::Status ScanJournal(
-      const std::function<absl::Status(uint64_t sequence, std::string_view record)>& fn);
-  absl::StatusOr<std::vector<CaptureInfo>> ListCaptures();
+      const std::function<absl::Status(uint64_t sequence, std::string_view record)>& fn) {
+    return meta().ScanJournal(fn);
+  }
+  absl::StatusOr<std::vector<CaptureInfo>> ListCaptures() { return meta().ListCaptures(); }
 
   // Live SST bytes of all column families plus WAL bytes.
   uint64_t ApproximateBytesOnDisk();

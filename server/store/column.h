@@ -1,0 +1,22 @@
+// The store's column families, named for tests and tools that write raw bytes
+// (Store::PutRawForTesting). The layout of each is described in store.h.
+#ifndef STRATA_SERVER_STORE_COLUMN_H_
+#define STRATA_SERVER_STORE_COLUMN_H_
+
+namespace strata::store {
+
+enum class Column {
+  kStacks,
+  kFunctions,
+  kSamples,
+  kCaptures,
+  kServices,
+  kMeta,
+  kRollupMinute,
+  kRollupHour,
+  kJournal
+};
+
+}  // namespace strata::store
+
+#endif  // STRATA_SERVER_STORE_COLUMN_H_

@@ -1,0 +1,76 @@
+#include "server/store/data_dir.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/store/db.h"
+
+namespace strata::store {
+namespace {
+
+constexpr char kMarkerFile[] = "STRATA";
+// Version 2 adds label set IDs to cell keys (codec.h): a version 1 store reads unchanged and
+// is marked version 2 when opened, so an older server refuses it instead of misreading it.
+constexpr char kMarker[] = "strata-store 2\n";
+constexpr char kMarkerV1[] = "strata-store 1\n";
+
+}  // namespace
+
+absl::Status CheckDataDirectory(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return absl::OkStatus();
+  if (!fs::is_directory(dir, ec)) {
+    return absl::FailedPreconditionError(absl::StrCat(dir, " is not a directory"));
+  }
+  const std::string marker = dir + "/" + kMarkerFile;
+  if (fs::exists(marker, ec)) {
+    std::ifstream in(marker);
+    std::string contents((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (contents != kMarker && contents != kMarkerV1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          marker, " says '", absl::CHexEscape(contents.substr(0, 64)),
+          "', not '", absl::CHexEscape(kMarker), "': a store of another version or a damaged file"));
+    }
+    return absl::OkStatus();
+  }
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir, ec)) names.push_back(e.path().filename());
+  if (names.empty()) return absl::OkStatus();
+  if (fs::exists(dir + "/CURRENT", ec)) {
+    // A RocksDB database: a Strata store from before the marker has Strata's column families.
+    std::vector<std::string> families;
+    rocksdb::Status st = rocksdb::DB::ListColumnFamilies(rocksdb::DBOptions(), dir, &families);
+    if (!st.ok()) return FromRocks(st);
+    for (const char* name : kColumnNames) {
+      if (std::find(families.begin(), families.end(), name) == families.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            dir, " holds a RocksDB database that is not a Strata store (column families: ",
+            absl::StrJoin(families, ", "), ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  std::sort(names.begin(), names.end());
+  names.resize(std::min<size_t>(names.size(), 3));
+  return absl::FailedPreconditionError(absl::StrCat(
+      dir, " is not empty and is not a Strata data directory (it holds ",
+      absl::StrJoin(names, ", "), "...): give an empty or new directory"));
+}
+
+void MarkDataDirectory(const std::string& dir) {
+  std::ifstream in(dir + "/" + kMarkerFile);
+  std::string contents((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (contents != kMarker) {
+    std::ofstream out(dir + "/" + kMarkerFile, std::ios::trunc);
+    out << kMarker;
+  }
+}
+
+}  // namespace strata::store

@@ -1,0 +1,21 @@
+// Internal to server/store: the marker file that tells a Strata data directory (and the
+// store version written in it) from anything else at that path.
+#ifndef STRATA_SERVER_STORE_DATA_DIR_H_
+#define STRATA_SERVER_STORE_DATA_DIR_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace strata::store {
+
+// Refuses a directory that holds something other than a Strata store, before RocksDB
+// creates its files among someone else's: a path given by mistake must not be written to.
+absl::Status CheckDataDirectory(const std::string& dir);
+
+// Marks an opened directory as a store of the current version.
+void MarkDataDirectory(const std::string& dir);
+
+}  // namespace strata::store
+
+#endif  // STRATA_SERVER_STORE_DATA_DIR_H_

@@ -1,0 +1,145 @@
+// Internal to server/store: hour blocks, the hour rollup of one (service, hour) summed per
+// (host, stack) in memory, and their cache (StoreOptions::hour_block_cache_bytes). The
+// SampleReader fills and reads it; Store::Commit drops the hours a commit adds samples to.
+#ifndef STRATA_SERVER_STORE_HOUR_BLOCK_CACHE_H_
+#define STRATA_SERVER_STORE_HOUR_BLOCK_CACHE_H_
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "server/store/records.h"
+
+namespace strata::store {
+
+struct HourBlock {
+  std::vector<std::string> hosts;  // sorted (key order)
+  std::vector<uint32_t> host_end;  // entries of hosts[i] end at host_end[i]
+  std::vector<StackCount> entries;
+  // Label set of each entry; empty when every entry has none (0).
+  std::vector<uint64_t> label_sets;
+
+  uint64_t LabelSetOf(size_t i) const { return label_sets.empty() ? 0 : label_sets[i]; }
+
+  size_t Bytes() const {
+    size_t bytes = sizeof(HourBlock) + entries.capacity() * sizeof(StackCount) +
+                   host_end.capacity() * sizeof(uint32_t) +
+                   label_sets.capacity() * sizeof(uint64_t);
+    for (const std::string& h : hosts) bytes += sizeof(std::string) + h.capacity();
+    return bytes;
+  }
+};
+
+// Blocks by CellPrefix(service, hour), bounded by bytes (least recently used dropped first).
+//
+// Consistency with concurrent commits: a block is built from a RocksDB read that may race
+// with a commit to the same hour. Every key has a generation, bumped when a commit touching
+// the hour completes; a reader notes the generation before reading and its block is kept
+// only if the generation is unchanged when it inserts. A commit bumps after its write is
+// visible, so a block that could have missed the write is never kept. Keys evicted (or
+// cleared) while a read is in flight lose their generation: such blocks are not kept either.
+class HourBlockCache {
+ public:
+  explicit HourBlockCache(size_t capacity_bytes) : capacity_(capacity_bytes) {}
+
+  bool enabled() const { return capacity_ > 0; }
+
+  // The cached block of `key`, or null with *generation set for a later Insert.
+  std::shared_ptr<const HourBlock> Lookup(const std::string& key, uint64_t* generation) {
+    absl::MutexLock lock(&mu_);
+    auto [it, inserted] = entries_.try_emplace(key);
+    Entry& e = it->second;
+    if (inserted) e.generation = next_generation_++;
+    e.last_use = ++tick_;
+    if (e.block) {
+      ++hits_;
+      return e.block;
+    }
+    ++misses_;
+    *generation = e.generation;
+    return nullptr;
+  }
+
+  void Insert(const std::string& key, uint64_t generation, std::shared_ptr<const HourBlock> block) {
+    const size_t bytes = block->Bytes() + key.size() + sizeof(Entry);
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end() || it->second.generation != generation || it->second.block) return;
+    if (bytes > capacity_ / 2) return;  // one block never pushes out most of the others
+    it->second.block = std::move(block);
+    it->second.bytes = bytes;
+    bytes_ += bytes;
+    if (bytes_ > capacity_) EvictLocked();
+  }
+
+  void Invalidate(const std::string& key) {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return;
+    bytes_ -= it->second.bytes;
+    // Erasing also voids in-flight reads of this key (Insert finds no entry).
+    entries_.erase(it);
+  }
+
+  void Clear() {
+    absl::MutexLock lock(&mu_);
+    entries_.clear();
+    bytes_ = 0;
+  }
+
+  struct Counters {
+    uint64_t hits = 0;
+    uint64_t misses = 0;
+    uint64_t bytes = 0;
+  };
+  Counters counters() {
+    absl::MutexLock lock(&mu_);
+    return {hits_, misses_, bytes_};
+  }
+
+ private:
+  struct Entry {
+    uint64_t generation = 0;
+    uint64_t last_use = 0;
+    size_t bytes = 0;
+    std::shared_ptr<const HourBlock> block;
+  };
+
+  // Drops the least recently used entries (placeholders of in-flight reads included) until
+  // three quarters of the capacity is used, so eviction runs rarely.
+  void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<std::pair<uint64_t, const std::string*>> order;
+    order.reserve(entries_.size());
+    for (const auto& [key, e] : entries_) order.emplace_back(e.last_use, &key);
+    std::sort(order.begin(), order.end());
+    std::vector<std::string> victims;
+    size_t bytes = bytes_;
+    for (const auto& [use, key] : order) {
+      if (bytes <= capacity_ / 4 * 3) break;
+      bytes -= entries_.find(*key)->second.bytes;
+      victims.push_back(*key);
+    }
+    for (const std::string& key : victims) entries_.erase(key);
+    bytes_ = bytes;
+  }
+
+  const size_t capacity_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t tick_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace strata::store
+
+#endif  // STRATA_SERVER_STORE_HOUR_BLOCK_CACHE_H_

@@ -1,0 +1,159 @@
+#include "server/store/meta_records.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "server/store/codec.h"
+#include "server/store/db.h"
+
+namespace strata::store {
+
+absl::StatusOr<uint64_t> MetaRecords::AppliedSequence(std::string_view agent_id,
+                                                      uint64_t incarnation) {
+  if (!ValidKeyPart(agent_id)) return absl::InvalidArgumentError("agent id contains NUL");
+  std::string value;
+  rocksdb::Status s = database_->db->Get(rocksdb::ReadOptions(), database_->cf(Column::kMeta),
+                                         codec::SequenceKey(agent_id, incarnation), &value);
+  if (s.IsNotFound()) {
+    // A store from before incarnations: its one sequence per agent belongs to the graph it
+    // holds (the agent's latest), so a batch of that graph resent after the upgrade is
+    // still recognised as applied.
+    s = database_->db->Get(rocksdb::ReadOptions(), database_->cf(Column::kMeta),
+                           codec::LegacySequenceKey(agent_id), &value);
+    if (s.IsNotFound()) return 0;
+    if (s.ok()) {
+      absl::StatusOr<bool> has_graph =
+          database_->HasRecords(Column::kMeta, codec::GraphPrefix(agent_id, incarnation));
+      if (!has_graph.ok()) return has_graph.status();
+      if (!*has_graph) return 0;
+    }
+  }
+  if (!s.ok()) return FromRocks(s);
+  if (value.size() != 8) return absl::DataLossError("corrupt applied sequence record");
+  return codec::GetFixed64LE(value.data());
+}
+
+namespace {
+
+// Every meta record under a one-byte tag, decoded; the key after the tag is the record's ID.
+template <typename Record>
+absl::StatusOr<std::vector<Record>> ScanTaggedRecords(
+    const Database& db, char tag, absl::StatusOr<Record> (*decode)(std::string_view),
+    std::string Record::*id) {
+  std::vector<Record> out;
+  const std::string begin(1, tag);
+  absl::Status s = db.Scan(Column::kMeta, begin, PrefixSuccessor(begin),
+                           [&](std::string_view key, std::string_view value) {
+                             absl::StatusOr<Record> record = decode(value);
+                             if (!record.ok()) return record.status();
+                             ((*record).*id).assign(key.substr(1));
+                             out.push_back(std::move(*record));
+                             return absl::OkStatus();
+                           });
+  if (!s.ok()) return s;
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<AgentRecord>> MetaRecords::ListAgents() {
+  return ScanTaggedRecords<AgentRecord>(*database_, codec::kAgentTag, &codec::DecodeAgent,
+                                        &AgentRecord::agent_id);
+}
+
+absl::StatusOr<AgentGraph> MetaRecords::LoadGraph(std::string_view agent_id, uint64_t graph_id) {
+  if (!ValidKeyPart(agent_id)) return absl::InvalidArgumentError("agent id contains NUL");
+  AgentGraph graph;
+  std::string prefix = codec::GraphPrefix(agent_id, graph_id);
+  absl::Status s = database_->Scan(
+      Column::kMeta, prefix, PrefixSuccessor(prefix),
+      [&](std::string_view key, std::string_view value) -> absl::Status {
+        if (key.size() != prefix.size() + 9) return absl::DataLossError("corrupt graph key");
+        char kind = key[prefix.size()];
+        uint64_t index = codec::GetFixed64BE(key.data() + prefix.size() + 1);
+        if (kind == 'n') {
+          absl::StatusOr<GraphNode> node = codec::DecodeGraphNode(value);
+          if (!node.ok()) return node.status();
+          if (index > UINT32_MAX ||
+              (!graph.nodes.empty() && index != uint64_t{graph.nodes.back().id} + 1)) {
+            return absl::DataLossError(absl::StrCat("graph node ", index, " out of sequence"));
+          }
+          node->id = static_cast<uint32_t>(index);
+          graph.nodes.push_back(std::move(*node));
+        } else if (kind == 'e') {
+          absl::StatusOr<GraphEdge> edge = codec::DecodeGraphEdge(value);
+          if (!edge.ok()) return edge.status();
+          if (index != graph.edges.size()) {
+            return absl::DataLossError(absl::StrCat("graph edge ", index, " out of sequence"));
+          }
+          graph.edges.push_back(*edge);
+        } else {
+          return absl::DataLossError("corrupt graph key");
+        }
+        return absl::OkStatus();
+      });
+  if (!s.ok()) return s;
+  return graph;
+}
+
+absl::StatusOr<std::vector<PhaseEvent>> MetaRecords::ScanPhaseEvents(std::string_view service,
+                                                                     int64_t from_ms,
+                                                                     int64_t to_ms) {
+  if (!ValidKeyPart(service)) return absl::InvalidArgumentError("service contains NUL");
+  std::vector<PhaseEvent> out;
+  uint64_t from = static_cast<uint64_t>(std::max<int64_t>(from_ms, 0));
+  if (to_ms <= 0 || static_cast<uint64_t>(to_ms) <= from) return out;
+  std::string begin = codec::PhasePrefix(service, from);
+  size_t window_at = begin.size() - 8;
+  absl::Status s = database_->Scan(
+      Column::kMeta, begin, codec::PhasePrefix(service, static_cast<uint64_t>(to_ms)),
+      [&](std::string_view key, std::string_view value) -> absl::Status {
+        if (key.size() != window_at + 16) return absl::DataLossError("corrupt phase event key");
+        PhaseEvent event;
+        event.service.assign(service);
+        event.window_start_ms = static_cast<int64_t>(codec::GetFixed64BE(key.data() + window_at));
+        event.payload.assign(value);
+        out.push_back(std::move(event));
+        return absl::OkStatus();
+      });
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<AgentRecord> MetaRecords::GetAgent(const std::string& agent_id) {
+  if (!ValidKeyPart(agent_id)) return absl::InvalidArgumentError("agent id contains NUL");
+  std::string value;
+  rocksdb::Status s = database_->db->Get(rocksdb::ReadOptions(), database_->cf(Column::kMeta),
+                                         codec::AgentKey(agent_id), &value);
+  if (!s.ok()) return FromRocks(s);
+  absl::StatusOr<AgentRecord> agent = codec::DecodeAgent(value);
+  if (agent.ok()) agent->agent_id = agent_id;
+  return agent;
+}
+
+absl::StatusOr<CaptureInfo> MetaRecords::GetCapture(std::string_view capture_id) {
+  std::string value;
+  rocksdb::Status s = database_->db->Get(rocksdb::ReadOptions(), database_->cf(Column::kMeta),
+                                         codec::CaptureKey(capture_id), &value);
+  if (!s.ok()) return FromRocks(s);
+  absl::StatusOr<CaptureInfo> capture = codec::DecodeCapture(value);
+  if (capture.ok()) capture->capture_id.assign(capture_id);
+  return capture;
+}
+
+absl::Status MetaRecords::ScanJournal(
+    const std::function<absl::Status(uint64_t sequence, std::string_view record)>& fn) {
+  return database_->Scan(Column::kJournal, std::string(), std::string(),
+                         [&](std::string_view key, std::string_view value) -> absl::Status {
+                           if (key.size() != 8) return absl::DataLossError("corrupt journal key");
+                           return fn(codec::GetFixed64BE(key.data()), value);
+                         });
+}
+
+absl::StatusOr<std::vector<CaptureInfo>> MetaRecords::ListCaptures() {
+  return ScanTaggedRecords<CaptureInfo>(*database_, codec::kCaptureTag, &codec::DecodeCapture,
+                                        &CaptureInfo::capture_id);
+}
+
+}  // namespace strata::store

@@ -1,0 +1,52 @@
+// MetaRecords: reads of the store's metadata: agents and their applied batch sequences,
+// agents' call graphs, phase events, captures, and the aggregation journal. They are written
+// through a WriteBatch (PutAgent, AppendGraphNodes, ...). Owned by Store (Store::meta());
+// thread-safe.
+#ifndef STRATA_SERVER_STORE_META_RECORDS_H_
+#define STRATA_SERVER_STORE_META_RECORDS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/store/records.h"
+
+namespace strata::store {
+
+struct Database;
+
+class MetaRecords {
+ public:
+  explicit MetaRecords(const Database* db) : database_(db) {}
+  MetaRecords(const MetaRecords&) = delete;
+  MetaRecords& operator=(const MetaRecords&) = delete;
+
+  // Last applied batch sequence of the agent's incarnation; 0 when none was ever committed.
+  // A store written before sequences were kept per incarnation has one per agent: it counts
+  // for the incarnation whose graph the store holds.
+  absl::StatusOr<uint64_t> AppliedSequence(std::string_view agent_id, uint64_t incarnation);
+
+  absl::StatusOr<std::vector<AgentRecord>> ListAgents();
+  // One agent's record; NotFound if there is none.
+  absl::StatusOr<AgentRecord> GetAgent(const std::string& agent_id);
+  absl::StatusOr<AgentGraph> LoadGraph(std::string_view agent_id, uint64_t graph_id);
+  // Events of `service` with window in [from_ms, to_ms), by window.
+  absl::StatusOr<std::vector<PhaseEvent>> ScanPhaseEvents(std::string_view service,
+                                                          int64_t from_ms, int64_t to_ms);
+  absl::StatusOr<CaptureInfo> GetCapture(std::string_view capture_id);
+  absl::StatusOr<std::vector<CaptureInfo>> ListCaptures();
+  // Every journal record in sequence order; stops at the first error `fn` returns.
+  absl::Status ScanJournal(
+      const std::function<absl::Status(uint64_t sequence, std::string_view record)>& fn);
+
+ private:
+  const Database* database_;
+};
+
+}  // namespace strata::store
+
+#endif  // STRATA_SERVER_STORE_META_RECORDS_H_

@@ -1,0 +1,162 @@
+// The store's records: what callers pass in and get back (copies, owned by the caller).
+// Plain data; how each is encoded on disk is the codec's business (codec.h, internal).
+#ifndef STRATA_SERVER_STORE_RECORDS_H_
+#define STRATA_SERVER_STORE_RECORDS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "common/labels/labels.h"
+
+namespace strata::store {
+
+struct FunctionInfo {
+  std::string name;
+  std::string module;    // path of the executable or shared library
+  std::string build_id;  // raw GNU build ID bytes; empty when the module has none
+  uint64_t start_offset = 0;
+
+  bool operator==(const FunctionInfo&) const = default;
+};
+
+struct StackFrames {
+  std::vector<uint64_t> function_ids;  // outermost first
+  bool truncated = false;              // unwinding stopped before the outermost frame
+
+  bool operator==(const StackFrames&) const = default;
+};
+
+struct SampleKey {
+  std::string service;
+  int64_t window_start_ms = 0;
+  std::string host;
+  uint64_t stack_id = 0;
+  uint64_t label_set = 0;  // 0: no labels
+
+  bool operator==(const SampleKey&) const = default;
+};
+
+// Time resolution of sample cells. Raw windows are expected to divide a minute evenly
+// (e.g. 10 s), so that every raw window lies inside one rollup window.
+enum class Resolution {
+  kRaw,
+  kMinute,
+  kHour,
+  // Coarsest resolutions that exactly cover the range: whole hours from rollup_1h, whole
+  // minutes at the edges from rollup_1m, the rest raw. Keys carry the window start of the
+  // resolution they were read at. Not available for captures (always raw).
+  kAuto,
+};
+
+struct SampleQuery {
+  std::string service;
+  int64_t from_ms = 0;  // inclusive
+  int64_t to_ms = 0;    // exclusive
+  std::optional<std::string> host;
+  // When set, scans the samples of this capture instead of the continuous profile; the
+  // returned keys carry `service` as given here.
+  std::optional<std::string> capture_id;
+  Resolution resolution = Resolution::kRaw;
+  // When set, only cells of these label set IDs (0 for samples without labels); unset: all.
+  std::optional<absl::flat_hash_set<uint64_t>> label_sets;
+};
+
+// A distinct label set of a service's samples.
+struct LabelSetRecord {
+  uint64_t id = 0;  // 0: the empty set
+  labels::LabelSet labels;
+
+  bool operator==(const LabelSetRecord&) const = default;
+};
+
+// Samples of one stack summed over a query's range.
+struct StackCount {
+  uint64_t stack_id = 0;
+  uint64_t count = 0;
+
+  bool operator==(const StackCount&) const = default;
+};
+
+// The cells of a SampleQuery reduced to one count per stack: what a profile needs, without
+// the window and host of every cell.
+struct SampleTotals {
+  std::vector<StackCount> stacks;  // one entry per stack that has a cell; in no fixed order
+  std::vector<std::string> hosts;  // hosts that have a cell, sorted
+};
+
+struct ServiceSummary {
+  std::string service;
+  int64_t first_window_ms = 0;
+  int64_t last_window_ms = 0;
+  uint64_t total_samples = 0;
+
+  bool operator==(const ServiceSummary&) const = default;
+};
+
+struct AgentRecord {
+  std::string agent_id;
+  std::string host;
+  std::string arch;
+  std::string version;
+  int64_t last_batch_ms = 0;
+  uint64_t batches = 0;
+  std::string owner;  // the principal that writes as this agent; empty: none recorded
+
+  bool operator==(const AgentRecord&) const = default;
+};
+
+// One function node of an agent's call graph (dense node ID = record index).
+struct GraphNode {
+  uint32_t id = 0;
+  std::string name;
+  std::string module;
+  std::string build_id;
+  uint64_t start_offset = 0;
+
+  bool operator==(const GraphNode&) const = default;
+};
+
+// One call edge of an agent's call graph; its edge ID is its index in AgentGraph::edges.
+struct GraphEdge {
+  uint32_t caller = 0;
+  uint64_t call_site = 0;
+  uint32_t callee = 0;
+
+  bool operator==(const GraphEdge&) const = default;
+};
+
+// All persisted records of one (agent, graph_id), in index order. Nodes are contiguous by
+// id (starting at whatever id was appended first); edges are contiguous from edge 0.
+struct AgentGraph {
+  std::vector<GraphNode> nodes;
+  std::vector<GraphEdge> edges;
+};
+
+struct PhaseEvent {
+  std::string service;
+  int64_t window_start_ms = 0;
+  std::string payload;  // opaque to the store
+
+  bool operator==(const PhaseEvent&) const = default;
+};
+
+struct CaptureInfo {
+  std::string capture_id;
+  std::string service;
+  std::string host;
+  uint32_t pid = 0;
+  uint32_t frequency_hz = 0;
+  int64_t start_ms = 0;
+  int64_t end_ms = 0;  // 0 while running
+  bool finished = false;
+  std::string error;
+
+  bool operator==(const CaptureInfo&) const = default;
+};
+
+}  // namespace strata::store
+
+#endif  // STRATA_SERVER_STORE_RECORDS_H_

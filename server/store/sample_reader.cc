@@ -1,0 +1,303 @@
+#include "server/store/sample_reader.h"
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <optional>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "common/base/saturating.h"
+#include "server/store/codec.h"
+#include "server/store/db.h"
+#include "server/store/hour_block_cache.h"
+#include "server/store/rollup_plan.h"
+
+namespace strata::store {
+namespace {
+
+// Per-stack sums and contributing hosts while reducing a query's cells.
+struct Totals {
+  absl::flat_hash_map<uint64_t, uint64_t> counts;
+  absl::flat_hash_set<std::string> hosts;
+};
+
+// The scope (service or capture ID) `query` reads, once its strings are valid key parts.
+absl::StatusOr<std::string> QueryScope(const SampleQuery& query) {
+  const std::string& scope = query.capture_id ? *query.capture_id : query.service;
+  if (scope.empty() || !ValidKeyPart(scope)) {
+    return absl::InvalidArgumentError("service or capture id must be non-empty, without NUL");
+  }
+  if (query.host && !ValidKeyPart(*query.host)) {
+    return absl::InvalidArgumentError("host must not contain NUL");
+  }
+  return scope;
+}
+
+}  // namespace
+
+struct SampleReader::Impl {
+  const Database* database;
+  HourBlockCache* hour_blocks;
+  int64_t hour_retention_ms;
+  std::function<int64_t()> now_ms;
+  std::atomic<uint64_t> cells_scanned{0};
+
+  rocksdb::ColumnFamilyHandle* cf(Column c) const { return database->cf(c); }
+
+  // Calls visit(const codec::CellKey&, uint64_t count) for the cells of `scope` in column
+  // `column` with window in [from, to) (0 <= from < to), of `host` only when given. The
+  // key's views are valid during the call only.
+  template <typename Visit>
+  absl::Status VisitCells(Column column, const std::string& scope, int64_t from, int64_t to,
+                          const std::optional<std::string>& host, Visit&& visit) {
+    std::string upper_key = codec::CellPrefix(scope, static_cast<uint64_t>(to));
+    rocksdb::Slice upper(upper_key);
+    rocksdb::ReadOptions ro;
+    ro.iterate_upper_bound = &upper;
+    ro.prefix_same_as_start = true;
+    std::unique_ptr<rocksdb::Iterator> it(database->db->NewIterator(ro, cf(column)));
+
+    uint64_t cells = 0;
+    it->Seek(codec::CellPrefix(scope, static_cast<uint64_t>(from)));
+    while (it->Valid()) {
+      absl::StatusOr<codec::CellKey> cell = codec::DecodeCellKey(View(it->key()));
+      if (!cell.ok()) return cell.status();
+      if (cell->scope != scope) return absl::DataLossError("sample key outside its prefix");
+      if (host && cell->host != *host) {
+        // Skip to the wanted host in this window, or to the next window once past it.
+        if (cell->host < *host) {
+          std::string target = codec::CellPrefix(scope, cell->window_start_ms);
+          target.append(*host);
+          target.push_back('\0');
+          it->Seek(target);
+        } else {
+          it->Seek(codec::CellPrefix(scope, cell->window_start_ms + 1));
+        }
+        continue;
+      }
+      absl::StatusOr<uint64_t> count = codec::DecodeCount(View(it->value()));
+      if (!count.ok()) return count.status();
+      ++cells;
+      visit(*cell, *count);
+      it->Next();
+    }
+    cells_scanned.fetch_add(cells, std::memory_order_relaxed);
+    return FromRocks(it->status());
+  }
+
+  absl::Status ScanCells(Column column, const std::string& scope, int64_t from, int64_t to,
+                         const SampleQuery& query,
+                         const std::function<void(const SampleKey&, uint64_t)>& fn) {
+    SampleKey key;
+    key.service = query.service;
+    return VisitCells(column, scope, from, to, query.host,
+                      [&](const codec::CellKey& cell, uint64_t count) {
+                        if (query.label_sets && !query.label_sets->contains(cell.label_set)) {
+                          return;
+                        }
+                        key.window_start_ms = static_cast<int64_t>(cell.window_start_ms);
+                        key.host.assign(cell.host);
+                        key.stack_id = cell.stack_id;
+                        key.label_set = cell.label_set;
+                        fn(key, count);
+                      });
+  }
+
+  // Adds the cells of a piece read from RocksDB to `totals`.
+  absl::Status SumCells(Column column, const std::string& scope, int64_t from, int64_t to,
+                        const SampleQuery& query, Totals* totals) {
+    // Cells arrive grouped by host within each window: hash the host only when it changes.
+    std::string last_host;
+    bool any = false;
+    return VisitCells(column, scope, from, to, query.host,
+                      [&](const codec::CellKey& cell, uint64_t count) {
+                        if (query.label_sets && !query.label_sets->contains(cell.label_set)) {
+                          return;
+                        }
+                        SaturatingAddTo(totals->counts[cell.stack_id], count);
+                        if (!any || cell.host != last_host) {
+                          any = true;
+                          last_host.assign(cell.host);
+                          totals->hosts.insert(last_host);
+                        }
+                      });
+  }
+
+  // Window of the first cell of `scope` in `column` with window in [from, to), or `to`.
+  absl::StatusOr<int64_t> NextWindow(Column column, const std::string& scope, int64_t from,
+                                     int64_t to) {
+    std::string upper_key = codec::CellPrefix(scope, static_cast<uint64_t>(to));
+    rocksdb::Slice upper(upper_key);
+    rocksdb::ReadOptions ro;
+    ro.iterate_upper_bound = &upper;
+    ro.prefix_same_as_start = true;
+    std::unique_ptr<rocksdb::Iterator> it(database->db->NewIterator(ro, cf(column)));
+    it->Seek(codec::CellPrefix(scope, static_cast<uint64_t>(from)));
+    if (!it->Valid()) {
+      absl::Status s = FromRocks(it->status());
+      if (!s.ok()) return s;
+      return to;
+    }
+    absl::StatusOr<codec::CellKey> cell = codec::DecodeCellKey(View(it->key()));
+    if (!cell.ok()) return cell.status();
+    if (cell->scope != scope) return absl::DataLossError("sample key outside its prefix");
+    if (cell->window_start_ms >= static_cast<uint64_t>(to)) return to;
+    return std::max(from, static_cast<int64_t>(cell->window_start_ms));
+  }
+
+  // Reads the hour rollup of `scope` with window in [hour, end) (all hosts) into a block.
+  absl::StatusOr<std::shared_ptr<const HourBlock>> ReadHourBlock(const std::string& scope,
+                                                                 int64_t hour, int64_t end) {
+    auto block = std::make_shared<HourBlock>();
+    bool labelled = false;  // a cell with a label set was seen: label_sets is kept
+    absl::Status s = VisitCells(
+        Column::kRollupHour, scope, hour, end, std::nullopt,
+        [&](const codec::CellKey& cell, uint64_t count) {
+          if (block->hosts.empty() || cell.host != block->hosts.back()) {
+            if (!block->hosts.empty()) block->host_end.push_back(block->entries.size());
+            block->hosts.emplace_back(cell.host);
+          }
+          if (cell.label_set != 0 && !labelled) {
+            labelled = true;
+            block->label_sets.assign(block->entries.size(), 0);
+          }
+          if (labelled) block->label_sets.push_back(cell.label_set);
+          block->entries.push_back({cell.stack_id, count});
+        });
+    if (!s.ok()) return s;
+    if (!block->hosts.empty()) block->host_end.push_back(block->entries.size());
+    block->entries.shrink_to_fit();
+    block->label_sets.shrink_to_fit();
+    return block;
+  }
+
+  // Adds whole hours [from, to) of the hour rollup to `totals`, through the block cache.
+  absl::Status SumHours(const std::string& scope, int64_t from, int64_t to,
+                        const SampleQuery& query, Totals* totals) {
+    const std::optional<std::string>& host = query.host;
+    std::vector<std::shared_ptr<const HourBlock>> blocks;
+    size_t entries = 0;
+    // Hours past the hour retention may be dropped by any compaction: read, never cached, so
+    // a block does not keep them visible longer than the rollup itself.
+    const int64_t cutoff =
+        hour_retention_ms > 0 ? now_ms() - hour_retention_ms : INT64_MIN;
+    // Hours are visited one by one while in memory; on a miss, the rollup is sought, which
+    // also skips every empty hour up to the next row, so a range costs its rows and gaps,
+    // not its length (ranges may reach to the end of time).
+    for (int64_t hour = from; hour < to;) {
+      // `hour` is a multiple of the hour below `to`: the end never overflows.
+      const int64_t end = to - hour <= kHourMs ? to : hour + kHourMs;
+      const std::string key = codec::CellPrefix(scope, static_cast<uint64_t>(hour));
+      const bool cacheable = hour >= cutoff;
+      uint64_t generation = 0;
+      std::shared_ptr<const HourBlock> block =
+          cacheable ? hour_blocks->Lookup(key, &generation) : nullptr;
+      if (!block) {
+        absl::StatusOr<int64_t> next = NextWindow(Column::kRollupHour, scope, hour, to);
+        if (!next.ok()) return next.status();
+        if (*next >= to) break;
+        if (*next >= end) {
+          hour = *next - *next % kHourMs;  // empty hours in between
+          continue;
+        }
+        absl::StatusOr<std::shared_ptr<const HourBlock>> read = ReadHourBlock(scope, hour, end);
+        if (!read.ok()) return read.status();
+        block = *std::move(read);
+        if (cacheable) hour_blocks->Insert(key, generation, block);
+      }
+      entries = std::max(entries, block->entries.size());
+      blocks.push_back(std::move(block));
+      hour = end;
+    }
+    // Hours share most of their stacks: the largest hour is a fair lower bound of the result.
+    totals->counts.reserve(totals->counts.size() + entries * 2);
+    for (const auto& block : blocks) {
+      for (size_t h = 0; h < block->hosts.size(); ++h) {
+        if (host && block->hosts[h] != *host) continue;
+        const size_t begin = h == 0 ? 0 : block->host_end[h - 1];
+        const size_t end = block->host_end[h];
+        if (begin == end) continue;
+        if (query.label_sets) {
+          // Labelled queries are selective: no prefetching, a membership test per entry.
+          bool any = false;
+          for (size_t i = begin; i < end; ++i) {
+            if (!query.label_sets->contains(block->LabelSetOf(i))) continue;
+            any = true;
+            totals->counts[block->entries[i].stack_id] += block->entries[i].count;
+          }
+          if (any && !totals->hosts.contains(block->hosts[h])) totals->hosts.insert(block->hosts[h]);
+          continue;
+        }
+        if (!totals->hosts.contains(block->hosts[h])) totals->hosts.insert(block->hosts[h]);
+        constexpr size_t kAhead = 8;  // overlap the cache misses of the hash probes
+        for (size_t i = begin; i < end; ++i) {
+          if (i + kAhead < end) totals->counts.prefetch(block->entries[i + kAhead].stack_id);
+          totals->counts[block->entries[i].stack_id] += block->entries[i].count;
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+};
+
+SampleReader::SampleReader(const Database* db, HourBlockCache* hour_blocks,
+                           int64_t hour_retention_ms, std::function<int64_t()> now_ms)
+    : impl_(new Impl{db, hour_blocks, hour_retention_ms, std::move(now_ms)}) {}
+
+SampleReader::~SampleReader() = default;
+
+absl::Status SampleReader::ScanSamples(const SampleQuery& query,
+                                       const std::function<void(const SampleKey&, uint64_t)>& fn) {
+  absl::StatusOr<std::string> scope = QueryScope(query);
+  if (!scope.ok()) return scope.status();
+  const int64_t from = std::max<int64_t>(query.from_ms, 0);
+  for (const Piece& piece : PlanPieces(query, from, query.to_ms, /*whole_hours=*/false)) {
+    if (piece.from >= piece.to) continue;
+    absl::Status s = impl_->ScanCells(piece.column, *scope, piece.from, piece.to, query, fn);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SampleTotals> SampleReader::SumSamples(const SampleQuery& query) {
+  absl::StatusOr<std::string> scope = QueryScope(query);
+  if (!scope.ok()) return scope.status();
+  const int64_t from = std::max<int64_t>(query.from_ms, 0);
+  Totals totals;
+  for (const Piece& piece : PlanPieces(query, from, query.to_ms, /*whole_hours=*/true)) {
+    if (piece.from >= piece.to) continue;
+    absl::Status s =
+        piece.column == Column::kRollupHour && impl_->hour_blocks->enabled()
+            ? impl_->SumHours(*scope, piece.from, piece.to, query, &totals)
+            : impl_->SumCells(piece.column, *scope, piece.from, piece.to, query, &totals);
+    if (!s.ok()) return s;
+  }
+  SampleTotals out;
+  out.stacks.reserve(totals.counts.size());
+  for (const auto& [stack_id, count] : totals.counts) out.stacks.push_back({stack_id, count});
+  out.hosts.assign(totals.hosts.begin(), totals.hosts.end());
+  std::sort(out.hosts.begin(), out.hosts.end());
+  return out;
+}
+
+absl::StatusOr<std::vector<ServiceSummary>> SampleReader::ListServices() {
+  std::vector<ServiceSummary> out;
+  absl::Status s = impl_->database->Scan(
+      Column::kServices, "", "", [&](std::string_view key, std::string_view value) {
+        absl::StatusOr<ServiceSummary> summary = codec::DecodeServiceSummary(value);
+        if (!summary.ok()) return summary.status();
+        summary->service.assign(key);
+        out.push_back(std::move(*summary));
+        return absl::OkStatus();
+      });
+  if (!s.ok()) return s;
+  return out;
+}
+
+uint64_t SampleReader::cells_scanned() const {
+  return impl_->cells_scanned.load(std::memory_order_relaxed);
+}
+
+}  // namespace strata::store

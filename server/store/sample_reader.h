@@ -1,0 +1,56 @@
+// SampleReader: reads of the sample cells (continuous profile, its rollups, captures) and of
+// the per-service summaries. Chooses the column families a query's resolution needs
+// (rollup_plan.h) and keeps whole hours of the hour rollup in memory for SumSamples. Owned
+// by Store (Store::samples()); thread-safe.
+#ifndef STRATA_SERVER_STORE_SAMPLE_READER_H_
+#define STRATA_SERVER_STORE_SAMPLE_READER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/store/records.h"
+
+namespace strata::store {
+
+struct Database;
+class HourBlockCache;
+
+class SampleReader {
+ public:
+  // Hours older than now_ms() - hour_retention_ms (when > 0) are never cached.
+  SampleReader(const Database* db, HourBlockCache* hour_blocks, int64_t hour_retention_ms,
+               std::function<int64_t()> now_ms);
+  ~SampleReader();
+  SampleReader(const SampleReader&) = delete;
+  SampleReader& operator=(const SampleReader&) = delete;
+
+  // Calls `fn` for every cell matching `query`, in key order (window, host, stack).
+  // With Resolution::kAuto, windows still ascend but a stack repeats once per piece.
+  absl::Status ScanSamples(const SampleQuery& query,
+                           const std::function<void(const SampleKey&, uint64_t count)>& fn);
+
+  // The cells ScanSamples would return for `query`, summed per stack (counts of zero
+  // included, so the stacks and hosts listed are exactly those of the cells). With kAuto
+  // and kHour, whole hours come from an in-memory aggregate per (service, hour) of the hour
+  // rollup: filled on first read, dropped by any commit that adds samples to that hour, so
+  // results always equal a fresh scan. Long ranges then cost one merge per hour instead of
+  // one RocksDB cell per (hour, host, stack).
+  absl::StatusOr<SampleTotals> SumSamples(const SampleQuery& query);
+
+  absl::StatusOr<std::vector<ServiceSummary>> ListServices();
+
+  // Cells read from RocksDB by ScanSamples and SumSamples (including hour-block fills).
+  uint64_t cells_scanned() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::store
+
+#endif  // STRATA_SERVER_STORE_SAMPLE_READER_H_

@@ -1,0 +1,157 @@
+#include "server/store/write_batch.h"
+
+#include <algorithm>
+#include <string>
+
+#include "common/base/saturating.h"
+#include "server/store/codec.h"
+#include "server/store/rollup_plan.h"
+#include "server/store/write_batch_rep.h"
+
+namespace strata::store {
+
+WriteBatch::WriteBatch() : rep_(std::make_unique<Rep>()) {}
+WriteBatch::~WriteBatch() = default;
+
+void WriteBatch::AddSamples(std::string_view service, int64_t window_start_ms,
+                            std::string_view host, uint64_t stack_id, uint64_t count,
+                            uint64_t label_set) {
+  if (!rep_->CheckKeyPart("service", service, false) || !rep_->CheckKeyPart("host", host, true) ||
+      !rep_->CheckWindow(window_start_ms)) {
+    return;
+  }
+  rep_->Add(Column::kSamples, Rep::OpType::kMerge,
+            codec::EncodeCellKey(service, window_start_ms, host, stack_id, label_set),
+            codec::EncodeCount(count));
+  rep_->Add(Column::kRollupMinute, Rep::OpType::kMerge,
+            codec::EncodeCellKey(service, window_start_ms - window_start_ms % kMinuteMs, host,
+                                 stack_id, label_set),
+            codec::EncodeCount(count));
+  const int64_t hour = window_start_ms - window_start_ms % kHourMs;
+  rep_->Add(Column::kRollupHour, Rep::OpType::kMerge,
+            codec::EncodeCellKey(service, hour, host, stack_id, label_set),
+            codec::EncodeCount(count));
+  if (hour != rep_->last_touched_hour || service != rep_->last_touched_service) {
+    rep_->touched_hours.insert(codec::CellPrefix(service, static_cast<uint64_t>(hour)));
+    rep_->last_touched_hour = hour;
+    rep_->last_touched_service.assign(service);
+  }
+  auto [it, inserted] = rep_->services.try_emplace(std::string(service));
+  ServiceSummary& s = it->second;
+  if (inserted) {
+    s.first_window_ms = s.last_window_ms = window_start_ms;
+  } else {
+    s.first_window_ms = std::min(s.first_window_ms, window_start_ms);
+    s.last_window_ms = std::max(s.last_window_ms, window_start_ms);
+  }
+  SaturatingAddTo(s.total_samples, count);
+}
+
+void WriteBatch::AddCaptureSamples(std::string_view capture_id, int64_t window_start_ms,
+                                   std::string_view host, uint64_t stack_id, uint64_t count,
+                                   uint64_t label_set) {
+  if (!rep_->CheckKeyPart("capture id", capture_id, false) ||
+      !rep_->CheckKeyPart("host", host, true) || !rep_->CheckWindow(window_start_ms)) {
+    return;
+  }
+  rep_->Add(Column::kCaptures, Rep::OpType::kMerge,
+            codec::EncodeCellKey(capture_id, window_start_ms, host, stack_id, label_set),
+            codec::EncodeCount(count));
+}
+
+void WriteBatch::SetAppliedSequence(std::string_view agent_id, uint64_t incarnation,
+                                    uint64_t sequence) {
+  if (!rep_->CheckKeyPart("agent id", agent_id, false)) return;
+  for (Rep::Sequence& s : rep_->sequences) {
+    if (s.agent_id == agent_id && s.incarnation == incarnation) {
+      s.sequence = std::max(s.sequence, sequence);
+      return;
+    }
+  }
+  rep_->sequences.push_back({std::string(agent_id), incarnation, sequence});
+}
+
+void WriteBatch::PutAgent(const AgentRecord& agent) {
+  if (!rep_->CheckKeyPart("agent id", agent.agent_id, false)) return;
+  rep_->Add(Column::kMeta, Rep::OpType::kPut, codec::AgentKey(agent.agent_id),
+            codec::EncodeAgent(agent));
+}
+
+void WriteBatch::AppendGraphNodes(std::string_view agent_id, uint64_t graph_id,
+                                  const std::vector<GraphNode>& nodes) {
+  if (!rep_->CheckKeyPart("agent id", agent_id, false)) return;
+  for (const GraphNode& node : nodes) {
+    rep_->Add(Column::kMeta, Rep::OpType::kPut, codec::GraphNodeKey(agent_id, graph_id, node.id),
+              codec::EncodeGraphNode(node));
+  }
+}
+
+void WriteBatch::AppendGraphEdges(std::string_view agent_id, uint64_t graph_id,
+                                  uint64_t first_edge, const std::vector<GraphEdge>& edges) {
+  if (!rep_->CheckKeyPart("agent id", agent_id, false)) return;
+  for (size_t i = 0; i < edges.size(); ++i) {
+    rep_->Add(Column::kMeta, Rep::OpType::kPut,
+              codec::GraphEdgeKey(agent_id, graph_id, first_edge + i),
+              codec::EncodeGraphEdge(edges[i]));
+  }
+}
+
+void WriteBatch::DeleteGraph(std::string_view agent_id, uint64_t graph_id) {
+  if (!rep_->CheckKeyPart("agent id", agent_id, false)) return;
+  std::string begin = codec::GraphPrefix(agent_id, graph_id);
+  std::string end = PrefixSuccessor(begin);
+  rep_->Add(Column::kMeta, Rep::OpType::kDeleteRange, std::move(begin), std::move(end));
+}
+
+void WriteBatch::DeleteCapture(std::string_view capture_id) {
+  if (!rep_->CheckKeyPart("capture id", capture_id, false)) return;
+  // Every cell key of the capture starts with its ID and the separator.
+  std::string cells = codec::CellPrefix(capture_id, 0);
+  cells.resize(cells.size() - 8);
+  std::string cells_end = PrefixSuccessor(cells);
+  rep_->Add(Column::kCaptures, Rep::OpType::kDeleteRange, std::move(cells), std::move(cells_end));
+  // The metadata record is the only key with exactly this value: a one-key range.
+  std::string meta = codec::CaptureKey(capture_id);
+  std::string meta_end = meta;
+  meta_end.push_back('\0');
+  rep_->Add(Column::kMeta, Rep::OpType::kDeleteRange, std::move(meta), std::move(meta_end));
+}
+
+namespace {
+std::string JournalKey(uint64_t sequence) {
+  std::string key;
+  codec::PutFixed64BE(&key, sequence);
+  return key;
+}
+}  // namespace
+
+void WriteBatch::PutJournal(uint64_t sequence, std::string_view record) {
+  rep_->Add(Column::kJournal, Rep::OpType::kPut, JournalKey(sequence), std::string(record));
+}
+
+void WriteBatch::DeleteJournalBefore(uint64_t sequence) {
+  if (sequence == 0) return;
+  rep_->Add(Column::kJournal, Rep::OpType::kDeleteRange, JournalKey(0), JournalKey(sequence));
+}
+
+void WriteBatch::PutPhaseEvent(const PhaseEvent& event) {
+  if (!rep_->CheckKeyPart("service", event.service, false) ||
+      !rep_->CheckWindow(event.window_start_ms)) {
+    return;
+  }
+  rep_->Add(Column::kMeta, Rep::OpType::kPut, codec::PhaseKey(event), event.payload);
+}
+
+void WriteBatch::PutCapture(const CaptureInfo& capture) {
+  if (!rep_->CheckKeyPart("capture id", capture.capture_id, false)) return;
+  rep_->Add(Column::kMeta, Rep::OpType::kPut, codec::CaptureKey(capture.capture_id),
+            codec::EncodeCapture(capture));
+}
+
+bool WriteBatch::empty() const {
+  return rep_->ops.empty() && rep_->sequences.empty() && rep_->status.ok();
+}
+
+void WriteBatch::Clear() { *rep_ = Rep(); }
+
+}  // namespace strata::store

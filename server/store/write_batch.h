@@ -1,0 +1,70 @@
+// WriteBatch: a set of writes that Store::Commit applies atomically. Callers build and own
+// their batches; the interner adds the records of new IDs to the batch whose counts use them.
+#ifndef STRATA_SERVER_STORE_WRITE_BATCH_H_
+#define STRATA_SERVER_STORE_WRITE_BATCH_H_
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "server/store/records.h"
+
+namespace strata::store {
+
+// A set of writes applied atomically by Store::Commit. Strings must not contain '\0' where
+// they become key components (service, host, agent ID, capture ID); such input, and negative
+// windows, make Commit fail with InvalidArgument without writing anything.
+class WriteBatch {
+ public:
+  WriteBatch();
+  ~WriteBatch();
+  WriteBatch(const WriteBatch&) = delete;
+  WriteBatch& operator=(const WriteBatch&) = delete;
+
+  // Adds `count` to the continuous profile cell (service, window, host, stack, label set);
+  // `label_set` is an ID from Interner::InternLabelSet (0: no labels).
+  void AddSamples(std::string_view service, int64_t window_start_ms, std::string_view host,
+                  uint64_t stack_id, uint64_t count, uint64_t label_set = 0);
+  // Adds `count` to a cell of an ad hoc capture.
+  void AddCaptureSamples(std::string_view capture_id, int64_t window_start_ms,
+                         std::string_view host, uint64_t stack_id, uint64_t count,
+                         uint64_t label_set = 0);
+  // Records that batch `sequence` of the agent's incarnation (its graph ID: a restarted
+  // agent numbers its batches from 1 again under a new one) is applied by this commit.
+  // Commit refuses (AlreadyExists, nothing written) if `sequence` is not above the stored one.
+  void SetAppliedSequence(std::string_view agent_id, uint64_t incarnation, uint64_t sequence);
+  void PutAgent(const AgentRecord& agent);
+  // Graph records of (agent, graph_id): nodes are keyed by node id, edges by
+  // first_edge + position. Re-appending an index overwrites it (resync-safe).
+  void AppendGraphNodes(std::string_view agent_id, uint64_t graph_id,
+                        const std::vector<GraphNode>& nodes);
+  void AppendGraphEdges(std::string_view agent_id, uint64_t graph_id, uint64_t first_edge,
+                        const std::vector<GraphEdge>& edges);
+  // Drops every record of (agent, graph_id), e.g. when the agent starts a new graph.
+  void DeleteGraph(std::string_view agent_id, uint64_t graph_id);
+  // Identical events (same service, window, payload) are stored once.
+  void PutPhaseEvent(const PhaseEvent& event);
+  void PutCapture(const CaptureInfo& capture);
+  // Drops a capture: its sample cells and its metadata record (capture retention).
+  void DeleteCapture(std::string_view capture_id);
+  // Journal records (see the journal column family): an opaque record under `sequence`, and
+  // the deletion of every record below `sequence`.
+  void PutJournal(uint64_t sequence, std::string_view record);
+  void DeleteJournalBefore(uint64_t sequence);
+
+  bool empty() const;
+  // Drops everything added so far.
+  void Clear();
+
+ // Its contents, known to the store's components only (write_batch_rep.h).
+  struct Rep;
+
+ private:
+  friend class BatchAccess;
+  std::unique_ptr<Rep> rep_;
+};
+
+}  // namespace strata::store
+
+#endif  // STRATA_SERVER_STORE_WRITE_BATCH_H_

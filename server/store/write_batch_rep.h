@@ -1,0 +1,78 @@
+// Internal to server/store: what a WriteBatch holds, for the components that add to it
+// (Interner) and apply it (Store::Commit).
+#ifndef STRATA_SERVER_STORE_WRITE_BATCH_REP_H_
+#define STRATA_SERVER_STORE_WRITE_BATCH_REP_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "server/store/column.h"
+#include "server/store/db.h"
+#include "server/store/write_batch.h"
+
+namespace strata::store {
+
+// Kinds of content-addressed records.
+enum class InternKind { kStack, kFunction };
+
+struct WriteBatch::Rep {
+  enum class OpType { kPut, kMerge, kDeleteRange };
+  struct Op {
+    Column column;
+    OpType type;
+    std::string key;
+    std::string value;  // end key for kDeleteRange
+  };
+  std::vector<Op> ops;
+  absl::flat_hash_map<std::string, ServiceSummary> services;
+  struct Sequence {
+    std::string agent_id;
+    uint64_t incarnation;
+    uint64_t sequence;
+  };
+  std::vector<Sequence> sequences;
+  std::vector<std::pair<InternKind, uint64_t>> interned;
+  // (service, label set ID) records this batch writes: durable once it is committed.
+  std::vector<std::pair<std::string, uint64_t>> label_sets;
+  // CellPrefix(service, hour) of every hour this batch adds samples to: their cached hour
+  // aggregates are dropped once the batch is committed.
+  absl::flat_hash_set<std::string> touched_hours;
+  // The last (service, hour) added to touched_hours: consecutive samples mostly repeat it.
+  std::string last_touched_service;
+  int64_t last_touched_hour = -1;
+  absl::Status status;
+
+  void Fail(absl::Status s) {
+    if (status.ok()) status = std::move(s);
+  }
+  bool CheckKeyPart(const char* what, std::string_view s, bool allow_empty) {
+    if (ValidKeyPart(s) && (allow_empty || !s.empty())) return true;
+    Fail(absl::InvalidArgumentError(
+        absl::StrCat(what, " must be non-empty and contain no NUL byte")));
+    return false;
+  }
+  bool CheckWindow(int64_t window_start_ms) {
+    if (window_start_ms >= 0) return true;
+    Fail(absl::InvalidArgumentError(absl::StrCat("negative window ", window_start_ms)));
+    return false;
+  }
+  void Add(Column c, OpType t, std::string key, std::string value) {
+    ops.push_back(Op{c, t, std::move(key), std::move(value)});
+  }
+};
+
+class BatchAccess {
+ public:
+  static WriteBatch::Rep& Of(WriteBatch* batch) { return *batch->rep_; }
+};
+
+}  // namespace strata::store
+
+#endif  // STRATA_SERVER_STORE_WRITE_BATCH_REP_H_
