@@ -145,20 +145,20 @@ class QueryE2eTest : public ::testing::Test {
   // demo: base half (60/30/10 per window) then recent half (50/40/10); demo-canary: the
   // recent shape over the whole range.
   static void Fill() {
-    strata::store::StoreOptions options;
-    auto store = strata::store::Store::Open((*dir_ / "data").string(), options);
+    strata::server::store::StoreOptions options;
+    auto store = strata::server::store::Store::Open((*dir_ / "data").string(), options);
     ASSERT_TRUE(store.ok()) << store.status();
-    strata::store::WriteBatch batch;
+    strata::server::store::WriteBatch batch;
     std::vector<uint64_t> stack_ids;
     for (const DemoPath& path : DemoPaths()) {
-      strata::store::StackFrames frames;
+      strata::server::store::StackFrames frames;
       for (const std::string& name : path.frames) {
-        auto id = (*store)->InternFunction({name, "/usr/bin/demo_service", "", name.size()},
+        auto id = (*store)->interner().InternFunction({name, "/usr/bin/demo_service", "", name.size()},
                                            &batch);
         ASSERT_TRUE(id.ok());
         frames.function_ids.push_back(*id);
       }
-      auto id = (*store)->InternStack(frames, &batch);
+      auto id = (*store)->interner().InternStack(frames, &batch);
       ASSERT_TRUE(id.ok());
       stack_ids.push_back(*id);
     }
