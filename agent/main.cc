@@ -9,8 +9,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <map>
 #include <random>
@@ -18,10 +18,12 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "agent/core/capture_controller.h"
 #include "agent/core/context_graph.h"
+#include "agent/core/interval_loop.h"
 #include "agent/core/profiler.h"
 #include "agent/core/shipper.h"
 #include "agent/spool/spool.h"
@@ -45,11 +47,11 @@ std::string Hostname() {
   return buf;
 }
 
-int Run(int argc, char** argv) {
-  CLI::App app{"strata-agent: continuous profiling agent"};
+struct Flags {
   std::string server = "127.0.0.1:7070";
   std::vector<int> pids;
   std::vector<std::string> service_flags;
+  std::vector<std::string> label_flags;
   uint32_t frequency = 99;
   double interval_s = 10;
   uint32_t stack_bytes = 16 * 1024;
@@ -60,182 +62,236 @@ int Run(int argc, char** argv) {
   double capture_cpu_budget_pct = 5;
   std::string spool_dir = kDefaultSpoolDir, spool_max = "256MiB";
   double flush_timeout_s = 5;
-  app.add_option("--server", server, "strata-server address (host:port)")->capture_default_str();
-  app.add_option("--pid", pids, "profile this process (repeatable)");
-  app.add_option("--service", service_flags,
+};
+
+void AddFlags(CLI::App& app, Flags& f) {
+  app.add_option("--server", f.server, "strata-server address (host:port)")->capture_default_str();
+  app.add_option("--pid", f.pids, "profile this process (repeatable)");
+  app.add_option("--service", f.service_flags,
                  "NAME=REGEX: profile processes whose executable name or command line "
                  "matches REGEX as service NAME (repeatable; new processes are picked up)");
-  std::vector<std::string> label_flags;
-  app.add_option("--label", label_flags,
+  app.add_option("--label", f.label_flags,
                  "KEY=VALUE: a label of every target (repeatable), e.g. region=eu-west; a "
                  "process's own STRATA_LABELS and derived labels (build_id, version, "
                  "container_id, pod, namespace) win over it");
-  app.add_option("--frequency", frequency, "samples per second per thread")
+  app.add_option("--frequency", f.frequency, "samples per second per thread")
       ->check(CLI::Range(1u, 10000u))
       ->capture_default_str();
-  app.add_option("--interval", interval_s, "seconds between batches")
+  app.add_option("--interval", f.interval_s, "seconds between batches")
       ->check(CLI::Range(0.1, 3600.0))
       ->capture_default_str();
-  app.add_option("--stack-bytes", stack_bytes, "bytes of stack copied per sample")
+  app.add_option("--stack-bytes", f.stack_bytes, "bytes of stack copied per sample")
       ->check(CLI::Range(512u, 63u * 1024u))
       ->capture_default_str();
-  strata::rpc::AddClientSecurityFlags(&app, &security);
-  app.add_option("--agent-id", agent_id, "agent identity (default: host-<random>)");
-  app.add_option("--host", host, "host label")->capture_default_str();
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
-  app.add_option("--unwind-verify", unwind_verify,
+  strata::rpc::AddClientSecurityFlags(&app, &f.security);
+  app.add_option("--agent-id", f.agent_id, "agent identity (default: host-<random>)");
+  app.add_option("--host", f.host, "host label")->capture_default_str();
+  app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error");
+  app.add_option("--unwind-verify", f.unwind_verify,
                  "incremental unwinding: full (re-check every reused frame against the new "
                  "stack bytes), boundary (check only the splice point) or off (unwind every "
                  "sample fully)")
       ->check(CLI::IsMember({"full", "boundary", "off"}))
       ->capture_default_str();
-  app.add_option("--capture-cpu-budget", capture_cpu_budget_pct,
+  app.add_option("--capture-cpu-budget", f.capture_cpu_budget_pct,
                  "percent of one core the agent may use while an ad hoc capture runs; the "
                  "capture's rate is lowered to stay under it")
       ->check(CLI::Range(0.001, 100.0))
       ->capture_default_str();
-  app.add_option("--inproc", inproc_mode,
+  app.add_option("--inproc", f.inproc_mode,
                  "stacks from processes running the in-process sampler (libstrata_inproc.so): "
                  "auto (their rings where present, perf events for the rest; rings only when "
                  "perf events are unavailable), on (rings only), off (perf events only)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
-  app.add_option("--inproc-dir", inproc_dir,
+  app.add_option("--inproc-dir", f.inproc_dir,
                  "directory of the in-process samplers' rings (their STRATA_INPROC_DIR)")
       ->capture_default_str();
-  app.add_option("--spool-dir", spool_dir,
+  app.add_option("--spool-dir", f.spool_dir,
                  "directory of the durable spool: batches not yet acknowledged by the server, "
                  "with the call graph they need, survive agent restarts, kill -9 and reboots "
                  "and are resent under the same identity ('' or 'none': in memory only)")
       ->capture_default_str();
-  app.add_option("--spool-max-bytes", spool_max,
+  app.add_option("--spool-max-bytes", f.spool_max,
                  "disk the spool may use; past it the oldest batches are dropped (counted)")
       ->capture_default_str();
-  app.add_option("--flush-timeout", flush_timeout_s,
+  app.add_option("--flush-timeout", f.flush_timeout_s,
                  "seconds to wait at shutdown for the server to acknowledge every batch (what "
                  "is left stays in the spool)")
       ->check(CLI::Range(0.0, 3600.0))
       ->capture_default_str();
   strata::base::AddConfigFile(app);
-  CLI11_PARSE(app, argc, argv);
-  spdlog::set_level(spdlog::level::from_str(log_level));
-  auto client_security = strata::rpc::ClientSecurity::Load(security);
-  if (!client_security.ok()) {
-    std::fprintf(stderr, "strata-agent: %s\n",
-                 std::string(client_security.status().message()).c_str());
-    return 2;
-  }
+}
 
-  if (pids.empty() && service_flags.empty()) {
-    std::fprintf(stderr, "strata-agent: nothing to profile: give --pid or --service\n");
-    return 2;
-  }
+// The flags' profiling options; a usage error names the flag.
+absl::StatusOr<strata::agent::ProfilerOptions> ProfilerOptionsFrom(const Flags& f) {
   strata::agent::ProfilerOptions options;
-  options.frequency_hz = frequency;
-  options.stack_bytes = stack_bytes & ~7u;
-  options.unwind_verify = *strata::unwind::ParseVerifyMode(unwind_verify);  // checked above
-  options.inproc = *strata::agent::ParseInprocMode(inproc_mode);              // checked above
-  options.inproc_dir = inproc_dir;
-  for (int pid : pids) options.pids.push_back(pid);
-  for (const auto& flag : service_flags) {
-    auto rule = strata::procfs::ParseServiceRule(flag);
+  options.frequency_hz = f.frequency;
+  options.stack_bytes = f.stack_bytes & ~7u;
+  options.unwind_verify = *strata::unwind::ParseVerifyMode(f.unwind_verify);  // checked by CLI11
+  options.inproc = *strata::agent::ParseInprocMode(f.inproc_mode);              // checked by CLI11
+  options.inproc_dir = f.inproc_dir;
+  for (int pid : f.pids) options.pids.push_back(pid);
+  for (const auto& flag : f.service_flags) {
+    auto rule = strata::agent::procfs::ParseServiceRule(flag);
     if (!rule.ok()) {
-      std::fprintf(stderr, "strata-agent: --service %s: %s\n", flag.c_str(),
-                   std::string(rule.status().message()).c_str());
-      return 2;
+      return absl::InvalidArgumentError(absl::StrCat("--service ", flag, ": ", rule.status().message()));
     }
     options.service_rules.push_back(*rule);
   }
+  return options;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> AgentLabels(const Flags& f) {
   std::map<std::string, std::string> agent_labels;
-  for (const auto& flag : label_flags) {
+  for (const auto& flag : f.label_flags) {
     auto label = strata::labels::ParseLabel(flag);
     if (!label.ok()) {
-      std::fprintf(stderr, "strata-agent: --label %s: %s\n", flag.c_str(),
-                   std::string(label.status().message()).c_str());
-      return 2;
+      return absl::InvalidArgumentError(absl::StrCat("--label ", flag, ": ", label.status().message()));
     }
     agent_labels[label->first] = label->second;
   }
+  return agent_labels;
+}
 
-  auto spool_max_bytes = strata::base::ParseByteSize(spool_max);
-  if (!spool_max_bytes.ok()) {
-    std::fprintf(stderr, "strata-agent: --spool-max-bytes: %s\n",
-                 std::string(spool_max_bytes.status().message()).c_str());
-    return 2;
-  }
-
-  // Who this agent is: the identity of an earlier run that left batches in the spool, or a
-  // new one (a new graph, sequence numbers from 1).
-  std::random_device random;
-  strata::agent::SpoolIdentity fresh;
-  fresh.graph_id = (uint64_t{random()} << 32) | random();
-  fresh.host = host;
-  fresh.agent_id = agent_id.empty()
-                       ? absl::StrFormat("%s-%08x", host, fresh.graph_id & 0xffffffff)
-                       : agent_id;
-  strata::agent::SpoolOptions spool_options;
-  spool_options.dir = spool_dir == "none" ? "" : spool_dir;
-  spool_options.max_bytes = *spool_max_bytes;
-  spool_options.segment_bytes = std::clamp<uint64_t>(*spool_max_bytes / 16, 64 << 10, 4 << 20);
-  spool_options.adopt = agent_id.empty();
+struct OpenedSpool {
+  std::unique_ptr<strata::agent::spool::Spool> spool;
   std::unique_ptr<strata::agent::ContextGraph> graph;
-  auto restore = [&graph](const strata::agent::SpoolIdentity& resumed,
-                          const strata::v1::GraphDelta& delta) {
-    if (graph == nullptr) graph = std::make_unique<strata::agent::ContextGraph>(resumed.graph_id);
-    return graph->Restore(delta);
+  strata::agent::spool::SpoolRecovery recovery;
+};
+
+// Who this agent is: the identity of an earlier run that left batches in the spool, or a
+// new one (a new graph, sequence numbers from 1).
+absl::StatusOr<OpenedSpool> OpenSpool(const Flags& f, uint64_t max_bytes) {
+  std::random_device random;
+  strata::agent::spool::SpoolIdentity fresh;
+  fresh.graph_id = (uint64_t{random()} << 32) | random();
+  fresh.host = f.host;
+  fresh.agent_id = f.agent_id.empty()
+                       ? absl::StrFormat("%s-%08x", f.host, fresh.graph_id & 0xffffffff)
+                       : f.agent_id;
+  strata::agent::spool::SpoolOptions spool_options;
+  spool_options.dir = f.spool_dir == "none" ? "" : f.spool_dir;
+  spool_options.max_bytes = max_bytes;
+  spool_options.segment_bytes = std::clamp<uint64_t>(max_bytes / 16, 64 << 10, 4 << 20);
+  spool_options.adopt = f.agent_id.empty();
+  OpenedSpool opened;
+  auto restore = [&opened](const strata::agent::spool::SpoolIdentity& resumed,
+                           const strata::v1::GraphDelta& delta) {
+    if (opened.graph == nullptr) {
+      opened.graph = std::make_unique<strata::agent::ContextGraph>(resumed.graph_id);
+    }
+    return opened.graph->Restore(delta);
   };
-  strata::agent::SpoolRecovery recovery;
-  auto spool = strata::agent::Spool::Open(spool_options, fresh, restore, &recovery);
-  if (!spool.ok() && spool_dir == kDefaultSpoolDir && !absl::IsFailedPrecondition(spool.status())) {
+  auto spool = strata::agent::spool::Spool::Open(spool_options, fresh, restore, &opened.recovery);
+  if (!spool.ok() && f.spool_dir == kDefaultSpoolDir &&
+      !absl::IsFailedPrecondition(spool.status())) {
     // Not running as the service (no access to the default place): keep the spool in memory.
     spdlog::warn("spool: {}; batches are kept in memory only (give --spool-dir)",
                  std::string(spool.status().message()));
-    graph.reset();
+    opened.graph.reset();
     spool_options.dir.clear();
-    spool = strata::agent::Spool::Open(spool_options, fresh, restore, &recovery);
+    spool = strata::agent::spool::Spool::Open(spool_options, fresh, restore, &opened.recovery);
   }
-  if (!spool.ok()) {
-    std::fprintf(stderr, "strata-agent: spool: %s\n", std::string(spool.status().message()).c_str());
-    return 1;
+  if (!spool.ok()) return spool.status();
+  opened.spool = std::move(*spool);
+  const strata::agent::spool::SpoolRecovery& recovery = opened.recovery;
+  const strata::agent::spool::SpoolIdentity& identity = recovery.identity;
+  if (opened.graph == nullptr || !recovery.resumed) {
+    opened.graph = std::make_unique<strata::agent::ContextGraph>(identity.graph_id);
   }
-  const strata::agent::SpoolIdentity& identity = recovery.identity;
-  if (graph == nullptr || !recovery.resumed) {
-    graph = std::make_unique<strata::agent::ContextGraph>(identity.graph_id);
-  }
-  agent_id = identity.agent_id;
   if (recovery.resumed) {
     spdlog::info("spool {}: resuming as agent {} (graph {:x}): {} batches ({} samples) to "
                  "deliver, {} graph records", recovery.path, identity.agent_id,
                  identity.graph_id, recovery.batches, recovery.samples, recovery.graph_records);
   }
-  for (size_t i = 0; i < (*spool)->size(); ++i) {
-    spdlog::debug("recovered batch {} ({} samples)", (*spool)->entry(i).sequence,
-                  (*spool)->entry(i).samples);
+  for (size_t i = 0; i < opened.spool->size(); ++i) {
+    spdlog::debug("recovered batch {} ({} samples)", opened.spool->entry(i).sequence,
+                  opened.spool->entry(i).samples);
   }
   if (recovery.corrupt_records > 0 || recovery.orphaned_batches > 0) {
     spdlog::warn("spool {}: skipped {} torn or corrupt records and {} batches whose graph was "
                  "lost", recovery.path, recovery.corrupt_records, recovery.orphaned_batches);
   }
-  auto profiler = strata::agent::Profiler::Create(options, graph.get());
-  if (!profiler.ok()) {
-    std::fprintf(stderr, "strata-agent: %s\n", profiler.status().ToString().c_str());
-    return 1;
+  return opened;
+}
+
+void LogSamplingSummary(const strata::agent::ProfilerStats& stats, const std::string& verify) {
+  spdlog::info("stopping: {} samples, {} frames, {} truncated, {} lost; flushing", stats.samples,
+               stats.unwound_frames, stats.truncated, stats.lost);
+  spdlog::info("unwinding ({}): {} frames walked, {} reused, {} verification failures", verify,
+               stats.frames_walked, stats.frames_reused, stats.unwind_verify_failures);
+  if (stats.inproc_targets > 0 || stats.inproc_stacks > 0) {
+    spdlog::info("in-process rings: {} stacks, {} targets", stats.inproc_stacks,
+                 stats.inproc_targets);
   }
+}
+
+// Waits up to `timeout` for the server to acknowledge every batch, then says what is left.
+void FlushAndStop(strata::agent::Shipper& shipper, const strata::agent::spool::Spool& spool,
+                  absl::Duration timeout) {
+  const bool flushed = shipper.Flush(timeout);
+  shipper.Stop();
+  const strata::agent::ShipperStats shipped = shipper.stats();
+  if (shipped.spool.batches_dropped > 0) {
+    spdlog::warn("spool: dropped {} batches ({} samples) past --spool-max-bytes",
+                 shipped.spool.batches_dropped, shipped.spool.samples_dropped);
+  }
+  if (flushed) return;
+  if (spool.path().empty()) {
+    spdlog::warn("server did not acknowledge every batch before shutdown: {} batches lost "
+                 "(the spool is in memory)", shipped.spool.batches);
+  } else {
+    spdlog::warn("server did not acknowledge every batch before shutdown: {} batches stay in "
+                 "the spool {} and go out when the agent starts again",
+                 shipped.spool.batches, spool.path());
+  }
+}
+
+int Fail(int code, const std::string& message) {
+  std::fprintf(stderr, "strata-agent: %s\n", message.c_str());
+  return code;
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{"strata-agent: continuous profiling agent"};
+  Flags flags;
+  AddFlags(app, flags);
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::from_str(flags.log_level));
+  auto client_security = strata::rpc::ClientSecurity::Load(flags.security);
+  if (!client_security.ok()) return Fail(2, std::string(client_security.status().message()));
+  if (flags.pids.empty() && flags.service_flags.empty()) {
+    return Fail(2, "nothing to profile: give --pid or --service");
+  }
+  auto options = ProfilerOptionsFrom(flags);
+  if (!options.ok()) return Fail(2, std::string(options.status().message()));
+  auto agent_labels = AgentLabels(flags);
+  if (!agent_labels.ok()) return Fail(2, std::string(agent_labels.status().message()));
+  auto spool_max_bytes = strata::base::ParseByteSize(flags.spool_max);
+  if (!spool_max_bytes.ok()) {
+    return Fail(2, absl::StrCat("--spool-max-bytes: ", spool_max_bytes.status().message()));
+  }
+  auto opened = OpenSpool(flags, *spool_max_bytes);
+  if (!opened.ok()) return Fail(1, absl::StrCat("spool: ", opened.status().message()));
+  const strata::agent::spool::SpoolRecovery& recovery = opened->recovery;
+  auto profiler = strata::agent::Profiler::Create(*options, opened->graph.get());
+  if (!profiler.ok()) return Fail(1, profiler.status().ToString());
 
   strata::agent::ShipperOptions ship;
-  ship.server = server;
-  ship.agent_id = agent_id;
-  ship.host = host;
+  ship.server = flags.server;
+  ship.agent_id = recovery.identity.agent_id;
+  ship.host = flags.host;
   ship.arch = std::string(strata::unwind::ArchName(strata::agent::kHostArch));
   ship.version = kVersion;
   ship.security = std::move(*client_security);
-  ship.frequency_hz = frequency;
-  ship.labels = std::move(agent_labels);
+  ship.frequency_hz = flags.frequency;
+  ship.labels = *std::move(agent_labels);
   ship.spool_corrupt_records = recovery.corrupt_records;
   ship.spool_orphaned_batches = recovery.orphaned_batches;
-  strata::agent::Shipper shipper(ship, graph.get(), spool->get());
+  strata::agent::Shipper shipper(ship, opened->graph.get(), opened->spool.get());
   strata::agent::CaptureControllerOptions capture_options;
-  capture_options.cpu_budget = capture_cpu_budget_pct / 100;
+  capture_options.cpu_budget = flags.capture_cpu_budget_pct / 100;
   strata::agent::CaptureController captures(
       profiler->get(), capture_options,
       {[&shipper](strata::v1::SampleBatch b) { shipper.Enqueue(std::move(b)); },
@@ -250,85 +306,16 @@ int Run(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
-  spdlog::info("strata-agent {} on {} ({}), shipping to {} every {} s at {} Hz", agent_id, host,
-               ship.arch, server, interval_s, frequency);
-  const absl::Duration interval = absl::Milliseconds(static_cast<int64_t>(interval_s * 1000));
-  uint64_t sequence = recovery.last_sequence;  // a resumed incarnation numbers on
-  absl::Time window_start = absl::Now();
-  // Batches end on multiples of the interval, so agents' windows line up with each other.
-  auto next_boundary = [&](absl::Time t) {
-    const int64_t ms = absl::ToInt64Milliseconds(interval);
-    return absl::FromUnixMillis((absl::ToUnixMillis(t) / ms + 1) * ms);
-  };
-  // Boundaries follow the wall clock (windows line up across agents); the wait for one
-  // follows the monotonic clock: a wall clock stepped back an hour must not hold an hour of
-  // samples in the agent (one stepped forward ships at once).
-  absl::Time window_end;
-  std::chrono::steady_clock::time_point window_deadline;
-  auto plan_window = [&](absl::Time now) {
-    window_end = next_boundary(now);
-    window_deadline = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(window_end - now);
-  };
-  plan_window(window_start);
-  auto ship_window = [&](absl::Time end) {
-    // After the clock went back, the window starts no later than it ends.
-    const absl::Time start = std::min(window_start, end);
-    auto batch = (*profiler)->TakeBatch(absl::ToUnixMillis(start), absl::ToUnixMillis(end),
-                                        sequence + 1);
-    if (!batch.ok()) {
-      spdlog::error("building batch: {}", batch.status().ToString());
-    } else if (batch->has_value()) {
-      ++sequence;
-      shipper.Enqueue(std::move(**batch));
-    }
-    window_start = end;
-  };
-  while (!g_stop.load()) {
-    // Shorter waits while a capture runs: its batches go out every second.
-    const absl::Duration max_wait =
-        captures.running() > 0 ? absl::Milliseconds(50) : absl::Milliseconds(200);
-    auto st = (*profiler)->Poll(std::min(
-        max_wait, absl::FromChrono(window_deadline - std::chrono::steady_clock::now())));
-    if (!st.ok()) spdlog::warn("sampling: {}", st.ToString());
-    shipper.SetTargets((*profiler)->targets());
-    const absl::Time now = absl::Now();
-    captures.Tick(now, &sequence);
-    if (now >= window_end || std::chrono::steady_clock::now() >= window_deadline ||
-        (*profiler)->batch_full()) {
-      ship_window(now);
-      plan_window(now);
-    }
-  }
-  captures.StopAll(absl::Now(), &sequence);
-  ship_window(absl::Now());
-  const auto stats = (*profiler)->stats();
-  spdlog::info("stopping: {} samples, {} frames, {} truncated, {} lost; flushing", stats.samples,
-               stats.unwound_frames, stats.truncated, stats.lost);
-  spdlog::info("unwinding ({}): {} frames walked, {} reused, {} verification failures",
-               unwind_verify, stats.frames_walked, stats.frames_reused,
-               stats.unwind_verify_failures);
-  if (stats.inproc_targets > 0 || stats.inproc_stacks > 0) {
-    spdlog::info("in-process rings: {} stacks, {} targets", stats.inproc_stacks,
-                 stats.inproc_targets);
-  }
-  const bool flushed =
-      shipper.Flush(absl::Milliseconds(static_cast<int64_t>(flush_timeout_s * 1000)));
-  shipper.Stop();
-  const strata::agent::ShipperStats shipped = shipper.stats();
-  if (shipped.spool.batches_dropped > 0) {
-    spdlog::warn("spool: dropped {} batches ({} samples) past --spool-max-bytes",
-                 shipped.spool.batches_dropped, shipped.spool.samples_dropped);
-  }
-  if (!flushed) {
-    if ((*spool)->path().empty()) {
-      spdlog::warn("server did not acknowledge every batch before shutdown: {} batches lost "
-                   "(the spool is in memory)", shipped.spool.batches);
-    } else {
-      spdlog::warn("server did not acknowledge every batch before shutdown: {} batches stay in "
-                   "the spool {} and go out when the agent starts again",
-                   shipped.spool.batches, (*spool)->path());
-    }
-  }
+  spdlog::info("strata-agent {} on {} ({}), shipping to {} every {} s at {} Hz", ship.agent_id,
+               flags.host, ship.arch, flags.server, flags.interval_s, flags.frequency);
+  strata::agent::IntervalLoop loop(
+      absl::Milliseconds(static_cast<int64_t>(flags.interval_s * 1000)),
+      recovery.last_sequence,  // a resumed incarnation numbers on
+      profiler->get(), &shipper, &captures);
+  loop.Run(g_stop);
+  LogSamplingSummary((*profiler)->stats(), flags.unwind_verify);
+  FlushAndStop(shipper, *opened->spool,
+               absl::Milliseconds(static_cast<int64_t>(flags.flush_timeout_s * 1000)));
   return 0;
 }
 

@@ -30,7 +30,7 @@ bool SameRow(const UnwindRow& a, const UnwindRow& b) {
          a.fp_offset == b.fp_offset;
 }
 
-void Lookups(const strata::symbols::Module& module, uint64_t vaddr) {
+void Lookups(const strata::agent::symbols::Module& module, uint64_t vaddr) {
   if (const elf::SymbolTable::Function* f = module.symbols.Lookup(vaddr)) {
     STRATA_FUZZ_CHECK(f->start <= vaddr && (f->end == f->start || vaddr < f->end),
                       "Lookup(%#llx) returned [%#llx, %#llx)",
@@ -64,10 +64,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                     "cannot write %s", path.c_str());
   close(fd);
 
-  strata::symbols::ModuleCache cache;
+  strata::agent::symbols::ModuleCache cache;
   auto module_or = cache.Get(path, "/fuzz/module.elf", 0);
   if (!module_or.ok()) return 0;
-  const strata::symbols::Module& module = **module_or;
+  const strata::agent::symbols::Module& module = **module_or;
   const elf::ElfFile& file = *module.elf;
 
   for (const elf::Section& s : file.sections()) {

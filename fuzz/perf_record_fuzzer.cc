@@ -20,7 +20,7 @@
 #include "fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  namespace s = strata::sampler;
+  namespace s = strata::agent::sampler;
   strata::fuzz::InputReader in(data, size);
   const uint8_t flags = in.U8();
   const s::Arch arch = (flags & 1) ? s::Arch::kMips64 : s::Arch::kX86_64;

@@ -18,7 +18,7 @@
 #include "fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  namespace p = strata::procfs;
+  namespace p = strata::agent::procfs;
   const std::string_view text(reinterpret_cast<const char*>(data), size);
 
   // maps

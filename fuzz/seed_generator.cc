@@ -320,13 +320,13 @@ void SpoolSeeds() {
   Program p;
   Populate(p, 5);
   {
-    strata::agent::SpoolOptions options;
+    strata::agent::spool::SpoolOptions options;
     options.dir = dir;
     options.segment_bytes = 600;  // several segments
-    strata::agent::SpoolRecovery recovery;
-    auto spool = strata::agent::Spool::Open(
+    strata::agent::spool::SpoolRecovery recovery;
+    auto spool = strata::agent::spool::Spool::Open(
         options, {"fuzz-agent", "fuzz-host", 0x5eed5eed5eedull},
-        [](const strata::agent::SpoolIdentity&, const v1::GraphDelta&) { return absl::OkStatus(); },
+        [](const strata::agent::spool::SpoolIdentity&, const v1::GraphDelta&) { return absl::OkStatus(); },
         &recovery);
     if (!spool.ok()) Die("Spool::Open: " + spool.status().ToString());
     const uint32_t nodes = p.graph.num_nodes();
@@ -384,7 +384,7 @@ void SpoolSeeds() {
 }
 
 // perf ring seeds: records as the kernel writes them for the sampler's sample_type.
-std::string SampleRecord(const strata::sampler::UserRegsLayout& layout, uint32_t tid,
+std::string SampleRecord(const strata::agent::sampler::UserRegsLayout& layout, uint32_t tid,
                          size_t stack_bytes) {
   std::string r;
   const size_t size = 8 + 8 + 8 + 8 + 8 * layout.count + 8 + stack_bytes + 8;
@@ -413,7 +413,7 @@ std::string LostRecord(uint64_t lost) {
 }
 
 void PerfSeeds() {
-  namespace s = strata::sampler;
+  namespace s = strata::agent::sampler;
   for (bool mips : {false, true}) {
     const s::UserRegsLayout& layout = s::RegsLayoutFor(mips ? s::Arch::kMips64 : s::Arch::kX86_64);
     std::string data = SampleRecord(layout, 4243, 128) + LostRecord(3) +

@@ -90,22 +90,22 @@ void WriteFile(const std::string& path, const std::string& bytes) {
 
 struct Opened {
   std::unique_ptr<agent::ContextGraph> graph;
-  std::unique_ptr<agent::Spool> spool;
-  agent::SpoolRecovery recovery;
+  std::unique_ptr<agent::spool::Spool> spool;
+  agent::spool::SpoolRecovery recovery;
 };
 
-Opened Open(const agent::SpoolOptions& options, const agent::SpoolIdentity& fresh) {
+Opened Open(const agent::spool::SpoolOptions& options, const agent::spool::SpoolIdentity& fresh) {
   Opened o;
-  auto restore = [&o](const agent::SpoolIdentity& resumed, const strata::v1::GraphDelta& delta) {
+  auto restore = [&o](const agent::spool::SpoolIdentity& resumed, const strata::v1::GraphDelta& delta) {
     if (o.graph == nullptr) o.graph = std::make_unique<agent::ContextGraph>(resumed.graph_id);
     return o.graph->Restore(delta);
   };
-  auto spool = agent::Spool::Open(options, fresh, restore, &o.recovery);
+  auto spool = agent::spool::Spool::Open(options, fresh, restore, &o.recovery);
   if (spool.ok()) o.spool = std::move(*spool);
   return o;
 }
 
-std::vector<uint64_t> Sequences(const agent::Spool& spool) {
+std::vector<uint64_t> Sequences(const agent::spool::Spool& spool) {
   std::vector<uint64_t> out;
   for (size_t i = 0; i < spool.size(); ++i) out.push_back(spool.entry(i).sequence);
   return out;
@@ -123,7 +123,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string root = strata::fuzz::ScratchDir() + "/spool";
   std::error_code ec;
   fs::remove_all(root, ec);
-  const agent::SpoolIdentity fresh{"fuzz-agent", "fuzz-host", 0x1234};
+  const agent::spool::SpoolIdentity fresh{"fuzz-agent", "fuzz-host", 0x1234};
   const std::string dir = root + "/given/" + fresh.agent_id;
   fs::create_directories(dir);
 
@@ -151,7 +151,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     WriteFile(dir + "/" + name, bytes);
   }
 
-  agent::SpoolOptions options;
+  agent::spool::SpoolOptions options;
   options.dir = root;
   options.segment_bytes = 4096;  // appends open new segments now and then
   std::vector<uint64_t> expected;
@@ -159,7 +159,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     Opened o = Open(options, fresh);
     if (o.spool == nullptr) return 0;
-    agent::Spool& spool = *o.spool;
+    agent::spool::Spool& spool = *o.spool;
     uint64_t last = o.recovery.last_sequence;
     for (size_t i = 0; i < spool.size(); ++i) {
       const uint64_t seq = spool.entry(i).sequence;

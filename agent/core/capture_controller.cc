@@ -20,9 +20,9 @@ int64_t ProcessCpuNs() {
 
 }  // namespace
 
-CaptureController::CaptureController(Profiler* profiler, CaptureControllerOptions options,
-                                     Sink sink)
-    : profiler_(profiler), options_(options), sink_(std::move(sink)) {}
+CaptureController::CaptureController(SamplingSessions* sessions,
+                                     CaptureControllerOptions options, Sink sink)
+    : sessions_(sessions), options_(options), sink_(std::move(sink)) {}
 
 void CaptureController::HandleMessage(const v1::ServerMessage& message) {
   absl::MutexLock lock(&mu_);
@@ -47,7 +47,7 @@ void CaptureController::Tick(absl::Time now, uint64_t* sequence) {
         const uint32_t hz = std::clamp<uint32_t>(m.set_rate().frequency_hz(), 1,
                                                  options_.max_frequency_hz);
         // Session 0 is continuous profiling.
-        if (auto st = profiler_->SetSessionFrequency(0, hz); !st.ok()) {
+        if (auto st = sessions_->SetSessionFrequency(0, hz); !st.ok()) {
           spdlog::warn("set rate {} Hz: {}", hz, st.ToString());
         } else {
           spdlog::info("continuous profiling rate set to {} Hz by the server", hz);
@@ -97,7 +97,7 @@ void CaptureController::Start(const v1::StartCapture& start, absl::Time now) {
   const uint32_t hz = std::min(start.frequency_hz(), options_.max_frequency_hz);
   const uint32_t session_id = next_session_id_++;
   if (next_session_id_ == 0) next_session_id_ = 1;  // 0 is continuous profiling
-  auto st = profiler_->StartSession(session_id, hz, start.service(),
+  auto st = sessions_->StartSession(session_id, hz, start.service(),
                                     static_cast<pid_t>(start.pid()));
   if (!st.ok()) return fail(std::string(st.message()));
 
@@ -109,7 +109,7 @@ void CaptureController::Start(const v1::StartCapture& start, absl::Time now) {
   c.ends = now + absl::Milliseconds(start.duration_ms());
   c.window_start = now;
   spdlog::info("capture {} started: session {}, {} target(s), {} Hz for {} ms", c.capture_id,
-               session_id, profiler_->SessionTargets(session_id), hz, start.duration_ms());
+               session_id, sessions_->SessionTargets(session_id), hz, start.duration_ms());
   if (captures_.empty()) {
     // Budget accounting starts with the first capture.
     budget_wall_ = now;
@@ -126,7 +126,7 @@ void CaptureController::Start(const v1::StartCapture& start, absl::Time now) {
 void CaptureController::Ship(Capture& c, absl::Time now, uint64_t* sequence, bool finished,
                              const std::string& error) {
   uint64_t samples = 0;
-  auto batch = profiler_->TakeSessionBatch(c.session_id, c.capture_id,
+  auto batch = sessions_->TakeSessionBatch(c.session_id, c.capture_id,
                                            absl::ToUnixMillis(c.window_start),
                                            absl::ToUnixMillis(now), *sequence + 1, &samples);
   c.window_start = now;
@@ -152,11 +152,11 @@ void CaptureController::Finish(const std::string& capture_id, absl::Time now, ui
   if (it == captures_.end()) return;
   Capture& c = it->second;
   // Samples still in the rings belong to the capture: drain them before the last batch.
-  profiler_->StopSession(c.session_id);
+  sessions_->StopSession(c.session_id);
   // A stop requested by the server is not an error of the capture; shutdown is.
   const bool failed = why == "the agent is shutting down";
   Ship(c, now, sequence, true, failed ? why : "");
-  profiler_->ReleaseSession(c.session_id);
+  sessions_->ReleaseSession(c.session_id);
   spdlog::info("capture {} {}: {} samples, last rate {} Hz (requested {} Hz)", capture_id,
                why.empty() ? "finished" : why, c.samples, c.current_hz, c.requested_hz);
   captures_.erase(it);
@@ -180,7 +180,7 @@ void CaptureController::EnforceBudget(absl::Time now) {
       hz = std::min<uint32_t>(c.requested_hz, c.current_hz + c.current_hz / 4 + 1);
     }
     if (hz == c.current_hz) continue;
-    if (auto st = profiler_->SetSessionFrequency(c.session_id, hz); !st.ok()) {
+    if (auto st = sessions_->SetSessionFrequency(c.session_id, hz); !st.ok()) {
       spdlog::warn("capture {}: cannot set {} Hz: {}", id, hz, st.ToString());
       continue;
     }

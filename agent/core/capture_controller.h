@@ -1,7 +1,7 @@
 // Ad hoc captures on the agent: turns the server's StartCapture / StopCapture / SetRate control
-// messages into Profiler sampling sessions, ships each capture's samples as SampleBatch
-// batches tagged with its capture ID about once a second, reports CaptureStatus progress,
-// and enforces the agent's CPU budget for captures.
+// messages into sampling sessions (SamplingSessions, the Profiler's), ships each capture's
+// samples as SampleBatch batches tagged with its capture ID about once a second, reports
+// CaptureStatus progress, and enforces the agent's CPU budget for captures.
 //
 // CPU budget. Once a second the controller reads the agent's own CPU time
 // (CLOCK_PROCESS_CPUTIME_ID: all of the agent's threads, continuous profiling, unwinding and
@@ -15,7 +15,7 @@
 // messages over the same ingest stream.
 //
 // Thread model: HandleMessage() is called on the shipper's reader thread and only queues;
-// everything else runs on the agent's main loop thread (the one that owns the Profiler).
+// everything else runs on the agent's main loop thread (the one that owns the sessions).
 #ifndef STRATA_AGENT_CORE_CAPTURE_CONTROLLER_H_
 #define STRATA_AGENT_CORE_CAPTURE_CONTROLLER_H_
 
@@ -27,7 +27,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "agent/core/profiler.h"
+#include "agent/core/sampling_sessions.h"
 #include "strata/v1/ingest.pb.h"
 
 namespace strata::agent {
@@ -48,8 +48,8 @@ class CaptureController {
     std::function<void(v1::CaptureStatus)> send_status;
   };
 
-  // `profiler` is borrowed and must outlive the controller.
-  CaptureController(Profiler* profiler, CaptureControllerOptions options, Sink sink);
+  // `sessions` is borrowed and must outlive the controller.
+  CaptureController(SamplingSessions* sessions, CaptureControllerOptions options, Sink sink);
 
   // Any thread: queues a control message for the next Tick().
   void HandleMessage(const v1::ServerMessage& message);
@@ -83,7 +83,7 @@ class CaptureController {
               const std::string& why);
   void EnforceBudget(absl::Time now);
 
-  Profiler* const profiler_;
+  SamplingSessions* const sessions_;
   const CaptureControllerOptions options_;
   const Sink sink_;
 

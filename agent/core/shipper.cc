@@ -13,7 +13,7 @@ constexpr size_t kMaxBytesPerRound = 4 << 20;
 
 }  // namespace
 
-Shipper::Shipper(ShipperOptions options, ContextGraph* graph, Spool* spool)
+Shipper::Shipper(ShipperOptions options, ContextGraph* graph, spool::Spool* spool)
     : options_(std::move(options)),
       graph_(graph),
       spool_(spool),
@@ -46,7 +46,7 @@ void Shipper::Enqueue(v1::SampleBatch batch) {
   // dropped at a restart as undecodable, and counted there.)
   absl::Status appended = spool_->Append(batch);
   if (!spool_->empty()) {
-    const Spool::Entry& e = spool_->entry(spool_->size() - 1);
+    const spool::Spool::Entry& e = spool_->entry(spool_->size() - 1);
     spdlog::debug("spooled batch {} ({} samples)", e.sequence, e.samples);
   }
   if (st.ok()) st = appended;
@@ -200,7 +200,7 @@ v1::AgentMessage Shipper::Heartbeat() {
   v1::AgentMessage m;
   v1::Heartbeat* hb = m.mutable_heartbeat();
   hb->set_time_ms(absl::ToUnixMillis(absl::Now()));
-  const SpoolStats spool = spool_->stats();
+  const spool::SpoolStats spool = spool_->stats();
   v1::AgentHealth* h = hb->mutable_health();
   h->set_spool_batches(spool.batches);
   h->set_spool_bytes(spool.bytes);
@@ -309,7 +309,7 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
       // the agent's memory should be.
       size_t out_bytes = 0;
       for (size_t i = 0; i < spool_->size() && out_bytes < kMaxBytesPerRound; ++i) {
-        const Spool::Entry& entry = spool_->entry(i);
+        const spool::Spool::Entry& entry = spool_->entry(i);
         if (entry.sequence < next_send_) continue;
         auto batch = spool_->Read(i);
         if (!batch.ok()) {

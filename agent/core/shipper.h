@@ -58,14 +58,14 @@ struct ShipperStats {
   uint64_t bytes_sent = 0;
   uint64_t spool_errors = 0;  // batches or graph the spool could not write (kept in memory)
   bool connected = false;
-  SpoolStats spool;
+  spool::SpoolStats spool;
 };
 
 class Shipper {
  public:
   using ControlHandler = std::function<void(const v1::ServerMessage&)>;
 
-  Shipper(ShipperOptions options, ContextGraph* graph, Spool* spool);
+  Shipper(ShipperOptions options, ContextGraph* graph, spool::Spool* spool);
   ~Shipper();
 
   void SetControlHandler(ControlHandler handler);
@@ -97,7 +97,7 @@ class Shipper {
   std::thread thread_;
 
   mutable absl::Mutex mu_;
-  Spool* const spool_ ABSL_GUARDED_BY(mu_);
+  spool::Spool* const spool_ ABSL_GUARDED_BY(mu_);
   // Batches from this sequence number on have not been written to the current stream.
   uint64_t next_send_ ABSL_GUARDED_BY(mu_) = 0;
   // How much of the graph the spool holds.

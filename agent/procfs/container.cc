@@ -7,7 +7,7 @@
 #include "agent/procfs/procfs.h"
 #include "common/base/split.h"
 
-namespace strata::procfs {
+namespace strata::agent::procfs {
 namespace {
 
 using base::Split;
@@ -124,4 +124,4 @@ absl::StatusOr<std::string> ReadCgroup(pid_t pid) {
   return ReadProcFile(absl::StrCat("/proc/", pid, "/cgroup"), 64u << 10);
 }
 
-}  // namespace strata::procfs
+}  // namespace strata::agent::procfs

@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace strata::procfs {
+namespace strata::agent::procfs {
 
 struct ContainerInfo {
   std::string container_id;  // 64 lowercase hex digits; empty: not in a container we know
@@ -30,6 +30,6 @@ ContainerInfo ParseCgroup(std::string_view cgroup_text);
 // /proc/PID/cgroup, at most 64 KiB of it.
 absl::StatusOr<std::string> ReadCgroup(pid_t pid);
 
-}  // namespace strata::procfs
+}  // namespace strata::agent::procfs
 
 #endif  // STRATA_AGENT_PROCFS_CONTAINER_H_

@@ -10,7 +10,7 @@
 
 #include "gtest/gtest.h"
 
-namespace strata::procfs {
+namespace strata::agent::procfs {
 namespace {
 
 std::string Sample(const std::string& name) {
@@ -76,4 +76,4 @@ TEST(ContainerTest, ReadsThisProcess) {
 }
 
 }  // namespace
-}  // namespace strata::procfs
+}  // namespace strata::agent::procfs

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/procfs/procfs.h"
 
-namespace strata::procfs {
+namespace strata::agent::procfs {
 namespace {
 
 // Appends (pid, tid) for every tid in `a` that is not in `b`; both ascending.
@@ -188,4 +188,4 @@ absl::StatusOr<ProcessChanges> ProcessTracker::Rescan() {
   return changes;
 }
 
-}  // namespace strata::procfs
+}  // namespace strata::agent::procfs

@@ -27,7 +27,7 @@
 #include "absl/status/statusor.h"
 #include "agent/procfs/service_matcher.h"
 
-namespace strata::procfs {
+namespace strata::agent::procfs {
 
 struct TrackedProcess {
   pid_t pid = 0;
@@ -117,6 +117,6 @@ class ProcessTracker {
   absl::flat_hash_set<pid_t> reevaluate_;  // pins changed since the last scan
 };
 
-}  // namespace strata::procfs
+}  // namespace strata::agent::procfs
 
 #endif  // STRATA_AGENT_PROCFS_PROCESS_TRACKER_H_

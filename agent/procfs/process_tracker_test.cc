@@ -18,7 +18,7 @@
 #include "gtest/gtest.h"
 #include "common/testing/emulation.h"
 
-namespace strata::procfs {
+namespace strata::agent::procfs {
 namespace {
 
 using ::testing::Contains;
@@ -212,4 +212,4 @@ TEST(ProcessTrackerTest, ReportsThreadsOfTrackedProcess) {
 }
 
 }  // namespace
-}  // namespace strata::procfs
+}  // namespace strata::agent::procfs

@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
-namespace strata::procfs {
+namespace strata::agent::procfs {
 namespace {
 
 // ENOENT and ESRCH both mean the process is gone (or never was).
@@ -249,4 +249,4 @@ absl::StatusOr<std::vector<Mapping>> ReadMappings(pid_t pid) {
   return ParseMaps(*text);
 }
 
-}  // namespace strata::procfs
+}  // namespace strata::agent::procfs

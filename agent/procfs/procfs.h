@@ -22,7 +22,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace strata::procfs {
+namespace strata::agent::procfs {
 
 // One line of /proc/PID/maps.
 struct Mapping {
@@ -94,6 +94,6 @@ absl::StatusOr<std::vector<Mapping>> ReadMappings(pid_t pid);
 absl::StatusOr<std::string> ReadProcFile(const std::string& path,
                                          size_t max_bytes = SIZE_MAX);
 
-}  // namespace strata::procfs
+}  // namespace strata::agent::procfs
 
 #endif  // STRATA_AGENT_PROCFS_PROCFS_H_

@@ -17,7 +17,7 @@
 
 extern char** environ;
 
-namespace strata::procfs {
+namespace strata::agent::procfs {
 namespace {
 
 using ::testing::Contains;
@@ -226,4 +226,4 @@ TEST(LiveProcfsTest, ReadsEnvironmentOfAnotherProcess) {
 }
 
 }  // namespace
-}  // namespace strata::procfs
+}  // namespace strata::agent::procfs

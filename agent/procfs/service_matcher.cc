@@ -7,7 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "re2/re2.h"
 
-namespace strata::procfs {
+namespace strata::agent::procfs {
 
 struct ServiceMatcher::CompiledRule {
   std::string service;
@@ -86,4 +86,4 @@ std::optional<std::string> ServiceMatcher::Match(const ProcessIdentity& process)
   return std::nullopt;
 }
 
-}  // namespace strata::procfs
+}  // namespace strata::agent::procfs

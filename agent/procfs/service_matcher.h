@@ -23,7 +23,7 @@ namespace re2 {
 class RE2;
 }
 
-namespace strata::procfs {
+namespace strata::agent::procfs {
 
 inline constexpr std::string_view kServiceEnvVar = "STRATA_SERVICE";
 
@@ -70,6 +70,6 @@ class ServiceMatcher {
 // Basename of an executable path, without the kernel's " (deleted)" suffix.
 std::string_view ExecutableBasename(std::string_view executable);
 
-}  // namespace strata::procfs
+}  // namespace strata::agent::procfs
 
 #endif  // STRATA_AGENT_PROCFS_SERVICE_MATCHER_H_

@@ -2,7 +2,7 @@
 
 #include "gtest/gtest.h"
 
-namespace strata::procfs {
+namespace strata::agent::procfs {
 namespace {
 
 TEST(ParseServiceRuleTest, SplitsAtFirstEquals) {
@@ -80,4 +80,4 @@ TEST(ServiceMatcherTest, MovedMatcherKeepsRules) {
 }
 
 }  // namespace
-}  // namespace strata::procfs
+}  // namespace strata::agent::procfs

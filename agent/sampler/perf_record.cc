@@ -4,7 +4,7 @@
 
 #include "absl/status/status.h"
 
-namespace strata::sampler {
+namespace strata::agent::sampler {
 namespace {
 
 // Sequential reader over one record; every read is bounds-checked.
@@ -153,4 +153,4 @@ RingReader::ReadResult RingReader::ReadAll(
   return result;
 }
 
-}  // namespace strata::sampler
+}  // namespace strata::agent::sampler

@@ -19,7 +19,7 @@
 #include "agent/sampler/perf_regs.h"
 #include "agent/sampler/raw_sample.h"
 
-namespace strata::sampler {
+namespace strata::agent::sampler {
 
 // A record's size is a u16, so no record is larger than this; scratch buffers use it.
 inline constexpr size_t kMaxRecordSize = 65535;
@@ -67,6 +67,6 @@ class RingReader {
   size_t data_size_;
 };
 
-}  // namespace strata::sampler
+}  // namespace strata::agent::sampler
 
 #endif  // STRATA_AGENT_SAMPLER_PERF_RECORD_H_

@@ -6,7 +6,7 @@
 
 #include "gtest/gtest.h"
 
-namespace strata::sampler {
+namespace strata::agent::sampler {
 namespace {
 
 // Builds records the way the kernel lays them out.
@@ -220,4 +220,4 @@ TEST(RegsLayoutTest, HostArchIsSupportedHere) {
 }
 
 }  // namespace
-}  // namespace strata::sampler
+}  // namespace strata::agent::sampler

@@ -4,7 +4,7 @@
 
 #include "absl/status/status.h"
 
-namespace strata::sampler {
+namespace strata::agent::sampler {
 namespace {
 
 // Register numbers from the kernel's uapi asm/perf_regs.h of each architecture.
@@ -73,4 +73,4 @@ absl::StatusOr<Arch> HostArch() {
 #endif
 }
 
-}  // namespace strata::sampler
+}  // namespace strata::agent::sampler

@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace strata::sampler {
+namespace strata::agent::sampler {
 
 enum class Arch { kX86_64, kMips64 };
 
@@ -32,6 +32,6 @@ const UserRegsLayout& RegsLayoutFor(Arch arch);
 // The architecture this binary runs on; UnimplementedError on anything else.
 absl::StatusOr<Arch> HostArch();
 
-}  // namespace strata::sampler
+}  // namespace strata::agent::sampler
 
 #endif  // STRATA_AGENT_SAMPLER_PERF_REGS_H_

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/sampler/perf_record.h"
 
-namespace strata::sampler {
+namespace strata::agent::sampler {
 
 struct PerfSampler::ThreadEvent {
   pid_t pid = 0;
@@ -423,4 +423,4 @@ std::vector<pid_t> PerfSampler::AttachedThreads(uint32_t session_id, pid_t pid) 
   return tids;
 }
 
-}  // namespace strata::sampler
+}  // namespace strata::agent::sampler

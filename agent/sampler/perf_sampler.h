@@ -49,7 +49,7 @@
 #include "agent/sampler/perf_regs.h"
 #include "agent/sampler/raw_sample.h"
 
-namespace strata::sampler {
+namespace strata::agent::sampler {
 
 struct SessionOptions {
   uint32_t session_id = 0;
@@ -155,6 +155,6 @@ class PerfSampler {
   std::unique_ptr<uint8_t[]> scratch_;  // kMaxRecordSize bytes for wrapped records
 };
 
-}  // namespace strata::sampler
+}  // namespace strata::agent::sampler
 
 #endif  // STRATA_AGENT_SAMPLER_PERF_SAMPLER_H_

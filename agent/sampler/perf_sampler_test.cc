@@ -19,7 +19,7 @@
 #include "agent/procfs/process_tracker.h"
 #include "gtest/gtest.h"
 
-namespace strata::sampler {
+namespace strata::agent::sampler {
 namespace {
 
 // ---- The child workload. ----
@@ -366,4 +366,4 @@ TEST(PerfSamplerOptionsTest, RejectsBadSessions) {
 }
 
 }  // namespace
-}  // namespace strata::sampler
+}  // namespace strata::agent::sampler

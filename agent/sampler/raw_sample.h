@@ -12,7 +12,7 @@
 
 #include "absl/functional/function_ref.h"
 
-namespace strata::sampler {
+namespace strata::agent::sampler {
 
 struct RawSample {
   uint32_t pid = 0;
@@ -31,6 +31,6 @@ struct RawSample {
 
 using SampleCallback = absl::FunctionRef<void(const RawSample&)>;
 
-}  // namespace strata::sampler
+}  // namespace strata::agent::sampler
 
 #endif  // STRATA_AGENT_SAMPLER_RAW_SAMPLE_H_

@@ -16,7 +16,7 @@
 #include "common/base/crc32c.h"
 #include "common/encoding/packed_contexts.h"
 
-namespace strata::agent {
+namespace strata::agent::spool {
 namespace {
 
 namespace fs = std::filesystem;
@@ -680,4 +680,4 @@ SpoolStats Spool::stats() const {
   return s;
 }
 
-}  // namespace strata::agent
+}  // namespace strata::agent::spool

@@ -39,7 +39,7 @@
 #include "absl/status/statusor.h"
 #include "strata/v1/ingest.pb.h"
 
-namespace strata::agent {
+namespace strata::agent::spool {
 
 struct SpoolOptions {
   std::string dir;                        // empty: in memory only
@@ -157,6 +157,6 @@ class Spool {
   SpoolStats stats_;
 };
 
-}  // namespace strata::agent
+}  // namespace strata::agent::spool
 
 #endif  // STRATA_AGENT_SPOOL_SPOOL_H_

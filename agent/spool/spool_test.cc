@@ -11,7 +11,7 @@
 #include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 
-namespace strata::agent {
+namespace strata::agent::spool {
 namespace {
 
 namespace fs = std::filesystem;
@@ -329,4 +329,4 @@ TEST_F(SpoolTest, ABatchTheDiskRefusesIsKeptInMemory) {
 }
 
 }  // namespace
-}  // namespace strata::agent
+}  // namespace strata::agent::spool

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/unwind/rule_source.h"
 
-namespace strata::symbols {
+namespace strata::agent::symbols {
 namespace {
 
 std::shared_ptr<const Module> BuildModule(std::unique_ptr<elf::ElfFile> elf, const std::string& path) {
@@ -69,4 +69,4 @@ std::shared_ptr<const Module> ModuleCache::Adopt(std::unique_ptr<elf::ElfFile> e
   return module;
 }
 
-}  // namespace strata::symbols
+}  // namespace strata::agent::symbols

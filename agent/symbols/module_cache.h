@@ -21,7 +21,7 @@
 #include "common/elf/symbol_table.h"
 #include "common/unwind/unwinder.h"
 
-namespace strata::symbols {
+namespace strata::agent::symbols {
 
 struct Module {
   std::string path;          // path as the process sees it (from /proc/PID/maps)
@@ -52,6 +52,6 @@ class ModuleCache {
   uint64_t opens_ = 0;
 };
 
-}  // namespace strata::symbols
+}  // namespace strata::agent::symbols
 
 #endif  // STRATA_AGENT_SYMBOLS_MODULE_CACHE_H_

@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace strata::symbols {
+namespace strata::agent::symbols {
 namespace {
 
 std::string BaseName(const std::string& path) {
@@ -168,4 +168,4 @@ SymbolizedPc ProcessAddressSpace::Symbolize(uint64_t pc) const {
   return out;
 }
 
-}  // namespace strata::symbols
+}  // namespace strata::agent::symbols

@@ -19,7 +19,7 @@
 #include "agent/symbols/module_cache.h"
 #include "common/unwind/unwinder.h"
 
-namespace strata::symbols {
+namespace strata::agent::symbols {
 
 // One line of /proc/PID/maps (field names as in agent/procfs's Mapping).
 struct MappingInfo {
@@ -81,6 +81,6 @@ class ProcessAddressSpace final : public unwind::AddressSpace {
   size_t failed_modules_ = 0;
 };
 
-}  // namespace strata::symbols
+}  // namespace strata::agent::symbols
 
 #endif  // STRATA_AGENT_SYMBOLS_PROCESS_ADDRESS_SPACE_H_

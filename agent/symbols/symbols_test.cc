@@ -14,7 +14,7 @@ extern "C" __attribute__((noinline)) int StrataSymbolsTestTarget(int x) {
   return x + 11;
 }
 
-namespace strata::symbols {
+namespace strata::agent::symbols {
 namespace {
 
 __attribute__((noinline)) int NamespacedTarget(long v) {
@@ -42,7 +42,7 @@ TEST(SymbolsTest, SymbolizesOwnFunctions) {
   EXPECT_EQ(s.build_id.size(), 40u);
 
   s = space.Symbolize(Addr(reinterpret_cast<void*>(&NamespacedTarget)));
-  EXPECT_EQ(s.function_name, "strata::symbols::(anonymous namespace)::NamespacedTarget(long)");
+  EXPECT_EQ(s.function_name, "strata::agent::symbols::(anonymous namespace)::NamespacedTarget(long)");
 
   s = space.Symbolize(Addr(reinterpret_cast<void*>(&getpid)));
   EXPECT_NE(s.module_path.find("libc.so"), std::string::npos) << s.module_path;
@@ -141,4 +141,4 @@ TEST(SymbolsTest, ReadProcMapsParsesSelf) {
 }
 
 }  // namespace
-}  // namespace strata::symbols
+}  // namespace strata::agent::symbols

@@ -59,14 +59,14 @@ class Reader {
 
 absl::StatusOr<RecordStats> Record(pid_t pid, const RecordOptions& options,
                                    const std::string& path) {
-  auto sampler = sampler::PerfSampler::Create();
+  auto sampler = agent::sampler::PerfSampler::Create();
   if (!sampler.ok()) return sampler.status();
-  sampler::SessionOptions session;
+  agent::sampler::SessionOptions session;
   session.frequency_hz = options.frequency_hz;
   session.stack_bytes = options.stack_bytes;
   session.ring_pages = 128;
   if (auto st = (*sampler)->AddSession(session); !st.ok()) return st;
-  auto tids = procfs::ListThreads(pid);
+  auto tids = agent::procfs::ListThreads(pid);
   if (!tids.ok()) return tids.status();
   if (auto st = (*sampler)->AttachProcess(0, pid, *tids); !st.ok()) return st;
 
@@ -76,19 +76,19 @@ absl::StatusOr<RecordStats> Record(pid_t pid, const RecordOptions& options,
   absl::flat_hash_set<pid_t> seen_threads(tids->begin(), tids->end());
   size_t maps_hash = 0;
   auto refresh_maps = [&]() {
-    auto maps = symbols::ReadProcMaps(pid);
+    auto maps = agent::symbols::ReadProcMaps(pid);
     if (!maps.ok()) return;
     size_t hash = 0;
     for (const auto& m : *maps) hash = absl::HashOf(hash, m.start, m.end, m.offset, m.path);
     if (hash == maps_hash && stats.mapping_sets > 0) return;
     maps_hash = hash;
-    std::vector<const symbols::MappingInfo*> files;
+    std::vector<const agent::symbols::MappingInfo*> files;
     for (const auto& m : *maps) {
       if (!m.path.empty() && m.path[0] == '/') files.push_back(&m);
     }
     out.push_back('M');
     Put<uint32_t>(&out, static_cast<uint32_t>(files.size()));
-    for (const symbols::MappingInfo* m : files) {
+    for (const agent::symbols::MappingInfo* m : files) {
       auto it = build_ids.find(m->path);
       if (it == build_ids.end()) {
         auto elf = elf::ElfFile::Open(m->path);
@@ -109,7 +109,7 @@ absl::StatusOr<RecordStats> Record(pid_t pid, const RecordOptions& options,
   while (absl::Now() < end) {
     auto ready = (*sampler)->Wait(absl::Milliseconds(20));
     if (!ready.ok()) return ready.status();
-    (*sampler)->Drain([&](const sampler::RawSample& s) {
+    (*sampler)->Drain([&](const agent::sampler::RawSample& s) {
       out.push_back('S');
       Put<uint32_t>(&out, s.tid);
       Put<uint64_t>(&out, s.time_ns);
@@ -123,7 +123,7 @@ absl::StatusOr<RecordStats> Record(pid_t pid, const RecordOptions& options,
     });
     // Mappings read after the drain: a dlopen seen here applies to the samples that follow.
     refresh_maps();
-    auto now_tids = procfs::ListThreads(pid);
+    auto now_tids = agent::procfs::ListThreads(pid);
     if (!now_tids.ok()) break;  // the process exited
     for (pid_t tid : *now_tids) {
       if (seen_threads.insert(tid).second) (void)(*sampler)->AttachNewThread(pid, tid);

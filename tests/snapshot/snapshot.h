@@ -23,7 +23,7 @@
 namespace strata::snapshot {
 
 struct Mapping {
-  symbols::MappingInfo info;
+  agent::symbols::MappingInfo info;
   std::string build_id_hex;  // empty when the file has none or could not be read
 };
 

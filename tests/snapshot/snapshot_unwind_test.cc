@@ -83,7 +83,7 @@ const Dwfl_Callbacks kDwflCallbacks = {dwfl_build_id_find_elf, dwfl_standard_fin
 // One Dwfl per mapping set: the modules reported at the recorded load biases.
 class LibdwUnwinder {
  public:
-  LibdwUnwinder(const symbols::ProcessAddressSpace& space, const std::vector<Mapping>& maps) {
+  LibdwUnwinder(const agent::symbols::ProcessAddressSpace& space, const std::vector<Mapping>& maps) {
     dwfl_ = dwfl_begin(&kDwflCallbacks);
     dwfl_report_begin(dwfl_);
     std::map<std::string, bool> reported;
@@ -191,18 +191,18 @@ Tally Replay(const std::string& name, const std::string& path, size_t min_depth)
   EXPECT_TRUE(snap.ok()) << snap.status();
   if (!snap.ok()) return t;
   t.mapping_sets = snap->mapping_sets.size();
-  symbols::ModuleCache modules;
-  std::vector<std::unique_ptr<symbols::ProcessAddressSpace>> spaces;
+  agent::symbols::ModuleCache modules;
+  std::vector<std::unique_ptr<agent::symbols::ProcessAddressSpace>> spaces;
   std::vector<std::unique_ptr<LibdwUnwinder>> libdw;
   for (const auto& set : snap->mapping_sets) {
-    std::vector<symbols::MappingInfo> infos;
+    std::vector<agent::symbols::MappingInfo> infos;
     for (const Mapping& m : set) {
       infos.push_back(m.info);
       // The replay reads the module files from disk: they must still be the recorded ones.
       auto elf = elf::ElfFile::Open(m.info.path);
       if (elf.ok()) EXPECT_EQ((*elf)->BuildIdHex(), m.build_id_hex) << m.info.path;
     }
-    auto space = std::make_unique<symbols::ProcessAddressSpace>(0, &modules);
+    auto space = std::make_unique<agent::symbols::ProcessAddressSpace>(0, &modules);
     EXPECT_TRUE(space->Refresh(infos).ok());
     libdw.push_back(std::make_unique<LibdwUnwinder>(*space, set));
     EXPECT_TRUE(libdw.back()->ok()) << dwfl_errmsg(-1);

@@ -18,8 +18,8 @@
 //
 // Both sides are the same binary architecture (the agent samples its own host), so the
 // records are in native byte order.
-#ifndef STRATA_AGENT_INPROC_RING_H_
-#define STRATA_AGENT_INPROC_RING_H_
+#ifndef STRATA_AGENT_RUNTIME_RING_H_
+#define STRATA_AGENT_RUNTIME_RING_H_
 
 #include <sys/types.h>
 
@@ -33,7 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace strata::inproc {
+namespace strata::agent::runtime {
 
 inline constexpr uint64_t kRingMagic = 0x474e495250525453ull;  // "STRPRING"
 inline constexpr uint32_t kRingVersion = 1;
@@ -187,6 +187,6 @@ size_t RingReader::Drain(Callback&& callback, size_t max) {
   return delivered;
 }
 
-}  // namespace strata::inproc
+}  // namespace strata::agent::runtime
 
-#endif  // STRATA_AGENT_INPROC_RING_H_
+#endif  // STRATA_AGENT_RUNTIME_RING_H_

@@ -6,20 +6,20 @@
 #include <cstring>
 #include <string>
 
-#include "agent/inproc/sampler.h"
+#include "agent/runtime/sampler.h"
 
 namespace {
 
 __attribute__((constructor)) void StrataInprocAutostart() {
   const char* enabled = getenv("STRATA_INPROC");
   if (enabled != nullptr && std::strcmp(enabled, "0") == 0) return;
-  absl::Status st = strata::inproc::Start(strata::inproc::OptionsFromEnvironment());
+  absl::Status st = strata::agent::runtime::Start(strata::agent::runtime::OptionsFromEnvironment());
   if (!st.ok()) {
     const std::string msg = "libstrata_inproc: not sampling: " + st.ToString() + "\n";
     (void)!write(STDERR_FILENO, msg.data(), msg.size());
   }
 }
 
-__attribute__((destructor)) void StrataInprocShutdown() { strata::inproc::Stop(); }
+__attribute__((destructor)) void StrataInprocShutdown() { strata::agent::runtime::Stop(); }
 
 }  // namespace

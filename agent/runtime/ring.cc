@@ -1,4 +1,4 @@
-#include "agent/inproc/ring.h"
+#include "agent/runtime/ring.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace strata::inproc {
+namespace strata::agent::runtime {
 
 std::string RingPath(const std::string& dir, pid_t pid) {
   return absl::StrCat(dir, "/", kRingPrefix, pid);
@@ -151,4 +151,4 @@ bool RingReader::ReadModules(std::vector<RingModule>* out, uint64_t* generation)
   return false;
 }
 
-}  // namespace strata::inproc
+}  // namespace strata::agent::runtime

@@ -1,3 +1,9 @@
+// agent/runtime: the in-process runtime library, the only part of the agent that runs inside
+// target processes (libstrata_inproc.so, strata_inproc_static). It owns the sampler (this
+// header), its start-up and pthread_create hooks (autostart.cc, preload.cc, static_wrap.cc)
+// and the shared-memory ring (ring.h), whose reader side the agent uses through
+// agent/sources/inproc_source.h. It links no agent library: only common/unwind and common/elf.
+//
 // The in-process sampler: samples the threads of the process it lives in, for hosts where the
 // agent cannot use perf events (locked-down kernels, MIPS64 without virtualized counters,
 // qemu-user). Shipped as libstrata_inproc.so (LD_PRELOAD; autostart.cc starts it from a
@@ -16,8 +22,8 @@
 // The sampler owns SIGPROF: a program's own SIGPROF handler is replaced.
 // Module tables replaced after a dlopen/dlclose are kept (never freed) because a handler on
 // another thread may still be reading them.
-#ifndef STRATA_AGENT_INPROC_SAMPLER_H_
-#define STRATA_AGENT_INPROC_SAMPLER_H_
+#ifndef STRATA_AGENT_RUNTIME_SAMPLER_H_
+#define STRATA_AGENT_RUNTIME_SAMPLER_H_
 
 #include <pthread.h>
 
@@ -27,7 +33,7 @@
 
 #include "absl/status/status.h"
 
-namespace strata::inproc {
+namespace strata::agent::runtime {
 
 struct SamplerOptions {
   uint32_t hz = 99;                   // STRATA_INPROC_HZ
@@ -68,11 +74,11 @@ using PthreadCreateFn = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(voi
 int CreateRegisteredThread(PthreadCreateFn real, pthread_t* thread, const pthread_attr_t* attr,
                            void* (*start)(void*), void* arg);
 
-}  // namespace strata::inproc
+}  // namespace strata::agent::runtime
 
 // Optional test hook: when the program defines it (exported), the handler calls it after each
 // sample with the unwound pcs. It runs in signal context: it must be async-signal-safe.
 extern "C" void strata_inproc_on_sample(const uint64_t* pcs, size_t num_frames, int truncated)
     __attribute__((weak));
 
-#endif  // STRATA_AGENT_INPROC_SAMPLER_H_
+#endif  // STRATA_AGENT_RUNTIME_SAMPLER_H_

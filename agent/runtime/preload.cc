@@ -3,11 +3,11 @@
 #include <dlfcn.h>
 #include <pthread.h>
 
-#include "agent/inproc/sampler.h"
+#include "agent/runtime/sampler.h"
 
 extern "C" int pthread_create(pthread_t* thread, const pthread_attr_t* attr,
                               void* (*start)(void*), void* arg) {
   static const auto real =
-      reinterpret_cast<strata::inproc::PthreadCreateFn>(dlsym(RTLD_NEXT, "pthread_create"));
-  return strata::inproc::CreateRegisteredThread(real, thread, attr, start, arg);
+      reinterpret_cast<strata::agent::runtime::PthreadCreateFn>(dlsym(RTLD_NEXT, "pthread_create"));
+  return strata::agent::runtime::CreateRegisteredThread(real, thread, attr, start, arg);
 }

@@ -1,4 +1,4 @@
-#include "agent/inproc/sampler.h"
+#include "agent/runtime/sampler.h"
 
 #include <dlfcn.h>
 #include <link.h>
@@ -21,12 +21,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "agent/inproc/ring.h"
+#include "agent/runtime/ring.h"
 #include "common/elf/elf_file.h"
 #include "common/unwind/rule_source.h"
 #include "common/unwind/unwinder.h"
 
-namespace strata::inproc {
+namespace strata::agent::runtime {
 namespace {
 
 #if defined(__x86_64__)
@@ -472,4 +472,4 @@ int CreateRegisteredThread(PthreadCreateFn real, pthread_t* thread, const pthrea
   return rc;
 }
 
-}  // namespace strata::inproc
+}  // namespace strata::agent::runtime

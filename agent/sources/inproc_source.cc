@@ -1,4 +1,4 @@
-#include "agent/inproc/inproc_source.h"
+#include "agent/sources/inproc_source.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -10,67 +10,69 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/unwind/unwind_types.h"
 
-namespace strata::inproc {
+namespace strata::agent::sources {
 namespace {
 
 bool ProcessAlive(pid_t pid) { return kill(pid, 0) == 0 || errno == EPERM; }
 
 }  // namespace
 
-absl::Status InprocSource::Rescan(std::vector<pid_t>* added, std::vector<pid_t>* removed) {
+absl::Status InprocSource::Rescan(StackSink& sink, std::vector<pid_t>* claimed) {
+  // An exited process's ring is closed below: take its last stacks first.
+  Drain(sink);
   for (auto it = rings_.begin(); it != rings_.end();) {
     auto cur = it++;
     if (ProcessAlive(cur->first)) continue;
     lost_closed_ += cur->second->lost();
-    if (removed != nullptr) removed->push_back(cur->first);
     // The process is gone and did not clean up (killed): its ring is ours to remove.
-    unlink(RingPath(options_.dir, cur->first).c_str());
+    unlink(runtime::RingPath(options_.dir, cur->first).c_str());
     rings_.erase(cur);
   }
   DIR* dir = opendir(options_.dir.c_str());
   if (dir == nullptr) {
     return absl::ErrnoToStatus(errno, absl::StrCat("opendir ", options_.dir));
   }
-  const size_t prefix = std::strlen(kRingPrefix);
+  const size_t prefix = std::strlen(runtime::kRingPrefix);
   while (dirent* e = readdir(dir)) {
-    if (std::strncmp(e->d_name, kRingPrefix, prefix) != 0) continue;
+    if (std::strncmp(e->d_name, runtime::kRingPrefix, prefix) != 0) continue;
     int pid = 0;
     if (!absl::SimpleAtoi(e->d_name + prefix, &pid) || pid <= 0) continue;
     if (rings_.contains(pid) || !ProcessAlive(pid)) continue;
-    absl::StatusOr<std::unique_ptr<RingReader>> reader =
-        RingReader::Open(RingPath(options_.dir, pid), options_.arch);
+    absl::StatusOr<std::unique_ptr<runtime::RingReader>> reader =
+        runtime::RingReader::Open(runtime::RingPath(options_.dir, pid), options_.arch);
     if (!reader.ok()) continue;  // still being created, or not ours to read: retry next scan
     rings_[pid] = std::move(*reader);
-    if (added != nullptr) added->push_back(pid);
+    if (claimed != nullptr) claimed->push_back(pid);
   }
   closedir(dir);
   return absl::OkStatus();
 }
 
-std::vector<pid_t> InprocSource::pids() const {
-  std::vector<pid_t> out;
-  for (const auto& [pid, ring] : rings_) out.push_back(pid);
-  return out;
-}
-
-size_t InprocSource::Drain(const std::function<void(const RingStack&)>& callback) {
-  size_t n = 0;
-  for (auto& [pid, ring] : rings_) n += ring->Drain(callback);
-  stacks_ += n;
-  return n;
+void InprocSource::Drain(StackSink& sink) {
+  auto deliver = [this, &sink](const runtime::RingStack& s) {
+    UnwoundStack stack;
+    stack.pid = s.pid;
+    stack.pcs = s.pcs;
+    stack.num_frames = s.num_frames;
+    stack.truncated = s.truncated;
+    stack.stopped_outside_modules = s.stop == static_cast<uint8_t>(unwind::StopReason::kNoModule);
+    sink.OnStack(*this, stack);
+  };
+  for (auto& [pid, ring] : rings_) stacks_ += ring->Drain(deliver);
 }
 
 absl::StatusOr<std::vector<symbols::MappingInfo>> InprocSource::Mappings(
     pid_t pid, uint64_t* generation) const {
   auto it = rings_.find(pid);
   if (it == rings_.end()) return absl::NotFoundError(absl::StrCat("no ring for pid ", pid));
-  std::vector<RingModule> modules;
+  std::vector<runtime::RingModule> modules;
   if (!it->second->ReadModules(&modules, generation)) {
     return absl::UnavailableError("module table is being rewritten");
   }
   std::vector<symbols::MappingInfo> out;
-  for (const RingModule& m : modules) {
+  for (const runtime::RingModule& m : modules) {
     symbols::MappingInfo info;
     info.start = m.start;
     info.end = m.end;
@@ -94,4 +96,4 @@ InprocSourceStats InprocSource::stats() const {
   return s;
 }
 
-}  // namespace strata::inproc
+}  // namespace strata::agent::sources

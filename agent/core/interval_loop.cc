@@ -1,0 +1,62 @@
+#include "agent/core/interval_loop.h"
+
+#include <algorithm>
+
+#include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
+
+namespace strata::agent {
+
+IntervalLoop::IntervalLoop(absl::Duration interval, uint64_t last_sequence, Profiler* profiler,
+                           Shipper* shipper, CaptureController* captures)
+    : interval_(interval),
+      profiler_(profiler),
+      shipper_(shipper),
+      captures_(captures),
+      sequence_(last_sequence) {}
+
+void IntervalLoop::PlanWindow(absl::Time now) {
+  const int64_t ms = absl::ToInt64Milliseconds(interval_);
+  window_end_ = absl::FromUnixMillis((absl::ToUnixMillis(now) / ms + 1) * ms);
+  window_deadline_ =
+      std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(window_end_ - now);
+}
+
+void IntervalLoop::ShipWindow(absl::Time end) {
+  // After the clock went back, the window starts no later than it ends.
+  const absl::Time start = std::min(window_start_, end);
+  auto batch =
+      profiler_->TakeBatch(absl::ToUnixMillis(start), absl::ToUnixMillis(end), sequence_ + 1);
+  if (!batch.ok()) {
+    spdlog::error("building batch: {}", batch.status().ToString());
+  } else if (batch->has_value()) {
+    ++sequence_;
+    shipper_->Enqueue(std::move(**batch));
+  }
+  window_start_ = end;
+}
+
+void IntervalLoop::Run(const std::atomic<bool>& stop) {
+  window_start_ = absl::Now();
+  PlanWindow(window_start_);
+  while (!stop.load()) {
+    // Shorter waits while a capture runs: its batches go out every second.
+    const absl::Duration max_wait =
+        captures_->running() > 0 ? absl::Milliseconds(50) : absl::Milliseconds(200);
+    auto st = profiler_->Poll(std::min(
+        max_wait, absl::FromChrono(window_deadline_ - std::chrono::steady_clock::now())));
+    if (!st.ok()) spdlog::warn("sampling: {}", st.ToString());
+    shipper_->SetTargets(profiler_->targets());
+    const absl::Time now = absl::Now();
+    captures_->Tick(now, &sequence_);
+    if (now >= window_end_ || std::chrono::steady_clock::now() >= window_deadline_ ||
+        profiler_->batch_full()) {
+      ShipWindow(now);
+      PlanWindow(now);
+    }
+  }
+  captures_->StopAll(absl::Now(), &sequence_);
+  ShipWindow(absl::Now());
+}
+
+}  // namespace strata::agent

@@ -1,0 +1,48 @@
+// The agent's main loop: polls the Profiler, hands the shipper the current targets, lets the
+// CaptureController run captures, and ships continuous profiling's batch at every interval
+// boundary (or early, when the interval's aggregator is full). Borrows all three; owns the
+// window and the batch sequence numbers.
+//
+// Boundaries follow the wall clock (multiples of the interval, so agents' windows line up);
+// the wait for one follows the monotonic clock: a wall clock stepped back an hour must not
+// hold an hour of samples in the agent (one stepped forward ships at once).
+#ifndef STRATA_AGENT_CORE_INTERVAL_LOOP_H_
+#define STRATA_AGENT_CORE_INTERVAL_LOOP_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+#include "absl/time/time.h"
+#include "agent/core/capture_controller.h"
+#include "agent/core/profiler.h"
+#include "agent/core/shipper.h"
+
+namespace strata::agent {
+
+class IntervalLoop {
+ public:
+  // `last_sequence`: the last batch sequence number used (a resumed agent numbers on).
+  IntervalLoop(absl::Duration interval, uint64_t last_sequence, Profiler* profiler,
+               Shipper* shipper, CaptureController* captures);
+
+  // Runs until `stop` is set, then ends the captures and ships the last window.
+  void Run(const std::atomic<bool>& stop);
+
+ private:
+  void PlanWindow(absl::Time now);
+  void ShipWindow(absl::Time end);
+
+  const absl::Duration interval_;
+  Profiler* const profiler_;
+  Shipper* const shipper_;
+  CaptureController* const captures_;
+  uint64_t sequence_;
+  absl::Time window_start_;
+  absl::Time window_end_;
+  std::chrono::steady_clock::time_point window_deadline_;
+};
+
+}  // namespace strata::agent
+
+#endif  // STRATA_AGENT_CORE_INTERVAL_LOOP_H_

@@ -1,0 +1,147 @@
+#include "agent/core/targets.h"
+
+#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
+#include "agent/core/target_labels.h"
+#include "agent/procfs/procfs.h"
+#include "spdlog/spdlog.h"
+
+namespace strata::agent {
+namespace {
+
+v1::Target TargetMessage(const Target& t) {
+  v1::Target target;
+  target.set_id(t.id);
+  target.set_service(t.service);
+  target.set_pid(static_cast<uint32_t>(t.pid));
+  target.set_executable(t.executable);
+  for (const auto& [k, v] : t.labels) (*target.mutable_labels())[k] = v;
+  return target;
+}
+
+}  // namespace
+
+absl::StatusOr<procfs::ServiceMatcher> MakeTargetMatcher(const DiscoveryOptions& options) {
+  return procfs::ServiceMatcher::Create(options.service_rules,
+                                        /*use_env_var=*/!options.service_rules.empty());
+}
+
+absl::StatusOr<std::unique_ptr<TargetDiscovery>> TargetDiscovery::Create(
+    const DiscoveryOptions& options) {
+  auto matcher = MakeTargetMatcher(options);
+  if (!matcher.ok()) return matcher.status();
+  // An explicit pid is named like a discovered process (a matching --service rule, or its
+  // STRATA_SERVICE when there are rules), else by its STRATA_SERVICE or executable name.
+  std::vector<std::pair<pid_t, std::string>> pinned;
+  for (pid_t pid : options.pids) {
+    auto exe = procfs::ReadExecutable(pid);
+    if (!exe.ok()) {
+      return absl::NotFoundError(absl::StrCat("--pid ", pid, ": no such process (",
+                                              exe.status().message(), ")"));
+    }
+    auto env = procfs::ReadEnvironValue(pid, procfs::kServiceEnvVar);
+    procfs::ProcessIdentity identity{*exe, procfs::ReadCommandLine(pid).value_or(std::vector<std::string>()),
+                                     env.ok() ? *env : std::nullopt};
+    std::optional<std::string> service = matcher->Match(identity);
+    if (!service) {
+      service = identity.env_service ? *identity.env_service
+                                     : std::string(procfs::ExecutableBasename(*exe));
+    }
+    pinned.emplace_back(pid, *std::move(service));
+  }
+  procfs::ProcessTracker tracker(std::move(*matcher), {});
+  for (auto& [pid, service] : pinned) tracker.Track(pid, std::move(service));
+  return std::unique_ptr<TargetDiscovery>(new TargetDiscovery(std::move(tracker)));
+}
+
+std::unique_ptr<Target> TargetDiscovery::NewTarget(const procfs::TrackedProcess& process,
+                                                   sources::StackSource* source) {
+  auto target = std::make_unique<Target>();
+  target->id = next_target_id_++;
+  target->pid = process.pid;
+  target->service = process.service;
+  target->executable = process.executable;
+  std::vector<std::string> label_warnings;
+  target->labels = TargetLabels(process, &label_warnings);
+  for (const std::string& w : label_warnings) {
+    spdlog::warn("pid {} ({}): {}", process.pid, process.executable, w);
+  }
+  target->space = std::make_unique<symbols::ProcessAddressSpace>(process.pid, &modules_);
+  target->source = source;
+  RefreshMappings(*target);
+  return target;
+}
+
+void TargetDiscovery::Insert(std::unique_ptr<Target> target) {
+  const pid_t pid = target->pid;
+  targets_[pid] = std::move(target);
+}
+
+void TargetDiscovery::Remove(pid_t pid) {
+  auto it = targets_.find(pid);
+  if (it == targets_.end()) return;
+  retired_.push_back(TargetMessage(*it->second));
+  targets_.erase(it);
+  spdlog::info("pid {} exited or changed; no longer profiled", pid);
+}
+
+Target* TargetDiscovery::Find(pid_t pid) {
+  auto it = targets_.find(pid);
+  return it == targets_.end() ? nullptr : it->second.get();
+}
+
+bool TargetDiscovery::RefreshMappings(Target& target) {
+  // Sources that unwind in the target (in-process rings) publish its mappings: under
+  // qemu-user /proc/PID/maps shows the emulator's mappings, not the guest's.
+  const bool from_source = target.source != nullptr && target.source->ProvidesMappings();
+  std::vector<symbols::MappingInfo> maps;
+  size_t hash = 0;
+  if (from_source) {
+    uint64_t generation = 0;
+    auto source_maps = target.source->Mappings(target.pid, &generation);
+    if (!source_maps.ok()) return false;
+    maps = std::move(*source_maps);
+    hash = absl::HashOf(generation);
+  } else {
+    auto proc_maps = symbols::ReadProcMaps(target.pid);
+    if (!proc_maps.ok()) return false;
+    maps = std::move(*proc_maps);
+  }
+  for (const auto& m : maps) {
+    if (!from_source && !m.exec) continue;
+    hash = absl::HashOf(hash, m.start, m.end, m.offset, m.inode, m.path);
+  }
+  if (hash == target.maps_hash && target.space->num_modules() > 0) return false;
+  target.maps_hash = hash;
+  ++target.maps_epoch;
+  target.last_refresh = absl::Now();
+  if (auto st = target.space->Refresh(maps); !st.ok()) {
+    spdlog::warn("pid {}: {}", target.pid, st.ToString());
+  }
+  ++refreshes_;
+  return true;
+}
+
+void TargetDiscovery::RefreshSoon(Target& target) {
+  if (absl::Now() - target.last_refresh > absl::Seconds(1)) RefreshMappings(target);
+}
+
+void TargetDiscovery::SetSource(Target& target, sources::StackSource* source) {
+  target.source = source;
+  target.maps_hash = 0;
+  RefreshMappings(target);
+}
+
+std::vector<v1::Target> TargetDiscovery::targets() const {
+  std::vector<v1::Target> out;
+  for (const auto& [pid, t] : targets_) out.push_back(TargetMessage(*t));
+  return out;
+}
+
+std::vector<v1::Target> TargetDiscovery::TakeRetired() {
+  std::vector<v1::Target> out;
+  out.swap(retired_);
+  return out;
+}
+
+}  // namespace strata::agent

@@ -1,0 +1,103 @@
+// Target discovery: which processes the agent profiles (explicit pids and processes matching
+// the service rules, via procfs::ProcessTracker), the target table, and each target's view of
+// its mappings (its symbols::ProcessAddressSpace, refreshed from /proc/PID/maps or from the
+// stack source that serves it). Owns the targets, their address spaces and the module cache
+// they share; attaching targets to stack sources is the Profiler's.
+//
+// Single-threaded: the agent's main loop.
+#ifndef STRATA_AGENT_CORE_TARGETS_H_
+#define STRATA_AGENT_CORE_TARGETS_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "agent/procfs/process_tracker.h"
+#include "agent/procfs/service_matcher.h"
+#include "agent/sources/stack_source.h"
+#include "agent/symbols/module_cache.h"
+#include "agent/symbols/process_address_space.h"
+#include "common/labels/labels.h"
+#include "strata/v1/ingest.pb.h"
+
+namespace strata::agent {
+
+struct DiscoveryOptions {
+  // Processes matching a rule, and processes that name themselves with STRATA_SERVICE.
+  // Without rules nothing is discovered: only `pids` are profiled.
+  std::vector<procfs::ServiceRule> service_rules;
+  std::vector<pid_t> pids;  // explicit targets (service: STRATA_SERVICE or executable name)
+};
+
+// The matcher that decides which processes besides `pids` the agent profiles. STRATA_SERVICE
+// makes a process a target only when the agent discovers processes (it has service rules):
+// an agent given only --pid profiles exactly those processes, not every process on the host
+// that happens to name itself.
+absl::StatusOr<procfs::ServiceMatcher> MakeTargetMatcher(const DiscoveryOptions& options);
+
+struct Target {
+  uint32_t id = 0;
+  pid_t pid = 0;
+  std::string service;
+  std::string executable;
+  labels::LabelSet labels;  // computed once, when the process became a target
+  std::unique_ptr<symbols::ProcessAddressSpace> space;
+  sources::StackSource* source = nullptr;  // what samples it (null: nothing can)
+  size_t maps_hash = 0;
+  // Bumped on every mapping change: caches of resolved pcs and unwound frames are stale.
+  uint64_t maps_epoch = 0;
+  absl::Time last_refresh = absl::InfinitePast();
+};
+
+class TargetDiscovery {
+ public:
+  // NotFound when an explicit pid does not exist; the matcher's errors.
+  static absl::StatusOr<std::unique_ptr<TargetDiscovery>> Create(const DiscoveryOptions& options);
+
+  // Processes and threads that appeared and went since the last scan.
+  absl::StatusOr<procfs::ProcessChanges> Scan() { return tracker_.Rescan(); }
+
+  // A target for `process` sampled by `source`, with its mappings read; not in the table
+  // until Insert().
+  std::unique_ptr<Target> NewTarget(const procfs::TrackedProcess& process,
+                                    sources::StackSource* source);
+  void Insert(std::unique_ptr<Target> target);
+  // Drops the target; batches still name it until TakeRetired().
+  void Remove(pid_t pid);
+  Target* Find(pid_t pid);
+
+  // Re-reads the target's mappings (from /proc, or from its source) if they changed; true
+  // when they did.
+  bool RefreshMappings(Target& target);
+  // A pc in no known module usually means a library was just mapped: refreshes at most once a
+  // second per target.
+  void RefreshSoon(Target& target);
+  // The target is served by `source` from now on; its mappings are re-read.
+  void SetSource(Target& target, sources::StackSource* source);
+
+  const absl::flat_hash_map<pid_t, std::unique_ptr<Target>>& all() const { return targets_; }
+  std::vector<v1::Target> targets() const;
+  // Targets gone since the last call.
+  std::vector<v1::Target> TakeRetired();
+  uint64_t refreshes() const { return refreshes_; }
+
+ private:
+  explicit TargetDiscovery(procfs::ProcessTracker tracker) : tracker_(std::move(tracker)) {}
+
+  procfs::ProcessTracker tracker_;
+  symbols::ModuleCache modules_;
+  absl::flat_hash_map<pid_t, std::unique_ptr<Target>> targets_;
+  std::vector<v1::Target> retired_;
+  uint32_t next_target_id_ = 1;
+  uint64_t refreshes_ = 0;
+};
+
+}  // namespace strata::agent
+
+#endif  // STRATA_AGENT_CORE_TARGETS_H_
