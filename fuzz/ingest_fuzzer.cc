@@ -40,7 +40,7 @@ constexpr uint64_t kInputsPerStore = 512;
 
 struct Backend {
   std::string dir;
-  std::unique_ptr<strata::store::Store> store;
+  std::unique_ptr<strata::server::store::Store> store;
   std::unique_ptr<server::WindowAggregator> aggregator;
   uint64_t inputs = 0;
   uint64_t generation = 0;
@@ -51,7 +51,7 @@ struct Backend {
     std::error_code ec;
     if (!dir.empty()) std::filesystem::remove_all(dir, ec);
     dir = strata::fuzz::ScratchDir() + "/store-" + std::to_string(generation++);
-    auto s = strata::store::Store::Open(dir, {});
+    auto s = strata::server::store::Store::Open(dir, {});
     STRATA_FUZZ_CHECK(s.ok(), "Store::Open: %s", s.status().ToString().c_str());
     store = std::move(*s);
     server::AggregatorOptions options;
@@ -80,8 +80,8 @@ Backend& GetBackend() {
 // One stream's state, as IngestService::Stream keeps it.
 class Stream {
  public:
-  Stream(Backend* backend, server::AgentRegistry* registry, const server::IngestLimits& limits,
-         uint64_t graph_salt)
+  Stream(Backend* backend, server::registry::AgentRegistry* registry,
+         const server::IngestLimits& limits, uint64_t graph_salt)
       : backend_(backend), registry_(registry), limits_(limits), graph_salt_(graph_salt) {}
   ~Stream() {
     if (session_ != nullptr) registry_->Detach(session_->identity().agent_id);
@@ -124,7 +124,7 @@ class Stream {
     identity_ = {hello.agent_id(), hello.host(), hello.arch(), hello.version(),
                  hello.graph_id() ^ graph_salt_};
     if (!Open()) return false;
-    if (!registry_->Attach(identity_, hello.frequency_hz(),
+    if (!registry_->Attach(server::DescriptorOf(identity_), hello.frequency_hz(),
                            [](const v1::ServerMessage&) { return false; })
              .ok()) {
       return false;
@@ -175,7 +175,7 @@ class Stream {
   }
 
   Backend* backend_;
-  server::AgentRegistry* registry_;
+  server::registry::AgentRegistry* registry_;
   const server::IngestLimits& limits_;
   const uint64_t graph_salt_;
   server::AgentIdentity identity_;
@@ -194,7 +194,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static uint64_t run = 0;
   Backend& backend = GetBackend();
   const server::IngestLimits limits;
-  server::AgentRegistry registry(16);
+  server::registry::AgentRegistry registry(16);
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
   {
     Stream stream(&backend, &registry, limits, ++run * 0x9e3779b97f4a7c15ull);

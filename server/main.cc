@@ -212,8 +212,8 @@ int Run(int argc, char** argv) {
     return 0;
   }
   if (*backup) {
-    strata::store::BackupInfo info;
-    absl::Status st = strata::store::BackupStore(data, backup_to, backup_keep, &info);
+    strata::server::store::BackupInfo info;
+    absl::Status st = strata::server::store::BackupStore(data, backup_to, backup_keep, &info);
     if (!st.ok()) {
       std::fprintf(stderr, "strata-server backup: %s\n", std::string(st.message()).c_str());
       return 1;
@@ -224,7 +224,7 @@ int Run(int argc, char** argv) {
     return 0;
   }
   if (*restore) {
-    absl::Status st = strata::store::RestoreStore(restore_from, data);
+    absl::Status st = strata::server::store::RestoreStore(restore_from, data);
     if (!st.ok()) {
       std::fprintf(stderr, "strata-server restore: %s\n", std::string(st.message()).c_str());
       return 1;
@@ -338,18 +338,18 @@ int Run(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  strata::store::StoreOptions store_options;
+  strata::server::store::StoreOptions store_options;
   store_options.sync = sync;
   store_options.raw_retention_ms = retention_ms[0];
   store_options.minute_retention_ms = retention_ms[1];
   store_options.hour_retention_ms = retention_ms[2];
-  auto store_or = strata::store::Store::Open(data, store_options);
+  auto store_or = strata::server::store::Store::Open(data, store_options);
   if (!store_or.ok()) {
     std::fprintf(stderr, "strata-server: cannot open data directory %s: %s\n", data.c_str(),
                  store_or.status().ToString().c_str());
     return 1;
   }
-  std::unique_ptr<strata::store::Store> store = std::move(*store_or);
+  std::unique_ptr<strata::server::store::Store> store = std::move(*store_or);
   // Writes samples an earlier process acknowledged but did not flush (see the journal).
   auto aggregator_or = strata::server::WindowAggregator::Create(store.get(), aggregation);
   if (!aggregator_or.ok()) {
@@ -360,7 +360,7 @@ int Run(int argc, char** argv) {
   std::unique_ptr<strata::server::WindowAggregator> aggregator = std::move(*aggregator_or);
   aggregator->Start();
 
-  strata::server::AgentRegistry registry;
+  strata::server::registry::AgentRegistry registry;
   strata::server::IngestMetrics metrics;
   strata::server::IngestService ingest(store.get(), &registry, &metrics,
                                        {.authorizer = authorizer.get(),
@@ -378,12 +378,17 @@ int Run(int argc, char** argv) {
   capture_options.max_duration = *capture_duration;
   capture_options.authorizer = authorizer.get();
   capture_options.deleter = [store = store.get()](const std::string& capture_id) {
-    strata::store::WriteBatch wb;
+    strata::server::store::WriteBatch wb;
     wb.DeleteCapture(capture_id);
     return store->Commit(&wb);
   };
   strata::server::CaptureService capture(store.get(), &registry, capture_options);
-  ingest.AddBatchObserver([&capture](const auto& batch) { capture.OnBatch(batch); });
+  ingest.AddBatchObserver([&capture](const strata::server::AppliedBatch& batch) {
+    if (batch.duplicate || batch.batch->capture_id().empty()) return;
+    uint64_t samples = 0;
+    for (const auto& c : batch.contexts) samples += c.count;
+    capture.OnSamplesStored(batch.agent->agent_id, batch.batch->capture_id(), samples);
+  });
   ingest.AddCaptureStatusObserver(
       [&capture](const std::string& agent_id, const auto& status) {
         capture.OnStatus(agent_id, status);

@@ -10,8 +10,8 @@
 #include "common/base/clock.h"
 #include "common/base/saturating.h"
 #include "common/encoding/packed_contexts.h"  // AppendVarint, ReadVarint
+#include "server/aggregate/phase_event.h"
 #include "spdlog/spdlog.h"
-#include "strata/v1/query.pb.h"
 
 namespace strata::server {
 namespace {
@@ -114,21 +114,6 @@ absl::Status DecodeJournalRecord(std::string_view in, std::string* host,
 // the ticker (back pressure when the store falls behind).
 constexpr size_t kMaxPendingCells = size_t{1} << 21;
 
-// Resolves a stack to a HotPath (function names and modules, outermost first).
-void ResolvePath(store::Store* store, uint64_t stack_id, v1::HotPath* path) {
-  auto stack = store->GetStack(stack_id);
-  if (!stack.ok()) return;
-  path->set_truncated(stack->truncated);
-  for (uint64_t fid : stack->function_ids) {
-    auto fn = store->GetFunction(fid);
-    auto* frame = path->add_frames();
-    if (fn.ok()) {
-      frame->set_function(fn->name);
-      frame->set_module(fn->module);
-    }
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<WindowAggregator>> WindowAggregator::Create(
@@ -175,7 +160,7 @@ absl::Status WindowAggregator::Recover() {
   uint64_t last = 0, records = 0, corrupt = 0;
   std::vector<JournalCell> cells;
   std::string host;
-  absl::Status s = store_->ScanJournal([&](uint64_t seq, std::string_view record) {
+  absl::Status s = store_->meta().ScanJournal([&](uint64_t seq, std::string_view record) {
     last = seq;
     cells.clear();
     if (absl::Status d = DecodeJournalRecord(record, &host, &cells); !d.ok()) {
@@ -512,39 +497,33 @@ absl::Status WindowAggregator::DrainPending() {
 void WindowAggregator::AddPhaseEvent(const std::string& service, int64_t window_start_ms,
                                      const std::vector<table::PhaseChange<CellKey>>& changes,
                                      store::WriteBatch* wb) {
-  v1::PhaseChange event;
-  event.set_service(service);
-  event.set_window_start_ms(window_start_ms);
-  event.set_detected_ms(base::NowMs());
+  aggregate::PhaseEventPayload event;
+  event.detected_ms = base::NowMs();
   // Per stack, summed over the hosts whose entries reordered.
-  struct Shift {
-    uint64_t before = 0, after = 0;
-  };
-  std::map<uint64_t, Shift> rose, fell;
+  std::map<uint64_t, aggregate::PhaseShift> rose, fell;
   std::set<std::tuple<uint32_t, uint32_t, uint64_t>> rose_seen, fell_seen;
   for (const auto& c : changes) {
     if (rose_seen.insert({c.rose_key.host, c.rose_key.labels, c.rose_key.stack}).second) {
-      rose[c.rose_key.stack].before += c.rose_prev_count;
-      rose[c.rose_key.stack].after += c.rose_count;
+      rose[c.rose_key.stack].count_before += c.rose_prev_count;
+      rose[c.rose_key.stack].count_after += c.rose_count;
     }
     if (fell_seen.insert({c.fell_key.host, c.fell_key.labels, c.fell_key.stack}).second) {
-      fell[c.fell_key.stack].before += c.fell_prev_count;
-      fell[c.fell_key.stack].after += c.fell_count;
+      fell[c.fell_key.stack].count_before += c.fell_prev_count;
+      fell[c.fell_key.stack].count_after += c.fell_count;
     }
   }
-  for (const auto& [shifts, out] : {std::pair{&rose, event.mutable_rose()},
-                                    std::pair{&fell, event.mutable_fell()}}) {
-    for (const auto& [stack, shift] : *shifts) {
-      v1::PhaseChange::Shift* s = out->Add();
-      ResolvePath(store_, stack, s->mutable_path());
-      s->set_count_before(shift.before);
-      s->set_count_after(shift.after);
-    }
+  for (auto& [stack, shift] : rose) {
+    shift.stack_id = stack;
+    event.rose.push_back(shift);
   }
-  wb->PutPhaseEvent({service, window_start_ms, event.SerializeAsString()});
+  for (auto& [stack, shift] : fell) {
+    shift.stack_id = stack;
+    event.fell.push_back(shift);
+  }
+  wb->PutPhaseEvent({service, window_start_ms, aggregate::EncodePhaseEvent(event)});
   ++stats_.phase_events;
   spdlog::info("phase change in {} (window {}): {} contexts rose, {} fell", service,
-               window_start_ms, event.rose_size(), event.fell_size());
+               window_start_ms, event.rose.size(), event.fell.size());
 }
 
 absl::Status WindowAggregator::CloseDueWindows(int64_t now_ms) {

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "common/testing/temp_dir.h"
+#include "server/aggregate/phase_event.h"
 #include "server/query/profile.h"
 #include "gtest/gtest.h"
-#include "strata/v1/query.pb.h"
 
 namespace strata::server {
 namespace {
@@ -59,7 +59,7 @@ class WindowAggregatorTest : public ::testing::Test {
     for (;;) {
       const uint64_t generation = aggregator_ ? aggregator_->FlushGeneration(service) : 0;
       Totals out;
-      auto totals = store_->SumSamples(q);
+      auto totals = store_->samples().SumSamples(q);
       EXPECT_TRUE(totals.ok()) << totals.status();
       if (!totals.ok()) return out;
       for (const auto& s : totals->stacks) {
@@ -82,20 +82,25 @@ class WindowAggregatorTest : public ::testing::Test {
   }
   size_t JournalRecords() {
     size_t n = 0;
-    EXPECT_TRUE(store_->ScanJournal([&](uint64_t, std::string_view) {
+    EXPECT_TRUE(store_->meta().ScanJournal([&](uint64_t, std::string_view) {
                         ++n;
                         return absl::OkStatus();
                       })
                     .ok());
     return n;
   }
-  std::vector<v1::PhaseChange> Phases(const std::string& service) {
-    auto events = store_->ScanPhaseEvents(service, 0, int64_t{1} << 50);
+  struct Phase {
+    int64_t window_start_ms;
+    aggregate::PhaseEventPayload event;
+  };
+  std::vector<Phase> Phases(const std::string& service) {
+    auto events = store_->meta().ScanPhaseEvents(service, 0, int64_t{1} << 50);
     EXPECT_TRUE(events.ok()) << events.status();
-    std::vector<v1::PhaseChange> out;
+    std::vector<Phase> out;
     for (const auto& e : *events) {
-      out.emplace_back();
-      EXPECT_TRUE(out.back().ParseFromString(e.payload));
+      auto decoded = aggregate::DecodePhaseEvent(e.payload);
+      EXPECT_TRUE(decoded.ok()) << decoded.status();
+      if (decoded.ok()) out.push_back({e.window_start_ms, *std::move(decoded)});
     }
     return out;
   }
@@ -192,7 +197,7 @@ TEST_F(WindowAggregatorTest, LabelSetsStayApartThroughTablesJournalAndStore) {
     for (;;) {
       const uint64_t generation = aggregator_->FlushGeneration(api);
       Totals out;
-      auto totals = store_->SumSamples(q);
+      auto totals = store_->samples().SumSamples(q);
       EXPECT_TRUE(totals.ok());
       for (const auto& c : totals->stacks) {
         if (c.count != 0) out[c.stack_id] += c.count;
@@ -311,21 +316,25 @@ TEST_F(WindowAggregatorTest, RecordsPhaseChangeWhenHotPathSwitches) {
   }
   ASSERT_TRUE(aggregator_->FlushAll().ok());
   EXPECT_TRUE(Phases("steady").empty());
-  const std::vector<v1::PhaseChange> events = Phases("shifty");
+  const std::vector<Phase> events = Phases("shifty");
   ASSERT_FALSE(events.empty());
   bool two_over_one = false;
-  for (const v1::PhaseChange& e : events) {
-    EXPECT_TRUE(e.window_start_ms() == w0 + 3 * kWindowMs || e.window_start_ms() == w0 + 4 * kWindowMs)
-        << e.window_start_ms();
-    for (const auto& rose : e.rose()) {
-      EXPECT_GT(rose.count_after(), rose.count_before());
+  for (const Phase& p : events) {
+    EXPECT_TRUE(p.window_start_ms == w0 + 3 * kWindowMs || p.window_start_ms == w0 + 4 * kWindowMs)
+        << p.window_start_ms;
+    EXPECT_GT(p.event.detected_ms, 0);
+    for (const aggregate::PhaseShift& rose : p.event.rose) {
+      EXPECT_GT(rose.count_after, rose.count_before);
     }
     bool rose2 = false, fell1 = false;
-    for (const auto& fell : e.fell()) {
-      EXPECT_LT(fell.count_after(), fell.count_before());
-      fell1 |= fell.count_before() >= 200;  // stack 1's window before the switch
+    for (const aggregate::PhaseShift& fell : p.event.fell) {
+      EXPECT_LT(fell.count_after, fell.count_before);
+      // Stack 1's window before the switch.
+      fell1 |= fell.stack_id == 1 && fell.count_before >= 200;
     }
-    for (const auto& rose : e.rose()) rose2 |= rose.count_after() >= 200;
+    for (const aggregate::PhaseShift& rose : p.event.rose) {
+      rose2 |= rose.stack_id == 2 && rose.count_after >= 200;
+    }
     two_over_one |= rose2 && fell1;
   }
   EXPECT_TRUE(two_over_one);
@@ -365,9 +374,9 @@ TEST_P(WindowAggregatorFlushTest, ProfilesStayConsistentWhileWindowsFlush) {
   store::WriteBatch interned;
   std::vector<uint64_t> stacks;
   for (uint64_t i = 0; i < 12; ++i) {
-    auto fn = store_->InternFunction({"f" + std::to_string(i), "/bin/app", "", i}, &interned);
+    auto fn = store_->interner().InternFunction({"f" + std::to_string(i), "/bin/app", "", i}, &interned);
     ASSERT_TRUE(fn.ok());
-    auto stack = store_->InternStack({{*fn}, false}, &interned);
+    auto stack = store_->interner().InternStack({{*fn}, false}, &interned);
     ASSERT_TRUE(stack.ok());
     stacks.push_back(*stack);
   }
@@ -471,7 +480,7 @@ TEST_F(WindowAggregatorTest, MemoryBudgetRefusesNewTablesAndReleasesIdleOnes) {
     const std::string c = "c", d = "d";
     absl::Status s = aggregator_->CommitBatch(&wb, "h1", w, {{&c, 1, 5}, {&d, 1, 6}});
     EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
-    EXPECT_EQ(*store_->AppliedSequence("agent-h1", 1), 0u);  // nothing committed
+    EXPECT_EQ(*store_->meta().AppliedSequence("agent-h1", 1), 0u);  // nothing committed
   }
   EXPECT_EQ(Query("c"), Totals{});
   EXPECT_EQ(aggregator_->stats().budget_refusals, 1u);

@@ -82,7 +82,8 @@ absl::StatusOr<absl::Duration> ParseRetention(const std::string& text) {
   return absl::Milliseconds(*ms);
 }
 
-CaptureService::CaptureService(store::Store* store, AgentRegistry* registry, Options options)
+CaptureService::CaptureService(store::Store* store, registry::AgentRegistry* registry,
+                               Options options)
     : store_(store), registry_(registry), options_(std::move(options)) {}
 
 CaptureService::~CaptureService() {
@@ -96,7 +97,7 @@ CaptureService::~CaptureService() {
 
 void CaptureService::Start() {
   // A capture that was running when the previous server process stopped will never finish.
-  if (auto list = store_->ListCaptures(); list.ok()) {
+  if (auto list = store_->meta().ListCaptures(); list.ok()) {
     for (store::CaptureInfo info : *list) {
       if (info.finished) continue;
       info.finished = true;
@@ -133,7 +134,7 @@ bool CaptureService::Expired(const store::CaptureInfo& info, int64_t now_ms) con
 }
 
 absl::StatusOr<int> CaptureService::Sweep(int64_t now_ms) {
-  auto list = store_->ListCaptures();
+  auto list = store_->meta().ListCaptures();
   if (!list.ok()) return list.status();
   int expired = 0;
   for (const auto& info : *list) {
@@ -151,14 +152,12 @@ absl::StatusOr<int> CaptureService::Sweep(int64_t now_ms) {
   return expired;
 }
 
-void CaptureService::OnBatch(const AppliedBatch& batch) {
-  if (batch.duplicate || batch.batch->capture_id().empty()) return;
-  uint64_t samples = 0;
-  for (const auto& c : batch.contexts) samples += c.count;
+void CaptureService::OnSamplesStored(const std::string& agent_id, const std::string& capture_id,
+                                     uint64_t samples) {
   absl::MutexLock lock(&mu_);
-  auto it = running_.find(batch.batch->capture_id());
+  auto it = running_.find(capture_id);
   if (it == running_.end()) return;
-  auto agent = it->second->agents.find(batch.agent->agent_id);
+  auto agent = it->second->agents.find(agent_id);
   if (agent == it->second->agents.end()) return;
   agent->second.stored_samples += samples;
   ++changes_;
@@ -215,12 +214,14 @@ absl::StatusOr<std::shared_ptr<CaptureService::Running>> CaptureService::Begin(
   std::vector<std::string> agent_ids =
       registry_->FindAgents(request.service(), request.host(), request.pid());
   // Connected agents only; their hosts and targets for the messages and metadata.
-  std::map<std::string, v1::AgentInfo> infos;
+  std::map<std::string, registry::AgentStatus> infos;
   std::vector<std::string> known_targets;
-  for (v1::AgentInfo& a : registry_->List()) {
-    if (!a.connected()) continue;
-    for (const auto& t : a.targets()) known_targets.push_back(absl::StrCat(a.host(), ":", t));
-    infos[a.agent_id()] = std::move(a);
+  for (registry::AgentStatus& a : registry_->List()) {
+    if (!a.connected) continue;
+    for (const registry::TargetRef& t : a.targets) {
+      known_targets.push_back(absl::StrCat(a.host, ":", t.service, "/", t.pid));
+    }
+    infos[a.agent_id] = std::move(a);
   }
   if (agent_ids.empty()) {
     return absl::NotFoundError(absl::StrCat(
@@ -242,13 +243,12 @@ absl::StatusOr<std::shared_ptr<CaptureService::Running>> CaptureService::Begin(
   for (const std::string& id : agent_ids) {
     AgentState state;
     if (auto it = infos.find(id); it != infos.end()) {
-      state.host = it->second.host();
+      state.host = it->second.host;
       hosts.insert(state.host);
       // A pid capture names the service the pid runs as, for listings.
       if (running->info.service.empty() && request.pid() != 0) {
-        const std::string suffix = absl::StrCat("/", request.pid());
-        for (const auto& t : it->second.targets()) {
-          if (t.ends_with(suffix)) running->info.service = t.substr(0, t.size() - suffix.size());
+        for (const registry::TargetRef& t : it->second.targets) {
+          if (t.pid == request.pid()) running->info.service = t.service;
         }
       }
     }
@@ -434,8 +434,8 @@ grpc::Status CaptureService::Run(grpc::ServerContext* context,
     if (!done && absl::Now() - last_presence_check > absl::Seconds(1)) {
       last_presence_check = absl::Now();
       std::set<std::string> connected;
-      for (const auto& a : registry_->List()) {
-        if (a.connected()) connected.insert(a.agent_id());
+      for (const registry::AgentStatus& a : registry_->List()) {
+        if (a.connected) connected.insert(a.agent_id);
       }
       absl::MutexLock lock(&mu_);
       for (auto& [id, state] : running->agents) {
@@ -495,7 +495,7 @@ grpc::Status CaptureService::List(grpc::ServerContext* context, const v1::ListCa
       !p.ok()) {
     return ToGrpc(p.status());
   }
-  auto list = store_->ListCaptures();
+  auto list = store_->meta().ListCaptures();
   if (!list.ok()) return ToGrpc(list.status());
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
   std::vector<store::CaptureInfo> kept;
@@ -518,7 +518,7 @@ grpc::Status CaptureService::Get(grpc::ServerContext* context, const v1::GetCapt
   if (request->capture_id().empty() || !ValidKeyPart(request->capture_id())) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a capture ID is required");
   }
-  auto info = store_->GetCapture(request->capture_id());
+  auto info = store_->meta().GetCapture(request->capture_id());
   if (!info.ok()) {
     if (absl::IsNotFound(info.status())) {
       return grpc::Status(grpc::StatusCode::NOT_FOUND,

@@ -2,8 +2,8 @@
 // running captures.
 //
 // A capture is driven by the Run call that started it: the handler sends StartCapture to the
-// target's agents (through AgentRegistry::Send, i.e. their ingest streams), then follows the
-// capture with what the ingest service reports (OnBatch for stored capture samples, OnStatus
+// target's agents (through server/registry's AgentRegistry::Send, i.e. their ingest streams),
+// then follows the capture with what ingest reports (OnSamplesStored, OnStatus
 // for the agents' CaptureStatus) and streams progress to the caller. When the caller goes
 // away (Ctrl-C in the CLI) or Cancel is called, StopCapture goes to every agent of the
 // capture. Metadata (store::CaptureInfo) is written when the capture starts and when it ends;
@@ -34,8 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/auth/grpc_auth.h"
-#include "server/ingest/agent_session.h"
-#include "server/ingest/ingest_service.h"
+#include "server/registry/agent_registry.h"
 #include "server/store/store.h"
 #include "strata/v1/capture.grpc.pb.h"
 
@@ -61,11 +60,13 @@ class CaptureService final : public v1::Capture::Service {
     auth::Authorizer* authorizer = nullptr;
   };
 
-  CaptureService(store::Store* store, AgentRegistry* registry, Options options);
+  CaptureService(store::Store* store, registry::AgentRegistry* registry, Options options);
   ~CaptureService() override;
 
-  // Ingest observers (IngestService::AddBatchObserver / AddCaptureStatusObserver).
-  void OnBatch(const AppliedBatch& batch);
+  // What ingest reports (strata-server wires them to IngestService's observers): `samples`
+  // of capture `capture_id` from `agent_id` were stored; an agent's CaptureStatus.
+  void OnSamplesStored(const std::string& agent_id, const std::string& capture_id,
+                       uint64_t samples);
   void OnStatus(const std::string& agent_id, const v1::CaptureStatus& status);
 
   // Marks captures a previous server process left running as failed, runs a sweep, and then
@@ -112,7 +113,7 @@ class CaptureService final : public v1::Capture::Service {
   bool Expired(const store::CaptureInfo& info, int64_t now_ms) const;
 
   store::Store* const store_;
-  AgentRegistry* const registry_;
+  registry::AgentRegistry* const registry_;
   const Options options_;
   std::atomic<uint64_t> limit_refusals_{0};
 

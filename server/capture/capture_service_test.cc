@@ -52,7 +52,7 @@ class CaptureServiceTest : public ::testing::Test {
 
   strata::testing::TempDir dir_;
   std::unique_ptr<store::Store> store_;
-  AgentRegistry registry_;
+  registry::AgentRegistry registry_;
 };
 
 TEST_F(CaptureServiceTest, RequestsWithoutAServingAgentFailBeforeStreaming) {
@@ -82,7 +82,7 @@ TEST_F(CaptureServiceTest, RequestsWithoutAServingAgentFailBeforeStreaming) {
   EXPECT_EQ(service.Run(nullptr, &no_target, nullptr).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
   // Nothing was stored for refused requests.
-  EXPECT_TRUE(store_->ListCaptures()->empty());
+  EXPECT_TRUE(store_->meta().ListCaptures()->empty());
 }
 
 TEST_F(CaptureServiceTest, RetentionHidesOrDeletesCapturesThatEndedLongAgo) {

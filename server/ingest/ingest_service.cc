@@ -33,113 +33,8 @@ grpc::Status ToGrpc(const absl::Status& status) {
 
 }  // namespace
 
-absl::Status AgentRegistry::Attach(const AgentIdentity& identity, uint32_t frequency_hz,
-                                   Sender sender) {
-  absl::MutexLock lock(&mu_);
-  if (auto known = agents_.find(identity.agent_id);
-      known != agents_.end() && !known->second.identity.owner.empty() &&
-      known->second.identity.owner != identity.owner) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "agent ID ", EscapeForLog(identity.agent_id), " belongs to ",
-        known->second.identity.owner, "; ", identity.owner.empty() ? "anonymous" : identity.owner,
-        " may not write as it"));
-  }
-  Entry& e = agents_[identity.agent_id];
-  if (!e.connected && e.detached_at != 0) disconnected_.erase(e.detached_at);
-  e.identity = identity;
-  e.frequency_hz = frequency_hz;
-  e.connected = true;
-  e.sender = std::make_shared<Sender>(std::move(sender));
-  return absl::OkStatus();
-}
-
-void AgentRegistry::Detach(const std::string& agent_id) {
-  absl::MutexLock lock(&mu_);
-  auto it = agents_.find(agent_id);
-  if (it == agents_.end()) return;
-  it->second.connected = false;
-  it->second.sender.reset();
-  it->second.detached_at = ++detaches_;
-  disconnected_.emplace(it->second.detached_at, agent_id);
-  while (disconnected_.size() > max_disconnected_) {
-    agents_.erase(disconnected_.begin()->second);
-    disconnected_.erase(disconnected_.begin());
-  }
-}
-
-void AgentRegistry::RecordBatch(const std::string& agent_id, const v1::SampleBatch& batch) {
-  absl::MutexLock lock(&mu_);
-  auto it = agents_.find(agent_id);
-  if (it == agents_.end()) return;
-  it->second.last_batch_ms = batch.end_ms();
-  ++it->second.batches;
-  for (const v1::Target& t : batch.targets()) it->second.targets[t.pid()] = t;
-}
-
-void AgentRegistry::SetTargets(const std::string& agent_id,
-                               const google::protobuf::RepeatedPtrField<v1::Target>& targets) {
-  absl::MutexLock lock(&mu_);
-  auto it = agents_.find(agent_id);
-  if (it == agents_.end()) return;
-  it->second.targets.clear();
-  for (const v1::Target& t : targets) it->second.targets[t.pid()] = t;
-}
-
-void AgentRegistry::SetHealth(const std::string& agent_id, const v1::AgentHealth& health) {
-  absl::MutexLock lock(&mu_);
-  auto it = agents_.find(agent_id);
-  if (it == agents_.end()) return;
-  it->second.health = health;
-}
-
-std::vector<v1::AgentInfo> AgentRegistry::List() const {
-  absl::MutexLock lock(&mu_);
-  std::vector<v1::AgentInfo> out;
-  for (const auto& [id, e] : agents_) {
-    v1::AgentInfo info;
-    info.set_agent_id(id);
-    info.set_host(e.identity.host);
-    info.set_arch(e.identity.arch);
-    info.set_version(e.identity.version);
-    info.set_connected(e.connected);
-    info.set_last_batch_ms(e.last_batch_ms);
-    info.set_batches(e.batches);
-    *info.mutable_health() = e.health;
-    for (const auto& [pid, t] : e.targets) {
-      info.add_targets(absl::StrCat(t.service(), "/", pid));
-    }
-    out.push_back(std::move(info));
-  }
-  return out;
-}
-
-std::vector<std::string> AgentRegistry::FindAgents(const std::string& service,
-                                                   const std::string& host, uint32_t pid) const {
-  absl::MutexLock lock(&mu_);
-  std::vector<std::string> out;
-  for (const auto& [id, e] : agents_) {
-    if (!e.connected) continue;
-    if (!host.empty() && e.identity.host != host) continue;
-    bool match = service.empty() && pid == 0;
-    for (const auto& [tpid, t] : e.targets) {
-      if ((service.empty() || t.service() == service) && (pid == 0 || tpid == pid)) {
-        match = true;
-      }
-    }
-    if (match) out.push_back(id);
-  }
-  return out;
-}
-
-bool AgentRegistry::Send(const std::string& agent_id, const v1::ServerMessage& message) {
-  std::shared_ptr<Sender> sender;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = agents_.find(agent_id);
-    if (it == agents_.end() || !it->second.sender) return false;
-    sender = it->second.sender;
-  }
-  return (*sender)(message);
+registry::AgentDescriptor DescriptorOf(const AgentIdentity& identity) {
+  return {identity.agent_id, identity.host, identity.arch, identity.version, identity.owner};
 }
 
 // One agent stream. Lives from Connect() until gRPC calls OnDone(). Messages are handled on
@@ -416,7 +311,7 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
   ++metrics->streams;
   std::shared_ptr<Link> link = link_;
   if (absl::Status st = service_->registry_->Attach(
-          identity, hello.frequency_hz(),
+          DescriptorOf(identity), hello.frequency_hz(),
           [link](const v1::ServerMessage& m) {
             absl::MutexLock lock(&link->mu);
             return link->stream != nullptr && link->stream->Queue(m);
@@ -446,7 +341,7 @@ absl::Status IngestService::Stream::CheckIdentity(AgentIdentity* identity) {
         ", not as host ", EscapeForLog(identity->host), " (strata-agent --host)"));
   }
   identity->owner = principal_.Describe();
-  auto stored = service_->store_->GetAgent(identity->agent_id);
+  auto stored = service_->store_->meta().GetAgent(identity->agent_id);
   if (stored.ok() && !stored->owner.empty() && stored->owner != identity->owner) {
     return absl::PermissionDeniedError(absl::StrCat(
         "agent ID ", EscapeForLog(identity->agent_id), " belongs to ", stored->owner, "; ",
@@ -517,7 +412,7 @@ absl::Status IngestService::Stream::EndWith(const absl::Status& st, uint64_t seq
   return st;
 }
 
-IngestService::IngestService(store::Store* store, AgentRegistry* registry,
+IngestService::IngestService(store::Store* store, registry::AgentRegistry* registry,
                              IngestMetrics* metrics, Options options)
     : store_(store), registry_(registry), metrics_(metrics), options_(std::move(options)) {
   const size_t threads = options_.worker_threads != 0

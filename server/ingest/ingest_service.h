@@ -3,8 +3,9 @@
 // memory, not a thread: each stream owns an AgentSession, and its messages are decoded and
 // committed on a bounded worker pool, one at a time per stream (the next message is read
 // only after the previous one was handled, which keeps an agent's batches in order and lets
-// gRPC's flow control push back on a fast agent). The AgentRegistry tracks connected agents
-// for queries (ListAgents) and for pushing control messages (captures).
+// gRPC's flow control push back on a fast agent). Streams keep server/registry's
+// AgentRegistry up to date (connected agents, their targets and health, a way to push
+// control messages); batches commit through the BatchCommitter of Options (server/commit).
 //
 // Bad client input is answered with an IngestError on the stream (or a failed status for a
 // stream that does not start with a valid Hello) and never affects other agents or data
@@ -27,9 +28,9 @@
 #include "server/ingest/latency_histogram.h"
 #include "server/ingest/limits.h"
 #include "server/ingest/worker_pool.h"
+#include "server/registry/agent_registry.h"
 #include "server/store/store.h"
 #include "strata/v1/ingest.grpc.pb.h"
-#include "strata/v1/query.pb.h"
 
 namespace strata::server {
 
@@ -58,51 +59,8 @@ struct IngestMetrics {
   std::atomic<uint64_t> resyncs{0};
 };
 
-// Connected (and recently seen) agents. Thread-safe. Disconnected agents are remembered
-// up to a bound (the oldest are forgotten first), so agent IDs that come and go cost
-// bounded memory.
-class AgentRegistry {
- public:
-  using Sender = std::function<bool(const v1::ServerMessage&)>;
-
-  explicit AgentRegistry(size_t max_disconnected = 10'000) : max_disconnected_(max_disconnected) {}
-
-  // Registers a connected agent. PERMISSION_DENIED if the agent ID belongs to another
-  // principal (AgentIdentity::owner) that the registry knows of.
-  absl::Status Attach(const AgentIdentity& identity, uint32_t frequency_hz, Sender sender);
-  void Detach(const std::string& agent_id);
-  void RecordBatch(const std::string& agent_id, const v1::SampleBatch& batch);
-  // Replaces the agent's target list (from a Heartbeat).
-  void SetTargets(const std::string& agent_id,
-                  const google::protobuf::RepeatedPtrField<v1::Target>& targets);
-  // The agent's health from its latest heartbeat.
-  void SetHealth(const std::string& agent_id, const v1::AgentHealth& health);
-  std::vector<v1::AgentInfo> List() const;
-  // Agents (connected) that currently profile a target of `service` (empty: any) on `host`
-  // (empty: any) with `pid` (0: any).
-  std::vector<std::string> FindAgents(const std::string& service, const std::string& host,
-                                      uint32_t pid) const;
-  // Sends a control message to a connected agent; false if it is gone.
-  bool Send(const std::string& agent_id, const v1::ServerMessage& message);
-
- private:
-  struct Entry {
-    AgentIdentity identity;
-    uint32_t frequency_hz = 0;
-    bool connected = false;
-    int64_t last_batch_ms = 0;
-    uint64_t batches = 0;
-    std::map<uint32_t, v1::Target> targets;  // by pid, latest seen
-    v1::AgentHealth health;
-    std::shared_ptr<Sender> sender;
-    uint64_t detached_at = 0;  // Detach() order, for forgetting the oldest
-  };
-  const size_t max_disconnected_;
-  mutable absl::Mutex mu_;
-  std::map<std::string, Entry> agents_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, std::string> disconnected_ ABSL_GUARDED_BY(mu_);  // by detached_at
-  uint64_t detaches_ ABSL_GUARDED_BY(mu_) = 0;
-};
+// The registry's view of an agent's identity.
+registry::AgentDescriptor DescriptorOf(const AgentIdentity& identity);
 
 class IngestService final : public v1::Ingest::CallbackService {
  public:
@@ -132,7 +90,7 @@ class IngestService final : public v1::Ingest::CallbackService {
   };
   using BatchObserver = std::function<void(const AppliedBatch&)>;
 
-  IngestService(store::Store* store, AgentRegistry* registry, IngestMetrics* metrics,
+  IngestService(store::Store* store, registry::AgentRegistry* registry, IngestMetrics* metrics,
                 Options options);
   // Joins the worker pool: the gRPC server must be shut down (every stream done) first.
   ~IngestService() override;
@@ -158,7 +116,7 @@ class IngestService final : public v1::Ingest::CallbackService {
   void ReleasePrincipalStream(const auth::Principal& principal);
 
   store::Store* store_;
-  AgentRegistry* registry_;
+  registry::AgentRegistry* registry_;
   IngestMetrics* metrics_;
   Options options_;
   std::vector<BatchObserver> observers_;

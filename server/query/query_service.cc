@@ -5,9 +5,11 @@
 #include <map>
 #include <set>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/base/clock.h"
+#include "server/aggregate/phase_event.h"
 #include "server/commit/batch_committer.h"
 #include "server/query/diff.h"
 #include "server/query/flamegraph.h"
@@ -31,6 +33,56 @@ void SetFrame(const ResolvedFunction& f, v1::Frame* out) {
 
 std::string Rfc3339(int64_t ms) {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixMillis(ms), absl::UTCTimeZone());
+}
+
+// Names a stored stack's functions, outermost first. A stack the store cannot resolve leaves
+// the path empty, a function its frame.
+void ResolvePath(store::Store* store, uint64_t stack_id, v1::HotPath* path) {
+  auto stack = store->interner().GetStack(stack_id);
+  if (!stack.ok()) return;
+  path->set_truncated(stack->truncated);
+  for (uint64_t fid : stack->function_ids) {
+    auto fn = store->interner().GetFunction(fid);
+    v1::Frame* frame = path->add_frames();
+    if (fn.ok()) {
+      frame->set_function(fn->name);
+      frame->set_module(fn->module);
+    }
+  }
+}
+
+// A stored phase event as the API's message, its stacks named (`paths` caches them across the
+// events of one query). Events of servers before stack IDs were stored hold the message.
+absl::StatusOr<v1::PhaseChange> ToPhaseChange(store::Store* store, const store::PhaseEvent& e,
+                                              absl::flat_hash_map<uint64_t, v1::HotPath>* paths) {
+  v1::PhaseChange change;
+  if (!aggregate::IsPhaseEventPayload(e.payload)) {
+    if (!change.ParseFromString(e.payload)) {
+      return absl::DataLossError(absl::StrCat("corrupt phase event of ", e.service,
+                                              " at window ", e.window_start_ms));
+    }
+    return change;
+  }
+  auto event = aggregate::DecodePhaseEvent(e.payload);
+  if (!event.ok()) {
+    return absl::DataLossError(absl::StrCat(event.status().message(), " of ", e.service,
+                                            " at window ", e.window_start_ms));
+  }
+  change.set_service(e.service);
+  change.set_window_start_ms(e.window_start_ms);
+  change.set_detected_ms(event->detected_ms);
+  for (const auto& [shifts, out] : {std::pair{&event->rose, change.mutable_rose()},
+                                    std::pair{&event->fell, change.mutable_fell()}}) {
+    for (const aggregate::PhaseShift& shift : *shifts) {
+      v1::PhaseChange::Shift* s = out->Add();
+      auto [path, inserted] = paths->try_emplace(shift.stack_id);
+      if (inserted) ResolvePath(store, shift.stack_id, &path->second);
+      *s->mutable_path() = path->second;
+      s->set_count_before(shift.count_before);
+      s->set_count_after(shift.count_after);
+    }
+  }
+  return change;
 }
 
 // Runs `run` and moves its result into `*response`.
@@ -66,7 +118,7 @@ absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int
   return q;
 }
 
-QueryService::QueryService(store::Store* store, AgentRegistry* registry,
+QueryService::QueryService(store::Store* store, registry::AgentRegistry* registry,
                            const LiveSamples* live, auth::Authorizer* authorizer)
     : store_(store), registry_(registry), live_(live), authorizer_(authorizer),
       reader_(store, live) {}
@@ -85,7 +137,7 @@ absl::StatusOr<Profile> QueryService::LoadProfile(const v1::ProfileFilter& filte
 
 std::vector<std::string> QueryService::ArchsOf(const Profile& profile) {
   std::set<std::string> archs;
-  auto agents = store_->ListAgents();
+  auto agents = store_->meta().ListAgents();
   if (!agents.ok()) return {};
   for (const auto& a : *agents) {
     if (std::binary_search(profile.hosts.begin(), profile.hosts.end(), a.host)) {
@@ -146,7 +198,20 @@ absl::StatusOr<v1::ListServicesResponse> QueryService::RunListServices() {
 
 v1::ListAgentsResponse QueryService::RunListAgents() {
   v1::ListAgentsResponse response;
-  for (auto& a : registry_->List()) *response.add_agents() = std::move(a);
+  for (registry::AgentStatus& a : registry_->List()) {
+    v1::AgentInfo* info = response.add_agents();
+    info->set_agent_id(std::move(a.agent_id));
+    info->set_host(std::move(a.host));
+    info->set_arch(std::move(a.arch));
+    info->set_version(std::move(a.version));
+    info->set_connected(a.connected);
+    info->set_last_batch_ms(a.last_batch_ms);
+    info->set_batches(a.batches);
+    *info->mutable_health() = std::move(a.health);
+    for (const registry::TargetRef& t : a.targets) {
+      info->add_targets(absl::StrCat(t.service, "/", t.pid));
+    }
+  }
   return response;
 }
 
@@ -341,7 +406,7 @@ grpc::Status QueryService::Export(grpc::ServerContext* context, const v1::Export
 absl::StatusOr<v1::ListLabelsResponse> QueryService::RunListLabels(
     const v1::ListLabelsRequest& request) {
   if (request.service().empty()) return absl::InvalidArgumentError("a service is required");
-  auto sets = store_->ListLabelSets(request.service());
+  auto sets = store_->interner().ListLabelSets(request.service());
   if (!sets.ok()) return sets.status();
   std::map<std::string, std::set<std::string>> values;
   for (const store::LabelSetRecord& r : *sets) {
@@ -368,16 +433,14 @@ absl::StatusOr<v1::PhasesResponse> QueryService::RunPhases(const v1::PhasesReque
   auto query = ToProfileQuery(request.filter(), base::NowMs());
   if (!query.ok()) return query.status();
   if (query->service.empty()) return absl::InvalidArgumentError("a service is required");
-  auto events = store_->ScanPhaseEvents(query->service, query->from_ms, query->to_ms);
+  auto events = store_->meta().ScanPhaseEvents(query->service, query->from_ms, query->to_ms);
   if (!events.ok()) return events.status();
   v1::PhasesResponse response;
-  for (const auto& e : *events) {
-    v1::PhaseChange change;
-    if (!change.ParseFromString(e.payload)) {
-      return absl::DataLossError(absl::StrCat("corrupt phase event of ", query->service,
-                                              " at window ", e.window_start_ms));
-    }
-    *response.add_changes() = std::move(change);
+  absl::flat_hash_map<uint64_t, v1::HotPath> paths;
+  for (const store::PhaseEvent& e : *events) {
+    auto change = ToPhaseChange(store_, e, &paths);
+    if (!change.ok()) return change.status();
+    *response.add_changes() = *std::move(change);
   }
   return response;
 }

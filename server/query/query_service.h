@@ -9,8 +9,9 @@
 
 #include "absl/status/statusor.h"
 #include "server/auth/grpc_auth.h"
-#include "server/ingest/ingest_service.h"
+#include "server/aggregate/live_samples.h"
 #include "server/query/profile.h"
+#include "server/registry/agent_registry.h"
 #include "server/store/store.h"
 #include "strata/v1/query.grpc.pb.h"
 
@@ -26,7 +27,7 @@ class QueryService final : public v1::Query::Service {
   // `authorizer` (optional; null allows every call): every gRPC call needs role reader and
   // is counted against the caller's query rate. The Run* entry points do not check: their
   // callers (the HTTP mirror) authorize first.
-  QueryService(store::Store* store, AgentRegistry* registry, const LiveSamples* live = nullptr,
+  QueryService(store::Store* store, registry::AgentRegistry* registry, const LiveSamples* live = nullptr,
                auth::Authorizer* authorizer = nullptr);
 
   grpc::Status ListServices(grpc::ServerContext*, const v1::ListServicesRequest*,
@@ -67,7 +68,7 @@ class QueryService final : public v1::Query::Service {
   std::vector<std::string> ArchsOf(const Profile& profile);
 
   store::Store* store_;
-  AgentRegistry* registry_;
+  registry::AgentRegistry* registry_;
   const LiveSamples* live_;
   auth::Authorizer* const authorizer_;
   ProfileReader reader_;

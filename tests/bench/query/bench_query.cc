@@ -29,11 +29,11 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
-#include "server/ingest/ingest_service.h"
 #include "server/query/diff.h"
 #include "server/query/flamegraph.h"
 #include "server/query/profile.h"
 #include "server/query/query_service.h"
+#include "server/registry/agent_registry.h"
 #include "server/store/store.h"
 
 namespace {
@@ -74,8 +74,8 @@ class Zipf {
 };
 
 int64_t Fill(const Options& o, int64_t t0) {
-  strata::store::StoreOptions so;
-  auto store = strata::store::Store::Open(o.data, so);
+  strata::server::store::StoreOptions so;
+  auto store = strata::server::store::Store::Open(o.data, so);
   if (!store.ok()) {
     std::fprintf(stderr, "open: %s\n", store.status().ToString().c_str());
     std::exit(1);
@@ -86,11 +86,11 @@ int64_t Fill(const Options& o, int64_t t0) {
   // Functions and stacks: a random call tree of 5,000 functions; each stack is a path from
   // main through it (caller chosen from a small fan-out so paths share prefixes, as real
   // profiles do).
-  strata::store::WriteBatch batch;
+  strata::server::store::WriteBatch batch;
   constexpr int kFunctions = 5000;
   std::vector<uint64_t> fids(kFunctions);
   for (int i = 0; i < kFunctions; ++i) {
-    auto id = (*store)->InternFunction(
+    auto id = (*store)->interner().InternFunction(
         {absl::StrCat(i == 0 ? "main" : "fn_", i), "/usr/bin/bench_service", "",
          static_cast<uint64_t>(i) * 64},
         &batch);
@@ -99,7 +99,7 @@ int64_t Fill(const Options& o, int64_t t0) {
   std::vector<uint64_t> stack_ids;
   stack_ids.reserve(o.stacks);
   for (int s = 0; s < o.stacks; ++s) {
-    strata::store::StackFrames frames;
+    strata::server::store::StackFrames frames;
     const int depth = 6 + static_cast<int>(rng() % 25);
     uint64_t f = 0;
     frames.function_ids.push_back(fids[0]);
@@ -111,7 +111,7 @@ int64_t Fill(const Options& o, int64_t t0) {
     }
     frames.function_ids.push_back(fids[1 + s % (kFunctions - 1)]);
     frames.truncated = false;
-    auto id = (*store)->InternStack(frames, &batch);
+    auto id = (*store)->interner().InternStack(frames, &batch);
     // Distinct content → distinct ID; duplicate paths are possible, count the distinct ones.
     stack_ids.push_back(*id);
     if (s % 10'000 == 9'999) (void)(*store)->Commit(&batch);
@@ -221,11 +221,11 @@ int main(int argc, char** argv) {
     end = Fill(o, t0);
   }
 
-  strata::store::StoreOptions so;
+  strata::server::store::StoreOptions so;
   so.hour_block_cache_bytes = o.hour_block_mib << 20;
-  auto store = strata::store::Store::Open(o.data, so);
+  auto store = strata::server::store::Store::Open(o.data, so);
   Check(store, "open");
-  strata::server::AgentRegistry registry;
+  strata::server::registry::AgentRegistry registry;
   strata::server::QueryService query(store->get(), &registry);
 
   // "Now" in the middle of the last hour, as a user's query would be.
@@ -248,7 +248,7 @@ int main(int argc, char** argv) {
     flame.set_format(strata::v1::FlameGraphRequest::JSON);
     uint64_t total = 0;
     uint32_t pruned = 0;
-    const strata::store::StoreStats before = (*store)->Stats();
+    const strata::server::store::StoreStats before = (*store)->Stats();
     Stats fs = Measure(iterations, [&] {
       auto resp = query.RunFlameGraph(flame);
       Check(resp, "flamegraph");
@@ -270,10 +270,10 @@ int main(int argc, char** argv) {
     // Distinct stacks in the range, for context, and what one (warm) load reads.
     strata::server::ProfileReader reader(store->get());
     strata::server::ProfileQuery pq{"bench", now - r.ms, now};
-    const strata::store::StoreStats warm = (*store)->Stats();
+    const strata::server::store::StoreStats warm = (*store)->Stats();
     auto profile = reader.Load(pq);
     Check(profile, "profile");
-    const strata::store::StoreStats after = (*store)->Stats();
+    const strata::server::store::StoreStats after = (*store)->Stats();
     for (auto [name, s] : {std::pair{"flamegraph", fs}, {"top", ts}, {"diff", ds}}) {
       std::printf("%-6s %-10s %10.1f %10.1f %10.1f %10.1f %10llu %9zu\n", r.name, name, s.cold,
                   s.p50, s.p99, s.max, static_cast<unsigned long long>(total),
@@ -326,7 +326,7 @@ int main(int argc, char** argv) {
   for (Range r : {Range{"24h", kDayMs}, Range{"7d", 7 * kDayMs}}) {
     strata::server::ProfileQuery pq{"bench", now - r.ms, now};
     Stats a = Measure(3, [&] { Check(reader.Load(pq), "auto"); });
-    pq.resolution = strata::store::Resolution::kRaw;
+    pq.resolution = strata::server::store::Resolution::kRaw;
     Stats raw = Measure(3, [&] { Check(reader.Load(pq), "raw"); });
     std::printf("%-6s %14.1f %14.1f\n", r.name, a.p50, raw.p50);
   }

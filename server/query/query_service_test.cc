@@ -1,0 +1,259 @@
+#include "server/query/query_service.h"
+
+#include <string>
+#include <vector>
+
+#include "common/testing/temp_dir.h"
+#include "gtest/gtest.h"
+#include "server/aggregate/phase_event.h"
+#include "server/commit/batch_committer.h"
+#include "server/registry/agent_registry.h"
+
+namespace strata::server {
+namespace {
+
+constexpr int64_t kWindow = 1'000 * commit::kWindowMs;
+
+class QueryServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = store::Store::Open(dir_.path(), {});
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    query_ = std::make_unique<QueryService>(store_.get(), &registry_);
+  }
+
+  // Interns the stack of `functions` (outermost first, all in module "app").
+  uint64_t Stack(const std::vector<std::string>& functions) {
+    store::WriteBatch wb;
+    store::StackFrames frames;
+    for (const std::string& name : functions) {
+      auto fn = store_->interner().InternFunction({name, "app", "", 0}, &wb);
+      EXPECT_TRUE(fn.ok()) << fn.status();
+      frames.function_ids.push_back(fn.ok() ? *fn : 0);
+    }
+    auto stack = store_->interner().InternStack(frames, &wb);
+    EXPECT_TRUE(stack.ok()) << stack.status();
+    EXPECT_TRUE(store_->Commit(&wb).ok());
+    return stack.ok() ? *stack : 0;
+  }
+
+  void AddSamples(const std::string& service, const std::string& host, uint64_t stack,
+                  uint64_t count) {
+    store::WriteBatch wb;
+    wb.AddSamples(service, kWindow, host, stack, count, 0);
+    ASSERT_TRUE(store_->Commit(&wb).ok());
+  }
+
+  void PutPhaseEvent(const std::string& service, int64_t window, std::string payload) {
+    store::WriteBatch wb;
+    wb.PutPhaseEvent({service, window, std::move(payload)});
+    ASSERT_TRUE(store_->Commit(&wb).ok());
+  }
+
+  // main;work;hash x30, main;work x10, main;idle x5 on two hosts of "api".
+  void AddKnownProfile() {
+    hash_ = Stack({"main", "work", "hash"});
+    work_ = Stack({"main", "work"});
+    idle_ = Stack({"main", "idle"});
+    AddSamples("api", "h1", hash_, 20);
+    AddSamples("api", "h2", hash_, 10);
+    AddSamples("api", "h1", work_, 10);
+    AddSamples("api", "h2", idle_, 5);
+  }
+
+  static v1::ProfileFilter Filter(const std::string& service) {
+    v1::ProfileFilter filter;
+    filter.set_service(service);
+    filter.mutable_range()->set_from_ms(kWindow);
+    filter.mutable_range()->set_to_ms(kWindow + commit::kWindowMs);
+    return filter;
+  }
+
+  static std::vector<std::string> Names(const v1::HotPath& path) {
+    std::vector<std::string> names;
+    for (const v1::Frame& f : path.frames()) names.push_back(f.function());
+    return names;
+  }
+
+  strata::testing::TempDir dir_{"query_service_test"};
+  std::unique_ptr<store::Store> store_;
+  registry::AgentRegistry registry_;
+  std::unique_ptr<QueryService> query_;
+  uint64_t hash_ = 0, work_ = 0, idle_ = 0;
+};
+
+TEST_F(QueryServiceTest, HotPathsAreTheStacksByCount) {
+  AddKnownProfile();
+  v1::HotPathsRequest request;
+  *request.mutable_filter() = Filter("api");
+  auto response = query_->RunHotPaths(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->total_samples(), 45u);
+  ASSERT_EQ(response->paths_size(), 3);
+  EXPECT_EQ(Names(response->paths(0)), (std::vector<std::string>{"main", "work", "hash"}));
+  EXPECT_EQ(response->paths(0).samples(), 30u);
+  EXPECT_EQ(response->paths(0).frames(0).module(), "app");
+  EXPECT_EQ(Names(response->paths(1)), (std::vector<std::string>{"main", "work"}));
+  EXPECT_EQ(response->paths(1).samples(), 10u);
+  EXPECT_EQ(Names(response->paths(2)), (std::vector<std::string>{"main", "idle"}));
+  EXPECT_EQ(response->paths(2).samples(), 5u);
+
+  request.set_limit(1);
+  request.mutable_filter()->set_host("h2");
+  response = query_->RunHotPaths(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->total_samples(), 15u);
+  ASSERT_EQ(response->paths_size(), 1);
+  EXPECT_EQ(response->paths(0).samples(), 10u);
+}
+
+TEST_F(QueryServiceTest, TopSortsBySelfOrTotal) {
+  AddKnownProfile();
+  v1::TopRequest request;
+  *request.mutable_filter() = Filter("api");
+  auto self = query_->RunTop(request);
+  ASSERT_TRUE(self.ok()) << self.status();
+  EXPECT_EQ(self->total_samples(), 45u);
+  ASSERT_EQ(self->functions_size(), 4);
+  EXPECT_EQ(self->functions(0).function().function(), "hash");
+  EXPECT_EQ(self->functions(0).self(), 30u);
+  EXPECT_EQ(self->functions(1).function().function(), "work");
+  EXPECT_EQ(self->functions(1).self(), 10u);
+  EXPECT_EQ(self->functions(1).total(), 40u);
+
+  request.set_sort(v1::TopRequest::TOTAL);
+  request.set_limit(2);
+  auto total = query_->RunTop(request);
+  ASSERT_TRUE(total.ok()) << total.status();
+  ASSERT_EQ(total->functions_size(), 2);
+  EXPECT_EQ(total->functions(0).function().function(), "main");
+  EXPECT_EQ(total->functions(0).total(), 45u);
+  EXPECT_EQ(total->functions(0).self(), 0u);
+  EXPECT_EQ(total->functions(1).function().function(), "work");
+}
+
+TEST_F(QueryServiceTest, UnknownServiceIsNotFound) {
+  AddKnownProfile();
+  v1::TopRequest request;
+  *request.mutable_filter() = Filter("nope");
+  EXPECT_EQ(query_->RunTop(request).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(QueryServiceTest, ListsServicesWithTheirWindows) {
+  AddKnownProfile();
+  auto response = query_->RunListServices();
+  ASSERT_TRUE(response.ok()) << response.status();
+  ASSERT_EQ(response->services_size(), 1);
+  EXPECT_EQ(response->services(0).name(), "api");
+  EXPECT_EQ(response->services(0).total_samples(), 45u);
+  EXPECT_EQ(response->services(0).first_ms(), kWindow);
+  EXPECT_EQ(response->services(0).last_ms(), kWindow + commit::kWindowMs);
+}
+
+TEST_F(QueryServiceTest, ListsTheRegistrysAgents) {
+  ASSERT_TRUE(registry_
+                  .Attach({"agent-1", "host-1", "x86_64", "1.0", ""}, 99,
+                          [](const v1::ServerMessage&) { return true; })
+                  .ok());
+  v1::SampleBatch batch;
+  batch.set_end_ms(kWindow + 500);
+  v1::Target* target = batch.add_targets();
+  target->set_service("api");
+  target->set_pid(42);
+  registry_.RecordBatch("agent-1", batch);
+  v1::AgentHealth health;
+  health.set_spool_dropped_samples(7);
+  registry_.SetHealth("agent-1", health);
+
+  v1::ListAgentsResponse response = query_->RunListAgents();
+  ASSERT_EQ(response.agents_size(), 1);
+  const v1::AgentInfo& a = response.agents(0);
+  EXPECT_EQ(a.agent_id(), "agent-1");
+  EXPECT_EQ(a.host(), "host-1");
+  EXPECT_EQ(a.arch(), "x86_64");
+  EXPECT_EQ(a.version(), "1.0");
+  EXPECT_TRUE(a.connected());
+  EXPECT_EQ(a.last_batch_ms(), kWindow + 500);
+  EXPECT_EQ(a.batches(), 1u);
+  ASSERT_EQ(a.targets_size(), 1);
+  EXPECT_EQ(a.targets(0), "api/42");
+  EXPECT_EQ(a.health().spool_dropped_samples(), 7u);
+
+  registry_.Detach("agent-1");
+  response = query_->RunListAgents();
+  ASSERT_EQ(response.agents_size(), 1);
+  EXPECT_FALSE(response.agents(0).connected());
+}
+
+TEST_F(QueryServiceTest, PhaseEventsAreNamedWhenRead) {
+  AddKnownProfile();
+  aggregate::PhaseEventPayload event;
+  event.detected_ms = kWindow + 12'000;
+  event.rose = {{hash_, 3, 300}};
+  event.fell = {{work_, 200, 10}, {idle_, 50, 1}};
+  PutPhaseEvent("api", kWindow, aggregate::EncodePhaseEvent(event));
+
+  v1::PhasesRequest request;
+  *request.mutable_filter() = Filter("api");
+  auto response = query_->RunPhases(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  ASSERT_EQ(response->changes_size(), 1);
+  const v1::PhaseChange& c = response->changes(0);
+  EXPECT_EQ(c.service(), "api");
+  EXPECT_EQ(c.window_start_ms(), kWindow);
+  EXPECT_EQ(c.detected_ms(), kWindow + 12'000);
+  ASSERT_EQ(c.rose_size(), 1);
+  EXPECT_EQ(Names(c.rose(0).path()), (std::vector<std::string>{"main", "work", "hash"}));
+  EXPECT_EQ(c.rose(0).count_before(), 3u);
+  EXPECT_EQ(c.rose(0).count_after(), 300u);
+  ASSERT_EQ(c.fell_size(), 2);
+  EXPECT_EQ(Names(c.fell(0).path()), (std::vector<std::string>{"main", "work"}));
+  EXPECT_EQ(c.fell(0).count_before(), 200u);
+  EXPECT_EQ(Names(c.fell(1).path()), (std::vector<std::string>{"main", "idle"}));
+  EXPECT_EQ(c.fell(1).count_after(), 1u);
+}
+
+// Servers before stack IDs were stored wrote the API message itself; it is served as it was.
+TEST_F(QueryServiceTest, PhaseEventsOfEarlierServersAreServedAsStored) {
+  v1::PhaseChange old;
+  old.set_service("api");
+  old.set_window_start_ms(kWindow);
+  old.set_detected_ms(kWindow + 11'000);
+  v1::PhaseChange::Shift* rose = old.add_rose();
+  rose->mutable_path()->add_frames()->set_function("main");
+  rose->mutable_path()->add_frames()->set_function("parse");
+  rose->set_count_before(1);
+  rose->set_count_after(100);
+  old.add_fell()->set_count_before(90);
+  PutPhaseEvent("api", kWindow, old.SerializeAsString());
+  // And one of this server in the next window.
+  aggregate::PhaseEventPayload event;
+  event.detected_ms = kWindow + 22'000;
+  event.rose = {{Stack({"main", "sort"}), 2, 80}};
+  PutPhaseEvent("api", kWindow + commit::kWindowMs, aggregate::EncodePhaseEvent(event));
+
+  v1::PhasesRequest request;
+  request.mutable_filter()->set_service("api");
+  auto response = query_->RunPhases(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  ASSERT_EQ(response->changes_size(), 2);
+  EXPECT_EQ(response->changes(0).SerializeAsString(), old.SerializeAsString());
+  EXPECT_EQ(response->changes(1).window_start_ms(), kWindow + commit::kWindowMs);
+  ASSERT_EQ(response->changes(1).rose_size(), 1);
+  EXPECT_EQ(Names(response->changes(1).rose(0).path()),
+            (std::vector<std::string>{"main", "sort"}));
+}
+
+TEST_F(QueryServiceTest, CorruptPhaseEventsAreDataLoss) {
+  PutPhaseEvent("api", kWindow, std::string("\x01\x05", 2));  // this encoding, cut short
+  v1::PhasesRequest request;
+  request.mutable_filter()->set_service("api");
+  EXPECT_EQ(query_->RunPhases(request).status().code(), absl::StatusCode::kDataLoss);
+
+  request.mutable_filter()->clear_service();
+  EXPECT_EQ(query_->RunPhases(request).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace strata::server
