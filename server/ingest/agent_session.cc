@@ -56,14 +56,14 @@ absl::StatusOr<absl::flat_hash_map<uint32_t, uint64_t>> AgentSession::TargetLabe
       continue;
     }
     absl::StatusOr<uint64_t> id =
-        store_->InternLabelSet(t.service(), set, limits_.max_label_sets, wb);
+        store_->interner().InternLabelSet(t.service(), set, limits_.max_label_sets, wb);
     if (absl::IsResourceExhausted(id.status())) {
       // Past the bound the samples are kept, under one overflow set (allowed beyond it).
       if (g_label_sets_refused.fetch_add(1, std::memory_order_relaxed) % 1000 == 0) {
         spdlog::error("agent {}: {}; its samples are stored under strata_overflow=label_sets",
                       EscapeForLog(identity_.agent_id), std::string(id.status().message()));
       }
-      id = store_->InternLabelSet(t.service(), {{"strata_overflow", "label_sets"}},
+      id = store_->interner().InternLabelSet(t.service(), {{"strata_overflow", "label_sets"}},
                                   limits_.max_label_sets + 1, wb);
     }
     if (!id.ok()) return id.status();
@@ -89,7 +89,7 @@ absl::StatusOr<std::unique_ptr<AgentSession>> AgentSession::Open(
   }
   session->committer_ = committer;
   const AgentIdentity& id = session->identity_;
-  auto applied = store->AppliedSequence(id.agent_id, id.graph_id);
+  auto applied = store->meta().AppliedSequence(id.agent_id, id.graph_id);
   if (!applied.ok()) return applied.status();
   session->last_applied_ = *applied;
 
@@ -101,14 +101,14 @@ absl::Status AgentSession::Load() {
   if (loaded_) return absl::OkStatus();
   graph_ = encoding::CallGraph();
   node_function_ids_.assign(encoding::kFirstFunctionNode, 0);
-  auto graph = store_->LoadGraph(identity_.agent_id, identity_.graph_id);
+  auto graph = store_->meta().LoadGraph(identity_.agent_id, identity_.graph_id);
   if (!graph.ok()) return graph.status();
   // Replay the persisted graph; stop at the first gap so a partial record set only costs a
   // resend of the rest (the agent is told what we have in Welcome).
   for (const store::GraphNode& node : graph->nodes) {
     if (node.id != graph_.num_nodes()) break;
     store::WriteBatch unused;
-    auto fn = store_->InternFunction(
+    auto fn = store_->interner().InternFunction(
         {node.name, node.module, node.build_id, node.start_offset}, &unused);
     if (!fn.ok()) return fn.status();
     if (!unused.empty()) {
@@ -196,7 +196,7 @@ absl::Status AgentSession::ApplyGraphDelta(const v1::GraphDelta& delta) {
   std::vector<store::GraphNode> records;
   for (const v1::FunctionNode& n : delta.nodes()) {
     store::FunctionInfo info{n.name(), n.module(), n.build_id(), n.start_offset()};
-    auto fn = store_->InternFunction(info, &wb);
+    auto fn = store_->interner().InternFunction(info, &wb);
     if (!fn.ok()) return fn.status();
     new_function_ids.push_back(*fn);
     records.push_back({n.id(), n.name(), n.module(), n.build_id(), n.start_offset()});
@@ -254,7 +254,7 @@ absl::StatusOr<uint64_t> AgentSession::StackIdFor(const encoding::Numbering& num
     }
     frames.function_ids.push_back(node_function_ids_[f.function]);
   }
-  auto stack_id = store_->InternStack(frames, wb);
+  auto stack_id = store_->interner().InternStack(frames, wb);
   if (!stack_id.ok()) return stack_id.status();
   if (decode_cache_.size() >= kMaxDecodeCacheEntries) decode_cache_.clear();
   // Entries become visible to later batches only once this batch commits (its write batch

@@ -494,7 +494,7 @@ TEST_P(AgentSessionTest, TargetLabelsAreStoredAndSelected) {
   EXPECT_TRUE(absl::IsInvalidArgument(
       reader.Load({.service = "demo", .from_ms = 0, .to_ms = INT64_MAX, .selector = "version"})
           .status()));
-  auto sets = store_->ListLabelSets("demo");
+  auto sets = store_->interner().ListLabelSets("demo");
   ASSERT_TRUE(sets.ok());
   ASSERT_EQ(sets->size(), 3u);  // the empty set and the two targets'
 

@@ -101,7 +101,7 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
   if (!missing.empty()) {
     fetched.reserve(missing.size());
     for (uint64_t stack_id : missing) {
-      auto frames = store.GetStack(stack_id);
+      auto frames = store.interner().GetStack(stack_id);
       if (!frames.ok()) {
         return absl::DataLossError(absl::StrCat("stack ", stack_id,
                                                 " cannot be read: ", frames.status().message()));
@@ -119,7 +119,7 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
     }
     for (uint64_t fid : unknown) {
       if (fetched_functions.contains(fid)) continue;
-      auto info = store.GetFunction(fid);
+      auto info = store.interner().GetFunction(fid);
       if (!info.ok()) {
         return absl::DataLossError(
             absl::StrCat("function ", fid, " cannot be read: ", info.status().message()));
@@ -221,13 +221,13 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
 
 absl::StatusOr<std::vector<store::ServiceSummary>> ListServices(store::Store* store,
                                                                 const LiveSamples* live) {
-  if (live == nullptr) return store->ListServices();
+  if (live == nullptr) return store->samples().ListServices();
   // As in ProfileReader::SumSamples: a flush between the two reads would count a window twice.
   absl::StatusOr<std::vector<store::ServiceSummary>> services;
   std::vector<store::ServiceSummary> live_services;
   for (;;) {
     const uint64_t generation = live->FlushGeneration("");
-    services = store->ListServices();
+    services = store->samples().ListServices();
     if (!services.ok()) return services;
     live_services = live->LiveServices();
     if (live->FlushGeneration("") == generation) break;
@@ -252,12 +252,12 @@ ProfileReader::ProfileReader(store::Store* store, const LiveSamples* live)
     : store_(store), live_(live), resolved_(std::make_unique<Resolved>()) {}
 
 absl::StatusOr<store::SampleTotals> ProfileReader::SumSamples(const store::SampleQuery& query) {
-  if (live_ == nullptr || query.capture_id) return store_->SumSamples(query);
+  if (live_ == nullptr || query.capture_id) return store_->samples().SumSamples(query);
   // A window flush between reading the store and reading the tables would count its samples
   // twice (or not at all): retry until no flush happened in between.
   for (;;) {
     const uint64_t generation = live_->FlushGeneration(query.service);
-    auto totals = store_->SumSamples(query);
+    auto totals = store_->samples().SumSamples(query);
     if (!totals.ok()) return totals;
     absl::flat_hash_map<uint64_t, uint64_t> live_counts;
     std::set<std::string> hosts(totals->hosts.begin(), totals->hosts.end());
@@ -334,7 +334,7 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
   if (!query.capture_id.empty()) sq.capture_id = query.capture_id;
   if (selector) {
     // The selector picks label sets; the store and the live tables keep the sets' IDs.
-    auto sets = store_->ListLabelSets(query.service);
+    auto sets = store_->interner().ListLabelSets(query.service);
     if (!sets.ok()) return sets.status();
     sq.label_sets.emplace();
     for (const store::LabelSetRecord& r : *sets) {

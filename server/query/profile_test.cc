@@ -15,11 +15,11 @@ class ProfileTest : public ::testing::Test {
     // main -> a -> leaf (5), main -> b -> leaf (3), main -> a -> a (2): recursion
     store::WriteBatch wb;
     auto fn = [&](const char* name) {
-      return *store_->InternFunction({name, "/bin/x", "", 0}, &wb);
+      return *store_->interner().InternFunction({name, "/bin/x", "", 0}, &wb);
     };
     const uint64_t main = fn("main"), a = fn("a"), b = fn("b"), leaf = fn("leaf");
     auto stack = [&](std::vector<uint64_t> f) {
-      return *store_->InternStack({std::move(f), false}, &wb);
+      return *store_->interner().InternStack({std::move(f), false}, &wb);
     };
     wb.AddSamples("svc", 10'000, "h1", stack({main, a, leaf}), 5);
     wb.AddSamples("svc", 20'000, "h2", stack({main, b, leaf}), 3);
@@ -72,9 +72,9 @@ TEST_F(ProfileTest, RepeatedLoadsOfOneReaderMatchFreshReaders) {
   ASSERT_TRUE(first.ok()) << first.status();
   // New stacks and functions after the reader cached the first ones.
   store::WriteBatch wb;
-  const uint64_t main = *store_->InternFunction({"main", "/bin/x", "", 0}, &wb);
-  const uint64_t fresh = *store_->InternFunction({"fresh", "/bin/x", "", 0}, &wb);
-  wb.AddSamples("svc", 30'000, "h3", *store_->InternStack({{main, fresh}, true}, &wb), 4);
+  const uint64_t main = *store_->interner().InternFunction({"main", "/bin/x", "", 0}, &wb);
+  const uint64_t fresh = *store_->interner().InternFunction({"fresh", "/bin/x", "", 0}, &wb);
+  wb.AddSamples("svc", 30'000, "h3", *store_->interner().InternStack({{main, fresh}, true}, &wb), 4);
   ASSERT_TRUE(store_->Commit(&wb).ok());
   for (const ProfileQuery& q : {ProfileQuery{.service = "svc", .to_ms = 1'000'000},
                                 ProfileQuery{.service = "svc", .to_ms = 1'000'000,

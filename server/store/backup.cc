@@ -9,7 +9,7 @@
 #include "rocksdb/env.h"
 #include "rocksdb/utilities/backup_engine.h"
 
-namespace strata::store {
+namespace strata::server::store {
 namespace {
 
 absl::Status Error(const std::string& what, const rocksdb::Status& s) {
@@ -95,4 +95,4 @@ absl::Status RestoreStore(const std::string& backup_dir, const std::string& data
   return absl::OkStatus();
 }
 
-}  // namespace strata::store
+}  // namespace strata::server::store

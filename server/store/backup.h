@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 
-namespace strata::store {
+namespace strata::server::store {
 
 struct BackupInfo {
   uint32_t backup_id = 0;
@@ -26,6 +26,6 @@ absl::Status BackupStore(const std::string& data_dir, const std::string& backup_
 // (nothing is overwritten); the server must not run on it.
 absl::Status RestoreStore(const std::string& backup_dir, const std::string& data_dir);
 
-}  // namespace strata::store
+}  // namespace strata::server::store
 
 #endif  // STRATA_SERVER_STORE_BACKUP_H_

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace strata::store::codec {
+namespace strata::server::store {
 namespace {
 
 absl::Status Corrupt(const char* what) {
@@ -444,4 +444,4 @@ absl::StatusOr<CaptureInfo> DecodeCapture(std::string_view value) {
   return c;
 }
 
-}  // namespace strata::store::codec
+}  // namespace strata::server::store

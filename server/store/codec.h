@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "server/store/records.h"
 
-namespace strata::store::codec {
+namespace strata::server::store {
 
 // MurmurHash64A: fixed across platforms and releases (IDs are persisted).
 uint64_t Hash64(std::string_view data, uint64_t seed);
@@ -102,6 +102,6 @@ absl::StatusOr<GraphEdge> DecodeGraphEdge(std::string_view value);
 std::string EncodeCapture(const CaptureInfo& capture);
 absl::StatusOr<CaptureInfo> DecodeCapture(std::string_view value);
 
-}  // namespace strata::store::codec
+}  // namespace strata::server::store
 
 #endif  // STRATA_SERVER_STORE_CODEC_H_

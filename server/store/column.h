@@ -3,7 +3,7 @@
 #ifndef STRATA_SERVER_STORE_COLUMN_H_
 #define STRATA_SERVER_STORE_COLUMN_H_
 
-namespace strata::store {
+namespace strata::server::store {
 
 enum class Column {
   kStacks,
@@ -17,6 +17,6 @@ enum class Column {
   kJournal
 };
 
-}  // namespace strata::store
+}  // namespace strata::server::store
 
 #endif  // STRATA_SERVER_STORE_COLUMN_H_

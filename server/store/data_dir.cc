@@ -11,7 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "server/store/db.h"
 
-namespace strata::store {
+namespace strata::server::store {
 namespace {
 
 constexpr char kMarkerFile[] = "STRATA";
@@ -73,4 +73,4 @@ void MarkDataDirectory(const std::string& dir) {
   }
 }
 
-}  // namespace strata::store
+}  // namespace strata::server::store

@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 
-namespace strata::store {
+namespace strata::server::store {
 
 // Refuses a directory that holds something other than a Strata store, before RocksDB
 // creates its files among someone else's: a path given by mistake must not be written to.
@@ -16,6 +16,6 @@ absl::Status CheckDataDirectory(const std::string& dir);
 // Marks an opened directory as a store of the current version.
 void MarkDataDirectory(const std::string& dir);
 
-}  // namespace strata::store
+}  // namespace strata::server::store
 
 #endif  // STRATA_SERVER_STORE_DATA_DIR_H_

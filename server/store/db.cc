@@ -2,7 +2,7 @@
 
 #include <memory>
 
-namespace strata::store {
+namespace strata::server::store {
 
 absl::Status FromRocks(const rocksdb::Status& s) {
   if (s.ok()) return absl::OkStatus();
@@ -48,4 +48,4 @@ absl::StatusOr<bool> Database::HasRecords(Column column, const std::string& pref
   return it->Valid() && it->key().starts_with(rocksdb::Slice(prefix));
 }
 
-}  // namespace strata::store
+}  // namespace strata::server::store

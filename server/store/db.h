@@ -16,7 +16,7 @@
 #include "rocksdb/slice.h"
 #include "server/store/column.h"
 
-namespace strata::store {
+namespace strata::server::store {
 
 // Column family names on disk, indexed by Column.
 inline constexpr std::array<const char*, 9> kColumnNames = {
@@ -52,6 +52,6 @@ struct Database {
   absl::StatusOr<bool> HasRecords(Column column, const std::string& prefix) const;
 };
 
-}  // namespace strata::store
+}  // namespace strata::server::store
 
 #endif  // STRATA_SERVER_STORE_DB_H_

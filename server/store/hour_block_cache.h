@@ -17,7 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/store/records.h"
 
-namespace strata::store {
+namespace strata::server::store {
 
 struct HourBlock {
   std::vector<std::string> hosts;  // sorted (key order)
@@ -140,6 +140,6 @@ class HourBlockCache {
   uint64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace strata::store
+}  // namespace strata::server::store
 
 #endif  // STRATA_SERVER_STORE_HOUR_BLOCK_CACHE_H_

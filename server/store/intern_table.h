@@ -12,7 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 
-namespace strata::store {
+namespace strata::server::store {
 
 inline constexpr size_t kInternShards = 16;
 
@@ -72,6 +72,6 @@ class InternTable {
   std::array<Shard, kInternShards> shards_;
 };
 
-}  // namespace strata::store
+}  // namespace strata::server::store
 
 #endif  // STRATA_SERVER_STORE_INTERN_TABLE_H_

@@ -13,7 +13,7 @@
 #include "server/store/intern_table.h"
 #include "server/store/write_batch_rep.h"
 
-namespace strata::store {
+namespace strata::server::store {
 namespace {
 
 constexpr uint32_t kMaxProbes = 64;
@@ -48,19 +48,19 @@ struct Interner::Impl {
 
   uint64_t Candidate(std::string_view identity, uint32_t probe) {
     if (id_hash) return id_hash(identity, probe);
-    return codec::ContentId(identity, probe);
+    return ContentId(identity, probe);
   }
 
   // Identity of a stored record, or an error if the record is corrupt.
   static absl::StatusOr<std::string> IdentityOf(InternKind kind, std::string_view value) {
     if (kind == InternKind::kStack) {
-      absl::StatusOr<StackFrames> stack = codec::DecodeStack(value);
+      absl::StatusOr<StackFrames> stack = DecodeStack(value);
       if (!stack.ok()) return stack.status();
       return std::string(value);
     }
-    absl::StatusOr<FunctionInfo> function = codec::DecodeFunction(value);
+    absl::StatusOr<FunctionInfo> function = DecodeFunction(value);
     if (!function.ok()) return function.status();
-    return codec::FunctionIdentity(*function);
+    return FunctionIdentity(*function);
   }
 
   absl::StatusOr<uint64_t> Intern(InternKind kind, std::string_view identity, std::string value,
@@ -80,7 +80,7 @@ struct Interner::Impl {
       } else {
         std::string stored;
         rocksdb::Status s =
-            database->db->Get(rocksdb::ReadOptions(), cf(column), codec::IdKey(id), &stored);
+            database->db->Get(rocksdb::ReadOptions(), cf(column), IdKey(id), &stored);
         if (s.IsNotFound()) {
           entry = &table.Insert(shard, id, InternTable::Entry{std::move(value), false});
         } else if (!s.ok()) {
@@ -103,7 +103,7 @@ struct Interner::Impl {
         // Not known to be committed (possibly pending in another batch): write it with this
         // batch too so this batch never references a missing record.
         WriteBatch::Rep& rep = BatchAccess::Of(batch);
-        rep.Add(column, WriteBatch::Rep::OpType::kPut, codec::IdKey(id), entry->value);
+        rep.Add(column, WriteBatch::Rep::OpType::kPut, IdKey(id), entry->value);
         rep.interned.emplace_back(kind, id);
       }
       return id;
@@ -121,7 +121,7 @@ struct Interner::Impl {
     }
     std::string stored;
     rocksdb::Status s =
-        database->db->Get(rocksdb::ReadOptions(), cf(ColumnOf(kind)), codec::IdKey(id), &stored);
+        database->db->Get(rocksdb::ReadOptions(), cf(ColumnOf(kind)), IdKey(id), &stored);
     if (!s.ok()) return FromRocks(s);
     absl::StatusOr<std::string> identity = IdentityOf(kind, stored);
     if (!identity.ok()) return identity.status();
@@ -134,13 +134,13 @@ struct Interner::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(label_mu) {
     ServiceLabelSets& sets = service_label_sets[std::string(service)];
     if (sets.loaded) return &sets;
-    const std::string prefix = codec::ServiceLabelSetPrefix(service);
+    const std::string prefix = ServiceLabelSetPrefix(service);
     std::unique_ptr<rocksdb::Iterator> it(
         database->db->NewIterator(rocksdb::ReadOptions(), cf(Column::kMeta)));
     for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
       if (it->key().size() != prefix.size() + 8)
         return absl::DataLossError("corrupt label set index key");
-      sets.ids[codec::GetFixed64BE(it->key().data() + prefix.size())] = true;
+      sets.ids[GetFixed64BE(it->key().data() + prefix.size())] = true;
     }
     if (!it->status().ok()) return FromRocks(it->status());
     sets.loaded = true;
@@ -152,7 +152,7 @@ struct Interner::Impl {
     if (auto it = label_sets.find(id); it != label_sets.end()) return it->second;
     std::string stored;
     rocksdb::Status s = database->db->Get(rocksdb::ReadOptions(), cf(Column::kMeta),
-                                          codec::LabelSetKey(id), &stored);
+                                          LabelSetKey(id), &stored);
     if (!s.ok()) return FromRocks(s);
     if (!labels::Decode(stored).ok()) return absl::DataLossError("corrupt label set record");
     label_sets.emplace(id, stored);
@@ -166,12 +166,12 @@ Interner::Interner(const Database* db, size_t cache_entries, IdHash id_hash)
 Interner::~Interner() = default;
 
 absl::StatusOr<uint64_t> Interner::InternFunction(const FunctionInfo& function, WriteBatch* batch) {
-  return impl_->Intern(InternKind::kFunction, codec::FunctionIdentity(function),
-                       codec::EncodeFunction(function), batch);
+  return impl_->Intern(InternKind::kFunction, FunctionIdentity(function),
+                       EncodeFunction(function), batch);
 }
 
 absl::StatusOr<uint64_t> Interner::InternStack(const StackFrames& stack, WriteBatch* batch) {
-  std::string value = codec::EncodeStack(stack);
+  std::string value = EncodeStack(stack);
   std::string identity = value;
   return impl_->Intern(InternKind::kStack, identity, std::move(value), batch);
 }
@@ -219,8 +219,8 @@ absl::StatusOr<uint64_t> Interner::InternLabelSet(std::string_view service,
   }
   if (!it->second) {
     WriteBatch::Rep& rep = BatchAccess::Of(batch);
-    rep.Add(Column::kMeta, WriteBatch::Rep::OpType::kPut, codec::LabelSetKey(id), encoded);
-    rep.Add(Column::kMeta, WriteBatch::Rep::OpType::kPut, codec::ServiceLabelSetKey(service, id),
+    rep.Add(Column::kMeta, WriteBatch::Rep::OpType::kPut, LabelSetKey(id), encoded);
+    rep.Add(Column::kMeta, WriteBatch::Rep::OpType::kPut, ServiceLabelSetKey(service, id),
             std::string());
     rep.label_sets.emplace_back(std::string(service), id);
   }
@@ -256,13 +256,13 @@ absl::StatusOr<std::vector<LabelSetRecord>> Interner::ListLabelSets(std::string_
 absl::StatusOr<StackFrames> Interner::GetStack(uint64_t stack_id) {
   absl::StatusOr<std::string> value = impl_->Lookup(InternKind::kStack, stack_id);
   if (!value.ok()) return value.status();
-  return codec::DecodeStack(*value);
+  return DecodeStack(*value);
 }
 
 absl::StatusOr<FunctionInfo> Interner::GetFunction(uint64_t function_id) {
   absl::StatusOr<std::string> value = impl_->Lookup(InternKind::kFunction, function_id);
   if (!value.ok()) return value.status();
-  return codec::DecodeFunction(*value);
+  return DecodeFunction(*value);
 }
 
 void Interner::MarkCommitted(WriteBatch* batch) {
@@ -281,4 +281,4 @@ uint64_t Interner::collisions() const { return impl_->collisions.load(std::memor
 uint64_t Interner::stack_cache_entries() const { return impl_->stacks.Size(); }
 uint64_t Interner::function_cache_entries() const { return impl_->functions.Size(); }
 
-}  // namespace strata::store
+}  // namespace strata::server::store

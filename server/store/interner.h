@@ -20,7 +20,7 @@
 #include "server/store/records.h"
 #include "server/store/write_batch.h"
 
-namespace strata::store {
+namespace strata::server::store {
 
 struct Database;
 
@@ -65,6 +65,6 @@ class Interner {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace strata::store
+}  // namespace strata::server::store
 
 #endif  // STRATA_SERVER_STORE_INTERNER_H_

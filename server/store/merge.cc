@@ -7,7 +7,7 @@
 #include "common/base/saturating.h"
 #include "server/store/codec.h"
 
-namespace strata::store {
+namespace strata::server::store {
 namespace {
 
 struct CountTraits {
@@ -15,17 +15,17 @@ struct CountTraits {
   static constexpr const char* kName = "strata.CountAdd";
   static std::optional<Value> Parse(const rocksdb::Slice& s) {
     if (s.size() != 8) return std::nullopt;
-    return codec::GetFixed64LE(s.data());
+    return GetFixed64LE(s.data());
   }
   static Value Combine(Value a, Value b) { return SaturatingAdd(a, b); }
-  static std::string Encode(Value v) { return codec::EncodeCount(v); }
+  static std::string Encode(Value v) { return EncodeCount(v); }
 };
 
 struct ServiceSummaryTraits {
   using Value = ServiceSummary;
   static constexpr const char* kName = "strata.ServiceSummary";
   static std::optional<Value> Parse(const rocksdb::Slice& s) {
-    auto decoded = codec::DecodeServiceSummary(std::string_view(s.data(), s.size()));
+    auto decoded = DecodeServiceSummary(std::string_view(s.data(), s.size()));
     if (!decoded.ok()) return std::nullopt;
     return *decoded;
   }
@@ -37,7 +37,7 @@ struct ServiceSummaryTraits {
     return out;
   }
   static std::string Encode(const Value& v) {
-    return codec::EncodeServiceSummary(v.first_window_ms, v.last_window_ms, v.total_samples);
+    return EncodeServiceSummary(v.first_window_ms, v.last_window_ms, v.total_samples);
   }
 };
 
@@ -115,7 +115,7 @@ class RetentionFilter : public rocksdb::CompactionFilter {
                     const rocksdb::Slice& existing_value, std::string* new_value,
                     std::string* skip_until) const override {
     if (value_type != kValue && value_type != kMergeOperand) return Decision::kKeep;
-    auto cell = codec::DecodeCellKey(std::string_view(key.data(), key.size()));
+    auto cell = DecodeCellKey(std::string_view(key.data(), key.size()));
     if (!cell.ok()) return Decision::kKeep;
     int64_t cutoff = now_ms_() - retention_ms_;
     return cutoff > 0 && cell->window_start_ms < static_cast<uint64_t>(cutoff) ? Decision::kRemove
@@ -148,4 +148,4 @@ std::shared_ptr<const rocksdb::SliceTransform> NewScopePrefixExtractor() {
   return std::make_shared<ScopePrefixExtractor>();
 }
 
-}  // namespace strata::store
+}  // namespace strata::server::store

@@ -17,7 +17,7 @@
 #include "rocksdb/merge_operator.h"
 #include "rocksdb/slice_transform.h"
 
-namespace strata::store {
+namespace strata::server::store {
 
 // Sums u64 counts (fixed64 little-endian), wrapping on overflow.
 std::shared_ptr<rocksdb::MergeOperator> NewCountAddOperator(
@@ -35,6 +35,6 @@ std::shared_ptr<const rocksdb::SliceTransform> NewScopePrefixExtractor();
 std::unique_ptr<rocksdb::CompactionFilter> NewRetentionFilter(int64_t retention_ms,
                                                               std::function<int64_t()> now_ms);
 
-}  // namespace strata::store
+}  // namespace strata::server::store
 
 #endif  // STRATA_SERVER_STORE_MERGE_H_

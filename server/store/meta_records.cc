@@ -7,31 +7,31 @@
 #include "server/store/codec.h"
 #include "server/store/db.h"
 
-namespace strata::store {
+namespace strata::server::store {
 
 absl::StatusOr<uint64_t> MetaRecords::AppliedSequence(std::string_view agent_id,
                                                       uint64_t incarnation) {
   if (!ValidKeyPart(agent_id)) return absl::InvalidArgumentError("agent id contains NUL");
   std::string value;
   rocksdb::Status s = database_->db->Get(rocksdb::ReadOptions(), database_->cf(Column::kMeta),
-                                         codec::SequenceKey(agent_id, incarnation), &value);
+                                         SequenceKey(agent_id, incarnation), &value);
   if (s.IsNotFound()) {
     // A store from before incarnations: its one sequence per agent belongs to the graph it
     // holds (the agent's latest), so a batch of that graph resent after the upgrade is
     // still recognised as applied.
     s = database_->db->Get(rocksdb::ReadOptions(), database_->cf(Column::kMeta),
-                           codec::LegacySequenceKey(agent_id), &value);
+                           LegacySequenceKey(agent_id), &value);
     if (s.IsNotFound()) return 0;
     if (s.ok()) {
       absl::StatusOr<bool> has_graph =
-          database_->HasRecords(Column::kMeta, codec::GraphPrefix(agent_id, incarnation));
+          database_->HasRecords(Column::kMeta, GraphPrefix(agent_id, incarnation));
       if (!has_graph.ok()) return has_graph.status();
       if (!*has_graph) return 0;
     }
   }
   if (!s.ok()) return FromRocks(s);
   if (value.size() != 8) return absl::DataLossError("corrupt applied sequence record");
-  return codec::GetFixed64LE(value.data());
+  return GetFixed64LE(value.data());
 }
 
 namespace {
@@ -58,22 +58,22 @@ absl::StatusOr<std::vector<Record>> ScanTaggedRecords(
 }  // namespace
 
 absl::StatusOr<std::vector<AgentRecord>> MetaRecords::ListAgents() {
-  return ScanTaggedRecords<AgentRecord>(*database_, codec::kAgentTag, &codec::DecodeAgent,
+  return ScanTaggedRecords<AgentRecord>(*database_, kAgentTag, &DecodeAgent,
                                         &AgentRecord::agent_id);
 }
 
 absl::StatusOr<AgentGraph> MetaRecords::LoadGraph(std::string_view agent_id, uint64_t graph_id) {
   if (!ValidKeyPart(agent_id)) return absl::InvalidArgumentError("agent id contains NUL");
   AgentGraph graph;
-  std::string prefix = codec::GraphPrefix(agent_id, graph_id);
+  std::string prefix = GraphPrefix(agent_id, graph_id);
   absl::Status s = database_->Scan(
       Column::kMeta, prefix, PrefixSuccessor(prefix),
       [&](std::string_view key, std::string_view value) -> absl::Status {
         if (key.size() != prefix.size() + 9) return absl::DataLossError("corrupt graph key");
         char kind = key[prefix.size()];
-        uint64_t index = codec::GetFixed64BE(key.data() + prefix.size() + 1);
+        uint64_t index = GetFixed64BE(key.data() + prefix.size() + 1);
         if (kind == 'n') {
-          absl::StatusOr<GraphNode> node = codec::DecodeGraphNode(value);
+          absl::StatusOr<GraphNode> node = DecodeGraphNode(value);
           if (!node.ok()) return node.status();
           if (index > UINT32_MAX ||
               (!graph.nodes.empty() && index != uint64_t{graph.nodes.back().id} + 1)) {
@@ -82,7 +82,7 @@ absl::StatusOr<AgentGraph> MetaRecords::LoadGraph(std::string_view agent_id, uin
           node->id = static_cast<uint32_t>(index);
           graph.nodes.push_back(std::move(*node));
         } else if (kind == 'e') {
-          absl::StatusOr<GraphEdge> edge = codec::DecodeGraphEdge(value);
+          absl::StatusOr<GraphEdge> edge = DecodeGraphEdge(value);
           if (!edge.ok()) return edge.status();
           if (index != graph.edges.size()) {
             return absl::DataLossError(absl::StrCat("graph edge ", index, " out of sequence"));
@@ -104,15 +104,15 @@ absl::StatusOr<std::vector<PhaseEvent>> MetaRecords::ScanPhaseEvents(std::string
   std::vector<PhaseEvent> out;
   uint64_t from = static_cast<uint64_t>(std::max<int64_t>(from_ms, 0));
   if (to_ms <= 0 || static_cast<uint64_t>(to_ms) <= from) return out;
-  std::string begin = codec::PhasePrefix(service, from);
+  std::string begin = PhasePrefix(service, from);
   size_t window_at = begin.size() - 8;
   absl::Status s = database_->Scan(
-      Column::kMeta, begin, codec::PhasePrefix(service, static_cast<uint64_t>(to_ms)),
+      Column::kMeta, begin, PhasePrefix(service, static_cast<uint64_t>(to_ms)),
       [&](std::string_view key, std::string_view value) -> absl::Status {
         if (key.size() != window_at + 16) return absl::DataLossError("corrupt phase event key");
         PhaseEvent event;
         event.service.assign(service);
-        event.window_start_ms = static_cast<int64_t>(codec::GetFixed64BE(key.data() + window_at));
+        event.window_start_ms = static_cast<int64_t>(GetFixed64BE(key.data() + window_at));
         event.payload.assign(value);
         out.push_back(std::move(event));
         return absl::OkStatus();
@@ -125,9 +125,9 @@ absl::StatusOr<AgentRecord> MetaRecords::GetAgent(const std::string& agent_id) {
   if (!ValidKeyPart(agent_id)) return absl::InvalidArgumentError("agent id contains NUL");
   std::string value;
   rocksdb::Status s = database_->db->Get(rocksdb::ReadOptions(), database_->cf(Column::kMeta),
-                                         codec::AgentKey(agent_id), &value);
+                                         AgentKey(agent_id), &value);
   if (!s.ok()) return FromRocks(s);
-  absl::StatusOr<AgentRecord> agent = codec::DecodeAgent(value);
+  absl::StatusOr<AgentRecord> agent = DecodeAgent(value);
   if (agent.ok()) agent->agent_id = agent_id;
   return agent;
 }
@@ -135,9 +135,9 @@ absl::StatusOr<AgentRecord> MetaRecords::GetAgent(const std::string& agent_id) {
 absl::StatusOr<CaptureInfo> MetaRecords::GetCapture(std::string_view capture_id) {
   std::string value;
   rocksdb::Status s = database_->db->Get(rocksdb::ReadOptions(), database_->cf(Column::kMeta),
-                                         codec::CaptureKey(capture_id), &value);
+                                         CaptureKey(capture_id), &value);
   if (!s.ok()) return FromRocks(s);
-  absl::StatusOr<CaptureInfo> capture = codec::DecodeCapture(value);
+  absl::StatusOr<CaptureInfo> capture = DecodeCapture(value);
   if (capture.ok()) capture->capture_id.assign(capture_id);
   return capture;
 }
@@ -147,13 +147,13 @@ absl::Status MetaRecords::ScanJournal(
   return database_->Scan(Column::kJournal, std::string(), std::string(),
                          [&](std::string_view key, std::string_view value) -> absl::Status {
                            if (key.size() != 8) return absl::DataLossError("corrupt journal key");
-                           return fn(codec::GetFixed64BE(key.data()), value);
+                           return fn(GetFixed64BE(key.data()), value);
                          });
 }
 
 absl::StatusOr<std::vector<CaptureInfo>> MetaRecords::ListCaptures() {
-  return ScanTaggedRecords<CaptureInfo>(*database_, codec::kCaptureTag, &codec::DecodeCapture,
+  return ScanTaggedRecords<CaptureInfo>(*database_, kCaptureTag, &DecodeCapture,
                                         &CaptureInfo::capture_id);
 }
 
-}  // namespace strata::store
+}  // namespace strata::server::store

@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "server/store/records.h"
 
-namespace strata::store {
+namespace strata::server::store {
 
 struct Database;
 
@@ -47,6 +47,6 @@ class MetaRecords {
   const Database* database_;
 };
 
-}  // namespace strata::store
+}  // namespace strata::server::store
 
 #endif  // STRATA_SERVER_STORE_META_RECORDS_H_

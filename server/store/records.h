@@ -11,7 +11,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "common/labels/labels.h"
 
-namespace strata::store {
+namespace strata::server::store {
 
 struct FunctionInfo {
   std::string name;
@@ -157,6 +157,6 @@ struct CaptureInfo {
   bool operator==(const CaptureInfo&) const = default;
 };
 
-}  // namespace strata::store
+}  // namespace strata::server::store
 
 #endif  // STRATA_SERVER_STORE_RECORDS_H_

@@ -1,6 +1,6 @@
 #include "server/store/rollup_plan.h"
 
-namespace strata::store {
+namespace strata::server::store {
 
 std::vector<Piece> AutoPieces(int64_t from, int64_t to) {
   auto round_up = [](int64_t v, int64_t unit) { return (v + unit - 1) / unit * unit; };
@@ -50,4 +50,4 @@ std::vector<Piece> PlanPieces(const SampleQuery& query, int64_t from, int64_t to
   return AutoPieces(from, to);
 }
 
-}  // namespace strata::store
+}  // namespace strata::server::store

@@ -9,7 +9,7 @@
 #include "server/store/column.h"
 #include "server/store/records.h"
 
-namespace strata::store {
+namespace strata::server::store {
 
 // Windows of the minute and hour rollups.
 inline constexpr int64_t kMinuteMs = 60'000;
@@ -32,6 +32,6 @@ std::vector<Piece> AutoPieces(int64_t from, int64_t to);
 std::vector<Piece> PlanPieces(const SampleQuery& query, int64_t from, int64_t to,
                               bool whole_hours);
 
-}  // namespace strata::store
+}  // namespace strata::server::store
 
 #endif  // STRATA_SERVER_STORE_ROLLUP_PLAN_H_

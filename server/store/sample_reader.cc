@@ -14,7 +14,7 @@
 #include "server/store/hour_block_cache.h"
 #include "server/store/rollup_plan.h"
 
-namespace strata::store {
+namespace strata::server::store {
 namespace {
 
 // Per-stack sums and contributing hosts while reducing a query's cells.
@@ -46,13 +46,13 @@ struct SampleReader::Impl {
 
   rocksdb::ColumnFamilyHandle* cf(Column c) const { return database->cf(c); }
 
-  // Calls visit(const codec::CellKey&, uint64_t count) for the cells of `scope` in column
+  // Calls visit(const CellKey&, uint64_t count) for the cells of `scope` in column
   // `column` with window in [from, to) (0 <= from < to), of `host` only when given. The
   // key's views are valid during the call only.
   template <typename Visit>
   absl::Status VisitCells(Column column, const std::string& scope, int64_t from, int64_t to,
                           const std::optional<std::string>& host, Visit&& visit) {
-    std::string upper_key = codec::CellPrefix(scope, static_cast<uint64_t>(to));
+    std::string upper_key = CellPrefix(scope, static_cast<uint64_t>(to));
     rocksdb::Slice upper(upper_key);
     rocksdb::ReadOptions ro;
     ro.iterate_upper_bound = &upper;
@@ -60,24 +60,24 @@ struct SampleReader::Impl {
     std::unique_ptr<rocksdb::Iterator> it(database->db->NewIterator(ro, cf(column)));
 
     uint64_t cells = 0;
-    it->Seek(codec::CellPrefix(scope, static_cast<uint64_t>(from)));
+    it->Seek(CellPrefix(scope, static_cast<uint64_t>(from)));
     while (it->Valid()) {
-      absl::StatusOr<codec::CellKey> cell = codec::DecodeCellKey(View(it->key()));
+      absl::StatusOr<CellKey> cell = DecodeCellKey(View(it->key()));
       if (!cell.ok()) return cell.status();
       if (cell->scope != scope) return absl::DataLossError("sample key outside its prefix");
       if (host && cell->host != *host) {
         // Skip to the wanted host in this window, or to the next window once past it.
         if (cell->host < *host) {
-          std::string target = codec::CellPrefix(scope, cell->window_start_ms);
+          std::string target = CellPrefix(scope, cell->window_start_ms);
           target.append(*host);
           target.push_back('\0');
           it->Seek(target);
         } else {
-          it->Seek(codec::CellPrefix(scope, cell->window_start_ms + 1));
+          it->Seek(CellPrefix(scope, cell->window_start_ms + 1));
         }
         continue;
       }
-      absl::StatusOr<uint64_t> count = codec::DecodeCount(View(it->value()));
+      absl::StatusOr<uint64_t> count = DecodeCount(View(it->value()));
       if (!count.ok()) return count.status();
       ++cells;
       visit(*cell, *count);
@@ -93,7 +93,7 @@ struct SampleReader::Impl {
     SampleKey key;
     key.service = query.service;
     return VisitCells(column, scope, from, to, query.host,
-                      [&](const codec::CellKey& cell, uint64_t count) {
+                      [&](const CellKey& cell, uint64_t count) {
                         if (query.label_sets && !query.label_sets->contains(cell.label_set)) {
                           return;
                         }
@@ -112,7 +112,7 @@ struct SampleReader::Impl {
     std::string last_host;
     bool any = false;
     return VisitCells(column, scope, from, to, query.host,
-                      [&](const codec::CellKey& cell, uint64_t count) {
+                      [&](const CellKey& cell, uint64_t count) {
                         if (query.label_sets && !query.label_sets->contains(cell.label_set)) {
                           return;
                         }
@@ -128,19 +128,19 @@ struct SampleReader::Impl {
   // Window of the first cell of `scope` in `column` with window in [from, to), or `to`.
   absl::StatusOr<int64_t> NextWindow(Column column, const std::string& scope, int64_t from,
                                      int64_t to) {
-    std::string upper_key = codec::CellPrefix(scope, static_cast<uint64_t>(to));
+    std::string upper_key = CellPrefix(scope, static_cast<uint64_t>(to));
     rocksdb::Slice upper(upper_key);
     rocksdb::ReadOptions ro;
     ro.iterate_upper_bound = &upper;
     ro.prefix_same_as_start = true;
     std::unique_ptr<rocksdb::Iterator> it(database->db->NewIterator(ro, cf(column)));
-    it->Seek(codec::CellPrefix(scope, static_cast<uint64_t>(from)));
+    it->Seek(CellPrefix(scope, static_cast<uint64_t>(from)));
     if (!it->Valid()) {
       absl::Status s = FromRocks(it->status());
       if (!s.ok()) return s;
       return to;
     }
-    absl::StatusOr<codec::CellKey> cell = codec::DecodeCellKey(View(it->key()));
+    absl::StatusOr<CellKey> cell = DecodeCellKey(View(it->key()));
     if (!cell.ok()) return cell.status();
     if (cell->scope != scope) return absl::DataLossError("sample key outside its prefix");
     if (cell->window_start_ms >= static_cast<uint64_t>(to)) return to;
@@ -154,7 +154,7 @@ struct SampleReader::Impl {
     bool labelled = false;  // a cell with a label set was seen: label_sets is kept
     absl::Status s = VisitCells(
         Column::kRollupHour, scope, hour, end, std::nullopt,
-        [&](const codec::CellKey& cell, uint64_t count) {
+        [&](const CellKey& cell, uint64_t count) {
           if (block->hosts.empty() || cell.host != block->hosts.back()) {
             if (!block->hosts.empty()) block->host_end.push_back(block->entries.size());
             block->hosts.emplace_back(cell.host);
@@ -189,7 +189,7 @@ struct SampleReader::Impl {
     for (int64_t hour = from; hour < to;) {
       // `hour` is a multiple of the hour below `to`: the end never overflows.
       const int64_t end = to - hour <= kHourMs ? to : hour + kHourMs;
-      const std::string key = codec::CellPrefix(scope, static_cast<uint64_t>(hour));
+      const std::string key = CellPrefix(scope, static_cast<uint64_t>(hour));
       const bool cacheable = hour >= cutoff;
       uint64_t generation = 0;
       std::shared_ptr<const HourBlock> block =
@@ -286,7 +286,7 @@ absl::StatusOr<std::vector<ServiceSummary>> SampleReader::ListServices() {
   std::vector<ServiceSummary> out;
   absl::Status s = impl_->database->Scan(
       Column::kServices, "", "", [&](std::string_view key, std::string_view value) {
-        absl::StatusOr<ServiceSummary> summary = codec::DecodeServiceSummary(value);
+        absl::StatusOr<ServiceSummary> summary = DecodeServiceSummary(value);
         if (!summary.ok()) return summary.status();
         summary->service.assign(key);
         out.push_back(std::move(*summary));
@@ -300,4 +300,4 @@ uint64_t SampleReader::cells_scanned() const {
   return impl_->cells_scanned.load(std::memory_order_relaxed);
 }
 
-}  // namespace strata::store
+}  // namespace strata::server::store

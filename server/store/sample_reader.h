@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "server/store/records.h"
 
-namespace strata::store {
+namespace strata::server::store {
 
 struct Database;
 class HourBlockCache;
@@ -51,6 +51,6 @@ class SampleReader {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace strata::store
+}  // namespace strata::server::store
 
 #endif  // STRATA_SERVER_STORE_SAMPLE_READER_H_

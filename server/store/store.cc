@@ -26,7 +26,7 @@
 #include "server/store/write_batch_rep.h"
 #include "spdlog/spdlog.h"
 
-namespace strata::store {
+namespace strata::server::store {
 namespace {
 
 constexpr size_t kSequenceStripes = 16;
@@ -100,13 +100,13 @@ struct Store::Impl {
     }
     for (const auto& [service, summary] : rep.services) {
       s = wb.Merge(database.cf(Column::kServices), service,
-                   codec::EncodeServiceSummary(summary.first_window_ms, summary.last_window_ms,
+                   EncodeServiceSummary(summary.first_window_ms, summary.last_window_ms,
                                                summary.total_samples));
       if (!s.ok()) return FromRocks(s);
     }
     for (const WriteBatch::Rep::Sequence& q : rep.sequences) {
-      s = wb.Put(database.cf(Column::kMeta), codec::SequenceKey(q.agent_id, q.incarnation),
-                 codec::EncodeCount(q.sequence));
+      s = wb.Put(database.cf(Column::kMeta), SequenceKey(q.agent_id, q.incarnation),
+                 EncodeCount(q.sequence));
       if (!s.ok()) return FromRocks(s);
     }
     rocksdb::WriteOptions wo;
@@ -255,7 +255,7 @@ absl::Status Store::Commit(WriteBatch* batch) {
   // so that checking and advancing a sequence is atomic against other commits.
   std::vector<size_t> stripes;
   for (const WriteBatch::Rep::Sequence& q : rep.sequences) {
-    stripes.push_back(codec::Hash64(q.agent_id, q.incarnation) % kSequenceStripes);
+    stripes.push_back(Hash64(q.agent_id, q.incarnation) % kSequenceStripes);
   }
   std::sort(stripes.begin(), stripes.end());
   stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
@@ -348,4 +348,4 @@ absl::Status Store::PutRawForTesting(Column column, std::string_view key, std::s
   return s;
 }
 
-}  // namespace strata::store
+}  // namespace strata::server::store

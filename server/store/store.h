@@ -63,7 +63,7 @@
 #include "server/store/sample_reader.h"
 #include "server/store/write_batch.h"
 
-namespace strata::store {
+namespace strata::server::store {
 
 struct StoreOptions {
   // fsync the WAL on every commit. Off: a commit survives a process kill but not power loss.
@@ -197,6 +197,6 @@ class Store {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace strata::store
+}  // namespace strata::server::store
 
 #endif  // STRATA_SERVER_STORE_STORE_H_

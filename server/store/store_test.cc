@@ -21,7 +21,7 @@
 #include "rocksdb/db.h"
 #include "server/store/codec.h"
 
-namespace strata::store {
+namespace strata::server::store {
 namespace {
 
 using ::testing::ElementsAre;
@@ -51,7 +51,7 @@ class StoreTest : public ::testing::Test {
   // All cells of a query as (window, host, stack) -> count.
   std::map<std::tuple<int64_t, std::string, uint64_t>, uint64_t> Scan(const SampleQuery& q) {
     std::map<std::tuple<int64_t, std::string, uint64_t>, uint64_t> cells;
-    absl::Status s = store_->ScanSamples(q, [&](const SampleKey& k, uint64_t count) {
+    absl::Status s = store_->samples().ScanSamples(q, [&](const SampleKey& k, uint64_t count) {
       EXPECT_EQ(k.service, q.service);
       cells[{k.window_start_ms, k.host, k.stack_id}] += count;
     });
@@ -74,29 +74,29 @@ TEST_F(StoreTest, FunctionsAndStacksRoundTripAcrossReopen) {
   WriteBatch batch;
   FunctionInfo main_fn{"main", "/usr/bin/app", "\x01\x02\x03", 0x1000};
   FunctionInfo work_fn{"work", "/usr/lib/libw.so", "", 0x20};
-  auto main_id = store_->InternFunction(main_fn, &batch);
-  auto work_id = store_->InternFunction(work_fn, &batch);
+  auto main_id = store_->interner().InternFunction(main_fn, &batch);
+  auto work_id = store_->interner().InternFunction(work_fn, &batch);
   ASSERT_TRUE(main_id.ok() && work_id.ok());
   EXPECT_NE(*main_id, *work_id);
   StackFrames stack{{*main_id, *work_id}, false};
   StackFrames truncated{{*work_id}, true};
-  auto stack_id = store_->InternStack(stack, &batch);
-  auto truncated_id = store_->InternStack(truncated, &batch);
+  auto stack_id = store_->interner().InternStack(stack, &batch);
+  auto truncated_id = store_->interner().InternStack(truncated, &batch);
   ASSERT_TRUE(stack_id.ok() && truncated_id.ok());
   EXPECT_NE(*stack_id, *truncated_id);
   CommitOk(&batch);
 
   Reopen();
-  EXPECT_EQ(*store_->GetFunction(*main_id), main_fn);
-  EXPECT_EQ(*store_->GetFunction(*work_id), work_fn);
-  EXPECT_EQ(*store_->GetStack(*stack_id), stack);
-  EXPECT_EQ(*store_->GetStack(*truncated_id), truncated);
-  EXPECT_EQ(store_->GetStack(12345).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*store_->interner().GetFunction(*main_id), main_fn);
+  EXPECT_EQ(*store_->interner().GetFunction(*work_id), work_fn);
+  EXPECT_EQ(*store_->interner().GetStack(*stack_id), stack);
+  EXPECT_EQ(*store_->interner().GetStack(*truncated_id), truncated);
+  EXPECT_EQ(store_->interner().GetStack(12345).status().code(), absl::StatusCode::kNotFound);
 
   // Same content => same ID after restart, and nothing needs writing again.
   WriteBatch again;
-  EXPECT_EQ(*store_->InternStack(stack, &again), *stack_id);
-  EXPECT_EQ(*store_->InternFunction(main_fn, &again), *main_id);
+  EXPECT_EQ(*store_->interner().InternStack(stack, &again), *stack_id);
+  EXPECT_EQ(*store_->interner().InternFunction(main_fn, &again), *main_id);
   EXPECT_TRUE(again.empty());
 }
 
@@ -126,17 +126,17 @@ TEST_F(StoreTest, JournalRecordsSurviveReopenAndDeleteByPrefix) {
   ASSERT_EQ(seen.size(), 2u);
   EXPECT_EQ(seen[0].first, 300u);
   // A callback error stops the scan and is returned.
-  absl::Status s = store_->ScanJournal(
+  absl::Status s = store_->meta().ScanJournal(
       [](uint64_t, std::string_view) { return absl::DataLossError("bad record"); });
   EXPECT_TRUE(absl::IsDataLoss(s)) << s;
 }
 
 TEST_F(StoreTest, FunctionIdentityIgnoresModulePathWhenBuildIdKnown) {
   WriteBatch batch;
-  auto a = store_->InternFunction({"f", "/a/lib.so", "BID", 0x10}, &batch);
-  auto b = store_->InternFunction({"f", "/b/lib.so", "BID", 0x10}, &batch);
-  auto c = store_->InternFunction({"f", "/a/lib.so", "", 0x10}, &batch);
-  auto d = store_->InternFunction({"f", "/b/lib.so", "", 0x10}, &batch);
+  auto a = store_->interner().InternFunction({"f", "/a/lib.so", "BID", 0x10}, &batch);
+  auto b = store_->interner().InternFunction({"f", "/b/lib.so", "BID", 0x10}, &batch);
+  auto c = store_->interner().InternFunction({"f", "/a/lib.so", "", 0x10}, &batch);
+  auto d = store_->interner().InternFunction({"f", "/b/lib.so", "", 0x10}, &batch);
   EXPECT_EQ(*a, *b);
   EXPECT_NE(*a, *c);
   EXPECT_NE(*c, *d);
@@ -147,14 +147,14 @@ TEST_F(StoreTest, UncommittedInternIsRewrittenByLaterBatch) {
   uint64_t id;
   {
     WriteBatch abandoned;
-    id = *store_->InternStack(stack, &abandoned);
+    id = *store_->interner().InternStack(stack, &abandoned);
   }  // never committed
   WriteBatch batch;
-  EXPECT_EQ(*store_->InternStack(stack, &batch), id);
+  EXPECT_EQ(*store_->interner().InternStack(stack, &batch), id);
   EXPECT_FALSE(batch.empty());
   CommitOk(&batch);
   Reopen();
-  EXPECT_EQ(*store_->GetStack(id), stack);
+  EXPECT_EQ(*store_->interner().GetStack(id), stack);
 }
 
 TEST_F(StoreTest, StackHashCollisionIsProbedNotMerged) {
@@ -165,8 +165,8 @@ TEST_F(StoreTest, StackHashCollisionIsProbedNotMerged) {
   Reopen();
   StackFrames a{{1, 2}, false}, b{{3}, false}, c{{4}, true};
   WriteBatch batch;
-  uint64_t id_a = *store_->InternStack(a, &batch);
-  uint64_t id_b = *store_->InternStack(b, &batch);
+  uint64_t id_a = *store_->interner().InternStack(a, &batch);
+  uint64_t id_b = *store_->interner().InternStack(b, &batch);
   CommitOk(&batch);
   EXPECT_EQ(id_a, 7u);
   EXPECT_EQ(id_b, 101u);
@@ -175,13 +175,13 @@ TEST_F(StoreTest, StackHashCollisionIsProbedNotMerged) {
   // After a restart (empty caches) the same probing yields the same IDs.
   Reopen();
   WriteBatch batch2;
-  EXPECT_EQ(*store_->InternStack(b, &batch2), 101u);
-  EXPECT_EQ(*store_->InternStack(a, &batch2), 7u);
-  EXPECT_EQ(*store_->InternStack(c, &batch2), 102u);
+  EXPECT_EQ(*store_->interner().InternStack(b, &batch2), 101u);
+  EXPECT_EQ(*store_->interner().InternStack(a, &batch2), 7u);
+  EXPECT_EQ(*store_->interner().InternStack(c, &batch2), 102u);
   CommitOk(&batch2);
-  EXPECT_EQ(*store_->GetStack(7), a);
-  EXPECT_EQ(*store_->GetStack(101), b);
-  EXPECT_EQ(*store_->GetStack(102), c);
+  EXPECT_EQ(*store_->interner().GetStack(7), a);
+  EXPECT_EQ(*store_->interner().GetStack(101), b);
+  EXPECT_EQ(*store_->interner().GetStack(102), c);
 }
 
 TEST_F(StoreTest, CollidingConcurrentInternsGetDistinctIds) {
@@ -195,7 +195,7 @@ TEST_F(StoreTest, CollidingConcurrentInternsGetDistinctIds) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       WriteBatch batch;
-      ids[t] = *store_->InternStack(StackFrames{{static_cast<uint64_t>(t)}, false}, &batch);
+      ids[t] = *store_->interner().InternStack(StackFrames{{static_cast<uint64_t>(t)}, false}, &batch);
       EXPECT_TRUE(store_->Commit(&batch).ok());
     });
   }
@@ -204,7 +204,7 @@ TEST_F(StoreTest, CollidingConcurrentInternsGetDistinctIds) {
   EXPECT_EQ(std::unique(ids.begin(), ids.end()), ids.end());
   for (int t = 0; t < kThreads; ++t) {
     // Each stored ID holds exactly one of the stacks.
-    auto stack = store_->GetStack(1000 + t);
+    auto stack = store_->interner().GetStack(1000 + t);
     ASSERT_TRUE(stack.ok());
     ASSERT_EQ(stack->function_ids.size(), 1u);
   }
@@ -219,7 +219,7 @@ TEST_F(StoreTest, CommittedDataSurvivesProcessKill) {
     auto store = Store::Open(dir_, options_);
     if (!store.ok()) _exit(1);
     WriteBatch batch;
-    auto stack = (*store)->InternStack(StackFrames{{11, 22}, false}, &batch);
+    auto stack = (*store)->interner().InternStack(StackFrames{{11, 22}, false}, &batch);
     if (!stack.ok() || *stack == 0) _exit(2);
     batch.AddSamples("svc", 5000, "h", *stack, 9);
     batch.SetAppliedSequence("agent", 7, 3);
@@ -231,13 +231,13 @@ TEST_F(StoreTest, CommittedDataSurvivesProcessKill) {
   ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
   ASSERT_TRUE(WIFSIGNALED(wstatus)) << "child exit " << WEXITSTATUS(wstatus);
   Reopen();
-  EXPECT_EQ(*store_->AppliedSequence("agent", 7), 3u);
+  EXPECT_EQ(*store_->meta().AppliedSequence("agent", 7), 3u);
   uint64_t stack_id = 0;
   auto cells = Scan({"svc", 0, 10000, std::nullopt, std::nullopt});
   ASSERT_EQ(cells.size(), 1u);
   stack_id = std::get<2>(cells.begin()->first);
   EXPECT_EQ(cells.begin()->second, 9u);
-  EXPECT_EQ(*store_->GetStack(stack_id), (StackFrames{{11, 22}, false}));
+  EXPECT_EQ(*store_->interner().GetStack(stack_id), (StackFrames{{11, 22}, false}));
 }
 
 TEST_F(StoreTest, MergeSumsAcrossBatchesReopenAndCompaction) {
@@ -262,7 +262,7 @@ TEST_F(StoreTest, MergeSumsAcrossBatchesReopenAndCompaction) {
 }
 
 TEST_F(StoreTest, MalformedMergeOperandsAreSkippedAndCounted) {
-  std::string key = codec::EncodeCellKey("svc", 1000, "h", 9);
+  std::string key = EncodeCellKey("svc", 1000, "h", 9);
   WriteBatch batch;
   batch.AddSamples("svc", 1000, "h", 9, 5);
   CommitOk(&batch);
@@ -279,7 +279,7 @@ TEST_F(StoreTest, MalformedMergeOperandsAreSkippedAndCounted) {
 }
 
 TEST_F(StoreTest, AppliedSequenceIsAtomicWithCountsAndSurvivesReopen) {
-  EXPECT_EQ(*store_->AppliedSequence("agent-1", 7), 0u);
+  EXPECT_EQ(*store_->meta().AppliedSequence("agent-1", 7), 0u);
   WriteBatch batch;
   batch.AddSamples("svc", 0, "h", 1, 5);
   batch.SetAppliedSequence("agent-1", 7, 1);
@@ -293,8 +293,8 @@ TEST_F(StoreTest, AppliedSequenceIsAtomicWithCountsAndSurvivesReopen) {
   EXPECT_EQ(store_->Commit(&resent).code(), absl::StatusCode::kAlreadyExists);
 
   Reopen();
-  EXPECT_EQ(*store_->AppliedSequence("agent-1", 7), 1u);
-  EXPECT_EQ(*store_->AppliedSequence("agent-2", 7), 0u);
+  EXPECT_EQ(*store_->meta().AppliedSequence("agent-1", 7), 1u);
+  EXPECT_EQ(*store_->meta().AppliedSequence("agent-2", 7), 0u);
   EXPECT_EQ(CellCount("svc", 0, "h", 1), 5u);
   EXPECT_EQ(store_->Commit(&resent).code(), absl::StatusCode::kAlreadyExists);
 
@@ -303,7 +303,7 @@ TEST_F(StoreTest, AppliedSequenceIsAtomicWithCountsAndSurvivesReopen) {
   next.SetAppliedSequence("agent-1", 7, 2);
   CommitOk(&next);
   Reopen();
-  EXPECT_EQ(*store_->AppliedSequence("agent-1", 7), 2u);
+  EXPECT_EQ(*store_->meta().AppliedSequence("agent-1", 7), 2u);
   EXPECT_EQ(CellCount("svc", 0, "h", 1), 7u);
 }
 
@@ -318,29 +318,29 @@ TEST_F(StoreTest, SequencesArePerIncarnation) {
   restarted.AddSamples("svc", 0, "h", 1, 2);
   restarted.SetAppliedSequence("agent-1", 8, 1);
   CommitOk(&restarted);
-  EXPECT_EQ(*store_->AppliedSequence("agent-1", 7), 40u);
-  EXPECT_EQ(*store_->AppliedSequence("agent-1", 8), 1u);
+  EXPECT_EQ(*store_->meta().AppliedSequence("agent-1", 7), 40u);
+  EXPECT_EQ(*store_->meta().AppliedSequence("agent-1", 8), 1u);
   EXPECT_EQ(CellCount("svc", 0, "h", 1), 7u);
 }
 
 TEST_F(StoreTest, LegacySequenceCountsForTheStoredGraphOnly) {
   // A store written before incarnations holds 'q' agent -> sequence. It belongs to the graph
   // the store has for that agent; a new incarnation starts from 0.
-  ASSERT_TRUE(store_->PutRawForTesting(Column::kMeta, codec::LegacySequenceKey("old"),
-                                       codec::EncodeCount(12))
+  ASSERT_TRUE(store_->PutRawForTesting(Column::kMeta, LegacySequenceKey("old"),
+                                       EncodeCount(12))
                   .ok());
   WriteBatch graph;
   graph.AppendGraphNodes("old", 5, {{2, "main", "m", "", 0}});
   CommitOk(&graph);
-  EXPECT_EQ(*store_->AppliedSequence("old", 5), 12u);
-  EXPECT_EQ(*store_->AppliedSequence("old", 6), 0u);
+  EXPECT_EQ(*store_->meta().AppliedSequence("old", 5), 12u);
+  EXPECT_EQ(*store_->meta().AppliedSequence("old", 6), 0u);
   WriteBatch resent;
   resent.SetAppliedSequence("old", 5, 12);
   EXPECT_EQ(store_->Commit(&resent).code(), absl::StatusCode::kAlreadyExists);
   WriteBatch next;
   next.SetAppliedSequence("old", 5, 13);
   CommitOk(&next);
-  EXPECT_EQ(*store_->AppliedSequence("old", 5), 13u);
+  EXPECT_EQ(*store_->meta().AppliedSequence("old", 5), 13u);
 }
 
 TEST_F(StoreTest, CountsSaturateInsteadOfWrapping) {
@@ -353,7 +353,7 @@ TEST_F(StoreTest, CountsSaturateInsteadOfWrapping) {
   EXPECT_EQ(CellCount("svc", 0, "h", 1), UINT64_MAX);
   ASSERT_TRUE(store_->CompactAll().ok());
   EXPECT_EQ(CellCount("svc", 0, "h", 1), UINT64_MAX);
-  auto services = store_->ListServices();
+  auto services = store_->samples().ListServices();
   ASSERT_TRUE(services.ok());
   ASSERT_EQ(services->size(), 1u);
   EXPECT_EQ((*services)[0].total_samples, UINT64_MAX);
@@ -385,7 +385,7 @@ TEST_F(StoreTest, InvalidInputFailsCommitWithoutWriting) {
   negative.AddSamples("svc", -5, "h", 1, 1);
   EXPECT_EQ(store_->Commit(&negative).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CellCount("svc", 0, "h", 1), 0u);
-  EXPECT_TRUE(store_->ListServices()->empty());
+  EXPECT_TRUE(store_->samples().ListServices()->empty());
 }
 
 TEST_F(StoreTest, DeleteCaptureDropsItsCellsAndRecordOnly) {
@@ -406,8 +406,8 @@ TEST_F(StoreTest, DeleteCaptureDropsItsCellsAndRecordOnly) {
   EXPECT_TRUE(Scan({"x", 0, 40000, std::nullopt, std::string("cap-1")}).empty());
   EXPECT_EQ(Scan({"x", 0, 40000, std::nullopt, std::string("cap-10")}).size(), 1u);
   EXPECT_EQ(Scan({"cap-1", 0, 40000, std::nullopt, std::nullopt}).size(), 1u);
-  EXPECT_TRUE(absl::IsNotFound(store_->GetCapture("cap-1").status()));
-  EXPECT_TRUE(store_->GetCapture("cap-10").ok());
+  EXPECT_TRUE(absl::IsNotFound(store_->meta().GetCapture("cap-1").status()));
+  EXPECT_TRUE(store_->meta().GetCapture("cap-10").ok());
   Reopen();
   EXPECT_TRUE(Scan({"x", 0, 40000, std::nullopt, std::string("cap-1")}).empty());
 }
@@ -455,7 +455,7 @@ TEST_F(StoreTest, ScanSamplesFiltersRangeHostAndCaptures) {
   // Captures are invisible to continuous queries.
   EXPECT_EQ((Scan({"svc", 10000, 10001, std::string("a"), std::nullopt})[{10000, "a", 1}]), 2u);
 
-  auto services = store_->ListServices();
+  auto services = store_->samples().ListServices();
   ASSERT_TRUE(services.ok());
   ASSERT_EQ(services->size(), 3u);
   EXPECT_EQ((*services)[1], (ServiceSummary{"svc", 0, 30000, 3u * 10 + 1200}));
@@ -471,7 +471,7 @@ TEST_F(StoreTest, ServiceSummariesAccumulateAcrossCommitsAndReopen) {
   CommitOk(&b2);
   Reopen();
   ASSERT_TRUE(store_->CompactAll().ok());
-  EXPECT_THAT(*store_->ListServices(), ElementsAre(ServiceSummary{"svc", 20000, 90000, 12}));
+  EXPECT_THAT(*store_->samples().ListServices(), ElementsAre(ServiceSummary{"svc", 20000, 90000, 12}));
 }
 
 TEST_F(StoreTest, MetaRecordsRoundTrip) {
@@ -490,18 +490,18 @@ TEST_F(StoreTest, MetaRecordsRoundTrip) {
   CommitOk(&batch);
   Reopen();
 
-  EXPECT_THAT(*store_->ListAgents(), ElementsAre(agent, agent2));
-  EXPECT_EQ(*store_->GetCapture("cap-1"), capture);
-  EXPECT_THAT(*store_->ListCaptures(), ElementsAre(capture));
-  EXPECT_EQ(store_->GetCapture("nope").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(*store_->meta().ListAgents(), ElementsAre(agent, agent2));
+  EXPECT_EQ(*store_->meta().GetCapture("cap-1"), capture);
+  EXPECT_THAT(*store_->meta().ListCaptures(), ElementsAre(capture));
+  EXPECT_EQ(store_->meta().GetCapture("nope").status().code(), absl::StatusCode::kNotFound);
 
-  auto events = store_->ScanPhaseEvents("svc", 0, 100000);
+  auto events = store_->meta().ScanPhaseEvents("svc", 0, 100000);
   ASSERT_TRUE(events.ok());
   ASSERT_EQ(events->size(), 3u);  // the duplicate e2 is stored once
   EXPECT_EQ((*events)[0], e1);
-  auto later = store_->ScanPhaseEvents("svc", 15000, 20001);
+  auto later = store_->meta().ScanPhaseEvents("svc", 15000, 20001);
   ASSERT_EQ(later->size(), 2u);
-  EXPECT_TRUE(store_->ScanPhaseEvents("svc", 0, 10000)->empty());
+  EXPECT_TRUE(store_->meta().ScanPhaseEvents("svc", 0, 10000)->empty());
 }
 
 TEST_F(StoreTest, GraphRecordsLoadBackInOrder) {
@@ -527,17 +527,17 @@ TEST_F(StoreTest, GraphRecordsLoadBackInOrder) {
     CommitOk(&b);
   }
   Reopen();
-  auto graph = store_->LoadGraph("agent", 5);
+  auto graph = store_->meta().LoadGraph("agent", 5);
   ASSERT_TRUE(graph.ok()) << graph.status();
   EXPECT_EQ(graph->nodes, nodes);
   EXPECT_EQ(graph->edges, edges);
-  EXPECT_EQ(store_->LoadGraph("agent", 6)->nodes.size(), 1u);
+  EXPECT_EQ(store_->meta().LoadGraph("agent", 6)->nodes.size(), 1u);
 
   WriteBatch del;
   del.DeleteGraph("agent", 5);
   CommitOk(&del);
-  EXPECT_TRUE(store_->LoadGraph("agent", 5)->nodes.empty());
-  EXPECT_EQ(store_->LoadGraph("agent", 6)->nodes.size(), 1u);
+  EXPECT_TRUE(store_->meta().LoadGraph("agent", 5)->nodes.empty());
+  EXPECT_EQ(store_->meta().LoadGraph("agent", 6)->nodes.size(), 1u);
 }
 
 TEST_F(StoreTest, GraphGapIsReportedAsDataLoss) {
@@ -545,36 +545,36 @@ TEST_F(StoreTest, GraphGapIsReportedAsDataLoss) {
   b.AppendGraphEdges("agent", 1, 0, {{0, 1, 2}});
   b.AppendGraphEdges("agent", 1, 2, {{0, 1, 3}});  // edge 1 missing
   CommitOk(&b);
-  EXPECT_EQ(store_->LoadGraph("agent", 1).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->meta().LoadGraph("agent", 1).status().code(), absl::StatusCode::kDataLoss);
 }
 
 TEST_F(StoreTest, CorruptRecordsReturnErrors) {
-  ASSERT_TRUE(store_->PutRawForTesting(Column::kStacks, codec::IdKey(5), "\x01\x02\x03").ok());
-  ASSERT_TRUE(store_->PutRawForTesting(Column::kFunctions, codec::IdKey(6), "\x01\xff").ok());
-  ASSERT_TRUE(store_->PutRawForTesting(Column::kMeta, codec::AgentKey("a"), "junk").ok());
-  ASSERT_TRUE(store_->PutRawForTesting(Column::kMeta, codec::CaptureKey("c"), "").ok());
-  ASSERT_TRUE(store_->PutRawForTesting(Column::kMeta, codec::SequenceKey("a", 7), "xx").ok());
+  ASSERT_TRUE(store_->PutRawForTesting(Column::kStacks, IdKey(5), "\x01\x02\x03").ok());
+  ASSERT_TRUE(store_->PutRawForTesting(Column::kFunctions, IdKey(6), "\x01\xff").ok());
+  ASSERT_TRUE(store_->PutRawForTesting(Column::kMeta, AgentKey("a"), "junk").ok());
+  ASSERT_TRUE(store_->PutRawForTesting(Column::kMeta, CaptureKey("c"), "").ok());
+  ASSERT_TRUE(store_->PutRawForTesting(Column::kMeta, SequenceKey("a", 7), "xx").ok());
   ASSERT_TRUE(store_->PutRawForTesting(Column::kServices, "svc", "short").ok());
   ASSERT_TRUE(
-      store_->PutRawForTesting(Column::kMeta, codec::GraphNodeKey("a", 1, 2), "\x05x").ok());
+      store_->PutRawForTesting(Column::kMeta, GraphNodeKey("a", 1, 2), "\x05x").ok());
   // A cell key cut short (window present, host and stack ID missing).
   ASSERT_TRUE(
-      store_->PutRawForTesting(Column::kSamples, codec::CellPrefix("svc", 1) + "h", "12345678")
+      store_->PutRawForTesting(Column::kSamples, CellPrefix("svc", 1) + "h", "12345678")
           .ok());
   ASSERT_TRUE(store_->PutRawForTesting(Column::kCaptures,
-                                       codec::EncodeCellKey("cap", 0, "h", 1), "x").ok());
+                                       EncodeCellKey("cap", 0, "h", 1), "x").ok());
 
-  EXPECT_EQ(store_->GetStack(5).status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(store_->GetFunction(6).status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(store_->ListAgents().status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(store_->GetCapture("c").status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(store_->AppliedSequence("a", 7).status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(store_->ListServices().status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(store_->LoadGraph("a", 1).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->interner().GetStack(5).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->interner().GetFunction(6).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->meta().ListAgents().status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->meta().GetCapture("c").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->meta().AppliedSequence("a", 7).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->samples().ListServices().status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->meta().LoadGraph("a", 1).status().code(), absl::StatusCode::kDataLoss);
   auto ignore = [](const SampleKey&, uint64_t) {};
-  EXPECT_EQ(store_->ScanSamples({"svc", 0, 1LL << 62, std::nullopt, std::nullopt}, ignore).code(),
+  EXPECT_EQ(store_->samples().ScanSamples({"svc", 0, 1LL << 62, std::nullopt, std::nullopt}, ignore).code(),
             absl::StatusCode::kDataLoss);
-  EXPECT_EQ(store_->ScanSamples({"svc", 0, 10, std::nullopt, std::string("cap")}, ignore).code(),
+  EXPECT_EQ(store_->samples().ScanSamples({"svc", 0, 10, std::nullopt, std::string("cap")}, ignore).code(),
             absl::StatusCode::kDataLoss);
 
   // A corrupt record squatting on a stack's first candidate ID is probed past, not reused.
@@ -584,25 +584,25 @@ TEST_F(StoreTest, CorruptRecordsReturnErrors) {
   Reopen();
   WriteBatch batch;
   StackFrames stack{{1}, false};
-  EXPECT_EQ(*store_->InternStack(stack, &batch), 6u);
+  EXPECT_EQ(*store_->interner().InternStack(stack, &batch), 6u);
   CommitOk(&batch);
-  EXPECT_EQ(*store_->GetStack(6), stack);
+  EXPECT_EQ(*store_->interner().GetStack(6), stack);
 }
 
 TEST_F(StoreTest, CodecRejectsTruncatedInput) {
-  std::string fn = codec::EncodeFunction({"name", "module", "bid", 77});
+  std::string fn = EncodeFunction({"name", "module", "bid", 77});
   for (size_t n = 0; n < fn.size(); ++n) {
-    EXPECT_FALSE(codec::DecodeFunction(std::string_view(fn).substr(0, n)).ok()) << n;
+    EXPECT_FALSE(DecodeFunction(std::string_view(fn).substr(0, n)).ok()) << n;
   }
-  std::string cap = codec::EncodeCapture({"c", "s", "h", 1, 2, 3, 4, false, "err"});
+  std::string cap = EncodeCapture({"c", "s", "h", 1, 2, 3, 4, false, "err"});
   for (size_t n = 0; n < cap.size(); ++n) {
-    EXPECT_FALSE(codec::DecodeCapture(std::string_view(cap).substr(0, n)).ok()) << n;
+    EXPECT_FALSE(DecodeCapture(std::string_view(cap).substr(0, n)).ok()) << n;
   }
-  std::string key = codec::EncodeCellKey("svc", 5, "host", 9);
+  std::string key = EncodeCellKey("svc", 5, "host", 9);
   for (size_t n = 0; n < key.size(); ++n) {
-    EXPECT_FALSE(codec::DecodeCellKey(std::string_view(key).substr(0, n)).ok()) << n;
+    EXPECT_FALSE(DecodeCellKey(std::string_view(key).substr(0, n)).ok()) << n;
   }
-  auto cell = codec::DecodeCellKey(key);
+  auto cell = DecodeCellKey(key);
   ASSERT_TRUE(cell.ok());
   EXPECT_EQ(cell->scope, "svc");
   EXPECT_EQ(cell->window_start_ms, 5u);
@@ -612,10 +612,10 @@ TEST_F(StoreTest, CodecRejectsTruncatedInput) {
 
 TEST_F(StoreTest, ContentIdIsStable) {
   // IDs are persisted: these values must never change between releases.
-  EXPECT_EQ(codec::Hash64("strata profiler", 0), 0xf591b6fff5ac1693ull);
-  EXPECT_EQ(codec::ContentId("abc", 3), 0x12c8b5ce30a424d8ull);
-  EXPECT_NE(codec::ContentId("abc", 0), codec::ContentId("abc", 1));
-  EXPECT_NE(codec::ContentId("abc", 0), codec::ContentId("abd", 0));
+  EXPECT_EQ(Hash64("strata profiler", 0), 0xf591b6fff5ac1693ull);
+  EXPECT_EQ(ContentId("abc", 3), 0x12c8b5ce30a424d8ull);
+  EXPECT_NE(ContentId("abc", 0), ContentId("abc", 1));
+  EXPECT_NE(ContentId("abc", 0), ContentId("abd", 0));
 }
 
 TEST_F(StoreTest, AutoResolutionMatchesRawTotalsAndUsesRollups) {
@@ -707,7 +707,7 @@ class SumSamplesTest : public StoreTest {
   SampleTotals Expected(const SampleQuery& q) {
     std::map<uint64_t, uint64_t> counts;
     std::set<std::string> hosts;
-    absl::Status s = store_->ScanSamples(q, [&](const SampleKey& k, uint64_t c) {
+    absl::Status s = store_->samples().ScanSamples(q, [&](const SampleKey& k, uint64_t c) {
       counts[k.stack_id] += c;
       hosts.insert(k.host);
     });
@@ -718,7 +718,7 @@ class SumSamplesTest : public StoreTest {
     return t;
   }
   SampleTotals Sum(const SampleQuery& q) {
-    absl::StatusOr<SampleTotals> t = store_->SumSamples(q);
+    absl::StatusOr<SampleTotals> t = store_->samples().SumSamples(q);
     EXPECT_TRUE(t.ok()) << t.status();
     if (!t.ok()) return {};
     std::sort(t->stacks.begin(), t->stacks.end(),
@@ -866,18 +866,18 @@ TEST_F(SumSamplesTest, CorruptHourRowIsAnErrorNotCached) {
   Fill();
   ASSERT_TRUE(store_
                   ->PutRawForTesting(Column::kRollupHour,
-                                     codec::EncodeCellKey("svc", kHour, "a", 1), "bad")
+                                     EncodeCellKey("svc", kHour, "a", 1), "bad")
                   .ok());
   const SampleQuery q{"svc", 0, 4 * kHour, std::nullopt, std::nullopt, Resolution::kAuto};
-  EXPECT_FALSE(store_->SumSamples(q).ok());
-  EXPECT_FALSE(store_->SumSamples(q).ok());
-  EXPECT_FALSE(store_->SumSamples({"", 0, 1, std::nullopt, std::nullopt}).ok());
+  EXPECT_FALSE(store_->samples().SumSamples(q).ok());
+  EXPECT_FALSE(store_->samples().SumSamples(q).ok());
+  EXPECT_FALSE(store_->samples().SumSamples({"", 0, 1, std::nullopt, std::nullopt}).ok());
 }
 
 }  // namespace
-}  // namespace strata::store
+}  // namespace strata::server::store
 
-namespace strata::store {
+namespace strata::server::store {
 namespace {
 
 // A directory given by mistake is refused before anything is written into it, with the
@@ -886,15 +886,15 @@ TEST_F(StoreTest, LabelledCellsAreKeptApartAndSelectedBySet) {
   WriteBatch batch;
   const labels::LabelSet v1{{"region", "eu"}, {"version", "1"}};
   const labels::LabelSet v2{{"version", "2"}};
-  auto id1 = store_->InternLabelSet("svc", v1, 16, &batch);
-  auto id2 = store_->InternLabelSet("svc", v2, 16, &batch);
-  auto none = store_->InternLabelSet("svc", {}, 16, &batch);
+  auto id1 = store_->interner().InternLabelSet("svc", v1, 16, &batch);
+  auto id2 = store_->interner().InternLabelSet("svc", v2, 16, &batch);
+  auto none = store_->interner().InternLabelSet("svc", {}, 16, &batch);
   ASSERT_TRUE(id1.ok() && id2.ok() && none.ok()) << id1.status() << id2.status();
   EXPECT_NE(*id1, 0u);
   EXPECT_NE(*id1, *id2);
   EXPECT_EQ(*none, 0u);
   // The same content always has the same ID.
-  EXPECT_EQ(*store_->InternLabelSet("svc", v1, 16, &batch), *id1);
+  EXPECT_EQ(*store_->interner().InternLabelSet("svc", v1, 16, &batch), *id1);
   const int64_t w = 3'600'000;  // an hour boundary: the hour rollup holds these too
   batch.AddSamples("svc", w, "h", 7, 5, *id1);
   batch.AddSamples("svc", w, "h", 7, 3, *id2);
@@ -904,7 +904,7 @@ TEST_F(StoreTest, LabelledCellsAreKeptApartAndSelectedBySet) {
   CommitOk(&batch);
   Reopen();  // label sets and the per-service index come back from disk
 
-  auto sets = store_->ListLabelSets("svc");
+  auto sets = store_->interner().ListLabelSets("svc");
   ASSERT_TRUE(sets.ok()) << sets.status();
   ASSERT_EQ(sets->size(), 3u);
   EXPECT_EQ((*sets)[0], (LabelSetRecord{0, {}}));
@@ -912,33 +912,33 @@ TEST_F(StoreTest, LabelledCellsAreKeptApartAndSelectedBySet) {
   for (const auto& r : *sets) by_id[r.id] = r.labels;
   EXPECT_EQ(by_id[*id1], v1);
   EXPECT_EQ(by_id[*id2], v2);
-  auto other = store_->ListLabelSets("other");
+  auto other = store_->interner().ListLabelSets("other");
   ASSERT_TRUE(other.ok());
   EXPECT_EQ(other->size(), 1u);  // the empty set only
 
   for (Resolution r : {Resolution::kRaw, Resolution::kMinute, Resolution::kHour,
                        Resolution::kAuto}) {
     SampleQuery q{"svc", w, w + 3'600'000, std::nullopt, std::nullopt, r};
-    auto all = store_->SumSamples(q);
+    auto all = store_->samples().SumSamples(q);
     ASSERT_TRUE(all.ok());
     std::map<uint64_t, uint64_t> counts;
     for (const auto& c : all->stacks) counts[c.stack_id] += c.count;
     EXPECT_EQ(counts, (std::map<uint64_t, uint64_t>{{7, 10}, {8, 5}})) << static_cast<int>(r);
     for (int pass = 0; pass < 2; ++pass) {  // kHour/kAuto: the second pass hits the block cache
       q.label_sets = absl::flat_hash_set<uint64_t>{*id2};
-      auto v2_only = store_->SumSamples(q);
+      auto v2_only = store_->samples().SumSamples(q);
       ASSERT_TRUE(v2_only.ok());
       counts.clear();
       for (const auto& c : v2_only->stacks) counts[c.stack_id] += c.count;
       EXPECT_EQ(counts, (std::map<uint64_t, uint64_t>{{7, 3}, {8, 5}})) << static_cast<int>(r);
       q.label_sets = absl::flat_hash_set<uint64_t>{0, *id1};
-      auto old_and_v1 = store_->SumSamples(q);
+      auto old_and_v1 = store_->samples().SumSamples(q);
       ASSERT_TRUE(old_and_v1.ok());
       ASSERT_EQ(old_and_v1->stacks.size(), 1u);
       EXPECT_EQ(old_and_v1->stacks[0].count, 7u);
       EXPECT_EQ(old_and_v1->hosts, std::vector<std::string>{"h"});
       q.label_sets = absl::flat_hash_set<uint64_t>{};
-      auto nothing = store_->SumSamples(q);
+      auto nothing = store_->samples().SumSamples(q);
       ASSERT_TRUE(nothing.ok());
       EXPECT_TRUE(nothing->stacks.empty());
       EXPECT_TRUE(nothing->hosts.empty());
@@ -948,7 +948,7 @@ TEST_F(StoreTest, LabelledCellsAreKeptApartAndSelectedBySet) {
   SampleQuery scan{"svc", w, w + 1, std::nullopt, std::nullopt};
   scan.label_sets = absl::flat_hash_set<uint64_t>{*id1};
   std::vector<SampleKey> keys;
-  ASSERT_TRUE(store_->ScanSamples(scan, [&](const SampleKey& k, uint64_t) { keys.push_back(k); }).ok());
+  ASSERT_TRUE(store_->samples().ScanSamples(scan, [&](const SampleKey& k, uint64_t) { keys.push_back(k); }).ok());
   ASSERT_EQ(keys.size(), 1u);
   EXPECT_EQ(keys[0].label_set, *id1);
   EXPECT_EQ(keys[0].stack_id, 7u);
@@ -957,45 +957,45 @@ TEST_F(StoreTest, LabelledCellsAreKeptApartAndSelectedBySet) {
 TEST_F(StoreTest, LabelSetsPerServiceAreBounded) {
   WriteBatch batch;
   for (int i = 0; i < 3; ++i) {
-    auto id = store_->InternLabelSet("svc", {{"pod", absl::StrCat("p", i)}}, 3, &batch);
+    auto id = store_->interner().InternLabelSet("svc", {{"pod", absl::StrCat("p", i)}}, 3, &batch);
     ASSERT_TRUE(id.ok()) << id.status();
   }
-  auto refused = store_->InternLabelSet("svc", {{"pod", "p3"}}, 3, &batch);
+  auto refused = store_->interner().InternLabelSet("svc", {{"pod", "p3"}}, 3, &batch);
   EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
   EXPECT_NE(refused.status().message().find("--max-label-sets"), std::string::npos);
   // Known sets, the empty set and other services are not affected.
-  EXPECT_TRUE(store_->InternLabelSet("svc", {{"pod", "p1"}}, 3, &batch).ok());
-  EXPECT_TRUE(store_->InternLabelSet("svc", {}, 3, &batch).ok());
-  EXPECT_TRUE(store_->InternLabelSet("other", {{"pod", "p3"}}, 3, &batch).ok());
+  EXPECT_TRUE(store_->interner().InternLabelSet("svc", {{"pod", "p1"}}, 3, &batch).ok());
+  EXPECT_TRUE(store_->interner().InternLabelSet("svc", {}, 3, &batch).ok());
+  EXPECT_TRUE(store_->interner().InternLabelSet("other", {{"pod", "p3"}}, 3, &batch).ok());
   CommitOk(&batch);
   Reopen();
   WriteBatch again;
   EXPECT_TRUE(absl::IsResourceExhausted(
-      store_->InternLabelSet("svc", {{"pod", "p9"}}, 3, &again).status()));
+      store_->interner().InternLabelSet("svc", {{"pod", "p9"}}, 3, &again).status()));
   // Unnormalized or invalid sets are refused.
   EXPECT_TRUE(absl::IsInvalidArgument(
-      store_->InternLabelSet("svc", {{"b", "1"}, {"a", "2"}}, 9, &again).status()));
+      store_->interner().InternLabelSet("svc", {{"b", "1"}, {"a", "2"}}, 9, &again).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
-      store_->InternLabelSet("svc", {{"a", "x\n"}}, 9, &again).status()));
+      store_->interner().InternLabelSet("svc", {{"a", "x\n"}}, 9, &again).status()));
 }
 
 TEST_F(StoreTest, CellKeysWithAndWithoutLabelSetsDecode) {
-  const std::string old_key = codec::EncodeCellKey("svc", 10'000, "host", 42);
-  auto cell = codec::DecodeCellKey(old_key);
+  const std::string old_key = EncodeCellKey("svc", 10'000, "host", 42);
+  auto cell = DecodeCellKey(old_key);
   ASSERT_TRUE(cell.ok());
   EXPECT_EQ(cell->label_set, 0u);
   EXPECT_EQ(cell->stack_id, 42u);
   EXPECT_EQ(cell->host, "host");
   // A stack ID whose last byte is 0 next to a label set: the host still ends at its NUL.
-  const std::string key = codec::EncodeCellKey("svc", 10'000, "h", 0x100, 0x2000);
-  cell = codec::DecodeCellKey(key);
+  const std::string key = EncodeCellKey("svc", 10'000, "h", 0x100, 0x2000);
+  cell = DecodeCellKey(key);
   ASSERT_TRUE(cell.ok());
   EXPECT_EQ(cell->host, "h");
   EXPECT_EQ(cell->stack_id, 0x100u);
   EXPECT_EQ(cell->label_set, 0x2000u);
-  EXPECT_EQ(codec::EncodeCellKey("svc", 1, "h", 5, 0), codec::EncodeCellKey("svc", 1, "h", 5));
-  EXPECT_FALSE(codec::DecodeCellKey(key.substr(0, key.size() - 1)).ok());
-  EXPECT_FALSE(codec::DecodeCellKey(old_key + std::string(8, '\0')).ok());  // label set 0
+  EXPECT_EQ(EncodeCellKey("svc", 1, "h", 5, 0), EncodeCellKey("svc", 1, "h", 5));
+  EXPECT_FALSE(DecodeCellKey(key.substr(0, key.size() - 1)).ok());
+  EXPECT_FALSE(DecodeCellKey(old_key + std::string(8, '\0')).ok());  // label set 0
 }
 
 TEST(StoreDirectoryTest, VersionOneStoresOpenAndAreMarkedVersionTwo) {
@@ -1013,7 +1013,7 @@ TEST(StoreDirectoryTest, VersionOneStoresOpenAndAreMarkedVersionTwo) {
   {
     auto store = Store::Open(dir, StoreOptions());
     ASSERT_TRUE(store.ok()) << store.status();
-    auto totals = (*store)->SumSamples({"svc", 0, 20'000, std::nullopt, std::nullopt});
+    auto totals = (*store)->samples().SumSamples({"svc", 0, 20'000, std::nullopt, std::nullopt});
     ASSERT_TRUE(totals.ok());
     ASSERT_EQ(totals->stacks.size(), 1u);
     EXPECT_EQ(totals->stacks[0].count, 9u);
@@ -1076,4 +1076,4 @@ TEST(StoreDirectoryTest, ForeignOrDamagedDirectoriesAreRefusedClearly) {
 }
 
 }  // namespace
-}  // namespace strata::store
+}  // namespace strata::server::store

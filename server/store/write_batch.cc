@@ -8,7 +8,7 @@
 #include "server/store/rollup_plan.h"
 #include "server/store/write_batch_rep.h"
 
-namespace strata::store {
+namespace strata::server::store {
 
 WriteBatch::WriteBatch() : rep_(std::make_unique<Rep>()) {}
 WriteBatch::~WriteBatch() = default;
@@ -21,18 +21,18 @@ void WriteBatch::AddSamples(std::string_view service, int64_t window_start_ms,
     return;
   }
   rep_->Add(Column::kSamples, Rep::OpType::kMerge,
-            codec::EncodeCellKey(service, window_start_ms, host, stack_id, label_set),
-            codec::EncodeCount(count));
+            EncodeCellKey(service, window_start_ms, host, stack_id, label_set),
+            EncodeCount(count));
   rep_->Add(Column::kRollupMinute, Rep::OpType::kMerge,
-            codec::EncodeCellKey(service, window_start_ms - window_start_ms % kMinuteMs, host,
+            EncodeCellKey(service, window_start_ms - window_start_ms % kMinuteMs, host,
                                  stack_id, label_set),
-            codec::EncodeCount(count));
+            EncodeCount(count));
   const int64_t hour = window_start_ms - window_start_ms % kHourMs;
   rep_->Add(Column::kRollupHour, Rep::OpType::kMerge,
-            codec::EncodeCellKey(service, hour, host, stack_id, label_set),
-            codec::EncodeCount(count));
+            EncodeCellKey(service, hour, host, stack_id, label_set),
+            EncodeCount(count));
   if (hour != rep_->last_touched_hour || service != rep_->last_touched_service) {
-    rep_->touched_hours.insert(codec::CellPrefix(service, static_cast<uint64_t>(hour)));
+    rep_->touched_hours.insert(CellPrefix(service, static_cast<uint64_t>(hour)));
     rep_->last_touched_hour = hour;
     rep_->last_touched_service.assign(service);
   }
@@ -55,8 +55,8 @@ void WriteBatch::AddCaptureSamples(std::string_view capture_id, int64_t window_s
     return;
   }
   rep_->Add(Column::kCaptures, Rep::OpType::kMerge,
-            codec::EncodeCellKey(capture_id, window_start_ms, host, stack_id, label_set),
-            codec::EncodeCount(count));
+            EncodeCellKey(capture_id, window_start_ms, host, stack_id, label_set),
+            EncodeCount(count));
 }
 
 void WriteBatch::SetAppliedSequence(std::string_view agent_id, uint64_t incarnation,
@@ -73,16 +73,16 @@ void WriteBatch::SetAppliedSequence(std::string_view agent_id, uint64_t incarnat
 
 void WriteBatch::PutAgent(const AgentRecord& agent) {
   if (!rep_->CheckKeyPart("agent id", agent.agent_id, false)) return;
-  rep_->Add(Column::kMeta, Rep::OpType::kPut, codec::AgentKey(agent.agent_id),
-            codec::EncodeAgent(agent));
+  rep_->Add(Column::kMeta, Rep::OpType::kPut, AgentKey(agent.agent_id),
+            EncodeAgent(agent));
 }
 
 void WriteBatch::AppendGraphNodes(std::string_view agent_id, uint64_t graph_id,
                                   const std::vector<GraphNode>& nodes) {
   if (!rep_->CheckKeyPart("agent id", agent_id, false)) return;
   for (const GraphNode& node : nodes) {
-    rep_->Add(Column::kMeta, Rep::OpType::kPut, codec::GraphNodeKey(agent_id, graph_id, node.id),
-              codec::EncodeGraphNode(node));
+    rep_->Add(Column::kMeta, Rep::OpType::kPut, GraphNodeKey(agent_id, graph_id, node.id),
+              EncodeGraphNode(node));
   }
 }
 
@@ -91,14 +91,14 @@ void WriteBatch::AppendGraphEdges(std::string_view agent_id, uint64_t graph_id,
   if (!rep_->CheckKeyPart("agent id", agent_id, false)) return;
   for (size_t i = 0; i < edges.size(); ++i) {
     rep_->Add(Column::kMeta, Rep::OpType::kPut,
-              codec::GraphEdgeKey(agent_id, graph_id, first_edge + i),
-              codec::EncodeGraphEdge(edges[i]));
+              GraphEdgeKey(agent_id, graph_id, first_edge + i),
+              EncodeGraphEdge(edges[i]));
   }
 }
 
 void WriteBatch::DeleteGraph(std::string_view agent_id, uint64_t graph_id) {
   if (!rep_->CheckKeyPart("agent id", agent_id, false)) return;
-  std::string begin = codec::GraphPrefix(agent_id, graph_id);
+  std::string begin = GraphPrefix(agent_id, graph_id);
   std::string end = PrefixSuccessor(begin);
   rep_->Add(Column::kMeta, Rep::OpType::kDeleteRange, std::move(begin), std::move(end));
 }
@@ -106,12 +106,12 @@ void WriteBatch::DeleteGraph(std::string_view agent_id, uint64_t graph_id) {
 void WriteBatch::DeleteCapture(std::string_view capture_id) {
   if (!rep_->CheckKeyPart("capture id", capture_id, false)) return;
   // Every cell key of the capture starts with its ID and the separator.
-  std::string cells = codec::CellPrefix(capture_id, 0);
+  std::string cells = CellPrefix(capture_id, 0);
   cells.resize(cells.size() - 8);
   std::string cells_end = PrefixSuccessor(cells);
   rep_->Add(Column::kCaptures, Rep::OpType::kDeleteRange, std::move(cells), std::move(cells_end));
   // The metadata record is the only key with exactly this value: a one-key range.
-  std::string meta = codec::CaptureKey(capture_id);
+  std::string meta = CaptureKey(capture_id);
   std::string meta_end = meta;
   meta_end.push_back('\0');
   rep_->Add(Column::kMeta, Rep::OpType::kDeleteRange, std::move(meta), std::move(meta_end));
@@ -120,7 +120,7 @@ void WriteBatch::DeleteCapture(std::string_view capture_id) {
 namespace {
 std::string JournalKey(uint64_t sequence) {
   std::string key;
-  codec::PutFixed64BE(&key, sequence);
+  PutFixed64BE(&key, sequence);
   return key;
 }
 }  // namespace
@@ -139,13 +139,13 @@ void WriteBatch::PutPhaseEvent(const PhaseEvent& event) {
       !rep_->CheckWindow(event.window_start_ms)) {
     return;
   }
-  rep_->Add(Column::kMeta, Rep::OpType::kPut, codec::PhaseKey(event), event.payload);
+  rep_->Add(Column::kMeta, Rep::OpType::kPut, PhaseKey(event), event.payload);
 }
 
 void WriteBatch::PutCapture(const CaptureInfo& capture) {
   if (!rep_->CheckKeyPart("capture id", capture.capture_id, false)) return;
-  rep_->Add(Column::kMeta, Rep::OpType::kPut, codec::CaptureKey(capture.capture_id),
-            codec::EncodeCapture(capture));
+  rep_->Add(Column::kMeta, Rep::OpType::kPut, CaptureKey(capture.capture_id),
+            EncodeCapture(capture));
 }
 
 bool WriteBatch::empty() const {
@@ -154,4 +154,4 @@ bool WriteBatch::empty() const {
 
 void WriteBatch::Clear() { *rep_ = Rep(); }
 
-}  // namespace strata::store
+}  // namespace strata::server::store

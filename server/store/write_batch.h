@@ -10,7 +10,7 @@
 
 #include "server/store/records.h"
 
-namespace strata::store {
+namespace strata::server::store {
 
 // A set of writes applied atomically by Store::Commit. Strings must not contain '\0' where
 // they become key components (service, host, agent ID, capture ID); such input, and negative
@@ -65,6 +65,6 @@ class WriteBatch {
   std::unique_ptr<Rep> rep_;
 };
 
-}  // namespace strata::store
+}  // namespace strata::server::store
 
 #endif  // STRATA_SERVER_STORE_WRITE_BATCH_H_

@@ -17,7 +17,7 @@
 #include "server/store/db.h"
 #include "server/store/write_batch.h"
 
-namespace strata::store {
+namespace strata::server::store {
 
 // Kinds of content-addressed records.
 enum class InternKind { kStack, kFunction };
@@ -73,6 +73,6 @@ class BatchAccess {
   static WriteBatch::Rep& Of(WriteBatch* batch) { return *batch->rep_; }
 };
 
-}  // namespace strata::store
+}  // namespace strata::server::store
 
 #endif  // STRATA_SERVER_STORE_WRITE_BATCH_REP_H_
