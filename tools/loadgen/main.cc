@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <random>
 #include <string>
@@ -23,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "strata/v1/query.grpc.pb.h"
 #include "tools/loadgen/fleet.h"
@@ -100,8 +102,8 @@ int ProbeConnects(const std::string& server, const strata::rpc::ClientSecurity& 
   return 0;
 }
 
-int Run(int argc, char** argv) {
-  CLI::App app{"strata-loadgen: simulated agents against a strata-server, totals checked"};
+// Everything the command line sets.
+struct LoadgenFlags {
   FleetOptions fleet;
   strata::loadgen::ProgramOptions program;
   double interval_s = 10, duration_s = 60, ramp_s = 10, backoff_s = 30, drain_s = 60;
@@ -110,65 +112,274 @@ int Run(int argc, char** argv) {
   int server_pid = 0;
   bool json = false;
   std::vector<double> storms_s;
-  fleet.prefix = absl::StrCat("lg", std::random_device{}() % 100000);
-  fleet.services = 0;
-  app.add_option("--server", fleet.server, "strata-server address (host:port)")->required();
-  app.add_option("--agents", fleet.agents, "simulated agents")->capture_default_str();
-  app.add_option("--interval", interval_s, "seconds between an agent's batches")
-      ->capture_default_str();
-  app.add_option("--rate", rate, "samples per second per agent (99 Hz x 4 busy threads)")
-      ->capture_default_str();
-  app.add_option("--contexts", program.contexts, "distinct contexts per batch, at most")
-      ->capture_default_str();
-  app.add_option("--functions", program.functions, "functions per program")
-      ->capture_default_str();
-  app.add_option("--services", fleet.services, "services the agents are spread over (0: N/10)")
-      ->capture_default_str();
-  app.add_option("--programs", programs, "distinct programs (call graphs) the agents run")
-      ->capture_default_str();
-  app.add_option("--duration", duration_s, "seconds of sending")->capture_default_str();
-  app.add_option("--ramp-up", ramp_s, "seconds over which agents start")->capture_default_str();
-  app.add_option("--reconnect-storm-at", storms_s,
-                 "seconds after the start at which every agent drops and reconnects (repeatable)");
-  app.add_option("--max-backoff", backoff_s, "longest reconnect backoff, seconds")
-      ->capture_default_str();
-  app.add_option("--drain-timeout", drain_s, "seconds to wait for the last acknowledgements")
-      ->capture_default_str();
-  app.add_option("--service-prefix", fleet.prefix, "prefix of agent, host and service names")
-      ->capture_default_str();
   strata::rpc::ClientSecurityOptions security;
   std::string query_token_file;
-  strata::rpc::AddClientSecurityFlags(&app, &security);
-  app.add_option("--query-token-file", query_token_file,
+  uint32_t connect_probes = 0;
+  std::string stream_file;
+};
+
+void AddFlags(CLI::App& app, LoadgenFlags& f) {
+  f.fleet.prefix = absl::StrCat("lg", std::random_device{}() % 100000);
+  f.fleet.services = 0;
+  app.add_option("--server", f.fleet.server, "strata-server address (host:port)")->required();
+  app.add_option("--agents", f.fleet.agents, "simulated agents")->capture_default_str();
+  app.add_option("--interval", f.interval_s, "seconds between an agent's batches")
+      ->capture_default_str();
+  app.add_option("--rate", f.rate, "samples per second per agent (99 Hz x 4 busy threads)")
+      ->capture_default_str();
+  app.add_option("--contexts", f.program.contexts, "distinct contexts per batch, at most")
+      ->capture_default_str();
+  app.add_option("--functions", f.program.functions, "functions per program")
+      ->capture_default_str();
+  app.add_option("--services", f.fleet.services, "services the agents are spread over (0: N/10)")
+      ->capture_default_str();
+  app.add_option("--programs", f.programs, "distinct programs (call graphs) the agents run")
+      ->capture_default_str();
+  app.add_option("--duration", f.duration_s, "seconds of sending")->capture_default_str();
+  app.add_option("--ramp-up", f.ramp_s, "seconds over which agents start")->capture_default_str();
+  app.add_option("--reconnect-storm-at", f.storms_s,
+                 "seconds after the start at which every agent drops and reconnects (repeatable)");
+  app.add_option("--max-backoff", f.backoff_s, "longest reconnect backoff, seconds")
+      ->capture_default_str();
+  app.add_option("--drain-timeout", f.drain_s, "seconds to wait for the last acknowledgements")
+      ->capture_default_str();
+  app.add_option("--service-prefix", f.fleet.prefix, "prefix of agent, host and service names")
+      ->capture_default_str();
+  strata::rpc::AddClientSecurityFlags(&app, &f.security);
+  app.add_option("--query-token-file", f.query_token_file,
                  "token (role reader) for the queries, when --token-file is an agent token");
-  app.add_option("--server-pid", server_pid, "report this process's CPU, RSS and threads");
-  app.add_option("--query-every", query_every_s,
+  app.add_option("--server-pid", f.server_pid, "report this process's CPU, RSS and threads");
+  app.add_option("--query-every", f.query_every_s,
                  "seconds between hot-paths queries of one service during the run (0: none)")
       ->capture_default_str();
-  app.add_option("--seed", fleet.seed, "random seed")->capture_default_str();
-  app.add_option("--agents-per-connection", fleet.agents_per_connection,
+  app.add_option("--seed", f.fleet.seed, "random seed")->capture_default_str();
+  app.add_option("--agents-per-connection", f.fleet.agents_per_connection,
                  "simulated agents sharing one HTTP/2 connection")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_flag("--json", json, "print the figures as one JSON object");
-  uint32_t connect_probes = 0;
-  app.add_option("--connect-probes", connect_probes,
+  app.add_flag("--json", f.json, "print the figures as one JSON object");
+  app.add_option("--connect-probes", f.connect_probes,
                  "instead of a fleet: open this many fresh connections one after another (TCP, "
                  "and TLS with --tls-ca) and print how long each took to be ready");
-  std::string stream_file;
-  app.add_option("--stream", stream_file,
+  app.add_option("--stream", f.stream_file,
                  "a recorded sample stream (record_stream's text format) as every agent's "
                  "program, instead of synthetic ones");
   strata::base::AddConfigFile(app);
+}
+
+// The programs the agents run: synthetic ones, or the one recorded stream (kept in `recorded`).
+absl::StatusOr<std::vector<std::unique_ptr<strata::loadgen::Program>>> BuildPrograms(
+    LoadgenFlags& f, strata::loadgen::SampleStream* recorded) {
+  if (!f.stream_file.empty()) {
+    std::ifstream in(f.stream_file);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in) return absl::NotFoundError(absl::StrCat("--stream ", f.stream_file, ": cannot read"));
+    auto parsed = strata::loadgen::ParseSampleStream(text.str());
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stream ", f.stream_file, ": ", parsed.status().ToString()));
+    }
+    *recorded = *std::move(parsed);
+    f.program.recorded = recorded;
+    f.programs = 1;
+  }
+  std::vector<std::unique_ptr<strata::loadgen::Program>> built;
+  for (uint32_t i = 0; i < f.programs; ++i) {
+    f.program.seed = static_cast<uint32_t>(f.fleet.seed * 1000 + i + 1);
+    auto p = strata::loadgen::Program::Build(f.program);
+    if (!p.ok()) {
+      return absl::Status(p.status().code(),
+                          absl::StrCat("building a program: ", p.status().ToString()));
+    }
+    built.push_back(*std::move(p));
+  }
+  return built;
+}
+
+// Queries during the load, of one service over the last hour, timed: hot paths, top functions
+// and a flame graph (SVG), the queries people run while a fleet ships. Also tracks the server's
+// peak RSS. Runs on its own thread from construction until Stop().
+class QueriesDuringLoad {
+ public:
+  QueriesDuringLoad(strata::v1::Query::Stub* query, const strata::rpc::ClientSecurity* security,
+                    std::string service, const LoadgenFlags& f)
+      : query_(query), security_(security), service_(std::move(service)), flags_(f) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  void Stop() {
+    done_.Notify();
+    thread_.join();
+    for (auto* v : {&hot_paths_ms, &top_ms, &flame_ms}) std::sort(v->begin(), v->end());
+  }
+
+  // Sorted once stopped.
+  std::vector<double> hot_paths_ms, top_ms, flame_ms;
+  double peak_rss = 0;
+
+ private:
+  void Loop() {
+    absl::Time next_query = absl::Now() + absl::Seconds(flags_.ramp_s + flags_.interval_s);
+    while (!done_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+      peak_rss = std::max(peak_rss, SampleProcess(flags_.server_pid).rss_mib);
+      if (flags_.query_every_s <= 0 || absl::Now() < next_query) continue;
+      next_query = absl::Now() + absl::Seconds(flags_.query_every_s);
+      strata::v1::ProfileFilter filter;
+      filter.set_service(service_);
+      filter.mutable_range()->set_from_ms(absl::ToUnixMillis(absl::Now()) - 3600 * 1000);
+      strata::v1::HotPathsRequest hot_paths;
+      *hot_paths.mutable_filter() = filter;
+      Timed<strata::v1::HotPathsResponse>(&strata::v1::Query::Stub::HotPaths, hot_paths,
+                                          &hot_paths_ms);
+      strata::v1::TopRequest top;
+      *top.mutable_filter() = filter;
+      Timed<strata::v1::TopResponse>(&strata::v1::Query::Stub::Top, top, &top_ms);
+      strata::v1::FlameGraphRequest flame;
+      *flame.mutable_filter() = filter;
+      flame.set_format(strata::v1::FlameGraphRequest::SVG);
+      Timed<strata::v1::FlameGraphResponse>(&strata::v1::Query::Stub::FlameGraph, flame,
+                                            &flame_ms);
+    }
+  }
+
+  template <typename Response, typename Request, typename Method>
+  void Timed(Method method, const Request& request, std::vector<double>* out) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    security_->Authorize(&ctx);
+    Response response;
+    const absl::Time t0 = absl::Now();
+    if ((query_->*method)(&ctx, request, &response).ok()) {
+      out->push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+    }
+  }
+
+  strata::v1::Query::Stub* query_;
+  const strata::rpc::ClientSecurity* security_;
+  const std::string service_;
+  const LoadgenFlags& flags_;
+  absl::Notification done_;
+  std::thread thread_;
+};
+
+// The server's totals per service of this fleet (prefix), against what the fleet delivered.
+struct TotalsCheck {
+  uint64_t server_total = 0, lost = 0, extra = 0;
+  bool exact() const { return lost == 0 && extra == 0; }
+};
+
+absl::StatusOr<TotalsCheck> CheckTotals(strata::v1::Query::Stub* query,
+                                        const strata::rpc::ClientSecurity& security,
+                                        const std::string& prefix, const FleetReport& r) {
+  grpc::ClientContext ctx;
+  security.Authorize(&ctx);
+  strata::v1::ListServicesRequest req;
+  strata::v1::ListServicesResponse resp;
+  grpc::Status st = query->ListServices(&ctx, req, &resp);
+  if (!st.ok()) return absl::UnavailableError(absl::StrCat("ListServices: ", st.error_message()));
+  std::map<std::string, uint64_t> server_totals;
+  for (const auto& s : resp.services()) {
+    if (s.name().rfind(prefix + "-svc-", 0) == 0) server_totals[s.name()] = s.total_samples();
+  }
+  TotalsCheck check;
+  for (const auto& [service, sent] : r.samples_by_service) {
+    const uint64_t got = server_totals.count(service) ? server_totals[service] : 0;
+    check.server_total += got;
+    if (got < sent) check.lost += sent - got;
+    if (got > sent) check.extra += got - sent;
+  }
+  return check;
+}
+
+struct RunFigures {
+  const FleetReport& fleet;
+  const TotalsCheck& totals;
+  const QueriesDuringLoad& queries;
+  ProcessSample before, after;
+  double span_s = 0;
+  std::string first_service;
+};
+
+void PrintJsonReport(const LoadgenFlags& f, const RunFigures& x, bool ok) {
+  const FleetReport& r = x.fleet;
+  const double seconds = absl::ToDoubleSeconds(f.fleet.duration);
+  const double cpu_s = x.after.cpu_s - x.before.cpu_s;
+  std::printf(
+      "{\"agents\":%u,\"duration_s\":%.1f,\"batches\":%lu,\"samples\":%lu,\"server_samples\":%lu,"
+      "\"lost\":%lu,\"extra\":%lu,\"rejected\":%lu,\"unacknowledged\":%lu,\"samples_per_s\":%.0f,"
+      "\"contexts_per_s\":%.0f,\"batches_per_s\":%.1f,\"ack_p50_ms\":%.1f,\"ack_p99_ms\":%.1f,"
+      "\"ack_max_ms\":%.1f,\"connects\":%lu,\"reconnects\":%lu,\"refusals\":%lu,"
+      "\"hot_paths_p50_ms\":%.1f,\"hot_paths_p99_ms\":%.1f,\"top_p99_ms\":%.1f,"
+      "\"flamegraph_p99_ms\":%.1f,\"server_cpu_pct\":%.1f,"
+      "\"server_cpu_ms_per_million_samples\":%.1f,\"server_rss_mib\":%.1f,"
+      "\"server_peak_rss_mib\":%.1f,\"server_threads\":%d,\"ok\":%s}\n",
+      f.fleet.agents, seconds, r.batches_delivered, r.samples_delivered, x.totals.server_total,
+      x.totals.lost, x.totals.extra, r.batches_rejected, r.batches_unacknowledged,
+      r.samples_delivered / seconds, r.contexts_delivered / seconds,
+      r.batches_delivered / seconds, Percentile(r.ack_latency_ms, 0.5),
+      Percentile(r.ack_latency_ms, 0.99),
+      r.ack_latency_ms.empty() ? 0.0 : r.ack_latency_ms.back(), r.connects, r.reconnects,
+      r.refusals, Percentile(x.queries.hot_paths_ms, 0.5), Percentile(x.queries.hot_paths_ms, 0.99),
+      Percentile(x.queries.top_ms, 0.99), Percentile(x.queries.flame_ms, 0.99),
+      100 * cpu_s / x.span_s, r.samples_delivered ? 1e9 * cpu_s / r.samples_delivered : 0.0,
+      x.after.rss_mib, std::max(x.queries.peak_rss, x.after.rss_mib), x.after.threads,
+      ok ? "true" : "false");
+}
+
+void PrintTextReport(const LoadgenFlags& f, const RunFigures& x) {
+  const FleetReport& r = x.fleet;
+  const double seconds = absl::ToDoubleSeconds(f.fleet.duration);
+  const double cpu_s = x.after.cpu_s - x.before.cpu_s;
+  std::printf("strata-loadgen: %u agents, %u services, %.0f s of sending (+%.0f s ramp-up "
+              "within), %.1f s in all\n",
+              f.fleet.agents, f.fleet.services, seconds, f.ramp_s, x.span_s);
+  std::printf("  delivered   %lu batches, %lu samples, %lu contexts (%.1f batches/s, %.0f "
+              "samples/s, %.0f contexts/s)\n",
+              r.batches_delivered, r.samples_delivered, r.contexts_delivered,
+              r.batches_delivered / seconds, r.samples_delivered / seconds,
+              r.contexts_delivered / seconds);
+  std::printf("  server has  %lu samples of these services: %s (lost %lu, counted twice %lu)\n",
+              x.totals.server_total, x.totals.exact() ? "exact" : "MISMATCH", x.totals.lost,
+              x.totals.extra);
+  std::printf("  ack latency p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
+              Percentile(r.ack_latency_ms, 0.5), Percentile(r.ack_latency_ms, 0.99),
+              r.ack_latency_ms.empty() ? 0.0 : r.ack_latency_ms.back());
+  std::printf("  streams     %lu connects, %lu reconnects, %lu RESOURCE_EXHAUSTED, %lu batches "
+              "rejected, %lu unacknowledged\n",
+              r.connects, r.reconnects, r.refusals, r.batches_rejected, r.batches_unacknowledged);
+  const QueriesDuringLoad& q = x.queries;
+  if (!q.hot_paths_ms.empty()) {
+    std::printf("  queries of %s (last hour) during the load, p50 / p99: hot-paths %.1f / %.1f "
+                "ms, top %.1f / %.1f ms, flame graph %.1f / %.1f ms (%zu rounds)\n",
+                x.first_service.c_str(), Percentile(q.hot_paths_ms, 0.5),
+                Percentile(q.hot_paths_ms, 0.99), Percentile(q.top_ms, 0.5),
+                Percentile(q.top_ms, 0.99), Percentile(q.flame_ms, 0.5),
+                Percentile(q.flame_ms, 0.99), q.hot_paths_ms.size());
+  }
+  if (f.server_pid > 0) {
+    std::printf("  server      %.1f %% of one core, %.0f CPU ms per million samples, RSS %.0f "
+                "MiB (peak %.0f), %d threads (%d before)\n",
+                100 * cpu_s / x.span_s,
+                r.samples_delivered ? 1e9 * cpu_s / r.samples_delivered : 0.0, x.after.rss_mib,
+                std::max(q.peak_rss, x.after.rss_mib), x.after.threads, x.before.threads);
+  }
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{"strata-loadgen: simulated agents against a strata-server, totals checked"};
+  LoadgenFlags f;
+  AddFlags(app, f);
   CLI11_PARSE(app, argc, argv);
-  if (fleet.agents == 0 || interval_s <= 0 || duration_s <= 0 || rate <= 0 || programs == 0) {
+  FleetOptions& fleet = f.fleet;
+  if (fleet.agents == 0 || f.interval_s <= 0 || f.duration_s <= 0 || f.rate <= 0 ||
+      f.programs == 0) {
     std::fprintf(stderr, "strata-loadgen: agents, interval, duration, rate, programs must be > 0\n");
     return 2;
   }
   if (fleet.services == 0) fleet.services = std::max<uint32_t>(1, fleet.agents / 10);
-  auto agent_security = strata::rpc::ClientSecurity::Load(security);
-  if (!query_token_file.empty()) security.token_file = query_token_file;
-  auto query_security = strata::rpc::ClientSecurity::Load(security);
+  auto agent_security = strata::rpc::ClientSecurity::Load(f.security);
+  if (!f.query_token_file.empty()) f.security.token_file = f.query_token_file;
+  auto query_security = strata::rpc::ClientSecurity::Load(f.security);
   for (const auto* s : {&agent_security, &query_security}) {
     if (!s->ok()) {
       std::fprintf(stderr, "strata-loadgen: %s\n", std::string(s->status().message()).c_str());
@@ -176,196 +387,59 @@ int Run(int argc, char** argv) {
     }
   }
   fleet.security = *agent_security;
-  if (connect_probes > 0) return ProbeConnects(fleet.server, *agent_security, connect_probes);
+  if (f.connect_probes > 0) return ProbeConnects(fleet.server, *agent_security, f.connect_probes);
   // A connection per few agents: take every file descriptor the kernel allows.
   if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
     files.rlim_cur = files.rlim_max;
     setrlimit(RLIMIT_NOFILE, &files);
   }
-  fleet.interval = absl::Seconds(interval_s);
-  fleet.duration = absl::Seconds(duration_s);
-  fleet.ramp_up = absl::Seconds(ramp_s);
-  fleet.max_backoff = absl::Seconds(backoff_s);
-  fleet.drain_timeout = absl::Seconds(drain_s);
-  for (double s : storms_s) fleet.storms.push_back(absl::Seconds(s));
-  program.samples_per_interval = static_cast<uint32_t>(rate * interval_s);
+  fleet.interval = absl::Seconds(f.interval_s);
+  fleet.duration = absl::Seconds(f.duration_s);
+  fleet.ramp_up = absl::Seconds(f.ramp_s);
+  fleet.max_backoff = absl::Seconds(f.backoff_s);
+  fleet.drain_timeout = absl::Seconds(f.drain_s);
+  for (double s : f.storms_s) fleet.storms.push_back(absl::Seconds(s));
+  f.program.samples_per_interval = static_cast<uint32_t>(f.rate * f.interval_s);
 
   strata::loadgen::SampleStream recorded;
-  if (!stream_file.empty()) {
-    std::ifstream in(stream_file);
-    std::stringstream text;
-    text << in.rdbuf();
-    auto parsed = strata::loadgen::ParseSampleStream(text.str());
-    if (!in || !parsed.ok()) {
-      std::fprintf(stderr, "strata-loadgen: --stream %s: %s\n", stream_file.c_str(),
-                   in ? parsed.status().ToString().c_str() : "cannot read");
-      return 2;
-    }
-    recorded = *std::move(parsed);
-    program.recorded = &recorded;
-    programs = 1;
+  auto built = BuildPrograms(f, &recorded);
+  if (!built.ok()) {
+    std::fprintf(stderr, "strata-loadgen: %s\n", std::string(built.status().message()).c_str());
+    return built.status().code() == absl::StatusCode::kInvalidArgument ||
+                   built.status().code() == absl::StatusCode::kNotFound
+               ? 2
+               : 1;
   }
-  std::vector<std::unique_ptr<strata::loadgen::Program>> built;
-  for (uint32_t i = 0; i < programs; ++i) {
-    program.seed = static_cast<uint32_t>(fleet.seed * 1000 + i + 1);
-    auto p = strata::loadgen::Program::Build(program);
-    if (!p.ok()) {
-      std::fprintf(stderr, "strata-loadgen: building a program: %s\n", p.status().ToString().c_str());
-      return 1;
-    }
-    built.push_back(*std::move(p));
-  }
-
-  if (!json) {
+  if (!f.json) {
+    const auto& first = (*built)[0];
     std::printf("strata-loadgen: %u programs, e.g. %u graph nodes and %lu edges, %u contexts "
                 "and %lu samples per batch\n",
-                programs, built[0]->num_nodes(), static_cast<unsigned long>(built[0]->epoch()),
-                built[0]->payload(0).contexts,
-                static_cast<unsigned long>(built[0]->payload(0).samples));
+                f.programs, first->num_nodes(), static_cast<unsigned long>(first->epoch()),
+                first->payload(0).contexts, static_cast<unsigned long>(first->payload(0).samples));
   }
-  // Queries during the load, of the first service over the last hour, timed: hot paths, top
-  // functions and a flame graph (SVG), the queries people run while a fleet ships.
   auto query = strata::v1::Query::NewStub(query_security->CreateChannel(fleet.server));
   const std::string first_service = absl::StrCat(fleet.prefix, "-svc-0");
-  absl::Notification done;
-  std::vector<double> query_ms, top_ms, flame_ms;
-  double peak_rss = 0;
-  std::thread watcher([&] {
-    absl::Time next_query = absl::Now() + absl::Seconds(ramp_s + interval_s);
-    auto timed = [](std::vector<double>* out, auto&& call) {
-      const absl::Time t0 = absl::Now();
-      if (call().ok()) out->push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
-    };
-    while (!done.WaitForNotificationWithTimeout(absl::Seconds(1))) {
-      peak_rss = std::max(peak_rss, SampleProcess(server_pid).rss_mib);
-      if (query_every_s <= 0 || absl::Now() < next_query) continue;
-      next_query = absl::Now() + absl::Seconds(query_every_s);
-      strata::v1::ProfileFilter filter;
-      filter.set_service(first_service);
-      filter.mutable_range()->set_from_ms(absl::ToUnixMillis(absl::Now()) - 3600 * 1000);
-      auto deadline = [] {
-        return std::chrono::system_clock::now() + std::chrono::seconds(30);
-      };
-      timed(&query_ms, [&] {
-        grpc::ClientContext ctx;
-        ctx.set_deadline(deadline());
-        query_security->Authorize(&ctx);
-        strata::v1::HotPathsRequest req;
-        *req.mutable_filter() = filter;
-        strata::v1::HotPathsResponse resp;
-        return query->HotPaths(&ctx, req, &resp);
-      });
-      timed(&top_ms, [&] {
-        grpc::ClientContext ctx;
-        ctx.set_deadline(deadline());
-        query_security->Authorize(&ctx);
-        strata::v1::TopRequest req;
-        *req.mutable_filter() = filter;
-        strata::v1::TopResponse resp;
-        return query->Top(&ctx, req, &resp);
-      });
-      timed(&flame_ms, [&] {
-        grpc::ClientContext ctx;
-        ctx.set_deadline(deadline());
-        query_security->Authorize(&ctx);
-        strata::v1::FlameGraphRequest req;
-        *req.mutable_filter() = filter;
-        req.set_format(strata::v1::FlameGraphRequest::SVG);
-        strata::v1::FlameGraphResponse resp;
-        return query->FlameGraph(&ctx, req, &resp);
-      });
-    }
-  });
+  QueriesDuringLoad queries(query.get(), &*query_security, first_service, f);
 
-  const ProcessSample before = SampleProcess(server_pid);
+  const ProcessSample before = SampleProcess(f.server_pid);
   const absl::Time t0 = absl::Now();
-  FleetReport r = strata::loadgen::RunFleet(fleet, built);
+  FleetReport r = strata::loadgen::RunFleet(fleet, *built);
   const absl::Duration elapsed = absl::Now() - t0;
-  const ProcessSample after = SampleProcess(server_pid);
-  done.Notify();
-  watcher.join();
+  const ProcessSample after = SampleProcess(f.server_pid);
+  queries.Stop();
 
-  // The server's totals, per service, against what the fleet delivered.
-  std::map<std::string, uint64_t> server_totals;
-  {
-    grpc::ClientContext ctx;
-    query_security->Authorize(&ctx);
-    strata::v1::ListServicesRequest req;
-    strata::v1::ListServicesResponse resp;
-    grpc::Status st = query->ListServices(&ctx, req, &resp);
-    if (!st.ok()) {
-      std::fprintf(stderr, "strata-loadgen: ListServices: %s\n", st.error_message().c_str());
-      return 1;
-    }
-    for (const auto& s : resp.services()) {
-      if (s.name().rfind(fleet.prefix + "-svc-", 0) == 0) server_totals[s.name()] = s.total_samples();
-    }
+  auto totals = CheckTotals(query.get(), *query_security, fleet.prefix, r);
+  if (!totals.ok()) {
+    std::fprintf(stderr, "strata-loadgen: %s\n", std::string(totals.status().message()).c_str());
+    return 1;
   }
-  uint64_t lost = 0, extra = 0, server_total = 0;
-  for (const auto& [service, sent] : r.samples_by_service) {
-    const uint64_t got = server_totals.count(service) ? server_totals[service] : 0;
-    server_total += got;
-    if (got < sent) lost += sent - got;
-    if (got > sent) extra += got - sent;
-  }
-  for (auto* v : {&query_ms, &top_ms, &flame_ms}) std::sort(v->begin(), v->end());
-  const double span_s = absl::ToDoubleSeconds(elapsed);
-  const double cpu_s = after.cpu_s - before.cpu_s;
-  const bool exact = lost == 0 && extra == 0;
-  const bool ok = exact && r.batches_rejected == 0 && r.batches_unacknowledged == 0;
-  const double samples_per_s = r.samples_delivered / absl::ToDoubleSeconds(fleet.duration);
-  if (json) {
-    std::printf(
-        "{\"agents\":%u,\"duration_s\":%.1f,\"batches\":%lu,\"samples\":%lu,\"server_samples\":%lu,"
-        "\"lost\":%lu,\"extra\":%lu,\"rejected\":%lu,\"unacknowledged\":%lu,\"samples_per_s\":%.0f,"
-        "\"contexts_per_s\":%.0f,\"batches_per_s\":%.1f,\"ack_p50_ms\":%.1f,\"ack_p99_ms\":%.1f,"
-        "\"ack_max_ms\":%.1f,\"connects\":%lu,\"reconnects\":%lu,\"refusals\":%lu,"
-        "\"hot_paths_p50_ms\":%.1f,\"hot_paths_p99_ms\":%.1f,\"top_p99_ms\":%.1f,"
-        "\"flamegraph_p99_ms\":%.1f,\"server_cpu_pct\":%.1f,"
-        "\"server_cpu_ms_per_million_samples\":%.1f,\"server_rss_mib\":%.1f,"
-        "\"server_peak_rss_mib\":%.1f,\"server_threads\":%d,\"ok\":%s}\n",
-        fleet.agents, absl::ToDoubleSeconds(fleet.duration), r.batches_delivered, r.samples_delivered,
-        server_total, lost, extra, r.batches_rejected, r.batches_unacknowledged, samples_per_s,
-        r.contexts_delivered / absl::ToDoubleSeconds(fleet.duration),
-        r.batches_delivered / absl::ToDoubleSeconds(fleet.duration),
-        Percentile(r.ack_latency_ms, 0.5), Percentile(r.ack_latency_ms, 0.99),
-        r.ack_latency_ms.empty() ? 0.0 : r.ack_latency_ms.back(), r.connects, r.reconnects,
-        r.refusals, Percentile(query_ms, 0.5), Percentile(query_ms, 0.99),
-        Percentile(top_ms, 0.99), Percentile(flame_ms, 0.99), 100 * cpu_s / span_s, r.samples_delivered ? 1e9 * cpu_s / r.samples_delivered : 0.0,
-        after.rss_mib, std::max(peak_rss, after.rss_mib), after.threads, ok ? "true" : "false");
+  const bool ok = totals->exact() && r.batches_rejected == 0 && r.batches_unacknowledged == 0;
+  const RunFigures figures{r, *totals, queries, before, after, absl::ToDoubleSeconds(elapsed),
+                           first_service};
+  if (f.json) {
+    PrintJsonReport(f, figures, ok);
   } else {
-    std::printf("strata-loadgen: %u agents, %u services, %.0f s of sending (+%.0f s ramp-up "
-                "within), %.1f s in all\n",
-                fleet.agents, fleet.services, absl::ToDoubleSeconds(fleet.duration), ramp_s, span_s);
-    std::printf("  delivered   %lu batches, %lu samples, %lu contexts (%.1f batches/s, %.0f "
-                "samples/s, %.0f contexts/s)\n",
-                r.batches_delivered, r.samples_delivered, r.contexts_delivered,
-                r.batches_delivered / absl::ToDoubleSeconds(fleet.duration), samples_per_s,
-                r.contexts_delivered / absl::ToDoubleSeconds(fleet.duration));
-    std::printf("  server has  %lu samples of these services: %s (lost %lu, counted twice %lu)\n",
-                server_total, exact ? "exact" : "MISMATCH", lost, extra);
-    std::printf("  ack latency p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
-                Percentile(r.ack_latency_ms, 0.5), Percentile(r.ack_latency_ms, 0.99),
-                r.ack_latency_ms.empty() ? 0.0 : r.ack_latency_ms.back());
-    std::printf("  streams     %lu connects, %lu reconnects, %lu RESOURCE_EXHAUSTED, %lu batches "
-                "rejected, %lu unacknowledged\n",
-                r.connects, r.reconnects, r.refusals, r.batches_rejected,
-                r.batches_unacknowledged);
-    if (!query_ms.empty()) {
-      std::printf("  queries of %s (last hour) during the load, p50 / p99: hot-paths %.1f / %.1f "
-                  "ms, top %.1f / %.1f ms, flame graph %.1f / %.1f ms (%zu rounds)\n",
-                  first_service.c_str(), Percentile(query_ms, 0.5), Percentile(query_ms, 0.99),
-                  Percentile(top_ms, 0.5), Percentile(top_ms, 0.99), Percentile(flame_ms, 0.5),
-                  Percentile(flame_ms, 0.99), query_ms.size());
-    }
-    if (server_pid > 0) {
-      std::printf("  server      %.1f %% of one core, %.0f CPU ms per million samples, RSS %.0f "
-                  "MiB (peak %.0f), %d threads (%d before)\n",
-                  100 * cpu_s / span_s,
-                  r.samples_delivered ? 1e9 * cpu_s / r.samples_delivered : 0.0,
-                  after.rss_mib, std::max(peak_rss, after.rss_mib), after.threads,
-                  before.threads);
-    }
+    PrintTextReport(f, figures);
   }
   return ok ? 0 : 1;
 }
