@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/unwind/walk.h"
 
 namespace strata::unwind {
 
@@ -40,9 +41,12 @@ void IncrementalTotals::Add(const SampleStats& s) {
 
 IncrementalUnwinder::IncrementalUnwinder(const IncrementalOptions& options)
     : options_(options),
-      capacity_(std::max<size_t>(options.unwind.max_frames, 1)),
-      cached_(new Element[capacity_]),
-      scratch_(new Element[capacity_]) {}
+      capacity_(std::max<size_t>(options.unwind.max_frames, 1)) {
+  if (options_.verify != VerifyMode::kOff) {  // kOff keeps nothing between samples
+    cached_.reset(new Element[capacity_]);
+    scratch_.reset(new Element[capacity_]);
+  }
+}
 
 IncrementalUnwinder::~IncrementalUnwinder() = default;
 
@@ -209,26 +213,22 @@ bool OutermostEnds(Arch arch, const Element& el, uint64_t fp, const StackSnapsho
 
 }  // namespace
 
-// The walk below mirrors unwind::Unwind() step for step (same row rules, same sanity checks,
-// same stop reasons, same ra_slot bookkeeping) so that its output is interchangeable with a
-// full unwind; incremental_test.cc checks this frame for frame.
-UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const AddressSpace& space,
-                                                 Frame* frames, size_t limit, SampleStats* s) {
-  const Arch arch = options_.unwind.arch;
-  const bool full_verify = options_.verify == VerifyMode::kFull;
-  const StackSnapshot& stack = in.stack;
-  const UnwindRow kFramePointerRow{UnwindRow::CfaBase::kFp, UnwindRow::RaRule::kAtCfaOffset,
-                                   UnwindRow::FpRule::kAtCfaOffset, 16, -8, -16};
-
-  UnwindResult result;
-  size_t n = 0;       // frames written
-  size_t ns = 0;      // scratch elements written (frames found with rule lookups)
-  size_t inner = 0;   // scratch elements before the splice point
+// The incremental unwinder's part of the shared walk (walk.h): every frame found with rule
+// lookups gets an element in scratch_, and the first step that matches a cached element
+// splices the cached outer frames in. Taking the walk's steps from walk.h makes the output
+// interchangeable with a full unwind; incremental_test.cc checks this frame for frame.
+struct IncrementalUnwinder::Hooks {
+  IncrementalUnwinder& self;
+  const Arch arch;
+  const StackSnapshot& stack;
+  SampleStats* const s;
+  size_t ns = 1;          // scratch elements written (frames found with rule lookups)
+  size_t inner = 0;       // scratch elements before the splice point
   size_t lo = 0, hi = 0;  // reused cached elements [lo, hi] (outer-first indices)
   bool spliced = false;
   // Candidate splice element: cached elements are outer-first and their slots rise towards
   // index 0, like the new walk's slots, so one cursor moving outwards finds every match.
-  size_t cursor = num_cached_ > 0 ? num_cached_ - 1 : 0;
+  size_t cursor;
   // Never splice across a signal frame. Its step reads the interrupted pc, sp AND fp from
   // the signal context, so the caller's sp is not a function of (sp, row) and the word
   // compare of a reused element proves nothing about it; and a later signal delivered at
@@ -237,215 +237,194 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
   // unwound in full, and a signal frame's own step is never a splice point. (Splicing the
   // interrupted chain outside a signal frame to a cache without one is sound: those are
   // ordinary frames.) Samples inside signal handlers are rare enough for the full cost.
-  bool can_splice = num_cached_ > 1 && !cached_signal_;
+  bool can_splice;
   bool saw_signal = false;
+  Element* cur_el;  // the element of the frame being left
 
-  Registers cur = in.regs;
-  bool innermost = true;
-  frames[n++] = {cur.pc, cur.sp, 0};
-  scratch_[ns++] = {cur.pc, cur.sp, cur.fp, 0, 0, 0, {}};
-  Element* cur_el = &scratch_[0];
-  const RuleSource* rules = nullptr;
-  uint64_t module_pc = 0;
+  // The row goes straight into the element (no copy through a local: the rule source
+  // writes it field by field, and reading it back whole would stall).
+  UnwindRow& Row(const WalkState&) { return cur_el->row; }
+
+  void Found(const WalkState& w, const UnwindRow& row) {
+    cur_el->fp = w.regs.fp;
+    saw_signal |= row.ra_rule == UnwindRow::RaRule::kSignalFrame;
+  }
+
+  WalkAction AtCaller(WalkState& w, WalkOutput& out, const UnwindRow& row, const WalkStep& step,
+                      StopReason* stop) {
+    if (!can_splice || !step.sp_rises || step.ra_slot == 0 || step.interrupted) {
+      return WalkAction::kGoOn;
+    }
+    const Element* cached = self.cached_.get();
+    while (cursor > 0 && (cached[cursor].ra_slot == 0 || cached[cursor].ra_slot < step.ra_slot)) {
+      --cursor;
+    }
+    if (cursor == 0 || cached[cursor].ra_slot != step.ra_slot ||
+        cached[cursor - 1].pc != step.caller.pc || cached[cursor - 1].sp != step.caller.sp) {
+      return WalkAction::kGoOn;
+    }
+    return Splice(w, out, row, step, stop);
+  }
+
+  void Left(const WalkState& w, const UnwindRow& row, const WalkStep& step) {
+    Seal(arch, *cur_el, row, w.regs, step.ra_slot, step.caller);
+    self.scratch_[ns++] = {step.caller.pc, step.caller.sp, step.caller.fp, 0, 0, 0, {}};
+    cur_el = &self.scratch_[ns - 1];
+  }
+
+  WalkAction Splice(WalkState& w, WalkOutput& out, const UnwindRow& row, const WalkStep& step,
+                    StopReason* stop);
 
   // Continues the walk from a reused element (the cache's outermost frame, or where full
   // verification diverged): from there on, rule lookups as usual.
-  auto resume_from = [&](Element& el, uint64_t fp) -> bool {
-    cur = {el.pc, el.sp, fp, 0};
+  WalkAction ResumeFrom(WalkState& w, WalkOutput& out, Element& el, uint64_t fp,
+                        StopReason* stop) {
     cur_el = &el;
     el.ra_slot = 0;
-    frames[n - 1].ra_slot = 0;
-    innermost = false;
+    out.frames[out.n - 1].ra_slot = 0;
     can_splice = false;
-    if (!space.Lookup(cur.pc, &rules, &module_pc)) {
-      result.stop = StopReason::kNoModule;
-      return false;
+    if (!w.MoveTo({el.pc, el.sp, fp, 0}, /*exact=*/false)) {
+      *stop = StopReason::kNoModule;
+      return WalkAction::kStop;
     }
-    return true;
-  };
-
-  if (!space.Lookup(cur.pc, &rules, &module_pc)) {
-    result.stop = StopReason::kNoModule;
-  } else {
-    for (;;) {
-      // The row goes straight into the element (no copy through a local: the rule source
-      // writes it field by field, and reading it back whole would stall).
-      UnwindRow& row = cur_el->row;
-      bool have_row = rules != nullptr && rules->FindRow(module_pc, innermost, &row);
-      if (!have_row) {
-        if (!options_.unwind.frame_pointer_fallback || arch != Arch::kX86_64) {
-          result.stop = StopReason::kNoRule;
-          break;
-        }
-        row = kFramePointerRow;
-      }
-      cur_el->fp = cur.fp;
-      const bool interrupted = row.ra_rule == UnwindRow::RaRule::kSignalFrame;
-      saw_signal |= interrupted;
-      if (row.ra_rule == UnwindRow::RaRule::kUndefined) {
-        result.stop = StopReason::kOutermost;
-        break;
-      }
-      if (row.cfa_base == UnwindRow::CfaBase::kUndefined ||
-          (row.ra_rule == UnwindRow::RaRule::kInRegister && !innermost)) {
-        result.stop = StopReason::kNoRule;
-        break;
-      }
-      Registers caller;
-      uint64_t ra_slot = 0;
-      if (!StepWithRow(arch, row, cur, innermost, stack, &caller, &ra_slot)) {
-        result.stop = StopReason::kStackOutOfRange;
-        break;
-      }
-      if (caller.pc == 0) {
-        result.stop = StopReason::kOutermost;
-        break;
-      }
-      bool sp_ok = caller.sp > cur.sp ||
-                   (caller.sp == cur.sp && row.ra_rule == UnwindRow::RaRule::kInRegister);
-
-      if (can_splice && sp_ok && ra_slot != 0 && !interrupted) {
-        while (cursor > 0 && (cached_[cursor].ra_slot == 0 || cached_[cursor].ra_slot < ra_slot)) {
-          --cursor;
-        }
-        if (cursor > 0 && cached_[cursor].ra_slot == ra_slot &&
-            cached_[cursor - 1].pc == caller.pc && cached_[cursor - 1].sp == caller.sp) {
-          // The boundary element matches: the caller is cached element c.
-          if (n >= limit) {
-            result.stop = StopReason::kMaxFrames;
-            break;
-          }
-          const size_t c = cursor - 1;
-          can_splice = false;
-          spliced = true;
-          inner = ns;
-          frames[n - 1].ra_slot = ra_slot;
-          Seal(arch, *cur_el, row, cur, ra_slot, caller);
-          hi = c;
-          if (!full_verify) {
-            const size_t keep = std::min(c + 1, limit - n);
-            lo = c + 1 - keep;
-            for (size_t q = c + 1; q-- > lo;) {
-              const Element& el = cached_[q];
-              frames[n++] = {el.pc, el.sp, el.ra_slot};
-              s->frames_beyond_copy += el.ra_slot != 0 && !stack.Contains(el.ra_slot, 8);
-            }
-            s->frames_reused += static_cast<uint32_t>(keep);
-            if (keep < c + 1) {
-              frames[n - 1].ra_slot = 0;
-              result.stop = StopReason::kMaxFrames;
-              break;
-            }
-            // A cache that ended because its copy or its array ran out may continue further
-            // out now; everything else ended for a reason that belongs to the reused frames.
-            if (cached_stop_ == StopReason::kMaxFrames ||
-                cached_stop_ == StopReason::kStackOutOfRange) {
-              if (!resume_from(cached_[0], cached_[0].fp)) break;
-              continue;
-            }
-            result.stop = cached_stop_;
-            break;
-          }
-          // Full verification of every reused element against the new bytes: the word
-          // compare of VerifyRun, and where it cannot decide (a word or an fp-based row's fp
-          // differs, the copy or the output ends), a re-derivation with the cached row (no
-          // lookups) that decides exactly like the full unwind. Any difference in slot,
-          // return address or sp ends the reuse there.
-          uint64_t fp = caller.fp;  // the incoming fp of cached_[q]
-          frames[n++] = {cached_[c].pc, cached_[c].sp, 0};
-          size_t verified = 1;
-          size_t q = c;
-          bool stopped = false;
-          while (q > 0) {
-            const size_t k = VerifyRun(arch, cached_.get(), q, limit - n, stack, &fp, frames + n);
-            n += k;
-            q -= k;
-            verified += k;
-            if (q == 0) break;
-            Element& el = cached_[q];
-            Registers nx;
-            uint64_t slot = 0;
-            ++s->frames_rederived;
-            if (!VerifyStep(arch, el, fp, stack, &nx, &slot)) {
-              result.stop = StopReason::kStackOutOfRange;
-              stopped = true;
-              break;
-            }
-            const Element& up = cached_[q - 1];
-            if (slot != el.ra_slot || nx.pc != up.pc || nx.sp != up.sp) {
-              s->verify_failed = true;
-              break;  // resume the walk with lookups from el
-            }
-            if (n >= limit) {
-              result.stop = StopReason::kMaxFrames;
-              stopped = true;
-              break;
-            }
-            frames[n - 1].ra_slot = slot;
-            Seal(arch, el, el.row, {el.pc, el.sp, fp, 0}, slot, nx);
-            fp = nx.fp;
-            frames[n++] = {up.pc, up.sp, 0};
-            ++verified;
-            --q;
-          }
-          s->frames_reused += static_cast<uint32_t>(verified);
-          s->frames_verified += static_cast<uint32_t>(verified);
-          lo = q;
-          if (stopped) {
-            cached_[q].ra_slot = 0;
-            break;
-          }
-          // The outermost cached frame (or the diverging one) is stepped with lookups, so
-          // the stop reason is exactly the full unwind's -- except in the steady state where
-          // the cache's outermost frame ended the walk: its row is a function of its pc and
-          // the mappings, both unchanged, so stepping it with the cached row decides the same
-          // without the lookups.
-          if (q == 0 && cached_stop_ == StopReason::kOutermost &&
-              OutermostEnds(arch, cached_[0], fp, stack, &result.stop)) {
-            cached_[0].fp = fp;
-            break;
-          }
-          if (!resume_from(cached_[q], fp)) break;
-          continue;
-        }
-      }
-
-      const RuleSource* caller_rules = nullptr;
-      uint64_t caller_module_pc = 0;
-      // As in unwind::Unwind(): out of a signal frame the pc is exact (no pc - 1 lookup, no
-      // call-site check).
-      if (!sp_ok || !space.Lookup(caller.pc, &caller_rules, &caller_module_pc) ||
-          (!interrupted && caller_rules != nullptr &&
-           !caller_rules->IsPlausibleReturnAddress(caller_module_pc))) {
-        result.stop = StopReason::kBadReturnAddress;
-        break;
-      }
-      if (n >= limit) {
-        result.stop = StopReason::kMaxFrames;
-        break;
-      }
-      frames[n - 1].ra_slot = ra_slot;
-      Seal(arch, *cur_el, row, cur, ra_slot, caller);
-      frames[n++] = {caller.pc, caller.sp, 0};
-      scratch_[ns++] = {caller.pc, caller.sp, caller.fp, 0, 0, 0, {}};
-      cur_el = &scratch_[ns - 1];
-      cur = caller;
-      rules = caller_rules;
-      module_pc = caller_module_pc;
-      innermost = interrupted;
-    }
+    return WalkAction::kResumed;
   }
-  result.num_frames = n;
-  s->spliced = spliced;
+};
+
+// The boundary element matches: the caller is cached element cursor - 1.
+// Works on a local frame count (stores to frames[] could alias out.n) and hands it back in
+// `out` whenever it returns.
+WalkAction IncrementalUnwinder::Hooks::Splice(WalkState& w, WalkOutput& out, const UnwindRow& row,
+                                              const WalkStep& step, StopReason* stop) {
+  Frame* const frames = out.frames;
+  const size_t limit = out.limit;
+  size_t n = out.n;
+  Element* const cached = self.cached_.get();
+  if (n >= limit) {
+    *stop = StopReason::kMaxFrames;
+    out.n = n;
+    return WalkAction::kStop;
+  }
+  const size_t c = cursor - 1;
+  can_splice = false;
+  spliced = true;
+  inner = ns;
+  frames[n - 1].ra_slot = step.ra_slot;
+  Seal(arch, *cur_el, row, w.regs, step.ra_slot, step.caller);
+  hi = c;
+  if (self.options_.verify != VerifyMode::kFull) {
+    const size_t keep = std::min(c + 1, limit - n);
+    lo = c + 1 - keep;
+    for (size_t q = c + 1; q-- > lo;) {
+      const Element& el = cached[q];
+      frames[n++] = {el.pc, el.sp, el.ra_slot};
+      s->frames_beyond_copy += el.ra_slot != 0 && !stack.Contains(el.ra_slot, 8);
+    }
+    s->frames_reused += static_cast<uint32_t>(keep);
+    if (keep < c + 1) {
+      frames[n - 1].ra_slot = 0;
+      *stop = StopReason::kMaxFrames;
+      out.n = n;
+      return WalkAction::kStop;
+    }
+    // A cache that ended because its copy or its array ran out may continue further out
+    // now; everything else ended for a reason that belongs to the reused frames.
+    if (self.cached_stop_ == StopReason::kMaxFrames ||
+        self.cached_stop_ == StopReason::kStackOutOfRange) {
+      out.n = n;
+      return ResumeFrom(w, out, cached[0], cached[0].fp, stop);
+    }
+    *stop = self.cached_stop_;
+    out.n = n;
+    return WalkAction::kStop;
+  }
+  // Full verification of every reused element against the new bytes: the word compare of
+  // VerifyRun, and where it cannot decide (a word or an fp-based row's fp differs, the copy
+  // or the output ends), a re-derivation with the cached row (no lookups) that decides
+  // exactly like the full unwind. Any difference in slot, return address or sp ends the reuse
+  // there.
+  uint64_t fp = step.caller.fp;  // the incoming fp of cached[q]
+  frames[n++] = {cached[c].pc, cached[c].sp, 0};
+  size_t verified = 1;
+  size_t q = c;
+  bool stopped = false;
+  while (q > 0) {
+    const size_t k = VerifyRun(arch, cached, q, limit - n, stack, &fp, frames + n);
+    n += k;
+    q -= k;
+    verified += k;
+    if (q == 0) break;
+    Element& el = cached[q];
+    Registers nx;
+    uint64_t slot = 0;
+    ++s->frames_rederived;
+    if (!VerifyStep(arch, el, fp, stack, &nx, &slot)) {
+      *stop = StopReason::kStackOutOfRange;
+      stopped = true;
+      break;
+    }
+    const Element& up = cached[q - 1];
+    if (slot != el.ra_slot || nx.pc != up.pc || nx.sp != up.sp) {
+      s->verify_failed = true;
+      break;  // resume the walk with lookups from el
+    }
+    if (n >= limit) {
+      *stop = StopReason::kMaxFrames;
+      stopped = true;
+      break;
+    }
+    frames[n - 1].ra_slot = slot;
+    Seal(arch, el, el.row, {el.pc, el.sp, fp, 0}, slot, nx);
+    fp = nx.fp;
+    frames[n++] = {up.pc, up.sp, 0};
+    ++verified;
+    --q;
+  }
+  s->frames_reused += static_cast<uint32_t>(verified);
+  s->frames_verified += static_cast<uint32_t>(verified);
+  lo = q;
+  if (stopped) {
+    cached[q].ra_slot = 0;
+    out.n = n;
+    return WalkAction::kStop;
+  }
+  // The outermost cached frame (or the diverging one) is stepped with lookups, so the stop
+  // reason is exactly the full unwind's -- except in the steady state where the cache's
+  // outermost frame ended the walk: its row is a function of its pc and the mappings, both
+  // unchanged, so stepping it with the cached row decides the same without the lookups.
+  if (q == 0 && self.cached_stop_ == StopReason::kOutermost &&
+      OutermostEnds(arch, cached[0], fp, stack, stop)) {
+    cached[0].fp = fp;
+    out.n = n;
+    return WalkAction::kStop;
+  }
+  out.n = n;
+  return ResumeFrom(w, out, cached[q], fp, stop);
+}
+
+UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const AddressSpace& space,
+                                                 Frame* frames, size_t limit, SampleStats* s) {
+  scratch_[0] = {in.regs.pc, in.regs.sp, in.regs.fp, 0, 0, 0, {}};
+  Hooks hooks{.self = *this,
+              .arch = options_.unwind.arch,
+              .stack = in.stack,
+              .s = s,
+              .cursor = num_cached_ > 0 ? num_cached_ - 1 : 0,
+              .can_splice = num_cached_ > 1 && !cached_signal_,
+              .cur_el = &scratch_[0]};
+  const UnwindResult result =
+      Walk(options_.unwind, in.regs, in.stack, space, frames, limit, hooks);
+  const size_t ns = hooks.ns;
+  s->spliced = hooks.spliced;
   s->frames_unwound = static_cast<uint32_t>(ns);
 
   // New cache, outer-first: [frames found beyond the reused part] [reused cached_[lo..hi]]
   // [frames found inside the splice point]. In steady state lo == 0 and nothing beyond was
   // found, so the outer part stays in place and only the inner part is written.
-  if (!spliced) inner = ns;
-  const size_t keep = spliced ? hi - lo + 1 : 0;
+  const size_t inner = hooks.spliced ? hooks.inner : ns;
+  const size_t lo = hooks.lo;
+  const size_t keep = hooks.spliced ? hooks.hi - lo + 1 : 0;
   const size_t outer_new = ns - inner;
-  s->outer_kept = keep > 0 && lo == 0 && outer_new == 0 ? static_cast<uint32_t>(keep) : 0;
   s->outer_kept = keep > 0 && lo == 0 && outer_new == 0 ? static_cast<uint32_t>(keep) : 0;
   if (keep > 0 && lo != outer_new) {
     std::memmove(&cached_[outer_new], &cached_[lo], keep * sizeof(Element));
@@ -456,7 +435,7 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
   cached_stop_ = result.stop;
   // Reused elements never hold a signal frame (no splice when the cache had one), so the
   // frames found with lookups tell whether the new cache does.
-  cached_signal_ = saw_signal;
+  cached_signal_ = hooks.saw_signal;
   return result;
 }
 

@@ -6,8 +6,8 @@
 // of the slot its return address was read from (ra_slot) and the unwind row that was used --
 // and on a new sample:
 //
-//  1. unwinds from the leaf with the normal rule lookups (AddressSpace + RuleSource, the same
-//     steps and sanity checks as unwind::Unwind());
+//  1. unwinds from the leaf with the normal rule lookups (AddressSpace + RuleSource): the
+//     walk of unwind::Unwind() itself (walk.h), with the cache hooked into it;
 //  2. after every step compares the (ra_slot, return address, caller sp) just read from the
 //     live stack copy with the cached elements (slots are sorted, so one forward cursor);
 //  3. at the first match, the caller and everything outside it is the cached outer part:
@@ -24,7 +24,8 @@
 //       discards the rest of the splice and the walk continues from the diverging frame with
 //       rule lookups. Since a row depends only on (pc, mappings), the result is frame for
 //       frame what unwind::Unwind() returns.
-//     - VerifyMode::kOff: no cache, every sample is unwound fully (the reference).
+//     - VerifyMode::kOff: no cache, every sample is unwound fully (the reference): the same
+//       object and call for an owner whose threads are unwound in any mode.
 //
 // Frames beyond the copied stack bytes. A cached element whose slot lies outside the new
 // copy (the thread went deeper than the copy reaches) cannot be compared. kFull never reuses
@@ -45,10 +46,10 @@
 // SampleInput::stack_end_known), and Invalidate() (owner: on exec, on thread exit; or simply
 // destroy the object).
 //
-// Ownership and cost: one object per thread, owned by whoever tracks threads (the agent's
-// Profiler). Its arrays are allocated once in the constructor (options.max_frames elements),
-// so Unwind() never allocates. Not thread-safe; architecture-neutral (x86-64 and MIPS64 as
-// data, like unwind::Unwind()).
+// Ownership and cost: one object per thread, owned by whoever tracks threads (the agent).
+// Its arrays are allocated once in the constructor (options.max_frames elements; none for
+// kOff), so Unwind() never allocates. Not thread-safe; architecture-neutral (x86-64 and
+// MIPS64 as data, like unwind::Unwind()).
 #ifndef STRATA_COMMON_UNWIND_INCREMENTAL_H_
 #define STRATA_COMMON_UNWIND_INCREMENTAL_H_
 
@@ -162,6 +163,8 @@ class IncrementalUnwinder {
   static size_t VerifyRun(Arch arch, const Element* cached, size_t q, size_t room,
                           const StackSnapshot& stack, uint64_t* fp, Frame* frames);
 
+  // The splice into the shared walk (walk.h), defined in incremental.cc.
+  struct Hooks;
   UnwindResult UnwindAndCache(const SampleInput& in, const AddressSpace& space, Frame* frames,
                               size_t limit, SampleStats* stats);
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/unwind/walk.h"
+
 namespace strata::unwind {
 
 std::string_view ArchName(Arch arch) {
@@ -73,88 +75,30 @@ bool StepWithRow(Arch arch, const UnwindRow& row, const Registers& regs, bool in
   return true;
 }
 
+namespace {
+
+// unwind::Unwind() keeps nothing between steps.
+struct NoHooks {
+  UnwindRow row;
+  UnwindRow& Row(const WalkState&) {
+    row = UnwindRow{};
+    return row;
+  }
+  void Found(const WalkState&, const UnwindRow&) {}
+  WalkAction AtCaller(WalkState&, WalkOutput&, const UnwindRow&, const WalkStep&, StopReason*) {
+    return WalkAction::kGoOn;
+  }
+  void Left(const WalkState&, const UnwindRow&, const WalkStep&) {}
+};
+
+}  // namespace
+
 UnwindResult Unwind(const UnwindOptions& options, const Registers& regs,
                     const StackSnapshot& stack, const AddressSpace& space, Frame* frames,
                     size_t capacity) {
-  const size_t limit = std::min(capacity, options.max_frames);
-  UnwindResult result;
-  if (limit == 0) {
-    result.stop = StopReason::kMaxFrames;
-    return result;
-  }
-  // Frame-pointer convention: CFA = rbp + 16, return address at CFA - 8, saved rbp at CFA - 16.
-  const UnwindRow kFramePointerRow{UnwindRow::CfaBase::kFp, UnwindRow::RaRule::kAtCfaOffset,
-                                   UnwindRow::FpRule::kAtCfaOffset, 16, -8, -16};
-  Registers cur = regs;
-  bool innermost = true;
-  size_t n = 0;
-  frames[n++] = {regs.pc, regs.sp, 0};
-  const RuleSource* rules = nullptr;
-  uint64_t module_pc = 0;
-  if (!space.Lookup(cur.pc, &rules, &module_pc)) {
-    result.num_frames = n;
-    result.stop = StopReason::kNoModule;
-    return result;
-  }
-  for (;;) {
-    UnwindRow row;
-    bool have_row = rules != nullptr && rules->FindRow(module_pc, innermost, &row);
-    if (!have_row) {
-      if (!options.frame_pointer_fallback || options.arch != Arch::kX86_64) {
-        result.stop = StopReason::kNoRule;
-        break;
-      }
-      row = kFramePointerRow;
-    }
-    if (row.ra_rule == UnwindRow::RaRule::kUndefined) {
-      result.stop = StopReason::kOutermost;
-      break;
-    }
-    if (row.cfa_base == UnwindRow::CfaBase::kUndefined ||
-        (row.ra_rule == UnwindRow::RaRule::kInRegister && !innermost)) {
-      result.stop = StopReason::kNoRule;  // described, but not representable as a row
-      break;
-    }
-    Registers caller;
-    uint64_t ra_slot = 0;
-    if (!StepWithRow(options.arch, row, cur, innermost, stack, &caller, &ra_slot)) {
-      result.stop = StopReason::kStackOutOfRange;
-      break;
-    }
-    if (caller.pc == 0) {  // thread entry points leave a zero return address
-      result.stop = StopReason::kOutermost;
-      break;
-    }
-    // Out of a signal frame the caller was interrupted, not calling: its pc is exact, so
-    // its row is looked up like the innermost frame's and it need not follow a call.
-    const bool interrupted = row.ra_rule == UnwindRow::RaRule::kSignalFrame;
-    // The stack grows down: a caller's frame lies strictly above its callee's, except a
-    // MIPS leaf that has not touched sp yet (return address still in a register). The
-    // kernel places a signal frame below the interrupted sp (and its red zone), so the rule
-    // holds across it too.
-    bool sp_ok = caller.sp > cur.sp ||
-                 (caller.sp == cur.sp && row.ra_rule == UnwindRow::RaRule::kInRegister);
-    const RuleSource* caller_rules = nullptr;
-    uint64_t caller_module_pc = 0;
-    if (!sp_ok || !space.Lookup(caller.pc, &caller_rules, &caller_module_pc) ||
-        (!interrupted && caller_rules != nullptr &&
-         !caller_rules->IsPlausibleReturnAddress(caller_module_pc))) {
-      result.stop = StopReason::kBadReturnAddress;
-      break;
-    }
-    if (n >= limit) {
-      result.stop = StopReason::kMaxFrames;
-      break;
-    }
-    frames[n - 1].ra_slot = ra_slot;
-    frames[n++] = {caller.pc, caller.sp, 0};
-    cur = caller;
-    rules = caller_rules;
-    module_pc = caller_module_pc;
-    innermost = interrupted;
-  }
-  result.num_frames = n;
-  return result;
+  NoHooks hooks;
+  return Walk(options, regs, stack, space, frames, std::min(capacity, options.max_frames),
+              hooks);
 }
 
 }  // namespace strata::unwind

@@ -1,0 +1,184 @@
+// The one unwinding loop, shared by unwind::Unwind() and IncrementalUnwinder. Internal to
+// strata_unwind: included only by this folder's .cc files.
+//
+// Every step takes the same decisions in the same order, so the unwinders return the same
+// frames and stop reasons:
+//  1. the frame's row: its module's rule, else (x86-64, when allowed) the frame-pointer
+//     convention; none: kNoRule;
+//  2. the row applied (StepWithRow): an undefined return address or a zero one ends the walk
+//     (kOutermost), a row no step can follow (kNoRule), a word outside the copy
+//     (kStackOutOfRange);
+//  3. the caller's sanity checks: its sp rises (or stays, for a MIPS leaf whose return address
+//     is still in its register), its pc lies in a module and, unless it was interrupted by a
+//     signal, follows a call there (kBadReturnAddress);
+//  4. room for the caller's frame (kMaxFrames).
+//
+// What differs between the unwinders is passed as `Hooks` (a class with these members, all
+// inlined):
+//   UnwindRow& Row(const WalkState& w);
+//       where the current frame's row is written (the incremental unwinder keeps it);
+//   void Found(const WalkState& w, const UnwindRow& row);
+//       the current frame has a row (step 1 succeeded);
+//   WalkAction AtCaller(WalkState& w, WalkOutput& out, const UnwindRow& row,
+//                       const WalkStep& step, StopReason* stop);
+//       between steps 2 and 3: the incremental unwinder splices in its cached outer frames here
+//       (kStop with *stop set, or kResumed after moving `w` to the frame to go on from);
+//   void Left(const WalkState& w, const UnwindRow& row, const WalkStep& step);
+//       the current frame was left for step.caller, which is written next (step 4 passed).
+#ifndef STRATA_COMMON_UNWIND_WALK_H_
+#define STRATA_COMMON_UNWIND_WALK_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/unwind/unwinder.h"
+
+namespace strata::unwind {
+
+// x86-64 frame-pointer convention: CFA = rbp + 16, return address at CFA - 8, saved rbp at
+// CFA - 16.
+inline constexpr UnwindRow kFramePointerRow{UnwindRow::CfaBase::kFp,
+                                            UnwindRow::RaRule::kAtCfaOffset,
+                                            UnwindRow::FpRule::kAtCfaOffset, 16, -8, -16};
+
+// Where a walk stands: the frame being left and its module's rules.
+struct WalkState {
+  const AddressSpace& space;
+  Registers regs = {};  // the frame being left
+  const RuleSource* rules = nullptr;  // its module's rules (null: the module has none)
+  uint64_t module_pc = 0;
+  // Its pc is exact (the interrupted frame, or one a signal frame leads to), not a return
+  // address.
+  bool innermost = true;
+
+  // Moves the walk to the frame with registers `r`; false when its pc is in no module.
+  bool MoveTo(const Registers& r, bool exact) {
+    regs = r;
+    innermost = exact;
+    return space.Lookup(r.pc, &rules, &module_pc);
+  }
+};
+
+// The frames written, as the AtCaller hook sees them. (The loop itself keeps the count in a
+// local: frames[] stores could alias a count kept in memory.)
+struct WalkOutput {
+  Frame* frames;
+  size_t limit;  // frames[] has room for this many
+  size_t n;      // frames written
+};
+
+// One step out of the current frame (steps 1 and 2 passed).
+struct WalkStep {
+  Registers caller;
+  uint64_t ra_slot = 0;  // where the return address was read (0: from a register)
+  bool interrupted = false;  // out of a signal frame: the caller's pc is exact
+  bool sp_rises = false;     // the first sanity check of step 3
+};
+
+enum class WalkAction : uint8_t { kGoOn, kStop, kResumed };
+
+// Step 1.
+inline bool FindRow(const UnwindOptions& options, const WalkState& w, UnwindRow* row) {
+  if (w.rules != nullptr && w.rules->FindRow(w.module_pc, w.innermost, row)) return true;
+  if (!options.frame_pointer_fallback || options.arch != Arch::kX86_64) return false;
+  *row = kFramePointerRow;
+  return true;
+}
+
+// Step 2, and the part of step 3 that needs no lookup. False: the walk ends, for `*stop`.
+inline bool StepOut(Arch arch, const UnwindRow& row, const WalkState& w,
+                    const StackSnapshot& stack, WalkStep* step, StopReason* stop) {
+  if (row.ra_rule == UnwindRow::RaRule::kUndefined) {
+    *stop = StopReason::kOutermost;
+    return false;
+  }
+  if (row.cfa_base == UnwindRow::CfaBase::kUndefined ||
+      (row.ra_rule == UnwindRow::RaRule::kInRegister && !w.innermost)) {
+    *stop = StopReason::kNoRule;  // described, but not representable as a row
+    return false;
+  }
+  if (!StepWithRow(arch, row, w.regs, w.innermost, stack, &step->caller, &step->ra_slot)) {
+    *stop = StopReason::kStackOutOfRange;
+    return false;
+  }
+  if (step->caller.pc == 0) {  // thread entry points leave a zero return address
+    *stop = StopReason::kOutermost;
+    return false;
+  }
+  // Out of a signal frame the caller was interrupted, not calling: its pc is exact, so its
+  // row is looked up like the innermost frame's and it need not follow a call.
+  step->interrupted = row.ra_rule == UnwindRow::RaRule::kSignalFrame;
+  // The stack grows down: a caller's frame lies strictly above its callee's, except a MIPS
+  // leaf that has not touched sp yet (return address still in a register). The kernel places
+  // a signal frame below the interrupted sp (and its red zone), so the rule holds across it.
+  step->sp_rises = step->caller.sp > w.regs.sp ||
+                   (step->caller.sp == w.regs.sp &&
+                    row.ra_rule == UnwindRow::RaRule::kInRegister);
+  return true;
+}
+
+// The rest of step 3: the caller's module, and that its pc follows a call.
+inline bool CallerPlausible(const AddressSpace& space, const WalkStep& step,
+                            const RuleSource** caller_rules, uint64_t* caller_module_pc) {
+  return step.sp_rises && space.Lookup(step.caller.pc, caller_rules, caller_module_pc) &&
+         (step.interrupted || *caller_rules == nullptr ||
+          (*caller_rules)->IsPlausibleReturnAddress(*caller_module_pc));
+}
+
+// Unwinds from `regs` into frames[0, limit), innermost first (see Unwind() in unwinder.h).
+template <typename Hooks>
+inline UnwindResult Walk(const UnwindOptions& options, const Registers& regs,
+                         const StackSnapshot& stack, const AddressSpace& space, Frame* frames,
+                         size_t limit, Hooks& hooks) {
+  UnwindResult result;
+  if (limit == 0) {
+    result.stop = StopReason::kMaxFrames;
+    return result;
+  }
+  WalkState w{.space = space};
+  size_t n = 0;
+  frames[n++] = {regs.pc, regs.sp, 0};
+  if (!w.MoveTo(regs, /*exact=*/true)) {
+    result.num_frames = n;
+    result.stop = StopReason::kNoModule;
+    return result;
+  }
+  for (;;) {
+    UnwindRow& row = hooks.Row(w);
+    if (!FindRow(options, w, &row)) {
+      result.stop = StopReason::kNoRule;
+      break;
+    }
+    hooks.Found(w, row);
+    WalkStep step;
+    if (!StepOut(options.arch, row, w, stack, &step, &result.stop)) break;
+    WalkOutput out{frames, limit, n};
+    const WalkAction action = hooks.AtCaller(w, out, row, step, &result.stop);
+    n = out.n;
+    if (action == WalkAction::kStop) break;
+    if (action == WalkAction::kResumed) continue;
+    const RuleSource* caller_rules = nullptr;
+    uint64_t caller_module_pc = 0;
+    if (!CallerPlausible(space, step, &caller_rules, &caller_module_pc)) {
+      result.stop = StopReason::kBadReturnAddress;
+      break;
+    }
+    if (n >= limit) {
+      result.stop = StopReason::kMaxFrames;
+      break;
+    }
+    frames[n - 1].ra_slot = step.ra_slot;
+    hooks.Left(w, row, step);
+    frames[n++] = {step.caller.pc, step.caller.sp, 0};
+    w.regs = step.caller;
+    w.rules = caller_rules;
+    w.module_pc = caller_module_pc;
+    w.innermost = step.interrupted;
+  }
+  result.num_frames = n;
+  return result;
+}
+
+}  // namespace strata::unwind
+
+#endif  // STRATA_COMMON_UNWIND_WALK_H_
