@@ -1,3 +1,7 @@
+// agent/procfs (strata::agent::procfs): what the agent reads from /proc. This header's readers
+// and parsers, container and pod identity (container.h), service rules (service_matcher.h) and
+// the ProcessTracker (process_tracker.h), which agent/core's TargetDiscovery owns.
+//
 // Reading /proc: process discovery and per-process facts the agent needs to choose, label and
 // sample targets (executable, command line, comm, threads, start time, environment, memory
 // mappings).

@@ -1,3 +1,6 @@
+// agent/sampler (strata::agent::sampler): perf events, the kernel side of sampling. The
+// sampler owns its events and rings; in the agent it is owned by agent/sources' PerfSource.
+//
 // perf_event_open-based sampling of user-space threads: registers + a copy of the top of the
 // stack, at a fixed rate per sampling session, delivered to a callback.
 //

@@ -1,3 +1,6 @@
+// agent/spool (strata::agent::spool): the durable spool. Opened by the agent's main, which
+// owns it; the Shipper (agent/core) appends to it, reads it and acknowledges from it.
+//
 // The agent's spool: every batch it has built and the server has not acknowledged yet, in
 // sequence order, with the call graph the batches are encoded against.
 //

@@ -1,3 +1,7 @@
+// agent/symbols (strata::agent::symbols): modules with their symbols and unwind rules
+// (module_cache.h) and each target's address space over them (this header). The agent's
+// TargetDiscovery (agent/core) owns the cache and the address spaces.
+//
 // One target process's view of its modules: which module (and which of its unwind rules and
 // symbols) covers each executable mapping. Implements unwind::AddressSpace for the unwinder
 // and symbolizes pcs into (module, build ID, function start, name) for the calling-context
