@@ -126,12 +126,6 @@ std::unique_ptr<grpc::Server> Serve(FakeIngest* service, int* port) {
   return builder.BuildAndStart();
 }
 
-void ShutDown(std::unique_ptr<grpc::Server>& server) {
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
-  server->Wait();
-  server.reset();
-}
-
 std::vector<uint64_t> Range(uint64_t first, uint64_t last) {
   std::vector<uint64_t> out;
   for (uint64_t s = first; s <= last; ++s) out.push_back(s);
@@ -151,14 +145,31 @@ class ShipperTest : public ::testing::Test {
     spool_ = std::move(*opened);
   }
 
-  std::unique_ptr<Shipper> NewShipper(int port) {
+  void TearDown() override {
+    if (shipper_ != nullptr) shipper_->Stop();
+    if (server_ != nullptr) StopServer();
+  }
+
+  // The ingest server on port_ (a free one the first time).
+  void StartServer() {
+    server_ = Serve(&ingest_, &port_);
+    ASSERT_NE(server_, nullptr);
+  }
+  void StopServer() {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    server_->Wait();
+    server_.reset();
+  }
+
+  void StartShipper() {
     ShipperOptions options;
-    options.server = absl::StrCat("127.0.0.1:", port);
+    options.server = absl::StrCat("127.0.0.1:", port_);
     options.agent_id = "shipper-test";
     options.host = "test-host";
     options.arch = "x86_64";
     options.max_backoff = absl::Seconds(1);
-    return std::make_unique<Shipper>(std::move(options), &graph_, spool_.get());
+    shipper_ = std::make_unique<Shipper>(std::move(options), &graph_, spool_.get());
+    shipper_->Start();
   }
 
   static v1::SampleBatch Batch(uint64_t sequence) {
@@ -169,130 +180,102 @@ class ShipperTest : public ::testing::Test {
     return batch;
   }
 
-  void EnqueueRange(Shipper& shipper, uint64_t first, uint64_t last) {
-    for (uint64_t s = first; s <= last; ++s) shipper.Enqueue(Batch(s));
+  void Enqueue(uint64_t first, uint64_t last) {
+    for (uint64_t s = first; s <= last; ++s) shipper_->Enqueue(Batch(s));
   }
 
   ContextGraph graph_{0x5eed};
   std::unique_ptr<spool::Spool> spool_;
+  FakeIngest ingest_;  // keeps what it applied across server restarts, like the store
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<Shipper> shipper_;
 };
 
 constexpr absl::Duration kFlushTimeout = absl::Seconds(30);
 
 TEST_F(ShipperTest, ShipsBatchesInOrderAndForgetsThemOnceAcknowledged) {
-  FakeIngest ingest;
-  int port = 0;
-  auto server = Serve(&ingest, &port);
-  auto shipper = NewShipper(port);
-  shipper->Start();
-  EnqueueRange(*shipper, 1, 5);
-  ASSERT_TRUE(shipper->Flush(kFlushTimeout));
-  EXPECT_EQ(ingest.applied(), Range(1, 5));
-  EXPECT_EQ(ingest.received(), Range(1, 5));
-  EXPECT_EQ(ingest.agent_id(), "shipper-test");
+  StartServer();
+  StartShipper();
+  Enqueue(1, 5);
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  EXPECT_EQ(ingest_.applied(), Range(1, 5));
+  EXPECT_EQ(ingest_.received(), Range(1, 5));
+  EXPECT_EQ(ingest_.agent_id(), "shipper-test");
   EXPECT_TRUE(spool_->empty());
-  const ShipperStats stats = shipper->stats();
+  const ShipperStats stats = shipper_->stats();
   EXPECT_EQ(stats.batches_acked, 5u);
   EXPECT_EQ(stats.connects, 1u);
-  shipper->Stop();
-  ShutDown(server);
 }
 
 TEST_F(ShipperTest, ResendsABatchRefusedAsUnavailable) {
-  FakeIngest ingest;
-  ingest.Refuse({.sequence = 2, .code = grpc::StatusCode::UNAVAILABLE, .fatal = false,
-                 .retry_after_ms = 0, .times = 1});
-  int port = 0;
-  auto server = Serve(&ingest, &port);
-  auto shipper = NewShipper(port);
-  shipper->Start();
-  EnqueueRange(*shipper, 1, 4);
-  ASSERT_TRUE(shipper->Flush(kFlushTimeout));
-  EXPECT_EQ(ingest.applied(), Range(1, 4));
-  const std::vector<uint64_t> received = ingest.received();
-  EXPECT_EQ(std::count(received.begin(), received.end(), 2u), 2) << ::testing::PrintToString(received);
-  EXPECT_EQ(shipper->stats().batches_rejected, 0u);
-  EXPECT_EQ(shipper->stats().connects, 1u);  // the stream stayed open
-  shipper->Stop();
-  ShutDown(server);
+  ingest_.Refuse({.sequence = 2, .code = grpc::StatusCode::UNAVAILABLE, .fatal = false,
+                  .retry_after_ms = 0, .times = 1});
+  StartServer();
+  StartShipper();
+  Enqueue(1, 4);
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  EXPECT_EQ(ingest_.applied(), Range(1, 4));
+  const std::vector<uint64_t> received = ingest_.received();
+  EXPECT_EQ(std::count(received.begin(), received.end(), 2u), 2)
+      << ::testing::PrintToString(received);
+  EXPECT_EQ(shipper_->stats().batches_rejected, 0u);
+  EXPECT_EQ(shipper_->stats().connects, 1u);  // the stream stayed open
 }
 
 TEST_F(ShipperTest, ReconnectsAndResendsAfterTheServerEndsTheStreamForResources) {
-  FakeIngest ingest;
-  ingest.Refuse({.sequence = 3, .code = grpc::StatusCode::RESOURCE_EXHAUSTED, .fatal = true,
-                 .retry_after_ms = 100, .times = 1});
-  int port = 0;
-  auto server = Serve(&ingest, &port);
-  auto shipper = NewShipper(port);
-  shipper->Start();
-  EnqueueRange(*shipper, 1, 5);
-  ASSERT_TRUE(shipper->Flush(kFlushTimeout));
-  EXPECT_EQ(ingest.applied(), Range(1, 5));
-  EXPECT_GE(ingest.connects(), 2);
-  EXPECT_GE(shipper->stats().connects, 2u);
-  EXPECT_EQ(shipper->stats().batches_rejected, 0u);
-  shipper->Stop();
-  ShutDown(server);
+  ingest_.Refuse({.sequence = 3, .code = grpc::StatusCode::RESOURCE_EXHAUSTED, .fatal = true,
+                  .retry_after_ms = 100, .times = 1});
+  StartServer();
+  StartShipper();
+  Enqueue(1, 5);
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  EXPECT_EQ(ingest_.applied(), Range(1, 5));
+  EXPECT_GE(ingest_.connects(), 2);
+  EXPECT_GE(shipper_->stats().connects, 2u);
+  EXPECT_EQ(shipper_->stats().batches_rejected, 0u);
 }
 
 TEST_F(ShipperTest, DropsABatchTheServerRejectsPermanently) {
-  FakeIngest ingest;
-  ingest.Refuse({.sequence = 2, .code = grpc::StatusCode::INVALID_ARGUMENT, .fatal = false,
-                 .retry_after_ms = 0, .times = 1});
-  int port = 0;
-  auto server = Serve(&ingest, &port);
-  auto shipper = NewShipper(port);
-  shipper->Start();
-  shipper->Enqueue(Batch(1));
-  shipper->Enqueue(Batch(2));
-  ASSERT_TRUE(shipper->Flush(kFlushTimeout));
-  EXPECT_EQ(ingest.applied(), Range(1, 1));
-  EXPECT_EQ(shipper->stats().batches_rejected, 1u);
-  shipper->Stop();
-  ShutDown(server);
+  ingest_.Refuse({.sequence = 2, .code = grpc::StatusCode::INVALID_ARGUMENT, .fatal = false,
+                  .retry_after_ms = 0, .times = 1});
+  StartServer();
+  StartShipper();
+  Enqueue(1, 2);
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  EXPECT_EQ(ingest_.applied(), Range(1, 1));
+  EXPECT_EQ(shipper_->stats().batches_rejected, 1u);
 }
 
 TEST_F(ShipperTest, SpoolsWhileTheServerIsAwayAndDeliversWhenItIsBack) {
-  FakeIngest ingest;
-  int port = 0;
-  auto server = Serve(&ingest, &port);  // only to find a free port
-  ShutDown(server);
-  auto shipper = NewShipper(port);
-  shipper->Start();
-  EnqueueRange(*shipper, 1, 3);
-  EXPECT_FALSE(shipper->Flush(absl::Milliseconds(300)));
+  StartServer();  // only to find a free port
+  StopServer();
+  StartShipper();
+  Enqueue(1, 3);
+  EXPECT_FALSE(shipper_->Flush(absl::Milliseconds(300)));
   EXPECT_EQ(spool_->size(), 3u);
-  EXPECT_EQ(shipper->stats().spool.batches, 3u);
-  EXPECT_FALSE(shipper->stats().connected);
+  EXPECT_EQ(shipper_->stats().spool.batches, 3u);
+  EXPECT_FALSE(shipper_->stats().connected);
 
-  server = Serve(&ingest, &port);
-  ASSERT_NE(server, nullptr);
-  ASSERT_TRUE(shipper->Flush(kFlushTimeout));
-  EXPECT_EQ(ingest.applied(), Range(1, 3));
+  StartServer();
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  EXPECT_EQ(ingest_.applied(), Range(1, 3));
   EXPECT_TRUE(spool_->empty());
-  shipper->Stop();
-  ShutDown(server);
 }
 
 TEST_F(ShipperTest, ResumesAfterTheServerRestarts) {
-  FakeIngest ingest;  // keeps what it applied across the restart, like the store
-  int port = 0;
-  auto server = Serve(&ingest, &port);
-  auto shipper = NewShipper(port);
-  shipper->Start();
-  EnqueueRange(*shipper, 1, 2);
-  ASSERT_TRUE(shipper->Flush(kFlushTimeout));
-  ShutDown(server);
+  StartServer();
+  StartShipper();
+  Enqueue(1, 2);
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  StopServer();
 
-  EnqueueRange(*shipper, 3, 4);
-  server = Serve(&ingest, &port);
-  ASSERT_NE(server, nullptr);
-  ASSERT_TRUE(shipper->Flush(kFlushTimeout));
-  EXPECT_EQ(ingest.applied(), Range(1, 4));
-  EXPECT_EQ(ingest.connects(), 2);
-  EXPECT_GE(shipper->stats().connects, 2u);
-  shipper->Stop();
-  ShutDown(server);
+  Enqueue(3, 4);
+  StartServer();
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  EXPECT_EQ(ingest_.applied(), Range(1, 4));
+  EXPECT_EQ(ingest_.connects(), 2);
+  EXPECT_GE(shipper_->stats().connects, 2u);
 }
 
 }  // namespace
