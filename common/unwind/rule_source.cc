@@ -1,7 +1,9 @@
 #include "common/unwind/rule_source.h"
 
 #include "absl/strings/str_cat.h"
+#ifdef STRATA_HAVE_X86_64_RULES
 #include "common/unwind/x86_64/cfi_table.h"
+#endif
 #ifdef STRATA_HAVE_MIPS64_RULES
 #include "common/unwind/mips64/prologue_table.h"
 #endif
@@ -30,15 +32,16 @@ absl::StatusOr<std::unique_ptr<RuleSource>> MakeRuleSource(Arch arch, const elf:
                      ", expected ", std::string(ArchName(arch))));
   }
   switch (arch) {
-    case Arch::kX86_64: {
-      absl::StatusOr<std::unique_ptr<x86_64::CfiTable>> table = x86_64::CfiTable::Build(elf);
-      if (!table.ok()) return table.status();
-      return std::unique_ptr<RuleSource>(std::move(*table));
-    }
+    case Arch::kX86_64:
+#ifdef STRATA_HAVE_X86_64_RULES
+      return x86_64::BuildRuleSource(elf);
+#else
+      break;
+#endif
     case Arch::kMips64El:
     case Arch::kMips64Be:
 #ifdef STRATA_HAVE_MIPS64_RULES
-      return mips64::BuildPrologueTable(elf);
+      return mips64::BuildRuleSource(elf);
 #else
       break;
 #endif

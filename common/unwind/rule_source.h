@@ -1,10 +1,10 @@
 // The one place that picks the architecture's unwind-rule decoder for a module:
-// x86-64 -> compiled DWARF CFI (x86_64/cfi_table.h); MIPS64 -> decoded prologues, provided by
-// common/unwind/mips64/ when that library is built (its contract: header
-// "common/unwind/mips64/prologue_table.h" declaring
+// x86-64 -> compiled DWARF CFI (x86_64/cfi_table.h); MIPS64 -> decoded prologues
+// (mips64/prologue_table.h). Every decoder is a folder <arch>/ with the same contract: CMake
+// target strata_unwind_<arch>, and in its header
 //   absl::StatusOr<std::unique_ptr<RuleSource>>
-//   strata::unwind::mips64::BuildPrologueTable(const elf::ElfFile& elf);
-// in CMake target strata_unwind_mips64). Anything else: an "unsupported architecture" error.
+//   strata::unwind::<arch>::BuildRuleSource(const elf::ElfFile& elf);
+// A decoder that was not built, or any other architecture: an "unsupported architecture" error.
 #ifndef STRATA_COMMON_UNWIND_RULE_SOURCE_H_
 #define STRATA_COMMON_UNWIND_RULE_SOURCE_H_
 

@@ -50,7 +50,7 @@ absl::StatusOr<std::unique_ptr<PrologueTable>> BuildMips64Table(const elf::ElfFi
   return PrologueTable::Build(arch, std::move(functions), code);
 }
 
-absl::StatusOr<std::unique_ptr<RuleSource>> BuildPrologueTable(const elf::ElfFile& elf) {
+absl::StatusOr<std::unique_ptr<RuleSource>> BuildRuleSource(const elf::ElfFile& elf) {
   absl::StatusOr<std::unique_ptr<PrologueTable>> t = BuildMips64Table(elf);
   if (!t.ok()) return t.status();
   return std::unique_ptr<RuleSource>(std::move(*t));

@@ -20,8 +20,8 @@ namespace strata::unwind::mips64 {
 // Errors: not a MIPS ELF file, unreadable symbol tables.
 absl::StatusOr<std::unique_ptr<PrologueTable>> BuildMips64Table(const elf::ElfFile& elf);
 
-// The factory's contract (rule_source.h).
-absl::StatusOr<std::unique_ptr<RuleSource>> BuildPrologueTable(const elf::ElfFile& elf);
+// The rule decoder's entry point every architecture provides (rule_source.h).
+absl::StatusOr<std::unique_ptr<RuleSource>> BuildRuleSource(const elf::ElfFile& elf);
 
 }  // namespace strata::unwind::mips64
 

@@ -530,4 +530,10 @@ size_t CfiTable::MemoryBytes() const {
          rows_.capacity() * sizeof(UnwindRow) + kCacheSlots * sizeof(uint64_t);
 }
 
+absl::StatusOr<std::unique_ptr<RuleSource>> BuildRuleSource(const elf::ElfFile& elf) {
+  absl::StatusOr<std::unique_ptr<CfiTable>> table = CfiTable::Build(elf);
+  if (!table.ok()) return table.status();
+  return std::unique_ptr<RuleSource>(std::move(*table));
+}
+
 }  // namespace strata::unwind::x86_64

@@ -93,6 +93,9 @@ class CfiTable final : public RuleSource {
   CfiStats stats_;
 };
 
+// The rule decoder's entry point every architecture provides (rule_source.h): CfiTable::Build.
+absl::StatusOr<std::unique_ptr<RuleSource>> BuildRuleSource(const elf::ElfFile& elf);
+
 }  // namespace strata::unwind::x86_64
 
 #endif  // STRATA_COMMON_UNWIND_X86_64_CFI_TABLE_H_

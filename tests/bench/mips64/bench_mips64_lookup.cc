@@ -29,7 +29,7 @@
 #include "common/elf/elf_file.h"
 #include "common/unwind/incremental.h"
 #include "common/unwind/mips64/prologue_table.h"
-#include "tests/mips64/recorded_sample.h"
+#include "common/unwind/mips64/recorded_sample.h"
 
 namespace strata::unwind::mips64 {
 namespace {

@@ -17,7 +17,7 @@
 
 #include "common/elf/elf_file.h"
 #include "common/elf/symbol_table.h"
-#include "tests/mips64/truth_match.h"
+#include "common/unwind/mips64/truth_match.h"
 
 namespace {
 

@@ -1,6 +1,7 @@
-// Unwinds stacks recorded under qemu from real MIPS64 programs (programs/workload.c, both byte
-// orders, -O0/-O2, with and without frame pointers) with the PrologueTable, and compares every
-// sample frame by frame with the ground truth the program kept itself.
+// Unwinds stacks recorded under qemu from real MIPS64 programs
+// (tests/mips64/programs/workload.c, both byte orders, -O0/-O2, with and without frame
+// pointers) with the PrologueTable, and compares every sample frame by frame with the ground
+// truth the program kept itself.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -13,8 +14,8 @@
 #include "common/elf/elf_file.h"
 #include "common/elf/symbol_table.h"
 #include "common/unwind/mips64/prologue_table.h"
-#include "tests/mips64/recorded_sample.h"
-#include "tests/mips64/truth_match.h"
+#include "common/unwind/mips64/recorded_sample.h"
+#include "common/unwind/mips64/truth_match.h"
 
 namespace strata::unwind::mips64 {
 namespace {

@@ -1,8 +1,8 @@
-// Recorded MIPS64 samples (programs/workload.c writes them under qemu) and the address space
-// the recorded-stack tests and benchmarks unwind them in with the generic Unwind()
-// (common/unwind/unwinder.h), exactly as the agent and the in-process sampler do.
-#ifndef STRATA_TESTS_MIPS64_RECORDED_SAMPLE_H_
-#define STRATA_TESTS_MIPS64_RECORDED_SAMPLE_H_
+// Recorded MIPS64 samples (tests/mips64/programs/workload.c writes them under qemu) and the
+// address space the recorded-stack tests and benchmarks unwind them in with the generic
+// Unwind() (common/unwind/unwinder.h), exactly as the agent and the in-process sampler do.
+#ifndef STRATA_COMMON_UNWIND_MIPS64_RECORDED_SAMPLE_H_
+#define STRATA_COMMON_UNWIND_MIPS64_RECORDED_SAMPLE_H_
 
 #include <cstdint>
 #include <cstring>
@@ -29,7 +29,7 @@ struct RecordedSample {
 inline uint64_t Swap64(uint64_t v, bool be) { return be ? __builtin_bswap64(v) : v; }
 inline uint32_t Swap32(uint32_t v, bool be) { return be ? __builtin_bswap32(v) : v; }
 
-// Layout of struct SampleHeader in programs/workload.c.
+// Layout of struct SampleHeader in tests/mips64/programs/workload.c.
 inline bool ReadRecordedSamples(const std::string& path, bool be, std::vector<RecordedSample>* out) {
   constexpr int kMaxD = 128;
   std::ifstream in(path, std::ios::binary);
@@ -100,4 +100,4 @@ inline UnwindResult UnwindRecorded(Arch arch, const AddressSpace& space, const R
 
 }  // namespace strata::unwind::mips64
 
-#endif  // STRATA_TESTS_MIPS64_RECORDED_SAMPLE_H_
+#endif  // STRATA_COMMON_UNWIND_MIPS64_RECORDED_SAMPLE_H_

@@ -1,8 +1,9 @@
 // Compares an unwound stack with the shadow-stack ground truth the test workloads keep
-// (programs/shadow_defs.h): symbol name -> function id, and the frame-by-frame match shared by
-// the recorded-stack test and the in-process sampler accuracy test.
-#ifndef STRATA_TESTS_MIPS64_TRUTH_MATCH_H_
-#define STRATA_TESTS_MIPS64_TRUTH_MATCH_H_
+// (tests/mips64/programs/shadow_defs.h): symbol name -> function id, and the frame-by-frame
+// match shared by the recorded-stack test and the in-process sampler accuracy test
+// (tests/mips64/inproc).
+#ifndef STRATA_COMMON_UNWIND_MIPS64_TRUTH_MATCH_H_
+#define STRATA_COMMON_UNWIND_MIPS64_TRUTH_MATCH_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -14,7 +15,7 @@
 
 namespace strata::unwind::mips64 {
 
-// Same order as the enum in programs/shadow_defs.h.
+// Same order as the enum in tests/mips64/programs/shadow_defs.h.
 inline constexpr const char* kWorkloadNames[] = {
     "main",      "work",        "leaf",           "recurse",   "use_alloca",
     "big_frame", "tail_caller", "tail_target",    "qsort_cmp", "sorter",
@@ -96,4 +97,4 @@ struct MatchTotals {
 
 }  // namespace strata::unwind::mips64
 
-#endif  // STRATA_TESTS_MIPS64_TRUTH_MATCH_H_
+#endif  // STRATA_COMMON_UNWIND_MIPS64_TRUTH_MATCH_H_
