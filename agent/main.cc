@@ -30,6 +30,7 @@
 #include "common/base/byte_size.h"
 #include "common/labels/labels.h"
 #include "common/rpc/client_security.h"
+#include "common/unwind/host_arch.h"
 #include "common/base/config_file.h"
 #include "spdlog/spdlog.h"
 
@@ -282,7 +283,7 @@ int Run(int argc, char** argv) {
   ship.server = flags.server;
   ship.agent_id = recovery.identity.agent_id;
   ship.host = flags.host;
-  ship.arch = std::string(strata::unwind::ArchName(strata::agent::kHostArch));
+  ship.arch = std::string(strata::unwind::ArchName(strata::unwind::kHostArch));
   ship.version = kVersion;
   ship.security = std::move(*client_security);
   ship.frequency_hz = flags.frequency;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/unwind/host_arch.h"
 #include "spdlog/spdlog.h"
 
 namespace strata::agent {
@@ -36,7 +37,7 @@ absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(ProfilerOptions optio
   if (options.inproc != ProfilerOptions::Inproc::kOff) {
     sources::InprocSourceOptions ring_options;
     ring_options.dir = options.inproc_dir;
-    ring_options.arch = static_cast<uint32_t>(kHostArch);
+    ring_options.arch = static_cast<uint32_t>(unwind::kHostArch);
     rings = std::make_unique<sources::InprocSource>(std::move(ring_options));
   }
   return std::unique_ptr<Profiler>(new Profiler(std::move(options), graph,

@@ -34,7 +34,6 @@
 #include "absl/time/time.h"
 #include "agent/core/batch_builder.h"
 #include "agent/core/context_graph.h"
-#include "agent/core/host_arch.h"
 #include "agent/core/sampling_sessions.h"
 #include "agent/core/stack_recorder.h"
 #include "agent/core/targets.h"

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "agent/core/host_arch.h"
+#include "common/unwind/host_arch.h"
 
 namespace strata::agent {
 namespace {
@@ -89,17 +89,11 @@ unwind::UnwindResult StackRecorder::Unwind(const Target& target, TargetState& st
                                            const sampler::RawSample& sample,
                                            PathCache** paths, size_t* outer_kept) {
   unwind::IncrementalOptions options;
-  options.unwind.arch = kHostArch;
+  options.unwind.arch = unwind::kHostArch;
   options.unwind.max_frames = options_.max_frames;
   options.verify = options_.unwind_verify;
   unwind::Registers regs{sample.pc, sample.sp, sample.fp, sample.ra};
   unwind::StackSnapshot stack{sample.sp, sample.stack, sample.stack_size};
-  if (options.verify == unwind::VerifyMode::kOff) {
-    unwind::UnwindResult result = unwind::Unwind(options.unwind, regs, stack, *target.space,
-                                                 frames_.data(), frames_.size());
-    stats_.frames_walked += result.num_frames;
-    return result;
-  }
   std::unique_ptr<Thread>& thread = state.threads[static_cast<pid_t>(sample.tid)];
   if (thread == nullptr) thread = std::make_unique<Thread>(options, options_.max_frames);
   // A copy shorter than requested ended at the top of the thread's stack.

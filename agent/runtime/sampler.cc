@@ -23,28 +23,14 @@
 #include "absl/strings/str_cat.h"
 #include "agent/runtime/ring.h"
 #include "common/elf/elf_file.h"
+#include "common/unwind/host_arch.h"
 #include "common/unwind/rule_source.h"
 #include "common/unwind/unwinder.h"
 
 namespace strata::agent::runtime {
 namespace {
 
-#if defined(__x86_64__)
-constexpr unwind::Arch kSelfArch = unwind::Arch::kX86_64;
-#elif defined(__mips__) && defined(__MIPSEL__)
-constexpr unwind::Arch kSelfArch = unwind::Arch::kMips64El;
-#elif defined(__mips__)
-constexpr unwind::Arch kSelfArch = unwind::Arch::kMips64Be;
-#else
-#error "libstrata_inproc: unsupported architecture (x86-64 and MIPS64 are supported)"
-#endif
-
 constexpr size_t kMaxThreads = 4096;
-#if defined(__x86_64__)
-constexpr uint64_t kRedZone = 128;
-#else
-constexpr uint64_t kRedZone = 0;
-#endif
 constexpr size_t kMaxModules = kMaxRingModules;
 
 // An executable range of one loaded module, with the rules the handler unwinds it by.
@@ -114,36 +100,21 @@ thread_local ThreadSlot* t_slot __attribute__((tls_model("initial-exec"))) = nul
 
 pid_t GetTid() { return static_cast<pid_t>(syscall(SYS_gettid)); }
 
-unwind::Registers RegistersFrom(const void* context) {
-  const auto* uc = static_cast<const ucontext_t*>(context);
-  unwind::Registers r;
-#if defined(__x86_64__)
-  r.pc = static_cast<uint64_t>(uc->uc_mcontext.gregs[REG_RIP]);
-  r.sp = static_cast<uint64_t>(uc->uc_mcontext.gregs[REG_RSP]);
-  r.fp = static_cast<uint64_t>(uc->uc_mcontext.gregs[REG_RBP]);
-#elif defined(__mips__)
-  r.pc = uc->uc_mcontext.pc;
-  r.sp = uc->uc_mcontext.gregs[29];
-  r.fp = uc->uc_mcontext.gregs[30];
-  r.ra = uc->uc_mcontext.gregs[31];
-#endif
-  return r;
-}
-
 void OnSigprof(int, siginfo_t*, void* context) {
   const int saved_errno = errno;
   ThreadSlot* slot = t_slot;
   const SelfSpace* space = g_space.load(std::memory_order_acquire);
   if (slot != nullptr && space != nullptr && g_running.load(std::memory_order_acquire)) {
-    const unwind::Registers regs = RegistersFrom(context);
+    const unwind::Registers regs =
+        unwind::RegistersFromContext(*static_cast<const ucontext_t*>(context));
     if (regs.sp >= slot->stack_lo && regs.sp < slot->stack_hi) {
       // x86-64 epilogues restore registers from just below sp (CFI keeps describing the
       // popped slots); the kernel leaves the 128-byte red zone intact, so it is readable.
-      const uint64_t lo = std::max<uint64_t>(slot->stack_lo, regs.sp - kRedZone);
+      const uint64_t lo = std::max<uint64_t>(slot->stack_lo, regs.sp - unwind::kRedZoneBytes);
       const unwind::StackSnapshot stack{lo, reinterpret_cast<const uint8_t*>(lo),
                                         static_cast<size_t>(slot->stack_hi - lo)};
       unwind::UnwindOptions options;
-      options.arch = kSelfArch;
+      options.arch = unwind::kHostArch;
       options.max_frames = kMaxRecordFrames;
       unwind::Frame frames[kMaxRecordFrames];
       const unwind::UnwindResult result =
@@ -246,7 +217,7 @@ absl::Status RebuildSpaceLocked(State& s) {
       if (elf.ok()) {
         lm->elf = std::move(*elf);
         absl::StatusOr<std::unique_ptr<unwind::RuleSource>> rules =
-            unwind::MakeRuleSource(kSelfArch, *lm->elf);
+            unwind::MakeRuleSource(unwind::kHostArch, *lm->elf);
         if (rules.ok()) lm->rules = std::move(*rules);
       }
       loaded = lm.get();
@@ -334,7 +305,7 @@ absl::Status Start(const SamplerOptions& options) {
   if (g_state == nullptr) g_state = new State;
   State& s = *g_state;
   s.options = options;
-  if (auto st = s.ring.Create(options.dir, getpid(), static_cast<uint32_t>(kSelfArch),
+  if (auto st = s.ring.Create(options.dir, getpid(), static_cast<uint32_t>(unwind::kHostArch),
                               options.ring_capacity, options.hz);
       !st.ok()) {
     return st;

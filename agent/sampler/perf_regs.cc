@@ -3,6 +3,7 @@
 #include <bit>
 
 #include "absl/status/status.h"
+#include "common/unwind/host_arch.h"
 
 namespace strata::agent::sampler {
 namespace {
@@ -64,13 +65,14 @@ const UserRegsLayout& RegsLayoutFor(Arch arch) {
 }
 
 absl::StatusOr<Arch> HostArch() {
-#if defined(__x86_64__)
-  return Arch::kX86_64;
-#elif defined(__mips__) && defined(_ABI64) && _MIPS_SIM == _ABI64
-  return Arch::kMips64;
-#else
+  switch (unwind::kHostArch) {
+    case unwind::Arch::kX86_64:
+      return Arch::kX86_64;
+    case unwind::Arch::kMips64El:
+    case unwind::Arch::kMips64Be:
+      return Arch::kMips64;
+  }
   return absl::UnimplementedError("perf sampling: unsupported architecture");
-#endif
 }
 
 }  // namespace strata::agent::sampler

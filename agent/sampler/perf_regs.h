@@ -3,7 +3,7 @@
 //
 // The architecture is data here (numbers from the kernel's uapi asm/perf_regs.h), so records of
 // either architecture can be parsed and tested on any host; the host's architecture is chosen
-// in exactly one place (HostArch()).
+// in exactly one place (common/unwind/host_arch.h; HostArch() maps it to Arch).
 
 #ifndef STRATA_AGENT_SAMPLER_PERF_REGS_H_
 #define STRATA_AGENT_SAMPLER_PERF_REGS_H_

@@ -1,10 +1,28 @@
-// The unwinding loop shared by every architecture, and the two interfaces it needs:
+// common/unwind (strata::unwind): stack unwinding from a register snapshot and a copy of the
+// stack bytes, for the agent (perf samples), the in-process runtime (its signal handler) and
+// the tests and benchmarks (recorded stacks). The architecture is data, so every
+// architecture's stacks unwind on any host.
 //
+// Who owns what:
+//  - unwinder.h (this header): the unwinding loop and the two interfaces it needs (below);
+//    walk.h is that loop's steps and checks, shared with the incremental unwinder (internal).
+//  - incremental.h: the per-thread unwinder that reuses the previous sample's outer frames
+//    (VerifyMode full, boundary, or off: a plain unwind every sample). One per thread, owned
+//    by whoever tracks threads (the agent).
+//  - rule_source.h: the one factory that builds a module's RuleSource for its architecture.
+//    The decoders are one folder each, built the same way (library strata_unwind_<arch>, its
+//    tests beside it, entry point <arch>::BuildRuleSource): x86_64/ (compiled DWARF CFI) and
+//    mips64/ (decoded prologues).
+//  - host_arch.h: the architecture this binary runs on (kHostArch and the per-architecture
+//    constants of sampling one's own host); the only place that tests architecture macros.
+//  - unwind_types.h: the plain-data vocabulary (Arch, Registers, StackSnapshot, UnwindRow,
+//    Frame, StopReason).
+//
+// The interfaces of the loop:
 //  - RuleSource: per module, "how do I leave the frame executing at module-relative pc?".
-//    Implemented per architecture in one file each (x86_64/cfi_table.*: compiled
-//    .eh_frame/.debug_frame rows; mips64/prologue_table.*: decoded prologues). A RuleSource
-//    is built once per module (keyed by build ID) and is immutable afterwards, so it can be
-//    shared by every process mapping that module and read from a signal handler.
+//    A RuleSource is built once per module (keyed by build ID, by the caller of
+//    MakeRuleSource) and is immutable afterwards, so it can be shared by every process
+//    mapping that module and read from a signal handler.
 //  - AddressSpace: per process, absolute pc -> (module's RuleSource, module-relative pc),
 //    plus whether an address is executable (sanity checks). Owned by whoever tracks the
 //    process's mappings (the agent, or the in-process sampler).
