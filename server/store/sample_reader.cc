@@ -23,6 +23,30 @@ struct Totals {
   absl::flat_hash_set<std::string> hosts;
 };
 
+// A RocksDB iterator over the cells of `scope` in `column`, positioned at window `from` and
+// bounded before window `to`.
+class CellCursor {
+ public:
+  CellCursor(const Database& db, Column column, const std::string& scope, int64_t from,
+             int64_t to)
+      : upper_key_(CellPrefix(scope, static_cast<uint64_t>(to))), upper_(upper_key_) {
+    rocksdb::ReadOptions ro;
+    ro.iterate_upper_bound = &upper_;
+    ro.prefix_same_as_start = true;
+    it_.reset(db.db->NewIterator(ro, db.cf(column)));
+    it_->Seek(CellPrefix(scope, static_cast<uint64_t>(from)));
+  }
+  CellCursor(const CellCursor&) = delete;
+  CellCursor& operator=(const CellCursor&) = delete;
+
+  rocksdb::Iterator* operator->() const { return it_.get(); }
+
+ private:
+  const std::string upper_key_;
+  const rocksdb::Slice upper_;  // the iterator's upper bound: lives as long as it
+  std::unique_ptr<rocksdb::Iterator> it_;
+};
+
 // The scope (service or capture ID) `query` reads, once its strings are valid key parts.
 absl::StatusOr<std::string> QueryScope(const SampleQuery& query) {
   const std::string& scope = query.capture_id ? *query.capture_id : query.service;
@@ -44,23 +68,14 @@ struct SampleReader::Impl {
   std::function<int64_t()> now_ms;
   std::atomic<uint64_t> cells_scanned{0};
 
-  rocksdb::ColumnFamilyHandle* cf(Column c) const { return database->cf(c); }
-
   // Calls visit(const CellKey&, uint64_t count) for the cells of `scope` in column
   // `column` with window in [from, to) (0 <= from < to), of `host` only when given. The
   // key's views are valid during the call only.
   template <typename Visit>
   absl::Status VisitCells(Column column, const std::string& scope, int64_t from, int64_t to,
                           const std::optional<std::string>& host, Visit&& visit) {
-    std::string upper_key = CellPrefix(scope, static_cast<uint64_t>(to));
-    rocksdb::Slice upper(upper_key);
-    rocksdb::ReadOptions ro;
-    ro.iterate_upper_bound = &upper;
-    ro.prefix_same_as_start = true;
-    std::unique_ptr<rocksdb::Iterator> it(database->db->NewIterator(ro, cf(column)));
-
+    CellCursor it(*database, column, scope, from, to);
     uint64_t cells = 0;
-    it->Seek(CellPrefix(scope, static_cast<uint64_t>(from)));
     while (it->Valid()) {
       absl::StatusOr<CellKey> cell = DecodeCellKey(View(it->key()));
       if (!cell.ok()) return cell.status();
@@ -128,13 +143,7 @@ struct SampleReader::Impl {
   // Window of the first cell of `scope` in `column` with window in [from, to), or `to`.
   absl::StatusOr<int64_t> NextWindow(Column column, const std::string& scope, int64_t from,
                                      int64_t to) {
-    std::string upper_key = CellPrefix(scope, static_cast<uint64_t>(to));
-    rocksdb::Slice upper(upper_key);
-    rocksdb::ReadOptions ro;
-    ro.iterate_upper_bound = &upper;
-    ro.prefix_same_as_start = true;
-    std::unique_ptr<rocksdb::Iterator> it(database->db->NewIterator(ro, cf(column)));
-    it->Seek(CellPrefix(scope, static_cast<uint64_t>(from)));
+    CellCursor it(*database, column, scope, from, to);
     if (!it->Valid()) {
       absl::Status s = FromRocks(it->status());
       if (!s.ok()) return s;

@@ -151,7 +151,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
   impl->hour_blocks = std::make_unique<HourBlockCache>(options.hour_block_cache_bytes);
   // The clock retention uses, Unix milliseconds.
   std::function<int64_t()> now_ms = options.now_ms_for_testing;
-  if (!now_ms) now_ms = [] { return base::NowMs(); };
+  if (!now_ms) now_ms = base::NowMs;
 
   rocksdb::DBOptions db_options;
   db_options.create_if_missing = options.create_if_missing;

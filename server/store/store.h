@@ -51,11 +51,9 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/labels/labels.h"
 #include "server/store/column.h"
 #include "server/store/interner.h"
 #include "server/store/meta_records.h"
@@ -132,55 +130,6 @@ class Store {
   Interner& interner();
   SampleReader& samples();
   MetaRecords& meta();
-
-  // Forwarders to the components, while callers move to them.
-  absl::StatusOr<uint64_t> InternFunction(const FunctionInfo& function, WriteBatch* batch) {
-    return interner().InternFunction(function, batch);
-  }
-  absl::StatusOr<uint64_t> InternStack(const StackFrames& stack, WriteBatch* batch) {
-    return interner().InternStack(stack, batch);
-  }
-  absl::StatusOr<uint64_t> InternLabelSet(std::string_view service, const labels::LabelSet& set,
-                                          uint32_t max_per_service, WriteBatch* batch) {
-    return interner().InternLabelSet(service, set, max_per_service, batch);
-  }
-  absl::StatusOr<std::vector<LabelSetRecord>> ListLabelSets(std::string_view service) {
-    return interner().ListLabelSets(service);
-  }
-  absl::StatusOr<uint64_t> AppliedSequence(std::string_view agent_id, uint64_t incarnation) {
-    return meta().AppliedSequence(agent_id, incarnation);
-  }
-  absl::Status ScanSamples(const SampleQuery& query,
-                           const std::function<void(const SampleKey&, uint64_t count)>& fn) {
-    return samples().ScanSamples(query, fn);
-  }
-  absl::StatusOr<SampleTotals> SumSamples(const SampleQuery& query) {
-    return samples().SumSamples(query);
-  }
-  absl::StatusOr<StackFrames> GetStack(uint64_t stack_id) { return interner().GetStack(stack_id); }
-  absl::StatusOr<FunctionInfo> GetFunction(uint64_t function_id) {
-    return interner().GetFunction(function_id);
-  }
-  absl::StatusOr<std::vector<ServiceSummary>> ListServices() { return samples().ListServices(); }
-  absl::StatusOr<std::vector<AgentRecord>> ListAgents() { return meta().ListAgents(); }
-  absl::StatusOr<AgentRecord> GetAgent(const std::string& agent_id) {
-    return meta().GetAgent(agent_id);
-  }
-  absl::StatusOr<AgentGraph> LoadGraph(std::string_view agent_id, uint64_t graph_id) {
-    return meta().LoadGraph(agent_id, graph_id);
-  }
-  absl::StatusOr<std::vector<PhaseEvent>> ScanPhaseEvents(std::string_view service,
-                                                          int64_t from_ms, int64_t to_ms) {
-    return meta().ScanPhaseEvents(service, from_ms, to_ms);
-  }
-  absl::StatusOr<CaptureInfo> GetCapture(std::string_view capture_id) {
-    return meta().GetCapture(capture_id);
-  }
-  absl::Status ScanJournal(
-      const std::function<absl::Status(uint64_t sequence, std::string_view record)>& fn) {
-    return meta().ScanJournal(fn);
-  }
-  absl::StatusOr<std::vector<CaptureInfo>> ListCaptures() { return meta().ListCaptures(); }
 
   // Live SST bytes of all column families plus WAL bytes.
   uint64_t ApproximateBytesOnDisk();

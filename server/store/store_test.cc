@@ -109,7 +109,7 @@ TEST_F(StoreTest, JournalRecordsSurviveReopenAndDeleteByPrefix) {
   auto scan = [&] {
     seen.clear();
     ASSERT_TRUE(store_
-                    ->ScanJournal([&](uint64_t seq, std::string_view record) {
+                    ->meta().ScanJournal([&](uint64_t seq, std::string_view record) {
                       seen.emplace_back(seq, std::string(record));
                       return absl::OkStatus();
                     })
@@ -633,12 +633,12 @@ TEST_F(StoreTest, AutoResolutionMatchesRawTotalsAndUsesRollups) {
       std::map<uint64_t, uint64_t> raw, auto_totals;
       int64_t last_window = -1;
       ASSERT_TRUE(store_
-                      ->ScanSamples({"svc", from, to, host, std::nullopt, Resolution::kRaw},
+                      ->samples().ScanSamples({"svc", from, to, host, std::nullopt, Resolution::kRaw},
                                     [&](const SampleKey& k, uint64_t c) { raw[k.stack_id] += c; })
                       .ok());
       size_t auto_cells = 0;
       ASSERT_TRUE(store_
-                      ->ScanSamples({"svc", from, to, host, std::nullopt, Resolution::kAuto},
+                      ->samples().ScanSamples({"svc", from, to, host, std::nullopt, Resolution::kAuto},
                                     [&](const SampleKey& k, uint64_t c) {
                                       EXPECT_GE(k.window_start_ms, last_window);
                                       last_window = k.window_start_ms;
@@ -655,7 +655,7 @@ TEST_F(StoreTest, AutoResolutionMatchesRawTotalsAndUsesRollups) {
   }
   std::map<int64_t, uint64_t> hours;
   ASSERT_TRUE(store_
-                  ->ScanSamples({"svc", 0, 3 * kHour, std::nullopt, std::nullopt, Resolution::kHour},
+                  ->samples().ScanSamples({"svc", 0, 3 * kHour, std::nullopt, std::nullopt, Resolution::kHour},
                                 [&](const SampleKey& k, uint64_t c) { hours[k.window_start_ms] += c; })
                   .ok());
   EXPECT_EQ(hours.size(), 3u);
@@ -677,7 +677,7 @@ TEST_F(StoreTest, RetentionDropsOldCellsPerResolution) {
   auto windows = [&](Resolution r) {
     std::map<int64_t, uint64_t> out;
     EXPECT_TRUE(store_
-                    ->ScanSamples({"svc", 0, 11 * kHour, std::nullopt, std::nullopt, r},
+                    ->samples().ScanSamples({"svc", 0, 11 * kHour, std::nullopt, std::nullopt, r},
                                   [&](const SampleKey& k, uint64_t c) { out[k.window_start_ms] += c; })
                     .ok());
     return out;
