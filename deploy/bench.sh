@@ -21,12 +21,12 @@ for b in "${want[@]}"; do
   echo "===== $b"
   case $b in
     backbone) tests/bench/backbone/figures.sh 60 "$bin" ;;
-    encoding) "$bin/encoding_bench" ;;
-    table) "$bin/bench_table" ;;
+    encoding) "$bin/encoding_benchmark" ;;
+    table) "$bin/table_benchmark" ;;
     unwind)
-      "$bin/bench_unwind" --benchmark_min_time=0.3
+      "$bin/unwind_benchmark" --benchmark_min_time=0.3
       BUILD="$PWD/$build" tests/bench/unwind/agent_cpu.sh ;;
-    mips64) "$bin/bench_mips64_lookup" ;;
+    mips64) "$bin/mips64_lookup_benchmark" ;;
     query) "$bin/bench_query" ;;
     fleet) tests/bench/fleet/fleet.sh "$bin" ;;
     tls) tests/bench/fleet/tls.sh "$bin" ;;

@@ -1,4 +1,4 @@
-// Records a process's sample stream for encoding_bench with the agent's own pipeline: the
+// Records a process's sample stream for encoding_benchmark with the agent's own pipeline: the
 // Profiler samples and unwinds the target, the IntervalAggregator counts and encodes each
 // interval into SampleBatch.packed_contexts, and every batch is unpacked and decoded back to
 // outer->leaf frames (function, call site) exactly as the server would. The result is written

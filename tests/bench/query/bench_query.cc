@@ -226,7 +226,7 @@ int main(int argc, char** argv) {
   auto store = strata::server::store::Store::Open(o.data, so);
   Check(store, "open");
   strata::server::registry::AgentRegistry registry;
-  strata::server::QueryService query(store->get(), &registry);
+  strata::server::query::QueryService query(store->get(), &registry);
 
   // "Now" in the middle of the last hour, as a user's query would be.
   const int64_t now = end - 25 * 60'000 - 30'000;
@@ -268,8 +268,8 @@ int main(int argc, char** argv) {
     Stats ds = Measure(iterations, [&] { Check(query.RunDiff(diff), "diff"); });
 
     // Distinct stacks in the range, for context, and what one (warm) load reads.
-    strata::server::ProfileReader reader(store->get());
-    strata::server::ProfileQuery pq{"bench", now - r.ms, now};
+    strata::server::query::ProfileReader reader(store->get());
+    strata::server::query::ProfileQuery pq{"bench", now - r.ms, now};
     const strata::server::store::StoreStats warm = (*store)->Stats();
     auto profile = reader.Load(pq);
     Check(profile, "profile");
@@ -293,25 +293,28 @@ int main(int argc, char** argv) {
 
   // Where a 7 d query's time goes, stage by stage (warm caches; p50 of the timed runs).
   {
-    strata::server::ProfileReader reader(store->get());
-    strata::server::ProfileQuery pq{"bench", now - 7 * kDayMs, now};
-    strata::server::ProfileQuery first_half = pq, second_half = pq;
+    strata::server::query::ProfileReader reader(store->get());
+    strata::server::query::ProfileQuery pq{"bench", now - 7 * kDayMs, now};
+    strata::server::query::ProfileQuery first_half = pq, second_half = pq;
     first_half.to_ms = second_half.from_ms = now - 7 * kDayMs / 2;
-    absl::StatusOr<strata::server::Profile> profile, base, current;
-    strata::server::FlameTree tree;
+    absl::StatusOr<strata::server::query::Profile> profile, base, current;
+    strata::server::query::FlameTree tree;
     const int n = std::max(3, o.iterations / 4);
     const Stats load = Measure(n, [&] { profile = reader.Load(pq); });
     Check(profile, "profile");
-    const Stats build = Measure(n, [&] { tree = strata::server::BuildFlameTree(*profile, 0); });
-    const Stats json = Measure(n, [&] { (void)strata::server::RenderFlameJson(tree); });
-    const Stats top = Measure(n, [&] { (void)strata::server::TopFunctions(*profile, false); });
+    const Stats build =
+        Measure(n, [&] { tree = strata::server::query::BuildFlameTree(*profile, 0); });
+    const Stats json = Measure(n, [&] { (void)strata::server::query::RenderFlameJson(tree); });
+    const Stats top =
+        Measure(n, [&] { (void)strata::server::query::TopFunctions(*profile, false); });
     const Stats halves = Measure(n, [&] {
       base = reader.Load(first_half);
       current = reader.Load(second_half);
     });
     Check(base, "base");
     Check(current, "current");
-    const Stats diff = Measure(n, [&] { (void)strata::server::DiffProfiles(*base, *current, 20); });
+    const Stats diff =
+        Measure(n, [&] { (void)strata::server::query::DiffProfiles(*base, *current, 20); });
     std::printf(
         "\n7d stages, p50 ms: load %.1f, flame tree %.1f, JSON %.1f, top functions %.1f; "
         "diff: two half loads %.1f, compare %.1f\n",
@@ -322,9 +325,9 @@ int main(int argc, char** argv) {
   std::printf("\nProfile load, rollups (kAuto, hour blocks cached) vs raw cells only (kRaw), "
               "3 runs each:\n");
   std::printf("%-6s %14s %14s\n", "range", "auto p50 ms", "raw p50 ms");
-  strata::server::ProfileReader reader(store->get());
+  strata::server::query::ProfileReader reader(store->get());
   for (Range r : {Range{"24h", kDayMs}, Range{"7d", 7 * kDayMs}}) {
-    strata::server::ProfileQuery pq{"bench", now - r.ms, now};
+    strata::server::query::ProfileQuery pq{"bench", now - r.ms, now};
     Stats a = Measure(3, [&] { Check(reader.Load(pq), "auto"); });
     pq.resolution = strata::server::store::Resolution::kRaw;
     Stats raw = Measure(3, [&] { Check(reader.Load(pq), "raw"); });

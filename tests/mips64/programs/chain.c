@@ -1,7 +1,7 @@
-/* Steady-state MIPS64 stacks for bench_mips64_lookup: for each chain depth d in 10, 50, 200,
+/* Steady-state MIPS64 stacks for mips64_lookup_benchmark: for each chain depth d in 10, 50, 200,
  * four samples taken one after another from the same call site in main() at recursion depths
  * d, d-1, d, d-2 (the outer frames stay, the leaf side changes, as a sampled thread looks
- * tick after tick; the same sequence as bench_unwind's BM_Seq* on x86-64).
+ * tick after tick; the same sequence as unwind_benchmark's BM_Seq* on x86-64).
  *
  * At the bottom of the chain spin() arms the SIGPROF handler (thread CPU-time timer, as in
  * workload.c) and busy-waits until it fired; the handler writes the interrupted pc, sp, s8,

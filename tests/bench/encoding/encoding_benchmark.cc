@@ -8,7 +8,7 @@
 // accept) is reported beside it for reference. The agent side's cost per sample compares the
 // product's IntervalAggregator with the string-keyed map it replaced.
 //
-// Usage: encoding_bench [--stream=FILE] [--write_stream=FILE] [--intervals=N] [--functions=N]
+// Usage: encoding_benchmark [--stream=FILE] [--write_stream=FILE] [--intervals=N] [--functions=N]
 //                       [benchmark flags]
 // FILE uses the text format of sample_stream.h (record_stream writes one from a live process).
 // Without --stream a synthetic stream is used.

@@ -19,7 +19,7 @@
 // in absl::flat_hash_map). MB = bytes the container holds at the bound (the maps: buckets
 // or slots plus, for std::unordered_map, one 32-byte node per key).
 //
-// Usage: bench_table [--rounds=N] [--updates=N] [--only=SUBSTRING]
+// Usage: table_benchmark [--rounds=N] [--updates=N] [--only=SUBSTRING]
 // --only keeps the contenders whose name contains SUBSTRING, plus the two baselines.
 
 #include <time.h>

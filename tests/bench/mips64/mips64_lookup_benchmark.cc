@@ -162,7 +162,7 @@ SampleInput InputOf(const RecordedSample& s) {
 }
 
 [[noreturn]] void Die(const std::string& what) {
-  std::fprintf(stderr, "bench_mips64_lookup: %s\n", what.c_str());
+  std::fprintf(stderr, "mips64_lookup_benchmark: %s\n", what.c_str());
   std::abort();
 }
 
