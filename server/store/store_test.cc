@@ -195,7 +195,8 @@ TEST_F(StoreTest, CollidingConcurrentInternsGetDistinctIds) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       WriteBatch batch;
-      ids[t] = *store_->interner().InternStack(StackFrames{{static_cast<uint64_t>(t)}, false}, &batch);
+      ids[t] =
+          *store_->interner().InternStack(StackFrames{{static_cast<uint64_t>(t)}, false}, &batch);
       EXPECT_TRUE(store_->Commit(&batch).ok());
     });
   }
@@ -471,7 +472,8 @@ TEST_F(StoreTest, ServiceSummariesAccumulateAcrossCommitsAndReopen) {
   CommitOk(&b2);
   Reopen();
   ASSERT_TRUE(store_->CompactAll().ok());
-  EXPECT_THAT(*store_->samples().ListServices(), ElementsAre(ServiceSummary{"svc", 20000, 90000, 12}));
+  EXPECT_THAT(*store_->samples().ListServices(),
+              ElementsAre(ServiceSummary{"svc", 20000, 90000, 12}));
 }
 
 TEST_F(StoreTest, MetaRecordsRoundTrip) {
@@ -572,9 +574,13 @@ TEST_F(StoreTest, CorruptRecordsReturnErrors) {
   EXPECT_EQ(store_->samples().ListServices().status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(store_->meta().LoadGraph("a", 1).status().code(), absl::StatusCode::kDataLoss);
   auto ignore = [](const SampleKey&, uint64_t) {};
-  EXPECT_EQ(store_->samples().ScanSamples({"svc", 0, 1LL << 62, std::nullopt, std::nullopt}, ignore).code(),
+  EXPECT_EQ(store_->samples()
+                .ScanSamples({"svc", 0, 1LL << 62, std::nullopt, std::nullopt}, ignore)
+                .code(),
             absl::StatusCode::kDataLoss);
-  EXPECT_EQ(store_->samples().ScanSamples({"svc", 0, 10, std::nullopt, std::string("cap")}, ignore).code(),
+  EXPECT_EQ(store_->samples()
+                .ScanSamples({"svc", 0, 10, std::nullopt, std::string("cap")}, ignore)
+                .code(),
             absl::StatusCode::kDataLoss);
 
   // A corrupt record squatting on a stack's first candidate ID is probed past, not reused.
@@ -632,20 +638,20 @@ TEST_F(StoreTest, AutoResolutionMatchesRawTotalsAndUsesRollups) {
     for (std::optional<std::string> host : {std::optional<std::string>(), std::optional<std::string>("a")}) {
       std::map<uint64_t, uint64_t> raw, auto_totals;
       int64_t last_window = -1;
-      ASSERT_TRUE(store_
-                      ->samples().ScanSamples({"svc", from, to, host, std::nullopt, Resolution::kRaw},
-                                    [&](const SampleKey& k, uint64_t c) { raw[k.stack_id] += c; })
+      ASSERT_TRUE(store_->samples()
+                      .ScanSamples({"svc", from, to, host, std::nullopt, Resolution::kRaw},
+                                   [&](const SampleKey& k, uint64_t c) { raw[k.stack_id] += c; })
                       .ok());
       size_t auto_cells = 0;
-      ASSERT_TRUE(store_
-                      ->samples().ScanSamples({"svc", from, to, host, std::nullopt, Resolution::kAuto},
-                                    [&](const SampleKey& k, uint64_t c) {
-                                      EXPECT_GE(k.window_start_ms, last_window);
-                                      last_window = k.window_start_ms;
-                                      if (host) EXPECT_EQ(k.host, *host);
-                                      auto_totals[k.stack_id] += c;
-                                      ++auto_cells;
-                                    })
+      ASSERT_TRUE(store_->samples()
+                      .ScanSamples({"svc", from, to, host, std::nullopt, Resolution::kAuto},
+                                   [&](const SampleKey& k, uint64_t c) {
+                                     EXPECT_GE(k.window_start_ms, last_window);
+                                     last_window = k.window_start_ms;
+                                     if (host) EXPECT_EQ(k.host, *host);
+                                     auto_totals[k.stack_id] += c;
+                                     ++auto_cells;
+                                   })
                       .ok());
       EXPECT_EQ(raw, auto_totals) << from << ".." << to;
       if (from == 0 && to == 3 * kHour) {
@@ -654,10 +660,11 @@ TEST_F(StoreTest, AutoResolutionMatchesRawTotalsAndUsesRollups) {
     }
   }
   std::map<int64_t, uint64_t> hours;
-  ASSERT_TRUE(store_
-                  ->samples().ScanSamples({"svc", 0, 3 * kHour, std::nullopt, std::nullopt, Resolution::kHour},
-                                [&](const SampleKey& k, uint64_t c) { hours[k.window_start_ms] += c; })
-                  .ok());
+  ASSERT_TRUE(
+      store_->samples()
+          .ScanSamples({"svc", 0, 3 * kHour, std::nullopt, std::nullopt, Resolution::kHour},
+                       [&](const SampleKey& k, uint64_t c) { hours[k.window_start_ms] += c; })
+          .ok());
   EXPECT_EQ(hours.size(), 3u);
   EXPECT_TRUE(hours.contains(kHour) && hours.contains(2 * kHour));
 }
@@ -948,7 +955,9 @@ TEST_F(StoreTest, LabelledCellsAreKeptApartAndSelectedBySet) {
   SampleQuery scan{"svc", w, w + 1, std::nullopt, std::nullopt};
   scan.label_sets = absl::flat_hash_set<uint64_t>{*id1};
   std::vector<SampleKey> keys;
-  ASSERT_TRUE(store_->samples().ScanSamples(scan, [&](const SampleKey& k, uint64_t) { keys.push_back(k); }).ok());
+  ASSERT_TRUE(store_->samples()
+                  .ScanSamples(scan, [&](const SampleKey& k, uint64_t) { keys.push_back(k); })
+                  .ok());
   ASSERT_EQ(keys.size(), 1u);
   EXPECT_EQ(keys[0].label_set, *id1);
   EXPECT_EQ(keys[0].stack_id, 7u);
