@@ -92,7 +92,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
-  const strata::server::IngestLimits limits;
+  const strata::server::ingest::IngestLimits limits;
   enc::CallGraph graph;
   size_t pos = 0;
   uint64_t seed = size;
@@ -104,7 +104,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const bool parsed = delta.ParseFromArray(bytes.data() + pos, static_cast<int>(length));
     pos += length;
     seed = seed * 1000003 + length;
-    if (!parsed || !strata::server::CheckGraphDelta(delta, limits).ok()) continue;
+    if (!parsed || !strata::server::ingest::CheckGraphDelta(delta, limits).ok()) continue;
     if (graph.num_nodes() + delta.nodes_size() > limits.max_graph_nodes ||
         graph.num_edges() + delta.edges_size() > limits.max_graph_edges) {
       continue;

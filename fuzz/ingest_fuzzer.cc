@@ -41,7 +41,7 @@ constexpr uint64_t kInputsPerStore = 512;
 struct Backend {
   std::string dir;
   std::unique_ptr<strata::server::store::Store> store;
-  std::unique_ptr<server::WindowAggregator> aggregator;
+  std::unique_ptr<server::aggregate::WindowAggregator> aggregator;
   uint64_t inputs = 0;
   uint64_t generation = 0;
 
@@ -54,12 +54,12 @@ struct Backend {
     auto s = strata::server::store::Store::Open(dir, {});
     STRATA_FUZZ_CHECK(s.ok(), "Store::Open: %s", s.status().ToString().c_str());
     store = std::move(*s);
-    server::AggregatorOptions options;
+    server::aggregate::AggregatorOptions options;
     // Small tables and budget, so capacity flushes, growth and budget refusals happen.
     options.max_entries = 1024;
     options.initial_entries = 16;
     options.memory_budget_bytes = 256 << 10;
-    auto a = server::WindowAggregator::Create(store.get(), options);
+    auto a = server::aggregate::WindowAggregator::Create(store.get(), options);
     STRATA_FUZZ_CHECK(a.ok(), "WindowAggregator::Create: %s", a.status().ToString().c_str());
     aggregator = std::move(*a);
     inputs = 0;
@@ -81,7 +81,7 @@ Backend& GetBackend() {
 class Stream {
  public:
   Stream(Backend* backend, server::registry::AgentRegistry* registry,
-         const server::IngestLimits& limits, uint64_t graph_salt)
+         const server::ingest::IngestLimits& limits, uint64_t graph_salt)
       : backend_(backend), registry_(registry), limits_(limits), graph_salt_(graph_salt) {}
   ~Stream() {
     if (session_ != nullptr) registry_->Detach(session_->identity().agent_id);
@@ -99,14 +99,14 @@ class Stream {
       case v1::AgentMessage::kSampleBatch:
         return HandleBatch(message.sample_batch());
       case v1::AgentMessage::kHeartbeat:
-        if (server::CheckHeartbeat(message.heartbeat(), limits_).ok()) {
+        if (server::ingest::CheckHeartbeat(message.heartbeat(), limits_).ok()) {
           if (message.heartbeat().targets_size() > 0) {
             registry_->SetTargets(session_->identity().agent_id, message.heartbeat().targets());
           }
         }
         return true;
       case v1::AgentMessage::kCaptureStatus:
-        (void)server::CheckCaptureStatus(message.capture_status(), limits_);
+        (void)server::ingest::CheckCaptureStatus(message.capture_status(), limits_);
         return true;
       case v1::AgentMessage::KIND_NOT_SET:
         return Reconnect();
@@ -120,11 +120,11 @@ class Stream {
   bool HandleHello(const v1::AgentMessage& message) {
     if (!message.has_hello()) return false;
     const v1::Hello& hello = message.hello();
-    if (!server::CheckHello(hello, limits_).ok()) return false;
+    if (!server::ingest::CheckHello(hello, limits_).ok()) return false;
     identity_ = {hello.agent_id(), hello.host(), hello.arch(), hello.version(),
                  hello.graph_id() ^ graph_salt_};
     if (!Open()) return false;
-    if (!registry_->Attach(server::DescriptorOf(identity_), hello.frequency_hz(),
+    if (!registry_->Attach(server::ingest::DescriptorOf(identity_), hello.frequency_hz(),
                            [](const v1::ServerMessage&) { return false; })
              .ok()) {
       return false;
@@ -133,7 +133,7 @@ class Stream {
   }
 
   bool Open() {
-    auto session = server::AgentSession::Open(backend_->store.get(), identity_,
+    auto session = server::ingest::AgentSession::Open(backend_->store.get(), identity_,
                                               backend_->aggregator.get(), limits_);
     if (!session.ok()) return false;
     session_ = std::move(*session);
@@ -176,10 +176,10 @@ class Stream {
 
   Backend* backend_;
   server::registry::AgentRegistry* registry_;
-  const server::IngestLimits& limits_;
+  const server::ingest::IngestLimits& limits_;
   const uint64_t graph_salt_;
-  server::AgentIdentity identity_;
-  std::unique_ptr<server::AgentSession> session_;
+  server::ingest::AgentIdentity identity_;
+  std::unique_ptr<server::ingest::AgentSession> session_;
 };
 
 }  // namespace
@@ -193,7 +193,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static uint64_t run = 0;
   Backend& backend = GetBackend();
-  const server::IngestLimits limits;
+  const server::ingest::IngestLimits limits;
   server::registry::AgentRegistry registry(16);
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
   {

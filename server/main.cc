@@ -40,7 +40,7 @@ int Run(int argc, char** argv) {
   bool sync = false;
   std::string capture_retention = "7d";
   std::string raw_retention = "7d", minute_retention = "30d", hour_retention = "365d";
-  strata::server::AggregatorOptions aggregation;
+  strata::server::aggregate::AggregatorOptions aggregation;
   app.add_option("--listen", listen, "gRPC address for agents and clients (host:port)");
   app.add_option("--http", http, "HTTP address for /healthz, /metrics and the UI; empty: off")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -109,7 +109,7 @@ int Run(int argc, char** argv) {
                  "graphs are dropped and reloaded from the store when needed")
       ->capture_default_str();
   std::string max_message = "16MiB";
-  strata::server::IngestLimits limits;
+  strata::server::ingest::IngestLimits limits;
   app.add_option("--table-memory", table_memory,
                  "memory for all aggregation tables together; past it, batches of new services "
                  "are refused with RESOURCE_EXHAUSTED until idle tables are released")
@@ -244,7 +244,7 @@ int Run(int argc, char** argv) {
     }
     *out = *bytes;
   }
-  auto capture_duration = strata::server::ParseRetention(max_capture_duration);
+  auto capture_duration = strata::server::capture::ParseRetention(max_capture_duration);
   if (!capture_duration.ok() || *capture_duration <= absl::ZeroDuration() ||
       *capture_duration > absl::Hours(1)) {
     std::fprintf(stderr, "strata-server: --max-capture-duration must be between 1ms and 1h\n");
@@ -256,7 +256,7 @@ int Run(int argc, char** argv) {
   }
   aggregation.memory_budget_bytes = table_bytes;
   limits.max_message_bytes = static_cast<uint32_t>(message_bytes);
-  auto retention = strata::server::ParseRetention(capture_retention);
+  auto retention = strata::server::capture::ParseRetention(capture_retention);
   if (!retention.ok()) {
     std::fprintf(stderr, "strata-server: --capture-retention: %s\n",
                  std::string(retention.status().message()).c_str());
@@ -269,7 +269,7 @@ int Run(int argc, char** argv) {
       {"--retention-minute", &minute_retention},
       {"--retention-hour", &hour_retention}};
   for (int i = 0; i < 3; ++i) {
-    auto d = strata::server::ParseRetention(*retention_flags[i].second);
+    auto d = strata::server::capture::ParseRetention(*retention_flags[i].second);
     if (!d.ok()) {
       std::fprintf(stderr, "strata-server: %s: %s\n", retention_flags[i].first,
                    std::string(d.status().message()).c_str());
@@ -351,18 +351,20 @@ int Run(int argc, char** argv) {
   }
   std::unique_ptr<strata::server::store::Store> store = std::move(*store_or);
   // Writes samples an earlier process acknowledged but did not flush (see the journal).
-  auto aggregator_or = strata::server::WindowAggregator::Create(store.get(), aggregation);
+  auto aggregator_or =
+      strata::server::aggregate::WindowAggregator::Create(store.get(), aggregation);
   if (!aggregator_or.ok()) {
     std::fprintf(stderr, "strata-server: aggregation: %s\n",
                  aggregator_or.status().ToString().c_str());
     return 1;
   }
-  std::unique_ptr<strata::server::WindowAggregator> aggregator = std::move(*aggregator_or);
+  std::unique_ptr<strata::server::aggregate::WindowAggregator> aggregator =
+      std::move(*aggregator_or);
   aggregator->Start();
 
   strata::server::registry::AgentRegistry registry;
-  strata::server::IngestMetrics metrics;
-  strata::server::IngestService ingest(store.get(), &registry, &metrics,
+  strata::server::ingest::IngestMetrics metrics;
+  strata::server::ingest::IngestService ingest(store.get(), &registry, &metrics,
                                        {.authorizer = authorizer.get(),
                                         .max_streams_per_principal = max_streams_per_principal,
                                         .committer = aggregator.get(),
@@ -370,9 +372,9 @@ int Run(int argc, char** argv) {
                                         .max_agents = max_agents,
                                         .worker_threads = ingest_threads,
                                         .session_memory_bytes = session_bytes});
-  strata::server::QueryService query(store.get(), &registry, aggregator.get(),
+  strata::server::query::QueryService query(store.get(), &registry, aggregator.get(),
                                      authorizer.get());
-  strata::server::CaptureService::Options capture_options;
+  strata::server::capture::CaptureService::Options capture_options;
   capture_options.retention = *retention;
   capture_options.max_frequency_hz = max_capture_hz;
   capture_options.max_duration = *capture_duration;
@@ -382,8 +384,8 @@ int Run(int argc, char** argv) {
     wb.DeleteCapture(capture_id);
     return store->Commit(&wb);
   };
-  strata::server::CaptureService capture(store.get(), &registry, capture_options);
-  ingest.AddBatchObserver([&capture](const strata::server::AppliedBatch& batch) {
+  strata::server::capture::CaptureService capture(store.get(), &registry, capture_options);
+  ingest.AddBatchObserver([&capture](const strata::server::ingest::AppliedBatch& batch) {
     if (batch.duplicate || batch.batch->capture_id().empty()) return;
     uint64_t samples = 0;
     for (const auto& c : batch.contexts) samples += c.count;
@@ -408,14 +410,14 @@ int Run(int argc, char** argv) {
     return 1;
   }
 
-  strata::server::HttpServer http_server;
+  strata::server::http::HttpServer http_server;
   strata::server::RegisterHttpRoutes(
       &http_server, store.get(), &metrics, &query, aggregator.get(),
       {.authorizer = authorizer.get(),
        .metrics_open = metrics_open,
        .capture_limit_refusals = [&capture] { return capture.limit_refusals(); }});
   if (!http.empty()) {
-    strata::server::HttpServerOptions http_options;
+    strata::server::http::HttpServerOptions http_options;
     http_options.max_connections = http_max_connections;
     http_options.tls = {tls.cert_file, tls.key_file, tls.client_ca_file};
     if (auto st = http_server.Start(http, http_options); !st.ok()) {
@@ -443,7 +445,7 @@ int Run(int argc, char** argv) {
     // The journal still holds the open windows; the next start writes them.
     spdlog::error("writing the open windows: {}", st.ToString());
   }
-  const strata::server::AggregatorStats aggregated = aggregator->stats();
+  const strata::server::aggregate::AggregatorStats aggregated = aggregator->stats();
   spdlog::info("aggregation: {} windows closed, {} capacity flushes, {} cells written "
                "directly, {} phase changes",
                aggregated.windows_closed, aggregated.capacity_flushes, aggregated.direct_cells,

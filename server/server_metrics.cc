@@ -18,8 +18,8 @@
 namespace strata::server {
 namespace {
 
-HttpResponse Json(const google::protobuf::Message& message) {
-  HttpResponse r;
+http::HttpResponse Json(const google::protobuf::Message& message) {
+  http::HttpResponse r;
   r.content_type = "application/json";
   google::protobuf::util::JsonPrintOptions options;
   options.always_print_primitive_fields = true;
@@ -64,8 +64,8 @@ std::string JsonEscape(absl::string_view s, size_t max_bytes = 1024) {
   return out;
 }
 
-HttpResponse Error(const absl::Status& status) {
-  HttpResponse r;
+http::HttpResponse Error(const absl::Status& status) {
+  http::HttpResponse r;
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument: r.status = 400; break;
     case absl::StatusCode::kNotFound: r.status = 404; break;
@@ -100,7 +100,7 @@ absl::StatusOr<int64_t> IntParam(const std::string& key, const std::string& valu
 
 // Fills a ProfileFilter from ?service=&from_ms=&to_ms=&since_s=&host=&focus=&ignore=&select=, each
 // key optionally prefixed (the diff's base profile uses "base_").
-absl::Status FilterFromQuery(const HttpRequest& req, v1::ProfileFilter* filter,
+absl::Status FilterFromQuery(const http::HttpRequest& req, v1::ProfileFilter* filter,
                              const std::string& prefix = "") {
   auto get = [&](const char* key) -> std::string {
     auto it = req.query.find(prefix + key);
@@ -144,7 +144,7 @@ absl::Status FilterFromQuery(const HttpRequest& req, v1::ProfileFilter* filter,
 }
 
 // ?limit= (or another count): 0 or absent means the query's default.
-absl::StatusOr<uint32_t> LimitFromQuery(const HttpRequest& req, const char* key = "limit") {
+absl::StatusOr<uint32_t> LimitFromQuery(const http::HttpRequest& req, const char* key = "limit") {
   auto it = req.query.find(key);
   if (it == req.query.end() || it->second.empty()) return 0;
   auto v = IntParam(key, it->second, 0, 1'000'000);
@@ -152,14 +152,14 @@ absl::StatusOr<uint32_t> LimitFromQuery(const HttpRequest& req, const char* key 
   return static_cast<uint32_t>(*v);
 }
 
-HttpResponse Raw(const std::string& content_type, std::string body) {
-  HttpResponse r;
+http::HttpResponse Raw(const std::string& content_type, std::string body) {
+  http::HttpResponse r;
   r.content_type = content_type;
   r.body = std::move(body);
   return r;
 }
 
-absl::StatusOr<v1::FlameGraphRequest::Format> FlameFormat(const HttpRequest& req) {
+absl::StatusOr<v1::FlameGraphRequest::Format> FlameFormat(const http::HttpRequest& req) {
   auto it = req.query.find("format");
   if (it == req.query.end() || it->second == "json") return v1::FlameGraphRequest::JSON;
   v1::FlameGraphRequest::Format format;
@@ -176,16 +176,16 @@ absl::StatusOr<v1::FlameGraphRequest::Format> FlameFormat(const HttpRequest& req
 // `handler` behind the authorizer: 401 with a Basic challenge (browsers prompt for the token
 // as the password) when credentials are missing or unknown, 403 for a role that does not
 // allow `action`, 429 over the principal's query rate.
-HttpServer::Handler Guard(auth::Authorizer* authorizer, auth::Role need, const char* action,
-                          bool rate_limited, HttpServer::Handler handler) {
+http::HttpServer::Handler Guard(auth::Authorizer* authorizer, auth::Role need, const char* action,
+                          bool rate_limited, http::HttpServer::Handler handler) {
   if (authorizer == nullptr || !authorizer->enabled()) return handler;
-  return [=](const HttpRequest& req) {
+  return [=](const http::HttpRequest& req) {
     auto principal =
         authorizer->Authorize({req.authorization, req.peer_identity}, need, action);
     absl::Status st = principal.status();
     if (st.ok() && rate_limited) st = authorizer->AdmitQuery(*principal);
     if (st.ok()) return handler(req);
-    HttpResponse r = Error(st);
+    http::HttpResponse r = Error(st);
     if (absl::IsUnauthenticated(st)) {
       r.headers.emplace_back("WWW-Authenticate", "Basic realm=\"Strata\", charset=\"UTF-8\"");
     }
@@ -195,22 +195,25 @@ HttpServer::Handler Guard(auth::Authorizer* authorizer, auth::Role need, const c
 
 }  // namespace
 
-void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* metrics,
-                        QueryService* query, const WindowAggregator* aggregator,
+void RegisterHttpRoutes(http::HttpServer* http, store::Store* store, ingest::IngestMetrics* metrics,
+                        query::QueryService* query, const aggregate::WindowAggregator* aggregator,
                         const HttpAccess& access) {
   auth::Authorizer* const authorizer = access.authorizer;
-  auto reader = [authorizer](HttpServer::Handler h) {
+  auto reader = [authorizer](http::HttpServer::Handler h) {
     return Guard(authorizer, auth::Role::kReader, "queries", /*rate_limited=*/true, std::move(h));
   };
   // Health checks answer on the I/O threads and metrics on a thread of their own: neither
   // waits behind slow queries. Metrics may wait briefly (the aggregator's lock, RocksDB
   // properties), which must not hold an I/O thread.
   http->Route(
-      "/healthz", [](const HttpRequest&) { return HttpResponse{200, "text/plain", "ok\n"}; },
-      HttpServer::Dispatch::kInline);
-  HttpServer::Handler metrics_handler = [http, store, metrics, aggregator,
-                                         access](const HttpRequest&) {
-    HttpResponse r;
+      "/healthz",
+      [](const http::HttpRequest&) {
+        return http::HttpResponse{200, "text/plain", "ok\n"};
+      },
+      http::HttpServer::Dispatch::kInline);
+  http::HttpServer::Handler metrics_handler = [http, store, metrics, aggregator,
+                                         access](const http::HttpRequest&) {
+    http::HttpResponse r;
     r.content_type = "text/plain; version=0.0.4";
     auto counter = [&](const char* name, const char* help, uint64_t value) {
       absl::StrAppend(&r.body, "# HELP ", name, " ", help, "\n# TYPE ", name, " counter\n", name,
@@ -228,7 +231,7 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     counter("strata_ingest_resyncs_total", "Graph resyncs requested.", metrics->resyncs);
     counter("strata_ingest_label_sets_refused_total",
             "Target label sets refused past --max-label-sets (stored as strata_overflow).",
-            LabelSetsRefused());
+            ingest::LabelSetsRefused());
     auto gauge = [&](const char* name, const char* help, auto value) {
       absl::StrAppend(&r.body, "# HELP ", name, " ", help, "\n# TYPE ", name, " gauge\n", name,
                       " ", value, "\n");
@@ -277,7 +280,7 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
                                          "Time an agent message waited for an ingest worker.");
     metrics->batch_apply.AppendPrometheus(&r.body, "strata_ingest_batch_apply_seconds",
                                           "Time to decode and commit one sample batch.");
-    const HttpServerStats h = http->stats();
+    const http::HttpServerStats h = http->stats();
     gauge("strata_http_open_connections", "HTTP connections open now.", h.open_connections);
     counter("strata_http_refused_connections_total",
             "HTTP connections closed at once: over the connection limit.", h.refused_connections);
@@ -305,7 +308,7 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     counter("strata_store_write_resumes_total",
             "Times the store resumed writing after such errors.", st.write_resumes);
     if (aggregator != nullptr) {
-      const AggregatorStats a = aggregator->stats();
+      const aggregate::AggregatorStats a = aggregator->stats();
       counter("strata_aggregation_windows_closed_total",
               "Service windows written from the sorted tables to the store.", a.windows_closed);
       counter("strata_aggregation_capacity_flushes_total",
@@ -342,22 +345,22 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     metrics_handler = Guard(authorizer, auth::Role::kReader, "metrics", /*rate_limited=*/false,
                             std::move(metrics_handler));
   }
-  http->Route("/metrics", std::move(metrics_handler), HttpServer::Dispatch::kPriority);
-  http->Route("/api/v1/services", reader([query](const HttpRequest&) {
+  http->Route("/metrics", std::move(metrics_handler), http::HttpServer::Dispatch::kPriority);
+  http->Route("/api/v1/services", reader([query](const http::HttpRequest&) {
     auto r = query->RunListServices();
     return r.ok() ? Json(*r) : Error(r.status());
   }));
-  http->Route("/api/v1/agents", reader([query](const HttpRequest&) {
+  http->Route("/api/v1/agents", reader([query](const http::HttpRequest&) {
     return Json(query->RunListAgents());
   }));
   // ?service=: the service's label keys and their values (for selectors).
-  http->Route("/api/v1/labels", reader([query](const HttpRequest& req) {
+  http->Route("/api/v1/labels", reader([query](const http::HttpRequest& req) {
     v1::ListLabelsRequest request;
     if (auto it = req.query.find("service"); it != req.query.end()) request.set_service(it->second);
     auto r = query->RunListLabels(request);
     return r.ok() ? Json(*r) : Error(r.status());
   }));
-  http->Route("/api/v1/top", reader([query](const HttpRequest& req) {
+  http->Route("/api/v1/top", reader([query](const http::HttpRequest& req) {
     v1::TopRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     auto limit = LimitFromQuery(req);
@@ -374,7 +377,7 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     auto r = query->RunTop(request);
     return r.ok() ? Json(*r) : Error(r.status());
   }));
-  http->Route("/api/v1/hot-paths", reader([query](const HttpRequest& req) {
+  http->Route("/api/v1/hot-paths", reader([query](const http::HttpRequest& req) {
     v1::HotPathsRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     auto limit = LimitFromQuery(req);
@@ -384,7 +387,7 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     return r.ok() ? Json(*r) : Error(r.status());
   }));
   // ?format=json (default; nested tree) | svg | html | folded | tree (the proto's node table).
-  http->Route("/api/v1/flamegraph", reader([query](const HttpRequest& req) {
+  http->Route("/api/v1/flamegraph", reader([query](const http::HttpRequest& req) {
     v1::FlameGraphRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     auto format = FlameFormat(req);
@@ -400,7 +403,7 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
   }));
   // The compared profile takes the usual keys, the base profile the same keys prefixed with
   // "base_" (base_service, base_from_ms, ...); see QueryService::RunDiff for defaults.
-  http->Route("/api/v1/diff", reader([query](const HttpRequest& req) {
+  http->Route("/api/v1/diff", reader([query](const http::HttpRequest& req) {
     v1::DiffRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     if (auto st = FilterFromQuery(req, request.mutable_base(), "base_"); !st.ok()) {
@@ -417,7 +420,7 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
     auto r = query->RunDiff(request);
     return r.ok() ? Json(*r) : Error(r.status());
   }));
-  http->Route("/api/v1/export", reader([query](const HttpRequest& req) {
+  http->Route("/api/v1/export", reader([query](const http::HttpRequest& req) {
     v1::ExportRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     if (auto it = req.query.find("format"); it != req.query.end() && it->second != "pprof") {
@@ -430,11 +433,11 @@ void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* me
   }));
   // The web UI: static assets compiled into the binary, a copy away, so served inline.
   for (const web::Asset& asset : web::Assets()) {
-    HttpResponse response{200, std::string(asset.content_type), std::string(asset.body)};
+    http::HttpResponse response{200, std::string(asset.content_type), std::string(asset.body)};
     http->Route(std::string(asset.path),
                 Guard(authorizer, auth::Role::kReader, "the web UI", /*rate_limited=*/false,
-                      [response](const HttpRequest&) { return response; }),
-                HttpServer::Dispatch::kInline);
+                      [response](const http::HttpRequest&) { return response; }),
+                http::HttpServer::Dispatch::kInline);
   }
 }
 

@@ -25,8 +25,9 @@ struct HttpAccess {
   std::function<uint64_t()> capture_limit_refusals;  // for /metrics; optional
 };
 
-void RegisterHttpRoutes(HttpServer* http, store::Store* store, IngestMetrics* metrics,
-                        QueryService* query, const WindowAggregator* aggregator = nullptr,
+void RegisterHttpRoutes(http::HttpServer* http, store::Store* store, ingest::IngestMetrics* metrics,
+                        query::QueryService* query,
+                        const aggregate::WindowAggregator* aggregator = nullptr,
                         const HttpAccess& access = {});
 
 }  // namespace strata::server

@@ -14,7 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "server/store/store.h"
 
-namespace strata::server {
+namespace strata::server::aggregate {
 
 // Counts accepted but not yet written to the store, for queries.
 class LiveSamples {
@@ -35,6 +35,6 @@ class LiveSamples {
   virtual std::vector<store::ServiceSummary> LiveServices() const = 0;
 };
 
-}  // namespace strata::server
+}  // namespace strata::server::aggregate
 
 #endif  // STRATA_SERVER_AGGREGATE_LIVE_SAMPLES_H_

@@ -3,7 +3,6 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "strata/v1/query.pb.h"
 
 namespace strata::server::aggregate {
 namespace {
@@ -20,24 +19,6 @@ TEST(PhaseEventTest, RoundTrips) {
   EXPECT_EQ(*decoded, event);
 
   EXPECT_TRUE(DecodePhaseEvent(EncodePhaseEvent({})).ok());
-}
-
-// Earlier servers stored a serialized v1::PhaseChange; none of them looks like this encoding.
-TEST(PhaseEventTest, SerializedPhaseChangesAreToldApart) {
-  v1::PhaseChange change;
-  EXPECT_FALSE(IsPhaseEventPayload(change.SerializeAsString()));  // empty
-  change.set_window_start_ms(10'000);
-  EXPECT_FALSE(IsPhaseEventPayload(change.SerializeAsString()));
-  change.set_service("api");
-  EXPECT_FALSE(IsPhaseEventPayload(change.SerializeAsString()));
-  v1::PhaseChange only_shifts;
-  only_shifts.add_fell()->set_count_before(5);
-  EXPECT_FALSE(IsPhaseEventPayload(only_shifts.SerializeAsString()));
-  only_shifts.clear_fell();
-  only_shifts.add_rose()->set_count_after(5);
-  EXPECT_FALSE(IsPhaseEventPayload(only_shifts.SerializeAsString()));
-  only_shifts.set_detected_ms(1);
-  EXPECT_FALSE(IsPhaseEventPayload(only_shifts.SerializeAsString()));
 }
 
 TEST(PhaseEventTest, MalformedPayloadsAreDataLoss) {

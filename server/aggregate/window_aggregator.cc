@@ -13,7 +13,7 @@
 #include "server/aggregate/phase_event.h"
 #include "spdlog/spdlog.h"
 
-namespace strata::server {
+namespace strata::server::aggregate {
 namespace {
 
 using commit::kWindowMs;
@@ -660,4 +660,4 @@ AggregatorStats WindowAggregator::stats() const {
   return s;
 }
 
-}  // namespace strata::server
+}  // namespace strata::server::aggregate

@@ -1,3 +1,8 @@
+// server/aggregate: between ingest and the store (ingest -> aggregate -> store). The
+// WindowAggregator is the server's commit::BatchCommitter; readers see its counts through
+// LiveSamples (live_samples.h) and its phase events through the store, stored by stack ID
+// (phase_event.h). It owns its tables and pending flushes and borrows the store.
+//
 // Server-side aggregation of acknowledged samples per (service, window) in bounded, sorted
 // hash tables (common/table), with phase-change detection and a journal that keeps every
 // acknowledged sample durable until its window is written to the store.
@@ -51,7 +56,7 @@
 #include "server/commit/batch_committer.h"
 #include "server/store/store.h"
 
-namespace strata::server {
+namespace strata::server::aggregate {
 
 struct AggregatorOptions {
   // Distinct (host, stack) entries per service table at most; 64 bytes each plus the buckets.
@@ -245,6 +250,6 @@ class WindowAggregator : public LiveSamples, public commit::BatchCommitter {
   std::thread ticker_;
 };
 
-}  // namespace strata::server
+}  // namespace strata::server::aggregate
 
 #endif  // STRATA_SERVER_AGGREGATE_WINDOW_AGGREGATOR_H_

@@ -13,7 +13,7 @@
 #include "server/query/profile.h"
 #include "gtest/gtest.h"
 
-namespace strata::server {
+namespace strata::server::aggregate {
 namespace {
 
 using commit::BatchCommitter;
@@ -400,8 +400,8 @@ TEST_P(WindowAggregatorFlushTest, ProfilesStayConsistentWhileWindowsFlush) {
     }
     done = true;
   });
-  ProfileReader reader(store_.get(), aggregator_.get());
-  ProfileQuery q;
+  query::ProfileReader reader(store_.get(), aggregator_.get());
+  query::ProfileQuery q;
   q.service = "api";
   q.from_ms = 0;
   q.to_ms = int64_t{1} << 50;
@@ -517,4 +517,4 @@ TEST_F(WindowAggregatorTest, RejectsBadOptions) {
 }
 
 }  // namespace
-}  // namespace strata::server
+}  // namespace strata::server::aggregate

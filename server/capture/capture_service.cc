@@ -15,7 +15,7 @@
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 
-namespace strata::server {
+namespace strata::server::capture {
 namespace {
 
 constexpr uint32_t kDefaultFrequencyHz = 499;
@@ -536,4 +536,4 @@ grpc::Status CaptureService::Get(grpc::ServerContext* context, const v1::GetCapt
   return grpc::Status::OK;
 }
 
-}  // namespace strata::server
+}  // namespace strata::server::capture

@@ -1,3 +1,7 @@
+// server/capture: ad hoc captures, the only server module that speaks capture.proto. It
+// reaches agents through the registry and learns of stored capture samples from ingest's
+// observers (wired in main.cc), so it depends on neither ingest nor query.
+//
 // Ad hoc captures (proto/strata/v1/capture.proto): the gRPC Capture service and the state of
 // running captures.
 //
@@ -38,7 +42,7 @@
 #include "server/store/store.h"
 #include "strata/v1/capture.grpc.pb.h"
 
-namespace strata::server {
+namespace strata::server::capture {
 
 class CaptureService final : public v1::Capture::Service {
  public:
@@ -128,6 +132,6 @@ class CaptureService final : public v1::Capture::Service {
 // Parses "7d", "12h", "30m", "45s", "500ms" (also a bare number of seconds); for flags.
 absl::StatusOr<absl::Duration> ParseRetention(const std::string& text);
 
-}  // namespace strata::server
+}  // namespace strata::server::capture
 
 #endif  // STRATA_SERVER_CAPTURE_CAPTURE_SERVICE_H_

@@ -7,7 +7,7 @@
 #include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 
-namespace strata::server {
+namespace strata::server::capture {
 namespace {
 
 TEST(ParseRetentionTest, UnitsAndErrors) {
@@ -132,4 +132,4 @@ TEST_F(CaptureServiceTest, StartMarksCapturesOfAPreviousProcessAsInterrupted) {
 }
 
 }  // namespace
-}  // namespace strata::server
+}  // namespace strata::server::capture

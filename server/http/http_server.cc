@@ -37,7 +37,7 @@
 #include "common/base/escape.h"
 #include "spdlog/spdlog.h"
 
-namespace strata::server {
+namespace strata::server::http {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
@@ -810,4 +810,4 @@ void HttpServer::Stop() {
   s.io.reset();
 }
 
-}  // namespace strata::server
+}  // namespace strata::server::http

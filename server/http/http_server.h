@@ -1,3 +1,6 @@
+// server/http: the HTTP endpoint, free of Strata's types. The routes that put the query
+// service, metrics and web UI on it are registered by server_metrics.h (server/).
+//
 // A small HTTP/1.1 endpoint on Boost.Beast for health checks, Prometheus metrics, the JSON
 // mirror of the query API and the web UI. Routes are exact paths registered before Start().
 //
@@ -43,7 +46,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
-namespace strata::server {
+namespace strata::server::http {
 
 struct HttpRequest {
   std::string method;
@@ -139,6 +142,6 @@ class HttpServer {
 // Splits "host:port"; InvalidArgument on malformed input.
 absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address);
 
-}  // namespace strata::server
+}  // namespace strata::server::http
 
 #endif  // STRATA_SERVER_HTTP_HTTP_SERVER_H_

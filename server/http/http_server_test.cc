@@ -34,7 +34,7 @@
 #include "common/testing/http_get.h"
 #include "gtest/gtest.h"
 
-namespace strata::server {
+namespace strata::server::http {
 namespace {
 
 namespace asio = boost::asio;
@@ -990,4 +990,4 @@ TEST(HttpServerTlsTest, CertificateRotation) {
 }
 
 }  // namespace
-}  // namespace strata::server
+}  // namespace strata::server::http

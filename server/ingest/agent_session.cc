@@ -10,7 +10,7 @@
 #include "common/encoding/packed_contexts.h"
 #include "spdlog/spdlog.h"
 
-namespace strata::server {
+namespace strata::server::ingest {
 namespace {
 
 constexpr size_t kMaxDecodeDepth = 4096;
@@ -400,4 +400,4 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
   return applied;
 }
 
-}  // namespace strata::server
+}  // namespace strata::server::ingest

@@ -25,7 +25,7 @@
 #include "server/store/store.h"
 #include "strata/v1/ingest.pb.h"
 
-namespace strata::server {
+namespace strata::server::ingest {
 
 struct AgentIdentity {
   std::string agent_id;
@@ -140,6 +140,6 @@ class AgentSession {
   absl::flat_hash_map<std::string, uint64_t> pending_label_sets_;
 };
 
-}  // namespace strata::server
+}  // namespace strata::server::ingest
 
 #endif  // STRATA_SERVER_INGEST_AGENT_SESSION_H_

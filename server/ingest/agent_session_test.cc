@@ -1,100 +1,18 @@
 #include "server/ingest/agent_session.h"
 
-#include "common/encoding/numbering.h"
-#include "common/encoding/packed_contexts.h"
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/ingest/fake_agent.h"
 #include "server/query/profile.h"
 
-namespace strata::server {
+namespace strata::server::ingest {
 namespace {
 
 using ::testing::ElementsAre;
 using strata::testing::TempDir;
 
-// Mirrors what an agent does: builds a graph, ships it as a delta, encodes paths.
-struct FakeAgent {
-  encoding::CallGraph graph;
-  std::vector<std::string> names{"<root>", "<truncated>"};
-
-  encoding::NodeId Function(const std::string& name) {
-    for (size_t i = 2; i < names.size(); ++i) {
-      if (names[i] == name) return static_cast<encoding::NodeId>(i);
-    }
-    names.push_back(name);
-    return graph.AddNode();
-  }
-  v1::GraphDelta Delta(uint32_t from_node, uint64_t from_edge) const {
-    v1::GraphDelta d;
-    d.set_first_node(from_node);
-    for (uint32_t n = from_node; n < graph.num_nodes(); ++n) {
-      auto* fn = d.add_nodes();
-      fn->set_id(n);
-      fn->set_name(names[n]);
-      fn->set_module("/bin/demo");
-      fn->set_start_offset(n * 16);
-    }
-    d.set_first_edge(from_edge);
-    for (uint64_t e = from_edge; e < graph.num_edges(); ++e) {
-      auto* ce = d.add_edges();
-      ce->set_caller(graph.edge(e).caller);
-      ce->set_call_site(graph.edge(e).call_site);
-      ce->set_callee(graph.edge(e).callee);
-    }
-    return d;
-  }
-  v1::ContextCount Context(const std::vector<std::string>& path, uint64_t count,
-                           bool truncated = false) {
-    std::vector<encoding::PathFrame> frames;
-    for (size_t i = 0; i < path.size(); ++i) frames.push_back({Function(path[i]), 100 + i});
-    std::shared_ptr<const encoding::Numbering> numbering;
-    auto encoded = encoding::EncodePath(graph, frames, truncated, &numbering);
-    EXPECT_TRUE(encoded.ok()) << encoded.status();
-    v1::ContextCount c;
-    c.set_leaf(encoded->leaf);
-    for (uint64_t id : encoded->ids) c.add_ids(id);
-    c.set_count(count);
-    return c;
-  }
-};
-
-// How a batch carries its contexts: the repeated ContextCount field (older agents) or
-// packed_contexts (current agents). Every test runs with both.
-enum class Form { kRepeated, kPacked };
-
-// Moves the batch's repeated contexts into packed_contexts.
-void Pack(v1::SampleBatch* b) {
-  std::vector<encoding::ContextRecord> records;
-  for (const auto& c : b->contexts()) {
-    records.push_back({c.target_id(), {c.leaf(), {c.ids().begin(), c.ids().end()}}, c.count()});
-  }
-  auto packed = encoding::EncodePackedContexts(records);
-  ASSERT_TRUE(packed.ok()) << packed.status();
-  b->set_packed_contexts(*packed);
-  b->clear_contexts();
-}
-
-v1::SampleBatch Batch(uint64_t seq, uint64_t epoch, std::vector<v1::ContextCount> contexts,
-                      Form form = Form::kRepeated, uint32_t target_id = 1) {
-  v1::SampleBatch b;
-  b.set_sequence(seq);
-  b.set_epoch(epoch);
-  b.set_start_ms(1'700'000'000'000 + seq * 10'000);
-  b.set_end_ms(b.start_ms() + 10'000);
-  auto* t = b.add_targets();
-  t->set_id(1);
-  t->set_service("demo");
-  t->set_pid(42);
-  for (auto& c : contexts) {
-    c.set_target_id(target_id);
-    *b.add_contexts() = c;
-  }
-  if (form == Form::kPacked) Pack(&b);
-  return b;
-}
-
-std::vector<std::string> Names(const Profile& p, const ResolvedStack& s) {
+std::vector<std::string> Names(const query::Profile& p, const query::ResolvedStack& s) {
   std::vector<std::string> out;
   for (uint32_t f : s.frames) out.push_back(p.functions[f].name);
   return out;
@@ -106,7 +24,7 @@ class AgentSessionTest : public ::testing::TestWithParam<Form> {
   // A batch in the form under test.
   v1::SampleBatch Batch(uint64_t seq, uint64_t epoch, std::vector<v1::ContextCount> contexts,
                         uint32_t target_id = 1) {
-    return server::Batch(seq, epoch, std::move(contexts), GetParam(), target_id);
+    return ingest::Batch(seq, epoch, std::move(contexts), GetParam(), target_id);
   }
   void Reopen() {
     store_.reset();
@@ -120,11 +38,11 @@ class AgentSessionTest : public ::testing::TestWithParam<Form> {
     EXPECT_TRUE(s.ok()) << s.status();
     return std::move(*s);
   }
-  Profile Load() {
-    ProfileReader reader(store_.get());
+  query::Profile Load() {
+    query::ProfileReader reader(store_.get());
     auto p = reader.Load({.service = "demo", .from_ms = 0, .to_ms = INT64_MAX});
     EXPECT_TRUE(p.ok()) << p.status();
-    return p.ok() ? *p : Profile{};
+    return p.ok() ? *p : query::Profile{};
   }
 
   TempDir dir_;
@@ -141,7 +59,7 @@ TEST_P(AgentSessionTest, DecodesAndStoresBatch) {
   ASSERT_TRUE(applied.ok()) << applied.status();
   EXPECT_EQ(applied->contexts.size(), 2u);
 
-  Profile p = Load();
+  query::Profile p = Load();
   EXPECT_EQ(p.total, 9u);
   ASSERT_EQ(p.stacks.size(), 2u);
   EXPECT_THAT(Names(p, p.stacks[0]), ElementsAre("main", "serve", "tokenize"));
@@ -330,7 +248,7 @@ TEST_P(AgentSessionTest, UnloadedGraphIsLoadedAgainForTheNextBatch) {
   ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(nodes, edges)).ok());
   session->Unload();
   ASSERT_TRUE(session->ApplyBatch(Batch(3, agent.graph.num_edges(), {c1, c2})).ok());
-  Profile p = Load();
+  query::Profile p = Load();
   EXPECT_EQ(p.total, 21u);
   ASSERT_EQ(p.stacks.size(), 2u);
 }
@@ -388,7 +306,7 @@ TEST_P(AgentSessionTest, TruncatedStacksAreMarked) {
   auto session = Open();
   ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
   ASSERT_TRUE(session->ApplyBatch(Batch(1, agent.graph.num_edges(), {c})).ok());
-  Profile p = Load();
+  query::Profile p = Load();
   ASSERT_EQ(p.stacks.size(), 1u);
   EXPECT_TRUE(p.stacks[0].truncated);
   EXPECT_THAT(Names(p, p.stacks[0]), ElementsAre("inner", "leaf"));
@@ -400,11 +318,11 @@ TEST_P(AgentSessionTest, BatchWithBothFormsCountsBoth) {
   auto c2 = agent.Context({"main", "serve", "deflate"}, 3);
   auto session = Open();
   ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
-  auto batch = server::Batch(1, agent.graph.num_edges(), {c1, c2}, Form::kPacked);
+  auto batch = ingest::Batch(1, agent.graph.num_edges(), {c1, c2}, Form::kPacked);
   c1.set_target_id(1);
   *batch.add_contexts() = c1;
   ASSERT_TRUE(session->ApplyBatch(batch).ok());
-  Profile p = Load();
+  query::Profile p = Load();
   EXPECT_EQ(p.total, 15u);
   ASSERT_EQ(p.stacks.size(), 2u);
   EXPECT_THAT(Names(p, p.stacks[0]), ElementsAre("main", "serve", "tokenize"));
@@ -419,7 +337,7 @@ TEST_P(AgentSessionTest, MalformedPackedContextsAreRejectedAndNothingIsStored) {
   ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
   ASSERT_TRUE(session->ApplyBatch(Batch(1, agent.graph.num_edges(), {good})).ok());
 
-  const auto valid = server::Batch(2, agent.graph.num_edges(), {good, other}, Form::kPacked);
+  const auto valid = ingest::Batch(2, agent.graph.num_edges(), {good, other}, Form::kPacked);
   const std::string bytes = valid.packed_contexts();
   std::vector<std::string> malformed = {
       std::string(1, '\x07') + bytes.substr(1),  // unknown version
@@ -441,7 +359,7 @@ TEST_P(AgentSessionTest, MalformedPackedContextsAreRejectedAndNothingIsStored) {
   auto unknown = good;
   unknown.set_leaf(4000);
   auto r = session->ApplyBatch(
-      server::Batch(2, agent.graph.num_edges(), {good, unknown}, Form::kPacked));
+      ingest::Batch(2, agent.graph.num_edges(), {good, unknown}, Form::kPacked));
   EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
   EXPECT_EQ(Load().total, 3u);
   EXPECT_EQ(session->last_applied_sequence(), 1u);
@@ -463,7 +381,7 @@ TEST_P(AgentSessionTest, TargetLabelsAreStoredAndSelected) {
   ASSERT_TRUE(opened.ok()) << opened.status();
   auto& session = *opened;
   ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
-  v1::SampleBatch b = server::Batch(1, agent.graph.num_edges(), {c}, Form::kRepeated, 1);
+  v1::SampleBatch b = ingest::Batch(1, agent.graph.num_edges(), {c}, Form::kRepeated, 1);
   (*b.mutable_targets(0)->mutable_labels())["version"] = "1";
   auto* t2 = b.add_targets();
   t2->set_id(2);
@@ -478,7 +396,7 @@ TEST_P(AgentSessionTest, TargetLabelsAreStoredAndSelected) {
   if (GetParam() == Form::kPacked) Pack(&b);
   ASSERT_TRUE(session->ApplyBatch(b).ok());
 
-  ProfileReader reader(store_.get());
+  query::ProfileReader reader(store_.get());
   auto load = [&](const std::string& selector) {
     auto p = reader.Load({.service = "demo", .from_ms = 0, .to_ms = INT64_MAX,
                           .selector = selector});
@@ -499,7 +417,7 @@ TEST_P(AgentSessionTest, TargetLabelsAreStoredAndSelected) {
   ASSERT_EQ(sets->size(), 3u);  // the empty set and the two targets'
 
   // A third distinct set is past the bound: its samples are kept under the overflow set.
-  v1::SampleBatch b3 = server::Batch(2, agent.graph.num_edges(), {c}, GetParam(), 1);
+  v1::SampleBatch b3 = ingest::Batch(2, agent.graph.num_edges(), {c}, GetParam(), 1);
   (*b3.mutable_targets(0)->mutable_labels())["version"] = "3";
   const uint64_t refused = LabelSetsRefused();
   ASSERT_TRUE(session->ApplyBatch(b3).ok());
@@ -508,7 +426,7 @@ TEST_P(AgentSessionTest, TargetLabelsAreStoredAndSelected) {
   EXPECT_EQ(load(""), 13u);
 
   // Labels that are not label syntax make the batch invalid; nothing is stored.
-  v1::SampleBatch bad = server::Batch(3, agent.graph.num_edges(), {c}, GetParam(), 1);
+  v1::SampleBatch bad = ingest::Batch(3, agent.graph.num_edges(), {c}, GetParam(), 1);
   (*bad.mutable_targets(0)->mutable_labels())["bad key"] = "x";
   EXPECT_TRUE(absl::IsInvalidArgument(session->ApplyBatch(bad).status()));
   EXPECT_EQ(load(""), 13u);
@@ -521,4 +439,4 @@ INSTANTIATE_TEST_SUITE_P(Forms, AgentSessionTest,
                          });
 
 }  // namespace
-}  // namespace strata::server
+}  // namespace strata::server::ingest

@@ -12,7 +12,7 @@
 #include "common/base/escape.h"
 #include "spdlog/spdlog.h"
 
-namespace strata::server {
+namespace strata::server::ingest {
 namespace {
 
 v1::ServerMessage ErrorMessage(const absl::Status& status, uint64_t sequence,
@@ -471,4 +471,4 @@ void IngestService::ReleasePrincipalStream(const auth::Principal& principal) {
   if (it != principal_streams_.end() && --it->second == 0) principal_streams_.erase(it);
 }
 
-}  // namespace strata::server
+}  // namespace strata::server::ingest

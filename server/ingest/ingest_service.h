@@ -1,3 +1,8 @@
+// server/ingest: the agents' end of the server. It decodes agent streams into store records
+// and sample cells and hands each batch to a commit::BatchCommitter; it knows nothing of
+// aggregation or queries. IngestService owns the streams and their sessions; it borrows the
+// store, the agent registry (server/registry) and the committer.
+//
 // gRPC Ingest service: one bidirectional stream per agent (protocol in
 // proto/strata/v1/ingest.proto). Streams use gRPC's callback API, so a connected agent costs
 // memory, not a thread: each stream owns an AgentSession, and its messages are decoded and
@@ -32,7 +37,7 @@
 #include "server/store/store.h"
 #include "strata/v1/ingest.grpc.pb.h"
 
-namespace strata::server {
+namespace strata::server::ingest {
 
 struct IngestMetrics {
   std::atomic<uint64_t> streams{0};
@@ -126,6 +131,6 @@ class IngestService final : public v1::Ingest::CallbackService {
   std::map<std::string, uint32_t> principal_streams_ ABSL_GUARDED_BY(principals_mu_);
 };
 
-}  // namespace strata::server
+}  // namespace strata::server::ingest
 
 #endif  // STRATA_SERVER_INGEST_INGEST_SERVICE_H_

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 
-namespace strata::server {
+namespace strata::server::ingest {
 
 class LatencyHistogram {
  public:
@@ -47,6 +47,6 @@ class LatencyHistogram {
   std::atomic<uint64_t> sum_us_{0};
 };
 
-}  // namespace strata::server
+}  // namespace strata::server::ingest
 
 #endif  // STRATA_SERVER_INGEST_LATENCY_HISTOGRAM_H_

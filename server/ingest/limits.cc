@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/labels/labels.h"
 
-namespace strata::server {
+namespace strata::server::ingest {
 namespace {
 
 absl::Status TooLong(const char* what, size_t size, uint32_t bound) {
@@ -122,4 +122,4 @@ absl::Status CheckCaptureStatus(const v1::CaptureStatus& status, const IngestLim
   return s;
 }
 
-}  // namespace strata::server
+}  // namespace strata::server::ingest

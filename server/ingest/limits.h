@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "strata/v1/ingest.pb.h"
 
-namespace strata::server {
+namespace strata::server::ingest {
 
 struct IngestLimits {
   // Whole gRPC messages (the transport refuses larger ones with RESOURCE_EXHAUSTED).
@@ -62,6 +62,6 @@ absl::Status CheckCaptureStatus(const v1::CaptureStatus& status, const IngestLim
 // `max_bytes`, no NUL.
 bool ValidKeyPart(std::string_view s, uint32_t max_bytes);
 
-}  // namespace strata::server
+}  // namespace strata::server::ingest
 
 #endif  // STRATA_SERVER_INGEST_LIMITS_H_

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-namespace strata::server {
+namespace strata::server::ingest {
 
 WorkerPool::WorkerPool(size_t threads) {
   for (size_t i = 0; i < std::max<size_t>(1, threads); ++i) threads_.emplace_back([this] { Run(); });
@@ -44,4 +44,4 @@ void WorkerPool::Run() {
   }
 }
 
-}  // namespace strata::server
+}  // namespace strata::server::ingest

@@ -15,7 +15,7 @@
 
 #include "absl/synchronization/mutex.h"
 
-namespace strata::server {
+namespace strata::server::ingest {
 
 class WorkerPool {
  public:
@@ -39,6 +39,6 @@ class WorkerPool {
   std::vector<std::thread> threads_;
 };
 
-}  // namespace strata::server
+}  // namespace strata::server::ingest
 
 #endif  // STRATA_SERVER_INGEST_WORKER_POOL_H_

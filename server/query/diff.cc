@@ -6,7 +6,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 
-namespace strata::server {
+namespace strata::server::query {
 namespace {
 
 double Share(uint64_t part, uint64_t total) {
@@ -185,4 +185,4 @@ ProfileDiff DiffProfiles(const Profile& base, const Profile& current, size_t lim
   return diff;
 }
 
-}  // namespace strata::server
+}  // namespace strata::server::query

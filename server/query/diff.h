@@ -11,7 +11,7 @@
 
 #include "server/query/profile.h"
 
-namespace strata::server {
+namespace strata::server::query {
 
 struct FunctionChange {
   ResolvedFunction function;
@@ -37,6 +37,6 @@ struct ProfileDiff {
 // At most `limit` rows per table; rows without any change are left out.
 ProfileDiff DiffProfiles(const Profile& base, const Profile& current, size_t limit);
 
-}  // namespace strata::server
+}  // namespace strata::server::query
 
 #endif  // STRATA_SERVER_QUERY_DIFF_H_

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace strata::server {
+namespace strata::server::query {
 namespace {
 
 constexpr uint32_t kRootFunction = 0;
@@ -543,4 +543,4 @@ std::string RenderFlameHtml(const FlameTree& tree, const std::string& title) {
                       svg, "</body></html>\n");
 }
 
-}  // namespace strata::server
+}  // namespace strata::server::query

@@ -14,7 +14,7 @@
 
 #include "server/query/profile.h"
 
-namespace strata::server {
+namespace strata::server::query {
 
 struct FlameTreeNode {
   uint32_t function = 0;  // index into FlameTree::functions
@@ -58,6 +58,6 @@ std::string RenderFlameHtml(const FlameTree& tree, const std::string& title);
 std::string JsonEscape(std::string_view text);
 std::string XmlEscape(std::string_view text);
 
-}  // namespace strata::server
+}  // namespace strata::server::query
 
 #endif  // STRATA_SERVER_QUERY_FLAMEGRAPH_H_

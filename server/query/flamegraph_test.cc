@@ -14,7 +14,7 @@
 #include "server/query/diff.h"
 #include "server/query/pprof.h"
 
-namespace strata::server {
+namespace strata::server::query {
 namespace {
 
 using ::testing::HasSubstr;
@@ -355,4 +355,4 @@ TEST(PprofTest, GzipsAnEncodedProfile) {
 }
 
 }  // namespace
-}  // namespace strata::server
+}  // namespace strata::server::query

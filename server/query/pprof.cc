@@ -5,7 +5,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 
-namespace strata::server {
+namespace strata::server::query {
 namespace {
 
 // Minimal protobuf wire-format writer (varint and length-delimited fields only).
@@ -168,4 +168,4 @@ absl::StatusOr<std::string> EncodePprof(const Profile& profile, const PprofOptio
   return Gzip(EncodePprofProto(profile, options));
 }
 
-}  // namespace strata::server
+}  // namespace strata::server::query

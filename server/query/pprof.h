@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "server/query/profile.h"
 
-namespace strata::server {
+namespace strata::server::query {
 
 struct PprofOptions {
   int64_t from_ms = 0;  // time_nanos of the profile
@@ -31,6 +31,6 @@ std::string EncodePprofProto(const Profile& profile, const PprofOptions& options
 // gzip (RFC 1952) of `data`.
 absl::StatusOr<std::string> Gzip(std::string_view data);
 
-}  // namespace strata::server
+}  // namespace strata::server::query
 
 #endif  // STRATA_SERVER_QUERY_PPROF_H_

@@ -13,7 +13,7 @@
 #include "common/labels/labels.h"
 #include "re2/re2.h"
 
-namespace strata::server {
+namespace strata::server::query {
 
 std::vector<FunctionTotals> TopFunctions(const Profile& profile, bool sort_by_total) {
   std::vector<FunctionTotals> totals(profile.functions.size());
@@ -219,8 +219,8 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<store::ServiceSummary>> ListServices(store::Store* store,
-                                                                const LiveSamples* live) {
+absl::StatusOr<std::vector<store::ServiceSummary>> ListServices(
+    store::Store* store, const aggregate::LiveSamples* live) {
   if (live == nullptr) return store->samples().ListServices();
   // As in ProfileReader::SumSamples: a flush between the two reads would count a window twice.
   absl::StatusOr<std::vector<store::ServiceSummary>> services;
@@ -248,7 +248,7 @@ absl::StatusOr<std::vector<store::ServiceSummary>> ListServices(store::Store* st
   return services;
 }
 
-ProfileReader::ProfileReader(store::Store* store, const LiveSamples* live)
+ProfileReader::ProfileReader(store::Store* store, const aggregate::LiveSamples* live)
     : store_(store), live_(live), resolved_(std::make_unique<Resolved>()) {}
 
 absl::StatusOr<store::SampleTotals> ProfileReader::SumSamples(const store::SampleQuery& query) {
@@ -360,4 +360,4 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
   return profile;
 }
 
-}  // namespace strata::server
+}  // namespace strata::server::query

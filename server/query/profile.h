@@ -17,7 +17,7 @@
 #include "server/aggregate/live_samples.h"
 #include "server/store/store.h"
 
-namespace strata::server {
+namespace strata::server::query {
 
 struct ProfileQuery {
   std::string service;
@@ -67,12 +67,12 @@ std::vector<FunctionTotals> TopFunctions(const Profile& profile, bool sort_by_to
 // Services of the store, plus those whose only samples are still live (`live` may be null),
 // with live totals added.
 absl::StatusOr<std::vector<store::ServiceSummary>> ListServices(store::Store* store,
-                                                                const LiveSamples* live);
+                                                                const aggregate::LiveSamples* live);
 
 class ProfileReader {
  public:
   // `live` (optional) adds the acknowledged samples not yet written to the store.
-  explicit ProfileReader(store::Store* store, const LiveSamples* live = nullptr);
+  explicit ProfileReader(store::Store* store, const aggregate::LiveSamples* live = nullptr);
   ~ProfileReader();
   ProfileReader(const ProfileReader&) = delete;
   ProfileReader& operator=(const ProfileReader&) = delete;
@@ -91,10 +91,10 @@ class ProfileReader {
   absl::StatusOr<store::SampleTotals> SumSamples(const store::SampleQuery& query);
 
   store::Store* store_;
-  const LiveSamples* live_;
+  const aggregate::LiveSamples* live_;
   std::unique_ptr<Resolved> resolved_;
 };
 
-}  // namespace strata::server
+}  // namespace strata::server::query
 
 #endif  // STRATA_SERVER_QUERY_PROFILE_H_

@@ -3,7 +3,7 @@
 #include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 
-namespace strata::server {
+namespace strata::server::query {
 namespace {
 
 class ProfileTest : public ::testing::Test {
@@ -126,4 +126,4 @@ TEST_F(ProfileTest, ClearErrors) {
 }
 
 }  // namespace
-}  // namespace strata::server
+}  // namespace strata::server::query

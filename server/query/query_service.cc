@@ -15,7 +15,7 @@
 #include "server/query/flamegraph.h"
 #include "server/query/pprof.h"
 
-namespace strata::server {
+namespace strata::server::query {
 namespace {
 
 constexpr uint32_t kDefaultLimit = 20;
@@ -119,7 +119,7 @@ absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int
 }
 
 QueryService::QueryService(store::Store* store, registry::AgentRegistry* registry,
-                           const LiveSamples* live, auth::Authorizer* authorizer)
+                           const aggregate::LiveSamples* live, auth::Authorizer* authorizer)
     : store_(store), registry_(registry), live_(live), authorizer_(authorizer),
       reader_(store, live) {}
 
@@ -183,7 +183,7 @@ absl::StatusOr<v1::HotPathsResponse> QueryService::RunHotPaths(
 }
 
 absl::StatusOr<v1::ListServicesResponse> QueryService::RunListServices() {
-  auto services = server::ListServices(store_, live_);
+  auto services = query::ListServices(store_, live_);
   if (!services.ok()) return services.status();
   v1::ListServicesResponse response;
   for (const auto& s : *services) {
@@ -454,4 +454,4 @@ grpc::Status QueryService::Phases(grpc::ServerContext* context, const v1::Phases
   return grpc::Status::OK;
 }
 
-}  // namespace strata::server
+}  // namespace strata::server::query

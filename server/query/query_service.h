@@ -1,3 +1,8 @@
+// server/query: the read side. It reads the store, the aggregator's live counts
+// (aggregate::LiveSamples) and the agent registry, and is the only server module that builds
+// query API messages (query.proto), naming the stacks of stored phase events too. The
+// services own nothing but their resolution caches (ProfileReader).
+//
 // gRPC Query service (proto/strata/v1/query.proto): services, agents, top functions and hot
 // paths over the store plus the live aggregation tables (hot paths of the open window come
 // from the sorted tables), with the filters of ProfileQuery. Stateless apart from borrowed
@@ -15,7 +20,7 @@
 #include "server/store/store.h"
 #include "strata/v1/query.grpc.pb.h"
 
-namespace strata::server {
+namespace strata::server::query {
 
 // Converts a proto filter to a ProfileQuery; `now_ms` fills an open end.
 absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int64_t now_ms);
@@ -27,7 +32,8 @@ class QueryService final : public v1::Query::Service {
   // `authorizer` (optional; null allows every call): every gRPC call needs role reader and
   // is counted against the caller's query rate. The Run* entry points do not check: their
   // callers (the HTTP mirror) authorize first.
-  QueryService(store::Store* store, registry::AgentRegistry* registry, const LiveSamples* live = nullptr,
+  QueryService(store::Store* store, registry::AgentRegistry* registry,
+               const aggregate::LiveSamples* live = nullptr,
                auth::Authorizer* authorizer = nullptr);
 
   grpc::Status ListServices(grpc::ServerContext*, const v1::ListServicesRequest*,
@@ -69,11 +75,11 @@ class QueryService final : public v1::Query::Service {
 
   store::Store* store_;
   registry::AgentRegistry* registry_;
-  const LiveSamples* live_;
+  const aggregate::LiveSamples* live_;
   auth::Authorizer* const authorizer_;
   ProfileReader reader_;
 };
 
-}  // namespace strata::server
+}  // namespace strata::server::query
 
 #endif  // STRATA_SERVER_QUERY_QUERY_SERVICE_H_

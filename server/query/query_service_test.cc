@@ -9,7 +9,7 @@
 #include "server/commit/batch_committer.h"
 #include "server/registry/agent_registry.h"
 
-namespace strata::server {
+namespace strata::server::query {
 namespace {
 
 constexpr int64_t kWindow = 1'000 * commit::kWindowMs;
@@ -214,6 +214,24 @@ TEST_F(QueryServiceTest, PhaseEventsAreNamedWhenRead) {
   EXPECT_EQ(c.fell(1).count_after(), 1u);
 }
 
+// Earlier servers stored a serialized v1::PhaseChange; none looks like the stack-ID encoding.
+TEST(PhaseEventFormatTest, SerializedPhaseChangesAreToldApart) {
+  v1::PhaseChange change;
+  EXPECT_FALSE(aggregate::IsPhaseEventPayload(change.SerializeAsString()));  // empty
+  change.set_window_start_ms(10'000);
+  EXPECT_FALSE(aggregate::IsPhaseEventPayload(change.SerializeAsString()));
+  change.set_service("api");
+  EXPECT_FALSE(aggregate::IsPhaseEventPayload(change.SerializeAsString()));
+  v1::PhaseChange only_shifts;
+  only_shifts.add_fell()->set_count_before(5);
+  EXPECT_FALSE(aggregate::IsPhaseEventPayload(only_shifts.SerializeAsString()));
+  only_shifts.clear_fell();
+  only_shifts.add_rose()->set_count_after(5);
+  EXPECT_FALSE(aggregate::IsPhaseEventPayload(only_shifts.SerializeAsString()));
+  only_shifts.set_detected_ms(1);
+  EXPECT_FALSE(aggregate::IsPhaseEventPayload(only_shifts.SerializeAsString()));
+}
+
 // Servers before stack IDs were stored wrote the API message itself; it is served as it was.
 TEST_F(QueryServiceTest, PhaseEventsOfEarlierServersAreServedAsStored) {
   v1::PhaseChange old;
@@ -256,4 +274,4 @@ TEST_F(QueryServiceTest, CorruptPhaseEventsAreDataLoss) {
 }
 
 }  // namespace
-}  // namespace strata::server
+}  // namespace strata::server::query

@@ -1,0 +1,271 @@
+#include "server/ingest/ingest_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/testing/temp_dir.h"
+#include "gtest/gtest.h"
+#include "server/aggregate/window_aggregator.h"
+#include "server/ingest/fake_agent.h"
+#include "server/registry/agent_registry.h"
+
+namespace strata::server::ingest {
+namespace {
+
+using Channel = grpc::ClientReaderWriter<v1::AgentMessage, v1::ServerMessage>;
+
+// An IngestService on a loopback port, with a real store in a temporary directory.
+class IngestServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = store::Store::Open(dir_.path(), {});
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+  }
+  void TearDown() override { StopServer(); }
+
+  void StartServer(IngestService::Options options = {}) {
+    options.worker_threads = 2;
+    service_ = std::make_unique<IngestService>(store_.get(), &registry_, &metrics_, options);
+    service_->AddBatchObserver([this](const AppliedBatch& b) {
+      if (!b.duplicate) observed_capture_ids_.push_back(b.batch->capture_id());
+    });
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_NE(port, 0);
+    stub_ = v1::Ingest::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                                    grpc::InsecureChannelCredentials()));
+  }
+  void StopServer() {
+    if (server_ != nullptr) server_->Shutdown();
+    server_.reset();
+    service_.reset();  // joins the workers: after every stream is done
+  }
+
+  struct Stream {
+    std::unique_ptr<grpc::ClientContext> context = std::make_unique<grpc::ClientContext>();
+    std::unique_ptr<Channel> channel;
+  };
+  Stream Connect() {
+    Stream s;
+    s.channel = stub_->Connect(s.context.get());
+    return s;
+  }
+  static v1::AgentMessage HelloMessage(uint64_t graph_id = 7) {
+    v1::AgentMessage m;
+    v1::Hello* hello = m.mutable_hello();
+    hello->set_agent_id("agent-1");
+    hello->set_host("host-a");
+    hello->set_arch("x86_64");
+    hello->set_version("test");
+    hello->set_graph_id(graph_id);
+    hello->set_frequency_hz(99);
+    return m;
+  }
+  static v1::ServerMessage Read(Stream& s) {
+    v1::ServerMessage m;
+    EXPECT_TRUE(s.channel->Read(&m));
+    return m;
+  }
+  // Sends a message and reads the reply.
+  static v1::ServerMessage Send(Stream& s, const v1::AgentMessage& m) {
+    EXPECT_TRUE(s.channel->Write(m));
+    return Read(s);
+  }
+  static v1::AgentMessage Message(const v1::GraphDelta& delta) {
+    v1::AgentMessage m;
+    *m.mutable_graph_delta() = delta;
+    return m;
+  }
+  static v1::AgentMessage Message(const v1::SampleBatch& batch) {
+    v1::AgentMessage m;
+    *m.mutable_sample_batch() = batch;
+    return m;
+  }
+  static grpc::Status Finish(Stream& s) {
+    s.channel->WritesDone();
+    return s.channel->Finish();
+  }
+
+  // Samples of service "demo" in the store, all time.
+  uint64_t Stored() {
+    store::SampleQuery q;
+    q.service = "demo";
+    q.from_ms = 0;
+    q.to_ms = int64_t{1} << 50;
+    auto totals = store_->samples().SumSamples(q);
+    EXPECT_TRUE(totals.ok()) << totals.status();
+    uint64_t sum = 0;
+    if (totals.ok()) {
+      for (const store::StackCount& c : totals->stacks) sum += c.count;
+    }
+    return sum;
+  }
+
+  strata::testing::TempDir dir_{"ingest_service_test"};
+  std::unique_ptr<store::Store> store_;
+  registry::AgentRegistry registry_;
+  IngestMetrics metrics_;
+  std::unique_ptr<IngestService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Ingest::Stub> stub_;
+  std::vector<std::string> observed_capture_ids_;  // observers run before the Ack is sent
+};
+
+TEST_F(IngestServiceTest, BatchIsAcknowledgedOnceStoredAndTheAgentIsListed) {
+  StartServer();
+  FakeAgent agent;
+  auto c1 = agent.Context({"main", "work"}, 30);
+  auto c2 = agent.Context({"main", "idle"}, 12);
+
+  Stream s = Connect();
+  v1::ServerMessage welcome = Send(s, HelloMessage());
+  ASSERT_TRUE(welcome.has_welcome()) << welcome.DebugString();
+  EXPECT_EQ(welcome.welcome().known_nodes(), 2u);  // the root and the truncation marker
+  EXPECT_EQ(welcome.welcome().last_applied_sequence(), 0u);
+  ASSERT_TRUE(s.channel->Write(Message(agent.Delta(2, 0))));  // no reply to a good delta
+  v1::ServerMessage ack = Send(s, Message(Batch(1, agent.graph.num_edges(), {c1, c2},
+                                                Form::kPacked)));
+  ASSERT_TRUE(ack.has_ack()) << ack.DebugString();
+  EXPECT_EQ(ack.ack().sequence(), 1u);
+  // Acknowledged means stored.
+  EXPECT_EQ(Stored(), 42u);
+  EXPECT_EQ(metrics_.batches.load(), 1u);
+  EXPECT_EQ(metrics_.samples.load(), 42u);
+  EXPECT_EQ(metrics_.contexts.load(), 2u);
+  EXPECT_EQ(observed_capture_ids_, std::vector<std::string>{""});
+
+  std::vector<registry::AgentStatus> agents = registry_.List();
+  ASSERT_EQ(agents.size(), 1u);
+  EXPECT_EQ(agents[0].agent_id, "agent-1");
+  EXPECT_EQ(agents[0].host, "host-a");
+  EXPECT_TRUE(agents[0].connected);
+  EXPECT_EQ(agents[0].batches, 1u);
+  ASSERT_EQ(agents[0].targets.size(), 1u);
+  EXPECT_EQ(agents[0].targets[0].service, "demo");
+  EXPECT_EQ(agents[0].targets[0].pid, 42u);
+  EXPECT_EQ(registry_.FindAgents("demo", "", 0), std::vector<std::string>{"agent-1"});
+
+  EXPECT_TRUE(Finish(s).ok());
+  StopServer();  // the stream is done when the server is
+  EXPECT_FALSE(registry_.List()[0].connected);
+}
+
+TEST_F(IngestServiceTest, ResentBatchIsAcknowledgedAgainButStoredOnce) {
+  StartServer();
+  FakeAgent agent;
+  auto c = agent.Context({"main", "work"}, 5);
+  {
+    Stream s = Connect();
+    ASSERT_TRUE(Send(s, HelloMessage()).has_welcome());
+    ASSERT_TRUE(s.channel->Write(Message(agent.Delta(2, 0))));
+    const v1::SampleBatch batch = Batch(1, agent.graph.num_edges(), {c});
+    ASSERT_TRUE(Send(s, Message(batch)).has_ack());
+    v1::ServerMessage again = Send(s, Message(batch));
+    ASSERT_TRUE(again.has_ack()) << again.DebugString();
+    EXPECT_EQ(again.ack().sequence(), 1u);
+    EXPECT_TRUE(Finish(s).ok());
+  }
+  EXPECT_EQ(Stored(), 5u);
+  EXPECT_EQ(metrics_.duplicate_batches.load(), 1u);
+
+  // A reconnecting agent learns what the server has: its graph and the last batch.
+  Stream s = Connect();
+  v1::ServerMessage welcome = Send(s, HelloMessage());
+  ASSERT_TRUE(welcome.has_welcome());
+  EXPECT_EQ(welcome.welcome().known_nodes(), agent.graph.num_nodes());
+  EXPECT_EQ(welcome.welcome().known_edges(), agent.graph.num_edges());
+  EXPECT_EQ(welcome.welcome().last_applied_sequence(), 1u);
+  ASSERT_TRUE(Send(s, Message(Batch(2, agent.graph.num_edges(), {c}))).has_ack());
+  EXPECT_EQ(Stored(), 10u);
+  EXPECT_TRUE(Finish(s).ok());
+}
+
+TEST_F(IngestServiceTest, BatchBeyondTheGraphGetsResyncAndNothingIsStored) {
+  StartServer();
+  FakeAgent agent;
+  auto c = agent.Context({"main", "work"}, 5);
+  Stream s = Connect();
+  ASSERT_TRUE(Send(s, HelloMessage()).has_welcome());
+  // The graph was never sent.
+  v1::ServerMessage resync = Send(s, Message(Batch(1, agent.graph.num_edges(), {c})));
+  ASSERT_TRUE(resync.has_resync()) << resync.DebugString();
+  EXPECT_EQ(resync.resync().from_node(), 2u);
+  EXPECT_EQ(resync.resync().from_edge(), 0u);
+  v1::ServerMessage error = Read(s);
+  ASSERT_TRUE(error.has_error()) << error.DebugString();
+  EXPECT_EQ(error.error().sequence(), 1u);
+  EXPECT_FALSE(error.error().fatal());
+  EXPECT_EQ(metrics_.resyncs.load(), 1u);
+
+  ASSERT_TRUE(s.channel->Write(Message(agent.Delta(2, 0))));
+  ASSERT_TRUE(Send(s, Message(Batch(1, agent.graph.num_edges(), {c}))).has_ack());
+  EXPECT_EQ(Stored(), 5u);
+  EXPECT_TRUE(Finish(s).ok());
+}
+
+TEST_F(IngestServiceTest, StreamMustStartWithAValidHello) {
+  StartServer();
+  Stream s = Connect();
+  v1::AgentMessage heartbeat;
+  heartbeat.mutable_heartbeat();
+  ASSERT_TRUE(s.channel->Write(heartbeat));
+  grpc::Status st = Finish(s);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("must be Hello"), std::string::npos) << st.error_message();
+
+  Stream bad = Connect();
+  v1::AgentMessage hello = HelloMessage();
+  hello.mutable_hello()->set_agent_id(std::string("a\0b", 3));
+  ASSERT_TRUE(bad.channel->Write(hello));
+  EXPECT_EQ(Finish(bad).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(registry_.List().empty());
+  EXPECT_EQ(metrics_.rejected_messages.load(), 2u);
+}
+
+// Every batch commits through the configured committer: continuous-profile counts go to
+// the aggregation tables (and the journal), captured samples to the captures column family.
+TEST_F(IngestServiceTest, BatchesCommitThroughTheCommitter) {
+  auto aggregator = aggregate::WindowAggregator::Create(store_.get(), {});
+  ASSERT_TRUE(aggregator.ok()) << aggregator.status();
+  StartServer({.committer = aggregator->get()});
+  FakeAgent agent;
+  auto c = agent.Context({"main", "work"}, 7);
+  Stream s = Connect();
+  ASSERT_TRUE(Send(s, HelloMessage()).has_welcome());
+  ASSERT_TRUE(s.channel->Write(Message(agent.Delta(2, 0))));
+  ASSERT_TRUE(Send(s, Message(Batch(1, agent.graph.num_edges(), {c}))).has_ack());
+  EXPECT_EQ((*aggregator)->stats().journal_records, 1u);
+  EXPECT_EQ(Stored(), 0u);  // in the open window's table
+
+  v1::SampleBatch capture = Batch(2, agent.graph.num_edges(), {c});
+  capture.set_capture_id("cap-1");
+  ASSERT_TRUE(Send(s, Message(capture)).has_ack());
+  EXPECT_EQ((*aggregator)->stats().journal_records, 1u);
+  EXPECT_EQ(observed_capture_ids_, (std::vector<std::string>{"", "cap-1"}));
+  store::SampleQuery q;
+  q.service = "demo";
+  q.capture_id = "cap-1";
+  q.from_ms = 0;
+  q.to_ms = int64_t{1} << 50;
+  auto captured = store_->samples().SumSamples(q);
+  ASSERT_TRUE(captured.ok()) << captured.status();
+  ASSERT_EQ(captured->stacks.size(), 1u);
+  EXPECT_EQ(captured->stacks[0].count, 7u);
+  EXPECT_EQ(*store_->meta().AppliedSequence("agent-1", 7), 2u);
+
+  EXPECT_TRUE(Finish(s).ok());
+  StopServer();
+  ASSERT_TRUE((*aggregator)->FlushAll().ok());
+  EXPECT_EQ(Stored(), 7u);
+}
+
+}  // namespace
+}  // namespace strata::server::ingest
