@@ -315,11 +315,15 @@ WalkAction IncrementalUnwinder::Hooks::Splice(WalkState& w, WalkOutput& out, con
   if (self.options_.verify != VerifyMode::kFull) {
     const size_t keep = std::min(c + 1, limit - n);
     lo = c + 1 - keep;
+    // Locals: stores to frames[] could alias the copy's bounds and the count in memory.
+    const StackSnapshot copy = stack;
+    uint32_t beyond_copy = 0;
     for (size_t q = c + 1; q-- > lo;) {
       const Element& el = cached[q];
       frames[n++] = {el.pc, el.sp, el.ra_slot};
-      s->frames_beyond_copy += el.ra_slot != 0 && !stack.Contains(el.ra_slot, 8);
+      beyond_copy += el.ra_slot != 0 && !copy.Contains(el.ra_slot, 8);
     }
+    s->frames_beyond_copy += beyond_copy;
     s->frames_reused += static_cast<uint32_t>(keep);
     if (keep < c + 1) {
       frames[n - 1].ra_slot = 0;
