@@ -28,8 +28,12 @@ BUILD=${BUILD:-$root/build}
 SERVER=${SERVER:-$BUILD/bin/strata-server}
 AGENT=${AGENT:-$BUILD/bin/strata-agent}
 DEMO=${DEMO:-$BUILD/bin/demo_service}
-DEEP=${DEEP:-$(ls "$BUILD"/tests/workloads/unwind/unwind_workload_deep_recursion \
-  "$BUILD"/bin/unwind_workload_deep_recursion 2>/dev/null | head -1)}
+if [[ -z "${DEEP:-}" ]]; then
+  for DEEP in "$BUILD"/bin/unwind_workload_deep_recursion \
+              "$BUILD"/tests/workloads/unwind/unwind_workload_deep_recursion; do
+    [[ -x "$DEEP" ]] && break
+  done
+fi
 WORKLOADS=${WORKLOADS:-demo deep}
 HZ=${HZ:-99}
 PORT=${PORT:-17931}
