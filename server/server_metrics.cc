@@ -91,7 +91,7 @@ absl::StatusOr<int64_t> IntParam(const std::string& key, const std::string& valu
                   [](char c) { return absl::ascii_isdigit(static_cast<unsigned char>(c)); });
   int64_t v = 0;
   if (!digits || !absl::SimpleAtoi(value, &v) || v < min || v > max) {
-    return absl::InvalidArgumentError(absl::StrCat("bad ", key, " '", EscapeForLog(value, 64),
+    return absl::InvalidArgumentError(absl::StrCat("bad ", key, " '", base::EscapeForLog(value, 64),
                                                    "': an integer in [", min, ", ", max,
                                                    "] is expected"));
   }
@@ -166,7 +166,7 @@ absl::StatusOr<v1::FlameGraphRequest::Format> FlameFormat(const http::HttpReques
   if (it->second == "tree") return v1::FlameGraphRequest::TREE;
   if (!v1::FlameGraphRequest::Format_Parse(absl::AsciiStrToUpper(it->second), &format)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown format '", EscapeForLog(it->second, 64),
+        absl::StrCat("unknown format '", base::EscapeForLog(it->second, 64),
                      "' (svg, html, folded, json, tree)"));
   }
   return format;
@@ -371,7 +371,7 @@ void RegisterHttpRoutes(http::HttpServer* http, store::Store* store, ingest::Ing
         request.set_sort(v1::TopRequest::TOTAL);
       } else if (it->second != "self") {
         return Error(absl::InvalidArgumentError(absl::StrCat(
-            "unknown sort '", EscapeForLog(it->second, 64), "' (self, total)")));
+            "unknown sort '", base::EscapeForLog(it->second, 64), "' (self, total)")));
       }
     }
     auto r = query->RunTop(request);
@@ -425,7 +425,7 @@ void RegisterHttpRoutes(http::HttpServer* http, store::Store* store, ingest::Ing
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     if (auto it = req.query.find("format"); it != req.query.end() && it->second != "pprof") {
       return Error(absl::InvalidArgumentError(
-          absl::StrCat("unknown export format '", EscapeForLog(it->second, 64), "' (pprof)")));
+          absl::StrCat("unknown export format '", base::EscapeForLog(it->second, 64), "' (pprof)")));
     }
     auto r = query->RunExport(request);
     if (!r.ok()) return Error(r.status());

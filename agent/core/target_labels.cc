@@ -97,7 +97,7 @@ labels::LabelSet LabelsFromFacts(const TargetFacts& facts, std::vector<std::stri
     if (parsed.ok()) {
       own = *std::move(parsed);
     } else if (warnings != nullptr) {
-      warnings->push_back(absl::StrCat("STRATA_LABELS='", EscapeForLog(text, 120),
+      warnings->push_back(absl::StrCat("STRATA_LABELS='", base::EscapeForLog(text, 120),
                                        "' left out: ", parsed.status().message()));
     }
   }

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace strata {
+namespace strata::base {
 
 std::string EscapeForLog(std::string_view s, size_t max_bytes) {
   static constexpr char kHex[] = "0123456789abcdef";
@@ -23,4 +23,4 @@ std::string EscapeForLog(std::string_view s, size_t max_bytes) {
   return out;
 }
 
-}  // namespace strata
+}  // namespace strata::base

@@ -8,11 +8,11 @@
 #include <string>
 #include <string_view>
 
-namespace strata {
+namespace strata::base {
 
 // At most `max_bytes` of `s`, escaped; longer input ends with "...(N bytes)".
 std::string EscapeForLog(std::string_view s, size_t max_bytes = 200);
 
-}  // namespace strata
+}  // namespace strata::base
 
 #endif  // STRATA_COMMON_BASE_ESCAPE_H_

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <limits>
 
-namespace strata {
+namespace strata::base {
 
 inline uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
   uint64_t sum;
@@ -18,6 +18,6 @@ inline uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
 // a += b, saturating.
 inline void SaturatingAddTo(uint64_t& a, uint64_t b) { a = SaturatingAdd(a, b); }
 
-}  // namespace strata
+}  // namespace strata::base
 
 #endif  // STRATA_COMMON_BASE_SATURATING_H_

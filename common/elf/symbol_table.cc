@@ -45,13 +45,13 @@ SymbolTable SymbolTable::FromFunctions(std::vector<FunctionSymbol> symbols,
     FunctionSymbol& s = symbols[i];
     // A corrupt size must not wrap the end below the start (that would read as "size
     // unknown" and claim every address above): clamp it to the top of the address space.
-    pending.push_back({s.start, SaturatingAdd(s.start, s.size), std::move(s.name),
+    pending.push_back({s.start, base::SaturatingAdd(s.start, s.size), std::move(s.name),
                        s.from_dynsym ? Origin::kDynsym : Origin::kSymtab});
   }
   // PLT stubs are never covered by symbols; FDE ranges only where no symbol starts.
   for (PltEntry& e : plt) {
     std::string name = e.target.empty() ? std::string() : e.target + "@plt";
-    pending.push_back({e.start, SaturatingAdd(e.start, e.size), std::move(name), Origin::kPlt});
+    pending.push_back({e.start, base::SaturatingAdd(e.start, e.size), std::move(name), Origin::kPlt});
   }
   std::vector<uint64_t> symbol_starts;
   symbol_starts.reserve(pending.size());

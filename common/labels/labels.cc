@@ -29,12 +29,12 @@ std::string_view Strip(std::string_view s) {
 absl::Status ValidateKey(std::string_view key) {
   if (key.empty()) return absl::InvalidArgumentError("empty label key");
   if (key.size() > kMaxKeyBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("label key '", EscapeForLog(key, 64),
+    return absl::InvalidArgumentError(absl::StrCat("label key '", base::EscapeForLog(key, 64),
                                                    "' is longer than ", kMaxKeyBytes, " bytes"));
   }
   if (!KeyStart(key[0]) || !std::all_of(key.begin(), key.end(), KeyChar)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("label key '", EscapeForLog(key, 64),
+        absl::StrCat("label key '", base::EscapeForLog(key, 64),
                      "': letters, digits, '_', '.', '-' and '/' only, starting with a letter "
                      "or '_'"));
   }
@@ -43,7 +43,7 @@ absl::Status ValidateKey(std::string_view key) {
 
 absl::Status ValidateValue(std::string_view value) {
   if (value.size() > kMaxValueBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("label value '", EscapeForLog(value, 64),
+    return absl::InvalidArgumentError(absl::StrCat("label value '", base::EscapeForLog(value, 64),
                                                    "' is longer than ", kMaxValueBytes,
                                                    " bytes"));
   }
@@ -51,7 +51,7 @@ absl::Status ValidateValue(std::string_view value) {
     const unsigned char u = static_cast<unsigned char>(c);
     if (u < 0x20 || u == 0x7f || c == ',') {
       return absl::InvalidArgumentError(absl::StrCat(
-          "label value '", EscapeForLog(value, 64), "': no control characters or ','"));
+          "label value '", base::EscapeForLog(value, 64), "': no control characters or ','"));
     }
   }
   return absl::OkStatus();
@@ -62,7 +62,7 @@ absl::StatusOr<Label> ParseLabel(std::string_view text) {
   const size_t eq = text.find('=');
   if (eq == std::string_view::npos) {
     return absl::InvalidArgumentError(
-        absl::StrCat("label '", EscapeForLog(text, 64), "': expected KEY=VALUE"));
+        absl::StrCat("label '", base::EscapeForLog(text, 64), "': expected KEY=VALUE"));
   }
   Label label{std::string(text.substr(0, eq)), std::string(text.substr(eq + 1))};
   if (absl::Status s = ValidateLabel(label.first, label.second); !s.ok()) return s;
@@ -178,7 +178,7 @@ absl::StatusOr<Selector> Selector::Parse(std::string_view text) {
     const size_t eq = term.find('=');
     if (eq == std::string_view::npos || eq == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "label selector term '", EscapeForLog(term, 64),
+          "label selector term '", base::EscapeForLog(term, 64),
           "': expected KEY=VALUE or KEY!=VALUE ('*' matches anything)"));
     }
     Term t;

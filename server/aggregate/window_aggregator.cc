@@ -388,7 +388,7 @@ absl::Status WindowAggregator::CommitBatchLocked(store::WriteBatch* wb, const st
     ServiceTable& t = *tabled.at(*c->service);
     // Never kFull: each cell adds at most one entry, and room for all of them was made above.
     t.table.Add(CellKey{host_id, InternLabelSet(c->label_set), c->stack_id}, c->count);
-    SaturatingAddTo(t.live_total, c->count);
+    base::SaturatingAddTo(t.live_total, c->count);
     t.first_journal = std::min(t.first_journal, seq);
   }
   return absl::OkStatus();
@@ -423,7 +423,7 @@ void WindowAggregator::Flush(const std::string& service, ServiceTable& t, bool c
     p.cells.push_back({key, count});
     p.hosts.try_emplace(key.host, hosts_[key.host]);
     p.label_sets.try_emplace(key.labels, label_sets_[key.labels]);
-    SaturatingAddTo(p.total, count);
+    base::SaturatingAddTo(p.total, count);
   });
   p.first_journal = t.first_journal;
   t.first_journal = kNoJournal;
@@ -610,7 +610,7 @@ bool WindowAggregator::AddLiveCounts(const store::SampleQuery& query, uint64_t g
   auto add = [&](const CellKey& key, uint64_t count) {
     if (count == 0 || (host && key.host != *host)) return;
     if (query.label_sets && !query.label_sets->contains(label_sets_[key.labels])) return;
-    SaturatingAddTo((*stacks)[key.stack], count);
+    base::SaturatingAddTo((*stacks)[key.stack], count);
     seen_hosts.insert(key.host);
   };
   if (t.live_total != 0 && in_range(t.window_start_ms)) t.table.ForEach(add);
@@ -637,7 +637,7 @@ std::vector<store::ServiceSummary> WindowAggregator::LiveServices() const {
                                                                                window, 0});
     it->second.first_window_ms = std::min(it->second.first_window_ms, window);
     it->second.last_window_ms = std::max(it->second.last_window_ms, window);
-    SaturatingAddTo(it->second.total_samples, total);
+    base::SaturatingAddTo(it->second.total_samples, total);
   };
   for (const auto& [service, t] : tables_) {
     if (t->live_total != 0) add(service, t->window_start_ms, t->live_total);

@@ -41,9 +41,9 @@ std::string Principal::Describe() const {
     case Kind::kAnonymous:
       return "anonymous";
     case Kind::kCertificate:
-      return absl::StrCat("certificate ", EscapeForLog(name));
+      return absl::StrCat("certificate ", base::EscapeForLog(name));
     case Kind::kToken:
-      return absl::StrCat("token ", EscapeForLog(name));
+      return absl::StrCat("token ", base::EscapeForLog(name));
   }
   return name;
 }
@@ -122,7 +122,7 @@ absl::StatusOr<AuthTable> ParseAuthFile(std::string_view text, std::string_view 
     if (fields.empty()) continue;
     const std::string_view kind(fields[0].data(), fields[0].size());
     if (kind != "token" && kind != "cert") {
-      return fail(absl::StrCat("unknown entry '", EscapeForLog(std::string(kind)),
+      return fail(absl::StrCat("unknown entry '", base::EscapeForLog(std::string(kind)),
                                "' (expected 'token NAME ROLE sha256:HEX' or 'cert IDENTITY ROLE')"));
     }
     const size_t expected = kind == "token" ? 4 : 3;
@@ -133,12 +133,12 @@ absl::StatusOr<AuthTable> ParseAuthFile(std::string_view text, std::string_view 
     std::string name(fields[1]);
     std::optional<Role> role = ParseRole(std::string_view(fields[2].data(), fields[2].size()));
     if (!role) {
-      return fail(absl::StrCat("unknown role '", EscapeForLog(std::string(fields[2])),
+      return fail(absl::StrCat("unknown role '", base::EscapeForLog(std::string(fields[2])),
                                "' (agent, reader or operator)"));
     }
     if (kind == "cert") {
       if (!table.certificates.emplace(name, *role).second) {
-        return fail(absl::StrCat("certificate '", EscapeForLog(name), "' is listed twice"));
+        return fail(absl::StrCat("certificate '", base::EscapeForLog(name), "' is listed twice"));
       }
       continue;
     }
@@ -150,7 +150,7 @@ absl::StatusOr<AuthTable> ParseAuthFile(std::string_view text, std::string_view 
     }
     for (const auto& t : table.tokens) {
       if (t.name == name) {
-        return fail(absl::StrCat("token '", EscapeForLog(name), "' is listed twice"));
+        return fail(absl::StrCat("token '", base::EscapeForLog(name), "' is listed twice"));
       }
     }
     table.tokens.push_back(std::move(token));

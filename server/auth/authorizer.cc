@@ -146,7 +146,7 @@ absl::StatusOr<Principal> Authorizer::Authenticate(const Credentials& credential
     }
     ++unauthenticated_;
     return absl::UnauthenticatedError(absl::StrCat(
-        "client certificate ", EscapeForLog(credentials.certificate_identity),
+        "client certificate ", base::EscapeForLog(credentials.certificate_identity),
         " is not listed in the server's tokens file"));
   }
   ++unauthenticated_;

@@ -191,13 +191,13 @@ absl::StatusOr<std::string> ReadWhole(const std::string& what, const std::string
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::InvalidArgumentError(absl::StrCat("cannot read TLS ", what, " '",
-                                                   EscapeForLog(path),
+                                                   base::EscapeForLog(path),
                                                    "': ", std::strerror(errno)));
   }
   std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cannot read TLS ", what, " '", EscapeForLog(path), "'"));
+        absl::StrCat("cannot read TLS ", what, " '", base::EscapeForLog(path), "'"));
   }
   return data;
 }
@@ -219,7 +219,7 @@ absl::StatusOr<std::shared_ptr<ssl::context>> BuildTlsContext(const HttpServerOp
   ERR_clear_error();
   auto fail = [](const std::string& what, const std::string& path, const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat("cannot load TLS ", what, " '",
-                                                   EscapeForLog(path), "': ", why));
+                                                   base::EscapeForLog(path), "': ", why));
   };
   std::shared_ptr<ssl::context> ctx;
   try {  // the context's constructor throws if OpenSSL cannot make one
@@ -265,7 +265,7 @@ absl::StatusOr<std::shared_ptr<ssl::context>> BuildTlsContext(const HttpServerOp
   if (!matches) {
     TakeOpenSslErrors();
     return fail("key", tls.key_file,
-                absl::StrCat("it does not match the certificate '", EscapeForLog(tls.cert_file),
+                absl::StrCat("it does not match the certificate '", base::EscapeForLog(tls.cert_file),
                              "'"));
   }
   if (!used || SSL_CTX_check_private_key(native) != 1) {
@@ -475,7 +475,7 @@ struct HttpServer::Impl {
       auto route = impl_->routes.find(request.path);
       if (route == impl_->routes.end()) {
         return Respond({404, "text/plain; charset=utf-8",
-                        absl::StrCat("no such path: ", EscapeForLog(request.path), "\n")});
+                        absl::StrCat("no such path: ", base::EscapeForLog(request.path), "\n")});
       }
       const RouteEntry& entry = route->second;
       switch (entry.dispatch) {
@@ -627,7 +627,7 @@ struct HttpServer::Impl {
     }
     tls_context = std::move(*built);
     spdlog::info("http: loaded the changed TLS certificate '{}'",
-                 EscapeForLog(options.tls.cert_file));
+                 base::EscapeForLog(options.tls.cert_file));
     return tls_context;
   }
 
@@ -723,7 +723,7 @@ absl::Status HttpServer::Start(const std::string& address, const HttpServerOptio
   const asio::ip::address ip = asio::ip::make_address(hp->first, ec);
   if (ec) {
     return absl::InvalidArgumentError(
-        absl::StrCat("bad HTTP address '", EscapeForLog(address), "'"));
+        absl::StrCat("bad HTTP address '", base::EscapeForLog(address), "'"));
   }
   const tcp::endpoint endpoint(ip, static_cast<unsigned short>(hp->second));
   std::shared_ptr<ssl::context> tls_context;
@@ -753,7 +753,7 @@ absl::Status HttpServer::Start(const std::string& address, const HttpServerOptio
   if (!ec) bound = acceptor->local_endpoint(ec);
   if (ec) {
     return absl::UnavailableError(absl::StrCat("cannot listen for HTTP on ",
-                                               EscapeForLog(address), ": ", ec.message()));
+                                               base::EscapeForLog(address), ": ", ec.message()));
   }
   Impl& s = *impl_;
   s.options = options;

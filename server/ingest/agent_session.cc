@@ -61,7 +61,7 @@ absl::StatusOr<absl::flat_hash_map<uint32_t, uint64_t>> AgentSession::TargetLabe
       // Past the bound the samples are kept, under one overflow set (allowed beyond it).
       if (g_label_sets_refused.fetch_add(1, std::memory_order_relaxed) % 1000 == 0) {
         spdlog::error("agent {}: {}; its samples are stored under strata_overflow=label_sets",
-                      EscapeForLog(identity_.agent_id), std::string(id.status().message()));
+                      base::EscapeForLog(identity_.agent_id), std::string(id.status().message()));
       }
       id = store_->interner().InternLabelSet(t.service(), {{"strata_overflow", "label_sets"}},
                                   limits_.max_label_sets + 1, wb);

@@ -291,7 +291,7 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
       identity.labels.emplace_back(key, value);
     } else {
       spdlog::warn("agent {}: label '{}' left out: not KEY=VALUE label syntax",
-                   EscapeForLog(hello.agent_id()), EscapeForLog(key, 64));
+                   base::EscapeForLog(hello.agent_id()), base::EscapeForLog(key, 64));
     }
   }
   labels::Normalize(&identity.labels);
@@ -302,12 +302,12 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
   }
   auto session = AgentSession::Open(service_->store_, identity, options.committer, options.limits);
   if (!session.ok()) {
-    spdlog::error("agent {}: cannot open session: {}", EscapeForLog(hello.agent_id()),
+    spdlog::error("agent {}: cannot open session: {}", base::EscapeForLog(hello.agent_id()),
                   session.status().ToString());
     return absl::InternalError("cannot load agent state");
   }
   session_ = std::move(*session);
-  log_name_ = EscapeForLog(identity.agent_id);
+  log_name_ = base::EscapeForLog(identity.agent_id);
   ++metrics->streams;
   std::shared_ptr<Link> link = link_;
   if (absl::Status st = service_->registry_->Attach(
@@ -322,7 +322,7 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
     return st;
   }
   spdlog::info("agent {} connected (host {}, arch {}, graph {:x}: {} nodes, {} edges known)",
-               log_name_, EscapeForLog(identity.host), EscapeForLog(identity.arch),
+               log_name_, base::EscapeForLog(identity.host), base::EscapeForLog(identity.arch),
                identity.graph_id,
                session_->num_nodes(), session_->num_edges());
   v1::ServerMessage welcome;
@@ -337,18 +337,18 @@ absl::Status IngestService::Stream::CheckIdentity(AgentIdentity* identity) {
   if (principal_.kind == auth::Principal::Kind::kAnonymous) return absl::OkStatus();
   if (principal_.kind == auth::Principal::Kind::kCertificate && identity->host != principal_.name) {
     return absl::PermissionDeniedError(absl::StrCat(
-        principal_.Describe(), " may write only as host ", EscapeForLog(principal_.name),
-        ", not as host ", EscapeForLog(identity->host), " (strata-agent --host)"));
+        principal_.Describe(), " may write only as host ", base::EscapeForLog(principal_.name),
+        ", not as host ", base::EscapeForLog(identity->host), " (strata-agent --host)"));
   }
   identity->owner = principal_.Describe();
   auto stored = service_->store_->meta().GetAgent(identity->agent_id);
   if (stored.ok() && !stored->owner.empty() && stored->owner != identity->owner) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "agent ID ", EscapeForLog(identity->agent_id), " belongs to ", stored->owner, "; ",
+        "agent ID ", base::EscapeForLog(identity->agent_id), " belongs to ", stored->owner, "; ",
         identity->owner, " may not write as it"));
   }
   if (!stored.ok() && !absl::IsNotFound(stored.status())) {
-    spdlog::error("reading agent {}: {}", EscapeForLog(identity->agent_id),
+    spdlog::error("reading agent {}: {}", base::EscapeForLog(identity->agent_id),
                   stored.status().ToString());
     return absl::UnavailableError("cannot read the agent's record; retry later");
   }

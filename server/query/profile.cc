@@ -213,7 +213,7 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
       }
     }
     if (!has_focus || has_ignore) continue;
-    SaturatingAddTo(profile->total, c.count);
+    base::SaturatingAddTo(profile->total, c.count);
     profile->stacks.push_back(std::move(stack));
   }
   return absl::OkStatus();
@@ -241,7 +241,7 @@ absl::StatusOr<std::vector<store::ServiceSummary>> ListServices(
     }
     it->first_window_ms = std::min(it->first_window_ms, l.first_window_ms);
     it->last_window_ms = std::max(it->last_window_ms, l.last_window_ms);
-    SaturatingAddTo(it->total_samples, l.total_samples);
+    base::SaturatingAddTo(it->total_samples, l.total_samples);
   }
   std::sort(services->begin(), services->end(),
             [](const auto& a, const auto& b) { return a.service < b.service; });
@@ -266,7 +266,7 @@ absl::StatusOr<store::SampleTotals> ProfileReader::SumSamples(const store::Sampl
     for (store::StackCount& s : totals->stacks) {
       auto it = live_counts.find(s.stack_id);
       if (it == live_counts.end()) continue;
-      SaturatingAddTo(s.count, it->second);
+      base::SaturatingAddTo(s.count, it->second);
       live_counts.erase(it);
     }
     for (const auto& [stack, count] : live_counts) totals->stacks.push_back({stack, count});

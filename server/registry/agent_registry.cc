@@ -14,7 +14,7 @@ absl::Status AgentRegistry::Attach(const AgentDescriptor& agent, uint32_t freque
       known != agents_.end() && !known->second.agent.owner.empty() &&
       known->second.agent.owner != agent.owner) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "agent ID ", EscapeForLog(agent.agent_id), " belongs to ", known->second.agent.owner,
+        "agent ID ", base::EscapeForLog(agent.agent_id), " belongs to ", known->second.agent.owner,
         "; ", agent.owner.empty() ? "anonymous" : agent.owner, " may not write as it"));
   }
   Entry& e = agents_[agent.agent_id];

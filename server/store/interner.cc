@@ -215,7 +215,7 @@ absl::StatusOr<uint64_t> Interner::InternLabelSet(std::string_view service,
     return absl::ResourceExhaustedError(
         absl::StrCat("service '", std::string(service), "' already has ", max_per_service,
                      " distinct label sets (strata-server --max-label-sets); refused {",
-                     EscapeForLog(labels::ToString(set), 200), "}"));  // NOLINT
+                     base::EscapeForLog(labels::ToString(set), 200), "}"));  // NOLINT
   }
   if (!it->second) {
     WriteBatch::Rep& rep = BatchAccess::Of(batch);

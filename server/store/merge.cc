@@ -17,7 +17,7 @@ struct CountTraits {
     if (s.size() != 8) return std::nullopt;
     return GetFixed64LE(s.data());
   }
-  static Value Combine(Value a, Value b) { return SaturatingAdd(a, b); }
+  static Value Combine(Value a, Value b) { return base::SaturatingAdd(a, b); }
   static std::string Encode(Value v) { return EncodeCount(v); }
 };
 
@@ -33,7 +33,7 @@ struct ServiceSummaryTraits {
     Value out;
     out.first_window_ms = std::min(a.first_window_ms, b.first_window_ms);
     out.last_window_ms = std::max(a.last_window_ms, b.last_window_ms);
-    out.total_samples = SaturatingAdd(a.total_samples, b.total_samples);
+    out.total_samples = base::SaturatingAdd(a.total_samples, b.total_samples);
     return out;
   }
   static std::string Encode(const Value& v) {

@@ -131,7 +131,7 @@ struct SampleReader::Impl {
                         if (query.label_sets && !query.label_sets->contains(cell.label_set)) {
                           return;
                         }
-                        SaturatingAddTo(totals->counts[cell.stack_id], count);
+                        base::SaturatingAddTo(totals->counts[cell.stack_id], count);
                         if (!any || cell.host != last_host) {
                           any = true;
                           last_host.assign(cell.host);

@@ -44,7 +44,7 @@ void WriteBatch::AddSamples(std::string_view service, int64_t window_start_ms,
     s.first_window_ms = std::min(s.first_window_ms, window_start_ms);
     s.last_window_ms = std::max(s.last_window_ms, window_start_ms);
   }
-  SaturatingAddTo(s.total_samples, count);
+  base::SaturatingAddTo(s.total_samples, count);
 }
 
 void WriteBatch::AddCaptureSamples(std::string_view capture_id, int64_t window_start_ms,
