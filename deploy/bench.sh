@@ -27,7 +27,7 @@ for b in "${want[@]}"; do
       "$bin/unwind_benchmark" --benchmark_min_time=0.3
       BUILD="$PWD/$build" tests/bench/unwind/agent_cpu.sh ;;
     mips64) "$bin/mips64_lookup_benchmark" ;;
-    query) "$bin/bench_query" ;;
+    query) "$bin/query_benchmark" ;;
     fleet) tests/bench/fleet/fleet.sh "$bin" ;;
     tls) tests/bench/fleet/tls.sh "$bin" ;;
     faults) tests/bench/faults/outage_rss.sh 30 "$bin" ;;

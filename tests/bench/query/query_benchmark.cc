@@ -1,4 +1,4 @@
-// bench_query: query latency over a week of one service's profiles.
+// query_benchmark: query latency over a week of one service's profiles.
 //
 // Fill (through the Store API, as ingest writes it): one service, `--stacks` distinct stacks
 // (default 100,000; depth 6-30, drawn as paths of a random call tree over 5,000 functions)
@@ -17,7 +17,7 @@
 // used; then a stage breakdown of a warm 7 d query (load, flame tree, JSON, top, diff). For
 // comparison the same loads run once more reading raw 10 s cells only.
 //
-//   bench_query [--data DIR] [--reuse] [--iterations N] [--hour-block-mib N]
+//   query_benchmark [--data DIR] [--reuse] [--iterations N] [--hour-block-mib N]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -44,7 +44,7 @@ constexpr int64_t kHourMs = 3'600'000;
 constexpr int64_t kDayMs = 24 * kHourMs;
 
 struct Options {
-  std::string data = "/tmp/strata_bench_query";
+  std::string data = "/tmp/strata_query_benchmark";
   bool reuse = false;
   int stacks = 100'000;
   int days = 7;
@@ -197,7 +197,7 @@ void Check(const absl::StatusOr<T>& r, const char* what) {
 
 int main(int argc, char** argv) {
   Options o;
-  CLI::App app{"bench_query: flame graph, top and diff latency over a week of profiles"};
+  CLI::App app{"query_benchmark: flame graph, top and diff latency over a week of profiles"};
   app.add_option("--data", o.data, "store directory (wiped unless --reuse)")->capture_default_str();
   app.add_flag("--reuse", o.reuse, "reuse a store filled by an earlier run");
   app.add_option("--stacks", o.stacks, "distinct stacks")->capture_default_str();
