@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 
 #include <grpcpp/grpcpp.h>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/byte_size.h"
 #include "common/base/config_file.h"
@@ -29,10 +31,12 @@
 
 namespace {
 
-int Run(int argc, char** argv) {
-  CLI::App app{"strata-server: continuous profiling server"};
+namespace auth = strata::server::auth;
+
+// Every flag of `strata-server` (serving) and of its maintenance commands.
+struct ServerFlags {
   // Loopback by default: a server reachable from elsewhere needs TLS and authentication (or an
-  // explicit --insecure), see below.
+  // explicit --insecure), see CheckExposure.
   std::string listen = "127.0.0.1:7070";
   std::string http = "127.0.0.1:7071";
   std::string data = "./var/strata";
@@ -41,164 +45,188 @@ int Run(int argc, char** argv) {
   std::string capture_retention = "7d";
   std::string raw_retention = "7d", minute_retention = "30d", hour_retention = "365d";
   strata::server::aggregate::AggregatorOptions aggregation;
-  app.add_option("--listen", listen, "gRPC address for agents and clients (host:port)");
-  app.add_option("--http", http, "HTTP address for /healthz, /metrics and the UI; empty: off")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("--data", data, "RocksDB data directory (created if missing)");
-  strata::server::auth::ServerTlsFiles tls;
-  strata::server::auth::AuthorizerOptions auth_options;
+  auth::ServerTlsFiles tls;
+  auth::AuthorizerOptions auth_options;
   bool insecure = false, metrics_open = false;
   std::string certificate_role = "agent";
-  app.add_option("--tls-cert", tls.cert_file,
+  std::string table_memory = "512MiB";
+  std::string session_memory = "2GiB";
+  std::string max_message = "16MiB";
+  strata::server::ingest::IngestLimits limits;
+  int http_max_connections = 1024;
+  uint32_t max_agents = 20'000;
+  uint32_t max_streams_per_principal = 16;
+  uint32_t max_capture_hz = 1000;
+  std::string max_capture_duration = "1h";
+  uint32_t ingest_threads = 0;
+  // Maintenance commands.
+  std::string backup_to, restore_from;
+  uint32_t backup_keep = 7;
+  std::string hash_name = "NAME", hash_role = "reader";
+};
+
+// What the flags' texts mean, checked: sizes, durations and retention periods.
+struct ServeSettings {
+  uint64_t session_bytes = 0;
+  absl::Duration capture_retention;
+  absl::Duration max_capture_duration;
+  strata::server::store::StoreOptions store;
+};
+
+void AddServeFlags(CLI::App& app, ServerFlags& f) {
+  app.add_option("--listen", f.listen, "gRPC address for agents and clients (host:port)");
+  app.add_option("--http", f.http, "HTTP address for /healthz, /metrics and the UI; empty: off")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--data", f.data, "RocksDB data directory (created if missing)");
+  app.add_option("--tls-cert", f.tls.cert_file,
                  "PEM certificate (chain) of the server: TLS 1.2+ on the gRPC and HTTP "
                  "listeners; re-read when the file changes");
-  app.add_option("--tls-key", tls.key_file, "PEM private key of --tls-cert");
-  app.add_option("--tls-client-ca", tls.client_ca_file,
+  app.add_option("--tls-key", f.tls.key_file, "PEM private key of --tls-cert");
+  app.add_option("--tls-client-ca", f.tls.client_ca_file,
                  "PEM CA of client certificates: agents (and people) present certificates that "
                  "chain to it; a certificate's identity is its first DNS name, else its CN");
-  app.add_option("--tls-client-role", certificate_role,
+  app.add_option("--tls-client-role", f.certificate_role,
                  "role of a client certificate the tokens file does not list: agent, reader, "
                  "operator, or none (only listed certificates)")
       ->check(CLI::IsMember({"agent", "reader", "operator", "none"}))
       ->capture_default_str();
-  app.add_option("--auth-file", auth_options.auth_file,
+  app.add_option("--auth-file", f.auth_options.auth_file,
                  "tokens file: bearer tokens (hashed) and client certificates with their roles "
                  "(agent, reader, operator); re-read when it changes")
       ->check(CLI::ExistingFile);
-  app.add_flag("--insecure", insecure,
+  app.add_flag("--insecure", f.insecure,
                "allow listening on a non-loopback address without TLS and authentication");
-  app.add_flag("--metrics-open", metrics_open, "serve /metrics without authentication");
-  app.add_option("--query-rate", auth_options.query_rate,
+  app.add_flag("--metrics-open", f.metrics_open, "serve /metrics without authentication");
+  app.add_option("--query-rate", f.auth_options.query_rate,
                  "query requests per second per principal (gRPC and /api/v1; 0: unlimited)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--query-burst", auth_options.query_burst,
+  app.add_option("--query-burst", f.auth_options.query_burst,
                  "query requests a principal may make at once above --query-rate")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_flag("--sync", sync, "fsync the write-ahead log on every batch");
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
-  app.add_option("--capture-retention", capture_retention,
+  app.add_flag("--sync", f.sync, "fsync the write-ahead log on every batch");
+  app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error");
+  app.add_option("--capture-retention", f.capture_retention,
                  "keep ad hoc captures this long after they end (e.g. 7d, 12h; 0: forever)")
       ->capture_default_str();
-  app.add_option("--retention-raw", raw_retention, "keep 10 s windows this long (0: forever)")
+  app.add_option("--retention-raw", f.raw_retention, "keep 10 s windows this long (0: forever)")
       ->capture_default_str();
-  app.add_option("--retention-minute", minute_retention,
+  app.add_option("--retention-minute", f.minute_retention,
                  "keep the 1-minute rollups this long (0: forever)")
       ->capture_default_str();
-  app.add_option("--retention-hour", hour_retention,
+  app.add_option("--retention-hour", f.hour_retention,
                  "keep the 1-hour rollups this long (0: forever)")
       ->capture_default_str();
-  app.add_option("--table-entries", aggregation.max_entries,
+  app.add_option("--table-entries", f.aggregation.max_entries,
                  "distinct (host, stack) entries per service in the aggregation tables; a "
                  "fuller table is written early")
       ->capture_default_str()
       ->check(CLI::Range(1u, 1u << 24));
-  app.add_option("--hot-threshold", aggregation.hot_threshold,
+  app.add_option("--hot-threshold", f.aggregation.hot_threshold,
                  "samples per 10 s window that make a context hot (sorted first, ranked for "
                  "phase changes)")
       ->capture_default_str();
-  app.add_option("--phase-factor", aggregation.phase_change_factor,
+  app.add_option("--phase-factor", f.aggregation.phase_change_factor,
                  "how far apart two reordered hot contexts must be to report a phase change")
       ->capture_default_str()
       ->check(CLI::Range(2u, 1000000u));
-  std::string table_memory = "512MiB";
-  std::string session_memory = "2GiB";
-  app.add_option("--session-memory", session_memory,
+  app.add_option("--session-memory", f.session_memory,
                  "memory for connected agents' call graphs and decode caches; past it, idle "
                  "graphs are dropped and reloaded from the store when needed")
       ->capture_default_str();
-  std::string max_message = "16MiB";
-  strata::server::ingest::IngestLimits limits;
-  app.add_option("--table-memory", table_memory,
+  app.add_option("--table-memory", f.table_memory,
                  "memory for all aggregation tables together; past it, batches of new services "
                  "are refused with RESOURCE_EXHAUSTED until idle tables are released")
       ->capture_default_str();
-  app.add_option("--max-message-bytes", max_message, "largest gRPC message accepted")
+  app.add_option("--max-message-bytes", f.max_message, "largest gRPC message accepted")
       ->capture_default_str();
-  app.add_option("--max-graph-nodes", limits.max_graph_nodes,
+  app.add_option("--max-graph-nodes", f.limits.max_graph_nodes,
                  "functions in one agent's call graph")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--max-graph-edges", limits.max_graph_edges, "call edges in one agent's graph")
+  app.add_option("--max-graph-edges", f.limits.max_graph_edges, "call edges in one agent's graph")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--max-batch-services", limits.max_batch_services,
+  app.add_option("--max-batch-services", f.limits.max_batch_services,
                  "distinct services named by one sample batch")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--max-batch-contexts", limits.max_batch_contexts,
+  app.add_option("--max-batch-contexts", f.limits.max_batch_contexts,
                  "distinct calling contexts in one sample batch")
       ->capture_default_str()
       ->check(CLI::Range(1u, 1u << 22));
-  app.add_option("--max-batch-targets", limits.max_batch_targets,
+  app.add_option("--max-batch-targets", f.limits.max_batch_targets,
                  "targets (processes) in one sample batch or heartbeat")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--max-sequence-gap", limits.max_sequence_gap,
+  app.add_option("--max-sequence-gap", f.limits.max_sequence_gap,
                  "largest jump of an agent's batch sequence number that is accepted")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--max-label-sets", limits.max_label_sets,
+  app.add_option("--max-label-sets", f.limits.max_label_sets,
                  "distinct target label sets per service; past it samples are stored under "
                  "strata_overflow=label_sets")
       ->capture_default_str()
       ->check(CLI::Range(1u, 10'000'000u));
-  int http_max_connections = 1024;
-  app.add_option("--http-max-connections", http_max_connections,
+  app.add_option("--http-max-connections", f.http_max_connections,
                  "HTTP connections open at once; more are closed when accepted")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  uint32_t max_agents = 20'000;
-  uint32_t max_streams_per_principal = 16;
-  app.add_option("--max-streams-per-principal", max_streams_per_principal,
+  app.add_option("--max-streams-per-principal", f.max_streams_per_principal,
                  "agent streams one authenticated principal (certificate or token) may hold")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  uint32_t max_capture_hz = 1000;
-  std::string max_capture_duration = "1h";
-  app.add_option("--max-capture-hz", max_capture_hz,
+  app.add_option("--max-capture-hz", f.max_capture_hz,
                  "highest sampling rate a capture may ask of the agents")
       ->capture_default_str()
       ->check(CLI::Range(1u, 10000u));
-  app.add_option("--max-capture-duration", max_capture_duration,
+  app.add_option("--max-capture-duration", f.max_capture_duration,
                  "longest capture a client may start (at most 1h)")
       ->capture_default_str();
-  uint32_t ingest_threads = 0;
-  app.add_option("--max-agents", max_agents,
+  app.add_option("--max-agents", f.max_agents,
                  "agent streams held at once; more are refused with RESOURCE_EXHAUSTED and a "
                  "retry delay")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--ingest-threads", ingest_threads,
+  app.add_option("--ingest-threads", f.ingest_threads,
                  "threads that decode and commit agent batches (0: one per core)")
       ->capture_default_str();
-  // Maintenance commands on a data directory, instead of serving.
-  std::string backup_to, restore_from;
-  uint32_t backup_keep = 7;
-  CLI::App* backup = app.add_subcommand(
+}
+
+// Maintenance commands on a data directory or a token, instead of serving.
+struct MaintenanceCommands {
+  CLI::App* backup = nullptr;
+  CLI::App* restore = nullptr;
+  CLI::App* hash_token = nullptr;
+};
+
+MaintenanceCommands AddMaintenanceCommands(CLI::App& app, ServerFlags& f) {
+  MaintenanceCommands m;
+  CLI::App* backup = m.backup = app.add_subcommand(
       "backup", "copy the store in --data into a backup directory (incremental, checksummed; "
                 "the server may keep running)");
-  backup->add_option("--data", data, "the server's data directory")->capture_default_str();
-  backup->add_option("--to", backup_to, "backup directory (created if missing)")->required();
-  backup->add_option("--keep", backup_keep, "backups to keep there (0: all)")->capture_default_str();
-  CLI::App* restore = app.add_subcommand(
+  backup->add_option("--data", f.data, "the server's data directory")->capture_default_str();
+  backup->add_option("--to", f.backup_to, "backup directory (created if missing)")->required();
+  backup->add_option("--keep", f.backup_keep, "backups to keep there (0: all)")->capture_default_str();
+  CLI::App* restore = m.restore = app.add_subcommand(
       "restore", "restore the latest backup into a new data directory (the server stopped)");
-  restore->add_option("--from", restore_from, "backup directory")->required();
-  restore->add_option("--data", data, "new data directory (must be empty or missing)")
+  restore->add_option("--from", f.restore_from, "backup directory")->required();
+  restore->add_option("--data", f.data, "new data directory (must be empty or missing)")
       ->required();
-  CLI::App* hash_token = app.add_subcommand(
+  CLI::App* hash_token = m.hash_token = app.add_subcommand(
       "hash-token", "read a token on standard input and print the line of it for the tokens "
                     "file (the token itself is never stored)");
-  std::string hash_name = "NAME", hash_role = "reader";
-  hash_token->add_option("--name", hash_name, "principal name")->capture_default_str();
-  hash_token->add_option("--role", hash_role, "agent, reader or operator")
+  hash_token->add_option("--name", f.hash_name, "principal name")->capture_default_str();
+  hash_token->add_option("--role", f.hash_role, "agent, reader or operator")
       ->check(CLI::IsMember({"agent", "reader", "operator"}))
       ->capture_default_str();
-  app.require_subcommand(0, 1);
-  strata::base::AddConfigFile(app);
-  CLI11_PARSE(app, argc, argv);
-  if (*hash_token) {
+  return m;
+}
+
+// Runs the maintenance command given, if any: its exit status, or nullopt to serve.
+std::optional<int> RunMaintenance(const MaintenanceCommands& m, const ServerFlags& f) {
+  if (*m.hash_token) {
     std::string token;
     std::getline(std::cin, token);
     while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
@@ -206,153 +234,187 @@ int Run(int argc, char** argv) {
       std::fprintf(stderr, "strata-server hash-token: no token on standard input\n");
       return 2;
     }
-    std::printf("token %s %s %s\n", hash_name.c_str(), hash_role.c_str(),
-                strata::server::auth::FormatTokenHash(strata::server::auth::HashToken(token))
+    std::printf("token %s %s %s\n", f.hash_name.c_str(), f.hash_role.c_str(),
+                auth::FormatTokenHash(auth::HashToken(token))
                     .c_str());
     return 0;
   }
-  if (*backup) {
+  if (*m.backup) {
     strata::server::store::BackupInfo info;
-    absl::Status st = strata::server::store::BackupStore(data, backup_to, backup_keep, &info);
+    absl::Status st = strata::server::store::BackupStore(f.data, f.backup_to, f.backup_keep, &info);
     if (!st.ok()) {
       std::fprintf(stderr, "strata-server backup: %s\n", std::string(st.message()).c_str());
       return 1;
     }
     std::printf("backup %u of %s in %s: %llu bytes; %u backups kept\n", info.backup_id,
-                data.c_str(), backup_to.c_str(), static_cast<unsigned long long>(info.bytes),
+                f.data.c_str(), f.backup_to.c_str(), static_cast<unsigned long long>(info.bytes),
                 info.backups);
     return 0;
   }
-  if (*restore) {
-    absl::Status st = strata::server::store::RestoreStore(restore_from, data);
+  if (*m.restore) {
+    absl::Status st = strata::server::store::RestoreStore(f.restore_from, f.data);
     if (!st.ok()) {
       std::fprintf(stderr, "strata-server restore: %s\n", std::string(st.message()).c_str());
       return 1;
     }
-    std::printf("restored the latest backup of %s into %s\n", restore_from.c_str(), data.c_str());
+    std::printf("restored the latest backup of %s into %s\n", f.restore_from.c_str(), f.data.c_str());
     return 0;
   }
-  uint64_t table_bytes = 0, message_bytes = 0, session_bytes = 0;
-  for (auto [flag, text, out] : {std::tuple{"--table-memory", &table_memory, &table_bytes},
-                                 std::tuple{"--max-message-bytes", &max_message, &message_bytes},
-                                 std::tuple{"--session-memory", &session_memory, &session_bytes}}) {
+  return std::nullopt;
+}
+
+// Checks the flags whose texts need parsing; a message for the operator on failure.
+absl::StatusOr<ServeSettings> CheckFlags(ServerFlags& f) {
+  ServeSettings settings;
+  uint64_t table_bytes = 0, message_bytes = 0;
+  for (auto [flag, text, out] :
+       {std::tuple{"--table-memory", &f.table_memory, &table_bytes},
+        std::tuple{"--max-message-bytes", &f.max_message, &message_bytes},
+        std::tuple{"--session-memory", &f.session_memory, &settings.session_bytes}}) {
     auto bytes = strata::base::ParseByteSize(*text);
     if (!bytes.ok()) {
-      std::fprintf(stderr, "strata-server: %s: %s\n", flag,
-                   std::string(bytes.status().message()).c_str());
-      return 2;
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": ", bytes.status().message()));
     }
     *out = *bytes;
   }
-  auto capture_duration = strata::server::capture::ParseRetention(max_capture_duration);
+  auto capture_duration = strata::server::capture::ParseRetention(f.max_capture_duration);
   if (!capture_duration.ok() || *capture_duration <= absl::ZeroDuration() ||
       *capture_duration > absl::Hours(1)) {
-    std::fprintf(stderr, "strata-server: --max-capture-duration must be between 1ms and 1h\n");
-    return 2;
+    return absl::InvalidArgumentError("--max-capture-duration must be between 1ms and 1h");
   }
+  settings.max_capture_duration = *capture_duration;
   if (message_bytes < 4096 || message_bytes > (1u << 30)) {
-    std::fprintf(stderr, "strata-server: --max-message-bytes must be in [4KiB, 1GiB]\n");
-    return 2;
+    return absl::InvalidArgumentError("--max-message-bytes must be in [4KiB, 1GiB]");
   }
-  aggregation.memory_budget_bytes = table_bytes;
-  limits.max_message_bytes = static_cast<uint32_t>(message_bytes);
-  auto retention = strata::server::capture::ParseRetention(capture_retention);
+  f.aggregation.memory_budget_bytes = table_bytes;
+  f.limits.max_message_bytes = static_cast<uint32_t>(message_bytes);
+  auto retention = strata::server::capture::ParseRetention(f.capture_retention);
   if (!retention.ok()) {
-    std::fprintf(stderr, "strata-server: --capture-retention: %s\n",
-                 std::string(retention.status().message()).c_str());
-    return 2;
+    return absl::InvalidArgumentError(
+        absl::StrCat("--capture-retention: ", retention.status().message()));
   }
+  settings.capture_retention = *retention;
   // Retention per resolution, enforced when RocksDB compacts (see StoreOptions).
-  int64_t retention_ms[3];
-  const std::pair<const char*, const std::string*> retention_flags[3] = {
-      {"--retention-raw", &raw_retention},
-      {"--retention-minute", &minute_retention},
-      {"--retention-hour", &hour_retention}};
-  for (int i = 0; i < 3; ++i) {
-    auto d = strata::server::capture::ParseRetention(*retention_flags[i].second);
-    if (!d.ok()) {
-      std::fprintf(stderr, "strata-server: %s: %s\n", retention_flags[i].first,
-                   std::string(d.status().message()).c_str());
-      return 2;
-    }
-    retention_ms[i] = absl::ToInt64Milliseconds(*d);
+  settings.store.sync = f.sync;
+  for (auto [flag, text, out] :
+       {std::tuple{"--retention-raw", &f.raw_retention, &settings.store.raw_retention_ms},
+        std::tuple{"--retention-minute", &f.minute_retention,
+                   &settings.store.minute_retention_ms},
+        std::tuple{"--retention-hour", &f.hour_retention, &settings.store.hour_retention_ms}}) {
+    auto d = strata::server::capture::ParseRetention(*text);
+    if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", d.status().message()));
+    *out = absl::ToInt64Milliseconds(*d);
   }
-  spdlog::set_level(spdlog::level::from_str(log_level));
+  return settings;
+}
 
-  // Who may call, and over what. Refuse a server reachable from other machines that anyone
-  // there could read, write or capture from.
-  const bool tls_on = !tls.cert_file.empty() || !tls.key_file.empty();
-  if (!tls_on && !tls.client_ca_file.empty()) {
-    std::fprintf(stderr, "strata-server: --tls-client-ca needs --tls-cert and --tls-key\n");
-    return 2;
+// Who may call, and over what.
+struct Security {
+  std::unique_ptr<auth::Authorizer> authorizer;
+  std::shared_ptr<grpc::ServerCredentials> grpc_credentials;
+  bool tls_on = false;
+};
+
+// Builds the authorizer and the gRPC credentials, and refuses a server reachable from other
+// machines that anyone there could read, write or capture from.
+absl::StatusOr<Security> BuildSecurity(ServerFlags& f) {
+  Security security;
+  security.tls_on = !f.tls.cert_file.empty() || !f.tls.key_file.empty();
+  if (!security.tls_on && !f.tls.client_ca_file.empty()) {
+    return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
   }
-  auth_options.client_certificates = !tls.client_ca_file.empty();
-  if (certificate_role == "none") {
-    auth_options.certificate_role.reset();
+  f.auth_options.client_certificates = !f.tls.client_ca_file.empty();
+  if (f.certificate_role == "none") {
+    f.auth_options.certificate_role.reset();
   } else {
-    auth_options.certificate_role = strata::server::auth::ParseRole(certificate_role);
+    f.auth_options.certificate_role = auth::ParseRole(f.certificate_role);
   }
-  auto authorizer_or = strata::server::auth::Authorizer::Create(auth_options);
-  if (!authorizer_or.ok()) {
-    std::fprintf(stderr, "strata-server: %s\n",
-                 std::string(authorizer_or.status().message()).c_str());
-    return 2;
-  }
-  std::unique_ptr<strata::server::auth::Authorizer> authorizer = std::move(*authorizer_or);
-  for (const std::string* address : {&listen, &http}) {
-    if (address->empty() || strata::server::auth::IsLoopbackAddress(*address) || insecure) continue;
-    if (!tls_on || !authorizer->enabled()) {
-      std::fprintf(stderr,
-                   "strata-server: refusing to listen on %s without %s: give --tls-cert and "
-                   "--tls-key, and --auth-file or --tls-client-ca (see deploy/gen-certs.sh), "
-                   "or --insecure\n",
-                   address->c_str(),
-                   !tls_on && !authorizer->enabled() ? "TLS and authentication"
-                   : !tls_on                        ? "TLS"
-                                                    : "authentication");
-      return 2;
+  auto authorizer = auth::Authorizer::Create(f.auth_options);
+  if (!authorizer.ok()) return authorizer.status();
+  security.authorizer = std::move(*authorizer);
+  const bool auth_on = security.authorizer->enabled();
+  for (const std::string* address : {&f.listen, &f.http}) {
+    if (address->empty() || auth::IsLoopbackAddress(*address) || f.insecure) continue;
+    if (!security.tls_on || !auth_on) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "refusing to listen on ", *address, " without ",
+          !security.tls_on && !auth_on ? "TLS and authentication"
+          : !security.tls_on           ? "TLS"
+                                       : "authentication",
+          ": give --tls-cert and --tls-key, and --auth-file or --tls-client-ca (see "
+          "deploy/gen-certs.sh), or --insecure"));
     }
   }
-  std::shared_ptr<grpc::ServerCredentials> grpc_credentials = grpc::InsecureServerCredentials();
-  if (tls_on) {
-    auto credentials = strata::server::auth::MakeServerCredentials(tls);
-    if (!credentials.ok()) {
-      std::fprintf(stderr, "strata-server: %s\n",
-                   std::string(credentials.status().message()).c_str());
-      return 2;
-    }
-    grpc_credentials = *credentials;
+  security.grpc_credentials = grpc::InsecureServerCredentials();
+  if (security.tls_on) {
+    auto credentials = auth::MakeServerCredentials(f.tls);
+    if (!credentials.ok()) return credentials.status();
+    security.grpc_credentials = *credentials;
   }
-  // Every agent stream and HTTP connection is a file descriptor, beside RocksDB's files:
-  // take all the kernel allows this process rather than the shell's default 1024.
+  return security;
+}
+
+// Every agent stream and HTTP connection is a file descriptor, beside RocksDB's files: take all
+// the kernel allows this process rather than the shell's default 1024.
+void RaiseOpenFileLimit() {
   if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
     files.rlim_cur = files.rlim_max;
     if (setrlimit(RLIMIT_NOFILE, &files) != 0) spdlog::warn("cannot raise the open-file limit");
   }
+}
 
-  // Signals are taken synchronously by the main thread below; block them before any thread
-  // starts so none of gRPC's or Beast's threads receives them.
+// Signals are taken synchronously by the main thread (sigwait); blocked before any thread
+// starts so none of gRPC's or Beast's threads receives them.
+sigset_t BlockShutdownSignals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
 
-  strata::server::store::StoreOptions store_options;
-  store_options.sync = sync;
-  store_options.raw_retention_ms = retention_ms[0];
-  store_options.minute_retention_ms = retention_ms[1];
-  store_options.hour_retention_ms = retention_ms[2];
-  auto store_or = strata::server::store::Store::Open(data, store_options);
+// The shutdown order that loses nothing: streams end (every batch acknowledged so far is
+// already committed), HTTP stops, the aggregator writes its open windows, the store closes.
+int StopCleanly(grpc::Server* server, strata::server::http::HttpServer* http_server,
+                std::unique_ptr<strata::server::aggregate::WindowAggregator> aggregator,
+                strata::server::store::Store* store) {
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  http_server->Stop();
+  aggregator->Stop();
+  if (auto st = aggregator->FlushAll(); !st.ok()) {
+    // The journal still holds the open windows; the next start writes them.
+    spdlog::error("writing the open windows: {}", st.ToString());
+  }
+  const strata::server::aggregate::AggregatorStats aggregated = aggregator->stats();
+  spdlog::info("aggregation: {} windows closed, {} capacity flushes, {} cells written "
+               "directly, {} phase changes",
+               aggregated.windows_closed, aggregated.capacity_flushes, aggregated.direct_cells,
+               aggregated.phase_events);
+  aggregator.reset();
+  if (auto st = store->Close(); !st.ok()) {
+    spdlog::error("closing the store: {}", st.ToString());
+    return 1;
+  }
+  spdlog::info("stopped cleanly");
+  return 0;
+}
+
+// Serves until SIGINT or SIGTERM, then shuts down cleanly: the server's exit status.
+int Serve(const ServerFlags& f, const ServeSettings& settings, Security& security) {
+  auth::Authorizer* authorizer = security.authorizer.get();
+  const sigset_t signals = BlockShutdownSignals();
+
+  auto store_or = strata::server::store::Store::Open(f.data, settings.store);
   if (!store_or.ok()) {
-    std::fprintf(stderr, "strata-server: cannot open data directory %s: %s\n", data.c_str(),
+    std::fprintf(stderr, "strata-server: cannot open data directory %s: %s\n", f.data.c_str(),
                  store_or.status().ToString().c_str());
     return 1;
   }
   std::unique_ptr<strata::server::store::Store> store = std::move(*store_or);
   // Writes samples an earlier process acknowledged but did not flush (see the journal).
   auto aggregator_or =
-      strata::server::aggregate::WindowAggregator::Create(store.get(), aggregation);
+      strata::server::aggregate::WindowAggregator::Create(store.get(), f.aggregation);
   if (!aggregator_or.ok()) {
     std::fprintf(stderr, "strata-server: aggregation: %s\n",
                  aggregator_or.status().ToString().c_str());
@@ -365,20 +427,20 @@ int Run(int argc, char** argv) {
   strata::server::registry::AgentRegistry registry;
   strata::server::ingest::IngestMetrics metrics;
   strata::server::ingest::IngestService ingest(store.get(), &registry, &metrics,
-                                       {.authorizer = authorizer.get(),
-                                        .max_streams_per_principal = max_streams_per_principal,
+                                       {.authorizer = authorizer,
+                                        .max_streams_per_principal = f.max_streams_per_principal,
                                         .committer = aggregator.get(),
-                                        .limits = limits,
-                                        .max_agents = max_agents,
-                                        .worker_threads = ingest_threads,
-                                        .session_memory_bytes = session_bytes});
+                                        .limits = f.limits,
+                                        .max_agents = f.max_agents,
+                                        .worker_threads = f.ingest_threads,
+                                        .session_memory_bytes = settings.session_bytes});
   strata::server::query::QueryService query(store.get(), &registry, aggregator.get(),
-                                     authorizer.get());
+                                     authorizer);
   strata::server::capture::CaptureService::Options capture_options;
-  capture_options.retention = *retention;
-  capture_options.max_frequency_hz = max_capture_hz;
-  capture_options.max_duration = *capture_duration;
-  capture_options.authorizer = authorizer.get();
+  capture_options.retention = settings.capture_retention;
+  capture_options.max_frequency_hz = f.max_capture_hz;
+  capture_options.max_duration = settings.max_capture_duration;
+  capture_options.authorizer = authorizer;
   capture_options.deleter = [store = store.get()](const std::string& capture_id) {
     strata::server::store::WriteBatch wb;
     wb.DeleteCapture(capture_id);
@@ -399,64 +461,69 @@ int Run(int argc, char** argv) {
 
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(listen, grpc_credentials, &bound_port);
+  builder.AddListeningPort(f.listen, security.grpc_credentials, &bound_port);
   builder.RegisterService(&ingest);
   builder.RegisterService(&query);
   builder.RegisterService(&capture);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(limits.max_message_bytes));
+  builder.SetMaxReceiveMessageSize(static_cast<int>(f.limits.max_message_bytes));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || bound_port == 0) {
-    std::fprintf(stderr, "strata-server: cannot listen on %s\n", listen.c_str());
+    std::fprintf(stderr, "strata-server: cannot listen on %s\n", f.listen.c_str());
     return 1;
   }
 
   strata::server::http::HttpServer http_server;
   strata::server::RegisterHttpRoutes(
       &http_server, store.get(), &metrics, &query, aggregator.get(),
-      {.authorizer = authorizer.get(),
-       .metrics_open = metrics_open,
+      {.authorizer = authorizer,
+       .metrics_open = f.metrics_open,
        .capture_limit_refusals = [&capture] { return capture.limit_refusals(); }});
-  if (!http.empty()) {
+  if (!f.http.empty()) {
     strata::server::http::HttpServerOptions http_options;
-    http_options.max_connections = http_max_connections;
-    http_options.tls = {tls.cert_file, tls.key_file, tls.client_ca_file};
-    if (auto st = http_server.Start(http, http_options); !st.ok()) {
+    http_options.max_connections = f.http_max_connections;
+    http_options.tls = {f.tls.cert_file, f.tls.key_file, f.tls.client_ca_file};
+    if (auto st = http_server.Start(f.http, http_options); !st.ok()) {
       std::fprintf(stderr, "strata-server: %s\n", std::string(st.message()).c_str());
       server->Shutdown();
       return 1;
     }
   }
-  spdlog::info("strata-server listening on {} (port {}), HTTP on {}, data in {}; {}, {}", listen,
-               bound_port, http.empty() ? "off" : http, data, tls_on ? "TLS" : "plaintext",
+  spdlog::info("strata-server listening on {} (port {}), HTTP on {}, data in {}; {}, {}", f.listen,
+               bound_port, f.http.empty() ? "off" : f.http, f.data, security.tls_on ? "TLS" : "plaintext",
                authorizer->enabled() ? "authentication required" : "no authentication");
   // The HTTP port first: whoever waits for "ready" (tests, scripts with port 0) finds both.
-  if (!http.empty()) std::printf("strata-server HTTP on port %d\n", http_server.port());
+  if (!f.http.empty()) std::printf("strata-server HTTP on port %d\n", http_server.port());
   std::printf("strata-server ready on port %d\n", bound_port);
   std::fflush(stdout);
 
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("signal {}: shutting down", sig);
-  // Agents' streams end here; every batch acknowledged so far is already committed.
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
-  http_server.Stop();
-  aggregator->Stop();
-  if (auto st = aggregator->FlushAll(); !st.ok()) {
-    // The journal still holds the open windows; the next start writes them.
-    spdlog::error("writing the open windows: {}", st.ToString());
+  return StopCleanly(server.get(), &http_server, std::move(aggregator), store.get());
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{"strata-server: continuous profiling server"};
+  ServerFlags flags;
+  AddServeFlags(app, flags);
+  const MaintenanceCommands maintenance = AddMaintenanceCommands(app, flags);
+  app.require_subcommand(0, 1);
+  strata::base::AddConfigFile(app);
+  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> status = RunMaintenance(maintenance, flags)) return *status;
+  auto settings = CheckFlags(flags);
+  if (!settings.ok()) {
+    std::fprintf(stderr, "strata-server: %s\n", std::string(settings.status().message()).c_str());
+    return 2;
   }
-  const strata::server::aggregate::AggregatorStats aggregated = aggregator->stats();
-  spdlog::info("aggregation: {} windows closed, {} capacity flushes, {} cells written "
-               "directly, {} phase changes",
-               aggregated.windows_closed, aggregated.capacity_flushes, aggregated.direct_cells,
-               aggregated.phase_events);
-  aggregator.reset();
-  if (auto st = store->Close(); !st.ok()) {
-    spdlog::error("closing the store: {}", st.ToString());
-    return 1;
+  spdlog::set_level(spdlog::level::from_str(flags.log_level));
+  auto security = BuildSecurity(flags);
+  if (!security.ok()) {
+    std::fprintf(stderr, "strata-server: %s\n", std::string(security.status().message()).c_str());
+    return 2;
   }
-  spdlog::info("stopped cleanly");
-  return 0;
+  RaiseOpenFileLimit();
+  return Serve(flags, *settings, *security);
 }
 
 }  // namespace
