@@ -193,159 +193,144 @@ http::HttpServer::Handler Guard(auth::Authorizer* authorizer, auth::Role need, c
   };
 }
 
-}  // namespace
-
-void RegisterHttpRoutes(http::HttpServer* http, store::Store* store, ingest::IngestMetrics* metrics,
-                        query::QueryService* query, const aggregate::WindowAggregator* aggregator,
-                        const HttpAccess& access) {
-  auth::Authorizer* const authorizer = access.authorizer;
-  auto reader = [authorizer](http::HttpServer::Handler h) {
-    return Guard(authorizer, auth::Role::kReader, "queries", /*rate_limited=*/true, std::move(h));
+// The Prometheus text of /metrics: ingest, authorization, captures, HTTP, store and
+// aggregation counters.
+http::HttpResponse RenderMetrics(const http::HttpServer* http, store::Store* store,
+                                 ingest::IngestMetrics* metrics,
+                                 const aggregate::WindowAggregator* aggregator,
+                                 const HttpAccess& access) {
+  http::HttpResponse r;
+  r.content_type = "text/plain; version=0.0.4";
+  auto counter = [&](const char* name, const char* help, uint64_t value) {
+    absl::StrAppend(&r.body, "# HELP ", name, " ", help, "\n# TYPE ", name, " counter\n", name,
+                    " ", value, "\n");
   };
-  // Health checks answer on the I/O threads and metrics on a thread of their own: neither
-  // waits behind slow queries. Metrics may wait briefly (the aggregator's lock, RocksDB
-  // properties), which must not hold an I/O thread.
-  http->Route(
-      "/healthz",
-      [](const http::HttpRequest&) {
-        return http::HttpResponse{200, "text/plain", "ok\n"};
-      },
-      http::HttpServer::Dispatch::kInline);
-  http::HttpServer::Handler metrics_handler = [http, store, metrics, aggregator,
-                                         access](const http::HttpRequest&) {
-    http::HttpResponse r;
-    r.content_type = "text/plain; version=0.0.4";
-    auto counter = [&](const char* name, const char* help, uint64_t value) {
-      absl::StrAppend(&r.body, "# HELP ", name, " ", help, "\n# TYPE ", name, " counter\n", name,
-                      " ", value, "\n");
-    };
-    counter("strata_ingest_streams_total", "Agent streams accepted.", metrics->streams);
-    counter("strata_ingest_batches_total", "Sample batches applied.", metrics->batches);
-    counter("strata_ingest_duplicate_batches_total", "Resent batches acknowledged again.",
-            metrics->duplicate_batches);
-    counter("strata_ingest_samples_total", "Samples applied.", metrics->samples);
-    counter("strata_ingest_contexts_total", "Distinct contexts applied (per batch).",
-            metrics->contexts);
-    counter("strata_ingest_rejected_messages_total", "Messages rejected as malformed.",
-            metrics->rejected_messages);
-    counter("strata_ingest_resyncs_total", "Graph resyncs requested.", metrics->resyncs);
-    counter("strata_ingest_label_sets_refused_total",
-            "Target label sets refused past --max-label-sets (stored as strata_overflow).",
-            ingest::LabelSetsRefused());
-    auto gauge = [&](const char* name, const char* help, auto value) {
-      absl::StrAppend(&r.body, "# HELP ", name, " ", help, "\n# TYPE ", name, " gauge\n", name,
-                      " ", value, "\n");
-    };
-    gauge("strata_ingest_connected_agents", "Agent streams open now.", metrics->connected.load());
-    gauge("strata_ingest_queued_messages", "Agent messages waiting for an ingest worker.",
-          metrics->queued.load());
-    gauge("strata_memory_agent_session_bytes",
-          "Agent sessions' call graphs and decode caches (estimate; --session-memory).",
-          metrics->session_bytes.load());
-    counter("strata_ingest_sessions_unloaded_total",
-            "Agent graphs dropped for the session memory budget (reloaded on the next batch).",
-            metrics->sessions_unloaded);
-    counter("strata_ingest_streams_refused_total",
-            "Agent streams refused over --max-agents (RESOURCE_EXHAUSTED).",
-            metrics->streams_refused);
-    counter("strata_ingest_principal_streams_refused_total",
-            "Agent streams refused over --max-streams-per-principal.",
-            metrics->principal_streams_refused);
-    counter("strata_ingest_identity_refused_total",
-            "Agents refused for writing as another principal's agent ID or host.",
-            metrics->identity_refused);
-    if (access.authorizer != nullptr) {
-      const auth::AuthStats a = access.authorizer->stats();
-      counter("strata_auth_unauthenticated_total",
-              "Calls refused for missing, malformed or unknown credentials (401).",
-              a.unauthenticated);
-      counter("strata_auth_permission_denied_total",
-              "Calls refused for a role that does not allow them (403).", a.permission_denied);
-      counter("strata_auth_rate_limited_total",
-              "Query calls refused over the principal's --query-rate (429).", a.rate_limited);
-      counter("strata_auth_reloads_total", "Changes of the tokens file taken.", a.reloads);
-      counter("strata_auth_reload_errors_total",
-              "Changes of the tokens file refused (the previous one stays).", a.reload_errors);
-    }
-    if (access.capture_limit_refusals) {
-      counter("strata_capture_limit_refusals_total",
-              "Captures refused for asking more than --max-capture-hz or "
-              "--max-capture-duration.",
-              access.capture_limit_refusals());
-    }
-    counter("strata_ingest_resource_exhausted_total",
-            "Agent streams ended for lack of memory (table budget), with a retry delay.",
-            metrics->resource_exhausted);
-    metrics->queue_wait.AppendPrometheus(&r.body, "strata_ingest_queue_wait_seconds",
-                                         "Time an agent message waited for an ingest worker.");
-    metrics->batch_apply.AppendPrometheus(&r.body, "strata_ingest_batch_apply_seconds",
-                                          "Time to decode and commit one sample batch.");
-    const http::HttpServerStats h = http->stats();
-    gauge("strata_http_open_connections", "HTTP connections open now.", h.open_connections);
-    counter("strata_http_refused_connections_total",
-            "HTTP connections closed at once: over the connection limit.", h.refused_connections);
-    counter("strata_http_timed_out_connections_total",
-            "HTTP connections closed by a header, body or idle deadline.", h.timed_out);
-    counter("strata_http_bad_requests_total", "Unparsable, oversized or non-UTF-8 requests.",
-            h.bad_requests);
-    counter("strata_http_connections_total", "HTTP connections accepted and served.",
-            h.connections);
-    counter("strata_http_requests_total", "HTTP requests read.", h.requests);
-    counter("strata_http_tls_handshake_failures_total",
-            "HTTPS connections closed in the TLS handshake (plaintext, old TLS, bad "
-            "certificate).", h.tls_handshake_failures);
-    const store::StoreStats st = store->Stats();
-    gauge("strata_memory_rocksdb_memtable_bytes", "RocksDB memtables.", st.memtable_bytes);
-    gauge("strata_memory_rocksdb_block_cache_bytes", "RocksDB block cache in use.",
-          st.block_cache_bytes);
-    gauge("strata_memory_rocksdb_table_reader_bytes", "RocksDB index and filter blocks.",
-          st.table_reader_bytes);
-    gauge("strata_memory_hour_block_bytes", "In-memory hour aggregates for long queries.",
-          st.hour_block_bytes);
-    counter("strata_store_write_errors_total",
-            "Writes the store refused (disk full, I/O errors): those batches were not "
-            "acknowledged and come again.", st.write_errors);
-    counter("strata_store_write_resumes_total",
-            "Times the store resumed writing after such errors.", st.write_resumes);
-    if (aggregator != nullptr) {
-      const aggregate::AggregatorStats a = aggregator->stats();
-      counter("strata_aggregation_windows_closed_total",
-              "Service windows written from the sorted tables to the store.", a.windows_closed);
-      counter("strata_aggregation_capacity_flushes_total",
-              "Tables written early because a batch would not fit.", a.capacity_flushes);
-      counter("strata_aggregation_direct_cells_total",
-              "Counts written directly (closed window, or more than a table holds).", a.direct_cells);
-      counter("strata_aggregation_phase_changes_total", "Phase-change events recorded.",
-              a.phase_events);
-      counter("strata_aggregation_journal_records_total",
-              "Batches whose counts went to the tables (one journal record each).",
-              a.journal_records);
-      gauge("strata_aggregation_live_entries", "Entries in the sorted tables.", a.live_entries);
-      gauge("strata_aggregation_tables", "Aggregation tables (services with recent samples).",
-            a.tables);
-      gauge("strata_memory_table_bytes", "Memory of all aggregation tables (--table-memory).",
-            a.table_bytes);
-      counter("strata_aggregation_tables_grown_total", "Tables doubled as their service grew.",
-              a.tables_grown);
-      counter("strata_aggregation_tables_released_total",
-              "Idle tables released (written out, memory returned).", a.tables_released);
-      counter("strata_aggregation_growth_refused_total",
-              "Full tables not grown for the memory budget (written early instead).",
-              a.growth_refused);
-      counter("strata_aggregation_budget_refusals_total",
-              "Batches refused with RESOURCE_EXHAUSTED: no room for a new table.",
-              a.budget_refusals);
-    }
-    absl::StrAppend(&r.body, "# HELP strata_store_bytes Approximate bytes on disk.\n",
-                    "# TYPE strata_store_bytes gauge\nstrata_store_bytes ",
-                    store->ApproximateBytesOnDisk(), "\n");
-    return r;
+  counter("strata_ingest_streams_total", "Agent streams accepted.", metrics->streams);
+  counter("strata_ingest_batches_total", "Sample batches applied.", metrics->batches);
+  counter("strata_ingest_duplicate_batches_total", "Resent batches acknowledged again.",
+          metrics->duplicate_batches);
+  counter("strata_ingest_samples_total", "Samples applied.", metrics->samples);
+  counter("strata_ingest_contexts_total", "Distinct contexts applied (per batch).",
+          metrics->contexts);
+  counter("strata_ingest_rejected_messages_total", "Messages rejected as malformed.",
+          metrics->rejected_messages);
+  counter("strata_ingest_resyncs_total", "Graph resyncs requested.", metrics->resyncs);
+  counter("strata_ingest_label_sets_refused_total",
+          "Target label sets refused past --max-label-sets (stored as strata_overflow).",
+          ingest::LabelSetsRefused());
+  auto gauge = [&](const char* name, const char* help, auto value) {
+    absl::StrAppend(&r.body, "# HELP ", name, " ", help, "\n# TYPE ", name, " gauge\n", name,
+                    " ", value, "\n");
   };
-  if (!access.metrics_open) {
-    metrics_handler = Guard(authorizer, auth::Role::kReader, "metrics", /*rate_limited=*/false,
-                            std::move(metrics_handler));
+  gauge("strata_ingest_connected_agents", "Agent streams open now.", metrics->connected.load());
+  gauge("strata_ingest_queued_messages", "Agent messages waiting for an ingest worker.",
+        metrics->queued.load());
+  gauge("strata_memory_agent_session_bytes",
+        "Agent sessions' call graphs and decode caches (estimate; --session-memory).",
+        metrics->session_bytes.load());
+  counter("strata_ingest_sessions_unloaded_total",
+          "Agent graphs dropped for the session memory budget (reloaded on the next batch).",
+          metrics->sessions_unloaded);
+  counter("strata_ingest_streams_refused_total",
+          "Agent streams refused over --max-agents (RESOURCE_EXHAUSTED).",
+          metrics->streams_refused);
+  counter("strata_ingest_principal_streams_refused_total",
+          "Agent streams refused over --max-streams-per-principal.",
+          metrics->principal_streams_refused);
+  counter("strata_ingest_identity_refused_total",
+          "Agents refused for writing as another principal's agent ID or host.",
+          metrics->identity_refused);
+  if (access.authorizer != nullptr) {
+    const auth::AuthStats a = access.authorizer->stats();
+    counter("strata_auth_unauthenticated_total",
+            "Calls refused for missing, malformed or unknown credentials (401).",
+            a.unauthenticated);
+    counter("strata_auth_permission_denied_total",
+            "Calls refused for a role that does not allow them (403).", a.permission_denied);
+    counter("strata_auth_rate_limited_total",
+            "Query calls refused over the principal's --query-rate (429).", a.rate_limited);
+    counter("strata_auth_reloads_total", "Changes of the tokens file taken.", a.reloads);
+    counter("strata_auth_reload_errors_total",
+            "Changes of the tokens file refused (the previous one stays).", a.reload_errors);
   }
-  http->Route("/metrics", std::move(metrics_handler), http::HttpServer::Dispatch::kPriority);
+  if (access.capture_limit_refusals) {
+    counter("strata_capture_limit_refusals_total",
+            "Captures refused for asking more than --max-capture-hz or "
+            "--max-capture-duration.",
+            access.capture_limit_refusals());
+  }
+  counter("strata_ingest_resource_exhausted_total",
+          "Agent streams ended for lack of memory (table budget), with a retry delay.",
+          metrics->resource_exhausted);
+  metrics->queue_wait.AppendPrometheus(&r.body, "strata_ingest_queue_wait_seconds",
+                                       "Time an agent message waited for an ingest worker.");
+  metrics->batch_apply.AppendPrometheus(&r.body, "strata_ingest_batch_apply_seconds",
+                                        "Time to decode and commit one sample batch.");
+  const http::HttpServerStats h = http->stats();
+  gauge("strata_http_open_connections", "HTTP connections open now.", h.open_connections);
+  counter("strata_http_refused_connections_total",
+          "HTTP connections closed at once: over the connection limit.", h.refused_connections);
+  counter("strata_http_timed_out_connections_total",
+          "HTTP connections closed by a header, body or idle deadline.", h.timed_out);
+  counter("strata_http_bad_requests_total", "Unparsable, oversized or non-UTF-8 requests.",
+          h.bad_requests);
+  counter("strata_http_connections_total", "HTTP connections accepted and served.",
+          h.connections);
+  counter("strata_http_requests_total", "HTTP requests read.", h.requests);
+  counter("strata_http_tls_handshake_failures_total",
+          "HTTPS connections closed in the TLS handshake (plaintext, old TLS, bad "
+          "certificate).", h.tls_handshake_failures);
+  const store::StoreStats st = store->Stats();
+  gauge("strata_memory_rocksdb_memtable_bytes", "RocksDB memtables.", st.memtable_bytes);
+  gauge("strata_memory_rocksdb_block_cache_bytes", "RocksDB block cache in use.",
+        st.block_cache_bytes);
+  gauge("strata_memory_rocksdb_table_reader_bytes", "RocksDB index and filter blocks.",
+        st.table_reader_bytes);
+  gauge("strata_memory_hour_block_bytes", "In-memory hour aggregates for long queries.",
+        st.hour_block_bytes);
+  counter("strata_store_write_errors_total",
+          "Writes the store refused (disk full, I/O errors): those batches were not "
+          "acknowledged and come again.", st.write_errors);
+  counter("strata_store_write_resumes_total",
+          "Times the store resumed writing after such errors.", st.write_resumes);
+  if (aggregator != nullptr) {
+    const aggregate::AggregatorStats a = aggregator->stats();
+    counter("strata_aggregation_windows_closed_total",
+            "Service windows written from the sorted tables to the store.", a.windows_closed);
+    counter("strata_aggregation_capacity_flushes_total",
+            "Tables written early because a batch would not fit.", a.capacity_flushes);
+    counter("strata_aggregation_direct_cells_total",
+            "Counts written directly (closed window, or more than a table holds).", a.direct_cells);
+    counter("strata_aggregation_phase_changes_total", "Phase-change events recorded.",
+            a.phase_events);
+    counter("strata_aggregation_journal_records_total",
+            "Batches whose counts went to the tables (one journal record each).",
+            a.journal_records);
+    gauge("strata_aggregation_live_entries", "Entries in the sorted tables.", a.live_entries);
+    gauge("strata_aggregation_tables", "Aggregation tables (services with recent samples).",
+          a.tables);
+    gauge("strata_memory_table_bytes", "Memory of all aggregation tables (--table-memory).",
+          a.table_bytes);
+    counter("strata_aggregation_tables_grown_total", "Tables doubled as their service grew.",
+            a.tables_grown);
+    counter("strata_aggregation_tables_released_total",
+            "Idle tables released (written out, memory returned).", a.tables_released);
+    counter("strata_aggregation_growth_refused_total",
+            "Full tables not grown for the memory budget (written early instead).",
+            a.growth_refused);
+    counter("strata_aggregation_budget_refusals_total",
+            "Batches refused with RESOURCE_EXHAUSTED: no room for a new table.",
+            a.budget_refusals);
+  }
+  absl::StrAppend(&r.body, "# HELP strata_store_bytes Approximate bytes on disk.\n",
+                  "# TYPE strata_store_bytes gauge\nstrata_store_bytes ",
+                  store->ApproximateBytesOnDisk(), "\n");
+  return r;
+}
+
+// /api/v1: the JSON mirror of the query service, each route guarded by `reader`.
+template <typename Guarded>
+void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Guarded reader) {
   http->Route("/api/v1/services", reader([query](const http::HttpRequest&) {
     auto r = query->RunListServices();
     return r.ok() ? Json(*r) : Error(r.status());
@@ -431,7 +416,10 @@ void RegisterHttpRoutes(http::HttpServer* http, store::Store* store, ingest::Ing
     if (!r.ok()) return Error(r.status());
     return Raw(r->content_type(), std::move(*r->mutable_data()));
   }));
-  // The web UI: static assets compiled into the binary, a copy away, so served inline.
+}
+
+// The web UI: static assets compiled into the binary, a copy away, so served inline.
+void RegisterWebUi(http::HttpServer* http, auth::Authorizer* authorizer) {
   for (const web::Asset& asset : web::Assets()) {
     http::HttpResponse response{200, std::string(asset.content_type), std::string(asset.body)};
     http->Route(std::string(asset.path),
@@ -439,6 +427,37 @@ void RegisterHttpRoutes(http::HttpServer* http, store::Store* store, ingest::Ing
                       [response](const http::HttpRequest&) { return response; }),
                 http::HttpServer::Dispatch::kInline);
   }
+}
+
+}  // namespace
+
+void RegisterHttpRoutes(http::HttpServer* http, store::Store* store, ingest::IngestMetrics* metrics,
+                        query::QueryService* query, const aggregate::WindowAggregator* aggregator,
+                        const HttpAccess& access) {
+  auth::Authorizer* const authorizer = access.authorizer;
+  auto reader = [authorizer](http::HttpServer::Handler h) {
+    return Guard(authorizer, auth::Role::kReader, "queries", /*rate_limited=*/true, std::move(h));
+  };
+  // Health checks answer on the I/O threads and metrics on a thread of their own: neither
+  // waits behind slow queries. Metrics may wait briefly (the aggregator's lock, RocksDB
+  // properties), which must not hold an I/O thread.
+  http->Route(
+      "/healthz",
+      [](const http::HttpRequest&) {
+        return http::HttpResponse{200, "text/plain", "ok\n"};
+      },
+      http::HttpServer::Dispatch::kInline);
+  http::HttpServer::Handler metrics_handler = [http, store, metrics, aggregator,
+                                               access](const http::HttpRequest&) {
+    return RenderMetrics(http, store, metrics, aggregator, access);
+  };
+  if (!access.metrics_open) {
+    metrics_handler = Guard(authorizer, auth::Role::kReader, "metrics", /*rate_limited=*/false,
+                            std::move(metrics_handler));
+  }
+  http->Route("/metrics", std::move(metrics_handler), http::HttpServer::Dispatch::kPriority);
+  RegisterQueryRoutes(http, query, reader);
+  RegisterWebUi(http, authorizer);
 }
 
 }  // namespace strata::server
