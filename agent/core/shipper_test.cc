@@ -5,6 +5,7 @@
 #include "agent/core/shipper.h"
 
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -117,11 +118,10 @@ class FakeIngest final : public v1::Ingest::Service {
   Refusal* refuse_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
-// A gRPC server for `service` on 127.0.0.1:`port` (0: any free port, set on return).
-std::unique_ptr<grpc::Server> Serve(FakeIngest* service, int* port) {
+// A gRPC server for `service` at `address`.
+std::unique_ptr<grpc::Server> Serve(FakeIngest* service, const std::string& address) {
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat("127.0.0.1:", *port), grpc::InsecureServerCredentials(),
-                           port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
   builder.RegisterService(service);
   return builder.BuildAndStart();
 }
@@ -150,9 +150,10 @@ class ShipperTest : public ::testing::Test {
     if (server_ != nullptr) StopServer();
   }
 
-  // The ingest server on port_ (a free one the first time).
+  // The ingest server at address_. A Unix socket of the test's own: a restarted server gets
+  // the same address back, which a TCP port freed in between might not be.
   void StartServer() {
-    server_ = Serve(&ingest_, &port_);
+    server_ = Serve(&ingest_, address_);
     ASSERT_NE(server_, nullptr);
   }
   void StopServer() {
@@ -163,7 +164,7 @@ class ShipperTest : public ::testing::Test {
 
   void StartShipper() {
     ShipperOptions options;
-    options.server = absl::StrCat("127.0.0.1:", port_);
+    options.server = address_;
     options.agent_id = "shipper-test";
     options.host = "test-host";
     options.arch = "x86_64";
@@ -187,7 +188,9 @@ class ShipperTest : public ::testing::Test {
   ContextGraph graph_{0x5eed};
   std::unique_ptr<spool::Spool> spool_;
   FakeIngest ingest_;  // keeps what it applied across server restarts, like the store
-  int port_ = 0;
+  const std::string address_ =
+      absl::StrCat("unix:", ::testing::TempDir(), "shipper_test_", getpid(), "_",
+                   ::testing::UnitTest::GetInstance()->current_test_info()->name(), ".sock");
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Shipper> shipper_;
 };
@@ -248,8 +251,6 @@ TEST_F(ShipperTest, DropsABatchTheServerRejectsPermanently) {
 }
 
 TEST_F(ShipperTest, SpoolsWhileTheServerIsAwayAndDeliversWhenItIsBack) {
-  StartServer();  // only to find a free port
-  StopServer();
   StartShipper();
   Enqueue(1, 3);
   EXPECT_FALSE(shipper_->Flush(absl::Milliseconds(300)));
