@@ -284,6 +284,9 @@ uint64_t WindowAggregator::JournalWatermark(const PendingFlush* except) const {
 absl::Status WindowAggregator::CommitBatch(store::WriteBatch* wb, const std::string& host,
                                            int64_t window_start_ms,
                                            const std::vector<Cell>& cells) {
+  // Nothing for the tables (capture batches, empty intervals): the records go straight to the
+  // store, without holding the tables' lock across the write.
+  if (cells.empty()) return store_->Commit(wb);
   absl::Status status = CommitBatchLocked(wb, host, window_start_ms, cells);
   bool drain_here = false;
   {
