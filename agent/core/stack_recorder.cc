@@ -23,9 +23,11 @@ struct StackRecorder::PathCache {
 
 // Per-thread state of continuous unwinding: the incremental unwinder (previous sample's
 // frames) and the path recorded for them. Both arrays are sized once, so a sample of a known
-// thread allocates nothing here.
+// thread allocates nothing here. Without verification nothing is kept from one sample to the
+// next, so the path arrays stay empty and Record uses its shared ones.
 struct StackRecorder::Thread {
   Thread(const unwind::IncrementalOptions& options, size_t max_frames) : unwinder(options) {
+    if (options.verify == unwind::VerifyMode::kOff) return;
     paths.path.reserve(max_frames);
     paths.edges.reserve(max_frames);
   }
@@ -88,21 +90,23 @@ void StackRecorder::OnSample(const sampler::RawSample& sample) {
 unwind::UnwindResult StackRecorder::Unwind(const Target& target, TargetState& state,
                                            const sampler::RawSample& sample,
                                            PathCache** paths, size_t* outer_kept) {
-  unwind::IncrementalOptions options;
-  options.unwind.arch = unwind::kHostArch;
-  options.unwind.max_frames = options_.max_frames;
-  options.verify = options_.unwind_verify;
   unwind::Registers regs{sample.pc, sample.sp, sample.fp, sample.ra};
   unwind::StackSnapshot stack{sample.sp, sample.stack, sample.stack_size};
   std::unique_ptr<Thread>& thread = state.threads[static_cast<pid_t>(sample.tid)];
-  if (thread == nullptr) thread = std::make_unique<Thread>(options, options_.max_frames);
+  if (thread == nullptr) {
+    unwind::IncrementalOptions options;
+    options.unwind.arch = unwind::kHostArch;
+    options.unwind.max_frames = options_.max_frames;
+    options.verify = options_.unwind_verify;
+    thread = std::make_unique<Thread>(options, options_.max_frames);
+  }
   // A copy shorter than requested ended at the top of the thread's stack.
   const bool stack_end_known = sample.stack_size < options_.stack_bytes;
   unwind::SampleStats unwind_stats;
   unwind::UnwindResult result =
       thread->unwinder.Unwind({regs, stack, target.maps_epoch, stack_end_known}, *target.space,
                               frames_.data(), frames_.size(), &unwind_stats);
-  *paths = &thread->paths;
+  *paths = options_.unwind_verify == unwind::VerifyMode::kOff ? nullptr : &thread->paths;
   *outer_kept = unwind_stats.outer_kept;
   stats_.frames_walked += unwind_stats.frames_unwound;
   stats_.frames_reused += unwind_stats.frames_reused;
