@@ -11,17 +11,22 @@
 
 #include <algorithm>
 #include <bit>
+#include <charconv>
+#include <fstream>
+#include <string>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "agent/sampler/perf_record.h"
+#include "common/base/split.h"
 
 namespace strata::agent::sampler {
 
 struct PerfSampler::ThreadEvent {
   pid_t pid = 0;
-  pid_t tid = 0;
+  pid_t tid = 0;  // -1 for a per-CPU event
+  int cpu = -1;   // -1 for a per-thread event
   int fd = -1;
   void* mapping = nullptr;
   size_t mapping_size = 0;
@@ -33,10 +38,22 @@ struct PerfSampler::ThreadEvent {
 
 struct PerfSampler::Session {
   SessionOptions options;
-  // pid -> tid -> event. A pid with no threads stays as a target (see AttachNewThread).
+  // pid -> tid -> event. A pid with no threads stays as a target (see AttachNewThread). Per
+  // CPU the thread maps stay empty: the targets are the filter of the CPUs' samples.
   absl::flat_hash_map<pid_t, absl::flat_hash_map<pid_t, std::unique_ptr<ThreadEvent>>> targets;
+  std::vector<std::unique_ptr<ThreadEvent>> cpu_events;  // kPerCpu: one per online CPU
   SamplerStats stats;
+
+  bool per_cpu() const { return options.scope == SamplingScope::kPerCpu; }
 };
+
+template <typename Fn>
+void PerfSampler::ForEachEvent(Session& session, Fn fn) {
+  for (auto& event : session.cpu_events) fn(*event);
+  for (auto& [pid, threads] : session.targets) {
+    for (auto& [tid, event] : threads) fn(*event);
+  }
+}
 
 namespace {
 
@@ -89,9 +106,10 @@ perf_event_attr MakeAttr(const SessionOptions& options, const UserRegsLayout& la
   return attr;
 }
 
-absl::Status PerfOpenError(int err, pid_t tid) {
-  std::string message = absl::StrCat("perf_event_open(cpu-clock, tid ", tid, "): ",
-                                     strerror(err));
+absl::Status PerfOpenError(int err, pid_t tid, int cpu = -1) {
+  std::string message =
+      absl::StrCat("perf_event_open(cpu-clock, ", cpu >= 0 ? "cpu " : "tid ",
+                   cpu >= 0 ? cpu : tid, "): ", strerror(err));
   switch (err) {
     case ENOSYS:
     case ENOENT:
@@ -102,7 +120,9 @@ absl::Status PerfOpenError(int err, pid_t tid) {
     case EACCES:
     case EPERM:
       return absl::PermissionDeniedError(absl::StrCat(
-          message, " (needs CAP_PERFMON/root or a lower kernel.perf_event_paranoid)"));
+          message, cpu >= 0 ? " (system-wide events need CAP_PERFMON/root or "
+                              "kernel.perf_event_paranoid <= 0)"
+                            : " (needs CAP_PERFMON/root or a lower kernel.perf_event_paranoid)"));
     case ESRCH:
       return absl::NotFoundError(message);
     case EMFILE:
@@ -114,12 +134,59 @@ absl::Status PerfOpenError(int err, pid_t tid) {
   }
 }
 
-int PerfEventOpen(perf_event_attr* attr, pid_t tid) {
+int PerfEventOpen(perf_event_attr* attr, pid_t tid, int cpu = -1) {
   return static_cast<int>(
-      syscall(__NR_perf_event_open, attr, tid, /*cpu=*/-1, /*group_fd=*/-1, PERF_FLAG_FD_CLOEXEC));
+      syscall(__NR_perf_event_open, attr, tid, cpu, /*group_fd=*/-1, PERF_FLAG_FD_CLOEXEC));
+}
+
+bool ParseInt(std::string_view text, int* out) {
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *out);
+  return ec == std::errc() && end == text.data() + text.size();
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<int>> ParseCpuList(std::string_view text) {
+  std::vector<int> cpus;
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
+  if (text.empty()) return cpus;
+  for (std::string_view part : base::Split(text, ',')) {
+    const size_t dash = part.find('-');
+    int first = 0;
+    int last = 0;
+    if (!ParseInt(part.substr(0, dash), &first) ||
+        (dash != std::string_view::npos && !ParseInt(part.substr(dash + 1), &last))) {
+      return absl::InvalidArgumentError(absl::StrCat("bad cpu list '", std::string(text), "'"));
+    }
+    if (dash == std::string_view::npos) last = first;
+    if (first < 0 || last < first || last > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("bad cpu range in '", std::string(text), "'"));
+    }
+    for (int cpu = first; cpu <= last; ++cpu) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+uint32_t RingPagesFor(uint32_t stack_bytes, uint32_t samples_per_wakeup, uint32_t min_pages) {
+  const size_t page_size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  // Records of the largest register set (MIPS64: 32 general registers + pc).
+  const size_t record = sizeof(perf_event_header) + 8 * 4 + 8 * 34 + 16 + stack_bytes;
+  const size_t bytes = 2 * size_t{std::max<uint32_t>(samples_per_wakeup, 2)} * record;
+  const size_t pages = std::max<size_t>(min_pages, (bytes + page_size - 1) / page_size);
+  return static_cast<uint32_t>(std::bit_ceil(pages));
+}
+
+absl::StatusOr<std::vector<int>> OnlineCpus() {
+  constexpr const char* kPath = "/sys/devices/system/cpu/online";
+  std::ifstream in(kPath);
+  std::string text;
+  if (!in || !std::getline(in, text)) {
+    return absl::UnavailableError(absl::StrCat("cannot read ", kPath));
+  }
+  absl::StatusOr<std::vector<int>> cpus = ParseCpuList(text);
+  if (cpus.ok() && cpus->empty()) return absl::UnavailableError(absl::StrCat(kPath, " is empty"));
+  return cpus;
+}
 
 absl::Status ProbePerfEvents() {
   absl::StatusOr<Arch> arch = HostArch();
@@ -129,6 +196,17 @@ absl::Status ProbePerfEvents() {
   const pid_t self = static_cast<pid_t>(syscall(SYS_gettid));
   int fd = PerfEventOpen(&attr, self);
   if (fd < 0) return PerfOpenError(errno, self);
+  close(fd);
+  return absl::OkStatus();
+}
+
+absl::Status ProbePerCpuEvents() {
+  absl::StatusOr<Arch> arch = HostArch();
+  if (!arch.ok()) return arch.status();
+  SessionOptions options;
+  perf_event_attr attr = MakeAttr(options, RegsLayoutFor(*arch), 1 << 20);
+  int fd = PerfEventOpen(&attr, /*tid=*/-1, /*cpu=*/0);
+  if (fd < 0) return PerfOpenError(errno, -1, 0);
   close(fd);
   return absl::OkStatus();
 }
@@ -151,9 +229,7 @@ PerfSampler::PerfSampler(int epoll_fd, const UserRegsLayout& layout)
 
 PerfSampler::~PerfSampler() {
   for (auto& [id, session] : sessions_) {
-    for (auto& [pid, threads] : session->targets) {
-      for (auto& [tid, event] : threads) CloseEvent(event.get());
-    }
+    ForEachEvent(*session, [this](ThreadEvent& event) { CloseEvent(&event); });
   }
   close(epoll_fd_);
 }
@@ -167,6 +243,18 @@ absl::Status PerfSampler::AddSession(const SessionOptions& options) {
   }
   auto session = std::make_unique<Session>();
   session->options = options;
+  if (session->per_cpu()) {
+    absl::StatusOr<std::vector<int>> cpus = OnlineCpus();
+    if (!cpus.ok()) return cpus.status();
+    for (int cpu : *cpus) {
+      absl::StatusOr<std::unique_ptr<ThreadEvent>> event = OpenEvent(*session, -1, -1, cpu);
+      if (!event.ok()) {
+        for (auto& opened : session->cpu_events) CloseEvent(opened.get());
+        return event.status();
+      }
+      session->cpu_events.push_back(std::move(*event));
+    }
+  }
   sessions_.emplace(options.session_id, std::move(session));
   return absl::OkStatus();
 }
@@ -177,9 +265,7 @@ absl::Status PerfSampler::RemoveSession(uint32_t session_id) {
     return absl::NotFoundError(absl::StrCat("no session ", session_id));
   }
   Session& session = *it->second;
-  for (auto& [pid, threads] : session.targets) {
-    for (auto& [tid, event] : threads) CloseEvent(event.get());
-  }
+  ForEachEvent(session, [this](ThreadEvent& event) { CloseEvent(&event); });
   retired_stats_ += session.stats;
   sessions_.erase(it);
   return absl::OkStatus();
@@ -197,6 +283,12 @@ absl::Status PerfSampler::SetFrequency(uint32_t session_id, uint32_t frequency_h
   // in nanoseconds and clears attr.freq, so PERF_EVENT_IOC_PERIOD takes a period here.
   uint64_t period_ns = 1'000'000'000ull / frequency_hz;
   std::vector<std::pair<pid_t, pid_t>> reopen;
+  for (auto& event : session.cpu_events) {
+    if (ioctl(event->fd, PERF_EVENT_IOC_PERIOD, &period_ns) != 0) {
+      return absl::InternalError(absl::StrCat("PERF_EVENT_IOC_PERIOD on cpu ", event->cpu, ": ",
+                                              strerror(errno)));
+    }
+  }
   for (auto& [pid, threads] : session.targets) {
     for (auto& [tid, event] : threads) {
       if (ioctl(event->fd, PERF_EVENT_IOC_PERIOD, &period_ns) != 0) reopen.emplace_back(pid, tid);
@@ -215,14 +307,15 @@ absl::Status PerfSampler::SetFrequency(uint32_t session_id, uint32_t frequency_h
 }
 
 absl::StatusOr<std::unique_ptr<PerfSampler::ThreadEvent>> PerfSampler::OpenEvent(
-    const Session& session, pid_t pid, pid_t tid) {
+    const Session& session, pid_t pid, pid_t tid, int cpu) {
   const size_t data_size = size_t{session.options.ring_pages} * page_size_;
   perf_event_attr attr = MakeAttr(session.options, layout_, data_size);
   auto event = std::make_unique<ThreadEvent>();
   event->pid = pid;
   event->tid = tid;
-  event->fd = PerfEventOpen(&attr, tid);
-  if (event->fd < 0) return PerfOpenError(errno, tid);
+  event->cpu = cpu;
+  event->fd = PerfEventOpen(&attr, tid, cpu);
+  if (event->fd < 0) return PerfOpenError(errno, tid, cpu);
   event->mapping_size = page_size_ + data_size;
   event->mapping =
       mmap(nullptr, event->mapping_size, PROT_READ | PROT_WRITE, MAP_SHARED, event->fd, 0);
@@ -231,8 +324,9 @@ absl::StatusOr<std::unique_ptr<PerfSampler::ThreadEvent>> PerfSampler::OpenEvent
     event->mapping = nullptr;
     CloseEvent(event.get());
     // EPERM here is the perf_event_mlock_kb limit for unprivileged users.
-    return absl::ResourceExhaustedError(
-        absl::StrCat("mmap of perf ring for tid ", tid, ": ", strerror(err)));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "mmap of perf ring for ", cpu >= 0 ? "cpu " : "tid ", cpu >= 0 ? cpu : tid, ": ",
+        strerror(err)));
   }
   event->control = static_cast<perf_event_mmap_page*>(event->mapping);
   event->data = static_cast<uint8_t*>(event->mapping) + page_size_;
@@ -264,8 +358,8 @@ absl::Status PerfSampler::AttachThread(uint32_t session_id, pid_t pid, pid_t tid
   }
   Session& session = *it->second;
   auto& threads = session.targets[pid];
-  if (threads.contains(tid)) return absl::OkStatus();
-  absl::StatusOr<std::unique_ptr<ThreadEvent>> event = OpenEvent(session, pid, tid);
+  if (session.per_cpu() || threads.contains(tid)) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<ThreadEvent>> event = OpenEvent(session, pid, tid, /*cpu=*/-1);
   if (!event.ok()) return event.status();
   threads.emplace(tid, std::move(*event));
   ++session.stats.threads_attached;
@@ -288,7 +382,7 @@ absl::Status PerfSampler::AttachProcess(uint32_t session_id, pid_t pid,
 
 absl::Status PerfSampler::AttachNewThread(pid_t pid, pid_t tid) {
   for (auto& [id, session] : sessions_) {
-    if (!session->targets.contains(pid)) continue;
+    if (session->per_cpu() || !session->targets.contains(pid)) continue;
     absl::Status status = AttachThread(id, pid, tid);
     if (!status.ok()) return status;
   }
@@ -341,6 +435,7 @@ absl::StatusOr<int> PerfSampler::Wait(absl::Duration timeout) {
 
 size_t PerfSampler::DrainEvent(Session& session, ThreadEvent& event, SampleCallback callback) {
   size_t delivered = 0;
+  const bool filter = session.per_cpu();
   RingReader reader(event.control, event.data, event.data_size);
   RawSample sample;
   RingReader::ReadResult result = reader.ReadAll(
@@ -349,11 +444,13 @@ size_t PerfSampler::DrainEvent(Session& session, ThreadEvent& event, SampleCallb
         std::memcpy(&header, record, sizeof(header));
         if (header.type == PERF_RECORD_SAMPLE) {
           sample.session_id = session.options.session_id;
-          if (ParseSampleRecord(record, size, layout_, &sample).ok()) {
+          if (!ParseSampleRecord(record, size, layout_, &sample).ok()) {
+            ++session.stats.malformed;
+          } else if (filter && !session.targets.contains(static_cast<pid_t>(sample.pid))) {
+            ++session.stats.filtered;
+          } else {
             callback(sample);
             ++delivered;
-          } else {
-            ++session.stats.malformed;
           }
         } else if (header.type == PERF_RECORD_LOST) {
           absl::StatusOr<uint64_t> lost = ParseLostRecord(record, size);
@@ -375,6 +472,7 @@ size_t PerfSampler::DrainEvent(Session& session, ThreadEvent& event, SampleCallb
 size_t PerfSampler::Drain(SampleCallback callback) {
   size_t delivered = 0;
   for (auto& [id, session] : sessions_) {
+    for (auto& event : session->cpu_events) delivered += DrainEvent(*session, *event, callback);
     for (auto& [pid, threads] : session->targets) {
       for (auto& [tid, event] : threads) delivered += DrainEvent(*session, *event, callback);
       // Events of exited threads are closed once their last samples are out.
@@ -407,6 +505,7 @@ absl::StatusOr<SamplerStats> PerfSampler::session_stats(uint32_t session_id) con
 size_t PerfSampler::attached_events() const {
   size_t count = 0;
   for (const auto& [id, session] : sessions_) {
+    count += session->cpu_events.size();
     for (const auto& [pid, threads] : session->targets) count += threads.size();
   }
   return count;

@@ -5,26 +5,35 @@
 // stack, at a fixed rate per sampling session, delivered to a callback.
 //
 // Model. A *session* (id chosen by the caller, e.g. 0 for continuous profiling, a capture id for
-// an ad hoc capture) has its own rate and stack-copy size. For every (session, thread) pair the
-// sampler opens one PERF_TYPE_SOFTWARE / PERF_COUNT_SW_CPU_CLOCK event (pid = tid, cpu = -1,
-// frequency mode, user registers and user stack, exclude_kernel / exclude_hv), so two sessions on
-// the same thread sample independently at their own rates and every sample carries its session
-// id. The cpu-clock event counts the thread's CPU time, so an idle thread costs nothing.
+// an ad hoc capture) has its own rate, stack-copy size and scope, and every sample carries its
+// session id, so two sessions on the same thread sample independently at their own rates. All
+// events are PERF_TYPE_SOFTWARE / PERF_COUNT_SW_CPU_CLOCK in frequency mode with user registers
+// and user stack, exclude_kernel / exclude_hv: they count CPU time, so an idle thread costs
+// nothing. The scope says what one event covers:
 //
-// One ring per (session, thread), not PERF_EVENT_IOC_SET_OUTPUT into one ring per process: the
-// kernel refuses SET_OUTPUT between events of different tasks unless both are per-CPU events
-// (EINVAL for cpu = -1), and per-CPU events would need threads x CPUs file descriptors. The
-// cost of per-thread rings is memory: (1 + ring_pages) pages per thread and session, by default
-// 33 pages (132 KiB, about 7 samples of 16 KiB stacks); the agent sizes ring_pages against its
-// drain interval. The kernel wakes us at half a ring (watermark), not at every sample.
+//  - kPerThread: one event per (session, thread) (pid = tid, cpu = -1). Works for an
+//    unprivileged agent on its own processes; costs one descriptor and one ring per thread.
+//    One ring per thread rather than PERF_EVENT_IOC_SET_OUTPUT into one ring per process: the
+//    kernel refuses SET_OUTPUT between events of different tasks unless both are per-CPU
+//    events. (1 + ring_pages) pages per thread, by default 33 (132 KiB, about 7 samples of
+//    16 KiB stacks).
+//  - kPerCpu: one event per (session, online CPU) (pid = -1, cpu = N), which samples whatever
+//    runs there in user mode; samples of processes that are not targets of the session are
+//    dropped here (counted as `filtered`). Costs and descriptors scale with CPUs, not with
+//    threads, and threads need no attaching; needs system-wide events (CAP_PERFMON or
+//    perf_event_paranoid <= 0). CPUs brought online later are not sampled.
 //
-// Threads are attached explicitly (AttachThread / AttachProcess / AttachNewThread) by the owner,
-// typically from procfs::ProcessTracker changes on each rescan, rather than with perf `inherit`:
-// inherited events also follow fork()ed child processes, do not cover threads that already exist,
-// and do not take a run-time rate change (PERF_EVENT_IOC_PERIOD applies to the parent event
-// only). The price is that a thread living shorter than one rescan interval is not sampled.
-// Threads that exit are detected by the kernel's hang-up on their event (or by DetachThread):
-// their remaining samples are delivered by the next Drain() and their events are closed.
+// The kernel wakes the reader at half a ring (watermark), not at every sample: the owner sizes
+// ring_pages to the number of samples it wants per wake-up (RingPagesFor).
+//
+// Targets are attached explicitly (AttachProcess / AttachNewThread) by the owner, from process
+// and thread events or /proc scans, rather than with perf `inherit`: inherited events also
+// follow fork()ed child processes, do not cover threads that already exist, and do not take a
+// run-time rate change (PERF_EVENT_IOC_PERIOD applies to the parent event only). Per thread, a
+// thread living shorter than the owner takes to see it is not sampled; per CPU, every thread of
+// a target is. Threads that exit are detected by the kernel's hang-up on their event (or by
+// DetachThread): their remaining samples are delivered by the next Drain() and their events
+// are closed.
 //
 // Use from one thread (the agent's main loop): Wait(timeout) blocks until some ring has data or
 // the timeout passes, Drain(callback) delivers everything buffered. No allocation per sample:
@@ -42,6 +51,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -54,8 +64,11 @@
 
 namespace strata::agent::sampler {
 
+enum class SamplingScope { kPerThread, kPerCpu };
+
 struct SessionOptions {
   uint32_t session_id = 0;
+  SamplingScope scope = SamplingScope::kPerThread;
   uint32_t frequency_hz = 99;
   // Bytes of user stack copied per sample; a multiple of 8, at most kMaxStackBytes.
   uint32_t stack_bytes = 16 * 1024;
@@ -66,6 +79,10 @@ struct SessionOptions {
 // Leaves room for the rest of the sample in a record whose size is a u16.
 inline constexpr uint32_t kMaxStackBytes = 63 * 1024;
 
+// Data pages of a ring that wakes its reader (at half the ring) after about
+// `samples_per_wakeup` samples of `stack_bytes` each: a power of two, at least `min_pages`.
+uint32_t RingPagesFor(uint32_t stack_bytes, uint32_t samples_per_wakeup, uint32_t min_pages = 8);
+
 struct SamplerStats {
   uint64_t samples = 0;   // samples delivered to callbacks
   uint64_t lost = 0;      // samples the kernel dropped (ring full), from PERF_RECORD_LOST
@@ -73,6 +90,7 @@ struct SamplerStats {
   uint64_t malformed = 0;  // records that did not parse, and rings found corrupt
   uint64_t threads_attached = 0;  // events opened over the sampler's life
   uint64_t threads_exited = 0;    // events closed because their thread exited
+  uint64_t filtered = 0;  // per-CPU samples of processes that are not targets of the session
 
   SamplerStats& operator+=(const SamplerStats& other) {
     samples += other.samples;
@@ -81,6 +99,7 @@ struct SamplerStats {
     malformed += other.malformed;
     threads_attached += other.threads_attached;
     threads_exited += other.threads_exited;
+    filtered += other.filtered;
     return *this;
   }
 };
@@ -88,6 +107,13 @@ struct SamplerStats {
 // Opens and closes one cpu-clock sampling event on the calling thread: OK if this host can use
 // the sampler, otherwise the error AttachThread would return (see above).
 absl::Status ProbePerfEvents();
+// Opens and closes one system-wide cpu-clock event on CPU 0: OK if kPerCpu sessions can be
+// added, otherwise the error AddSession would return.
+absl::Status ProbePerCpuEvents();
+// The online CPUs (/sys/devices/system/cpu/online), ascending.
+absl::StatusOr<std::vector<int>> OnlineCpus();
+// The kernel's cpu list format, "0-3,5" -> {0, 1, 2, 3, 5}; "" -> {}.
+absl::StatusOr<std::vector<int>> ParseCpuList(std::string_view text);
 
 class PerfSampler {
  public:
@@ -98,7 +124,8 @@ class PerfSampler {
   PerfSampler(const PerfSampler&) = delete;
   PerfSampler& operator=(const PerfSampler&) = delete;
 
-  // AlreadyExistsError if the id is taken; InvalidArgumentError for bad options.
+  // AlreadyExistsError if the id is taken; InvalidArgumentError for bad options. A kPerCpu
+  // session opens its events here (the errors of AttachThread, for the CPUs).
   absl::Status AddSession(const SessionOptions& options);
   // Closes all of the session's events; samples not yet drained are dropped (Drain() first to
   // keep them). Its statistics are forgotten.
@@ -107,7 +134,8 @@ class PerfSampler {
   absl::Status SetFrequency(uint32_t session_id, uint32_t frequency_hz);
 
   // Starts sampling thread `tid` of process `pid` in the session; no-op if already sampled.
-  // The pid becomes a target of the session (see AttachNewThread).
+  // The pid becomes a target of the session (see AttachNewThread). In a kPerCpu session only
+  // the pid counts: all of its threads are sampled.
   absl::Status AttachThread(uint32_t session_id, pid_t pid, pid_t tid);
   // AttachThread for each of `tids`; threads that already exited are skipped (NotFound is not
   // an error here). The pid is a target of the session even if no thread could be attached.
@@ -130,7 +158,7 @@ class PerfSampler {
 
   SamplerStats stats() const;  // summed over sessions, including removed ones
   absl::StatusOr<SamplerStats> session_stats(uint32_t session_id) const;
-  // Number of (session, thread) events currently open.
+  // Number of events currently open: (session, thread) and (session, CPU).
   size_t attached_events() const;
   // Threads of `pid` currently sampled in the session, ascending.
   std::vector<pid_t> AttachedThreads(uint32_t session_id, pid_t pid) const;
@@ -145,8 +173,11 @@ class PerfSampler {
 
   PerfSampler(int epoll_fd, const UserRegsLayout& layout);
 
+  // An event of `tid` (per thread) or of `cpu` (per CPU, tid -1).
   absl::StatusOr<std::unique_ptr<ThreadEvent>> OpenEvent(const Session& session, pid_t pid,
-                                                         pid_t tid);
+                                                         pid_t tid, int cpu);
+  template <typename Fn>
+  static void ForEachEvent(Session& session, Fn fn);
   void CloseEvent(ThreadEvent* event);
   size_t DrainEvent(Session& session, ThreadEvent& event, SampleCallback callback);
 

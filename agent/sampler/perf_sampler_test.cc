@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -337,6 +338,87 @@ TEST_F(PerfSamplerTest, FullRingCountsLostSamples) {
   EXPECT_GT(static_cast<double>(stats.lost), expected * 0.5);
   EXPECT_LT(static_cast<double>(stats.lost), expected * 1.25);
   EXPECT_EQ(stats.samples, delivered + samples.size());
+}
+
+// Per CPU: one event per online CPU samples whatever runs there; only the session's targets
+// reach the callback, every thread of them without attaching threads.
+TEST_F(PerfSamplerTest, PerCpuSessionSamplesEveryThreadOfItsTargetsOnly) {
+  if (absl::Status probe = ProbePerCpuEvents(); !probe.ok()) {
+    GTEST_SKIP() << "system-wide perf events not allowed here: " << probe;
+  }
+  const pid_t pid = child_.pid();
+  SpinningChild other;  // runs too, but is no target
+  ASSERT_GT(other.pid(), 0);
+  SessionOptions options = Session(7, 499);
+  options.scope = SamplingScope::kPerCpu;
+  options.ring_pages = RingPagesFor(options.stack_bytes, 16);
+  ASSERT_TRUE(sampler_->AddSession(options).ok());
+  const size_t cpus = OnlineCpus().value().size();
+  EXPECT_EQ(sampler_->attached_events(), cpus);
+  ASSERT_TRUE(sampler_->AttachProcess(7, pid, {}).ok());
+  // Threads are hints in this scope: nothing to open.
+  ASSERT_TRUE(sampler_->AttachNewThread(pid, pid).ok());
+  EXPECT_EQ(sampler_->attached_events(), cpus);
+
+  child_.StartSecondThread();
+  std::vector<pid_t> threads;
+  for (int i = 0; i < 1000 && threads.size() < 2; ++i) {
+    usleep(1000);
+    threads = procfs::ListThreads(pid).value_or(threads);
+  }
+  ASSERT_EQ(threads.size(), 2u);
+  const pid_t new_tid = threads[0] == pid ? threads[1] : threads[0];
+  const uint64_t runtime_before = RuntimeNs(pid, pid) + RuntimeNs(pid, new_tid);
+  std::vector<CopiedSample> samples;
+  SampleFor(*sampler_, absl::Seconds(1), &samples);
+  const uint64_t runtime_ns = RuntimeNs(pid, pid) + RuntimeNs(pid, new_tid) - runtime_before;
+
+  size_t from_new_thread = 0;
+  for (const CopiedSample& s : samples) {
+    ASSERT_EQ(s.regs.pid, static_cast<uint32_t>(pid));
+    ASSERT_EQ(s.regs.session_id, 7u);
+    from_new_thread += s.regs.tid == static_cast<uint32_t>(new_tid);
+  }
+  const double expected = static_cast<double>(runtime_ns) * 499 / 1e9;
+  ASSERT_GT(expected, 100) << "child barely ran: " << runtime_ns << " ns";
+  EXPECT_GT(samples.size(), expected * 0.6);
+  EXPECT_LT(samples.size(), expected * 1.25 + 10);
+  EXPECT_GT(from_new_thread, samples.size() / 5);
+  SamplerStats stats = sampler_->session_stats(7).value();
+  EXPECT_GT(stats.filtered, 0u) << "the other spinning child was sampled and dropped";
+  EXPECT_EQ(stats.samples, samples.size());
+  EXPECT_EQ(stats.threads_attached, 0u);
+
+  // Detaching the target stops its samples; the CPUs' events stay for the next target.
+  sampler_->DetachProcess(7, pid);
+  sampler_->Drain([](const RawSample&) {});
+  samples.clear();
+  SampleFor(*sampler_, absl::Milliseconds(200), &samples);
+  EXPECT_TRUE(samples.empty());
+  EXPECT_EQ(sampler_->attached_events(), cpus);
+  ASSERT_TRUE(sampler_->SetFrequency(7, 99).ok());
+  ASSERT_TRUE(sampler_->RemoveSession(7).ok());
+  EXPECT_EQ(sampler_->attached_events(), 0u);
+}
+
+TEST(PerfSamplerOptionsTest, CpuListsAndRingSizes) {
+  EXPECT_EQ(ParseCpuList("0-3,5,7-8\n").value(), (std::vector<int>{0, 1, 2, 3, 5, 7, 8}));
+  EXPECT_EQ(ParseCpuList("0").value(), std::vector<int>{0});
+  EXPECT_TRUE(ParseCpuList("").value().empty());
+  EXPECT_TRUE(absl::IsInvalidArgument(ParseCpuList("3-1").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(ParseCpuList("a").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(ParseCpuList("1,").status()));
+  EXPECT_FALSE(OnlineCpus().value().empty());
+
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  for (uint32_t samples : {1u, 8u, 32u, 100u}) {
+    const uint32_t pages = RingPagesFor(16 * 1024, samples);
+    EXPECT_TRUE(std::has_single_bit(pages));
+    // Half the ring (the wake-up watermark) holds the samples asked for, at most twice that.
+    EXPECT_GE(pages * page / 2, std::max(samples, 2u) * 16u * 1024) << samples;
+    EXPECT_LT(pages * page / 2, 2 * std::max(samples, 2u) * (16u * 1024 + 512)) << samples;
+  }
+  EXPECT_EQ(RingPagesFor(8, 1, 8), 8u);
 }
 
 TEST(PerfSamplerOptionsTest, RejectsBadSessions) {
