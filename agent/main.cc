@@ -4,7 +4,7 @@
 //   strata-agent --server HOST:PORT [--pid PID]... [--service NAME=REGEX]...
 //                [--frequency HZ] [--interval SECONDS] [--unwind-verify full|boundary|off]
 //                [--capture-cpu-budget PERCENT]
-//                [--inproc auto|on|off] [--inproc-dir DIR]
+//                [--sampling per-cpu|per-thread] [--inproc auto|on|off] [--inproc-dir DIR]
 //                [--spool-dir DIR] [--spool-max-bytes SIZE]
 #include <signal.h>
 #include <unistd.h>
@@ -37,7 +37,14 @@
 namespace {
 
 std::atomic<bool> g_stop{false};
-void OnSignal(int) { g_stop.store(true); }
+// The profiler's wake-up descriptor: the main loop may sleep until the next interval, and the
+// signal may be delivered to another thread.
+int g_wake_fd = -1;
+void OnSignal(int) {
+  g_stop.store(true);
+  const uint64_t one = 1;
+  if (g_wake_fd >= 0) (void)!write(g_wake_fd, &one, sizeof(one));
+}
 
 constexpr char kVersion[] = "0.1.0";
 constexpr char kDefaultSpoolDir[] = "/var/lib/strata-agent/spool";
@@ -60,6 +67,7 @@ struct Flags {
   strata::rpc::ClientSecurityOptions security;
   std::string unwind_verify = "full";
   std::string inproc_mode = "auto", inproc_dir = "/dev/shm";
+  std::string sampling = "auto";
   double capture_cpu_budget_pct = 5;
   std::string spool_dir = kDefaultSpoolDir, spool_max = "256MiB";
   double flush_timeout_s = 5;
@@ -105,6 +113,13 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "perf events are unavailable), on (rings only), off (perf events only)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  app.add_option("--sampling", f.sampling,
+                 "what one perf event samples: per-cpu (one event per CPU, filtered to the "
+                 "targets: cost and descriptors follow the CPUs, not the threads; needs "
+                 "CAP_PERFMON or kernel.perf_event_paranoid <= 0) or per-thread (one event per "
+                 "target thread); auto: per-cpu where allowed, else per-thread")
+      ->check(CLI::IsMember({"auto", "per-cpu", "per-thread"}))
+      ->capture_default_str();
   app.add_option("--inproc-dir", f.inproc_dir,
                  "directory of the in-process samplers' rings (their STRATA_INPROC_DIR)")
       ->capture_default_str();
@@ -132,6 +147,7 @@ absl::StatusOr<strata::agent::ProfilerOptions> ProfilerOptionsFrom(const Flags& 
   options.unwind_verify = *strata::unwind::ParseVerifyMode(f.unwind_verify);  // checked by CLI11
   options.inproc = *strata::agent::ParseInprocMode(f.inproc_mode);              // checked by CLI11
   options.inproc_dir = f.inproc_dir;
+  options.sampling = *strata::agent::ParseSamplingMode(f.sampling);  // checked by CLI11
   for (int pid : f.pids) options.pids.push_back(pid);
   for (const auto& flag : f.service_flags) {
     auto rule = strata::agent::procfs::ParseServiceRule(flag);
@@ -222,6 +238,9 @@ void LogSamplingSummary(const strata::agent::ProfilerStats& stats, const std::st
                stats.unwound_frames, stats.truncated, stats.lost);
   spdlog::info("unwinding ({}): {} frames walked, {} reused, {} verification failures", verify,
                stats.frames_walked, stats.frames_reused, stats.unwind_verify_failures);
+  spdlog::info("sampling: {} perf events, {} wake-ups, {} target scans, {} samples of other "
+               "processes dropped", stats.perf_events, stats.wakeups, stats.rescans,
+               stats.filtered);
   if (stats.inproc_targets > 0 || stats.inproc_stacks > 0) {
     spdlog::info("in-process rings: {} stacks, {} targets", stats.inproc_stacks,
                  stats.inproc_targets);
@@ -298,10 +317,13 @@ int Run(int argc, char** argv) {
       {[&shipper](strata::v1::SampleBatch b) { shipper.Enqueue(std::move(b)); },
        [&shipper](strata::v1::CaptureStatus s) { shipper.SendStatus(std::move(s)); }});
   // Control messages arrive on the shipper's reader thread; the main loop applies them.
-  shipper.SetControlHandler(
-      [&captures](const strata::v1::ServerMessage& m) { captures.HandleMessage(m); });
+  shipper.SetControlHandler([&captures, &profiler](const strata::v1::ServerMessage& m) {
+    captures.HandleMessage(m);
+    (*profiler)->Wake();
+  });
   shipper.Start();
 
+  g_wake_fd = (*profiler)->wake_fd();
   struct sigaction sa = {};
   sa.sa_handler = OnSignal;
   sigaction(SIGINT, &sa, nullptr);

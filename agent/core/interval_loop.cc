@@ -40,9 +40,10 @@ void IntervalLoop::Run(const std::atomic<bool>& stop) {
   window_start_ = absl::Now();
   PlanWindow(window_start_);
   while (!stop.load()) {
-    // Shorter waits while a capture runs: its batches go out every second.
+    // Between boundaries the profiler sleeps until samples or process changes arrive; while
+    // a capture runs, its batches go out every second.
     const absl::Duration max_wait =
-        captures_->running() > 0 ? absl::Milliseconds(50) : absl::Milliseconds(200);
+        captures_->running() > 0 ? absl::Milliseconds(50) : absl::InfiniteDuration();
     auto st = profiler_->Poll(std::min(
         max_wait, absl::FromChrono(window_deadline_ - std::chrono::steady_clock::now())));
     if (!st.ok()) spdlog::warn("sampling: {}", st.ToString());

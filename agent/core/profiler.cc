@@ -1,6 +1,12 @@
 #include "agent/core/profiler.h"
 
+#include <errno.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/unwind/host_arch.h"
@@ -15,6 +21,28 @@ std::optional<ProfilerOptions::Inproc> ParseInprocMode(std::string_view mode) {
   return std::nullopt;
 }
 
+std::optional<ProfilerOptions::Sampling> ParseSamplingMode(std::string_view mode) {
+  if (mode == "auto") return ProfilerOptions::Sampling::kAuto;
+  if (mode == "per-cpu") return ProfilerOptions::Sampling::kPerCpu;
+  if (mode == "per-thread") return ProfilerOptions::Sampling::kPerThread;
+  return std::nullopt;
+}
+
+namespace {
+
+// The scope of the agent's perf events: per CPU unless told otherwise or not allowed.
+absl::StatusOr<sampler::SamplingScope> ChooseScope(ProfilerOptions::Sampling sampling) {
+  if (sampling == ProfilerOptions::Sampling::kPerThread) return sampler::SamplingScope::kPerThread;
+  absl::Status probe = sampler::ProbePerCpuEvents();
+  if (probe.ok()) return sampler::SamplingScope::kPerCpu;
+  if (sampling == ProfilerOptions::Sampling::kPerCpu) return probe;
+  spdlog::info("sampling per thread: system-wide perf events are not allowed here ({})",
+               probe.ToString());
+  return sampler::SamplingScope::kPerThread;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(ProfilerOptions options,
                                                           ContextGraph* graph) {
   auto discovery = TargetDiscovery::Create(options);
@@ -22,7 +50,9 @@ absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(ProfilerOptions optio
   std::unique_ptr<sources::PerfSource> perf;
   if (options.inproc != ProfilerOptions::Inproc::kOn) {
     if (absl::Status probe = sampler::ProbePerfEvents(); probe.ok()) {
-      auto opened = sources::PerfSource::Open(options.frequency_hz, options.stack_bytes);
+      auto scope = ChooseScope(options.sampling);
+      if (!scope.ok()) return scope.status();
+      auto opened = sources::PerfSource::Open(options.frequency_hz, options.stack_bytes, *scope);
       if (!opened.ok()) return opened.status();
       perf = std::move(*opened);
     } else if (options.inproc == ProfilerOptions::Inproc::kOff) {
@@ -40,9 +70,10 @@ absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(ProfilerOptions optio
     ring_options.arch = static_cast<uint32_t>(unwind::kHostArch);
     rings = std::make_unique<sources::InprocSource>(std::move(ring_options));
   }
-  return std::unique_ptr<Profiler>(new Profiler(std::move(options), graph,
-                                                std::move(*discovery), std::move(perf),
-                                                std::move(rings)));
+  auto profiler = std::unique_ptr<Profiler>(new Profiler(
+      std::move(options), graph, std::move(*discovery), std::move(perf), std::move(rings)));
+  if (auto st = profiler->InitPoll(); !st.ok()) return st;
+  return profiler;
 }
 
 Profiler::Profiler(ProfilerOptions options, ContextGraph* graph,
@@ -62,29 +93,102 @@ Profiler::Profiler(ProfilerOptions options, ContextGraph* graph,
   if (inproc_ != nullptr) sources_.push_back(inproc_.get());
 }
 
-Profiler::~Profiler() = default;
-
-absl::Status Profiler::Poll(absl::Duration timeout) {
-  if (absl::Now() >= next_rescan_) {
-    if (auto st = Rescan(); !st.ok()) return st;
-    next_rescan_ = absl::Now() + options_.rescan_interval;
-  }
-  absl::Duration wait = std::min(timeout, next_rescan_ - absl::Now());
-  sources::StackSource* waitable = nullptr;
+absl::Status Profiler::InitPoll() {
+  poll_fd_.reset(epoll_create1(EPOLL_CLOEXEC));
+  if (!poll_fd_.valid()) return absl::InternalError(absl::StrCat("epoll_create1: ", strerror(errno)));
+  wake_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_fd_.valid()) return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
+  std::vector<int> fds = {wake_fd_.get()};
   for (sources::StackSource* source : sources_) {
-    wait = std::min(wait, source->max_wait());
-    if (source->waitable() && waitable == nullptr) waitable = source;
+    if (source->wait_fd() >= 0) fds.push_back(source->wait_fd());
   }
-  if (waitable != nullptr) {
-    if (auto st = waitable->Wait(wait); !st.ok()) return st;
-  } else if (wait > absl::ZeroDuration()) {
-    absl::SleepFor(wait);
+  for (int fd : fds) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(poll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+      return absl::InternalError(absl::StrCat("epoll_ctl: ", strerror(errno)));
+    }
   }
-  for (sources::StackSource* source : sources_) source->Drain(recorder_);
+  if (discovery_->watches_events()) ArmEvents();
   return absl::OkStatus();
 }
 
+Profiler::~Profiler() = default;
+
+absl::Status Profiler::Poll(absl::Duration timeout) {
+  absl::Time now = absl::Now();
+  if (rescan_due_ || now >= next_rescan_) {
+    if (auto st = Rescan(); !st.ok()) return st;
+    now = absl::Now();
+    // With process events a scan follows an event; without, /proc is read on a period.
+    next_rescan_ = discovery_->watches_events() ? absl::InfiniteFuture()
+                                                : now + options_.rescan_interval;
+  }
+  // Process events wake the loop at most every kEventRescanGap: a host forking hundreds of
+  // unrelated processes a second must not turn into as many agent wake-ups.
+  absl::Duration wait = std::min(timeout, next_rescan_ - now);
+  if (discovery_->watches_events() && !events_armed_) {
+    const absl::Time rearm = last_event_rescan_ + kEventRescanGap;
+    if (now >= rearm) {
+      ArmEvents();
+    } else {
+      wait = std::min(wait, rearm - now);
+    }
+  }
+  for (sources::StackSource* source : sources_) wait = std::min(wait, source->max_wait());
+  const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
+      absl::ToInt64Milliseconds(absl::Ceil(std::max(wait, absl::ZeroDuration()),
+                                           absl::Milliseconds(1))),
+      0, INT32_MAX));
+  epoll_event ready[4];
+  const int n = epoll_wait(poll_fd_.get(), ready, 4, timeout_ms);
+  if (n < 0 && errno != EINTR) {
+    return absl::InternalError(absl::StrCat("epoll_wait: ", strerror(errno)));
+  }
+  ++wakeups_;
+  for (int i = 0; i < n; ++i) {
+    if (ready[i].data.fd == wake_fd_.get()) {
+      uint64_t count;
+      (void)!read(wake_fd_.get(), &count, sizeof(count));
+    } else if (ready[i].data.fd == discovery_->events_fd()) {
+      events_armed_ = false;  // EPOLLONESHOT
+      rescan_due_ = true;
+    } else if (perf_ != nullptr && ready[i].data.fd == perf_->wait_fd()) {
+      // Notes the events whose threads exited; Drain closes them after their last samples.
+      if (auto st = perf_->Wait(absl::ZeroDuration()); !st.ok()) return st;
+    }
+  }
+  for (sources::StackSource* source : sources_) source->Drain(recorder_);
+  if (rescan_due_) {
+    last_event_rescan_ = absl::Now();
+    if (auto st = Rescan(); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+void Profiler::Wake() const {
+  const uint64_t one = 1;
+  // A full counter (EAGAIN) already wakes the loop.
+  (void)!write(wake_fd_.get(), &one, sizeof(one));
+}
+
+void Profiler::ArmEvents() {
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLONESHOT;
+  ev.data.fd = discovery_->events_fd();
+  const int op = events_added_ ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+  if (epoll_ctl(poll_fd_.get(), op, ev.data.fd, &ev) != 0) {
+    spdlog::warn("process events: epoll_ctl: {}", strerror(errno));
+    return;
+  }
+  events_added_ = true;
+  events_armed_ = true;
+}
+
 absl::Status Profiler::Rescan() {
+  rescan_due_ = false;
+  ++rescans_;
   RescanSources();
   auto changes = discovery_->Scan();
   if (!changes.ok()) return changes.status();
@@ -100,8 +204,6 @@ absl::Status Profiler::Rescan() {
     for (sources::StackSource* source : sources_) source->ThreadExited(t.pid, t.tid);
     recorder_.ForgetThread(t.pid, t.tid);
   }
-  // dlopen/dlclose: pick up mapping changes of every target once per rescan.
-  for (const auto& [pid, target] : discovery_->all()) discovery_->RefreshMappings(*target);
   return absl::OkStatus();
 }
 
@@ -157,6 +259,9 @@ absl::StatusOr<std::optional<v1::SampleBatch>> Profiler::TakeBatch(int64_t start
                                                                   int64_t end_ms,
                                                                   uint64_t sequence) {
   recorder_.ClearFull();
+  // dlopen/dlclose: mapping changes of every target, once per interval. A pc in no known
+  // module refreshes its target at once (StackRecorder, TargetDiscovery::RefreshSoon).
+  for (const auto& [pid, target] : discovery_->all()) discovery_->RefreshMappings(*target);
   uint64_t lost = 0;
   for (const sources::StackSource* source : sources_) lost += source->lost();
   return batches_.Interval(recorder_.continuous(), {start_ms, end_ms, sequence}, *discovery_,
@@ -231,6 +336,12 @@ ProfilerStats Profiler::stats() const {
   s.inproc_stacks = r.unwound_stacks;
   s.refreshes = discovery_->refreshes();
   for (const sources::StackSource* source : sources_) s.lost += source->lost();
+  if (perf_ != nullptr) {
+    s.filtered = perf_->filtered();
+    s.perf_events = perf_->events();
+  }
+  s.wakeups = wakeups_;
+  s.rescans = rescans_;
   s.targets = discovery_->all().size();
   for (const auto& [pid, t] : discovery_->all()) {
     s.inproc_targets += inproc_ != nullptr && t->source == inproc_.get();

@@ -39,6 +39,7 @@
 #include "agent/core/targets.h"
 #include "agent/sources/inproc_source.h"
 #include "agent/sources/perf_source.h"
+#include "common/base/unique_fd.h"
 #include "strata/v1/ingest.pb.h"
 
 namespace strata::agent {
@@ -57,10 +58,18 @@ struct ProfilerOptions : DiscoveryOptions {
   enum class Inproc { kAuto, kOn, kOff };
   Inproc inproc = Inproc::kAuto;
   std::string inproc_dir = "/dev/shm";  // where the samplers create their rings
+  // What one perf event samples (agent/sampler/perf_sampler.h):
+  //   kAuto:      per CPU where system-wide events are allowed, else per thread;
+  //   kPerCpu:    per CPU (Create() fails where system-wide events are not allowed);
+  //   kPerThread: one event per target thread (unprivileged agents, --pid on locked hosts).
+  enum class Sampling { kAuto, kPerCpu, kPerThread };
+  Sampling sampling = Sampling::kAuto;
 };
 
 // Parses "auto" | "on" | "off".
 std::optional<ProfilerOptions::Inproc> ParseInprocMode(std::string_view mode);
+// Parses "per-cpu" | "per-thread" (and "auto").
+std::optional<ProfilerOptions::Sampling> ParseSamplingMode(std::string_view mode);
 
 struct ProfilerStats {
   uint64_t samples = 0;
@@ -75,6 +84,10 @@ struct ProfilerStats {
   size_t targets = 0;
   uint64_t inproc_stacks = 0;   // stacks read from in-process rings (part of `samples`)
   size_t inproc_targets = 0;    // targets served by an in-process ring
+  uint64_t filtered = 0;        // per-CPU samples of processes that are not targets
+  size_t perf_events = 0;       // perf events open now
+  uint64_t wakeups = 0;         // Poll()s that returned with something to do or at a deadline
+  uint64_t rescans = 0;         // target scans (process events or /proc)
 };
 
 class Profiler final : public SamplingSessions {
@@ -83,8 +96,13 @@ class Profiler final : public SamplingSessions {
                                                           ContextGraph* graph);
   ~Profiler() override;
 
-  // Waits up to `timeout` for samples, processes them, and rescans /proc when due.
+  // Waits up to `timeout` for samples, process changes or Wake(), processes what came, and
+  // rescans the targets when due.
   absl::Status Poll(absl::Duration timeout);
+  // Ends the current (or next) Poll's wait early. Any thread; async-signal-safe.
+  void Wake() const;
+  // The descriptor Wake() writes to, for a signal handler that cannot reach the Profiler.
+  int wake_fd() const { return wake_fd_.get(); }
   // The interval's samples as a batch (nullopt when there were none). `sequence` is only
   // used when a batch is returned.
   absl::StatusOr<std::optional<v1::SampleBatch>> TakeBatch(int64_t start_ms, int64_t end_ms,
@@ -114,6 +132,9 @@ class Profiler final : public SamplingSessions {
   // Sources first (a process with a ring is not attached to perf), then /proc: targets that
   // came and went, their threads, their mappings.
   absl::Status Rescan();
+  absl::Status InitPoll();
+  // Watches the process events' descriptor for one wake-up (EPOLLONESHOT).
+  void ArmEvents();
   void RescanSources();
   void AddTarget(const procfs::TrackedProcess& process);
   void RemoveTarget(pid_t pid);
@@ -127,6 +148,17 @@ class Profiler final : public SamplingSessions {
   StackRecorder recorder_;
   BatchBuilder batches_;
   absl::Time next_rescan_ = absl::InfinitePast();
+  // One epoll over the waitable sources' descriptors and the process events': the loop
+  // sleeps until samples, a process or thread change, or its deadline.
+  static constexpr absl::Duration kEventRescanGap = absl::Milliseconds(100);
+  base::UniqueFd poll_fd_;
+  base::UniqueFd wake_fd_;  // an eventfd
+  bool rescan_due_ = false;
+  bool events_added_ = false;
+  bool events_armed_ = false;
+  absl::Time last_event_rescan_ = absl::InfinitePast();
+  uint64_t wakeups_ = 0;
+  uint64_t rescans_ = 0;
   // Targets attached to each capture session.
   absl::flat_hash_map<uint32_t, size_t> session_targets_;
 };

@@ -62,6 +62,10 @@ class TargetDiscovery {
 
   // Processes and threads that appeared and went since the last scan.
   absl::StatusOr<procfs::ProcessChanges> Scan() { return tracker_.Rescan(); }
+  // True when the kernel reports process and thread changes (events_fd() is readable when
+  // there are some): Scan() then needs calling only when it is.
+  bool watches_events() const { return false; }
+  int events_fd() const { return -1; }
 
   // A target for `process` sampled by `source`, with its mappings read; not in the table
   // until Insert().

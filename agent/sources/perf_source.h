@@ -1,7 +1,7 @@
-// Stacks from perf events (agent/sampler): one sampling event per target thread, whose
-// samples carry the registers and a copy of the stack for the agent to unwind. Besides
-// continuous profiling (session 0) it runs sampling sessions of their own rate over targets'
-// threads: the ad hoc captures.
+// Stacks from perf events (agent/sampler): one sampling event per online CPU (filtered to the
+// targets) or one per target thread, whose samples carry the registers and a copy of the stack
+// for the agent to unwind. Besides continuous profiling (session 0) it runs sampling sessions
+// of their own rate over targets: the ad hoc captures, in the same scope.
 #ifndef STRATA_AGENT_SOURCES_PERF_SOURCE_H_
 #define STRATA_AGENT_SOURCES_PERF_SOURCE_H_
 
@@ -25,7 +25,9 @@ class PerfSource final : public StackSource {
   // Opens the sampler with its continuous session. The probe's error when this host cannot
   // use perf events (see sampler::ProbePerfEvents).
   static absl::StatusOr<std::unique_ptr<PerfSource>> Open(uint32_t frequency_hz,
-                                                          uint32_t stack_bytes);
+                                                          uint32_t stack_bytes,
+                                                          sampler::SamplingScope scope);
+  sampler::SamplingScope scope() const { return scope_; }
 
   absl::Status Attach(pid_t pid, const std::vector<pid_t>& threads) override;
   void Detach(pid_t pid) override;
@@ -33,9 +35,12 @@ class PerfSource final : public StackSource {
   void ThreadStarted(pid_t pid, pid_t tid) override;
   void ThreadExited(pid_t pid, pid_t tid) override;
   bool waitable() const override { return true; }
+  int wait_fd() const override { return sampler_->wait_fd(); }
   absl::Status Wait(absl::Duration timeout) override;
   void Drain(StackSink& sink) override;
   uint64_t lost() const override { return sampler_->stats().lost; }
+  uint64_t filtered() const { return sampler_->stats().filtered; }
+  size_t events() const { return sampler_->attached_events(); }
 
   // A session of its own rate over the continuous session's threads of `pids`. Returns the
   // number of processes attached; with none attached the session is removed and the last
@@ -47,11 +52,17 @@ class PerfSource final : public StackSource {
   void StopSession(uint32_t session_id, StackSink& sink);
 
  private:
-  PerfSource(std::unique_ptr<sampler::PerfSampler> sampler, uint32_t stack_bytes)
-      : sampler_(std::move(sampler)), stack_bytes_(stack_bytes) {}
+  PerfSource(std::unique_ptr<sampler::PerfSampler> sampler, uint32_t stack_bytes,
+             sampler::SamplingScope scope)
+      : sampler_(std::move(sampler)), stack_bytes_(stack_bytes), scope_(scope) {}
+
+  // A session's options: per CPU, rings sized to wake the agent about every quarter second of
+  // a busy CPU's samples rather than every few samples.
+  sampler::SessionOptions SessionFor(uint32_t session_id, uint32_t frequency_hz) const;
 
   std::unique_ptr<sampler::PerfSampler> sampler_;
   uint32_t stack_bytes_;
+  sampler::SamplingScope scope_;
 };
 
 }  // namespace strata::agent::sources

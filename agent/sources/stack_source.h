@@ -75,6 +75,9 @@ class StackSource {
   // True when Wait() blocks until stacks arrive; sources without a wake-up are drained at
   // least every max_wait().
   virtual bool waitable() const { return false; }
+  // A descriptor that is readable when Wait() would return at once (for the owner's poll),
+  // or -1.
+  virtual int wait_fd() const { return -1; }
   virtual absl::Status Wait(absl::Duration timeout) { return absl::OkStatus(); }
   virtual absl::Duration max_wait() const { return absl::InfiniteDuration(); }
   // Delivers every stack sampled so far.
