@@ -1,5 +1,7 @@
 #include "agent/core/context_graph.h"
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 
 namespace strata::agent {
@@ -32,7 +34,10 @@ absl::Status ContextGraph::ExtendPath(std::span<const encoding::PathFrame> outer
     return absl::InvalidArgumentError("known edge prefix longer than the path");
   }
   edges->resize(outer_to_leaf.size());
-  absl::MutexLock lock(&mu_);
+  // The profiling thread is the graph's only writer: it finds the edges it added earlier
+  // without the lock (the shipper's reads, under the lock, do not race with reads) and takes
+  // the lock only to add one. A steady-state sample, whose edges all exist, takes no lock.
+  std::optional<absl::MutexLock> lock;
   for (size_t i = known; i < outer_to_leaf.size(); ++i) {
     const encoding::PathFrame& f = outer_to_leaf[i];
     // Same checks as CallGraph::AddPath: function nodes only (no root or marker inside).
@@ -45,6 +50,11 @@ absl::Status ContextGraph::ExtendPath(std::span<const encoding::PathFrame> outer
                                     0, f.function}
                : encoding::CallEdge{outer_to_leaf[i - 1].function,
                                     outer_to_leaf[i - 1].call_site, f.function};
+    if (std::optional<encoding::EdgeId> found = graph_.FindEdge(e.caller, e.call_site, e.callee)) {
+      (*edges)[i] = *found;
+      continue;
+    }
+    if (!lock.has_value()) lock.emplace(&mu_);
     absl::StatusOr<encoding::EdgeId> id = graph_.AddEdge(e);
     if (!id.ok()) {
       edges->resize(i);

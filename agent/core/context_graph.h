@@ -2,8 +2,9 @@
 // function start) and the append-only call graph discovered while unwinding, plus the
 // records the shipper sends to the server as GraphDelta messages.
 //
-// Written by the profiling thread (NodeFor/AddPath), read by the shipping thread (DeltaFrom):
-// all methods lock internally. The graph only grows for the life of the agent process; its
+// Written by the profiling thread (NodeFor/AddPath/ExtendPath), read by the shipping thread
+// (DeltaFrom): methods lock internally, except that ExtendPath, the per-sample call, reads
+// without the lock (one writer) and locks only to add. The graph only grows for the life of the agent process; its
 // random graph_id tells the server when an agent restarted with a new graph.
 #ifndef STRATA_AGENT_CORE_CONTEXT_GRAPH_H_
 #define STRATA_AGENT_CORE_CONTEXT_GRAPH_H_
@@ -47,8 +48,12 @@ class ContextGraph {
   // added; *edges is resized to the path's length. Lets the profiler reuse the edge-ID
   // prefix of a thread's unchanged outer frames and keep one vector per thread (no
   // allocation per sample). On error *edges is shortened to the valid prefix.
+  //
+  // Only from the thread that writes the graph (the profiling thread): it reads without the
+  // lock unless it adds an edge.
   absl::Status ExtendPath(std::span<const encoding::PathFrame> outer_to_leaf, bool truncated,
-                          size_t known, std::vector<encoding::EdgeId>* edges);
+                          size_t known, std::vector<encoding::EdgeId>* edges)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Appends a delta this graph produced earlier (DeltaFrom, kept in the agent's spool): a
   // restarted agent resumes its graph. Errors when the delta does not continue the graph
   // exactly where it ends (nodes and edges in order, no duplicate) or names unknown nodes;

@@ -1,0 +1,134 @@
+// The recorder's steady state allocates nothing: real perf samples of a live child, recorded
+// once to warm the caches (threads, pcs, graph edges, contexts), then recorded again under a
+// counting allocator.
+
+#include "agent/core/stack_recorder.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "agent/core/context_graph.h"
+#include "agent/core/targets.h"
+#include "agent/sampler/perf_sampler.h"
+#include "gtest/gtest.h"
+
+// Counts every global allocation so the test can assert that a region allocates nothing.
+namespace {
+std::atomic<uint64_t> g_allocations{0};
+}  // namespace
+
+void* operator new(std::size_t size) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace strata::agent {
+namespace {
+
+volatile uint64_t g_counter = 0;
+
+[[gnu::noinline]] void Leaf() {
+  for (int i = 0; i < 1000; ++i) g_counter = g_counter + 1;
+}
+[[gnu::noinline]] void Middle() {
+  for (int i = 0; i < 100; ++i) Leaf();
+}
+[[noreturn, gnu::noinline]] void Outer(int ready_fd) {
+  char byte = 'r';
+  if (write(ready_fd, &byte, 1) != 1) _exit(1);
+  for (;;) Middle();
+}
+
+struct CopiedSample {
+  sampler::RawSample sample;
+  std::vector<uint8_t> stack;
+};
+
+TEST(StackRecorderTest, SteadyStateSampleAllocatesNothing) {
+  if (absl::Status probe = sampler::ProbePerfEvents(); !probe.ok()) {
+    GTEST_SKIP() << "perf events not usable here: " << probe;
+  }
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    close(fds[0]);
+    Outer(fds[1]);
+  }
+  close(fds[1]);
+  char byte;
+  ASSERT_EQ(read(fds[0], &byte, 1), 1);
+  close(fds[0]);
+  struct KillChild {
+    pid_t pid;
+    ~KillChild() {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } kill_child{child};
+
+  // Real samples of the child, copied out of the ring.
+  auto perf = sampler::PerfSampler::Create();
+  ASSERT_TRUE(perf.ok()) << perf.status();
+  sampler::SessionOptions session;
+  session.frequency_hz = 999;
+  ASSERT_TRUE((*perf)->AddSession(session).ok());
+  ASSERT_TRUE((*perf)->AttachProcess(0, child, {child}).ok());
+  std::vector<CopiedSample> samples;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (samples.size() < 300 && absl::Now() < deadline) {
+    ASSERT_TRUE((*perf)->Wait(absl::Milliseconds(100)).ok());
+    (*perf)->Drain([&](const sampler::RawSample& s) {
+      CopiedSample copy{s, std::vector<uint8_t>(s.stack, s.stack + s.stack_size)};
+      samples.push_back(std::move(copy));
+    });
+  }
+  ASSERT_GE(samples.size(), 300u) << "the child got too little CPU";
+  for (CopiedSample& s : samples) s.sample.stack = s.stack.data();
+
+  DiscoveryOptions options;
+  options.pids = {child};
+  auto discovery = TargetDiscovery::Create(options);
+  ASSERT_TRUE(discovery.ok()) << discovery.status();
+  auto changes = (*discovery)->Scan();
+  ASSERT_TRUE(changes.ok());
+  ASSERT_EQ(changes->added.size(), 1u);
+  (*discovery)->Insert((*discovery)->NewTarget(changes->added[0], nullptr));
+
+  ContextGraph graph(1);
+  StackRecorder recorder({}, &graph, discovery->get());
+  for (const CopiedSample& s : samples) recorder.OnSample(s.sample);  // warms every cache
+  const StackRecorderStats warm = recorder.stats();
+  ASSERT_EQ(warm.samples, samples.size());
+  ASSERT_EQ(warm.dropped, 0u);
+  // Stacks reach the child's Outer through Middle (not cut short at the leaf).
+  ASSERT_GT(warm.unwound_frames, 3 * samples.size());
+  const uint64_t edges = graph.num_edges();
+
+  const uint64_t before = g_allocations.load();
+  for (int round = 0; round < 3; ++round) {
+    for (const CopiedSample& s : samples) recorder.OnSample(s.sample);
+  }
+  const uint64_t after = g_allocations.load();
+  EXPECT_EQ(after - before, 0u) << "allocations in " << 3 * samples.size() << " samples";
+  EXPECT_EQ(graph.num_edges(), edges);
+  EXPECT_EQ(recorder.stats().samples, 4 * samples.size());
+  EXPECT_EQ(recorder.stats().unwind_verify_failures, 0u);
+  EXPECT_EQ(recorder.continuous().samples(), 4 * samples.size());
+}
+
+}  // namespace
+}  // namespace strata::agent
