@@ -1,10 +1,14 @@
 #include "agent/procfs/process_tracker.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <iterator>
+#include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -21,13 +25,56 @@ void AppendDifference(pid_t pid, const std::vector<pid_t>& a, const std::vector<
   for (pid_t tid : diff) out->push_back(ThreadRef{pid, tid});
 }
 
+// Start time of `pid`, or nullopt if it is gone or a zombie: a zombie has exited and its exit
+// event is the last word about it (nothing tells when it is reaped).
+std::optional<uint64_t> ReadLiveStartTime(pid_t pid) {
+  absl::StatusOr<std::string> stat = ReadProcFile(absl::StrCat("/proc/", pid, "/stat"));
+  if (!stat.ok()) return std::nullopt;
+  // "PID (COMM) STATE ...": comm may contain ')' itself.
+  const size_t paren = stat->rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat->size()) return std::nullopt;
+  const char state = (*stat)[paren + 2];
+  if (state == 'Z' || state == 'X' || state == 'x') return std::nullopt;
+  absl::StatusOr<uint64_t> start_time = ParseStatStartTime(*stat);
+  if (!start_time.ok()) return std::nullopt;
+  return *start_time;
+}
+
+uint64_t MonotonicNs() {
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<uint64_t>(now.tv_sec) * 1000000000 + static_cast<uint64_t>(now.tv_nsec);
+}
+
+// Whether this process's CLOCK_MONOTONIC is shifted from the kernel's (time namespaces): the
+// file has a line "monotonic SECONDS NANOSECONDS".
+bool MonotonicClockShifted() {
+  absl::StatusOr<std::string> offsets = ReadProcFile("/proc/self/timens_offsets");
+  if (!offsets.ok()) return false;  // no time namespaces in this kernel
+  std::string_view text = *offsets;
+  const size_t at = text.find("monotonic");
+  if (at == std::string_view::npos) return false;
+  text.remove_prefix(at + std::string_view("monotonic").size());
+  text = text.substr(0, text.find('\n'));
+  return text.find_first_not_of(" 0") != std::string_view::npos;
+}
+
+// Exec events of unknown time: always news.
+constexpr uint64_t kUnknownTime = UINT64_MAX;
+
+bool ThreadExists(pid_t pid, pid_t tid) {
+  return access(absl::StrCat("/proc/", pid, "/task/", tid).c_str(), F_OK) == 0;
+}
+
 }  // namespace
 
 ProcessTracker::ProcessTracker(ServiceMatcher matcher)
     : ProcessTracker(std::move(matcher), Options()) {}
 
 ProcessTracker::ProcessTracker(ServiceMatcher matcher, Options options)
-    : matcher_(std::move(matcher)), options_(options) {}
+    : matcher_(std::move(matcher)),
+      options_(options),
+      compare_timestamps_(!MonotonicClockShifted()) {}
 
 void ProcessTracker::Track(pid_t pid, std::string service) {
   pinned_[pid] = std::move(service);
@@ -113,6 +160,9 @@ absl::StatusOr<ProcessChanges> ProcessTracker::Rescan() {
   if (!pids.ok()) return pids.status();
   const pid_t self = getpid();
   ProcessChanges changes;
+  retry_.clear();  // this scan looks at every process
+  scan_ns_ = MonotonicNs();
+  read_ns_.clear();  // older than scan_ns_
   absl::flat_hash_set<pid_t> alive;
   alive.reserve(pids->size());
 
@@ -169,6 +219,7 @@ absl::StatusOr<ProcessChanges> ProcessTracker::Rescan() {
       ignored_[pid] = Seen{*start_time, std::move(executable)};
     } else {
       ignored_.erase(pid);  // mid-exec: decide on a later scan
+      retry_.try_emplace(pid, 0);
     }
   }
 
@@ -185,6 +236,178 @@ absl::StatusOr<ProcessChanges> ProcessTracker::Rescan() {
   absl::erase_if(pinned_, [&](const auto& entry) { return !alive.contains(entry.first); });
   absl::erase_if(pinned_start_, [&](const auto& entry) { return !alive.contains(entry.first); });
   reevaluate_.clear();
+  scanned_ = true;
+  return changes;
+}
+
+void ProcessTracker::Forget(pid_t pid, ProcessChanges* changes) {
+  if (auto it = targets_.find(pid); it != targets_.end()) {
+    changes->removed.push_back(std::move(it->second));
+    targets_.erase(it);
+  }
+  ignored_.erase(pid);
+  pinned_.erase(pid);  // a pin lasts as long as its process
+  pinned_start_.erase(pid);
+  retry_.erase(pid);
+  read_ns_.erase(pid);
+}
+
+void ProcessTracker::Refresh(pid_t pid, uint64_t exec_ns, ProcessChanges* changes,
+                             absl::flat_hash_set<pid_t>* listed) {
+  // An exec that happened before the process was last evaluated is in that evaluation already
+  // (e.g. its fork event came first and the read found the new image): not news.
+  bool exec = exec_ns != 0;
+  if (exec && exec_ns != kUnknownTime && compare_timestamps_) {
+    uint64_t last_read = scan_ns_;
+    if (auto it = read_ns_.find(pid); it != read_ns_.end()) {
+      last_read = std::max(last_read, it->second);
+    }
+    exec = exec_ns >= last_read;
+  }
+  const bool reevaluate = (reevaluate_.erase(pid) > 0) || exec;
+  const uint64_t now = MonotonicNs();  // before reading: what happens later is news
+  std::optional<uint64_t> start_time = ReadLiveStartTime(pid);
+  if (!start_time.has_value()) {
+    Forget(pid, changes);
+    return;
+  }
+  std::string executable = ReadExecutable(pid).value_or("");
+
+  if (auto it = targets_.find(pid); it != targets_.end()) {
+    TrackedProcess& known = it->second;
+    if (!exec && known.start_time == *start_time && known.executable == executable) {
+      if (!reevaluate) return;  // the batch's thread events say what changed
+      // A pin changed: as in Rescan(), the service decides whether it stays a target.
+      read_ns_[pid] = now;
+      TrackedProcess fresh;
+      if (Evaluate(pid, *start_time, executable, &fresh) && fresh.service == known.service) {
+        AppendDifference(pid, fresh.threads, known.threads, &changes->threads_added);
+        AppendDifference(pid, known.threads, fresh.threads, &changes->threads_removed);
+        known.threads = std::move(fresh.threads);
+        listed->insert(pid);
+        return;
+      }
+      changes->removed.push_back(std::move(known));
+      targets_.erase(it);
+      if (!fresh.threads.empty()) {
+        changes->added.push_back(fresh);
+        targets_.emplace(pid, std::move(fresh));
+        listed->insert(pid);
+      } else {
+        ignored_[pid] = Seen{*start_time, std::move(executable)};
+      }
+      return;
+    }
+    // Exec or pid reuse: the old process is gone.
+    changes->removed.push_back(std::move(known));
+    targets_.erase(it);
+  } else if (auto seen = ignored_.find(pid);
+             !reevaluate && seen != ignored_.end() && seen->second.start_time == *start_time &&
+             seen->second.executable == executable) {
+    return;
+  }
+
+  read_ns_[pid] = now;
+  TrackedProcess process;
+  bool settled = true;
+  if (Evaluate(pid, *start_time, executable, &process, &settled)) {
+    ignored_.erase(pid);
+    retry_.erase(pid);
+    changes->added.push_back(process);
+    targets_.emplace(pid, std::move(process));
+    listed->insert(pid);
+  } else if (settled || ++retry_[pid] > kMaxRetries) {
+    ignored_[pid] = Seen{*start_time, std::move(executable)};
+    retry_.erase(pid);
+  } else {
+    ignored_.erase(pid);  // mid-exec: looked at again by the next Update()
+  }
+}
+
+absl::StatusOr<ProcessChanges> ProcessTracker::Update(const ProcessEventBatch& events) {
+  if (events.overflowed || !scanned_) return Rescan();
+  const pid_t self = getpid();
+
+  // Processes to read once the whole batch is known, and thread changes of targets. Reading
+  // /proc only after the batch makes the order of its events irrelevant for processes (the
+  // kernel may queue a child's exec or exit before its fork): what /proc shows now decides.
+  // Thread events are netted: a thread that started and exited in the batch is no change.
+  absl::flat_hash_map<pid_t, uint64_t> touched;  // pid -> newest exec time, 0 if none
+  struct ThreadDelta {
+    absl::flat_hash_set<pid_t> started;
+    absl::flat_hash_set<pid_t> exited;
+  };
+  absl::flat_hash_map<pid_t, ThreadDelta> threads;
+  for (const ProcessEvent& event : events.events) {
+    if (options_.exclude_self && event.pid == self) continue;
+    switch (event.type) {
+      case ProcessEventType::kProcessStarted:
+        touched.try_emplace(event.pid, 0);
+        break;
+      case ProcessEventType::kExec: {
+        uint64_t& exec_ns = touched[event.pid];
+        exec_ns = std::max(exec_ns, event.timestamp_ns == 0 ? kUnknownTime : event.timestamp_ns);
+        break;
+      }
+      case ProcessEventType::kProcessExited:
+        // Processes never seen (e.g. started and gone between two scans) need no read.
+        if (touched.contains(event.pid) || targets_.contains(event.pid) ||
+            ignored_.contains(event.pid) || pinned_.contains(event.pid) ||
+            retry_.contains(event.pid)) {
+          touched.try_emplace(event.pid, 0);
+        }
+        break;
+      case ProcessEventType::kThreadStarted:
+        if (targets_.contains(event.pid)) threads[event.pid].started.insert(event.tid);
+        break;
+      case ProcessEventType::kThreadExited:
+        if (targets_.contains(event.pid)) {
+          ThreadDelta& delta = threads[event.pid];
+          if (delta.started.erase(event.tid) == 0) delta.exited.insert(event.tid);
+        }
+        break;
+    }
+  }
+  for (pid_t pid : reevaluate_) touched.try_emplace(pid, 0);
+  for (const auto& [pid, count] : retry_) touched.try_emplace(pid, 0);
+  if (options_.exclude_self) touched.erase(self);
+
+  // Ascending pids, as Rescan() reports them.
+  std::vector<std::pair<pid_t, uint64_t>> order(touched.begin(), touched.end());
+  std::sort(order.begin(), order.end());
+  ProcessChanges changes;
+  absl::flat_hash_set<pid_t> listed;
+  for (const auto& [pid, exec_ns] : order) Refresh(pid, exec_ns, &changes, &listed);
+  reevaluate_.clear();
+
+  std::vector<pid_t> thread_pids;
+  for (const auto& [pid, delta] : threads) thread_pids.push_back(pid);
+  std::sort(thread_pids.begin(), thread_pids.end());
+  for (pid_t pid : thread_pids) {
+    auto it = targets_.find(pid);
+    if (it == targets_.end() || listed.contains(pid)) continue;
+    std::vector<pid_t>& known = it->second.threads;  // ascending
+    ThreadDelta& delta = threads[pid];
+    std::vector<pid_t> exited(delta.exited.begin(), delta.exited.end());
+    std::sort(exited.begin(), exited.end());
+    for (pid_t tid : exited) {
+      auto at = std::lower_bound(known.begin(), known.end(), tid);
+      if (at == known.end() || *at != tid) continue;  // already gone when the target was read
+      known.erase(at);
+      changes.threads_removed.push_back(ThreadRef{pid, tid});
+    }
+    std::vector<pid_t> started(delta.started.begin(), delta.started.end());
+    std::sort(started.begin(), started.end());
+    for (pid_t tid : started) {
+      auto at = std::lower_bound(known.begin(), known.end(), tid);
+      if (at != known.end() && *at == tid) continue;  // listed when the target was read
+      // Its exit may have been queued before its start, or be on its way: only a thread that
+      // still exists is added (its exit event then follows).
+      if (!ThreadExists(pid, tid)) continue;
+      known.insert(at, tid);
+      changes.threads_added.push_back(ThreadRef{pid, tid});
+    }
+  }
   return changes;
 }
 

@@ -1,12 +1,14 @@
 // Keeps the agent's set of target processes and their threads up to date.
 //
-// The owner (the agent's main loop) calls Rescan() periodically, e.g. once a second; each call
-// reads /proc and reports what changed since the previous call: processes that started (or were
-// pinned with Track()), processes that exited, processes that exec'd (reported as removed and
-// then added, since their mappings and service may have changed), and threads that appeared or
-// exited in the target processes. A process is identified by (pid, start time) so that pid
-// reuse is seen as exit + start. Non-target processes are remembered by (pid, start time,
-// executable) so that their command line and environment are read once, not every scan; a
+// The owner (the agent's main loop) either calls Rescan() periodically, e.g. once a second, or,
+// where the kernel's process events are available (process_events.h), calls Rescan() once and
+// then Update() with each batch of events (Rescan() reads all of /proc, Update() only what the
+// events name). Each call reports what changed since the previous one: processes that started
+// (or were pinned with Track()), processes that exited, processes that exec'd (reported as
+// removed and then added, since their mappings and service may have changed), and threads that
+// appeared or exited in the target processes. A process is identified by (pid, start time) so
+// that pid reuse is seen as exit + start. Non-target processes are remembered by (pid, start
+// time, executable) so that their command line and environment are read once, not every scan; a
 // change of executable (exec) makes them be evaluated again.
 //
 // Not thread-safe; owned and driven by one thread.
@@ -25,6 +27,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "agent/procfs/process_events.h"
 #include "agent/procfs/service_matcher.h"
 
 namespace strata::agent::procfs {
@@ -82,17 +85,34 @@ class ProcessTracker {
   ProcessTracker(ServiceMatcher matcher, Options options);
 
   // Makes `pid` a target under `service` regardless of the rules (ad hoc capture of one pid).
-  // Takes effect at the next Rescan(). Pinned targets stay pinned for the life of that process
-  // (pid + start time); they are not re-pinned if the pid is reused.
+  // Takes effect at the next Rescan() or Update(). Pinned targets stay pinned for the life of
+  // that process (pid + start time); they are not re-pinned if the pid is reused.
   void Track(pid_t pid, std::string service);
-  // Undoes Track(); the process is reported removed at the next Rescan() unless a rule matches.
+  // Undoes Track(); the process is reported removed at the next Rescan() or Update() unless a
+  // rule matches.
   void Untrack(pid_t pid);
 
   // Reads /proc and returns the changes since the previous call. Processes that vanish while
   // being read are treated as gone. Fails only if /proc itself cannot be listed.
   absl::StatusOr<ProcessChanges> Rescan();
 
-  // Current targets by pid, as of the last Rescan().
+  // Applies a batch of process events (process_events.h) and returns the changes since the
+  // previous call as Rescan() would, reading /proc only for the processes the events name and
+  // those of has_pending(). Processes are read after the whole batch, so the order of its
+  // events does not matter. An exec that the last read of the process did not see is reported
+  // as removed + added even if the executable is the same (Rescan() cannot tell). Thread
+  // starts and exits of targets come from the events, without listing /proc/PID/task (a
+  // started thread is checked to still exist). A zombie counts as exited: its exit event is all
+  // the notice there is. Runs Rescan() instead when the batch overflowed or before the first
+  // Rescan(); fails only where that Rescan() fails.
+  absl::StatusOr<ProcessChanges> Update(const ProcessEventBatch& events);
+
+  // Whether Update() has processes to read even without events: pins changed by Track() or
+  // Untrack(), or processes caught in the middle of exec. The owner then calls Update() with an
+  // empty batch on its periodic tick.
+  bool has_pending() const { return !reevaluate_.empty() || !retry_.empty(); }
+
+  // Current targets by pid, as of the last Rescan() or Update().
   const absl::flat_hash_map<pid_t, TrackedProcess>& targets() const { return targets_; }
 
  private:
@@ -108,13 +128,34 @@ class ProcessTracker {
   bool Evaluate(pid_t pid, uint64_t start_time, const std::string& executable,
                 TrackedProcess* out, bool* settled = nullptr);
 
+  // Update()'s reading of one process the events name, after the events of the whole batch:
+  // the same decisions as one step of Rescan(). `exec_ns` (0: none) is when the process last
+  // exec'd; it forces a new evaluation unless the process was read after it. Adds `pid` to
+  // `*listed` when its thread list was read from /proc here, so the batch's thread events for it
+  // are moot.
+  void Refresh(pid_t pid, uint64_t exec_ns, ProcessChanges* changes,
+               absl::flat_hash_set<pid_t>* listed);
+  // Drops everything known about a process that is gone; a target is reported removed.
+  void Forget(pid_t pid, ProcessChanges* changes);
+
+  // Evaluations of one process that Update() redoes while they are unsettled (see Evaluate)
+  // before it takes the answer; the process's exec event makes it be evaluated again anyway.
+  static constexpr int kMaxRetries = 5;
+
   ServiceMatcher matcher_;
   Options options_;
+  bool scanned_ = false;  // Rescan() has run: Update() has a baseline
+  // Event timestamps are the kernel's CLOCK_MONOTONIC, comparable with ours unless this process
+  // is in a time namespace that shifts it; then every exec event is taken as news.
+  bool compare_timestamps_ = true;
+  uint64_t scan_ns_ = 0;  // when the last Rescan() started
+  absl::flat_hash_map<pid_t, uint64_t> read_ns_;  // when Update() last evaluated the pid
   absl::flat_hash_map<pid_t, TrackedProcess> targets_;
   absl::flat_hash_map<pid_t, Seen> ignored_;
   absl::flat_hash_map<pid_t, std::string> pinned_;  // pid -> service
   absl::flat_hash_map<pid_t, uint64_t> pinned_start_;  // pid -> start time once seen
   absl::flat_hash_set<pid_t> reevaluate_;  // pins changed since the last scan
+  absl::flat_hash_map<pid_t, int> retry_;  // unsettled evaluations -> how many so far
 };
 
 }  // namespace strata::agent::procfs
