@@ -110,7 +110,11 @@ absl::Status Profiler::InitPoll() {
       return absl::InternalError(absl::StrCat("epoll_ctl: ", strerror(errno)));
     }
   }
-  if (discovery_->watches_events()) ArmEvents();
+  if (discovery_->watches_events()) change_fds_.push_back(discovery_->events_fd());
+  for (sources::StackSource* source : sources_) {
+    if (source->rescan_fd() >= 0) change_fds_.push_back(source->rescan_fd());
+  }
+  ArmChanges();
   return absl::OkStatus();
 }
 
@@ -121,17 +125,12 @@ absl::Status Profiler::Poll(absl::Duration timeout) {
   if (rescan_due_ || now >= next_rescan_) {
     if (auto st = Rescan(); !st.ok()) return st;
     now = absl::Now();
-    // With process events a scan follows an event; without, /proc is read on a period.
-    next_rescan_ = discovery_->watches_events() ? absl::InfiniteFuture()
-                                                : now + options_.rescan_interval;
   }
-  // Process events wake the loop at most every kEventRescanGap: a host forking hundreds of
-  // unrelated processes a second must not turn into as many agent wake-ups.
   absl::Duration wait = std::min(timeout, next_rescan_ - now);
-  if (discovery_->watches_events() && !events_armed_) {
+  if (!changes_armed_ && !change_fds_.empty()) {
     const absl::Time rearm = last_event_rescan_ + kEventRescanGap;
     if (now >= rearm) {
-      ArmEvents();
+      ArmChanges();
     } else {
       wait = std::min(wait, rearm - now);
     }
@@ -151,8 +150,9 @@ absl::Status Profiler::Poll(absl::Duration timeout) {
     if (ready[i].data.fd == wake_fd_.get()) {
       uint64_t count;
       (void)!read(wake_fd_.get(), &count, sizeof(count));
-    } else if (ready[i].data.fd == discovery_->events_fd()) {
-      events_armed_ = false;  // EPOLLONESHOT
+    } else if (std::find(change_fds_.begin(), change_fds_.end(), ready[i].data.fd) !=
+               change_fds_.end()) {
+      changes_armed_ = false;  // EPOLLONESHOT: re-armed after kEventRescanGap
       rescan_due_ = true;
     } else if (perf_ != nullptr && ready[i].data.fd == perf_->wait_fd()) {
       // Notes the events whose threads exited; Drain closes them after their last samples.
@@ -173,17 +173,17 @@ void Profiler::Wake() const {
   (void)!write(wake_fd_.get(), &one, sizeof(one));
 }
 
-void Profiler::ArmEvents() {
-  epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLONESHOT;
-  ev.data.fd = discovery_->events_fd();
-  const int op = events_added_ ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
-  if (epoll_ctl(poll_fd_.get(), op, ev.data.fd, &ev) != 0) {
-    spdlog::warn("process events: epoll_ctl: {}", strerror(errno));
-    return;
+void Profiler::ArmChanges() {
+  for (int fd : change_fds_) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLONESHOT;
+    ev.data.fd = fd;
+    if (epoll_ctl(poll_fd_.get(), changes_added_ ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev) != 0) {
+      spdlog::warn("watching process changes: epoll_ctl: {}", strerror(errno));
+    }
   }
-  events_added_ = true;
-  events_armed_ = true;
+  changes_added_ = true;
+  changes_armed_ = true;
 }
 
 absl::Status Profiler::Rescan() {
@@ -191,6 +191,11 @@ absl::Status Profiler::Rescan() {
   ++rescans_;
   RescanSources();
   auto changes = discovery_->Scan();
+  // With process events the next scan follows an event (or, while a process is caught
+  // mid-exec, a period); without, /proc is read on a period.
+  bool periodic = !discovery_->watches_events() || discovery_->has_pending();
+  for (sources::StackSource* source : sources_) periodic |= source->rescan_periodically();
+  next_rescan_ = periodic ? absl::Now() + options_.rescan_interval : absl::InfiniteFuture();
   if (!changes.ok()) return changes.status();
   for (const auto& p : changes->removed) RemoveTarget(p.pid);
   for (const auto& p : changes->added) AddTarget(p);

@@ -133,8 +133,8 @@ class Profiler final : public SamplingSessions {
   // came and went, their threads, their mappings.
   absl::Status Rescan();
   absl::Status InitPoll();
-  // Watches the process events' descriptor for one wake-up (EPOLLONESHOT).
-  void ArmEvents();
+  // Watches change_fds_ for one wake-up (EPOLLONESHOT).
+  void ArmChanges();
   void RescanSources();
   void AddTarget(const procfs::TrackedProcess& process);
   void RemoveTarget(pid_t pid);
@@ -148,14 +148,18 @@ class Profiler final : public SamplingSessions {
   StackRecorder recorder_;
   BatchBuilder batches_;
   absl::Time next_rescan_ = absl::InfinitePast();
-  // One epoll over the waitable sources' descriptors and the process events': the loop
-  // sleeps until samples, a process or thread change, or its deadline.
+  // One epoll over the waitable sources' descriptors, the change descriptors and Wake()'s: the
+  // loop sleeps until samples, a process, thread or ring change, or its deadline. Changes
+  // wake it at most every kEventRescanGap: a host forking hundreds of unrelated processes a
+  // second must not turn into as many agent wake-ups.
   static constexpr absl::Duration kEventRescanGap = absl::Milliseconds(100);
   base::UniqueFd poll_fd_;
   base::UniqueFd wake_fd_;  // an eventfd
   bool rescan_due_ = false;
-  bool events_added_ = false;
-  bool events_armed_ = false;
+  // Readable on process or thread changes (process events) and new in-process rings.
+  std::vector<int> change_fds_;
+  bool changes_added_ = false;
+  bool changes_armed_ = false;
   absl::Time last_event_rescan_ = absl::InfinitePast();
   uint64_t wakeups_ = 0;
   uint64_t rescans_ = 0;

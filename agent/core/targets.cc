@@ -51,7 +51,30 @@ absl::StatusOr<std::unique_ptr<TargetDiscovery>> TargetDiscovery::Create(
   }
   procfs::ProcessTracker tracker(std::move(*matcher), {});
   for (auto& [pid, service] : pinned) tracker.Track(pid, std::move(service));
-  return std::unique_ptr<TargetDiscovery>(new TargetDiscovery(std::move(tracker)));
+  // Opened before the first scan, so that nothing after that scan goes unseen.
+  std::unique_ptr<procfs::ProcessEvents> events;
+  if (options.process_events) {
+    auto opened = procfs::ProcessEvents::Open();
+    if (opened.ok()) {
+      events = std::move(*opened);
+    } else {
+      spdlog::info("process events unavailable ({}); scanning /proc on a period",
+                   opened.status().ToString());
+    }
+  }
+  return std::unique_ptr<TargetDiscovery>(
+      new TargetDiscovery(std::move(tracker), std::move(events)));
+}
+
+absl::StatusOr<procfs::ProcessChanges> TargetDiscovery::Scan() {
+  if (events_ == nullptr) return tracker_.Rescan();
+  batch_.Clear();
+  if (absl::Status st = events_->Read(&batch_); !st.ok()) {
+    spdlog::warn("process events: {}; scanning /proc on a period from now on", st.ToString());
+    events_.reset();
+    return tracker_.Rescan();
+  }
+  return tracker_.Update(batch_);
 }
 
 std::unique_ptr<Target> TargetDiscovery::NewTarget(const procfs::TrackedProcess& process,

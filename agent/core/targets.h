@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "agent/procfs/process_events.h"
 #include "agent/procfs/process_tracker.h"
 #include "agent/procfs/service_matcher.h"
 #include "agent/sources/stack_source.h"
@@ -33,6 +34,9 @@ struct DiscoveryOptions {
   // Without rules nothing is discovered: only `pids` are profiled.
   std::vector<procfs::ServiceRule> service_rules;
   std::vector<pid_t> pids;  // explicit targets (service: STRATA_SERVICE or executable name)
+  // Follow the kernel's process events (procfs/process_events.h) where it reports them to this
+  // agent; else, and when false, /proc is scanned on a period.
+  bool process_events = true;
 };
 
 // The matcher that decides which processes besides `pids` the agent profiles. STRATA_SERVICE
@@ -60,12 +64,15 @@ class TargetDiscovery {
   // NotFound when an explicit pid does not exist; the matcher's errors.
   static absl::StatusOr<std::unique_ptr<TargetDiscovery>> Create(const DiscoveryOptions& options);
 
-  // Processes and threads that appeared and went since the last scan.
-  absl::StatusOr<procfs::ProcessChanges> Scan() { return tracker_.Rescan(); }
+  // Processes and threads that appeared and went since the last scan: from the process events
+  // pending (reading /proc only for the processes they name), or from all of /proc.
+  absl::StatusOr<procfs::ProcessChanges> Scan();
   // True when the kernel reports process and thread changes (events_fd() is readable when
-  // there are some): Scan() then needs calling only when it is.
-  bool watches_events() const { return false; }
-  int events_fd() const { return -1; }
+  // there are some): Scan() then needs calling only when it is, or on a period while
+  // has_pending().
+  bool watches_events() const { return events_ != nullptr; }
+  int events_fd() const { return events_ != nullptr ? events_->fd() : -1; }
+  bool has_pending() const { return tracker_.has_pending(); }
 
   // A target for `process` sampled by `source`, with its mappings read; not in the table
   // until Insert().
@@ -92,9 +99,12 @@ class TargetDiscovery {
   uint64_t refreshes() const { return refreshes_; }
 
  private:
-  explicit TargetDiscovery(procfs::ProcessTracker tracker) : tracker_(std::move(tracker)) {}
+  TargetDiscovery(procfs::ProcessTracker tracker, std::unique_ptr<procfs::ProcessEvents> events)
+      : tracker_(std::move(tracker)), events_(std::move(events)) {}
 
   procfs::ProcessTracker tracker_;
+  std::unique_ptr<procfs::ProcessEvents> events_;  // null: /proc scans only
+  procfs::ProcessEventBatch batch_;                // reused by every Scan()
   symbols::ModuleCache modules_;
   absl::flat_hash_map<pid_t, std::unique_ptr<Target>> targets_;
   std::vector<v1::Target> retired_;

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/inotify.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,7 +20,22 @@ bool ProcessAlive(pid_t pid) { return kill(pid, 0) == 0 || errno == EPERM; }
 
 }  // namespace
 
+InprocSource::InprocSource(InprocSourceOptions options) : options_(std::move(options)) {
+  inotify_fd_.reset(inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
+  // A ring is complete when its creator closes it (IN_CLOSE_WRITE); IN_CREATE sees it early.
+  if (inotify_fd_.valid() &&
+      inotify_add_watch(inotify_fd_.get(), options_.dir.c_str(),
+                        IN_CREATE | IN_CLOSE_WRITE | IN_MOVED_TO) < 0) {
+    inotify_fd_.reset();
+  }
+}
+
 absl::Status InprocSource::Rescan(StackSink& sink, std::vector<pid_t>* claimed) {
+  if (inotify_fd_.valid()) {  // the directory is listed below: what it says is moot
+    alignas(inotify_event) char buffer[4096];
+    while (read(inotify_fd_.get(), buffer, sizeof(buffer)) > 0) {
+    }
+  }
   // An exited process's ring is closed below: take its last stacks first.
   Drain(sink);
   for (auto it = rings_.begin(); it != rings_.end();) {

@@ -5,8 +5,9 @@
 // carries the target's executable mappings, see Mappings()).
 //
 // A process with a ring is served by its ring whatever the other sources do (Claims()), so
-// attaching targets is a no-op here. Rings have no wake-up: they are drained at least every
-// 100 ms.
+// attaching targets is a no-op here. Rings have no wake-up: while any is open they are drained
+// at least every 100 ms. New rings are noticed by inotify on the directory (rescan_fd()), or,
+// where that fails, by the owner's periodic Rescan().
 #ifndef STRATA_AGENT_SOURCES_INPROC_SOURCE_H_
 #define STRATA_AGENT_SOURCES_INPROC_SOURCE_H_
 
@@ -22,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "agent/runtime/ring.h"
 #include "agent/sources/stack_source.h"
+#include "common/base/unique_fd.h"
 
 namespace strata::agent::sources {
 
@@ -39,17 +41,21 @@ struct InprocSourceStats {
 
 class InprocSource final : public StackSource {
  public:
-  explicit InprocSource(InprocSourceOptions options) : options_(std::move(options)) {}
+  explicit InprocSource(InprocSourceOptions options);
 
   // Delivers what the open rings hold, then opens rings that appeared and closes those whose
   // process is gone (removing their file); `claimed` receives the pids of the new rings.
   absl::Status Rescan(StackSink& sink, std::vector<pid_t>* claimed) override;
   bool Claims(pid_t pid) const override { return rings_.contains(pid); }
+  int rescan_fd() const override { return inotify_fd_.get(); }
+  bool rescan_periodically() const override { return !inotify_fd_.valid(); }
 
   absl::Status Attach(pid_t, const std::vector<pid_t>&) override { return absl::OkStatus(); }
   void Detach(pid_t) override {}
   void Remove(pid_t, StackSink&) override {}
-  absl::Duration max_wait() const override { return absl::Milliseconds(100); }
+  absl::Duration max_wait() const override {
+    return rings_.empty() ? absl::InfiniteDuration() : absl::Milliseconds(100);
+  }
   // Delivers every stack published so far, ring by ring.
   void Drain(StackSink& sink) override;
 
@@ -64,6 +70,7 @@ class InprocSource final : public StackSource {
 
  private:
   InprocSourceOptions options_;
+  base::UniqueFd inotify_fd_;  // files created in options_.dir
   absl::flat_hash_map<pid_t, std::unique_ptr<runtime::RingReader>> rings_;
   uint64_t stacks_ = 0;
   uint64_t lost_closed_ = 0;

@@ -59,6 +59,10 @@ class StackSource {
   virtual absl::Status Rescan(StackSink& sink, std::vector<pid_t>* claimed) {
     return absl::OkStatus();
   }
+  // A descriptor that is readable when Rescan() may find something new (-1: none), and
+  // whether Rescan() needs calling on a period instead.
+  virtual int rescan_fd() const { return -1; }
+  virtual bool rescan_periodically() const { return false; }
   // True when the source serves `pid` by itself (see Rescan).
   virtual bool Claims(pid_t pid) const { return false; }
 
