@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # deploy/bench.sh: builds the benchmarks and runs them, printing every figure with its
-# comparison anchor from the same run. Not part of deploy/test.sh (it takes ~50 minutes, 35 of
-# them the 30-minute server outage of `faults`).
+# comparison anchor from the same run. Not part of deploy/test.sh (it takes ~60 minutes, 35 of
+# them the 30-minute server outage of `faults`, ~8 the agent-vs-perf overhead of `agent`).
 #
 #   deploy/bench.sh                 all of them
-#   deploy/bench.sh table unwind    only those (backbone encoding table unwind mips64 query fleet tls faults)
+#   deploy/bench.sh table unwind    only those (backbone encoding table unwind mips64 query fleet tls
+#                                   faults agent)
 #
 # Figures are single runs on whatever machine this is: compare ratios, not absolute times.
 set -euo pipefail
@@ -16,7 +17,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_BUILD
 cmake --build "$build" -j "$(nproc)"
 bin=$build/bin
 want=("$@")
-[[ ${#want[@]} -gt 0 ]] || want=(backbone encoding table unwind mips64 query fleet tls faults)
+[[ ${#want[@]} -gt 0 ]] || want=(backbone encoding table unwind mips64 query fleet tls faults agent)
 for b in "${want[@]}"; do
   echo "===== $b"
   case $b in
@@ -31,6 +32,7 @@ for b in "${want[@]}"; do
     fleet) tests/bench/fleet/fleet.sh "$bin" ;;
     tls) tests/bench/fleet/tls.sh "$bin" ;;
     faults) tests/bench/faults/outage_rss.sh 30 "$bin" ;;
+    agent) BUILD="$(cd "$build" && pwd)" tests/bench/agent/overhead.sh ;;  # vs perf record, dwarf
     *) echo "unknown benchmark '$b'" >&2; exit 2 ;;
   esac
 done

@@ -11,7 +11,17 @@
 //
 // Flags: --seconds N (default: run until killed), --switch-after S (after S seconds the
 // program changes phase: tokenize drops to ~5 % and deflate_block rises to ~85 %),
-// --threads N (default 2).
+// --threads N (default 2), --idle-threads N (default 0: N more threads that block forever on
+// a condition variable, with 64 KiB stacks), --fixed-work (every request does the same
+// number of iterations, fixed at start-up calibration, instead of following each thread's
+// measured speed: requests per second then measure throughput, e.g. how much a profiler
+// slows the process; with the default adaptive work a slowdown is absorbed into smaller
+// requests), --warmup W (requests are counted from W seconds after start-up).
+//
+// At exit (--seconds elapsed, SIGTERM or SIGINT) prints one line on stdout:
+//   demo_service done: requests=R seconds=S requests_per_second=X
+// counting the requests completed by all serving threads between the end of --warmup and
+// the stop.
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -19,10 +29,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -30,6 +42,8 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 std::atomic<bool> g_switched{false};
+std::atomic<uint64_t> g_requests{0};  // completed requests, all serving threads
+bool g_fixed_work = false;
 volatile uint64_t g_sink;
 
 // Iterations of each kernel per millisecond of CPU, measured at start-up.
@@ -98,8 +112,10 @@ __attribute__((noinline)) uint64_t handle_request(uint64_t parse_iterations,
   const double t1 = ThreadCpuMs();
   r += compress_response(deflate_iterations);
   const double t2 = ThreadCpuMs();
-  Adapt(&t_tokenize_per_ms, parse_iterations, t1 - t0);
-  Adapt(&t_deflate_per_ms, deflate_iterations, t2 - t1);
+  if (!g_fixed_work) {
+    Adapt(&t_tokenize_per_ms, parse_iterations, t1 - t0);
+    Adapt(&t_deflate_per_ms, deflate_iterations, t2 - t1);
+  }
   asm volatile("" : "+r"(r));
   return r;
 }
@@ -134,7 +150,8 @@ __attribute__((noinline)) void serve_forever() {
     const uint64_t fib_calls = static_cast<uint64_t>(1.0 * t_fib_calls_per_ms);
     const double t0 = ThreadCpuMs();
     g_sink = recompute_stats(fib_calls);
-    Adapt(&t_fib_calls_per_ms, fib_calls, ThreadCpuMs() - t0);
+    if (!g_fixed_work) Adapt(&t_fib_calls_per_ms, fib_calls, ThreadCpuMs() - t0);
+    g_requests.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
@@ -161,11 +178,45 @@ void Calibrate() {
 
 void HandleSignal(int) { g_stop.store(true); }
 
+// Never destroyed: destroying a condition variable with waiters blocks exit() in glibc.
+std::mutex* const g_idle_mu = new std::mutex;
+std::condition_variable* const g_idle_cv = new std::condition_variable;
+
+__attribute__((noinline)) void* IdleForever(void*) {
+  std::unique_lock<std::mutex> lock(*g_idle_mu);
+  for (;;) g_idle_cv->wait(lock);  // never notified
+  return nullptr;
+}
+
+// Threads that block forever (small stacks: hundreds of them stay cheap). Exit ends them.
+bool StartIdleThreads(int n) {
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 64 << 10);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  for (int i = 0; i < n; ++i) {
+    pthread_t t;
+    if (const int err = pthread_create(&t, &attr, IdleForever, nullptr); err != 0) {
+      std::fprintf(stderr, "demo_service: idle thread %d: %s\n", i, std::strerror(err));
+      pthread_attr_destroy(&attr);
+      return false;
+    }
+  }
+  pthread_attr_destroy(&attr);
+  return true;
+}
+
+double MonotonicSeconds() {
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return now.tv_sec + now.tv_nsec / 1e9;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  double seconds = 0, switch_after = 0;
-  int threads = 2;
+  double seconds = 0, switch_after = 0, warmup = 0;
+  int threads = 2, idle_threads = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--seconds") && i + 1 < argc) {
       seconds = std::atof(argv[++i]);
@@ -173,34 +224,61 @@ int main(int argc, char** argv) {
       switch_after = std::atof(argv[++i]);
     } else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--idle-threads") && i + 1 < argc) {
+      idle_threads = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--warmup") && i + 1 < argc) {
+      warmup = std::atof(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--fixed-work")) {
+      g_fixed_work = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--seconds N] [--switch-after S] [--threads N]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--seconds N] [--switch-after S] [--threads N] [--idle-threads N] "
+                   "[--fixed-work] [--warmup W]\n",
+                   argv[0]);
       return 2;
     }
   }
   if (threads < 1) threads = 1;
+  if (idle_threads < 0) idle_threads = 0;
   signal(SIGTERM, HandleSignal);
   signal(SIGINT, HandleSignal);
   Calibrate();
+  if (!StartIdleThreads(idle_threads)) return 1;
   std::printf("demo_service pid %d ready\n", getpid());
   std::fflush(stdout);
 
+  // Requests and time at the end of the warm-up, and at the stop.
+  uint64_t counted_from = 0, counted_to = 0;
+  double window_start = 0, window_end = 0;
   std::thread timer([&] {
-    timespec start;
-    clock_gettime(CLOCK_MONOTONIC, &start);
+    const double start = MonotonicSeconds();
+    bool warm = warmup <= 0;
+    window_start = start;
     while (!g_stop.load()) {
-      timespec now;
-      clock_gettime(CLOCK_MONOTONIC, &now);
-      const double elapsed = (now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9;
+      const double now = MonotonicSeconds();
+      const double elapsed = now - start;
+      if (!warm && elapsed >= warmup) {
+        warm = true;
+        counted_from = g_requests.load();
+        window_start = now;
+      }
       if (switch_after > 0 && elapsed >= switch_after) g_switched.store(true);
       if (seconds > 0 && elapsed >= seconds) g_stop.store(true);
       usleep(20'000);
     }
+    counted_to = g_requests.load();
+    window_end = MonotonicSeconds();
+    if (!warm) counted_from = counted_to, window_start = window_end;  // stopped in the warm-up
   });
   std::vector<std::thread> workers;
   for (int i = 1; i < threads; ++i) workers.emplace_back(serve_forever);
   serve_forever();
   for (auto& t : workers) t.join();
   timer.join();
+  const double window = window_end - window_start;
+  std::printf("demo_service done: requests=%llu seconds=%.3f requests_per_second=%.3f\n",
+              static_cast<unsigned long long>(counted_to - counted_from), window,
+              window > 0 ? (counted_to - counted_from) / window : 0.0);
+  std::fflush(stdout);
   return 0;
 }
