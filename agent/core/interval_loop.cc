@@ -47,7 +47,10 @@ void IntervalLoop::Run(const std::atomic<bool>& stop) {
     auto st = profiler_->Poll(std::min(
         max_wait, absl::FromChrono(window_deadline_ - std::chrono::steady_clock::now())));
     if (!st.ok()) spdlog::warn("sampling: {}", st.ToString());
-    shipper_->SetTargets(profiler_->targets());
+    if (profiler_->targets_generation() != targets_generation_) {
+      targets_generation_ = profiler_->targets_generation();
+      shipper_->SetTargets(profiler_->targets());
+    }
     const absl::Time now = absl::Now();
     captures_->Tick(now, &sequence_);
     if (now >= window_end_ || std::chrono::steady_clock::now() >= window_deadline_ ||

@@ -41,6 +41,7 @@ class IntervalLoop {
   absl::Time window_start_;
   absl::Time window_end_;
   std::chrono::steady_clock::time_point window_deadline_;
+  uint64_t targets_generation_ = ~uint64_t{0};  // of the targets last handed to the shipper
 };
 
 }  // namespace strata::agent

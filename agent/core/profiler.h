@@ -112,6 +112,8 @@ class Profiler final : public SamplingSessions {
 
   ProfilerStats stats() const;
   std::vector<v1::Target> targets() const { return discovery_->targets(); }
+  // Changes whenever targets() does.
+  uint64_t targets_generation() const { return discovery_->generation(); }
 
   // SamplingSessions: ad hoc captures run on perf events only.
   absl::Status StartSession(uint32_t session_id, uint32_t frequency_hz,

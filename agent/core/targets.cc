@@ -98,6 +98,7 @@ std::unique_ptr<Target> TargetDiscovery::NewTarget(const procfs::TrackedProcess&
 void TargetDiscovery::Insert(std::unique_ptr<Target> target) {
   const pid_t pid = target->pid;
   targets_[pid] = std::move(target);
+  ++generation_;
 }
 
 void TargetDiscovery::Remove(pid_t pid) {
@@ -105,6 +106,7 @@ void TargetDiscovery::Remove(pid_t pid) {
   if (it == targets_.end()) return;
   retired_.push_back(TargetMessage(*it->second));
   targets_.erase(it);
+  ++generation_;
   spdlog::info("pid {} exited or changed; no longer profiled", pid);
 }
 

@@ -94,6 +94,8 @@ class TargetDiscovery {
 
   const absl::flat_hash_map<pid_t, std::unique_ptr<Target>>& all() const { return targets_; }
   std::vector<v1::Target> targets() const;
+  // Changes whenever a target is inserted or removed.
+  uint64_t generation() const { return generation_; }
   // Targets gone since the last call.
   std::vector<v1::Target> TakeRetired();
   uint64_t refreshes() const { return refreshes_; }
@@ -109,6 +111,7 @@ class TargetDiscovery {
   absl::flat_hash_map<pid_t, std::unique_ptr<Target>> targets_;
   std::vector<v1::Target> retired_;
   uint32_t next_target_id_ = 1;
+  uint64_t generation_ = 0;
   uint64_t refreshes_ = 0;
 };
 

@@ -100,9 +100,13 @@ perf_event_attr MakeAttr(const SessionOptions& options, const UserRegsLayout& la
   // Timestamps comparable with clock_gettime(CLOCK_MONOTONIC) elsewhere in the agent.
   attr.use_clockid = 1;
   attr.clockid = CLOCK_MONOTONIC;
-  // Wake the reader at half a ring rather than at every sample.
+  // Wake the reader after a batch of samples rather than at every sample.
   attr.watermark = 1;
   attr.wakeup_watermark = static_cast<uint32_t>(ring_bytes / 2);
+  if (options.wakeup_samples > 0) {
+    attr.wakeup_watermark = static_cast<uint32_t>(std::min(
+        ring_bytes / 2, options.wakeup_samples * MaxSampleRecordSize(options.stack_bytes, layout)));
+  }
   return attr;
 }
 
@@ -167,11 +171,11 @@ absl::StatusOr<std::vector<int>> ParseCpuList(std::string_view text) {
   return cpus;
 }
 
-uint32_t RingPagesFor(uint32_t stack_bytes, uint32_t samples_per_wakeup, uint32_t min_pages) {
+uint32_t RingPagesFor(uint32_t stack_bytes, uint32_t samples, uint32_t min_pages) {
   const size_t page_size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   // Records of the largest register set (MIPS64: 32 general registers + pc).
   const size_t record = sizeof(perf_event_header) + 8 * 4 + 8 * 34 + 16 + stack_bytes;
-  const size_t bytes = 2 * size_t{std::max<uint32_t>(samples_per_wakeup, 2)} * record;
+  const size_t bytes = size_t{std::max<uint32_t>(samples, 2)} * record;
   const size_t pages = std::max<size_t>(min_pages, (bytes + page_size - 1) / page_size);
   return static_cast<uint32_t>(std::bit_ceil(pages));
 }

@@ -23,8 +23,9 @@
 //    threads, and threads need no attaching; needs system-wide events (CAP_PERFMON or
 //    perf_event_paranoid <= 0). CPUs brought online later are not sampled.
 //
-// The kernel wakes the reader at half a ring (watermark), not at every sample: the owner sizes
-// ring_pages to the number of samples it wants per wake-up (RingPagesFor).
+// The kernel wakes the reader once a ring holds wakeup_samples samples (by default half a
+// ring), not at every sample; the rest of the ring is headroom for the reader's own latency
+// (a busy host may not run it at once). The owner sizes both (RingPagesFor).
 //
 // Targets are attached explicitly (AttachProcess / AttachNewThread) by the owner, from process
 // and thread events or /proc scans, rather than with perf `inherit`: inherited events also
@@ -74,14 +75,17 @@ struct SessionOptions {
   uint32_t stack_bytes = 16 * 1024;
   // Data pages of each thread's ring; a power of two, large enough for two samples.
   uint32_t ring_pages = 32;
+  // The reader is woken once a ring holds about this many samples (at least one, at most half
+  // the ring's worth); 0: at half the ring.
+  uint32_t wakeup_samples = 0;
 };
 
 // Leaves room for the rest of the sample in a record whose size is a u16.
 inline constexpr uint32_t kMaxStackBytes = 63 * 1024;
 
-// Data pages of a ring that wakes its reader (at half the ring) after about
-// `samples_per_wakeup` samples of `stack_bytes` each: a power of two, at least `min_pages`.
-uint32_t RingPagesFor(uint32_t stack_bytes, uint32_t samples_per_wakeup, uint32_t min_pages = 8);
+// Data pages of a ring that holds at least `samples` samples of `stack_bytes` each: a power of
+// two, at least `min_pages`.
+uint32_t RingPagesFor(uint32_t stack_bytes, uint32_t samples, uint32_t min_pages = 8);
 
 struct SamplerStats {
   uint64_t samples = 0;   // samples delivered to callbacks

@@ -351,7 +351,8 @@ TEST_F(PerfSamplerTest, PerCpuSessionSamplesEveryThreadOfItsTargetsOnly) {
   ASSERT_GT(other.pid(), 0);
   SessionOptions options = Session(7, 499);
   options.scope = SamplingScope::kPerCpu;
-  options.ring_pages = RingPagesFor(options.stack_bytes, 16);
+  options.ring_pages = RingPagesFor(options.stack_bytes, 64);
+  options.wakeup_samples = 16;
   ASSERT_TRUE(sampler_->AddSession(options).ok());
   const size_t cpus = OnlineCpus().value().size();
   EXPECT_EQ(sampler_->attached_events(), cpus);
@@ -414,9 +415,9 @@ TEST(PerfSamplerOptionsTest, CpuListsAndRingSizes) {
   for (uint32_t samples : {1u, 8u, 32u, 100u}) {
     const uint32_t pages = RingPagesFor(16 * 1024, samples);
     EXPECT_TRUE(std::has_single_bit(pages));
-    // Half the ring (the wake-up watermark) holds the samples asked for, at most twice that.
-    EXPECT_GE(pages * page / 2, std::max(samples, 2u) * 16u * 1024) << samples;
-    EXPECT_LT(pages * page / 2, 2 * std::max(samples, 2u) * (16u * 1024 + 512)) << samples;
+    // The ring holds the samples asked for, and at most twice that.
+    EXPECT_GE(pages * page, std::max(samples, 2u) * 16u * 1024) << samples;
+    EXPECT_LT(pages * page, 2 * std::max(samples, 2u) * (16u * 1024 + 512)) << samples;
   }
   EXPECT_EQ(RingPagesFor(8, 1, 8), 8u);
 }

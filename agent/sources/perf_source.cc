@@ -1,13 +1,19 @@
 #include "agent/sources/perf_source.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <bit>
 
 namespace strata::agent::sources {
 namespace {
-// Per-CPU rings: a quarter second of one busy CPU's samples per wake-up, within bounds that
-// keep a ring between 0.5 and 4 MiB of 16 KiB stacks.
+// Per-CPU rings: a wake-up per quarter second of one busy CPU's samples (16 to 64 samples),
+// and three times that as headroom for a busy host that runs the agent late; at most 4 MiB
+// per CPU and session (1,024 pages of 4 KiB: 62 samples of 16 KiB stacks per wake-up).
 constexpr uint32_t kMinSamplesPerWakeup = 16;
 constexpr uint32_t kMaxSamplesPerWakeup = 64;
+constexpr uint32_t kRingSamplesPerWakeup = 4;
+constexpr size_t kMaxCpuRingBytes = 4 << 20;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PerfSource>> PerfSource::Open(uint32_t frequency_hz,
@@ -34,8 +40,16 @@ sampler::SessionOptions PerfSource::SessionFor(uint32_t session_id,
   session.frequency_hz = frequency_hz;
   session.stack_bytes = stack_bytes_;
   if (scope_ == sampler::SamplingScope::kPerCpu) {
-    session.ring_pages = sampler::RingPagesFor(
-        stack_bytes_, std::clamp(frequency_hz / 4, kMinSamplesPerWakeup, kMaxSamplesPerWakeup));
+    const uint32_t per_wakeup =
+        std::clamp(frequency_hz / 4, kMinSamplesPerWakeup, kMaxSamplesPerWakeup);
+    const size_t page_size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    session.ring_pages = std::min<uint32_t>(
+        sampler::RingPagesFor(stack_bytes_, kRingSamplesPerWakeup * per_wakeup),
+        std::bit_floor(kMaxCpuRingBytes / page_size));
+    // What fits in a quarter of the ring when the cap applied.
+    const uint32_t quarter =
+        static_cast<uint32_t>(session.ring_pages * page_size / 4 / (stack_bytes_ + 512));
+    session.wakeup_samples = std::max<uint32_t>(1, std::min(per_wakeup, quarter));
   }
   return session;
 }
