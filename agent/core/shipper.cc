@@ -283,7 +283,10 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
         if (!targets_sent_ && !targets_.empty()) return true;
         return !spool_->empty() && spool_->entry(spool_->size() - 1).sequence >= next_send_;
       };
-      mu_.AwaitWithTimeout(absl::Condition(&work), absl::Seconds(1));
+      // Sleeps until there is work or the next heartbeat is due, not on a short timer.
+      mu_.AwaitWithTimeout(absl::Condition(&work),
+                           std::max(absl::ZeroDuration(),
+                                    last_heartbeat + options_.heartbeat - absl::Now()));
       while (!inbox_.empty()) {
         HandleServerMessage(inbox_.front());
         inbox_.pop_front();

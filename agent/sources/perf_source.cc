@@ -7,13 +7,14 @@
 
 namespace strata::agent::sources {
 namespace {
-// Per-CPU rings: a wake-up per quarter second of one busy CPU's samples (16 to 64 samples),
-// and three times that as headroom for a busy host that runs the agent late; at most 4 MiB
-// per CPU and session (1,024 pages of 4 KiB: 62 samples of 16 KiB stacks per wake-up).
+// Per-CPU rings: a wake-up per half second of one busy CPU's samples (16 to 64 samples), and
+// three times that as headroom for a busy host that runs the agent late; at most 4 MiB per
+// CPU and session (62 samples of 16 KiB stacks per wake-up), and 64 MiB over all CPUs.
 constexpr uint32_t kMinSamplesPerWakeup = 16;
 constexpr uint32_t kMaxSamplesPerWakeup = 64;
 constexpr uint32_t kRingSamplesPerWakeup = 4;
 constexpr size_t kMaxCpuRingBytes = 4 << 20;
+constexpr size_t kMaxRingBytes = 64 << 20;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PerfSource>> PerfSource::Open(uint32_t frequency_hz,
@@ -41,11 +42,14 @@ sampler::SessionOptions PerfSource::SessionFor(uint32_t session_id,
   session.stack_bytes = stack_bytes_;
   if (scope_ == sampler::SamplingScope::kPerCpu) {
     const uint32_t per_wakeup =
-        std::clamp(frequency_hz / 4, kMinSamplesPerWakeup, kMaxSamplesPerWakeup);
+        std::clamp(frequency_hz / 2, kMinSamplesPerWakeup, kMaxSamplesPerWakeup);
     const size_t page_size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t cpus = std::max<size_t>(1, sampler::OnlineCpus().value_or(std::vector<int>{0}).size());
+    const size_t cap = std::min(kMaxCpuRingBytes, kMaxRingBytes / cpus);
     session.ring_pages = std::min<uint32_t>(
         sampler::RingPagesFor(stack_bytes_, kRingSamplesPerWakeup * per_wakeup),
-        std::bit_floor(kMaxCpuRingBytes / page_size));
+        std::max<uint32_t>(static_cast<uint32_t>(std::bit_floor(cap / page_size)),
+                           sampler::RingPagesFor(stack_bytes_, 2)));
     // What fits in a quarter of the ring when the cap applied.
     const uint32_t quarter =
         static_cast<uint32_t>(session.ring_pages * page_size / 4 / (stack_bytes_ + 512));
