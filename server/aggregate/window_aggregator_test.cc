@@ -137,7 +137,9 @@ TEST_F(WindowAggregatorTest, ConservesCountsUnderCapacityFlushesAndWindowCloses)
     if (i % 50 == 0) {
       for (const auto& s : services) ASSERT_EQ(Query(s), want[s]) << s << " after batch " << i;
     }
-    if (i % 97 == 0) ASSERT_TRUE(aggregator_->CloseDueWindows(window + 5 * kWindowMs).ok());
+    if (i % 97 == 0) {
+      ASSERT_TRUE(aggregator_->CloseDueWindows(window + 5 * kWindowMs).ok());
+    }
   }
   const AggregatorStats stats = aggregator_->stats();
   EXPECT_GT(stats.tables_grown, 0u);
@@ -311,7 +313,9 @@ TEST_F(WindowAggregatorTest, RecordsPhaseChangeWhenHotPathSwitches) {
       Totals steady{{1, 40 + rng() % 10}, {2, 20 + rng() % 10}, {3, 10 + rng() % 5}};
       ASSERT_TRUE(Commit("steady", "h1", w0 + window * kWindowMs, steady).ok());
       // A second host of the steady service whose batches stop: that is not a phase change.
-      if (window < 4) ASSERT_TRUE(Commit("steady", "h2", w0 + window * kWindowMs, {{5, 60}}).ok());
+      if (window < 4) {
+        ASSERT_TRUE(Commit("steady", "h2", w0 + window * kWindowMs, {{5, 60}}).ok());
+      }
     }
   }
   ASSERT_TRUE(aggregator_->FlushAll().ok());

@@ -648,7 +648,9 @@ TEST_F(StoreTest, AutoResolutionMatchesRawTotalsAndUsesRollups) {
                                    [&](const SampleKey& k, uint64_t c) {
                                      EXPECT_GE(k.window_start_ms, last_window);
                                      last_window = k.window_start_ms;
-                                     if (host) EXPECT_EQ(k.host, *host);
+                                     if (host) {
+                                       EXPECT_EQ(k.host, *host);
+                                     }
                                      auto_totals[k.stack_id] += c;
                                      ++auto_cells;
                                    })

@@ -200,7 +200,9 @@ Tally Replay(const std::string& name, const std::string& path, size_t min_depth)
       infos.push_back(m.info);
       // The replay reads the module files from disk: they must still be the recorded ones.
       auto elf = elf::ElfFile::Open(m.info.path);
-      if (elf.ok()) EXPECT_EQ((*elf)->BuildIdHex(), m.build_id_hex) << m.info.path;
+      if (elf.ok()) {
+        EXPECT_EQ((*elf)->BuildIdHex(), m.build_id_hex) << m.info.path;
+      }
     }
     auto space = std::make_unique<agent::symbols::ProcessAddressSpace>(0, &modules);
     EXPECT_TRUE(space->Refresh(infos).ok());
