@@ -1,0 +1,129 @@
+// The agent's two sampling scopes on one target with many idle threads, and discovery of a
+// process started after the agent, end to end: real strata-server, strata-agent, the demo.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <regex>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/testing/temp_dir.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/harness.h"
+
+namespace strata::e2e {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kIdleThreads = 200;
+
+// The count the agent logs at exit: "sampling: N perf events, ...".
+int PerfEvents(const std::string& agent_log) {
+  std::smatch m;
+  static const std::regex kLine(R"(sampling: (\d+) perf events)");
+  return std::regex_search(agent_log, m, kLine) ? std::stoi(m[1]) : -1;
+}
+
+// Waits until the server holds at least `samples` of `service` (false after `timeout`).
+bool WaitForSamples(const std::string& address, const std::string& service, uint64_t samples,
+                    absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (ServiceTotal(address, service) < samples) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+  return true;
+}
+
+class SamplingScopeTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  strata::testing::TempDir dir_{"strata_sampling_e2e"};
+};
+
+// Per CPU the agent holds one event per online CPU whatever the target's threads; per thread
+// one per thread. Both see the demo's paths in the same proportions.
+TEST_P(SamplingScopeTest, DemoWithIdleThreadsHasItsHotPaths) {
+  const std::string scope = GetParam();
+  ServerProcess server(dir_.File("data"), dir_.File("server.log"));
+  ASSERT_GT(server.port(), 0) << server.process().Output();
+  ChildProcess demo({BinPath("demo_service"), "--idle-threads", std::to_string(kIdleThreads)},
+                    dir_.File("demo.log"), {{"STRATA_SERVICE", "demo"}});
+  ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
+  ChildProcess agent({BinPath("strata-agent"), "--server", server.address(), "--pid",
+                      std::to_string(demo.pid()), "--sampling", scope, "--interval", "1",
+                      "--spool-dir", "none"},
+                     dir_.File("agent.log"));
+  ASSERT_TRUE(agent.WaitForOutput(absl::StrCat("profiling pid ", demo.pid()), 30))
+      << agent.Output();
+  // ~200 samples a second with two busy threads; a loaded machine gives the demo less.
+  EXPECT_TRUE(WaitForSamples(server.address(), "demo", 1500, absl::Seconds(90)))
+      << ServiceTotal(server.address(), "demo") << " samples\n" << agent.Output();
+  EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();
+  demo.Stop(SIGKILL);
+
+  const int events = PerfEvents(agent.Output());
+  if (scope == "per-cpu") {
+    EXPECT_EQ(events, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))) << agent.Output();
+  } else {
+    EXPECT_GE(events, kIdleThreads + 2) << agent.Output();
+  }
+  v1::HotPathsResponse paths = QueryHotPaths(server.address(), "demo");
+  std::map<DemoPath, uint64_t> by_path;
+  for (const auto& p : paths.paths()) by_path[ClassifyDemoPath(FrameNames(p))] += p.samples();
+  const double total = static_cast<double>(paths.total_samples());
+  ASSERT_GT(total, 0);
+  EXPECT_NEAR(100 * by_path[DemoPath::kTokenize] / total, 60, 10);
+  EXPECT_NEAR(100 * by_path[DemoPath::kDeflate] / total, 30, 10);
+  EXPECT_NEAR(100 * by_path[DemoPath::kFib] / total, 10, 10);
+}
+
+INSTANTIATE_TEST_SUITE_P(Scopes, SamplingScopeTest, ::testing::Values("per-cpu", "per-thread"),
+                         [](const auto& info) {
+                           return info.param == "per-cpu" ? std::string("PerCpu")
+                                                          : std::string("PerThread");
+                         });
+
+// A process that starts after the agent is found from the kernel's process events, and its
+// threads (started after it was found) are sampled too, per thread.
+TEST(ProcessEventsDiscoveryTest, ProcessStartedLaterIsProfiledWithItsThreads) {
+  strata::testing::TempDir dir("strata_discovery_e2e");
+  ServerProcess server(dir.File("data"), dir.File("server.log"));
+  ASSERT_GT(server.port(), 0) << server.process().Output();
+  const std::string service = absl::StrCat("late-", getpid());
+  ChildProcess agent({BinPath("strata-agent"), "--server", server.address(), "--service",
+                      absl::StrCat(service, "=demo_service --idle-threads 3$"), "--sampling",
+                      "per-thread", "--interval", "1", "--spool-dir", "none"},
+                     dir.File("agent.log"));
+  ASSERT_TRUE(agent.WaitForOutput("shipping to", 30)) << agent.Output();
+  if (agent.Output().find("scanning /proc on a period") != std::string::npos) {
+    GTEST_SKIP() << "the kernel's process events are not available here:\n" << agent.Output();
+  }
+  ChildProcess demo({BinPath("demo_service"), "--idle-threads", "3"}, dir.File("demo.log"));
+  ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
+  ASSERT_TRUE(agent.WaitForOutput(absl::StrCat("profiling pid ", demo.pid()), 30))
+      << agent.Output();
+  EXPECT_TRUE(WaitForSamples(server.address(), service, 500, absl::Seconds(90)))
+      << agent.Output();
+  EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();
+  demo.Stop(SIGKILL);
+  // Both busy threads (the main thread and the worker the demo starts after exec) and the
+  // three idle ones got their events, whenever they started.
+  EXPECT_GE(PerfEvents(agent.Output()), 5) << agent.Output();
+  v1::HotPathsResponse paths = QueryHotPaths(server.address(), service);
+  uint64_t main_thread = 0;
+  for (const auto& p : paths.paths()) {
+    const auto names = FrameNames(p);
+    if (std::find(names.begin(), names.end(), "main") != names.end()) main_thread += p.samples();
+  }
+  EXPECT_GT(main_thread, 0u);
+  EXPECT_GT(paths.total_samples() - main_thread, 0u) << "the worker thread was not sampled";
+}
+
+}  // namespace
+}  // namespace strata::e2e
