@@ -19,20 +19,8 @@
 #include "agent/core/context_graph.h"
 #include "agent/core/targets.h"
 #include "agent/sampler/perf_sampler.h"
+#include "common/testing/counting_allocator.h"
 #include "gtest/gtest.h"
-
-// Counts every global allocation so the test can assert that a region allocates nothing.
-namespace {
-std::atomic<uint64_t> g_allocations{0};
-}  // namespace
-
-void* operator new(std::size_t size) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace strata::agent {
 namespace {
@@ -118,11 +106,11 @@ TEST(StackRecorderTest, SteadyStateSampleAllocatesNothing) {
   ASSERT_GT(warm.unwound_frames, 3 * samples.size());
   const uint64_t edges = graph.num_edges();
 
-  const uint64_t before = g_allocations.load();
+  const uint64_t before = strata::testing::AllocationCount();
   for (int round = 0; round < 3; ++round) {
     for (const CopiedSample& s : samples) recorder.OnSample(s.sample);
   }
-  const uint64_t after = g_allocations.load();
+  const uint64_t after = strata::testing::AllocationCount();
   EXPECT_EQ(after - before, 0u) << "allocations in " << 3 * samples.size() << " samples";
   EXPECT_EQ(graph.num_edges(), edges);
   EXPECT_EQ(recorder.stats().samples, 4 * samples.size());

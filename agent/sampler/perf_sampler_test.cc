@@ -75,7 +75,16 @@ class SpinningChild {
   ~SpinningChild() { Kill(); }
 
   pid_t pid() const { return pid_; }
-  void StartSecondThread() { kill(pid_, SIGUSR1); }
+  // Starts the second thread and returns its tid once /proc lists it (-1 after 10 s).
+  pid_t StartSecondThread() {
+    kill(pid_, SIGUSR1);
+    for (int i = 0; i < 10000; ++i) {
+      std::vector<pid_t> threads = procfs::ListThreads(pid_).value_or(std::vector<pid_t>{});
+      if (threads.size() == 2) return threads[0] == pid_ ? threads[1] : threads[0];
+      usleep(1000);
+    }
+    return -1;
+  }
   void Kill() {
     if (pid_ <= 0) return;
     kill(pid_, SIGKILL);
@@ -205,14 +214,8 @@ TEST_F(PerfSamplerTest, ThreadStartedAfterAttachIsSampledAfterRescan) {
   ASSERT_TRUE(sampler_->AttachProcess(3, pid, changes.added[0].threads).ok());
   EXPECT_EQ(sampler_->AttachedThreads(3, pid), std::vector<pid_t>{pid});
 
-  child_.StartSecondThread();
-  std::vector<pid_t> threads;
-  for (int i = 0; i < 1000 && threads.size() < 2; ++i) {
-    usleep(1000);
-    threads = procfs::ListThreads(pid).value_or(threads);
-  }
-  ASSERT_EQ(threads.size(), 2u);
-  const pid_t new_tid = threads[0] == pid ? threads[1] : threads[0];
+  const pid_t new_tid = child_.StartSecondThread();
+  ASSERT_GT(new_tid, 0) << "the child's second thread did not show up";
 
   changes = tracker.Rescan().value();
   ASSERT_EQ(changes.threads_added.size(), 1u);
@@ -361,14 +364,8 @@ TEST_F(PerfSamplerTest, PerCpuSessionSamplesEveryThreadOfItsTargetsOnly) {
   ASSERT_TRUE(sampler_->AttachNewThread(pid, pid).ok());
   EXPECT_EQ(sampler_->attached_events(), cpus);
 
-  child_.StartSecondThread();
-  std::vector<pid_t> threads;
-  for (int i = 0; i < 1000 && threads.size() < 2; ++i) {
-    usleep(1000);
-    threads = procfs::ListThreads(pid).value_or(threads);
-  }
-  ASSERT_EQ(threads.size(), 2u);
-  const pid_t new_tid = threads[0] == pid ? threads[1] : threads[0];
+  const pid_t new_tid = child_.StartSecondThread();
+  ASSERT_GT(new_tid, 0) << "the child's second thread did not show up";
   const uint64_t runtime_before = RuntimeNs(pid, pid) + RuntimeNs(pid, new_tid);
   std::vector<CopiedSample> samples;
   SampleFor(*sampler_, absl::Seconds(1), &samples);

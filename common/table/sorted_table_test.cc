@@ -11,22 +11,9 @@
 #include <tuple>
 #include <vector>
 
+#include "common/testing/counting_allocator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-
-// Counts every global allocation so tests can assert that a region allocates nothing.
-namespace {
-std::atomic<uint64_t> g_allocations{0};
-}  // namespace
-
-void* operator new(std::size_t size) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-// The table never frees through these in the measured regions; free() matches malloc() above.
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace strata::table {
 namespace {
@@ -200,7 +187,7 @@ TEST(SortedTableTest, NothingAllocatedAfterConstruction) {
   std::vector<uint64_t> keys(1000);
   for (uint64_t& k : keys) k = rng();
   std::vector<KeyCount<uint64_t>> batch(100);
-  const uint64_t before = g_allocations.load();
+  const uint64_t before = strata::testing::AllocationCount();
   uint64_t sum = 0;
   for (int i = 0; i < 100000; ++i) {
     // A hot key that switches every 5000 updates keeps sorts and phase changes happening.
@@ -219,7 +206,7 @@ TEST(SortedTableTest, NothingAllocatedAfterConstruction) {
       table.Drain([&](uint64_t, uint64_t c) { sum += c; });
     }
   }
-  const uint64_t after = g_allocations.load();
+  const uint64_t after = strata::testing::AllocationCount();
   EXPECT_EQ(after, before);
   EXPECT_EQ(table.memory_bytes(), memory);
   EXPECT_GT(table.stats().chains_sorted, 0u);
@@ -791,7 +778,7 @@ void RunAgainstModel(Table& batched, Table& single, uint32_t seed, int steps) {
 TEST(SortedTableTest, StatsAndBatchesMatchAModel) {
   for (uint32_t period : {0u, 64u, 1000u}) {
     for (uint32_t seed : {1u, 2u}) {
-      SCOPED_TRACE(testing::Message() << "period " << period << " seed " << seed);
+      SCOPED_TRACE(::testing::Message() << "period " << period << " seed " << seed);
       const SortedTableOptions options{.max_entries = 120,
                                        .bucket_count = 16,  // chains of ~8: deep hits
                                        .period = period,
