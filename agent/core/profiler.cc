@@ -198,7 +198,14 @@ absl::Status Profiler::Rescan() {
   next_rescan_ = periodic ? absl::Now() + options_.rescan_interval : absl::InfiniteFuture();
   if (!changes.ok()) return changes.status();
   for (const auto& p : changes->removed) RemoveTarget(p.pid);
-  for (const auto& p : changes->added) AddTarget(p);
+  for (const auto& p : changes->added) {
+    AddTarget(p);
+    // Reading a target's mappings and symbols takes a while on a busy host, and per CPU the
+    // rings fill meanwhile: drain them between targets rather than lose samples.
+    if (changes->added.size() > 1) {
+      for (sources::StackSource* source : sources_) source->Drain(recorder_);
+    }
+  }
   for (const auto& t : changes->threads_added) {
     const Target* target = discovery_->Find(t.pid);
     if (target != nullptr && target->source != nullptr) {

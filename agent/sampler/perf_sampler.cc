@@ -247,19 +247,23 @@ absl::Status PerfSampler::AddSession(const SessionOptions& options) {
   }
   auto session = std::make_unique<Session>();
   session->options = options;
-  if (session->per_cpu()) {
-    absl::StatusOr<std::vector<int>> cpus = OnlineCpus();
-    if (!cpus.ok()) return cpus.status();
-    for (int cpu : *cpus) {
-      absl::StatusOr<std::unique_ptr<ThreadEvent>> event = OpenEvent(*session, -1, -1, cpu);
-      if (!event.ok()) {
-        for (auto& opened : session->cpu_events) CloseEvent(opened.get());
-        return event.status();
-      }
-      session->cpu_events.push_back(std::move(*event));
-    }
-  }
   sessions_.emplace(options.session_id, std::move(session));
+  return absl::OkStatus();
+}
+
+absl::Status PerfSampler::OpenCpuEvents(Session& session) {
+  if (!session.cpu_events.empty()) return absl::OkStatus();
+  absl::StatusOr<std::vector<int>> cpus = OnlineCpus();
+  if (!cpus.ok()) return cpus.status();
+  for (int cpu : *cpus) {
+    absl::StatusOr<std::unique_ptr<ThreadEvent>> event = OpenEvent(session, -1, -1, cpu);
+    if (!event.ok()) {
+      for (auto& opened : session.cpu_events) CloseEvent(opened.get());
+      session.cpu_events.clear();
+      return event.status();
+    }
+    session.cpu_events.push_back(std::move(*event));
+  }
   return absl::OkStatus();
 }
 
@@ -362,7 +366,8 @@ absl::Status PerfSampler::AttachThread(uint32_t session_id, pid_t pid, pid_t tid
   }
   Session& session = *it->second;
   auto& threads = session.targets[pid];
-  if (session.per_cpu() || threads.contains(tid)) return absl::OkStatus();
+  if (session.per_cpu()) return OpenCpuEvents(session);
+  if (threads.contains(tid)) return absl::OkStatus();
   absl::StatusOr<std::unique_ptr<ThreadEvent>> event = OpenEvent(session, pid, tid, /*cpu=*/-1);
   if (!event.ok()) return event.status();
   threads.emplace(tid, std::move(*event));
@@ -377,6 +382,7 @@ absl::Status PerfSampler::AttachProcess(uint32_t session_id, pid_t pid,
     return absl::NotFoundError(absl::StrCat("no session ", session_id));
   }
   it->second->targets.try_emplace(pid);
+  if (it->second->per_cpu()) return OpenCpuEvents(*it->second);
   for (pid_t tid : tids) {
     absl::Status status = AttachThread(session_id, pid, tid);
     if (!status.ok() && !absl::IsNotFound(status)) return status;

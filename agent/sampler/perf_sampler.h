@@ -129,7 +129,7 @@ class PerfSampler {
   PerfSampler& operator=(const PerfSampler&) = delete;
 
   // AlreadyExistsError if the id is taken; InvalidArgumentError for bad options. A kPerCpu
-  // session opens its events here (the errors of AttachThread, for the CPUs).
+  // session opens its events with its first target (the errors of AttachThread, for CPUs).
   absl::Status AddSession(const SessionOptions& options);
   // Closes all of the session's events; samples not yet drained are dropped (Drain() first to
   // keep them). Its statistics are forgotten.
@@ -182,6 +182,9 @@ class PerfSampler {
                                                          pid_t tid, int cpu);
   template <typename Fn>
   static void ForEachEvent(Session& session, Fn fn);
+  // Opens a kPerCpu session's events, once it has a target: until then they would only fill
+  // their rings with samples nobody keeps.
+  absl::Status OpenCpuEvents(Session& session);
   void CloseEvent(ThreadEvent* event);
   size_t DrainEvent(Session& session, ThreadEvent& event, SampleCallback callback);
 

@@ -357,9 +357,10 @@ TEST_F(PerfSamplerTest, PerCpuSessionSamplesEveryThreadOfItsTargetsOnly) {
   options.ring_pages = RingPagesFor(options.stack_bytes, 64);
   options.wakeup_samples = 16;
   ASSERT_TRUE(sampler_->AddSession(options).ok());
+  EXPECT_EQ(sampler_->attached_events(), 0u) << "no target yet: nothing to sample";
+  ASSERT_TRUE(sampler_->AttachProcess(7, pid, {}).ok());
   const size_t cpus = OnlineCpus().value().size();
   EXPECT_EQ(sampler_->attached_events(), cpus);
-  ASSERT_TRUE(sampler_->AttachProcess(7, pid, {}).ok());
   // Threads are hints in this scope: nothing to open.
   ASSERT_TRUE(sampler_->AttachNewThread(pid, pid).ok());
   EXPECT_EQ(sampler_->attached_events(), cpus);
