@@ -275,12 +275,16 @@ void ProcessTracker::Refresh(pid_t pid, uint64_t exec_ns, ProcessChanges* change
 
   if (auto it = targets_.find(pid); it != targets_.end()) {
     TrackedProcess& known = it->second;
-    if (!exec && known.start_time == *start_time && known.executable == executable) {
+    if (known.start_time == *start_time && known.executable == executable) {
       if (!reevaluate) return;  // the batch's thread events say what changed
-      // A pin changed: as in Rescan(), the service decides whether it stays a target.
+      // A pin changed, or an exec that may be the one the last read already saw: /proc
+      // shows the new image before the kernel stamps its exec event, so a read can fall in
+      // between. As in Rescan(), the service decides whether it stays a target; after an
+      // exec, a new command line too.
       read_ns_[pid] = now;
       TrackedProcess fresh;
-      if (Evaluate(pid, *start_time, executable, &fresh) && fresh.service == known.service) {
+      if (Evaluate(pid, *start_time, executable, &fresh) && fresh.service == known.service &&
+          (!exec || fresh.command_line == known.command_line)) {
         AppendDifference(pid, fresh.threads, known.threads, &changes->threads_added);
         AppendDifference(pid, known.threads, fresh.threads, &changes->threads_removed);
         known.threads = std::move(fresh.threads);

@@ -100,7 +100,9 @@ class ProcessTracker {
   // previous call as Rescan() would, reading /proc only for the processes the events name and
   // those of has_pending(). Processes are read after the whole batch, so the order of its
   // events does not matter. An exec that the last read of the process did not see is reported
-  // as removed + added even if the executable is the same (Rescan() cannot tell). Thread
+  // as removed + added when the executable or the command line changed; an exec event for the
+  // image that read already saw (/proc shows the new image before the kernel stamps the exec
+  // event) changes nothing. Thread
   // starts and exits of targets come from the events, without listing /proc/PID/task (a
   // started thread is checked to still exist). A zombie counts as exited: its exit event is all
   // the notice there is. Runs Rescan() instead when the batch overflowed or before the first

@@ -185,7 +185,7 @@ TEST(ProcessTrackerUpdateTest, ZombieCountsAsExited) {
   waitpid(child, nullptr, 0);
 }
 
-TEST(ProcessTrackerUpdateTest, ExecDecidesAndIsRemoveThenAdd) {
+TEST(ProcessTrackerUpdateTest, ExecDecidesAndTheImageAlreadyReadIsNoNews) {
   // A child that waits for a byte on a pipe, then execs `sleep 30 <marker>`: its fork image
   // (this test binary) does not match, the exec'd one does.
   const std::string marker = Marker();
@@ -218,12 +218,12 @@ TEST(ProcessTrackerUpdateTest, ExecDecidesAndIsRemoveThenAdd) {
   ASSERT_NE(FindPid(changes.added, child), nullptr);
   EXPECT_EQ(FindPid(changes.removed, child), nullptr);  // it was no target before
 
-  // Another exec, even of the same executable, is a new image: removed, then added.
-  const std::string before = tracker.targets().at(child).executable;
+  // An exec event stamped after the read, for the image that read already saw (same
+  // executable, same arguments): /proc shows a new image before the kernel stamps its exec
+  // event, so a read can fall in between. The target stays as it is.
   changes = tracker.Update(Batch({Event(ProcessEventType::kExec, child)})).value();
-  ASSERT_NE(FindPid(changes.removed, child), nullptr);
-  ASSERT_NE(FindPid(changes.added, child), nullptr);
-  EXPECT_EQ(FindPid(changes.added, child)->executable, before);
+  EXPECT_TRUE(changes.empty());
+  EXPECT_TRUE(tracker.targets().contains(child));
   KillAndReap(child);
 }
 
