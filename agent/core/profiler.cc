@@ -110,7 +110,10 @@ absl::Status Profiler::InitPoll() {
       return absl::InternalError(absl::StrCat("epoll_ctl: ", strerror(errno)));
     }
   }
-  if (discovery_->watches_events()) change_fds_.push_back(discovery_->events_fd());
+  if (discovery_->watches_events()) {
+    events_fd_ = discovery_->events_fd();
+    change_fds_.push_back(events_fd_);
+  }
   for (sources::StackSource* source : sources_) {
     if (source->rescan_fd() >= 0) change_fds_.push_back(source->rescan_fd());
   }
@@ -154,9 +157,11 @@ absl::Status Profiler::Poll(absl::Duration timeout) {
                change_fds_.end()) {
       changes_armed_ = false;  // EPOLLONESHOT: re-armed after kEventRescanGap
       rescan_due_ = true;
-    } else if (perf_ != nullptr && ready[i].data.fd == perf_->wait_fd()) {
-      // Notes the events whose threads exited; Drain closes them after their last samples.
-      if (auto st = perf_->Wait(absl::ZeroDuration()); !st.ok()) return st;
+    } else {
+      for (sources::StackSource* source : sources_) {
+        if (ready[i].data.fd != source->wait_fd()) continue;
+        if (auto st = source->Ready(); !st.ok()) return st;
+      }
     }
   }
   for (sources::StackSource* source : sources_) source->Drain(recorder_);
@@ -191,6 +196,10 @@ absl::Status Profiler::Rescan() {
   ++rescans_;
   RescanSources();
   auto changes = discovery_->Scan();
+  if (events_fd_ >= 0 && !discovery_->watches_events()) {  // it gave up on them: /proc now
+    change_fds_.erase(std::find(change_fds_.begin(), change_fds_.end(), events_fd_));
+    events_fd_ = -1;
+  }
   // With process events the next scan follows an event (or, while a process is caught
   // mid-exec, a period); without, /proc is read on a period.
   bool periodic = !discovery_->watches_events() || discovery_->has_pending();

@@ -150,7 +150,7 @@ class Profiler final : public SamplingSessions {
   StackRecorder recorder_;
   BatchBuilder batches_;
   absl::Time next_rescan_ = absl::InfinitePast();
-  // One epoll over the waitable sources' descriptors, the change descriptors and Wake()'s: the
+  // One epoll over the sources' wait descriptors, the change descriptors and Wake()'s: the
   // loop sleeps until samples, a process, thread or ring change, or its deadline. Changes
   // wake it at most every kEventRescanGap: a host forking hundreds of unrelated processes a
   // second must not turn into as many agent wake-ups.
@@ -160,6 +160,7 @@ class Profiler final : public SamplingSessions {
   bool rescan_due_ = false;
   // Readable on process or thread changes (process events) and new in-process rings.
   std::vector<int> change_fds_;
+  int events_fd_ = -1;  // the process events' descriptor among them
   bool changes_added_ = false;
   bool changes_armed_ = false;
   absl::Time last_event_rescan_ = absl::InfinitePast();

@@ -74,7 +74,7 @@ void PerfSource::ThreadStarted(pid_t pid, pid_t tid) { (void)sampler_->AttachNew
 
 void PerfSource::ThreadExited(pid_t pid, pid_t tid) { sampler_->DetachThread(pid, tid); }
 
-absl::Status PerfSource::Wait(absl::Duration timeout) { return sampler_->Wait(timeout).status(); }
+absl::Status PerfSource::Ready() { return sampler_->Wait(absl::ZeroDuration()).status(); }
 
 void PerfSource::Drain(StackSink& sink) {
   sampler_->Drain([&sink](const sampler::RawSample& s) { sink.OnSample(s); });

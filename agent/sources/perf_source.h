@@ -34,9 +34,9 @@ class PerfSource final : public StackSource {
   void Remove(pid_t pid, StackSink& sink) override;
   void ThreadStarted(pid_t pid, pid_t tid) override;
   void ThreadExited(pid_t pid, pid_t tid) override;
-  bool waitable() const override { return true; }
   int wait_fd() const override { return sampler_->wait_fd(); }
-  absl::Status Wait(absl::Duration timeout) override;
+  // Notes the events whose threads exited; Drain closes them after their last samples.
+  absl::Status Ready() override;
   void Drain(StackSink& sink) override;
   uint64_t lost() const override { return sampler_->stats().lost; }
   uint64_t filtered() const { return sampler_->stats().filtered; }

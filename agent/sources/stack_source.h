@@ -76,13 +76,11 @@ class StackSource {
   virtual void ThreadStarted(pid_t pid, pid_t tid) {}
   virtual void ThreadExited(pid_t pid, pid_t tid) {}
 
-  // True when Wait() blocks until stacks arrive; sources without a wake-up are drained at
-  // least every max_wait().
-  virtual bool waitable() const { return false; }
-  // A descriptor that is readable when Wait() would return at once (for the owner's poll),
-  // or -1.
+  // A descriptor that is readable when stacks arrived (for the owner's poll), or -1: sources
+  // without one are drained at least every max_wait(). After it was readable the owner calls
+  // Ready() before the next Drain().
   virtual int wait_fd() const { return -1; }
-  virtual absl::Status Wait(absl::Duration timeout) { return absl::OkStatus(); }
+  virtual absl::Status Ready() { return absl::OkStatus(); }
   virtual absl::Duration max_wait() const { return absl::InfiniteDuration(); }
   // Delivers every stack sampled so far.
   virtual void Drain(StackSink& sink) = 0;
