@@ -23,7 +23,8 @@
 
 namespace strata::agent::sampler {
 
-struct PerfSampler::ThreadEvent {
+// One perf event and its ring: of a thread (per-thread sessions) or of a CPU (per-CPU ones).
+struct PerfSampler::RingEvent {
   pid_t pid = 0;
   pid_t tid = 0;  // -1 for a per-CPU event
   int cpu = -1;   // -1 for a per-thread event
@@ -40,8 +41,8 @@ struct PerfSampler::Session {
   SessionOptions options;
   // pid -> tid -> event. A pid with no threads stays as a target (see AttachNewThread). Per
   // CPU the thread maps stay empty: the targets are the filter of the CPUs' samples.
-  absl::flat_hash_map<pid_t, absl::flat_hash_map<pid_t, std::unique_ptr<ThreadEvent>>> targets;
-  std::vector<std::unique_ptr<ThreadEvent>> cpu_events;  // kPerCpu: one per online CPU
+  absl::flat_hash_map<pid_t, absl::flat_hash_map<pid_t, std::unique_ptr<RingEvent>>> targets;
+  std::vector<std::unique_ptr<RingEvent>> cpu_events;  // kPerCpu: one per online CPU
   SamplerStats stats;
 
   bool per_cpu() const { return options.scope == SamplingScope::kPerCpu; }
@@ -192,28 +193,25 @@ absl::StatusOr<std::vector<int>> OnlineCpus() {
   return cpus;
 }
 
-absl::Status ProbePerfEvents() {
+namespace {
+
+// Opens and closes one event of the default session on `tid` (per thread) or `cpu` (per CPU).
+absl::Status ProbeEvent(pid_t tid, int cpu) {
   absl::StatusOr<Arch> arch = HostArch();
   if (!arch.ok()) return arch.status();
   SessionOptions options;
   perf_event_attr attr = MakeAttr(options, RegsLayoutFor(*arch), 1 << 20);
-  const pid_t self = static_cast<pid_t>(syscall(SYS_gettid));
-  int fd = PerfEventOpen(&attr, self);
-  if (fd < 0) return PerfOpenError(errno, self);
+  int fd = PerfEventOpen(&attr, tid, cpu);
+  if (fd < 0) return PerfOpenError(errno, tid, cpu);
   close(fd);
   return absl::OkStatus();
 }
 
-absl::Status ProbePerCpuEvents() {
-  absl::StatusOr<Arch> arch = HostArch();
-  if (!arch.ok()) return arch.status();
-  SessionOptions options;
-  perf_event_attr attr = MakeAttr(options, RegsLayoutFor(*arch), 1 << 20);
-  int fd = PerfEventOpen(&attr, /*tid=*/-1, /*cpu=*/0);
-  if (fd < 0) return PerfOpenError(errno, -1, 0);
-  close(fd);
-  return absl::OkStatus();
-}
+}  // namespace
+
+absl::Status ProbePerfEvents() { return ProbeEvent(static_cast<pid_t>(syscall(SYS_gettid)), -1); }
+
+absl::Status ProbePerCpuEvents() { return ProbeEvent(/*tid=*/-1, /*cpu=*/0); }
 
 absl::StatusOr<std::unique_ptr<PerfSampler>> PerfSampler::Create() {
   absl::StatusOr<Arch> arch = HostArch();
@@ -233,7 +231,7 @@ PerfSampler::PerfSampler(int epoll_fd, const UserRegsLayout& layout)
 
 PerfSampler::~PerfSampler() {
   for (auto& [id, session] : sessions_) {
-    ForEachEvent(*session, [this](ThreadEvent& event) { CloseEvent(&event); });
+    ForEachEvent(*session, [this](RingEvent& event) { CloseEvent(&event); });
   }
   close(epoll_fd_);
 }
@@ -256,7 +254,7 @@ absl::Status PerfSampler::OpenCpuEvents(Session& session) {
   absl::StatusOr<std::vector<int>> cpus = OnlineCpus();
   if (!cpus.ok()) return cpus.status();
   for (int cpu : *cpus) {
-    absl::StatusOr<std::unique_ptr<ThreadEvent>> event = OpenEvent(session, -1, -1, cpu);
+    absl::StatusOr<std::unique_ptr<RingEvent>> event = OpenEvent(session, -1, -1, cpu);
     if (!event.ok()) {
       for (auto& opened : session.cpu_events) CloseEvent(opened.get());
       session.cpu_events.clear();
@@ -273,7 +271,7 @@ absl::Status PerfSampler::RemoveSession(uint32_t session_id) {
     return absl::NotFoundError(absl::StrCat("no session ", session_id));
   }
   Session& session = *it->second;
-  ForEachEvent(session, [this](ThreadEvent& event) { CloseEvent(&event); });
+  ForEachEvent(session, [this](RingEvent& event) { CloseEvent(&event); });
   retired_stats_ += session.stats;
   sessions_.erase(it);
   return absl::OkStatus();
@@ -314,11 +312,11 @@ absl::Status PerfSampler::SetFrequency(uint32_t session_id, uint32_t frequency_h
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<PerfSampler::ThreadEvent>> PerfSampler::OpenEvent(
+absl::StatusOr<std::unique_ptr<PerfSampler::RingEvent>> PerfSampler::OpenEvent(
     const Session& session, pid_t pid, pid_t tid, int cpu) {
   const size_t data_size = size_t{session.options.ring_pages} * page_size_;
   perf_event_attr attr = MakeAttr(session.options, layout_, data_size);
-  auto event = std::make_unique<ThreadEvent>();
+  auto event = std::make_unique<RingEvent>();
   event->pid = pid;
   event->tid = tid;
   event->cpu = cpu;
@@ -351,7 +349,7 @@ absl::StatusOr<std::unique_ptr<PerfSampler::ThreadEvent>> PerfSampler::OpenEvent
   return event;
 }
 
-void PerfSampler::CloseEvent(ThreadEvent* event) {
+void PerfSampler::CloseEvent(RingEvent* event) {
   if (event->fd >= 0) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, event->fd, nullptr);
   if (event->mapping != nullptr) munmap(event->mapping, event->mapping_size);
   if (event->fd >= 0) close(event->fd);
@@ -368,7 +366,7 @@ absl::Status PerfSampler::AttachThread(uint32_t session_id, pid_t pid, pid_t tid
   auto& threads = session.targets[pid];
   if (session.per_cpu()) return OpenCpuEvents(session);
   if (threads.contains(tid)) return absl::OkStatus();
-  absl::StatusOr<std::unique_ptr<ThreadEvent>> event = OpenEvent(session, pid, tid, /*cpu=*/-1);
+  absl::StatusOr<std::unique_ptr<RingEvent>> event = OpenEvent(session, pid, tid, /*cpu=*/-1);
   if (!event.ok()) return event.status();
   threads.emplace(tid, std::move(*event));
   ++session.stats.threads_attached;
@@ -437,13 +435,13 @@ absl::StatusOr<int> PerfSampler::Wait(absl::Duration timeout) {
   }
   for (int i = 0; i < n; ++i) {
     if (events[i].events & (EPOLLHUP | EPOLLERR)) {
-      static_cast<ThreadEvent*>(events[i].data.ptr)->exited = true;
+      static_cast<RingEvent*>(events[i].data.ptr)->exited = true;
     }
   }
   return n;
 }
 
-size_t PerfSampler::DrainEvent(Session& session, ThreadEvent& event, SampleCallback callback) {
+size_t PerfSampler::DrainEvent(Session& session, RingEvent& event, SampleCallback callback) {
   size_t delivered = 0;
   const bool filter = session.per_cpu();
   RingReader reader(event.control, event.data, event.data_size);

@@ -172,21 +172,21 @@ class PerfSampler {
   int wait_fd() const { return epoll_fd_; }
 
  private:
-  struct ThreadEvent;
+  struct RingEvent;
   struct Session;
 
   PerfSampler(int epoll_fd, const UserRegsLayout& layout);
 
   // An event of `tid` (per thread) or of `cpu` (per CPU, tid -1).
-  absl::StatusOr<std::unique_ptr<ThreadEvent>> OpenEvent(const Session& session, pid_t pid,
+  absl::StatusOr<std::unique_ptr<RingEvent>> OpenEvent(const Session& session, pid_t pid,
                                                          pid_t tid, int cpu);
   template <typename Fn>
   static void ForEachEvent(Session& session, Fn fn);
   // Opens a kPerCpu session's events, once it has a target: until then they would only fill
   // their rings with samples nobody keeps.
   absl::Status OpenCpuEvents(Session& session);
-  void CloseEvent(ThreadEvent* event);
-  size_t DrainEvent(Session& session, ThreadEvent& event, SampleCallback callback);
+  void CloseEvent(RingEvent* event);
+  size_t DrainEvent(Session& session, RingEvent& event, SampleCallback callback);
 
   int epoll_fd_;
   const UserRegsLayout& layout_;
