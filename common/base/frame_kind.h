@@ -1,0 +1,47 @@
+// Frame kinds by module name: the convention agents use to say that a function node is kernel
+// code or JIT code, and that queries use to mark such frames. Carrying the kind in the module
+// name keeps the wire, the store and every tool that prints "function (module)" unchanged, the
+// way perf names "[kernel.kallsyms]" and "[xfs]".
+//
+//   kernel image     "[kernel.kallsyms]"
+//   kernel module    "[kernel:MODULE]"         e.g. "[kernel:xfs]"
+//   JIT code         "[jit]"                   anonymous executable memory without a perf map
+//                    "[jit:PATH]"              named from the perf map at PATH
+//
+// Every other module name (a file path, "[vdso]", "[unknown]") is user code.
+#ifndef STRATA_COMMON_BASE_FRAME_KIND_H_
+#define STRATA_COMMON_BASE_FRAME_KIND_H_
+
+#include <string>
+#include <string_view>
+
+namespace strata::base {
+
+enum class FrameKind { kUser = 0, kKernel = 1, kJit = 2 };
+
+inline constexpr std::string_view kKernelModule = "[kernel.kallsyms]";
+inline constexpr std::string_view kJitModule = "[jit]";
+
+inline std::string KernelModuleName(std::string_view module) {
+  if (module.empty()) return std::string(kKernelModule);
+  return "[kernel:" + std::string(module) + "]";
+}
+
+inline std::string JitModuleName(std::string_view perf_map_path) {
+  if (perf_map_path.empty()) return std::string(kJitModule);
+  return "[jit:" + std::string(perf_map_path) + "]";
+}
+
+inline FrameKind FrameKindOf(std::string_view module) {
+  if (module == kKernelModule || (module.starts_with("[kernel:") && module.ends_with("]"))) {
+    return FrameKind::kKernel;
+  }
+  if (module == kJitModule || (module.starts_with("[jit:") && module.ends_with("]"))) {
+    return FrameKind::kJit;
+  }
+  return FrameKind::kUser;
+}
+
+}  // namespace strata::base
+
+#endif  // STRATA_COMMON_BASE_FRAME_KIND_H_
