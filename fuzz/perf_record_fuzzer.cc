@@ -83,5 +83,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                       "sample stack outside its record");
   }
   (void)s::ParseLostRecord(copy.data(), copy.size());
+  // With a kernel call chain, as sessions with kernel stacks parse them.
+  s::RawSample chained;
+  if (s::ParseSampleRecord(copy.data(), copy.size(), layout, &chained, /*callchain=*/true).ok() &&
+      chained.kernel_depth > 0) {
+    const auto* first = reinterpret_cast<const uint8_t*>(chained.kernel_pcs);
+    STRATA_FUZZ_CHECK(first >= copy.data() &&
+                          first + chained.kernel_depth * 8 <= copy.data() + copy.size(),
+                      "kernel chain outside its record");
+  }
+  (void)s::ParseSwitchRecord(copy.data(), copy.size(), &chained);
   return 0;
 }

@@ -42,7 +42,7 @@ absl::Status Truncated(const char* field) {
 }  // namespace
 
 absl::Status ParseSampleRecord(const uint8_t* record, size_t size, const UserRegsLayout& layout,
-                               RawSample* out) {
+                               RawSample* out, bool callchain) {
   FieldReader reader(record, size);
   perf_event_header header;
   const uint8_t* header_bytes = reader.Take(sizeof(header));
@@ -56,6 +56,26 @@ absl::Status ParseSampleRecord(const uint8_t* record, size_t size, const UserReg
   // PERF_SAMPLE_TID, PERF_SAMPLE_TIME
   if (!reader.ReadU32(&sample.pid) || !reader.ReadU32(&sample.tid)) return Truncated("tid");
   if (!reader.ReadU64(&sample.time_ns)) return Truncated("time");
+  // PERF_SAMPLE_CALLCHAIN: nr, then nr entries; context markers (PERF_CONTEXT_KERNEL, ...)
+  // separate the parts. Only the run after PERF_CONTEXT_KERNEL is kept.
+  if (callchain) {
+    uint64_t nr = 0;
+    if (!reader.ReadU64(&nr)) return Truncated("callchain size");
+    if (nr > kMaxRecordSize / 8) return Truncated("callchain");
+    const uint8_t* chain = reader.Take(nr * 8);
+    if (chain == nullptr) return Truncated("callchain");
+    const uint64_t* ips = reinterpret_cast<const uint64_t*>(chain);
+    size_t i = 0;
+    while (i < nr && ips[i] >= PERF_CONTEXT_MAX && ips[i] != PERF_CONTEXT_KERNEL) ++i;
+    if (i < nr && ips[i] == PERF_CONTEXT_KERNEL) {
+      const size_t first = ++i;
+      while (i < nr && ips[i] < PERF_CONTEXT_MAX) ++i;
+      if (i > first) {
+        sample.kernel_pcs = ips + first;
+        sample.kernel_depth = i - first;
+      }
+    }
+  }
   // PERF_SAMPLE_REGS_USER: abi, then the requested registers only if abi != NONE.
   uint64_t abi = 0;
   if (!reader.ReadU64(&abi)) return Truncated("abi");
@@ -85,6 +105,32 @@ absl::Status ParseSampleRecord(const uint8_t* record, size_t size, const UserReg
   }
   *out = sample;
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ParseSwitchRecord(const uint8_t* record, size_t size, RawSample* out) {
+  FieldReader reader(record, size);
+  perf_event_header header;
+  const uint8_t* header_bytes = reader.Take(sizeof(header));
+  if (header_bytes == nullptr) return absl::InvalidArgumentError("switch record truncated");
+  std::memcpy(&header, header_bytes, sizeof(header));
+  if (header.type != PERF_RECORD_SWITCH && header.type != PERF_RECORD_SWITCH_CPU_WIDE) {
+    return absl::InvalidArgumentError("not a context switch record");
+  }
+  // CPU-wide records name the other task first (next_prev_pid, next_prev_tid).
+  uint64_t other = 0;
+  if (header.type == PERF_RECORD_SWITCH_CPU_WIDE && !reader.ReadU64(&other)) {
+    return absl::InvalidArgumentError("switch record truncated");
+  }
+  RawSample sample;
+  sample.session_id = out->session_id;
+  if (!reader.ReadU32(&sample.pid) || !reader.ReadU32(&sample.tid) ||
+      !reader.ReadU64(&sample.time_ns)) {
+    return absl::InvalidArgumentError("switch record truncated (sample_id)");
+  }
+  const bool switch_out = (header.misc & PERF_RECORD_MISC_SWITCH_OUT) != 0;
+  sample.kind = switch_out ? RawEventKind::kSample : RawEventKind::kSwitchIn;
+  *out = sample;
+  return switch_out;
 }
 
 absl::StatusOr<uint64_t> ParseLostRecord(const uint8_t* record, size_t size) {

@@ -1,6 +1,8 @@
 // Decoding of the perf mmap ring: walking records in a ring (including records that wrap
-// around its end) and parsing the two record types the sampler asks for, PERF_RECORD_SAMPLE
-// (with sample_type = TID | TIME | REGS_USER | STACK_USER) and PERF_RECORD_LOST.
+// around its end) and parsing the record types the sampler asks for: PERF_RECORD_SAMPLE (with
+// sample_type = TID | TIME [| CALLCHAIN] | REGS_USER | STACK_USER), PERF_RECORD_LOST, and the
+// context switch records of off-CPU sessions (PERF_RECORD_SWITCH, PERF_RECORD_SWITCH_CPU_WIDE,
+// with sample_id_all carrying TID | TIME).
 //
 // Pure functions over memory, so they are tested on synthetic rings and records; the sampler
 // (perf_sampler.h) owns the real mappings. Malformed records are reported, never trusted.
@@ -28,9 +30,16 @@ inline constexpr size_t kMaxRecordSize = 65535;
 // stack). `out->stack` points into `record`. Registers missing from `layout` are left 0. A
 // sample taken while the thread had no user context (abi = PERF_SAMPLE_REGS_ABI_NONE) is valid
 // and has pc = sp = 0 and no stack. InvalidArgumentError if the record is truncated or its
-// fields disagree (e.g. dyn_size > size).
+// fields disagree (e.g. dyn_size > size). With `callchain`, the record carries
+// PERF_SAMPLE_CALLCHAIN (kernel part only: exclude_callchain_user); `out->kernel_pcs` points
+// into `record` (8-byte aligned, as ring records are).
 absl::Status ParseSampleRecord(const uint8_t* record, size_t size, const UserRegsLayout& layout,
-                               RawSample* out);
+                               RawSample* out, bool callchain = false);
+
+// Parses a whole PERF_RECORD_SWITCH or PERF_RECORD_SWITCH_CPU_WIDE (header included, with
+// sample_id TID | TIME): `out` gets kind, pid, tid and time of the task the record is about
+// (the one switching in or out on this CPU). Returns true for a switch-out.
+absl::StatusOr<bool> ParseSwitchRecord(const uint8_t* record, size_t size, RawSample* out);
 
 // Parses a whole PERF_RECORD_LOST (header included); returns the number of lost records.
 absl::StatusOr<uint64_t> ParseLostRecord(const uint8_t* record, size_t size);

@@ -219,5 +219,79 @@ TEST(RegsLayoutTest, HostArchIsSupportedHere) {
 #endif
 }
 
+TEST(ParseSampleRecordTest, KernelCallChainKeepsOnlyTheKernelPart) {
+  RecordBuilder b(PERF_RECORD_SAMPLE);
+  b.U32(100).U32(101).U64(5);
+  // A chain as exclude_callchain_user gives it, with a stray user part after it.
+  b.U64(6).U64(PERF_CONTEXT_KERNEL).U64(0xffffffff81000010).U64(0xffffffff81000020)
+      .U64(0xffffffff81000030).U64(PERF_CONTEXT_USER).U64(0x401000);
+  b.U64(PERF_SAMPLE_REGS_ABI_64).U64(0x10).U64(0x20).U64(0x401234);
+  b.U64(0);  // no stack
+  std::vector<uint8_t> record = b.Build();
+  RawSample s;
+  ASSERT_TRUE(ParseSampleRecord(record.data(), record.size(), RegsLayoutFor(Arch::kX86_64), &s,
+                                /*callchain=*/true)
+                  .ok());
+  ASSERT_EQ(s.kernel_depth, 3u);
+  EXPECT_EQ(s.kernel_pcs[0], 0xffffffff81000010u);
+  EXPECT_EQ(s.kernel_pcs[2], 0xffffffff81000030u);
+  EXPECT_EQ(s.pc, 0x401234u);
+  EXPECT_EQ(s.kind, RawEventKind::kSample);
+}
+
+TEST(ParseSampleRecordTest, UserOnlyCallChainHasNoKernelFrames) {
+  RecordBuilder b(PERF_RECORD_SAMPLE);
+  b.U32(1).U32(2).U64(3).U64(0);  // empty chain: sampled in user mode
+  b.U64(PERF_SAMPLE_REGS_ABI_64).U64(1).U64(2).U64(3).U64(0);
+  std::vector<uint8_t> record = b.Build();
+  RawSample s;
+  ASSERT_TRUE(ParseSampleRecord(record.data(), record.size(), RegsLayoutFor(Arch::kX86_64), &s,
+                                true)
+                  .ok());
+  EXPECT_EQ(s.kernel_depth, 0u);
+}
+
+TEST(ParseSampleRecordTest, CallChainLongerThanTheRecordIsTruncated) {
+  RecordBuilder b(PERF_RECORD_SAMPLE);
+  b.U32(1).U32(2).U64(3).U64(1000).U64(PERF_CONTEXT_KERNEL);
+  std::vector<uint8_t> record = b.Build();
+  RawSample s;
+  EXPECT_FALSE(ParseSampleRecord(record.data(), record.size(), RegsLayoutFor(Arch::kX86_64), &s,
+                                 true)
+                   .ok());
+}
+
+TEST(ParseSwitchRecordTest, PerThreadAndCpuWide) {
+  std::vector<uint8_t> in = RecordBuilder(PERF_RECORD_SWITCH).U32(10).U32(11).U64(999).Build();
+  RawSample s;
+  s.session_id = 3;
+  absl::StatusOr<bool> out = ParseSwitchRecord(in.data(), in.size(), &s);
+  ASSERT_TRUE(out.ok());
+  EXPECT_FALSE(*out);
+  EXPECT_EQ(s.kind, RawEventKind::kSwitchIn);
+  EXPECT_EQ(s.pid, 10u);
+  EXPECT_EQ(s.tid, 11u);
+  EXPECT_EQ(s.time_ns, 999u);
+  EXPECT_EQ(s.session_id, 3u);
+
+  std::vector<uint8_t> wide =
+      RecordBuilder(PERF_RECORD_SWITCH_CPU_WIDE).U32(7).U32(8).U32(20).U32(21).U64(5).Build();
+  perf_event_header header;
+  std::memcpy(&header, wide.data(), sizeof(header));
+  header.misc = PERF_RECORD_MISC_SWITCH_OUT;
+  std::memcpy(wide.data(), &header, sizeof(header));
+  out = ParseSwitchRecord(wide.data(), wide.size(), &s);
+  ASSERT_TRUE(out.ok());
+  EXPECT_TRUE(*out);
+  EXPECT_EQ(s.pid, 20u);
+  EXPECT_EQ(s.tid, 21u);
+
+  // Truncated sample_id, and another record type.
+  std::vector<uint8_t> shortened = RecordBuilder(PERF_RECORD_SWITCH).U32(10).Build();
+  EXPECT_FALSE(ParseSwitchRecord(shortened.data(), shortened.size(), &s).ok());
+  std::vector<uint8_t> lost = RecordBuilder(PERF_RECORD_LOST).U64(1).U64(2).Build();
+  EXPECT_FALSE(ParseSwitchRecord(lost.data(), lost.size(), &s).ok());
+}
+
 }  // namespace
 }  // namespace strata::agent::sampler

@@ -58,9 +58,16 @@ void PerfSampler::ForEachEvent(Session& session, Fn fn) {
 
 namespace {
 
-// Sample records carry a header, pid/tid, time, abi, registers and two u64 around the stack.
-size_t MaxSampleRecordSize(uint32_t stack_bytes, const UserRegsLayout& layout) {
-  return sizeof(perf_event_header) + 8 + 8 + 8 + 8 * layout.count + 8 + stack_bytes + 8;
+// The kernel's default limit of call chain entries (kernel.perf_event_max_stack), plus the
+// context marker; a longer chain is cut by the kernel.
+constexpr size_t kMaxKernelChain = 128;
+
+// Sample records carry a header, pid/tid, time, [a call chain,] abi, registers and two u64
+// around the stack.
+size_t MaxSampleRecordSize(const SessionOptions& options, const UserRegsLayout& layout) {
+  const size_t chain = options.kernel_stacks ? 8 + 8 * kMaxKernelChain : 0;
+  return sizeof(perf_event_header) + 8 + 8 + chain + 8 + 8 * layout.count + 8 +
+         options.stack_bytes + 8;
 }
 
 absl::Status ValidateOptions(const SessionOptions& options, const UserRegsLayout& layout,
@@ -75,7 +82,7 @@ absl::Status ValidateOptions(const SessionOptions& options, const UserRegsLayout
     return absl::InvalidArgumentError("ring_pages must be a power of two");
   }
   const size_t ring_bytes = size_t{options.ring_pages} * page_size;
-  if (ring_bytes < 2 * MaxSampleRecordSize(options.stack_bytes, layout)) {
+  if (ring_bytes < 2 * MaxSampleRecordSize(options, layout)) {
     return absl::InvalidArgumentError(absl::StrCat("ring of ", options.ring_pages,
                                                    " pages cannot hold two samples of ",
                                                    options.stack_bytes, " stack bytes"));
@@ -89,14 +96,27 @@ perf_event_attr MakeAttr(const SessionOptions& options, const UserRegsLayout& la
   std::memset(&attr, 0, sizeof(attr));
   attr.size = sizeof(attr);
   attr.type = PERF_TYPE_SOFTWARE;
-  attr.config = PERF_COUNT_SW_CPU_CLOCK;
-  attr.freq = 1;
-  attr.sample_freq = options.frequency_hz;
   attr.sample_type =
       PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_REGS_USER | PERF_SAMPLE_STACK_USER;
+  if (options.event == SessionEvent::kContextSwitches) {
+    attr.config = PERF_COUNT_SW_CONTEXT_SWITCHES;
+    attr.sample_period = 1;  // every switch: each carries its own off-CPU interval
+    attr.context_switch = 1;  // PERF_RECORD_SWITCH*: when the thread runs again
+    attr.sample_id_all = 1;   // ... with its tid and time
+  } else {
+    attr.config = PERF_COUNT_SW_CPU_CLOCK;
+    attr.freq = 1;
+    attr.sample_freq = options.frequency_hz;
+  }
+  if (options.kernel_stacks) {
+    attr.sample_type |= PERF_SAMPLE_CALLCHAIN;
+    attr.exclude_callchain_user = 1;  // the agent unwinds user stacks itself
+  }
   attr.sample_regs_user = layout.mask;
   attr.sample_stack_user = options.stack_bytes;
-  attr.exclude_kernel = 1;
+  // A context switch is kernel code: its event must count in the kernel.
+  attr.exclude_kernel =
+      options.kernel_stacks || options.event == SessionEvent::kContextSwitches ? 0 : 1;
   attr.exclude_hv = 1;
   // Timestamps comparable with clock_gettime(CLOCK_MONOTONIC) elsewhere in the agent.
   attr.use_clockid = 1;
@@ -106,14 +126,18 @@ perf_event_attr MakeAttr(const SessionOptions& options, const UserRegsLayout& la
   attr.wakeup_watermark = static_cast<uint32_t>(ring_bytes / 2);
   if (options.wakeup_samples > 0) {
     attr.wakeup_watermark = static_cast<uint32_t>(std::min(
-        ring_bytes / 2, options.wakeup_samples * MaxSampleRecordSize(options.stack_bytes, layout)));
+        ring_bytes / 2, options.wakeup_samples * MaxSampleRecordSize(options, layout)));
   }
   return attr;
 }
 
-absl::Status PerfOpenError(int err, pid_t tid, int cpu = -1) {
+absl::Status PerfOpenError(int err, pid_t tid, int cpu = -1,
+                           const SessionOptions& options = {}) {
+  const char* event =
+      options.event == SessionEvent::kContextSwitches ? "context-switches" : "cpu-clock";
   std::string message =
-      absl::StrCat("perf_event_open(cpu-clock, ", cpu >= 0 ? "cpu " : "tid ",
+      absl::StrCat("perf_event_open(", event, options.kernel_stacks ? " with kernel stacks" : "",
+                   ", ", cpu >= 0 ? "cpu " : "tid ",
                    cpu >= 0 ? cpu : tid, "): ", strerror(err));
   switch (err) {
     case ENOSYS:
@@ -127,7 +151,10 @@ absl::Status PerfOpenError(int err, pid_t tid, int cpu = -1) {
       return absl::PermissionDeniedError(absl::StrCat(
           message, cpu >= 0 ? " (system-wide events need CAP_PERFMON/root or "
                               "kernel.perf_event_paranoid <= 0)"
-                            : " (needs CAP_PERFMON/root or a lower kernel.perf_event_paranoid)"));
+                   : options.kernel_stacks || options.event != SessionEvent::kCpuClock
+                       ? " (kernel-mode events need CAP_PERFMON/root or "
+                         "kernel.perf_event_paranoid <= 1)"
+                       : " (needs CAP_PERFMON/root or a lower kernel.perf_event_paranoid)"));
     case ESRCH:
       return absl::NotFoundError(message);
     case EMFILE:
@@ -196,13 +223,12 @@ absl::StatusOr<std::vector<int>> OnlineCpus() {
 namespace {
 
 // Opens and closes one event of the default session on `tid` (per thread) or `cpu` (per CPU).
-absl::Status ProbeEvent(pid_t tid, int cpu) {
+absl::Status ProbeEvent(pid_t tid, int cpu, const SessionOptions& options = {}) {
   absl::StatusOr<Arch> arch = HostArch();
   if (!arch.ok()) return arch.status();
-  SessionOptions options;
   perf_event_attr attr = MakeAttr(options, RegsLayoutFor(*arch), 1 << 20);
   int fd = PerfEventOpen(&attr, tid, cpu);
-  if (fd < 0) return PerfOpenError(errno, tid, cpu);
+  if (fd < 0) return PerfOpenError(errno, tid, cpu, options);
   close(fd);
   return absl::OkStatus();
 }
@@ -212,6 +238,14 @@ absl::Status ProbeEvent(pid_t tid, int cpu) {
 absl::Status ProbePerfEvents() { return ProbeEvent(static_cast<pid_t>(syscall(SYS_gettid)), -1); }
 
 absl::Status ProbePerCpuEvents() { return ProbeEvent(/*tid=*/-1, /*cpu=*/0); }
+
+absl::Status ProbeKernelEvents(SamplingScope scope, SessionEvent event) {
+  SessionOptions options;
+  options.event = event;
+  options.kernel_stacks = true;
+  if (scope == SamplingScope::kPerCpu) return ProbeEvent(/*tid=*/-1, /*cpu=*/0, options);
+  return ProbeEvent(static_cast<pid_t>(syscall(SYS_gettid)), -1, options);
+}
 
 absl::StatusOr<std::unique_ptr<PerfSampler>> PerfSampler::Create() {
   absl::StatusOr<Arch> arch = HostArch();
@@ -321,7 +355,7 @@ absl::StatusOr<std::unique_ptr<PerfSampler::RingEvent>> PerfSampler::OpenEvent(
   event->tid = tid;
   event->cpu = cpu;
   event->fd = PerfEventOpen(&attr, tid, cpu);
-  if (event->fd < 0) return PerfOpenError(errno, tid, cpu);
+  if (event->fd < 0) return PerfOpenError(errno, tid, cpu, session.options);
   event->mapping_size = page_size_ + data_size;
   event->mapping =
       mmap(nullptr, event->mapping_size, PROT_READ | PROT_WRITE, MAP_SHARED, event->fd, 0);
@@ -444,15 +478,27 @@ absl::StatusOr<int> PerfSampler::Wait(absl::Duration timeout) {
 size_t PerfSampler::DrainEvent(Session& session, RingEvent& event, SampleCallback callback) {
   size_t delivered = 0;
   const bool filter = session.per_cpu();
+  const bool callchain = session.options.kernel_stacks;
   RingReader reader(event.control, event.data, event.data_size);
   RawSample sample;
   RingReader::ReadResult result = reader.ReadAll(
       [&](const uint8_t* record, size_t size) {
         perf_event_header header;
         std::memcpy(&header, record, sizeof(header));
-        if (header.type == PERF_RECORD_SAMPLE) {
+        if (header.type == PERF_RECORD_SWITCH || header.type == PERF_RECORD_SWITCH_CPU_WIDE) {
+          // Switch-outs come as samples (with the stack); switch-ins end their interval.
           sample.session_id = session.options.session_id;
-          if (!ParseSampleRecord(record, size, layout_, &sample).ok()) {
+          absl::StatusOr<bool> out = ParseSwitchRecord(record, size, &sample);
+          if (!out.ok()) {
+            ++session.stats.malformed;
+          } else if (!*out && (!filter || session.targets.contains(
+                                              static_cast<pid_t>(sample.pid)))) {
+            callback(sample);
+            ++session.stats.switches_in;
+          }
+        } else if (header.type == PERF_RECORD_SAMPLE) {
+          sample.session_id = session.options.session_id;
+          if (!ParseSampleRecord(record, size, layout_, &sample, callchain).ok()) {
             ++session.stats.malformed;
           } else if (filter && !session.targets.contains(static_cast<pid_t>(sample.pid))) {
             ++session.stats.filtered;

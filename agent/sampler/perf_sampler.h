@@ -67,6 +67,15 @@ namespace strata::agent::sampler {
 
 enum class SamplingScope { kPerThread, kPerCpu };
 
+// What a session's events count.
+//  - kCpuClock: cpu-clock in frequency mode, a sample per period of CPU time (on-CPU profiles).
+//  - kContextSwitches: every context switch of a target thread; the sample is taken as the
+//    thread switches out (its user registers and stack, its kernel chain where blocked), and a
+//    kSwitchIn event follows when it runs again (context_switch records), so the owner can
+//    weight the switch-out's stack by the time off CPU. Needs kernel-mode events (the switch
+//    happens in the kernel): CAP_PERFMON/root or perf_event_paranoid <= 1.
+enum class SessionEvent { kCpuClock, kContextSwitches };
+
 struct SessionOptions {
   uint32_t session_id = 0;
   SamplingScope scope = SamplingScope::kPerThread;
@@ -78,6 +87,11 @@ struct SessionOptions {
   // The reader is woken once a ring holds about this many samples (at least one, at most half
   // the ring's worth); 0: at half the ring.
   uint32_t wakeup_samples = 0;
+  SessionEvent event = SessionEvent::kCpuClock;
+  // Samples also carry the kernel call chain (PERF_SAMPLE_CALLCHAIN, kernel part), and
+  // cpu-clock counts time in the kernel too (without it, time in system calls is not
+  // sampled at all). Needs CAP_PERFMON/root or perf_event_paranoid <= 1.
+  bool kernel_stacks = false;
 };
 
 // Leaves room for the rest of the sample in a record whose size is a u16.
@@ -95,8 +109,10 @@ struct SamplerStats {
   uint64_t threads_attached = 0;  // events opened over the sampler's life
   uint64_t threads_exited = 0;    // events closed because their thread exited
   uint64_t filtered = 0;  // per-CPU samples of processes that are not targets of the session
+  uint64_t switches_in = 0;  // kSwitchIn events delivered (off-CPU sessions)
 
   SamplerStats& operator+=(const SamplerStats& other) {
+    switches_in += other.switches_in;
     samples += other.samples;
     lost += other.lost;
     bytes += other.bytes;
@@ -114,6 +130,9 @@ absl::Status ProbePerfEvents();
 // Opens and closes one system-wide cpu-clock event on CPU 0: OK if kPerCpu sessions can be
 // added, otherwise the error AddSession would return.
 absl::Status ProbePerCpuEvents();
+// Opens and closes an event of `event` with kernel stacks in `scope`: OK if sessions with
+// kernel_stacks (or of kContextSwitches) can be added.
+absl::Status ProbeKernelEvents(SamplingScope scope, SessionEvent event);
 // The online CPUs (/sys/devices/system/cpu/online), ascending.
 absl::StatusOr<std::vector<int>> OnlineCpus();
 // The kernel's cpu list format, "0-3,5" -> {0, 1, 2, 3, 5}; "" -> {}.

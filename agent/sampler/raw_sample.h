@@ -1,5 +1,7 @@
-// The unit of data the sampler hands to the agent: one user-space sample of one thread
-// (registers needed to start unwinding plus a copy of the top of its stack).
+// The unit of data the sampler hands to the agent: one sample of one thread (registers needed
+// to start unwinding its user stack, a copy of the top of that stack, and, when the session
+// asks for it, the kernel's call chain), or, in off-CPU sessions, the moment a thread was
+// scheduled back in.
 //
 // A RawSample points into memory owned by the sampler (the perf ring or a scratch buffer) and is
 // valid only during the callback that receives it; copy what you keep.
@@ -14,7 +16,13 @@
 
 namespace strata::agent::sampler {
 
+enum class RawEventKind : uint8_t {
+  kSample,    // registers, stack and kernel chain of a thread (on CPU, or switching out)
+  kSwitchIn,  // the thread runs again (off-CPU sessions): only pid, tid and time are set
+};
+
 struct RawSample {
+  RawEventKind kind = RawEventKind::kSample;
   uint32_t pid = 0;
   uint32_t tid = 0;
   uint64_t time_ns = 0;  // CLOCK_MONOTONIC
@@ -26,6 +34,10 @@ struct RawSample {
   // dyn_size), possibly fewer than requested when the stack is shallower.
   const uint8_t* stack = nullptr;
   size_t stack_size = 0;
+  // The kernel call chain, innermost first (the kernel pc where the sample was taken, then
+  // return addresses), for sessions with kernel stacks; empty for a sample taken in user mode.
+  const uint64_t* kernel_pcs = nullptr;
+  size_t kernel_depth = 0;
   uint32_t session_id = 0;  // the sampling session that took it
 };
 
