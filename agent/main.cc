@@ -5,6 +5,7 @@
 //                [--frequency HZ] [--interval SECONDS] [--unwind-verify full|boundary|off]
 //                [--capture-cpu-budget PERCENT]
 //                [--sampling per-cpu|per-thread] [--inproc auto|on|off] [--inproc-dir DIR]
+//                [--kernel-stacks auto|on|off] [--off-cpu] [--off-cpu-threshold-us US]
 //                [--spool-dir DIR] [--spool-max-bytes SIZE]
 #include <signal.h>
 #include <unistd.h>
@@ -69,6 +70,9 @@ struct Flags {
   std::string unwind_verify = "full";
   std::string inproc_mode = "auto", inproc_dir = "/dev/shm";
   std::string sampling = "auto";
+  std::string kernel_stacks = "auto";
+  bool off_cpu = false;
+  double off_cpu_threshold_us = 100;
   double capture_cpu_budget_pct = 5;
   std::string spool_dir = kDefaultSpoolDir, spool_max = "256MiB";
   double flush_timeout_s = 5;
@@ -121,6 +125,23 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "target thread); auto: per-cpu where allowed, else per-thread")
       ->check(CLI::IsMember({"auto", "per-cpu", "per-thread"}))
       ->capture_default_str();
+  app.add_option("--kernel-stacks", f.kernel_stacks,
+                 "kernel call chains below the user frames of each sample, named from "
+                 "/proc/kallsyms (also counts CPU time spent in the kernel): auto (where the "
+                 "kernel allows kernel-mode events, i.e. CAP_PERFMON or "
+                 "kernel.perf_event_paranoid <= 1, and shows kallsyms addresses), on (fail "
+                 "where it cannot), off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  app.add_flag("--off-cpu", f.off_cpu,
+               "also record off-CPU profiles: where target threads block, sleep or wait to "
+               "run, weighted by the time until they run again (context-switch events; needs "
+               "CAP_PERFMON or kernel.perf_event_paranoid <= 1)");
+  app.add_option("--off-cpu-threshold-us", f.off_cpu_threshold_us,
+                 "off-CPU intervals shorter than this many microseconds are not counted "
+                 "(bounds what frequent short waits add to batches)")
+      ->check(CLI::Range(0.0, 60e6))
+      ->capture_default_str();
   app.add_option("--inproc-dir", f.inproc_dir,
                  "directory of the in-process samplers' rings (their STRATA_INPROC_DIR)")
       ->capture_default_str();
@@ -149,6 +170,9 @@ absl::StatusOr<strata::agent::ProfilerOptions> ProfilerOptionsFrom(const Flags& 
   options.inproc = *strata::agent::ParseInprocMode(f.inproc_mode);              // checked by CLI11
   options.inproc_dir = f.inproc_dir;
   options.sampling = *strata::agent::ParseSamplingMode(f.sampling);  // checked by CLI11
+  options.kernel_stacks = *strata::agent::ParseKernelStacksMode(f.kernel_stacks);  // by CLI11
+  options.off_cpu = f.off_cpu;
+  options.off_cpu_threshold = absl::Microseconds(f.off_cpu_threshold_us);
   for (int pid : f.pids) options.pids.push_back(pid);
   for (const auto& flag : f.service_flags) {
     auto rule = strata::agent::procfs::ParseServiceRule(flag);
@@ -242,6 +266,13 @@ void LogSamplingSummary(const strata::agent::ProfilerStats& stats, const std::st
   spdlog::info("sampling: {} perf events, {} wake-ups, {} target scans, {} samples of other "
                "processes dropped", stats.perf_events, stats.wakeups, stats.rescans,
                stats.filtered);
+  if (stats.kernel_stacks) spdlog::info("kernel stacks: {} kernel frames", stats.kernel_frames);
+  if (stats.off_cpu_switches > 0) {
+    spdlog::info("off-CPU: {} switch-outs, {} counted ({:.3f} s), {} under the threshold, {} "
+                 "unpaired", stats.off_cpu_switches, stats.off_cpu_counted,
+                 static_cast<double>(stats.off_cpu_ns) / 1e9, stats.off_cpu_short,
+                 stats.off_cpu_unpaired);
+  }
   if (stats.inproc_targets > 0 || stats.inproc_stacks > 0) {
     spdlog::info("in-process rings: {} stacks, {} targets", stats.inproc_stacks,
                  stats.inproc_targets);

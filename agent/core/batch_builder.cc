@@ -1,5 +1,7 @@
 #include "agent/core/batch_builder.h"
 
+#include <algorithm>
+
 namespace strata::agent {
 
 v1::SampleBatch BatchBuilder::Start(const BatchWindow& window, uint64_t epoch,
@@ -24,6 +26,34 @@ absl::StatusOr<std::optional<v1::SampleBatch>> BatchBuilder::Interval(
   lost_reported_ = lost_total;
   for (v1::Target& t : targets.TakeRetired()) *batch.add_targets() = std::move(t);
   if (auto st = aggregator.EncodeInto(**numbering, &batch); !st.ok()) return st;
+  return batch;
+}
+
+absl::StatusOr<std::optional<v1::SampleBatch>> BatchBuilder::OffCpu(
+    IntervalAggregator& aggregator, const BatchWindow& window, const TargetDiscovery& targets,
+    uint32_t frequency_hz) {
+  if (aggregator.empty()) return std::nullopt;
+  auto numbering = graph_->CurrentNumbering();
+  if (!numbering.ok()) return numbering.status();
+  v1::SampleBatch batch = Start(window, (*numbering)->epoch(), targets);
+  batch.set_profile(v1::PROFILE_OFF_CPU);
+  auto next_random = [this] {
+    uint64_t z = (rounding_state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  // ns * f / 1e9 in integers: whole periods, and the remainder out of 1e9 decides the round.
+  auto periods = [&](uint64_t ns) -> uint64_t {
+    const unsigned __int128 scaled = static_cast<unsigned __int128>(ns) * frequency_hz;
+    uint64_t whole = static_cast<uint64_t>(scaled / 1'000'000'000u);
+    const uint64_t fraction = static_cast<uint64_t>(scaled % 1'000'000'000u);
+    if (next_random() % 1'000'000'000u < fraction) ++whole;
+    return std::min<uint64_t>(whole, UINT32_MAX);
+  };
+  absl::StatusOr<size_t> encoded = aggregator.EncodeScaledInto(**numbering, &batch, periods);
+  if (!encoded.ok()) return encoded.status();
+  if (*encoded == 0) return std::nullopt;
   return batch;
 }
 

@@ -33,6 +33,14 @@ class BatchBuilder {
                                                           const BatchWindow& window,
                                                           TargetDiscovery& targets,
                                                           uint64_t lost_total);
+  // The interval's off-CPU time (nanoseconds per context in `aggregator`) as a PROFILE_OFF_CPU
+  // batch in sampling periods of `frequency_hz`: t ns count t * f / 1e9 samples, rounded up or
+  // down at random in proportion to the fraction, so that sums stay unbiased however short
+  // each context's time (nullopt when nothing rounds to a sample; the aggregator is cleared).
+  absl::StatusOr<std::optional<v1::SampleBatch>> OffCpu(IntervalAggregator& aggregator,
+                                                        const BatchWindow& window,
+                                                        const TargetDiscovery& targets,
+                                                        uint32_t frequency_hz);
   // A capture's samples since its last batch, tagged with `capture_id`.
   absl::StatusOr<std::optional<v1::SampleBatch>> Capture(IntervalAggregator& aggregator,
                                                          const BatchWindow& window,
@@ -46,6 +54,7 @@ class BatchBuilder {
 
   ContextGraph* const graph_;
   uint64_t lost_reported_ = 0;
+  uint64_t rounding_state_ = 0x9e3779b97f4a7c15ull;  // splitmix64, for OffCpu's rounding
 };
 
 }  // namespace strata::agent

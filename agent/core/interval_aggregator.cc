@@ -85,33 +85,44 @@ bool IntervalAggregator::Add(uint32_t target_id, std::span<const encoding::EdgeI
 
 absl::Status IntervalAggregator::EncodeInto(const encoding::Numbering& numbering,
                                             v1::SampleBatch* batch) {
+  return EncodeScaledInto(numbering, batch, [](uint64_t count) { return count; }).status();
+}
+
+absl::StatusOr<size_t> IntervalAggregator::EncodeScaledInto(
+    const encoding::Numbering& numbering, v1::SampleBatch* batch,
+    absl::FunctionRef<uint64_t(uint64_t)> scale) {
   encoding::Encoder encoder(numbering);
   std::vector<encoding::ContextRecord> contexts;
   contexts.reserve(distinct_contexts());
   absl::Status status;
   table_.ForEach([&](uint64_t key, uint64_t count) {
     if (!status.ok()) return;
+    const uint64_t scaled = scale(count);
+    if (scaled == 0) return;
     const Record& r = records_[key_index_.at(key)];
     encoding::ContextRecord& c = contexts.emplace_back();
     c.target_id = r.target_id;
-    c.count = count;
+    c.count = scaled;
     status = encoder.EncodeInto(PathOf(r), &c.context);
   });
   if (!status.ok()) return status;
   std::vector<encoding::EdgeId> edges;
   for (const auto& [key, count] : spill_) {
+    const uint64_t scaled = scale(count);
+    if (scaled == 0) continue;
     encoding::ContextRecord& c = contexts.emplace_back();
     std::memcpy(&c.target_id, key.data(), 4);
     edges.resize((key.size() - 4) / sizeof(encoding::EdgeId));
     std::memcpy(edges.data(), key.data() + 4, sizeof(encoding::EdgeId) * edges.size());
-    c.count = count;
+    c.count = scaled;
     if (auto st = encoder.EncodeInto(edges, &c.context); !st.ok()) return st;
   }
+  const size_t encoded = contexts.size();
   auto packed = encoding::EncodePackedContexts(std::move(contexts));
   if (!packed.ok()) return packed.status();
   batch->set_packed_contexts(*std::move(packed));
   Clear();
-  return absl::OkStatus();
+  return encoded;
 }
 
 void IntervalAggregator::Clear() {

@@ -22,7 +22,9 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/encoding/numbering.h"
 #include "common/table/sorted_table.h"
 #include "strata/v1/ingest.pb.h"
@@ -61,6 +63,11 @@ class IntervalAggregator {
   // aggregator. Contexts whose edges lie beyond the numbering's epoch are an internal error
   // (the aggregator is left unchanged).
   absl::Status EncodeInto(const encoding::Numbering& numbering, v1::SampleBatch* batch);
+  // EncodeInto with every count replaced by `scale(count)`; contexts it maps to 0 are left
+  // out. Returns the number of contexts encoded.
+  absl::StatusOr<size_t> EncodeScaledInto(const encoding::Numbering& numbering,
+                                          v1::SampleBatch* batch,
+                                          absl::FunctionRef<uint64_t(uint64_t)> scale);
 
  private:
   struct Record {

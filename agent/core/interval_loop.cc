@@ -33,6 +33,14 @@ void IntervalLoop::ShipWindow(absl::Time end) {
     ++sequence_;
     shipper_->Enqueue(std::move(**batch));
   }
+  auto off_cpu = profiler_->TakeOffCpuBatch(absl::ToUnixMillis(start), absl::ToUnixMillis(end),
+                                            sequence_ + 1);
+  if (!off_cpu.ok()) {
+    spdlog::error("building off-CPU batch: {}", off_cpu.status().ToString());
+  } else if (off_cpu->has_value()) {
+    ++sequence_;
+    shipper_->Enqueue(std::move(**off_cpu));
+  }
   window_start_ = end;
 }
 

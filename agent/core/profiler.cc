@@ -41,21 +41,61 @@ absl::StatusOr<sampler::SamplingScope> ChooseScope(ProfilerOptions::Sampling sam
   return sampler::SamplingScope::kPerThread;
 }
 
+// The kernel's symbols when samples may carry kernel chains in `scope`, else null (and why,
+// once, unless kernel stacks were asked for: then the error).
+absl::StatusOr<std::unique_ptr<kernel::KernelSymbols>> KernelSymbolsFor(
+    ProfilerOptions::KernelStacks mode, sampler::SamplingScope scope) {
+  if (mode == ProfilerOptions::KernelStacks::kOff) return nullptr;
+  absl::Status status = sampler::ProbeKernelEvents(scope, sampler::SessionEvent::kCpuClock);
+  absl::StatusOr<std::unique_ptr<kernel::KernelSymbols>> symbols =
+      status.ok() ? kernel::KernelSymbols::Load() : status;
+  if (symbols.ok()) {
+    spdlog::info("kernel stacks on: {} kernel text symbols", (*symbols)->size());
+    return symbols;
+  }
+  if (mode == ProfilerOptions::KernelStacks::kOn) return symbols.status();
+  spdlog::info("kernel stacks off, user stacks only: {}", symbols.status().ToString());
+  return nullptr;
+}
+
 }  // namespace
+
+std::optional<ProfilerOptions::KernelStacks> ParseKernelStacksMode(std::string_view mode) {
+  if (mode == "auto") return ProfilerOptions::KernelStacks::kAuto;
+  if (mode == "on") return ProfilerOptions::KernelStacks::kOn;
+  if (mode == "off") return ProfilerOptions::KernelStacks::kOff;
+  return std::nullopt;
+}
 
 absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(ProfilerOptions options,
                                                           ContextGraph* graph) {
   auto discovery = TargetDiscovery::Create(options);
   if (!discovery.ok()) return discovery.status();
   std::unique_ptr<sources::PerfSource> perf;
+  std::unique_ptr<kernel::KernelSymbols> kernel_symbols;
   if (options.inproc != ProfilerOptions::Inproc::kOn) {
     if (absl::Status probe = sampler::ProbePerfEvents(); probe.ok()) {
       auto scope = ChooseScope(options.sampling);
       if (!scope.ok()) return scope.status();
-      auto opened = sources::PerfSource::Open(options.frequency_hz, options.stack_bytes, *scope);
+      auto symbols = KernelSymbolsFor(options.kernel_stacks, *scope);
+      if (!symbols.ok()) return symbols.status();
+      kernel_symbols = std::move(*symbols);
+      if (options.off_cpu) {
+        if (absl::Status off = sampler::ProbeKernelEvents(
+                *scope, sampler::SessionEvent::kContextSwitches);
+            !off.ok()) {
+          return absl::Status(off.code(), absl::StrCat("--off-cpu: ", off.message()));
+        }
+      }
+      auto opened = sources::PerfSource::Open({.frequency_hz = options.frequency_hz,
+                                               .stack_bytes = options.stack_bytes,
+                                               .scope = *scope,
+                                               .kernel_stacks = kernel_symbols != nullptr,
+                                               .off_cpu = options.off_cpu});
       if (!opened.ok()) return opened.status();
       perf = std::move(*opened);
-    } else if (options.inproc == ProfilerOptions::Inproc::kOff) {
+    } else if (options.inproc == ProfilerOptions::Inproc::kOff || options.off_cpu ||
+               options.kernel_stacks == ProfilerOptions::KernelStacks::kOn) {
       return probe;
     } else {
       spdlog::warn("perf events unavailable ({}); sampling only processes that run the "
@@ -70,8 +110,9 @@ absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(ProfilerOptions optio
     ring_options.arch = static_cast<uint32_t>(unwind::kHostArch);
     rings = std::make_unique<sources::InprocSource>(std::move(ring_options));
   }
-  auto profiler = std::unique_ptr<Profiler>(new Profiler(
-      std::move(options), graph, std::move(*discovery), std::move(perf), std::move(rings)));
+  auto profiler = std::unique_ptr<Profiler>(
+      new Profiler(std::move(options), graph, std::move(*discovery), std::move(perf),
+                   std::move(rings), std::move(kernel_symbols)));
   if (auto st = profiler->InitPoll(); !st.ok()) return st;
   return profiler;
 }
@@ -79,16 +120,22 @@ absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(ProfilerOptions optio
 Profiler::Profiler(ProfilerOptions options, ContextGraph* graph,
                    std::unique_ptr<TargetDiscovery> discovery,
                    std::unique_ptr<sources::PerfSource> perf,
-                   std::unique_ptr<sources::InprocSource> inproc)
+                   std::unique_ptr<sources::InprocSource> inproc,
+                   std::unique_ptr<kernel::KernelSymbols> kernel_symbols)
     : options_(std::move(options)),
       discovery_(std::move(discovery)),
       perf_(std::move(perf)),
       inproc_(std::move(inproc)),
+      kernel_symbols_(std::move(kernel_symbols)),
       recorder_({.max_frames = options_.max_frames,
                  .stack_bytes = options_.stack_bytes,
-                 .unwind_verify = options_.unwind_verify},
+                 .unwind_verify = options_.unwind_verify,
+                 .kernel_symbols = kernel_symbols_.get(),
+                 .off_cpu_threshold_ns =
+                     static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.off_cpu_threshold))},
                 graph, discovery_.get()),
-      batches_(graph) {
+      batches_(graph),
+      continuous_hz_(options_.frequency_hz) {
   if (perf_ != nullptr) sources_.push_back(perf_.get());
   if (inproc_ != nullptr) sources_.push_back(inproc_.get());
 }
@@ -285,8 +332,27 @@ absl::StatusOr<std::optional<v1::SampleBatch>> Profiler::TakeBatch(int64_t start
   for (const auto& [pid, target] : discovery_->all()) discovery_->RefreshMappings(*target);
   uint64_t lost = 0;
   for (const sources::StackSource* source : sources_) lost += source->lost();
-  return batches_.Interval(recorder_.continuous(), {start_ms, end_ms, sequence}, *discovery_,
-                           lost);
+  auto batch = batches_.Interval(recorder_.continuous(), {start_ms, end_ms, sequence},
+                                *discovery_, lost);
+  if (!batch.ok() || !batch->has_value()) return batch;
+  for (const auto& [target_id, counts] : recorder_.TakeUnwindCounts()) {
+    v1::UnwindCounters* c = (*batch)->add_unwind();
+    c->set_target_id(target_id);
+    c->set_stacks(counts.stacks);
+    c->set_truncated(counts.truncated);
+    c->set_verify_failures(counts.verify_failures);
+    c->set_jit_frames_cfi(counts.jit_frames_cfi);
+    c->set_jit_frames_fp(counts.jit_frames_fp);
+    c->set_lost(counts.lost);
+  }
+  return batch;
+}
+
+absl::StatusOr<std::optional<v1::SampleBatch>> Profiler::TakeOffCpuBatch(int64_t start_ms,
+                                                                         int64_t end_ms,
+                                                                         uint64_t sequence) {
+  return batches_.OffCpu(recorder_.off_cpu(), {start_ms, end_ms, sequence}, *discovery_,
+                         continuous_hz_);
 }
 
 absl::Status Profiler::StartSession(uint32_t session_id, uint32_t frequency_hz,
@@ -319,7 +385,9 @@ absl::Status Profiler::StartSession(uint32_t session_id, uint32_t frequency_hz,
 
 absl::Status Profiler::SetSessionFrequency(uint32_t session_id, uint32_t frequency_hz) {
   if (perf_ == nullptr) return absl::FailedPreconditionError("no perf events");
-  return perf_->SetFrequency(session_id, frequency_hz);
+  absl::Status status = perf_->SetFrequency(session_id, frequency_hz);
+  if (status.ok() && session_id == sources::kContinuousSession) continuous_hz_ = frequency_hz;
+  return status;
 }
 
 absl::StatusOr<std::optional<v1::SampleBatch>> Profiler::TakeSessionBatch(
@@ -363,6 +431,13 @@ ProfilerStats Profiler::stats() const {
   }
   s.wakeups = wakeups_;
   s.rescans = rescans_;
+  s.kernel_stacks = kernel_symbols_ != nullptr;
+  s.kernel_frames = r.kernel_frames;
+  s.off_cpu_switches = r.off_cpu_switches;
+  s.off_cpu_counted = r.off_cpu_counted;
+  s.off_cpu_short = r.off_cpu_short;
+  s.off_cpu_unpaired = r.off_cpu_unpaired;
+  s.off_cpu_ns = r.off_cpu_ns;
   s.targets = discovery_->all().size();
   for (const auto& [pid, t] : discovery_->all()) {
     s.inproc_targets += inproc_ != nullptr && t->source == inproc_.get();

@@ -64,12 +64,25 @@ struct ProfilerOptions : DiscoveryOptions {
   //   kPerThread: one event per target thread (unprivileged agents, --pid on locked hosts).
   enum class Sampling { kAuto, kPerCpu, kPerThread };
   Sampling sampling = Sampling::kAuto;
+  // Kernel call chains on perf samples, named from /proc/kallsyms:
+  //   kAuto: where the kernel allows kernel-mode events and shows kallsyms addresses (else
+  //          said once, and user stacks only);
+  //   kOn:   Create() fails where it cannot; kOff: user stacks only.
+  enum class KernelStacks { kAuto, kOn, kOff };
+  KernelStacks kernel_stacks = KernelStacks::kAuto;
+  // Off-CPU profiles: where target threads block and for how long (context-switch events);
+  // Create() fails where the kernel refuses them. Intervals shorter than the threshold are
+  // not counted.
+  bool off_cpu = false;
+  absl::Duration off_cpu_threshold = absl::Microseconds(100);
 };
 
 // Parses "auto" | "on" | "off".
 std::optional<ProfilerOptions::Inproc> ParseInprocMode(std::string_view mode);
 // Parses "per-cpu" | "per-thread" (and "auto").
 std::optional<ProfilerOptions::Sampling> ParseSamplingMode(std::string_view mode);
+// Parses "auto" | "on" | "off".
+std::optional<ProfilerOptions::KernelStacks> ParseKernelStacksMode(std::string_view mode);
 
 struct ProfilerStats {
   uint64_t samples = 0;
@@ -88,6 +101,13 @@ struct ProfilerStats {
   size_t perf_events = 0;       // perf events open now
   uint64_t wakeups = 0;         // Poll()s that returned with something to do or at a deadline
   uint64_t rescans = 0;         // target scans (process events or /proc)
+  bool kernel_stacks = false;   // samples carry kernel chains
+  uint64_t kernel_frames = 0;
+  uint64_t off_cpu_switches = 0;  // see StackRecorderStats
+  uint64_t off_cpu_counted = 0;
+  uint64_t off_cpu_short = 0;
+  uint64_t off_cpu_unpaired = 0;
+  uint64_t off_cpu_ns = 0;
 };
 
 class Profiler final : public SamplingSessions {
@@ -107,6 +127,11 @@ class Profiler final : public SamplingSessions {
   // used when a batch is returned.
   absl::StatusOr<std::optional<v1::SampleBatch>> TakeBatch(int64_t start_ms, int64_t end_ms,
                                                            uint64_t sequence);
+  // The interval's off-CPU time as a PROFILE_OFF_CPU batch (nullopt when none); call after
+  // TakeBatch for the same window.
+  absl::StatusOr<std::optional<v1::SampleBatch>> TakeOffCpuBatch(int64_t start_ms,
+                                                                 int64_t end_ms,
+                                                                 uint64_t sequence);
   // True when the interval aggregator reached its bound (ship an early batch).
   bool batch_full() const { return recorder_.full(); }
 
@@ -129,7 +154,8 @@ class Profiler final : public SamplingSessions {
  private:
   Profiler(ProfilerOptions options, ContextGraph* graph,
            std::unique_ptr<TargetDiscovery> discovery, std::unique_ptr<sources::PerfSource> perf,
-           std::unique_ptr<sources::InprocSource> inproc);
+           std::unique_ptr<sources::InprocSource> inproc,
+           std::unique_ptr<kernel::KernelSymbols> kernel_symbols);
 
   // Sources first (a process with a ring is not attached to perf), then /proc: targets that
   // came and went, their threads, their mappings.
@@ -147,7 +173,10 @@ class Profiler final : public SamplingSessions {
   std::unique_ptr<sources::PerfSource> perf_;      // null: no perf events (in-process only)
   std::unique_ptr<sources::InprocSource> inproc_;  // null: --inproc off
   std::vector<sources::StackSource*> sources_;     // the two above that exist, perf first
+  std::unique_ptr<kernel::KernelSymbols> kernel_symbols_;  // null: no kernel stacks
   StackRecorder recorder_;
+  // Continuous profiling's rate (SetRate changes it): the unit of off-CPU batches.
+  uint32_t continuous_hz_;
   BatchBuilder batches_;
   absl::Time next_rescan_ = absl::InfinitePast();
   // One epoll over the sources' wait descriptors, the change descriptors and Wake()'s: the

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+#include "agent/sources/perf_source.h"
+#include "common/base/frame_kind.h"
 #include "common/unwind/host_arch.h"
 
 namespace strata::agent {
@@ -35,8 +38,25 @@ struct StackRecorder::Thread {
   PathCache paths;
 };
 
+// A thread's off-CPU side: its own unwinder (a thread that blocks in the same place keeps its
+// outer frames from one switch to the next) and the context of its last switch-out, waiting
+// for the switch-in that ends the interval. `pending` is sized once.
+struct StackRecorder::OffCpuThread {
+  OffCpuThread(const unwind::IncrementalOptions& options, size_t max_frames)
+      : thread(std::make_unique<Thread>(options, max_frames)) {
+    pending.reserve(max_frames);
+  }
+  std::unique_ptr<Thread> thread;
+  std::vector<encoding::EdgeId> pending;
+  uint64_t out_ns = 0;
+  bool waiting = false;
+};
+
 struct StackRecorder::TargetState {
+  uint32_t target_id = 0;
+  UnwindCounts counts;  // since the last TakeUnwindCounts
   absl::flat_hash_map<pid_t, std::unique_ptr<Thread>> threads;  // by tid
+  absl::flat_hash_map<pid_t, std::unique_ptr<OffCpuThread>> off_cpu;  // by tid
   // Absolute pc (already adjusted for return addresses) -> function node and module offset,
   // for the target's mappings epoch `pc_epoch`.
   struct CachedPc {
@@ -57,14 +77,41 @@ StackRecorder::~StackRecorder() = default;
 
 StackRecorder::TargetState& StackRecorder::StateOf(const Target& target) {
   std::unique_ptr<TargetState>& state = states_[target.pid];
-  if (state == nullptr) state = std::make_unique<TargetState>();
+  if (state == nullptr) {
+    state = std::make_unique<TargetState>();
+    state->target_id = target.id;
+  }
   return *state;
 }
 
-void StackRecorder::ForgetTarget(pid_t pid) { states_.erase(pid); }
+void StackRecorder::ForgetTarget(pid_t pid) {
+  auto it = states_.find(pid);
+  if (it == states_.end()) return;
+  if (!it->second->counts.empty()) {
+    retired_counts_.emplace_back(it->second->target_id, it->second->counts);
+  }
+  states_.erase(it);
+}
 
 void StackRecorder::ForgetThread(pid_t pid, pid_t tid) {
-  if (auto it = states_.find(pid); it != states_.end()) it->second->threads.erase(tid);
+  if (auto it = states_.find(pid); it != states_.end()) {
+    it->second->threads.erase(tid);
+    if (auto off = it->second->off_cpu.find(tid); off != it->second->off_cpu.end()) {
+      stats_.off_cpu_unpaired += off->second->waiting;
+      it->second->off_cpu.erase(off);
+    }
+  }
+}
+
+std::vector<std::pair<uint32_t, UnwindCounts>> StackRecorder::TakeUnwindCounts() {
+  std::vector<std::pair<uint32_t, UnwindCounts>> out = std::move(retired_counts_);
+  retired_counts_.clear();
+  for (auto& [pid, state] : states_) {
+    if (state->counts.empty()) continue;
+    out.emplace_back(state->target_id, state->counts);
+    state->counts = {};
+  }
+  return out;
 }
 
 void StackRecorder::OnSample(const sampler::RawSample& sample) {
@@ -73,33 +120,87 @@ void StackRecorder::OnSample(const sampler::RawSample& sample) {
     ++stats_.dropped;
     return;
   }
-  ++stats_.samples;
   TargetState& state = StateOf(*target);
+  if (sample.session_id == sources::kOffCpuSession) {
+    OnSwitch(*target, state, sample);
+    return;
+  }
+  if (sample.kind != sampler::RawEventKind::kSample) return;
+  ++stats_.samples;
+  std::unique_ptr<Thread>& thread = state.threads[static_cast<pid_t>(sample.tid)];
   PathCache* paths = nullptr;
   size_t outer_kept = 0;
-  unwind::UnwindResult result = Unwind(*target, state, sample, &paths, &outer_kept);
+  unwind::UnwindResult result = Unwind(*target, state, thread, sample, &paths, &outer_kept);
   if (result.num_frames == 0) {
     frames_[0] = {sample.pc, sample.sp, 0};
     result.num_frames = 1;
   }
   if (result.stop == unwind::StopReason::kNoModule) targets_->RefreshSoon(*target);
-  Record(*target, state, frames_.data(), result.num_frames,
-         result.stop != unwind::StopReason::kOutermost, sample.session_id, paths, outer_kept);
+  const std::vector<encoding::EdgeId>* edges =
+      Record(*target, state, frames_.data(), result.num_frames,
+             result.stop != unwind::StopReason::kOutermost, sample.kernel_pcs,
+             sample.kernel_depth, paths, outer_kept);
+  if (edges != nullptr) Count(*target, sample.session_id, *edges);
+}
+
+void StackRecorder::OnSwitch(const Target& target, TargetState& state,
+                             const sampler::RawSample& sample) {
+  const pid_t tid = static_cast<pid_t>(sample.tid);
+  if (sample.kind == sampler::RawEventKind::kSwitchIn) {
+    auto it = state.off_cpu.find(tid);
+    if (it == state.off_cpu.end() || !it->second->waiting) return;
+    OffCpuThread& thread = *it->second;
+    thread.waiting = false;
+    const uint64_t ns = sample.time_ns > thread.out_ns ? sample.time_ns - thread.out_ns : 0;
+    if (ns < options_.off_cpu_threshold_ns || ns == 0) {
+      ++stats_.off_cpu_short;
+      return;
+    }
+    ++stats_.off_cpu_counted;
+    stats_.off_cpu_ns += ns;
+    if (!off_cpu_.Add(target.id, thread.pending, ns)) full_ = true;
+    return;
+  }
+  ++stats_.off_cpu_switches;
+  std::unique_ptr<OffCpuThread>& slot = state.off_cpu[tid];
+  if (slot == nullptr) {
+    slot = std::make_unique<OffCpuThread>(IncrementalOptions(), options_.max_frames);
+  }
+  stats_.off_cpu_unpaired += slot->waiting;
+  slot->waiting = false;
+  // Unwound like a CPU sample, with the thread's off-CPU unwinder.
+  PathCache* paths = nullptr;
+  size_t outer_kept = 0;
+  unwind::UnwindResult result = Unwind(target, state, slot->thread, sample, &paths, &outer_kept);
+  if (result.num_frames == 0) {
+    frames_[0] = {sample.pc, sample.sp, 0};
+    result.num_frames = 1;
+  }
+  const std::vector<encoding::EdgeId>* edges =
+      Record(target, state, frames_.data(), result.num_frames,
+             result.stop != unwind::StopReason::kOutermost, sample.kernel_pcs,
+             sample.kernel_depth, paths, outer_kept);
+  if (edges == nullptr) return;
+  slot->pending.assign(edges->begin(), edges->end());
+  slot->out_ns = sample.time_ns;
+  slot->waiting = true;
+}
+
+unwind::IncrementalOptions StackRecorder::IncrementalOptions() const {
+  unwind::IncrementalOptions options;
+  options.unwind.arch = unwind::kHostArch;
+  options.unwind.max_frames = options_.max_frames;
+  options.verify = options_.unwind_verify;
+  return options;
 }
 
 unwind::UnwindResult StackRecorder::Unwind(const Target& target, TargetState& state,
+                                           std::unique_ptr<Thread>& thread,
                                            const sampler::RawSample& sample,
                                            PathCache** paths, size_t* outer_kept) {
   unwind::Registers regs{sample.pc, sample.sp, sample.fp, sample.ra};
   unwind::StackSnapshot stack{sample.sp, sample.stack, sample.stack_size};
-  std::unique_ptr<Thread>& thread = state.threads[static_cast<pid_t>(sample.tid)];
-  if (thread == nullptr) {
-    unwind::IncrementalOptions options;
-    options.unwind.arch = unwind::kHostArch;
-    options.unwind.max_frames = options_.max_frames;
-    options.verify = options_.unwind_verify;
-    thread = std::make_unique<Thread>(options, options_.max_frames);
-  }
+  if (thread == nullptr) thread = std::make_unique<Thread>(IncrementalOptions(), options_.max_frames);
   // A copy shorter than requested ended at the top of the thread's stack.
   const bool stack_end_known = sample.stack_size < options_.stack_bytes;
   unwind::SampleStats unwind_stats;
@@ -111,6 +212,7 @@ unwind::UnwindResult StackRecorder::Unwind(const Target& target, TargetState& st
   stats_.frames_walked += unwind_stats.frames_unwound;
   stats_.frames_reused += unwind_stats.frames_reused;
   stats_.unwind_verify_failures += unwind_stats.verify_failed;
+  state.counts.verify_failures += unwind_stats.verify_failed;
   return result;
 }
 
@@ -128,8 +230,11 @@ void StackRecorder::OnStack(sources::StackSource& from, const sources::UnwoundSt
   for (size_t i = 0; i < n; ++i) frames_[i] = {stack.pcs[i], 0, 0};
   // A pc outside the modules we know: the target mapped a library since the last rescan.
   if (stack.stopped_outside_modules) targets_->RefreshSoon(*target);
-  Record(*target, StateOf(*target), frames_.data(), n, stack.truncated || n < stack.num_frames,
-         /*session_id=*/0, /*cache=*/nullptr, /*outer_kept=*/0);
+  TargetState& state = StateOf(*target);
+  const std::vector<encoding::EdgeId>* edges =
+      Record(*target, state, frames_.data(), n, stack.truncated || n < stack.num_frames,
+             /*kernel_pcs=*/nullptr, /*kernel_depth=*/0, /*cache=*/nullptr, /*outer_kept=*/0);
+  if (edges != nullptr) Count(*target, sources::kContinuousSession, *edges);
 }
 
 encoding::PathFrame StackRecorder::FrameFor(const Target& target, TargetState& state,
@@ -157,11 +262,36 @@ encoding::PathFrame StackRecorder::FrameFor(const Target& target, TargetState& s
   return {it->second.node, innermost ? 0 : it->second.module_pc + 1};
 }
 
-void StackRecorder::Record(const Target& target, TargetState& state, const unwind::Frame* frames,
-                           size_t num_frames, bool truncated, uint32_t session_id,
-                           PathCache* cache, size_t outer_kept) {
+encoding::PathFrame StackRecorder::KernelFrameFor(uint64_t pc, bool innermost) {
+  const uint64_t lookup = innermost ? pc : pc - 1;
+  auto it = kernel_nodes_.find(lookup);
+  if (it == kernel_nodes_.end()) {
+    FunctionRecord record;
+    kernel::KernelSymbol sym;
+    if (options_.kernel_symbols != nullptr && options_.kernel_symbols->Lookup(lookup, &sym)) {
+      record.name = std::string(sym.name);
+      record.module = base::KernelModuleName(sym.module);
+      record.start_offset = sym.offset;
+    } else {
+      record.module = std::string(base::kKernelModule);
+      record.name = absl::StrCat(record.module, "+0x", absl::Hex(lookup));
+      record.start_offset = lookup;
+    }
+    if (kernel_nodes_.size() >= kMaxPcCacheEntries) kernel_nodes_.clear();
+    it = kernel_nodes_.emplace(lookup, graph_->NodeFor(record)).first;
+  }
+  return {it->second, innermost ? 0 : pc};
+}
+
+const std::vector<encoding::EdgeId>* StackRecorder::Record(
+    const Target& target, TargetState& state, const unwind::Frame* frames, size_t num_frames,
+    bool truncated, const uint64_t* kernel_pcs, size_t kernel_depth, PathCache* cache,
+    size_t outer_kept) {
   stats_.unwound_frames += num_frames;
   stats_.truncated += truncated;
+  stats_.kernel_frames += kernel_depth;
+  ++state.counts.stacks;
+  state.counts.truncated += truncated;
   if (state.pc_epoch != target.maps_epoch) {  // resolved against mappings since replaced
     state.pc_cache.clear();
     state.pc_epoch = target.maps_epoch;
@@ -179,6 +309,8 @@ void StackRecorder::Record(const Target& target, TargetState& state, const unwin
   for (size_t i = num_frames - keep; i-- > 0;) {
     path.push_back(FrameFor(target, state, frames[i].pc, i == 0));
   }
+  // The kernel's frames run below the user leaf (a system call, a fault, an interrupt).
+  for (size_t k = kernel_depth; k-- > 0;) path.push_back(KernelFrameFor(kernel_pcs[k], k == 0));
   if (cache != nullptr) {
     cache->epoch = target.maps_epoch;
     cache->truncated = truncated;
@@ -186,9 +318,15 @@ void StackRecorder::Record(const Target& target, TargetState& state, const unwin
   if (!graph_->ExtendPath(path, truncated, keep, &edges).ok()) {
     path.clear();  // nothing of it is reusable
     ++stats_.dropped;
-    return;
+    ++state.counts.lost;
+    return nullptr;
   }
-  if (session_id != 0) {
+  return &edges;
+}
+
+void StackRecorder::Count(const Target& target, uint32_t session_id,
+                          const std::vector<encoding::EdgeId>& edges) {
+  if (session_id != sources::kContinuousSession) {
     if (IntervalAggregator* aggregator = session(session_id)) aggregator->Add(target.id, edges, 1);
     return;
   }

@@ -1,9 +1,12 @@
 // The stack recorder: where every stack of every source ends. Perf samples are unwound here
 // (common/unwind's incremental unwinder, one per thread, over the target's address space);
-// each stack is symbolized into function nodes, its calling context added to the
-// ContextGraph and counted in the interval's IntervalAggregator (session 0, continuous
-// profiling) or in a capture session's own. Owns the per-thread unwinding state, the
-// per-target pc caches and the aggregators; the targets belong to TargetDiscovery.
+// each stack is symbolized into function nodes (kernel frames, when a sample carries its
+// kernel chain, below the user frames), its calling context added to the ContextGraph and
+// counted in the interval's IntervalAggregator (session 0, continuous profiling), in a capture
+// session's own, or, for the context-switch session, in the off-CPU aggregator, weighted by
+// the nanoseconds until the thread ran again. Owns the per-thread unwinding state, the
+// per-target pc caches, the per-target unwinding counters and the aggregators; the targets
+// belong to TargetDiscovery, the kernel's symbols to the recorder's owner.
 //
 // Single-threaded: the agent's main loop. A sample of a known thread allocates nothing.
 #ifndef STRATA_AGENT_CORE_STACK_RECORDER_H_
@@ -19,6 +22,7 @@
 #include "agent/core/context_graph.h"
 #include "agent/core/interval_aggregator.h"
 #include "agent/core/targets.h"
+#include "agent/kernel/kernel_symbols.h"
 #include "agent/sources/stack_source.h"
 #include "common/unwind/incremental.h"
 #include "common/unwind/unwinder.h"
@@ -32,6 +36,10 @@ struct StackRecorderOptions {
   // reused frame from the new stack bytes, so stacks equal a full unwind; kBoundary checks
   // only the splice element; kOff unwinds every sample fully.
   unwind::VerifyMode unwind_verify = unwind::VerifyMode::kFull;
+  // Names kernel frames (borrowed; null: samples carry no kernel chains).
+  const kernel::KernelSymbols* kernel_symbols = nullptr;
+  // Off-CPU intervals shorter than this are not counted (StackRecorderStats::off_cpu_short).
+  uint64_t off_cpu_threshold_ns = 0;
 };
 
 struct StackRecorderStats {
@@ -43,6 +51,23 @@ struct StackRecorderStats {
   uint64_t frames_reused = 0;   // frames taken from the thread's previous sample
   uint64_t unwind_verify_failures = 0;
   uint64_t unwound_stacks = 0;  // stacks unwound in their process (part of `samples`)
+  uint64_t kernel_frames = 0;   // frames from kernel chains
+  uint64_t off_cpu_switches = 0;  // switch-outs of target threads (not part of `samples`)
+  uint64_t off_cpu_counted = 0;   // ... whose interval was counted
+  uint64_t off_cpu_short = 0;     // ... shorter than the threshold
+  uint64_t off_cpu_unpaired = 0;  // ... never followed by a switch-in (lost record, exit)
+  uint64_t off_cpu_ns = 0;        // off-CPU time counted
+};
+
+// How well one target's stacks unwound (v1::UnwindCounters without the target).
+struct UnwindCounts {
+  uint64_t stacks = 0;
+  uint64_t truncated = 0;
+  uint64_t verify_failures = 0;
+  uint64_t jit_frames_cfi = 0;
+  uint64_t jit_frames_fp = 0;
+  uint64_t lost = 0;
+  bool empty() const { return stacks == 0 && lost == 0; }
 };
 
 class StackRecorder final : public sources::StackSink {
@@ -61,6 +86,10 @@ class StackRecorder final : public sources::StackSink {
 
   // Continuous profiling's aggregator; full() once it reached its bound (ship early).
   IntervalAggregator& continuous() { return aggregator_; }
+  // Off-CPU time of the interval: counts are nanoseconds until BatchBuilder scales them.
+  IntervalAggregator& off_cpu() { return off_cpu_; }
+  // Unwinding counters per target ID since the last call (targets gone since included).
+  std::vector<std::pair<uint32_t, UnwindCounts>> TakeUnwindCounts();
   bool full() const { return full_; }
   void ClearFull() { full_ = false; }
   // Aggregators of capture sessions (not 0); samples of unknown sessions are not counted.
@@ -73,32 +102,51 @@ class StackRecorder final : public sources::StackSink {
  private:
   struct PathCache;
   struct Thread;
+  struct OffCpuThread;
   struct TargetState;
 
+  unwind::IncrementalOptions IncrementalOptions() const;
+
   TargetState& StateOf(const Target& target);
+  // A context-switch session's event: a switch-out sample starts the thread's off-CPU
+  // interval, its switch-in ends and counts it.
+  void OnSwitch(const Target& target, TargetState& state, const sampler::RawSample& sample);
   // Unwinds a perf sample into frames_ with the thread's incremental unwinder (or a full
   // unwind when verification is off).
+  // `thread`: the unwinding state to use (created on first use).
   unwind::UnwindResult Unwind(const Target& target, TargetState& state,
-                              const sampler::RawSample& sample, PathCache** paths,
-                              size_t* outer_kept);
+                              std::unique_ptr<Thread>& thread, const sampler::RawSample& sample,
+                              PathCache** paths, size_t* outer_kept);
   // Symbolizes an unwound stack (innermost first; frames[0].pc exact, the others return
-  // addresses), adds its context to the graph and counts it in session `session_id`.
+  // addresses) and adds its context to the graph.
   //
   // `cache` (optional): the thread's last recorded path; its `outer_kept` outermost frames
   // are the ones the incremental unwinder kept in place since then (SampleStats::outer_kept),
   // whose function nodes and edge IDs are taken from the cache instead of being symbolized
   // and looked up again.
-  void Record(const Target& target, TargetState& state, const unwind::Frame* frames,
-              size_t num_frames, bool truncated, uint32_t session_id, PathCache* cache,
-              size_t outer_kept);
+  // Returns the context's edges (valid until the next call), or null when it could not be
+  // added. `kernel_pcs`: the sample's kernel chain, innermost first, appended below the leaf.
+  const std::vector<encoding::EdgeId>* Record(const Target& target, TargetState& state,
+                                              const unwind::Frame* frames, size_t num_frames,
+                                              bool truncated, const uint64_t* kernel_pcs,
+                                              size_t kernel_depth, PathCache* cache,
+                                              size_t outer_kept);
+  void Count(const Target& target, uint32_t session_id,
+             const std::vector<encoding::EdgeId>& edges);
   encoding::PathFrame FrameFor(const Target& target, TargetState& state, uint64_t pc,
                                bool innermost);
+  encoding::PathFrame KernelFrameFor(uint64_t pc, bool innermost);
 
   const StackRecorderOptions options_;
   ContextGraph* const graph_;
   TargetDiscovery* const targets_;
   absl::flat_hash_map<pid_t, std::unique_ptr<TargetState>> states_;
   IntervalAggregator aggregator_;
+  IntervalAggregator off_cpu_;
+  // Kernel pc (already adjusted for return addresses) -> node; shared by all targets.
+  absl::flat_hash_map<uint64_t, encoding::NodeId> kernel_nodes_;
+  // Counters of targets forgotten since the last TakeUnwindCounts.
+  std::vector<std::pair<uint32_t, UnwindCounts>> retired_counts_;
   absl::flat_hash_map<uint32_t, std::unique_ptr<IntervalAggregator>> session_aggregators_;
   bool full_ = false;
   StackRecorderStats stats_;

@@ -17,18 +17,21 @@ constexpr size_t kMaxCpuRingBytes = 4 << 20;
 constexpr size_t kMaxRingBytes = 64 << 20;
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PerfSource>> PerfSource::Open(uint32_t frequency_hz,
-                                                              uint32_t stack_bytes,
-                                                              sampler::SamplingScope scope) {
+absl::StatusOr<std::unique_ptr<PerfSource>> PerfSource::Open(const PerfSourceOptions& options) {
   if (absl::Status probe = sampler::ProbePerfEvents(); !probe.ok()) return probe;
   auto sampler = sampler::PerfSampler::Create();
   if (!sampler.ok()) return sampler.status();
-  auto source = std::unique_ptr<PerfSource>(new PerfSource(std::move(*sampler), stack_bytes,
-                                                           scope));
+  auto source = std::unique_ptr<PerfSource>(new PerfSource(std::move(*sampler), options));
   if (auto st = source->sampler_->AddSession(source->SessionFor(kContinuousSession,
-                                                                frequency_hz));
+                                                                options.frequency_hz));
       !st.ok()) {
     return st;
+  }
+  if (options.off_cpu) {
+    if (auto st = source->sampler_->AddSession(source->SessionFor(kOffCpuSession, 0));
+        !st.ok()) {
+      return st;
+    }
   }
   return source;
 }
@@ -40,6 +43,17 @@ sampler::SessionOptions PerfSource::SessionFor(uint32_t session_id,
   session.scope = scope_;
   session.frequency_hz = frequency_hz;
   session.stack_bytes = stack_bytes_;
+  session.kernel_stacks = kernel_stacks_;
+  if (session_id == kOffCpuSession) {
+    // A thread blocking a thousand times a second switches out as often: wake per batch of
+    // switches, with room for a few batches. Per thread the rings stay small (one per thread).
+    session.event = sampler::SessionEvent::kContextSwitches;
+    session.frequency_hz = 1;  // unused by context-switch events
+    const uint32_t per_wakeup = scope_ == sampler::SamplingScope::kPerCpu ? 16 : 4;
+    session.ring_pages = sampler::RingPagesFor(stack_bytes_, kRingSamplesPerWakeup * per_wakeup);
+    session.wakeup_samples = per_wakeup;
+    return session;
+  }
   if (scope_ == sampler::SamplingScope::kPerCpu) {
     const uint32_t per_wakeup =
         std::clamp(frequency_hz / 2, kMinSamplesPerWakeup, kMaxSamplesPerWakeup);
@@ -59,10 +73,15 @@ sampler::SessionOptions PerfSource::SessionFor(uint32_t session_id,
 }
 
 absl::Status PerfSource::Attach(pid_t pid, const std::vector<pid_t>& threads) {
-  return sampler_->AttachProcess(kContinuousSession, pid, threads);
+  if (auto st = sampler_->AttachProcess(kContinuousSession, pid, threads); !st.ok()) return st;
+  if (!off_cpu_) return absl::OkStatus();
+  return sampler_->AttachProcess(kOffCpuSession, pid, threads);
 }
 
-void PerfSource::Detach(pid_t pid) { sampler_->DetachProcess(kContinuousSession, pid); }
+void PerfSource::Detach(pid_t pid) {
+  sampler_->DetachProcess(kContinuousSession, pid);
+  sampler_->DetachProcess(kOffCpuSession, pid);
+}
 
 void PerfSource::Remove(pid_t pid, StackSink& sink) {
   // Samples already in the ring still count: deliver them before the events close.

@@ -1,7 +1,8 @@
 // Stacks from perf events (agent/sampler): one sampling event per online CPU (filtered to the
 // targets) or one per target thread, whose samples carry the registers and a copy of the stack
 // for the agent to unwind. Besides continuous profiling (session 0) it runs sampling sessions
-// of their own rate over targets: the ad hoc captures, in the same scope.
+// of their own rate over targets: the ad hoc captures, in the same scope; and, for off-CPU
+// profiles, a context-switch session (kOffCpuSession) over the same targets.
 #ifndef STRATA_AGENT_SOURCES_PERF_SOURCE_H_
 #define STRATA_AGENT_SOURCES_PERF_SOURCE_H_
 
@@ -17,16 +18,26 @@
 
 namespace strata::agent::sources {
 
-// Session 0 is continuous profiling; the others are ad hoc captures.
+// Session 0 is continuous profiling, kOffCpuSession its off-CPU side; the others are ad hoc
+// captures.
 inline constexpr uint32_t kContinuousSession = 0;
+inline constexpr uint32_t kOffCpuSession = 0xffffffff;
+
+struct PerfSourceOptions {
+  uint32_t frequency_hz = 99;
+  uint32_t stack_bytes = 16 * 1024;
+  sampler::SamplingScope scope = sampler::SamplingScope::kPerThread;
+  // Kernel call chains on every sample (sampler::SessionOptions::kernel_stacks).
+  bool kernel_stacks = false;
+  // A context-switch session over the continuous session's targets.
+  bool off_cpu = false;
+};
 
 class PerfSource final : public StackSource {
  public:
   // Opens the sampler with its continuous session. The probe's error when this host cannot
   // use perf events (see sampler::ProbePerfEvents).
-  static absl::StatusOr<std::unique_ptr<PerfSource>> Open(uint32_t frequency_hz,
-                                                          uint32_t stack_bytes,
-                                                          sampler::SamplingScope scope);
+  static absl::StatusOr<std::unique_ptr<PerfSource>> Open(const PerfSourceOptions& options);
   sampler::SamplingScope scope() const { return scope_; }
 
   absl::Status Attach(pid_t pid, const std::vector<pid_t>& threads) override;
@@ -52,9 +63,12 @@ class PerfSource final : public StackSource {
   void StopSession(uint32_t session_id, StackSink& sink);
 
  private:
-  PerfSource(std::unique_ptr<sampler::PerfSampler> sampler, uint32_t stack_bytes,
-             sampler::SamplingScope scope)
-      : sampler_(std::move(sampler)), stack_bytes_(stack_bytes), scope_(scope) {}
+  PerfSource(std::unique_ptr<sampler::PerfSampler> sampler, const PerfSourceOptions& options)
+      : sampler_(std::move(sampler)),
+        stack_bytes_(options.stack_bytes),
+        scope_(options.scope),
+        kernel_stacks_(options.kernel_stacks),
+        off_cpu_(options.off_cpu) {}
 
   // A session's options: per CPU, rings sized to wake the agent about every quarter second of
   // a busy CPU's samples rather than every few samples.
@@ -63,6 +77,8 @@ class PerfSource final : public StackSource {
   std::unique_ptr<sampler::PerfSampler> sampler_;
   uint32_t stack_bytes_;
   sampler::SamplingScope scope_;
+  bool kernel_stacks_;
+  bool off_cpu_;
 };
 
 }  // namespace strata::agent::sources
