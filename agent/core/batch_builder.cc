@@ -4,6 +4,14 @@
 
 namespace strata::agent {
 
+uint64_t OffCpuPeriods(uint64_t ns, uint32_t frequency_hz, uint64_t random) {
+  const unsigned __int128 scaled = static_cast<unsigned __int128>(ns) * frequency_hz;
+  uint64_t whole = static_cast<uint64_t>(scaled / 1'000'000'000u);
+  const uint64_t fraction = static_cast<uint64_t>(scaled % 1'000'000'000u);
+  if (random < fraction) ++whole;
+  return std::min<uint64_t>(whole, UINT32_MAX);
+}
+
 v1::SampleBatch BatchBuilder::Start(const BatchWindow& window, uint64_t epoch,
                                     const TargetDiscovery& targets) {
   v1::SampleBatch batch;
@@ -43,13 +51,8 @@ absl::StatusOr<std::optional<v1::SampleBatch>> BatchBuilder::OffCpu(
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
   };
-  // ns * f / 1e9 in integers: whole periods, and the remainder out of 1e9 decides the round.
-  auto periods = [&](uint64_t ns) -> uint64_t {
-    const unsigned __int128 scaled = static_cast<unsigned __int128>(ns) * frequency_hz;
-    uint64_t whole = static_cast<uint64_t>(scaled / 1'000'000'000u);
-    const uint64_t fraction = static_cast<uint64_t>(scaled % 1'000'000'000u);
-    if (next_random() % 1'000'000'000u < fraction) ++whole;
-    return std::min<uint64_t>(whole, UINT32_MAX);
+  auto periods = [&](uint64_t ns) {
+    return OffCpuPeriods(ns, frequency_hz, next_random() % 1'000'000'000u);
   };
   absl::StatusOr<size_t> encoded = aggregator.EncodeScaledInto(**numbering, &batch, periods);
   if (!encoded.ok()) return encoded.status();

@@ -23,6 +23,10 @@ struct BatchWindow {
   uint64_t sequence = 0;  // only used when a batch is returned
 };
 
+// Off-CPU nanoseconds in sampling periods of `frequency_hz`: the whole periods, plus one more
+// when `random` (uniform below 1e9) falls under the fraction's share of 1e9; at most 2^32 - 1.
+uint64_t OffCpuPeriods(uint64_t ns, uint32_t frequency_hz, uint64_t random);
+
 class BatchBuilder {
  public:
   explicit BatchBuilder(ContextGraph* graph) : graph_(graph) {}

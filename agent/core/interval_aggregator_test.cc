@@ -4,6 +4,7 @@
 #include <random>
 #include <tuple>
 
+#include "agent/core/batch_builder.h"
 #include "agent/core/context_graph.h"
 #include "common/encoding/packed_contexts.h"
 #include "gtest/gtest.h"
@@ -57,6 +58,46 @@ TEST(IntervalAggregatorTest, CountsDistinctContextsAndEncodesThemOnce) {
     }
   }
   EXPECT_EQ(total, 8u);
+}
+
+TEST(IntervalAggregatorTest, ScaledEncodingLeavesOutContextsScaledToZero) {
+  ContextGraph graph(7);
+  const auto main = graph.NodeFor({"main", "/bin/app", "", 1});
+  const auto a = graph.NodeFor({"a", "/bin/app", "", 2});
+  const auto b = graph.NodeFor({"b", "/bin/app", "", 3});
+  auto ea = *graph.AddPath(std::vector<encoding::PathFrame>{{main, 10}, {a, 0}}, false);
+  auto eb = *graph.AddPath(std::vector<encoding::PathFrame>{{main, 11}, {b, 0}}, false);
+  IntervalAggregator agg;
+  agg.Add(1, ea, 2500);
+  agg.Add(1, eb, 999);
+  auto numbering = graph.CurrentNumbering();
+  ASSERT_TRUE(numbering.ok());
+  v1::SampleBatch batch;
+  absl::StatusOr<size_t> encoded =
+      agg.EncodeScaledInto(**numbering, &batch, [](uint64_t n) { return n / 1000; });
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  EXPECT_EQ(*encoded, 1u);
+  std::vector<encoding::ContextRecord> records = Unpack(batch);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].count, 2u);
+  EXPECT_TRUE(agg.empty());
+}
+
+TEST(OffCpuPeriodsTest, WholePeriodsAndAnUnbiasedRound) {
+  // 1 s at 99 Hz is 99 periods, whatever the random draw.
+  EXPECT_EQ(OffCpuPeriods(1'000'000'000, 99, 0), 99u);
+  EXPECT_EQ(OffCpuPeriods(1'000'000'000, 99, 999'999'999), 99u);
+  // 15 ms at 100 Hz is 1.5 periods: 2 when the draw is under half, else 1.
+  EXPECT_EQ(OffCpuPeriods(15'000'000, 100, 0), 2u);
+  EXPECT_EQ(OffCpuPeriods(15'000'000, 100, 499'999'999), 2u);
+  EXPECT_EQ(OffCpuPeriods(15'000'000, 100, 500'000'000), 1u);
+  EXPECT_EQ(OffCpuPeriods(~0ull, 10000, 0), UINT32_MAX);
+  // Many short intervals sum to their expected periods: 100,000 intervals of 3 ms at 99 Hz
+  // (0.297 periods each) give 29,700, within a few standard deviations (~145).
+  std::mt19937_64 random(42);
+  uint64_t sum = 0;
+  for (int i = 0; i < 100000; ++i) sum += OffCpuPeriods(3'000'000, 99, random() % 1'000'000'000);
+  EXPECT_NEAR(static_cast<double>(sum), 29700.0, 600.0);
 }
 
 TEST(IntervalAggregatorTest, ReportsTheBound) {

@@ -1,11 +1,14 @@
-// The recorder's steady state allocates nothing: real perf samples of a live child, recorded
-// once to warm the caches (threads, pcs, graph edges, contexts), then recorded again under a
-// counting allocator.
+// The recorder's steady state allocates nothing: real perf samples of a live child (with its
+// kernel chains where the kernel allows them), recorded once to warm the caches (threads, pcs,
+// kernel pcs, graph edges, contexts), then recorded again under a counting allocator; the
+// same samples replayed as an off-CPU session's switch-outs, each followed by its switch-in,
+// count exactly their off-CPU time, also without allocating.
 
 #include "agent/core/stack_recorder.h"
 
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +22,7 @@
 #include "agent/core/context_graph.h"
 #include "agent/core/targets.h"
 #include "agent/sampler/perf_sampler.h"
+#include "agent/sources/perf_source.h"
 #include "common/testing/counting_allocator.h"
 #include "gtest/gtest.h"
 
@@ -31,7 +35,10 @@ volatile uint64_t g_counter = 0;
   for (int i = 0; i < 1000; ++i) g_counter = g_counter + 1;
 }
 [[gnu::noinline]] void Middle() {
-  for (int i = 0; i < 100; ++i) Leaf();
+  for (int i = 0; i < 100; ++i) {
+    Leaf();
+    syscall(SYS_getppid);  // some samples in the kernel, for kernel chains
+  }
 }
 [[noreturn, gnu::noinline]] void Outer(int ready_fd) {
   char byte = 'r';
@@ -42,6 +49,7 @@ volatile uint64_t g_counter = 0;
 struct CopiedSample {
   sampler::RawSample sample;
   std::vector<uint8_t> stack;
+  std::vector<uint64_t> kernel_pcs;
 };
 
 TEST(StackRecorderTest, SteadyStateSampleAllocatesNothing) {
@@ -73,6 +81,11 @@ TEST(StackRecorderTest, SteadyStateSampleAllocatesNothing) {
   ASSERT_TRUE(perf.ok()) << perf.status();
   sampler::SessionOptions session;
   session.frequency_hz = 999;
+  const bool kernel_stacks =
+      sampler::ProbeKernelEvents(session.scope, sampler::SessionEvent::kCpuClock).ok();
+  session.kernel_stacks = kernel_stacks;
+  std::unique_ptr<kernel::KernelSymbols> kernel_symbols;
+  if (kernel_stacks) kernel_symbols = kernel::KernelSymbols::Load().value_or(nullptr);
   ASSERT_TRUE((*perf)->AddSession(session).ok());
   ASSERT_TRUE((*perf)->AttachProcess(0, child, {child}).ok());
   std::vector<CopiedSample> samples;
@@ -80,12 +93,16 @@ TEST(StackRecorderTest, SteadyStateSampleAllocatesNothing) {
   while (samples.size() < 300 && absl::Now() < deadline) {
     ASSERT_TRUE((*perf)->Wait(absl::Milliseconds(100)).ok());
     (*perf)->Drain([&](const sampler::RawSample& s) {
-      CopiedSample copy{s, std::vector<uint8_t>(s.stack, s.stack + s.stack_size)};
+      CopiedSample copy{s, std::vector<uint8_t>(s.stack, s.stack + s.stack_size),
+                        std::vector<uint64_t>(s.kernel_pcs, s.kernel_pcs + s.kernel_depth)};
       samples.push_back(std::move(copy));
     });
   }
   ASSERT_GE(samples.size(), 300u) << "the child got too little CPU";
-  for (CopiedSample& s : samples) s.sample.stack = s.stack.data();
+  for (CopiedSample& s : samples) {
+    s.sample.stack = s.stack.data();
+    s.sample.kernel_pcs = s.kernel_pcs.data();
+  }
 
   DiscoveryOptions options;
   options.pids = {child};
@@ -97,7 +114,7 @@ TEST(StackRecorderTest, SteadyStateSampleAllocatesNothing) {
   (*discovery)->Insert((*discovery)->NewTarget(changes->added[0], nullptr));
 
   ContextGraph graph(1);
-  StackRecorder recorder({}, &graph, discovery->get());
+  StackRecorder recorder({.kernel_symbols = kernel_symbols.get()}, &graph, discovery->get());
   for (const CopiedSample& s : samples) recorder.OnSample(s.sample);  // warms every cache
   const StackRecorderStats warm = recorder.stats();
   ASSERT_EQ(warm.samples, samples.size());
@@ -116,6 +133,35 @@ TEST(StackRecorderTest, SteadyStateSampleAllocatesNothing) {
   EXPECT_EQ(recorder.stats().samples, 4 * samples.size());
   EXPECT_EQ(recorder.stats().unwind_verify_failures, 0u);
   EXPECT_EQ(recorder.continuous().samples(), 4 * samples.size());
+
+  // The same stacks as switch-outs, each ended by a switch-in 1 ms later.
+  auto replay_off_cpu = [&] {
+    for (const CopiedSample& s : samples) {
+      sampler::RawSample out = s.sample;
+      out.session_id = sources::kOffCpuSession;
+      recorder.OnSample(out);
+      sampler::RawSample in;
+      in.kind = sampler::RawEventKind::kSwitchIn;
+      in.session_id = sources::kOffCpuSession;
+      in.pid = s.sample.pid;
+      in.tid = s.sample.tid;
+      in.time_ns = s.sample.time_ns + 1'000'000;
+      recorder.OnSample(in);
+    }
+  };
+  replay_off_cpu();  // warms the off-CPU unwinders
+  const uint64_t off_before = strata::testing::AllocationCount();
+  replay_off_cpu();
+  EXPECT_EQ(strata::testing::AllocationCount() - off_before, 0u);
+  EXPECT_EQ(recorder.off_cpu().samples(), 2 * samples.size() * 1'000'000);
+  EXPECT_EQ(recorder.stats().off_cpu_counted, 2 * samples.size());
+  EXPECT_EQ(recorder.stats().off_cpu_unpaired, 0u);
+  EXPECT_EQ(recorder.stats().samples, 4 * samples.size());  // switch-outs are not CPU samples
+  if (kernel_stacks) {
+    size_t with_chain = 0;
+    for (const CopiedSample& s : samples) with_chain += !s.kernel_pcs.empty();
+    EXPECT_GT(recorder.stats().kernel_frames, 0u) << with_chain << " samples had a kernel chain";
+  }
 }
 
 }  // namespace
