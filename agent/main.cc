@@ -369,6 +369,9 @@ int Run(int argc, char** argv) {
       profiler->get(), &shipper, &captures);
   loop.Run(g_stop);
   LogSamplingSummary((*profiler)->stats(), flags.unwind_verify);
+  const strata::agent::ShippedBatches& shipped = loop.shipped();
+  spdlog::info("batches: {} cpu ({} bytes), {} off-cpu ({} bytes)", shipped.cpu_batches,
+               shipped.cpu_bytes, shipped.off_cpu_batches, shipped.off_cpu_bytes);
   FlushAndStop(shipper, *opened->spool,
                absl::Milliseconds(static_cast<int64_t>(flags.flush_timeout_s * 1000)));
   return 0;

@@ -31,6 +31,8 @@ void IntervalLoop::ShipWindow(absl::Time end) {
     spdlog::error("building batch: {}", batch.status().ToString());
   } else if (batch->has_value()) {
     ++sequence_;
+    ++shipped_.cpu_batches;
+    shipped_.cpu_bytes += (*batch)->ByteSizeLong();
     shipper_->Enqueue(std::move(**batch));
   }
   auto off_cpu = profiler_->TakeOffCpuBatch(absl::ToUnixMillis(start), absl::ToUnixMillis(end),
@@ -39,6 +41,8 @@ void IntervalLoop::ShipWindow(absl::Time end) {
     spdlog::error("building off-CPU batch: {}", off_cpu.status().ToString());
   } else if (off_cpu->has_value()) {
     ++sequence_;
+    ++shipped_.off_cpu_batches;
+    shipped_.off_cpu_bytes += (*off_cpu)->ByteSizeLong();
     shipper_->Enqueue(std::move(**off_cpu));
   }
   window_start_ = end;

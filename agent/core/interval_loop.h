@@ -20,6 +20,14 @@
 
 namespace strata::agent {
 
+// What the loop shipped, by profile type: batches and their encoded bytes.
+struct ShippedBatches {
+  uint64_t cpu_batches = 0;
+  uint64_t cpu_bytes = 0;
+  uint64_t off_cpu_batches = 0;
+  uint64_t off_cpu_bytes = 0;
+};
+
 class IntervalLoop {
  public:
   // `last_sequence`: the last batch sequence number used (a resumed agent numbers on).
@@ -28,6 +36,8 @@ class IntervalLoop {
 
   // Runs until `stop` is set, then ends the captures and ships the last window.
   void Run(const std::atomic<bool>& stop);
+
+  const ShippedBatches& shipped() const { return shipped_; }
 
  private:
   void PlanWindow(absl::Time now);
@@ -42,6 +52,7 @@ class IntervalLoop {
   absl::Time window_end_;
   std::chrono::steady_clock::time_point window_deadline_;
   uint64_t targets_generation_ = ~uint64_t{0};  // of the targets last handed to the shipper
+  ShippedBatches shipped_;
 };
 
 }  // namespace strata::agent
