@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/base/frame_kind.h"
 
 namespace strata::agent::symbols {
 namespace {
@@ -21,6 +22,12 @@ std::string BaseName(const std::string& path) {
 }
 
 constexpr uint64_t kMaxVdsoBytes = 1 << 20;
+
+// Executable memory no file backs: what JIT compilers generate code into. (The kernel's
+// [vdso], [vsyscall] and [uprobes] are named otherwise.)
+bool IsAnonymousCode(const MappingInfo& m) {
+  return m.path.empty() || m.path.starts_with("[anon:");
+}
 
 }  // namespace
 
@@ -83,12 +90,24 @@ absl::StatusOr<std::shared_ptr<const Module>> ProcessAddressSpace::OpenModule(co
 
 absl::Status ProcessAddressSpace::Refresh(const std::vector<MappingInfo>& mappings) {
   std::vector<Region> regions;
+  std::vector<JitRegion> jit_regions;
   failed_modules_ = 0;
   absl::Status first_error;
   for (const MappingInfo& m : mappings) {
-    if (!m.exec || m.path.empty() || (m.path[0] != '/' && m.path != "[vdso]")) continue;
+    if (!m.exec) continue;
+    if (IsAnonymousCode(m)) {
+      jit_regions.push_back({m.start, m.end});
+      continue;
+    }
+    if (m.path[0] != '/' && m.path != "[vdso]") continue;
     absl::StatusOr<std::shared_ptr<const Module>> module = OpenModule(m);
     if (!module.ok()) {
+      // Code in a memory file that is no ELF image: JIT code mapped twice (writable and
+      // executable), as .NET does.
+      if (m.path.starts_with("/memfd:")) {
+        jit_regions.push_back({m.start, m.end});
+        continue;
+      }
       ++failed_modules_;
       if (first_error.ok()) first_error = module.status();
       continue;
@@ -104,6 +123,10 @@ absl::Status ProcessAddressSpace::Refresh(const std::vector<MappingInfo>& mappin
   }
   std::sort(regions.begin(), regions.end(), [](const Region& a, const Region& b) { return a.start < b.start; });
   regions_ = std::move(regions);
+  std::sort(jit_regions.begin(), jit_regions.end(),
+            [](const JitRegion& a, const JitRegion& b) { return a.start < b.start; });
+  jit_regions_ = std::move(jit_regions);
+  if (!jit_regions_.empty()) UpdatePerfMap(/*retry=*/false);
   if (regions_.empty() && !first_error.ok()) return first_error;
   return absl::OkStatus();
 }
@@ -122,6 +145,32 @@ const ProcessAddressSpace::Region* ProcessAddressSpace::Find(uint64_t pc) const 
   return pc < it->end ? &*it : nullptr;
 }
 
+const ProcessAddressSpace::JitRegion* ProcessAddressSpace::FindJit(uint64_t pc) const {
+  auto it = std::upper_bound(jit_regions_.begin(), jit_regions_.end(), pc,
+                             [](uint64_t v, const JitRegion& r) { return v < r.start; });
+  if (it == jit_regions_.begin()) return nullptr;
+  --it;
+  return pc < it->end ? &*it : nullptr;
+}
+
+void ProcessAddressSpace::SetPerfMap(std::string open_path, std::string map_path) {
+  perf_map_paths_ = PerfMapPaths{std::move(open_path), std::move(map_path)};
+  perf_map_.reset();
+}
+
+void ProcessAddressSpace::UpdatePerfMap(bool retry) const {
+  const auto now = std::chrono::steady_clock::now();
+  if (retry && perf_map_ != nullptr && now - perf_map_read_at_ < kPerfMapRetry) return;
+  perf_map_read_at_ = now;
+  if (perf_map_ == nullptr) {
+    PerfMapPaths paths = perf_map_paths_ ? *perf_map_paths_ : PerfMapPathsOf(pid_);
+    perf_map_ = std::make_unique<PerfMapFile>(std::move(paths.open_path),
+                                              std::move(paths.map_path));
+  }
+  // No file is the common case (a runtime not asked to write one): the frames stay "[jit]".
+  perf_map_->Update().IgnoreError();
+}
+
 const Module* ProcessAddressSpace::ModuleAt(uint64_t pc, uint64_t* module_pc) const {
   const Region* r = Find(pc);
   if (r == nullptr) return nullptr;
@@ -138,10 +187,38 @@ bool ProcessAddressSpace::Lookup(uint64_t pc, const unwind::RuleSource** rules,
   return true;
 }
 
+bool ProcessAddressSpace::LookupJit(uint64_t pc, const unwind::RuleSource** rules,
+                                    uint64_t* module_pc) const {
+  if (FindJit(pc) == nullptr) return false;
+  *rules = nullptr;
+  *module_pc = pc;
+  return true;
+}
+
 SymbolizedPc ProcessAddressSpace::Symbolize(uint64_t pc) const {
   SymbolizedPc out;
   uint64_t module_pc = 0;
   const Module* module = ModuleAt(pc, &module_pc);
+  if (module == nullptr && FindJit(pc) != nullptr) {
+    out.module_pc = pc;
+    PerfMap::Symbol symbol;
+    bool found = perf_map_ != nullptr && perf_map_->map().Lookup(pc, &symbol);
+    if (!found) {  // code newer than the last read
+      UpdatePerfMap(/*retry=*/true);
+      found = perf_map_->map().Lookup(pc, &symbol);
+    }
+    if (found) {
+      out.module_path = base::JitModuleName(perf_map_->map_path());
+      out.function_name = std::string(symbol.name);
+      out.function_start = symbol.start;
+      out.known_function = true;
+    } else {
+      out.module_path = base::JitModuleName("");
+      out.function_name = absl::StrFormat("%s+0x%x", base::kJitModule, pc);
+      out.function_start = pc;
+    }
+    return out;
+  }
   if (module == nullptr) {
     out.function_name = absl::StrFormat("[unknown]+0x%x", pc);
     out.function_start = pc;

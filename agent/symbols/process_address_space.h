@@ -1,6 +1,7 @@
 // agent/symbols (strata::agent::symbols): modules with their symbols and unwind rules
-// (module_cache.h) and each target's address space over them (this header). The agent's
-// TargetDiscovery (agent/core) owns the cache and the address spaces.
+// (module_cache.h), the perf maps naming JIT code (perf_map.h) and each target's address space
+// over them (this header). The agent's TargetDiscovery (agent/core) owns the cache and the
+// address spaces.
 //
 // One target process's view of its modules: which module (and which of its unwind rules and
 // symbols) covers each executable mapping. Implements unwind::AddressSpace for the unwinder
@@ -8,19 +9,32 @@
 // graph. Refresh() re-reads the mapping list after dlopen/dlclose; modules come from a shared
 // ModuleCache, so refreshing only opens files that are new.
 //
+// JIT code: anonymous executable mappings (no path, "[anon:NAME]", or a "/memfd:" file that
+// is no ELF image, as .NET double-maps its code) are JIT regions. They have no module:
+// Lookup() places their pcs in none and LookupJit() reports them, so the unwinder steps out
+// of them by frame pointers. Their functions are named from the process's perf map
+// (perf_map.h), read when there are JIT regions, again on every Refresh() that finds the file
+// changed (only the appended bytes), and on a pc the map does not cover yet (at most every
+// kPerfMapRetry). A JIT pc symbolizes to module "[jit:/tmp/perf-N.map]" with the entry's name
+// and start (module_pc and function_start are absolute addresses: there is no file), or to
+// "[jit]" and "[jit]+0xPC" when no entry covers it.
+//
 // Not thread-safe: Refresh() must not run concurrently with Lookup()/Symbolize().
 #ifndef STRATA_AGENT_SYMBOLS_PROCESS_ADDRESS_SPACE_H_
 #define STRATA_AGENT_SYMBOLS_PROCESS_ADDRESS_SPACE_H_
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "agent/symbols/module_cache.h"
+#include "agent/symbols/perf_map.h"
 #include "common/unwind/unwinder.h"
 
 namespace strata::agent::symbols {
@@ -44,6 +58,7 @@ struct SymbolizedPc {
   uint64_t module_pc = 0;     // ELF vaddr of pc in the module
   uint64_t function_start = 0;  // ELF vaddr of the function start (module-relative)
   std::string function_name;  // demangled; "target@plt" for PLT stubs; "module+0x..." unknown
+                              // JIT code: the perf map's name, or "[jit]+0x..." unknown
   bool known_function = false;
   bool is_plt = false;
 };
@@ -61,13 +76,24 @@ class ProcessAddressSpace final : public unwind::AddressSpace {
 
   bool Lookup(uint64_t pc, const unwind::RuleSource** rules,
               uint64_t* module_pc) const override;
+  // JIT regions: no rules (null), module_pc = pc.
+  bool LookupJit(uint64_t pc, const unwind::RuleSource** rules,
+                 uint64_t* module_pc) const override;
   SymbolizedPc Symbolize(uint64_t pc) const;
+
+  // Where the perf map is read (`open_path`) and the path that names its module (`map_path`,
+  // as the process wrote it). Default: PerfMapPathsOf(pid). Takes effect at the next Refresh().
+  void SetPerfMap(std::string open_path, std::string map_path);
+  static constexpr std::chrono::milliseconds kPerfMapRetry{200};
 
   // The module mapped at `pc` and the pc's ELF vaddr, or null.
   const Module* ModuleAt(uint64_t pc, uint64_t* module_pc) const;
 
   size_t num_modules() const { return regions_.size(); }
   size_t failed_modules() const { return failed_modules_; }
+  size_t num_jit_regions() const { return jit_regions_.size(); }
+  // The perf map read so far (null before the first JIT region).
+  const PerfMap* perf_map() const { return perf_map_ ? &perf_map_->map() : nullptr; }
 
  private:
   struct Region {
@@ -76,13 +102,26 @@ class ProcessAddressSpace final : public unwind::AddressSpace {
     int64_t bias;  // module_pc = pc - bias
     std::shared_ptr<const Module> module;
   };
+  struct JitRegion {
+    uint64_t start;
+    uint64_t end;
+  };
   const Region* Find(uint64_t pc) const;
+  const JitRegion* FindJit(uint64_t pc) const;
   absl::StatusOr<std::shared_ptr<const Module>> OpenModule(const MappingInfo& m);
+  // Reads what the perf map gained; with `retry`, only if kPerfMapRetry has passed since the
+  // last read.
+  void UpdatePerfMap(bool retry) const;
 
   pid_t pid_;
   ModuleCache* cache_;
   std::vector<Region> regions_;  // sorted by start, non-overlapping
+  std::vector<JitRegion> jit_regions_;  // sorted by start, non-overlapping
   size_t failed_modules_ = 0;
+  std::optional<PerfMapPaths> perf_map_paths_;  // PerfMapPathsOf(pid_) unless set
+  // Read lazily and from the const Symbolize(): a cache of the file, not the space's state.
+  mutable std::unique_ptr<PerfMapFile> perf_map_;
+  mutable std::chrono::steady_clock::time_point perf_map_read_at_{};
 };
 
 }  // namespace strata::agent::symbols

@@ -1,10 +1,20 @@
 #include <dlfcn.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <string>
+#include <thread>
 
 #include "agent/symbols/process_address_space.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/base/frame_kind.h"
 #include "common/unwind/unwind_test_chain.h"
 #include "common/unwind/unwinder.h"
 #include "gtest/gtest.h"
@@ -124,6 +134,224 @@ TEST(SymbolsTest, UnwindsAndSymbolizesOwnStack) {
   EXPECT_NE(names[5].find("CaptureChainNoFp"), std::string::npos) << names[5];
   EXPECT_NE(std::find(names.begin(), names.end(), "main"), names.end());
   EXPECT_EQ(names.back(), "_start");
+}
+
+// ---------------------------------------------------------------------------- JIT code
+
+// Machine code generated at run time into anonymous executable memory, the way a JIT compiler
+// does: a frame-pointer frame that calls its first argument with its second,
+//   push rbp; mov rbp, rsp; mov rax, rdi; mov rdi, rsi; call rax; pop rbp; ret
+// with a second copy right after it (another "function" for the perf map).
+class JitCode {
+ public:
+  using Fn = void (*)(void (*)(void*), void*);
+  static constexpr size_t kSize = 4096;
+  static constexpr size_t kSecond = 64;  // offset of the second copy
+
+  JitCode() {
+    void* p = mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return;
+    static const uint8_t kCode[] = {0x55, 0x48, 0x89, 0xe5, 0x48, 0x89, 0xf8, 0x48,
+                                    0x89, 0xf7, 0xff, 0xd0, 0x5d, 0xc3};
+    std::memset(p, 0xcc, kSize);
+    std::memcpy(p, kCode, sizeof kCode);
+    std::memcpy(static_cast<uint8_t*>(p) + kSecond, kCode, sizeof kCode);
+    if (mprotect(p, kSize, PROT_READ | PROT_EXEC) != 0) {
+      munmap(p, kSize);
+      return;
+    }
+    base_ = static_cast<uint8_t*>(p);
+  }
+  ~JitCode() {
+    if (base_ != nullptr) munmap(base_, kSize);
+  }
+  bool ok() const { return base_ != nullptr; }
+  uint64_t start() const { return Addr(base_); }
+  Fn first() const { return reinterpret_cast<Fn>(base_); }
+  Fn second() const { return reinterpret_cast<Fn>(base_ + kSecond); }
+
+ private:
+  uint8_t* base_ = nullptr;
+};
+
+class JitSymbolsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(code_.ok()) << "cannot map executable memory";
+    char dir[] = "/tmp/strata_symbols_jit.XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    map_ = dir_ + "/perf-42.map";
+  }
+  void TearDown() override {
+    std::remove(map_.c_str());
+    rmdir(dir_.c_str());
+  }
+  void AppendMap(const std::string& text) {
+    std::ofstream out(map_, std::ios::app | std::ios::binary);
+    out << text;
+  }
+  JitCode code_;
+  std::string dir_, map_;
+};
+
+TEST_F(JitSymbolsTest, AnonymousCodeIsJitNamedFromThePerfMap) {
+  ModuleCache cache;
+  ProcessAddressSpace space(getpid(), &cache);
+  space.SetPerfMap(map_, "/tmp/perf-42.map");
+  AppendMap(absl::StrFormat("%x 40 JS:*strataFirst /app/a.js:1:1\n", code_.start()));
+  ASSERT_TRUE(space.Refresh().ok());
+  EXPECT_GE(space.num_jit_regions(), 1u);
+
+  const uint64_t pc = code_.start() + 10;
+  const unwind::RuleSource* rules = nullptr;
+  uint64_t module_pc = 0;
+  EXPECT_FALSE(space.Lookup(pc, &rules, &module_pc)) << "JIT code is in no module";
+  ASSERT_TRUE(space.LookupJit(pc, &rules, &module_pc));
+  EXPECT_EQ(rules, nullptr);
+  EXPECT_EQ(module_pc, pc);
+
+  SymbolizedPc s = space.Symbolize(pc);
+  EXPECT_EQ(s.function_name, "JS:*strataFirst /app/a.js:1:1");
+  EXPECT_EQ(s.module_path, "[jit:/tmp/perf-42.map]");
+  EXPECT_EQ(base::FrameKindOf(s.module_path), base::FrameKind::kJit);
+  EXPECT_TRUE(s.known_function);
+  EXPECT_EQ(s.function_start, code_.start());
+  EXPECT_EQ(s.module_pc, pc);
+  EXPECT_TRUE(s.build_id.empty());
+
+  // No entry covers the second copy yet: unknown JIT code.
+  const uint64_t second = code_.start() + JitCode::kSecond + 4;
+  s = space.Symbolize(second);
+  EXPECT_EQ(s.module_path, "[jit]");
+  EXPECT_EQ(s.function_name, absl::StrFormat("[jit]+0x%x", second));
+  EXPECT_FALSE(s.known_function);
+  EXPECT_EQ(s.function_start, second);
+
+  // The runtime appends; the next Refresh reads the new line.
+  AppendMap(absl::StrFormat("%x 20 JS:*strataSecond /app/a.js:9:1\n",
+                            code_.start() + JitCode::kSecond));
+  ASSERT_TRUE(space.Refresh().ok());
+  s = space.Symbolize(second);
+  EXPECT_EQ(s.function_name, "JS:*strataSecond /app/a.js:9:1");
+  EXPECT_EQ(s.function_start, code_.start() + JitCode::kSecond);
+
+  // And so does a pc the map does not cover yet, without a Refresh (rate-limited).
+  AppendMap(absl::StrFormat("0x%x 0x10 JS:~strataThird /app/a.js:20:1\n",
+                            code_.start() + 0x200));
+  std::this_thread::sleep_for(ProcessAddressSpace::kPerfMapRetry + std::chrono::milliseconds(50));
+  s = space.Symbolize(code_.start() + 0x208);
+  EXPECT_EQ(s.function_name, "JS:~strataThird /app/a.js:20:1");
+  // Code memory reused: the later entry wins.
+  AppendMap(absl::StrFormat("%x 40 JS:*strataReused /app/b.js:1:1\n", code_.start()));
+  ASSERT_TRUE(space.Refresh().ok());
+  EXPECT_EQ(space.Symbolize(pc).function_name, "JS:*strataReused /app/b.js:1:1");
+
+  // The kernel's code pages are not JIT code.
+  auto maps = ReadProcMaps(getpid());
+  ASSERT_TRUE(maps.ok());
+  for (const MappingInfo& m : *maps) {
+    if (m.path != "[vdso]" && m.path != "[vsyscall]") continue;
+    EXPECT_FALSE(space.LookupJit(m.start, &rules, &module_pc)) << m.path;
+    if (m.path == "[vdso]") {
+      EXPECT_EQ(space.Symbolize(m.start + 16).module_path, "[vdso]");
+    }
+  }
+}
+
+TEST_F(JitSymbolsTest, WithoutPerfMapJitCodeIsUnknownJit) {
+  ModuleCache cache;
+  ProcessAddressSpace space(getpid(), &cache);
+  space.SetPerfMap(map_, "/tmp/perf-42.map");  // never written
+  ASSERT_TRUE(space.Refresh().ok());
+  SymbolizedPc s = space.Symbolize(code_.start());
+  EXPECT_EQ(s.module_path, base::JitModuleName(""));
+  EXPECT_EQ(s.function_name, absl::StrFormat("[jit]+0x%x", code_.start()));
+  EXPECT_FALSE(s.known_function);
+}
+
+TEST(SymbolsMappingTest, WhichMappingsAreJitRegions) {
+  ModuleCache cache;
+  ProcessAddressSpace space(getpid(), &cache);
+  space.SetPerfMap("/nonexistent/perf.map", "/tmp/perf-1.map");
+  std::vector<MappingInfo> maps = {
+      {0x10000, 0x11000, 0, true, 0, ""},
+      {0x20000, 0x21000, 0, true, 0, "[anon:v8 code]"},
+      {0x30000, 0x31000, 0, false, 0, ""},  // data
+      {0x40000, 0x41000, 0, true, 0, "[vsyscall]"},
+      {0x50000, 0x51000, 0, true, 0, "[uprobes]"},
+      {0x60000, 0x61000, 0, true, 0, "[heap]"},
+  };
+  EXPECT_TRUE(space.Refresh(maps).ok());
+  EXPECT_EQ(space.num_jit_regions(), 2u);
+  const unwind::RuleSource* rules = nullptr;
+  uint64_t module_pc = 0;
+  EXPECT_TRUE(space.LookupJit(0x10000, &rules, &module_pc));
+  EXPECT_TRUE(space.LookupJit(0x20fff, &rules, &module_pc));
+  EXPECT_FALSE(space.LookupJit(0x21000, &rules, &module_pc));
+  for (uint64_t pc : {0x30000u, 0x40000u, 0x50000u, 0x60000u, 0xfffu}) {
+    EXPECT_FALSE(space.LookupJit(pc, &rules, &module_pc)) << pc;
+  }
+  EXPECT_EQ(space.Symbolize(0x40000).module_path, "");
+}
+
+// The stack a sampler sees inside a callback called from JIT code: CFI-described frames,
+// the JIT frame (no CFI: frame pointers), and the test's frames again beyond it, up to _start.
+struct JitCapture {
+  unwind::testing::CapturedStack stack;
+};
+
+__attribute__((noinline)) void CaptureFromJit(void* arg) {
+  const int v = unwind::testing::CaptureChainNoFp(2, &static_cast<JitCapture*>(arg)->stack);
+  asm volatile("" : : "r"(v) : "memory");  // not a tail call: this frame stays on the stack
+}
+
+TEST_F(JitSymbolsTest, UnwindsThroughJitCodeByFramePointers) {
+  AppendMap(absl::StrFormat("%x 40 JS:*strataTrampoline /app/a.js:3:1\n", code_.start()));
+  JitCapture cap;
+  code_.first()(&CaptureFromJit, &cap);
+  ModuleCache cache;
+  ProcessAddressSpace space(getpid(), &cache);
+  space.SetPerfMap(map_, "/tmp/perf-42.map");
+  ASSERT_TRUE(space.Refresh().ok());
+  for (bool fallback : {true, false}) {
+    unwind::UnwindOptions options;
+    options.frame_pointer_fallback = fallback;  // JIT frames are left by frame pointers anyway
+    unwind::Frame frames[128];
+    unwind::UnwindResult r =
+        unwind::Unwind(options, cap.stack.regs, cap.stack.snapshot(), space, frames, 128);
+    EXPECT_EQ(r.stop, unwind::StopReason::kOutermost) << unwind::StopReasonName(r.stop);
+    EXPECT_EQ(r.jit_frames_fp, 1u);
+    EXPECT_EQ(r.jit_frames_cfi, 0u);
+    std::vector<std::string> names;
+    for (size_t i = 0; i < r.num_frames; ++i) {
+      names.push_back(space.Symbolize(i == 0 ? frames[i].pc : frames[i].pc - 1).function_name);
+    }
+    auto at = [&](std::string_view what) {
+      return std::find_if(names.begin(), names.end(),
+                          [&](const std::string& n) { return n.find(what) != std::string::npos; }) -
+             names.begin();
+    };
+    const auto jit = at("strataTrampoline");
+    ASSERT_LT(static_cast<size_t>(jit), names.size()) << absl::StrJoin(names, "\n");
+    EXPECT_EQ(at("CaptureFromJit"), jit - 1);
+    EXPECT_LT(at("JitSymbolsTest_UnwindsThroughJitCodeByFramePointers"), names.size());
+    EXPECT_GT(at("JitSymbolsTest_UnwindsThroughJitCodeByFramePointers"), jit);
+    EXPECT_NE(std::find(names.begin(), names.end(), "main"), names.end());
+    EXPECT_EQ(names.back(), "_start");
+  }
+  // Without knowing the JIT region (an address space of modules only), the walk ends there.
+  struct ModulesOnly final : unwind::AddressSpace {
+    const ProcessAddressSpace* space;
+    bool Lookup(uint64_t pc, const unwind::RuleSource** rules, uint64_t* module_pc) const override {
+      return space->Lookup(pc, rules, module_pc);
+    }
+  } modules_only;
+  modules_only.space = &space;
+  unwind::Frame frames[128];
+  unwind::UnwindResult r = unwind::Unwind({}, cap.stack.regs, cap.stack.snapshot(), modules_only,
+                                          frames, 128);
+  EXPECT_EQ(r.stop, unwind::StopReason::kBadReturnAddress);
 }
 
 TEST(SymbolsTest, ReadProcMapsParsesSelf) {

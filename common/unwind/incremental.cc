@@ -34,6 +34,8 @@ void IncrementalTotals::Add(const SampleStats& s) {
   frames_verified += s.frames_verified;
   frames_beyond_copy += s.frames_beyond_copy;
   frames_rederived += s.frames_rederived;
+  jit_frames_cfi += s.jit_frames_cfi;
+  jit_frames_fp += s.jit_frames_fp;
   splices += s.spliced;
   verify_failures += s.verify_failed;
   invalidations += s.invalidated;
@@ -78,6 +80,8 @@ UnwindResult IncrementalUnwinder::Unwind(const SampleInput& in, const AddressSpa
     if (in.stack_end_known) cached_stack_end_ = stack_end;
     result = UnwindAndCache(in, space, frames, limit, s);
   }
+  s->jit_frames_cfi = result.jit_frames_cfi;
+  s->jit_frames_fp = result.jit_frames_fp;
   totals_.Add(*s);
   return result;
 }

@@ -41,6 +41,11 @@
 // stack held a signal frame the new sample is unwound in full, and a signal frame's step is
 // never a splice point (the reasons are at the walk in incremental.cc).
 //
+// JIT frames (AddressSpace::LookupJit) without rules are left by the frame-pointer row, an
+// fp-based row like that of any frame-pointer code: their elements cache it, and full
+// verification re-derives them when the fp they were stepped with changed, as for any
+// fp-based row. A JIT region mapped or unmapped is a mappings change like dlopen/dlclose.
+//
 // Invalidation: a different mappings epoch (dlopen/dlclose/exec: the owner passes a counter it
 // bumps whenever the process's AddressSpace changes), a change of the stack range (see
 // SampleInput::stack_end_known), and Invalidate() (owner: on exec, on thread exit; or simply
@@ -99,6 +104,11 @@ struct SampleStats {
   // beyond them). Per-frame data an owner keeps outer-first alongside the frames (function
   // nodes, edge IDs of the path prefix) stays valid for these; 0 after any other change.
   uint32_t outer_kept = 0;
+  // Of the frames_unwound, those in JIT code (AddressSpace::LookupJit), by how they were left:
+  // with rules describing the JIT code, or by frame pointers. Reused frames are not counted
+  // again (they were when found).
+  uint32_t jit_frames_cfi = 0;
+  uint32_t jit_frames_fp = 0;
   bool spliced = false;             // a cached element matched
   bool verify_failed = false;       // kFull found a changed element after the splice point
   bool invalidated = false;         // the cache was dropped (epoch / stack range change)
@@ -111,6 +121,8 @@ struct IncrementalTotals {
   uint64_t frames_verified = 0;
   uint64_t frames_beyond_copy = 0;
   uint64_t frames_rederived = 0;
+  uint64_t jit_frames_cfi = 0;
+  uint64_t jit_frames_fp = 0;
   uint64_t splices = 0;
   uint64_t verify_failures = 0;
   uint64_t invalidations = 0;

@@ -3,6 +3,7 @@
 // in memory like on a real stack) and over real captured stacks of this process.
 #include "common/unwind/incremental.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 #include <random>
@@ -560,6 +561,228 @@ TEST(IncrementalFpTest, ChangedFpUnderFpBasedFrameIsVerified) {
       ExpectSameFrames(want, w, got, g, "restored");
     }
   }
+}
+
+// ---------------------------------------------------------------------------- jit code
+
+// JIT code: anonymous executable memory at [kJitStart, kJitEnd) that no module covers and no
+// rule describes (AddressSpace::LookupJit). Its frames follow the frame-pointer convention
+// (return address at CFA - 8, saved fp at CFA - 16, fp = CFA - 16, sp = CFA - 48); the
+// synthetic functions around them are CFI-described and leave fp alone.
+constexpr uint64_t kJitStart = 0x200000;
+constexpr uint64_t kJitEnd = kJitStart + 0x1000000;
+constexpr int32_t kJitFrameSize = 48;
+// JIT function n (0..4095) at its call site (0..63).
+uint64_t JitPc(int n, int call_site) { return kJitStart + 0x1000ull * n + 0x40 + 8 * call_site; }
+bool IsJitPc(uint64_t pc) { return pc >= kJitStart && pc < kJitEnd; }
+
+class JitSpace final : public AddressSpace {
+ public:
+  explicit JitSpace(bool knows_jit = true) : knows_jit_(knows_jit) {}
+  bool Lookup(uint64_t pc, const RuleSource** rules, uint64_t* module_pc) const override {
+    if (pc < 0x10000 || pc >= 0x100000) return false;
+    *rules = &rules_;
+    *module_pc = pc;
+    return true;
+  }
+  bool LookupJit(uint64_t pc, const RuleSource** rules, uint64_t* module_pc) const override {
+    if (!knows_jit_ || !IsJitPc(pc)) return false;
+    *rules = nullptr;
+    *module_pc = pc;
+    return true;
+  }
+
+ private:
+  SyntheticRules rules_;
+  bool knows_jit_;
+};
+
+// Lays out `pcs` (outermost first, pcs[0] in function 1) with JIT frames where the pc is JIT
+// code. Returns the sample's registers.
+Registers BuildJit(SyntheticStack& mem, const std::vector<uint64_t>& pcs) {
+  uint64_t sp = SyntheticStack::kTop - 64 - FrameSize(1);
+  uint64_t fp = 0x5eed;
+  for (size_t k = 1; k < pcs.size(); ++k) {
+    const uint64_t cfa = sp;
+    mem.Write(cfa - 8, pcs[k - 1]);
+    if (IsJitPc(pcs[k])) {
+      mem.Write(cfa - 16, fp);
+      fp = cfa - 16;
+      sp = cfa - kJitFrameSize;
+    } else {
+      sp = cfa - FrameSize(FuncId(pcs[k]));
+    }
+  }
+  return {pcs.back(), sp, fp, 0};
+}
+
+size_t CountJit(const std::vector<uint64_t>& pcs) {
+  return static_cast<size_t>(std::count_if(pcs.begin(), pcs.end(), IsJitPc));
+}
+
+// CFI code calling into JIT code calling back into CFI code: the walk leaves the JIT frames
+// by frame pointers -- even where a module without rules would not be -- and goes on with
+// rules beyond them, to the outermost frame.
+TEST(JitUnwindTest, FramePointersCarryThroughJitCode) {
+  const std::vector<std::vector<uint64_t>> chains = {
+      {FuncPc(1, 0), FuncPc(2, 1), FuncPc(3, 2), JitPc(0, 1), JitPc(1, 2), JitPc(2, 0),
+       FuncPc(4, 3), FuncPc(5, 1)},
+      // The interrupted frame itself in JIT code.
+      {FuncPc(1, 0), FuncPc(7, 1), JitPc(3, 1), FuncPc(8, 2), JitPc(4, 5)},
+  };
+  for (const std::vector<uint64_t>& pcs : chains) {
+    for (bool fallback : {true, false}) {
+      SyntheticStack mem(Arch::kX86_64);
+      JitSpace space;
+      Registers regs = BuildJit(mem, pcs);
+      UnwindOptions options;
+      options.frame_pointer_fallback = fallback;
+      Frame frames[64];
+      UnwindResult r = Unwind(options, regs, mem.Snapshot(regs.sp), space, frames, 64);
+      EXPECT_EQ(r.stop, StopReason::kOutermost) << StopReasonName(r.stop);
+      ASSERT_EQ(r.num_frames, pcs.size());
+      for (size_t i = 0; i < pcs.size(); ++i) {
+        EXPECT_EQ(frames[i].pc, pcs[pcs.size() - 1 - i]) << "frame " << i;
+      }
+      EXPECT_EQ(r.jit_frames_fp, CountJit(pcs));
+      EXPECT_EQ(r.jit_frames_cfi, 0u);
+    }
+  }
+}
+
+// Without LookupJit (an address space that knows no JIT code) the walk stops at the first JIT
+// frame as before; on MIPS64 JIT frames are not unwound (kNoRule) but do not break the walk
+// up to them.
+TEST(JitUnwindTest, StopsWhereJitCodeIsUnknownOrUnsupported) {
+  const std::vector<uint64_t> pcs = {FuncPc(1, 0), FuncPc(2, 1), JitPc(0, 1), JitPc(1, 2),
+                                     FuncPc(4, 3), FuncPc(5, 1)};
+  Frame frames[64];
+  {
+    SyntheticStack mem(Arch::kX86_64);
+    JitSpace space(/*knows_jit=*/false);
+    Registers regs = BuildJit(mem, pcs);
+    UnwindResult r = Unwind({}, regs, mem.Snapshot(regs.sp), space, frames, 64);
+    EXPECT_EQ(r.stop, StopReason::kBadReturnAddress);
+    EXPECT_EQ(r.num_frames, 2u);
+    EXPECT_EQ(r.jit_frames_fp, 0u);
+    regs.pc = JitPc(1, 0);
+    r = Unwind({}, regs, mem.Snapshot(regs.sp), space, frames, 64);
+    EXPECT_EQ(r.stop, StopReason::kNoModule);
+    EXPECT_EQ(r.num_frames, 1u);
+  }
+  {
+    SyntheticStack mem(Arch::kMips64Be);
+    JitSpace space;
+    Registers regs = BuildJit(mem, pcs);
+    UnwindOptions options;
+    options.arch = Arch::kMips64Be;
+    UnwindResult r = Unwind(options, regs, mem.Snapshot(regs.sp), space, frames, 64);
+    EXPECT_EQ(r.stop, StopReason::kNoRule);
+    ASSERT_EQ(r.num_frames, 3u);
+    EXPECT_EQ(frames[2].pc, JitPc(1, 2));
+    EXPECT_EQ(r.jit_frames_fp, 0u);
+  }
+}
+
+// Random call chains through JIT code: every mode returns the full unwind's frames (kBoundary
+// while nothing inside the kept prefix changed), and JIT frames are counted where they were
+// found -- all of them without a cache.
+TEST(JitUnwindTest, IncrementalEqualsFullUnwindThroughJitCode) {
+  for (VerifyMode mode : {VerifyMode::kOff, VerifyMode::kBoundary, VerifyMode::kFull}) {
+    SCOPED_TRACE(VerifyModeName(mode));
+    JitSpace space;
+    SyntheticStack mem(Arch::kX86_64);
+    IncrementalUnwinder inc(Options(Arch::kX86_64, mode));
+    std::mt19937 rng(7);
+    std::vector<uint64_t> pcs = {FuncPc(1, 0)};
+    Frame want[256], got[256];
+    size_t reused = 0, jit_counted = 0, jit_seen = 0;
+    for (int sample = 0; sample < 2000; ++sample) {
+      size_t keep = std::max<size_t>(1, pcs.size() - std::min<size_t>(pcs.size(), rng() % 4));
+      if (rng() % 25 == 0) keep = 1 + rng() % pcs.size();
+      pcs.resize(keep);
+      bool mutated = false;
+      if (mode != VerifyMode::kBoundary && keep > 2 && rng() % 30 == 0) {
+        // A frame inside the kept part returned and its caller called again from elsewhere.
+        const size_t k = 1 + rng() % (keep - 2);
+        pcs[k] = IsJitPc(pcs[k]) ? JitPc(static_cast<int>((pcs[k] - kJitStart) >> 12),
+                                         static_cast<int>(rng() % 4))
+                                 : FuncPc(FuncId(pcs[k]), static_cast<int>(rng() % 4));
+        mutated = true;
+      }
+      const size_t depth = std::min<size_t>(keep + rng() % 5, 120);
+      while (pcs.size() < depth) {
+        pcs.push_back(rng() % 3 == 0 ? JitPc(sample % 4096, static_cast<int>(rng() % 64))
+                                     : FuncPc(2 + static_cast<int>(rng() % 14), sample % 4096));
+      }
+      Registers regs = BuildJit(mem, pcs);
+      StackSnapshot stack = mem.Snapshot(regs.sp);
+      UnwindResult w = Unwind({}, regs, stack, space, want, 256);
+      ASSERT_EQ(w.stop, StopReason::kOutermost);
+      ASSERT_EQ(w.num_frames, pcs.size());
+      ASSERT_EQ(w.jit_frames_fp, CountJit(pcs));
+      SampleStats st;
+      UnwindResult g = inc.Unwind({regs, stack, 3, false}, space, got, 256, &st);
+      ExpectSameFrames(want, w, got, g, mutated ? "mutated" : "sample");
+      EXPECT_EQ(g.jit_frames_fp, st.jit_frames_fp);
+      EXPECT_LE(st.jit_frames_fp, st.frames_unwound);
+      if (mode == VerifyMode::kOff) {
+        EXPECT_EQ(st.jit_frames_fp, CountJit(pcs));
+      }
+      reused += st.frames_reused;
+      jit_counted += st.jit_frames_fp;
+      jit_seen += CountJit(pcs);
+      if (::testing::Test::HasFailure()) return;
+    }
+    if (mode != VerifyMode::kOff) {
+      EXPECT_GT(reused, 10000u);
+      EXPECT_LT(jit_counted, jit_seen / 4) << "reused JIT frames are not stepped again";
+    }
+  }
+}
+
+// A JIT frame's saved fp changed while every return-address word stayed: the JIT frame above
+// it now derives its CFA from another fp. Full verification must re-derive it and agree with
+// the full unwind, and agree again once the stack is restored.
+TEST(JitUnwindTest, ChangedSavedFpUnderJitFrameIsVerified) {
+  JitSpace space;
+  SyntheticStack mem(Arch::kX86_64);
+  IncrementalUnwinder inc(Options(Arch::kX86_64, VerifyMode::kFull));
+  std::vector<uint64_t> pcs = {FuncPc(1, 0), FuncPc(2, 1), JitPc(0, 1), JitPc(1, 2),
+                               FuncPc(4, 3), FuncPc(5, 1)};
+  Frame got[256], want[256], base[256];
+  Registers regs = BuildJit(mem, pcs);
+  SampleStats st;
+  inc.Unwind({regs, mem.Snapshot(regs.sp), 1, false}, space, got, 256, &st);
+  EXPECT_EQ(st.jit_frames_fp, 2u);
+  pcs.back() = FuncPc(5, 2);  // the leaf moved: a splice below the JIT frames
+  regs = BuildJit(mem, pcs);
+  UnwindResult before = Unwind({}, regs, mem.Snapshot(regs.sp), space, base, 256);
+  ASSERT_EQ(before.stop, StopReason::kOutermost);
+  ASSERT_EQ(before.num_frames, 6u);
+  UnwindResult g = inc.Unwind({regs, mem.Snapshot(regs.sp), 1, false}, space, got, 256, &st);
+  ExpectSameFrames(base, before, got, g, "unchanged");
+  EXPECT_TRUE(st.spliced);
+  EXPECT_EQ(st.jit_frames_fp, 0u);
+  EXPECT_EQ(st.frames_rederived, 0u) << "only words compared";
+  // The outer JIT frame (frames[3]) has its CFA at frames[4].sp; its locals lie below its
+  // saved fp. The inner JIT frame's saved fp now points into those locals, where a plausible
+  // return address waits.
+  const uint64_t outer_cfa = base[4].sp;
+  const uint64_t moved = outer_cfa - 32;
+  mem.Write(moved + 8, FuncPc(3, 1));
+  mem.Write(moved, 0);
+  const uint64_t inner_cfa = base[3].sp;
+  mem.Write(inner_cfa - 16, moved);
+  g = inc.Unwind({regs, mem.Snapshot(regs.sp), 1, false}, space, got, 256, &st);
+  UnwindResult w = Unwind({}, regs, mem.Snapshot(regs.sp), space, want, 256);
+  ExpectSameFrames(want, w, got, g, "saved fp");
+  EXPECT_TRUE(st.spliced);
+  EXPECT_GT(st.frames_rederived, 0u);
+  EXPECT_EQ(want[4].pc, FuncPc(3, 1));
+  regs = BuildJit(mem, pcs);
+  g = inc.Unwind({regs, mem.Snapshot(regs.sp), 1, false}, space, got, 256, &st);
+  ExpectSameFrames(base, before, got, g, "restored");
 }
 
 // ---------------------------------------------------------------------------- real stacks

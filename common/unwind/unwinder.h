@@ -24,8 +24,10 @@
 //    MakeRuleSource) and is immutable afterwards, so it can be shared by every process
 //    mapping that module and read from a signal handler.
 //  - AddressSpace: per process, absolute pc -> (module's RuleSource, module-relative pc),
-//    plus whether an address is executable (sanity checks). Owned by whoever tracks the
-//    process's mappings (the agent, or the in-process sampler).
+//    plus whether an address is executable (sanity checks), and which pcs outside every
+//    module are JIT-compiled code (stepped out of by frame pointers when nothing describes
+//    them). Owned by whoever tracks the process's mappings (the agent, or the in-process
+//    sampler).
 //
 // Unwind() writes frames into a caller-provided buffer and never allocates, so it is
 // async-signal-safe as long as the RuleSource/AddressSpace lookups are.
@@ -58,18 +60,31 @@ class AddressSpace {
   // Maps absolute `pc` to the module containing it: its rule source (may be null when the
   // module has no unwind info) and the module-relative pc. False when pc is in no module.
   virtual bool Lookup(uint64_t pc, const RuleSource** rules, uint64_t* module_pc) const = 0;
+  // Asked only for a pc Lookup() places in no module: true when it lies in JIT-compiled code
+  // (anonymous executable memory), with the rules describing that code when some source has
+  // them (else null) and pc's offset for them. The walk steps out of a JIT frame without
+  // rules by the frame-pointer convention (x86-64; other architectures stop with kNoRule).
+  // Default: the process has no JIT code.
+  virtual bool LookupJit(uint64_t pc, const RuleSource** rules, uint64_t* module_pc) const {
+    return false;
+  }
 };
 
 struct UnwindOptions {
   Arch arch = Arch::kX86_64;
   size_t max_frames = 256;
-  // Fall back to a frame-pointer walk when a module has no rule (x86-64 only).
+  // Fall back to a frame-pointer walk when a module has no rule (x86-64 only). JIT code
+  // without rules is always stepped out of by frame pointers (x86-64).
   bool frame_pointer_fallback = true;
 };
 
 struct UnwindResult {
   size_t num_frames = 0;
   StopReason stop = StopReason::kOutermost;
+  // JIT frames (AddressSpace::LookupJit) this walk stepped out of, by how: with their rules,
+  // or by frame pointers.
+  uint32_t jit_frames_cfi = 0;
+  uint32_t jit_frames_fp = 0;
 };
 
 // Unwinds from `regs` over `stack`, writing at most min(capacity, options.max_frames) frames,

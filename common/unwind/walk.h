@@ -3,14 +3,15 @@
 //
 // Every step takes the same decisions in the same order, so the unwinders return the same
 // frames and stop reasons:
-//  1. the frame's row: its module's rule, else (x86-64, when allowed) the frame-pointer
-//     convention; none: kNoRule;
+//  1. the frame's row: its module's rule, else (x86-64) the frame-pointer convention -- for
+//     JIT code always, elsewhere when allowed; none: kNoRule. JIT frames are counted by how
+//     they are left (UnwindResult::jit_frames_cfi / jit_frames_fp) once step 2 succeeds;
 //  2. the row applied (StepWithRow): an undefined return address or a zero one ends the walk
 //     (kOutermost), a row no step can follow (kNoRule), a word outside the copy
 //     (kStackOutOfRange);
 //  3. the caller's sanity checks: its sp rises (or stays, for a MIPS leaf whose return address
-//     is still in its register), its pc lies in a module and, unless it was interrupted by a
-//     signal, follows a call there (kBadReturnAddress);
+//     is still in its register), its pc lies in a module or in JIT code and, unless it was
+//     interrupted by a signal, follows a call there (kBadReturnAddress);
 //  4. room for the caller's frame (kMaxFrames).
 //
 // What differs between the unwinders is passed as `Hooks` (a class with these members, all
@@ -41,6 +42,18 @@ inline constexpr UnwindRow kFramePointerRow{UnwindRow::CfaBase::kFp,
                                             UnwindRow::RaRule::kAtCfaOffset,
                                             UnwindRow::FpRule::kAtCfaOffset, 16, -8, -16};
 
+// The code at `pc`: a module's (Lookup), else JIT code (LookupJit, asked only then, so
+// address spaces without JIT code cost nothing more). False: neither.
+inline bool LookupCode(const AddressSpace& space, uint64_t pc, const RuleSource** rules,
+                       uint64_t* module_pc, bool* jit) {
+  if (space.Lookup(pc, rules, module_pc)) {
+    *jit = false;
+    return true;
+  }
+  *jit = space.LookupJit(pc, rules, module_pc);
+  return *jit;
+}
+
 // Where a walk stands: the frame being left and its module's rules.
 struct WalkState {
   const AddressSpace& space;
@@ -50,12 +63,14 @@ struct WalkState {
   // Its pc is exact (the interrupted frame, or one a signal frame leads to), not a return
   // address.
   bool innermost = true;
+  bool jit = false;  // the frame is JIT code (AddressSpace::LookupJit)
 
-  // Moves the walk to the frame with registers `r`; false when its pc is in no module.
+  // Moves the walk to the frame with registers `r`; false when its pc is in no module and
+  // no JIT code.
   bool MoveTo(const Registers& r, bool exact) {
     regs = r;
     innermost = exact;
-    return space.Lookup(r.pc, &rules, &module_pc);
+    return LookupCode(space, r.pc, &rules, &module_pc, &jit);
   }
 };
 
@@ -77,12 +92,27 @@ struct WalkStep {
 
 enum class WalkAction : uint8_t { kGoOn, kStop, kResumed };
 
+// Where step 1 found the row.
+enum class RowFrom : uint8_t { kNone, kRules, kFramePointer };
+
 // Step 1.
-inline bool FindRow(const UnwindOptions& options, const WalkState& w, UnwindRow* row) {
-  if (w.rules != nullptr && w.rules->FindRow(w.module_pc, w.innermost, row)) return true;
-  if (!options.frame_pointer_fallback || options.arch != Arch::kX86_64) return false;
+inline RowFrom FindRow(const UnwindOptions& options, const WalkState& w, UnwindRow* row) {
+  if (w.rules != nullptr && w.rules->FindRow(w.module_pc, w.innermost, row)) {
+    return RowFrom::kRules;
+  }
+  // JIT code has no other way out; for a module it is a guess its owner may forbid.
+  if (options.arch != Arch::kX86_64 || !(options.frame_pointer_fallback || w.jit)) {
+    return RowFrom::kNone;
+  }
   *row = kFramePointerRow;
-  return true;
+  return RowFrom::kFramePointer;
+}
+
+// Counts a JIT frame that was stepped out of with a row from `from`.
+inline void CountJitFrame(const WalkState& w, RowFrom from, UnwindResult* result) {
+  if (!w.jit) return;
+  if (from == RowFrom::kRules) ++result->jit_frames_cfi;
+  else ++result->jit_frames_fp;
 }
 
 // Step 2, and the part of step 3 that needs no lookup. False: the walk ends, for `*stop`.
@@ -117,10 +147,12 @@ inline bool StepOut(Arch arch, const UnwindRow& row, const WalkState& w,
   return true;
 }
 
-// The rest of step 3: the caller's module, and that its pc follows a call.
+// The rest of step 3: the caller's module (or JIT code), and that its pc follows a call.
 inline bool CallerPlausible(const AddressSpace& space, const WalkStep& step,
-                            const RuleSource** caller_rules, uint64_t* caller_module_pc) {
-  return step.sp_rises && space.Lookup(step.caller.pc, caller_rules, caller_module_pc) &&
+                            const RuleSource** caller_rules, uint64_t* caller_module_pc,
+                            bool* caller_jit) {
+  return step.sp_rises &&
+         LookupCode(space, step.caller.pc, caller_rules, caller_module_pc, caller_jit) &&
          (step.interrupted || *caller_rules == nullptr ||
           (*caller_rules)->IsPlausibleReturnAddress(*caller_module_pc));
 }
@@ -145,13 +177,15 @@ inline UnwindResult Walk(const UnwindOptions& options, const Registers& regs,
   }
   for (;;) {
     UnwindRow& row = hooks.Row(w);
-    if (!FindRow(options, w, &row)) {
+    const RowFrom from = FindRow(options, w, &row);
+    if (from == RowFrom::kNone) {
       result.stop = StopReason::kNoRule;
       break;
     }
     hooks.Found(w, row);
     WalkStep step;
     if (!StepOut(options.arch, row, w, stack, &step, &result.stop)) break;
+    CountJitFrame(w, from, &result);
     WalkOutput out{frames, limit, n};
     const WalkAction action = hooks.AtCaller(w, out, row, step, &result.stop);
     n = out.n;
@@ -159,7 +193,8 @@ inline UnwindResult Walk(const UnwindOptions& options, const Registers& regs,
     if (action == WalkAction::kResumed) continue;
     const RuleSource* caller_rules = nullptr;
     uint64_t caller_module_pc = 0;
-    if (!CallerPlausible(space, step, &caller_rules, &caller_module_pc)) {
+    bool caller_jit = false;
+    if (!CallerPlausible(space, step, &caller_rules, &caller_module_pc, &caller_jit)) {
       result.stop = StopReason::kBadReturnAddress;
       break;
     }
@@ -174,6 +209,7 @@ inline UnwindResult Walk(const UnwindOptions& options, const Registers& regs,
     w.rules = caller_rules;
     w.module_pc = caller_module_pc;
     w.innermost = step.interrupted;
+    w.jit = caller_jit;
   }
   result.num_frames = n;
   return result;
