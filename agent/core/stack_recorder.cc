@@ -213,6 +213,8 @@ unwind::UnwindResult StackRecorder::Unwind(const Target& target, TargetState& st
   stats_.frames_reused += unwind_stats.frames_reused;
   stats_.unwind_verify_failures += unwind_stats.verify_failed;
   state.counts.verify_failures += unwind_stats.verify_failed;
+  state.counts.jit_frames_cfi += unwind_stats.jit_frames_cfi;
+  state.counts.jit_frames_fp += unwind_stats.jit_frames_fp;
   return result;
 }
 

@@ -136,7 +136,17 @@ bool TargetDiscovery::RefreshMappings(Target& target) {
     if (!from_source && !m.exec) continue;
     hash = absl::HashOf(hash, m.start, m.end, m.offset, m.inode, m.path);
   }
-  if (hash == target.maps_hash && target.space->num_modules() > 0) return false;
+  if (hash == target.maps_hash && target.space->num_modules() > 0) {
+    // JIT code: the perf map grows while the mappings stay. New entries name pcs that were
+    // resolved as "[jit]+0x..." before: a new epoch resolves them again.
+    if (target.space->num_jit_regions() == 0) return false;
+    const size_t before = target.space->perf_map() ? target.space->perf_map()->size() : 0;
+    (void)target.space->Refresh(maps);
+    const size_t after = target.space->perf_map() ? target.space->perf_map()->size() : 0;
+    if (after == before) return false;
+    ++target.maps_epoch;
+    return true;
+  }
   target.maps_hash = hash;
   ++target.maps_epoch;
   target.last_refresh = absl::Now();
