@@ -81,8 +81,9 @@ absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(ProfilerOptions optio
       if (!symbols.ok()) return symbols.status();
       kernel_symbols = std::move(*symbols);
       if (options.off_cpu) {
+        // Off-CPU events are per thread in either scope (PerfSource).
         if (absl::Status off = sampler::ProbeKernelEvents(
-                *scope, sampler::SessionEvent::kContextSwitches);
+                sampler::SamplingScope::kPerThread, sampler::SessionEvent::kContextSwitches);
             !off.ok()) {
           return absl::Status(off.code(), absl::StrCat("--off-cpu: ", off.message()));
         }

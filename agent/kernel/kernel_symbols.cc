@@ -1,5 +1,7 @@
 #include "agent/kernel/kernel_symbols.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cstring>
@@ -44,6 +46,17 @@ bool ParseLine(std::string_view line, ParsedLine* out) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KernelSymbols>> KernelSymbols::Parse(std::string_view text) {
+  return Build([&text](std::string_view* line) {
+    if (text.empty()) return false;
+    const size_t newline = text.find('\n');
+    *line = text.substr(0, newline);
+    text = newline == std::string_view::npos ? std::string_view() : text.substr(newline + 1);
+    return true;
+  });
+}
+
+absl::StatusOr<std::unique_ptr<KernelSymbols>> KernelSymbols::Build(
+    absl::FunctionRef<bool(std::string_view*)> next_line) {
   auto symbols = std::unique_ptr<KernelSymbols>(new KernelSymbols());
   struct Entry {
     uint64_t address;
@@ -51,15 +64,13 @@ absl::StatusOr<std::unique_ptr<KernelSymbols>> KernelSymbols::Parse(std::string_
     uint16_t module;
   };
   std::vector<Entry> entries;
-  absl::flat_hash_map<std::string_view, uint16_t> module_index;
+  absl::flat_hash_map<std::string, uint16_t> module_index;
   symbols->module_names_.push_back("");
   uint64_t text_base = 0;
   bool any_address = false;
   size_t line_number = 0;
-  while (!text.empty()) {
-    const size_t newline = text.find('\n');
-    std::string_view line = text.substr(0, newline);
-    text = newline == std::string_view::npos ? std::string_view() : text.substr(newline + 1);
+  std::string_view line;
+  while (next_line(&line)) {
     ++line_number;
     if (line.empty()) continue;
     ParsedLine parsed;
@@ -74,7 +85,7 @@ absl::StatusOr<std::unique_ptr<KernelSymbols>> KernelSymbols::Parse(std::string_
     uint16_t module = 0;
     if (!parsed.module.empty()) {
       auto [it, inserted] = module_index.try_emplace(
-          parsed.module, static_cast<uint16_t>(symbols->module_names_.size()));
+          std::string(parsed.module), static_cast<uint16_t>(symbols->module_names_.size()));
       if (inserted) {
         if (symbols->module_names_.size() == UINT16_MAX) {
           return absl::InvalidArgumentError("kallsyms: too many modules");
@@ -119,10 +130,20 @@ absl::StatusOr<std::unique_ptr<KernelSymbols>> KernelSymbols::Parse(std::string_
 absl::StatusOr<std::unique_ptr<KernelSymbols>> KernelSymbols::Load(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::UnavailableError(absl::StrCat("cannot read ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<std::unique_ptr<KernelSymbols>> symbols = Parse(text.str());
+  // Line by line: the file is several MiB of text the agent need not hold at once.
+  std::string buffer;
+  absl::StatusOr<std::unique_ptr<KernelSymbols>> symbols =
+      Build([&](std::string_view* line) {
+        if (!std::getline(in, buffer)) return false;
+        *line = buffer;
+        return true;
+      });
   if (!symbols.ok()) return symbols;
+#ifdef __GLIBC__
+  // The parse's temporaries (the unsorted entries, the line buffer) are freed; hand their
+  // pages back rather than keep them in the agent's resident set.
+  malloc_trim(0);
+#endif
   std::ifstream notes("/sys/kernel/notes", std::ios::binary);
   if (notes) {
     std::stringstream bytes;

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 
 namespace strata::agent::kernel {
@@ -45,6 +46,9 @@ class KernelSymbols {
 
  private:
   KernelSymbols() = default;
+  // Parse over lines from `next_line` (false at the end).
+  static absl::StatusOr<std::unique_ptr<KernelSymbols>> Build(
+      absl::FunctionRef<bool(std::string_view*)> next_line);
 
   std::vector<uint64_t> addresses_;     // ascending
   std::vector<uint32_t> name_offsets_;  // into names_ (NUL-terminated), parallel to addresses_

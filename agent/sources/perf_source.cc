@@ -45,13 +45,18 @@ sampler::SessionOptions PerfSource::SessionFor(uint32_t session_id,
   session.stack_bytes = stack_bytes_;
   session.kernel_stacks = kernel_stacks_;
   if (session_id == kOffCpuSession) {
-    // A thread blocking a thousand times a second switches out as often: wake per batch of
-    // switches, with room for a few batches. Per thread the rings stay small (one per thread).
+    // Per thread whatever the sampling scope: a CPU's context-switch event records every
+    // switch of every process on it (thousands a second on a busy host), each with a stack
+    // copy, only for the agent to drop all but the targets'. A thread blocking a thousand
+    // times a second switches out as often: wake per few switches, rings small (one per
+    // thread).
+    session.scope = sampler::SamplingScope::kPerThread;
     session.event = sampler::SessionEvent::kContextSwitches;
     session.frequency_hz = 1;  // unused by context-switch events
-    const uint32_t per_wakeup = scope_ == sampler::SamplingScope::kPerCpu ? 16 : 4;
-    session.ring_pages = sampler::RingPagesFor(stack_bytes_, kRingSamplesPerWakeup * per_wakeup);
-    session.wakeup_samples = per_wakeup;
+    constexpr uint32_t kSwitchesPerWakeup = 4;
+    session.ring_pages =
+        sampler::RingPagesFor(stack_bytes_, kRingSamplesPerWakeup * kSwitchesPerWakeup);
+    session.wakeup_samples = kSwitchesPerWakeup;
     return session;
   }
   if (scope_ == sampler::SamplingScope::kPerCpu) {

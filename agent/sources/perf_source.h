@@ -29,7 +29,8 @@ struct PerfSourceOptions {
   sampler::SamplingScope scope = sampler::SamplingScope::kPerThread;
   // Kernel call chains on every sample (sampler::SessionOptions::kernel_stacks).
   bool kernel_stacks = false;
-  // A context-switch session over the continuous session's targets.
+  // A context-switch session over the continuous session's targets, per thread in either
+  // scope (one more descriptor per target thread).
   bool off_cpu = false;
 };
 

@@ -10,6 +10,12 @@
 #   d  demo_service --threads 2, 999 Hz
 #   e  target slowdown: requests/s of `demo_service --threads 2 --fixed-work` alone, under
 #      the agent and under perf record (99 Hz), interleaved runs, median of each
+#   f  kernel stacks and off-CPU on the demo (99 Hz): the agent with --kernel-stacks off, on,
+#      and on with --off-cpu, against perf record -e cpu-clock (user and kernel)
+#   g  off-CPU of a lock-heavy workload (blocking_service --mode lock-heavy, LOCK_THREADS
+#      threads): the agent with and without --off-cpu, against perf record -e
+#      context-switches -c 1 (every switch, as the agent's off-CPU events); then the agent's
+#      switch-outs per second, intervals counted, and bytes per batch of each profile type
 #
 # For a-d, per tool: CPU as % of one core over a measured window after a warm-up (on-CPU ns
 # from /proc/PID/task/*/schedstat, first field, summed over all of the tool's threads at the
@@ -27,7 +33,8 @@
 #        agent flags, e.g. "--sampling per-thread"), PERF_STACK (perf's dwarf stack dump,
 #        default 8192 = perf's default; the agent copies 16 KiB by default), PROCS (case c,
 #        default 50), IDLE (case b, default 500), ROUNDS (case e, default 5), RUN_SECONDS (case
-#        e, measured seconds per run, default 10, after WARMUP), KEEP=1 (keep the temp dir)
+#        e, measured seconds per run, default 10, after WARMUP), LOCK_THREADS (case g, default
+#        4), BLOCKING (binary, case g), KEEP=1 (keep the temp dir)
 #
 # The binaries are copied into the temp dir first, so a concurrent rebuild cannot change them
 # mid-run. Figures are single runs on whatever machine this is (other load moves them):
@@ -39,8 +46,9 @@ BUILD=${BUILD:-$root/build}
 SERVER=${SERVER:-$BUILD/bin/strata-server}
 AGENT=${AGENT:-$BUILD/bin/strata-agent}
 DEMO=${DEMO:-$BUILD/bin/demo_service}
+BLOCKING=${BLOCKING:-$BUILD/bin/blocking_service}
 PERF=${PERF:-perf}
-CASES=${CASES:-a b c d e}
+CASES=${CASES:-a b c d e f g}
 WARMUP=${WARMUP:-5}
 INTERVAL=${INTERVAL:-10}
 AGENT_ARGS=${AGENT_ARGS:-}
@@ -49,8 +57,11 @@ PROCS=${PROCS:-50}
 IDLE=${IDLE:-500}
 ROUNDS=${ROUNDS:-5}
 RUN_SECONDS=${RUN_SECONDS:-10}
+LOCK_THREADS=${LOCK_THREADS:-4}
+PERF_EVENT=cpu-clock:u  # what perf record samples (case f: cpu-clock, user and kernel)
+PERF_EXTRA=()           # more perf record flags (case g: -c 1)
 
-for b in "$SERVER" "$AGENT" "$DEMO"; do
+for b in "$SERVER" "$AGENT" "$DEMO" "$BLOCKING"; do
   [[ -x "$b" ]] || { echo "overhead.sh: missing binary $b (set BUILD, SERVER, AGENT, DEMO)" >&2; exit 2; }
 done
 command -v "$PERF" >/dev/null || { echo "overhead.sh: no '$PERF' (apt-get install linux-perf)" >&2; exit 2; }
@@ -79,7 +90,9 @@ mkdir -p "$work/bin"
 cp "$SERVER" "$work/bin/strata-server"
 cp "$AGENT" "$work/bin/strata-agent"
 cp "$DEMO" "$work/bin/demo_service"
+cp "$BLOCKING" "$work/bin/blocking_service"
 SERVER=$work/bin/strata-server AGENT=$work/bin/strata-agent DEMO=$work/bin/demo_service
+BLOCKING=$work/bin/blocking_service
 
 # On-CPU ns of every thread of the process: /proc/PID/schedstat alone is the main thread.
 # (A thread may exit between the glob and the read: not an error.)
@@ -168,7 +181,9 @@ start_perf() {
   local hz=$1 name=$2 list
   list=$(IFS=,; echo "${targets[*]}")
   tool_log=$work/perf-$name.log
-  "$PERF" record -e cpu-clock:u -F "$hz" --call-graph "dwarf,$PERF_STACK" -p "$list" \
+  local rate=(-F "$hz")
+  ((${#PERF_EXTRA[@]})) && rate=("${PERF_EXTRA[@]}")
+  "$PERF" record -e "$PERF_EVENT" "${rate[@]}" --call-graph "dwarf,$PERF_STACK" -p "$list" \
     -o "$work/perf-$name.data" >"$tool_log" 2>&1 &
   tool=$!
   pids+=("$tool")
@@ -276,6 +291,78 @@ run_slowdown() {
     printf "slowdown vs alone: agent %.2f %%, perf record %.2f %%\n", 100 * (n - a) / n, 100 * (n - p) / n }'
 }
 
+# One row of a table of case f/g: the tool's result under LABEL.
+row() {
+  awk -v label="$1" -v tool="$2" -v r="$3" 'BEGIN {
+    split(r, a, " ")
+    printf "%-30s %-22s %9.3f %9.1f %9.1f %6d %9d %9.1f %6d\n", label, tool, a[1], a[2], a[3],
+      a[4], a[5], a[6], a[7] }'
+}
+
+# Case f: the agent in three configurations and perf record with kernel samples.
+run_beyond_cpu() {
+  local saved=$AGENT_ARGS config name i=0 base=
+  echo
+  echo "f: demo 2 thr, 99 Hz: kernel stacks and off-CPU (agent vs perf record -e cpu-clock, user"
+  echo "   and kernel, --call-graph dwarf); cpu_% ratio to the agent without kernel stacks"
+  start_demos 1 --threads 2
+  for config in "--kernel-stacks off" "--kernel-stacks on" "--kernel-stacks on --off-cpu"; do
+    name=f$((i++))
+    AGENT_ARGS="$saved $config"
+    measure_tool agent 99 "$name"
+    [[ -n $base ]] || base=$result
+    row "" "agent $config" "$result"
+    awk -v r="$result" -v b="$base" 'BEGIN { split(r, a, " "); split(b, z, " ")
+      if (z[1] > 0) printf "%-30s %-22s %8.2fx\n", "", "  vs kernel-stacks off", a[1] / z[1] }'
+    sed -n 's/.*\] \(kernel stacks: .*\)/  agent \1/p; s/.*\] \(off-CPU: .*\)/  agent \1/p' \
+      "$work/agent-$name.log" | tail -2
+  done
+  AGENT_ARGS=$saved
+  PERF_EVENT=cpu-clock
+  measure_tool perf 99 f3
+  PERF_EVENT=cpu-clock:u
+  row "" "perf -e cpu-clock" "$result"
+  stop TERM "${targets[@]}"
+}
+
+# Case g: off-CPU of a lock-heavy process.
+run_lock_heavy() {
+  local saved=$AGENT_ARGS p log
+  echo
+  echo "g: blocking_service --mode lock-heavy --threads $LOCK_THREADS --burn-ms 0.2 (threads"
+  echo "   waiting on one mutex), 99 Hz"
+  "$BLOCKING" --mode lock-heavy --threads "$LOCK_THREADS" --burn-ms 0.2 >"$work/blocking.log" 2>&1 &
+  p=$!
+  pids+=("$p")
+  targets=("$p")
+  AGENT_ARGS="$saved --kernel-stacks on"
+  measure_tool agent 99 g0
+  row "" "agent (cpu only)" "$result"
+  AGENT_ARGS="$saved --kernel-stacks on --off-cpu"
+  measure_tool agent 99 g1
+  row "" "agent --off-cpu" "$result"
+  AGENT_ARGS=$saved
+  PERF_EVENT=context-switches
+  PERF_EXTRA=(-c 1)
+  measure_tool perf 99 g2
+  PERF_EVENT=cpu-clock:u
+  PERF_EXTRA=()
+  row "" "perf -e cs -c 1" "$result"
+  log=$work/agent-g1.log
+  awk -v secs="$(awk -v w="$WARMUP" -v s="$seconds" 'BEGIN {print w + s}')" '
+    /off-CPU: / { for (i = 1; i <= NF; i++) { if ($(i + 1) == "switch-outs,") outs = $i
+                                             if ($(i + 1) == "counted") counted = $i } }
+    /batches: / { for (i = 1; i <= NF; i++) { if ($(i + 1) == "cpu") cb = $i
+                                             if ($(i + 1) == "off-cpu") ob = $i }
+                  gsub(/[()]/, ""); n = 0
+                  for (i = 1; i <= NF; i++) if ($(i + 1) == "bytes,") cbytes = $i
+                  obytes = $(NF - 1) }
+    END { printf "  agent --off-cpu: %.0f switch-outs/s, %.0f intervals counted/s (over ~%d s); " \
+                 "bytes per batch: cpu %.0f, off-cpu %.0f\n", outs / secs, counted / secs, secs,
+                 (cb > 0 ? cbytes / cb : 0), (ob > 0 ? obytes / ob : 0) }' "$log"
+  stop TERM "$p"
+}
+
 hdr_printed=0
 header() {
   ((hdr_printed)) && return 0
@@ -314,7 +401,9 @@ for c in $CASES; do
       run_case d "d: demo 2 thr, 999 Hz" 999
       stop TERM "${targets[@]}" ;;
     e) run_slowdown ;;
-    *) echo "unknown case '$c' (a b c d e)" >&2; exit 2 ;;
+    f) header; run_beyond_cpu ;;
+    g) header; run_lock_heavy ;;
+    *) echo "unknown case '$c' (a b c d e f g)" >&2; exit 2 ;;
   esac
 done
 
