@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
+#include <vector>
 
 #include <google/protobuf/util/json_util.h>
 
@@ -16,6 +18,14 @@ void Fail(const std::string& message) {
   std::exit(1);
 }
 
+namespace {
+
+// --type values and the profile each names.
+constexpr std::pair<const char*, v1::ProfileType> kProfileTypes[] = {
+    {"cpu", v1::PROFILE_CPU}, {"off-cpu", v1::PROFILE_OFF_CPU}, {"wall", v1::PROFILE_WALL}};
+
+}  // namespace
+
 void AddFilterFlags(CLI::App* cmd, FilterOptions* f, bool service_required) {
   auto* service = cmd->add_option("--service,-s", f->service, "service name");
   if (service_required) service->required();
@@ -28,6 +38,13 @@ void AddFilterFlags(CLI::App* cmd, FilterOptions* f, bool service_required) {
   cmd->add_option("--ignore", f->ignore, "drop stacks with a function matching this regex");
   cmd->add_option("--select", f->select,
                   "only targets whose labels match, e.g. 'version=1.4.2,region=eu-*,canary!=true'");
+  std::vector<std::string> types;
+  for (const auto& [name, type] : kProfileTypes) types.push_back(name);
+  cmd->add_option("--type", f->type,
+                  "profile: cpu (on-CPU samples), off-cpu (time blocked or waiting, in sampling "
+                  "periods) or wall (both)")
+      ->check(CLI::IsMember(types))
+      ->capture_default_str();
   cmd->add_option("--limit,-n", f->limit, "rows to show")->capture_default_str();
 }
 
@@ -38,6 +55,9 @@ v1::ProfileFilter BuildFilter(const FilterOptions& f) {
   filter.set_focus(f.focus);
   filter.set_ignore(f.ignore);
   filter.set_selector(f.select);
+  for (const auto& [name, type] : kProfileTypes) {
+    if (f.type == name) filter.set_type(type);
+  }
   int64_t to = base::NowMs();
   if (!f.to.empty()) {
     auto t = ParseRfc3339(f.to);
@@ -61,8 +81,11 @@ v1::ProfileFilter BuildFilter(const FilterOptions& f) {
 }
 
 std::string RangeText(const FilterOptions& f) {
-  if (!f.from.empty()) return absl::StrCat(f.from, " .. ", f.to.empty() ? "now" : f.to);
-  return absl::StrCat("last ", f.since);
+  const std::string type = f.type.empty() || f.type == "cpu" ? "" : absl::StrCat(", ", f.type);
+  if (!f.from.empty()) {
+    return absl::StrCat(f.from, " .. ", f.to.empty() ? "now" : f.to, type);
+  }
+  return absl::StrCat("last ", f.since, type);
 }
 
 void PrintJson(const google::protobuf::Message& message) {
@@ -73,6 +96,14 @@ void PrintJson(const google::protobuf::Message& message) {
   options.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(message, &out, options);
   std::fputs(out.c_str(), stdout);
+}
+
+std::string FrameText(const v1::Frame& frame) {
+  switch (frame.kind()) {
+    case v1::FRAME_KERNEL: return absl::StrCat(frame.function(), " [k]");
+    case v1::FRAME_JIT: return absl::StrCat(frame.function(), " [j]");
+    default: return frame.function();
+  }
 }
 
 void PrintHotPathsTable(const v1::HotPathsResponse& r) {
@@ -89,7 +120,7 @@ void PrintTopTable(const v1::TopResponse& r) {
   for (const auto& fn : r.functions()) {
     table.AddRow({WithThousands(fn.self()), Percent(fn.self(), r.total_samples()),
                   WithThousands(fn.total()), Percent(fn.total(), r.total_samples()),
-                  fn.function().function(), fn.function().module()});
+                  FrameText(fn.function()), fn.function().module()});
   }
   std::fputs(table.ToString().c_str(), stdout);
 }

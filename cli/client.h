@@ -1,6 +1,6 @@
 // Shared plumbing of the strata CLI commands: global options, the connection to
 // strata-server, common profile filters (--service/--since/--from/--to/--host/--focus/
-// --ignore/--limit) and output helpers. Each command group (query_commands.cc, ...)
+// --ignore/--select/--type/--limit) and output helpers. Each command group (query_commands.cc, ...)
 // registers its subcommands on the CLI11 app with a CliContext it borrows.
 #ifndef STRATA_CLI_CLIENT_H_
 #define STRATA_CLI_CLIENT_H_
@@ -32,6 +32,7 @@ struct FilterOptions {
   std::string from, to;
   std::string host, focus, ignore;
   std::string select;  // label selector, e.g. "version=1.4.2,region=eu-*"
+  std::string type = "cpu";  // profile type: cpu, off-cpu or wall
   uint32_t limit = 20;
 };
 
@@ -42,10 +43,13 @@ struct FilterOptions {
 void AddFilterFlags(CLI::App* cmd, FilterOptions* f, bool service_required = true);
 // Builds the proto filter; exits with a clear message on bad durations/times.
 v1::ProfileFilter BuildFilter(const FilterOptions& f);
-// "last 10m" or "FROM .. TO" for headers.
+// "last 10m" or "FROM .. TO" for headers, with the profile type unless it is CPU.
 std::string RangeText(const FilterOptions& f);
 
 void PrintJson(const google::protobuf::Message& message);
+
+// The function name, marked " [k]" for kernel code and " [j]" for JIT code.
+std::string FrameText(const v1::Frame& frame);
 
 // "a > b > c" (outermost first), with "[truncated]" first when unwinding stopped early.
 // Any message with `truncated()` and `frames()` (HotPath, PathDelta).
@@ -54,7 +58,7 @@ std::string PathText(const PathMessage& path) {
   std::string out = path.truncated() ? "[truncated]" : "";
   for (const auto& frame : path.frames()) {
     if (!out.empty()) out += " > ";
-    out += frame.function();
+    out += FrameText(frame);
   }
   return out;
 }

@@ -1,4 +1,4 @@
-// Query commands: services, agents, top, hot-paths, flamegraph, diff, export.
+// Query commands: services, agents, top, hot-paths, flamegraph, diff, export, quality.
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -220,6 +220,7 @@ int RunDiff(CliContext* ctx, const FilterOptions& f, const BaseOptions& b) {
   base->set_focus(f.focus);
   base->set_ignore(f.ignore);
   base->set_selector(b.select.value_or(f.select));
+  base->set_type(request.filter().type());
   std::string base_text;
   const int64_t current_from = request.filter().range().from_ms();
   if (!b.from.empty()) {
@@ -268,7 +269,7 @@ int RunDiff(CliContext* ctx, const FilterOptions& f, const BaseOptions& b) {
     functions.AddRow({Signed(fn.self_delta_pct()), Percent(fn.base_self(), r.base_total_samples()),
                       Percent(fn.self(), r.total_samples()), Signed(fn.total_delta_pct()),
                       Percent(fn.base_total(), r.base_total_samples()),
-                      Percent(fn.total(), r.total_samples()), fn.function().function()});
+                      Percent(fn.total(), r.total_samples()), FrameText(fn.function())});
   }
   std::fputs(functions.ToString().c_str(), stdout);
   std::printf("\nPaths:\n");
@@ -278,6 +279,41 @@ int RunDiff(CliContext* ctx, const FilterOptions& f, const BaseOptions& b) {
                   Percent(p.samples(), r.total_samples()), PathText(p)});
   }
   std::fputs(paths.ToString().c_str(), stdout);
+  return 0;
+}
+
+int RunQuality(CliContext* ctx, const FilterOptions& f) {
+  Client& client = ctx->client();
+  v1::QualityRequest request;
+  *request.mutable_filter() = BuildFilter(f);
+  auto r = client.Call(client.query(), &v1::Query::Stub::Quality, request);
+  if (ctx->options().json) return PrintJson(r), 0;
+  std::printf("Stack quality of %s (%s, %s samples)\n", f.service.c_str(), RangeText(f).c_str(),
+              WithThousands(r.samples()).c_str());
+  std::printf("  complete stacks   %s (%s truncated)\n",
+              absl::StrFormat("%.2f%%", r.complete_pct()).c_str(),
+              WithThousands(r.truncated_samples()).c_str());
+  std::printf("  depth             mean %.1f, max %u; truncated stacks mean %.1f, max %u\n",
+              r.mean_depth(), r.max_depth(), r.mean_truncated_depth(), r.max_truncated_depth());
+  std::printf("  unnamed frames    %s of %s (%s)\n", WithThousands(r.unnamed_frames()).c_str(),
+              WithThousands(r.frames()).c_str(), Percent(r.unnamed_frames(), r.frames()).c_str());
+  std::printf("  agents            %s stacks, %s truncated, %s verification failures, "
+              "JIT frames %s by CFI and %s by frame pointers, %s samples lost\n",
+              WithThousands(r.agent_stacks()).c_str(), WithThousands(r.agent_truncated()).c_str(),
+              WithThousands(r.verify_failures()).c_str(), WithThousands(r.jit_frames_cfi()).c_str(),
+              WithThousands(r.jit_frames_fp()).c_str(), WithThousands(r.lost_samples()).c_str());
+  if (r.binaries().empty()) return 0;
+  std::printf("\n");
+  Table table({"FRAMES", "UNNAMED", "UNNAMED%", "STOPPED HERE", "MODULE", "BUILD ID", "HINT"},
+              {0, 1, 2, 3});
+  int rows = 0;
+  for (const auto& b : r.binaries()) {
+    if (rows++ == static_cast<int>(f.limit)) break;
+    table.AddRow({WithThousands(b.frames()), WithThousands(b.unnamed_frames()),
+                  Percent(b.unnamed_frames(), b.frames()), WithThousands(b.truncated_here()),
+                  b.module(), b.build_id().empty() ? "-" : b.build_id(), b.hint()});
+  }
+  std::fputs(table.ToString().c_str(), stdout);
   return 0;
 }
 
@@ -337,6 +373,13 @@ void AddQueryCommands(CLI::App* app, CliContext* ctx, int* exit_code) {
       "one, or with --base-service or --base-select the same range of that service or those "
       "targets.");
   diff->callback([=] { *exit_code = RunDiff(ctx, diff_filter, base); });
+
+  static FilterOptions quality_filter;
+  auto* quality = app->add_subcommand(
+      "quality",
+      "stack quality: truncation, unnamed frames per binary, agents' unwinding counters");
+  AddFilterFlags(quality, &quality_filter);
+  quality->callback([=] { *exit_code = RunQuality(ctx, quality_filter); });
 
   static ExportOptions export_options;
   auto* exp = app->add_subcommand("export", "write the profile for other tools (pprof)");

@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "common/base/clock.h"
 #include "common/base/escape.h"
+#include "server/commit/profile_type.h"
 #include "server/web/assets.h"
 
 namespace strata::server {
@@ -98,8 +99,9 @@ absl::StatusOr<int64_t> IntParam(const std::string& key, const std::string& valu
   return v;
 }
 
-// Fills a ProfileFilter from ?service=&from_ms=&to_ms=&since_s=&host=&focus=&ignore=&select=, each
-// key optionally prefixed (the diff's base profile uses "base_").
+// Fills a ProfileFilter from ?service=&from_ms=&to_ms=&since_s=&host=&focus=&ignore=&select=
+// &type= (cpu, off-cpu, wall), each key optionally prefixed (the diff's base profile uses
+// "base_").
 absl::Status FilterFromQuery(const http::HttpRequest& req, v1::ProfileFilter* filter,
                              const std::string& prefix = "") {
   auto get = [&](const char* key) -> std::string {
@@ -112,6 +114,15 @@ absl::Status FilterFromQuery(const http::HttpRequest& req, v1::ProfileFilter* fi
   filter->set_ignore(get("ignore"));
   filter->set_capture_id(get("capture"));
   filter->set_selector(get("select"));
+  if (std::string type = get("type"); !type.empty()) {
+    v1::ProfileType t;
+    if (!commit::ParseProfileType(type, &t)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown ", prefix, "type '",
+                                                     base::EscapeForLog(type, 64),
+                                                     "' (cpu, off-cpu, wall)"));
+    }
+    filter->set_type(t);
+  }
   // Unix milliseconds up to 2^62 (the year 146 million): sums and differences of two of
   // them cannot overflow.
   constexpr int64_t kMaxMs = int64_t{1} << 62;
@@ -399,10 +410,18 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     if (!req.query.contains("base_select")) {
       request.mutable_base()->set_selector(request.filter().selector());
     }
+    // Likewise the profile type: base_type=cpu with type=off-cpu compares the two.
+    if (!req.query.contains("base_type")) request.mutable_base()->set_type(request.filter().type());
     auto limit = LimitFromQuery(req);
     if (!limit.ok()) return Error(limit.status());
     request.set_limit(*limit);
     auto r = query->RunDiff(request);
+    return r.ok() ? Json(*r) : Error(r.status());
+  }));
+  http->Route("/api/v1/quality", reader([query](const http::HttpRequest& req) {
+    v1::QualityRequest request;
+    if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
+    auto r = query->RunQuality(request);
     return r.ok() ? Json(*r) : Error(r.status());
   }));
   http->Route("/api/v1/export", reader([query](const http::HttpRequest& req) {

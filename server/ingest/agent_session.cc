@@ -1,6 +1,7 @@
 #include "server/ingest/agent_session.h"
 
 #include <cstring>
+#include <map>
 #include <utility>
 
 #include <atomic>
@@ -8,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/escape.h"
 #include "common/encoding/packed_contexts.h"
+#include "server/commit/profile_type.h"
 #include "spdlog/spdlog.h"
 
 namespace strata::server::ingest {
@@ -38,14 +40,18 @@ uint64_t LabelSetsRefused() { return g_label_sets_refused.load(std::memory_order
 absl::StatusOr<absl::flat_hash_map<uint32_t, uint64_t>> AgentSession::TargetLabelSets(
     const v1::SampleBatch& batch, store::WriteBatch* wb) {
   absl::flat_hash_map<uint32_t, uint64_t> out;
+  // The profile type is a reserved label over the target's own (agents cannot send "__"
+  // keys), so every profile is a label set of its service (commit/profile_type.h).
+  const labels::LabelSet profile = commit::ProfileLabels(batch.profile());
   for (const v1::Target& t : batch.targets()) {
-    if (t.labels().empty() && identity_.labels.empty()) {
+    if (t.labels().empty() && identity_.labels.empty() && profile.empty()) {
       out[t.id()] = 0;
       continue;
     }
     labels::LabelSet own(t.labels().begin(), t.labels().end());
     labels::Normalize(&own);
-    const labels::LabelSet set = labels::Merge(identity_.labels, own);
+    const labels::LabelSet set =
+        labels::Merge(labels::Merge(identity_.labels, own), profile);
     std::string key = absl::StrCat(t.service(), std::string(1, '\0'), labels::Encode(set));
     if (auto it = label_set_cache_.find(key); it != label_set_cache_.end()) {
       out[t.id()] = it->second;
@@ -63,8 +69,10 @@ absl::StatusOr<absl::flat_hash_map<uint32_t, uint64_t>> AgentSession::TargetLabe
         spdlog::error("agent {}: {}; its samples are stored under strata_overflow=label_sets",
                       base::EscapeForLog(identity_.agent_id), std::string(id.status().message()));
       }
-      id = store_->interner().InternLabelSet(t.service(), {{"strata_overflow", "label_sets"}},
-                                  limits_.max_label_sets + 1, wb);
+      // One overflow set per profile type, so overflowing samples keep their type.
+      id = store_->interner().InternLabelSet(
+          t.service(), labels::Merge({{"strata_overflow", "label_sets"}}, profile),
+          limits_.max_label_sets + 2, wb);
     }
     if (!id.ok()) return id.status();
     out[t.id()] = *id;
@@ -369,6 +377,23 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
                            *stack_id, c.count);
     }
     applied.contexts.push_back({&service, *stack_id, c.count});
+  }
+  if (batch.capture_id().empty() && batch.unwind_size() > 0) {
+    // The agents' unwinding counters, per service, in this batch's commit: exactly once.
+    std::map<std::string, store::UnwindCounts> unwind;
+    for (const v1::UnwindCounters& u : batch.unwind()) {
+      auto target = targets.find(u.target_id());
+      if (target == targets.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "batch ", batch.sequence(), " has unwind counters of unknown target ", u.target_id()));
+      }
+      unwind[target->second->service()].Add({u.stacks(), u.truncated(), u.verify_failures(),
+                                             u.jit_frames_cfi(), u.jit_frames_fp(), u.lost()});
+    }
+    for (const auto& [service, counts] : unwind) {
+      wb.PutUnwindCounts(service, applied.window_start_ms, identity_.agent_id,
+                         identity_.graph_id, batch.sequence(), counts);
+    }
   }
   wb.SetAppliedSequence(identity_.agent_id, identity_.graph_id, batch.sequence());
   ++batches_;

@@ -432,6 +432,66 @@ TEST_P(AgentSessionTest, TargetLabelsAreStoredAndSelected) {
   EXPECT_EQ(load(""), 13u);
 }
 
+// Off-CPU batches are a profile of their own: the same targets and stacks under the reserved
+// label __profile__=off-cpu, which agents may not send themselves.
+TEST_P(AgentSessionTest, OffCpuBatchesAreTheirOwnProfile) {
+  FakeAgent agent;
+  auto c = agent.Context({"main", "wait"}, 5);
+  auto c7 = agent.Context({"main", "wait"}, 7);
+  auto session = Open();
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  ASSERT_TRUE(session->ApplyBatch(Batch(1, agent.graph.num_edges(), {c})).ok());
+  v1::SampleBatch off = Batch(2, agent.graph.num_edges(), {c7});
+  off.set_profile(v1::PROFILE_OFF_CPU);
+  ASSERT_TRUE(session->ApplyBatch(off).ok());
+
+  query::ProfileReader reader(store_.get());
+  auto total = [&](v1::ProfileType type, const std::string& selector = "") {
+    auto p = reader.Load({.service = "demo", .from_ms = 0, .to_ms = INT64_MAX,
+                          .selector = selector, .type = type});
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? p->total : 0;
+  };
+  EXPECT_EQ(total(v1::PROFILE_CPU), 5u);
+  EXPECT_EQ(total(v1::PROFILE_OFF_CPU), 7u);
+  EXPECT_EQ(total(v1::PROFILE_WALL), 12u);
+  EXPECT_EQ(total(v1::PROFILE_WALL, "__profile__=off-cpu"), 7u);
+  auto sets = store_->interner().ListLabelSets("demo");
+  ASSERT_TRUE(sets.ok());
+  ASSERT_EQ(sets->size(), 2u);
+  EXPECT_EQ(sets->back().labels, (labels::LabelSet{{"__profile__", "off-cpu"}}));
+
+  // A reserved key from the agent, a wall batch, an off-CPU capture: refused, nothing stored.
+  v1::SampleBatch forged = Batch(3, agent.graph.num_edges(), {c});
+  (*forged.mutable_targets(0)->mutable_labels())["__profile__"] = "off-cpu";
+  auto r = session->ApplyBatch(forged);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("reserved"));
+  v1::SampleBatch wall = Batch(3, agent.graph.num_edges(), {c});
+  wall.set_profile(v1::PROFILE_WALL);
+  EXPECT_TRUE(absl::IsInvalidArgument(session->ApplyBatch(wall).status()));
+  v1::SampleBatch capture = Batch(3, agent.graph.num_edges(), {c});
+  capture.set_profile(v1::PROFILE_OFF_CPU);
+  capture.set_capture_id("cap-1");
+  EXPECT_TRUE(absl::IsInvalidArgument(session->ApplyBatch(capture).status()));
+  EXPECT_EQ(total(v1::PROFILE_WALL), 12u);
+  EXPECT_EQ(session->last_applied_sequence(), 2u);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      reader.Load({.service = "demo", .from_ms = 0, .to_ms = INT64_MAX,
+                   .capture_id = "cap-1", .type = v1::PROFILE_OFF_CPU})
+          .status()));
+}
+
+TEST(IngestLimitsTest, ReservedHelloLabelsAreRefused) {
+  v1::Hello hello;
+  hello.set_agent_id("a");
+  hello.set_host("h");
+  (*hello.mutable_labels())["region"] = "eu";
+  EXPECT_TRUE(CheckHello(hello, {}).ok());
+  (*hello.mutable_labels())["__profile__"] = "off-cpu";
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckHello(hello, {})));
+}
+
 INSTANTIATE_TEST_SUITE_P(Forms, AgentSessionTest,
                          ::testing::Values(Form::kRepeated, Form::kPacked),
                          [](const ::testing::TestParamInfo<Form>& info) {

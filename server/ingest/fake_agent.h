@@ -20,12 +20,18 @@ namespace strata::server::ingest {
 struct FakeAgent {
   encoding::CallGraph graph;
   std::vector<std::string> names{"<root>", "<truncated>"};
+  std::vector<std::string> modules{"", ""}, build_ids{"", ""};  // by node, like names
 
-  encoding::NodeId Function(const std::string& name) {
+  // The node of function `name` (names are unique), added in `module` (build ID: raw bytes,
+  // may be empty) when new.
+  encoding::NodeId Function(const std::string& name, const std::string& module = "/bin/demo",
+                            const std::string& build_id = "") {
     for (size_t i = 2; i < names.size(); ++i) {
       if (names[i] == name) return static_cast<encoding::NodeId>(i);
     }
     names.push_back(name);
+    modules.push_back(module);
+    build_ids.push_back(build_id);
     return graph.AddNode();
   }
   v1::GraphDelta Delta(uint32_t from_node, uint64_t from_edge) const {
@@ -35,7 +41,8 @@ struct FakeAgent {
       auto* fn = d.add_nodes();
       fn->set_id(n);
       fn->set_name(names[n]);
-      fn->set_module("/bin/demo");
+      fn->set_module(modules[n]);
+      fn->set_build_id(build_ids[n]);
       fn->set_start_offset(n * 16);
     }
     d.set_first_edge(from_edge);

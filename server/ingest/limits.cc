@@ -5,6 +5,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/labels/labels.h"
+#include "server/commit/profile_type.h"
 
 namespace strata::server::ingest {
 namespace {
@@ -32,6 +33,14 @@ absl::Status CheckCount(const char* what, size_t n, uint64_t bound) {
       absl::StrCat(what, ": ", n, " is more than the limit of ", bound));
 }
 
+// Keys starting with "__" are the server's (the profile type, commit/profile_type.h).
+absl::Status CheckNotReserved(const char* what, const std::string& key) {
+  if (!commit::IsReservedLabelKey(key)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": label key '", key.substr(0, 64), "' is reserved: keys starting with '",
+      commit::kReservedLabelPrefix, "' are set by the server"));
+}
+
 absl::Status CheckTarget(const v1::Target& t, const IngestLimits& limits) {
   if (absl::Status s = CheckKeyPart("target service", t.service(), limits.max_id_bytes); !s.ok()) {
     return s;
@@ -43,6 +52,7 @@ absl::Status CheckTarget(const v1::Target& t, const IngestLimits& limits) {
     if (absl::Status s = labels::ValidateLabel(key, value); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("Target.labels: ", s.message()));
     }
+    if (absl::Status s = CheckNotReserved("Target.labels", key); !s.ok()) return s;
   }
   return CheckString("target executable", t.executable(), limits.max_path_bytes);
 }
@@ -67,6 +77,7 @@ absl::Status CheckHello(const v1::Hello& hello, const IngestLimits& limits) {
           "Hello.labels: keys must have 1 to ", limits.max_id_bytes, " bytes, got ", key.size()));
     }
     if (s = CheckString("Hello.labels value", value, limits.max_label_bytes); !s.ok()) return s;
+    if (s = CheckNotReserved("Hello.labels", key); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -93,6 +104,24 @@ absl::Status CheckBatchShape(const v1::SampleBatch& batch, const IngestLimits& l
     s = CheckKeyPart("SampleBatch.capture_id", batch.capture_id(), limits.max_id_bytes);
   }
   if (!s.ok()) return s;
+  if (batch.profile() != v1::PROFILE_CPU && batch.profile() != v1::PROFILE_OFF_CPU) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SampleBatch.profile ", static_cast<int>(batch.profile()),
+                     " is not a batch type (PROFILE_CPU or PROFILE_OFF_CPU)"));
+  }
+  if (batch.profile() != v1::PROFILE_CPU && !batch.capture_id().empty()) {
+    return absl::InvalidArgumentError(
+        "captures are CPU profiles: an off-CPU batch has no capture_id");
+  }
+  s = CheckCount("SampleBatch.unwind", batch.unwind_size(), limits.max_batch_targets);
+  if (!s.ok()) return s;
+  for (const v1::UnwindCounters& u : batch.unwind()) {
+    if (u.truncated() > u.stacks()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SampleBatch.unwind of target ", u.target_id(), ": ", u.truncated(),
+                       " truncated stacks of ", u.stacks()));
+    }
+  }
   absl::flat_hash_set<std::string_view> services;
   for (const v1::Target& t : batch.targets()) {
     if (s = CheckTarget(t, limits); !s.ok()) return s;

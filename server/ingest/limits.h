@@ -50,10 +50,12 @@ struct IngestLimits {
 
 // Shape checks of single messages (sizes, counts, NUL bytes in key parts). InvalidArgument
 // naming the field and the bound.
+// Hello.labels keys may not be reserved ("__...") either.
 absl::Status CheckHello(const v1::Hello& hello, const IngestLimits& limits);
 absl::Status CheckGraphDelta(const v1::GraphDelta& delta, const IngestLimits& limits);
 // Targets (count, strings, distinct services, labels: at most max_labels each, in the
-// syntax of common/labels) and the number of repeated contexts.
+// syntax of common/labels, no reserved "__" keys), the number of repeated contexts, the
+// profile type (CPU or off-CPU; captures CPU only) and the unwind counters.
 absl::Status CheckBatchShape(const v1::SampleBatch& batch, const IngestLimits& limits);
 absl::Status CheckHeartbeat(const v1::Heartbeat& heartbeat, const IngestLimits& limits);
 absl::Status CheckCaptureStatus(const v1::CaptureStatus& status, const IngestLimits& limits);

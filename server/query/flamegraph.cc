@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/base/frame_kind.h"
 
 namespace strata::server::query {
 namespace {
@@ -40,15 +41,39 @@ std::string FitLabel(std::string_view name, double width_px) {
   return std::string(name.substr(0, chars - 2)) + "..";
 }
 
-// Warm colours from a stable hash of the name, so a function keeps its colour across graphs.
-std::string FrameColor(std::string_view name) {
+// Colours from a stable hash of the name, so a function keeps its colour across graphs, in
+// flamegraph.pl's palettes: warm for user code, orange for the kernel, aqua for JIT code.
+std::string FrameColor(std::string_view name, base::FrameKind kind) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
   const double v1 = static_cast<double>(h & 0xff) / 255.0;
   const double v2 = static_cast<double>((h >> 8) & 0xff) / 255.0;
   const double v3 = static_cast<double>((h >> 16) & 0xff) / 255.0;
-  return absl::StrFormat("rgb(%d,%d,%d)", 205 + static_cast<int>(50 * v3),
-                         static_cast<int>(230 * v1), static_cast<int>(55 * v2));
+  switch (kind) {
+    case base::FrameKind::kKernel:
+      return absl::StrFormat("rgb(%d,%d,0)", 190 + static_cast<int>(65 * v1),
+                             90 + static_cast<int>(65 * v1));
+    case base::FrameKind::kJit:
+      return absl::StrFormat("rgb(%d,%d,%d)", 50 + static_cast<int>(60 * v1),
+                             165 + static_cast<int>(55 * v1), 165 + static_cast<int>(55 * v1));
+    default:
+      return absl::StrFormat("rgb(%d,%d,%d)", 205 + static_cast<int>(50 * v3),
+                             static_cast<int>(230 * v1), static_cast<int>(55 * v2));
+  }
+}
+
+// perf's stackcollapse suffixes for kernel and JIT frames in folded stacks.
+const char* FoldedSuffix(base::FrameKind kind) {
+  switch (kind) {
+    case base::FrameKind::kKernel: return "_[k]";
+    case base::FrameKind::kJit: return "_[j]";
+    default: return "";
+  }
+}
+
+const char* KindName(base::FrameKind kind) {
+  if (kind == base::FrameKind::kKernel) return "kernel";
+  return kind == base::FrameKind::kJit ? "jit" : "user";
 }
 
 std::string PercentText(uint64_t part, uint64_t total) {
@@ -450,6 +475,7 @@ std::string RenderFolded(const Profile& profile) {
       if (!first) out.push_back(';');
       first = false;
       clean(profile.functions[f].name, &out);
+      out += FoldedSuffix(base::FrameKindOf(profile.functions[f].module));
     }
     if (first) out += "[unknown]";
     absl::StrAppend(&out, " ", stack.count, "\n");
@@ -472,6 +498,10 @@ std::string RenderFlameJson(const FlameTree& tree) {
     const ResolvedFunction& f = tree.functions[n.function];
     absl::StrAppend(&out, "{\"name\":\"", JsonEscape(f.name), "\"");
     if (!f.module.empty()) absl::StrAppend(&out, ",\"module\":\"", JsonEscape(f.module), "\"");
+    // User code, the common case, goes without (readers of earlier output see no change).
+    if (const base::FrameKind kind = base::FrameKindOf(f.module); kind != base::FrameKind::kUser) {
+      absl::StrAppend(&out, ",\"kind\":\"", KindName(kind), "\"");
+    }
     absl::StrAppend(&out, ",\"value\":", n.total, ",\"self\":", n.self, ",\"children\":[");
     open.push_back(n.depth);
   }
@@ -525,7 +555,9 @@ std::string RenderFlameSvg(const FlameTree& tree, const std::string& title) {
                           "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" rx=\"2\" "
                           "fill=\"%s\"/><text x=\"%.1f\" y=\"%d\">%s</text></g>\n",
                           x, y, width, kFrameHeight - 1,
-                          n.depth == 0 ? "rgb(235,200,120)" : FrameColor(f.name), x + 3,
+                          n.depth == 0 ? "rgb(235,200,120)"
+                                       : FrameColor(f.name, base::FrameKindOf(f.module)),
+                          x + 3,
                           y + kFrameHeight - 4, XmlEscape(FitLabel(f.name, width)));
   }
   absl::StrAppend(&out, "<script type=\"text/ecmascript\"><![CDATA[", kSvgScript,

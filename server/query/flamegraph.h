@@ -43,13 +43,16 @@ inline constexpr uint32_t kDefaultFlameNodes = 16384;
 FlameTree BuildFlameTree(const Profile& profile, uint32_t max_nodes);
 
 // One "outer;...;leaf count" line per stack of `profile` (never pruned), heaviest first.
-// ';' and line breaks inside names are replaced so every line parses.
+// ';' and line breaks inside names are replaced so every line parses. Kernel frames end in
+// "_[k]" and JIT frames in "_[j]" (perf's stackcollapse), which flamegraph.pl colours.
 std::string RenderFolded(const Profile& profile);
 
-// {"name":"all","value":N,"self":S,"children":[...]} with "module" on function nodes.
+// {"name":"all","value":N,"self":S,"children":[...]} with "module" on function nodes and
+// "kind" ("kernel" or "jit") on those of kernel and JIT code.
 std::string RenderFlameJson(const FlameTree& tree);
 
-// A standalone SVG document; frames narrower than 0.1 px at full width are left out.
+// A standalone SVG document; frames narrower than 0.1 px at full width are left out. User
+// frames are warm colours, kernel frames orange, JIT frames aqua (flamegraph.pl's palettes).
 std::string RenderFlameSvg(const FlameTree& tree, const std::string& title);
 // A standalone HTML document embedding the SVG (its script runs inline).
 std::string RenderFlameHtml(const FlameTree& tree, const std::string& title);

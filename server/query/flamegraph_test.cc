@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "server/query/diff.h"
 #include "server/query/pprof.h"
 
@@ -189,12 +192,60 @@ TEST(FlameTreeTest, Renderings) {
   EXPECT_EQ(RenderFolded(p), "main;a;b 6\nmain;a;c 3\n[truncated];x 2\nmain;d 1\n");
   FlameTree tree = BuildFlameTree(p, 0);
   EXPECT_THAT(RenderFlameJson(tree),
-              HasSubstr("{\"name\":\"b\",\"module\":\"/bin/m\",\"value\":6,\"self\":6,"
-                        "\"children\":[]},{\"name\":\"c\""));
+              HasSubstr("{\"name\":\"b\",\"module\":\"/bin/m\",\"value\":6,"
+                        "\"self\":6,\"children\":[]},{\"name\":\"c\""));
   const std::string svg = RenderFlameSvg(tree, "t <&>");
   EXPECT_THAT(svg, HasSubstr("<text id=\"title\" x=\"600\" y=\"22\">t &lt;&amp;&gt;</text>"));
   EXPECT_THAT(svg, HasSubstr("<title>b (6 samples, 50.00%) /bin/m</title>"));
   EXPECT_THAT(RenderFlameHtml(tree, "t"), testing::StartsWith("<!DOCTYPE html>"));
+}
+
+// Kernel and JIT frames (by module name, common/base/frame_kind.h) are told apart in every
+// rendering: folded suffixes, JSON kinds, SVG palettes; pprof keeps their modules as mappings.
+TEST(FlameTreeTest, KernelAndJitFramesAreMarked) {
+  Profile p;
+  p.functions = {{1, "main", "/bin/m"},
+                 {2, "do_syscall_64", "[kernel.kallsyms]"},
+                 {3, "xfs_read", "[kernel:xfs]"},
+                 {4, "Lambda.run", "[jit:/tmp/perf-1.map]"}};
+  p.stacks = {{1, 4, false, {0, 1, 2}}, {2, 1, false, {0, 3}}};
+  p.total = 5;
+  EXPECT_EQ(RenderFolded(p), "main;do_syscall_64_[k];xfs_read_[k] 4\nmain;Lambda.run_[j] 1\n");
+  FlameTree tree = BuildFlameTree(p, 0);
+  const std::string json = RenderFlameJson(tree);
+  EXPECT_THAT(json, HasSubstr("\"name\":\"xfs_read\",\"module\":\"[kernel:xfs]\","
+                              "\"kind\":\"kernel\""));
+  EXPECT_THAT(json, HasSubstr("\"name\":\"Lambda.run\",\"module\":\"[jit:/tmp/perf-1.map]\","
+                              "\"kind\":\"jit\""));
+  EXPECT_THAT(json, HasSubstr("\"name\":\"main\",\"module\":\"/bin/m\",\"value\""));
+  // Each frame's fill: orange (blue 0) for the kernel, aqua (green = blue) for JIT code, warm
+  // (red >= 205) for user code.
+  const std::string svg = RenderFlameSvg(tree, "t");
+  auto fill_of = [&](const std::string& name) {
+    const size_t at = svg.find(absl::StrCat("data-n=\"", name, "\""));
+    EXPECT_NE(at, std::string::npos) << name;
+    const size_t fill = svg.find("fill=\"rgb(", at) + 10;
+    int r = 0, g = 0, b = 0;
+    EXPECT_EQ(std::sscanf(svg.c_str() + fill, "%d,%d,%d", &r, &g, &b), 3);
+    return std::tuple{r, g, b};
+  };
+  auto [kr, kg, kb] = fill_of("do_syscall_64");
+  EXPECT_GE(kr, 190);
+  EXPECT_GE(kg, 90);
+  EXPECT_LE(kg, 155);
+  EXPECT_EQ(kb, 0);
+  auto [jr, jg, jb] = fill_of("Lambda.run");
+  EXPECT_LE(jr, 110);
+  EXPECT_EQ(jg, jb);
+  EXPECT_GE(jg, 165);
+  auto [ur, ug, ub] = fill_of("main");
+  EXPECT_GE(ur, 205);
+  EXPECT_LE(ub, 55);
+  // pprof: the kernel image, the kernel module and the JIT map are mappings of their own.
+  const std::string raw = EncodePprofProto(p, {1000, 2000});
+  for (const char* module : {"[kernel.kallsyms]", "[kernel:xfs]", "[jit:/tmp/perf-1.map]"}) {
+    EXPECT_THAT(raw, HasSubstr(module));
+  }
 }
 
 TEST(DiffTest, ComparesShares) {
@@ -352,6 +403,78 @@ TEST(PprofTest, GzipsAnEncodedProfile) {
   const std::string raw = EncodePprofProto(SmallProfile(), {1000, 2000});
   EXPECT_THAT(raw, HasSubstr("samples"));
   EXPECT_THAT(raw, HasSubstr("/bin/m"));
+}
+
+uint64_t ReadVarint(std::string_view in, size_t* pos) {
+  uint64_t v = 0;
+  for (int shift = 0; *pos < in.size(); shift += 7) {
+    const uint8_t b = static_cast<uint8_t>(in[(*pos)++]);
+    v |= uint64_t{b & 0x7fu} << shift;
+    if (b < 0x80) break;
+  }
+  return v;
+}
+
+// The fields of a protobuf message by number (wire types 0 and 2 only: all pprof.cc
+// writes), varints as decimal text.
+std::multimap<uint32_t, std::string> Fields(std::string_view in) {
+  std::multimap<uint32_t, std::string> out;
+  for (size_t pos = 0; pos < in.size();) {
+    const uint64_t tag = ReadVarint(in, &pos);
+    if ((tag & 7) == 0) {
+      out.emplace(tag >> 3, std::to_string(ReadVarint(in, &pos)));
+    } else {
+      const uint64_t n = ReadVarint(in, &pos);
+      out.emplace(tag >> 3, std::string(in.substr(pos, n)));
+      pos += n;
+    }
+  }
+  return out;
+}
+
+std::vector<uint64_t> Packed(std::string_view bytes) {
+  std::vector<uint64_t> out;
+  for (size_t pos = 0; pos < bytes.size();) out.push_back(ReadVarint(bytes, &pos));
+  return out;
+}
+
+// Counts in sampling periods become time at the rate: [samples/count, T/nanoseconds] with T
+// the profile type, the period in nanoseconds, and the count shown by default.
+TEST(PprofTest, SampleTypesAreCountAndTimeOfTheProfileType) {
+  const std::string raw =
+      EncodePprofProto(SmallProfile(), {1000, 2000, v1::PROFILE_OFF_CPU, 100});
+  auto profile = Fields(raw);
+  std::vector<std::string> strings;
+  for (auto [it, end] = profile.equal_range(6); it != end; ++it) strings.push_back(it->second);
+  auto value_type = [&](const std::string& bytes) {
+    auto f = Fields(bytes);
+    return std::pair{strings.at(std::stoull(f.find(1)->second)),
+                     strings.at(std::stoull(f.find(2)->second))};
+  };
+  std::vector<std::pair<std::string, std::string>> types;
+  for (auto [it, end] = profile.equal_range(1); it != end; ++it) {
+    types.push_back(value_type(it->second));
+  }
+  EXPECT_THAT(types, testing::ElementsAre(std::pair{"samples", "count"},
+                                          std::pair{"off-cpu", "nanoseconds"}));
+  EXPECT_EQ(value_type(profile.find(11)->second),
+            (std::pair<std::string, std::string>{"off-cpu", "nanoseconds"}));
+  EXPECT_EQ(profile.find(12)->second, "10000000");  // 1e9 / 100 Hz
+  EXPECT_EQ(strings.at(std::stoull(profile.find(14)->second)), "samples");
+  std::vector<std::vector<uint64_t>> values;
+  for (auto [it, end] = profile.equal_range(2); it != end; ++it) {
+    values.push_back(Packed(Fields(it->second).find(2)->second));
+  }
+  EXPECT_THAT(values, testing::ElementsAre(
+                          testing::ElementsAre(6, 60'000'000), testing::ElementsAre(3, 30'000'000),
+                          testing::ElementsAre(2, 20'000'000), testing::ElementsAre(1, 10'000'000)));
+  // CPU at the default rate.
+  profile = Fields(EncodePprofProto(SmallProfile(), {1000, 2000}));
+  strings.clear();
+  for (auto [it, end] = profile.equal_range(6); it != end; ++it) strings.push_back(it->second);
+  EXPECT_EQ(value_type(profile.find(11)->second),
+            (std::pair<std::string, std::string>{"cpu", "nanoseconds"}));
+  EXPECT_EQ(profile.find(12)->second, "10101010");  // 1e9 / 99 Hz
 }
 
 }  // namespace

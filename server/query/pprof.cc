@@ -2,8 +2,12 @@
 
 #include <zlib.h>
 
+#include <cstdint>
+#include <iterator>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "server/commit/profile_type.h"
 
 namespace strata::server::query {
 namespace {
@@ -79,12 +83,21 @@ std::string ValueType(StringTable* strings, const std::string& type, const std::
   return w.str();
 }
 
+// `periods` sampling periods in nanoseconds, rounded (saturating: counts may be up to 2^64).
+uint64_t Nanos(uint64_t periods, double period_ns) {
+  const double ns = static_cast<double>(periods) * period_ns;
+  return ns >= 18446744073709551615.0 ? UINT64_MAX : static_cast<uint64_t>(ns + 0.5);
+}
+
 }  // namespace
 
 std::string EncodePprofProto(const Profile& profile, const PprofOptions& options) {
   StringTable strings;
   Writer out;
+  const std::string type(commit::ProfileTypeName(options.type));
+  const double period_ns = 1e9 / (options.rate_hz == 0 ? 99 : options.rate_hz);
   out.Bytes(kSampleType, ValueType(&strings, "samples", "count"));
+  out.Bytes(kSampleType, ValueType(&strings, type, "nanoseconds"));
 
   // Samples: location IDs leaf first (pprof's order); location i+1 is function i.
   std::vector<uint64_t> locations;
@@ -95,8 +108,8 @@ std::string EncodePprofProto(const Profile& profile, const PprofOptions& options
     }
     Writer sample;
     sample.Packed(1, locations.begin(), locations.end());
-    const uint64_t value = stack.count;
-    sample.Packed(2, &value, &value + 1);
+    const uint64_t values[2] = {stack.count, Nanos(stack.count, period_ns)};
+    sample.Packed(2, std::begin(values), std::end(values));
     out.Bytes(kSample, sample.str());
   }
 
@@ -133,7 +146,7 @@ std::string EncodePprofProto(const Profile& profile, const PprofOptions& options
     fn.UInt(4, strings.Index(f.module));  // filename
     out.Bytes(kFunction, fn.str());
   }
-  const std::string period_type = ValueType(&strings, "cpu", "samples");
+  const std::string period_type = ValueType(&strings, type, "nanoseconds");
   // The string table must hold every index used above, so it goes last.
   for (const std::string& s : strings.strings()) out.Bytes(kStringTable, s);
   out.UInt(kTimeNanos, static_cast<uint64_t>(options.from_ms) * 1'000'000);
@@ -141,7 +154,9 @@ std::string EncodePprofProto(const Profile& profile, const PprofOptions& options
     out.UInt(kDurationNanos, static_cast<uint64_t>(options.to_ms - options.from_ms) * 1'000'000);
   }
   out.Bytes(kPeriodType, period_type);
-  out.UInt(kPeriod, 1);
+  out.UInt(kPeriod, Nanos(1, period_ns));
+  // pprof shows the last sample type unless told: the counts stay what it shows first.
+  out.UInt(kDefaultSampleType, strings.Index("samples"));
   return std::move(out.str());
 }
 

@@ -14,12 +14,19 @@
 
 #include "absl/status/statusor.h"
 #include "server/query/profile.h"
+#include "strata/v1/common.pb.h"
 
 namespace strata::server::query {
 
+// Sample types [("samples", "count"), (T, "nanoseconds")] with T "cpu", "off-cpu" or "wall"
+// (the profile's type), period_type (T, "nanoseconds") and period 1e9 / rate: a count of n
+// sampling periods at `rate_hz` is n * 1e9 / rate_hz nanoseconds of on-CPU, off-CPU or wall
+// time. "samples" stays the first type, so readers of the count see what they always did.
 struct PprofOptions {
   int64_t from_ms = 0;  // time_nanos of the profile
   int64_t to_ms = 0;    // with from_ms: duration_nanos
+  v1::ProfileType type = v1::PROFILE_CPU;
+  uint32_t rate_hz = 99;  // sampling rate of the counts; 0 is taken as 99
 };
 
 // Returns the gzipped encoding; Internal only if zlib fails.

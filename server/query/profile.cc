@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/labels/labels.h"
 #include "re2/re2.h"
+#include "server/commit/profile_type.h"
 
 namespace strata::server::query {
 
@@ -308,6 +309,11 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
       selector = *std::move(parsed);
     }
   }
+  if (query.type != v1::PROFILE_CPU && !query.capture_id.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "captures are CPU profiles; there is no ", commit::ProfileTypeName(query.type),
+        " profile of a capture"));
+  }
   if (query.capture_id.empty()) {
     auto services = ListServices(store_, live_);
     if (!services.ok()) return services.status();
@@ -332,14 +338,21 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
   sq.resolution = query.resolution;
   if (!query.host.empty()) sq.host = query.host;
   if (!query.capture_id.empty()) sq.capture_id = query.capture_id;
-  if (selector) {
-    // The selector picks label sets; the store and the live tables keep the sets' IDs.
+  if (selector || (query.capture_id.empty() && query.type != v1::PROFILE_WALL)) {
+    // The selector and the profile type pick label sets; the store and the live tables keep
+    // the sets' IDs. A service with one profile type only needs no set filter for it.
     auto sets = store_->interner().ListLabelSets(query.service);
     if (!sets.ok()) return sets.status();
     sq.label_sets.emplace();
+    bool all = true;
     for (const store::LabelSetRecord& r : *sets) {
-      if (selector->Matches(r.labels)) sq.label_sets->insert(r.id);
+      if (commit::InProfile(r.labels, query.type) && (!selector || selector->Matches(r.labels))) {
+        sq.label_sets->insert(r.id);
+      } else {
+        all = false;
+      }
     }
+    if (all && !selector) sq.label_sets.reset();
   }
   // Summed per stack by the store (whole hours come from its per-hour aggregates).
   auto totals = SumSamples(sq);

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "server/aggregate/live_samples.h"
 #include "server/store/store.h"
+#include "strata/v1/common.pb.h"
 
 namespace strata::server::query {
 
@@ -32,6 +33,9 @@ struct ProfileQuery {
   std::string selector;
   // kAuto reads whole hours and minutes from the rollups, so long ranges scan few cells.
   store::Resolution resolution = store::Resolution::kAuto;
+  // CPU, off-CPU or both (wall): label sets with or without the reserved profile label
+  // (commit/profile_type.h). Captures are CPU only.
+  v1::ProfileType type = v1::PROFILE_CPU;
 };
 
 struct ResolvedFunction {
@@ -78,7 +82,7 @@ class ProfileReader {
   ProfileReader& operator=(const ProfileReader&) = delete;
 
   // InvalidArgument: empty service, from >= to, bad regex, bad selector (or one given with a
-  // capture). NotFound: unknown service (with
+  // capture), a capture with a type other than CPU. NotFound: unknown service (with
   // the known ones in the message). Stacks that cannot be resolved are reported as DataLoss.
   // Thread-safe.
   absl::StatusOr<Profile> Load(const ProfileQuery& query);

@@ -9,11 +9,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/base/clock.h"
+#include "common/base/frame_kind.h"
 #include "server/aggregate/phase_event.h"
 #include "server/commit/batch_committer.h"
+#include "server/commit/profile_type.h"
 #include "server/query/diff.h"
 #include "server/query/flamegraph.h"
 #include "server/query/pprof.h"
+#include "server/query/quality.h"
 
 namespace strata::server::query {
 namespace {
@@ -26,10 +29,17 @@ uint32_t EffectiveLimit(uint32_t requested) {
   return std::min(requested, kMaxLimit);
 }
 
-void SetFrame(const ResolvedFunction& f, v1::Frame* out) {
-  out->set_function(f.name);
-  out->set_module(f.module);
+static_assert(static_cast<int>(base::FrameKind::kKernel) == v1::FRAME_KERNEL &&
+              static_cast<int>(base::FrameKind::kJit) == v1::FRAME_JIT);
+
+// Every frame the API returns says where its code lives, from the module name agents give
+// kernel and JIT code (common/base/frame_kind.h).
+void SetFrame(const std::string& function, const std::string& module, v1::Frame* out) {
+  out->set_function(function);
+  out->set_module(module);
+  out->set_kind(static_cast<v1::FrameKind>(base::FrameKindOf(module)));
 }
+void SetFrame(const ResolvedFunction& f, v1::Frame* out) { SetFrame(f.name, f.module, out); }
 
 std::string Rfc3339(int64_t ms) {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixMillis(ms), absl::UTCTimeZone());
@@ -44,10 +54,7 @@ void ResolvePath(store::Store* store, uint64_t stack_id, v1::HotPath* path) {
   for (uint64_t fid : stack->function_ids) {
     auto fn = store->interner().GetFunction(fid);
     v1::Frame* frame = path->add_frames();
-    if (fn.ok()) {
-      frame->set_function(fn->name);
-      frame->set_module(fn->module);
-    }
+    if (fn.ok()) SetFrame(fn->name, fn->module, frame);
   }
 }
 
@@ -115,6 +122,11 @@ absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int
   q.focus = filter.focus();
   q.ignore = filter.ignore();
   q.selector = filter.selector();
+  if (!v1::ProfileType_IsValid(filter.type())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown profile type ", static_cast<int>(filter.type())));
+  }
+  q.type = filter.type();
   return q;
 }
 
@@ -313,7 +325,8 @@ absl::StatusOr<v1::DiffResponse> QueryService::RunDiff(const v1::DiffRequest& re
   // compared over the same range.
   const bool same_target = base_filter.service() == request.filter().service() &&
                            base_filter.capture_id() == request.filter().capture_id() &&
-                           base_filter.selector() == request.filter().selector();
+                           base_filter.selector() == request.filter().selector() &&
+                           base_filter.type() == request.filter().type();
   if (base_filter.range().from_ms() == 0 && base_filter.range().to_ms() == 0) {
     if (same_target) {
       const int64_t length = current->to_ms - current->from_ms;
@@ -376,7 +389,9 @@ absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportReque
   if (!query.ok()) return query.status();
   auto profile = reader_.Load(*query);
   if (!profile.ok()) return profile.status();
-  auto data = EncodePprof(*profile, {query->from_ms, query->to_ms});
+  // Counts are in sampling periods of the service's agents: pprof's time values use them.
+  auto data = EncodePprof(*profile, {query->from_ms, query->to_ms, query->type,
+                                     registry_->SamplingRate(query->service)});
   if (!data.ok()) return data.status();
   v1::ExportResponse response;
   response.set_data(std::move(*data));
@@ -410,7 +425,10 @@ absl::StatusOr<v1::ListLabelsResponse> QueryService::RunListLabels(
   if (!sets.ok()) return sets.status();
   std::map<std::string, std::set<std::string>> values;
   for (const store::LabelSetRecord& r : *sets) {
-    for (const auto& [key, value] : r.labels) values[key].insert(value);
+    for (const auto& [key, value] : r.labels) {
+      // Reserved labels (the profile type) are chosen by ProfileFilter.type, not selectors.
+      if (!commit::IsReservedLabelKey(key)) values[key].insert(value);
+    }
   }
   v1::ListLabelsResponse response;
   response.set_label_sets(static_cast<uint32_t>(sets->size()));
@@ -427,6 +445,38 @@ grpc::Status QueryService::ListLabels(grpc::ServerContext* context,
                                       v1::ListLabelsResponse* response) {
   if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
   return Respond([&] { return RunListLabels(*request); }, response);
+}
+
+absl::StatusOr<v1::QualityResponse> QueryService::RunQuality(const v1::QualityRequest& request) {
+  auto query = ToProfileQuery(request.filter(), base::NowMs());
+  if (!query.ok()) return query.status();
+  if (!query->capture_id.empty()) {
+    return absl::InvalidArgumentError("stack quality is reported for services, not captures");
+  }
+  auto profile = reader_.Load(*query);
+  if (!profile.ok()) return profile.status();
+  std::vector<std::string> build_ids;
+  build_ids.reserve(profile->functions.size());
+  for (const ResolvedFunction& f : profile->functions) {
+    auto info = store_->interner().GetFunction(f.id);
+    build_ids.push_back(info.ok() ? info->build_id : std::string());
+  }
+  v1::QualityResponse response = StackQuality(*profile, build_ids);
+  auto counts = store_->meta().SumUnwindCounts(query->service, query->from_ms, query->to_ms);
+  if (!counts.ok()) return counts.status();
+  response.set_agent_stacks(counts->stacks);
+  response.set_agent_truncated(counts->truncated);
+  response.set_verify_failures(counts->verify_failures);
+  response.set_jit_frames_cfi(counts->jit_frames_cfi);
+  response.set_jit_frames_fp(counts->jit_frames_fp);
+  response.set_lost_samples(counts->lost);
+  return response;
+}
+
+grpc::Status QueryService::Quality(grpc::ServerContext* context, const v1::QualityRequest* request,
+                                   v1::QualityResponse* response) {
+  if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
+  return Respond([&] { return RunQuality(*request); }, response);
 }
 
 absl::StatusOr<v1::PhasesResponse> QueryService::RunPhases(const v1::PhasesRequest& request) {

@@ -52,6 +52,8 @@ class QueryService final : public v1::Query::Service {
                       v1::ExportResponse*) override;
   grpc::Status ListLabels(grpc::ServerContext*, const v1::ListLabelsRequest*,
                           v1::ListLabelsResponse*) override;
+  grpc::Status Quality(grpc::ServerContext*, const v1::QualityRequest*,
+                       v1::QualityResponse*) override;
 
   // Transport-free entry points (also used by the HTTP/JSON mirror).
   absl::StatusOr<v1::TopResponse> RunTop(const v1::TopRequest& request);
@@ -66,6 +68,9 @@ class QueryService final : public v1::Query::Service {
   absl::StatusOr<v1::ExportResponse> RunExport(const v1::ExportRequest& request);
   // Label keys of a service and their values; empty for an unknown service.
   absl::StatusOr<v1::ListLabelsResponse> RunListLabels(const v1::ListLabelsRequest& request);
+  // Stack quality of a service's continuous profile over the range (quality.h) with its
+  // agents' unwinding counters.
+  absl::StatusOr<v1::QualityResponse> RunQuality(const v1::QualityRequest& request);
 
  private:
   absl::StatusOr<auth::Principal> AuthorizeQuery(const grpc::ServerContextBase* context);

@@ -23,12 +23,15 @@ class QueryServiceTest : public ::testing::Test {
     query_ = std::make_unique<QueryService>(store_.get(), &registry_);
   }
 
-  // Interns the stack of `functions` (outermost first, all in module "app").
-  uint64_t Stack(const std::vector<std::string>& functions) {
+  // Interns the stack of `functions` (outermost first, all in module "app" unless given).
+  uint64_t Stack(const std::vector<std::string>& functions,
+                 const std::vector<std::string>& modules = {}) {
     store::WriteBatch wb;
     store::StackFrames frames;
-    for (const std::string& name : functions) {
-      auto fn = store_->interner().InternFunction({name, "app", "", 0}, &wb);
+    for (size_t i = 0; i < functions.size(); ++i) {
+      const std::string& name = functions[i];
+      auto fn = store_->interner().InternFunction(
+          {name, i < modules.size() ? modules[i] : "app", "", 0}, &wb);
       EXPECT_TRUE(fn.ok()) << fn.status();
       frames.function_ids.push_back(fn.ok() ? *fn : 0);
     }
@@ -39,9 +42,11 @@ class QueryServiceTest : public ::testing::Test {
   }
 
   void AddSamples(const std::string& service, const std::string& host, uint64_t stack,
-                  uint64_t count) {
+                  uint64_t count, const labels::LabelSet& set = {}) {
     store::WriteBatch wb;
-    wb.AddSamples(service, kWindow, host, stack, count, 0);
+    auto label_set = store_->interner().InternLabelSet(service, set, 100, &wb);
+    ASSERT_TRUE(label_set.ok()) << label_set.status();
+    wb.AddSamples(service, kWindow, host, stack, count, *label_set);
     ASSERT_TRUE(store_->Commit(&wb).ok());
   }
 
@@ -131,6 +136,108 @@ TEST_F(QueryServiceTest, TopSortsBySelfOrTotal) {
   EXPECT_EQ(total->functions(0).total(), 45u);
   EXPECT_EQ(total->functions(0).self(), 0u);
   EXPECT_EQ(total->functions(1).function().function(), "work");
+}
+
+// Off-CPU samples carry the reserved profile label (as ingest stores them): CPU queries
+// leave them out, off-CPU queries read only them, wall both; selectors combine with the type.
+TEST_F(QueryServiceTest, ProfileTypeSelectsLabelSets) {
+  AddKnownProfile();
+  const labels::LabelSet off_cpu = {{"__profile__", "off-cpu"}};
+  const labels::LabelSet v2_off_cpu = {{"__profile__", "off-cpu"}, {"version", "2"}};
+  AddSamples("api", "h1", idle_, 100, off_cpu);
+  AddSamples("api", "h1", idle_, 8, v2_off_cpu);
+  AddSamples("api", "h1", work_, 2, {{"version", "2"}});
+  auto total = [&](v1::ProfileType type, const std::string& selector = "") {
+    v1::TopRequest request;
+    *request.mutable_filter() = Filter("api");
+    request.mutable_filter()->set_type(type);
+    request.mutable_filter()->set_selector(selector);
+    auto r = query_->RunTop(request);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->total_samples() : 0;
+  };
+  EXPECT_EQ(total(v1::PROFILE_CPU), 47u);
+  EXPECT_EQ(total(v1::PROFILE_OFF_CPU), 108u);
+  EXPECT_EQ(total(v1::PROFILE_WALL), 155u);
+  EXPECT_EQ(total(v1::PROFILE_CPU, "version=2"), 2u);
+  EXPECT_EQ(total(v1::PROFILE_OFF_CPU, "version=2"), 8u);
+  EXPECT_EQ(total(v1::PROFILE_WALL, "version=2"), 10u);
+
+  // Reserved keys are not selector material: ListLabels leaves them out.
+  v1::ListLabelsRequest labels_request;
+  labels_request.set_service("api");
+  auto listed = query_->RunListLabels(labels_request);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->labels_size(), 1);
+  EXPECT_EQ(listed->labels(0).key(), "version");
+
+  // Captures are CPU profiles; unknown types are refused.
+  v1::TopRequest capture;
+  capture.mutable_filter()->set_capture_id("cap-1");
+  capture.mutable_filter()->set_type(v1::PROFILE_OFF_CPU);
+  auto refused = query_->RunTop(capture);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  v1::TopRequest unknown;
+  *unknown.mutable_filter() = Filter("api");
+  unknown.mutable_filter()->set_type(static_cast<v1::ProfileType>(9));
+  EXPECT_TRUE(absl::IsInvalidArgument(query_->RunTop(unknown).status()));
+
+  // A diff of the off-CPU profile against the CPU one of the same range is allowed.
+  v1::DiffRequest diff;
+  *diff.mutable_filter() = Filter("api");
+  diff.mutable_filter()->set_type(v1::PROFILE_OFF_CPU);
+  *diff.mutable_base() = Filter("api");
+  auto diffed = query_->RunDiff(diff);
+  ASSERT_TRUE(diffed.ok()) << diffed.status();
+  EXPECT_EQ(diffed->base_total_samples(), 47u);
+  EXPECT_EQ(diffed->total_samples(), 108u);
+}
+
+// pprof time values use the sampling rate most of the service's agents report.
+TEST_F(QueryServiceTest, SamplingRateIsTheMostCommonOfTheServicesAgents) {
+  EXPECT_EQ(registry_.SamplingRate("api"), registry::kDefaultFrequencyHz);
+  auto attach = [&](const std::string& id, uint32_t hz, const std::string& service) {
+    ASSERT_TRUE(registry_
+                    .Attach({id, "host-" + id, "x86_64", "1.0", ""}, hz,
+                            [](const v1::ServerMessage&) { return true; })
+                    .ok());
+    v1::SampleBatch batch;
+    v1::Target* target = batch.add_targets();
+    target->set_service(service);
+    target->set_pid(42);
+    registry_.RecordBatch(id, batch);
+  };
+  attach("a", 49, "api");
+  attach("b", 199, "api");
+  attach("c", 199, "api");
+  attach("d", 49, "other");
+  attach("e", 0, "api");  // did not say
+  EXPECT_EQ(registry_.SamplingRate("api"), 199u);
+  EXPECT_EQ(registry_.SamplingRate("other"), 49u);
+  EXPECT_EQ(registry_.SamplingRate("none"), registry::kDefaultFrequencyHz);
+}
+
+// Frames say whether their code is the kernel's, JIT code or user code, from their module.
+TEST_F(QueryServiceTest, FramesCarryTheirKind) {
+  const uint64_t stack = Stack({"main", "read", "vfs_read", "Lambda.run"},
+                               {"app", "/lib/libc.so.6", "[kernel.kallsyms]", "[jit]"});
+  AddSamples("api", "h1", stack, 3);
+  v1::HotPathsRequest request;
+  *request.mutable_filter() = Filter("api");
+  auto paths = query_->RunHotPaths(request);
+  ASSERT_TRUE(paths.ok()) << paths.status();
+  ASSERT_EQ(paths->paths_size(), 1);
+  std::vector<v1::FrameKind> kinds;
+  for (const v1::Frame& f : paths->paths(0).frames()) kinds.push_back(f.kind());
+  EXPECT_EQ(kinds, (std::vector<v1::FrameKind>{v1::FRAME_USER, v1::FRAME_USER, v1::FRAME_KERNEL,
+                                                v1::FRAME_JIT}));
+  v1::TopRequest top;
+  *top.mutable_filter() = Filter("api");
+  auto functions = query_->RunTop(top);
+  ASSERT_TRUE(functions.ok()) << functions.status();
+  ASSERT_GT(functions->functions_size(), 0);
+  EXPECT_EQ(functions->functions(0).function().function(), "Lambda.run");
+  EXPECT_EQ(functions->functions(0).function().kind(), v1::FRAME_JIT);
 }
 
 TEST_F(QueryServiceTest, UnknownServiceIsNotFound) {

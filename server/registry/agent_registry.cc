@@ -79,6 +79,7 @@ std::vector<AgentStatus> AgentRegistry::List() const {
     a.last_batch_ms = e.last_batch_ms;
     a.batches = e.batches;
     a.health = e.health;
+    a.frequency_hz = e.frequency_hz;
     a.targets.reserve(e.targets.size());
     for (const auto& [pid, service] : e.targets) a.targets.push_back({service, pid});
   }
@@ -99,6 +100,27 @@ std::vector<std::string> AgentRegistry::FindAgents(const std::string& service,
     if (match) out.push_back(id);
   }
   return out;
+}
+
+uint32_t AgentRegistry::SamplingRate(const std::string& service) const {
+  absl::MutexLock lock(&mu_);
+  std::map<uint32_t, uint32_t> agents_by_rate;
+  for (const auto& [id, e] : agents_) {
+    if (e.frequency_hz == 0) continue;
+    for (const auto& [pid, s] : e.targets) {
+      if (s != service) continue;
+      ++agents_by_rate[e.frequency_hz];
+      break;
+    }
+  }
+  uint32_t rate = kDefaultFrequencyHz, agents = 0;
+  for (const auto& [hz, n] : agents_by_rate) {
+    if (n > agents) {
+      rate = hz;
+      agents = n;
+    }
+  }
+  return rate;
 }
 
 bool AgentRegistry::Send(const std::string& agent_id, const v1::ServerMessage& message) {

@@ -52,7 +52,11 @@ struct AgentStatus {
   uint64_t batches = 0;
   std::vector<TargetRef> targets;  // by pid, latest seen
   v1::AgentHealth health;          // from the agent's latest heartbeat
+  uint32_t frequency_hz = 0;       // Hello.frequency_hz; 0: not said
 };
+
+// Sampling rate assumed for a service none of whose agents said theirs (the agent's default).
+inline constexpr uint32_t kDefaultFrequencyHz = 99;
 
 class AgentRegistry {
  public:
@@ -76,6 +80,10 @@ class AgentRegistry {
   // (empty: any) with `pid` (0: any).
   std::vector<std::string> FindAgents(const std::string& service, const std::string& host,
                                       uint32_t pid) const;
+  // The sampling rate of `service`'s profile: the most common Hello.frequency_hz of the
+  // known agents that profile one of its targets (the lower one on a tie), or
+  // kDefaultFrequencyHz when none is known.
+  uint32_t SamplingRate(const std::string& service) const;
   // Sends a control message to a connected agent; false if it is gone.
   bool Send(const std::string& agent_id, const v1::ServerMessage& message);
 

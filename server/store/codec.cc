@@ -349,6 +349,54 @@ std::string PhaseKey(const PhaseEvent& event) {
   return key;
 }
 
+std::string UnwindPrefix(std::string_view service, uint64_t window_start_ms) {
+  std::string key = TaggedKey(kUnwindTag, service);
+  key.push_back('\0');
+  PutFixed64BE(&key, window_start_ms);
+  return key;
+}
+
+std::string UnwindKey(std::string_view service, uint64_t window_start_ms,
+                      std::string_view agent_id, uint64_t incarnation, uint64_t sequence) {
+  std::string key = UnwindPrefix(service, window_start_ms);
+  key.append(agent_id);
+  key.push_back('\0');
+  PutFixed64BE(&key, incarnation);
+  PutFixed64BE(&key, sequence);
+  return key;
+}
+
+namespace {
+constexpr uint64_t UnwindCounts::*kUnwindFields[] = {
+    &UnwindCounts::stacks,         &UnwindCounts::truncated,     &UnwindCounts::verify_failures,
+    &UnwindCounts::jit_frames_cfi, &UnwindCounts::jit_frames_fp, &UnwindCounts::lost};
+}  // namespace
+
+void UnwindCounts::Add(const UnwindCounts& o) {
+  for (uint64_t UnwindCounts::*f : kUnwindFields) {
+    this->*f = this->*f + o.*f < this->*f ? UINT64_MAX : this->*f + o.*f;
+  }
+}
+
+std::string EncodeUnwindCounts(const UnwindCounts& counts) {
+  std::string value(1, 1);
+  for (uint64_t UnwindCounts::*f : kUnwindFields) PutVarint(&value, counts.*f);
+  return value;
+}
+
+absl::StatusOr<UnwindCounts> DecodeUnwindCounts(std::string_view value) {
+  Reader in(value);
+  uint8_t version;
+  UnwindCounts c;
+  if (!in.Byte(&version) || version == 0) return Corrupt("unwind counters");
+  for (uint64_t UnwindCounts::*f : kUnwindFields) {
+    if (!in.Varint(&(c.*f))) return Corrupt("unwind counters");
+  }
+  // Fields a later version appends are skipped; version 1 has none.
+  if (version == 1 && !in.Done()) return Corrupt("unwind counters");
+  return c;
+}
+
 std::string EncodeAgent(const AgentRecord& agent) {
   // Version 2 adds the owner; version 1 records (no owner) still decode.
   std::string value;

@@ -73,6 +73,7 @@ inline constexpr char kPhaseTag = 'p';
 inline constexpr char kSequenceTag = 'q';
 inline constexpr char kLabelSetTag = 'l';
 inline constexpr char kServiceLabelSetTag = 'L';
+inline constexpr char kUnwindTag = 'u';
 
 std::string AgentKey(std::string_view agent_id);
 // Applied batch sequence of one incarnation of an agent (its graph ID): 'q' agent '\0'
@@ -92,6 +93,16 @@ std::string GraphEdgeKey(std::string_view agent_id, uint64_t graph_id, uint64_t 
 // 'p' service '\0' BE(window) BE(hash of payload).
 std::string PhasePrefix(std::string_view service, uint64_t window_start_ms);
 std::string PhaseKey(const PhaseEvent& event);
+
+// Unwinding counters of one batch and service: 'u' service '\0' BE(window) agent '\0'
+// BE(incarnation) BE(sequence) (one record per batch: written once, with the batch).
+std::string UnwindPrefix(std::string_view service, uint64_t window_start_ms);
+std::string UnwindKey(std::string_view service, uint64_t window_start_ms,
+                      std::string_view agent_id, uint64_t incarnation, uint64_t sequence);
+// [version u8 = 1][varint stacks, truncated, verify_failures, jit_frames_cfi, jit_frames_fp,
+// lost]; later versions may append fields.
+std::string EncodeUnwindCounts(const UnwindCounts& counts);
+absl::StatusOr<UnwindCounts> DecodeUnwindCounts(std::string_view value);
 
 std::string EncodeAgent(const AgentRecord& agent);
 absl::StatusOr<AgentRecord> DecodeAgent(std::string_view value);

@@ -121,6 +121,25 @@ absl::StatusOr<std::vector<PhaseEvent>> MetaRecords::ScanPhaseEvents(std::string
   return out;
 }
 
+absl::StatusOr<UnwindCounts> MetaRecords::SumUnwindCounts(std::string_view service,
+                                                           int64_t from_ms, int64_t to_ms) {
+  if (!ValidKeyPart(service)) return absl::InvalidArgumentError("service contains NUL");
+  UnwindCounts sum;
+  const uint64_t from = static_cast<uint64_t>(std::max<int64_t>(from_ms, 0));
+  if (to_ms <= 0 || static_cast<uint64_t>(to_ms) <= from) return sum;
+  absl::Status s = database_->Scan(
+      Column::kMeta, UnwindPrefix(service, from),
+      UnwindPrefix(service, static_cast<uint64_t>(to_ms)),
+      [&](std::string_view, std::string_view value) -> absl::Status {
+        absl::StatusOr<UnwindCounts> counts = DecodeUnwindCounts(value);
+        if (!counts.ok()) return counts.status();
+        sum.Add(*counts);
+        return absl::OkStatus();
+      });
+  if (!s.ok()) return s;
+  return sum;
+}
+
 absl::StatusOr<AgentRecord> MetaRecords::GetAgent(const std::string& agent_id) {
   if (!ValidKeyPart(agent_id)) return absl::InvalidArgumentError("agent id contains NUL");
   std::string value;

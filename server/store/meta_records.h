@@ -1,5 +1,6 @@
 // MetaRecords: reads of the store's metadata: agents and their applied batch sequences,
-// agents' call graphs, phase events, captures, and the aggregation journal. They are written
+// agents' call graphs, phase events, captures, agents' unwinding counters, and the
+// aggregation journal. They are written
 // through a WriteBatch (PutAgent, AppendGraphNodes, ...). Owned by Store (Store::meta());
 // thread-safe.
 #ifndef STRATA_SERVER_STORE_META_RECORDS_H_
@@ -37,6 +38,9 @@ class MetaRecords {
   // Events of `service` with window in [from_ms, to_ms), by window.
   absl::StatusOr<std::vector<PhaseEvent>> ScanPhaseEvents(std::string_view service,
                                                           int64_t from_ms, int64_t to_ms);
+  // The agents' unwinding counters of `service` in windows [from_ms, to_ms), summed.
+  absl::StatusOr<UnwindCounts> SumUnwindCounts(std::string_view service, int64_t from_ms,
+                                               int64_t to_ms);
   absl::StatusOr<CaptureInfo> GetCapture(std::string_view capture_id);
   absl::StatusOr<std::vector<CaptureInfo>> ListCaptures();
   // Every journal record in sequence order; stops at the first error `fn` returns.

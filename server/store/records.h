@@ -143,6 +143,20 @@ struct PhaseEvent {
   bool operator==(const PhaseEvent&) const = default;
 };
 
+// Agents' unwinding counters of one service (SampleBatch.unwind), summed.
+struct UnwindCounts {
+  uint64_t stacks = 0;
+  uint64_t truncated = 0;
+  uint64_t verify_failures = 0;
+  uint64_t jit_frames_cfi = 0;
+  uint64_t jit_frames_fp = 0;
+  uint64_t lost = 0;
+
+  bool operator==(const UnwindCounts&) const = default;
+  // Saturating sum.
+  void Add(const UnwindCounts& o);
+};
+
 struct CaptureInfo {
   std::string capture_id;
   std::string service;

@@ -31,7 +31,8 @@
 //              an hour drops that hour's aggregate
 //   meta       agents, per-agent applied batch sequence, per-agent call graph records,
 //              phase-change events, capture metadata, label sets (content-addressed IDs,
-//              like stacks) and the label sets each service uses
+//              like stacks) and the label sets each service uses, agents' unwinding
+//              counters per (service, window, batch)
 //   journal    BE(sequence) -> opaque record: acknowledged samples that the server's
 //              aggregation tables hold in memory and have not written to the cell column
 //              families yet (server/aggregate); deleted by the commit that writes them

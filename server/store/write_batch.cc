@@ -148,6 +148,19 @@ void WriteBatch::PutCapture(const CaptureInfo& capture) {
             EncodeCapture(capture));
 }
 
+void WriteBatch::PutUnwindCounts(std::string_view service, int64_t window_start_ms,
+                                 std::string_view agent_id, uint64_t incarnation,
+                                 uint64_t sequence, const UnwindCounts& counts) {
+  if (!rep_->CheckKeyPart("service", service, false) ||
+      !rep_->CheckKeyPart("agent id", agent_id, false) || !rep_->CheckWindow(window_start_ms)) {
+    return;
+  }
+  rep_->Add(Column::kMeta, Rep::OpType::kPut,
+            UnwindKey(service, static_cast<uint64_t>(window_start_ms), agent_id, incarnation,
+                      sequence),
+            EncodeUnwindCounts(counts));
+}
+
 bool WriteBatch::empty() const {
   return rep_->ops.empty() && rep_->sequences.empty() && rep_->status.ok();
 }

@@ -46,6 +46,11 @@ class WriteBatch {
   // Identical events (same service, window, payload) are stored once.
   void PutPhaseEvent(const PhaseEvent& event);
   void PutCapture(const CaptureInfo& capture);
+  // The agents' unwinding counters of batch `sequence` of (agent, incarnation) for `service`:
+  // committed with the batch, so exactly once; MetaRecords::SumUnwindCounts reads them.
+  void PutUnwindCounts(std::string_view service, int64_t window_start_ms,
+                       std::string_view agent_id, uint64_t incarnation, uint64_t sequence,
+                       const UnwindCounts& counts);
   // Drops a capture: its sample cells and its metadata record (capture retention).
   void DeleteCapture(std::string_view capture_id);
   // Journal records (see the journal column family): an opaque record under `sequence`, and

@@ -19,9 +19,13 @@ function rangeParams() {
   return p;
 }
 
+// " (off-cpu)" / " (wall)" after sample counts; CPU, the default, says nothing.
+const typeSuffix = () => ($('type').value === 'cpu' ? '' : ` (${$('type').value})`);
+
 function filterParams() {
   const p = rangeParams();
   p.set('service', $('service').value);
+  if ($('type').value !== 'cpu') p.set('type', $('type').value);
   for (const key of ['host', 'focus', 'ignore', 'select']) {
     const v = $(key).value.trim();
     if (v) p.set(key, v);
@@ -71,10 +75,14 @@ function fillTable(table, rows) {
 
 // ---- flame graph --------------------------------------------------------------------------
 
-// Stable warm colour per function name (same palette idea as the SVG export).
-function color(name) {
+// Stable colour per function name, in the SVG export's palettes: warm for user code, orange
+// for the kernel, aqua for JIT code (the node's "kind").
+function color(name, kind) {
   let h = 2166136261;
   for (let i = 0; i < name.length; i++) h = Math.imul(h ^ name.charCodeAt(i), 16777619) >>> 0;
+  const v = (h & 0xff) / 255;
+  if (kind === 'kernel') return `rgb(${190 + 65 * v | 0},${90 + 65 * v | 0},0)`;
+  if (kind === 'jit') return `rgb(${50 + 60 * v | 0},${165 + 55 * v | 0},${165 + 55 * v | 0})`;
   return `rgb(${205 + (h >>> 16) % 50},${(h & 0xff) * 230 / 255 | 0},${((h >>> 8) & 0xff) * 55 / 255 | 0})`;
 }
 
@@ -105,7 +113,7 @@ function renderFlame() {
     div.style.left = x + 'px';
     div.style.top = depth * rowH + 'px';
     div.style.width = w + 'px';
-    div.style.background = depth === 0 ? 'rgb(235,200,120)' : color(node.name);
+    div.style.background = depth === 0 ? 'rgb(235,200,120)' : color(node.name, node.kind);
     if (w > 24) div.textContent = node.name;
     div.title = '';
     div._node = node;
@@ -163,9 +171,13 @@ async function loadFlame() {
   state.zoom = null;
   const sel = $('select').value.trim();
   $('summary').textContent = `${$('service').value}${sel ? ' {' + sel + '}' : ''}: ` +
-      `${fmt(tree.value || 0)} samples`;
+      `${fmt(tree.value || 0)} samples${typeSuffix()}`;
   renderFlame();
 }
+
+// A frame of the JSON API, marked " [k]" for kernel code and " [j]" for JIT code (as the CLI).
+const functionText = (f) =>
+  f.function + ({ FRAME_KERNEL: ' [k]', FRAME_JIT: ' [j]' }[f.kind] || '');
 
 // ---- top ----------------------------------------------------------------------------------
 
@@ -174,11 +186,11 @@ async function loadTop() {
   p.set('limit', 100);
   const r = await api('/api/v1/top', p);
   const total = Number(r.total_samples);
-  $('summary').textContent = `${$('service').value}: ${fmt(total)} samples` +
+  $('summary').textContent = `${$('service').value}: ${fmt(total)} samples${typeSuffix()}` +
       (r.archs.length ? ` (${r.archs.join(', ')})` : '');
   fillTable($('top-table'), r.functions.map((f) => [
     cell(fmt(f.self), 'num'), cell(pct(f.self, total), 'num'), cell(fmt(f.total), 'num'),
-    cell(pct(f.total, total), 'num'), cell(f.function.function, 'fn'), cell(f.function.module)]));
+    cell(pct(f.total, total), 'num'), cell(functionText(f.function), 'fn'), cell(f.function.module)]));
 }
 
 // ---- diff ---------------------------------------------------------------------------------
@@ -205,9 +217,35 @@ async function loadDiff() {
     cell((x.truncated ? '[truncated] > ' : '') + x.frames.map((f) => f.function).join(' > '), 'fn')]));
 }
 
+// ---- stack quality ------------------------------------------------------------------------
+
+async function loadQuality() {
+  const r = await api('/api/v1/quality', filterParams());
+  $('summary').textContent = `${$('service').value}: ${fmt(r.samples)} samples`;
+  const rows = [
+    ['Complete stacks', `${r.complete_pct.toFixed(2)}% (${fmt(r.truncated_samples)} truncated)`],
+    ['Depth', `mean ${r.mean_depth.toFixed(1)}, max ${r.max_depth}; truncated mean ` +
+      `${r.mean_truncated_depth.toFixed(1)}, max ${r.max_truncated_depth}`],
+    ['Unnamed frames', `${fmt(r.unnamed_frames)} of ${fmt(r.frames)} (${pct(r.unnamed_frames, r.frames)})`],
+    ['Agents', `${fmt(r.agent_stacks)} stacks, ${fmt(r.agent_truncated)} truncated, ` +
+      `${fmt(r.verify_failures)} verification failures, JIT frames ${fmt(r.jit_frames_cfi)} by CFI ` +
+      `and ${fmt(r.jit_frames_fp)} by frame pointers, ${fmt(r.lost_samples)} samples lost`],
+  ];
+  $('quality-summary').replaceChildren(...rows.flatMap(([k, v]) => {
+    const dt = document.createElement('dt'), dd = document.createElement('dd');
+    dt.textContent = k;
+    dd.textContent = v;
+    return [dt, dd];
+  }));
+  fillTable($('quality-binaries'), r.binaries.map((b) => [
+    cell(fmt(b.frames), 'num'), cell(fmt(b.unnamed_frames), 'num'),
+    cell(pct(b.unnamed_frames, b.frames), 'num'), cell(fmt(b.truncated_here), 'num'),
+    cell(b.module, 'fn'), cell(b.build_id || '-', 'fn'), cell(b.hint)]));
+}
+
 // ---- wiring -------------------------------------------------------------------------------
 
-const loaders = { flame: loadFlame, top: loadTop, diff: loadDiff };
+const loaders = { flame: loadFlame, top: loadTop, diff: loadDiff, quality: loadQuality };
 
 async function refresh() {
   if (!$('service').value) {
@@ -261,6 +299,7 @@ $('range').addEventListener('change', () => {
   $('custom-range').hidden = $('range').value !== 'custom';
 });
 $('service').addEventListener('change', () => { loadLabelHints(); refresh(); });
+$('type').addEventListener('change', refresh);
 
 async function init() {
   try {
@@ -272,6 +311,7 @@ async function init() {
     }
     if (params.get('service')) $('service').value = params.get('service');
     if (params.get('select')) $('select').value = params.get('select');
+    if (['cpu', 'off-cpu', 'wall'].includes(params.get('type'))) $('type').value = params.get('type');
     if (params.get('base_select') !== null) {
       $('diff-base').value = 'select';
       $('diff-select').value = params.get('base_select');

@@ -1,0 +1,122 @@
+#include "server/query/quality.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/frame_kind.h"
+#include "common/base/saturating.h"
+
+namespace strata::server::query {
+namespace {
+
+double Pct(uint64_t part, uint64_t total) {
+  return total == 0 ? 0.0 : 100.0 * static_cast<double>(part) / static_cast<double>(total);
+}
+
+}  // namespace
+
+bool IsUnnamedFunction(std::string_view name) {
+  if (name == "[unknown]") return true;
+  const size_t plus = name.find("+0x");
+  // A demangled name may hold "+0x" only inside parentheses or after a space (operator+).
+  return plus != std::string_view::npos && plus > 0 &&
+         name.substr(0, plus).find_first_of("( <") == std::string_view::npos;
+}
+
+std::string DebugHint(std::string_view module, std::string_view build_id_hex) {
+  switch (base::FrameKindOf(module)) {
+    case base::FrameKind::kKernel:
+      return "kernel symbols: let the agent read /proc/kallsyms (kernel.kptr_restrict)";
+    case base::FrameKind::kJit:
+      return "enable the runtime's perf map (/tmp/perf-PID.map)";
+    default:
+      break;
+  }
+  const bool system = module.starts_with("/usr/lib") || module.starts_with("/lib");
+  if (system && build_id_hex.size() > 2) {
+    return absl::StrCat("install the -dbg/-dbgsym package that ships /usr/lib/debug/.build-id/",
+                        std::string(build_id_hex.substr(0, 2)), "/",
+                        std::string(build_id_hex.substr(2)), ".debug");
+  }
+  if (system) return absl::StrCat("install the -dbg/-dbgsym package of ", std::string(module));
+  return "build with symbols / upload debug info";
+}
+
+v1::QualityResponse StackQuality(const Profile& profile,
+                                 const std::vector<std::string>& build_ids) {
+  struct Binary {
+    uint64_t frames = 0, unnamed = 0, truncated_here = 0;
+  };
+  std::map<std::pair<std::string, std::string>, Binary> binaries;  // (module, build ID)
+  std::vector<Binary*> binary_of(profile.functions.size());
+  std::vector<uint8_t> unnamed(profile.functions.size());
+  for (size_t i = 0; i < profile.functions.size(); ++i) {
+    const std::string& id = i < build_ids.size() ? build_ids[i] : std::string();
+    binary_of[i] = &binaries[{profile.functions[i].module, id}];
+    unnamed[i] = IsUnnamedFunction(profile.functions[i].name);
+  }
+  v1::QualityResponse r;
+  uint64_t samples = 0, truncated = 0, depth_sum = 0, truncated_depth_sum = 0;
+  uint64_t frames = 0, unnamed_frames = 0;
+  uint32_t max_depth = 0, max_truncated_depth = 0;
+  for (const ResolvedStack& s : profile.stacks) {
+    const uint32_t depth = static_cast<uint32_t>(s.frames.size());
+    base::SaturatingAddTo(samples, s.count);
+    base::SaturatingAddTo(depth_sum, s.count * depth);
+    max_depth = std::max(max_depth, depth);
+    if (s.truncated) {
+      base::SaturatingAddTo(truncated, s.count);
+      base::SaturatingAddTo(truncated_depth_sum, s.count * depth);
+      max_truncated_depth = std::max(max_truncated_depth, depth);
+      if (!s.frames.empty()) {
+        base::SaturatingAddTo(binary_of[s.frames[0]]->truncated_here, s.count);
+      }
+    }
+    for (uint32_t f : s.frames) {
+      base::SaturatingAddTo(binary_of[f]->frames, s.count);
+      base::SaturatingAddTo(frames, s.count);
+      if (unnamed[f]) {
+        base::SaturatingAddTo(binary_of[f]->unnamed, s.count);
+        base::SaturatingAddTo(unnamed_frames, s.count);
+      }
+    }
+  }
+  r.set_samples(samples);
+  r.set_truncated_samples(truncated);
+  r.set_complete_pct(samples == 0 ? 0.0 : 100.0 - Pct(truncated, samples));
+  r.set_mean_depth(samples == 0 ? 0.0 : static_cast<double>(depth_sum) / samples);
+  r.set_max_depth(max_depth);
+  r.set_mean_truncated_depth(truncated == 0 ? 0.0
+                                            : static_cast<double>(truncated_depth_sum) / truncated);
+  r.set_max_truncated_depth(max_truncated_depth);
+  r.set_frames(frames);
+  r.set_unnamed_frames(unnamed_frames);
+  r.set_unnamed_pct(Pct(unnamed_frames, frames));
+  for (const auto& [key, b] : binaries) {
+    if (b.frames == 0) continue;
+    v1::BinaryQuality* out = r.add_binaries();
+    out->set_module(key.first);
+    out->set_build_id(absl::BytesToHexString(key.second));
+    out->set_frames(b.frames);
+    out->set_unnamed_frames(b.unnamed);
+    out->set_unnamed_pct(Pct(b.unnamed, b.frames));
+    out->set_truncated_here(b.truncated_here);
+    if (b.unnamed > 0 || b.truncated_here > 0) {
+      out->set_hint(DebugHint(key.first, out->build_id()));
+    }
+  }
+  std::sort(r.mutable_binaries()->begin(), r.mutable_binaries()->end(),
+            [](const v1::BinaryQuality& a, const v1::BinaryQuality& b) {
+              if (a.unnamed_frames() != b.unnamed_frames()) {
+                return a.unnamed_frames() > b.unnamed_frames();
+              }
+              if (a.frames() != b.frames()) return a.frames() > b.frames();
+              return a.module() < b.module();
+            });
+  return r;
+}
+
+}  // namespace strata::server::query
