@@ -27,7 +27,7 @@ namespace strata::agent {
 struct FunctionRecord {
   std::string name;
   std::string module;
-  std::string build_id;  // raw bytes
+  std::string build_id;  // lowercase hex
   uint64_t start_offset = 0;
 };
 

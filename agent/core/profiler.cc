@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/unwind/host_arch.h"
 #include "spdlog/spdlog.h"
@@ -336,7 +337,11 @@ absl::StatusOr<std::optional<v1::SampleBatch>> Profiler::TakeBatch(int64_t start
   auto batch = batches_.Interval(recorder_.continuous(), {start_ms, end_ms, sequence},
                                 *discovery_, lost);
   if (!batch.ok() || !batch->has_value()) return batch;
+  // Counters only of targets the batch names (the server refuses others).
+  absl::flat_hash_set<uint32_t> named;
+  for (const v1::Target& t : (*batch)->targets()) named.insert(t.id());
   for (const auto& [target_id, counts] : recorder_.TakeUnwindCounts()) {
+    if (!named.contains(target_id)) continue;
     v1::UnwindCounters* c = (*batch)->add_unwind();
     c->set_target_id(target_id);
     c->set_stacks(counts.stacks);

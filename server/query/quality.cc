@@ -26,6 +26,14 @@ bool IsUnnamedFunction(std::string_view name) {
          name.substr(0, plus).find_first_of("( <") == std::string_view::npos;
 }
 
+// Agents send build IDs as lowercase hex text; raw bytes (from other writers) are encoded.
+std::string BuildIdHex(std::string_view id) {
+  const bool hex = id.size() % 2 == 0 && std::all_of(id.begin(), id.end(), [](char c) {
+                     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+                   });
+  return hex ? std::string(id) : absl::BytesToHexString(absl::string_view(id.data(), id.size()));
+}
+
 std::string DebugHint(std::string_view module, std::string_view build_id_hex) {
   switch (base::FrameKindOf(module)) {
     case base::FrameKind::kKernel:
@@ -99,7 +107,7 @@ v1::QualityResponse StackQuality(const Profile& profile,
     if (b.frames == 0) continue;
     v1::BinaryQuality* out = r.add_binaries();
     out->set_module(key.first);
-    out->set_build_id(absl::BytesToHexString(key.second));
+    out->set_build_id(BuildIdHex(key.second));
     out->set_frames(b.frames);
     out->set_unnamed_frames(b.unnamed);
     out->set_unnamed_pct(Pct(b.unnamed, b.frames));

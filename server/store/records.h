@@ -16,7 +16,7 @@ namespace strata::server::store {
 struct FunctionInfo {
   std::string name;
   std::string module;    // path of the executable or shared library
-  std::string build_id;  // raw GNU build ID bytes; empty when the module has none
+  std::string build_id;  // GNU build ID as agents send it (lowercase hex); empty if none
   uint64_t start_offset = 0;
 
   bool operator==(const FunctionInfo&) const = default;

@@ -221,7 +221,7 @@ TEST_F(ProfileTypesE2eTest, QualityReportsStacksAndAgentCounters) {
   FakeAgent agent;
   agent.Function("main", "/usr/bin/app", "\xab\xcd\x01");
   agent.Function("work", "/usr/bin/app", "\xab\xcd\x01");
-  agent.Function("libc.so.6+0x1234", "/usr/lib/x86_64-linux-gnu/libc.so.6", "\x12\x34\x56");
+  agent.Function("libc.so.6+0x1234", "/usr/lib/x86_64-linux-gnu/libc.so.6", "123456");
   auto complete = agent.Context({"main", "work"}, 6);
   auto truncated = agent.Context({"libc.so.6+0x1234", "work"}, 4, /*truncated=*/true);
   {
