@@ -22,29 +22,27 @@ void IntervalLoop::PlanWindow(absl::Time now) {
       std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(window_end_ - now);
 }
 
+void IntervalLoop::Ship(absl::StatusOr<std::optional<v1::SampleBatch>> batch, const char* what,
+                        uint64_t* batches, uint64_t* bytes) {
+  if (!batch.ok()) {
+    spdlog::error("building {} batch: {}", what, batch.status().ToString());
+    return;
+  }
+  if (!batch->has_value()) return;
+  ++sequence_;
+  ++*batches;
+  *bytes += (*batch)->ByteSizeLong();
+  shipper_->Enqueue(std::move(**batch));
+}
+
 void IntervalLoop::ShipWindow(absl::Time end) {
   // After the clock went back, the window starts no later than it ends.
-  const absl::Time start = std::min(window_start_, end);
-  auto batch =
-      profiler_->TakeBatch(absl::ToUnixMillis(start), absl::ToUnixMillis(end), sequence_ + 1);
-  if (!batch.ok()) {
-    spdlog::error("building batch: {}", batch.status().ToString());
-  } else if (batch->has_value()) {
-    ++sequence_;
-    ++shipped_.cpu_batches;
-    shipped_.cpu_bytes += (*batch)->ByteSizeLong();
-    shipper_->Enqueue(std::move(**batch));
-  }
-  auto off_cpu = profiler_->TakeOffCpuBatch(absl::ToUnixMillis(start), absl::ToUnixMillis(end),
-                                            sequence_ + 1);
-  if (!off_cpu.ok()) {
-    spdlog::error("building off-CPU batch: {}", off_cpu.status().ToString());
-  } else if (off_cpu->has_value()) {
-    ++sequence_;
-    ++shipped_.off_cpu_batches;
-    shipped_.off_cpu_bytes += (*off_cpu)->ByteSizeLong();
-    shipper_->Enqueue(std::move(**off_cpu));
-  }
+  const int64_t start_ms = absl::ToUnixMillis(std::min(window_start_, end));
+  const int64_t end_ms = absl::ToUnixMillis(end);
+  Ship(profiler_->TakeBatch(start_ms, end_ms, sequence_ + 1), "cpu", &shipped_.cpu_batches,
+       &shipped_.cpu_bytes);
+  Ship(profiler_->TakeOffCpuBatch(start_ms, end_ms, sequence_ + 1), "off-CPU",
+       &shipped_.off_cpu_batches, &shipped_.off_cpu_bytes);
   window_start_ = end;
 }
 

@@ -42,6 +42,9 @@ class IntervalLoop {
  private:
   void PlanWindow(absl::Time now);
   void ShipWindow(absl::Time end);
+  // Enqueues a built batch under the next sequence number and counts it.
+  void Ship(absl::StatusOr<std::optional<v1::SampleBatch>> batch, const char* what,
+            uint64_t* batches, uint64_t* bytes);
 
   const absl::Duration interval_;
   Profiler* const profiler_;

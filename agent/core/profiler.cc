@@ -340,16 +340,8 @@ absl::StatusOr<std::optional<v1::SampleBatch>> Profiler::TakeBatch(int64_t start
   // Counters only of targets the batch names (the server refuses others).
   absl::flat_hash_set<uint32_t> named;
   for (const v1::Target& t : (*batch)->targets()) named.insert(t.id());
-  for (const auto& [target_id, counts] : recorder_.TakeUnwindCounts()) {
-    if (!named.contains(target_id)) continue;
-    v1::UnwindCounters* c = (*batch)->add_unwind();
-    c->set_target_id(target_id);
-    c->set_stacks(counts.stacks);
-    c->set_truncated(counts.truncated);
-    c->set_verify_failures(counts.verify_failures);
-    c->set_jit_frames_cfi(counts.jit_frames_cfi);
-    c->set_jit_frames_fp(counts.jit_frames_fp);
-    c->set_lost(counts.lost);
+  for (v1::UnwindCounters& counts : recorder_.TakeUnwindCounts()) {
+    if (named.contains(counts.target_id())) *(*batch)->add_unwind() = std::move(counts);
   }
   return batch;
 }

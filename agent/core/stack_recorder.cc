@@ -54,7 +54,7 @@ struct StackRecorder::OffCpuThread {
 
 struct StackRecorder::TargetState {
   uint32_t target_id = 0;
-  UnwindCounts counts;  // since the last TakeUnwindCounts
+  v1::UnwindCounters counts;  // since the last TakeUnwindCounts; target_id set
   absl::flat_hash_map<pid_t, std::unique_ptr<Thread>> threads;  // by tid
   absl::flat_hash_map<pid_t, std::unique_ptr<OffCpuThread>> off_cpu;  // by tid
   // Absolute pc (already adjusted for return addresses) -> function node and module offset,
@@ -80,6 +80,7 @@ StackRecorder::TargetState& StackRecorder::StateOf(const Target& target) {
   if (state == nullptr) {
     state = std::make_unique<TargetState>();
     state->target_id = target.id;
+    state->counts.set_target_id(target.id);
   }
   return *state;
 }
@@ -87,8 +88,8 @@ StackRecorder::TargetState& StackRecorder::StateOf(const Target& target) {
 void StackRecorder::ForgetTarget(pid_t pid) {
   auto it = states_.find(pid);
   if (it == states_.end()) return;
-  if (!it->second->counts.empty()) {
-    retired_counts_.emplace_back(it->second->target_id, it->second->counts);
+  if (it->second->counts.stacks() > 0 || it->second->counts.lost() > 0) {
+    retired_counts_.push_back(it->second->counts);
   }
   states_.erase(it);
 }
@@ -103,13 +104,14 @@ void StackRecorder::ForgetThread(pid_t pid, pid_t tid) {
   }
 }
 
-std::vector<std::pair<uint32_t, UnwindCounts>> StackRecorder::TakeUnwindCounts() {
-  std::vector<std::pair<uint32_t, UnwindCounts>> out = std::move(retired_counts_);
+std::vector<v1::UnwindCounters> StackRecorder::TakeUnwindCounts() {
+  std::vector<v1::UnwindCounters> out = std::move(retired_counts_);
   retired_counts_.clear();
   for (auto& [pid, state] : states_) {
-    if (state->counts.empty()) continue;
-    out.emplace_back(state->target_id, state->counts);
-    state->counts = {};
+    if (state->counts.stacks() == 0 && state->counts.lost() == 0) continue;
+    out.push_back(state->counts);
+    state->counts.Clear();
+    state->counts.set_target_id(state->target_id);
   }
   return out;
 }
@@ -212,9 +214,10 @@ unwind::UnwindResult StackRecorder::Unwind(const Target& target, TargetState& st
   stats_.frames_walked += unwind_stats.frames_unwound;
   stats_.frames_reused += unwind_stats.frames_reused;
   stats_.unwind_verify_failures += unwind_stats.verify_failed;
-  state.counts.verify_failures += unwind_stats.verify_failed;
-  state.counts.jit_frames_cfi += unwind_stats.jit_frames_cfi;
-  state.counts.jit_frames_fp += unwind_stats.jit_frames_fp;
+  v1::UnwindCounters& counts = state.counts;
+  counts.set_verify_failures(counts.verify_failures() + unwind_stats.verify_failed);
+  counts.set_jit_frames_cfi(counts.jit_frames_cfi() + unwind_stats.jit_frames_cfi);
+  counts.set_jit_frames_fp(counts.jit_frames_fp() + unwind_stats.jit_frames_fp);
   return result;
 }
 
@@ -292,8 +295,8 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   stats_.unwound_frames += num_frames;
   stats_.truncated += truncated;
   stats_.kernel_frames += kernel_depth;
-  ++state.counts.stacks;
-  state.counts.truncated += truncated;
+  state.counts.set_stacks(state.counts.stacks() + 1);
+  state.counts.set_truncated(state.counts.truncated() + truncated);
   if (state.pc_epoch != target.maps_epoch) {  // resolved against mappings since replaced
     state.pc_cache.clear();
     state.pc_epoch = target.maps_epoch;
@@ -320,7 +323,7 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   if (!graph_->ExtendPath(path, truncated, keep, &edges).ok()) {
     path.clear();  // nothing of it is reusable
     ++stats_.dropped;
-    ++state.counts.lost;
+    state.counts.set_lost(state.counts.lost() + 1);
     return nullptr;
   }
   return &edges;

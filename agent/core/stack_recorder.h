@@ -59,16 +59,6 @@ struct StackRecorderStats {
   uint64_t off_cpu_ns = 0;        // off-CPU time counted
 };
 
-// How well one target's stacks unwound (v1::UnwindCounters without the target).
-struct UnwindCounts {
-  uint64_t stacks = 0;
-  uint64_t truncated = 0;
-  uint64_t verify_failures = 0;
-  uint64_t jit_frames_cfi = 0;
-  uint64_t jit_frames_fp = 0;
-  uint64_t lost = 0;
-  bool empty() const { return stacks == 0 && lost == 0; }
-};
 
 class StackRecorder final : public sources::StackSink {
  public:
@@ -88,8 +78,8 @@ class StackRecorder final : public sources::StackSink {
   IntervalAggregator& continuous() { return aggregator_; }
   // Off-CPU time of the interval: counts are nanoseconds until BatchBuilder scales them.
   IntervalAggregator& off_cpu() { return off_cpu_; }
-  // Unwinding counters per target ID since the last call (targets gone since included).
-  std::vector<std::pair<uint32_t, UnwindCounts>> TakeUnwindCounts();
+  // Unwinding counters per target since the last call (targets gone since included).
+  std::vector<v1::UnwindCounters> TakeUnwindCounts();
   bool full() const { return full_; }
   void ClearFull() { full_ = false; }
   // Aggregators of capture sessions (not 0); samples of unknown sessions are not counted.
@@ -146,7 +136,7 @@ class StackRecorder final : public sources::StackSink {
   // Kernel pc (already adjusted for return addresses) -> node; shared by all targets.
   absl::flat_hash_map<uint64_t, encoding::NodeId> kernel_nodes_;
   // Counters of targets forgotten since the last TakeUnwindCounts.
-  std::vector<std::pair<uint32_t, UnwindCounts>> retired_counts_;
+  std::vector<v1::UnwindCounters> retired_counts_;
   absl::flat_hash_map<uint32_t, std::unique_ptr<IntervalAggregator>> session_aggregators_;
   bool full_ = false;
   StackRecorderStats stats_;

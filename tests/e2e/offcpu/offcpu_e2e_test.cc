@@ -123,6 +123,20 @@ TEST_F(OffCpuE2eTest, SyscallsShowKernelFramesUnderTheirUserFrames) {
   // Copying 64 KiB of zeros per call keeps the thread in the kernel most of the time.
   EXPECT_GT(with_kernel, in_read_zeros / 2);
   EXPECT_GT(with_read_syscall, in_read_zeros / 4);
+
+  // The agent's unwinding counters reached the server with its batches, and the kernel's
+  // frames are all named.
+  auto stub = v1::Query::NewStub(server.Channel());
+  v1::QualityRequest request;
+  request.mutable_filter()->set_service("syscalls");
+  grpc::ClientContext context;
+  v1::QualityResponse quality;
+  ASSERT_TRUE(stub->Quality(&context, request, &quality).ok());
+  EXPECT_GE(quality.agent_stacks(), quality.samples());
+  EXPECT_GT(quality.samples(), 0u);
+  for (const v1::BinaryQuality& b : quality.binaries()) {
+    if (b.module() == "[kernel.kallsyms]") EXPECT_EQ(b.unnamed_frames(), 0u);
+  }
 }
 
 // A thread that burns 20 ms of CPU in burn_cpu, then sleeps 20 ms in nap_in_known_place: the
