@@ -52,7 +52,7 @@ for line in User=strata NoNewPrivileges=yes ProtectSystem=strict StateDirectory=
   grep -qx "$line" "$server" || fail "strata-server.service lacks $line"
 done
 agent="$units/strata-agent.service"
-caps="CAP_SYS_PTRACE CAP_DAC_READ_SEARCH CAP_IPC_LOCK CAP_PERFMON"
+caps="CAP_SYS_PTRACE CAP_DAC_READ_SEARCH CAP_IPC_LOCK CAP_PERFMON CAP_SYSLOG"
 for line in "AmbientCapabilities=$caps" "CapabilityBoundingSet=$caps" NoNewPrivileges=yes \
             ProtectSystem=strict DynamicUser=yes StateDirectory=strata-agent; do
   grep -qx "$line" "$agent" || fail "strata-agent.service lacks $line"

@@ -8,7 +8,10 @@
 //  - without CAP_IPC_LOCK a process with many threads cannot be profiled per thread (perf ring
 //    buffers are locked memory), where RLIMIT_MEMLOCK is small enough for that to show; per CPU
 //    (the default) the rings follow the CPUs instead, but a host with many CPUs needs it too.
-// CAP_PERFMON matters only where kernel.perf_event_paranoid > 2; the test says which applies.
+//  - without CAP_PERFMON, where kernel.perf_event_paranoid > 1, the kernel refuses kernel-mode
+//    events, and without CAP_SYSLOG it hides /proc/kallsyms addresses: either way the agent
+//    says once that kernel stacks are off and profiles user stacks. The test says which
+//    applies.
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -77,7 +80,8 @@ std::vector<std::string> Without(std::vector<std::string> caps, const std::strin
 uint64_t CapabilityBit(const std::string& cap) {
   static const std::pair<const char*, int> kBits[] = {
       {"CAP_DAC_READ_SEARCH", 2}, {"CAP_IPC_LOCK", 14}, {"CAP_SYS_PTRACE", 19},
-      {"CAP_SYS_ADMIN", 21},      {"CAP_PERFMON", 38},  {"CAP_BPF", 39}};
+      {"CAP_SYS_ADMIN", 21},      {"CAP_SYSLOG", 34},   {"CAP_PERFMON", 38},
+      {"CAP_BPF", 39}};
   for (const auto& [name, bit] : kBits) {
     if (cap == name) return uint64_t{1} << bit;
   }
@@ -214,6 +218,7 @@ TEST_F(AgentCapabilitiesTest, UnitCapabilitiesAreSufficientAndEachIsNeeded) {
   // Sufficient: samples of another user's process, whole stacks, at the server.
   const std::string log = RunAgent(caps_, demo_->pid(), "caps-unit", 8, /*check_caps=*/true);
   ASSERT_THAT(log, HasSubstr("profiling pid")) << log;
+  EXPECT_THAT(log, HasSubstr("kernel stacks on")) << log;
   v1::HotPathsResponse paths = QueryHotPaths(server_->address(), "demo");
   EXPECT_GT(paths.total_samples(), 100u) << log;
   uint64_t named = 0;
@@ -246,6 +251,31 @@ TEST_F(AgentCapabilitiesTest, UnitCapabilitiesAreSufficientAndEachIsNeeded) {
               static_cast<unsigned long long>(with.samples),
               static_cast<unsigned long long>(without.truncated),
               static_cast<unsigned long long>(without.samples));
+}
+
+TEST_F(AgentCapabilitiesTest, WithoutPerfmonOrSyslogKernelStacksAreOffAndSaidOnce) {
+  if (PerfEventParanoid() <= 1) {
+    GTEST_SKIP() << "kernel.perf_event_paranoid <= 1 allows kernel-mode events and kallsyms "
+                    "addresses to everyone";
+  }
+  for (const char* cap : {"CAP_PERFMON", "CAP_SYSLOG"}) {
+    const std::string name = absl::AsciiStrToLower(absl::StrCat("caps-no-", cap + 4));
+    const std::string log = RunAgent(Without(caps_, cap), demo_->pid(), name, 3);
+    EXPECT_THAT(log, HasSubstr("profiling pid")) << log;
+    size_t said = 0;
+    for (size_t at = log.find("kernel stacks off"); at != std::string::npos;
+         at = log.find("kernel stacks off", at + 1)) {
+      ++said;
+    }
+    EXPECT_EQ(said, 1u) << cap << "\n" << log;
+    EXPECT_GT(Counts(log).samples, 0u) << log;
+    // Asked for explicitly, the refusal is an error that says what is missing.
+    const std::string on = RunAgent(Without(caps_, cap), demo_->pid(), name + "-on", 1, false,
+                                    {"--kernel-stacks", "on"});
+    EXPECT_THAT(on, HasSubstr(std::string(cap) == "CAP_PERFMON" ? "CAP_PERFMON" : "CAP_SYSLOG"))
+        << on;
+    EXPECT_THAT(on, ::testing::Not(HasSubstr("profiling pid"))) << on;
+  }
 }
 
 TEST_F(AgentCapabilitiesTest, ManyThreadsNeedIpcLock) {
