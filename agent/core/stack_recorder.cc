@@ -10,6 +10,8 @@
 namespace strata::agent {
 namespace {
 constexpr size_t kMaxPcCacheEntries = 1 << 20;
+// Entries of a kernel call chain, as the kernel's default perf_event_max_stack allows.
+constexpr size_t kMaxKernelChain = 128;
 }  // namespace
 
 // A thread's last recorded stack as a path, outermost first: path[i] is frame i's (function
@@ -39,18 +41,22 @@ struct StackRecorder::Thread {
 };
 
 // A thread's off-CPU side: its own unwinder (a thread that blocks in the same place keeps its
-// outer frames from one switch to the next) and the context of its last switch-out, waiting
-// for the switch-in that ends the interval. `pending` is sized once.
+// outer frames from one switch to the next) and a copy of its last switch-out (registers,
+// used stack bytes, kernel chain), unwound only once the switch-in shows the interval counts.
+// The copies are sized once.
 struct StackRecorder::OffCpuThread {
-  OffCpuThread(const unwind::IncrementalOptions& options, size_t max_frames)
+  OffCpuThread(const unwind::IncrementalOptions& options, size_t max_frames, size_t stack_bytes)
       : thread(std::make_unique<Thread>(options, max_frames)) {
-    pending.reserve(max_frames);
+    stack.reserve(stack_bytes);
+    kernel_pcs.reserve(kMaxKernelChain);
   }
   std::unique_ptr<Thread> thread;
-  std::vector<encoding::EdgeId> pending;
-  uint64_t out_ns = 0;
+  sampler::RawSample out;  // stack and kernel_pcs point into the copies below when used
+  std::vector<uint8_t> stack;
+  std::vector<uint64_t> kernel_pcs;
   bool waiting = false;
 };
+
 
 struct StackRecorder::TargetState {
   uint32_t target_id = 0;
@@ -129,23 +135,28 @@ void StackRecorder::OnSample(const sampler::RawSample& sample) {
   }
   if (sample.kind != sampler::RawEventKind::kSample) return;
   ++stats_.samples;
-  std::unique_ptr<Thread>& thread = state.threads[static_cast<pid_t>(sample.tid)];
+  const std::vector<encoding::EdgeId>* edges = UnwindAndRecord(
+      *target, state, state.threads[static_cast<pid_t>(sample.tid)], sample);
+  if (edges != nullptr) Count(*target, sample.session_id, *edges);
+}
+
+const std::vector<encoding::EdgeId>* StackRecorder::UnwindAndRecord(
+    Target& target, TargetState& state, std::unique_ptr<Thread>& thread,
+    const sampler::RawSample& sample) {
   PathCache* paths = nullptr;
   size_t outer_kept = 0;
-  unwind::UnwindResult result = Unwind(*target, state, thread, sample, &paths, &outer_kept);
+  unwind::UnwindResult result = Unwind(target, state, thread, sample, &paths, &outer_kept);
   if (result.num_frames == 0) {
     frames_[0] = {sample.pc, sample.sp, 0};
     result.num_frames = 1;
   }
-  if (result.stop == unwind::StopReason::kNoModule) targets_->RefreshSoon(*target);
-  const std::vector<encoding::EdgeId>* edges =
-      Record(*target, state, frames_.data(), result.num_frames,
-             result.stop != unwind::StopReason::kOutermost, sample.kernel_pcs,
-             sample.kernel_depth, paths, outer_kept);
-  if (edges != nullptr) Count(*target, sample.session_id, *edges);
+  if (result.stop == unwind::StopReason::kNoModule) targets_->RefreshSoon(target);
+  return Record(target, state, frames_.data(), result.num_frames,
+                result.stop != unwind::StopReason::kOutermost, sample.kernel_pcs,
+                sample.kernel_depth, paths, outer_kept);
 }
 
-void StackRecorder::OnSwitch(const Target& target, TargetState& state,
+void StackRecorder::OnSwitch(Target& target, TargetState& state,
                              const sampler::RawSample& sample) {
   const pid_t tid = static_cast<pid_t>(sample.tid);
   if (sample.kind == sampler::RawEventKind::kSwitchIn) {
@@ -153,38 +164,38 @@ void StackRecorder::OnSwitch(const Target& target, TargetState& state,
     if (it == state.off_cpu.end() || !it->second->waiting) return;
     OffCpuThread& thread = *it->second;
     thread.waiting = false;
-    const uint64_t ns = sample.time_ns > thread.out_ns ? sample.time_ns - thread.out_ns : 0;
+    const uint64_t ns = sample.time_ns > thread.out.time_ns ? sample.time_ns - thread.out.time_ns : 0;
     if (ns < options_.off_cpu_threshold_ns || ns == 0) {
-      ++stats_.off_cpu_short;
+      ++stats_.off_cpu_short;  // never unwound
       return;
     }
+    // Now that the interval counts, the switch-out's copy is unwound, with the thread's
+    // off-CPU unwinder (a thread blocking in the same place keeps its outer frames).
+    sampler::RawSample out = thread.out;
+    out.stack = thread.stack.data();
+    out.kernel_pcs = thread.kernel_pcs.data();
+    const std::vector<encoding::EdgeId>* edges =
+        UnwindAndRecord(target, state, thread.thread, out);
+    if (edges == nullptr) return;
     ++stats_.off_cpu_counted;
     stats_.off_cpu_ns += ns;
-    if (!off_cpu_.Add(target.id, thread.pending, ns)) full_ = true;
+    if (!off_cpu_.Add(target.id, *edges, ns)) full_ = true;
     return;
   }
   ++stats_.off_cpu_switches;
   std::unique_ptr<OffCpuThread>& slot = state.off_cpu[tid];
   if (slot == nullptr) {
-    slot = std::make_unique<OffCpuThread>(IncrementalOptions(), options_.max_frames);
+    slot = std::make_unique<OffCpuThread>(IncrementalOptions(), options_.max_frames,
+                                          options_.stack_bytes);
   }
   stats_.off_cpu_unpaired += slot->waiting;
-  slot->waiting = false;
-  // Unwound like a CPU sample, with the thread's off-CPU unwinder.
-  PathCache* paths = nullptr;
-  size_t outer_kept = 0;
-  unwind::UnwindResult result = Unwind(target, state, slot->thread, sample, &paths, &outer_kept);
-  if (result.num_frames == 0) {
-    frames_[0] = {sample.pc, sample.sp, 0};
-    result.num_frames = 1;
-  }
-  const std::vector<encoding::EdgeId>* edges =
-      Record(target, state, frames_.data(), result.num_frames,
-             result.stop != unwind::StopReason::kOutermost, sample.kernel_pcs,
-             sample.kernel_depth, paths, outer_kept);
-  if (edges == nullptr) return;
-  slot->pending.assign(edges->begin(), edges->end());
-  slot->out_ns = sample.time_ns;
+  // Kept until the switch-in says how long the thread was off CPU: an interval under the
+  // threshold costs this copy of the stack's used bytes, not an unwind.
+  slot->out = sample;
+  slot->out.stack = nullptr;
+  slot->out.kernel_pcs = nullptr;
+  slot->stack.assign(sample.stack, sample.stack + sample.stack_size);
+  slot->kernel_pcs.assign(sample.kernel_pcs, sample.kernel_pcs + sample.kernel_depth);
   slot->waiting = true;
 }
 

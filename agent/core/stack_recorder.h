@@ -38,7 +38,8 @@ struct StackRecorderOptions {
   unwind::VerifyMode unwind_verify = unwind::VerifyMode::kFull;
   // Names kernel frames (borrowed; null: samples carry no kernel chains).
   const kernel::KernelSymbols* kernel_symbols = nullptr;
-  // Off-CPU intervals shorter than this are not counted (StackRecorderStats::off_cpu_short).
+  // Off-CPU intervals shorter than this are neither unwound nor counted
+  // (StackRecorderStats::off_cpu_short).
   uint64_t off_cpu_threshold_ns = 0;
 };
 
@@ -100,7 +101,11 @@ class StackRecorder final : public sources::StackSink {
   TargetState& StateOf(const Target& target);
   // A context-switch session's event: a switch-out sample starts the thread's off-CPU
   // interval, its switch-in ends and counts it.
-  void OnSwitch(const Target& target, TargetState& state, const sampler::RawSample& sample);
+  void OnSwitch(Target& target, TargetState& state, const sampler::RawSample& sample);
+  // Unwinds a perf sample with `thread`'s unwinder and records its context (Record).
+  const std::vector<encoding::EdgeId>* UnwindAndRecord(Target& target, TargetState& state,
+                                                       std::unique_ptr<Thread>& thread,
+                                                       const sampler::RawSample& sample);
   // Unwinds a perf sample into frames_ with the thread's incremental unwinder (or a full
   // unwind when verification is off).
   // `thread`: the unwinding state to use (created on first use).

@@ -157,6 +157,26 @@ TEST(StackRecorderTest, SteadyStateSampleAllocatesNothing) {
   EXPECT_EQ(recorder.stats().off_cpu_counted, 2 * samples.size());
   EXPECT_EQ(recorder.stats().off_cpu_unpaired, 0u);
   EXPECT_EQ(recorder.stats().samples, 4 * samples.size());  // switch-outs are not CPU samples
+  // Under the threshold an interval is neither counted nor unwound.
+  StackRecorder strict({.kernel_symbols = kernel_symbols.get(),
+                        .off_cpu_threshold_ns = 2'000'000},
+                       &graph, discovery->get());
+  for (const CopiedSample& s : samples) {
+    sampler::RawSample out = s.sample;
+    out.session_id = sources::kOffCpuSession;
+    strict.OnSample(out);
+    sampler::RawSample in;
+    in.kind = sampler::RawEventKind::kSwitchIn;
+    in.session_id = sources::kOffCpuSession;
+    in.pid = s.sample.pid;
+    in.tid = s.sample.tid;
+    in.time_ns = s.sample.time_ns + 1'000'000;
+    strict.OnSample(in);
+  }
+  EXPECT_EQ(strict.stats().off_cpu_short, samples.size());
+  EXPECT_EQ(strict.stats().unwound_frames, 0u);
+  EXPECT_TRUE(strict.off_cpu().empty());
+
   if (kernel_stacks) {
     size_t with_chain = 0;
     for (const CopiedSample& s : samples) with_chain += !s.kernel_pcs.empty();
