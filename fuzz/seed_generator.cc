@@ -402,6 +402,37 @@ std::string SampleRecord(const strata::agent::sampler::UserRegsLayout& layout, u
   return r;
 }
 
+// A sample with a kernel call chain (sessions with kernel stacks) and no stack copy.
+std::string ChainedSampleRecord(const strata::agent::sampler::UserRegsLayout& layout) {
+  std::string r;
+  const uint64_t chain[] = {PERF_CONTEXT_KERNEL, 0xffffffff81000010ull, 0xffffffff81000020ull};
+  const size_t size = 8 + 8 + 8 + 8 + 8 * 3 + 8 + 8 * layout.count + 8;
+  PutUint(&r, PERF_RECORD_SAMPLE, 4);
+  PutUint(&r, PERF_RECORD_MISC_KERNEL, 2);
+  PutUint(&r, size, 2);
+  PutUint(&r, 4242, 4);  // pid
+  PutUint(&r, 4243, 4);  // tid
+  PutUint(&r, 123456789012ull, 8);
+  PutUint(&r, 3, 8);
+  for (uint64_t ip : chain) PutUint(&r, ip, 8);
+  PutUint(&r, PERF_SAMPLE_REGS_ABI_64, 8);
+  for (int i = 0; i < layout.count; ++i) PutUint(&r, 0x7ffd0000ull + 0x100 * i, 8);
+  PutUint(&r, 0, 8);  // no stack
+  return r;
+}
+
+// A context switch record of an off-CPU session: the thread runs again.
+std::string SwitchInRecord() {
+  std::string r;
+  PutUint(&r, PERF_RECORD_SWITCH, 4);
+  PutUint(&r, 0, 2);
+  PutUint(&r, 24, 2);
+  PutUint(&r, 4242, 4);
+  PutUint(&r, 4243, 4);
+  PutUint(&r, 123456799012ull, 8);
+  return r;
+}
+
 std::string LostRecord(uint64_t lost) {
   std::string r;
   PutUint(&r, PERF_RECORD_LOST, 4);
@@ -446,6 +477,17 @@ void PerfSeeds() {
   PutUint(&lone, 0, 8);
   lone += SampleRecord(s::RegsLayoutFor(s::Arch::kX86_64), 1, 32);
   Seed("perf_record", "parser_only", lone);
+  for (const auto& [name, record] :
+       {std::pair<const char*, std::string>{
+            "parser_callchain", ChainedSampleRecord(s::RegsLayoutFor(s::Arch::kX86_64))},
+        std::pair<const char*, std::string>{"parser_switch", SwitchInRecord()}}) {
+    std::string seed;
+    seed.push_back(0);
+    PutUint(&seed, 0, 8);
+    PutUint(&seed, 0, 8);
+    seed += record;
+    Seed("perf_record", name, seed);
+  }
 }
 
 void ProcfsSeeds() {
