@@ -48,14 +48,14 @@ sampler::SessionOptions PerfSource::SessionFor(uint32_t session_id,
     // Per thread whatever the sampling scope: a CPU's context-switch event records every
     // switch of every process on it (thousands a second on a busy host), each with a stack
     // copy, only for the agent to drop all but the targets'. A thread blocking a thousand
-    // times a second switches out as often: wake per few switches, rings small (one per
-    // thread).
+    // times a second switches out as often: wake per few switches, with a ring of twice
+    // that (32 pages with the default 16 KiB stacks, as a per-thread cpu-clock event's):
+    // one per thread, locked memory.
     session.scope = sampler::SamplingScope::kPerThread;
     session.event = sampler::SessionEvent::kContextSwitches;
     session.frequency_hz = 1;  // unused by context-switch events
-    constexpr uint32_t kSwitchesPerWakeup = 4;
-    session.ring_pages =
-        sampler::RingPagesFor(stack_bytes_, kRingSamplesPerWakeup * kSwitchesPerWakeup);
+    constexpr uint32_t kSwitchesPerWakeup = 3;
+    session.ring_pages = sampler::RingPagesFor(stack_bytes_, 2 * kSwitchesPerWakeup);
     session.wakeup_samples = kSwitchesPerWakeup;
     return session;
   }
