@@ -1,15 +1,17 @@
 // agent/sampler (strata::agent::sampler): perf events, the kernel side of sampling. The
 // sampler owns its events and rings; in the agent it is owned by agent/sources' PerfSource.
 //
-// perf_event_open-based sampling of user-space threads: registers + a copy of the top of the
-// stack, at a fixed rate per sampling session, delivered to a callback.
+// perf_event_open-based sampling of threads: user registers + a copy of the top of the user
+// stack (and, when asked, the kernel's call chain), at a fixed rate per sampling session or at
+// every context switch, delivered to a callback.
 //
 // Model. A *session* (id chosen by the caller, e.g. 0 for continuous profiling, a capture id for
-// an ad hoc capture) has its own rate, stack-copy size and scope, and every sample carries its
-// session id, so two sessions on the same thread sample independently at their own rates. All
-// events are PERF_TYPE_SOFTWARE / PERF_COUNT_SW_CPU_CLOCK in frequency mode with user registers
-// and user stack, exclude_kernel / exclude_hv: they count CPU time, so an idle thread costs
-// nothing. The scope says what one event covers:
+// an ad hoc capture) has its own rate, stack-copy size, event and scope, and every sample
+// carries its session id, so two sessions on the same thread sample independently at their
+// own rates. cpu-clock sessions (PERF_TYPE_SOFTWARE / PERF_COUNT_SW_CPU_CLOCK in frequency
+// mode, exclude_hv, exclude_kernel unless kernel_stacks) count CPU time, so an idle thread
+// costs nothing; context-switch sessions (SessionEvent) sample every switch of their threads.
+// The scope says what one event covers:
 //
 //  - kPerThread: one event per (session, thread) (pid = tid, cpu = -1). Works for an
 //    unprivileged agent on its own processes; costs one descriptor and one ring per thread.
