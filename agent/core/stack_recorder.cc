@@ -57,10 +57,10 @@ struct StackRecorder::OffCpuThread {
   bool waiting = false;
 };
 
-
 struct StackRecorder::TargetState {
-  uint32_t target_id = 0;
-  v1::UnwindCounters counts;  // since the last TakeUnwindCounts; target_id set
+  // Of continuous CPU stacks (what the batches' samples are) since the last TakeUnwindCounts;
+  // target_id set.
+  v1::UnwindCounters counts;
   absl::flat_hash_map<pid_t, std::unique_ptr<Thread>> threads;  // by tid
   absl::flat_hash_map<pid_t, std::unique_ptr<OffCpuThread>> off_cpu;  // by tid
   // Absolute pc (already adjusted for return addresses) -> function node and module offset,
@@ -85,7 +85,6 @@ StackRecorder::TargetState& StackRecorder::StateOf(const Target& target) {
   std::unique_ptr<TargetState>& state = states_[target.pid];
   if (state == nullptr) {
     state = std::make_unique<TargetState>();
-    state->target_id = target.id;
     state->counts.set_target_id(target.id);
   }
   return *state;
@@ -116,8 +115,9 @@ std::vector<v1::UnwindCounters> StackRecorder::TakeUnwindCounts() {
   for (auto& [pid, state] : states_) {
     if (state->counts.stacks() == 0 && state->counts.lost() == 0) continue;
     out.push_back(state->counts);
+    const uint32_t target_id = state->counts.target_id();
     state->counts.Clear();
-    state->counts.set_target_id(state->target_id);
+    state->counts.set_target_id(target_id);
   }
   return out;
 }
@@ -135,17 +135,20 @@ void StackRecorder::OnSample(const sampler::RawSample& sample) {
   }
   if (sample.kind != sampler::RawEventKind::kSample) return;
   ++stats_.samples;
-  const std::vector<encoding::EdgeId>* edges = UnwindAndRecord(
-      *target, state, state.threads[static_cast<pid_t>(sample.tid)], sample);
+  const bool continuous = sample.session_id == sources::kContinuousSession;
+  const std::vector<encoding::EdgeId>* edges =
+      UnwindAndRecord(*target, state, state.threads[static_cast<pid_t>(sample.tid)], sample,
+                      continuous ? &state.counts : nullptr);
   if (edges != nullptr) Count(*target, sample.session_id, *edges);
 }
 
 const std::vector<encoding::EdgeId>* StackRecorder::UnwindAndRecord(
     Target& target, TargetState& state, std::unique_ptr<Thread>& thread,
-    const sampler::RawSample& sample) {
+    const sampler::RawSample& sample, v1::UnwindCounters* counts) {
   PathCache* paths = nullptr;
   size_t outer_kept = 0;
-  unwind::UnwindResult result = Unwind(target, state, thread, sample, &paths, &outer_kept);
+  unwind::UnwindResult result =
+      Unwind(target, state, thread, sample, &paths, &outer_kept, counts);
   if (result.num_frames == 0) {
     frames_[0] = {sample.pc, sample.sp, 0};
     result.num_frames = 1;
@@ -153,7 +156,7 @@ const std::vector<encoding::EdgeId>* StackRecorder::UnwindAndRecord(
   if (result.stop == unwind::StopReason::kNoModule) targets_->RefreshSoon(target);
   return Record(target, state, frames_.data(), result.num_frames,
                 result.stop != unwind::StopReason::kOutermost, sample.kernel_pcs,
-                sample.kernel_depth, paths, outer_kept);
+                sample.kernel_depth, paths, outer_kept, counts);
 }
 
 void StackRecorder::OnSwitch(Target& target, TargetState& state,
@@ -175,7 +178,7 @@ void StackRecorder::OnSwitch(Target& target, TargetState& state,
     out.stack = thread.stack.data();
     out.kernel_pcs = thread.kernel_pcs.data();
     const std::vector<encoding::EdgeId>* edges =
-        UnwindAndRecord(target, state, thread.thread, out);
+        UnwindAndRecord(target, state, thread.thread, out, /*counts=*/nullptr);
     if (edges == nullptr) return;
     ++stats_.off_cpu_counted;
     stats_.off_cpu_ns += ns;
@@ -210,7 +213,8 @@ unwind::IncrementalOptions StackRecorder::IncrementalOptions() const {
 unwind::UnwindResult StackRecorder::Unwind(const Target& target, TargetState& state,
                                            std::unique_ptr<Thread>& thread,
                                            const sampler::RawSample& sample,
-                                           PathCache** paths, size_t* outer_kept) {
+                                           PathCache** paths, size_t* outer_kept,
+                                           v1::UnwindCounters* counts) {
   unwind::Registers regs{sample.pc, sample.sp, sample.fp, sample.ra};
   unwind::StackSnapshot stack{sample.sp, sample.stack, sample.stack_size};
   if (thread == nullptr) thread = std::make_unique<Thread>(IncrementalOptions(), options_.max_frames);
@@ -225,10 +229,11 @@ unwind::UnwindResult StackRecorder::Unwind(const Target& target, TargetState& st
   stats_.frames_walked += unwind_stats.frames_unwound;
   stats_.frames_reused += unwind_stats.frames_reused;
   stats_.unwind_verify_failures += unwind_stats.verify_failed;
-  v1::UnwindCounters& counts = state.counts;
-  counts.set_verify_failures(counts.verify_failures() + unwind_stats.verify_failed);
-  counts.set_jit_frames_cfi(counts.jit_frames_cfi() + unwind_stats.jit_frames_cfi);
-  counts.set_jit_frames_fp(counts.jit_frames_fp() + unwind_stats.jit_frames_fp);
+  if (counts != nullptr) {
+    counts->set_verify_failures(counts->verify_failures() + unwind_stats.verify_failed);
+    counts->set_jit_frames_cfi(counts->jit_frames_cfi() + unwind_stats.jit_frames_cfi);
+    counts->set_jit_frames_fp(counts->jit_frames_fp() + unwind_stats.jit_frames_fp);
+  }
   return result;
 }
 
@@ -249,7 +254,8 @@ void StackRecorder::OnStack(sources::StackSource& from, const sources::UnwoundSt
   TargetState& state = StateOf(*target);
   const std::vector<encoding::EdgeId>* edges =
       Record(*target, state, frames_.data(), n, stack.truncated || n < stack.num_frames,
-             /*kernel_pcs=*/nullptr, /*kernel_depth=*/0, /*cache=*/nullptr, /*outer_kept=*/0);
+             /*kernel_pcs=*/nullptr, /*kernel_depth=*/0, /*cache=*/nullptr, /*outer_kept=*/0,
+             &state.counts);
   if (edges != nullptr) Count(*target, sources::kContinuousSession, *edges);
 }
 
@@ -302,12 +308,14 @@ encoding::PathFrame StackRecorder::KernelFrameFor(uint64_t pc, bool innermost) {
 const std::vector<encoding::EdgeId>* StackRecorder::Record(
     const Target& target, TargetState& state, const unwind::Frame* frames, size_t num_frames,
     bool truncated, const uint64_t* kernel_pcs, size_t kernel_depth, PathCache* cache,
-    size_t outer_kept) {
+    size_t outer_kept, v1::UnwindCounters* counts) {
   stats_.unwound_frames += num_frames;
   stats_.truncated += truncated;
   stats_.kernel_frames += kernel_depth;
-  state.counts.set_stacks(state.counts.stacks() + 1);
-  state.counts.set_truncated(state.counts.truncated() + truncated);
+  if (counts != nullptr) {
+    counts->set_stacks(counts->stacks() + 1);
+    counts->set_truncated(counts->truncated() + truncated);
+  }
   if (state.pc_epoch != target.maps_epoch) {  // resolved against mappings since replaced
     state.pc_cache.clear();
     state.pc_epoch = target.maps_epoch;
@@ -334,7 +342,7 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   if (!graph_->ExtendPath(path, truncated, keep, &edges).ok()) {
     path.clear();  // nothing of it is reusable
     ++stats_.dropped;
-    state.counts.set_lost(state.counts.lost() + 1);
+    if (counts != nullptr) counts->set_lost(counts->lost() + 1);
     return nullptr;
   }
   return &edges;

@@ -103,15 +103,19 @@ class StackRecorder final : public sources::StackSink {
   // interval, its switch-in ends and counts it.
   void OnSwitch(Target& target, TargetState& state, const sampler::RawSample& sample);
   // Unwinds a perf sample with `thread`'s unwinder and records its context (Record).
+  // `counts` (optional): the target's unwinding counters, for stacks of continuous CPU
+  // profiling only, so that they describe the samples its batches carry.
   const std::vector<encoding::EdgeId>* UnwindAndRecord(Target& target, TargetState& state,
                                                        std::unique_ptr<Thread>& thread,
-                                                       const sampler::RawSample& sample);
+                                                       const sampler::RawSample& sample,
+                                                       v1::UnwindCounters* counts);
   // Unwinds a perf sample into frames_ with the thread's incremental unwinder (or a full
   // unwind when verification is off).
   // `thread`: the unwinding state to use (created on first use).
   unwind::UnwindResult Unwind(const Target& target, TargetState& state,
                               std::unique_ptr<Thread>& thread, const sampler::RawSample& sample,
-                              PathCache** paths, size_t* outer_kept);
+                              PathCache** paths, size_t* outer_kept,
+                              v1::UnwindCounters* counts);
   // Symbolizes an unwound stack (innermost first; frames[0].pc exact, the others return
   // addresses) and adds its context to the graph.
   //
@@ -121,11 +125,12 @@ class StackRecorder final : public sources::StackSink {
   // and looked up again.
   // Returns the context's edges (valid until the next call), or null when it could not be
   // added. `kernel_pcs`: the sample's kernel chain, innermost first, appended below the leaf.
+  // `counts` as for UnwindAndRecord.
   const std::vector<encoding::EdgeId>* Record(const Target& target, TargetState& state,
                                               const unwind::Frame* frames, size_t num_frames,
                                               bool truncated, const uint64_t* kernel_pcs,
                                               size_t kernel_depth, PathCache* cache,
-                                              size_t outer_kept);
+                                              size_t outer_kept, v1::UnwindCounters* counts);
   void Count(const Target& target, uint32_t session_id,
              const std::vector<encoding::EdgeId>& edges);
   encoding::PathFrame FrameFor(const Target& target, TargetState& state, uint64_t pc,

@@ -135,44 +135,37 @@ TEST(StackRecorderTest, SteadyStateSampleAllocatesNothing) {
   EXPECT_EQ(recorder.continuous().samples(), 4 * samples.size());
 
   // The same stacks as switch-outs, each ended by a switch-in 1 ms later.
-  auto replay_off_cpu = [&] {
+  auto replay_off_cpu = [&samples](StackRecorder& to) {
     for (const CopiedSample& s : samples) {
       sampler::RawSample out = s.sample;
       out.session_id = sources::kOffCpuSession;
-      recorder.OnSample(out);
+      to.OnSample(out);
       sampler::RawSample in;
       in.kind = sampler::RawEventKind::kSwitchIn;
       in.session_id = sources::kOffCpuSession;
       in.pid = s.sample.pid;
       in.tid = s.sample.tid;
       in.time_ns = s.sample.time_ns + 1'000'000;
-      recorder.OnSample(in);
+      to.OnSample(in);
     }
   };
-  replay_off_cpu();  // warms the off-CPU unwinders
+  replay_off_cpu(recorder);  // warms the off-CPU unwinders
   const uint64_t off_before = strata::testing::AllocationCount();
-  replay_off_cpu();
+  replay_off_cpu(recorder);
   EXPECT_EQ(strata::testing::AllocationCount() - off_before, 0u);
   EXPECT_EQ(recorder.off_cpu().samples(), 2 * samples.size() * 1'000'000);
   EXPECT_EQ(recorder.stats().off_cpu_counted, 2 * samples.size());
   EXPECT_EQ(recorder.stats().off_cpu_unpaired, 0u);
   EXPECT_EQ(recorder.stats().samples, 4 * samples.size());  // switch-outs are not CPU samples
+  // The unwinding counters shipped with CPU batches count the CPU stacks only.
+  const std::vector<v1::UnwindCounters> counts = recorder.TakeUnwindCounts();
+  ASSERT_EQ(counts.size(), 1u);
+  EXPECT_EQ(counts[0].stacks(), 4 * samples.size());
   // Under the threshold an interval is neither counted nor unwound.
   StackRecorder strict({.kernel_symbols = kernel_symbols.get(),
                         .off_cpu_threshold_ns = 2'000'000},
                        &graph, discovery->get());
-  for (const CopiedSample& s : samples) {
-    sampler::RawSample out = s.sample;
-    out.session_id = sources::kOffCpuSession;
-    strict.OnSample(out);
-    sampler::RawSample in;
-    in.kind = sampler::RawEventKind::kSwitchIn;
-    in.session_id = sources::kOffCpuSession;
-    in.pid = s.sample.pid;
-    in.tid = s.sample.tid;
-    in.time_ns = s.sample.time_ns + 1'000'000;
-    strict.OnSample(in);
-  }
+  replay_off_cpu(strict);
   EXPECT_EQ(strict.stats().off_cpu_short, samples.size());
   EXPECT_EQ(strict.stats().unwound_frames, 0u);
   EXPECT_TRUE(strict.off_cpu().empty());
