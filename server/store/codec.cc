@@ -336,11 +336,18 @@ std::string GraphEdgeKey(std::string_view agent_id, uint64_t graph_id, uint64_t 
   return key;
 }
 
-std::string PhasePrefix(std::string_view service, uint64_t window_start_ms) {
-  std::string key = TaggedKey(kPhaseTag, service);
+namespace {
+// tag service '\0' BE(window): the per-service, per-window meta records' common prefix.
+std::string ServiceWindowPrefix(char tag, std::string_view service, uint64_t window_start_ms) {
+  std::string key = TaggedKey(tag, service);
   key.push_back('\0');
   PutFixed64BE(&key, window_start_ms);
   return key;
+}
+}  // namespace
+
+std::string PhasePrefix(std::string_view service, uint64_t window_start_ms) {
+  return ServiceWindowPrefix(kPhaseTag, service, window_start_ms);
 }
 
 std::string PhaseKey(const PhaseEvent& event) {
@@ -350,10 +357,7 @@ std::string PhaseKey(const PhaseEvent& event) {
 }
 
 std::string UnwindPrefix(std::string_view service, uint64_t window_start_ms) {
-  std::string key = TaggedKey(kUnwindTag, service);
-  key.push_back('\0');
-  PutFixed64BE(&key, window_start_ms);
-  return key;
+  return ServiceWindowPrefix(kUnwindTag, service, window_start_ms);
 }
 
 std::string UnwindKey(std::string_view service, uint64_t window_start_ms,
