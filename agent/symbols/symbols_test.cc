@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/base/frame_kind.h"
+#include "common/elf/debug_fixtures_for_test.h"
 #include "common/unwind/unwind_test_chain.h"
 #include "common/unwind/unwinder.h"
 #include "gtest/gtest.h"
@@ -134,6 +135,33 @@ TEST(SymbolsTest, UnwindsAndSymbolizesOwnStack) {
   EXPECT_NE(names[5].find("CaptureChainNoFp"), std::string::npos) << names[5];
   EXPECT_NE(std::find(names.begin(), names.end(), "main"), names.end());
   EXPECT_EQ(names.back(), "_start");
+}
+
+// Debian's libc.so.6 is stripped: without libc6-dbg's debug file a thread's outermost frames
+// are "libc.so.6+0x..."; with it, unwinding from the module and naming from the debug file.
+TEST(SymbolsTest, ThreadStackEndsInLibcStartThreadAndClone3) {
+  std::string libc;
+  if (std::string missing = elf::testing::SystemLibcDebugFileMissing(&libc); !missing.empty()) {
+    GTEST_SKIP() << missing;
+  }
+  unwind::testing::CapturedStack cap;
+  std::thread([&cap] { unwind::testing::CaptureChainNoFp(2, &cap); }).join();
+  ModuleCache cache;
+  ProcessAddressSpace space(getpid(), &cache);
+  ASSERT_TRUE(space.Refresh().ok());
+  EXPECT_GE(cache.symbols_sources().debug_file, 1u);
+  unwind::Frame frames[128];
+  unwind::UnwindResult r = unwind::Unwind(unwind::UnwindOptions(), cap.regs, cap.snapshot(), space,
+                                          frames, 128);
+  EXPECT_EQ(r.stop, unwind::StopReason::kOutermost) << unwind::StopReasonName(r.stop);
+  std::vector<std::string> names;
+  for (size_t i = 0; i < r.num_frames; ++i) {
+    names.push_back(space.Symbolize(i == 0 ? frames[i].pc : frames[i].pc - 1).function_name);
+  }
+  ASSERT_GE(names.size(), 3u);
+  EXPECT_NE(names[0].find("LeafNoFp"), std::string::npos) << names[0];
+  EXPECT_EQ(names[names.size() - 2], "start_thread") << absl::StrJoin(names, "\n");
+  EXPECT_TRUE(names.back() == "__clone3" || names.back() == "clone3") << absl::StrJoin(names, "\n");
 }
 
 // ---------------------------------------------------------------------------- JIT code

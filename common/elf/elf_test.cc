@@ -244,6 +244,29 @@ TEST(SymbolTableTest, WrappingSymbolSizeIsClamped) {
   EXPECT_EQ(table.Lookup(0x1100), nullptr);
 }
 
+// glibc's clone3: the child's half (thread_start) has an FDE of its own inside __clone3's
+// symbol. That FDE must not hide the name; FDEs outside every symbol still count.
+TEST(SymbolTableTest, FdeInsideASizedSymbolDoesNotShadowIt) {
+  std::vector<FunctionSymbol> symbols = {{0x1098c0, 0x47, "__clone3", false, false},
+                                         {0x2000, 0, "unsized", true, false}};
+  std::vector<AddressRange> fdes = {{0x1098c0, 0x1098d7}, {0x1098e1, 0x1098f6},
+                                    {0x1098f6, 0x109907}, {0x109910, 0x109994},
+                                    {0x2010, 0x2020}};
+  SymbolTable table = SymbolTable::FromFunctions(std::move(symbols), std::move(fdes), {});
+  for (uint64_t pc : {0x1098c0u, 0x1098e1u, 0x1098ebu, 0x109906u}) {
+    const SymbolTable::Function* f = table.Lookup(pc);
+    ASSERT_NE(f, nullptr) << pc;
+    EXPECT_EQ(f->name, "__clone3") << pc;
+  }
+  const SymbolTable::Function* f = table.Lookup(0x109920);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->origin, SymbolTable::Origin::kFde);
+  EXPECT_EQ(f->start, 0x109910u);
+  f = table.Lookup(0x2018);  // an unsized symbol covers nothing
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->origin, SymbolTable::Origin::kFde);
+}
+
 void ExerciseEverything(const ElfFile& elf) {
   (void)elf.BuildIdHex();
   (void)elf.ReadFunctionSymbols();

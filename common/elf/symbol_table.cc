@@ -48,20 +48,29 @@ SymbolTable SymbolTable::FromFunctions(std::vector<FunctionSymbol> symbols,
     pending.push_back({s.start, base::SaturatingAdd(s.start, s.size), std::move(s.name),
                        s.from_dynsym ? Origin::kDynsym : Origin::kSymtab});
   }
-  // PLT stubs are never covered by symbols; FDE ranges only where no symbol starts.
+  // PLT stubs are never covered by symbols; FDE ranges only where no symbol covers them.
   for (PltEntry& e : plt) {
     std::string name = e.target.empty() ? std::string() : e.target + "@plt";
     pending.push_back({e.start, base::SaturatingAdd(e.start, e.size), std::move(name), Origin::kPlt});
   }
-  std::vector<uint64_t> symbol_starts;
-  symbol_starts.reserve(pending.size());
-  for (const Pending& p : pending) symbol_starts.push_back(p.start);
-  std::sort(symbol_starts.begin(), symbol_starts.end());
-  for (const AddressRange& r : fde_ranges) {
-    if (!std::binary_search(symbol_starts.begin(), symbol_starts.end(), r.start)) {
-      pending.push_back({r.start, r.end, {}, Origin::kFde});
-    }
+  // An FDE can start inside a sized symbol: a function's second part with its own CFI (e.g.
+  // glibc's clone3, whose child half `thread_start` has an FDE of its own). Unnamed, it would
+  // shadow the symbol's name from that address on, so such FDEs are left out.
+  std::stable_sort(pending.begin(), pending.end(),
+                   [](const Pending& a, const Pending& b) { return a.start < b.start; });
+  std::vector<uint64_t> starts, max_end;  // max_end[i]: the furthest end among pending[0..i]
+  starts.reserve(pending.size());
+  max_end.reserve(pending.size());
+  for (const Pending& p : pending) {
+    starts.push_back(p.start);
+    max_end.push_back(std::max(max_end.empty() ? 0 : max_end.back(), p.end));
   }
+  for (const AddressRange& r : fde_ranges) {
+    size_t i = std::upper_bound(starts.begin(), starts.end(), r.start) - starts.begin();
+    bool covered = i > 0 && (starts[i - 1] == r.start || max_end[i - 1] > r.start);
+    if (!covered) pending.push_back({r.start, r.end, {}, Origin::kFde});
+  }
+
   std::stable_sort(pending.begin(), pending.end(),
                    [](const Pending& a, const Pending& b) { return a.start < b.start; });
 
