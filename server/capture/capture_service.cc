@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/rpc/grpc_status.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -23,12 +24,6 @@ constexpr uint32_t kMaxFrequencyHz = 10'000;
 constexpr uint32_t kMaxDurationMs = 3'600'000;
 // After an agent reports the end, how long its last batch may take to be stored.
 constexpr absl::Duration kLastBatchWait = absl::Seconds(2);
-
-grpc::Status ToGrpc(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
-}
 
 bool ValidKeyPart(const std::string& s) {
   return s.size() <= 256 && s.find('\0') == std::string::npos;
@@ -365,10 +360,10 @@ grpc::Status CaptureService::Run(grpc::ServerContext* context,
                                  grpc::ServerWriter<v1::CaptureProgress>* writer) {
   if (auto p = auth::AuthorizeCall(options_.authorizer, context, auth::Role::kOperator, "starting captures");
       !p.ok()) {
-    return ToGrpc(p.status());
+    return rpc::ToGrpcStatus(p.status());
   }
   auto begun = Begin(*request);
-  if (!begun.ok()) return ToGrpc(begun.status());
+  if (!begun.ok()) return rpc::ToGrpcStatus(begun.status());
   std::shared_ptr<Running> running = std::move(*begun);
   const absl::Time deadline =
       running->started + absl::Milliseconds(running->duration_ms) + options_.grace;
@@ -475,7 +470,7 @@ grpc::Status CaptureService::Cancel(grpc::ServerContext* context, const v1::Canc
                                     v1::CancelCaptureResponse* response) {
   if (auto p = auth::AuthorizeCall(options_.authorizer, context, auth::Role::kOperator, "cancelling captures");
       !p.ok()) {
-    return ToGrpc(p.status());
+    return rpc::ToGrpcStatus(p.status());
   }
   absl::MutexLock lock(&mu_);
   auto it = running_.find(request->capture_id());
@@ -493,10 +488,10 @@ grpc::Status CaptureService::List(grpc::ServerContext* context, const v1::ListCa
                                   v1::ListCapturesResponse* response) {
   if (auto p = auth::AuthorizeCall(options_.authorizer, context, auth::Role::kReader, "listing captures");
       !p.ok()) {
-    return ToGrpc(p.status());
+    return rpc::ToGrpcStatus(p.status());
   }
   auto list = store_->meta().ListCaptures();
-  if (!list.ok()) return ToGrpc(list.status());
+  if (!list.ok()) return rpc::ToGrpcStatus(list.status());
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
   std::vector<store::CaptureInfo> kept;
   for (auto& info : *list) {
@@ -513,7 +508,7 @@ grpc::Status CaptureService::Get(grpc::ServerContext* context, const v1::GetCapt
                                  v1::CaptureRecord* response) {
   if (auto p = auth::AuthorizeCall(options_.authorizer, context, auth::Role::kReader, "reading captures");
       !p.ok()) {
-    return ToGrpc(p.status());
+    return rpc::ToGrpcStatus(p.status());
   }
   if (request->capture_id().empty() || !ValidKeyPart(request->capture_id())) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a capture ID is required");
@@ -525,7 +520,7 @@ grpc::Status CaptureService::Get(grpc::ServerContext* context, const v1::GetCapt
                           absl::StrCat("no capture '", request->capture_id(),
                                        "' (see `strata captures`)"));
     }
-    return ToGrpc(info.status());
+    return rpc::ToGrpcStatus(info.status());
   }
   if (Expired(*info, absl::ToUnixMillis(absl::Now()))) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND,

@@ -103,12 +103,6 @@ grpc::Status Respond(Run run, Response* response) {
 
 }  // namespace
 
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
-}
-
 absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int64_t now_ms) {
   ProfileQuery q;
   q.service = filter.service();
@@ -131,9 +125,10 @@ absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int
 }
 
 QueryService::QueryService(store::Store* store, registry::AgentRegistry* registry,
-                           const aggregate::LiveSamples* live, auth::Authorizer* authorizer)
+                           const aggregate::LiveSamples* live, auth::Authorizer* authorizer,
+                           symbolize::Symbolizer* symbolizer)
     : store_(store), registry_(registry), live_(live), authorizer_(authorizer),
-      reader_(store, live) {}
+      reader_(store, live, symbolizer) {}
 
 absl::StatusOr<auth::Principal> QueryService::AuthorizeQuery(
     const grpc::ServerContextBase* context) {

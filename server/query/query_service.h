@@ -13,6 +13,7 @@
 #include <functional>
 
 #include "absl/status/statusor.h"
+#include "common/rpc/grpc_status.h"
 #include "server/auth/grpc_auth.h"
 #include "server/aggregate/live_samples.h"
 #include "server/query/profile.h"
@@ -24,17 +25,19 @@ namespace strata::server::query {
 
 // Converts a proto filter to a ProfileQuery; `now_ms` fills an open end.
 absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int64_t now_ms);
-grpc::Status ToGrpcStatus(const absl::Status& status);
+using rpc::ToGrpcStatus;
 
 class QueryService final : public v1::Query::Service {
  public:
   // `live` (optional): the aggregation tables' counts not yet written to the store.
   // `authorizer` (optional; null allows every call): every gRPC call needs role reader and
-  // is counted against the caller's query rate. The Run* entry points do not check: their
+  // is counted against the caller's query rate. `symbolizer` (optional) names frames of
+  // stripped modules from debug files (ProfileReader). The Run* entry points do not check: their
   // callers (the HTTP mirror) authorize first.
   QueryService(store::Store* store, registry::AgentRegistry* registry,
                const aggregate::LiveSamples* live = nullptr,
-               auth::Authorizer* authorizer = nullptr);
+               auth::Authorizer* authorizer = nullptr,
+               symbolize::Symbolizer* symbolizer = nullptr);
 
   grpc::Status ListServices(grpc::ServerContext*, const v1::ListServicesRequest*,
                             v1::ListServicesResponse*) override;
