@@ -27,11 +27,18 @@
 #include "server/server_metrics.h"
 #include "server/store/backup.h"
 #include "server/store/store.h"
+#include "server/symbolize/debuginfo_service.h"
+#include "server/symbolize/symbolizer.h"
 #include "spdlog/spdlog.h"
 
 namespace {
 
 namespace auth = strata::server::auth;
+
+std::string DebuginfodUrlsFromEnvironment() {
+  const char* urls = std::getenv("DEBUGINFOD_URLS");
+  return urls == nullptr ? std::string() : std::string(urls);
+}
 
 // Every flag of `strata-server` (serving) and of its maintenance commands.
 struct ServerFlags {
@@ -59,6 +66,11 @@ struct ServerFlags {
   uint32_t max_capture_hz = 1000;
   std::string max_capture_duration = "1h";
   uint32_t ingest_threads = 0;
+  // Debug information for frames the agents could not name (server/symbolize).
+  std::vector<std::string> debug_dirs = {"/usr/lib/debug"};
+  std::string debuginfod_urls = DebuginfodUrlsFromEnvironment();
+  uint32_t debuginfod_timeout_s = 10;
+  std::string max_debuginfo = "2GiB";
   // Maintenance commands.
   std::string backup_to, restore_from;
   uint32_t backup_keep = 7;
@@ -68,6 +80,7 @@ struct ServerFlags {
 // What the flags' texts mean, checked: sizes, durations and retention periods.
 struct ServeSettings {
   uint64_t session_bytes = 0;
+  uint64_t max_debuginfo_bytes = 0;
   absl::Duration capture_retention;
   absl::Duration max_capture_duration;
   strata::server::store::StoreOptions store;
@@ -192,6 +205,20 @@ void AddServeFlags(CLI::App& app, ServerFlags& f) {
   app.add_option("--ingest-threads", f.ingest_threads,
                  "threads that decode and commit agent batches (0: one per core)")
       ->capture_default_str();
+  app.add_option("--debug-dirs", f.debug_dirs,
+                 "directories of debug files by build ID (.build-id/ab/cdef.debug), searched "
+                 "after uploads")
+      ->capture_default_str();
+  app.add_option("--debuginfod-urls", f.debuginfod_urls,
+                 "debuginfod servers (space-separated) asked for debug files not found "
+                 "locally; default $DEBUGINFOD_URLS")
+      ->capture_default_str();
+  app.add_option("--debuginfod-timeout", f.debuginfod_timeout_s,
+                 "seconds a debuginfod server may take to start answering")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-debuginfo-bytes", f.max_debuginfo, "largest debug file accepted by upload")
+      ->capture_default_str();
 }
 
 // Maintenance commands on a data directory or a token, instead of serving.
@@ -263,6 +290,19 @@ std::optional<int> RunMaintenance(const MaintenanceCommands& m, const ServerFlag
   return std::nullopt;
 }
 
+// libdebuginfod reads its settings from the environment at every lookup: set them once,
+// before any thread starts. Its cache goes under the data directory unless the operator
+// chose one.
+void ConfigureDebuginfod(const ServerFlags& f) {
+  if (f.debuginfod_urls.empty()) {
+    unsetenv("DEBUGINFOD_URLS");
+    return;
+  }
+  setenv("DEBUGINFOD_URLS", f.debuginfod_urls.c_str(), 1);
+  setenv("DEBUGINFOD_TIMEOUT", std::to_string(f.debuginfod_timeout_s).c_str(), 1);
+  setenv("DEBUGINFOD_CACHE_PATH", (f.data + "/debuginfod-cache").c_str(), /*overwrite=*/0);
+}
+
 // Checks the flags whose texts need parsing; a message for the operator on failure.
 absl::StatusOr<ServeSettings> CheckFlags(ServerFlags& f) {
   ServeSettings settings;
@@ -270,7 +310,8 @@ absl::StatusOr<ServeSettings> CheckFlags(ServerFlags& f) {
   for (auto [flag, text, out] :
        {std::tuple{"--table-memory", &f.table_memory, &table_bytes},
         std::tuple{"--max-message-bytes", &f.max_message, &message_bytes},
-        std::tuple{"--session-memory", &f.session_memory, &settings.session_bytes}}) {
+        std::tuple{"--session-memory", &f.session_memory, &settings.session_bytes},
+        std::tuple{"--max-debuginfo-bytes", &f.max_debuginfo, &settings.max_debuginfo_bytes}}) {
     auto bytes = strata::base::ParseByteSize(*text);
     if (!bytes.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(flag, ": ", bytes.status().message()));
@@ -434,8 +475,20 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
                                         .max_agents = f.max_agents,
                                         .worker_threads = f.ingest_threads,
                                         .session_memory_bytes = settings.session_bytes});
+  auto debuginfo_store = strata::server::symbolize::DebugInfoStore::Open(
+      f.data + "/debuginfo", settings.max_debuginfo_bytes);
+  if (!debuginfo_store.ok()) {
+    std::fprintf(stderr, "strata-server: debug info directory: %s\n",
+                 std::string(debuginfo_store.status().message()).c_str());
+    return 1;
+  }
+  strata::server::symbolize::Symbolizer symbolizer(
+      {.debug_dirs = f.debug_dirs, .debuginfod_urls = f.debuginfod_urls},
+      debuginfo_store->get());
+  strata::server::symbolize::DebugInfoService debuginfo(debuginfo_store->get(), &symbolizer,
+                                                         authorizer);
   strata::server::query::QueryService query(store.get(), &registry, aggregator.get(),
-                                     authorizer);
+                                     authorizer, &symbolizer);
   strata::server::capture::CaptureService::Options capture_options;
   capture_options.retention = settings.capture_retention;
   capture_options.max_frequency_hz = f.max_capture_hz;
@@ -465,6 +518,7 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
   builder.RegisterService(&ingest);
   builder.RegisterService(&query);
   builder.RegisterService(&capture);
+  builder.RegisterService(&debuginfo);
   builder.SetMaxReceiveMessageSize(static_cast<int>(f.limits.max_message_bytes));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || bound_port == 0) {
@@ -477,7 +531,9 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
       &http_server, store.get(), &metrics, &query, aggregator.get(),
       {.authorizer = authorizer,
        .metrics_open = f.metrics_open,
-       .capture_limit_refusals = [&capture] { return capture.limit_refusals(); }});
+       .capture_limit_refusals = [&capture] { return capture.limit_refusals(); },
+       .symbolizer = &symbolizer,
+       .debuginfo = &debuginfo});
   if (!f.http.empty()) {
     strata::server::http::HttpServerOptions http_options;
     http_options.max_connections = f.http_max_connections;
@@ -523,6 +579,7 @@ int Run(int argc, char** argv) {
     return 2;
   }
   RaiseOpenFileLimit();
+  ConfigureDebuginfod(flags);
   return Serve(flags, *settings, *security);
 }
 

@@ -270,6 +270,30 @@ http::HttpResponse RenderMetrics(const http::HttpServer* http, store::Store* sto
             "--max-capture-duration.",
             access.capture_limit_refusals());
   }
+  if (access.symbolizer != nullptr) {
+    const symbolize::SymbolizerStats sy = access.symbolizer->stats();
+    counter("strata_symbolize_lookups_total",
+            "Frames the agents could not name, looked up in debug files by build ID.",
+            sy.lookups);
+    counter("strata_symbolize_named_total", "... of which named.", sy.named);
+    counter("strata_symbolize_files_loaded_total",
+            "Debug files read (uploads, local debug directories, debuginfod).", sy.files_loaded);
+    counter("strata_symbolize_debuginfod_fetches_total", "Build IDs asked of debuginfod.",
+            sy.debuginfod_fetches);
+    counter("strata_symbolize_debuginfod_found_total", "... of which debuginfod had.",
+            sy.debuginfod_found);
+    counter("strata_symbolize_load_milliseconds_total",
+            "Time spent finding, fetching and reading debug files.", sy.load_ns / 1'000'000);
+    gauge("strata_symbolize_missing_build_ids", "Build IDs looked up and found nowhere.",
+          access.symbolizer->Missing().size());
+  }
+  if (access.debuginfo != nullptr) {
+    counter("strata_debuginfo_uploads_total", "Debug files uploaded and stored.",
+            access.debuginfo->uploads());
+    counter("strata_debuginfo_refused_uploads_total",
+            "Uploads refused (not ELF, no build ID, no symbols, too large, mismatched).",
+            access.debuginfo->refused_uploads());
+  }
   counter("strata_ingest_resource_exhausted_total",
           "Agent streams ended for lack of memory (table budget), with a retry delay.",
           metrics->resource_exhausted);

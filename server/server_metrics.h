@@ -14,6 +14,8 @@
 #include "server/ingest/ingest_service.h"
 #include "server/query/query_service.h"
 #include "server/store/store.h"
+#include "server/symbolize/debuginfo_service.h"
+#include "server/symbolize/symbolizer.h"
 
 namespace strata::server {
 
@@ -23,6 +25,9 @@ struct HttpAccess {
   auth::Authorizer* authorizer = nullptr;  // null: open
   bool metrics_open = false;
   std::function<uint64_t()> capture_limit_refusals;  // for /metrics; optional
+  // Symbolization and debug-info uploads, for /metrics; optional.
+  const symbolize::Symbolizer* symbolizer = nullptr;
+  const symbolize::DebugInfoService* debuginfo = nullptr;
 };
 
 void RegisterHttpRoutes(http::HttpServer* http, store::Store* store, ingest::IngestMetrics* metrics,

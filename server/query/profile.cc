@@ -12,7 +12,9 @@
 #include "absl/synchronization/mutex.h"
 #include "common/labels/labels.h"
 #include "re2/re2.h"
+#include "common/base/frame_kind.h"
 #include "server/commit/profile_type.h"
+#include "server/query/quality.h"
 
 namespace strata::server::query {
 
@@ -54,13 +56,29 @@ class ProfileReader::Resolved {
   absl::Status Resolve(store::Store& store, const std::vector<store::StackCount>& counts,
                        const RE2* focus, const RE2* ignore, Profile* profile);
 
+  explicit Resolved(symbolize::Symbolizer* symbolizer) : symbolizer_(symbolizer) {}
+
  private:
+  // Frames agents could not name (stripped modules) are named from debug files by build ID;
+  // those still unnamed are tried again whenever the symbolizer has new debug information.
+  struct Unnamed {
+    uint32_t number;  // function number
+    std::string build_id;
+    uint64_t start_offset;
+  };
+  static bool NeedsName(const store::FunctionInfo& info);
+  // Names `info` in place when it needs a name and one is known; returns whether it did.
+  bool Symbolize(store::FunctionInfo* info) const;
+  // Names cached functions that were unnamed when the debug information was not there yet.
+  void RenameCached();
+
   static constexpr size_t kMaxStacks = size_t{1} << 20;
   static constexpr size_t kMaxFunctions = size_t{1} << 20;
 
   struct Function {
     uint64_t id;
     std::string name, module;
+    bool symbolized = false;  // named by the server: functions of one name are merged
   };
   struct Stack {
     uint64_t offset = 0;  // into frames_
@@ -74,12 +92,62 @@ class ProfileReader::Resolved {
   absl::flat_hash_map<uint64_t, uint32_t> function_number_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Stack> stacks_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> frames_ ABSL_GUARDED_BY(mu_);  // function numbers, outermost first
+
+  symbolize::Symbolizer* const symbolizer_;  // null: names as the agents sent them
+  absl::Mutex rename_mu_;                    // one RenameCached at a time
+  std::vector<Unnamed> unnamed_ ABSL_GUARDED_BY(mu_);
+  uint64_t named_generation_ ABSL_GUARDED_BY(rename_mu_) = 0;
 };
+
+bool ProfileReader::Resolved::NeedsName(const store::FunctionInfo& info) {
+  return !info.build_id.empty() && base::FrameKindOf(info.module) == base::FrameKind::kUser &&
+         IsUnnamedFunction(info.name);
+}
+
+bool ProfileReader::Resolved::Symbolize(store::FunctionInfo* info) const {
+  if (symbolizer_ == nullptr || !NeedsName(*info)) return false;
+  std::optional<std::string> name =
+      symbolizer_->FunctionName(BuildIdHex(info->build_id), info->start_offset);
+  if (!name) return false;
+  info->name = *std::move(name);
+  return true;
+}
+
+void ProfileReader::Resolved::RenameCached() {
+  if (symbolizer_ == nullptr) return;
+  absl::MutexLock rename_lock(&rename_mu_);
+  const uint64_t generation = symbolizer_->generation();
+  if (generation == named_generation_) return;
+  std::vector<Unnamed> pending;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    pending = unnamed_;
+  }
+  // Looked up without the lock: a lookup may read a file or ask debuginfod.
+  std::vector<std::pair<uint32_t, std::string>> named;
+  for (const Unnamed& u : pending) {
+    if (auto name = symbolizer_->FunctionName(u.build_id, u.start_offset)) {
+      named.emplace_back(u.number, *std::move(name));
+    }
+  }
+  named_generation_ = generation;
+  if (named.empty()) return;
+  absl::MutexLock lock(&mu_);
+  for (auto& [number, name] : named) {
+    functions_[number].name = std::move(name);
+    functions_[number].symbolized = true;
+  }
+  std::erase_if(unnamed_, [&](const Unnamed& u) {
+    return std::any_of(named.begin(), named.end(),
+                       [&](const auto& n) { return n.first == u.number; });
+  });
+}
 
 absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
                                               const std::vector<store::StackCount>& counts,
                                               const RE2* focus, const RE2* ignore,
                                               Profile* profile) {
+  RenameCached();
   // 1. Stacks resolved by earlier loads (kept by value: entries are never removed and the
   // frames they point to never move within frames_' indices), and those that are not.
   std::vector<Stack> found(counts.size());
@@ -99,6 +167,7 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
   // 2. Read those (and their unknown functions) from the store, without holding the lock.
   absl::flat_hash_map<uint64_t, store::StackFrames> fetched;
   absl::flat_hash_map<uint64_t, store::FunctionInfo> fetched_functions;
+  absl::flat_hash_set<uint64_t> symbolized;  // fetched functions named here
   if (!missing.empty()) {
     fetched.reserve(missing.size());
     for (uint64_t stack_id : missing) {
@@ -127,12 +196,20 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
       }
       fetched_functions.emplace(fid, *std::move(info));
     }
+    for (auto& [fid, info] : fetched_functions) {
+      if (Symbolize(&info)) symbolized.insert(fid);
+    }
     // 3. Keep them for later loads, while there is room.
     absl::MutexLock lock(&mu_);
     for (const auto& [fid, info] : fetched_functions) {
       if (functions_.size() >= kMaxFunctions) break;
-      if (function_number_.try_emplace(fid, functions_.size()).second) {
-        functions_.push_back({fid, info.name, info.module});
+      const uint32_t number = static_cast<uint32_t>(functions_.size());
+      if (function_number_.try_emplace(fid, number).second) {
+        const bool named_here = symbolized.contains(fid);
+        functions_.push_back({fid, info.name, info.module, named_here});
+        if (!named_here && symbolizer_ != nullptr && NeedsName(info)) {
+          unnamed_.push_back({number, BuildIdHex(info.build_id), info.start_offset});
+        }
       }
     }
     for (const auto& [stack_id, frames] : fetched) {
@@ -163,7 +240,16 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
   absl::flat_hash_map<uint64_t, uint32_t> index_of_uncached;  // functions beyond the cache
   // Per profile function: does it match focus / ignore (computed once per function).
   std::vector<uint8_t> matches_focus, matches_ignore;
-  auto add_function = [&](uint64_t id, const std::string& name, const std::string& module) {
+  // Server-named functions: several unnamed pieces of one function (addresses the agent had
+  // no symbol for) become one.
+  absl::flat_hash_map<std::pair<std::string, std::string>, uint32_t> index_of_symbolized;
+  auto add_function = [&](uint64_t id, const std::string& name, const std::string& module,
+                          bool symbolized_here) {
+    if (symbolized_here) {
+      auto [it, inserted] = index_of_symbolized.try_emplace(
+          std::pair{name, module}, static_cast<uint32_t>(profile->functions.size()));
+      if (!inserted) return it->second;
+    }
     profile->functions.push_back({id, name, module});
     matches_focus.push_back(focus && RE2::PartialMatch(name, *focus));
     matches_ignore.push_back(ignore && RE2::PartialMatch(name, *ignore));
@@ -173,7 +259,7 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
     uint32_t& index = index_of_number[number];
     if (index == UINT32_MAX) {
       const Function& f = functions_[number];
-      index = add_function(f.id, f.name, f.module);
+      index = add_function(f.id, f.name, f.module, f.symbolized);
     }
     return index;
   };
@@ -208,7 +294,7 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
         auto [it, inserted] = index_of_uncached.try_emplace(fid, 0);
         if (inserted) {
           const store::FunctionInfo& info = fetched_functions.at(fid);
-          it->second = add_function(fid, info.name, info.module);
+          it->second = add_function(fid, info.name, info.module, symbolized.contains(fid));
         }
         add_frame(it->second);
       }
@@ -249,8 +335,9 @@ absl::StatusOr<std::vector<store::ServiceSummary>> ListServices(
   return services;
 }
 
-ProfileReader::ProfileReader(store::Store* store, const aggregate::LiveSamples* live)
-    : store_(store), live_(live), resolved_(std::make_unique<Resolved>()) {}
+ProfileReader::ProfileReader(store::Store* store, const aggregate::LiveSamples* live,
+                             symbolize::Symbolizer* symbolizer)
+    : store_(store), live_(live), resolved_(std::make_unique<Resolved>(symbolizer)) {}
 
 absl::StatusOr<store::SampleTotals> ProfileReader::SumSamples(const store::SampleQuery& query) {
   if (live_ == nullptr || query.capture_id) return store_->samples().SumSamples(query);

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "server/aggregate/live_samples.h"
 #include "server/store/store.h"
+#include "server/symbolize/symbolizer.h"
 #include "strata/v1/common.pb.h"
 
 namespace strata::server::query {
@@ -76,7 +77,9 @@ absl::StatusOr<std::vector<store::ServiceSummary>> ListServices(store::Store* st
 class ProfileReader {
  public:
   // `live` (optional) adds the acknowledged samples not yet written to the store.
-  explicit ProfileReader(store::Store* store, const aggregate::LiveSamples* live = nullptr);
+  // `symbolizer` (optional) names frames the agents could not name, at load time.
+  explicit ProfileReader(store::Store* store, const aggregate::LiveSamples* live = nullptr,
+                         symbolize::Symbolizer* symbolizer = nullptr);
   ~ProfileReader();
   ProfileReader(const ProfileReader&) = delete;
   ProfileReader& operator=(const ProfileReader&) = delete;

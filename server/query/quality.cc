@@ -47,10 +47,11 @@ std::string DebugHint(std::string_view module, std::string_view build_id_hex) {
   if (system && build_id_hex.size() > 2) {
     return absl::StrCat("install the -dbg/-dbgsym package that ships /usr/lib/debug/.build-id/",
                         std::string(build_id_hex.substr(0, 2)), "/",
-                        std::string(build_id_hex.substr(2)), ".debug");
+                        std::string(build_id_hex.substr(2)),
+                        ".debug (agent or server host), or strata debuginfo upload it");
   }
   if (system) return absl::StrCat("install the -dbg/-dbgsym package of ", std::string(module));
-  return "build with symbols / upload debug info";
+  return "strata debuginfo upload FILE (its unstripped binary or debug file)";
 }
 
 v1::QualityResponse StackQuality(const Profile& profile,

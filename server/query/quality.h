@@ -20,6 +20,9 @@ namespace strata::server::query {
 // agent/symbols).
 bool IsUnnamedFunction(std::string_view name);
 
+// Build IDs as lowercase hex: agents send hex text; raw bytes (other writers) are encoded.
+std::string BuildIdHex(std::string_view id);
+
 // What would name a module's frames: the -dbg/-dbgsym package shipping its build ID's debug
 // file for system libraries, debug info for everything else.
 std::string DebugHint(std::string_view module, std::string_view build_id_hex);

@@ -1,0 +1,189 @@
+// The symbolizer and the upload store on real debug files: this test binary's own, split off
+// with objcopy --only-keep-debug (what Debian's dh_strip does for -dbgsym packages).
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/elf/debug_file.h"
+#include "common/elf/elf_file.h"
+#include "common/testing/temp_dir.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/symbolize/debuginfo_store.h"
+#include "server/symbolize/symbolizer.h"
+
+extern "C" __attribute__((noinline, used)) int StrataSymbolizeTestMarker(int x) { return x * 3; }
+
+namespace strata::server::symbolize {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::string SelfPath() { return fs::read_symlink("/proc/self/exe").string(); }
+
+std::string SelfBuildId() {
+  auto elf = elf::ElfFile::Open(SelfPath());
+  return elf.ok() ? (*elf)->BuildIdHex() : "";
+}
+
+// The marker's ELF vaddr, from the unstripped test binary's own symbol table.
+uint64_t MarkerOffset() {
+  auto elf = elf::ElfFile::Open(SelfPath());
+  if (!elf.ok()) return 0;
+  auto symbols = (*elf)->ReadFunctionSymbols();
+  if (!symbols.ok()) return 0;
+  for (const auto& s : *symbols) {
+    if (s.name == "StrataSymbolizeTestMarker") return s.start;
+  }
+  return 0;
+}
+
+// Writes this binary's debug file (symbols and DWARF, no code) to `out`.
+void SplitDebugFile(const std::string& out) {
+  fs::create_directories(fs::path(out).parent_path());
+  const std::string command =
+      absl::StrCat("objcopy --only-keep-debug '", SelfPath(), "' '", out, "'");
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+}
+
+class SymbolizeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    build_id_ = SelfBuildId();
+    offset_ = MarkerOffset();
+    ASSERT_FALSE(build_id_.empty()) << "the test binary has no build ID";
+    ASSERT_NE(offset_, 0u);
+  }
+  testing::TempDir dir_{"strata_symbolize_test"};
+  std::string build_id_;
+  uint64_t offset_ = 0;
+};
+
+TEST_F(SymbolizeTest, NamesFromALocalDebugDirectoryByBuildId) {
+  const std::string debug_dir = dir_.File("debug");
+  SplitDebugFile(elf::BuildIdDebugPath(debug_dir, build_id_));
+  Symbolizer symbolizer({.debug_dirs = {dir_.File("empty"), debug_dir}}, nullptr);
+  const uint64_t generation = symbolizer.generation();
+  // Any address inside the function names it; the start is what agents send.
+  EXPECT_EQ(symbolizer.FunctionName(build_id_, offset_), "StrataSymbolizeTestMarker");
+  EXPECT_EQ(symbolizer.FunctionName(build_id_, offset_ + 1), "StrataSymbolizeTestMarker");
+  EXPECT_GT(symbolizer.generation(), generation);
+  ASSERT_EQ(symbolizer.Loaded().size(), 1u);
+  EXPECT_EQ(symbolizer.Loaded()[0].source, debug_dir);
+  EXPECT_TRUE(symbolizer.Loaded()[0].has_dwarf);
+  const SymbolizerStats stats = symbolizer.stats();
+  EXPECT_EQ(stats.files_loaded, 1u);  // read once, then from memory
+  EXPECT_EQ(stats.lookups, 2u);
+  EXPECT_EQ(stats.named, 2u);
+  // Another module's build ID: not found, remembered as missing, no name.
+  EXPECT_EQ(symbolizer.FunctionName("00112233445566778899aabbccddeeff00112233", 0x1000),
+            std::nullopt);
+  EXPECT_THAT(symbolizer.Missing(), ::testing::ElementsAre("00112233445566778899aabbccddeeff00112233"));
+  // Not hex: refused without a lookup.
+  EXPECT_EQ(symbolizer.FunctionName("../../etc/passwd", 0), std::nullopt);
+}
+
+TEST_F(SymbolizeTest, ADebugFileOfAnotherBuildIdIsIgnored) {
+  const std::string debug_dir = dir_.File("debug");
+  // This binary's debug file placed under someone else's build ID.
+  const std::string other = "aa" + std::string(build_id_.size() - 2, 'b');
+  SplitDebugFile(elf::BuildIdDebugPath(debug_dir, other));
+  Symbolizer symbolizer({.debug_dirs = {debug_dir}}, nullptr);
+  EXPECT_EQ(symbolizer.FunctionName(other, offset_), std::nullopt);
+  EXPECT_TRUE(symbolizer.Loaded().empty());
+}
+
+TEST_F(SymbolizeTest, AnUploadNamesWhatWasMissingAtOnce) {
+  auto store = DebugInfoStore::Open(dir_.File("uploads"), 1 << 30);
+  ASSERT_TRUE(store.ok()) << store.status();
+  Symbolizer symbolizer({.debug_dirs = {}, .retry_after = absl::Hours(1)}, store->get());
+  EXPECT_EQ(symbolizer.FunctionName(build_id_, offset_), std::nullopt);
+  EXPECT_EQ(symbolizer.Missing().size(), 1u);
+
+  auto temporary = (*store)->NewTemporary();
+  ASSERT_TRUE(temporary.ok());
+  SplitDebugFile(*temporary);
+  auto stored = (*store)->Commit(*temporary, "self.debug", build_id_, 1234);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_FALSE(stored->replaced);
+  EXPECT_EQ(stored->info.build_id, build_id_);
+  EXPECT_TRUE(stored->info.has_dwarf);
+  EXPECT_GT(stored->info.functions, 10u);
+  // Missing build IDs are retried only after an hour here: the upload's Invalidate is what
+  // makes the next lookup find it.
+  const uint64_t generation = symbolizer.generation();
+  EXPECT_EQ(symbolizer.FunctionName(build_id_, offset_), std::nullopt);
+  symbolizer.Invalidate(build_id_);
+  EXPECT_GT(symbolizer.generation(), generation);
+  EXPECT_EQ(symbolizer.FunctionName(build_id_, offset_), "StrataSymbolizeTestMarker");
+  EXPECT_EQ(symbolizer.Loaded()[0].source, "upload");
+
+  const std::vector<DebugFileInfo> listed = (*store)->List();
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].build_id, build_id_);
+  EXPECT_EQ(listed[0].file_name, "self.debug");
+  EXPECT_EQ(listed[0].uploaded_ms, 1234);
+  EXPECT_EQ(listed[0].functions, stored->info.functions);
+
+  // The same build ID again replaces it.
+  auto again = (*store)->NewTemporary();
+  ASSERT_TRUE(again.ok());
+  SplitDebugFile(*again);
+  auto replaced = (*store)->Commit(*again, "self.debug", "", 5678);
+  ASSERT_TRUE(replaced.ok()) << replaced.status();
+  EXPECT_TRUE(replaced->replaced);
+  EXPECT_EQ((*store)->List().size(), 1u);
+}
+
+TEST_F(SymbolizeTest, BadUploadsAreRefusedAndLeaveNothingBehind) {
+  auto store = DebugInfoStore::Open(dir_.File("uploads"), 1 << 30);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto commit = [&](const std::string& bytes, std::string_view expected) {
+    auto temporary = (*store)->NewTemporary();
+    EXPECT_TRUE(temporary.ok());
+    std::ofstream(*temporary, std::ios::binary) << bytes;
+    return (*store)->Commit(*temporary, "bad", expected, 1);
+  };
+  auto not_elf = commit("this is not an ELF file", "");
+  EXPECT_EQ(not_elf.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(not_elf.status().message(), HasSubstr("ELF"));
+  auto truncated = commit(std::string("\x7f" "ELF\x02\x01\x01", 7), "");
+  EXPECT_EQ(truncated.status().code(), absl::StatusCode::kInvalidArgument);
+
+  // A real file, but the caller expected another build ID.
+  auto temporary = (*store)->NewTemporary();
+  ASSERT_TRUE(temporary.ok());
+  SplitDebugFile(*temporary);
+  const std::string other(build_id_.size(), 'a');
+  auto mismatch = (*store)->Commit(*temporary, "self.debug", other, 1);
+  EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(mismatch.status().message(), HasSubstr(build_id_));
+
+  // A stripped file without symbols nor DWARF names nothing.
+  const std::string stripped = dir_.File("stripped");
+  ASSERT_EQ(std::system(absl::StrCat("objcopy --strip-all '", SelfPath(), "' '", stripped, "'")
+                            .c_str()),
+            0);
+  auto no_symbols_tmp = (*store)->NewTemporary();
+  ASSERT_TRUE(no_symbols_tmp.ok());
+  fs::copy_file(stripped, *no_symbols_tmp, fs::copy_options::overwrite_existing);
+  auto no_symbols = (*store)->Commit(*no_symbols_tmp, "stripped", "", 1);
+  EXPECT_EQ(no_symbols.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(no_symbols.status().message(), HasSubstr("neither function symbols"));
+
+  EXPECT_TRUE((*store)->List().empty());
+  EXPECT_TRUE(fs::is_empty(dir_.File("uploads/tmp")));
+  // Leftovers of an interrupted upload are removed when the store opens again.
+  std::ofstream(dir_.File("uploads/tmp/upload-1-1")) << "partial";
+  auto reopened = DebugInfoStore::Open(dir_.File("uploads"), 1 << 30);
+  ASSERT_TRUE(reopened.ok());
+  EXPECT_TRUE(fs::is_empty(dir_.File("uploads/tmp")));
+}
+
+}  // namespace
+}  // namespace strata::server::symbolize

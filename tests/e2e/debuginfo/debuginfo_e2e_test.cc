@@ -1,0 +1,243 @@
+// Every frame named: the real agent, server and CLI on loopback, with debug information from
+// Debian's libc6-dbg (/usr/lib/debug/.build-id), from a real debuginfod serving a directory
+// on loopback, and from `strata debuginfo upload` after the samples were stored.
+//
+// The stripped workloads are copies of demo_service made here, the way Debian builds
+// packages: `objcopy --only-keep-debug` for the debug file, then `strip --strip-all`. The
+// agent cannot name their functions (no .symtab, no debug link); only the server can.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/elf/elf_file.h"
+#include "common/testing/http_get.h"
+#include "common/testing/temp_dir.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/harness.h"
+
+namespace strata::e2e {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string BuildIdOf(const std::string& path) {
+  auto elf = elf::ElfFile::Open(path);
+  return elf.ok() ? (*elf)->BuildIdHex() : "";
+}
+
+// A stripped copy of demo_service at `binary` and its debug file at `debug_file`.
+void MakeStrippedDemo(const std::string& binary, const std::string& debug_file) {
+  fs::create_directories(fs::path(debug_file).parent_path());
+  const std::string demo = BinPath("demo_service");
+  for (const std::string& command :
+       {absl::StrCat("objcopy --only-keep-debug '", demo, "' '", debug_file, "'"),
+        absl::StrCat("strip --strip-all -o '", binary, "' '", demo, "'")}) {
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  }
+  auto elf = elf::ElfFile::Open(binary);
+  ASSERT_TRUE(elf.ok());
+  ASSERT_EQ((*elf)->FindSection(".symtab"), nullptr) << "strip left a symbol table";
+  ASSERT_EQ((*elf)->FindSection(".gnu_debuglink"), nullptr);
+}
+
+// Runs the agent on `pid` until the server holds `samples` of `service`, then stops it.
+void Profile(const ServerProcess& server, pid_t pid, const std::string& service,
+             uint64_t samples, const std::string& agent_log) {
+  ChildProcess agent({BinPath("strata-agent"), "--server", server.address(), "--pid",
+                      std::to_string(pid), "--interval", "1", "--frequency", "199"},
+                     agent_log);
+  const absl::Time deadline = absl::Now() + absl::Seconds(90);
+  while (ServiceTotal(server.address(), service) < samples && absl::Now() < deadline &&
+         agent.running()) {
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_EQ(agent.Stop(SIGTERM, 20), 0) << agent.Output();
+  ASSERT_GE(ServiceTotal(server.address(), service), samples) << agent.Output();
+}
+
+std::string Top(const ServerProcess& server, const std::string& service) {
+  CommandResult top = RunCommand({BinPath("strata"), "--server", server.address(), "top",
+                                  "--service", service, "--since", "1h", "--limit", "40"});
+  EXPECT_EQ(top.exit_code, 0) << top.output;
+  return top.output;
+}
+
+// A TCP port free on loopback right now (debuginfod takes a port number, not a socket).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+uint64_t MetricValue(const std::string& metrics, const std::string& name) {
+  const std::string key = "\n" + name + " ";
+  const size_t at = metrics.find(key);
+  return at == std::string::npos ? UINT64_MAX
+                                 : std::strtoull(metrics.c_str() + at + key.size(), nullptr, 10);
+}
+
+TEST(DebugInfoTest, LibcFramesAreNamedFromLibc6Dbg) {
+  const std::string libc = fs::canonical("/lib/x86_64-linux-gnu/libc.so.6").string();
+  const std::string build_id = BuildIdOf(libc);
+  const std::string debug_file = absl::StrCat("/usr/lib/debug/.build-id/", build_id.substr(0, 2),
+                                              "/", build_id.substr(2), ".debug");
+  if (access(debug_file.c_str(), R_OK) != 0) {
+    GTEST_SKIP() << debug_file << " is missing: install libc6-dbg (deploy/install-deps.sh)";
+  }
+  testing::TempDir dir("strata_e2e_libc_dbg");
+  ServerProcess server(dir.File("data"), dir.File("server.log"));
+  ASSERT_GT(server.port(), 0) << server.process().Output();
+  ChildProcess demo({BinPath("demo_service"), "--threads", "2"}, dir.File("demo.log"),
+                    {{"STRATA_SERVICE", "libc-named"}});
+  ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
+  Profile(server, demo.pid(), "libc-named", 400, dir.File("agent.log"));
+
+  // Threads start in clone3 -> start_thread; without debug info these are
+  // libc.so.6+0x1098e1 and libc.so.6+0x88ef0.
+  CommandResult paths = RunCommand({BinPath("strata"), "--server", server.address(),
+                                    "hot-paths", "--service", "libc-named", "--since", "1h"});
+  ASSERT_EQ(paths.exit_code, 0) << paths.output;
+  EXPECT_THAT(paths.output, HasSubstr("clone3 > start_thread")) << paths.output;
+  EXPECT_THAT(paths.output, Not(HasSubstr("libc.so.6+0x"))) << paths.output;
+  CommandResult quality = RunCommand({BinPath("strata"), "--server", server.address(),
+                                      "quality", "--service", "libc-named", "--since", "1h"});
+  ASSERT_EQ(quality.exit_code, 0) << quality.output;
+  std::printf("%s\n", quality.output.c_str());
+  EXPECT_THAT(quality.output, Not(HasSubstr("libc.so.6+"))) << quality.output;
+}
+
+TEST(DebugInfoTest, DebuginfodOnLoopbackNamesAStrippedWorkloadOnce) {
+  testing::TempDir dir("strata_e2e_debuginfod");
+  const std::string binary = dir.File("demo_stripped");
+  const std::string debug_file = dir.File("debugfiles/demo_stripped.debug");
+  ASSERT_NO_FATAL_FAILURE(MakeStrippedDemo(binary, debug_file));
+  const std::string build_id = BuildIdOf(binary);
+  ASSERT_FALSE(build_id.empty());
+
+  // debuginfod scans the directory and serves the file by build ID.
+  const int port = FreePort();
+  ChildProcess debuginfod({"/usr/bin/debuginfod", "-F", dir.File("debugfiles"), "-p",
+                           std::to_string(port), "-d", dir.File("debuginfod.sqlite"), "-t", "1"},
+                          dir.File("debuginfod.log"));
+  const absl::Time ready_by = absl::Now() + absl::Seconds(60);
+  int status = 0;
+  while (absl::Now() < ready_by && debuginfod.running()) {
+    status = strata::testing::HttpGet(port, "/buildid/" + build_id + "/debuginfo").first;
+    if (status == 200) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  ASSERT_EQ(status, 200) << debuginfod.Output();
+
+  ServerProcess server(
+      dir.File("data"), dir.File("server.log"),
+      {"--http", "127.0.0.1:0", "--metrics-open", "--debug-dirs", dir.File("no-debug-dir"),
+       "--debuginfod-urls", absl::StrCat("http://127.0.0.1:", port)});
+  ASSERT_GT(server.port(), 0) << server.process().Output();
+  ChildProcess demo({binary, "--threads", "1"}, dir.File("demo.log"),
+                    {{"STRATA_SERVICE", "stripped"}});
+  ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
+  Profile(server, demo.pid(), "stripped", 300, dir.File("agent.log"));
+
+  auto metric = [&](const std::string& name) {
+    return MetricValue(strata::testing::HttpGet(server.http_port(), "/metrics").second, name);
+  };
+  const absl::Time first_start = absl::Now();
+  const std::string first = Top(server, "stripped");
+  const absl::Duration first_query = absl::Now() - first_start;
+  EXPECT_THAT(first, HasSubstr("tokenize")) << first;
+  EXPECT_THAT(first, HasSubstr("deflate_block")) << first;
+  EXPECT_THAT(first, Not(HasSubstr("demo_stripped+0x"))) << first;
+  // The workload's debug file came from debuginfod; the libraries without one (libstdc++
+  // here) were asked for too, and not found.
+  EXPECT_EQ(metric("strata_symbolize_debuginfod_found_total"), 1u);
+  const uint64_t fetches = metric("strata_symbolize_debuginfod_fetches_total");
+  EXPECT_GE(fetches, 1u);
+
+  // Fetched once: the next queries are served from the server's memory, found and missing
+  // build IDs alike.
+  const absl::Time second_start = absl::Now();
+  const std::string second = Top(server, "stripped");
+  const absl::Duration second_query = absl::Now() - second_start;
+  EXPECT_EQ(first, second);
+  EXPECT_EQ(metric("strata_symbolize_debuginfod_fetches_total"), fetches);
+  std::printf("first query (debuginfod fetches: %llu) %s, second (cached) %s\n",
+              static_cast<unsigned long long>(fetches), absl::FormatDuration(first_query).c_str(),
+              absl::FormatDuration(second_query).c_str());
+  CommandResult ls = RunCommand({BinPath("strata"), "--server", server.address(), "debuginfo",
+                                 "ls"});
+  ASSERT_EQ(ls.exit_code, 0) << ls.output;
+  EXPECT_THAT(ls.output, HasSubstr(build_id)) << ls.output;
+  EXPECT_THAT(ls.output, HasSubstr("debuginfod")) << ls.output;
+}
+
+TEST(DebugInfoTest, AnUploadAfterIngestNamesFramesAlreadyStored) {
+  testing::TempDir dir("strata_e2e_upload");
+  const std::string binary = dir.File("demo_stripped");
+  const std::string debug_file = dir.File("demo_stripped.debug");
+  ASSERT_NO_FATAL_FAILURE(MakeStrippedDemo(binary, debug_file));
+  const std::vector<std::string> server_args = {"--debug-dirs", dir.File("no-debug-dir")};
+  auto server = std::make_unique<ServerProcess>(dir.File("data"), dir.File("server.log"),
+                                                server_args);
+  ASSERT_GT(server->port(), 0) << server->process().Output();
+  {
+    ChildProcess demo({binary, "--threads", "1"}, dir.File("demo.log"),
+                      {{"STRATA_SERVICE", "late-symbols"}});
+    ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
+    Profile(*server, demo.pid(), "late-symbols", 300, dir.File("agent.log"));
+  }
+  const uint64_t total = ServiceTotal(server->address(), "late-symbols");
+  const std::string before = Top(*server, "late-symbols");
+  EXPECT_THAT(before, HasSubstr("demo_stripped+0x")) << before;
+  EXPECT_THAT(before, Not(HasSubstr("tokenize"))) << before;
+
+  // A file that is not ELF is refused with its reason; the server goes on.
+  const std::string junk = dir.File("junk.debug");
+  std::ofstream(junk) << "not an ELF file";
+  CommandResult refused = RunCommand({BinPath("strata"), "--server", server->address(),
+                                      "debuginfo", "upload", junk});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_THAT(refused.output, HasSubstr("not a usable ELF64 file")) << refused.output;
+
+  CommandResult upload = RunCommand({BinPath("strata"), "--server", server->address(),
+                                     "debuginfo", "upload", debug_file});
+  ASSERT_EQ(upload.exit_code, 0) << upload.output << server->process().Output();
+  EXPECT_THAT(upload.output, HasSubstr(BuildIdOf(binary))) << upload.output;
+  const std::string after = Top(*server, "late-symbols");
+  EXPECT_THAT(after, HasSubstr("tokenize")) << after;
+  EXPECT_THAT(after, HasSubstr("deflate_block")) << after;
+  EXPECT_THAT(after, HasSubstr("serve_forever")) << after;
+  EXPECT_EQ(ServiceTotal(server->address(), "late-symbols"), total);
+
+  // Uploads are kept with the data: after a restart the frames are still named.
+  server.reset();
+  server = std::make_unique<ServerProcess>(dir.File("data"), dir.File("server2.log"),
+                                           server_args);
+  ASSERT_GT(server->port(), 0) << server->process().Output();
+  EXPECT_THAT(Top(*server, "late-symbols"), HasSubstr("tokenize"));
+  CommandResult ls = RunCommand({BinPath("strata"), "--server", server->address(), "debuginfo",
+                                 "ls"});
+  ASSERT_EQ(ls.exit_code, 0) << ls.output;
+  EXPECT_THAT(ls.output, HasSubstr("Uploaded debug files: 1")) << ls.output;
+  EXPECT_THAT(ls.output, HasSubstr(debug_file)) << ls.output;
+}
+
+}  // namespace
+}  // namespace strata::e2e
