@@ -1,0 +1,37 @@
+// Workload of source_lines_test, compiled at -O2 -g (DWARF 4 and 5): always-inline helpers
+// nested three deep (Upper -> Middle -> HeaderLeaf, the last in a header) inside the noinline
+// InlineWorkloadOuter, whose addresses the test symbolizes and compares with addr2line.
+// The test finds the declaration and call lines by searching this file: edit freely.
+#include "server/symbolize/testdata/inline_workload.h"
+
+namespace strata_inline_workload {
+namespace {
+
+__attribute__((always_inline)) inline unsigned Middle(volatile unsigned* sink, unsigned x) {
+  const unsigned a = HeaderLeaf(sink, x);
+  *sink = a + 1;
+  return a + HeaderLeaf(sink, x + 7);
+}
+
+__attribute__((always_inline)) inline unsigned Upper(volatile unsigned* sink, unsigned x) {
+  unsigned r = Middle(sink, x);
+  for (unsigned i = 0; i < (x & 7); ++i) r += Middle(sink, r + i);
+  return r;
+}
+
+}  // namespace
+
+__attribute__((noinline)) unsigned InlineWorkloadOuter(volatile unsigned* sink, unsigned n) {
+  unsigned total = 0;
+  for (unsigned i = 0; i < n; ++i) total += Upper(sink, i);
+  *sink = total;
+  return total;
+}
+
+}  // namespace strata_inline_workload
+
+int main(int argc, char** argv) {
+  volatile unsigned sink = 0;
+  const unsigned n = static_cast<unsigned>(argc) * 1000u;
+  return static_cast<int>(strata_inline_workload::InlineWorkloadOuter(&sink, n) & 1u);
+}
