@@ -343,6 +343,7 @@ absl::StatusOr<std::optional<v1::SampleBatch>> Profiler::TakeBatch(int64_t start
   for (v1::UnwindCounters& counts : recorder_.TakeUnwindCounts()) {
     if (named.contains(counts.target_id())) *(*batch)->add_unwind() = std::move(counts);
   }
+  recorder_.leaf_addresses().TakeInto(named, &**batch);
   return batch;
 }
 

@@ -281,6 +281,7 @@ encoding::PathFrame StackRecorder::FrameFor(const Target& target, TargetState& s
              .emplace(lookup, TargetState::CachedPc{graph_->NodeFor(record), sym.module_pc})
              .first;
   }
+  if (innermost) leaf_module_pc_ = it->second.module_pc;
   return {it->second.node, innermost ? 0 : it->second.module_pc + 1};
 }
 
@@ -344,6 +345,11 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
     ++stats_.dropped;
     if (counts != nullptr) counts->set_lost(counts->lost() + 1);
     return nullptr;
+  }
+  // Continuous CPU stacks only, like `counts`: the leaf lines of the batches' samples. The
+  // user leaf is resolved afresh for every stack (never kept), so leaf_module_pc_ is its own.
+  if (counts != nullptr && num_frames > 0 && leaf_module_pc_ != 0) {
+    leaf_addresses_.Add(target.id, path[num_frames - 1].function, leaf_module_pc_);
   }
   return &edges;
 }

@@ -21,6 +21,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "agent/core/context_graph.h"
 #include "agent/core/interval_aggregator.h"
+#include "agent/core/leaf_histogram.h"
 #include "agent/core/targets.h"
 #include "agent/kernel/kernel_symbols.h"
 #include "agent/sources/stack_source.h"
@@ -79,6 +80,8 @@ class StackRecorder final : public sources::StackSink {
   IntervalAggregator& continuous() { return aggregator_; }
   // Off-CPU time of the interval: counts are nanoseconds until BatchBuilder scales them.
   IntervalAggregator& off_cpu() { return off_cpu_; }
+  // Where continuous CPU samples' user leaf frames were, in the same interval.
+  LeafHistogram& leaf_addresses() { return leaf_addresses_; }
   // Unwinding counters per target since the last call (targets gone since included).
   std::vector<v1::UnwindCounters> TakeUnwindCounts();
   bool full() const { return full_; }
@@ -143,6 +146,8 @@ class StackRecorder final : public sources::StackSink {
   absl::flat_hash_map<pid_t, std::unique_ptr<TargetState>> states_;
   IntervalAggregator aggregator_;
   IntervalAggregator off_cpu_;
+  LeafHistogram leaf_addresses_;
+  uint64_t leaf_module_pc_ = 0;  // module offset of the last innermost frame FrameFor resolved
   // Kernel pc (already adjusted for return addresses) -> node; shared by all targets.
   absl::flat_hash_map<uint64_t, encoding::NodeId> kernel_nodes_;
   // Counters of targets forgotten since the last TakeUnwindCounts.

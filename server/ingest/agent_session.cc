@@ -271,6 +271,40 @@ absl::StatusOr<uint64_t> AgentSession::StackIdFor(const encoding::Numbering& num
   return *stack_id;
 }
 
+absl::Status AgentSession::PutLeafAddresses(
+    const v1::SampleBatch& batch, const absl::flat_hash_map<uint32_t, const v1::Target*>& targets,
+    int64_t window_start_ms, store::WriteBatch* wb) {
+  if (batch.leaf_addresses_size() == 0) return absl::OkStatus();
+  std::map<std::string, std::vector<store::LeafAddressCount>> by_service;
+  for (const v1::LeafAddresses& l : batch.leaf_addresses()) {
+    auto target = targets.find(l.target_id());
+    if (target == targets.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch ", batch.sequence(), " has leaf addresses of unknown target ", l.target_id()));
+    }
+    if (l.node() >= node_function_ids_.size() || node_function_ids_[l.node()] == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch ", batch.sequence(), " has leaf addresses of unknown node ", l.node()));
+    }
+    std::vector<store::LeafAddressCount>& out = by_service[target->second->service()];
+    uint64_t offset = 0;
+    for (int i = 0; i < l.offset_deltas_size(); ++i) {
+      if (offset + l.offset_deltas(i) < offset) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "batch ", batch.sequence(), ": leaf address offsets of node ", l.node(),
+            " overflow"));
+      }
+      offset += l.offset_deltas(i);
+      if (l.counts(i) > 0) out.push_back({node_function_ids_[l.node()], offset, l.counts(i)});
+    }
+  }
+  for (const auto& [service, counts] : by_service) {
+    wb->PutLeafAddresses(service, window_start_ms, identity_.host, identity_.agent_id,
+                         identity_.graph_id, batch.sequence(), counts);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& batch) {
   AppliedBatch applied{&identity_, &batch, commit::WindowStart(batch.start_ms()), false, {}};
   if (absl::Status s = Load(); !s.ok()) return s;
@@ -394,6 +428,9 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
       wb.PutUnwindCounts(service, applied.window_start_ms, identity_.agent_id,
                          identity_.graph_id, batch.sequence(), counts);
     }
+  }
+  if (auto st = PutLeafAddresses(batch, targets, applied.window_start_ms, &wb); !st.ok()) {
+    return st;
   }
   wb.SetAppliedSequence(identity_.agent_id, identity_.graph_id, batch.sequence());
   ++batches_;

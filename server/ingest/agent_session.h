@@ -111,6 +111,11 @@ class AgentSession {
   absl::StatusOr<absl::flat_hash_map<uint32_t, uint64_t>> TargetLabelSets(
       const v1::SampleBatch& batch, store::WriteBatch* wb);
   // Decodes one context to a stored stack ID.
+  // The batch's leaf addresses, per service, as function IDs, into `wb` (one record per
+  // service). InvalidArgument for an unknown target or node, or offsets that overflow.
+  absl::Status PutLeafAddresses(const v1::SampleBatch& batch,
+                                const absl::flat_hash_map<uint32_t, const v1::Target*>& targets,
+                                int64_t window_start_ms, store::WriteBatch* wb);
   absl::StatusOr<uint64_t> StackIdFor(const encoding::Numbering& numbering,
                                       const encoding::EncodedContext& context,
                                       store::WriteBatch* wb);

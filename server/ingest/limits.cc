@@ -122,6 +122,23 @@ absl::Status CheckBatchShape(const v1::SampleBatch& batch, const IngestLimits& l
                        " truncated stacks of ", u.stacks()));
     }
   }
+  if (batch.leaf_addresses_size() > 0 &&
+      (batch.profile() != v1::PROFILE_CPU || !batch.capture_id().empty())) {
+    return absl::InvalidArgumentError(
+        "SampleBatch.leaf_addresses come with continuous CPU batches only");
+  }
+  uint64_t leaf_addresses = 0;
+  for (const v1::LeafAddresses& l : batch.leaf_addresses()) {
+    if (l.offset_deltas_size() != l.counts_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SampleBatch.leaf_addresses of target ", l.target_id(), ", node ", l.node(), ": ",
+          l.offset_deltas_size(), " offsets but ", l.counts_size(), " counts"));
+    }
+    leaf_addresses += static_cast<uint64_t>(l.counts_size());
+  }
+  s = CheckCount("SampleBatch.leaf_addresses (addresses)", leaf_addresses,
+                 limits.max_batch_contexts);
+  if (!s.ok()) return s;
   absl::flat_hash_set<std::string_view> services;
   for (const v1::Target& t : batch.targets()) {
     if (s = CheckTarget(t, limits); !s.ok()) return s;

@@ -370,6 +370,64 @@ std::string UnwindKey(std::string_view service, uint64_t window_start_ms,
   return key;
 }
 
+std::string LeafAddressPrefix(std::string_view service, uint64_t window_start_ms) {
+  return ServiceWindowPrefix(kLeafAddressTag, service, window_start_ms);
+}
+
+std::string LeafAddressKey(std::string_view service, uint64_t window_start_ms,
+                           std::string_view host, std::string_view agent_id,
+                           uint64_t incarnation, uint64_t sequence) {
+  std::string key = LeafAddressPrefix(service, window_start_ms);
+  key.append(host);
+  key.push_back('\0');
+  key.append(agent_id);
+  key.push_back('\0');
+  PutFixed64BE(&key, incarnation);
+  PutFixed64BE(&key, sequence);
+  return key;
+}
+
+absl::StatusOr<std::string_view> LeafAddressKeyHost(std::string_view key) {
+  // tag, service, NUL, 8-byte window, then the host up to its NUL.
+  const size_t service_end = key.find('\0', 1);
+  if (key.empty() || key[0] != kLeafAddressTag || service_end == std::string_view::npos ||
+      key.size() < service_end + 9) {
+    return Corrupt("leaf address key");
+  }
+  std::string_view rest = key.substr(service_end + 9);
+  const size_t host_end = rest.find('\0');
+  if (host_end == std::string_view::npos) return Corrupt("leaf address key");
+  return rest.substr(0, host_end);
+}
+
+std::string EncodeLeafAddresses(const std::vector<LeafAddressCount>& counts) {
+  std::string value(1, 1);
+  PutVarint(&value, counts.size());
+  for (const LeafAddressCount& c : counts) {
+    PutVarint(&value, c.function_id);
+    PutVarint(&value, c.offset);
+    PutVarint(&value, c.count);
+  }
+  return value;
+}
+
+absl::StatusOr<std::vector<LeafAddressCount>> DecodeLeafAddresses(std::string_view value) {
+  Reader in(value);
+  uint8_t version;
+  uint64_t n;
+  if (!in.Byte(&version) || version != 1 || !in.Varint(&n) || n > value.size()) {
+    return Corrupt("leaf addresses");
+  }
+  std::vector<LeafAddressCount> out(n);
+  for (LeafAddressCount& c : out) {
+    if (!in.Varint(&c.function_id) || !in.Varint(&c.offset) || !in.Varint(&c.count)) {
+      return Corrupt("leaf addresses");
+    }
+  }
+  if (!in.Done()) return Corrupt("leaf addresses");
+  return out;
+}
+
 namespace {
 constexpr uint64_t UnwindCounts::*kUnwindFields[] = {
     &UnwindCounts::stacks,         &UnwindCounts::truncated,     &UnwindCounts::verify_failures,

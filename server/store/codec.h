@@ -74,6 +74,7 @@ inline constexpr char kSequenceTag = 'q';
 inline constexpr char kLabelSetTag = 'l';
 inline constexpr char kServiceLabelSetTag = 'L';
 inline constexpr char kUnwindTag = 'u';
+inline constexpr char kLeafAddressTag = 'x';
 
 std::string AgentKey(std::string_view agent_id);
 // Applied batch sequence of one incarnation of an agent (its graph ID): 'q' agent '\0'
@@ -103,6 +104,18 @@ std::string UnwindKey(std::string_view service, uint64_t window_start_ms,
 // lost]; later versions may append fields.
 std::string EncodeUnwindCounts(const UnwindCounts& counts);
 absl::StatusOr<UnwindCounts> DecodeUnwindCounts(std::string_view value);
+
+// Leaf addresses of one batch and service: 'x' service '\0' BE(window) host '\0' agent '\0'
+// BE(incarnation) BE(sequence) (one record per batch, written with it).
+std::string LeafAddressPrefix(std::string_view service, uint64_t window_start_ms);
+std::string LeafAddressKey(std::string_view service, uint64_t window_start_ms,
+                           std::string_view host, std::string_view agent_id,
+                           uint64_t incarnation, uint64_t sequence);
+// The host of a leaf-address key; DataLoss for a malformed key.
+absl::StatusOr<std::string_view> LeafAddressKeyHost(std::string_view key);
+// [version u8 = 1][varint n] n x [varint function_id][varint offset][varint count].
+std::string EncodeLeafAddresses(const std::vector<LeafAddressCount>& counts);
+absl::StatusOr<std::vector<LeafAddressCount>> DecodeLeafAddresses(std::string_view value);
 
 std::string EncodeAgent(const AgentRecord& agent);
 absl::StatusOr<AgentRecord> DecodeAgent(std::string_view value);

@@ -236,3 +236,27 @@ TEST(CodecTest, MetaKeys) {
 
 }  // namespace
 }  // namespace strata::server::store
+
+namespace strata::server::store {
+namespace {
+
+TEST(CodecTest, LeafAddressesRoundTripAndKeysCarryTheHost) {
+  const std::vector<LeafAddressCount> counts = {{7, 0x1000, 3}, {7, 0x1010, 1}, {9, 1ull << 40, 2}};
+  auto decoded = DecodeLeafAddresses(EncodeLeafAddresses(counts));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, counts);
+  const std::string key = LeafAddressKey("svc", 60'000, "host-a", "agent-1", 5, 9);
+  EXPECT_TRUE(key.starts_with(LeafAddressPrefix("svc", 60'000)));
+  EXPECT_LT(key, LeafAddressPrefix("svc", 70'000));
+  auto host = LeafAddressKeyHost(key);
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(*host, "host-a");
+  std::string value = EncodeLeafAddresses(counts);
+  EXPECT_FALSE(DecodeLeafAddresses(value.substr(0, value.size() - 1)).ok());
+  EXPECT_FALSE(DecodeLeafAddresses(value + "x").ok());
+  EXPECT_FALSE(DecodeLeafAddresses("").ok());
+  EXPECT_FALSE(LeafAddressKeyHost("x").ok());
+}
+
+}  // namespace
+}  // namespace strata::server::store

@@ -140,6 +140,34 @@ absl::StatusOr<UnwindCounts> MetaRecords::SumUnwindCounts(std::string_view servi
   return sum;
 }
 
+absl::StatusOr<absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t>>
+MetaRecords::SumLeafAddresses(std::string_view service, int64_t from_ms, int64_t to_ms,
+                              const std::optional<std::string>& host) {
+  if (!ValidKeyPart(service)) return absl::InvalidArgumentError("service contains NUL");
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t> sum;
+  const uint64_t from = static_cast<uint64_t>(std::max<int64_t>(from_ms, 0));
+  if (to_ms <= 0 || static_cast<uint64_t>(to_ms) <= from) return sum;
+  absl::Status s = database_->Scan(
+      Column::kMeta, LeafAddressPrefix(service, from),
+      LeafAddressPrefix(service, static_cast<uint64_t>(to_ms)),
+      [&](std::string_view key, std::string_view value) -> absl::Status {
+        if (host) {
+          absl::StatusOr<std::string_view> key_host = LeafAddressKeyHost(key);
+          if (!key_host.ok()) return key_host.status();
+          if (*key_host != *host) return absl::OkStatus();
+        }
+        absl::StatusOr<std::vector<LeafAddressCount>> counts = DecodeLeafAddresses(value);
+        if (!counts.ok()) return counts.status();
+        for (const LeafAddressCount& c : *counts) {
+          uint64_t& total = sum[{c.function_id, c.offset}];
+          total = total + c.count < total ? UINT64_MAX : total + c.count;
+        }
+        return absl::OkStatus();
+      });
+  if (!s.ok()) return s;
+  return sum;
+}
+
 absl::StatusOr<AgentRecord> MetaRecords::GetAgent(const std::string& agent_id) {
   if (!ValidKeyPart(agent_id)) return absl::InvalidArgumentError("agent id contains NUL");
   std::string value;

@@ -8,10 +8,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <utility>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "server/store/records.h"
@@ -41,6 +44,11 @@ class MetaRecords {
   // The agents' unwinding counters of `service` in windows [from_ms, to_ms), summed.
   absl::StatusOr<UnwindCounts> SumUnwindCounts(std::string_view service, int64_t from_ms,
                                                int64_t to_ms);
+  // Where `service`'s samples in windows [from_ms, to_ms) stopped in their leaf functions
+  // (of `host` only, when given): (function ID, offset) -> samples, summed over batches.
+  absl::StatusOr<absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t>> SumLeafAddresses(
+      std::string_view service, int64_t from_ms, int64_t to_ms,
+      const std::optional<std::string>& host);
   absl::StatusOr<CaptureInfo> GetCapture(std::string_view capture_id);
   absl::StatusOr<std::vector<CaptureInfo>> ListCaptures();
   // Every journal record in sequence order; stops at the first error `fn` returns.

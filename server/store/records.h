@@ -157,6 +157,16 @@ struct UnwindCounts {
   void Add(const UnwindCounts& o);
 };
 
+// Where one batch's samples of one service stopped in their user leaf functions
+// (SampleBatch.leaf_addresses): function ID, instruction offset in its module, samples.
+struct LeafAddressCount {
+  uint64_t function_id = 0;
+  uint64_t offset = 0;
+  uint64_t count = 0;
+
+  bool operator==(const LeafAddressCount&) const = default;
+};
+
 struct CaptureInfo {
   std::string capture_id;
   std::string service;

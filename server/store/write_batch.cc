@@ -161,6 +161,21 @@ void WriteBatch::PutUnwindCounts(std::string_view service, int64_t window_start_
             EncodeUnwindCounts(counts));
 }
 
+void WriteBatch::PutLeafAddresses(std::string_view service, int64_t window_start_ms,
+                                  std::string_view host, std::string_view agent_id,
+                                  uint64_t incarnation, uint64_t sequence,
+                                  const std::vector<LeafAddressCount>& counts) {
+  if (!rep_->CheckKeyPart("service", service, false) ||
+      !rep_->CheckKeyPart("host", host, false) ||
+      !rep_->CheckKeyPart("agent id", agent_id, false) || !rep_->CheckWindow(window_start_ms)) {
+    return;
+  }
+  rep_->Add(Column::kMeta, Rep::OpType::kPut,
+            LeafAddressKey(service, static_cast<uint64_t>(window_start_ms), host, agent_id,
+                           incarnation, sequence),
+            EncodeLeafAddresses(counts));
+}
+
 bool WriteBatch::empty() const {
   return rep_->ops.empty() && rep_->sequences.empty() && rep_->status.ok();
 }

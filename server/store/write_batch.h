@@ -51,6 +51,11 @@ class WriteBatch {
   void PutUnwindCounts(std::string_view service, int64_t window_start_ms,
                        std::string_view agent_id, uint64_t incarnation, uint64_t sequence,
                        const UnwindCounts& counts);
+  // Where batch `sequence`'s samples of `service` stopped in their leaf functions: committed
+  // with the batch, so exactly once; MetaRecords::SumLeafAddresses reads them.
+  void PutLeafAddresses(std::string_view service, int64_t window_start_ms, std::string_view host,
+                        std::string_view agent_id, uint64_t incarnation, uint64_t sequence,
+                        const std::vector<LeafAddressCount>& counts);
   // Drops a capture: its sample cells and its metadata record (capture retention).
   void DeleteCapture(std::string_view capture_id);
   // Journal records (see the journal column family): an opaque record under `sequence`, and
