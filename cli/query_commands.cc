@@ -102,14 +102,54 @@ void PrintPhaseHeader(Client& client, const v1::ProfileFilter& filter) {
   }
 }
 
-int RunTop(CliContext* ctx, const FilterOptions& f, bool by_total) {
+// "file:line" with the file's last two path components (enough to tell headers apart).
+std::string LineText(const v1::Frame& frame) {
+  if (frame.file().empty()) return "?";
+  std::string_view file = frame.file();
+  size_t cut = file.rfind('/');
+  if (cut != std::string_view::npos && cut > 0) {
+    const size_t before = file.rfind('/', cut - 1);
+    if (before != std::string_view::npos) file = file.substr(before + 1);
+  }
+  return absl::StrCat(std::string(file), ":", frame.line());
+}
+
+// Self samples per source line: the line, its function (marked when inlined) and the
+// functions it was inlined into.
+int PrintTopLines(const v1::TopResponse& r, const FilterOptions& f) {
+  std::printf("Top lines of %s (%s, %s samples, %s without line information)\n",
+              f.service.c_str(), RangeText(f).c_str(), WithThousands(r.total_samples()).c_str(),
+              WithThousands(r.unresolved_samples()).c_str());
+  if (r.total_samples() == 0) {
+    std::printf("No leaf addresses in this range.\n");
+    return 0;
+  }
+  Table table({"SELF", "SELF%", "LINE", "FUNCTION", "INLINED INTO"}, {0, 1});
+  for (const auto& l : r.lines()) {
+    if (l.frames_size() == 0) continue;
+    const v1::Frame& leaf = l.frames(0);
+    std::string into;
+    for (int i = 1; i < l.frames_size(); ++i) {
+      absl::StrAppend(&into, i > 1 ? " < " : "", l.frames(i).function(), " (",
+                      LineText(l.frames(i)), ")");
+    }
+    table.AddRow({WithThousands(l.self()), Percent(l.self(), r.total_samples()), LineText(leaf),
+                  absl::StrCat(FrameText(leaf), leaf.inlined() ? " [inline]" : ""), into});
+  }
+  std::fputs(table.ToString().c_str(), stdout);
+  return 0;
+}
+
+int RunTop(CliContext* ctx, const FilterOptions& f, bool by_total, bool by_line) {
   Client& client = ctx->client();
   v1::TopRequest request;
   *request.mutable_filter() = BuildFilter(f);
   request.set_limit(f.limit);
   request.set_sort(by_total ? v1::TopRequest::TOTAL : v1::TopRequest::SELF);
+  request.set_by_line(by_line);
   auto r = client.Call(client.query(), &v1::Query::Stub::Top, request);
   if (ctx->options().json) return PrintJson(r), 0;
+  if (by_line) return PrintTopLines(r, f);
   std::printf("Top functions of %s (%s, %s samples%s)\n", f.service.c_str(),
               RangeText(f).c_str(), WithThousands(r.total_samples()).c_str(),
               ArchSuffix(r.archs()).c_str());
@@ -330,13 +370,19 @@ void AddQueryCommands(CLI::App* app, CliContext* ctx, int* exit_code) {
   labels->callback([=] { *exit_code = RunLabels(ctx, labels_service); });
 
   static FilterOptions top_filter, paths_filter;
-  static std::string sort = "self";
-  auto* top = app->add_subcommand("top", "functions by self or total samples");
+  static std::string sort = "self", by = "function";
+  auto* top = app->add_subcommand("top", "functions by self or total samples, or source lines");
   AddFilterFlags(top, &top_filter);
   top->add_option("--sort", sort, "self or total")
       ->check(CLI::IsMember({"self", "total"}))
       ->capture_default_str();
-  top->callback([=] { *exit_code = RunTop(ctx, top_filter, sort == "total"); });
+  top->add_option("--by", by,
+                  "function, or line: self samples per source line with inlined functions "
+                  "(needs the modules' DWARF on the server)")
+      ->check(CLI::IsMember({"function", "line"}))
+      ->capture_default_str();
+  top->callback(
+      [=] { *exit_code = RunTop(ctx, top_filter, sort == "total", by == "line"); });
 
   auto* hot_paths = app->add_subcommand("hot-paths", "hottest full call paths");
   AddFilterFlags(hot_paths, &paths_filter);

@@ -1,5 +1,7 @@
 #include "server/query/query_service.h"
 
+#include "server/query/lines.h"
+
 #include <algorithm>
 #include <future>
 #include <map>
@@ -128,7 +130,7 @@ QueryService::QueryService(store::Store* store, registry::AgentRegistry* registr
                            const aggregate::LiveSamples* live, auth::Authorizer* authorizer,
                            symbolize::Symbolizer* symbolizer)
     : store_(store), registry_(registry), live_(live), authorizer_(authorizer),
-      reader_(store, live, symbolizer) {}
+      symbolizer_(symbolizer), reader_(store, live, symbolizer) {}
 
 absl::StatusOr<auth::Principal> QueryService::AuthorizeQuery(
     const grpc::ServerContextBase* context) {
@@ -155,6 +157,11 @@ std::vector<std::string> QueryService::ArchsOf(const Profile& profile) {
 }
 
 absl::StatusOr<v1::TopResponse> QueryService::RunTop(const v1::TopRequest& request) {
+  if (request.by_line()) {
+    auto query = ToProfileQuery(request.filter(), base::NowMs());
+    if (!query.ok()) return query.status();
+    return TopLines(store_, symbolizer_, *query, EffectiveLimit(request.limit()));
+  }
   auto profile = LoadProfile(request.filter());
   if (!profile.ok()) return profile.status();
   v1::TopResponse response;

@@ -85,6 +85,7 @@ class QueryService final : public v1::Query::Service {
   registry::AgentRegistry* registry_;
   const aggregate::LiveSamples* live_;
   auth::Authorizer* const authorizer_;
+  symbolize::Symbolizer* const symbolizer_;  // null: no server-side names nor lines
   ProfileReader reader_;
 };
 

@@ -20,6 +20,7 @@ namespace strata::server::symbolize {
 struct Symbolizer::Module {
   LoadedDebugInfo info;
   elf::SymbolTable symbols;
+  std::unique_ptr<SourceLines> lines;  // null without DWARF
 };
 
 Symbolizer::Symbolizer(SymbolizerOptions options, const DebugInfoStore* uploads)
@@ -29,7 +30,24 @@ Symbolizer::~Symbolizer() = default;
 
 std::optional<std::string> Symbolizer::FunctionName(std::string_view build_id_hex,
                                                     uint64_t offset) {
-  if (!IsBuildIdHex(build_id_hex)) return std::nullopt;
+  std::shared_ptr<const Module> module = ModuleOf(build_id_hex);
+  if (module == nullptr) return std::nullopt;
+  const elf::SymbolTable::Function* f = module->symbols.Lookup(offset);
+  if (f == nullptr || f->name.empty()) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  ++stats_.named;
+  return std::string(f->name);
+}
+
+std::vector<SourceFrame> Symbolizer::SourceFrames(std::string_view build_id_hex,
+                                                  uint64_t address) {
+  std::shared_ptr<const Module> module = ModuleOf(build_id_hex);
+  if (module == nullptr || module->lines == nullptr) return {};
+  return module->lines->Frames(address);
+}
+
+std::shared_ptr<const Symbolizer::Module> Symbolizer::ModuleOf(std::string_view build_id_hex) {
+  if (!IsBuildIdHex(build_id_hex)) return nullptr;
   const std::string build_id(build_id_hex);
   std::shared_ptr<const Module> module;
   bool known = false;
@@ -48,12 +66,7 @@ std::optional<std::string> Symbolizer::FunctionName(std::string_view build_id_he
     }
   }
   if (!known) module = Load(build_id);
-  if (module == nullptr) return std::nullopt;
-  const elf::SymbolTable::Function* f = module->symbols.Lookup(offset);
-  if (f == nullptr || f->name.empty()) return std::nullopt;
-  absl::MutexLock lock(&mu_);
-  ++stats_.named;
-  return std::string(f->name);
+  return module;
 }
 
 std::shared_ptr<const Symbolizer::Module> Symbolizer::Load(const std::string& build_id) {
@@ -124,6 +137,14 @@ std::shared_ptr<const Symbolizer::Module> Symbolizer::ReadFile(const std::string
   module->info = {build_id, path, std::move(source), symbols->size(),
                   (*elf)->FindSection(".debug_info") != nullptr};
   module->symbols = elf::SymbolTable::FromFunctions(*std::move(symbols), {}, {});
+  if (module->info.has_dwarf) {
+    absl::StatusOr<std::unique_ptr<SourceLines>> lines = SourceLines::Open(path);
+    if (lines.ok()) {
+      module->lines = *std::move(lines);
+    } else {
+      spdlog::warn("debug file {}: no source lines: {}", path, lines.status().ToString());
+    }
+  }
   spdlog::info("debug info for build ID {}: {} ({} functions, from {})", build_id, path,
                module->info.functions, module->info.source);
   return module;

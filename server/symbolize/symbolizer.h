@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/symbolize/debuginfo_store.h"
+#include "server/symbolize/source_lines.h"
 
 namespace strata::server::symbolize {
 
@@ -55,7 +56,7 @@ struct LoadedDebugInfo {
 };
 
 struct SymbolizerStats {
-  uint64_t lookups = 0;          // FunctionName calls
+  uint64_t lookups = 0;          // FunctionName and SourceFrames calls
   uint64_t named = 0;            // ... that returned a name
   uint64_t files_loaded = 0;     // debug files read, any source
   uint64_t debuginfod_fetches = 0;  // build IDs asked of debuginfod
@@ -77,6 +78,11 @@ class Symbolizer {
   // file of it is known or no symbol covers the offset.
   std::optional<std::string> FunctionName(std::string_view build_id_hex, uint64_t offset);
 
+  // The source frames at `address` of the module (innermost first: inlined functions, then
+  // the function they were inlined into; SourceLines::Frames), from the DWARF of its debug
+  // file; empty when no debug file with DWARF is known or none covers the address.
+  std::vector<SourceFrame> SourceFrames(std::string_view build_id_hex, uint64_t address);
+
   // Forgets what is known of `build_id_hex` (an upload of it arrived) and bumps generation().
   void Invalidate(std::string_view build_id_hex);
   // Changes whenever a build ID may name more than before (a file was loaded or an upload
@@ -94,6 +100,8 @@ class Symbolizer {
     absl::Time missing_since;
     uint64_t last_use = 0;
   };
+  // The module of `build_id` (loaded on first use); null when no debug file is known.
+  std::shared_ptr<const Module> ModuleOf(std::string_view build_id_hex);
   // Finds and reads the debug file of `build_id`; null when there is none.
   std::shared_ptr<const Module> Load(const std::string& build_id);
   std::shared_ptr<const Module> ReadFile(const std::string& build_id, const std::string& path,

@@ -1,0 +1,26 @@
+// Self samples per source line: the leaf addresses agents ship with continuous CPU batches
+// (store::MetaRecords::SumLeafAddresses) resolved with the modules' DWARF through the
+// symbolizer, inlined functions as frames of their own. Addresses of modules the server has
+// no DWARF for are counted per function, without a line.
+#ifndef STRATA_SERVER_QUERY_LINES_H_
+#define STRATA_SERVER_QUERY_LINES_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "server/query/profile.h"
+#include "server/store/store.h"
+#include "server/symbolize/symbolizer.h"
+#include "strata/v1/query.pb.h"
+
+namespace strata::server::query {
+
+// `symbolizer` may be null (no lines: every address is unresolved). InvalidArgument for a
+// query with filters that leaf addresses cannot honour (focus, ignore, selector, capture,
+// a profile type other than CPU).
+absl::StatusOr<v1::TopResponse> TopLines(store::Store* store, symbolize::Symbolizer* symbolizer,
+                                         const ProfileQuery& query, uint32_t limit);
+
+}  // namespace strata::server::query
+
+#endif  // STRATA_SERVER_QUERY_LINES_H_
