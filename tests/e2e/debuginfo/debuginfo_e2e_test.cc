@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <set>
+#include <tuple>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +19,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/elf/elf_file.h"
 #include "common/testing/http_get.h"
@@ -237,6 +241,104 @@ TEST(DebugInfoTest, AnUploadAfterIngestNamesFramesAlreadyStored) {
   ASSERT_EQ(ls.exit_code, 0) << ls.output;
   EXPECT_THAT(ls.output, HasSubstr("Uploaded debug files: 1")) << ls.output;
   EXPECT_THAT(ls.output, HasSubstr(debug_file)) << ls.output;
+}
+
+// A source frame as compared here: function, file name (last component), line.
+using Frame = std::tuple<std::string, std::string, uint32_t>;
+
+std::string BaseName(std::string_view path) {
+  const size_t slash = path.rfind('/');
+  return std::string(slash == std::string_view::npos ? path : path.substr(slash + 1));
+}
+
+// addr2line -i's frame chains (innermost first) for every address of `function` in `binary`.
+std::set<std::vector<Frame>> Addr2lineChains(const std::string& binary,
+                                             const std::string& function) {
+  auto elf = elf::ElfFile::Open(binary);
+  EXPECT_TRUE(elf.ok());
+  if (!elf.ok()) return {};
+  auto symbols = (*elf)->ReadFunctionSymbols();
+  std::vector<std::string> argv = {"/usr/bin/addr2line", "-a", "-i", "-f", "-C", "-e", binary};
+  for (const auto& s : *symbols) {
+    if (s.name.rfind(function, 0) != 0 || s.size == 0) continue;
+    for (uint64_t a = s.start; a < s.start + s.size; ++a) argv.push_back(absl::StrCat("0x", absl::Hex(a)));
+  }
+  EXPECT_GT(argv.size(), 7u) << function << " not found in " << binary;
+  CommandResult out = RunCommand(argv);
+  EXPECT_EQ(out.exit_code, 0) << out.output;
+  std::set<std::vector<Frame>> chains;
+  std::vector<Frame> chain;
+  std::vector<std::string> lines = absl::StrSplit(out.output, '\n', absl::SkipEmpty());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (absl::StartsWith(lines[i], "0x")) {  // -a: a new address
+      if (!chain.empty()) chains.insert(chain);
+      chain.clear();
+      continue;
+    }
+    if (i + 1 >= lines.size()) break;
+    std::string position = lines[++i];
+    position = std::string(position.substr(0, position.find(" (discriminator")));
+    const size_t colon = position.rfind(':');
+    uint32_t line = 0;
+    if (colon != std::string::npos) line = static_cast<uint32_t>(std::atoi(position.c_str() + colon + 1));
+    chain.emplace_back(lines[i - 1], BaseName(position.substr(0, colon)), line);
+  }
+  if (!chain.empty()) chains.insert(chain);
+  return chains;
+}
+
+TEST(DebugInfoTest, LinesAndInlinedFramesMatchAddr2line) {
+  testing::TempDir dir("strata_e2e_inline");
+  const std::string binary = BinPath("inline_spin");
+  ServerProcess server(dir.File("data"), dir.File("server.log"),
+                       {"--debug-dirs", dir.File("no-debug-dir")});
+  ASSERT_GT(server.port(), 0) << server.process().Output();
+  ChildProcess spin({binary}, dir.File("spin.log"), {{"STRATA_SERVICE", "inline"}});
+  ASSERT_TRUE(spin.WaitForOutput("ready", 30)) << spin.Output();
+  Profile(server, spin.pid(), "inline", 300, dir.File("agent.log"));
+  // The binary has its DWARF: uploaded after the samples, it gives them lines.
+  CommandResult upload = RunCommand({BinPath("strata"), "--server", server.address(),
+                                     "debuginfo", "upload", binary});
+  ASSERT_EQ(upload.exit_code, 0) << upload.output;
+
+  auto stub = v1::Query::NewStub(server.Channel());
+  grpc::ClientContext context;
+  v1::TopRequest request;
+  request.mutable_filter()->set_service("inline");
+  request.set_by_line(true);
+  request.set_limit(1000);
+  v1::TopResponse response;
+  ASSERT_TRUE(stub->Top(&context, request, &response).ok());
+  const std::set<std::vector<Frame>> expected = Addr2lineChains(binary, "Spin");
+  ASSERT_FALSE(expected.empty());
+  uint64_t in_spin = 0, inlined = 0;
+  for (const v1::LineStat& l : response.lines()) {
+    if (l.frames_size() == 0 || l.frames(l.frames_size() - 1).function().rfind("Spin", 0) != 0) {
+      continue;
+    }
+    std::vector<Frame> chain;
+    for (const v1::Frame& f : l.frames()) chain.emplace_back(f.function(), BaseName(f.file()), f.line());
+    EXPECT_TRUE(expected.contains(chain)) << "not a chain addr2line -i gives for Spin: "
+                                          << l.ShortDebugString();
+    EXPECT_EQ(l.frames(0).inlined(), l.frames_size() > 1);
+    in_spin += l.self();
+    if (l.frames_size() > 1) inlined += l.self();
+  }
+  // The loop is nearly all Mix and Scale: most samples are in inlined code.
+  EXPECT_GT(in_spin, response.total_samples() / 2) << response.ShortDebugString();
+  EXPECT_GT(inlined, in_spin / 2) << response.ShortDebugString();
+
+  CommandResult top = RunCommand({BinPath("strata"), "--server", server.address(), "top",
+                                  "--by", "line", "--service", "inline", "--since", "1h"});
+  ASSERT_EQ(top.exit_code, 0) << top.output;
+  std::printf("%s\n", top.output.c_str());
+  EXPECT_THAT(top.output, HasSubstr("Mix [inline]")) << top.output;
+  EXPECT_THAT(top.output, HasSubstr("inline_spin.cc:")) << top.output;
+  // Filters that leaf addresses cannot honour are refused, not ignored.
+  CommandResult focus = RunCommand({BinPath("strata"), "--server", server.address(), "top",
+                                    "--by", "line", "--service", "inline", "--focus", "Mix"});
+  EXPECT_NE(focus.exit_code, 0);
+  EXPECT_THAT(focus.output, HasSubstr("only the time range and --host apply")) << focus.output;
 }
 
 }  // namespace
