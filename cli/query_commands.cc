@@ -226,12 +226,21 @@ int RunExport(CliContext* ctx, const FilterOptions& f, const ExportOptions& o) {
   Client& client = ctx->client();
   v1::ExportRequest request;
   *request.mutable_filter() = BuildFilter(f);
-  request.set_format(v1::ExportRequest::PPROF);
+  const bool llvm = o.format == "llvm-sample";
+  request.set_format(llvm ? v1::ExportRequest::LLVM_SAMPLE : v1::ExportRequest::PPROF);
   auto r = client.Call(client.large_query(), &v1::Query::Stub::Export, request);
   WriteOutput(o.output, r.data());
   if (ctx->options().json) {
     r.clear_data();
     return PrintJson(r), 0;
+  }
+  if (llvm) {
+    std::printf("Wrote LLVM sample profile of %s (%s, %s samples with lines) to %s; use it with "
+                "`llvm-profdata merge --sample %s -o prof.afdo` and `clang "
+                "-fprofile-sample-use=prof.afdo`\n",
+                f.service.c_str(), RangeText(f).c_str(), WithThousands(r.total_samples()).c_str(),
+                o.output.c_str(), o.output.c_str());
+    return 0;
   }
   std::printf("Wrote pprof profile of %s (%s, %s samples) to %s (%s bytes); open it with "
               "`go tool pprof %s`\n",
@@ -428,10 +437,12 @@ void AddQueryCommands(CLI::App* app, CliContext* ctx, int* exit_code) {
   quality->callback([=] { *exit_code = RunQuality(ctx, quality_filter); });
 
   static ExportOptions export_options;
-  auto* exp = app->add_subcommand("export", "write the profile for other tools (pprof)");
+  auto* exp = app->add_subcommand("export", "write the profile for other tools (pprof, LLVM FDO)");
   AddFilterFlags(exp, &export_filter);
-  exp->add_option("--format,-f", export_options.format, "pprof (gzipped profile.proto)")
-      ->check(CLI::IsMember({"pprof"}))
+  exp->add_option("--format,-f", export_options.format,
+                  "pprof (gzipped profile.proto) or llvm-sample (text; for clang "
+                  "-fprofile-sample-use, from source lines: needs the modules' DWARF)")
+      ->check(CLI::IsMember({"pprof", "llvm-sample"}))
       ->capture_default_str();
   exp->add_option("--output,-o", export_options.output, "file to write, e.g. cpu.pb.gz")
       ->required();

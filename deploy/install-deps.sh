@@ -13,7 +13,7 @@ packages=(
   procps curl ca-certificates dpkg-dev openssl libssl-dev
   golang-go chromium libxml2-utils libfaketime
   systemd yamllint python3-yaml linux-perf nodejs
-  libdebuginfod-dev debuginfod elfutils libc6-dbg liblzma-dev
+  libdebuginfod-dev debuginfod elfutils libc6-dbg liblzma-dev llvm
 )
 
 missing=()

@@ -25,18 +25,23 @@ struct Line {
 
 }  // namespace
 
-absl::StatusOr<v1::TopResponse> TopLines(store::Store* store, symbolize::Symbolizer* symbolizer,
-                                         const ProfileQuery& query, uint32_t limit) {
+absl::StatusOr<LeafAddressCounts> LoadLeafAddresses(store::Store* store,
+                                                    const ProfileQuery& query) {
   if (!query.capture_id.empty() || !query.focus.empty() || !query.ignore.empty() ||
       !query.selector.empty() || query.type != v1::PROFILE_CPU) {
     return absl::InvalidArgumentError(
-        "top by line reads the leaf addresses of continuous CPU profiles: only the time range "
+        "lines and FDO profiles read the leaf addresses of continuous CPU profiles: only the time range "
         "and --host apply (no --focus, --ignore, --select, --type or capture)");
   }
   if (query.service.empty()) return absl::InvalidArgumentError("a service is required");
   std::optional<std::string> host;
   if (!query.host.empty()) host = query.host;
-  auto addresses = store->meta().SumLeafAddresses(query.service, query.from_ms, query.to_ms, host);
+  return store->meta().SumLeafAddresses(query.service, query.from_ms, query.to_ms, host);
+}
+
+absl::StatusOr<v1::TopResponse> TopLines(store::Store* store, symbolize::Symbolizer* symbolizer,
+                                         const ProfileQuery& query, uint32_t limit) {
+  auto addresses = LoadLeafAddresses(store, query);
   if (!addresses.ok()) return addresses.status();
 
   absl::flat_hash_map<uint64_t, store::FunctionInfo> functions;

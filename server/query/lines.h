@@ -6,6 +6,9 @@
 #define STRATA_SERVER_QUERY_LINES_H_
 
 #include <cstdint>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
 
 #include "absl/status/statusor.h"
 #include "server/query/profile.h"
@@ -14,6 +17,14 @@
 #include "strata/v1/query.pb.h"
 
 namespace strata::server::query {
+
+// (function ID, offset in its module) -> samples.
+using LeafAddressCounts = absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t>;
+
+// The leaf addresses of `query`'s range and host. InvalidArgument for a query with filters
+// that leaf addresses cannot honour (focus, ignore, selector, capture, a type other than CPU).
+absl::StatusOr<LeafAddressCounts> LoadLeafAddresses(store::Store* store,
+                                                    const ProfileQuery& query);
 
 // `symbolizer` may be null (no lines: every address is unresolved). InvalidArgument for a
 // query with filters that leaf addresses cannot honour (focus, ignore, selector, capture,

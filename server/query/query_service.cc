@@ -1,5 +1,6 @@
 #include "server/query/query_service.h"
 
+#include "server/query/fdo.h"
 #include "server/query/lines.h"
 
 #include <algorithm>
@@ -384,11 +385,29 @@ absl::StatusOr<v1::DiffResponse> QueryService::RunDiff(const v1::DiffRequest& re
 }
 
 absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportRequest& request) {
-  if (request.format() != v1::ExportRequest::PPROF) {
+  if (request.format() != v1::ExportRequest::PPROF &&
+      request.format() != v1::ExportRequest::LLVM_SAMPLE) {
     return absl::InvalidArgumentError("unsupported export format");
   }
   auto query = ToProfileQuery(request.filter(), base::NowMs());
   if (!query.ok()) return query.status();
+  if (request.format() == v1::ExportRequest::LLVM_SAMPLE) {
+    auto addresses = LoadLeafAddresses(store_, *query);
+    if (!addresses.ok()) return addresses.status();
+    auto profile = EncodeLlvmSampleProfile(store_, symbolizer_, *addresses);
+    if (!profile.ok()) return profile.status();
+    if (profile->samples == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no samples with source lines in this range (", profile->unresolved,
+          " samples of modules without DWARF on the server: strata debuginfo upload their "
+          "unstripped binaries or debug files)"));
+    }
+    v1::ExportResponse response;
+    response.set_data(std::move(profile->text));
+    response.set_content_type("text/plain");
+    response.set_total_samples(profile->samples);
+    return response;
+  }
   auto profile = reader_.Load(*query);
   if (!profile.ok()) return profile.status();
   // Counts are in sampling periods of the service's agents: pprof's time values use them.

@@ -464,6 +464,16 @@ std::vector<SourceFrame> SourceLines::Frames(uint64_t address) const {
     const bool inlined = i + 1 < chain.size();
     frames[i].function = inlined ? FunctionName(die) : impl_->OutOfLineName(die);
     frames[i].inlined = inlined;
+    int decl_line = 0;
+    if (dwarf_decl_line(die, &decl_line) == 0) frames[i].decl_line = ToLine(decl_line);
+    for (const unsigned name : {DW_AT_linkage_name, DW_AT_MIPS_linkage_name, DW_AT_name}) {
+      Dwarf_Attribute attr;
+      if (dwarf_attr_integrate(die, name, &attr) == nullptr) continue;
+      if (const char* text = dwarf_formstring(&attr); text != nullptr) {
+        frames[i].linkage_name = text;
+        break;
+      }
+    }
   }
   if (chain.empty()) {  // code without a function DIE: the ELF symbol names it, if any
     if (const char* symbol = impl_->SymbolContaining(address); symbol != nullptr) {

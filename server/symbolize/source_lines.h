@@ -27,6 +27,10 @@ struct SourceFrame {
   std::string file;      // path as DWARF gives it, joined with the CU's comp_dir when relative
   uint32_t line = 0;     // 0: unknown
   bool inlined = false;  // true: this function's code was inlined into the next (outer) frame
+  // The function's DW_AT_decl_line (0: unknown) and its name as the linker knows it (the
+  // mangled DW_AT_linkage_name, else DW_AT_name): what LLVM sample profiles are keyed by.
+  uint32_t decl_line = 0;
+  std::string linkage_name;
 };
 
 // DWARF (.debug_info, .debug_line) of one module's debug file or unstripped binary, read with

@@ -341,5 +341,76 @@ TEST(DebugInfoTest, LinesAndInlinedFramesMatchAddr2line) {
   EXPECT_THAT(focus.output, HasSubstr("only the time range and --host apply")) << focus.output;
 }
 
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Production samples to a faster binary: a workload built with clang is profiled, its LLVM
+// sample profile exported, merged by llvm-profdata and compiled with -fprofile-sample-use;
+// the compiler takes it (entry counts and branch weights in the IR).
+TEST(DebugInfoTest, LlvmSampleProfileRoundTripsThroughClang) {
+  for (const char* tool : {"/usr/bin/clang", "/usr/bin/llvm-profdata"}) {
+    if (access(tool, X_OK) != 0) GTEST_SKIP() << tool << " is missing (deploy/install-deps.sh)";
+  }
+  testing::TempDir dir("strata_e2e_fdo");
+  const std::string binary = dir.File("fdo_work");
+  CommandResult build = RunCommand({"/usr/bin/clang", "-O2", "-g", "-fdebug-info-for-profiling",
+                                    STRATA_FDO_WORK_SOURCE, "-o", binary});
+  ASSERT_EQ(build.exit_code, 0) << build.output;
+  ServerProcess server(dir.File("data"), dir.File("server.log"),
+                       {"--debug-dirs", dir.File("no-debug-dir")});
+  ASSERT_GT(server.port(), 0) << server.process().Output();
+  {
+    ChildProcess work({binary}, dir.File("work.log"), {{"STRATA_SERVICE", "fdo"}});
+    ASSERT_TRUE(work.WaitForOutput("ready", 30)) << work.Output();
+    Profile(server, work.pid(), "fdo", 300, dir.File("agent.log"));
+  }
+  const std::string text = dir.File("fdo.prof.txt");
+  // Without the binary's DWARF there are no lines: a clear error, no empty profile.
+  CommandResult early = RunCommand({BinPath("strata"), "--server", server.address(), "export",
+                                    "--service", "fdo", "--since", "1h", "--format",
+                                    "llvm-sample", "-o", text});
+  EXPECT_NE(early.exit_code, 0);
+  EXPECT_THAT(early.output, HasSubstr("strata debuginfo upload")) << early.output;
+  ASSERT_EQ(RunCommand({BinPath("strata"), "--server", server.address(), "debuginfo", "upload",
+                        binary})
+                .exit_code,
+            0);
+  CommandResult exported = RunCommand({BinPath("strata"), "--server", server.address(), "export",
+                                       "--service", "fdo", "--since", "1h", "--format",
+                                       "llvm-sample", "-o", text});
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  const std::string profile = Slurp(text);
+  std::printf("%s\n", profile.substr(0, 600).c_str());
+  EXPECT_THAT(profile, HasSubstr("checksum:")) << profile;
+
+  const std::string merged = dir.File("fdo.afdo");
+  CommandResult merge = RunCommand({"/usr/bin/llvm-profdata", "merge", "--sample", text, "-o",
+                                    merged});
+  ASSERT_EQ(merge.exit_code, 0) << merge.output;
+  CommandResult show = RunCommand({"/usr/bin/llvm-profdata", "show", "--sample",
+                                   "--function=checksum", merged});
+  ASSERT_EQ(show.exit_code, 0) << show.output;
+  EXPECT_THAT(show.output, HasSubstr("Function: checksum:")) << show.output;
+
+  auto ir_with = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {"/usr/bin/clang", "-O2", "-g", "-fdebug-info-for-profiling",
+                                     "-S", "-emit-llvm", STRATA_FDO_WORK_SOURCE, "-o", "-"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    CommandResult ir = RunCommand(argv);
+    EXPECT_EQ(ir.exit_code, 0) << ir.output.substr(0, 2000);
+    return ir.output;
+  };
+  const std::string plain = ir_with({});
+  const std::string optimized = ir_with({"-fprofile-sample-use=" + merged});
+  EXPECT_THAT(plain, Not(HasSubstr("function_entry_count")));
+  EXPECT_THAT(optimized, HasSubstr("function_entry_count")) << optimized.substr(0, 3000);
+  EXPECT_THAT(optimized, HasSubstr("branch_weights"));
+  CommandResult rebuilt = RunCommand({"/usr/bin/clang", "-O2", "-fprofile-sample-use=" + merged,
+                                      STRATA_FDO_WORK_SOURCE, "-o", dir.File("fdo_work_fdo")});
+  EXPECT_EQ(rebuilt.exit_code, 0) << rebuilt.output;
+}
+
 }  // namespace
 }  // namespace strata::e2e
