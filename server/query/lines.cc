@@ -39,6 +39,44 @@ absl::StatusOr<LeafAddressCounts> LoadLeafAddresses(store::Store* store,
   return store->meta().SumLeafAddresses(query.service, query.from_ms, query.to_ms, host);
 }
 
+absl::StatusOr<absl::flat_hash_map<uint32_t, std::vector<LeafLine>>> LeafLinesOf(
+    store::Store* store, symbolize::Symbolizer* symbolizer, const ProfileQuery& query,
+    const Profile& profile) {
+  absl::flat_hash_map<uint32_t, std::vector<LeafLine>> out;
+  if (symbolizer == nullptr || !query.capture_id.empty()) return out;
+  std::optional<std::string> host;
+  if (!query.host.empty()) host = query.host;
+  auto addresses = store->meta().SumLeafAddresses(query.service, query.from_ms, query.to_ms, host);
+  if (!addresses.ok()) return addresses.status();
+  absl::flat_hash_map<uint64_t, uint32_t> index_of;
+  for (uint32_t i = 0; i < profile.functions.size(); ++i) index_of.emplace(profile.functions[i].id, i);
+  absl::flat_hash_map<uint64_t, std::string> build_ids;  // function ID -> hex; "" for none
+  for (const auto& [address, count] : *addresses) {
+    const auto [function_id, offset] = address;
+    auto index = index_of.find(function_id);
+    if (index == index_of.end()) continue;
+    auto build_id = build_ids.find(function_id);
+    if (build_id == build_ids.end()) {
+      auto info = store->interner().GetFunction(function_id);
+      std::string hex;
+      if (info.ok() && base::FrameKindOf(info->module) == base::FrameKind::kUser) {
+        hex = BuildIdHex(info->build_id);
+      }
+      build_id = build_ids.emplace(function_id, std::move(hex)).first;
+    }
+    if (build_id->second.empty()) continue;
+    std::vector<symbolize::SourceFrame> frames =
+        symbolizer->SourceFrames(build_id->second, offset);
+    if (frames.empty()) continue;
+    out[index->second].push_back({offset, std::move(frames), count});
+  }
+  for (auto& [function, lines] : out) {
+    std::sort(lines.begin(), lines.end(),
+              [](const LeafLine& a, const LeafLine& b) { return a.address < b.address; });
+  }
+  return out;
+}
+
 absl::StatusOr<v1::TopResponse> TopLines(store::Store* store, symbolize::Symbolizer* symbolizer,
                                          const ProfileQuery& query, uint32_t limit) {
   auto addresses = LoadLeafAddresses(store, query);

@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 
 #include "absl/status/statusor.h"
+#include "server/query/pprof.h"
 #include "server/query/profile.h"
 #include "server/store/store.h"
 #include "server/symbolize/symbolizer.h"
@@ -25,6 +26,13 @@ using LeafAddressCounts = absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uin
 // that leaf addresses cannot honour (focus, ignore, selector, capture, a type other than CPU).
 absl::StatusOr<LeafAddressCounts> LoadLeafAddresses(store::Store* store,
                                                     const ProfileQuery& query);
+
+// The source lines of `profile`'s leaf functions (by index in Profile::functions) over
+// `query`'s range and host, for the pprof export; functions without DWARF are left out. Other
+// filters do not narrow leaf addresses: they only give the proportions within a function.
+absl::StatusOr<absl::flat_hash_map<uint32_t, std::vector<LeafLine>>> LeafLinesOf(
+    store::Store* store, symbolize::Symbolizer* symbolizer, const ProfileQuery& query,
+    const Profile& profile);
 
 // `symbolizer` may be null (no lines: every address is unresolved). InvalidArgument for a
 // query with filters that leaf addresses cannot honour (focus, ignore, selector, capture,

@@ -2,11 +2,13 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <iterator>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/saturating.h"
 #include "server/commit/profile_type.h"
 
 namespace strata::server::query {
@@ -99,20 +101,6 @@ std::string EncodePprofProto(const Profile& profile, const PprofOptions& options
   out.Bytes(kSampleType, ValueType(&strings, "samples", "count"));
   out.Bytes(kSampleType, ValueType(&strings, type, "nanoseconds"));
 
-  // Samples: location IDs leaf first (pprof's order); location i+1 is function i.
-  std::vector<uint64_t> locations;
-  for (const ResolvedStack& stack : profile.stacks) {
-    locations.clear();
-    for (auto it = stack.frames.rbegin(); it != stack.frames.rend(); ++it) {
-      locations.push_back(*it + 1);
-    }
-    Writer sample;
-    sample.Packed(1, locations.begin(), locations.end());
-    const uint64_t values[2] = {stack.count, Nanos(stack.count, period_ns)};
-    sample.Packed(2, std::begin(values), std::end(values));
-    out.Bytes(kSample, sample.str());
-  }
-
   // One mapping per module, IDs from 1 in order of first use.
   absl::flat_hash_map<std::string, uint64_t> mapping_ids;
   std::vector<const std::string*> mappings;
@@ -121,6 +109,85 @@ std::string EncodePprofProto(const Profile& profile, const PprofOptions& options
       mappings.push_back(&f.module);
     }
   }
+
+  // Leaf-address locations come after the functions' (IDs n+1...), with functions of their
+  // own for the source frames (name, file), after the profile's.
+  const uint64_t n = profile.functions.size();
+  absl::flat_hash_map<uint32_t, uint64_t> first_leaf_location;  // function -> location ID
+  absl::flat_hash_map<std::pair<std::string, std::string>, uint64_t> source_functions;
+  std::vector<std::string> leaf_locations;  // encoded, IDs n+1...
+  if (options.leaf_lines != nullptr) {
+    for (const auto& [function, lines] : *options.leaf_lines) {
+      if (function >= n || lines.empty()) continue;
+      first_leaf_location[function] = n + leaf_locations.size() + 1;
+      for (const LeafLine& l : lines) {
+        Writer loc;
+        loc.UInt(1, n + leaf_locations.size() + 1);
+        loc.UInt(2, mapping_ids[profile.functions[function].module]);
+        loc.UInt(3, l.address);
+        for (const symbolize::SourceFrame& f : l.frames) {
+          auto [it, inserted] = source_functions.try_emplace(
+              std::pair{f.function, f.file}, n + source_functions.size() + 1);
+          Writer line;
+          line.UInt(1, it->second);
+          line.UInt(2, f.line);
+          loc.Bytes(4, line.str());
+        }
+        leaf_locations.push_back(std::move(loc.str()));
+      }
+    }
+  }
+
+  // Samples: location IDs leaf first (pprof's order); location i+1 is function i.
+  std::vector<uint64_t> locations;
+  auto add_sample = [&](uint64_t count) {
+    Writer sample;
+    sample.Packed(1, locations.begin(), locations.end());
+    const uint64_t values[2] = {count, Nanos(count, period_ns)};
+    sample.Packed(2, std::begin(values), std::end(values));
+    out.Bytes(kSample, sample.str());
+  };
+  for (const ResolvedStack& stack : profile.stacks) {
+    locations.clear();
+    for (auto it = stack.frames.rbegin(); it != stack.frames.rend(); ++it) {
+      locations.push_back(*it + 1);
+    }
+    const std::vector<LeafLine>* lines = nullptr;
+    if (!stack.frames.empty() && options.leaf_lines != nullptr) {
+      if (auto it = options.leaf_lines->find(stack.frames.back());
+          it != options.leaf_lines->end() && first_leaf_location.contains(it->first)) {
+        lines = &it->second;
+      }
+    }
+    if (lines == nullptr) {
+      add_sample(stack.count);
+      continue;
+    }
+    // The stack's samples over its leaf's addresses, in proportion; rounding remainders go
+    // to the heaviest addresses so the parts sum to the stack's count.
+    uint64_t weight = 0;
+    for (const LeafLine& l : *lines) weight = base::SaturatingAdd(weight, l.weight);
+    std::vector<uint64_t> parts(lines->size());
+    uint64_t given = 0;
+    for (size_t i = 0; i < lines->size(); ++i) {
+      parts[i] = static_cast<uint64_t>(static_cast<double>(stack.count) *
+                                       static_cast<double>((*lines)[i].weight) /
+                                       static_cast<double>(std::max<uint64_t>(weight, 1)));
+      given += parts[i];
+    }
+    std::vector<size_t> order(lines->size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return (*lines)[a].weight > (*lines)[b].weight; });
+    for (size_t k = 0; given < stack.count; k = (k + 1) % order.size(), ++given) ++parts[order[k]];
+    const uint64_t first = first_leaf_location.at(stack.frames.back());
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (parts[i] == 0) continue;
+      locations[0] = first + i;
+      add_sample(parts[i]);
+    }
+  }
+
   for (size_t i = 0; i < mappings.size(); ++i) {
     Writer m;
     m.UInt(1, i + 1);
@@ -144,6 +211,15 @@ std::string EncodePprofProto(const Profile& profile, const PprofOptions& options
     fn.UInt(2, strings.Index(f.name));  // name
     fn.UInt(3, strings.Index(f.name));  // system_name
     fn.UInt(4, strings.Index(f.module));  // filename
+    out.Bytes(kFunction, fn.str());
+  }
+  for (const std::string& loc : leaf_locations) out.Bytes(kLocation, loc);
+  for (const auto& [key, id] : source_functions) {
+    Writer fn;
+    fn.UInt(1, id);
+    fn.UInt(2, strings.Index(key.first));
+    fn.UInt(3, strings.Index(key.first));
+    fn.UInt(4, strings.Index(key.second));
     out.Bytes(kFunction, fn.str());
   }
   const std::string period_type = ValueType(&strings, type, "nanoseconds");

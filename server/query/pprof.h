@@ -5,15 +5,23 @@
 //
 // Strata stacks are lists of functions, not addresses: every function becomes one Location
 // (address 0) with one Line, and every module one Mapping with has_functions set, so pprof
-// does not try to symbolize.
+// does not try to symbolize. Where the leaf function's source lines are known (its leaf
+// addresses in the range and the module's DWARF, PprofOptions::leaf_lines), a stack's samples
+// are split over them in proportion, and each leaf address is a Location of its own whose Line
+// entries are its inline chain (innermost first, as profile.proto orders them): what
+// `go tool pprof -lines` shows. Callers' frames stay at function granularity.
 #ifndef STRATA_SERVER_QUERY_PPROF_H_
 #define STRATA_SERVER_QUERY_PPROF_H_
 
 #include <cstdint>
 #include <string>
 
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "server/query/profile.h"
+#include "server/symbolize/source_lines.h"
 #include "strata/v1/common.pb.h"
 
 namespace strata::server::query {
@@ -22,11 +30,21 @@ namespace strata::server::query {
 // (the profile's type), period_type (T, "nanoseconds") and period 1e9 / rate: a count of n
 // sampling periods at `rate_hz` is n * 1e9 / rate_hz nanoseconds of on-CPU, off-CPU or wall
 // time. "samples" stays the first type, so readers of the count see what they always did.
+// One leaf address of a function and where it is in the source.
+struct LeafLine {
+  uint64_t address = 0;  // in the module
+  std::vector<symbolize::SourceFrame> frames;  // innermost first; non-empty
+  uint64_t weight = 0;   // samples at the address
+};
+
 struct PprofOptions {
   int64_t from_ms = 0;  // time_nanos of the profile
   int64_t to_ms = 0;    // with from_ms: duration_nanos
   v1::ProfileType type = v1::PROFILE_CPU;
   uint32_t rate_hz = 99;  // sampling rate of the counts; 0 is taken as 99
+  // Per profile function index (Profile::functions), its leaf addresses with source lines;
+  // optional (borrowed).
+  const absl::flat_hash_map<uint32_t, std::vector<LeafLine>>* leaf_lines = nullptr;
 };
 
 // Returns the gzipped encoding; Internal only if zlib fails.

@@ -411,8 +411,10 @@ absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportReque
   auto profile = reader_.Load(*query);
   if (!profile.ok()) return profile.status();
   // Counts are in sampling periods of the service's agents: pprof's time values use them.
+  auto leaf_lines = LeafLinesOf(store_, symbolizer_, *query, *profile);
+  if (!leaf_lines.ok()) return leaf_lines.status();
   auto data = EncodePprof(*profile, {query->from_ms, query->to_ms, query->type,
-                                     registry_->SamplingRate(query->service)});
+                                     registry_->SamplingRate(query->service), &*leaf_lines});
   if (!data.ok()) return data.status();
   v1::ExportResponse response;
   response.set_data(std::move(*data));

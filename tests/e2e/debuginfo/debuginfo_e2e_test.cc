@@ -334,6 +334,23 @@ TEST(DebugInfoTest, LinesAndInlinedFramesMatchAddr2line) {
   std::printf("%s\n", top.output.c_str());
   EXPECT_THAT(top.output, HasSubstr("Mix [inline]")) << top.output;
   EXPECT_THAT(top.output, HasSubstr("inline_spin.cc:")) << top.output;
+  // pprof carries the leaf lines with their inline chains: go tool pprof -lines reads them.
+  const std::string pprof_file = dir.File("inline.pb.gz");
+  CommandResult exported = RunCommand({BinPath("strata"), "--server", server.address(), "export",
+                                       "--service", "inline", "--since", "1h", "-o", pprof_file});
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  ASSERT_EQ(RunCommand({"/bin/sh", "-c", "command -v go"}).exit_code, 0)
+      << "go (golang-go) is missing: deploy/install-deps.sh installs it";
+  CommandResult pprof = RunCommand({"/usr/bin/env", "HOME=" + dir.path(),
+                                    "GOCACHE=" + dir.File("gocache"), "go", "tool", "pprof",
+                                    "-top", "-lines", "-symbolize=none", pprof_file},
+                                   120);
+  ASSERT_EQ(pprof.exit_code, 0) << pprof.output;
+  std::printf("%s\n", pprof.output.c_str());
+  EXPECT_THAT(pprof.output, HasSubstr("Mix ")) << pprof.output;
+  EXPECT_THAT(pprof.output, HasSubstr("inline_spin.cc:13")) << pprof.output;
+  EXPECT_THAT(pprof.output, HasSubstr("(inline)")) << pprof.output;
+
   // Filters that leaf addresses cannot honour are refused, not ignored.
   CommandResult focus = RunCommand({BinPath("strata"), "--server", server.address(), "top",
                                     "--by", "line", "--service", "inline", "--focus", "Mix"});
