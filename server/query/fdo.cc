@@ -47,19 +47,12 @@ absl::StatusOr<LlvmSampleProfile> EncodeLlvmSampleProfile(store::Store* store,
                                                          const LeafAddressCounts& addresses) {
   LlvmSampleProfile result;
   std::map<std::string, FunctionSamples> functions;
-  absl::flat_hash_map<uint64_t, store::FunctionInfo> infos;
+  FunctionLookup infos(store);
   for (const auto& [address, count] : addresses) {
     const auto [function_id, offset] = address;
-    auto it = infos.find(function_id);
-    if (it == infos.end()) {
-      auto info = store->interner().GetFunction(function_id);
-      if (!info.ok()) {
-        return absl::DataLossError(absl::StrCat("function ", function_id,
-                                                " cannot be read: ", info.status().message()));
-      }
-      it = infos.emplace(function_id, *std::move(info)).first;
-    }
-    const store::FunctionInfo& info = it->second;
+    absl::StatusOr<const store::FunctionInfo*> found = infos.Get(function_id);
+    if (!found.ok()) return found.status();
+    const store::FunctionInfo& info = **found;
     if (base::FrameKindOf(info.module) != base::FrameKind::kUser) continue;  // kernel, JIT
     if (info.name.ends_with("@plt")) {
       // The stub only jumps: the sample belongs to the call into its target.

@@ -25,6 +25,20 @@ struct Line {
 
 }  // namespace
 
+absl::StatusOr<const store::FunctionInfo*> FunctionLookup::Get(uint64_t function_id) {
+  std::unique_ptr<store::FunctionInfo>& slot = functions_[function_id];
+  if (slot == nullptr) {
+    auto info = store_->interner().GetFunction(function_id);
+    if (!info.ok()) {
+      functions_.erase(function_id);
+      return absl::DataLossError(absl::StrCat("function ", function_id,
+                                              " cannot be read: ", info.status().message()));
+    }
+    slot = std::make_unique<store::FunctionInfo>(*std::move(info));
+  }
+  return slot.get();
+}
+
 absl::StatusOr<LeafAddressCounts> LoadLeafAddresses(store::Store* store,
                                                     const ProfileQuery& query) {
   if (!query.capture_id.empty() || !query.focus.empty() || !query.ignore.empty() ||
@@ -82,21 +96,14 @@ absl::StatusOr<v1::TopResponse> TopLines(store::Store* store, symbolize::Symboli
   auto addresses = LoadLeafAddresses(store, query);
   if (!addresses.ok()) return addresses.status();
 
-  absl::flat_hash_map<uint64_t, store::FunctionInfo> functions;
+  FunctionLookup functions(store);
   std::map<LineKey, Line> lines;
   v1::TopResponse response;
   for (const auto& [address, count] : *addresses) {
     const auto [function_id, offset] = address;
-    auto it = functions.find(function_id);
-    if (it == functions.end()) {
-      auto info = store->interner().GetFunction(function_id);
-      if (!info.ok()) {
-        return absl::DataLossError(absl::StrCat("function ", function_id,
-                                                " cannot be read: ", info.status().message()));
-      }
-      it = functions.emplace(function_id, *std::move(info)).first;
-    }
-    const store::FunctionInfo& f = it->second;
+    absl::StatusOr<const store::FunctionInfo*> info = functions.Get(function_id);
+    if (!info.ok()) return info.status();
+    const store::FunctionInfo& f = **info;
     response.set_total_samples(base::SaturatingAdd(response.total_samples(), count));
     std::vector<symbolize::SourceFrame> frames;
     if (symbolizer != nullptr && !f.build_id.empty() &&

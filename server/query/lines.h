@@ -6,6 +6,7 @@
 #define STRATA_SERVER_QUERY_LINES_H_
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -18,6 +19,18 @@
 #include "strata/v1/query.pb.h"
 
 namespace strata::server::query {
+
+// Function records of one query, each read from the store once.
+class FunctionLookup {
+ public:
+  explicit FunctionLookup(store::Store* store) : store_(store) {}
+  // DataLoss when the record cannot be read. The pointer stays valid for the lookup's life.
+  absl::StatusOr<const store::FunctionInfo*> Get(uint64_t function_id);
+
+ private:
+  store::Store* store_;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<store::FunctionInfo>> functions_;
+};
 
 // (function ID, offset in its module) -> samples.
 using LeafAddressCounts = absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t>;
