@@ -214,6 +214,9 @@ struct SourceLines::Impl {
   Dwarf* dwarf = nullptr;
   std::vector<Unit> units;  // compilation units with code
   absl::flat_hash_map<Dwarf_Off, size_t> unit_by_offset;
+  // gcc gives a lambda's operator() no DW_AT_decl_line; its closure type has the lambda's line.
+  // By the offset of the operator()'s declaration, for the units indexed so far.
+  absl::flat_hash_map<Dwarf_Off, uint32_t> lambda_decl_lines;
   std::vector<UnitRange> ranges;
   bool symbols_read = false;
   std::vector<Symbol> symbols;  // by start; read on first need
@@ -226,7 +229,9 @@ struct SourceLines::Impl {
 
   absl::Status IndexUnits(const std::string& path);
   size_t AddUnit(const Dwarf_Die& die);
-  void IndexFunctions(Dwarf_Die* parent, int depth, std::vector<FunctionRange>* out);
+  // `type_line`: DW_AT_decl_line of `parent` when it is a class type, else 0.
+  void IndexFunctions(Dwarf_Die* parent, uint32_t type_line, int depth,
+                      std::vector<FunctionRange>* out);
   // The function DIEs at `address`, out-of-line function first, and the unit they are in.
   // False when no unit has a function there; `unit` is then the first unit covering the
   // address, if any (`unit_found`).
@@ -238,6 +243,9 @@ struct SourceLines::Impl {
   const char* SymbolContaining(uint64_t address);
   // Frame name of an out-of-line function: see Frames in the header.
   std::string OutOfLineName(Dwarf_Die* die);
+  // DW_AT_decl_line of a function DIE (or its origin's), the closure type's for a lambda;
+  // 0 when unknown.
+  uint32_t DeclLine(Dwarf_Die die);
 };
 
 size_t SourceLines::Impl::AddUnit(const Dwarf_Die& die) {
@@ -281,21 +289,34 @@ absl::Status SourceLines::Impl::IndexUnits(const std::string& path) {
   return absl::OkStatus();
 }
 
-void SourceLines::Impl::IndexFunctions(Dwarf_Die* parent, int depth,
+void SourceLines::Impl::IndexFunctions(Dwarf_Die* parent, uint32_t type_line, int depth,
                                        std::vector<FunctionRange>* out) {
   if (depth > kMaxScopeDepth) return;
   Dwarf_Die child;
   if (dwarf_child(parent, &child) != 0) return;
   do {
     const int tag = dwarf_tag(&child);
-    if (tag == DW_TAG_subprogram && HasPcAttributes(&child)) {
-      const Dwarf_Off offset = dwarf_dieoffset(&child);
-      ForEachRange(&child, [&](uint64_t start, uint64_t end) {
-        out->push_back({start, end, 0, offset, child});
-      });
+    if (tag == DW_TAG_subprogram) {
+      if (HasPcAttributes(&child)) {
+        const Dwarf_Off offset = dwarf_dieoffset(&child);
+        ForEachRange(&child, [&](uint64_t start, uint64_t end) {
+          out->push_back({start, end, 0, offset, child});
+        });
+      }
+      if (type_line > 0 && !dwarf_hasattr(&child, DW_AT_decl_line)) {
+        const char* name = dwarf_diename(&child);
+        if (name != nullptr && std::strcmp(name, "operator()") == 0) {
+          lambda_decl_lines[dwarf_dieoffset(&child)] = type_line;
+        }
+      }
     }
     if (MayHoldFunctions(tag) && dwarf_haschildren(&child) > 0) {
-      IndexFunctions(&child, depth + 1, out);
+      uint32_t line = 0;
+      if (tag == DW_TAG_structure_type || tag == DW_TAG_class_type) {
+        int decl_line = 0;
+        if (dwarf_decl_line(&child, &decl_line) == 0) line = ToLine(decl_line);
+      }
+      IndexFunctions(&child, line, depth + 1, out);
     }
   } while (dwarf_siblingof(&child, &child) == 0);
 }
@@ -321,7 +342,7 @@ bool SourceLines::Impl::FindChain(uint64_t address, Dwarf_Die* unit,
   for (size_t index : candidates) {
     Unit& u = units[index];
     if (!u.indexed) {
-      IndexFunctions(&u.die, 0, &u.functions);
+      IndexFunctions(&u.die, 0, 0, &u.functions);
       SortByStart(&u.functions);
       u.indexed = true;
     }
@@ -412,6 +433,25 @@ std::string SourceLines::Impl::OutOfLineName(Dwarf_Die* die) {
   return FunctionName(die);
 }
 
+uint32_t SourceLines::Impl::DeclLine(Dwarf_Die die) {
+  int line = 0;
+  if (dwarf_decl_line(&die, &line) == 0 && line > 0) return ToLine(line);
+  // A lambda: its declaration (through the abstract origin of an out-of-line copy, a clone or
+  // an inlined instance) sits in the closure type.
+  for (int hops = 0; hops < 8; ++hops) {
+    if (auto it = lambda_decl_lines.find(dwarf_dieoffset(&die)); it != lambda_decl_lines.end()) {
+      return it->second;
+    }
+    Dwarf_Attribute attr;
+    if (dwarf_attr(&die, DW_AT_abstract_origin, &attr) == nullptr &&
+        dwarf_attr(&die, DW_AT_specification, &attr) == nullptr) {
+      break;
+    }
+    if (dwarf_formref_die(&attr, &die) == nullptr) break;
+  }
+  return 0;
+}
+
 SourceLines::SourceLines(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 SourceLines::~SourceLines() = default;
@@ -464,8 +504,7 @@ std::vector<SourceFrame> SourceLines::Frames(uint64_t address) const {
     const bool inlined = i + 1 < chain.size();
     frames[i].function = inlined ? FunctionName(die) : impl_->OutOfLineName(die);
     frames[i].inlined = inlined;
-    int decl_line = 0;
-    if (dwarf_decl_line(die, &decl_line) == 0) frames[i].decl_line = ToLine(decl_line);
+    frames[i].decl_line = impl_->DeclLine(*die);
     for (const unsigned name : {DW_AT_linkage_name, DW_AT_MIPS_linkage_name, DW_AT_name}) {
       Dwarf_Attribute attr;
       if (dwarf_attr_integrate(die, name, &attr) == nullptr) continue;
@@ -516,9 +555,7 @@ uint32_t SourceLines::FunctionDeclLine(uint64_t address) const {
   std::vector<Dwarf_Die> chain;
   bool unit_found = false;
   if (!impl_->FindChain(address, &unit, &chain, &unit_found)) return 0;
-  int line = 0;
-  if (dwarf_decl_line(&chain.front(), &line) != 0) return 0;
-  return ToLine(line);
+  return impl_->DeclLine(chain.front());
 }
 
 }  // namespace strata::server::symbolize

@@ -5,8 +5,9 @@
 //
 // A SourceLines owns the open file (a read-only mapping), its libelf and libdw handles and a
 // table of compilation-unit address ranges built at Open (.debug_aranges is optional: clang
-// leaves it out). libdw decodes line tables and abbreviations on first use and keeps them for
-// the object's lifetime; the DIE tree of a unit is walked again on every lookup.
+// leaves it out). A unit's out-of-line functions are indexed by address on its first lookup,
+// the ELF symbol table on first need; libdw keeps the line tables it decodes. All live as long
+// as the object; a lookup walks only the DIEs of the function containing the address.
 #ifndef STRATA_SERVER_SYMBOLIZE_SOURCE_LINES_H_
 #define STRATA_SERVER_SYMBOLIZE_SOURCE_LINES_H_
 
@@ -48,13 +49,15 @@ class SourceLines {
   // file:line, then each function it was inlined into with the call site's file:line
   // (DW_AT_call_file/DW_AT_call_line), ending with the out-of-line function. Empty when no
   // DWARF covers the address. For a return address, callers pass address - 1.
-  // Code a compilation unit covers without a function DIE (assembly) gives one frame with an
-  // empty function and the line table's file:line.
+  // Functions DWARF gives no linkage name (anonymous namespaces, lambdas) carry a bare
+  // DW_AT_name ("operator()"); for the out-of-line one the ELF symbol at its entry (.symtab,
+  // demangled) names it instead, as addr2line and llvm-symbolizer do. Code a unit covers with
+  // no function DIE gives one frame named by the ELF symbol containing it, if any.
   std::vector<SourceFrame> Frames(uint64_t address) const;
 
   // DW_AT_decl_line of the out-of-line function (DW_TAG_subprogram) containing `address`, also
   // when the address is in code inlined into it: what LLVM sample profiles count line offsets
-  // from. 0 when unknown.
+  // from. For a lambda, which gcc gives none, its closure type's. 0 when unknown.
   uint32_t FunctionDeclLine(uint64_t address) const;
 
  private:

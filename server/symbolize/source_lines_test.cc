@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/elf/elf_file.h"
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
@@ -181,27 +180,43 @@ class SourceLinesTest : public ::testing::TestWithParam<Workload> {
     ASSERT_FALSE(header_.empty());
     std::optional<elf::FunctionSymbol> outer = FindFunction(path_, kOuterName);
     std::optional<elf::FunctionSymbol> main = FindFunction(path_, "main");
-    ASSERT_TRUE(outer.has_value() && main.has_value()) << path_;
+    std::optional<elf::FunctionSymbol> lambda = FindFunction(path_, "{lambda(");
+    ASSERT_TRUE(outer.has_value() && main.has_value() && lambda.has_value()) << path_;
     ASSERT_EQ(main->name, "main");
     outer_ = *outer;
     main_ = *main;
+    lambda_ = *lambda;
+    // Checksum's own symbol, not its lambda's.
+    auto elf = elf::ElfFile::Open(path_);
+    ASSERT_TRUE(elf.ok());
+    auto symbols = (*elf)->ReadFunctionSymbols();
+    ASSERT_TRUE(symbols.ok());
+    for (const elf::FunctionSymbol& s : *symbols) {
+      if (s.size > 0 && s.name.find("Checksum(") != std::string::npos &&
+          s.name.find("lambda") == std::string::npos) {
+        checksum_ = s;
+      }
+    }
+    ASSERT_GT(checksum_.size, 0u);
     absl::StatusOr<std::unique_ptr<SourceLines>> lines = SourceLines::Open(path_);
     ASSERT_TRUE(lines.ok()) << lines.status().ToString();
     lines_ = std::move(*lines);
   }
 
-  // Every byte of the workload's two functions.
+  // Every byte of the workload's functions.
   std::vector<uint64_t> Addresses() const {
     std::vector<uint64_t> out;
-    for (const elf::FunctionSymbol* f : {&outer_, &main_}) {
+    for (const elf::FunctionSymbol* f : {&outer_, &main_, &checksum_, &lambda_}) {
       for (uint64_t a = f->start; a < f->start + f->size; ++a) out.push_back(a);
     }
     return out;
   }
 
   const std::string& SymbolAt(uint64_t address) const {
-    return address >= outer_.start && address < outer_.start + outer_.size ? outer_.name
-                                                                            : main_.name;
+    for (const elf::FunctionSymbol* f : {&outer_, &checksum_, &lambda_}) {
+      if (address >= f->start && address - f->start < f->size) return f->name;
+    }
+    return main_.name;
   }
 
   std::string path_;
@@ -209,6 +224,8 @@ class SourceLinesTest : public ::testing::TestWithParam<Workload> {
   std::vector<std::string> header_;
   elf::FunctionSymbol outer_;
   elf::FunctionSymbol main_;
+  elf::FunctionSymbol checksum_;  // in an anonymous namespace: no linkage name in DWARF
+  elf::FunctionSymbol lambda_;    // its lambda's operator(), out of line
   std::unique_ptr<SourceLines> lines_;
 };
 
@@ -285,6 +302,18 @@ TEST_P(SourceLinesTest, InlinedHelpersAppearWithTheirCallSites) {
               "strata_inline_workload::InlineWorkloadOuter(unsigned int volatile*, unsigned int)");
     EXPECT_EQ(upper_calls.count(frames[3].line), 1u) << frames[3].line;
     EXPECT_TRUE(frames[0].inlined && frames[1].inlined && frames[2].inlined);
+    // Declaration lines and linker names of every frame (LLVM sample profiles' keys).
+    auto first = [](const std::vector<std::string>& text, const char* needle) {
+      const std::set<uint32_t> lines = LinesContaining(text, needle);
+      return lines.empty() ? 0u : *lines.begin();
+    };
+    EXPECT_EQ(frames[0].decl_line, first(header_, "inline unsigned HeaderLeaf("));
+    EXPECT_EQ(frames[1].decl_line, first(source_, "inline unsigned Middle("));
+    EXPECT_EQ(frames[2].decl_line, first(source_, "inline unsigned Upper("));
+    EXPECT_EQ(frames[3].decl_line, first(source_, "unsigned InlineWorkloadOuter("));
+    EXPECT_EQ(frames[0].linkage_name, "_ZN22strata_inline_workload10HeaderLeafEPVjj");
+    EXPECT_EQ(frames[1].linkage_name, "Middle");  // no DW_AT_linkage_name: DW_AT_name
+    EXPECT_EQ(frames[3].linkage_name, "_ZN22strata_inline_workload19InlineWorkloadOuterEPVjj");
     EXPECT_FALSE(frames[3].inlined);
     // Absolute: the unit's comp_dir joined with a relative name, if DWARF gave one.
     EXPECT_EQ(frames[3].file.front(), '/') << frames[3].file;
@@ -292,6 +321,25 @@ TEST_P(SourceLinesTest, InlinedHelpersAppearWithTheirCallSites) {
   }
   EXPECT_GT(full_chains, 10) << "HeaderLeaf <- Middle <- Upper <- " << kOuterName
                              << " not found in " << path_;
+}
+
+// gcc gives these no DW_AT_linkage_name, only a bare DW_AT_name ("Checksum", "operator()"),
+// and describes the lambda inside its closure type inside Checksum's DIE.
+TEST_P(SourceLinesTest, OutOfLineFunctionsWithoutLinkageNamesTakeTheirSymbolsName) {
+  for (const elf::FunctionSymbol* f : {&checksum_, &lambda_}) {
+    for (uint64_t address = f->start; address < f->start + f->size; ++address) {
+      const std::vector<SourceFrame> frames = lines_->Frames(address);
+      ASSERT_FALSE(frames.empty()) << Hex(address);
+      EXPECT_EQ(frames.back().function, f->name) << Hex(address);
+      EXPECT_FALSE(frames.back().inlined);
+      EXPECT_EQ(Basename(frames.back().file), "inline_workload.cc") << Hex(address);
+    }
+  }
+  EXPECT_THAT(lambda_.name, HasSubstr("Checksum("));
+  const std::set<uint32_t> lambda_decl = LinesContaining(source_, "auto step = [sink]");
+  ASSERT_EQ(lambda_decl.size(), 1u);
+  EXPECT_EQ(lines_->FunctionDeclLine(lambda_.start), *lambda_decl.begin());
+  EXPECT_EQ(lines_->Frames(lambda_.start).back().decl_line, *lambda_decl.begin());
 }
 
 TEST_P(SourceLinesTest, SplitDebugFileGivesTheSameFrames) {
@@ -360,6 +408,9 @@ TEST_P(SourceLinesTest, FunctionDeclLineIsTheOutOfLineFunctionsDeclaration) {
   for (uint64_t address = main_.start; address < main_.start + main_.size; ++address) {
     EXPECT_EQ(lines_->FunctionDeclLine(address), *main_decl.begin()) << Hex(address);
   }
+  const std::set<uint32_t> checksum_decl = LinesContaining(source_, "unsigned Checksum(");
+  ASSERT_EQ(checksum_decl.size(), 1u);
+  EXPECT_EQ(lines_->FunctionDeclLine(checksum_.start), *checksum_decl.begin());
 }
 
 TEST_P(SourceLinesTest, ConcurrentLookupsAgree) {
@@ -493,52 +544,5 @@ TEST(SourceLinesOpenTest, MissingFileIsNotFound) {
   EXPECT_EQ(lines.status().code(), absl::StatusCode::kNotFound) << lines.status().ToString();
 }
 
-}  // namespace
-}  // namespace strata::server::symbolize
-
-namespace strata::server::symbolize {
-namespace {
-TEST(TmpProbe, Compare) {
-  const char* path = getenv("PROBE");
-  if (path == nullptr) GTEST_SKIP();
-  auto elf = elf::ElfFile::Open(path);
-  ASSERT_TRUE(elf.ok());
-  auto symbols = (*elf)->ReadFunctionSymbols();
-  std::vector<elf::FunctionSymbol> fs;
-  for (auto& s : *symbols) if (s.size > 0 && !s.from_dynsym) fs.push_back(s);
-  auto lines = SourceLines::Open(path);
-  ASSERT_TRUE(lines.ok()) << lines.status().ToString();
-  std::mt19937_64 rng(1);
-  const int n = getenv("PROBE_N") ? atoi(getenv("PROBE_N")) : 3000;
-  std::vector<uint64_t> addrs;
-  std::map<uint64_t, std::string> sym;
-  for (int i = 0; i < n; ++i) {
-    auto& f = fs[rng() % fs.size()];
-    uint64_t a = f.start + rng() % f.size;
-    addrs.push_back(a);
-    sym[a] = f.name;
-  }
-  std::map<uint64_t, std::vector<Addr2lineFrame>> expected;
-  for (size_t i = 0; i < addrs.size(); i += 500) {
-    std::vector<uint64_t> batch(addrs.begin() + i, addrs.begin() + std::min(addrs.size(), i + 500));
-    auto e = Addr2line(path, batch);
-    expected.insert(e.begin(), e.end());
-  }
-  int mism = 0, quirk = 0, inl = 0, empty = 0;
-  absl::Time t0 = absl::Now();
-  for (uint64_t a : addrs) {
-    auto frames = (*lines)->Frames(a);
-    auto got = AsAddr2line(frames);
-    auto want = expected[a];
-    for (auto* list : {&got, &want}) for (auto& f : *list) f.file = Basename(f.file);
-    if (got.size() > 1 && !want.empty() && got[0].function != want[0].function && want[0].function == sym[a]) { want[0].function = got[0].function; ++quirk; }
-    if (frames.size() > 1) ++inl;
-    if (frames.empty()) ++empty;
-    if (Render(got) != Render(want) && ++mism <= 15) {
-      printf("%s (%s):\n  ours:%s\n  a2l:%s\n", Hex(a).c_str(), sym[a].c_str(), Render(got).c_str(), Render(want).c_str());
-    }
-  }
-  printf("n=%zu mismatches=%d quirk=%d inlined=%d empty=%d time=%s\n", addrs.size(), mism, quirk, inl, empty, absl::FormatDuration(absl::Now()-t0).c_str());
-}
 }  // namespace
 }  // namespace strata::server::symbolize
