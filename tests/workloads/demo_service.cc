@@ -10,7 +10,8 @@
 // stable in every symbolizer.
 //
 // Flags: --seconds N (default: run until killed), --switch-after S (after S seconds the
-// program changes phase: tokenize drops to ~5 % and deflate_block rises to ~85 %),
+// program changes phase: tokenize drops to ~5 % and deflate_block rises to ~85 %; SIGUSR1
+// changes it at once, for tests that switch when the profiler has seen enough of the first),
 // --threads N (default 2), --idle-threads N (default 0: N more threads that block forever on
 // a condition variable, with 64 KiB stacks), --fixed-work (every request does the same
 // number of iterations, fixed at start-up calibration, instead of following each thread's
@@ -177,6 +178,7 @@ void Calibrate() {
 }
 
 void HandleSignal(int) { g_stop.store(true); }
+void HandleSwitch(int) { g_switched.store(true); }
 
 // Never destroyed: destroying a condition variable with waiters blocks exit() in glibc.
 std::mutex* const g_idle_mu = new std::mutex;
@@ -242,6 +244,7 @@ int main(int argc, char** argv) {
   if (idle_threads < 0) idle_threads = 0;
   signal(SIGTERM, HandleSignal);
   signal(SIGINT, HandleSignal);
+  signal(SIGUSR1, HandleSwitch);
   Calibrate();
   if (!StartIdleThreads(idle_threads)) return 1;
   std::printf("demo_service pid %d ready\n", getpid());
