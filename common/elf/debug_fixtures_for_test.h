@@ -16,6 +16,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/testing/temp_dir.h"
+
 #include "common/elf/debug_file.h"
 #include "common/elf/elf_file.h"
 
@@ -35,24 +37,8 @@ inline bool WriteFile(const std::string& path, std::string_view bytes) {
   return static_cast<bool>(out);
 }
 
-// A directory removed with its contents at destruction (a target root for the tests).
-class TempDir {
- public:
-  TempDir() {
-    char dir[] = "/tmp/strata_debug_file.XXXXXX";
-    if (mkdtemp(dir) != nullptr) path_ = dir;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+// A target root for the tests: the project's temporary directory.
+using TempDir = ::strata::testing::TempDir;
 
 // The fixtures' directory, "" when they were not built (no xz or binutils).
 inline std::string FixturesDir() {

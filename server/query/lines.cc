@@ -64,23 +64,19 @@ absl::StatusOr<absl::flat_hash_map<uint32_t, std::vector<LeafLine>>> LeafLinesOf
   if (!addresses.ok()) return addresses.status();
   absl::flat_hash_map<uint64_t, uint32_t> index_of;
   for (uint32_t i = 0; i < profile.functions.size(); ++i) index_of.emplace(profile.functions[i].id, i);
-  absl::flat_hash_map<uint64_t, std::string> build_ids;  // function ID -> hex; "" for none
+  FunctionLookup functions(store);
   for (const auto& [address, count] : *addresses) {
     const auto [function_id, offset] = address;
     auto index = index_of.find(function_id);
     if (index == index_of.end()) continue;
-    auto build_id = build_ids.find(function_id);
-    if (build_id == build_ids.end()) {
-      auto info = store->interner().GetFunction(function_id);
-      std::string hex;
-      if (info.ok() && base::FrameKindOf(info->module) == base::FrameKind::kUser) {
-        hex = BuildIdHex(info->build_id);
-      }
-      build_id = build_ids.emplace(function_id, std::move(hex)).first;
+    absl::StatusOr<const store::FunctionInfo*> info = functions.Get(function_id);
+    if (!info.ok()) return info.status();
+    if ((*info)->build_id.empty() ||
+        base::FrameKindOf((*info)->module) != base::FrameKind::kUser) {
+      continue;
     }
-    if (build_id->second.empty()) continue;
     std::vector<symbolize::SourceFrame> frames =
-        symbolizer->SourceFrames(build_id->second, offset);
+        symbolizer->SourceFrames(BuildIdHex((*info)->build_id), offset);
     if (frames.empty()) continue;
     out[index->second].push_back({offset, std::move(frames), count});
   }
