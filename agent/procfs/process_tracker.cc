@@ -168,6 +168,8 @@ absl::StatusOr<ProcessChanges> ProcessTracker::Rescan() {
 
   for (pid_t pid : *pids) {
     if (options_.exclude_self && pid == self) continue;
+    if (!MayBeTarget(pid)) continue;
+    ++processes_read_;
     absl::StatusOr<uint64_t> start_time = ReadStartTime(pid);
     if (!start_time.ok()) continue;  // exited between listing and reading
     alive.insert(pid);
@@ -252,8 +254,13 @@ void ProcessTracker::Forget(pid_t pid, ProcessChanges* changes) {
   read_ns_.erase(pid);
 }
 
+bool ProcessTracker::MayBeTarget(pid_t pid) const {
+  return !matcher_.matches_nothing() || pinned_.contains(pid) || targets_.contains(pid);
+}
+
 void ProcessTracker::Refresh(pid_t pid, uint64_t exec_ns, ProcessChanges* changes,
                              absl::flat_hash_set<pid_t>* listed) {
+  ++processes_read_;
   // An exec that happened before the process was last evaluated is in that evaluation already
   // (e.g. its fork event came first and the read found the new image): not news.
   bool exec = exec_ns != 0;
@@ -346,9 +353,10 @@ absl::StatusOr<ProcessChanges> ProcessTracker::Update(const ProcessEventBatch& e
     if (options_.exclude_self && event.pid == self) continue;
     switch (event.type) {
       case ProcessEventType::kProcessStarted:
-        touched.try_emplace(event.pid, 0);
+        if (MayBeTarget(event.pid)) touched.try_emplace(event.pid, 0);
         break;
       case ProcessEventType::kExec: {
+        if (!MayBeTarget(event.pid)) break;
         uint64_t& exec_ns = touched[event.pid];
         exec_ns = std::max(exec_ns, event.timestamp_ns == 0 ? kUnknownTime : event.timestamp_ns);
         break;

@@ -117,6 +117,11 @@ class ProcessTracker {
   // Current targets by pid, as of the last Rescan() or Update().
   const absl::flat_hash_map<pid_t, TrackedProcess>& targets() const { return targets_; }
 
+  // Processes whose /proc entries Rescan() and Update() have read so far. With no rules (only
+  // pinned pids), other processes' events and entries are skipped unread: on a host busy with
+  // fork and exec, an agent profiling one pid does not read /proc for every compiler run.
+  uint64_t processes_read() const { return processes_read_; }
+
  private:
   struct Seen {
     uint64_t start_time = 0;
@@ -137,6 +142,9 @@ class ProcessTracker {
   // are moot.
   void Refresh(pid_t pid, uint64_t exec_ns, ProcessChanges* changes,
                absl::flat_hash_set<pid_t>* listed);
+  // Whether `pid` can be a target at all: any process when rules may match, else only pinned
+  // processes and current targets.
+  bool MayBeTarget(pid_t pid) const;
   // Drops everything known about a process that is gone; a target is reported removed.
   void Forget(pid_t pid, ProcessChanges* changes);
 
@@ -158,6 +166,7 @@ class ProcessTracker {
   absl::flat_hash_map<pid_t, uint64_t> pinned_start_;  // pid -> start time once seen
   absl::flat_hash_set<pid_t> reevaluate_;  // pins changed since the last scan
   absl::flat_hash_map<pid_t, int> retry_;  // unsettled evaluations -> how many so far
+  uint64_t processes_read_ = 0;
 };
 
 }  // namespace strata::agent::procfs

@@ -248,6 +248,35 @@ TEST(ProcessTrackerUpdateTest, PinsTakeEffectAtTheNextUpdate) {
   KillAndReap(child);
 }
 
+// `--pid` alone (no rules, no STRATA_SERVICE): other processes' events and /proc entries are
+// not read, so a host busy with fork and exec costs the agent nothing in /proc reads.
+TEST(ProcessTrackerUpdateTest, WithOnlyPinsOtherProcessesAreNeverRead) {
+  ProcessTracker tracker(ServiceMatcher::Create({}, /*use_env_var=*/false).value());
+  pid_t pinned = SpawnSleep(Marker());
+  ASSERT_GT(pinned, 0);
+  tracker.Track(pinned, "pinned");
+  ProcessChanges changes = tracker.Rescan().value();
+  ASSERT_NE(FindPid(changes.added, pinned), nullptr);
+  EXPECT_EQ(tracker.processes_read(), 1u) << "the first scan read more than the pinned process";
+
+  pid_t other = SpawnSleep(Marker());
+  ASSERT_GT(other, 0);
+  changes = tracker.Update(Batch({Event(ProcessEventType::kProcessStarted, other),
+                                  Event(ProcessEventType::kExec, other),
+                                  Event(ProcessEventType::kProcessExited, other)}))
+                .value();
+  EXPECT_TRUE(changes.empty());
+  EXPECT_EQ(tracker.processes_read(), 1u);
+
+  // The pinned process's own exit is still read and reported.
+  KillAndReap(pinned);
+  changes = tracker.Update(Batch({Event(ProcessEventType::kProcessExited, pinned)})).value();
+  EXPECT_NE(FindPid(changes.removed, pinned), nullptr);
+  EXPECT_EQ(tracker.processes_read(), 2u);
+  EXPECT_TRUE(tracker.targets().empty());
+  KillAndReap(other);
+}
+
 TEST(ProcessTrackerUpdateTest, UnsettledEvaluationIsRetriedABoundedNumberOfTimes) {
   STRATA_SKIP_UNDER_QEMU_USER();  // the spawned host `sleep` needs qemu's environment
   // An empty environment cannot be told from one caught in the middle of exec.

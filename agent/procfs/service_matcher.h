@@ -59,6 +59,10 @@ class ServiceMatcher {
   // True if Match() may need the environment (saves reading /proc/PID/environ otherwise).
   bool uses_env_var() const { return use_env_var_; }
 
+  // True if Match() is nullopt for every process (no rules, no STRATA_SERVICE): only pinned
+  // processes (`--pid`) can be targets, and nothing else needs to be read.
+  bool matches_nothing() const { return rules_.empty() && !use_env_var_; }
+
  private:
   struct CompiledRule;
   ServiceMatcher(std::vector<CompiledRule> rules, bool use_env_var);
