@@ -68,6 +68,11 @@ absl::StatusOr<std::unique_ptr<TargetDiscovery>> TargetDiscovery::Create(
 
 absl::StatusOr<procfs::ProcessChanges> TargetDiscovery::Scan() {
   if (events_ == nullptr) return tracker_.Rescan();
+  // Before the read, so that the /proc reads of this Update() (a process pinned since the last
+  // scan) come after the kernel keeps its events.
+  if (absl::Status st = events_->WatchOnly(tracker_.PidsOfInterest()); !st.ok()) {
+    spdlog::warn("process events: {}; keeping every process's events", st.ToString());
+  }
   batch_.Clear();
   if (absl::Status st = events_->Read(&batch_); !st.ok()) {
     spdlog::warn("process events: {}; scanning /proc on a period from now on", st.ToString());

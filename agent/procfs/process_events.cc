@@ -122,6 +122,53 @@ std::vector<sock_filter> UnusedEventsFilter() {
   };
 }
 
+// The same, and of fork, exec and exit only those of the given processes: a fork by the
+// process the new task joins (child_tgid: a new thread's parent fields name the process's
+// parent, not the process), an exec or exit by its process_tgid. At most kMaxWatchedPids,
+// which keeps every jump within the 8-bit offsets of classic BPF.
+std::vector<sock_filter> WatchedProcessesFilter(const std::vector<pid_t>& pids) {
+  const size_t n = pids.size();
+  // Layout: 0-4 header checks and the type load; 5-8 type dispatch; 9 drop; 10-11 fork's load
+  // and a jump over 12, exec's and exit's load; 13.. one compare per pid; then drop, accept.
+  const size_t compare = 13, drop = compare + n, accept = drop + 1;
+  auto to = [](size_t from, size_t target) { return static_cast<uint8_t>(target - from - 1); };
+  static_assert(offsetof(proc_event, event_data.exec.process_tgid) ==
+                offsetof(proc_event, event_data.exit.process_tgid));
+  std::vector<sock_filter> code = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kCnOffset + offsetof(cn_msg, id) + offsetof(cb_id, idx)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, htonl(CN_IDX_PROC), 0, to(1, accept)),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kCnOffset + offsetof(cn_msg, id) + offsetof(cb_id, val)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, htonl(CN_VAL_PROC), 0, to(3, accept)),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kEventOffset + offsetof(proc_event, what)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, htonl(proc_event::PROC_EVENT_NONE), to(5, accept), 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, htonl(proc_event::PROC_EVENT_FORK), to(6, 10), 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, htonl(proc_event::PROC_EVENT_EXEC), to(7, 12), 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, htonl(proc_event::PROC_EVENT_EXIT), to(8, 12), 0),
+      BPF_STMT(BPF_RET | BPF_K, 0),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS,
+               kEventOffset + offsetof(proc_event, event_data.fork.child_tgid)),
+      BPF_STMT(BPF_JMP | BPF_JA, to(11, compare)),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS,
+               kEventOffset + offsetof(proc_event, event_data.exec.process_tgid)),
+  };
+  for (size_t i = 0; i < n; ++i) {
+    code.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, htonl(static_cast<uint32_t>(pids[i])),
+                            to(compare + i, accept), 0));
+  }
+  code.push_back(BPF_STMT(BPF_RET | BPF_K, 0));
+  code.push_back(BPF_STMT(BPF_RET | BPF_K, kAccept));
+  return code;
+}
+
+absl::Status AttachFilter(int fd, std::vector<sock_filter> code) {
+  sock_fprog program{static_cast<unsigned short>(code.size()), code.data()};
+  if (setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &program, sizeof(program)) != 0) {
+    return absl::InternalError(
+        absl::StrCat("attach the process connector filter: ", ErrnoText(errno)));
+  }
+  return absl::OkStatus();
+}
+
 // Tags subscriptions so that Open() recognizes the kernel's answer to its own among the
 // acknowledgements every listener receives.
 uint32_t NextAck() {
@@ -188,12 +235,7 @@ absl::StatusOr<std::unique_ptr<ProcessEvents>> ProcessEvents::Open(const Options
 
   // Filter first, so that no unwanted event is queued even between bind and the first read.
   if (options.filter_unused_events) {
-    std::vector<sock_filter> code = UnusedEventsFilter();
-    sock_fprog program{static_cast<unsigned short>(code.size()), code.data()};
-    if (setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &program, sizeof(program)) != 0) {
-      return absl::InternalError(
-          absl::StrCat("attach the process connector filter: ", ErrnoText(errno)));
-    }
+    if (absl::Status st = AttachFilter(fd, UnusedEventsFilter()); !st.ok()) return st;
   }
   // Beyond net.core.rmem_max only with CAP_NET_ADMIN (SO_RCVBUFFORCE); else capped there.
   if (options.receive_buffer_bytes > 0 &&
@@ -296,6 +338,14 @@ absl::Status ProcessEvents::AwaitAck(uint32_t ack, std::chrono::milliseconds tim
     return absl::PermissionDeniedError(absl::StrCat(text, " (needs CAP_NET_ADMIN)"));
   }
   return absl::UnavailableError(text);
+}
+
+absl::Status ProcessEvents::WatchOnly(std::optional<std::vector<pid_t>> pids) {
+  if (pids && pids->size() > kMaxWatchedPids) pids.reset();
+  if (pids == watched_) return absl::OkStatus();
+  absl::Status st = AttachFilter(fd_, pids ? WatchedProcessesFilter(*pids) : UnusedEventsFilter());
+  if (st.ok()) watched_ = std::move(pids);
+  return st;
 }
 
 absl::Status ProcessEvents::Read(ProcessEventBatch* out) {

@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -105,7 +106,16 @@ class ProcessEvents {
   // Times the kernel reported lost events, since Open().
   uint64_t overflows() const { return overflows_; }
 
+  // Keeps only the fork, exec and exit events of the given processes (their new threads,
+  // exec, exits and their threads' exits), dropping every other process's in the kernel, so
+  // that an agent profiling a few pids on a host busy with fork and exec is neither woken nor
+  // queued for them. nullopt, or more than kMaxWatchedPids pids: every process's events (with
+  // the unused event types still dropped). Events queued before the call are still read.
+  // Takes effect at once; a no-op when the set is unchanged.
+  absl::Status WatchOnly(std::optional<std::vector<pid_t>> pids);
+
   static constexpr size_t kMaxMessagesPerRead = 1 << 16;
+  static constexpr size_t kMaxWatchedPids = 200;
 
  private:
   struct Receiver;  // recvmmsg() buffers, allocated once and reused by every Read()
@@ -119,6 +129,7 @@ class ProcessEvents {
   int fd_ = -1;
   bool listening_ = false;
   uint64_t overflows_ = 0;
+  std::optional<std::vector<pid_t>> watched_;  // as last given to WatchOnly()
   std::unique_ptr<Receiver> receiver_;
 };
 

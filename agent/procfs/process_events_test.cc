@@ -312,6 +312,47 @@ TEST_F(ProcessEventsTest, FilterDropsUnusedEventsInTheKernel) {
   EXPECT_EQ(events_->overflows(), 0u);
 }
 
+TEST_F(ProcessEventsTest, WatchOnlyKeepsTheEventsOfTheWatchedProcesses) {
+  ThreadedChild watched;
+  ASSERT_TRUE(watched.Spawn("watched"));
+  ASSERT_TRUE(events_->WatchOnly(std::vector<pid_t>{1, watched.pid()}).ok());
+  // Unwatched: a thread of this process and a whole child process, started after the filter.
+  pid_t own_thread = 0;
+  std::thread([&] { own_thread = gettid(); }).join();
+  char arg0[] = "/bin/true";
+  char* argv[] = {arg0, nullptr};
+  pid_t other = 0;
+  ASSERT_EQ(posix_spawn(&other, "/bin/true", nullptr, nullptr, argv, environ), 0);
+  waitpid(other, nullptr, 0);
+
+  const pid_t started = watched.Command('s');
+  ASSERT_NE(started, 0);
+  ASSERT_EQ(watched.Command('j'), started);
+  const pid_t pid = watched.pid();
+  watched.Quit();
+  ProcessEventBatch all;
+  EXPECT_TRUE(ReadUntil(&all, [&](const ProcessEventBatch& b) {
+    return Has(b, ProcessEventType::kThreadStarted, pid, started) &&
+           Has(b, ProcessEventType::kThreadExited, pid, started) &&
+           Has(b, ProcessEventType::kProcessExited, pid, pid);
+  })) << "overflowed: " << all.overflowed;
+  for (const ProcessEvent& e : all.events) {
+    // Only events queued before the filter (the watched child's own fork and exec) may name
+    // another process.
+    if (e.pid == pid) continue;
+    EXPECT_NE(e.pid, other) << "an unwatched process's event passed";
+    EXPECT_NE(e.tid, own_thread) << "an unwatched thread's event passed";
+  }
+
+  // Every process's events again.
+  ASSERT_TRUE(events_->WatchOnly(std::nullopt).ok());
+  pid_t tid = 0;
+  std::thread([&] { tid = gettid(); }).join();
+  EXPECT_TRUE(ReadUntil(&all, [&](const ProcessEventBatch& b) {
+    return Has(b, ProcessEventType::kThreadExited, getpid(), tid);
+  })) << "overflowed: " << all.overflowed;
+}
+
 TEST_F(ProcessEventsTest, TrackerUpdateReportsWhatRescanWould) {
   const std::string marker = absl::StrCat("events-", getpid());
   auto matcher = [&] {

@@ -254,6 +254,17 @@ void ProcessTracker::Forget(pid_t pid, ProcessChanges* changes) {
   read_ns_.erase(pid);
 }
 
+std::optional<std::vector<pid_t>> ProcessTracker::PidsOfInterest() const {
+  if (!matcher_.matches_nothing()) return std::nullopt;
+  std::vector<pid_t> pids;
+  pids.reserve(pinned_.size() + targets_.size());
+  for (const auto& [pid, service] : pinned_) pids.push_back(pid);
+  for (const auto& [pid, process] : targets_) pids.push_back(pid);
+  std::sort(pids.begin(), pids.end());
+  pids.erase(std::unique(pids.begin(), pids.end()), pids.end());
+  return pids;
+}
+
 bool ProcessTracker::MayBeTarget(pid_t pid) const {
   return !matcher_.matches_nothing() || pinned_.contains(pid) || targets_.contains(pid);
 }

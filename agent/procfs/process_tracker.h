@@ -19,6 +19,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -116,6 +117,11 @@ class ProcessTracker {
 
   // Current targets by pid, as of the last Rescan() or Update().
   const absl::flat_hash_map<pid_t, TrackedProcess>& targets() const { return targets_; }
+
+  // The processes whose events can matter, ascending, when only pinned processes can be
+  // targets (no rules): the pinned ones and the current targets. nullopt when any process may
+  // become one. The owner passes it to ProcessEvents::WatchOnly() before each Update().
+  std::optional<std::vector<pid_t>> PidsOfInterest() const;
 
   // Processes whose /proc entries Rescan() and Update() have read so far. With no rules (only
   // pinned pids), other processes' events and entries are skipped unread: on a host busy with
