@@ -400,6 +400,13 @@ absl::StatusOr<std::string_view> LeafAddressKeyHost(std::string_view key) {
   return rest.substr(0, host_end);
 }
 
+std::optional<uint64_t> BatchMetaWindowStart(std::string_view key) {
+  if (key.empty() || (key[0] != kUnwindTag && key[0] != kLeafAddressTag)) return std::nullopt;
+  const size_t service_end = key.find('\0', 1);
+  if (service_end == std::string_view::npos || key.size() < service_end + 9) return std::nullopt;
+  return GetFixed64BE(key.data() + service_end + 1);
+}
+
 std::string EncodeLeafAddresses(const std::vector<LeafAddressCount>& counts) {
   std::string value(1, 1);
   PutVarint(&value, counts.size());

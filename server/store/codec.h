@@ -8,6 +8,7 @@
 #define STRATA_SERVER_STORE_CODEC_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -113,6 +114,9 @@ std::string LeafAddressKey(std::string_view service, uint64_t window_start_ms,
                            uint64_t incarnation, uint64_t sequence);
 // The host of a leaf-address key; DataLoss for a malformed key.
 absl::StatusOr<std::string_view> LeafAddressKeyHost(std::string_view key);
+// The window start of a per-batch meta record ('u' unwind counters, 'x' leaf addresses), which
+// the store keeps as long as the raw samples of that window; nullopt for every other key.
+std::optional<uint64_t> BatchMetaWindowStart(std::string_view key);
 // [version u8 = 1][varint n] n x [varint function_id][varint offset][varint count].
 std::string EncodeLeafAddresses(const std::vector<LeafAddressCount>& counts);
 absl::StatusOr<std::vector<LeafAddressCount>> DecodeLeafAddresses(std::string_view value);

@@ -104,34 +104,54 @@ class ScopePrefixExtractor : public rocksdb::SliceTransform {
   }
 };
 
+// Drops values and merge operands whose key's window (`window_of`; nullopt: keep) started
+// before now_ms() - retention_ms.
 class RetentionFilter : public rocksdb::CompactionFilter {
  public:
-  RetentionFilter(int64_t retention_ms, std::function<int64_t()> now_ms)
-      : retention_ms_(retention_ms), now_ms_(std::move(now_ms)) {}
+  using WindowOf = std::optional<uint64_t> (*)(std::string_view key);
 
-  const char* Name() const override { return "strata.Retention"; }
+  RetentionFilter(const char* name, WindowOf window_of, int64_t retention_ms,
+                  std::function<int64_t()> now_ms)
+      : name_(name), window_of_(window_of), retention_ms_(retention_ms), now_ms_(std::move(now_ms)) {}
+
+  const char* Name() const override { return name_; }
 
   Decision FilterV2(int level, const rocksdb::Slice& key, ValueType value_type,
                     const rocksdb::Slice& existing_value, std::string* new_value,
                     std::string* skip_until) const override {
     if (value_type != kValue && value_type != kMergeOperand) return Decision::kKeep;
-    auto cell = DecodeCellKey(std::string_view(key.data(), key.size()));
-    if (!cell.ok()) return Decision::kKeep;
+    const std::optional<uint64_t> window = window_of_(std::string_view(key.data(), key.size()));
+    if (!window) return Decision::kKeep;
     int64_t cutoff = now_ms_() - retention_ms_;
-    return cutoff > 0 && cell->window_start_ms < static_cast<uint64_t>(cutoff) ? Decision::kRemove
-                                                                             : Decision::kKeep;
+    return cutoff > 0 && *window < static_cast<uint64_t>(cutoff) ? Decision::kRemove
+                                                                 : Decision::kKeep;
   }
 
  private:
+  const char* const name_;
+  const WindowOf window_of_;
   const int64_t retention_ms_;
   const std::function<int64_t()> now_ms_;
 };
+
+std::optional<uint64_t> CellWindowStart(std::string_view key) {
+  auto cell = DecodeCellKey(key);
+  if (!cell.ok()) return std::nullopt;
+  return cell->window_start_ms;
+}
 
 }  // namespace
 
 std::unique_ptr<rocksdb::CompactionFilter> NewRetentionFilter(int64_t retention_ms,
                                                               std::function<int64_t()> now_ms) {
-  return std::make_unique<RetentionFilter>(retention_ms, std::move(now_ms));
+  return std::make_unique<RetentionFilter>("strata.Retention", &CellWindowStart, retention_ms,
+                                           std::move(now_ms));
+}
+
+std::unique_ptr<rocksdb::CompactionFilter> NewBatchMetaRetentionFilter(
+    int64_t retention_ms, std::function<int64_t()> now_ms) {
+  return std::make_unique<RetentionFilter>("strata.BatchMetaRetention", &BatchMetaWindowStart,
+                                           retention_ms, std::move(now_ms));
 }
 
 std::shared_ptr<rocksdb::MergeOperator> NewCountAddOperator(

@@ -35,6 +35,12 @@ std::shared_ptr<const rocksdb::SliceTransform> NewScopePrefixExtractor();
 std::unique_ptr<rocksdb::CompactionFilter> NewRetentionFilter(int64_t retention_ms,
                                                               std::function<int64_t()> now_ms);
 
+// Drops the per-batch meta records (unwind counters, leaf addresses: BatchMetaWindowStart)
+// of windows older than now_ms() - retention_ms, the raw samples' retention: one record per
+// batch and agent would otherwise grow without bound. Other meta records are kept.
+std::unique_ptr<rocksdb::CompactionFilter> NewBatchMetaRetentionFilter(
+    int64_t retention_ms, std::function<int64_t()> now_ms);
+
 }  // namespace strata::server::store
 
 #endif  // STRATA_SERVER_STORE_MERGE_H_

@@ -204,6 +204,10 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
     if (retention_ms > 0) {
       impl->retention_filters.push_back(NewRetentionFilter(retention_ms, now_ms));
       cf_options.compaction_filter = impl->retention_filters.back().get();
+    } else if (column == Column::kMeta && options.raw_retention_ms > 0) {
+      impl->retention_filters.push_back(
+          NewBatchMetaRetentionFilter(options.raw_retention_ms, now_ms));
+      cf_options.compaction_filter = impl->retention_filters.back().get();
     } else if (column == Column::kServices) {
       cf_options.merge_operator = NewServiceSummaryOperator(impl->malformed);
     }

@@ -698,6 +698,32 @@ TEST_F(StoreTest, RetentionDropsOldCellsPerResolution) {
             (std::map<int64_t, uint64_t>{{1 * kHour, 5}, {6 * kHour, 7}, {9 * kHour, 11}}));
 }
 
+TEST_F(StoreTest, PerBatchMetaRecordsFollowTheRawRetention) {
+  constexpr int64_t kHour = 3'600'000;
+  options_.now_ms_for_testing = [] { return 10 * kHour; };
+  options_.raw_retention_ms = 2 * kHour;
+  Reopen();
+  WriteBatch batch;
+  const UnwindCounts counts{.stacks = 3, .truncated = 1};
+  const std::vector<LeafAddressCount> leaves = {{.function_id = 4, .offset = 0x40, .count = 3}};
+  for (int64_t window : {1 * kHour, 9 * kHour}) {  // beyond the raw retention, and within it
+    batch.PutUnwindCounts("svc", window, "agent", 1, window, counts);
+    batch.PutLeafAddresses("svc", window, "host", "agent", 1, window, leaves);
+  }
+  batch.PutPhaseEvent({"svc", 1 * kHour, "payload"});  // other meta records are kept
+  CommitOk(&batch);
+  ASSERT_TRUE(store_->CompactAll().ok());
+
+  EXPECT_EQ(*store_->meta().SumUnwindCounts("svc", 0, 2 * kHour), UnwindCounts());
+  EXPECT_EQ(*store_->meta().SumUnwindCounts("svc", 0, 10 * kHour), counts);
+  EXPECT_TRUE(store_->meta().SumLeafAddresses("svc", 0, 2 * kHour, std::nullopt)->empty());
+  auto kept = store_->meta().SumLeafAddresses("svc", 0, 10 * kHour, std::nullopt);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->size(), 1u);
+  EXPECT_EQ((*kept)[std::make_pair(uint64_t{4}, uint64_t{0x40})], 3u);
+  EXPECT_EQ(store_->meta().ScanPhaseEvents("svc", 0, 2 * kHour)->size(), 1u);
+}
+
 TEST_F(StoreTest, BytesOnDiskGrowsWithData) {
   uint64_t before = store_->ApproximateBytesOnDisk();
   WriteBatch batch;
