@@ -28,6 +28,7 @@
 #include "server/store/backup.h"
 #include "server/store/store.h"
 #include "server/symbolize/debuginfo_service.h"
+#include "server/symbolize/debuginfo_store.h"
 #include "server/symbolize/symbolizer.h"
 #include "spdlog/spdlog.h"
 
@@ -273,9 +274,17 @@ std::optional<int> RunMaintenance(const MaintenanceCommands& m, const ServerFlag
       std::fprintf(stderr, "strata-server backup: %s\n", std::string(st.message()).c_str());
       return 1;
     }
-    std::printf("backup %u of %s in %s: %llu bytes; %u backups kept\n", info.backup_id,
-                f.data.c_str(), f.backup_to.c_str(), static_cast<unsigned long long>(info.bytes),
-                info.backups);
+    // Uploaded debug files live beside the store, by build ID: copied as files, not versioned.
+    absl::StatusOr<size_t> debug_files = strata::server::symbolize::CopyDebugFiles(
+        f.data + "/debuginfo", f.backup_to + "/debuginfo");
+    if (!debug_files.ok()) {
+      std::fprintf(stderr, "strata-server backup: debug files: %s\n",
+                   std::string(debug_files.status().message()).c_str());
+      return 1;
+    }
+    std::printf("backup %u of %s in %s: %llu bytes; %u backups kept; %zu debug files copied\n",
+                info.backup_id, f.data.c_str(), f.backup_to.c_str(),
+                static_cast<unsigned long long>(info.bytes), info.backups, *debug_files);
     return 0;
   }
   if (*m.restore) {
@@ -284,7 +293,15 @@ std::optional<int> RunMaintenance(const MaintenanceCommands& m, const ServerFlag
       std::fprintf(stderr, "strata-server restore: %s\n", std::string(st.message()).c_str());
       return 1;
     }
-    std::printf("restored the latest backup of %s into %s\n", f.restore_from.c_str(), f.data.c_str());
+    absl::StatusOr<size_t> debug_files = strata::server::symbolize::CopyDebugFiles(
+        f.restore_from + "/debuginfo", f.data + "/debuginfo");
+    if (!debug_files.ok()) {
+      std::fprintf(stderr, "strata-server restore: debug files: %s\n",
+                   std::string(debug_files.status().message()).c_str());
+      return 1;
+    }
+    std::printf("restored the latest backup of %s into %s (%zu debug files)\n",
+                f.restore_from.c_str(), f.data.c_str(), *debug_files);
     return 0;
   }
   return std::nullopt;

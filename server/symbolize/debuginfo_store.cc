@@ -1,5 +1,6 @@
 #include "server/symbolize/debuginfo_store.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -180,6 +181,70 @@ std::vector<DebugFileInfo> DebugInfoStore::List() const {
   std::sort(out.begin(), out.end(),
             [](const DebugFileInfo& a, const DebugFileInfo& b) { return a.build_id < b.build_id; });
   return out;
+}
+
+namespace {
+
+std::string ReadSmallFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Copies `from` to `to` through a temporary file beside `to`, synced before the rename.
+absl::Status CopyAtomically(const std::string& from, const std::string& to) {
+  const std::string temporary = to + ".copying";
+  std::error_code ec;
+  fs::copy_file(from, temporary, fs::copy_options::overwrite_existing, ec);
+  if (!ec) {
+    const int fd = open(temporary.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || fsync(fd) != 0) ec = std::error_code(errno, std::generic_category());
+    if (fd >= 0) close(fd);
+  }
+  if (!ec) fs::rename(temporary, to, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(temporary, ignored);
+    return absl::InternalError(absl::StrCat("copy ", from, " to ", to, ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<size_t> CopyDebugFiles(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  if (!fs::is_directory(from, ec)) return 0;
+  fs::create_directories(to, ec);
+  if (ec) return absl::InternalError(absl::StrCat("create ", to, ": ", ec.message()));
+  size_t copied = 0;
+  for (const auto& entry : fs::directory_iterator(from, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.ends_with(kDebugSuffix) || !entry.is_regular_file(ec)) continue;
+    const std::string build_id = name.substr(0, name.size() - std::strlen(kDebugSuffix));
+    if (!IsBuildIdHex(build_id)) continue;
+    const std::string source = absl::StrCat(from, "/", build_id);
+    const std::string target = absl::StrCat(to, "/", build_id);
+    const std::string meta = ReadSmallFile(source + kMetaSuffix);
+    std::error_code size_ec;
+    if (fs::exists(target + kDebugSuffix, size_ec) &&
+        fs::file_size(target + kDebugSuffix, size_ec) == entry.file_size(size_ec) && !size_ec &&
+        ReadSmallFile(target + kMetaSuffix) == meta) {
+      continue;
+    }
+    if (fs::exists(source + kMetaSuffix, size_ec)) {
+      if (absl::Status st = CopyAtomically(source + kMetaSuffix, target + kMetaSuffix); !st.ok()) {
+        return st;
+      }
+    }
+    if (absl::Status st = CopyAtomically(source + kDebugSuffix, target + kDebugSuffix); !st.ok()) {
+      return st;
+    }
+    ++copied;
+  }
+  if (ec) return absl::InternalError(absl::StrCat("list ", from, ": ", ec.message()));
+  return copied;
 }
 
 }  // namespace strata::server::symbolize

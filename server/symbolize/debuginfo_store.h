@@ -74,6 +74,13 @@ class DebugInfoStore {
 // Whether `s` is a plausible GNU build ID in lowercase hex (2..128 digits, even length).
 bool IsBuildIdHex(std::string_view s);
 
+// Copies the uploaded debug files of directory `from` (a DebugInfoStore's) into `to`, created
+// if missing: `strata-server backup` into <backup>/debuginfo, `restore` back. Files are named
+// by build ID, so a file already in `to` with the same size and metadata is not copied again.
+// Each pair appears atomically and in the store's order (metadata, then the file), synced.
+// A missing `from` copies nothing. Returns how many files were copied.
+absl::StatusOr<size_t> CopyDebugFiles(const std::string& from, const std::string& to);
+
 }  // namespace strata::server::symbolize
 
 #endif  // STRATA_SERVER_SYMBOLIZE_DEBUGINFO_STORE_H_

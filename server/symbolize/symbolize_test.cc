@@ -140,6 +140,37 @@ TEST_F(SymbolizeTest, AnUploadNamesWhatWasMissingAtOnce) {
   EXPECT_EQ((*store)->List().size(), 1u);
 }
 
+// strata-server backup and restore copy the uploads beside the store's backup.
+TEST_F(SymbolizeTest, UploadsAreBackedUpOnceAndRestored) {
+  EXPECT_EQ(*CopyDebugFiles(dir_.File("none"), dir_.File("backup")), 0u);
+  auto store = DebugInfoStore::Open(dir_.File("uploads"), 1 << 30);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto temporary = (*store)->NewTemporary();
+  ASSERT_TRUE(temporary.ok());
+  SplitDebugFile(*temporary);
+  ASSERT_TRUE((*store)->Commit(*temporary, "self.debug", build_id_, 1234).ok());
+
+  EXPECT_EQ(*CopyDebugFiles(dir_.File("uploads"), dir_.File("backup")), 1u);
+  EXPECT_EQ(*CopyDebugFiles(dir_.File("uploads"), dir_.File("backup")), 0u) << "copied again";
+  // A new upload of the same build ID (new metadata) is copied again.
+  auto again = (*store)->NewTemporary();
+  ASSERT_TRUE(again.ok());
+  SplitDebugFile(*again);
+  ASSERT_TRUE((*store)->Commit(*again, "self.debug", "", 5678).ok());
+  EXPECT_EQ(*CopyDebugFiles(dir_.File("uploads"), dir_.File("backup")), 1u);
+
+  EXPECT_EQ(*CopyDebugFiles(dir_.File("backup"), dir_.File("restored")), 1u);
+  auto restored = DebugInfoStore::Open(dir_.File("restored"), 1 << 30);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  const std::vector<DebugFileInfo> listed = (*restored)->List();
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].build_id, build_id_);
+  EXPECT_EQ(listed[0].uploaded_ms, 5678);
+  EXPECT_EQ(listed[0].size_bytes, (*store)->List()[0].size_bytes);
+  Symbolizer symbolizer({.debug_dirs = {}}, restored->get());
+  EXPECT_EQ(symbolizer.FunctionName(build_id_, offset_), "StrataSymbolizeTestMarker");
+}
+
 TEST_F(SymbolizeTest, BadUploadsAreRefusedAndLeaveNothingBehind) {
   auto store = DebugInfoStore::Open(dir_.File("uploads"), 1 << 30);
   ASSERT_TRUE(store.ok()) << store.status();
