@@ -208,6 +208,16 @@ uint32_t RingPagesFor(uint32_t stack_bytes, uint32_t samples, uint32_t min_pages
   return static_cast<uint32_t>(std::bit_ceil(pages));
 }
 
+uint32_t PerCpuWakeupSamples(uint32_t ring_pages, uint32_t stack_bytes, uint32_t frequency_hz) {
+  const size_t page_size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t record = sizeof(perf_event_header) + 8 * 4 + 8 * 34 + 16 + stack_bytes;
+  const uint32_t ring_samples = static_cast<uint32_t>(size_t{ring_pages} * page_size / record);
+  const uint32_t second = std::max<uint32_t>(1, frequency_hz);
+  const uint32_t limit =
+      std::max(ring_samples / 4, ring_samples > second ? ring_samples - second : 0);
+  return std::max<uint32_t>(1, std::min(second, limit));
+}
+
 absl::StatusOr<std::vector<int>> OnlineCpus() {
   constexpr const char* kPath = "/sys/devices/system/cpu/online";
   std::ifstream in(kPath);

@@ -103,6 +103,12 @@ inline constexpr uint32_t kMaxStackBytes = 63 * 1024;
 // two, at least `min_pages`.
 uint32_t RingPagesFor(uint32_t stack_bytes, uint32_t samples, uint32_t min_pages = 8);
 
+// Samples after which the kernel should wake the reader of a per-CPU ring of `ring_pages`
+// data pages sampling one CPU at `frequency_hz`: about a second of a busy CPU's samples while
+// the ring keeps at least as many free behind the watermark (headroom for a reader the host
+// runs late), else a quarter of the ring. At least 1.
+uint32_t PerCpuWakeupSamples(uint32_t ring_pages, uint32_t stack_bytes, uint32_t frequency_hz);
+
 struct SamplerStats {
   uint64_t samples = 0;   // samples delivered to callbacks
   uint64_t lost = 0;      // samples the kernel dropped (ring full), from PERF_RECORD_LOST

@@ -418,6 +418,20 @@ TEST(PerfSamplerOptionsTest, CpuListsAndRingSizes) {
     EXPECT_LT(pages * page, 2 * std::max(samples, 2u) * (16u * 1024 + 512)) << samples;
   }
   EXPECT_EQ(RingPagesFor(8, 1, 8), 8u);
+
+  // Wake-ups: a second of a busy CPU's samples while as many stay free behind the watermark,
+  // else a quarter of the ring (a 4 MiB ring holds about 250 samples of 16 KiB stacks).
+  const uint32_t four_mib = static_cast<uint32_t>((4u << 20) / page);
+  const uint32_t quarter = PerCpuWakeupSamples(four_mib, 16 * 1024, 10'000);
+  EXPECT_GE(quarter, 60u);
+  EXPECT_LE(quarter, 64u);
+  EXPECT_EQ(PerCpuWakeupSamples(four_mib, 16 * 1024, 99), 99u);
+  EXPECT_GE(4 * quarter - 99, 99u) << "less than a second of headroom at 99 Hz";
+  EXPECT_EQ(PerCpuWakeupSamples(four_mib, 16 * 1024, 499), quarter);
+  EXPECT_EQ(PerCpuWakeupSamples(four_mib, 16 * 1024, 999), quarter);
+  EXPECT_EQ(PerCpuWakeupSamples(four_mib, 16 * 1024, 19), 19u);
+  EXPECT_EQ(PerCpuWakeupSamples(8, 16 * 1024, 99), 1u);  // a ring of one sample
+  EXPECT_EQ(PerCpuWakeupSamples(four_mib, 16 * 1024, 0), 1u);
 }
 
 TEST(PerfSamplerOptionsTest, RejectsBadSessions) {

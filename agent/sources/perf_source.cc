@@ -7,9 +7,10 @@
 
 namespace strata::agent::sources {
 namespace {
-// Per-CPU rings: a wake-up per half second of one busy CPU's samples (16 to 64 samples), and
-// three times that as headroom for a busy host that runs the agent late; at most 4 MiB per
-// CPU and session (62 samples of 16 KiB stacks per wake-up), and 64 MiB over all CPUs.
+// Per-CPU rings hold about two seconds of one busy CPU's samples (four times 16 to 64), at
+// most 4 MiB per CPU and session and 64 MiB over all CPUs; the reader is woken as
+// PerCpuWakeupSamples says (about a second of samples at low rates, where a wake-up costs more
+// than the samples it delivers; a quarter of a capped ring at high rates).
 constexpr uint32_t kMinSamplesPerWakeup = 16;
 constexpr uint32_t kMaxSamplesPerWakeup = 64;
 constexpr uint32_t kRingSamplesPerWakeup = 4;
@@ -69,10 +70,8 @@ sampler::SessionOptions PerfSource::SessionFor(uint32_t session_id,
         sampler::RingPagesFor(stack_bytes_, kRingSamplesPerWakeup * per_wakeup),
         std::max<uint32_t>(static_cast<uint32_t>(std::bit_floor(cap / page_size)),
                            sampler::RingPagesFor(stack_bytes_, 2)));
-    // What fits in a quarter of the ring when the cap applied.
-    const uint32_t quarter =
-        static_cast<uint32_t>(session.ring_pages * page_size / 4 / (stack_bytes_ + 512));
-    session.wakeup_samples = std::max<uint32_t>(1, std::min(per_wakeup, quarter));
+    session.wakeup_samples =
+        sampler::PerCpuWakeupSamples(session.ring_pages, stack_bytes_, frequency_hz);
   }
   return session;
 }
