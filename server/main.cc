@@ -267,18 +267,25 @@ std::optional<int> RunMaintenance(const MaintenanceCommands& m, const ServerFlag
                     .c_str());
     return 0;
   }
+  // Uploaded debug files live beside the store, by build ID: copied as files, not versioned.
+  auto with_debug_files = [](absl::Status store, const std::string& from,
+                             const std::string& to) -> absl::StatusOr<size_t> {
+    if (!store.ok()) return store;
+    absl::StatusOr<size_t> copied =
+        strata::server::symbolize::CopyDebugFiles(from + "/debuginfo", to + "/debuginfo");
+    if (!copied.ok()) {
+      return absl::Status(copied.status().code(),
+                          absl::StrCat("debug files: ", copied.status().message()));
+    }
+    return copied;
+  };
   if (*m.backup) {
     strata::server::store::BackupInfo info;
-    absl::Status st = strata::server::store::BackupStore(f.data, f.backup_to, f.backup_keep, &info);
-    if (!st.ok()) {
-      std::fprintf(stderr, "strata-server backup: %s\n", std::string(st.message()).c_str());
-      return 1;
-    }
-    // Uploaded debug files live beside the store, by build ID: copied as files, not versioned.
-    absl::StatusOr<size_t> debug_files = strata::server::symbolize::CopyDebugFiles(
-        f.data + "/debuginfo", f.backup_to + "/debuginfo");
+    absl::StatusOr<size_t> debug_files = with_debug_files(
+        strata::server::store::BackupStore(f.data, f.backup_to, f.backup_keep, &info), f.data,
+        f.backup_to);
     if (!debug_files.ok()) {
-      std::fprintf(stderr, "strata-server backup: debug files: %s\n",
+      std::fprintf(stderr, "strata-server backup: %s\n",
                    std::string(debug_files.status().message()).c_str());
       return 1;
     }
@@ -288,15 +295,10 @@ std::optional<int> RunMaintenance(const MaintenanceCommands& m, const ServerFlag
     return 0;
   }
   if (*m.restore) {
-    absl::Status st = strata::server::store::RestoreStore(f.restore_from, f.data);
-    if (!st.ok()) {
-      std::fprintf(stderr, "strata-server restore: %s\n", std::string(st.message()).c_str());
-      return 1;
-    }
-    absl::StatusOr<size_t> debug_files = strata::server::symbolize::CopyDebugFiles(
-        f.restore_from + "/debuginfo", f.data + "/debuginfo");
+    absl::StatusOr<size_t> debug_files = with_debug_files(
+        strata::server::store::RestoreStore(f.restore_from, f.data), f.restore_from, f.data);
     if (!debug_files.ok()) {
-      std::fprintf(stderr, "strata-server restore: debug files: %s\n",
+      std::fprintf(stderr, "strata-server restore: %s\n",
                    std::string(debug_files.status().message()).c_str());
       return 1;
     }
