@@ -430,7 +430,8 @@ TEST(PerfSamplerOptionsTest, CpuListsAndRingSizes) {
   EXPECT_EQ(PerCpuWakeupSamples(four_mib, 16 * 1024, 499), quarter);
   EXPECT_EQ(PerCpuWakeupSamples(four_mib, 16 * 1024, 999), quarter);
   EXPECT_EQ(PerCpuWakeupSamples(four_mib, 16 * 1024, 19), 19u);
-  EXPECT_EQ(PerCpuWakeupSamples(8, 16 * 1024, 99), 1u);  // a ring of one sample
+  const uint32_t tiny = static_cast<uint32_t>(std::max<size_t>(1, (64u << 10) / page));
+  EXPECT_EQ(PerCpuWakeupSamples(tiny, 16 * 1024, 99), 1u);  // 64 KiB: three samples
   EXPECT_EQ(PerCpuWakeupSamples(four_mib, 16 * 1024, 0), 1u);
 }
 
