@@ -97,6 +97,12 @@ extern "C" int strata_analyze_records(const Record* records, int n, int limit, d
     }
     return false;
   };
+  auto in_libc = [&](uint64_t pc) {
+    for (const Module& m : modules) {
+      if (pc >= m.lo && pc < m.hi) return m.name.find("/libc.so") != std::string::npos;
+    }
+    return false;
+  };
   size_t stub_samples = 0, stub_exact = 0, loader_samples = 0, loader_exact = 0;
   size_t lib_samples = 0, lib_exact = 0;  // a frame in an instrumented shared object
   size_t vdso_samples = 0, vdso_exact = 0;  // leaf in no file module: the vDSO
@@ -146,9 +152,12 @@ extern "C" int strata_analyze_records(const Record* records, int n, int limit, d
     }
     t.Add(m);
     truncated += r.truncated != 0;
-    // The second thread's stack outside thread_main (libc's start_thread and clone): see
-    // STRATA_TOLERATE_THREAD_START_TRUNCATION below.
-    truncated_thread += r.truncated != 0 && r.depth > 0 && r.ids[0] == kThreadMainId;
+    // The second thread's stack outside thread_main (libc's start_thread and clone), also when
+    // it is sampled before it reached thread_main (no frame of the workload yet, the leaf in
+    // libc): see STRATA_TOLERATE_THREAD_START_TRUNCATION below.
+    const bool before_thread_main = r.depth == 0 && r.num_pcs > 0 && in_libc(r.pcs[0]);
+    truncated_thread +=
+        r.truncated != 0 && ((r.depth > 0 && r.ids[0] == kThreadMainId) || before_thread_main);
     if (r.truncated != 0 && r.num_pcs > 0) {
       // Where unwinding stopped short of the entry point: module (file name) + offset.
       const uint64_t last = r.pcs[r.num_pcs - 1];
