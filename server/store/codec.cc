@@ -387,10 +387,25 @@ std::string LeafAddressKey(std::string_view service, uint64_t window_start_ms,
   return key;
 }
 
+std::string LeafAddressHourPrefix(std::string_view service, uint64_t hour_start_ms) {
+  return ServiceWindowPrefix(kLeafAddressHourTag, service, hour_start_ms);
+}
+
+std::string LeafAddressHourKey(std::string_view service, uint64_t hour_start_ms,
+                               std::string_view host) {
+  std::string key = LeafAddressHourPrefix(service, hour_start_ms);
+  key.append(host);
+  key.push_back('\0');
+  return key;
+}
+
+std::string LeafAddressHoursSinceKey() { return std::string(1, kRollupStateTag) + "leaf-address-hours"; }
+
 absl::StatusOr<std::string_view> LeafAddressKeyHost(std::string_view key) {
   // tag, service, NUL, 8-byte window, then the host up to its NUL.
   const size_t service_end = key.find('\0', 1);
-  if (key.empty() || key[0] != kLeafAddressTag || service_end == std::string_view::npos ||
+  if (key.empty() || (key[0] != kLeafAddressTag && key[0] != kLeafAddressHourTag) ||
+      service_end == std::string_view::npos ||
       key.size() < service_end + 9) {
     return Corrupt("leaf address key");
   }
@@ -400,11 +415,22 @@ absl::StatusOr<std::string_view> LeafAddressKeyHost(std::string_view key) {
   return rest.substr(0, host_end);
 }
 
-std::optional<uint64_t> BatchMetaWindowStart(std::string_view key) {
-  if (key.empty() || (key[0] != kUnwindTag && key[0] != kLeafAddressTag)) return std::nullopt;
+namespace {
+std::optional<uint64_t> ServiceWindowStart(std::string_view key) {
   const size_t service_end = key.find('\0', 1);
   if (service_end == std::string_view::npos || key.size() < service_end + 9) return std::nullopt;
   return GetFixed64BE(key.data() + service_end + 1);
+}
+}  // namespace
+
+std::optional<uint64_t> BatchMetaWindowStart(std::string_view key) {
+  if (key.empty() || (key[0] != kUnwindTag && key[0] != kLeafAddressTag)) return std::nullopt;
+  return ServiceWindowStart(key);
+}
+
+std::optional<uint64_t> HourlyMetaWindowStart(std::string_view key) {
+  if (key.empty() || key[0] != kLeafAddressHourTag) return std::nullopt;
+  return ServiceWindowStart(key);
 }
 
 std::string EncodeLeafAddresses(const std::vector<LeafAddressCount>& counts) {

@@ -76,6 +76,8 @@ inline constexpr char kLabelSetTag = 'l';
 inline constexpr char kServiceLabelSetTag = 'L';
 inline constexpr char kUnwindTag = 'u';
 inline constexpr char kLeafAddressTag = 'x';
+inline constexpr char kLeafAddressHourTag = 'X';
+inline constexpr char kRollupStateTag = 'R';
 
 std::string AgentKey(std::string_view agent_id);
 // Applied batch sequence of one incarnation of an agent (its graph ID): 'q' agent '\0'
@@ -114,9 +116,19 @@ std::string LeafAddressKey(std::string_view service, uint64_t window_start_ms,
                            uint64_t incarnation, uint64_t sequence);
 // The host of a leaf-address key; DataLoss for a malformed key.
 absl::StatusOr<std::string_view> LeafAddressKeyHost(std::string_view key);
+// Leaf addresses of one service, hour and host, summed over its batches by a merge operator:
+// 'X' service '\0' BE(hour start) host '\0'. LeafAddressKeyHost reads these too.
+std::string LeafAddressHourPrefix(std::string_view service, uint64_t hour_start_ms);
+std::string LeafAddressHourKey(std::string_view service, uint64_t hour_start_ms,
+                               std::string_view host);
+// The first hour whose leaf addresses are all in hourly records (the store wrote them from
+// then on): 'R' "leaf-address-hours" -> fixed64 LE hour start.
+std::string LeafAddressHoursSinceKey();
 // The window start of a per-batch meta record ('u' unwind counters, 'x' leaf addresses), which
 // the store keeps as long as the raw samples of that window; nullopt for every other key.
 std::optional<uint64_t> BatchMetaWindowStart(std::string_view key);
+// The hour of an hourly leaf-address record ('X'), kept as long as the hour rollups.
+std::optional<uint64_t> HourlyMetaWindowStart(std::string_view key);
 // [version u8 = 1][varint n] n x [varint function_id][varint offset][varint count].
 std::string EncodeLeafAddresses(const std::vector<LeafAddressCount>& counts);
 absl::StatusOr<std::vector<LeafAddressCount>> DecodeLeafAddresses(std::string_view value);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/base/saturating.h"
 #include "server/store/codec.h"
@@ -38,6 +39,47 @@ struct ServiceSummaryTraits {
   }
   static std::string Encode(const Value& v) {
     return EncodeServiceSummary(v.first_window_ms, v.last_window_ms, v.total_samples);
+  }
+};
+
+// Hourly leaf-address records: lists of (function, offset, count) sorted by (function,
+// offset), summed key by key.
+struct LeafAddressSumTraits {
+  using Value = std::vector<LeafAddressCount>;
+  static constexpr const char* kName = "strata.LeafAddressSum";
+  static std::optional<Value> Parse(const rocksdb::Slice& s) {
+    auto decoded = DecodeLeafAddresses(std::string_view(s.data(), s.size()));
+    if (!decoded.ok()) return std::nullopt;
+    std::sort(decoded->begin(), decoded->end(), Less);
+    return *std::move(decoded);
+  }
+  static Value Combine(const Value& a, const Value& b) {
+    Value out;
+    out.reserve(a.size() + b.size());
+    size_t i = 0, j = 0;
+    while (i < a.size() || j < b.size()) {
+      if (j == b.size() || (i < a.size() && Less(a[i], b[j]))) {
+        Append(a[i++], &out);
+      } else {
+        Append(b[j++], &out);
+      }
+    }
+    return out;
+  }
+  static std::string Encode(const Value& v) { return EncodeLeafAddresses(v); }
+
+ private:
+  static bool Less(const LeafAddressCount& x, const LeafAddressCount& y) {
+    return x.function_id != y.function_id ? x.function_id < y.function_id : x.offset < y.offset;
+  }
+  // Appends `c`, summing it into the last entry when that has the same address.
+  static void Append(const LeafAddressCount& c, Value* out) {
+    if (!out->empty() && out->back().function_id == c.function_id &&
+        out->back().offset == c.offset) {
+      out->back().count = base::SaturatingAdd(out->back().count, c.count);
+    } else {
+      out->push_back(c);
+    }
   }
 };
 
@@ -148,10 +190,52 @@ std::unique_ptr<rocksdb::CompactionFilter> NewRetentionFilter(int64_t retention_
                                            std::move(now_ms));
 }
 
-std::unique_ptr<rocksdb::CompactionFilter> NewBatchMetaRetentionFilter(
-    int64_t retention_ms, std::function<int64_t()> now_ms) {
-  return std::make_unique<RetentionFilter>("strata.BatchMetaRetention", &BatchMetaWindowStart,
-                                           retention_ms, std::move(now_ms));
+namespace {
+
+// The meta column's records with a window: per-batch ones follow the raw retention, hourly
+// ones the hour retention (0: kept); every other record is kept.
+class MetaRetentionFilter : public rocksdb::CompactionFilter {
+ public:
+  MetaRetentionFilter(int64_t raw_retention_ms, int64_t hour_retention_ms,
+                      std::function<int64_t()> now_ms)
+      : raw_(raw_retention_ms), hour_(hour_retention_ms), now_ms_(std::move(now_ms)) {}
+
+  const char* Name() const override { return "strata.MetaRetention"; }
+
+  Decision FilterV2(int level, const rocksdb::Slice& key, ValueType value_type,
+                    const rocksdb::Slice& existing_value, std::string* new_value,
+                    std::string* skip_until) const override {
+    if (value_type != kValue && value_type != kMergeOperand) return Decision::kKeep;
+    const std::string_view k(key.data(), key.size());
+    int64_t retention = raw_;
+    std::optional<uint64_t> window = BatchMetaWindowStart(k);
+    if (!window) {
+      retention = hour_;
+      window = HourlyMetaWindowStart(k);
+    }
+    if (!window || retention <= 0) return Decision::kKeep;
+    const int64_t cutoff = now_ms_() - retention;
+    return cutoff > 0 && *window < static_cast<uint64_t>(cutoff) ? Decision::kRemove
+                                                                 : Decision::kKeep;
+  }
+
+ private:
+  const int64_t raw_;
+  const int64_t hour_;
+  const std::function<int64_t()> now_ms_;
+};
+
+}  // namespace
+
+std::unique_ptr<rocksdb::CompactionFilter> NewMetaRetentionFilter(
+    int64_t raw_retention_ms, int64_t hour_retention_ms, std::function<int64_t()> now_ms) {
+  return std::make_unique<MetaRetentionFilter>(raw_retention_ms, hour_retention_ms,
+                                               std::move(now_ms));
+}
+
+std::shared_ptr<rocksdb::MergeOperator> NewLeafAddressSumOperator(
+    std::shared_ptr<std::atomic<uint64_t>> malformed) {
+  return std::make_shared<FixedRecordMergeOperator<LeafAddressSumTraits>>(std::move(malformed));
 }
 
 std::shared_ptr<rocksdb::MergeOperator> NewCountAddOperator(

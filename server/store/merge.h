@@ -35,11 +35,17 @@ std::shared_ptr<const rocksdb::SliceTransform> NewScopePrefixExtractor();
 std::unique_ptr<rocksdb::CompactionFilter> NewRetentionFilter(int64_t retention_ms,
                                                               std::function<int64_t()> now_ms);
 
-// Drops the per-batch meta records (unwind counters, leaf addresses: BatchMetaWindowStart)
-// of windows older than now_ms() - retention_ms, the raw samples' retention: one record per
-// batch and agent would otherwise grow without bound. Other meta records are kept.
-std::unique_ptr<rocksdb::CompactionFilter> NewBatchMetaRetentionFilter(
-    int64_t retention_ms, std::function<int64_t()> now_ms);
+// Meta column: drops the per-batch records (unwind counters, leaf addresses:
+// BatchMetaWindowStart) of windows older than now_ms() - raw_retention_ms, the raw samples'
+// retention (one record per batch and agent would otherwise grow without bound), and the
+// hourly leaf-address records (HourlyMetaWindowStart) older than hour_retention_ms. A
+// retention of 0 keeps them; other meta records are kept.
+std::unique_ptr<rocksdb::CompactionFilter> NewMetaRetentionFilter(
+    int64_t raw_retention_ms, int64_t hour_retention_ms, std::function<int64_t()> now_ms);
+
+// Sums hourly leaf-address records (EncodeLeafAddresses lists) address by address.
+std::shared_ptr<rocksdb::MergeOperator> NewLeafAddressSumOperator(
+    std::shared_ptr<std::atomic<uint64_t>> malformed);
 
 }  // namespace strata::server::store
 

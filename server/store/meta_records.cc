@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/saturating.h"
 #include "server/store/codec.h"
 #include "server/store/db.h"
 
@@ -142,29 +143,56 @@ absl::StatusOr<UnwindCounts> MetaRecords::SumUnwindCounts(std::string_view servi
 
 absl::StatusOr<absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t>>
 MetaRecords::SumLeafAddresses(std::string_view service, int64_t from_ms, int64_t to_ms,
-                              const std::optional<std::string>& host) {
+                              const std::optional<std::string>& host, size_t* records_read) {
   if (!ValidKeyPart(service)) return absl::InvalidArgumentError("service contains NUL");
   absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t> sum;
+  size_t read = 0;
+  if (records_read != nullptr) *records_read = 0;
   const uint64_t from = static_cast<uint64_t>(std::max<int64_t>(from_ms, 0));
   if (to_ms <= 0 || static_cast<uint64_t>(to_ms) <= from) return sum;
-  absl::Status s = database_->Scan(
-      Column::kMeta, LeafAddressPrefix(service, from),
-      LeafAddressPrefix(service, static_cast<uint64_t>(to_ms)),
-      [&](std::string_view key, std::string_view value) -> absl::Status {
-        if (host) {
-          absl::StatusOr<std::string_view> key_host = LeafAddressKeyHost(key);
-          if (!key_host.ok()) return key_host.status();
-          if (*key_host != *host) return absl::OkStatus();
-        }
-        absl::StatusOr<std::vector<LeafAddressCount>> counts = DecodeLeafAddresses(value);
-        if (!counts.ok()) return counts.status();
-        for (const LeafAddressCount& c : *counts) {
-          uint64_t& total = sum[{c.function_id, c.offset}];
-          total = total + c.count < total ? UINT64_MAX : total + c.count;
-        }
-        return absl::OkStatus();
-      });
+  const uint64_t to = static_cast<uint64_t>(to_ms);
+  // Records in [begin, end) of `host` (all hosts without one), summed.
+  auto add = [&](const std::string& begin, const std::string& end) {
+    return database_->Scan(
+        Column::kMeta, begin, end,
+        [&](std::string_view key, std::string_view value) -> absl::Status {
+          if (host) {
+            absl::StatusOr<std::string_view> key_host = LeafAddressKeyHost(key);
+            if (!key_host.ok()) return key_host.status();
+            if (*key_host != *host) return absl::OkStatus();
+          }
+          ++read;
+          absl::StatusOr<std::vector<LeafAddressCount>> counts = DecodeLeafAddresses(value);
+          if (!counts.ok()) return counts.status();
+          for (const LeafAddressCount& c : *counts) {
+            uint64_t& total = sum[{c.function_id, c.offset}];
+            total = base::SaturatingAdd(total, c.count);
+          }
+          return absl::OkStatus();
+        });
+  };
+  // Whole hours from the first one the store has hourly records for come from those (one
+  // record per host and hour); the rest of the range from the batches' own records.
+  constexpr uint64_t kHourMs = 3'600'000;
+  uint64_t hours_since = UINT64_MAX;
+  std::string since;
+  rocksdb::Status got = database_->db->Get(rocksdb::ReadOptions(), database_->cf(Column::kMeta),
+                                           LeafAddressHoursSinceKey(), &since);
+  if (got.ok() && since.size() == 8) hours_since = GetFixed64LE(since.data());
+  const uint64_t first_hour = std::max((from + kHourMs - 1) / kHourMs * kHourMs, hours_since);
+  const uint64_t end_hour = to / kHourMs * kHourMs;
+  absl::Status s;
+  if (first_hour < end_hour) {
+    s = add(LeafAddressPrefix(service, from), LeafAddressPrefix(service, first_hour));
+    if (s.ok()) {
+      s = add(LeafAddressHourPrefix(service, first_hour), LeafAddressHourPrefix(service, end_hour));
+    }
+    if (s.ok()) s = add(LeafAddressPrefix(service, end_hour), LeafAddressPrefix(service, to));
+  } else {
+    s = add(LeafAddressPrefix(service, from), LeafAddressPrefix(service, to));
+  }
   if (!s.ok()) return s;
+  if (records_read != nullptr) *records_read = read;
   return sum;
 }
 

@@ -45,10 +45,12 @@ class MetaRecords {
   absl::StatusOr<UnwindCounts> SumUnwindCounts(std::string_view service, int64_t from_ms,
                                                int64_t to_ms);
   // Where `service`'s samples in windows [from_ms, to_ms) stopped in their leaf functions
-  // (of `host` only, when given): (function ID, offset) -> samples, summed over batches.
+  // (of `host` only, when given): (function ID, offset) -> samples, summed over batches. Whole
+  // hours are read from one record per host and hour, the rest from the batches' records;
+  // `records_read` (optional) says how many records that took.
   absl::StatusOr<absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t>> SumLeafAddresses(
       std::string_view service, int64_t from_ms, int64_t to_ms,
-      const std::optional<std::string>& host);
+      const std::optional<std::string>& host, size_t* records_read = nullptr);
   absl::StatusOr<CaptureInfo> GetCapture(std::string_view capture_id);
   absl::StatusOr<std::vector<CaptureInfo>> ListCaptures();
   // Every journal record in sequence order; stops at the first error `fn` returns.

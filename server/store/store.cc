@@ -204,10 +204,13 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
     if (retention_ms > 0) {
       impl->retention_filters.push_back(NewRetentionFilter(retention_ms, now_ms));
       cf_options.compaction_filter = impl->retention_filters.back().get();
-    } else if (column == Column::kMeta && options.raw_retention_ms > 0) {
-      impl->retention_filters.push_back(
-          NewBatchMetaRetentionFilter(options.raw_retention_ms, now_ms));
-      cf_options.compaction_filter = impl->retention_filters.back().get();
+    } else if (column == Column::kMeta) {
+      cf_options.merge_operator = NewLeafAddressSumOperator(impl->malformed);
+      if (options.raw_retention_ms > 0 || options.hour_retention_ms > 0) {
+        impl->retention_filters.push_back(NewMetaRetentionFilter(
+            options.raw_retention_ms, options.hour_retention_ms, now_ms));
+        cf_options.compaction_filter = impl->retention_filters.back().get();
+      }
     } else if (column == Column::kServices) {
       cf_options.merge_operator = NewServiceSummaryOperator(impl->malformed);
     }
@@ -226,6 +229,25 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
   impl->database.db->DestroyColumnFamilyHandle(handles.back()).PermitUncheckedError();
   impl->interner = std::make_unique<Interner>(&impl->database, options.intern_cache_entries,
                                               options.id_hash_for_testing);
+  // Hourly leaf-address records are complete from the first full hour after this store began
+  // writing them; a store that has no leaf addresses yet has them complete from the start.
+  {
+    std::string since;
+    rocksdb::Status got = impl->database.db->Get(rocksdb::ReadOptions(),
+                                                 impl->database.cf(Column::kMeta),
+                                                 LeafAddressHoursSinceKey(), &since);
+    if (got.IsNotFound()) {
+      constexpr int64_t kHourMs = 3'600'000;
+      absl::StatusOr<bool> has_batches =
+          impl->database.HasRecords(Column::kMeta, std::string(1, kLeafAddressTag));
+      if (!has_batches.ok()) return has_batches.status();
+      const int64_t first = *has_batches ? (now_ms() / kHourMs + 1) * kHourMs : 0;
+      got = impl->database.db->Put(rocksdb::WriteOptions(), impl->database.cf(Column::kMeta),
+                                   LeafAddressHoursSinceKey(),
+                                   EncodeCount(static_cast<uint64_t>(first)));
+    }
+    if (!got.ok()) return FromRocks(got);
+  }
   impl->samples = std::make_unique<SampleReader>(&impl->database, impl->hour_blocks.get(),
                                                  options.hour_retention_ms, std::move(now_ms));
   impl->meta = std::make_unique<MetaRecords>(&impl->database);

@@ -698,15 +698,17 @@ TEST_F(StoreTest, RetentionDropsOldCellsPerResolution) {
             (std::map<int64_t, uint64_t>{{1 * kHour, 5}, {6 * kHour, 7}, {9 * kHour, 11}}));
 }
 
-TEST_F(StoreTest, PerBatchMetaRecordsFollowTheRawRetention) {
+TEST_F(StoreTest, PerBatchMetaRecordsFollowTheRawRetentionAndHourlyOnesTheHourRetention) {
   constexpr int64_t kHour = 3'600'000;
   options_.now_ms_for_testing = [] { return 10 * kHour; };
   options_.raw_retention_ms = 2 * kHour;
+  options_.hour_retention_ms = 5 * kHour;
   Reopen();
   WriteBatch batch;
   const UnwindCounts counts{.stacks = 3, .truncated = 1};
   const std::vector<LeafAddressCount> leaves = {{.function_id = 4, .offset = 0x40, .count = 3}};
-  for (int64_t window : {1 * kHour, 9 * kHour}) {  // beyond the raw retention, and within it
+  // Beyond both retentions, beyond the raw one only, within both.
+  for (int64_t window : {1 * kHour, 6 * kHour, 9 * kHour}) {
     batch.PutUnwindCounts("svc", window, "agent", 1, window, counts);
     batch.PutLeafAddresses("svc", window, "host", "agent", 1, window, leaves);
   }
@@ -714,14 +716,104 @@ TEST_F(StoreTest, PerBatchMetaRecordsFollowTheRawRetention) {
   CommitOk(&batch);
   ASSERT_TRUE(store_->CompactAll().ok());
 
-  EXPECT_EQ(*store_->meta().SumUnwindCounts("svc", 0, 2 * kHour), UnwindCounts());
+  EXPECT_EQ(*store_->meta().SumUnwindCounts("svc", 0, 8 * kHour), UnwindCounts());
   EXPECT_EQ(*store_->meta().SumUnwindCounts("svc", 0, 10 * kHour), counts);
-  EXPECT_TRUE(store_->meta().SumLeafAddresses("svc", 0, 2 * kHour, std::nullopt)->empty());
-  auto kept = store_->meta().SumLeafAddresses("svc", 0, 10 * kHour, std::nullopt);
-  ASSERT_TRUE(kept.ok());
-  EXPECT_EQ(kept->size(), 1u);
-  EXPECT_EQ((*kept)[std::make_pair(uint64_t{4}, uint64_t{0x40})], 3u);
+  auto leaf_sum = [&](int64_t from, int64_t to) {
+    return store_->meta().SumLeafAddresses("svc", from, to, std::nullopt).value();
+  };
+  const absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t> three = {{{4, 0x40}, 3}};
+  EXPECT_TRUE(leaf_sum(1 * kHour, 2 * kHour).empty());              // hourly record gone
+  EXPECT_EQ(leaf_sum(6 * kHour, 7 * kHour), three);                  // the hour's record
+  EXPECT_TRUE(leaf_sum(6 * kHour, 6 * kHour + kHour / 2).empty());  // batch record gone
+  EXPECT_EQ(leaf_sum(9 * kHour, 9 * kHour + kHour / 2), three);
   EXPECT_EQ(store_->meta().ScanPhaseEvents("svc", 0, 2 * kHour)->size(), 1u);
+}
+
+// Long ranges read one record per host and hour, and give what the batches' records give.
+TEST_F(StoreTest, LeafAddressesOfWholeHoursComeFromHourlyRecords) {
+  constexpr int64_t kHour = 3'600'000;
+  constexpr int64_t kWindow = 10'000;
+  std::map<std::tuple<std::string, int64_t>, std::vector<LeafAddressCount>> written;
+  uint64_t sequence = 0;
+  WriteBatch batch;
+  for (int64_t window = 0; window < 4 * kHour; window += 7 * kWindow) {
+    for (const std::string host : {"a", "b"}) {
+      // Two functions; addresses and counts vary with the window, some repeat.
+      std::vector<LeafAddressCount> counts = {
+          {.function_id = 1, .offset = static_cast<uint64_t>(window / kWindow % 5) * 4,
+           .count = static_cast<uint64_t>(window / kWindow % 3 + 1)},
+          {.function_id = host == "a" ? 2u : 3u, .offset = 0x10, .count = 2}};
+      batch.PutLeafAddresses("svc", window, host, "agent-" + host, 1, ++sequence, counts);
+      written[{host, window}] = counts;
+    }
+  }
+  CommitOk(&batch);
+  auto expected = [&](int64_t from, int64_t to, const std::optional<std::string>& host) {
+    absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t> sum;
+    for (const auto& [key, counts] : written) {
+      const auto& [h, window] = key;
+      if (window < from || window >= to || (host && *host != h)) continue;
+      for (const LeafAddressCount& c : counts) sum[{c.function_id, c.offset}] += c.count;
+    }
+    return sum;
+  };
+  for (bool compacted : {false, true}) {
+    if (compacted) ASSERT_TRUE(store_->CompactAll().ok());
+    for (auto [from, to] : {std::pair{0 * kHour, 4 * kHour}, std::pair{kHour / 3, 3 * kHour + 77},
+                            std::pair{kHour + 5 * kWindow, 2 * kHour - kWindow},
+                            std::pair{0 * kHour, 1 * kHour}}) {
+      for (const std::optional<std::string>& host :
+           {std::optional<std::string>(), std::optional<std::string>("b")}) {
+        size_t read = 0;
+        auto got = store_->meta().SumLeafAddresses("svc", from, to, host, &read);
+        ASSERT_TRUE(got.ok()) << got.status();
+        EXPECT_EQ(*got, expected(from, to, host)) << from << ".." << to << " compacted "
+                                                  << compacted;
+        if (from == 0 && to == 4 * kHour) {
+          EXPECT_EQ(read, host ? 4u : 8u) << "not one record per host and hour";
+        }
+      }
+    }
+  }
+}
+
+// A store that held leaf addresses before it wrote hourly records (no marker) reads the hours
+// before the next full hour after its start from the batches' records.
+TEST_F(StoreTest, HoursBeforeTheHourlyRecordsAreReadFromTheBatches) {
+  constexpr int64_t kHour = 3'600'000;
+  WriteBatch batch;
+  uint64_t sequence = 0;
+  for (int64_t window = 0; window < 3 * kHour; window += kHour / 4) {
+    batch.PutLeafAddresses("svc", window, "host", "agent", 1, ++sequence,
+                           {{.function_id = 1, .offset = 8, .count = 1}});
+  }
+  CommitOk(&batch);
+  store_.reset();
+  {  // As a store of the previous version left it: batch records without the marker.
+    std::vector<std::string> names;
+    ASSERT_TRUE(rocksdb::DB::ListColumnFamilies(rocksdb::DBOptions(), dir_, &names).ok());
+    std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+    for (const std::string& name : names) descriptors.emplace_back(name, rocksdb::ColumnFamilyOptions());
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* db = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), dir_, descriptors, &handles, &db).ok());
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i] == "meta") {
+        ASSERT_TRUE(db->Delete(rocksdb::WriteOptions(), handles[i], LeafAddressHoursSinceKey()).ok());
+        ASSERT_TRUE(db->Delete(rocksdb::WriteOptions(), handles[i],
+                               LeafAddressHourKey("svc", kHour, "host")).ok());
+      }
+      ASSERT_TRUE(db->DestroyColumnFamilyHandle(handles[i]).ok());
+    }
+    delete db;
+  }
+  options_.now_ms_for_testing = [] { return 1 * kHour + 5; };  // hourly records from 2h on
+  Reopen();
+  size_t read = 0;
+  auto got = store_->meta().SumLeafAddresses("svc", 0, 3 * kHour, std::nullopt, &read);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[std::make_pair(uint64_t{1}, uint64_t{8})], 12u);
+  EXPECT_EQ(read, 8u + 1u) << "hours 0 and 1 from their 8 batches, hour 2 from its record";
 }
 
 TEST_F(StoreTest, BytesOnDiskGrowsWithData) {

@@ -170,10 +170,15 @@ void WriteBatch::PutLeafAddresses(std::string_view service, int64_t window_start
       !rep_->CheckKeyPart("agent id", agent_id, false) || !rep_->CheckWindow(window_start_ms)) {
     return;
   }
+  const std::string value = EncodeLeafAddresses(counts);
   rep_->Add(Column::kMeta, Rep::OpType::kPut,
             LeafAddressKey(service, static_cast<uint64_t>(window_start_ms), host, agent_id,
                            incarnation, sequence),
-            EncodeLeafAddresses(counts));
+            value);
+  // And summed into the service's hour for this host, which long ranges read instead.
+  constexpr uint64_t kHourMs = 3'600'000;
+  const uint64_t hour = static_cast<uint64_t>(window_start_ms) / kHourMs * kHourMs;
+  rep_->Add(Column::kMeta, Rep::OpType::kMerge, LeafAddressHourKey(service, hour, host), value);
 }
 
 bool WriteBatch::empty() const {

@@ -52,7 +52,8 @@ class WriteBatch {
                        std::string_view agent_id, uint64_t incarnation, uint64_t sequence,
                        const UnwindCounts& counts);
   // Where batch `sequence`'s samples of `service` stopped in their leaf functions: committed
-  // with the batch, so exactly once; MetaRecords::SumLeafAddresses reads them.
+  // with the batch, so exactly once, and summed into the (service, hour, host) record;
+  // MetaRecords::SumLeafAddresses reads them.
   void PutLeafAddresses(std::string_view service, int64_t window_start_ms, std::string_view host,
                         std::string_view agent_id, uint64_t incarnation, uint64_t sequence,
                         const std::vector<LeafAddressCount>& counts);
