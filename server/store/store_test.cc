@@ -1127,7 +1127,7 @@ TEST_F(StoreTest, CellKeysWithAndWithoutLabelSetsDecode) {
   EXPECT_FALSE(DecodeCellKey(old_key + std::string(8, '\0')).ok());  // label set 0
 }
 
-TEST(StoreDirectoryTest, VersionOneStoresOpenAndAreMarkedVersionTwo) {
+TEST(StoreDirectoryTest, OlderStoresOpenAndAreMarkedWithTheCurrentVersion) {
   char tmpl[] = "/tmp/strata_store_v1_test.XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
@@ -1147,10 +1147,15 @@ TEST(StoreDirectoryTest, VersionOneStoresOpenAndAreMarkedVersionTwo) {
     ASSERT_EQ(totals->stacks.size(), 1u);
     EXPECT_EQ(totals->stacks[0].count, 9u);
   }
-  std::ifstream in(dir + "/STRATA");
-  std::string marker((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(marker, "strata-store 2\n");
-  std::ofstream(dir + "/STRATA", std::ios::trunc) << "strata-store 3\n";
+  auto marker = [&] {
+    std::ifstream in(dir + "/STRATA");
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(marker(), "strata-store 3\n");
+  std::ofstream(dir + "/STRATA", std::ios::trunc) << "strata-store 2\n";
+  EXPECT_TRUE(Store::Open(dir, StoreOptions()).ok());
+  EXPECT_EQ(marker(), "strata-store 3\n");
+  std::ofstream(dir + "/STRATA", std::ios::trunc) << "strata-store 4\n";
   EXPECT_TRUE(absl::IsFailedPrecondition(Store::Open(dir, StoreOptions()).status()));
   std::filesystem::remove_all(dir);
 }
