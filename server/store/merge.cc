@@ -146,15 +146,18 @@ class ScopePrefixExtractor : public rocksdb::SliceTransform {
   }
 };
 
-// Drops values and merge operands whose key's window (`window_of`; nullopt: keep) started
-// before now_ms() - retention_ms.
+// Drops values and merge operands by the window their key names: the first rule whose
+// `window_of` parses the key decides, dropping windows that started before now_ms() minus
+// its retention (0: kept). Keys no rule parses are kept.
 class RetentionFilter : public rocksdb::CompactionFilter {
  public:
-  using WindowOf = std::optional<uint64_t> (*)(std::string_view key);
+  struct Rule {
+    std::optional<uint64_t> (*window_of)(std::string_view key);
+    int64_t retention_ms;
+  };
 
-  RetentionFilter(const char* name, WindowOf window_of, int64_t retention_ms,
-                  std::function<int64_t()> now_ms)
-      : name_(name), window_of_(window_of), retention_ms_(retention_ms), now_ms_(std::move(now_ms)) {}
+  RetentionFilter(const char* name, std::vector<Rule> rules, std::function<int64_t()> now_ms)
+      : name_(name), rules_(std::move(rules)), now_ms_(std::move(now_ms)) {}
 
   const char* Name() const override { return name_; }
 
@@ -162,17 +165,21 @@ class RetentionFilter : public rocksdb::CompactionFilter {
                     const rocksdb::Slice& existing_value, std::string* new_value,
                     std::string* skip_until) const override {
     if (value_type != kValue && value_type != kMergeOperand) return Decision::kKeep;
-    const std::optional<uint64_t> window = window_of_(std::string_view(key.data(), key.size()));
-    if (!window) return Decision::kKeep;
-    int64_t cutoff = now_ms_() - retention_ms_;
-    return cutoff > 0 && *window < static_cast<uint64_t>(cutoff) ? Decision::kRemove
-                                                                 : Decision::kKeep;
+    const std::string_view k(key.data(), key.size());
+    for (const Rule& rule : rules_) {
+      const std::optional<uint64_t> window = rule.window_of(k);
+      if (!window) continue;
+      if (rule.retention_ms <= 0) return Decision::kKeep;
+      const int64_t cutoff = now_ms_() - rule.retention_ms;
+      return cutoff > 0 && *window < static_cast<uint64_t>(cutoff) ? Decision::kRemove
+                                                                   : Decision::kKeep;
+    }
+    return Decision::kKeep;
   }
 
  private:
   const char* const name_;
-  const WindowOf window_of_;
-  const int64_t retention_ms_;
+  const std::vector<Rule> rules_;
   const std::function<int64_t()> now_ms_;
 };
 
@@ -186,51 +193,18 @@ std::optional<uint64_t> CellWindowStart(std::string_view key) {
 
 std::unique_ptr<rocksdb::CompactionFilter> NewRetentionFilter(int64_t retention_ms,
                                                               std::function<int64_t()> now_ms) {
-  return std::make_unique<RetentionFilter>("strata.Retention", &CellWindowStart, retention_ms,
-                                           std::move(now_ms));
+  return std::make_unique<RetentionFilter>(
+      "strata.Retention", std::vector<RetentionFilter::Rule>{{&CellWindowStart, retention_ms}},
+      std::move(now_ms));
 }
-
-namespace {
-
-// The meta column's records with a window: per-batch ones follow the raw retention, hourly
-// ones the hour retention (0: kept); every other record is kept.
-class MetaRetentionFilter : public rocksdb::CompactionFilter {
- public:
-  MetaRetentionFilter(int64_t raw_retention_ms, int64_t hour_retention_ms,
-                      std::function<int64_t()> now_ms)
-      : raw_(raw_retention_ms), hour_(hour_retention_ms), now_ms_(std::move(now_ms)) {}
-
-  const char* Name() const override { return "strata.MetaRetention"; }
-
-  Decision FilterV2(int level, const rocksdb::Slice& key, ValueType value_type,
-                    const rocksdb::Slice& existing_value, std::string* new_value,
-                    std::string* skip_until) const override {
-    if (value_type != kValue && value_type != kMergeOperand) return Decision::kKeep;
-    const std::string_view k(key.data(), key.size());
-    int64_t retention = raw_;
-    std::optional<uint64_t> window = BatchMetaWindowStart(k);
-    if (!window) {
-      retention = hour_;
-      window = HourlyMetaWindowStart(k);
-    }
-    if (!window || retention <= 0) return Decision::kKeep;
-    const int64_t cutoff = now_ms_() - retention;
-    return cutoff > 0 && *window < static_cast<uint64_t>(cutoff) ? Decision::kRemove
-                                                                 : Decision::kKeep;
-  }
-
- private:
-  const int64_t raw_;
-  const int64_t hour_;
-  const std::function<int64_t()> now_ms_;
-};
-
-}  // namespace
 
 std::unique_ptr<rocksdb::CompactionFilter> NewMetaRetentionFilter(
     int64_t raw_retention_ms, int64_t hour_retention_ms, std::function<int64_t()> now_ms) {
-  return std::make_unique<MetaRetentionFilter>(raw_retention_ms, hour_retention_ms,
-                                               std::move(now_ms));
+  return std::make_unique<RetentionFilter>(
+      "strata.MetaRetention",
+      std::vector<RetentionFilter::Rule>{{&BatchMetaWindowStart, raw_retention_ms},
+                                         {&HourlyMetaWindowStart, hour_retention_ms}},
+      std::move(now_ms));
 }
 
 std::shared_ptr<rocksdb::MergeOperator> NewLeafAddressSumOperator(
