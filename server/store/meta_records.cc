@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/saturating.h"
 #include "server/store/codec.h"
+#include "server/store/rollup_plan.h"
 #include "server/store/db.h"
 
 namespace strata::server::store {
@@ -173,7 +174,6 @@ MetaRecords::SumLeafAddresses(std::string_view service, int64_t from_ms, int64_t
   };
   // Whole hours from the first one the store has hourly records for come from those (one
   // record per host and hour); the rest of the range from the batches' own records.
-  constexpr uint64_t kHourMs = 3'600'000;
   uint64_t hours_since = UINT64_MAX;
   std::string since;
   rocksdb::Status got = database_->db->Get(rocksdb::ReadOptions(), database_->cf(Column::kMeta),

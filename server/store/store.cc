@@ -19,6 +19,7 @@
 #include "rocksdb/table.h"
 #include "rocksdb/write_batch.h"
 #include "server/store/codec.h"
+#include "server/store/rollup_plan.h"
 #include "server/store/data_dir.h"
 #include "server/store/db.h"
 #include "server/store/hour_block_cache.h"
@@ -237,7 +238,6 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
                                                  impl->database.cf(Column::kMeta),
                                                  LeafAddressHoursSinceKey(), &since);
     if (got.IsNotFound()) {
-      constexpr int64_t kHourMs = 3'600'000;
       absl::StatusOr<bool> has_batches =
           impl->database.HasRecords(Column::kMeta, std::string(1, kLeafAddressTag));
       if (!has_batches.ok()) return has_batches.status();

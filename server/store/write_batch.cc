@@ -176,7 +176,6 @@ void WriteBatch::PutLeafAddresses(std::string_view service, int64_t window_start
                            incarnation, sequence),
             value);
   // And summed into the service's hour for this host, which long ranges read instead.
-  constexpr uint64_t kHourMs = 3'600'000;
   const uint64_t hour = static_cast<uint64_t>(window_start_ms) / kHourMs * kHourMs;
   rep_->Add(Column::kMeta, Rep::OpType::kMerge, LeafAddressHourKey(service, hour, host), value);
 }
