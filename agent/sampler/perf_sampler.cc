@@ -199,10 +199,17 @@ absl::StatusOr<std::vector<int>> ParseCpuList(std::string_view text) {
   return cpus;
 }
 
+namespace {
+// A sample record of the largest register set (MIPS64: 32 general registers + pc), for sizing
+// rings and their watermarks.
+size_t WorstCaseRecordBytes(uint32_t stack_bytes) {
+  return sizeof(perf_event_header) + 8 * 4 + 8 * 34 + 16 + stack_bytes;
+}
+}  // namespace
+
 uint32_t RingPagesFor(uint32_t stack_bytes, uint32_t samples, uint32_t min_pages) {
   const size_t page_size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  // Records of the largest register set (MIPS64: 32 general registers + pc).
-  const size_t record = sizeof(perf_event_header) + 8 * 4 + 8 * 34 + 16 + stack_bytes;
+  const size_t record = WorstCaseRecordBytes(stack_bytes);
   const size_t bytes = size_t{std::max<uint32_t>(samples, 2)} * record;
   const size_t pages = std::max<size_t>(min_pages, (bytes + page_size - 1) / page_size);
   return static_cast<uint32_t>(std::bit_ceil(pages));
@@ -210,8 +217,8 @@ uint32_t RingPagesFor(uint32_t stack_bytes, uint32_t samples, uint32_t min_pages
 
 uint32_t PerCpuWakeupSamples(uint32_t ring_pages, uint32_t stack_bytes, uint32_t frequency_hz) {
   const size_t page_size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t record = sizeof(perf_event_header) + 8 * 4 + 8 * 34 + 16 + stack_bytes;
-  const uint32_t ring_samples = static_cast<uint32_t>(size_t{ring_pages} * page_size / record);
+  const uint32_t ring_samples =
+      static_cast<uint32_t>(size_t{ring_pages} * page_size / WorstCaseRecordBytes(stack_bytes));
   const uint32_t second = std::max<uint32_t>(1, frequency_hz);
   const uint32_t limit =
       std::max(ring_samples / 4, ring_samples > second ? ring_samples - second : 0);
