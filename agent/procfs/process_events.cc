@@ -341,10 +341,18 @@ absl::Status ProcessEvents::AwaitAck(uint32_t ack, std::chrono::milliseconds tim
 }
 
 absl::Status ProcessEvents::WatchOnly(std::optional<std::vector<pid_t>> pids) {
-  if (pids && pids->size() > kMaxWatchedPids) pids.reset();
+  if (pids && (pids->size() > kMaxWatchedPids || pid_filter_failed_)) pids.reset();
   if (pids == watched_) return absl::OkStatus();
   absl::Status st = AttachFilter(fd_, pids ? WatchedProcessesFilter(*pids) : UnusedEventsFilter());
-  if (st.ok()) watched_ = std::move(pids);
+  if (st.ok()) {
+    watched_ = std::move(pids);
+    return st;
+  }
+  // An old pid filter must not stay: it would drop the events of processes watched since.
+  // Every process's events from now on; said once.
+  pid_filter_failed_ = true;
+  watched_ = std::nullopt;
+  if (absl::Status all = AttachFilter(fd_, UnusedEventsFilter()); !all.ok()) return all;
   return st;
 }
 

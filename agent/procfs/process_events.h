@@ -111,7 +111,8 @@ class ProcessEvents {
   // that an agent profiling a few pids on a host busy with fork and exec is neither woken nor
   // queued for them. nullopt, or more than kMaxWatchedPids pids: every process's events (with
   // the unused event types still dropped). Events queued before the call are still read.
-  // Takes effect at once; a no-op when the set is unchanged.
+  // Takes effect at once; a no-op when the set is unchanged. When the kernel refuses a filter,
+  // every process's events are kept from then on and the error is returned that once.
   absl::Status WatchOnly(std::optional<std::vector<pid_t>> pids);
 
   static constexpr size_t kMaxMessagesPerRead = 1 << 16;
@@ -130,6 +131,7 @@ class ProcessEvents {
   bool listening_ = false;
   uint64_t overflows_ = 0;
   std::optional<std::vector<pid_t>> watched_;  // as last given to WatchOnly()
+  bool pid_filter_failed_ = false;             // WatchOnly() keeps every process's events
   std::unique_ptr<Receiver> receiver_;
 };
 
