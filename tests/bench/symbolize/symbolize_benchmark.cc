@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -76,6 +77,13 @@ void PerFrame(benchmark::State& state, size_t frames, size_t found) {
   state.counters["with_lines"] = static_cast<double>(found);
 }
 
+// Addresses of `subject` that have source frames.
+size_t WithFrames(const SourceLines& lines, const Subject& subject) {
+  size_t found = 0;
+  for (uint64_t a : subject.addresses) found += !lines.Frames(a).empty();
+  return found;
+}
+
 void BM_SourceLinesCold(benchmark::State& state) {
   const Subject& subject = TheSubject();
   size_t found = 0;
@@ -85,8 +93,7 @@ void BM_SourceLinesCold(benchmark::State& state) {
       state.SkipWithError(lines.status().ToString().c_str());
       return;
     }
-    found = 0;
-    for (uint64_t a : subject.addresses) found += !(*lines)->Frames(a).empty();
+    found = WithFrames(**lines, subject);
     benchmark::DoNotOptimize(found);
   }
   PerFrame(state, subject.addresses.size(), found);
@@ -100,11 +107,9 @@ void BM_SourceLinesWarm(benchmark::State& state) {
     state.SkipWithError(lines.status().ToString().c_str());
     return;
   }
-  for (uint64_t a : subject.addresses) (*lines)->Frames(a);
-  size_t found = 0;
+  size_t found = WithFrames(**lines, subject);  // warms every unit the addresses touch
   for (auto _ : state) {
-    found = 0;
-    for (uint64_t a : subject.addresses) found += !(*lines)->Frames(a).empty();
+    found = WithFrames(**lines, subject);
     benchmark::DoNotOptimize(found);
   }
   PerFrame(state, subject.addresses.size(), found);
@@ -113,14 +118,20 @@ BENCHMARK(BM_SourceLinesWarm)->Name("SourceLines/Warm")->Unit(benchmark::kMillis
 
 void BM_SymbolizerNames(benchmark::State& state) {
   const Subject& subject = TheSubject();
-  // The subject found as an upload would be: a debug directory holding it by build ID.
+  // The subject found by build ID in a local debug directory (--debug-dirs).
   char dir_template[] = "/tmp/strata_symbolize_bench_XXXXXX";
-  const std::string dir = mkdtemp(dir_template);
+  if (mkdtemp(dir_template) == nullptr) {
+    state.SkipWithError("mkdtemp");
+    return;
+  }
+  const std::string dir = dir_template;
   const std::string link_dir = absl::StrCat(dir, "/.build-id/", subject.build_id.substr(0, 2));
-  std::system(absl::StrCat("mkdir -p '", link_dir, "'").c_str());
+  std::error_code ec;
+  std::filesystem::create_directories(link_dir, ec);
   const std::string link = absl::StrCat(link_dir, "/", subject.build_id.substr(2), ".debug");
-  if (symlink(g_subject.c_str(), link.c_str()) != 0) {
-    state.SkipWithError("symlink");
+  if (ec || symlink(g_subject.c_str(), link.c_str()) != 0) {
+    state.SkipWithError("cannot link the subject into a debug directory");
+    std::filesystem::remove_all(dir, ec);
     return;
   }
   SymbolizerOptions options;
@@ -136,7 +147,7 @@ void BM_SymbolizerNames(benchmark::State& state) {
     benchmark::DoNotOptimize(found);
   }
   PerFrame(state, subject.addresses.size(), found);
-  std::system(absl::StrCat("rm -rf '", dir, "'").c_str());
+  std::filesystem::remove_all(dir, ec);
 }
 BENCHMARK(BM_SymbolizerNames)->Name("Symbolizer/Names")->Unit(benchmark::kMillisecond)->UseRealTime();
 
