@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <climits>
 #include <random>
 
 #include "spdlog/spdlog.h"
@@ -113,6 +114,12 @@ void Shipper::Run() {
   // a slow host (an emulated CPU, an overloaded one) to finish a TLS handshake, short enough
   // that an attempt into a dead link is given up soon.
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 10'000);
+  // Timers gRPC would keep pending for the stream's whole life: each adds wake-ups of gRPC's
+  // timer thread, which refills its timer shards about once a second while any is pending. The bandwidth probe only sizes what
+  // the agent receives (acks: bytes); a client's keepalive is off by default, but as a
+  // 24-day timer re-armed on every read unless it is INT_MAX, which gRPC reads as "never".
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, INT_MAX);
   auto channel = options_.security.CreateChannel(options_.server, args);
   auto stub = v1::Ingest::NewStub(channel);
   const absl::Duration min_backoff = absl::Milliseconds(500);
