@@ -255,12 +255,15 @@ absl::StatusOr<uint64_t> AgentSession::StackIdFor(const encoding::Numbering& num
   store::StackFrames frames;
   frames.truncated = truncated;
   frames.function_ids.reserve(path->size());
+  if (path->size() > 1) frames.call_sites.reserve(path->size() - 1);
   for (const encoding::PathFrame& f : *path) {
     if (f.function >= node_function_ids_.size() || node_function_ids_[f.function] == 0) {
       return absl::InvalidArgumentError(absl::StrCat("context references node ", f.function,
                                                      " which has no function record"));
     }
     frames.function_ids.push_back(node_function_ids_[f.function]);
+    // The leaf's call site is not a call (0).
+    if (frames.function_ids.size() < path->size()) frames.call_sites.push_back(f.call_site);
   }
   auto stack_id = store_->interner().InternStack(frames, wb);
   if (!stack_id.ok()) return stack_id.status();

@@ -65,6 +65,10 @@ TEST_P(AgentSessionTest, DecodesAndStoresBatch) {
   EXPECT_THAT(Names(p, p.stacks[0]), ElementsAre("main", "serve", "tokenize"));
   EXPECT_THAT(Names(p, p.stacks[1]), ElementsAre("main", "serve", "deflate"));
   EXPECT_EQ(p.stacks[0].count, 6u);
+  // The stack keeps its call sites (the fake agent's: 100 + depth), for source lines.
+  auto stack = store_->interner().GetStack(p.stacks[0].stack_id);
+  ASSERT_TRUE(stack.ok()) << stack.status();
+  EXPECT_THAT(stack->call_sites, ElementsAre(100, 101));
 }
 
 TEST_P(AgentSessionTest, ResentBatchIsAppliedOnce) {

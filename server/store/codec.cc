@@ -212,22 +212,38 @@ absl::StatusOr<uint64_t> DecodeCount(std::string_view value) {
 }
 
 std::string EncodeStack(const StackFrames& stack) {
+  // Flags (1: truncated, 2: call sites follow), the function IDs, then the call sites (one
+  // fewer than functions).
+  const bool sites = !stack.call_sites.empty() &&
+                     stack.call_sites.size() + 1 == stack.function_ids.size();
   std::string value;
-  value.reserve(1 + 8 * stack.function_ids.size());
-  value.push_back(stack.truncated ? 1 : 0);
+  value.reserve(1 + 16 * stack.function_ids.size());
+  value.push_back(static_cast<char>((stack.truncated ? 1 : 0) | (sites ? 2 : 0)));
   for (uint64_t id : stack.function_ids) PutFixed64LE(&value, id);
+  if (sites) {
+    for (uint64_t site : stack.call_sites) PutFixed64LE(&value, site);
+  }
   return value;
 }
 
 absl::StatusOr<StackFrames> DecodeStack(std::string_view value) {
-  if (value.empty() || (value.size() - 1) % 8 != 0 || (static_cast<uint8_t>(value[0]) & ~1u)) {
+  if (value.empty() || (static_cast<uint8_t>(value[0]) & ~3u)) return Corrupt("stack");
+  const bool sites = value[0] & 2;
+  const size_t words = (value.size() - 1) / 8;
+  // With call sites: n functions and n - 1 sites, at least two functions.
+  if ((value.size() - 1) % 8 != 0 || (sites && (words < 3 || words % 2 == 0))) {
     return Corrupt("stack");
   }
+  const size_t n = sites ? (words + 1) / 2 : words;
   StackFrames stack;
   stack.truncated = value[0] & 1;
-  size_t n = (value.size() - 1) / 8;
   stack.function_ids.reserve(n);
-  for (size_t i = 0; i < n; ++i) stack.function_ids.push_back(GetFixed64LE(value.data() + 1 + 8 * i));
+  const char* p = value.data() + 1;
+  for (size_t i = 0; i < n; ++i) stack.function_ids.push_back(GetFixed64LE(p + 8 * i));
+  if (sites) {
+    stack.call_sites.reserve(n - 1);
+    for (size_t i = n; i < words; ++i) stack.call_sites.push_back(GetFixed64LE(p + 8 * i));
+  }
   return stack;
 }
 

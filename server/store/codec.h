@@ -50,8 +50,9 @@ absl::StatusOr<CellKey> DecodeCellKey(std::string_view key);  // views into `key
 std::string EncodeCount(uint64_t count);
 absl::StatusOr<uint64_t> DecodeCount(std::string_view value);
 
-// Stacks: [flags u8: bit0 truncated][fixed64 LE function id]*. The encoding is also the
-// stack's identity.
+// Stacks: [flags u8: bit0 truncated, bit1 call sites][fixed64 LE function id]* and, with
+// bit1, [fixed64 LE call site]* (one fewer than functions). The encoding is also the stack's
+// identity.
 std::string EncodeStack(const StackFrames& stack);
 absl::StatusOr<StackFrames> DecodeStack(std::string_view value);
 

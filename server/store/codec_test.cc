@@ -122,7 +122,26 @@ TEST(CodecTest, Stack) {
   EXPECT_EQ(*DecodeStack(EncodeStack({})), StackFrames{});
   // A stack has no length field: cut at a frame boundary it is a shorter stack.
   ExpectTruncationsRefused(encoded, DecodeStack, "stack", {1, 9, 17});
-  ExpectCorrupt(DecodeStack(Bytes("\x02") + LE(1)).status(), "stack");  // unknown flag
+  ExpectCorrupt(DecodeStack(Bytes("\x04") + LE(1)).status(), "stack");  // unknown flag
+}
+
+TEST(CodecTest, StackWithCallSites) {
+  const StackFrames stack{{1, 2, 3}, false, {0x40, 0x1234}};
+  const std::string encoded = EncodeStack(stack);
+  EXPECT_EQ(encoded, Bytes("\x02") + LE(1) + LE(2) + LE(3) + LE(0x40) + LE(0x1234));
+  EXPECT_EQ(*DecodeStack(encoded), stack);
+  const StackFrames truncated{{1, 2}, true, {7}};
+  EXPECT_EQ(*DecodeStack(EncodeStack(truncated)), truncated);
+  // Call sites are part of the identity: the same functions called from elsewhere differ.
+  EXPECT_NE(EncodeStack(stack), EncodeStack({{1, 2, 3}, false, {0x40, 0x1238}}));
+  EXPECT_NE(EncodeStack(stack), EncodeStack({{1, 2, 3}, false}));
+  // Sites that do not fit the functions (one fewer) are not written.
+  EXPECT_EQ(EncodeStack({{1, 2, 3}, false, {0x40}}), EncodeStack({{1, 2, 3}, false}));
+  // Without an odd number of words (n functions + n - 1 sites, n >= 2) it is corrupt.
+  ExpectCorrupt(DecodeStack(Bytes("\x02") + LE(1)).status(), "stack");
+  ExpectCorrupt(DecodeStack(Bytes("\x02") + LE(1) + LE(2)).status(), "stack");
+  ExpectCorrupt(DecodeStack(encoded.substr(0, encoded.size() - 8)).status(), "stack");
+  ExpectCorrupt(DecodeStack(encoded.substr(0, encoded.size() - 1)).status(), "stack");
 }
 
 TEST(CodecTest, Function) {

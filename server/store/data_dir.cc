@@ -17,9 +17,11 @@ namespace {
 constexpr char kMarkerFile[] = "STRATA";
 // Version 2 adds label set IDs to cell keys (codec.h); version 3 merge operands to the meta
 // column (hourly leaf-address sums), which a server without their merge operator could not
-// compact. An older store reads unchanged and is marked with the current version when
-// opened, so an older server refuses it instead of misreading it or failing later.
-constexpr char kMarker[] = "strata-store 3\n";
+// compact; version 4 stack records with call sites (codec.h), which an older server would
+// take for corrupt. An older store reads unchanged and is marked with the current version
+// when opened, so an older server refuses it instead of misreading it or failing later.
+constexpr char kMarker[] = "strata-store 4\n";
+constexpr char kMarkerV3[] = "strata-store 3\n";
 constexpr char kMarkerV2[] = "strata-store 2\n";
 constexpr char kMarkerV1[] = "strata-store 1\n";
 
@@ -36,7 +38,8 @@ absl::Status CheckDataDirectory(const std::string& dir) {
   if (fs::exists(marker, ec)) {
     std::ifstream in(marker);
     std::string contents((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (contents != kMarker && contents != kMarkerV2 && contents != kMarkerV1) {
+    if (contents != kMarker && contents != kMarkerV3 && contents != kMarkerV2 &&
+        contents != kMarkerV1) {
       return absl::FailedPreconditionError(absl::StrCat(
           marker, " says '", absl::CHexEscape(contents.substr(0, 64)),
           "', not '", absl::CHexEscape(kMarker), "': a store of another version or a damaged file"));

@@ -25,6 +25,11 @@ struct FunctionInfo {
 struct StackFrames {
   std::vector<uint64_t> function_ids;  // outermost first
   bool truncated = false;              // unwinding stopped before the outermost frame
+  // Empty (not known: stacks from before they were kept), or one per frame but the leaf:
+  // call_sites[i] is the return-address offset, in function_ids[i]'s module, of its call to
+  // function_ids[i + 1]. Part of the stack's identity: one function path called from two
+  // sites is two stacks, whose lines differ.
+  std::vector<uint64_t> call_sites;
 
   bool operator==(const StackFrames&) const = default;
 };

@@ -1151,11 +1151,13 @@ TEST(StoreDirectoryTest, OlderStoresOpenAndAreMarkedWithTheCurrentVersion) {
     std::ifstream in(dir + "/STRATA");
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   };
-  EXPECT_EQ(marker(), "strata-store 3\n");
-  std::ofstream(dir + "/STRATA", std::ios::trunc) << "strata-store 2\n";
-  EXPECT_TRUE(Store::Open(dir, StoreOptions()).ok());
-  EXPECT_EQ(marker(), "strata-store 3\n");
-  std::ofstream(dir + "/STRATA", std::ios::trunc) << "strata-store 4\n";
+  EXPECT_EQ(marker(), "strata-store 4\n");
+  for (const char* older : {"strata-store 2\n", "strata-store 3\n"}) {
+    std::ofstream(dir + "/STRATA", std::ios::trunc) << older;
+    EXPECT_TRUE(Store::Open(dir, StoreOptions()).ok()) << older;
+    EXPECT_EQ(marker(), "strata-store 4\n");
+  }
+  std::ofstream(dir + "/STRATA", std::ios::trunc) << "strata-store 5\n";
   EXPECT_TRUE(absl::IsFailedPrecondition(Store::Open(dir, StoreOptions()).status()));
   std::filesystem::remove_all(dir);
 }
