@@ -183,6 +183,7 @@ struct FlameOptions {
   std::string format = "svg";
   std::string output;
   uint32_t max_nodes = 0;
+  bool lines = false;
 };
 
 int RunFlameGraph(CliContext* ctx, const FilterOptions& f, const FlameOptions& o) {
@@ -190,6 +191,7 @@ int RunFlameGraph(CliContext* ctx, const FilterOptions& f, const FlameOptions& o
   v1::FlameGraphRequest request;
   *request.mutable_filter() = BuildFilter(f);
   request.set_max_nodes(o.max_nodes);
+  request.set_lines(o.lines);
   v1::FlameGraphRequest::Format format;
   (void)v1::FlameGraphRequest::Format_Parse(absl::AsciiStrToUpper(o.format), &format);
   const bool to_stdout = o.output.empty() || o.output == "-";
@@ -407,6 +409,9 @@ void AddQueryCommands(CLI::App* app, CliContext* ctx, int* exit_code) {
   flamegraph->add_option("--output,-o", flame.output, "file to write (default: stdout)");
   flamegraph->add_option("--max-nodes", flame.max_nodes,
                          "keep at most this many tree nodes (default 16384; not for folded)");
+  flamegraph->add_flag("--lines", flame.lines,
+                       "source lines instead of functions: callers at their call sites, leaves "
+                       "at their lines, inlined functions as frames (where the server has DWARF)");
   flamegraph->callback([=] { *exit_code = RunFlameGraph(ctx, flame_filter, flame); });
 
   static BaseOptions base;

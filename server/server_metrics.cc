@@ -170,6 +170,17 @@ http::HttpResponse Raw(const std::string& content_type, std::string body) {
   return r;
 }
 
+// ?NAME=1|true|0|false; absent or empty: false.
+absl::StatusOr<bool> FlagFromQuery(const http::HttpRequest& req, const std::string& name) {
+  auto it = req.query.find(name);
+  if (it == req.query.end() || it->second.empty() || it->second == "0" || it->second == "false") {
+    return false;
+  }
+  if (it->second == "1" || it->second == "true") return true;
+  return absl::InvalidArgumentError(absl::StrCat(
+      name, " must be 1, true, 0 or false, not '", base::EscapeForLog(it->second, 64), "'"));
+}
+
 absl::StatusOr<v1::FlameGraphRequest::Format> FlameFormat(const http::HttpRequest& req) {
   auto it = req.query.find("format");
   if (it == req.query.end() || it->second == "json") return v1::FlameGraphRequest::JSON;
@@ -386,6 +397,14 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     auto limit = LimitFromQuery(req);
     if (!limit.ok()) return Error(limit.status());
     request.set_limit(*limit);
+    if (auto it = req.query.find("by"); it != req.query.end() && !it->second.empty()) {
+      if (it->second == "line") {
+        request.set_by_line(true);
+      } else if (it->second != "function") {
+        return Error(absl::InvalidArgumentError(absl::StrCat(
+            "unknown by '", base::EscapeForLog(it->second, 64), "' (function, line)")));
+      }
+    }
     if (auto it = req.query.find("sort"); it != req.query.end() && !it->second.empty()) {
       if (it->second == "total") {
         request.set_sort(v1::TopRequest::TOTAL);
@@ -416,6 +435,9 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     auto max_nodes = LimitFromQuery(req, "max_nodes");
     if (!max_nodes.ok()) return Error(max_nodes.status());
     request.set_max_nodes(*max_nodes);
+    auto lines = FlagFromQuery(req, "lines");
+    if (!lines.ok()) return Error(lines.status());
+    request.set_lines(*lines);
     auto r = query->RunFlameGraph(request);
     if (!r.ok()) return Error(r.status());
     if (*format == v1::FlameGraphRequest::TREE) return Json(*r);

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cinttypes>
 #include <cstdio>
+#include <tuple>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -443,9 +444,10 @@ FlameTree BuildFlameTree(const Profile& profile, uint32_t max_nodes) {
     const auto begin = children.begin() + first_child[item.node];
     const auto end_it = children.begin() + first_child[item.node + 1];
     std::sort(begin, end_it, [&](uint32_t a, uint32_t b) {
-      const std::string& na = tree.functions[nodes[a].function].name;
-      const std::string& nb = tree.functions[nodes[b].function].name;
-      return na != nb ? na < nb : nodes[a].function < nodes[b].function;
+      const ResolvedFunction& fa = tree.functions[nodes[a].function];
+      const ResolvedFunction& fb = tree.functions[nodes[b].function];
+      return std::tie(fa.name, fa.file, fa.line, fa.inlined, nodes[a].function) <
+             std::tie(fb.name, fb.file, fb.line, fb.inlined, nodes[b].function);
     });
     // Children from the left edge (self and pruned samples leave a gap on the right), pushed
     // in reverse so the first sibling is emitted first.
@@ -474,7 +476,7 @@ std::string RenderFolded(const Profile& profile) {
     for (uint32_t f : stack.frames) {
       if (!first) out.push_back(';');
       first = false;
-      clean(profile.functions[f].name, &out);
+      clean(FrameLabel(profile.functions[f]), &out);
       out += FoldedSuffix(base::FrameKindOf(profile.functions[f].module));
     }
     if (first) out += "[unknown]";
@@ -496,8 +498,13 @@ std::string RenderFlameJson(const FlameTree& tree) {
     }
     if (i > 0 && out.back() != '[') out.push_back(',');
     const ResolvedFunction& f = tree.functions[n.function];
-    absl::StrAppend(&out, "{\"name\":\"", JsonEscape(f.name), "\"");
+    absl::StrAppend(&out, "{\"name\":\"", JsonEscape(FrameLabel(f)), "\"");
     if (!f.module.empty()) absl::StrAppend(&out, ",\"module\":\"", JsonEscape(f.module), "\"");
+    if (!f.file.empty()) {
+      absl::StrAppend(&out, ",\"function\":\"", JsonEscape(f.name), "\",\"file\":\"",
+                      JsonEscape(f.file), "\",\"line\":", f.line);
+    }
+    if (f.inlined) out += ",\"inlined\":true";
     // User code, the common case, goes without (readers of earlier output see no change).
     if (const base::FrameKind kind = base::FrameKindOf(f.module); kind != base::FrameKind::kUser) {
       absl::StrAppend(&out, ",\"kind\":\"", KindName(kind), "\"");
@@ -544,7 +551,8 @@ std::string RenderFlameSvg(const FlameTree& tree, const std::string& title) {
     const ResolvedFunction& f = tree.functions[n.function];
     const double x = kPadSide + n.offset * scale;
     const int y = height - kPadBottom - static_cast<int>(n.depth + 1) * kFrameHeight;
-    const std::string name = XmlEscape(f.name);
+    const std::string label = FrameLabel(f);
+    const std::string name = XmlEscape(label);
     absl::StrAppendFormat(&out,
                           "<g class=\"f\" data-x=\"%d\" data-w=\"%d\" data-d=\"%d\" "
                           "data-n=\"%s\"><title>%s (%d samples, %s)%s</title>",
@@ -558,7 +566,7 @@ std::string RenderFlameSvg(const FlameTree& tree, const std::string& title) {
                           n.depth == 0 ? "rgb(235,200,120)"
                                        : FrameColor(f.name, base::FrameKindOf(f.module)),
                           x + 3,
-                          y + kFrameHeight - 4, XmlEscape(FitLabel(f.name, width)));
+                          y + kFrameHeight - 4, XmlEscape(FitLabel(label, width)));
   }
   absl::StrAppend(&out, "<script type=\"text/ecmascript\"><![CDATA[", kSvgScript,
                   "]]></script>\n</svg>\n");

@@ -43,12 +43,14 @@ inline constexpr uint32_t kDefaultFlameNodes = 16384;
 FlameTree BuildFlameTree(const Profile& profile, uint32_t max_nodes);
 
 // One "outer;...;leaf count" line per stack of `profile` (never pruned), heaviest first.
-// ';' and line breaks inside names are replaced so every line parses. Kernel frames end in
-// "_[k]" and JIT frames in "_[j]" (perf's stackcollapse), which flamegraph.pl colours.
+// Frames are named by FrameLabel; ';' and line breaks inside names are replaced so every
+// line parses. Kernel frames end in "_[k]" and JIT frames in "_[j]" (perf's stackcollapse),
+// which flamegraph.pl colours.
 std::string RenderFolded(const Profile& profile);
 
 // {"name":"all","value":N,"self":S,"children":[...]} with "module" on function nodes and
-// "kind" ("kernel" or "jit") on those of kernel and JIT code.
+// "kind" ("kernel" or "jit") on those of kernel and JIT code. Frames are named by FrameLabel;
+// those with a source line also have "function", "file", "line" (and "inlined": true).
 std::string RenderFlameJson(const FlameTree& tree);
 
 // A standalone SVG document; frames narrower than 0.1 px at full width are left out. User

@@ -477,5 +477,94 @@ TEST(PprofTest, SampleTypesAreCountAndTimeOfTheProfileType) {
   EXPECT_EQ(profile.find(12)->second, "10101010");  // 1e9 / 99 Hz
 }
 
+// Callers' call sites with lines are locations of their own (address: the call instruction,
+// one before the return address), Line entries innermost first; call sites without lines
+// and stacks without sites keep the function's location.
+TEST(PprofTest, CallSitesWithLinesAreLocationsOfTheirOwn) {
+  const Profile small = SmallProfile();
+  CallSiteLines sites;
+  sites.sites = {{0x40, 0x90}, {0x40, 0x98}, {}, {0x44}};
+  sites.lines[{0, 0x40}] = {{"helper", "m.cc", 7, true}, {"main", "m.cc", 30, false}};
+  sites.lines[{1, 0x90}] = {{"a", "a.cc", 12, false}};
+  const std::string raw = EncodePprofProto(small, {1000, 2000, v1::PROFILE_CPU, 99, nullptr, &sites});
+  auto profile = Fields(raw);
+  std::vector<std::string> strings;
+  for (auto [it, end] = profile.equal_range(6); it != end; ++it) strings.push_back(it->second);
+  // Location ID -> (address, [(function name, line)...]).
+  std::map<uint64_t, std::pair<uint64_t, std::vector<std::pair<std::string, uint64_t>>>> locations;
+  std::map<uint64_t, std::string> function_names;
+  for (auto [it, end] = profile.equal_range(5); it != end; ++it) {
+    auto f = Fields(it->second);
+    function_names[std::stoull(f.find(1)->second)] = strings.at(std::stoull(f.find(2)->second));
+  }
+  for (auto [it, end] = profile.equal_range(4); it != end; ++it) {
+    auto f = Fields(it->second);
+    auto& loc = locations[std::stoull(f.find(1)->second)];
+    if (auto a = f.find(3); a != f.end()) loc.first = std::stoull(a->second);
+    for (auto [l, lend] = f.equal_range(4); l != lend; ++l) {
+      auto line = Fields(l->second);
+      loc.second.emplace_back(function_names.at(std::stoull(line.find(1)->second)),
+                              line.count(2) ? std::stoull(line.find(2)->second) : 0);
+    }
+  }
+  std::vector<std::vector<uint64_t>> samples;
+  for (auto [it, end] = profile.equal_range(2); it != end; ++it) {
+    samples.push_back(Packed(Fields(it->second).find(1)->second));
+  }
+  ASSERT_EQ(samples.size(), 4u);
+  // main > a > b: main at 0x40 (its inline chain), a at 0x90; b, the leaf, its function.
+  ASSERT_EQ(samples[0].size(), 3u);
+  EXPECT_EQ(samples[0][0], 3u);  // b's function location
+  const auto& main_site = locations.at(samples[0][2]);
+  EXPECT_EQ(main_site.first, 0x3fu);
+  EXPECT_THAT(main_site.second, testing::ElementsAre(std::pair<std::string, uint64_t>{"helper", 7},
+                                                     std::pair<std::string, uint64_t>{"main", 30}));
+  const auto& a_site = locations.at(samples[0][1]);
+  EXPECT_EQ(a_site.first, 0x8fu);
+  EXPECT_THAT(a_site.second, testing::ElementsAre(std::pair<std::string, uint64_t>{"a", 12}));
+  // main > a > c: the same main site is the same location; a's site 0x98 has no lines.
+  EXPECT_EQ(samples[1][2], samples[0][2]);
+  EXPECT_EQ(samples[1][1], 2u);
+  // [truncated] x: no sites; main > d from 0x44: no lines there.
+  EXPECT_THAT(samples[2], testing::ElementsAre(6u));
+  EXPECT_THAT(samples[3], testing::ElementsAre(5u, 1u));
+}
+
+TEST(PprofTest, LeafLinesSplitAStackInProportion) {
+  std::vector<LeafLine> lines(3);
+  lines[0].weight = 1;
+  lines[1].weight = 6;
+  lines[2].weight = 3;
+  EXPECT_THAT(SplitByLeafLines(10, lines), testing::ElementsAre(1, 6, 3));
+  // Remainders go to the heaviest lines; parts always sum to the count.
+  EXPECT_THAT(SplitByLeafLines(4, lines), testing::ElementsAre(0, 3, 1));
+  EXPECT_THAT(SplitByLeafLines(0, lines), testing::ElementsAre(0, 0, 0));
+  EXPECT_TRUE(SplitByLeafLines(5, {}).empty());
+}
+
+// Frames with source lines are labelled "name file:line [inlined]" in every rendering, and
+// the JSON also has them as fields; lines of one function stay apart.
+TEST(FlameTreeTest, FramesWithLinesAreLabelledWithThem) {
+  Profile p;
+  p.functions = {{100, "main", "/bin/m", "m.cc", 30, false},
+                 {100, "helper", "/bin/m", "m.cc", 7, true},
+                 {101, "leaf", "/bin/m", "l.cc", 3, false},
+                 {101, "leaf", "/bin/m", "l.cc", 4, false}};
+  p.stacks = {{1, 5, false, {0, 1, 2}}, {1, 2, false, {0, 1, 3}}};
+  p.total = 7;
+  EXPECT_EQ(RenderFolded(p),
+            "main m.cc:30;helper m.cc:7 [inlined];leaf l.cc:3 5\n"
+            "main m.cc:30;helper m.cc:7 [inlined];leaf l.cc:4 2\n");
+  const FlameTree tree = BuildFlameTree(p, 0);
+  EXPECT_EQ(tree.nodes.size(), 5u);  // root, main, helper, two leaf lines
+  const std::string json = RenderFlameJson(tree);
+  EXPECT_THAT(json, HasSubstr(R"("name":"helper m.cc:7 [inlined]","module":"/bin/m",)"
+                              R"("function":"helper","file":"m.cc","line":7,"inlined":true)"));
+  EXPECT_THAT(json, HasSubstr(R"("name":"leaf l.cc:4")"));
+  EXPECT_THAT(RenderFlameSvg(tree, "t"), HasSubstr("helper m.cc:7 [inlined]"));
+  EXPECT_EQ(FrameLabel({1, "f", "/bin/m"}), "f");
+  EXPECT_EQ(FrameLabel({1, "f", "/bin/m", "f.cc", 0, false}), "f f.cc");
+}
+
 }  // namespace
 }  // namespace strata::server::query

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/frame_kind.h"
 #include "common/base/saturating.h"
@@ -84,6 +85,121 @@ absl::StatusOr<absl::flat_hash_map<uint32_t, std::vector<LeafLine>>> LeafLinesOf
     std::sort(lines.begin(), lines.end(),
               [](const LeafLine& a, const LeafLine& b) { return a.address < b.address; });
   }
+  return out;
+}
+
+absl::StatusOr<CallSiteLines> CallSiteLinesOf(store::Store* store,
+                                              symbolize::Symbolizer* symbolizer,
+                                              const Profile& profile) {
+  CallSiteLines out;
+  out.sites.resize(profile.stacks.size());
+  FunctionLookup functions(store);
+  absl::flat_hash_set<std::pair<uint32_t, uint64_t>> looked_up;
+  for (size_t s = 0; s < profile.stacks.size(); ++s) {
+    const ResolvedStack& stack = profile.stacks[s];
+    if (stack.frames.size() < 2) continue;
+    auto frames = store->interner().GetStack(stack.stack_id);
+    if (!frames.ok()) {
+      return absl::DataLossError(absl::StrCat("stack ", stack.stack_id,
+                                              " cannot be read: ", frames.status().message()));
+    }
+    if (frames->call_sites.size() + 1 != stack.frames.size()) continue;
+    out.sites[s] = std::move(frames->call_sites);
+    if (symbolizer == nullptr) continue;
+    for (size_t j = 0; j + 1 < stack.frames.size(); ++j) {
+      const std::pair<uint32_t, uint64_t> key{stack.frames[j], out.sites[s][j]};
+      if (key.second == 0 || !looked_up.insert(key).second) continue;
+      absl::StatusOr<const store::FunctionInfo*> info =
+          functions.Get(profile.functions[key.first].id);
+      if (!info.ok()) return info.status();
+      if ((*info)->build_id.empty() ||
+          base::FrameKindOf((*info)->module) != base::FrameKind::kUser) {
+        continue;
+      }
+      // The call instruction ends just before the return address.
+      std::vector<symbolize::SourceFrame> source =
+          symbolizer->SourceFrames(BuildIdHex((*info)->build_id), key.second - 1);
+      if (!source.empty()) out.lines.emplace(key, std::move(source));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<Profile> ExpandLines(store::Store* store, symbolize::Symbolizer* symbolizer,
+                                    const ProfileQuery& query, const Profile& profile) {
+  auto call_sites = CallSiteLinesOf(store, symbolizer, profile);
+  if (!call_sites.ok()) return call_sites.status();
+  // Leaf addresses are on-CPU samples': off-CPU and wall leaves stay functions.
+  absl::StatusOr<absl::flat_hash_map<uint32_t, std::vector<LeafLine>>> leaf_lines =
+      query.type == v1::PROFILE_CPU
+          ? LeafLinesOf(store, symbolizer, query, profile)
+          : absl::flat_hash_map<uint32_t, std::vector<LeafLine>>{};
+  if (!leaf_lines.ok()) return leaf_lines.status();
+
+  Profile out;
+  out.total = profile.total;
+  out.hosts = profile.hosts;
+  // One output function per distinct (name, module, file, line, inlined).
+  absl::flat_hash_map<std::tuple<std::string, std::string, std::string, uint32_t, bool>, uint32_t>
+      index_of;
+  auto intern = [&](const ResolvedFunction& f) {
+    auto [it, inserted] = index_of.try_emplace(
+        std::tuple{f.name, f.module, f.file, f.line, f.inlined},
+        static_cast<uint32_t>(out.functions.size()));
+    if (inserted) out.functions.push_back(f);
+    return it->second;
+  };
+  // A frame's source chain (innermost first) appended outermost first; the outermost source
+  // frame is the function itself, named as the profile names it.
+  auto append_chain = [&](uint32_t function, const std::vector<symbolize::SourceFrame>& chain,
+                          std::vector<uint32_t>* frames) {
+    const ResolvedFunction& f = profile.functions[function];
+    for (size_t k = chain.size(); k-- > 0;) {
+      const symbolize::SourceFrame& sf = chain[k];
+      ResolvedFunction line{f.id, k + 1 == chain.size() ? f.name : sf.function, f.module,
+                            sf.file, sf.line, sf.inlined};
+      frames->push_back(intern(line));
+    }
+  };
+  std::vector<uint32_t> plain(profile.functions.size(), UINT32_MAX);
+  auto plain_frame = [&](uint32_t function) {
+    if (plain[function] == UINT32_MAX) plain[function] = intern(profile.functions[function]);
+    return plain[function];
+  };
+  for (size_t s = 0; s < profile.stacks.size(); ++s) {
+    const ResolvedStack& stack = profile.stacks[s];
+    ResolvedStack callers{stack.stack_id, stack.count, stack.truncated, {}};
+    const std::vector<uint64_t>& sites = call_sites->sites[s];
+    for (size_t j = 0; j + 1 < stack.frames.size(); ++j) {
+      auto lines = sites.empty() ? call_sites->lines.end()
+                                 : call_sites->lines.find(std::pair{stack.frames[j], sites[j]});
+      if (lines == call_sites->lines.end()) {
+        callers.frames.push_back(plain_frame(stack.frames[j]));
+      } else {
+        append_chain(stack.frames[j], lines->second, &callers.frames);
+      }
+    }
+    if (stack.frames.empty()) {
+      out.stacks.push_back(std::move(callers));
+      continue;
+    }
+    const uint32_t leaf = stack.frames.back();
+    auto leaf_it = leaf_lines->find(leaf);
+    if (leaf_it == leaf_lines->end() || leaf_it->second.empty()) {
+      callers.frames.push_back(plain_frame(leaf));
+      out.stacks.push_back(std::move(callers));
+      continue;
+    }
+    const std::vector<uint64_t> parts = SplitByLeafLines(stack.count, leaf_it->second);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (parts[i] == 0) continue;
+      ResolvedStack part{stack.stack_id, parts[i], stack.truncated, callers.frames};
+      append_chain(leaf, leaf_it->second[i].frames, &part.frames);
+      out.stacks.push_back(std::move(part));
+    }
+  }
+  std::stable_sort(out.stacks.begin(), out.stacks.end(),
+                   [](const ResolvedStack& a, const ResolvedStack& b) { return a.count > b.count; });
   return out;
 }
 

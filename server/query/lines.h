@@ -47,6 +47,23 @@ absl::StatusOr<absl::flat_hash_map<uint32_t, std::vector<LeafLine>>> LeafLinesOf
     store::Store* store, symbolize::Symbolizer* symbolizer, const ProfileQuery& query,
     const Profile& profile);
 
+// The call sites of `profile`'s stacks (as the store recorded them) and, where the module's
+// DWARF resolves them, their source frames. Stacks stored before call sites were kept have
+// none.
+absl::StatusOr<CallSiteLines> CallSiteLinesOf(store::Store* store,
+                                              symbolize::Symbolizer* symbolizer,
+                                              const Profile& profile);
+
+// `profile` at source-line granularity, for the views that only know functions (flame graphs
+// in every format): every frame becomes the chain of source frames where its code was
+// running, outermost first, inlined functions as frames of their own (ResolvedFunction::file,
+// line, inlined). Callers at their stacks' call sites; leaves at their sampled addresses,
+// a stack's samples split over its leaf's lines in proportion (as the pprof export does).
+// Frames without DWARF on the server, or without a recorded call site, stay one frame
+// without a line. Totals are unchanged.
+absl::StatusOr<Profile> ExpandLines(store::Store* store, symbolize::Symbolizer* symbolizer,
+                                    const ProfileQuery& query, const Profile& profile);
+
 // `symbolizer` may be null (no lines: every address is unresolved). InvalidArgument for a
 // query with filters that leaf addresses cannot honour (focus, ignore, selector, capture,
 // a profile type other than CPU).

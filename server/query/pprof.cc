@@ -93,6 +93,26 @@ uint64_t Nanos(uint64_t periods, double period_ns) {
 
 }  // namespace
 
+std::vector<uint64_t> SplitByLeafLines(uint64_t count, const std::vector<LeafLine>& lines) {
+  uint64_t weight = 0;
+  for (const LeafLine& l : lines) weight = base::SaturatingAdd(weight, l.weight);
+  std::vector<uint64_t> parts(lines.size());
+  if (lines.empty()) return parts;
+  uint64_t given = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    parts[i] = static_cast<uint64_t>(static_cast<double>(count) *
+                                     static_cast<double>(lines[i].weight) /
+                                     static_cast<double>(std::max<uint64_t>(weight, 1)));
+    given += parts[i];
+  }
+  std::vector<size_t> order(lines.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return lines[a].weight > lines[b].weight; });
+  for (size_t k = 0; given < count; k = (k + 1) % order.size(), ++given) ++parts[order[k]];
+  return parts;
+}
+
 std::string EncodePprofProto(const Profile& profile, const PprofOptions& options) {
   StringTable strings;
   Writer out;
@@ -110,33 +130,42 @@ std::string EncodePprofProto(const Profile& profile, const PprofOptions& options
     }
   }
 
-  // Leaf-address locations come after the functions' (IDs n+1...), with functions of their
-  // own for the source frames (name, file), after the profile's.
+  // Locations with source lines (leaf addresses, then call sites) come after the functions'
+  // (IDs n+1...), with functions of their own for the source frames (name, file), after the
+  // profile's.
   const uint64_t n = profile.functions.size();
-  absl::flat_hash_map<uint32_t, uint64_t> first_leaf_location;  // function -> location ID
   absl::flat_hash_map<std::pair<std::string, std::string>, uint64_t> source_functions;
-  std::vector<std::string> leaf_locations;  // encoded, IDs n+1...
+  std::vector<std::string> line_locations;  // encoded, IDs n+1...
+  auto add_line_location = [&](uint32_t function, uint64_t address,
+                               const std::vector<symbolize::SourceFrame>& frames) {
+    const uint64_t id = n + line_locations.size() + 1;
+    Writer loc;
+    loc.UInt(1, id);
+    loc.UInt(2, mapping_ids[profile.functions[function].module]);
+    loc.UInt(3, address);
+    for (const symbolize::SourceFrame& f : frames) {
+      auto [it, inserted] = source_functions.try_emplace(std::pair{f.function, f.file},
+                                                         n + source_functions.size() + 1);
+      Writer line;
+      line.UInt(1, it->second);
+      line.UInt(2, f.line);
+      loc.Bytes(4, line.str());
+    }
+    line_locations.push_back(std::move(loc.str()));
+    return id;
+  };
+  absl::flat_hash_map<uint32_t, uint64_t> first_leaf_location;  // function -> location ID
   if (options.leaf_lines != nullptr) {
     for (const auto& [function, lines] : *options.leaf_lines) {
       if (function >= n || lines.empty()) continue;
-      first_leaf_location[function] = n + leaf_locations.size() + 1;
-      for (const LeafLine& l : lines) {
-        Writer loc;
-        loc.UInt(1, n + leaf_locations.size() + 1);
-        loc.UInt(2, mapping_ids[profile.functions[function].module]);
-        loc.UInt(3, l.address);
-        for (const symbolize::SourceFrame& f : l.frames) {
-          auto [it, inserted] = source_functions.try_emplace(
-              std::pair{f.function, f.file}, n + source_functions.size() + 1);
-          Writer line;
-          line.UInt(1, it->second);
-          line.UInt(2, f.line);
-          loc.Bytes(4, line.str());
-        }
-        leaf_locations.push_back(std::move(loc.str()));
-      }
+      first_leaf_location[function] = n + line_locations.size() + 1;
+      for (const LeafLine& l : lines) add_line_location(function, l.address, l.frames);
     }
   }
+  // (function, call site) -> location ID, made at first use. The location's address is the
+  // call instruction's (the return address minus one), as symbolizers look calls up.
+  absl::flat_hash_map<std::pair<uint32_t, uint64_t>, uint64_t> call_site_location;
+  const CallSiteLines* call_sites = options.call_site_lines;
 
   // Samples: location IDs leaf first (pprof's order); location i+1 is function i.
   std::vector<uint64_t> locations;
@@ -147,10 +176,23 @@ std::string EncodePprofProto(const Profile& profile, const PprofOptions& options
     sample.Packed(2, std::begin(values), std::end(values));
     out.Bytes(kSample, sample.str());
   };
-  for (const ResolvedStack& stack : profile.stacks) {
+  for (size_t s = 0; s < profile.stacks.size(); ++s) {
+    const ResolvedStack& stack = profile.stacks[s];
     locations.clear();
     for (auto it = stack.frames.rbegin(); it != stack.frames.rend(); ++it) {
       locations.push_back(*it + 1);
+    }
+    if (call_sites != nullptr && s < call_sites->sites.size() &&
+        call_sites->sites[s].size() + 1 == stack.frames.size()) {
+      const std::vector<uint64_t>& sites = call_sites->sites[s];
+      for (size_t j = 0; j < sites.size(); ++j) {
+        const std::pair<uint32_t, uint64_t> key{stack.frames[j], sites[j]};
+        auto lines = call_sites->lines.find(key);
+        if (lines == call_sites->lines.end() || key.first >= n || key.second == 0) continue;
+        auto [it, inserted] = call_site_location.try_emplace(key, 0);
+        if (inserted) it->second = add_line_location(key.first, key.second - 1, lines->second);
+        locations[stack.frames.size() - 1 - j] = it->second;
+      }
     }
     const std::vector<LeafLine>* lines = nullptr;
     if (!stack.frames.empty() && options.leaf_lines != nullptr) {
@@ -163,23 +205,7 @@ std::string EncodePprofProto(const Profile& profile, const PprofOptions& options
       add_sample(stack.count);
       continue;
     }
-    // The stack's samples over its leaf's addresses, in proportion; rounding remainders go
-    // to the heaviest addresses so the parts sum to the stack's count.
-    uint64_t weight = 0;
-    for (const LeafLine& l : *lines) weight = base::SaturatingAdd(weight, l.weight);
-    std::vector<uint64_t> parts(lines->size());
-    uint64_t given = 0;
-    for (size_t i = 0; i < lines->size(); ++i) {
-      parts[i] = static_cast<uint64_t>(static_cast<double>(stack.count) *
-                                       static_cast<double>((*lines)[i].weight) /
-                                       static_cast<double>(std::max<uint64_t>(weight, 1)));
-      given += parts[i];
-    }
-    std::vector<size_t> order(lines->size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(),
-              [&](size_t a, size_t b) { return (*lines)[a].weight > (*lines)[b].weight; });
-    for (size_t k = 0; given < stack.count; k = (k + 1) % order.size(), ++given) ++parts[order[k]];
+    const std::vector<uint64_t> parts = SplitByLeafLines(stack.count, *lines);
     const uint64_t first = first_leaf_location.at(stack.frames.back());
     for (size_t i = 0; i < parts.size(); ++i) {
       if (parts[i] == 0) continue;
@@ -213,7 +239,7 @@ std::string EncodePprofProto(const Profile& profile, const PprofOptions& options
     fn.UInt(4, strings.Index(f.module));  // filename
     out.Bytes(kFunction, fn.str());
   }
-  for (const std::string& loc : leaf_locations) out.Bytes(kLocation, loc);
+  for (const std::string& loc : line_locations) out.Bytes(kLocation, loc);
   for (const auto& [key, id] : source_functions) {
     Writer fn;
     fn.UInt(1, id);

@@ -9,7 +9,9 @@
 // addresses in the range and the module's DWARF, PprofOptions::leaf_lines), a stack's samples
 // are split over them in proportion, and each leaf address is a Location of its own whose Line
 // entries are its inline chain (innermost first, as profile.proto orders them): what
-// `go tool pprof -lines` shows. Callers' frames stay at function granularity.
+// `go tool pprof -lines` shows. Callers' frames are Locations of their call sites where the
+// stack recorded them and the module's DWARF resolves them (PprofOptions::call_site_lines),
+// with the inline chain at the call; elsewhere they stay at function granularity.
 #ifndef STRATA_SERVER_QUERY_PPROF_H_
 #define STRATA_SERVER_QUERY_PPROF_H_
 
@@ -37,6 +39,20 @@ struct LeafLine {
   uint64_t weight = 0;   // samples at the address
 };
 
+// A stack's samples over its leaf's lines in proportion to their weights; rounding
+// remainders go to the heaviest lines, so the parts sum to `count`.
+std::vector<uint64_t> SplitByLeafLines(uint64_t count, const std::vector<LeafLine>& lines);
+
+// Where callers' calls are in the source (lines.h: CallSiteLinesOf).
+struct CallSiteLines {
+  // Per profile stack (index into Profile::stacks): its call sites, one per frame but the
+  // leaf (return addresses, offsets in the frame's module); empty where not recorded.
+  std::vector<std::vector<uint64_t>> sites;
+  // Per (profile function index, call site): the source frames of the call, innermost first.
+  // Call sites whose module has no DWARF on the server are absent.
+  absl::flat_hash_map<std::pair<uint32_t, uint64_t>, std::vector<symbolize::SourceFrame>> lines;
+};
+
 struct PprofOptions {
   int64_t from_ms = 0;  // time_nanos of the profile
   int64_t to_ms = 0;    // with from_ms: duration_nanos
@@ -45,6 +61,8 @@ struct PprofOptions {
   // Per profile function index (Profile::functions), its leaf addresses with source lines;
   // optional (borrowed).
   const absl::flat_hash_map<uint32_t, std::vector<LeafLine>>* leaf_lines = nullptr;
+  // Callers' call sites with source lines; optional (borrowed).
+  const CallSiteLines* call_site_lines = nullptr;
 };
 
 // Returns the gzipped encoding; Internal only if zlib fails.

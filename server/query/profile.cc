@@ -306,6 +306,16 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
   return absl::OkStatus();
 }
 
+std::string FrameLabel(const ResolvedFunction& f) {
+  std::string label = f.name;
+  if (!f.file.empty()) {
+    absl::StrAppend(&label, " ", f.file);
+    if (f.line != 0) absl::StrAppend(&label, ":", f.line);
+  }
+  if (f.inlined) label += " [inlined]";
+  return label;
+}
+
 absl::StatusOr<std::vector<store::ServiceSummary>> ListServices(
     store::Store* store, const aggregate::LiveSamples* live) {
   if (live == nullptr) return store->samples().ListServices();

@@ -43,7 +43,15 @@ struct ResolvedFunction {
   uint64_t id = 0;
   std::string name;
   std::string module;
+  // In a profile with source lines (lines.h: ExpandLines): the frame's file and line (empty
+  // and 0 where not known), and whether its code was inlined into its caller's.
+  std::string file;
+  uint32_t line = 0;
+  bool inlined = false;
 };
+
+// How views label a frame: its name, then " file:line" where known, " [inlined]" if so.
+std::string FrameLabel(const ResolvedFunction& f);
 
 struct ResolvedStack {
   uint64_t stack_id = 0;

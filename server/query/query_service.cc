@@ -42,7 +42,12 @@ void SetFrame(const std::string& function, const std::string& module, v1::Frame*
   out->set_module(module);
   out->set_kind(static_cast<v1::FrameKind>(base::FrameKindOf(module)));
 }
-void SetFrame(const ResolvedFunction& f, v1::Frame* out) { SetFrame(f.name, f.module, out); }
+void SetFrame(const ResolvedFunction& f, v1::Frame* out) {
+  SetFrame(f.name, f.module, out);
+  if (!f.file.empty()) out->set_file(f.file);
+  if (f.line != 0) out->set_line(f.line);
+  if (f.inlined) out->set_inlined(true);
+}
 
 std::string Rfc3339(int64_t ms) {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixMillis(ms), absl::UTCTimeZone());
@@ -270,6 +275,10 @@ absl::StatusOr<v1::FlameGraphResponse> QueryService::RunFlameGraph(
   if (!query.ok()) return query.status();
   auto profile = reader_.Load(*query);
   if (!profile.ok()) return profile.status();
+  if (request.lines()) {
+    profile = ExpandLines(store_, symbolizer_, *query, *profile);
+    if (!profile.ok()) return profile.status();
+  }
   v1::FlameGraphResponse response;
   response.set_total_samples(profile->total);
   for (auto& arch : ArchsOf(*profile)) response.add_archs(arch);
@@ -413,8 +422,11 @@ absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportReque
   // Counts are in sampling periods of the service's agents: pprof's time values use them.
   auto leaf_lines = LeafLinesOf(store_, symbolizer_, *query, *profile);
   if (!leaf_lines.ok()) return leaf_lines.status();
+  auto call_sites = CallSiteLinesOf(store_, symbolizer_, *profile);
+  if (!call_sites.ok()) return call_sites.status();
   auto data = EncodePprof(*profile, {query->from_ms, query->to_ms, query->type,
-                                     registry_->SamplingRate(query->service), &*leaf_lines});
+                                     registry_->SamplingRate(query->service), &*leaf_lines,
+                                     &*call_sites});
   if (!data.ok()) return data.status();
   v1::ExportResponse response;
   response.set_data(std::move(*data));

@@ -113,7 +113,9 @@ function renderFlame() {
     div.style.left = x + 'px';
     div.style.top = depth * rowH + 'px';
     div.style.width = w + 'px';
-    div.style.background = depth === 0 ? 'rgb(235,200,120)' : color(node.name, node.kind);
+    // Lines of one function share its colour.
+    div.style.background =
+        depth === 0 ? 'rgb(235,200,120)' : color(node.function || node.name, node.kind);
     if (w > 24) div.textContent = node.name;
     div.title = '';
     div._node = node;
@@ -165,7 +167,9 @@ $('flame-reset').addEventListener('click', () => { state.zoom = null; renderFlam
 window.addEventListener('resize', () => { if (state.view === 'flame') renderFlame(); });
 
 async function loadFlame() {
-  const tree = await api('/api/v1/flamegraph', filterParams());
+  const p = filterParams();
+  if ($('lines').checked) p.set('lines', '1');
+  const tree = await api('/api/v1/flamegraph', p);
   link(tree, null);
   state.tree = tree;
   state.zoom = null;
@@ -181,9 +185,26 @@ const functionText = (f) =>
 
 // ---- top ----------------------------------------------------------------------------------
 
+// A source line of the API (Frame with file and line), as "function file:line [inlined]".
+const lineText = (f) => f.function + (f.file ? ` ${f.file}${f.line ? ':' + f.line : ''}` : '') +
+    (f.inlined ? ' [inlined]' : '');
+
 async function loadTop() {
   const p = filterParams();
   p.set('limit', 100);
+  if ($('lines').checked) {
+    // Self samples per leaf line, its inline chain outermost first.
+    p.set('by', 'line');
+    const r = await api('/api/v1/top', p);
+    const total = Number(r.total_samples);
+    $('summary').textContent = `${$('service').value}: ${fmt(total)} samples by line` +
+        (Number(r.unresolved_samples) ? `, ${fmt(r.unresolved_samples)} without lines` : '');
+    fillTable($('top-table'), r.lines.map((l) => [
+      cell(fmt(l.self), 'num'), cell(pct(l.self, total), 'num'), cell('', 'num'), cell('', 'num'),
+      cell([...l.frames].reverse().map(lineText).join(' > '), 'fn'),
+      cell(l.frames.length ? l.frames[0].module : '')]));
+    return;
+  }
   const r = await api('/api/v1/top', p);
   const total = Number(r.total_samples);
   $('summary').textContent = `${$('service').value}: ${fmt(total)} samples${typeSuffix()}` +
@@ -300,6 +321,7 @@ $('range').addEventListener('change', () => {
 });
 $('service').addEventListener('change', () => { loadLabelHints(); refresh(); });
 $('type').addEventListener('change', refresh);
+$('lines').addEventListener('change', refresh);
 
 async function init() {
   try {
@@ -312,6 +334,7 @@ async function init() {
     if (params.get('service')) $('service').value = params.get('service');
     if (params.get('select')) $('select').value = params.get('select');
     if (['cpu', 'off-cpu', 'wall'].includes(params.get('type'))) $('type').value = params.get('type');
+    $('lines').checked = params.get('lines') === '1';
     if (params.get('base_select') !== null) {
       $('diff-base').value = 'select';
       $('diff-select').value = params.get('base_select');

@@ -9,7 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <set>
 #include <tuple>
 #include <cstdlib>
@@ -18,6 +20,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -291,8 +294,9 @@ TEST(DebugInfoTest, LinesAndInlinedFramesMatchAddr2line) {
   testing::TempDir dir("strata_e2e_inline");
   const std::string binary = BinPath("inline_spin");
   ServerProcess server(dir.File("data"), dir.File("server.log"),
-                       {"--debug-dirs", dir.File("no-debug-dir")});
+                       {"--debug-dirs", dir.File("no-debug-dir"), "--http", "127.0.0.1:0"});
   ASSERT_GT(server.port(), 0) << server.process().Output();
+  ASSERT_GT(server.http_port(), 0) << server.process().Output();
   ChildProcess spin({binary}, dir.File("spin.log"), {{"STRATA_SERVICE", "inline"}});
   ASSERT_TRUE(spin.WaitForOutput("ready", 30)) << spin.Output();
   Profile(server, spin.pid(), "inline", 300, dir.File("agent.log"));
@@ -350,6 +354,85 @@ TEST(DebugInfoTest, LinesAndInlinedFramesMatchAddr2line) {
   EXPECT_THAT(pprof.output, HasSubstr("Mix ")) << pprof.output;
   EXPECT_THAT(pprof.output, HasSubstr("inline_spin.cc:13")) << pprof.output;
   EXPECT_THAT(pprof.output, HasSubstr("(inline)")) << pprof.output;
+
+  // Callers at their call sites: main calls Spin from Round, inlined into main. The flame
+  // graph with lines has main's call-site chain (outermost first) above Spin, and it is the
+  // chain addr2line -i gives for an address of main's, with Round marked inlined.
+  const std::set<std::vector<Frame>> main_chains = Addr2lineChains(binary, "main");
+  ASSERT_FALSE(main_chains.empty());
+  CommandResult folded = RunCommand({BinPath("strata"), "--server", server.address(),
+                                     "flamegraph", "--lines", "--format", "folded", "--service",
+                                     "inline", "--since", "1h"});
+  ASSERT_EQ(folded.exit_code, 0) << folded.output;
+  uint64_t through_round = 0;
+  const std::vector<std::string> folded_lines =
+      absl::StrSplit(folded.output, '\n', absl::SkipEmpty());
+  for (const std::string& line : folded_lines) {
+    const size_t count_at = line.rfind(' ');
+    ASSERT_NE(count_at, std::string::npos) << line;
+    std::vector<std::string> frames = absl::StrSplit(line.substr(0, count_at), ';');
+    auto main_at = std::find_if(frames.begin(), frames.end(),
+                                [](const std::string& f) { return absl::StartsWith(f, "main "); });
+    auto spin_at = std::find_if(frames.begin(), frames.end(),
+                                [](const std::string& f) { return absl::StartsWith(f, "Spin"); });
+    if (main_at == frames.end() || spin_at == frames.end() || spin_at < main_at) continue;
+    // "name file:line" or "name file:line [inlined]", innermost first as addr2line gives it.
+    std::vector<Frame> chain;
+    bool round_inlined = false;
+    for (auto it = spin_at; it != main_at;) {
+      --it;
+      std::string f = *it;
+      const bool inlined = absl::EndsWith(f, " [inlined]");
+      if (inlined) f.resize(f.size() - std::strlen(" [inlined]"));
+      const size_t space = f.rfind(' '), colon = f.rfind(':');
+      ASSERT_TRUE(space != std::string::npos && colon != std::string::npos && colon > space)
+          << "no line in the frame '" << *it << "' of " << line;
+      const std::string name(f.substr(0, space));
+      round_inlined |= inlined && absl::StartsWith(name, "Round");
+      chain.emplace_back(name, BaseName(f.substr(space + 1, colon - space - 1)),
+                         static_cast<uint32_t>(std::atoi(f.c_str() + colon + 1)));
+    }
+    EXPECT_TRUE(main_chains.contains(chain)) << "not a chain addr2line -i gives for main: " << line;
+    EXPECT_TRUE(round_inlined) << line;
+    through_round += std::strtoull(line.c_str() + count_at + 1, nullptr, 10);
+  }
+  EXPECT_GT(through_round, response.total_samples() / 2) << folded.output;
+  // The pprof export has the call site as a location of its own: pprof's cumulative view
+  // lists Round's line (the call of Spin) and main's (the inlined call of Round).
+  CommandResult cum = RunCommand({"/usr/bin/env", "HOME=" + dir.path(),
+                                  "GOCACHE=" + dir.File("gocache"), "go", "tool", "pprof",
+                                  "-top", "-cum", "-lines", "-symbolize=none", pprof_file},
+                                 120);
+  ASSERT_EQ(cum.exit_code, 0) << cum.output;
+  std::printf("%s\n", cum.output.c_str());
+  EXPECT_THAT(cum.output, HasSubstr("inline_spin.cc:29")) << cum.output;
+  EXPECT_THAT(cum.output, HasSubstr("inline_spin.cc:35")) << cum.output;
+
+  // The web UI's Lines box: flame graph frames and top rows are source lines.
+  ASSERT_EQ(RunCommand({"/bin/sh", "-c", "test -x /usr/bin/chromium"}).exit_code, 0)
+      << "chromium is missing: deploy/install-deps.sh installs it";
+  auto web_page = [&](const std::string& query) {
+    return RunCommand({"/usr/bin/chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                       "--no-first-run", "--disable-background-networking",
+                       "--disable-component-update", "--disable-sync",
+                       "--virtual-time-budget=15000", "--window-size=1280,900",
+                       "--user-data-dir=" + dir.File("chromium"), "--dump-dom",
+                       absl::StrCat("http://127.0.0.1:", server.http_port(), "/?", query)},
+                      120);
+  };
+  CommandResult flame_page = web_page("service=inline&since_s=3600&lines=1");
+  ASSERT_EQ(flame_page.exit_code, 0) << flame_page.output;
+  EXPECT_THAT(flame_page.output, HasSubstr("data-loaded=\"flame\"")) << flame_page.output;
+  EXPECT_THAT(flame_page.output,
+              ::testing::ContainsRegex("<div class=\"frame\"[^>]*>Round [^<]*inline_spin.cc:29 "
+                                     "\\[inlined\\]</div>"))
+      << flame_page.output;
+  CommandResult top_page = web_page("service=inline&since_s=3600&lines=1&view=top");
+  ASSERT_EQ(top_page.exit_code, 0) << top_page.output;
+  EXPECT_THAT(top_page.output,
+              ::testing::ContainsRegex("<td class=\"fn\">Spin[^<]* &gt; Scale [^<]*inline_spin.cc:1[78] "
+                                     "\\[inlined\\] &gt; Mix [^<]*inline_spin.cc:1[123] \\[inlined\\]</td>"))
+      << top_page.output;
 
   // Filters that leaf addresses cannot honour are refused, not ignored.
   CommandResult focus = RunCommand({BinPath("strata"), "--server", server.address(), "top",

@@ -1,6 +1,6 @@
-// Workload of debuginfo_e2e_test: a hot loop whose work is inlined two levels deep
-// (Spin -> Scale -> Mix, both always_inline) inside the noinline Spin, built at -O2 -g. The
-// test compares the server's lines for its samples with addr2line -i on the same binary.
+// Workload of debuginfo_e2e_test, built at -O2 -g: a hot loop inlined two levels deep in the
+// noinline Spin (Scale -> Mix, always_inline), called from code inlined into main (Round).
+// The test compares the server's leaf and call-site lines with addr2line -i on this binary.
 // Prints "ready", then spins until killed (at most 300 s).
 #include <chrono>
 #include <cstdio>
@@ -25,10 +25,13 @@ __attribute__((noinline)) static unsigned Spin(unsigned n) {
   return total;
 }
 
+// Its call of Spin is a call site inside inlined code: the site's lines are a chain too.
+__attribute__((always_inline)) static inline void Round() { g_sink = Spin(1u << 20); }
+
 int main() {
   std::printf("ready\n");
   std::fflush(stdout);
   const auto stop = std::chrono::steady_clock::now() + std::chrono::seconds(300);
-  while (std::chrono::steady_clock::now() < stop) g_sink = Spin(1u << 20);
+  while (std::chrono::steady_clock::now() < stop) Round();
   return 0;
 }

@@ -364,6 +364,13 @@ TEST_F(QueryE2eTest, HttpMirror) {
               HasSubstr("main;serve_forever;handle_request;parse_request;tokenize 6600"));
   EXPECT_THAT(Http(absl::StrCat("/api/v1/flamegraph?format=bogus&", q)),
               HasSubstr("400 Bad Request"));
+  // Lines where the server has DWARF; these modules have none, so frames stay functions.
+  EXPECT_THAT(Http(absl::StrCat("/api/v1/flamegraph?format=folded&lines=1&", q)),
+              HasSubstr("main;serve_forever;handle_request;parse_request;tokenize 6600"));
+  EXPECT_THAT(Http(absl::StrCat("/api/v1/flamegraph?lines=maybe&", q)),
+              HasSubstr("lines must be 1, true, 0 or false"));
+  EXPECT_THAT(Http(absl::StrCat("/api/v1/top?by=line&", q)), HasSubstr("\"total_samples\""));
+  EXPECT_THAT(Http(absl::StrCat("/api/v1/top?by=file&", q)), HasSubstr("unknown by 'file'"));
   EXPECT_THAT(Http(absl::StrCat("/api/v1/diff?service=demo-canary&base_service=demo&", range)),
               HasSubstr("\"base_total_samples\":\"12000\""));
   EXPECT_THAT(Http(absl::StrCat("/api/v1/top?service=demo&focus=((")),
