@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/encoding/graph.h"
@@ -139,6 +140,8 @@ class AgentSession {
   absl::flat_hash_map<std::string, uint64_t> decode_cache_;
   // Decoded in the batch being applied, not committed yet.
   absl::flat_hash_map<std::string, uint64_t> pending_cache_;
+  // Scratch of StackIdFor: functions seen from the leaf up.
+  absl::flat_hash_set<uint64_t> recursive_;
   // (service '\0' encoded target labels) -> label set ID, once committed; and those of the
   // batch being applied.
   absl::flat_hash_map<std::string, uint64_t> label_set_cache_;

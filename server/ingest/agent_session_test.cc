@@ -71,6 +71,26 @@ TEST_P(AgentSessionTest, DecodesAndStoresBatch) {
   EXPECT_THAT(stack->call_sites, ElementsAre(100, 101));
 }
 
+// Frames whose function is called again deeper keep no call site: recursion from two sites
+// would otherwise make exponentially many stacks.
+TEST_P(AgentSessionTest, RecursiveFramesKeepNoCallSite) {
+  FakeAgent agent;
+  auto c = agent.Context({"main", "fib", "fib", "fib", "leaf"}, 4);
+  auto mutual = agent.Context({"main", "a", "b", "a", "b"}, 2);
+  auto session = Open();
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  ASSERT_TRUE(session->ApplyBatch(Batch(1, agent.graph.num_edges(), {c, mutual})).ok());
+  query::Profile p = Load();
+  ASSERT_EQ(p.stacks.size(), 2u);
+  auto fib = store_->interner().GetStack(p.stacks[0].stack_id);
+  ASSERT_TRUE(fib.ok()) << fib.status();
+  // main's call of fib and the innermost fib's call of leaf keep theirs.
+  EXPECT_THAT(fib->call_sites, ElementsAre(100, 0, 0, 103));
+  auto ab = store_->interner().GetStack(p.stacks[1].stack_id);
+  ASSERT_TRUE(ab.ok()) << ab.status();
+  EXPECT_THAT(ab->call_sites, ElementsAre(100, 0, 0, 103));
+}
+
 TEST_P(AgentSessionTest, ResentBatchIsAppliedOnce) {
   FakeAgent agent;
   auto c = agent.Context({"main", "work"}, 5);
