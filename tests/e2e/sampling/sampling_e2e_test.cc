@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
@@ -121,7 +122,13 @@ TEST(ProcessEventsDiscoveryTest, ProcessStartedLaterIsProfiledWithItsThreads) {
     const auto names = FrameNames(p);
     if (std::find(names.begin(), names.end(), "main") != names.end()) main_thread += p.samples();
   }
-  EXPECT_GT(main_thread, 0u);
+  std::string listed;  // what the query returned, for a failure's message
+  for (int i = 0; i < paths.paths_size() && i < 20; ++i) {
+    absl::StrAppend(&listed, paths.paths(i).samples(), paths.paths(i).truncated() ? " [t] " : " ",
+                    absl::StrJoin(FrameNames(paths.paths(i)), ";"), "\n");
+  }
+  EXPECT_GT(main_thread, 0u) << paths.total_samples() << " samples in " << paths.paths_size()
+                             << " paths:\n" << listed << agent.Output();
   EXPECT_GT(paths.total_samples() - main_thread, 0u) << "the worker thread was not sampled";
 }
 
