@@ -44,6 +44,11 @@ struct PerfSampler::Session {
   absl::flat_hash_map<pid_t, absl::flat_hash_map<pid_t, std::unique_ptr<RingEvent>>> targets;
   std::vector<std::unique_ptr<RingEvent>> cpu_events;  // kPerCpu: one per online CPU
   SamplerStats stats;
+  // drain_every_ms sessions: their rings had samples at the last drain, so they are out of
+  // the epoll set and drained on the period.
+  bool paced = false;
+  uint64_t filtered_at_drain = 0;  // stats.filtered at the last drain
+  uint32_t drain_every_ms = 0;     // options.drain_every_ms where the rings allow it, else 0
 
   bool per_cpu() const { return options.scope == SamplingScope::kPerCpu; }
 };
@@ -296,6 +301,7 @@ absl::Status PerfSampler::AddSession(const SessionOptions& options) {
   }
   auto session = std::make_unique<Session>();
   session->options = options;
+  UpdatePeriod(*session);
   sessions_.emplace(options.session_id, std::move(session));
   return absl::OkStatus();
 }
@@ -336,6 +342,7 @@ absl::Status PerfSampler::SetFrequency(uint32_t session_id, uint32_t frequency_h
   if (frequency_hz == 0) return absl::InvalidArgumentError("frequency_hz must be > 0");
   Session& session = *it->second;
   session.options.frequency_hz = frequency_hz;
+  UpdatePeriod(session);
   // cpu-clock is driven by an hrtimer: at open the kernel turns sample_freq into a fixed period
   // in nanoseconds and clears attr.freq, so PERF_EVENT_IOC_PERIOD takes a period here.
   uint64_t period_ns = 1'000'000'000ull / frequency_hz;
@@ -388,16 +395,51 @@ absl::StatusOr<std::unique_ptr<PerfSampler::RingEvent>> PerfSampler::OpenEvent(
   event->control = static_cast<perf_event_mmap_page*>(event->mapping);
   event->data = static_cast<uint8_t*>(event->mapping) + page_size_;
   event->data_size = data_size;
-  epoll_event ev;
-  std::memset(&ev, 0, sizeof(ev));
-  ev.events = EPOLLIN;
-  ev.data.ptr = event.get();
-  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, event->fd, &ev) != 0) {
+  if (!session.paced && !Watch(*event)) {
     int err = errno;
     CloseEvent(event.get());
     return absl::InternalError(absl::StrCat("epoll_ctl: ", strerror(err)));
   }
   return event;
+}
+
+bool PerfSampler::Watch(RingEvent& event) {
+  epoll_event ev;
+  std::memset(&ev, 0, sizeof(ev));
+  ev.events = EPOLLIN;
+  ev.data.ptr = &event;
+  return epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, event.fd, &ev) == 0;
+}
+
+void PerfSampler::Pace(Session& session, bool paced) {
+  if (paced) {
+    for (auto& event : session.cpu_events) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, event->fd, nullptr);
+    session.paced = true;
+    return;
+  }
+  // Back in the epoll set; a ring that cannot be (ENOMEM) keeps the session on its period.
+  bool watched = true;
+  for (auto& event : session.cpu_events) watched &= Watch(*event) || errno == EEXIST;
+  session.paced = !watched;
+}
+
+void PerfSampler::UpdatePeriod(Session& session) {
+  const SessionOptions& o = session.options;
+  // Two periods of samples at the rate must fit the ring: one between drains, one for a
+  // drain that comes late.
+  const uint64_t period_samples = uint64_t{o.drain_every_ms} * o.frequency_hz / 1000 + 1;
+  const bool fits = size_t{o.ring_pages} * page_size_ >=
+                    2 * period_samples * MaxSampleRecordSize(o, layout_);
+  session.drain_every_ms = session.per_cpu() && fits ? o.drain_every_ms : 0;
+  if (session.drain_every_ms == 0 && session.paced) Pace(session, false);
+}
+
+absl::Duration PerfSampler::max_wait() const {
+  absl::Duration wait = absl::InfiniteDuration();
+  for (const auto& [id, session] : sessions_) {
+    if (session->paced) wait = std::min(wait, absl::Milliseconds(session->drain_every_ms));
+  }
+  return wait;
 }
 
 void PerfSampler::CloseEvent(RingEvent* event) {
@@ -543,7 +585,16 @@ size_t PerfSampler::DrainEvent(Session& session, RingEvent& event, SampleCallbac
 size_t PerfSampler::Drain(SampleCallback callback) {
   size_t delivered = 0;
   for (auto& [id, session] : sessions_) {
-    for (auto& event : session->cpu_events) delivered += DrainEvent(*session, *event, callback);
+    size_t from_cpus = 0;
+    for (auto& event : session->cpu_events) from_cpus += DrainEvent(*session, *event, callback);
+    delivered += from_cpus;
+    // Busy rings are drained on the period; idle ones wake the reader when samples return.
+    // (Samples of other processes, dropped, count as busy: they fill the rings too.)
+    const bool busy = from_cpus > 0 || session->stats.filtered != session->filtered_at_drain;
+    session->filtered_at_drain = session->stats.filtered;
+    if (session->drain_every_ms > 0 && busy != session->paced) {
+      Pace(*session, busy);
+    }
     for (auto& [pid, threads] : session->targets) {
       for (auto& [tid, event] : threads) delivered += DrainEvent(*session, *event, callback);
       // Events of exited threads are closed once their last samples are out.

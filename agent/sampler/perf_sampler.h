@@ -89,6 +89,14 @@ struct SessionOptions {
   // The reader is woken once a ring holds about this many samples (at least one, at most half
   // the ring's worth); 0: at half the ring.
   uint32_t wakeup_samples = 0;
+  // kPerCpu only; 0: off. While the session's rings have samples, the kernel does not wake
+  // the reader for them: it drains them every `drain_every_ms` (max_wait()), so a host whose
+  // N CPUs all run targets wakes the agent once a period, not N times. Once a drain finds
+  // them empty they wake the reader again (wakeup_samples) when samples come back. The rings
+  // must hold two periods of samples at the rate (else, also after a rate change, the kernel
+  // wakes the reader as without a period): a CPU's event samples at most at its rate, whatever
+  // runs there, so the fill between two drains is bounded.
+  uint32_t drain_every_ms = 0;
   SessionEvent event = SessionEvent::kCpuClock;
   // Samples also carry the kernel call chain (PERF_SAMPLE_CALLCHAIN, kernel part), and
   // cpu-clock counts time in the kernel too (without it, time in system calls is not
@@ -182,6 +190,9 @@ class PerfSampler {
   // Blocks until a ring has data (or a sampled thread exited), `timeout` passes, or a signal
   // arrives. Returns the number of ready events (0 on timeout or signal).
   absl::StatusOr<int> Wait(absl::Duration timeout);
+  // How long the owner may wait (on wait_fd()) before the next Drain(): the period of the
+  // sessions being drained on one (SessionOptions::drain_every_ms), else infinite.
+  absl::Duration max_wait() const;
   // Delivers every buffered sample of every session to `callback`, then closes events of
   // threads that exited. Returns the number of samples delivered. `callback` must not call
   // back into the sampler.
@@ -213,6 +224,13 @@ class PerfSampler {
   // their rings with samples nobody keeps.
   absl::Status OpenCpuEvents(Session& session);
   void CloseEvent(RingEvent* event);
+  // Adds the event's ring to the epoll set (false, errno set, on failure).
+  bool Watch(RingEvent& event);
+  // Takes a kPerCpu session's rings out of the epoll set (drained on its period) or puts
+  // them back.
+  void Pace(Session& session, bool paced);
+  // The session's drain period at its rate and ring size (SessionOptions::drain_every_ms).
+  void UpdatePeriod(Session& session);
   size_t DrainEvent(Session& session, RingEvent& event, SampleCallback callback);
 
   int epoll_fd_;

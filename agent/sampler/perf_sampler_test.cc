@@ -400,6 +400,62 @@ TEST_F(PerfSamplerTest, PerCpuSessionSamplesEveryThreadOfItsTargetsOnly) {
   EXPECT_EQ(sampler_->attached_events(), 0u);
 }
 
+// A per-CPU session with a drain period: once its rings have samples they leave the epoll
+// set (no wake-ups: Wait() times out) and max_wait() is the period, while Drain() still
+// delivers every sample; a rate whose period no longer fits the rings ends the pacing.
+TEST_F(PerfSamplerTest, PerCpuSessionWithSamplesIsDrainedOnItsPeriod) {
+  if (absl::Status probe = ProbePerCpuEvents(); !probe.ok()) {
+    GTEST_SKIP() << "system-wide perf events not allowed here: " << probe;
+  }
+  SessionOptions options = Session(9, 499);
+  options.scope = SamplingScope::kPerCpu;
+  options.stack_bytes = 1024;
+  options.ring_pages = RingPagesFor(options.stack_bytes, 512);  // two 200 ms periods fit
+  options.wakeup_samples = 8;
+  options.drain_every_ms = 200;
+  ASSERT_TRUE(sampler_->AddSession(options).ok());
+  ASSERT_TRUE(sampler_->AttachProcess(9, child_.pid(), {}).ok());
+  EXPECT_EQ(sampler_->max_wait(), absl::InfiniteDuration()) << "no samples yet";
+
+  // The first samples wake the reader as usual.
+  size_t delivered = 0;
+  auto count = [&delivered](const RawSample&) { ++delivered; };
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (delivered == 0 && absl::Now() < deadline) {
+    ASSERT_TRUE(sampler_->Wait(absl::Seconds(1)).ok());
+    sampler_->Drain(count);
+  }
+  ASSERT_GT(delivered, 0u) << "the spinning child was not sampled";
+  EXPECT_EQ(sampler_->max_wait(), absl::Milliseconds(200));
+
+  // Paced: the child keeps the rings filling, yet nothing wakes the reader.
+  const uint64_t runtime_before = RuntimeNs(child_.pid(), child_.pid());
+  absl::SleepFor(absl::Milliseconds(300));
+  const uint64_t ran_ns = RuntimeNs(child_.pid(), child_.pid()) - runtime_before;
+  absl::StatusOr<int> ready = sampler_->Wait(absl::Milliseconds(100));
+  ASSERT_TRUE(ready.ok());
+  EXPECT_EQ(*ready, 0) << "a paced ring woke the reader";
+  delivered = 0;
+  sampler_->Drain(count);
+  // More than the wake-up threshold came in without a wake-up; none was lost.
+  EXPECT_GT(static_cast<double>(delivered), 8.0) << ran_ns << " ns run";
+  EXPECT_EQ(sampler_->session_stats(9)->lost, 0u);
+  EXPECT_EQ(sampler_->max_wait(), absl::Milliseconds(200));
+
+  // At 9,999 Hz two periods no longer fit: the rings wake the reader again.
+  ASSERT_TRUE(sampler_->SetFrequency(9, 9'999).ok());
+  EXPECT_EQ(sampler_->max_wait(), absl::InfiniteDuration());
+  bool woke = false;
+  for (int i = 0; i < 50 && !woke; ++i) {
+    absl::StatusOr<int> n = sampler_->Wait(absl::Milliseconds(100));
+    ASSERT_TRUE(n.ok());
+    woke = *n > 0;
+  }
+  EXPECT_TRUE(woke) << "the rings did not go back to waking the reader";
+  sampler_->Drain(count);
+  ASSERT_TRUE(sampler_->RemoveSession(9).ok());
+}
+
 TEST(PerfSamplerOptionsTest, CpuListsAndRingSizes) {
   EXPECT_EQ(ParseCpuList("0-3,5,7-8\n").value(), (std::vector<int>{0, 1, 2, 3, 5, 7, 8}));
   EXPECT_EQ(ParseCpuList("0").value(), std::vector<int>{0});

@@ -10,7 +10,11 @@ namespace {
 // Per-CPU rings hold about two seconds of one busy CPU's samples (four times 16 to 64), at
 // most 4 MiB per CPU and session and 64 MiB over all CPUs; the reader is woken as
 // PerCpuWakeupSamples says (about a second of samples at low rates, where a wake-up costs more
-// than the samples it delivers; a quarter of a capped ring at high rates).
+// than the samples it delivers; a quarter of a capped ring at high rates). While samples flow,
+// rings that hold two seconds of them are drained once a second instead, all CPUs together
+// (SessionOptions::drain_every_ms): a busy host wakes the agent once a second, not once per
+// CPU and second.
+constexpr uint32_t kDrainEveryMs = 1000;
 constexpr uint32_t kMinSamplesPerWakeup = 16;
 constexpr uint32_t kMaxSamplesPerWakeup = 64;
 constexpr uint32_t kRingSamplesPerWakeup = 4;
@@ -72,6 +76,7 @@ sampler::SessionOptions PerfSource::SessionFor(uint32_t session_id,
                            sampler::RingPagesFor(stack_bytes_, 2)));
     session.wakeup_samples =
         sampler::PerCpuWakeupSamples(session.ring_pages, stack_bytes_, frequency_hz);
+    session.drain_every_ms = kDrainEveryMs;
   }
   return session;
 }

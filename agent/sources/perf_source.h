@@ -49,6 +49,7 @@ class PerfSource final : public StackSource {
   int wait_fd() const override { return sampler_->wait_fd(); }
   // Notes the events whose threads exited; Drain closes them after their last samples.
   absl::Status Ready() override;
+  absl::Duration max_wait() const override { return sampler_->max_wait(); }
   void Drain(StackSink& sink) override;
   uint64_t lost() const override { return sampler_->stats().lost; }
   uint64_t filtered() const { return sampler_->stats().filtered; }
