@@ -133,7 +133,7 @@ bool TargetDiscovery::RefreshMappings(Target& target) {
     maps = std::move(*source_maps);
     hash = absl::HashOf(generation);
   } else {
-    auto proc_maps = symbols::ReadProcMaps(target.pid);
+    auto proc_maps = symbols::ReadExecutableMappings(target.pid);
     if (!proc_maps.ok()) return false;
     maps = std::move(*proc_maps);
   }

@@ -55,6 +55,8 @@ void SkipSpaces(std::string_view* text) {
   while (!text->empty() && text->front() == ' ') text->remove_prefix(1);
 }
 
+}  // namespace
+
 std::optional<Mapping> ParseMapsLine(std::string_view line) {
   // start-end perms offset dev:dev inode [path]
   Mapping m;
@@ -90,6 +92,8 @@ std::optional<Mapping> ParseMapsLine(std::string_view line) {
   m.path = std::string(line);
   return m;
 }
+
+namespace {
 
 absl::StatusOr<std::vector<pid_t>> ListNumericEntries(const std::string& dir_path) {
   DIR* dir = opendir(dir_path.c_str());

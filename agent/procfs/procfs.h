@@ -56,6 +56,9 @@ struct Mapping {
 // many lines were dropped (tests and diagnostics).
 std::vector<Mapping> ParseMaps(std::string_view text, size_t* skipped_lines = nullptr);
 
+// One line of a maps file (without its newline); nullopt if it does not parse.
+std::optional<Mapping> ParseMapsLine(std::string_view line);
+
 // The mapping that contains `address`, or nullptr. `mappings` must be sorted by start, as
 // /proc/PID/maps is.
 const Mapping* FindMapping(const std::vector<Mapping>& mappings, uint64_t address);

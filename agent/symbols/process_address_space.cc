@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "agent/procfs/procfs.h"
 #include "common/base/frame_kind.h"
 
 namespace strata::agent::symbols {
@@ -31,31 +32,52 @@ bool IsAnonymousCode(const MappingInfo& m) {
 
 }  // namespace
 
+namespace {
+
+MappingInfo ToMappingInfo(procfs::Mapping m) {
+  MappingInfo info;
+  info.start = m.start;
+  info.end = m.end;
+  info.offset = m.offset;
+  info.exec = m.exec;
+  info.inode = m.inode;
+  info.path = std::move(m.path);
+  return info;
+}
+
+absl::StatusOr<std::string> ReadMapsText(pid_t pid) {
+  absl::StatusOr<std::string> text = procfs::ReadProcFile(absl::StrCat("/proc/", pid, "/maps"));
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat("cannot read /proc/", pid, "/maps"));
+  return text;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<MappingInfo>> ReadProcMaps(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/maps"));
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read /proc/", pid, "/maps"));
+  absl::StatusOr<std::string> text = ReadMapsText(pid);
+  if (!text.ok()) return text.status();
   std::vector<MappingInfo> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    MappingInfo m;
-    char perms[8] = {};
-    int path_pos = 0;
-    unsigned long long start, end, offset, inode;
-    if (sscanf(line.c_str(), "%llx-%llx %7s %llx %*x:%*x %llu %n", &start, &end, perms, &offset,
-               &inode, &path_pos) < 5) {
+  for (procfs::Mapping& m : procfs::ParseMaps(*text)) out.push_back(ToMappingInfo(std::move(m)));
+  return out;
+}
+
+absl::StatusOr<std::vector<MappingInfo>> ReadExecutableMappings(pid_t pid) {
+  absl::StatusOr<std::string> text = ReadMapsText(pid);
+  if (!text.ok()) return text.status();
+  std::vector<MappingInfo> out;
+  std::string_view rest = *text;
+  while (!rest.empty()) {
+    const size_t newline = rest.find('\n');
+    const std::string_view line = rest.substr(0, newline);
+    rest.remove_prefix(newline == std::string_view::npos ? rest.size() : newline + 1);
+    // "start-end perms ...": the third permission is 'x' for code.
+    const size_t space = line.find(' ');
+    if (space == std::string_view::npos || line.size() < space + 4 || line[space + 3] != 'x') {
       continue;
     }
-    m.start = start;
-    m.end = end;
-    m.offset = offset;
-    m.inode = inode;
-    m.exec = perms[2] == 'x';
-    if (path_pos > 0 && static_cast<size_t>(path_pos) < line.size()) m.path = line.substr(path_pos);
-    constexpr std::string_view kDeleted = " (deleted)";
-    if (m.path.size() > kDeleted.size() && m.path.ends_with(kDeleted)) {
-      m.path.resize(m.path.size() - kDeleted.size());
+    if (std::optional<procfs::Mapping> m = procfs::ParseMapsLine(line)) {
+      out.push_back(ToMappingInfo(*std::move(m)));
     }
-    out.push_back(std::move(m));
   }
   return out;
 }
@@ -132,7 +154,7 @@ absl::Status ProcessAddressSpace::Refresh(const std::vector<MappingInfo>& mappin
 }
 
 absl::Status ProcessAddressSpace::Refresh() {
-  absl::StatusOr<std::vector<MappingInfo>> mappings = ReadProcMaps(pid_);
+  absl::StatusOr<std::vector<MappingInfo>> mappings = ReadExecutableMappings(pid_);
   if (!mappings.ok()) return mappings.status();
   return Refresh(*mappings);
 }

@@ -51,6 +51,10 @@ struct MappingInfo {
 
 // Parses /proc/PID/maps (used when no procfs reader is supplied, and by tests).
 absl::StatusOr<std::vector<MappingInfo>> ReadProcMaps(pid_t pid);
+// Only the executable mappings of /proc/PID/maps: what unwinding and symbolization use. The
+// others are skipped unparsed; a process has two per thread (its stack and guard page), so
+// with thousands of threads they are most of the file.
+absl::StatusOr<std::vector<MappingInfo>> ReadExecutableMappings(pid_t pid);
 
 struct SymbolizedPc {
   std::string module_path;    // empty when pc is in no known module

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <thread>
 
 #include "agent/symbols/process_address_space.h"
@@ -394,6 +395,21 @@ TEST(SymbolsTest, ReadProcMapsParsesSelf) {
   EXPECT_TRUE(exec_file);
   EXPECT_TRUE(stack);
   EXPECT_FALSE(ReadProcMaps(-5).ok());
+
+  // The executable ones alone: the same entries as the full read keeps with exec set.
+  auto code = ReadExecutableMappings(getpid());
+  ASSERT_TRUE(code.ok());
+  std::vector<std::tuple<uint64_t, uint64_t, uint64_t, uint64_t, std::string>> expected, got;
+  for (const MappingInfo& m : *maps) {
+    if (m.exec) expected.emplace_back(m.start, m.end, m.offset, m.inode, m.path);
+  }
+  for (const MappingInfo& m : *code) {
+    EXPECT_TRUE(m.exec);
+    got.emplace_back(m.start, m.end, m.offset, m.inode, m.path);
+  }
+  EXPECT_FALSE(got.empty());
+  EXPECT_EQ(got, expected);
+  EXPECT_FALSE(ReadExecutableMappings(-5).ok());
 }
 
 }  // namespace
