@@ -166,6 +166,16 @@ TEST_P(AgentKillTest, KilledDuringAnOutageDeliversItsSpoolAfterARestart) {
 
   auto second = StartAgent(address, "fault-outage", "agent2.log");
   ASSERT_TRUE(second->WaitForOutput("resuming as agent fault-outage", 30)) << second->Output();
+  // The agent lists the batches it recovered after that line: wait for all it announced.
+  std::smatch announced;
+  const std::string resumed_log = second->Output();
+  ASSERT_TRUE(std::regex_search(resumed_log, announced,
+                                std::regex("resuming as agent fault-outage [^:]*: ([0-9]+) batches")))
+      << resumed_log;
+  const size_t batches = std::stoul(announced[1].str());
+  ASSERT_TRUE(WaitUntil(
+      [&] { return BatchLines(second->Output(), "recovered").size() >= batches; }, 30))
+      << second->Output();
   const auto recovered = BatchLines(second->Output(), "recovered");
   // Every batch the first run logged as spooled came back (one more may have been spooled
   // and killed before its log line), except the torn one.
