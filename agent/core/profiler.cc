@@ -329,9 +329,12 @@ absl::StatusOr<std::optional<v1::SampleBatch>> Profiler::TakeBatch(int64_t start
                                                                   int64_t end_ms,
                                                                   uint64_t sequence) {
   recorder_.ClearFull();
-  // dlopen/dlclose: mapping changes of every target, once per interval. A pc in no known
-  // module refreshes its target at once (StackRecorder, TargetDiscovery::RefreshSoon).
-  for (const auto& [pid, target] : discovery_->all()) discovery_->RefreshMappings(*target);
+  // dlopen/dlclose: mapping changes of every target (TargetDiscovery::
+  // RefreshMappingsPeriodically). A pc in no known module refreshes its target at once
+  // (StackRecorder, TargetDiscovery::RefreshSoon).
+  for (const auto& [pid, target] : discovery_->all()) {
+    discovery_->RefreshMappingsPeriodically(*target);
+  }
   uint64_t lost = 0;
   for (const sources::StackSource* source : sources_) lost += source->lost();
   auto batch = batches_.Interval(recorder_.continuous(), {start_ms, end_ms, sequence},

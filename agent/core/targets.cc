@@ -162,6 +162,16 @@ bool TargetDiscovery::RefreshMappings(Target& target) {
   return true;
 }
 
+void TargetDiscovery::RefreshMappingsPeriodically(Target& target) {
+  const bool from_source = target.source != nullptr && target.source->ProvidesMappings();
+  if (!from_source && target.space->num_jit_regions() == 0 &&
+      ++target.intervals_unchecked < kMapsCheckIntervals) {
+    return;
+  }
+  target.intervals_unchecked = 0;
+  RefreshMappings(target);
+}
+
 void TargetDiscovery::RefreshSoon(Target& target) {
   if (absl::Now() - target.last_refresh > absl::Seconds(1)) RefreshMappings(target);
 }

@@ -57,6 +57,7 @@ struct Target {
   // Bumped on every mapping change: caches of resolved pcs and unwound frames are stale.
   uint64_t maps_epoch = 0;
   absl::Time last_refresh = absl::InfinitePast();
+  uint32_t intervals_unchecked = 0;  // since the last periodic look at the mappings
 };
 
 class TargetDiscovery {
@@ -86,6 +87,14 @@ class TargetDiscovery {
   // Re-reads the target's mappings (from /proc, or from its source) if they changed; true
   // when they did.
   bool RefreshMappings(Target& target);
+  // Once per shipping interval: RefreshMappings, for /proc-read targets without JIT code only
+  // every kMapsCheckIntervals intervals. Their new modules refresh them at once (a pc in no
+  // known module: RefreshSoon), so the periodic read only catches a module replaced where
+  // another was; and a process's maps list two mappings per thread, so with thousands of
+  // threads each read costs the kernel milliseconds. JIT code's perf maps grow between
+  // mapping changes, and in-process sources report their changes cheaply: every interval.
+  void RefreshMappingsPeriodically(Target& target);
+  static constexpr uint32_t kMapsCheckIntervals = 6;
   // A pc in no known module usually means a library was just mapped: refreshes at most once a
   // second per target.
   void RefreshSoon(Target& target);
