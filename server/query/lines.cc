@@ -24,6 +24,17 @@ struct Line {
   uint64_t self = 0;
 };
 
+// The source frames at `offset` of `f`'s module, innermost first; none for modules without a
+// build ID, kernel or JIT code, or without a symbolizer.
+std::vector<symbolize::SourceFrame> SourceFramesAt(symbolize::Symbolizer* symbolizer,
+                                                   const store::FunctionInfo& f, uint64_t offset) {
+  if (symbolizer == nullptr || f.build_id.empty() ||
+      base::FrameKindOf(f.module) != base::FrameKind::kUser) {
+    return {};
+  }
+  return symbolizer->SourceFrames(BuildIdHex(f.build_id), offset);
+}
+
 }  // namespace
 
 absl::StatusOr<const store::FunctionInfo*> FunctionLookup::Get(uint64_t function_id) {
@@ -72,12 +83,7 @@ absl::StatusOr<absl::flat_hash_map<uint32_t, std::vector<LeafLine>>> LeafLinesOf
     if (index == index_of.end()) continue;
     absl::StatusOr<const store::FunctionInfo*> info = functions.Get(function_id);
     if (!info.ok()) return info.status();
-    if ((*info)->build_id.empty() ||
-        base::FrameKindOf((*info)->module) != base::FrameKind::kUser) {
-      continue;
-    }
-    std::vector<symbolize::SourceFrame> frames =
-        symbolizer->SourceFrames(BuildIdHex((*info)->build_id), offset);
+    std::vector<symbolize::SourceFrame> frames = SourceFramesAt(symbolizer, **info, offset);
     if (frames.empty()) continue;
     out[index->second].push_back({offset, std::move(frames), count});
   }
@@ -93,6 +99,7 @@ absl::StatusOr<CallSiteLines> CallSiteLinesOf(store::Store* store,
                                               const Profile& profile) {
   CallSiteLines out;
   out.sites.resize(profile.stacks.size());
+  if (symbolizer == nullptr) return out;  // sites without lines serve no view: no stack reads
   FunctionLookup functions(store);
   absl::flat_hash_set<std::pair<uint32_t, uint64_t>> looked_up;
   for (size_t s = 0; s < profile.stacks.size(); ++s) {
@@ -105,20 +112,15 @@ absl::StatusOr<CallSiteLines> CallSiteLinesOf(store::Store* store,
     }
     if (frames->call_sites.size() + 1 != stack.frames.size()) continue;
     out.sites[s] = std::move(frames->call_sites);
-    if (symbolizer == nullptr) continue;
     for (size_t j = 0; j + 1 < stack.frames.size(); ++j) {
       const std::pair<uint32_t, uint64_t> key{stack.frames[j], out.sites[s][j]};
       if (key.second == 0 || !looked_up.insert(key).second) continue;
       absl::StatusOr<const store::FunctionInfo*> info =
           functions.Get(profile.functions[key.first].id);
       if (!info.ok()) return info.status();
-      if ((*info)->build_id.empty() ||
-          base::FrameKindOf((*info)->module) != base::FrameKind::kUser) {
-        continue;
-      }
       // The call instruction ends just before the return address.
       std::vector<symbolize::SourceFrame> source =
-          symbolizer->SourceFrames(BuildIdHex((*info)->build_id), key.second - 1);
+          SourceFramesAt(symbolizer, **info, key.second - 1);
       if (!source.empty()) out.lines.emplace(key, std::move(source));
     }
   }
@@ -217,11 +219,7 @@ absl::StatusOr<v1::TopResponse> TopLines(store::Store* store, symbolize::Symboli
     if (!info.ok()) return info.status();
     const store::FunctionInfo& f = **info;
     response.set_total_samples(base::SaturatingAdd(response.total_samples(), count));
-    std::vector<symbolize::SourceFrame> frames;
-    if (symbolizer != nullptr && !f.build_id.empty() &&
-        base::FrameKindOf(f.module) == base::FrameKind::kUser) {
-      frames = symbolizer->SourceFrames(BuildIdHex(f.build_id), offset);
-    }
+    std::vector<symbolize::SourceFrame> frames = SourceFramesAt(symbolizer, f, offset);
     LineKey key;
     if (frames.empty()) {
       response.set_unresolved_samples(base::SaturatingAdd(response.unresolved_samples(), count));
