@@ -72,8 +72,9 @@ class PerfSource final : public StackSource {
         kernel_stacks_(options.kernel_stacks),
         off_cpu_(options.off_cpu) {}
 
-  // A session's options: per CPU, rings sized to wake the agent about every quarter second of
-  // a busy CPU's samples rather than every few samples.
+  // A session's options: per CPU, rings of about two seconds of a busy CPU's samples, the
+  // kernel's wake-up after about one, and a one-second drain period while samples flow (see
+  // perf_source.cc).
   sampler::SessionOptions SessionFor(uint32_t session_id, uint32_t frequency_hz) const;
 
   std::unique_ptr<sampler::PerfSampler> sampler_;
