@@ -14,6 +14,7 @@ packages=(
   golang-go chromium libxml2-utils libfaketime
   systemd yamllint python3-yaml linux-perf nodejs
   libdebuginfod-dev debuginfod elfutils libc6-dbg liblzma-dev llvm
+  etcd-server iproute2
 )
 
 missing=()
