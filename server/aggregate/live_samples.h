@@ -26,11 +26,11 @@ class LiveSamples {
   // retried for every other service's window flush.
   virtual uint64_t FlushGeneration(std::string_view service) const = 0;
   // Adds the live counts of `query` (continuous profile; windows in [from_ms, to_ms); one
-  // host if set) to `stacks` (stack ID -> count) and their hosts to `hosts`, if the flush
-  // generation of query.service is still `generation`.
+  // host, or the hosts of query.hosts, if set) to `stacks` (stack ID -> count) and to
+  // `hosts` (host -> count), if the flush generation of query.service is still `generation`.
   virtual bool AddLiveCounts(const store::SampleQuery& query, uint64_t generation,
                              absl::flat_hash_map<uint64_t, uint64_t>* stacks,
-                             std::set<std::string>* hosts) const = 0;
+                             std::map<std::string, uint64_t>* hosts) const = 0;
   // Services with live counts, with their open window and live total.
   virtual std::vector<store::ServiceSummary> LiveServices() const = 0;
 };

@@ -594,7 +594,7 @@ uint64_t WindowAggregator::FlushGeneration(std::string_view service) const {
 
 bool WindowAggregator::AddLiveCounts(const store::SampleQuery& query, uint64_t generation,
                                      absl::flat_hash_map<uint64_t, uint64_t>* stacks,
-                                     std::set<std::string>* hosts) const {
+                                     std::map<std::string, uint64_t>* hosts) const {
   absl::MutexLock lock(&mu_);
   if (query.capture_id) return true;  // captures are written directly
   AwaitNoCommit();
@@ -609,12 +609,13 @@ bool WindowAggregator::AddLiveCounts(const store::SampleQuery& query, uint64_t g
     host = h->second;
   }
   auto in_range = [&](int64_t window) { return window >= query.from_ms && window < query.to_ms; };
-  std::set<uint32_t> seen_hosts;
+  std::map<uint32_t, uint64_t> seen_hosts;
   auto add = [&](const CellKey& key, uint64_t count) {
     if (count == 0 || (host && key.host != *host)) return;
+    if (query.hosts && !query.hosts->contains(hosts_[key.host])) return;
     if (query.label_sets && !query.label_sets->contains(label_sets_[key.labels])) return;
     base::SaturatingAddTo((*stacks)[key.stack], count);
-    seen_hosts.insert(key.host);
+    base::SaturatingAddTo(seen_hosts[key.host], count);
   };
   if (t.live_total != 0 && in_range(t.window_start_ms)) t.table.ForEach(add);
   if (t.pending_flushes != 0) {
@@ -623,7 +624,7 @@ bool WindowAggregator::AddLiveCounts(const store::SampleQuery& query, uint64_t g
       for (const auto& [key, count] : p.cells) add(key, count);
     }
   }
-  for (uint32_t h : seen_hosts) hosts->insert(hosts_[h]);
+  for (const auto& [h, count] : seen_hosts) base::SaturatingAddTo((*hosts)[hosts_[h]], count);
   return true;
 }
 

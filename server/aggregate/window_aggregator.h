@@ -133,7 +133,7 @@ class WindowAggregator : public LiveSamples, public commit::BatchCommitter {
   uint64_t FlushGeneration(std::string_view service) const override;
   bool AddLiveCounts(const store::SampleQuery& query, uint64_t generation,
                      absl::flat_hash_map<uint64_t, uint64_t>* stacks,
-                     std::set<std::string>* hosts) const override;
+                     std::map<std::string, uint64_t>* hosts) const override;
   std::vector<store::ServiceSummary> LiveServices() const override;
 
   AggregatorStats stats() const;

@@ -358,7 +358,10 @@ absl::StatusOr<store::SampleTotals> ProfileReader::SumSamples(const store::Sampl
     auto totals = store_->samples().SumSamples(query);
     if (!totals.ok()) return totals;
     absl::flat_hash_map<uint64_t, uint64_t> live_counts;
-    std::set<std::string> hosts(totals->hosts.begin(), totals->hosts.end());
+    std::map<std::string, uint64_t> hosts;
+    for (size_t i = 0; i < totals->hosts.size(); ++i) {
+      hosts.emplace(totals->hosts[i], totals->host_samples[i]);
+    }
     if (!live_->AddLiveCounts(query, generation, &live_counts, &hosts)) continue;
     if (live_counts.empty()) return totals;
     for (store::StackCount& s : totals->stacks) {
@@ -368,14 +371,23 @@ absl::StatusOr<store::SampleTotals> ProfileReader::SumSamples(const store::Sampl
       live_counts.erase(it);
     }
     for (const auto& [stack, count] : live_counts) totals->stacks.push_back({stack, count});
-    totals->hosts.assign(hosts.begin(), hosts.end());
+    totals->hosts.clear();
+    totals->host_samples.clear();
+    for (const auto& [host, samples] : hosts) {
+      totals->hosts.push_back(host);
+      totals->host_samples.push_back(samples);
+    }
     return totals;
   }
 }
 
 ProfileReader::~ProfileReader() = default;
 
-absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
+absl::StatusOr<store::SampleQuery> ProfileReader::Prepare(const ProfileQuery& query,
+                                                          std::unique_ptr<RE2>* focus_re,
+                                                          std::unique_ptr<RE2>* ignore_re) {
+  std::unique_ptr<RE2>& focus = *focus_re;
+  std::unique_ptr<RE2>& ignore = *ignore_re;
   if (query.service.empty() && query.capture_id.empty()) {
     return absl::InvalidArgumentError("a service is required");
   }
@@ -384,7 +396,6 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
         absl::StrCat("empty time range: from ", query.from_ms, " ms is not before to ",
                      query.to_ms, " ms"));
   }
-  std::unique_ptr<RE2> focus, ignore;
   for (auto [pattern, re, what] : {std::tuple{&query.focus, &focus, "focus"},
                                    std::tuple{&query.ignore, &ignore, "ignore"}}) {
     if (pattern->empty()) continue;
@@ -451,8 +462,30 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
     }
     if (all && !selector) sq.label_sets.reset();
   }
+  sq.hosts = query.hosts;
+  return sq;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, uint64_t>>> ProfileReader::HostSamples(
+    const ProfileQuery& query) {
+  std::unique_ptr<RE2> focus, ignore;
+  auto sq = Prepare(query, &focus, &ignore);
+  if (!sq.ok()) return sq.status();
+  auto totals = SumSamples(*sq);
+  if (!totals.ok()) return totals.status();
+  std::vector<std::pair<std::string, uint64_t>> out;
+  for (size_t i = 0; i < totals->hosts.size(); ++i) {
+    out.emplace_back(totals->hosts[i], totals->host_samples[i]);
+  }
+  return out;
+}
+
+absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
+  std::unique_ptr<RE2> focus, ignore;
+  auto sq = Prepare(query, &focus, &ignore);
+  if (!sq.ok()) return sq.status();
   // Summed per stack by the store (whole hours come from its per-hour aggregates).
-  auto totals = SumSamples(sq);
+  auto totals = SumSamples(*sq);
   if (!totals.ok()) return totals.status();
   // Resolving in the final order (heaviest first) makes function indices deterministic and
   // leaves nothing to sort afterwards.
@@ -464,6 +497,7 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
 
   Profile profile;
   profile.hosts = std::move(totals->hosts);
+  profile.host_samples = std::move(totals->host_samples);
   profile.stacks.reserve(counts.size());
   absl::Status resolved = resolved_->Resolve(*store_, counts, focus.get(), ignore.get(), &profile);
   if (!resolved.ok()) return resolved;

@@ -13,11 +13,16 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "server/aggregate/live_samples.h"
 #include "server/store/store.h"
 #include "server/symbolize/symbolizer.h"
 #include "strata/v1/common.pb.h"
+
+namespace re2 {
+class RE2;
+}
 
 namespace strata::server::query {
 
@@ -37,6 +42,8 @@ struct ProfileQuery {
   // CPU, off-CPU or both (wall): label sets with or without the reserved profile label
   // (commit/profile_type.h). Captures are CPU only.
   v1::ProfileType type = v1::PROFILE_CPU;
+  // When set, only samples of these hosts (a cluster node's share of a fan-out query).
+  std::optional<absl::flat_hash_set<std::string>> hosts;
 };
 
 struct ResolvedFunction {
@@ -65,6 +72,9 @@ struct Profile {
   std::vector<ResolvedFunction> functions;
   std::vector<ResolvedStack> stacks;  // by count, descending
   std::vector<std::string> hosts;     // hosts that contributed samples, sorted
+  std::vector<uint64_t> host_samples;  // samples of each of `hosts`, before focus and ignore
+  // In a cluster: nodes that hold samples for the query and did not answer (profile_source.h).
+  std::vector<std::string> unreachable_nodes;
 };
 
 struct FunctionTotals {
@@ -97,8 +107,15 @@ class ProfileReader {
   // the known ones in the message). Stacks that cannot be resolved are reported as DataLoss.
   // Thread-safe.
   absl::StatusOr<Profile> Load(const ProfileQuery& query);
+  // Samples per host for `query` (before focus and ignore), sorted by host; the same errors.
+  absl::StatusOr<std::vector<std::pair<std::string, uint64_t>>> HostSamples(
+      const ProfileQuery& query);
 
  private:
+  // Checks `query` and turns it into the store's query; compiles its regexes.
+  absl::StatusOr<store::SampleQuery> Prepare(const ProfileQuery& query,
+                                             std::unique_ptr<re2::RE2>* focus,
+                                             std::unique_ptr<re2::RE2>* ignore);
   // Stacks and functions resolved by earlier loads (see profile.cc).
   class Resolved;
 

@@ -147,7 +147,11 @@ absl::StatusOr<auth::Principal> QueryService::AuthorizeQuery(
 absl::StatusOr<Profile> QueryService::LoadProfile(const v1::ProfileFilter& filter) {
   auto query = ToProfileQuery(filter, base::NowMs());
   if (!query.ok()) return query.status();
-  return reader_.Load(*query);
+  return Load(*query);
+}
+
+absl::StatusOr<Profile> QueryService::Load(const ProfileQuery& query) {
+  return source_ != nullptr ? source_->Load(query) : reader_.Load(query);
 }
 
 std::vector<std::string> QueryService::ArchsOf(const Profile& profile) {
@@ -172,6 +176,7 @@ absl::StatusOr<v1::TopResponse> QueryService::RunTop(const v1::TopRequest& reque
   if (!profile.ok()) return profile.status();
   v1::TopResponse response;
   response.set_total_samples(profile->total);
+  for (const auto& n : profile->unreachable_nodes) response.add_unreachable_nodes(n);
   auto totals = TopFunctions(*profile, request.sort() == v1::TopRequest::TOTAL);
   const uint32_t limit = EffectiveLimit(request.limit());
   for (size_t i = 0; i < totals.size() && i < limit; ++i) {
@@ -190,6 +195,7 @@ absl::StatusOr<v1::HotPathsResponse> QueryService::RunHotPaths(
   if (!profile.ok()) return profile.status();
   v1::HotPathsResponse response;
   response.set_total_samples(profile->total);
+  for (const auto& n : profile->unreachable_nodes) response.add_unreachable_nodes(n);
   const uint32_t limit = EffectiveLimit(request.limit());
   for (size_t i = 0; i < profile->stacks.size() && i < limit; ++i) {
     const ResolvedStack& stack = profile->stacks[i];
@@ -203,9 +209,12 @@ absl::StatusOr<v1::HotPathsResponse> QueryService::RunHotPaths(
 }
 
 absl::StatusOr<v1::ListServicesResponse> QueryService::RunListServices() {
-  auto services = query::ListServices(store_, live_);
+  std::vector<std::string> unreachable;
+  auto services = source_ != nullptr ? source_->Services(&unreachable)
+                                     : query::ListServices(store_, live_);
   if (!services.ok()) return services.status();
   v1::ListServicesResponse response;
+  for (const auto& n : unreachable) response.add_unreachable_nodes(n);
   for (const auto& s : *services) {
     auto* info = response.add_services();
     info->set_name(s.service);
@@ -273,7 +282,7 @@ absl::StatusOr<v1::FlameGraphResponse> QueryService::RunFlameGraph(
     const v1::FlameGraphRequest& request) {
   auto query = ToProfileQuery(request.filter(), base::NowMs());
   if (!query.ok()) return query.status();
-  auto profile = reader_.Load(*query);
+  auto profile = Load(*query);
   if (!profile.ok()) return profile.status();
   if (request.lines()) {
     profile = ExpandLines(store_, symbolizer_, *query, *profile);
@@ -281,6 +290,7 @@ absl::StatusOr<v1::FlameGraphResponse> QueryService::RunFlameGraph(
   }
   v1::FlameGraphResponse response;
   response.set_total_samples(profile->total);
+  for (const auto& n : profile->unreachable_nodes) response.add_unreachable_nodes(n);
   for (auto& arch : ArchsOf(*profile)) response.add_archs(arch);
   const auto format = request.format();
   if (format == v1::FlameGraphRequest::FOLDED) {
@@ -359,8 +369,8 @@ absl::StatusOr<v1::DiffResponse> QueryService::RunDiff(const v1::DiffRequest& re
   }
   // The two loads are independent: the base loads on a second thread meanwhile.
   std::future<absl::StatusOr<Profile>> base_load =
-      std::async(std::launch::async, [&] { return reader_.Load(*base); });
-  auto profile = reader_.Load(*current);
+      std::async(std::launch::async, [&] { return Load(*base); });
+  auto profile = Load(*current);
   auto base_profile = base_load.get();
   if (!base_profile.ok()) {
     return absl::Status(base_profile.status().code(),
@@ -371,6 +381,13 @@ absl::StatusOr<v1::DiffResponse> QueryService::RunDiff(const v1::DiffRequest& re
   const ProfileDiff diff = DiffProfiles(*base_profile, *profile, EffectiveLimit(request.limit()));
   v1::DiffResponse response;
   response.set_base_total_samples(diff.base_total);
+  {
+    std::set<std::string> unreachable(profile->unreachable_nodes.begin(),
+                                      profile->unreachable_nodes.end());
+    unreachable.insert(base_profile->unreachable_nodes.begin(),
+                       base_profile->unreachable_nodes.end());
+    for (const auto& n : unreachable) response.add_unreachable_nodes(n);
+  }
   response.set_total_samples(diff.total);
   for (const FunctionChange& c : diff.functions) {
     auto* row = response.add_functions();
@@ -417,7 +434,7 @@ absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportReque
     response.set_total_samples(profile->samples);
     return response;
   }
-  auto profile = reader_.Load(*query);
+  auto profile = Load(*query);
   if (!profile.ok()) return profile.status();
   // Counts are in sampling periods of the service's agents: pprof's time values use them.
   auto leaf_lines = LeafLinesOf(store_, symbolizer_, *query, *profile);
@@ -432,6 +449,7 @@ absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportReque
   response.set_data(std::move(*data));
   response.set_content_type("application/vnd.google.protobuf+gzip");
   response.set_total_samples(profile->total);
+  for (const auto& n : profile->unreachable_nodes) response.add_unreachable_nodes(n);
   return response;
 }
 
@@ -488,7 +506,7 @@ absl::StatusOr<v1::QualityResponse> QueryService::RunQuality(const v1::QualityRe
   if (!query->capture_id.empty()) {
     return absl::InvalidArgumentError("stack quality is reported for services, not captures");
   }
-  auto profile = reader_.Load(*query);
+  auto profile = Load(*query);
   if (!profile.ok()) return profile.status();
   std::vector<std::string> build_ids;
   build_ids.reserve(profile->functions.size());

@@ -17,6 +17,7 @@
 #include "server/auth/grpc_auth.h"
 #include "server/aggregate/live_samples.h"
 #include "server/query/profile.h"
+#include "server/query/profile_source.h"
 #include "server/registry/agent_registry.h"
 #include "server/store/store.h"
 #include "strata/v1/query.grpc.pb.h"
@@ -75,9 +76,14 @@ class QueryService final : public v1::Query::Service {
   // agents' unwinding counters.
   absl::StatusOr<v1::QualityResponse> RunQuality(const v1::QualityRequest& request);
 
+  // In a cluster, profiles and services come from every node (set before serving).
+  void SetProfileSource(ProfileSource* source) { source_ = source; }
+
  private:
   absl::StatusOr<auth::Principal> AuthorizeQuery(const grpc::ServerContextBase* context);
   absl::StatusOr<Profile> LoadProfile(const v1::ProfileFilter& filter);
+  // From the ProfileSource if there is one, else from this server's store.
+  absl::StatusOr<Profile> Load(const ProfileQuery& query);
   // Architectures of the hosts that contributed to `profile`.
   std::vector<std::string> ArchsOf(const Profile& profile);
 
@@ -87,6 +93,7 @@ class QueryService final : public v1::Query::Service {
   auth::Authorizer* const authorizer_;
   symbolize::Symbolizer* const symbolizer_;  // null: no server-side names nor lines
   ProfileReader reader_;
+  ProfileSource* source_ = nullptr;
 };
 
 }  // namespace strata::server::query

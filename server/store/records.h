@@ -67,6 +67,9 @@ struct SampleQuery {
   Resolution resolution = Resolution::kRaw;
   // When set, only cells of these label set IDs (0 for samples without labels); unset: all.
   std::optional<absl::flat_hash_set<uint64_t>> label_sets;
+  // When set, only cells of these hosts (a cluster node reading the hosts it serves a
+  // fan-out query for).
+  std::optional<absl::flat_hash_set<std::string>> hosts;
 };
 
 // A distinct label set of a service's samples.
@@ -90,6 +93,7 @@ struct StackCount {
 struct SampleTotals {
   std::vector<StackCount> stacks;  // one entry per stack that has a cell; in no fixed order
   std::vector<std::string> hosts;  // hosts that have a cell, sorted
+  std::vector<uint64_t> host_samples;  // samples of each of `hosts`
 };
 
 struct ServiceSummary {

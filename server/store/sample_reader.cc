@@ -20,7 +20,7 @@ namespace {
 // Per-stack sums and contributing hosts while reducing a query's cells.
 struct Totals {
   absl::flat_hash_map<uint64_t, uint64_t> counts;
-  absl::flat_hash_set<std::string> hosts;
+  absl::flat_hash_map<std::string, uint64_t> hosts;  // samples per host
 };
 
 // A RocksDB iterator over the cells of `scope` in `column`, positioned at window `from` and
@@ -56,6 +56,11 @@ absl::StatusOr<std::string> QueryScope(const SampleQuery& query) {
   if (query.host && !ValidKeyPart(*query.host)) {
     return absl::InvalidArgumentError("host must not contain NUL");
   }
+  if (query.hosts) {
+    for (const std::string& h : *query.hosts) {
+      if (!ValidKeyPart(h)) return absl::InvalidArgumentError("host must not contain NUL");
+    }
+  }
   return scope;
 }
 
@@ -73,7 +78,9 @@ struct SampleReader::Impl {
   // key's views are valid during the call only.
   template <typename Visit>
   absl::Status VisitCells(Column column, const std::string& scope, int64_t from, int64_t to,
-                          const std::optional<std::string>& host, Visit&& visit) {
+                          const std::optional<std::string>& host,
+                          const std::optional<absl::flat_hash_set<std::string>>& hosts,
+                          Visit&& visit) {
     CellCursor it(*database, column, scope, from, to);
     uint64_t cells = 0;
     while (it->Valid()) {
@@ -92,6 +99,10 @@ struct SampleReader::Impl {
         }
         continue;
       }
+      if (hosts && !hosts->contains(absl::string_view(cell->host.data(), cell->host.size()))) {
+        it->Next();
+        continue;
+      }
       absl::StatusOr<uint64_t> count = DecodeCount(View(it->value()));
       if (!count.ok()) return count.status();
       ++cells;
@@ -107,7 +118,7 @@ struct SampleReader::Impl {
                          const std::function<void(const SampleKey&, uint64_t)>& fn) {
     SampleKey key;
     key.service = query.service;
-    return VisitCells(column, scope, from, to, query.host,
+    return VisitCells(column, scope, from, to, query.host, query.hosts,
                       [&](const CellKey& cell, uint64_t count) {
                         if (query.label_sets && !query.label_sets->contains(cell.label_set)) {
                           return;
@@ -125,18 +136,18 @@ struct SampleReader::Impl {
                         const SampleQuery& query, Totals* totals) {
     // Cells arrive grouped by host within each window: hash the host only when it changes.
     std::string last_host;
-    bool any = false;
-    return VisitCells(column, scope, from, to, query.host,
+    uint64_t* host_samples = nullptr;
+    return VisitCells(column, scope, from, to, query.host, query.hosts,
                       [&](const CellKey& cell, uint64_t count) {
                         if (query.label_sets && !query.label_sets->contains(cell.label_set)) {
                           return;
                         }
                         base::SaturatingAddTo(totals->counts[cell.stack_id], count);
-                        if (!any || cell.host != last_host) {
-                          any = true;
+                        if (host_samples == nullptr || cell.host != last_host) {
                           last_host.assign(cell.host);
-                          totals->hosts.insert(last_host);
+                          host_samples = &totals->hosts[last_host];
                         }
+                        base::SaturatingAddTo(*host_samples, count);
                       });
   }
 
@@ -162,7 +173,7 @@ struct SampleReader::Impl {
     auto block = std::make_shared<HourBlock>();
     bool labelled = false;  // a cell with a label set was seen: label_sets is kept
     absl::Status s = VisitCells(
-        Column::kRollupHour, scope, hour, end, std::nullopt,
+        Column::kRollupHour, scope, hour, end, std::nullopt, std::nullopt,
         [&](const CellKey& cell, uint64_t count) {
           if (block->hosts.empty() || cell.host != block->hosts.back()) {
             if (!block->hosts.empty()) block->host_end.push_back(block->entries.size());
@@ -225,26 +236,31 @@ struct SampleReader::Impl {
     for (const auto& block : blocks) {
       for (size_t h = 0; h < block->hosts.size(); ++h) {
         if (host && block->hosts[h] != *host) continue;
+        if (query.hosts && !query.hosts->contains(block->hosts[h])) continue;
         const size_t begin = h == 0 ? 0 : block->host_end[h - 1];
         const size_t end = block->host_end[h];
         if (begin == end) continue;
         if (query.label_sets) {
           // Labelled queries are selective: no prefetching, a membership test per entry.
+          uint64_t sum = 0;
           bool any = false;
           for (size_t i = begin; i < end; ++i) {
             if (!query.label_sets->contains(block->LabelSetOf(i))) continue;
             any = true;
             totals->counts[block->entries[i].stack_id] += block->entries[i].count;
+            sum += block->entries[i].count;
           }
-          if (any && !totals->hosts.contains(block->hosts[h])) totals->hosts.insert(block->hosts[h]);
+          if (any) base::SaturatingAddTo(totals->hosts[block->hosts[h]], sum);
           continue;
         }
-        if (!totals->hosts.contains(block->hosts[h])) totals->hosts.insert(block->hosts[h]);
+        uint64_t sum = 0;
         constexpr size_t kAhead = 8;  // overlap the cache misses of the hash probes
         for (size_t i = begin; i < end; ++i) {
           if (i + kAhead < end) totals->counts.prefetch(block->entries[i + kAhead].stack_id);
           totals->counts[block->entries[i].stack_id] += block->entries[i].count;
+          sum += block->entries[i].count;
         }
+        base::SaturatingAddTo(totals->hosts[block->hosts[h]], sum);
       }
     }
     return absl::OkStatus();
@@ -286,8 +302,12 @@ absl::StatusOr<SampleTotals> SampleReader::SumSamples(const SampleQuery& query) 
   SampleTotals out;
   out.stacks.reserve(totals.counts.size());
   for (const auto& [stack_id, count] : totals.counts) out.stacks.push_back({stack_id, count});
-  out.hosts.assign(totals.hosts.begin(), totals.hosts.end());
-  std::sort(out.hosts.begin(), out.hosts.end());
+  std::vector<std::pair<std::string, uint64_t>> hosts(totals.hosts.begin(), totals.hosts.end());
+  std::sort(hosts.begin(), hosts.end());
+  for (auto& [host, samples] : hosts) {
+    out.hosts.push_back(std::move(host));
+    out.host_samples.push_back(samples);
+  }
   return out;
 }
 

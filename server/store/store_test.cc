@@ -833,15 +833,18 @@ class SumSamplesTest : public StoreTest {
   // Per-stack sums and hosts of ScanSamples for `q`.
   SampleTotals Expected(const SampleQuery& q) {
     std::map<uint64_t, uint64_t> counts;
-    std::set<std::string> hosts;
+    std::map<std::string, uint64_t> hosts;
     absl::Status s = store_->samples().ScanSamples(q, [&](const SampleKey& k, uint64_t c) {
       counts[k.stack_id] += c;
-      hosts.insert(k.host);
+      hosts[k.host] += c;
     });
     EXPECT_TRUE(s.ok()) << s;
     SampleTotals t;
     for (auto [id, c] : counts) t.stacks.push_back({id, c});
-    t.hosts.assign(hosts.begin(), hosts.end());
+    for (const auto& [host, c] : hosts) {
+      t.hosts.push_back(host);
+      t.host_samples.push_back(c);
+    }
     return t;
   }
   SampleTotals Sum(const SampleQuery& q) {
@@ -856,6 +859,7 @@ class SumSamplesTest : public StoreTest {
     SampleTotals want = Expected(q), got = Sum(q);
     EXPECT_EQ(got.stacks, want.stacks) << q.from_ms << ".." << q.to_ms;
     EXPECT_EQ(got.hosts, want.hosts) << q.from_ms << ".." << q.to_ms;
+    EXPECT_EQ(got.host_samples, want.host_samples) << q.from_ms << ".." << q.to_ms;
   }
   void Fill() {
     WriteBatch batch;
@@ -882,6 +886,11 @@ TEST_F(SumSamplesTest, MatchesScanForEveryResolutionRangeAndHost) {
         ExpectSame({"svc", from, to, host, std::nullopt, r});
         ExpectSame({"svc", from, to, host, std::nullopt, r});
       }
+      // A set of hosts (a cluster node's share of a fan-out query).
+      SampleQuery some{"svc", from, to, std::nullopt, std::nullopt, r};
+      some.hosts.emplace({"a", "c", "zz"});
+      ExpectSame(some);
+      ExpectSame(some);
     }
   }
   const StoreStats stats = store_->Stats();
