@@ -18,6 +18,10 @@
 #include "common/base/byte_size.h"
 #include "common/base/config_file.h"
 #include "server/capture/capture_service.h"
+#include "server/cluster/fanout.h"
+#include "server/cluster/membership.h"
+#include "server/cluster/replication.h"
+#include "common/base/duration.h"
 #include "server/aggregate/window_aggregator.h"
 #include "server/auth/authorizer.h"
 #include "server/auth/tls_credentials.h"
@@ -76,10 +80,17 @@ struct ServerFlags {
   std::string backup_to, restore_from;
   uint32_t backup_keep = 7;
   std::string hash_name = "NAME", hash_role = "reader";
+  // Cluster (server/cluster): off without --cluster-etcd.
+  std::string cluster_etcd, node_id, advertise, cluster_prefix = "/strata";
+  uint32_t replication_factor = 2;
+  uint32_t cluster_tokens = strata::server::cluster::kDefaultTokens;
+  std::string cluster_lease_ttl = "10s", cluster_query_timeout = "10s",
+              cluster_replica_timeout = "5s";
 };
 
 // What the flags' texts mean, checked: sizes, durations and retention periods.
 struct ServeSettings {
+  absl::Duration cluster_lease_ttl, cluster_query_timeout, cluster_replica_timeout;
   uint64_t session_bytes = 0;
   uint64_t max_debuginfo_bytes = 0;
   absl::Duration capture_retention;
@@ -203,6 +214,31 @@ void AddServeFlags(CLI::App& app, ServerFlags& f) {
                  "retry delay")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--cluster-etcd", f.cluster_etcd,
+                 "etcd endpoints (http://HOST:2379, comma-separated): run as a node of a cluster "
+                 "whose membership lives there; off: a single server");
+  app.add_option("--node-id", f.node_id, "this node's ID in the cluster (stable across restarts)");
+  app.add_option("--advertise", f.advertise,
+                 "host:port agents and other nodes reach this node's gRPC at (default: --listen)");
+  app.add_option("--replication-factor", f.replication_factor,
+                 "nodes that hold each host's samples (a batch is acknowledged when all live "
+                 "ones have it)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 5u));
+  app.add_option("--cluster-tokens", f.cluster_tokens, "virtual tokens of this node on the ring")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 4096u));
+  app.add_option("--cluster-lease-ttl", f.cluster_lease_ttl,
+                 "a node whose lease is not refreshed this long leaves the ring")
+      ->capture_default_str();
+  app.add_option("--cluster-prefix", f.cluster_prefix, "key prefix of this cluster in etcd")
+      ->capture_default_str();
+  app.add_option("--cluster-query-timeout", f.cluster_query_timeout,
+                 "how long a fan-out query waits for a node before naming it unreachable")
+      ->capture_default_str();
+  app.add_option("--cluster-replica-timeout", f.cluster_replica_timeout,
+                 "how long a batch waits for another owner's confirmation")
+      ->capture_default_str();
   app.add_option("--ingest-threads", f.ingest_threads,
                  "threads that decode and commit agent batches (0: one per core)")
       ->capture_default_str();
@@ -336,6 +372,29 @@ absl::StatusOr<ServeSettings> CheckFlags(ServerFlags& f) {
       return absl::InvalidArgumentError(absl::StrCat(flag, ": ", bytes.status().message()));
     }
     *out = *bytes;
+  }
+  for (auto [flag, text, out] :
+       {std::tuple{"--cluster-lease-ttl", &f.cluster_lease_ttl, &settings.cluster_lease_ttl},
+        std::tuple{"--cluster-query-timeout", &f.cluster_query_timeout,
+                   &settings.cluster_query_timeout},
+        std::tuple{"--cluster-replica-timeout", &f.cluster_replica_timeout,
+                   &settings.cluster_replica_timeout}}) {
+    auto ms = strata::base::ParseDuration(*text);
+    if (!ms.ok() || *ms <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": '", *text, "' is not a positive duration (e.g. 10s)"));
+    }
+    *out = absl::Milliseconds(*ms);
+  }
+  if (!f.cluster_etcd.empty()) {
+    if (f.node_id.empty()) return absl::InvalidArgumentError("--cluster-etcd needs --node-id");
+    if (!f.auth_options.auth_file.empty() || !f.tls.client_ca_file.empty()) {
+      // Nodes call each other without credentials yet.
+      return absl::InvalidArgumentError(
+          "a cluster node does not take --auth-file or --tls-client-ca yet: run the cluster "
+          "on a private network");
+    }
+    if (f.advertise.empty()) f.advertise = f.listen;
   }
   auto capture_duration = strata::server::capture::ParseRetention(f.max_capture_duration);
   if (!capture_duration.ok() || *capture_duration <= absl::ZeroDuration() ||
@@ -484,6 +543,31 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
       std::move(*aggregator_or);
   aggregator->Start();
 
+  namespace cluster = strata::server::cluster;
+  std::unique_ptr<cluster::Membership> membership;
+  cluster::NodeChannels node_channels;
+  cluster::ReplicationMetrics replication_metrics;
+  std::unique_ptr<cluster::ClusterPlacement> placement;
+  if (!f.cluster_etcd.empty()) {
+    auto joined = cluster::Membership::Join({.etcd_endpoints = f.cluster_etcd,
+                                             .prefix = f.cluster_prefix,
+                                             .node_id = f.node_id,
+                                             .advertise = f.advertise,
+                                             .tokens = f.cluster_tokens,
+                                             .lease_ttl = settings.cluster_lease_ttl});
+    if (!joined.ok()) {
+      std::fprintf(stderr, "strata-server: %s\n", std::string(joined.status().message()).c_str());
+      return 1;
+    }
+    membership = std::move(*joined);
+    placement = std::make_unique<cluster::ClusterPlacement>(
+        membership.get(), store.get(), &node_channels,
+        cluster::ReplicationOptions{f.replication_factor, settings.cluster_replica_timeout},
+        &replication_metrics);
+    spdlog::info("cluster: node {} at {} joined {} ({} nodes, replication factor {})", f.node_id,
+                 f.advertise, f.cluster_etcd, membership->ring()->members().size(),
+                 f.replication_factor);
+  }
   strata::server::registry::AgentRegistry registry;
   strata::server::ingest::IngestMetrics metrics;
   strata::server::ingest::IngestService ingest(store.get(), &registry, &metrics,
@@ -493,7 +577,8 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
                                         .limits = f.limits,
                                         .max_agents = f.max_agents,
                                         .worker_threads = f.ingest_threads,
-                                        .session_memory_bytes = settings.session_bytes});
+                                        .session_memory_bytes = settings.session_bytes,
+                                        .placement = placement.get()});
   auto debuginfo_store = strata::server::symbolize::DebugInfoStore::Open(
       f.data + "/debuginfo", settings.max_debuginfo_bytes);
   if (!debuginfo_store.ok()) {
@@ -508,6 +593,17 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
                                                          authorizer);
   strata::server::query::QueryService query(store.get(), &registry, aggregator.get(),
                                      authorizer, &symbolizer);
+  std::unique_ptr<cluster::ClusterService> cluster_service;
+  std::unique_ptr<cluster::FanoutSource> fanout;
+  if (membership != nullptr) {
+    cluster_service = std::make_unique<cluster::ClusterService>(
+        membership.get(), store.get(), aggregator.get(), &symbolizer, authorizer,
+        f.replication_factor, &replication_metrics);
+    fanout = std::make_unique<cluster::FanoutSource>(membership.get(), &node_channels,
+                                                     cluster_service.get(), f.replication_factor,
+                                                     settings.cluster_query_timeout);
+    query.SetProfileSource(fanout.get());
+  }
   strata::server::capture::CaptureService::Options capture_options;
   capture_options.retention = settings.capture_retention;
   capture_options.max_frequency_hz = f.max_capture_hz;
@@ -538,6 +634,7 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
   builder.RegisterService(&query);
   builder.RegisterService(&capture);
   builder.RegisterService(&debuginfo);
+  if (cluster_service != nullptr) builder.RegisterService(cluster_service.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(f.limits.max_message_bytes));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || bound_port == 0) {
@@ -552,7 +649,10 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
        .metrics_open = f.metrics_open,
        .capture_limit_refusals = [&capture] { return capture.limit_refusals(); },
        .symbolizer = &symbolizer,
-       .debuginfo = &debuginfo});
+       .debuginfo = &debuginfo,
+       .more_metrics = membership == nullptr
+                           ? std::function<std::string()>()
+                           : [&] { return cluster::RenderClusterMetrics(*cluster_service); }});
   if (!f.http.empty()) {
     strata::server::http::HttpServerOptions http_options;
     http_options.max_connections = f.http_max_connections;

@@ -275,6 +275,14 @@ http::HttpResponse RenderMetrics(const http::HttpServer* http, store::Store* sto
     counter("strata_auth_reload_errors_total",
             "Changes of the tokens file refused (the previous one stays).", a.reload_errors);
   }
+  counter("strata_ingest_redirects_total",
+          "Agent streams sent to their host's owners (cluster).", metrics->redirects);
+  counter("strata_ingest_replica_streams_total",
+          "Streams taken as another cluster node's replica.", metrics->replica_streams);
+  counter("strata_ingest_replication_failures_total",
+          "Batches not acknowledged because an owner did not confirm them.",
+          metrics->replication_failures);
+  if (access.more_metrics) r.body += access.more_metrics();
   if (access.capture_limit_refusals) {
     counter("strata_capture_limit_refusals_total",
             "Captures refused for asking more than --max-capture-hz or "

@@ -28,6 +28,8 @@ struct HttpAccess {
   // Symbolization and debug-info uploads, for /metrics; optional.
   const symbolize::Symbolizer* symbolizer = nullptr;
   const symbolize::DebugInfoService* debuginfo = nullptr;
+  // More Prometheus text for /metrics (a cluster node's ring state); optional.
+  std::function<std::string()> more_metrics;
 };
 
 void RegisterHttpRoutes(http::HttpServer* http, store::Store* store, ingest::IngestMetrics* metrics,

@@ -54,8 +54,9 @@ class IngestService::Stream final
     Queue(ErrorMessage(status, 0, /*fatal=*/true, retry_after_ms));
     EndAfterWrites(ToGrpc(status));
   }
-  void Begin(auth::Principal principal, bool counted) {
+  void Begin(auth::Principal principal, bool counted, bool replica) {
     principal_ = std::move(principal);
+    replica_ = replica;
     counted_principal_ = counted;
     admitted_ = true;
     ++service_->metrics_->connected;
@@ -99,7 +100,7 @@ class IngestService::Stream final
       absl::MutexLock lock(&link_->mu);
       link_->stream = nullptr;
     }
-    if (session_ != nullptr) {
+    if (session_ != nullptr && !replica_) {
       service_->registry_->Detach(session_->identity().agent_id);
       spdlog::info("agent {} disconnected", log_name_);
     }
@@ -203,6 +204,10 @@ class IngestService::Stream final
   bool counted_principal_ = false;  // holds a slot in principal_streams_
   v1::AgentMessage in_;
   std::unique_ptr<AgentSession> session_;  // after Hello
+  // A replica of a stream another cluster node took: no placement, no replication, not an
+  // agent connected here.
+  bool replica_ = false;
+  std::unique_ptr<StreamReplica> replica_of_;  // an accepted stream's mirror to the owners
   std::string log_name_;                   // the agent ID, escaped for logs
   size_t accounted_bytes_ = 0;             // this session's part of session_bytes
 
@@ -220,6 +225,7 @@ absl::Status IngestService::Stream::Handle(const v1::AgentMessage& message) {
   switch (message.kind_case()) {
     case v1::AgentMessage::kGraphDelta: {
       absl::Status st = session_->ApplyGraphDelta(message.graph_delta());
+      if (st.ok() && replica_of_ != nullptr) replica_of_->OnGraphDelta(message.graph_delta());
       // A large delta (a new agent's whole graph) leaves tens of MB of freed parse and
       // write-batch buffers in malloc's arenas; give them back rather than let every
       // worker's arena keep its peak.
@@ -300,6 +306,17 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
     spdlog::warn("{} refused: {}", principal_.Describe(), std::string(st.message()));
     return st;
   }
+  if (options.placement != nullptr && !replica_) {
+    auto placed = options.placement->Place(identity);
+    if (!placed.ok()) return EndWith(placed.status(), 0);
+    if (placed->has_value()) {
+      ++metrics->redirects;
+      v1::ServerMessage m;
+      *m.mutable_redirect() = std::move(**placed);
+      Queue(std::move(m));
+      return absl::FailedPreconditionError("redirected to the host's owners");
+    }
+  }
   auto session = AgentSession::Open(service_->store_, identity, options.committer, options.limits);
   if (!session.ok()) {
     spdlog::error("agent {}: cannot open session: {}", base::EscapeForLog(hello.agent_id()),
@@ -309,6 +326,16 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
   session_ = std::move(*session);
   log_name_ = base::EscapeForLog(identity.agent_id);
   ++metrics->streams;
+  if (replica_) {
+    ++metrics->replica_streams;
+    v1::ServerMessage welcome;
+    welcome.mutable_welcome()->set_known_nodes(session_->num_nodes());
+    welcome.mutable_welcome()->set_known_edges(session_->num_edges());
+    welcome.mutable_welcome()->set_last_applied_sequence(session_->last_applied_sequence());
+    Queue(std::move(welcome));
+    return absl::OkStatus();
+  }
+  if (options.placement != nullptr) replica_of_ = options.placement->Replicate(hello);
   std::shared_ptr<Link> link = link_;
   if (absl::Status st = service_->registry_->Attach(
           DescriptorOf(identity), hello.frequency_hz(),
@@ -386,8 +413,27 @@ absl::Status IngestService::Stream::HandleBatch(const v1::SampleBatch& batch) {
     for (const auto& c : applied->contexts) samples += c.count;
     metrics->samples += samples;
     metrics->contexts += applied->contexts.size();
-    service_->registry_->RecordBatch(identity.agent_id, batch);
+    if (!replica_) service_->registry_->RecordBatch(identity.agent_id, batch);
     for (const auto& observer : service_->observers_) observer(*applied);
+  }
+  if (replica_of_ != nullptr) {
+    // Stored here; acknowledged only once every live owner of the host has it too. Resent,
+    // the batch is a duplicate here and goes to the owners that lack it.
+    v1::Redirect redirect;
+    absl::Status replicated = replica_of_->OnBatch(batch, *session_, &redirect);
+    if (!replicated.ok()) {
+      if (redirect.servers_size() > 0) {
+        ++metrics->redirects;
+        spdlog::info("agent {}: moving to {}: {}", log_name_, redirect.servers(0),
+                     redirect.reason());
+        v1::ServerMessage m;
+        *m.mutable_redirect() = std::move(redirect);
+        Queue(std::move(m));
+        return replicated;
+      }
+      ++metrics->replication_failures;
+      return EndWith(replicated, batch.sequence());
+    }
   }
   v1::ServerMessage ack;
   ack.mutable_ack()->set_sequence(batch.sequence());
@@ -450,7 +496,9 @@ grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage>* IngestService::Con
                    options_.retry_after_ms);
     return stream;
   }
-  stream->Begin(std::move(*principal), counted);
+  const bool replica = options_.placement != nullptr &&
+                       context->client_metadata().count(kReplicaMetadata) > 0;
+  stream->Begin(std::move(*principal), counted, replica);
   return stream;
 }
 

@@ -32,6 +32,7 @@
 #include "server/ingest/agent_session.h"
 #include "server/ingest/latency_histogram.h"
 #include "server/ingest/limits.h"
+#include "server/ingest/placement.h"
 #include "server/ingest/worker_pool.h"
 #include "server/registry/agent_registry.h"
 #include "server/store/store.h"
@@ -62,6 +63,11 @@ struct IngestMetrics {
   LatencyHistogram queue_wait;
   LatencyHistogram batch_apply;
   std::atomic<uint64_t> resyncs{0};
+  // Cluster: streams sent to the host's owners, streams taken as another node's replica,
+  // and batches not acknowledged because an owner did not confirm them.
+  std::atomic<uint64_t> redirects{0};
+  std::atomic<uint64_t> replica_streams{0};
+  std::atomic<uint64_t> replication_failures{0};
 };
 
 // The registry's view of an agent's identity.
@@ -92,6 +98,9 @@ class IngestService final : public v1::Ingest::CallbackService {
     // graph after each message and loads it from the store for the next one: connected
     // agents then cost RocksDB reads instead of memory.
     size_t session_memory_bytes = size_t{2} << 30;
+    // In a cluster: which streams this node takes, and their replication (placement.h).
+    // Null: a single server.
+    StreamPlacement* placement = nullptr;
   };
   using BatchObserver = std::function<void(const AppliedBatch&)>;
 

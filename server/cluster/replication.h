@@ -1,0 +1,104 @@
+// Placement and replication of agent streams in a cluster (ingest's StreamPlacement). The
+// ring (membership.h) names each host's replica set; the node an agent reaches takes the
+// stream if it is one of the owners and otherwise redirects the agent to them. The node that
+// took a stream mirrors it to the other owners over the Ingest API itself (a replica stream:
+// Hello, the graph the owner lacks, then every batch), and a batch is acknowledged to the
+// agent only once every owner on the ring has committed it.
+//
+// There are no hints to hand off: an owner that goes away leaves the ring when its lease
+// expires, the next node on the ring becomes an owner, and the stream's node brings it up to
+// date (the agent's graph from this node's store, then every new batch). Until the lease
+// expires, a batch its owner cannot confirm is not acknowledged: the agent keeps it and sends
+// it again. History stays where it was written; queries (fanout.h) read each host from the
+// replica with the most of its samples.
+//
+// ClusterPlacement borrows the membership and the store; it owns the channels to other nodes.
+#ifndef STRATA_SERVER_CLUSTER_REPLICATION_H_
+#define STRATA_SERVER_CLUSTER_REPLICATION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/cluster/membership.h"
+#include "server/ingest/placement.h"
+#include "server/store/store.h"
+
+namespace strata::server::cluster {
+
+struct ReplicationMetrics {
+  std::atomic<uint64_t> batches_replicated{0};  // batch copies confirmed by another owner
+  std::atomic<uint64_t> bytes_replicated{0};    // of those batches, serialized
+  std::atomic<uint64_t> graph_catch_ups{0};     // graphs sent to an owner that lacked them
+  std::atomic<uint64_t> replica_failures{0};    // owners that did not confirm a batch
+  std::atomic<int64_t> replicated_streams{0};   // accepted streams with another owner
+};
+
+// Channels to other nodes by address, shared by replication and fan-out queries.
+class NodeChannels {
+ public:
+  std::shared_ptr<grpc::Channel> Get(const std::string& address);
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
+};
+
+// Cancels gRPC calls that outlive their deadline: a replica stream to a partitioned node
+// would otherwise wait for TCP to give up.
+class CallDeadlines {
+ public:
+  CallDeadlines();
+  ~CallDeadlines();
+  // Cancels `context` at `deadline` unless Disarm()ed first.
+  uint64_t Arm(grpc::ClientContext* context, absl::Time deadline);
+  void Disarm(uint64_t token);
+
+ private:
+  void Run();
+  absl::Mutex mu_;
+  std::map<uint64_t, std::pair<absl::Time, grpc::ClientContext*>> armed_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+struct ReplicationOptions {
+  uint32_t replication_factor = 2;
+  // How long an owner may take to confirm a batch before it counts as failed.
+  absl::Duration replica_timeout = absl::Seconds(5);
+};
+
+class ClusterPlacement final : public ingest::StreamPlacement {
+ public:
+  ClusterPlacement(Membership* membership, store::Store* store, NodeChannels* channels,
+                   ReplicationOptions options, ReplicationMetrics* metrics);
+
+  absl::StatusOr<std::optional<v1::Redirect>> Place(const ingest::AgentIdentity& agent) override;
+  std::unique_ptr<ingest::StreamReplica> Replicate(const v1::Hello& hello) override;
+
+  const ReplicationOptions& options() const { return options_; }
+
+ private:
+  friend class AgentReplica;
+  Membership* const membership_;
+  store::Store* const store_;
+  NodeChannels* const channels_;
+  const ReplicationOptions options_;
+  ReplicationMetrics* const metrics_;
+  CallDeadlines deadlines_;
+};
+
+// The redirect for a host's owners on `ring` (their addresses, best first).
+v1::Redirect RedirectTo(const Ring& ring, const std::string& host, uint32_t replication_factor,
+                        std::string reason);
+
+}  // namespace strata::server::cluster
+
+#endif  // STRATA_SERVER_CLUSTER_REPLICATION_H_
