@@ -1,7 +1,7 @@
 // strata-agent: profiles the processes of this host that match its rules and ships their
 // calling contexts to strata-server.
 //
-//   strata-agent --server HOST:PORT [--pid PID]... [--service NAME=REGEX]...
+//   strata-agent --server HOST:PORT[,HOST:PORT...] [--pid PID]... [--service NAME=REGEX]...
 //                [--frequency HZ] [--interval SECONDS] [--unwind-verify full|boundary|off]
 //                [--capture-cpu-budget PERCENT]
 //                [--sampling per-cpu|per-thread] [--inproc auto|on|off] [--inproc-dir DIR]
@@ -79,7 +79,11 @@ struct Flags {
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
-  app.add_option("--server", f.server, "strata-server address (host:port)")->capture_default_str();
+  app.add_option("--server", f.server,
+                 "strata-server address (host:port), or the nodes of a cluster separated by "
+                 "commas (host:port,host:port,...): tried in turn, and a node that does not "
+                 "own this host redirects the agent to those that do")
+      ->capture_default_str();
   app.add_option("--pid", f.pids, "profile this process (repeatable)");
   app.add_option("--service", f.service_flags,
                  "NAME=REGEX: profile processes whose executable name or command line "
@@ -320,6 +324,8 @@ int Run(int argc, char** argv) {
   if (!options.ok()) return Fail(2, std::string(options.status().message()));
   auto agent_labels = AgentLabels(flags);
   if (!agent_labels.ok()) return Fail(2, std::string(agent_labels.status().message()));
+  auto servers = strata::agent::ParseServerList(flags.server);
+  if (!servers.ok()) return Fail(2, absl::StrCat("--server: ", servers.status().message()));
   auto spool_max_bytes = strata::base::ParseByteSize(flags.spool_max);
   if (!spool_max_bytes.ok()) {
     return Fail(2, absl::StrCat("--spool-max-bytes: ", spool_max_bytes.status().message()));
@@ -331,7 +337,7 @@ int Run(int argc, char** argv) {
   if (!profiler.ok()) return Fail(1, profiler.status().ToString());
 
   strata::agent::ShipperOptions ship;
-  ship.server = flags.server;
+  ship.servers = *std::move(servers);
   ship.agent_id = recovery.identity.agent_id;
   ship.host = flags.host;
   ship.arch = std::string(strata::unwind::ArchName(strata::unwind::kHostArch));

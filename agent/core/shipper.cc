@@ -2,17 +2,47 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <climits>
+#include <deque>
+#include <iterator>
 #include <random>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/split.h"
 #include "spdlog/spdlog.h"
 
 namespace strata::agent {
 namespace {
 
 constexpr size_t kMaxBytesPerRound = 4 << 20;
+// Channels kept for addresses outside the configured list (redirect targets): a cluster's
+// membership changes over the agent's life, and each channel holds a connection's state.
+constexpr size_t kMaxRedirectChannels = 8;
+
+std::string_view TrimSpaces(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
 
 }  // namespace
+
+absl::StatusOr<std::vector<std::string>> ParseServerList(std::string_view list) {
+  std::vector<std::string> out;
+  for (std::string_view piece : base::Split(list, ',')) {
+    piece = TrimSpaces(piece);
+    if (piece.empty()) {
+      return absl::InvalidArgumentError(
+          list.empty() ? std::string("no server address")
+                       : absl::StrCat("an empty address in '", std::string(list),
+                                      "' (addresses are host:port, separated by commas)"));
+    }
+    out.emplace_back(piece);
+  }
+  return out;
+}
 
 Shipper::Shipper(ShipperOptions options, ContextGraph* graph, spool::Spool* spool)
     : options_(std::move(options)),
@@ -104,6 +134,10 @@ ShipperStats Shipper::stats() const {
 }
 
 void Shipper::Run() {
+  if (options_.servers.empty()) {
+    spdlog::error("no strata-server address: batches stay in the spool");
+    return;
+  }
   // The shipper backs off itself (jittered, honoring the server's retry_after); gRPC's own
   // reconnect backoff, up to 120 s by default, would keep a channel failing fast long after
   // the server is back.
@@ -120,8 +154,27 @@ void Shipper::Run() {
   // 24-day timer re-armed on every read unless it is INT_MAX, which gRPC reads as "never".
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, INT_MAX);
-  auto channel = options_.security.CreateChannel(options_.server, args);
-  auto stub = v1::Ingest::NewStub(channel);
+  // A channel per address, made when first used: a reconnect to an address keeps its
+  // connection state (and gRPC's reconnect backoff) rather than starting a new channel.
+  const std::vector<std::string>& servers = options_.servers;
+  std::map<std::string, std::unique_ptr<v1::Ingest::Stub>> stubs;
+  auto stub_for = [&](const std::string& address) {
+    auto it = stubs.find(address);
+    if (it != stubs.end()) return it->second.get();
+    const bool configured = std::find(servers.begin(), servers.end(), address) != servers.end();
+    if (!configured && stubs.size() >= servers.size() + kMaxRedirectChannels) {
+      // Only sessions use stubs, and none runs now.
+      for (auto i = stubs.begin(); i != stubs.end();) {
+        const bool keep = std::find(servers.begin(), servers.end(), i->first) != servers.end();
+        i = keep ? std::next(i) : stubs.erase(i);
+      }
+    }
+    auto stub = v1::Ingest::NewStub(options_.security.CreateChannel(address, args));
+    return stubs.emplace(address, std::move(stub)).first->second.get();
+  };
+  size_t next_server = 0;  // in `servers`, once `redirected` is used up
+  std::deque<std::string> redirected;  // the owners the last Redirect named, not yet tried
+  int redirects_in_a_row = 0;          // since the last Welcome
   const absl::Duration min_backoff = absl::Milliseconds(500);
   absl::Duration backoff = min_backoff;
   std::minstd_rand rng(std::random_device{}());
@@ -130,15 +183,44 @@ void Shipper::Run() {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
       retry_after_ = absl::ZeroDuration();
+      redirect_.reset();
+    }
+    std::string address;
+    if (!redirected.empty()) {
+      address = std::move(redirected.front());
+      redirected.pop_front();
+    } else {
+      address = servers[next_server];
+      next_server = (next_server + 1) % servers.size();
     }
     const uint64_t connects_before = stats().connects;
-    Session(stub.get());
+    Session(stub_for(address), address);
     absl::MutexLock lock(&mu_);
+    const bool welcomed = stats_.connects != connects_before;
+    if (welcomed) redirects_in_a_row = 0;
     // Reset the backoff after a session that got as far as Welcome, unless the server sent
     // us away for lack of resources: then wait at least as long as it asked, and keep
     // growing, so that a fleet refused together does not come back together.
-    if (stats_.connects != connects_before && retry_after_ == absl::ZeroDuration()) {
+    if (welcomed && retry_after_ == absl::ZeroDuration()) {
       backoff = min_backoff;
+    }
+    if (redirect_.has_value()) {
+      ++stats_.redirects;
+      ++redirects_in_a_row;
+      redirected.clear();
+      for (const std::string& s : redirect_->servers()) {
+        if (!s.empty()) redirected.push_back(s);
+      }
+      spdlog::info("strata-server at {} redirects the agent to {}: {}", address,
+                   redirected.empty() ? std::string("no server")
+                                      : absl::StrJoin(redirected, ", "),
+                   redirect_->reason());
+      // Not a failure: the owners are tried at once, and the backoff does not grow.
+      if (!redirected.empty() && redirects_in_a_row <= kMaxRedirectsInARow) continue;
+      if (!redirected.empty()) {
+        spdlog::warn("{} redirects without a Welcome: backing off before following the next",
+                     redirects_in_a_row);
+      }
     }
     // Jitter: a uniformly random wait in [backoff / 2, backoff).
     absl::Duration wait = std::max(backoff, retry_after_);
@@ -197,6 +279,10 @@ void Shipper::HandleServerMessage(const v1::ServerMessage& m) {
       if (e.sequence() == 0) spdlog::error("server reported: {}", e.message());
       break;
     }
+    case v1::ServerMessage::kRedirect:
+      // The server ends the stream after it; Run() follows it.
+      redirect_ = m.redirect();
+      break;
     default:
       if (control_handler_) control_handler_(m);
       break;
@@ -220,7 +306,7 @@ v1::AgentMessage Shipper::Heartbeat() {
   return m;
 }
 
-void Shipper::Session(v1::Ingest::Stub* stub) {
+void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
   grpc::ClientContext context;
   options_.security.Authorize(&context);
   auto stream = stub->Connect(&context);
@@ -235,6 +321,13 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
   for (const auto& [k, v] : options_.labels) (*hello->mutable_labels())[k] = v;
   v1::ServerMessage welcome;
   if (!stream->Write(hello_message) || !stream->Read(&welcome) || !welcome.has_welcome()) {
+    if (welcome.has_redirect()) {
+      // The Redirect is the server's last message: the agent leaves without waiting for the
+      // stream's end.
+      context.TryCancel();
+      absl::MutexLock lock(&mu_);
+      redirect_ = welcome.redirect();
+    }
     // A server that refuses the stream may end it before the Hello is written; its error
     // message is then still unread, and Finish would wait for ever for a status that gRPC
     // delivers only after every message has been read.
@@ -248,7 +341,8 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
       retry_after_ = absl::Milliseconds(welcome.error().retry_after_ms());
     }
     grpc::Status status = stream->Finish();
-    spdlog::warn("cannot connect to strata-server at {}: {}", options_.server,
+    if (welcome.has_redirect()) return;  // Run() logs it
+    spdlog::warn("cannot connect to strata-server at {}: {}", address,
                  status.ok() ? "stream closed" : status.error_message());
     return;
   }
@@ -267,7 +361,7 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
     targets_sent_ = false;
   }
   spdlog::info("connected to strata-server at {} (server has {} nodes, {} edges)",
-               options_.server, welcome.welcome().known_nodes(), welcome.welcome().known_edges());
+               address, welcome.welcome().known_nodes(), welcome.welcome().known_edges());
 
   std::thread reader([&] {
     v1::ServerMessage m;
@@ -298,7 +392,8 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
         HandleServerMessage(inbox_.front());
         inbox_.pop_front();
       }
-      if (stream_broken_) break;
+      // After a Redirect nothing more goes to this server: the owners get it all.
+      if (stream_broken_ || redirect_.has_value()) break;
       if (stopping_) {
         // Stop after the spool is acknowledged or the caller gave up waiting (Flush).
         break;
@@ -368,9 +463,15 @@ void Shipper::Session(v1::Ingest::Stub* stub) {
   reader.join();
   grpc::Status status = stream->Finish();
   absl::MutexLock lock(&mu_);
+  // What the reader got after the loop ended belongs to this stream (its last Acks, a
+  // Redirect), not to the next one.
+  while (!inbox_.empty()) {
+    HandleServerMessage(inbox_.front());
+    inbox_.pop_front();
+  }
   stats_.connected = false;
-  if (!stopping_) {
-    spdlog::warn("connection to strata-server lost: {}",
+  if (!stopping_ && !redirect_.has_value()) {
+    spdlog::warn("connection to strata-server at {} lost: {}", address,
                  status.ok() ? "stream closed" : status.error_message());
   }
 }

@@ -11,6 +11,15 @@
 // and which batches it applied. Server control messages (captures, rates) are passed to the
 // control handler on the shipper's reader thread.
 //
+// Servers: a list of addresses (the nodes of a cluster, or one server). The first connection
+// goes to the first address; after a failed connection or a stream that ended, the next one
+// goes to the next address, round robin. A cluster node that does not own the agent's host
+// answers with a Redirect naming the owners: the next connection goes to the first of them at
+// once, then (one per attempt) to the others, then back to the list. Redirects without a
+// Welcome in between are followed at once only a few times (kMaxRedirectsInARow); past that,
+// a loop between nodes that disagree, each one waits out the backoff. Unacknowledged batches
+// are resent after every reconnect; the server applies each (agent, sequence) once.
+//
 // Thread model: Enqueue/Flush/Stop from any thread; one internal thread writes to the stream
 // and one reads from it. The shipper owns the spool's use; the caller keeps it alive.
 #ifndef STRATA_AGENT_CORE_SHIPPER_H_
@@ -21,10 +30,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/core/context_graph.h"
@@ -34,8 +46,16 @@
 
 namespace strata::agent {
 
+// The addresses of a comma-separated list ("n1:7070,n2:7070"; spaces around them are
+// ignored), in order. InvalidArgument for an empty list or an empty address.
+absl::StatusOr<std::vector<std::string>> ParseServerList(std::string_view list);
+
+// Redirects followed without a backoff before a Welcome must come between.
+inline constexpr int kMaxRedirectsInARow = 3;
+
 struct ShipperOptions {
-  std::string server;  // host:port
+  // strata-server addresses (host:port), tried in turn: at least one.
+  std::vector<std::string> servers;
   std::string agent_id;
   std::string host;
   std::string arch;
@@ -53,6 +73,7 @@ struct ShipperOptions {
 
 struct ShipperStats {
   uint64_t connects = 0;
+  uint64_t redirects = 0;  // Redirects received (the server named other nodes)
   uint64_t batches_acked = 0;
   uint64_t batches_rejected = 0;
   uint64_t bytes_sent = 0;
@@ -86,8 +107,9 @@ class Shipper {
 
  private:
   void Run();
-  // One connection's lifetime; returns when the stream breaks or Stop() is called.
-  void Session(v1::Ingest::Stub* stub);
+  // One connection's lifetime; returns when the stream breaks, the server redirects the agent
+  // or Stop() is called.
+  void Session(v1::Ingest::Stub* stub, const std::string& address);
   void HandleServerMessage(const v1::ServerMessage& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A heartbeat with the agent's health.
   v1::AgentMessage Heartbeat() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -115,6 +137,8 @@ class Shipper {
   // Set when the server ends the stream for lack of resources: the least wait before the
   // next connection.
   absl::Duration retry_after_ ABSL_GUARDED_BY(mu_);
+  // Set when the server sent the agent elsewhere (the stream ends with it).
+  std::optional<v1::Redirect> redirect_ ABSL_GUARDED_BY(mu_);
   ShipperStats stats_ ABSL_GUARDED_BY(mu_);
   ControlHandler control_handler_ ABSL_GUARDED_BY(mu_);
 };

@@ -1,7 +1,9 @@
 // The shipper against a real gRPC ingest server on loopback (a scripted stand-in for
 // strata-server's Ingest service): batches go out in sequence order and leave the spool when
 // acknowledged, refused batches are resent, and batches spooled while the server is away go
-// out after it comes back.
+// out after it comes back. With a list of servers, a dead one is passed over and a stream that
+// ends moves to the next; a cluster node's Redirect moves every batch to the owners it names,
+// and redirects that loop back off.
 #include "agent/core/shipper.h"
 
 #include <grpcpp/grpcpp.h>
@@ -9,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +30,8 @@ namespace {
 // Applies batches in sequence order like strata-server: the next one is applied and
 // acknowledged, one already applied is acknowledged again, one past a gap is refused as
 // FAILED_PRECONDITION (resend). What it applied survives a restart (the store's record).
+// Like a cluster node that does not own the agent's host, it can answer with a Redirect and
+// end the stream.
 class FakeIngest final : public v1::Ingest::Service {
  public:
   grpc::Status Connect(
@@ -39,11 +44,18 @@ class FakeIngest final : public v1::Ingest::Service {
     v1::ServerMessage welcome;
     {
       absl::MutexLock lock(&mu_);
-      ++connects_;
       agent_id_ = hello.hello().agent_id();
-      welcome.mutable_welcome()->set_last_applied_sequence(applied_.empty() ? 0 : applied_.back());
+      if (redirect_at_ == 0 && !redirect_to_.empty()) {
+        ++redirects_;
+        *welcome.mutable_redirect() = RedirectMessage();
+      } else {
+        ++connects_;
+        welcome.mutable_welcome()->set_last_applied_sequence(applied_.empty() ? 0
+                                                                           : applied_.back());
+      }
     }
-    if (!stream->Write(welcome)) return grpc::Status::OK;
+    // A Redirect ends the stream.
+    if (!stream->Write(welcome) || welcome.has_redirect()) return grpc::Status::OK;
     v1::AgentMessage m;
     while (stream->Read(&m)) {
       if (!m.has_sample_batch()) continue;
@@ -54,10 +66,14 @@ class FakeIngest final : public v1::Ingest::Service {
         absl::MutexLock lock(&mu_);
         received_.push_back(sequence);
         const uint64_t last = applied_.empty() ? 0 : applied_.back();
-        v1::IngestError* error = reply.mutable_error();
-        error->set_sequence(sequence);
-        if (refuse_ != nullptr && refuse_->sequence == sequence && refuse_->times > 0) {
+        if (redirect_at_ == sequence && !redirect_to_.empty()) {
+          ++redirects_;
+          *reply.mutable_redirect() = RedirectMessage();
+          end_stream = true;
+        } else if (refuse_ != nullptr && refuse_->sequence == sequence && refuse_->times > 0) {
           --refuse_->times;
+          v1::IngestError* error = reply.mutable_error();
+          error->set_sequence(sequence);
           error->set_code(static_cast<int>(refuse_->code));
           error->set_message("refused by the test");
           error->set_fatal(refuse_->fatal);
@@ -67,11 +83,16 @@ class FakeIngest final : public v1::Ingest::Service {
           if (sequence == last + 1) applied_.push_back(sequence);
           reply.mutable_ack()->set_sequence(sequence);
         } else {
+          v1::IngestError* error = reply.mutable_error();
+          error->set_sequence(sequence);
           error->set_code(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
           error->set_message("waits for an earlier batch");
         }
       }
       if (!stream->Write(reply)) break;
+      if (end_stream && reply.has_redirect()) {
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not an owner of the host");
+      }
       if (end_stream) return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "refused");
     }
     (void)context;
@@ -91,6 +112,14 @@ class FakeIngest final : public v1::Ingest::Service {
     refuse_ = &refusal_storage_;
   }
 
+  // Answers the Hello (at_sequence 0) or the batch `at_sequence` with a Redirect to
+  // `servers`, and ends the stream; an empty list stops redirecting.
+  void RedirectTo(std::vector<std::string> servers, uint64_t at_sequence = 0) {
+    absl::MutexLock lock(&mu_);
+    redirect_to_ = std::move(servers);
+    redirect_at_ = at_sequence;
+  }
+
   std::vector<uint64_t> applied() const {
     absl::MutexLock lock(&mu_);
     return applied_;
@@ -107,12 +136,26 @@ class FakeIngest final : public v1::Ingest::Service {
     absl::MutexLock lock(&mu_);
     return agent_id_;
   }
+  int redirects() const {
+    absl::MutexLock lock(&mu_);
+    return redirects_;
+  }
 
  private:
+  v1::Redirect RedirectMessage() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    v1::Redirect r;
+    for (const std::string& s : redirect_to_) r.add_servers(s);
+    r.set_reason("the test's ring gives the host to other nodes");
+    return r;
+  }
+
   mutable absl::Mutex mu_;
   std::vector<uint64_t> applied_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> received_ ABSL_GUARDED_BY(mu_);
-  int connects_ ABSL_GUARDED_BY(mu_) = 0;
+  int connects_ ABSL_GUARDED_BY(mu_) = 0;  // Welcomes sent
+  int redirects_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> redirect_to_ ABSL_GUARDED_BY(mu_);
+  uint64_t redirect_at_ ABSL_GUARDED_BY(mu_) = 0;
   std::string agent_id_ ABSL_GUARDED_BY(mu_);
   Refusal refusal_storage_ ABSL_GUARDED_BY(mu_){};
   Refusal* refuse_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -148,6 +191,10 @@ class ShipperTest : public ::testing::Test {
   void TearDown() override {
     if (shipper_ != nullptr) shipper_->Stop();
     if (server_ != nullptr) StopServer();
+    if (server2_ != nullptr) {
+      server2_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+      server2_->Wait();
+    }
   }
 
   // The ingest server at address_. A Unix socket of the test's own: a restarted server gets
@@ -162,9 +209,16 @@ class ShipperTest : public ::testing::Test {
     server_.reset();
   }
 
-  void StartShipper() {
+  // A second node, ingest2_ at address2_.
+  void StartSecondServer() {
+    server2_ = Serve(&ingest2_, address2_);
+    ASSERT_NE(server2_, nullptr);
+  }
+
+  // The shipper with `servers` (default: address_).
+  void StartShipper(std::vector<std::string> servers = {}) {
     ShipperOptions options;
-    options.server = address_;
+    options.servers = servers.empty() ? std::vector<std::string>{address_} : std::move(servers);
     options.agent_id = "shipper-test";
     options.host = "test-host";
     options.arch = "x86_64";
@@ -185,17 +239,35 @@ class ShipperTest : public ::testing::Test {
     for (uint64_t s = first; s <= last; ++s) shipper_->Enqueue(Batch(s));
   }
 
+  static std::string SocketAddress(const std::string& suffix) {
+    return absl::StrCat("unix:", ::testing::TempDir(), "shipper_test_", getpid(), "_",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name(), suffix,
+                        ".sock");
+  }
+
   ContextGraph graph_{0x5eed};
   std::unique_ptr<spool::Spool> spool_;
   FakeIngest ingest_;  // keeps what it applied across server restarts, like the store
-  const std::string address_ =
-      absl::StrCat("unix:", ::testing::TempDir(), "shipper_test_", getpid(), "_",
-                   ::testing::UnitTest::GetInstance()->current_test_info()->name(), ".sock");
+  FakeIngest ingest2_;
+  const std::string address_ = SocketAddress("");
+  const std::string address2_ = SocketAddress("_2");
+  const std::string dead_address_ = SocketAddress("_dead");  // nothing listens there
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> server2_;
   std::unique_ptr<Shipper> shipper_;
 };
 
 constexpr absl::Duration kFlushTimeout = absl::Seconds(30);
+
+// Polls `done` until it holds or `timeout` passes.
+bool WaitFor(const std::function<bool()>& done, absl::Duration timeout = kFlushTimeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
 
 TEST_F(ShipperTest, ShipsBatchesInOrderAndForgetsThemOnceAcknowledged) {
   StartServer();
@@ -277,6 +349,111 @@ TEST_F(ShipperTest, ResumesAfterTheServerRestarts) {
   EXPECT_EQ(ingest_.applied(), Range(1, 4));
   EXPECT_EQ(ingest_.connects(), 2);
   EXPECT_GE(shipper_->stats().connects, 2u);
+}
+
+TEST_F(ShipperTest, ARedirectAnsweringTheHelloMovesEveryBatchToTheOwner) {
+  StartServer();
+  StartSecondServer();
+  ingest_.RedirectTo({address2_});
+  StartShipper({address_});
+  Enqueue(1, 5);
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  EXPECT_EQ(ingest2_.applied(), Range(1, 5));
+  EXPECT_EQ(ingest2_.received(), Range(1, 5));  // each once: none lost, none resent
+  EXPECT_TRUE(ingest_.received().empty());       // nothing went to the node that redirected
+  EXPECT_EQ(ingest_.redirects(), 1);
+  EXPECT_EQ(ingest_.connects(), 0);
+  EXPECT_EQ(ingest2_.connects(), 1);
+  EXPECT_TRUE(spool_->empty());
+  const ShipperStats stats = shipper_->stats();
+  EXPECT_EQ(stats.redirects, 1u);
+  EXPECT_EQ(stats.connects, 1u);
+  EXPECT_EQ(stats.batches_acked, 5u);
+}
+
+TEST_F(ShipperTest, ARedirectMidStreamMovesTheRestToTheOwner) {
+  StartServer();
+  StartSecondServer();
+  ingest_.RedirectTo({address2_}, /*at_sequence=*/1);
+  StartShipper({address_});
+  Enqueue(1, 1);
+  // The agent leaves the stream that redirected it before it ships the next batches.
+  ASSERT_TRUE(WaitFor([&] { return shipper_->stats().redirects == 1; }));
+  Enqueue(2, 5);
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  EXPECT_EQ(ingest_.received(), Range(1, 1));
+  EXPECT_TRUE(ingest_.applied().empty());
+  EXPECT_EQ(ingest2_.applied(), Range(1, 5));
+  EXPECT_TRUE(spool_->empty());
+  EXPECT_EQ(shipper_->stats().batches_acked, 5u);
+}
+
+TEST_F(ShipperTest, ARedirectFallsBackToTheNextOwnerNamed) {
+  StartServer();
+  StartSecondServer();
+  ingest_.RedirectTo({dead_address_, address2_});
+  StartShipper({address_});
+  Enqueue(1, 3);
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  EXPECT_EQ(ingest2_.applied(), Range(1, 3));
+  EXPECT_TRUE(ingest_.received().empty());
+  EXPECT_EQ(shipper_->stats().redirects, 1u);
+}
+
+TEST_F(ShipperTest, PassesOverADeadServerOfTheList) {
+  StartSecondServer();
+  StartShipper({dead_address_, address2_});
+  Enqueue(1, 5);
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  EXPECT_EQ(ingest2_.applied(), Range(1, 5));
+  EXPECT_TRUE(spool_->empty());
+  EXPECT_EQ(shipper_->stats().connects, 1u);
+  EXPECT_EQ(shipper_->stats().redirects, 0u);
+}
+
+TEST_F(ShipperTest, AStreamThatEndsMovesToTheNextServerOfTheList) {
+  ingest_.Refuse({.sequence = 1, .code = grpc::StatusCode::RESOURCE_EXHAUSTED, .fatal = true,
+                  .retry_after_ms = 100, .times = 1});
+  StartServer();
+  StartSecondServer();
+  StartShipper({address_, address2_});
+  Enqueue(1, 3);
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  EXPECT_TRUE(ingest_.applied().empty());
+  EXPECT_EQ(ingest2_.applied(), Range(1, 3));
+  EXPECT_EQ(ingest_.connects(), 1);
+  EXPECT_EQ(ingest2_.connects(), 1);
+  EXPECT_EQ(shipper_->stats().connects, 2u);
+}
+
+TEST_F(ShipperTest, RedirectsThatLoopBackOffAndStillDeliver) {
+  // Two nodes that each say the other owns the host.
+  StartServer();
+  StartSecondServer();
+  ingest_.RedirectTo({address2_});
+  ingest2_.RedirectTo({address_});
+  const absl::Time start = absl::Now();
+  StartShipper({address_});
+  // Redirects up to kMaxRedirectsInARow are followed at once; each later one waits at least
+  // half the backoff (500 ms, then 1 s): at least 250 + 500 ms before the sixth.
+  ASSERT_TRUE(WaitFor([&] { return shipper_->stats().redirects >= 6; }));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(700));
+  EXPECT_EQ(shipper_->stats().connects, 0u);
+
+  ingest2_.RedirectTo({});  // the nodes agree again: the second owns the host
+  Enqueue(1, 3);
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  EXPECT_EQ(ingest2_.applied(), Range(1, 3));
+  EXPECT_TRUE(ingest_.received().empty());
+}
+
+TEST(ShipperServerListTest, SplitsOnCommas) {
+  EXPECT_EQ(*ParseServerList("127.0.0.1:7070"), std::vector<std::string>{"127.0.0.1:7070"});
+  EXPECT_EQ(*ParseServerList("n1:7070,n2:7070, n3:7070"),
+            (std::vector<std::string>{"n1:7070", "n2:7070", "n3:7070"}));
+  EXPECT_FALSE(ParseServerList("").ok());
+  EXPECT_FALSE(ParseServerList("n1:7070,").ok());
+  EXPECT_FALSE(ParseServerList("n1:7070,,n2:7070").ok());
 }
 
 }  // namespace
