@@ -9,8 +9,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/core/shipper.h"
 #include "strata/v1/ingest.grpc.pb.h"
 
 namespace strata::loadgen {
@@ -93,7 +95,11 @@ class Connection final : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Se
 class Agent {
  public:
   Agent(const FleetOptions& options, uint32_t index, const Program* program, uint64_t graph_id)
-      : options_(options), index_(index), program_(program), graph_id_(graph_id) {
+      : options_(options),
+        index_(index),
+        program_(program),
+        graph_id_(graph_id),
+        next_server_(index % options.servers.size()) {
     agent_id_ = absl::StrCat(options.prefix, "-agent-", index);
     host_ = absl::StrCat(options.prefix, "-host-", index);
     service_ = absl::StrCat(options.prefix, "-svc-", index % std::max<uint32_t>(1, options.services));
@@ -101,6 +107,20 @@ class Agent {
 
   const std::string& service() const { return service_; }
   uint32_t index() const { return index_; }
+
+  // Where the next stream goes: an owner the last Redirect named, else the next address of
+  // the list.
+  std::string NextAddress() {
+    absl::MutexLock lock(&mu_);
+    if (!redirected_.empty()) {
+      std::string address = std::move(redirected_.front());
+      redirected_.pop_front();
+      return address;
+    }
+    const std::string& address = options_.servers[next_server_];
+    next_server_ = (next_server_ + 1) % options_.servers.size();
+    return address;
+  }
 
   // A new stream (the driver calls this when the agent has none).
   void Connect(v1::Ingest::Stub* stub, Events* events) {
@@ -117,6 +137,7 @@ class Agent {
       absl::MutexLock lock(&mu_);
       conn_ = c;
       welcomed_ = false;
+      redirect_pending_ = false;
       retry_after_ = absl::ZeroDuration();
     }
     c->Start(stub, options_.security, std::move(hello));
@@ -129,7 +150,7 @@ class Agent {
     Pending pending{++next_sequence_, &p, absl::InfiniteFuture()};
     ++batches_sent_;
     spool_.push_back(pending);
-    if (conn_ != nullptr && welcomed_) SendLocked(spool_.back(), now);
+    if (conn_ != nullptr && welcomed_ && !redirect_pending_) SendLocked(spool_.back(), now);
   }
 
   void OnMessage(Connection* c, const v1::ServerMessage& m) {
@@ -139,6 +160,7 @@ class Agent {
     switch (m.kind_case()) {
       case v1::ServerMessage::kWelcome: {
         welcomed_ = true;
+        redirects_in_a_row_ = 0;
         ++connects_;
         const v1::Welcome& w = m.welcome();
         while (!spool_.empty() && spool_.front().sequence <= w.last_applied_sequence()) {
@@ -182,6 +204,17 @@ class Agent {
         }
         break;
       }
+      case v1::ServerMessage::kRedirect:
+        // The server ends the stream; nothing more goes to it.
+        ++redirects_;
+        ++redirects_in_a_row_;
+        redirect_pending_ = true;
+        redirected_.clear();
+        for (const std::string& s : m.redirect().servers()) {
+          if (!s.empty()) redirected_.push_back(s);
+        }
+        conn_->Cancel();
+        break;
       default:
         break;  // capture control: not simulated
     }
@@ -191,9 +224,17 @@ class Agent {
   absl::Duration OnClosed(std::minstd_rand& rng) {
     absl::MutexLock lock(&mu_);
     const bool got_in = welcomed_;
+    const bool redirected = redirect_pending_;
     conn_ = nullptr;
     welcomed_ = false;
-    ++closed_;
+    redirect_pending_ = false;
+    // A redirect is not a failure: the owner is tried at once and the backoff does not grow,
+    // unless redirects keep coming without a Welcome (nodes that disagree).
+    if (redirected && !redirected_.empty() &&
+        redirects_in_a_row_ <= agent::kMaxRedirectsInARow) {
+      return absl::ZeroDuration();
+    }
+    if (!redirected) ++closed_;
     if (got_in && retry_after_ == absl::ZeroDuration()) {
       backoff_ = absl::Milliseconds(500);
     } else {
@@ -228,6 +269,7 @@ class Agent {
     r->batches_rejected += rejected_;
     r->connects += connects_;
     r->refusals += refusals_;
+    r->redirects += redirects_;
     r->samples_by_service[service_] += delivered_samples_;
     r->ack_latency_ms.insert(r->ack_latency_ms.end(), latencies_ms_.begin(), latencies_ms_.end());
   }
@@ -279,12 +321,17 @@ class Agent {
   absl::Mutex mu_;
   Connection* conn_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool welcomed_ ABSL_GUARDED_BY(mu_) = false;
+  bool redirect_pending_ ABSL_GUARDED_BY(mu_) = false;  // the stream ends with a Redirect
+  size_t next_server_ ABSL_GUARDED_BY(mu_);             // in options_.servers
+  std::deque<std::string> redirected_ ABSL_GUARDED_BY(mu_);  // owners named, not yet tried
+  int redirects_in_a_row_ ABSL_GUARDED_BY(mu_) = 0;          // since the last Welcome
   absl::Duration backoff_ ABSL_GUARDED_BY(mu_) = absl::Milliseconds(500);
   absl::Duration retry_after_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Pending> spool_ ABSL_GUARDED_BY(mu_);
   uint64_t batches_sent_ = 0, delivered_batches_ = 0, delivered_samples_ = 0,
-           delivered_contexts_ = 0, rejected_ = 0, connects_ = 0, refusals_ = 0, closed_ = 0;
+           delivered_contexts_ = 0, rejected_ = 0, connects_ = 0, refusals_ = 0, closed_ = 0,
+           redirects_ = 0;
   std::vector<float> latencies_ms_;
 };
 
@@ -294,23 +341,49 @@ void Connection::OnReadDone(bool ok) {
   StartRead(&in_);
 }
 
+// The channels of each address, made as agents first connect there: one HTTP/2 connection
+// per agents_per_connection agents of that address, so a fleet spread over the nodes (or sent
+// to a few owners by redirects) shares connections as a single server's would. An agent keeps
+// its channel of an address. Used by the driver thread only.
+class ChannelPool {
+ public:
+  explicit ChannelPool(const FleetOptions& options) : options_(options) {
+    args_.SetMaxReceiveMessageSize(64 << 20);
+  }
+
+  v1::Ingest::Stub* For(const std::string& address, uint32_t agent) {
+    Address& a = addresses_[address];
+    auto [it, added] = a.slot_of_agent.emplace(agent, a.agents);
+    if (added) ++a.agents;
+    const size_t slot = it->second / options_.agents_per_connection;
+    while (a.stubs.size() <= slot) {
+      grpc::ChannelArguments args = args_;
+      args.SetInt("strata.loadgen.channel", static_cast<int>(a.stubs.size()));  // distinct
+      a.stubs.push_back(v1::Ingest::NewStub(options_.security.CreateChannel(address, args)));
+    }
+    return a.stubs[slot].get();
+  }
+
+ private:
+  struct Address {
+    std::vector<std::unique_ptr<v1::Ingest::Stub>> stubs;
+    absl::flat_hash_map<uint32_t, uint32_t> slot_of_agent;  // agent -> its rank here
+    uint32_t agents = 0;
+  };
+  const FleetOptions& options_;
+  grpc::ChannelArguments args_;
+  std::map<std::string, Address> addresses_;
+};
+
 }  // namespace
 
 FleetReport RunFleet(const FleetOptions& options,
                      const std::vector<std::unique_ptr<Program>>& programs) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
+  if (options.servers.empty()) return FleetReport{};  // nowhere to send (main refuses it)
   // One HTTP/2 connection per channel, shared by agents_per_connection agents: real agents
   // have a connection each; sharing keeps the load generator's sockets and threads in check
   // while the server still sees thousands of streams over hundreds of connections.
-  const size_t channels =
-      (options.agents + options.agents_per_connection - 1) / options.agents_per_connection;
-  std::vector<std::unique_ptr<v1::Ingest::Stub>> stubs;
-  for (size_t i = 0; i < channels; ++i) {
-    grpc::ChannelArguments a = args;
-    a.SetInt("strata.loadgen.channel", static_cast<int>(i));  // distinct channels
-    stubs.push_back(v1::Ingest::NewStub(options.security.CreateChannel(options.server, a)));
-  }
+  ChannelPool channels(options);
 
   std::mt19937_64 seeds(options.seed);
   std::vector<std::unique_ptr<Agent>> agents;
@@ -374,7 +447,7 @@ FleetReport RunFleet(const FleetOptions& options,
         agent.Tick(now);
         heap.push({item.at + options.interval, item.agent, Kind::kTick});
       } else if (!agent.has_connection()) {
-        agent.Connect(stubs[item.agent % stubs.size()].get(), &events);
+        agent.Connect(channels.For(agent.NextAddress(), agent.index()), &events);
       }
     }
     if (now >= stop_sending) {

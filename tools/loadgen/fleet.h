@@ -5,6 +5,12 @@
 // jittered exponential backoff (at least the server's retry delay), and reconnect storms on
 // demand. Run() drives the fleet for a duration, waits for every batch to be acknowledged and
 // reports what was delivered, per service, for an exact comparison with the server's totals.
+//
+// With several server addresses (a cluster's nodes) agent i starts on servers[i % n] and moves
+// to the next address whenever its stream fails or ends. A Redirect is followed as the agent's
+// shipper does (agent/core/shipper.h): the first owner it names at once, the others on the
+// next attempts, then the list again; past kMaxRedirectsInARow redirects without a Welcome,
+// the backoff applies.
 #ifndef STRATA_TOOLS_LOADGEN_FLEET_H_
 #define STRATA_TOOLS_LOADGEN_FLEET_H_
 
@@ -21,7 +27,7 @@
 namespace strata::loadgen {
 
 struct FleetOptions {
-  std::string server;
+  std::vector<std::string> servers;  // host:port of each node: at least one
   rpc::ClientSecurity security;  // TLS and the agents' token
   uint32_t agents = 100;
   uint32_t services = 10;
@@ -34,7 +40,7 @@ struct FleetOptions {
   absl::Duration max_backoff = absl::Seconds(30);
   absl::Duration drain_timeout = absl::Seconds(60);
   uint32_t frequency_hz = 99;
-  uint32_t agents_per_connection = 16;  // agents sharing one HTTP/2 connection
+  uint32_t agents_per_connection = 16;  // agents sharing one HTTP/2 connection (per address)
   uint64_t seed = 1;
 };
 
@@ -47,7 +53,8 @@ struct FleetReport {
   uint64_t batches_unacknowledged = 0;  // still spooled when the drain timed out
   uint64_t batches_rejected = 0;        // refused for good (a failure)
   uint64_t connects = 0;                // Welcomes received
-  uint64_t reconnects = 0;              // streams that ended before the run did
+  uint64_t reconnects = 0;              // streams that ended before the run did, not redirected
+  uint64_t redirects = 0;               // Redirects received (each ends its stream)
   uint64_t refusals = 0;                // RESOURCE_EXHAUSTED from the server
   std::vector<double> ack_latency_ms;   // write to Ack, per batch, sorted
   std::map<std::string, uint64_t> samples_by_service;

@@ -19,6 +19,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "CLI/CLI.hpp"
+#include "agent/core/shipper.h"
 #include "common/rpc/client_security.h"
 #include "common/base/config_file.h"
 #include "absl/strings/numbers.h"
@@ -105,6 +106,7 @@ int ProbeConnects(const std::string& server, const strata::rpc::ClientSecurity& 
 // Everything the command line sets.
 struct LoadgenFlags {
   FleetOptions fleet;
+  std::string servers;  // comma-separated, into fleet.servers
   strata::loadgen::ProgramOptions program;
   double interval_s = 10, duration_s = 60, ramp_s = 10, backoff_s = 30, drain_s = 60;
   double rate = 99 * 4, query_every_s = 2;
@@ -121,7 +123,11 @@ struct LoadgenFlags {
 void AddFlags(CLI::App& app, LoadgenFlags& f) {
   f.fleet.prefix = absl::StrCat("lg", std::random_device{}() % 100000);
   f.fleet.services = 0;
-  app.add_option("--server", f.fleet.server, "strata-server address (host:port)")->required();
+  app.add_option("--server", f.servers,
+                 "strata-server address (host:port), or a cluster's nodes separated by commas: "
+                 "agent i starts on the (i mod n)-th, moves to the next when its stream ends "
+                 "and follows Redirects; queries, totals and --connect-probes use the first")
+      ->required();
   app.add_option("--agents", f.fleet.agents, "simulated agents")->capture_default_str();
   app.add_option("--interval", f.interval_s, "seconds between an agent's batches")
       ->capture_default_str();
@@ -308,7 +314,8 @@ void PrintJsonReport(const LoadgenFlags& f, const RunFigures& x, bool ok) {
       "{\"agents\":%u,\"duration_s\":%.1f,\"batches\":%lu,\"samples\":%lu,\"server_samples\":%lu,"
       "\"lost\":%lu,\"extra\":%lu,\"rejected\":%lu,\"unacknowledged\":%lu,\"samples_per_s\":%.0f,"
       "\"contexts_per_s\":%.0f,\"batches_per_s\":%.1f,\"ack_p50_ms\":%.1f,\"ack_p99_ms\":%.1f,"
-      "\"ack_max_ms\":%.1f,\"connects\":%lu,\"reconnects\":%lu,\"refusals\":%lu,"
+      "\"ack_max_ms\":%.1f,\"connects\":%lu,\"reconnects\":%lu,\"redirects\":%lu,"
+      "\"refusals\":%lu,"
       "\"hot_paths_p50_ms\":%.1f,\"hot_paths_p99_ms\":%.1f,\"top_p99_ms\":%.1f,"
       "\"flamegraph_p99_ms\":%.1f,\"server_cpu_pct\":%.1f,"
       "\"server_cpu_ms_per_million_samples\":%.1f,\"server_rss_mib\":%.1f,"
@@ -319,7 +326,8 @@ void PrintJsonReport(const LoadgenFlags& f, const RunFigures& x, bool ok) {
       r.batches_delivered / seconds, Percentile(r.ack_latency_ms, 0.5),
       Percentile(r.ack_latency_ms, 0.99),
       r.ack_latency_ms.empty() ? 0.0 : r.ack_latency_ms.back(), r.connects, r.reconnects,
-      r.refusals, Percentile(x.queries.hot_paths_ms, 0.5), Percentile(x.queries.hot_paths_ms, 0.99),
+      r.redirects, r.refusals, Percentile(x.queries.hot_paths_ms, 0.5),
+      Percentile(x.queries.hot_paths_ms, 0.99),
       Percentile(x.queries.top_ms, 0.99), Percentile(x.queries.flame_ms, 0.99),
       100 * cpu_s / x.span_s, r.samples_delivered ? 1e9 * cpu_s / r.samples_delivered : 0.0,
       x.after.rss_mib, std::max(x.queries.peak_rss, x.after.rss_mib), x.after.threads,
@@ -344,9 +352,10 @@ void PrintTextReport(const LoadgenFlags& f, const RunFigures& x) {
   std::printf("  ack latency p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
               Percentile(r.ack_latency_ms, 0.5), Percentile(r.ack_latency_ms, 0.99),
               r.ack_latency_ms.empty() ? 0.0 : r.ack_latency_ms.back());
-  std::printf("  streams     %lu connects, %lu reconnects, %lu RESOURCE_EXHAUSTED, %lu batches "
-              "rejected, %lu unacknowledged\n",
-              r.connects, r.reconnects, r.refusals, r.batches_rejected, r.batches_unacknowledged);
+  std::printf("  streams     %lu connects, %lu reconnects, %lu redirects, %lu RESOURCE_EXHAUSTED, "
+              "%lu batches rejected, %lu unacknowledged\n",
+              r.connects, r.reconnects, r.redirects, r.refusals, r.batches_rejected,
+              r.batches_unacknowledged);
   const QueriesDuringLoad& q = x.queries;
   if (!q.hot_paths_ms.empty()) {
     std::printf("  queries of %s (last hour) during the load, p50 / p99: hot-paths %.1f / %.1f "
@@ -377,6 +386,13 @@ int Run(int argc, char** argv) {
     return 2;
   }
   if (fleet.services == 0) fleet.services = std::max<uint32_t>(1, fleet.agents / 10);
+  auto servers = strata::agent::ParseServerList(f.servers);
+  if (!servers.ok()) {
+    std::fprintf(stderr, "strata-loadgen: --server: %s\n",
+                 std::string(servers.status().message()).c_str());
+    return 2;
+  }
+  fleet.servers = *std::move(servers);
   auto agent_security = strata::rpc::ClientSecurity::Load(f.security);
   if (!f.query_token_file.empty()) f.security.token_file = f.query_token_file;
   auto query_security = strata::rpc::ClientSecurity::Load(f.security);
@@ -387,7 +403,9 @@ int Run(int argc, char** argv) {
     }
   }
   fleet.security = *agent_security;
-  if (f.connect_probes > 0) return ProbeConnects(fleet.server, *agent_security, f.connect_probes);
+  if (f.connect_probes > 0) {
+    return ProbeConnects(fleet.servers[0], *agent_security, f.connect_probes);
+  }
   // A connection per few agents: take every file descriptor the kernel allows.
   if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
     files.rlim_cur = files.rlim_max;
@@ -417,7 +435,7 @@ int Run(int argc, char** argv) {
                 f.programs, first->num_nodes(), static_cast<unsigned long>(first->epoch()),
                 first->payload(0).contexts, static_cast<unsigned long>(first->payload(0).samples));
   }
-  auto query = strata::v1::Query::NewStub(query_security->CreateChannel(fleet.server));
+  auto query = strata::v1::Query::NewStub(query_security->CreateChannel(fleet.servers[0]));
   const std::string first_service = absl::StrCat(fleet.prefix, "-svc-0");
   QueriesDuringLoad queries(query.get(), &*query_security, first_service, f);
 
