@@ -409,13 +409,42 @@ absl::StatusOr<std::vector<store::ServiceSummary>> FanoutSource::Services(
       if (inserted) continue;
       it->second.first_window_ms = std::min(it->second.first_window_ms, s.first_ms());
       it->second.last_window_ms = std::max(it->second.last_window_ms, s.last_ms());
-      // Replicas hold the same samples: the largest node's count, not the sum (a lower bound
-      // of the service's total when its hosts are spread over several nodes).
       it->second.total_samples = std::max(it->second.total_samples, s.total_samples());
     }
   }
+  // Totals: each service's samples per host, each host from its fullest replica, as profiles
+  // are counted (a sum over nodes would count replicas twice).
   std::vector<store::ServiceSummary> out;
-  for (auto& [name, s] : merged) out.push_back(std::move(s));
+  for (auto& [name, summary] : merged) {
+    v1::LocalProfileRequest totals_request;
+    v1::ProfileFilter* filter = totals_request.mutable_filter();
+    filter->set_service(name);
+    filter->mutable_range()->set_from_ms(summary.first_window_ms);
+    filter->mutable_range()->set_to_ms(summary.last_window_ms + 1);
+    filter->set_type(v1::PROFILE_WALL);  // every profile type, as ListServices counts
+    auto totals = CallNodes<v1::HostTotalsResponse>(
+        nodes, membership_->options().node_id, channels_, timeout_,
+        [&] { return local_->RunHostTotals(totals_request); },
+        [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::HostTotalsResponse* r) {
+          return stub->HostTotals(c, totals_request, r);
+        });
+    std::map<std::string, uint64_t> best;
+    bool complete = true;
+    for (const auto& t : totals) {
+      if (!t.ok()) {
+        complete = false;
+        continue;
+      }
+      for (const auto& [host, samples] : t->hosts()) {
+        best[host] = std::max(best[host], samples);
+      }
+    }
+    if (complete) {
+      summary.total_samples = 0;
+      for (const auto& [host, samples] : best) base::SaturatingAddTo(summary.total_samples, samples);
+    }
+    out.push_back(std::move(summary));
+  }
   return out;
 }
 
