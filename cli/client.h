@@ -130,6 +130,7 @@ class CliContext {
 // stores its exit status in `*exit_code`.
 void AddQueryCommands(CLI::App* app, CliContext* context, int* exit_code);
 void AddPhaseCommands(CLI::App* app, CliContext* context, int* exit_code);
+void AddClusterCommands(CLI::App* app, CliContext* context, int* exit_code);
 void AddDebugInfoCommands(CLI::App* app, CliContext* context, int* exit_code);
 
 }  // namespace strata::cli

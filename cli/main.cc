@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   strata::cli::AddPhaseCommands(&app, &context, &exit_code);
   strata::cli::AddCaptureCommands(&app, &context, &exit_code);
   strata::cli::AddDebugInfoCommands(&app, &context, &exit_code);
+  strata::cli::AddClusterCommands(&app, &context, &exit_code);
   for (auto* sub : app.get_subcommands({})) sub->fallthrough();
 
   strata::base::AddConfigFile(app);

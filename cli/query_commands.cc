@@ -16,6 +16,14 @@
 namespace strata::cli {
 namespace {
 
+// A cluster's answer without some nodes' samples says so, on stderr (tables stay parsable).
+template <typename Names>
+void WarnUnreachable(const Names& nodes) {
+  for (const auto& n : nodes) {
+    std::fprintf(stderr, "warning: incomplete answer: node %s not reached\n", n.c_str());
+  }
+}
+
 std::string ArchSuffix(const google::protobuf::RepeatedPtrField<std::string>& archs) {
   if (archs.empty()) return "";
   return absl::StrCat(", ", absl::StrJoin(archs, "+"));
@@ -41,6 +49,7 @@ int RunLabels(CliContext* ctx, const std::string& service) {
 int RunServices(CliContext* ctx) {
   Client& client = ctx->client();
   auto r = client.Call(client.query(), &v1::Query::Stub::ListServices, v1::ListServicesRequest());
+  WarnUnreachable(r.unreachable_nodes());
   if (ctx->options().json) return PrintJson(r), 0;
   if (r.services().empty()) {
     std::printf("No services have reported samples yet.\n");
@@ -148,6 +157,7 @@ int RunTop(CliContext* ctx, const FilterOptions& f, bool by_total, bool by_line)
   request.set_sort(by_total ? v1::TopRequest::TOTAL : v1::TopRequest::SELF);
   request.set_by_line(by_line);
   auto r = client.Call(client.query(), &v1::Query::Stub::Top, request);
+  WarnUnreachable(r.unreachable_nodes());
   if (ctx->options().json) return PrintJson(r), 0;
   if (by_line) return PrintTopLines(r, f);
   std::printf("Top functions of %s (%s, %s samples%s)\n", f.service.c_str(),
@@ -168,6 +178,7 @@ int RunHotPaths(CliContext* ctx, const FilterOptions& f) {
   *request.mutable_filter() = BuildFilter(f);
   request.set_limit(f.limit);
   auto r = client.Call(client.query(), &v1::Query::Stub::HotPaths, request);
+  WarnUnreachable(r.unreachable_nodes());
   if (ctx->options().json) return PrintJson(r), 0;
   std::printf("Hot paths of %s (%s, %s samples%s)\n", f.service.c_str(), RangeText(f).c_str(),
               WithThousands(r.total_samples()).c_str(), ArchSuffix(r.archs()).c_str());
@@ -199,6 +210,7 @@ int RunFlameGraph(CliContext* ctx, const FilterOptions& f, const FlameOptions& o
   if (ctx->options().json && to_stdout) format = v1::FlameGraphRequest::JSON;
   request.set_format(format);
   auto r = client.Call(client.large_query(), &v1::Query::Stub::FlameGraph, request);
+  WarnUnreachable(r.unreachable_nodes());
   if (to_stdout) {
     std::fwrite(r.rendered().data(), 1, r.rendered().size(), stdout);
     return 0;
@@ -231,6 +243,7 @@ int RunExport(CliContext* ctx, const FilterOptions& f, const ExportOptions& o) {
   const bool llvm = o.format == "llvm-sample";
   request.set_format(llvm ? v1::ExportRequest::LLVM_SAMPLE : v1::ExportRequest::PPROF);
   auto r = client.Call(client.large_query(), &v1::Query::Stub::Export, request);
+  WarnUnreachable(r.unreachable_nodes());
   WriteOutput(o.output, r.data());
   if (ctx->options().json) {
     r.clear_data();
@@ -300,6 +313,7 @@ int RunDiff(CliContext* ctx, const FilterOptions& f, const BaseOptions& b) {
                                                                   : "the same range";
   }
   auto r = client.Call(client.query(), &v1::Query::Stub::Diff, request);
+  WarnUnreachable(r.unreachable_nodes());
   if (ctx->options().json) return PrintJson(r), 0;
   auto with_selector = [](const std::string& service, const std::string& selector) {
     return selector.empty() ? service : absl::StrCat(service, " {", selector, "}");
