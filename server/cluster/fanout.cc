@@ -343,7 +343,13 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
     for (const v1::LocalFunction& f : part.functions()) {
       auto [it, inserted] =
           function_index.try_emplace(f.id(), static_cast<uint32_t>(profile.functions.size()));
-      if (inserted) profile.functions.push_back({f.id(), f.name(), f.module()});
+      if (inserted) {
+        query::ResolvedFunction fn;
+        fn.id = f.id();
+        fn.name = f.name();
+        fn.module = f.module();
+        profile.functions.push_back(std::move(fn));
+      }
       remap.push_back(it->second);
     }
     for (const v1::LocalStack& s : part.stacks()) {

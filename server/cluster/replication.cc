@@ -222,12 +222,12 @@ class AgentReplica final : public ingest::StreamReplica {
     out->set_first_node(owner.known_nodes);
     out->set_first_edge(owner.known_edges);
     if (nodes) {
-      for (uint64_t i = owner.known_nodes - delta.first_node(); i < delta.nodes().size(); ++i) {
+      for (uint64_t i = owner.known_nodes - delta.first_node(); i < node_end - delta.first_node(); ++i) {
         *out->add_nodes() = delta.nodes(static_cast<int>(i));
       }
     }
     if (edges) {
-      for (uint64_t i = owner.known_edges - delta.first_edge(); i < delta.edges().size(); ++i) {
+      for (uint64_t i = owner.known_edges - delta.first_edge(); i < edge_end - delta.first_edge(); ++i) {
         *out->add_edges() = delta.edges(static_cast<int>(i));
       }
     }

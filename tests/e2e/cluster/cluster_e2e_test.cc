@@ -1,0 +1,294 @@
+// A Strata cluster on loopback: one real etcd, three (then four) strata-server nodes with
+// replication factor 2, and strata-loadgen's agents spread over the nodes. strata-loadgen
+// compares what the cluster answers (a fan-out query through the first node) with what it
+// delivered, per service, and exits non-zero on any loss or double count.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/testing/http_get.h"
+#include "common/testing/temp_dir.h"
+#include "gtest/gtest.h"
+#include "server/cluster/etcd/etcd_test_server.h"
+#include "strata/v1/cluster.grpc.pb.h"
+#include "tests/e2e/harness.h"
+
+namespace strata::e2e {
+namespace {
+
+using server::cluster::EtcdTestServer;
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return 0;
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// A number from strata-loadgen's JSON line.
+double JsonField(const std::string& json, const std::string& name) {
+  std::smatch m;
+  double v = -1;
+  if (std::regex_search(json, m, std::regex("\"" + name + "\":([-0-9.]+)"))) {
+    (void)absl::SimpleAtod(m[1].str(), &v);
+  }
+  return v;
+}
+
+// Waits until `done` holds, checking every 100 ms; false after `timeout`.
+template <typename Pred>
+bool WaitFor(Pred done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return done();
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  struct Node {
+    std::string id;
+    int port = 0;
+    int http_port = 0;
+    std::string address() const { return absl::StrCat("127.0.0.1:", port); }
+    std::unique_ptr<ChildProcess> process;
+  };
+
+  void SetUp() override {
+    if (!EtcdTestServer::Available()) {
+      GTEST_SKIP() << "no " << EtcdTestServer::kEtcdBinary << " (Debian package etcd-server)";
+    }
+    auto etcd = EtcdTestServer::Start();
+    ASSERT_TRUE(etcd.ok()) << etcd.status();
+    etcd_ = *std::move(etcd);
+  }
+
+  // Adds a node (and starts it): lease TTL 3 s, so a killed node leaves the ring soon.
+  Node& AddNode(std::vector<std::string> extra = {}) {
+    auto node = std::make_unique<Node>();
+    node->id = absl::StrCat("n", nodes_.size() + 1);
+    node->port = FreePort();
+    node->http_port = FreePort();
+    nodes_.push_back(std::move(node));
+    extra_args_.push_back(std::move(extra));
+    Start(nodes_.size() - 1);
+    return *nodes_.back();
+  }
+
+  void Start(size_t i) {
+    Node& n = *nodes_[i];
+    std::vector<std::string> argv{BinPath("strata-server"),
+                                  "--listen", n.address(),
+                                  "--http", absl::StrCat("127.0.0.1:", n.http_port),
+                                  "--data", dir_.path() + "/" + n.id,
+                                  "--cluster-etcd", etcd_->endpoint(),
+                                  "--node-id", n.id,
+                                  "--cluster-lease-ttl", lease_ttl_,
+                                  "--cluster-replica-timeout", "2s"};
+    argv.insert(argv.end(), extra_args_[i].begin(), extra_args_[i].end());
+    n.process = std::make_unique<ChildProcess>(
+        argv, absl::StrCat(dir_.path(), "/", n.id, ".", ++starts_, ".log"));
+    ASSERT_TRUE(n.process->WaitForOutput("ready on port", 60)) << n.process->Output();
+  }
+
+  std::string Addresses() const {
+    std::vector<std::string> out;
+    for (const auto& n : nodes_) out.push_back(n->address());
+    return absl::StrJoin(out, ",");
+  }
+
+  // A metric of a node's /metrics (the first line starting with `name`); -1 when absent.
+  double Metric(const Node& n, const std::string& name) {
+    auto [status, body] = strata::testing::HttpGet(n.http_port, "/metrics");
+    if (status != 200) return -1;
+    const size_t at = body.find("\n" + name + " ");
+    if (at == std::string::npos) return -1;
+    const size_t from = at + name.size() + 2;
+    double v = -1;
+    (void)absl::SimpleAtod(body.substr(from, body.find('\n', from) - from), &v);
+    return v;
+  }
+
+  std::unique_ptr<ChildProcess> StartLoad(int duration_s, const std::string& prefix) {
+    std::vector<std::string> argv{BinPath("strata-loadgen"), "--server", Addresses(),
+                                  "--agents", "30", "--interval", "2",
+                                  "--duration", std::to_string(duration_s),
+                                  "--ramp-up", "2", "--rate", "99", "--max-backoff", "3",
+                                  "--drain-timeout", "90", "--service-prefix", prefix,
+                                  "--services", "3", "--json"};
+    return std::make_unique<ChildProcess>(argv, dir_.path() + "/loadgen-" + prefix + ".log");
+  }
+
+  // Waits for strata-loadgen and checks its verdict: every sample delivered is in the
+  // cluster's answer exactly once.
+  void ExpectExact(ChildProcess& load, double timeout_s) {
+    const int code = load.Wait(timeout_s);
+    const std::string out = load.Output();
+    std::printf("%s\n", out.c_str());
+    EXPECT_EQ(code, 0) << out << Logs();
+    EXPECT_NE(out.find("\"ok\":true"), std::string::npos) << out;
+    EXPECT_EQ(JsonField(out, "lost"), 0) << out;
+    EXPECT_EQ(JsonField(out, "extra"), 0) << out;
+    EXPECT_EQ(JsonField(out, "unacknowledged"), 0) << out;
+    EXPECT_GT(JsonField(out, "samples"), 0) << out;
+  }
+
+  std::string Logs() {
+    std::string out;
+    for (const auto& n : nodes_) {
+      if (n->process == nullptr) continue;
+      std::string log = n->process->Output();
+      if (log.size() > 3000) log = log.substr(log.size() - 3000);
+      absl::StrAppend(&out, "\n--- ", n->id, " ---\n", log);
+    }
+    return out;
+  }
+
+  bool LoadFlowing() {
+    double replicated = 0;
+    for (const auto& n : nodes_) {
+      if (n->process != nullptr && n->process->running()) {
+        replicated += std::max(0.0, Metric(*n, "strata_cluster_batches_replicated_total"));
+      }
+    }
+    return replicated >= 30;
+  }
+
+  std::unique_ptr<EtcdTestServer> etcd_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::vector<std::vector<std::string>> extra_args_;
+  std::string lease_ttl_ = "3s";
+  int starts_ = 0;
+  strata::testing::TempDir dir_{"cluster_e2e"};
+};
+
+// A node killed with SIGKILL in the middle of a minute of load, restarted later: its agents
+// move to the other nodes, its hosts' replicas answer queries meanwhile, and the totals are
+// exact.
+TEST_F(ClusterTest, KilledNodeRestartedUnderLoadLosesAndDoublesNothing) {
+  for (int i = 0; i < 3; ++i) AddNode();
+  auto load = StartLoad(60, "kill");
+  ASSERT_TRUE(WaitFor([&] { return LoadFlowing(); }, absl::Seconds(60))) << Logs();
+  absl::SleepFor(absl::Seconds(5));
+  Node& victim = *nodes_[1];
+  victim.process->Stop(SIGKILL);
+  Node& n1 = *nodes_[0];
+  ASSERT_TRUE(WaitFor([&] { return Metric(n1, "strata_cluster_nodes{state=\"down\"}") == 1; },
+                      absl::Seconds(30)))
+      << Logs();
+  // Queries during the outage are complete from the replicas: nothing is named unreachable.
+  absl::SleepFor(absl::Seconds(3));
+  auto query = v1::Query::NewStub(
+      grpc::CreateChannel(n1.address(), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext ctx;
+    v1::ListServicesResponse services;
+    ASSERT_TRUE(query->ListServices(&ctx, {}, &services).ok());
+    EXPECT_EQ(services.unreachable_nodes_size(), 0);
+    ASSERT_GT(services.services_size(), 0);
+    grpc::ClientContext hot_ctx;
+    v1::HotPathsRequest request;
+    request.mutable_filter()->set_service(services.services(0).name());
+    v1::HotPathsResponse paths;
+    grpc::Status s = query->HotPaths(&hot_ctx, request, &paths);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_GT(paths.total_samples(), 0u);
+    EXPECT_EQ(paths.unreachable_nodes_size(), 0) << paths.unreachable_nodes(0);
+  }
+  absl::SleepFor(absl::Seconds(10));
+  Start(1);
+  ASSERT_TRUE(WaitFor([&] { return Metric(n1, "strata_cluster_nodes{state=\"live\"}") == 3; },
+                      absl::Seconds(30)))
+      << Logs();
+  ExpectExact(*load, 240);
+  // The survivors forwarded batches to the owners that replaced the dead node.
+  EXPECT_GT(Metric(n1, "strata_cluster_graph_catch_ups_total") +
+                Metric(*nodes_[2], "strata_cluster_graph_catch_ups_total"),
+            0);
+}
+
+// A fourth node joins under load: it takes its token ranges (agents of its hosts move to it
+// and their graphs follow), and the totals stay exact, asked through any node.
+TEST_F(ClusterTest, FourthNodeJoinsUnderLoad) {
+  for (int i = 0; i < 3; ++i) AddNode();
+  auto load = StartLoad(40, "join");
+  ASSERT_TRUE(WaitFor([&] { return LoadFlowing(); }, absl::Seconds(60))) << Logs();
+  absl::SleepFor(absl::Seconds(5));
+  Node& n4 = AddNode();
+  ASSERT_TRUE(WaitFor([&] { return Metric(*nodes_[0], "strata_cluster_nodes{state=\"live\"}") == 4; },
+                      absl::Seconds(30)))
+      << Logs();
+  ExpectExact(*load, 240);
+  // Its share of the hosts arrived: it applied batches and took streams or replicas.
+  EXPECT_GT(Metric(n4, "strata_ingest_batches_total"), 0) << Logs();
+  // Any node answers with the same totals.
+  auto totals = [&](const Node& n) {
+    auto stub = v1::Query::NewStub(
+        grpc::CreateChannel(n.address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::ListServicesResponse services;
+    EXPECT_TRUE(stub->ListServices(&ctx, {}, &services).ok());
+    std::map<std::string, uint64_t> out;
+    for (const auto& s : services.services()) out[s.name()] = s.total_samples();
+    return out;
+  };
+  EXPECT_EQ(totals(*nodes_[0]), totals(n4));
+  // strata cluster shows the four nodes and their shares.
+  CommandResult status =
+      RunCommand({BinPath("strata"), "--server", n4.address(), "cluster"}, 30);
+  EXPECT_EQ(status.exit_code, 0) << status.output;
+  for (const auto& n : nodes_) EXPECT_NE(status.output.find(n->id), std::string::npos) << status.output;
+  std::printf("%s\n", status.output.c_str());
+}
+
+// etcd itself goes away under load and comes back: the nodes keep ingesting on the cached
+// ring (their leases outlive the outage), and the ring recovers from a new watch.
+TEST_F(ClusterTest, EtcdRestartUnderLoad) {
+  lease_ttl_ = "10s";
+  for (int i = 0; i < 3; ++i) AddNode();
+  auto load = StartLoad(40, "etcd");
+  ASSERT_TRUE(WaitFor([&] { return LoadFlowing(); }, absl::Seconds(60))) << Logs();
+  auto batches = [&] {
+    double sum = 0;
+    for (const auto& n : nodes_) sum += Metric(*n, "strata_ingest_batches_total");
+    return sum;
+  };
+  etcd_->Kill();
+  const double before = batches();
+  // Ingestion goes on without etcd.
+  EXPECT_TRUE(WaitFor([&] { return batches() >= before + 30; }, absl::Seconds(5)))
+      << before << " -> " << batches() << Logs();
+  ASSERT_TRUE(etcd_->Restart().ok()) << etcd_->LogTail();
+  for (const auto& n : nodes_) {
+    EXPECT_TRUE(WaitFor([&] { return Metric(*n, "strata_cluster_watch_restarts_total") >= 1; },
+                        absl::Seconds(30)))
+        << n->id << Logs();
+    EXPECT_EQ(Metric(*n, "strata_cluster_nodes{state=\"live\"}"), 3) << n->id;
+    EXPECT_EQ(Metric(*n, "strata_cluster_lease_held"), 1) << n->id;
+  }
+  ExpectExact(*load, 240);
+}
+
+}  // namespace
+}  // namespace strata::e2e
