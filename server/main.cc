@@ -609,6 +609,13 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
   capture_options.max_frequency_hz = f.max_capture_hz;
   capture_options.max_duration = settings.max_capture_duration;
   capture_options.authorizer = authorizer;
+  if (membership != nullptr) {
+    capture_options.run_elsewhere = [&](grpc::ServerContext* context, const auto& request,
+                                        auto* writer) {
+      return cluster::RunCaptureElsewhere(membership.get(), &node_channels, context, request,
+                                          writer);
+    };
+  }
   capture_options.deleter = [store = store.get()](const std::string& capture_id) {
     strata::server::store::WriteBatch wb;
     wb.DeleteCapture(capture_id);

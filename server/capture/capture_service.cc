@@ -363,6 +363,10 @@ grpc::Status CaptureService::Run(grpc::ServerContext* context,
     return rpc::ToGrpcStatus(p.status());
   }
   auto begun = Begin(*request);
+  if (absl::IsNotFound(begun.status()) && options_.run_elsewhere) {
+    grpc::Status routed = options_.run_elsewhere(context, *request, writer);
+    if (routed.error_code() != grpc::StatusCode::NOT_FOUND) return routed;
+  }
   if (!begun.ok()) return rpc::ToGrpcStatus(begun.status());
   std::shared_ptr<Running> running = std::move(*begun);
   const absl::Time deadline =

@@ -62,6 +62,11 @@ class CaptureService final : public v1::Capture::Service {
     absl::Duration max_duration = absl::Hours(1);
     // Run and Cancel need role operator, List and Get reader; null allows every call.
     auth::Authorizer* authorizer = nullptr;
+    // In a cluster: runs a capture whose target has no agent connected here on the node
+    // that holds the agent's stream, relaying its progress (server/cluster). Unset: NotFound.
+    std::function<grpc::Status(grpc::ServerContext* context, const v1::RunCaptureRequest& request,
+                               grpc::ServerWriter<v1::CaptureProgress>* writer)>
+        run_elsewhere;
   };
 
   CaptureService(store::Store* store, registry::AgentRegistry* registry, Options options);

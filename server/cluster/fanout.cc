@@ -175,6 +175,45 @@ grpc::Status ClusterService::LocalServices(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+namespace {
+constexpr char kRoutedMetadata[] = "x-strata-routed-by";
+}  // namespace
+
+grpc::Status RunCaptureElsewhere(Membership* membership, NodeChannels* channels,
+                                 grpc::ServerContext* context,
+                                 const v1::RunCaptureRequest& request,
+                                 grpc::ServerWriter<v1::CaptureProgress>* writer) {
+  if (context->client_metadata().count(kRoutedMetadata) > 0) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "routed once already");
+  }
+  const std::shared_ptr<const Ring> ring = membership->ring();
+  grpc::Status last(grpc::StatusCode::NOT_FOUND, "no other node");
+  for (const RingMember& m : ring->members()) {
+    if (m.id == membership->options().node_id) continue;
+    auto stub = v1::Capture::NewStub(channels->Get(m.address));
+    grpc::ClientContext client;
+    client.AddMetadata(kRoutedMetadata, membership->options().node_id);
+    // The caller's credentials go along: the node that runs the capture checks them.
+    for (const auto& [key, value] : context->client_metadata()) {
+      if (key == "authorization") client.AddMetadata("authorization", std::string(value.data(), value.size()));
+    }
+    auto reader = stub->Run(&client, request);
+    v1::CaptureProgress progress;
+    bool relayed = false;
+    while (reader->Read(&progress)) {
+      relayed = true;
+      if (!writer->Write(progress)) {
+        client.TryCancel();
+        break;
+      }
+    }
+    grpc::Status s = reader->Finish();
+    if (relayed || s.error_code() != grpc::StatusCode::NOT_FOUND) return s;
+    last = s;
+  }
+  return last;
+}
+
 std::string RenderClusterMetrics(ClusterService& service) {
   const v1::ClusterStatusResponse status = service.RunStatus();
   const MembershipStats m = service.membership().stats();

@@ -22,6 +22,7 @@
 #include "server/cluster/replication.h"
 #include "server/query/profile.h"
 #include "server/query/profile_source.h"
+#include "strata/v1/capture.grpc.pb.h"
 #include "strata/v1/cluster.grpc.pb.h"
 
 namespace strata::server::cluster {
@@ -59,6 +60,14 @@ class ClusterService final : public v1::Cluster::Service {
   const ReplicationMetrics* const metrics_;
   query::ProfileReader reader_;
 };
+
+// Runs a capture on the node whose agent stream serves its target: asks the other live nodes
+// in turn (the first that does not answer NotFound runs it) and relays the progress. A call
+// that was already routed is not routed again. For CaptureService::Options::run_elsewhere.
+grpc::Status RunCaptureElsewhere(Membership* membership, NodeChannels* channels,
+                                 grpc::ServerContext* context,
+                                 const v1::RunCaptureRequest& request,
+                                 grpc::ServerWriter<v1::CaptureProgress>* writer);
 
 // Prometheus text of the node's ring state and replication counters, for /metrics.
 std::string RenderClusterMetrics(ClusterService& service);

@@ -290,5 +290,55 @@ TEST_F(ClusterTest, EtcdRestartUnderLoad) {
   ExpectExact(*load, 240);
 }
 
+// A real agent given every node: it ends up on an owner of its host (redirected if need
+// be), and a capture of its target works through any node: the capture is routed to the node
+// holding the agent's stream, and its samples are read back by a fan-out query.
+TEST_F(ClusterTest, RealAgentIsPlacedAndCapturesWorkFromAnyNode) {
+  for (int i = 0; i < 3; ++i) AddNode();
+  ChildProcess demo({BinPath("demo_service")}, dir_.path() + "/demo.log",
+                    {{"STRATA_SERVICE", "demo"}});
+  ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
+  ChildProcess agent({BinPath("strata-agent"), "--server", Addresses(), "--pid",
+                      std::to_string(demo.pid()), "--interval", "1", "--frequency", "99",
+                      "--host", "cluster-host", "--spool-dir", dir_.path() + "/spool"},
+                     dir_.path() + "/agent.log");
+  // Connected, with its target, on exactly one node (an owner of its host).
+  auto connected_on = [&] {
+    std::vector<std::string> on;
+    for (const auto& n : nodes_) {
+      auto stub = v1::Query::NewStub(
+          grpc::CreateChannel(n->address(), grpc::InsecureChannelCredentials()));
+      grpc::ClientContext ctx;
+      v1::ListAgentsResponse agents;
+      if (!stub->ListAgents(&ctx, {}, &agents).ok()) continue;
+      for (const auto& a : agents.agents()) {
+        if (a.connected() && a.targets_size() > 0) on.push_back(n->id);
+      }
+    }
+    return on;
+  };
+  ASSERT_TRUE(WaitFor([&] { return connected_on().size() == 1; }, absl::Seconds(40)))
+      << agent.Output() << Logs();
+  for (const auto& n : nodes_) {
+    CommandResult capture = RunCommand(
+        {BinPath("strata"), "--server", n->address(), "capture", "--service", "demo",
+         "--duration", "3s", "--frequency", "199", "--format", "hot-paths", "--limit", "3"},
+        60);
+    EXPECT_EQ(capture.exit_code, 0) << n->id << ": " << capture.output << agent.Output();
+    EXPECT_NE(capture.output.find("Hot paths of capture cap-"), std::string::npos)
+        << n->id << ": " << capture.output;
+    EXPECT_EQ(capture.output.find("not reached"), std::string::npos) << capture.output;
+  }
+  // The continuous profile reads the same through every node.
+  std::vector<uint64_t> totals;
+  ASSERT_TRUE(WaitFor([&] { return ServiceTotal(nodes_[0]->address(), "demo") > 0; },
+                      absl::Seconds(30)));
+  agent.Stop(SIGTERM, 20);
+  for (const auto& n : nodes_) totals.push_back(ServiceTotal(n->address(), "demo"));
+  EXPECT_GT(totals[0], 0u);
+  EXPECT_EQ(totals[0], totals[1]);
+  EXPECT_EQ(totals[0], totals[2]);
+}
+
 }  // namespace
 }  // namespace strata::e2e
