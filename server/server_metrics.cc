@@ -275,6 +275,7 @@ http::HttpResponse RenderMetrics(const http::HttpServer* http, store::Store* sto
     counter("strata_auth_reload_errors_total",
             "Changes of the tokens file refused (the previous one stays).", a.reload_errors);
   }
+  counter("strata_ingest_acks_total", "Batches acknowledged to agents.", metrics->acks);
   counter("strata_ingest_redirects_total",
           "Agent streams sent to their host's owners (cluster).", metrics->redirects);
   counter("strata_ingest_replica_streams_total",

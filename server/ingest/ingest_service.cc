@@ -435,6 +435,7 @@ absl::Status IngestService::Stream::HandleBatch(const v1::SampleBatch& batch) {
       return EndWith(replicated, batch.sequence());
     }
   }
+  if (!replica_) ++metrics->acks;
   v1::ServerMessage ack;
   ack.mutable_ack()->set_sequence(batch.sequence());
   Queue(std::move(ack));

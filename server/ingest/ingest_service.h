@@ -65,6 +65,7 @@ struct IngestMetrics {
   std::atomic<uint64_t> resyncs{0};
   // Cluster: streams sent to the host's owners, streams taken as another node's replica,
   // and batches not acknowledged because an owner did not confirm them.
+  std::atomic<uint64_t> acks{0};  // batches acknowledged to agents (not to replica streams)
   std::atomic<uint64_t> redirects{0};
   std::atomic<uint64_t> replica_streams{0};
   std::atomic<uint64_t> replication_failures{0};

@@ -340,5 +340,149 @@ TEST_F(ClusterTest, RealAgentIsPlacedAndCapturesWorkFromAnyNode) {
   EXPECT_EQ(totals[0], totals[2]);
 }
 
+// A network namespace joined to the host by a veth pair, for partitions: `Cut()` takes the
+// link down, so the namespace reaches neither etcd nor the other nodes.
+class NetworkNamespace {
+ public:
+  NetworkNamespace() {
+    const int id = getpid() % 200 + 20;
+    name_ = absl::StrCat("strata-part-", getpid());
+    host_if_ = absl::StrCat("sp", getpid() % 100000, "h");
+    ns_if_ = absl::StrCat("sp", getpid() % 100000, "n");
+    host_ip_ = absl::StrCat("10.77.", id, ".1");
+    ns_ip_ = absl::StrCat("10.77.", id, ".2");
+    for (const std::vector<std::string>& cmd : std::vector<std::vector<std::string>>{
+             {"/usr/sbin/ip", "netns", "add", name_},
+             {"/usr/sbin/ip", "link", "add", host_if_, "type", "veth", "peer", "name", ns_if_},
+             {"/usr/sbin/ip", "link", "set", ns_if_, "netns", name_},
+             {"/usr/sbin/ip", "addr", "add", host_ip_ + "/24", "dev", host_if_},
+             {"/usr/sbin/ip", "link", "set", host_if_, "up"},
+             {"/usr/sbin/ip", "netns", "exec", name_, "/usr/sbin/ip", "addr", "add",
+              ns_ip_ + "/24", "dev", ns_if_},
+             {"/usr/sbin/ip", "netns", "exec", name_, "/usr/sbin/ip", "link", "set", ns_if_, "up"},
+             {"/usr/sbin/ip", "netns", "exec", name_, "/usr/sbin/ip", "link", "set", "lo", "up"}}) {
+      CommandResult r = RunCommand(cmd, 20);
+      if (r.exit_code != 0) {
+        error_ = absl::StrCat(absl::StrJoin(cmd, " "), ": ", r.output);
+        return;
+      }
+    }
+  }
+  ~NetworkNamespace() {
+    RunCommand({"/usr/sbin/ip", "link", "del", host_if_}, 20);
+    RunCommand({"/usr/sbin/ip", "netns", "del", name_}, 20);
+  }
+  const std::string& error() const { return error_; }
+  const std::string& host_ip() const { return host_ip_; }
+  const std::string& ns_ip() const { return ns_ip_; }
+  // `argv` run inside the namespace.
+  std::vector<std::string> Inside(std::vector<std::string> argv) const {
+    argv.insert(argv.begin(), {"/usr/sbin/ip", "netns", "exec", name_});
+    return argv;
+  }
+  bool Cut() { return RunCommand(Inside({"/usr/sbin/ip", "link", "set", ns_if_, "down"})).exit_code == 0; }
+  bool Heal() { return RunCommand(Inside({"/usr/sbin/ip", "link", "set", ns_if_, "up"})).exit_code == 0; }
+
+ private:
+  std::string name_, host_if_, ns_if_, host_ip_, ns_ip_, error_;
+};
+
+// A node cut off from etcd and the other nodes (its network namespace's link goes down) with
+// agents still reaching it: it acknowledges nothing while it cannot replicate (its own lease
+// runs out, the others move its hosts), and once the link is back everything the agents held
+// arrives, exactly once.
+TEST(ClusterPartitionTest, PartitionedNodeAcknowledgesNothingItCannotReplicate) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for network namespaces";
+  NetworkNamespace ns;
+  ASSERT_TRUE(ns.error().empty()) << ns.error();
+  strata::testing::TempDir dir("cluster_partition");
+  const int etcd_port = FreePort(), etcd_peer = FreePort();
+  const std::string etcd_url = absl::StrCat("http://", ns.host_ip(), ":", etcd_port);
+  const std::string peer_url = absl::StrCat("http://", ns.host_ip(), ":", etcd_peer);
+  ChildProcess etcd({EtcdTestServer::kEtcdBinary, "--name", "part", "--data-dir",
+                     dir.path() + "/etcd", "--listen-client-urls", etcd_url,
+                     "--advertise-client-urls", etcd_url, "--listen-peer-urls", peer_url,
+                     "--initial-advertise-peer-urls", peer_url, "--initial-cluster",
+                     "part=" + peer_url},
+                    dir.path() + "/etcd.log");
+  ASSERT_TRUE(etcd.WaitForOutput("ready to serve client requests", 60)) << etcd.Output();
+
+  struct Node {
+    std::string id, address;
+    int http_port;
+    std::unique_ptr<ChildProcess> process;
+  };
+  std::vector<Node> nodes;
+  for (int i = 1; i <= 3; ++i) {
+    const bool cut_off = i == 3;
+    Node n{absl::StrCat("n", i),
+           absl::StrCat(cut_off ? ns.ns_ip() : ns.host_ip(), ":", FreePort()), FreePort(),
+           nullptr};
+    std::vector<std::string> argv{BinPath("strata-server"), "--listen", n.address,
+                                  "--http", absl::StrCat("127.0.0.1:", n.http_port),
+                                  "--insecure", "--data", dir.path() + "/" + n.id,
+                                  "--cluster-etcd", etcd_url, "--node-id", n.id,
+                                  "--cluster-lease-ttl", "3s", "--cluster-replica-timeout", "2s"};
+    n.process = std::make_unique<ChildProcess>(cut_off ? ns.Inside(argv) : argv,
+                                               dir.path() + "/" + n.id + ".log");
+    ASSERT_TRUE(n.process->WaitForOutput("ready on port", 60)) << n.process->Output();
+    nodes.push_back(std::move(n));
+  }
+  // n3's metrics, read from inside its namespace.
+  auto n3_metric = [&](const std::string& name) {
+    CommandResult r = RunCommand(
+        ns.Inside({"/usr/bin/curl", "-s", "-m", "5",
+                   absl::StrCat("http://127.0.0.1:", nodes[2].http_port, "/metrics")}),
+        10);
+    const size_t at = r.output.find("\n" + name + " ");
+    double v = -1;
+    if (at != std::string::npos) {
+      const size_t from = at + name.size() + 2;
+      (void)absl::SimpleAtod(r.output.substr(from, r.output.find('\n', from) - from), &v);
+    }
+    return v;
+  };
+  auto host_metric = [&](const Node& n, const std::string& name) {
+    auto [status, body] = strata::testing::HttpGet(n.http_port, "/metrics");
+    const size_t at = body.find("\n" + name + " ");
+    double v = -1;
+    if (status == 200 && at != std::string::npos) {
+      const size_t from = at + name.size() + 2;
+      (void)absl::SimpleAtod(body.substr(from, body.find('\n', from) - from), &v);
+    }
+    return v;
+  };
+  // The agents live in the namespace and know only n3.
+  ChildProcess load(ns.Inside({BinPath("strata-loadgen"), "--server", nodes[2].address,
+                               "--agents", "20", "--interval", "1", "--duration", "30",
+                               "--ramp-up", "2", "--rate", "99", "--max-backoff", "2",
+                               "--drain-timeout", "120", "--service-prefix", "part",
+                               "--services", "2", "--json"}),
+                    dir.path() + "/loadgen.log");
+  ASSERT_TRUE(WaitFor([&] { return n3_metric("strata_ingest_acks_total") >= 20; },
+                      absl::Seconds(60)))
+      << load.Output() << nodes[2].process->Output();
+  ASSERT_TRUE(ns.Cut());
+  // n3 notices it cannot renew its lease; the others see it leave.
+  EXPECT_TRUE(WaitFor([&] { return n3_metric("strata_cluster_lease_held") == 0; },
+                      absl::Seconds(20)))
+      << nodes[2].process->Output();
+  EXPECT_TRUE(WaitFor([&] { return host_metric(nodes[0], "strata_cluster_nodes{state=\"down\"}") == 1; },
+                      absl::Seconds(20)));
+  const double acks_cut = n3_metric("strata_ingest_acks_total");
+  absl::SleepFor(absl::Seconds(6));  // agents keep sending to n3 all along
+  EXPECT_EQ(n3_metric("strata_ingest_acks_total"), acks_cut)
+      << "a node that cannot replicate acknowledged batches";
+  EXPECT_GT(n3_metric("strata_ingest_rejected_messages_total"), 0);
+  ASSERT_TRUE(ns.Heal());
+  const int code = load.Wait(240);
+  const std::string out = load.Output();
+  std::printf("%s\n", out.c_str());
+  EXPECT_EQ(code, 0) << out << nodes[2].process->Output();
+  EXPECT_NE(out.find("\"ok\":true"), std::string::npos) << out;
+  EXPECT_EQ(JsonField(out, "lost"), 0) << out;
+  EXPECT_EQ(JsonField(out, "extra"), 0) << out;
+}
+
 }  // namespace
 }  // namespace strata::e2e
