@@ -188,6 +188,14 @@ class IngestService::Stream final
     ++service_->metrics_->rejected_messages;
     Queue(ErrorMessage(st, sequence));
   }
+  // Tells the agent (or the replicating node) how much of its graph and batches are here.
+  void Welcome() {
+    v1::ServerMessage m;
+    m.mutable_welcome()->set_known_nodes(session_->num_nodes());
+    m.mutable_welcome()->set_known_edges(session_->num_edges());
+    m.mutable_welcome()->set_last_applied_sequence(session_->last_applied_sequence());
+    Queue(std::move(m));
+  }
   void Resync(const absl::Status& why) {
     ++service_->metrics_->resyncs;
     v1::ServerMessage m;
@@ -328,11 +336,7 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
   ++metrics->streams;
   if (replica_) {
     ++metrics->replica_streams;
-    v1::ServerMessage welcome;
-    welcome.mutable_welcome()->set_known_nodes(session_->num_nodes());
-    welcome.mutable_welcome()->set_known_edges(session_->num_edges());
-    welcome.mutable_welcome()->set_last_applied_sequence(session_->last_applied_sequence());
-    Queue(std::move(welcome));
+    Welcome();
     return absl::OkStatus();
   }
   if (options.placement != nullptr) replica_of_ = options.placement->Replicate(hello);
@@ -352,11 +356,7 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
                log_name_, base::EscapeForLog(identity.host), base::EscapeForLog(identity.arch),
                identity.graph_id,
                session_->num_nodes(), session_->num_edges());
-  v1::ServerMessage welcome;
-  welcome.mutable_welcome()->set_known_nodes(session_->num_nodes());
-  welcome.mutable_welcome()->set_known_edges(session_->num_edges());
-  welcome.mutable_welcome()->set_last_applied_sequence(session_->last_applied_sequence());
-  Queue(std::move(welcome));
+  Welcome();
   return absl::OkStatus();
 }
 
