@@ -267,5 +267,121 @@ TEST_F(IngestServiceTest, BatchesCommitThroughTheCommitter) {
   EXPECT_EQ(Stored(), 7u);
 }
 
+// A cluster placement whose answers the test sets: redirect or take the stream, and whether
+// the other owners confirm a batch.
+class ScriptedPlacement final : public StreamPlacement {
+ public:
+  std::optional<v1::Redirect> redirect;
+  absl::Status replication = absl::OkStatus();
+  std::vector<uint64_t> replicated;  // sequences handed to the replica, in order
+  int deltas = 0;
+
+  absl::StatusOr<std::optional<v1::Redirect>> Place(const AgentIdentity&) override {
+    return redirect;
+  }
+  std::unique_ptr<StreamReplica> Replicate(const v1::Hello&) override {
+    return std::make_unique<Replica>(this);
+  }
+
+ private:
+  class Replica final : public StreamReplica {
+   public:
+    explicit Replica(ScriptedPlacement* p) : p_(p) {}
+    void OnGraphDelta(const v1::GraphDelta&) override { ++p_->deltas; }
+    absl::Status OnBatch(const v1::SampleBatch& batch, const AgentSession&,
+                         v1::Redirect*) override {
+      p_->replicated.push_back(batch.sequence());
+      return p_->replication;
+    }
+
+   private:
+    ScriptedPlacement* p_;
+  };
+};
+
+TEST_F(IngestServiceTest, NodeThatDoesNotOwnTheHostRedirectsBeforeStoringAnything) {
+  ScriptedPlacement placement;
+  placement.redirect.emplace();
+  placement.redirect->add_servers("10.0.0.2:7070");
+  placement.redirect->add_servers("10.0.0.3:7070");
+  placement.redirect->set_reason("host host-a is owned by other nodes");
+  StartServer({.placement = &placement});
+  Stream s = Connect();
+  v1::ServerMessage reply = Send(s, HelloMessage());
+  ASSERT_TRUE(reply.has_redirect()) << reply.DebugString();
+  EXPECT_EQ(reply.redirect().servers(0), "10.0.0.2:7070");
+  EXPECT_EQ(reply.redirect().servers_size(), 2);
+  v1::ServerMessage more;
+  EXPECT_FALSE(s.channel->Read(&more));  // the stream ends after the Redirect
+  EXPECT_FALSE(s.channel->Finish().ok());
+  EXPECT_EQ(metrics_.redirects.load(), 1u);
+  EXPECT_TRUE(registry_.List().empty());  // never attached
+}
+
+TEST_F(IngestServiceTest, BatchIsAcknowledgedOnlyOnceTheOtherOwnersHaveIt) {
+  ScriptedPlacement placement;
+  StartServer({.placement = &placement});
+  FakeAgent agent;
+  auto c1 = agent.Context({"main", "work"}, 30);
+  Stream s = Connect();
+  ASSERT_TRUE(Send(s, HelloMessage()).has_welcome());
+  ASSERT_TRUE(s.channel->Write(Message(agent.Delta(2, 0))));
+  v1::ServerMessage ack = Send(s, Message(Batch(1, agent.graph.num_edges(), {c1}, Form::kPacked)));
+  ASSERT_TRUE(ack.has_ack()) << ack.DebugString();
+  EXPECT_EQ(placement.deltas, 1);
+  EXPECT_EQ(placement.replicated, std::vector<uint64_t>{1});
+  EXPECT_EQ(metrics_.acks.load(), 1u);
+
+  // An owner does not confirm batch 2: it is stored here but not acknowledged, and the stream
+  // ends so that the agent sends it again.
+  placement.replication = absl::UnavailableError("owner n2 did not confirm");
+  v1::ServerMessage refused =
+      Send(s, Message(Batch(2, agent.graph.num_edges(), {c1}, Form::kPacked)));
+  ASSERT_TRUE(refused.has_error()) << refused.DebugString();
+  EXPECT_EQ(refused.error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_TRUE(refused.error().fatal());
+  EXPECT_EQ(refused.error().sequence(), 2u);
+  EXPECT_GT(refused.error().retry_after_ms(), 0u);
+  EXPECT_FALSE(s.channel->Finish().ok());
+  EXPECT_EQ(metrics_.acks.load(), 1u);
+  EXPECT_EQ(metrics_.replication_failures.load(), 1u);
+  EXPECT_EQ(Stored(), 60u);
+
+  // Resent after a reconnect: a duplicate here, handed to the owners again, acknowledged.
+  placement.replication = absl::OkStatus();
+  Stream again = Connect();
+  v1::ServerMessage welcome = Send(again, HelloMessage());
+  ASSERT_TRUE(welcome.has_welcome());
+  EXPECT_EQ(welcome.welcome().last_applied_sequence(), 2u);
+  ack = Send(again, Message(Batch(2, agent.graph.num_edges(), {c1}, Form::kPacked)));
+  ASSERT_TRUE(ack.has_ack()) << ack.DebugString();
+  EXPECT_EQ(placement.replicated, (std::vector<uint64_t>{1, 2, 2}));
+  EXPECT_EQ(Stored(), 60u);  // once
+  EXPECT_TRUE(Finish(again).ok());
+}
+
+// A replica stream (from the node that took the agent) is applied here without placement or
+// replication, and does not count as an agent connected here.
+TEST_F(IngestServiceTest, ReplicaStreamIsAppliedWithoutPlacement) {
+  ScriptedPlacement placement;
+  placement.redirect.emplace();  // this node would redirect the agent itself
+  placement.redirect->add_servers("10.0.0.2:7070");
+  StartServer({.placement = &placement});
+  FakeAgent agent;
+  auto c1 = agent.Context({"main", "work"}, 5);
+  Stream s;
+  s.context->AddMetadata(kReplicaMetadata, "n1");
+  s.channel = stub_->Connect(s.context.get());
+  ASSERT_TRUE(Send(s, HelloMessage()).has_welcome());
+  ASSERT_TRUE(s.channel->Write(Message(agent.Delta(2, 0))));
+  ASSERT_TRUE(Send(s, Message(Batch(1, agent.graph.num_edges(), {c1}, Form::kPacked))).has_ack());
+  EXPECT_TRUE(placement.replicated.empty());
+  EXPECT_EQ(metrics_.replica_streams.load(), 1u);
+  EXPECT_EQ(metrics_.acks.load(), 0u);  // not an agent's acknowledgement
+  EXPECT_TRUE(registry_.List().empty());
+  EXPECT_EQ(Stored(), 5u);
+  EXPECT_TRUE(Finish(s).ok());
+}
+
 }  // namespace
 }  // namespace strata::server::ingest
