@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # deploy/bench.sh: builds the benchmarks and runs them, printing every figure with its
-# comparison anchor from the same run. Not part of deploy/test.sh (it takes ~60 minutes, 35 of
+# comparison anchor from the same run. Not part of deploy/test.sh (it takes ~75 minutes, 35 of
 # them the 30-minute server outage of `faults`, ~8 the agent-vs-perf overhead of `agent`).
 #
 #   deploy/bench.sh                 all of them

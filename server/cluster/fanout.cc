@@ -369,7 +369,9 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
 
   query::Profile profile;
   absl::flat_hash_map<uint64_t, uint32_t> function_index;
-  std::map<std::pair<std::vector<uint32_t>, bool>, size_t> stack_index;
+  // Stack IDs are content hashes, the same on every node for the same frames: merged by ID
+  // (the frames are compared, so a collision cannot merge two different stacks).
+  absl::flat_hash_map<uint64_t, size_t> stack_index;
   std::vector<std::string> hosts;
   for (size_t i = 0; i < parts.size(); ++i) {
     if (!parts[i].ok()) {
@@ -398,12 +400,12 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
         if (f >= remap.size()) return absl::DataLossError("a node sent a malformed profile");
         frames.push_back(remap[f]);
       }
-      auto [it, inserted] =
-          stack_index.try_emplace({frames, s.truncated()}, profile.stacks.size());
-      if (inserted) {
-        profile.stacks.push_back({s.stack_id(), s.count(), s.truncated(), std::move(frames)});
-      } else {
+      auto [it, inserted] = stack_index.try_emplace(s.stack_id(), profile.stacks.size());
+      if (!inserted && profile.stacks[it->second].frames == frames &&
+          profile.stacks[it->second].truncated == s.truncated()) {
         base::SaturatingAddTo(profile.stacks[it->second].count, s.count());
+      } else {
+        profile.stacks.push_back({s.stack_id(), s.count(), s.truncated(), std::move(frames)});
       }
     }
     hosts.insert(hosts.end(), part.hosts().begin(), part.hosts().end());
