@@ -70,7 +70,11 @@ class IngestService::Stream final
     }
     const absl::Time read_at = absl::Now();
     ++service_->metrics_->queued;
-    service_->pool_->Post([this, read_at] {
+    // Replica streams have workers of their own: an agent stream's worker waits for other
+    // nodes' replicas, and theirs for ours; one pool for both would deadlock two nodes whose
+    // workers all wait on each other.
+    WorkerPool* pool = replica_ ? service_->replica_pool_.get() : service_->pool_.get();
+    pool->Post([this, read_at] {
       --service_->metrics_->queued;
       service_->metrics_->queue_wait.Observe(absl::Now() - read_at);
       absl::Status end = Handle(in_);
@@ -465,7 +469,14 @@ IngestService::IngestService(store::Store* store, registry::AgentRegistry* regis
   const size_t threads = options_.worker_threads != 0
                              ? options_.worker_threads
                              : std::max<size_t>(2, std::thread::hardware_concurrency());
-  pool_ = std::make_unique<WorkerPool>(threads);
+  if (options_.placement != nullptr) {
+    // Agent streams' workers spend most of a batch waiting for the other owners: more of
+    // them keep the cores busy.
+    pool_ = std::make_unique<WorkerPool>(options_.worker_threads != 0 ? threads : 4 * threads);
+    replica_pool_ = std::make_unique<WorkerPool>(threads);
+  } else {
+    pool_ = std::make_unique<WorkerPool>(threads);
+  }
 }
 
 IngestService::~IngestService() = default;

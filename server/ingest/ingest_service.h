@@ -93,7 +93,8 @@ class IngestService final : public v1::Ingest::CallbackService {
     uint32_t retry_after_ms = 5000;
     // Streams open at once; more are refused with RESOURCE_EXHAUSTED.
     uint32_t max_agents = 20'000;
-    // Threads that decode and commit; 0: one per core.
+    // Threads that decode and commit; 0: one per core (four per core for agent streams in a
+    // cluster, whose workers wait for the other owners; replica streams get one per core).
     uint32_t worker_threads = 0;
     // Memory of all agent sessions (call graphs, decode caches). Past it, a session drops its
     // graph after each message and loads it from the store for the next one: connected
@@ -137,6 +138,7 @@ class IngestService final : public v1::Ingest::CallbackService {
   std::vector<BatchObserver> observers_;
   std::vector<CaptureStatusObserver> capture_status_observers_;
   std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<WorkerPool> replica_pool_;  // replica streams' (cluster only)
   absl::Mutex principals_mu_;
   std::map<std::string, uint32_t> principal_streams_ ABSL_GUARDED_BY(principals_mu_);
 };

@@ -290,6 +290,23 @@ TEST_F(ClusterTest, EtcdRestartUnderLoad) {
   ExpectExact(*load, 240);
 }
 
+// Two nodes, one ingest worker each, many agents: each node's worker waits for the other
+// node's replica of its batch, so replica streams must not queue behind agent streams (two
+// nodes whose workers all wait on each other would stall until the replica timeout).
+TEST_F(ClusterTest, BusyNodesReplicatingToEachOtherDoNotStall) {
+  for (int i = 0; i < 2; ++i) AddNode({"--ingest-threads", "1"});
+  std::vector<std::string> argv{BinPath("strata-loadgen"), "--server", Addresses(),
+                                "--agents", "200", "--interval", "1", "--duration", "15",
+                                "--ramp-up", "2", "--rate", "99", "--max-backoff", "3",
+                                "--drain-timeout", "90", "--service-prefix", "busy", "--json"};
+  ChildProcess load(argv, dir_.path() + "/loadgen-busy.log");
+  ExpectExact(load, 180);
+  for (const auto& n : nodes_) {
+    EXPECT_EQ(Metric(*n, "strata_cluster_replica_failures_total"), 0) << n->id << Logs();
+    EXPECT_GT(Metric(*n, "strata_cluster_batches_replicated_total"), 100) << n->id;
+  }
+}
+
 // A real agent given every node: it ends up on an owner of its host (redirected if need
 // be), and a capture of its target works through any node: the capture is routed to the node
 // holding the agent's stream, and its samples are read back by a fan-out query.
