@@ -681,6 +681,7 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("signal {}: shutting down", sig);
+  if (membership != nullptr) membership->Leave();
   return StopCleanly(server.get(), &http_server, std::move(aggregator), store.get());
 }
 

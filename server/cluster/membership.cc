@@ -48,11 +48,13 @@ absl::StatusOr<std::unique_ptr<Membership>> Membership::Join(MembershipOptions o
   return m;
 }
 
-Membership::~Membership() {
-  stop_.Notify();
+Membership::~Membership() { Leave(); }
+
+void Membership::Leave() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
   if (lease_thread_.joinable()) lease_thread_.join();
   if (watch_thread_.joinable()) watch_thread_.join();
-  if (const int64_t lease = lease_.load(); lease != 0) {
+  if (const int64_t lease = lease_.exchange(0); lease != 0) {
     if (absl::Status s = etcd_->RevokeLease(lease); !s.ok() && !absl::IsNotFound(s)) {
       spdlog::warn("cluster: leaving: {} (the others see this node go after its lease TTL)",
                    s.ToString());

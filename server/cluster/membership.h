@@ -53,7 +53,9 @@ class Membership {
   // AlreadyExists when a live member already uses this node ID with another address.
   static absl::StatusOr<std::unique_ptr<Membership>> Join(MembershipOptions options);
   // Leaves: revokes the lease, so the others move this node's keys at once instead of after
-  // the TTL.
+  // the TTL. A server calls it as it starts shutting down, so its agents' new owners do not
+  // wait for it; the destructor leaves if it has not.
+  void Leave();
   ~Membership();
   Membership(const Membership&) = delete;
   Membership& operator=(const Membership&) = delete;
