@@ -216,6 +216,8 @@ class AgentReplica final : public ingest::StreamReplica {
     v1::GraphDelta* out = m.mutable_graph_delta();
     const uint64_t node_end = delta.first_node() + static_cast<uint64_t>(delta.nodes_size());
     const uint64_t edge_end = delta.first_edge() + static_cast<uint64_t>(delta.edges_size());
+    // Nodes missing before this delta: its edges may need them too, so CatchUp sends all.
+    if (owner.known_nodes < delta.first_node() && delta.nodes_size() > 0) return absl::OkStatus();
     const bool nodes = owner.known_nodes >= delta.first_node() && owner.known_nodes < node_end;
     const bool edges = owner.known_edges >= delta.first_edge() && owner.known_edges < edge_end;
     if (!nodes && !edges) return absl::OkStatus();
