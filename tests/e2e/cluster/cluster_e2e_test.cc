@@ -346,6 +346,15 @@ TEST_F(ClusterTest, RealAgentIsPlacedAndCapturesWorkFromAnyNode) {
         << n->id << ": " << capture.output;
     EXPECT_EQ(capture.output.find("not reached"), std::string::npos) << capture.output;
   }
+  // `strata agents` through any node shows the agent connected (it is, on one of them).
+  for (const auto& n : nodes_) {
+    CommandResult agents =
+        RunCommand({BinPath("strata"), "--server", n->address(), "agents"}, 30);
+    EXPECT_EQ(agents.exit_code, 0) << agents.output;
+    EXPECT_NE(agents.output.find("cluster-host"), std::string::npos) << n->id << agents.output;
+    EXPECT_NE(agents.output.find("connected"), std::string::npos) << n->id << agents.output;
+    EXPECT_EQ(agents.output.find("gone"), std::string::npos) << n->id << agents.output;
+  }
   // The continuous profile reads the same through every node.
   std::vector<uint64_t> totals;
   ASSERT_TRUE(WaitFor([&] { return ServiceTotal(nodes_[0]->address(), "demo") > 0; },
