@@ -15,20 +15,6 @@
 namespace strata::server::cluster {
 namespace {
 
-v1::ProfileFilter ToFilter(const query::ProfileQuery& q) {
-  v1::ProfileFilter f;
-  f.set_service(q.service);
-  f.mutable_range()->set_from_ms(q.from_ms);
-  f.mutable_range()->set_to_ms(q.to_ms);
-  f.set_host(q.host);
-  f.set_focus(q.focus);
-  f.set_ignore(q.ignore);
-  f.set_capture_id(q.capture_id);
-  f.set_selector(q.selector);
-  f.set_type(q.type);
-  return f;
-}
-
 absl::StatusOr<query::ProfileQuery> FromRequest(const v1::LocalProfileRequest& request) {
   auto q = query::ToProfileQuery(request.filter(), base::NowMs());
   if (!q.ok()) return q.status();
@@ -126,10 +112,8 @@ v1::ClusterStatusResponse ClusterService::RunStatus() {
     n->set_state("down");
     n->set_tokens(m.tokens);
   }
-  const uint32_t live = static_cast<uint32_t>(ring->members().size());
-  const int64_t streams = metrics_->replicated_streams.load();
-  r.set_agents(static_cast<uint32_t>(std::max<int64_t>(streams, 0)));
-  r.set_agents_fully_replicated(live >= replication_factor_ ? r.agents() : 0);
+  r.set_agents(
+      static_cast<uint32_t>(std::max<int64_t>(metrics_->replicated_streams.load(), 0)));
   r.set_batches_replicated(metrics_->batches_replicated.load());
   return r;
 }
@@ -269,24 +253,25 @@ FanoutSource::FanoutSource(Membership* membership, NodeChannels* channels, Clust
 
 namespace {
 
-// Calls `local` for this node and `remote` (a Cluster stub method) for the others, all at once.
+// Calls every node of `nodes` at once: `local(i)` for this node, `remote(stub, context,
+// response, i)` (a Cluster stub method) for the others, node i's answer at index i.
 template <typename Response, typename Local, typename Remote>
 std::vector<absl::StatusOr<Response>> CallNodes(const std::vector<RingMember>& nodes,
                                                 const std::string& self, NodeChannels* channels,
                                                 absl::Duration timeout, Local local,
                                                 Remote remote) {
   std::vector<std::future<absl::StatusOr<Response>>> calls;
-  for (const RingMember& m : nodes) {
-    if (m.id == self) {
-      calls.push_back(std::async(std::launch::deferred, local));
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (nodes[i].id == self) {
+      calls.push_back(std::async(std::launch::deferred, [&local, i] { return local(i); }));
       continue;
     }
-    calls.push_back(std::async(std::launch::async, [&, address = m.address] {
-      auto stub = v1::Cluster::NewStub(channels->Get(address));
+    calls.push_back(std::async(std::launch::async, [&, i] {
+      auto stub = v1::Cluster::NewStub(channels->Get(nodes[i].address));
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
       Response response;
-      grpc::Status s = remote(stub.get(), &context, &response);
+      grpc::Status s = remote(stub.get(), &context, &response, i);
       if (!s.ok()) return absl::StatusOr<Response>(FromGrpc(s));
       return absl::StatusOr<Response>(std::move(response));
     }));
@@ -303,7 +288,7 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
   const std::vector<RingMember>& nodes = ring->members();
   const std::string& self = membership_->options().node_id;
   v1::LocalProfileRequest request;
-  *request.mutable_filter() = ToFilter(query);
+  *request.mutable_filter() = query::ToProfileFilter(query);
   if (query.hosts) request.mutable_hosts()->Add(query.hosts->begin(), query.hosts->end());
 
   std::vector<std::string> unreachable;
@@ -312,8 +297,8 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
   };
   // Phase 1: who has how much of each host.
   auto totals = CallNodes<v1::HostTotalsResponse>(
-      nodes, self, channels_, timeout_, [&] { return local_->RunHostTotals(request); },
-      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::HostTotalsResponse* r) {
+      nodes, self, channels_, timeout_, [&](size_t) { return local_->RunHostTotals(request); },
+      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::HostTotalsResponse* r, size_t) {
         return stub->HostTotals(c, request, r);
       });
   std::map<std::string, std::pair<uint64_t, size_t>> best;  // host -> (samples, node index)
@@ -343,29 +328,11 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
     r.mutable_hosts()->Add(hosts_of[i].begin(), hosts_of[i].end());
     requests.push_back(std::move(r));
   }
-  std::vector<absl::StatusOr<v1::LocalProfileResponse>> parts;
-  {
-    std::vector<std::future<absl::StatusOr<v1::LocalProfileResponse>>> calls;
-    for (size_t i = 0; i < asked.size(); ++i) {
-      const RingMember m = asked[i];
-      const v1::LocalProfileRequest* r = &requests[i];
-      if (m.id == self) {
-        calls.push_back(std::async(std::launch::deferred,
-                                   [this, r] { return local_->RunLocalProfile(*r); }));
-        continue;
-      }
-      calls.push_back(std::async(std::launch::async, [this, m, r] {
-        auto stub = v1::Cluster::NewStub(channels_->Get(m.address));
-        grpc::ClientContext context;
-        context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
-        v1::LocalProfileResponse response;
-        grpc::Status s = stub->LocalProfile(&context, *r, &response);
-        if (!s.ok()) return absl::StatusOr<v1::LocalProfileResponse>(FromGrpc(s));
-        return absl::StatusOr<v1::LocalProfileResponse>(std::move(response));
-      }));
-    }
-    for (auto& c : calls) parts.push_back(c.get());
-  }
+  auto parts = CallNodes<v1::LocalProfileResponse>(
+      asked, self, channels_, timeout_,
+      [&](size_t i) { return local_->RunLocalProfile(requests[i]); },
+      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::LocalProfileResponse* r,
+          size_t i) { return stub->LocalProfile(c, requests[i], r); });
 
   query::Profile profile;
   absl::flat_hash_map<uint64_t, uint32_t> function_index;
@@ -440,8 +407,8 @@ absl::StatusOr<std::vector<store::ServiceSummary>> FanoutSource::Services(
   v1::ListServicesRequest request;
   auto answers = CallNodes<v1::ListServicesResponse>(
       nodes, membership_->options().node_id, channels_, timeout_,
-      [&] { return local_->RunLocalServices(); },
-      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::ListServicesResponse* r) {
+      [&](size_t) { return local_->RunLocalServices(); },
+      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::ListServicesResponse* r, size_t) {
         return stub->LocalServices(c, request, r);
       });
   std::map<std::string, store::ServiceSummary> merged;
@@ -471,8 +438,8 @@ absl::StatusOr<std::vector<store::ServiceSummary>> FanoutSource::Services(
     filter->set_type(v1::PROFILE_WALL);  // every profile type, as ListServices counts
     auto totals = CallNodes<v1::HostTotalsResponse>(
         nodes, membership_->options().node_id, channels_, timeout_,
-        [&] { return local_->RunHostTotals(totals_request); },
-        [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::HostTotalsResponse* r) {
+        [&](size_t) { return local_->RunHostTotals(totals_request); },
+        [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::HostTotalsResponse* r, size_t) {
           return stub->HostTotals(c, totals_request, r);
         });
     std::map<std::string, uint64_t> best;

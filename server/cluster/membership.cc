@@ -21,7 +21,7 @@ int64_t SteadyNowNs() {
 std::optional<RingMember> ParseMember(const EtcdKeyValue& kv) {
   v1::ClusterMember m;
   if (!m.ParseFromString(kv.value) || m.id().empty() || m.address().empty()) return std::nullopt;
-  return RingMember{m.id(), m.address(), m.tokens(), /*live=*/true};
+  return RingMember{m.id(), m.address(), m.tokens()};
 }
 
 }  // namespace
@@ -233,10 +233,7 @@ bool Membership::lease_held() const {
 std::vector<RingMember> Membership::departed() const {
   absl::MutexLock lock(&mu_);
   std::vector<RingMember> out;
-  for (const auto& [id, m] : departed_) {
-    out.push_back(m);
-    out.back().live = false;
-  }
+  for (const auto& [id, m] : departed_) out.push_back(m);
   return out;
 }
 

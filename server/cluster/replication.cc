@@ -1,6 +1,7 @@
 #include "server/cluster/replication.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/escape.h"
@@ -132,6 +133,8 @@ class AgentReplica final : public ingest::StreamReplica {
       counted_ = true;
       ++placement_->metrics_->replicated_streams;
     }
+    // One copy of the batch for every owner; built only once an owner lacks it.
+    std::optional<v1::AgentMessage> message;
     for (const RingMember* m : owners) {
       if (m->id == self) continue;
       Owner& owner = owners_[m->id];
@@ -139,7 +142,7 @@ class AgentReplica final : public ingest::StreamReplica {
         Close(owner);
         owner.address = m->address;
       }
-      absl::Status s = Replicate(owner, batch, session);
+      absl::Status s = Replicate(owner, batch, session, &message);
       if (!s.ok()) {
         ++placement_->metrics_->replica_failures;
         Close(owner);
@@ -282,15 +285,16 @@ class AgentReplica final : public ingest::StreamReplica {
   }
 
   absl::Status Replicate(Owner& owner, const v1::SampleBatch& batch,
-                         const ingest::AgentSession& session) {
+                         const ingest::AgentSession& session,
+                         std::optional<v1::AgentMessage>* message) {
     if (owner.stream == nullptr) {
       if (absl::Status s = Open(owner); !s.ok()) return s;
     }
     if (batch.sequence() <= owner.last_applied) return absl::OkStatus();
+    if (!message->has_value()) *message->emplace().mutable_sample_batch() = batch;
+    const v1::AgentMessage& m = **message;
     for (int attempt = 0; attempt < 3; ++attempt) {
       if (absl::Status s = CatchUp(owner, session); !s.ok()) return s;
-      v1::AgentMessage m;
-      *m.mutable_sample_batch() = batch;
       if (!Write(owner, m)) return absl::UnavailableError("cannot send the batch");
       bool resync = false;
       while (!resync) {
@@ -299,7 +303,7 @@ class AgentReplica final : public ingest::StreamReplica {
         if (reply->has_ack() && reply->ack().sequence() == batch.sequence()) {
           owner.last_applied = batch.sequence();
           ++placement_->metrics_->batches_replicated;
-          placement_->metrics_->bytes_replicated += m.ByteSizeLong();
+          placement_->metrics_->bytes_replicated += m.GetCachedSize();  // sized by Write
           return absl::OkStatus();
         }
         if (reply->has_resync()) {

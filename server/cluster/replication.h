@@ -83,7 +83,6 @@ class ClusterPlacement final : public ingest::StreamPlacement {
   absl::StatusOr<std::optional<v1::Redirect>> Place(const ingest::AgentIdentity& agent) override;
   std::unique_ptr<ingest::StreamReplica> Replicate(const v1::Hello& hello) override;
 
-  const ReplicationOptions& options() const { return options_; }
 
  private:
   friend class AgentReplica;

@@ -51,15 +51,6 @@ std::vector<const RingMember*> Ring::Owners(std::string_view key,
   return owners;
 }
 
-std::vector<const RingMember*> Ring::LiveOwners(std::string_view key,
-                                                uint32_t replication_factor) const {
-  std::vector<const RingMember*> owners = Owners(key, replication_factor);
-  owners.erase(std::remove_if(owners.begin(), owners.end(),
-                              [](const RingMember* m) { return !m->live; }),
-               owners.end());
-  return owners;
-}
-
 bool Ring::IsOwner(std::string_view key, uint32_t replication_factor,
                    std::string_view id) const {
   for (const RingMember* m : Owners(key, replication_factor)) {

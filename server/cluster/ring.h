@@ -19,7 +19,6 @@ struct RingMember {
   std::string id;
   std::string address;  // host:port of its gRPC listener
   uint32_t tokens = 0;
-  bool live = true;     // holds its lease in etcd
 
   bool operator==(const RingMember&) const = default;
 };
@@ -34,17 +33,13 @@ uint64_t RingHash(std::string_view key);
 class Ring {
  public:
   Ring() = default;
-  // Members in any order; duplicates by ID keep the first. Down members (live = false) keep
-  // their tokens: a node that is down for a while does not move every key it owns, its
-  // replicas just serve without it (see Owners / LiveOwners).
+  // Members in any order (membership.h puts the nodes holding a lease in it); duplicates by
+  // ID keep the first.
   explicit Ring(std::vector<RingMember> members);
 
   // The replica set of `key`: up to `replication_factor` distinct members clockwise from its
-  // hash, live or not, best first. Empty for an empty ring.
+  // hash, best first. Empty for an empty ring.
   std::vector<const RingMember*> Owners(std::string_view key, uint32_t replication_factor) const;
-  // Owners() that are live.
-  std::vector<const RingMember*> LiveOwners(std::string_view key,
-                                            uint32_t replication_factor) const;
   bool IsOwner(std::string_view key, uint32_t replication_factor, std::string_view id) const;
 
   // Share of the hash space whose first owner is `id` (0 for an unknown ID).

@@ -471,6 +471,7 @@ absl::StatusOr<std::vector<std::pair<std::string, uint64_t>>> ProfileReader::Hos
   std::unique_ptr<RE2> focus, ignore;
   auto sq = Prepare(query, &focus, &ignore);
   if (!sq.ok()) return sq.status();
+  sq->hosts_only = true;
   auto totals = SumSamples(*sq);
   if (!totals.ok()) return totals.status();
   std::vector<std::pair<std::string, uint64_t>> out;

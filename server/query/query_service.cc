@@ -132,6 +132,20 @@ absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int
   return q;
 }
 
+v1::ProfileFilter ToProfileFilter(const ProfileQuery& q) {
+  v1::ProfileFilter f;
+  f.set_service(q.service);
+  f.mutable_range()->set_from_ms(q.from_ms);
+  f.mutable_range()->set_to_ms(q.to_ms);
+  f.set_host(q.host);
+  f.set_focus(q.focus);
+  f.set_ignore(q.ignore);
+  f.set_capture_id(q.capture_id);
+  f.set_selector(q.selector);
+  f.set_type(q.type);
+  return f;
+}
+
 QueryService::QueryService(store::Store* store, registry::AgentRegistry* registry,
                            const aggregate::LiveSamples* live, auth::Authorizer* authorizer,
                            symbolize::Symbolizer* symbolizer)

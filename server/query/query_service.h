@@ -26,6 +26,8 @@ namespace strata::server::query {
 
 // Converts a proto filter to a ProfileQuery; `now_ms` fills an open end.
 absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int64_t now_ms);
+// The filter of a query (its range made explicit), for asking another server the same.
+v1::ProfileFilter ToProfileFilter(const ProfileQuery& query);
 using rpc::ToGrpcStatus;
 
 class QueryService final : public v1::Query::Service {

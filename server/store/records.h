@@ -70,6 +70,9 @@ struct SampleQuery {
   // When set, only cells of these hosts (a cluster node reading the hosts it serves a
   // fan-out query for).
   std::optional<absl::flat_hash_set<std::string>> hosts;
+  // SumSamples: samples per host only, no per-stack sums (a cluster node measuring which
+  // hosts it holds for a fan-out query).
+  bool hosts_only = false;
 };
 
 // A distinct label set of a service's samples.

@@ -142,7 +142,9 @@ struct SampleReader::Impl {
                         if (query.label_sets && !query.label_sets->contains(cell.label_set)) {
                           return;
                         }
-                        base::SaturatingAddTo(totals->counts[cell.stack_id], count);
+                        if (!query.hosts_only) {
+                          base::SaturatingAddTo(totals->counts[cell.stack_id], count);
+                        }
                         if (host_samples == nullptr || cell.host != last_host) {
                           last_host.assign(cell.host);
                           host_samples = &totals->hosts[last_host];
@@ -247,13 +249,20 @@ struct SampleReader::Impl {
           for (size_t i = begin; i < end; ++i) {
             if (!query.label_sets->contains(block->LabelSetOf(i))) continue;
             any = true;
-            totals->counts[block->entries[i].stack_id] += block->entries[i].count;
+            if (!query.hosts_only) {
+              totals->counts[block->entries[i].stack_id] += block->entries[i].count;
+            }
             sum += block->entries[i].count;
           }
           if (any) base::SaturatingAddTo(totals->hosts[block->hosts[h]], sum);
           continue;
         }
         uint64_t sum = 0;
+        if (query.hosts_only) {
+          for (size_t i = begin; i < end; ++i) sum += block->entries[i].count;
+          base::SaturatingAddTo(totals->hosts[block->hosts[h]], sum);
+          continue;
+        }
         constexpr size_t kAhead = 8;  // overlap the cache misses of the hash probes
         for (size_t i = begin; i < end; ++i) {
           if (i + kAhead < end) totals->counts.prefetch(block->entries[i + kAhead].stack_id);

@@ -891,6 +891,12 @@ TEST_F(SumSamplesTest, MatchesScanForEveryResolutionRangeAndHost) {
       some.hosts.emplace({"a", "c", "zz"});
       ExpectSame(some);
       ExpectSame(some);
+      // Per host only: the same host sums, no per-stack work.
+      some.hosts_only = true;
+      const SampleTotals want = Expected(some), got = Sum(some);
+      EXPECT_TRUE(got.stacks.empty());
+      EXPECT_EQ(got.hosts, want.hosts);
+      EXPECT_EQ(got.host_samples, want.host_samples);
     }
   }
   const StoreStats stats = store_->Stats();

@@ -54,6 +54,22 @@ double JsonField(const std::string& json, const std::string& name) {
   return v;
 }
 
+// A value of Prometheus text (the first line starting with `name`); -1 when absent.
+double MetricIn(const std::string& body, const std::string& name) {
+  const size_t at = body.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  const size_t from = at + name.size() + 2;
+  double v = -1;
+  (void)absl::SimpleAtod(body.substr(from, body.find('\n', from) - from), &v);
+  return v;
+}
+
+// The value of `name` in the /metrics of the server with HTTP on `port`; -1 when absent.
+double Metric(int port, const std::string& name) {
+  auto [status, body] = strata::testing::HttpGet(port, "/metrics");
+  return status == 200 ? MetricIn(body, name) : -1;
+}
+
 // Waits until `done` holds, checking every 100 ms; false after `timeout`.
 template <typename Pred>
 bool WaitFor(Pred done, absl::Duration timeout) {
@@ -118,16 +134,8 @@ class ClusterTest : public ::testing::Test {
     return absl::StrJoin(out, ",");
   }
 
-  // A metric of a node's /metrics (the first line starting with `name`); -1 when absent.
   double Metric(const Node& n, const std::string& name) {
-    auto [status, body] = strata::testing::HttpGet(n.http_port, "/metrics");
-    if (status != 200) return -1;
-    const size_t at = body.find("\n" + name + " ");
-    if (at == std::string::npos) return -1;
-    const size_t from = at + name.size() + 2;
-    double v = -1;
-    (void)absl::SimpleAtod(body.substr(from, body.find('\n', from) - from), &v);
-    return v;
+    return e2e::Metric(n.http_port, name);
   }
 
   std::unique_ptr<ChildProcess> StartLoad(int duration_s, const std::string& prefix) {
@@ -460,23 +468,7 @@ TEST(ClusterPartitionTest, PartitionedNodeAcknowledgesNothingItCannotReplicate) 
         ns.Inside({"/usr/bin/curl", "-s", "-m", "5",
                    absl::StrCat("http://127.0.0.1:", nodes[2].http_port, "/metrics")}),
         10);
-    const size_t at = r.output.find("\n" + name + " ");
-    double v = -1;
-    if (at != std::string::npos) {
-      const size_t from = at + name.size() + 2;
-      (void)absl::SimpleAtod(r.output.substr(from, r.output.find('\n', from) - from), &v);
-    }
-    return v;
-  };
-  auto host_metric = [&](const Node& n, const std::string& name) {
-    auto [status, body] = strata::testing::HttpGet(n.http_port, "/metrics");
-    const size_t at = body.find("\n" + name + " ");
-    double v = -1;
-    if (status == 200 && at != std::string::npos) {
-      const size_t from = at + name.size() + 2;
-      (void)absl::SimpleAtod(body.substr(from, body.find('\n', from) - from), &v);
-    }
-    return v;
+    return MetricIn(r.output, name);
   };
   // The agents live in the namespace and know only n3.
   ChildProcess load(ns.Inside({BinPath("strata-loadgen"), "--server", nodes[2].address,
@@ -493,7 +485,7 @@ TEST(ClusterPartitionTest, PartitionedNodeAcknowledgesNothingItCannotReplicate) 
   EXPECT_TRUE(WaitFor([&] { return n3_metric("strata_cluster_lease_held") == 0; },
                       absl::Seconds(20)))
       << nodes[2].process->Output();
-  EXPECT_TRUE(WaitFor([&] { return host_metric(nodes[0], "strata_cluster_nodes{state=\"down\"}") == 1; },
+  EXPECT_TRUE(WaitFor([&] { return Metric(nodes[0].http_port, "strata_cluster_nodes{state=\"down\"}") == 1; },
                       absl::Seconds(20)));
   const double acks_cut = n3_metric("strata_ingest_acks_total");
   absl::SleepFor(absl::Seconds(6));  // agents keep sending to n3 all along
