@@ -310,6 +310,7 @@ int RunShow(CliContext* ctx, const ShowOptions& o) {
 
 int RunList(CliContext* ctx) {
   auto r = ctx->client().Call(ctx->client().capture(), &v1::Capture::Stub::List, v1::ListCapturesRequest());
+  WarnUnreachable(r.unreachable_nodes());
   if (ctx->options().json) return PrintJson(r), 0;
   if (r.captures().empty()) {
     std::printf("No captures (start one with `strata capture --service S --duration 30s`).\n");

@@ -88,6 +88,12 @@ std::string RangeText(const FilterOptions& f) {
   return absl::StrCat("last ", f.since, type);
 }
 
+void WarnUnreachable(const google::protobuf::RepeatedPtrField<std::string>& nodes) {
+  for (const auto& n : nodes) {
+    std::fprintf(stderr, "warning: incomplete answer: node %s not reached\n", n.c_str());
+  }
+}
+
 void PrintJson(const google::protobuf::Message& message) {
   std::string out;
   google::protobuf::util::JsonPrintOptions options;

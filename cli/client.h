@@ -47,6 +47,8 @@ v1::ProfileFilter BuildFilter(const FilterOptions& f);
 std::string RangeText(const FilterOptions& f);
 
 void PrintJson(const google::protobuf::Message& message);
+// A cluster's answer without some nodes says so, on stderr (tables and JSON stay parsable).
+void WarnUnreachable(const google::protobuf::RepeatedPtrField<std::string>& nodes);
 
 // The function name, marked " [k]" for kernel code and " [j]" for JIT code.
 std::string FrameText(const v1::Frame& frame);

@@ -72,6 +72,11 @@ bool UploadOne(Client& client, v1::DebugInfo::Stub* stub, const std::string& pat
   std::printf("%s %s: %s bytes, %s functions%s%s\n", f.build_id().c_str(), path.c_str(),
               WithThousands(f.size_bytes()).c_str(), WithThousands(f.functions()).c_str(),
               f.has_dwarf() ? ", DWARF" : "", response.replaced() ? " (replaced)" : "");
+  // In a cluster: nodes without the file name fewer frames of their hosts until it is
+  // uploaded again.
+  for (const std::string& n : response.unreachable_nodes()) {
+    std::fprintf(stderr, "warning: %s not copied to node %s\n", path.c_str(), n.c_str());
+  }
   return true;
 }
 

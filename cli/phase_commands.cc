@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_cat.h"
 #include "cli/client.h"
 #include "cli/format.h"
 
@@ -15,14 +16,16 @@ int RunPhases(CliContext* ctx, const FilterOptions& f) {
   v1::PhasesRequest request;
   *request.mutable_filter() = BuildFilter(f);
   auto r = client.Call(client.query(), &v1::Query::Stub::Phases, request);
+  WarnUnreachable(r.unreachable_nodes());
   if (ctx->options().json) return PrintJson(r), 0;
   std::printf("Phase changes of %s (%s): %d\n", f.service.c_str(), RangeText(f).c_str(),
               r.changes_size());
   int shown = 0;
   for (const auto& c : r.changes()) {
     if (shown++ == static_cast<int>(f.limit)) break;
-    std::printf("\n%s (window %s)\n", FormatRfc3339(c.detected_ms()).c_str(),
-                FormatRfc3339(c.window_start_ms()).c_str());
+    std::printf("\n%s (window %s%s)\n", FormatRfc3339(c.detected_ms()).c_str(),
+                FormatRfc3339(c.window_start_ms()).c_str(),
+                c.node().empty() ? "" : absl::StrCat(", node ", c.node()).c_str());
     Table table({"", "BEFORE", "AFTER", "PATH"}, {1, 2});
     for (const auto& s : c.rose()) {
       table.AddRow({"rose", WithThousands(s.count_before()), WithThousands(s.count_after()),

@@ -11,20 +11,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
 #include "cli/client.h"
-#include "strata/v1/cluster.grpc.pb.h"
 #include "common/base/clock.h"
 #include "cli/format.h"
 
 namespace strata::cli {
 namespace {
-
-// A cluster's answer without some nodes' samples says so, on stderr (tables stay parsable).
-template <typename Names>
-void WarnUnreachable(const Names& nodes) {
-  for (const auto& n : nodes) {
-    std::fprintf(stderr, "warning: incomplete answer: node %s not reached\n", n.c_str());
-  }
-}
 
 std::string ArchSuffix(const google::protobuf::RepeatedPtrField<std::string>& archs) {
   if (archs.empty()) return "";
@@ -36,6 +27,7 @@ int RunLabels(CliContext* ctx, const std::string& service) {
   v1::ListLabelsRequest request;
   request.set_service(service);
   auto r = client.Call(client.query(), &v1::Query::Stub::ListLabels, request);
+  WarnUnreachable(r.unreachable_nodes());
   if (ctx->options().json) return PrintJson(r), 0;
   if (r.labels().empty()) {
     std::printf("The targets of %s carry no labels.\n", service.c_str());
@@ -66,53 +58,10 @@ int RunServices(CliContext* ctx) {
   return 0;
 }
 
-// On a cluster node, every live node's agents: an agent is connected on the node holding its
-// stream and known (gone) on the others. Merged here, agent by agent, the connected record
-// (else the latest) wins; nodes that do not answer are named on stderr. A single server
-// (no Cluster service) answers alone.
-v1::ListAgentsResponse ClusterAgents(CliContext* ctx, v1::ListAgentsResponse local) {
-  Client& client = ctx->client();
-  auto cluster = v1::Cluster::NewStub(client.channel());
-  grpc::ClientContext status_context;
-  client.Prepare(&status_context);
-  v1::ClusterStatusResponse status;
-  if (!cluster->Status(&status_context, {}, &status).ok()) return local;
-  std::map<std::string, v1::AgentInfo> merged;
-  auto add = [&](const v1::AgentInfo& a) {
-    auto [it, inserted] = merged.try_emplace(a.agent_id(), a);
-    if (inserted) return;
-    const v1::AgentInfo& have = it->second;
-    if ((a.connected() && !have.connected()) ||
-        (a.connected() == have.connected() && a.last_batch_ms() > have.last_batch_ms())) {
-      it->second = a;
-    }
-  };
-  for (const auto& a : local.agents()) add(a);
-  for (const v1::ClusterNodeStatus& n : status.nodes()) {
-    if (n.id() == status.self_id() || n.state() != "live") continue;
-    GlobalOptions options = ctx->options();
-    options.server = n.address();
-    Client node(options);
-    grpc::ClientContext context;
-    node.Prepare(&context);
-    v1::ListAgentsResponse r;
-    grpc::Status s = node.query()->ListAgents(&context, {}, &r);
-    if (!s.ok()) {
-      std::fprintf(stderr, "warning: incomplete answer: node %s (%s) not reached: %s\n",
-                   n.id().c_str(), n.address().c_str(), s.error_message().c_str());
-      continue;
-    }
-    for (const auto& a : r.agents()) add(a);
-  }
-  v1::ListAgentsResponse out;
-  for (auto& [id, a] : merged) *out.add_agents() = std::move(a);
-  return out;
-}
-
 int RunAgents(CliContext* ctx) {
   Client& client = ctx->client();
-  auto r = ClusterAgents(
-      ctx, client.Call(client.query(), &v1::Query::Stub::ListAgents, v1::ListAgentsRequest()));
+  auto r = client.Call(client.query(), &v1::Query::Stub::ListAgents, v1::ListAgentsRequest());
+  WarnUnreachable(r.unreachable_nodes());
   if (ctx->options().json) return PrintJson(r), 0;
   if (r.agents().empty()) {
     std::printf("No agents have connected since the server started.\n");
@@ -398,6 +347,7 @@ int RunQuality(CliContext* ctx, const FilterOptions& f) {
   v1::QualityRequest request;
   *request.mutable_filter() = BuildFilter(f);
   auto r = client.Call(client.query(), &v1::Query::Stub::Quality, request);
+  WarnUnreachable(r.unreachable_nodes());
   if (ctx->options().json) return PrintJson(r), 0;
   std::printf("Stack quality of %s (%s, %s samples)\n", f.service.c_str(), RangeText(f).c_str(),
               WithThousands(r.samples()).c_str());

@@ -8,6 +8,9 @@
 #                                     agent's identity is its host name)
 #   DIR/clients/NAME.pem, .key        operators and readers with client certificates
 #                                     (clientAuth; CN and SAN DNS = NAME)
+#   DIR/nodes/NAME.pem, .key          cluster nodes: each serves agents and calls the other
+#                                     nodes with it (serverAuth and clientAuth; CN and first
+#                                     SAN DNS = NAME, then the --node-address SANs)
 #   DIR/expired/NAME.pem, .key        for tests: valid yesterday, expired now (clientAuth and
 #                                     serverAuth)
 #
@@ -30,6 +33,10 @@ usage: deploy/gen-certs.sh --out DIR [options]
                           its CN (default: localhost,127.0.0.1)
   --agent HOST[,HOST...]  an agent certificate per host (repeatable)
   --client NAME[,NAME...] a client certificate per name (repeatable)
+  --node NAME[,NAME...]   a cluster node certificate per name (repeatable); list it in the
+                          tokens file as `cert NAME node`
+  --node-address ADDR     a further DNS name or IP address in every node certificate issued
+                          on this run (repeatable; e.g. 127.0.0.1 for a cluster on one machine)
   --expired NAME          an already expired certificate for tests (repeatable)
   --ca-only               only the CA
   --new-ca                replace an existing CA
@@ -54,6 +61,8 @@ server_names="localhost,127.0.0.1"
 server_named=0
 agents=()
 clients=()
+nodes=()
+node_addresses=()
 expired=()
 ca_only=0
 new_ca=0
@@ -73,6 +82,8 @@ while [[ $# -gt 0 ]]; do
     --server) need_value "$@"; server_names=$2; server_named=1; shift 2 ;;
     --agent) need_value "$@"; IFS=, read -r -a more <<<"$2"; agents+=("${more[@]}"); shift 2 ;;
     --client) need_value "$@"; IFS=, read -r -a more <<<"$2"; clients+=("${more[@]}"); shift 2 ;;
+    --node) need_value "$@"; IFS=, read -r -a more <<<"$2"; nodes+=("${more[@]}"); shift 2 ;;
+    --node-address) need_value "$@"; node_addresses+=("$2"); shift 2 ;;
     --expired) need_value "$@"; IFS=, read -r -a more <<<"$2"; expired+=("${more[@]}"); shift 2 ;;
     --ca-only) ca_only=1; shift ;;
     --new-ca) new_ca=1; shift ;;
@@ -105,7 +116,10 @@ for n in "${servers[@]}"; do
   is_ip "$n" || valid_name "$n" || [[ "$n" =~ ^\*\.[A-Za-z0-9][A-Za-z0-9.-]*$ ]] ||
     die_usage "bad server name '$n'"
 done
-for n in "${agents[@]}" "${clients[@]}" "${expired[@]}"; do
+for n in "${node_addresses[@]}"; do
+  is_ip "$n" || valid_name "$n" || die_usage "bad node address '$n'"
+done
+for n in "${agents[@]}" "${clients[@]}" "${nodes[@]}" "${expired[@]}"; do
   valid_name "$n" || die_usage "bad certificate name '$n' (letters, digits, '.', '_', '-')"
 done
 
@@ -271,4 +285,11 @@ if [[ $renew == 1 && $server_named == 1 ]]; then server_reissue=1; fi
 issue "$out/server" "${servers[0]}" serverAuth "$san" "$server_reissue"
 for h in "${agents[@]}"; do issue "$out/agents/$h" "$h" clientAuth "DNS:$h" "$renew"; done
 for c in "${clients[@]}"; do issue "$out/clients/$c" "$c" clientAuth "DNS:$c" "$renew"; done
+for n in "${nodes[@]}"; do
+  san="DNS:$n"
+  for a in "${node_addresses[@]}"; do
+    if is_ip "$a"; then san="$san, IP:$a"; else san="$san, DNS:$a"; fi
+  done
+  issue "$out/nodes/$n" "$n" "serverAuth, clientAuth" "$san" "$renew"
+done
 for e in "${expired[@]}"; do issue_expired "$out/expired/$e" "$e"; done

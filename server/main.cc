@@ -22,6 +22,7 @@
 #include "server/cluster/membership.h"
 #include "server/cluster/replication.h"
 #include "common/base/duration.h"
+#include "common/rpc/client_security.h"
 #include "server/aggregate/window_aggregator.h"
 #include "server/auth/authorizer.h"
 #include "server/auth/tls_credentials.h"
@@ -86,6 +87,8 @@ struct ServerFlags {
   uint32_t cluster_tokens = strata::server::cluster::kDefaultTokens;
   std::string cluster_lease_ttl = "10s", cluster_query_timeout = "10s",
               cluster_replica_timeout = "5s";
+  // How this node calls the other nodes (BuildNodeSecurity).
+  strata::rpc::ClientSecurityOptions node_client;
 };
 
 // What the flags' texts mean, checked: sizes, durations and retention periods.
@@ -117,7 +120,7 @@ void AddServeFlags(CLI::App& app, ServerFlags& f) {
       ->capture_default_str();
   app.add_option("--auth-file", f.auth_options.auth_file,
                  "tokens file: bearer tokens (hashed) and client certificates with their roles "
-                 "(agent, reader, operator); re-read when it changes")
+                 "(agent, reader, operator, node); re-read when it changes")
       ->check(CLI::ExistingFile);
   app.add_flag("--insecure", f.insecure,
                "allow listening on a non-loopback address without TLS and authentication");
@@ -239,6 +242,17 @@ void AddServeFlags(CLI::App& app, ServerFlags& f) {
   app.add_option("--cluster-replica-timeout", f.cluster_replica_timeout,
                  "how long a batch waits for another owner's confirmation")
       ->capture_default_str();
+  app.add_option("--cluster-tls-ca", f.node_client.ca_file,
+                 "PEM CA of the other nodes' certificates: this node calls them over TLS "
+                 "(required when the nodes serve TLS)");
+  app.add_option("--cluster-tls-cert", f.node_client.cert_file,
+                 "client certificate this node presents to the others (default: --tls-cert, "
+                 "see deploy/gen-certs.sh --node)");
+  app.add_option("--cluster-tls-key", f.node_client.key_file,
+                 "PEM private key of --cluster-tls-cert (default: --tls-key)");
+  app.add_option("--cluster-token-file", f.node_client.token_file,
+                 "file whose first line is the bearer token this node presents to the others "
+                 "(role node in their --auth-file)");
   app.add_option("--ingest-threads", f.ingest_threads,
                  "threads that decode and commit agent batches (0: one per core)")
       ->capture_default_str();
@@ -282,8 +296,8 @@ MaintenanceCommands AddMaintenanceCommands(CLI::App& app, ServerFlags& f) {
       "hash-token", "read a token on standard input and print the line of it for the tokens "
                     "file (the token itself is never stored)");
   hash_token->add_option("--name", f.hash_name, "principal name")->capture_default_str();
-  hash_token->add_option("--role", f.hash_role, "agent, reader or operator")
-      ->check(CLI::IsMember({"agent", "reader", "operator"}))
+  hash_token->add_option("--role", f.hash_role, "agent, reader, operator or node")
+      ->check(CLI::IsMember({"agent", "reader", "operator", "node"}))
       ->capture_default_str();
   return m;
 }
@@ -388,12 +402,6 @@ absl::StatusOr<ServeSettings> CheckFlags(ServerFlags& f) {
   }
   if (!f.cluster_etcd.empty()) {
     if (f.node_id.empty()) return absl::InvalidArgumentError("--cluster-etcd needs --node-id");
-    if (!f.auth_options.auth_file.empty() || !f.tls.client_ca_file.empty()) {
-      // Nodes call each other without credentials yet.
-      return absl::InvalidArgumentError(
-          "a cluster node does not take --auth-file or --tls-client-ca yet: run the cluster "
-          "on a private network");
-    }
     if (f.advertise.empty()) f.advertise = f.listen;
   }
   auto capture_duration = strata::server::capture::ParseRetention(f.max_capture_duration);
@@ -473,6 +481,51 @@ absl::StatusOr<Security> BuildSecurity(ServerFlags& f) {
   return security;
 }
 
+// How a cluster node calls the other nodes: over TLS when the nodes serve it, and, when they
+// authenticate their callers, as a principal of role node (a client certificate or a token).
+// A node whose own tokens file does not give its token role node is refused at start: the
+// other nodes, configured alike, would refuse every replica it sends.
+absl::StatusOr<strata::rpc::ClientSecurity> BuildNodeSecurity(ServerFlags& f,
+                                                             const Security& security) {
+  strata::rpc::ClientSecurityOptions& node = f.node_client;
+  if (f.cluster_etcd.empty()) return strata::rpc::ClientSecurity();
+  if (security.tls_on && node.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "a cluster node serving TLS calls the other nodes over TLS: give --cluster-tls-ca (the "
+        "CA of their certificates)");
+  }
+  if (!node.ca_file.empty() && node.cert_file.empty() && node.key_file.empty()) {
+    node.cert_file = f.tls.cert_file;
+    node.key_file = f.tls.key_file;
+  }
+  if (security.authorizer->enabled()) {
+    const bool certificate = f.auth_options.client_certificates && !node.cert_file.empty();
+    if (node.token_file.empty() && !certificate) {
+      return absl::InvalidArgumentError(
+          "a cluster node that authenticates its callers must present credentials of role "
+          "node to the other nodes: give --cluster-token-file (a token listed with role node "
+          "in every node's --auth-file), or a node certificate (--cluster-tls-cert, listed as "
+          "`cert NAME node`) with --tls-client-ca");
+    }
+    if (!node.token_file.empty()) {
+      auto token = strata::rpc::ReadTokenFile(node.token_file);
+      if (!token.ok()) return token.status();
+      auto principal = security.authorizer->Authenticate({.authorization = "Bearer " + *token});
+      if (!principal.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the token of --cluster-token-file is not in --auth-file: list it with role node "
+            "(strata-server hash-token --role node)"));
+      }
+      if (principal->role != auth::Role::kNode) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the token of --cluster-token-file is ", principal->Describe(), " with role ",
+            auth::RoleName(principal->role), " in --auth-file; nodes need role node"));
+      }
+    }
+  }
+  return strata::rpc::ClientSecurity::Load(node);
+}
+
 // Every agent stream and HTTP connection is a file descriptor, beside RocksDB's files: take all
 // the kernel allows this process rather than the shell's default 1024.
 void RaiseOpenFileLimit() {
@@ -520,7 +573,8 @@ int StopCleanly(grpc::Server* server, strata::server::http::HttpServer* http_ser
 }
 
 // Serves until SIGINT or SIGTERM, then shuts down cleanly: the server's exit status.
-int Serve(const ServerFlags& f, const ServeSettings& settings, Security& security) {
+int Serve(const ServerFlags& f, const ServeSettings& settings, Security& security,
+          strata::rpc::ClientSecurity node_security) {
   auth::Authorizer* authorizer = security.authorizer.get();
   const sigset_t signals = BlockShutdownSignals();
 
@@ -545,7 +599,7 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
 
   namespace cluster = strata::server::cluster;
   std::unique_ptr<cluster::Membership> membership;
-  cluster::NodeChannels node_channels;
+  cluster::NodeChannels node_channels(std::move(node_security));
   cluster::ReplicationMetrics replication_metrics;
   std::unique_ptr<cluster::ClusterPlacement> placement;
   if (!f.cluster_etcd.empty()) {
@@ -589,15 +643,23 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
   strata::server::symbolize::Symbolizer symbolizer(
       {.debug_dirs = f.debug_dirs, .debuginfod_urls = f.debuginfod_urls},
       debuginfo_store->get());
+  strata::server::symbolize::DebugInfoService::CopyElsewhere copy_debuginfo;
+  if (membership != nullptr) {
+    copy_debuginfo = [&](grpc::ServerContext* context, const std::string& path,
+                         const std::string& file_name, const std::string& build_id) {
+      return cluster::CopyDebugInfoElsewhere(membership.get(), &node_channels, context, path,
+                                             file_name, build_id);
+    };
+  }
   strata::server::symbolize::DebugInfoService debuginfo(debuginfo_store->get(), &symbolizer,
-                                                         authorizer);
+                                                         authorizer, std::move(copy_debuginfo));
   strata::server::query::QueryService query(store.get(), &registry, aggregator.get(),
                                      authorizer, &symbolizer);
   std::unique_ptr<cluster::ClusterService> cluster_service;
   std::unique_ptr<cluster::FanoutSource> fanout;
   if (membership != nullptr) {
     cluster_service = std::make_unique<cluster::ClusterService>(
-        membership.get(), store.get(), aggregator.get(), &symbolizer, authorizer,
+        membership.get(), store.get(), &registry, aggregator.get(), &symbolizer, authorizer,
         f.replication_factor, &replication_metrics);
     fanout = std::make_unique<cluster::FanoutSource>(membership.get(), &node_channels,
                                                      cluster_service.get(), f.replication_factor,
@@ -614,6 +676,15 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
                                         auto* writer) {
       return cluster::RunCaptureElsewhere(membership.get(), &node_channels, context, request,
                                           writer);
+    };
+    capture_options.list_elsewhere = [&](grpc::ServerContext* context, auto* unreachable) {
+      return cluster::ListCapturesElsewhere(membership.get(), &node_channels, context,
+                                            settings.cluster_query_timeout, unreachable);
+    };
+    capture_options.get_elsewhere = [&](grpc::ServerContext* context, const auto& request,
+                                        auto* record) {
+      return cluster::GetCaptureElsewhere(membership.get(), &node_channels, context,
+                                          settings.cluster_query_timeout, request, record);
     };
   }
   capture_options.deleter = [store = store.get()](const std::string& capture_id) {
@@ -705,9 +776,15 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "strata-server: %s\n", std::string(security.status().message()).c_str());
     return 2;
   }
+  auto node_security = BuildNodeSecurity(flags, *security);
+  if (!node_security.ok()) {
+    std::fprintf(stderr, "strata-server: %s\n",
+                 std::string(node_security.status().message()).c_str());
+    return 2;
+  }
   RaiseOpenFileLimit();
   ConfigureDebuginfod(flags);
-  return Serve(flags, *settings, *security);
+  return Serve(flags, *settings, *security, *std::move(node_security));
 }
 
 }  // namespace

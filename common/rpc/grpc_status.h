@@ -1,5 +1,6 @@
 // absl::Status -> grpc::Status for the services: the codes are the same numbers by design
-// (both follow google.rpc.Code), so the conversion keeps code and message.
+// (both follow google.rpc.Code), so the conversion keeps code and message. And a handler's
+// tail: run the transport-free form, answer with its result or its error.
 #ifndef STRATA_COMMON_RPC_GRPC_STATUS_H_
 #define STRATA_COMMON_RPC_GRPC_STATUS_H_
 
@@ -8,6 +9,7 @@
 #include <grpcpp/support/status.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace strata::rpc {
 
@@ -15,6 +17,15 @@ inline grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
                       std::string(status.message()));
+}
+
+// Runs `run` and moves its result into `*response`.
+template <typename Response, typename Run>
+grpc::Status Respond(Run run, Response* response) {
+  absl::StatusOr<Response> r = run();
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *response = std::move(*r);
+  return grpc::Status::OK;
 }
 
 }  // namespace strata::rpc

@@ -21,19 +21,22 @@ const char* RoleName(Role role) {
       return "reader";
     case Role::kOperator:
       return "operator";
+    case Role::kNode:
+      return "node";
   }
   return "?";
 }
 
 std::optional<Role> ParseRole(std::string_view name) {
-  for (Role r : {Role::kAgent, Role::kReader, Role::kOperator}) {
+  for (Role r : {Role::kAgent, Role::kReader, Role::kOperator, Role::kNode}) {
     if (RoleName(r) == name) return r;
   }
   return std::nullopt;
 }
 
 bool Grants(Role have, Role need) {
-  return have == need || (have == Role::kOperator && need == Role::kReader);
+  return have == need || have == Role::kNode ||
+         (have == Role::kOperator && need == Role::kReader);
 }
 
 std::string Principal::Describe() const {
@@ -134,7 +137,7 @@ absl::StatusOr<AuthTable> ParseAuthFile(std::string_view text, std::string_view 
     std::optional<Role> role = ParseRole(std::string_view(fields[2].data(), fields[2].size()));
     if (!role) {
       return fail(absl::StrCat("unknown role '", base::EscapeForLog(std::string(fields[2])),
-                               "' (agent, reader or operator)"));
+                               "' (agent, reader, operator or node)"));
     }
     if (kind == "cert") {
       if (!table.certificates.emplace(name, *role).second) {

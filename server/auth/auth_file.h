@@ -5,7 +5,7 @@
 // Format, one principal per line; '#' starts a comment:
 //   token <name> <role> sha256:<64 hex digits>   a bearer token (`strata-server hash-token`)
 //   cert  <identity> <role>                      a client certificate's identity
-// Roles: agent, reader, operator. Names and identities are unique per kind.
+// Roles: agent, reader, operator, node (principal.h). Names and identities are unique per kind.
 #ifndef STRATA_SERVER_AUTH_AUTH_FILE_H_
 #define STRATA_SERVER_AUTH_AUTH_FILE_H_
 

@@ -5,7 +5,8 @@
 //
 // Roles: `agent` ships samples (ingest) and nothing else; `reader` queries (gRPC query API,
 // /api/v1, the web UI, /metrics); `operator` is a reader that may also start and cancel
-// captures.
+// captures; `node` is another node of the same cluster (server/cluster): it may do all of
+// that, and it alone may send replica streams and call the nodes' internal Cluster calls.
 #ifndef STRATA_SERVER_AUTH_PRINCIPAL_H_
 #define STRATA_SERVER_AUTH_PRINCIPAL_H_
 
@@ -15,11 +16,12 @@
 
 namespace strata::server::auth {
 
-enum class Role { kAgent, kReader, kOperator };
+enum class Role { kAgent, kReader, kOperator, kNode };
 
 const char* RoleName(Role role);
 std::optional<Role> ParseRole(std::string_view name);
-// Whether a principal with `have` may do what needs `need` (operator includes reader).
+// Whether a principal with `have` may do what needs `need` (operator includes reader; node
+// includes every role).
 bool Grants(Role have, Role need);
 
 struct Principal {

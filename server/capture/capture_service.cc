@@ -505,6 +505,18 @@ grpc::Status CaptureService::List(grpc::ServerContext* context, const v1::ListCa
     return a.start_ms != b.start_ms ? a.start_ms > b.start_ms : a.capture_id < b.capture_id;
   });
   for (const auto& info : kept) *response->add_captures() = ToRecord(info);
+  if (options_.list_elsewhere) {
+    std::vector<std::string> unreachable;
+    for (v1::CaptureRecord& r : options_.list_elsewhere(context, &unreachable)) {
+      *response->add_captures() = std::move(r);
+    }
+    std::sort(response->mutable_captures()->begin(), response->mutable_captures()->end(),
+              [](const v1::CaptureRecord& a, const v1::CaptureRecord& b) {
+                return a.start_ms() != b.start_ms() ? a.start_ms() > b.start_ms()
+                                                    : a.capture_id() < b.capture_id();
+              });
+    for (std::string& n : unreachable) response->add_unreachable_nodes(std::move(n));
+  }
   return grpc::Status::OK;
 }
 
@@ -519,6 +531,10 @@ grpc::Status CaptureService::Get(grpc::ServerContext* context, const v1::GetCapt
   }
   auto info = store_->meta().GetCapture(request->capture_id());
   if (!info.ok()) {
+    if (absl::IsNotFound(info.status()) && options_.get_elsewhere) {
+      grpc::Status elsewhere = options_.get_elsewhere(context, *request, response);
+      if (elsewhere.error_code() != grpc::StatusCode::NOT_FOUND) return elsewhere;
+    }
     if (absl::IsNotFound(info.status())) {
       return grpc::Status(grpc::StatusCode::NOT_FOUND,
                           absl::StrCat("no capture '", request->capture_id(),

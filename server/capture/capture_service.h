@@ -67,6 +67,15 @@ class CaptureService final : public v1::Capture::Service {
     std::function<grpc::Status(grpc::ServerContext* context, const v1::RunCaptureRequest& request,
                                grpc::ServerWriter<v1::CaptureProgress>* writer)>
         run_elsewhere;
+    // In a cluster, where captures are stored on the node that ran them: the other nodes'
+    // captures (nodes that did not answer go to `unreachable`), and one capture not stored
+    // here (NotFound when no node has it).
+    std::function<std::vector<v1::CaptureRecord>(grpc::ServerContext* context,
+                                                 std::vector<std::string>* unreachable)>
+        list_elsewhere;
+    std::function<grpc::Status(grpc::ServerContext* context, const v1::GetCaptureRequest& request,
+                               v1::CaptureRecord* record)>
+        get_elsewhere;
   };
 
   CaptureService(store::Store* store, registry::AgentRegistry* registry, Options options);

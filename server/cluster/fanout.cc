@@ -1,8 +1,11 @@
 #include "server/cluster/fanout.h"
 
 #include <algorithm>
+#include <fstream>
 #include <future>
 #include <map>
+#include <optional>
+#include <set>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -10,6 +13,7 @@
 #include "common/base/saturating.h"
 #include "common/rpc/grpc_status.h"
 #include "server/auth/grpc_auth.h"
+#include "server/query/lines.h"
 #include "server/query/query_service.h"
 
 namespace strata::server::cluster {
@@ -31,10 +35,12 @@ absl::Status FromGrpc(const grpc::Status& s) {
 }  // namespace
 
 ClusterService::ClusterService(Membership* membership, store::Store* store,
+                               registry::AgentRegistry* registry,
                                const aggregate::LiveSamples* live,
                                symbolize::Symbolizer* symbolizer, auth::Authorizer* authorizer,
                                uint32_t replication_factor, const ReplicationMetrics* metrics)
-    : membership_(membership), store_(store), live_(live), authorizer_(authorizer),
+    : membership_(membership), store_(store), registry_(registry), live_(live),
+      symbolizer_(symbolizer), authorizer_(authorizer),
       replication_factor_(replication_factor), metrics_(metrics),
       reader_(store, live, symbolizer) {}
 
@@ -58,12 +64,23 @@ absl::StatusOr<v1::LocalProfileResponse> ClusterService::RunLocalProfile(
   auto profile = reader_.Load(*q);
   if (absl::IsNotFound(profile.status())) return response;
   if (!profile.ok()) return profile.status();
+  if (request.lines()) {
+    profile = query::ExpandLines(store_, symbolizer_, *q, *profile);
+    if (!profile.ok()) return profile.status();
+  }
   response.set_total(profile->total);
   for (const query::ResolvedFunction& f : profile->functions) {
     v1::LocalFunction* out = response.add_functions();
     out->set_id(f.id);
     out->set_name(f.name);
     out->set_module(f.module);
+    out->set_file(f.file);
+    out->set_line(f.line);
+    out->set_inlined(f.inlined);
+    if (request.build_ids()) {
+      auto info = store_->interner().GetFunction(f.id);
+      if (info.ok()) out->set_build_id(info->build_id);
+    }
   }
   for (const query::ResolvedStack& s : profile->stacks) {
     v1::LocalStack* out = response.add_stacks();
@@ -88,6 +105,54 @@ absl::StatusOr<v1::ListServicesResponse> ClusterService::RunLocalServices() {
     info->set_last_ms(s.last_window_ms);
   }
   return response;
+}
+
+v1::ListAgentsResponse ClusterService::RunLocalAgents() { return query::ListAgentsOf(registry_); }
+
+absl::StatusOr<v1::LocalLabelSetsResponse> ClusterService::RunLocalLabelSets(
+    const v1::ListLabelsRequest& request) {
+  auto sets = store_->interner().ListLabelSets(request.service());
+  if (!sets.ok()) return sets.status();
+  v1::LocalLabelSetsResponse response;
+  for (const store::LabelSetRecord& r : *sets) {
+    auto* labels = response.add_sets()->mutable_labels();
+    for (const auto& [key, value] : r.labels) (*labels)[key] = value;
+  }
+  return response;
+}
+
+absl::StatusOr<v1::PhasesResponse> ClusterService::RunLocalPhases(
+    const v1::PhasesRequest& request) {
+  auto q = query::ToProfileQuery(request.filter(), base::NowMs());
+  if (!q.ok()) return q.status();
+  return query::PhasesOf(store_, *q);
+}
+
+absl::StatusOr<v1::LocalUnwindCountsResponse> ClusterService::RunLocalUnwindCounts(
+    const v1::LocalProfileRequest& request) {
+  auto q = FromRequest(request);
+  if (!q.ok()) return q.status();
+  std::map<std::string, store::UnwindCounts> by_agent;
+  auto sum = store_->meta().SumUnwindCounts(q->service, q->from_ms, q->to_ms, &by_agent);
+  if (!sum.ok()) return sum.status();
+  v1::LocalUnwindCountsResponse response;
+  for (const auto& [agent, c] : by_agent) {
+    v1::LocalUnwindCounts& out = (*response.mutable_agents())[agent];
+    out.set_stacks(c.stacks);
+    out.set_truncated(c.truncated);
+    out.set_verify_failures(c.verify_failures);
+    out.set_jit_frames_cfi(c.jit_frames_cfi);
+    out.set_jit_frames_fp(c.jit_frames_fp);
+    out.set_lost(c.lost);
+  }
+  return response;
+}
+
+absl::StatusOr<v1::TopResponse> ClusterService::RunLocalTopLines(
+    const v1::LocalProfileRequest& request) {
+  auto q = FromRequest(request);
+  if (!q.ok()) return q.status();
+  return query::TopLines(store_, symbolizer_, *q, UINT32_MAX);
 }
 
 v1::ClusterStatusResponse ClusterService::RunStatus() {
@@ -126,61 +191,97 @@ grpc::Status ClusterService::Status(grpc::ServerContext* context, const v1::Clus
   return grpc::Status::OK;
 }
 
+absl::Status ClusterService::AuthorizeNode(grpc::ServerContext* context) {
+  return auth::AuthorizeCall(authorizer_, context, auth::Role::kNode, "cluster queries").status();
+}
+
 grpc::Status ClusterService::HostTotals(grpc::ServerContext* context,
                                         const v1::LocalProfileRequest* request,
                                         v1::HostTotalsResponse* response) {
-  auto p = auth::AuthorizeCall(authorizer_, context, auth::Role::kReader, "cluster queries");
-  if (!p.ok()) return rpc::ToGrpcStatus(p.status());
-  auto r = RunHostTotals(*request);
-  if (!r.ok()) return rpc::ToGrpcStatus(r.status());
-  *response = std::move(*r);
-  return grpc::Status::OK;
+  if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
+  return rpc::Respond([&] { return RunHostTotals(*request); }, response);
 }
 
 grpc::Status ClusterService::LocalProfile(grpc::ServerContext* context,
                                           const v1::LocalProfileRequest* request,
                                           v1::LocalProfileResponse* response) {
-  auto p = auth::AuthorizeCall(authorizer_, context, auth::Role::kReader, "cluster queries");
-  if (!p.ok()) return rpc::ToGrpcStatus(p.status());
-  auto r = RunLocalProfile(*request);
-  if (!r.ok()) return rpc::ToGrpcStatus(r.status());
-  *response = std::move(*r);
-  return grpc::Status::OK;
+  if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
+  return rpc::Respond([&] { return RunLocalProfile(*request); }, response);
 }
 
 grpc::Status ClusterService::LocalServices(grpc::ServerContext* context,
                                            const v1::ListServicesRequest*,
                                            v1::ListServicesResponse* response) {
-  auto p = auth::AuthorizeCall(authorizer_, context, auth::Role::kReader, "cluster queries");
-  if (!p.ok()) return rpc::ToGrpcStatus(p.status());
-  auto r = RunLocalServices();
-  if (!r.ok()) return rpc::ToGrpcStatus(r.status());
-  *response = std::move(*r);
+  if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
+  return rpc::Respond([&] { return RunLocalServices(); }, response);
+}
+
+grpc::Status ClusterService::LocalAgents(grpc::ServerContext* context, const v1::ListAgentsRequest*,
+                                         v1::ListAgentsResponse* response) {
+  if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
+  *response = RunLocalAgents();
   return grpc::Status::OK;
+}
+
+grpc::Status ClusterService::LocalLabelSets(grpc::ServerContext* context,
+                                            const v1::ListLabelsRequest* request,
+                                            v1::LocalLabelSetsResponse* response) {
+  if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
+  return rpc::Respond([&] { return RunLocalLabelSets(*request); }, response);
+}
+
+grpc::Status ClusterService::LocalPhases(grpc::ServerContext* context,
+                                         const v1::PhasesRequest* request,
+                                         v1::PhasesResponse* response) {
+  if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
+  return rpc::Respond([&] { return RunLocalPhases(*request); }, response);
+}
+
+grpc::Status ClusterService::LocalUnwindCounts(grpc::ServerContext* context,
+                                               const v1::LocalProfileRequest* request,
+                                               v1::LocalUnwindCountsResponse* response) {
+  if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
+  return rpc::Respond([&] { return RunLocalUnwindCounts(*request); }, response);
+}
+
+grpc::Status ClusterService::LocalTopLines(grpc::ServerContext* context,
+                                           const v1::LocalProfileRequest* request,
+                                           v1::TopResponse* response) {
+  if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
+  return rpc::Respond([&] { return RunLocalTopLines(*request); }, response);
 }
 
 namespace {
 constexpr char kRoutedMetadata[] = "x-strata-routed-by";
+
+// A call this node makes to another on a client's behalf: marked routed (the other node
+// answers from itself alone), with this node's credentials.
+void PrepareRouted(Membership* membership, NodeChannels* channels, grpc::ClientContext* client,
+                   std::optional<absl::Duration> timeout) {
+  client->AddMetadata(kRoutedMetadata, membership->options().node_id);
+  if (timeout) client->set_deadline(absl::ToChronoTime(absl::Now() + *timeout));
+  channels->Authorize(client);
+}
+
+bool IsRouted(const grpc::ServerContext* context) {
+  return context != nullptr && context->client_metadata().count(kRoutedMetadata) > 0;
+}
 }  // namespace
 
 grpc::Status RunCaptureElsewhere(Membership* membership, NodeChannels* channels,
                                  grpc::ServerContext* context,
                                  const v1::RunCaptureRequest& request,
                                  grpc::ServerWriter<v1::CaptureProgress>* writer) {
-  if (context->client_metadata().count(kRoutedMetadata) > 0) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND, "routed once already");
-  }
+  if (IsRouted(context)) return grpc::Status(grpc::StatusCode::NOT_FOUND, "routed once already");
   const std::shared_ptr<const Ring> ring = membership->ring();
   grpc::Status last(grpc::StatusCode::NOT_FOUND, "no other node");
   for (const RingMember& m : ring->members()) {
     if (m.id == membership->options().node_id) continue;
     auto stub = v1::Capture::NewStub(channels->Get(m.address));
     grpc::ClientContext client;
-    client.AddMetadata(kRoutedMetadata, membership->options().node_id);
-    // The caller's credentials go along: the node that runs the capture checks them.
-    for (const auto& [key, value] : context->client_metadata()) {
-      if (key == "authorization") client.AddMetadata("authorization", std::string(value.data(), value.size()));
-    }
+    // This node checked the caller (role operator); the node that runs the capture checks
+    // this node's credentials (role node).
+    PrepareRouted(membership, channels, &client, std::nullopt);
     auto reader = stub->Run(&client, request);
     v1::CaptureProgress progress;
     bool relayed = false;
@@ -196,6 +297,85 @@ grpc::Status RunCaptureElsewhere(Membership* membership, NodeChannels* channels,
     last = s;
   }
   return last;
+}
+
+std::vector<v1::CaptureRecord> ListCapturesElsewhere(Membership* membership,
+                                                     NodeChannels* channels,
+                                                     grpc::ServerContext* context,
+                                                     absl::Duration timeout,
+                                                     std::vector<std::string>* unreachable) {
+  std::vector<v1::CaptureRecord> out;
+  if (IsRouted(context)) return out;
+  const std::shared_ptr<const Ring> ring = membership->ring();
+  for (const RingMember& m : ring->members()) {
+    if (m.id == membership->options().node_id) continue;
+    auto stub = v1::Capture::NewStub(channels->Get(m.address));
+    grpc::ClientContext client;
+    PrepareRouted(membership, channels, &client, timeout);
+    v1::ListCapturesResponse r;
+    grpc::Status s = stub->List(&client, v1::ListCapturesRequest(), &r);
+    if (!s.ok()) {
+      unreachable->push_back(absl::StrCat(NodeName(m), ": ", s.error_message()));
+      continue;
+    }
+    for (v1::CaptureRecord& c : *r.mutable_captures()) out.push_back(std::move(c));
+  }
+  return out;
+}
+
+grpc::Status GetCaptureElsewhere(Membership* membership, NodeChannels* channels,
+                                 grpc::ServerContext* context, absl::Duration timeout,
+                                 const v1::GetCaptureRequest& request, v1::CaptureRecord* record) {
+  grpc::Status last(grpc::StatusCode::NOT_FOUND, "no other node");
+  if (IsRouted(context)) return last;
+  const std::shared_ptr<const Ring> ring = membership->ring();
+  for (const RingMember& m : ring->members()) {
+    if (m.id == membership->options().node_id) continue;
+    auto stub = v1::Capture::NewStub(channels->Get(m.address));
+    grpc::ClientContext client;
+    PrepareRouted(membership, channels, &client, timeout);
+    grpc::Status s = stub->Get(&client, request, record);
+    if (s.error_code() != grpc::StatusCode::NOT_FOUND) return s;
+    last = s;
+  }
+  return last;
+}
+
+std::vector<std::string> CopyDebugInfoElsewhere(Membership* membership, NodeChannels* channels,
+                                                grpc::ServerContext* context,
+                                                const std::string& path,
+                                                const std::string& file_name,
+                                                const std::string& build_id) {
+  std::vector<std::string> unreachable;
+  if (IsRouted(context)) return unreachable;
+  const std::shared_ptr<const Ring> ring = membership->ring();
+  for (const RingMember& m : ring->members()) {
+    if (m.id == membership->options().node_id) continue;
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      unreachable.push_back(absl::StrCat(NodeName(m), ": cannot read ", path));
+      continue;
+    }
+    auto stub = v1::DebugInfo::NewStub(channels->Get(m.address));
+    grpc::ClientContext client;
+    PrepareRouted(membership, channels, &client, absl::Minutes(10));
+    v1::UploadDebugInfoResponse response;
+    auto writer = stub->Upload(&client, &response);
+    v1::DebugInfoChunk chunk;
+    chunk.set_file_name(file_name);
+    chunk.set_expected_build_id(build_id);
+    std::string buffer(1 << 20, '\0');
+    while (in.read(buffer.data(), static_cast<std::streamsize>(buffer.size())) ||
+           in.gcount() > 0) {
+      chunk.set_data(buffer.data(), static_cast<size_t>(in.gcount()));
+      if (!writer->Write(chunk)) break;  // the node ended the call: Finish says why
+      chunk.Clear();
+    }
+    writer->WritesDone();
+    grpc::Status s = writer->Finish();
+    if (!s.ok()) unreachable.push_back(absl::StrCat(NodeName(m), ": ", s.error_message()));
+  }
+  return unreachable;
 }
 
 std::string RenderClusterMetrics(ClusterService& service) {
@@ -270,6 +450,7 @@ std::vector<absl::StatusOr<Response>> CallNodes(const std::vector<RingMember>& n
       auto stub = v1::Cluster::NewStub(channels->Get(nodes[i].address));
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+      channels->Authorize(&context);
       Response response;
       grpc::Status s = remote(stub.get(), &context, &response, i);
       if (!s.ok()) return absl::StatusOr<Response>(FromGrpc(s));
@@ -283,21 +464,48 @@ std::vector<absl::StatusOr<Response>> CallNodes(const std::vector<RingMember>& n
 
 }  // namespace
 
-absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& query) {
+template <typename Response, typename Local, typename Remote>
+absl::StatusOr<std::vector<Response>> FanoutSource::AskAll(Local local, Remote remote,
+                                                           std::vector<std::string>* unreachable,
+                                                           std::vector<std::string>* answered) {
   const std::shared_ptr<const Ring> ring = membership_->ring();
   const std::vector<RingMember>& nodes = ring->members();
-  const std::string& self = membership_->options().node_id;
-  v1::LocalProfileRequest request;
-  *request.mutable_filter() = query::ToProfileFilter(query);
-  if (query.hosts) request.mutable_hosts()->Add(query.hosts->begin(), query.hosts->end());
+  auto answers = CallNodes<Response>(
+      nodes, membership_->options().node_id, channels_, timeout_, [&](size_t) { return local(); },
+      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, Response* r, size_t) {
+        return remote(stub, c, r);
+      });
+  std::vector<Response> out;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (!answers[i].ok()) {
+      if (absl::IsInvalidArgument(answers[i].status())) return answers[i].status();
+      unreachable->push_back(absl::StrCat(NodeName(nodes[i]), ": ", answers[i].status().message()));
+      continue;
+    }
+    out.push_back(*std::move(answers[i]));
+    if (answered != nullptr) answered->push_back(nodes[i].id);
+  }
+  NoteDeparted(unreachable);
+  return out;
+}
 
-  std::vector<std::string> unreachable;
-  auto note_failure = [&](const RingMember& m, const absl::Status& s) {
-    unreachable.push_back(absl::StrCat(NodeName(m), ": ", s.message()));
-  };
-  // Phase 1: who has how much of each host.
+void FanoutSource::NoteDeparted(std::vector<std::string>* unreachable) const {
+  // Down nodes hold history; with fewer of them than replicas, each host has one up.
+  const std::vector<RingMember> departed = membership_->departed();
+  if (!departed.empty() && departed.size() + unreachable->size() >= replication_factor_) {
+    for (const RingMember& m : departed) {
+      unreachable->push_back(absl::StrCat(NodeName(m), ": down (lease expired)"));
+    }
+  }
+}
+
+absl::StatusOr<FanoutSource::HostPick> FanoutSource::PickHosts(
+    const v1::LocalProfileRequest& request, std::vector<std::string>* unreachable) {
+  const std::shared_ptr<const Ring> ring = membership_->ring();
+  const std::vector<RingMember>& nodes = ring->members();
   auto totals = CallNodes<v1::HostTotalsResponse>(
-      nodes, self, channels_, timeout_, [&](size_t) { return local_->RunHostTotals(request); },
+      nodes, membership_->options().node_id, channels_, timeout_,
+      [&](size_t) { return local_->RunHostTotals(request); },
       [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::HostTotalsResponse* r, size_t) {
         return stub->HostTotals(c, request, r);
       });
@@ -306,7 +514,7 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
     if (!totals[i].ok()) {
       // The query itself is wrong: every node would say so.
       if (absl::IsInvalidArgument(totals[i].status())) return totals[i].status();
-      note_failure(nodes[i], totals[i].status());
+      unreachable->push_back(absl::StrCat(NodeName(nodes[i]), ": ", totals[i].status().message()));
       continue;
     }
     for (const auto& [host, samples] : totals[i]->hosts()) {
@@ -315,19 +523,37 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
       if (!inserted && samples > it->second.first) it->second = {samples, i};
     }
   }
-  // Phase 2: each node's profile of the hosts taken from it.
   std::vector<std::vector<std::string>> hosts_of(nodes.size());
-  for (const auto& [host, pick] : best) hosts_of[pick.second].push_back(host);
-  std::vector<RingMember> asked;
-  std::vector<v1::LocalProfileRequest> requests;
+  HostPick pick;
+  for (const auto& [host, chosen] : best) {
+    hosts_of[chosen.second].push_back(host);
+    pick.host_samples[host] = chosen.first;
+  }
   for (size_t i = 0; i < nodes.size(); ++i) {
     if (hosts_of[i].empty()) continue;
-    asked.push_back(nodes[i]);
+    pick.nodes.push_back(nodes[i]);
     v1::LocalProfileRequest r = request;
     r.clear_hosts();
     r.mutable_hosts()->Add(hosts_of[i].begin(), hosts_of[i].end());
-    requests.push_back(std::move(r));
+    pick.requests.push_back(std::move(r));
   }
+  return pick;
+}
+
+absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& query) {
+  const std::string& self = membership_->options().node_id;
+  v1::LocalProfileRequest request;
+  *request.mutable_filter() = query::ToProfileFilter(query);
+  if (query.hosts) request.mutable_hosts()->Add(query.hosts->begin(), query.hosts->end());
+  request.set_build_ids(query.build_ids);
+  request.set_lines(query.lines);
+
+  std::vector<std::string> unreachable;
+  auto pick = PickHosts(request, &unreachable);
+  if (!pick.ok()) return pick.status();
+  // Phase 2: each node's profile of the hosts taken from it.
+  const std::vector<RingMember>& asked = pick->nodes;
+  const std::vector<v1::LocalProfileRequest>& requests = pick->requests;
   auto parts = CallNodes<v1::LocalProfileResponse>(
       asked, self, channels_, timeout_,
       [&](size_t i) { return local_->RunLocalProfile(requests[i]); },
@@ -335,27 +561,35 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
           size_t i) { return stub->LocalProfile(c, requests[i], r); });
 
   query::Profile profile;
-  absl::flat_hash_map<uint64_t, uint32_t> function_index;
-  // Stack IDs are content hashes, the same on every node for the same frames: merged by ID
-  // (the frames are compared, so a collision cannot merge two different stacks).
-  absl::flat_hash_map<uint64_t, size_t> stack_index;
+  // Functions by ID (content hashes, the same on every node) and, in a profile with source
+  // lines, by line too: one function's lines share its ID.
+  absl::flat_hash_map<std::tuple<uint64_t, std::string, std::string, uint32_t, bool>, uint32_t>
+      function_index;
+  // Stack IDs are content hashes too, the same on every node for the same frames; a stack
+  // split over its leaf's lines keeps its ID in each part, so stacks merge by ID and frames.
+  absl::flat_hash_map<std::pair<uint64_t, std::vector<uint32_t>>, size_t> stack_index;
   std::vector<std::string> hosts;
   for (size_t i = 0; i < parts.size(); ++i) {
     if (!parts[i].ok()) {
-      note_failure(asked[i], parts[i].status());
+      unreachable.push_back(absl::StrCat(NodeName(asked[i]), ": ", parts[i].status().message()));
       continue;
     }
     const v1::LocalProfileResponse& part = *parts[i];
     base::SaturatingAddTo(profile.total, part.total());
     std::vector<uint32_t> remap;
     for (const v1::LocalFunction& f : part.functions()) {
-      auto [it, inserted] =
-          function_index.try_emplace(f.id(), static_cast<uint32_t>(profile.functions.size()));
+      auto [it, inserted] = function_index.try_emplace(
+          std::tuple{f.id(), f.name(), f.file(), f.line(), f.inlined()},
+          static_cast<uint32_t>(profile.functions.size()));
       if (inserted) {
         query::ResolvedFunction fn;
         fn.id = f.id();
         fn.name = f.name();
         fn.module = f.module();
+        fn.file = f.file();
+        fn.line = f.line();
+        fn.inlined = f.inlined();
+        fn.build_id = f.build_id();
         profile.functions.push_back(std::move(fn));
       }
       remap.push_back(it->second);
@@ -367,9 +601,9 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
         if (f >= remap.size()) return absl::DataLossError("a node sent a malformed profile");
         frames.push_back(remap[f]);
       }
-      auto [it, inserted] = stack_index.try_emplace(s.stack_id(), profile.stacks.size());
-      if (!inserted && profile.stacks[it->second].frames == frames &&
-          profile.stacks[it->second].truncated == s.truncated()) {
+      auto [it, inserted] =
+          stack_index.try_emplace(std::pair{s.stack_id(), frames}, profile.stacks.size());
+      if (!inserted && profile.stacks[it->second].truncated == s.truncated()) {
         base::SaturatingAddTo(profile.stacks[it->second].count, s.count());
       } else {
         profile.stacks.push_back({s.stack_id(), s.count(), s.truncated(), std::move(frames)});
@@ -384,16 +618,11 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
   std::sort(hosts.begin(), hosts.end());
   hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
   profile.hosts = std::move(hosts);
-  for (const std::string& h : profile.hosts) profile.host_samples.push_back(best[h].first);
-  // Down nodes hold history; with fewer of them than replicas, each host has one up.
-  const std::vector<RingMember> departed = membership_->departed();
-  if (!departed.empty() && departed.size() + unreachable.size() >= replication_factor_) {
-    for (const RingMember& m : departed) {
-      unreachable.push_back(absl::StrCat(NodeName(m), ": down (lease expired)"));
-    }
-  }
+  for (const std::string& h : profile.hosts) profile.host_samples.push_back(pick->host_samples[h]);
+  NoteDeparted(&unreachable);
   profile.unreachable_nodes = std::move(unreachable);
-  if (best.empty() && profile.unreachable_nodes.empty() && query.capture_id.empty()) {
+  if (pick->host_samples.empty() && profile.unreachable_nodes.empty() &&
+      query.capture_id.empty()) {
     // As a single server says it: no node knows the service.
     return absl::NotFoundError(absl::StrCat("unknown service '", query.service, "'"));
   }
@@ -404,20 +633,16 @@ absl::StatusOr<std::vector<store::ServiceSummary>> FanoutSource::Services(
     std::vector<std::string>* unreachable) {
   const std::shared_ptr<const Ring> ring = membership_->ring();
   const std::vector<RingMember>& nodes = ring->members();
-  v1::ListServicesRequest request;
-  auto answers = CallNodes<v1::ListServicesResponse>(
-      nodes, membership_->options().node_id, channels_, timeout_,
-      [&](size_t) { return local_->RunLocalServices(); },
-      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::ListServicesResponse* r, size_t) {
-        return stub->LocalServices(c, request, r);
-      });
+  auto answers = AskAll<v1::ListServicesResponse>(
+      [&] { return local_->RunLocalServices(); },
+      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::ListServicesResponse* r) {
+        return stub->LocalServices(c, v1::ListServicesRequest(), r);
+      },
+      unreachable);
+  if (!answers.ok()) return answers.status();
   std::map<std::string, store::ServiceSummary> merged;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (!answers[i].ok()) {
-      unreachable->push_back(absl::StrCat(NodeName(nodes[i]), ": ", answers[i].status().message()));
-      continue;
-    }
-    for (const v1::ServiceInfo& s : answers[i]->services()) {
+  for (const v1::ListServicesResponse& answer : *answers) {
+    for (const v1::ServiceInfo& s : answer.services()) {
       auto [it, inserted] = merged.try_emplace(
           s.name(), store::ServiceSummary{s.name(), s.first_ms(), s.last_ms(), s.total_samples()});
       if (inserted) continue;
@@ -459,6 +684,167 @@ absl::StatusOr<std::vector<store::ServiceSummary>> FanoutSource::Services(
     }
     out.push_back(std::move(summary));
   }
+  return out;
+}
+
+v1::ListAgentsResponse FanoutSource::Agents() {
+  std::vector<std::string> unreachable;
+  auto answers = AskAll<v1::ListAgentsResponse>(
+      [&] { return absl::StatusOr<v1::ListAgentsResponse>(local_->RunLocalAgents()); },
+      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::ListAgentsResponse* r) {
+        return stub->LocalAgents(c, v1::ListAgentsRequest(), r);
+      },
+      &unreachable);
+  if (!answers.ok()) return v1::ListAgentsResponse();  // a ListAgentsRequest is never wrong
+  // An agent is connected on the node holding its stream and known (gone) where it was
+  // before: the connected record wins, else the one with the latest batch.
+  std::map<std::string, v1::AgentInfo> merged;
+  for (v1::ListAgentsResponse& answer : *answers) {
+    for (v1::AgentInfo& a : *answer.mutable_agents()) {
+      auto [it, inserted] = merged.try_emplace(a.agent_id(), a);
+      if (inserted) continue;
+      const v1::AgentInfo& have = it->second;
+      if ((a.connected() && !have.connected()) ||
+          (a.connected() == have.connected() && a.last_batch_ms() > have.last_batch_ms())) {
+        it->second = std::move(a);
+      }
+    }
+  }
+  v1::ListAgentsResponse out;
+  for (auto& [id, a] : merged) *out.add_agents() = std::move(a);
+  for (auto& n : unreachable) out.add_unreachable_nodes(std::move(n));
+  return out;
+}
+
+absl::StatusOr<std::vector<labels::LabelSet>> FanoutSource::LabelSets(
+    const std::string& service, std::vector<std::string>* unreachable) {
+  v1::ListLabelsRequest request;
+  request.set_service(service);
+  auto answers = AskAll<v1::LocalLabelSetsResponse>(
+      [&] { return local_->RunLocalLabelSets(request); },
+      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::LocalLabelSetsResponse* r) {
+        return stub->LocalLabelSets(c, request, r);
+      },
+      unreachable);
+  if (!answers.ok()) return answers.status();
+  std::set<labels::LabelSet> sets;
+  for (const v1::LocalLabelSetsResponse& answer : *answers) {
+    for (const v1::LocalLabelSet& s : answer.sets()) {
+      labels::LabelSet set(s.labels().begin(), s.labels().end());
+      std::sort(set.begin(), set.end());
+      sets.insert(std::move(set));
+    }
+  }
+  return std::vector<labels::LabelSet>(sets.begin(), sets.end());
+}
+
+absl::StatusOr<v1::PhasesResponse> FanoutSource::Phases(const query::ProfileQuery& query) {
+  v1::PhasesRequest request;
+  *request.mutable_filter() = query::ToProfileFilter(query);
+  std::vector<std::string> unreachable;
+  std::vector<std::string> answered;
+  auto answers = AskAll<v1::PhasesResponse>(
+      [&] { return local_->RunLocalPhases(request); },
+      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::PhasesResponse* r) {
+        return stub->LocalPhases(c, request, r);
+      },
+      &unreachable, &answered);
+  if (!answers.ok()) return answers.status();
+  // Replicas of the same hosts may observe the same change: it is listed once.
+  std::set<std::string> seen;
+  v1::PhasesResponse out;
+  for (size_t i = 0; i < answers->size(); ++i) {
+    for (v1::PhaseChange& change : *(*answers)[i].mutable_changes()) {
+      std::string key;
+      (void)change.SerializeToString(&key);
+      if (!seen.insert(std::move(key)).second) continue;
+      change.set_node(answered[i]);
+      *out.add_changes() = std::move(change);
+    }
+  }
+  std::stable_sort(out.mutable_changes()->begin(), out.mutable_changes()->end(),
+                   [](const v1::PhaseChange& a, const v1::PhaseChange& b) {
+                     return a.window_start_ms() != b.window_start_ms()
+                                ? a.window_start_ms() < b.window_start_ms()
+                                : a.detected_ms() < b.detected_ms();
+                   });
+  for (auto& n : unreachable) out.add_unreachable_nodes(std::move(n));
+  return out;
+}
+
+absl::StatusOr<store::UnwindCounts> FanoutSource::UnwindCounts(
+    const query::ProfileQuery& query, std::vector<std::string>* unreachable) {
+  v1::LocalProfileRequest request;
+  *request.mutable_filter() = query::ToProfileFilter(query);
+  auto answers = AskAll<v1::LocalUnwindCountsResponse>(
+      [&] { return local_->RunLocalUnwindCounts(request); },
+      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::LocalUnwindCountsResponse* r) {
+        return stub->LocalUnwindCounts(c, request, r);
+      },
+      unreachable);
+  if (!answers.ok()) return answers.status();
+  // Each agent from the node holding the most of its stacks: a replica that missed batches
+  // holds fewer, and a sum over replicas would count the rest twice.
+  std::map<std::string, const v1::LocalUnwindCounts*> best;
+  for (const v1::LocalUnwindCountsResponse& answer : *answers) {
+    for (const auto& [agent, counts] : answer.agents()) {
+      auto [it, inserted] = best.try_emplace(agent, &counts);
+      if (!inserted && counts.stacks() > it->second->stacks()) it->second = &counts;
+    }
+  }
+  store::UnwindCounts sum;
+  for (const auto& [agent, c] : best) {
+    sum.Add({c->stacks(), c->truncated(), c->verify_failures(), c->jit_frames_cfi(),
+             c->jit_frames_fp(), c->lost()});
+  }
+  return sum;
+}
+
+absl::StatusOr<v1::TopResponse> FanoutSource::TopLines(const query::ProfileQuery& query,
+                                                       uint32_t limit) {
+  v1::LocalProfileRequest request;
+  *request.mutable_filter() = query::ToProfileFilter(query);
+  if (query.hosts) request.mutable_hosts()->Add(query.hosts->begin(), query.hosts->end());
+  std::vector<std::string> unreachable;
+  auto pick = PickHosts(request, &unreachable);
+  if (!pick.ok()) return pick.status();
+  auto parts = CallNodes<v1::TopResponse>(
+      pick->nodes, membership_->options().node_id, channels_, timeout_,
+      [&](size_t i) { return local_->RunLocalTopLines(pick->requests[i]); },
+      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::TopResponse* r, size_t i) {
+        return stub->LocalTopLines(c, pick->requests[i], r);
+      });
+  v1::TopResponse out;
+  // Lines by their frames (function, module, file, line, inlined each), self summed.
+  std::map<std::string, v1::LineStat> lines;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (!parts[i].ok()) {
+      if (absl::IsInvalidArgument(parts[i].status())) return parts[i].status();
+      unreachable.push_back(
+          absl::StrCat(NodeName(pick->nodes[i]), ": ", parts[i].status().message()));
+      continue;
+    }
+    out.set_total_samples(base::SaturatingAdd(out.total_samples(), parts[i]->total_samples()));
+    out.set_unresolved_samples(
+        base::SaturatingAdd(out.unresolved_samples(), parts[i]->unresolved_samples()));
+    for (v1::LineStat& line : *parts[i]->mutable_lines()) {
+      std::string key;
+      for (const v1::Frame& f : line.frames()) {
+        absl::StrAppend(&key, f.function(), "\n", f.module(), "\n", f.file(), "\n", f.line(),
+                        "\n", f.inlined(), "\n");
+      }
+      auto [it, inserted] = lines.try_emplace(std::move(key), line);
+      if (!inserted) it->second.set_self(base::SaturatingAdd(it->second.self(), line.self()));
+    }
+  }
+  std::vector<const v1::LineStat*> sorted;
+  for (const auto& [key, line] : lines) sorted.push_back(&line);
+  std::stable_sort(sorted.begin(), sorted.end(), [](const v1::LineStat* a, const v1::LineStat* b) {
+    return a->self() > b->self();
+  });
+  for (size_t i = 0; i < sorted.size() && i < limit; ++i) *out.add_lines() = *sorted[i];
+  NoteDeparted(&unreachable);
+  for (auto& n : unreachable) out.add_unreachable_nodes(std::move(n));
   return out;
 }
 

@@ -1,6 +1,7 @@
 // Queries in a cluster. Every node serves the Cluster gRPC service (ClusterService): its own
-// samples per host for a filter, its own profile over a set of hosts, its services, and the
-// ring as it sees it. FanoutSource is the query service's ProfileSource on a cluster node: a
+// samples per host for a filter, its own profile over a set of hosts, its services, agents,
+// label sets, phase changes and unwinding counters, and the ring as it sees it. Only other
+// nodes (role node) may call it, apart from Status. FanoutSource is the query service's ProfileSource on a cluster node: a
 // profile query asks every live node for its samples per host, takes each host from the node
 // holding the most of them (replicas of a host hold the same batches, so the largest is the
 // complete one when another missed some, and summing replicas would count them twice), asks
@@ -8,10 +9,15 @@
 // are named in the answer; nodes known to be down are named too once as many are down as
 // there are replicas (below that, every host's samples have a replica up).
 //
-// Both borrow the membership, store and channels; ClusterService owns a ProfileReader.
+// Agents, label sets and phase changes are merged from every node; unwinding counters are
+// taken per agent from the node holding the most of them (replicas store the same batches').
+//
+// Both borrow the membership, store, registry and channels; ClusterService owns a
+// ProfileReader.
 #ifndef STRATA_SERVER_CLUSTER_FANOUT_H_
 #define STRATA_SERVER_CLUSTER_FANOUT_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,17 +28,19 @@
 #include "server/cluster/replication.h"
 #include "server/query/profile.h"
 #include "server/query/profile_source.h"
+#include "server/registry/agent_registry.h"
 #include "strata/v1/capture.grpc.pb.h"
 #include "strata/v1/cluster.grpc.pb.h"
+#include "strata/v1/debuginfo.grpc.pb.h"
 
 namespace strata::server::cluster {
 
 class ClusterService final : public v1::Cluster::Service {
  public:
   ClusterService(Membership* membership, store::Store* store,
-                 const aggregate::LiveSamples* live, symbolize::Symbolizer* symbolizer,
-                 auth::Authorizer* authorizer, uint32_t replication_factor,
-                 const ReplicationMetrics* metrics);
+                 registry::AgentRegistry* registry, const aggregate::LiveSamples* live,
+                 symbolize::Symbolizer* symbolizer, auth::Authorizer* authorizer,
+                 uint32_t replication_factor, const ReplicationMetrics* metrics);
 
   grpc::Status Status(grpc::ServerContext*, const v1::ClusterStatusRequest*,
                       v1::ClusterStatusResponse*) override;
@@ -42,19 +50,40 @@ class ClusterService final : public v1::Cluster::Service {
                             v1::LocalProfileResponse*) override;
   grpc::Status LocalServices(grpc::ServerContext*, const v1::ListServicesRequest*,
                              v1::ListServicesResponse*) override;
+  grpc::Status LocalAgents(grpc::ServerContext*, const v1::ListAgentsRequest*,
+                           v1::ListAgentsResponse*) override;
+  grpc::Status LocalLabelSets(grpc::ServerContext*, const v1::ListLabelsRequest*,
+                              v1::LocalLabelSetsResponse*) override;
+  grpc::Status LocalPhases(grpc::ServerContext*, const v1::PhasesRequest*,
+                           v1::PhasesResponse*) override;
+  grpc::Status LocalUnwindCounts(grpc::ServerContext*, const v1::LocalProfileRequest*,
+                                 v1::LocalUnwindCountsResponse*) override;
+  grpc::Status LocalTopLines(grpc::ServerContext*, const v1::LocalProfileRequest*,
+                             v1::TopResponse*) override;
 
   // Transport-free forms (this node's part of a fan-out query; the status for the CLI).
   absl::StatusOr<v1::HostTotalsResponse> RunHostTotals(const v1::LocalProfileRequest& request);
   absl::StatusOr<v1::LocalProfileResponse> RunLocalProfile(const v1::LocalProfileRequest& request);
   absl::StatusOr<v1::ListServicesResponse> RunLocalServices();
+  v1::ListAgentsResponse RunLocalAgents();
+  absl::StatusOr<v1::LocalLabelSetsResponse> RunLocalLabelSets(const v1::ListLabelsRequest& r);
+  absl::StatusOr<v1::PhasesResponse> RunLocalPhases(const v1::PhasesRequest& request);
+  absl::StatusOr<v1::LocalUnwindCountsResponse> RunLocalUnwindCounts(
+      const v1::LocalProfileRequest& request);
+  absl::StatusOr<v1::TopResponse> RunLocalTopLines(const v1::LocalProfileRequest& request);
   v1::ClusterStatusResponse RunStatus();
   const Membership& membership() const { return *membership_; }
   const ReplicationMetrics& metrics() const { return *metrics_; }
 
  private:
+  // Authorizes a call of another node (role node).
+  absl::Status AuthorizeNode(grpc::ServerContext* context);
+
   Membership* const membership_;
   store::Store* const store_;
+  registry::AgentRegistry* const registry_;
   const aggregate::LiveSamples* const live_;
+  symbolize::Symbolizer* const symbolizer_;
   auth::Authorizer* const authorizer_;
   const uint32_t replication_factor_;
   const ReplicationMetrics* const metrics_;
@@ -69,6 +98,27 @@ grpc::Status RunCaptureElsewhere(Membership* membership, NodeChannels* channels,
                                  const v1::RunCaptureRequest& request,
                                  grpc::ServerWriter<v1::CaptureProgress>* writer);
 
+// The captures stored on the other live nodes (each node keeps those it ran), and one of
+// them by ID, for CaptureService::Options::list_elsewhere and get_elsewhere. A call that was
+// already routed is answered by its node alone.
+std::vector<v1::CaptureRecord> ListCapturesElsewhere(Membership* membership,
+                                                     NodeChannels* channels,
+                                                     grpc::ServerContext* context,
+                                                     absl::Duration timeout,
+                                                     std::vector<std::string>* unreachable);
+grpc::Status GetCaptureElsewhere(Membership* membership, NodeChannels* channels,
+                                 grpc::ServerContext* context, absl::Duration timeout,
+                                 const v1::GetCaptureRequest& request, v1::CaptureRecord* record);
+
+// Copies a debug file uploaded here to the other live nodes (DebugInfoService's
+// copy_elsewhere), as uploads of their own; returns the nodes it could not be copied to. A
+// copy is not copied again.
+std::vector<std::string> CopyDebugInfoElsewhere(Membership* membership, NodeChannels* channels,
+                                                grpc::ServerContext* context,
+                                                const std::string& path,
+                                                const std::string& file_name,
+                                                const std::string& build_id);
+
 // Prometheus text of the node's ring state and replication counters, for /metrics.
 std::string RenderClusterMetrics(ClusterService& service);
 
@@ -80,8 +130,38 @@ class FanoutSource final : public query::ProfileSource {
   absl::StatusOr<query::Profile> Load(const query::ProfileQuery& query) override;
   absl::StatusOr<std::vector<store::ServiceSummary>> Services(
       std::vector<std::string>* unreachable) override;
+  v1::ListAgentsResponse Agents() override;
+  absl::StatusOr<std::vector<labels::LabelSet>> LabelSets(
+      const std::string& service, std::vector<std::string>* unreachable) override;
+  absl::StatusOr<v1::PhasesResponse> Phases(const query::ProfileQuery& query) override;
+  absl::StatusOr<store::UnwindCounts> UnwindCounts(const query::ProfileQuery& query,
+                                                   std::vector<std::string>* unreachable) override;
+  absl::StatusOr<v1::TopResponse> TopLines(const query::ProfileQuery& query,
+                                           uint32_t limit) override;
 
  private:
+  // Phase 1 of a query over samples: every live node's samples per host for `request`; each
+  // host goes to the node holding the most of them. The nodes given hosts, each with its
+  // request (`request` narrowed to its hosts), and each host's samples.
+  struct HostPick {
+    std::vector<RingMember> nodes;
+    std::vector<v1::LocalProfileRequest> requests;
+    std::map<std::string, uint64_t> host_samples;
+  };
+  absl::StatusOr<HostPick> PickHosts(const v1::LocalProfileRequest& request,
+                                     std::vector<std::string>* unreachable);
+  // Every live node's answer (`local` here, `remote` elsewhere), with the IDs of the nodes
+  // that gave them in `answered` (optional); the nodes that did not answer, and the down ones
+  // once they may hold the only copy, go to `unreachable`. InvalidArgument (the request is
+  // wrong: every node would say so) ends the call.
+  template <typename Response, typename Local, typename Remote>
+  absl::StatusOr<std::vector<Response>> AskAll(Local local, Remote remote,
+                                               std::vector<std::string>* unreachable,
+                                               std::vector<std::string>* answered = nullptr);
+  // Names the down nodes in `unreachable` when, with the nodes already there, as many are
+  // away as there are replicas (below that, every host has a replica up).
+  void NoteDeparted(std::vector<std::string>* unreachable) const;
+
   Membership* const membership_;
   NodeChannels* const channels_;
   ClusterService* const local_;

@@ -29,7 +29,7 @@ std::shared_ptr<grpc::Channel> NodeChannels::Get(const std::string& address) {
   // Reconnect soon after a node comes back: the default backoff grows to two minutes.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  auto channel = security_.CreateChannel(address, args);
   channels_.emplace(address, channel);
   return channel;
 }
@@ -84,8 +84,8 @@ v1::Redirect RedirectTo(const Ring& ring, const std::string& host, uint32_t repl
 // The mirror of one accepted stream: a replica stream to each other owner of the host.
 class AgentReplica final : public ingest::StreamReplica {
  public:
-  AgentReplica(ClusterPlacement* placement, const v1::Hello& hello)
-      : placement_(placement), hello_(hello) {
+  AgentReplica(ClusterPlacement* placement, const v1::Hello& hello, std::string owner)
+      : placement_(placement), hello_(hello), owner_(std::move(owner)) {
     hello_.clear_token();
   }
   ~AgentReplica() override {
@@ -196,6 +196,8 @@ class AgentReplica final : public ingest::StreamReplica {
     owner.context->AddMetadata(ingest::kReplicaMetadata,
                                placement_->membership_->options().node_id);
     owner.context->set_wait_for_ready(false);
+    placement_->channels_->Authorize(owner.context.get());
+    if (!owner_.empty()) owner.context->AddMetadata(ingest::kReplicaOwnerMetadata, owner_);
     auto stub = v1::Ingest::NewStub(placement_->channels_->Get(owner.address));
     owner.stream = stub->Connect(owner.context.get());
     v1::AgentMessage hello;
@@ -327,6 +329,7 @@ class AgentReplica final : public ingest::StreamReplica {
 
   ClusterPlacement* const placement_;
   v1::Hello hello_;
+  const std::string owner_;  // the agent's owner, for the other owners' records
   std::map<std::string, Owner> owners_;  // by node ID
   bool counted_ = false;
 };
@@ -352,8 +355,9 @@ absl::StatusOr<std::optional<v1::Redirect>> ClusterPlacement::Place(
                                  " is owned by other nodes"));
 }
 
-std::unique_ptr<ingest::StreamReplica> ClusterPlacement::Replicate(const v1::Hello& hello) {
-  return std::make_unique<AgentReplica>(this, hello);
+std::unique_ptr<ingest::StreamReplica> ClusterPlacement::Replicate(const v1::Hello& hello,
+                                                                   const std::string& owner) {
+  return std::make_unique<AgentReplica>(this, hello, owner);
 }
 
 }  // namespace strata::server::cluster

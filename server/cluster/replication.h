@@ -26,6 +26,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/rpc/client_security.h"
 #include "server/cluster/membership.h"
 #include "server/ingest/placement.h"
 #include "server/store/store.h"
@@ -40,12 +41,20 @@ struct ReplicationMetrics {
   std::atomic<int64_t> replicated_streams{0};   // accepted streams with another owner
 };
 
-// Channels to other nodes by address, shared by replication and fan-out queries.
+// Channels to other nodes by address, shared by replication, fan-out queries and routed
+// captures, with this node's credentials for them (TLS and a client certificate, a bearer
+// token of role node: main.cc's --cluster-tls-* and --cluster-token-file).
 class NodeChannels {
  public:
+  NodeChannels() = default;  // plaintext, no token
+  explicit NodeChannels(rpc::ClientSecurity security) : security_(std::move(security)) {}
+
   std::shared_ptr<grpc::Channel> Get(const std::string& address);
+  // Adds this node's token (if any) to a call to another node.
+  void Authorize(grpc::ClientContext* context) const { security_.Authorize(context); }
 
  private:
+  const rpc::ClientSecurity security_;
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
 };
@@ -81,7 +90,8 @@ class ClusterPlacement final : public ingest::StreamPlacement {
                    ReplicationOptions options, ReplicationMetrics* metrics);
 
   absl::StatusOr<std::optional<v1::Redirect>> Place(const ingest::AgentIdentity& agent) override;
-  std::unique_ptr<ingest::StreamReplica> Replicate(const v1::Hello& hello) override;
+  std::unique_ptr<ingest::StreamReplica> Replicate(const v1::Hello& hello,
+                                                   const std::string& owner) override;
 
 
  private:

@@ -54,9 +54,10 @@ class IngestService::Stream final
     Queue(ErrorMessage(status, 0, /*fatal=*/true, retry_after_ms));
     EndAfterWrites(ToGrpc(status));
   }
-  void Begin(auth::Principal principal, bool counted, bool replica) {
+  void Begin(auth::Principal principal, bool counted, bool replica, std::string replica_owner) {
     principal_ = std::move(principal);
     replica_ = replica;
+    replica_owner_ = std::move(replica_owner);
     counted_principal_ = counted;
     admitted_ = true;
     ++service_->metrics_->connected;
@@ -219,6 +220,7 @@ class IngestService::Stream final
   // A replica of a stream another cluster node took: no placement, no replication, not an
   // agent connected here.
   bool replica_ = false;
+  std::string replica_owner_;  // a replica stream's agent owner (kReplicaOwnerMetadata)
   std::unique_ptr<StreamReplica> replica_of_;  // an accepted stream's mirror to the owners
   std::string log_name_;                   // the agent ID, escaped for logs
   size_t accounted_bytes_ = 0;             // this session's part of session_bytes
@@ -343,7 +345,7 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
     Welcome();
     return absl::OkStatus();
   }
-  if (options.placement != nullptr) replica_of_ = options.placement->Replicate(hello);
+  if (options.placement != nullptr) replica_of_ = options.placement->Replicate(hello, identity.owner);
   std::shared_ptr<Link> link = link_;
   if (absl::Status st = service_->registry_->Attach(
           DescriptorOf(identity), hello.frequency_hz(),
@@ -365,6 +367,11 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
 }
 
 absl::Status IngestService::Stream::CheckIdentity(AgentIdentity* identity) {
+  // A replica stream's node checked the agent; the agent keeps the owner it has there.
+  if (replica_) {
+    identity->owner = replica_owner_;
+    return absl::OkStatus();
+  }
   if (principal_.kind == auth::Principal::Kind::kAnonymous) return absl::OkStatus();
   if (principal_.kind == auth::Principal::Kind::kCertificate && identity->host != principal_.name) {
     return absl::PermissionDeniedError(absl::StrCat(
@@ -490,7 +497,20 @@ grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage>* IngestService::Con
     stream->Refuse(principal.status(), 0);
     return stream;
   }
-  if (metrics_->connected.load() >= static_cast<int64_t>(options_.max_agents)) {
+  // A replica stream stores batches another node placed and acknowledged for: only another
+  // node of the cluster may send one. It is not an agent, and the sending node's principal
+  // holds one per agent stream it mirrors: neither agent limit applies.
+  const bool replica = options_.placement != nullptr &&
+                       context->client_metadata().count(kReplicaMetadata) > 0;
+  if (replica && principal->kind != auth::Principal::Kind::kAnonymous &&
+      principal->role != auth::Role::kNode) {
+    stream->Refuse(absl::PermissionDeniedError(absl::StrCat(
+                       principal->Describe(), " has role ", auth::RoleName(principal->role),
+                       "; replica streams come from cluster nodes, role node")),
+                   0);
+    return stream;
+  }
+  if (!replica && metrics_->connected.load() >= static_cast<int64_t>(options_.max_agents)) {
     ++metrics_->streams_refused;
     stream->Refuse(absl::ResourceExhaustedError(absl::StrCat(
                        "the server holds its maximum of ", options_.max_agents,
@@ -498,7 +518,7 @@ grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage>* IngestService::Con
                    options_.retry_after_ms);
     return stream;
   }
-  const bool counted = principal->kind != auth::Principal::Kind::kAnonymous;
+  const bool counted = !replica && principal->kind != auth::Principal::Kind::kAnonymous;
   if (counted && !TakePrincipalStream(*principal)) {
     ++metrics_->principal_streams_refused;
     stream->Refuse(absl::ResourceExhaustedError(absl::StrCat(
@@ -508,9 +528,14 @@ grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage>* IngestService::Con
                    options_.retry_after_ms);
     return stream;
   }
-  const bool replica = options_.placement != nullptr &&
-                       context->client_metadata().count(kReplicaMetadata) > 0;
-  stream->Begin(std::move(*principal), counted, replica);
+  std::string replica_owner;
+  if (replica) {
+    auto owner = context->client_metadata().find(kReplicaOwnerMetadata);
+    if (owner != context->client_metadata().end()) {
+      replica_owner.assign(owner->second.data(), owner->second.size());
+    }
+  }
+  stream->Begin(std::move(*principal), counted, replica, std::move(replica_owner));
   return stream;
 }
 

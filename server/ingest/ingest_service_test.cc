@@ -279,7 +279,7 @@ class ScriptedPlacement final : public StreamPlacement {
   absl::StatusOr<std::optional<v1::Redirect>> Place(const AgentIdentity&) override {
     return redirect;
   }
-  std::unique_ptr<StreamReplica> Replicate(const v1::Hello&) override {
+  std::unique_ptr<StreamReplica> Replicate(const v1::Hello&, const std::string&) override {
     return std::make_unique<Replica>(this);
   }
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -20,8 +21,12 @@
 
 namespace strata::server::ingest {
 
-// Metadata key of a replica stream; its value is the sending node's ID.
+// Metadata key of a replica stream; its value is the sending node's ID. Only a principal of
+// role node may send one (when the server authenticates).
 inline constexpr char kReplicaMetadata[] = "x-strata-replica-of";
+// Metadata of a replica stream: the principal that owns the agent (AgentIdentity::owner) on
+// the node that accepted its stream, so every owner records the same owner for the agent.
+inline constexpr char kReplicaOwnerMetadata[] = "x-strata-agent-owner";
 
 // Mirrors one accepted agent stream to the other owners of its host. Used by one thread at
 // a time (the stream's).
@@ -44,8 +49,10 @@ class StreamPlacement {
   // nullopt: this node takes the stream. A Redirect: it does not own the agent's host.
   // Unavailable: it cannot tell (it lost its membership); the agent retries later.
   virtual absl::StatusOr<std::optional<v1::Redirect>> Place(const AgentIdentity& agent) = 0;
-  // The replica of an accepted stream, after its session opened.
-  virtual std::unique_ptr<StreamReplica> Replicate(const v1::Hello& hello) = 0;
+  // The replica of an accepted stream, after its session opened; `owner` is the agent's
+  // AgentIdentity::owner here.
+  virtual std::unique_ptr<StreamReplica> Replicate(const v1::Hello& hello,
+                                                   const std::string& owner) = 0;
 };
 
 }  // namespace strata::server::ingest

@@ -62,7 +62,18 @@ absl::StatusOr<LeafAddressCounts> LoadLeafAddresses(store::Store* store,
   if (query.service.empty()) return absl::InvalidArgumentError("a service is required");
   std::optional<std::string> host;
   if (!query.host.empty()) host = query.host;
-  return store->meta().SumLeafAddresses(query.service, query.from_ms, query.to_ms, host);
+  if (!query.hosts) {
+    return store->meta().SumLeafAddresses(query.service, query.from_ms, query.to_ms, host);
+  }
+  // A cluster node's share of a fan-out query: its hosts, one by one.
+  LeafAddressCounts sum;
+  for (const std::string& h : *query.hosts) {
+    if (host && *host != h) continue;
+    auto part = store->meta().SumLeafAddresses(query.service, query.from_ms, query.to_ms, h);
+    if (!part.ok()) return part.status();
+    for (const auto& [address, count] : *part) base::SaturatingAddTo(sum[address], count);
+  }
+  return sum;
 }
 
 absl::StatusOr<absl::flat_hash_map<uint32_t, std::vector<LeafLine>>> LeafLinesOf(

@@ -35,7 +35,7 @@ class FunctionLookup {
 // (function ID, offset in its module) -> samples.
 using LeafAddressCounts = absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t>;
 
-// The leaf addresses of `query`'s range and host. InvalidArgument for a query with filters
+// The leaf addresses of `query`'s range and host (and hosts). InvalidArgument for a query with filters
 // that leaf addresses cannot honour (focus, ignore, selector, capture, a type other than CPU).
 absl::StatusOr<LeafAddressCounts> LoadLeafAddresses(store::Store* store,
                                                     const ProfileQuery& query);

@@ -44,6 +44,12 @@ struct ProfileQuery {
   v1::ProfileType type = v1::PROFILE_CPU;
   // When set, only samples of these hosts (a cluster node's share of a fan-out query).
   std::optional<absl::flat_hash_set<std::string>> hosts;
+  // A cluster's fan-out (ProfileSource) also sends each function's build ID
+  // (ResolvedFunction::build_id), which ProfileReader leaves empty.
+  bool build_ids = false;
+  // Source lines (ExpandLines): a cluster's fan-out has each node expand its part, where its
+  // hosts' leaf addresses and call sites are stored.
+  bool lines = false;
 };
 
 struct ResolvedFunction {
@@ -55,6 +61,7 @@ struct ResolvedFunction {
   std::string file;
   uint32_t line = 0;
   bool inlined = false;
+  std::string build_id;  // of the module, when the query asked (ProfileQuery::build_ids)
 };
 
 // How views label a frame: its name, then " file:line" where known, " [inlined]" if so.

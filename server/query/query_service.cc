@@ -100,15 +100,6 @@ absl::StatusOr<v1::PhaseChange> ToPhaseChange(store::Store* store, const store::
   return change;
 }
 
-// Runs `run` and moves its result into `*response`.
-template <typename Response, typename Run>
-grpc::Status Respond(Run run, Response* response) {
-  absl::StatusOr<Response> r = run();
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *response = std::move(*r);
-  return grpc::Status::OK;
-}
-
 }  // namespace
 
 absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int64_t now_ms) {
@@ -184,6 +175,7 @@ absl::StatusOr<v1::TopResponse> QueryService::RunTop(const v1::TopRequest& reque
   if (request.by_line()) {
     auto query = ToProfileQuery(request.filter(), base::NowMs());
     if (!query.ok()) return query.status();
+    if (source_ != nullptr) return source_->TopLines(*query, EffectiveLimit(request.limit()));
     return TopLines(store_, symbolizer_, *query, EffectiveLimit(request.limit()));
   }
   auto profile = LoadProfile(request.filter());
@@ -240,8 +232,12 @@ absl::StatusOr<v1::ListServicesResponse> QueryService::RunListServices() {
 }
 
 v1::ListAgentsResponse QueryService::RunListAgents() {
+  return source_ != nullptr ? source_->Agents() : ListAgentsOf(registry_);
+}
+
+v1::ListAgentsResponse ListAgentsOf(registry::AgentRegistry* registry) {
   v1::ListAgentsResponse response;
-  for (registry::AgentStatus& a : registry_->List()) {
+  for (registry::AgentStatus& a : registry->List()) {
     v1::AgentInfo* info = response.add_agents();
     info->set_agent_id(std::move(a.agent_id));
     info->set_host(std::move(a.host));
@@ -296,9 +292,10 @@ absl::StatusOr<v1::FlameGraphResponse> QueryService::RunFlameGraph(
     const v1::FlameGraphRequest& request) {
   auto query = ToProfileQuery(request.filter(), base::NowMs());
   if (!query.ok()) return query.status();
+  query->lines = request.lines();
   auto profile = Load(*query);
   if (!profile.ok()) return profile.status();
-  if (request.lines()) {
+  if (request.lines() && source_ == nullptr) {  // a ProfileSource expanded the lines
     profile = ExpandLines(store_, symbolizer_, *query, *profile);
     if (!profile.ok()) return profile.status();
   }
@@ -470,35 +467,45 @@ absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportReque
 grpc::Status QueryService::FlameGraph(grpc::ServerContext* context, const v1::FlameGraphRequest* request,
                                       v1::FlameGraphResponse* response) {
   if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
-  return Respond([&] { return RunFlameGraph(*request); }, response);
+  return rpc::Respond([&] { return RunFlameGraph(*request); }, response);
 }
 
 grpc::Status QueryService::Diff(grpc::ServerContext* context, const v1::DiffRequest* request,
                                 v1::DiffResponse* response) {
   if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
-  return Respond([&] { return RunDiff(*request); }, response);
+  return rpc::Respond([&] { return RunDiff(*request); }, response);
 }
 
 grpc::Status QueryService::Export(grpc::ServerContext* context, const v1::ExportRequest* request,
                                   v1::ExportResponse* response) {
   if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
-  return Respond([&] { return RunExport(*request); }, response);
+  return rpc::Respond([&] { return RunExport(*request); }, response);
 }
 
 absl::StatusOr<v1::ListLabelsResponse> QueryService::RunListLabels(
     const v1::ListLabelsRequest& request) {
   if (request.service().empty()) return absl::InvalidArgumentError("a service is required");
-  auto sets = store_->interner().ListLabelSets(request.service());
-  if (!sets.ok()) return sets.status();
+  std::vector<std::string> unreachable;
+  std::vector<labels::LabelSet> sets;
+  if (source_ != nullptr) {
+    auto all = source_->LabelSets(request.service(), &unreachable);
+    if (!all.ok()) return all.status();
+    sets = *std::move(all);
+  } else {
+    auto records = store_->interner().ListLabelSets(request.service());
+    if (!records.ok()) return records.status();
+    for (store::LabelSetRecord& r : *records) sets.push_back(std::move(r.labels));
+  }
   std::map<std::string, std::set<std::string>> values;
-  for (const store::LabelSetRecord& r : *sets) {
-    for (const auto& [key, value] : r.labels) {
+  for (const labels::LabelSet& set : sets) {
+    for (const auto& [key, value] : set) {
       // Reserved labels (the profile type) are chosen by ProfileFilter.type, not selectors.
       if (!commit::IsReservedLabelKey(key)) values[key].insert(value);
     }
   }
   v1::ListLabelsResponse response;
-  response.set_label_sets(static_cast<uint32_t>(sets->size()));
+  response.set_label_sets(static_cast<uint32_t>(sets.size()));
+  for (const auto& n : unreachable) response.add_unreachable_nodes(n);
   for (const auto& [key, vs] : values) {
     v1::LabelValues* l = response.add_labels();
     l->set_key(key);
@@ -511,7 +518,7 @@ grpc::Status QueryService::ListLabels(grpc::ServerContext* context,
                                       const v1::ListLabelsRequest* request,
                                       v1::ListLabelsResponse* response) {
   if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
-  return Respond([&] { return RunListLabels(*request); }, response);
+  return rpc::Respond([&] { return RunListLabels(*request); }, response);
 }
 
 absl::StatusOr<v1::QualityResponse> QueryService::RunQuality(const v1::QualityRequest& request) {
@@ -520,17 +527,28 @@ absl::StatusOr<v1::QualityResponse> QueryService::RunQuality(const v1::QualityRe
   if (!query->capture_id.empty()) {
     return absl::InvalidArgumentError("stack quality is reported for services, not captures");
   }
+  query->build_ids = true;
   auto profile = Load(*query);
   if (!profile.ok()) return profile.status();
   std::vector<std::string> build_ids;
   build_ids.reserve(profile->functions.size());
   for (const ResolvedFunction& f : profile->functions) {
+    if (!f.build_id.empty() || source_ != nullptr) {
+      build_ids.push_back(f.build_id);
+      continue;
+    }
     auto info = store_->interner().GetFunction(f.id);
     build_ids.push_back(info.ok() ? info->build_id : std::string());
   }
   v1::QualityResponse response = StackQuality(*profile, build_ids);
-  auto counts = store_->meta().SumUnwindCounts(query->service, query->from_ms, query->to_ms);
+  std::vector<std::string> unreachable = profile->unreachable_nodes;
+  auto counts = source_ != nullptr ? source_->UnwindCounts(*query, &unreachable)
+                                   : store_->meta().SumUnwindCounts(query->service,
+                                                                    query->from_ms, query->to_ms);
   if (!counts.ok()) return counts.status();
+  std::sort(unreachable.begin(), unreachable.end());
+  unreachable.erase(std::unique(unreachable.begin(), unreachable.end()), unreachable.end());
+  for (const auto& n : unreachable) response.add_unreachable_nodes(n);
   response.set_agent_stacks(counts->stacks);
   response.set_agent_truncated(counts->truncated);
   response.set_verify_failures(counts->verify_failures);
@@ -543,19 +561,23 @@ absl::StatusOr<v1::QualityResponse> QueryService::RunQuality(const v1::QualityRe
 grpc::Status QueryService::Quality(grpc::ServerContext* context, const v1::QualityRequest* request,
                                    v1::QualityResponse* response) {
   if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
-  return Respond([&] { return RunQuality(*request); }, response);
+  return rpc::Respond([&] { return RunQuality(*request); }, response);
 }
 
 absl::StatusOr<v1::PhasesResponse> QueryService::RunPhases(const v1::PhasesRequest& request) {
   auto query = ToProfileQuery(request.filter(), base::NowMs());
   if (!query.ok()) return query.status();
   if (query->service.empty()) return absl::InvalidArgumentError("a service is required");
-  auto events = store_->meta().ScanPhaseEvents(query->service, query->from_ms, query->to_ms);
+  return source_ != nullptr ? source_->Phases(*query) : PhasesOf(store_, *query);
+}
+
+absl::StatusOr<v1::PhasesResponse> PhasesOf(store::Store* store, const ProfileQuery& query) {
+  auto events = store->meta().ScanPhaseEvents(query.service, query.from_ms, query.to_ms);
   if (!events.ok()) return events.status();
   v1::PhasesResponse response;
   absl::flat_hash_map<uint64_t, v1::HotPath> paths;
   for (const store::PhaseEvent& e : *events) {
-    auto change = ToPhaseChange(store_, e, &paths);
+    auto change = ToPhaseChange(store, e, &paths);
     if (!change.ok()) return change.status();
     *response.add_changes() = *std::move(change);
   }

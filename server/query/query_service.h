@@ -30,6 +30,12 @@ absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int
 v1::ProfileFilter ToProfileFilter(const ProfileQuery& query);
 using rpc::ToGrpcStatus;
 
+// This server's own answers, from its registry and store only: a single server's, and a
+// cluster node's part of a fan-out (server/cluster).
+v1::ListAgentsResponse ListAgentsOf(registry::AgentRegistry* registry);
+// Phase changes of `query`'s service and range, their stacks named from `store`.
+absl::StatusOr<v1::PhasesResponse> PhasesOf(store::Store* store, const ProfileQuery& query);
+
 class QueryService final : public v1::Query::Service {
  public:
   // `live` (optional): the aggregation tables' counts not yet written to the store.

@@ -123,19 +123,29 @@ absl::StatusOr<std::vector<PhaseEvent>> MetaRecords::ScanPhaseEvents(std::string
   return out;
 }
 
-absl::StatusOr<UnwindCounts> MetaRecords::SumUnwindCounts(std::string_view service,
-                                                           int64_t from_ms, int64_t to_ms) {
+absl::StatusOr<UnwindCounts> MetaRecords::SumUnwindCounts(
+    std::string_view service, int64_t from_ms, int64_t to_ms,
+    std::map<std::string, UnwindCounts>* by_agent) {
   if (!ValidKeyPart(service)) return absl::InvalidArgumentError("service contains NUL");
   UnwindCounts sum;
   const uint64_t from = static_cast<uint64_t>(std::max<int64_t>(from_ms, 0));
   if (to_ms <= 0 || static_cast<uint64_t>(to_ms) <= from) return sum;
+  // UnwindKey: the (service, window) prefix, then the agent ID up to a NUL.
+  const size_t prefix = UnwindPrefix(service, 0).size();
   absl::Status s = database_->Scan(
       Column::kMeta, UnwindPrefix(service, from),
       UnwindPrefix(service, static_cast<uint64_t>(to_ms)),
-      [&](std::string_view, std::string_view value) -> absl::Status {
+      [&](std::string_view key, std::string_view value) -> absl::Status {
         absl::StatusOr<UnwindCounts> counts = DecodeUnwindCounts(value);
         if (!counts.ok()) return counts.status();
         sum.Add(*counts);
+        if (by_agent != nullptr) {
+          const size_t end = key.find('\0', prefix);
+          if (key.size() < prefix || end == std::string_view::npos) {
+            return absl::DataLossError("malformed unwinding counters key");
+          }
+          (*by_agent)[std::string(key.substr(prefix, end - prefix))].Add(*counts);
+        }
         return absl::OkStatus();
       });
   if (!s.ok()) return s;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <utility>
 #include <string>
@@ -41,9 +42,11 @@ class MetaRecords {
   // Events of `service` with window in [from_ms, to_ms), by window.
   absl::StatusOr<std::vector<PhaseEvent>> ScanPhaseEvents(std::string_view service,
                                                           int64_t from_ms, int64_t to_ms);
-  // The agents' unwinding counters of `service` in windows [from_ms, to_ms), summed.
-  absl::StatusOr<UnwindCounts> SumUnwindCounts(std::string_view service, int64_t from_ms,
-                                               int64_t to_ms);
+  // The agents' unwinding counters of `service` in windows [from_ms, to_ms), summed, and
+  // (when `by_agent` is given) summed per agent ID there too.
+  absl::StatusOr<UnwindCounts> SumUnwindCounts(
+      std::string_view service, int64_t from_ms, int64_t to_ms,
+      std::map<std::string, UnwindCounts>* by_agent = nullptr);
   // Where `service`'s samples in windows [from_ms, to_ms) stopped in their leaf functions
   // (of `host` only, when given): (function ID, offset) -> samples, summed over batches. Whole
   // hours are read from one record per host and hour, the rest from the batches' records;

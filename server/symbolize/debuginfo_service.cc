@@ -78,6 +78,13 @@ grpc::Status DebugInfoService::Upload(grpc::ServerContext* context,
                stored->info.has_dwarf ? ", DWARF" : "");
   ToProto(stored->info, "upload", response->mutable_file());
   response->set_replaced(stored->replaced);
+  if (copy_elsewhere_) {
+    if (std::optional<std::string> path = store_->PathOf(stored->info.build_id)) {
+      for (std::string& n : copy_elsewhere_(context, *path, file_name, stored->info.build_id)) {
+        response->add_unreachable_nodes(std::move(n));
+      }
+    }
+  }
   return grpc::Status::OK;
 }
 

@@ -1,6 +1,7 @@
 // The gRPC DebugInfo service (proto/strata/v1/debuginfo.proto): uploads of debug files into
 // the DebugInfoStore, and listings. An upload that completes invalidates the Symbolizer's
-// view of its build ID, so the next query names the module's frames, old ones included.
+// view of its build ID, so the next query names the module's frames, old ones included. In a
+// cluster, a stored upload is copied on to the other nodes (Options::copy_elsewhere).
 //
 // Borrows the store and the symbolizer, which must outlive it. Thread-safe.
 #ifndef STRATA_SERVER_SYMBOLIZE_DEBUGINFO_SERVICE_H_
@@ -8,6 +9,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "server/auth/grpc_auth.h"
 #include "server/symbolize/debuginfo_store.h"
@@ -19,9 +23,16 @@ namespace strata::server::symbolize {
 class DebugInfoService final : public v1::DebugInfo::Service {
  public:
   // `authorizer` (optional; null allows every call): Upload needs role operator, List reader.
+  // In a cluster: copies the stored file at `path` (its name as uploaded, its build ID) to
+  // the other live nodes, returning those it could not reach. Not called for a copy itself.
+  using CopyElsewhere = std::function<std::vector<std::string>(
+      grpc::ServerContext* context, const std::string& path, const std::string& file_name,
+      const std::string& build_id)>;
+
   DebugInfoService(DebugInfoStore* store, Symbolizer* symbolizer,
-                   auth::Authorizer* authorizer = nullptr)
-      : store_(store), symbolizer_(symbolizer), authorizer_(authorizer) {}
+                   auth::Authorizer* authorizer = nullptr, CopyElsewhere copy_elsewhere = {})
+      : store_(store), symbolizer_(symbolizer), authorizer_(authorizer),
+        copy_elsewhere_(std::move(copy_elsewhere)) {}
 
   grpc::Status Upload(grpc::ServerContext* context, grpc::ServerReader<v1::DebugInfoChunk>* reader,
                       v1::UploadDebugInfoResponse* response) override;
@@ -35,6 +46,7 @@ class DebugInfoService final : public v1::DebugInfo::Service {
   DebugInfoStore* store_;
   Symbolizer* symbolizer_;
   auth::Authorizer* authorizer_;
+  const CopyElsewhere copy_elsewhere_;
   std::atomic<uint64_t> uploads_{0};
   std::atomic<uint64_t> refused_{0};
 };

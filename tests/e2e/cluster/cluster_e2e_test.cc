@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <memory>
 #include <regex>
 #include <string>
@@ -16,11 +17,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/rpc/client_security.h"
 #include "common/testing/http_get.h"
 #include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 #include "server/cluster/etcd/etcd_test_server.h"
+#include "strata/v1/capture.grpc.pb.h"
 #include "strata/v1/cluster.grpc.pb.h"
+#include "strata/v1/debuginfo.grpc.pb.h"
+#include "strata/v1/ingest.grpc.pb.h"
 #include "tests/e2e/harness.h"
 
 namespace strata::e2e {
@@ -122,6 +127,8 @@ class ClusterTest : public ::testing::Test {
                                   "--node-id", n.id,
                                   "--cluster-lease-ttl", lease_ttl_,
                                   "--cluster-replica-timeout", "2s"};
+    const std::vector<std::string> security = SecurityArgs(n.id);
+    argv.insert(argv.end(), security.begin(), security.end());
     argv.insert(argv.end(), extra_args_[i].begin(), extra_args_[i].end());
     n.process = std::make_unique<ChildProcess>(
         argv, absl::StrCat(dir_.path(), "/", n.id, ".", ++starts_, ".log"));
@@ -134,9 +141,16 @@ class ClusterTest : public ::testing::Test {
     return absl::StrJoin(out, ",");
   }
 
-  double Metric(const Node& n, const std::string& name) {
-    return e2e::Metric(n.http_port, name);
+  // A node's TLS and authentication flags (none: plaintext, open, on loopback).
+  virtual std::vector<std::string> SecurityArgs(const std::string& node_id) { return {}; }
+  // strata-loadgen's TLS and token flags.
+  virtual std::vector<std::string> LoadSecurityArgs() { return {}; }
+  // A node's /metrics text.
+  virtual std::string MetricsText(const Node& n) {
+    auto [status, body] = strata::testing::HttpGet(n.http_port, "/metrics");
+    return status == 200 ? body : "";
   }
+  double Metric(const Node& n, const std::string& name) { return MetricIn(MetricsText(n), name); }
 
   std::unique_ptr<ChildProcess> StartLoad(int duration_s, const std::string& prefix) {
     std::vector<std::string> argv{BinPath("strata-loadgen"), "--server", Addresses(),
@@ -145,6 +159,8 @@ class ClusterTest : public ::testing::Test {
                                   "--ramp-up", "2", "--rate", "99", "--max-backoff", "3",
                                   "--drain-timeout", "90", "--service-prefix", prefix,
                                   "--services", "3", "--json"};
+    const std::vector<std::string> security = LoadSecurityArgs();
+    argv.insert(argv.end(), security.begin(), security.end());
     return std::make_unique<ChildProcess>(argv, dir_.path() + "/loadgen-" + prefix + ".log");
   }
 
@@ -327,17 +343,24 @@ TEST_F(ClusterTest, RealAgentIsPlacedAndCapturesWorkFromAnyNode) {
                       std::to_string(demo.pid()), "--interval", "1", "--frequency", "99",
                       "--host", "cluster-host", "--spool-dir", dir_.path() + "/spool"},
                      dir_.path() + "/agent.log");
-  // Connected, with its target, on exactly one node (an owner of its host).
+  // Connected, with its target, on exactly one node (an owner of its host): each node's own
+  // agents (Cluster.LocalAgents) say where the stream is; every node's merged list
+  // (Query.ListAgents) shows it connected.
   auto connected_on = [&] {
     std::vector<std::string> on;
     for (const auto& n : nodes_) {
-      auto stub = v1::Query::NewStub(
-          grpc::CreateChannel(n->address(), grpc::InsecureChannelCredentials()));
-      grpc::ClientContext ctx;
-      v1::ListAgentsResponse agents;
-      if (!stub->ListAgents(&ctx, {}, &agents).ok()) continue;
-      for (const auto& a : agents.agents()) {
+      auto channel = grpc::CreateChannel(n->address(), grpc::InsecureChannelCredentials());
+      grpc::ClientContext local_ctx;
+      v1::ListAgentsResponse local;
+      if (!v1::Cluster::NewStub(channel)->LocalAgents(&local_ctx, {}, &local).ok()) continue;
+      for (const auto& a : local.agents()) {
         if (a.connected() && a.targets_size() > 0) on.push_back(n->id);
+      }
+      grpc::ClientContext merged_ctx;
+      v1::ListAgentsResponse merged;
+      if (!v1::Query::NewStub(channel)->ListAgents(&merged_ctx, {}, &merged).ok() ||
+          merged.agents_size() != 1 || !merged.agents(0).connected()) {
+        return std::vector<std::string>{};
       }
     }
     return on;
@@ -372,6 +395,299 @@ TEST_F(ClusterTest, RealAgentIsPlacedAndCapturesWorkFromAnyNode) {
   EXPECT_GT(totals[0], 0u);
   EXPECT_EQ(totals[0], totals[1]);
   EXPECT_EQ(totals[0], totals[2]);
+  // So do the other views, each merged from every node: stored captures (kept where they
+  // ran), label sets, phase changes, and the agents' unwinding counters (counted once,
+  // though both owners of the host store them).
+  std::vector<std::string> answers;
+  for (const auto& n : nodes_) {
+    auto channel = grpc::CreateChannel(n->address(), grpc::InsecureChannelCredentials());
+    grpc::ClientContext captures_ctx, labels_ctx, phases_ctx, quality_ctx;
+    v1::ListCapturesResponse captures;
+    ASSERT_TRUE(v1::Capture::NewStub(channel)->List(&captures_ctx, {}, &captures).ok());
+    EXPECT_EQ(captures.captures_size(), 3) << n->id;
+    EXPECT_EQ(captures.unreachable_nodes_size(), 0) << n->id;
+    auto query = v1::Query::NewStub(channel);
+    v1::ListLabelsRequest labels_request;
+    labels_request.set_service("demo");
+    v1::ListLabelsResponse labels;
+    ASSERT_TRUE(query->ListLabels(&labels_ctx, labels_request, &labels).ok());
+    EXPECT_GT(labels.label_sets(), 0u) << n->id;
+    v1::PhasesRequest phases_request;
+    phases_request.mutable_filter()->set_service("demo");
+    v1::PhasesResponse phases;
+    ASSERT_TRUE(query->Phases(&phases_ctx, phases_request, &phases).ok());
+    v1::QualityRequest quality_request;
+    quality_request.mutable_filter()->set_service("demo");
+    v1::QualityResponse quality;
+    ASSERT_TRUE(query->Quality(&quality_ctx, quality_request, &quality).ok());
+    EXPECT_GT(quality.agent_stacks(), 0u) << n->id;
+    EXPECT_EQ(quality.samples(), totals[0]) << n->id;
+    // The agent's counters count its stacks once (both owners store them).
+    EXPECT_LE(quality.agent_stacks(), quality.samples() + quality.lost_samples()) << n->id;
+    answers.push_back(absl::StrCat(captures.DebugString(), labels.DebugString(),
+                                   phases.DebugString(), quality.DebugString()));
+  }
+  EXPECT_EQ(answers[0], answers[1]);
+  EXPECT_EQ(answers[0], answers[2]);
+  // A debug file uploaded through one node is on every node (each names the frames of its
+  // own hosts).
+  CommandResult upload = RunCommand({BinPath("strata"), "--server", nodes_[1]->address(),
+                                     "debuginfo", "upload", BinPath("demo_service")},
+                                    60);
+  EXPECT_EQ(upload.exit_code, 0) << upload.output;
+  EXPECT_EQ(upload.output.find("not copied"), std::string::npos) << upload.output;
+  for (const auto& n : nodes_) {
+    auto channel = grpc::CreateChannel(n->address(), grpc::InsecureChannelCredentials());
+    grpc::ClientContext ctx;
+    v1::ListDebugInfoResponse files;
+    ASSERT_TRUE(v1::DebugInfo::NewStub(channel)->List(&ctx, {}, &files).ok());
+    ASSERT_EQ(files.uploaded_size(), 1) << n->id << files.DebugString();
+    EXPECT_NE(files.uploaded(0).file_name().find("demo_service"), std::string::npos);
+  }
+  // Source lines read the same through every node: each node resolves the lines of the
+  // hosts it was given, with the debug file it now has.
+  std::vector<std::string> by_line, flame_lines;
+  for (const auto& n : nodes_) {
+    CommandResult top = RunCommand({BinPath("strata"), "--server", n->address(), "top", "-s",
+                                    "demo", "--by", "line", "--limit", "5"},
+                                   60);
+    EXPECT_EQ(top.exit_code, 0) << top.output;
+    EXPECT_EQ(top.output.find("not reached"), std::string::npos) << top.output;
+    by_line.push_back(top.output);
+    CommandResult flame = RunCommand({BinPath("strata"), "--server", n->address(), "flamegraph",
+                                      "-s", "demo", "--lines", "-f", "folded"},
+                                     60);
+    EXPECT_EQ(flame.exit_code, 0) << flame.output;
+    flame_lines.push_back(flame.output);
+  }
+  std::printf("%s\n", by_line[0].c_str());
+  EXPECT_NE(by_line[0].find("demo_service.c"), std::string::npos) << by_line[0];
+  EXPECT_NE(flame_lines[0].find("demo_service.c"), std::string::npos) << flame_lines[0];
+  EXPECT_EQ(by_line[0], by_line[1]);
+  EXPECT_EQ(by_line[0], by_line[2]);
+  EXPECT_EQ(flame_lines[0], flame_lines[1]);
+  EXPECT_EQ(flame_lines[0], flame_lines[2]);
+}
+
+// Nodes that serve TLS and authenticate every caller, as a fleet runs them: each node has a
+// certificate (deploy/gen-certs.sh --node) that it serves with and presents to the other
+// nodes, listed with role node in the tokens file; agents ship with a token of role agent,
+// people query with tokens of role reader and operator.
+class ClusterSecurityTest : public ClusterTest {
+ protected:
+  void SetUp() override {
+    ClusterTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    pki_ = dir_.path() + "/pki";
+    CommandResult certs =
+        RunCommand({std::string(STRATA_SOURCE_DIR) + "/deploy/gen-certs.sh", "--out", pki_,
+                    "--node", "n1,n2,n3,n4", "--node-address", "127.0.0.1", "--client",
+                    "intruder"},
+                   60);
+    ASSERT_EQ(certs.exit_code, 0) << certs.output;
+    std::string auth = "cert n1 node\ncert n2 node\ncert n3 node\ncert n4 node\n";
+    for (const auto& [name, role] : std::vector<std::pair<std::string, std::string>>{
+             {"fleet", "agent"}, {"alice", "reader"}, {"ops", "operator"}}) {
+      const std::string token = TokenFile(name);
+      std::ofstream(token) << name << "-" << getpid() << "-secret\n";
+      CommandResult line =
+          RunCommand({"/bin/sh", "-c",
+                      absl::StrCat(BinPath("strata-server"), " hash-token --name ", name,
+                                   " --role ", role, " < ", token)},
+                     30);
+      ASSERT_EQ(line.exit_code, 0) << line.output;
+      auth += line.output;
+    }
+    auth_file_ = dir_.path() + "/auth";
+    std::ofstream(auth_file_) << auth;
+  }
+
+  std::string TokenFile(const std::string& name) const {
+    return dir_.path() + "/" + name + ".token";
+  }
+  std::string Pki(const std::string& name) const { return pki_ + "/" + name; }
+
+  std::vector<std::string> SecurityArgs(const std::string& id) override {
+    return {"--tls-cert", Pki("nodes/" + id + ".pem"), "--tls-key", Pki("nodes/" + id + ".key"),
+            "--tls-client-ca", Pki("ca.pem"), "--tls-client-role", "none",
+            "--auth-file", auth_file_, "--cluster-tls-ca", Pki("ca.pem")};
+  }
+  std::vector<std::string> LoadSecurityArgs() override {
+    return {"--tls-ca", Pki("ca.pem"), "--token-file", TokenFile("fleet"),
+            "--query-token-file", TokenFile("alice")};
+  }
+  std::string MetricsText(const Node& n) override {
+    CommandResult r = RunCommand(
+        {"/usr/bin/curl", "-s", "-m", "5", "--cacert", Pki("ca.pem"), "-H",
+         absl::StrCat("Authorization: Bearer alice-", getpid(), "-secret"),
+         absl::StrCat("https://127.0.0.1:", n.http_port, "/metrics")},
+        10);
+    return r.exit_code == 0 ? r.output : "";
+  }
+
+  // The strata CLI through `node` with `token`'s credentials.
+  CommandResult Cli(const Node& node, const std::string& token, std::vector<std::string> args) {
+    std::vector<std::string> argv{BinPath("strata"), "--server", node.address(), "--tls-ca",
+                                  Pki("ca.pem"), "--token-file", TokenFile(token)};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunCommand(argv, 60);
+  }
+
+  // A channel to `node` over TLS; `client` names a client certificate under clients/ (or
+  // none), and calls made with it carry `token` (or none).
+  std::shared_ptr<grpc::Channel> Channel(const Node& node, const std::string& client = "") {
+    rpc::ClientSecurityOptions options{.ca_file = Pki("ca.pem")};
+    if (!client.empty()) {
+      options.cert_file = Pki("clients/" + client + ".pem");
+      options.key_file = Pki("clients/" + client + ".key");
+    }
+    auto security = rpc::ClientSecurity::Load(options);
+    EXPECT_TRUE(security.ok()) << security.status();
+    return security->CreateChannel(node.address());
+  }
+  static void AddToken(grpc::ClientContext* context, const std::string& name) {
+    context->AddMetadata("authorization", absl::StrCat("Bearer ", name, "-", getpid(), "-secret"));
+  }
+
+  std::string pki_, auth_file_;
+};
+
+// Three nodes over mutual TLS with authentication everywhere: batches are replicated between
+// nodes (each calling the others with its node certificate), fan-out queries are exact, and a
+// capture started with an operator's token through any node is routed to the node that holds
+// the agent's stream.
+TEST_F(ClusterSecurityTest, NodesReplicateAndAnswerAsNodesOverMutualTls) {
+  for (int i = 0; i < 3; ++i) AddNode();
+  auto load = StartLoad(20, "secure");
+  ExpectExact(*load, 180);
+  double replicated = 0;
+  for (const auto& n : nodes_) {
+    replicated += Metric(*n, "strata_cluster_batches_replicated_total");
+    EXPECT_EQ(Metric(*n, "strata_cluster_replica_failures_total"), 0) << n->id << Logs();
+  }
+  EXPECT_GT(replicated, 30) << Logs();
+
+  ChildProcess demo({BinPath("demo_service")}, dir_.path() + "/demo.log",
+                    {{"STRATA_SERVICE", "demo"}});
+  ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
+  ChildProcess agent({BinPath("strata-agent"), "--server", Addresses(), "--tls-ca",
+                      Pki("ca.pem"), "--token-file", TokenFile("fleet"), "--pid",
+                      std::to_string(demo.pid()), "--interval", "1", "--frequency", "99",
+                      "--host", "secure-host", "--spool-dir", dir_.path() + "/spool"},
+                     dir_.path() + "/agent.log");
+  // Connected, with its target, somewhere: every node's agents list says so.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto query = v1::Query::NewStub(Channel(*nodes_[0]));
+        grpc::ClientContext ctx;
+        AddToken(&ctx, "alice");
+        v1::ListAgentsResponse agents;
+        if (!query->ListAgents(&ctx, {}, &agents).ok()) return false;
+        for (const auto& a : agents.agents()) {
+          if (a.host() == "secure-host" && a.connected() && a.targets_size() > 0) return true;
+        }
+        return false;
+      },
+      absl::Seconds(40)))
+      << agent.Output() << Logs();
+  for (const auto& n : nodes_) {
+    CommandResult capture = Cli(*n, "ops", {"capture", "--service", "demo", "--duration", "2s",
+                                            "--frequency", "199", "--format", "hot-paths",
+                                            "--limit", "3"});
+    EXPECT_EQ(capture.exit_code, 0) << n->id << ": " << capture.output << Logs();
+    EXPECT_NE(capture.output.find("Hot paths of capture cap-"), std::string::npos)
+        << n->id << ": " << capture.output << agent.Output();
+  }
+  // A reader may not start captures, through any node.
+  CommandResult refused = Cli(*nodes_[1], "alice", {"capture", "--service", "demo",
+                                                     "--duration", "2s"});
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("needs role operator"), std::string::npos) << refused.output;
+  CommandResult status = Cli(*nodes_[2], "alice", {"cluster"});
+  EXPECT_EQ(status.exit_code, 0) << status.output;
+  EXPECT_NE(status.output.find("n1"), std::string::npos) << status.output;
+}
+
+// What only nodes may do: an agent's token cannot open a replica stream (which would store
+// batches past placement and the agent limits), a reader or a client certificate the tokens
+// file does not list cannot call the nodes' internal calls; a node refuses to start without
+// the credentials the other nodes will ask of it.
+TEST_F(ClusterSecurityTest, OnlyNodesReplicateOrCallNodeInternals) {
+  for (int i = 0; i < 2; ++i) AddNode();
+  const Node& n1 = *nodes_[0];
+  {
+    auto ingest = v1::Ingest::NewStub(Channel(n1));
+    grpc::ClientContext ctx;
+    AddToken(&ctx, "fleet");
+    ctx.AddMetadata("x-strata-replica-of", "n2");
+    auto stream = ingest->Connect(&ctx);
+    v1::AgentMessage hello;
+    hello.mutable_hello()->set_agent_id("forged");
+    hello.mutable_hello()->set_host("forged-host");
+    stream->Write(hello);
+    stream->WritesDone();
+    v1::ServerMessage m;
+    std::string errors;
+    while (stream->Read(&m)) {
+      EXPECT_FALSE(m.has_welcome()) << m.DebugString();
+      if (m.has_error()) errors += m.error().message();
+    }
+    grpc::Status s = stream->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_NE((s.error_message() + errors).find("role node"), std::string::npos)
+        << s.error_message() << errors;
+  }
+  v1::LocalProfileRequest request;
+  request.mutable_filter()->set_service("any");
+  {
+    auto cluster = v1::Cluster::NewStub(Channel(n1));
+    grpc::ClientContext ctx;
+    AddToken(&ctx, "alice");
+    v1::HostTotalsResponse totals;
+    grpc::Status s = cluster->HostTotals(&ctx, request, &totals);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_NE(s.error_message().find("needs role node"), std::string::npos) << s.error_message();
+  }
+  {
+    auto cluster = v1::Cluster::NewStub(Channel(n1, "intruder"));
+    grpc::ClientContext ctx;
+    v1::LocalProfileResponse profile;
+    grpc::Status s = cluster->LocalProfile(&ctx, request, &profile);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+  }
+  {
+    auto cluster = v1::Cluster::NewStub(Channel(n1));
+    grpc::ClientContext ctx;
+    AddToken(&ctx, "alice");
+    v1::ClusterStatusResponse status;
+    grpc::Status s = cluster->Status(&ctx, {}, &status);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(status.nodes_size(), 2);
+  }
+  // A node that would call the others without TLS, or with a token they would refuse.
+  auto start = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv{BinPath("strata-server"), "--listen", "127.0.0.1:0",
+                                  "--data", dir_.path() + "/n4", "--cluster-etcd",
+                                  etcd_->endpoint(), "--node-id", "n4"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunCommand(argv, 30);
+  };
+  std::vector<std::string> args = SecurityArgs("n4");
+  args.erase(args.end() - 2, args.end());  // no --cluster-tls-ca
+  CommandResult no_ca = start(args);
+  EXPECT_EQ(no_ca.exit_code, 2) << no_ca.output;
+  EXPECT_NE(no_ca.output.find("--cluster-tls-ca"), std::string::npos) << no_ca.output;
+  CommandResult reader = start({"--tls-cert", Pki("nodes/n4.pem"), "--tls-key",
+                                Pki("nodes/n4.key"), "--auth-file", auth_file_,
+                                "--cluster-tls-ca", Pki("ca.pem"), "--cluster-token-file",
+                                TokenFile("alice")});
+  EXPECT_EQ(reader.exit_code, 2) << reader.output;
+  EXPECT_NE(reader.output.find("nodes need role node"), std::string::npos) << reader.output;
+  CommandResult nothing = start({"--tls-cert", Pki("nodes/n4.pem"), "--tls-key",
+                                 Pki("nodes/n4.key"), "--auth-file", auth_file_,
+                                 "--cluster-tls-ca", Pki("ca.pem")});
+  EXPECT_EQ(nothing.exit_code, 2) << nothing.output;
+  EXPECT_NE(nothing.output.find("--cluster-token-file"), std::string::npos) << nothing.output;
 }
 
 // A network namespace joined to the host by a veth pair, for partitions: `Cut()` takes the
