@@ -133,9 +133,12 @@ class SecurityTest : public ::testing::Test {
     return std::make_unique<ChildProcess>(argv, dir_.File(name + ".log"));
   }
 
+  // demo_service, once it serves: before that it calibrates, and an agent attached then
+  // ships samples without serve_forever in them.
   void StartDemo() {
     demo_ = std::make_unique<ChildProcess>(std::vector<std::string>{BinPath("demo_service")},
                                            dir_.File("demo.log"));
+    ASSERT_TRUE(demo_->WaitForOutput("ready", 60)) << demo_->Output();
   }
 
   // Total samples of the demo service as a reader sees them.
