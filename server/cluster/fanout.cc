@@ -8,6 +8,7 @@
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
 #include "common/base/saturating.h"
@@ -566,8 +567,9 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
   absl::flat_hash_map<std::tuple<uint64_t, std::string, std::string, uint32_t, bool>, uint32_t>
       function_index;
   // Stack IDs are content hashes too, the same on every node for the same frames; a stack
-  // split over its leaf's lines keeps its ID in each part, so stacks merge by ID and frames.
-  absl::flat_hash_map<std::pair<uint64_t, std::vector<uint32_t>>, size_t> stack_index;
+  // split over its leaf's lines keeps its ID in each part, so stacks merge by ID and frames
+  // (the frames are compared, so a collision cannot merge two different stacks either).
+  absl::flat_hash_map<uint64_t, absl::InlinedVector<size_t, 1>> stack_index;
   std::vector<std::string> hosts;
   for (size_t i = 0; i < parts.size(); ++i) {
     if (!parts[i].ok()) {
@@ -601,11 +603,14 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
         if (f >= remap.size()) return absl::DataLossError("a node sent a malformed profile");
         frames.push_back(remap[f]);
       }
-      auto [it, inserted] =
-          stack_index.try_emplace(std::pair{s.stack_id(), frames}, profile.stacks.size());
-      if (!inserted && profile.stacks[it->second].truncated == s.truncated()) {
-        base::SaturatingAddTo(profile.stacks[it->second].count, s.count());
+      absl::InlinedVector<size_t, 1>& same_id = stack_index[s.stack_id()];
+      auto same = std::find_if(same_id.begin(), same_id.end(), [&](size_t k) {
+        return profile.stacks[k].frames == frames && profile.stacks[k].truncated == s.truncated();
+      });
+      if (same != same_id.end()) {
+        base::SaturatingAddTo(profile.stacks[*same].count, s.count());
       } else {
+        same_id.push_back(profile.stacks.size());
         profile.stacks.push_back({s.stack_id(), s.count(), s.truncated(), std::move(frames)});
       }
     }

@@ -64,14 +64,16 @@ absl::StatusOr<std::string> MakeTempDir() {
   return pattern;
 }
 
-std::string Url(int port) { return absl::StrCat("http://127.0.0.1:", port); }
+std::string Url(const std::string& address, int port) {
+  return absl::StrCat("http://", address, ":", port);
+}
 
 }  // namespace
 
 bool EtcdTestServer::Available() { return access(kEtcdBinary, X_OK) == 0; }
 
 absl::StatusOr<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start(
-    absl::Duration start_timeout) {
+    absl::Duration start_timeout, const std::string& address) {
   if (!Available()) {
     return absl::NotFoundError(
         absl::StrCat(kEtcdBinary, " is not installed (Debian package etcd-server)"));
@@ -87,7 +89,7 @@ absl::StatusOr<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start(
       return ports.status();
     }
     std::unique_ptr<EtcdTestServer> server(
-        new EtcdTestServer(*dir, ports->first, ports->second, start_timeout));
+        new EtcdTestServer(*dir, address, ports->first, ports->second, start_timeout));
     last = server->Launch();
     if (last.ok()) last = server->WaitUntilServing();
     if (last.ok()) return server;
@@ -97,12 +99,13 @@ absl::StatusOr<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start(
   return last;
 }
 
-EtcdTestServer::EtcdTestServer(std::string dir, int client_port, int peer_port,
-                               absl::Duration start_timeout)
+EtcdTestServer::EtcdTestServer(std::string dir, std::string address, int client_port,
+                               int peer_port, absl::Duration start_timeout)
     : dir_(std::move(dir)),
+      address_(std::move(address)),
       peer_port_(peer_port),
       start_timeout_(start_timeout),
-      endpoint_(Url(client_port)) {}
+      endpoint_(Url(address_, client_port)) {}
 
 EtcdTestServer::~EtcdTestServer() {
   Kill();
@@ -111,7 +114,7 @@ EtcdTestServer::~EtcdTestServer() {
 }
 
 absl::Status EtcdTestServer::Launch() {
-  const std::string peer_url = Url(peer_port_);
+  const std::string peer_url = Url(address_, peer_port_);
   const std::pair<const char*, std::string> flags[] = {
       {"--name", kMemberName},
       {"--data-dir", dir_ + "/data"},

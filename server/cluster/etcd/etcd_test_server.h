@@ -1,5 +1,5 @@
 // Test helper: a single-member etcd (/usr/bin/etcd, Debian's etcd-server) run as a child
-// process on free loopback ports, with its data directory and log in a temp dir. Tests use it
+// process on free ports of loopback (or of another local address, for network partitions), with its data directory and log in a temp dir. Tests use it
 // to check the etcd client against the real server, including etcd going away (Kill) and
 // coming back with its data (Restart).
 //
@@ -27,15 +27,16 @@ class EtcdTestServer {
   // Whether the etcd binary is installed; tests skip without it.
   static bool Available();
 
-  // Starts etcd and waits (up to `start_timeout`) until it serves reads. NotFound without the
-  // binary; otherwise an error that includes the tail of etcd's log.
+  // Starts etcd listening on `address` (an IPv4 address of this machine) and waits (up to
+  // `start_timeout`) until it serves reads. NotFound without the binary; otherwise an error
+  // that includes the tail of etcd's log.
   static absl::StatusOr<std::unique_ptr<EtcdTestServer>> Start(
-      absl::Duration start_timeout = absl::Seconds(60));
+      absl::Duration start_timeout = absl::Seconds(60), const std::string& address = "127.0.0.1");
   ~EtcdTestServer();
   EtcdTestServer(const EtcdTestServer&) = delete;
   EtcdTestServer& operator=(const EtcdTestServer&) = delete;
 
-  // "http://127.0.0.1:PORT", the same across restarts.
+  // "http://ADDRESS:PORT", the same across restarts.
   const std::string& endpoint() const { return endpoint_; }
   bool running() const { return pid_ > 0; }
 
@@ -49,11 +50,13 @@ class EtcdTestServer {
   std::string LogTail(int lines = 40) const;
 
  private:
-  EtcdTestServer(std::string dir, int client_port, int peer_port, absl::Duration start_timeout);
+  EtcdTestServer(std::string dir, std::string address, int client_port, int peer_port,
+                 absl::Duration start_timeout);
   absl::Status Launch();
   absl::Status WaitUntilServing();
 
   const std::string dir_;
+  const std::string address_;
   const int peer_port_;
   const absl::Duration start_timeout_;
   const std::string endpoint_;

@@ -746,16 +746,9 @@ TEST(ClusterPartitionTest, PartitionedNodeAcknowledgesNothingItCannotReplicate) 
   NetworkNamespace ns;
   ASSERT_TRUE(ns.error().empty()) << ns.error();
   strata::testing::TempDir dir("cluster_partition");
-  const int etcd_port = FreePort(), etcd_peer = FreePort();
-  const std::string etcd_url = absl::StrCat("http://", ns.host_ip(), ":", etcd_port);
-  const std::string peer_url = absl::StrCat("http://", ns.host_ip(), ":", etcd_peer);
-  ChildProcess etcd({EtcdTestServer::kEtcdBinary, "--name", "part", "--data-dir",
-                     dir.path() + "/etcd", "--listen-client-urls", etcd_url,
-                     "--advertise-client-urls", etcd_url, "--listen-peer-urls", peer_url,
-                     "--initial-advertise-peer-urls", peer_url, "--initial-cluster",
-                     "part=" + peer_url},
-                    dir.path() + "/etcd.log");
-  ASSERT_TRUE(etcd.WaitForOutput("ready to serve client requests", 60)) << etcd.Output();
+  auto etcd = EtcdTestServer::Start(absl::Seconds(60), ns.host_ip());
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  const std::string etcd_url = (*etcd)->endpoint();
 
   struct Node {
     std::string id, address;
