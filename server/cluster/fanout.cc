@@ -89,6 +89,11 @@ absl::StatusOr<v1::LocalProfileResponse> ClusterService::RunLocalProfile(
     out->set_count(s.count);
     out->set_truncated(s.truncated);
     out->mutable_frames()->Add(s.frames.begin(), s.frames.end());
+    if (request.call_sites()) {
+      auto stack = store_->interner().GetStack(s.stack_id);
+      if (!stack.ok()) return stack.status();
+      out->mutable_call_sites()->Add(stack->call_sites.begin(), stack->call_sites.end());
+    }
   }
   for (const std::string& h : profile->hosts) response.add_hosts(h);
   return response;
@@ -154,6 +159,32 @@ absl::StatusOr<v1::TopResponse> ClusterService::RunLocalTopLines(
   auto q = FromRequest(request);
   if (!q.ok()) return q.status();
   return query::TopLines(store_, symbolizer_, *q, UINT32_MAX);
+}
+
+absl::StatusOr<v1::LocalLeafAddressesResponse> ClusterService::RunLocalLeafAddresses(
+    const v1::LocalProfileRequest& request) {
+  auto q = FromRequest(request);
+  if (!q.ok()) return q.status();
+  auto addresses = query::SumLeafAddressesOf(store_, *q);
+  if (!addresses.ok()) return addresses.status();
+  v1::LocalLeafAddressesResponse response;
+  absl::flat_hash_set<uint64_t> functions;
+  for (const auto& [address, samples] : *addresses) {
+    v1::LocalLeafAddress* out = response.add_addresses();
+    out->set_function_id(address.first);
+    out->set_offset(address.second);
+    out->set_samples(samples);
+    if (!functions.insert(address.first).second) continue;
+    auto info = store_->interner().GetFunction(address.first);
+    if (!info.ok()) return info.status();
+    v1::LocalFunctionRecord* record = response.add_functions();
+    record->set_id(address.first);
+    record->set_name(info->name);
+    record->set_module(info->module);
+    record->set_build_id(info->build_id);
+    record->set_start_offset(info->start_offset);
+  }
+  return response;
 }
 
 v1::ClusterStatusResponse ClusterService::RunStatus() {
@@ -243,6 +274,13 @@ grpc::Status ClusterService::LocalUnwindCounts(grpc::ServerContext* context,
                                                v1::LocalUnwindCountsResponse* response) {
   if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
   return rpc::Respond([&] { return RunLocalUnwindCounts(*request); }, response);
+}
+
+grpc::Status ClusterService::LocalLeafAddresses(grpc::ServerContext* context,
+                                                const v1::LocalProfileRequest* request,
+                                                v1::LocalLeafAddressesResponse* response) {
+  if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
+  return rpc::Respond([&] { return RunLocalLeafAddresses(*request); }, response);
 }
 
 grpc::Status ClusterService::LocalTopLines(grpc::ServerContext* context,
@@ -548,6 +586,7 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
   if (query.hosts) request.mutable_hosts()->Add(query.hosts->begin(), query.hosts->end());
   request.set_build_ids(query.build_ids);
   request.set_lines(query.lines);
+  request.set_call_sites(query.call_sites);
 
   std::vector<std::string> unreachable;
   auto pick = PickHosts(request, &unreachable);
@@ -571,6 +610,8 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
   // (the frames are compared, so a collision cannot merge two different stacks either).
   absl::flat_hash_map<uint64_t, absl::InlinedVector<size_t, 1>> stack_index;
   std::vector<std::string> hosts;
+  // Call sites are part of a stack's identity: the same on every node for one stack ID.
+  absl::flat_hash_map<uint64_t, std::vector<uint64_t>> call_sites;
   for (size_t i = 0; i < parts.size(); ++i) {
     if (!parts[i].ok()) {
       unreachable.push_back(absl::StrCat(NodeName(asked[i]), ": ", parts[i].status().message()));
@@ -603,6 +644,9 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
         if (f >= remap.size()) return absl::DataLossError("a node sent a malformed profile");
         frames.push_back(remap[f]);
       }
+      if (query.call_sites) {
+        call_sites.try_emplace(s.stack_id(), s.call_sites().begin(), s.call_sites().end());
+      }
       absl::InlinedVector<size_t, 1>& same_id = stack_index[s.stack_id()];
       auto same = std::find_if(same_id.begin(), same_id.end(), [&](size_t k) {
         return profile.stacks[k].frames == frames && profile.stacks[k].truncated == s.truncated();
@@ -620,6 +664,12 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
             [](const query::ResolvedStack& a, const query::ResolvedStack& b) {
               return a.count != b.count ? a.count > b.count : a.stack_id < b.stack_id;
             });
+  if (query.call_sites) {
+    profile.call_sites.reserve(profile.stacks.size());
+    for (const query::ResolvedStack& s : profile.stacks) {
+      profile.call_sites.push_back(call_sites[s.stack_id]);
+    }
+  }
   std::sort(hosts.begin(), hosts.end());
   hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
   profile.hosts = std::move(hosts);
@@ -851,6 +901,38 @@ absl::StatusOr<v1::TopResponse> FanoutSource::TopLines(const query::ProfileQuery
   NoteDeparted(&unreachable);
   for (auto& n : unreachable) out.add_unreachable_nodes(std::move(n));
   return out;
+}
+
+absl::StatusOr<query::LeafAddressCounts> FanoutSource::LeafAddresses(
+    const query::ProfileQuery& query, query::FunctionLookup* functions,
+    std::vector<std::string>* unreachable) {
+  v1::LocalProfileRequest request;
+  *request.mutable_filter() = query::ToProfileFilter(query);
+  if (query.hosts) request.mutable_hosts()->Add(query.hosts->begin(), query.hosts->end());
+  auto pick = PickHosts(request, unreachable);
+  if (!pick.ok()) return pick.status();
+  auto parts = CallNodes<v1::LocalLeafAddressesResponse>(
+      pick->nodes, membership_->options().node_id, channels_, timeout_,
+      [&](size_t i) { return local_->RunLocalLeafAddresses(pick->requests[i]); },
+      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::LocalLeafAddressesResponse* r,
+          size_t i) { return stub->LocalLeafAddresses(c, pick->requests[i], r); });
+  query::LeafAddressCounts sum;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (!parts[i].ok()) {
+      if (absl::IsInvalidArgument(parts[i].status())) return parts[i].status();
+      unreachable->push_back(
+          absl::StrCat(NodeName(pick->nodes[i]), ": ", parts[i].status().message()));
+      continue;
+    }
+    for (const v1::LocalFunctionRecord& f : parts[i]->functions()) {
+      functions->Add(f.id(), {f.name(), f.module(), f.build_id(), f.start_offset()});
+    }
+    for (const v1::LocalLeafAddress& a : parts[i]->addresses()) {
+      base::SaturatingAddTo(sum[{a.function_id(), a.offset()}], a.samples());
+    }
+  }
+  NoteDeparted(unreachable);
+  return sum;
 }
 
 }  // namespace strata::server::cluster

@@ -60,6 +60,8 @@ class ClusterService final : public v1::Cluster::Service {
                                  v1::LocalUnwindCountsResponse*) override;
   grpc::Status LocalTopLines(grpc::ServerContext*, const v1::LocalProfileRequest*,
                              v1::TopResponse*) override;
+  grpc::Status LocalLeafAddresses(grpc::ServerContext*, const v1::LocalProfileRequest*,
+                                  v1::LocalLeafAddressesResponse*) override;
 
   // Transport-free forms (this node's part of a fan-out query; the status for the CLI).
   absl::StatusOr<v1::HostTotalsResponse> RunHostTotals(const v1::LocalProfileRequest& request);
@@ -71,6 +73,8 @@ class ClusterService final : public v1::Cluster::Service {
   absl::StatusOr<v1::LocalUnwindCountsResponse> RunLocalUnwindCounts(
       const v1::LocalProfileRequest& request);
   absl::StatusOr<v1::TopResponse> RunLocalTopLines(const v1::LocalProfileRequest& request);
+  absl::StatusOr<v1::LocalLeafAddressesResponse> RunLocalLeafAddresses(
+      const v1::LocalProfileRequest& request);
   v1::ClusterStatusResponse RunStatus();
   const Membership& membership() const { return *membership_; }
   const ReplicationMetrics& metrics() const { return *metrics_; }
@@ -138,6 +142,9 @@ class FanoutSource final : public query::ProfileSource {
                                                    std::vector<std::string>* unreachable) override;
   absl::StatusOr<v1::TopResponse> TopLines(const query::ProfileQuery& query,
                                            uint32_t limit) override;
+  absl::StatusOr<query::LeafAddressCounts> LeafAddresses(
+      const query::ProfileQuery& query, query::FunctionLookup* functions,
+      std::vector<std::string>* unreachable) override;
 
  private:
   // Phase 1 of a query over samples: every live node's samples per host for `request`; each

@@ -42,15 +42,14 @@ void Write(const FunctionSamples& f, int depth, std::string* out) {
 
 }  // namespace
 
-absl::StatusOr<LlvmSampleProfile> EncodeLlvmSampleProfile(store::Store* store,
+absl::StatusOr<LlvmSampleProfile> EncodeLlvmSampleProfile(FunctionLookup* infos,
                                                          symbolize::Symbolizer* symbolizer,
                                                          const LeafAddressCounts& addresses) {
   LlvmSampleProfile result;
   std::map<std::string, FunctionSamples> functions;
-  FunctionLookup infos(store);
   for (const auto& [address, count] : addresses) {
     const auto [function_id, offset] = address;
-    absl::StatusOr<const store::FunctionInfo*> found = infos.Get(function_id);
+    absl::StatusOr<const store::FunctionInfo*> found = infos->Get(function_id);
     if (!found.ok()) return found.status();
     const store::FunctionInfo& info = **found;
     if (base::FrameKindOf(info.module) != base::FrameKind::kUser) continue;  // kernel, JIT

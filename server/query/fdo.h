@@ -28,7 +28,8 @@ struct LlvmSampleProfile {
   uint64_t functions = 0;   // top-level function records
 };
 
-absl::StatusOr<LlvmSampleProfile> EncodeLlvmSampleProfile(store::Store* store,
+// `functions` gives the records of the addresses' functions.
+absl::StatusOr<LlvmSampleProfile> EncodeLlvmSampleProfile(FunctionLookup* functions,
                                                          symbolize::Symbolizer* symbolizer,
                                                          const LeafAddressCounts& addresses);
 

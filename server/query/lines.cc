@@ -37,10 +37,16 @@ std::vector<symbolize::SourceFrame> SourceFramesAt(symbolize::Symbolizer* symbol
 
 }  // namespace
 
+void FunctionLookup::Add(uint64_t function_id, store::FunctionInfo info) {
+  functions_[function_id] = std::make_unique<store::FunctionInfo>(std::move(info));
+}
+
 absl::StatusOr<const store::FunctionInfo*> FunctionLookup::Get(uint64_t function_id) {
   std::unique_ptr<store::FunctionInfo>& slot = functions_[function_id];
   if (slot == nullptr) {
-    auto info = store_->interner().GetFunction(function_id);
+    auto info = store_ != nullptr ? store_->interner().GetFunction(function_id)
+                                  : absl::StatusOr<store::FunctionInfo>(
+                                        absl::NotFoundError("no node sent its record"));
     if (!info.ok()) {
       functions_.erase(function_id);
       return absl::DataLossError(absl::StrCat("function ", function_id,
@@ -51,8 +57,7 @@ absl::StatusOr<const store::FunctionInfo*> FunctionLookup::Get(uint64_t function
   return slot.get();
 }
 
-absl::StatusOr<LeafAddressCounts> LoadLeafAddresses(store::Store* store,
-                                                    const ProfileQuery& query) {
+absl::Status CheckLeafAddressQuery(const ProfileQuery& query) {
   if (!query.capture_id.empty() || !query.focus.empty() || !query.ignore.empty() ||
       !query.selector.empty() || query.type != v1::PROFILE_CPU) {
     return absl::InvalidArgumentError(
@@ -60,6 +65,17 @@ absl::StatusOr<LeafAddressCounts> LoadLeafAddresses(store::Store* store,
         "and --host apply (no --focus, --ignore, --select, --type or capture)");
   }
   if (query.service.empty()) return absl::InvalidArgumentError("a service is required");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LeafAddressCounts> LoadLeafAddresses(store::Store* store,
+                                                    const ProfileQuery& query) {
+  if (absl::Status s = CheckLeafAddressQuery(query); !s.ok()) return s;
+  return SumLeafAddressesOf(store, query);
+}
+
+absl::StatusOr<LeafAddressCounts> SumLeafAddressesOf(store::Store* store,
+                                                     const ProfileQuery& query) {
   std::optional<std::string> host;
   if (!query.host.empty()) host = query.host;
   if (!query.hosts) {
@@ -77,22 +93,17 @@ absl::StatusOr<LeafAddressCounts> LoadLeafAddresses(store::Store* store,
 }
 
 absl::StatusOr<absl::flat_hash_map<uint32_t, std::vector<LeafLine>>> LeafLinesOf(
-    store::Store* store, symbolize::Symbolizer* symbolizer, const ProfileQuery& query,
-    const Profile& profile) {
+    FunctionLookup* functions, symbolize::Symbolizer* symbolizer,
+    const LeafAddressCounts& addresses, const Profile& profile) {
   absl::flat_hash_map<uint32_t, std::vector<LeafLine>> out;
-  if (symbolizer == nullptr || !query.capture_id.empty()) return out;
-  std::optional<std::string> host;
-  if (!query.host.empty()) host = query.host;
-  auto addresses = store->meta().SumLeafAddresses(query.service, query.from_ms, query.to_ms, host);
-  if (!addresses.ok()) return addresses.status();
+  if (symbolizer == nullptr) return out;
   absl::flat_hash_map<uint64_t, uint32_t> index_of;
   for (uint32_t i = 0; i < profile.functions.size(); ++i) index_of.emplace(profile.functions[i].id, i);
-  FunctionLookup functions(store);
-  for (const auto& [address, count] : *addresses) {
+  for (const auto& [address, count] : addresses) {
     const auto [function_id, offset] = address;
     auto index = index_of.find(function_id);
     if (index == index_of.end()) continue;
-    absl::StatusOr<const store::FunctionInfo*> info = functions.Get(function_id);
+    absl::StatusOr<const store::FunctionInfo*> info = functions->Get(function_id);
     if (!info.ok()) return info.status();
     std::vector<symbolize::SourceFrame> frames = SourceFramesAt(symbolizer, **info, offset);
     if (frames.empty()) continue;
@@ -105,29 +116,34 @@ absl::StatusOr<absl::flat_hash_map<uint32_t, std::vector<LeafLine>>> LeafLinesOf
   return out;
 }
 
-absl::StatusOr<CallSiteLines> CallSiteLinesOf(store::Store* store,
+absl::StatusOr<CallSiteLines> CallSiteLinesOf(store::Store* store, FunctionLookup* functions,
                                               symbolize::Symbolizer* symbolizer,
                                               const Profile& profile) {
   CallSiteLines out;
   out.sites.resize(profile.stacks.size());
   if (symbolizer == nullptr) return out;  // sites without lines serve no view: no stack reads
-  FunctionLookup functions(store);
   absl::flat_hash_set<std::pair<uint32_t, uint64_t>> looked_up;
   for (size_t s = 0; s < profile.stacks.size(); ++s) {
     const ResolvedStack& stack = profile.stacks[s];
     if (stack.frames.size() < 2) continue;
-    auto frames = store->interner().GetStack(stack.stack_id);
-    if (!frames.ok()) {
-      return absl::DataLossError(absl::StrCat("stack ", stack.stack_id,
-                                              " cannot be read: ", frames.status().message()));
+    std::vector<uint64_t> sites;
+    if (s < profile.call_sites.size()) {
+      sites = profile.call_sites[s];
+    } else {
+      auto frames = store->interner().GetStack(stack.stack_id);
+      if (!frames.ok()) {
+        return absl::DataLossError(absl::StrCat("stack ", stack.stack_id,
+                                                " cannot be read: ", frames.status().message()));
+      }
+      sites = std::move(frames->call_sites);
     }
-    if (frames->call_sites.size() + 1 != stack.frames.size()) continue;
-    out.sites[s] = std::move(frames->call_sites);
+    if (sites.size() + 1 != stack.frames.size()) continue;
+    out.sites[s] = std::move(sites);
     for (size_t j = 0; j + 1 < stack.frames.size(); ++j) {
       const std::pair<uint32_t, uint64_t> key{stack.frames[j], out.sites[s][j]};
       if (key.second == 0 || !looked_up.insert(key).second) continue;
       absl::StatusOr<const store::FunctionInfo*> info =
-          functions.Get(profile.functions[key.first].id);
+          functions->Get(profile.functions[key.first].id);
       if (!info.ok()) return info.status();
       // The call instruction ends just before the return address.
       std::vector<symbolize::SourceFrame> source =
@@ -140,13 +156,18 @@ absl::StatusOr<CallSiteLines> CallSiteLinesOf(store::Store* store,
 
 absl::StatusOr<Profile> ExpandLines(store::Store* store, symbolize::Symbolizer* symbolizer,
                                     const ProfileQuery& query, const Profile& profile) {
-  auto call_sites = CallSiteLinesOf(store, symbolizer, profile);
+  FunctionLookup functions(store);
+  auto call_sites = CallSiteLinesOf(store, &functions, symbolizer, profile);
   if (!call_sites.ok()) return call_sites.status();
-  // Leaf addresses are on-CPU samples': off-CPU and wall leaves stay functions.
+  // Leaf addresses are on-CPU samples' (of continuous profiles): off-CPU and wall leaves, and
+  // captures', stay functions.
   absl::StatusOr<absl::flat_hash_map<uint32_t, std::vector<LeafLine>>> leaf_lines =
-      query.type == v1::PROFILE_CPU
-          ? LeafLinesOf(store, symbolizer, query, profile)
-          : absl::flat_hash_map<uint32_t, std::vector<LeafLine>>{};
+      absl::flat_hash_map<uint32_t, std::vector<LeafLine>>{};
+  if (query.type == v1::PROFILE_CPU && query.capture_id.empty() && symbolizer != nullptr) {
+    auto addresses = SumLeafAddressesOf(store, query);
+    if (!addresses.ok()) return addresses.status();
+    leaf_lines = LeafLinesOf(&functions, symbolizer, *addresses, profile);
+  }
   if (!leaf_lines.ok()) return leaf_lines.status();
 
   Profile out;

@@ -20,12 +20,15 @@
 
 namespace strata::server::query {
 
-// Function records of one query, each read from the store once.
+// Function records of one query, each read from the store once; or given (Add) when they
+// come from other nodes of a cluster, with no store (null) to read the rest from.
 class FunctionLookup {
  public:
   explicit FunctionLookup(store::Store* store) : store_(store) {}
-  // DataLoss when the record cannot be read. The pointer stays valid for the lookup's life.
+  // DataLoss when the record cannot be read (or was not given). The pointer stays valid for
+  // the lookup's life.
   absl::StatusOr<const store::FunctionInfo*> Get(uint64_t function_id);
+  void Add(uint64_t function_id, store::FunctionInfo info);
 
  private:
   store::Store* store_;
@@ -35,22 +38,28 @@ class FunctionLookup {
 // (function ID, offset in its module) -> samples.
 using LeafAddressCounts = absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t>;
 
-// The leaf addresses of `query`'s range and host (and hosts). InvalidArgument for a query with filters
-// that leaf addresses cannot honour (focus, ignore, selector, capture, a type other than CPU).
+// OK for a query leaf addresses can answer; InvalidArgument for one with filters they cannot
+// honour (focus, ignore, selector, capture, a type other than CPU).
+absl::Status CheckLeafAddressQuery(const ProfileQuery& query);
+// The leaf addresses of `query`'s range and host (and hosts), after CheckLeafAddressQuery.
 absl::StatusOr<LeafAddressCounts> LoadLeafAddresses(store::Store* store,
                                                     const ProfileQuery& query);
+// The leaf addresses of `query`'s range and host (and hosts) whatever its other filters (they
+// only give the proportions within a function), and the records of their functions.
+absl::StatusOr<LeafAddressCounts> SumLeafAddressesOf(store::Store* store,
+                                                     const ProfileQuery& query);
 
-// The source lines of `profile`'s leaf functions (by index in Profile::functions) over
-// `query`'s range and host, for the pprof export; functions without DWARF are left out. Other
-// filters do not narrow leaf addresses: they only give the proportions within a function.
+// The source lines of `profile`'s leaf functions (by index in Profile::functions) at
+// `addresses` (SumLeafAddressesOf), for the pprof export; functions without DWARF are left
+// out.
 absl::StatusOr<absl::flat_hash_map<uint32_t, std::vector<LeafLine>>> LeafLinesOf(
-    store::Store* store, symbolize::Symbolizer* symbolizer, const ProfileQuery& query,
-    const Profile& profile);
+    FunctionLookup* functions, symbolize::Symbolizer* symbolizer,
+    const LeafAddressCounts& addresses, const Profile& profile);
 
-// The call sites of `profile`'s stacks (as the store recorded them) and, where the module's
-// DWARF resolves them, their source frames. Stacks stored before call sites were kept have
-// none.
-absl::StatusOr<CallSiteLines> CallSiteLinesOf(store::Store* store,
+// The call sites of `profile`'s stacks (Profile::call_sites when a ProfileSource gave them,
+// else as `store` recorded them) and, where the module's DWARF resolves them, their source
+// frames. Stacks stored before call sites were kept have none.
+absl::StatusOr<CallSiteLines> CallSiteLinesOf(store::Store* store, FunctionLookup* functions,
                                               symbolize::Symbolizer* symbolizer,
                                               const Profile& profile);
 

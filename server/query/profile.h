@@ -50,6 +50,9 @@ struct ProfileQuery {
   // Source lines (ExpandLines): a cluster's fan-out has each node expand its part, where its
   // hosts' leaf addresses and call sites are stored.
   bool lines = false;
+  // The call sites of each stack (Profile::call_sites), which a cluster's nodes read from
+  // their stores for the pprof export's lines.
+  bool call_sites = false;
 };
 
 struct ResolvedFunction {
@@ -82,6 +85,9 @@ struct Profile {
   std::vector<uint64_t> host_samples;  // samples of each of `hosts`, before focus and ignore
   // In a cluster: nodes that hold samples for the query and did not answer (profile_source.h).
   std::vector<std::string> unreachable_nodes;
+  // From a ProfileSource asked for them (ProfileQuery::call_sites): each stack's call sites
+  // (store::StackFrames::call_sites), by index into `stacks`.
+  std::vector<std::vector<uint64_t>> call_sites;
 };
 
 struct FunctionTotals {

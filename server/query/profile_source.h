@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/container/flat_hash_map.h"
+#include "server/query/lines.h"
 #include "server/query/profile.h"
 #include "common/labels/labels.h"
 #include "server/store/records.h"
@@ -35,6 +37,11 @@ class ProfileSource {
   // Every node's phase changes for `query`'s service and range, in window order, each naming
   // its node.
   virtual absl::StatusOr<v1::PhasesResponse> Phases(const ProfileQuery& query) = 0;
+  // The leaf addresses of `query`'s range and hosts (lines.h: SumLeafAddressesOf), each host's
+  // from one node, with their functions' records added to `functions`.
+  virtual absl::StatusOr<LeafAddressCounts> LeafAddresses(
+      const ProfileQuery& query, FunctionLookup* functions,
+      std::vector<std::string>* unreachable) = 0;
   // Self samples per source line (lines.h: TopLines), each host's from one node.
   virtual absl::StatusOr<v1::TopResponse> TopLines(const ProfileQuery& query,
                                                    uint32_t limit) = 0;

@@ -428,10 +428,23 @@ absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportReque
   }
   auto query = ToProfileQuery(request.filter(), base::NowMs());
   if (!query.ok()) return query.status();
+  // In a cluster, leaf addresses and their functions' records come from the nodes.
+  FunctionLookup functions(source_ != nullptr ? nullptr : store_);
+  std::vector<std::string> unreachable;
+  auto leaf_addresses = [&]() -> absl::StatusOr<LeafAddressCounts> {
+    return source_ != nullptr ? source_->LeafAddresses(*query, &functions, &unreachable)
+                              : SumLeafAddressesOf(store_, *query);
+  };
+  auto add_unreachable = [&](v1::ExportResponse* response) {
+    std::sort(unreachable.begin(), unreachable.end());
+    unreachable.erase(std::unique(unreachable.begin(), unreachable.end()), unreachable.end());
+    for (const auto& n : unreachable) response->add_unreachable_nodes(n);
+  };
   if (request.format() == v1::ExportRequest::LLVM_SAMPLE) {
-    auto addresses = LoadLeafAddresses(store_, *query);
+    if (absl::Status s = CheckLeafAddressQuery(*query); !s.ok()) return s;
+    auto addresses = leaf_addresses();
     if (!addresses.ok()) return addresses.status();
-    auto profile = EncodeLlvmSampleProfile(store_, symbolizer_, *addresses);
+    auto profile = EncodeLlvmSampleProfile(&functions, symbolizer_, *addresses);
     if (!profile.ok()) return profile.status();
     if (profile->samples == 0) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -443,14 +456,26 @@ absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportReque
     response.set_data(std::move(profile->text));
     response.set_content_type("text/plain");
     response.set_total_samples(profile->samples);
+    add_unreachable(&response);
     return response;
   }
+  query->call_sites = query->build_ids = symbolizer_ != nullptr && source_ != nullptr;
   auto profile = Load(*query);
   if (!profile.ok()) return profile.status();
+  // The call sites' functions are the profile's.
+  for (const ResolvedFunction& f : profile->functions) {
+    if (source_ != nullptr) functions.Add(f.id, {f.name, f.module, f.build_id, 0});
+  }
   // Counts are in sampling periods of the service's agents: pprof's time values use them.
-  auto leaf_lines = LeafLinesOf(store_, symbolizer_, *query, *profile);
+  absl::StatusOr<absl::flat_hash_map<uint32_t, std::vector<LeafLine>>> leaf_lines =
+      absl::flat_hash_map<uint32_t, std::vector<LeafLine>>();
+  if (symbolizer_ != nullptr && query->capture_id.empty()) {
+    auto addresses = leaf_addresses();
+    if (!addresses.ok()) return addresses.status();
+    leaf_lines = LeafLinesOf(&functions, symbolizer_, *addresses, *profile);
+  }
   if (!leaf_lines.ok()) return leaf_lines.status();
-  auto call_sites = CallSiteLinesOf(store_, symbolizer_, *profile);
+  auto call_sites = CallSiteLinesOf(store_, &functions, symbolizer_, *profile);
   if (!call_sites.ok()) return call_sites.status();
   auto data = EncodePprof(*profile, {query->from_ms, query->to_ms, query->type,
                                      registry_->SamplingRate(query->service), &*leaf_lines,
@@ -460,7 +485,9 @@ absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportReque
   response.set_data(std::move(*data));
   response.set_content_type("application/vnd.google.protobuf+gzip");
   response.set_total_samples(profile->total);
-  for (const auto& n : profile->unreachable_nodes) response.add_unreachable_nodes(n);
+  unreachable.insert(unreachable.end(), profile->unreachable_nodes.begin(),
+                     profile->unreachable_nodes.end());
+  add_unreachable(&response);
   return response;
 }
 

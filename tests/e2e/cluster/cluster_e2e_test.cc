@@ -467,6 +467,31 @@ TEST_F(ClusterTest, RealAgentIsPlacedAndCapturesWorkFromAnyNode) {
   EXPECT_EQ(by_line[0], by_line[2]);
   EXPECT_EQ(flame_lines[0], flame_lines[1]);
   EXPECT_EQ(flame_lines[0], flame_lines[2]);
+  // So do the exports built from leaf addresses and call sites: the LLVM sample profile, and
+  // the pprof profile's lines.
+  std::vector<std::string> llvm;
+  for (const auto& n : nodes_) {
+    const std::string llvm_file = absl::StrCat(dir_.path(), "/", n->id, ".llvm.txt");
+    const std::string pprof_file = absl::StrCat(dir_.path(), "/", n->id, ".pb.gz");
+    for (const auto& [format, file] : {std::pair{"llvm-sample", llvm_file},
+                                       std::pair{"pprof", pprof_file}}) {
+      CommandResult exported = RunCommand({BinPath("strata"), "--server", n->address(), "export",
+                                           "-s", "demo", "-f", format, "-o", file},
+                                          60);
+      EXPECT_EQ(exported.exit_code, 0) << n->id << ": " << exported.output;
+      EXPECT_EQ(exported.output.find("not reached"), std::string::npos) << exported.output;
+    }
+    std::ifstream in(llvm_file);
+    llvm.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    CommandResult strings =
+        RunCommand({"/bin/sh", "-c", absl::StrCat("gzip -dc ", pprof_file, " | grep -c -a ",
+                                                  "workloads/demo_service.cc")},
+                   30);
+    EXPECT_EQ(strings.exit_code, 0) << n->id << ": no source file in the pprof profile";
+  }
+  EXPECT_NE(llvm[0].find("tokenize"), std::string::npos) << llvm[0];
+  EXPECT_EQ(llvm[0], llvm[1]);
+  EXPECT_EQ(llvm[0], llvm[2]);
 }
 
 // Nodes that serve TLS and authenticate every caller, as a fleet runs them: each node has a
