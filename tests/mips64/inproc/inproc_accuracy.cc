@@ -103,6 +103,18 @@ extern "C" int strata_analyze_records(const Record* records, int n, int limit, d
     }
     return false;
   };
+#ifdef STRATA_TOLERATE_THREAD_START_TRUNCATION
+  // libc.so.6 code that neither a symbol nor an FDE covers: the local functions of a stripped
+  // libc, where the unwinder has no rule (see below).
+  auto in_libc_local = [&](uint64_t pc) {
+    for (const Module& m : modules) {
+      if (pc < m.lo || pc >= m.hi) continue;
+      return m.name.find("/libc.so") != std::string::npos && m.symbols->Lookup(pc - m.bias) == nullptr;
+    }
+    return false;
+  };
+  size_t libc_local_samples = 0;
+#endif
   size_t stub_samples = 0, stub_exact = 0, loader_samples = 0, loader_exact = 0;
   size_t lib_samples = 0, lib_exact = 0;  // a frame in an instrumented shared object
   size_t vdso_samples = 0, vdso_exact = 0;  // leaf in no file module: the vDSO
@@ -150,6 +162,20 @@ extern "C" int strata_analyze_records(const Record* records, int n, int limit, d
       vdso_exact += m.exact;
       continue;
     }
+#ifdef STRATA_TOLERATE_THREAD_START_TRUNCATION
+    // The main thread inside a local function of the stripped libc.so.6 (no symbol, no FDE, so
+    // no unwind rule: the stack stops there, marked truncated): ____strtol_l_internal, which
+    // main's atoi (strtol) runs once at startup, or pthread_create's helpers. Only a sample
+    // that lands in those one-time calls meets this (the first SIGPROF comes after 1 ms of
+    // thread CPU time, much of it qemu translating the startup code), so it happens in some
+    // runs only. The frames unwound up to there must match; the rest is the known limitation.
+    if (r.truncated != 0 && r.num_pcs > 0 && r.depth > 0 && r.ids[0] == kMainId &&
+        in_libc_local(r.num_pcs == 1 ? r.pcs[0] : r.pcs[r.num_pcs - 1] - 1) &&
+        m.correct == m.got.size()) {
+      ++libc_local_samples;
+      continue;
+    }
+#endif
     t.Add(m);
     truncated += r.truncated != 0;
     // The second thread's stack outside thread_main (libc's start_thread and clone), also when
@@ -222,6 +248,12 @@ extern "C" int strata_analyze_records(const Record* records, int n, int limit, d
     std::printf("  stacks ending short of the entry point at %s: %zu\n", where.c_str(), count);
   }
   for (const auto& [id, count] : mismatched_leaf) std::printf("  mismatches with leaf id %d: %zu\n", id, count);
+#ifdef STRATA_TOLERATE_THREAD_START_TRUNCATION
+  if (libc_local_samples != 0) {
+    std::printf("  tolerated: %zu main-thread stacks stopped in a local function of the stripped "
+                "libc.so.6 (no symbol, no FDE)\n", libc_local_samples);
+  }
+#endif
   if (n < limit) {
     std::printf("FAIL: only %d of %d samples\n", n, limit);
     return 1;
