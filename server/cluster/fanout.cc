@@ -805,13 +805,16 @@ absl::StatusOr<v1::PhasesResponse> FanoutSource::Phases(const query::ProfileQuer
       },
       &unreachable, &answered);
   if (!answers.ok()) return answers.status();
-  // Replicas of the same hosts may observe the same change: it is listed once.
+  // Nodes holding the same hosts (two nodes at RF 2 hold all of them) observe the same
+  // change, at their own times: it is listed once.
   std::set<std::string> seen;
   v1::PhasesResponse out;
   for (size_t i = 0; i < answers->size(); ++i) {
     for (v1::PhaseChange& change : *(*answers)[i].mutable_changes()) {
+      v1::PhaseChange what = change;
+      what.clear_detected_ms();
       std::string key;
-      (void)change.SerializeToString(&key);
+      (void)what.SerializeToString(&key);
       if (!seen.insert(std::move(key)).second) continue;
       change.set_node(answered[i]);
       *out.add_changes() = std::move(change);
