@@ -223,71 +223,66 @@ grpc::Status ClusterService::Status(grpc::ServerContext* context, const v1::Clus
   return grpc::Status::OK;
 }
 
-absl::Status ClusterService::AuthorizeNode(grpc::ServerContext* context) {
-  return auth::AuthorizeCall(authorizer_, context, auth::Role::kNode, "cluster queries").status();
+template <typename Response, typename Run>
+grpc::Status ClusterService::AsNode(grpc::ServerContext* context, Run run, Response* response) {
+  auto p = auth::AuthorizeCall(authorizer_, context, auth::Role::kNode, "cluster queries");
+  if (!p.ok()) return rpc::ToGrpcStatus(p.status());
+  return rpc::Respond(std::move(run), response);
 }
 
 grpc::Status ClusterService::HostTotals(grpc::ServerContext* context,
                                         const v1::LocalProfileRequest* request,
                                         v1::HostTotalsResponse* response) {
-  if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
-  return rpc::Respond([&] { return RunHostTotals(*request); }, response);
+  return AsNode(context, [&] { return RunHostTotals(*request); }, response);
 }
 
 grpc::Status ClusterService::LocalProfile(grpc::ServerContext* context,
                                           const v1::LocalProfileRequest* request,
                                           v1::LocalProfileResponse* response) {
-  if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
-  return rpc::Respond([&] { return RunLocalProfile(*request); }, response);
+  return AsNode(context, [&] { return RunLocalProfile(*request); }, response);
 }
 
 grpc::Status ClusterService::LocalServices(grpc::ServerContext* context,
                                            const v1::ListServicesRequest*,
                                            v1::ListServicesResponse* response) {
-  if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
-  return rpc::Respond([&] { return RunLocalServices(); }, response);
+  return AsNode(context, [&] { return RunLocalServices(); }, response);
 }
 
 grpc::Status ClusterService::LocalAgents(grpc::ServerContext* context, const v1::ListAgentsRequest*,
                                          v1::ListAgentsResponse* response) {
-  if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
-  *response = RunLocalAgents();
-  return grpc::Status::OK;
+  return AsNode(
+      context, [&] { return absl::StatusOr<v1::ListAgentsResponse>(RunLocalAgents()); },
+      response);
 }
 
 grpc::Status ClusterService::LocalLabelSets(grpc::ServerContext* context,
                                             const v1::ListLabelsRequest* request,
                                             v1::LocalLabelSetsResponse* response) {
-  if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
-  return rpc::Respond([&] { return RunLocalLabelSets(*request); }, response);
+  return AsNode(context, [&] { return RunLocalLabelSets(*request); }, response);
 }
 
 grpc::Status ClusterService::LocalPhases(grpc::ServerContext* context,
                                          const v1::PhasesRequest* request,
                                          v1::PhasesResponse* response) {
-  if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
-  return rpc::Respond([&] { return RunLocalPhases(*request); }, response);
+  return AsNode(context, [&] { return RunLocalPhases(*request); }, response);
 }
 
 grpc::Status ClusterService::LocalUnwindCounts(grpc::ServerContext* context,
                                                const v1::LocalProfileRequest* request,
                                                v1::LocalUnwindCountsResponse* response) {
-  if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
-  return rpc::Respond([&] { return RunLocalUnwindCounts(*request); }, response);
+  return AsNode(context, [&] { return RunLocalUnwindCounts(*request); }, response);
 }
 
 grpc::Status ClusterService::LocalLeafAddresses(grpc::ServerContext* context,
                                                 const v1::LocalProfileRequest* request,
                                                 v1::LocalLeafAddressesResponse* response) {
-  if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
-  return rpc::Respond([&] { return RunLocalLeafAddresses(*request); }, response);
+  return AsNode(context, [&] { return RunLocalLeafAddresses(*request); }, response);
 }
 
 grpc::Status ClusterService::LocalTopLines(grpc::ServerContext* context,
                                            const v1::LocalProfileRequest* request,
                                            v1::TopResponse* response) {
-  if (absl::Status a = AuthorizeNode(context); !a.ok()) return rpc::ToGrpcStatus(a);
-  return rpc::Respond([&] { return RunLocalTopLines(*request); }, response);
+  return AsNode(context, [&] { return RunLocalTopLines(*request); }, response);
 }
 
 namespace {

@@ -80,8 +80,9 @@ class ClusterService final : public v1::Cluster::Service {
   const ReplicationMetrics& metrics() const { return *metrics_; }
 
  private:
-  // Authorizes a call of another node (role node).
-  absl::Status AuthorizeNode(grpc::ServerContext* context);
+  // Answers a call of another node (role node) with `run`'s result.
+  template <typename Response, typename Run>
+  grpc::Status AsNode(grpc::ServerContext* context, Run run, Response* response);
 
   Membership* const membership_;
   store::Store* const store_;
