@@ -110,6 +110,19 @@ TEST_F(AuthorizerTest, OpenWithoutTokensOrCertificates) {
   }
 }
 
+// Another node of a cluster may do what every other role may; no other role may do what only
+// nodes do.
+TEST(RoleTest, NodeGrantsEveryRoleAndNoOtherRoleGrantsNode) {
+  for (Role need : {Role::kAgent, Role::kReader, Role::kOperator, Role::kNode}) {
+    EXPECT_TRUE(Grants(Role::kNode, need)) << RoleName(need);
+  }
+  for (Role have : {Role::kAgent, Role::kReader, Role::kOperator}) {
+    EXPECT_FALSE(Grants(have, Role::kNode)) << RoleName(have);
+  }
+  EXPECT_EQ(ParseRole("node"), Role::kNode);
+  EXPECT_STREQ(RoleName(Role::kNode), "node");
+}
+
 TEST_F(AuthorizerTest, TokensAndRoles) {
   auto a = Make({});
   auto alice = a->Authorize(Bearer("t-alice"), Role::kReader, "queries");

@@ -698,6 +698,24 @@ TEST_F(StoreTest, RetentionDropsOldCellsPerResolution) {
             (std::map<int64_t, uint64_t>{{1 * kHour, 5}, {6 * kHour, 7}, {9 * kHour, 11}}));
 }
 
+// A cluster takes each agent's counters from one node: the sums per agent add up to the
+// total, and an agent ID that is a prefix of another's stays apart from it.
+TEST_F(StoreTest, UnwindCountsSumPerAgent) {
+  WriteBatch batch;
+  batch.PutUnwindCounts("svc", 0, "a", 1, 1, {.stacks = 3, .truncated = 1});
+  batch.PutUnwindCounts("svc", 10'000, "a", 1, 2, {.stacks = 4, .lost = 2});
+  batch.PutUnwindCounts("svc", 10'000, "ab", 1, 1, {.stacks = 5});
+  batch.PutUnwindCounts("other", 10'000, "a", 1, 3, {.stacks = 100});
+  CommitOk(&batch);
+  std::map<std::string, UnwindCounts> by_agent;
+  auto sum = store_->meta().SumUnwindCounts("svc", 0, 20'000, &by_agent);
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(*sum, (UnwindCounts{.stacks = 12, .truncated = 1, .lost = 2}));
+  EXPECT_EQ(by_agent, (std::map<std::string, UnwindCounts>{
+                          {"a", {.stacks = 7, .truncated = 1, .lost = 2}},
+                          {"ab", {.stacks = 5}}}));
+}
+
 TEST_F(StoreTest, PerBatchMetaRecordsFollowTheRawRetentionAndHourlyOnesTheHourRetention) {
   constexpr int64_t kHour = 3'600'000;
   options_.now_ms_for_testing = [] { return 10 * kHour; };
