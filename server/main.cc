@@ -512,9 +512,9 @@ absl::StatusOr<strata::rpc::ClientSecurity> BuildNodeSecurity(ServerFlags& f,
       if (!token.ok()) return token.status();
       auto principal = security.authorizer->Authenticate({.authorization = "Bearer " + *token});
       if (!principal.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
+        return absl::InvalidArgumentError(
             "the token of --cluster-token-file is not in --auth-file: list it with role node "
-            "(strata-server hash-token --role node)"));
+            "(strata-server hash-token --role node)");
       }
       if (principal->role != auth::Role::kNode) {
         return absl::InvalidArgumentError(absl::StrCat(

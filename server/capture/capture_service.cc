@@ -497,26 +497,21 @@ grpc::Status CaptureService::List(grpc::ServerContext* context, const v1::ListCa
   auto list = store_->meta().ListCaptures();
   if (!list.ok()) return rpc::ToGrpcStatus(list.status());
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
-  std::vector<store::CaptureInfo> kept;
-  for (auto& info : *list) {
-    if (!Expired(info, now_ms)) kept.push_back(std::move(info));
+  for (const auto& info : *list) {
+    if (!Expired(info, now_ms)) *response->add_captures() = ToRecord(info);
   }
-  std::sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) {
-    return a.start_ms != b.start_ms ? a.start_ms > b.start_ms : a.capture_id < b.capture_id;
-  });
-  for (const auto& info : kept) *response->add_captures() = ToRecord(info);
   if (options_.list_elsewhere) {
     std::vector<std::string> unreachable;
     for (v1::CaptureRecord& r : options_.list_elsewhere(context, &unreachable)) {
       *response->add_captures() = std::move(r);
     }
-    std::sort(response->mutable_captures()->begin(), response->mutable_captures()->end(),
-              [](const v1::CaptureRecord& a, const v1::CaptureRecord& b) {
-                return a.start_ms() != b.start_ms() ? a.start_ms() > b.start_ms()
-                                                    : a.capture_id() < b.capture_id();
-              });
     for (std::string& n : unreachable) response->add_unreachable_nodes(std::move(n));
   }
+  std::sort(response->mutable_captures()->begin(), response->mutable_captures()->end(),
+            [](const v1::CaptureRecord& a, const v1::CaptureRecord& b) {
+              return a.start_ms() != b.start_ms() ? a.start_ms() > b.start_ms()
+                                                  : a.capture_id() < b.capture_id();
+            });
   return grpc::Status::OK;
 }
 

@@ -29,6 +29,14 @@ absl::StatusOr<query::ProfileQuery> FromRequest(const v1::LocalProfileRequest& r
 
 std::string NodeName(const RingMember& m) { return absl::StrCat(m.id, " (", m.address, ")"); }
 
+// What a fan-out asks the nodes for `query`: its filter, and the hosts it is narrowed to.
+v1::LocalProfileRequest RequestFor(const query::ProfileQuery& query) {
+  v1::LocalProfileRequest request;
+  *request.mutable_filter() = query::ToProfileFilter(query);
+  if (query.hosts) request.mutable_hosts()->Add(query.hosts->begin(), query.hosts->end());
+  return request;
+}
+
 absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
@@ -143,7 +151,7 @@ absl::StatusOr<v1::LocalUnwindCountsResponse> ClusterService::RunLocalUnwindCoun
   if (!sum.ok()) return sum.status();
   v1::LocalUnwindCountsResponse response;
   for (const auto& [agent, c] : by_agent) {
-    v1::LocalUnwindCounts& out = (*response.mutable_agents())[agent];
+    v1::UnwindCounters& out = (*response.mutable_agents())[agent];
     out.set_stacks(c.stacks);
     out.set_truncated(c.truncated);
     out.set_verify_failures(c.verify_failures);
@@ -499,28 +507,49 @@ std::vector<absl::StatusOr<Response>> CallNodes(const std::vector<RingMember>& n
 }  // namespace
 
 template <typename Response, typename Local, typename Remote>
-absl::StatusOr<std::vector<Response>> FanoutSource::AskAll(Local local, Remote remote,
-                                                           std::vector<std::string>* unreachable,
-                                                           std::vector<std::string>* answered) {
-  const std::shared_ptr<const Ring> ring = membership_->ring();
-  const std::vector<RingMember>& nodes = ring->members();
-  auto answers = CallNodes<Response>(
-      nodes, membership_->options().node_id, channels_, timeout_, [&](size_t) { return local(); },
-      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, Response* r, size_t) {
-        return remote(stub, c, r);
-      });
-  std::vector<Response> out;
+absl::StatusOr<FanoutSource::Answers<Response>> FanoutSource::Ask(
+    const std::vector<RingMember>& nodes, Local local, Remote remote,
+    std::vector<std::string>* unreachable) {
+  auto answers = CallNodes<Response>(nodes, membership_->options().node_id, channels_, timeout_,
+                                     local, remote);
+  Answers<Response> out;
   for (size_t i = 0; i < nodes.size(); ++i) {
     if (!answers[i].ok()) {
+      // The request itself is wrong: every node would say so.
       if (absl::IsInvalidArgument(answers[i].status())) return answers[i].status();
       unreachable->push_back(absl::StrCat(NodeName(nodes[i]), ": ", answers[i].status().message()));
       continue;
     }
-    out.push_back(*std::move(answers[i]));
-    if (answered != nullptr) answered->push_back(nodes[i].id);
+    out.emplace_back(nodes[i].id, *std::move(answers[i]));
   }
-  NoteDeparted(unreachable);
   return out;
+}
+
+template <typename Response, typename Local, typename Remote>
+absl::StatusOr<FanoutSource::Answers<Response>> FanoutSource::AskAll(
+    Local local, Remote remote, std::vector<std::string>* unreachable) {
+  const std::shared_ptr<const Ring> ring = membership_->ring();
+  auto answers = Ask<Response>(
+      ring->members(), [&](size_t) { return local(); },
+      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, Response* r, size_t) {
+        return remote(stub, c, r);
+      },
+      unreachable);
+  NoteDeparted(unreachable);
+  return answers;
+}
+
+template <typename Response, typename Local, typename Remote>
+absl::StatusOr<FanoutSource::Answers<Response>> FanoutSource::AskPicked(
+    const HostPick& pick, Local local, Remote remote, std::vector<std::string>* unreachable) {
+  auto answers = Ask<Response>(
+      pick.nodes, [&](size_t i) { return local(pick.requests[i]); },
+      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, Response* r, size_t i) {
+        return remote(stub, c, pick.requests[i], r);
+      },
+      unreachable);
+  NoteDeparted(unreachable);
+  return answers;
 }
 
 void FanoutSource::NoteDeparted(std::vector<std::string>* unreachable) const {
@@ -537,21 +566,19 @@ absl::StatusOr<FanoutSource::HostPick> FanoutSource::PickHosts(
     const v1::LocalProfileRequest& request, std::vector<std::string>* unreachable) {
   const std::shared_ptr<const Ring> ring = membership_->ring();
   const std::vector<RingMember>& nodes = ring->members();
-  auto totals = CallNodes<v1::HostTotalsResponse>(
-      nodes, membership_->options().node_id, channels_, timeout_,
-      [&](size_t) { return local_->RunHostTotals(request); },
+  auto totals = Ask<v1::HostTotalsResponse>(
+      nodes, [&](size_t) { return local_->RunHostTotals(request); },
       [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::HostTotalsResponse* r, size_t) {
         return stub->HostTotals(c, request, r);
-      });
+      },
+      unreachable);
+  if (!totals.ok()) return totals.status();
+  std::map<std::string, size_t> index_of;  // node ID -> index in `nodes`
+  for (size_t i = 0; i < nodes.size(); ++i) index_of[nodes[i].id] = i;
   std::map<std::string, std::pair<uint64_t, size_t>> best;  // host -> (samples, node index)
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (!totals[i].ok()) {
-      // The query itself is wrong: every node would say so.
-      if (absl::IsInvalidArgument(totals[i].status())) return totals[i].status();
-      unreachable->push_back(absl::StrCat(NodeName(nodes[i]), ": ", totals[i].status().message()));
-      continue;
-    }
-    for (const auto& [host, samples] : totals[i]->hosts()) {
+  for (const auto& [node, answer] : *totals) {
+    const size_t i = index_of[node];
+    for (const auto& [host, samples] : answer.hosts()) {
       auto [it, inserted] = best.try_emplace(host, samples, i);
       // Ties go to the node first in ID order: any replica would do.
       if (!inserted && samples > it->second.first) it->second = {samples, i};
@@ -575,10 +602,7 @@ absl::StatusOr<FanoutSource::HostPick> FanoutSource::PickHosts(
 }
 
 absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& query) {
-  const std::string& self = membership_->options().node_id;
-  v1::LocalProfileRequest request;
-  *request.mutable_filter() = query::ToProfileFilter(query);
-  if (query.hosts) request.mutable_hosts()->Add(query.hosts->begin(), query.hosts->end());
+  v1::LocalProfileRequest request = RequestFor(query);
   request.set_build_ids(query.build_ids);
   request.set_lines(query.lines);
   request.set_call_sites(query.call_sites);
@@ -587,13 +611,12 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
   auto pick = PickHosts(request, &unreachable);
   if (!pick.ok()) return pick.status();
   // Phase 2: each node's profile of the hosts taken from it.
-  const std::vector<RingMember>& asked = pick->nodes;
-  const std::vector<v1::LocalProfileRequest>& requests = pick->requests;
-  auto parts = CallNodes<v1::LocalProfileResponse>(
-      asked, self, channels_, timeout_,
-      [&](size_t i) { return local_->RunLocalProfile(requests[i]); },
-      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::LocalProfileResponse* r,
-          size_t i) { return stub->LocalProfile(c, requests[i], r); });
+  auto parts = AskPicked<v1::LocalProfileResponse>(
+      *pick, [&](const v1::LocalProfileRequest& r) { return local_->RunLocalProfile(r); },
+      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, const v1::LocalProfileRequest& r,
+          v1::LocalProfileResponse* out) { return stub->LocalProfile(c, r, out); },
+      &unreachable);
+  if (!parts.ok()) return parts.status();
 
   query::Profile profile;
   // Functions by ID (content hashes, the same on every node) and, in a profile with source
@@ -607,12 +630,7 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
   std::vector<std::string> hosts;
   // Call sites are part of a stack's identity: the same on every node for one stack ID.
   absl::flat_hash_map<uint64_t, std::vector<uint64_t>> call_sites;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    if (!parts[i].ok()) {
-      unreachable.push_back(absl::StrCat(NodeName(asked[i]), ": ", parts[i].status().message()));
-      continue;
-    }
-    const v1::LocalProfileResponse& part = *parts[i];
+  for (const auto& [node, part] : *parts) {
     base::SaturatingAddTo(profile.total, part.total());
     std::vector<uint32_t> remap;
     for (const v1::LocalFunction& f : part.functions()) {
@@ -669,7 +687,6 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
   hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
   profile.hosts = std::move(hosts);
   for (const std::string& h : profile.hosts) profile.host_samples.push_back(pick->host_samples[h]);
-  NoteDeparted(&unreachable);
   profile.unreachable_nodes = std::move(unreachable);
   if (pick->host_samples.empty() && profile.unreachable_nodes.empty() &&
       query.capture_id.empty()) {
@@ -681,8 +698,6 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
 
 absl::StatusOr<std::vector<store::ServiceSummary>> FanoutSource::Services(
     std::vector<std::string>* unreachable) {
-  const std::shared_ptr<const Ring> ring = membership_->ring();
-  const std::vector<RingMember>& nodes = ring->members();
   auto answers = AskAll<v1::ListServicesResponse>(
       [&] { return local_->RunLocalServices(); },
       [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::ListServicesResponse* r) {
@@ -691,7 +706,7 @@ absl::StatusOr<std::vector<store::ServiceSummary>> FanoutSource::Services(
       unreachable);
   if (!answers.ok()) return answers.status();
   std::map<std::string, store::ServiceSummary> merged;
-  for (const v1::ListServicesResponse& answer : *answers) {
+  for (const auto& [node, answer] : *answers) {
     for (const v1::ServiceInfo& s : answer.services()) {
       auto [it, inserted] = merged.try_emplace(
           s.name(), store::ServiceSummary{s.name(), s.first_ms(), s.last_ms(), s.total_samples()});
@@ -711,26 +726,14 @@ absl::StatusOr<std::vector<store::ServiceSummary>> FanoutSource::Services(
     filter->mutable_range()->set_from_ms(summary.first_window_ms);
     filter->mutable_range()->set_to_ms(summary.last_window_ms + 1);
     filter->set_type(v1::PROFILE_WALL);  // every profile type, as ListServices counts
-    auto totals = CallNodes<v1::HostTotalsResponse>(
-        nodes, membership_->options().node_id, channels_, timeout_,
-        [&](size_t) { return local_->RunHostTotals(totals_request); },
-        [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::HostTotalsResponse* r, size_t) {
-          return stub->HostTotals(c, totals_request, r);
-        });
-    std::map<std::string, uint64_t> best;
-    bool complete = true;
-    for (const auto& t : totals) {
-      if (!t.ok()) {
-        complete = false;
-        continue;
-      }
-      for (const auto& [host, samples] : t->hosts()) {
-        best[host] = std::max(best[host], samples);
-      }
-    }
-    if (complete) {
+    // A node missing here was named above: the total stays the largest node's then.
+    std::vector<std::string> missing;
+    auto pick = PickHosts(totals_request, &missing);
+    if (pick.ok() && missing.empty()) {
       summary.total_samples = 0;
-      for (const auto& [host, samples] : best) base::SaturatingAddTo(summary.total_samples, samples);
+      for (const auto& [host, samples] : pick->host_samples) {
+        base::SaturatingAddTo(summary.total_samples, samples);
+      }
     }
     out.push_back(std::move(summary));
   }
@@ -749,7 +752,7 @@ v1::ListAgentsResponse FanoutSource::Agents() {
   // An agent is connected on the node holding its stream and known (gone) where it was
   // before: the connected record wins, else the one with the latest batch.
   std::map<std::string, v1::AgentInfo> merged;
-  for (v1::ListAgentsResponse& answer : *answers) {
+  for (auto& [node, answer] : *answers) {
     for (v1::AgentInfo& a : *answer.mutable_agents()) {
       auto [it, inserted] = merged.try_emplace(a.agent_id(), a);
       if (inserted) continue;
@@ -778,7 +781,7 @@ absl::StatusOr<std::vector<labels::LabelSet>> FanoutSource::LabelSets(
       unreachable);
   if (!answers.ok()) return answers.status();
   std::set<labels::LabelSet> sets;
-  for (const v1::LocalLabelSetsResponse& answer : *answers) {
+  for (const auto& [node, answer] : *answers) {
     for (const v1::LocalLabelSet& s : answer.sets()) {
       labels::LabelSet set(s.labels().begin(), s.labels().end());
       std::sort(set.begin(), set.end());
@@ -792,26 +795,25 @@ absl::StatusOr<v1::PhasesResponse> FanoutSource::Phases(const query::ProfileQuer
   v1::PhasesRequest request;
   *request.mutable_filter() = query::ToProfileFilter(query);
   std::vector<std::string> unreachable;
-  std::vector<std::string> answered;
   auto answers = AskAll<v1::PhasesResponse>(
       [&] { return local_->RunLocalPhases(request); },
       [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::PhasesResponse* r) {
         return stub->LocalPhases(c, request, r);
       },
-      &unreachable, &answered);
+      &unreachable);
   if (!answers.ok()) return answers.status();
   // Nodes holding the same hosts (two nodes at RF 2 hold all of them) observe the same
   // change, at their own times: it is listed once.
   std::set<std::string> seen;
   v1::PhasesResponse out;
-  for (size_t i = 0; i < answers->size(); ++i) {
-    for (v1::PhaseChange& change : *(*answers)[i].mutable_changes()) {
+  for (auto& [node, answer] : *answers) {
+    for (v1::PhaseChange& change : *answer.mutable_changes()) {
       v1::PhaseChange what = change;
       what.clear_detected_ms();
       std::string key;
       (void)what.SerializeToString(&key);
       if (!seen.insert(std::move(key)).second) continue;
-      change.set_node(answered[i]);
+      change.set_node(node);
       *out.add_changes() = std::move(change);
     }
   }
@@ -827,8 +829,7 @@ absl::StatusOr<v1::PhasesResponse> FanoutSource::Phases(const query::ProfileQuer
 
 absl::StatusOr<store::UnwindCounts> FanoutSource::UnwindCounts(
     const query::ProfileQuery& query, std::vector<std::string>* unreachable) {
-  v1::LocalProfileRequest request;
-  *request.mutable_filter() = query::ToProfileFilter(query);
+  const v1::LocalProfileRequest request = RequestFor(query);
   auto answers = AskAll<v1::LocalUnwindCountsResponse>(
       [&] { return local_->RunLocalUnwindCounts(request); },
       [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::LocalUnwindCountsResponse* r) {
@@ -838,8 +839,8 @@ absl::StatusOr<store::UnwindCounts> FanoutSource::UnwindCounts(
   if (!answers.ok()) return answers.status();
   // Each agent from the node holding the most of its stacks: a replica that missed batches
   // holds fewer, and a sum over replicas would count the rest twice.
-  std::map<std::string, const v1::LocalUnwindCounts*> best;
-  for (const v1::LocalUnwindCountsResponse& answer : *answers) {
+  std::map<std::string, const v1::UnwindCounters*> best;
+  for (const auto& [node, answer] : *answers) {
     for (const auto& [agent, counts] : answer.agents()) {
       auto [it, inserted] = best.try_emplace(agent, &counts);
       if (!inserted && counts.stacks() > it->second->stacks()) it->second = &counts;
@@ -855,38 +856,29 @@ absl::StatusOr<store::UnwindCounts> FanoutSource::UnwindCounts(
 
 absl::StatusOr<v1::TopResponse> FanoutSource::TopLines(const query::ProfileQuery& query,
                                                        uint32_t limit) {
-  v1::LocalProfileRequest request;
-  *request.mutable_filter() = query::ToProfileFilter(query);
-  if (query.hosts) request.mutable_hosts()->Add(query.hosts->begin(), query.hosts->end());
   std::vector<std::string> unreachable;
-  auto pick = PickHosts(request, &unreachable);
+  auto pick = PickHosts(RequestFor(query), &unreachable);
   if (!pick.ok()) return pick.status();
-  auto parts = CallNodes<v1::TopResponse>(
-      pick->nodes, membership_->options().node_id, channels_, timeout_,
-      [&](size_t i) { return local_->RunLocalTopLines(pick->requests[i]); },
-      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::TopResponse* r, size_t i) {
-        return stub->LocalTopLines(c, pick->requests[i], r);
-      });
+  auto parts = AskPicked<v1::TopResponse>(
+      *pick, [&](const v1::LocalProfileRequest& r) { return local_->RunLocalTopLines(r); },
+      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, const v1::LocalProfileRequest& r,
+          v1::TopResponse* out) { return stub->LocalTopLines(c, r, out); },
+      &unreachable);
+  if (!parts.ok()) return parts.status();
   v1::TopResponse out;
   // Lines by their frames (function, module, file, line, inlined each), self summed.
   std::map<std::string, v1::LineStat> lines;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    if (!parts[i].ok()) {
-      if (absl::IsInvalidArgument(parts[i].status())) return parts[i].status();
-      unreachable.push_back(
-          absl::StrCat(NodeName(pick->nodes[i]), ": ", parts[i].status().message()));
-      continue;
-    }
-    out.set_total_samples(base::SaturatingAdd(out.total_samples(), parts[i]->total_samples()));
+  for (auto& [node, part] : *parts) {
+    out.set_total_samples(base::SaturatingAdd(out.total_samples(), part.total_samples()));
     out.set_unresolved_samples(
-        base::SaturatingAdd(out.unresolved_samples(), parts[i]->unresolved_samples()));
-    for (v1::LineStat& line : *parts[i]->mutable_lines()) {
+        base::SaturatingAdd(out.unresolved_samples(), part.unresolved_samples()));
+    for (v1::LineStat& line : *part.mutable_lines()) {
       std::string key;
       for (const v1::Frame& f : line.frames()) {
         absl::StrAppend(&key, f.function(), "\n", f.module(), "\n", f.file(), "\n", f.line(),
                         "\n", f.inlined(), "\n");
       }
-      auto [it, inserted] = lines.try_emplace(std::move(key), line);
+      auto [it, inserted] = lines.try_emplace(std::move(key), std::move(line));
       if (!inserted) it->second.set_self(base::SaturatingAdd(it->second.self(), line.self()));
     }
   }
@@ -896,7 +888,6 @@ absl::StatusOr<v1::TopResponse> FanoutSource::TopLines(const query::ProfileQuery
     return a->self() > b->self();
   });
   for (size_t i = 0; i < sorted.size() && i < limit; ++i) *out.add_lines() = *sorted[i];
-  NoteDeparted(&unreachable);
   for (auto& n : unreachable) out.add_unreachable_nodes(std::move(n));
   return out;
 }
@@ -904,32 +895,23 @@ absl::StatusOr<v1::TopResponse> FanoutSource::TopLines(const query::ProfileQuery
 absl::StatusOr<query::LeafAddressCounts> FanoutSource::LeafAddresses(
     const query::ProfileQuery& query, query::FunctionLookup* functions,
     std::vector<std::string>* unreachable) {
-  v1::LocalProfileRequest request;
-  *request.mutable_filter() = query::ToProfileFilter(query);
-  if (query.hosts) request.mutable_hosts()->Add(query.hosts->begin(), query.hosts->end());
-  auto pick = PickHosts(request, unreachable);
+  auto pick = PickHosts(RequestFor(query), unreachable);
   if (!pick.ok()) return pick.status();
-  auto parts = CallNodes<v1::LocalLeafAddressesResponse>(
-      pick->nodes, membership_->options().node_id, channels_, timeout_,
-      [&](size_t i) { return local_->RunLocalLeafAddresses(pick->requests[i]); },
-      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, v1::LocalLeafAddressesResponse* r,
-          size_t i) { return stub->LocalLeafAddresses(c, pick->requests[i], r); });
+  auto parts = AskPicked<v1::LocalLeafAddressesResponse>(
+      *pick, [&](const v1::LocalProfileRequest& r) { return local_->RunLocalLeafAddresses(r); },
+      [&](v1::Cluster::Stub* stub, grpc::ClientContext* c, const v1::LocalProfileRequest& r,
+          v1::LocalLeafAddressesResponse* out) { return stub->LocalLeafAddresses(c, r, out); },
+      unreachable);
+  if (!parts.ok()) return parts.status();
   query::LeafAddressCounts sum;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    if (!parts[i].ok()) {
-      if (absl::IsInvalidArgument(parts[i].status())) return parts[i].status();
-      unreachable->push_back(
-          absl::StrCat(NodeName(pick->nodes[i]), ": ", parts[i].status().message()));
-      continue;
-    }
-    for (const v1::LocalFunctionRecord& f : parts[i]->functions()) {
+  for (const auto& [node, part] : *parts) {
+    for (const v1::LocalFunctionRecord& f : part.functions()) {
       functions->Add(f.id(), {f.name(), f.module(), f.build_id(), f.start_offset()});
     }
-    for (const v1::LocalLeafAddress& a : parts[i]->addresses()) {
+    for (const v1::LocalLeafAddress& a : part.addresses()) {
       base::SaturatingAddTo(sum[{a.function_id(), a.offset()}], a.samples());
     }
   }
-  NoteDeparted(unreachable);
   return sum;
 }
 

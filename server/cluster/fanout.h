@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -158,14 +159,24 @@ class FanoutSource final : public query::ProfileSource {
   };
   absl::StatusOr<HostPick> PickHosts(const v1::LocalProfileRequest& request,
                                      std::vector<std::string>* unreachable);
-  // Every live node's answer (`local` here, `remote` elsewhere), with the IDs of the nodes
-  // that gave them in `answered` (optional); the nodes that did not answer, and the down ones
-  // once they may hold the only copy, go to `unreachable`. InvalidArgument (the request is
+  // Answers of nodes, each with the node's ID.
+  template <typename Response>
+  using Answers = std::vector<std::pair<std::string, Response>>;
+  // Asks `nodes` at once: `local(i)` on this node, `remote(stub, context, response, i)` on the
+  // others. The nodes that did not answer go to `unreachable`; InvalidArgument (the request is
   // wrong: every node would say so) ends the call.
   template <typename Response, typename Local, typename Remote>
-  absl::StatusOr<std::vector<Response>> AskAll(Local local, Remote remote,
-                                               std::vector<std::string>* unreachable,
-                                               std::vector<std::string>* answered = nullptr);
+  absl::StatusOr<Answers<Response>> Ask(const std::vector<RingMember>& nodes, Local local,
+                                        Remote remote, std::vector<std::string>* unreachable);
+  // Ask every live node (`local()`, `remote(stub, context, response)`), then NoteDeparted.
+  template <typename Response, typename Local, typename Remote>
+  absl::StatusOr<Answers<Response>> AskAll(Local local, Remote remote,
+                                           std::vector<std::string>* unreachable);
+  // Ask the nodes of `pick`, each with its request (`local(request)`, `remote(stub, context,
+  // request, response)`), then NoteDeparted.
+  template <typename Response, typename Local, typename Remote>
+  absl::StatusOr<Answers<Response>> AskPicked(const HostPick& pick, Local local, Remote remote,
+                                              std::vector<std::string>* unreachable);
   // Names the down nodes in `unreachable` when, with the nodes already there, as many are
   // away as there are replicas (below that, every host has a replica up).
   void NoteDeparted(std::vector<std::string>* unreachable) const;

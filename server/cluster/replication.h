@@ -93,7 +93,6 @@ class ClusterPlacement final : public ingest::StreamPlacement {
   std::unique_ptr<ingest::StreamReplica> Replicate(const v1::Hello& hello,
                                                    const std::string& owner) override;
 
-
  private:
   friend class AgentReplica;
   Membership* const membership_;

@@ -491,23 +491,17 @@ IngestService::~IngestService() = default;
 grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage>* IngestService::Connect(
     grpc::CallbackServerContext* context) {
   auto* stream = new Stream(this);
-  auto principal =
-      auth::AuthorizeCall(options_.authorizer, context, auth::Role::kAgent, "ingest");
-  if (!principal.ok()) {
-    stream->Refuse(principal.status(), 0);
-    return stream;
-  }
   // A replica stream stores batches another node placed and acknowledged for: only another
-  // node of the cluster may send one. It is not an agent, and the sending node's principal
-  // holds one per agent stream it mirrors: neither agent limit applies.
+  // node of the cluster (role node) may send one. It is not an agent, and the sending node's
+  // principal holds one per agent stream it mirrors: neither agent limit applies.
   const bool replica = options_.placement != nullptr &&
                        context->client_metadata().count(kReplicaMetadata) > 0;
-  if (replica && principal->kind != auth::Principal::Kind::kAnonymous &&
-      principal->role != auth::Role::kNode) {
-    stream->Refuse(absl::PermissionDeniedError(absl::StrCat(
-                       principal->Describe(), " has role ", auth::RoleName(principal->role),
-                       "; replica streams come from cluster nodes, role node")),
-                   0);
+  auto principal = replica ? auth::AuthorizeCall(options_.authorizer, context, auth::Role::kNode,
+                                                 "sending replica streams")
+                           : auth::AuthorizeCall(options_.authorizer, context, auth::Role::kAgent,
+                                                 "ingest");
+  if (!principal.ok()) {
+    stream->Refuse(principal.status(), 0);
     return stream;
   }
   if (!replica && metrics_->connected.load() >= static_cast<int64_t>(options_.max_agents)) {

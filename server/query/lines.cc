@@ -161,14 +161,14 @@ absl::StatusOr<Profile> ExpandLines(store::Store* store, symbolize::Symbolizer* 
   if (!call_sites.ok()) return call_sites.status();
   // Leaf addresses are on-CPU samples' (of continuous profiles): off-CPU and wall leaves, and
   // captures', stay functions.
-  absl::StatusOr<absl::flat_hash_map<uint32_t, std::vector<LeafLine>>> leaf_lines =
-      absl::flat_hash_map<uint32_t, std::vector<LeafLine>>{};
+  absl::flat_hash_map<uint32_t, std::vector<LeafLine>> leaf_lines;
   if (query.type == v1::PROFILE_CPU && query.capture_id.empty() && symbolizer != nullptr) {
     auto addresses = SumLeafAddressesOf(store, query);
     if (!addresses.ok()) return addresses.status();
-    leaf_lines = LeafLinesOf(&functions, symbolizer, *addresses, profile);
+    auto lines = LeafLinesOf(&functions, symbolizer, *addresses, profile);
+    if (!lines.ok()) return lines.status();
+    leaf_lines = *std::move(lines);
   }
-  if (!leaf_lines.ok()) return leaf_lines.status();
 
   Profile out;
   out.total = profile.total;
@@ -218,8 +218,8 @@ absl::StatusOr<Profile> ExpandLines(store::Store* store, symbolize::Symbolizer* 
       continue;
     }
     const uint32_t leaf = stack.frames.back();
-    auto leaf_it = leaf_lines->find(leaf);
-    if (leaf_it == leaf_lines->end() || leaf_it->second.empty()) {
+    auto leaf_it = leaf_lines.find(leaf);
+    if (leaf_it == leaf_lines.end() || leaf_it->second.empty()) {
       callers.frames.push_back(plain_frame(leaf));
       out.stacks.push_back(std::move(callers));
       continue;

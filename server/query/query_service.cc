@@ -462,23 +462,24 @@ absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportReque
   query->call_sites = query->build_ids = symbolizer_ != nullptr && source_ != nullptr;
   auto profile = Load(*query);
   if (!profile.ok()) return profile.status();
-  // The call sites' functions are the profile's.
-  for (const ResolvedFunction& f : profile->functions) {
-    if (source_ != nullptr) functions.Add(f.id, {f.name, f.module, f.build_id, 0});
+  if (source_ != nullptr) {
+    // The call sites' functions are the profile's; the nodes send the leaves' records.
+    for (const ResolvedFunction& f : profile->functions) {
+      functions.Add(f.id, {f.name, f.module, f.build_id, 0});
+    }
   }
-  // Counts are in sampling periods of the service's agents: pprof's time values use them.
-  absl::StatusOr<absl::flat_hash_map<uint32_t, std::vector<LeafLine>>> leaf_lines =
-      absl::flat_hash_map<uint32_t, std::vector<LeafLine>>();
+  absl::flat_hash_map<uint32_t, std::vector<LeafLine>> leaf_lines;
   if (symbolizer_ != nullptr && query->capture_id.empty()) {
     auto addresses = leaf_addresses();
     if (!addresses.ok()) return addresses.status();
-    leaf_lines = LeafLinesOf(&functions, symbolizer_, *addresses, *profile);
+    auto lines = LeafLinesOf(&functions, symbolizer_, *addresses, *profile);
+    if (!lines.ok()) return lines.status();
+    leaf_lines = *std::move(lines);
   }
-  if (!leaf_lines.ok()) return leaf_lines.status();
   auto call_sites = CallSiteLinesOf(store_, &functions, symbolizer_, *profile);
   if (!call_sites.ok()) return call_sites.status();
   auto data = EncodePprof(*profile, {query->from_ms, query->to_ms, query->type,
-                                     registry_->SamplingRate(query->service), &*leaf_lines,
+                                     registry_->SamplingRate(query->service), &leaf_lines,
                                      &*call_sites});
   if (!data.ok()) return data.status();
   v1::ExportResponse response;

@@ -24,7 +24,8 @@ class DebugInfoService final : public v1::DebugInfo::Service {
  public:
   // `authorizer` (optional; null allows every call): Upload needs role operator, List reader.
   // In a cluster: copies the stored file at `path` (its name as uploaded, its build ID) to
-  // the other live nodes, returning those it could not reach. Not called for a copy itself.
+  // the other live nodes, returning those it could not reach. It copies an upload that is
+  // itself such a copy no further.
   using CopyElsewhere = std::function<std::vector<std::string>(
       grpc::ServerContext* context, const std::string& path, const std::string& file_name,
       const std::string& build_id)>;
