@@ -6,12 +6,22 @@
 
 namespace strata::agent {
 
+namespace {
+
+// Functions are identified by their module (build ID when it has one, so the same library in
+// two processes is one node), start offset and name: two files of one build ID may not name
+// it alike (a stripped copy has no name for a local function), and the name a node was sent
+// with is the name it keeps.
+ContextGraph::NodeKey KeyOf(const FunctionRecord& function) {
+  return {function.build_id.empty() ? function.module : function.build_id,
+          function.start_offset, function.name};
+}
+
+}  // namespace
+
 encoding::NodeId ContextGraph::NodeFor(const FunctionRecord& function) {
   absl::MutexLock lock(&mu_);
-  // Functions are identified by their module (build ID when it has one, so the same library
-  // in two processes is one node) and start offset.
-  std::pair<std::string, uint64_t> key(
-      function.build_id.empty() ? function.module : function.build_id, function.start_offset);
+  NodeKey key = KeyOf(function);
   auto it = nodes_.find(key);
   if (it != nodes_.end()) return it->second;
   const encoding::NodeId node = graph_.AddNode();
@@ -77,8 +87,7 @@ absl::Status ContextGraph::Restore(const v1::GraphDelta& delta) {
   }
   for (const v1::FunctionNode& n : delta.nodes()) {
     FunctionRecord f{n.name(), n.module(), n.build_id(), n.start_offset()};
-    std::pair<std::string, uint64_t> key(f.build_id.empty() ? f.module : f.build_id,
-                                         f.start_offset);
+    NodeKey key = KeyOf(f);
     if (n.id() != graph_.num_nodes() || nodes_.contains(key)) {
       return absl::DataLossError(absl::StrCat("graph delta node ", n.id(), " out of order"));
     }

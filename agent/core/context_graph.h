@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -33,6 +34,9 @@ struct FunctionRecord {
 
 class ContextGraph {
  public:
+  // (build ID, or the module's path without one; start offset; name).
+  using NodeKey = std::tuple<std::string, uint64_t, std::string>;
+
   explicit ContextGraph(uint64_t graph_id) : graph_id_(graph_id) {}
 
   uint64_t graph_id() const { return graph_id_; }
@@ -82,8 +86,7 @@ class ContextGraph {
   mutable absl::Mutex mu_;
   encoding::CallGraph graph_ ABSL_GUARDED_BY(mu_);
   std::vector<FunctionRecord> functions_ ABSL_GUARDED_BY(mu_);  // by node ID - 2
-  absl::flat_hash_map<std::pair<std::string, uint64_t>, encoding::NodeId> nodes_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<NodeKey, encoding::NodeId> nodes_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const encoding::Numbering> numbering_ ABSL_GUARDED_BY(mu_);
 };
 

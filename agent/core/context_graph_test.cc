@@ -5,7 +5,7 @@
 namespace strata::agent {
 namespace {
 
-TEST(ContextGraphTest, FunctionsAreKeyedByBuildIdOrModuleAndStart) {
+TEST(ContextGraphTest, FunctionsAreKeyedByBuildIdOrModuleStartAndName) {
   ContextGraph graph(42);
   const auto a = graph.NodeFor({"f", "/usr/lib/libx.so", "BID", 0x100});
   // The same library under another path (another container) is the same function.
@@ -14,7 +14,13 @@ TEST(ContextGraphTest, FunctionsAreKeyedByBuildIdOrModuleAndStart) {
   const auto b = graph.NodeFor({"g", "/bin/app", "", 0x100});
   EXPECT_EQ(graph.NodeFor({"g", "/bin/app", "", 0x100}), b);
   EXPECT_NE(graph.NodeFor({"g", "/bin/other", "", 0x100}), b);
-  EXPECT_EQ(graph.num_nodes(), 2u + 4u);
+  // A stripped copy of the library (same build ID) has no name for the function: its node
+  // must not lend that placeholder to the named one, nor take the name.
+  const auto unnamed = graph.NodeFor({"libx.so+0x300", "/opt/copy/libx.so", "BID", 0x300});
+  const auto named = graph.NodeFor({"h", "/usr/lib/libx.so", "BID", 0x300});
+  EXPECT_NE(named, unnamed);
+  EXPECT_EQ(graph.NodeFor({"h", "/proc/1/root/usr/lib/libx.so", "BID", 0x300}), named);
+  EXPECT_EQ(graph.num_nodes(), 2u + 6u);
 }
 
 TEST(ContextGraphTest, ExtendPathReusesAKnownPrefix) {

@@ -104,23 +104,40 @@ absl::StatusOr<std::shared_ptr<const Module>> ModuleCache::Get(const std::string
   }
   FileKey key{path, inode != 0 ? inode : st.st_ino,
               static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
-  if (auto it = by_file_.find(key); it != by_file_.end()) return it->second;
+  if (auto it = by_file_.find(key); it != by_file_.end()) {
+    // The build ID's module may have gained symbols since (below).
+    if (it->second->build_id_hex.empty()) return it->second;
+    return by_build_id_.at(it->second->build_id_hex);
+  }
   absl::StatusOr<std::unique_ptr<elf::ElfFile>> elf = elf::ElfFile::Open(open_path);
   if (!elf.ok()) return elf.status();
   std::string build_id = (*elf)->BuildIdHex();
-  if (!build_id.empty()) {
-    if (auto it = by_build_id_.find(build_id); it != by_build_id_.end()) {
-      by_file_.emplace(key, it->second);
-      return it->second;
-    }
+  auto known = build_id.empty() ? by_build_id_.end() : by_build_id_.find(build_id);
+  // One build ID is one module, but not every file of it has the same symbols: a stripped
+  // copy seen first must not leave the unstripped binary (same build ID) unnamed, so a module
+  // with .dynsym only is built again from each further file of its build ID until one names
+  // more.
+  if (known != by_build_id_.end() && known->second->symbols_from != SymbolsSource::kDynsymOnly) {
+    by_file_.emplace(key, known->second);
+    return known->second;
   }
   ++opens_;
   std::shared_ptr<const Module> module =
       BuildModule(*std::move(elf), path, elf::RootOf(open_path, path));
-  Count(*module);
+  if (known != by_build_id_.end()) {
+    if (module->symbols_from == SymbolsSource::kDynsymOnly) {
+      by_file_.emplace(key, known->second);
+      return known->second;
+    }
+    known->second = module;
+  }
   by_file_.emplace(key, module);
-  if (build_id.empty()) by_file_only_.emplace(key, module);
-  else by_build_id_.emplace(build_id, module);
+  if (build_id.empty()) {
+    by_file_only_.emplace(key, module);
+  } else if (known == by_build_id_.end()) {
+    by_build_id_.emplace(build_id, module);
+  }
+  Count(*module);
   return module;
 }
 

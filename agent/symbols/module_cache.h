@@ -2,7 +2,9 @@
 // maps them. Each module is opened and compiled once: its ElfFile, SymbolTable and unwind
 // RuleSource are built on first use and are immutable afterwards. Keyed by GNU build ID, or by
 // (path, inode, mtime) for files without one; a file reached again under another path or
-// inode but with a known build ID reuses the existing module.
+// inode but with a known build ID reuses the existing module, unless that module has .dynsym
+// only: then the file is opened, and replaces it if it names more (a stripped copy seen
+// first does not leave the unstripped binary of the same build unnamed).
 //
 // Function names come from the first of: the file's own .symtab; its MiniDebugInfo
 // (.gnu_debugdata); a separate debug file in the target's root (by build ID, then by

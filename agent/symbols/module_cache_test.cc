@@ -84,6 +84,42 @@ TEST_F(ModuleCacheDebugTest, StrippedModuleWithoutDebugInfoHasDynsymOnly) {
   EXPECT_EQ(cache_->symbols_sources().dynsym_only, 1u);
 }
 
+// Two files of one build ID, the stripped one seen first (a stripped copy deployed beside
+// the binary, another process's container image): the unstripped file's symbols replace the
+// stripped one's module, for every file of the build ID from then on.
+TEST_F(ModuleCacheDebugTest, AFileOfTheSameBuildIdWithSymbolsReplacesADynsymOnlyModule) {
+  TempDir root;
+  const std::string stripped_path = "/opt/copy/libfixture.so";
+  ASSERT_TRUE(WriteFile(root.path() + stripped_path, ReadFile(Fixture("stripped.so"))));
+  ASSERT_TRUE(WriteFile(root.path() + kLibPath, ReadFile(Fixture("full.so"))));
+  ModuleCache cache;
+  auto get = [&](const std::string& path) {
+    absl::StatusOr<std::shared_ptr<const Module>> m = cache.Get(root.path() + path, path, 0);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? *m : std::make_shared<const Module>();
+  };
+  std::shared_ptr<const Module> first = get(stripped_path);
+  EXPECT_EQ(first->symbols_from, SymbolsSource::kDynsymOnly);
+  EXPECT_EQ(NameAt(*first, local_ + 1), "");
+  // Another stripped file of the build ID names nothing more: the module stays.
+  const std::string second_copy = "/opt/copy2/libfixture.so";
+  ASSERT_TRUE(WriteFile(root.path() + second_copy, ReadFile(Fixture("stripped.so"))));
+  EXPECT_EQ(get(second_copy), first);
+  std::shared_ptr<const Module> full = get(kLibPath);
+  EXPECT_EQ(full->symbols_from, SymbolsSource::kSymtab);
+  EXPECT_EQ(NameAt(*full, local_ + 1), kLocalFunction);
+  EXPECT_EQ(cache.opens(), 3u);
+  EXPECT_EQ(cache.size(), 1u);
+  // From now on every file of the build ID, the stripped ones included, gets the named module,
+  // without opening anything again.
+  EXPECT_EQ(get(stripped_path), full);
+  EXPECT_EQ(get(second_copy), full);
+  const std::string third_copy = "/opt/copy3/libfixture.so";
+  ASSERT_TRUE(WriteFile(root.path() + third_copy, ReadFile(Fixture("stripped.so"))));
+  EXPECT_EQ(get(third_copy), full);
+  EXPECT_EQ(cache.opens(), 3u);
+}
+
 // (a) Debian: a stripped library and its -dbgsym file under /usr/lib/debug/.build-id.
 TEST_F(ModuleCacheDebugTest, NamesStaticFunctionFromBuildIdDebugFile) {
   TempDir root;

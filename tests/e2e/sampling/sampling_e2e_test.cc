@@ -91,7 +91,8 @@ INSTANTIATE_TEST_SUITE_P(Scopes, SamplingScopeTest, ::testing::Values("per-cpu",
                          });
 
 // A process that starts after the agent is found from the kernel's process events, and its
-// threads (started after it was found) are sampled too, per thread.
+// threads (started after it was found) are sampled too, per thread. A stripped copy of its
+// binary (the same build ID) profiled first does not leave it unnamed.
 TEST(ProcessEventsDiscoveryTest, ProcessStartedLaterIsProfiledWithItsThreads) {
   strata::testing::TempDir dir("strata_discovery_e2e");
   ServerProcess server(dir.File("data"), dir.File("server.log"));
@@ -105,6 +106,16 @@ TEST(ProcessEventsDiscoveryTest, ProcessStartedLaterIsProfiledWithItsThreads) {
   if (agent.Output().find("scanning /proc on a period") != std::string::npos) {
     GTEST_SKIP() << "the kernel's process events are not available here:\n" << agent.Output();
   }
+  const std::string stripped = dir.File("demo_stripped");
+  ASSERT_EQ(RunCommand({"/usr/bin/objcopy", "--strip-all", BinPath("demo_service"), stripped})
+                .exit_code,
+            0);
+  const std::string stripped_service = absl::StrCat("stripped-", getpid());
+  ChildProcess stripped_demo({stripped}, dir.File("stripped.log"),
+                             {{"STRATA_SERVICE", stripped_service}});
+  // Its samples are stored, so the agent has read its (symbol-less) module.
+  ASSERT_TRUE(WaitForSamples(server.address(), stripped_service, 1, absl::Seconds(60)))
+      << agent.Output();
   ChildProcess demo({BinPath("demo_service"), "--idle-threads", "3"}, dir.File("demo.log"));
   ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
   ASSERT_TRUE(agent.WaitForOutput(absl::StrCat("profiling pid ", demo.pid()), 30))
@@ -113,6 +124,7 @@ TEST(ProcessEventsDiscoveryTest, ProcessStartedLaterIsProfiledWithItsThreads) {
       << agent.Output();
   EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();
   demo.Stop(SIGKILL);
+  stripped_demo.Stop(SIGKILL);
   // Both busy threads (the main thread and the worker the demo starts after exec) and the
   // three idle ones got their events, whenever they started.
   EXPECT_GE(PerfEvents(agent.Output()), 5) << agent.Output();
