@@ -14,6 +14,8 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/byte_size.h"
 #include "common/base/config_file.h"
@@ -87,8 +89,8 @@ struct ServerFlags {
   uint32_t cluster_tokens = strata::server::cluster::kDefaultTokens;
   std::string cluster_lease_ttl = "10s", cluster_query_timeout = "10s",
               cluster_replica_timeout = "5s";
-  // How this node calls the other nodes (BuildNodeSecurity).
-  strata::rpc::ClientSecurityOptions node_client;
+  // How this node calls the other nodes, and etcd (BuildNodeSecurity).
+  strata::rpc::ClientSecurityOptions node_client, etcd_client;
 };
 
 // What the flags' texts mean, checked: sizes, durations and retention periods.
@@ -218,8 +220,9 @@ void AddServeFlags(CLI::App& app, ServerFlags& f) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--cluster-etcd", f.cluster_etcd,
-                 "etcd endpoints (http://HOST:2379, comma-separated): run as a node of a cluster "
-                 "whose membership lives there; off: a single server");
+                 "etcd endpoints (http://HOST:2379, or https:// with --cluster-etcd-ca; "
+                 "comma-separated): run as a node of a cluster whose membership lives there; "
+                 "off: a single server");
   app.add_option("--node-id", f.node_id, "this node's ID in the cluster (stable across restarts)");
   app.add_option("--advertise", f.advertise,
                  "host:port agents and other nodes reach this node's gRPC at (default: --listen)");
@@ -253,6 +256,13 @@ void AddServeFlags(CLI::App& app, ServerFlags& f) {
   app.add_option("--cluster-token-file", f.node_client.token_file,
                  "file whose first line is the bearer token this node presents to the others "
                  "(role node in their --auth-file)");
+  app.add_option("--cluster-etcd-ca", f.etcd_client.ca_file,
+                 "PEM CA of etcd's certificate: reach etcd over TLS (https:// endpoints)");
+  app.add_option("--cluster-etcd-cert", f.etcd_client.cert_file,
+                 "client certificate presented to etcd, for its --client-cert-auth (default: "
+                 "the certificate this node presents to the other nodes)");
+  app.add_option("--cluster-etcd-key", f.etcd_client.key_file,
+                 "PEM private key of --cluster-etcd-cert");
   app.add_option("--ingest-threads", f.ingest_threads,
                  "threads that decode and commit agent batches (0: one per core)")
       ->capture_default_str();
@@ -485,10 +495,46 @@ absl::StatusOr<Security> BuildSecurity(ServerFlags& f) {
 // authenticate their callers, as a principal of role node (a client certificate or a token).
 // A node whose own tokens file does not give its token role node is refused at start: the
 // other nodes, configured alike, would refuse every replica it sends.
-absl::StatusOr<strata::rpc::ClientSecurity> BuildNodeSecurity(ServerFlags& f,
-                                                             const Security& security) {
+struct NodeSecurity {
+  strata::rpc::ClientSecurity nodes;  // calls to the other nodes
+  strata::rpc::ClientSecurity etcd;   // calls to etcd
+};
+
+// How a cluster node reaches etcd: over TLS with --cluster-etcd-ca, presenting the node's own
+// certificate unless --cluster-etcd-cert names another.
+absl::StatusOr<strata::rpc::ClientSecurity> BuildEtcdSecurity(ServerFlags& f) {
+  strata::rpc::ClientSecurityOptions& etcd = f.etcd_client;
+  const std::string endpoints = absl::AsciiStrToLower(f.cluster_etcd);
+  const bool https = absl::StrContains(endpoints, "https://");
+  if (etcd.ca_file.empty()) {
+    if (https) {
+      return absl::InvalidArgumentError(
+          "--cluster-etcd has https:// endpoints: give --cluster-etcd-ca (the CA of etcd's "
+          "certificate)");
+    }
+    if (!etcd.cert_file.empty() || !etcd.key_file.empty()) {
+      return absl::InvalidArgumentError("--cluster-etcd-cert needs --cluster-etcd-ca");
+    }
+    return strata::rpc::ClientSecurity();
+  }
+  if (absl::StrContains(endpoints, "http://")) {
+    return absl::InvalidArgumentError(
+        "--cluster-etcd-ca is given: name etcd's endpoints with https://");
+  }
+  if (etcd.cert_file.empty() && etcd.key_file.empty()) {
+    etcd.cert_file = f.node_client.cert_file;
+    etcd.key_file = f.node_client.key_file;
+  }
+  auto loaded = strata::rpc::ClientSecurity::Load(etcd);
+  if (!loaded.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("etcd's TLS: ", loaded.status().message()));
+  }
+  return loaded;
+}
+
+absl::StatusOr<NodeSecurity> BuildNodeSecurity(ServerFlags& f, const Security& security) {
   strata::rpc::ClientSecurityOptions& node = f.node_client;
-  if (f.cluster_etcd.empty()) return strata::rpc::ClientSecurity();
+  if (f.cluster_etcd.empty()) return NodeSecurity();
   if (security.tls_on && node.ca_file.empty()) {
     return absl::InvalidArgumentError(
         "a cluster node serving TLS calls the other nodes over TLS: give --cluster-tls-ca (the "
@@ -523,7 +569,11 @@ absl::StatusOr<strata::rpc::ClientSecurity> BuildNodeSecurity(ServerFlags& f,
       }
     }
   }
-  return strata::rpc::ClientSecurity::Load(node);
+  auto nodes = strata::rpc::ClientSecurity::Load(node);
+  if (!nodes.ok()) return nodes.status();
+  auto etcd = BuildEtcdSecurity(f);
+  if (!etcd.ok()) return etcd.status();
+  return NodeSecurity{*std::move(nodes), *std::move(etcd)};
 }
 
 // Every agent stream and HTTP connection is a file descriptor, beside RocksDB's files: take all
@@ -574,7 +624,7 @@ int StopCleanly(grpc::Server* server, strata::server::http::HttpServer* http_ser
 
 // Serves until SIGINT or SIGTERM, then shuts down cleanly: the server's exit status.
 int Serve(const ServerFlags& f, const ServeSettings& settings, Security& security,
-          strata::rpc::ClientSecurity node_security) {
+          NodeSecurity node_security) {
   auth::Authorizer* authorizer = security.authorizer.get();
   const sigset_t signals = BlockShutdownSignals();
 
@@ -599,11 +649,12 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
 
   namespace cluster = strata::server::cluster;
   std::unique_ptr<cluster::Membership> membership;
-  cluster::NodeChannels node_channels(std::move(node_security));
+  cluster::NodeChannels node_channels(std::move(node_security.nodes));
   cluster::ReplicationMetrics replication_metrics;
   std::unique_ptr<cluster::ClusterPlacement> placement;
   if (!f.cluster_etcd.empty()) {
     auto joined = cluster::Membership::Join({.etcd_endpoints = f.cluster_etcd,
+                                             .etcd_security = std::move(node_security.etcd),
                                              .prefix = f.cluster_prefix,
                                              .node_id = f.node_id,
                                              .advertise = f.advertise,

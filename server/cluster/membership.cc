@@ -38,7 +38,7 @@ absl::StatusOr<std::unique_ptr<Membership>> Membership::Join(MembershipOptions o
     return absl::InvalidArgumentError("the cluster lease TTL must be at least 2 s");
   }
   if (options.tokens == 0) return absl::InvalidArgumentError("a node needs at least one token");
-  auto etcd = EtcdClient::Create(options.etcd_endpoints);
+  auto etcd = EtcdClient::Create(options.etcd_endpoints, {.security = options.etcd_security});
   if (!etcd.ok()) return etcd.status();
   std::unique_ptr<Membership> m(new Membership(std::move(options), *std::move(etcd)));
   if (absl::Status s = m->Register(); !s.ok()) return s;

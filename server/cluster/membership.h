@@ -29,7 +29,8 @@
 namespace strata::server::cluster {
 
 struct MembershipOptions {
-  std::string etcd_endpoints;  // comma-separated http://HOST:PORT
+  std::string etcd_endpoints;  // comma-separated http://HOST:PORT (https:// with TLS)
+  rpc::ClientSecurity etcd_security;  // TLS to etcd, and the client certificate
   std::string prefix = "/strata";
   std::string node_id;
   std::string advertise;  // host:port other nodes and agents reach this node's gRPC at

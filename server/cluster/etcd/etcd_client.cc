@@ -32,14 +32,25 @@ namespace {
 
 using etcd_internal::Endpoint;
 
-// "host:port" for gRPC from "http://host:port" or "host:port"; IPv6 hosts in brackets.
-absl::StatusOr<std::string> ParseEndpoint(absl::string_view endpoint) {
+// "host:port" for gRPC from "http://host:port", "https://host:port" or "host:port"; IPv6
+// hosts in brackets. The scheme must match whether the client speaks TLS.
+absl::StatusOr<std::string> ParseEndpoint(absl::string_view endpoint, bool tls) {
   absl::string_view rest = endpoint;
   if (absl::StartsWithIgnoreCase(rest, "http://")) {
+    if (tls) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "etcd endpoint \"", endpoint, "\": http://, but TLS is set up; use https://"));
+    }
     rest.remove_prefix(7);
+  } else if (absl::StartsWithIgnoreCase(rest, "https://")) {
+    if (!tls) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "etcd endpoint \"", endpoint, "\": https:// needs the CA of etcd's certificate"));
+    }
+    rest.remove_prefix(8);
   } else if (rest.find("://") != absl::string_view::npos) {
     return absl::InvalidArgumentError(
-        absl::StrCat("etcd endpoint \"", endpoint, "\": only http:// is supported"));
+        absl::StrCat("etcd endpoint \"", endpoint, "\": only http:// and https:// are supported"));
   }
   if (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
   size_t colon;
@@ -57,8 +68,8 @@ absl::StatusOr<std::string> ParseEndpoint(absl::string_view endpoint) {
   }
   if (colon == absl::string_view::npos || colon == 0 ||
       rest.find_first_of("/?#@ ") != absl::string_view::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("etcd endpoint \"", endpoint, "\": expected http://host:port or host:port"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "etcd endpoint \"", endpoint, "\": expected http(s)://host:port or host:port"));
   }
   int port = 0;
   const absl::string_view port_text = rest.substr(colon + 1);
@@ -87,7 +98,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   // Connections (and their reconnect backoff) belong to this client, not shared with other
   // channels to the same address in the process.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return options.security.CreateChannel(target, args);
 }
 
 // etcd's watch and keepalive streams are otherwise served by a member that lost its leader,
@@ -360,7 +371,7 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const std::string
   std::vector<std::shared_ptr<Endpoint>> parsed;
   for (absl::string_view part : absl::StrSplit(endpoints, ',')) {
     part = absl::StripAsciiWhitespace(part);
-    absl::StatusOr<std::string> target = ParseEndpoint(part);
+    absl::StatusOr<std::string> target = ParseEndpoint(part, options.security.tls());
     if (!target.ok()) return target.status();
     auto endpoint = std::make_shared<Endpoint>();
     endpoint->name = std::string(part);

@@ -10,7 +10,9 @@
 // starting with the last one that answered; when none is reachable it waits for one to
 // (re)connect until the deadline, then fails Unavailable. Errors are etcd's gRPC statuses with
 // the same code (NotFound for a missing lease, Unavailable, DeadlineExceeded...), the method
-// and endpoint named in the message. Plain-text connections only (http://). Thread-safe.
+// and endpoint named in the message. Endpoints are all http:// (plain text) or all https://
+// (TLS, verified against EtcdClientOptions::security's CA; with its client certificate when
+// etcd runs with --client-cert-auth). Thread-safe.
 #ifndef STRATA_SERVER_CLUSTER_ETCD_ETCD_CLIENT_H_
 #define STRATA_SERVER_CLUSTER_ETCD_ETCD_CLIENT_H_
 
@@ -25,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/rpc/client_security.h"
 
 namespace strata::server::cluster {
 
@@ -58,15 +61,20 @@ struct EtcdClientOptions {
   // The longest wait between attempts to reconnect to an endpoint that went away, so that
   // calls work again soon after etcd comes back.
   absl::Duration max_reconnect_backoff = absl::Seconds(1);
+  // TLS for https:// endpoints: the CA of etcd's certificate, and the client certificate to
+  // present. Plain text (the default) for http:// endpoints. Tokens are not sent: etcd's own
+  // authentication takes the client certificate's CN as its user name.
+  rpc::ClientSecurity security;
 };
 
 class EtcdClient {
  public:
   using Options = EtcdClientOptions;
 
-  // `endpoints`: comma-separated "http://host:port" or "host:port". InvalidArgument when one
-  // is malformed (or https://). Does not connect: an endpoint that is down is an error of
-  // the calls, not of Create.
+  // `endpoints`: comma-separated "http://host:port", "https://host:port" or "host:port";
+  // https:// needs TLS in options.security, http:// needs its absence (InvalidArgument, as
+  // for a malformed endpoint). Does not connect: an endpoint that is down is an error of the
+  // calls, not of Create.
   static absl::StatusOr<std::unique_ptr<EtcdClient>> Create(const std::string& endpoints,
                                                             EtcdClientOptions options = {});
   ~EtcdClient();

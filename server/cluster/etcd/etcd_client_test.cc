@@ -9,6 +9,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
@@ -439,6 +442,98 @@ TEST_F(EtcdOutageTest, WatchDestroyedWhileEtcdIsDownStopsPromptly) {
   const absl::Time start = absl::Now();
   watch->reset();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+// etcd over TLS with --client-cert-auth, certificates from deploy/gen-certs.sh: a client with
+// the CA and a certificate it signed reads, writes, holds leases and watches; one without a
+// certificate, with another CA's, trusting another CA, or speaking plain text gets nothing.
+TEST(EtcdTlsTest, OnlyClientsWithACertificateOfItsCaReachEtcdOverTls) {
+  if (!EtcdTestServer::Available()) {
+    GTEST_SKIP() << EtcdTestServer::kEtcdBinary << " is not installed (Debian package etcd-server)";
+  }
+  std::string dir = (std::filesystem::temp_directory_path() / "strata-etcd-tls-XXXXXX").string();
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  const std::string gen = std::string(STRATA_SOURCE_DIR) + "/deploy/gen-certs.sh";
+  ASSERT_EQ(std::system((gen + " --out " + dir + "/main --node n1 >/dev/null").c_str()), 0);
+  ASSERT_EQ(std::system((gen + " --out " + dir + "/other --ca-name Other --client mallory" +
+                         " --node n1 >/dev/null").c_str()), 0);
+  auto main = [&](const std::string& file) { return dir + "/main/" + file; };
+  auto other = [&](const std::string& file) { return dir + "/other/" + file; };
+  absl::StatusOr<std::unique_ptr<EtcdTestServer>> server =
+      EtcdTestServer::Start(absl::Seconds(60), "127.0.0.1",
+                            {.cert_file = main("server.pem"), .key_file = main("server.key"),
+                             .ca_file = main("ca.pem"), .client_cert_file = main("nodes/n1.pem"),
+                             .client_key_file = main("nodes/n1.key")});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE(absl::StartsWith((*server)->endpoint(), "https://")) << (*server)->endpoint();
+
+  auto connect = [&](const rpc::ClientSecurityOptions& tls, std::string endpoint,
+                     absl::Duration timeout = kWaitTimeout) {
+    absl::StatusOr<rpc::ClientSecurity> security = rpc::ClientSecurity::Load(tls);
+    EXPECT_TRUE(security.ok()) << security.status();
+    EtcdClient::Options options{.call_timeout = timeout};
+    if (security.ok()) options.security = *security;
+    absl::StatusOr<std::unique_ptr<EtcdClient>> client = EtcdClient::Create(endpoint, options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  };
+  std::unique_ptr<EtcdClient> trusted = connect(
+      {.ca_file = main("ca.pem"), .cert_file = main("nodes/n1.pem"),
+       .key_file = main("nodes/n1.key")},
+      (*server)->endpoint());
+  ASSERT_NE(trusted, nullptr);
+  WatchRecorder recorder;
+  absl::StatusOr<std::unique_ptr<EtcdClient::Watch>> watch =
+      trusted->WatchPrefix("tls/", 0, recorder.OnEvent(), recorder.OnEnd());
+  ASSERT_TRUE(watch.ok()) << watch.status();
+  absl::StatusOr<int64_t> lease = trusted->GrantLease(absl::Seconds(30));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_TRUE(trusted->Put("tls/a", "1", *lease).ok());
+  ASSERT_TRUE(recorder.WaitForEvents(1));
+  EXPECT_EQ(recorder.events()[0].kv.value, "1");
+  absl::StatusOr<EtcdClient::RangeResult> read = trusted->GetPrefix("tls/");
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->kvs.size(), 1u);
+
+  // The handshake fails for each of these: no read, no write.
+  const std::string https = (*server)->endpoint();
+  const std::string http = "http://" + std::string(absl::StripPrefix(https, "https://"));
+  struct Refused {
+    std::string what;
+    rpc::ClientSecurityOptions tls;
+    std::string endpoint;
+  };
+  for (const Refused& r : std::vector<Refused>{
+           {"no client certificate", {.ca_file = main("ca.pem")}, https},
+           {"a certificate of another CA",
+            {.ca_file = main("ca.pem"), .cert_file = other("clients/mallory.pem"),
+             .key_file = other("clients/mallory.key")},
+            https},
+           {"trusting another CA",
+            {.ca_file = other("ca.pem"), .cert_file = other("nodes/n1.pem"),
+             .key_file = other("nodes/n1.key")},
+            https},
+           {"plain text", {}, http}}) {
+    // Refused at every attempt, however long the deadline.
+    std::unique_ptr<EtcdClient> client = connect(r.tls, r.endpoint, absl::Milliseconds(500));
+    ASSERT_NE(client, nullptr) << r.what;
+    EXPECT_FALSE(client->GetPrefix("tls/").ok()) << r.what;
+    EXPECT_FALSE(client->Put("tls/b", "2").ok()) << r.what;
+  }
+  read = trusted->GetPrefix("tls/");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->kvs.size(), 1u);
+  // The scheme must match the client's set-up.
+  EXPECT_EQ(EtcdClient::Create(http, {.security = *rpc::ClientSecurity::Load(
+                                          {.ca_file = main("ca.pem")})})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EtcdClient::Create(https).status().code(), absl::StatusCode::kInvalidArgument);
+  watch->reset();
+  server->reset();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
 }
 
 }  // namespace

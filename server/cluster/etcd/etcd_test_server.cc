@@ -64,8 +64,8 @@ absl::StatusOr<std::string> MakeTempDir() {
   return pattern;
 }
 
-std::string Url(const std::string& address, int port) {
-  return absl::StrCat("http://", address, ":", port);
+std::string Url(const std::string& address, int port, bool tls = false) {
+  return absl::StrCat(tls ? "https://" : "http://", address, ":", port);
 }
 
 }  // namespace
@@ -73,7 +73,7 @@ std::string Url(const std::string& address, int port) {
 bool EtcdTestServer::Available() { return access(kEtcdBinary, X_OK) == 0; }
 
 absl::StatusOr<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start(
-    absl::Duration start_timeout, const std::string& address) {
+    absl::Duration start_timeout, const std::string& address, const EtcdTestTls& tls) {
   if (!Available()) {
     return absl::NotFoundError(
         absl::StrCat(kEtcdBinary, " is not installed (Debian package etcd-server)"));
@@ -89,7 +89,7 @@ absl::StatusOr<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start(
       return ports.status();
     }
     std::unique_ptr<EtcdTestServer> server(
-        new EtcdTestServer(*dir, address, ports->first, ports->second, start_timeout));
+        new EtcdTestServer(*dir, address, ports->first, ports->second, start_timeout, tls));
     last = server->Launch();
     if (last.ok()) last = server->WaitUntilServing();
     if (last.ok()) return server;
@@ -100,12 +100,13 @@ absl::StatusOr<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start(
 }
 
 EtcdTestServer::EtcdTestServer(std::string dir, std::string address, int client_port,
-                               int peer_port, absl::Duration start_timeout)
+                               int peer_port, absl::Duration start_timeout, EtcdTestTls tls)
     : dir_(std::move(dir)),
       address_(std::move(address)),
       peer_port_(peer_port),
       start_timeout_(start_timeout),
-      endpoint_(Url(address_, client_port)) {}
+      tls_(std::move(tls)),
+      endpoint_(Url(address_, client_port, !tls_.cert_file.empty())) {}
 
 EtcdTestServer::~EtcdTestServer() {
   Kill();
@@ -130,6 +131,12 @@ absl::Status EtcdTestServer::Launch() {
   for (const auto& [flag, value] : flags) {
     args.push_back(flag);
     args.push_back(value);
+  }
+  if (!tls_.cert_file.empty()) {
+    args.insert(args.end(), {"--cert-file", tls_.cert_file, "--key-file", tls_.key_file});
+  }
+  if (!tls_.ca_file.empty()) {
+    args.insert(args.end(), {"--trusted-ca-file", tls_.ca_file, "--client-cert-auth"});
   }
   // ETCD_* variables are etcd's flags too: keep the caller's out of the test server.
   std::vector<std::string> env;
@@ -165,6 +172,14 @@ absl::Status EtcdTestServer::Launch() {
 
 absl::Status EtcdTestServer::WaitUntilServing() {
   EtcdClient::Options options;
+  if (!tls_.cert_file.empty()) {
+    absl::StatusOr<rpc::ClientSecurity> security =
+        rpc::ClientSecurity::Load({.ca_file = tls_.ca_file,
+                                   .cert_file = tls_.client_cert_file,
+                                   .key_file = tls_.client_key_file});
+    if (!security.ok()) return security.status();
+    options.security = *std::move(security);
+  }
   options.call_timeout = absl::Seconds(1);
   options.max_reconnect_backoff = absl::Milliseconds(100);
   absl::StatusOr<std::unique_ptr<EtcdClient>> client = EtcdClient::Create(endpoint_, options);

@@ -20,6 +20,14 @@
 
 namespace strata::server::cluster {
 
+// TLS of a test etcd: it serves https:// with `cert_file`/`key_file` (signed by `ca_file`)
+// and accepts only clients whose certificate `ca_file` signed (--client-cert-auth). The server's own readiness
+// check presents `client_cert_file`/`client_key_file`.
+struct EtcdTestTls {
+  std::string cert_file, key_file, ca_file;
+  std::string client_cert_file, client_key_file;
+};
+
 class EtcdTestServer {
  public:
   static constexpr char kEtcdBinary[] = "/usr/bin/etcd";
@@ -27,16 +35,17 @@ class EtcdTestServer {
   // Whether the etcd binary is installed; tests skip without it.
   static bool Available();
 
-  // Starts etcd listening on `address` (an IPv4 address of this machine) and waits (up to
-  // `start_timeout`) until it serves reads. NotFound without the binary; otherwise an error
-  // that includes the tail of etcd's log.
+  // Starts etcd listening on `address` (an IPv4 address of this machine), over TLS when
+  // `tls.cert_file` is set, and waits (up to `start_timeout`) until it serves reads. NotFound
+  // without the binary; otherwise an error that includes the tail of etcd's log.
   static absl::StatusOr<std::unique_ptr<EtcdTestServer>> Start(
-      absl::Duration start_timeout = absl::Seconds(60), const std::string& address = "127.0.0.1");
+      absl::Duration start_timeout = absl::Seconds(60), const std::string& address = "127.0.0.1",
+      const EtcdTestTls& tls = {});
   ~EtcdTestServer();
   EtcdTestServer(const EtcdTestServer&) = delete;
   EtcdTestServer& operator=(const EtcdTestServer&) = delete;
 
-  // "http://ADDRESS:PORT", the same across restarts.
+  // "http://ADDRESS:PORT" ("https://" with TLS), the same across restarts.
   const std::string& endpoint() const { return endpoint_; }
   bool running() const { return pid_ > 0; }
 
@@ -51,7 +60,7 @@ class EtcdTestServer {
 
  private:
   EtcdTestServer(std::string dir, std::string address, int client_port, int peer_port,
-                 absl::Duration start_timeout);
+                 absl::Duration start_timeout, EtcdTestTls tls);
   absl::Status Launch();
   absl::Status WaitUntilServing();
 
@@ -59,6 +68,7 @@ class EtcdTestServer {
   const std::string address_;
   const int peer_port_;
   const absl::Duration start_timeout_;
+  const EtcdTestTls tls_;
   const std::string endpoint_;
   pid_t pid_ = -1;
 };

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <regex>
@@ -32,6 +33,7 @@ namespace strata::e2e {
 namespace {
 
 using server::cluster::EtcdTestServer;
+using server::cluster::EtcdTestTls;
 
 int FreePort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -100,10 +102,13 @@ class ClusterTest : public ::testing::Test {
     if (!EtcdTestServer::Available()) {
       GTEST_SKIP() << "no " << EtcdTestServer::kEtcdBinary << " (Debian package etcd-server)";
     }
-    auto etcd = EtcdTestServer::Start();
+    auto etcd = EtcdTestServer::Start(absl::Seconds(60), "127.0.0.1", EtcdTls());
     ASSERT_TRUE(etcd.ok()) << etcd.status();
     etcd_ = *std::move(etcd);
   }
+
+  // etcd's TLS (none: plain text on loopback).
+  virtual EtcdTestTls EtcdTls() { return {}; }
 
   // Adds a node (and starts it): lease TTL 3 s, so a killed node leaves the ring soon.
   Node& AddNode(std::vector<std::string> extra = {}) {
@@ -497,12 +502,11 @@ TEST_F(ClusterTest, RealAgentIsPlacedAndCapturesWorkFromAnyNode) {
 // Nodes that serve TLS and authenticate every caller, as a fleet runs them: each node has a
 // certificate (deploy/gen-certs.sh --node) that it serves with and presents to the other
 // nodes, listed with role node in the tokens file; agents ship with a token of role agent,
-// people query with tokens of role reader and operator.
+// people query with tokens of role reader and operator. etcd serves TLS and requires client
+// certificates; the nodes present theirs.
 class ClusterSecurityTest : public ClusterTest {
  protected:
   void SetUp() override {
-    ClusterTest::SetUp();
-    if (IsSkipped() || HasFatalFailure()) return;
     pki_ = dir_.path() + "/pki";
     CommandResult certs =
         RunCommand({std::string(STRATA_SOURCE_DIR) + "/deploy/gen-certs.sh", "--out", pki_,
@@ -525,6 +529,15 @@ class ClusterSecurityTest : public ClusterTest {
     }
     auth_file_ = dir_.path() + "/auth";
     std::ofstream(auth_file_) << auth;
+    ClusterTest::SetUp();
+  }
+
+  // etcd serves TLS and takes only clients with a certificate of the CA: the nodes present
+  // their node certificates.
+  EtcdTestTls EtcdTls() override {
+    return {.cert_file = Pki("server.pem"), .key_file = Pki("server.key"),
+            .ca_file = Pki("ca.pem"), .client_cert_file = Pki("nodes/n1.pem"),
+            .client_key_file = Pki("nodes/n1.key")};
   }
 
   std::string TokenFile(const std::string& name) const {
@@ -535,7 +548,8 @@ class ClusterSecurityTest : public ClusterTest {
   std::vector<std::string> SecurityArgs(const std::string& id) override {
     return {"--tls-cert", Pki("nodes/" + id + ".pem"), "--tls-key", Pki("nodes/" + id + ".key"),
             "--tls-client-ca", Pki("ca.pem"), "--tls-client-role", "none",
-            "--auth-file", auth_file_, "--cluster-tls-ca", Pki("ca.pem")};
+            "--auth-file", auth_file_, "--cluster-etcd-ca", Pki("ca.pem"),
+            "--cluster-tls-ca", Pki("ca.pem")};
   }
   std::vector<std::string> LoadSecurityArgs() override {
     return {"--tls-ca", Pki("ca.pem"), "--token-file", TokenFile("fleet"),
@@ -713,6 +727,22 @@ TEST_F(ClusterSecurityTest, OnlyNodesReplicateOrCallNodeInternals) {
                                  "--cluster-tls-ca", Pki("ca.pem")});
   EXPECT_EQ(nothing.exit_code, 2) << nothing.output;
   EXPECT_NE(nothing.output.find("--cluster-token-file"), std::string::npos) << nothing.output;
+  // etcd over TLS needs its CA; a CA given for a plain-text endpoint is a mistake too.
+  args = SecurityArgs("n4");
+  const auto etcd_ca = std::find(args.begin(), args.end(), "--cluster-etcd-ca");
+  ASSERT_NE(etcd_ca, args.end());
+  args.erase(etcd_ca, etcd_ca + 2);
+  CommandResult no_etcd_ca = start(args);
+  EXPECT_EQ(no_etcd_ca.exit_code, 2) << no_etcd_ca.output;
+  EXPECT_NE(no_etcd_ca.output.find("--cluster-etcd-ca"), std::string::npos) << no_etcd_ca.output;
+  std::vector<std::string> plain{BinPath("strata-server"), "--listen", "127.0.0.1:0", "--data",
+                                 dir_.path() + "/n4", "--cluster-etcd", "http://127.0.0.1:2379",
+                                 "--node-id", "n4"};
+  args = SecurityArgs("n4");
+  plain.insert(plain.end(), args.begin(), args.end());
+  CommandResult ca_for_http = RunCommand(plain, 30);
+  EXPECT_EQ(ca_for_http.exit_code, 2) << ca_for_http.output;
+  EXPECT_NE(ca_for_http.output.find("https://"), std::string::npos) << ca_for_http.output;
 }
 
 // A network namespace joined to the host by a veth pair, for partitions: `Cut()` takes the
