@@ -88,14 +88,15 @@ struct ServerFlags {
   uint32_t replication_factor = 2;
   uint32_t cluster_tokens = strata::server::cluster::kDefaultTokens;
   std::string cluster_lease_ttl = "10s", cluster_query_timeout = "10s",
-              cluster_replica_timeout = "5s";
+              cluster_replica_timeout = "5s", cluster_debuginfo_sync = "30s";
   // How this node calls the other nodes, and etcd (BuildNodeSecurity).
   strata::rpc::ClientSecurityOptions node_client, etcd_client;
 };
 
 // What the flags' texts mean, checked: sizes, durations and retention periods.
 struct ServeSettings {
-  absl::Duration cluster_lease_ttl, cluster_query_timeout, cluster_replica_timeout;
+  absl::Duration cluster_lease_ttl, cluster_query_timeout, cluster_replica_timeout,
+      cluster_debuginfo_sync;
   uint64_t session_bytes = 0;
   uint64_t max_debuginfo_bytes = 0;
   absl::Duration capture_retention;
@@ -241,6 +242,10 @@ void AddServeFlags(CLI::App& app, ServerFlags& f) {
       ->capture_default_str();
   app.add_option("--cluster-query-timeout", f.cluster_query_timeout,
                  "how long a fan-out query waits for a node before naming it unreachable")
+      ->capture_default_str();
+  app.add_option("--cluster-debuginfo-sync", f.cluster_debuginfo_sync,
+                 "how often uploaded debug files are compared across the nodes and sent to "
+                 "those that lack them (also soon after a node joins)")
       ->capture_default_str();
   app.add_option("--cluster-replica-timeout", f.cluster_replica_timeout,
                  "how long a batch waits for another owner's confirmation")
@@ -402,7 +407,9 @@ absl::StatusOr<ServeSettings> CheckFlags(ServerFlags& f) {
         std::tuple{"--cluster-query-timeout", &f.cluster_query_timeout,
                    &settings.cluster_query_timeout},
         std::tuple{"--cluster-replica-timeout", &f.cluster_replica_timeout,
-                   &settings.cluster_replica_timeout}}) {
+                   &settings.cluster_replica_timeout},
+        std::tuple{"--cluster-debuginfo-sync", &f.cluster_debuginfo_sync,
+                   &settings.cluster_debuginfo_sync}}) {
     auto ms = strata::base::ParseDuration(*text);
     if (!ms.ok() || *ms <= 0) {
       return absl::InvalidArgumentError(
@@ -708,6 +715,7 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
                                      authorizer, &symbolizer);
   std::unique_ptr<cluster::ClusterService> cluster_service;
   std::unique_ptr<cluster::FanoutSource> fanout;
+  std::unique_ptr<cluster::DebugInfoSync> debuginfo_sync;
   if (membership != nullptr) {
     cluster_service = std::make_unique<cluster::ClusterService>(
         membership.get(), store.get(), &registry, aggregator.get(), &symbolizer, authorizer,
@@ -716,6 +724,19 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
                                                      cluster_service.get(), f.replication_factor,
                                                      settings.cluster_query_timeout);
     query.SetProfileSource(fanout.get());
+    strata::server::symbolize::DebugInfoStore* uploads = debuginfo_store->get();
+    debuginfo_sync = std::make_unique<cluster::DebugInfoSync>(
+        membership.get(), &node_channels,
+        [uploads] {
+          std::vector<cluster::LocalDebugFile> files;
+          for (const auto& info : uploads->List()) {
+            if (std::optional<std::string> path = uploads->PathOf(info.build_id)) {
+              files.push_back({info.build_id, info.file_name, *path});
+            }
+          }
+          return files;
+        },
+        settings.cluster_debuginfo_sync);
   }
   strata::server::capture::CaptureService::Options capture_options;
   capture_options.retention = settings.capture_retention;
@@ -779,9 +800,9 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
        .capture_limit_refusals = [&capture] { return capture.limit_refusals(); },
        .symbolizer = &symbolizer,
        .debuginfo = &debuginfo,
-       .more_metrics = membership == nullptr
-                           ? std::function<std::string()>()
-                           : [&] { return cluster::RenderClusterMetrics(*cluster_service); }});
+       .more_metrics = membership == nullptr ? std::function<std::string()>() : [&] {
+         return cluster::RenderClusterMetrics(*cluster_service, debuginfo_sync.get());
+       }});
   if (!f.http.empty()) {
     strata::server::http::HttpServerOptions http_options;
     http_options.max_connections = f.http_max_connections;
@@ -799,7 +820,6 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
   if (!f.http.empty()) std::printf("strata-server HTTP on port %d\n", http_server.port());
   std::printf("strata-server ready on port %d\n", bound_port);
   std::fflush(stdout);
-
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("signal {}: shutting down", sig);

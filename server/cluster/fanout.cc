@@ -16,6 +16,7 @@
 #include "server/auth/grpc_auth.h"
 #include "server/query/lines.h"
 #include "server/query/query_service.h"
+#include "spdlog/spdlog.h"
 
 namespace strata::server::cluster {
 namespace {
@@ -383,6 +384,34 @@ grpc::Status GetCaptureElsewhere(Membership* membership, NodeChannels* channels,
   return last;
 }
 
+namespace {
+
+// Sends the debug file at `path` to `to` as an upload marked routed (not copied further), in
+// the call `client`.
+grpc::Status SendDebugFile(Membership* membership, NodeChannels* channels, const RingMember& to,
+                           const std::string& path, const std::string& file_name,
+                           const std::string& build_id, grpc::ClientContext* client) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("cannot read ", path));
+  auto stub = v1::DebugInfo::NewStub(channels->Get(to.address));
+  PrepareRouted(membership, channels, client, absl::Minutes(10));
+  v1::UploadDebugInfoResponse response;
+  auto writer = stub->Upload(client, &response);
+  v1::DebugInfoChunk chunk;
+  chunk.set_file_name(file_name);
+  chunk.set_expected_build_id(build_id);
+  std::string buffer(1 << 20, '\0');
+  while (in.read(buffer.data(), static_cast<std::streamsize>(buffer.size())) || in.gcount() > 0) {
+    chunk.set_data(buffer.data(), static_cast<size_t>(in.gcount()));
+    if (!writer->Write(chunk)) break;  // the node ended the call: Finish says why
+    chunk.Clear();
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+}  // namespace
+
 std::vector<std::string> CopyDebugInfoElsewhere(Membership* membership, NodeChannels* channels,
                                                 grpc::ServerContext* context,
                                                 const std::string& path,
@@ -393,34 +422,128 @@ std::vector<std::string> CopyDebugInfoElsewhere(Membership* membership, NodeChan
   const std::shared_ptr<const Ring> ring = membership->ring();
   for (const RingMember& m : ring->members()) {
     if (m.id == membership->options().node_id) continue;
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      unreachable.push_back(absl::StrCat(NodeName(m), ": cannot read ", path));
-      continue;
-    }
-    auto stub = v1::DebugInfo::NewStub(channels->Get(m.address));
     grpc::ClientContext client;
-    PrepareRouted(membership, channels, &client, absl::Minutes(10));
-    v1::UploadDebugInfoResponse response;
-    auto writer = stub->Upload(&client, &response);
-    v1::DebugInfoChunk chunk;
-    chunk.set_file_name(file_name);
-    chunk.set_expected_build_id(build_id);
-    std::string buffer(1 << 20, '\0');
-    while (in.read(buffer.data(), static_cast<std::streamsize>(buffer.size())) ||
-           in.gcount() > 0) {
-      chunk.set_data(buffer.data(), static_cast<size_t>(in.gcount()));
-      if (!writer->Write(chunk)) break;  // the node ended the call: Finish says why
-      chunk.Clear();
-    }
-    writer->WritesDone();
-    grpc::Status s = writer->Finish();
+    grpc::Status s = SendDebugFile(membership, channels, m, path, file_name, build_id, &client);
     if (!s.ok()) unreachable.push_back(absl::StrCat(NodeName(m), ": ", s.error_message()));
   }
   return unreachable;
 }
 
-std::string RenderClusterMetrics(ClusterService& service) {
+DebugInfoSync::DebugInfoSync(Membership* membership, NodeChannels* channels,
+                             LocalFiles local_files, absl::Duration interval)
+    : membership_(membership), channels_(channels), local_files_(std::move(local_files)),
+      interval_(interval) {
+  membership_->AddObserver([wakeup = wakeup_](const std::shared_ptr<const Ring>&) {
+    absl::MutexLock lock(&wakeup->mu);
+    wakeup->ring_changed = true;
+  });
+  thread_ = std::thread([this] { Loop(); });
+}
+
+DebugInfoSync::~DebugInfoSync() {
+  {
+    absl::MutexLock lock(&wakeup_->mu);
+    wakeup_->stop = true;
+    if (wakeup_->call != nullptr) wakeup_->call->TryCancel();
+  }
+  thread_.join();
+}
+
+bool DebugInfoSync::Begin(grpc::ClientContext* call) {
+  absl::MutexLock lock(&wakeup_->mu);
+  wakeup_->call = call;
+  return !wakeup_->stop;
+}
+
+void DebugInfoSync::End() {
+  absl::MutexLock lock(&wakeup_->mu);
+  wakeup_->call = nullptr;
+}
+
+void DebugInfoSync::Loop() {
+  // A node that just joined may not serve yet: a ring change starts a round a little later.
+  constexpr absl::Duration kAfterRingChange = absl::Seconds(2);
+  Wakeup& w = *wakeup_;
+  absl::Time next = absl::Now() + kAfterRingChange;
+  while (true) {
+    {
+      absl::MutexLock lock(&w.mu);
+      w.mu.AwaitWithDeadline(absl::Condition(
+                                 +[](Wakeup* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                   return w->stop || w->ring_changed;
+                                 },
+                                 &w),
+                             next);
+      if (w.stop) return;
+      if (w.ring_changed) {
+        w.ring_changed = false;
+        next = std::min(next, absl::Now() + kAfterRingChange);
+        continue;
+      }
+      if (absl::Now() < next) continue;
+    }
+    Round round = RunOnce();
+    for (const std::string& f : round.failures) {
+      spdlog::warn("cluster: debug info sync: {}", f);
+    }
+    next = absl::Now() + interval_;
+  }
+}
+
+DebugInfoSync::Round DebugInfoSync::RunOnce() {
+  Round round;
+  const std::string& self = membership_->options().node_id;
+  const std::shared_ptr<const Ring> ring = membership_->ring();
+  // Who holds which build ID, among the live nodes that answered.
+  std::map<std::string, std::set<std::string>> holders;
+  std::set<std::string> answered{self};
+  std::map<std::string, LocalDebugFile> mine;
+  for (LocalDebugFile& f : local_files_()) {
+    holders[f.build_id].insert(self);
+    mine.emplace(f.build_id, std::move(f));
+  }
+  for (const RingMember& m : ring->members()) {
+    if (m.id == self) continue;
+    auto stub = v1::DebugInfo::NewStub(channels_->Get(m.address));
+    grpc::ClientContext client;
+    PrepareRouted(membership_, channels_, &client, absl::Seconds(10));
+    v1::ListDebugInfoResponse listed;
+    if (!Begin(&client)) return round;
+    grpc::Status s = stub->List(&client, v1::ListDebugInfoRequest(), &listed);
+    End();
+    if (!s.ok()) {
+      round.failures.push_back(absl::StrCat(NodeName(m), ": listing: ", s.error_message()));
+      continue;
+    }
+    answered.insert(m.id);
+    for (const v1::DebugInfoFile& f : listed.uploaded()) holders[f.build_id()].insert(m.id);
+  }
+  for (const auto& [build_id, file] : mine) {
+    const std::set<std::string>& have = holders[build_id];
+    if (*have.begin() != self) continue;  // a holder with a smaller ID sends it
+    for (const RingMember& m : ring->members()) {
+      if (!answered.contains(m.id) || have.contains(m.id)) continue;
+      grpc::ClientContext client;
+      if (!Begin(&client)) return round;
+      grpc::Status s =
+          SendDebugFile(membership_, channels_, m, file.path, file.file_name, build_id, &client);
+      End();
+      if (s.ok()) {
+        ++round.sent;
+        spdlog::info("cluster: debug file {} ({}) sent to {}, which lacked it", build_id,
+                     file.file_name, NodeName(m));
+      } else {
+        round.failures.push_back(
+            absl::StrCat(NodeName(m), ": sending ", build_id, ": ", s.error_message()));
+      }
+    }
+  }
+  sent_.fetch_add(round.sent, std::memory_order_relaxed);
+  failures_.fetch_add(round.failures.size(), std::memory_order_relaxed);
+  return round;
+}
+
+std::string RenderClusterMetrics(ClusterService& service, const DebugInfoSync* debuginfo_sync) {
   const v1::ClusterStatusResponse status = service.RunStatus();
   const MembershipStats m = service.membership().stats();
   const ReplicationMetrics& r = service.metrics();
@@ -465,6 +588,14 @@ std::string RenderClusterMetrics(ClusterService& service) {
   metric("strata_cluster_replica_failures_total", "counter",
          "Batches an owner did not confirm: left unacknowledged for the agent to resend.",
          r.replica_failures.load());
+  if (debuginfo_sync != nullptr) {
+    metric("strata_cluster_debuginfo_sent_total", "counter",
+           "Uploaded debug files sent to a live node that lacked them.",
+           debuginfo_sync->files_sent());
+    metric("strata_cluster_debuginfo_sync_failures_total", "counter",
+           "Nodes not listed or files not sent by the debug info sync (retried next round).",
+           debuginfo_sync->failures());
+  }
   return out;
 }
 

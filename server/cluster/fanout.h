@@ -17,12 +17,16 @@
 #ifndef STRATA_SERVER_CLUSTER_FANOUT_H_
 #define STRATA_SERVER_CLUSTER_FANOUT_H_
 
+#include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/auth/authorizer.h"
 #include "server/cluster/membership.h"
@@ -125,8 +129,62 @@ std::vector<std::string> CopyDebugInfoElsewhere(Membership* membership, NodeChan
                                                 const std::string& file_name,
                                                 const std::string& build_id);
 
-// Prometheus text of the node's ring state and replication counters, for /metrics.
-std::string RenderClusterMetrics(ClusterService& service);
+// A debug file stored on this node, for DebugInfoSync.
+struct LocalDebugFile {
+  std::string build_id;   // lowercase hex
+  std::string file_name;  // as uploaded
+  std::string path;       // where this node keeps it
+};
+
+// Keeps every live node's uploaded debug files the same: a node that was down while a file
+// was uploaded, or joined later, gets it. Each round lists every live node's uploads
+// (DebugInfo.List); for each file some live node lacks, the holder with the smallest node ID
+// sends it (DebugInfo.Upload, marked routed so that it is not copied further). Rounds run
+// every `interval` and soon after each ring change. Borrows the membership and channels.
+class DebugInfoSync {
+ public:
+  using LocalFiles = std::function<std::vector<LocalDebugFile>()>;
+  DebugInfoSync(Membership* membership, NodeChannels* channels, LocalFiles local_files,
+                absl::Duration interval);
+  ~DebugInfoSync();  // stops the rounds
+  DebugInfoSync(const DebugInfoSync&) = delete;
+  DebugInfoSync& operator=(const DebugInfoSync&) = delete;
+
+  uint64_t files_sent() const { return sent_.load(std::memory_order_relaxed); }
+  uint64_t failures() const { return failures_.load(std::memory_order_relaxed); }
+
+ private:
+  // One round: files sent, and the failures ("n3 (addr): reason").
+  struct Round {
+    uint64_t sent = 0;
+    std::vector<std::string> failures;
+  };
+  Round RunOnce();
+  void Loop();
+
+  Membership* const membership_;
+  NodeChannels* const channels_;
+  const LocalFiles local_files_;
+  const absl::Duration interval_;
+  std::atomic<uint64_t> sent_{0}, failures_{0};
+  // Shared with the membership's observer, which outlives this object.
+  struct Wakeup {
+    absl::Mutex mu;
+    bool stop ABSL_GUARDED_BY(mu) = false;
+    bool ring_changed ABSL_GUARDED_BY(mu) = false;
+    grpc::ClientContext* call ABSL_GUARDED_BY(mu) = nullptr;  // cancelled on destruction
+  };
+  // Registers the round's call in flight; false once stopping.
+  bool Begin(grpc::ClientContext* call);
+  void End();
+  const std::shared_ptr<Wakeup> wakeup_ = std::make_shared<Wakeup>();
+  std::thread thread_;
+};
+
+// Prometheus text of the node's ring state, replication and debug info sync counters, for
+// /metrics.
+std::string RenderClusterMetrics(ClusterService& service,
+                                 const DebugInfoSync* debuginfo_sync = nullptr);
 
 class FanoutSource final : public query::ProfileSource {
  public:

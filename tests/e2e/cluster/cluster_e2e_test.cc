@@ -499,6 +499,36 @@ TEST_F(ClusterTest, RealAgentIsPlacedAndCapturesWorkFromAnyNode) {
   EXPECT_EQ(llvm[0], llvm[2]);
 }
 
+// A debug file uploaded while a node is down reaches it when it is back, and reaches a node
+// that joins later: the nodes compare their uploads (every second here) and the holder with
+// the smallest ID sends the missing ones.
+TEST_F(ClusterTest, DebugFilesReachNodesThatMissedTheUpload) {
+  for (int i = 0; i < 3; ++i) AddNode({"--cluster-debuginfo-sync", "1s"});
+  nodes_[2]->process->Stop(SIGTERM, 30);  // leaves the ring at once
+  CommandResult upload = RunCommand({BinPath("strata"), "--server", nodes_[1]->address(),
+                                     "debuginfo", "upload", BinPath("demo_service")},
+                                    60);
+  ASSERT_EQ(upload.exit_code, 0) << upload.output;
+  auto uploaded = [&](const Node& n) {
+    auto channel = grpc::CreateChannel(n.address(), grpc::InsecureChannelCredentials());
+    grpc::ClientContext ctx;
+    v1::ListDebugInfoResponse files;
+    return v1::DebugInfo::NewStub(channel)->List(&ctx, {}, &files).ok() &&
+           files.uploaded_size() == 1 &&
+           files.uploaded(0).file_name().find("demo_service") != std::string::npos;
+  };
+  EXPECT_TRUE(uploaded(*nodes_[0]));
+  Start(2);
+  EXPECT_TRUE(WaitFor([&] { return uploaded(*nodes_[2]); }, absl::Seconds(60))) << Logs();
+  Node& fourth = AddNode({"--cluster-debuginfo-sync", "1s"});
+  EXPECT_TRUE(WaitFor([&] { return uploaded(fourth); }, absl::Seconds(60))) << Logs();
+  // Sent once to each: by n1, the holder with the smallest ID.
+  double sent = 0;
+  for (const auto& n : nodes_) sent += Metric(*n, "strata_cluster_debuginfo_sent_total");
+  EXPECT_EQ(sent, 2) << Logs();
+  EXPECT_EQ(Metric(*nodes_[0], "strata_cluster_debuginfo_sent_total"), 2);
+}
+
 // Nodes that serve TLS and authenticate every caller, as a fleet runs them: each node has a
 // certificate (deploy/gen-certs.sh --node) that it serves with and presents to the other
 // nodes, listed with role node in the tokens file; agents ship with a token of role agent,
