@@ -83,6 +83,7 @@ struct ServerFlags {
   std::string backup_to, restore_from;
   uint32_t backup_keep = 7;
   std::string hash_name = "NAME", hash_role = "reader";
+  std::string forget_node;  // forget-node's node ID
   // Cluster (server/cluster): off without --cluster-etcd.
   std::string cluster_etcd, node_id, advertise, cluster_prefix = "/strata";
   uint32_t replication_factor = 2;
@@ -292,6 +293,7 @@ struct MaintenanceCommands {
   CLI::App* backup = nullptr;
   CLI::App* restore = nullptr;
   CLI::App* hash_token = nullptr;
+  CLI::App* forget_node = nullptr;
 };
 
 MaintenanceCommands AddMaintenanceCommands(CLI::App& app, ServerFlags& f) {
@@ -314,11 +316,47 @@ MaintenanceCommands AddMaintenanceCommands(CLI::App& app, ServerFlags& f) {
   hash_token->add_option("--role", f.hash_role, "agent, reader, operator or node")
       ->check(CLI::IsMember({"agent", "reader", "operator", "node"}))
       ->capture_default_str();
+  CLI::App* forget = m.forget_node = app.add_subcommand(
+      "forget-node", "remove a stopped node from a cluster for good: no node lists it as down "
+                     "any more (a node that starts again with its ID joins as before)");
+  forget->add_option("node", f.forget_node, "the node's --node-id")->required();
+  forget->add_option("--cluster-etcd", f.cluster_etcd, "the cluster's etcd endpoints")
+      ->required();
+  forget->add_option("--cluster-prefix", f.cluster_prefix, "the cluster's key prefix in etcd")
+      ->capture_default_str();
+  forget->add_option("--cluster-etcd-ca", f.etcd_client.ca_file, "PEM CA of etcd's certificate");
+  forget->add_option("--cluster-etcd-cert", f.etcd_client.cert_file,
+                     "client certificate presented to etcd");
+  forget->add_option("--cluster-etcd-key", f.etcd_client.key_file,
+                     "PEM private key of --cluster-etcd-cert");
   return m;
 }
 
+absl::StatusOr<strata::rpc::ClientSecurity> BuildEtcdSecurity(ServerFlags& f);
+
 // Runs the maintenance command given, if any: its exit status, or nullopt to serve.
-std::optional<int> RunMaintenance(const MaintenanceCommands& m, const ServerFlags& f) {
+std::optional<int> RunMaintenance(const MaintenanceCommands& m, ServerFlags& f) {
+  if (*m.forget_node) {
+    auto security = BuildEtcdSecurity(f);
+    if (!security.ok()) {
+      std::fprintf(stderr, "strata-server forget-node: %s\n",
+                   std::string(security.status().message()).c_str());
+      return 2;
+    }
+    auto etcd = strata::server::cluster::EtcdClient::Create(
+        f.cluster_etcd, {.call_timeout = absl::Seconds(10), .security = *std::move(security)});
+    absl::Status forgotten =
+        etcd.ok() ? strata::server::cluster::Membership::Forget(**etcd, f.cluster_prefix,
+                                                                f.forget_node)
+                  : etcd.status();
+    if (!forgotten.ok()) {
+      std::fprintf(stderr, "strata-server forget-node: %s\n",
+                   std::string(forgotten.message()).c_str());
+      return absl::IsInvalidArgument(forgotten) ? 2 : 1;
+    }
+    std::printf("node %s forgotten: no node lists it any more\n", f.forget_node.c_str());
+    return 0;
+  }
   if (*m.hash_token) {
     std::string token;
     std::getline(std::cin, token);

@@ -24,6 +24,18 @@ std::optional<RingMember> ParseMember(const EtcdKeyValue& kv) {
   return RingMember{m.id(), m.address(), m.tokens()};
 }
 
+// Live nodes are PREFIX/nodes/ID (under the node's lease); every node that ever joined is
+// PREFIX/members/ID (no lease), until forgotten.
+std::string NodesPrefix(const std::string& prefix) { return absl::StrCat(prefix, "/nodes/"); }
+std::string MembersPrefix(const std::string& prefix) { return absl::StrCat(prefix, "/members/"); }
+
+bool HasKey(const EtcdClient::RangeResult& range, const std::string& key) {
+  for (const EtcdKeyValue& kv : range.kvs) {
+    if (kv.key == key) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 Membership::Membership(MembershipOptions options, std::unique_ptr<EtcdClient> etcd)
@@ -63,7 +75,25 @@ void Membership::Leave() {
 }
 
 std::string Membership::KeyOf(const std::string& id) const {
-  return absl::StrCat(options_.prefix, "/nodes/", id);
+  return NodesPrefix(options_.prefix) + id;
+}
+
+absl::Status Membership::Forget(EtcdClient& etcd, const std::string& prefix,
+                                const std::string& node_id) {
+  const std::string live = NodesPrefix(prefix) + node_id;
+  auto nodes = etcd.GetPrefix(live);
+  if (!nodes.ok()) return nodes.status();
+  if (HasKey(*nodes, live)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", node_id, " is live (it holds its lease): stop it before forgetting it"));
+  }
+  const std::string record = MembersPrefix(prefix) + node_id;
+  auto members = etcd.GetPrefix(record);
+  if (!members.ok()) return members.status();
+  if (!HasKey(*members, record)) {
+    return absl::NotFoundError(absl::StrCat("no node ", node_id, " in the cluster at ", prefix));
+  }
+  return etcd.Delete(record);
 }
 
 absl::Status Membership::Register() {
@@ -89,6 +119,11 @@ absl::Status Membership::Register() {
   record.set_address(options_.advertise);
   record.set_tokens(options_.tokens);
   record.set_started_ms(absl::ToUnixMillis(absl::Now()));
+  if (absl::Status s =
+          etcd_->Put(MembersPrefix(options_.prefix) + options_.node_id, record.SerializeAsString());
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = etcd_->Put(KeyOf(options_.node_id), record.SerializeAsString(), *lease);
       !s.ok()) {
     return s;
@@ -99,17 +134,19 @@ absl::Status Membership::Register() {
 }
 
 absl::Status Membership::Resync() {
-  auto range = etcd_->GetPrefix(absl::StrCat(options_.prefix, "/nodes/"));
+  auto range = etcd_->GetPrefix(options_.prefix + "/");
   if (!range.ok()) return range.status();
   absl::MutexLock lock(&mu_);
-  std::map<std::string, RingMember> members;
+  std::map<std::string, RingMember> members, known;
+  const std::string nodes = NodesPrefix(options_.prefix);
+  const std::string records = MembersPrefix(options_.prefix);
   for (const EtcdKeyValue& kv : range->kvs) {
-    if (std::optional<RingMember> m = ParseMember(kv)) members.emplace(m->id, *m);
+    std::optional<RingMember> m = ParseMember(kv);
+    if (!m) continue;
+    if (kv.key == nodes + m->id) members.emplace(m->id, *m);
+    if (kv.key == records + m->id) known.emplace(m->id, *m);
   }
-  for (const auto& [id, m] : members_) {
-    if (!members.contains(id)) departed_[id] = m;
-  }
-  for (const auto& [id, m] : members) departed_.erase(id);
+  known_ = std::move(known);
   revision_ = range->revision;
   if (members != members_ || ring_->empty()) {
     members_ = std::move(members);
@@ -119,16 +156,25 @@ absl::Status Membership::Resync() {
 }
 
 void Membership::Apply(const EtcdEvent& event) {
-  const std::string nodes = absl::StrCat(options_.prefix, "/nodes/");
-  if (!absl::StartsWith(event.kv.key, nodes)) return;
-  const std::string id = event.kv.key.substr(nodes.size());
+  const std::string nodes = NodesPrefix(options_.prefix);
+  const std::string records = MembersPrefix(options_.prefix);
   absl::MutexLock lock(&mu_);
   revision_ = std::max(revision_, event.kv.mod_revision);
+  if (absl::StartsWith(event.kv.key, records)) {
+    const std::string id = event.kv.key.substr(records.size());
+    if (event.type == EtcdEvent::Type::kDelete) {
+      if (known_.erase(id) > 0) spdlog::info("cluster: node {} forgotten", base::EscapeForLog(id));
+    } else if (std::optional<RingMember> m = ParseMember(event.kv); m && m->id == id) {
+      known_[id] = *m;
+    }
+    return;
+  }
+  if (!absl::StartsWith(event.kv.key, nodes)) return;
+  const std::string id = event.kv.key.substr(nodes.size());
   if (event.type == EtcdEvent::Type::kDelete) {
     auto it = members_.find(id);
     if (it == members_.end()) return;
     spdlog::info("cluster: node {} ({}) left the ring", base::EscapeForLog(id), it->second.address);
-    departed_[id] = it->second;
     members_.erase(it);
   } else {
     std::optional<RingMember> m = ParseMember(event.kv);
@@ -138,7 +184,6 @@ void Membership::Apply(const EtcdEvent& event) {
     if (it == members_.end()) {
       spdlog::info("cluster: node {} ({}) joined the ring", base::EscapeForLog(id), m->address);
     }
-    departed_.erase(id);
     members_[id] = *m;
   }
   Publish();
@@ -192,7 +237,7 @@ void Membership::WatchLoop() {
       watch_ended_ = false;
     }
     auto watch = etcd_->WatchPrefix(
-        absl::StrCat(options_.prefix, "/nodes/"), from,
+        options_.prefix + "/", from,
         [this](const EtcdEvent& e) { Apply(e); },
         [this](absl::Status why) {
           spdlog::warn("cluster: membership watch ended: {}", why.ToString());
@@ -233,7 +278,9 @@ bool Membership::lease_held() const {
 std::vector<RingMember> Membership::departed() const {
   absl::MutexLock lock(&mu_);
   std::vector<RingMember> out;
-  for (const auto& [id, m] : departed_) out.push_back(m);
+  for (const auto& [id, m] : known_) {
+    if (!members_.contains(id)) out.push_back(m);
+  }
   return out;
 }
 

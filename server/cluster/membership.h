@@ -65,13 +65,19 @@ class Membership {
   // True while this node's last lease refresh is younger than the TTL: past that the others
   // may already have moved its keys, so it must not acknowledge anything as an owner.
   bool lease_held() const;
-  // Members seen since this process started whose lease is gone now.
+  // Nodes that joined this cluster at some time (each keeps a record without a lease under
+  // PREFIX/members/) whose lease is gone now: down, or removed for good until forgotten.
   std::vector<RingMember> departed() const;
   int64_t revision() const;
   MembershipStats stats() const;
   const MembershipOptions& options() const { return options_; }
   // Called (on the watch thread) with every new ring.
   void AddObserver(Observer observer);
+
+  // Removes a node for good: deletes its record, so no node lists it as down any more.
+  // FailedPrecondition while it holds a lease (stop it first), NotFound for an unknown ID.
+  static absl::Status Forget(EtcdClient& etcd, const std::string& prefix,
+                             const std::string& node_id);
 
  private:
   explicit Membership(MembershipOptions options, std::unique_ptr<EtcdClient> etcd);
@@ -92,7 +98,7 @@ class Membership {
 
   mutable absl::Mutex mu_;
   std::map<std::string, RingMember> members_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, RingMember> departed_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, RingMember> known_ ABSL_GUARDED_BY(mu_);  // PREFIX/members/
   std::shared_ptr<const Ring> ring_ ABSL_GUARDED_BY(mu_);
   int64_t revision_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Observer> observers_ ABSL_GUARDED_BY(mu_);

@@ -72,10 +72,44 @@ TEST_F(MembershipTest, MemberWhoseLeaseExpiresLeavesTheRing) {
   ghost.set_id("ghost");
   ghost.set_address("127.0.0.1:9");
   ghost.set_tokens(16);
+  // As a node registers: its record for good, and its live key under the lease.
+  ASSERT_TRUE((*etcd)->Put("/strata/members/ghost", ghost.SerializeAsString()).ok());
   ASSERT_TRUE((*etcd)->Put("/strata/nodes/ghost", ghost.SerializeAsString(), *lease).ok());
   EXPECT_TRUE(WaitFor([&] { return a->ring()->Find("ghost") != nullptr; }, absl::Seconds(10)));
   EXPECT_TRUE(WaitFor([&] { return a->ring()->Find("ghost") == nullptr; }, absl::Seconds(20)));
   EXPECT_EQ(a->departed().size(), 1u);
+}
+
+// A node down before another (re)started is known to it as down, from its record in etcd;
+// forgetting it (a node removed for good) removes it everywhere. A live node cannot be
+// forgotten.
+TEST_F(MembershipTest, DownNodesAreKnownAcrossRestartsUntilForgotten) {
+  auto a = Join("a", "127.0.0.1:1");
+  auto b = Join("b", "127.0.0.1:2");
+  auto c = Join("c", "127.0.0.1:3");
+  ASSERT_TRUE(a && b && c);
+  c.reset();
+  ASSERT_TRUE(WaitFor([&] { return a->departed().size() == 1; }, absl::Seconds(10)));
+  a.reset();
+  a = Join("a", "127.0.0.1:1");  // restarted: it never saw c
+  ASSERT_TRUE(a);
+  ASSERT_EQ(a->departed().size(), 1u);
+  EXPECT_EQ(a->departed()[0].id, "c");
+  EXPECT_EQ(a->departed()[0].address, "127.0.0.1:3");
+
+  auto etcd = EtcdClient::Create(etcd_->endpoint());
+  ASSERT_TRUE(etcd.ok());
+  EXPECT_EQ(Membership::Forget(**etcd, "/strata", "b").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Membership::Forget(**etcd, "/strata", "zz").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(Membership::Forget(**etcd, "/strata", "c").ok());
+  EXPECT_TRUE(WaitFor([&] { return a->departed().empty() && b->departed().empty(); },
+                      absl::Seconds(10)));
+  EXPECT_EQ(a->ring()->members().size(), 2u);
+  // A forgotten node that comes back joins as any node does.
+  c = Join("c", "127.0.0.1:3");
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(WaitFor([&] { return a->ring()->members().size() == 3; }, absl::Seconds(10)));
 }
 
 TEST_F(MembershipTest, SecondNodeWithALiveNodesIdIsRefused) {

@@ -499,6 +499,39 @@ TEST_F(ClusterTest, RealAgentIsPlacedAndCapturesWorkFromAnyNode) {
   EXPECT_EQ(llvm[0], llvm[2]);
 }
 
+// A stopped node is listed as down, also by a node restarted since (from its record in
+// etcd), until `strata-server forget-node` removes it for good; a live node cannot be
+// forgotten.
+TEST_F(ClusterTest, StoppedNodeIsListedDownUntilForgotten) {
+  for (int i = 0; i < 3; ++i) AddNode();
+  nodes_[2]->process->Stop(SIGTERM, 30);
+  nodes_[0]->process->Stop(SIGTERM, 30);
+  Start(0);
+  auto cluster = [&](const Node& n) {
+    CommandResult r = RunCommand({BinPath("strata"), "--server", n.address(), "cluster"}, 30);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.output;
+  };
+  const std::string before = cluster(*nodes_[0]);
+  EXPECT_TRUE(std::regex_search(before, std::regex("n3 .*down"))) << before;
+  auto forget = [&](const std::string& id) {
+    return RunCommand({BinPath("strata-server"), "forget-node", id, "--cluster-etcd",
+                       etcd_->endpoint()},
+                      30);
+  };
+  CommandResult live = forget("n2");
+  EXPECT_EQ(live.exit_code, 1) << live.output;
+  EXPECT_NE(live.output.find("is live"), std::string::npos) << live.output;
+  CommandResult gone = forget("n3");
+  EXPECT_EQ(gone.exit_code, 0) << gone.output;
+  for (int i : {0, 1}) {
+    EXPECT_TRUE(WaitFor([&] { return cluster(*nodes_[i]).find("n3") == std::string::npos; },
+                        absl::Seconds(20)))
+        << cluster(*nodes_[i]);
+  }
+  EXPECT_EQ(forget("n3").exit_code, 1);  // no such node any more
+}
+
 // A debug file uploaded while a node is down reaches it when it is back, and reaches a node
 // that joins later: the nodes compare their uploads (every second here) and the holder with
 // the smallest ID sends the missing ones.
