@@ -46,7 +46,7 @@ struct ReplicationMetrics {
 // token of role node: main.cc's --cluster-tls-* and --cluster-token-file).
 class NodeChannels {
  public:
-  NodeChannels() = default;  // plaintext, no token
+  // rpc::ClientSecurity() for plaintext without a token.
   explicit NodeChannels(rpc::ClientSecurity security) : security_(std::move(security)) {}
 
   std::shared_ptr<grpc::Channel> Get(const std::string& address);
