@@ -14,8 +14,6 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/byte_size.h"
 #include "common/base/config_file.h"
@@ -104,6 +102,16 @@ struct ServeSettings {
   absl::Duration max_capture_duration;
   strata::server::store::StoreOptions store;
 };
+
+// How a node (or forget-node) reaches etcd over TLS: --cluster-etcd-ca/-cert/-key.
+void AddEtcdTlsFlags(CLI::App& app, strata::rpc::ClientSecurityOptions& etcd) {
+  app.add_option("--cluster-etcd-ca", etcd.ca_file,
+                 "PEM CA of etcd's certificate: reach etcd over TLS (https:// endpoints)");
+  app.add_option("--cluster-etcd-cert", etcd.cert_file,
+                 "client certificate presented to etcd, for its --client-cert-auth (a node's "
+                 "default: the certificate it presents to the other nodes)");
+  app.add_option("--cluster-etcd-key", etcd.key_file, "PEM private key of --cluster-etcd-cert");
+}
 
 void AddServeFlags(CLI::App& app, ServerFlags& f) {
   app.add_option("--listen", f.listen, "gRPC address for agents and clients (host:port)");
@@ -262,13 +270,7 @@ void AddServeFlags(CLI::App& app, ServerFlags& f) {
   app.add_option("--cluster-token-file", f.node_client.token_file,
                  "file whose first line is the bearer token this node presents to the others "
                  "(role node in their --auth-file)");
-  app.add_option("--cluster-etcd-ca", f.etcd_client.ca_file,
-                 "PEM CA of etcd's certificate: reach etcd over TLS (https:// endpoints)");
-  app.add_option("--cluster-etcd-cert", f.etcd_client.cert_file,
-                 "client certificate presented to etcd, for its --client-cert-auth (default: "
-                 "the certificate this node presents to the other nodes)");
-  app.add_option("--cluster-etcd-key", f.etcd_client.key_file,
-                 "PEM private key of --cluster-etcd-cert");
+  AddEtcdTlsFlags(app, f.etcd_client);
   app.add_option("--ingest-threads", f.ingest_threads,
                  "threads that decode and commit agent batches (0: one per core)")
       ->capture_default_str();
@@ -324,11 +326,7 @@ MaintenanceCommands AddMaintenanceCommands(CLI::App& app, ServerFlags& f) {
       ->required();
   forget->add_option("--cluster-prefix", f.cluster_prefix, "the cluster's key prefix in etcd")
       ->capture_default_str();
-  forget->add_option("--cluster-etcd-ca", f.etcd_client.ca_file, "PEM CA of etcd's certificate");
-  forget->add_option("--cluster-etcd-cert", f.etcd_client.cert_file,
-                     "client certificate presented to etcd");
-  forget->add_option("--cluster-etcd-key", f.etcd_client.key_file,
-                     "PEM private key of --cluster-etcd-cert");
+  AddEtcdTlsFlags(*forget, f.etcd_client);
   return m;
 }
 
@@ -546,35 +544,28 @@ struct NodeSecurity {
 };
 
 // How a cluster node reaches etcd: over TLS with --cluster-etcd-ca, presenting the node's own
-// certificate unless --cluster-etcd-cert names another.
+// certificate unless --cluster-etcd-cert names another. The endpoints are checked against it
+// here, by the etcd client's own rules, so a mismatch is a flag error at start.
 absl::StatusOr<strata::rpc::ClientSecurity> BuildEtcdSecurity(ServerFlags& f) {
   strata::rpc::ClientSecurityOptions& etcd = f.etcd_client;
-  const std::string endpoints = absl::AsciiStrToLower(f.cluster_etcd);
-  const bool https = absl::StrContains(endpoints, "https://");
-  if (etcd.ca_file.empty()) {
-    if (https) {
-      return absl::InvalidArgumentError(
-          "--cluster-etcd has https:// endpoints: give --cluster-etcd-ca (the CA of etcd's "
-          "certificate)");
-    }
-    if (!etcd.cert_file.empty() || !etcd.key_file.empty()) {
-      return absl::InvalidArgumentError("--cluster-etcd-cert needs --cluster-etcd-ca");
-    }
-    return strata::rpc::ClientSecurity();
+  if (etcd.ca_file.empty() && (!etcd.cert_file.empty() || !etcd.key_file.empty())) {
+    return absl::InvalidArgumentError("--cluster-etcd-cert needs --cluster-etcd-ca");
   }
-  if (absl::StrContains(endpoints, "http://")) {
-    return absl::InvalidArgumentError(
-        "--cluster-etcd-ca is given: name etcd's endpoints with https://");
-  }
-  if (etcd.cert_file.empty() && etcd.key_file.empty()) {
+  if (!etcd.ca_file.empty() && etcd.cert_file.empty() && etcd.key_file.empty()) {
     etcd.cert_file = f.node_client.cert_file;
     etcd.key_file = f.node_client.key_file;
   }
-  auto loaded = strata::rpc::ClientSecurity::Load(etcd);
-  if (!loaded.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("etcd's TLS: ", loaded.status().message()));
+  auto security = strata::rpc::ClientSecurity::Load(etcd);
+  if (!security.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("etcd's TLS: ", security.status().message()));
   }
-  return loaded;
+  if (auto client = strata::server::cluster::EtcdClient::Create(f.cluster_etcd,
+                                                                {.security = *security});
+      !client.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cluster-etcd: ", client.status().message(), " (TLS to etcd: --cluster-etcd-ca)"));
+  }
+  return security;
 }
 
 absl::StatusOr<NodeSecurity> BuildNodeSecurity(ServerFlags& f, const Security& security) {
@@ -858,6 +849,7 @@ int Serve(const ServerFlags& f, const ServeSettings& settings, Security& securit
   if (!f.http.empty()) std::printf("strata-server HTTP on port %d\n", http_server.port());
   std::printf("strata-server ready on port %d\n", bound_port);
   std::fflush(stdout);
+
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("signal {}: shutting down", sig);

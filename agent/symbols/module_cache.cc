@@ -124,20 +124,14 @@ absl::StatusOr<std::shared_ptr<const Module>> ModuleCache::Get(const std::string
   ++opens_;
   std::shared_ptr<const Module> module =
       BuildModule(*std::move(elf), path, elf::RootOf(open_path, path));
-  if (known != by_build_id_.end()) {
-    if (module->symbols_from == SymbolsSource::kDynsymOnly) {
-      by_file_.emplace(key, known->second);
-      return known->second;
-    }
-    known->second = module;
+  if (known != by_build_id_.end() && module->symbols_from == SymbolsSource::kDynsymOnly) {
+    module = known->second;  // names nothing more: keep the build ID's module
+  } else {
+    Count(*module);
+    if (build_id.empty()) by_file_only_.emplace(key, module);
+    else by_build_id_[build_id] = module;  // new, or replacing a .dynsym-only module
   }
   by_file_.emplace(key, module);
-  if (build_id.empty()) {
-    by_file_only_.emplace(key, module);
-  } else if (known == by_build_id_.end()) {
-    by_build_id_.emplace(build_id, module);
-  }
-  Count(*module);
   return module;
 }
 

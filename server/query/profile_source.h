@@ -1,8 +1,8 @@
 // Where answers come from when they are not all in this server's store: in a cluster
 // (server/cluster) the samples, leaf addresses, agents, label sets, phase changes and
-// unwinding counters of a service are spread over the nodes, and the query service reads them through a ProfileSource
-// that asks every live node and merges. A single server has none and reads its own store
-// (ProfileReader), registry and aggregator.
+// unwinding counters of a service are spread over the nodes, and the query service reads
+// them through a ProfileSource that asks every live node and merges. A single server has
+// none and reads its own store (ProfileReader), registry and aggregator.
 #ifndef STRATA_SERVER_QUERY_PROFILE_SOURCE_H_
 #define STRATA_SERVER_QUERY_PROFILE_SOURCE_H_
 
