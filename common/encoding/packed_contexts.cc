@@ -396,14 +396,40 @@ absl::Status ReadCount(std::string_view bytes, size_t* pos, bool count_is_one, s
 // The framing both versions share: after the version byte, the group count, then per group
 // its target ID (strictly increasing) and a body that `read_body(target, group_pos, &pos,
 // &out)` decodes; no trailing bytes. Every group takes at least 4 bytes.
+// Where decoding appends records: it reuses the records (and their ID stacks' memory) that
+// the caller's vector already holds, so that decoding batch after batch into one vector
+// allocates nothing once it has held a batch as large.
+class RecordSink {
+ public:
+  explicit RecordSink(std::vector<ContextRecord>* records) : records_(records) {}
+  // Room for `more` records without moving the earlier ones (references stay valid).
+  void Reserve(size_t more) { records_->reserve(size_ + more); }
+  // A cleared record after the last one.
+  ContextRecord& Append() {
+    if (size_ == records_->size()) records_->emplace_back();
+    ContextRecord& r = (*records_)[size_++];
+    r.target_id = 0;
+    r.context.leaf = 0;
+    r.context.ids.clear();
+    r.count = 0;
+    return r;
+  }
+  size_t size() const { return size_; }
+  const ContextRecord& operator[](size_t i) const { return (*records_)[i]; }
+  // Drops the records beyond those appended.
+  void Finish() { records_->resize(size_); }
+
+ private:
+  std::vector<ContextRecord>* const records_;
+  size_t size_ = 0;
+};
+
 template <typename ReadBody>
-absl::StatusOr<std::vector<ContextRecord>> DecodeGroups(std::string_view bytes,
-                                                        ReadBody read_body) {
+absl::Status DecodeGroups(std::string_view bytes, ReadBody read_body, RecordSink* out) {
   size_t pos = 1;
   uint64_t groups = 0;
   if (!ReadVarint(bytes, &pos, &groups)) return Malformed("truncated group count", pos);
   if (groups > (bytes.size() - pos) / 4) return Malformed("group count beyond the buffer", pos);
-  std::vector<ContextRecord> out;
   uint64_t prev_target = 0;
   for (uint64_t g = 0; g < groups; ++g) {
     uint64_t target = 0;
@@ -414,23 +440,24 @@ absl::StatusOr<std::vector<ContextRecord>> DecodeGroups(std::string_view bytes,
     }
     if (g > 0 && target <= prev_target) return Malformed("targets out of order", group_pos);
     prev_target = target;
-    if (absl::Status s = read_body(static_cast<uint32_t>(target), group_pos, &pos, &out);
+    if (absl::Status s = read_body(static_cast<uint32_t>(target), group_pos, &pos, out);
         !s.ok()) {
       return s;
     }
   }
   if (pos != bytes.size()) return Malformed("trailing bytes", pos);
-  return out;
+  out->Finish();
+  return absl::OkStatus();
 }
 
 // Version 1 group body: context_count, then contexts (head, id part, count).
 absl::Status DecodeGroupV1(std::string_view bytes, uint32_t target, size_t group_pos,
-                           size_t* pos, std::vector<ContextRecord>* out) {
+                           size_t* pos, RecordSink* out) {
   uint64_t n = 0;
   if (!ReadVarint(bytes, pos, &n)) return Malformed("truncated context count", *pos);
   // A context takes at least 2 bytes (head, one id).
   if (n == 0 || n > (bytes.size() - *pos) / 2) return Malformed("bad context count", group_pos);
-  out->reserve(out->size() + n);
+  out->Reserve(n);
   uint64_t leaf = 0;
   uint64_t base = 0;
   for (uint64_t i = 0; i < n; ++i) {
@@ -440,7 +467,7 @@ absl::Status DecodeGroupV1(std::string_view bytes, uint32_t target, size_t group
     const uint64_t delta = head >> kFlagBits;
     if (absl::Status s = AddLeafDelta(delta, at, &leaf); !s.ok()) return s;
     if (delta != 0) base = 0;
-    ContextRecord r;
+    ContextRecord& r = out->Append();
     r.target_id = target;
     r.context.leaf = static_cast<NodeId>(leaf);
     if ((head & kMulti) == 0) {
@@ -464,7 +491,6 @@ absl::Status DecodeGroupV1(std::string_view bytes, uint32_t target, size_t group
         !s.ok()) {
       return s;
     }
-    out->push_back(std::move(r));
   }
   return absl::OkStatus();
 }
@@ -472,7 +498,7 @@ absl::Status DecodeGroupV1(std::string_view bytes, uint32_t target, size_t group
 // Decodes `n` multi-id contexts of target `target` from the bit stream at *pos, appending
 // them to *out and advancing *pos past the stream's padding.
 absl::Status DecodeMultiV2(std::string_view bytes, size_t* pos, uint32_t target, uint64_t n,
-                           uint64_t* total_ids, std::vector<ContextRecord>* out) {
+                           uint64_t* total_ids, RecordSink* out) {
   BitReader bits(bytes, *pos);
   uint64_t leaf = 0;
   uint64_t width = 0, use_runs = 0;
@@ -482,7 +508,7 @@ absl::Status DecodeMultiV2(std::string_view bytes, size_t* pos, uint32_t target,
     uint64_t delta = 0, one = 0, keep = 0, rest = 0, same_width = 0;
     if (!bits.GetExpGolomb(kLeafOrder, &delta)) return Malformed("truncated leaf", at);
     if (absl::Status s = AddLeafDelta(delta, at, &leaf); !s.ok()) return s;
-    ContextRecord r;
+    ContextRecord& r = out->Append();
     r.target_id = target;
     r.context.leaf = static_cast<NodeId>(leaf);
     uint64_t stored_count = 0;
@@ -543,8 +569,7 @@ absl::Status DecodeMultiV2(std::string_view bytes, size_t* pos, uint32_t target,
       }
       ids[keep] += above + 1;
     }
-    prev = out->size();
-    out->push_back(std::move(r));
+    prev = out->size() - 1;
   }
   if (!bits.SkipZeroPadding()) return Malformed("non-zero padding bits", bits.byte_pos());
   *pos = bits.byte_pos();
@@ -554,7 +579,7 @@ absl::Status DecodeMultiV2(std::string_view bytes, size_t* pos, uint32_t target,
 // Version 2 group body: single_count, multi_count, the single-id contexts (varints), the
 // multi-id contexts (bit stream). *total_ids counts the ids of the buffer so far.
 absl::Status DecodeGroupV2(std::string_view bytes, uint32_t target, size_t group_pos,
-                           size_t* pos, uint64_t* total_ids, std::vector<ContextRecord>* out) {
+                           size_t* pos, uint64_t* total_ids, RecordSink* out) {
   uint64_t singles = 0, multis = 0;
   if (!ReadVarint(bytes, pos, &singles) || !ReadVarint(bytes, pos, &multis)) {
     return Malformed("truncated context count", *pos);
@@ -565,7 +590,7 @@ absl::Status DecodeGroupV2(std::string_view bytes, uint32_t target, size_t group
       singles + multis == 0) {
     return Malformed("bad context count", group_pos);
   }
-  out->reserve(out->size() + singles + multis);
+  out->Reserve(singles + multis);
   uint64_t leaf = 0;
   uint64_t prev_id = 0;
   for (uint64_t i = 0; i < singles; ++i) {
@@ -580,14 +605,13 @@ absl::Status DecodeGroupV2(std::string_view bytes, uint32_t target, size_t group
       id += prev_id + 1;
     }
     prev_id = id;
-    ContextRecord r;
+    ContextRecord& r = out->Append();
     r.target_id = target;
     r.context.leaf = static_cast<NodeId>(leaf);
     r.context.ids.push_back(id);
     if (absl::Status s = ReadCount(bytes, pos, (head & 1) != 0, at, &r.count); !s.ok()) {
       return s;
     }
-    out->push_back(std::move(r));
   }
   *total_ids += singles;
   if (*total_ids > kMaxPackedIdsPerBuffer) {
@@ -636,23 +660,34 @@ absl::StatusOr<std::string> EncodePackedContexts(std::vector<ContextRecord> reco
                       version == kPackedContextsVersion1 ? EncodeGroupV1 : EncodeGroupV2);
 }
 
-absl::StatusOr<std::vector<ContextRecord>> DecodePackedContexts(std::string_view bytes) {
+absl::Status DecodePackedContexts(std::string_view bytes, std::vector<ContextRecord>* records) {
   if (bytes.empty()) return Malformed("empty buffer", 0);
+  RecordSink sink(records);
   const uint8_t version = static_cast<uint8_t>(bytes[0]);
   if (version == kPackedContextsVersion) {
     uint64_t total_ids = 0;
-    return DecodeGroups(bytes, [&](uint32_t target, size_t group_pos, size_t* pos,
-                                   std::vector<ContextRecord>* out) {
-      return DecodeGroupV2(bytes, target, group_pos, pos, &total_ids, out);
-    });
+    return DecodeGroups(
+        bytes,
+        [&](uint32_t target, size_t group_pos, size_t* pos, RecordSink* out) {
+          return DecodeGroupV2(bytes, target, group_pos, pos, &total_ids, out);
+        },
+        &sink);
   }
   if (version == kPackedContextsVersion1) {
-    return DecodeGroups(bytes, [&](uint32_t target, size_t group_pos, size_t* pos,
-                                   std::vector<ContextRecord>* out) {
-      return DecodeGroupV1(bytes, target, group_pos, pos, out);
-    });
+    return DecodeGroups(
+        bytes,
+        [&](uint32_t target, size_t group_pos, size_t* pos, RecordSink* out) {
+          return DecodeGroupV1(bytes, target, group_pos, pos, out);
+        },
+        &sink);
   }
   return Malformed(absl::StrCat("unknown version ", version), 0);
+}
+
+absl::StatusOr<std::vector<ContextRecord>> DecodePackedContexts(std::string_view bytes) {
+  std::vector<ContextRecord> records;
+  if (absl::Status s = DecodePackedContexts(bytes, &records); !s.ok()) return s;
+  return records;
 }
 
 }  // namespace strata::encoding

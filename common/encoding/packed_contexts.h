@@ -69,6 +69,10 @@ absl::StatusOr<std::string> EncodePackedContexts(std::vector<ContextRecord> reco
 // sorted by (leaf, id), then the multi-id contexts sorted by (leaf, ids); version 1 yields
 // them sorted by (leaf, single before multi-id, ids).
 absl::StatusOr<std::vector<ContextRecord>> DecodePackedContexts(std::string_view bytes);
+// The same into *records, reusing the records it holds and their ID stacks' memory: a caller
+// that decodes batch after batch into one vector allocates nothing once warm. On error
+// *records holds an unspecified part of the buffer's records.
+absl::Status DecodePackedContexts(std::string_view bytes, std::vector<ContextRecord>* records);
 
 // Varint helpers of the format (exposed for benchmarks and tests).
 void AppendVarint(std::string* out, uint64_t value);

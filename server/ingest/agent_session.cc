@@ -7,6 +7,7 @@
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/base/escape.h"
 #include "common/encoding/packed_contexts.h"
 #include "server/commit/profile_type.h"
@@ -20,13 +21,13 @@ constexpr size_t kMaxDecodeDepth = 4096;
 // thousand per batch); bounds a connected agent's memory.
 constexpr size_t kMaxDecodeCacheEntries = 1 << 14;
 
-std::string DecodeCacheKey(const encoding::EncodedContext& c) {
-  std::string key;
-  key.resize(4 + 8 * c.ids.size());
+// Writes the decode cache's key of `c` into *key (reused: most lookups hit and copy nothing).
+absl::string_view DecodeCacheKey(const encoding::EncodedContext& c, std::string* key) {
+  key->resize(4 + 8 * c.ids.size());
   const uint32_t leaf = c.leaf;
-  std::memcpy(key.data(), &leaf, 4);
-  if (!c.ids.empty()) std::memcpy(key.data() + 4, c.ids.data(), 8 * c.ids.size());
-  return key;
+  std::memcpy(key->data(), &leaf, 4);
+  if (!c.ids.empty()) std::memcpy(key->data() + 4, c.ids.data(), 8 * c.ids.size());
+  return *key;
 }
 
 // Bounds label_set_cache_ (distinct target label sets of one agent).
@@ -245,7 +246,8 @@ absl::Status AgentSession::ApplyGraphDelta(const v1::GraphDelta& delta) {
 absl::StatusOr<uint64_t> AgentSession::StackIdFor(const encoding::Numbering& numbering,
                                                   const encoding::EncodedContext& context,
                                                   store::WriteBatch* wb) {
-  std::string key = DecodeCacheKey(context);
+  thread_local std::string key_buffer;
+  const absl::string_view key = DecodeCacheKey(context, &key_buffer);
   if (auto it = decode_cache_.find(key); it != decode_cache_.end()) return it->second;
   if (auto it = pending_cache_.find(key); it != pending_cache_.end()) return it->second;
 
@@ -279,7 +281,7 @@ absl::StatusOr<uint64_t> AgentSession::StackIdFor(const encoding::Numbering& num
   if (decode_cache_.size() >= kMaxDecodeCacheEntries) decode_cache_.clear();
   // Entries become visible to later batches only once this batch commits (its write batch
   // carries the stack record); see ApplyBatch.
-  pending_cache_.emplace(std::move(key), *stack_id);
+  pending_cache_.emplace(key, *stack_id);
   return *stack_id;
 }
 
@@ -354,14 +356,16 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
   for (const v1::Target& t : batch.targets()) targets[t.id()] = &t;
   // Both context forms as records: packed first, then the repeated field. Malformed packed
   // bytes reject the whole batch before anything is decoded.
-  std::vector<encoding::ContextRecord> contexts;
-  if (!batch.packed_contexts().empty()) {
-    auto packed = encoding::DecodePackedContexts(batch.packed_contexts());
-    if (!packed.ok()) {
+  // One per ingest thread, reused batch after batch: decoding allocates nothing once warm.
+  thread_local std::vector<encoding::ContextRecord> contexts;
+  if (batch.packed_contexts().empty()) {
+    contexts.clear();
+  } else {
+    if (absl::Status s = encoding::DecodePackedContexts(batch.packed_contexts(), &contexts);
+        !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "batch ", batch.sequence(), ": malformed packed contexts: ", packed.status().message()));
+          "batch ", batch.sequence(), ": malformed packed contexts: ", s.message()));
     }
-    contexts = *std::move(packed);
   }
   if (contexts.size() + batch.contexts_size() > limits_.max_batch_contexts) {
     return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(), " has more than ",
