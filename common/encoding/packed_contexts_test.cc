@@ -555,6 +555,26 @@ std::vector<ContextRecord> MixedRecords(uint64_t seed) {
   return in;
 }
 
+// Decoding into a vector that holds another batch's records (more of them, longer ID stacks,
+// or fewer) gives exactly what a fresh decode gives, in both layouts, and after a rejected
+// buffer too.
+TEST(PackedContextsTest, DecodingIntoAUsedVectorGivesTheSameRecords) {
+  for (uint8_t version : {kPackedContextsVersion1, kPackedContextsVersion}) {
+    std::vector<ContextRecord> reused;
+    for (uint64_t seed : {3u, 4u, 5u}) {
+      std::vector<ContextRecord> in = MixedRecords(seed);
+      in.resize(100 * seed - 200);  // 100, 200, then 300 records
+      const std::string bytes = EncodeOrDie(in, version);
+      ASSERT_TRUE(DecodePackedContexts(bytes, &reused).ok());
+      EXPECT_EQ(reused, DecodeOrDie(bytes)) << "version " << int{version} << " seed " << seed;
+    }
+    EXPECT_FALSE(DecodePackedContexts(std::string(1, '\x07'), &reused).ok());
+    const std::string small = EncodeOrDie({R(1, 2, {5}, 1), R(1, 3, {4, 0}, 2)}, version);
+    ASSERT_TRUE(DecodePackedContexts(small, &reused).ok());
+    EXPECT_EQ(reused, DecodeOrDie(small));
+  }
+}
+
 TEST(PackedContextsTest, RandomlyCorruptedVersion1InputNeverCrashes) {
   CorruptionSweep(MixedRecords(7), kPackedContextsVersion1, 7);
 }
