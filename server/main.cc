@@ -477,6 +477,9 @@ absl::StatusOr<ServeSettings> CheckFlags(ServerFlags& f) {
   settings.capture_retention = *retention;
   // Retention per resolution, enforced when RocksDB compacts (see StoreOptions).
   settings.store.sync = f.sync;
+  // Rollups are summed from the raw cells in the background, 30 s after each minute ends
+  // (windows close about 10 s after theirs; later ones roll up at their commit).
+  settings.store.rollup_interval_ms = 5'000;
   for (auto [flag, text, out] :
        {std::tuple{"--retention-raw", &f.raw_retention, &settings.store.raw_retention_ms},
         std::tuple{"--retention-minute", &f.minute_retention,

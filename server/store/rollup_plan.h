@@ -8,6 +8,7 @@
 
 #include "server/store/column.h"
 #include "server/store/records.h"
+#include "server/store/rollups.h"
 
 namespace strata::server::store {
 
@@ -22,15 +23,17 @@ struct Piece {
 };
 
 // kAuto's pieces of [from, to), in ascending time order: raw head, minute head, whole hours,
-// minute tail, raw tail (empty pieces included).
-std::vector<Piece> AutoPieces(int64_t from, int64_t to);
+// minute tail, raw tail (empty pieces included). Rollups are read only before the service's
+// seal (rollups.h): later whole hours come from the minute rollup, later minutes raw.
+std::vector<Piece> AutoPieces(int64_t from, int64_t to, const RollupSeal& seal);
 
 // The pieces `query` reads of [from, to) (0 <= from; nothing when to <= from): its capture's
 // cells, one rollup for a fixed resolution, AutoPieces for kAuto. With `whole_hours`, a
 // kHour piece starts at the first hour window in the range (readers of whole hours).
-// Callers skip empty pieces.
+// Past the seal, a fixed resolution's pieces continue in the next finer column. Callers skip
+// empty pieces.
 std::vector<Piece> PlanPieces(const SampleQuery& query, int64_t from, int64_t to,
-                              bool whole_hours);
+                              bool whole_hours, const RollupSeal& seal);
 
 }  // namespace strata::server::store
 

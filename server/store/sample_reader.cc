@@ -9,10 +9,12 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "common/base/saturating.h"
+#include "server/store/cell_cursor.h"
 #include "server/store/codec.h"
 #include "server/store/db.h"
 #include "server/store/hour_block_cache.h"
 #include "server/store/rollup_plan.h"
+#include "server/store/rollups.h"
 
 namespace strata::server::store {
 namespace {
@@ -21,30 +23,6 @@ namespace {
 struct Totals {
   absl::flat_hash_map<uint64_t, uint64_t> counts;
   absl::flat_hash_map<std::string, uint64_t> hosts;  // samples per host
-};
-
-// A RocksDB iterator over the cells of `scope` in `column`, positioned at window `from` and
-// bounded before window `to`.
-class CellCursor {
- public:
-  CellCursor(const Database& db, Column column, const std::string& scope, int64_t from,
-             int64_t to)
-      : upper_key_(CellPrefix(scope, static_cast<uint64_t>(to))), upper_(upper_key_) {
-    rocksdb::ReadOptions ro;
-    ro.iterate_upper_bound = &upper_;
-    ro.prefix_same_as_start = true;
-    it_.reset(db.db->NewIterator(ro, db.cf(column)));
-    it_->Seek(CellPrefix(scope, static_cast<uint64_t>(from)));
-  }
-  CellCursor(const CellCursor&) = delete;
-  CellCursor& operator=(const CellCursor&) = delete;
-
-  rocksdb::Iterator* operator->() const { return it_.get(); }
-
- private:
-  const std::string upper_key_;
-  const rocksdb::Slice upper_;  // the iterator's upper bound: lives as long as it
-  std::unique_ptr<rocksdb::Iterator> it_;
 };
 
 // The scope (service or capture ID) `query` reads, once its strings are valid key parts.
@@ -69,6 +47,7 @@ absl::StatusOr<std::string> QueryScope(const SampleQuery& query) {
 struct SampleReader::Impl {
   const Database* database;
   HourBlockCache* hour_blocks;
+  const Rollups* rollups;
   int64_t hour_retention_ms;
   std::function<int64_t()> now_ms;
   std::atomic<uint64_t> cells_scanned{0};
@@ -277,8 +256,9 @@ struct SampleReader::Impl {
 };
 
 SampleReader::SampleReader(const Database* db, HourBlockCache* hour_blocks,
-                           int64_t hour_retention_ms, std::function<int64_t()> now_ms)
-    : impl_(new Impl{db, hour_blocks, hour_retention_ms, std::move(now_ms)}) {}
+                           const Rollups* rollups, int64_t hour_retention_ms,
+                           std::function<int64_t()> now_ms)
+    : impl_(new Impl{db, hour_blocks, rollups, hour_retention_ms, std::move(now_ms)}) {}
 
 SampleReader::~SampleReader() = default;
 
@@ -287,7 +267,9 @@ absl::Status SampleReader::ScanSamples(const SampleQuery& query,
   absl::StatusOr<std::string> scope = QueryScope(query);
   if (!scope.ok()) return scope.status();
   const int64_t from = std::max<int64_t>(query.from_ms, 0);
-  for (const Piece& piece : PlanPieces(query, from, query.to_ms, /*whole_hours=*/false)) {
+  const RollupSeal seal = impl_->rollups->Seal(query.service);
+  for (const Piece& piece :
+       PlanPieces(query, from, query.to_ms, /*whole_hours=*/false, seal)) {
     if (piece.from >= piece.to) continue;
     absl::Status s = impl_->ScanCells(piece.column, *scope, piece.from, piece.to, query, fn);
     if (!s.ok()) return s;
@@ -300,7 +282,8 @@ absl::StatusOr<SampleTotals> SampleReader::SumSamples(const SampleQuery& query) 
   if (!scope.ok()) return scope.status();
   const int64_t from = std::max<int64_t>(query.from_ms, 0);
   Totals totals;
-  for (const Piece& piece : PlanPieces(query, from, query.to_ms, /*whole_hours=*/true)) {
+  const RollupSeal seal = impl_->rollups->Seal(query.service);
+  for (const Piece& piece : PlanPieces(query, from, query.to_ms, /*whole_hours=*/true, seal)) {
     if (piece.from >= piece.to) continue;
     absl::Status s =
         piece.column == Column::kRollupHour && impl_->hour_blocks->enabled()

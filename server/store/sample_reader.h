@@ -18,11 +18,14 @@ namespace strata::server::store {
 
 struct Database;
 class HourBlockCache;
+class Rollups;
 
 class SampleReader {
  public:
   // Hours older than now_ms() - hour_retention_ms (when > 0) are never cached.
-  SampleReader(const Database* db, HourBlockCache* hour_blocks, int64_t hour_retention_ms,
+  // `rollups` says how far each service's rollups are complete (rollups.h).
+  SampleReader(const Database* db, HourBlockCache* hour_blocks, const Rollups* rollups,
+               int64_t hour_retention_ms,
                std::function<int64_t()> now_ms);
   ~SampleReader();
   SampleReader(const SampleReader&) = delete;

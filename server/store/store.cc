@@ -1,6 +1,7 @@
 #include "server/store/store.h"
 
 #include <algorithm>
+#include <thread>
 #include <array>
 #include <atomic>
 #include <cstdarg>
@@ -23,6 +24,7 @@
 #include "server/store/data_dir.h"
 #include "server/store/db.h"
 #include "server/store/hour_block_cache.h"
+#include "server/store/rollups.h"
 #include "server/store/merge.h"
 #include "server/store/write_batch_rep.h"
 #include "spdlog/spdlog.h"
@@ -66,6 +68,7 @@ struct Store::Impl {
   std::unique_ptr<Interner> interner;
   std::unique_ptr<SampleReader> samples;
   std::unique_ptr<MetaRecords> meta;
+  std::unique_ptr<Rollups> rollups;
   std::shared_ptr<rocksdb::Cache> block_cache;
   std::array<absl::Mutex, kSequenceStripes> sequence_mu;
   // Referenced by the column family options; must outlive the DB.
@@ -77,12 +80,22 @@ struct Store::Impl {
   absl::Mutex resume_mu;
   absl::Time last_resume ABSL_GUARDED_BY(resume_mu) = absl::InfinitePast();
   bool write_failed ABSL_GUARDED_BY(resume_mu) = false;
+  std::function<int64_t()> now_ms;
+  // The roller: rolls every service up every StoreOptions::rollup_interval_ms.
+  absl::Mutex roller_mu;
+  absl::CondVar roller_wake;
+  bool roller_stop ABSL_GUARDED_BY(roller_mu) = false;
+  std::thread roller;
+  std::atomic<uint64_t> rollup_minute_cells{0};
+  std::atomic<uint64_t> rollup_hour_cells{0};
   std::mutex close_mu;
   bool closed = false;
   absl::Status close_status;
 
-  // Applies a validated batch in one RocksDB write.
-  absl::Status Write(WriteBatch::Rep& rep) {
+  // Applies a validated batch in one RocksDB write; with its raw cells' rollup merges
+  // (`updates` then holds the rollup state to apply once it is written; the caller holds
+  // the rollups' lock).
+  absl::Status Write(WriteBatch::Rep& rep, Rollups::Updates* updates) {
     rocksdb::WriteBatch wb;
     rocksdb::Status s;
     for (const auto& op : rep.ops) {
@@ -110,6 +123,10 @@ struct Store::Impl {
                  EncodeCount(q.sequence));
       if (!s.ok()) return FromRocks(s);
     }
+    if (updates != nullptr) {
+      absl::Status merged = rollups->AddRollupMerges(rep, &wb, updates);
+      if (!merged.ok()) return merged;
+    }
     rocksdb::WriteOptions wo;
     wo.sync = options.sync;
     if (absl::Status resumed = ResumeAfterWriteError(); !resumed.ok()) return resumed;
@@ -121,6 +138,26 @@ struct Store::Impl {
       write_failed = true;
     }
     return FromRocks(s);
+  }
+
+  absl::Status RollUp(int64_t up_to_ms) {
+    absl::StatusOr<RollupStats> rolled = rollups->RollUp(up_to_ms);
+    if (!rolled.ok()) return rolled.status();
+    rollup_minute_cells.fetch_add(rolled->minute_cells, std::memory_order_relaxed);
+    rollup_hour_cells.fetch_add(rolled->hour_cells, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+
+  void RunRoller() {
+    absl::MutexLock lock(&roller_mu);
+    while (!roller_stop) {
+      roller_wake.WaitWithTimeout(&roller_mu, absl::Milliseconds(options.rollup_interval_ms));
+      if (roller_stop) break;
+      roller_mu.Unlock();
+      absl::Status rolled = RollUp(now_ms() - options.rollup_delay_ms);
+      if (!rolled.ok()) spdlog::error("store: rolling up samples: {}", rolled.ToString());
+      roller_mu.Lock();
+    }
   }
 
   // OK when writes may be tried; Unavailable while RocksDB stays stopped by an earlier error.
@@ -248,8 +285,16 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
     }
     if (!got.ok()) return FromRocks(got);
   }
+  impl->rollups = std::make_unique<Rollups>(&impl->database, impl->hour_blocks.get());
+  if (absl::Status loaded = impl->rollups->Load(now_ms()); !loaded.ok()) return loaded;
   impl->samples = std::make_unique<SampleReader>(&impl->database, impl->hour_blocks.get(),
-                                                 options.hour_retention_ms, std::move(now_ms));
+                                                 impl->rollups.get(), options.hour_retention_ms,
+                                                 now_ms);
+  impl->now_ms = std::move(now_ms);
+  if (options.rollup_interval_ms > 0) {
+    Impl* roller = impl.get();
+    impl->roller = std::thread([roller] { roller->RunRoller(); });
+  }
   impl->meta = std::make_unique<MetaRecords>(&impl->database);
   return std::unique_ptr<Store>(new Store(std::move(impl)));
 }
@@ -258,6 +303,14 @@ absl::Status Store::Close() {
   std::lock_guard<std::mutex> lock(impl_->close_mu);
   if (impl_->closed) return impl_->close_status;
   impl_->closed = true;
+  if (impl_->roller.joinable()) {
+    {
+      absl::MutexLock lock(&impl_->roller_mu);
+      impl_->roller_stop = true;
+      impl_->roller_wake.Signal();
+    }
+    impl_->roller.join();
+  }
   rocksdb::FlushOptions fo;
   fo.wait = true;
   std::vector<rocksdb::ColumnFamilyHandle*> handles(impl_->database.columns.begin(), impl_->database.columns.end());
@@ -298,7 +351,16 @@ absl::Status Store::Commit(WriteBatch* batch) {
     }
     if (!status.ok()) break;
   }
-  if (status.ok()) status = impl_->Write(rep);
+  if (status.ok()) {
+    if (rep.cell_ops.empty()) {
+      status = impl_->Write(rep, nullptr);
+    } else {
+      absl::MutexLock rollup_lock(&impl_->rollups->CommitLock());
+      Rollups::Updates updates;
+      status = impl_->Write(rep, &updates);
+      if (status.ok()) impl_->rollups->Committed(updates);
+    }
+  }
   for (auto it = stripes.rbegin(); it != stripes.rend(); ++it) impl_->sequence_mu[*it].Unlock();
   // After the write is visible (see HourBlockCache); also after a failed write, which may
   // have been applied before failing to report.
@@ -309,6 +371,8 @@ absl::Status Store::Commit(WriteBatch* batch) {
   batch->Clear();
   return absl::OkStatus();
 }
+
+absl::Status Store::RollUp(int64_t up_to_ms) { return impl_->RollUp(up_to_ms); }
 
 Interner& Store::interner() { return *impl_->interner; }
 SampleReader& Store::samples() { return *impl_->samples; }
@@ -338,6 +402,8 @@ StoreStats Store::Stats() {
   stats.cells_scanned = impl_->samples->cells_scanned();
   stats.write_errors = impl_->write_errors.load(std::memory_order_relaxed);
   stats.write_resumes = impl_->resumes.load(std::memory_order_relaxed);
+  stats.rollup_minute_cells = impl_->rollup_minute_cells.load(std::memory_order_relaxed);
+  stats.rollup_hour_cells = impl_->rollup_hour_cells.load(std::memory_order_relaxed);
   const HourBlockCache::Counters hour_blocks = impl_->hour_blocks->counters();
   stats.hour_block_hits = hour_blocks.hits;
   stats.hour_block_misses = hour_blocks.misses;

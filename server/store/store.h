@@ -24,8 +24,10 @@
 //   services   service -> first/last window and total samples (min/max/sum merge operator),
 //              so ListServices reads one small record per service
 //   rollup_1m, rollup_1h
-//              same layout as samples, windows truncated to 1 minute / 1 hour, written by
-//              the same commit; long-range queries read them (Resolution::kAuto).
+//              same layout as samples, windows truncated to 1 minute / 1 hour, summed from
+//              the raw cells by RollUp() once a minute or hour is over; long-range queries
+//              read them (Resolution::kAuto) up to each service's seal (meta), the raw cells
+//              after it
 //              SumSamples keeps each (service, hour) of rollup_1h summed per (host, stack)
 //              in memory (StoreOptions::hour_block_cache_bytes); a commit adding samples to
 //              an hour drops that hour's aggregate
@@ -83,6 +85,11 @@ struct StoreOptions {
   int64_t raw_retention_ms = 0;
   int64_t minute_retention_ms = 0;
   int64_t hour_retention_ms = 0;
+  // The minute and hour rollups are summed from the raw cells by a background roller every
+  // this many milliseconds (0: only when RollUp() is called), for the whole minutes and hours
+  // that ended rollup_delay_ms ago; until then queries read the raw cells of those ranges.
+  int64_t rollup_interval_ms = 0;
+  int64_t rollup_delay_ms = 30'000;
   // Test hook: clock used by retention, Unix milliseconds (default: base::NowMs()).
   std::function<int64_t()> now_ms_for_testing;
   // Test hook: replaces the content hash used for stack and function IDs so that tests
@@ -109,6 +116,9 @@ struct StoreStats {
   // Writes RocksDB refused (disk full, I/O errors), and recoveries from them.
   uint64_t write_errors = 0;
   uint64_t write_resumes = 0;
+  // Cells written to the minute and hour rollups by RollUp().
+  uint64_t rollup_minute_cells = 0;
+  uint64_t rollup_hour_cells = 0;
 };
 
 class Store {
@@ -128,6 +138,11 @@ class Store {
   // and clears it on success. AlreadyExists (nothing written) when the batch sets an agent's
   // applied sequence that is not above the stored one.
   absl::Status Commit(WriteBatch* batch);
+
+  // Sums the raw cells of every whole minute before `up_to_ms` into the minute rollup, and
+  // the minutes of every whole hour into the hour rollup, where not done yet (the roller of
+  // StoreOptions::rollup_interval_ms calls it; tests and tools may too).
+  absl::Status RollUp(int64_t up_to_ms);
 
   Interner& interner();
   SampleReader& samples();

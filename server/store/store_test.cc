@@ -632,6 +632,7 @@ TEST_F(StoreTest, AutoResolutionMatchesRawTotalsAndUsesRollups) {
     batch.AddSamples("svc", w, (w / 10'000) % 2 ? "a" : "b", 1 + (w / 10'000) % 3, 1 + w % 7);
   }
   CommitOk(&batch);
+  ASSERT_TRUE(store_->RollUp(3 * kHour).ok());
   for (auto [from, to] : std::vector<std::pair<int64_t, int64_t>>{
            {0, 3 * kHour}, {25'000, 2 * kHour + 95'000}, {kHour - 10'000, kHour + 130'000},
            {30'000, 50'000}, {kMin, 2 * kMin}}) {
@@ -671,6 +672,75 @@ TEST_F(StoreTest, AutoResolutionMatchesRawTotalsAndUsesRollups) {
   EXPECT_TRUE(hours.contains(kHour) && hours.contains(2 * kHour));
 }
 
+// The rollups, summed from the raw cells, hold exactly the raw counts per hour and minute:
+// cells of windows rolled up already (late batches) add to them at commit, a restart rolls up
+// only what was not, and a store written before seals keeps its rollups as they were.
+TEST_F(StoreTest, RollupsHoldTheRawCountsThroughLateCellsRestartsAndUpgrades) {
+  constexpr int64_t kMin = 60'000, kHour = 3'600'000;
+  // Per (unit window, stack) of one resolution, all hosts.
+  auto cells = [&](Resolution r, int64_t unit) {
+    std::map<std::pair<int64_t, uint64_t>, uint64_t> out;
+    EXPECT_TRUE(store_->samples()
+                    .ScanSamples({"svc", 0, 10 * kHour, std::nullopt, std::nullopt, r},
+                                 [&](const SampleKey& k, uint64_t c) {
+                                   out[{k.window_start_ms - k.window_start_ms % unit,
+                                        k.stack_id}] += c;
+                                 })
+                    .ok());
+    return out;
+  };
+  auto expect_consistent = [&](const std::string& when) {
+    EXPECT_EQ(cells(Resolution::kMinute, kMin), cells(Resolution::kRaw, kMin)) << when;
+    EXPECT_EQ(cells(Resolution::kHour, kHour), cells(Resolution::kRaw, kHour)) << when;
+    EXPECT_EQ(cells(Resolution::kAuto, kHour), cells(Resolution::kRaw, kHour)) << when;
+  };
+  auto write = [&](int64_t from, int64_t to, uint64_t stack) {
+    WriteBatch batch;
+    for (int64_t w = from; w < to; w += 10'000) {
+      batch.AddSamples("svc", w, w % 20'000 ? "a" : "b", stack + w / kHour, 1 + w % 5);
+    }
+    CommitOk(&batch);
+  };
+  write(kHour / 2, 2 * kHour + 7 * kMin, 1);
+  expect_consistent("before any roll");
+  ASSERT_TRUE(store_->RollUp(kHour + 30 * kMin + 20'000).ok());
+  const uint64_t minute_cells = store_->Stats().rollup_minute_cells;
+  EXPECT_GT(minute_cells, 0u);
+  expect_consistent("rolled up to 01:30");
+  write(kHour + 10 * kMin, kHour + 11 * kMin, 7);  // late: a sealed minute and unsealed hour
+  write(kHour + 40 * kMin, kHour + 41 * kMin, 7);  // not sealed yet
+  expect_consistent("late cells");
+  ASSERT_TRUE(store_->RollUp(2 * kHour + 5 * kMin).ok());
+  expect_consistent("rolled up to 02:05");
+  write(20 * kMin, 21 * kMin, 9);  // late into a sealed hour
+  expect_consistent("late cells in a sealed hour");
+  Reopen();
+  expect_consistent("reopened");
+  const uint64_t rolled_before = store_->Stats().rollup_minute_cells;
+  ASSERT_TRUE(store_->RollUp(2 * kHour + 5 * kMin).ok());  // nothing left to roll up
+  EXPECT_EQ(store_->Stats().rollup_minute_cells, rolled_before);
+  ASSERT_TRUE(store_->RollUp(3 * kHour).ok());
+  expect_consistent("reopened and rolled up");
+
+  // A store written before seals: rollups merged at commit, no seal record.
+  const std::string upgraded = "old";
+  for (Column c : {Column::kSamples, Column::kRollupMinute, Column::kRollupHour}) {
+    ASSERT_TRUE(
+        store_->PutRawForTesting(c, EncodeCellKey(upgraded, 0, "h", 5), EncodeCount(3)).ok());
+  }
+  ASSERT_TRUE(store_->PutRawForTesting(Column::kServices, upgraded, EncodeServiceSummary(0, 0, 3))
+                  .ok());
+  Reopen();
+  ASSERT_TRUE(store_->RollUp(5 * kHour).ok());
+  uint64_t minute_total = 0;
+  ASSERT_TRUE(store_->samples()
+                  .ScanSamples({upgraded, 0, kHour, std::nullopt, std::nullopt,
+                                Resolution::kMinute},
+                               [&](const SampleKey&, uint64_t c) { minute_total += c; })
+                  .ok());
+  EXPECT_EQ(minute_total, 3u);  // not rolled up a second time
+}
+
 TEST_F(StoreTest, RetentionDropsOldCellsPerResolution) {
   constexpr int64_t kHour = 3'600'000;
   options_.now_ms_for_testing = [] { return 10 * kHour; };
@@ -682,6 +752,7 @@ TEST_F(StoreTest, RetentionDropsOldCellsPerResolution) {
   batch.AddSamples("svc", 6 * kHour, "h", 1, 7);   // beyond raw retention only
   batch.AddSamples("svc", 9 * kHour, "h", 1, 11);  // kept everywhere
   CommitOk(&batch);
+  ASSERT_TRUE(store_->RollUp(10 * kHour).ok());
   ASSERT_TRUE(store_->CompactAll().ok());
   auto windows = [&](Resolution r) {
     std::map<int64_t, uint64_t> out;
@@ -879,7 +950,8 @@ class SumSamplesTest : public StoreTest {
     EXPECT_EQ(got.hosts, want.hosts) << q.from_ms << ".." << q.to_ms;
     EXPECT_EQ(got.host_samples, want.host_samples) << q.from_ms << ".." << q.to_ms;
   }
-  void Fill() {
+  // Four hours of two services; with `roll`, rolled up as the server's roller would have.
+  void Fill(bool roll = true) {
     WriteBatch batch;
     for (int64_t w = 0; w < 4 * kHour; w += 10'000) {
       const int64_t i = w / 10'000;
@@ -888,11 +960,15 @@ class SumSamplesTest : public StoreTest {
       batch.AddSamples("svc2", w, "a", 1, 1000);
     }
     CommitOk(&batch);
+    if (roll) ASSERT_TRUE(store_->RollUp(4 * kHour).ok());
   }
 };
 
+// Before the rollups are written, with some of them written, and with all of them.
 TEST_F(SumSamplesTest, MatchesScanForEveryResolutionRangeAndHost) {
-  Fill();
+  Fill(/*roll=*/false);
+  for (int64_t rolled_up_to : {int64_t{0}, 2 * kHour + 5 * 60'000, 4 * kHour}) {
+  ASSERT_TRUE(store_->RollUp(rolled_up_to).ok());
   for (Resolution r : {Resolution::kAuto, Resolution::kRaw, Resolution::kMinute, Resolution::kHour}) {
     for (auto [from, to] : std::vector<std::pair<int64_t, int64_t>>{
              {0, 4 * kHour}, {25'000, 3 * kHour + 95'000}, {kHour - 10'000, kHour + 130'000},
@@ -916,6 +992,7 @@ TEST_F(SumSamplesTest, MatchesScanForEveryResolutionRangeAndHost) {
       EXPECT_EQ(got.hosts, want.hosts);
       EXPECT_EQ(got.host_samples, want.host_samples);
     }
+  }
   }
   const StoreStats stats = store_->Stats();
   EXPECT_GT(stats.hour_block_hits, 0u);

@@ -20,17 +20,13 @@ void WriteBatch::AddSamples(std::string_view service, int64_t window_start_ms,
       !rep_->CheckWindow(window_start_ms)) {
     return;
   }
+  // The rollups are the store's: sealed windows get theirs at commit, the others from the
+  // roller (rollups.h).
+  rep_->cell_ops.push_back(rep_->ops.size());
   rep_->Add(Column::kSamples, Rep::OpType::kMerge,
             EncodeCellKey(service, window_start_ms, host, stack_id, label_set),
             EncodeCount(count));
-  rep_->Add(Column::kRollupMinute, Rep::OpType::kMerge,
-            EncodeCellKey(service, window_start_ms - window_start_ms % kMinuteMs, host,
-                                 stack_id, label_set),
-            EncodeCount(count));
   const int64_t hour = window_start_ms - window_start_ms % kHourMs;
-  rep_->Add(Column::kRollupHour, Rep::OpType::kMerge,
-            EncodeCellKey(service, hour, host, stack_id, label_set),
-            EncodeCount(count));
   if (hour != rep_->last_touched_hour || service != rep_->last_touched_service) {
     rep_->touched_hours.insert(CellPrefix(service, static_cast<uint64_t>(hour)));
     rep_->last_touched_hour = hour;

@@ -31,6 +31,9 @@ struct WriteBatch::Rep {
     std::string value;  // end key for kDeleteRange
   };
   std::vector<Op> ops;
+  // Indexes in `ops` of the raw sample cells (AddSamples): Store::Commit adds their rollup
+  // merges where their windows are sealed (rollups.h).
+  std::vector<size_t> cell_ops;
   absl::flat_hash_map<std::string, ServiceSummary> services;
   struct Sequence {
     std::string agent_id;
