@@ -1,0 +1,163 @@
+// Guards the server's ingest cost per sample against large regressions on a shared, noisy
+// machine: a short fleet run (strata-loadgen against a real strata-server) measures the
+// server's CPU per million samples, and the same process measures an anchor on the same
+// batches: unpacking them and decoding every context against the agents' call graph, the
+// core of what the server does per sample, without the store, the aggregation tables or
+// gRPC. Both move with the machine's speed and load; their ratio moves with what the server
+// does around decoding, which is where features add cost per sample. The figure and its
+// bound are printed on every run.
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "common/encoding/graph.h"
+#include "common/encoding/numbering.h"
+#include "common/encoding/packed_contexts.h"
+#include "common/testing/http_get.h"
+#include "common/testing/temp_dir.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/harness.h"
+#include "tools/loadgen/program.h"
+
+namespace strata::e2e {
+namespace {
+
+// The server's CPU per sample may be at most this many times the anchor's. Measured at 38
+// on a 2-core machine with a load average of 6 (other builds and tests beside it); a
+// regression of the size that once went unseen (3x) crosses it, noise does not.
+constexpr double kMaxRatio = 100;
+
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// CPU milliseconds per million samples to unpack and decode the load generator's batches
+// (its default program, as every simulated agent sends it), the fastest of a few rounds.
+double AnchorMsPerMillionSamples() {
+  auto program = loadgen::Program::Build({});
+  EXPECT_TRUE(program.ok()) << program.status();
+  if (!program.ok()) return -1;
+  encoding::CallGraph graph;
+  for (const v1::GraphDelta& delta : (*program)->DeltasFrom(0, 0)) {
+    EXPECT_TRUE(graph.EnsureNodes(delta.first_node() + delta.nodes_size()).ok());
+    for (const v1::CallEdge& e : delta.edges()) {
+      EXPECT_TRUE(graph.AddEdge({e.caller(), e.call_site(), e.callee()}).ok());
+    }
+  }
+  auto numbering = encoding::Numbering::Compute(graph, (*program)->epoch());
+  EXPECT_TRUE(numbering.ok()) << numbering.status();
+  if (!numbering.ok()) return -1;
+  double best = 1e300;
+  std::vector<encoding::ContextRecord> records;
+  for (int round = 0; round < 5; ++round) {
+    uint64_t samples = 0, frames = 0;
+    const double start = ThreadCpuSeconds();
+    for (uint64_t i = 0; i < 16; ++i) {
+      const loadgen::Payload& payload = (*program)->payload(i);
+      EXPECT_TRUE(encoding::DecodePackedContexts(payload.packed_contexts, &records).ok());
+      for (const encoding::ContextRecord& r : records) {
+        bool truncated = false;
+        auto path = encoding::Decode(**numbering, r.context, &truncated);
+        EXPECT_TRUE(path.ok()) << path.status();
+        if (path.ok()) frames += path->size();
+      }
+      samples += payload.samples;
+    }
+    EXPECT_GT(frames, 0u);
+    best = std::min(best, (ThreadCpuSeconds() - start) * 1e3 / (samples * 1e-6));
+  }
+  return best;
+}
+
+// The server's user + system CPU seconds so far (/proc/PID/stat).
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Fields after the command's closing parenthesis; utime and stime are the 12th and 13th.
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  double utime = 0, stime = 0;
+  for (int i = 1; i <= 13 && rest >> field; ++i) {
+    if (i == 12) (void)absl::SimpleAtod(field, &utime);
+    if (i == 13) (void)absl::SimpleAtod(field, &stime);
+  }
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Samples the server applied so far (its /metrics), -1 if unreadable.
+double SamplesApplied(int http_port) {
+  auto [status, metrics] = strata::testing::HttpGet(http_port, "/metrics");
+  std::smatch m;
+  double v = -1;
+  if (status == 200 &&
+      std::regex_search(metrics, m, std::regex("\nstrata_ingest_samples_total ([0-9.e+]+)"))) {
+    (void)absl::SimpleAtod(m[1].str(), &v);
+  }
+  return v;
+}
+
+// Waits until the server has applied at least `samples`; false after `timeout_s`.
+bool AwaitSamples(int http_port, double samples, double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (SamplesApplied(http_port) >= samples) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return false;
+}
+
+TEST(IngestCostGuardTest, ServerCpuPerSampleStaysWithinItsBoundOfTheDecodeAnchor) {
+  strata::testing::TempDir dir("ingest_cost_guard");
+  const double anchor_before = AnchorMsPerMillionSamples();
+  ServerProcess server(dir.path() + "/data", dir.path() + "/server.log",
+                       {"--http", "127.0.0.1:0"});
+  ASSERT_GT(server.http_port(), 0) << server.process().Output();
+  // 300 agents at the default 99 Hz x 4 threads and 10 s intervals: about 120,000 samples
+  // per second. The CPU is measured once every agent has connected and shipped (graphs
+  // sent, tables grown), over 2.4 million samples of steady load.
+  constexpr int kAgents = 300;
+  ChildProcess load({BinPath("strata-loadgen"), "--server", server.address(), "--json",
+                     "--agents", std::to_string(kAgents), "--duration", "45", "--ramp-up", "5",
+                     "--query-every", "0"},
+                    dir.path() + "/loadgen.log");
+  const double warm = kAgents * 3960.0 * 1.5;  // every agent's first batch, and some
+  ASSERT_TRUE(AwaitSamples(server.http_port(), warm, 60)) << server.process().Output();
+  const double samples0 = SamplesApplied(server.http_port());
+  const double cpu0 = ProcessCpuSeconds(server.process().pid());
+  ASSERT_TRUE(AwaitSamples(server.http_port(), samples0 + 2.4e6, 90))
+      << server.process().Output();
+  const double cpu1 = ProcessCpuSeconds(server.process().pid());
+  const double samples1 = SamplesApplied(server.http_port());
+  const double server_ms = (cpu1 - cpu0) * 1e3 / ((samples1 - samples0) * 1e-6);
+  ASSERT_EQ(load.Wait(120), 0) << load.Output() << "\nserver log:\n" << server.process().Output();
+  const std::string output = load.Output();
+  const std::string json = output.substr(output.rfind('{'));
+  EXPECT_NE(json.find("\"ok\":true"), std::string::npos) << json;
+
+  const double anchor = std::min(anchor_before, AnchorMsPerMillionSamples());
+  ASSERT_GT(anchor, 0);
+  const double ratio = server_ms / anchor;
+  std::printf(
+      "ingest cost: server %.0f CPU ms per million samples (steady, %d agents), decode anchor "
+      "%.1f ms: ratio %.1f (bound %.0f)\n",
+      server_ms, kAgents, anchor, ratio, kMaxRatio);
+  ::testing::Test::RecordProperty("server_ms_per_million_samples", std::to_string(server_ms));
+  ::testing::Test::RecordProperty("anchor_ms_per_million_samples", std::to_string(anchor));
+  EXPECT_LT(ratio, kMaxRatio) << "the server's CPU per sample grew far beyond its anchor";
+}
+
+}  // namespace
+}  // namespace strata::e2e
