@@ -588,6 +588,10 @@ std::string RenderClusterMetrics(ClusterService& service, const DebugInfoSync* d
   metric("strata_cluster_replica_failures_total", "counter",
          "Batches an owner did not confirm: left unacknowledged for the agent to resend.",
          r.replica_failures.load());
+  metric("strata_cluster_replica_skipped_total", "counter",
+         "Batches refused at once: an owner had just failed to confirm one within the replica "
+         "timeout.",
+         r.replica_skipped.load());
   if (debuginfo_sync != nullptr) {
     metric("strata_cluster_debuginfo_sent_total", "counter",
            "Uploaded debug files sent to a live node that lacked them.",

@@ -142,9 +142,18 @@ class AgentReplica final : public ingest::StreamReplica {
         Close(owner);
         owner.address = m->address;
       }
+      if (placement_->Unresponsive(m->id)) {
+        ++placement_->metrics_->replica_skipped;
+        Close(owner);
+        return absl::UnavailableError(absl::StrCat(
+            "owner ", m->id, " (", m->address, ") did not confirm a batch within the replica "
+            "timeout; batch ", batch.sequence(), " is not acknowledged until it or the ring "
+            "recovers"));
+      }
       absl::Status s = Replicate(owner, batch, session, &message);
       if (!s.ok()) {
         ++placement_->metrics_->replica_failures;
+        placement_->MarkUnresponsive(m->id);
         Close(owner);
         return absl::UnavailableError(absl::StrCat("owner ", m->id, " (", m->address,
                                                    ") did not confirm batch ", batch.sequence(),
@@ -339,6 +348,20 @@ ClusterPlacement::ClusterPlacement(Membership* membership, store::Store* store,
                                    ReplicationMetrics* metrics)
     : membership_(membership), store_(store), channels_(channels), options_(options),
       metrics_(metrics) {}
+
+bool ClusterPlacement::Unresponsive(const std::string& node_id) {
+  absl::MutexLock lock(&unresponsive_mu_);
+  auto it = unresponsive_until_.find(node_id);
+  if (it == unresponsive_until_.end()) return false;
+  if (absl::Now() < it->second) return true;
+  unresponsive_until_.erase(it);  // one stream tries it again
+  return false;
+}
+
+void ClusterPlacement::MarkUnresponsive(const std::string& node_id) {
+  absl::MutexLock lock(&unresponsive_mu_);
+  unresponsive_until_[node_id] = absl::Now() + options_.replica_timeout;
+}
 
 absl::StatusOr<std::optional<v1::Redirect>> ClusterPlacement::Place(
     const ingest::AgentIdentity& agent) {

@@ -38,6 +38,9 @@ struct ReplicationMetrics {
   std::atomic<uint64_t> bytes_replicated{0};    // of those batches, serialized
   std::atomic<uint64_t> graph_catch_ups{0};     // graphs sent to an owner that lacked them
   std::atomic<uint64_t> replica_failures{0};    // owners that did not confirm a batch
+  // Batches not sent to an owner that failed to confirm one within the replica timeout
+  // (until that timeout has passed again): refused at once instead of each waiting for it.
+  std::atomic<uint64_t> replica_skipped{0};
   std::atomic<int64_t> replicated_streams{0};   // accepted streams with another owner
 };
 
@@ -95,12 +98,20 @@ class ClusterPlacement final : public ingest::StreamPlacement {
 
  private:
   friend class AgentReplica;
+  // A node that did not confirm a batch (a hung or cut-off host answers nothing until the
+  // replica timeout) is skipped for one more timeout: every stream's batches for it fail at
+  // once, instead of each holding an ingest worker for the timeout and stalling every other
+  // agent's acknowledgements behind them, until its lease expires and the ring moves on.
+  bool Unresponsive(const std::string& node_id) ABSL_LOCKS_EXCLUDED(unresponsive_mu_);
+  void MarkUnresponsive(const std::string& node_id) ABSL_LOCKS_EXCLUDED(unresponsive_mu_);
   Membership* const membership_;
   store::Store* const store_;
   NodeChannels* const channels_;
   const ReplicationOptions options_;
   ReplicationMetrics* const metrics_;
   CallDeadlines deadlines_;
+  absl::Mutex unresponsive_mu_;
+  std::map<std::string, absl::Time> unresponsive_until_ ABSL_GUARDED_BY(unresponsive_mu_);
 };
 
 // The redirect for a host's owners on `ring` (their addresses, best first).

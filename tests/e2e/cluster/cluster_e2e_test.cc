@@ -157,9 +157,10 @@ class ClusterTest : public ::testing::Test {
   }
   double Metric(const Node& n, const std::string& name) { return MetricIn(MetricsText(n), name); }
 
-  std::unique_ptr<ChildProcess> StartLoad(int duration_s, const std::string& prefix) {
+  std::unique_ptr<ChildProcess> StartLoad(int duration_s, const std::string& prefix,
+                                          int agents = 30) {
     std::vector<std::string> argv{BinPath("strata-loadgen"), "--server", Addresses(),
-                                  "--agents", "30", "--interval", "2",
+                                  "--agents", std::to_string(agents), "--interval", "2",
                                   "--duration", std::to_string(duration_s),
                                   "--ramp-up", "2", "--rate", "99", "--max-backoff", "3",
                                   "--drain-timeout", "90", "--service-prefix", prefix,
@@ -255,6 +256,40 @@ TEST_F(ClusterTest, KilledNodeRestartedUnderLoadLosesAndDoublesNothing) {
   EXPECT_GT(Metric(n1, "strata_cluster_graph_catch_ups_total") +
                 Metric(*nodes_[2], "strata_cluster_graph_catch_ups_total"),
             0);
+}
+
+// A node that hangs (SIGSTOP: its connections stay open, nothing answers) under load: the
+// first batch for it waits the replica timeout, later ones are refused at once until it has
+// passed again, so the other nodes' ingest workers keep acknowledging every other host's
+// batches instead of each waiting out the timeout. Once it resumes, the totals are exact.
+TEST_F(ClusterTest, HungNodeStallsNoAcknowledgementsOfOtherHosts) {
+  lease_ttl_ = "30s";  // the hung node stays on the ring for the whole test
+  for (int i = 0; i < 3; ++i) AddNode();
+  auto load = StartLoad(45, "hung", 300);
+  ASSERT_TRUE(WaitFor([&] { return LoadFlowing(); }, absl::Seconds(60))) << Logs();
+  Node& n1 = *nodes_[0];
+  Node& n2 = *nodes_[1];
+  Node& hung = *nodes_[2];
+  auto sum = [&](const std::string& metric) { return Metric(n1, metric) + Metric(n2, metric); };
+  ASSERT_EQ(kill(hung.process->pid(), SIGSTOP), 0);
+  const double failures0 = sum("strata_cluster_replica_failures_total");
+  const double acks0 = sum("strata_ingest_acks_total");
+  absl::SleepFor(absl::Seconds(10));
+  const double failures = sum("strata_cluster_replica_failures_total") - failures0;
+  const double skipped = sum("strata_cluster_replica_skipped_total");
+  const double acks = sum("strata_ingest_acks_total") - acks0;
+  ASSERT_EQ(kill(hung.process->pid(), SIGCONT), 0);
+  std::printf("10 s with a hung node: %.0f batches waited the 2 s replica timeout, %.0f were "
+              "refused at once, %.0f acknowledged\n",
+              failures, skipped, acks);
+  // A first wait by each batch in flight on the two nodes' ingest workers (8 each), then
+  // at most one per node and timeout.
+  EXPECT_LE(failures, 30) << Logs();
+  EXPECT_GT(skipped, 0) << Logs();
+  // The hosts owned by n1 and n2 alone (about a third) kept being acknowledged: 300 agents
+  // at 2 s intervals send 1,500 batches in 10 s.
+  EXPECT_GE(acks, 250) << Logs();
+  ExpectExact(*load, 240);
 }
 
 // A fourth node joins under load: it takes its token ranges (agents of its hosts move to it
