@@ -348,6 +348,10 @@ http::HttpResponse RenderMetrics(const http::HttpServer* http, store::Store* sto
           "acknowledged and come again.", st.write_errors);
   counter("strata_store_write_resumes_total",
           "Times the store resumed writing after such errors.", st.write_resumes);
+  counter("strata_store_rollup_minute_cells_total",
+          "Cells the background roller wrote to the minute rollup.", st.rollup_minute_cells);
+  counter("strata_store_rollup_hour_cells_total",
+          "Cells the background roller wrote to the hour rollup.", st.rollup_hour_cells);
   if (aggregator != nullptr) {
     const aggregate::AggregatorStats a = aggregator->stats();
     counter("strata_aggregation_windows_closed_total",
