@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <mutex>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -33,6 +34,7 @@ namespace strata::server::store {
 namespace {
 
 constexpr size_t kSequenceStripes = 16;
+constexpr size_t kMaxCachedSequencesPerStripe = 4096;
 
 // RocksDB's own log goes to the server's log, not to a LOG file in the data directory: on a
 // full disk RocksDB's file logger fails its writes, and Debian's build asserts on that
@@ -71,6 +73,10 @@ struct Store::Impl {
   std::unique_ptr<Rollups> rollups;
   std::shared_ptr<rocksdb::Cache> block_cache;
   std::array<absl::Mutex, kSequenceStripes> sequence_mu;
+  // The applied sequence of each (agent, incarnation) by SequenceKey, per stripe and
+  // guarded by its mutex: Commit writes every sequence, so after the first read of an agent
+  // its batches cost no read. A failed write drops the entry (it may have been applied).
+  std::array<absl::flat_hash_map<std::string, uint64_t>, kSequenceStripes> applied_sequences;
   // Referenced by the column family options; must outlive the DB.
   std::vector<std::unique_ptr<rocksdb::CompactionFilter>> retention_filters;
   // After a failed write RocksDB refuses every write until Resume(): tried on the next write
@@ -341,7 +347,14 @@ absl::Status Store::Commit(WriteBatch* batch) {
   for (size_t stripe : stripes) impl_->sequence_mu[stripe].Lock();
   absl::Status status;
   for (const WriteBatch::Rep::Sequence& q : rep.sequences) {
-    absl::StatusOr<uint64_t> applied = impl_->meta->AppliedSequence(q.agent_id, q.incarnation);
+    auto& cached = impl_->applied_sequences[Hash64(q.agent_id, q.incarnation) % kSequenceStripes];
+    const std::string key = SequenceKey(q.agent_id, q.incarnation);
+    absl::StatusOr<uint64_t> applied;
+    if (auto it = cached.find(key); it != cached.end()) {
+      applied = it->second;
+    } else {
+      applied = impl_->meta->AppliedSequence(q.agent_id, q.incarnation);
+    }
     if (!applied.ok()) {
       status = applied.status();
     } else if (q.sequence <= *applied) {
@@ -359,6 +372,17 @@ absl::Status Store::Commit(WriteBatch* batch) {
       Rollups::Updates updates;
       status = impl_->Write(rep, &updates);
       if (status.ok()) impl_->rollups->Committed(updates);
+    }
+    for (const WriteBatch::Rep::Sequence& q : rep.sequences) {
+      auto& cached =
+          impl_->applied_sequences[Hash64(q.agent_id, q.incarnation) % kSequenceStripes];
+      if (!status.ok()) {
+        cached.erase(SequenceKey(q.agent_id, q.incarnation));
+        continue;
+      }
+      // Bounded: agents come and go; a cleared stripe reads each agent's sequence once more.
+      if (cached.size() >= kMaxCachedSequencesPerStripe) cached.clear();
+      cached[SequenceKey(q.agent_id, q.incarnation)] = q.sequence;
     }
   }
   for (auto it = stripes.rbegin(); it != stripes.rend(); ++it) impl_->sequence_mu[*it].Unlock();
