@@ -185,46 +185,33 @@ absl::Status Rollups::RollService(const std::string& service, ServiceState& stat
   const bool hours = hour_to > seal.hour_ms;
   if (!minutes && !hours) return absl::OkStatus();
   if (minutes) {
-    rocksdb::WriteBatch wb;
-    auto cells = SumInto(Column::kSamples, Column::kRollupMinute, service, seal.minute_ms,
-                         minute_to, kMinuteMs, &wb);
-    if (!cells.ok()) return cells.status();
     seal.minute_ms = minute_to;
-    if (absl::Status s = FromRocks(wb.Put(db_->cf(Column::kMeta), RollupSealKey(service),
-                                          EncodeRollupSeal(seal)));
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = Write(&wb); !s.ok()) return s;
+    auto cells = Roll(Column::kSamples, Column::kRollupMinute, service, state.seal.minute_ms,
+                      kMinuteMs, seal);
+    if (!cells.ok()) return cells.status();
     state.seal = seal;
     stats->minute_cells += *cells;
   }
   if (hours) {
-    rocksdb::WriteBatch wb;
-    auto cells = SumInto(Column::kRollupMinute, Column::kRollupHour, service, seal.hour_ms,
-                         hour_to, kHourMs, &wb);
-    if (!cells.ok()) return cells.status();
-    const int64_t from_hour = seal.hour_ms;
     seal.hour_ms = hour_to;
-    if (absl::Status s = FromRocks(wb.Put(db_->cf(Column::kMeta), RollupSealKey(service),
-                                          EncodeRollupSeal(seal)));
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = Write(&wb); !s.ok()) return s;
-    state.seal = seal;
-    stats->hour_cells += *cells;
-    for (int64_t h = from_hour; h < hour_to; h += kHourMs) {
+    auto cells = Roll(Column::kRollupMinute, Column::kRollupHour, service, state.seal.hour_ms,
+                      kHourMs, seal);
+    if (!cells.ok()) return cells.status();
+    for (int64_t h = state.seal.hour_ms; h < hour_to; h += kHourMs) {
       hour_blocks_->Invalidate(CellPrefix(service, static_cast<uint64_t>(h)));
     }
+    state.seal = seal;
+    stats->hour_cells += *cells;
   }
   ++stats->services;
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> Rollups::SumInto(Column from, Column to, const std::string& service,
-                                          int64_t begin, int64_t end, int64_t unit,
-                                          rocksdb::WriteBatch* wb) {
+absl::StatusOr<uint64_t> Rollups::Roll(Column from, Column to, const std::string& service,
+                                       int64_t begin, int64_t unit, const RollupSeal& seal) {
+  const int64_t end = unit == kMinuteMs ? seal.minute_ms : seal.hour_ms;
+  rocksdb::WriteBatch batch;
+  rocksdb::WriteBatch* wb = &batch;
   absl::flat_hash_map<std::string, uint64_t> sums;
   CellCursor it(*db_, from, service, begin, end);
   for (; it->Valid(); it->Next()) {
@@ -248,6 +235,12 @@ absl::StatusOr<uint64_t> Rollups::SumInto(Column from, Column to, const std::str
       return s;
     }
   }
+  if (absl::Status s = FromRocks(
+          wb->Put(db_->cf(Column::kMeta), RollupSealKey(service), EncodeRollupSeal(seal)));
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Write(wb); !s.ok()) return s;
   return sorted.size();
 }
 

@@ -90,11 +90,12 @@ class Rollups {
   // Rolls the minutes, then the hours, of one service: each its own commit with its seal.
   absl::Status RollService(const std::string& service, ServiceState& state, int64_t up_to_ms,
                            RollupStats* stats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sums the cells of `from` in [begin, end) per (unit window, host, stack, label set) into
-  // merges of `to`; returns the number of cells written.
-  absl::StatusOr<uint64_t> SumInto(Column from, Column to, const std::string& service,
-                                   int64_t begin, int64_t end, int64_t unit,
-                                   rocksdb::WriteBatch* wb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sums the cells of `from` from window `begin` up to the new seal's end for `unit` (minute
+  // or hour) per (unit window, host, stack, label set) into merges of `to`, and commits them
+  // with `seal`; returns the number of cells written.
+  absl::StatusOr<uint64_t> Roll(Column from, Column to, const std::string& service,
+                                int64_t begin, int64_t unit, const RollupSeal& seal)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Write(rocksdb::WriteBatch* wb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Database* const db_;
