@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/elf/cfi_records.h"
@@ -68,27 +67,12 @@ void AddLocalSymbols(const elf::ElfFile& elf, const std::string& path, const std
   module->debug_status = absl::NotFoundError(absl::StrJoin(why_not, "; "));
 }
 
-// Names the Go functions of a Go executable from its .gopclntab: symbols at their entries are
-// replaced (same functions; Go's names). Returns how many were added (0: not Go).
+// Names the Go functions of a Go executable from its .gopclntab. Returns how many were added
+// (0: not Go).
 size_t AddGoFunctions(const elf::ElfFile& elf, std::vector<elf::FunctionSymbol>* symbols) {
-  if (!elf.FindSection(".gopclntab") && !elf.FindSection(".data.rel.ro.gopclntab") &&
-      !elf.FindSection(".gosymtab")) {
-    return 0;
-  }
+  if (!elf::LooksLikeGo(elf)) return 0;
   absl::StatusOr<std::unique_ptr<elf::GoPclntab>> table = elf::GoPclntab::Find(elf);
-  if (!table.ok()) return 0;
-  absl::flat_hash_set<uint64_t> entries;
-  for (const elf::GoPclntab::Function& f : (*table)->functions()) entries.insert(f.entry);
-  symbols->erase(std::remove_if(symbols->begin(), symbols->end(),
-                                [&](const elf::FunctionSymbol& s) {
-                                  return entries.contains(s.start);
-                                }),
-                 symbols->end());
-  for (const elf::GoPclntab::Function& f : (*table)->functions()) {
-    symbols->push_back({f.entry, f.end - f.entry, std::string(f.name), /*global=*/true,
-                        /*from_dynsym=*/false});
-  }
-  return (*table)->functions().size();
+  return table.ok() ? elf::AddGoFunctionSymbols(**table, symbols) : 0;
 }
 
 // `root`: the target's root as the agent reads it, for separate debug files.

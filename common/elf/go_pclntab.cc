@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace strata::elf {
@@ -391,6 +392,25 @@ absl::StatusOr<std::unique_ptr<GoPclntab>> GoPclntab::Find(const ElfFile& elf) {
     }
   }
   return absl::NotFoundError("no Go symbol table (.gopclntab)");
+}
+
+size_t AddGoFunctionSymbols(const GoPclntab& table, std::vector<FunctionSymbol>* symbols) {
+  absl::flat_hash_set<uint64_t> entries;
+  for (const GoPclntab::Function& f : table.functions()) entries.insert(f.entry);
+  symbols->erase(std::remove_if(symbols->begin(), symbols->end(),
+                                [&](const FunctionSymbol& s) { return entries.contains(s.start); }),
+                 symbols->end());
+  for (const GoPclntab::Function& f : table.functions()) {
+    symbols->push_back({f.entry, f.end - f.entry, std::string(f.name), /*global=*/true,
+                        /*from_dynsym=*/false});
+  }
+  return table.functions().size();
+}
+
+bool LooksLikeGo(const ElfFile& elf) {
+  return elf.FindSection(".gopclntab") != nullptr ||
+         elf.FindSection(".data.rel.ro.gopclntab") != nullptr ||
+         elf.FindSection(".gosymtab") != nullptr || elf.FindSection(".note.go.buildid") != nullptr;
 }
 
 }  // namespace strata::elf

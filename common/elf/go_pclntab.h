@@ -124,6 +124,15 @@ class GoPclntab {
 
 std::string_view GoPclntabVersionName(GoPclntab::Version v);  // "1.16", "1.18", "1.20"
 
+// Names the Go functions of `table` in `symbols` (a module's ELF function symbols): symbols at
+// a Go function's entry are replaced by the table's (same function, the runtime's name: .symtab
+// adds ABI suffixes such as ".abi0"), the others are added. Returns how many were added.
+size_t AddGoFunctionSymbols(const GoPclntab& table, std::vector<FunctionSymbol>* symbols);
+
+// Cheap pre-check before GoPclntab::Find: the file has a Go section (.gopclntab in any form,
+// .gosymtab or the Go build ID note).
+bool LooksLikeGo(const ElfFile& elf);
+
 }  // namespace strata::elf
 
 #endif  // STRATA_COMMON_ELF_GO_PCLNTAB_H_

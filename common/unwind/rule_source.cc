@@ -58,10 +58,7 @@ absl::StatusOr<std::unique_ptr<RuleSource>> MakeRuleSource(Arch arch, const elf:
                      ", expected ", std::string(ArchName(arch))));
   }
   absl::StatusOr<std::unique_ptr<RuleSource>> native = MakeArchRuleSource(arch, elf);
-  if (!elf.FindSection(".gopclntab") && !elf.FindSection(".data.rel.ro.gopclntab") &&
-      !elf.FindSection(".gosymtab")) {
-    return native;  // not Go (the magic search below costs a scan; only Go binaries pay it)
-  }
+  if (!elf::LooksLikeGo(elf)) return native;  // (GoPclntab::Find may scan for the magic)
   // A Go executable: Go's own tables describe its Go code; the architecture's decoder (its
   // C code's CFI in cgo programs) describes the rest.
   absl::StatusOr<std::unique_ptr<RuleSource>> go_rules =
