@@ -150,6 +150,39 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
   // Nearly every sample is of the two goroutines, whose stacks end at runtime.goexit.
   EXPECT_GT(strata.reach_goexit, strata.total * 8 / 10) << strata.top_paths;
   EXPECT_LT(strata.truncated, strata.total / 10) << strata.top_paths;
+
+  if (variant != "stripped") return;
+  // Lines and inlined calls from the stripped binary's .gopclntab on the server: uploaded
+  // after the samples (known by its Go build ID), it gives them file:line and inline frames.
+  CommandResult upload = RunCommand({BinPath("strata"), "--server", server.address(),
+                                     "debuginfo", "upload", binary});
+  ASSERT_EQ(upload.exit_code, 0) << upload.output;
+  auto stub = v1::Query::NewStub(server.Channel());
+  grpc::ClientContext context;
+  v1::TopRequest request;
+  request.mutable_filter()->set_service(service);
+  request.set_by_line(true);
+  request.set_limit(1000);
+  v1::TopResponse response;
+  ASSERT_TRUE(stub->Top(&context, request, &response).ok());
+  uint64_t with_line = 0, in_block = 0, inlined = 0;
+  std::string lines;
+  for (const v1::LineStat& l : response.lines()) {
+    if (l.frames_size() == 0 || l.frames(0).line() == 0) continue;
+    with_line += l.self();
+    if (l.frames(0).function() == "crypto/sha256.block" &&
+        l.frames(0).file().find("crypto/sha256/sha256block_amd64.s") != std::string::npos) {
+      in_block += l.self();
+    }
+    for (const v1::Frame& f : l.frames()) inlined += f.inlined() ? l.self() : 0;
+    if (lines.size() < 4000) absl::StrAppend(&lines, l.ShortDebugString(), "\n");
+  }
+  std::cout << "[ stripped ] by line: " << with_line << " of " << response.total_samples()
+            << " samples with a line, " << in_block << " in sha256block_amd64.s, " << inlined
+            << " in inlined calls\n";
+  EXPECT_GT(with_line, response.total_samples() * 9 / 10) << lines;
+  EXPECT_GT(in_block, response.total_samples() / 4) << lines;
+  EXPECT_GT(inlined, 0u) << lines;
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, GoProfileTest,
