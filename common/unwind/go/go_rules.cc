@@ -4,7 +4,7 @@
 
 namespace strata::unwind::go {
 
-UnwindRow GoRow(Arch arch, int32_t sp_delta) {
+UnwindRow GoRow(Arch arch, int32_t sp_delta, bool saved_fp) {
   UnwindRow row;
   row.cfa_base = UnwindRow::CfaBase::kSp;
   row.fp_rule = UnwindRow::FpRule::kSame;
@@ -12,6 +12,10 @@ UnwindRow GoRow(Arch arch, int32_t sp_delta) {
     row.ra_rule = UnwindRow::RaRule::kAtCfaOffset;
     row.cfa_offset = sp_delta + 8;
     row.ra_offset = -8;
+    if (saved_fp && sp_delta >= 8) {
+      row.fp_rule = UnwindRow::FpRule::kAtCfaOffset;
+      row.fp_offset = -16;
+    }
   } else if (sp_delta == 0) {  // link register: no frame, the return address is in r31
     row.ra_rule = UnwindRow::RaRule::kInRegister;
     row.cfa_offset = 0;
@@ -30,7 +34,8 @@ std::unique_ptr<GoRuleSource> GoRuleSource::Build(Arch arch, const elf::GoPclnta
   rules->fallback_ = std::move(fallback);
   rules->funcs_.reserve(table.functions().size());
   for (const elf::GoPclntab::Function& f : table.functions()) {
-    Func func{f.entry, f.end, static_cast<uint32_t>(rules->runs_.size()), 0, f.root};
+    Func func{f.entry, f.end, static_cast<uint32_t>(rules->runs_.size()), 0, f.root,
+              (f.flags & elf::GoPclntab::kFlagAsm) == 0};
     if (!f.root) {
       for (const elf::GoPclntab::PcValueRange& r : table.SpDeltas(f)) {
         // A negative delta or one beyond any real frame is a corrupt table: no rule there.
@@ -78,7 +83,9 @@ bool GoRuleSource::FindRow(uint64_t pc, bool innermost, UnwindRow* row) const {
   const Run* r = std::upper_bound(first, last, offset,
                                   [](uint32_t o, const Run& run) { return o < run.start; });
   if (r == first) return false;
-  *row = GoRow(arch_, (r - 1)->sp);
+  // The prologue stores rbp only after moving SP: certain at call sites, not at every pc of
+  // the interrupted frame.
+  *row = GoRow(arch_, (r - 1)->sp, f->compiled && !innermost);
   return true;
 }
 

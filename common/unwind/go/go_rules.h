@@ -4,7 +4,9 @@
 // verification work on Go stacks unchanged.
 //
 // Per Go function, its SP delta table (pcsp) becomes a short run list of rows:
-//  - x86-64: CFA = SP + pcsp(pc) + 8, return address at CFA-8 (the CALL pushed it), rbp kept;
+//  - x86-64: CFA = SP + pcsp(pc) + 8, return address at CFA-8 (the CALL pushed it); the
+//    caller's rbp at CFA-16 where Go's ABI saved it (a compiled function with a frame, at a
+//    call site: its prologue stores rbp at the top of the frame), else rbp kept;
 //  - MIPS64 (a link-register architecture): CFA = SP + pcsp(pc); a function with a frame
 //    saved its return address at 0(SP) of that frame (CFA - pcsp); at a pc with no frame
 //    (a leaf, before the prologue's SP adjustment, after the epilogue's) it is still in r31.
@@ -59,6 +61,7 @@ class GoRuleSource final : public RuleSource {
     uint32_t first_run;
     uint32_t num_runs;
     bool root;
+    bool compiled;  // not assembly: Go's prologue saves rbp in every frame
   };
   struct Run {
     uint32_t start;  // offset from the function's start
@@ -75,7 +78,8 @@ class GoRuleSource final : public RuleSource {
 };
 
 // The row for a Go frame whose SP delta at the pc is `sp_delta` (exposed for tests).
-UnwindRow GoRow(Arch arch, int32_t sp_delta);
+// `saved_fp`: the frame holds the caller's rbp at CFA-16 (x86-64 only).
+UnwindRow GoRow(Arch arch, int32_t sp_delta, bool saved_fp = false);
 
 // Builds the Go rules of `elf` when it has a .gopclntab (NotFound otherwise), with `fallback`
 // for the code outside Go functions.

@@ -26,6 +26,11 @@ TEST(GoRowTest, PerArchitecture) {
   EXPECT_EQ(x.cfa_offset, 0x20);
   EXPECT_EQ(x.ra_rule, UnwindRow::RaRule::kAtCfaOffset);
   EXPECT_EQ(x.ra_offset, -8);
+  EXPECT_EQ(x.fp_rule, UnwindRow::FpRule::kSame);
+  UnwindRow with_fp = GoRow(Arch::kX86_64, 0x18, /*saved_fp=*/true);
+  EXPECT_EQ(with_fp.fp_rule, UnwindRow::FpRule::kAtCfaOffset);
+  EXPECT_EQ(with_fp.fp_offset, -16);
+  EXPECT_EQ(GoRow(Arch::kMips64El, 0x18, true).fp_rule, UnwindRow::FpRule::kSame);
   UnwindRow leaf = GoRow(Arch::kMips64El, 0);
   EXPECT_EQ(leaf.ra_rule, UnwindRow::RaRule::kInRegister);
   EXPECT_EQ(leaf.cfa_offset, 0);
