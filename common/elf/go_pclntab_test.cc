@@ -15,20 +15,12 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/testing/shell_output.h"
 
 namespace strata::elf {
 namespace {
 
-std::string RunCommand(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
-}
+std::string RunCommand(const std::string& cmd) { return testing::ShellOutput(cmd); }
 
 // ---- Hand-made tables in the documented layouts (runtime/symtab.go of Go 1.16 and 1.20) ----
 

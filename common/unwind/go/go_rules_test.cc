@@ -16,6 +16,7 @@
 #include "common/unwind/incremental.h"
 #include "common/unwind/rule_source.h"
 #include "gtest/gtest.h"
+#include "common/testing/shell_output.h"
 
 namespace strata::unwind::go {
 namespace {
@@ -42,16 +43,7 @@ TEST(GoRowTest, PerArchitecture) {
 
 #ifdef STRATA_GO_DIR
 
-std::string RunCommand(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
-}
+std::string RunCommand(const std::string& cmd) { return testing::ShellOutput(cmd); }
 
 // One module at its link address (the test binaries are not PIE).
 class OneModuleSpace final : public AddressSpace {
