@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "common/elf/go_pclntab.h"
 #include "common/unwind/incremental.h"
+#include "common/unwind/mips64/recorded_sample.h"
 #include "common/unwind/rule_source.h"
 #include "gtest/gtest.h"
 #include "common/testing/shell_output.h"
@@ -46,28 +47,7 @@ TEST(GoRowTest, PerArchitecture) {
 std::string RunCommand(const std::string& cmd) { return testing::ShellOutput(cmd); }
 
 // One module at its link address (the test binaries are not PIE).
-class OneModuleSpace final : public AddressSpace {
- public:
-  OneModuleSpace(const elf::ElfFile& elf, const RuleSource* rules) : rules_(rules) {
-    for (const elf::LoadSegment& s : elf.load_segments()) {
-      if (s.executable()) ranges_.push_back({s.vaddr, s.vaddr + s.memsz});
-    }
-  }
-  bool Lookup(uint64_t pc, const RuleSource** rules, uint64_t* module_pc) const override {
-    for (const elf::AddressRange& r : ranges_) {
-      if (r.Contains(pc)) {
-        *rules = rules_;
-        *module_pc = pc;
-        return true;
-      }
-    }
-    return false;
-  }
-
- private:
-  const RuleSource* rules_;
-  std::vector<elf::AddressRange> ranges_;
-};
+using OneModuleSpace = mips64::StaticModuleSpace;
 
 struct GoCase {
   std::string variant;
