@@ -375,11 +375,11 @@ absl::StatusOr<std::unique_ptr<GoPclntab>> GoPclntab::Find(const ElfFile& elf) {
     if (!bytes.ok()) return bytes.status();
     return Parse(*bytes, s->addr, elf.big_endian(), &elf);
   }
-  // Without the section headers' name (other linkers, renamed sections): the header magic at a
-  // pointer-aligned offset of read-only or relro data, confirmed by a full parse.
+  // Without the section's name (other linkers, renamed sections): the header magic at a
+  // pointer-aligned offset of loaded data, confirmed by a full parse.
   for (const Section& s : elf.sections()) {
+    // Loaded data, not code.
     if (s.type != 1 /*SHT_PROGBITS*/ || (s.flags & 4 /*SHF_EXECINSTR*/) || !(s.flags & 2)) continue;
-    if (s.name != ".rodata" && s.name != ".data.rel.ro" && s.name != ".noptrdata") continue;
     absl::StatusOr<std::string_view> bytes = elf.SectionData(s);
     if (!bytes.ok()) continue;
     ByteReader r(*bytes, elf.big_endian());

@@ -4,6 +4,8 @@
 // objdump`; hand-made tables in the Go 1.16 and 1.20+ layouts; malformed tables.
 #include "common/elf/go_pclntab.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <map>
 #include <regex>
@@ -495,6 +497,27 @@ TEST(GoRuntimeFramesTest, Mips64leUnderQemu) {
   if (std::string(STRATA_QEMU_MIPS64EL).empty()) GTEST_SKIP() << "no qemu-mips64el";
   ExpectRuntimeFrames(GoBinary("mips64le"),
                       absl::StrCat(STRATA_QEMU_MIPS64EL, " ", GoBinary("mips64le")));
+}
+
+// A table whose section has another name is found by its header magic.
+TEST(GoPclntabTest, FoundByMagicInARenamedSection) {
+  char dir[] = "/tmp/strata_pclntab_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string renamed = std::string(dir) + "/renamed";
+  RunCommand(absl::StrCat("objcopy --rename-section .gopclntab=.rodata.moved ",
+                          GoBinary("amd64_stripped"), " ", renamed));
+  auto elf = ElfFile::Open(renamed);
+  ASSERT_TRUE(elf.ok()) << elf.status();
+  EXPECT_EQ((*elf)->FindSection(".gopclntab"), nullptr);
+  auto original = ElfFile::Open(GoBinary("amd64_stripped"));
+  ASSERT_TRUE(original.ok());
+  auto expected = GoPclntab::Find(**original);
+  auto found = GoPclntab::Find(**elf);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ((*found)->vaddr(), (*expected)->vaddr());
+  EXPECT_EQ((*found)->functions().size(), (*expected)->functions().size());
+  std::remove(renamed.c_str());
+  rmdir(dir);
 }
 
 TEST(GoPclntabTest, NotFoundInNonGoBinary) {
