@@ -150,6 +150,10 @@ absl::Status GoPclntab::ParseFunctions() {
   }
   functions_.clear();
   functions_.reserve(nfunc_);
+  // Every step of a table takes at least two of its bytes, so the SP tables of all functions
+  // together take fewer steps than the table has bytes -- unless a corrupt table points many
+  // functions at one long run, which must not cost the reader quadratic time.
+  size_t budget = data_.size();
   for (uint64_t i = 0; i < nfunc_; ++i) {
     const auto [entry, funcoff] = entries[i];
     const uint64_t next = entries[i + 1].first;
@@ -172,16 +176,20 @@ absl::Status GoPclntab::ParseFunctions() {
     // The pcsp table ends where the function's code does (padding between functions is not
     // the function's); a table that does not decode leaves the next entry as the end.
     std::vector<PcValueRange> sp;
-    if (DecodeTable(f, FuncField(f, layout.pcsp), &sp) && !sp.empty() && sp.back().end <= next) {
+    if (DecodeTable(f, FuncField(f, layout.pcsp), &sp, &budget) && !sp.empty() &&
+        sp.back().end <= next) {
       f.end = sp.back().end;
+    }
+    if (budget == 0) {
+      return absl::InvalidArgumentError("gopclntab: SP tables larger than the table (corrupt)");
     }
     functions_.push_back(f);
   }
   return absl::OkStatus();
 }
 
-bool GoPclntab::DecodeTable(const Function& f, uint32_t offset,
-                            std::vector<PcValueRange>* out) const {
+bool GoPclntab::DecodeTable(const Function& f, uint32_t offset, std::vector<PcValueRange>* out,
+                            size_t* budget, uint64_t stop_at) const {
   out->clear();
   if (offset == 0) return false;
   ByteReader r(data_, big_endian_);
@@ -189,6 +197,10 @@ bool GoPclntab::DecodeTable(const Function& f, uint32_t offset,
   uint64_t pc = f.entry;
   int32_t value = -1;
   for (size_t step = 0; step < kMaxTableSteps; ++step) {
+    if (budget != nullptr) {
+      if (*budget == 0) return false;
+      --*budget;
+    }
     const uint64_t uvdelta = r.Uleb128();
     if (!r.ok()) return false;
     if (uvdelta == 0 && step > 0) return true;
@@ -200,13 +212,14 @@ bool GoPclntab::DecodeTable(const Function& f, uint32_t offset,
     pc += pcdelta * min_lc_;
     if (pc - f.entry > kMaxFunctionBytes) return false;
     out->push_back({start, pc, value});
+    if (pc > stop_at) return true;  // the caller needs nothing beyond
   }
   return false;
 }
 
 std::optional<int32_t> GoPclntab::ValueAt(const Function& f, uint32_t offset, uint64_t pc) const {
   std::vector<PcValueRange> ranges;
-  if (!DecodeTable(f, offset, &ranges)) return std::nullopt;
+  if (!DecodeTable(f, offset, &ranges, nullptr, pc)) return std::nullopt;
   for (const PcValueRange& r : ranges) {
     if (pc >= r.start && pc < r.end) return r.value;
   }

@@ -99,7 +99,10 @@ class GoPclntab {
   absl::Status ParseFunctions();
   void FindGoFunc(const ElfFile& elf);
   // Reads the pc-value table at `offset` (into pctab) of function `f` into ranges.
-  bool DecodeTable(const Function& f, uint32_t offset, std::vector<PcValueRange>* out) const;
+  // `budget` (optional): steps left for all tables decoded with it; false when exhausted.
+  // Decoding ends early (true) after the range holding `stop_at`.
+  bool DecodeTable(const Function& f, uint32_t offset, std::vector<PcValueRange>* out,
+                   size_t* budget = nullptr, uint64_t stop_at = UINT64_MAX) const;
   std::optional<int32_t> ValueAt(const Function& f, uint32_t offset, uint64_t pc) const;
   uint32_t FuncField(const Function& f, size_t field_offset) const;  // 0 when out of range
   uint32_t PcdataOffset(const Function& f, uint32_t table) const;
