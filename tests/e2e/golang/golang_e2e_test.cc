@@ -58,6 +58,7 @@ struct StrataView {
   uint64_t truncated = 0;
   uint64_t complete_goroutine_truncated = 0;  // reach runtime.goexit yet marked truncated
   uint64_t reach_goexit = 0;
+  uint64_t in_c = 0, in_c_complete = 0;  // cgo: C code (strata_c_spin) under asmcgocall
   std::string top_paths;  // for failure messages
 };
 
@@ -71,6 +72,13 @@ StrataView Query(const std::string& address, const std::string& service) {
     const std::set<std::string> distinct(names.begin(), names.end());
     for (const std::string& n : distinct) v.cum[n] += p.samples();
     if (p.truncated()) v.truncated += p.samples();
+    // The static C function is inlined into cgo's wrapper, _cgo_<hash>_Cfunc_strata_c_spin.
+    if (std::any_of(names.begin(), names.end(), [](const std::string& n) {
+          return n.find("strata_c_spin") != std::string::npos;
+        })) {
+      v.in_c += p.samples();
+      if (!p.truncated() && names.front() == "runtime.asmcgocall") v.in_c_complete += p.samples();
+    }
     if (distinct.count("runtime.goexit")) {
       v.reach_goexit += p.samples();
       if (p.truncated()) v.complete_goroutine_truncated += p.samples();
@@ -143,6 +151,16 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
     absl::StrAppend(&report, "  thread CPU time: hashing ", 100 * hash / (hash + sort),
                     "% of the two goroutines'\n");
   }
+  // Incremental unwinding works on Go stacks: outer frames are reused sample after sample.
+  std::smatch unwinding;
+  const std::string agent_log = agent.Output();
+  ASSERT_TRUE(std::regex_search(agent_log, unwinding,
+                                std::regex(R"(unwinding \((\w+)\): (\d+) frames walked, (\d+) reused, (\d+) verification)")))
+      << agent_log;
+  absl::StrAppend(&report, "  unwinding (", unwinding[1].str(), "): ", unwinding[2].str(),
+                  " frames walked, ", unwinding[3].str(), " reused, ", unwinding[4].str(),
+                  " verification failures\n");
+  EXPECT_GT(std::stoull(unwinding[3]), 0u) << agent_log;
   std::cout << "[ " << variant << " ] " << strata.total << " samples, truncated "
             << strata.truncated << ", reaching runtime.goexit " << strata.reach_goexit << "\n"
             << report;
@@ -150,6 +168,13 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
   // Nearly every sample is of the two goroutines, whose stacks end at runtime.goexit.
   EXPECT_GT(strata.reach_goexit, strata.total * 8 / 10) << strata.top_paths;
   EXPECT_LT(strata.truncated, strata.total / 10) << strata.top_paths;
+  if (variant == "cgo") {
+    // C frames unwind with the C code's CFI up to the system stack's root, asmcgocall.
+    std::cout << "[ cgo ] C code: " << strata.in_c << " samples, " << strata.in_c_complete
+              << " of them complete up to runtime.asmcgocall\n";
+    EXPECT_GT(strata.in_c, 0u) << strata.top_paths;
+    EXPECT_GE(strata.in_c_complete, strata.in_c * 9 / 10) << strata.top_paths;
+  }
 
   if (variant != "stripped") return;
   // Lines and inlined calls from the stripped binary's .gopclntab on the server: uploaded
