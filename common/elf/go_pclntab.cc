@@ -110,7 +110,8 @@ absl::Status GoPclntab::ParseHeader() {
     }
   }
   const uint64_t ftab_entry = version_ == Version::kGo116 ? 2 * p : 8;
-  if (nfunc_ == 0 || nfunc_ > (data_.size() - pcln_off_) / ftab_entry - 1) {
+  // nfunc + 1 function table entries (the last one marks the end of the text).
+  if (nfunc_ == 0 || nfunc_ >= (data_.size() - pcln_off_) / ftab_entry) {
     return absl::InvalidArgumentError("gopclntab: function count out of range");
   }
   return absl::OkStatus();
@@ -205,12 +206,14 @@ bool GoPclntab::DecodeTable(const Function& f, uint32_t offset, std::vector<PcVa
     if (!r.ok()) return false;
     if (uvdelta == 0 && step > 0) return true;
     const uint32_t u = static_cast<uint32_t>(uvdelta);
-    value += static_cast<int32_t>(-(u & 1) ^ (u >> 1));
+    // Zigzag delta, added with int32 wraparound as Go's runtime does (no signed overflow).
+    value = static_cast<int32_t>(static_cast<uint32_t>(value) + (-(u & 1) ^ (u >> 1)));
     const uint64_t pcdelta = r.Uleb128();
     if (!r.ok()) return false;
+    if (pcdelta > kMaxFunctionBytes) return false;  // (and no wraparound below)
     const uint64_t start = pc;
     pc += pcdelta * min_lc_;
-    if (pc - f.entry > kMaxFunctionBytes) return false;
+    if (pc < start || pc - f.entry > kMaxFunctionBytes) return false;
     out->push_back({start, pc, value});
     if (pc > stop_at) return true;  // the caller needs nothing beyond
   }

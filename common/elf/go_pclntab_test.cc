@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -239,6 +240,26 @@ INSTANTIATE_TEST_SUITE_P(
                       FixtureCase{GoPclntab::Version::kGo120, false, 8, 1},
                       FixtureCase{GoPclntab::Version::kGo120, true, 8, 4},
                       FixtureCase{GoPclntab::Version::kGo120, false, 4, 4}));
+
+// STRATA_GOPCLNTAB_SEEDS=DIR: writes the hand-made tables as fuzz/gopclntab_fuzzer inputs
+// (a flags byte, then the table) -- how fuzz/corpus/gopclntab was made.
+TEST(GoPclntabTest, WritesFuzzSeedsWhenAsked) {
+  const char* dir = getenv("STRATA_GOPCLNTAB_SEEDS");
+  if (dir == nullptr) GTEST_SKIP() << "STRATA_GOPCLNTAB_SEEDS not set";
+  int n = 0;
+  for (const FixtureCase& c : {FixtureCase{GoPclntab::Version::kGo116, false, 8, 1},
+                               FixtureCase{GoPclntab::Version::kGo116, true, 4, 4},
+                               FixtureCase{GoPclntab::Version::kGo120, false, 8, 1},
+                               FixtureCase{GoPclntab::Version::kGo120, true, 8, 4}}) {
+    const std::string seed = std::string(1, static_cast<char>((c.big_endian ? 1 : 0) |
+                                                             (c.quantum == 4 ? 2 : 0))) +
+                             MakeTable(c.version, c.big_endian, c.ptr_size, c.quantum);
+    FILE* f = fopen(absl::StrCat(dir, "/handmade_", n++).c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    fwrite(seed.data(), 1, seed.size(), f);
+    fclose(f);
+  }
+}
 
 TEST(GoPclntabTest, MalformedTablesAreErrorsNotCrashes) {
   const std::string good = MakeTable(GoPclntab::Version::kGo120, false, 8, 1);
