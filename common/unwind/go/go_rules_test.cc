@@ -178,12 +178,17 @@ TEST(GoRulesTest, RootsAndSwitchesEndTheWalk) {
     ASSERT_TRUE(table.ok());
     auto rules = MakeRuleSource(*arch, **elf);
     ASSERT_TRUE(rules.ok()) << rules.status();
+    int roots_checked = 0;
     for (const auto& f : (*table)->functions()) {
       UnwindRow row;
       const bool found = (*rules)->FindRow(f.entry, true, &row);
+      // Stack roots, and the switches to the system stack: for runtime calls, for cgo calls
+      // (asmcgocall) and back from C (cgocallback), and for stack growth (morestack).
       if (f.name == "runtime.goexit" || f.name == "runtime.mstart" ||
           f.name == "runtime.systemstack" || f.name == "runtime.mcall" ||
-          f.name == "runtime.rt0_go") {
+          f.name == "runtime.rt0_go" || f.name == "runtime.asmcgocall" ||
+          f.name == "runtime.cgocallback" || f.name == "runtime.morestack") {
+        ++roots_checked;
         ASSERT_TRUE(found) << f.name;
         EXPECT_EQ(row.ra_rule, UnwindRow::RaRule::kUndefined) << f.name << " " << variant;
         // A return address into goexit (goexit+quantum, Go's fake caller) ends it too.
@@ -196,6 +201,8 @@ TEST(GoRulesTest, RootsAndSwitchesEndTheWalk) {
         EXPECT_NE(row.ra_rule, UnwindRow::RaRule::kUndefined);
       }
     }
+    // (A MIPS64 build without cgo links no runtime.cgocallback.)
+    EXPECT_EQ(roots_checked, *arch == Arch::kX86_64 ? 8 : 7) << variant;
     // Outside every Go function (before the text): no Go rule.
     UnwindRow row;
     EXPECT_FALSE((*rules)->FindRow((*table)->functions().front().entry - 0x100000, true, &row));
