@@ -30,7 +30,7 @@ namespace {
 // its shares are exact (above it drops samples unevenly); it samples every 10 ms of each
 // thread's CPU time, so its shares have little noise.
 constexpr int kHz = 499;
-constexpr double kSeconds = 7;     // the workload's run
+constexpr double kSeconds = 9;     // the workload's run
 constexpr double kTolerance = 3;   // percentage points
 
 struct CumShare {
