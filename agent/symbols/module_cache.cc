@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/elf/cfi_records.h"
 #include "common/elf/debug_file.h"
+#include "common/elf/go_pclntab.h"
 #include "common/unwind/rule_source.h"
 
 namespace strata::agent::symbols {
@@ -66,6 +67,14 @@ void AddLocalSymbols(const elf::ElfFile& elf, const std::string& path, const std
   module->debug_status = absl::NotFoundError(absl::StrJoin(why_not, "; "));
 }
 
+// Names the Go functions of a Go executable from its .gopclntab. Returns how many were added
+// (0: not Go).
+size_t AddGoFunctions(const elf::ElfFile& elf, std::vector<elf::FunctionSymbol>* symbols) {
+  if (!elf::LooksLikeGo(elf)) return 0;
+  absl::StatusOr<std::unique_ptr<elf::GoPclntab>> table = elf::GoPclntab::Find(elf);
+  return table.ok() ? elf::AddGoFunctionSymbols(**table, symbols) : 0;
+}
+
 // `root`: the target's root as the agent reads it, for separate debug files.
 std::shared_ptr<const Module> BuildModule(std::unique_ptr<elf::ElfFile> elf, const std::string& path,
                                           const std::string& root) {
@@ -76,7 +85,14 @@ std::shared_ptr<const Module> BuildModule(std::unique_ptr<elf::ElfFile> elf, con
   // whose own tables are corrupt may still be named by its debug symbols.
   absl::StatusOr<std::vector<elf::FunctionSymbol>> symbols = elf->ReadFunctionSymbols();
   if (!symbols.ok()) symbols = std::vector<elf::FunctionSymbol>();
-  AddLocalSymbols(*elf, path, root, &*symbols, module.get());
+  const bool has_symtab = std::any_of(symbols->begin(), symbols->end(),
+                                      [](const elf::FunctionSymbol& s) { return !s.from_dynsym; });
+  if (AddGoFunctions(*elf, &*symbols) > 0 && !has_symtab) {
+    module->symbols_from = SymbolsSource::kGoPclntab;
+    module->symbols_source = "gopclntab";
+  } else {
+    AddLocalSymbols(*elf, path, root, &*symbols, module.get());
+  }
   absl::StatusOr<std::vector<elf::PltEntry>> plt = elf->ReadPltEntries();
   module->symbols = elf::SymbolTable::FromFunctions(
       *std::move(symbols), elf::FdeRanges(*elf),
@@ -155,6 +171,7 @@ void ModuleCache::Count(const Module& module) {
     case SymbolsSource::kSymtab: ++sources_.symtab; break;
     case SymbolsSource::kMiniDebugInfo: ++sources_.minidebuginfo; break;
     case SymbolsSource::kDebugFile: ++sources_.debug_file; break;
+    case SymbolsSource::kGoPclntab: ++sources_.go_pclntab; break;
     case SymbolsSource::kDynsymOnly: ++sources_.dynsym_only; break;
   }
 }

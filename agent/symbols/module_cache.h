@@ -10,7 +10,10 @@
 // (.gnu_debugdata); a separate debug file in the target's root (by build ID, then by
 // .gnu_debuglink; common/elf/debug_file.h). Those symbols are merged with the file's .dynsym,
 // FDE ranges and PLT stubs; the debug file is closed right after (only its symbol table is
-// read). Unwind rules always come from the mapped file.
+// read). Go executables name their Go functions from .gopclntab (common/elf/go_pclntab.h), the
+// runtime's own table, stripped or not, with the names Go's runtime and pprof use (.symtab
+// adds ABI suffixes such as ".abi0" to assembly functions); .symtab still names their C code.
+// Unwind rules always come from the mapped file.
 //
 // The cache owns the modules (shared_ptr: a process address space holds them while mapped).
 // Not thread-safe: the agent's symbolization thread owns it.
@@ -36,6 +39,7 @@ enum class SymbolsSource : uint8_t {
   kSymtab,         // the file's own .symtab
   kMiniDebugInfo,  // .gnu_debugdata
   kDebugFile,      // a separate debug file
+  kGoPclntab,      // a Go executable without .symtab: its .gopclntab
   kDynsymOnly,     // none of those: .dynsym (exported functions) and FDE ranges only
 };
 
@@ -45,7 +49,7 @@ struct Module {
   std::unique_ptr<elf::ElfFile> elf;
   elf::SymbolTable symbols;
   SymbolsSource symbols_from = SymbolsSource::kDynsymOnly;
-  // For people: "symtab", "minidebuginfo", "debug file /usr/lib/debug/.build-id/ab/cd...debug"
+  // For people: "symtab", "gopclntab", "minidebuginfo", "debug file /usr/lib/debug/.build-id/ab/cd...debug"
   // (the path in the target's file system) or "dynsym only".
   std::string symbols_source;
   absl::Status debug_status;  // why no MiniDebugInfo or debug file was used (kDynsymOnly)
@@ -67,7 +71,7 @@ class ModuleCache {
 
   // Modules built so far by where their names came from.
   struct SourceCounts {
-    uint64_t symtab = 0, minidebuginfo = 0, debug_file = 0, dynsym_only = 0;
+    uint64_t symtab = 0, minidebuginfo = 0, debug_file = 0, go_pclntab = 0, dynsym_only = 0;
   };
   const SourceCounts& symbols_sources() const { return sources_; }
 

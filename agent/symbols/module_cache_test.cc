@@ -242,5 +242,39 @@ TEST(ModuleCacheSystemTest, HostLibcFunctionsNamedFromDebugFile) {
 #endif
 }
 
+#ifdef STRATA_GO_DIR
+// Go executables: stripped (-ldflags=-s -w, no .symtab) or not, their Go functions are named
+// from .gopclntab with the runtime's names, and they unwind with Go's rules.
+TEST(ModuleCacheGoTest, StrippedGoBinaryNamedLikeUnstripped) {
+  ModuleCache cache;
+  const std::string dir = STRATA_GO_DIR;
+  auto full = cache.Get(dir + "/pclntab_subject_amd64", "/bin/subject", 1);
+  auto stripped = cache.Get(dir + "/pclntab_subject_amd64_stripped", "/bin/subject-s", 2);
+  ASSERT_TRUE(full.ok()) << full.status();
+  ASSERT_TRUE(stripped.ok()) << stripped.status();
+  EXPECT_EQ((*full)->symbols_from, SymbolsSource::kSymtab);
+  EXPECT_EQ((*stripped)->symbols_from, SymbolsSource::kGoPclntab);
+  EXPECT_EQ((*stripped)->symbols_source, "gopclntab");
+  EXPECT_EQ(cache.symbols_sources().go_pclntab, 1u);
+  EXPECT_NE((*full)->rules, nullptr) << (*full)->rules_status;
+  EXPECT_NE((*stripped)->rules, nullptr) << (*stripped)->rules_status;
+  size_t compared = 0;
+  for (const elf::SymbolTable::Function& f : (*full)->symbols.functions()) {
+    if (!f.name.starts_with("main.") && !f.name.starts_with("crypto/sha256.") &&
+        !f.name.starts_with("runtime.")) {
+      continue;
+    }
+    if (f.name == "runtime.text" || f.name == "runtime.etext") {  // markers, not functions
+      continue;
+    }
+    // The same code at the same addresses in both builds.
+    EXPECT_EQ(NameAt(**stripped, f.start), std::string(f.name)) << std::hex << f.start;
+    EXPECT_FALSE(f.name.ends_with(".abi0")) << f.name;
+    ++compared;
+  }
+  EXPECT_GT(compared, 500u);
+}
+#endif
+
 }  // namespace
 }  // namespace strata::agent::symbols

@@ -289,6 +289,27 @@ void ElfFile::ParseBuildId() {
     if (offset > image_.size() || size > image_.size() - offset) continue;
     if (scan(image_.substr(offset, size))) return;
   }
+  // Go's linker writes no GNU build ID unless asked (-B), but always its own: the note "Go",
+  // type 4, "actionID/contentID" of the packages and of the link. The link's two parts (the
+  // last 41 characters) identify the binary; they stand in for the GNU build ID, so a Go
+  // binary is known to agent, uploads and server by the same ID (stripping keeps the note).
+  if (const Section* go = FindSection(".note.go.buildid"); go != nullptr) {
+    absl::StatusOr<std::string_view> data = SectionData(*go);
+    if (!data.ok()) return;
+    ByteReader r = Reader(*data);
+    const uint32_t namesz = r.U32(), descsz = r.U32(), type = r.U32();
+    std::string_view name = r.Bytes((namesz + 3u) & ~3u);
+    std::string_view desc = r.Bytes(descsz);
+    if (!r.ok() || type != 4 || name.substr(0, 2) != "Go") return;
+    size_t cut = desc.size();
+    for (int slashes = 0; cut > 0;) {
+      if (desc[cut - 1] == '/' && ++slashes == 2) break;
+      --cut;
+    }
+    std::string_view link = desc.substr(cut);
+    if (link.size() > 64) link = link.substr(link.size() - 64);
+    if (!link.empty()) build_id_ = std::string(link);
+  }
 }
 
 const Section* ElfFile::FindSection(std::string_view name) const {

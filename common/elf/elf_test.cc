@@ -14,6 +14,7 @@
 #include "common/elf/symbol_table.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/testing/shell_output.h"
 #include "common/testing/emulation.h"
 
 namespace strata::elf {
@@ -28,16 +29,7 @@ namespace demangle_ns {
 __attribute__((noinline)) int Marked(double d) { asm volatile(""); return static_cast<int>(d); }
 }  // namespace demangle_ns
 
-std::string RunCommand(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
-}
+std::string RunCommand(const std::string& cmd) { return testing::ShellOutput(cmd); }
 
 // This test executable's real path (realpath's buffer freed).
 std::string SelfExe() {

@@ -5,6 +5,8 @@
 //   absl::StatusOr<std::unique_ptr<RuleSource>>
 //   strata::unwind::<arch>::BuildRuleSource(const elf::ElfFile& elf);
 // A decoder that was not built, or any other architecture: an "unsupported architecture" error.
+// Go executables (a .gopclntab) get Go's own tables as rules (go/go_rules.h), with the
+// architecture's decoder behind them for their non-Go code (cgo's C functions).
 #ifndef STRATA_COMMON_UNWIND_RULE_SOURCE_H_
 #define STRATA_COMMON_UNWIND_RULE_SOURCE_H_
 

@@ -12,7 +12,8 @@
 //  - rule_source.h: the one factory that builds a module's RuleSource for its architecture.
 //    The decoders are one folder each, built the same way (library strata_unwind_<arch>, its
 //    tests beside it, entry point <arch>::BuildRuleSource): x86_64/ (compiled DWARF CFI) and
-//    mips64/ (decoded prologues).
+//    mips64/ (decoded prologues). Languages whose binaries carry their own unwind tables are
+//    rules of another kind behind the same interface: go/ (Go's .gopclntab).
 //  - host_arch.h: the architecture this binary runs on (kHostArch and the per-architecture
 //    constants of sampling one's own host); the only place that tests architecture macros.
 //  - unwind_types.h: the plain-data vocabulary (Arch, Registers, StackSnapshot, UnwindRow,

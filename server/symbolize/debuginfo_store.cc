@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/elf/elf_file.h"
+#include "common/elf/go_pclntab.h"
 
 namespace strata::server::symbolize {
 namespace fs = std::filesystem;
@@ -68,7 +69,8 @@ absl::StatusOr<DebugFileInfo> InspectDebugFile(const std::string& path) {
   DebugFileInfo info;
   info.build_id = (*elf)->BuildIdHex();
   if (info.build_id.empty()) {
-    return absl::InvalidArgumentError("the file has no GNU build ID (.note.gnu.build-id)");
+    return absl::InvalidArgumentError(
+        "the file has no GNU build ID (.note.gnu.build-id) nor Go build ID");
   }
   info.size_bytes = (*elf)->image().size();
   info.has_dwarf = (*elf)->FindSection(".debug_info") != nullptr;
@@ -78,10 +80,15 @@ absl::StatusOr<DebugFileInfo> InspectDebugFile(const std::string& path) {
     info.functions = static_cast<uint64_t>(std::count_if(
         symbols->begin(), symbols->end(), [](const auto& f) { return !f.from_dynsym; }));
   }
+  // A stripped Go binary still has its runtime's table: names, inlined calls and lines.
+  if (info.functions == 0 && !info.has_dwarf && elf::LooksLikeGo(**elf)) {
+    absl::StatusOr<std::unique_ptr<elf::GoPclntab>> go = elf::GoPclntab::Find(**elf);
+    if (go.ok()) info.functions = (*go)->functions().size();
+  }
   if (info.functions == 0 && !info.has_dwarf) {
     return absl::InvalidArgumentError(
-        "the file has neither function symbols (.symtab) nor DWARF (.debug_info): upload the "
-        "unstripped binary or its separate debug file");
+        "the file has neither function symbols (.symtab, .gopclntab) nor DWARF (.debug_info): "
+        "upload the unstripped binary or its separate debug file");
   }
   return info;
 }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/elf/debug_file.h"
 #include "common/elf/elf_file.h"
+#include "common/elf/go_pclntab.h"
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -215,6 +216,49 @@ TEST_F(SymbolizeTest, BadUploadsAreRefusedAndLeaveNothingBehind) {
   ASSERT_TRUE(reopened.ok());
   EXPECT_TRUE(fs::is_empty(dir_.File("uploads/tmp")));
 }
+
+#ifdef STRATA_GO_DIR
+// A stripped Go binary (no .symtab, no DWARF) as a debug file: its .gopclntab names its
+// functions and gives the inlined calls and lines at an address. Go binaries are known by
+// their Go build ID when they have no GNU one.
+TEST(SymbolizeGoTest, StrippedGoBinaryGivesNamesInlinedCallsAndLines) {
+  const std::string binary = std::string(STRATA_GO_DIR) + "/pclntab_subject_amd64_stripped";
+  auto elf = elf::ElfFile::Open(binary);
+  ASSERT_TRUE(elf.ok());
+  const std::string build_id = (*elf)->BuildIdHex();
+  ASSERT_FALSE(build_id.empty()) << "no Go build ID";
+  auto table = elf::GoPclntab::Find(**elf);
+  ASSERT_TRUE(table.ok());
+  // A pc of main.caller inside the call it inlined (main.inlinedLeaf).
+  const elf::GoPclntab::Function* caller = nullptr;
+  for (const auto& f : (*table)->functions()) {
+    if (f.name == "main.caller") caller = &f;
+  }
+  ASSERT_NE(caller, nullptr);
+  uint64_t inlined_pc = 0;
+  for (uint64_t pc = caller->entry; pc < caller->end && inlined_pc == 0; ++pc) {
+    if ((*table)->Symbolize(*caller, pc).size() == 2) inlined_pc = pc;
+  }
+  ASSERT_NE(inlined_pc, 0u);
+
+  testing::TempDir dir("strata_symbolize_go");
+  const std::string debug_dir = dir.File("debug");
+  const std::string path = elf::BuildIdDebugPath(debug_dir, build_id);
+  fs::create_directories(fs::path(path).parent_path());
+  fs::copy_file(binary, path);
+  Symbolizer symbolizer({.debug_dirs = {debug_dir}}, nullptr);
+  EXPECT_EQ(symbolizer.FunctionName(build_id, caller->entry), "main.caller");
+  const std::vector<SourceFrame> frames = symbolizer.SourceFrames(build_id, inlined_pc);
+  ASSERT_EQ(frames.size(), 2u);
+  EXPECT_EQ(frames[0].function, "main.inlinedLeaf");
+  EXPECT_TRUE(frames[0].inlined);
+  EXPECT_THAT(frames[0].file, ::testing::EndsWith("subject/main.go"));
+  EXPECT_EQ(frames[0].line, 23u);
+  EXPECT_EQ(frames[1].function, "main.caller");
+  EXPECT_FALSE(frames[1].inlined);
+  EXPECT_EQ(frames[1].line, 29u);
+}
+#endif
 
 }  // namespace
 }  // namespace strata::server::symbolize

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/elf/debug_file.h"
 #include "common/elf/elf_file.h"
+#include "common/elf/go_pclntab.h"
 #include "common/elf/symbol_table.h"
 #include "spdlog/spdlog.h"
 
@@ -21,6 +22,10 @@ struct Symbolizer::Module {
   LoadedDebugInfo info;
   elf::SymbolTable symbols;
   std::unique_ptr<SourceLines> lines;  // null without DWARF
+  // A Go binary's .gopclntab: names, inlined calls and lines without DWARF (e.g. an uploaded
+  // stripped binary). `go` holds views into `go_elf`, kept mapped for it.
+  std::unique_ptr<elf::ElfFile> go_elf;
+  std::unique_ptr<elf::GoPclntab> go;
 };
 
 Symbolizer::Symbolizer(SymbolizerOptions options, const DebugInfoStore* uploads)
@@ -42,8 +47,26 @@ std::optional<std::string> Symbolizer::FunctionName(std::string_view build_id_he
 std::vector<SourceFrame> Symbolizer::SourceFrames(std::string_view build_id_hex,
                                                   uint64_t address) {
   std::shared_ptr<const Module> module = ModuleOf(build_id_hex);
-  if (module == nullptr || module->lines == nullptr) return {};
-  return module->lines->Frames(address);
+  if (module == nullptr) return {};
+  if (module->lines != nullptr) {
+    std::vector<SourceFrame> frames = module->lines->Frames(address);
+    if (!frames.empty() || module->go == nullptr) return frames;
+  }
+  if (module->go == nullptr) return {};
+  const int64_t i = module->go->FindFunction(address);
+  if (i < 0) return {};
+  std::vector<SourceFrame> frames;
+  for (const elf::GoPclntab::SourceFrame& f :
+       module->go->Symbolize(module->go->functions()[i], address)) {
+    SourceFrame frame;
+    frame.function = std::string(f.function);
+    frame.file = std::string(f.file);
+    frame.line = f.line > 0 ? static_cast<uint32_t>(f.line) : 0;
+    frame.inlined = f.inlined;
+    frame.linkage_name = frame.function;
+    frames.push_back(std::move(frame));
+  }
+  return frames;
 }
 
 std::shared_ptr<const Symbolizer::Module> Symbolizer::ModuleOf(std::string_view build_id_hex) {
@@ -134,6 +157,15 @@ std::shared_ptr<const Symbolizer::Module> Symbolizer::ReadFile(const std::string
     return nullptr;
   }
   auto module = std::make_shared<Module>();
+  if (elf::LooksLikeGo(**elf)) {
+    absl::StatusOr<std::unique_ptr<elf::GoPclntab>> go = elf::GoPclntab::Find(**elf);
+    if (go.ok()) {
+      elf::AddGoFunctionSymbols(**go, &*symbols);
+      module->go = *std::move(go);
+    } else {
+      spdlog::warn("debug file {}: unreadable Go symbol table: {}", path, go.status().ToString());
+    }
+  }
   module->info = {build_id, path, std::move(source), symbols->size(),
                   (*elf)->FindSection(".debug_info") != nullptr};
   module->symbols = elf::SymbolTable::FromFunctions(*std::move(symbols), {}, {});
@@ -145,6 +177,7 @@ std::shared_ptr<const Symbolizer::Module> Symbolizer::ReadFile(const std::string
       spdlog::warn("debug file {}: no source lines: {}", path, lines.status().ToString());
     }
   }
+  if (module->go != nullptr) module->go_elf = *std::move(elf);
   spdlog::info("debug info for build ID {}: {} ({} functions, from {})", build_id, path,
                module->info.functions, module->info.source);
   return module;

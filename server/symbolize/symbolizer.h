@@ -9,7 +9,9 @@
 //      Debian's -dbg and -dbgsym packages install);
 //   3. debuginfod servers (elfutils' libdebuginfod; its own cache directory).
 // Only the function symbols of a file are kept (a sorted table per build ID); the mapping is
-// released after reading. A build ID found nowhere is retried after `retry_after`, or at
+// released after reading -- except for a Go binary, whose .gopclntab (names, inlined calls and
+// lines, common/elf/go_pclntab.h) is read in place: it is a source like DWARF, used where no
+// DWARF covers an address, so an uploaded stripped Go binary gives inline frames and lines. A build ID found nowhere is retried after `retry_after`, or at
 // once after an upload of it (Invalidate).
 //
 // Thread-safe. A lookup of a known build ID takes one short lock; finding and reading a new

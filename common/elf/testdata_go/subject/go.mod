@@ -1,0 +1,3 @@
+module strata.test/subject
+
+go 1.16

@@ -1,0 +1,3 @@
+module strata.test/truth
+
+go 1.16

@@ -1,0 +1,104 @@
+#include "common/unwind/go/go_rules.h"
+
+#include <algorithm>
+
+namespace strata::unwind::go {
+
+UnwindRow GoRow(Arch arch, int32_t sp_delta, bool saved_fp) {
+  UnwindRow row;
+  row.cfa_base = UnwindRow::CfaBase::kSp;
+  row.fp_rule = UnwindRow::FpRule::kSame;
+  if (arch == Arch::kX86_64) {
+    row.ra_rule = UnwindRow::RaRule::kAtCfaOffset;
+    row.cfa_offset = sp_delta + 8;
+    row.ra_offset = -8;
+    if (saved_fp && sp_delta >= 8) {
+      row.fp_rule = UnwindRow::FpRule::kAtCfaOffset;
+      row.fp_offset = -16;
+    }
+  } else if (sp_delta == 0) {  // link register: no frame, the return address is in r31
+    row.ra_rule = UnwindRow::RaRule::kInRegister;
+    row.cfa_offset = 0;
+  } else {
+    row.ra_rule = UnwindRow::RaRule::kAtCfaOffset;
+    row.cfa_offset = sp_delta;
+    row.ra_offset = -sp_delta;  // 0(SP)
+  }
+  return row;
+}
+
+std::unique_ptr<GoRuleSource> GoRuleSource::Build(Arch arch, const elf::GoPclntab& table,
+                                                  std::unique_ptr<RuleSource> fallback) {
+  std::unique_ptr<GoRuleSource> rules(new GoRuleSource());
+  rules->arch_ = arch;
+  rules->fallback_ = std::move(fallback);
+  rules->funcs_.reserve(table.functions().size());
+  for (const elf::GoPclntab::Function& f : table.functions()) {
+    Func func{f.entry, f.end, static_cast<uint32_t>(rules->runs_.size()), 0, f.root,
+              (f.flags & elf::GoPclntab::kFlagAsm) == 0};
+    if (!f.root) {
+      for (const elf::GoPclntab::PcValueRange& r : table.SpDeltas(f)) {
+        // A negative delta or one beyond any real frame is a corrupt table: no rule there.
+        if (r.value < 0 || r.value > (1 << 24) || r.start < f.entry) continue;
+        // Adjacent ranges with the same delta are one run.
+        if (func.num_runs > 0 && rules->runs_.back().sp == r.value) continue;
+        rules->runs_.push_back({static_cast<uint32_t>(r.start - f.entry), r.value});
+        ++func.num_runs;
+      }
+      if (func.num_runs == 0) ++rules->stats_.without_table;
+    }
+    if (!rules->funcs_.empty() && rules->funcs_.back().end > func.start) continue;  // overlap
+    rules->stats_.roots += f.root;
+    rules->funcs_.push_back(func);
+  }
+  rules->stats_.functions = rules->funcs_.size();
+  rules->stats_.runs = rules->runs_.size();
+  return rules;
+}
+
+const GoRuleSource::Func* GoRuleSource::FindFunc(uint64_t pc) const {
+  auto it = std::upper_bound(funcs_.begin(), funcs_.end(), pc,
+                             [](uint64_t a, const Func& f) { return a < f.start; });
+  if (it == funcs_.begin()) return nullptr;
+  --it;
+  return pc < it->end ? &*it : nullptr;
+}
+
+bool GoRuleSource::FindRow(uint64_t pc, bool innermost, UnwindRow* row) const {
+  // A return address may be the first byte after its function (a call as its last
+  // instruction): the call itself is at pc - 1.
+  const uint64_t at = innermost ? pc : pc - 1;
+  const Func* f = FindFunc(at);
+  if (f == nullptr) return fallback_ != nullptr && fallback_->FindRow(pc, innermost, row);
+  if (f->root) {
+    *row = UnwindRow{};
+    row->cfa_base = UnwindRow::CfaBase::kSp;
+    row->ra_rule = UnwindRow::RaRule::kUndefined;
+    return true;
+  }
+  if (f->num_runs == 0) return false;
+  const Run* first = runs_.data() + f->first_run;
+  const Run* last = first + f->num_runs;
+  const uint32_t offset = static_cast<uint32_t>(at - f->start);
+  const Run* r = std::upper_bound(first, last, offset,
+                                  [](uint32_t o, const Run& run) { return o < run.start; });
+  if (r == first) return false;
+  // The prologue stores rbp only after moving SP: certain at call sites, not at every pc of
+  // the interrupted frame.
+  *row = GoRow(arch_, (r - 1)->sp, f->compiled && !innermost);
+  return true;
+}
+
+bool GoRuleSource::IsPlausibleReturnAddress(uint64_t return_address) const {
+  if (FindFunc(return_address - 1) != nullptr) return true;
+  return fallback_ == nullptr || fallback_->IsPlausibleReturnAddress(return_address);
+}
+
+absl::StatusOr<std::unique_ptr<RuleSource>> BuildRuleSource(Arch arch, const elf::ElfFile& elf,
+                                                            std::unique_ptr<RuleSource> fallback) {
+  absl::StatusOr<std::unique_ptr<elf::GoPclntab>> table = elf::GoPclntab::Find(elf);
+  if (!table.ok()) return table.status();
+  return std::unique_ptr<RuleSource>(GoRuleSource::Build(arch, **table, std::move(fallback)));
+}
+
+}  // namespace strata::unwind::go

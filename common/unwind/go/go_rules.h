@@ -1,0 +1,91 @@
+// Unwind rules of a Go executable, from its .gopclntab (common/elf/go_pclntab.h): the data
+// Go's own traceback (runtime/traceback.go) unwinds with, compiled once per module into rows
+// the one unwinding loop (walk.h) steps with like CFI rows, so incremental unwinding and its
+// verification work on Go stacks unchanged.
+//
+// Per Go function, its SP delta table (pcsp) becomes a short run list of rows:
+//  - x86-64: CFA = SP + pcsp(pc) + 8, return address at CFA-8 (the CALL pushed it); the
+//    caller's rbp at CFA-16 where Go's ABI saved it (a compiled function with a frame, at a
+//    call site: its prologue stores rbp at the top of the frame), else rbp kept;
+//  - MIPS64 (a link-register architecture): CFA = SP + pcsp(pc); a function with a frame
+//    saved its return address at 0(SP) of that frame (CFA - pcsp); at a pc with no frame
+//    (a leaf, before the prologue's SP adjustment, after the epilogue's) it is still in r31.
+// Stack roots end the walk as complete (RaRule::kUndefined, StopReason::kOutermost): the
+// functions Go marks TOPFRAME (runtime.goexit -- every goroutine's outermost frame --,
+// runtime.mstart, runtime.rt0_go) and SPWRITE (functions that switch stacks: systemstack,
+// mcall, morestack, asmcgocall, cgocallback, gogo), where Go's own profiler stops too: past
+// them lies another stack (the goroutine's, saved in g.sched), not a caller frame.
+//
+// Code outside the Go functions (C code linked into cgo programs, with its .eh_frame) is left
+// to the architecture's own decoder, passed in as the fallback.
+//
+// Immutable after Build(), allocation-free to query (a binary search over the functions and
+// one over the function's runs), so one table is shared by every process mapping the module and
+// can be used from a signal handler.
+#ifndef STRATA_COMMON_UNWIND_GO_GO_RULES_H_
+#define STRATA_COMMON_UNWIND_GO_GO_RULES_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/elf/go_pclntab.h"
+#include "common/unwind/unwinder.h"
+
+namespace strata::unwind::go {
+
+struct GoRulesStats {
+  size_t functions = 0;
+  size_t roots = 0;
+  size_t runs = 0;
+  size_t without_table = 0;  // functions whose pcsp table did not decode (no rule)
+};
+
+class GoRuleSource final : public RuleSource {
+ public:
+  // `fallback` (may be null): the rules for pcs outside every Go function.
+  static std::unique_ptr<GoRuleSource> Build(Arch arch, const elf::GoPclntab& table,
+                                             std::unique_ptr<RuleSource> fallback);
+
+  bool FindRow(uint64_t pc, bool innermost, UnwindRow* row) const override;
+  bool IsPlausibleReturnAddress(uint64_t return_address) const override;
+
+  const GoRulesStats& stats() const { return stats_; }
+  const RuleSource* fallback() const { return fallback_.get(); }
+
+ private:
+  struct Func {
+    uint64_t start;
+    uint64_t end;
+    uint32_t first_run;
+    uint32_t num_runs;
+    bool root;
+    bool compiled;  // not assembly: Go's prologue saves rbp in every frame
+  };
+  struct Run {
+    uint32_t start;  // offset from the function's start
+    int32_t sp;
+  };
+  GoRuleSource() = default;
+  const Func* FindFunc(uint64_t pc) const;
+
+  Arch arch_ = Arch::kX86_64;
+  std::vector<Func> funcs_;  // sorted by start, disjoint
+  std::vector<Run> runs_;
+  std::unique_ptr<RuleSource> fallback_;
+  GoRulesStats stats_;
+};
+
+// The row for a Go frame whose SP delta at the pc is `sp_delta` (exposed for tests).
+// `saved_fp`: the frame holds the caller's rbp at CFA-16 (x86-64 only).
+UnwindRow GoRow(Arch arch, int32_t sp_delta, bool saved_fp = false);
+
+// Builds the Go rules of `elf` when it has a .gopclntab (NotFound otherwise), with `fallback`
+// for the code outside Go functions.
+absl::StatusOr<std::unique_ptr<RuleSource>> BuildRuleSource(Arch arch, const elf::ElfFile& elf,
+                                                            std::unique_ptr<RuleSource> fallback);
+
+}  // namespace strata::unwind::go
+
+#endif  // STRATA_COMMON_UNWIND_GO_GO_RULES_H_

@@ -1,0 +1,215 @@
+// Go unwind rules on real Go 1.19 binaries (built by the build for common/elf's tests): rows
+// for roots and ordinary frames, and whole stacks laid out as the Go runtime itself reported
+// them (runtime.Callers in the program, run natively and under qemu-mips64el), unwound by the
+// one loop -- plain and incremental -- to the goroutine's root, complete.
+#include "common/unwind/go/go_rules.h"
+
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/elf/go_pclntab.h"
+#include "common/unwind/incremental.h"
+#include "common/unwind/mips64/recorded_sample.h"
+#include "common/unwind/rule_source.h"
+#include "gtest/gtest.h"
+#include "common/testing/shell_output.h"
+
+namespace strata::unwind::go {
+namespace {
+
+TEST(GoRowTest, PerArchitecture) {
+  UnwindRow x = GoRow(Arch::kX86_64, 0x18);
+  EXPECT_EQ(x.cfa_base, UnwindRow::CfaBase::kSp);
+  EXPECT_EQ(x.cfa_offset, 0x20);
+  EXPECT_EQ(x.ra_rule, UnwindRow::RaRule::kAtCfaOffset);
+  EXPECT_EQ(x.ra_offset, -8);
+  EXPECT_EQ(x.fp_rule, UnwindRow::FpRule::kSame);
+  UnwindRow with_fp = GoRow(Arch::kX86_64, 0x18, /*saved_fp=*/true);
+  EXPECT_EQ(with_fp.fp_rule, UnwindRow::FpRule::kAtCfaOffset);
+  EXPECT_EQ(with_fp.fp_offset, -16);
+  EXPECT_EQ(GoRow(Arch::kMips64El, 0x18, true).fp_rule, UnwindRow::FpRule::kSame);
+  UnwindRow leaf = GoRow(Arch::kMips64El, 0);
+  EXPECT_EQ(leaf.ra_rule, UnwindRow::RaRule::kInRegister);
+  EXPECT_EQ(leaf.cfa_offset, 0);
+  UnwindRow m = GoRow(Arch::kMips64Be, 0x40);
+  EXPECT_EQ(m.cfa_offset, 0x40);
+  EXPECT_EQ(m.ra_rule, UnwindRow::RaRule::kAtCfaOffset);
+  EXPECT_EQ(m.ra_offset, -0x40);
+}
+
+#ifdef STRATA_GO_DIR
+
+std::string RunCommand(const std::string& cmd) { return testing::ShellOutput(cmd); }
+
+// One module at its link address (the test binaries are not PIE).
+using OneModuleSpace = mips64::StaticModuleSpace;
+
+struct GoCase {
+  std::string variant;
+  Arch arch;
+  bool needs_qemu;
+};
+
+class GoStackTest : public ::testing::TestWithParam<GoCase> {};
+
+// The program's own stack (runtime.Callers; inlined calls folded into their physical frames
+// with the table's inline tree) is rebuilt in memory with each frame's size from the table,
+// then unwound from the innermost frame's pc.
+TEST_P(GoStackTest, UnwindsToGoexitAsComplete) {
+  const GoCase c = GetParam();
+  if (c.needs_qemu && std::string(STRATA_QEMU_MIPS64EL).empty()) GTEST_SKIP() << "no qemu";
+  const std::string bin = std::string(STRATA_GO_DIR) + "/pclntab_subject_" + c.variant;
+  auto elf = elf::ElfFile::Open(bin);
+  ASSERT_TRUE(elf.ok()) << elf.status();
+  auto table = elf::GoPclntab::Find(**elf);
+  ASSERT_TRUE(table.ok());
+  auto rules = MakeRuleSource(c.arch, **elf);
+  ASSERT_TRUE(rules.ok()) << rules.status();
+  ASSERT_NE(dynamic_cast<const GoRuleSource*>(rules->get()), nullptr);
+
+  // Physical frames' pcs (Frame.PC: inside the call), outermost last.
+  std::vector<uint64_t> pcs;
+  std::istringstream in(RunCommand(
+      (c.needs_qemu ? std::string(STRATA_QEMU_MIPS64EL) + " " : std::string()) + bin + " frames"));
+  std::string line;
+  std::vector<std::pair<uint64_t, std::string>> truth;
+  while (std::getline(in, line)) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ');
+    if (f.size() == 4) truth.emplace_back(std::stoull(f[0], nullptr, 16), f[1]);
+  }
+  ASSERT_GE(truth.size(), 5u);
+  ASSERT_EQ(truth.back().second, "runtime.goexit");
+  for (size_t i = 0; i < truth.size();) {
+    const int64_t fi = (*table)->FindFunction(truth[i].first);
+    ASSERT_GE(fi, 0);
+    size_t n = (*table)->Symbolize((*table)->functions()[fi], truth[i].first).size();
+    if (i == 0) n = std::max<size_t>(n, 2) - 1;  // runtime.Callers, inlined, is skipped
+    pcs.push_back(truth[i].first);
+    i += n;
+  }
+  ASSERT_GE(pcs.size(), 5u);
+
+  // Lay the frames out: each frame's size is its SP delta at its pc.
+  const bool be = IsBigEndian(c.arch);
+  const bool x86 = c.arch == Arch::kX86_64;
+  const uint64_t pc_step = x86 ? 1 : 8;  // Frame.PC + this = the return address
+  std::vector<uint8_t> bytes(16384, 0xcc);
+  const uint64_t base = 0x7ffe0000;
+  uint64_t sp = base + 256;
+  std::vector<uint64_t> sps;
+  auto put = [&](uint64_t addr, uint64_t v) {
+    ASSERT_LT(addr - base + 8, bytes.size());
+    if (be) v = __builtin_bswap64(v);
+    std::memcpy(bytes.data() + (addr - base), &v, 8);
+  };
+  for (size_t i = 0; i + 1 < pcs.size(); ++i) {
+    const auto& f = (*table)->functions()[(*table)->FindFunction(pcs[i])];
+    int32_t delta = -1;
+    for (const auto& r : (*table)->SpDeltas(f)) {
+      if (pcs[i] >= r.start && pcs[i] < r.end) delta = r.value;
+    }
+    ASSERT_GT(delta, 0) << f.name;
+    sps.push_back(sp);
+    const uint64_t return_address = pcs[i + 1] + pc_step;
+    if (x86) {
+      put(sp + delta, return_address);
+      sp += delta + 8;
+    } else {
+      put(sp, return_address);  // 0(SP) of the frame
+      sp += delta;
+    }
+  }
+  sps.push_back(sp);
+  StackSnapshot stack{base, bytes.data(), bytes.size()};
+  Registers regs;
+  regs.pc = pcs[0];
+  regs.sp = sps[0];
+  OneModuleSpace space(**elf, rules->get());
+  UnwindOptions options;
+  options.arch = c.arch;
+  options.frame_pointer_fallback = false;
+  std::vector<Frame> frames(64);
+  UnwindResult r = Unwind(options, regs, stack, space, frames.data(), frames.size());
+  EXPECT_EQ(r.stop, StopReason::kOutermost) << StopReasonName(r.stop);
+  ASSERT_EQ(r.num_frames, pcs.size());
+  for (size_t i = 1; i < pcs.size(); ++i) {
+    EXPECT_EQ(frames[i].pc, pcs[i] + pc_step) << i;
+    EXPECT_EQ(frames[i].sp, sps[i]) << i;
+  }
+
+  // The incremental unwinder: the same frames, then the outer part reused, still complete.
+  IncrementalOptions inc_options;
+  inc_options.unwind = options;
+  inc_options.verify = VerifyMode::kFull;
+  IncrementalUnwinder inc(inc_options);
+  SampleInput sample{regs, stack, 1, false};
+  std::vector<Frame> again(64);
+  for (int round = 0; round < 2; ++round) {
+    SampleStats stats;
+    UnwindResult ir = inc.Unwind(sample, space, again.data(), again.size(), &stats);
+    EXPECT_EQ(ir.stop, StopReason::kOutermost) << round;
+    ASSERT_EQ(ir.num_frames, r.num_frames);
+    for (size_t i = 0; i < ir.num_frames; ++i) EXPECT_EQ(again[i].pc, frames[i].pc);
+    if (round == 1) {
+      EXPECT_GT(stats.frames_reused, 0u);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Go119, GoStackTest,
+                         ::testing::Values(GoCase{"amd64", Arch::kX86_64, false},
+                                           GoCase{"amd64_stripped", Arch::kX86_64, false},
+                                           GoCase{"mips64le", Arch::kMips64El, true},
+                                           GoCase{"mips64le_stripped", Arch::kMips64El, true}),
+                         [](const auto& info) { return info.param.variant; });
+
+TEST(GoRulesTest, RootsAndSwitchesEndTheWalk) {
+  for (const char* variant : {"amd64", "mips64", "mips64le"}) {
+    auto elf = elf::ElfFile::Open(std::string(STRATA_GO_DIR) + "/pclntab_subject_" + variant);
+    ASSERT_TRUE(elf.ok());
+    auto arch = ArchOf(**elf);
+    ASSERT_TRUE(arch.ok());
+    auto table = elf::GoPclntab::Find(**elf);
+    ASSERT_TRUE(table.ok());
+    auto rules = MakeRuleSource(*arch, **elf);
+    ASSERT_TRUE(rules.ok()) << rules.status();
+    int roots_checked = 0;
+    for (const auto& f : (*table)->functions()) {
+      UnwindRow row;
+      const bool found = (*rules)->FindRow(f.entry, true, &row);
+      // Stack roots, and the switches to the system stack: for runtime calls, for cgo calls
+      // (asmcgocall) and back from C (cgocallback), and for stack growth (morestack).
+      if (f.name == "runtime.goexit" || f.name == "runtime.mstart" ||
+          f.name == "runtime.systemstack" || f.name == "runtime.mcall" ||
+          f.name == "runtime.rt0_go" || f.name == "runtime.asmcgocall" ||
+          f.name == "runtime.cgocallback" || f.name == "runtime.morestack") {
+        ++roots_checked;
+        ASSERT_TRUE(found) << f.name;
+        EXPECT_EQ(row.ra_rule, UnwindRow::RaRule::kUndefined) << f.name << " " << variant;
+        // A return address into goexit (goexit+quantum, Go's fake caller) ends it too.
+        ASSERT_TRUE((*rules)->FindRow(f.entry + (*table)->pc_quantum(), false, &row));
+        EXPECT_EQ(row.ra_rule, UnwindRow::RaRule::kUndefined);
+      } else if (f.name == "main.main" || f.name == "runtime.main") {
+        ASSERT_TRUE(found);
+        // At the entry nothing is pushed yet.
+        EXPECT_EQ(row.cfa_offset, *arch == Arch::kX86_64 ? 8 : 0) << f.name;
+        EXPECT_NE(row.ra_rule, UnwindRow::RaRule::kUndefined);
+      }
+    }
+    // (A MIPS64 build without cgo links no runtime.cgocallback.)
+    EXPECT_EQ(roots_checked, *arch == Arch::kX86_64 ? 8 : 7) << variant;
+    // Outside every Go function (before the text): no Go rule.
+    UnwindRow row;
+    EXPECT_FALSE((*rules)->FindRow((*table)->functions().front().entry - 0x100000, true, &row));
+  }
+}
+
+#endif  // STRATA_GO_DIR
+
+}  // namespace
+}  // namespace strata::unwind::go

@@ -1,0 +1,218 @@
+// Go programs end to end: a Go workload (tests/e2e/golang/workload: one goroutine hashing with
+// crypto/sha256, one sorting and encoding JSON) profiled by the real strata-agent and
+// strata-server while it writes its own runtime/pprof CPU profile. Strata's view must agree
+// with Go's: the top three functions of `go tool pprof -top -cum` have the same cumulative
+// share within 3 points, and stacks that reach a goroutine's root (runtime.goexit) are
+// complete, never marked truncated. Unstripped, stripped (-ldflags=-s -w: names from
+// .gopclntab) and with cgo (C frames under runtime.asmcgocall).
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/testing/temp_dir.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/harness.h"
+
+namespace strata::e2e {
+namespace {
+
+// Strata's rate: many samples in a few seconds. Go's profiler keeps its default 100 Hz, where
+// its shares are exact (above it drops samples unevenly); it samples every 10 ms of each
+// thread's CPU time, so its shares have little noise.
+constexpr int kHz = 499;
+constexpr double kSeconds = 9;     // the workload's run
+constexpr double kTolerance = 3;   // percentage points
+
+struct CumShare {
+  std::string function;
+  double percent;
+};
+
+// `go tool pprof -top -cum` lines: flat flat% sum% cum cum% name.
+std::vector<CumShare> PprofTopCum(const std::string& binary, const std::string& profile) {
+  CommandResult r = RunCommand({STRATA_GO, "tool", "pprof", "-top", "-cum", binary, profile}, 60);
+  std::vector<CumShare> out;
+  static const std::regex kLine(R"(^\s*\S+\s+[\d.]+%\s+[\d.]+%\s+\S+\s+([\d.]+)%\s+(.+?)\s*$)");
+  std::istringstream in(r.output);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_match(line, m, kLine)) out.push_back({m[2], std::stod(m[1])});
+  }
+  return out;
+}
+
+struct StrataView {
+  uint64_t total = 0;
+  std::map<std::string, uint64_t> cum;  // samples of paths holding the function
+  uint64_t truncated = 0;
+  uint64_t complete_goroutine_truncated = 0;  // reach runtime.goexit yet marked truncated
+  uint64_t reach_goexit = 0;
+  uint64_t in_c = 0, in_c_complete = 0;  // cgo: C code (strata_c_spin) under asmcgocall
+  std::string top_paths;  // for failure messages
+};
+
+StrataView Query(const std::string& address, const std::string& service) {
+  StrataView v;
+  v1::HotPathsResponse paths = QueryHotPaths(address, service);
+  v.total = paths.total_samples();
+  int listed = 0;
+  for (const auto& p : paths.paths()) {
+    const std::vector<std::string> names = FrameNames(p);
+    const std::set<std::string> distinct(names.begin(), names.end());
+    for (const std::string& n : distinct) v.cum[n] += p.samples();
+    if (p.truncated()) v.truncated += p.samples();
+    // The static C function is inlined into cgo's wrapper, _cgo_<hash>_Cfunc_strata_c_spin.
+    if (std::any_of(names.begin(), names.end(), [](const std::string& n) {
+          return n.find("strata_c_spin") != std::string::npos;
+        })) {
+      v.in_c += p.samples();
+      if (!p.truncated() && names.front() == "runtime.asmcgocall") v.in_c_complete += p.samples();
+    }
+    if (distinct.count("runtime.goexit")) {
+      v.reach_goexit += p.samples();
+      if (p.truncated()) v.complete_goroutine_truncated += p.samples();
+    }
+    // STRATA_GO_E2E_VERBOSE=1: the stacks outside the goroutines (runtime work on g0).
+    if (!distinct.count("runtime.goexit") && getenv("STRATA_GO_E2E_VERBOSE")) {
+      std::cout << "other " << p.samples() << (p.truncated() ? " [t] " : " ")
+                << absl::StrJoin(names, ";") << "\n";
+    }
+    if (listed++ < 15) {
+      absl::StrAppend(&v.top_paths, p.samples(), p.truncated() ? " [t] " : " ",
+                      absl::StrJoin(names, ";"), "\n");
+    }
+  }
+  return v;
+}
+
+class GoProfileTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  strata::testing::TempDir dir_{"strata_go_e2e"};
+};
+
+TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
+  const std::string variant = GetParam();
+  const std::string binary = std::string(STRATA_GO_DIR) + "/go_workload_" + variant;
+  const std::string service = "go-" + variant;
+  const std::string profile = dir_.File("cpu.pprof");
+  ServerProcess server(dir_.File("data"), dir_.File("server.log"));
+  ASSERT_GT(server.port(), 0) << server.process().Output();
+  ChildProcess workload({binary, "-seconds", absl::StrCat(kSeconds), "-cpuprofile", profile},
+                        dir_.File("workload.log"), {{"STRATA_SERVICE", service}});
+  ASSERT_TRUE(workload.WaitForOutput("ready", 30)) << workload.Output();
+  ChildProcess agent({BinPath("strata-agent"), "--server", server.address(), "--pid",
+                      std::to_string(workload.pid()), "--frequency", absl::StrCat(kHz),
+                      "--interval", "1", "--spool-dir", "none"},
+                     dir_.File("agent.log"));
+  ASSERT_TRUE(agent.WaitForOutput(absl::StrCat("profiling pid ", workload.pid()), 30))
+      << agent.Output();
+  // The work (and Go's own profile) starts now that the agent samples it.
+  ASSERT_EQ(kill(workload.pid(), SIGUSR1), 0);
+  ASSERT_EQ(workload.Wait(kSeconds + 60), 0) << workload.Output();
+  EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();
+
+  const std::vector<CumShare> pprof = PprofTopCum(binary, profile);
+  ASSERT_GE(pprof.size(), 3u) << "no pprof output";
+  const StrataView strata = Query(server.address(), service);
+  ASSERT_GT(strata.total, 200u) << agent.Output();
+  std::string report;
+  for (size_t i = 0; i < 3; ++i) {
+    // pprof shows inlined calls as functions of their own; Strata's hot paths name the
+    // functions that hold the code.
+    const std::string name = std::regex_replace(pprof[i].function, std::regex(R"( \(inline\)$)"), "");
+    const auto it = strata.cum.find(name);
+    const double ours = 100.0 * (it == strata.cum.end() ? 0 : it->second) / strata.total;
+    absl::StrAppend(&report, name, ": strata ", ours, "% pprof ", pprof[i].percent, "%\n");
+    EXPECT_NEAR(ours, pprof[i].percent, kTolerance) << name << "\n" << strata.top_paths;
+  }
+  for (size_t i = 3; i < pprof.size() && i < 25; ++i) {
+    const std::string name = std::regex_replace(pprof[i].function, std::regex(R"( \(inline\)$)"), "");
+    const auto it = strata.cum.find(name);
+    absl::StrAppend(&report, "  ", name, ": strata ",
+                    100.0 * (it == strata.cum.end() ? 0 : it->second) / strata.total, "% pprof ",
+                    pprof[i].percent, "%\n");
+  }
+  // The goroutines' own CPU times (each runs locked to a thread), for the record.
+  std::smatch cpu;
+  const std::string out = workload.Output();
+  if (std::regex_search(out, cpu, std::regex(R"(cpu hash (\d+) \d+ \d+ sort (\d+))"))) {
+    const double hash = std::stod(cpu[1]), sort = std::stod(cpu[2]);
+    absl::StrAppend(&report, "  thread CPU time: hashing ", 100 * hash / (hash + sort),
+                    "% of the two goroutines'\n");
+  }
+  // Incremental unwinding works on Go stacks: outer frames are reused sample after sample.
+  std::smatch unwinding;
+  const std::string agent_log = agent.Output();
+  ASSERT_TRUE(std::regex_search(agent_log, unwinding,
+                                std::regex(R"(unwinding \((\w+)\): (\d+) frames walked, (\d+) reused, (\d+) verification)")))
+      << agent_log;
+  absl::StrAppend(&report, "  unwinding (", unwinding[1].str(), "): ", unwinding[2].str(),
+                  " frames walked, ", unwinding[3].str(), " reused, ", unwinding[4].str(),
+                  " verification failures\n");
+  EXPECT_GT(std::stoull(unwinding[3]), 0u) << agent_log;
+  std::cout << "[ " << variant << " ] " << strata.total << " samples, truncated "
+            << strata.truncated << ", reaching runtime.goexit " << strata.reach_goexit << "\n"
+            << report;
+  EXPECT_EQ(strata.complete_goroutine_truncated, 0u) << strata.top_paths;
+  // Nearly every sample is of the two goroutines, whose stacks end at runtime.goexit.
+  EXPECT_GT(strata.reach_goexit, strata.total * 8 / 10) << strata.top_paths;
+  EXPECT_LT(strata.truncated, strata.total / 10) << strata.top_paths;
+  if (variant == "cgo") {
+    // C frames unwind with the C code's CFI up to the system stack's root, asmcgocall.
+    std::cout << "[ cgo ] C code: " << strata.in_c << " samples, " << strata.in_c_complete
+              << " of them complete up to runtime.asmcgocall\n";
+    EXPECT_GT(strata.in_c, 0u) << strata.top_paths;
+    EXPECT_GE(strata.in_c_complete, strata.in_c * 9 / 10) << strata.top_paths;
+  }
+
+  if (variant != "stripped") return;
+  // Lines and inlined calls from the stripped binary's .gopclntab on the server: uploaded
+  // after the samples (known by its Go build ID), it gives them file:line and inline frames.
+  CommandResult upload = RunCommand({BinPath("strata"), "--server", server.address(),
+                                     "debuginfo", "upload", binary});
+  ASSERT_EQ(upload.exit_code, 0) << upload.output;
+  auto stub = v1::Query::NewStub(server.Channel());
+  grpc::ClientContext context;
+  v1::TopRequest request;
+  request.mutable_filter()->set_service(service);
+  request.set_by_line(true);
+  request.set_limit(1000);
+  v1::TopResponse response;
+  ASSERT_TRUE(stub->Top(&context, request, &response).ok());
+  uint64_t with_line = 0, in_block = 0, inlined = 0;
+  std::string lines;
+  for (const v1::LineStat& l : response.lines()) {
+    if (l.frames_size() == 0 || l.frames(0).line() == 0) continue;
+    with_line += l.self();
+    if (l.frames(0).function() == "crypto/sha256.block" &&
+        l.frames(0).file().find("crypto/sha256/sha256block_amd64.s") != std::string::npos) {
+      in_block += l.self();
+    }
+    for (const v1::Frame& f : l.frames()) inlined += f.inlined() ? l.self() : 0;
+    if (lines.size() < 4000) absl::StrAppend(&lines, l.ShortDebugString(), "\n");
+  }
+  std::cout << "[ stripped ] by line: " << with_line << " of " << response.total_samples()
+            << " samples with a line, " << in_block << " in sha256block_amd64.s, " << inlined
+            << " in inlined calls\n";
+  EXPECT_GT(with_line, response.total_samples() * 9 / 10) << lines;
+  EXPECT_GT(in_block, response.total_samples() / 4) << lines;
+  EXPECT_GT(inlined, 0u) << lines;
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, GoProfileTest,
+                         ::testing::Values("plain", "stripped", "cgo"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace strata::e2e

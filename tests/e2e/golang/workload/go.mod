@@ -1,0 +1,3 @@
+module strata.test/goworkload
+
+go 1.16

@@ -1,0 +1,136 @@
+// A Go workload for Strata's end-to-end test of Go profiling: two goroutines burn CPU, one
+// hashing with crypto/sha256, one sorting with sort.Ints and encoding with encoding/json,
+// while the program writes its own runtime/pprof CPU profile -- the reference the test
+// compares Strata's profile of it with. Prints "ready", then waits for SIGUSR1 (the profiler
+// is attached) before it starts its profile and its goroutines, so that both profiles cover
+// the same work; both stop after -seconds, then it prints each goroutine's thread CPU time
+// (/proc/thread-self/schedstat: run ns, wait ns, slices) and exits.
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand"
+	"os"
+	"runtime"
+	"os/signal"
+	"runtime/pprof"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+)
+
+var sink byte
+
+// On the heap: a buffer on the goroutine's stack would make hashWorker's frame larger than a
+// profiler's stack copy.
+var buf = make([]byte, 16<<10)
+
+//go:noinline
+func hashWorker(stop <-chan struct{}) {
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		for i := 0; i < 8; i++ {
+			s := sha256.Sum256(buf)
+			sink ^= s[0]
+		}
+	}
+}
+
+type record struct {
+	ID     int      `json:"id"`
+	Name   string   `json:"name"`
+	Values []int    `json:"values"`
+	Tags   []string `json:"tags"`
+}
+
+//go:noinline
+func sortAndEncode(stop <-chan struct{}) {
+	r := rand.New(rand.NewSource(1))
+	xs := make([]int, 4096)
+	recs := make([]record, 64)
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		for i := range xs {
+			xs[i] = r.Int()
+		}
+		sort.Ints(xs)
+		for i := range recs {
+			recs[i] = record{ID: i, Name: fmt.Sprint("record-", i), Values: xs[i : i+16],
+				Tags: []string{"a", "b", "c"}}
+		}
+		b, err := json.Marshal(recs)
+		if err != nil {
+			panic(err)
+		}
+		var out []record
+		if err := json.Unmarshal(b, &out); err != nil {
+			panic(err)
+		}
+		sink ^= byte(len(out))
+		cgoWork()
+		// Less CPU than the hashing goroutine, so the top functions of both profiles are the
+		// hashing goroutine's whatever the machine's load (near 50/50 they would tie).
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func threadCPU() string {
+	b, _ := os.ReadFile("/proc/thread-self/schedstat")
+	return string(b[:len(b)-1])
+}
+
+func main() {
+	profile := flag.String("cpuprofile", "", "write a CPU profile here")
+	seconds := flag.Float64("seconds", 10, "run this long")
+	hz := flag.Int("hz", 100, "CPU profile rate")
+	flag.Parse()
+	start := make(chan os.Signal, 1)
+	signal.Notify(start, syscall.SIGUSR1)
+	fmt.Println("ready")
+	<-start
+	if *profile != "" {
+		f, err := os.Create(*profile)
+		if err != nil {
+			panic(err)
+		}
+		// Before StartCPUProfile: it keeps a rate set earlier (and says so on stderr). Above
+		// its default 100 Hz Go's profiler loses samples unevenly (its shares drift from the
+		// threads' CPU times), so the test keeps the default.
+		if *hz != 100 {
+			runtime.SetCPUProfileRate(*hz)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			panic(err)
+		}
+		defer f.Close()
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(2)
+	cpu := make([]string, 2)
+	go func() { defer wg.Done(); runtime.LockOSThread(); hashWorker(stop); cpu[0] = threadCPU() }()
+	go func() { defer wg.Done(); runtime.LockOSThread(); sortAndEncode(stop); cpu[1] = threadCPU() }()
+	time.Sleep(time.Duration(*seconds * float64(time.Second)))
+	close(stop)
+	wg.Wait()
+	if *profile != "" {
+		pprof.StopCPUProfile()
+	}
+	fmt.Printf("cpu hash %s sort %s\n", cpu[0], cpu[1])
+	fmt.Println("done")
+}
