@@ -72,7 +72,7 @@ struct CodeInfo {
   // What a later use compares, to see the address now holds another code object.
   uint64_t name_ptr = 0, filename_ptr = 0, line_table_ptr = 0;
   // For the owner: e.g. the function node it resolved this code object to (0: none yet).
-  uint32_t owner_id = 0;
+  mutable uint32_t owner_id = 0;
 };
 
 struct PythonFrame {
