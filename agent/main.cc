@@ -75,7 +75,7 @@ struct Flags {
   bool off_cpu = false;
   double off_cpu_threshold_us = 100;
   std::string python_frames = "on";
-  double python_read_period_ms = 10;
+  double python_read_period_ms = 1;
   double capture_cpu_budget_pct = 5;
   std::string spool_dir = kDefaultSpoolDir, spool_max = "256MiB";
   double flush_timeout_s = 5;
@@ -158,7 +158,7 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--python-read-period-ms", f.python_read_period_ms,
                  "while Python targets are profiled, their samples are recorded (and their "
                  "Python frames read) at most this many milliseconds after they were taken")
-      ->check(CLI::Range(1.0, 10000.0))
+      ->check(CLI::Range(0.1, 10000.0))
       ->capture_default_str();
   app.add_option("--inproc-dir", f.inproc_dir,
                  "directory of the in-process samplers' rings (their STRATA_INPROC_DIR)")
@@ -294,9 +294,10 @@ void LogSamplingSummary(const strata::agent::ProfilerStats& stats, const std::st
                  stats.off_cpu_unpaired);
   }
   if (stats.python_reads > 0) {
-    spdlog::info("python: {} stacks with {} Python frames, {} stale; {} reads {:.3f} ms after "
-                 "their sample on average (max {:.3f} ms)", stats.python_stacks,
-                 stats.python_frames, stats.python_stale, stats.python_reads,
+    spdlog::info("python: {} stacks with {} Python frames, {} stale ({} changed while read, {} "
+                 "not matching the sample); {} reads {:.3f} ms after their sample on average "
+                 "(max {:.3f} ms)", stats.python_stacks, stats.python_frames, stats.python_stale,
+                 stats.python_torn, stats.python_mismatch, stats.python_reads,
                  static_cast<double>(stats.python_read_delay_ns) / 1e6 /
                      static_cast<double>(stats.python_reads),
                  static_cast<double>(stats.python_read_delay_max_ns) / 1e6);

@@ -446,6 +446,8 @@ ProfilerStats Profiler::stats() const {
   s.python_stacks = r.python_stacks;
   s.python_frames = r.python_frames;
   s.python_stale = r.python_stale;
+  s.python_torn = r.python_torn;
+  s.python_mismatch = r.python_mismatch;
   s.python_reads = r.python_reads;
   s.python_read_delay_ns = r.python_read_delay_ns;
   s.python_read_delay_max_ns = r.python_read_delay_max_ns;

@@ -80,7 +80,7 @@ struct ProfilerOptions : DiscoveryOptions {
   // sooner after the sample a thread's frames are read, the fewer have changed (the rest are
   // counted as python_stale).
   bool python_frames = true;
-  absl::Duration python_read_period = absl::Milliseconds(10);
+  absl::Duration python_read_period = absl::Milliseconds(1);
 };
 
 // Parses "auto" | "on" | "off".
@@ -118,6 +118,8 @@ struct ProfilerStats {
   uint64_t python_stacks = 0;  // see StackRecorderStats
   uint64_t python_frames = 0;
   uint64_t python_stale = 0;
+  uint64_t python_torn = 0;
+  uint64_t python_mismatch = 0;
   uint64_t python_reads = 0;
   uint64_t python_read_delay_ns = 0;
   uint64_t python_read_delay_max_ns = 0;

@@ -267,6 +267,7 @@ bool StackRecorder::ReadPython(python::Interpreter& interpreter, const sampler::
   // truncated native stack). Anything else: the thread ran on between sample and read.
   if (outcome != python::ReadOutcome::kOk || groups < evals || (!truncated && groups > evals)) {
     ++stats_.python_stale;
+    ++(outcome == python::ReadOutcome::kOk ? stats_.python_mismatch : stats_.python_torn);
     if (counts != nullptr) counts->set_python_stale(counts->python_stale() + 1);
     return false;
   }

@@ -71,7 +71,9 @@ struct StackRecorderStats {
   uint64_t off_cpu_ns = 0;        // off-CPU time counted
   uint64_t python_stacks = 0;     // stacks with Python frames spliced in
   uint64_t python_frames = 0;     // ... their Python frames
-  uint64_t python_stale = 0;      // Python stacks whose frames could not be used (see above)
+  uint64_t python_stale = 0;      // Python stacks whose frames could not be used (see above):
+  uint64_t python_torn = 0;       // ... the chain changed while read (or no thread state)
+  uint64_t python_mismatch = 0;   // ... its groups did not match the eval-loop frames
   uint64_t python_reads = 0;      // reads of a thread's Python frames
   uint64_t python_read_delay_ns = 0;      // sum over the reads: read time - sample time
   uint64_t python_read_delay_max_ns = 0;
