@@ -289,9 +289,11 @@ encoding::PathFrame StackRecorder::PythonFrameFor(const python::PythonFrame& fra
     record.start_offset = static_cast<uint64_t>(std::max(code.first_line, 0));
     code.owner_id = graph_->NodeFor(record);
   }
-  if (innermost) leaf_module_pc_ = 0;  // no machine code: no leaf address
-  // A Python frame's call site is the line it is at.
-  return {code.owner_id, innermost ? 0 : static_cast<uint64_t>(std::max(frame.line, 0))};
+  // The line stands for the address: a leaf's line is its leaf address, a caller's call site
+  // is line + 1 (like a return address, one past the call; 0: no line).
+  const uint64_t line = static_cast<uint64_t>(std::max(frame.line, 0));
+  if (innermost) leaf_module_pc_ = line;
+  return {code.owner_id, innermost || line == 0 ? 0 : line + 1};
 }
 
 void StackRecorder::OnSwitch(Target& target, TargetState& state,

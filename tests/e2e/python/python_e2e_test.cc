@@ -86,12 +86,12 @@ TEST(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
   ASSERT_TRUE(agent.WaitForOutput(absl::StrCat("profiling pid ", python.pid()), 60))
       << agent.Output();
   const std::map<std::string, double> before = LastAccounting(python.Output());
-  // Until the workload used ~12 s of CPU in the window (the GIL lets it use about one CPU;
-  // ~6000 samples at 499 Hz: the sampling error of a 25% share is about half a point),
+  // Until the workload used ~10 s of CPU in the window (the GIL lets it use about one CPU;
+  // ~5000 samples at 499 Hz: the sampling error of a 25% share is about 0.6 points),
   // at most 60 s on a loaded machine.
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   while (absl::Now() < deadline && python.running() && agent.running() &&
-         LastAccounting(python.Output())["process"] - before.at("process") < 12) {
+         LastAccounting(python.Output())["process"] - before.at("process") < 10) {
     absl::SleepFor(absl::Milliseconds(200));
   }
   const std::map<std::string, double> after = LastAccounting(python.Output());
@@ -164,6 +164,24 @@ TEST(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
   EXPECT_NEAR(static_cast<double>(quality.python_stale()), static_cast<double>(stale),
               0.01 * total + 5)
       << report;
+  // Lines: deep_leaf's samples at its loop (lines 24-25 of the workload).
+  v1::TopRequest by_line;
+  by_line.mutable_filter()->set_service(service);
+  by_line.set_by_line(true);
+  by_line.set_limit(1000);
+  grpc::ClientContext line_context;
+  v1::TopResponse lines;
+  ASSERT_TRUE(stub->Top(&line_context, by_line, &lines).ok());
+  uint64_t loop_lines = 0, deep_leaf_lines = 0;
+  for (const v1::LineStat& l : lines.lines()) {
+    if (l.frames_size() == 0 || l.frames(0).function() != "deep_leaf") continue;
+    EXPECT_EQ(l.frames(0).file(), STRATA_PYTHON_WORKLOAD);
+    deep_leaf_lines += l.self();
+    loop_lines += l.frames(0).line() == 24 || l.frames(0).line() == 25 ? l.self() : 0;
+  }
+  EXPECT_GT(deep_leaf_lines, 0u);
+  EXPECT_GE(loop_lines, deep_leaf_lines * 9 / 10);
+
   const std::string log = agent.Output();
   if (const size_t at = log.find("python: "); at != std::string::npos) {
     std::fprintf(stderr, "agent: %s\n", log.substr(at, log.find('\n', at) - at).c_str());
