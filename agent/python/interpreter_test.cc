@@ -65,15 +65,19 @@ struct Child {
   }
 };
 
-// Starts `python script`; its first line of output is the worker thread's tid.
-bool Start(const std::string& python, const std::string& script, Child* child, pid_t* worker) {
+// Starts `argv` (a Python interpreter and its arguments, the script last); the first line of
+// its output is the worker thread's tid.
+bool Start(const std::vector<std::string>& argv, Child* child, pid_t* worker) {
   int fds[2];
   if (pipe(fds) != 0) return false;
   child->pid = fork();
   if (child->pid == 0) {
     dup2(fds[1], 1);
     close(fds[0]);
-    execl(python.c_str(), python.c_str(), "-S", script.c_str(), nullptr);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
     _exit(127);
   }
   close(fds[1]);
@@ -111,17 +115,18 @@ bool ReadUntilConsistent(Interpreter& interpreter, pid_t tid, Read* read) {
   return false;
 }
 
-class InterpreterTest : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(InterpreterTest, ReadsTheFramesOfEveryThread) {
-  const std::string python = GetParam();
-  if (!std::filesystem::exists(python)) GTEST_SKIP() << python << " is not installed";
+// Runs kScript with `interpreter` (a command: the interpreter and its options) and checks the
+// frames read of its two threads.
+void CheckFramesOf(std::vector<std::string> interpreter) {
   strata::testing::TempDir dir;
   const std::string script = dir.path() + "/spin.py";
   std::ofstream(script) << kScript;
+  const std::string python = interpreter.back();
+  interpreter.push_back("-S");
+  interpreter.push_back(script);
   Child child;
   pid_t worker = 0;
-  ASSERT_TRUE(Start(python, script, &child, &worker)) << python;
+  ASSERT_TRUE(Start(interpreter, &child, &worker)) << python;
 
   symbols::ModuleCache cache;
   symbols::ProcessAddressSpace space(child.pid, &cache);
@@ -136,6 +141,29 @@ TEST_P(InterpreterTest, ReadsTheFramesOfEveryThread) {
       bias = b;
     }
   });
+  // qemu-user maps a guest's code readable, not executable (it runs translated code): the
+  // address space (executable mappings only) has no module for it. Its file's first mapping
+  // gives the load bias.
+  std::unique_ptr<elf::ElfFile> guest_elf;
+  elf::SymbolTable guest_symbols;
+  if (!module.has_value()) {
+    auto maps = symbols::ReadProcMaps(child.pid);
+    ASSERT_TRUE(maps.ok()) << maps.status();
+    for (const symbols::MappingInfo& m : *maps) {
+      if (m.path != python || m.offset != 0) continue;
+      auto opened = elf::ElfFile::Open(python);
+      ASSERT_TRUE(opened.ok()) << opened.status();
+      guest_elf = std::move(*opened);
+      auto table = elf::SymbolTable::Build(*guest_elf);
+      ASSERT_TRUE(table.ok()) << table.status();
+      guest_symbols = std::move(*table);
+      absl::StatusOr<InterpreterModule> found = InspectModule(*guest_elf, guest_symbols, python);
+      ASSERT_TRUE(found.ok()) << found.status();
+      module = *found;
+      bias = static_cast<int64_t>(m.start - guest_elf->MinLoadVaddr());
+      break;
+    }
+  }
   ASSERT_TRUE(module.has_value()) << "no interpreter found in " << python;
   auto interpreter = Interpreter::Attach(child.pid, *module, bias);
   ASSERT_TRUE(interpreter.ok()) << interpreter.status();
@@ -171,6 +199,26 @@ TEST_P(InterpreterTest, ReadsTheFramesOfEveryThread) {
   size_t none = 0;
   EXPECT_EQ((*interpreter)->ReadStack(999999, std::span<PythonFrame>(), &none),
             ReadOutcome::kNoThread);
+}
+
+class InterpreterTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(InterpreterTest, ReadsTheFramesOfEveryThread) {
+  const std::string python = GetParam();
+  if (!std::filesystem::exists(python)) GTEST_SKIP() << python << " is not installed";
+  CheckFramesOf({python});
+}
+
+// Debian's mips64el python3.11 under qemu-mips64el (user mode: guest threads are host threads,
+// guest memory the qemu process's), from a folder its packages were unpacked into
+// (STRATA_MIPS64EL_PYTHON_ROOT, see deploy/cross/make-python-root.sh).
+TEST(InterpreterTest, ReadsTheFramesOfMips64elPythonUnderQemu) {
+  const char* root = getenv("STRATA_MIPS64EL_PYTHON_ROOT");
+  const std::string qemu = "/usr/bin/qemu-mips64el";
+  if (root == nullptr || !std::filesystem::exists(qemu)) {
+    GTEST_SKIP() << "set STRATA_MIPS64EL_PYTHON_ROOT (and install qemu-user)";
+  }
+  CheckFramesOf({qemu, "-L", root, std::string(root) + "/usr/bin/python3.11"});
 }
 
 INSTANTIATE_TEST_SUITE_P(
