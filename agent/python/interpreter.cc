@@ -180,6 +180,10 @@ absl::StatusOr<std::unique_ptr<Interpreter>> Interpreter::Attach(
   if (o.tstate_native_thread_id != kNoOffset) end = std::max(end, o.tstate_native_thread_id);
   interpreter->tstate_bytes_ = end + 8;
   interpreter->visited_.reserve(kMaxChainFrames);
+  interpreter->chain_.reserve(kMaxChainFrames);
+  interpreter->code_addresses_.reserve(kMaxChainFrames);
+  interpreter->code_sizes_.reserve(kMaxChainFrames);
+  interpreter->code_headers_.resize(kMaxChainFrames * interpreter->offsets_.code_size);
   return interpreter;
 }
 
@@ -321,18 +325,14 @@ bool Interpreter::ReadString(uint64_t address, std::string* out) {
   return true;
 }
 
-const CodeInfo* Interpreter::Code(uint64_t address) {
-  std::array<uint8_t, 256> bytes;
-  if (address == 0 || offsets_.code_size > bytes.size() ||
-      !memory_->Read(address, bytes.data(), offsets_.code_size)) {
-    return nullptr;
-  }
+const CodeInfo* Interpreter::Code(uint64_t address, const uint8_t* header) {
+  const uint8_t* bytes = header;
   const uint32_t name_at =
       offsets_.code_qualname != kNoOffset ? offsets_.code_qualname : offsets_.code_name;
-  const uint64_t name = FieldAt<uint64_t>(bytes.data(), name_at);
-  const uint64_t filename = FieldAt<uint64_t>(bytes.data(), offsets_.code_filename);
-  const uint64_t table = FieldAt<uint64_t>(bytes.data(), offsets_.code_linetable);
-  const int first_line = FieldAt<int32_t>(bytes.data(), offsets_.code_firstlineno);
+  const uint64_t name = FieldAt<uint64_t>(bytes, name_at);
+  const uint64_t filename = FieldAt<uint64_t>(bytes, offsets_.code_filename);
+  const uint64_t table = FieldAt<uint64_t>(bytes, offsets_.code_linetable);
+  const int first_line = FieldAt<int32_t>(bytes, offsets_.code_firstlineno);
   std::unique_ptr<CodeInfo>& slot = code_[address];
   if (slot != nullptr && slot->name_ptr == name && slot->filename_ptr == filename &&
       slot->line_table_ptr == table && slot->first_line == first_line) {
@@ -367,11 +367,12 @@ ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t
   uint64_t leaf = 0;
   if (!CurrentFrame(tstate, &leaf)) return inconsistent();
   const bool frame_objects = offsets_.layout == FrameLayout::kFrameObject;
-  std::array<uint8_t, 128> bytes;
+  std::array<uint8_t, kMaxCopiedStruct> bytes;
   if (offsets_.frame_size > bytes.size()) return inconsistent();
+  // First the chain (one read per frame), then every frame's code object header in one
+  // batch, then names and lines (from the cache; a code object seen first costs its strings).
   visited_.clear();
-  size_t n = 0;
-  uint64_t leaf_code = 0;
+  chain_.clear();
   for (uint64_t frame = leaf; frame != 0;) {
     if (visited_.size() >= kMaxChainFrames ||
         std::find(visited_.begin(), visited_.end(), frame) != visited_.end()) {
@@ -384,14 +385,11 @@ ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t
     if (offsets_.layout == FrameLayout::kInterpreterFrameCStack &&
         bytes[offsets_.frame_owner] == kFrameOwnedByCStack) {
       // The shim a native eval call pushed below the frames it runs.
-      if (n > 0) out[n - 1].entry = true;
+      if (!chain_.empty()) chain_.back().entry = true;
       frame = previous;
       continue;
     }
-    if (n >= out.size()) return inconsistent();
-    const CodeInfo* info = Code(code);
-    if (info == nullptr) return inconsistent();
-    if (n == 0) leaf_code = code;
+    if (chain_.size() >= out.size() || code == 0) return inconsistent();
     int64_t offset;
     if (frame_objects) {
       const int32_t lasti = FieldAt<int32_t>(bytes.data(), offsets_.frame_instr);
@@ -400,13 +398,32 @@ ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t
       const uint64_t instr = FieldAt<uint64_t>(bytes.data(), offsets_.frame_instr);
       offset = static_cast<int64_t>(instr - (code + offsets_.code_adaptive));
     }
-    PythonFrame& f = out[n++];
-    f.code = info;
-    f.line = LineForOffset(offsets_.line_table, info->line_table, info->first_line, offset);
-    f.entry = frame_objects || (offsets_.frame_is_entry != kNoOffset &&
-                                bytes[offsets_.frame_is_entry] != 0);
+    chain_.push_back({code, offset,
+                      frame_objects || (offsets_.frame_is_entry != kNoOffset &&
+                                        bytes[offsets_.frame_is_entry] != 0)});
     frame = previous;
   }
+  const size_t n = chain_.size();
+  code_addresses_.clear();
+  code_sizes_.clear();
+  for (const ChainFrame& f : chain_) {
+    code_addresses_.push_back(f.code);
+    code_sizes_.push_back(offsets_.code_size);
+  }
+  if (!memory_->ReadMany(code_addresses_.data(), code_sizes_.data(), n,
+                         code_headers_.data())) {
+    return inconsistent();
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const CodeInfo* info = Code(chain_[i].code, code_headers_.data() + i * offsets_.code_size);
+    if (info == nullptr) return inconsistent();
+    PythonFrame& f = out[i];
+    f.code = info;
+    f.line = LineForOffset(offsets_.line_table, info->line_table, info->first_line,
+                           chain_[i].offset);
+    f.entry = chain_[i].entry;
+  }
+  const uint64_t leaf_code = n > 0 ? chain_[0].code : 0;
   // The thread ran on while we read: its innermost frame or that frame's code moved.
   uint64_t leaf_again = 0, leaf_code_again = 0;
   if (!CurrentFrame(tstate, &leaf_again) || leaf_again != leaf) return inconsistent();

@@ -134,7 +134,8 @@ class Interpreter {
   bool CalibratePthreadTid();
   // The thread's innermost frame (0: none), or false when unreadable.
   bool CurrentFrame(uint64_t tstate, uint64_t* frame);
-  const CodeInfo* Code(uint64_t address);
+  // The code object at `address` whose first code_size bytes are `header` (read already).
+  const CodeInfo* Code(uint64_t address, const uint8_t* header);
   bool ReadString(uint64_t address, std::string* out);
   bool ReadBytes(uint64_t address, std::string* out);
 
@@ -154,6 +155,17 @@ class Interpreter {
   uint64_t last_scan_ns_ = 0;  // CLOCK_MONOTONIC of the last walk of the thread states
   absl::flat_hash_map<uint64_t, std::unique_ptr<CodeInfo>> code_;
   std::vector<uint64_t> visited_;  // frames of the current read (cycle check), sized once
+  // Per frame of the current read (sized once): its code object, instruction offset, entry
+  // flag; then every code object's header, read in one go.
+  struct ChainFrame {
+    uint64_t code;
+    int64_t offset;
+    bool entry;
+  };
+  std::vector<ChainFrame> chain_;
+  std::vector<uint64_t> code_addresses_;
+  std::vector<size_t> code_sizes_;
+  std::vector<uint8_t> code_headers_;
   InterpreterStats stats_;
 };
 

@@ -209,6 +209,10 @@ absl::StatusOr<Offsets> OffsetsFromDebugOffsets(std::string_view bytes) {
   o.code_size = std::max({o.code_filename, o.code_name, o.code_qualname, o.code_linetable,
                           o.object_type}) + 8;
   o.code_size = std::max(o.code_size, o.code_firstlineno + 4);
+  // The reader copies these per frame; real structs keep the fields near their start.
+  if (o.frame_size > kMaxCopiedStruct || o.code_size > kMaxCopiedStruct) {
+    return absl::InvalidArgumentError("_Py_DebugOffsets: frame or code fields too far in");
+  }
   return o;
 }
 

@@ -44,6 +44,8 @@ enum class LineTableFormat : uint8_t {
 };
 
 inline constexpr uint8_t kFrameOwnedByCStack = 3;  // pycore_frame.h, 3.12+
+// The most the reader copies of one frame or code object (Offsets::frame_size, code_size).
+inline constexpr uint32_t kMaxCopiedStruct = 256;
 inline constexpr uint32_t kNoOffset = UINT32_MAX;
 
 struct Offsets {

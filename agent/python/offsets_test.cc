@@ -111,6 +111,11 @@ TEST(OffsetsTest, DebugOffsetsRejected) {
   const uint64_t far = 4096;  // tstate current_frame past the thread state's size
   std::memcpy(outside.data() + 8 * 23, &far, 8);
   EXPECT_FALSE(OffsetsFromDebugOffsets(outside).ok());
+  std::string far_in = bytes;
+  const uint64_t code_struct = 100000, name_at = 90000;  // inside the struct, past the copy
+  std::memcpy(far_in.data() + 8 * 34, &code_struct, 8);
+  std::memcpy(far_in.data() + 8 * 36, &name_at, 8);
+  EXPECT_FALSE(OffsetsFromDebugOffsets(far_in).ok());
 }
 
 // The real struct, as a CPython 3.13 library initializes it in its .data (when one is

@@ -5,6 +5,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 
 namespace strata::agent::python {
@@ -27,6 +28,34 @@ bool RemoteMemory::Read(uint64_t address, void* out, size_t size) const {
   }
   return pread(mem_fd_.get(), out, size, static_cast<off_t>(address)) ==
          static_cast<ssize_t>(size);
+}
+
+bool RemoteMemory::ReadMany(const uint64_t* addresses, const size_t* sizes, size_t count,
+                            void* out) const {
+  constexpr size_t kBatch = 64;  // iovecs per call (well under IOV_MAX)
+  auto* to = static_cast<uint8_t*>(out);
+  for (size_t first = 0; first < count; first += kBatch) {
+    const size_t n = std::min(kBatch, count - first);
+    iovec local[kBatch], remote[kBatch];
+    size_t total = 0;
+    for (size_t i = 0; i < n; ++i) {
+      local[i] = {to + total, sizes[first + i]};
+      remote[i] = {reinterpret_cast<void*>(static_cast<uintptr_t>(addresses[first + i])),
+                   sizes[first + i]};
+      total += sizes[first + i];
+    }
+    ++reads_;
+    const ssize_t got = use_mem_file_ ? -1 : process_vm_readv(pid_, local, n, remote, n, 0);
+    if (got != static_cast<ssize_t>(total)) {
+      // One by one: the /proc/PID/mem fallback, or a partial read (memory that went away).
+      if (got >= 0 || (errno != ENOSYS && !use_mem_file_)) return false;
+      for (size_t i = 0; i < n; ++i) {
+        if (!Read(addresses[first + i], local[i].iov_base, sizes[first + i])) return false;
+      }
+    }
+    to += total;
+  }
+  return true;
 }
 
 }  // namespace strata::agent::python

@@ -24,6 +24,11 @@ class RemoteMemory {
   // Copies `size` bytes at `address` of the process to `out`; false unless all were read.
   virtual bool Read(uint64_t address, void* out, size_t size) const;
 
+  // Several reads in one system call where possible: `sizes[i]` bytes at `addresses[i]` to
+  // consecutive places in `out`. False unless all were read.
+  virtual bool ReadMany(const uint64_t* addresses, const size_t* sizes, size_t count,
+                        void* out) const;
+
   template <typename T>
   bool ReadValue(uint64_t address, T* out) const {
     return Read(address, out, sizeof(T));
