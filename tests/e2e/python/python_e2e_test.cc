@@ -182,6 +182,13 @@ TEST(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
   EXPECT_GT(deep_leaf_lines, 0u);
   EXPECT_GE(loop_lines, deep_leaf_lines * 9 / 10);
 
+  // strata quality says it too.
+  CommandResult cli = RunCommand({BinPath("strata"), "--server", server.address(), "quality",
+                                  "-s", service, "--since", "1h"},
+                                 60);
+  EXPECT_EQ(cli.exit_code, 0) << cli.output;
+  EXPECT_NE(cli.output.find("frames read from interpreters"), std::string::npos) << cli.output;
+
   const std::string log = agent.Output();
   if (const size_t at = log.find("python: "); at != std::string::npos) {
     std::fprintf(stderr, "agent: %s\n", log.substr(at, log.find('\n', at) - at).c_str());

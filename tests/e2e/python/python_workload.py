@@ -5,7 +5,7 @@
 #                 consumed by consume_squares
 #   worker thread: an asyncio event loop running the coroutine crunch, and plain_work called
 #                 from the coroutine worker_main
-# Each unit of work lasts tens of milliseconds: the agent reads a thread's Python frames a few
+# Each unit of work lasts 50 to 150 ms of CPU: the agent reads a thread's Python frames a few
 # milliseconds after its sample, and a read that lands in another call is only wrong where
 # the calls are shorter than that delay.
 import asyncio
@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-WORK = {'deep_leaf': 1_200_000, 'squares': 600_000, 'crunch': 900_000, 'plain_work': 500_000}
+WORK = {'deep_leaf': 2_400_000, 'squares': 1_200_000, 'crunch': 1_800_000, 'plain_work': 1_000_000}
 acct = {name: 0.0 for name in WORK}
 stop_at = time.monotonic() + float(sys.argv[1] if len(sys.argv) > 1 else 120)
 
