@@ -183,7 +183,8 @@ const std::vector<encoding::EdgeId>* StackRecorder::UnwindAndRecord(
   if (options_.python_frames && sample.session_id != sources::kOffCpuSession) {
     if (python::Interpreter* interpreter = PythonOf(target, state);
         interpreter != nullptr &&
-        ReadPython(*interpreter, sample, result.num_frames, truncated, &splice, counts)) {
+        ReadPython(*interpreter, static_cast<pid_t>(sample.tid), sample.time_ns,
+                   result.num_frames, truncated, &splice, counts)) {
       python = &splice;
     }
   }
@@ -241,9 +242,9 @@ python::Interpreter* StackRecorder::PythonOf(const Target& target, TargetState& 
   return state.python->interpreter.get();
 }
 
-bool StackRecorder::ReadPython(python::Interpreter& interpreter, const sampler::RawSample& sample,
-                               size_t num_frames, bool truncated, PythonSplice* splice,
-                               v1::UnwindCounters* counts) {
+bool StackRecorder::ReadPython(python::Interpreter& interpreter, pid_t tid,
+                               uint64_t sample_time_ns, size_t num_frames, bool truncated,
+                               PythonSplice* splice, v1::UnwindCounters* counts) {
   size_t evals = 0;
   for (size_t i = 0; i < num_frames; ++i) {
     evals += interpreter.InEvalLoop(i == 0 ? frames_[i].pc : frames_[i].pc - 1);
@@ -251,12 +252,12 @@ bool StackRecorder::ReadPython(python::Interpreter& interpreter, const sampler::
   if (evals == 0) return false;  // the thread ran no Python code when sampled
   ++stats_.python_reads;
   const uint64_t now = MonotonicNs();
-  const uint64_t delay = now > sample.time_ns ? now - sample.time_ns : 0;
+  const uint64_t delay = now > sample_time_ns ? now - sample_time_ns : 0;
   stats_.python_read_delay_ns += delay;
   stats_.python_read_delay_max_ns = std::max(stats_.python_read_delay_max_ns, delay);
   size_t n = 0;
   const python::ReadOutcome outcome =
-      interpreter.ReadStack(static_cast<pid_t>(sample.tid), python_frames_, &n);
+      interpreter.ReadStack(tid, python_frames_, &n);
   size_t groups = 0;
   if (outcome == python::ReadOutcome::kOk) {
     for (size_t i = 0; i < n; ++i) {
@@ -389,10 +390,20 @@ void StackRecorder::OnStack(sources::StackSource& from, const sources::UnwoundSt
   // A pc outside the modules we know: the target mapped a library since the last rescan.
   if (stack.stopped_outside_modules) targets_->RefreshSoon(*target);
   TargetState& state = StateOf(*target);
+  const bool truncated = stack.truncated || n < stack.num_frames;
+  // The ring says which thread and when: its Python frames are read now, as for perf samples.
+  PythonSplice splice;
+  const PythonSplice* python = nullptr;
+  if (options_.python_frames && stack.tid > 0) {
+    if (python::Interpreter* interpreter = PythonOf(*target, state);
+        interpreter != nullptr && ReadPython(*interpreter, stack.tid, stack.time_ns, n,
+                                             truncated, &splice, &state.counts)) {
+      python = &splice;
+    }
+  }
   const std::vector<encoding::EdgeId>* edges =
-      Record(*target, state, frames_.data(), n, stack.truncated || n < stack.num_frames,
-             /*kernel_pcs=*/nullptr, /*kernel_depth=*/0, /*cache=*/nullptr, /*outer_kept=*/0,
-             &state.counts);
+      Record(*target, state, frames_.data(), n, truncated, /*kernel_pcs=*/nullptr,
+             /*kernel_depth=*/0, /*cache=*/nullptr, /*outer_kept=*/0, &state.counts, python);
   if (edges != nullptr) Count(*target, sources::kContinuousSession, *edges);
 }
 

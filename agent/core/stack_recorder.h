@@ -169,7 +169,7 @@ class StackRecorder final : public sources::StackSink {
   python::Interpreter* PythonOf(const Target& target, TargetState& state);
   // Reads the Python frames of the sample's thread for the `num_frames` unwound frames_; true
   // with *splice set when they agree with the eval-loop frames among them.
-  bool ReadPython(python::Interpreter& interpreter, const sampler::RawSample& sample,
+  bool ReadPython(python::Interpreter& interpreter, pid_t tid, uint64_t sample_time_ns,
                   size_t num_frames, bool truncated, PythonSplice* splice,
                   v1::UnwindCounters* counts);
   encoding::PathFrame PythonFrameFor(const python::PythonFrame& frame, bool innermost);
