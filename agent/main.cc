@@ -6,6 +6,7 @@
 //                [--capture-cpu-budget PERCENT]
 //                [--sampling per-cpu|per-thread] [--inproc auto|on|off] [--inproc-dir DIR]
 //                [--kernel-stacks auto|on|off] [--off-cpu] [--off-cpu-threshold-us US]
+//                [--python-frames on|off] [--python-read-period-ms MS]
 //                [--spool-dir DIR] [--spool-max-bytes SIZE]
 #include <signal.h>
 #include <unistd.h>
@@ -73,6 +74,8 @@ struct Flags {
   std::string kernel_stacks = "auto";
   bool off_cpu = false;
   double off_cpu_threshold_us = 100;
+  std::string python_frames = "on";
+  double python_read_period_ms = 1;
   double capture_cpu_budget_pct = 5;
   std::string spool_dir = kDefaultSpoolDir, spool_max = "256MiB";
   double flush_timeout_s = 5;
@@ -146,6 +149,17 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "(bounds what frequent short waits add to batches)")
       ->check(CLI::Range(0.0, 60e6))
       ->capture_default_str();
+  app.add_option("--python-frames", f.python_frames,
+                 "Python functions (CPython 3.8 to 3.13) in place of the interpreter's "
+                 "eval-loop frames, read from its thread states (needs ptrace access to the "
+                 "targets: CAP_SYS_PTRACE or the same user)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app.add_option("--python-read-period-ms", f.python_read_period_ms,
+                 "while Python targets are profiled, their samples are recorded (and their "
+                 "Python frames read) at most this many milliseconds after they were taken")
+      ->check(CLI::Range(0.1, 10000.0))
+      ->capture_default_str();
   app.add_option("--inproc-dir", f.inproc_dir,
                  "directory of the in-process samplers' rings (their STRATA_INPROC_DIR)")
       ->capture_default_str();
@@ -177,6 +191,8 @@ absl::StatusOr<strata::agent::ProfilerOptions> ProfilerOptionsFrom(const Flags& 
   options.kernel_stacks = *strata::agent::ParseKernelStacksMode(f.kernel_stacks);  // by CLI11
   options.off_cpu = f.off_cpu;
   options.off_cpu_threshold = absl::Microseconds(f.off_cpu_threshold_us);
+  options.python_frames = f.python_frames == "on";
+  options.python_read_period = absl::Microseconds(f.python_read_period_ms * 1000);
   for (int pid : f.pids) options.pids.push_back(pid);
   for (const auto& flag : f.service_flags) {
     auto rule = strata::agent::procfs::ParseServiceRule(flag);
@@ -276,6 +292,15 @@ void LogSamplingSummary(const strata::agent::ProfilerStats& stats, const std::st
                  "unpaired", stats.off_cpu_switches, stats.off_cpu_counted,
                  static_cast<double>(stats.off_cpu_ns) / 1e9, stats.off_cpu_short,
                  stats.off_cpu_unpaired);
+  }
+  if (stats.python_reads > 0) {
+    spdlog::info("python: {} stacks with {} Python frames, {} stale ({} changed while read, {} "
+                 "not matching the sample); {} reads {:.3f} ms after their sample on average "
+                 "(max {:.3f} ms)", stats.python_stacks, stats.python_frames, stats.python_stale,
+                 stats.python_torn, stats.python_mismatch, stats.python_reads,
+                 static_cast<double>(stats.python_read_delay_ns) / 1e6 /
+                     static_cast<double>(stats.python_reads),
+                 static_cast<double>(stats.python_read_delay_max_ns) / 1e6);
   }
   if (stats.inproc_targets > 0 || stats.inproc_stacks > 0) {
     spdlog::info("in-process rings: {} stacks, {} targets", stats.inproc_stacks,

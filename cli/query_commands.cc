@@ -363,6 +363,11 @@ int RunQuality(CliContext* ctx, const FilterOptions& f) {
               WithThousands(r.agent_stacks()).c_str(), WithThousands(r.agent_truncated()).c_str(),
               WithThousands(r.verify_failures()).c_str(), WithThousands(r.jit_frames_cfi()).c_str(),
               WithThousands(r.jit_frames_fp()).c_str(), WithThousands(r.lost_samples()).c_str());
+  if (r.python_frames() > 0 || r.python_stale() > 0) {
+    std::printf("  python            %s frames read from interpreters, %s stacks whose Python "
+                "frames changed before they were read (eval-loop frames kept)\n",
+                WithThousands(r.python_frames()).c_str(), WithThousands(r.python_stale()).c_str());
+  }
   if (r.binaries().empty()) return 0;
   std::printf("\n");
   Table table({"FRAMES", "UNNAMED", "UNNAMED%", "STOPPED HERE", "MODULE", "BUILD ID", "HINT"},

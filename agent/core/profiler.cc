@@ -134,7 +134,8 @@ Profiler::Profiler(ProfilerOptions options, ContextGraph* graph,
                  .unwind_verify = options_.unwind_verify,
                  .kernel_symbols = kernel_symbols_.get(),
                  .off_cpu_threshold_ns =
-                     static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.off_cpu_threshold))},
+                     static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.off_cpu_threshold)),
+                 .python_frames = options_.python_frames},
                 graph, discovery_.get()),
       batches_(graph),
       continuous_hz_(options_.frequency_hz) {
@@ -188,6 +189,7 @@ absl::Status Profiler::Poll(absl::Duration timeout) {
     }
   }
   for (sources::StackSource* source : sources_) wait = std::min(wait, source->max_wait());
+  if (recorder_.python_targets() > 0) wait = std::min(wait, options_.python_read_period);
   const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
       absl::ToInt64Milliseconds(absl::Ceil(std::max(wait, absl::ZeroDuration()),
                                            absl::Milliseconds(1))),
@@ -440,6 +442,15 @@ ProfilerStats Profiler::stats() const {
   s.off_cpu_short = r.off_cpu_short;
   s.off_cpu_unpaired = r.off_cpu_unpaired;
   s.off_cpu_ns = r.off_cpu_ns;
+  s.python_targets = recorder_.python_targets();
+  s.python_stacks = r.python_stacks;
+  s.python_frames = r.python_frames;
+  s.python_stale = r.python_stale;
+  s.python_torn = r.python_torn;
+  s.python_mismatch = r.python_mismatch;
+  s.python_reads = r.python_reads;
+  s.python_read_delay_ns = r.python_read_delay_ns;
+  s.python_read_delay_max_ns = r.python_read_delay_max_ns;
   s.targets = discovery_->all().size();
   for (const auto& [pid, t] : discovery_->all()) {
     s.inproc_targets += inproc_ != nullptr && t->source == inproc_.get();

@@ -75,6 +75,12 @@ struct ProfilerOptions : DiscoveryOptions {
   // not counted.
   bool off_cpu = false;
   absl::Duration off_cpu_threshold = absl::Microseconds(100);
+  // Python frames of CPython targets (StackRecorder), read when their samples are recorded.
+  // While there are such targets, samples are drained at least every python_read_period: the
+  // sooner after the sample a thread's frames are read, the fewer have changed (the rest are
+  // counted as python_stale).
+  bool python_frames = true;
+  absl::Duration python_read_period = absl::Milliseconds(1);
 };
 
 // Parses "auto" | "on" | "off".
@@ -108,6 +114,15 @@ struct ProfilerStats {
   uint64_t off_cpu_short = 0;
   uint64_t off_cpu_unpaired = 0;
   uint64_t off_cpu_ns = 0;
+  size_t python_targets = 0;
+  uint64_t python_stacks = 0;  // see StackRecorderStats
+  uint64_t python_frames = 0;
+  uint64_t python_stale = 0;
+  uint64_t python_torn = 0;
+  uint64_t python_mismatch = 0;
+  uint64_t python_reads = 0;
+  uint64_t python_read_delay_ns = 0;
+  uint64_t python_read_delay_max_ns = 0;
 };
 
 class Profiler final : public SamplingSessions {

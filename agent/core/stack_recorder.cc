@@ -1,17 +1,27 @@
 #include "agent/core/stack_recorder.h"
 
+#include <time.h>
+
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "agent/sources/perf_source.h"
 #include "common/base/frame_kind.h"
 #include "common/unwind/host_arch.h"
+#include "spdlog/spdlog.h"
 
 namespace strata::agent {
 namespace {
 constexpr size_t kMaxPcCacheEntries = 1 << 20;
 // Entries of a kernel call chain, as the kernel's default perf_event_max_stack allows.
 constexpr size_t kMaxKernelChain = 128;
+
+uint64_t MonotonicNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
 }  // namespace
 
 // A thread's last recorded stack as a path, outermost first: path[i] is frame i's (function
@@ -71,12 +81,22 @@ struct StackRecorder::TargetState {
   };
   absl::flat_hash_map<uint64_t, CachedPc> pc_cache;
   uint64_t pc_epoch = 0;
+  // The interpreter found in the mappings of epoch `python_epoch` (null: none).
+  std::unique_ptr<PythonTarget> python;
+  std::optional<uint64_t> python_epoch;
+};
+
+struct StackRecorder::PythonTarget {
+  std::unique_ptr<python::Interpreter> interpreter;
+  uint64_t runtime = 0;  // absolute address of its _PyRuntime
 };
 
 StackRecorder::StackRecorder(StackRecorderOptions options, ContextGraph* graph,
                              TargetDiscovery* targets)
     : options_(options), graph_(graph), targets_(targets) {
   frames_.resize(options_.max_frames);
+  python_frames_.resize(options_.max_frames);
+  python_group_end_.resize(options_.max_frames);
 }
 
 StackRecorder::~StackRecorder() = default;
@@ -96,6 +116,7 @@ void StackRecorder::ForgetTarget(pid_t pid) {
   if (it->second->counts.stacks() > 0 || it->second->counts.lost() > 0) {
     retired_counts_.push_back(it->second->counts);
   }
+  python_targets_ -= it->second->python != nullptr;
   states_.erase(it);
 }
 
@@ -154,9 +175,126 @@ const std::vector<encoding::EdgeId>* StackRecorder::UnwindAndRecord(
     result.num_frames = 1;
   }
   if (result.stop == unwind::StopReason::kNoModule) targets_->RefreshSoon(target);
-  return Record(target, state, frames_.data(), result.num_frames,
-                result.stop != unwind::StopReason::kOutermost, sample.kernel_pcs,
-                sample.kernel_depth, paths, outer_kept, counts);
+  const bool truncated = result.stop != unwind::StopReason::kOutermost;
+  // Off-CPU stacks are recorded at the switch-in, long after the switch-out they show: the
+  // thread's Python frames are not those of the sample any more.
+  PythonSplice splice;
+  const PythonSplice* python = nullptr;
+  if (options_.python_frames && sample.session_id != sources::kOffCpuSession) {
+    if (python::Interpreter* interpreter = PythonOf(target, state);
+        interpreter != nullptr &&
+        ReadPython(*interpreter, static_cast<pid_t>(sample.tid), sample.time_ns,
+                   result.num_frames, truncated, &splice, counts)) {
+      python = &splice;
+    }
+  }
+  return Record(target, state, frames_.data(), result.num_frames, truncated, sample.kernel_pcs,
+                sample.kernel_depth, paths, outer_kept, counts, python);
+}
+
+python::Interpreter* StackRecorder::PythonOf(const Target& target, TargetState& state) {
+  if (state.python_epoch == target.maps_epoch) {
+    return state.python != nullptr ? state.python->interpreter.get() : nullptr;
+  }
+  // The mappings changed (or were never looked at): which module holds an interpreter.
+  state.python_epoch = target.maps_epoch;
+  std::optional<python::InterpreterModule> found;
+  int64_t bias = 0;
+  std::string path;
+  absl::Status unsupported;
+  if (target.space != nullptr) {
+    target.space->ForEachModule([&](const symbols::Module& m, int64_t module_bias) {
+      if (found.has_value() || m.elf == nullptr) return;
+      absl::StatusOr<python::InterpreterModule> inspected =
+          python::InspectModule(*m.elf, m.symbols, m.path);
+      if (inspected.ok()) {
+        found = *inspected;
+        bias = module_bias;
+        path = m.path;
+      } else if (inspected.status().code() != absl::StatusCode::kNotFound) {
+        unsupported = inspected.status();
+      }
+    });
+  }
+  if (!unsupported.ok() && !found.has_value()) {
+    spdlog::info("pid {}: no Python frames: {}", target.pid, unsupported.ToString());
+  }
+  const uint64_t runtime = found.has_value() ? found->runtime_vaddr + bias : 0;
+  if (state.python != nullptr && state.python->runtime == runtime) {
+    return state.python->interpreter.get();  // the same interpreter: keep its caches
+  }
+  python_targets_ -= state.python != nullptr;
+  state.python.reset();
+  if (!found.has_value()) return nullptr;
+  absl::StatusOr<std::unique_ptr<python::Interpreter>> attached =
+      python::Interpreter::Attach(target.pid, *found, bias);
+  if (!attached.ok()) {
+    spdlog::warn("pid {} ({}): no Python frames: {}", target.pid, path,
+                 attached.status().ToString());
+    return nullptr;
+  }
+  spdlog::info("pid {}: Python frames of CPython {}.{} ({})", target.pid, found->major,
+               found->minor, path);
+  state.python = std::make_unique<PythonTarget>();
+  state.python->interpreter = std::move(*attached);
+  state.python->runtime = runtime;
+  ++python_targets_;
+  return state.python->interpreter.get();
+}
+
+bool StackRecorder::ReadPython(python::Interpreter& interpreter, pid_t tid,
+                               uint64_t sample_time_ns, size_t num_frames, bool truncated,
+                               PythonSplice* splice, v1::UnwindCounters* counts) {
+  size_t evals = 0;
+  for (size_t i = 0; i < num_frames; ++i) {
+    evals += interpreter.InEvalLoop(i == 0 ? frames_[i].pc : frames_[i].pc - 1);
+  }
+  if (evals == 0) return false;  // the thread ran no Python code when sampled
+  ++stats_.python_reads;
+  const uint64_t now = MonotonicNs();
+  const uint64_t delay = now > sample_time_ns ? now - sample_time_ns : 0;
+  stats_.python_read_delay_ns += delay;
+  stats_.python_read_delay_max_ns = std::max(stats_.python_read_delay_max_ns, delay);
+  size_t n = 0;
+  const python::ReadOutcome outcome =
+      interpreter.ReadStack(tid, python_frames_, &n);
+  size_t groups = 0;
+  if (outcome == python::ReadOutcome::kOk) {
+    for (size_t i = 0; i < n; ++i) {
+      if (python_frames_[i].entry) python_group_end_[groups++] = i;
+    }
+  }
+  // One group of Python frames per eval-loop frame (the outermost groups may lie beyond a
+  // truncated native stack). Anything else: the thread ran on between sample and read.
+  if (outcome != python::ReadOutcome::kOk || groups < evals || (!truncated && groups > evals)) {
+    ++stats_.python_stale;
+    ++(outcome == python::ReadOutcome::kOk ? stats_.python_mismatch : stats_.python_torn);
+    if (counts != nullptr) counts->set_python_stale(counts->python_stale() + 1);
+    return false;
+  }
+  const size_t spliced = python_group_end_[evals - 1] + 1;
+  ++stats_.python_stacks;
+  stats_.python_frames += spliced;
+  if (counts != nullptr) counts->set_python_frames(counts->python_frames() + spliced);
+  *splice = {&interpreter, python_frames_.data(), python_group_end_.data(), evals};
+  return true;
+}
+
+encoding::PathFrame StackRecorder::PythonFrameFor(const python::PythonFrame& frame,
+                                                  bool innermost) {
+  const python::CodeInfo& code = *frame.code;
+  if (code.owner_id == 0) {
+    FunctionRecord record;
+    record.name = code.name;
+    record.module = base::PythonModuleName(code.filename);
+    record.start_offset = static_cast<uint64_t>(std::max(code.first_line, 0));
+    code.owner_id = graph_->NodeFor(record);
+  }
+  // The line stands for the address: a leaf's line is its leaf address, a caller's call site
+  // is line + 1 (like a return address, one past the call; 0: no line).
+  const uint64_t line = static_cast<uint64_t>(std::max(frame.line, 0));
+  if (innermost) leaf_module_pc_ = line;
+  return {code.owner_id, innermost || line == 0 ? 0 : line + 1};
 }
 
 void StackRecorder::OnSwitch(Target& target, TargetState& state,
@@ -252,10 +390,20 @@ void StackRecorder::OnStack(sources::StackSource& from, const sources::UnwoundSt
   // A pc outside the modules we know: the target mapped a library since the last rescan.
   if (stack.stopped_outside_modules) targets_->RefreshSoon(*target);
   TargetState& state = StateOf(*target);
+  const bool truncated = stack.truncated || n < stack.num_frames;
+  // The ring says which thread and when: its Python frames are read now, as for perf samples.
+  PythonSplice splice;
+  const PythonSplice* python = nullptr;
+  if (options_.python_frames && stack.tid > 0) {
+    if (python::Interpreter* interpreter = PythonOf(*target, state);
+        interpreter != nullptr && ReadPython(*interpreter, stack.tid, stack.time_ns, n,
+                                             truncated, &splice, &state.counts)) {
+      python = &splice;
+    }
+  }
   const std::vector<encoding::EdgeId>* edges =
-      Record(*target, state, frames_.data(), n, stack.truncated || n < stack.num_frames,
-             /*kernel_pcs=*/nullptr, /*kernel_depth=*/0, /*cache=*/nullptr, /*outer_kept=*/0,
-             &state.counts);
+      Record(*target, state, frames_.data(), n, truncated, /*kernel_pcs=*/nullptr,
+             /*kernel_depth=*/0, /*cache=*/nullptr, /*outer_kept=*/0, &state.counts, python);
   if (edges != nullptr) Count(*target, sources::kContinuousSession, *edges);
 }
 
@@ -309,7 +457,7 @@ encoding::PathFrame StackRecorder::KernelFrameFor(uint64_t pc, bool innermost) {
 const std::vector<encoding::EdgeId>* StackRecorder::Record(
     const Target& target, TargetState& state, const unwind::Frame* frames, size_t num_frames,
     bool truncated, const uint64_t* kernel_pcs, size_t kernel_depth, PathCache* cache,
-    size_t outer_kept, v1::UnwindCounters* counts) {
+    size_t outer_kept, v1::UnwindCounters* counts, const PythonSplice* python) {
   stats_.unwound_frames += num_frames;
   stats_.truncated += truncated;
   stats_.kernel_frames += kernel_depth;
@@ -325,15 +473,29 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   std::vector<encoding::EdgeId>& edges = cache != nullptr ? cache->edges : edges_;
   // Frames kept from the thread's last stack keep their path frames and edge IDs. Never that
   // stack's leaf: its node was resolved from an exact pc, not from a return address.
+  // Not for a Python target: the Python frames under kept native ones may have changed.
   size_t keep = 0;
   if (cache != nullptr && !path.empty() && cache->epoch == target.maps_epoch &&
-      cache->truncated == truncated) {
+      cache->truncated == truncated && state.python == nullptr) {
     keep = std::min({outer_kept, path.size() - 1, edges.size(), num_frames - 1});
   }
   path.resize(keep);
+  // Eval-loop frames met so far count down from the outermost: the g-th from the leaf runs
+  // group g of the Python frames, whose frames go in outermost first.
+  size_t evals_left = python != nullptr ? python->num_groups : 0;
   for (size_t i = num_frames - keep; i-- > 0;) {
+    if (evals_left > 0 &&
+        python->interpreter->InEvalLoop(i == 0 ? frames[i].pc : frames[i].pc - 1)) {
+      const size_t g = --evals_left;
+      const size_t first = g == 0 ? 0 : python->group_end[g - 1] + 1;
+      for (size_t j = python->group_end[g] + 1; j-- > first;) {
+        path.push_back(PythonFrameFor(python->frames[j], i == 0 && j == 0));
+      }
+      continue;
+    }
     path.push_back(FrameFor(target, state, frames[i].pc, i == 0));
   }
+  const size_t user_leaf = path.size() - 1;
   // The kernel's frames run below the user leaf (a system call, a fault, an interrupt).
   for (size_t k = kernel_depth; k-- > 0;) path.push_back(KernelFrameFor(kernel_pcs[k], k == 0));
   if (cache != nullptr) {
@@ -349,7 +511,7 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   // Continuous CPU stacks only, like `counts`: the leaf lines of the batches' samples. The
   // user leaf is resolved afresh for every stack (never kept), so leaf_module_pc_ is its own.
   if (counts != nullptr && num_frames > 0 && leaf_module_pc_ != 0) {
-    leaf_addresses_.Add(target.id, path[num_frames - 1].function, leaf_module_pc_);
+    leaf_addresses_.Add(target.id, path[user_leaf].function, leaf_module_pc_);
   }
   return &edges;
 }

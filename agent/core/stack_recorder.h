@@ -8,6 +8,13 @@
 // per-target pc caches, the per-target unwinding counters and the aggregators; the targets
 // belong to TargetDiscovery, the kernel's symbols to the recorder's owner.
 //
+// Python targets (a CPython 3.8-3.13 interpreter among their modules, agent/python): each
+// native `_PyEval_EvalFrameDefault` frame of a sample is replaced by the Python frames it runs,
+// read from the interpreter's thread state when the sample is recorded (the thread has run on
+// since the sample: the read must agree with the sample's eval-loop frames, else the stack
+// keeps them and is counted as python_stale). Their path prefix is not reused from the
+// previous sample (the Python frames under a kept native prefix may differ).
+//
 // Single-threaded: the agent's main loop. A sample of a known thread allocates nothing.
 #ifndef STRATA_AGENT_CORE_STACK_RECORDER_H_
 #define STRATA_AGENT_CORE_STACK_RECORDER_H_
@@ -24,6 +31,7 @@
 #include "agent/core/leaf_histogram.h"
 #include "agent/core/targets.h"
 #include "agent/kernel/kernel_symbols.h"
+#include "agent/python/interpreter.h"
 #include "agent/sources/stack_source.h"
 #include "common/unwind/incremental.h"
 #include "common/unwind/unwinder.h"
@@ -42,6 +50,8 @@ struct StackRecorderOptions {
   // Off-CPU intervals shorter than this are neither unwound nor counted
   // (StackRecorderStats::off_cpu_short).
   uint64_t off_cpu_threshold_ns = 0;
+  // Python frames in place of eval-loop frames, for targets running CPython.
+  bool python_frames = true;
 };
 
 struct StackRecorderStats {
@@ -59,6 +69,14 @@ struct StackRecorderStats {
   uint64_t off_cpu_short = 0;     // ... shorter than the threshold
   uint64_t off_cpu_unpaired = 0;  // ... never followed by a switch-in (lost record, exit)
   uint64_t off_cpu_ns = 0;        // off-CPU time counted
+  uint64_t python_stacks = 0;     // stacks with Python frames spliced in
+  uint64_t python_frames = 0;     // ... their Python frames
+  uint64_t python_stale = 0;      // Python stacks whose frames could not be used (see above):
+  uint64_t python_torn = 0;       // ... the chain changed while read (or no thread state)
+  uint64_t python_mismatch = 0;   // ... its groups did not match the eval-loop frames
+  uint64_t python_reads = 0;      // reads of a thread's Python frames
+  uint64_t python_read_delay_ns = 0;      // sum over the reads: read time - sample time
+  uint64_t python_read_delay_max_ns = 0;
 };
 
 
@@ -85,6 +103,8 @@ class StackRecorder final : public sources::StackSink {
   // Unwinding counters per target since the last call (targets gone since included).
   std::vector<v1::UnwindCounters> TakeUnwindCounts();
   bool full() const { return full_; }
+  // Targets whose interpreter's frames are read (their samples are best recorded soon).
+  size_t python_targets() const { return python_targets_; }
   void ClearFull() { full_ = false; }
   // Aggregators of capture sessions (not 0); samples of unknown sessions are not counted.
   void AddSession(uint32_t session_id);
@@ -98,6 +118,15 @@ class StackRecorder final : public sources::StackSink {
   struct Thread;
   struct OffCpuThread;
   struct TargetState;
+  struct PythonTarget;
+  // The Python frames read for the sample being recorded, innermost first, and where each
+  // native eval-loop call's group of them ends (group g: frames [end[g-1] + 1, end[g]]).
+  struct PythonSplice {
+    const python::Interpreter* interpreter = nullptr;
+    const python::PythonFrame* frames = nullptr;
+    const size_t* group_end = nullptr;
+    size_t num_groups = 0;
+  };
 
   unwind::IncrementalOptions IncrementalOptions() const;
 
@@ -129,11 +158,21 @@ class StackRecorder final : public sources::StackSink {
   // Returns the context's edges (valid until the next call), or null when it could not be
   // added. `kernel_pcs`: the sample's kernel chain, innermost first, appended below the leaf.
   // `counts` as for UnwindAndRecord.
+  // `python` (optional): Python frames to put in place of the eval-loop frames.
   const std::vector<encoding::EdgeId>* Record(const Target& target, TargetState& state,
                                               const unwind::Frame* frames, size_t num_frames,
                                               bool truncated, const uint64_t* kernel_pcs,
                                               size_t kernel_depth, PathCache* cache,
-                                              size_t outer_kept, v1::UnwindCounters* counts);
+                                              size_t outer_kept, v1::UnwindCounters* counts,
+                                              const PythonSplice* python = nullptr);
+  // The target's interpreter (found again when its mappings changed), or null.
+  python::Interpreter* PythonOf(const Target& target, TargetState& state);
+  // Reads the Python frames of the sample's thread for the `num_frames` unwound frames_; true
+  // with *splice set when they agree with the eval-loop frames among them.
+  bool ReadPython(python::Interpreter& interpreter, pid_t tid, uint64_t sample_time_ns,
+                  size_t num_frames, bool truncated, PythonSplice* splice,
+                  v1::UnwindCounters* counts);
+  encoding::PathFrame PythonFrameFor(const python::PythonFrame& frame, bool innermost);
   void Count(const Target& target, uint32_t session_id,
              const std::vector<encoding::EdgeId>& edges);
   encoding::PathFrame FrameFor(const Target& target, TargetState& state, uint64_t pc,
@@ -158,6 +197,9 @@ class StackRecorder final : public sources::StackSink {
   std::vector<unwind::Frame> frames_;
   std::vector<encoding::PathFrame> path_;
   std::vector<encoding::EdgeId> edges_;  // Record's, for stacks without a PathCache
+  size_t python_targets_ = 0;
+  std::vector<python::PythonFrame> python_frames_;  // sized once: ReadPython's
+  std::vector<size_t> python_group_end_;            // sized once
 };
 
 }  // namespace strata::agent

@@ -2,7 +2,8 @@
 // kernel chains where the kernel allows them), recorded once to warm the caches (threads, pcs,
 // kernel pcs, graph edges, contexts), then recorded again under a counting allocator; the
 // same samples replayed as an off-CPU session's switch-outs, each followed by its switch-in,
-// count exactly their off-CPU time, also without allocating.
+// count exactly their off-CPU time, also without allocating. A CPython child's samples get
+// its Python frames in place of the eval loop's, also without allocating once warm.
 
 #include "agent/core/stack_recorder.h"
 
@@ -175,6 +176,108 @@ TEST(StackRecorderTest, SteadyStateSampleAllocatesNothing) {
     for (const CopiedSample& s : samples) with_chain += !s.kernel_pcs.empty();
     EXPECT_GT(recorder.stats().kernel_frames, 0u) << with_chain << " samples had a kernel chain";
   }
+}
+
+// Real perf samples of `pid`'s thread `pid`, copied out of the ring (at least `wanted`).
+std::vector<CopiedSample> SampleProcess(pid_t pid, size_t wanted) {
+  std::vector<CopiedSample> samples;
+  auto perf = sampler::PerfSampler::Create();
+  EXPECT_TRUE(perf.ok()) << perf.status();
+  if (!perf.ok()) return samples;
+  sampler::SessionOptions session;
+  session.frequency_hz = 999;
+  EXPECT_TRUE((*perf)->AddSession(session).ok());
+  EXPECT_TRUE((*perf)->AttachProcess(0, pid, {pid}).ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (samples.size() < wanted && absl::Now() < deadline) {
+    if (!(*perf)->Wait(absl::Milliseconds(100)).ok()) break;
+    (*perf)->Drain([&](const sampler::RawSample& s) {
+      samples.push_back({s, std::vector<uint8_t>(s.stack, s.stack + s.stack_size), {}});
+    });
+  }
+  for (CopiedSample& s : samples) {
+    s.sample.stack = s.stack.data();
+    s.sample.kernel_pcs = nullptr;
+    s.sample.kernel_depth = 0;
+  }
+  return samples;
+}
+
+TEST(StackRecorderTest, PythonFramesSplicedWithoutAllocating) {
+  constexpr char kPython[] = "/usr/bin/python3.11";
+  if (access(kPython, X_OK) != 0) GTEST_SKIP() << kPython << " is not installed";
+  if (absl::Status probe = sampler::ProbePerfEvents(); !probe.ok()) {
+    GTEST_SKIP() << "perf events not usable here: " << probe;
+  }
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(fds[1], 1);
+    close(fds[0]);
+    // Spins in leaf() for good: the frames read later are still those of every sample.
+    execl(kPython, kPython, "-S", "-c",
+          "import sys\n"
+          "def leaf():\n"
+          "    while True: pass\n"
+          "def middle(): leaf()\n"
+          "sys.stdout.write('r'); sys.stdout.flush()\n"
+          "middle()\n",
+          nullptr);
+    _exit(127);
+  }
+  close(fds[1]);
+  char byte;
+  ASSERT_EQ(read(fds[0], &byte, 1), 1);
+  close(fds[0]);
+  struct KillChild {
+    pid_t pid;
+    ~KillChild() {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } kill_child{child};
+  const std::vector<CopiedSample> samples = SampleProcess(child, 200);
+  ASSERT_GE(samples.size(), 200u) << "the child got too little CPU";
+
+  DiscoveryOptions options;
+  options.pids = {child};
+  auto discovery = TargetDiscovery::Create(options);
+  ASSERT_TRUE(discovery.ok()) << discovery.status();
+  auto changes = (*discovery)->Scan();
+  ASSERT_TRUE(changes.ok());
+  ASSERT_EQ(changes->added.size(), 1u);
+  (*discovery)->Insert((*discovery)->NewTarget(changes->added[0], nullptr));
+
+  ContextGraph graph(1);
+  StackRecorder recorder({}, &graph, discovery->get());
+  for (const CopiedSample& s : samples) recorder.OnSample(s.sample);  // warms every cache
+  const StackRecorderStats warm = recorder.stats();
+  EXPECT_EQ(recorder.python_targets(), 1u);
+  // Samples in the loop, and in the eval loop's helpers it calls, got the Python frames.
+  EXPECT_GE(warm.python_stacks, samples.size() * 9 / 10) << warm.python_stale << " stale";
+  EXPECT_GE(warm.python_frames, 3 * warm.python_stacks);  // leaf, middle, <module>
+  std::vector<std::string> python_nodes;
+  const v1::GraphDelta delta = graph.DeltaFrom(0, 0);
+  for (const v1::FunctionNode& n : delta.nodes()) {
+    if (n.module() == "[python:<string>]") python_nodes.push_back(n.name());
+  }
+  EXPECT_EQ(python_nodes.size(), 3u) << ::testing::PrintToString(python_nodes);
+
+  const uint64_t edges = graph.num_edges();
+  const uint64_t before = strata::testing::AllocationCount();
+  for (int round = 0; round < 3; ++round) {
+    for (const CopiedSample& s : samples) recorder.OnSample(s.sample);
+  }
+  EXPECT_EQ(strata::testing::AllocationCount() - before, 0u)
+      << "allocations in " << 3 * samples.size() << " samples";
+  EXPECT_EQ(graph.num_edges(), edges);
+  EXPECT_GE(recorder.stats().python_stacks, 4 * samples.size() * 9 / 10);
+  const std::vector<v1::UnwindCounters> counts = recorder.TakeUnwindCounts();
+  ASSERT_EQ(counts.size(), 1u);
+  EXPECT_EQ(counts[0].python_frames(), recorder.stats().python_frames);
+  EXPECT_EQ(counts[0].python_stale(), recorder.stats().python_stale);
 }
 
 }  // namespace

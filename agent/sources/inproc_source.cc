@@ -70,6 +70,8 @@ void InprocSource::Drain(StackSink& sink) {
   auto deliver = [this, &sink](const runtime::RingStack& s) {
     UnwoundStack stack;
     stack.pid = s.pid;
+    stack.tid = s.tid;
+    stack.time_ns = s.time_ns;
     stack.pcs = s.pcs;
     stack.num_frames = s.num_frames;
     stack.truncated = s.truncated;

@@ -33,6 +33,8 @@ class StackSource;
 // the others return addresses).
 struct UnwoundStack {
   pid_t pid = 0;
+  pid_t tid = 0;          // 0: unknown
+  uint64_t time_ns = 0;   // CLOCK_MONOTONIC of the sample (0: unknown)
   const uint64_t* pcs = nullptr;
   size_t num_frames = 0;
   bool truncated = false;

@@ -92,6 +92,12 @@ class ProcessAddressSpace final : public unwind::AddressSpace {
 
   // The module mapped at `pc` and the pc's ELF vaddr, or null.
   const Module* ModuleAt(uint64_t pc, uint64_t* module_pc) const;
+  // Every executable mapping's module with its load bias (absolute = ELF vaddr + bias), in
+  // address order; a module mapped in several regions comes once per region.
+  template <typename Fn>
+  void ForEachModule(Fn&& fn) const {
+    for (const Region& r : regions_) fn(*r.module, r.bias);
+  }
 
   size_t num_modules() const { return regions_.size(); }
   size_t failed_modules() const { return failed_modules_; }

@@ -7,6 +7,8 @@
 //   kernel module    "[kernel:MODULE]"         e.g. "[kernel:xfs]"
 //   JIT code         "[jit]"                   anonymous executable memory without a perf map
 //                    "[jit:PATH]"              named from the perf map at PATH
+//   Python           "[python:FILE]"           a function read from a CPython interpreter's
+//                                              frames (FILE: its co_filename)
 //
 // Every other module name (a file path, "[vdso]", "[unknown]") is user code.
 #ifndef STRATA_COMMON_BASE_FRAME_KIND_H_
@@ -17,7 +19,7 @@
 
 namespace strata::base {
 
-enum class FrameKind { kUser = 0, kKernel = 1, kJit = 2 };
+enum class FrameKind { kUser = 0, kKernel = 1, kJit = 2, kPython = 3 };
 
 inline constexpr std::string_view kKernelModule = "[kernel.kallsyms]";
 inline constexpr std::string_view kJitModule = "[jit]";
@@ -32,6 +34,10 @@ inline std::string JitModuleName(std::string_view perf_map_path) {
   return "[jit:" + std::string(perf_map_path) + "]";
 }
 
+inline std::string PythonModuleName(std::string_view file) {
+  return "[python:" + std::string(file) + "]";
+}
+
 inline FrameKind FrameKindOf(std::string_view module) {
   if (module == kKernelModule || (module.starts_with("[kernel:") && module.ends_with("]"))) {
     return FrameKind::kKernel;
@@ -39,6 +45,7 @@ inline FrameKind FrameKindOf(std::string_view module) {
   if (module == kJitModule || (module.starts_with("[jit:") && module.ends_with("]"))) {
     return FrameKind::kJit;
   }
+  if (module.starts_with("[python:") && module.ends_with("]")) return FrameKind::kPython;
   return FrameKind::kUser;
 }
 

@@ -63,15 +63,8 @@ Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
 fi
-APT_OPTS=(
-  -o "APT::Architecture=$ARCH" -o "APT::Architectures::=$ARCH"
-  -o "Dir::State::Lists=$APTDIR/lists" -o "Dir::State::status=$APTDIR/status"
-  -o "Dir::Cache=$APTDIR" -o "Dir::Cache::archives=$APTDIR/archives"
-  -o "Dir::Cache::pkgcache=" -o "Dir::Cache::srcpkgcache="
-  -o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$APTDIR/etc"
-  -o "Acquire::Languages=none" -o "APT::Get::List-Cleanup=0"
-  -o "Debug::NoLocking=1"
-)
+# shellcheck source=apt-options.sh
+source "$(dirname "${BASH_SOURCE[0]}")/apt-options.sh"
 
 if ! compgen -G "$APTDIR/lists/*_Packages*" >/dev/null; then
   echo "apt-get update (private mips64el lists in $APTDIR)"

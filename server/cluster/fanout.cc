@@ -159,6 +159,8 @@ absl::StatusOr<v1::LocalUnwindCountsResponse> ClusterService::RunLocalUnwindCoun
     out.set_jit_frames_cfi(c.jit_frames_cfi);
     out.set_jit_frames_fp(c.jit_frames_fp);
     out.set_lost(c.lost);
+    out.set_python_frames(c.python_frames);
+    out.set_python_stale(c.python_stale);
   }
   return response;
 }
@@ -984,7 +986,7 @@ absl::StatusOr<store::UnwindCounts> FanoutSource::UnwindCounts(
   store::UnwindCounts sum;
   for (const auto& [agent, c] : best) {
     sum.Add({c->stacks(), c->truncated(), c->verify_failures(), c->jit_frames_cfi(),
-             c->jit_frames_fp(), c->lost()});
+             c->jit_frames_fp(), c->lost(), c->python_frames(), c->python_stale()});
   }
   return sum;
 }

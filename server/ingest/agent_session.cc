@@ -438,7 +438,8 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
             "batch ", batch.sequence(), " has unwind counters of unknown target ", u.target_id()));
       }
       unwind[target->second->service()].Add({u.stacks(), u.truncated(), u.verify_failures(),
-                                             u.jit_frames_cfi(), u.jit_frames_fp(), u.lost()});
+                                             u.jit_frames_cfi(), u.jit_frames_fp(), u.lost(),
+                                             u.python_frames(), u.python_stale()});
     }
     for (const auto& [service, counts] : unwind) {
       wb.PutUnwindCounts(service, applied.window_start_ms, identity_.agent_id,

@@ -57,6 +57,9 @@ std::string FrameColor(std::string_view name, base::FrameKind kind) {
     case base::FrameKind::kJit:
       return absl::StrFormat("rgb(%d,%d,%d)", 50 + static_cast<int>(60 * v1),
                              165 + static_cast<int>(55 * v1), 165 + static_cast<int>(55 * v1));
+    case base::FrameKind::kPython:  // flamegraph.pl's "java" green for interpreted code
+      return absl::StrFormat("rgb(%d,%d,%d)", 50 + static_cast<int>(60 * v1),
+                             180 + static_cast<int>(60 * v1), 50 + static_cast<int>(60 * v1));
     default:
       return absl::StrFormat("rgb(%d,%d,%d)", 205 + static_cast<int>(50 * v3),
                              static_cast<int>(230 * v1), static_cast<int>(55 * v2));
@@ -68,12 +71,14 @@ const char* FoldedSuffix(base::FrameKind kind) {
   switch (kind) {
     case base::FrameKind::kKernel: return "_[k]";
     case base::FrameKind::kJit: return "_[j]";
+    case base::FrameKind::kPython: return "_[p]";
     default: return "";
   }
 }
 
 const char* KindName(base::FrameKind kind) {
   if (kind == base::FrameKind::kKernel) return "kernel";
+  if (kind == base::FrameKind::kPython) return "python";
   return kind == base::FrameKind::kJit ? "jit" : "user";
 }
 

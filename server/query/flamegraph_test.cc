@@ -248,6 +248,28 @@ TEST(FlameTreeTest, KernelAndJitFramesAreMarked) {
   }
 }
 
+// Python frames ([python:FILE]) are marked like kernel and JIT frames: folded suffix, JSON
+// kind, a green fill.
+TEST(FlameTreeTest, PythonFramesAreMarked) {
+  Profile p;
+  p.functions = {{1, "main", "/usr/bin/python3.11"}, {2, "Worker.run", "[python:/srv/app.py]"}};
+  p.stacks = {{1, 3, false, {0, 1}}};
+  p.total = 3;
+  EXPECT_EQ(RenderFolded(p), "main;Worker.run_[p] 3\n");
+  FlameTree tree = BuildFlameTree(p, 0);
+  EXPECT_THAT(RenderFlameJson(tree),
+              HasSubstr("\"name\":\"Worker.run\",\"module\":\"[python:/srv/app.py]\","
+                        "\"kind\":\"python\""));
+  const std::string svg = RenderFlameSvg(tree, "t");
+  const size_t at = svg.find("data-n=\"Worker.run\"");
+  ASSERT_NE(at, std::string::npos);
+  int r = 0, g = 0, b = 0;
+  ASSERT_EQ(std::sscanf(svg.c_str() + svg.find("fill=\"rgb(", at) + 10, "%d,%d,%d", &r, &g, &b),
+            3);
+  EXPECT_GT(g, r);
+  EXPECT_GT(g, b);
+}
+
 TEST(DiffTest, ComparesShares) {
   Profile base = SmallProfile();
   Profile now = SmallProfile();

@@ -40,6 +40,8 @@ std::string DebugHint(std::string_view module, std::string_view build_id_hex) {
       return "kernel symbols: let the agent read /proc/kallsyms (kernel.kptr_restrict)";
     case base::FrameKind::kJit:
       return "enable the runtime's perf map (/tmp/perf-PID.map)";
+    case base::FrameKind::kPython:
+      return "Python functions are named by the interpreter";
     default:
       break;
   }

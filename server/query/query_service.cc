@@ -33,7 +33,8 @@ uint32_t EffectiveLimit(uint32_t requested) {
 }
 
 static_assert(static_cast<int>(base::FrameKind::kKernel) == v1::FRAME_KERNEL &&
-              static_cast<int>(base::FrameKind::kJit) == v1::FRAME_JIT);
+              static_cast<int>(base::FrameKind::kJit) == v1::FRAME_JIT &&
+              static_cast<int>(base::FrameKind::kPython) == v1::FRAME_PYTHON);
 
 // Every frame the API returns says where its code lives, from the module name agents give
 // kernel and JIT code (common/base/frame_kind.h).
@@ -583,6 +584,8 @@ absl::StatusOr<v1::QualityResponse> QueryService::RunQuality(const v1::QualityRe
   response.set_jit_frames_cfi(counts->jit_frames_cfi);
   response.set_jit_frames_fp(counts->jit_frames_fp);
   response.set_lost_samples(counts->lost);
+  response.set_python_frames(counts->python_frames);
+  response.set_python_stale(counts->python_stale);
   return response;
 }
 

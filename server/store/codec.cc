@@ -478,9 +478,12 @@ absl::StatusOr<std::vector<LeafAddressCount>> DecodeLeafAddresses(std::string_vi
 }
 
 namespace {
+// Version 1's fields, then version 2's.
 constexpr uint64_t UnwindCounts::*kUnwindFields[] = {
     &UnwindCounts::stacks,         &UnwindCounts::truncated,     &UnwindCounts::verify_failures,
-    &UnwindCounts::jit_frames_cfi, &UnwindCounts::jit_frames_fp, &UnwindCounts::lost};
+    &UnwindCounts::jit_frames_cfi, &UnwindCounts::jit_frames_fp, &UnwindCounts::lost,
+    &UnwindCounts::python_frames,  &UnwindCounts::python_stale};
+constexpr size_t kUnwindFieldsV1 = 6;
 }  // namespace
 
 void UnwindCounts::Add(const UnwindCounts& o) {
@@ -490,7 +493,7 @@ void UnwindCounts::Add(const UnwindCounts& o) {
 }
 
 std::string EncodeUnwindCounts(const UnwindCounts& counts) {
-  std::string value(1, 1);
+  std::string value(1, 2);
   for (uint64_t UnwindCounts::*f : kUnwindFields) PutVarint(&value, counts.*f);
   return value;
 }
@@ -500,11 +503,12 @@ absl::StatusOr<UnwindCounts> DecodeUnwindCounts(std::string_view value) {
   uint8_t version;
   UnwindCounts c;
   if (!in.Byte(&version) || version == 0) return Corrupt("unwind counters");
-  for (uint64_t UnwindCounts::*f : kUnwindFields) {
-    if (!in.Varint(&(c.*f))) return Corrupt("unwind counters");
+  const size_t fields = version == 1 ? kUnwindFieldsV1 : std::size(kUnwindFields);
+  for (size_t i = 0; i < fields; ++i) {
+    if (!in.Varint(&(c.*kUnwindFields[i]))) return Corrupt("unwind counters");
   }
-  // Fields a later version appends are skipped; version 1 has none.
-  if (version == 1 && !in.Done()) return Corrupt("unwind counters");
+  // Fields a later version appends are skipped; versions 1 and 2 have none.
+  if (version <= 2 && !in.Done()) return Corrupt("unwind counters");
   return c;
 }
 

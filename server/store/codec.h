@@ -104,8 +104,8 @@ std::string PhaseKey(const PhaseEvent& event);
 std::string UnwindPrefix(std::string_view service, uint64_t window_start_ms);
 std::string UnwindKey(std::string_view service, uint64_t window_start_ms,
                       std::string_view agent_id, uint64_t incarnation, uint64_t sequence);
-// [version u8 = 1][varint stacks, truncated, verify_failures, jit_frames_cfi, jit_frames_fp,
-// lost]; later versions may append fields.
+// [version u8 = 2][varint stacks, truncated, verify_failures, jit_frames_cfi, jit_frames_fp,
+// lost][varint python_frames, python_stale (version 2+)]; later versions may append fields.
 std::string EncodeUnwindCounts(const UnwindCounts& counts);
 absl::StatusOr<UnwindCounts> DecodeUnwindCounts(std::string_view value);
 

@@ -163,6 +163,8 @@ struct UnwindCounts {
   uint64_t jit_frames_cfi = 0;
   uint64_t jit_frames_fp = 0;
   uint64_t lost = 0;
+  uint64_t python_frames = 0;
+  uint64_t python_stale = 0;
 
   bool operator==(const UnwindCounts&) const = default;
   // Saturating sum.

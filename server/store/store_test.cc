@@ -771,6 +771,14 @@ TEST_F(StoreTest, RetentionDropsOldCellsPerResolution) {
 
 // A cluster takes each agent's counters from one node: the sums per agent add up to the
 // total, and an agent ID that is a prefix of another's stays apart from it.
+TEST(UnwindCountsCodecTest, PythonCountersRoundTripAndVersion1RecordsDecode) {
+  const UnwindCounts c{.stacks = 5, .lost = 1, .python_frames = 40, .python_stale = 2};
+  EXPECT_EQ(*DecodeUnwindCounts(EncodeUnwindCounts(c)), c);
+  const std::string v1("\x01\x05\x00\x00\x00\x00\x01", 7);  // before the Python counters
+  EXPECT_EQ(*DecodeUnwindCounts(v1), (UnwindCounts{.stacks = 5, .lost = 1}));
+  EXPECT_FALSE(DecodeUnwindCounts(v1 + '\x01').ok());
+}
+
 TEST_F(StoreTest, UnwindCountsSumPerAgent) {
   WriteBatch batch;
   batch.PutUnwindCounts("svc", 0, "a", 1, 1, {.stacks = 3, .truncated = 1});

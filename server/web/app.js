@@ -252,6 +252,10 @@ async function loadQuality() {
       `${fmt(r.verify_failures)} verification failures, JIT frames ${fmt(r.jit_frames_cfi)} by CFI ` +
       `and ${fmt(r.jit_frames_fp)} by frame pointers, ${fmt(r.lost_samples)} samples lost`],
   ];
+  if (r.python_frames || r.python_stale) {
+    rows.push(['Python', `${fmt(r.python_frames || 0)} frames read from interpreters, ` +
+      `${fmt(r.python_stale || 0)} stacks whose Python frames changed before they were read`]);
+  }
   $('quality-summary').replaceChildren(...rows.flatMap(([k, v]) => {
     const dt = document.createElement('dt'), dd = document.createElement('dd');
     dt.textContent = k;

@@ -1,0 +1,439 @@
+#include "agent/python/interpreter.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "agent/python/line_table.h"
+
+namespace strata::agent::python {
+namespace {
+
+constexpr uint32_t kShtSymtab = 2, kShtDynsym = 11, kShtNobits = 8;
+constexpr uint8_t kSttObject = 1;
+constexpr uint64_t kShfAlloc = 2;
+constexpr std::string_view kEvalLoop = "_PyEval_EvalFrameDefault";
+constexpr size_t kMaxInterpreters = 64;
+constexpr size_t kMaxChainFrames = 1024;
+// Thread-state lists are walked again for an unknown tid at most this often: samples of
+// threads that run no Python (an embedding program's own) must not cost a walk each.
+constexpr uint64_t kRescanGapNs = 50'000'000;
+
+uint64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+}  // namespace
+
+std::string_view FileBytesAt(const elf::ElfFile& elf, uint64_t vaddr, size_t size) {
+  for (const elf::Section& s : elf.sections()) {
+    // Allocated sections only: the others (debug sections) have address 0.
+    if (s.type == kShtNobits || !(s.flags & kShfAlloc) || !s.Contains(vaddr) ||
+        vaddr + size > s.addr + s.size) {
+      continue;
+    }
+    absl::StatusOr<std::string_view> data = elf.SectionData(s);
+    if (!data.ok()) return {};
+    return data->substr(vaddr - s.addr, size);
+  }
+  return {};
+}
+
+namespace {
+
+// "3.11" out of ".../python3.11", ".../libpython3.11.so.1.0".
+bool VersionFromPath(std::string_view path, int* major, int* minor) {
+  const size_t slash = path.rfind('/');
+  std::string_view file = slash == std::string_view::npos ? path : path.substr(slash + 1);
+  const size_t at = file.find("python3.");
+  if (at == std::string_view::npos) return false;
+  std::string_view rest = file.substr(at + 8);
+  int m = 0;
+  size_t digits = 0;
+  while (digits < rest.size() && digits < 3 && rest[digits] >= '0' && rest[digits] <= '9') {
+    m = m * 10 + (rest[digits] - '0');
+    ++digits;
+  }
+  if (digits == 0) return false;
+  *major = 3;
+  *minor = m;
+  return true;
+}
+
+void AppendUtf8(uint32_t c, std::string* out) {
+  if (c < 0x80) {
+    out->push_back(static_cast<char>(c));
+  } else if (c < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else if (c < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else if (c < 0x110000) {
+    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else {
+    out->append("\xEF\xBF\xBD");  // U+FFFD
+  }
+}
+
+}  // namespace
+
+std::optional<uint64_t> FindObjectSymbol(const elf::ElfFile& elf, std::string_view name) {
+  for (const elf::Section& s : elf.sections()) {
+    if ((s.type != kShtDynsym && s.type != kShtSymtab) || s.link >= elf.sections().size()) {
+      continue;
+    }
+    absl::StatusOr<std::string_view> table = elf.SectionData(s);
+    absl::StatusOr<std::string_view> strings = elf.SectionData(elf.sections()[s.link]);
+    if (!table.ok() || !strings.ok()) continue;
+    elf::ByteReader in(*table, elf.big_endian());
+    while (in.remaining() >= 24) {
+      const uint32_t name_offset = in.U32();
+      const uint8_t info = in.U8();
+      in.U8();   // st_other
+      const uint16_t shndx = in.U16();
+      const uint64_t value = in.U64();
+      in.U64();  // st_size
+      if ((info & 0xf) != kSttObject || shndx == 0 || name_offset >= strings->size()) continue;
+      std::string_view sym = strings->substr(name_offset);
+      sym = sym.substr(0, sym.find('\0'));
+      if (sym == name) return value;
+    }
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<InterpreterModule> InspectModule(const elf::ElfFile& elf,
+                                                const elf::SymbolTable& symbols,
+                                                std::string_view path) {
+  InterpreterModule m;
+  for (const elf::SymbolTable::Function& f : symbols.functions()) {
+    if (f.end <= f.start || !f.name.starts_with(kEvalLoop)) continue;
+    if (f.name.size() == kEvalLoop.size() || f.name[kEvalLoop.size()] == '.') {
+      m.eval_ranges.push_back({f.start, f.end});
+    }
+  }
+  if (m.eval_ranges.empty()) return absl::NotFoundError("no _PyEval_EvalFrameDefault");
+  std::optional<uint64_t> runtime = FindObjectSymbol(elf, "_PyRuntime");
+  if (!runtime.has_value()) return absl::NotFoundError("no _PyRuntime symbol");
+  m.runtime_vaddr = *runtime;
+  bool known = false;
+  if (std::optional<uint64_t> version = FindObjectSymbol(elf, "Py_Version")) {
+    std::string_view bytes = FileBytesAt(elf, *version, 4);
+    if (bytes.size() == 4) {
+      elf::ByteReader in(bytes, elf.big_endian());
+      const uint32_t hex = in.U32();
+      m.major = static_cast<int>(hex >> 24);
+      m.minor = static_cast<int>((hex >> 16) & 0xff);
+      known = true;
+    }
+  }
+  if (!known && !VersionFromPath(path, &m.major, &m.minor)) {
+    return absl::NotFoundError(absl::StrCat("no CPython version in ", std::string(path)));
+  }
+  if (m.major == 3 && m.minor > 13) {
+    return absl::UnimplementedError(absl::StrCat("CPython 3.", m.minor, " is not supported"));
+  }
+  if (absl::StatusOr<Offsets> o = OffsetsForVersion(m.major, m.minor); !o.ok()) return o.status();
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<Interpreter>> Interpreter::Attach(
+    pid_t pid, const InterpreterModule& module, int64_t bias,
+    std::unique_ptr<RemoteMemory> memory) {
+  if (memory == nullptr) memory = std::make_unique<RemoteMemory>(pid);
+  const uint64_t runtime = module.runtime_vaddr + static_cast<uint64_t>(bias);
+  absl::StatusOr<Offsets> offsets = OffsetsForVersion(module.major, module.minor);
+  if (!offsets.ok()) return offsets.status();
+  if (module.major == 3 && module.minor >= 13) {
+    std::array<char, kDebugOffsetsSize> bytes;
+    if (!memory->Read(runtime, bytes.data(), bytes.size())) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot read pid ", pid, "'s _PyRuntime (ptrace access needed)"));
+    }
+    offsets = OffsetsFromDebugOffsets(std::string_view(bytes.data(), bytes.size()));
+    if (!offsets.ok()) return offsets.status();
+  }
+  uint64_t head;
+  if (!memory->ReadValue(runtime + offsets->runtime_interpreters_head, &head)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot read pid ", pid, "'s _PyRuntime (ptrace access needed)"));
+  }
+  std::vector<elf::AddressRange> eval;
+  for (const elf::AddressRange& r : module.eval_ranges) {
+    eval.push_back({r.start + static_cast<uint64_t>(bias), r.end + static_cast<uint64_t>(bias)});
+  }
+  auto interpreter = std::unique_ptr<Interpreter>(
+      new Interpreter(pid, *offsets, runtime, std::move(eval), std::move(memory)));
+  const Offsets& o = interpreter->offsets_;
+  uint32_t end = std::max({o.tstate_next, o.tstate_frame, o.tstate_thread_id});
+  if (o.tstate_native_thread_id != kNoOffset) end = std::max(end, o.tstate_native_thread_id);
+  interpreter->tstate_bytes_ = end + 8;
+  interpreter->visited_.reserve(kMaxChainFrames);
+  interpreter->chain_.reserve(kMaxChainFrames);
+  interpreter->code_addresses_.reserve(kMaxChainFrames);
+  interpreter->code_sizes_.reserve(kMaxChainFrames);
+  interpreter->code_headers_.resize(kMaxChainFrames * interpreter->offsets_.code_size);
+  return interpreter;
+}
+
+pid_t Interpreter::TidOf(const uint8_t* tstate) {
+  if (offsets_.tstate_native_thread_id != kNoOffset) {
+    return static_cast<pid_t>(FieldAt<uint64_t>(tstate, offsets_.tstate_native_thread_id));
+  }
+  const uint64_t pthread = FieldAt<uint64_t>(tstate, offsets_.tstate_thread_id);
+  if (pthread == 0) return -1;
+  if (pthread_tid_offset_ < 0 && !CalibratePthreadTid()) return -1;
+  int32_t tid;
+  if (!memory_->ReadValue(pthread + static_cast<uint64_t>(pthread_tid_offset_), &tid)) return -1;
+  return tid;
+}
+
+bool Interpreter::CalibratePthreadTid() {
+  // The pthreads of every thread state.
+  std::vector<uint64_t> pthreads;
+  uint64_t interp = 0;
+  if (!memory_->ReadValue(runtime_ + offsets_.runtime_interpreters_head, &interp)) return false;
+  for (size_t i = 0; interp != 0 && i < kMaxInterpreters; ++i) {
+    uint64_t ts = 0;
+    if (!memory_->ReadValue(interp + offsets_.interp_threads_head, &ts)) return false;
+    for (size_t t = 0; ts != 0 && t < kMaxThreads; ++t) {
+      uint64_t pthread = 0, next = 0;
+      if (!memory_->ReadValue(ts + offsets_.tstate_thread_id, &pthread) ||
+          !memory_->ReadValue(ts + offsets_.tstate_next, &next)) {
+        return false;
+      }
+      if (pthread != 0) pthreads.push_back(pthread);
+      ts = next;
+    }
+    if (!memory_->ReadValue(interp + offsets_.interp_next, &interp)) break;
+  }
+  constexpr size_t kWords = 512;  // glibc's tid lies well inside 2 KiB of struct pthread
+  std::vector<std::array<int32_t, kWords>> blocks(pthreads.size());
+  for (size_t i = 0; i < pthreads.size(); ++i) {
+    if (!memory_->Read(pthreads[i], blocks[i].data(), sizeof(blocks[i]))) return false;
+  }
+  if (blocks.empty()) return false;
+  for (size_t word = 0; word < kWords; ++word) {
+    bool has_pid = false, plausible = true;
+    absl::flat_hash_set<int32_t> seen;
+    for (const auto& block : blocks) {
+      const int32_t v = block[word];
+      plausible &= v > 0 && v <= (1 << 22) && seen.insert(v).second;
+      has_pid |= v == pid_;
+    }
+    if (plausible && has_pid) {
+      pthread_tid_offset_ = static_cast<int64_t>(word * sizeof(int32_t));
+      return true;
+    }
+  }
+  return false;
+}
+
+uint64_t Interpreter::ThreadStateOf(pid_t tid) {
+  std::array<uint8_t, 512> bytes;
+  if (tstate_bytes_ > bytes.size()) return 0;
+  if (auto it = thread_states_.find(tid); it != thread_states_.end()) {
+    if (it->second != 0 && memory_->Read(it->second, bytes.data(), tstate_bytes_) &&
+        TidOf(bytes.data()) == tid) {
+      return it->second;
+    }
+    if (it->second != 0) it->second = 0;  // gone, or now another thread's: look again
+  }
+  const uint64_t now = NowNs();
+  if (last_scan_ns_ != 0 && now - last_scan_ns_ < kRescanGapNs) return 0;
+  last_scan_ns_ = now;
+  ++stats_.thread_scans;
+  for (auto& [known_tid, ts] : thread_states_) ts = 0;
+  uint64_t interp = 0;
+  if (!memory_->ReadValue(runtime_ + offsets_.runtime_interpreters_head, &interp)) return 0;
+  for (size_t i = 0; interp != 0 && i < kMaxInterpreters; ++i) {
+    uint64_t ts = 0;
+    if (!memory_->ReadValue(interp + offsets_.interp_threads_head, &ts)) break;
+    for (size_t t = 0; ts != 0 && t < kMaxThreads; ++t) {
+      if (!memory_->Read(ts, bytes.data(), tstate_bytes_)) break;
+      if (const pid_t owner = TidOf(bytes.data()); owner > 0) thread_states_[owner] = ts;
+      ts = FieldAt<uint64_t>(bytes.data(), offsets_.tstate_next);
+    }
+    if (!memory_->ReadValue(interp + offsets_.interp_next, &interp)) break;
+  }
+  auto it = thread_states_.find(tid);
+  if (it == thread_states_.end()) {
+    thread_states_[tid] = 0;  // remembered as none until the next walk
+    return 0;
+  }
+  return it->second;
+}
+
+bool Interpreter::CurrentFrame(uint64_t tstate, uint64_t* frame) {
+  uint64_t p = 0;
+  if (!memory_->ReadValue(tstate + offsets_.tstate_frame, &p)) return false;
+  if (offsets_.cframe_frame != kNoOffset && p != 0) {
+    if (!memory_->ReadValue(p + offsets_.cframe_frame, &p)) return false;
+  }
+  *frame = p;
+  return true;
+}
+
+bool Interpreter::ReadBytes(uint64_t address, std::string* out) {
+  int64_t size = 0;
+  if (address == 0 || !memory_->ReadValue(address + offsets_.varobject_size, &size)) return false;
+  if (size < 0 || size > (1 << 20)) return false;
+  out->resize(static_cast<size_t>(size));
+  return memory_->Read(address + offsets_.bytes_sval, out->data(), out->size());
+}
+
+bool Interpreter::ReadString(uint64_t address, std::string* out) {
+  std::array<uint8_t, 128> header;
+  if (address == 0 || offsets_.unicode_compact_data > header.size() ||
+      !memory_->Read(address, header.data(), offsets_.unicode_compact_data)) {
+    return false;
+  }
+  const int64_t length = FieldAt<int64_t>(header.data(), offsets_.unicode_length);
+  // PyASCIIObject.state: interned:2, kind:3, compact:1, ascii:1 from the low bit (GCC's
+  // bitfield order on little-endian targets).
+  const uint32_t state = FieldAt<uint32_t>(header.data(), offsets_.unicode_state);
+  const uint32_t kind = (state >> 2) & 7;
+  const bool compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
+  if (!compact || length < 0 || (kind != 1 && kind != 2 && kind != 4)) return false;
+  const size_t chars = std::min<size_t>(static_cast<size_t>(length), kMaxStringBytes);
+  const uint64_t data =
+      address + (ascii ? offsets_.unicode_ascii_data : offsets_.unicode_compact_data);
+  std::array<uint8_t, kMaxStringBytes * 4> raw;
+  if (!memory_->Read(data, raw.data(), chars * kind)) return false;
+  out->clear();
+  if (ascii) {
+    out->assign(reinterpret_cast<const char*>(raw.data()), chars);
+    return true;
+  }
+  for (size_t i = 0; i < chars; ++i) {
+    uint32_t c = raw[i * kind];
+    if (kind == 2) c = FieldAt<uint16_t>(raw.data(), static_cast<uint32_t>(i * 2));
+    if (kind == 4) c = FieldAt<uint32_t>(raw.data(), static_cast<uint32_t>(i * 4));
+    AppendUtf8(c, out);
+  }
+  return true;
+}
+
+const CodeInfo* Interpreter::Code(uint64_t address, const uint8_t* header) {
+  const uint8_t* bytes = header;
+  const uint32_t name_at =
+      offsets_.code_qualname != kNoOffset ? offsets_.code_qualname : offsets_.code_name;
+  const uint64_t name = FieldAt<uint64_t>(bytes, name_at);
+  const uint64_t filename = FieldAt<uint64_t>(bytes, offsets_.code_filename);
+  const uint64_t table = FieldAt<uint64_t>(bytes, offsets_.code_linetable);
+  const int first_line = FieldAt<int32_t>(bytes, offsets_.code_firstlineno);
+  std::unique_ptr<CodeInfo>& slot = code_[address];
+  if (slot != nullptr && slot->name_ptr == name && slot->filename_ptr == filename &&
+      slot->line_table_ptr == table && slot->first_line == first_line) {
+    return slot.get();
+  }
+  // First sight, or the address holds another code object now.
+  ++stats_.code_misses;
+  auto info = std::make_unique<CodeInfo>();
+  if (!ReadString(name, &info->name) || !ReadString(filename, &info->filename) ||
+      !ReadBytes(table, &info->line_table)) {
+    code_.erase(address);
+    return nullptr;
+  }
+  info->first_line = first_line;
+  info->name_ptr = name;
+  info->filename_ptr = filename;
+  info->line_table_ptr = table;
+  slot = std::move(info);
+  return slot.get();
+}
+
+ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t* count) {
+  *count = 0;
+  ++stats_.reads;
+  if (code_.size() >= kMaxCodeObjects) code_.clear();  // before any frame points into it
+  const uint64_t tstate = ThreadStateOf(tid);
+  if (tstate == 0) return ReadOutcome::kNoThread;
+  auto inconsistent = [this] {
+    ++stats_.inconsistent;
+    return ReadOutcome::kInconsistent;
+  };
+  uint64_t leaf = 0;
+  if (!CurrentFrame(tstate, &leaf)) return inconsistent();
+  const bool frame_objects = offsets_.layout == FrameLayout::kFrameObject;
+  std::array<uint8_t, kMaxCopiedStruct> bytes;
+  if (offsets_.frame_size > bytes.size()) return inconsistent();
+  // First the chain (one read per frame), then every frame's code object header in one
+  // batch, then names and lines (from the cache; a code object seen first costs its strings).
+  visited_.clear();
+  chain_.clear();
+  for (uint64_t frame = leaf; frame != 0;) {
+    if (visited_.size() >= kMaxChainFrames ||
+        std::find(visited_.begin(), visited_.end(), frame) != visited_.end()) {
+      return inconsistent();  // a cycle, or deeper than any real chain we show
+    }
+    visited_.push_back(frame);
+    if (!memory_->Read(frame, bytes.data(), offsets_.frame_size)) return inconsistent();
+    const uint64_t code = FieldAt<uint64_t>(bytes.data(), offsets_.frame_code);
+    const uint64_t previous = FieldAt<uint64_t>(bytes.data(), offsets_.frame_previous);
+    if (offsets_.layout == FrameLayout::kInterpreterFrameCStack &&
+        bytes[offsets_.frame_owner] == kFrameOwnedByCStack) {
+      // The shim a native eval call pushed below the frames it runs.
+      if (!chain_.empty()) chain_.back().entry = true;
+      frame = previous;
+      continue;
+    }
+    if (chain_.size() >= out.size() || code == 0) return inconsistent();
+    int64_t offset;
+    if (frame_objects) {
+      const int32_t lasti = FieldAt<int32_t>(bytes.data(), offsets_.frame_instr);
+      offset = offsets_.minor >= 10 ? int64_t{lasti} * 2 : lasti;  // 3.10: code units
+    } else {
+      const uint64_t instr = FieldAt<uint64_t>(bytes.data(), offsets_.frame_instr);
+      offset = static_cast<int64_t>(instr - (code + offsets_.code_adaptive));
+    }
+    chain_.push_back({code, offset,
+                      frame_objects || (offsets_.frame_is_entry != kNoOffset &&
+                                        bytes[offsets_.frame_is_entry] != 0)});
+    frame = previous;
+  }
+  const size_t n = chain_.size();
+  code_addresses_.clear();
+  code_sizes_.clear();
+  for (const ChainFrame& f : chain_) {
+    code_addresses_.push_back(f.code);
+    code_sizes_.push_back(offsets_.code_size);
+  }
+  if (!memory_->ReadMany(code_addresses_.data(), code_sizes_.data(), n,
+                         code_headers_.data())) {
+    return inconsistent();
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const CodeInfo* info = Code(chain_[i].code, code_headers_.data() + i * offsets_.code_size);
+    if (info == nullptr) return inconsistent();
+    PythonFrame& f = out[i];
+    f.code = info;
+    f.line = LineForOffset(offsets_.line_table, info->line_table, info->first_line,
+                           chain_[i].offset);
+    f.entry = chain_[i].entry;
+  }
+  const uint64_t leaf_code = n > 0 ? chain_[0].code : 0;
+  // The thread ran on while we read: its innermost frame or that frame's code moved.
+  uint64_t leaf_again = 0, leaf_code_again = 0;
+  if (!CurrentFrame(tstate, &leaf_again) || leaf_again != leaf) return inconsistent();
+  if (n > 0 && (!memory_->ReadValue(leaf + offsets_.frame_code, &leaf_code_again) ||
+                leaf_code_again != leaf_code)) {
+    return inconsistent();
+  }
+  *count = n;
+  stats_.frames += n;
+  return ReadOutcome::kOk;
+}
+
+}  // namespace strata::agent::python

@@ -1,0 +1,174 @@
+// One CPython interpreter in a target process, and the Python frames of its threads read from
+// the target's memory.
+//
+// InspectModule() recognizes the module that holds the interpreter (an executable such as
+// /usr/bin/python3.11, or a libpython3.X.so loaded by an embedding program) from its symbols:
+// `_PyEval_EvalFrameDefault` (the eval loop, whose native frames the Python frames replace),
+// `_PyRuntime` (the runtime state), and the version from `Py_Version` (3.11+) or the file name.
+// Interpreter::Attach() then reads the runtime through the module's load bias; 3.13+ takes the
+// offsets from the target's own _Py_DebugOffsets, older versions from offsets.h's tables.
+//
+// ReadStack(tid) finds the thread's state (by native_thread_id on 3.11+, by the pthread's tid
+// before, see below), follows its frame chain from the innermost frame and returns, innermost
+// first, each frame's code object (names, file, line table: cached by address and re-checked
+// on every use) and line, with `entry` set on the outermost frame each native eval-loop call
+// runs. It reads a running thread: a chain that changed while it was read (the current frame
+// or the leaf's code moved, a cycle, a chain deeper than asked for, memory that went away) is
+// reported as kInconsistent, never returned as frames.
+//
+// Threads before 3.11 carry only the pthread_t (the address of glibc's struct pthread); the
+// kernel tid inside that struct is found once per process: the offset at which the thread
+// states' pthreads hold distinct plausible tids, one of them the process's id (its main
+// thread).
+//
+// Single-threaded (the agent's main loop). A read of a known thread and code objects allocates
+// nothing; a code object seen first is copied into the cache.
+#ifndef STRATA_AGENT_PYTHON_INTERPRETER_H_
+#define STRATA_AGENT_PYTHON_INTERPRETER_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "agent/python/offsets.h"
+#include "agent/python/remote_memory.h"
+#include "common/elf/elf_file.h"
+#include "common/elf/symbol_table.h"
+
+namespace strata::agent::python {
+
+// What a module's file says about the interpreter in it (ELF virtual addresses).
+struct InterpreterModule {
+  int major = 0;
+  int minor = 0;
+  uint64_t runtime_vaddr = 0;  // _PyRuntime
+  std::vector<elf::AddressRange> eval_ranges;  // _PyEval_EvalFrameDefault (and .cold parts)
+};
+
+// The interpreter in `elf` (named `path`, with its function symbols `symbols`); NotFound when
+// the module holds none, Unimplemented for a version without offsets.
+absl::StatusOr<InterpreterModule> InspectModule(const elf::ElfFile& elf,
+                                                const elf::SymbolTable& symbols,
+                                                std::string_view path);
+
+// An object (STT_OBJECT) symbol's address from .dynsym or .symtab.
+std::optional<uint64_t> FindObjectSymbol(const elf::ElfFile& elf, std::string_view name);
+// The file's initial bytes at `vaddr` (in an allocated section with contents), or empty.
+std::string_view FileBytesAt(const elf::ElfFile& elf, uint64_t vaddr, size_t size);
+
+struct CodeInfo {
+  std::string name;      // co_qualname (3.11+), else co_name
+  std::string filename;  // co_filename
+  int first_line = 0;
+  std::string line_table;
+  // What a later use compares, to see the address now holds another code object.
+  uint64_t name_ptr = 0, filename_ptr = 0, line_table_ptr = 0;
+  // For the owner: e.g. the function node it resolved this code object to (0: none yet).
+  mutable uint32_t owner_id = 0;
+};
+
+struct PythonFrame {
+  const CodeInfo* code = nullptr;  // valid until the next ReadStack()
+  int line = -1;
+  bool entry = false;  // the outermost frame of its native eval-loop call
+};
+
+enum class ReadOutcome {
+  kOk,            // frames read (possibly none: the thread runs no Python now)
+  kNoThread,      // no thread state of this tid (not a Python thread, or not yet known)
+  kInconsistent,  // the chain changed while it was read, or could not be followed
+};
+
+struct InterpreterStats {
+  uint64_t reads = 0;
+  uint64_t frames = 0;
+  uint64_t inconsistent = 0;
+  uint64_t code_misses = 0;    // code objects copied into the cache
+  uint64_t thread_scans = 0;   // walks of the thread-state lists
+};
+
+class Interpreter {
+ public:
+  // `bias`: the module's load bias in the process (absolute = vaddr + bias). `memory` null:
+  // the process's memory through RemoteMemory(pid).
+  static absl::StatusOr<std::unique_ptr<Interpreter>> Attach(
+      pid_t pid, const InterpreterModule& module, int64_t bias,
+      std::unique_ptr<RemoteMemory> memory = nullptr);
+
+  // True when the absolute `pc` lies in the eval loop.
+  bool InEvalLoop(uint64_t pc) const {
+    for (const elf::AddressRange& r : eval_ranges_) {
+      if (r.Contains(pc)) return true;
+    }
+    return false;
+  }
+
+  // The frames of thread `tid`, innermost first, into `out`; *count frames written.
+  ReadOutcome ReadStack(pid_t tid, std::span<PythonFrame> out, size_t* count);
+
+  const Offsets& offsets() const { return offsets_; }
+  const InterpreterStats& stats() const { return stats_; }
+  int minor() const { return offsets_.minor; }
+
+ private:
+  Interpreter(pid_t pid, Offsets offsets, uint64_t runtime, std::vector<elf::AddressRange> eval,
+              std::unique_ptr<RemoteMemory> memory)
+      : pid_(pid),
+        offsets_(offsets),
+        runtime_(runtime),
+        eval_ranges_(std::move(eval)),
+        memory_(std::move(memory)) {}
+
+  // The thread state of `tid` (cached, re-checked), or 0.
+  uint64_t ThreadStateOf(pid_t tid);
+  // The kernel tid of a thread state read into `bytes`, or -1.
+  pid_t TidOf(const uint8_t* tstate);
+  bool CalibratePthreadTid();
+  // The thread's innermost frame (0: none), or false when unreadable.
+  bool CurrentFrame(uint64_t tstate, uint64_t* frame);
+  // The code object at `address` whose first code_size bytes are `header` (read already).
+  const CodeInfo* Code(uint64_t address, const uint8_t* header);
+  bool ReadString(uint64_t address, std::string* out);
+  bool ReadBytes(uint64_t address, std::string* out);
+
+  static constexpr size_t kMaxThreads = 4096;
+  static constexpr size_t kMaxCodeObjects = 1 << 16;
+  static constexpr size_t kMaxStringBytes = 4096;
+
+  pid_t pid_;
+  Offsets offsets_;
+  uint64_t runtime_;
+  std::vector<elf::AddressRange> eval_ranges_;  // absolute
+  std::unique_ptr<RemoteMemory> memory_;
+  uint32_t tstate_bytes_ = 0;  // bytes copied of a thread state
+  absl::flat_hash_map<pid_t, uint64_t> thread_states_;
+  // Before 3.11: offset of the kernel tid in glibc's struct pthread (-1: not found yet).
+  int64_t pthread_tid_offset_ = -1;
+  uint64_t last_scan_ns_ = 0;  // CLOCK_MONOTONIC of the last walk of the thread states
+  absl::flat_hash_map<uint64_t, std::unique_ptr<CodeInfo>> code_;
+  std::vector<uint64_t> visited_;  // frames of the current read (cycle check), sized once
+  // Per frame of the current read (sized once): its code object, instruction offset, entry
+  // flag; then every code object's header, read in one go.
+  struct ChainFrame {
+    uint64_t code;
+    int64_t offset;
+    bool entry;
+  };
+  std::vector<ChainFrame> chain_;
+  std::vector<uint64_t> code_addresses_;
+  std::vector<size_t> code_sizes_;
+  std::vector<uint8_t> code_headers_;
+  InterpreterStats stats_;
+};
+
+}  // namespace strata::agent::python
+
+#endif  // STRATA_AGENT_PYTHON_INTERPRETER_H_

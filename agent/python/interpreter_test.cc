@@ -1,0 +1,238 @@
+// Reads the frames of live CPython processes this test starts: Debian's /usr/bin/python3.11
+// (required), and 3.8 to 3.13 where pyenv installed them (libpython3.X.so, the embedding case).
+#include "agent/python/interpreter.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/symbols/module_cache.h"
+#include "agent/symbols/process_address_space.h"
+#include "common/testing/temp_dir.h"
+#include "gtest/gtest.h"
+
+namespace strata::agent::python {
+namespace {
+
+constexpr int kSpinLine = 8;  // the busy loop's lines in kScript
+constexpr int kGenLine = 15;
+constexpr const char kScript[] = R"(import sys, threading
+worker_id = None
+ready = threading.Event()
+
+class Spinner:
+    def spin(self):
+        x = 0
+        while True:
+            x += 1
+
+def middle(): Spinner().spin()
+def outer(): middle()
+def gen():
+    x = 0
+    while True:
+        x += 1
+        if x < 0: yield x
+def consume():
+    global worker_id
+    worker_id = threading.get_native_id()
+    ready.set()
+    for v in gen(): pass
+
+threading.Thread(target=consume, daemon=True).start()
+ready.wait()
+print(worker_id, flush=True)
+outer()
+)";
+
+struct Child {
+  pid_t pid = -1;
+  FILE* out = nullptr;
+  ~Child() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    if (out != nullptr) fclose(out);
+  }
+};
+
+// Starts `argv` (a Python interpreter and its arguments, the script last); the first line of
+// its output is the worker thread's tid.
+bool Start(const std::vector<std::string>& argv, Child* child, pid_t* worker) {
+  int fds[2];
+  if (pipe(fds) != 0) return false;
+  child->pid = fork();
+  if (child->pid == 0) {
+    dup2(fds[1], 1);
+    close(fds[0]);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  child->out = fdopen(fds[0], "r");
+  int tid = 0;
+  if (child->out == nullptr || fscanf(child->out, "%d", &tid) != 1) return false;
+  *worker = tid;
+  return true;
+}
+
+struct Read {
+  std::vector<std::string> names;
+  std::vector<std::string> files;
+  std::vector<int> lines;
+  size_t entries = 0;
+};
+
+// A consistent read of `tid` (the thread runs: retried until one is, for up to 10 s).
+bool ReadUntilConsistent(Interpreter& interpreter, pid_t tid, Read* read) {
+  std::vector<PythonFrame> frames(256);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    size_t n = 0;
+    if (interpreter.ReadStack(tid, frames, &n) == ReadOutcome::kOk && n > 0) {
+      for (size_t i = 0; i < n; ++i) {
+        read->names.push_back(frames[i].code->name);
+        read->files.push_back(frames[i].code->filename);
+        read->lines.push_back(frames[i].line);
+        read->entries += frames[i].entry;
+      }
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+// Runs kScript with `interpreter` (a command: the interpreter and its options) and checks the
+// frames read of its two threads.
+void CheckFramesOf(std::vector<std::string> interpreter) {
+  strata::testing::TempDir dir;
+  const std::string script = dir.path() + "/spin.py";
+  std::ofstream(script) << kScript;
+  const std::string python = interpreter.back();
+  interpreter.push_back("-S");
+  interpreter.push_back(script);
+  Child child;
+  pid_t worker = 0;
+  ASSERT_TRUE(Start(interpreter, &child, &worker)) << python;
+
+  symbols::ModuleCache cache;
+  symbols::ProcessAddressSpace space(child.pid, &cache);
+  ASSERT_TRUE(space.Refresh().ok());
+  std::optional<InterpreterModule> module;
+  int64_t bias = 0;
+  space.ForEachModule([&](const symbols::Module& m, int64_t b) {
+    if (module.has_value()) return;
+    absl::StatusOr<InterpreterModule> found = InspectModule(*m.elf, m.symbols, m.path);
+    if (found.ok()) {
+      module = *found;
+      bias = b;
+    }
+  });
+  // qemu-user maps a guest's code readable, not executable (it runs translated code): the
+  // address space (executable mappings only) has no module for it. Its file's first mapping
+  // gives the load bias.
+  std::unique_ptr<elf::ElfFile> guest_elf;
+  elf::SymbolTable guest_symbols;
+  if (!module.has_value()) {
+    auto maps = symbols::ReadProcMaps(child.pid);
+    ASSERT_TRUE(maps.ok()) << maps.status();
+    for (const symbols::MappingInfo& m : *maps) {
+      if (m.path != python || m.offset != 0) continue;
+      auto opened = elf::ElfFile::Open(python);
+      ASSERT_TRUE(opened.ok()) << opened.status();
+      guest_elf = std::move(*opened);
+      auto table = elf::SymbolTable::Build(*guest_elf);
+      ASSERT_TRUE(table.ok()) << table.status();
+      guest_symbols = std::move(*table);
+      absl::StatusOr<InterpreterModule> found = InspectModule(*guest_elf, guest_symbols, python);
+      ASSERT_TRUE(found.ok()) << found.status();
+      module = *found;
+      bias = static_cast<int64_t>(m.start - guest_elf->MinLoadVaddr());
+      break;
+    }
+  }
+  ASSERT_TRUE(module.has_value()) << "no interpreter found in " << python;
+  auto interpreter = Interpreter::Attach(child.pid, *module, bias);
+  ASSERT_TRUE(interpreter.ok()) << interpreter.status();
+  const bool qualified = module->minor >= 11;
+
+  Read main;
+  ASSERT_TRUE(ReadUntilConsistent(**interpreter, child.pid, &main));
+  ASSERT_EQ(main.names.size(), 4u) << ::testing::PrintToString(main.names);
+  EXPECT_EQ(main.names[0], qualified ? "Spinner.spin" : "spin");
+  EXPECT_EQ(main.names[1], "middle");
+  EXPECT_EQ(main.names[2], "outer");
+  EXPECT_EQ(main.names[3], "<module>");
+  EXPECT_TRUE(main.lines[0] == kSpinLine || main.lines[0] == kSpinLine + 1) << main.lines[0];
+  EXPECT_EQ(main.lines[1], 11);
+  EXPECT_EQ(main.lines[2], 12);
+  EXPECT_EQ(main.lines[3], 27);
+  for (const std::string& file : main.files) EXPECT_EQ(file, script);
+  // Python-to-Python calls run in one native eval call since 3.11; each frame has its own
+  // before.
+  EXPECT_EQ(main.entries, qualified ? 1u : 4u);
+
+  Read thread;
+  ASSERT_TRUE(ReadUntilConsistent(**interpreter, worker, &thread));
+  ASSERT_GE(thread.names.size(), 3u) << ::testing::PrintToString(thread.names);
+  EXPECT_EQ(thread.names[0], "gen");
+  EXPECT_GE(thread.lines[0], kGenLine);
+  EXPECT_LE(thread.lines[0], kGenLine + 2);
+  EXPECT_EQ(thread.names[1], "consume");
+  EXPECT_EQ(thread.lines[1], 22);
+  EXPECT_EQ(thread.names.back(), qualified ? "Thread._bootstrap" : "_bootstrap");
+  EXPECT_GE(thread.entries, 2u);  // the thread's entry, and the generator's before 3.12
+
+  size_t none = 0;
+  EXPECT_EQ((*interpreter)->ReadStack(999999, std::span<PythonFrame>(), &none),
+            ReadOutcome::kNoThread);
+}
+
+class InterpreterTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(InterpreterTest, ReadsTheFramesOfEveryThread) {
+  const std::string python = GetParam();
+  if (!std::filesystem::exists(python)) GTEST_SKIP() << python << " is not installed";
+  CheckFramesOf({python});
+}
+
+// Debian's mips64el python3.11 under qemu-mips64el (user mode: guest threads are host threads,
+// guest memory the qemu process's), from a folder its packages were unpacked into
+// (STRATA_MIPS64EL_PYTHON_ROOT, see deploy/cross/make-python-root.sh).
+TEST(InterpreterTest, ReadsTheFramesOfMips64elPythonUnderQemu) {
+  const char* root = getenv("STRATA_MIPS64EL_PYTHON_ROOT");
+  const std::string qemu = "/usr/bin/qemu-mips64el";
+  if (root == nullptr || !std::filesystem::exists(qemu)) {
+    GTEST_SKIP() << "set STRATA_MIPS64EL_PYTHON_ROOT (and install qemu-user)";
+  }
+  CheckFramesOf({qemu, "-L", root, std::string(root) + "/usr/bin/python3.11"});
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Versions, InterpreterTest,
+    ::testing::Values("/usr/bin/python3.11", "/root/.pyenv/versions/3.8.18/bin/python3.8",
+                    "/root/.pyenv/versions/3.9.18/bin/python3.9",
+                    "/root/.pyenv/versions/3.10.13/bin/python3.10",
+                    "/root/.pyenv/versions/3.12.1/bin/python3.12",
+                    "/root/.pyenv/versions/3.13.0/bin/python3.13"),
+    [](const ::testing::TestParamInfo<std::string>& info) {
+      std::string name = std::filesystem::path(info.param).filename().string();
+      for (char& c : name) c = c == '.' ? '_' : c;
+      return info.param.starts_with("/usr") ? "debian_" + name : "pyenv_" + name;
+    });
+
+}  // namespace
+}  // namespace strata::agent::python

@@ -1,0 +1,219 @@
+#include "agent/python/offsets.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata::agent::python {
+namespace {
+
+// Values printed by print_offsets.c from the headers of 3.8.18, 3.9.18, 3.10.13, 3.11.7
+// (identical for Debian's 3.11.2), 3.12.1 and 3.13.0.
+Offsets Version38And39(int minor) {
+  Offsets o;
+  o.minor = minor;
+  o.layout = FrameLayout::kFrameObject;
+  o.line_table = LineTableFormat::kLnotab;
+  o.runtime_interpreters_head = 32;
+  o.interp_threads_head = 8;  // tstate_head
+  o.interp_next = 0;
+  o.tstate_next = 8;
+  o.tstate_thread_id = 176;
+  o.tstate_frame = 24;
+  o.frame_code = 32;
+  o.frame_previous = 24;  // f_back
+  o.frame_instr = 104;    // f_lasti
+  o.frame_size = 112;
+  o.code_name = 112;
+  o.code_filename = 104;
+  o.code_firstlineno = 40;
+  o.code_linetable = 120;  // co_lnotab
+  o.code_size = 128;
+  o.unicode_ascii_data = 48;
+  o.unicode_compact_data = 72;
+  return o;
+}
+
+Offsets Version310() {
+  Offsets o = Version38And39(10);
+  o.line_table = LineTableFormat::kLinetable310;
+  o.frame_instr = 96;  // f_lasti, in code units
+  o.frame_size = 104;
+  return o;
+}
+
+Offsets Version311() {
+  Offsets o;
+  o.minor = 11;
+  o.layout = FrameLayout::kInterpreterFrameIsEntry;
+  o.line_table = LineTableFormat::kLocations311;
+  o.runtime_interpreters_head = 40;
+  o.interp_threads_head = 16;
+  o.interp_next = 0;
+  o.tstate_next = 8;
+  o.tstate_thread_id = 152;
+  o.tstate_native_thread_id = 160;
+  o.tstate_frame = 56;  // cframe
+  o.cframe_frame = 8;   // _PyCFrame.current_frame
+  o.frame_code = 32;
+  o.frame_previous = 48;
+  o.frame_instr = 56;  // prev_instr
+  o.frame_is_entry = 68;
+  o.frame_owner = 69;
+  o.frame_size = 72;
+  o.code_name = 120;
+  o.code_qualname = 128;
+  o.code_filename = 112;
+  o.code_firstlineno = 72;
+  o.code_linetable = 136;
+  o.code_adaptive = 184;
+  o.code_size = 144;
+  o.unicode_ascii_data = 48;
+  o.unicode_compact_data = 72;
+  return o;
+}
+
+Offsets Version312() {
+  Offsets o;
+  o.minor = 12;
+  o.layout = FrameLayout::kInterpreterFrameCStack;
+  o.line_table = LineTableFormat::kLocations311;
+  o.runtime_interpreters_head = 40;
+  o.interp_threads_head = 72;
+  o.interp_next = 0;
+  o.tstate_next = 8;
+  o.tstate_thread_id = 136;
+  o.tstate_native_thread_id = 144;
+  o.tstate_frame = 56;  // cframe
+  o.cframe_frame = 0;   // _PyCFrame.current_frame
+  o.frame_code = 0;
+  o.frame_previous = 8;
+  o.frame_instr = 56;  // prev_instr
+  o.frame_owner = 70;
+  o.frame_size = 72;
+  o.code_name = 120;
+  o.code_qualname = 128;
+  o.code_filename = 112;
+  o.code_firstlineno = 68;
+  o.code_linetable = 136;
+  o.code_adaptive = 192;
+  o.code_size = 144;
+  o.unicode_ascii_data = 40;
+  o.unicode_compact_data = 56;
+  return o;
+}
+
+Offsets Version313() {
+  Offsets o = Version312();
+  o.minor = 13;
+  o.runtime_interpreters_head = 632;
+  o.interp_threads_head = 7344;
+  o.interp_next = 7264;
+  o.tstate_thread_id = 152;
+  o.tstate_native_thread_id = 160;
+  o.tstate_frame = 72;  // current_frame
+  o.cframe_frame = kNoOffset;
+  o.frame_code = 0;     // f_executable
+  o.frame_instr = 56;   // instr_ptr
+  o.code_adaptive = 200;
+  return o;
+}
+
+}  // namespace
+
+absl::StatusOr<Offsets> OffsetsForVersion(int major, int minor) {
+  if (major == 3) {
+    switch (minor) {
+      case 8:
+      case 9:
+        return Version38And39(minor);
+      case 10:
+        return Version310();
+      case 11:
+        return Version311();
+      case 12:
+        return Version312();
+      case 13:
+        return Version313();
+      default:
+        break;
+    }
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("CPython ", major, ".", minor, " is not supported (3.8 to 3.13 are)"));
+}
+
+absl::StatusOr<Offsets> OffsetsFromDebugOffsets(std::string_view bytes) {
+  if (bytes.size() < kDebugOffsetsSize) {
+    return absl::InvalidArgumentError("_Py_DebugOffsets: too short");
+  }
+  if (bytes.substr(0, kDebugCookie.size()) != kDebugCookie) {
+    return absl::InvalidArgumentError("_Py_DebugOffsets: no xdebugpy cookie");
+  }
+  // The struct is 73 native-endian uint64 fields (3.13's Include/internal/pycore_runtime.h).
+  auto field = [&](size_t index) {
+    uint64_t v;
+    std::memcpy(&v, bytes.data() + 8 * index, sizeof(v));
+    return v;
+  };
+  const uint64_t version = field(1);
+  const int major = static_cast<int>(version >> 24);
+  const int minor = static_cast<int>((version >> 16) & 0xff);
+  if (major != 3 || minor != 13) {
+    return absl::UnimplementedError(absl::StrCat(
+        "_Py_DebugOffsets of CPython ", major, ".", minor, ": only 3.13's layout is known"));
+  }
+  if (field(2) != 0) return absl::UnimplementedError("free-threaded CPython is not supported");
+  absl::StatusOr<Offsets> table = OffsetsForVersion(major, minor);
+  if (!table.ok()) return table.status();
+  Offsets o = *table;
+  // Each offset must lie inside the size its own struct gives (a torn or foreign table).
+  const uint64_t interp_size = field(6), tstate_size = field(19), frame_size = field(28),
+                 code_size = field(34);
+  auto within = [](uint64_t offset, uint64_t width, uint64_t size, uint32_t* out) {
+    if (offset + width > size || offset > UINT32_MAX) return false;
+    *out = static_cast<uint32_t>(offset);
+    return true;
+  };
+  bool ok = within(field(5), 8, field(3), &o.runtime_interpreters_head) &&
+            within(field(8), 8, interp_size, &o.interp_next) &&
+            within(field(9), 8, interp_size, &o.interp_threads_head) &&
+            within(field(21), 8, tstate_size, &o.tstate_next) &&
+            within(field(23), 8, tstate_size, &o.tstate_frame) &&
+            within(field(24), 8, tstate_size, &o.tstate_thread_id) &&
+            within(field(25), 8, tstate_size, &o.tstate_native_thread_id) &&
+            within(field(29), 8, frame_size, &o.frame_previous) &&
+            within(field(30), 8, frame_size, &o.frame_code) &&
+            within(field(31), 8, frame_size, &o.frame_instr) &&
+            within(field(33), 1, frame_size, &o.frame_owner) &&
+            within(field(35), 8, code_size, &o.code_filename) &&
+            within(field(36), 8, code_size, &o.code_name) &&
+            within(field(37), 8, code_size, &o.code_qualname) &&
+            within(field(38), 8, code_size, &o.code_linetable) &&
+            within(field(39), 4, code_size, &o.code_firstlineno) &&
+            within(field(43), 0, code_size, &o.code_adaptive) &&
+            within(field(45), 8, field(44), &o.object_type) &&
+            within(field(65), 8, field(64), &o.varobject_size) &&
+            within(field(66), 0, field(64), &o.bytes_sval) &&
+            within(field(68), 4, field(67), &o.unicode_state) &&
+            within(field(69), 8, field(67), &o.unicode_length) &&
+            within(field(70), 0, field(67), &o.unicode_ascii_data);
+  if (!ok) return absl::InvalidArgumentError("_Py_DebugOffsets: an offset outside its struct");
+  o.cframe_frame = kNoOffset;
+  // PyCompactUnicodeObject adds utf8_length and utf8 to PyASCIIObject (3.12+: no wstr).
+  o.unicode_compact_data = o.unicode_ascii_data + 16;
+  // What the reader copies of a frame and a code object: up to the last field it uses.
+  o.frame_size = std::max({o.frame_previous + 8, o.frame_code + 8, o.frame_instr + 8,
+                           o.frame_owner + 1});
+  o.code_size = std::max({o.code_filename, o.code_name, o.code_qualname, o.code_linetable,
+                          o.object_type}) + 8;
+  o.code_size = std::max(o.code_size, o.code_firstlineno + 4);
+  // The reader copies these per frame; real structs keep the fields near their start.
+  if (o.frame_size > kMaxCopiedStruct || o.code_size > kMaxCopiedStruct) {
+    return absl::InvalidArgumentError("_Py_DebugOffsets: frame or code fields too far in");
+  }
+  return o;
+}
+
+}  // namespace strata::agent::python

@@ -1,0 +1,143 @@
+#include "agent/python/offsets.h"
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "agent/python/interpreter.h"
+#include "common/elf/elf_file.h"
+#include "gtest/gtest.h"
+
+namespace strata::agent::python {
+namespace {
+
+// 3.13's _Py_DebugOffsets as CPython 3.13.0 initializes it (values printed by
+// print_offsets.c and in the struct's own order: pycore_runtime.h).
+std::string DebugOffsets313() {
+  std::vector<uint64_t> f(kDebugOffsetsSize / 8, 0);
+  f[1] = 0x030D00F0;  // version
+  f[3] = 1000; f[5] = 632;                                   // runtime: size, interpreters_head
+  f[6] = 8000; f[8] = 7264; f[9] = 7344;                     // interp: size, next, threads_head
+  f[19] = 400; f[21] = 8; f[23] = 72; f[24] = 152; f[25] = 160;  // tstate
+  f[28] = 80; f[29] = 8; f[30] = 0; f[31] = 56; f[33] = 70;  // _PyInterpreterFrame
+  f[34] = 208; f[35] = 112; f[36] = 120; f[37] = 128; f[38] = 136; f[39] = 68;
+  f[43] = 200;                                               // code object
+  f[44] = 16; f[45] = 8;                                     // PyObject
+  f[64] = 40; f[65] = 16; f[66] = 32;                        // bytes
+  f[67] = 40; f[68] = 32; f[69] = 16; f[70] = 40;            // unicode
+  std::string bytes(kDebugOffsetsSize, '\0');
+  std::memcpy(bytes.data(), f.data(), bytes.size());
+  std::memcpy(bytes.data(), kDebugCookie.data(), kDebugCookie.size());
+  return bytes;
+}
+
+void ExpectSameReadFields(const Offsets& a, const Offsets& b) {
+  EXPECT_EQ(a.runtime_interpreters_head, b.runtime_interpreters_head);
+  EXPECT_EQ(a.interp_threads_head, b.interp_threads_head);
+  EXPECT_EQ(a.interp_next, b.interp_next);
+  EXPECT_EQ(a.tstate_next, b.tstate_next);
+  EXPECT_EQ(a.tstate_frame, b.tstate_frame);
+  EXPECT_EQ(a.tstate_thread_id, b.tstate_thread_id);
+  EXPECT_EQ(a.tstate_native_thread_id, b.tstate_native_thread_id);
+  EXPECT_EQ(a.frame_code, b.frame_code);
+  EXPECT_EQ(a.frame_previous, b.frame_previous);
+  EXPECT_EQ(a.frame_instr, b.frame_instr);
+  EXPECT_EQ(a.frame_owner, b.frame_owner);
+  EXPECT_EQ(a.code_name, b.code_name);
+  EXPECT_EQ(a.code_qualname, b.code_qualname);
+  EXPECT_EQ(a.code_filename, b.code_filename);
+  EXPECT_EQ(a.code_firstlineno, b.code_firstlineno);
+  EXPECT_EQ(a.code_linetable, b.code_linetable);
+  EXPECT_EQ(a.code_adaptive, b.code_adaptive);
+  EXPECT_EQ(a.unicode_ascii_data, b.unicode_ascii_data);
+  EXPECT_EQ(a.unicode_compact_data, b.unicode_compact_data);
+}
+
+TEST(OffsetsTest, EveryVersionFrom38To313) {
+  for (int minor = 8; minor <= 13; ++minor) {
+    absl::StatusOr<Offsets> o = OffsetsForVersion(3, minor);
+    ASSERT_TRUE(o.ok()) << minor;
+    EXPECT_EQ(o->minor, minor);
+    // The reader copies frame_size bytes of a frame and code_size of a code object: every
+    // field it takes from them must lie inside.
+    EXPECT_LE(o->frame_code + 8, o->frame_size);
+    EXPECT_LE(o->frame_previous + 8, o->frame_size);
+    EXPECT_LE(o->frame_instr + 4, o->frame_size);
+    if (o->frame_owner != kNoOffset) {
+      EXPECT_LT(o->frame_owner, o->frame_size);
+    }
+    if (o->frame_is_entry != kNoOffset) {
+      EXPECT_LT(o->frame_is_entry, o->frame_size);
+    }
+    EXPECT_LE(o->code_name + 8, o->code_size);
+    EXPECT_LE(o->code_filename + 8, o->code_size);
+    EXPECT_LE(o->code_linetable + 8, o->code_size);
+    EXPECT_LE(o->code_firstlineno + 4, o->code_size);
+    if (o->code_qualname != kNoOffset) {
+      EXPECT_LE(o->code_qualname + 8, o->code_size);
+    }
+    EXPECT_EQ(o->code_qualname != kNoOffset, minor >= 11);
+    EXPECT_EQ(o->tstate_native_thread_id != kNoOffset, minor >= 11);
+    EXPECT_EQ(o->layout == FrameLayout::kFrameObject, minor <= 10);
+    EXPECT_EQ(o->layout == FrameLayout::kInterpreterFrameCStack, minor >= 12);
+  }
+  EXPECT_FALSE(OffsetsForVersion(3, 7).ok());
+  EXPECT_FALSE(OffsetsForVersion(3, 14).ok());
+  EXPECT_FALSE(OffsetsForVersion(2, 7).ok());
+}
+
+TEST(OffsetsTest, DebugOffsetsOf313MatchTheTable) {
+  absl::StatusOr<Offsets> parsed = OffsetsFromDebugOffsets(DebugOffsets313());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ExpectSameReadFields(*parsed, *OffsetsForVersion(3, 13));
+  EXPECT_EQ(parsed->cframe_frame, kNoOffset);
+}
+
+TEST(OffsetsTest, DebugOffsetsRejected) {
+  std::string bytes = DebugOffsets313();
+  EXPECT_FALSE(OffsetsFromDebugOffsets(bytes.substr(0, 100)).ok());
+  std::string cookie = bytes;
+  cookie[0] = 'y';
+  EXPECT_FALSE(OffsetsFromDebugOffsets(cookie).ok());
+  std::string v314 = bytes;
+  const uint64_t version = 0x030E00F0;
+  std::memcpy(v314.data() + 8, &version, 8);
+  EXPECT_EQ(OffsetsFromDebugOffsets(v314).status().code(), absl::StatusCode::kUnimplemented);
+  std::string free_threaded = bytes;
+  free_threaded[16] = 1;
+  EXPECT_FALSE(OffsetsFromDebugOffsets(free_threaded).ok());
+  std::string outside = bytes;
+  const uint64_t far = 4096;  // tstate current_frame past the thread state's size
+  std::memcpy(outside.data() + 8 * 23, &far, 8);
+  EXPECT_FALSE(OffsetsFromDebugOffsets(outside).ok());
+  std::string far_in = bytes;
+  const uint64_t code_struct = 100000, name_at = 90000;  // inside the struct, past the copy
+  std::memcpy(far_in.data() + 8 * 34, &code_struct, 8);
+  std::memcpy(far_in.data() + 8 * 36, &name_at, 8);
+  EXPECT_FALSE(OffsetsFromDebugOffsets(far_in).ok());
+}
+
+// The real struct, as a CPython 3.13 library initializes it in its .data (when one is
+// installed, e.g. by pyenv).
+TEST(OffsetsTest, DebugOffsetsOfAnInstalled313) {
+  std::string lib;
+  for (const char* home : {static_cast<const char*>(getenv("HOME")), "/root"}) {
+    if (home == nullptr) continue;
+    const std::string p = std::string(home) + "/.pyenv/versions/3.13.0/lib/libpython3.13.so.1.0";
+    if (std::filesystem::exists(p)) lib = p;
+  }
+  if (lib.empty()) GTEST_SKIP() << "no CPython 3.13 library installed";
+  auto elf = elf::ElfFile::Open(lib);
+  ASSERT_TRUE(elf.ok()) << elf.status();
+  std::optional<uint64_t> runtime = FindObjectSymbol(**elf, "_PyRuntime");
+  ASSERT_TRUE(runtime.has_value());
+  std::string_view bytes = FileBytesAt(**elf, *runtime, kDebugOffsetsSize);
+  ASSERT_EQ(bytes.size(), kDebugOffsetsSize);
+  absl::StatusOr<Offsets> parsed = OffsetsFromDebugOffsets(bytes);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ExpectSameReadFields(*parsed, *OffsetsForVersion(3, 13));
+}
+
+}  // namespace
+}  // namespace strata::agent::python

@@ -1,0 +1,61 @@
+#include "agent/python/remote_memory.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <string>
+
+namespace strata::agent::python {
+
+bool RemoteMemory::Read(uint64_t address, void* out, size_t size) const {
+  ++reads_;
+  if (size == 0) return true;
+  if (!use_mem_file_) {
+    iovec local{out, size};
+    iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(address)), size};
+    const ssize_t n = process_vm_readv(pid_, &local, 1, &remote, 1, 0);
+    if (n == static_cast<ssize_t>(size)) return true;
+    if (n >= 0 || errno != ENOSYS) return false;
+    use_mem_file_ = true;  // kernels or emulators without the call
+  }
+  if (!mem_fd_.valid()) {
+    const std::string path = "/proc/" + std::to_string(pid_) + "/mem";
+    mem_fd_.reset(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!mem_fd_.valid()) return false;
+  }
+  return pread(mem_fd_.get(), out, size, static_cast<off_t>(address)) ==
+         static_cast<ssize_t>(size);
+}
+
+bool RemoteMemory::ReadMany(const uint64_t* addresses, const size_t* sizes, size_t count,
+                            void* out) const {
+  constexpr size_t kBatch = 64;  // iovecs per call (well under IOV_MAX)
+  auto* to = static_cast<uint8_t*>(out);
+  for (size_t first = 0; first < count; first += kBatch) {
+    const size_t n = std::min(kBatch, count - first);
+    iovec local[kBatch], remote[kBatch];
+    size_t total = 0;
+    for (size_t i = 0; i < n; ++i) {
+      local[i] = {to + total, sizes[first + i]};
+      remote[i] = {reinterpret_cast<void*>(static_cast<uintptr_t>(addresses[first + i])),
+                   sizes[first + i]};
+      total += sizes[first + i];
+    }
+    ++reads_;
+    const ssize_t got = use_mem_file_ ? -1 : process_vm_readv(pid_, local, n, remote, n, 0);
+    if (got != static_cast<ssize_t>(total)) {
+      // One by one: the /proc/PID/mem fallback, or a partial read (memory that went away).
+      if (got >= 0 || (errno != ENOSYS && !use_mem_file_)) return false;
+      for (size_t i = 0; i < n; ++i) {
+        if (!Read(addresses[first + i], local[i].iov_base, sizes[first + i])) return false;
+      }
+    }
+    to += total;
+  }
+  return true;
+}
+
+}  // namespace strata::agent::python
