@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -39,9 +40,17 @@ struct CumShare {
 };
 
 // `go tool pprof -top -cum` lines: flat flat% sum% cum cum% name.
-std::vector<CumShare> PprofTopCum(const std::string& binary, const std::string& profile) {
+// `go tool pprof -top -cum`'s rows, and in *samples the profile's sample count (its total
+// CPU time at the runtime's 100 Hz).
+std::vector<CumShare> PprofTopCum(const std::string& binary, const std::string& profile,
+                                  double* samples) {
   CommandResult r = RunCommand({STRATA_GO, "tool", "pprof", "-top", "-cum", binary, profile}, 60);
   std::vector<CumShare> out;
+  std::smatch total;
+  *samples = 0;
+  if (std::regex_search(r.output, total, std::regex(R"(of ([\d.]+)(m?s) total)"))) {
+    *samples = std::stod(total[1]) * (total[2] == "ms" ? 0.1 : 100);
+  }
   static const std::regex kLine(R"(^\s*\S+\s+[\d.]+%\s+[\d.]+%\s+\S+\s+([\d.]+)%\s+(.+?)\s*$)");
   std::istringstream in(r.output);
   std::string line;
@@ -122,8 +131,10 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
   ASSERT_EQ(workload.Wait(kSeconds + 60), 0) << workload.Output();
   EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();
 
-  const std::vector<CumShare> pprof = PprofTopCum(binary, profile);
+  double pprof_samples = 0;
+  const std::vector<CumShare> pprof = PprofTopCum(binary, profile, &pprof_samples);
   ASSERT_GE(pprof.size(), 3u) << "no pprof output";
+  ASSERT_GT(pprof_samples, 0) << "no total in pprof's output";
   const StrataView strata = Query(server.address(), service);
   ASSERT_GT(strata.total, 200u) << agent.Output();
   std::string report;
@@ -134,7 +145,13 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
     const auto it = strata.cum.find(name);
     const double ours = 100.0 * (it == strata.cum.end() ? 0 : it->second) / strata.total;
     absl::StrAppend(&report, name, ": strata ", ours, "% pprof ", pprof[i].percent, "%\n");
-    EXPECT_NEAR(ours, pprof[i].percent, kTolerance) << name << "\n" << strata.top_paths;
+    // pprof samples at 100 Hz: a few hundred samples, whose share has a standard error of
+    // about 2.5 points. Beyond kTolerance, allow twice that error (Strata's, from thousands
+    // of samples, is small).
+    const double p = pprof[i].percent / 100;
+    const double pprof_error = 100 * std::sqrt(p * (1 - p) / pprof_samples);
+    EXPECT_NEAR(ours, pprof[i].percent, kTolerance + 2 * pprof_error)
+        << name << "\n" << strata.top_paths;
   }
   for (size_t i = 3; i < pprof.size() && i < 25; ++i) {
     const std::string name = std::regex_replace(pprof[i].function, std::regex(R"( \(inline\)$)"), "");
@@ -146,11 +163,17 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
   // The goroutines' own CPU times (each runs locked to a thread), for the record.
   std::smatch cpu;
   const std::string out = workload.Output();
-  if (std::regex_search(out, cpu, std::regex(R"(cpu hash (\d+) \d+ \d+ sort (\d+))"))) {
-    const double hash = std::stod(cpu[1]), sort = std::stod(cpu[2]);
-    absl::StrAppend(&report, "  thread CPU time: hashing ", 100 * hash / (hash + sort),
-                    "% of the two goroutines'\n");
-  }
+  ASSERT_TRUE(std::regex_search(out, cpu, std::regex(R"(cpu hash (\d+) \d+ \d+ sort (\d+))")))
+      << out;
+  const double hash = std::stod(cpu[1]), sort = std::stod(cpu[2]);
+  const double hash_share = 100 * hash / (hash + sort);
+  const double strata_hash = static_cast<double>(strata.cum.count("main.hashWorker") ? strata.cum.at("main.hashWorker") : 0);
+  const double strata_sort = static_cast<double>(strata.cum.count("main.sortAndEncode") ? strata.cum.at("main.sortAndEncode") : 0);
+  const double strata_hash_share = 100 * strata_hash / std::max(1.0, strata_hash + strata_sort);
+  absl::StrAppend(&report, "  thread CPU time: hashing ", hash_share,
+                  "% of the two goroutines', strata ", strata_hash_share, "%\n");
+  // For the record only: time the goroutines spend on the system stack (GC assists, cgo
+  // calls) is Strata's runtime stacks, not theirs, so this split is not checked.
   // Incremental unwinding works on Go stacks: outer frames are reused sample after sample.
   std::smatch unwinding;
   const std::string agent_log = agent.Output();
@@ -173,7 +196,8 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
     std::cout << "[ cgo ] C code: " << strata.in_c << " samples, " << strata.in_c_complete
               << " of them complete up to runtime.asmcgocall\n";
     EXPECT_GT(strata.in_c, 0u) << strata.top_paths;
-    EXPECT_GE(strata.in_c_complete, strata.in_c * 9 / 10) << strata.top_paths;
+    // A few tens of samples: a sample or two caught switching stacks is not a trend.
+    EXPECT_GE(strata.in_c_complete + 3, strata.in_c * 9 / 10) << strata.top_paths;
   }
 
   if (variant != "stripped") return;
