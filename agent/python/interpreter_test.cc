@@ -115,18 +115,18 @@ bool ReadUntilConsistent(Interpreter& interpreter, pid_t tid, Read* read) {
   return false;
 }
 
-// Runs kScript with `interpreter` (a command: the interpreter and its options) and checks the
-// frames read of its two threads.
-void CheckFramesOf(std::vector<std::string> interpreter) {
+// Runs kScript with `command` (the interpreter and its options) and checks the frames read of
+// its two threads.
+void CheckFramesOf(std::vector<std::string> command) {
   strata::testing::TempDir dir;
   const std::string script = dir.path() + "/spin.py";
   std::ofstream(script) << kScript;
-  const std::string python = interpreter.back();
-  interpreter.push_back("-S");
-  interpreter.push_back(script);
+  const std::string python = command.back();
+  command.push_back("-S");
+  command.push_back(script);
   Child child;
   pid_t worker = 0;
-  ASSERT_TRUE(Start(interpreter, &child, &worker)) << python;
+  ASSERT_TRUE(Start(command, &child, &worker)) << python;
 
   symbols::ModuleCache cache;
   symbols::ProcessAddressSpace space(child.pid, &cache);
