@@ -36,7 +36,7 @@ int FailedDocLine(const RunnableBlock& block, const std::string& output) {
   int script_line = 0;
   if (at == std::string::npos) return block.line;
   const size_t from = at + sizeof(kFailureMarker) - 1;
-  if (!absl::SimpleAtoi(output.substr(from, output.find('\n', from) - from), &script_line)) {
+  if (!absl::SimpleAtoi(output.substr(from, output.find(' ', from) - from), &script_line)) {
     return block.line;
   }
   return block.line + script_line - 1;
