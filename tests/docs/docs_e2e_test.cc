@@ -4,6 +4,8 @@
 // docs/**/*.md runs with bash -euo pipefail in a scratch directory, with the build's bin
 // directory first on PATH, STRATA_SERVER set to the server's gRPC address and STRATA_HTTP to
 // its HTTP base URL. A block that fails is reported as FILE:LINE of the failing command.
+#include <signal.h>
+
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -22,9 +24,11 @@ namespace {
 
 using e2e::BinPath;
 using e2e::ChildProcess;
-using e2e::CommandResult;
-using e2e::RunCommand;
 using e2e::ServerProcess;
+
+// How long one block may take; its commands' own waits (the CLI's --timeout) are longer, so a
+// block that hangs is killed with everything it started.
+constexpr double kBlockTimeoutS = 30;
 
 // Printed by the ERR trap every block runs under: the failing command's line in the script.
 constexpr char kFailureMarker[] = "docs-check: failed at line ";
@@ -57,9 +61,10 @@ TEST(DocsTest, RunnableBlocksRunAgainstALocalServer) {
                       std::to_string(demo.pid()), "--interval", "1", "--spool-dir",
                       dir.File("spool")},
                      dir.File("agent.log"));
-  // The examples query the demo's profile: wait until the server answers with samples of it.
+  // The examples query the demo's profile: wait until the server answers with samples of it
+  // (a second of the demo's two busy threads at 99 Hz is about 200).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (e2e::ServiceTotal(server.address(), "demo") == 0) {
+  while (e2e::ServiceTotal(server.address(), "demo") < 100) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline)
         << "no samples of the demo reached the server\n" << agent.Output();
     ASSERT_TRUE(agent.running()) << agent.Output();
@@ -70,22 +75,29 @@ TEST(DocsTest, RunnableBlocksRunAgainstALocalServer) {
   std::filesystem::create_directories(work);
   const std::string bin_dir = std::filesystem::path(BinPath("strata")).parent_path().string();
   const char* path = std::getenv("PATH");
-  for (const RunnableBlock& block : *blocks) {
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    const RunnableBlock& block = (*blocks)[i];
     const std::string script = absl::StrCat("trap 'echo \"", kFailureMarker,
                                             "$LINENO (exit $?)\" >&2' ERR\n", block.script);
-    CommandResult result = RunCommand(
-        {"/usr/bin/env", "-C", work, absl::StrCat("PATH=", bin_dir, ":", path ? path : "/usr/bin:/bin"),
-         absl::StrCat("STRATA_SERVER=", server.address()),
-         absl::StrCat("STRATA_HTTP=http://127.0.0.1:", server.http_port()), "/bin/bash", "-euo",
-         "pipefail", "-c", script},
-        /*timeout_s=*/30);
-    if (result.exit_code != 0) {
-      ADD_FAILURE() << block.file << ":" << FailedDocLine(block, result.output)
-                    << ": runnable block (at line " << block.line << ") failed, exit "
-                    << result.exit_code << "\n"
-                    << block.script << "--- output:\n"
-                    << result.output;
-    }
+    ChildProcess bash({"/usr/bin/env", "-C", work,
+                       absl::StrCat("PATH=", bin_dir, ":", path ? path : "/usr/bin:/bin"),
+                       absl::StrCat("STRATA_SERVER=", server.address()),
+                       absl::StrCat("STRATA_HTTP=http://127.0.0.1:", server.http_port()),
+                       "/bin/bash", "-euo", "pipefail", "-c", script},
+                      dir.File(absl::StrCat("block", i, ".log")));
+    const int exit_code = bash.Wait(kBlockTimeoutS);
+    if (exit_code == 0) continue;
+    const bool timed_out = bash.running();
+    if (timed_out) kill(-bash.pid(), SIGKILL);  // the block's process group
+    bash.Stop(SIGKILL, 5);
+    const std::string output = bash.Output();
+    ADD_FAILURE() << block.file << ":" << FailedDocLine(block, output) << ": runnable block (at line "
+                  << block.line << ") "
+                  << (timed_out ? absl::StrCat("did not finish in ", kBlockTimeoutS, " s")
+                                : absl::StrCat("failed, exit ", exit_code))
+                  << "\n"
+                  << block.script << "--- output:\n"
+                  << output;
   }
   RecordProperty("blocks", static_cast<int>(blocks->size()));
   EXPECT_TRUE(agent.running()) << agent.Output();
