@@ -101,7 +101,8 @@ absl::StatusOr<v1::ListServicesResponse> ClusterService::RunLocalServices(
   return response;
 }
 
-absl::StatusOr<v1::ListAgentsResponse> ClusterService::RunLocalAgents(const v1::ListAgentsRequest&) {
+absl::StatusOr<v1::ListAgentsResponse> ClusterService::RunLocalAgents(
+    const v1::ListAgentsRequest&) {
   return query::ListAgentsOf(registry_);
 }
 
@@ -214,7 +215,6 @@ grpc::Status ClusterService::Status(grpc::ServerContext* context, const v1::Clus
   *response = RunStatus();
   return grpc::Status::OK;
 }
-
 
 template <typename Request, typename Response>
 grpc::Status ClusterService::AsNode(grpc::ServerContext* context,

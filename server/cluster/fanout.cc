@@ -14,24 +14,6 @@
 namespace strata::server::cluster {
 namespace {
 
-// The calls the views make.
-constexpr NodeCall<v1::LocalProfileRequest, v1::LocalProfileResponse> kProfile{
-    &ClusterService::RunLocalProfile, &v1::Cluster::Stub::LocalProfile};
-constexpr NodeCall<v1::ListServicesRequest, v1::ListServicesResponse> kServices{
-    &ClusterService::RunLocalServices, &v1::Cluster::Stub::LocalServices};
-constexpr NodeCall<v1::ListAgentsRequest, v1::ListAgentsResponse> kAgents{
-    &ClusterService::RunLocalAgents, &v1::Cluster::Stub::LocalAgents};
-constexpr NodeCall<v1::ListLabelsRequest, v1::LocalLabelSetsResponse> kLabelSets{
-    &ClusterService::RunLocalLabelSets, &v1::Cluster::Stub::LocalLabelSets};
-constexpr NodeCall<v1::PhasesRequest, v1::PhasesResponse> kPhases{
-    &ClusterService::RunLocalPhases, &v1::Cluster::Stub::LocalPhases};
-constexpr NodeCall<v1::LocalProfileRequest, v1::LocalUnwindCountsResponse> kUnwindCounts{
-    &ClusterService::RunLocalUnwindCounts, &v1::Cluster::Stub::LocalUnwindCounts};
-constexpr NodeCall<v1::LocalProfileRequest, v1::TopResponse> kTopLines{
-    &ClusterService::RunLocalTopLines, &v1::Cluster::Stub::LocalTopLines};
-constexpr NodeCall<v1::LocalProfileRequest, v1::LocalLeafAddressesResponse> kLeafAddresses{
-    &ClusterService::RunLocalLeafAddresses, &v1::Cluster::Stub::LocalLeafAddresses};
-
 // What a fan-out asks the nodes for `query`: its filter, and the hosts it is narrowed to.
 v1::LocalProfileRequest RequestFor(const query::ProfileQuery& query) {
   v1::LocalProfileRequest request;
@@ -201,7 +183,8 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
   request.set_lines(query.lines);
   request.set_call_sites(query.call_sites);
   std::vector<std::string> unreachable;
-  auto parts = nodes_.AskByHost(kProfile, request, &unreachable);
+  auto parts = nodes_.AskByHost(&ClusterService::RunLocalProfile,
+                                &v1::Cluster::Stub::LocalProfile, request, &unreachable);
   if (!parts.ok()) return parts.status();
   ProfileMerger merged(query.call_sites);
   for (const auto& [node, part] : parts->parts) {
@@ -220,7 +203,9 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
 
 absl::StatusOr<std::vector<store::ServiceSummary>> FanoutSource::Services(
     std::vector<std::string>* unreachable) {
-  auto answers = nodes_.AskEveryNode(kServices, v1::ListServicesRequest(), unreachable);
+  auto answers = nodes_.AskEveryNode(&ClusterService::RunLocalServices,
+                                     &v1::Cluster::Stub::LocalServices,
+                                     v1::ListServicesRequest(), unreachable);
   if (!answers.ok()) return answers.status();
   std::map<std::string, store::ServiceSummary> merged;
   for (const auto& [node, answer] : *answers) {
@@ -259,7 +244,9 @@ absl::StatusOr<std::vector<store::ServiceSummary>> FanoutSource::Services(
 
 v1::ListAgentsResponse FanoutSource::Agents() {
   std::vector<std::string> unreachable;
-  auto answers = nodes_.AskEveryNode(kAgents, v1::ListAgentsRequest(), &unreachable);
+  auto answers = nodes_.AskEveryNode(&ClusterService::RunLocalAgents,
+                                     &v1::Cluster::Stub::LocalAgents,
+                                     v1::ListAgentsRequest(), &unreachable);
   if (!answers.ok()) return v1::ListAgentsResponse();  // a ListAgentsRequest is never wrong
   // An agent is connected on the node holding its stream and known (gone) where it was
   // before: the connected record wins, else the one with the latest batch.
@@ -285,7 +272,8 @@ absl::StatusOr<std::vector<labels::LabelSet>> FanoutSource::LabelSets(
     const std::string& service, std::vector<std::string>* unreachable) {
   v1::ListLabelsRequest request;
   request.set_service(service);
-  auto answers = nodes_.AskEveryNode(kLabelSets, request, unreachable);
+  auto answers = nodes_.AskEveryNode(&ClusterService::RunLocalLabelSets,
+                                     &v1::Cluster::Stub::LocalLabelSets, request, unreachable);
   if (!answers.ok()) return answers.status();
   std::set<labels::LabelSet> sets;
   for (const auto& [node, answer] : *answers) {
@@ -302,7 +290,8 @@ absl::StatusOr<v1::PhasesResponse> FanoutSource::Phases(const query::ProfileQuer
   v1::PhasesRequest request;
   *request.mutable_filter() = query::ToProfileFilter(query);
   std::vector<std::string> unreachable;
-  auto answers = nodes_.AskEveryNode(kPhases, request, &unreachable);
+  auto answers = nodes_.AskEveryNode(&ClusterService::RunLocalPhases,
+                                     &v1::Cluster::Stub::LocalPhases, request, &unreachable);
   if (!answers.ok()) return answers.status();
   // Nodes holding the same hosts (two nodes at RF 2 hold all of them) observe the same
   // change, at their own times: it is listed once.
@@ -331,7 +320,9 @@ absl::StatusOr<v1::PhasesResponse> FanoutSource::Phases(const query::ProfileQuer
 
 absl::StatusOr<store::UnwindCounts> FanoutSource::UnwindCounts(
     const query::ProfileQuery& query, std::vector<std::string>* unreachable) {
-  auto answers = nodes_.AskEveryNode(kUnwindCounts, RequestFor(query), unreachable);
+  auto answers = nodes_.AskEveryNode(&ClusterService::RunLocalUnwindCounts,
+                                     &v1::Cluster::Stub::LocalUnwindCounts,
+                                     RequestFor(query), unreachable);
   if (!answers.ok()) return answers.status();
   // Each agent from the node holding the most of its stacks: a replica that missed batches
   // holds fewer, and a sum over replicas would count the rest twice.
@@ -353,7 +344,8 @@ absl::StatusOr<store::UnwindCounts> FanoutSource::UnwindCounts(
 absl::StatusOr<v1::TopResponse> FanoutSource::TopLines(const query::ProfileQuery& query,
                                                        uint32_t limit) {
   std::vector<std::string> unreachable;
-  auto parts = nodes_.AskByHost(kTopLines, RequestFor(query), &unreachable);
+  auto parts = nodes_.AskByHost(&ClusterService::RunLocalTopLines,
+                                &v1::Cluster::Stub::LocalTopLines, RequestFor(query), &unreachable);
   if (!parts.ok()) return parts.status();
   v1::TopResponse out;
   // Lines by their frames (function, module, file, line, inlined each), self summed.
@@ -385,7 +377,9 @@ absl::StatusOr<v1::TopResponse> FanoutSource::TopLines(const query::ProfileQuery
 absl::StatusOr<query::LeafAddressCounts> FanoutSource::LeafAddresses(
     const query::ProfileQuery& query, query::FunctionLookup* functions,
     std::vector<std::string>* unreachable) {
-  auto parts = nodes_.AskByHost(kLeafAddresses, RequestFor(query), unreachable);
+  auto parts = nodes_.AskByHost(&ClusterService::RunLocalLeafAddresses,
+                                &v1::Cluster::Stub::LocalLeafAddresses,
+                                RequestFor(query), unreachable);
   if (!parts.ok()) return parts.status();
   query::LeafAddressCounts sum;
   for (const auto& [node, part] : parts->parts) {

@@ -11,9 +11,6 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-constexpr NodeCall<v1::LocalProfileRequest, v1::HostTotalsResponse> kHostTotals{
-    &ClusterService::RunHostTotals, &v1::Cluster::Stub::HostTotals};
-
 }  // namespace
 
 ScatterGather::ScatterGather(Membership* membership, NodeChannels* channels,
@@ -71,8 +68,8 @@ absl::StatusOr<HostPick> ScatterGather::PickHosts(const v1::LocalProfileRequest&
   const std::shared_ptr<const Ring> ring = membership_->ring();
   const std::vector<RingMember>& nodes = ring->members();
   auto totals = AskEach(
-      nodes, kHostTotals, [&](size_t) -> const v1::LocalProfileRequest& { return request; },
-      unreachable);
+      nodes, &ClusterService::RunHostTotals, &v1::Cluster::Stub::HostTotals,
+      [&](size_t) -> const v1::LocalProfileRequest& { return request; }, unreachable);
   if (!totals.ok()) return totals.status();
   std::map<std::string, size_t> index_of;  // node ID -> index in `nodes`
   for (size_t i = 0; i < nodes.size(); ++i) index_of[nodes[i].id] = i;

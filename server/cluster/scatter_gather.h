@@ -1,7 +1,7 @@
 // Scatter/gather for a cluster's queries: asks nodes at once and gathers their answers. A
-// query view names the call it makes (a NodeCall: this node's ClusterService form and the
-// Cluster stub method) and merges the answers; ScatterGather owns the rest, the same for
-// every view:
+// query view names the call it makes (this node's ClusterService form of it and the Cluster
+// stub's method) and merges the answers; ScatterGather owns the rest, the same for every
+// view:
 //  - the calls: each other node in a thread of its own, with the fan-out deadline and this
 //    node's credentials; this node answers its part in the caller's thread;
 //  - errors: InvalidArgument means the request is wrong (every node would say so) and ends
@@ -34,12 +34,13 @@
 
 namespace strata::server::cluster {
 
-// One call of the Cluster service: how this node answers it, how another node is asked.
+// One call of the Cluster service: how this node answers it (ClusterService::Run*), and how
+// another node is asked (the Cluster stub's method).
 template <typename Request, typename Response>
-struct NodeCall {
-  absl::StatusOr<Response> (ClusterService::*local)(const Request&);
-  grpc::Status (v1::Cluster::Stub::*remote)(grpc::ClientContext*, const Request&, Response*);
-};
+using LocalForm = absl::StatusOr<Response> (ClusterService::*)(const Request&);
+template <typename Request, typename Response>
+using RemoteForm =
+    grpc::Status (v1::Cluster::Stub::*)(grpc::ClientContext*, const Request&, Response*);
 
 // Answers of nodes, each with the node's ID, in ring (ID) order.
 template <typename Response>
@@ -67,16 +68,18 @@ class ScatterGather {
 
   // One phase: every live node's answer to `request`; then the down nodes, as said above.
   template <typename Request, typename Response>
-  absl::StatusOr<NodeAnswers<Response>> AskEveryNode(NodeCall<Request, Response> call,
+  absl::StatusOr<NodeAnswers<Response>> AskEveryNode(LocalForm<Request, Response> local,
+                                                     RemoteForm<Request, Response> remote,
                                                      const Request& request,
                                                      std::vector<std::string>* unreachable);
 
-  // Both phases for `request`: phase 1 (PickHosts), then `call` on each node given hosts,
+  // Both phases for `request`: phase 1 (PickHosts), then the call on each node given hosts,
   // for them; then the down nodes.
   template <typename Response>
   absl::StatusOr<HostParts<Response>> AskByHost(
-      NodeCall<v1::LocalProfileRequest, Response> call, const v1::LocalProfileRequest& request,
-      std::vector<std::string>* unreachable);
+      LocalForm<v1::LocalProfileRequest, Response> local,
+      RemoteForm<v1::LocalProfileRequest, Response> remote,
+      const v1::LocalProfileRequest& request, std::vector<std::string>* unreachable);
 
   // Phase 1 alone (the down nodes are not named).
   absl::StatusOr<HostPick> PickHosts(const v1::LocalProfileRequest& request,
@@ -95,7 +98,8 @@ class ScatterGather {
   // Ask, typed: node i is asked `request_of(i)`.
   template <typename Request, typename Response, typename RequestOf>
   absl::StatusOr<NodeAnswers<Response>> AskEach(const std::vector<RingMember>& nodes,
-                                                NodeCall<Request, Response> call,
+                                                LocalForm<Request, Response> local,
+                                                RemoteForm<Request, Response> remote,
                                                 RequestOf request_of,
                                                 std::vector<std::string>* unreachable);
   // Names the down nodes in `unreachable` when, with the nodes already there, as many are
@@ -111,18 +115,19 @@ class ScatterGather {
 
 template <typename Request, typename Response, typename RequestOf>
 absl::StatusOr<NodeAnswers<Response>> ScatterGather::AskEach(
-    const std::vector<RingMember>& nodes, NodeCall<Request, Response> call, RequestOf request_of,
+    const std::vector<RingMember>& nodes, LocalForm<Request, Response> local,
+    RemoteForm<Request, Response> remote, RequestOf request_of,
     std::vector<std::string>* unreachable) {
   std::vector<Response> answers(nodes.size());
   auto answered = Ask(
       nodes,
       [&](size_t i) {
-        absl::StatusOr<Response> answer = (local_->*call.local)(request_of(i));
+        absl::StatusOr<Response> answer = (local_->*local)(request_of(i));
         if (answer.ok()) answers[i] = *std::move(answer);
         return answer.status();
       },
       [&](v1::Cluster::Stub* stub, grpc::ClientContext* client, size_t i) {
-        return (stub->*call.remote)(client, request_of(i), &answers[i]);
+        return (stub->*remote)(client, request_of(i), &answers[i]);
       },
       unreachable);
   if (!answered.ok()) return answered.status();
@@ -133,23 +138,25 @@ absl::StatusOr<NodeAnswers<Response>> ScatterGather::AskEach(
 
 template <typename Request, typename Response>
 absl::StatusOr<NodeAnswers<Response>> ScatterGather::AskEveryNode(
-    NodeCall<Request, Response> call, const Request& request,
-    std::vector<std::string>* unreachable) {
+    LocalForm<Request, Response> local, RemoteForm<Request, Response> remote,
+    const Request& request, std::vector<std::string>* unreachable) {
   const std::shared_ptr<const Ring> ring = membership_->ring();
   auto answers = AskEach(
-      ring->members(), call, [&](size_t) -> const Request& { return request; }, unreachable);
+      ring->members(), local, remote, [&](size_t) -> const Request& { return request; },
+      unreachable);
   NoteDeparted(unreachable);
   return answers;
 }
 
 template <typename Response>
 absl::StatusOr<HostParts<Response>> ScatterGather::AskByHost(
-    NodeCall<v1::LocalProfileRequest, Response> call, const v1::LocalProfileRequest& request,
+    LocalForm<v1::LocalProfileRequest, Response> local,
+    RemoteForm<v1::LocalProfileRequest, Response> remote, const v1::LocalProfileRequest& request,
     std::vector<std::string>* unreachable) {
   auto pick = PickHosts(request, unreachable);
   if (!pick.ok()) return pick.status();
   auto parts = AskEach(
-      pick->nodes, call,
+      pick->nodes, local, remote,
       [&](size_t i) -> const v1::LocalProfileRequest& { return pick->requests[i]; },
       unreachable);
   NoteDeparted(unreachable);
