@@ -9,8 +9,8 @@
 // expires, the next node on the ring becomes an owner, and the stream's node brings it up to
 // date (the agent's graph from this node's store, then every new batch). Until the lease
 // expires, a batch its owner cannot confirm is not acknowledged: the agent keeps it and sends
-// it again. History stays where it was written; queries (fanout.h) read each host from the
-// replica with the most of its samples.
+// it again. History stays where it was written; queries (scatter_gather.h) read each host
+// from the replica with the most of its samples.
 //
 // ClusterPlacement borrows the membership and the store; it owns the channels to other nodes.
 #ifndef STRATA_SERVER_CLUSTER_REPLICATION_H_

@@ -16,6 +16,10 @@ constexpr uint64_t kTokenSeed = 0x5374726174615431ull;  // "StrataT1"
 
 uint64_t RingHash(std::string_view key) { return store::Hash64(key, kKeySeed); }
 
+std::string NodeName(const RingMember& member) {
+  return absl::StrCat(member.id, " (", member.address, ")");
+}
+
 Ring::Ring(std::vector<RingMember> members) {
   std::stable_sort(members.begin(), members.end(),
                    [](const RingMember& a, const RingMember& b) { return a.id < b.id; });

@@ -23,6 +23,9 @@ struct RingMember {
   bool operator==(const RingMember&) const = default;
 };
 
+// A member as messages name it: "n2 (10.0.0.2:7070)".
+std::string NodeName(const RingMember& member);
+
 // Tokens a node takes unless told otherwise: enough that three nodes own within a few
 // percent of a third each, few enough that the ring of 1,000 nodes stays small.
 inline constexpr uint32_t kDefaultTokens = 128;

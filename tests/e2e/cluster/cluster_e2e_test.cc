@@ -567,6 +567,95 @@ TEST_F(ClusterTest, StoppedNodeIsListedDownUntilForgotten) {
   EXPECT_EQ(forget("n3").exit_code, 1);  // no such node any more
 }
 
+// Fan-out queries through a node while others are away. A hung node (on the ring, answering
+// nothing) is named unreachable, and the answer comes from the replicas that answered; a
+// stopped node is named too once, with the hung one, as many nodes are away as there are
+// replicas (2). A wrong request fails as a whole (every node refuses it), and a service no
+// node knows is NotFound, as on a single server.
+TEST_F(ClusterTest, FanOutQueriesNameTheNodesThatDidNotAnswer) {
+  lease_ttl_ = "60s";  // the hung node stays on the ring for the whole test
+  for (int i = 0; i < 3; ++i) AddNode({"--cluster-query-timeout", "2s"});
+  auto load = StartLoad(10, "away");
+  ExpectExact(*load, 120);
+  Node& n1 = *nodes_[0];
+  Node& n2 = *nodes_[1];
+  Node& n3 = *nodes_[2];
+  auto query = v1::Query::NewStub(
+      grpc::CreateChannel(n1.address(), grpc::InsecureChannelCredentials()));
+  auto hot_paths = [&](const std::string& service, const std::string& focus,
+                       v1::HotPathsResponse* paths) {
+    grpc::ClientContext ctx;
+    v1::HotPathsRequest request;
+    request.mutable_filter()->set_service(service);
+    request.mutable_filter()->set_focus(focus);
+    return query->HotPaths(&ctx, request, paths);
+  };
+  std::string service;
+  uint64_t all = 0;
+  {
+    grpc::ClientContext ctx;
+    v1::ListServicesResponse services;
+    ASSERT_TRUE(query->ListServices(&ctx, {}, &services).ok());
+    ASSERT_GT(services.services_size(), 0);
+    EXPECT_EQ(services.unreachable_nodes_size(), 0);
+    service = services.services(0).name();
+    v1::HotPathsResponse paths;
+    ASSERT_TRUE(hot_paths(service, "", &paths).ok());
+    EXPECT_EQ(paths.unreachable_nodes_size(), 0);
+    all = paths.total_samples();
+    ASSERT_GT(all, 0u);
+  }
+  {
+    v1::HotPathsResponse paths;
+    grpc::Status wrong = hot_paths(service, "(", &paths);
+    EXPECT_EQ(wrong.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << wrong.error_message();
+    EXPECT_NE(wrong.error_message().find("invalid --focus regex"), std::string::npos)
+        << wrong.error_message();
+    grpc::Status unknown = hot_paths("no-such-service", "", &paths);
+    EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND) << unknown.error_message();
+    EXPECT_EQ(unknown.error_message(), "unknown service 'no-such-service'");
+  }
+  ASSERT_EQ(kill(n3.process->pid(), SIGSTOP), 0);
+  const std::string n3_name = absl::StrCat("n3 (", n3.address(), "): ");
+  auto only_n3 = [&](const auto& unreachable) {
+    return unreachable.size() == 1 && unreachable[0].rfind(n3_name, 0) == 0;
+  };
+  {
+    // Every host has a replica on n1 or n2: the profile is whole, n3 is named all the same.
+    v1::HotPathsResponse paths;
+    ASSERT_TRUE(hot_paths(service, "", &paths).ok());
+    EXPECT_EQ(paths.total_samples(), all);
+    EXPECT_TRUE(only_n3(paths.unreachable_nodes())) << paths.DebugString();
+    grpc::ClientContext services_ctx, agents_ctx, labels_ctx;
+    v1::ListServicesResponse services;
+    ASSERT_TRUE(query->ListServices(&services_ctx, {}, &services).ok());
+    EXPECT_TRUE(only_n3(services.unreachable_nodes())) << services.DebugString();
+    v1::ListAgentsResponse agents;
+    ASSERT_TRUE(query->ListAgents(&agents_ctx, {}, &agents).ok());
+    EXPECT_GT(agents.agents_size(), 0);
+    EXPECT_TRUE(only_n3(agents.unreachable_nodes())) << agents.unreachable_nodes_size();
+    v1::ListLabelsRequest labels_request;
+    labels_request.set_service(service);
+    v1::ListLabelsResponse labels;
+    ASSERT_TRUE(query->ListLabels(&labels_ctx, labels_request, &labels).ok());
+    EXPECT_TRUE(only_n3(labels.unreachable_nodes())) << labels.DebugString();
+  }
+  n2.process->Stop(SIGTERM, 30);  // leaves the ring at once: down
+  ASSERT_TRUE(WaitFor([&] { return Metric(n1, "strata_cluster_nodes{state=\"down\"}") == 1; },
+                      absl::Seconds(20)))
+      << Logs();
+  {
+    v1::HotPathsResponse paths;
+    ASSERT_TRUE(hot_paths(service, "", &paths).ok());
+    EXPECT_LE(paths.total_samples(), all);
+    ASSERT_EQ(paths.unreachable_nodes_size(), 2) << paths.DebugString();
+    EXPECT_EQ(paths.unreachable_nodes(0).rfind(n3_name, 0), 0u) << paths.DebugString();
+    EXPECT_EQ(paths.unreachable_nodes(1),
+              absl::StrCat("n2 (", n2.address(), "): down (lease expired)"));
+  }
+  ASSERT_EQ(kill(n3.process->pid(), SIGCONT), 0);
+}
+
 // A debug file uploaded while a node is down reaches it when it is back, and reaches a node
 // that joins later: the nodes compare their uploads (every second here) and the holder with
 // the smallest ID sends the missing ones.
