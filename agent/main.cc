@@ -7,6 +7,7 @@
 //                [--sampling per-cpu|per-thread] [--inproc auto|on|off] [--inproc-dir DIR]
 //                [--kernel-stacks auto|on|off] [--off-cpu] [--off-cpu-threshold-us US]
 //                [--python-frames on|off] [--python-read-period-ms MS]
+//                [--jvm-perf-map SERVICE|*]... [--jvm-perf-map-period SECONDS]
 //                [--spool-dir DIR] [--spool-max-bytes SIZE]
 #include <signal.h>
 #include <unistd.h>
@@ -76,6 +77,8 @@ struct Flags {
   double off_cpu_threshold_us = 100;
   std::string python_frames = "on";
   double python_read_period_ms = 1;
+  std::vector<std::string> jvm_perf_map_services;
+  double jvm_perf_map_period_s = 60;
   double capture_cpu_budget_pct = 5;
   std::string spool_dir = kDefaultSpoolDir, spool_max = "256MiB";
   double flush_timeout_s = 5;
@@ -160,6 +163,15 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "Python frames read) at most this many milliseconds after they were taken")
       ->check(CLI::Range(0.1, 10000.0))
       ->capture_default_str();
+  app.add_option("--jvm-perf-map", f.jvm_perf_map_services,
+                 "HotSpot JVMs (JDK 17+) of this service ('*': of every service) are asked for "
+                 "perf maps of their JIT code through the attach mechanism, as `jcmd PID "
+                 "Compiler.perfmap` does, without a restart or a JDK on the host (repeatable)");
+  app.add_option("--jvm-perf-map-period", f.jvm_perf_map_period_s,
+                 "longest time between two perf maps of a JVM (asked at doubling intervals "
+                 "from 1 s, and within a second when its JIT code has unnamed frames)")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->capture_default_str();
   app.add_option("--inproc-dir", f.inproc_dir,
                  "directory of the in-process samplers' rings (their STRATA_INPROC_DIR)")
       ->capture_default_str();
@@ -193,6 +205,8 @@ absl::StatusOr<strata::agent::ProfilerOptions> ProfilerOptionsFrom(const Flags& 
   options.off_cpu_threshold = absl::Microseconds(f.off_cpu_threshold_us);
   options.python_frames = f.python_frames == "on";
   options.python_read_period = absl::Microseconds(f.python_read_period_ms * 1000);
+  options.jvm_perf_maps.services = f.jvm_perf_map_services;
+  options.jvm_perf_maps.max_period = absl::Seconds(f.jvm_perf_map_period_s);
   for (int pid : f.pids) options.pids.push_back(pid);
   for (const auto& flag : f.service_flags) {
     auto rule = strata::agent::procfs::ParseServiceRule(flag);

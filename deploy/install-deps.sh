@@ -12,7 +12,7 @@ packages=(
   g++-mips64el-linux-gnuabi64 g++-mips64-linux-gnuabi64 qemu-user
   procps curl ca-certificates dpkg-dev openssl libssl-dev
   golang-go chromium libxml2-utils libfaketime
-  systemd yamllint python3-yaml linux-perf nodejs
+  systemd yamllint python3-yaml linux-perf nodejs openjdk-17-jdk-headless
   libdebuginfod-dev debuginfod elfutils libc6-dbg liblzma-dev llvm
   etcd-server iproute2
 )

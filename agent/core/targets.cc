@@ -62,8 +62,12 @@ absl::StatusOr<std::unique_ptr<TargetDiscovery>> TargetDiscovery::Create(
                    opened.status().ToString());
     }
   }
+  std::unique_ptr<jvm::JvmPerfMaps> jvm_perf_maps;
+  if (!options.jvm_perf_maps.services.empty()) {
+    jvm_perf_maps = std::make_unique<jvm::JvmPerfMaps>(options.jvm_perf_maps);
+  }
   return std::unique_ptr<TargetDiscovery>(
-      new TargetDiscovery(std::move(tracker), std::move(events)));
+      new TargetDiscovery(std::move(tracker), std::move(events), std::move(jvm_perf_maps)));
 }
 
 absl::StatusOr<procfs::ProcessChanges> TargetDiscovery::Scan() {
@@ -110,6 +114,7 @@ void TargetDiscovery::Remove(pid_t pid) {
   auto it = targets_.find(pid);
   if (it == targets_.end()) return;
   retired_.push_back(TargetMessage(*it->second));
+  if (jvm_perf_maps_ != nullptr && it->second->jvm) jvm_perf_maps_->Forget(pid);
   targets_.erase(it);
   ++generation_;
   spdlog::info("pid {} exited or changed; no longer profiled", pid);
@@ -158,6 +163,10 @@ bool TargetDiscovery::RefreshMappings(Target& target) {
   if (auto st = target.space->Refresh(maps); !st.ok()) {
     spdlog::warn("pid {}: {}", target.pid, st.ToString());
   }
+  target.jvm = false;
+  target.space->ForEachModule([&](const symbols::Module& m, int64_t) {
+    target.jvm |= m.path.ends_with("/libjvm.so");
+  });
   ++refreshes_;
   return true;
 }
@@ -170,6 +179,9 @@ void TargetDiscovery::RefreshMappingsPeriodically(Target& target) {
   }
   target.intervals_unchecked = 0;
   RefreshMappings(target);
+  if (target.jvm && jvm_perf_maps_ != nullptr && jvm_perf_maps_->Wants(target.service)) {
+    jvm_perf_maps_->Tick(target.pid, absl::Now(), target.space->unnamed_jit_pcs());
+  }
 }
 
 void TargetDiscovery::RefreshSoon(Target& target) {

@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "agent/jvm/jvm_perf_maps.h"
 #include "agent/procfs/process_events.h"
 #include "agent/procfs/process_tracker.h"
 #include "agent/procfs/service_matcher.h"
@@ -37,6 +38,9 @@ struct DiscoveryOptions {
   // Follow the kernel's process events (procfs/process_events.h) where it reports them to this
   // agent; else, and when false, /proc is scanned on a period.
   bool process_events = true;
+  // JVM targets of these services are asked for perf maps of their JIT code
+  // (jvm/jvm_perf_maps.h); "*" for every JVM.
+  jvm::JvmPerfMapOptions jvm_perf_maps;
 };
 
 // The matcher that decides which processes besides `pids` the agent profiles. STRATA_SERVICE
@@ -58,6 +62,7 @@ struct Target {
   uint64_t maps_epoch = 0;
   absl::Time last_refresh = absl::InfinitePast();
   uint32_t intervals_unchecked = 0;  // since the last periodic look at the mappings
+  bool jvm = false;                  // libjvm.so is mapped: HotSpot
 };
 
 class TargetDiscovery {
@@ -108,10 +113,15 @@ class TargetDiscovery {
   // Targets gone since the last call.
   std::vector<v1::Target> TakeRetired();
   uint64_t refreshes() const { return refreshes_; }
+  // Null when no service's JVMs are asked for perf maps.
+  const jvm::JvmPerfMaps* jvm_perf_maps() const { return jvm_perf_maps_.get(); }
 
  private:
-  TargetDiscovery(procfs::ProcessTracker tracker, std::unique_ptr<procfs::ProcessEvents> events)
-      : tracker_(std::move(tracker)), events_(std::move(events)) {}
+  TargetDiscovery(procfs::ProcessTracker tracker, std::unique_ptr<procfs::ProcessEvents> events,
+                  std::unique_ptr<jvm::JvmPerfMaps> jvm_perf_maps)
+      : tracker_(std::move(tracker)),
+        events_(std::move(events)),
+        jvm_perf_maps_(std::move(jvm_perf_maps)) {}
 
   procfs::ProcessTracker tracker_;
   std::unique_ptr<procfs::ProcessEvents> events_;  // null: /proc scans only
@@ -122,6 +132,7 @@ class TargetDiscovery {
   uint32_t next_target_id_ = 1;
   uint64_t generation_ = 0;
   uint64_t refreshes_ = 0;
+  std::unique_ptr<jvm::JvmPerfMaps> jvm_perf_maps_;  // null: none asked
 };
 
 }  // namespace strata::agent

@@ -10,7 +10,10 @@
 #include <cstring>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace strata::agent::procfs {
 namespace {
@@ -237,6 +240,26 @@ absl::StatusOr<uint64_t> ReadStartTime(pid_t pid) {
   absl::StatusOr<std::string> text = ReadProcFile(PidPath(pid, "stat"));
   if (!text.ok()) return text.status();
   return ParseStatStartTime(*text);
+}
+
+std::optional<pid_t> ParseNamespacePid(std::string_view status_text) {
+  for (absl::string_view line : absl::StrSplit(absl::string_view(status_text.data(), status_text.size()), '\n')) {
+    if (!absl::ConsumePrefix(&line, "NSpid:")) continue;
+    std::vector<absl::string_view> fields = absl::StrSplit(line, absl::ByAnyChar(" \t"),
+                                                           absl::SkipEmpty());
+    int value = 0;
+    if (fields.empty() || !absl::SimpleAtoi(fields.back(), &value) || value <= 0) {
+      return std::nullopt;
+    }
+    return static_cast<pid_t>(value);
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<pid_t> ReadNamespacePid(pid_t pid) {
+  absl::StatusOr<std::string> text = ReadProcFile(PidPath(pid, "status"));
+  if (!text.ok()) return text.status();
+  return ParseNamespacePid(*text).value_or(pid);
 }
 
 absl::StatusOr<std::string> ReadEnviron(pid_t pid) { return ReadProcFile(PidPath(pid, "environ")); }

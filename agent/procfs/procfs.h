@@ -67,6 +67,11 @@ const Mapping* FindMapping(const std::vector<Mapping>& mappings, uint64_t addres
 // spaces and ')' characters, so the parser anchors on the last ')'.
 absl::StatusOr<uint64_t> ParseStatStartTime(std::string_view stat_text);
 
+// The pid a process has in its own pid namespace: the last field of the NSpid line of a
+// /proc/PID/status text (a container's process sees itself as, say, 1). Nullopt without a
+// well-formed NSpid line (kernels before 4.1).
+std::optional<pid_t> ParseNamespacePid(std::string_view status_text);
+
 // Splits NUL-separated text (cmdline, environ) into its strings; a trailing NUL is optional.
 std::vector<std::string> SplitNulSeparated(std::string_view text);
 
@@ -95,6 +100,9 @@ absl::StatusOr<std::string> ReadEnviron(pid_t pid);
 absl::StatusOr<std::optional<std::string>> ReadEnvironValue(pid_t pid, std::string_view name);
 // Parsed /proc/PID/maps.
 absl::StatusOr<std::vector<Mapping>> ReadMappings(pid_t pid);
+// The pid `pid` has in its own namespace (ParseNamespacePid); `pid` itself where the kernel
+// does not say.
+absl::StatusOr<pid_t> ReadNamespacePid(pid_t pid);
 
 // Reads a whole /proc file (they report size 0, so this reads until EOF), or its first
 // `max_bytes`.

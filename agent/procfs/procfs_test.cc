@@ -130,6 +130,15 @@ TEST(ParseStatTest, StartTimeSurvivesHostileComm) {
   EXPECT_FALSE(ParseStatStartTime("").ok());
 }
 
+TEST(NamespacePidTest, LastNSpidFieldOfStatus) {
+  EXPECT_EQ(ParseNamespacePid("Name:\tjava\nPid:\t4242\nNSpid:\t4242\t17\t1\n"), 1);
+  EXPECT_EQ(ParseNamespacePid("Pid:\t9\nNSpid:\t9\n"), 9);
+  EXPECT_EQ(ParseNamespacePid("Pid:\t9\n"), std::nullopt);
+  EXPECT_EQ(ParseNamespacePid("NSpid:\t9\tx\n"), std::nullopt);
+  EXPECT_EQ(ParseNamespacePid("NSpid:\n"), std::nullopt);
+  EXPECT_EQ(ReadNamespacePid(getpid()).value(), getpid());  // no pid namespace of its own
+}
+
 TEST(NulSeparatedTest, SplitsAndFindsEnvironment) {
   using namespace std::string_literals;
   EXPECT_THAT(SplitNulSeparated("a\0b c\0\0d\0"s), ElementsAre("a", "b c", "", "d"));

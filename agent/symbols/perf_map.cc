@@ -5,12 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <fstream>
 #include <iterator>
 #include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/procfs/procfs.h"
 
 namespace strata::agent::symbols {
 namespace {
@@ -214,26 +214,8 @@ absl::Status PerfMapFile::Update() {
 }
 
 PerfMapPaths PerfMapPathsOf(pid_t pid) {
-  // The pid as the process itself sees it: the last NSpid field.
-  long ns_pid = pid;
-  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(status, line)) {
-    if (!line.starts_with("NSpid:")) continue;
-    std::string_view rest(line);
-    rest.remove_prefix(6);
-    while (!rest.empty() && IsBlank(rest.back())) rest.remove_suffix(1);
-    const size_t blank = rest.find_last_of(" \t");
-    const std::string_view last = blank == std::string_view::npos ? rest : rest.substr(blank + 1);
-    long v = 0;
-    bool ok = !last.empty();
-    for (char c : last) {
-      if (c < '0' || c > '9') ok = false;
-      else v = v * 10 + (c - '0');
-    }
-    if (ok && v > 0) ns_pid = v;
-    break;
-  }
+  // The pid as the process itself sees it: a containerized runtime names its file after that.
+  const pid_t ns_pid = procfs::ReadNamespacePid(pid).value_or(pid);
   std::string map_path = absl::StrCat("/tmp/perf-", ns_pid, ".map");
   return {absl::StrCat("/proc/", pid, "/root", map_path), std::move(map_path)};
 }

@@ -235,6 +235,7 @@ SymbolizedPc ProcessAddressSpace::Symbolize(uint64_t pc) const {
       out.function_start = symbol.start;
       out.known_function = true;
     } else {
+      ++unnamed_jit_pcs_;
       out.module_path = base::JitModuleName("");
       out.function_name = absl::StrFormat("%s+0x%x", base::kJitModule, pc);
       out.function_start = pc;

@@ -104,6 +104,9 @@ class ProcessAddressSpace final : public unwind::AddressSpace {
   size_t num_jit_regions() const { return jit_regions_.size(); }
   // The perf map read so far (null before the first JIT region).
   const PerfMap* perf_map() const { return perf_map_ ? &perf_map_->map() : nullptr; }
+  // JIT pcs Symbolize() found in no perf map entry, since the space was made: a runtime that
+  // writes its map on request (jvm/jvm_perf_maps.h) is asked again when this grows.
+  uint64_t unnamed_jit_pcs() const { return unnamed_jit_pcs_; }
 
  private:
   struct Region {
@@ -131,6 +134,7 @@ class ProcessAddressSpace final : public unwind::AddressSpace {
   std::optional<PerfMapPaths> perf_map_paths_;  // PerfMapPathsOf(pid_) unless set
   // Read lazily and from the const Symbolize(): a cache of the file, not the space's state.
   mutable std::unique_ptr<PerfMapFile> perf_map_;
+  mutable uint64_t unnamed_jit_pcs_ = 0;
   mutable std::chrono::steady_clock::time_point perf_map_read_at_{};
 };
 

@@ -1,0 +1,185 @@
+#include "agent/jvm/hotspot_attach.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "agent/procfs/procfs.h"
+
+namespace strata::agent::jvm {
+namespace {
+
+// How long one command may run once connected: Compiler.perfmap walks the whole code cache
+// at a safepoint, tens of milliseconds for a large service.
+constexpr absl::Duration kCommandTimeout = absl::Seconds(10);
+
+bool IsSocket(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+// Whether `pid` has a handler for SIGQUIT. A JVM run with -Xrs, or one still starting, has
+// none: SIGQUIT would end it with a core dump instead of starting its attach listener.
+absl::StatusOr<bool> CatchesSigquit(pid_t pid) {
+  absl::StatusOr<std::string> status =
+      procfs::ReadProcFile(absl::StrCat("/proc/", pid, "/status"));
+  if (!status.ok()) return status.status();
+  for (absl::string_view line : absl::StrSplit(*status, '\n')) {
+    if (!absl::ConsumePrefix(&line, "SigCgt:")) continue;
+    uint64_t mask = 0;
+    if (!absl::SimpleHexAtoi(absl::StripAsciiWhitespace(line), &mask)) break;
+    return (mask & (uint64_t{1} << (SIGQUIT - 1))) != 0;
+  }
+  return absl::InternalError(absl::StrCat("pid ", pid, ": no SigCgt in its status"));
+}
+
+// The file whose presence makes the JVM start its attach listener on SIGQUIT: in its working
+// directory, else in its /tmp (HotSpot looks in both).
+absl::StatusOr<std::string> CreateTrigger(pid_t pid, pid_t ns_pid) {
+  const std::string name = absl::StrCat("/.attach_pid", ns_pid);
+  for (const std::string& dir :
+       {absl::StrCat("/proc/", pid, "/cwd"), absl::StrCat("/proc/", pid, "/root/tmp")}) {
+    const std::string path = dir + name;
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::close(fd);
+      return path;
+    }
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("pid ", pid, ": cannot create ", name.substr(1),
+                   " in its working directory or /tmp: ", std::strerror(errno)));
+}
+
+absl::Status WriteAll(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::UnavailableError(absl::StrCat("write: ", std::strerror(errno)));
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Exchange(const std::string& socket_path, std::string_view request) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (socket_path.size() >= sizeof(address.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", socket_path));
+  }
+  std::memcpy(address.sun_path, socket_path.data(), socket_path.size());
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  const timeval limit{static_cast<time_t>(absl::ToInt64Seconds(kCommandTimeout)), 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
+  absl::StatusOr<std::string> response = std::string();
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
+    response = absl::UnavailableError(
+        absl::StrCat("connecting to ", socket_path, ": ", std::strerror(errno)));
+  } else if (absl::Status written = WriteAll(fd, request); !written.ok()) {
+    response = written;
+  } else {
+    char buffer[16384];
+    while (true) {
+      ssize_t n = ::read(fd, buffer, sizeof(buffer));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        response = absl::DeadlineExceededError(
+            absl::StrCat("reading the answer from ", socket_path, ": ", std::strerror(errno)));
+        break;
+      }
+      if (n == 0) break;
+      response->append(buffer, static_cast<size_t>(n));
+    }
+  }
+  ::close(fd);
+  return response;
+}
+
+}  // namespace
+
+std::string EncodeAttachRequest(std::string_view command, std::string_view argument) {
+  std::string request("1", 2);  // protocol version 1, NUL-terminated
+  request.append(command).push_back('\0');
+  request.append(argument).push_back('\0');
+  request.append(2, '\0');  // two empty arguments
+  return request;
+}
+
+absl::StatusOr<std::string> ParseAttachResponse(std::string_view response) {
+  const size_t newline = response.find('\n');
+  int code = 0;
+  if (newline == std::string_view::npos ||
+      !absl::SimpleAtoi(absl::string_view(response.data(), newline), &code)) {
+    return absl::DataLossError(absl::StrCat(
+        "malformed attach answer: '",
+        absl::CEscape(absl::string_view(response.data(), std::min<size_t>(response.size(), 80))),
+        "'"));
+  }
+  std::string output(response.substr(newline + 1));
+  // HotSpot answers a failed diagnostic command with its exception's text, under code 0 in
+  // some versions and a nonzero code in others.
+  if (code != 0 || output.starts_with("java.lang.IllegalArgumentException") ||
+      output.starts_with("java.lang.Exception")) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the JVM refused the command (code ", code, "): ", absl::StripAsciiWhitespace(output)));
+  }
+  return output;
+}
+
+absl::StatusOr<std::string> RunDiagnosticCommand(pid_t pid, std::string_view command,
+                                                 absl::Duration timeout) {
+  absl::StatusOr<pid_t> ns_pid = procfs::ReadNamespacePid(pid);
+  if (!ns_pid.ok()) return ns_pid.status();
+  const std::string socket_path = absl::StrCat("/proc/", pid, "/root/tmp/.java_pid", *ns_pid);
+  if (!IsSocket(socket_path)) {
+    absl::StatusOr<bool> catches = CatchesSigquit(pid);
+    if (!catches.ok()) return catches.status();
+    if (!*catches) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "pid ", pid, " does not handle SIGQUIT (started with -Xrs, or still starting)"));
+    }
+    absl::StatusOr<std::string> trigger = CreateTrigger(pid, *ns_pid);
+    if (!trigger.ok()) return trigger.status();
+    const absl::Time deadline = absl::Now() + timeout;
+    bool listening = false;
+    const bool signalled = ::kill(pid, SIGQUIT) == 0;
+    const int kill_errno = signalled ? 0 : errno;
+    if (signalled) {
+      // The listener comes up within milliseconds of a JVM's next safepoint check.
+      while (!(listening = IsSocket(socket_path)) && absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+    }
+    ::unlink(trigger->c_str());
+    if (!listening) {
+      if (kill_errno == ESRCH) return absl::NotFoundError(absl::StrCat("pid ", pid, " is gone"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("pid ", pid, ": no attach listener at ", socket_path, " after ",
+                       absl::FormatDuration(timeout), " (attach disabled, or not HotSpot)"));
+    }
+  }
+  absl::StatusOr<std::string> response =
+      Exchange(socket_path, EncodeAttachRequest("jcmd", command));
+  if (!response.ok()) return response.status();
+  return ParseAttachResponse(*response);
+}
+
+}  // namespace strata::agent::jvm

@@ -1,0 +1,128 @@
+// The attach protocol against a live HotSpot JVM (Debian's OpenJDK; skipped without one):
+// diagnostic commands answered, Compiler.perfmap writing the JVM's perf map, refusals and
+// processes that are no JVM reported as such without harming them.
+#include "agent/jvm/hotspot_attach.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace strata::agent::jvm {
+namespace {
+
+constexpr char kJava[] = "/usr/bin/java";
+
+// A child process, killed and reaped at scope exit.
+class Child {
+ public:
+  explicit Child(std::vector<std::string> argv) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      std::vector<char*> args;
+      for (std::string& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  bool running() const {
+    int status = 0;
+    return waitpid(pid_, &status, WNOHANG) == 0;
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+// A JVM running a one-file program (no javac needed) that loops until killed.
+std::unique_ptr<Child> StartJvm(const std::string& dir) {
+  const std::string source = dir + "/Idle.java";
+  std::ofstream(source) << "public class Idle { public static void main(String[] a) throws "
+                           "Exception { while (true) Thread.sleep(50); } }\n";
+  return std::make_unique<Child>(
+      std::vector<std::string>{kJava, "-XX:TieredStopAtLevel=1", source});
+}
+
+// Asks until the JVM's signal handlers are installed (it refuses to be signalled before).
+absl::StatusOr<std::string> RunWhenReady(pid_t pid, std::string_view command) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  absl::StatusOr<std::string> answer;
+  do {
+    answer = RunDiagnosticCommand(pid, command, absl::Seconds(10));
+    if (answer.ok() || !absl::IsDeadlineExceeded(answer.status())) return answer;
+    absl::SleepFor(absl::Milliseconds(100));
+  } while (absl::Now() < deadline);
+  return answer;
+}
+
+class HotSpotAttachTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(kJava)) GTEST_SKIP() << kJava << " is not installed";
+    dir_ = std::filesystem::temp_directory_path() / absl::StrCat("strata_jvm_", getpid());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(HotSpotAttachTest, RunsCommandsAndWritesThePerfMap) {
+  std::unique_ptr<Child> jvm = StartJvm(dir_);
+  absl::StatusOr<std::string> version = RunWhenReady(jvm->pid(), "VM.version");
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_NE(version->find("JDK"), std::string::npos) << *version;
+  // The listener is up now: the next command goes straight to its socket.
+  const std::string map = absl::StrCat("/tmp/perf-", jvm->pid(), ".map");
+  std::filesystem::remove(map);
+  absl::StatusOr<std::string> perfmap = RunDiagnosticCommand(jvm->pid(), "Compiler.perfmap",
+                                                             absl::Seconds(10));
+  ASSERT_TRUE(perfmap.ok()) << perfmap.status();
+  std::ifstream in(map);
+  ASSERT_TRUE(in.good()) << map << " not written";
+  std::string line;
+  size_t lines = 0;
+  while (std::getline(in, line)) ++lines;
+  EXPECT_GT(lines, 10u) << "the code cache holds at least the interpreter's stubs";
+  std::filesystem::remove(map);
+  // No attach trigger left behind in the JVM's working directory or /tmp.
+  EXPECT_FALSE(std::filesystem::exists(absl::StrCat("/tmp/.attach_pid", jvm->pid())));
+  EXPECT_TRUE(jvm->running());
+
+  absl::StatusOr<std::string> unknown =
+      RunDiagnosticCommand(jvm->pid(), "No.such_command", absl::Seconds(10));
+  EXPECT_TRUE(absl::IsFailedPrecondition(unknown.status())) << unknown.status();
+  EXPECT_TRUE(jvm->running());
+}
+
+TEST_F(HotSpotAttachTest, ProcessesThatAreNoJvmAreLeftAlone) {
+  // sleep(1) has no SIGQUIT handler: it must not be signalled (SIGQUIT would end it).
+  Child sleeper({"/bin/sleep", "60"});
+  absl::SleepFor(absl::Milliseconds(100));
+  absl::StatusOr<std::string> answer =
+      RunDiagnosticCommand(sleeper.pid(), "VM.version", absl::Seconds(1));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(answer.status())) << answer.status();
+  EXPECT_TRUE(sleeper.running());
+  EXPECT_TRUE(absl::IsNotFound(
+      RunDiagnosticCommand(999999999, "VM.version", absl::Seconds(1)).status()));
+}
+
+}  // namespace
+}  // namespace strata::agent::jvm

@@ -1,0 +1,126 @@
+// HotSpot JIT code end to end: a JVM started without any profiling option runs a hot method;
+// the real strata-agent, told to (--jvm-perf-map), asks it for perf maps through the attach
+// mechanism while it runs, and the real strata-server's hot paths name the method's compiled
+// code. The JVM is not disturbed: it keeps running and prints no thread dump.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/testing/temp_dir.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/harness.h"
+
+namespace strata::e2e {
+namespace {
+
+constexpr char kJava[] = "/usr/bin/java";
+constexpr char kJavac[] = "/usr/bin/javac";
+// The name HotSpot's perf map gives the method's compiled code.
+constexpr char kHotMethod[] = "long Spin.hotLoop(long)";
+
+constexpr char kSource[] = R"(public class Spin {
+  static long hotLoop(long n) {
+    long s = 0;
+    for (long i = 0; i < n; i++) s = (s * 31 + i) % 1000003;
+    return s;
+  }
+  public static void main(String[] args) {
+    long sink = 0;
+    System.out.println("ready");
+    final long stopAt = System.currentTimeMillis() + 300_000;
+    while (System.currentTimeMillis() < stopAt) sink += hotLoop(2_000_000);
+    System.out.println("done " + sink);
+  }
+}
+)";
+
+// Samples of `paths` with a frame named `name`, and of JIT frames left unnamed.
+struct Counts {
+  uint64_t named = 0, unnamed = 0, total = 0;
+  std::string module;  // of the named frame
+};
+
+Counts CountFrames(const v1::HotPathsResponse& paths, const std::string& name) {
+  Counts c;
+  c.total = paths.total_samples();
+  for (const v1::HotPath& p : paths.paths()) {
+    bool named = false, unnamed = false;
+    for (const v1::Frame& f : p.frames()) {
+      if (f.function() == name) {
+        named = true;
+        c.module = f.module();
+      }
+      unnamed |= f.function().starts_with("[jit]+0x");
+    }
+    c.named += named ? p.samples() : 0;
+    c.unnamed += unnamed ? p.samples() : 0;
+  }
+  return c;
+}
+
+TEST(JvmE2eTest, HotSpotJitCodeIsNamedWithoutARestart) {
+  if (!std::filesystem::exists(kJava) || !std::filesystem::exists(kJavac)) {
+    GTEST_SKIP() << "no JDK installed (Debian package default-jdk-headless)";
+  }
+  strata::testing::TempDir dir("strata_jvm_e2e");
+  std::ofstream(dir.File("Spin.java")) << kSource;
+  CommandResult javac = RunCommand({kJavac, "-d", dir.path(), dir.File("Spin.java")}, 120);
+  ASSERT_EQ(javac.exit_code, 0) << javac.output;
+
+  ServerProcess server(dir.File("data"), dir.File("server.log"));
+  ASSERT_GT(server.port(), 0) << server.process().Output();
+  const std::string service = absl::StrCat("jvm-", getpid());
+  ChildProcess java({kJava, "-cp", dir.path(), "Spin"}, dir.File("java.log"),
+                    {{"STRATA_SERVICE", service}});
+  // The JVM writes its map into its own /tmp: remove it whatever happens.
+  struct Unlink {
+    std::string path;
+    ~Unlink() { std::remove(path.c_str()); }
+  } unlink_map{absl::StrCat("/tmp/perf-", java.pid(), ".map")};
+  ASSERT_TRUE(java.WaitForOutput("ready", 60)) << java.Output();
+
+  ChildProcess agent({BinPath("strata-agent"), "--server", server.address(), "--pid",
+                      std::to_string(java.pid()), "--interval", "1", "--jvm-perf-map", service,
+                      "--spool-dir", "none"},
+                     dir.File("agent.log"));
+  ASSERT_TRUE(agent.WaitForOutput("JIT code named from its JVM's perf map", 90))
+      << agent.Output();
+  // The method's code named in 200 samples (2 s of its thread's CPU at 99 Hz); at most 150 s
+  // on a loaded machine.
+  Counts counts;
+  const absl::Time deadline = absl::Now() + absl::Seconds(150);
+  while (absl::Now() < deadline && java.running() && agent.running()) {
+    counts = CountFrames(QueryHotPaths(server.address(), service), kHotMethod);
+    if (counts.named >= 200) break;
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+  EXPECT_TRUE(java.running()) << java.Output();
+  EXPECT_EQ(agent.Stop(SIGTERM, 30), 0) << agent.Output();
+  java.Stop(SIGKILL);
+
+  v1::HotPathsResponse paths = QueryHotPaths(server.address(), service);
+  counts = CountFrames(paths, kHotMethod);
+  std::string top;
+  for (int i = 0; i < std::min(paths.paths_size(), 8); ++i) {
+    absl::StrAppend(&top, paths.paths(i).samples(), ": ",
+                    absl::StrJoin(FrameNames(paths.paths(i)), " > "), "\n");
+  }
+  std::fprintf(stderr, "%lu of %lu samples in %s (%s), %lu with unnamed JIT frames\n%s",
+               static_cast<unsigned long>(counts.named), static_cast<unsigned long>(counts.total),
+               kHotMethod, counts.module.c_str(), static_cast<unsigned long>(counts.unnamed),
+               top.c_str());
+  EXPECT_GE(counts.named, 200u) << top << agent.Output();
+  EXPECT_EQ(counts.module, absl::StrCat("[jit:/tmp/perf-", java.pid(), ".map]"));
+  // Asked through the attach listener, not by a SIGQUIT the JVM took as a dump request.
+  EXPECT_EQ(java.Output().find("Full thread dump"), std::string::npos) << java.Output();
+}
+
+}  // namespace
+}  // namespace strata::e2e
