@@ -358,6 +358,17 @@ int RunQuality(CliContext* ctx, const FilterOptions& f) {
               r.mean_depth(), r.max_depth(), r.mean_truncated_depth(), r.max_truncated_depth());
   std::printf("  unnamed frames    %s of %s (%s)\n", WithThousands(r.unnamed_frames()).c_str(),
               WithThousands(r.frames()).c_str(), Percent(r.unnamed_frames(), r.frames()).c_str());
+  if (!r.frames_by_kind().empty()) {
+    std::string kinds;
+    for (const v1::FrameKindCount& k : r.frames_by_kind()) {
+      absl::StrAppend(&kinds, kinds.empty() ? "" : ", ", k.kind(), " ",
+                      WithThousands(k.frames()));
+      if (k.unnamed_frames() > 0) {
+        absl::StrAppend(&kinds, " (", WithThousands(k.unnamed_frames()), " unnamed)");
+      }
+    }
+    std::printf("  frames by kind    %s\n", kinds.c_str());
+  }
   std::printf("  agents            %s stacks, %s truncated, %s verification failures, "
               "JIT frames %s by CFI and %s by frame pointers, %s samples lost\n",
               WithThousands(r.agent_stacks()).c_str(), WithThousands(r.agent_truncated()).c_str(),
@@ -370,14 +381,15 @@ int RunQuality(CliContext* ctx, const FilterOptions& f) {
   }
   if (r.binaries().empty()) return 0;
   std::printf("\n");
-  Table table({"FRAMES", "UNNAMED", "UNNAMED%", "STOPPED HERE", "MODULE", "BUILD ID", "HINT"},
+  Table table({"FRAMES", "UNNAMED", "UNNAMED%", "STOPPED HERE", "KIND", "MODULE", "BUILD ID",
+               "HINT"},
               {0, 1, 2, 3});
   int rows = 0;
   for (const auto& b : r.binaries()) {
     if (rows++ == static_cast<int>(f.limit)) break;
     table.AddRow({WithThousands(b.frames()), WithThousands(b.unnamed_frames()),
                   Percent(b.unnamed_frames(), b.frames()), WithThousands(b.truncated_here()),
-                  b.module(), b.build_id().empty() ? "-" : b.build_id(), b.hint()});
+                  b.kind(), b.module(), b.build_id().empty() ? "-" : b.build_id(), b.hint()});
   }
   std::fputs(table.ToString().c_str(), stdout);
   return 0;

@@ -16,7 +16,17 @@ double Pct(uint64_t part, uint64_t total) {
   return total == 0 ? 0.0 : 100.0 * static_cast<double>(part) / static_cast<double>(total);
 }
 
+// The kinds FrameKindCount names, in the order a tie in frames is listed.
+enum class Kind { kNative, kGo, kPython, kJit, kKernel, kCount };
+constexpr const char* kKindNames[] = {"native", "go", "python", "jit", "kernel"};
+
 }  // namespace
+
+bool IsGoStackRoot(std::string_view function) {
+  return function == "runtime.goexit" || function == "runtime.mstart" ||
+         function == "runtime.rt0_go" || function == "runtime.goexit.abi0" ||
+         function == "runtime.mstart.abi0" || function == "runtime.rt0_go.abi0";
+}
 
 bool IsUnnamedFunction(std::string_view name) {
   if (name == "[unknown]") return true;
@@ -60,14 +70,25 @@ v1::QualityResponse StackQuality(const Profile& profile,
                                  const std::vector<std::string>& build_ids) {
   struct Binary {
     uint64_t frames = 0, unnamed = 0, truncated_here = 0;
+    Kind kind = Kind::kNative;
   };
   std::map<std::pair<std::string, std::string>, Binary> binaries;  // (module, build ID)
   std::vector<Binary*> binary_of(profile.functions.size());
   std::vector<uint8_t> unnamed(profile.functions.size());
   for (size_t i = 0; i < profile.functions.size(); ++i) {
+    const ResolvedFunction& f = profile.functions[i];
     const std::string& id = i < build_ids.size() ? build_ids[i] : std::string();
-    binary_of[i] = &binaries[{profile.functions[i].module, id}];
-    unnamed[i] = IsUnnamedFunction(profile.functions[i].name);
+    Binary& binary = binaries[{f.module, id}];
+    binary_of[i] = &binary;
+    unnamed[i] = IsUnnamedFunction(f.name);
+    switch (base::FrameKindOf(f.module)) {
+      case base::FrameKind::kKernel: binary.kind = Kind::kKernel; break;
+      case base::FrameKind::kJit: binary.kind = Kind::kJit; break;
+      case base::FrameKind::kPython: binary.kind = Kind::kPython; break;
+      case base::FrameKind::kUser:
+        if (IsGoStackRoot(f.name)) binary.kind = Kind::kGo;
+        break;
+    }
   }
   v1::QualityResponse r;
   uint64_t samples = 0, truncated = 0, depth_sum = 0, truncated_depth_sum = 0;
@@ -106,9 +127,27 @@ v1::QualityResponse StackQuality(const Profile& profile,
   r.set_frames(frames);
   r.set_unnamed_frames(unnamed_frames);
   r.set_unnamed_pct(Pct(unnamed_frames, frames));
+  uint64_t kind_frames[static_cast<int>(Kind::kCount)] = {};
+  uint64_t kind_unnamed[static_cast<int>(Kind::kCount)] = {};
+  for (const auto& [key, b] : binaries) {
+    base::SaturatingAddTo(kind_frames[static_cast<int>(b.kind)], b.frames);
+    base::SaturatingAddTo(kind_unnamed[static_cast<int>(b.kind)], b.unnamed);
+  }
+  for (int k = 0; k < static_cast<int>(Kind::kCount); ++k) {
+    if (kind_frames[k] == 0) continue;
+    v1::FrameKindCount* out = r.add_frames_by_kind();
+    out->set_kind(kKindNames[k]);
+    out->set_frames(kind_frames[k]);
+    out->set_unnamed_frames(kind_unnamed[k]);
+  }
+  std::stable_sort(r.mutable_frames_by_kind()->begin(), r.mutable_frames_by_kind()->end(),
+                   [](const v1::FrameKindCount& a, const v1::FrameKindCount& b) {
+                     return a.frames() > b.frames();
+                   });
   for (const auto& [key, b] : binaries) {
     if (b.frames == 0) continue;
     v1::BinaryQuality* out = r.add_binaries();
+    out->set_kind(kKindNames[static_cast<int>(b.kind)]);
     out->set_module(key.first);
     out->set_build_id(BuildIdHex(key.second));
     out->set_frames(b.frames);

@@ -27,6 +27,9 @@ std::string BuildIdHex(std::string_view id);
 // file for system libraries, debug info for everything else.
 std::string DebugHint(std::string_view module, std::string_view build_id_hex);
 
+// A function name that is one of Go's stack roots: a module with one is a Go binary.
+bool IsGoStackRoot(std::string_view function);
+
 // The stack-derived fields of a QualityResponse. `build_ids[i]` is the raw build ID of
 // profile.functions[i] (empty: none).
 v1::QualityResponse StackQuality(const Profile& profile,

@@ -252,6 +252,10 @@ async function loadQuality() {
       `${fmt(r.verify_failures)} verification failures, JIT frames ${fmt(r.jit_frames_cfi)} by CFI ` +
       `and ${fmt(r.jit_frames_fp)} by frame pointers, ${fmt(r.lost_samples)} samples lost`],
   ];
+  if (r.frames_by_kind && r.frames_by_kind.length) {
+    rows.push(['Frames by kind', r.frames_by_kind.map((k) => `${k.kind} ${fmt(k.frames)}` +
+      (Number(k.unnamed_frames || 0) ? ` (${fmt(k.unnamed_frames)} unnamed)` : '')).join(', ')]);
+  }
   if (r.python_frames || r.python_stale) {
     rows.push(['Python', `${fmt(r.python_frames || 0)} frames read from interpreters, ` +
       `${fmt(r.python_stale || 0)} stacks whose Python frames changed before they were read`]);
@@ -265,7 +269,7 @@ async function loadQuality() {
   fillTable($('quality-binaries'), r.binaries.map((b) => [
     cell(fmt(b.frames), 'num'), cell(fmt(b.unnamed_frames), 'num'),
     cell(pct(b.unnamed_frames, b.frames), 'num'), cell(fmt(b.truncated_here), 'num'),
-    cell(b.module, 'fn'), cell(b.build_id || '-', 'fn'), cell(b.hint)]));
+    cell(b.kind || ''), cell(b.module, 'fn'), cell(b.build_id || '-', 'fn'), cell(b.hint)]));
 }
 
 // ---- wiring -------------------------------------------------------------------------------

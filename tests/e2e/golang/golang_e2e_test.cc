@@ -200,6 +200,23 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
     EXPECT_GE(strata.in_c_complete + 3, strata.in_c * 9 / 10) << strata.top_paths;
   }
 
+  // strata quality counts the Go binary's frames as Go, and nearly all of them are.
+  {
+    auto stub = v1::Query::NewStub(server.Channel());
+    grpc::ClientContext context;
+    v1::QualityRequest request;
+    request.mutable_filter()->set_service(service);
+    v1::QualityResponse quality;
+    ASSERT_TRUE(stub->Quality(&context, request, &quality).ok());
+    uint64_t go_frames = 0;
+    for (const v1::FrameKindCount& k : quality.frames_by_kind()) {
+      if (k.kind() == "go") go_frames = k.frames();
+    }
+    std::cout << "[ " << variant << " ] quality: " << go_frames << " Go frames of "
+              << quality.frames() << "\n";
+    EXPECT_GT(go_frames, quality.frames() * 8 / 10) << quality.ShortDebugString();
+  }
+
   if (variant != "stripped") return;
   // Lines and inlined calls from the stripped binary's .gopclntab on the server: uploaded
   // after the samples (known by its Go build ID), it gives them file:line and inline frames.

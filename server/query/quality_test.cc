@@ -1,0 +1,71 @@
+#include "server/query/quality.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace strata::server::query {
+namespace {
+
+TEST(QualityTest, FramesCountedByKindAndBinariesNamedByKind) {
+  Profile profile;
+  auto add = [&](std::string name, std::string module) {
+    ResolvedFunction f;
+    f.id = profile.functions.size() + 1;
+    f.name = std::move(name);
+    f.module = std::move(module);
+    profile.functions.push_back(f);
+    return static_cast<uint32_t>(profile.functions.size() - 1);
+  };
+  const uint32_t goexit = add("runtime.goexit.abi0", "/srv/api");
+  const uint32_t handler = add("main.handle", "/srv/api");
+  const uint32_t unnamed_go = add("/srv/api+0x1234", "/srv/api");
+  const uint32_t libc = add("write", "/usr/lib/x86_64-linux-gnu/libc.so.6");
+  const uint32_t kernel = add("ksys_write", "[kernel.kallsyms]");
+  const uint32_t eval = add("main", "[python:/srv/app.py]");
+  const uint32_t jit = add("[jit]+0x7f00", "[jit]");
+  const uint32_t c_main = add("main", "/usr/bin/tool");
+  profile.stacks = {
+      {1, 10, false, {goexit, handler, libc, kernel}},
+      {2, 5, false, {goexit, unnamed_go}},
+      {3, 3, true, {eval, jit}},
+      {4, 2, false, {c_main, libc}},
+  };
+  const v1::QualityResponse r = StackQuality(profile, {});
+  ASSERT_EQ(r.frames_by_kind_size(), 5);
+  // go: 10*2 + 5*2 frames (5 unnamed); native: libc 10 + 2, tool 2; kernel 10; python 3; jit 3.
+  EXPECT_EQ(r.frames_by_kind(0).kind(), "go");
+  EXPECT_EQ(r.frames_by_kind(0).frames(), 30u);
+  EXPECT_EQ(r.frames_by_kind(0).unnamed_frames(), 5u);
+  EXPECT_EQ(r.frames_by_kind(1).kind(), "native");
+  EXPECT_EQ(r.frames_by_kind(1).frames(), 14u);
+  EXPECT_EQ(r.frames_by_kind(2).kind(), "kernel");
+  EXPECT_EQ(r.frames_by_kind(2).frames(), 10u);
+  EXPECT_EQ(r.frames_by_kind(3).kind(), "python");
+  EXPECT_EQ(r.frames_by_kind(4).kind(), "jit");
+  EXPECT_EQ(r.frames_by_kind(4).unnamed_frames(), 3u);
+  uint64_t sum = 0;
+  for (const auto& k : r.frames_by_kind()) sum += k.frames();
+  EXPECT_EQ(sum, r.frames());
+  for (const v1::BinaryQuality& b : r.binaries()) {
+    if (b.module() == "/srv/api") {
+      EXPECT_EQ(b.kind(), "go");
+      EXPECT_EQ(b.unnamed_frames(), 5u);
+      EXPECT_FALSE(b.hint().empty());
+    }
+    if (b.module() == "/usr/bin/tool") EXPECT_EQ(b.kind(), "native");
+    if (b.module() == "[jit]") EXPECT_EQ(b.kind(), "jit");
+  }
+}
+
+TEST(QualityTest, GoStackRoots) {
+  EXPECT_TRUE(IsGoStackRoot("runtime.goexit"));
+  EXPECT_TRUE(IsGoStackRoot("runtime.mstart"));
+  EXPECT_TRUE(IsGoStackRoot("runtime.rt0_go.abi0"));
+  EXPECT_FALSE(IsGoStackRoot("runtime.main"));
+  EXPECT_FALSE(IsGoStackRoot("main"));
+}
+
+}  // namespace
+}  // namespace strata::server::query
