@@ -128,6 +128,18 @@ void SampleFor(PerfSampler& sampler, absl::Duration duration, std::vector<Copied
   sampler.Drain(keep);
 }
 
+// Samples until `pid` has run `cpu` (its thread `pid`'s run time) or 30 s passed: on a
+// loaded machine a second of wall time can be a fifth of a second of the child's CPU.
+void SampleForChildCpu(PerfSampler& sampler, pid_t pid, absl::Duration cpu,
+                       std::vector<CopiedSample>* out) {
+  const uint64_t before = RuntimeNs(pid, pid);
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (RuntimeNs(pid, pid) - before < static_cast<uint64_t>(absl::ToInt64Nanoseconds(cpu)) &&
+         absl::Now() < deadline) {
+    SampleFor(sampler, absl::Milliseconds(100), out);
+  }
+}
+
 size_t CountSession(const std::vector<CopiedSample>& samples, uint32_t session_id) {
   size_t n = 0;
   for (const CopiedSample& s : samples) n += s.regs.session_id == session_id;
@@ -164,7 +176,7 @@ TEST_F(PerfSamplerTest, SamplesChildAtRateWithRegistersInsideItsMappings) {
   ASSERT_TRUE(sampler_->AttachProcess(1, pid, {pid}).ok());
   const uint64_t runtime_before = RuntimeNs(pid, pid);
   std::vector<CopiedSample> samples;
-  SampleFor(*sampler_, absl::Seconds(1), &samples);
+  SampleForChildCpu(*sampler_, pid, absl::Milliseconds(600), &samples);
   const uint64_t runtime_ns = RuntimeNs(pid, pid) - runtime_before;
   sampler_->DetachProcess(pid);
   EXPECT_EQ(sampler_->attached_events(), 0u);
@@ -279,7 +291,7 @@ TEST_F(PerfSamplerTest, ConcurrentSessionsSampleAtTheirOwnRates) {
   ASSERT_TRUE(sampler_->AttachProcess(10, pid, {pid}).ok());
   ASSERT_TRUE(sampler_->AttachProcess(20, pid, {pid}).ok());
   std::vector<CopiedSample> samples;
-  SampleFor(*sampler_, absl::Seconds(1), &samples);
+  SampleForChildCpu(*sampler_, pid, absl::Milliseconds(600), &samples);
   const size_t slow = CountSession(samples, 10);
   const size_t fast = CountSession(samples, 20);
   ASSERT_GT(slow, 20u);
