@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <thread>
@@ -38,8 +39,10 @@ TEST_F(BackboneTest, DemoHotPathsSurviveRestart) {
                      dir_.File("agent.log"));
   std::this_thread::sleep_for(std::chrono::seconds(15));
   ASSERT_TRUE(agent.running()) << agent.Output();
+  const double agent_cpu_s = ProcessCpuSeconds(agent.pid());
   // SIGTERM: the agent ships its last interval and waits for the acknowledgement.
   EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();
+  std::printf("C++ demo: %s\n", AgentCostReport(agent_cpu_s, agent.Output()).c_str());
   demo.Stop(SIGKILL);
 
   v1::HotPathsResponse paths = QueryHotPaths(server->address(), "demo");

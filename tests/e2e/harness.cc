@@ -9,10 +9,14 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <thread>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 
 extern char** environ;
@@ -158,6 +162,42 @@ uint64_t AgentSampleCount(const std::string& agent_log) {
     return 0;
   }
   return samples;
+}
+
+ShippedBatches AgentShippedBatches(const std::string& agent_log) {
+  ShippedBatches shipped;
+  const size_t at = agent_log.rfind("batches: ");
+  if (at == std::string::npos) return shipped;
+  const std::vector<std::string> words =
+      absl::StrSplit(agent_log.substr(at + 9, agent_log.find('\n', at) - at - 9), ' ');
+  if (words.size() < 3 || words[1] != "cpu" || !absl::SimpleAtoi(words[0], &shipped.batches) ||
+      !absl::SimpleAtoi(absl::StripPrefix(words[2], "("), &shipped.bytes)) {
+    return ShippedBatches();
+  }
+  return shipped;
+}
+
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos || paren + 2 > stat.size()) return 0;
+  std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');
+  double utime = 0, stime = 0;
+  if (fields.size() < 13 || !absl::SimpleAtod(fields[11], &utime) ||
+      !absl::SimpleAtod(fields[12], &stime)) {
+    return 0;
+  }
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+std::string AgentCostReport(double agent_cpu_s, const std::string& agent_log) {
+  const double samples = static_cast<double>(std::max<uint64_t>(1, AgentSampleCount(agent_log)));
+  const ShippedBatches shipped = AgentShippedBatches(agent_log);
+  return absl::StrCat("agent: ", agent_cpu_s * 1e6 / samples,
+                      " us of CPU per sample (start-up included), ",
+                      shipped.bytes / std::max<uint64_t>(1, shipped.batches), " bytes per batch, ",
+                      static_cast<double>(shipped.bytes) / samples, " per sample");
 }
 
 uint64_t ServiceTotal(const std::string& address, const std::string& service) {

@@ -78,6 +78,20 @@ CommandResult RunCommand(std::vector<std::string> argv, double timeout_s = 60);
 // The samples an agent counted in its run, from its "stopping: N samples" line (0 if none).
 uint64_t AgentSampleCount(const std::string& agent_log);
 
+// What an agent shipped, from its last "batches: N cpu (B bytes)" line; {0, 0} if none.
+struct ShippedBatches {
+  uint64_t batches = 0;
+  uint64_t bytes = 0;
+};
+ShippedBatches AgentShippedBatches(const std::string& agent_log);
+
+// User + system CPU seconds a live process has used (/proc/PID/stat); 0 if unreadable.
+double ProcessCpuSeconds(pid_t pid);
+
+// "agent: X us of CPU per sample (start-up included), Y bytes per batch, Z per sample", from
+// the agent's CPU (ProcessCpuSeconds before it stopped) and its log after it stopped.
+std::string AgentCostReport(double agent_cpu_s, const std::string& agent_log);
+
 // A service's total samples over all time (ListServices); 0 when unknown or unreachable.
 uint64_t ServiceTotal(const std::string& address, const std::string& service);
 

@@ -129,6 +129,7 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
   // The work (and Go's own profile) starts now that the agent samples it.
   ASSERT_EQ(kill(workload.pid(), SIGUSR1), 0);
   ASSERT_EQ(workload.Wait(kSeconds + 60), 0) << workload.Output();
+  const double agent_cpu_s = ProcessCpuSeconds(agent.pid());
   EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();
 
   double pprof_samples = 0;
@@ -186,7 +187,7 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
   EXPECT_GT(std::stoull(unwinding[3]), 0u) << agent_log;
   std::cout << "[ " << variant << " ] " << strata.total << " samples, truncated "
             << strata.truncated << ", reaching runtime.goexit " << strata.reach_goexit << "\n"
-            << report;
+            << report << "  " << AgentCostReport(agent_cpu_s, agent_log) << "\n";
   EXPECT_EQ(strata.complete_goroutine_truncated, 0u) << strata.top_paths;
   // Nearly every sample is of the two goroutines, whose stacks end at runtime.goexit.
   EXPECT_GT(strata.reach_goexit, strata.total * 8 / 10) << strata.top_paths;

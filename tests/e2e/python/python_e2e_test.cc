@@ -47,21 +47,6 @@ std::map<std::string, double> LastAccounting(const std::string& output) {
   return acct;
 }
 
-// User + system CPU seconds of a live process, from /proc/PID/stat.
-double CpuSeconds(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos) return 0;
-  std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');
-  double utime = 0, stime = 0;
-  if (fields.size() < 13 || !absl::SimpleAtod(fields[11], &utime) ||
-      !absl::SimpleAtod(fields[12], &stime)) {
-    return 0;
-  }
-  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
 std::string PathText(const v1::HotPath& p) {
   return absl::StrCat(p.samples(), ": ",
                       absl::StrJoin(p.frames(), " > ", [](std::string* out, const v1::Frame& f) {
@@ -95,7 +80,7 @@ TEST(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
     absl::SleepFor(absl::Milliseconds(200));
   }
   const std::map<std::string, double> after = LastAccounting(python.Output());
-  const double agent_cpu_s = CpuSeconds(agent.pid());
+  const double agent_cpu_s = ProcessCpuSeconds(agent.pid());
   EXPECT_EQ(agent.Stop(SIGTERM, 30), 0) << agent.Output();
   python.Stop(SIGKILL);
 
@@ -148,7 +133,8 @@ TEST(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
                     "%\n");
     EXPECT_NEAR(profiled, measured, 0.03) << fn;
   }
-  std::fprintf(stderr, "%s", report.c_str());
+  std::fprintf(stderr, "%s%s\n", report.c_str(),
+               AgentCostReport(agent_cpu_s, agent.Output()).c_str());
   std::fprintf(stderr, "hottest paths:\n%s", top.c_str());
   EXPECT_GT(chain, 0u) << "no nested chain_outer > chain_middle > deep_leaf path\n" << top;
   EXPECT_LT(static_cast<double>(stale) / total, 0.1) << report;
