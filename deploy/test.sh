@@ -13,17 +13,35 @@ root=$(pwd)
 build=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
 
+# Each part's wall time, printed at the end: where the run's time goes.
+parts=()
+part_started=$SECONDS
+part_done() {
+  parts+=("$(printf '%-46s %4d min %02d s' "$1" $(((SECONDS - part_started) / 60)) \
+    $(((SECONDS - part_started) % 60)))")
+  part_started=$SECONDS
+}
+print_parts() {
+  echo "== time per part"
+  printf '  %s\n' "${parts[@]}"
+  printf '  %-46s %4d min %02d s\n' "total" $((SECONDS / 60)) $((SECONDS % 60))
+}
+trap print_parts EXIT
+
 "$root/deploy/install-deps.sh"
+part_done "dependencies"
 
 echo "== x86-64 build ($build)"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_BUILD_TESTS=ON \
   -DSTRATA_BUILD_BENCHMARKS=OFF >/dev/null
 cmake --build "$build" -j "$jobs"
+part_done "x86-64 build"
 
 status=0
 echo "== x86-64 tests"
 # No reruns: a test that fails now and then is a bug, in the code or in the test.
 (cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 900) || status=1
+part_done "x86-64 tests"
 
 if [[ "${STRATA_SKIP_MIPS64:-0}" != 1 ]]; then
   # The MIPS64 end-to-end test ships to the x86-64 server and queries it with the CLI.
@@ -31,6 +49,7 @@ if [[ "${STRATA_SKIP_MIPS64:-0}" != 1 ]]; then
   for arch in mips64el mips64; do
     echo "== $arch cross build (build-$arch)"
     JOBS=$jobs deploy/cross/build.sh "$arch" "build-$arch" >/dev/null
+    part_done "$arch cross build"
     if [[ $arch == mips64el ]]; then
       # Debian's mips64el python3.11, unpacked beside its sysroot: the Python frame reader's
       # tests read a live interpreter under qemu, from x86-64 and as MIPS64 code.
@@ -38,9 +57,11 @@ if [[ "${STRATA_SKIP_MIPS64:-0}" != 1 ]]; then
       export STRATA_MIPS64EL_PYTHON_ROOT="$root/build-mips64el/python-root"
       echo "== x86-64 reader of a mips64el Python (qemu user mode)"
       (cd "$build" && ctest --output-on-failure -R 'Mips64elPython' --timeout 900) || status=1
+      part_done "mips64el Python root and its reader test"
     fi
     echo "== $arch tests (qemu user mode)"
     (cd "build-$arch" && ctest --output-on-failure -j "$jobs" --timeout 900) || status=1
+    part_done "$arch tests (qemu user mode)"
   done
 fi
 if [[ "${STRATA_SKIP_SANITIZE:-0}" != 1 ]]; then
@@ -48,5 +69,6 @@ if [[ "${STRATA_SKIP_SANITIZE:-0}" != 1 ]]; then
   # seed corpus plus a short budget (long fuzzing: deploy/fuzz.sh).
   echo "== ASan+UBSan build, unit and integration tests, fuzz targets (build-sanitize)"
   STRATA_FUZZ_SECONDS=${STRATA_FUZZ_SECONDS:-10} JOBS=$jobs deploy/sanitize.sh asan || status=1
+  part_done "ASan+UBSan build and tests, fuzz targets"
 fi
 exit $status
