@@ -464,17 +464,29 @@ absl::Status WindowAggregator::DrainPending() {
       // memtables insert each one next to the previous instead of searching from the top: a
       // thousand services closing their windows together are a million such inserts. The
       // cells themselves stay as they are: queries read them meanwhile.
-      std::vector<std::pair<CellKey, uint64_t>> sorted = p->cells;
-      std::sort(sorted.begin(), sorted.end(), [&](const auto& a, const auto& b) {
-        if (a.first.host != b.first.host) {
-          return p->hosts.at(a.first.host) < p->hosts.at(b.first.host);
-        }
-        if (a.first.stack != b.first.stack) return a.first.stack < b.first.stack;
-        return p->label_sets.at(a.first.labels) < p->label_sets.at(b.first.labels);
+      // Hosts ranked by name once, so that the sort compares integers, not hash lookups.
+      std::vector<std::pair<std::string_view, uint32_t>> host_names;
+      host_names.reserve(p->hosts.size());
+      for (const auto& [id, name] : p->hosts) host_names.emplace_back(name, id);
+      std::sort(host_names.begin(), host_names.end());
+      absl::flat_hash_map<uint32_t, uint32_t> host_rank;
+      for (uint32_t i = 0; i < host_names.size(); ++i) host_rank[host_names[i].second] = i;
+      struct SortedCell {
+        uint32_t host_rank;
+        uint64_t stack, label_set, count;
+      };
+      std::vector<SortedCell> sorted;
+      sorted.reserve(p->cells.size());
+      for (const auto& [key, count] : p->cells) {
+        sorted.push_back({host_rank.at(key.host), key.stack, p->label_sets.at(key.labels), count});
+      }
+      std::sort(sorted.begin(), sorted.end(), [](const SortedCell& a, const SortedCell& b) {
+        return std::tie(a.host_rank, a.stack, a.label_set) <
+               std::tie(b.host_rank, b.stack, b.label_set);
       });
-      for (const auto& [key, count] : sorted) {
-        p->wb->AddSamples(p->service, p->window_start_ms, p->hosts.at(key.host), key.stack, count,
-                          p->label_sets.at(key.labels));
+      for (const SortedCell& c : sorted) {
+        p->wb->AddSamples(p->service, p->window_start_ms, host_names[c.host_rank].first, c.stack,
+                          c.count, c.label_set);
       }
       p->cells_in_wb = true;
     }
