@@ -51,8 +51,8 @@ std::string DebuginfodUrlsFromEnvironment() {
   return urls == nullptr ? std::string() : std::string(urls);
 }
 
-// Sizes, durations and retention periods: each flag's text parsed into its option.
-absl::Status ParseTexts(const ServerFlags& f, ServerOptions& o) {
+// Memory and message sizes: each flag's text parsed into its option.
+absl::Status ParseSizes(const ServerFlags& f, ServerOptions& o) {
   uint64_t table_bytes = 0, message_bytes = 0, session_bytes = 0;
   for (auto [flag, text, out] :
        {std::tuple{"--table-memory", &f.table_memory, &table_bytes},
@@ -66,14 +66,24 @@ absl::Status ParseTexts(const ServerFlags& f, ServerOptions& o) {
     }
     *out = *bytes;
   }
+  if (message_bytes < 4096 || message_bytes > (1u << 30)) {
+    return absl::InvalidArgumentError("--max-message-bytes must be in [4KiB, 1GiB]");
+  }
+  o.aggregation.memory_budget_bytes = table_bytes;
+  o.ingest.service.limits.max_message_bytes = static_cast<uint32_t>(message_bytes);
+  o.ingest.service.session_memory_bytes = session_bytes;
+  return absl::OkStatus();
+}
+
+// A cluster node's timeouts and intervals.
+absl::Status ParseClusterDurations(const ServerFlags& f, ClusterOptions& cluster) {
   for (auto [flag, text, out] :
-       {std::tuple{"--cluster-lease-ttl", &f.cluster_lease_ttl, &o.cluster.lease_ttl},
-        std::tuple{"--cluster-query-timeout", &f.cluster_query_timeout,
-                   &o.cluster.query_timeout},
+       {std::tuple{"--cluster-lease-ttl", &f.cluster_lease_ttl, &cluster.lease_ttl},
+        std::tuple{"--cluster-query-timeout", &f.cluster_query_timeout, &cluster.query_timeout},
         std::tuple{"--cluster-replica-timeout", &f.cluster_replica_timeout,
-                   &o.cluster.replication.replica_timeout},
+                   &cluster.replication.replica_timeout},
         std::tuple{"--cluster-debuginfo-sync", &f.cluster_debuginfo_sync,
-                   &o.cluster.debuginfo_sync}}) {
+                   &cluster.debuginfo_sync}}) {
     auto ms = base::ParseDuration(*text);
     if (!ms.ok() || *ms <= 0) {
       return absl::InvalidArgumentError(
@@ -81,25 +91,24 @@ absl::Status ParseTexts(const ServerFlags& f, ServerOptions& o) {
     }
     *out = absl::Milliseconds(*ms);
   }
+  return absl::OkStatus();
+}
+
+// How long captures may run and are kept, and how long the store keeps each resolution
+// (enforced when RocksDB compacts, see StoreOptions).
+absl::Status ParseRetentionPeriods(const ServerFlags& f, ServerOptions& o) {
   auto capture_duration = capture::ParseRetention(f.max_capture_duration);
   if (!capture_duration.ok() || *capture_duration <= absl::ZeroDuration() ||
       *capture_duration > absl::Hours(1)) {
     return absl::InvalidArgumentError("--max-capture-duration must be between 1ms and 1h");
   }
   o.capture.max_duration = *capture_duration;
-  if (message_bytes < 4096 || message_bytes > (1u << 30)) {
-    return absl::InvalidArgumentError("--max-message-bytes must be in [4KiB, 1GiB]");
-  }
-  o.aggregation.memory_budget_bytes = table_bytes;
-  o.ingest.service.limits.max_message_bytes = static_cast<uint32_t>(message_bytes);
-  o.ingest.service.session_memory_bytes = session_bytes;
   auto retention = capture::ParseRetention(f.capture_retention);
   if (!retention.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--capture-retention: ", retention.status().message()));
   }
   o.capture.retention = *retention;
-  // Retention per resolution, enforced when RocksDB compacts (see StoreOptions).
   store::StoreOptions& store = o.storage.store;
   for (auto [flag, text, out] :
        {std::tuple{"--retention-raw", &f.raw_retention, &store.raw_retention_ms},
@@ -189,12 +198,12 @@ void AddEtcdTlsFlags(CLI::App& app, rpc::ClientSecurityOptions& etcd) {
              kNoDefault}});
 }
 
-void AddServeFlags(CLI::App& app, ServerFlags& f) {
+namespace {
+
+// The listeners, and who may call them.
+void AddListenerFlags(CLI::App& app, ServerFlags& f) {
   ServerOptions& o = f.options;
   auth::AuthorizerOptions& auth = o.security.authorizer;
-  aggregate::AggregatorOptions& aggregation = o.aggregation;
-  ingest::IngestService::Options& ingest = o.ingest.service;
-  ClusterOptions& cluster = o.cluster;
   AddFlags(app, {
     {"--listen", &o.ingest.listen, "gRPC address for agents and clients (host:port)", kNoDefault},
     {"--http", &o.http.listen, "HTTP address for /healthz, /metrics and the UI; empty: off",
@@ -223,6 +232,13 @@ void AddServeFlags(CLI::App& app, ServerFlags& f) {
     {"--query-burst", &auth.query_burst,
      "query requests a principal may make at once above --query-rate", true,
      CLI::NonNegativeNumber},
+  });
+}
+
+// The store: fsync, retention; and the log.
+void AddStorageFlags(CLI::App& app, ServerFlags& f) {
+  ServerOptions& o = f.options;
+  AddFlags(app, {
     {"--sync", &o.storage.store.sync, "fsync the write-ahead log on every batch"},
     {"--log-level", &o.log_level, "trace|debug|info|warn|error", kNoDefault},
     {"--capture-retention", &f.capture_retention,
@@ -231,6 +247,15 @@ void AddServeFlags(CLI::App& app, ServerFlags& f) {
     {"--retention-minute", &f.minute_retention,
      "keep the 1-minute rollups this long (0: forever)"},
     {"--retention-hour", &f.hour_retention, "keep the 1-hour rollups this long (0: forever)"},
+  });
+}
+
+// The aggregation tables, and what agents and clients may send or ask.
+void AddLimitFlags(CLI::App& app, ServerFlags& f) {
+  ServerOptions& o = f.options;
+  aggregate::AggregatorOptions& aggregation = o.aggregation;
+  ingest::IngestService::Options& ingest = o.ingest.service;
+  AddFlags(app, {
     {"--table-entries", &aggregation.max_entries,
      "distinct (host, stack) entries per service in the aggregation tables; a fuller table is "
      "written early", true, CLI::Range(1u, 1u << 24)},
@@ -275,6 +300,13 @@ void AddServeFlags(CLI::App& app, ServerFlags& f) {
     {"--max-agents", &ingest.max_agents,
      "agent streams held at once; more are refused with RESOURCE_EXHAUSTED and a retry delay",
      true, CLI::PositiveNumber},
+  });
+}
+
+// A cluster node: its identity, the ring, timeouts, and how it calls the others and etcd.
+void AddClusterFlags(CLI::App& app, ServerFlags& f) {
+  ClusterOptions& cluster = f.options.cluster;
+  AddFlags(app, {
     {"--cluster-etcd", &cluster.etcd_endpoints,
      "etcd endpoints (http://HOST:2379, or https:// with --cluster-etcd-ca; comma-separated): "
      "run as a node of a cluster whose membership lives there; off: a single server",
@@ -312,7 +344,12 @@ void AddServeFlags(CLI::App& app, ServerFlags& f) {
      "in their --auth-file)", kNoDefault},
   });
   AddEtcdTlsFlags(app, cluster.etcd_client);
-  SymbolizeOptions& symbolize = o.symbolize;
+}
+
+// Ingest's threads, and names for the frames agents could not name.
+void AddSymbolizeFlags(CLI::App& app, ServerFlags& f) {
+  ingest::IngestService::Options& ingest = f.options.ingest.service;
+  SymbolizeOptions& symbolize = f.options.symbolize;
   AddFlags(app, {
     {"--ingest-threads", &ingest.worker_threads,
      "threads that decode and commit agent batches (0: one per core)"},
@@ -326,6 +363,17 @@ void AddServeFlags(CLI::App& app, ServerFlags& f) {
      "seconds a debuginfod server may take to start answering", true, CLI::PositiveNumber},
     {"--max-debuginfo-bytes", &f.max_debuginfo, "largest debug file accepted by upload"},
   });
+}
+
+}  // namespace
+
+// In the order of --help and --print-config.
+void AddServeFlags(CLI::App& app, ServerFlags& f) {
+  AddListenerFlags(app, f);
+  AddStorageFlags(app, f);
+  AddLimitFlags(app, f);
+  AddClusterFlags(app, f);
+  AddSymbolizeFlags(app, f);
   app.get_option("--http")->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
@@ -343,7 +391,13 @@ absl::Status ResolveEtcdTls(rpc::ClientSecurityOptions& etcd,
 
 absl::StatusOr<ServerOptions> ServerOptionsFromFlags(const ServerFlags& flags) {
   ServerOptions options = flags.options;
-  if (absl::Status parsed = ParseTexts(flags, options); !parsed.ok()) return parsed;
+  if (absl::Status sizes = ParseSizes(flags, options); !sizes.ok()) return sizes;
+  if (absl::Status durations = ParseClusterDurations(flags, options.cluster); !durations.ok()) {
+    return durations;
+  }
+  if (absl::Status retention = ParseRetentionPeriods(flags, options); !retention.ok()) {
+    return retention;
+  }
   if (absl::Status secure = CheckSecurity(flags.certificate_role, options); !secure.ok()) {
     return secure;
   }

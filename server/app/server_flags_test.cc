@@ -99,9 +99,9 @@ TEST(ServerFlagsTest, BadValuesNameTheirFlag) {
 }
 
 TEST(ServerFlagsTest, CliRefusesOutOfRangeNumbers) {
-  EXPECT_THROW(FromCommandLine("--max-graph-nodes 0"), CLI::ValidationError);
-  EXPECT_THROW(FromCommandLine("--replication-factor 6"), CLI::ValidationError);
-  EXPECT_THROW(FromCommandLine("--tls-client-role root"), CLI::ValidationError);
+  EXPECT_THROW(FromCommandLine("--max-graph-nodes 0").IgnoreError(), CLI::ValidationError);
+  EXPECT_THROW(FromCommandLine("--replication-factor 6").IgnoreError(), CLI::ValidationError);
+  EXPECT_THROW(FromCommandLine("--tls-client-role root").IgnoreError(), CLI::ValidationError);
 }
 
 TEST(ServerFlagsTest, TlsAndAuthenticationMustFitTogether) {
