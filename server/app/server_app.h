@@ -3,9 +3,12 @@
 // queries, captures, and the gRPC and HTTP listeners.
 //
 // ServerApp owns every component. They are members declared in the order they are built, so
-// they are destroyed in the reverse order: each borrows only components declared before it
-// (the store, the aggregator, the registry, the authorizer...), which outlive it. Create()
-// builds the first ones, from what the options name; Start() the rest, in declaration order.
+// they are destroyed in the reverse order: each borrows components declared before it (the
+// store, the aggregator, the registry, the authorizer...), which outlive it. Two links point
+// the other way, set once both ends exist: the query service's cluster fan-out and ingest's
+// observers that tell the capture service of stored samples. Both are used only by calls,
+// and the gRPC and HTTP servers, declared last, stop first. Create() builds the
+// first members, from what the options name; Start() the rest, in declaration order.
 // Shutdown() stops them in the order that loses nothing before they are destroyed.
 #ifndef STRATA_SERVER_APP_SERVER_APP_H_
 #define STRATA_SERVER_APP_SERVER_APP_H_
@@ -52,9 +55,10 @@ class ServerApp {
   // After Start(): serves until SIGINT or SIGTERM, then Shutdown(); the exit status.
   int Run();
 
-  // Leaves the cluster, then stops in the order that loses nothing: streams end (every batch
-  // acknowledged so far is already committed), HTTP stops, the aggregator writes its open
-  // windows, the store closes. An error when the store did not close cleanly.
+  // Once, after Start() succeeded: leaves the cluster, then stops in the order that loses
+  // nothing: streams end (every batch acknowledged so far is already committed), HTTP stops,
+  // the aggregator writes its open windows, the store closes. An error when the store did not
+  // close cleanly.
   absl::Status Shutdown();
 
   ~ServerApp();
