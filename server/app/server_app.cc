@@ -1,0 +1,302 @@
+#include "server/app/server_app.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/server_metrics.h"
+#include "spdlog/spdlog.h"
+
+namespace strata::server::app {
+namespace {
+
+// Every agent stream and HTTP connection is a file descriptor, beside RocksDB's files: take all
+// the kernel allows this process rather than the shell's default 1024.
+void RaiseOpenFileLimit() {
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &files) != 0) spdlog::warn("cannot raise the open-file limit");
+  }
+}
+
+// libdebuginfod reads its settings from the environment at every lookup: set them once,
+// before any thread starts. Its cache goes under the data directory unless the operator
+// chose one.
+void ConfigureDebuginfod(const ServerOptions& options) {
+  const std::string& urls = options.symbolize.symbolizer.debuginfod_urls;
+  if (urls.empty()) {
+    unsetenv("DEBUGINFOD_URLS");
+    return;
+  }
+  setenv("DEBUGINFOD_URLS", urls.c_str(), 1);
+  setenv("DEBUGINFOD_TIMEOUT", std::to_string(options.symbolize.debuginfod_timeout_s).c_str(), 1);
+  setenv("DEBUGINFOD_CACHE_PATH", (options.storage.data_dir + "/debuginfod-cache").c_str(),
+         /*overwrite=*/0);
+}
+
+// Signals are taken synchronously by the main thread (sigwait); blocked before any thread
+// starts so none of gRPC's or Beast's threads receives them.
+sigset_t BlockShutdownSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+// `status` with what failed in front of its text (and its code's name when `with_code`).
+absl::Status Failed(const std::string& what, const absl::Status& status, bool with_code) {
+  return absl::Status(status.code(),
+                      what + (with_code ? status.ToString() : std::string(status.message())));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Create(const ServerOptions& options) {
+  absl::StatusOr<ServerSecurity> security = LoadSecurity(options);
+  if (!security.ok()) return security.status();
+  return std::unique_ptr<ServerApp>(new ServerApp(options, *std::move(security)));
+}
+
+ServerApp::ServerApp(const ServerOptions& options, ServerSecurity security)
+    : options_(options),
+      authorizer_(std::move(security.authorizer)),
+      grpc_credentials_(std::move(security.grpc_credentials)),
+      etcd_security_(std::move(security.etcd_client)),
+      node_channels_(std::move(security.node_client)) {}
+
+ServerApp::~ServerApp() = default;
+
+absl::Status ServerApp::Start() {
+  RaiseOpenFileLimit();
+  ConfigureDebuginfod(options_);
+  shutdown_signals_ = BlockShutdownSignals();
+  if (absl::Status opened = OpenStore(); !opened.ok()) return opened;
+  if (absl::Status joined = JoinCluster(); !joined.ok()) return joined;
+  if (absl::Status built = BuildServices(); !built.ok()) return built;
+  capture_ = std::make_unique<capture::CaptureService>(store_.get(), &registry_, CaptureOptions());
+  ingest_->AddBatchObserver([capture = capture_.get()](const ingest::AppliedBatch& batch) {
+    if (batch.duplicate || batch.batch->capture_id().empty()) return;
+    uint64_t samples = 0;
+    for (const auto& c : batch.contexts) samples += c.count;
+    capture->OnSamplesStored(batch.agent->agent_id, batch.batch->capture_id(), samples);
+  });
+  ingest_->AddCaptureStatusObserver(
+      [capture = capture_.get()](const std::string& agent_id, const auto& status) {
+        capture->OnStatus(agent_id, status);
+      });
+  capture_->Start();
+  return Listen();
+}
+
+absl::Status ServerApp::OpenStore() {
+  const std::string& data = options_.storage.data_dir;
+  auto store = store::Store::Open(data, options_.storage.store);
+  if (!store.ok()) {
+    return Failed(absl::StrCat("cannot open data directory ", data, ": "), store.status(),
+                  /*with_code=*/true);
+  }
+  store_ = std::move(*store);
+  // Writes samples an earlier process acknowledged but did not flush (see the journal).
+  auto aggregator = aggregate::WindowAggregator::Create(store_.get(), options_.aggregation);
+  if (!aggregator.ok()) return Failed("aggregation: ", aggregator.status(), /*with_code=*/true);
+  aggregator_ = std::move(*aggregator);
+  aggregator_->Start();
+  return absl::OkStatus();
+}
+
+absl::Status ServerApp::JoinCluster() {
+  const ClusterOptions& cluster = options_.cluster;
+  if (!cluster.enabled()) return absl::OkStatus();
+  auto joined = cluster::Membership::Join({.etcd_endpoints = cluster.etcd_endpoints,
+                                           .etcd_security = std::move(etcd_security_),
+                                           .prefix = cluster.prefix,
+                                           .node_id = cluster.node_id,
+                                           .advertise = cluster.advertise,
+                                           .tokens = cluster.tokens,
+                                           .lease_ttl = cluster.lease_ttl});
+  if (!joined.ok()) return joined.status();
+  membership_ = std::move(*joined);
+  placement_ = std::make_unique<cluster::ClusterPlacement>(
+      membership_.get(), store_.get(), &node_channels_, cluster.replication,
+      &replication_metrics_);
+  spdlog::info("cluster: node {} at {} joined {} ({} nodes, replication factor {})",
+               cluster.node_id, cluster.advertise, cluster.etcd_endpoints,
+               membership_->ring()->members().size(), cluster.replication.replication_factor);
+  return absl::OkStatus();
+}
+
+absl::Status ServerApp::BuildServices() {
+  ingest::IngestService::Options ingest_options = options_.ingest.service;
+  ingest_options.authorizer = authorizer_.get();
+  ingest_options.committer = aggregator_.get();
+  ingest_options.placement = placement_.get();
+  ingest_ = std::make_unique<ingest::IngestService>(store_.get(), &registry_, &ingest_metrics_,
+                                                    std::move(ingest_options));
+  auto debuginfo_store = symbolize::DebugInfoStore::Open(
+      options_.storage.data_dir + "/debuginfo", options_.symbolize.max_debuginfo_bytes);
+  if (!debuginfo_store.ok()) {
+    return Failed("debug info directory: ", debuginfo_store.status(), /*with_code=*/false);
+  }
+  debuginfo_store_ = std::move(*debuginfo_store);
+  symbolizer_ = std::make_unique<symbolize::Symbolizer>(options_.symbolize.symbolizer,
+                                                        debuginfo_store_.get());
+  symbolize::DebugInfoService::CopyElsewhere copy_debuginfo;
+  if (membership_ != nullptr) {
+    copy_debuginfo = [this](grpc::ServerContext* context, const std::string& path,
+                            const std::string& file_name, const std::string& build_id) {
+      return cluster::CopyDebugInfoElsewhere(membership_.get(), &node_channels_, context, path,
+                                             file_name, build_id);
+    };
+  }
+  debuginfo_ = std::make_unique<symbolize::DebugInfoService>(
+      debuginfo_store_.get(), symbolizer_.get(), authorizer_.get(), std::move(copy_debuginfo));
+  query_ = std::make_unique<query::QueryService>(store_.get(), &registry_, aggregator_.get(),
+                                                 authorizer_.get(), symbolizer_.get());
+  if (membership_ != nullptr) BuildClusterServices();
+  return absl::OkStatus();
+}
+
+void ServerApp::BuildClusterServices() {
+  const ClusterOptions& cluster = options_.cluster;
+  const uint32_t replication_factor = cluster.replication.replication_factor;
+  cluster_service_ = std::make_unique<cluster::ClusterService>(
+      membership_.get(), store_.get(), &registry_, aggregator_.get(), symbolizer_.get(),
+      authorizer_.get(), replication_factor, &replication_metrics_);
+  fanout_ = std::make_unique<cluster::FanoutSource>(membership_.get(), &node_channels_,
+                                                    cluster_service_.get(), replication_factor,
+                                                    cluster.query_timeout);
+  query_->SetProfileSource(fanout_.get());
+  debuginfo_sync_ = std::make_unique<cluster::DebugInfoSync>(
+      membership_.get(), &node_channels_,
+      [uploads = debuginfo_store_.get()] {
+        std::vector<cluster::LocalDebugFile> files;
+        for (const auto& info : uploads->List()) {
+          if (std::optional<std::string> path = uploads->PathOf(info.build_id)) {
+            files.push_back({info.build_id, info.file_name, *path});
+          }
+        }
+        return files;
+      },
+      cluster.debuginfo_sync);
+}
+
+capture::CaptureService::Options ServerApp::CaptureOptions() {
+  capture::CaptureService::Options capture_options = options_.capture;
+  capture_options.authorizer = authorizer_.get();
+  if (membership_ != nullptr) {
+    const absl::Duration timeout = options_.cluster.query_timeout;
+    capture_options.run_elsewhere = [this](grpc::ServerContext* context, const auto& request,
+                                           auto* writer) {
+      return cluster::RunCaptureElsewhere(membership_.get(), &node_channels_, context, request,
+                                          writer);
+    };
+    capture_options.list_elsewhere = [this, timeout](grpc::ServerContext* context,
+                                                     auto* unreachable) {
+      return cluster::ListCapturesElsewhere(membership_.get(), &node_channels_, context, timeout,
+                                            unreachable);
+    };
+    capture_options.get_elsewhere = [this, timeout](grpc::ServerContext* context,
+                                                    const auto& request, auto* record) {
+      return cluster::GetCaptureElsewhere(membership_.get(), &node_channels_, context, timeout,
+                                          request, record);
+    };
+  }
+  capture_options.deleter = [store = store_.get()](const std::string& capture_id) {
+    store::WriteBatch wb;
+    wb.DeleteCapture(capture_id);
+    return store->Commit(&wb);
+  };
+  return capture_options;
+}
+
+absl::Status ServerApp::Listen() {
+  const std::string& listen = options_.ingest.listen;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen, grpc_credentials_, &grpc_port_);
+  builder.RegisterService(ingest_.get());
+  builder.RegisterService(query_.get());
+  builder.RegisterService(capture_.get());
+  builder.RegisterService(debuginfo_.get());
+  if (cluster_service_ != nullptr) builder.RegisterService(cluster_service_.get());
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(options_.ingest.service.limits.max_message_bytes));
+  grpc_server_ = builder.BuildAndStart();
+  if (!grpc_server_ || grpc_port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  }
+
+  const HttpOptions& http = options_.http;
+  http_server_ = std::make_unique<http::HttpServer>();
+  RegisterHttpRoutes(
+      http_server_.get(), store_.get(), &ingest_metrics_, query_.get(), aggregator_.get(),
+      {.authorizer = authorizer_.get(),
+       .metrics_open = http.metrics_open,
+       .capture_limit_refusals = [capture = capture_.get()] { return capture->limit_refusals(); },
+       .symbolizer = symbolizer_.get(),
+       .debuginfo = debuginfo_.get(),
+       .more_metrics = membership_ == nullptr ? std::function<std::string()>() : [this] {
+         return cluster::RenderClusterMetrics(*cluster_service_, debuginfo_sync_.get());
+       }});
+  if (!http.listen.empty()) {
+    http::HttpServerOptions http_options;
+    http_options.max_connections = http.max_connections;
+    const auth::ServerTlsFiles& tls = options_.security.tls;
+    http_options.tls = {tls.cert_file, tls.key_file, tls.client_ca_file};
+    if (absl::Status started = http_server_->Start(http.listen, http_options); !started.ok()) {
+      grpc_server_->Shutdown();
+      return started;
+    }
+  }
+  spdlog::info("strata-server listening on {} (port {}), HTTP on {}, data in {}; {}, {}", listen,
+               grpc_port_, http.listen.empty() ? "off" : http.listen, options_.storage.data_dir,
+               options_.security.tls_on() ? "TLS" : "plaintext",
+               authorizer_->enabled() ? "authentication required" : "no authentication");
+  // The HTTP port first: whoever waits for "ready" (tests, scripts with port 0) finds both.
+  if (!http.listen.empty()) std::printf("strata-server HTTP on port %d\n", http_server_->port());
+  std::printf("strata-server ready on port %d\n", grpc_port_);
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+int ServerApp::Run() {
+  int sig = 0;
+  sigwait(&shutdown_signals_, &sig);
+  spdlog::info("signal {}: shutting down", sig);
+  if (!Shutdown().ok()) return 1;
+  spdlog::info("stopped cleanly");
+  return 0;
+}
+
+absl::Status ServerApp::Shutdown() {
+  if (membership_ != nullptr) membership_->Leave();
+  grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  http_server_->Stop();
+  aggregator_->Stop();
+  if (absl::Status flushed = aggregator_->FlushAll(); !flushed.ok()) {
+    // The journal still holds the open windows; the next start writes them.
+    spdlog::error("writing the open windows: {}", flushed.ToString());
+  }
+  const aggregate::AggregatorStats aggregated = aggregator_->stats();
+  spdlog::info("aggregation: {} windows closed, {} capacity flushes, {} cells written "
+               "directly, {} phase changes",
+               aggregated.windows_closed, aggregated.capacity_flushes, aggregated.direct_cells,
+               aggregated.phase_events);
+  aggregator_.reset();
+  if (absl::Status closed = store_->Close(); !closed.ok()) {
+    spdlog::error("closing the store: {}", closed.ToString());
+    return closed;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata::server::app
