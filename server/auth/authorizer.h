@@ -6,7 +6,7 @@
 // Principals come from verified client certificates (TLS with --tls-client-ca) and from
 // bearer tokens in the tokens file (--auth-file, see auth_file.h), which is re-read when it
 // changes. A server with neither runs open: every caller is the anonymous operator (allowed
-// on loopback only, or with --insecure; see main.cc).
+// on loopback only, or with --insecure; see server/app/server_flags.cc).
 //
 // Every refusal says what is missing (UNAUTHENTICATED: no or unknown credentials;
 // PERMISSION_DENIED: the role needed; RESOURCE_EXHAUSTED: over the query rate) and is counted

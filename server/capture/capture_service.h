@@ -1,6 +1,6 @@
 // server/capture: ad hoc captures, the only server module that speaks capture.proto. It
 // reaches agents through the registry and learns of stored capture samples from ingest's
-// observers (wired in main.cc), so it depends on neither ingest nor query.
+// observers (wired in server/app/server_app.cc), so it depends on neither ingest nor query.
 //
 // Ad hoc captures (proto/strata/v1/capture.proto): the gRPC Capture service and the state of
 // running captures.

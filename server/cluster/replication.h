@@ -46,7 +46,7 @@ struct ReplicationMetrics {
 
 // Channels to other nodes by address, shared by replication, fan-out queries and routed
 // captures, with this node's credentials for them (TLS and a client certificate, a bearer
-// token of role node: main.cc's --cluster-tls-* and --cluster-token-file).
+// token of role node: server/app's --cluster-tls-* and --cluster-token-file).
 class NodeChannels {
  public:
   // rpc::ClientSecurity() for plaintext without a token.

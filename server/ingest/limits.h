@@ -3,7 +3,7 @@
 // sequence jump. Everything an agent sends is checked against them before it touches the
 // store or the aggregation tables, so a broken or hostile client costs bounded memory and
 // time and gets a clear error; well-behaved agents stay far below every default. Each bound
-// has a strata-server flag (server/main.cc) for fleets that need more.
+// has a strata-server flag (server/app/server_flags.cc) for fleets that need more.
 #ifndef STRATA_SERVER_INGEST_LIMITS_H_
 #define STRATA_SERVER_INGEST_LIMITS_H_
 
