@@ -58,7 +58,7 @@ struct ReconnectorOptions {
   absl::Duration max_backoff = absl::Seconds(30);
   int max_redirects_in_a_row = kMaxRedirectsInARow;
   // Where in [b/2, b) a wait falls: a number in [0, 1). Null: random (seeded per Reconnector).
-  std::function<double()> jitter;
+  std::function<double()> jitter = nullptr;
 };
 
 class Reconnector {
