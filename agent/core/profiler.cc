@@ -1,16 +1,10 @@
 #include "agent/core/profiler.h"
 
-#include <errno.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstring>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "common/unwind/host_arch.h"
+#include "agent/core/stack_sources.h"
 #include "spdlog/spdlog.h"
 
 namespace strata::agent {
@@ -29,38 +23,6 @@ std::optional<ProfilerOptions::Sampling> ParseSamplingMode(std::string_view mode
   return std::nullopt;
 }
 
-namespace {
-
-// The scope of the agent's perf events: per CPU unless told otherwise or not allowed.
-absl::StatusOr<sampler::SamplingScope> ChooseScope(ProfilerOptions::Sampling sampling) {
-  if (sampling == ProfilerOptions::Sampling::kPerThread) return sampler::SamplingScope::kPerThread;
-  absl::Status probe = sampler::ProbePerCpuEvents();
-  if (probe.ok()) return sampler::SamplingScope::kPerCpu;
-  if (sampling == ProfilerOptions::Sampling::kPerCpu) return probe;
-  spdlog::info("sampling per thread: system-wide perf events are not allowed here ({})",
-               probe.ToString());
-  return sampler::SamplingScope::kPerThread;
-}
-
-// The kernel's symbols when samples may carry kernel chains in `scope`, else null (and why,
-// once, unless kernel stacks were asked for: then the error).
-absl::StatusOr<std::unique_ptr<kernel::KernelSymbols>> KernelSymbolsFor(
-    ProfilerOptions::KernelStacks mode, sampler::SamplingScope scope) {
-  if (mode == ProfilerOptions::KernelStacks::kOff) return nullptr;
-  absl::Status status = sampler::ProbeKernelEvents(scope, sampler::SessionEvent::kCpuClock);
-  absl::StatusOr<std::unique_ptr<kernel::KernelSymbols>> symbols =
-      status.ok() ? kernel::KernelSymbols::Load() : status;
-  if (symbols.ok()) {
-    spdlog::info("kernel stacks on: {} kernel text symbols", (*symbols)->size());
-    return symbols;
-  }
-  if (mode == ProfilerOptions::KernelStacks::kOn) return symbols.status();
-  spdlog::info("kernel stacks off, user stacks only: {}", symbols.status().ToString());
-  return nullptr;
-}
-
-}  // namespace
-
 std::optional<ProfilerOptions::KernelStacks> ParseKernelStacksMode(std::string_view mode) {
   if (mode == "auto") return ProfilerOptions::KernelStacks::kAuto;
   if (mode == "on") return ProfilerOptions::KernelStacks::kOn;
@@ -72,49 +34,11 @@ absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(ProfilerOptions optio
                                                           ContextGraph* graph) {
   auto discovery = TargetDiscovery::Create(options);
   if (!discovery.ok()) return discovery.status();
-  std::unique_ptr<sources::PerfSource> perf;
-  std::unique_ptr<kernel::KernelSymbols> kernel_symbols;
-  if (options.inproc != ProfilerOptions::Inproc::kOn) {
-    if (absl::Status probe = sampler::ProbePerfEvents(); probe.ok()) {
-      auto scope = ChooseScope(options.sampling);
-      if (!scope.ok()) return scope.status();
-      auto symbols = KernelSymbolsFor(options.kernel_stacks, *scope);
-      if (!symbols.ok()) return symbols.status();
-      kernel_symbols = std::move(*symbols);
-      if (options.off_cpu) {
-        // Off-CPU events are per thread in either scope (PerfSource).
-        if (absl::Status off = sampler::ProbeKernelEvents(
-                sampler::SamplingScope::kPerThread, sampler::SessionEvent::kContextSwitches);
-            !off.ok()) {
-          return absl::Status(off.code(), absl::StrCat("--off-cpu: ", off.message()));
-        }
-      }
-      auto opened = sources::PerfSource::Open({.frequency_hz = options.frequency_hz,
-                                               .stack_bytes = options.stack_bytes,
-                                               .scope = *scope,
-                                               .kernel_stacks = kernel_symbols != nullptr,
-                                               .off_cpu = options.off_cpu});
-      if (!opened.ok()) return opened.status();
-      perf = std::move(*opened);
-    } else if (options.inproc == ProfilerOptions::Inproc::kOff || options.off_cpu ||
-               options.kernel_stacks == ProfilerOptions::KernelStacks::kOn) {
-      return probe;
-    } else {
-      spdlog::warn("perf events unavailable ({}); sampling only processes that run the "
-                   "in-process sampler (rings in {})",
-                   probe.ToString(), options.inproc_dir);
-    }
-  }
-  std::unique_ptr<sources::InprocSource> rings;
-  if (options.inproc != ProfilerOptions::Inproc::kOff) {
-    sources::InprocSourceOptions ring_options;
-    ring_options.dir = options.inproc_dir;
-    ring_options.arch = static_cast<uint32_t>(unwind::kHostArch);
-    rings = std::make_unique<sources::InprocSource>(std::move(ring_options));
-  }
+  auto opened = OpenStackSources(options);
+  if (!opened.ok()) return opened.status();
   auto profiler = std::unique_ptr<Profiler>(
-      new Profiler(std::move(options), graph, std::move(*discovery), std::move(perf),
-                   std::move(rings), std::move(kernel_symbols)));
+      new Profiler(std::move(options), graph, std::move(*discovery), std::move(opened->perf),
+                   std::move(opened->inproc), std::move(opened->kernel_symbols)));
   if (auto st = profiler->InitPoll(); !st.ok()) return st;
   return profiler;
 }
@@ -144,30 +68,18 @@ Profiler::Profiler(ProfilerOptions options, ContextGraph* graph,
 }
 
 absl::Status Profiler::InitPoll() {
-  poll_fd_.reset(epoll_create1(EPOLL_CLOEXEC));
-  if (!poll_fd_.valid()) return absl::InternalError(absl::StrCat("epoll_create1: ", strerror(errno)));
-  wake_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!wake_fd_.valid()) return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
-  std::vector<int> fds = {wake_fd_.get()};
-  for (sources::StackSource* source : sources_) {
-    if (source->wait_fd() >= 0) fds.push_back(source->wait_fd());
-  }
-  for (int fd : fds) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = fd;
-    if (epoll_ctl(poll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
-      return absl::InternalError(absl::StrCat("epoll_ctl: ", strerror(errno)));
-    }
-  }
+  PollerOptions watch;
   if (discovery_->watches_events()) {
     events_fd_ = discovery_->events_fd();
-    change_fds_.push_back(events_fd_);
+    watch.change_fds.push_back(events_fd_);
   }
   for (sources::StackSource* source : sources_) {
-    if (source->rescan_fd() >= 0) change_fds_.push_back(source->rescan_fd());
+    if (source->wait_fd() >= 0) watch.ready_fds.push_back(source->wait_fd());
+    if (source->rescan_fd() >= 0) watch.change_fds.push_back(source->rescan_fd());
   }
-  ArmChanges();
+  auto poller = Poller::Create(std::move(watch));
+  if (!poller.ok()) return poller.status();
+  poller_ = std::move(*poller);
   return absl::OkStatus();
 }
 
@@ -180,66 +92,20 @@ absl::Status Profiler::Poll(absl::Duration timeout) {
     now = absl::Now();
   }
   absl::Duration wait = std::min(timeout, next_rescan_ - now);
-  if (!changes_armed_ && !change_fds_.empty()) {
-    const absl::Time rearm = last_event_rescan_ + kEventRescanGap;
-    if (now >= rearm) {
-      ArmChanges();
-    } else {
-      wait = std::min(wait, rearm - now);
-    }
-  }
   for (sources::StackSource* source : sources_) wait = std::min(wait, source->max_wait());
   if (recorder_.python_targets() > 0) wait = std::min(wait, options_.python_read_period);
-  const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
-      absl::ToInt64Milliseconds(absl::Ceil(std::max(wait, absl::ZeroDuration()),
-                                           absl::Milliseconds(1))),
-      0, INT32_MAX));
-  epoll_event ready[4];
-  const int n = epoll_wait(poll_fd_.get(), ready, 4, timeout_ms);
-  if (n < 0 && errno != EINTR) {
-    return absl::InternalError(absl::StrCat("epoll_wait: ", strerror(errno)));
-  }
+  absl::StatusOr<Wakeup> woke = poller_->Wait(wait);
+  if (!woke.ok()) return woke.status();
   ++wakeups_;
-  for (int i = 0; i < n; ++i) {
-    if (ready[i].data.fd == wake_fd_.get()) {
-      uint64_t count;
-      (void)!read(wake_fd_.get(), &count, sizeof(count));
-    } else if (std::find(change_fds_.begin(), change_fds_.end(), ready[i].data.fd) !=
-               change_fds_.end()) {
-      changes_armed_ = false;  // EPOLLONESHOT: re-armed after kEventRescanGap
-      rescan_due_ = true;
-    } else {
-      for (sources::StackSource* source : sources_) {
-        if (ready[i].data.fd != source->wait_fd()) continue;
-        if (auto st = source->Ready(); !st.ok()) return st;
-      }
+  rescan_due_ |= woke->changed;
+  for (int i = 0; i < woke->ready_count; ++i) {
+    for (sources::StackSource* source : sources_) {
+      if (woke->ready[i] != source->wait_fd()) continue;
+      if (auto st = source->Ready(); !st.ok()) return st;
     }
   }
   for (sources::StackSource* source : sources_) source->Drain(recorder_);
-  if (rescan_due_) {
-    last_event_rescan_ = absl::Now();
-    if (auto st = Rescan(); !st.ok()) return st;
-  }
-  return absl::OkStatus();
-}
-
-void Profiler::Wake() const {
-  const uint64_t one = 1;
-  // A full counter (EAGAIN) already wakes the loop.
-  (void)!write(wake_fd_.get(), &one, sizeof(one));
-}
-
-void Profiler::ArmChanges() {
-  for (int fd : change_fds_) {
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLONESHOT;
-    ev.data.fd = fd;
-    if (epoll_ctl(poll_fd_.get(), changes_added_ ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev) != 0) {
-      spdlog::warn("watching process changes: epoll_ctl: {}", strerror(errno));
-    }
-  }
-  changes_added_ = true;
-  changes_armed_ = true;
+  return rescan_due_ ? Rescan() : absl::OkStatus();
 }
 
 absl::Status Profiler::Rescan() {
@@ -248,7 +114,7 @@ absl::Status Profiler::Rescan() {
   RescanSources();
   auto changes = discovery_->Scan();
   if (events_fd_ >= 0 && !discovery_->watches_events()) {  // it gave up on them: /proc now
-    change_fds_.erase(std::find(change_fds_.begin(), change_fds_.end(), events_fd_));
+    poller_->StopWatching(events_fd_);
     events_fd_ = -1;
   }
   // With process events the next scan follows an event (or, while a process is caught

@@ -5,6 +5,7 @@
 //   StackRecorder (stack_recorder.h) unwinds, symbolizes, adds to the ContextGraph, counts
 //   BatchBuilder (batch_builder.h)   an interval's counts as an encoded SampleBatch
 //   Profiler (this header)           builds and drives the four above: Poll, TakeBatch
+//   Poller (poller.h)                the loop's one wait: sources, process changes, Wake()
 //   IntervalLoop (interval_loop.h)   the agent's main loop: polls, ships batches on interval
 //                                    boundaries, runs captures (CaptureController)
 //   Shipper (shipper.h)              the ingest stream: graph deltas, batches, acks, spool
@@ -34,12 +35,12 @@
 #include "absl/time/time.h"
 #include "agent/core/batch_builder.h"
 #include "agent/core/context_graph.h"
+#include "agent/core/poller.h"
 #include "agent/core/sampling_sessions.h"
 #include "agent/core/stack_recorder.h"
 #include "agent/core/targets.h"
 #include "agent/sources/inproc_source.h"
 #include "agent/sources/perf_source.h"
-#include "common/base/unique_fd.h"
 #include "strata/v1/ingest.pb.h"
 
 namespace strata::agent {
@@ -135,9 +136,9 @@ class Profiler final : public SamplingSessions {
   // rescans the targets when due.
   absl::Status Poll(absl::Duration timeout);
   // Ends the current (or next) Poll's wait early. Any thread; async-signal-safe.
-  void Wake() const;
+  void Wake() const { poller_->Wake(); }
   // The descriptor Wake() writes to, for a signal handler that cannot reach the Profiler.
-  int wake_fd() const { return wake_fd_.get(); }
+  int wake_fd() const { return poller_->wake_fd(); }
   // The interval's samples as a batch (nullopt when there were none). `sequence` is only
   // used when a batch is returned.
   absl::StatusOr<std::optional<v1::SampleBatch>> TakeBatch(int64_t start_ms, int64_t end_ms,
@@ -175,9 +176,8 @@ class Profiler final : public SamplingSessions {
   // Sources first (a process with a ring is not attached to perf), then /proc: targets that
   // came and went, their threads, their mappings.
   absl::Status Rescan();
+  // The poller over the sources' and the process events' descriptors.
   absl::Status InitPoll();
-  // Watches change_fds_ for one wake-up (EPOLLONESHOT).
-  void ArmChanges();
   void RescanSources();
   void AddTarget(const procfs::TrackedProcess& process);
   void RemoveTarget(pid_t pid);
@@ -190,24 +190,15 @@ class Profiler final : public SamplingSessions {
   std::vector<sources::StackSource*> sources_;     // the two above that exist, perf first
   std::unique_ptr<kernel::KernelSymbols> kernel_symbols_;  // null: no kernel stacks
   StackRecorder recorder_;
+  BatchBuilder batches_;
   // Continuous profiling's rate (SetRate changes it): the unit of off-CPU batches.
   uint32_t continuous_hz_;
-  BatchBuilder batches_;
   absl::Time next_rescan_ = absl::InfinitePast();
-  // One epoll over the sources' wait descriptors, the change descriptors and Wake()'s: the
-  // loop sleeps until samples, a process, thread or ring change, or its deadline. Changes
-  // wake it at most every kEventRescanGap: a host forking hundreds of unrelated processes a
-  // second must not turn into as many agent wake-ups.
-  static constexpr absl::Duration kEventRescanGap = absl::Milliseconds(100);
-  base::UniqueFd poll_fd_;
-  base::UniqueFd wake_fd_;  // an eventfd
+  // Sleeps until samples, a process, thread or ring change (process events' descriptor and
+  // the sources' rescan descriptors), Wake() or the loop's deadline.
+  std::unique_ptr<Poller> poller_;
   bool rescan_due_ = false;
-  // Readable on process or thread changes (process events) and new in-process rings.
-  std::vector<int> change_fds_;
-  int events_fd_ = -1;  // the process events' descriptor among them
-  bool changes_added_ = false;
-  bool changes_armed_ = false;
-  absl::Time last_event_rescan_ = absl::InfinitePast();
+  int events_fd_ = -1;  // the process events' descriptor, while the poller watches it
   uint64_t wakeups_ = 0;
   uint64_t rescans_ = 0;
   // Targets attached to each capture session.

@@ -6,7 +6,6 @@
 #include <climits>
 #include <deque>
 #include <iterator>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -172,12 +171,7 @@ void Shipper::Run() {
     auto stub = v1::Ingest::NewStub(options_.security.CreateChannel(address, args));
     return stubs.emplace(address, std::move(stub)).first->second.get();
   };
-  size_t next_server = 0;  // in `servers`, once `redirected` is used up
-  std::deque<std::string> redirected;  // the owners the last Redirect named, not yet tried
-  int redirects_in_a_row = 0;          // since the last Welcome
-  const absl::Duration min_backoff = absl::Milliseconds(500);
-  absl::Duration backoff = min_backoff;
-  std::minstd_rand rng(std::random_device{}());
+  rpc::Reconnector reconnect({.servers = servers, .max_backoff = options_.max_backoff});
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
@@ -185,56 +179,34 @@ void Shipper::Run() {
       retry_after_ = absl::ZeroDuration();
       redirect_.reset();
     }
-    std::string address;
-    if (!redirected.empty()) {
-      address = std::move(redirected.front());
-      redirected.pop_front();
-    } else {
-      address = servers[next_server];
-      next_server = (next_server + 1) % servers.size();
-    }
+    const std::string address = reconnect.Connect();
     const uint64_t connects_before = stats().connects;
     Session(stub_for(address), address);
     absl::MutexLock lock(&mu_);
-    const bool welcomed = stats_.connects != connects_before;
-    if (welcomed) redirects_in_a_row = 0;
-    // Reset the backoff after a session that got as far as Welcome, unless the server sent
-    // us away for lack of resources: then wait at least as long as it asked, and keep
-    // growing, so that a fleet refused together does not come back together.
-    if (welcomed && retry_after_ == absl::ZeroDuration()) {
-      backoff = min_backoff;
-    }
+    if (stats_.connects != connects_before) reconnect.Welcomed();
+    reconnect.RetryAfter(retry_after_);
     if (redirect_.has_value()) {
       ++stats_.redirects;
-      ++redirects_in_a_row;
-      redirected.clear();
-      for (const std::string& s : redirect_->servers()) {
-        if (!s.empty()) redirected.push_back(s);
-      }
+      reconnect.Redirected({redirect_->servers().begin(), redirect_->servers().end()});
       spdlog::info("strata-server at {} redirects the agent to {}: {}", address,
-                   redirected.empty() ? std::string("no server")
-                                      : absl::StrJoin(redirected, ", "),
+                   reconnect.owners().empty() ? std::string("no server")
+                                              : absl::StrJoin(reconnect.owners(), ", "),
                    redirect_->reason());
-      // Not a failure: the owners are tried at once, and the backoff does not grow.
-      if (!redirected.empty() && redirects_in_a_row <= kMaxRedirectsInARow) continue;
-      if (!redirected.empty()) {
-        spdlog::warn("{} redirects without a Welcome: backing off before following the next",
-                     redirects_in_a_row);
-      }
     }
-    // Jitter: a uniformly random wait in [backoff / 2, backoff).
-    absl::Duration wait = std::max(backoff, retry_after_);
-    wait = wait / 2 + wait / 2 * (static_cast<double>(rng() - rng.min()) / (rng.max() - rng.min() + 1.0));
-    if (retry_after_ > absl::ZeroDuration()) wait = std::max(wait, retry_after_);
+    const absl::Duration wait = reconnect.Closed();
+    if (reconnect.state() == rpc::Reconnector::State::kIdle) continue;  // to the owner, now
+    if (redirect_.has_value() && !reconnect.owners().empty()) {
+      spdlog::warn("{} redirects without a Welcome: backing off before following the next",
+                   reconnect.redirects_in_a_row());
+    }
     auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || flushing_; };
     mu_.AwaitWithTimeout(absl::Condition(&stop), wait);
     if (stopping_) return;
     if (flushing_) {
       // Once, then the backoff again: a server that is still away is not hammered.
       flushing_ = false;
-      continue;
+      reconnect.SkipBackoff();
     }
-    backoff = std::min(backoff * 2, options_.max_backoff);
   }
 }
 

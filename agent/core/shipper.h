@@ -14,10 +14,8 @@
 // Servers: a list of addresses (the nodes of a cluster, or one server). The first connection
 // goes to the first address; after a failed connection or a stream that ended, the next one
 // goes to the next address, round robin. A cluster node that does not own the agent's host
-// answers with a Redirect naming the owners: the next connection goes to the first of them at
-// once, then (one per attempt) to the others, then back to the list. Redirects without a
-// Welcome in between are followed at once only a few times (kMaxRedirectsInARow); past that,
-// a loop between nodes that disagree, each one waits out the backoff. Unacknowledged batches
+// answers with a Redirect naming the owners, followed as rpc::Reconnector says
+// (common/rpc/reconnector.h: at once, a few times in a row at most). Unacknowledged batches
 // are resent after every reconnect; the server applies each (agent, sequence) once.
 //
 // Thread model: Enqueue/Flush/Stop from any thread; one internal thread writes to the stream
@@ -42,6 +40,7 @@
 #include "agent/core/context_graph.h"
 #include "agent/spool/spool.h"
 #include "common/rpc/client_security.h"
+#include "common/rpc/reconnector.h"
 #include "strata/v1/ingest.grpc.pb.h"
 
 namespace strata::agent {
@@ -49,9 +48,6 @@ namespace strata::agent {
 // The addresses of a comma-separated list ("n1:7070,n2:7070"; spaces around them are
 // ignored), in order. InvalidArgument for an empty list or an empty address.
 absl::StatusOr<std::vector<std::string>> ParseServerList(std::string_view list);
-
-// Redirects followed without a backoff before a Welcome must come between.
-inline constexpr int kMaxRedirectsInARow = 3;
 
 struct ShipperOptions {
   // strata-server addresses (host:port), tried in turn: at least one.

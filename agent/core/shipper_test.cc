@@ -434,7 +434,7 @@ TEST_F(ShipperTest, RedirectsThatLoopBackOffAndStillDeliver) {
   ingest2_.RedirectTo({address_});
   const absl::Time start = absl::Now();
   StartShipper({address_});
-  // Redirects up to kMaxRedirectsInARow are followed at once; each later one waits at least
+  // Redirects up to rpc::kMaxRedirectsInARow are followed at once; each later one waits at least
   // half the backoff (500 ms, then 1 s): at least 250 + 500 ms before the sixth.
   ASSERT_TRUE(WaitFor([&] { return shipper_->stats().redirects >= 6; }));
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(700));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <queue>
 #include <random>
 #include <thread>
@@ -12,7 +13,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "agent/core/shipper.h"
+#include "common/rpc/reconnector.h"
 #include "strata/v1/ingest.grpc.pb.h"
 
 namespace strata::loadgen {
@@ -94,12 +95,16 @@ class Connection final : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Se
 // callbacks share it under its mutex.
 class Agent {
  public:
-  Agent(const FleetOptions& options, uint32_t index, const Program* program, uint64_t graph_id)
+  Agent(const FleetOptions& options, uint32_t index, const Program* program, uint64_t graph_id,
+        std::function<double()> jitter)
       : options_(options),
         index_(index),
         program_(program),
         graph_id_(graph_id),
-        next_server_(index % options.servers.size()) {
+        reconnect_({.servers = options.servers,
+                    .first = index,
+                    .max_backoff = options.max_backoff,
+                    .jitter = std::move(jitter)}) {
     agent_id_ = absl::StrCat(options.prefix, "-agent-", index);
     host_ = absl::StrCat(options.prefix, "-host-", index);
     service_ = absl::StrCat(options.prefix, "-svc-", index % std::max<uint32_t>(1, options.services));
@@ -112,14 +117,7 @@ class Agent {
   // the list.
   std::string NextAddress() {
     absl::MutexLock lock(&mu_);
-    if (!redirected_.empty()) {
-      std::string address = std::move(redirected_.front());
-      redirected_.pop_front();
-      return address;
-    }
-    const std::string& address = options_.servers[next_server_];
-    next_server_ = (next_server_ + 1) % options_.servers.size();
-    return address;
+    return reconnect_.Connect();
   }
 
   // A new stream (the driver calls this when the agent has none).
@@ -138,7 +136,6 @@ class Agent {
       conn_ = c;
       welcomed_ = false;
       redirect_pending_ = false;
-      retry_after_ = absl::ZeroDuration();
     }
     c->Start(stub, options_.security, std::move(hello));
   }
@@ -160,7 +157,7 @@ class Agent {
     switch (m.kind_case()) {
       case v1::ServerMessage::kWelcome: {
         welcomed_ = true;
-        redirects_in_a_row_ = 0;
+        reconnect_.Welcomed();
         ++connects_;
         const v1::Welcome& w = m.welcome();
         while (!spool_.empty() && spool_.front().sequence <= w.last_applied_sequence()) {
@@ -189,7 +186,7 @@ class Agent {
         if (e.code() == static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED) ||
             e.code() == static_cast<int>(grpc::StatusCode::UNAVAILABLE)) {
           ++refusals_;
-          retry_after_ = std::max(retry_after_, absl::Milliseconds(e.retry_after_ms()));
+          reconnect_.RetryAfter(absl::Milliseconds(e.retry_after_ms()));
         } else if (e.code() == static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION)) {
           conn_->Cancel();
         } else if (e.sequence() != 0) {
@@ -207,12 +204,8 @@ class Agent {
       case v1::ServerMessage::kRedirect:
         // The server ends the stream; nothing more goes to it.
         ++redirects_;
-        ++redirects_in_a_row_;
         redirect_pending_ = true;
-        redirected_.clear();
-        for (const std::string& s : m.redirect().servers()) {
-          if (!s.empty()) redirected_.push_back(s);
-        }
+        reconnect_.Redirected({m.redirect().servers().begin(), m.redirect().servers().end()});
         conn_->Cancel();
         break;
       default:
@@ -221,29 +214,13 @@ class Agent {
   }
 
   // The stream ended. Returns how long to wait before the next one.
-  absl::Duration OnClosed(std::minstd_rand& rng) {
+  absl::Duration OnClosed() {
     absl::MutexLock lock(&mu_);
-    const bool got_in = welcomed_;
-    const bool redirected = redirect_pending_;
+    if (!redirect_pending_) ++closed_;
     conn_ = nullptr;
     welcomed_ = false;
     redirect_pending_ = false;
-    // A redirect is not a failure: the owner is tried at once and the backoff does not grow,
-    // unless redirects keep coming without a Welcome (nodes that disagree).
-    if (redirected && !redirected_.empty() &&
-        redirects_in_a_row_ <= agent::kMaxRedirectsInARow) {
-      return absl::ZeroDuration();
-    }
-    if (!redirected) ++closed_;
-    if (got_in && retry_after_ == absl::ZeroDuration()) {
-      backoff_ = absl::Milliseconds(500);
-    } else {
-      backoff_ = std::min(backoff_ * 2, options_.max_backoff);
-    }
-    absl::Duration wait = std::max(backoff_, retry_after_);
-    const double u = static_cast<double>(rng() - rng.min()) / (rng.max() - rng.min() + 1.0);
-    wait = wait / 2 + wait / 2 * u;
-    return std::max(wait, retry_after_);
+    return reconnect_.Closed();
   }
 
   void Cancel() {
@@ -322,11 +299,7 @@ class Agent {
   Connection* conn_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool welcomed_ ABSL_GUARDED_BY(mu_) = false;
   bool redirect_pending_ ABSL_GUARDED_BY(mu_) = false;  // the stream ends with a Redirect
-  size_t next_server_ ABSL_GUARDED_BY(mu_);             // in options_.servers
-  std::deque<std::string> redirected_ ABSL_GUARDED_BY(mu_);  // owners named, not yet tried
-  int redirects_in_a_row_ ABSL_GUARDED_BY(mu_) = 0;          // since the last Welcome
-  absl::Duration backoff_ ABSL_GUARDED_BY(mu_) = absl::Milliseconds(500);
-  absl::Duration retry_after_ ABSL_GUARDED_BY(mu_);
+  rpc::Reconnector reconnect_ ABSL_GUARDED_BY(mu_);  // where and when the next stream goes
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Pending> spool_ ABSL_GUARDED_BY(mu_);
   uint64_t batches_sent_ = 0, delivered_batches_ = 0, delivered_samples_ = 0,
@@ -386,13 +359,17 @@ FleetReport RunFleet(const FleetOptions& options,
   ChannelPool channels(options);
 
   std::mt19937_64 seeds(options.seed);
+  // The backoffs' jitter, drawn on the driver thread (OnClosed) from one seeded generator.
+  std::minstd_rand rng(static_cast<uint32_t>(options.seed));
+  auto jitter = [&rng] {
+    return static_cast<double>(rng() - rng.min()) / (rng.max() - rng.min() + 1.0);
+  };
   std::vector<std::unique_ptr<Agent>> agents;
   for (uint32_t i = 0; i < options.agents; ++i) {
     agents.push_back(std::make_unique<Agent>(options, i, programs[i % programs.size()].get(),
-                                             seeds() | 1));
+                                             seeds() | 1, jitter));
   }
   Events events;
-  std::minstd_rand rng(static_cast<uint32_t>(options.seed));
 
   // The driver: a heap of (time, agent, what).
   enum class Kind { kConnect, kTick };
@@ -422,7 +399,7 @@ FleetReport RunFleet(const FleetOptions& options,
       closed.swap(events.closed);
     }
     for (auto& [agent, conn] : closed) {
-      const absl::Duration wait = agent->OnClosed(rng);
+      const absl::Duration wait = agent->OnClosed();
       delete conn;
       if (reconnect) heap.push({absl::Now() + wait, agent->index(), Kind::kConnect});
     }

@@ -7,10 +7,8 @@
 // reports what was delivered, per service, for an exact comparison with the server's totals.
 //
 // With several server addresses (a cluster's nodes) agent i starts on servers[i % n] and moves
-// to the next address whenever its stream fails or ends. A Redirect is followed as the agent's
-// shipper does (agent/core/shipper.h): the first owner it names at once, the others on the
-// next attempts, then the list again; past kMaxRedirectsInARow redirects without a Welcome,
-// the backoff applies.
+// to the next address whenever its stream fails or ends. Backoff and redirects follow
+// rpc::Reconnector (common/rpc/reconnector.h), as the agent's shipper does.
 #ifndef STRATA_TOOLS_LOADGEN_FLEET_H_
 #define STRATA_TOOLS_LOADGEN_FLEET_H_
 

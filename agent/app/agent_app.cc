@@ -1,0 +1,197 @@
+#include "agent/app/agent_app.h"
+
+#include <random>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "agent/core/interval_loop.h"
+#include "common/unwind/host_arch.h"
+#include "spdlog/spdlog.h"
+
+namespace strata::agent::app {
+namespace {
+
+constexpr char kVersion[] = "0.1.0";
+
+struct OpenedSpool {
+  std::unique_ptr<spool::Spool> spool;
+  std::unique_ptr<ContextGraph> graph;
+  spool::SpoolRecovery recovery;
+};
+
+// Who this agent is: the identity of an earlier run that left batches in the spool, or a
+// new one (a new graph, sequence numbers from 1).
+absl::StatusOr<OpenedSpool> OpenSpool(const AgentSpoolOptions& options, const std::string& host) {
+  std::random_device random;
+  spool::SpoolIdentity fresh;
+  fresh.graph_id = (uint64_t{random()} << 32) | random();
+  fresh.host = host;
+  fresh.agent_id = options.agent_id.empty()
+                       ? absl::StrFormat("%s-%08x", host, fresh.graph_id & 0xffffffff)
+                       : options.agent_id;
+  spool::SpoolOptions spool_options = options.spool;
+  OpenedSpool opened;
+  auto restore = [&opened](const spool::SpoolIdentity& resumed,
+                           const v1::GraphDelta& delta) {
+    if (opened.graph == nullptr) {
+      opened.graph = std::make_unique<ContextGraph>(resumed.graph_id);
+    }
+    return opened.graph->Restore(delta);
+  };
+  auto opened_spool = spool::Spool::Open(spool_options, fresh, restore, &opened.recovery);
+  if (!opened_spool.ok() && options.memory_fallback &&
+      !absl::IsFailedPrecondition(opened_spool.status())) {
+    // Not running as the service (no access to the default place): keep the spool in memory.
+    spdlog::warn("spool: {}; batches are kept in memory only (give --spool-dir)",
+                 std::string(opened_spool.status().message()));
+    opened.graph.reset();
+    spool_options.dir.clear();
+    opened_spool = spool::Spool::Open(spool_options, fresh, restore, &opened.recovery);
+  }
+  if (!opened_spool.ok()) return opened_spool.status();
+  opened.spool = std::move(*opened_spool);
+  const spool::SpoolRecovery& recovery = opened.recovery;
+  const spool::SpoolIdentity& identity = recovery.identity;
+  if (opened.graph == nullptr || !recovery.resumed) {
+    opened.graph = std::make_unique<ContextGraph>(identity.graph_id);
+  }
+  if (recovery.resumed) {
+    spdlog::info("spool {}: resuming as agent {} (graph {:x}): {} batches ({} samples) to "
+                 "deliver, {} graph records", recovery.path, identity.agent_id,
+                 identity.graph_id, recovery.batches, recovery.samples, recovery.graph_records);
+  }
+  for (size_t i = 0; i < opened.spool->size(); ++i) {
+    spdlog::debug("recovered batch {} ({} samples)", opened.spool->entry(i).sequence,
+                  opened.spool->entry(i).samples);
+  }
+  if (recovery.corrupt_records > 0 || recovery.orphaned_batches > 0) {
+    spdlog::warn("spool {}: skipped {} torn or corrupt records and {} batches whose graph was "
+                 "lost", recovery.path, recovery.corrupt_records, recovery.orphaned_batches);
+  }
+  return opened;
+}
+
+void LogSamplingSummary(const ProfilerStats& stats, const std::string& verify) {
+  spdlog::info("stopping: {} samples, {} frames, {} truncated, {} lost; flushing", stats.samples,
+               stats.unwound_frames, stats.truncated, stats.lost);
+  spdlog::info("unwinding ({}): {} frames walked, {} reused, {} verification failures", verify,
+               stats.frames_walked, stats.frames_reused, stats.unwind_verify_failures);
+  spdlog::info("sampling: {} perf events, {} wake-ups, {} target scans, {} samples of other "
+               "processes dropped", stats.perf_events, stats.wakeups, stats.rescans,
+               stats.filtered);
+  if (stats.kernel_stacks) spdlog::info("kernel stacks: {} kernel frames", stats.kernel_frames);
+  if (stats.off_cpu_switches > 0) {
+    spdlog::info("off-CPU: {} switch-outs, {} counted ({:.3f} s), {} under the threshold, {} "
+                 "unpaired", stats.off_cpu_switches, stats.off_cpu_counted,
+                 static_cast<double>(stats.off_cpu_ns) / 1e9, stats.off_cpu_short,
+                 stats.off_cpu_unpaired);
+  }
+  if (stats.python_reads > 0) {
+    spdlog::info("python: {} stacks with {} Python frames, {} stale ({} changed while read, {} "
+                 "not matching the sample); {} reads {:.3f} ms after their sample on average "
+                 "(max {:.3f} ms)", stats.python_stacks, stats.python_frames, stats.python_stale,
+                 stats.python_torn, stats.python_mismatch, stats.python_reads,
+                 static_cast<double>(stats.python_read_delay_ns) / 1e6 /
+                     static_cast<double>(stats.python_reads),
+                 static_cast<double>(stats.python_read_delay_max_ns) / 1e6);
+  }
+  if (stats.inproc_targets > 0 || stats.inproc_stacks > 0) {
+    spdlog::info("in-process rings: {} stacks, {} targets", stats.inproc_stacks,
+                 stats.inproc_targets);
+  }
+}
+
+// Waits up to `timeout` for the server to acknowledge every batch, then says what is left.
+void FlushAndStop(Shipper& shipper, const spool::Spool& spool,
+                  absl::Duration timeout) {
+  const bool flushed = shipper.Flush(timeout);
+  shipper.Stop();
+  const ShipperStats shipped = shipper.stats();
+  if (shipped.spool.batches_dropped > 0) {
+    spdlog::warn("spool: dropped {} batches ({} samples) past --spool-max-bytes",
+                 shipped.spool.batches_dropped, shipped.spool.samples_dropped);
+  }
+  if (flushed) return;
+  if (spool.path().empty()) {
+    spdlog::warn("server did not acknowledge every batch before shutdown: {} batches lost "
+                 "(the spool is in memory)", shipped.spool.batches);
+  } else {
+    spdlog::warn("server did not acknowledge every batch before shutdown: {} batches stay in "
+                 "the spool {} and go out when the agent starts again",
+                 shipped.spool.batches, spool.path());
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AgentApp>> AgentApp::Create(AgentOptions options) {
+  auto security = rpc::ClientSecurity::Load(options.security);
+  if (!security.ok()) return security.status();
+  options.shipper.security = *std::move(security);
+  return std::unique_ptr<AgentApp>(new AgentApp(std::move(options)));
+}
+
+AgentApp::AgentApp(AgentOptions options) : options_(std::move(options)) {}
+
+AgentApp::~AgentApp() {
+  // The shipper's reader thread hands control messages to the captures, destroyed first.
+  if (shipper_ != nullptr) shipper_->Stop();
+}
+
+absl::Status AgentApp::Start() {
+  auto opened = OpenSpool(options_.spool, options_.shipper.host);
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(),
+                        absl::StrCat("spool: ", opened.status().message()));
+  }
+  spool_ = std::move(opened->spool);
+  graph_ = std::move(opened->graph);
+  recovery_ = std::move(opened->recovery);
+  auto profiler = Profiler::Create(options_.profiler, graph_.get());
+  if (!profiler.ok()) return absl::Status(profiler.status().code(), profiler.status().ToString());
+  profiler_ = std::move(*profiler);
+
+  ShipperOptions ship = options_.shipper;
+  ship.agent_id = recovery_.identity.agent_id;
+  ship.arch = std::string(unwind::ArchName(unwind::kHostArch));
+  ship.version = kVersion;
+  ship.spool_corrupt_records = recovery_.corrupt_records;
+  ship.spool_orphaned_batches = recovery_.orphaned_batches;
+  shipper_ = std::make_unique<Shipper>(std::move(ship), graph_.get(), spool_.get());
+  captures_ = std::make_unique<CaptureController>(
+      profiler_.get(), options_.captures,
+      CaptureController::Sink{
+          [this](v1::SampleBatch b) { shipper_->Enqueue(std::move(b)); },
+          [this](v1::CaptureStatus s) { shipper_->SendStatus(std::move(s)); }});
+  // Control messages arrive on the shipper's reader thread; the main loop applies them.
+  shipper_->SetControlHandler([this](const v1::ServerMessage& m) {
+    captures_->HandleMessage(m);
+    profiler_->Wake();
+  });
+  shipper_->Start();
+  return absl::OkStatus();
+}
+
+int AgentApp::Run(const std::atomic<bool>& stop) {
+  const ShipperOptions& ship = options_.shipper;
+  spdlog::info("strata-agent {} on {} ({}), shipping to {} every {} s at {} Hz",
+               recovery_.identity.agent_id, ship.host, unwind::ArchName(unwind::kHostArch),
+               absl::StrJoin(ship.servers, ","), absl::ToDoubleSeconds(options_.interval),
+               ship.frequency_hz);
+  IntervalLoop loop(options_.interval,
+                    recovery_.last_sequence,  // a resumed incarnation numbers on
+                    profiler_.get(), shipper_.get(), captures_.get());
+  loop.Run(stop);
+  LogSamplingSummary(profiler_->stats(),
+                     std::string(unwind::VerifyModeName(options_.profiler.unwind_verify)));
+  const ShippedBatches& shipped = loop.shipped();
+  spdlog::info("batches: {} cpu ({} bytes), {} off-cpu ({} bytes)", shipped.cpu_batches,
+               shipped.cpu_bytes, shipped.off_cpu_batches, shipped.off_cpu_bytes);
+  FlushAndStop(*shipper_, *spool_, options_.flush_timeout);
+  return 0;
+}
+
+}  // namespace strata::agent::app

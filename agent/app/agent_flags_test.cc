@@ -1,0 +1,77 @@
+#include "agent/app/agent_flags.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace strata::agent::app {
+namespace {
+
+// The options a command line gives (after CLI11 has parsed it).
+absl::StatusOr<AgentOptions> OptionsOf(std::vector<std::string> args) {
+  CLI::App cli;
+  AgentFlags flags;
+  AddAgentFlags(cli, flags);
+  std::reverse(args.begin(), args.end());  // CLI11 takes them last first
+  cli.parse(args);
+  return AgentOptionsFromFlags(flags);
+}
+
+TEST(AgentFlagsTest, SomethingToProfileIsRequired) {
+  auto options = OptionsOf({});
+  ASSERT_FALSE(options.ok());
+  EXPECT_NE(options.status().message().find("nothing to profile"), std::string::npos);
+}
+
+TEST(AgentFlagsTest, FillsEveryComponentsOptions) {
+  auto options = OptionsOf({"--pid", "42", "--service", "api=^api$", "--server",
+                            "n1:7070, n2:7070", "--host", "h1", "--label", "region=eu",
+                            "--frequency", "49", "--interval", "2.5", "--spool-dir", "none",
+                            "--spool-max-bytes", "32MiB", "--capture-cpu-budget", "10",
+                            "--unwind-verify", "boundary", "--flush-timeout", "1"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->profiler.pids, std::vector<pid_t>{42});
+  EXPECT_EQ(options->profiler.service_rules.size(), 1u);
+  EXPECT_EQ(options->profiler.frequency_hz, 49u);
+  EXPECT_EQ(options->profiler.unwind_verify, unwind::VerifyMode::kBoundary);
+  EXPECT_EQ(options->shipper.servers, (std::vector<std::string>{"n1:7070", "n2:7070"}));
+  EXPECT_EQ(options->shipper.host, "h1");
+  EXPECT_EQ(options->shipper.frequency_hz, 49u);
+  EXPECT_EQ(options->shipper.labels.at("region"), "eu");
+  EXPECT_EQ(options->spool.spool.dir, "");
+  EXPECT_EQ(options->spool.spool.max_bytes, 32u << 20);
+  EXPECT_EQ(options->spool.spool.segment_bytes, 2u << 20);
+  EXPECT_TRUE(options->spool.spool.adopt);  // no --agent-id
+  EXPECT_FALSE(options->spool.memory_fallback);
+  EXPECT_DOUBLE_EQ(options->captures.cpu_budget, 0.1);
+  EXPECT_EQ(options->interval, absl::Milliseconds(2500));
+  EXPECT_EQ(options->flush_timeout, absl::Seconds(1));
+}
+
+TEST(AgentFlagsTest, TheDefaultSpoolFallsBackToMemory) {
+  auto options = OptionsOf({"--pid", "1", "--agent-id", "a1"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->spool.spool.dir, kDefaultSpoolDir);
+  EXPECT_TRUE(options->spool.memory_fallback);
+  EXPECT_EQ(options->spool.agent_id, "a1");
+  EXPECT_FALSE(options->spool.spool.adopt);
+}
+
+TEST(AgentFlagsTest, ErrorsNameTheFlag) {
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--server", "n1:7070,"},
+           {"--label", "no-equals"},
+           {"--service", "no-regex"},
+           {"--spool-max-bytes", "lots"}}) {
+    auto options = OptionsOf({"--pid", "1", flag, value});
+    ASSERT_FALSE(options.ok()) << flag;
+    EXPECT_NE(options.status().message().find(flag), std::string::npos)
+        << options.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace strata::agent::app
