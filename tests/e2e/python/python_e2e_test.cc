@@ -33,10 +33,13 @@ constexpr char kPython[] = "/usr/bin/python3.11";
 constexpr char kEvalLoop[] = "_PyEval_EvalFrameDefault";
 const std::vector<std::string> kFunctions = {"deep_leaf", "squares", "crunch", "plain_work"};
 
-// The workload's last "acct name=seconds ..." line in `output`.
+// The workload's last complete "acct name=seconds ..." line in `output` (the one it is
+// writing may be cut short).
 std::map<std::string, double> LastAccounting(const std::string& output) {
   std::map<std::string, double> acct;
-  const size_t at = output.rfind("acct ");
+  const size_t end = output.rfind('\n');
+  if (end == std::string::npos) return acct;
+  const size_t at = output.rfind("acct ", end);
   if (at == std::string::npos) return acct;
   const std::string line = output.substr(at + 5, output.find('\n', at) - at - 5);
   for (absl::string_view field : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
@@ -62,7 +65,13 @@ TEST(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
   const std::string service = absl::StrCat("python-", getpid());
   ChildProcess python({kPython, STRATA_PYTHON_WORKLOAD, "120"}, dir.File("python.log"),
                       {{"STRATA_SERVICE", service}});
-  ASSERT_TRUE(python.WaitForOutput("acct ", 60)) << python.Output();
+  // Until its first complete accounting line.
+  const absl::Time started = absl::Now();
+  while (!LastAccounting(python.Output()).contains("process") && python.running() &&
+         absl::Now() < started + absl::Seconds(60)) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(LastAccounting(python.Output()).contains("process")) << python.Output();
 
   ChildProcess agent({BinPath("strata-agent"), "--server", server.address(), "--pid",
                       std::to_string(python.pid()), "--interval", "1", "--frequency", "499",
@@ -70,7 +79,9 @@ TEST(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
                      dir.File("agent.log"));
   ASSERT_TRUE(agent.WaitForOutput(absl::StrCat("profiling pid ", python.pid()), 60))
       << agent.Output();
-  const std::map<std::string, double> before = LastAccounting(python.Output());
+  std::map<std::string, double> before = LastAccounting(python.Output());
+  ASSERT_TRUE(before.contains("process")) << python.Output();
+  for (const std::string& fn : kFunctions) ASSERT_TRUE(before.contains(fn)) << python.Output();
   // Until the workload used ~10 s of CPU in the window (the GIL lets it use about one CPU;
   // ~5000 samples at 499 Hz: the sampling error of a 25% share is about 0.6 points),
   // at most 60 s on a loaded machine.
@@ -79,7 +90,9 @@ TEST(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
          LastAccounting(python.Output())["process"] - before.at("process") < 10) {
     absl::SleepFor(absl::Milliseconds(200));
   }
-  const std::map<std::string, double> after = LastAccounting(python.Output());
+  std::map<std::string, double> after = LastAccounting(python.Output());
+  ASSERT_TRUE(after.contains("process")) << python.Output();
+  for (const std::string& fn : kFunctions) ASSERT_TRUE(after.contains(fn)) << python.Output();
   const double agent_cpu_s = ProcessCpuSeconds(agent.pid());
   EXPECT_EQ(agent.Stop(SIGTERM, 30), 0) << agent.Output();
   python.Stop(SIGKILL);
