@@ -368,9 +368,10 @@ TEST(SnapshotUnwindTest, SignalHandler) {
   // alone has about 34.
   Tally t = Replay("signal_handler", path, 43);
   // The handler holds at least 5/8 of the thread's CPU time (a CPU-time budget per 4 ms
-  // delivery; more under load): about 60 % of the samples are deep when idle, up to all of
-  // them on a loaded machine.
-  EXPECT_GE(t.deep, std::max<size_t>(50, t.samples / 3))
+  // delivery): about 60 % of the samples are deep when idle. Samples in the handler's first
+  // frames are not deep by this count, and on a loaded 2-core machine 32 % were seen: a
+  // quarter is the floor (every sample is checked against libdw below either way).
+  EXPECT_GE(t.deep, std::max<size_t>(50, t.samples / 4))
       << "too few samples unwound through the signal frame";
   EXPECT_EQ(t.boundary_stale, 0u);
   EXPECT_EQ(t.libdw_differ, 0u);
