@@ -102,8 +102,11 @@ TEST_F(HotSpotAttachTest, RunsCommandsAndWritesThePerfMap) {
   while (std::getline(in, line)) ++lines;
   EXPECT_GT(lines, 10u) << "the code cache holds at least the interpreter's stubs";
   std::filesystem::remove(map);
-  // No attach trigger left behind in the JVM's working directory or /tmp.
-  EXPECT_FALSE(std::filesystem::exists(absl::StrCat("/tmp/.attach_pid", jvm->pid())));
+  // No attach trigger left behind in the JVM's working directory (this test's: it forked the
+  // JVM) or its /tmp.
+  const std::string trigger = absl::StrCat(".attach_pid", jvm->pid());
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::current_path() / trigger));
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path("/tmp") / trigger));
   EXPECT_TRUE(jvm->running());
 
   absl::StatusOr<std::string> unknown =
