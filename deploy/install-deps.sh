@@ -13,7 +13,7 @@ packages=(
   procps curl ca-certificates dpkg-dev openssl libssl-dev
   golang-go chromium libxml2-utils libfaketime
   systemd yamllint python3-yaml linux-perf nodejs openjdk-17-jdk-headless
-  libdebuginfod-dev debuginfod elfutils libc6-dbg liblzma-dev llvm
+  libdebuginfod-dev debuginfod elfutils libc6-dbg libstdc++6-12-dbg liblzma-dev llvm
   etcd-server iproute2
 )
 

@@ -46,7 +46,13 @@ done
 grep -q "ready on port" "$run/server.log" || { cat "$run/server.log"; exit 1; }
 
 echo "== starting the demo workload and strata-agent"
-STRATA_SERVICE=demo nohup "$bin/demo_service" >"$run/demo.log" 2>&1 &
+# Debian ships libstdc++ stripped; libstdc++6-12-dbg (installed above) holds the same library
+# unstripped beside it, so the demo's threads are named down to their libstdc++ root
+# (execute_native_thread_routine) instead of a raw offset.
+demo_env=(STRATA_SERVICE=demo)
+debug_libs=/usr/lib/$(gcc -dumpmachine)/debug
+if [[ -e $debug_libs/libstdc++.so.6 ]]; then demo_env+=("LD_LIBRARY_PATH=$debug_libs"); fi
+env "${demo_env[@]}" nohup "$bin/demo_service" >"$run/demo.log" 2>&1 &
 echo $! >"$run/demo.pid"
 sleep 0.5
 nohup "$bin/strata-agent" --server "127.0.0.1:$port" --pid "$(cat "$run/demo.pid")" \

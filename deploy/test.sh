@@ -15,16 +15,36 @@ jobs=${JOBS:-$(nproc)}
 
 # Each part's wall time, printed at the end: where the run's time goes.
 parts=()
+status=0
 part_started=$SECONDS
 part_done() {
   parts+=("$(printf '%-46s %4d min %02d s' "$1" $(((SECONDS - part_started) / 60)) \
     $(((SECONDS - part_started) % 60)))")
   part_started=$SECONDS
 }
+# The failed tests of every part, repeated at the end: CI keeps only the tail of the output.
+failures=()
+run_ctest() {  # run_ctest PART BUILD_DIR CTEST_ARGS...: ctest in BUILD_DIR; records failures.
+  local part=$1 dir=$2
+  shift 2
+  if ! (cd "$dir" && ctest --output-on-failure "$@"); then
+    status=1
+    local failed="$dir/Testing/Temporary/LastTestsFailed.log"
+    if [[ -s $failed ]]; then
+      while IFS= read -r line; do failures+=("$part: ${line#*:}"); done <"$failed"
+    else
+      failures+=("$part: ctest failed without a list of failed tests")
+    fi
+  fi
+}
 print_parts() {
   echo "== time per part"
   printf '  %s\n' "${parts[@]}"
   printf '  %-46s %4d min %02d s\n' "total" $((SECONDS / 60)) $((SECONDS % 60))
+  if ((${#failures[@]})); then
+    echo "== failed"
+    printf '  %s\n' "${failures[@]}"
+  fi
 }
 trap print_parts EXIT
 
@@ -37,10 +57,9 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_BUILD
 cmake --build "$build" -j "$jobs"
 part_done "x86-64 build"
 
-status=0
 echo "== x86-64 tests"
 # No reruns: a test that fails now and then is a bug, in the code or in the test.
-(cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 900) || status=1
+run_ctest "x86-64" "$build" -j "$jobs" --timeout 900
 part_done "x86-64 tests"
 
 if [[ "${STRATA_SKIP_MIPS64:-0}" != 1 ]]; then
@@ -56,11 +75,11 @@ if [[ "${STRATA_SKIP_MIPS64:-0}" != 1 ]]; then
       deploy/cross/make-python-root.sh build-mips64el/python-root build-mips64el/sysroot >/dev/null
       export STRATA_MIPS64EL_PYTHON_ROOT="$root/build-mips64el/python-root"
       echo "== x86-64 reader of a mips64el Python (qemu user mode)"
-      (cd "$build" && ctest --output-on-failure -R 'Mips64elPython' --timeout 900) || status=1
+      run_ctest "x86-64 reader of mips64el Python" "$build" -R 'Mips64elPython' --timeout 900
       part_done "mips64el Python root and its reader test"
     fi
     echo "== $arch tests (qemu user mode)"
-    (cd "build-$arch" && ctest --output-on-failure -j "$jobs" --timeout 900) || status=1
+    run_ctest "$arch" "build-$arch" -j "$jobs" --timeout 900
     part_done "$arch tests (qemu user mode)"
   done
 fi
@@ -68,7 +87,10 @@ if [[ "${STRATA_SKIP_SANITIZE:-0}" != 1 ]]; then
   # Every unit and integration test under ASan+UBSan, and every libFuzzer target over its
   # seed corpus plus a short budget (long fuzzing: deploy/fuzz.sh).
   echo "== ASan+UBSan build, unit and integration tests, fuzz targets (build-sanitize)"
-  STRATA_FUZZ_SECONDS=${STRATA_FUZZ_SECONDS:-10} JOBS=$jobs deploy/sanitize.sh asan || status=1
+  if ! STRATA_FUZZ_SECONDS=${STRATA_FUZZ_SECONDS:-10} JOBS=$jobs deploy/sanitize.sh asan; then
+    status=1
+    failures+=("ASan+UBSan: see the list above, or build-sanitize/Testing/Temporary/LastTestsFailed.log")
+  fi
   part_done "ASan+UBSan build and tests, fuzz targets"
 fi
 exit $status
