@@ -98,8 +98,8 @@ void LogSamplingSummary(const ProfilerStats& stats, const std::string& verify) {
                      static_cast<double>(stats.python_reads),
                  static_cast<double>(stats.python_read_delay_max_ns) / 1e6);
   }
-  if (stats.inproc_targets > 0 || stats.inproc_stacks > 0) {
-    spdlog::info("in-process rings: {} stacks, {} targets", stats.inproc_stacks,
+  if (stats.inproc_targets > 0 || stats.unwound_stacks > 0) {
+    spdlog::info("in-process rings: {} stacks, {} targets", stats.unwound_stacks,
                  stats.inproc_targets);
   }
 }

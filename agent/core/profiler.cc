@@ -283,16 +283,8 @@ size_t Profiler::SessionTargets(uint32_t session_id) const {
 }
 
 ProfilerStats Profiler::stats() const {
-  const StackRecorderStats& r = recorder_.stats();
   ProfilerStats s;
-  s.samples = r.samples;
-  s.unwound_frames = r.unwound_frames;
-  s.truncated = r.truncated;
-  s.dropped = r.dropped;
-  s.frames_walked = r.frames_walked;
-  s.frames_reused = r.frames_reused;
-  s.unwind_verify_failures = r.unwind_verify_failures;
-  s.inproc_stacks = r.unwound_stacks;
+  static_cast<StackRecorderStats&>(s) = recorder_.stats();
   s.refreshes = discovery_->refreshes();
   for (const sources::StackSource* source : sources_) s.lost += source->lost();
   if (perf_ != nullptr) {
@@ -302,21 +294,7 @@ ProfilerStats Profiler::stats() const {
   s.wakeups = wakeups_;
   s.rescans = rescans_;
   s.kernel_stacks = kernel_symbols_ != nullptr;
-  s.kernel_frames = r.kernel_frames;
-  s.off_cpu_switches = r.off_cpu_switches;
-  s.off_cpu_counted = r.off_cpu_counted;
-  s.off_cpu_short = r.off_cpu_short;
-  s.off_cpu_unpaired = r.off_cpu_unpaired;
-  s.off_cpu_ns = r.off_cpu_ns;
   s.python_targets = recorder_.python_targets();
-  s.python_stacks = r.python_stacks;
-  s.python_frames = r.python_frames;
-  s.python_stale = r.python_stale;
-  s.python_torn = r.python_torn;
-  s.python_mismatch = r.python_mismatch;
-  s.python_reads = r.python_reads;
-  s.python_read_delay_ns = r.python_read_delay_ns;
-  s.python_read_delay_max_ns = r.python_read_delay_max_ns;
   s.targets = discovery_->all().size();
   for (const auto& [pid, t] : discovery_->all()) {
     s.inproc_targets += inproc_ != nullptr && t->source == inproc_.get();

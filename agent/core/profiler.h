@@ -91,39 +91,19 @@ std::optional<ProfilerOptions::Sampling> ParseSamplingMode(std::string_view mode
 // Parses "auto" | "on" | "off".
 std::optional<ProfilerOptions::KernelStacks> ParseKernelStacksMode(std::string_view mode);
 
-struct ProfilerStats {
-  uint64_t samples = 0;
-  uint64_t unwound_frames = 0;
-  uint64_t truncated = 0;       // stacks whose unwinding stopped early
-  uint64_t dropped = 0;         // samples of unknown processes or that failed to encode
+// The recorder's counters (StackRecorderStats: samples, frames, off-CPU, Python) and what the
+// profiler adds around them: its sources, targets and wake-ups.
+struct ProfilerStats : StackRecorderStats {
   uint64_t lost = 0;            // samples the kernel dropped
   uint64_t refreshes = 0;       // mapping refreshes (dlopen/dlclose seen)
-  uint64_t frames_walked = 0;   // frames found with unwind-rule lookups
-  uint64_t frames_reused = 0;   // frames taken from the thread's previous sample
-  uint64_t unwind_verify_failures = 0;
   size_t targets = 0;
-  uint64_t inproc_stacks = 0;   // stacks read from in-process rings (part of `samples`)
   size_t inproc_targets = 0;    // targets served by an in-process ring
   uint64_t filtered = 0;        // per-CPU samples of processes that are not targets
   size_t perf_events = 0;       // perf events open now
   uint64_t wakeups = 0;         // Poll()s that returned with something to do or at a deadline
   uint64_t rescans = 0;         // target scans (process events or /proc)
   bool kernel_stacks = false;   // samples carry kernel chains
-  uint64_t kernel_frames = 0;
-  uint64_t off_cpu_switches = 0;  // see StackRecorderStats
-  uint64_t off_cpu_counted = 0;
-  uint64_t off_cpu_short = 0;
-  uint64_t off_cpu_unpaired = 0;
-  uint64_t off_cpu_ns = 0;
   size_t python_targets = 0;
-  uint64_t python_stacks = 0;  // see StackRecorderStats
-  uint64_t python_frames = 0;
-  uint64_t python_stale = 0;
-  uint64_t python_torn = 0;
-  uint64_t python_mismatch = 0;
-  uint64_t python_reads = 0;
-  uint64_t python_read_delay_ns = 0;
-  uint64_t python_read_delay_max_ns = 0;
 };
 
 class Profiler final : public SamplingSessions {
