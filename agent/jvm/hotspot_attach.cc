@@ -34,6 +34,18 @@ bool IsSocket(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
+// Whether `pid` runs HotSpot: it maps libjvm.so. Only such a process is ever sent SIGQUIT;
+// many others catch it with other meanings (a Go program dumps its goroutines and exits), and
+// a process between fork and exec still carries its parent's handlers.
+absl::StatusOr<bool> MapsLibjvm(pid_t pid) {
+  absl::StatusOr<std::string> maps = procfs::ReadProcFile(absl::StrCat("/proc/", pid, "/maps"));
+  if (!maps.ok()) return maps.status();
+  for (const procfs::Mapping& m : procfs::ParseMaps(*maps)) {
+    if (m.path.ends_with("/libjvm.so")) return true;
+  }
+  return false;
+}
+
 // Whether `pid` has a handler for SIGQUIT. A JVM run with -Xrs, or one still starting, has
 // none: SIGQUIT would end it with a core dump instead of starting its attach listener.
 absl::StatusOr<bool> CatchesSigquit(pid_t pid) {
@@ -150,6 +162,12 @@ absl::StatusOr<std::string> RunDiagnosticCommand(pid_t pid, std::string_view com
   if (!ns_pid.ok()) return ns_pid.status();
   const std::string socket_path = absl::StrCat("/proc/", pid, "/root/tmp/.java_pid", *ns_pid);
   if (!IsSocket(socket_path)) {
+    absl::StatusOr<bool> jvm = MapsLibjvm(pid);
+    if (!jvm.ok()) return jvm.status();
+    if (!*jvm) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "pid ", pid, " maps no libjvm.so (not a HotSpot JVM, or still starting)"));
+    }
     absl::StatusOr<bool> catches = CatchesSigquit(pid);
     if (!catches.ok()) return catches.status();
     if (!*catches) {

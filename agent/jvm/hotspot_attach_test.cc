@@ -12,6 +12,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -125,6 +127,33 @@ TEST_F(HotSpotAttachTest, ProcessesThatAreNoJvmAreLeftAlone) {
   EXPECT_TRUE(sleeper.running());
   EXPECT_TRUE(absl::IsNotFound(
       RunDiagnosticCommand(999999999, "VM.version", absl::Seconds(1)).status()));
+  // A process that catches SIGQUIT but is no JVM (a Go program would dump its goroutines
+  // and exit): not signalled either.
+  if (std::filesystem::exists("/usr/bin/python3")) {
+    Child catcher({"/usr/bin/python3", "-c",
+                   "import signal, sys, time\n"
+                   "signal.signal(signal.SIGQUIT, lambda *a: sys.exit(3))\n"
+                   "time.sleep(60)\n"});
+    // Until its handler is installed: SigCgt shows SIGQUIT.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    bool catching = false;
+    while (!catching && absl::Now() < deadline && catcher.running()) {
+      std::ifstream status(absl::StrCat("/proc/", catcher.pid(), "/status"));
+      std::string line;
+      while (std::getline(status, line)) {
+        uint64_t mask = 0;
+        if (line.starts_with("SigCgt:") && absl::SimpleHexAtoi(absl::StripAsciiWhitespace(line.substr(7)), &mask)) {
+          catching = (mask >> (SIGQUIT - 1)) & 1;
+        }
+      }
+      if (!catching) absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_TRUE(catching) << "python3 never installed its SIGQUIT handler";
+    answer = RunDiagnosticCommand(catcher.pid(), "VM.version", absl::Seconds(1));
+    EXPECT_TRUE(absl::IsDeadlineExceeded(answer.status())) << answer.status();
+    EXPECT_NE(answer.status().message().find("libjvm.so"), std::string::npos) << answer.status();
+    EXPECT_TRUE(catcher.running());
+  }
 }
 
 }  // namespace
