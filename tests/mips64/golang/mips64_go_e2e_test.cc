@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -29,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "agent/symbols/module_cache.h"
+#include "common/elf/go_pclntab.h"
 #include "common/testing/temp_dir.h"
 #include "common/unwind/incremental.h"
 #include "common/unwind/mips64/recorded_sample.h"
@@ -133,6 +135,7 @@ struct StrataView {
   uint64_t frames_walked = 0, frames_reused = 0, verify_failures = 0;
   std::string symbols_source;  // where the module's names came from
   std::map<std::string, uint64_t> truncated_paths;  // for failure messages
+  std::map<std::string, uint64_t> outside_goroutines;  // stacks not reaching goexit
 };
 
 // Unwinds every record as the agent unwinds a perf sample of the process (StackRecorder):
@@ -149,6 +152,11 @@ StrataView Unwind(const std::string& binary, const std::vector<Record>& records)
   EXPECT_NE((*module)->rules, nullptr) << (*module)->rules_status;
   if ((*module)->rules == nullptr) return v;
   v.symbols_source = (*module)->symbols_source;
+  // Inlined calls are named from the table too, as the server does once it has the binary:
+  // pprof lists them as functions of their own.
+  auto table = elf::GoPclntab::Find(*(*module)->elf);
+  EXPECT_TRUE(table.ok()) << table.status();
+  if (!table.ok()) return v;
   const unwind::mips64::StaticModuleSpace space(*(*module)->elf, (*module)->rules.get());
   unwind::IncrementalOptions options;
   options.unwind.arch = unwind::Arch::kMips64El;
@@ -169,10 +177,15 @@ StrataView Unwind(const std::string& binary, const std::vector<Record>& records)
     std::vector<std::string> names;
     std::set<std::string> distinct;
     for (size_t i = 0; i < result.num_frames; ++i) {
-      const elf::SymbolTable::Function* f =
-          (*module)->symbols.Lookup(i == 0 ? frames[i].pc : frames[i].pc - 1);
+      const uint64_t pc = i == 0 ? frames[i].pc : frames[i].pc - 1;
+      const elf::SymbolTable::Function* f = (*module)->symbols.Lookup(pc);
       names.push_back(f != nullptr ? std::string(f->name) : "[unknown]");
       distinct.insert(names.back());
+      if (const int64_t fi = (*table)->FindFunction(pc); fi >= 0) {
+        for (const auto& inlined : (*table)->Symbolize((*table)->functions()[fi], pc)) {
+          distinct.insert(std::string(inlined.function));
+        }
+      }
     }
     const bool truncated = result.stop != unwind::StopReason::kOutermost;
     ++v.total;
@@ -182,6 +195,8 @@ StrataView Unwind(const std::string& binary, const std::vector<Record>& records)
     if (distinct.count("runtime.goexit")) {
       ++v.reach_goexit;
       v.complete_goroutine_truncated += truncated;
+    } else {
+      ++v.outside_goroutines[absl::StrJoin(names.rbegin(), names.rend(), " > ")];
     }
     if (truncated) {
       ++v.truncated;
@@ -285,6 +300,10 @@ TEST_P(Mips64GoTest, AgreesWithRuntimePprof) {
             << " frames walked, " << strata.frames_reused << " reused, "
             << strata.verify_failures << " verification failures\n"
             << report;
+  // STRATA_GO_E2E_VERBOSE=1: the stacks outside the goroutines (runtime work on g0).
+  if (getenv("STRATA_GO_E2E_VERBOSE") != nullptr) {
+    for (const auto& [path, n] : strata.outside_goroutines) std::cout << "other " << n << " " << path << "\n";
+  }
   EXPECT_EQ(strata.complete_goroutine_truncated, 0u) << TruncatedPaths(strata);
   // Nearly every sample is of the two goroutines, whose stacks end at runtime.goexit.
   EXPECT_GT(strata.reach_goexit, strata.total * 8 / 10) << TruncatedPaths(strata);
