@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
+#include "tests/e2e/golang/pprof_top.h"
 #include "tests/e2e/harness.h"
 
 namespace strata::e2e {
@@ -34,31 +35,11 @@ constexpr int kHz = 499;
 constexpr double kSeconds = 9;     // the workload's run
 constexpr double kTolerance = 3;   // percentage points
 
-struct CumShare {
-  std::string function;
-  double percent;
-};
-
-// `go tool pprof -top -cum` lines: flat flat% sum% cum cum% name.
-// `go tool pprof -top -cum`'s rows, and in *samples the profile's sample count (its total
-// CPU time at the runtime's 100 Hz).
+// `go tool pprof -top -cum`'s rows, and in *samples the profile's sample count.
 std::vector<CumShare> PprofTopCum(const std::string& binary, const std::string& profile,
                                   double* samples) {
   CommandResult r = RunCommand({STRATA_GO, "tool", "pprof", "-top", "-cum", binary, profile}, 60);
-  std::vector<CumShare> out;
-  std::smatch total;
-  *samples = 0;
-  if (std::regex_search(r.output, total, std::regex(R"(of ([\d.]+)(m?s) total)"))) {
-    *samples = std::stod(total[1]) * (total[2] == "ms" ? 0.1 : 100);
-  }
-  static const std::regex kLine(R"(^\s*\S+\s+[\d.]+%\s+[\d.]+%\s+\S+\s+([\d.]+)%\s+(.+?)\s*$)");
-  std::istringstream in(r.output);
-  std::string line;
-  while (std::getline(in, line)) {
-    std::smatch m;
-    if (std::regex_match(line, m, kLine)) out.push_back({m[2], std::stod(m[1])});
-  }
-  return out;
+  return ParsePprofTopCum(r.output, samples);
 }
 
 struct StrataView {

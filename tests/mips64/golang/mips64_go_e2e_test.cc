@@ -32,6 +32,7 @@
 #include "agent/symbols/module_cache.h"
 #include "common/elf/go_pclntab.h"
 #include "common/testing/temp_dir.h"
+#include "tests/e2e/golang/pprof_top.h"
 #include "common/unwind/incremental.h"
 #include "common/unwind/mips64/recorded_sample.h"
 #include "gtest/gtest.h"
@@ -92,11 +93,6 @@ bool ReadRecords(const std::string& path, std::vector<Record>* out, uint32_t* dr
   return false;
 }
 
-struct CumShare {
-  std::string function;
-  double percent;
-};
-
 // `go tool pprof -top -cum`'s rows (flat flat% sum% cum cum% name), and in *samples the
 // profile's sample count (its CPU time at the runtime's 100 Hz). With the names the runtime
 // wrote into the profile (-symbolize=none): through qemu the profile's mapping names the
@@ -105,23 +101,7 @@ struct CumShare {
 std::vector<CumShare> PprofTopCum(const std::string& profile, double* samples) {
   CommandResult r = RunCommand(
       {STRATA_GO, "tool", "pprof", "-symbolize=none", "-top", "-cum", profile}, 60);
-  std::vector<CumShare> rows;
-  std::smatch total;
-  *samples = 0;
-  if (std::regex_search(r.output, total, std::regex(R"(Total samples = ([\d.]+)(m?s))"))) {
-    *samples = std::stod(total[1]) * (total[2] == "ms" ? 0.1 : 100);
-  }
-  static const std::regex kRow(R"(^\s*\S+\s+[\d.]+%\s+[\d.]+%\s+\S+\s+([\d.]+)%\s+(.+?)\s*$)");
-  std::istringstream lines(r.output);
-  std::string line;
-  while (std::getline(lines, line)) {
-    std::smatch m;
-    if (std::regex_match(line, m, kRow)) {
-      rows.push_back({std::regex_replace(m[2].str(), std::regex(R"( \(inline\)$)"), ""),
-                      std::stod(m[1])});
-    }
-  }
-  return rows;
+  return ParsePprofTopCum(r.output, samples);
 }
 
 struct StrataView {
