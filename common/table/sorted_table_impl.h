@@ -1,0 +1,374 @@
+// The longer member functions of SortedTable (sorted_table.h), out of the class so that its
+// header reads as the interface and the hot inline paths. Included by sorted_table.h only.
+#ifndef STRATA_COMMON_TABLE_SORTED_TABLE_IMPL_H_
+#define STRATA_COMMON_TABLE_SORTED_TABLE_IMPL_H_
+
+#ifndef STRATA_COMMON_TABLE_SORTED_TABLE_H_
+#error "include common/table/sorted_table.h"
+#endif
+
+namespace strata::table {
+
+template <typename Key, typename Hash>
+absl::Status SortedTable<Key, Hash>::Grow(const SortedTableOptions& options) {
+  if (absl::Status s = Validate(options); !s.ok()) return s;
+  const SortedTableOptions& o = options_;
+  if (options.max_entries < o.max_entries || options.max_phase_changes < o.max_phase_changes ||
+      (options.bucket_count != 0 && options.bucket_count < bucket_count_) ||
+      options.sorting != o.sorting || options.period != o.period ||
+      options.depth_threshold != o.depth_threshold ||
+      options.frequency_threshold != o.frequency_threshold ||
+      options.phase_change_factor != o.phase_change_factor ||
+      options.phase_rank_limit != o.phase_rank_limit) {
+    return absl::InvalidArgumentError(
+        "Grow may only raise max_entries, bucket_count, max_phase_changes, max_hot_entries");
+  }
+  SortedTable grown(options, hash_);
+  if (grown.bucket_count_ < bucket_count_) {
+    return absl::InvalidArgumentError("Grow cannot reduce the number of chains");
+  }
+  // Slab indices stay; chains are rebuilt. Bucket indices are the hash's top bits, so each
+  // new chain takes its entries from one old chain, in that chain's (sorted) order.
+  std::copy(slab_.get(), slab_.get() + size_, grown.slab_.get());
+  grown.size_ = size_;
+  std::vector<uint32_t> tails(grown.bucket_count_, kNil);
+  for (uint32_t b = 0; b < bucket_count_; ++b) {
+    for (uint32_t i = heads_[b]; i != kNil; i = slab_[i].next) {
+      const uint32_t nb = grown.BucketIndex(slab_[i].key);
+      grown.slab_[i].next = kNil;
+      if (tails[nb] == kNil) {
+        grown.heads_[nb] = i;
+      } else {
+        grown.slab_[tails[nb]].next = i;
+      }
+      tails[nb] = i;
+      ++grown.depths_[nb];
+    }
+  }
+  grown.tally_ = tally_;
+  grown.counted_ = counted_;
+  grown.period_start_ = period_start_;
+  grown.deep_probes_ = deep_probes_;
+  grown.epoch_ = epoch_;
+  grown.stats_ = stats_;
+  if (sorting_) {
+    // The period's hot entries stay recorded; chains where one is not at the head are
+    // queued again for the period's sort.
+    for (uint32_t k = 0; k < hot_count_ && grown.hot_count_ < grown.hot_capacity_; ++k) {
+      const uint32_t i = hot_list_[k];
+      grown.hot_list_[grown.hot_count_++] = i;
+      const uint32_t nb = grown.BucketIndex(slab_[i].key);
+      if (grown.heads_[nb] != i) grown.QueueForSort(nb);
+    }
+    std::copy(rank_back1_.get(), rank_back1_.get() + ranked_back1_, grown.rank_back1_.get());
+    std::copy(rank_back2_.get(), rank_back2_.get() + ranked_back2_, grown.rank_back2_.get());
+    grown.ranked_back1_ = ranked_back1_;
+    grown.ranked_back2_ = ranked_back2_;
+    std::copy(reported_before_.get(), reported_before_.get() + reported_before_count_,
+              grown.reported_before_.get());
+    grown.reported_before_count_ = reported_before_count_;
+    std::copy(phase_changes_.get(), phase_changes_.get() + phase_change_count_,
+              grown.phase_changes_.get());
+    grown.phase_change_count_ = phase_change_count_;
+  }
+  *this = std::move(grown);
+  return absl::OkStatus();
+}
+
+template <typename Key, typename Hash>
+template <typename Pred>
+size_t SortedTable<Key, Hash>::RemoveIf(Pred&& pred) {
+  constexpr uint32_t kRemoved = kNil - 1;
+  size_t removed = 0;
+  for (uint32_t b = 0; b < bucket_count_; ++b) {
+    uint32_t* link = &heads_[b];
+    for (uint32_t i = *link; i != kNil;) {
+      Entry& e = slab_[i];
+      const uint32_t next = e.next;
+      if (pred(static_cast<const Key&>(e.key), e.count, PeriodCount(e))) {
+        *link = next;
+        e.next = kRemoved;
+        --depths_[b];
+        ++removed;
+      } else {
+        link = &e.next;
+      }
+      i = next;
+    }
+  }
+  if (removed == 0) return 0;
+  uint32_t kept = 0;
+  for (uint32_t src = 0; src < size_; ++src) {
+    if (slab_[src].next == kRemoved) continue;
+    if (src != kept) {
+      uint32_t* link = &heads_[BucketIndex(slab_[src].key)];
+      while (*link != src) link = &slab_[*link].next;
+      *link = kept;
+      slab_[kept] = slab_[src];
+    }
+    ++kept;
+  }
+  size_ = kept;
+  // Slab indices moved: record the surviving hot entries of this period again.
+  hot_count_ = 0;
+  if (options_.sorting) {
+    for (uint32_t i = 0; i < size_ && hot_count_ < hot_capacity_; ++i) {
+      if (PeriodCount(slab_[i]) > options_.frequency_threshold) hot_list_[hot_count_++] = i;
+    }
+  }
+  return removed;
+}
+
+template <typename Key, typename Hash>
+std::vector<KeyCount<Key>> SortedTable<Key, Hash>::TopN(size_t n) const {
+  std::vector<KeyCount<Key>> heap;
+  n = std::min<size_t>(n, size_);
+  if (n == 0) return heap;
+  heap.reserve(n);
+  // "a before b" in the result; the heap keeps the worst of the best n at its front.
+  auto better = [](const KeyCount<Key>& a, const KeyCount<Key>& b) {
+    return a.count != b.count ? a.count > b.count : a.key < b.key;
+  };
+  for (uint32_t i = 0; i < size_; ++i) {
+    KeyCount<Key> kc{slab_[i].key, slab_[i].count};
+    if (kc.count == 0) continue;
+    if (heap.size() < n) {
+      heap.push_back(kc);
+      std::push_heap(heap.begin(), heap.end(), better);
+    } else if (better(kc, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), better);
+      heap.back() = kc;
+      std::push_heap(heap.begin(), heap.end(), better);
+    }
+  }
+  std::sort_heap(heap.begin(), heap.end(), better);
+  return heap;
+}
+
+template <typename Key, typename Hash>
+absl::Status SortedTable<Key, Hash>::Validate(const SortedTableOptions& o) {
+  constexpr uint32_t kMaxSize = 1u << 31;
+  if (o.max_entries == 0 || o.max_entries > kMaxSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_entries must be in [1, 2^31], got ", o.max_entries));
+  }
+  if (o.bucket_count > kMaxSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bucket_count must be at most 2^31, got ", o.bucket_count));
+  }
+  if (o.period > kMaxSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("period must be at most 2^31, got ", o.period));
+  }
+  if (o.period != 0 && o.frequency_threshold >= o.period) {
+    return absl::InvalidArgumentError("frequency_threshold must be below period");
+  }
+  if (o.phase_change_factor < 2) {
+    return absl::InvalidArgumentError("phase_change_factor must be at least 2");
+  }
+  if (o.max_hot_entries > kMaxSize) {
+    return absl::InvalidArgumentError("max_hot_entries must be at most 2^31");
+  }
+  return absl::OkStatus();
+}
+
+template <typename Key, typename Hash>
+typename SortedTable<Key, Hash>::Layout SortedTable<Key, Hash>::LayoutFor(const SortedTableOptions& o) {
+  Layout l;
+  const uint32_t wanted = o.bucket_count != 0 ? o.bucket_count : o.max_entries;
+  l.bucket_count = std::max<uint32_t>(2, std::bit_ceil(wanted));
+  // A chain is queued when one of its entries crosses frequency_threshold in the current
+  // period; the counts of a period sum to less than period + the last count, so at most
+  // (period - 1) / (threshold + 1) + 1 entries cross per period. The same bounds the hot
+  // entries of one chain. Owner-driven periods have no such bound: max_hot_entries (or
+  // 4096) caps the entries remembered and sorted per period; more are sorted next time.
+  constexpr uint64_t kDefaultHotEntries = 4096;
+  const uint64_t per_period =
+      o.period != 0 ? (uint64_t{o.period} - 1) / (uint64_t{o.frequency_threshold} + 1) + 1
+                    : (o.max_hot_entries != 0 ? o.max_hot_entries : kDefaultHotEntries);
+  const uint64_t hot_bound = o.max_hot_entries != 0 ? o.max_hot_entries : per_period;
+  l.sort_capacity = static_cast<uint32_t>(
+      std::min<uint64_t>({per_period, o.max_entries, l.bucket_count}));
+  l.hot_capacity = static_cast<uint32_t>(std::min<uint64_t>(hot_bound, o.max_entries));
+  l.scratch_capacity = std::max(
+      static_cast<uint32_t>(std::min<uint64_t>(per_period, o.max_entries)), l.hot_capacity);
+  l.rank_capacity = std::max<uint32_t>(1, o.phase_rank_limit);
+  l.memory_bytes = 2 * sizeof(uint32_t) * l.bucket_count + sizeof(Entry) * o.max_entries;
+  if (o.sorting) {
+    l.memory_bytes += sizeof(uint32_t) * (l.sort_capacity + l.hot_capacity) +
+                      sizeof(SortItem) * l.scratch_capacity +
+                      3 * sizeof(Ranked) * l.rank_capacity +
+                      2 * sizeof(KeyPair) * o.max_phase_changes +
+                      sizeof(PhaseChange<Key>) * o.max_phase_changes;
+  }
+  return l;
+}
+
+template <typename Key, typename Hash>
+SortedTable<Key, Hash>::SortedTable(const SortedTableOptions& options, Hash hash)
+    : hash_(std::move(hash)),
+      sorting_(options.sorting),
+      hot_min_(static_cast<uint32_t>(
+          std::min<uint64_t>(options.frequency_threshold, kMaxPeriodCount) + 1)),
+      options_(options) {
+  const Layout layout = LayoutFor(options_);
+  bucket_count_ = layout.bucket_count;
+  bucket_shift_ = 64 - std::countr_zero(bucket_count_);
+  sort_capacity_ = layout.sort_capacity;
+  hot_capacity_ = layout.hot_capacity;
+  scratch_capacity_ = layout.scratch_capacity;
+  const uint32_t rank_capacity = layout.rank_capacity;
+
+  heads_ = std::make_unique_for_overwrite<uint32_t[]>(bucket_count_);
+  depths_ = std::make_unique_for_overwrite<uint32_t[]>(bucket_count_);
+  slab_ = std::make_unique_for_overwrite<Entry[]>(options_.max_entries);
+  if (options_.sorting) {
+    sort_queue_ = std::make_unique_for_overwrite<uint32_t[]>(sort_capacity_);
+    hot_ = std::make_unique_for_overwrite<SortItem[]>(scratch_capacity_);
+    hot_list_ = std::make_unique_for_overwrite<uint32_t[]>(hot_capacity_);
+    rank_now_ = std::make_unique_for_overwrite<Ranked[]>(rank_capacity);
+    rank_back1_ = std::make_unique_for_overwrite<Ranked[]>(rank_capacity);
+    rank_back2_ = std::make_unique_for_overwrite<Ranked[]>(rank_capacity);
+    reported_now_ = std::make_unique_for_overwrite<KeyPair[]>(options_.max_phase_changes);
+    reported_before_ = std::make_unique_for_overwrite<KeyPair[]>(options_.max_phase_changes);
+    phase_changes_ =
+        std::make_unique_for_overwrite<PhaseChange<Key>[]>(options_.max_phase_changes);
+  }
+  memory_bytes_ = layout.memory_bytes;
+  Clear();
+  stats_.drains = 0;
+  RestartPeriodCount();
+}
+
+template <typename Key, typename Hash>
+void SortedTable<Key, Hash>::SortChain(uint32_t b) {
+  if (depths_[b] <= options_.depth_threshold) return;
+  const uint32_t threshold = options_.frequency_threshold;
+  uint32_t hot = 0;
+  uint32_t cold_head = kNil;
+  uint32_t* cold_tail = &cold_head;
+  uint32_t position = 0;
+  uint32_t cold_seen = 0;
+  uint32_t cold_before_last_hot = 0;
+  for (uint32_t i = heads_[b]; i != kNil; ++position) {
+    Entry& e = slab_[i];
+    const uint32_t next = e.next;
+    const uint32_t count = PeriodCount(e);
+    const bool is_hot = count > threshold && hot < scratch_capacity_;
+    if (is_hot) {
+      hot_[hot++] = SortItem{i, position, count};
+      cold_before_last_hot = cold_seen;
+    } else {
+      ++cold_seen;
+      *cold_tail = i;
+      cold_tail = &e.next;
+    }
+    i = next;
+  }
+  *cold_tail = kNil;
+  std::sort(hot_.get(), hot_.get() + hot, [](const SortItem& a, const SortItem& b) {
+    return a.count != b.count ? a.count > b.count : a.position < b.position;
+  });
+
+  // Relink: hot group, then the cold chain. Count entries whose position changed.
+  uint32_t* link = &heads_[b];
+  for (uint32_t r = 0; r < hot; ++r) {
+    *link = hot_[r].index;
+    link = &slab_[hot_[r].index].next;
+    if (hot_[r].position != r) ++stats_.entries_moved;
+  }
+  *link = cold_head;
+  // A cold entry moved back iff some hot entry was behind it.
+  stats_.entries_moved += cold_before_last_hot;
+  ++stats_.chains_sorted;
+}
+
+template <typename Key, typename Hash>
+void SortedTable<Key, Hash>::RankHotSet() {
+  const uint32_t limit = options_.phase_rank_limit;
+  uint32_t n = 0;
+  for (uint32_t k = 0; k < hot_count_; ++k) {
+    const uint32_t index = hot_list_[k];
+    hot_[n++] = SortItem{index, k, PeriodCount(slab_[index])};
+  }
+  hot_count_ = 0;
+  const uint32_t ranked = std::min(n, limit);
+  std::partial_sort(hot_.get(), hot_.get() + ranked, hot_.get() + n,
+                    [](const SortItem& a, const SortItem& b) {
+                      return a.count != b.count ? a.count > b.count : a.position < b.position;
+                    });
+  Ranked* now = rank_now_.get();
+  for (uint32_t r = 0; r < ranked; ++r) {
+    const Entry& e = slab_[hot_[r].index];
+    now[r] = Ranked{e.key, hot_[r].count, 0, 0};
+  }
+  uint32_t reported = 0;
+  CompareRankings(now, ranked, rank_back1_.get(), ranked_back1_, &reported);
+  CompareRankings(now, ranked, rank_back2_.get(), ranked_back2_, &reported);
+  // The previous ranking becomes the one two back; this one the previous.
+  std::swap(rank_back2_, rank_back1_);
+  ranked_back2_ = ranked_back1_;
+  std::copy(now, now + ranked, rank_back1_.get());
+  ranked_back1_ = ranked;
+  std::swap(reported_now_, reported_before_);
+  reported_before_count_ = reported;
+}
+
+template <typename Key, typename Hash>
+void SortedTable<Key, Hash>::CompareRankings(const Ranked* now, uint32_t ranked, Ranked* back,
+                                             uint32_t ranked_back, uint32_t* reported) {
+  // Where each key of the older ranking stands now.
+  for (uint32_t p = 0; p < ranked_back; ++p) {
+    back[p].rank_after = kNil;
+    for (uint32_t r = 0; r < ranked; ++r) {
+      if (now[r].key == back[p].key) {
+        back[p].rank_after = r;
+        back[p].count_after = now[r].count;
+        break;
+      }
+    }
+    if (back[p].rank_after == kNil) back[p].count_after = CurrentPeriodCount(back[p].key);
+  }
+  // A key missing from the older ranking had at most this many counts then.
+  const uint64_t unranked_bound = ranked_back < options_.phase_rank_limit || ranked_back == 0
+                                      ? uint64_t{options_.frequency_threshold}
+                                      : uint64_t{back[ranked_back - 1].count};
+  const uint64_t factor = options_.phase_change_factor;
+  for (uint32_t r = 0; r < ranked; ++r) {
+    const Ranked& x = now[r];
+    uint32_t x_rank_back = ranked_back;
+    uint64_t x_back = unranked_bound;
+    for (uint32_t p = 0; p < ranked_back; ++p) {
+      if (back[p].key == x.key) {
+        x_rank_back = p;
+        x_back = back[p].count;
+        break;
+      }
+    }
+    // Every y ranked ahead of x then and behind it now.
+    for (uint32_t p = 0; p < x_rank_back; ++p) {
+      const Ranked& y = back[p];
+      if (y.rank_after != kNil && y.rank_after < r) continue;
+      if (uint64_t{y.count} < factor * x_back && uint64_t{x.count} < factor * y.count_after) {
+        continue;
+      }
+      if (Reported(reported_before_.get(), reported_before_count_, x.key, y.key) ||
+          Reported(reported_now_.get(), *reported, x.key, y.key)) {
+        continue;
+      }
+      if (*reported < options_.max_phase_changes) reported_now_[(*reported)++] = {x.key, y.key};
+      ++stats_.phase_changes;
+      if (phase_change_count_ == options_.max_phase_changes) {
+        ++stats_.phase_changes_dropped;
+        continue;
+      }
+      phase_changes_[phase_change_count_++] = PhaseChange<Key>{
+          Updates(), epoch_, x.key, x.count, static_cast<uint32_t>(x_back),
+          y.key, y.count_after, y.count};
+    }
+  }
+}
+
+}  // namespace strata::table
+
+#endif  // STRATA_COMMON_TABLE_SORTED_TABLE_IMPL_H_
