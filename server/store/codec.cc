@@ -311,6 +311,7 @@ std::string LegacySequenceKey(std::string_view agent_id) {
   return TaggedKey(kSequenceTag, agent_id);
 }
 std::string CaptureKey(std::string_view capture_id) { return TaggedKey(kCaptureTag, capture_id); }
+std::string ReleaseKey(std::string_view release_id) { return TaggedKey(kReleaseTag, release_id); }
 
 std::string LabelSetKey(uint64_t label_set) {
   std::string key(1, kLabelSetTag);
@@ -588,6 +589,23 @@ std::string EncodeCapture(const CaptureInfo& c) {
   value.push_back(c.finished ? 1 : 0);
   PutString(&value, c.error);
   return value;
+}
+
+std::string EncodeRelease(const ReleaseRecord& release) {
+  std::string value;
+  value.push_back(1);
+  PutString(&value, release.payload);
+  return value;
+}
+
+absl::StatusOr<ReleaseRecord> DecodeRelease(std::string_view value) {
+  Reader in(value);
+  uint8_t version;
+  ReleaseRecord r;
+  if (!in.Byte(&version) || version != 1 || !in.String(&r.payload) || !in.Done()) {
+    return Corrupt("release");
+  }
+  return r;
 }
 
 absl::StatusOr<CaptureInfo> DecodeCapture(std::string_view value) {

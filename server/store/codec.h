@@ -79,6 +79,7 @@ inline constexpr char kUnwindTag = 'u';
 inline constexpr char kLeafAddressTag = 'x';
 inline constexpr char kLeafAddressHourTag = 'X';
 inline constexpr char kRollupStateTag = 'R';
+inline constexpr char kReleaseTag = 'v';
 
 std::string AgentKey(std::string_view agent_id);
 // Applied batch sequence of one incarnation of an agent (its graph ID): 'q' agent '\0'
@@ -86,6 +87,7 @@ std::string AgentKey(std::string_view agent_id);
 std::string SequenceKey(std::string_view agent_id, uint64_t incarnation);
 std::string LegacySequenceKey(std::string_view agent_id);
 std::string CaptureKey(std::string_view capture_id);
+std::string ReleaseKey(std::string_view release_id);
 // Label sets: 'l' BE(id) -> labels::Encode(set) (content-addressed like stacks), and the
 // sets each service's samples use: 'L' service '\0' BE(id) -> "".
 std::string LabelSetKey(uint64_t label_set);
@@ -142,6 +144,9 @@ std::string EncodeGraphEdge(const GraphEdge& edge);
 absl::StatusOr<GraphEdge> DecodeGraphEdge(std::string_view value);
 std::string EncodeCapture(const CaptureInfo& capture);
 absl::StatusOr<CaptureInfo> DecodeCapture(std::string_view value);
+// Releases: [version byte 1][string payload].
+std::string EncodeRelease(const ReleaseRecord& release);
+absl::StatusOr<ReleaseRecord> DecodeRelease(std::string_view value);
 
 }  // namespace strata::server::store
 

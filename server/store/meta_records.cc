@@ -236,6 +236,11 @@ absl::Status MetaRecords::ScanJournal(
                          });
 }
 
+absl::StatusOr<std::vector<ReleaseRecord>> MetaRecords::ListReleases() {
+  return ScanTaggedRecords<ReleaseRecord>(*database_, kReleaseTag, &DecodeRelease,
+                                          &ReleaseRecord::release_id);
+}
+
 absl::StatusOr<std::vector<CaptureInfo>> MetaRecords::ListCaptures() {
   return ScanTaggedRecords<CaptureInfo>(*database_, kCaptureTag, &DecodeCapture,
                                         &CaptureInfo::capture_id);

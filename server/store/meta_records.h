@@ -56,6 +56,7 @@ class MetaRecords {
       const std::optional<std::string>& host, size_t* records_read = nullptr);
   absl::StatusOr<CaptureInfo> GetCapture(std::string_view capture_id);
   absl::StatusOr<std::vector<CaptureInfo>> ListCaptures();
+  absl::StatusOr<std::vector<ReleaseRecord>> ListReleases();
   // Every journal record in sequence order; stops at the first error `fn` returns.
   absl::Status ScanJournal(
       const std::function<absl::Status(uint64_t sequence, std::string_view record)>& fn);

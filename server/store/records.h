@@ -195,6 +195,15 @@ struct CaptureInfo {
   bool operator==(const CaptureInfo&) const = default;
 };
 
+// A release comparison's state (server/regress), kept so that releases and their verdicts
+// survive restarts. The store keeps `payload` as it is: its encoding is the regress module's.
+struct ReleaseRecord {
+  std::string release_id;  // unique per release: service '\0' label '\0' value
+  std::string payload;
+
+  bool operator==(const ReleaseRecord&) const = default;
+};
+
 }  // namespace strata::server::store
 
 #endif  // STRATA_SERVER_STORE_RECORDS_H_

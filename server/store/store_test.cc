@@ -413,6 +413,23 @@ TEST_F(StoreTest, DeleteCaptureDropsItsCellsAndRecordOnly) {
   EXPECT_TRUE(Scan({"x", 0, 40000, std::nullopt, std::string("cap-1")}).empty());
 }
 
+TEST_F(StoreTest, ReleasesSurviveReopenAndAreReplacedByID) {
+  WriteBatch batch;
+  const std::string id_a = std::string("svc") + '\0' + "version" + '\0' + "1";
+  const std::string id_b = std::string("svc") + '\0' + "version" + '\0' + "2";
+  batch.PutRelease({id_a, "first"});
+  batch.PutRelease({id_b, std::string("bytes\0kept", 10)});
+  CommitOk(&batch);
+  batch.PutRelease({id_a, "second"});
+  CommitOk(&batch);
+  Reopen();
+  EXPECT_THAT(*store_->meta().ListReleases(),
+              ElementsAre(ReleaseRecord{id_a, "second"},
+                          ReleaseRecord{id_b, std::string("bytes\0kept", 10)}));
+  batch.PutRelease({"", "no id"});
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->Commit(&batch)));
+}
+
 TEST_F(StoreTest, ScanSamplesFiltersRangeHostAndCaptures) {
   WriteBatch batch;
   for (int64_t w : {0, 10000, 20000, 30000}) {

@@ -144,6 +144,16 @@ void WriteBatch::PutCapture(const CaptureInfo& capture) {
             EncodeCapture(capture));
 }
 
+void WriteBatch::PutRelease(const ReleaseRecord& release) {
+  // The ID joins its parts with NUL, so only the whole key is checked for emptiness.
+  if (release.release_id.empty()) {
+    rep_->CheckKeyPart("release id", release.release_id, false);
+    return;
+  }
+  rep_->Add(Column::kMeta, Rep::OpType::kPut, ReleaseKey(release.release_id),
+            EncodeRelease(release));
+}
+
 void WriteBatch::PutUnwindCounts(std::string_view service, int64_t window_start_ms,
                                  std::string_view agent_id, uint64_t incarnation,
                                  uint64_t sequence, const UnwindCounts& counts) {

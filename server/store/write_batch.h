@@ -46,6 +46,7 @@ class WriteBatch {
   // Identical events (same service, window, payload) are stored once.
   void PutPhaseEvent(const PhaseEvent& event);
   void PutCapture(const CaptureInfo& capture);
+  void PutRelease(const ReleaseRecord& release);
   // The agents' unwinding counters of batch `sequence` of (agent, incarnation) for `service`:
   // committed with the batch, so exactly once; MetaRecords::SumUnwindCounts reads them.
   void PutUnwindCounts(std::string_view service, int64_t window_start_ms,
