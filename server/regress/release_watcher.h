@@ -1,0 +1,99 @@
+// Releases found by themselves: the server notices a new release of a service and compares it
+// with the one before, without being asked.
+//
+// Every Check(), for every service: the values of its release label (the first of
+// `labels` its label sets carry: "version", else "build_id"). A value not seen before is a
+// new release. Its baseline is the release of the same label first seen most recently
+// before it; the comparison takes the baseline's samples over [first seen - lookback, now)
+// and the candidate's over [first seen, now), and runs again at every check until the
+// candidate has been seen for `window`: then its verdict is final. The values a service shows
+// when the watcher first meets it are recorded without a comparison (their order is unknown).
+//
+// The comparison itself (CompareFn: two label selections over two ranges, with confidence
+// intervals and a false discovery rate) and the storage of the state are the caller's; the
+// watcher owns the bookkeeping. Every release's state goes through PersistFn after each
+// change, and a watcher built with those records continues where the last one stopped.
+//
+// Thread-safe: Check() from one thread (the server's), Verdicts() from any.
+#ifndef STRATA_SERVER_REGRESS_RELEASE_WATCHER_H_
+#define STRATA_SERVER_REGRESS_RELEASE_WATCHER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/labels/labels.h"
+#include "server/store/records.h"
+#include "strata/v1/regress.pb.h"
+
+namespace strata::server::regress {
+
+struct ReleaseWatcherOptions {
+  std::vector<std::string> labels = {"version", "build_id"};
+  absl::Duration baseline_lookback = absl::Hours(1);
+  absl::Duration window = absl::Minutes(30);
+};
+
+// What one comparison reads: the baseline's and the candidate's samples of `service`.
+struct ComparisonPlan {
+  std::string service;
+  std::string baseline_selector;   // e.g. version=1.4.2
+  std::string candidate_selector;
+  int64_t baseline_from_ms = 0, baseline_to_ms = 0;
+  int64_t candidate_from_ms = 0, candidate_to_ms = 0;
+};
+
+// A comparison's outcome: ReleaseVerdict's state, functions, min_detectable, units, samples.
+using CompareFn = std::function<absl::StatusOr<v1::ReleaseVerdict>(const ComparisonPlan&)>;
+
+struct ReleaseWatcherInputs {
+  std::function<absl::StatusOr<std::vector<std::string>>()> services;
+  std::function<absl::StatusOr<std::vector<labels::LabelSet>>(const std::string& service)>
+      label_sets;
+  CompareFn compare;
+  std::function<absl::Status(const std::vector<store::ReleaseRecord>&)> persist;
+};
+
+class ReleaseWatcher {
+ public:
+  // `stored`: the records PersistFn was given before (a restart), in any order.
+  ReleaseWatcher(ReleaseWatcherOptions options, ReleaseWatcherInputs inputs,
+                 const std::vector<store::ReleaseRecord>& stored);
+  ReleaseWatcher(const ReleaseWatcher&) = delete;
+  ReleaseWatcher& operator=(const ReleaseWatcher&) = delete;
+
+  // One pass at `now_ms`: new releases, and the comparisons not final yet. Returns the
+  // verdicts whose state changed in this pass (a release newly found REGRESSED, ...). A
+  // service whose label sets cannot be read, or a comparison that fails, is left for the next
+  // pass (the failure is kept in the verdict's `error`); the error returned is the first one.
+  absl::StatusOr<std::vector<v1::ReleaseVerdict>> Check(int64_t now_ms);
+
+  // The verdicts of releases compared with a baseline, of `service` (every one when empty)
+  // whose candidate was first seen at or after `since_ms`, newest first.
+  std::vector<v1::ReleaseVerdict> Verdicts(const std::string& service, int64_t since_ms) const;
+
+  // A release's unique ID: service '\0' label '\0' value (the store's record ID).
+  static std::string ReleaseId(const v1::ReleaseVerdict& release);
+
+ private:
+  // The service's release label and its values now, or an empty label when it has none.
+  absl::StatusOr<std::pair<std::string, std::vector<std::string>>> ReleaseValues(
+      const std::string& service);
+  absl::Status Compare(v1::ReleaseVerdict& release, int64_t now_ms);
+
+  const ReleaseWatcherOptions options_;
+  const ReleaseWatcherInputs inputs_;
+  mutable absl::Mutex mu_;
+  // By ReleaseId.
+  std::map<std::string, v1::ReleaseVerdict> releases_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace strata::server::regress
+
+#endif  // STRATA_SERVER_REGRESS_RELEASE_WATCHER_H_

@@ -1,0 +1,208 @@
+// The release watcher's bookkeeping with a scripted service and comparison: releases met with
+// the service are not compared, a new one is compared with the one it replaces over the
+// right ranges until its window ends, and a restarted watcher continues from what it stored.
+#include "server/regress/release_watcher.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace strata::server::regress {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+
+constexpr int64_t kMinute = 60'000;
+
+// A scripted server: each service's label sets, a comparison that regresses whenever the
+// candidate is "slow", and a store of the persisted records.
+struct Fixture {
+  std::map<std::string, std::vector<labels::LabelSet>> sets;
+  std::vector<ComparisonPlan> plans;
+  std::map<std::string, std::string> stored;  // release ID -> payload
+  absl::Status label_error;
+  absl::Status compare_error;
+
+  ReleaseWatcherInputs Inputs() {
+    ReleaseWatcherInputs in;
+    in.services = [this]() -> absl::StatusOr<std::vector<std::string>> {
+      std::vector<std::string> out;
+      for (const auto& [service, unused] : sets) out.push_back(service);
+      return out;
+    };
+    in.label_sets = [this](const std::string& service)
+        -> absl::StatusOr<std::vector<labels::LabelSet>> {
+      if (!label_error.ok() && service == "broken") return label_error;
+      return sets[service];
+    };
+    in.compare = [this](const ComparisonPlan& plan) -> absl::StatusOr<v1::ReleaseVerdict> {
+      plans.push_back(plan);
+      if (!compare_error.ok()) return compare_error;
+      v1::ReleaseVerdict v;
+      const bool slow = plan.candidate_selector.ends_with("slow");
+      v.set_state(slow ? v1::ReleaseVerdict::REGRESSED : v1::ReleaseVerdict::UNCHANGED);
+      if (slow) {
+        v1::ReleaseFunctionChange* f = v.add_functions();
+        f->set_name("hot");
+        f->set_delta(4.5);
+      }
+      v.set_candidate_units(3);
+      return v;
+    };
+    in.persist = [this](const std::vector<store::ReleaseRecord>& records) {
+      for (const auto& r : records) stored[r.release_id] = r.payload;
+      return absl::OkStatus();
+    };
+    return in;
+  }
+  std::vector<store::ReleaseRecord> Stored() const {
+    std::vector<store::ReleaseRecord> out;
+    for (const auto& [id, payload] : stored) out.push_back({id, payload});
+    return out;
+  }
+};
+
+ReleaseWatcherOptions Options() {
+  ReleaseWatcherOptions o;
+  o.baseline_lookback = absl::Minutes(60);
+  o.window = absl::Minutes(10);
+  return o;
+}
+
+TEST(ReleaseWatcherTest, ANewReleaseIsComparedWithTheOneItReplacesUntilItsWindowEnds) {
+  Fixture f;
+  f.sets["checkout"] = {{{"version", "1"}, {"zone", "a"}}, {{"version", "1"}, {"zone", "b"}}};
+  ReleaseWatcher watcher(Options(), f.Inputs(), {});
+  // Met with the service: known, not compared.
+  auto changed = watcher.Check(100 * kMinute);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_THAT(*changed, IsEmpty());
+  EXPECT_THAT(f.plans, IsEmpty());
+  EXPECT_THAT(watcher.Verdicts("", 0), IsEmpty());
+  EXPECT_THAT(f.stored, SizeIs(1));
+
+  f.sets["checkout"].push_back({{"version", "2-slow"}, {"zone", "a"}});
+  changed = watcher.Check(101 * kMinute);
+  ASSERT_TRUE(changed.ok());
+  ASSERT_THAT(*changed, SizeIs(1));
+  EXPECT_EQ((*changed)[0].state(), v1::ReleaseVerdict::REGRESSED);
+  EXPECT_EQ((*changed)[0].baseline(), "1");
+  EXPECT_EQ((*changed)[0].candidate(), "2-slow");
+  ASSERT_THAT(f.plans, SizeIs(1));
+  const ComparisonPlan& plan = f.plans[0];
+  EXPECT_EQ(plan.service, "checkout");
+  EXPECT_EQ(plan.baseline_selector, "version=1");
+  EXPECT_EQ(plan.candidate_selector, "version=2-slow");
+  EXPECT_EQ(plan.baseline_from_ms, 41 * kMinute);  // an hour before the candidate appeared
+  EXPECT_EQ(plan.baseline_to_ms, 101 * kMinute);
+  EXPECT_EQ(plan.candidate_from_ms, 101 * kMinute);
+  EXPECT_EQ(plan.candidate_to_ms, 101 * kMinute);
+
+  // Compared again as samples accrue; reported again only when the state changes.
+  changed = watcher.Check(105 * kMinute);
+  ASSERT_TRUE(changed.ok());
+  EXPECT_THAT(*changed, IsEmpty());
+  EXPECT_THAT(f.plans, SizeIs(2));
+  std::vector<v1::ReleaseVerdict> verdicts = watcher.Verdicts("checkout", 0);
+  ASSERT_THAT(verdicts, SizeIs(1));
+  EXPECT_FALSE(verdicts[0].final());
+  EXPECT_EQ(verdicts[0].functions(0).name(), "hot");
+
+  // Final once the candidate was seen for the window; then left alone.
+  ASSERT_TRUE(watcher.Check(111 * kMinute).ok());
+  EXPECT_TRUE(watcher.Verdicts("checkout", 0)[0].final());
+  ASSERT_TRUE(watcher.Check(120 * kMinute).ok());
+  EXPECT_THAT(f.plans, SizeIs(3));
+  EXPECT_THAT(watcher.Verdicts("other", 0), IsEmpty());
+  EXPECT_THAT(watcher.Verdicts("", 102 * kMinute), IsEmpty());
+}
+
+TEST(ReleaseWatcherTest, ARestartedWatcherContinuesFromWhatItStored) {
+  Fixture f;
+  f.sets["svc"] = {{{"version", "1"}}};
+  {
+    ReleaseWatcher watcher(Options(), f.Inputs(), {});
+    ASSERT_TRUE(watcher.Check(0).ok());
+    f.sets["svc"].push_back({{"version", "2"}});
+    ASSERT_TRUE(watcher.Check(kMinute).ok());
+  }
+  ReleaseWatcher restarted(Options(), f.Inputs(), f.Stored());
+  std::vector<v1::ReleaseVerdict> verdicts = restarted.Verdicts("svc", 0);
+  ASSERT_THAT(verdicts, SizeIs(1));
+  EXPECT_EQ(verdicts[0].state(), v1::ReleaseVerdict::UNCHANGED);
+  // Version 2 is still compared (not final); a third release is compared with version 2,
+  // the one seen most recently, not with version 1.
+  f.sets["svc"].push_back({{"version", "3-slow"}});
+  auto changed = restarted.Check(2 * kMinute);
+  ASSERT_TRUE(changed.ok());
+  ASSERT_THAT(*changed, SizeIs(1));
+  EXPECT_EQ((*changed)[0].baseline(), "2");
+  EXPECT_EQ((*changed)[0].candidate(), "3-slow");
+  verdicts = restarted.Verdicts("svc", 0);
+  ASSERT_THAT(verdicts, SizeIs(2));
+  EXPECT_EQ(verdicts[0].candidate(), "3-slow");  // newest first
+  EXPECT_EQ(verdicts[1].candidate(), "2");
+  EXPECT_EQ(verdicts[1].updated_ms(), 2 * kMinute);
+  // A record that does not parse is dropped, not fatal.
+  std::vector<store::ReleaseRecord> corrupt = f.Stored();
+  corrupt.push_back({"junk", "\xff\xff\xff"});
+  ReleaseWatcher tolerant(Options(), f.Inputs(), corrupt);
+  EXPECT_THAT(tolerant.Verdicts("svc", 0), SizeIs(2));
+}
+
+TEST(ReleaseWatcherTest, BuildIdIsTheReleaseLabelWithoutVersions) {
+  Fixture f;
+  f.sets["svc"] = {{{"build_id", "aa"}}};
+  ReleaseWatcher watcher(Options(), f.Inputs(), {});
+  ASSERT_TRUE(watcher.Check(0).ok());
+  f.sets["svc"].push_back({{"build_id", "bb"}});
+  ASSERT_TRUE(watcher.Check(kMinute).ok());
+  ASSERT_THAT(f.plans, SizeIs(1));
+  EXPECT_EQ(f.plans[0].baseline_selector, "build_id=aa");
+  EXPECT_EQ(f.plans[0].candidate_selector, "build_id=bb");
+  // A service without either label has no releases.
+  f.sets["unlabelled"] = {{{"zone", "a"}}};
+  ASSERT_TRUE(watcher.Check(2 * kMinute).ok());
+  EXPECT_THAT(watcher.Verdicts("unlabelled", 0), IsEmpty());
+}
+
+TEST(ReleaseWatcherTest, FailuresAreKeptAndRetriedWithoutStoppingOtherServices) {
+  Fixture f;
+  f.sets["broken"] = {{{"version", "1"}}};
+  f.sets["svc"] = {{{"version", "1"}}};
+  f.label_error = absl::UnavailableError("node down");
+  ReleaseWatcher watcher(Options(), f.Inputs(), {});
+  EXPECT_TRUE(absl::IsUnavailable(watcher.Check(0).status()));
+  EXPECT_THAT(f.stored, SizeIs(1));  // svc's release, despite the broken service
+  f.label_error = absl::OkStatus();
+  f.sets["svc"].push_back({{"version", "2"}});
+  f.compare_error = absl::DeadlineExceededError("slow node");
+  EXPECT_TRUE(absl::IsDeadlineExceeded(watcher.Check(kMinute).status()));
+  std::vector<v1::ReleaseVerdict> verdicts = watcher.Verdicts("svc", 0);
+  ASSERT_THAT(verdicts, SizeIs(1));
+  EXPECT_EQ(verdicts[0].error(), "slow node");
+  EXPECT_EQ(verdicts[0].state(), v1::ReleaseVerdict::NOT_ENOUGH_DATA);
+  f.compare_error = absl::OkStatus();
+  auto changed = watcher.Check(2 * kMinute);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_THAT(*changed, SizeIs(1));
+  EXPECT_EQ(watcher.Verdicts("svc", 0)[0].error(), "");
+  // A value a selector cannot name is recorded as such, never compared.
+  f.sets["svc"].push_back({{"version", "3,beta"}});
+  const size_t plans = f.plans.size();
+  ASSERT_TRUE(watcher.Check(3 * kMinute).ok());
+  EXPECT_EQ(f.plans.size(), plans + 1);  // only version 2 again
+  verdicts = watcher.Verdicts("svc", 0);
+  ASSERT_THAT(verdicts, SizeIs(2));
+  EXPECT_TRUE(verdicts[0].final());
+  EXPECT_THAT(verdicts[0].error(), ::testing::HasSubstr("selector"));
+}
+
+}  // namespace
+}  // namespace strata::server::regress
