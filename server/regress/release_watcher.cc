@@ -83,8 +83,12 @@ absl::StatusOr<std::vector<v1::ReleaseVerdict>> ReleaseWatcher::Check(int64_t no
         fn(it->second);
       }
     };
-    bool known_before = false;
-    of_service([&](const v1::ReleaseVerdict&) { known_before = true; });
+    // The releases known before this pass: new ones are compared with the newest of them.
+    const v1::ReleaseVerdict* previous = nullptr;
+    of_service([&](const v1::ReleaseVerdict& r) {
+      if (previous == nullptr || r.first_seen_ms() > previous->first_seen_ms()) previous = &r;
+    });
+    const std::string baseline = previous != nullptr ? previous->candidate() : std::string();
     for (const std::string& value : found) {
       const std::string id = prefix + value;
       if (releases_.contains(id)) continue;
@@ -94,20 +98,9 @@ absl::StatusOr<std::vector<v1::ReleaseVerdict>> ReleaseWatcher::Check(int64_t no
       release.set_candidate(value);
       release.set_first_seen_ms(now_ms);
       release.set_updated_ms(now_ms);
-      if (!known_before) {
-        release.set_final(true);  // met with the service: no baseline to compare with
-      } else {
-        // The release of this label first seen most recently: the one being replaced.
-        const v1::ReleaseVerdict* previous = nullptr;
-        of_service([&](const v1::ReleaseVerdict& r) {
-          if (r.first_seen_ms() < now_ms &&
-              (previous == nullptr || r.first_seen_ms() > previous->first_seen_ms())) {
-            previous = &r;
-          }
-        });
-        if (previous != nullptr) release.set_baseline(previous->candidate());
-        release.set_final(previous == nullptr);
-      }
+      // Met with the service (no release known before): no baseline to compare with.
+      release.set_baseline(baseline);
+      release.set_final(baseline.empty());
       releases_[id] = release;
       dirty.insert(id);
     }

@@ -1,0 +1,173 @@
+#include "server/regress/regressions_service.h"
+
+#include <map>
+#include <utility>
+
+#include <google/protobuf/util/json_util.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/clock.h"
+#include "common/rpc/grpc_status.h"
+#include "server/auth/grpc_auth.h"
+#include "server/store/write_batch.h"
+
+namespace strata::server::regress {
+namespace {
+
+// A Prometheus label value: backslash, double quote and newline escaped.
+std::string PromLabel(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\\' || c == '"') out.push_back('\\');
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string VerdictJson(const v1::ReleaseVerdict& verdict) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  (void)google::protobuf::util::MessageToJsonString(verdict, &json, options);
+  return json;
+}
+
+absl::StatusOr<std::unique_ptr<RegressionsService>> RegressionsService::Create(
+    RegressionsOptions options, ReleaseWatcherInputs inputs, store::Store* store,
+    auth::Authorizer* authorizer) {
+  std::optional<WebhookUrl> webhook;
+  if (!options.webhook_url.empty()) {
+    absl::StatusOr<WebhookUrl> url = ParseWebhookUrl(options.webhook_url);
+    if (!url.ok()) return url.status();
+    webhook = *url;
+  }
+  absl::StatusOr<std::vector<store::ReleaseRecord>> stored = store->meta().ListReleases();
+  if (!stored.ok()) return stored.status();
+  inputs.persist = [store](const std::vector<store::ReleaseRecord>& records) {
+    store::WriteBatch batch;
+    for (const store::ReleaseRecord& r : records) batch.PutRelease(r);
+    return store->Commit(&batch);
+  };
+  auto watcher = std::make_unique<ReleaseWatcher>(options.watcher, std::move(inputs), *stored);
+  return std::unique_ptr<RegressionsService>(
+      new RegressionsService(std::move(options), std::move(watcher), webhook, authorizer));
+}
+
+RegressionsService::RegressionsService(RegressionsOptions options,
+                                       std::unique_ptr<ReleaseWatcher> watcher,
+                                       std::optional<WebhookUrl> webhook,
+                                       auth::Authorizer* authorizer)
+    : options_(std::move(options)),
+      watcher_(std::move(watcher)),
+      webhook_(std::move(webhook)),
+      authorizer_(authorizer) {}
+
+RegressionsService::~RegressionsService() { Stop(); }
+
+void RegressionsService::Start() {
+  if (thread_.joinable()) return;
+  thread_ = std::thread([this] {
+    do {
+      if (absl::Status s = CheckNow(); !s.ok()) {
+        spdlog::warn("regressions: {}", s.ToString());
+      }
+    } while (!stop_.WaitForNotificationWithTimeout(options_.check_interval));
+  });
+}
+
+void RegressionsService::Stop() {
+  if (!thread_.joinable()) return;
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  thread_.join();
+}
+
+absl::Status RegressionsService::CheckNow() {
+  absl::MutexLock lock(&check_mu_);
+  ++checks_;
+  absl::StatusOr<std::vector<v1::ReleaseVerdict>> changed = watcher_->Check(base::NowMs());
+  if (!changed.ok()) {
+    ++check_failures_;
+    return changed.status();
+  }
+  for (const v1::ReleaseVerdict& verdict : *changed) {
+    ++changes_;
+    spdlog::info("regressions: {} {} {} -> {}: {}{}", verdict.service(), verdict.label(),
+                 verdict.baseline(), verdict.candidate(),
+                 v1::ReleaseVerdict::State_Name(verdict.state()),
+                 verdict.functions_size() > 0
+                     ? absl::StrCat(" (", verdict.functions(0).name(), ")")
+                     : std::string());
+    if (!webhook_.has_value()) continue;
+    ++webhook_posts_;
+    if (absl::Status s = PostJson(*webhook_, VerdictJson(verdict), options_.webhook_timeout);
+        !s.ok()) {
+      ++webhook_failures_;
+      spdlog::warn("regressions: {}", s.ToString());
+    }
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status RegressionsService::ListRegressions(grpc::ServerContext* context,
+                                                 const v1::ListRegressionsRequest* request,
+                                                 v1::ListRegressionsResponse* response) {
+  if (auto p = auth::AuthorizeCall(authorizer_, context, auth::Role::kReader, "queries",
+                                   /*rate_limited=*/true);
+      !p.ok()) {
+    return rpc::ToGrpcStatus(p.status());
+  }
+  return rpc::Respond([&] { return RunList(*request); }, response);
+}
+
+absl::StatusOr<v1::ListRegressionsResponse> RegressionsService::RunList(
+    const v1::ListRegressionsRequest& request) {
+  if (request.since_ms() < 0) return absl::InvalidArgumentError("since_ms must not be negative");
+  v1::ListRegressionsResponse response;
+  for (v1::ReleaseVerdict& v : watcher_->Verdicts(request.service(), request.since_ms())) {
+    *response.add_verdicts() = std::move(v);
+  }
+  return response;
+}
+
+std::string RegressionsService::RenderMetrics() const {
+  std::string out =
+      "# HELP strata_regression_detected Functions whose share rose significantly in the "
+      "service's newest release comparison (1 while that verdict stands).\n"
+      "# TYPE strata_regression_detected gauge\n";
+  // Verdicts come newest first: the first of each service is its newest.
+  std::map<std::string, bool> seen;
+  for (const v1::ReleaseVerdict& v : watcher_->Verdicts("", 0)) {
+    if (!seen.emplace(v.service(), true).second) continue;
+    if (v.state() != v1::ReleaseVerdict::REGRESSED) continue;
+    for (const v1::ReleaseFunctionChange& f : v.functions()) {
+      if (f.delta() <= 0) continue;
+      absl::StrAppend(&out, "strata_regression_detected{service=\"", PromLabel(v.service()),
+                      "\",function=\"", PromLabel(f.name()), "\",candidate=\"",
+                      PromLabel(v.candidate()), "\"} 1\n");
+    }
+  }
+  absl::StrAppend(
+      &out,
+      "# HELP strata_regression_checks_total Release checks run, and those that failed.\n"
+      "# TYPE strata_regression_checks_total counter\n"
+      "strata_regression_checks_total ", checks_.load(), "\n",
+      "strata_regression_check_failures_total ", check_failures_.load(), "\n",
+      "# HELP strata_regression_verdict_changes_total Verdicts that changed state.\n"
+      "# TYPE strata_regression_verdict_changes_total counter\n"
+      "strata_regression_verdict_changes_total ", changes_.load(), "\n",
+      "# HELP strata_regression_webhook_posts_total Verdicts POSTed to the webhook, and failures.\n"
+      "# TYPE strata_regression_webhook_posts_total counter\n"
+      "strata_regression_webhook_posts_total ", webhook_posts_.load(), "\n",
+      "strata_regression_webhook_failures_total ", webhook_failures_.load(), "\n");
+  return out;
+}
+
+}  // namespace strata::server::regress

@@ -1,0 +1,81 @@
+// The Regressions service: runs the release watcher (release_watcher.h) on a thread of its
+// own every `check_interval`, keeps its verdicts in the store, answers ListRegressions (gRPC,
+// and the HTTP mirror through RunList), exports the regressed functions to Prometheus and
+// POSTs each verdict that changed to an optional webhook.
+//
+// Borrows the store and the authorizer; the comparison, the services and their label sets
+// come through ReleaseWatcherInputs (the query service's, so a cluster's nodes are all read).
+#ifndef STRATA_SERVER_REGRESS_REGRESSIONS_SERVICE_H_
+#define STRATA_SERVER_REGRESS_REGRESSIONS_SERVICE_H_
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "server/auth/authorizer.h"
+#include "server/regress/release_watcher.h"
+#include "server/regress/webhook.h"
+#include "server/store/store.h"
+#include "strata/v1/regress.grpc.pb.h"
+
+namespace strata::server::regress {
+
+struct RegressionsOptions {
+  ReleaseWatcherOptions watcher;
+  absl::Duration check_interval = absl::Seconds(60);
+  std::string webhook_url;  // empty: none
+  absl::Duration webhook_timeout = absl::Seconds(5);
+};
+
+// The webhook's body for one verdict: {"service", "label", "baseline", "candidate", "state",
+// "final", "functions": [...], ...}, the verdict's JSON (proto3 JSON names).
+std::string VerdictJson(const v1::ReleaseVerdict& verdict);
+
+class RegressionsService final : public v1::Regressions::Service {
+ public:
+  // Reads the stored releases; InvalidArgument for a webhook URL that does not parse.
+  static absl::StatusOr<std::unique_ptr<RegressionsService>> Create(
+      RegressionsOptions options, ReleaseWatcherInputs inputs, store::Store* store,
+      auth::Authorizer* authorizer);
+  ~RegressionsService() override;  // Stop()
+
+  void Start();  // the checking thread
+  void Stop();   // ends it after the check in progress
+
+  // One check now, on the caller's thread (tests, and the first check after start).
+  absl::Status CheckNow();
+
+  grpc::Status ListRegressions(grpc::ServerContext* context,
+                               const v1::ListRegressionsRequest* request,
+                               v1::ListRegressionsResponse* response) override;
+  absl::StatusOr<v1::ListRegressionsResponse> RunList(const v1::ListRegressionsRequest& request);
+
+  // Prometheus text: strata_regression_detected{service,function} 1 for the functions of each
+  // service's newest REGRESSED verdict; checks, comparisons and webhook posts counted.
+  std::string RenderMetrics() const;
+
+ private:
+  RegressionsService(RegressionsOptions options, std::unique_ptr<ReleaseWatcher> watcher,
+                     std::optional<WebhookUrl> webhook, auth::Authorizer* authorizer);
+
+  const RegressionsOptions options_;
+  const std::unique_ptr<ReleaseWatcher> watcher_;
+  const std::optional<WebhookUrl> webhook_;
+  auth::Authorizer* const authorizer_;
+  std::atomic<uint64_t> checks_{0}, check_failures_{0}, changes_{0};
+  std::atomic<uint64_t> webhook_posts_{0}, webhook_failures_{0};
+  absl::Mutex check_mu_;  // one check at a time
+  absl::Notification stop_;
+  std::thread thread_;
+};
+
+}  // namespace strata::server::regress
+
+#endif  // STRATA_SERVER_REGRESS_REGRESSIONS_SERVICE_H_

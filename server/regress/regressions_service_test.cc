@@ -1,0 +1,192 @@
+// The Regressions service over a real store: verdicts kept across a restart, listed, exported
+// to Prometheus, and POSTed to a webhook listening on loopback; bad webhook URLs refused.
+#include "server/regress/regressions_service.h"
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include "common/testing/temp_dir.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace strata::server::regress {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::SizeIs;
+
+// Label sets that change between checks, and a comparison that finds "slow" releases
+// regressed in function "hot".
+struct Scripted {
+  std::vector<labels::LabelSet> sets = {{{"version", "1"}}};
+  ReleaseWatcherInputs Inputs() {
+    ReleaseWatcherInputs in;
+    in.services = []() -> absl::StatusOr<std::vector<std::string>> {
+      return std::vector<std::string>{"checkout"};
+    };
+    in.label_sets = [this](const std::string&) -> absl::StatusOr<std::vector<labels::LabelSet>> {
+      return sets;
+    };
+    in.compare = [](const ComparisonPlan& plan) -> absl::StatusOr<v1::ReleaseVerdict> {
+      v1::ReleaseVerdict v;
+      if (plan.candidate_selector.ends_with("slow")) {
+        v.set_state(v1::ReleaseVerdict::REGRESSED);
+        v1::ReleaseFunctionChange* f = v.add_functions();
+        f->set_name("parse \"request\"");
+        f->set_delta(6.0);
+      } else {
+        v.set_state(v1::ReleaseVerdict::UNCHANGED);
+      }
+      return v;
+    };
+    return in;
+  }
+};
+
+// One HTTP exchange on loopback: the request's body, answered with `status`. Gives up after
+// 20 s, so a test that never posts fails instead of hanging.
+class WebhookReceiver {
+ public:
+  explicit WebhookReceiver(int status)
+      : acceptor_(io_, {boost::asio::ip::make_address("127.0.0.1"), 0}), socket_(io_) {
+    namespace http = boost::beast::http;
+    acceptor_.async_accept(socket_, [this, status](boost::system::error_code ec) {
+      if (ec) return;
+      http::async_read(socket_, buffer_, request_, [this, status](boost::system::error_code ec,
+                                                                  size_t) {
+        if (ec) return;
+        response_ = {static_cast<http::status>(status), 11};
+        response_.prepare_payload();
+        http::async_write(socket_, response_, [](boost::system::error_code, size_t) {});
+      });
+    });
+    thread_ = std::thread([this] { io_.run_for(std::chrono::seconds(20)); });
+  }
+  ~WebhookReceiver() { Wait(); }
+  std::string Url() const {
+    return "http://127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port()) + "/hook";
+  }
+  // After the exchange (or the 20 s).
+  const boost::beast::http::request<boost::beast::http::string_body>& Request() {
+    Wait();
+    return request_;
+  }
+
+ private:
+  void Wait() {
+    if (thread_.joinable()) thread_.join();
+  }
+  boost::asio::io_context io_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::ip::tcp::socket socket_;
+  boost::beast::flat_buffer buffer_;
+  boost::beast::http::request<boost::beast::http::string_body> request_;
+  boost::beast::http::response<boost::beast::http::string_body> response_;
+  std::thread thread_;
+};
+
+class RegressionsServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override { OpenStore(); }
+  void OpenStore() {
+    store_.reset();
+    auto store = store::Store::Open(dir_.path(), store::StoreOptions{});
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+  }
+  std::unique_ptr<RegressionsService> Make(RegressionsOptions options = {}) {
+    auto service = RegressionsService::Create(options, scripted_.Inputs(), store_.get(), nullptr);
+    EXPECT_TRUE(service.ok()) << service.status();
+    return service.ok() ? std::move(*service) : nullptr;
+  }
+  testing::TempDir dir_;
+  std::unique_ptr<store::Store> store_;
+  Scripted scripted_;
+};
+
+TEST_F(RegressionsServiceTest, VerdictsAreListedExportedPostedAndKeptAcrossARestart) {
+  WebhookReceiver receiver(204);
+  RegressionsOptions options;
+  options.webhook_url = receiver.Url();
+  {
+    std::unique_ptr<RegressionsService> service = Make(options);
+    ASSERT_NE(service, nullptr);
+    ASSERT_TRUE(service->CheckNow().ok());
+    scripted_.sets.push_back({{"version", "2-slow"}});
+    ASSERT_TRUE(service->CheckNow().ok());
+    const auto& request = receiver.Request();
+    const std::string body = request.body();
+    EXPECT_EQ(request[boost::beast::http::field::content_type], "application/json");
+    EXPECT_THAT(body, HasSubstr("\"state\":\"REGRESSED\""));
+    EXPECT_THAT(body, HasSubstr("\"candidate\":\"2-slow\""));
+    EXPECT_THAT(body, HasSubstr("\"baseline\":\"1\""));
+
+    const std::string metrics = service->RenderMetrics();
+    EXPECT_THAT(metrics, HasSubstr("strata_regression_detected{service=\"checkout\","
+                                   "function=\"parse \\\"request\\\"\",candidate=\"2-slow\"} 1"));
+    EXPECT_THAT(metrics, HasSubstr("strata_regression_webhook_posts_total 1"));
+    EXPECT_THAT(metrics, HasSubstr("strata_regression_webhook_failures_total 0"));
+  }
+  OpenStore();
+  std::unique_ptr<RegressionsService> restarted = Make();
+  ASSERT_NE(restarted, nullptr);
+  v1::ListRegressionsRequest request;
+  request.set_service("checkout");
+  auto list = restarted->RunList(request);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_THAT(list->verdicts(), SizeIs(1));
+  EXPECT_EQ(list->verdicts(0).state(), v1::ReleaseVerdict::REGRESSED);
+  EXPECT_EQ(list->verdicts(0).functions(0).name(), "parse \"request\"");
+  request.set_service("other");
+  EXPECT_THAT(restarted->RunList(request)->verdicts(), SizeIs(0));
+  request.set_since_ms(-1);
+  EXPECT_TRUE(absl::IsInvalidArgument(restarted->RunList(request).status()));
+
+  // A newer release of the service that is not slower: the gauge follows the newest verdict.
+  scripted_.sets.push_back({{"version", "3"}});
+  ASSERT_TRUE(restarted->CheckNow().ok());
+  EXPECT_THAT(restarted->RenderMetrics(), Not(HasSubstr("strata_regression_detected{")));
+}
+
+TEST_F(RegressionsServiceTest, AWebhookThatFailsIsCountedAndTheVerdictKept) {
+  WebhookReceiver receiver(500);
+  RegressionsOptions options;
+  options.webhook_url = receiver.Url();
+  std::unique_ptr<RegressionsService> service = Make(options);
+  ASSERT_NE(service, nullptr);
+  ASSERT_TRUE(service->CheckNow().ok());
+  scripted_.sets.push_back({{"version", "2-slow"}});
+  ASSERT_TRUE(service->CheckNow().ok());
+  EXPECT_FALSE(receiver.Request().body().empty());
+  EXPECT_THAT(service->RenderMetrics(), HasSubstr("strata_regression_webhook_failures_total 1"));
+  EXPECT_THAT(service->RunList({})->verdicts(), SizeIs(1));
+}
+
+TEST_F(RegressionsServiceTest, BadWebhookUrlsAreRefused) {
+  for (const char* url : {"https://hooks.example/x", "ftp://x", "http://", "http://h:0/",
+                          "http://h:99999/", "http://h:port/"}) {
+    RegressionsOptions options;
+    options.webhook_url = url;
+    auto service = RegressionsService::Create(options, scripted_.Inputs(), store_.get(), nullptr);
+    EXPECT_TRUE(absl::IsInvalidArgument(service.status())) << url;
+  }
+  auto ok = ParseWebhookUrl("http://alerts.internal:9093/api/strata?x=1");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->host, "alerts.internal");
+  EXPECT_EQ(ok->port, "9093");
+  EXPECT_EQ(ok->target, "/api/strata?x=1");
+  // Nobody listening: Unavailable, promptly.
+  auto closed = ParseWebhookUrl("http://127.0.0.1:1/");
+  ASSERT_TRUE(closed.ok());
+  EXPECT_TRUE(absl::IsUnavailable(PostJson(*closed, "{}", absl::Seconds(5))));
+}
+
+}  // namespace
+}  // namespace strata::server::regress
