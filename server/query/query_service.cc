@@ -16,6 +16,7 @@
 #include "server/aggregate/phase_event.h"
 #include "server/commit/batch_committer.h"
 #include "server/commit/profile_type.h"
+#include "server/query/compare_profiles.h"
 #include "server/query/diff.h"
 #include "server/query/flamegraph.h"
 #include "server/query/pprof.h"
@@ -42,12 +43,6 @@ void SetFrame(const std::string& function, const std::string& module, v1::Frame*
   out->set_function(function);
   out->set_module(module);
   out->set_kind(static_cast<v1::FrameKind>(base::FrameKindOf(module)));
-}
-void SetFrame(const ResolvedFunction& f, v1::Frame* out) {
-  SetFrame(f.name, f.module, out);
-  if (!f.file.empty()) out->set_file(f.file);
-  if (f.line != 0) out->set_line(f.line);
-  if (f.inlined) out->set_inlined(true);
 }
 
 std::string Rfc3339(int64_t ms) {
@@ -102,6 +97,13 @@ absl::StatusOr<v1::PhaseChange> ToPhaseChange(store::Store* store, const store::
 }
 
 }  // namespace
+
+void SetFrame(const ResolvedFunction& f, v1::Frame* out) {
+  SetFrame(f.name, f.module, out);
+  if (!f.file.empty()) out->set_file(f.file);
+  if (f.line != 0) out->set_line(f.line);
+  if (f.inlined) out->set_inlined(true);
+}
 
 absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int64_t now_ms) {
   ProfileQuery q;
@@ -420,6 +422,43 @@ absl::StatusOr<v1::DiffResponse> QueryService::RunDiff(const v1::DiffRequest& re
     row->set_truncated(c.truncated);
   }
   return response;
+}
+
+absl::StatusOr<v1::CompareResponse> QueryService::RunCompare(const v1::CompareRequest& request) {
+  const int64_t now = base::NowMs();
+  v1::ProfileFilter filters[2] = {request.baseline(), request.candidate()};
+  for (v1::ProfileFilter& f : filters) {
+    if (f.service().empty()) f.set_service(request.service());
+    if (!f.capture_id().empty()) {
+      return absl::InvalidArgumentError("compare takes continuous profiles, not captures");
+    }
+  }
+  // A group without a range has the other's.
+  if (!filters[0].has_range()) *filters[0].mutable_range() = filters[1].range();
+  if (!filters[1].has_range()) *filters[1].mutable_range() = filters[0].range();
+  if (filters[0].SerializeAsString() == filters[1].SerializeAsString()) {
+    return absl::InvalidArgumentError("baseline and candidate select the same samples");
+  }
+  CompareGroupQuery groups[2];
+  for (int i = 0; i < 2; ++i) {
+    auto q = ToProfileQuery(filters[i], now);
+    if (!q.ok()) return q.status();
+    groups[i] = {*std::move(q), i == 0 ? request.baseline_requests() : request.candidate_requests()};
+  }
+  CompareSettings settings;
+  settings.windows_independent = request.windows_independent();
+  if (request.window_s() > 0) settings.window_ms = int64_t{request.window_s()} * 1000;
+  if (request.fdr() != 0) settings.fdr = request.fdr();
+  settings.limit = EffectiveLimit(request.limit());
+  return CompareProfiles([this](const ProfileQuery& q) { return Load(q); }, groups[0], groups[1],
+                         settings);
+}
+
+grpc::Status QueryService::Compare(grpc::ServerContext* context,
+                                   const v1::CompareRequest* request,
+                                   v1::CompareResponse* response) {
+  if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
+  return rpc::Respond([&] { return RunCompare(*request); }, response);
 }
 
 absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportRequest& request) {
