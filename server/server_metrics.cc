@@ -507,13 +507,17 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     request.set_limit(*limit);
     request.set_window_s(*window);
     request.set_windows_independent(*independent);
-    if (auto it = req.query.find("fdr"); it != req.query.end() && !it->second.empty()) {
-      double fdr = 0;
-      if (!absl::SimpleAtod(it->second, &fdr) || !(fdr > 0 && fdr < 1)) {
-        return Error(absl::InvalidArgumentError(absl::StrCat(
-            "bad fdr '", base::EscapeForLog(it->second, 64), "': a number in (0, 1) is expected")));
+    for (const auto& [key, set] : {std::pair{"fdr", &v1::CompareRequest::set_fdr},
+                                   std::pair{"confidence", &v1::CompareRequest::set_confidence}}) {
+      auto it = req.query.find(key);
+      if (it == req.query.end() || it->second.empty()) continue;
+      double v = 0;
+      if (!absl::SimpleAtod(it->second, &v) || !(v > 0 && v < 1)) {
+        return Error(absl::InvalidArgumentError(absl::StrCat("bad ", key, " '",
+                                                             base::EscapeForLog(it->second, 64),
+                                                             "': a number in (0, 1) is expected")));
       }
-      request.set_fdr(fdr);
+      (request.*set)(v);
     }
     for (const auto& [key, set] :
          {std::pair{"baseline_requests", &v1::CompareRequest::set_baseline_requests},

@@ -201,8 +201,9 @@ absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
                                                     const CompareGroupQuery& baseline,
                                                     const CompareGroupQuery& candidate,
                                                     const CompareSettings& settings) {
-  if (!(settings.fdr > 0 && settings.fdr < 1)) {
-    return absl::InvalidArgumentError("fdr must lie in (0, 1)");
+  if (!(settings.fdr > 0 && settings.fdr < 1) ||
+      !(settings.confidence > 0 && settings.confidence < 1)) {
+    return absl::InvalidArgumentError("fdr and confidence must lie in (0, 1)");
   }
   KeyTable keys;
   std::mutex mu;
@@ -233,7 +234,7 @@ absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
     groups.push_back(*std::move(loaded));
   }
   auto result = compare::CompareGroups(groups[0].group, groups[1].group, keys.size(),
-                                       {.fdr = settings.fdr});
+                                       {.fdr = settings.fdr, .confidence = settings.confidence});
   if (!result.ok()) return result.status();
 
   response.set_not_enough_data(result->not_enough_data);

@@ -29,12 +29,13 @@ struct CompareSettings {
   bool windows_independent = false;
   int64_t window_ms = 60'000;  // of a unit with windows_independent; rounded up to store windows
   double fdr = 0.05;
+  double confidence = 0.95;  // of the intervals
   uint32_t limit = 20;  // rows per table
   size_t max_loads = 256;  // per group, besides the group's own load
   int threads = 4;  // loads at once; `load` must be thread-safe
 };
 
-// InvalidArgument for a bad fdr; a group's load errors, prefixed with the group's name.
+// InvalidArgument for a bad fdr or confidence; a group's load errors, prefixed with the group's name.
 absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
                                                     const CompareGroupQuery& baseline,
                                                     const CompareGroupQuery& candidate,
