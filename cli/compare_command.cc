@@ -20,6 +20,7 @@ struct CompareOptions {
   bool windows_independent = false;
   double fdr = 0.05;
   double confidence = 0.95;
+  double min_share = 0.1;  // percent
   uint64_t baseline_requests = 0, candidate_requests = 0;
 };
 
@@ -48,8 +49,8 @@ std::string RelativeInterval(const v1::CompareEstimate& e, bool enough) {
   if (!enough || e.share_baseline() == 0) return "-";
   return absl::StrFormat("[%+.1f, %+.1f]", e.relative_ci_low(), e.relative_ci_high());
 }
-std::string Q(const v1::CompareEstimate& e, bool enough) {
-  return enough ? absl::StrFormat("%.3g", e.q()) : "-";
+std::string Q(const v1::CompareEstimate& e) {
+  return e.tested() ? absl::StrFormat("%.3g", e.q()) : "-";
 }
 
 int RunCompare(CliContext* ctx, const CompareOptions& o) {
@@ -69,6 +70,8 @@ int RunCompare(CliContext* ctx, const CompareOptions& o) {
   request.set_fdr(o.fdr);
   if (!(o.confidence > 0 && o.confidence < 1)) Fail("--confidence: a number in (0, 1), e.g. 0.95");
   request.set_confidence(o.confidence);
+  if (!(o.min_share > 0 && o.min_share < 100)) Fail("--min-share: a percentage, e.g. 0.1");
+  request.set_min_share(o.min_share);
   request.set_limit(o.shared.limit);
   request.set_baseline_requests(o.baseline_requests);
   request.set_candidate_requests(o.candidate_requests);
@@ -98,10 +101,10 @@ int RunCompare(CliContext* ctx, const CompareOptions& o) {
     std::printf("Not enough data: a group has fewer than two units with samples; shares only, "
                 "no intervals and no verdicts.\n");
   } else {
-    std::printf("* = significant at a false discovery rate of %.3g over %u rows "
-                "(Benjamini-Hochberg); shares and deltas in percent of each group's samples, "
+    std::printf("* = significant at a false discovery rate of %.3g over the %u rows above "
+                "%.3g %% of the samples (Benjamini-Hochberg); shares and deltas in percent of each group's samples, "
                 "intervals %.3g %%, REL = change of the row's own CPU\n",
-                r.fdr(), r.keys_compared(), 100 * o.confidence);
+                r.fdr(), r.keys_compared(), o.min_share, 100 * o.confidence);
   }
   std::printf("\nFunctions:\n");
   Table functions({"", "ΔSELF", "INTERVAL", "REL", "REL INTERVAL", "q", "BASE SELF%", "SELF%",
@@ -111,11 +114,11 @@ int RunCompare(CliContext* ctx, const CompareOptions& o) {
     const v1::CompareEstimate& s = f.self();
     const v1::CompareEstimate& t = f.total();
     functions.AddRow({s.significant() ? "*" : (t.significant() ? "t" : ""), Points(s.delta()),
-                      Interval(s, enough), Relative(s), RelativeInterval(s, enough), Q(s, enough),
+                      Interval(s, enough), Relative(s), RelativeInterval(s, enough), Q(s),
                       absl::StrFormat("%.2f", s.share_baseline()),
                       absl::StrFormat("%.2f", s.share_candidate()),
                       enough ? absl::StrFormat("%.2f", s.min_detectable()) : "-",
-                      Points(t.delta()), Q(t, enough), FrameText(f.function())});
+                      Points(t.delta()), Q(t), FrameText(f.function())});
   }
   std::fputs(functions.ToString().c_str(), stdout);
   std::printf("\nPaths:\n");
@@ -123,7 +126,7 @@ int RunCompare(CliContext* ctx, const CompareOptions& o) {
   for (const auto& p : r.paths()) {
     const v1::CompareEstimate& e = p.samples();
     paths.AddRow({e.significant() ? "*" : "", Points(e.delta()), Interval(e, enough), Relative(e),
-                  Q(e, enough), absl::StrFormat("%.2f", e.share_baseline()),
+                  Q(e), absl::StrFormat("%.2f", e.share_baseline()),
                   absl::StrFormat("%.2f", e.share_candidate()), PathText(p)});
   }
   std::fputs(paths.ToString().c_str(), stdout);
@@ -161,6 +164,9 @@ void AddCompareCommand(CLI::App* app, CliContext* ctx, int* exit_code) {
   cmd->add_option("--fdr", o.fdr, "false discovery rate (Benjamini-Hochberg)")
       ->capture_default_str();
   cmd->add_option("--confidence", o.confidence, "of the intervals")->capture_default_str();
+  cmd->add_option("--min-share", o.min_share,
+                  "rows below this percentage of the samples are shown but not tested")
+      ->capture_default_str();
   cmd->add_option("--baseline-requests", o.baseline_requests,
                   "requests the baseline served over its range (for samples per request)");
   cmd->add_option("--candidate-requests", o.candidate_requests,

@@ -508,14 +508,18 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     request.set_window_s(*window);
     request.set_windows_independent(*independent);
     for (const auto& [key, set] : {std::pair{"fdr", &v1::CompareRequest::set_fdr},
-                                   std::pair{"confidence", &v1::CompareRequest::set_confidence}}) {
+                                   std::pair{"confidence", &v1::CompareRequest::set_confidence},
+                                   std::pair{"min_share", &v1::CompareRequest::set_min_share}}) {
       auto it = req.query.find(key);
       if (it == req.query.end() || it->second.empty()) continue;
       double v = 0;
-      if (!absl::SimpleAtod(it->second, &v) || !(v > 0 && v < 1)) {
+      // min_share is a percentage, checked by the query.
+      const double max = std::string_view(key) == "min_share" ? 100 : 1;
+      if (!absl::SimpleAtod(it->second, &v) || !(v > 0 && v < max)) {
         return Error(absl::InvalidArgumentError(absl::StrCat("bad ", key, " '",
                                                              base::EscapeForLog(it->second, 64),
-                                                             "': a number in (0, 1) is expected")));
+                                                             "': a number in (0, ", max,
+                                                             ") is expected")));
       }
       (request.*set)(v);
     }

@@ -122,6 +122,9 @@ absl::StatusOr<Comparison> CompareGroups(const Group& baseline, const Group& can
       return absl::InvalidArgumentError("fdr, confidence and power must lie in (0, 1)");
     }
   }
+  if (!(options.min_share >= 0 && options.min_share < 1)) {
+    return absl::InvalidArgumentError("min_share must lie in [0, 1)");
+  }
   auto b = Summarize(baseline, num_keys, "baseline");
   if (!b.ok()) return b.status();
   auto c = Summarize(candidate, num_keys, "candidate");
@@ -152,6 +155,7 @@ absl::StatusOr<Comparison> CompareGroups(const Group& baseline, const Group& can
   const double k_b = static_cast<double>(out.baseline_clusters);
   const double k_c = static_cast<double>(out.candidate_clusters);
   std::vector<double> p_values;
+  std::vector<size_t> tested;  // indices into out.keys
   for (uint32_t key : keys) {
     KeyComparison row;
     row.key = key;
@@ -184,25 +188,33 @@ absl::StatusOr<Comparison> CompareGroups(const Group& baseline, const Group& can
     const double t_ci = TwoSidedQuantile(1 - options.confidence, row.df);
     row.ci_low = row.delta - t_ci * row.std_error;
     row.ci_high = row.delta + t_ci * row.std_error;
-    // No spread at all (e.g. the root frame's total, 100 % of every unit): a difference
-    // without noise is certain, no difference is no evidence.
-    row.p = row.std_error > 0 ? TwoSidedP(row.delta / row.std_error, row.df)
-                              : (row.delta == 0 ? 1.0 : 0.0);
     row.min_detectable = (TwoSidedQuantile(options.fdr, row.df) +
                           TwoSidedQuantile(2 * (1 - options.power), row.df)) *
                          row.std_error;
     row.relative_ci_low = rb.share > 0 ? row.ci_low / rb.share : kNaN;
     row.relative_ci_high = rb.share > 0 ? row.ci_high / rb.share : kNaN;
-    p_values.push_back(row.p);
+    const double pooled = static_cast<double>(row.baseline_samples + row.candidate_samples) /
+                          static_cast<double>(out.baseline_samples + out.candidate_samples);
+    row.tested = pooled >= options.min_share;
+    if (row.tested) {
+      // No spread at all (e.g. the root frame's total, 100 % of every unit): a difference
+      // without noise is certain, no difference is no evidence.
+      row.p = row.std_error > 0 ? TwoSidedP(row.delta / row.std_error, row.df)
+                                : (row.delta == 0 ? 1.0 : 0.0);
+      tested.push_back(out.keys.size());
+      p_values.push_back(row.p);
+    } else {
+      row.p = row.q = kNaN;
+    }
     out.keys.push_back(row);
   }
-  if (!out.not_enough_data) {
-    const std::vector<double> q = BenjaminiHochberg(p_values);
-    for (size_t i = 0; i < out.keys.size(); ++i) {
-      out.keys[i].q = q[i];
-      out.keys[i].significant = q[i] <= options.fdr;
-    }
+  const std::vector<double> q = BenjaminiHochberg(p_values);
+  for (size_t i = 0; i < tested.size(); ++i) {
+    KeyComparison& row = out.keys[tested[i]];
+    row.q = q[i];
+    row.significant = q[i] <= options.fdr;
   }
+  out.keys_tested = tested.size();
   return out;
 }
 

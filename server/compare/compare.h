@@ -50,6 +50,11 @@ struct Options {
   double fdr = 0.05;         // Benjamini-Hochberg false discovery rate, also the MDE's alpha
   double confidence = 0.95;  // of the intervals
   double power = 0.8;        // of the minimum detectable effect
+  // Keys below this share of both groups' samples together are not tested (no p, q nor
+  // verdict; their intervals are still given). Hundreds of rare paths (an interrupt's kernel
+  // frames) would otherwise raise Benjamini-Hochberg's bar for every key. Filtering on the
+  // pooled share, blind to the groups, keeps the FDR.
+  double min_share = 0.001;
 };
 
 // Shares are fractions of each group's samples (0..1); deltas are in the same unit.
@@ -62,6 +67,7 @@ struct KeyComparison {
   double std_error = 0;
   double df = 0;  // Welch-Satterthwaite degrees of freedom
   double ci_low = 0, ci_high = 0;
+  bool tested = false;  // p and q are NaN for keys not tested (rare, or not enough data)
   double p = 1, q = 1;
   bool significant = false;
   double min_detectable = 0;  // smallest |delta| found with `power` at alpha = fdr
@@ -80,9 +86,10 @@ struct Comparison {
   // Samples per request of each group; NaN without both request counts.
   double baseline_samples_per_request = 0, candidate_samples_per_request = 0;
   std::vector<KeyComparison> keys;  // keys with samples in either group, by key
+  size_t keys_tested = 0;  // the m of Benjamini-Hochberg
 };
 
-// InvalidArgument: fdr, confidence or power outside (0, 1), a key >= num_keys, a key twice in
+// InvalidArgument: fdr, confidence or power outside (0, 1), min_share outside [0, 1), a key >= num_keys, a key twice in
 // one unit, or a count above its unit's total. Units without samples are left out.
 absl::StatusOr<Comparison> CompareGroups(const Group& baseline, const Group& candidate,
                                          uint32_t num_keys, const Options& options = {});

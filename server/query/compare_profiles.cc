@@ -172,6 +172,7 @@ void SetEstimate(const compare::KeyComparison& k, v1::CompareEstimate* e) {
   set(k.p, [&](double v) { e->set_p(v); });
   set(k.q, [&](double v) { e->set_q(v); });
   e->set_significant(k.significant);
+  e->set_tested(k.tested);
   set(100 * k.min_detectable, [&](double v) { e->set_min_detectable(v); });
   set(100 * k.relative, [&](double v) { e->set_relative(v); });
   set(100 * k.relative_ci_low, [&](double v) { e->set_relative_ci_low(v); });
@@ -234,7 +235,9 @@ absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
     groups.push_back(*std::move(loaded));
   }
   auto result = compare::CompareGroups(groups[0].group, groups[1].group, keys.size(),
-                                       {.fdr = settings.fdr, .confidence = settings.confidence});
+                                       {.fdr = settings.fdr,
+                                        .confidence = settings.confidence,
+                                        .min_share = settings.min_share});
   if (!result.ok()) return result.status();
 
   response.set_not_enough_data(result->not_enough_data);
@@ -245,7 +248,7 @@ absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
   response.set_baseline_samples(result->baseline_samples);
   response.set_candidate_samples(result->candidate_samples);
   response.set_fdr(settings.fdr);
-  if (!result->not_enough_data) response.set_keys_compared(static_cast<uint32_t>(result->keys.size()));
+  response.set_keys_compared(static_cast<uint32_t>(result->keys_tested));
   if (std::isfinite(result->baseline_samples_per_request)) {
     response.set_baseline_samples_per_request(result->baseline_samples_per_request);
     response.set_candidate_samples_per_request(result->candidate_samples_per_request);

@@ -30,6 +30,7 @@ struct CompareSettings {
   int64_t window_ms = 60'000;  // of a unit with windows_independent; rounded up to store windows
   double fdr = 0.05;
   double confidence = 0.95;  // of the intervals
+  double min_share = 0.001;  // of the rows tested (compare::Options)
   uint32_t limit = 20;  // rows per table
   size_t max_loads = 256;  // per group, besides the group's own load
   int threads = 4;  // loads at once; `load` must be thread-safe

@@ -450,6 +450,7 @@ absl::StatusOr<v1::CompareResponse> QueryService::RunCompare(const v1::CompareRe
   if (request.window_s() > 0) settings.window_ms = int64_t{request.window_s()} * 1000;
   if (request.fdr() != 0) settings.fdr = request.fdr();
   if (request.confidence() != 0) settings.confidence = request.confidence();
+  if (request.min_share() != 0) settings.min_share = request.min_share() / 100;
   settings.limit = EffectiveLimit(request.limit());
   return CompareProfiles([this](const ProfileQuery& q) { return Load(q); }, groups[0], groups[1],
                          settings);
