@@ -293,6 +293,15 @@ TEST(CompareTest, EdgeCases) {
   EXPECT_DOUBLE_EQ(per_request->candidate_samples_per_request, 0.4);
   EXPECT_NEAR(per_request->keys[2].per_request_change, 0.4 / 0.22 - 1, 1e-12);
 
+  // Rows under min_share of the samples: intervals, but no test.
+  auto rare = CompareGroups(b, c, 3, {.min_share = 0.2});
+  ASSERT_TRUE(rare.ok());
+  EXPECT_EQ(rare->keys_tested, 1u);  // the root
+  EXPECT_FALSE(rare->keys[0].tested);
+  EXPECT_TRUE(std::isnan(rare->keys[0].q));
+  EXPECT_TRUE(std::isfinite(rare->keys[0].ci_low));
+  EXPECT_TRUE(rare->keys[2].tested);
+
   EXPECT_FALSE(CompareGroups(b, c, 2).ok());  // key 2 >= 2 keys
   EXPECT_FALSE(CompareGroups(Group{{{1, 10, {{0, 11}}}}}, c, 3).ok());
   EXPECT_FALSE(CompareGroups(Group{{{1, 10, {{0, 1}, {0, 2}}}}}, c, 3).ok());

@@ -284,4 +284,36 @@ absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
   return response;
 }
 
+absl::StatusOr<v1::CompareResponse> CompareRequested(const v1::CompareRequest& request,
+                                                     int64_t now_ms, uint32_t limit,
+                                                     const ProfileLoader& load) {
+  v1::ProfileFilter filters[2] = {request.baseline(), request.candidate()};
+  for (v1::ProfileFilter& f : filters) {
+    if (f.service().empty()) f.set_service(request.service());
+    if (!f.capture_id().empty()) {
+      return absl::InvalidArgumentError("compare takes continuous profiles, not captures");
+    }
+  }
+  // A group without a range has the other's.
+  if (!filters[0].has_range()) *filters[0].mutable_range() = filters[1].range();
+  if (!filters[1].has_range()) *filters[1].mutable_range() = filters[0].range();
+  if (filters[0].SerializeAsString() == filters[1].SerializeAsString()) {
+    return absl::InvalidArgumentError("baseline and candidate select the same samples");
+  }
+  CompareGroupQuery groups[2];
+  for (int i = 0; i < 2; ++i) {
+    auto q = ToProfileQuery(filters[i], now_ms);
+    if (!q.ok()) return q.status();
+    groups[i] = {*std::move(q), i == 0 ? request.baseline_requests() : request.candidate_requests()};
+  }
+  CompareSettings settings;
+  settings.windows_independent = request.windows_independent();
+  if (request.window_s() > 0) settings.window_ms = int64_t{request.window_s()} * 1000;
+  if (request.fdr() != 0) settings.fdr = request.fdr();
+  if (request.confidence() != 0) settings.confidence = request.confidence();
+  if (request.min_share() != 0) settings.min_share = request.min_share() / 100;
+  settings.limit = limit;
+  return CompareProfiles(load, groups[0], groups[1], settings);
+}
+
 }  // namespace strata::server::query

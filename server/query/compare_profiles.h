@@ -42,6 +42,13 @@ absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
                                                     const CompareGroupQuery& candidate,
                                                     const CompareSettings& settings);
 
+// The request's groups and settings (query.proto's defaults; `now_ms` ends open ranges),
+// compared with CompareProfiles. InvalidArgument also for a capture, or two groups selecting
+// the same samples.
+absl::StatusOr<v1::CompareResponse> CompareRequested(const v1::CompareRequest& request,
+                                                     int64_t now_ms, uint32_t limit,
+                                                     const ProfileLoader& load);
+
 }  // namespace strata::server::query
 
 #endif  // STRATA_SERVER_QUERY_COMPARE_PROFILES_H_
