@@ -11,7 +11,7 @@ namespace strata::cli {
 namespace {
 
 struct CompareOptions {
-  FilterOptions shared;  // service, range and filters of both groups
+  FilterOptions shared;             // service, range and filters of both groups
   std::string baseline, candidate;  // selectors
   // A group's own range (RFC 3339 or a look-back), else the shared one.
   std::string baseline_since, baseline_from, baseline_to;
@@ -80,14 +80,15 @@ int RunCompare(CliContext* ctx, const CompareOptions& o) {
   if (ctx->options().json) return PrintJson(r), 0;
 
   auto group = [](const FilterOptions& f, uint32_t hosts, uint64_t samples) {
-    return absl::StrFormat("%s {%s} (%s, %u hosts, %s samples)", f.service, f.select,
-                           RangeText(f), hosts, WithThousands(samples));
+    return absl::StrFormat("%s {%s} (%s, %u hosts, %s samples)", f.service, f.select, RangeText(f),
+                           hosts, WithThousands(samples));
   };
-  std::printf("Compare %s\n   with %s\n", group(c, r.candidate_hosts(), r.candidate_samples()).c_str(),
+  std::printf("Compare %s\n   with %s\n",
+              group(c, r.candidate_hosts(), r.candidate_samples()).c_str(),
               group(b, r.baseline_hosts(), r.baseline_samples()).c_str());
-  const std::string units =
-      r.window_s() == 0 ? "units are hosts"
-                        : absl::StrFormat("units are %us windows of a host", r.window_s());
+  const std::string units = r.window_s() == 0
+                                ? "units are hosts"
+                                : absl::StrFormat("units are %us windows of a host", r.window_s());
   std::printf("%s: %u baseline, %u candidate\n", units.c_str(), r.baseline_units(),
               r.candidate_units());
   for (const std::string& note : r.notes()) std::printf("note: %s\n", note.c_str());
@@ -98,13 +99,15 @@ int RunCompare(CliContext* ctx, const CompareOptions& o) {
   }
   const bool enough = !r.not_enough_data();
   if (!enough) {
-    std::printf("Not enough data: a group has fewer than two units with samples; shares only, "
-                "no intervals and no verdicts.\n");
+    std::printf(
+        "Not enough data: a group has fewer than two units with samples; shares only, "
+        "no intervals and no verdicts.\n");
   } else {
-    std::printf("* = significant at a false discovery rate of %.3g over the %u rows above "
-                "%.3g %% of the samples (Benjamini-Hochberg); shares and deltas in percent of each group's samples, "
-                "intervals %.3g %%, REL = change of the row's own CPU\n",
-                r.fdr(), r.keys_compared(), o.min_share, 100 * o.confidence);
+    std::printf(
+        "* = significant at a false discovery rate of %.3g over the %u rows above "
+        "%.3g %% of the samples (Benjamini-Hochberg); shares and deltas in percent of each "
+        "group's samples, intervals %.3g %%, REL = change of the row's own CPU\n",
+        r.fdr(), r.keys_compared(), o.min_share, 100 * o.confidence);
   }
   std::printf("\nFunctions:\n");
   Table functions({"", "ΔSELF", "INTERVAL", "REL", "REL INTERVAL", "q", "BASE SELF%", "SELF%",
@@ -117,8 +120,8 @@ int RunCompare(CliContext* ctx, const CompareOptions& o) {
                       Interval(s, enough), Relative(s), RelativeInterval(s, enough), Q(s),
                       absl::StrFormat("%.2f", s.share_baseline()),
                       absl::StrFormat("%.2f", s.share_candidate()),
-                      enough ? absl::StrFormat("%.2f", s.min_detectable()) : "-",
-                      Points(t.delta()), Q(t), FrameText(f.function())});
+                      enough ? absl::StrFormat("%.2f", s.min_detectable()) : "-", Points(t.delta()),
+                      Q(t), FrameText(f.function())});
   }
   std::fputs(functions.ToString().c_str(), stdout);
   std::printf("\nPaths:\n");
@@ -155,8 +158,7 @@ void AddCompareCommand(CLI::App* app, CliContext* ctx, int* exit_code) {
     cmd->add_option(absl::StrCat("--", name, "-to"), *to,
                     absl::StrCat("the ", name, "'s own range end, RFC 3339"));
   }
-  cmd->add_option("--window", o.window,
-                  "a unit's window with --windows-independent (e.g. 60s)")
+  cmd->add_option("--window", o.window, "a unit's window with --windows-independent (e.g. 60s)")
       ->capture_default_str();
   cmd->add_flag("--windows-independent", o.windows_independent,
                 "each window of a host is a unit of its own (only when hosts do not differ "

@@ -24,8 +24,7 @@ struct GroupCounts {
   uint64_t samples = 0;
 };
 
-absl::StatusOr<GroupCounts> Summarize(const Group& group, uint32_t num_keys,
-                                      const char* name) {
+absl::StatusOr<GroupCounts> Summarize(const Group& group, uint32_t num_keys, const char* name) {
   GroupCounts out;
   absl::flat_hash_map<uint64_t, uint32_t> cluster_index;
   absl::flat_hash_map<uint32_t, absl::flat_hash_map<uint32_t, double>> by_key;
@@ -40,9 +39,9 @@ absl::StatusOr<GroupCounts> Summarize(const Group& group, uint32_t num_keys,
     std::vector<uint32_t> seen;
     for (const auto& [key, count] : unit.counts) {
       if (key >= num_keys || count > unit.total) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            name, " unit ", i, ": key ", key, " with ", count, " of ", unit.total,
-            " samples (", num_keys, " keys)"));
+        return absl::InvalidArgumentError(absl::StrCat(name, " unit ", i, ": key ", key, " with ",
+                                                       count, " of ", unit.total, " samples (",
+                                                       num_keys, " keys)"));
       }
       seen.push_back(key);
       if (count == 0) continue;
@@ -171,13 +170,13 @@ absl::StatusOr<Comparison> CompareGroups(const Group& baseline, const Group& can
     row.share_candidate = rc.share;
     row.delta = rc.share - rb.share;
     row.relative = rb.share > 0 ? row.delta / rb.share : kNaN;
-    row.per_request_change =
-        per_request && row.baseline_samples > 0
-            ? (static_cast<double>(row.candidate_samples) / static_cast<double>(candidate.requests)) /
-                      (static_cast<double>(row.baseline_samples) /
-                       static_cast<double>(baseline.requests)) -
-                  1
-            : kNaN;
+    row.per_request_change = per_request && row.baseline_samples > 0
+                                 ? (static_cast<double>(row.candidate_samples) /
+                                    static_cast<double>(candidate.requests)) /
+                                           (static_cast<double>(row.baseline_samples) /
+                                            static_cast<double>(baseline.requests)) -
+                                       1
+                                 : kNaN;
     if (out.not_enough_data) {
       SetNoVerdict(&row);
       out.keys.push_back(row);

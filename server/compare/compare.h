@@ -86,11 +86,12 @@ struct Comparison {
   // Samples per request of each group; NaN without both request counts.
   double baseline_samples_per_request = 0, candidate_samples_per_request = 0;
   std::vector<KeyComparison> keys;  // keys with samples in either group, by key
-  size_t keys_tested = 0;  // the m of Benjamini-Hochberg
+  size_t keys_tested = 0;           // the m of Benjamini-Hochberg
 };
 
-// InvalidArgument: fdr, confidence or power outside (0, 1), min_share outside [0, 1), a key >= num_keys, a key twice in
-// one unit, or a count above its unit's total. Units without samples are left out.
+// InvalidArgument: fdr, confidence or power outside (0, 1), min_share outside [0, 1), a key >=
+// num_keys, a key twice in one unit, or a count above its unit's total. Units without samples are
+// left out.
 absl::StatusOr<Comparison> CompareGroups(const Group& baseline, const Group& candidate,
                                          uint32_t num_keys, const Options& options = {});
 

@@ -15,8 +15,8 @@ namespace {
 // drawn from the window's shares.
 struct Fleet {
   std::vector<double> shares{0.2, 0.16, 0.13, 0.11, 0.09, 0.08, 0.06, 0.05, 0.04, 0.03, 0.03, 0.02};
-  double host_sigma = 0.10;    // log-normal spread of a host's shares
-  double window_sigma = 0.04;  // of a window's shares around its host's
+  double host_sigma = 0.10;                         // log-normal spread of a host's shares
+  double window_sigma = 0.04;                       // of a window's shares around its host's
   uint64_t min_samples = 2000, max_samples = 6000;  // per unit
 };
 
@@ -38,7 +38,8 @@ std::vector<double> Plant(std::vector<double> shares, uint32_t key, double relat
   return shares;
 }
 
-Unit DrawUnit(uint64_t cluster, uint64_t n, const std::vector<double>& shares, std::mt19937_64& rng) {
+Unit DrawUnit(uint64_t cluster, uint64_t n, const std::vector<double>& shares,
+              std::mt19937_64& rng) {
   Unit unit{cluster, n, {}};
   uint64_t left = n;
   double mass = 1;
@@ -130,11 +131,12 @@ TEST(CompareTest, AaComparisonsStayNearTheFdr) {
     naive += NaiveBinomialFlagsAny(b, c, num_keys, 0.05);
   }
   const double rate = static_cast<double>(clustered) / kComparisons;
-  std::printf("A/A, %d comparisons of 20 hosts x 3 windows, fdr 0.05: any key significant in "
-              "%.1f %% (clustered by host), %.1f %% (windows as independent units), "
-              "%.1f %% (naive binomial)\n",
-              kComparisons, 100 * rate, 100.0 * windows_independent / kComparisons,
-              100.0 * naive / kComparisons);
+  std::printf(
+      "A/A, %d comparisons of 20 hosts x 3 windows, fdr 0.05: any key significant in "
+      "%.1f %% (clustered by host), %.1f %% (windows as independent units), "
+      "%.1f %% (naive binomial)\n",
+      kComparisons, 100 * rate, 100.0 * windows_independent / kComparisons,
+      100.0 * naive / kComparisons);
   // Benjamini-Hochberg under the global null keeps the chance of any discovery near the FDR.
   EXPECT_LE(rate, 0.09);
   // Samples taken for independent draws: nearly every A/A comparison "finds" something.
@@ -150,9 +152,10 @@ TEST(CompareTest, PlantedChangesAreFoundWithEnoughHosts) {
   constexpr int kRuns = 40;
   constexpr uint32_t kPlanted = 1;  // share 0.16
   std::mt19937_64 rng(7);
-  std::printf("planted relative change of key %u (share %.2f) found, of %d runs (2 windows per "
-              "host; the planted change inside the relative interval):\n",
-              kPlanted, fleet.shares[kPlanted], kRuns);
+  std::printf(
+      "planted relative change of key %u (share %.2f) found, of %d runs (2 windows per "
+      "host; the planted change inside the relative interval):\n",
+      kPlanted, fleet.shares[kPlanted], kRuns);
   std::printf("  hosts/group   +2 %%          +5 %%          +10 %%\n");
   for (int hosts : {3, 10, 30, 100}) {
     std::printf("  %11d", hosts);
@@ -200,8 +203,8 @@ TEST(CompareTest, MinimumDetectableEffectShrinksWithHosts) {
   std::mt19937_64 rng(11);
   double previous = 1;
   for (int hosts : {3, 10, 30, 100}) {
-    auto result = CompareGroups(DrawGroup(fleet, {hosts, 2}, rng), DrawGroup(fleet, {hosts, 2}, rng),
-                                fleet.shares.size());
+    auto result = CompareGroups(DrawGroup(fleet, {hosts, 2}, rng),
+                                DrawGroup(fleet, {hosts, 2}, rng), fleet.shares.size());
     ASSERT_TRUE(result.ok());
     const KeyComparison& k = result->keys[0];
     EXPECT_LT(k.min_detectable, previous) << hosts;
@@ -269,8 +272,8 @@ TEST(CompareTest, EdgeCases) {
   EXPECT_TRUE(std::isnan(result->baseline_samples_per_request));
 
   // One unit, or two units of one host: no verdict.
-  for (const Group& few : {Group{{{1, 100, {{0, 50}}}}},
-                           Group{{{7, 100, {{0, 50}}}, {7, 100, {{0, 60}}}}}}) {
+  for (const Group& few :
+       {Group{{{1, 100, {{0, 50}}}}}, Group{{{7, 100, {{0, 50}}}, {7, 100, {{0, 60}}}}}}) {
     auto single = CompareGroups(few, c, 3);
     ASSERT_TRUE(single.ok());
     EXPECT_TRUE(single->not_enough_data);

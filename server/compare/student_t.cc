@@ -44,8 +44,8 @@ double BetaContinuedFraction(double a, double b, double x) {
 double RegularizedBeta(double a, double b, double x) {
   if (x <= 0) return 0;
   if (x >= 1) return 1;
-  const double log_front = std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) +
-                           a * std::log(x) + b * std::log1p(-x);
+  const double log_front =
+      std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) + a * std::log(x) + b * std::log1p(-x);
   const double front = std::exp(log_front);
   // The fraction converges fast on this side of the mean; the other side by symmetry.
   if (x < (a + 1) / (a + b + 2)) return front * BetaContinuedFraction(a, b, x) / a;

@@ -134,8 +134,7 @@ absl::StatusOr<LoadedGroup> LoadGroup(const ProfileLoader& load, const CompareGr
       }
       out.unreachable.insert(profile->unreachable_nodes.begin(), profile->unreachable_nodes.end());
       if (profile->total == 0) continue;
-      out.group.units.push_back(
-          keys->UnitOf(*profile, window_ms == 0 ? slices[i].host : i));
+      out.group.units.push_back(keys->UnitOf(*profile, window_ms == 0 ? slices[i].host : i));
     }
   };
   std::vector<std::thread> threads;
@@ -211,7 +210,9 @@ absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
   v1::CompareResponse response;
   std::set<std::string> unreachable;
   std::vector<LoadedGroup> groups;
-  for (const auto& [name, g] : {std::pair{"baseline", &baseline}, std::pair{"candidate", &candidate}}) {
+  for (const auto& named : {std::pair{"baseline", &baseline}, std::pair{"candidate", &candidate}}) {
+    const char* const name = named.first;
+    const CompareGroupQuery* const g = named.second;
     auto prefixed = [name](const absl::Status& status) {
       return absl::Status(status.code(), absl::StrCat(name, ": ", status.message()));
     };
@@ -234,10 +235,9 @@ absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
     unreachable.insert(loaded->unreachable.begin(), loaded->unreachable.end());
     groups.push_back(*std::move(loaded));
   }
-  auto result = compare::CompareGroups(groups[0].group, groups[1].group, keys.size(),
-                                       {.fdr = settings.fdr,
-                                        .confidence = settings.confidence,
-                                        .min_share = settings.min_share});
+  auto result = compare::CompareGroups(
+      groups[0].group, groups[1].group, keys.size(),
+      {.fdr = settings.fdr, .confidence = settings.confidence, .min_share = settings.min_share});
   if (!result.ok()) return result.status();
 
   response.set_not_enough_data(result->not_enough_data);
@@ -304,7 +304,8 @@ absl::StatusOr<v1::CompareResponse> CompareRequested(const v1::CompareRequest& r
   for (int i = 0; i < 2; ++i) {
     auto q = ToProfileQuery(filters[i], now_ms);
     if (!q.ok()) return q.status();
-    groups[i] = {*std::move(q), i == 0 ? request.baseline_requests() : request.candidate_requests()};
+    groups[i] = {*std::move(q),
+                 i == 0 ? request.baseline_requests() : request.candidate_requests()};
   }
   CompareSettings settings;
   settings.windows_independent = request.windows_independent();

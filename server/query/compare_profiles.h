@@ -31,12 +31,13 @@ struct CompareSettings {
   double fdr = 0.05;
   double confidence = 0.95;  // of the intervals
   double min_share = 0.001;  // of the rows tested (compare::Options)
-  uint32_t limit = 20;  // rows per table
-  size_t max_loads = 256;  // per group, besides the group's own load
-  int threads = 4;  // loads at once; `load` must be thread-safe
+  uint32_t limit = 20;       // rows per table
+  size_t max_loads = 256;    // per group, besides the group's own load
+  int threads = 4;           // loads at once; `load` must be thread-safe
 };
 
-// InvalidArgument for a bad fdr or confidence; a group's load errors, prefixed with the group's name.
+// InvalidArgument for a bad fdr or confidence; a group's load errors, prefixed with the group's
+// name.
 absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
                                                     const CompareGroupQuery& baseline,
                                                     const CompareGroupQuery& candidate,

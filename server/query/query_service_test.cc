@@ -429,7 +429,9 @@ TEST_F(QueryServiceTest, CompareFindsTheChangedFunctionAcrossBuilds) {
   EXPECT_LT(top.self().q(), 0.05);
   EXPECT_GT(top.self().min_detectable(), 0);
   for (const auto& f : r->functions()) {
-    if (f.function().function() == "main") EXPECT_FALSE(f.total().significant());  // 100 %
+    if (f.function().function() == "main") {
+      EXPECT_FALSE(f.total().significant());  // 100 % of every unit
+    }
   }
   ASSERT_GE(r->paths_size(), 1);
   EXPECT_EQ(Names(r->paths(0)), (std::vector<std::string>{"main", "work", "hash"}));

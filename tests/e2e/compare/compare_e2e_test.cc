@@ -3,6 +3,7 @@
 // build under another label (three); each process has its own strata-agent, so its own host.
 // `strata compare` finds checksum_block, with the planted change inside its interval, and
 // /api/v1/compare finds nothing between versions 1 and 3.
+#include <google/protobuf/util/json_util.h>
 #include <signal.h>
 
 #include <chrono>
@@ -11,8 +12,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <google/protobuf/util/json_util.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/testing/http_get.h"
@@ -76,8 +75,8 @@ TEST(CompareE2eTest, FindsThePlantedSlowdownAndNothingBetweenTwoLabelsOfOneBuild
       hosts.push_back(absl::StrCat("cmp-v", version, "-", i));
       workloads.push_back(std::make_unique<ChildProcess>(
           argv, dir.File(hosts.back() + ".log"),
-          std::map<std::string, std::string>{{"STRATA_SERVICE", "cmp"},
-                                             {"STRATA_LABELS", absl::StrCat("version=", version)}}));
+          std::map<std::string, std::string>{
+              {"STRATA_SERVICE", "cmp"}, {"STRATA_LABELS", absl::StrCat("version=", version)}}));
     }
   }
   for (size_t i = 0; i < workloads.size(); ++i) {
@@ -117,8 +116,9 @@ TEST(CompareE2eTest, FindsThePlantedSlowdownAndNothingBetweenTwoLabelsOfOneBuild
   // 99 % intervals: the check that the planted size lies inside fails 1 run in 100, not 5.
   // Rows under 1 % of the samples (an interrupt's kernel paths) are not tested.
   const std::vector<std::string> planted_args{
-      "compare", "-s", "cmp", "--baseline", "version=1", "--candidate", "version=2", "--since",
-      "10m", "--confidence", "0.99", "--min-share", "1", "-n", "12"};
+      "compare",     "-s",          "cmp",     "--baseline", "version=1",
+      "--candidate", "version=2",   "--since", "10m",        "--confidence",
+      "0.99",        "--min-share", "1",       "-n",         "12"};
   std::vector<std::string> json_args{"--json"};
   json_args.insert(json_args.end(), planted_args.begin(), planted_args.end());
   CommandResult json = cli(json_args);
@@ -145,19 +145,20 @@ TEST(CompareE2eTest, FindsThePlantedSlowdownAndNothingBetweenTwoLabelsOfOneBuild
   // 30 % more work in a function of share s raises its share by (1.3 / (1 + 0.3 s)) - 1.
   const double s = checksum->self().share_baseline() / 100;
   const double expected = 100 * ((1 + kSlower) / (1 + s * kSlower) - 1);
-  std::printf("checksum_block: share %.2f %% -> %.2f %%, relative %+.1f %% [%+.1f, %+.1f], "
-              "planted %+.1f %%, q %.2g\n",
-              checksum->self().share_baseline(), checksum->self().share_candidate(),
-              checksum->self().relative(), checksum->self().relative_ci_low(),
-              checksum->self().relative_ci_high(), expected, checksum->self().q());
+  std::printf(
+      "checksum_block: share %.2f %% -> %.2f %%, relative %+.1f %% [%+.1f, %+.1f], "
+      "planted %+.1f %%, q %.2g\n",
+      checksum->self().share_baseline(), checksum->self().share_candidate(),
+      checksum->self().relative(), checksum->self().relative_ci_low(),
+      checksum->self().relative_ci_high(), expected, checksum->self().q());
   EXPECT_LE(checksum->self().relative_ci_low(), expected);
   EXPECT_GE(checksum->self().relative_ci_high(), expected);
 
   // One build under two labels: nothing is significant (fdr 0.01: a false alarm 1 run in 100).
-  auto [status, body] = strata::testing::HttpGet(
-      server.http_port(),
-      "/api/v1/compare?service=cmp&since_s=600&baseline_select=version%3D1"
-      "&candidate_select=version%3D3&fdr=0.01&limit=50");
+  auto [status, body] =
+      strata::testing::HttpGet(server.http_port(),
+                               "/api/v1/compare?service=cmp&since_s=600&baseline_select=version%3D1"
+                               "&candidate_select=version%3D3&fdr=0.01&limit=50");
   ASSERT_EQ(status, 200) << body;
   const v1::CompareResponse same = ParseCompare(body);
   EXPECT_FALSE(same.not_enough_data());

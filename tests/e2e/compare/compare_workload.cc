@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = [](int) { g_stop = true; };
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
