@@ -131,6 +131,7 @@ class CliContext {
 // Command groups. Each adds its subcommands; a subcommand's callback runs the command and
 // stores its exit status in `*exit_code`.
 void AddQueryCommands(CLI::App* app, CliContext* context, int* exit_code);
+void AddCompareCommand(CLI::App* app, CliContext* context, int* exit_code);
 void AddPhaseCommands(CLI::App* app, CliContext* context, int* exit_code);
 void AddClusterCommands(CLI::App* app, CliContext* context, int* exit_code);
 void AddDebugInfoCommands(CLI::App* app, CliContext* context, int* exit_code);

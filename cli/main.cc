@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
 
   int exit_code = 0;
   strata::cli::AddQueryCommands(&app, &context, &exit_code);
+  strata::cli::AddCompareCommand(&app, &context, &exit_code);
   strata::cli::AddPhaseCommands(&app, &context, &exit_code);
   strata::cli::AddCaptureCommands(&app, &context, &exit_code);
   strata::cli::AddDebugInfoCommands(&app, &context, &exit_code);

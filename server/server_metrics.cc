@@ -477,6 +477,64 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     auto r = query->RunDiff(request);
     return r.ok() ? Json(*r) : Error(r.status());
   }));
+  // Each group takes the usual keys prefixed "baseline_" or "candidate_" (baseline_select,
+  // candidate_since_s, ...); unprefixed keys (service, since_s, host, ...) are both groups'
+  // defaults. See QueryService::RunCompare.
+  http->Route("/api/v1/compare", reader([query](const http::HttpRequest& req) {
+    v1::CompareRequest request;
+    v1::ProfileFilter shared;
+    if (auto st = FilterFromQuery(req, &shared); !st.ok()) return Error(st);
+    request.set_service(shared.service());
+    for (const auto& [prefix, group] : {std::pair{"baseline_", request.mutable_baseline()},
+                                        std::pair{"candidate_", request.mutable_candidate()}}) {
+      if (auto st = FilterFromQuery(req, group, prefix); !st.ok()) return Error(st);
+      auto given = [&, p = std::string(prefix)](const char* key) {
+        return req.query.contains(p + key);
+      };
+      if (group->host().empty()) group->set_host(shared.host());
+      if (group->focus().empty()) group->set_focus(shared.focus());
+      if (group->ignore().empty()) group->set_ignore(shared.ignore());
+      if (!given("select")) group->set_selector(shared.selector());
+      if (!given("type")) group->set_type(shared.type());
+      if (!group->has_range()) *group->mutable_range() = shared.range();
+    }
+    auto limit = LimitFromQuery(req);
+    auto window = LimitFromQuery(req, "window_s");
+    auto independent = FlagFromQuery(req, "windows_independent");
+    for (const absl::Status& st : {limit.status(), window.status(), independent.status()}) {
+      if (!st.ok()) return Error(st);
+    }
+    request.set_limit(*limit);
+    request.set_window_s(*window);
+    request.set_windows_independent(*independent);
+    for (const auto& [key, set] : {std::pair{"fdr", &v1::CompareRequest::set_fdr},
+                                   std::pair{"confidence", &v1::CompareRequest::set_confidence},
+                                   std::pair{"min_share", &v1::CompareRequest::set_min_share}}) {
+      auto it = req.query.find(key);
+      if (it == req.query.end() || it->second.empty()) continue;
+      double v = 0;
+      // min_share is a percentage, checked by the query.
+      const double max = std::string_view(key) == "min_share" ? 100 : 1;
+      if (!absl::SimpleAtod(it->second, &v) || !(v > 0 && v < max)) {
+        return Error(absl::InvalidArgumentError(absl::StrCat("bad ", key, " '",
+                                                             base::EscapeForLog(it->second, 64),
+                                                             "': a number in (0, ", max,
+                                                             ") is expected")));
+      }
+      (request.*set)(v);
+    }
+    for (const auto& [key, set] :
+         {std::pair{"baseline_requests", &v1::CompareRequest::set_baseline_requests},
+          std::pair{"candidate_requests", &v1::CompareRequest::set_candidate_requests}}) {
+      if (auto it = req.query.find(key); it != req.query.end() && !it->second.empty()) {
+        auto v = IntParam(key, it->second, 0, int64_t{1} << 62);
+        if (!v.ok()) return Error(v.status());
+        (request.*set)(static_cast<uint64_t>(*v));
+      }
+    }
+    auto r = query->RunCompare(request);
+    return r.ok() ? Json(*r) : Error(r.status());
+  }));
   http->Route("/api/v1/quality", reader([query](const http::HttpRequest& req) {
     v1::QualityRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);

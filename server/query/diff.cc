@@ -44,6 +44,16 @@ void KeepLargest(std::vector<T>* rows, size_t limit, F magnitude) {
 
 }  // namespace
 
+std::vector<uint32_t> FunctionMatcher::RowsOf(const Profile& profile) {
+  std::vector<uint32_t> rows(profile.functions.size());
+  for (size_t i = 0; i < profile.functions.size(); ++i) {
+    auto [it, inserted] = rows_.try_emplace(FunctionKey(profile.functions[i]), functions_.size());
+    if (inserted) functions_.push_back(profile.functions[i]);
+    rows[i] = it->second;
+  }
+  return rows;
+}
+
 ProfileDiff DiffProfiles(const Profile& base, const Profile& current, size_t limit) {
   ProfileDiff diff;
   diff.base_total = base.total;
@@ -51,19 +61,11 @@ ProfileDiff DiffProfiles(const Profile& base, const Profile& current, size_t lim
 
   // A dense key per (name, module) over both profiles: rows of the function table, and the
   // alphabet of path keys (so path keys stay short).
-  absl::flat_hash_map<std::string, uint32_t> function_row;
-  auto global_ids = [&](const Profile& p) {
-    std::vector<uint32_t> ids(p.functions.size());
-    for (size_t i = 0; i < p.functions.size(); ++i) {
-      auto [it, inserted] = function_row.try_emplace(FunctionKey(p.functions[i]),
-                                                     diff.functions.size());
-      if (inserted) diff.functions.push_back({p.functions[i]});
-      ids[i] = it->second;
-    }
-    return ids;
-  };
-  const std::vector<uint32_t> base_ids = global_ids(base);
-  const std::vector<uint32_t> current_ids = global_ids(current);
+  FunctionMatcher matcher;
+  const std::vector<uint32_t> base_ids = matcher.RowsOf(base);
+  const std::vector<uint32_t> current_ids = matcher.RowsOf(current);
+  diff.functions.reserve(matcher.functions().size());
+  for (const ResolvedFunction& f : matcher.functions()) diff.functions.push_back({f});
 
   auto add_functions = [&](const Profile& p, const std::vector<uint32_t>& ids, bool is_base) {
     for (const FunctionTotals& t : TopFunctions(p, false)) {

@@ -9,9 +9,23 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "server/query/profile.h"
 
 namespace strata::server::query {
+
+// Matches functions across profiles: a dense row per (name, module), in order of first sight.
+class FunctionMatcher {
+ public:
+  // The row of each of `profile`'s functions (by index into Profile::functions).
+  std::vector<uint32_t> RowsOf(const Profile& profile);
+  // The function first seen for each row.
+  const std::vector<ResolvedFunction>& functions() const { return functions_; }
+
+ private:
+  absl::flat_hash_map<std::string, uint32_t> rows_;
+  std::vector<ResolvedFunction> functions_;
+};
 
 struct FunctionChange {
   ResolvedFunction function;

@@ -16,6 +16,7 @@
 #include "server/aggregate/phase_event.h"
 #include "server/commit/batch_committer.h"
 #include "server/commit/profile_type.h"
+#include "server/query/compare_profiles.h"
 #include "server/query/diff.h"
 #include "server/query/flamegraph.h"
 #include "server/query/pprof.h"
@@ -42,12 +43,6 @@ void SetFrame(const std::string& function, const std::string& module, v1::Frame*
   out->set_function(function);
   out->set_module(module);
   out->set_kind(static_cast<v1::FrameKind>(base::FrameKindOf(module)));
-}
-void SetFrame(const ResolvedFunction& f, v1::Frame* out) {
-  SetFrame(f.name, f.module, out);
-  if (!f.file.empty()) out->set_file(f.file);
-  if (f.line != 0) out->set_line(f.line);
-  if (f.inlined) out->set_inlined(true);
 }
 
 std::string Rfc3339(int64_t ms) {
@@ -102,6 +97,13 @@ absl::StatusOr<v1::PhaseChange> ToPhaseChange(store::Store* store, const store::
 }
 
 }  // namespace
+
+void SetFrame(const ResolvedFunction& f, v1::Frame* out) {
+  SetFrame(f.name, f.module, out);
+  if (!f.file.empty()) out->set_file(f.file);
+  if (f.line != 0) out->set_line(f.line);
+  if (f.inlined) out->set_inlined(true);
+}
 
 absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int64_t now_ms) {
   ProfileQuery q;
@@ -420,6 +422,18 @@ absl::StatusOr<v1::DiffResponse> QueryService::RunDiff(const v1::DiffRequest& re
     row->set_truncated(c.truncated);
   }
   return response;
+}
+
+absl::StatusOr<v1::CompareResponse> QueryService::RunCompare(const v1::CompareRequest& request) {
+  return CompareRequested(request, base::NowMs(), EffectiveLimit(request.limit()),
+                          [this](const ProfileQuery& q) { return Load(q); });
+}
+
+grpc::Status QueryService::Compare(grpc::ServerContext* context,
+                                   const v1::CompareRequest* request,
+                                   v1::CompareResponse* response) {
+  if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
+  return rpc::Respond([&] { return RunCompare(*request); }, response);
 }
 
 absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportRequest& request) {

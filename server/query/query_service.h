@@ -29,6 +29,8 @@ absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int
 // The filter of a query (its range made explicit), for asking another server the same.
 v1::ProfileFilter ToProfileFilter(const ProfileQuery& query);
 using rpc::ToGrpcStatus;
+// A function as the API's frame (its kind from the module name; file, line, inlined).
+void SetFrame(const ResolvedFunction& f, v1::Frame* out);
 
 // This server's own answers, from its registry and store only: a single server's, and a
 // cluster node's part of a fan-out (server/cluster).
@@ -60,6 +62,8 @@ class QueryService final : public v1::Query::Service {
   grpc::Status FlameGraph(grpc::ServerContext*, const v1::FlameGraphRequest*,
                           v1::FlameGraphResponse*) override;
   grpc::Status Diff(grpc::ServerContext*, const v1::DiffRequest*, v1::DiffResponse*) override;
+  grpc::Status Compare(grpc::ServerContext*, const v1::CompareRequest*,
+                       v1::CompareResponse*) override;
   grpc::Status Export(grpc::ServerContext*, const v1::ExportRequest*,
                       v1::ExportResponse*) override;
   grpc::Status ListLabels(grpc::ServerContext*, const v1::ListLabelsRequest*,
@@ -77,6 +81,9 @@ class QueryService final : public v1::Query::Service {
   // An empty base service means the compared service; an empty base range means the same
   // range for another service, else the equally long range just before the compared one.
   absl::StatusOr<v1::DiffResponse> RunDiff(const v1::DiffRequest& request);
+  // Two groups (selectors and ranges) compared per function and path with intervals and a
+  // verdict (compare_profiles.h): each group's samples loaded per host through Load.
+  absl::StatusOr<v1::CompareResponse> RunCompare(const v1::CompareRequest& request);
   absl::StatusOr<v1::ExportResponse> RunExport(const v1::ExportRequest& request);
   // Label keys of a service and their values; empty for an unknown service.
   absl::StatusOr<v1::ListLabelsResponse> RunListLabels(const v1::ListLabelsRequest& request);

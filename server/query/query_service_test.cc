@@ -4,9 +4,12 @@
 #include <vector>
 
 #include "common/testing/temp_dir.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/aggregate/phase_event.h"
 #include "server/commit/batch_committer.h"
+#include "server/query/compare_profiles.h"
 #include "server/registry/agent_registry.h"
 
 namespace strata::server::query {
@@ -25,13 +28,14 @@ class QueryServiceTest : public ::testing::Test {
 
   // Interns the stack of `functions` (outermost first, all in module "app" unless given).
   uint64_t Stack(const std::vector<std::string>& functions,
-                 const std::vector<std::string>& modules = {}) {
+                 const std::vector<std::string>& modules = {},
+                 const std::string& build_id = "") {
     store::WriteBatch wb;
     store::StackFrames frames;
     for (size_t i = 0; i < functions.size(); ++i) {
       const std::string& name = functions[i];
       auto fn = store_->interner().InternFunction(
-          {name, i < modules.size() ? modules[i] : "app", "", 0}, &wb);
+          {name, i < modules.size() ? modules[i] : "app", build_id, 0}, &wb);
       EXPECT_TRUE(fn.ok()) << fn.status();
       frames.function_ids.push_back(fn.ok() ? *fn : 0);
     }
@@ -42,11 +46,12 @@ class QueryServiceTest : public ::testing::Test {
   }
 
   void AddSamples(const std::string& service, const std::string& host, uint64_t stack,
-                  uint64_t count, const labels::LabelSet& set = {}) {
+                  uint64_t count, const labels::LabelSet& set = {},
+                  int64_t window = kWindow) {
     store::WriteBatch wb;
     auto label_set = store_->interner().InternLabelSet(service, set, 100, &wb);
     ASSERT_TRUE(label_set.ok()) << label_set.status();
-    wb.AddSamples(service, kWindow, host, stack, count, *label_set);
+    wb.AddSamples(service, window, host, stack, count, *label_set);
     ASSERT_TRUE(store_->Commit(&wb).ok());
   }
 
@@ -75,7 +80,8 @@ class QueryServiceTest : public ::testing::Test {
     return filter;
   }
 
-  static std::vector<std::string> Names(const v1::HotPath& path) {
+  template <typename Path>
+  static std::vector<std::string> Names(const Path& path) {
     std::vector<std::string> names;
     for (const v1::Frame& f : path.frames()) names.push_back(f.function());
     return names;
@@ -378,6 +384,117 @@ TEST_F(QueryServiceTest, CorruptPhaseEventsAreDataLoss) {
 
   request.mutable_filter()->clear_service();
   EXPECT_EQ(query_->RunPhases(request).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Six hosts of each version: hash's share is 28..32 % in version 1 and 38..42 % in version 2,
+// whose build has other function IDs (another build ID); parse and idle make up the rest.
+TEST_F(QueryServiceTest, CompareFindsTheChangedFunctionAcrossBuilds) {
+  for (int version : {1, 2}) {
+    const std::string build = absl::StrCat("build", version);
+    const uint64_t hash = Stack({"main", "work", "hash"}, {}, build);
+    const uint64_t parse = Stack({"main", "work", "parse"}, {}, build);
+    const uint64_t idle = Stack({"main", "idle"}, {}, build);
+    for (int h = 0; h < 6; ++h) {
+      const std::string host = absl::StrCat("v", version, "-h", h);
+      const labels::LabelSet set = {{"version", absl::StrCat(version)}};
+      const uint64_t hash_n = (version == 1 ? 280 : 380) + 20 * (h % 3);  // of 1000 samples
+      const uint64_t parse_n = 480 + 10 * (h % 2);
+      AddSamples("api", host, hash, hash_n, set);
+      AddSamples("api", host, parse, parse_n, set);
+      AddSamples("api", host, idle, 1000 - hash_n - parse_n, set);
+    }
+  }
+  v1::CompareRequest request;
+  request.set_service("api");
+  *request.mutable_baseline() = Filter("");
+  request.mutable_baseline()->set_selector("version=1");
+  request.mutable_candidate()->set_selector("version=2");
+  auto r = query_->RunCompare(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->not_enough_data());
+  EXPECT_EQ(r->baseline_hosts(), 6u);
+  EXPECT_EQ(r->candidate_units(), 6u);
+  EXPECT_EQ(r->baseline_samples(), 6000u);
+  EXPECT_EQ(r->window_s(), 0u);  // units are whole hosts
+  // (name, module) matched across builds: one row per function.
+  ASSERT_EQ(r->functions_size(), 5) << r->DebugString();
+  const v1::FunctionComparison& top = r->functions(0);
+  EXPECT_EQ(top.function().function(), "hash");
+  EXPECT_TRUE(top.self().significant());
+  EXPECT_NEAR(top.self().share_baseline(), 30, 0.01);
+  EXPECT_NEAR(top.self().delta(), 10, 0.01);
+  EXPECT_NEAR(top.self().relative(), 100.0 / 3, 0.01);
+  EXPECT_LT(top.self().ci_low(), 10);
+  EXPECT_GT(top.self().ci_high(), 10);
+  EXPECT_LT(top.self().q(), 0.05);
+  EXPECT_GT(top.self().min_detectable(), 0);
+  for (const auto& f : r->functions()) {
+    if (f.function().function() == "main") {
+      EXPECT_FALSE(f.total().significant());  // 100 % of every unit
+    }
+  }
+  ASSERT_GE(r->paths_size(), 1);
+  EXPECT_EQ(Names(r->paths(0)), (std::vector<std::string>{"main", "work", "hash"}));
+  EXPECT_TRUE(r->paths(0).samples().significant());
+
+  // Against itself under another name: nothing.
+  request.mutable_candidate()->set_selector("version=1,version!=2");
+  r = query_->RunCompare(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (const auto& f : r->functions()) EXPECT_FALSE(f.self().significant()) << f.DebugString();
+
+  // Loads capped: a sample of the hosts, said in the notes.
+  ProfileReader reader(store_.get());
+  CompareGroupQuery b{*ToProfileQuery(request.baseline(), 0), 0};
+  b.query.service = "api";
+  CompareGroupQuery c = b;
+  c.query.selector = "version=2";
+  auto capped = CompareProfiles([&](const ProfileQuery& q) { return reader.Load(q); }, b, c,
+                                {.max_loads = 3});
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_EQ(capped->baseline_units(), 3u);
+  EXPECT_EQ(capped->baseline_hosts(), 6u);
+  EXPECT_THAT(capped->notes(), ::testing::Contains(::testing::HasSubstr("3 of 6 hosts")));
+}
+
+TEST_F(QueryServiceTest, CompareNeedsTwoUnitsPerGroup) {
+  AddKnownProfile();
+  const uint64_t other = Stack({"main", "other"});
+  AddSamples("api", "h1", other, 7, {{"version", "2"}});
+  AddSamples("api", "h1", other, 9, {{"version", "2"}}, kWindow + commit::kWindowMs);
+  v1::CompareRequest request;
+  request.set_service("api");
+  *request.mutable_baseline() = Filter("");
+  request.mutable_baseline()->mutable_range()->set_to_ms(kWindow + 2 * commit::kWindowMs);
+  request.mutable_baseline()->set_selector("version=");
+  request.mutable_candidate()->set_selector("version=2");
+  auto r = query_->RunCompare(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // Version 2 is one host: no verdict.
+  EXPECT_TRUE(r->not_enough_data());
+  EXPECT_EQ(r->candidate_units(), 1u);
+  EXPECT_EQ(r->keys_compared(), 0u);
+  for (const auto& f : r->functions()) EXPECT_FALSE(f.self().significant());
+  // Its two windows as independent units: a (weak) comparison.
+  request.set_windows_independent(true);
+  request.set_window_s(10);
+  r = query_->RunCompare(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->candidate_units(), 2u);
+  EXPECT_EQ(r->window_s(), 10u);
+  EXPECT_FALSE(r->not_enough_data());
+  EXPECT_GT(r->keys_compared(), 0u);
+
+  request.mutable_candidate()->set_selector("version=");
+  EXPECT_EQ(query_->RunCompare(request).status().code(), absl::StatusCode::kInvalidArgument);
+  request.mutable_candidate()->set_selector("version=2");
+  request.set_fdr(1.5);
+  EXPECT_EQ(query_->RunCompare(request).status().code(), absl::StatusCode::kInvalidArgument);
+  request.set_fdr(0);
+  request.mutable_candidate()->set_service("nope");
+  auto unknown = query_->RunCompare(request);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(unknown.status().message()), ::testing::StartsWith("candidate: "));
 }
 
 }  // namespace

@@ -1,0 +1,315 @@
+#include "server/compare/compare.h"
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace strata::server::compare {
+namespace {
+
+// A fleet of hosts running one service: every host has its own shares (drawn around the
+// service's shares, and kept over the windows), every window its own noise, every sample
+// drawn from the window's shares.
+struct Fleet {
+  std::vector<double> shares{0.2, 0.16, 0.13, 0.11, 0.09, 0.08, 0.06, 0.05, 0.04, 0.03, 0.03, 0.02};
+  double host_sigma = 0.10;                         // log-normal spread of a host's shares
+  double window_sigma = 0.04;                       // of a window's shares around its host's
+  uint64_t min_samples = 2000, max_samples = 6000;  // per unit
+};
+
+std::vector<double> Perturb(const std::vector<double>& shares, double sigma, std::mt19937_64& rng) {
+  std::normal_distribution<double> z(0, sigma);
+  std::vector<double> out(shares.size());
+  double sum = 0;
+  for (size_t i = 0; i < shares.size(); ++i) sum += out[i] = shares[i] * std::exp(z(rng));
+  for (double& s : out) s /= sum;
+  return out;
+}
+
+// `key`'s share times (1 + relative), the others scaled down to keep the sum.
+std::vector<double> Plant(std::vector<double> shares, uint32_t key, double relative) {
+  const double raised = shares[key] * (1 + relative);
+  const double others = (1 - raised) / (1 - shares[key]);
+  for (double& s : shares) s *= others;
+  shares[key] = raised;
+  return shares;
+}
+
+Unit DrawUnit(uint64_t cluster, uint64_t n, const std::vector<double>& shares,
+              std::mt19937_64& rng) {
+  Unit unit{cluster, n, {}};
+  uint64_t left = n;
+  double mass = 1;
+  for (uint32_t k = 0; k < shares.size() && left > 0; ++k) {
+    const double p = k + 1 == shares.size() ? 1.0 : std::min(1.0, shares[k] / mass);
+    const uint64_t x = std::binomial_distribution<uint64_t>(left, p)(rng);
+    if (x > 0) unit.counts.emplace_back(k, x);
+    left -= x;
+    mass -= shares[k];
+  }
+  return unit;
+}
+
+struct Plan {
+  int hosts = 20;
+  int windows = 3;
+  uint32_t planted_key = 0;
+  double planted = 0;  // relative change of planted_key's share
+};
+
+Group DrawGroup(const Fleet& fleet, const Plan& plan, std::mt19937_64& rng) {
+  Group group;
+  std::uniform_int_distribution<uint64_t> samples(fleet.min_samples, fleet.max_samples);
+  for (int h = 0; h < plan.hosts; ++h) {
+    std::vector<double> host = Perturb(fleet.shares, fleet.host_sigma, rng);
+    if (plan.planted != 0) host = Plant(host, plan.planted_key, plan.planted);
+    for (int w = 0; w < plan.windows; ++w) {
+      group.units.push_back(DrawUnit(h, samples(rng), Perturb(host, fleet.window_sigma, rng), rng));
+    }
+  }
+  return group;
+}
+
+// The same units, each its own cluster: windows taken for independent evidence.
+Group UnitsAsClusters(Group group) {
+  for (size_t i = 0; i < group.units.size(); ++i) group.units[i].cluster = i;
+  return group;
+}
+
+// What the clustered variance replaces: every sample an independent draw (pooled two-proportion
+// z-test per key, Benjamini-Hochberg over the keys). True when any key is significant.
+bool NaiveBinomialFlagsAny(const Group& b, const Group& c, uint32_t num_keys, double fdr) {
+  std::vector<double> xb(num_keys), xc(num_keys);
+  double nb = 0, nc = 0;
+  for (const auto& [group, x, n] : {std::tuple{&b, &xb, &nb}, std::tuple{&c, &xc, &nc}}) {
+    for (const Unit& u : group->units) {
+      *n += static_cast<double>(u.total);
+      for (const auto& [key, count] : u.counts) (*x)[key] += static_cast<double>(count);
+    }
+  }
+  std::vector<double> p;
+  for (uint32_t k = 0; k < num_keys; ++k) {
+    const double pooled = (xb[k] + xc[k]) / (nb + nc);
+    const double se = std::sqrt(pooled * (1 - pooled) * (1 / nb + 1 / nc));
+    const double z = (xc[k] / nc - xb[k] / nb) / se;
+    p.push_back(std::erfc(std::fabs(z) / std::sqrt(2.0)));
+  }
+  for (double q : BenjaminiHochberg(p)) {
+    if (q <= fdr) return true;
+  }
+  return false;
+}
+
+bool AnySignificant(const Comparison& c) {
+  for (const KeyComparison& k : c.keys) {
+    if (k.significant) return true;
+  }
+  return false;
+}
+
+TEST(CompareTest, AaComparisonsStayNearTheFdr) {
+  const Fleet fleet;
+  const uint32_t num_keys = fleet.shares.size();
+  constexpr int kComparisons = 200;
+  std::mt19937_64 rng(20261129);
+  int clustered = 0, windows_independent = 0, naive = 0;
+  for (int i = 0; i < kComparisons; ++i) {
+    const Group b = DrawGroup(fleet, {}, rng);
+    const Group c = DrawGroup(fleet, {}, rng);
+    auto result = CompareGroups(b, c, num_keys);
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_FALSE(result->not_enough_data);
+    EXPECT_EQ(result->baseline_clusters, 20u);
+    EXPECT_EQ(result->baseline_units, 60u);
+    clustered += AnySignificant(*result);
+    auto per_unit = CompareGroups(UnitsAsClusters(b), UnitsAsClusters(c), num_keys);
+    ASSERT_TRUE(per_unit.ok());
+    windows_independent += AnySignificant(*per_unit);
+    naive += NaiveBinomialFlagsAny(b, c, num_keys, 0.05);
+  }
+  const double rate = static_cast<double>(clustered) / kComparisons;
+  std::printf(
+      "A/A, %d comparisons of 20 hosts x 3 windows, fdr 0.05: any key significant in "
+      "%.1f %% (clustered by host), %.1f %% (windows as independent units), "
+      "%.1f %% (naive binomial)\n",
+      kComparisons, 100 * rate, 100.0 * windows_independent / kComparisons,
+      100.0 * naive / kComparisons);
+  // Benjamini-Hochberg under the global null keeps the chance of any discovery near the FDR.
+  EXPECT_LE(rate, 0.09);
+  // Samples taken for independent draws: nearly every A/A comparison "finds" something.
+  EXPECT_GE(naive, kComparisons * 6 / 10);
+  EXPECT_GE(naive, 5 * std::max(clustered, 1));
+  // A host's windows taken for independent evidence overstate it too.
+  EXPECT_GE(windows_independent, 2 * std::max(clustered, 1));
+}
+
+TEST(CompareTest, PlantedChangesAreFoundWithEnoughHosts) {
+  const Fleet fleet;
+  const uint32_t num_keys = fleet.shares.size();
+  constexpr int kRuns = 40;
+  constexpr uint32_t kPlanted = 1;  // share 0.16
+  std::mt19937_64 rng(7);
+  std::printf(
+      "planted relative change of key %u (share %.2f) found, of %d runs (2 windows per "
+      "host; the planted change inside the relative interval):\n",
+      kPlanted, fleet.shares[kPlanted], kRuns);
+  std::printf("  hosts/group   +2 %%          +5 %%          +10 %%\n");
+  for (int hosts : {3, 10, 30, 100}) {
+    std::printf("  %11d", hosts);
+    for (double planted : {0.02, 0.05, 0.10}) {
+      int found = 0, covered = 0, wrong_key_up = 0;
+      for (int run = 0; run < kRuns; ++run) {
+        const Group b = DrawGroup(fleet, {hosts, 2}, rng);
+        const Group c = DrawGroup(fleet, {hosts, 2, kPlanted, planted}, rng);
+        auto result = CompareGroups(b, c, num_keys);
+        ASSERT_TRUE(result.ok()) << result.status();
+        for (const KeyComparison& k : result->keys) {
+          if (k.key == kPlanted) {
+            found += k.significant && k.delta > 0;
+            covered += k.relative_ci_low <= planted && planted <= k.relative_ci_high;
+          } else {
+            wrong_key_up += k.significant && k.delta > 0;
+          }
+        }
+      }
+      std::printf("   %3.0f %% (%3.0f)", 100.0 * found / kRuns, 100.0 * covered / kRuns);
+      // Only the planted key rises (the others' shares make room for it).
+      EXPECT_LE(wrong_key_up, kRuns / 10) << hosts << " hosts, +" << planted;
+      if (hosts >= 10) {
+        EXPECT_GE(covered, kRuns * 8 / 10) << hosts << " hosts, +" << planted;
+      }
+      if (hosts == 3 && planted == 0.02) {
+        EXPECT_LE(found, kRuns / 8);
+      }
+      if (hosts == 30 && planted == 0.10) {
+        EXPECT_GE(found, kRuns * 6 / 10);
+      }
+      if (hosts == 100 && planted == 0.10) {
+        EXPECT_GE(found, kRuns * 9 / 10);
+      }
+      if (hosts == 100 && planted == 0.05) {
+        EXPECT_GE(found, kRuns * 6 / 10);
+      }
+    }
+    std::printf("\n");
+  }
+}
+
+TEST(CompareTest, MinimumDetectableEffectShrinksWithHosts) {
+  const Fleet fleet;
+  std::mt19937_64 rng(11);
+  double previous = 1;
+  for (int hosts : {3, 10, 30, 100}) {
+    auto result = CompareGroups(DrawGroup(fleet, {hosts, 2}, rng),
+                                DrawGroup(fleet, {hosts, 2}, rng), fleet.shares.size());
+    ASSERT_TRUE(result.ok());
+    const KeyComparison& k = result->keys[0];
+    EXPECT_LT(k.min_detectable, previous) << hosts;
+    EXPECT_GT(k.min_detectable, k.ci_high - k.delta) << "wider than the interval's half";
+    previous = k.min_detectable;
+  }
+}
+
+TEST(CompareTest, HandComputedTwoUnitsEach) {
+  // Baseline 10/100 and 20/100: p = 0.15, residuals -5 and 5, var = 2 * 50 / 200^2 = 0.0025;
+  // the candidate 30/100 and 40/100 alike. d = 0.2, se = sqrt(0.005), df = 2 and, for df 2,
+  // p = 1 - t / sqrt(2 + t^2).
+  Group b{{{1, 100, {{0, 10}}}, {2, 100, {{0, 20}}}}};
+  Group c{{{3, 100, {{0, 30}}}, {4, 100, {{0, 40}}}}};
+  auto result = CompareGroups(b, c, 1);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->keys.size(), 1u);
+  const KeyComparison& k = result->keys[0];
+  EXPECT_DOUBLE_EQ(k.share_baseline, 0.15);
+  EXPECT_DOUBLE_EQ(k.share_candidate, 0.35);
+  EXPECT_NEAR(k.delta, 0.2, 1e-12);
+  EXPECT_NEAR(k.std_error, std::sqrt(0.005), 1e-12);
+  EXPECT_NEAR(k.df, 2, 1e-9);
+  const double t = 0.2 / std::sqrt(0.005);
+  EXPECT_NEAR(k.p, 1 - t / std::sqrt(2 + t * t), 1e-9);
+  EXPECT_NEAR(k.ci_low, 0.2 - 4.302653 * std::sqrt(0.005), 1e-6);
+  EXPECT_NEAR(k.ci_high, 0.2 + 4.302653 * std::sqrt(0.005), 1e-6);
+  EXPECT_NEAR(k.relative, 0.2 / 0.15, 1e-12);
+  EXPECT_FALSE(k.significant);  // p 0.106 of one key
+}
+
+TEST(CompareTest, BenjaminiHochbergByHand) {
+  // Sorted 0.005, 0.01, 0.03, 0.04 (m = 4): p * m / rank = 0.02, 0.02, 0.04, 0.04.
+  EXPECT_THAT(BenjaminiHochberg({0.01, 0.04, 0.03, 0.005}),
+              ::testing::Pointwise(::testing::DoubleNear(1e-12),
+                                   std::vector<double>{0.02, 0.04, 0.04, 0.02}));
+  // A later rank's smaller value carries down: 0.04, 0.04, 0.04, 0.5. At 0.05 the first three
+  // are discoveries where Bonferroni (0.0125) keeps one.
+  EXPECT_THAT(BenjaminiHochberg({0.01, 0.02, 0.03, 0.5}),
+              ::testing::Pointwise(::testing::DoubleNear(1e-12),
+                                   std::vector<double>{0.04, 0.04, 0.04, 0.5}));
+  EXPECT_THAT(BenjaminiHochberg({0.9, 0.8}),
+              ::testing::Pointwise(::testing::DoubleNear(1e-12), std::vector<double>{0.9, 0.9}));
+  EXPECT_TRUE(BenjaminiHochberg({}).empty());
+}
+
+TEST(CompareTest, EdgeCases) {
+  // Key 0 in the baseline only, key 1 in the candidate only, key 2 (the root) in every sample,
+  // a unit without samples, a key with a zero count.
+  Group b{{{1, 100, {{0, 10}, {2, 100}}}, {2, 120, {{0, 14}, {2, 120}, {1, 0}}}, {3, 0, {}}}};
+  Group c{{{4, 90, {{1, 9}, {2, 90}}}, {5, 110, {{1, 12}, {2, 110}}}}};
+  auto result = CompareGroups(b, c, 3);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->baseline_units, 2u);
+  EXPECT_EQ(result->baseline_samples, 220u);
+  ASSERT_EQ(result->keys.size(), 3u);
+  EXPECT_EQ(result->keys[0].share_candidate, 0);
+  EXPECT_LT(result->keys[0].delta, 0);
+  EXPECT_TRUE(std::isfinite(result->keys[0].p));
+  EXPECT_EQ(result->keys[1].share_baseline, 0);
+  EXPECT_TRUE(std::isnan(result->keys[1].relative));
+  EXPECT_EQ(result->keys[2].delta, 0);
+  EXPECT_EQ(result->keys[2].p, 1);
+  EXPECT_FALSE(result->keys[2].significant);
+  EXPECT_TRUE(std::isnan(result->baseline_samples_per_request));
+
+  // One unit, or two units of one host: no verdict.
+  for (const Group& few :
+       {Group{{{1, 100, {{0, 50}}}}}, Group{{{7, 100, {{0, 50}}}, {7, 100, {{0, 60}}}}}}) {
+    auto single = CompareGroups(few, c, 3);
+    ASSERT_TRUE(single.ok());
+    EXPECT_TRUE(single->not_enough_data);
+    for (const KeyComparison& k : single->keys) {
+      EXPECT_FALSE(k.significant);
+      EXPECT_TRUE(std::isnan(k.p));
+    }
+  }
+  auto empty = CompareGroups({}, {}, 3);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE(empty->not_enough_data);
+  EXPECT_TRUE(empty->keys.empty());
+
+  // Throughput: samples per request, and each key's per request.
+  b.requests = 1000;
+  c.requests = 500;
+  auto per_request = CompareGroups(b, c, 3);
+  ASSERT_TRUE(per_request.ok());
+  EXPECT_DOUBLE_EQ(per_request->baseline_samples_per_request, 0.22);
+  EXPECT_DOUBLE_EQ(per_request->candidate_samples_per_request, 0.4);
+  EXPECT_NEAR(per_request->keys[2].per_request_change, 0.4 / 0.22 - 1, 1e-12);
+
+  // Rows under min_share of the samples: intervals, but no test.
+  auto rare = CompareGroups(b, c, 3, {.min_share = 0.2});
+  ASSERT_TRUE(rare.ok());
+  EXPECT_EQ(rare->keys_tested, 1u);  // the root
+  EXPECT_FALSE(rare->keys[0].tested);
+  EXPECT_TRUE(std::isnan(rare->keys[0].q));
+  EXPECT_TRUE(std::isfinite(rare->keys[0].ci_low));
+  EXPECT_TRUE(rare->keys[2].tested);
+
+  EXPECT_FALSE(CompareGroups(b, c, 2).ok());  // key 2 >= 2 keys
+  EXPECT_FALSE(CompareGroups(Group{{{1, 10, {{0, 11}}}}}, c, 3).ok());
+  EXPECT_FALSE(CompareGroups(Group{{{1, 10, {{0, 1}, {0, 2}}}}}, c, 3).ok());
+  EXPECT_FALSE(CompareGroups(b, c, 3, {.fdr = 0}).ok());
+}
+
+}  // namespace
+}  // namespace strata::server::compare

@@ -1,0 +1,198 @@
+// Is a planted slowdown real, end to end: compare_workload runs as version=1 (three processes),
+// as version=2 with checksum_block doing 30 % more work (three), and as version=3, version 1's
+// build under another label (three); each process has its own strata-agent, so its own host.
+// `strata compare` finds checksum_block, with the planted change inside its interval, and
+// /api/v1/compare finds nothing between versions 1 and 3.
+#include <google/protobuf/util/json_util.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/testing/http_get.h"
+#include "gtest/gtest.h"
+#include "strata/v1/query.grpc.pb.h"
+#include "tests/e2e/harness.h"
+
+namespace strata::e2e {
+namespace {
+
+constexpr double kSlower = 0.3;  // version 2's extra work in checksum_block
+constexpr int kHostsPerVersion = 3;
+constexpr uint64_t kSamplesPerHost = 5000;
+
+v1::CompareResponse ParseCompare(const std::string& json) {
+  v1::CompareResponse r;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  auto status = google::protobuf::util::JsonStringToMessage(json, &r, options);
+  EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << json;
+  return r;
+}
+
+// The top functions of `host` so far (the service over all time).
+v1::TopResponse HostTop(v1::Query::Stub* stub, const std::string& host) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::TopRequest request;
+  request.mutable_filter()->set_service("cmp");
+  request.mutable_filter()->set_host(host);
+  request.set_limit(5);
+  v1::TopResponse response;
+  (void)stub->Top(&ctx, request, &response);
+  return response;
+}
+
+std::vector<std::string> SignificantRows(const v1::CompareResponse& r) {
+  std::vector<std::string> rows;
+  for (const auto& f : r.functions()) {
+    if (f.self().significant()) rows.push_back(f.function().function() + " (self)");
+    if (f.total().significant()) rows.push_back(f.function().function() + " (total)");
+  }
+  for (const auto& p : r.paths()) {
+    if (p.samples().significant()) rows.push_back(p.frames().rbegin()->function() + " (path)");
+  }
+  return rows;
+}
+
+TEST(CompareE2eTest, FindsThePlantedSlowdownAndNothingBetweenTwoLabelsOfOneBuild) {
+  const auto started = std::chrono::steady_clock::now();
+  strata::testing::TempDir dir("compare_e2e");
+  ServerProcess server(dir.File("data"), dir.File("server.log"), {"--http", "127.0.0.1:0"});
+  ASSERT_GT(server.port(), 0) << server.process().Output();
+  ASSERT_GT(server.http_port(), 0) << server.process().Output();
+
+  std::vector<std::unique_ptr<ChildProcess>> workloads, agents;
+  std::vector<std::string> hosts;
+  for (int version : {1, 2, 3}) {
+    for (int i = 0; i < kHostsPerVersion; ++i) {
+      std::vector<std::string> argv{BinPath("compare_workload"), "--seconds", "120"};
+      if (version == 2) argv.insert(argv.end(), {"--slower", absl::StrCat(kSlower)});
+      hosts.push_back(absl::StrCat("cmp-v", version, "-", i));
+      workloads.push_back(std::make_unique<ChildProcess>(
+          argv, dir.File(hosts.back() + ".log"),
+          std::map<std::string, std::string>{
+              {"STRATA_SERVICE", "cmp"}, {"STRATA_LABELS", absl::StrCat("version=", version)}}));
+    }
+  }
+  for (size_t i = 0; i < workloads.size(); ++i) {
+    ASSERT_TRUE(workloads[i]->WaitForOutput("ready", 30)) << workloads[i]->Output();
+    agents.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{BinPath("strata-agent"), "--server", server.address(), "--pid",
+                                 std::to_string(workloads[i]->pid()), "--host", hosts[i],
+                                 "--frequency", "2999", "--interval", "1", "--spool-dir", "none"},
+        dir.File(hosts[i] + "-agent.log")));
+  }
+  for (size_t i = 0; i < agents.size(); ++i) {
+    ASSERT_TRUE(agents[i]->WaitForOutput(absl::StrCat("profiling pid ", workloads[i]->pid()), 30))
+        << agents[i]->Output();
+  }
+  // Until every host has its samples (or 35 s have passed: the comparison says what it can).
+  auto stub = v1::Query::NewStub(server.Channel());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(35);
+  uint64_t fewest = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    fewest = UINT64_MAX;
+    for (const std::string& host : hosts) {
+      fewest = std::min(fewest, HostTop(stub.get(), host).total_samples());
+    }
+    if (fewest >= kSamplesPerHost) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  for (auto& agent : agents) agent->Stop(SIGTERM, 15);
+  for (auto& workload : workloads) workload->Stop(SIGKILL);
+  std::printf("fewest samples of a host: %llu (wanted %llu) after %.1f s\n",
+              static_cast<unsigned long long>(fewest),
+              static_cast<unsigned long long>(kSamplesPerHost),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+
+  std::printf("checksum_block's self share per host:");
+  for (const std::string& host : hosts) {
+    const v1::TopResponse top = HostTop(stub.get(), host);
+    for (const auto& f : top.functions()) {
+      if (f.function().function() == "checksum_block") {
+        std::printf(" %s %.1f %%", host.c_str(), 100.0 * f.self() / top.total_samples());
+      }
+    }
+  }
+  std::printf("\n");
+  auto cli = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv{BinPath("strata"), "--server", server.address()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunCommand(std::move(argv));
+  };
+  // 99 % intervals: the check that the planted size lies inside fails 1 run in 100, not 5.
+  // Rows under 1 % of the samples (an interrupt's kernel paths) are not tested.
+  const std::vector<std::string> planted_args{
+      "compare",     "-s",          "cmp",     "--baseline", "version=1",
+      "--candidate", "version=2",   "--since", "10m",        "--confidence",
+      "0.99",        "--min-share", "1",       "-n",         "12"};
+  std::vector<std::string> json_args{"--json"};
+  json_args.insert(json_args.end(), planted_args.begin(), planted_args.end());
+  CommandResult json = cli(json_args);
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  const v1::CompareResponse planted = ParseCompare(json.output);
+  CommandResult text = cli(planted_args);
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  std::printf("%s\n", text.output.c_str());
+
+  EXPECT_FALSE(planted.not_enough_data());
+  EXPECT_EQ(planted.baseline_hosts(), 3u);
+  EXPECT_EQ(planted.candidate_hosts(), 3u);
+  const v1::FunctionComparison* checksum = nullptr;
+  for (const auto& f : planted.functions()) {
+    if (f.function().function() == "checksum_block") checksum = &f;
+    // Only checksum_block grows; the others' shares make room for it.
+    if (f.function().function() != "checksum_block" && f.self().significant()) {
+      EXPECT_LT(f.self().delta(), 0) << f.DebugString();
+    }
+  }
+  ASSERT_NE(checksum, nullptr) << json.output;
+  EXPECT_TRUE(checksum->self().significant()) << checksum->DebugString();
+  EXPECT_GT(checksum->self().delta(), 0);
+  // 30 % more work in a function of share s raises its share by (1.3 / (1 + 0.3 s)) - 1.
+  const double s = checksum->self().share_baseline() / 100;
+  const double expected = 100 * ((1 + kSlower) / (1 + s * kSlower) - 1);
+  std::printf(
+      "checksum_block: share %.2f %% -> %.2f %%, relative %+.1f %% [%+.1f, %+.1f], "
+      "planted %+.1f %%, q %.2g\n",
+      checksum->self().share_baseline(), checksum->self().share_candidate(),
+      checksum->self().relative(), checksum->self().relative_ci_low(),
+      checksum->self().relative_ci_high(), expected, checksum->self().q());
+  EXPECT_LE(checksum->self().relative_ci_low(), expected);
+  EXPECT_GE(checksum->self().relative_ci_high(), expected);
+
+  // One build under two labels: nothing is significant (fdr 0.01: a false alarm 1 run in 100).
+  auto [status, body] =
+      strata::testing::HttpGet(server.http_port(),
+                               "/api/v1/compare?service=cmp&since_s=600&baseline_select=version%3D1"
+                               "&candidate_select=version%3D3&fdr=0.01&limit=50");
+  ASSERT_EQ(status, 200) << body;
+  const v1::CompareResponse same = ParseCompare(body);
+  EXPECT_FALSE(same.not_enough_data());
+  EXPECT_EQ(same.candidate_hosts(), 3u);
+  EXPECT_GT(same.keys_compared(), 5u);
+  EXPECT_TRUE(SignificantRows(same).empty()) << body;
+  for (const auto& f : same.functions()) {
+    if (f.function().function() == "checksum_block") {
+      std::printf("A/A checksum_block: relative %+.1f %% [%+.1f, %+.1f], q %.2g\n",
+                  f.self().relative(), f.self().relative_ci_low(), f.self().relative_ci_high(),
+                  f.self().q());
+    }
+  }
+  auto [bad_status, bad_body] = strata::testing::HttpGet(
+      server.http_port(),
+      "/api/v1/compare?service=cmp&baseline_select=version%3D1&candidate_select=version%3D2"
+      "&fdr=2");
+  EXPECT_EQ(bad_status, 400) << bad_body;
+  std::printf("compare e2e wall time: %.1f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+}
+
+}  // namespace
+}  // namespace strata::e2e
