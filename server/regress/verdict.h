@@ -1,0 +1,28 @@
+// From a release comparison's plan to the query service's Compare request, and from its
+// answer to a verdict: the link between the release watcher and server/compare.
+//
+// The verdict follows the significant function with the largest relative change of its self
+// share: a rise is REGRESSED, a fall IMPROVED (shares move together: when one function gets
+// slower every other one's share falls a little, and the largest relative move is the cause).
+// No significant function: UNCHANGED; too few hosts: NOT_ENOUGH_DATA.
+#ifndef STRATA_SERVER_REGRESS_VERDICT_H_
+#define STRATA_SERVER_REGRESS_VERDICT_H_
+
+#include <cstddef>
+
+#include "server/regress/release_watcher.h"
+#include "strata/v1/query.pb.h"
+#include "strata/v1/regress.pb.h"
+
+namespace strata::server::regress {
+
+// `fdr`: the false discovery rate of the comparison (0: the query service's default).
+v1::CompareRequest CompareRequestFor(const ComparisonPlan& plan, double fdr);
+
+// The verdict's state, its significant functions (at most `max_functions`, largest |delta|
+// first) and the comparison's sizes.
+v1::ReleaseVerdict VerdictOf(const v1::CompareResponse& comparison, size_t max_functions = 10);
+
+}  // namespace strata::server::regress
+
+#endif  // STRATA_SERVER_REGRESS_VERDICT_H_

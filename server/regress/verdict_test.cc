@@ -1,0 +1,76 @@
+// Verdicts from comparisons: the largest relative move of a significant self share decides.
+#include "server/regress/verdict.h"
+
+#include "gtest/gtest.h"
+
+namespace strata::server::regress {
+namespace {
+
+v1::FunctionComparison Row(const char* name, double base, double cand, bool significant) {
+  v1::FunctionComparison f;
+  f.mutable_function()->set_function(name);
+  f.mutable_function()->set_module("/bin/svc");
+  v1::CompareEstimate* self = f.mutable_self();
+  self->set_share_baseline(base);
+  self->set_share_candidate(cand);
+  self->set_delta(cand - base);
+  self->set_relative(base == 0 ? 0 : 100 * (cand - base) / base);
+  self->set_significant(significant);
+  self->set_tested(true);
+  self->set_min_detectable(0.5 + base / 100);
+  return f;
+}
+
+TEST(VerdictTest, TheLargestRelativeMoveDecides) {
+  v1::CompareResponse c;
+  c.set_baseline_units(3);
+  c.set_candidate_units(4);
+  // checksum got 30 % slower: its share rises; everything else's falls a little.
+  *c.add_functions() = Row("parse", 60, 55, true);         // -8 %
+  *c.add_functions() = Row("checksum", 20, 26, true);      // +30 %
+  *c.add_functions() = Row("idle", 20, 19, false);
+  v1::ReleaseVerdict v = VerdictOf(c);
+  EXPECT_EQ(v.state(), v1::ReleaseVerdict::REGRESSED);
+  ASSERT_EQ(v.functions_size(), 2);
+  EXPECT_EQ(v.functions(0).name(), "checksum");  // |delta| 6 before 5
+  EXPECT_EQ(v.functions(1).name(), "parse");
+  EXPECT_TRUE(v.functions(0).self());
+  EXPECT_EQ(v.baseline_units(), 3u);
+  EXPECT_DOUBLE_EQ(v.min_detectable(), 0.7);  // median of 1.1, 0.7, 0.7
+
+  // parse got faster: its share falls most, relatively.
+  v1::CompareResponse faster;
+  *faster.add_functions() = Row("parse", 20, 10, true);     // -50 %
+  *faster.add_functions() = Row("checksum", 40, 48, true);  // +20 %
+  EXPECT_EQ(VerdictOf(faster).state(), v1::ReleaseVerdict::IMPROVED);
+
+  v1::CompareResponse same;
+  *same.add_functions() = Row("parse", 20, 21, false);
+  EXPECT_EQ(VerdictOf(same).state(), v1::ReleaseVerdict::UNCHANGED);
+  EXPECT_EQ(VerdictOf(same).functions_size(), 0);
+
+  v1::CompareResponse thin;
+  thin.set_not_enough_data(true);
+  EXPECT_EQ(VerdictOf(thin).state(), v1::ReleaseVerdict::NOT_ENOUGH_DATA);
+
+  // A function new in the candidate has no relative change: it is the cause.
+  v1::CompareResponse added;
+  *added.add_functions() = Row("parse", 50, 40, true);
+  *added.add_functions() = Row("new_path", 0, 10, true);
+  EXPECT_EQ(VerdictOf(added).state(), v1::ReleaseVerdict::REGRESSED);
+}
+
+TEST(VerdictTest, ThePlanBecomesACompareRequest) {
+  ComparisonPlan plan{"svc", "version=1", "version=2", 10, 90, 50, 90};
+  v1::CompareRequest r = CompareRequestFor(plan, 0.01);
+  EXPECT_EQ(r.service(), "svc");
+  EXPECT_EQ(r.baseline().selector(), "version=1");
+  EXPECT_EQ(r.baseline().range().from_ms(), 10);
+  EXPECT_EQ(r.candidate().selector(), "version=2");
+  EXPECT_EQ(r.candidate().range().from_ms(), 50);
+  EXPECT_EQ(r.candidate().range().to_ms(), 90);
+  EXPECT_DOUBLE_EQ(r.fdr(), 0.01);
+}
+
+}  // namespace
+}  // namespace strata::server::regress
