@@ -133,6 +133,7 @@ class CliContext {
 void AddQueryCommands(CLI::App* app, CliContext* context, int* exit_code);
 void AddCompareCommand(CLI::App* app, CliContext* context, int* exit_code);
 void AddPhaseCommands(CLI::App* app, CliContext* context, int* exit_code);
+void AddRegressionCommands(CLI::App* app, CliContext* context, int* exit_code);
 void AddClusterCommands(CLI::App* app, CliContext* context, int* exit_code);
 void AddDebugInfoCommands(CLI::App* app, CliContext* context, int* exit_code);
 

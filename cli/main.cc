@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   strata::cli::AddQueryCommands(&app, &context, &exit_code);
   strata::cli::AddCompareCommand(&app, &context, &exit_code);
   strata::cli::AddPhaseCommands(&app, &context, &exit_code);
+  strata::cli::AddRegressionCommands(&app, &context, &exit_code);
   strata::cli::AddCaptureCommands(&app, &context, &exit_code);
   strata::cli::AddDebugInfoCommands(&app, &context, &exit_code);
   strata::cli::AddClusterCommands(&app, &context, &exit_code);

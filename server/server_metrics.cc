@@ -283,6 +283,7 @@ http::HttpResponse RenderMetrics(const http::HttpServer* http, store::Store* sto
   counter("strata_ingest_replication_failures_total",
           "Batches not acknowledged because an owner did not confirm them.",
           metrics->replication_failures);
+  if (access.regressions != nullptr) r.body += access.regressions->RenderMetrics();
   if (access.more_metrics) r.body += access.more_metrics();
   if (access.capture_limit_refusals) {
     counter("strata_capture_limit_refusals_total",
@@ -593,6 +594,22 @@ void RegisterHttpRoutes(http::HttpServer* http, store::Store* store, ingest::Ing
   }
   http->Route("/metrics", std::move(metrics_handler), http::HttpServer::Dispatch::kPriority);
   RegisterQueryRoutes(http, query, reader);
+  if (regress::RegressionsService* regressions = access.regressions; regressions != nullptr) {
+    // ?service=&since_s= (default: every verdict).
+    http->Route("/api/v1/regressions", reader([regressions](const http::HttpRequest& req) {
+      v1::ListRegressionsRequest request;
+      if (auto it = req.query.find("service"); it != req.query.end()) {
+        request.set_service(it->second);
+      }
+      if (auto it = req.query.find("since_s"); it != req.query.end() && !it->second.empty()) {
+        auto s = IntParam("since_s", it->second, 0, int64_t{1} << 32);
+        if (!s.ok()) return Error(s.status());
+        request.set_since_ms(std::max<int64_t>(0, base::NowMs() - *s * 1000));
+      }
+      auto r = regressions->RunList(request);
+      return r.ok() ? Json(*r) : Error(r.status());
+    }));
+  }
   RegisterWebUi(http, authorizer);
 }
 

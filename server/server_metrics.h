@@ -13,6 +13,7 @@
 #include "server/http/http_server.h"
 #include "server/ingest/ingest_service.h"
 #include "server/query/query_service.h"
+#include "server/regress/regressions_service.h"
 #include "server/store/store.h"
 #include "server/symbolize/debuginfo_service.h"
 #include "server/symbolize/symbolizer.h"
@@ -28,6 +29,8 @@ struct HttpAccess {
   // Symbolization and debug-info uploads, for /metrics; optional.
   const symbolize::Symbolizer* symbolizer = nullptr;
   const symbolize::DebugInfoService* debuginfo = nullptr;
+  // Release verdicts: /api/v1/regressions, and their metrics; optional.
+  regress::RegressionsService* regressions = nullptr;
   // More Prometheus text for /metrics (a cluster node's ring state); optional.
   std::function<std::string()> more_metrics;
 };

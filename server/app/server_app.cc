@@ -1,5 +1,7 @@
 #include "server/app/server_app.h"
 
+#include "server/regress/verdict.h"
+
 #include <sys/resource.h>
 
 #include <chrono>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/regress/verdict.h"
 #include "server/server_metrics.h"
 #include "spdlog/spdlog.h"
 
@@ -163,7 +166,7 @@ absl::Status ServerApp::BuildServices() {
   query_ = std::make_unique<query::QueryService>(store_.get(), &registry_, aggregator_.get(),
                                                  authorizer_.get(), symbolizer_.get());
   if (membership_ != nullptr) BuildClusterServices();
-  return absl::OkStatus();
+  return BuildRegressions();
 }
 
 void ServerApp::BuildClusterServices() {
@@ -188,6 +191,56 @@ void ServerApp::BuildClusterServices() {
         return files;
       },
       cluster.debuginfo_sync);
+}
+
+absl::Status ServerApp::BuildRegressions() {
+  if (!options_.regressions) return absl::OkStatus();
+  regress::ReleaseWatcherInputs inputs;
+  query::QueryService* query = query_.get();
+  inputs.services = [query]() -> absl::StatusOr<std::vector<std::string>> {
+    absl::StatusOr<v1::ListServicesResponse> services = query->RunListServices();
+    if (!services.ok()) return services.status();
+    std::vector<std::string> names;
+    for (const v1::ServiceInfo& s : services->services()) names.push_back(s.name());
+    return names;
+  };
+  inputs.label_sets =
+      [query](const std::string& service) -> absl::StatusOr<std::vector<labels::LabelSet>> {
+    v1::ListLabelsRequest request;
+    request.set_service(service);
+    absl::StatusOr<v1::ListLabelsResponse> labels = query->RunListLabels(request);
+    if (!labels.ok()) return labels.status();
+    // One set per (key, value): the watcher looks only for the values of its release labels.
+    std::vector<labels::LabelSet> sets;
+    for (const v1::LabelValues& key : labels->labels()) {
+      for (const std::string& value : key.values()) sets.push_back({{key.key(), value}});
+    }
+    return sets;
+  };
+  const double fdr = options_.regression_fdr;
+  inputs.compare =
+      [query, fdr](const regress::ComparisonPlan& plan) -> absl::StatusOr<v1::ReleaseVerdict> {
+    absl::StatusOr<v1::CompareResponse> comparison =
+        query->RunCompare(regress::CompareRequestFor(plan, fdr));
+    if (!comparison.ok()) return comparison.status();
+    return regress::VerdictOf(*comparison);
+  };
+  regress::RegressionsOptions options = options_.regression;
+  if (membership_ != nullptr) {
+    // In a cluster the node first in the ring checks for everyone (its queries read every
+    // node), so that each verdict is computed, kept and posted once.
+    cluster::Membership* membership = membership_.get();
+    const std::string self = options_.cluster.node_id;
+    options.should_check = [membership, self] {
+      std::shared_ptr<const cluster::Ring> ring = membership->ring();
+      return ring != nullptr && !ring->empty() && ring->members().front().id == self;
+    };
+  }
+  auto service = regress::RegressionsService::Create(std::move(options), std::move(inputs),
+                                                     store_.get(), authorizer_.get());
+  if (!service.ok()) return service.status();
+  regressions_ = std::move(*service);
+  return absl::OkStatus();
 }
 
 capture::CaptureService::Options ServerApp::CaptureOptions() {
@@ -227,6 +280,7 @@ absl::Status ServerApp::Listen() {
   builder.RegisterService(query_.get());
   builder.RegisterService(capture_.get());
   builder.RegisterService(debuginfo_.get());
+  if (regressions_ != nullptr) builder.RegisterService(regressions_.get());
   if (cluster_service_ != nullptr) builder.RegisterService(cluster_service_.get());
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(options_.ingest.service.limits.max_message_bytes));
@@ -244,6 +298,7 @@ absl::Status ServerApp::Listen() {
        .capture_limit_refusals = [capture = capture_.get()] { return capture->limit_refusals(); },
        .symbolizer = symbolizer_.get(),
        .debuginfo = debuginfo_.get(),
+       .regressions = regressions_.get(),
        .more_metrics = membership_ == nullptr ? std::function<std::string()>() : [this] {
          return cluster::RenderClusterMetrics(*cluster_service_, debuginfo_sync_.get());
        }});
@@ -263,6 +318,7 @@ absl::Status ServerApp::Listen() {
                authorizer_->enabled() ? "authentication required" : "no authentication");
   // The HTTP port first: whoever waits for "ready" (tests, scripts with port 0) finds both.
   if (!http.listen.empty()) std::printf("strata-server HTTP on port %d\n", http_server_->port());
+  if (regressions_ != nullptr) regressions_->Start();
   std::printf("strata-server ready on port %d\n", grpc_port_);
   std::fflush(stdout);
   return absl::OkStatus();
@@ -278,6 +334,7 @@ int ServerApp::Run() {
 }
 
 absl::Status ServerApp::Shutdown() {
+  if (regressions_ != nullptr) regressions_->Stop();
   if (membership_ != nullptr) membership_->Leave();
   grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
   http_server_->Stop();

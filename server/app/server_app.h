@@ -31,6 +31,7 @@
 #include "server/http/http_server.h"
 #include "server/ingest/ingest_service.h"
 #include "server/query/query_service.h"
+#include "server/regress/regressions_service.h"
 #include "server/registry/agent_registry.h"
 #include "server/store/store.h"
 #include "server/symbolize/debuginfo_service.h"
@@ -74,6 +75,7 @@ class ServerApp {
   absl::Status BuildServices();  // ingest, symbolization, queries
   void BuildClusterServices();   // the Cluster service, fan-out queries, debug file sync
   capture::CaptureService::Options CaptureOptions();
+  absl::Status BuildRegressions();  // the release watcher, over the query service
   absl::Status Listen();         // gRPC, then HTTP
 
   // Built by Create(): what the options name, and what needs nothing else.
@@ -103,6 +105,7 @@ class ServerApp {
   std::unique_ptr<cluster::FanoutSource> fanout_;
   std::unique_ptr<cluster::DebugInfoSync> debuginfo_sync_;
   std::unique_ptr<capture::CaptureService> capture_;
+  std::unique_ptr<regress::RegressionsService> regressions_;  // null with --regressions false
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<http::HttpServer> http_server_;
 

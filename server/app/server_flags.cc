@@ -76,9 +76,16 @@ absl::Status ParseSizes(const ServerFlags& f, ServerOptions& o) {
 }
 
 // A cluster node's timeouts and intervals.
-absl::Status ParseClusterDurations(const ServerFlags& f, ClusterOptions& cluster) {
+absl::Status ParseDurations(const ServerFlags& f, ServerOptions& o) {
+  ClusterOptions& cluster = o.cluster;
+  regress::RegressionsOptions& regression = o.regression;
   for (auto [flag, text, out] :
-       {std::tuple{"--cluster-lease-ttl", &f.cluster_lease_ttl, &cluster.lease_ttl},
+       {std::tuple{"--regression-interval", &f.regression_interval,
+                   &regression.check_interval},
+        std::tuple{"--regression-window", &f.regression_window, &regression.watcher.window},
+        std::tuple{"--regression-lookback", &f.regression_lookback,
+                   &regression.watcher.baseline_lookback},
+        std::tuple{"--cluster-lease-ttl", &f.cluster_lease_ttl, &cluster.lease_ttl},
         std::tuple{"--cluster-query-timeout", &f.cluster_query_timeout, &cluster.query_timeout},
         std::tuple{"--cluster-replica-timeout", &f.cluster_replica_timeout,
                    &cluster.replication.replica_timeout},
@@ -365,6 +372,26 @@ void AddSymbolizeFlags(CLI::App& app, ServerFlags& f) {
   });
 }
 
+// Releases compared with the one before, by themselves.
+void AddRegressionFlags(CLI::App& app, ServerFlags& f) {
+  ServerOptions& o = f.options;
+  AddFlags(app, {
+    {"--regressions", &o.regressions,
+     "compare each new release of a service (a new value of its version, else build_id "
+     "label) with the one before as samples accrue, and keep the verdicts"},
+    {"--regression-interval", &f.regression_interval,
+     "how often releases are looked for and their comparisons run again"},
+    {"--regression-window", &f.regression_window,
+     "how long after a release appears its comparison runs before the verdict is final"},
+    {"--regression-lookback", &f.regression_lookback,
+     "how far before a release appeared the previous release's samples are taken"},
+    {"--regression-fdr", &o.regression_fdr,
+     "false discovery rate over the functions compared (Benjamini-Hochberg)"},
+    {"--regression-webhook", &o.regression.webhook_url,
+     "http:// URL each changed verdict is POSTed to as JSON", kNoDefault},
+  });
+}
+
 }  // namespace
 
 // In the order of --help and --print-config.
@@ -374,6 +401,7 @@ void AddServeFlags(CLI::App& app, ServerFlags& f) {
   AddLimitFlags(app, f);
   AddClusterFlags(app, f);
   AddSymbolizeFlags(app, f);
+  AddRegressionFlags(app, f);
   app.get_option("--http")->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
@@ -392,8 +420,16 @@ absl::Status ResolveEtcdTls(rpc::ClientSecurityOptions& etcd,
 absl::StatusOr<ServerOptions> ServerOptionsFromFlags(const ServerFlags& flags) {
   ServerOptions options = flags.options;
   if (absl::Status sizes = ParseSizes(flags, options); !sizes.ok()) return sizes;
-  if (absl::Status durations = ParseClusterDurations(flags, options.cluster); !durations.ok()) {
+  if (absl::Status durations = ParseDurations(flags, options); !durations.ok()) {
     return durations;
+  }
+  if (!(options.regression_fdr > 0 && options.regression_fdr < 1)) {
+    return absl::InvalidArgumentError("--regression-fdr must be between 0 and 1 (e.g. 0.05)");
+  }
+  if (!options.regression.webhook_url.empty()) {
+    if (auto url = regress::ParseWebhookUrl(options.regression.webhook_url); !url.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--regression-webhook: ", url.status().message()));
+    }
   }
   if (absl::Status retention = ParseRetentionPeriods(flags, options); !retention.ok()) {
     return retention;

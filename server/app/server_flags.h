@@ -31,6 +31,8 @@ struct ServerFlags {
   std::string raw_retention = "7d", minute_retention = "30d", hour_retention = "365d";
   std::string cluster_lease_ttl = "10s", cluster_query_timeout = "10s",
               cluster_replica_timeout = "5s", cluster_debuginfo_sync = "30s";
+  std::string regression_interval = "60s", regression_window = "30m",
+              regression_lookback = "1h";
 };
 
 // Adds the serving flags to `app`, bound to `flags` (which must outlive the parse).

@@ -20,6 +20,7 @@
 #include "server/cluster/replication.h"
 #include "server/cluster/ring.h"
 #include "server/ingest/ingest_service.h"
+#include "server/regress/regressions_service.h"
 #include "server/store/store.h"
 #include "server/symbolize/symbolizer.h"
 
@@ -91,6 +92,10 @@ struct ServerOptions {
   capture::CaptureService::Options capture;  // retention and the caps on what clients ask
   SymbolizeOptions symbolize;
   ClusterOptions cluster;
+  // Releases found by themselves and compared with the one before (server/regress).
+  bool regressions = true;
+  regress::RegressionsOptions regression;
+  double regression_fdr = 0.05;
 };
 
 }  // namespace strata::server::app

@@ -76,6 +76,7 @@ void RegressionsService::Start() {
   if (thread_.joinable()) return;
   thread_ = std::thread([this] {
     do {
+      if (options_.should_check && !options_.should_check()) continue;
       if (absl::Status s = CheckNow(); !s.ok()) {
         spdlog::warn("regressions: {}", s.ToString());
       }

@@ -9,6 +9,7 @@
 #define STRATA_SERVER_REGRESS_REGRESSIONS_SERVICE_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,6 +33,8 @@ struct RegressionsOptions {
   absl::Duration check_interval = absl::Seconds(60);
   std::string webhook_url;  // empty: none
   absl::Duration webhook_timeout = absl::Seconds(5);
+  // Whether this server checks now (a cluster's nodes leave it to one of them); null: always.
+  std::function<bool()> should_check;
 };
 
 // The webhook's body for one verdict: {"service", "label", "baseline", "candidate", "state",

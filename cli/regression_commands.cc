@@ -1,0 +1,108 @@
+// `strata regressions`: the releases the server found by itself and compared with the one
+// before (server/regress), with their verdicts and the functions responsible.
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cli/client.h"
+#include "cli/format.h"
+#include "common/base/clock.h"
+#include "common/base/duration.h"
+#include "strata/v1/regress.grpc.pb.h"
+
+namespace strata::cli {
+namespace {
+
+struct RegressionOptions {
+  std::string service;
+  std::string since = "7d";
+  bool all = false;  // unchanged and undecided releases too
+};
+
+std::string StateText(const v1::ReleaseVerdict& v) {
+  switch (v.state()) {
+    case v1::ReleaseVerdict::REGRESSED: return "REGRESSED";
+    case v1::ReleaseVerdict::IMPROVED: return "improved";
+    case v1::ReleaseVerdict::UNCHANGED: return "unchanged";
+    default: return "not enough data";
+  }
+}
+
+std::string ChangeText(const v1::ReleaseFunctionChange& f) {
+  std::string text = absl::StrFormat("%+.2f pt [%+.2f, %+.2f] %s", f.delta(), f.ci_low(),
+                                     f.ci_high(), f.self() ? "self" : "total");
+  if (f.baseline_share() > 0) absl::StrAppendFormat(&text, " (%+.0f %%)", f.relative());
+  return text;
+}
+
+int RunRegressions(CliContext* ctx, const RegressionOptions& o) {
+  absl::StatusOr<int64_t> since = base::ParseDuration(o.since);
+  if (!since.ok() || *since <= 0) Fail(absl::StrCat("--since: '", o.since, "' is not a duration"));
+  Client& client = ctx->client();
+  v1::ListRegressionsRequest request;
+  request.set_service(o.service);
+  request.set_since_ms(std::max<int64_t>(0, base::NowMs() - *since));
+  auto stub = v1::Regressions::NewStub(client.channel());
+  auto r = client.Call(stub.get(), &v1::Regressions::Stub::ListRegressions, request);
+  if (ctx->options().json) return PrintJson(r), 0;
+
+  Table table({"FIRST SEEN", "SERVICE", "RELEASE", "VERDICT", "HOSTS", "MDE", "LARGEST CHANGE"},
+              {4, 5});
+  int shown = 0;
+  for (const v1::ReleaseVerdict& v : r.verdicts()) {
+    if (!o.all && v.state() != v1::ReleaseVerdict::REGRESSED &&
+        v.state() != v1::ReleaseVerdict::IMPROVED) {
+      continue;
+    }
+    ++shown;
+    table.AddRow({FormatRfc3339(v.first_seen_ms()), v.service(),
+                  absl::StrCat(v.label(), " ", v.baseline(), " -> ", v.candidate()),
+                  absl::StrCat(StateText(v), v.final() ? "" : " (so far)",
+                               v.error().empty() ? "" : " (error)"),
+                  absl::StrCat(v.baseline_units(), "/", v.candidate_units()),
+                  v.min_detectable() > 0 ? absl::StrFormat("%.2f pt", v.min_detectable()) : "-",
+                  v.functions_size() > 0
+                      ? absl::StrCat(v.functions(0).name(), " ", ChangeText(v.functions(0)))
+                      : "-"});
+  }
+  std::printf("Releases compared with the one before (since %s%s): %d of %d shown%s\n",
+              o.since.c_str(), o.service.empty() ? "" : (", " + o.service).c_str(), shown,
+              r.verdicts_size(), o.all ? "" : " (regressed or improved; --all for every one)");
+  if (shown == 0) return 0;
+  std::fputs(table.ToString().c_str(), stdout);
+  // The functions responsible, per regressed release.
+  for (const v1::ReleaseVerdict& v : r.verdicts()) {
+    if (v.state() != v1::ReleaseVerdict::REGRESSED) continue;
+    std::printf("\n%s %s %s -> %s: share of the service's CPU, baseline -> candidate\n",
+                v.service().c_str(), v.label().c_str(), v.baseline().c_str(),
+                v.candidate().c_str());
+    Table functions({"FUNCTION", "BASELINE", "CANDIDATE", "CHANGE", "Q"}, {1, 2, 4});
+    for (const v1::ReleaseFunctionChange& f : v.functions()) {
+      functions.AddRow({f.name(), absl::StrFormat("%.2f%%", f.baseline_share()),
+                        absl::StrFormat("%.2f%%", f.candidate_share()), ChangeText(f),
+                        absl::StrFormat("%.2g", f.q())});
+    }
+    std::fputs(functions.ToString().c_str(), stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddRegressionCommands(CLI::App* app, CliContext* ctx, int* exit_code) {
+  static RegressionOptions options;
+  auto* regressions = app->add_subcommand(
+      "regressions",
+      "releases the server compared with the one before by itself: which got slower");
+  regressions->add_option("--service", options.service, "only this service's releases");
+  regressions->add_option("--since", options.since, "releases first seen this recently")
+      ->capture_default_str();
+  regressions->add_flag("--all", options.all, "unchanged and undecided releases too");
+  regressions->callback([=] { *exit_code = RunRegressions(ctx, options); });
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,177 @@
+// Releases found by themselves, end to end: three hosts run compare_workload as version=1,
+// then switch to version=2, whose checksum_block does 30 % more work. Nobody asks: the server
+// notices the new release, compares it with version 1 as samples accrue and reports
+// REGRESSED with checksum_block on /api/v1/regressions, in `strata regressions` and on
+// /metrics; the verdict is still there after a restart.
+#include <google/protobuf/util/json_util.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/testing/http_get.h"
+#include "gtest/gtest.h"
+#include "strata/v1/query.grpc.pb.h"
+#include "strata/v1/regress.pb.h"
+#include "tests/e2e/harness.h"
+
+namespace strata::e2e {
+namespace {
+
+constexpr int kHosts = 3;
+constexpr uint64_t kSamplesPerHost = 4000;
+
+v1::ListRegressionsResponse Regressions(int http_port) {
+  auto [status, body] = strata::testing::HttpGet(http_port, "/api/v1/regressions?service=cmp");
+  v1::ListRegressionsResponse r;
+  EXPECT_EQ(status, 200) << body;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(body, &r, options).ok()) << body;
+  return r;
+}
+
+// The service's samples of `selector` on `host` so far.
+uint64_t Samples(v1::Query::Stub* stub, const std::string& host, const std::string& selector) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::TopRequest request;
+  request.mutable_filter()->set_service("cmp");
+  request.mutable_filter()->set_host(host);
+  request.mutable_filter()->set_selector(selector);
+  request.set_limit(1);
+  v1::TopResponse response;
+  (void)stub->Top(&ctx, request, &response);
+  return response.total_samples();
+}
+
+// One version's processes, each profiled by its own agent under a fixed host name.
+struct Release {
+  std::vector<std::unique_ptr<ChildProcess>> workloads, agents;
+};
+
+Release StartRelease(const ServerProcess& server, const strata::testing::TempDir& dir, int version,
+            const std::vector<std::string>& hosts) {
+  Release r;
+  for (const std::string& host : hosts) {
+    std::vector<std::string> argv{BinPath("compare_workload"), "--seconds", "120"};
+    if (version == 2) argv.insert(argv.end(), {"--slower", "0.3"});
+    r.workloads.push_back(std::make_unique<ChildProcess>(
+        argv, dir.File(absl::StrCat(host, "-v", version, ".log")),
+        std::map<std::string, std::string>{{"STRATA_SERVICE", "cmp"},
+                                           {"STRATA_LABELS", absl::StrCat("version=", version)}}));
+  }
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    EXPECT_TRUE(r.workloads[i]->WaitForOutput("ready", 30)) << r.workloads[i]->Output();
+    r.agents.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{BinPath("strata-agent"), "--server", server.address(), "--pid",
+                                 std::to_string(r.workloads[i]->pid()), "--host", hosts[i],
+                                 "--frequency", "2999", "--interval", "1", "--spool-dir", "none"},
+        dir.File(absl::StrCat(hosts[i], "-v", version, "-agent.log"))));
+  }
+  return r;
+}
+
+void Stop(Release& r) {
+  for (auto& agent : r.agents) agent->Stop(SIGTERM, 15);
+  for (auto& workload : r.workloads) workload->Stop(SIGKILL);
+}
+
+// Until every host has `want` samples of `selector`, or `seconds` pass.
+void WaitForSamples(v1::Query::Stub* stub, const std::vector<std::string>& hosts,
+                    const std::string& selector, uint64_t want, int seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    uint64_t fewest = UINT64_MAX;
+    for (const std::string& host : hosts) fewest = std::min(fewest, Samples(stub, host, selector));
+    if (fewest >= want) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+}
+
+TEST(ReleaseE2eTest, ANewSlowerReleaseIsReportedWithoutBeingAsked) {
+  const auto started = std::chrono::steady_clock::now();
+  strata::testing::TempDir dir("release_e2e");
+  const std::vector<std::string> server_args{"--http", "127.0.0.1:0", "--regression-interval",
+                                             "1s", "--regression-window", "10m"};
+  auto server = std::make_unique<ServerProcess>(dir.File("data"), dir.File("server.log"),
+                                                server_args);
+  ASSERT_GT(server->http_port(), 0) << server->process().Output();
+  auto stub = v1::Query::NewStub(server->Channel());
+  std::vector<std::string> hosts;
+  for (int i = 0; i < kHosts; ++i) hosts.push_back(absl::StrCat("cmp-", i));
+
+  Release v1 = StartRelease(*server, dir, 1, hosts);
+  WaitForSamples(stub.get(), hosts, "version=1", kSamplesPerHost, 40);
+  // The server has met version 1 (a check ran after its samples were stored).
+  auto checks = [&] {
+    auto [status, body] = strata::testing::HttpGet(server->http_port(), "/metrics");
+    const size_t at = body.find("\nstrata_regression_checks_total ");
+    return at == std::string::npos ? 0 : std::stoull(body.substr(at + 32));
+  };
+  const uint64_t checks_before = checks();
+  const auto met_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (checks() < checks_before + 2 && std::chrono::steady_clock::now() < met_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_GE(checks(), checks_before + 2) << "the release watcher does not run";
+  EXPECT_EQ(Regressions(server->http_port()).verdicts_size(), 0);
+  Stop(v1);
+
+  // The deploy: the same hosts now run version 2.
+  Release v2 = StartRelease(*server, dir, 2, hosts);
+  WaitForSamples(stub.get(), hosts, "version=2", kSamplesPerHost, 40);
+  // The verdict comes by itself; more samples only sharpen it.
+  v1::ListRegressionsResponse found;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
+  while (std::chrono::steady_clock::now() < deadline) {
+    found = Regressions(server->http_port());
+    if (found.verdicts_size() == 1 &&
+        found.verdicts(0).state() == v1::ReleaseVerdict::REGRESSED) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  Stop(v2);
+  ASSERT_EQ(found.verdicts_size(), 1) << found.DebugString();
+  const v1::ReleaseVerdict& verdict = found.verdicts(0);
+  std::printf("%s\n", verdict.DebugString().c_str());
+  EXPECT_EQ(verdict.state(), v1::ReleaseVerdict::REGRESSED) << verdict.DebugString();
+  EXPECT_EQ(verdict.label(), "version");
+  EXPECT_EQ(verdict.baseline(), "1");
+  EXPECT_EQ(verdict.candidate(), "2");
+  EXPECT_EQ(verdict.baseline_units(), 3u);
+  EXPECT_EQ(verdict.candidate_units(), 3u);
+  bool checksum_rose = false;
+  for (const v1::ReleaseFunctionChange& f : verdict.functions()) {
+    if (f.name() == "checksum_block" && f.delta() > 0) checksum_rose = true;
+  }
+  EXPECT_TRUE(checksum_rose) << verdict.DebugString();
+
+  auto [status, metrics] = strata::testing::HttpGet(server->http_port(), "/metrics");
+  EXPECT_NE(metrics.find("strata_regression_detected{service=\"cmp\",function=\"checksum_block\""),
+            std::string::npos)
+      << metrics;
+
+  // Kept across a restart, and shown by the CLI.
+  server.reset();
+  server = std::make_unique<ServerProcess>(dir.File("data"), dir.File("server2.log"), server_args);
+  ASSERT_GT(server->port(), 0) << server->process().Output();
+  CommandResult cli = RunCommand({BinPath("strata"), "--server", server->address(), "regressions",
+                                  "--service", "cmp"});
+  ASSERT_EQ(cli.exit_code, 0) << cli.output;
+  std::printf("%s\n", cli.output.c_str());
+  EXPECT_NE(cli.output.find("version 1 -> 2"), std::string::npos) << cli.output;
+  EXPECT_NE(cli.output.find("REGRESSED"), std::string::npos) << cli.output;
+  EXPECT_NE(cli.output.find("checksum_block"), std::string::npos) << cli.output;
+  std::printf("release e2e wall time: %.1f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+}
+
+}  // namespace
+}  // namespace strata::e2e
