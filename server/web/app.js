@@ -93,16 +93,23 @@ function link(node, parent) {
 }
 
 function renderFlame() {
-  const box = $('flame');
+  renderFlameInto($('flame'), state.tree, state.zoom,
+                  (node, depth) => depth === 0 ? 'rgb(235,200,120)' : color(node.function || node.name, node.kind));
+  $('flame-reset').hidden = !state.zoom || state.zoom === state.tree;
+  state.total = state.tree ? state.tree.value : 0;
+}
+
+// Draws `root` (zoomed to `zoom`, or whole) into `box`, each frame coloured by colorOf(node,
+// depth); every frame's div carries its node (_node) for the pointer handlers.
+function renderFlameInto(box, root, zoomed, colorOf) {
   box.replaceChildren();
-  const root = state.tree;
   if (!root || !root.value) {
     box.style.height = '40px';
     box.textContent = 'No samples in this range.';
     return;
   }
-  const zoom = state.zoom || root;
-  const width = box.clientWidth || 1200, rowH = 18, total = root.value;
+  const zoom = zoomed || root;
+  const width = box.clientWidth || 1200, rowH = 18;
   const frag = document.createDocumentFragment();
   let maxDepth = 0;
   const place = (node, depth, x, w, ancestor) => {
@@ -113,9 +120,7 @@ function renderFlame() {
     div.style.left = x + 'px';
     div.style.top = depth * rowH + 'px';
     div.style.width = w + 'px';
-    // Lines of one function share its colour.
-    div.style.background =
-        depth === 0 ? 'rgb(235,200,120)' : color(node.function || node.name, node.kind);
+    div.style.background = colorOf(node, depth);
     if (w > 24) div.textContent = node.name;
     div.title = '';
     div._node = node;
@@ -137,8 +142,6 @@ function renderFlame() {
   walk(zoom, chain.length - 1, 0);
   box.style.height = (maxDepth + 1) * rowH + 2 + 'px';
   box.appendChild(frag);
-  $('flame-reset').hidden = zoom === root;
-  state.total = total;
 }
 
 function frameText(node) {
@@ -272,9 +275,99 @@ async function loadQuality() {
     cell(b.kind || ''), cell(b.module, 'fn'), cell(b.build_id || '-', 'fn'), cell(b.hint)]));
 }
 
+// ---- regressions --------------------------------------------------------------------------
+
+const stateNames = { REGRESSED: 'REGRESSED', IMPROVED: 'improved', UNCHANGED: 'unchanged',
+                     NOT_ENOUGH_DATA: 'not enough data' };
+
+// The releases the server compared by itself; the chosen one's differential flame graph: the
+// candidate's tree, each frame red where its share of the samples grew against the baseline,
+// blue where it shrank (white: unchanged; full colour at 5 points).
+async function loadRegressions() {
+  const r = await api('/api/v1/regressions', new URLSearchParams({ service: $('service').value }));
+  const verdicts = r.verdicts || [];
+  $('summary').textContent = `${$('service').value}: ${verdicts.length} release` +
+      `${verdicts.length === 1 ? '' : 's'} compared with the one before`;
+  state.verdicts = verdicts;
+  fillTable($('regressions-table'), verdicts.map((v, i) => {
+    const top = (v.functions || [])[0];
+    const row = [
+      cell(new Date(Number(v.first_seen_ms)).toISOString().replace('.000', '')),
+      cell(`${v.label} ${v.baseline} → ${v.candidate}`),
+      cell(stateNames[v.state] + (v.final ? '' : ' (so far)'),
+           v.state === 'REGRESSED' ? 'up' : v.state === 'IMPROVED' ? 'down' : ''),
+      cell(`${v.baseline_units}/${v.candidate_units}`, 'num'),
+      cell(v.min_detectable ? v.min_detectable.toFixed(2) + ' pt' : '-', 'num'),
+      cell(top ? `${top.name} ${signed(top.delta)} pt [${signed(top.ci_low)}, ${signed(top.ci_high)}]`
+               : '-', 'fn')];
+    row[1].dataset.index = i;
+    return row;
+  }));
+  const chosen = verdicts.findIndex((v) => v.state === 'REGRESSED');
+  await showRegression(chosen >= 0 ? chosen : 0);
+}
+
+async function showRegression(index) {
+  const v = (state.verdicts || [])[index];
+  const box = $('regression-flame');
+  if (!v) {
+    box.replaceChildren();
+    $('regression-title').textContent = 'No release of this service was compared yet.';
+    return;
+  }
+  const lookback = 3600 * 1000;
+  const tree = (select, from, to) => api('/api/v1/flamegraph', new URLSearchParams({
+    service: v.service, select, from_ms: from, to_ms: to, format: 'json' }));
+  const [base, cand] = await Promise.all([
+    tree(`${v.label}=${v.baseline}`, Number(v.first_seen_ms) - lookback, Number(v.updated_ms)),
+    tree(`${v.label}=${v.candidate}`, Number(v.first_seen_ms), Number(v.updated_ms))]);
+  // Baseline shares by path of names.
+  const baseShare = new Map();
+  const indexBase = (node, path) => {
+    const p = path + '\u0000' + node.name;
+    baseShare.set(p, (node.value || 0) / (base.value || 1));
+    for (const c of node.children || []) indexBase(c, p);
+  };
+  indexBase(base, '');
+  const annotate = (node, path) => {
+    node.path = path + '\u0000' + node.name;
+    node.delta = 100 * ((node.value || 0) / (cand.value || 1) - (baseShare.get(node.path) || 0));
+    for (const c of node.children || []) annotate(c, node.path);
+  };
+  annotate(cand, '');
+  link(cand, null);
+  state.regressionTree = cand;
+  $('regression-title').textContent =
+      `${v.service} ${v.label} ${v.baseline} → ${v.candidate}: ${stateNames[v.state]}` +
+      ` (${fmt(v.baseline_samples)} and ${fmt(v.candidate_samples)} samples). ` +
+      'Red: a larger share of the CPU than before, blue: smaller.';
+  renderFlameInto(box, cand, null, (node, depth) => {
+    if (depth === 0) return 'rgb(235,200,120)';
+    const t = Math.min(1, Math.abs(node.delta) / 5), keep = Math.round(255 * (1 - t));
+    return node.delta >= 0 ? `rgb(255,${keep},${keep})` : `rgb(${keep},${keep},255)`;
+  });
+}
+
+$('regressions-table').addEventListener('click', (e) => {
+  const row = e.target.closest('tr');
+  if (!row || !row.cells[1] || row.cells[1].dataset.index === undefined) return;
+  showRegression(Number(row.cells[1].dataset.index)).catch(showError);
+});
+$('regression-flame').addEventListener('mousemove', (e) => {
+  const node = e.target._node, tip = $('tooltip');
+  if (!node) { tip.hidden = true; return; }
+  tip.textContent = `${node.name}  —  ${pct(node.value, state.regressionTree.value)} of the ` +
+      `candidate's samples, ${signed(node.delta)} points against the baseline`;
+  tip.hidden = false;
+  tip.style.left = Math.min(e.clientX + 12, window.innerWidth - tip.offsetWidth - 4) + 'px';
+  tip.style.top = e.clientY + 14 + 'px';
+});
+$('regression-flame').addEventListener('mouseleave', () => { $('tooltip').hidden = true; });
+
 // ---- wiring -------------------------------------------------------------------------------
 
-const loaders = { flame: loadFlame, top: loadTop, diff: loadDiff, quality: loadQuality };
+const loaders = { flame: loadFlame, top: loadTop, diff: loadDiff, quality: loadQuality,
+                  regressions: loadRegressions };
 
 async function refresh() {
   if (!$('service').value) {

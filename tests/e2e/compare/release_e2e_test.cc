@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -169,6 +170,32 @@ TEST(ReleaseE2eTest, ANewSlowerReleaseIsReportedWithoutBeingAsked) {
   EXPECT_NE(cli.output.find("version 1 -> 2"), std::string::npos) << cli.output;
   EXPECT_NE(cli.output.find("REGRESSED"), std::string::npos) << cli.output;
   EXPECT_NE(cli.output.find("checksum_block"), std::string::npos) << cli.output;
+
+  // The web UI's Regressions tab, in headless Chromium when installed: the verdict, and the
+  // differential flame graph with checksum_block grown (red).
+  if (RunCommand({"/bin/sh", "-c", "command -v chromium"}).exit_code == 0) {
+    const std::string flags = absl::StrCat(
+        "chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
+        "--disable-background-networking --disable-component-update --disable-sync "
+        "--virtual-time-budget=15000 --window-size=1280,900 --user-data-dir=",
+        dir.File("chromium-profile"), " --dump-dom ");
+    CommandResult dom = RunCommand(
+        {"/bin/sh", "-c",
+         absl::StrCat(flags, "'http://127.0.0.1:", server->http_port(),
+                      "/?service=cmp&view=regressions' 2>/dev/null")},
+        90);
+    ASSERT_EQ(dom.exit_code, 0) << dom.output;
+    EXPECT_NE(dom.output.find("data-loaded=\"regressions\""), std::string::npos) << dom.output;
+    EXPECT_NE(dom.output.find("version 1 → 2"), std::string::npos) << dom.output;
+    EXPECT_NE(dom.output.find(">REGRESSED"), std::string::npos) << dom.output;
+    // A grown frame is red: rgb(255, g, g) with g < 255.
+    EXPECT_TRUE(std::regex_search(
+        dom.output, std::regex("background: rgb\\(255, ([0-9]|[1-9][0-9]|1[0-9][0-9]|2[0-4][0-9]|"
+                               "25[0-4]), \\1\\);[^>]*>checksum_block<")))
+        << dom.output;
+  } else {
+    std::printf("chromium not installed: the web UI's Regressions tab was not checked\n");
+  }
   std::printf("release e2e wall time: %.1f s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
 }
