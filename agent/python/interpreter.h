@@ -16,6 +16,13 @@
 // or the leaf's code moved, a cycle, a chain deeper than asked for, memory that went away) is
 // reported as kInconsistent, never returned as frames.
 //
+// A read costs few system calls (it runs for every sample of a Python thread): the thread
+// state with the current frame of the _PyCFrame the thread's last read went through (3.11,
+// 3.12), the frame chain in blocks of the thread's data stack (3.11+: frames lie next to each
+// other there, a generator's inside its object), then every code object's header together with
+// the re-read of the current frame and the leaf's code that shows the chain held still.
+// Typically 3 to 5 calls; frame objects before 3.11 cost one per frame.
+//
 // Threads before 3.11 carry only the pthread_t (the address of glibc's struct pthread); the
 // kernel tid inside that struct is found once per process: the offset at which the thread
 // states' pthreads hold distinct plausible tids, one of them the process's id (its main
@@ -28,6 +35,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -73,6 +81,13 @@ struct CodeInfo {
   uint64_t name_ptr = 0, filename_ptr = 0, line_table_ptr = 0;
   // For the owner: e.g. the function node it resolved this code object to (0: none yet).
   mutable uint32_t owner_id = 0;
+  // Lines of offsets decoded before (direct-mapped by offset): the offsets of a thread's
+  // callers repeat from one sample to the next, and decoding walks the table from its start.
+  struct CachedLine {
+    int64_t offset = INT64_MIN;
+    int line = -1;
+  };
+  mutable std::array<CachedLine, 8> lines;
 };
 
 struct PythonFrame {
@@ -93,6 +108,7 @@ struct InterpreterStats {
   uint64_t inconsistent = 0;
   uint64_t code_misses = 0;    // code objects copied into the cache
   uint64_t thread_scans = 0;   // walks of the thread-state lists
+  uint64_t line_misses = 0;    // lines decoded from a line table (not found in CodeInfo::lines)
 };
 
 class Interpreter {
@@ -127,21 +143,42 @@ class Interpreter {
         eval_ranges_(std::move(eval)),
         memory_(std::move(memory)) {}
 
-  // The thread state of `tid` (cached, re-checked), or 0.
-  uint64_t ThreadStateOf(pid_t tid);
+  // A thread state found for a tid, and (3.11, 3.12) the _PyCFrame its last read went
+  // through: the next read takes that _PyCFrame's current frame along with the thread state,
+  // and uses it while the thread state still points there.
+  struct KnownThread {
+    uint64_t tstate = 0;  // 0: none, until the next walk of the thread states
+    uint64_t cframe = 0;
+  };
+  // The thread state of `tid` (cached, re-checked), or null; its first tstate_bytes_ bytes
+  // into `bytes`, followed (when *cframe_current is set true) by the current frame of the
+  // known _PyCFrame, read in the same call.
+  KnownThread* ThreadStateOf(pid_t tid, uint8_t* bytes, bool* cframe_current);
   // The kernel tid of a thread state read into `bytes`, or -1.
   pid_t TidOf(const uint8_t* tstate);
   bool CalibratePthreadTid();
-  // The thread's innermost frame (0: none), or false when unreadable.
-  bool CurrentFrame(uint64_t tstate, uint64_t* frame);
+  // The thread's innermost frame (0: none) from its state's `bytes` (see ThreadStateOf), or
+  // false when unreadable.
+  bool CurrentFrame(KnownThread& thread, const uint8_t* bytes, bool cframe_current,
+                    uint64_t* frame);
+  // Frame `address`'s first frame_size bytes: from a block of the chain read before, else
+  // from a block read now (3.11+: the frame and what lies below it), or null when unreadable.
+  const uint8_t* FrameBytes(uint64_t address);
   // The code object at `address` whose first code_size bytes are `header` (read already).
   const CodeInfo* Code(uint64_t address, const uint8_t* header);
+  // The line of `offset` in `code`.
+  int LineOf(const CodeInfo& code, int64_t offset);
   bool ReadString(uint64_t address, std::string* out);
   bool ReadBytes(uint64_t address, std::string* out);
 
   static constexpr size_t kMaxThreads = 4096;
   static constexpr size_t kMaxCodeObjects = 1 << 16;
   static constexpr size_t kMaxStringBytes = 4096;
+  static constexpr size_t kMaxTstateBytes = 512;
+  // Blocks of a chain read, each at most kChainBlock bytes ending at the end of the frame it
+  // was read for: a thread's data stack holds its frames in a row below the innermost.
+  static constexpr size_t kChainBlock = 4096;
+  static constexpr size_t kMaxChainBlocks = 8;
 
   pid_t pid_;
   Offsets offsets_;
@@ -149,7 +186,7 @@ class Interpreter {
   std::vector<elf::AddressRange> eval_ranges_;  // absolute
   std::unique_ptr<RemoteMemory> memory_;
   uint32_t tstate_bytes_ = 0;  // bytes copied of a thread state
-  absl::flat_hash_map<pid_t, uint64_t> thread_states_;
+  absl::flat_hash_map<pid_t, KnownThread> thread_states_;
   // Before 3.11: offset of the kernel tid in glibc's struct pthread (-1: not found yet).
   int64_t pthread_tid_offset_ = -1;
   uint64_t last_scan_ns_ = 0;  // CLOCK_MONOTONIC of the last walk of the thread states
@@ -163,6 +200,16 @@ class Interpreter {
     bool entry;
   };
   std::vector<ChainFrame> chain_;
+  // The blocks of the current read: [start, start + size) of the target, at `skip` in its
+  // slot of block_bytes_ (kChainBlock bytes each, sized once).
+  struct ChainBlock {
+    uint64_t start;
+    size_t size;
+    size_t skip;
+  };
+  std::array<ChainBlock, kMaxChainBlocks> blocks_;
+  size_t num_blocks_ = 0;
+  std::vector<uint8_t> block_bytes_;
   std::vector<uint64_t> code_addresses_;
   std::vector<size_t> code_sizes_;
   std::vector<uint8_t> code_headers_;

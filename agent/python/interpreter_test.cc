@@ -165,7 +165,9 @@ void CheckFramesOf(std::vector<std::string> command) {
     }
   }
   ASSERT_TRUE(module.has_value()) << "no interpreter found in " << python;
-  auto interpreter = Interpreter::Attach(child.pid, *module, bias);
+  auto owned_memory = std::make_unique<RemoteMemory>(child.pid);
+  const RemoteMemory* memory = owned_memory.get();
+  auto interpreter = Interpreter::Attach(child.pid, *module, bias, std::move(owned_memory));
   ASSERT_TRUE(interpreter.ok()) << interpreter.status();
   const bool qualified = module->minor >= 11;
 
@@ -184,6 +186,23 @@ void CheckFramesOf(std::vector<std::string> command) {
   // Python-to-Python calls run in one native eval call since 3.11; each frame has its own
   // before.
   EXPECT_EQ(main.entries, qualified ? 1u : 4u);
+  // What a read of a known thread costs: since 3.11 the thread state (with the current frame
+  // of the _PyCFrame read last), the chain in one block (3.12+: and the eval call's shim frame,
+  // on the C stack), the code objects' headers with the re-read of the current frame; before,
+  // one per frame object besides. Line tables are decoded once per offset.
+  const size_t max_reads = module->minor >= 12 ? 4u : 3u;
+  {
+    std::vector<PythonFrame> frames(256);
+    size_t n = 0, consistent = 0;
+    for (int i = 0; i < 200 && consistent < 20; ++i) {
+      const uint64_t reads = memory->reads();
+      if ((*interpreter)->ReadStack(child.pid, frames, &n) != ReadOutcome::kOk) continue;
+      ++consistent;
+      EXPECT_LE(memory->reads() - reads, qualified ? max_reads : max_reads + n) << "read " << i;
+    }
+    EXPECT_GT(consistent, 0u);
+    EXPECT_LT((*interpreter)->stats().line_misses, (*interpreter)->stats().frames / 2);
+  }
 
   Read thread;
   ASSERT_TRUE(ReadUntilConsistent(**interpreter, worker, &thread));
