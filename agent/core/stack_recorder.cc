@@ -235,11 +235,22 @@ python::Interpreter* StackRecorder::PythonOf(const Target& target, TargetState& 
   }
   spdlog::info("pid {}: Python frames of CPython {}.{} ({})", target.pid, found->major,
                found->minor, path);
+  // Its samples are expected from now on (Profiler::PythonWait).
+  python_sample_ns_ = std::max(python_sample_ns_, MonotonicNs());
   state.python = std::make_unique<PythonTarget>();
   state.python->interpreter = std::move(*attached);
   state.python->runtime = runtime;
   ++python_targets_;
   return state.python->interpreter.get();
+}
+
+void StackRecorder::FindInterpreter(const Target& target) {
+  if (options_.python_frames) PythonOf(target, StateOf(target));
+}
+
+absl::Duration StackRecorder::SincePythonSample() const {
+  const uint64_t now = MonotonicNs();
+  return absl::Nanoseconds(static_cast<int64_t>(now > python_sample_ns_ ? now - python_sample_ns_ : 0));
 }
 
 bool StackRecorder::ReadPython(python::Interpreter& interpreter, pid_t tid,
@@ -255,6 +266,7 @@ bool StackRecorder::ReadPython(python::Interpreter& interpreter, pid_t tid,
   const uint64_t delay = now > sample_time_ns ? now - sample_time_ns : 0;
   stats_.python_read_delay_ns += delay;
   stats_.python_read_delay_max_ns = std::max(stats_.python_read_delay_max_ns, delay);
+  python_sample_ns_ = std::max(python_sample_ns_, sample_time_ns);
   size_t n = 0;
   const python::ReadOutcome outcome =
       interpreter.ReadStack(tid, python_frames_, &n);

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/time/time.h"
 #include "agent/core/context_graph.h"
 #include "agent/core/interval_aggregator.h"
 #include "agent/core/leaf_histogram.h"
@@ -105,6 +106,13 @@ class StackRecorder final : public sources::StackSink {
   bool full() const { return full_; }
   // Targets whose interpreter's frames are read (their samples are best recorded soon).
   size_t python_targets() const { return python_targets_; }
+  // Looks for the target's interpreter now rather than at its first sample (so that its first
+  // samples are drained as soon as the later ones).
+  void FindInterpreter(const Target& target);
+  // CLOCK_MONOTONIC of the latest sample whose Python frames were read, or of the latest
+  // interpreter found (0: none yet), and the time since.
+  uint64_t python_sample_ns() const { return python_sample_ns_; }
+  absl::Duration SincePythonSample() const;
   void ClearFull() { full_ = false; }
   // Aggregators of capture sessions (not 0); samples of unknown sessions are not counted.
   void AddSession(uint32_t session_id);
@@ -198,6 +206,7 @@ class StackRecorder final : public sources::StackSink {
   std::vector<encoding::PathFrame> path_;
   std::vector<encoding::EdgeId> edges_;  // Record's, for stacks without a PathCache
   size_t python_targets_ = 0;
+  uint64_t python_sample_ns_ = 0;
   std::vector<python::PythonFrame> python_frames_;  // sized once: ReadPython's
   std::vector<size_t> python_group_end_;            // sized once
 };
