@@ -186,7 +186,8 @@ absl::StatusOr<std::unique_ptr<Interpreter>> Interpreter::Attach(
   // The code objects' headers, then the re-read of the thread's current frame (three words).
   interpreter->code_headers_.resize(kMaxChainFrames * interpreter->offsets_.code_size +
                                     3 * sizeof(uint64_t));
-  interpreter->block_bytes_.resize(kMaxChainBlocks * kChainBlock);
+  interpreter->scratch_.resize(kMaxTstateBytes + sizeof(uint64_t) +
+                               (kMaxHints + kMaxChainBlocks) * kChainBlock);
   return interpreter;
 }
 
@@ -243,26 +244,51 @@ bool Interpreter::CalibratePthreadTid() {
   return false;
 }
 
-Interpreter::KnownThread* Interpreter::ThreadStateOf(pid_t tid, uint8_t* bytes,
-                                                     bool* cframe_current) {
+Interpreter::KnownThread* Interpreter::ThreadStateOf(pid_t tid, bool* cframe_current) {
   *cframe_current = false;
+  num_blocks_ = 0;
+  uint8_t* bytes = scratch_.data();
   if (tstate_bytes_ > kMaxTstateBytes) return nullptr;
   if (auto it = thread_states_.find(tid); it != thread_states_.end() && it->second.tstate != 0) {
     KnownThread& known = it->second;
-    bool read = false;
+    // The thread state, the known _PyCFrame's current frame, the hints: in one call, else
+    // without the hints (memory that went away), else the thread state alone.
+    std::array<uint64_t, 2 + kMaxHints> addresses;
+    std::array<size_t, 2 + kMaxHints> sizes;
+    size_t count = 0;
+    addresses[count] = known.tstate;
+    sizes[count++] = tstate_bytes_;
     if (known.cframe != 0) {
-      const uint64_t addresses[2] = {known.tstate, known.cframe + offsets_.cframe_frame};
-      const size_t sizes[2] = {tstate_bytes_, sizeof(uint64_t)};
-      read = *cframe_current = memory_->ReadMany(addresses, sizes, 2, bytes);
+      addresses[count] = known.cframe + offsets_.cframe_frame;
+      sizes[count++] = sizeof(uint64_t);
     }
-    if (!read) {
+    const size_t fixed = count;
+    for (size_t i = 0; i < known.num_hints; ++i) {
+      addresses[count] = known.hints[i].start;
+      sizes[count++] = known.hints[i].size;
+    }
+    bool read = memory_->ReadMany(addresses.data(), sizes.data(), count, bytes);
+    if (!read && count > fixed) {
+      known.num_hints = 0;
+      read = memory_->ReadMany(addresses.data(), sizes.data(), fixed, bytes);
+    }
+    if (!read && known.cframe != 0) {
       known.cframe = 0;  // (its eval call returned, and its stack went away)
       read = memory_->Read(known.tstate, bytes, tstate_bytes_);
     }
-    if (read && TidOf(bytes) == tid) return &known;
+    if (read && TidOf(bytes) == tid) {
+      *cframe_current = known.cframe != 0;
+      scratch_used_ = tstate_bytes_ + (*cframe_current ? sizeof(uint64_t) : 0);
+      for (size_t i = 0; i < known.num_hints; ++i) {
+        blocks_[num_blocks_++] = {known.hints[i].start, known.hints[i].size, scratch_used_,
+                                  UINT64_MAX, 0};
+        scratch_used_ += known.hints[i].size;
+      }
+      return &known;
+    }
     known = {};  // gone, or now another thread's: look again
-    *cframe_current = false;
   }
+  scratch_used_ = tstate_bytes_ + sizeof(uint64_t);
   const uint64_t now = NowNs();
   if (last_scan_ns_ != 0 && now - last_scan_ns_ < kRescanGapNs) return nullptr;
   last_scan_ns_ = now;
@@ -303,15 +329,18 @@ bool Interpreter::CurrentFrame(KnownThread& thread, const uint8_t* bytes, bool c
 const uint8_t* Interpreter::FrameBytes(uint64_t address) {
   const size_t size = offsets_.frame_size;
   for (size_t i = 0; i < num_blocks_; ++i) {
-    const ChainBlock& b = blocks_[i];
+    ChainBlock& b = blocks_[i];
     if (address >= b.start && address - b.start <= b.size - size) {
-      return block_bytes_.data() + i * kChainBlock + b.skip + (address - b.start);
+      b.low = std::min(b.low, address);
+      b.high = std::max(b.high, address + size);
+      return scratch_.data() + b.at + (address - b.start);
     }
   }
-  if (address > UINT64_MAX - size) return nullptr;
-  // The last block is replaced once all are taken (a chain through that many generators).
-  const size_t slot = num_blocks_ < kMaxChainBlocks ? num_blocks_++ : kMaxChainBlocks - 1;
-  uint8_t* to = block_bytes_.data() + slot * kChainBlock;
+  if (address > UINT64_MAX - size || num_blocks_ == blocks_.size() ||
+      scratch_used_ + kChainBlock > scratch_.size()) {
+    return nullptr;
+  }
+  uint8_t* to = scratch_.data() + scratch_used_;
   const uint64_t end = address + size;
   // Frame objects (before 3.11) lie anywhere on the heap: only the frame. Else the block
   // below it, clipped to the frame's page when that reaches unmapped memory (the data stack
@@ -322,12 +351,23 @@ const uint8_t* Interpreter::FrameBytes(uint64_t address) {
   }
   const uint64_t page = address & ~uint64_t{4095};
   const uint64_t from = memory_->ReadDownTo(start, end - start, page, to);
-  if (from == 0) {
-    num_blocks_ -= slot + 1 == num_blocks_;
-    return nullptr;
-  }
-  blocks_[slot] = {from, end - from, from - start};
+  if (from == 0) return nullptr;
+  blocks_[num_blocks_++] = {from, end - from, scratch_used_ + (from - start), address, end};
+  scratch_used_ += end - start;
   return to + (address - start);
+}
+
+void Interpreter::KeepHints(KnownThread& thread) {
+  thread.num_hints = 0;
+  for (size_t i = 0; i < num_blocks_ && thread.num_hints < kMaxHints; ++i) {
+    const ChainBlock& b = blocks_[i];
+    if (b.high == 0) continue;  // not used by this walk
+    // Up to kHintAbove past the used part, within its last page (mapped as a whole).
+    const uint64_t page_end = ((b.high - 1) | 4095) + 1;
+    const uint64_t end = std::min(b.high + kHintAbove, page_end);
+    if (end - b.low > kChainBlock) continue;
+    thread.hints[thread.num_hints++] = {b.low, static_cast<uint32_t>(end - b.low)};
+  }
 }
 
 bool Interpreter::ReadBytes(uint64_t address, std::string* out) {
@@ -414,24 +454,24 @@ ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t
   *count = 0;
   ++stats_.reads;
   if (code_.size() >= kMaxCodeObjects) code_.clear();  // before any frame points into it
-  std::array<uint8_t, kMaxTstateBytes + sizeof(uint64_t)> tstate_bytes;
   bool cframe_current = false;
-  KnownThread* thread = ThreadStateOf(tid, tstate_bytes.data(), &cframe_current);
+  KnownThread* thread = ThreadStateOf(tid, &cframe_current);
   if (thread == nullptr) return ReadOutcome::kNoThread;
+  const uint8_t* tstate_bytes = scratch_.data();
   auto inconsistent = [this] {
     ++stats_.inconsistent;
     return ReadOutcome::kInconsistent;
   };
   uint64_t leaf = 0;
-  if (!CurrentFrame(*thread, tstate_bytes.data(), cframe_current, &leaf)) return inconsistent();
+  if (!CurrentFrame(*thread, tstate_bytes, cframe_current, &leaf)) return inconsistent();
   const bool frame_objects = offsets_.layout == FrameLayout::kFrameObject;
   if (offsets_.frame_size > kChainBlock) return inconsistent();
-  // First the chain (in blocks, FrameBytes), then every frame's code object header and the
-  // re-read of the current frame in one batch, then names and lines (from the cache; a code
-  // object seen first costs its strings).
+  // First the chain (in blocks, FrameBytes; those where the last read found frames came with
+  // the thread state), then every frame's code object header and the re-read of the current
+  // frame in one batch, then names and lines (from the cache; a code object seen first costs
+  // its strings).
   visited_.clear();
   chain_.clear();
-  num_blocks_ = 0;
   for (uint64_t frame = leaf; frame != 0;) {
     if (visited_.size() >= kMaxChainFrames ||
         std::find(visited_.begin(), visited_.end(), frame) != visited_.end()) {
@@ -472,7 +512,7 @@ ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t
   }
   // The thread ran on while we read if its current frame or that frame's code moved: read
   // again after the headers, in the same call (the reads of one call are made in order).
-  const uint64_t frame_field = FieldAt<uint64_t>(tstate_bytes.data(), offsets_.tstate_frame);
+  const uint64_t frame_field = FieldAt<uint64_t>(tstate_bytes, offsets_.tstate_frame);
   const bool through_cframe = offsets_.cframe_frame != kNoOffset && frame_field != 0;
   code_addresses_.push_back(thread->tstate + offsets_.tstate_frame);
   code_sizes_.push_back(sizeof(uint64_t));
@@ -504,6 +544,7 @@ ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t
     f.line = LineOf(*info, chain_[i].offset);
     f.entry = chain_[i].entry;
   }
+  KeepHints(*thread);
   *count = n;
   stats_.frames += n;
   return ReadOutcome::kOk;

@@ -146,14 +146,24 @@ class Interpreter {
   // A thread state found for a tid, and (3.11, 3.12) the _PyCFrame its last read went
   // through: the next read takes that _PyCFrame's current frame along with the thread state,
   // and uses it while the thread state still points there.
+  // `hints`: where the frames of its last read lay (the used part of each block, up to a
+  // little above, within the page: a deeper call's frame), read along with the thread state.
+  struct Range {
+    uint64_t start;
+    uint32_t size;
+  };
+  static constexpr size_t kMaxHints = 4;
   struct KnownThread {
     uint64_t tstate = 0;  // 0: none, until the next walk of the thread states
     uint64_t cframe = 0;
+    std::array<Range, kMaxHints> hints;
+    size_t num_hints = 0;
   };
-  // The thread state of `tid` (cached, re-checked), or null; its first tstate_bytes_ bytes
-  // into `bytes`, followed (when *cframe_current is set true) by the current frame of the
-  // known _PyCFrame, read in the same call.
-  KnownThread* ThreadStateOf(pid_t tid, uint8_t* bytes, bool* cframe_current);
+  // The thread state of `tid` (cached, re-checked), or null. Its first tstate_bytes_ bytes go
+  // to the start of scratch_, followed (when *cframe_current is set true) by the current
+  // frame of the known _PyCFrame, and the thread's hints as blocks (blocks_), read in the
+  // same call.
+  KnownThread* ThreadStateOf(pid_t tid, bool* cframe_current);
   // The kernel tid of a thread state read into `bytes`, or -1.
   pid_t TidOf(const uint8_t* tstate);
   bool CalibratePthreadTid();
@@ -164,6 +174,8 @@ class Interpreter {
   // Frame `address`'s first frame_size bytes: from a block of the chain read before, else
   // from a block read now (3.11+: the frame and what lies below it), or null when unreadable.
   const uint8_t* FrameBytes(uint64_t address);
+  // The thread's hints from the blocks the last walk used.
+  void KeepHints(KnownThread& thread);
   // The code object at `address` whose first code_size bytes are `header` (read already).
   const CodeInfo* Code(uint64_t address, const uint8_t* header);
   // The line of `offset` in `code`.
@@ -179,6 +191,7 @@ class Interpreter {
   // was read for: a thread's data stack holds its frames in a row below the innermost.
   static constexpr size_t kChainBlock = 4096;
   static constexpr size_t kMaxChainBlocks = 8;
+  static constexpr size_t kHintAbove = 512;
 
   pid_t pid_;
   Offsets offsets_;
@@ -200,16 +213,19 @@ class Interpreter {
     bool entry;
   };
   std::vector<ChainFrame> chain_;
-  // The blocks of the current read: [start, start + size) of the target, at `skip` in its
-  // slot of block_bytes_ (kChainBlock bytes each, sized once).
+  // The blocks of the current read: [start, start + size) of the target at scratch_[at], and
+  // the part of it the walk used, [low, high).
   struct ChainBlock {
     uint64_t start;
     size_t size;
-    size_t skip;
+    size_t at;
+    uint64_t low, high;
   };
-  std::array<ChainBlock, kMaxChainBlocks> blocks_;
+  std::array<ChainBlock, kMaxHints + kMaxChainBlocks> blocks_;
   size_t num_blocks_ = 0;
-  std::vector<uint8_t> block_bytes_;
+  // The current read's thread state, then its blocks (scratch_used_ bytes so far); sized once.
+  std::vector<uint8_t> scratch_;
+  size_t scratch_used_ = 0;
   std::vector<uint64_t> code_addresses_;
   std::vector<size_t> code_sizes_;
   std::vector<uint8_t> code_headers_;
