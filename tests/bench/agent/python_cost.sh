@@ -8,6 +8,7 @@
 #           GIL), Python frames read at the default --python-read-period-ms (1)
 #   py10    the same, --python-read-period-ms 10
 #   py-off  the same, --python-frames off (the eval loop's native frames only)
+#   NAME-base  case NAME with the agent BASE_AGENT (another build, e.g. before a change)
 # For each agent: its CPU over a window of SECONDS after a WARMUP (on-CPU ns of all its
 # threads, /proc/PID/task/*/schedstat: start-up is not counted), the samples of that window
 # (the agent's "stopping: N samples" scaled by the target's CPU in the window against its CPU
@@ -19,7 +20,8 @@
 #   env: BUILD (default <repo>/build; binaries in BUILD/bin), PYTHON (default
 #        /usr/bin/python3.11), CASES (default "cpp py py-off"), HZ (default 499), WARMUP
 #        (default 5 s), INTERVAL (agent --interval, default 10), AGENT_ARGS (extra flags for
-#        every agent), KEEP=1 (keep the temp dir)
+#        every agent), BASE_AGENT (the agent binary of the -base cases), KEEP=1 (keep the
+#        temp dir)
 #
 # Single runs on whatever machine this is: compare the cases of one run, not runs.
 set -euo pipefail
@@ -51,6 +53,7 @@ trap 'exit 130' INT TERM
 # Copies, so a concurrent rebuild cannot change them mid-run.
 mkdir -p "$work/bin"
 for b in strata-server strata-agent demo_service; do cp "$BUILD/bin/$b" "$work/bin/$b"; done
+[[ -z "${BASE_AGENT:-}" ]] || cp "$BASE_AGENT" "$work/bin/strata-agent-base"
 
 cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{ns += $1} END {print ns + 0}'; }
 # wait_for WHAT TIMEOUT PID LOG PATTERN: until LOG holds PATTERN while PID lives.
@@ -75,7 +78,7 @@ port=$(sed -n 's/.*ready on port \([0-9]*\).*/\1/p' "$work/server.log" | head -1
 declare -A target agent
 run_seconds=$((WARMUP + seconds + 120))
 for c in $CASES; do
-  case $c in
+  case ${c%-base} in
     cpp) "$work/bin/demo_service" --threads 2 --seconds "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
     py | py10 | py-off) "$PYTHON" "$workload" "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
     *) echo "python_cost.sh: unknown case $c" >&2; exit 2 ;;
@@ -87,12 +90,17 @@ for c in $CASES; do wait_for "$c ready" 60 "${target[$c]}" "$work/$c.target.log"
 declare -A attach_cpu
 for c in $CASES; do
   flags=()
-  case $c in
+  case ${c%-base} in
     py10) flags=(--python-read-period-ms 10) ;;
     py-off) flags=(--python-frames off) ;;
   esac
+  bin=$work/bin/strata-agent
+  if [[ $c == *-base ]]; then
+    [[ -n "${BASE_AGENT:-}" ]] || { echo "python_cost.sh: case $c needs BASE_AGENT" >&2; exit 2; }
+    bin=$work/bin/strata-agent-base
+  fi
   # shellcheck disable=SC2086  # AGENT_ARGS is a list of flags
-  "$work/bin/strata-agent" --server "127.0.0.1:$port" --pid "${target[$c]}" --frequency "$HZ" \
+  "$bin" --server "127.0.0.1:$port" --pid "${target[$c]}" --frequency "$HZ" \
     --interval "$INTERVAL" --spool-dir none "${flags[@]}" $AGENT_ARGS >"$work/$c.agent.log" 2>&1 &
   agent[$c]=$!
   pids+=($!)
@@ -113,7 +121,7 @@ done
 for c in $CASES; do wait "${agent[$c]}" || true; done
 
 echo "agent CPU per sample, ${seconds} s window after ${WARMUP} s, $HZ Hz, cases run at once"
-printf '%-7s %9s %9s %9s %9s %10s %8s %10s\n' case agent_ms samples us/sample x_cpp \
+printf '%-11s %9s %9s %9s %9s %10s %8s %10s\n' case agent_ms samples us/sample x_cpp \
   wake/smpl stale% delay_ms
 cpp_us=
 for c in $CASES; do
@@ -127,10 +135,10 @@ for c in $CASES; do
       -v s="${stale:-}" -v d="${delay:--}" -v cpp="$cpp_us" -v c="$c" 'BEGIN {
     win = n * (t1 - t0) / (te > ta ? te - ta : 1)      # samples of the window
     us = win > 0 ? (a1 - a0) / 1e3 / win : 0
-    printf "%-7s %9.1f %9d %9.1f %9s %10.1f %8s %10s %.3f\n", c, (a1 - a0) / 1e6, win, us,
+    printf "%-11s %9.1f %9d %9.1f %9s %10.1f %8s %10s %.3f\n", c, (a1 - a0) / 1e6, win, us,
       cpp == "" ? "-" : sprintf("%.2f", us / cpp), w / (n > 0 ? n : 1), \
       s == "" ? "-" : sprintf("%.2f", 100 * s / (n > 0 ? n : 1)), d, us }')
   [[ $c == cpp ]] && cpp_us=${row##* }
   echo "${row% *}"
-  sed -n 's/.*\] \(sampling: .*\)/        \1/p; s/.*\] \(python: .*\)/        \1/p' "$log"
+  sed -n 's/.*\] \(sampling: .*\)/            \1/p; s/.*\] \(python: .*\)/            \1/p' "$log"
 done
