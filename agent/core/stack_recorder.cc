@@ -250,7 +250,8 @@ void StackRecorder::FindInterpreter(const Target& target) {
 
 absl::Duration StackRecorder::SincePythonSample() const {
   const uint64_t now = MonotonicNs();
-  return absl::Nanoseconds(static_cast<int64_t>(now > python_sample_ns_ ? now - python_sample_ns_ : 0));
+  const uint64_t since = now > python_sample_ns_ ? now - python_sample_ns_ : 0;
+  return absl::Nanoseconds(static_cast<int64_t>(since));
 }
 
 bool StackRecorder::ReadPython(python::Interpreter& interpreter, pid_t tid,

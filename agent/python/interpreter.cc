@@ -181,8 +181,8 @@ absl::StatusOr<std::unique_ptr<Interpreter>> Interpreter::Attach(
   interpreter->tstate_bytes_ = end + 8;
   interpreter->visited_.reserve(kMaxChainFrames);
   interpreter->chain_.reserve(kMaxChainFrames);
-  interpreter->code_addresses_.reserve(kMaxChainFrames);
-  interpreter->code_sizes_.reserve(kMaxChainFrames);
+  interpreter->code_addresses_.reserve(kMaxChainFrames + 3);
+  interpreter->code_sizes_.reserve(kMaxChainFrames + 3);
   // The code objects' headers, then the re-read of the thread's current frame (three words).
   interpreter->code_headers_.resize(kMaxChainFrames * interpreter->offsets_.code_size +
                                     3 * sizeof(uint64_t));
@@ -410,7 +410,7 @@ bool Interpreter::ReadString(uint64_t address, std::string* out) {
   return true;
 }
 
-const CodeInfo* Interpreter::Code(uint64_t address, const uint8_t* header) {
+const CodeInfo* Interpreter::Code(uint64_t address, const uint8_t* header, uint64_t now) {
   const uint8_t* bytes = header;
   const uint32_t name_at =
       offsets_.code_qualname != kNoOffset ? offsets_.code_qualname : offsets_.code_name;
@@ -421,6 +421,7 @@ const CodeInfo* Interpreter::Code(uint64_t address, const uint8_t* header) {
   std::unique_ptr<CodeInfo>& slot = code_[address];
   if (slot != nullptr && slot->name_ptr == name && slot->filename_ptr == filename &&
       slot->line_table_ptr == table && slot->first_line == first_line) {
+    slot->checked_ns = now;
     return slot.get();
   }
   // First sight, or the address holds another code object now.
@@ -435,6 +436,7 @@ const CodeInfo* Interpreter::Code(uint64_t address, const uint8_t* header) {
   info->name_ptr = name;
   info->filename_ptr = filename;
   info->line_table_ptr = table;
+  info->checked_ns = now;
   slot = std::move(info);
   return slot.get();
 }
@@ -500,16 +502,28 @@ ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t
     }
     chain_.push_back({code, offset,
                       frame_objects || (offsets_.frame_is_entry != kNoOffset &&
-                                        bytes[offsets_.frame_is_entry] != 0)});
+                                        bytes[offsets_.frame_is_entry] != 0),
+                      nullptr});
     frame = previous;
   }
   const size_t n = chain_.size();
+  // Code objects checked within kCodeRecheckNs are taken from the cache as they are (a frame
+  // holds its code object: only one freed since could have left its address to another);
+  // the others' headers are read to be checked.
+  const uint64_t now = NowNs();
   code_addresses_.clear();
   code_sizes_.clear();
-  for (const ChainFrame& f : chain_) {
+  for (ChainFrame& f : chain_) {
+    auto it = code_.find(f.code);
+    f.info = it != code_.end() && it->second != nullptr &&
+                     now - it->second->checked_ns < kCodeRecheckNs
+                 ? it->second.get()
+                 : nullptr;
+    if (f.info != nullptr) continue;
     code_addresses_.push_back(f.code);
     code_sizes_.push_back(offsets_.code_size);
   }
+  const size_t headers = code_addresses_.size();
   // The thread ran on while we read if its current frame or that frame's code moved: read
   // again after the headers, in the same call (the reads of one call are made in order).
   const uint64_t frame_field = FieldAt<uint64_t>(tstate_bytes, offsets_.tstate_frame);
@@ -528,7 +542,7 @@ ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t
                          code_headers_.data())) {
     return inconsistent();
   }
-  const uint8_t* again = code_headers_.data() + n * offsets_.code_size;
+  const uint8_t* again = code_headers_.data() + headers * offsets_.code_size;
   if (FieldAt<uint64_t>(again, 0) != frame_field) return inconsistent();
   again += sizeof(uint64_t);
   if (through_cframe) {
@@ -536,8 +550,13 @@ ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t
     again += sizeof(uint64_t);
   }
   if (n > 0 && FieldAt<uint64_t>(again, 0) != chain_[0].code) return inconsistent();
+  const uint8_t* header = code_headers_.data();
   for (size_t i = 0; i < n; ++i) {
-    const CodeInfo* info = Code(chain_[i].code, code_headers_.data() + i * offsets_.code_size);
+    const CodeInfo* info = chain_[i].info;
+    if (info == nullptr) {
+      info = Code(chain_[i].code, header, now);
+      header += offsets_.code_size;
+    }
     if (info == nullptr) return inconsistent();
     PythonFrame& f = out[i];
     f.code = info;

@@ -10,18 +10,20 @@
 //
 // ReadStack(tid) finds the thread's state (by native_thread_id on 3.11+, by the pthread's tid
 // before, see below), follows its frame chain from the innermost frame and returns, innermost
-// first, each frame's code object (names, file, line table: cached by address and re-checked
-// on every use) and line, with `entry` set on the outermost frame each native eval-loop call
-// runs. It reads a running thread: a chain that changed while it was read (the current frame
-// or the leaf's code moved, a cycle, a chain deeper than asked for, memory that went away) is
-// reported as kInconsistent, never returned as frames.
+// first, each frame's code object (names, file, line table: cached by address, re-checked
+// when last checked more than kCodeRecheckNs ago) and line, with `entry` set on the outermost
+// frame each native eval-loop call runs. It reads a running thread: a chain that changed while
+// it was read (the current frame or the leaf's code moved, a cycle, a chain deeper than asked
+// for, memory that went away) is reported as kInconsistent, never returned as frames.
 //
 // A read costs few system calls (it runs for every sample of a Python thread): the thread
 // state with the current frame of the _PyCFrame the thread's last read went through (3.11,
-// 3.12), the frame chain in blocks of the thread's data stack (3.11+: frames lie next to each
-// other there, a generator's inside its object), then every code object's header together with
-// the re-read of the current frame and the leaf's code that shows the chain held still.
-// Typically 3 to 5 calls; frame objects before 3.11 cost one per frame.
+// 3.12) and the memory where its last read found frames; then the frames not found there, in
+// blocks of the thread's data stack (3.11+: frames lie next to each other there, a
+// generator's inside its object); then the headers of code objects due for a check together
+// with the re-read of the current frame and the leaf's code that shows the chain held still.
+// Two calls for a chain like the last; frame objects before 3.11 cost one per frame besides
+// the innermost four.
 //
 // Threads before 3.11 carry only the pthread_t (the address of glibc's struct pthread); the
 // kernel tid inside that struct is found once per process: the offset at which the thread
@@ -77,8 +79,10 @@ struct CodeInfo {
   std::string filename;  // co_filename
   int first_line = 0;
   std::string line_table;
-  // What a later use compares, to see the address now holds another code object.
+  // What a later use compares, to see the address now holds another code object, and when
+  // it last did (CLOCK_MONOTONIC).
   uint64_t name_ptr = 0, filename_ptr = 0, line_table_ptr = 0;
+  uint64_t checked_ns = 0;
   // For the owner: e.g. the function node it resolved this code object to (0: none yet).
   mutable uint32_t owner_id = 0;
   // Lines of offsets decoded before (direct-mapped by offset): the offsets of a thread's
@@ -176,8 +180,9 @@ class Interpreter {
   const uint8_t* FrameBytes(uint64_t address);
   // The thread's hints from the blocks the last walk used.
   void KeepHints(KnownThread& thread);
-  // The code object at `address` whose first code_size bytes are `header` (read already).
-  const CodeInfo* Code(uint64_t address, const uint8_t* header);
+  // The code object at `address` whose first code_size bytes are `header` (read already, at
+  // `now`).
+  const CodeInfo* Code(uint64_t address, const uint8_t* header, uint64_t now);
   // The line of `offset` in `code`.
   int LineOf(const CodeInfo& code, int64_t offset);
   bool ReadString(uint64_t address, std::string* out);
@@ -192,6 +197,8 @@ class Interpreter {
   static constexpr size_t kChainBlock = 4096;
   static constexpr size_t kMaxChainBlocks = 8;
   static constexpr size_t kHintAbove = 512;
+  // A cached code object is trusted this long after its header was last compared.
+  static constexpr uint64_t kCodeRecheckNs = 250'000'000;
 
   pid_t pid_;
   Offsets offsets_;
@@ -211,6 +218,7 @@ class Interpreter {
     uint64_t code;
     int64_t offset;
     bool entry;
+    const CodeInfo* info;  // from the cache, unchecked (see kCodeRecheckNs)
   };
   std::vector<ChainFrame> chain_;
   // The blocks of the current read: [start, start + size) of the target at scratch_[at], and
