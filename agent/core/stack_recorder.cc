@@ -486,11 +486,21 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   std::vector<encoding::EdgeId>& edges = cache != nullptr ? cache->edges : edges_;
   // Frames kept from the thread's last stack keep their path frames and edge IDs. Never that
   // stack's leaf: its node was resolved from an exact pc, not from a return address.
-  // Not for a Python target: the Python frames under kept native ones may have changed.
+  // In a Python target only those outside the outermost eval-loop frame: the Python frames
+  // under kept eval-loop frames may have changed, and path frames stand for native frames one
+  // for one only up to there (in the last stack too: the kept frames are the same).
   size_t keep = 0;
   if (cache != nullptr && !path.empty() && cache->epoch == target.maps_epoch &&
-      cache->truncated == truncated && state.python == nullptr) {
+      cache->truncated == truncated) {
     keep = std::min({outer_kept, path.size() - 1, edges.size(), num_frames - 1});
+    if (state.python != nullptr) {
+      const python::Interpreter& interpreter = *state.python->interpreter;
+      size_t outside = 0;
+      while (outside < keep && !interpreter.InEvalLoop(frames[num_frames - 1 - outside].pc - 1)) {
+        ++outside;
+      }
+      keep = outside;
+    }
   }
   path.resize(keep);
   // Eval-loop frames met so far count down from the outermost: the g-th from the leaf runs

@@ -12,8 +12,9 @@
 // native `_PyEval_EvalFrameDefault` frame of a sample is replaced by the Python frames it runs,
 // read from the interpreter's thread state when the sample is recorded (the thread has run on
 // since the sample: the read must agree with the sample's eval-loop frames, else the stack
-// keeps them and is counted as python_stale). Their path prefix is not reused from the
-// previous sample (the Python frames under a kept native prefix may differ).
+// keeps them and is counted as python_stale). Of their path prefix only the frames outside
+// the outermost eval-loop frame are reused from the previous sample (the Python frames under a
+// kept eval-loop frame may differ).
 //
 // Single-threaded: the agent's main loop. A sample of a known thread allocates nothing.
 #ifndef STRATA_AGENT_CORE_STACK_RECORDER_H_
