@@ -77,6 +77,7 @@ struct StackRecorderStats {
   uint64_t python_torn = 0;       // ... the chain changed while read (or no thread state)
   uint64_t python_mismatch = 0;   // ... its groups did not match the eval-loop frames
   uint64_t python_reads = 0;      // reads of a thread's Python frames
+  uint64_t python_reused = 0;     // ... that took the thread's read for its previous sample
   uint64_t python_read_delay_ns = 0;      // sum over the reads: read time - sample time
   uint64_t python_read_delay_max_ns = 0;
 };
@@ -210,6 +211,17 @@ class StackRecorder final : public sources::StackSink {
   uint64_t python_sample_ns_ = 0;
   std::vector<python::PythonFrame> python_frames_;  // sized once: ReadPython's
   std::vector<size_t> python_group_end_;            // sized once
+  // The read python_frames_ hold (ReadPython takes it again for the thread's next sample when
+  // it is recent enough). `interpreter` null: none.
+  struct PythonRead {
+    const python::Interpreter* interpreter = nullptr;
+    pid_t tid = 0;
+    uint64_t time_ns = 0;
+    python::ReadOutcome outcome = python::ReadOutcome::kOk;
+    size_t frames = 0;
+    size_t groups = 0;
+  };
+  PythonRead last_python_read_;
 };
 
 }  // namespace strata::agent
