@@ -247,6 +247,7 @@ bool Interpreter::CalibratePthreadTid() {
 Interpreter::KnownThread* Interpreter::ThreadStateOf(pid_t tid, bool* cframe_current) {
   *cframe_current = false;
   num_blocks_ = 0;
+  blocks_read_ = 0;
   uint8_t* bytes = scratch_.data();
   if (tstate_bytes_ > kMaxTstateBytes) return nullptr;
   if (auto it = thread_states_.find(tid); it != thread_states_.end() && it->second.tstate != 0) {
@@ -336,22 +337,24 @@ const uint8_t* Interpreter::FrameBytes(uint64_t address) {
       return scratch_.data() + b.at + (address - b.start);
     }
   }
-  if (address > UINT64_MAX - size || num_blocks_ == blocks_.size() ||
-      scratch_used_ + kChainBlock > scratch_.size()) {
-    return nullptr;
+  if (address > UINT64_MAX - size) return nullptr;
+  // Frame objects (before 3.11) lie anywhere on the heap: only the frame. Else the block
+  // below it (the first of a read a whole one; later ones mostly hold a generator's frame),
+  // clipped to the frame's page when that reaches unmapped memory (the data stack chunk's
+  // start).
+  const size_t block = blocks_read_ == 0 ? kChainBlock : kChainBlock / 4;
+  if (num_blocks_ == blocks_.size() || scratch_used_ + block > scratch_.size()) {
+    // Out of blocks (a chain through many generators): the frame alone.
+    return memory_->Read(address, frame_bytes_.data(), size) ? frame_bytes_.data() : nullptr;
   }
   uint8_t* to = scratch_.data() + scratch_used_;
   const uint64_t end = address + size;
-  // Frame objects (before 3.11) lie anywhere on the heap: only the frame. Else the block
-  // below it, clipped to the frame's page when that reaches unmapped memory (the data stack
-  // chunk's start).
   uint64_t start = address;
-  if (offsets_.layout != FrameLayout::kFrameObject) {
-    start = end > kChainBlock ? end - kChainBlock : 0;
-  }
+  if (offsets_.layout != FrameLayout::kFrameObject) start = end > block ? end - block : 0;
   const uint64_t page = address & ~uint64_t{4095};
   const uint64_t from = memory_->ReadDownTo(start, end - start, page, to);
   if (from == 0) return nullptr;
+  ++blocks_read_;
   blocks_[num_blocks_++] = {from, end - from, scratch_used_ + (from - start), address, end};
   scratch_used_ += end - start;
   return to + (address - start);
@@ -467,7 +470,7 @@ ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t
   uint64_t leaf = 0;
   if (!CurrentFrame(*thread, tstate_bytes, cframe_current, &leaf)) return inconsistent();
   const bool frame_objects = offsets_.layout == FrameLayout::kFrameObject;
-  if (offsets_.frame_size > kChainBlock) return inconsistent();
+  if (offsets_.frame_size > kMaxCopiedStruct) return inconsistent();
   // First the chain (in blocks, FrameBytes; those where the last read found frames came with
   // the thread state), then every frame's code object header and the re-read of the current
   // frame in one batch, then names and lines (from the cache; a code object seen first costs

@@ -231,9 +231,11 @@ class Interpreter {
   };
   std::array<ChainBlock, kMaxHints + kMaxChainBlocks> blocks_;
   size_t num_blocks_ = 0;
+  size_t blocks_read_ = 0;  // by FrameBytes, in the current read
   // The current read's thread state, then its blocks (scratch_used_ bytes so far); sized once.
   std::vector<uint8_t> scratch_;
   size_t scratch_used_ = 0;
+  std::array<uint8_t, kMaxCopiedStruct> frame_bytes_;  // a frame read alone
   std::vector<uint64_t> code_addresses_;
   std::vector<size_t> code_sizes_;
   std::vector<uint8_t> code_headers_;

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -220,6 +221,46 @@ void CheckFramesOf(std::vector<std::string> command) {
   size_t none = 0;
   EXPECT_EQ((*interpreter)->ReadStack(999999, std::span<PythonFrame>(), &none),
             ReadOutcome::kNoThread);
+}
+
+// A chain through more coroutines, each frame in its own object, than a read keeps blocks of
+// memory for: every frame still comes, in every read.
+TEST(InterpreterTest, ReadsAChainThroughManyCoroutines) {
+  constexpr char kPython[] = "/usr/bin/python3.11";
+  if (!std::filesystem::exists(kPython)) GTEST_SKIP() << kPython << " is not installed";
+  constexpr int kDepth = 150;
+  strata::testing::TempDir dir;
+  const std::string script = dir.path() + "/nested.py";
+  std::ofstream(script) << "import asyncio, threading\n"
+                           "async def level(n):\n"
+                           "    if n == 0:\n"
+                           "        print(threading.get_native_id(), flush=True)\n"
+                           "        x = 0\n"
+                           "        while True: x += 1\n"
+                           "    await level(n - 1)\n"
+                           "asyncio.run(level("
+                        << kDepth << "))\n";
+  Child child;
+  pid_t main_tid = 0;
+  ASSERT_TRUE(Start({kPython, "-S", script}, &child, &main_tid));
+  symbols::ModuleCache cache;
+  symbols::ProcessAddressSpace space(child.pid, &cache);
+  ASSERT_TRUE(space.Refresh().ok());
+  std::unique_ptr<Interpreter> interpreter;
+  space.ForEachModule([&](const symbols::Module& m, int64_t bias) {
+    absl::StatusOr<InterpreterModule> found = InspectModule(*m.elf, m.symbols, m.path);
+    if (interpreter != nullptr || !found.ok()) return;
+    if (auto attached = Interpreter::Attach(child.pid, *found, bias); attached.ok()) {
+      interpreter = std::move(*attached);
+    }
+  });
+  ASSERT_NE(interpreter, nullptr);
+  for (int i = 0; i < 3; ++i) {
+    Read read;
+    ASSERT_TRUE(ReadUntilConsistent(*interpreter, main_tid, &read));
+    EXPECT_EQ(std::count(read.names.begin(), read.names.end(), "level"), kDepth + 1)
+        << ::testing::PrintToString(read.names);
+  }
 }
 
 class InterpreterTest : public ::testing::TestWithParam<std::string> {};
