@@ -109,25 +109,12 @@ absl::Status Profiler::Poll(absl::Duration timeout) {
 }
 
 absl::Duration Profiler::PythonWait() {
+  constexpr int kMaxBackoffPeriods = 2;
   constexpr absl::Duration kIdle = absl::Seconds(1);
   // After the sample's time, for the sample to be in the ring and the timer to be late.
   constexpr absl::Duration kLanding = absl::Microseconds(150);
-  constexpr absl::Duration kRateWindow = absl::Milliseconds(100);
-  constexpr double kMinShare = 1.0 / 4;
   const absl::Duration period = options_.python_read_period;
   const uint64_t latest = recorder_.python_sample_ns();
-  // The CPU Python threads get, in cores, from their samples over the last window: a thread
-  // changes its frames only while it runs, so one that gets less of a CPU may wait longer.
-  const absl::Time now = absl::Now();
-  if (now - python_window_start_ >= kRateWindow) {
-    const uint64_t reads = recorder_.stats().python_reads;
-    const double share = static_cast<double>(reads - python_window_reads_) /
-                         absl::ToDoubleSeconds(now - python_window_start_) /
-                         std::max<uint32_t>(continuous_hz_, 1);
-    python_share_ = std::clamp((python_share_ + share) / 2, kMinShare, 1.0);
-    python_window_start_ = now;
-    python_window_reads_ = reads;
-  }
   if (latest != python_sample_seen_ns_) {  // the last drain read Python frames
     python_sample_seen_ns_ = latest;
     python_backoff_ = period / 2;  // the first wait without a sample: one period
@@ -137,7 +124,7 @@ absl::Duration Profiler::PythonWait() {
     return next > kLanding ? std::max(next, period) : period;
   }
   if (latest == 0 || recorder_.SincePythonSample() > kIdle) return absl::InfiniteDuration();
-  python_backoff_ = std::min(python_backoff_ * 2, period / python_share_);
+  python_backoff_ = std::min(python_backoff_ * 2, period * kMaxBackoffPeriods);
   return python_backoff_;
 }
 

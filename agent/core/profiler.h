@@ -80,9 +80,8 @@ struct ProfilerOptions : DiscoveryOptions {
   // The sooner after the sample a thread's frames are read, the fewer have changed (the rest
   // are counted as python_stale): while such targets run Python, samples are drained about one
   // sampling period after the last Python sample (when a thread that keeps running is sampled
-  // again), then every python_read_period, backing off while none come to the period divided
-  // by the share of a CPU Python threads got lately (a thread moves on only while it runs: at
-  // most 4 periods), and after a second without any only with the rest (PythonWait).
+  // again), then every python_read_period, backing off to 2 periods while none come, and
+  // after a second without any only with the rest (PythonWait).
   bool python_frames = true;
   absl::Duration python_read_period = absl::Milliseconds(1);
 };
@@ -191,11 +190,6 @@ class Profiler final : public SamplingSessions {
   // wait while no later one comes.
   uint64_t python_sample_seen_ns_ = 0;
   absl::Duration python_backoff_;
-  // The cores Python threads ran on lately (from their samples per second), and the window
-  // it is measured over.
-  double python_share_ = 1;
-  absl::Time python_window_start_ = absl::InfinitePast();
-  uint64_t python_window_reads_ = 0;
   // Targets attached to each capture session.
   absl::flat_hash_map<uint32_t, size_t> session_targets_;
 };
