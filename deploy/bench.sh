@@ -5,7 +5,7 @@
 #
 #   deploy/bench.sh                 all of them
 #   deploy/bench.sh table unwind    only those (backbone encoding table unwind mips64 query fleet tls
-#                                   faults agent fdo symbolize cluster)
+#                                   faults agent python fdo symbolize cluster)
 #
 # Figures are single runs on whatever machine this is: compare ratios, not absolute times.
 set -euo pipefail
@@ -17,7 +17,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_BUILD
 cmake --build "$build" -j "$(nproc)"
 bin=$build/bin
 want=("$@")
-[[ ${#want[@]} -gt 0 ]] || want=(backbone encoding table unwind mips64 query fleet tls faults agent fdo symbolize cluster)
+[[ ${#want[@]} -gt 0 ]] || want=(backbone encoding table unwind mips64 query fleet tls faults agent python fdo symbolize cluster)
 for b in "${want[@]}"; do
   echo "===== $b"
   case $b in
@@ -33,6 +33,7 @@ for b in "${want[@]}"; do
     tls) tests/bench/fleet/tls.sh "$bin" ;;
     faults) tests/bench/faults/outage_rss.sh 30 "$bin" ;;
     agent) BUILD="$(cd "$build" && pwd)" tests/bench/agent/overhead.sh ;;  # vs perf record, dwarf
+    python) BUILD="$(cd "$build" && pwd)" tests/bench/agent/python_cost.sh ;;  # C++ vs Python targets
     fdo) tests/bench/fdo/fdo.sh "$bin" ;;
     symbolize) "$bin/symbolize_benchmark" --benchmark_min_time=0.5 ;;  # per frame, vs addr2line
     cluster) tests/bench/cluster/cluster.sh "$bin" ;;  # per node count, RF 1 vs 2, fan-out queries

@@ -59,12 +59,9 @@ absl::StatusOr<Wakeup> Poller::Wait(absl::Duration timeout) {
       wait = std::min(wait, rearm - now);
     }
   }
-  const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
-      absl::ToInt64Milliseconds(absl::Ceil(std::max(wait, absl::ZeroDuration()),
-                                           absl::Milliseconds(1))),
-      0, INT32_MAX));
   epoll_event events[Wakeup::kMaxEvents];
-  const int n = epoll_wait(poll_fd_.get(), events, Wakeup::kMaxEvents, timeout_ms);
+  const int n = EpollWait(std::clamp(wait, absl::ZeroDuration(), absl::Milliseconds(INT32_MAX)),
+                          events);
   Wakeup woke;
   if (n < 0 && errno != EINTR) return ErrnoError("epoll_wait");
   for (int i = 0; i < n; ++i) {
@@ -81,6 +78,18 @@ absl::StatusOr<Wakeup> Poller::Wait(absl::Duration timeout) {
   }
   if (woke.changed) last_change_ = options_.clock();
   return woke;
+}
+
+int Poller::EpollWait(absl::Duration wait, epoll_event* events) {
+  if (precise_) {
+    const timespec timeout = absl::ToTimespec(wait);
+    const int n = epoll_pwait2(poll_fd_.get(), events, Wakeup::kMaxEvents, &timeout, nullptr);
+    if (n >= 0 || errno != ENOSYS) return n;
+    precise_ = false;  // kernels before 5.11, emulators without the call
+  }
+  const int timeout_ms = static_cast<int>(
+      absl::ToInt64Milliseconds(absl::Ceil(wait, absl::Milliseconds(1))));
+  return epoll_wait(poll_fd_.get(), events, Wakeup::kMaxEvents, timeout_ms);
 }
 
 void Poller::Wake() const {

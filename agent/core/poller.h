@@ -23,6 +23,8 @@
 #include "absl/time/time.h"
 #include "common/base/unique_fd.h"
 
+struct epoll_event;
+
 namespace strata::agent {
 
 struct PollerOptions {
@@ -47,6 +49,8 @@ class Poller {
 
   // Waits up to `timeout` (less while the change descriptors wait to be re-armed) for a
   // ready or change descriptor or Wake(). An interrupted wait returns an empty Wakeup.
+  // Timeouts are kept to the microsecond where the kernel has epoll_pwait2 (5.11+), else
+  // rounded up to the millisecond.
   absl::StatusOr<Wakeup> Wait(absl::Duration timeout);
   // Ends the current (or next) Wait early. Any thread; async-signal-safe.
   void Wake() const;
@@ -61,12 +65,15 @@ class Poller {
   absl::Status Init();
   // Watches the change descriptors for one wake-up.
   void ArmChanges();
+  // epoll_pwait2 where there is one, else epoll_wait; `wait` at most INT32_MAX ms.
+  int EpollWait(absl::Duration wait, epoll_event* events);
 
   PollerOptions options_;
   base::UniqueFd poll_fd_;
   base::UniqueFd wake_fd_;  // an eventfd
   bool changes_added_ = false;
   bool changes_armed_ = false;
+  bool precise_ = true;  // epoll_pwait2 not found missing yet
   absl::Time last_change_ = absl::InfinitePast();  // when changes last woke a Wait
 };
 

@@ -93,7 +93,7 @@ absl::Status Profiler::Poll(absl::Duration timeout) {
   }
   absl::Duration wait = std::min(timeout, next_rescan_ - now);
   for (sources::StackSource* source : sources_) wait = std::min(wait, source->max_wait());
-  if (recorder_.python_targets() > 0) wait = std::min(wait, options_.python_read_period);
+  if (recorder_.python_targets() > 0) wait = std::min(wait, PythonWait());
   absl::StatusOr<Wakeup> woke = poller_->Wait(wait);
   if (!woke.ok()) return woke.status();
   ++wakeups_;
@@ -106,6 +106,26 @@ absl::Status Profiler::Poll(absl::Duration timeout) {
   }
   for (sources::StackSource* source : sources_) source->Drain(recorder_);
   return rescan_due_ ? Rescan() : absl::OkStatus();
+}
+
+absl::Duration Profiler::PythonWait() {
+  constexpr int kMaxBackoffPeriods = 2;
+  constexpr absl::Duration kIdle = absl::Seconds(1);
+  // After the sample's time, for the sample to be in the ring and the timer to be late.
+  constexpr absl::Duration kLanding = absl::Microseconds(150);
+  const absl::Duration period = options_.python_read_period;
+  const uint64_t latest = recorder_.python_sample_ns();
+  if (latest != python_sample_seen_ns_) {  // the last drain read Python frames
+    python_sample_seen_ns_ = latest;
+    python_backoff_ = period / 2;  // the first wait without a sample: one period
+    // A thread that runs on is sampled again one sampling period after its last sample.
+    const absl::Duration next = absl::Seconds(1) / std::max<uint32_t>(continuous_hz_, 1) +
+                                kLanding - recorder_.SincePythonSample();
+    return next > kLanding ? std::max(next, period) : period;
+  }
+  if (latest == 0 || recorder_.SincePythonSample() > kIdle) return absl::InfiniteDuration();
+  python_backoff_ = std::min(python_backoff_ * 2, period * kMaxBackoffPeriods);
+  return python_backoff_;
 }
 
 absl::Status Profiler::Rescan() {
@@ -184,7 +204,9 @@ void Profiler::AddTarget(const procfs::TrackedProcess& process) {
   spdlog::info("profiling pid {} ({}) as service '{}', {} threads, labels {{{}}}", process.pid,
                process.executable, process.service, process.threads.size(),
                labels::ToString(target->labels));
+  const Target& inserted = *target;
   discovery_->Insert(std::move(target));
+  recorder_.FindInterpreter(inserted);
 }
 
 void Profiler::RemoveTarget(pid_t pid) {

@@ -77,9 +77,11 @@ struct ProfilerOptions : DiscoveryOptions {
   bool off_cpu = false;
   absl::Duration off_cpu_threshold = absl::Microseconds(100);
   // Python frames of CPython targets (StackRecorder), read when their samples are recorded.
-  // While there are such targets, samples are drained at least every python_read_period: the
-  // sooner after the sample a thread's frames are read, the fewer have changed (the rest are
-  // counted as python_stale).
+  // The sooner after the sample a thread's frames are read, the fewer have changed (the rest
+  // are counted as python_stale): while such targets run Python, samples are drained about one
+  // sampling period after the last Python sample (when a thread that keeps running is sampled
+  // again), then every python_read_period, backing off to 2 periods while none come, and
+  // after a second without any only with the rest (PythonWait).
   bool python_frames = true;
   absl::Duration python_read_period = absl::Milliseconds(1);
 };
@@ -162,6 +164,9 @@ class Profiler final : public SamplingSessions {
   void AddTarget(const procfs::TrackedProcess& process);
   void RemoveTarget(pid_t pid);
   sources::StackSource* SourceFor(pid_t pid) const;
+  // How long Poll may sleep before Python targets' samples are drained (see
+  // ProfilerOptions::python_frames); infinite while none run Python.
+  absl::Duration PythonWait();
 
   const ProfilerOptions options_;
   std::unique_ptr<TargetDiscovery> discovery_;
@@ -181,6 +186,10 @@ class Profiler final : public SamplingSessions {
   int events_fd_ = -1;  // the process events' descriptor, while the poller watches it
   uint64_t wakeups_ = 0;
   uint64_t rescans_ = 0;
+  // PythonWait's: the latest Python sample (CLOCK_MONOTONIC) seen by the last call, and the
+  // wait while no later one comes.
+  uint64_t python_sample_seen_ns_ = 0;
+  absl::Duration python_backoff_;
   // Targets attached to each capture session.
   absl::flat_hash_map<uint32_t, size_t> session_targets_;
 };

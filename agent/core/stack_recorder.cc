@@ -16,6 +16,8 @@ namespace {
 constexpr size_t kMaxPcCacheEntries = 1 << 20;
 // Entries of a kernel call chain, as the kernel's default perf_event_max_stack allows.
 constexpr size_t kMaxKernelChain = 128;
+// A thread's Python frames read this recently are taken again for its next sample.
+constexpr uint64_t kReuseReadNs = 100'000;
 
 uint64_t MonotonicNs() {
   timespec ts;
@@ -117,10 +119,12 @@ void StackRecorder::ForgetTarget(pid_t pid) {
     retired_counts_.push_back(it->second->counts);
   }
   python_targets_ -= it->second->python != nullptr;
+  last_python_read_ = {};  // (its interpreter goes)
   states_.erase(it);
 }
 
 void StackRecorder::ForgetThread(pid_t pid, pid_t tid) {
+  if (last_python_read_.tid == tid) last_python_read_ = {};
   if (auto it = states_.find(pid); it != states_.end()) {
     it->second->threads.erase(tid);
     if (auto off = it->second->off_cpu.find(tid); off != it->second->off_cpu.end()) {
@@ -224,6 +228,7 @@ python::Interpreter* StackRecorder::PythonOf(const Target& target, TargetState& 
     return state.python->interpreter.get();  // the same interpreter: keep its caches
   }
   python_targets_ -= state.python != nullptr;
+  last_python_read_ = {};
   state.python.reset();
   if (!found.has_value()) return nullptr;
   absl::StatusOr<std::unique_ptr<python::Interpreter>> attached =
@@ -235,11 +240,23 @@ python::Interpreter* StackRecorder::PythonOf(const Target& target, TargetState& 
   }
   spdlog::info("pid {}: Python frames of CPython {}.{} ({})", target.pid, found->major,
                found->minor, path);
+  // Its samples are expected from now on (Profiler::PythonWait).
+  python_sample_ns_ = std::max(python_sample_ns_, MonotonicNs());
   state.python = std::make_unique<PythonTarget>();
   state.python->interpreter = std::move(*attached);
   state.python->runtime = runtime;
   ++python_targets_;
   return state.python->interpreter.get();
+}
+
+void StackRecorder::FindInterpreter(const Target& target) {
+  if (options_.python_frames) PythonOf(target, StateOf(target));
+}
+
+absl::Duration StackRecorder::SincePythonSample() const {
+  const uint64_t now = MonotonicNs();
+  const uint64_t since = now > python_sample_ns_ ? now - python_sample_ns_ : 0;
+  return absl::Nanoseconds(static_cast<int64_t>(since));
 }
 
 bool StackRecorder::ReadPython(python::Interpreter& interpreter, pid_t tid,
@@ -255,15 +272,23 @@ bool StackRecorder::ReadPython(python::Interpreter& interpreter, pid_t tid,
   const uint64_t delay = now > sample_time_ns ? now - sample_time_ns : 0;
   stats_.python_read_delay_ns += delay;
   stats_.python_read_delay_max_ns = std::max(stats_.python_read_delay_max_ns, delay);
-  size_t n = 0;
-  const python::ReadOutcome outcome =
-      interpreter.ReadStack(tid, python_frames_, &n);
-  size_t groups = 0;
-  if (outcome == python::ReadOutcome::kOk) {
-    for (size_t i = 0; i < n; ++i) {
-      if (python_frames_[i].entry) python_group_end_[groups++] = i;
+  python_sample_ns_ = std::max(python_sample_ns_, sample_time_ns);
+  // Samples of one thread drained one after the other take the same read: it would find the
+  // same frames (the thread ran for microseconds since).
+  PythonRead& last = last_python_read_;
+  if (last.interpreter == &interpreter && last.tid == tid && now - last.time_ns < kReuseReadNs) {
+    ++stats_.python_reused;
+  } else {
+    last = {&interpreter, tid, now, python::ReadOutcome::kOk, 0, 0};
+    last.outcome = interpreter.ReadStack(tid, python_frames_, &last.frames);
+    if (last.outcome == python::ReadOutcome::kOk) {
+      for (size_t i = 0; i < last.frames; ++i) {
+        if (python_frames_[i].entry) python_group_end_[last.groups++] = i;
+      }
     }
   }
+  const python::ReadOutcome outcome = last.outcome;
+  const size_t groups = last.groups;
   // One group of Python frames per eval-loop frame (the outermost groups may lie beyond a
   // truncated native stack). Anything else: the thread ran on between sample and read.
   if (outcome != python::ReadOutcome::kOk || groups < evals || (!truncated && groups > evals)) {
@@ -473,11 +498,21 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   std::vector<encoding::EdgeId>& edges = cache != nullptr ? cache->edges : edges_;
   // Frames kept from the thread's last stack keep their path frames and edge IDs. Never that
   // stack's leaf: its node was resolved from an exact pc, not from a return address.
-  // Not for a Python target: the Python frames under kept native ones may have changed.
+  // In a Python target only those outside the outermost eval-loop frame: the Python frames
+  // under kept eval-loop frames may have changed, and path frames stand for native frames one
+  // for one only up to there (in the last stack too: the kept frames are the same).
   size_t keep = 0;
   if (cache != nullptr && !path.empty() && cache->epoch == target.maps_epoch &&
-      cache->truncated == truncated && state.python == nullptr) {
+      cache->truncated == truncated) {
     keep = std::min({outer_kept, path.size() - 1, edges.size(), num_frames - 1});
+    if (state.python != nullptr) {
+      const python::Interpreter& interpreter = *state.python->interpreter;
+      size_t outside = 0;
+      while (outside < keep && !interpreter.InEvalLoop(frames[num_frames - 1 - outside].pc - 1)) {
+        ++outside;
+      }
+      keep = outside;
+    }
   }
   path.resize(keep);
   // Eval-loop frames met so far count down from the outermost: the g-th from the leaf runs

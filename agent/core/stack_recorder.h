@@ -12,8 +12,9 @@
 // native `_PyEval_EvalFrameDefault` frame of a sample is replaced by the Python frames it runs,
 // read from the interpreter's thread state when the sample is recorded (the thread has run on
 // since the sample: the read must agree with the sample's eval-loop frames, else the stack
-// keeps them and is counted as python_stale). Their path prefix is not reused from the
-// previous sample (the Python frames under a kept native prefix may differ).
+// keeps them and is counted as python_stale). Of their path prefix only the frames outside
+// the outermost eval-loop frame are reused from the previous sample (the Python frames under a
+// kept eval-loop frame may differ).
 //
 // Single-threaded: the agent's main loop. A sample of a known thread allocates nothing.
 #ifndef STRATA_AGENT_CORE_STACK_RECORDER_H_
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/time/time.h"
 #include "agent/core/context_graph.h"
 #include "agent/core/interval_aggregator.h"
 #include "agent/core/leaf_histogram.h"
@@ -75,6 +77,7 @@ struct StackRecorderStats {
   uint64_t python_torn = 0;       // ... the chain changed while read (or no thread state)
   uint64_t python_mismatch = 0;   // ... its groups did not match the eval-loop frames
   uint64_t python_reads = 0;      // reads of a thread's Python frames
+  uint64_t python_reused = 0;     // ... that took the thread's read for its previous sample
   uint64_t python_read_delay_ns = 0;      // sum over the reads: read time - sample time
   uint64_t python_read_delay_max_ns = 0;
 };
@@ -105,6 +108,13 @@ class StackRecorder final : public sources::StackSink {
   bool full() const { return full_; }
   // Targets whose interpreter's frames are read (their samples are best recorded soon).
   size_t python_targets() const { return python_targets_; }
+  // Looks for the target's interpreter now rather than at its first sample (so that its first
+  // samples are drained as soon as the later ones).
+  void FindInterpreter(const Target& target);
+  // CLOCK_MONOTONIC of the latest sample whose Python frames were read, or of the latest
+  // interpreter found (0: none yet), and the time since.
+  uint64_t python_sample_ns() const { return python_sample_ns_; }
+  absl::Duration SincePythonSample() const;
   void ClearFull() { full_ = false; }
   // Aggregators of capture sessions (not 0); samples of unknown sessions are not counted.
   void AddSession(uint32_t session_id);
@@ -198,8 +208,20 @@ class StackRecorder final : public sources::StackSink {
   std::vector<encoding::PathFrame> path_;
   std::vector<encoding::EdgeId> edges_;  // Record's, for stacks without a PathCache
   size_t python_targets_ = 0;
+  uint64_t python_sample_ns_ = 0;
   std::vector<python::PythonFrame> python_frames_;  // sized once: ReadPython's
   std::vector<size_t> python_group_end_;            // sized once
+  // The read python_frames_ hold (ReadPython takes it again for the thread's next sample when
+  // it is recent enough). `interpreter` null: none.
+  struct PythonRead {
+    const python::Interpreter* interpreter = nullptr;
+    pid_t tid = 0;
+    uint64_t time_ns = 0;
+    python::ReadOutcome outcome = python::ReadOutcome::kOk;
+    size_t frames = 0;
+    size_t groups = 0;
+  };
+  PythonRead last_python_read_;
 };
 
 }  // namespace strata::agent

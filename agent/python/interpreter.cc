@@ -181,9 +181,13 @@ absl::StatusOr<std::unique_ptr<Interpreter>> Interpreter::Attach(
   interpreter->tstate_bytes_ = end + 8;
   interpreter->visited_.reserve(kMaxChainFrames);
   interpreter->chain_.reserve(kMaxChainFrames);
-  interpreter->code_addresses_.reserve(kMaxChainFrames);
-  interpreter->code_sizes_.reserve(kMaxChainFrames);
-  interpreter->code_headers_.resize(kMaxChainFrames * interpreter->offsets_.code_size);
+  interpreter->code_addresses_.reserve(kMaxChainFrames + 3);
+  interpreter->code_sizes_.reserve(kMaxChainFrames + 3);
+  // The code objects' headers, then the re-read of the thread's current frame (three words).
+  interpreter->code_headers_.resize(kMaxChainFrames * interpreter->offsets_.code_size +
+                                    3 * sizeof(uint64_t));
+  interpreter->scratch_.resize(kMaxTstateBytes + sizeof(uint64_t) +
+                               (kMaxHints + kMaxChainBlocks) * kChainBlock);
   return interpreter;
 }
 
@@ -240,49 +244,133 @@ bool Interpreter::CalibratePthreadTid() {
   return false;
 }
 
-uint64_t Interpreter::ThreadStateOf(pid_t tid) {
-  std::array<uint8_t, 512> bytes;
-  if (tstate_bytes_ > bytes.size()) return 0;
-  if (auto it = thread_states_.find(tid); it != thread_states_.end()) {
-    if (it->second != 0 && memory_->Read(it->second, bytes.data(), tstate_bytes_) &&
-        TidOf(bytes.data()) == tid) {
-      return it->second;
+Interpreter::KnownThread* Interpreter::ThreadStateOf(pid_t tid, bool* cframe_current) {
+  *cframe_current = false;
+  num_blocks_ = 0;
+  blocks_read_ = 0;
+  uint8_t* bytes = scratch_.data();
+  if (tstate_bytes_ > kMaxTstateBytes) return nullptr;
+  if (auto it = thread_states_.find(tid); it != thread_states_.end() && it->second.tstate != 0) {
+    KnownThread& known = it->second;
+    // The thread state, the known _PyCFrame's current frame, the hints: in one call, else
+    // without the hints (memory that went away), else the thread state alone.
+    std::array<uint64_t, 2 + kMaxHints> addresses;
+    std::array<size_t, 2 + kMaxHints> sizes;
+    size_t count = 0;
+    addresses[count] = known.tstate;
+    sizes[count++] = tstate_bytes_;
+    if (known.cframe != 0) {
+      addresses[count] = known.cframe + offsets_.cframe_frame;
+      sizes[count++] = sizeof(uint64_t);
     }
-    if (it->second != 0) it->second = 0;  // gone, or now another thread's: look again
+    const size_t fixed = count;
+    for (size_t i = 0; i < known.num_hints; ++i) {
+      addresses[count] = known.hints[i].start;
+      sizes[count++] = known.hints[i].size;
+    }
+    bool read = memory_->ReadMany(addresses.data(), sizes.data(), count, bytes);
+    if (!read && count > fixed) {
+      known.num_hints = 0;
+      read = memory_->ReadMany(addresses.data(), sizes.data(), fixed, bytes);
+    }
+    if (!read && known.cframe != 0) {
+      known.cframe = 0;  // (its eval call returned, and its stack went away)
+      read = memory_->Read(known.tstate, bytes, tstate_bytes_);
+    }
+    if (read && TidOf(bytes) == tid) {
+      *cframe_current = known.cframe != 0;
+      scratch_used_ = tstate_bytes_ + (*cframe_current ? sizeof(uint64_t) : 0);
+      for (size_t i = 0; i < known.num_hints; ++i) {
+        blocks_[num_blocks_++] = {known.hints[i].start, known.hints[i].size, scratch_used_,
+                                  UINT64_MAX, 0};
+        scratch_used_ += known.hints[i].size;
+      }
+      return &known;
+    }
+    known = {};  // gone, or now another thread's: look again
   }
+  scratch_used_ = tstate_bytes_ + sizeof(uint64_t);
   const uint64_t now = NowNs();
-  if (last_scan_ns_ != 0 && now - last_scan_ns_ < kRescanGapNs) return 0;
+  if (last_scan_ns_ != 0 && now - last_scan_ns_ < kRescanGapNs) return nullptr;
   last_scan_ns_ = now;
   ++stats_.thread_scans;
-  for (auto& [known_tid, ts] : thread_states_) ts = 0;
+  for (auto& [known_tid, known] : thread_states_) known = {};
   uint64_t interp = 0;
-  if (!memory_->ReadValue(runtime_ + offsets_.runtime_interpreters_head, &interp)) return 0;
+  if (!memory_->ReadValue(runtime_ + offsets_.runtime_interpreters_head, &interp)) return nullptr;
   for (size_t i = 0; interp != 0 && i < kMaxInterpreters; ++i) {
     uint64_t ts = 0;
     if (!memory_->ReadValue(interp + offsets_.interp_threads_head, &ts)) break;
     for (size_t t = 0; ts != 0 && t < kMaxThreads; ++t) {
-      if (!memory_->Read(ts, bytes.data(), tstate_bytes_)) break;
-      if (const pid_t owner = TidOf(bytes.data()); owner > 0) thread_states_[owner] = ts;
-      ts = FieldAt<uint64_t>(bytes.data(), offsets_.tstate_next);
+      if (!memory_->Read(ts, bytes, tstate_bytes_)) break;
+      if (const pid_t owner = TidOf(bytes); owner > 0) thread_states_[owner].tstate = ts;
+      ts = FieldAt<uint64_t>(bytes, offsets_.tstate_next);
     }
     if (!memory_->ReadValue(interp + offsets_.interp_next, &interp)) break;
   }
-  auto it = thread_states_.find(tid);
-  if (it == thread_states_.end()) {
-    thread_states_[tid] = 0;  // remembered as none until the next walk
-    return 0;
-  }
-  return it->second;
+  KnownThread& found = thread_states_[tid];  // none: remembered as such until the next walk
+  if (found.tstate == 0 || !memory_->Read(found.tstate, bytes, tstate_bytes_)) return nullptr;
+  return &found;
 }
 
-bool Interpreter::CurrentFrame(uint64_t tstate, uint64_t* frame) {
-  uint64_t p = 0;
-  if (!memory_->ReadValue(tstate + offsets_.tstate_frame, &p)) return false;
+bool Interpreter::CurrentFrame(KnownThread& thread, const uint8_t* bytes, bool cframe_current,
+                               uint64_t* frame) {
+  uint64_t p = FieldAt<uint64_t>(bytes, offsets_.tstate_frame);
   if (offsets_.cframe_frame != kNoOffset && p != 0) {
-    if (!memory_->ReadValue(p + offsets_.cframe_frame, &p)) return false;
+    if (cframe_current && p == thread.cframe) {
+      p = FieldAt<uint64_t>(bytes, tstate_bytes_);  // read along with the thread state
+    } else {
+      thread.cframe = p;
+      if (!memory_->ReadValue(p + offsets_.cframe_frame, &p)) return false;
+    }
   }
   *frame = p;
   return true;
+}
+
+const uint8_t* Interpreter::FrameBytes(uint64_t address) {
+  const size_t size = offsets_.frame_size;
+  for (size_t i = 0; i < num_blocks_; ++i) {
+    ChainBlock& b = blocks_[i];
+    if (address >= b.start && address - b.start <= b.size - size) {
+      b.low = std::min(b.low, address);
+      b.high = std::max(b.high, address + size);
+      return scratch_.data() + b.at + (address - b.start);
+    }
+  }
+  if (address > UINT64_MAX - size) return nullptr;
+  // Frame objects (before 3.11) lie anywhere on the heap: only the frame. Else the block
+  // below it (the first of a read a whole one; later ones mostly hold a generator's frame),
+  // clipped to the frame's page when that reaches unmapped memory (the data stack chunk's
+  // start).
+  const size_t block = blocks_read_ == 0 ? kChainBlock : kChainBlock / 4;
+  if (num_blocks_ == blocks_.size() || scratch_used_ + block > scratch_.size()) {
+    // Out of blocks (a chain through many generators): the frame alone.
+    return memory_->Read(address, frame_bytes_.data(), size) ? frame_bytes_.data() : nullptr;
+  }
+  uint8_t* to = scratch_.data() + scratch_used_;
+  const uint64_t end = address + size;
+  uint64_t start = address;
+  if (offsets_.layout != FrameLayout::kFrameObject) start = end > block ? end - block : 0;
+  const uint64_t page = address & ~uint64_t{4095};
+  const uint64_t from = memory_->ReadDownTo(start, end - start, page, to);
+  if (from == 0) return nullptr;
+  ++blocks_read_;
+  blocks_[num_blocks_++] = {from, end - from, scratch_used_ + (from - start), address, end};
+  scratch_used_ += end - start;
+  return to + (address - start);
+}
+
+void Interpreter::KeepHints(KnownThread& thread) {
+  thread.num_hints = 0;
+  for (size_t i = 0; i < num_blocks_ && thread.num_hints < kMaxHints; ++i) {
+    const ChainBlock& b = blocks_[i];
+    if (b.high == 0) continue;  // not used by this walk
+    // Up to kHintAbove past the used part, within its last page (mapped as a whole).
+    const uint64_t page_end = ((b.high - 1) | 4095) + 1;
+    const uint64_t end = std::min(b.high + kHintAbove, page_end);
+    if (end - b.low > kChainBlock) continue;
+    thread.hints[thread.num_hints++] = {b.low, static_cast<uint32_t>(end - b.low)};
+  }
 }
 
 bool Interpreter::ReadBytes(uint64_t address, std::string* out) {
@@ -325,7 +413,7 @@ bool Interpreter::ReadString(uint64_t address, std::string* out) {
   return true;
 }
 
-const CodeInfo* Interpreter::Code(uint64_t address, const uint8_t* header) {
+const CodeInfo* Interpreter::Code(uint64_t address, const uint8_t* header, uint64_t now) {
   const uint8_t* bytes = header;
   const uint32_t name_at =
       offsets_.code_qualname != kNoOffset ? offsets_.code_qualname : offsets_.code_name;
@@ -336,6 +424,7 @@ const CodeInfo* Interpreter::Code(uint64_t address, const uint8_t* header) {
   std::unique_ptr<CodeInfo>& slot = code_[address];
   if (slot != nullptr && slot->name_ptr == name && slot->filename_ptr == filename &&
       slot->line_table_ptr == table && slot->first_line == first_line) {
+    slot->checked_ns = now;
     return slot.get();
   }
   // First sight, or the address holds another code object now.
@@ -350,27 +439,42 @@ const CodeInfo* Interpreter::Code(uint64_t address, const uint8_t* header) {
   info->name_ptr = name;
   info->filename_ptr = filename;
   info->line_table_ptr = table;
+  info->checked_ns = now;
   slot = std::move(info);
   return slot.get();
+}
+
+int Interpreter::LineOf(const CodeInfo& code, int64_t offset) {
+  CodeInfo::CachedLine& cached =
+      code.lines[static_cast<uint64_t>(offset >> 1) % code.lines.size()];
+  if (cached.offset != offset) {
+    ++stats_.line_misses;
+    cached = {offset, LineForOffset(offsets_.line_table, code.line_table, code.first_line,
+                                    offset)};
+  }
+  return cached.line;
 }
 
 ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t* count) {
   *count = 0;
   ++stats_.reads;
   if (code_.size() >= kMaxCodeObjects) code_.clear();  // before any frame points into it
-  const uint64_t tstate = ThreadStateOf(tid);
-  if (tstate == 0) return ReadOutcome::kNoThread;
+  bool cframe_current = false;
+  KnownThread* thread = ThreadStateOf(tid, &cframe_current);
+  if (thread == nullptr) return ReadOutcome::kNoThread;
+  const uint8_t* tstate_bytes = scratch_.data();
   auto inconsistent = [this] {
     ++stats_.inconsistent;
     return ReadOutcome::kInconsistent;
   };
   uint64_t leaf = 0;
-  if (!CurrentFrame(tstate, &leaf)) return inconsistent();
+  if (!CurrentFrame(*thread, tstate_bytes, cframe_current, &leaf)) return inconsistent();
   const bool frame_objects = offsets_.layout == FrameLayout::kFrameObject;
-  std::array<uint8_t, kMaxCopiedStruct> bytes;
-  if (offsets_.frame_size > bytes.size()) return inconsistent();
-  // First the chain (one read per frame), then every frame's code object header in one
-  // batch, then names and lines (from the cache; a code object seen first costs its strings).
+  if (offsets_.frame_size > kMaxCopiedStruct) return inconsistent();
+  // First the chain (in blocks, FrameBytes; those where the last read found frames came with
+  // the thread state), then every frame's code object header and the re-read of the current
+  // frame in one batch, then names and lines (from the cache; a code object seen first costs
+  // its strings).
   visited_.clear();
   chain_.clear();
   for (uint64_t frame = leaf; frame != 0;) {
@@ -379,9 +483,10 @@ ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t
       return inconsistent();  // a cycle, or deeper than any real chain we show
     }
     visited_.push_back(frame);
-    if (!memory_->Read(frame, bytes.data(), offsets_.frame_size)) return inconsistent();
-    const uint64_t code = FieldAt<uint64_t>(bytes.data(), offsets_.frame_code);
-    const uint64_t previous = FieldAt<uint64_t>(bytes.data(), offsets_.frame_previous);
+    const uint8_t* bytes = FrameBytes(frame);
+    if (bytes == nullptr) return inconsistent();
+    const uint64_t code = FieldAt<uint64_t>(bytes, offsets_.frame_code);
+    const uint64_t previous = FieldAt<uint64_t>(bytes, offsets_.frame_previous);
     if (offsets_.layout == FrameLayout::kInterpreterFrameCStack &&
         bytes[offsets_.frame_owner] == kFrameOwnedByCStack) {
       // The shim a native eval call pushed below the frames it runs.
@@ -392,45 +497,76 @@ ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t
     if (chain_.size() >= out.size() || code == 0) return inconsistent();
     int64_t offset;
     if (frame_objects) {
-      const int32_t lasti = FieldAt<int32_t>(bytes.data(), offsets_.frame_instr);
+      const int32_t lasti = FieldAt<int32_t>(bytes, offsets_.frame_instr);
       offset = offsets_.minor >= 10 ? int64_t{lasti} * 2 : lasti;  // 3.10: code units
     } else {
-      const uint64_t instr = FieldAt<uint64_t>(bytes.data(), offsets_.frame_instr);
+      const uint64_t instr = FieldAt<uint64_t>(bytes, offsets_.frame_instr);
       offset = static_cast<int64_t>(instr - (code + offsets_.code_adaptive));
     }
     chain_.push_back({code, offset,
                       frame_objects || (offsets_.frame_is_entry != kNoOffset &&
-                                        bytes[offsets_.frame_is_entry] != 0)});
+                                        bytes[offsets_.frame_is_entry] != 0),
+                      nullptr});
     frame = previous;
   }
   const size_t n = chain_.size();
+  // Code objects checked within kCodeRecheckNs are taken from the cache as they are (a frame
+  // holds its code object: only one freed since could have left its address to another);
+  // the others' headers are read to be checked.
+  const uint64_t now = NowNs();
   code_addresses_.clear();
   code_sizes_.clear();
-  for (const ChainFrame& f : chain_) {
+  for (ChainFrame& f : chain_) {
+    auto it = code_.find(f.code);
+    f.info = it != code_.end() && it->second != nullptr &&
+                     now - it->second->checked_ns < kCodeRecheckNs
+                 ? it->second.get()
+                 : nullptr;
+    if (f.info != nullptr) continue;
     code_addresses_.push_back(f.code);
     code_sizes_.push_back(offsets_.code_size);
   }
-  if (!memory_->ReadMany(code_addresses_.data(), code_sizes_.data(), n,
+  const size_t headers = code_addresses_.size();
+  // The thread ran on while we read if its current frame or that frame's code moved: read
+  // again after the headers, in the same call (the reads of one call are made in order).
+  const uint64_t frame_field = FieldAt<uint64_t>(tstate_bytes, offsets_.tstate_frame);
+  const bool through_cframe = offsets_.cframe_frame != kNoOffset && frame_field != 0;
+  code_addresses_.push_back(thread->tstate + offsets_.tstate_frame);
+  code_sizes_.push_back(sizeof(uint64_t));
+  if (through_cframe) {
+    code_addresses_.push_back(frame_field + offsets_.cframe_frame);
+    code_sizes_.push_back(sizeof(uint64_t));
+  }
+  if (n > 0) {
+    code_addresses_.push_back(leaf + offsets_.frame_code);
+    code_sizes_.push_back(sizeof(uint64_t));
+  }
+  if (!memory_->ReadMany(code_addresses_.data(), code_sizes_.data(), code_addresses_.size(),
                          code_headers_.data())) {
     return inconsistent();
   }
+  const uint8_t* again = code_headers_.data() + headers * offsets_.code_size;
+  if (FieldAt<uint64_t>(again, 0) != frame_field) return inconsistent();
+  again += sizeof(uint64_t);
+  if (through_cframe) {
+    if (FieldAt<uint64_t>(again, 0) != leaf) return inconsistent();
+    again += sizeof(uint64_t);
+  }
+  if (n > 0 && FieldAt<uint64_t>(again, 0) != chain_[0].code) return inconsistent();
+  const uint8_t* header = code_headers_.data();
   for (size_t i = 0; i < n; ++i) {
-    const CodeInfo* info = Code(chain_[i].code, code_headers_.data() + i * offsets_.code_size);
+    const CodeInfo* info = chain_[i].info;
+    if (info == nullptr) {
+      info = Code(chain_[i].code, header, now);
+      header += offsets_.code_size;
+    }
     if (info == nullptr) return inconsistent();
     PythonFrame& f = out[i];
     f.code = info;
-    f.line = LineForOffset(offsets_.line_table, info->line_table, info->first_line,
-                           chain_[i].offset);
+    f.line = LineOf(*info, chain_[i].offset);
     f.entry = chain_[i].entry;
   }
-  const uint64_t leaf_code = n > 0 ? chain_[0].code : 0;
-  // The thread ran on while we read: its innermost frame or that frame's code moved.
-  uint64_t leaf_again = 0, leaf_code_again = 0;
-  if (!CurrentFrame(tstate, &leaf_again) || leaf_again != leaf) return inconsistent();
-  if (n > 0 && (!memory_->ReadValue(leaf + offsets_.frame_code, &leaf_code_again) ||
-                leaf_code_again != leaf_code)) {
-    return inconsistent();
-  }
+  KeepHints(*thread);
   *count = n;
   stats_.frames += n;
   return ReadOutcome::kOk;

@@ -10,11 +10,20 @@
 //
 // ReadStack(tid) finds the thread's state (by native_thread_id on 3.11+, by the pthread's tid
 // before, see below), follows its frame chain from the innermost frame and returns, innermost
-// first, each frame's code object (names, file, line table: cached by address and re-checked
-// on every use) and line, with `entry` set on the outermost frame each native eval-loop call
-// runs. It reads a running thread: a chain that changed while it was read (the current frame
-// or the leaf's code moved, a cycle, a chain deeper than asked for, memory that went away) is
-// reported as kInconsistent, never returned as frames.
+// first, each frame's code object (names, file, line table: cached by address, re-checked
+// when last checked more than kCodeRecheckNs ago) and line, with `entry` set on the outermost
+// frame each native eval-loop call runs. It reads a running thread: a chain that changed while
+// it was read (the current frame or the leaf's code moved, a cycle, a chain deeper than asked
+// for, memory that went away) is reported as kInconsistent, never returned as frames.
+//
+// A read costs few system calls (it runs for every sample of a Python thread): the thread
+// state with the current frame of the _PyCFrame the thread's last read went through (3.11,
+// 3.12) and the memory where its last read found frames; then the frames not found there, in
+// blocks of the thread's data stack (3.11+: frames lie next to each other there, a
+// generator's inside its object); then the headers of code objects due for a check together
+// with the re-read of the current frame and the leaf's code that shows the chain held still.
+// Two calls for a chain like the last; frame objects before 3.11 cost one per frame besides
+// the innermost four.
 //
 // Threads before 3.11 carry only the pthread_t (the address of glibc's struct pthread); the
 // kernel tid inside that struct is found once per process: the offset at which the thread
@@ -28,6 +37,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -69,10 +79,19 @@ struct CodeInfo {
   std::string filename;  // co_filename
   int first_line = 0;
   std::string line_table;
-  // What a later use compares, to see the address now holds another code object.
+  // What a later use compares, to see the address now holds another code object, and when
+  // it last did (CLOCK_MONOTONIC).
   uint64_t name_ptr = 0, filename_ptr = 0, line_table_ptr = 0;
+  uint64_t checked_ns = 0;
   // For the owner: e.g. the function node it resolved this code object to (0: none yet).
   mutable uint32_t owner_id = 0;
+  // Lines of offsets decoded before (direct-mapped by offset): the offsets of a thread's
+  // callers repeat from one sample to the next, and decoding walks the table from its start.
+  struct CachedLine {
+    int64_t offset = INT64_MIN;
+    int line = -1;
+  };
+  mutable std::array<CachedLine, 8> lines;
 };
 
 struct PythonFrame {
@@ -93,6 +112,7 @@ struct InterpreterStats {
   uint64_t inconsistent = 0;
   uint64_t code_misses = 0;    // code objects copied into the cache
   uint64_t thread_scans = 0;   // walks of the thread-state lists
+  uint64_t line_misses = 0;    // lines decoded from a line table (not found in CodeInfo::lines)
 };
 
 class Interpreter {
@@ -127,21 +147,58 @@ class Interpreter {
         eval_ranges_(std::move(eval)),
         memory_(std::move(memory)) {}
 
-  // The thread state of `tid` (cached, re-checked), or 0.
-  uint64_t ThreadStateOf(pid_t tid);
+  // A thread state found for a tid, and (3.11, 3.12) the _PyCFrame its last read went
+  // through: the next read takes that _PyCFrame's current frame along with the thread state,
+  // and uses it while the thread state still points there.
+  // `hints`: where the frames of its last read lay (the used part of each block, up to a
+  // little above, within the page: a deeper call's frame), read along with the thread state.
+  struct Range {
+    uint64_t start;
+    uint32_t size;
+  };
+  static constexpr size_t kMaxHints = 4;
+  struct KnownThread {
+    uint64_t tstate = 0;  // 0: none, until the next walk of the thread states
+    uint64_t cframe = 0;
+    std::array<Range, kMaxHints> hints;
+    size_t num_hints = 0;
+  };
+  // The thread state of `tid` (cached, re-checked), or null. Its first tstate_bytes_ bytes go
+  // to the start of scratch_, followed (when *cframe_current is set true) by the current
+  // frame of the known _PyCFrame, and the thread's hints as blocks (blocks_), read in the
+  // same call.
+  KnownThread* ThreadStateOf(pid_t tid, bool* cframe_current);
   // The kernel tid of a thread state read into `bytes`, or -1.
   pid_t TidOf(const uint8_t* tstate);
   bool CalibratePthreadTid();
-  // The thread's innermost frame (0: none), or false when unreadable.
-  bool CurrentFrame(uint64_t tstate, uint64_t* frame);
-  // The code object at `address` whose first code_size bytes are `header` (read already).
-  const CodeInfo* Code(uint64_t address, const uint8_t* header);
+  // The thread's innermost frame (0: none) from its state's `bytes` (see ThreadStateOf), or
+  // false when unreadable.
+  bool CurrentFrame(KnownThread& thread, const uint8_t* bytes, bool cframe_current,
+                    uint64_t* frame);
+  // Frame `address`'s first frame_size bytes: from a block of the chain read before, else
+  // from a block read now (3.11+: the frame and what lies below it), or null when unreadable.
+  const uint8_t* FrameBytes(uint64_t address);
+  // The thread's hints from the blocks the last walk used.
+  void KeepHints(KnownThread& thread);
+  // The code object at `address` whose first code_size bytes are `header` (read already, at
+  // `now`).
+  const CodeInfo* Code(uint64_t address, const uint8_t* header, uint64_t now);
+  // The line of `offset` in `code`.
+  int LineOf(const CodeInfo& code, int64_t offset);
   bool ReadString(uint64_t address, std::string* out);
   bool ReadBytes(uint64_t address, std::string* out);
 
   static constexpr size_t kMaxThreads = 4096;
   static constexpr size_t kMaxCodeObjects = 1 << 16;
   static constexpr size_t kMaxStringBytes = 4096;
+  static constexpr size_t kMaxTstateBytes = 512;
+  // Blocks of a chain read, each at most kChainBlock bytes ending at the end of the frame it
+  // was read for: a thread's data stack holds its frames in a row below the innermost.
+  static constexpr size_t kChainBlock = 4096;
+  static constexpr size_t kMaxChainBlocks = 8;
+  static constexpr size_t kHintAbove = 512;
+  // A cached code object is trusted this long after its header was last compared.
+  static constexpr uint64_t kCodeRecheckNs = 250'000'000;
 
   pid_t pid_;
   Offsets offsets_;
@@ -149,7 +206,7 @@ class Interpreter {
   std::vector<elf::AddressRange> eval_ranges_;  // absolute
   std::unique_ptr<RemoteMemory> memory_;
   uint32_t tstate_bytes_ = 0;  // bytes copied of a thread state
-  absl::flat_hash_map<pid_t, uint64_t> thread_states_;
+  absl::flat_hash_map<pid_t, KnownThread> thread_states_;
   // Before 3.11: offset of the kernel tid in glibc's struct pthread (-1: not found yet).
   int64_t pthread_tid_offset_ = -1;
   uint64_t last_scan_ns_ = 0;  // CLOCK_MONOTONIC of the last walk of the thread states
@@ -161,8 +218,24 @@ class Interpreter {
     uint64_t code;
     int64_t offset;
     bool entry;
+    const CodeInfo* info;  // from the cache, unchecked (see kCodeRecheckNs)
   };
   std::vector<ChainFrame> chain_;
+  // The blocks of the current read: [start, start + size) of the target at scratch_[at], and
+  // the part of it the walk used, [low, high).
+  struct ChainBlock {
+    uint64_t start;
+    size_t size;
+    size_t at;
+    uint64_t low, high;
+  };
+  std::array<ChainBlock, kMaxHints + kMaxChainBlocks> blocks_;
+  size_t num_blocks_ = 0;
+  size_t blocks_read_ = 0;  // by FrameBytes, in the current read
+  // The current read's thread state, then its blocks (scratch_used_ bytes so far); sized once.
+  std::vector<uint8_t> scratch_;
+  size_t scratch_used_ = 0;
+  std::array<uint8_t, kMaxCopiedStruct> frame_bytes_;  // a frame read alone
   std::vector<uint64_t> code_addresses_;
   std::vector<size_t> code_sizes_;
   std::vector<uint8_t> code_headers_;

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -165,7 +166,9 @@ void CheckFramesOf(std::vector<std::string> command) {
     }
   }
   ASSERT_TRUE(module.has_value()) << "no interpreter found in " << python;
-  auto interpreter = Interpreter::Attach(child.pid, *module, bias);
+  auto owned_memory = std::make_unique<RemoteMemory>(child.pid);
+  const RemoteMemory* memory = owned_memory.get();
+  auto interpreter = Interpreter::Attach(child.pid, *module, bias, std::move(owned_memory));
   ASSERT_TRUE(interpreter.ok()) << interpreter.status();
   const bool qualified = module->minor >= 11;
 
@@ -184,6 +187,25 @@ void CheckFramesOf(std::vector<std::string> command) {
   // Python-to-Python calls run in one native eval call since 3.11; each frame has its own
   // before.
   EXPECT_EQ(main.entries, qualified ? 1u : 4u);
+  // What a read of a known thread costs once its chain is known: the thread state with the
+  // current frame of the _PyCFrame read last and the frames where the last read found them,
+  // then the code objects' headers with the re-read of the current frame; before 3.11, the
+  // pthread's tid and one per frame object besides the innermost four. Line tables are decoded
+  // once per offset.
+  const size_t max_reads = qualified ? 2 : 3;
+  {
+    std::vector<PythonFrame> frames(256);
+    size_t n = 0, consistent = 0;
+    for (int i = 0; i < 200 && consistent < 20; ++i) {
+      const uint64_t reads = memory->reads();
+      if ((*interpreter)->ReadStack(child.pid, frames, &n) != ReadOutcome::kOk) continue;
+      ++consistent;
+      EXPECT_LE(memory->reads() - reads, qualified || n <= 4 ? max_reads : max_reads + n - 4)
+          << "read " << i;
+    }
+    EXPECT_GT(consistent, 0u);
+    EXPECT_LT((*interpreter)->stats().line_misses, (*interpreter)->stats().frames / 2);
+  }
 
   Read thread;
   ASSERT_TRUE(ReadUntilConsistent(**interpreter, worker, &thread));
@@ -199,6 +221,46 @@ void CheckFramesOf(std::vector<std::string> command) {
   size_t none = 0;
   EXPECT_EQ((*interpreter)->ReadStack(999999, std::span<PythonFrame>(), &none),
             ReadOutcome::kNoThread);
+}
+
+// A chain through more coroutines, each frame in its own object, than a read keeps blocks of
+// memory for: every frame still comes, in every read.
+TEST(InterpreterTest, ReadsAChainThroughManyCoroutines) {
+  constexpr char kPython[] = "/usr/bin/python3.11";
+  if (!std::filesystem::exists(kPython)) GTEST_SKIP() << kPython << " is not installed";
+  constexpr int kDepth = 150;
+  strata::testing::TempDir dir;
+  const std::string script = dir.path() + "/nested.py";
+  std::ofstream(script) << "import asyncio, threading\n"
+                           "async def level(n):\n"
+                           "    if n == 0:\n"
+                           "        print(threading.get_native_id(), flush=True)\n"
+                           "        x = 0\n"
+                           "        while True: x += 1\n"
+                           "    await level(n - 1)\n"
+                           "asyncio.run(level("
+                        << kDepth << "))\n";
+  Child child;
+  pid_t main_tid = 0;
+  ASSERT_TRUE(Start({kPython, "-S", script}, &child, &main_tid));
+  symbols::ModuleCache cache;
+  symbols::ProcessAddressSpace space(child.pid, &cache);
+  ASSERT_TRUE(space.Refresh().ok());
+  std::unique_ptr<Interpreter> interpreter;
+  space.ForEachModule([&](const symbols::Module& m, int64_t bias) {
+    absl::StatusOr<InterpreterModule> found = InspectModule(*m.elf, m.symbols, m.path);
+    if (interpreter != nullptr || !found.ok()) return;
+    if (auto attached = Interpreter::Attach(child.pid, *found, bias); attached.ok()) {
+      interpreter = std::move(*attached);
+    }
+  });
+  ASSERT_NE(interpreter, nullptr);
+  for (int i = 0; i < 3; ++i) {
+    Read read;
+    ASSERT_TRUE(ReadUntilConsistent(*interpreter, main_tid, &read));
+    EXPECT_EQ(std::count(read.names.begin(), read.names.end(), "level"), kDepth + 1)
+        << ::testing::PrintToString(read.names);
+  }
 }
 
 class InterpreterTest : public ::testing::TestWithParam<std::string> {};

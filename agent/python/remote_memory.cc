@@ -58,4 +58,27 @@ bool RemoteMemory::ReadMany(const uint64_t* addresses, const size_t* sizes, size
   return true;
 }
 
+uint64_t RemoteMemory::ReadDownTo(uint64_t address, size_t size, uint64_t split,
+                                  void* out) const {
+  if (split <= address || split - address >= size) {
+    return Read(address, out, size) ? address : 0;
+  }
+  auto* to = static_cast<uint8_t*>(out);
+  const size_t below = split - address, above = size - below;
+  ++reads_;
+  if (!use_mem_file_) {
+    // Partial transfers stop at a whole iovec: the upper part, or nothing.
+    iovec local[2] = {{to + below, above}, {to, below}};
+    iovec remote[2] = {{reinterpret_cast<void*>(static_cast<uintptr_t>(split)), above},
+                       {reinterpret_cast<void*>(static_cast<uintptr_t>(address)), below}};
+    const ssize_t n = process_vm_readv(pid_, local, 2, remote, 2, 0);
+    if (n == static_cast<ssize_t>(size)) return address;
+    if (n == static_cast<ssize_t>(above)) return split;
+    if (n >= 0 || errno != ENOSYS) return 0;
+    use_mem_file_ = true;
+  }
+  if (!Read(split, to + below, above)) return 0;
+  return Read(address, to, below) ? address : split;
+}
+
 }  // namespace strata::agent::python

@@ -29,6 +29,11 @@ class RemoteMemory {
   virtual bool ReadMany(const uint64_t* addresses, const size_t* sizes, size_t count,
                         void* out) const;
 
+  // [address, address + size) into `out`, the part from `split` on first: where the part
+  // below `split` is unmapped, only the rest. Returns where the bytes read start (address or
+  // split; their place in `out` is as in the whole range), or 0 when none were read.
+  virtual uint64_t ReadDownTo(uint64_t address, size_t size, uint64_t split, void* out) const;
+
   template <typename T>
   bool ReadValue(uint64_t address, T* out) const {
     return Read(address, out, sizeof(T));

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# What the agent pays per sample of a Python target against a C++ one, side by side in one run.
+#
+# Targets, all running at once (so the machine's other load is the same for every agent), each
+# profiled by its own strata-agent at HZ (default 499):
+#   cpp     demo_service --threads 2 (two busy threads)
+#   py      python3.11 running tests/e2e/python/python_workload.py (two busy threads under the
+#           GIL), Python frames read at the default --python-read-period-ms (1)
+#   py10    the same, --python-read-period-ms 10
+#   py-off  the same, --python-frames off (the eval loop's native frames only)
+#   NAME-base  case NAME with the agent BASE_AGENT (another build, e.g. before a change)
+# For each agent: its CPU over a window of SECONDS after a WARMUP (on-CPU ns of all its
+# threads, /proc/PID/task/*/schedstat: start-up is not counted), the samples of that window
+# (the agent's "stopping: N samples" scaled by the target's CPU in the window against its CPU
+# while attached: samples follow the target's CPU time), us of CPU per sample, wake-ups per
+# sample (over the agent's life), and for Python agents the stale share and the read delay of the agent's "python:"
+# line. Then each case's us/sample against cpp's.
+#
+#   tests/bench/agent/python_cost.sh [SECONDS=30]
+#   env: BUILD (default <repo>/build; binaries in BUILD/bin), PYTHON (default
+#        /usr/bin/python3.11), CASES (default "cpp py py-off"), HZ (default 499), WARMUP
+#        (default 5 s), INTERVAL (agent --interval, default 10), AGENT_ARGS (extra flags for
+#        every agent), BASE_AGENT (the agent binary of the -base cases), KEEP=1 (keep the
+#        temp dir)
+#
+# Single runs on whatever machine this is: compare the cases of one run, not runs.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../../.." && pwd)
+seconds=${1:-30}
+BUILD=${BUILD:-$root/build}
+PYTHON=${PYTHON:-/usr/bin/python3.11}
+CASES=${CASES:-cpp py py-off}
+HZ=${HZ:-499}
+WARMUP=${WARMUP:-5}
+INTERVAL=${INTERVAL:-10}
+AGENT_ARGS=${AGENT_ARGS:-}
+workload=$root/tests/e2e/python/python_workload.py
+
+for b in "$BUILD/bin/strata-server" "$BUILD/bin/strata-agent" "$BUILD/bin/demo_service" "$PYTHON"; do
+  [[ -x "$b" ]] || { echo "python_cost.sh: missing $b (set BUILD, PYTHON)" >&2; exit 2; }
+done
+
+work=$(mktemp -d /tmp/strata-python-cost-XXXXXX)
+pids=()  # every process this script started
+cleanup() {
+  local i
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  if [[ "${KEEP:-0}" == 1 ]]; then echo "kept $work" >&2; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+# Copies, so a concurrent rebuild cannot change them mid-run.
+mkdir -p "$work/bin"
+for b in strata-server strata-agent demo_service; do cp "$BUILD/bin/$b" "$work/bin/$b"; done
+[[ -z "${BASE_AGENT:-}" ]] || cp "$BASE_AGENT" "$work/bin/strata-agent-base"
+
+cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{ns += $1} END {print ns + 0}'; }
+# wait_for WHAT TIMEOUT PID LOG PATTERN: until LOG holds PATTERN while PID lives.
+wait_for() {
+  local deadline=$(($(date +%s) + $2))
+  until grep -q -- "$5" "$4" 2>/dev/null; do
+    if ! kill -0 "$3" 2>/dev/null || (($(date +%s) >= deadline)); then
+      echo "python_cost.sh: no $1 (log $4):" >&2
+      tail -20 "$4" >&2
+      exit 1
+    fi
+    sleep 0.1
+  done
+}
+
+"$work/bin/strata-server" --listen 127.0.0.1:0 --http "" --data "$work/data" --log-level warn \
+  >"$work/server.log" 2>&1 &
+pids+=($!)
+wait_for "strata-server" 60 "${pids[0]}" "$work/server.log" "ready on port"
+port=$(sed -n 's/.*ready on port \([0-9]*\).*/\1/p' "$work/server.log" | head -1)
+
+declare -A target agent
+run_seconds=$((WARMUP + seconds + 120))
+for c in $CASES; do
+  case ${c%-base} in
+    cpp) "$work/bin/demo_service" --threads 2 --seconds "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
+    py | py10 | py-off) "$PYTHON" "$workload" "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
+    *) echo "python_cost.sh: unknown case $c" >&2; exit 2 ;;
+  esac
+  target[$c]=$!
+  pids+=($!)
+done
+for c in $CASES; do wait_for "$c ready" 60 "${target[$c]}" "$work/$c.target.log" "ready"; done
+declare -A attach_cpu
+for c in $CASES; do
+  flags=()
+  case ${c%-base} in
+    py10) flags=(--python-read-period-ms 10) ;;
+    py-off) flags=(--python-frames off) ;;
+  esac
+  bin=$work/bin/strata-agent
+  if [[ $c == *-base ]]; then
+    [[ -n "${BASE_AGENT:-}" ]] || { echo "python_cost.sh: case $c needs BASE_AGENT" >&2; exit 2; }
+    bin=$work/bin/strata-agent-base
+  fi
+  # shellcheck disable=SC2086  # AGENT_ARGS is a list of flags
+  "$bin" --server "127.0.0.1:$port" --pid "${target[$c]}" --frequency "$HZ" \
+    --interval "$INTERVAL" --spool-dir none "${flags[@]}" $AGENT_ARGS >"$work/$c.agent.log" 2>&1 &
+  agent[$c]=$!
+  pids+=($!)
+done
+for c in $CASES; do
+  wait_for "$c agent attached" 60 "${agent[$c]}" "$work/$c.agent.log" "profiling pid"
+  attach_cpu[$c]=$(cpu_ns "${target[$c]}")
+done
+sleep "$WARMUP"
+declare -A a0 a1 t0 t1 t_end
+for c in $CASES; do a0[$c]=$(cpu_ns "${agent[$c]}"); t0[$c]=$(cpu_ns "${target[$c]}"); done
+sleep "$seconds"
+for c in $CASES; do a1[$c]=$(cpu_ns "${agent[$c]}"); t1[$c]=$(cpu_ns "${target[$c]}"); done
+for c in $CASES; do
+  kill -TERM "${agent[$c]}"
+  t_end[$c]=$(cpu_ns "${target[$c]}")
+done
+for c in $CASES; do wait "${agent[$c]}" || true; done
+
+echo "agent CPU per sample, ${seconds} s window after ${WARMUP} s, $HZ Hz, cases run at once"
+printf '%-11s %9s %9s %9s %9s %10s %8s %10s\n' case agent_ms samples us/sample x_cpp \
+  wake/smpl stale% delay_ms
+cpp_us=
+for c in $CASES; do
+  log=$work/$c.agent.log
+  samples=$(sed -n 's/.*stopping: \([0-9]*\) samples.*/\1/p' "$log" | tail -1)
+  wakeups=$(sed -n 's/.*sampling: [0-9]* perf events, \([0-9]*\) wake-ups.*/\1/p' "$log" | tail -1)
+  stale=$(sed -n 's/.*python: [0-9]* stacks with [0-9]* Python frames, \([0-9]*\) stale.*/\1/p' "$log" | tail -1)
+  delay=$(sed -n 's/.*reads \([0-9.]*\) ms after their sample.*/\1/p' "$log" | tail -1)
+  row=$(awk -v a0="${a0[$c]}" -v a1="${a1[$c]}" -v t0="${t0[$c]}" -v t1="${t1[$c]}" \
+      -v ta="${attach_cpu[$c]}" -v te="${t_end[$c]}" -v n="${samples:-0}" -v w="${wakeups:-0}" \
+      -v s="${stale:-}" -v d="${delay:--}" -v cpp="$cpp_us" -v c="$c" 'BEGIN {
+    win = n * (t1 - t0) / (te > ta ? te - ta : 1)      # samples of the window
+    us = win > 0 ? (a1 - a0) / 1e3 / win : 0
+    printf "%-11s %9.1f %9d %9.1f %9s %10.1f %8s %10s %.3f\n", c, (a1 - a0) / 1e6, win, us,
+      cpp == "" ? "-" : sprintf("%.2f", us / cpp), w / (n > 0 ? n : 1), \
+      s == "" ? "-" : sprintf("%.2f", 100 * s / (n > 0 ? n : 1)), d, us }')
+  [[ $c == cpp ]] && cpp_us=${row##* }
+  echo "${row% *}"
+  sed -n 's/.*\] \(sampling: .*\)/            \1/p; s/.*\] \(python: .*\)/            \1/p' "$log"
+done
