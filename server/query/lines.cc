@@ -201,7 +201,7 @@ absl::StatusOr<Profile> ExpandLines(store::Store* store, symbolize::Symbolizer* 
     for (size_t k = chain.size(); k-- > 0;) {
       const symbolize::SourceFrame& sf = chain[k];
       ResolvedFunction line{f.id, k + 1 == chain.size() ? f.name : sf.function, f.module,
-                            sf.file, sf.line, sf.inlined};
+                            sf.file, sf.line, sf.inlined, /*build_id=*/std::string()};
       frames->push_back(intern(line));
     }
   };

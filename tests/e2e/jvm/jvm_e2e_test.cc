@@ -97,6 +97,12 @@ TEST(JvmE2eTest, HotSpotJitCodeIsNamedWithoutARestart) {
   Counts counts;
   const absl::Time deadline = absl::Now() + absl::Seconds(150);
   while (absl::Now() < deadline && java.running() && agent.running()) {
+    // The map can be named before the first batch is stored: until then the service is
+    // unknown to queries.
+    if (ServiceTotal(server.address(), service) == 0) {
+      absl::SleepFor(absl::Milliseconds(200));
+      continue;
+    }
     counts = CountFrames(QueryHotPaths(server.address(), service), kHotMethod);
     if (counts.named >= 200) break;
     absl::SleepFor(absl::Milliseconds(500));
