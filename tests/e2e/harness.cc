@@ -200,6 +200,16 @@ std::string AgentCostReport(double agent_cpu_s, const std::string& agent_log) {
                       static_cast<double>(shipped.bytes) / samples, " per sample");
 }
 
+bool ChromiumInstalled() {
+  return RunCommand({"/bin/sh", "-c", "command -v chromium"}).exit_code == 0;
+}
+
+std::string HeadlessChromium(const std::string& profile_dir) {
+  return "chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
+         "--disable-background-networking --disable-component-update --disable-sync "
+         "--virtual-time-budget=15000 --window-size=1280,900 --user-data-dir=" + profile_dir;
+}
+
 uint64_t ServiceTotal(const std::string& address, const std::string& service) {
   auto stub = v1::Query::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;

@@ -75,6 +75,12 @@ struct CommandResult {
 // Runs a command to completion (bounded by `timeout_s`).
 CommandResult RunCommand(std::vector<std::string> argv, double timeout_s = 60);
 
+// Whether headless Chromium is installed (the web UI tests run in it, or skip that part).
+bool ChromiumInstalled();
+// The start of a headless Chromium command line, with its profile in `profile_dir`; a test
+// appends its flags (--dump-dom, ...) and the URL.
+std::string HeadlessChromium(const std::string& profile_dir);
+
 // The samples an agent counted in its run, from its "stopping: N samples" line (0 if none).
 uint64_t AgentSampleCount(const std::string& agent_log);
 

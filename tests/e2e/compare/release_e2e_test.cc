@@ -173,12 +173,8 @@ TEST(ReleaseE2eTest, ANewSlowerReleaseIsReportedWithoutBeingAsked) {
 
   // The web UI's Regressions tab, in headless Chromium when installed: the verdict, and the
   // differential flame graph with checksum_block grown (red).
-  if (RunCommand({"/bin/sh", "-c", "command -v chromium"}).exit_code == 0) {
-    const std::string flags = absl::StrCat(
-        "chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
-        "--disable-background-networking --disable-component-update --disable-sync "
-        "--virtual-time-budget=15000 --window-size=1280,900 --user-data-dir=",
-        dir.File("chromium-profile"), " --dump-dom ");
+  if (ChromiumInstalled()) {
+    const std::string flags = absl::StrCat(HeadlessChromium(dir.File("chromium-profile")), " --dump-dom ");
     CommandResult dom = RunCommand(
         {"/bin/sh", "-c",
          absl::StrCat(flags, "'http://127.0.0.1:", server->http_port(),

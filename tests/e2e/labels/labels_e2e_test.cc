@@ -205,12 +205,8 @@ TEST_F(LabelsE2eTest, SelectorsSplitTwoVersionsOfOneService) {
   EXPECT_EQ(bad_status, 400) << bad_body;
 
   // The web UI's label filter, in headless Chromium when installed.
-  if (RunCommand({"/bin/sh", "-c", "command -v chromium"}).exit_code == 0) {
-    const std::string flags = absl::StrCat(
-        "chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
-        "--disable-background-networking --disable-component-update --disable-sync "
-        "--virtual-time-budget=15000 --window-size=1280,900 --user-data-dir=",
-        dir_.File("chromium-profile"), " --dump-dom ");
+  if (ChromiumInstalled()) {
+    const std::string flags = absl::StrCat(HeadlessChromium(dir_.File("chromium-profile")), " --dump-dom ");
     CommandResult dom = RunCommand(
         {"/bin/sh", "-c",
          absl::StrCat(flags, "'http://127.0.0.1:", http_port_,

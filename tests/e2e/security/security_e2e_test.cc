@@ -387,10 +387,7 @@ TEST_F(SecurityTest, WebUiOverHttpsWithToken) {
   std::string token = ReadFile(dir_.File("alice.token"));
   token.pop_back();
   const std::string flags = absl::StrCat(
-      "chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
-      "--disable-background-networking --disable-component-update --disable-sync "
-      "--virtual-time-budget=15000 --window-size=1280,900 --user-data-dir=",
-      dir_.File("chromium"), " --ignore-certificate-errors-spki-list=", pin);
+      HeadlessChromium(dir_.File("chromium")), " --ignore-certificate-errors-spki-list=", pin);
   // The token as the password of HTTP Basic: the browser sends it with every request of the
   // page, as it would after the login prompt.
   CommandResult dom = Shell(absl::StrCat(flags, " --dump-dom 'https://reader:", token,
