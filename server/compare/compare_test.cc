@@ -123,7 +123,7 @@ bool AnySignificant(const Comparison& c) {
 // standard deviation 3.1. The bar is 16 (8 %): a calibrated test passes with probability
 // 97.6 % over seeds (the seeds here are fixed, so the run is repeatable), a test at twice the
 // FDR with probability 21 %. Tighter would need thousands of comparisons: at 4,000 the rate
-// measured 4.95 / 5.05 / 5.05 % at 10 / 20 / 100 hosts, 2.5 % at 3.
+// measured 4.5 / 4.7 / 5.0 % at 10 / 20 / 100 hosts, 2.0 % at 3.
 constexpr int kAaComparisons = 200;
 constexpr int kAaMostFlagged = 16;
 
