@@ -5,7 +5,7 @@
 #
 #   deploy/bench.sh                 all of them
 #   deploy/bench.sh table unwind    only those (backbone encoding table unwind mips64 query fleet tls
-#                                   faults agent python fdo symbolize cluster)
+#                                   faults agent python fdo symbolize cluster compare)
 #
 # Figures are single runs on whatever machine this is: compare ratios, not absolute times.
 set -euo pipefail
@@ -17,7 +17,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_BUILD
 cmake --build "$build" -j "$(nproc)"
 bin=$build/bin
 want=("$@")
-[[ ${#want[@]} -gt 0 ]] || want=(backbone encoding table unwind mips64 query fleet tls faults agent python fdo symbolize cluster)
+[[ ${#want[@]} -gt 0 ]] || want=(backbone encoding table unwind mips64 query fleet tls faults agent python fdo symbolize cluster compare)
 for b in "${want[@]}"; do
   echo "===== $b"
   case $b in
@@ -37,6 +37,7 @@ for b in "${want[@]}"; do
     fdo) tests/bench/fdo/fdo.sh "$bin" ;;
     symbolize) "$bin/symbolize_benchmark" --benchmark_min_time=0.5 ;;  # per frame, vs addr2line
     cluster) tests/bench/cluster/cluster.sh "$bin" ;;  # per node count, RF 1 vs 2, fan-out queries
+    compare) "$bin/compare_benchmark" ;;  # detection curve, A/A rate, cost of one comparison
     *) echo "unknown benchmark '$b'" >&2; exit 2 ;;
   esac
 done

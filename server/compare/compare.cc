@@ -64,7 +64,8 @@ struct Ratio {
   double variance = 0;
 };
 
-// The ratio estimator of `key` over a group's clusters and its linearised variance.
+// The ratio estimator of `key` over a group's clusters and its bias-reduced (CR2) linearised
+// variance: cluster c's squared residual is divided by 1 - h_c, h_c = n_c / n its leverage.
 Ratio RatioOf(const GroupCounts& g, uint32_t key) {
   const double n = std::accumulate(g.cluster_totals.begin(), g.cluster_totals.end(), 0.0);
   const size_t k = g.cluster_totals.size();
@@ -79,15 +80,41 @@ Ratio RatioOf(const GroupCounts& g, uint32_t key) {
   double sum_sq = 0;
   for (size_t c = 0; c < k; ++c) {
     const double residual = x[c] - r.share * g.cluster_totals[c];
-    sum_sq += residual * residual;
+    sum_sq += residual * residual / (1 - g.cluster_totals[c] / n);
   }
-  r.variance = static_cast<double>(k) / static_cast<double>(k - 1) * sum_sq / (n * n);
+  r.variance = sum_sq / (n * n);
   return r;
 }
 
-double WelchDf(double var_b, double k_b, double var_c, double k_c) {
-  const double denominator = var_b * var_b / (k_b - 1) + var_c * var_c / (k_c - 1);
-  if (denominator == 0) return k_b + k_c - 2;
+// Bell-McCaffrey degrees of freedom of a group's CR2 variance: (tr AM)^2 / tr (AM)^2 for the
+// quadratic form V = e'Ae of the residuals e = (I - 1h')y, Cov(e) ~ M = (I - 1h')(I - h1'),
+// with a_c = h_c^2 / (1 - h_c), under a working model of equal variances of the clusters'
+// shares y_c (host-to-host spread dominates sampling noise). k - 1 for clusters of one size,
+// fewer the more a few clusters carry the samples. Closed form of the traces, O(k):
+// M_ij = [i = j] + s2 - h_i - h_j with s2 = sum h^2.
+double BellMcCaffreyDf(const std::vector<double>& cluster_totals) {
+  const double n = std::accumulate(cluster_totals.begin(), cluster_totals.end(), 0.0);
+  double s2 = 0;
+  for (double t : cluster_totals) s2 += (t / n) * (t / n);
+  double a0 = 0, a1 = 0, a2 = 0, diagonal = 0;  // sum a, a h, a h^2; sum a^2 (1 + 2 s2 - 4 h)
+  for (double t : cluster_totals) {
+    const double h = t / n;
+    const double a = h * h / (1 - h);
+    a0 += a;
+    a1 += a * h;
+    a2 += a * h * h;
+    diagonal += a * a * (1 + 2 * s2 - 4 * h);
+  }
+  const double trace = a0 * (1 + s2) - 2 * a1;
+  const double trace_sq =
+      diagonal + s2 * s2 * a0 * a0 + 2 * a0 * a2 - 4 * s2 * a0 * a1 + 2 * a1 * a1;
+  return trace * trace / trace_sq;
+}
+
+// Welch-Satterthwaite over the two groups' variances with their own degrees of freedom.
+double WelchDf(double var_b, double df_b, double var_c, double df_c) {
+  const double denominator = var_b * var_b / df_b + var_c * var_c / df_c;
+  if (denominator == 0) return df_b + df_c;
   return (var_b + var_c) * (var_b + var_c) / denominator;
 }
 
@@ -151,8 +178,8 @@ absl::StatusOr<Comparison> CompareGroups(const Group& baseline, const Group& can
   }
   std::sort(keys.begin(), keys.end());
 
-  const double k_b = static_cast<double>(out.baseline_clusters);
-  const double k_c = static_cast<double>(out.candidate_clusters);
+  const double df_b = out.not_enough_data ? 0 : BellMcCaffreyDf(b->cluster_totals);
+  const double df_c = out.not_enough_data ? 0 : BellMcCaffreyDf(c->cluster_totals);
   std::vector<double> p_values;
   std::vector<size_t> tested;  // indices into out.keys
   for (uint32_t key : keys) {
@@ -183,7 +210,7 @@ absl::StatusOr<Comparison> CompareGroups(const Group& baseline, const Group& can
       continue;
     }
     row.std_error = std::sqrt(rb.variance + rc.variance);
-    row.df = WelchDf(rb.variance, k_b, rc.variance, k_c);
+    row.df = WelchDf(rb.variance, df_b, rc.variance, df_c);
     const double t_ci = TwoSidedQuantile(1 - options.confidence, row.df);
     row.ci_low = row.delta - t_ci * row.std_error;
     row.ci_high = row.delta + t_ci * row.std_error;

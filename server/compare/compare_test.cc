@@ -18,6 +18,8 @@ struct Fleet {
   double host_sigma = 0.10;                         // log-normal spread of a host's shares
   double window_sigma = 0.04;                       // of a window's shares around its host's
   uint64_t min_samples = 2000, max_samples = 6000;  // per unit
+  // Log-normal spread of a host's sample counts (busy and idle hosts, different core counts).
+  double host_size_sigma = 0;
 };
 
 std::vector<double> Perturb(const std::vector<double>& shares, double sigma, std::mt19937_64& rng) {
@@ -64,10 +66,16 @@ Group DrawGroup(const Fleet& fleet, const Plan& plan, std::mt19937_64& rng) {
   Group group;
   std::uniform_int_distribution<uint64_t> samples(fleet.min_samples, fleet.max_samples);
   for (int h = 0; h < plan.hosts; ++h) {
+    const double size =
+        fleet.host_size_sigma > 0
+            ? std::exp(std::normal_distribution<double>(0, fleet.host_size_sigma)(rng))
+            : 1.0;
     std::vector<double> host = Perturb(fleet.shares, fleet.host_sigma, rng);
     if (plan.planted != 0) host = Plant(host, plan.planted_key, plan.planted);
     for (int w = 0; w < plan.windows; ++w) {
-      group.units.push_back(DrawUnit(h, samples(rng), Perturb(host, fleet.window_sigma, rng), rng));
+      const std::vector<double> window = Perturb(host, fleet.window_sigma, rng);
+      const auto n = static_cast<uint64_t>(size * static_cast<double>(samples(rng)));
+      group.units.push_back(DrawUnit(h, n, window, rng));
     }
   }
   return group;
@@ -110,10 +118,19 @@ bool AnySignificant(const Comparison& c) {
   return false;
 }
 
-TEST(CompareTest, AaComparisonsStayNearTheFdr) {
+// Under the global null Benjamini-Hochberg flags any key with probability fdr (independent
+// keys), so of 200 A/A comparisons a calibrated test flags Binomial(200, 0.05): 10 on average,
+// standard deviation 3.1. The bar is 16 (8 %): a calibrated test passes with probability
+// 97.6 % over seeds (the seeds here are fixed, so the run is repeatable), a test at twice the
+// FDR with probability 21 %. Tighter would need thousands of comparisons: at 4,000 the rate
+// measured 4.5 / 4.7 / 5.0 % at 10 / 20 / 100 hosts, 2.0 % at 3.
+constexpr int kAaComparisons = 200;
+constexpr int kAaMostFlagged = 16;
+
+TEST(CompareTest, AaComparisonsStayUnderTheFdr) {
   const Fleet fleet;
   const uint32_t num_keys = fleet.shares.size();
-  constexpr int kComparisons = 200;
+  constexpr int kComparisons = kAaComparisons;
   std::mt19937_64 rng(20261129);
   int clustered = 0, windows_independent = 0, naive = 0;
   for (int i = 0; i < kComparisons; ++i) {
@@ -137,13 +154,42 @@ TEST(CompareTest, AaComparisonsStayNearTheFdr) {
       "%.1f %% (naive binomial)\n",
       kComparisons, 100 * rate, 100.0 * windows_independent / kComparisons,
       100.0 * naive / kComparisons);
-  // Benjamini-Hochberg under the global null keeps the chance of any discovery near the FDR.
-  EXPECT_LE(rate, 0.09);
+  EXPECT_LE(clustered, kAaMostFlagged) << "rate " << rate;
   // Samples taken for independent draws: nearly every A/A comparison "finds" something.
   EXPECT_GE(naive, kComparisons * 6 / 10);
   EXPECT_GE(naive, 5 * std::max(clustered, 1));
   // A host's windows taken for independent evidence overstate it too.
   EXPECT_GE(windows_independent, 2 * std::max(clustered, 1));
+}
+
+// Hosts of unequal sizes (log-normal sigma 1: a tenth of the hosts carry over a third of the
+// samples) make few clusters count: the plain k/(k-1) variance with k - 1 degrees of freedom
+// flagged 20 % of such A/A comparisons at 10 hosts; CR2 with Bell-McCaffrey's degrees of
+// freedom stays under the FDR.
+TEST(CompareTest, AaComparisonsOfUnequalHostsStayUnderTheFdr) {
+  Fleet fleet;
+  fleet.host_size_sigma = 1.0;
+  const uint32_t num_keys = fleet.shares.size();
+  std::mt19937_64 rng(20260317);
+  for (int hosts : {3, 10, 30}) {
+    int flagged = 0;
+    double df_sum = 0;
+    for (int i = 0; i < kAaComparisons; ++i) {
+      const Group b = DrawGroup(fleet, {hosts, 3}, rng);
+      const Group c = DrawGroup(fleet, {hosts, 3}, rng);
+      auto result = CompareGroups(b, c, num_keys);
+      ASSERT_TRUE(result.ok()) << result.status();
+      flagged += AnySignificant(*result);
+      df_sum += result->keys[0].df;
+    }
+    std::printf(
+        "A/A, %d comparisons of %d hosts of unequal sizes x 3 windows, fdr 0.05: any key "
+        "significant in %.1f %%, mean df %.1f (of %d for equal hosts)\n",
+        kAaComparisons, hosts, 100.0 * flagged / kAaComparisons, df_sum / kAaComparisons,
+        2 * (hosts - 1));
+    EXPECT_LE(flagged, kAaMostFlagged) << hosts << " hosts";
+    EXPECT_LT(df_sum / kAaComparisons, 2 * (hosts - 1)) << hosts << " hosts";
+  }
 }
 
 TEST(CompareTest, PlantedChangesAreFoundWithEnoughHosts) {
