@@ -117,10 +117,25 @@ TEST_F(HotSpotAttachTest, RunsCommandsAndWritesThePerfMap) {
   EXPECT_TRUE(jvm->running());
 }
 
+// Until `pid` runs `program` (its exec done: under qemu the child runs as the emulator until
+// then), at most 30 s.
+bool WaitForExec(pid_t pid, const std::string& program) {
+  const std::filesystem::path want = std::filesystem::canonical(program);
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    std::error_code ec;
+    if (std::filesystem::read_symlink(absl::StrCat("/proc/", pid, "/exe"), ec) == want) {
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
 TEST_F(HotSpotAttachTest, ProcessesThatAreNoJvmAreLeftAlone) {
   // sleep(1) has no SIGQUIT handler: it must not be signalled (SIGQUIT would end it).
   Child sleeper({"/bin/sleep", "60"});
-  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(WaitForExec(sleeper.pid(), "/bin/sleep"));
   absl::StatusOr<std::string> answer =
       RunDiagnosticCommand(sleeper.pid(), "VM.version", absl::Seconds(1));
   EXPECT_TRUE(absl::IsDeadlineExceeded(answer.status())) << answer.status();
@@ -135,6 +150,7 @@ TEST_F(HotSpotAttachTest, ProcessesThatAreNoJvmAreLeftAlone) {
                    "signal.signal(signal.SIGQUIT, lambda *a: sys.exit(3))\n"
                    "time.sleep(60)\n"});
     // Until its handler is installed: SigCgt shows SIGQUIT.
+    ASSERT_TRUE(WaitForExec(catcher.pid(), "/usr/bin/python3"));
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
     bool catching = false;
     while (!catching && absl::Now() < deadline && catcher.running()) {

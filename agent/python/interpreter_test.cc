@@ -200,6 +200,8 @@ void CheckFramesOf(std::vector<std::string> command) {
       const uint64_t reads = memory->reads();
       if ((*interpreter)->ReadStack(child.pid, frames, &n) != ReadOutcome::kOk) continue;
       ++consistent;
+      // Through /proc/PID/mem (under qemu) each range is a call of its own.
+      if (memory->reads_mem_file()) continue;
       EXPECT_LE(memory->reads() - reads, qualified || n <= 4 ? max_reads : max_reads + n - 4)
           << "read " << i;
     }

@@ -41,6 +41,9 @@ class RemoteMemory {
 
   pid_t pid() const { return pid_; }
   uint64_t reads() const { return reads_; }
+  // Whether reads go through /proc/PID/mem (process_vm_readv failed: qemu user mode has none),
+  // one system call per range instead of one per batch of ranges.
+  bool reads_mem_file() const { return use_mem_file_; }
 
  private:
   pid_t pid_;
