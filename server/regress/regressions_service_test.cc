@@ -106,6 +106,17 @@ class RegressionsServiceTest : public ::testing::Test {
     EXPECT_TRUE(service.ok()) << service.status();
     return service.ok() ? std::move(*service) : nullptr;
   }
+  // A service posting to `receiver` that met version 1, then found the slower version 2.
+  std::unique_ptr<RegressionsService> SlowerReleaseFound(const WebhookReceiver& receiver) {
+    RegressionsOptions options;
+    options.webhook_url = receiver.Url();
+    std::unique_ptr<RegressionsService> service = Make(options);
+    if (service == nullptr) return nullptr;
+    EXPECT_TRUE(service->CheckNow().ok());
+    scripted_.sets.push_back({{"version", "2-slow"}});
+    EXPECT_TRUE(service->CheckNow().ok());
+    return service;
+  }
   testing::TempDir dir_;
   std::unique_ptr<store::Store> store_;
   Scripted scripted_;
@@ -113,14 +124,9 @@ class RegressionsServiceTest : public ::testing::Test {
 
 TEST_F(RegressionsServiceTest, VerdictsAreListedExportedPostedAndKeptAcrossARestart) {
   WebhookReceiver receiver(204);
-  RegressionsOptions options;
-  options.webhook_url = receiver.Url();
   {
-    std::unique_ptr<RegressionsService> service = Make(options);
+    std::unique_ptr<RegressionsService> service = SlowerReleaseFound(receiver);
     ASSERT_NE(service, nullptr);
-    ASSERT_TRUE(service->CheckNow().ok());
-    scripted_.sets.push_back({{"version", "2-slow"}});
-    ASSERT_TRUE(service->CheckNow().ok());
     const auto& request = receiver.Request();
     const std::string body = request.body();
     EXPECT_EQ(request[boost::beast::http::field::content_type], "application/json");
@@ -157,13 +163,8 @@ TEST_F(RegressionsServiceTest, VerdictsAreListedExportedPostedAndKeptAcrossARest
 
 TEST_F(RegressionsServiceTest, AWebhookThatFailsIsCountedAndTheVerdictKept) {
   WebhookReceiver receiver(500);
-  RegressionsOptions options;
-  options.webhook_url = receiver.Url();
-  std::unique_ptr<RegressionsService> service = Make(options);
+  std::unique_ptr<RegressionsService> service = SlowerReleaseFound(receiver);
   ASSERT_NE(service, nullptr);
-  ASSERT_TRUE(service->CheckNow().ok());
-  scripted_.sets.push_back({{"version", "2-slow"}});
-  ASSERT_TRUE(service->CheckNow().ok());
   EXPECT_FALSE(receiver.Request().body().empty());
   EXPECT_THAT(service->RenderMetrics(), HasSubstr("strata_regression_webhook_failures_total 1"));
   EXPECT_THAT(service->RunList({})->verdicts(), SizeIs(1));
