@@ -204,18 +204,17 @@ absl::Status ServerApp::BuildRegressions() {
     for (const v1::ServiceInfo& s : services->services()) names.push_back(s.name());
     return names;
   };
-  inputs.label_sets =
-      [query](const std::string& service) -> absl::StatusOr<std::vector<labels::LabelSet>> {
+  inputs.label_values = [query](const std::string& service)
+      -> absl::StatusOr<std::map<std::string, std::vector<std::string>>> {
     v1::ListLabelsRequest request;
     request.set_service(service);
     absl::StatusOr<v1::ListLabelsResponse> labels = query->RunListLabels(request);
     if (!labels.ok()) return labels.status();
-    // One set per (key, value): the watcher looks only for the values of its release labels.
-    std::vector<labels::LabelSet> sets;
+    std::map<std::string, std::vector<std::string>> values;
     for (const v1::LabelValues& key : labels->labels()) {
-      for (const std::string& value : key.values()) sets.push_back({{key.key(), value}});
+      values[key.key()].assign(key.values().begin(), key.values().end());
     }
-    return sets;
+    return values;
   };
   const double fdr = options_.regression_fdr;
   inputs.compare =

@@ -31,8 +31,13 @@ struct Scripted {
     in.services = []() -> absl::StatusOr<std::vector<std::string>> {
       return std::vector<std::string>{"checkout"};
     };
-    in.label_sets = [this](const std::string&) -> absl::StatusOr<std::vector<labels::LabelSet>> {
-      return sets;
+    in.label_values = [this](const std::string&)
+        -> absl::StatusOr<std::map<std::string, std::vector<std::string>>> {
+      std::map<std::string, std::vector<std::string>> values;
+      for (const labels::LabelSet& set : sets) {
+        for (const auto& [key, value] : set) values[key].push_back(value);
+      }
+      return values;
     };
     in.compare = [](const ComparisonPlan& plan) -> absl::StatusOr<v1::ReleaseVerdict> {
       v1::ReleaseVerdict v;

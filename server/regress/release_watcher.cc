@@ -38,18 +38,12 @@ std::string ReleaseWatcher::ReleaseId(const v1::ReleaseVerdict& release) {
 
 absl::StatusOr<std::pair<std::string, std::vector<std::string>>> ReleaseWatcher::ReleaseValues(
     const std::string& service) {
-  absl::StatusOr<std::vector<labels::LabelSet>> sets = inputs_.label_sets(service);
-  if (!sets.ok()) return sets.status();
+  absl::StatusOr<std::map<std::string, std::vector<std::string>>> values =
+      inputs_.label_values(service);
+  if (!values.ok()) return values.status();
   for (const std::string& label : options_.labels) {
-    std::set<std::string> values;
-    for (const labels::LabelSet& set : *sets) {
-      for (const labels::Label& l : set) {
-        if (l.first == label) values.insert(l.second);
-      }
-    }
-    if (!values.empty()) {
-      return std::make_pair(label, std::vector<std::string>(values.begin(), values.end()));
-    }
+    auto it = values->find(label);
+    if (it != values->end() && !it->second.empty()) return std::make_pair(label, it->second);
   }
   return std::make_pair(std::string(), std::vector<std::string>());
 }

@@ -54,8 +54,10 @@ using CompareFn = std::function<absl::StatusOr<v1::ReleaseVerdict>(const Compari
 
 struct ReleaseWatcherInputs {
   std::function<absl::StatusOr<std::vector<std::string>>()> services;
-  std::function<absl::StatusOr<std::vector<labels::LabelSet>>(const std::string& service)>
-      label_sets;
+  // The values each label key of the service's targets takes.
+  std::function<absl::StatusOr<std::map<std::string, std::vector<std::string>>>(
+      const std::string& service)>
+      label_values;
   CompareFn compare;
   std::function<absl::Status(const std::vector<store::ReleaseRecord>&)> persist;
 };

@@ -4,6 +4,7 @@
 #include "server/regress/release_watcher.h"
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,17 @@ using ::testing::IsEmpty;
 using ::testing::SizeIs;
 
 constexpr int64_t kMinute = 60'000;
+
+// What ListLabels answers for these label sets: each key's distinct values, sorted.
+std::map<std::string, std::vector<std::string>> ValuesOf(const std::vector<labels::LabelSet>& sets) {
+  std::map<std::string, std::set<std::string>> distinct;
+  for (const labels::LabelSet& set : sets) {
+    for (const auto& [key, value] : set) distinct[key].insert(value);
+  }
+  std::map<std::string, std::vector<std::string>> values;
+  for (const auto& [key, v] : distinct) values[key].assign(v.begin(), v.end());
+  return values;
+}
 
 // A scripted server: each service's label sets, a comparison that regresses whenever the
 // candidate is "slow", and a store of the persisted records.
@@ -36,10 +48,10 @@ struct Fixture {
       for (const auto& [service, unused] : sets) out.push_back(service);
       return out;
     };
-    in.label_sets = [this](const std::string& service)
-        -> absl::StatusOr<std::vector<labels::LabelSet>> {
+    in.label_values = [this](const std::string& service)
+        -> absl::StatusOr<std::map<std::string, std::vector<std::string>>> {
       if (!label_error.ok() && service == "broken") return label_error;
-      return sets[service];
+      return ValuesOf(sets[service]);
     };
     in.compare = [this](const ComparisonPlan& plan) -> absl::StatusOr<v1::ReleaseVerdict> {
       plans.push_back(plan);
