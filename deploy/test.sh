@@ -22,8 +22,10 @@ part_done() {
     $(((SECONDS - part_started) % 60)))")
   part_started=$SECONDS
 }
-# The failed tests of every part, repeated at the end: CI keeps only the tail of the output.
+# The failed tests of every part, and the end of each one's output, repeated at the end: CI
+# keeps only the tail of the output.
 failures=()
+failed_outputs=()  # "BUILD_DIR<TAB>TEST NAME" of each failed test
 run_ctest() {  # run_ctest PART BUILD_DIR CTEST_ARGS...: ctest in BUILD_DIR; records failures.
   local part=$1 dir=$2
   shift 2
@@ -31,7 +33,10 @@ run_ctest() {  # run_ctest PART BUILD_DIR CTEST_ARGS...: ctest in BUILD_DIR; rec
     status=1
     local failed="$dir/Testing/Temporary/LastTestsFailed.log"
     if [[ -s $failed ]]; then
-      while IFS= read -r line; do failures+=("$part: ${line#*:}"); done <"$failed"
+      while IFS= read -r line; do
+        failures+=("$part: ${line#*:}")
+        failed_outputs+=("$dir"$'\t'"${line#*:}")
+      done <"$failed"
     else
       failures+=("$part: ctest failed without a list of failed tests")
     fi
@@ -44,6 +49,13 @@ print_parts() {
   if ((${#failures[@]})); then
     echo "== failed"
     printf '  %s\n' "${failures[@]}"
+    local entry dir name
+    for entry in "${failed_outputs[@]}"; do
+      dir=${entry%%$'\t'*} name=${entry#*$'\t'}
+      echo "== the end of $name's output ($dir)"
+      awk -v name="$name" '$0 ~ "Testing: " && $NF == name {found = 1; next}
+        found && /^<end of output>/ {exit} found' "$dir/Testing/Temporary/LastTest.log" | tail -n 30
+    done
   fi
 }
 trap print_parts EXIT

@@ -89,7 +89,11 @@ absl::Status WriteAll(int fd, std::string_view bytes) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> Exchange(const std::string& socket_path, std::string_view request) {
+// Sends `request` to the listener at `socket_path` and returns its whole answer. `*connected`
+// tells whether anyone listened: a socket that refuses connections is a stale file.
+absl::StatusOr<std::string> Exchange(const std::string& socket_path, std::string_view request,
+                                     bool* connected) {
+  *connected = false;
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (socket_path.size() >= sizeof(address.sun_path)) {
@@ -105,7 +109,11 @@ absl::StatusOr<std::string> Exchange(const std::string& socket_path, std::string
   if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
     response = absl::UnavailableError(
         absl::StrCat("connecting to ", socket_path, ": ", std::strerror(errno)));
-  } else if (absl::Status written = WriteAll(fd, request); !written.ok()) {
+    ::close(fd);
+    return response;
+  }
+  *connected = true;
+  if (absl::Status written = WriteAll(fd, request); !written.ok()) {
     response = written;
   } else {
     char buffer[16384];
@@ -160,42 +168,65 @@ absl::StatusOr<std::string> RunDiagnosticCommand(pid_t pid, std::string_view com
                                                  absl::Duration timeout) {
   absl::StatusOr<pid_t> ns_pid = procfs::ReadNamespacePid(pid);
   if (!ns_pid.ok()) return ns_pid.status();
+  // Asked first, socket or not: a JVM killed without cleanup leaves its socket behind, and
+  // pids are reused, so a socket named after `pid` proves nothing about the process.
+  absl::StatusOr<bool> jvm = MapsLibjvm(pid);
+  if (!jvm.ok()) return jvm.status();
+  if (!*jvm) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "pid ", pid, " maps no libjvm.so (not a HotSpot JVM, or still starting)"));
+  }
   const std::string socket_path = absl::StrCat("/proc/", pid, "/root/tmp/.java_pid", *ns_pid);
-  if (!IsSocket(socket_path)) {
-    absl::StatusOr<bool> jvm = MapsLibjvm(pid);
-    if (!jvm.ok()) return jvm.status();
-    if (!*jvm) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "pid ", pid, " maps no libjvm.so (not a HotSpot JVM, or still starting)"));
+  const std::string request = EncodeAttachRequest("jcmd", command);
+  if (IsSocket(socket_path)) {
+    bool connected = false;
+    absl::StatusOr<std::string> response = Exchange(socket_path, request, &connected);
+    if (connected) {
+      if (!response.ok()) return response.status();
+      return ParseAttachResponse(*response);
     }
-    absl::StatusOr<bool> catches = CatchesSigquit(pid);
-    if (!catches.ok()) return catches.status();
-    if (!*catches) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "pid ", pid, " does not handle SIGQUIT (started with -Xrs, or still starting)"));
-    }
-    absl::StatusOr<std::string> trigger = CreateTrigger(pid, *ns_pid);
-    if (!trigger.ok()) return trigger.status();
-    const absl::Time deadline = absl::Now() + timeout;
-    bool listening = false;
-    const bool signalled = ::kill(pid, SIGQUIT) == 0;
-    const int kill_errno = signalled ? 0 : errno;
-    if (signalled) {
-      // The listener comes up within milliseconds of a JVM's next safepoint check.
-      while (!(listening = IsSocket(socket_path)) && absl::Now() < deadline) {
-        absl::SleepFor(absl::Milliseconds(20));
+    // Nobody listens: a dead JVM's socket. Removed (as HotSpot's own start-up does) so that
+    // the socket waited for below is this JVM's.
+    ::unlink(socket_path.c_str());
+  }
+  absl::StatusOr<bool> catches = CatchesSigquit(pid);
+  if (!catches.ok()) return catches.status();
+  if (!*catches) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "pid ", pid, " does not handle SIGQUIT (started with -Xrs, or still starting)"));
+  }
+  absl::StatusOr<std::string> trigger = CreateTrigger(pid, *ns_pid);
+  if (!trigger.ok()) return trigger.status();
+  const absl::Time deadline = absl::Now() + timeout;
+  bool listening = false;
+  const bool signalled = ::kill(pid, SIGQUIT) == 0;
+  const int kill_errno = signalled ? 0 : errno;
+  if (signalled) {
+    // The listener comes up within milliseconds of a JVM's next safepoint check. A JVM
+    // signalled while it starts may have its new socket removed by its own start-up
+    // cleanup; a second SIGQUIT, sent only while no socket is there, makes it start the
+    // listener again (jcmd does the same, at half its timeout).
+    const absl::Time resend_at = absl::Now() + timeout / 2;
+    bool resent = false;
+    while (true) {
+      listening = IsSocket(socket_path);
+      if (listening || absl::Now() >= deadline) break;
+      if (!resent && absl::Now() >= resend_at) {
+        resent = true;
+        ::kill(pid, SIGQUIT);
       }
-    }
-    ::unlink(trigger->c_str());
-    if (!listening) {
-      if (kill_errno == ESRCH) return absl::NotFoundError(absl::StrCat("pid ", pid, " is gone"));
-      return absl::DeadlineExceededError(
-          absl::StrCat("pid ", pid, ": no attach listener at ", socket_path, " after ",
-                       absl::FormatDuration(timeout), " (attach disabled, or not HotSpot)"));
+      absl::SleepFor(absl::Milliseconds(20));
     }
   }
-  absl::StatusOr<std::string> response =
-      Exchange(socket_path, EncodeAttachRequest("jcmd", command));
+  ::unlink(trigger->c_str());
+  if (!listening) {
+    if (kill_errno == ESRCH) return absl::NotFoundError(absl::StrCat("pid ", pid, " is gone"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("pid ", pid, ": no attach listener at ", socket_path, " after ",
+                     absl::FormatDuration(timeout), " (attach disabled, or not HotSpot)"));
+  }
+  bool connected = false;
+  absl::StatusOr<std::string> response = Exchange(socket_path, request, &connected);
   if (!response.ok()) return response.status();
   return ParseAttachResponse(*response);
 }

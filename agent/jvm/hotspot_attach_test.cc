@@ -4,9 +4,12 @@
 #include "agent/jvm/hotspot_attach.h"
 
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -132,6 +135,53 @@ bool WaitForExec(pid_t pid, const std::string& program) {
   return false;
 }
 
+// Until `child` has a SIGQUIT handler (SigCgt shows it), at most 60 s.
+bool WaitForSigquitHandler(const Child& child) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline && child.running()) {
+    std::ifstream status(absl::StrCat("/proc/", child.pid(), "/status"));
+    std::string line;
+    while (std::getline(status, line)) {
+      uint64_t mask = 0;
+      if (line.starts_with("SigCgt:") &&
+          absl::SimpleHexAtoi(absl::StripAsciiWhitespace(line.substr(7)), &mask) &&
+          ((mask >> (SIGQUIT - 1)) & 1)) {
+        return true;
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+// What a JVM killed without cleanup leaves in /tmp: a socket file nobody listens on. Pids are
+// reused, so the next process with that pid finds it.
+void LeaveStaleAttachSocket(pid_t pid) {
+  const std::string path = absl::StrCat("/tmp/.java_pid", pid);
+  std::filesystem::remove(path);
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.data(), path.size());
+  ASSERT_EQ(bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0)
+      << std::strerror(errno);
+  close(fd);
+}
+
+// A JVM whose pid names a dead JVM's socket: the stale file is passed over, the listener this
+// JVM starts replaces it.
+TEST_F(HotSpotAttachTest, AJvmBehindAStaleSocketIsStillReached) {
+  std::unique_ptr<Child> jvm = StartJvm(dir_);
+  ASSERT_TRUE(WaitForExec(jvm->pid(), kJava));
+  ASSERT_TRUE(WaitForSigquitHandler(*jvm)) << "the JVM never installed its handlers";
+  LeaveStaleAttachSocket(jvm->pid());
+  absl::StatusOr<std::string> version = RunWhenReady(jvm->pid(), "VM.version");
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_NE(version->find("JDK"), std::string::npos) << *version;
+  EXPECT_TRUE(jvm->running());
+}
+
 TEST_F(HotSpotAttachTest, ProcessesThatAreNoJvmAreLeftAlone) {
   // sleep(1) has no SIGQUIT handler: it must not be signalled (SIGQUIT would end it).
   Child sleeper({"/bin/sleep", "60"});
@@ -140,6 +190,13 @@ TEST_F(HotSpotAttachTest, ProcessesThatAreNoJvmAreLeftAlone) {
       RunDiagnosticCommand(sleeper.pid(), "VM.version", absl::Seconds(1));
   EXPECT_TRUE(absl::IsDeadlineExceeded(answer.status())) << answer.status();
   EXPECT_TRUE(sleeper.running());
+  // Nor when a dead JVM of the same pid left its socket behind.
+  LeaveStaleAttachSocket(sleeper.pid());
+  answer = RunDiagnosticCommand(sleeper.pid(), "VM.version", absl::Seconds(1));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(answer.status())) << answer.status();
+  EXPECT_NE(answer.status().message().find("libjvm.so"), std::string::npos) << answer.status();
+  EXPECT_TRUE(sleeper.running());
+  std::filesystem::remove(absl::StrCat("/tmp/.java_pid", sleeper.pid()));
   EXPECT_TRUE(absl::IsNotFound(
       RunDiagnosticCommand(999999999, "VM.version", absl::Seconds(1)).status()));
   // A process that catches SIGQUIT but is no JVM (a Go program would dump its goroutines
@@ -149,22 +206,8 @@ TEST_F(HotSpotAttachTest, ProcessesThatAreNoJvmAreLeftAlone) {
                    "import signal, sys, time\n"
                    "signal.signal(signal.SIGQUIT, lambda *a: sys.exit(3))\n"
                    "time.sleep(60)\n"});
-    // Until its handler is installed: SigCgt shows SIGQUIT.
     ASSERT_TRUE(WaitForExec(catcher.pid(), "/usr/bin/python3"));
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    bool catching = false;
-    while (!catching && absl::Now() < deadline && catcher.running()) {
-      std::ifstream status(absl::StrCat("/proc/", catcher.pid(), "/status"));
-      std::string line;
-      while (std::getline(status, line)) {
-        uint64_t mask = 0;
-        if (line.starts_with("SigCgt:") && absl::SimpleHexAtoi(absl::StripAsciiWhitespace(line.substr(7)), &mask)) {
-          catching = (mask >> (SIGQUIT - 1)) & 1;
-        }
-      }
-      if (!catching) absl::SleepFor(absl::Milliseconds(20));
-    }
-    ASSERT_TRUE(catching) << "python3 never installed its SIGQUIT handler";
+    ASSERT_TRUE(WaitForSigquitHandler(catcher)) << "python3 never installed its handler";
     answer = RunDiagnosticCommand(catcher.pid(), "VM.version", absl::Seconds(1));
     EXPECT_TRUE(absl::IsDeadlineExceeded(answer.status())) << answer.status();
     EXPECT_NE(answer.status().message().find("libjvm.so"), std::string::npos) << answer.status();
