@@ -43,6 +43,8 @@ class Child {
     if (pid_ > 0) {
       kill(pid_, SIGKILL);
       waitpid(pid_, nullptr, 0);
+      // A killed JVM leaves its attach socket behind.
+      std::filesystem::remove(absl::StrCat("/tmp/.java_pid", pid_));
     }
   }
   pid_t pid() const { return pid_; }
@@ -196,7 +198,6 @@ TEST_F(HotSpotAttachTest, ProcessesThatAreNoJvmAreLeftAlone) {
   EXPECT_TRUE(absl::IsDeadlineExceeded(answer.status())) << answer.status();
   EXPECT_NE(answer.status().message().find("libjvm.so"), std::string::npos) << answer.status();
   EXPECT_TRUE(sleeper.running());
-  std::filesystem::remove(absl::StrCat("/tmp/.java_pid", sleeper.pid()));
   EXPECT_TRUE(absl::IsNotFound(
       RunDiagnosticCommand(999999999, "VM.version", absl::Seconds(1)).status()));
   // A process that catches SIGQUIT but is no JVM (a Go program would dump its goroutines

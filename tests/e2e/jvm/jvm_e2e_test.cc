@@ -79,11 +79,13 @@ TEST(JvmE2eTest, HotSpotJitCodeIsNamedWithoutARestart) {
   const std::string service = absl::StrCat("jvm-", getpid());
   ChildProcess java({kJava, "-cp", dir.path(), "Spin"}, dir.File("java.log"),
                     {{"STRATA_SERVICE", service}});
-  // The JVM writes its map into its own /tmp: remove it whatever happens.
+  // The JVM writes its map and its attach socket into its own /tmp, and is killed: remove
+  // both whatever happens.
   struct Unlink {
     std::string path;
     ~Unlink() { std::remove(path.c_str()); }
-  } unlink_map{absl::StrCat("/tmp/perf-", java.pid(), ".map")};
+  } unlink_map{absl::StrCat("/tmp/perf-", java.pid(), ".map")},
+      unlink_socket{absl::StrCat("/tmp/.java_pid", java.pid())};
   ASSERT_TRUE(java.WaitForOutput("ready", 60)) << java.Output();
 
   ChildProcess agent({BinPath("strata-agent"), "--server", server.address(), "--pid",
