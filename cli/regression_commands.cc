@@ -39,6 +39,16 @@ std::string ChangeText(const v1::ReleaseFunctionChange& f) {
   return text;
 }
 
+// "version 1 -> 2", or "phase change (version 2)": a phase change of one release, compared
+// from its start (the FIRST SEEN column) on with the time before.
+std::string ComparedText(const v1::ReleaseVerdict& v) {
+  if (v.kind() == v1::ReleaseVerdict::PHASE) {
+    return v.label().empty() ? "phase change"
+                             : absl::StrCat("phase change (", v.label(), " ", v.candidate(), ")");
+  }
+  return absl::StrCat(v.label(), " ", v.baseline(), " -> ", v.candidate());
+}
+
 int RunRegressions(CliContext* ctx, const RegressionOptions& o) {
   absl::StatusOr<int64_t> since = base::ParseDuration(o.since);
   if (!since.ok() || *since <= 0) Fail(absl::StrCat("--since: '", o.since, "' is not a duration"));
@@ -59,8 +69,7 @@ int RunRegressions(CliContext* ctx, const RegressionOptions& o) {
       continue;
     }
     ++shown;
-    table.AddRow({FormatRfc3339(v.first_seen_ms()), v.service(),
-                  absl::StrCat(v.label(), " ", v.baseline(), " -> ", v.candidate()),
+    table.AddRow({FormatRfc3339(v.first_seen_ms()), v.service(), ComparedText(v),
                   absl::StrCat(StateText(v), v.final() ? "" : " (so far)",
                                v.error().empty() ? "" : " (error)"),
                   absl::StrCat(v.baseline_units(), "/", v.candidate_units()),
@@ -69,7 +78,8 @@ int RunRegressions(CliContext* ctx, const RegressionOptions& o) {
                       ? absl::StrCat(v.functions(0).name(), " ", ChangeText(v.functions(0)))
                       : "-"});
   }
-  std::printf("Releases compared with the one before (since %s%s): %d of %d shown%s\n",
+  std::printf("Releases compared with the one before, and phase changes (since %s%s): %d of "
+              "%d shown%s\n",
               o.since.c_str(), o.service.empty() ? "" : (", " + o.service).c_str(), shown,
               r.verdicts_size(), o.all ? "" : " (regressed or improved; --all for every one)");
   if (shown == 0) return 0;
@@ -77,9 +87,8 @@ int RunRegressions(CliContext* ctx, const RegressionOptions& o) {
   // The functions responsible, per regressed release.
   for (const v1::ReleaseVerdict& v : r.verdicts()) {
     if (v.state() != v1::ReleaseVerdict::REGRESSED) continue;
-    std::printf("\n%s %s %s -> %s: share of the service's CPU, baseline -> candidate\n",
-                v.service().c_str(), v.label().c_str(), v.baseline().c_str(),
-                v.candidate().c_str());
+    std::printf("\n%s %s: share of the service's CPU, baseline -> candidate\n",
+                v.service().c_str(), ComparedText(v).c_str());
     Table functions({"FUNCTION", "BASELINE", "CANDIDATE", "CHANGE", "Q"}, {1, 2, 4});
     for (const v1::ReleaseFunctionChange& f : v.functions()) {
       functions.AddRow({f.name(), absl::StrFormat("%.2f%%", f.baseline_share()),
@@ -97,7 +106,8 @@ void AddRegressionCommands(CLI::App* app, CliContext* ctx, int* exit_code) {
   static RegressionOptions options;
   auto* regressions = app->add_subcommand(
       "regressions",
-      "releases the server compared with the one before by itself: which got slower");
+      "releases (and phase changes) the server compared with the time before by itself: which "
+      "got slower");
   regressions->add_option("--service", options.service, "only this service's releases");
   regressions->add_option("--since", options.since, "releases first seen this recently")
       ->capture_default_str();

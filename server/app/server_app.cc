@@ -216,6 +216,20 @@ absl::Status ServerApp::BuildRegressions() {
     }
     return values;
   };
+  inputs.phases = [query](const std::string& service, int64_t from_ms,
+                          int64_t to_ms) -> absl::StatusOr<std::vector<int64_t>> {
+    v1::PhasesRequest request;
+    request.mutable_filter()->set_service(service);
+    request.mutable_filter()->mutable_range()->set_from_ms(from_ms);
+    request.mutable_filter()->mutable_range()->set_to_ms(to_ms);
+    absl::StatusOr<v1::PhasesResponse> phases = query->RunPhases(request);
+    if (!phases.ok()) return phases.status();
+    std::vector<int64_t> starts;
+    for (const v1::PhaseChange& change : phases->changes()) {
+      starts.push_back(change.window_start_ms());
+    }
+    return starts;
+  };
   const double fdr = options_.regression_fdr;
   inputs.compare =
       [query, fdr](const regress::ComparisonPlan& plan) -> absl::StatusOr<v1::ReleaseVerdict> {

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/base/clock.h"
 #include "common/rpc/grpc_status.h"
 #include "server/auth/grpc_auth.h"
@@ -27,6 +28,18 @@ std::string PromLabel(const std::string& s) {
     out.push_back(c);
   }
   return out;
+}
+
+// "version 1 -> 2", or "phase change at 2026-11-29T08:00:00Z (version 2)".
+std::string WhatWasCompared(const v1::ReleaseVerdict& v) {
+  if (v.kind() == v1::ReleaseVerdict::PHASE) {
+    return absl::StrCat(
+        "phase change at ",
+        absl::FormatTime(absl::RFC3339_sec, absl::FromUnixMillis(v.first_seen_ms()),
+                         absl::UTCTimeZone()),
+        v.label().empty() ? "" : absl::StrCat(" (", v.label(), " ", v.candidate(), ")"));
+  }
+  return absl::StrCat(v.label(), " ", v.baseline(), " -> ", v.candidate());
 }
 
 }  // namespace
@@ -100,8 +113,7 @@ absl::Status RegressionsService::CheckNow() {
   }
   for (const v1::ReleaseVerdict& verdict : *changed) {
     ++changes_;
-    spdlog::info("regressions: {} {} {} -> {}: {}{}", verdict.service(), verdict.label(),
-                 verdict.baseline(), verdict.candidate(),
+    spdlog::info("regressions: {} {}: {}{}", verdict.service(), WhatWasCompared(verdict),
                  v1::ReleaseVerdict::State_Name(verdict.state()),
                  verdict.functions_size() > 0
                      ? absl::StrCat(" (", verdict.functions(0).name(), ")")
@@ -141,7 +153,7 @@ absl::StatusOr<v1::ListRegressionsResponse> RegressionsService::RunList(
 std::string RegressionsService::RenderMetrics() const {
   std::string out =
       "# HELP strata_regression_detected Functions whose share rose significantly in the "
-      "service's newest release comparison (1 while that verdict stands).\n"
+      "service's newest release or phase comparison (1 while that verdict stands).\n"
       "# TYPE strata_regression_detected gauge\n";
   // Verdicts come newest first: the first of each service is its newest.
   std::map<std::string, bool> seen;
@@ -152,7 +164,8 @@ std::string RegressionsService::RenderMetrics() const {
       if (f.delta() <= 0) continue;
       absl::StrAppend(&out, "strata_regression_detected{service=\"", PromLabel(v.service()),
                       "\",function=\"", PromLabel(f.name()), "\",candidate=\"",
-                      PromLabel(v.candidate()), "\"} 1\n");
+                      PromLabel(v.candidate()), "\",kind=\"",
+                      v.kind() == v1::ReleaseVerdict::PHASE ? "phase" : "release", "\"} 1\n");
     }
   }
   absl::StrAppend(

@@ -141,7 +141,8 @@ TEST_F(RegressionsServiceTest, VerdictsAreListedExportedPostedAndKeptAcrossARest
 
     const std::string metrics = service->RenderMetrics();
     EXPECT_THAT(metrics, HasSubstr("strata_regression_detected{service=\"checkout\","
-                                   "function=\"parse \\\"request\\\"\",candidate=\"2-slow\"} 1"));
+                                   "function=\"parse \\\"request\\\"\",candidate=\"2-slow\","
+                                   "kind=\"release\"} 1"));
     EXPECT_THAT(metrics, HasSubstr("strata_regression_webhook_posts_total 1"));
     EXPECT_THAT(metrics, HasSubstr("strata_regression_webhook_failures_total 0"));
   }

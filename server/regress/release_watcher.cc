@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 namespace strata::server::regress {
 namespace {
@@ -30,6 +31,9 @@ ReleaseWatcher::ReleaseWatcher(ReleaseWatcherOptions options, ReleaseWatcherInpu
 std::string ReleaseWatcher::ReleaseId(const v1::ReleaseVerdict& release) {
   std::string id = release.service();
   id.push_back('\0');
+  if (release.kind() == v1::ReleaseVerdict::PHASE) {
+    return absl::StrCat(id, "\x01", absl::Dec(release.first_seen_ms(), absl::kZeroPad20));
+  }
   id += release.label();
   id.push_back('\0');
   id += release.candidate();
@@ -57,6 +61,7 @@ absl::StatusOr<std::vector<v1::ReleaseVerdict>> ReleaseWatcher::Check(int64_t no
   };
   std::set<std::string> dirty;             // release IDs to persist
   std::vector<v1::ReleaseVerdict> due;     // comparisons to run, copies
+  const int64_t window_ms = absl::ToInt64Milliseconds(options_.window);
   for (const std::string& service : *services) {
     absl::StatusOr<std::pair<std::string, std::vector<std::string>>> values =
         ReleaseValues(service);
@@ -65,42 +70,55 @@ absl::StatusOr<std::vector<v1::ReleaseVerdict>> ReleaseWatcher::Check(int64_t no
       continue;
     }
     const auto& [label, found] = *values;
-    if (label.empty()) continue;
-    std::string prefix = service;
-    prefix.push_back('\0');
-    prefix += label;
-    prefix.push_back('\0');
+    std::vector<int64_t> phase_starts;
+    if (inputs_.phases) {
+      absl::StatusOr<std::vector<int64_t>> starts =
+          inputs_.phases(service, now_ms - window_ms, now_ms + 1);
+      if (starts.ok()) {
+        phase_starts = *std::move(starts);
+      } else {
+        note(starts.status());
+      }
+    }
     absl::MutexLock lock(&mu_);
-    auto of_service = [&](auto&& fn) {
+    if (!label.empty()) {
+      std::string prefix = service;
+      prefix.push_back('\0');
+      prefix += label;
+      prefix.push_back('\0');
+      // The releases known before this pass: new ones are compared with the newest of them.
+      const v1::ReleaseVerdict* previous = nullptr;
       for (auto it = releases_.lower_bound(prefix);
            it != releases_.end() && it->first.starts_with(prefix); ++it) {
-        fn(it->second);
+        const v1::ReleaseVerdict& r = it->second;
+        if (previous == nullptr || r.first_seen_ms() > previous->first_seen_ms()) previous = &r;
       }
-    };
-    // The releases known before this pass: new ones are compared with the newest of them.
-    const v1::ReleaseVerdict* previous = nullptr;
-    of_service([&](const v1::ReleaseVerdict& r) {
-      if (previous == nullptr || r.first_seen_ms() > previous->first_seen_ms()) previous = &r;
-    });
-    const std::string baseline = previous != nullptr ? previous->candidate() : std::string();
-    for (const std::string& value : found) {
-      const std::string id = prefix + value;
-      if (releases_.contains(id)) continue;
-      v1::ReleaseVerdict release;
-      release.set_service(service);
-      release.set_label(label);
-      release.set_candidate(value);
-      release.set_first_seen_ms(now_ms);
-      release.set_updated_ms(now_ms);
-      // Met with the service (no release known before): no baseline to compare with.
-      release.set_baseline(baseline);
-      release.set_final(baseline.empty());
-      releases_[id] = release;
-      dirty.insert(id);
+      const std::string baseline = previous != nullptr ? previous->candidate() : std::string();
+      for (const std::string& value : found) {
+        const std::string id = prefix + value;
+        if (releases_.contains(id)) continue;
+        v1::ReleaseVerdict release;
+        release.set_service(service);
+        release.set_label(label);
+        release.set_candidate(value);
+        release.set_first_seen_ms(now_ms);
+        release.set_updated_ms(now_ms);
+        // Met with the service (no release known before): no baseline to compare with.
+        release.set_baseline(baseline);
+        release.set_final(baseline.empty());
+        releases_[id] = release;
+        dirty.insert(id);
+      }
     }
-    of_service([&](const v1::ReleaseVerdict& r) {
-      if (!r.final() && !r.baseline().empty()) due.push_back(r);
-    });
+    AddPhases(service, label, phase_starts, now_ms, dirty);
+    const std::string of_service = service + std::string(1, '\0');
+    for (auto it = releases_.lower_bound(of_service);
+         it != releases_.end() && it->first.starts_with(of_service); ++it) {
+      const v1::ReleaseVerdict& r = it->second;
+      if (!r.final() && (!r.baseline().empty() || r.kind() == v1::ReleaseVerdict::PHASE)) {
+        due.push_back(r);
+      }
+    }
   }
 
   // The comparisons read profiles: run without the lock, so Verdicts() is not held up.
@@ -133,21 +151,68 @@ absl::StatusOr<std::vector<v1::ReleaseVerdict>> ReleaseWatcher::Check(int64_t no
   return changed;
 }
 
+void ReleaseWatcher::AddPhases(const std::string& service, const std::string& label,
+                               const std::vector<int64_t>& phase_starts, int64_t now_ms,
+                               std::set<std::string>& dirty) {
+  const int64_t window_ms = absl::ToInt64Milliseconds(options_.window);
+  const std::string of_service = service + std::string(1, '\0');
+  for (int64_t start : std::set<int64_t>(phase_starts.begin(), phase_starts.end())) {
+    bool covered = false;                       // by a comparison begun shortly before
+    const v1::ReleaseVerdict* running = nullptr;  // the release running at `start`
+    for (auto it = releases_.lower_bound(of_service);
+         it != releases_.end() && it->first.starts_with(of_service); ++it) {
+      const v1::ReleaseVerdict& r = it->second;
+      const bool compared = r.kind() == v1::ReleaseVerdict::PHASE || !r.baseline().empty();
+      if (compared && r.first_seen_ms() <= start && start - r.first_seen_ms() < window_ms) {
+        covered = true;
+      }
+      if (r.kind() == v1::ReleaseVerdict::RELEASE && !label.empty() && r.label() == label &&
+          r.first_seen_ms() <= start &&
+          (running == nullptr || r.first_seen_ms() > running->first_seen_ms())) {
+        running = &r;
+      }
+    }
+    if (covered) continue;
+    v1::ReleaseVerdict phase;
+    phase.set_kind(v1::ReleaseVerdict::PHASE);
+    phase.set_service(service);
+    if (running != nullptr) {
+      phase.set_label(label);
+      phase.set_baseline(running->candidate());
+      phase.set_candidate(running->candidate());
+    }
+    phase.set_first_seen_ms(start);
+    phase.set_updated_ms(now_ms);
+    const std::string id = ReleaseId(phase);
+    releases_[id] = std::move(phase);
+    dirty.insert(id);
+  }
+}
+
 absl::Status ReleaseWatcher::Compare(v1::ReleaseVerdict& release, int64_t now_ms) {
-  if (!SelectableValue(release.baseline()) || !SelectableValue(release.candidate())) {
+  const bool phase = release.kind() == v1::ReleaseVerdict::PHASE;
+  // A phase change of a service without a release label compares all its samples.
+  const bool whole_service = phase && release.label().empty();
+  if (!whole_service &&
+      (!SelectableValue(release.baseline()) || !SelectableValue(release.candidate()))) {
     release.set_final(true);
     release.set_error("a release value a selector cannot name (one of , * ? [ ] ! =)");
     return absl::OkStatus();
   }
   ComparisonPlan plan;
   plan.service = release.service();
-  plan.baseline_selector = absl::StrCat(release.label(), "=", release.baseline());
-  plan.candidate_selector = absl::StrCat(release.label(), "=", release.candidate());
+  if (!whole_service) {
+    plan.baseline_selector = absl::StrCat(release.label(), "=", release.baseline());
+    plan.candidate_selector = absl::StrCat(release.label(), "=", release.candidate());
+  }
   plan.baseline_from_ms =
       release.first_seen_ms() - absl::ToInt64Milliseconds(options_.baseline_lookback);
-  plan.baseline_to_ms = now_ms;
+  // A release runs beside its baseline while it rolls out; a phase change splits one
+  // release's time in two.
+  plan.baseline_to_ms = phase ? release.first_seen_ms() : now_ms;
   plan.candidate_from_ms = release.first_seen_ms();
   plan.candidate_to_ms = now_ms;
+  plan.windows_independent = phase;
   absl::StatusOr<v1::ReleaseVerdict> outcome = inputs_.compare(plan);
   release.set_updated_ms(now_ms);
   if (!outcome.ok()) {
@@ -174,7 +239,8 @@ std::vector<v1::ReleaseVerdict> ReleaseWatcher::Verdicts(const std::string& serv
   std::vector<v1::ReleaseVerdict> out;
   absl::MutexLock lock(&mu_);
   for (const auto& [id, release] : releases_) {
-    if (release.baseline().empty() || release.first_seen_ms() < since_ms) continue;
+    if (release.kind() == v1::ReleaseVerdict::RELEASE && release.baseline().empty()) continue;
+    if (release.first_seen_ms() < since_ms) continue;
     if (!service.empty() && release.service() != service) continue;
     out.push_back(release);
   }

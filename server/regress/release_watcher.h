@@ -9,6 +9,11 @@
 // candidate has been seen for `window`: then its verdict is final. The values a service shows
 // when the watcher first meets it are recorded without a comparison (their order is unknown).
 //
+// Phase changes (the aggregator saw a service's hottest contexts reorder within one window)
+// are compared the same way: the release running at the change, its samples from the change
+// on against its samples over the lookback before it, per (host, window) unit. A phase change
+// within `window` after a compared release or another phase change is part of that one.
+//
 // The comparison itself (CompareFn: two label selections over two ranges, with confidence
 // intervals and a false discovery rate) and the storage of the state are the caller's; the
 // watcher owns the bookkeeping. Every release's state goes through PersistFn after each
@@ -21,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,6 +53,9 @@ struct ComparisonPlan {
   std::string candidate_selector;
   int64_t baseline_from_ms = 0, baseline_to_ms = 0;
   int64_t candidate_from_ms = 0, candidate_to_ms = 0;
+  // Each (host, window) a unit of its own (a phase change: the same hosts before and after),
+  // else each host.
+  bool windows_independent = false;
 };
 
 // A comparison's outcome: ReleaseVerdict's state, functions, min_detectable, units, samples.
@@ -58,6 +67,10 @@ struct ReleaseWatcherInputs {
   std::function<absl::StatusOr<std::map<std::string, std::vector<std::string>>>(
       const std::string& service)>
       label_values;
+  // The window starts of the service's phase changes in [from_ms, to_ms). Optional.
+  std::function<absl::StatusOr<std::vector<int64_t>>(const std::string& service,
+                                                      int64_t from_ms, int64_t to_ms)>
+      phases;
   CompareFn compare;
   std::function<absl::Status(const std::vector<store::ReleaseRecord>&)> persist;
 };
@@ -76,17 +89,24 @@ class ReleaseWatcher {
   // pass (the failure is kept in the verdict's `error`); the error returned is the first one.
   absl::StatusOr<std::vector<v1::ReleaseVerdict>> Check(int64_t now_ms);
 
-  // The verdicts of releases compared with a baseline, of `service` (every one when empty)
-  // whose candidate was first seen at or after `since_ms`, newest first.
+  // The verdicts of releases compared with a baseline and of phase changes, of `service`
+  // (every one when empty) whose candidate was first seen (or phase change began) at or after
+  // `since_ms`, newest first.
   std::vector<v1::ReleaseVerdict> Verdicts(const std::string& service, int64_t since_ms) const;
 
-  // A release's unique ID: service '\0' label '\0' value (the store's record ID).
+  // A release's unique ID: service '\0' label '\0' value (the store's record ID); a phase
+  // change's: service '\0' '\1' its window start (20 digits).
   static std::string ReleaseId(const v1::ReleaseVerdict& release);
 
  private:
   // The service's release label and its values now, or an empty label when it has none.
   absl::StatusOr<std::pair<std::string, std::vector<std::string>>> ReleaseValues(
       const std::string& service);
+  // New phase verdicts of `service` for the changes that began at `phase_starts`, compared
+  // within the release of `label` running at each.
+  void AddPhases(const std::string& service, const std::string& label,
+                 const std::vector<int64_t>& phase_starts, int64_t now_ms,
+                 std::set<std::string>& dirty) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Compare(v1::ReleaseVerdict& release, int64_t now_ms);
 
   const ReleaseWatcherOptions options_;

@@ -1,6 +1,7 @@
 // The release watcher's bookkeeping with a scripted service and comparison: releases met with
 // the service are not compared, a new one is compared with the one it replaces over the
-// right ranges until its window ends, and a restarted watcher continues from what it stored.
+// right ranges until its window ends, a phase change within a release is compared before
+// with after, and a restarted watcher continues from what it stored.
 #include "server/regress/release_watcher.h"
 
 #include <map>
@@ -38,6 +39,7 @@ struct Fixture {
   std::map<std::string, std::vector<labels::LabelSet>> sets;
   std::vector<ComparisonPlan> plans;
   std::map<std::string, std::string> stored;  // release ID -> payload
+  std::map<std::string, std::vector<int64_t>> phase_starts;  // by service
   absl::Status label_error;
   absl::Status compare_error;
 
@@ -52,6 +54,14 @@ struct Fixture {
         -> absl::StatusOr<std::map<std::string, std::vector<std::string>>> {
       if (!label_error.ok() && service == "broken") return label_error;
       return ValuesOf(sets[service]);
+    };
+    in.phases = [this](const std::string& service, int64_t from_ms,
+                       int64_t to_ms) -> absl::StatusOr<std::vector<int64_t>> {
+      std::vector<int64_t> out;
+      for (int64_t start : phase_starts[service]) {
+        if (start >= from_ms && start < to_ms) out.push_back(start);
+      }
+      return out;
     };
     in.compare = [this](const ComparisonPlan& plan) -> absl::StatusOr<v1::ReleaseVerdict> {
       plans.push_back(plan);
@@ -214,6 +224,82 @@ TEST(ReleaseWatcherTest, FailuresAreKeptAndRetriedWithoutStoppingOtherServices) 
   ASSERT_THAT(verdicts, SizeIs(2));
   EXPECT_TRUE(verdicts[0].final());
   EXPECT_THAT(verdicts[0].error(), ::testing::HasSubstr("selector"));
+}
+
+TEST(ReleaseWatcherTest, APhaseChangeIsComparedWithinItsReleaseBeforeWithAfter) {
+  Fixture f;
+  f.sets["checkout"] = {{{"version", "1"}}};
+  ReleaseWatcher watcher(Options(), f.Inputs(), {});
+  ASSERT_TRUE(watcher.Check(100 * kMinute).ok());
+  f.sets["checkout"].push_back({{"version", "2"}});
+  ASSERT_TRUE(watcher.Check(101 * kMinute).ok());  // release 2, first seen at 101
+  ASSERT_THAT(f.plans, SizeIs(1));
+
+  // A phase change 5 minutes into release 2 is part of its comparison (window: 10 minutes).
+  f.phase_starts["checkout"] = {106 * kMinute};
+  ASSERT_TRUE(watcher.Check(107 * kMinute).ok());
+  EXPECT_THAT(watcher.Verdicts("checkout", 0), SizeIs(1));
+
+  // One at 130, long after: compared within release 2, from the change on against the hour
+  // before it, each (host, window) a unit.
+  f.phase_starts["checkout"].push_back(130 * kMinute);
+  f.plans.clear();
+  auto changed = watcher.Check(131 * kMinute);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  // Release 2's last comparison (its window ended), and the phase change's first.
+  ASSERT_THAT(f.plans, SizeIs(2));
+  EXPECT_NE(f.plans[0].windows_independent, f.plans[1].windows_independent);
+  const ComparisonPlan& plan = f.plans[0].windows_independent ? f.plans[0] : f.plans[1];
+  EXPECT_EQ(plan.baseline_selector, "version=2");
+  EXPECT_EQ(plan.candidate_selector, "version=2");
+  EXPECT_EQ(plan.baseline_from_ms, 70 * kMinute);
+  EXPECT_EQ(plan.baseline_to_ms, 130 * kMinute);
+  EXPECT_EQ(plan.candidate_from_ms, 130 * kMinute);
+  EXPECT_EQ(plan.candidate_to_ms, 131 * kMinute);
+  EXPECT_TRUE(plan.windows_independent);
+  ASSERT_THAT(*changed, SizeIs(1));
+  EXPECT_EQ((*changed)[0].kind(), v1::ReleaseVerdict::PHASE);
+  EXPECT_EQ((*changed)[0].first_seen_ms(), 130 * kMinute);
+
+  // Further changes within its window are part of it; it is final after the window.
+  f.phase_starts["checkout"].push_back(133 * kMinute);
+  ASSERT_TRUE(watcher.Check(141 * kMinute).ok());
+  std::vector<v1::ReleaseVerdict> verdicts = watcher.Verdicts("checkout", 0);
+  ASSERT_THAT(verdicts, SizeIs(2));  // newest first: the phase change, then release 2
+  EXPECT_EQ(verdicts[0].kind(), v1::ReleaseVerdict::PHASE);
+  EXPECT_TRUE(verdicts[0].final());
+  EXPECT_EQ(verdicts[1].kind(), v1::ReleaseVerdict::RELEASE);
+  EXPECT_EQ(verdicts[1].candidate(), "2");
+  const size_t plans = f.plans.size();
+  ASSERT_TRUE(watcher.Check(150 * kMinute).ok());
+  EXPECT_EQ(f.plans.size(), plans);
+
+  // Stored and restored like releases.
+  ReleaseWatcher restarted(Options(), f.Inputs(), f.Stored());
+  EXPECT_THAT(restarted.Verdicts("checkout", 0), SizeIs(2));
+  ASSERT_TRUE(restarted.Check(151 * kMinute).ok());
+  EXPECT_EQ(f.plans.size(), plans);
+}
+
+TEST(ReleaseWatcherTest, APhaseChangeOfAServiceWithoutReleasesComparesAllItsSamples) {
+  Fixture f;
+  f.sets["batch"] = {{{"zone", "a"}}};
+  f.phase_starts["batch"] = {50 * kMinute};
+  ReleaseWatcher watcher(Options(), f.Inputs(), {});
+  auto changed = watcher.Check(52 * kMinute);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  ASSERT_THAT(f.plans, SizeIs(1));
+  EXPECT_EQ(f.plans[0].baseline_selector, "");
+  EXPECT_EQ(f.plans[0].candidate_selector, "");
+  ASSERT_THAT(*changed, SizeIs(1));
+  EXPECT_EQ((*changed)[0].kind(), v1::ReleaseVerdict::PHASE);
+  EXPECT_EQ((*changed)[0].label(), "");
+  // Changes older than the window when met are history: not compared.
+  f.phase_starts["other"] = {kMinute};
+  f.sets["other"] = {{{"zone", "a"}}};
+  f.plans.clear();
+  ASSERT_TRUE(watcher.Check(53 * kMinute).ok());
+  for (const ComparisonPlan& plan : f.plans) EXPECT_EQ(plan.service, "batch");
 }
 
 }  // namespace

@@ -19,6 +19,7 @@ v1::CompareRequest CompareRequestFor(const ComparisonPlan& plan, double fdr) {
   candidate->set_selector(plan.candidate_selector);
   candidate->mutable_range()->set_from_ms(plan.candidate_from_ms);
   candidate->mutable_range()->set_to_ms(plan.candidate_to_ms);
+  request.set_windows_independent(plan.windows_independent);
   request.set_fdr(fdr);
   return request;
 }

@@ -280,20 +280,29 @@ async function loadQuality() {
 const stateNames = { REGRESSED: 'REGRESSED', IMPROVED: 'improved', UNCHANGED: 'unchanged',
                      NOT_ENOUGH_DATA: 'not enough data' };
 
-// The releases the server compared by itself; the chosen one's differential flame graph: the
+// "version 1 → 2", or "phase change (version 2)": one release before and after a change of
+// its hottest contexts.
+function comparedText(v) {
+  if (v.kind === 'PHASE') return v.label ? `phase change (${v.label} ${v.candidate})` : 'phase change';
+  return `${v.label} ${v.baseline} → ${v.candidate}`;
+}
+
+// The releases (and phase changes) the server compared by itself; the chosen one's
+// differential flame graph: the
 // candidate's tree, each frame red where its share of the samples grew against the baseline,
 // blue where it shrank (white: unchanged; full colour at 5 points).
 async function loadRegressions() {
   const r = await api('/api/v1/regressions', new URLSearchParams({ service: $('service').value }));
   const verdicts = r.verdicts || [];
   $('summary').textContent = `${$('service').value}: ${verdicts.length} release` +
-      `${verdicts.length === 1 ? '' : 's'} compared with the one before`;
+      `${verdicts.length === 1 ? '' : 's'} or phase change${verdicts.length === 1 ? '' : 's'}` +
+      ' compared with the time before';
   state.verdicts = verdicts;
   fillTable($('regressions-table'), verdicts.map((v, i) => {
     const top = (v.functions || [])[0];
     const row = [
       cell(new Date(Number(v.first_seen_ms)).toISOString().replace('.000', '')),
-      cell(`${v.label} ${v.baseline} → ${v.candidate}`),
+      cell(comparedText(v)),
       cell(stateNames[v.state] + (v.final ? '' : ' (so far)'),
            v.state === 'REGRESSED' ? 'up' : v.state === 'IMPROVED' ? 'down' : ''),
       cell(`${v.baseline_units}/${v.candidate_units}`, 'num'),
@@ -318,9 +327,13 @@ async function showRegression(index) {
   const lookback = 3600 * 1000;
   const tree = (select, from, to) => api('/api/v1/flamegraph', new URLSearchParams({
     service: v.service, select, from_ms: from, to_ms: to, format: 'json' }));
+  // A phase change splits one release's time at its start; a release runs beside the one
+  // before it while it rolls out.
+  const phase = v.kind === 'PHASE', start = Number(v.first_seen_ms);
+  const select = (value) => (v.label ? `${v.label}=${value}` : '');
   const [base, cand] = await Promise.all([
-    tree(`${v.label}=${v.baseline}`, Number(v.first_seen_ms) - lookback, Number(v.updated_ms)),
-    tree(`${v.label}=${v.candidate}`, Number(v.first_seen_ms), Number(v.updated_ms))]);
+    tree(select(v.baseline), start - lookback, phase ? start : Number(v.updated_ms)),
+    tree(select(v.candidate), start, Number(v.updated_ms))]);
   // Baseline shares by path of names.
   const baseShare = new Map();
   const indexBase = (node, path) => {
@@ -338,7 +351,7 @@ async function showRegression(index) {
   link(cand, null);
   state.regressionTree = cand;
   $('regression-title').textContent =
-      `${v.service} ${v.label} ${v.baseline} → ${v.candidate}: ${stateNames[v.state]}` +
+      `${v.service} ${comparedText(v)}: ${stateNames[v.state]}` +
       ` (${fmt(v.baseline_samples)} and ${fmt(v.candidate_samples)} samples). ` +
       'Red: a larger share of the CPU than before, blue: smaller.';
   renderFlameInto(box, cand, null, (node, depth) => {
