@@ -1,7 +1,5 @@
 #include "server/app/server_app.h"
 
-#include "server/regress/verdict.h"
-
 #include <sys/resource.h>
 
 #include <chrono>
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/commit/batch_committer.h"
 #include "server/regress/verdict.h"
 #include "server/server_metrics.h"
 #include "spdlog/spdlog.h"
@@ -239,6 +238,9 @@ absl::Status ServerApp::BuildRegressions() {
     return regress::VerdictOf(*comparison);
   };
   regress::RegressionsOptions options = options_.regression;
+  // The aggregator ranks each window against the one before: a change it reports may have
+  // begun in either.
+  options.watcher.phase_onset = absl::Milliseconds(2 * commit::kWindowMs);
   if (membership_ != nullptr) {
     // In a cluster the node first in the ring checks for everyone (its queries read every
     // node), so that each verdict is computed, kept and posted once.

@@ -32,7 +32,7 @@ struct ServerFlags {
   std::string cluster_lease_ttl = "10s", cluster_query_timeout = "10s",
               cluster_replica_timeout = "5s", cluster_debuginfo_sync = "30s";
   std::string regression_interval = "60s", regression_window = "30m",
-              regression_lookback = "1h";
+              regression_lookback = "1h", regression_phase_unit = "1m";
 };
 
 // Adds the serving flags to `app`, bound to `flags` (which must outlive the parse).

@@ -209,10 +209,15 @@ absl::Status ReleaseWatcher::Compare(v1::ReleaseVerdict& release, int64_t now_ms
       release.first_seen_ms() - absl::ToInt64Milliseconds(options_.baseline_lookback);
   // A release runs beside its baseline while it rolls out; a phase change splits one
   // release's time in two.
-  plan.baseline_to_ms = phase ? release.first_seen_ms() : now_ms;
+  plan.baseline_to_ms =
+      phase ? release.first_seen_ms() - absl::ToInt64Milliseconds(options_.phase_onset) : now_ms;
   plan.candidate_from_ms = release.first_seen_ms();
   plan.candidate_to_ms = now_ms;
   plan.windows_independent = phase;
+  if (phase) {
+    plan.window_s = static_cast<uint32_t>(
+        std::max<int64_t>(1, absl::ToInt64Seconds(options_.phase_unit)));
+  }
   absl::StatusOr<v1::ReleaseVerdict> outcome = inputs_.compare(plan);
   release.set_updated_ms(now_ms);
   if (!outcome.ok()) {
@@ -221,6 +226,10 @@ absl::Status ReleaseWatcher::Compare(v1::ReleaseVerdict& release, int64_t now_ms
   }
   release.clear_error();
   release.set_comparisons(release.comparisons() + 1);
+  release.set_baseline_from_ms(plan.baseline_from_ms);
+  release.set_baseline_to_ms(plan.baseline_to_ms);
+  release.set_candidate_from_ms(plan.candidate_from_ms);
+  release.set_candidate_to_ms(plan.candidate_to_ms);
   release.set_state(outcome->state());
   *release.mutable_functions() = outcome->functions();
   release.set_min_detectable(outcome->min_detectable());

@@ -11,7 +11,7 @@
 //
 // Phase changes (the aggregator saw a service's hottest contexts reorder within one window)
 // are compared the same way: the release running at the change, its samples from the change
-// on against its samples over the lookback before it, per (host, window) unit. A phase change
+// on against its samples over the lookback before its onset, per (host, span) unit. A phase change
 // within `window` after a compared release or another phase change is part of that one.
 //
 // The comparison itself (CompareFn: two label selections over two ranges, with confidence
@@ -44,6 +44,11 @@ struct ReleaseWatcherOptions {
   std::vector<std::string> labels = {"version", "build_id"};
   absl::Duration baseline_lookback = absl::Hours(1);
   absl::Duration window = absl::Minutes(30);
+  // A phase change's comparison unit: each host's samples over a span this long.
+  absl::Duration phase_unit = absl::Minutes(1);
+  // How long before the window a phase change is reported in it may have begun (the
+  // aggregator ranks each window against the ones before): left out of the baseline.
+  absl::Duration phase_onset = absl::Seconds(20);
 };
 
 // What one comparison reads: the baseline's and the candidate's samples of `service`.
@@ -53,9 +58,10 @@ struct ComparisonPlan {
   std::string candidate_selector;
   int64_t baseline_from_ms = 0, baseline_to_ms = 0;
   int64_t candidate_from_ms = 0, candidate_to_ms = 0;
-  // Each (host, window) a unit of its own (a phase change: the same hosts before and after),
-  // else each host.
+  // Each (host, span of window_s seconds) a unit of its own (a phase change: the same hosts
+  // before and after), else each host.
   bool windows_independent = false;
+  uint32_t window_s = 0;
 };
 
 // A comparison's outcome: ReleaseVerdict's state, functions, min_detectable, units, samples.

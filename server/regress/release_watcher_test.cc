@@ -253,10 +253,11 @@ TEST(ReleaseWatcherTest, APhaseChangeIsComparedWithinItsReleaseBeforeWithAfter) 
   EXPECT_EQ(plan.baseline_selector, "version=2");
   EXPECT_EQ(plan.candidate_selector, "version=2");
   EXPECT_EQ(plan.baseline_from_ms, 70 * kMinute);
-  EXPECT_EQ(plan.baseline_to_ms, 130 * kMinute);
+  EXPECT_EQ(plan.baseline_to_ms, 130 * kMinute - 20'000);  // not the change's onset
   EXPECT_EQ(plan.candidate_from_ms, 130 * kMinute);
   EXPECT_EQ(plan.candidate_to_ms, 131 * kMinute);
   EXPECT_TRUE(plan.windows_independent);
+  EXPECT_EQ(plan.window_s, 60u);
   ASSERT_THAT(*changed, SizeIs(1));
   EXPECT_EQ((*changed)[0].kind(), v1::ReleaseVerdict::PHASE);
   EXPECT_EQ((*changed)[0].first_seen_ms(), 130 * kMinute);

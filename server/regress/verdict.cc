@@ -20,6 +20,7 @@ v1::CompareRequest CompareRequestFor(const ComparisonPlan& plan, double fdr) {
   candidate->mutable_range()->set_from_ms(plan.candidate_from_ms);
   candidate->mutable_range()->set_to_ms(plan.candidate_to_ms);
   request.set_windows_independent(plan.windows_independent);
+  request.set_window_s(plan.window_s);
   request.set_fdr(fdr);
   return request;
 }

@@ -324,16 +324,13 @@ async function showRegression(index) {
     $('regression-title').textContent = 'No release of this service was compared yet.';
     return;
   }
-  const lookback = 3600 * 1000;
   const tree = (select, from, to) => api('/api/v1/flamegraph', new URLSearchParams({
     service: v.service, select, from_ms: from, to_ms: to, format: 'json' }));
-  // A phase change splits one release's time at its start; a release runs beside the one
-  // before it while it rolls out.
-  const phase = v.kind === 'PHASE', start = Number(v.first_seen_ms);
+  // The ranges the server compared (a phase change: one release before and after it).
   const select = (value) => (v.label ? `${v.label}=${value}` : '');
   const [base, cand] = await Promise.all([
-    tree(select(v.baseline), start - lookback, phase ? start : Number(v.updated_ms)),
-    tree(select(v.candidate), start, Number(v.updated_ms))]);
+    tree(select(v.baseline), Number(v.baseline_from_ms), Number(v.baseline_to_ms)),
+    tree(select(v.candidate), Number(v.candidate_from_ms), Number(v.candidate_to_ms))]);
   // Baseline shares by path of names.
   const baseShare = new Map();
   const indexBase = (node, path) => {

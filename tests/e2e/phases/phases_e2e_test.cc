@@ -1,6 +1,7 @@
 // Phase changes end to end: a workload that switches its hot path halfway, profiled by the
-// real agent into the real server; `strata phases` reports the switch and `strata top` points
-// at it in its header.
+// real agent into the real server; `strata phases` reports the switch, `strata top` points
+// at it in its header, and `strata regressions` shows the server's comparison of before with
+// after.
 #include <signal.h>
 
 #include <chrono>
@@ -60,7 +61,11 @@ WindowSamples SamplesIn(const std::string& address, const std::string& service,
 
 TEST(PhasesTest, HotPathSwitchIsReported) {
   strata::testing::TempDir dir("strata_e2e_phases");
-  ServerProcess server(dir.File("data"), dir.File("server.log"));
+  // Phase changes are compared every second: per host and 10 s window, the two minutes
+  // before with the time after.
+  ServerProcess server(dir.File("data"), dir.File("server.log"),
+                       {"--regression-interval", "1s", "--regression-phase-unit", "10s",
+                        "--regression-lookback", "2m"});
   ASSERT_GT(server.port(), 0) << server.process().Output();
   // tokenize ~60 % until SIGUSR1, then ~5 % while deflate_block rises to ~85 %.
   // One serving thread: with two, a starved thread shifts samples between two stacks that
@@ -95,15 +100,21 @@ TEST(PhasesTest, HotPathSwitchIsReported) {
     }
     return out;
   };
+  // Two such windows: the comparison of before with after (below) takes each window as a
+  // unit, and with fewer than three before it could only tell a very large change.
   const auto ranked_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   int64_t checked_ms = 0;
+  int ranked = 0;
   for (;;) {
     const auto [first_ms, last_ms] = ServiceSpan(server.address(), "phased");
     // The newest complete window: a batch of the window after it has arrived.
     const int64_t complete_ms = last_ms - 2 * kWindowMs;
     if (first_ms != 0 && complete_ms > first_ms && complete_ms != checked_ms) {
       checked_ms = complete_ms;
-      if (SamplesIn(server.address(), "phased", complete_ms).tokenize > kHotThreshold) break;
+      if (SamplesIn(server.address(), "phased", complete_ms).tokenize > kHotThreshold &&
+          ++ranked == 2) {
+        break;
+      }
     }
     ASSERT_LT(std::chrono::steady_clock::now(), ranked_deadline)
         << "no whole window with tokenize ranked: " << first_ms << " .. " << last_ms << "\n"
@@ -122,6 +133,23 @@ TEST(PhasesTest, HotPathSwitchIsReported) {
     if (phases.exit_code == 0 && phases.output.find("): 0") == std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::seconds(1));
   } while (std::chrono::steady_clock::now() < deadline);
+  // Compared by the server without being asked, like a release: the time from the change on
+  // against the time before, deflate_block's share risen significantly once a few windows
+  // after the change are in.
+  CommandResult regressions;
+  const auto verdict_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  do {
+    regressions = RunCommand({BinPath("strata"), "--server", server.address(), "regressions",
+                              "--service", "phased"});
+    if (regressions.output.find("REGRESSED") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  } while (std::chrono::steady_clock::now() < verdict_deadline);
+  CommandResult verdicts = RunCommand({BinPath("strata"), "--server", server.address(), "--json",
+                                       "regressions", "--service", "phased", "--all"});
+  EXPECT_EQ(regressions.exit_code, 0) << regressions.output;
+  EXPECT_THAT(regressions.output, HasSubstr("REGRESSED")) << regressions.output << verdicts.output;
+  EXPECT_THAT(regressions.output, HasSubstr("deflate_block")) << regressions.output;
+  EXPECT_THAT(verdicts.output, HasSubstr("\"PHASE\"")) << verdicts.output;
   EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();
   demo.Stop(SIGKILL);
   EXPECT_EQ(phases.exit_code, 0) << phases.output;
@@ -142,7 +170,6 @@ TEST(PhasesTest, HotPathSwitchIsReported) {
                                    "phases", "--service", "phased", "--since", "10m"});
   EXPECT_EQ(json.exit_code, 0);
   EXPECT_THAT(json.output, HasSubstr("\"rose\""));
-
 }
 
 TEST(PhasesTest, SteadyWorkloadReportsNoPhaseChange) {
