@@ -59,6 +59,7 @@ int RunRegressions(CliContext* ctx, const RegressionOptions& o) {
   auto stub = v1::Regressions::NewStub(client.channel());
   auto r = client.Call(stub.get(), &v1::Regressions::Stub::ListRegressions, request);
   if (ctx->options().json) return PrintJson(r), 0;
+  WarnUnreachable(r.unreachable_nodes());
 
   Table table({"FIRST SEEN", "SERVICE", "RELEASE", "VERDICT", "HOSTS", "MDE", "LARGEST CHANGE"},
               {4, 5});

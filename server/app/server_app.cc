@@ -250,6 +250,13 @@ absl::Status ServerApp::BuildRegressions() {
       std::shared_ptr<const cluster::Ring> ring = membership->ring();
       return ring != nullptr && !ring->empty() && ring->members().front().id == self;
     };
+    const absl::Duration timeout = options_.cluster.query_timeout;
+    options.list_elsewhere = [this, timeout](grpc::ServerContext* context,
+                                             const v1::ListRegressionsRequest& request,
+                                             std::vector<std::string>* unreachable) {
+      return cluster::ListRegressionsElsewhere(membership_.get(), &node_channels_, context,
+                                               timeout, request, unreachable);
+    };
   }
   auto service = regress::RegressionsService::Create(std::move(options), std::move(inputs),
                                                      store_.get(), authorizer_.get());

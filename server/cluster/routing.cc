@@ -91,6 +91,27 @@ std::vector<v1::CaptureRecord> ListCapturesElsewhere(Membership* membership,
   return out;
 }
 
+std::vector<v1::ReleaseVerdict> ListRegressionsElsewhere(
+    Membership* membership, NodeChannels* channels, grpc::ServerContext* context,
+    absl::Duration timeout, const v1::ListRegressionsRequest& request,
+    std::vector<std::string>* unreachable) {
+  std::vector<v1::ReleaseVerdict> out;
+  if (IsRouted(context)) return out;
+  CallOthers<v1::Regressions>(
+      membership, channels, *membership->ring(), timeout,
+      [&](const RingMember& m, v1::Regressions::Stub& stub, grpc::ClientContext* client) {
+        v1::ListRegressionsResponse r;
+        grpc::Status s = stub.ListRegressions(client, request, &r);
+        if (!s.ok()) {
+          unreachable->push_back(absl::StrCat(NodeName(m), ": ", s.error_message()));
+          return true;
+        }
+        for (v1::ReleaseVerdict& v : *r.mutable_verdicts()) out.push_back(std::move(v));
+        return true;
+      });
+  return out;
+}
+
 grpc::Status GetCaptureElsewhere(Membership* membership, NodeChannels* channels,
                                  grpc::ServerContext* context, absl::Duration timeout,
                                  const v1::GetCaptureRequest& request, v1::CaptureRecord* record) {

@@ -24,6 +24,7 @@
 #include "server/cluster/replication.h"
 #include "strata/v1/capture.grpc.pb.h"
 #include "strata/v1/debuginfo.grpc.pb.h"
+#include "strata/v1/regress.grpc.pb.h"
 
 namespace strata::server::cluster {
 
@@ -43,6 +44,13 @@ std::vector<v1::CaptureRecord> ListCapturesElsewhere(Membership* membership,
                                                      grpc::ServerContext* context,
                                                      absl::Duration timeout,
                                                      std::vector<std::string>* unreachable);
+// The release and phase verdicts kept by the other live nodes (the node that checked when
+// each was computed keeps it), for RegressionsOptions::list_elsewhere. A call that was
+// already routed is answered by its node alone.
+std::vector<v1::ReleaseVerdict> ListRegressionsElsewhere(
+    Membership* membership, NodeChannels* channels, grpc::ServerContext* context,
+    absl::Duration timeout, const v1::ListRegressionsRequest& request,
+    std::vector<std::string>* unreachable);
 grpc::Status GetCaptureElsewhere(Membership* membership, NodeChannels* channels,
                                  grpc::ServerContext* context, absl::Duration timeout,
                                  const v1::GetCaptureRequest& request, v1::CaptureRecord* record);

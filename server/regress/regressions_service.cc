@@ -1,5 +1,6 @@
 #include "server/regress/regressions_service.h"
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -137,16 +138,37 @@ grpc::Status RegressionsService::ListRegressions(grpc::ServerContext* context,
       !p.ok()) {
     return rpc::ToGrpcStatus(p.status());
   }
-  return rpc::Respond([&] { return RunList(*request); }, response);
+  return rpc::Respond([&] { return RunList(*request, context); }, response);
 }
 
 absl::StatusOr<v1::ListRegressionsResponse> RegressionsService::RunList(
-    const v1::ListRegressionsRequest& request) {
+    const v1::ListRegressionsRequest& request, grpc::ServerContext* context) {
   if (request.since_ms() < 0) return absl::InvalidArgumentError("since_ms must not be negative");
   v1::ListRegressionsResponse response;
-  for (v1::ReleaseVerdict& v : watcher_->Verdicts(request.service(), request.since_ms())) {
-    *response.add_verdicts() = std::move(v);
+  std::vector<v1::ReleaseVerdict> verdicts =
+      watcher_->Verdicts(request.service(), request.since_ms());
+  if (options_.list_elsewhere) {
+    std::vector<std::string> unreachable;
+    std::vector<v1::ReleaseVerdict> others =
+        options_.list_elsewhere(context, request, &unreachable);
+    for (std::string& node : unreachable) response.add_unreachable_nodes(std::move(node));
+    if (!others.empty()) {
+      // One verdict per release: the node that checked last computed the newest.
+      std::map<std::string, v1::ReleaseVerdict> by_release;
+      for (std::vector<v1::ReleaseVerdict>* from : {&verdicts, &others}) {
+        for (v1::ReleaseVerdict& v : *from) {
+          auto [it, added] = by_release.try_emplace(ReleaseWatcher::ReleaseId(v), v);
+          if (!added && v.updated_ms() > it->second.updated_ms()) it->second = std::move(v);
+        }
+      }
+      verdicts.clear();
+      for (auto& [id, v] : by_release) verdicts.push_back(std::move(v));
+      std::stable_sort(verdicts.begin(), verdicts.end(), [](const auto& a, const auto& b) {
+        return a.first_seen_ms() > b.first_seen_ms();
+      });
+    }
   }
+  for (v1::ReleaseVerdict& v : verdicts) *response.add_verdicts() = std::move(v);
   return response;
 }
 

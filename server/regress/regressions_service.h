@@ -35,6 +35,13 @@ struct RegressionsOptions {
   absl::Duration webhook_timeout = absl::Seconds(5);
   // Whether this server checks now (a cluster's nodes leave it to one of them); null: always.
   std::function<bool()> should_check;
+  // The verdicts the other nodes of a cluster keep (each node keeps those it computed while
+  // it was the checking one), with the nodes that did not answer; null: none. `context` is
+  // the caller's call (null from HTTP).
+  std::function<std::vector<v1::ReleaseVerdict>(grpc::ServerContext* context,
+                                                const v1::ListRegressionsRequest& request,
+                                                std::vector<std::string>* unreachable)>
+      list_elsewhere;
 };
 
 // The webhook's body for one verdict: {"service", "label", "baseline", "candidate", "state",
@@ -58,7 +65,10 @@ class RegressionsService final : public v1::Regressions::Service {
   grpc::Status ListRegressions(grpc::ServerContext* context,
                                const v1::ListRegressionsRequest* request,
                                v1::ListRegressionsResponse* response) override;
-  absl::StatusOr<v1::ListRegressionsResponse> RunList(const v1::ListRegressionsRequest& request);
+  // This node's verdicts and the other nodes' (list_elsewhere), one per release or phase
+  // change (the most recently computed), newest first.
+  absl::StatusOr<v1::ListRegressionsResponse> RunList(const v1::ListRegressionsRequest& request,
+                                                      grpc::ServerContext* context = nullptr);
 
   // Prometheus text: strata_regression_detected{service,function} 1 for the functions of each
   // service's newest REGRESSED verdict; checks, comparisons and webhook posts counted.

@@ -107,7 +107,11 @@ class Agent {
                     .jitter = std::move(jitter)}) {
     agent_id_ = absl::StrCat(options.prefix, "-agent-", index);
     host_ = absl::StrCat(options.prefix, "-host-", index);
-    service_ = absl::StrCat(options.prefix, "-svc-", index % std::max<uint32_t>(1, options.services));
+    const uint32_t services = std::max<uint32_t>(1, options.services);
+    service_ = absl::StrCat(options.prefix, "-svc-", index % services);
+    for (const auto& [key, values] : options.labels) {
+      if (!values.empty()) labels_[key] = values[(index / services) % values.size()];
+    }
   }
 
   const std::string& service() const { return service_; }
@@ -130,6 +134,7 @@ class Agent {
     h->set_version("strata-loadgen");
     h->set_graph_id(graph_id_);
     h->set_frequency_hz(options_.frequency_hz);
+    h->mutable_labels()->insert(labels_.begin(), labels_.end());
     auto* c = new Connection(this, events);
     {
       absl::MutexLock lock(&mu_);
@@ -291,6 +296,7 @@ class Agent {
 
   const FleetOptions& options_;
   const uint32_t index_;
+  std::map<std::string, std::string> labels_;  // this agent's Hello.labels
   const Program* const program_;
   const uint64_t graph_id_;
   std::string agent_id_, host_, service_;

@@ -39,6 +39,10 @@ struct FleetOptions {
   absl::Duration drain_timeout = absl::Seconds(60);
   uint32_t frequency_hz = 99;
   uint32_t agents_per_connection = 16;  // agents sharing one HTTP/2 connection (per address)
+  // Fleet labels of every agent (Hello.labels), by key: one value for all, or several dealt
+  // to the agents of each service in turn (its first agent the first value, its second the
+  // second, ...), e.g. version=a|b for two releases of every service side by side.
+  std::map<std::string, std::vector<std::string>> labels;
   uint64_t seed = 1;
 };
 

@@ -118,6 +118,7 @@ struct LoadgenFlags {
   std::string query_token_file;
   uint32_t connect_probes = 0;
   std::string stream_file;
+  std::vector<std::string> labels;  // --label, into fleet.labels
 };
 
 void AddFlags(CLI::App& app, LoadgenFlags& f) {
@@ -151,6 +152,10 @@ void AddFlags(CLI::App& app, LoadgenFlags& f) {
       ->capture_default_str();
   app.add_option("--service-prefix", f.fleet.prefix, "prefix of agent, host and service names")
       ->capture_default_str();
+  app.add_option("--label", f.labels,
+                 "KEY=VALUE fleet label of every agent (repeatable); KEY=V1|V2|... deals the "
+                 "values to each service's agents in turn (e.g. version=a|b: two releases side "
+                 "by side)");
   strata::rpc::AddClientSecurityFlags(&app, &f.security);
   app.add_option("--query-token-file", f.query_token_file,
                  "token (role reader) for the queries, when --token-file is an agent token");
@@ -393,6 +398,15 @@ int Run(int argc, char** argv) {
     return 2;
   }
   fleet.servers = *std::move(servers);
+  for (const std::string& label : f.labels) {
+    const size_t eq = label.find('=');
+    if (eq == 0 || eq == std::string::npos || eq + 1 == label.size()) {
+      std::fprintf(stderr, "strata-loadgen: --label '%s' is not KEY=VALUE[|VALUE...]\n",
+                   label.c_str());
+      return 2;
+    }
+    fleet.labels[label.substr(0, eq)] = absl::StrSplit(label.substr(eq + 1), '|');
+  }
   auto agent_security = strata::rpc::ClientSecurity::Load(f.security);
   if (!f.query_token_file.empty()) f.security.token_file = f.query_token_file;
   auto query_security = strata::rpc::ClientSecurity::Load(f.security);

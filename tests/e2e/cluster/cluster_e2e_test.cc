@@ -27,6 +27,7 @@
 #include "strata/v1/cluster.grpc.pb.h"
 #include "strata/v1/debuginfo.grpc.pb.h"
 #include "strata/v1/ingest.grpc.pb.h"
+#include "strata/v1/regress.grpc.pb.h"
 #include "tests/e2e/harness.h"
 
 namespace strata::e2e {
@@ -158,7 +159,7 @@ class ClusterTest : public ::testing::Test {
   double Metric(const Node& n, const std::string& name) { return MetricIn(MetricsText(n), name); }
 
   std::unique_ptr<ChildProcess> StartLoad(int duration_s, const std::string& prefix,
-                                          int agents = 30) {
+                                          int agents = 30, std::vector<std::string> extra = {}) {
     std::vector<std::string> argv{BinPath("strata-loadgen"), "--server", Addresses(),
                                   "--agents", std::to_string(agents), "--interval", "2",
                                   "--duration", std::to_string(duration_s),
@@ -167,7 +168,9 @@ class ClusterTest : public ::testing::Test {
                                   "--services", "3", "--json"};
     const std::vector<std::string> security = LoadSecurityArgs();
     argv.insert(argv.end(), security.begin(), security.end());
-    return std::make_unique<ChildProcess>(argv, dir_.path() + "/loadgen-" + prefix + ".log");
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return std::make_unique<ChildProcess>(
+        argv, absl::StrCat(dir_.path(), "/loadgen-", prefix, "-", ++loads_, ".log"));
   }
 
   // Waits for strata-loadgen and checks its verdict: every sample delivered is in the
@@ -210,6 +213,7 @@ class ClusterTest : public ::testing::Test {
   std::vector<std::vector<std::string>> extra_args_;
   std::string lease_ttl_ = "3s";
   int starts_ = 0;
+  int loads_ = 0;
   strata::testing::TempDir dir_{"cluster_e2e"};
 };
 
@@ -654,6 +658,45 @@ TEST_F(ClusterTest, FanOutQueriesNameTheNodesThatDidNotAnswer) {
               absl::StrCat("n2 (", n2.address(), "): down (lease expired)"));
   }
   ASSERT_EQ(kill(n3.process->pid(), SIGCONT), 0);
+}
+
+// A new release is compared by the node first in the ring, reading every node's samples, and
+// its verdict is listed by every node.
+TEST_F(ClusterTest, ReleaseVerdictsAreListedByEveryNode) {
+  for (int i = 0; i < 2; ++i) AddNode({"--regression-interval", "1s"});
+  Node& n1 = *nodes_[0];
+  Node& n2 = *nodes_[1];
+  ExpectExact(*StartLoad(8, "rel", 8, {"--label", "version=1"}), 120);
+  // The checking node meets the service with release 1 (recorded, not compared).
+  const double checks = Metric(n1, "strata_regression_checks_total");
+  ASSERT_TRUE(WaitFor([&] { return Metric(n1, "strata_regression_checks_total") >= checks + 2; },
+                      absl::Seconds(30)))
+      << Logs();
+  EXPECT_EQ(Metric(n2, "strata_regression_checks_total"), 0) << "only n1 checks";
+  // The same agents restarted (new graphs: another seed) with release 2; the totals are no
+  // longer the run's alone.
+  auto release2 = StartLoad(8, "rel", 8, {"--label", "version=2", "--seed", "2"});
+  EXPECT_NE(release2->Wait(120), -1) << release2->Output();
+  auto list = [](const Node& n) {
+    auto stub = v1::Regressions::NewStub(
+        grpc::CreateChannel(n.address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::ListRegressionsRequest request;
+    request.set_service("rel-svc-0");
+    v1::ListRegressionsResponse response;
+    grpc::Status s = stub->ListRegressions(&ctx, request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return response;
+  };
+  ASSERT_TRUE(WaitFor([&] { return list(n2).verdicts_size() > 0; }, absl::Seconds(30)))
+      << Logs();
+  for (const Node* n : {&n1, &n2}) {
+    const v1::ListRegressionsResponse r = list(*n);
+    ASSERT_EQ(r.verdicts_size(), 1) << n->id << ": " << r.DebugString();
+    EXPECT_EQ(r.verdicts(0).baseline(), "1");
+    EXPECT_EQ(r.verdicts(0).candidate(), "2");
+    EXPECT_EQ(r.unreachable_nodes_size(), 0) << r.DebugString();
+  }
 }
 
 // A debug file uploaded while a node is down reaches it when it is back, and reaches a node
