@@ -142,6 +142,12 @@ void AddFlags(CLI::App& app, LoadgenFlags& f) {
       ->capture_default_str();
   app.add_option("--programs", f.programs, "distinct programs (call graphs) the agents run")
       ->capture_default_str();
+  app.add_option("--intervals", f.program.intervals,
+                 "distinct batches of each program (independent draws of its samples); agent i "
+                 "sends batch (sequence + i) mod N, so agents whose indices differ by at least "
+                 "their batch count within N send disjoint ones")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--duration", f.duration_s, "seconds of sending")->capture_default_str();
   app.add_option("--ramp-up", f.ramp_s, "seconds over which agents start")->capture_default_str();
   app.add_option("--reconnect-storm-at", f.storms_s,
