@@ -37,7 +37,9 @@ for b in "${want[@]}"; do
     fdo) tests/bench/fdo/fdo.sh "$bin" ;;
     symbolize) "$bin/symbolize_benchmark" --benchmark_min_time=0.5 ;;  # per frame, vs addr2line
     cluster) tests/bench/cluster/cluster.sh "$bin" ;;  # per node count, RF 1 vs 2, fan-out queries
-    compare) "$bin/compare_benchmark" ;;  # detection curve, A/A rate, cost of one comparison
+    compare)  # detection curve, A/A rate, cost of one comparison; planted slowdowns, real processes
+      "$bin/compare_benchmark"
+      BUILD="$(cd "$build" && pwd)" tests/bench/compare/planted.sh ;;
     *) echo "unknown benchmark '$b'" >&2; exit 2 ;;
   esac
 done
