@@ -8,7 +8,9 @@
 # size: samples per host, checksum_block's self share in each version, the change with its 95 %
 # interval, the change planted (from the measured baseline share: a function of share s doing
 # (1 + f) times its work has the share s (1 + f) / (1 + s f)), whether the interval holds it,
-# q, and whether the comparison calls it significant (at FDR 0.05) with the right sign.
+# q, and whether the comparison calls it significant (at FDR 0.05) with the right sign. Exits 1
+# when an interval misses the planted change or a change of MUST_FIND percent or more (default
+# 10) is not found.
 #
 #   tests/bench/compare/planted.sh [SECONDS=60]
 #   env: BUILD (default <repo>/build; binaries in BUILD/bin), HOSTS (per version, default 4),
@@ -23,6 +25,7 @@ BUILD=${BUILD:-$root/build}
 HOSTS=${HOSTS:-4}
 HZ=${HZ:-2999}
 SIZES=${SIZES:-2 5 10}
+MUST_FIND=${MUST_FIND:-10}
 bin=$BUILD/bin
 for b in strata-server strata-agent strata compare_workload; do
   [[ -x "$bin/$b" ]] || { echo "planted.sh: missing $bin/$b (set BUILD)" >&2; exit 2; }
@@ -47,6 +50,7 @@ for _ in $(seq 100); do grep -q "ready on port" "$work/server.log" && break; sle
 grep -q "ready on port" "$work/server.log" || { cat "$work/server.log" >&2; exit 1; }
 server=127.0.0.1:$port
 
+status=0
 printf '%-6s %5s %9s %8s %8s %28s %8s %6s %8s %s\n' PLANTED HOSTS SAMPLES/H BASE% CAND% \
   "CHANGE [95 %]" EXPECTED INSIDE Q SIGNIFICANT
 for size in $SIZES; do
@@ -78,7 +82,7 @@ for size in $SIZES; do
   for entry in "${run[@]}"; do wait "${entry%%:*}" 2>/dev/null || true; done
   "$bin/strata" --server "$server" --json compare -s "$service" --baseline version=1 \
     --candidate version=2 --since 1h -n 50 >"$work/$service.json"
-  python3 - "$work/$service.json" "$size" "$HOSTS" <<'EOF'
+  python3 - "$work/$service.json" "$size" "$HOSTS" "$MUST_FIND" <<'EOF' || status=1
 import json, sys
 r = json.load(open(sys.argv[1]))
 f = float(sys.argv[2]) / 100
@@ -86,7 +90,7 @@ hosts = int(sys.argv[3])
 row = next((x for x in r.get("functions", [])
             if x["function"]["function"] == "checksum_block"), None)
 if row is None:
-    print(f"+{sys.argv[2]:<5} checksum_block not in the comparison"); sys.exit(0)
+    print(f"+{sys.argv[2]:<5} checksum_block not in the comparison"); sys.exit(1)
 e = row["self"]
 b = e.get("share_baseline", 0) / 100
 expected = 100 * (b * (1 + f) / (1 + b * f) - b)
@@ -98,5 +102,7 @@ print(f"+{sys.argv[2]:<5} {hosts:>5} {samples:>9.0f} {100 * b:>8.2f} "
       f"{e.get('delta', 0):>+9.2f} pt [{lo:+.2f}, {hi:+.2f}] {expected:>+8.2f} "
       f"{'yes' if lo <= expected <= hi else 'no':>6} {e.get('q', 1):>8.2g} "
       f"{'yes' if significant else 'no'}")
+sys.exit(0 if lo <= expected <= hi and (significant or f * 100 < float(sys.argv[4])) else 1)
 EOF
 done
+exit $status
