@@ -392,7 +392,10 @@ void AddRegressionFlags(CLI::App& app, ServerFlags& f) {
     {"--regression-fdr", &o.regression_fdr,
      "false discovery rate over the functions compared (Benjamini-Hochberg)"},
     {"--regression-webhook", &o.regression.webhook_url,
-     "http:// URL each changed verdict is POSTed to as JSON", kNoDefault},
+     "http:// or https:// URL each changed verdict is POSTed to as JSON", kNoDefault},
+    {"--regression-webhook-ca", &o.regression.webhook_ca_file,
+     "PEM CA file an https webhook's certificate is verified against (default: the system's)",
+     kNoDefault},
   });
 }
 

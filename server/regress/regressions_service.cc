@@ -1,6 +1,10 @@
 #include "server/regress/regressions_service.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <map>
 #include <utility>
 
@@ -62,6 +66,11 @@ absl::StatusOr<std::unique_ptr<RegressionsService>> RegressionsService::Create(
     absl::StatusOr<WebhookUrl> url = ParseWebhookUrl(options.webhook_url);
     if (!url.ok()) return url.status();
     webhook = *url;
+    if (!options.webhook_ca_file.empty() && ::access(options.webhook_ca_file.c_str(), R_OK) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--regression-webhook-ca ",
+                                                     options.webhook_ca_file, ": ",
+                                                     std::strerror(errno)));
+    }
   }
   absl::StatusOr<std::vector<store::ReleaseRecord>> stored = store->meta().ListReleases();
   if (!stored.ok()) return stored.status();
@@ -121,7 +130,8 @@ absl::Status RegressionsService::CheckNow() {
                      : std::string());
     if (!webhook_.has_value()) continue;
     ++webhook_posts_;
-    if (absl::Status s = PostJson(*webhook_, VerdictJson(verdict), options_.webhook_timeout);
+    if (absl::Status s = PostJson(*webhook_, VerdictJson(verdict), options_.webhook_timeout,
+                                    options_.webhook_ca_file);
         !s.ok()) {
       ++webhook_failures_;
       spdlog::warn("regressions: {}", s.ToString());

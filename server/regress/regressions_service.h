@@ -32,6 +32,8 @@ struct RegressionsOptions {
   ReleaseWatcherOptions watcher;
   absl::Duration check_interval = absl::Seconds(60);
   std::string webhook_url;  // empty: none
+  std::string webhook_ca_file;  // PEM CAs an https webhook's certificate is checked against
+                                // (empty: the system's)
   absl::Duration webhook_timeout = absl::Seconds(5);
   // Whether this server checks now (a cluster's nodes leave it to one of them); null: always.
   std::function<bool()> should_check;

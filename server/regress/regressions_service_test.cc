@@ -3,13 +3,17 @@
 #include "server/regress/regressions_service.h"
 
 #include <chrono>
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
@@ -55,28 +59,36 @@ struct Scripted {
   }
 };
 
-// One HTTP exchange on loopback: the request's body, answered with `status`. Gives up after
-// 20 s, so a test that never posts fails instead of hanging.
+// One HTTP exchange on loopback: the request's body, answered with `status`; over TLS with
+// the certificate chain and key of `tls` when given. Gives up after 20 s, so a test that never
+// posts fails instead of hanging.
+struct TlsFiles {
+  std::string cert, key;
+};
 class WebhookReceiver {
  public:
-  explicit WebhookReceiver(int status)
+  explicit WebhookReceiver(int status, const TlsFiles* tls = nullptr)
       : acceptor_(io_, {boost::asio::ip::make_address("127.0.0.1"), 0}), socket_(io_) {
-    namespace http = boost::beast::http;
+    if (tls != nullptr) {
+      tls_.emplace(boost::asio::ssl::context::tls_server);
+      tls_->use_certificate_chain_file(tls->cert);
+      tls_->use_private_key_file(tls->key, boost::asio::ssl::context::pem);
+    }
     acceptor_.async_accept(socket_, [this, status](boost::system::error_code ec) {
       if (ec) return;
-      http::async_read(socket_, buffer_, request_, [this, status](boost::system::error_code ec,
-                                                                  size_t) {
-        if (ec) return;
-        response_ = {static_cast<http::status>(status), 11};
-        response_.prepare_payload();
-        http::async_write(socket_, response_, [](boost::system::error_code, size_t) {});
-      });
+      if (!tls_) return Serve(socket_, status);
+      tls_stream_.emplace(socket_, *tls_);
+      tls_stream_->async_handshake(boost::asio::ssl::stream_base::server,
+                                   [this, status](boost::system::error_code ec) {
+                                     if (!ec) Serve(*tls_stream_, status);
+                                   });
     });
     thread_ = std::thread([this] { io_.run_for(std::chrono::seconds(20)); });
   }
   ~WebhookReceiver() { Wait(); }
   std::string Url() const {
-    return "http://127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port()) + "/hook";
+    return std::string(tls_ ? "https" : "http") + "://127.0.0.1:" +
+           std::to_string(acceptor_.local_endpoint().port()) + "/hook";
   }
   // After the exchange (or the 20 s).
   const boost::beast::http::request<boost::beast::http::string_body>& Request() {
@@ -85,12 +97,26 @@ class WebhookReceiver {
   }
 
  private:
+  template <typename Stream>
+  void Serve(Stream& stream, int status) {
+    namespace http = boost::beast::http;
+    http::async_read(stream, buffer_, request_,
+                     [this, &stream, status](boost::system::error_code ec, size_t) {
+                       if (ec) return;
+                       response_ = {static_cast<http::status>(status), 11};
+                       response_.prepare_payload();
+                       http::async_write(stream, response_,
+                                         [](boost::system::error_code, size_t) {});
+                     });
+  }
   void Wait() {
     if (thread_.joinable()) thread_.join();
   }
   boost::asio::io_context io_;
   boost::asio::ip::tcp::acceptor acceptor_;
   boost::asio::ip::tcp::socket socket_;
+  std::optional<boost::asio::ssl::context> tls_;
+  std::optional<boost::beast::ssl_stream<boost::asio::ip::tcp::socket&>> tls_stream_;
   boost::beast::flat_buffer buffer_;
   boost::beast::http::request<boost::beast::http::string_body> request_;
   boost::beast::http::response<boost::beast::http::string_body> response_;
@@ -177,8 +203,8 @@ TEST_F(RegressionsServiceTest, AWebhookThatFailsIsCountedAndTheVerdictKept) {
 }
 
 TEST_F(RegressionsServiceTest, BadWebhookUrlsAreRefused) {
-  for (const char* url : {"https://hooks.example/x", "ftp://x", "http://", "http://h:0/",
-                          "http://h:99999/", "http://h:port/"}) {
+  for (const char* url : {"ftp://x", "http://", "https://", "http://h:0/", "http://h:99999/",
+                          "http://h:port/"}) {
     RegressionsOptions options;
     options.webhook_url = url;
     auto service = RegressionsService::Create(options, scripted_.Inputs(), store_.get(), nullptr);
@@ -189,10 +215,53 @@ TEST_F(RegressionsServiceTest, BadWebhookUrlsAreRefused) {
   EXPECT_EQ(ok->host, "alerts.internal");
   EXPECT_EQ(ok->port, "9093");
   EXPECT_EQ(ok->target, "/api/strata?x=1");
+  EXPECT_FALSE(ok->tls);
+  auto secure = ParseWebhookUrl("https://hooks.example");
+  ASSERT_TRUE(secure.ok());
+  EXPECT_TRUE(secure->tls);
+  EXPECT_EQ(secure->port, "443");
+  EXPECT_EQ(secure->target, "/");
   // Nobody listening: Unavailable, promptly.
   auto closed = ParseWebhookUrl("http://127.0.0.1:1/");
   ASSERT_TRUE(closed.ok());
   EXPECT_TRUE(absl::IsUnavailable(PostJson(*closed, "{}", absl::Seconds(5))));
+}
+
+// An https webhook: the server's certificate checked against the CA file given, refused when
+// the system's CAs do not know it.
+TEST_F(RegressionsServiceTest, HttpsWebhooksAreVerified) {
+  const std::string certs = dir_.path() + "/certs";
+  ASSERT_EQ(std::system((std::string(STRATA_SOURCE_DIR) + "/deploy/gen-certs.sh --out " + certs +
+                         " >/dev/null")
+                            .c_str()),
+            0);
+  const TlsFiles tls{certs + "/server.pem", certs + "/server.key"};
+  {
+    WebhookReceiver receiver(200, &tls);
+    auto url = ParseWebhookUrl(receiver.Url());
+    ASSERT_TRUE(url.ok()) << url.status();
+    absl::Status posted = PostJson(*url, R"({"state":"REGRESSED"})", absl::Seconds(10),
+                                   certs + "/ca.pem");
+    EXPECT_TRUE(posted.ok()) << posted;
+    EXPECT_EQ(receiver.Request().body(), R"({"state":"REGRESSED"})");
+  }
+  {
+    WebhookReceiver receiver(200, &tls);
+    auto url = ParseWebhookUrl(receiver.Url());
+    ASSERT_TRUE(url.ok());
+    absl::Status untrusted = PostJson(*url, "{}", absl::Seconds(10));
+    EXPECT_TRUE(absl::IsUnavailable(untrusted)) << untrusted;
+    EXPECT_TRUE(receiver.Request().body().empty());
+  }
+  auto url = ParseWebhookUrl("https://127.0.0.1:1/");
+  ASSERT_TRUE(url.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      PostJson(*url, "{}", absl::Seconds(5), certs + "/no-such-ca.pem")));
+  RegressionsOptions options;
+  options.webhook_url = "https://127.0.0.1:1/";
+  options.webhook_ca_file = certs + "/no-such-ca.pem";
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      RegressionsService::Create(options, scripted_.Inputs(), store_.get(), nullptr).status()));
 }
 
 }  // namespace
