@@ -1,5 +1,5 @@
 // Is a planted slowdown real, end to end: compare_workload runs as version=1 (three processes),
-// as version=2 with checksum_block doing 30 % more work (three), and as version=3, version 1's
+// as version=2 with checksum_block doing twice the work (three), and as version=3, version 1's
 // build under another label (three); each process has its own strata-agent, so its own host.
 // `strata compare` finds checksum_block, with the planted change inside its interval, and
 // /api/v1/compare finds nothing between versions 1 and 3. And an A/A of the load generator's
@@ -23,7 +23,10 @@
 namespace strata::e2e {
 namespace {
 
-constexpr double kSlower = 0.3;  // version 2's extra work in checksum_block
+// Version 2's extra work in checksum_block. Three hosts a version leave the spread between
+// hosts itself uncertain (few degrees of freedom): +30 % was found in most runs, not in all on
+// a loaded machine. Smaller changes: tests/bench/compare/planted.sh.
+constexpr double kSlower = 1.0;
 constexpr int kHostsPerVersion = 3;
 constexpr uint64_t kSamplesPerHost = 5000;
 
@@ -158,7 +161,8 @@ TEST(CompareE2eTest, FindsThePlantedSlowdownAndNothingBetweenTwoLabelsOfOneBuild
   ASSERT_NE(checksum, nullptr) << json.output;
   EXPECT_TRUE(checksum->self().significant()) << checksum->DebugString();
   EXPECT_GT(checksum->self().delta(), 0);
-  // 30 % more work in a function of share s raises its share by (1.3 / (1 + 0.3 s)) - 1.
+  // A fraction f more work in a function of share s raises its share by
+  // ((1 + f) / (1 + f s)) - 1.
   const double s = checksum->self().share_baseline() / 100;
   const double expected = 100 * ((1 + kSlower) / (1 + s * kSlower) - 1);
   std::printf(
