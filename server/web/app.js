@@ -92,16 +92,41 @@ function link(node, parent) {
   for (const c of node.children) link(c, node);
 }
 
+// The search box's regular expression, or null when empty (or not a valid one: said below the
+// flame graph).
+function searchRegex() {
+  const text = $('flame-search').value.trim();
+  if (!text) return null;
+  try { return new RegExp(text); } catch (e) { return undefined; }
+}
+
+// Samples under frames matching `re`, each stack counted once (at its outermost match).
+function matchedSamples(node, re) {
+  if (re.test(node.name)) return node.value || 0;
+  return (node.children || []).reduce((sum, c) => sum + matchedSamples(c, re), 0);
+}
+
 function renderFlame() {
+  const re = searchRegex();
   renderFlameInto($('flame'), state.tree, state.zoom,
-                  (node, depth) => depth === 0 ? 'rgb(235,200,120)' : color(node.function || node.name, node.kind));
+                  (node, depth) => depth === 0 ? 'rgb(235,200,120)' : color(node.function || node.name, node.kind),
+                  re ? (node, depth) => depth > 0 && re.test(node.name) : null);
   $('flame-reset').hidden = !state.zoom || state.zoom === state.tree;
   state.total = state.tree ? state.tree.value : 0;
+  if (re === undefined) {
+    $('flame-details').textContent = 'The search is not a valid regular expression.';
+  } else if (re && state.tree) {
+    const n = state.tree.children.reduce((sum, c) => sum + matchedSamples(c, re), 0);
+    $('flame-details').textContent =
+        `Matched /${re.source}/: ${fmt(n)} samples, ${pct(n, state.tree.value)}`;
+  }
+  saveView();
 }
 
 // Draws `root` (zoomed to `zoom`, or whole) into `box`, each frame coloured by colorOf(node,
-// depth); every frame's div carries its node (_node) for the pointer handlers.
-function renderFlameInto(box, root, zoomed, colorOf) {
+// depth), those where matches(node, depth) holds highlighted (the others dimmed); every
+// frame's div carries its node (_node) for the pointer handlers.
+function renderFlameInto(box, root, zoomed, colorOf, matches) {
   box.replaceChildren();
   if (!root || !root.value) {
     box.style.height = '40px';
@@ -121,6 +146,7 @@ function renderFlameInto(box, root, zoomed, colorOf) {
     div.style.top = depth * rowH + 'px';
     div.style.width = w + 'px';
     div.style.background = colorOf(node, depth);
+    if (matches) div.classList.add(matches(node, depth) ? 'match' : 'unmatched');
     if (w > 24) div.textContent = node.name;
     div.title = '';
     div._node = node;
@@ -167,6 +193,7 @@ $('flame').addEventListener('mousemove', (e) => {
 });
 $('flame').addEventListener('mouseleave', () => { $('tooltip').hidden = true; });
 $('flame-reset').addEventListener('click', () => { state.zoom = null; renderFlame(); });
+$('flame-search').addEventListener('input', () => { if (state.tree) renderFlame(); });
 window.addEventListener('resize', () => { if (state.view === 'flame') renderFlame(); });
 
 async function loadFlame() {
@@ -175,11 +202,28 @@ async function loadFlame() {
   const tree = await api('/api/v1/flamegraph', p);
   link(tree, null);
   state.tree = tree;
-  state.zoom = null;
+  // A shared link's zoom: the frame at the end of its path of names, if the tree has it.
+  state.zoom = state.pendingZoom ? nodeAtPath(tree, state.pendingZoom) : null;
+  state.pendingZoom = null;
   const sel = $('select').value.trim();
   $('summary').textContent = `${$('service').value}${sel ? ' {' + sel + '}' : ''}: ` +
       `${fmt(tree.value || 0)} samples${typeSuffix()}`;
   renderFlame();
+}
+
+// The names from the root's child down to `node`, and back.
+function pathOf(node) {
+  const names = [];
+  for (let n = node; n && n.parent; n = n.parent) names.unshift(n.name);
+  return names;
+}
+function nodeAtPath(tree, names) {
+  let node = tree;
+  for (const name of names) {
+    node = (node.children || []).find((c) => c.name === name);
+    if (!node) return null;
+  }
+  return node === tree ? null : node;
 }
 
 // A frame of the JSON API, marked " [k]" for kernel code and " [j]" for JIT code (as the CLI).
@@ -376,6 +420,32 @@ $('regression-flame').addEventListener('mouseleave', () => { $('tooltip').hidden
 
 // ---- wiring -------------------------------------------------------------------------------
 
+// The whole view as URL parameters, written to the page's address (replaced, not pushed) and
+// to the Link anchor, so that a copied address opens the same view; init() reads them back.
+function viewParams() {
+  let p;
+  try { p = filterParams(); } catch (e) { p = new URLSearchParams({ service: $('service').value }); }
+  if ($('range').value === 'custom') p.set('range', 'custom');
+  p.set('view', state.view);
+  if ($('lines').checked) p.set('lines', '1');
+  if (state.view === 'diff' && $('diff-base').value === 'select') {
+    p.set('base_select', $('diff-select').value.trim());
+  } else if (state.view === 'diff' && $('diff-base').value === 'service') {
+    p.set('base_service', $('diff-service').value);
+  }
+  const search = $('flame-search').value.trim();
+  if (search) p.set('search', search);
+  if (state.view === 'flame' && state.zoom && state.zoom !== state.tree) {
+    p.set('zoom', pathOf(state.zoom).join('\n'));
+  }
+  return p;
+}
+function saveView() {
+  const url = `${location.pathname}?${viewParams()}`;
+  history.replaceState(null, '', url);
+  $('share').href = url;
+}
+
 const loaders = { flame: loadFlame, top: loadTop, diff: loadDiff, quality: loadQuality,
                   regressions: loadRegressions };
 
@@ -388,6 +458,7 @@ async function refresh() {
     showError(null);
     await loaders[state.view]();
     document.body.dataset.loaded = state.view;
+    saveView();
   } catch (e) {
     showError(e);
   }
@@ -443,7 +514,25 @@ async function init() {
       sel.replaceChildren(...r.services.map((s) => new Option(s.name, s.name)));
     }
     if (params.get('service')) $('service').value = params.get('service');
-    if (params.get('select')) $('select').value = params.get('select');
+    for (const key of ['host', 'focus', 'ignore', 'select']) {
+      if (params.get(key)) $(key).value = params.get(key);
+    }
+    if (params.get('search')) $('flame-search').value = params.get('search');
+    if (params.get('zoom')) state.pendingZoom = params.get('zoom').split('\n');
+    if (params.get('from_ms')) {
+      // datetime-local wants local time without a zone.
+      const local = (ms) => new Date(ms - new Date(ms).getTimezoneOffset() * 60000)
+          .toISOString().slice(0, 19);
+      $('range').value = 'custom';
+      $('custom-range').hidden = false;
+      $('from').value = local(Number(params.get('from_ms')));
+      if (params.get('to_ms')) $('to').value = local(Number(params.get('to_ms')));
+    }
+    if (params.get('base_service') !== null) {
+      $('diff-base').value = 'service';
+      $('diff-service').value = params.get('base_service');
+      $('diff-service').hidden = false;
+    }
     if (['cpu', 'off-cpu', 'wall'].includes(params.get('type'))) $('type').value = params.get('type');
     $('lines').checked = params.get('lines') === '1';
     if (params.get('base_select') !== null) {

@@ -219,6 +219,20 @@ TEST_F(LabelsE2eTest, SelectorsSplitTwoVersionsOfOneService) {
                                                    " samples")));
     EXPECT_THAT(dom.output, HasSubstr("<option>version=1</option>"));  // the filter's hints
     EXPECT_THAT(dom.output, ::testing::ContainsRegex("<div class=\"frame\"[^>]*>deflate_block</div>"));
+    // A shared link with a search: matching frames highlighted and counted, the view's state
+    // written back to the page's link.
+    CommandResult searched = RunCommand(
+        {"/bin/sh", "-c",
+         absl::StrCat(flags, "'http://127.0.0.1:", http_port_,
+                      "/?service=demo&since_s=3600&select=version%3D2&search=deflate' 2>/dev/null")},
+        90);
+    ASSERT_EQ(searched.exit_code, 0) << searched.output;
+    EXPECT_THAT(searched.output,
+                ::testing::ContainsRegex("<div class=\"frame match\"[^>]*>deflate_block</div>"));
+    EXPECT_THAT(searched.output, ::testing::ContainsRegex("Matched /deflate/: [0-9,]+ samples"));
+    EXPECT_THAT(searched.output, ::testing::ContainsRegex(
+                                     "id=\"share\" href=\"/\\?since_s=3600&amp;service=demo&amp;"
+                                     "select=version%3D2&amp;view=flame&amp;search=deflate\""));
   } else {
     std::printf("chromium not installed: the web UI's label filter was not checked\n");
   }
