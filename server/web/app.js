@@ -182,16 +182,22 @@ $('flame').addEventListener('click', (e) => {
   state.zoom = node === state.zoom ? (node.parent || null) : node;
   renderFlame();
 });
+// The tooltip of a flame graph box: text(node) of the frame under the pointer.
+function addTooltip(box, text) {
+  box.addEventListener('mousemove', (e) => {
+    const node = e.target._node, tip = $('tooltip');
+    if (!node) { tip.hidden = true; return; }
+    tip.textContent = text(node);
+    tip.hidden = false;
+    tip.style.left = Math.min(e.clientX + 12, window.innerWidth - tip.offsetWidth - 4) + 'px';
+    tip.style.top = e.clientY + 14 + 'px';
+  });
+  box.addEventListener('mouseleave', () => { $('tooltip').hidden = true; });
+}
+addTooltip($('flame'), frameText);
 $('flame').addEventListener('mousemove', (e) => {
-  const node = e.target._node, tip = $('tooltip');
-  if (!node) { tip.hidden = true; return; }
-  tip.textContent = frameText(node);
-  tip.hidden = false;
-  tip.style.left = Math.min(e.clientX + 12, window.innerWidth - tip.offsetWidth - 4) + 'px';
-  tip.style.top = e.clientY + 14 + 'px';
-  $('flame-details').textContent = frameText(node);
+  if (e.target._node) $('flame-details').textContent = frameText(e.target._node);
 });
-$('flame').addEventListener('mouseleave', () => { $('tooltip').hidden = true; });
 $('flame-reset').addEventListener('click', () => { state.zoom = null; renderFlame(); });
 $('flame-search').addEventListener('input', () => { if (state.tree) renderFlame(); });
 window.addEventListener('resize', () => { if (state.view === 'flame') renderFlame(); });
@@ -407,16 +413,95 @@ $('regressions-table').addEventListener('click', (e) => {
   if (!row || !row.cells[1] || row.cells[1].dataset.index === undefined) return;
   showRegression(Number(row.cells[1].dataset.index)).catch(showError);
 });
-$('regression-flame').addEventListener('mousemove', (e) => {
-  const node = e.target._node, tip = $('tooltip');
-  if (!node) { tip.hidden = true; return; }
-  tip.textContent = `${node.name}  —  ${pct(node.value, state.regressionTree.value)} of the ` +
-      `candidate's samples, ${signed(node.delta)} points against the baseline`;
-  tip.hidden = false;
-  tip.style.left = Math.min(e.clientX + 12, window.innerWidth - tip.offsetWidth - 4) + 'px';
-  tip.style.top = e.clientY + 14 + 'px';
+addTooltip($('regression-flame'), (node) =>
+  `${node.name}  —  ${pct(node.value, state.regressionTree.value)} of the ` +
+  `candidate's samples, ${signed(node.delta)} points against the baseline`);
+
+// ---- sandwich -----------------------------------------------------------------------------
+
+// One function's callers and callees from a flame graph tree: `callees` is every subtree
+// rooted at the function merged (by name, level by level), `callers` the paths above it
+// turned upside down (its callers as its children, theirs below them). A stack through it
+// counts once, at its outermost call, so recursion does not count twice.
+function sandwichOf(tree, name) {
+  const make = () => ({ name, value: 0, self: 0, children: [] });
+  const callees = make(), callers = make();
+  const childOf = (node, from) => {
+    let c = node.children.find((x) => x.name === from.name);
+    if (!c) {
+      c = { name: from.name, kind: from.kind, module: from.module, value: 0, self: 0, children: [] };
+      node.children.push(c);
+    }
+    return c;
+  };
+  const merge = (into, node) => {
+    for (const c of node.children || []) {
+      const m = childOf(into, c);
+      m.value += c.value || 0;
+      m.self += c.self || 0;
+      merge(m, c);
+    }
+  };
+  const above = [];  // the frames from the root's child down to the node walked
+  const walk = (node) => {
+    if (node.name === name) {
+      callees.value += node.value || 0;
+      callees.self += node.self || 0;
+      merge(callees, node);
+      callers.value += node.value || 0;
+      let at = callers;
+      for (let i = above.length - 1; i >= 0; i--) {
+        at = childOf(at, above[i]);
+        at.value += node.value || 0;
+      }
+      return;
+    }
+    above.push(node);
+    for (const c of node.children || []) walk(c);
+    above.pop();
+  };
+  for (const c of tree.children || []) walk(c);
+  const sort = (node) => {
+    node.children.sort((a, b) => b.value - a.value);
+    node.children.forEach(sort);
+  };
+  sort(callees);
+  sort(callers);
+  link(callees, null);
+  link(callers, null);
+  return { callers, callees };
+}
+
+async function loadSandwich() {
+  const name = $('sandwich-function').value.trim();
+  if (!name) {
+    $('summary').textContent = 'Pick a function (or click one in Top functions).';
+    $('sandwich-callers').replaceChildren();
+    $('sandwich-callees').replaceChildren();
+    return;
+  }
+  const tree = await api('/api/v1/flamegraph', filterParams());
+  link(tree, null);
+  state.tree = tree;
+  const { callers, callees } = sandwichOf(tree, name);
+  $('summary').textContent = `${name}: ${fmt(callees.value)} samples, ` +
+      `${pct(callees.value, tree.value || 0)} of ${$('service').value}${typeSuffix()}`;
+  const colorOf = (node, depth) => (depth === 0 ? 'rgb(235,200,120)' : color(node.name, node.kind));
+  $('sandwich-callers-title').textContent = `Callers of ${name} (its caller below it, theirs below them)`;
+  $('sandwich-callees-title').textContent = `Callees of ${name}`;
+  renderFlameInto($('sandwich-callers'), callers, null, colorOf);
+  renderFlameInto($('sandwich-callees'), callees, null, colorOf);
+}
+
+for (const box of [$('sandwich-callers'), $('sandwich-callees')]) addTooltip(box, frameText);
+$('sandwich-form').addEventListener('submit', (e) => { e.preventDefault(); refresh(); });
+// A function of Top functions opens its sandwich.
+$('top-table').addEventListener('click', (e) => {
+  const td = e.target.closest('td.fn');
+  if (!td || $('lines').checked) return;
+  $('sandwich-function').value = td.textContent.replace(/ \[[kj]\]$/, '');
+  selectView('sandwich');
 });
-$('regression-flame').addEventListener('mouseleave', () => { $('tooltip').hidden = true; });
 
 // ---- wiring -------------------------------------------------------------------------------
 
@@ -433,6 +518,9 @@ function viewParams() {
   } else if (state.view === 'diff' && $('diff-base').value === 'service') {
     p.set('base_service', $('diff-service').value);
   }
+  if (state.view === 'sandwich' && $('sandwich-function').value.trim()) {
+    p.set('function', $('sandwich-function').value.trim());
+  }
   const search = $('flame-search').value.trim();
   if (search) p.set('search', search);
   if (state.view === 'flame' && state.zoom && state.zoom !== state.tree) {
@@ -447,7 +535,7 @@ function saveView() {
 }
 
 const loaders = { flame: loadFlame, top: loadTop, diff: loadDiff, quality: loadQuality,
-                  regressions: loadRegressions };
+                  regressions: loadRegressions, sandwich: loadSandwich };
 
 async function refresh() {
   if (!$('service').value) {
@@ -518,6 +606,7 @@ async function init() {
       if (params.get(key)) $(key).value = params.get(key);
     }
     if (params.get('search')) $('flame-search').value = params.get('search');
+    if (params.get('function')) $('sandwich-function').value = params.get('function');
     if (params.get('zoom')) state.pendingZoom = params.get('zoom').split('\n');
     if (params.get('from_ms')) {
       // datetime-local wants local time without a zone.

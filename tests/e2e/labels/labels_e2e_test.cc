@@ -233,6 +233,23 @@ TEST_F(LabelsE2eTest, SelectorsSplitTwoVersionsOfOneService) {
     EXPECT_THAT(searched.output, ::testing::ContainsRegex(
                                      "id=\"share\" href=\"/\\?since_s=3600&amp;service=demo&amp;"
                                      "select=version%3D2&amp;view=flame&amp;search=deflate\""));
+    // The sandwich of deflate_block: compress_response among its callers.
+    CommandResult sandwich = RunCommand(
+        {"/bin/sh", "-c",
+         absl::StrCat(flags, "'http://127.0.0.1:", http_port_,
+                      "/?service=demo&since_s=3600&view=sandwich&function=deflate_block' "
+                      "2>/dev/null")},
+        90);
+    ASSERT_EQ(sandwich.exit_code, 0) << sandwich.output;
+    EXPECT_THAT(sandwich.output, HasSubstr("data-loaded=\"sandwich\""));
+    const size_t callers = sandwich.output.find("id=\"sandwich-callers\"");
+    const size_t callees = sandwich.output.find("id=\"sandwich-callees\"");
+    ASSERT_NE(callers, std::string::npos) << sandwich.output;
+    ASSERT_NE(callees, std::string::npos) << sandwich.output;
+    EXPECT_THAT(sandwich.output.substr(callers, callees - callers),
+                ::testing::ContainsRegex("<div class=\"frame\"[^>]*>compress_response</div>"))
+        << sandwich.output;
+    EXPECT_THAT(sandwich.output, HasSubstr("Callers of deflate_block"));
   } else {
     std::printf("chromium not installed: the web UI's label filter was not checked\n");
   }
