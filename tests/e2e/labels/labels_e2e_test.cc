@@ -206,13 +206,17 @@ TEST_F(LabelsE2eTest, SelectorsSplitTwoVersionsOfOneService) {
 
   // The web UI's label filter, in headless Chromium when installed.
   if (ChromiumInstalled()) {
-    const std::string flags = absl::StrCat(HeadlessChromium(dir_.File("chromium-profile")), " --dump-dom ");
-    CommandResult dom = RunCommand(
-        {"/bin/sh", "-c",
-         absl::StrCat(flags, "'http://127.0.0.1:", http_port_,
-                      "/?service=demo&since_s=3600&select=version%3D2' 2>/dev/null")},
-        90);
-    ASSERT_EQ(dom.exit_code, 0) << dom.output;
+    // The page at `query`, as the DOM once its scripts ran.
+    auto page = [&](const std::string& query) {
+      CommandResult dom = RunCommand(
+          {"/bin/sh", "-c",
+           absl::StrCat(HeadlessChromium(dir_.File("chromium-profile")), " --dump-dom ",
+                        "'http://127.0.0.1:", http_port_, "/?", query, "' 2>/dev/null")},
+          90);
+      EXPECT_EQ(dom.exit_code, 0) << dom.output;
+      return dom;
+    };
+    CommandResult dom = page("service=demo&since_s=3600&select=version%3D2");
     EXPECT_THAT(dom.output, HasSubstr("data-loaded=\"flame\""));
     EXPECT_THAT(dom.output, HasSubstr(absl::StrCat("demo {version=2}: ",
                                                    WithThousandsForTest(two.total_samples()),
@@ -221,12 +225,7 @@ TEST_F(LabelsE2eTest, SelectorsSplitTwoVersionsOfOneService) {
     EXPECT_THAT(dom.output, ::testing::ContainsRegex("<div class=\"frame\"[^>]*>deflate_block</div>"));
     // A shared link with a search: matching frames highlighted and counted, the view's state
     // written back to the page's link.
-    CommandResult searched = RunCommand(
-        {"/bin/sh", "-c",
-         absl::StrCat(flags, "'http://127.0.0.1:", http_port_,
-                      "/?service=demo&since_s=3600&select=version%3D2&search=deflate' 2>/dev/null")},
-        90);
-    ASSERT_EQ(searched.exit_code, 0) << searched.output;
+    CommandResult searched = page("service=demo&since_s=3600&select=version%3D2&search=deflate");
     EXPECT_THAT(searched.output,
                 ::testing::ContainsRegex("<div class=\"frame match\"[^>]*>deflate_block</div>"));
     EXPECT_THAT(searched.output, ::testing::ContainsRegex("Matched /deflate/: [0-9,]+ samples"));
@@ -234,13 +233,7 @@ TEST_F(LabelsE2eTest, SelectorsSplitTwoVersionsOfOneService) {
                                      "id=\"share\" href=\"/\\?since_s=3600&amp;service=demo&amp;"
                                      "select=version%3D2&amp;view=flame&amp;search=deflate\""));
     // The sandwich of deflate_block: compress_response among its callers.
-    CommandResult sandwich = RunCommand(
-        {"/bin/sh", "-c",
-         absl::StrCat(flags, "'http://127.0.0.1:", http_port_,
-                      "/?service=demo&since_s=3600&view=sandwich&function=deflate_block' "
-                      "2>/dev/null")},
-        90);
-    ASSERT_EQ(sandwich.exit_code, 0) << sandwich.output;
+    CommandResult sandwich = page("service=demo&since_s=3600&view=sandwich&function=deflate_block");
     EXPECT_THAT(sandwich.output, HasSubstr("data-loaded=\"sandwich\""));
     const size_t callers = sandwich.output.find("id=\"sandwich-callers\"");
     const size_t callees = sandwich.output.find("id=\"sandwich-callees\"");
