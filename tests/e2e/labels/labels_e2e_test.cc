@@ -223,15 +223,18 @@ TEST_F(LabelsE2eTest, SelectorsSplitTwoVersionsOfOneService) {
                                                    " samples")));
     EXPECT_THAT(dom.output, HasSubstr("<option>version=1</option>"));  // the filter's hints
     EXPECT_THAT(dom.output, ::testing::ContainsRegex("<div class=\"frame\"[^>]*>deflate_block</div>"));
-    // A shared link with a search: matching frames highlighted and counted, the view's state
-    // written back to the page's link.
-    CommandResult searched = page("service=demo&since_s=3600&select=version%3D2&search=deflate");
+    // A shared link with a search and a zoom: matching frames highlighted and counted, the
+    // zoom applied, the view's state written back to the page's link.
+    CommandResult searched = page(
+        "service=demo&since_s=3600&select=version%3D2&search=deflate&zoom=_start%0A__libc_start_main");
     EXPECT_THAT(searched.output,
                 ::testing::ContainsRegex("<div class=\"frame match\"[^>]*>deflate_block</div>"));
     EXPECT_THAT(searched.output, ::testing::ContainsRegex("Matched /deflate/: [0-9,]+ samples"));
     EXPECT_THAT(searched.output, ::testing::ContainsRegex(
                                      "id=\"share\" href=\"/\\?since_s=3600&amp;service=demo&amp;"
-                                     "select=version%3D2&amp;view=flame&amp;search=deflate\""));
+                                     "select=version%3D2&amp;view=flame&amp;search=deflate&amp;"
+                                     "zoom=_start%0A__libc_start_main\""));
+    EXPECT_THAT(searched.output, HasSubstr("<button id=\"flame-reset\">Reset zoom</button>"));
     // The sandwich of deflate_block: compress_response among its callers.
     CommandResult sandwich = page("service=demo&since_s=3600&view=sandwich&function=deflate_block");
     EXPECT_THAT(sandwich.output, HasSubstr("data-loaded=\"sandwich\""));
