@@ -26,21 +26,23 @@ part_done() {
 # keeps only the tail of the output.
 failures=()
 failed_outputs=()  # "BUILD_DIR<TAB>TEST NAME" of each failed test
+record_failures() {  # record_failures PART BUILD_DIR: the failed tests of its last ctest.
+  local part=$1 dir=$2 failed="$2/Testing/Temporary/LastTestsFailed.log" line
+  status=1
+  if [[ -s $failed ]]; then
+    while IFS= read -r line; do
+      failures+=("$part: ${line#*:}")
+      failed_outputs+=("$dir"$'\t'"${line#*:}")
+    done <"$failed"
+  else
+    failures+=("$part: failed before or outside its tests (see above)")
+  fi
+}
 run_ctest() {  # run_ctest PART BUILD_DIR CTEST_ARGS...: ctest in BUILD_DIR; records failures.
   local part=$1 dir=$2
   shift 2
-  if ! (cd "$dir" && ctest --output-on-failure "$@"); then
-    status=1
-    local failed="$dir/Testing/Temporary/LastTestsFailed.log"
-    if [[ -s $failed ]]; then
-      while IFS= read -r line; do
-        failures+=("$part: ${line#*:}")
-        failed_outputs+=("$dir"$'\t'"${line#*:}")
-      done <"$failed"
-    else
-      failures+=("$part: ctest failed without a list of failed tests")
-    fi
-  fi
+  rm -f "$dir/Testing/Temporary/LastTestsFailed.log"
+  (cd "$dir" && ctest --output-on-failure "$@") || record_failures "$part" "$dir"
 }
 print_parts() {
   echo "== time per part"
@@ -99,10 +101,9 @@ if [[ "${STRATA_SKIP_SANITIZE:-0}" != 1 ]]; then
   # Every unit and integration test under ASan+UBSan, and every libFuzzer target over its
   # seed corpus plus a short budget (long fuzzing: deploy/fuzz.sh).
   echo "== ASan+UBSan build, unit and integration tests, fuzz targets (build-sanitize)"
-  if ! STRATA_FUZZ_SECONDS=${STRATA_FUZZ_SECONDS:-10} JOBS=$jobs deploy/sanitize.sh asan; then
-    status=1
-    failures+=("ASan+UBSan: see the list above, or build-sanitize/Testing/Temporary/LastTestsFailed.log")
-  fi
+  rm -f build-sanitize/Testing/Temporary/LastTestsFailed.log
+  STRATA_FUZZ_SECONDS=${STRATA_FUZZ_SECONDS:-10} JOBS=$jobs deploy/sanitize.sh asan ||
+    record_failures "ASan+UBSan" build-sanitize
   part_done "ASan+UBSan build and tests, fuzz targets"
 fi
 exit $status
