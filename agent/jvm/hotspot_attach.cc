@@ -90,10 +90,10 @@ absl::Status WriteAll(int fd, std::string_view bytes) {
 }
 
 // Sends `request` to the listener at `socket_path` and returns its whole answer. `*connected`
-// tells whether anyone listened: a socket that refuses connections is a stale file.
+// (when given) tells whether anyone listened: a socket that refuses connections is a stale file.
 absl::StatusOr<std::string> Exchange(const std::string& socket_path, std::string_view request,
-                                     bool* connected) {
-  *connected = false;
+                                     bool* connected = nullptr) {
+  if (connected != nullptr) *connected = false;
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (socket_path.size() >= sizeof(address.sun_path)) {
@@ -112,7 +112,7 @@ absl::StatusOr<std::string> Exchange(const std::string& socket_path, std::string
     ::close(fd);
     return response;
   }
-  *connected = true;
+  if (connected != nullptr) *connected = true;
   if (absl::Status written = WriteAll(fd, request); !written.ok()) {
     response = written;
   } else {
@@ -225,8 +225,7 @@ absl::StatusOr<std::string> RunDiagnosticCommand(pid_t pid, std::string_view com
         absl::StrCat("pid ", pid, ": no attach listener at ", socket_path, " after ",
                      absl::FormatDuration(timeout), " (attach disabled, or not HotSpot)"));
   }
-  bool connected = false;
-  absl::StatusOr<std::string> response = Exchange(socket_path, request, &connected);
+  absl::StatusOr<std::string> response = Exchange(socket_path, request);
   if (!response.ok()) return response.status();
   return ParseAttachResponse(*response);
 }

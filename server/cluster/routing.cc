@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
@@ -69,47 +70,58 @@ grpc::Status RunCaptureElsewhere(Membership* membership, NodeChannels* channels,
   return last;
 }
 
+namespace {
+
+// What the other live nodes list: `ask(stub, client, &response)` on each, in a routed call;
+// the elements of `items(response)` kept, the nodes whose call failed named in `unreachable`.
+// A call that was already routed is answered by its node alone: nothing from the others.
+template <typename Service, typename Response, typename Ask, typename Items>
+auto ListFromOthers(Membership* membership, NodeChannels* channels,
+                    grpc::ServerContext* context, absl::Duration timeout,
+                    std::vector<std::string>* unreachable, Ask ask, Items items) {
+  using Item = typename std::remove_pointer_t<
+      std::invoke_result_t<Items, Response&>>::value_type;
+  std::vector<Item> out;
+  if (IsRouted(context)) return out;
+  CallOthers<Service>(
+      membership, channels, *membership->ring(), timeout,
+      [&](const RingMember& m, typename Service::Stub& stub, grpc::ClientContext* client) {
+        Response r;
+        grpc::Status s = ask(stub, client, &r);
+        if (!s.ok()) {
+          unreachable->push_back(absl::StrCat(NodeName(m), ": ", s.error_message()));
+          return true;
+        }
+        for (Item& item : *items(r)) out.push_back(std::move(item));
+        return true;
+      });
+  return out;
+}
+
+}  // namespace
+
 std::vector<v1::CaptureRecord> ListCapturesElsewhere(Membership* membership,
                                                      NodeChannels* channels,
                                                      grpc::ServerContext* context,
                                                      absl::Duration timeout,
                                                      std::vector<std::string>* unreachable) {
-  std::vector<v1::CaptureRecord> out;
-  if (IsRouted(context)) return out;
-  CallOthers<v1::Capture>(
-      membership, channels, *membership->ring(), timeout,
-      [&](const RingMember& m, v1::Capture::Stub& stub, grpc::ClientContext* client) {
-        v1::ListCapturesResponse r;
-        grpc::Status s = stub.List(client, v1::ListCapturesRequest(), &r);
-        if (!s.ok()) {
-          unreachable->push_back(absl::StrCat(NodeName(m), ": ", s.error_message()));
-          return true;
-        }
-        for (v1::CaptureRecord& c : *r.mutable_captures()) out.push_back(std::move(c));
-        return true;
-      });
-  return out;
+  return ListFromOthers<v1::Capture, v1::ListCapturesResponse>(
+      membership, channels, context, timeout, unreachable,
+      [](v1::Capture::Stub& stub, grpc::ClientContext* client, v1::ListCapturesResponse* r) {
+        return stub.List(client, v1::ListCapturesRequest(), r);
+      },
+      [](v1::ListCapturesResponse& r) { return r.mutable_captures(); });
 }
 
 std::vector<v1::ReleaseVerdict> ListRegressionsElsewhere(
     Membership* membership, NodeChannels* channels, grpc::ServerContext* context,
     absl::Duration timeout, const v1::ListRegressionsRequest& request,
     std::vector<std::string>* unreachable) {
-  std::vector<v1::ReleaseVerdict> out;
-  if (IsRouted(context)) return out;
-  CallOthers<v1::Regressions>(
-      membership, channels, *membership->ring(), timeout,
-      [&](const RingMember& m, v1::Regressions::Stub& stub, grpc::ClientContext* client) {
-        v1::ListRegressionsResponse r;
-        grpc::Status s = stub.ListRegressions(client, request, &r);
-        if (!s.ok()) {
-          unreachable->push_back(absl::StrCat(NodeName(m), ": ", s.error_message()));
-          return true;
-        }
-        for (v1::ReleaseVerdict& v : *r.mutable_verdicts()) out.push_back(std::move(v));
-        return true;
-      });
-  return out;
+  return ListFromOthers<v1::Regressions, v1::ListRegressionsResponse>(
+      membership, channels, context, timeout, unreachable,
+      [&request](v1::Regressions::Stub& stub, grpc::ClientContext* client,
+                 v1::ListRegressionsResponse* r) { return stub.ListRegressions(client, request, r); },
+      [](v1::ListRegressionsResponse& r) { return r.mutable_verdicts(); });
 }
 
 grpc::Status GetCaptureElsewhere(Membership* membership, NodeChannels* channels,

@@ -72,8 +72,9 @@ class RegressionsService final : public v1::Regressions::Service {
   absl::StatusOr<v1::ListRegressionsResponse> RunList(const v1::ListRegressionsRequest& request,
                                                       grpc::ServerContext* context = nullptr);
 
-  // Prometheus text: strata_regression_detected{service,function} 1 for the functions of each
-  // service's newest REGRESSED verdict; checks, comparisons and webhook posts counted.
+  // Prometheus text: strata_regression_detected{service,function,candidate,kind} 1 for the
+  // functions of each service's newest REGRESSED verdict; checks, comparisons and webhook posts
+  // counted.
   std::string RenderMetrics() const;
 
  private:

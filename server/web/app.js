@@ -510,7 +510,6 @@ $('top-table').addEventListener('click', (e) => {
 function viewParams() {
   let p;
   try { p = filterParams(); } catch (e) { p = new URLSearchParams({ service: $('service').value }); }
-  if ($('range').value === 'custom') p.set('range', 'custom');
   p.set('view', state.view);
   if ($('lines').checked) p.set('lines', '1');
   if (state.view === 'diff' && $('diff-base').value === 'select') {
