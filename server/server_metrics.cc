@@ -536,6 +536,24 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     auto r = query->RunCompare(request);
     return r.ok() ? Json(*r) : Error(r.status());
   }));
+  // ?step_ms= (0 or absent: about 100 intervals) &group_by=LABEL|host &limit= (series).
+  http->Route("/api/v1/series", reader([query](const http::HttpRequest& req) {
+    v1::SeriesRequest request;
+    if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
+    if (auto it = req.query.find("step_ms"); it != req.query.end() && !it->second.empty()) {
+      auto step = IntParam("step_ms", it->second, 0, int64_t{366} * 24 * 3600 * 1000);
+      if (!step.ok()) return Error(step.status());
+      request.set_step_ms(*step);
+    }
+    if (auto it = req.query.find("group_by"); it != req.query.end()) {
+      request.set_group_by(it->second);
+    }
+    auto limit = LimitFromQuery(req);
+    if (!limit.ok()) return Error(limit.status());
+    request.set_limit(*limit);
+    auto r = query->RunSeries(request);
+    return r.ok() ? Json(*r) : Error(r.status());
+  }));
   http->Route("/api/v1/quality", reader([query](const http::HttpRequest& req) {
     v1::QualityRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "server/store/store.h"
 
 namespace strata::server::aggregate {
@@ -31,6 +32,13 @@ class LiveSamples {
   virtual bool AddLiveCounts(const store::SampleQuery& query, uint64_t generation,
                              absl::flat_hash_map<uint64_t, uint64_t>* stacks,
                              std::map<std::string, uint64_t>* hosts) const = 0;
+  // Calls `fn` with each live cell of `query` (the cells AddLiveCounts adds: window, host,
+  // stack, label set ID, count) if the flush generation of query.service is still
+  // `generation`; false (nothing called) otherwise.
+  using LiveCellFn = absl::FunctionRef<void(int64_t window_start_ms, const std::string& host,
+                                            uint64_t stack, uint64_t label_set, uint64_t count)>;
+  virtual bool ForEachLiveCell(const store::SampleQuery& query, uint64_t generation,
+                               LiveCellFn fn) const = 0;
   // Services with live counts, with their open window and live total.
   virtual std::vector<store::ServiceSummary> LiveServices() const = 0;
 };

@@ -604,10 +604,11 @@ uint64_t WindowAggregator::FlushGeneration(std::string_view service) const {
   return it == tables_.end() ? 0 : it->second->generation;
 }
 
-bool WindowAggregator::AddLiveCounts(const store::SampleQuery& query, uint64_t generation,
-                                     absl::flat_hash_map<uint64_t, uint64_t>* stacks,
-                                     std::map<std::string, uint64_t>* hosts) const {
-  absl::MutexLock lock(&mu_);
+// Calls add(key, window, count) for each live cell of `query` under mu_, unless the flush
+// generation moved (false).
+template <typename AddCell>
+bool WindowAggregator::VisitLive(const store::SampleQuery& query, uint64_t generation,
+                                 AddCell add) const {
   if (query.capture_id) return true;  // captures are written directly
   AwaitNoCommit();
   auto it = tables_.find(query.service);
@@ -621,23 +622,47 @@ bool WindowAggregator::AddLiveCounts(const store::SampleQuery& query, uint64_t g
     host = h->second;
   }
   auto in_range = [&](int64_t window) { return window >= query.from_ms && window < query.to_ms; };
-  std::map<uint32_t, uint64_t> seen_hosts;
-  auto add = [&](const CellKey& key, uint64_t count) {
+  auto visit = [&](int64_t window, const CellKey& key, uint64_t count) {
     if (count == 0 || (host && key.host != *host)) return;
     if (query.hosts && !query.hosts->contains(hosts_[key.host])) return;
     if (query.label_sets && !query.label_sets->contains(label_sets_[key.labels])) return;
-    base::SaturatingAddTo((*stacks)[key.stack], count);
-    base::SaturatingAddTo(seen_hosts[key.host], count);
+    add(key, window, count);
   };
-  if (t.live_total != 0 && in_range(t.window_start_ms)) t.table.ForEach(add);
+  if (t.live_total != 0 && in_range(t.window_start_ms)) {
+    t.table.ForEach([&](const CellKey& key, uint64_t count) {
+      visit(t.window_start_ms, key, count);
+    });
+  }
   if (t.pending_flushes != 0) {
     for (const PendingFlush& p : pending_) {
       if (p.service != query.service || !in_range(p.window_start_ms)) continue;
-      for (const auto& [key, count] : p.cells) add(key, count);
+      for (const auto& [key, count] : p.cells) visit(p.window_start_ms, key, count);
     }
+  }
+  return true;
+}
+
+bool WindowAggregator::AddLiveCounts(const store::SampleQuery& query, uint64_t generation,
+                                     absl::flat_hash_map<uint64_t, uint64_t>* stacks,
+                                     std::map<std::string, uint64_t>* hosts) const {
+  absl::MutexLock lock(&mu_);
+  std::map<uint32_t, uint64_t> seen_hosts;
+  if (!VisitLive(query, generation, [&](const CellKey& key, int64_t, uint64_t count) {
+        base::SaturatingAddTo((*stacks)[key.stack], count);
+        base::SaturatingAddTo(seen_hosts[key.host], count);
+      })) {
+    return false;
   }
   for (const auto& [h, count] : seen_hosts) base::SaturatingAddTo((*hosts)[hosts_[h]], count);
   return true;
+}
+
+bool WindowAggregator::ForEachLiveCell(const store::SampleQuery& query, uint64_t generation,
+                                       LiveCellFn fn) const {
+  absl::MutexLock lock(&mu_);
+  return VisitLive(query, generation, [&](const CellKey& key, int64_t window, uint64_t count) {
+    fn(window, hosts_[key.host], key.stack, label_sets_[key.labels], count);
+  });
 }
 
 void WindowAggregator::AwaitNoCommit() const {

@@ -134,6 +134,8 @@ class WindowAggregator : public LiveSamples, public commit::BatchCommitter {
   bool AddLiveCounts(const store::SampleQuery& query, uint64_t generation,
                      absl::flat_hash_map<uint64_t, uint64_t>* stacks,
                      std::map<std::string, uint64_t>* hosts) const override;
+  bool ForEachLiveCell(const store::SampleQuery& query, uint64_t generation,
+                       LiveCellFn fn) const override;
   std::vector<store::ServiceSummary> LiveServices() const override;
 
   AggregatorStats stats() const;
@@ -208,6 +210,9 @@ class WindowAggregator : public LiveSamples, public commit::BatchCommitter {
   absl::Status DrainPending() ABSL_LOCKS_EXCLUDED(mu_);
   // Waits (releasing mu_) until no pending flush is being committed.
   void AwaitNoCommit() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  template <typename AddCell>
+  bool VisitLive(const store::SampleQuery& query, uint64_t generation, AddCell add) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes room for `incoming` new entries after a capacity flush.
   void MakeRoom(ServiceTable& t, size_t incoming) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The oldest journal record that a table or a pending flush (but `except`) still needs.

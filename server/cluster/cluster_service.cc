@@ -9,6 +9,7 @@
 #include "server/auth/grpc_auth.h"
 #include "server/query/lines.h"
 #include "server/query/query_service.h"
+#include "server/query/series.h"
 
 namespace strata::server::cluster {
 namespace {
@@ -154,6 +155,18 @@ absl::StatusOr<v1::TopResponse> ClusterService::RunLocalTopLines(
   return query::TopLines(store_, symbolizer_, *q, UINT32_MAX);
 }
 
+absl::StatusOr<v1::SeriesResponse> ClusterService::RunLocalSeries(
+    const v1::LocalProfileRequest& request) {
+  auto q = FromRequest(request);
+  if (!q.ok()) return q.status();
+  // The coordinator resolved the step; a node checks it as the coordinator did.
+  auto step = query::SeriesStep(q->from_ms, q->to_ms, request.series_step_ms());
+  if (!step.ok()) return step.status();
+  auto series = reader_.Series(*q, *step, request.series_group_by());
+  if (absl::IsNotFound(series.status())) return v1::SeriesResponse();
+  return series;
+}
+
 absl::StatusOr<v1::LocalLeafAddressesResponse> ClusterService::RunLocalLeafAddresses(
     const v1::LocalProfileRequest& request) {
   auto q = FromRequest(request);
@@ -271,6 +284,12 @@ grpc::Status ClusterService::LocalLeafAddresses(grpc::ServerContext* context,
                                                 const v1::LocalProfileRequest* request,
                                                 v1::LocalLeafAddressesResponse* response) {
   return AsNode(context, &ClusterService::RunLocalLeafAddresses, request, response);
+}
+
+grpc::Status ClusterService::LocalSeries(grpc::ServerContext* context,
+                                         const v1::LocalProfileRequest* request,
+                                         v1::SeriesResponse* response) {
+  return AsNode(context, &ClusterService::RunLocalSeries, request, response);
 }
 
 grpc::Status ClusterService::LocalTopLines(grpc::ServerContext* context,

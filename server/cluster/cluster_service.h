@@ -47,6 +47,8 @@ class ClusterService final : public v1::Cluster::Service {
                                  v1::LocalUnwindCountsResponse*) override;
   grpc::Status LocalTopLines(grpc::ServerContext*, const v1::LocalProfileRequest*,
                              v1::TopResponse*) override;
+  grpc::Status LocalSeries(grpc::ServerContext*, const v1::LocalProfileRequest*,
+                           v1::SeriesResponse*) override;
   grpc::Status LocalLeafAddresses(grpc::ServerContext*, const v1::LocalProfileRequest*,
                                   v1::LocalLeafAddressesResponse*) override;
 
@@ -60,6 +62,7 @@ class ClusterService final : public v1::Cluster::Service {
   absl::StatusOr<v1::LocalUnwindCountsResponse> RunLocalUnwindCounts(
       const v1::LocalProfileRequest& request);
   absl::StatusOr<v1::TopResponse> RunLocalTopLines(const v1::LocalProfileRequest& request);
+  absl::StatusOr<v1::SeriesResponse> RunLocalSeries(const v1::LocalProfileRequest& request);
   absl::StatusOr<v1::LocalLeafAddressesResponse> RunLocalLeafAddresses(
       const v1::LocalProfileRequest& request);
   v1::ClusterStatusResponse RunStatus();

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/saturating.h"
 #include "server/query/query_service.h"
+#include "server/query/series.h"
 
 namespace strata::server::cluster {
 namespace {
@@ -370,6 +371,24 @@ absl::StatusOr<v1::TopResponse> FanoutSource::TopLines(const query::ProfileQuery
     return a->self() > b->self();
   });
   for (size_t i = 0; i < sorted.size() && i < limit; ++i) *out.add_lines() = *sorted[i];
+  for (auto& n : unreachable) out.add_unreachable_nodes(std::move(n));
+  return out;
+}
+
+absl::StatusOr<v1::SeriesResponse> FanoutSource::Series(const query::ProfileQuery& query,
+                                                       int64_t step_ms,
+                                                       const std::string& group_by) {
+  v1::LocalProfileRequest request = RequestFor(query);
+  request.set_series_step_ms(step_ms);
+  request.set_series_group_by(group_by);
+  std::vector<std::string> unreachable;
+  auto parts = nodes_.AskByHost(&ClusterService::RunLocalSeries,
+                                &v1::Cluster::Stub::LocalSeries, request, &unreachable);
+  if (!parts.ok()) return parts.status();
+  v1::SeriesResponse out;
+  out.set_from_ms(query::SeriesIntervalStart(query.from_ms, step_ms));
+  out.set_step_ms(step_ms);
+  for (const auto& [node, part] : parts->parts) query::AddSeries(part, &out);
   for (auto& n : unreachable) out.add_unreachable_nodes(std::move(n));
   return out;
 }

@@ -47,6 +47,8 @@ class FanoutSource final : public query::ProfileSource {
                                                    std::vector<std::string>* unreachable) override;
   absl::StatusOr<v1::TopResponse> TopLines(const query::ProfileQuery& query,
                                            uint32_t limit) override;
+  absl::StatusOr<v1::SeriesResponse> Series(const query::ProfileQuery& query, int64_t step_ms,
+                                            const std::string& group_by) override;
   absl::StatusOr<query::LeafAddressCounts> LeafAddresses(
       const query::ProfileQuery& query, query::FunctionLookup* functions,
       std::vector<std::string>* unreachable) override;

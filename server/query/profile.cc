@@ -1,6 +1,7 @@
 #include "server/query/profile.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <set>
 
@@ -15,6 +16,7 @@
 #include "common/base/frame_kind.h"
 #include "server/commit/profile_type.h"
 #include "server/query/quality.h"
+#include "server/query/series.h"
 
 namespace strata::server::query {
 
@@ -479,6 +481,101 @@ absl::StatusOr<std::vector<std::pair<std::string, uint64_t>>> ProfileReader::Hos
     out.emplace_back(totals->hosts[i], totals->host_samples[i]);
   }
   return out;
+}
+
+absl::StatusOr<v1::SeriesResponse> ProfileReader::Series(const ProfileQuery& query,
+                                                        int64_t step_ms,
+                                                        const std::string& group_by) {
+  std::unique_ptr<RE2> focus, ignore;
+  auto sq = Prepare(query, &focus, &ignore);
+  if (!sq.ok()) return sq.status();
+  // Focus and ignore pick stacks: the range's stacks are resolved once (whole hours from the
+  // store's hour aggregates), and the scan keeps the cells of those that passed.
+  std::optional<absl::flat_hash_set<uint64_t>> kept;
+  if (focus != nullptr || ignore != nullptr) {
+    auto totals = SumSamples(*sq);
+    if (!totals.ok()) return totals.status();
+    Profile matching;
+    absl::Status resolved =
+        resolved_->Resolve(*store_, totals->stacks, focus.get(), ignore.get(), &matching);
+    if (!resolved.ok()) return resolved;
+    kept.emplace();
+    for (const ResolvedStack& s : matching.stacks) kept->insert(s.stack_id);
+  }
+  // Label set ID -> its group's value.
+  absl::flat_hash_map<uint64_t, std::string> value_of_set;
+  const bool by_host = group_by == kSeriesByHost;
+  if (!group_by.empty() && !by_host && query.capture_id.empty()) {
+    auto sets = store_->interner().ListLabelSets(query.service);
+    if (!sets.ok()) return sets.status();
+    for (const store::LabelSetRecord& r : *sets) {
+      auto it = std::find_if(r.labels.begin(), r.labels.end(),
+                             [&](const labels::Label& l) { return l.first == group_by; });
+      if (it != r.labels.end()) value_of_set.emplace(r.id, it->second);
+    }
+  }
+  const int64_t from = SeriesIntervalStart(query.from_ms, step_ms);
+  const size_t intervals = static_cast<size_t>((query.to_ms - from + step_ms - 1) / step_ms);
+  if (!query.capture_id.empty()) {
+    sq->resolution = store::Resolution::kRaw;
+  } else {
+    sq->resolution = SeriesResolution(step_ms);
+  }
+  std::map<std::string, std::vector<uint64_t>> counts;
+  uint64_t total = 0;
+  std::vector<uint64_t>* last = nullptr;  // the previous cell's group (cells come in runs)
+  const std::string* last_value = nullptr;
+  auto add = [&](int64_t window, const std::string& host, uint64_t stack, uint64_t label_set,
+                 uint64_t count) {
+    if (count == 0 || window < from) return;
+    if (kept && !kept->contains(stack)) return;
+    const size_t i = static_cast<size_t>((window - from) / step_ms);
+    if (i >= intervals) return;
+    static const std::string kNone;
+    const std::string* value = &kNone;
+    if (by_host) {
+      value = &host;
+    } else if (auto it = value_of_set.find(label_set); it != value_of_set.end()) {
+      value = &it->second;
+    }
+    if (last == nullptr || *last_value != *value) {
+      auto [it, added] = counts.try_emplace(*value);
+      if (added) it->second.assign(intervals, 0);
+      last = &it->second;
+      last_value = &it->first;
+    }
+    base::SaturatingAddTo((*last)[i], count);
+    base::SaturatingAddTo(total, count);
+  };
+  // As in SumSamples: the open windows' counts are added unless a flush moved them into the
+  // store meanwhile (then both are read again).
+  for (;;) {
+    counts.clear();
+    total = 0;
+    last = nullptr;
+    const uint64_t generation = live_ != nullptr ? live_->FlushGeneration(query.service) : 0;
+    absl::Status scanned = store_->samples().ScanSamples(
+        *sq, [&](const store::SampleKey& key, uint64_t count) {
+          add(key.window_start_ms, key.host, key.stack_id, key.label_set, count);
+        });
+    if (!scanned.ok()) return scanned;
+    if (live_ == nullptr || sq->capture_id) break;
+    last = nullptr;
+    if (live_->ForEachLiveCell(*sq, generation, add)) break;
+  }
+  v1::SeriesResponse response;
+  response.set_from_ms(from);
+  response.set_step_ms(step_ms);
+  response.set_total_samples(total);
+  for (auto& [value, per_interval] : counts) {
+    v1::SampleSeries* s = response.add_series();
+    s->set_value(value);
+    uint64_t sum = 0;
+    for (uint64_t c : per_interval) base::SaturatingAddTo(sum, c);
+    s->set_total(sum);
+    s->mutable_counts()->Add(per_interval.begin(), per_interval.end());
+  }
+  return response;
 }
 
 absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {

@@ -19,6 +19,7 @@
 #include "server/store/store.h"
 #include "server/symbolize/symbolizer.h"
 #include "strata/v1/common.pb.h"
+#include "strata/v1/query.pb.h"
 
 namespace re2 {
 class RE2;
@@ -123,6 +124,12 @@ class ProfileReader {
   // Samples per host for `query` (before focus and ignore), sorted by host; the same errors.
   absl::StatusOr<std::vector<std::pair<std::string, uint64_t>>> HostSamples(
       const ProfileQuery& query);
+  // Samples per interval of `step_ms` (series.h: SeriesStep, already checked) from the
+  // interval holding query.from_ms to query.to_ms: one series per value of the label
+  // `group_by` (kSeriesByHost: per host; empty: one series), every one, in no order; focus
+  // and ignore apply; the open windows' samples are counted too. The same errors as Load.
+  absl::StatusOr<v1::SeriesResponse> Series(const ProfileQuery& query, int64_t step_ms,
+                                            const std::string& group_by);
 
  private:
   // Checks `query` and turns it into the store's query; compiles its regexes.

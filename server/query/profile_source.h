@@ -48,6 +48,9 @@ class ProfileSource {
   // The agents' unwinding counters for `query`'s service and range, each agent counted once.
   virtual absl::StatusOr<store::UnwindCounts> UnwindCounts(
       const ProfileQuery& query, std::vector<std::string>* unreachable) = 0;
+  // As ProfileReader::Series, each host's samples from one node, the parts added.
+  virtual absl::StatusOr<v1::SeriesResponse> Series(const ProfileQuery& query, int64_t step_ms,
+                                                    const std::string& group_by) = 0;
 };
 
 }  // namespace strata::server::query

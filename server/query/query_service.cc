@@ -21,6 +21,7 @@
 #include "server/query/flamegraph.h"
 #include "server/query/pprof.h"
 #include "server/query/quality.h"
+#include "server/query/series.h"
 
 namespace strata::server::query {
 namespace {
@@ -607,6 +608,24 @@ grpc::Status QueryService::Quality(grpc::ServerContext* context, const v1::Quali
                                    v1::QualityResponse* response) {
   if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
   return rpc::Respond([&] { return RunQuality(*request); }, response);
+}
+
+absl::StatusOr<v1::SeriesResponse> QueryService::RunSeries(const v1::SeriesRequest& request) {
+  auto query = ToProfileQuery(request.filter(), base::NowMs());
+  if (!query.ok()) return query.status();
+  auto step = SeriesStep(query->from_ms, query->to_ms, request.step_ms());
+  if (!step.ok()) return step.status();
+  auto response = source_ != nullptr ? source_->Series(*query, *step, request.group_by())
+                                     : reader_.Series(*query, *step, request.group_by());
+  if (!response.ok()) return response.status();
+  RankSeries(request.limit(), &*response);
+  return response;
+}
+
+grpc::Status QueryService::Series(grpc::ServerContext* context, const v1::SeriesRequest* request,
+                                  v1::SeriesResponse* response) {
+  if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
+  return rpc::Respond([&] { return RunSeries(*request); }, response);
 }
 
 absl::StatusOr<v1::PhasesResponse> QueryService::RunPhases(const v1::PhasesRequest& request) {

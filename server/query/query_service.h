@@ -68,6 +68,8 @@ class QueryService final : public v1::Query::Service {
                       v1::ExportResponse*) override;
   grpc::Status ListLabels(grpc::ServerContext*, const v1::ListLabelsRequest*,
                           v1::ListLabelsResponse*) override;
+  grpc::Status Series(grpc::ServerContext*, const v1::SeriesRequest*,
+                      v1::SeriesResponse*) override;
   grpc::Status Quality(grpc::ServerContext*, const v1::QualityRequest*,
                        v1::QualityResponse*) override;
 
@@ -90,6 +92,8 @@ class QueryService final : public v1::Query::Service {
   // Stack quality of a service's continuous profile over the range (quality.h) with its
   // agents' unwinding counters.
   absl::StatusOr<v1::QualityResponse> RunQuality(const v1::QualityRequest& request);
+  // Samples per interval (series.h), the largest series first.
+  absl::StatusOr<v1::SeriesResponse> RunSeries(const v1::SeriesRequest& request);
 
   // In a cluster, profiles and services come from every node (set before serving).
   void SetProfileSource(ProfileSource* source) { source_ = source; }
