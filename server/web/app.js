@@ -200,7 +200,10 @@ $('flame').addEventListener('mousemove', (e) => {
 });
 $('flame-reset').addEventListener('click', () => { state.zoom = null; renderFlame(); });
 $('flame-search').addEventListener('input', () => { if (state.tree) renderFlame(); });
-window.addEventListener('resize', () => { if (state.view === 'flame') renderFlame(); });
+window.addEventListener('resize', () => {
+  if (state.view === 'flame') renderFlame();
+  drawTimeline();
+});
 
 async function loadFlame() {
   const p = filterParams();
@@ -503,6 +506,125 @@ $('top-table').addEventListener('click', (e) => {
   selectView('sandwich');
 });
 
+// ---- timeline -----------------------------------------------------------------------------
+
+// Samples per interval of the selection (/api/v1/series), stacked by a label or the host when
+// chosen. Dragging across it sets a custom range and reloads the view.
+const palette = ['#4e79a7', '#f28e2b', '#59a14f', '#e15759', '#76b7b2', '#edc948', '#b07aa1',
+                 '#ff9da7', '#9c755f', '#bab0ac', '#8cd17d'];
+const svgNs = 'http://www.w3.org/2000/svg';
+
+function svgElement(name, attrs) {
+  const e = document.createElementNS(svgNs, name);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  return e;
+}
+
+// datetime-local wants local time without a zone.
+const localTime = (ms) => new Date(ms - new Date(ms).getTimezoneOffset() * 60000)
+    .toISOString().slice(0, 19);
+
+function setCustomRange(fromMs, toMs) {
+  $('range').value = 'custom';
+  $('custom-range').hidden = false;
+  $('from').value = localTime(fromMs);
+  if (toMs !== undefined) $('to').value = localTime(toMs);
+}
+
+async function loadTimeline() {
+  const p = filterParams();
+  const group = $('timeline-group').value;
+  if (group) p.set('group_by', group);
+  const r = await api('/api/v1/series', p);
+  state.timeline = r;
+  drawTimeline();
+}
+
+function drawTimeline() {
+  const r = state.timeline, chart = $('timeline-chart');
+  chart.replaceChildren();
+  $('timeline-legend').replaceChildren();
+  if (!r) return;
+  const series = r.series || [];
+  const n = series.reduce((m, s) => Math.max(m, (s.counts || []).length), 0);
+  const width = chart.clientWidth || 1000, height = 90;
+  chart.setAttribute('viewBox', `0 0 ${width} ${height}`);
+  const totals = new Array(n).fill(0);
+  for (const s of series) (s.counts || []).forEach((c, i) => { totals[i] += Number(c); });
+  const max = Math.max(1, ...totals);
+  const w = width / Math.max(1, n);
+  const base = new Array(n).fill(0);
+  series.forEach((s, k) => {
+    const fill = palette[k % palette.length];
+    (s.counts || []).forEach((c, i) => {
+      const h = Number(c) / max * (height - 4);
+      if (h <= 0) return;
+      base[i] += h;
+      chart.appendChild(svgElement('rect', { x: i * w, y: height - base[i], width: Math.max(1, w - 1),
+                                             height: h, fill, class: 'bar' }));
+    });
+    if ($('timeline-group').value) {
+      const item = document.createElement('span');
+      const swatch = document.createElement('i');
+      swatch.style.background = fill;
+      item.append(swatch, (s.other ? 'other' : (s.value || '(none)')) + ` ${fmt(s.total)}`);
+      $('timeline-legend').appendChild(item);
+    }
+  });
+  const step = Number(r.step_ms), from = Number(r.from_ms);
+  $('timeline-details').textContent = `${fmt(r.total_samples || 0)} samples, ` +
+      `${step >= 60000 ? step / 60000 + ' min' : step / 1000 + ' s'} intervals`;
+  chart.dataset.intervals = n;
+  chart.dataset.fromMs = from;
+  chart.dataset.stepMs = step;
+}
+
+// The interval boundary nearest to x (pixels from the chart's left edge).
+function timelineTimeAt(x) {
+  const chart = $('timeline-chart');
+  const n = Number(chart.dataset.intervals), step = Number(chart.dataset.stepMs);
+  const i = Math.round(Math.min(Math.max(x / chart.clientWidth, 0), 1) * n);
+  return Number(chart.dataset.fromMs) + i * step;
+}
+
+$('timeline-chart').addEventListener('mousedown', (e) => {
+  if (!state.timeline) return;
+  const chart = $('timeline-chart'), left = chart.getBoundingClientRect().left;
+  const start = e.clientX - left;
+  const box = svgElement('rect', { class: 'selection', x: start, y: 0, width: 0, height: 90 });
+  chart.appendChild(box);
+  const move = (m) => {
+    const x = Math.min(Math.max(m.clientX - left, 0), chart.clientWidth);
+    box.setAttribute('x', Math.min(start, x));
+    box.setAttribute('width', Math.abs(x - start));
+  };
+  const up = (m) => {
+    window.removeEventListener('mousemove', move);
+    window.removeEventListener('mouseup', up);
+    const a = timelineTimeAt(start), b = timelineTimeAt(m.clientX - left);
+    if (a === b) { box.remove(); return; }
+    setCustomRange(Math.min(a, b), Math.max(a, b));
+    refresh();
+  };
+  window.addEventListener('mousemove', move);
+  window.addEventListener('mouseup', up);
+  e.preventDefault();
+});
+$('timeline-chart').addEventListener('mousemove', (e) => {
+  const r = state.timeline;
+  if (!r || !r.series) return;
+  const chart = $('timeline-chart');
+  const n = Number(chart.dataset.intervals);
+  const i = Math.floor((e.clientX - chart.getBoundingClientRect().left) / chart.clientWidth * n);
+  if (i < 0 || i >= n) return;
+  const at = new Date(Number(r.from_ms) + i * Number(r.step_ms)).toLocaleString();
+  const sum = r.series.reduce((t, s) => t + Number((s.counts || [])[i] || 0), 0);
+  $('timeline-details').textContent = `${at}: ${fmt(sum)} samples`;
+});
+$('timeline-group').addEventListener('change', () => {
+  refresh();
+});
+
 // ---- wiring -------------------------------------------------------------------------------
 
 // The whole view as URL parameters, written to the page's address (replaced, not pushed) and
@@ -522,6 +644,7 @@ function viewParams() {
   }
   const search = $('flame-search').value.trim();
   if (search) p.set('search', search);
+  if ($('timeline-group').value) p.set('group_by', $('timeline-group').value);
   if (state.view === 'flame' && state.zoom && state.zoom !== state.tree) {
     p.set('zoom', pathOf(state.zoom).join('\n'));
   }
@@ -543,7 +666,10 @@ async function refresh() {
   }
   try {
     showError(null);
-    await loaders[state.view]();
+    // The timeline beside every view but the regressions list (which has ranges of its own).
+    $('timeline').hidden = state.view === 'regressions';
+    await Promise.all([loaders[state.view](),
+                       state.view === 'regressions' ? null : loadTimeline()]);
     document.body.dataset.loaded = state.view;
     saveView();
   } catch (e) {
@@ -581,6 +707,11 @@ async function loadLabelHints() {
       for (const v of l.values) hints.appendChild(new Option(`${l.key}=${v}`));
     }
     document.body.dataset.labels = r.labels.map((l) => l.key).join(',');
+    const group = $('timeline-group'), chosen = group.value;
+    group.replaceChildren(new Option('nothing', ''), new Option('host', 'host'),
+                          ...r.labels.map((l) => new Option(l.key, l.key)));
+    group.value = state.pendingGroup || chosen;
+    state.pendingGroup = null;
   } catch (e) {
     // Hints are a convenience: the filter works without them.
   }
@@ -605,16 +736,15 @@ async function init() {
       if (params.get(key)) $(key).value = params.get(key);
     }
     if (params.get('search')) $('flame-search').value = params.get('search');
+    if (params.get('group_by')) {
+      state.pendingGroup = params.get('group_by');
+      $('timeline-group').value = params.get('group_by');
+    }
     if (params.get('function')) $('sandwich-function').value = params.get('function');
     if (params.get('zoom')) state.pendingZoom = params.get('zoom').split('\n');
     if (params.get('from_ms')) {
-      // datetime-local wants local time without a zone.
-      const local = (ms) => new Date(ms - new Date(ms).getTimezoneOffset() * 60000)
-          .toISOString().slice(0, 19);
-      $('range').value = 'custom';
-      $('custom-range').hidden = false;
-      $('from').value = local(Number(params.get('from_ms')));
-      if (params.get('to_ms')) $('to').value = local(Number(params.get('to_ms')));
+      setCustomRange(Number(params.get('from_ms')),
+                     params.get('to_ms') ? Number(params.get('to_ms')) : undefined);
     }
     if (params.get('base_service') !== null) {
       $('diff-base').value = 'service';

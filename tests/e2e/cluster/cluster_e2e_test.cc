@@ -594,6 +594,15 @@ TEST_F(ClusterTest, FanOutQueriesNameTheNodesThatDidNotAnswer) {
     request.mutable_filter()->set_focus(focus);
     return query->HotPaths(&ctx, request, paths);
   };
+  // The timeline per host: each host's samples from one node, every sample once.
+  auto series_by_host = [&](const std::string& service, v1::SeriesResponse* series) {
+    grpc::ClientContext ctx;
+    v1::SeriesRequest request;
+    request.mutable_filter()->set_service(service);
+    request.set_group_by("host");
+    request.set_limit(100);
+    return query->Series(&ctx, request, series);
+  };
   std::string service;
   uint64_t all = 0;
   {
@@ -608,6 +617,11 @@ TEST_F(ClusterTest, FanOutQueriesNameTheNodesThatDidNotAnswer) {
     EXPECT_EQ(paths.unreachable_nodes_size(), 0);
     all = paths.total_samples();
     ASSERT_GT(all, 0u);
+    v1::SeriesResponse series;
+    ASSERT_TRUE(series_by_host(service, &series).ok());
+    EXPECT_EQ(series.total_samples(), all);
+    EXPECT_GT(series.series_size(), 1) << series.DebugString();  // several hosts
+    EXPECT_EQ(series.unreachable_nodes_size(), 0);
   }
   {
     v1::HotPathsResponse paths;
@@ -630,6 +644,10 @@ TEST_F(ClusterTest, FanOutQueriesNameTheNodesThatDidNotAnswer) {
     ASSERT_TRUE(hot_paths(service, "", &paths).ok());
     EXPECT_EQ(paths.total_samples(), all);
     EXPECT_TRUE(only_n3(paths.unreachable_nodes())) << paths.DebugString();
+    v1::SeriesResponse series;
+    ASSERT_TRUE(series_by_host(service, &series).ok());
+    EXPECT_EQ(series.total_samples(), all);
+    EXPECT_TRUE(only_n3(series.unreachable_nodes())) << series.DebugString();
     grpc::ClientContext services_ctx, agents_ctx, labels_ctx;
     v1::ListServicesResponse services;
     ASSERT_TRUE(query->ListServices(&services_ctx, {}, &services).ok());

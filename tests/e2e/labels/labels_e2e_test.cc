@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <map>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +17,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/testing/http_get.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -203,6 +205,27 @@ TEST_F(LabelsE2eTest, SelectorsSplitTwoVersionsOfOneService) {
   auto [bad_status, bad_body] = strata::testing::HttpGet(
       http_port_, "/api/v1/top?service=demo&select=%3D%3D");
   EXPECT_EQ(bad_status, 400) << bad_body;
+  // The timeline's series, one per version: every sample of each, open windows included.
+  auto [series_status, series_body] = strata::testing::HttpGet(
+      http_port_, "/api/v1/series?service=demo&since_s=3600&select=region!%3D&group_by=version");
+  ASSERT_EQ(series_status, 200) << series_body;
+  const auto series = ParseJson<v1::SeriesResponse>(series_body);
+  EXPECT_EQ(series.step_ms(), 60'000);
+  EXPECT_EQ(series.total_samples(), ours.total_samples());
+  std::map<std::string, uint64_t> version_totals;
+  for (const v1::SampleSeries& s : series.series()) {
+    uint64_t sum = 0;
+    for (uint64_t c : s.counts()) sum += c;
+    EXPECT_EQ(sum, s.total());
+    version_totals[s.value()] = s.total();
+  }
+  EXPECT_EQ(version_totals, (std::map<std::string, uint64_t>{{"1", one.total_samples()},
+                                                             {"2", two.total_samples()}}))
+      << series_body;
+  auto [bad_step_status, bad_step_body] = strata::testing::HttpGet(
+      http_port_, "/api/v1/series?service=demo&since_s=3600&step_ms=15000");
+  EXPECT_EQ(bad_step_status, 400) << bad_step_body;
+  EXPECT_THAT(bad_step_body, HasSubstr("multiple of the 10000 ms window"));
 
   // The web UI's label filter, in headless Chromium when installed.
   if (ChromiumInstalled()) {
@@ -246,6 +269,38 @@ TEST_F(LabelsE2eTest, SelectorsSplitTwoVersionsOfOneService) {
                 ::testing::ContainsRegex("<div class=\"frame\"[^>]*>compress_response</div>"))
         << sandwich.output;
     EXPECT_THAT(sandwich.output, HasSubstr("Callers of deflate_block"));
+    // The timeline stacked by version; dragging across its second half picks that half as
+    // the range, which the flame graph, the timeline and the link then show.
+    if (RunCommand({"/bin/sh", "-c", "command -v node"}).exit_code == 0) {
+      CommandResult drive = RunCommand(
+          {"node", "--experimental-websocket", STRATA_DRIVE_PAGE, dir_.File("chromium-cdp"),
+           absl::StrCat("http://127.0.0.1:", http_port_,
+                        "/?service=demo&since_s=3600&select=region!%3D&group_by=version"),
+           "drag", "#timeline-chart", "0.5", "1"},
+          120);
+      ASSERT_EQ(drive.exit_code, 0) << drive.output;
+      std::vector<std::string> states = absl::StrSplit(drive.output, '\n', absl::SkipEmpty());
+      ASSERT_GE(states.size(), 2u) << drive.output;
+      EXPECT_THAT(states[0], HasSubstr("\"intervals\":\"60\""));
+      EXPECT_THAT(states[0], ::testing::ContainsRegex("\"bars\":[1-9]"));
+      EXPECT_THAT(states[0], ::testing::ContainsRegex("\"legend\":\"[^\"]*2 [0-9,]+"));
+      const std::string ours_text = absl::StrCat(": ", WithThousandsForTest(ours.total_samples()),
+                                                 " samples");
+      EXPECT_THAT(states[0], HasSubstr(ours_text));
+      // After the drag: a custom range of 30 one-minute intervals, every sample still in it.
+      const std::string& after = states[1];
+      std::smatch range;
+      ASSERT_TRUE(std::regex_search(after, range, std::regex("from_ms=([0-9]+)&to_ms=([0-9]+)")))
+          << after;
+      EXPECT_EQ(std::stoll(range[2]) - std::stoll(range[1]), 30 * 60'000) << after;
+      EXPECT_EQ(std::stoll(range[1]) % 60'000, 0) << after;
+      EXPECT_THAT(after, HasSubstr("\"loaded\":\"flame\""));
+      EXPECT_THAT(after, HasSubstr("group_by=version"));
+      EXPECT_THAT(after, HasSubstr(ours_text));
+      EXPECT_THAT(after, HasSubstr("\"error\":\"\""));
+    } else {
+      std::printf("node not installed: the timeline's drag was not checked\n");
+    }
   } else {
     std::printf("chromium not installed: the web UI's label filter was not checked\n");
   }
