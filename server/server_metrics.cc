@@ -14,6 +14,7 @@
 #include "common/base/clock.h"
 #include "common/base/escape.h"
 #include "server/commit/profile_type.h"
+#include "server/grafana/querier.h"
 #include "server/web/assets.h"
 
 namespace strata::server {
@@ -560,6 +561,12 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     auto r = query->RunQuality(request);
     return r.ok() ? Json(*r) : Error(r.status());
   }));
+  // Grafana's Pyroscope data source: Connect calls of querier.v1.QuerierService.
+  for (const std::string& path : grafana::QuerierPaths()) {
+    http->Route(path, reader([query](const http::HttpRequest& req) {
+      return grafana::ServeQuerierCall(query, req);
+    }));
+  }
   http->Route("/api/v1/export", reader([query](const http::HttpRequest& req) {
     v1::ExportRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);

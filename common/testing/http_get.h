@@ -1,5 +1,6 @@
 // Socket helpers for tests of the server's HTTP endpoint (unit and end to end): a blocking
-// GET, loopback connections, raw writes, the open-file limit, and waiting on a condition.
+// GET (or any call), loopback connections, raw writes, the open-file limit, and waiting on a
+// condition.
 #ifndef STRATA_COMMON_TESTING_HTTP_GET_H_
 #define STRATA_COMMON_TESTING_HTTP_GET_H_
 
@@ -10,6 +11,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -19,24 +21,44 @@
 
 namespace strata::testing {
 
-// GET `target` from 127.0.0.1:`port`: (status, body), or (0, error) when the connection
-// failed or closed without a response.
-inline std::pair<int, std::string> HttpGet(int port, const std::string& target) {
+struct HttpReply {
+  int status = 0;  // 0: the connection failed or closed without a response (body: why)
+  std::string content_type;
+  std::string body;
+};
+
+// `method` `target` with `headers` and `body` to 127.0.0.1:`port`.
+inline HttpReply HttpCall(int port, boost::beast::http::verb method, const std::string& target,
+                          const std::vector<std::pair<std::string, std::string>>& headers = {},
+                          const std::string& body = "") {
   namespace asio = boost::asio;
   namespace http = boost::beast::http;
   asio::io_context io;
   asio::ip::tcp::socket socket(io);
   boost::system::error_code ec;
   socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)}, ec);
-  if (ec) return {0, ec.message()};
-  http::request<http::empty_body> req{http::verb::get, target, 11};
+  if (ec) return {0, "", ec.message()};
+  http::request<http::string_body> req{method, target, 11};
   req.set(http::field::host, "localhost");
+  for (const auto& [name, value] : headers) req.set(name, value);
+  if (method != http::verb::get || !body.empty()) {
+    req.body() = body;
+    req.prepare_payload();
+  }
   http::write(socket, req, ec);
   boost::beast::flat_buffer buffer;
   http::response<http::string_body> res;
   http::read(socket, buffer, res, ec);
-  if (ec) return {0, ec.message()};
-  return {static_cast<int>(res.result_int()), res.body()};
+  if (ec) return {0, "", ec.message()};
+  return {static_cast<int>(res.result_int()), std::string(res[http::field::content_type]),
+          res.body()};
+}
+
+// GET `target` from 127.0.0.1:`port`: (status, body), or (0, error) when the connection
+// failed or closed without a response.
+inline std::pair<int, std::string> HttpGet(int port, const std::string& target) {
+  HttpReply reply = HttpCall(port, boost::beast::http::verb::get, target);
+  return {reply.status, std::move(reply.body)};
 }
 
 inline boost::asio::ip::tcp::endpoint Local(int port) {

@@ -271,6 +271,8 @@ struct HttpServer::Impl {
       }
       const auto auth = req.find(http::field::authorization);
       if (auth != req.end()) out->authorization = std::string(auth->value());
+      const auto type = req.find(http::field::content_type);
+      if (type != req.end()) out->content_type = std::string(type->value());
       out->body = std::move(req.body());
       return true;
     }

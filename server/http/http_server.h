@@ -53,6 +53,7 @@ struct HttpRequest {
   std::string path;                          // without the query string
   std::map<std::string, std::string> query;  // decoded query parameters (valid UTF-8)
   std::string body;
+  std::string content_type;  // the request's Content-Type header; empty if absent
   // The raw Authorization header value; empty if absent.
   std::string authorization;
   // The verified client certificate's identity: its first DNS subjectAltName, else its

@@ -281,6 +281,31 @@ absl::StatusOr<std::string> Gzip(std::string_view data) {
   return out;
 }
 
+absl::StatusOr<std::string> Gunzip(std::string_view gzipped, size_t max_bytes) {
+  z_stream z{};
+  if (inflateInit2(&z, 15 + 16) != Z_OK) return absl::InternalError("zlib: inflateInit2 failed");
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(gzipped.data()));
+  z.avail_in = static_cast<uInt>(gzipped.size());
+  std::string out;
+  int rc = Z_OK;
+  while (rc == Z_OK) {
+    if (out.size() >= max_bytes) break;
+    const size_t have = out.size();
+    out.resize(std::min(max_bytes, std::max<size_t>(have * 2, 64 << 10)));
+    z.next_out = reinterpret_cast<Bytef*>(out.data() + have);
+    z.avail_out = static_cast<uInt>(out.size() - have);
+    rc = inflate(&z, Z_NO_FLUSH);
+    out.resize(out.size() - z.avail_out);
+  }
+  inflateEnd(&z);
+  if (rc != Z_STREAM_END) {
+    return absl::InvalidArgumentError(
+        rc == Z_OK ? absl::StrCat("gzip data inflates past ", max_bytes, " bytes")
+                   : absl::StrCat("not whole gzip data (zlib ", rc, ")"));
+  }
+  return out;
+}
+
 absl::StatusOr<std::string> EncodePprof(const Profile& profile, const PprofOptions& options) {
   return Gzip(EncodePprofProto(profile, options));
 }

@@ -73,6 +73,9 @@ std::string EncodePprofProto(const Profile& profile, const PprofOptions& options
 
 // gzip (RFC 1952) of `data`.
 absl::StatusOr<std::string> Gzip(std::string_view data);
+// The data gzip'd in `gzipped`; InvalidArgument if it is not gzip, is cut short or inflates
+// past `max_bytes`.
+absl::StatusOr<std::string> Gunzip(std::string_view gzipped, size_t max_bytes);
 
 }  // namespace strata::server::query
 

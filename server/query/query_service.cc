@@ -530,16 +530,9 @@ absl::StatusOr<v1::ListLabelsResponse> QueryService::RunListLabels(
     const v1::ListLabelsRequest& request) {
   if (request.service().empty()) return absl::InvalidArgumentError("a service is required");
   std::vector<std::string> unreachable;
-  std::vector<labels::LabelSet> sets;
-  if (source_ != nullptr) {
-    auto all = source_->LabelSets(request.service(), &unreachable);
-    if (!all.ok()) return all.status();
-    sets = *std::move(all);
-  } else {
-    auto records = store_->interner().ListLabelSets(request.service());
-    if (!records.ok()) return records.status();
-    for (store::LabelSetRecord& r : *records) sets.push_back(std::move(r.labels));
-  }
+  auto all = LabelSetsOf(request.service(), &unreachable);
+  if (!all.ok()) return all.status();
+  const std::vector<labels::LabelSet>& sets = *all;
   std::map<std::string, std::set<std::string>> values;
   for (const labels::LabelSet& set : sets) {
     for (const auto& [key, value] : set) {
@@ -556,6 +549,16 @@ absl::StatusOr<v1::ListLabelsResponse> QueryService::RunListLabels(
     for (const std::string& v : vs) l->add_values(v);
   }
   return response;
+}
+
+absl::StatusOr<std::vector<labels::LabelSet>> QueryService::LabelSetsOf(
+    const std::string& service, std::vector<std::string>* unreachable) {
+  if (source_ != nullptr) return source_->LabelSets(service, unreachable);
+  auto records = store_->interner().ListLabelSets(service);
+  if (!records.ok()) return records.status();
+  std::vector<labels::LabelSet> sets;
+  for (store::LabelSetRecord& r : *records) sets.push_back(std::move(r.labels));
+  return sets;
 }
 
 grpc::Status QueryService::ListLabels(grpc::ServerContext* context,

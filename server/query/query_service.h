@@ -89,6 +89,10 @@ class QueryService final : public v1::Query::Service {
   absl::StatusOr<v1::ExportResponse> RunExport(const v1::ExportRequest& request);
   // Label keys of a service and their values; empty for an unknown service.
   absl::StatusOr<v1::ListLabelsResponse> RunListLabels(const v1::ListLabelsRequest& request);
+  // The distinct label sets of `service`'s samples (reserved labels included), from every
+  // node in a cluster; nodes that did not answer go to `unreachable`.
+  absl::StatusOr<std::vector<labels::LabelSet>> LabelSetsOf(const std::string& service,
+                                                          std::vector<std::string>* unreachable);
   // Stack quality of a service's continuous profile over the range (quality.h) with its
   // agents' unwinding counters.
   absl::StatusOr<v1::QualityResponse> RunQuality(const v1::QualityRequest& request);

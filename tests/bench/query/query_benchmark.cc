@@ -11,7 +11,8 @@
 // Then, for ranges of 1 h, 24 h and 7 d ending mid-hour at the end of the data: p50/p99 of
 // flame graph (JSON rendering, default node budget), top (20 functions) and diff (the last
 // half of the range against the first half, i.e. the same amount of data), in process through
-// QueryService::Run*. The first (cold cache) run of each is reported separately: it fills the
+// QueryService::Run*, plus Grafana's flame graph call (server/grafana, binary Connect body)
+// and the timeline (Series, about 100 intervals). The first (cold cache) run of each is reported separately: it fills the
 // store's per-hour aggregates and the reader's resolved stacks, which later runs reuse. Per
 // range it prints the cells read from RocksDB (all runs; one warm load) and the hour blocks
 // used; then a stage breakdown of a warm 7 d query (load, flame tree, JSON, top, diff). For
@@ -29,6 +30,8 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "querier/v1/querier.pb.h"
+#include "server/grafana/querier.h"
 #include "server/query/diff.h"
 #include "server/query/flamegraph.h"
 #include "server/query/profile.h"
@@ -267,6 +270,31 @@ int main(int argc, char** argv) {
     diff.mutable_base()->mutable_range()->set_to_ms(now - r.ms / 2);
     Stats ds = Measure(iterations, [&] { Check(query.RunDiff(diff), "diff"); });
 
+    // Grafana's flame graph call (Connect, binary protobuf) as its data source makes it, and
+    // the timeline (about 100 intervals).
+    querier::v1::SelectMergeStacktracesRequest grafana_request;
+    grafana_request.set_profile_typeid("process_cpu:samples:count:cpu:nanoseconds");
+    grafana_request.set_label_selector("{service_name=\"bench\"}");
+    grafana_request.set_start(now - r.ms);
+    grafana_request.set_end(now);
+    grafana_request.set_max_nodes(16384);
+    strata::server::http::HttpRequest grafana_call;
+    grafana_call.method = "POST";
+    grafana_call.path = "/querier.v1.QuerierService/SelectMergeStacktraces";
+    grafana_call.content_type = "application/proto";
+    grafana_request.SerializeToString(&grafana_call.body);
+    Stats gs = Measure(iterations, [&] {
+      strata::server::http::HttpResponse answer =
+          strata::server::grafana::ServeQuerierCall(&query, grafana_call);
+      if (answer.status != 200) {
+        std::fprintf(stderr, "grafana: %d %s\n", answer.status, answer.body.c_str());
+        std::exit(1);
+      }
+    });
+    strata::v1::SeriesRequest series;
+    *series.mutable_filter() = filter;
+    Stats ss = Measure(iterations, [&] { Check(query.RunSeries(series), "series"); });
+
     // Distinct stacks in the range, for context, and what one (warm) load reads.
     strata::server::query::ProfileReader reader(store->get());
     strata::server::query::ProfileQuery pq{"bench", now - r.ms, now};
@@ -274,7 +302,8 @@ int main(int argc, char** argv) {
     auto profile = reader.Load(pq);
     Check(profile, "profile");
     const strata::server::store::StoreStats after = (*store)->Stats();
-    for (auto [name, s] : {std::pair{"flamegraph", fs}, {"top", ts}, {"diff", ds}}) {
+    for (auto [name, s] : {std::pair{"flamegraph", fs}, {"top", ts}, {"diff", ds},
+                           {"grafana", gs}, {"series", ss}}) {
       std::printf("%-6s %-10s %10.1f %10.1f %10.1f %10.1f %10llu %9zu\n", r.name, name, s.cold,
                   s.p50, s.p99, s.max, static_cast<unsigned long long>(total),
                   profile->stacks.size());

@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <map>
 #include <regex>
 #include <string>
@@ -18,9 +19,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "common/testing/http_get.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "querier/v1/querier.pb.h"
 #include "strata/v1/query.grpc.pb.h"
 #include "tests/e2e/harness.h"
 
@@ -222,6 +225,57 @@ TEST_F(LabelsE2eTest, SelectorsSplitTwoVersionsOfOneService) {
   EXPECT_EQ(version_totals, (std::map<std::string, uint64_t>{{"1", one.total_samples()},
                                                              {"2", two.total_samples()}}))
       << series_body;
+  // Grafana's Pyroscope data source: its calls as it sends them (Connect over HTTP POST,
+  // binary protobuf, connect-go's headers), answered with the same samples.
+  auto connect = [&](const std::string& method, const google::protobuf::Message& request,
+                     google::protobuf::Message* response) {
+    std::string body;
+    request.SerializeToString(&body);
+    strata::testing::HttpReply reply = strata::testing::HttpCall(
+        http_port_, boost::beast::http::verb::post, "/querier.v1.QuerierService/" + method,
+        {{"Content-Type", "application/proto"}, {"Connect-Protocol-Version", "1"},
+         {"Accept-Encoding", "gzip"}, {"User-Agent", "connect-go/1.18.1 (go1.24.4)"}},
+        body);
+    EXPECT_EQ(reply.status, 200) << method << ": " << reply.body;
+    EXPECT_EQ(reply.content_type, "application/proto") << method;
+    EXPECT_TRUE(response->ParseFromString(reply.body)) << method;
+  };
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  querier::v1::SelectMergeStacktracesRequest flame_request;
+  flame_request.set_profile_typeid("process_cpu:samples:count:cpu:nanoseconds");
+  flame_request.set_label_selector(R"({service_name="demo", region!=""})");
+  flame_request.set_start(now_ms - 3'600'000);
+  flame_request.set_end(now_ms);
+  querier::v1::SelectMergeStacktracesResponse flame;
+  connect("SelectMergeStacktraces", flame_request, &flame);
+  EXPECT_EQ(flame.flamegraph().total(), static_cast<int64_t>(ours.total_samples()));
+  EXPECT_NE(std::find(flame.flamegraph().names().begin(), flame.flamegraph().names().end(),
+                      "deflate_block"),
+            flame.flamegraph().names().end());
+  querier::v1::SelectSeriesRequest select_series;
+  select_series.set_profile_typeid(flame_request.profile_typeid());
+  select_series.set_label_selector(flame_request.label_selector());
+  select_series.set_start(now_ms - 3'600'000);
+  select_series.set_end(now_ms);
+  select_series.set_step(15);  // Grafana's default for an hour: 20 s intervals here
+  select_series.add_group_by("version");
+  querier::v1::SelectSeriesResponse grafana_series;
+  connect("SelectSeries", select_series, &grafana_series);
+  std::map<std::string, uint64_t> grafana_totals;
+  for (const types::v1::Series& s : grafana_series.series()) {
+    ASSERT_EQ(s.labels_size(), 2);
+    for (const types::v1::Point& p : s.points()) {
+      grafana_totals[s.labels(1).value()] += static_cast<uint64_t>(p.value());
+      EXPECT_EQ(p.timestamp() % 20'000, 0);
+    }
+  }
+  EXPECT_EQ(grafana_totals, version_totals);
+  types::v1::LabelValuesRequest values_request;
+  values_request.set_name("version");
+  values_request.add_matchers(R"({service_name="demo"})");
+  types::v1::LabelValuesResponse values;
+  connect("LabelValues", values_request, &values);
+  EXPECT_NE(std::find(values.names().begin(), values.names().end(), "2"), values.names().end());
   auto [bad_step_status, bad_step_body] = strata::testing::HttpGet(
       http_port_, "/api/v1/series?service=demo&since_s=3600&step_ms=15000");
   EXPECT_EQ(bad_step_status, 400) << bad_step_body;
