@@ -411,6 +411,12 @@ TEST_P(GoBinaryTest, MatchesDebugGosym) {
   EXPECT_FALSE(is_root("main.main"));
   EXPECT_FALSE(is_root("runtime.main"));
   EXPECT_LT(roots, 40u);
+  // funcIDs are each release's own numbers (Go 1.22 inserted FuncID_corostart before goexit).
+  const std::string version = GoVersionOf(GetParam());
+  for (const auto& f : funcs) {
+    if (f.name == "runtime.goexit") EXPECT_EQ(f.func_id, version >= "1.22" ? 8 : 7) << version;
+    if (f.name == "main.main") EXPECT_EQ(f.func_id, 0);
+  }
 }
 
 // The SP delta right after the prologue's stack adjustment is the adjustment, as `go tool
