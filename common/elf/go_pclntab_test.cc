@@ -325,13 +325,12 @@ std::string GoBinary(const std::string& build) {
 
 // Why the binaries of `build` are not there (empty when they are).
 std::string MissingGoBuild(const std::string& build) {
-  struct stat st;
-  if (stat(GoBinary(build).c_str(), &st) == 0) return "";
   if (GoToolOf(build).empty()) {
     return absl::StrCat("no Go ", GoVersionOf(build), " toolchain: not in STRATA_GO_VERSIONS, "
                         "or deploy/cross/make-go-root.sh could not fetch it (CMake's output)");
   }
-  return absl::StrCat(GoBinary(build), " not built");
+  struct stat st;
+  return stat(GoBinary(build).c_str(), &st) == 0 ? "" : GoBinary(build) + " not built";
 }
 
 struct TruthFunc {

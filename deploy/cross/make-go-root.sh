@@ -34,10 +34,17 @@ SOURCES
 APT_ARCH=$(dpkg --print-architecture)
 # shellcheck source=apt-options.sh
 source "$(dirname "${BASH_SOURCE[0]}")/apt-options.sh"
+# Run at configure time: an unreachable mirror fails soon, and the tests that need Go skip.
+APT_OPTS+=(-o "Acquire::http::Timeout=20" -o "Acquire::Retries=0")
 
 if ! compgen -G "$APTDIR/lists/*_Packages*" >/dev/null; then
-  apt-get "${APT_OPTS[@]}" -q update >"$APTDIR/update.log" 2>&1 || {
-    cat "$APTDIR/update.log" >&2; exit 1; }
+  # (apt-get update succeeds even when nothing could be fetched.)
+  if ! apt-get "${APT_OPTS[@]}" -q update >"$APTDIR/update.log" 2>&1 ||
+     ! compgen -G "$APTDIR/lists/*_Packages*" >/dev/null; then
+    echo "make-go-root.sh: no package lists from bookworm-backports:" >&2
+    grep -E '^(W|E):' "$APTDIR/update.log" >&2 || cat "$APTDIR/update.log" >&2
+    exit 1
+  fi
 fi
 PKGS=("golang-$VERSION-go" "golang-$VERSION-src")
 (cd "$APTDIR/debs" && apt-get "${APT_OPTS[@]}" -q download "${PKGS[@]}" \
