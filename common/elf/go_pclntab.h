@@ -43,7 +43,11 @@ class GoPclntab {
     uint64_t entry = 0;  // ELF vaddr
     uint64_t end = 0;    // exclusive: the end of its pcsp table's last range
     std::string_view name;
-    uint8_t func_id = 0;  // the version's funcID numbering (runtime/symtab.go)
+    // The release's funcID numbering (runtime/symtab.go, internal/abi/symtab.go since 1.21).
+    // Releases with one table layout number them differently (1.22 inserted corostart after
+    // cgocallback: goexit is 7 in 1.19-1.21, 8 in 1.22+), so it is kept, not interpreted:
+    // roots come from the flags.
+    uint8_t func_id = 0;
     uint8_t flags = 0;
     // A stack root for unwinding: TOPFRAME or SPWRITE, or (tables without flags) one of the
     // runtime's root or stack-switching functions by name.

@@ -1,9 +1,11 @@
-// Tests of the .gopclntab reader: Go 1.19 binaries built by the build with Debian's golang-go
-// (unstripped, stripped, PIE, MIPS64 of both byte orders) checked against Go's own
-// debug/gosym (a dump tool built alongside), the runtime's own stack symbolization and `go tool
-// objdump`; hand-made tables in the Go 1.16 and 1.20+ layouts; malformed tables.
+// Tests of the .gopclntab reader: binaries built by the build with Debian's golang-go (Go 1.19)
+// and with bookworm-backports' Go 1.21, 1.22 and 1.23 (STRATA_GO_TOOLCHAINS; unstripped,
+// stripped, PIE, MIPS64 of both byte orders) checked against each release's own debug/gosym
+// (a dump tool built alongside), the runtime's own stack symbolization and `go tool objdump`;
+// hand-made tables in the Go 1.16 and 1.20+ layouts; malformed tables.
 #include "common/elf/go_pclntab.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -295,12 +297,40 @@ TEST(GoPclntabTest, MalformedTablesAreErrorsNotCrashes) {
   }
 }
 
-// ---- Real Go 1.19 binaries ----
+// ---- Real Go binaries ----
 
 #ifdef STRATA_GO_DIR
 
-std::string GoBinary(const std::string& variant) {
-  return std::string(STRATA_GO_DIR) + "/pclntab_subject_" + variant;
+// A test binary is named by its build: "VARIANT" (Go 1.19, the host's `go`) or
+// "goVERSION_VARIANT" (a STRATA_GO_TOOLCHAINS toolchain), e.g. "go1.23_amd64_pie".
+std::string GoVersionOf(const std::string& build) {
+  if (build.rfind("go", 0) != 0) return "1.19";
+  return build.substr(2, build.find('_') - 2);
+}
+
+// The `go` that built `build`; empty when its toolchain could not be fetched.
+std::string GoToolOf(const std::string& build) {
+  const std::string version = GoVersionOf(build);
+  if (version == "1.19") return STRATA_GO;
+  for (absl::string_view entry : absl::StrSplit(STRATA_GO_TOOLCHAINS, ',', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(entry, absl::MaxSplits('=', 1));
+    if (kv.first == version) return kv.second;
+  }
+  return "";
+}
+
+std::string GoBinary(const std::string& build) {
+  return std::string(STRATA_GO_DIR) + "/pclntab_subject_" + build;
+}
+
+// Why the binaries of `build` are not there (empty when they are).
+std::string MissingGoBuild(const std::string& build) {
+  if (GoToolOf(build).empty()) {
+    return absl::StrCat("no Go ", GoVersionOf(build), " toolchain: not in STRATA_GO_VERSIONS, "
+                        "or deploy/cross/make-go-root.sh could not fetch it (CMake's output)");
+  }
+  struct stat st;
+  return stat(GoBinary(build).c_str(), &st) == 0 ? "" : GoBinary(build) + " not built";
 }
 
 struct TruthFunc {
@@ -309,9 +339,13 @@ struct TruthFunc {
   std::vector<std::tuple<uint64_t, std::string, int>> lines;
 };
 
-std::vector<TruthFunc> GosymTruth(const std::string& binary) {
+// Go 1.19's debug/gosym reads no 1.20+ tables: each release's binaries are read by its own.
+std::vector<TruthFunc> GosymTruth(const std::string& build) {
   std::vector<TruthFunc> out;
-  std::istringstream in(RunCommand(std::string(STRATA_GO_DIR) + "/pclntab_truth " + binary));
+  const std::string version = GoVersionOf(build);
+  const std::string truth = std::string(STRATA_GO_DIR) + "/pclntab_truth" +
+                            (version == "1.19" ? "" : "_go" + version);
+  std::istringstream in(RunCommand(truth + " " + GoBinary(build)));
   std::string line;
   while (std::getline(in, line)) {
     // Names may hold spaces (type..eq.struct { ... }): the name is the rest of the line.
@@ -328,14 +362,17 @@ std::vector<TruthFunc> GosymTruth(const std::string& binary) {
 class GoBinaryTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoBinaryTest, MatchesDebugGosym) {
+  if (std::string missing = MissingGoBuild(GetParam()); !missing.empty()) GTEST_SKIP() << missing;
   const std::string path = GoBinary(GetParam());
   absl::StatusOr<std::unique_ptr<ElfFile>> elf = ElfFile::Open(path);
   ASSERT_TRUE(elf.ok()) << elf.status();
   absl::StatusOr<std::unique_ptr<GoPclntab>> table = GoPclntab::Find(**elf);
   ASSERT_TRUE(table.ok()) << table.status();
-  EXPECT_EQ((*table)->version(), GoPclntab::Version::kGo118);  // Go 1.19's layout
+  // Go 1.19 writes the 1.18 layout, 1.21-1.23 the 1.20 one.
+  EXPECT_EQ((*table)->version(), GoVersionOf(GetParam()) == "1.19" ? GoPclntab::Version::kGo118
+                                                                   : GoPclntab::Version::kGo120);
   EXPECT_NE((*table)->gofunc(), 0u) << "moduledata not found";
-  const std::vector<TruthFunc> truth = GosymTruth(path);
+  const std::vector<TruthFunc> truth = GosymTruth(GetParam());
   ASSERT_GT(truth.size(), 500u);
   const auto& funcs = (*table)->functions();
   ASSERT_EQ(funcs.size(), truth.size());
@@ -373,33 +410,43 @@ TEST_P(GoBinaryTest, MatchesDebugGosym) {
   EXPECT_FALSE(is_root("main.main"));
   EXPECT_FALSE(is_root("runtime.main"));
   EXPECT_LT(roots, 40u);
+  // funcIDs are each release's own numbers (Go 1.22 inserted FuncID_corostart before goexit).
+  const std::string version = GoVersionOf(GetParam());
+  for (const auto& f : funcs) {
+    if (f.name == "runtime.goexit") EXPECT_EQ(f.func_id, version >= "1.22" ? 8 : 7) << version;
+    if (f.name == "main.main") EXPECT_EQ(f.func_id, 0);
+  }
 }
 
 // The SP delta right after the prologue's stack adjustment is the adjustment, as `go tool
-// objdump` shows it (x86-64: SUBQ $n, SP; MIPS64: ADDV $-n, R29).
+// objdump` of the release that built the binary shows it (x86-64: SUBQ $n, SP; MIPS64: ADDV
+// $-n, R29), plus the frame pointer pushed before it (Go 1.21+ on x86-64: PUSHQ BP; MOVQ SP,
+// BP; SUBQ $n, SP, where 1.19 stored BP inside the frame after the SUBQ).
 class GoDisassemblyTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoDisassemblyTest, SpDeltaMatchesPrologueDisassembly) {
+  if (std::string missing = MissingGoBuild(GetParam()); !missing.empty()) GTEST_SKIP() << missing;
   const std::string path = GoBinary(GetParam());
   auto elf = ElfFile::Open(path);
   ASSERT_TRUE(elf.ok());
   auto table = GoPclntab::Find(**elf);
   ASSERT_TRUE(table.ok());
-  const std::string dump =
-      RunCommand(absl::StrCat(STRATA_GO, " tool objdump -s '^(main|crypto/sha256|fmt)\\.' ", path));
+  const std::string dump = RunCommand(
+      absl::StrCat(GoToolOf(GetParam()), " tool objdump -s '^(main|crypto/sha256|fmt)\\.' ", path));
   const std::regex text_re(R"(^TEXT (\S+)\(SB\))");
   const std::regex insn_re(R"(^\s+\S*:\d+\s+0x([0-9a-f]+)\s+\S+\s+(.*)$)");
   const std::regex adjust_re(R"(^(SUBQ \$0x([0-9a-f]+), SP|ADDV \$-(\d+), R29)\b)");
   std::istringstream in(dump);
   std::string line, current;
   bool want_next = false, checked_this = false;
-  uint64_t expect = 0;
-  size_t checked = 0;
+  uint64_t expect = 0, pushed = 0;
+  size_t checked = 0, pushed_bp = 0;
   while (std::getline(in, line)) {
     std::smatch m;
     if (std::regex_search(line, m, text_re)) {
       current = m[1];
       want_next = checked_this = false;
+      pushed = 0;
       continue;
     }
     if (!std::regex_match(line, m, insn_re)) continue;
@@ -422,19 +469,35 @@ TEST_P(GoDisassemblyTest, SpDeltaMatchesPrologueDisassembly) {
       continue;
     }
     std::smatch a;
+    if (!checked_this && insn.rfind("PUSHQ BP", 0) == 0) pushed = 8;
     if (!checked_this && std::regex_search(insn, a, adjust_re)) {
-      expect = a[2].matched ? std::stoull(a[2], nullptr, 16) : std::stoull(a[3]);
+      expect = pushed + (a[2].matched ? std::stoull(a[2], nullptr, 16) : std::stoull(a[3]));
+      pushed_bp += pushed != 0;
       want_next = true;
     }
   }
   EXPECT_GT(checked, 20u);
+  // Each release's prologue (a check of the check).
+  if (GoVersionOf(GetParam()) == "1.19") {
+    EXPECT_EQ(pushed_bp, 0u);
+  } else {
+    EXPECT_GT(pushed_bp, checked / 2);
+  }
 }
 
 // Stripping and byte order change no code: every function's SP deltas (relative to its entry)
 // are those of the unstripped build for the same architecture, and a function's MIPS64 deltas
-// are the same in both byte orders. (go tool objdump has no MIPS64 and needs symbols.)
-TEST(GoPclntabTest, SpDeltasAgreeAcrossStrippingAndByteOrder) {
-  auto deltas = [](const std::string& variant) {
+// are the same in both byte orders. (go tool objdump has no MIPS64 and needs symbols.) The
+// parameter is the builds' prefix: "" (Go 1.19) or "goVERSION_".
+class GoBuildsTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoBuildsTest, SpDeltasAgreeAcrossStrippingAndByteOrder) {
+  const std::string prefix = GetParam();
+  if (std::string missing = MissingGoBuild(prefix + "amd64"); !missing.empty()) {
+    GTEST_SKIP() << missing;
+  }
+  auto deltas = [&](const std::string& suffix) {
+    const std::string variant = prefix + suffix;
     std::map<std::string, std::vector<std::tuple<uint64_t, uint64_t, int32_t>>> out;
     auto elf = ElfFile::Open(GoBinary(variant));
     EXPECT_TRUE(elf.ok());
@@ -461,12 +524,26 @@ TEST(GoPclntabTest, SpDeltasAgreeAcrossStrippingAndByteOrder) {
   EXPECT_GT(same, mle.size() * 9 / 10);
 }
 
-INSTANTIATE_TEST_SUITE_P(Go119Amd64, GoDisassemblyTest, ::testing::Values("amd64", "amd64_pie"));
+// The builds of one release (`prefix` as in GoBuildsTest).
+std::vector<std::string> GoBuilds(const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const char* v : {"amd64", "amd64_stripped", "amd64_pie", "amd64_pie_stripped", "mips64le",
+                        "mips64le_stripped", "mips64"}) {
+    out.push_back(prefix + v);
+  }
+  return out;
+}
 
-INSTANTIATE_TEST_SUITE_P(Go119, GoBinaryTest,
-                         ::testing::Values("amd64", "amd64_stripped", "amd64_pie",
-                                           "amd64_pie_stripped", "mips64le", "mips64le_stripped",
-                                           "mips64"));
+INSTANTIATE_TEST_SUITE_P(Go119Amd64, GoDisassemblyTest, ::testing::Values("amd64", "amd64_pie"));
+INSTANTIATE_TEST_SUITE_P(Go119, GoBinaryTest, ::testing::ValuesIn(GoBuilds("")));
+INSTANTIATE_TEST_SUITE_P(Go119, GoBuildsTest, ::testing::Values(""));
+INSTANTIATE_TEST_SUITE_P(Go12xAmd64, GoDisassemblyTest,
+                         ::testing::Values("go1.21_amd64", "go1.21_amd64_pie", "go1.22_amd64",
+                                           "go1.22_amd64_pie", "go1.23_amd64", "go1.23_amd64_pie"));
+INSTANTIATE_TEST_SUITE_P(Go121, GoBinaryTest, ::testing::ValuesIn(GoBuilds("go1.21_")));
+INSTANTIATE_TEST_SUITE_P(Go122, GoBinaryTest, ::testing::ValuesIn(GoBuilds("go1.22_")));
+INSTANTIATE_TEST_SUITE_P(Go123, GoBinaryTest, ::testing::ValuesIn(GoBuilds("go1.23_")));
+INSTANTIATE_TEST_SUITE_P(Go12x, GoBuildsTest, ::testing::Values("go1.21_", "go1.22_", "go1.23_"));
 
 // The runtime's own symbolization of its stack (runtime.CallersFrames, inlined calls
 // included) against the parser's, pc by pc.
@@ -510,15 +587,25 @@ void ExpectRuntimeFrames(const std::string& binary, const std::string& run) {
   }
 }
 
-TEST(GoRuntimeFramesTest, Amd64InlinedCallsAndLines) {
-  ExpectRuntimeFrames(GoBinary("amd64"), GoBinary("amd64"));
+// The parameter is the builds' prefix, as in GoBuildsTest.
+class GoRuntimeFramesTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoRuntimeFramesTest, Amd64InlinedCallsAndLines) {
+  const std::string build = GetParam() + "amd64";
+  if (std::string missing = MissingGoBuild(build); !missing.empty()) GTEST_SKIP() << missing;
+  ExpectRuntimeFrames(GoBinary(build), GoBinary(build));
 }
 
-TEST(GoRuntimeFramesTest, Mips64leUnderQemu) {
+TEST_P(GoRuntimeFramesTest, Mips64leUnderQemu) {
+  const std::string build = GetParam() + "mips64le";
+  if (std::string missing = MissingGoBuild(build); !missing.empty()) GTEST_SKIP() << missing;
   if (std::string(STRATA_QEMU_MIPS64EL).empty()) GTEST_SKIP() << "no qemu-mips64el";
-  ExpectRuntimeFrames(GoBinary("mips64le"),
-                      absl::StrCat(STRATA_QEMU_MIPS64EL, " ", GoBinary("mips64le")));
+  ExpectRuntimeFrames(GoBinary(build), absl::StrCat(STRATA_QEMU_MIPS64EL, " ", GoBinary(build)));
 }
+
+INSTANTIATE_TEST_SUITE_P(Go119, GoRuntimeFramesTest, ::testing::Values(""));
+INSTANTIATE_TEST_SUITE_P(Go12x, GoRuntimeFramesTest,
+                         ::testing::Values("go1.21_", "go1.22_", "go1.23_"));
 
 // A table whose section has another name is found by its header magic.
 TEST(GoPclntabTest, FoundByMagicInARenamedSection) {

@@ -1,8 +1,10 @@
-# Sourced by make-sysroot.sh and make-python-root.sh: APT_OPTS, apt-get/apt-cache options for
-# a private mips64el package state under $APTDIR (lists, cache, an empty dpkg status; Debian's
-# sources from $APTDIR/etc), so that the host's dpkg/apt state is never touched.
+# Sourced by make-sysroot.sh, make-python-root.sh and make-go-root.sh: APT_OPTS, apt-get/apt-cache
+# options for a private package state under $APTDIR (lists, cache, an empty dpkg status; Debian's
+# sources from $APTDIR/etc) for architecture $APT_ARCH (default mips64el), so that the host's
+# dpkg/apt state is never touched.
+APT_ARCH=${APT_ARCH:-mips64el}
 APT_OPTS=(
-  -o "APT::Architecture=mips64el" -o "APT::Architectures::=mips64el"
+  -o "APT::Architecture=$APT_ARCH" -o "APT::Architectures::=$APT_ARCH"
   -o "Dir::State::Lists=$APTDIR/lists" -o "Dir::State::status=$APTDIR/status"
   -o "Dir::Cache=$APTDIR" -o "Dir::Cache::archives=$APTDIR/archives"
   -o "Dir::Cache::pkgcache=" -o "Dir::Cache::srcpkgcache="

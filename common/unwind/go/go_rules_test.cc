@@ -1,8 +1,11 @@
-// Go unwind rules on real Go 1.19 binaries (built by the build for common/elf's tests): rows
+// Go unwind rules on real Go 1.19 and 1.23 binaries (built by the build for common/elf's tests;
+// 1.23 when its toolchain could be fetched, STRATA_GO_TOOLCHAINS): rows
 // for roots and ordinary frames, and whole stacks laid out as the Go runtime itself reported
 // them (runtime.Callers in the program, run natively and under qemu-mips64el), unwound by the
 // one loop -- plain and incremental -- to the goroutine's root, complete.
 #include "common/unwind/go/go_rules.h"
+
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <cstring>
@@ -46,6 +49,14 @@ TEST(GoRowTest, PerArchitecture) {
 
 std::string RunCommand(const std::string& cmd) { return testing::ShellOutput(cmd); }
 
+// The test program built as `variant` ("amd64", "go1.23_mips64le", ...), or empty when that
+// build is missing (a toolchain that could not be fetched).
+std::string GoProgram(const std::string& variant) {
+  const std::string path = std::string(STRATA_GO_DIR) + "/pclntab_subject_" + variant;
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 ? path : std::string();
+}
+
 // One module at its link address (the test binaries are not PIE).
 using OneModuleSpace = mips64::StaticModuleSpace;
 
@@ -63,7 +74,8 @@ class GoStackTest : public ::testing::TestWithParam<GoCase> {};
 TEST_P(GoStackTest, UnwindsToGoexitAsComplete) {
   const GoCase c = GetParam();
   if (c.needs_qemu && std::string(STRATA_QEMU_MIPS64EL).empty()) GTEST_SKIP() << "no qemu";
-  const std::string bin = std::string(STRATA_GO_DIR) + "/pclntab_subject_" + c.variant;
+  const std::string bin = GoProgram(c.variant);
+  if (bin.empty()) GTEST_SKIP() << "no " << c.variant << " build (its Go toolchain is missing)";
   auto elf = elf::ElfFile::Open(bin);
   ASSERT_TRUE(elf.ok()) << elf.status();
   auto table = elf::GoPclntab::Find(**elf);
@@ -167,10 +179,23 @@ INSTANTIATE_TEST_SUITE_P(Go119, GoStackTest,
                                            GoCase{"mips64le", Arch::kMips64El, true},
                                            GoCase{"mips64le_stripped", Arch::kMips64El, true}),
                          [](const auto& info) { return info.param.variant; });
+INSTANTIATE_TEST_SUITE_P(Go123, GoStackTest,
+                         ::testing::Values(GoCase{"go1.23_amd64", Arch::kX86_64, false},
+                                           GoCase{"go1.23_amd64_stripped", Arch::kX86_64, false},
+                                           GoCase{"go1.23_mips64le", Arch::kMips64El, true},
+                                           GoCase{"go1.23_mips64le_stripped", Arch::kMips64El,
+                                                  true}),
+                         [](const auto& info) { return info.param.variant.substr(7); });
 
 TEST(GoRulesTest, RootsAndSwitchesEndTheWalk) {
-  for (const char* variant : {"amd64", "mips64", "mips64le"}) {
-    auto elf = elf::ElfFile::Open(std::string(STRATA_GO_DIR) + "/pclntab_subject_" + variant);
+  for (const char* variant : {"amd64", "mips64", "mips64le", "go1.23_amd64", "go1.23_mips64",
+                              "go1.23_mips64le"}) {
+    const std::string bin = GoProgram(variant);
+    if (bin.empty()) {
+      std::printf("no %s build (its Go toolchain is missing): not checked\n", variant);
+      continue;
+    }
+    auto elf = elf::ElfFile::Open(bin);
     ASSERT_TRUE(elf.ok());
     auto arch = ArchOf(**elf);
     ASSERT_TRUE(arch.ok());

@@ -4,8 +4,11 @@
 // with Go's: the top three functions of `go tool pprof -top -cum` have the same cumulative
 // share within 3 points, and stacks that reach a goroutine's root (runtime.goexit) are
 // complete, never marked truncated. Unstripped, stripped (-ldflags=-s -w: names from
-// .gopclntab) and with cgo (C frames under runtime.asmcgocall).
+// .gopclntab) and with cgo (C frames under runtime.asmcgocall), built by Debian's Go 1.19; and
+// unstripped and stripped built by Go 1.23 (variants go1.23_plain and go1.23_stripped: the
+// 1.20+ .gopclntab layout, the frame pointer pushed before the frame is allocated).
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -35,10 +38,11 @@ constexpr int kHz = 499;
 constexpr double kSeconds = 9;     // the workload's run
 constexpr double kTolerance = 3;   // percentage points
 
-// `go tool pprof -top -cum`'s rows, and in *samples the profile's sample count.
-std::vector<CumShare> PprofTopCum(const std::string& binary, const std::string& profile,
-                                  double* samples) {
-  CommandResult r = RunCommand({STRATA_GO, "tool", "pprof", "-top", "-cum", binary, profile}, 60);
+// `go tool pprof -top -cum`'s rows (with the `go` that built the binary), and in *samples the
+// profile's sample count.
+std::vector<CumShare> PprofTopCum(const std::string& go, const std::string& binary,
+                                  const std::string& profile, double* samples) {
+  CommandResult r = RunCommand({go, "tool", "pprof", "-top", "-cum", binary, profile}, 60);
   return ParsePprofTopCum(r.output, samples);
 }
 
@@ -94,7 +98,17 @@ class GoProfileTest : public ::testing::TestWithParam<std::string> {
 TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
   const std::string variant = GetParam();
   const std::string binary = std::string(STRATA_GO_DIR) + "/go_workload_" + variant;
-  const std::string service = "go-" + variant;
+  const bool go123 = variant.rfind("go1.23_", 0) == 0;
+  const std::string go = go123 ? STRATA_GO_1_23 : STRATA_GO;
+  if (go.empty()) {
+    GTEST_SKIP() << "no Go 1.23 toolchain: not in STRATA_GO_VERSIONS, or "
+                    "deploy/cross/make-go-root.sh could not fetch it (CMake's output)";
+  }
+  struct stat st;
+  if (stat(binary.c_str(), &st) != 0) GTEST_SKIP() << binary << " not built";
+  const bool stripped = variant.size() >= 8 && variant.substr(variant.size() - 8) == "stripped";
+  std::string service = "go-" + variant;
+  std::replace(service.begin(), service.end(), '.', '-');
   const std::string profile = dir_.File("cpu.pprof");
   ServerProcess server(dir_.File("data"), dir_.File("server.log"));
   ASSERT_GT(server.port(), 0) << server.process().Output();
@@ -114,7 +128,7 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
   EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();
 
   double pprof_samples = 0;
-  const std::vector<CumShare> pprof = PprofTopCum(binary, profile, &pprof_samples);
+  const std::vector<CumShare> pprof = PprofTopCum(go, binary, profile, &pprof_samples);
   ASSERT_GE(pprof.size(), 3u) << "no pprof output";
   ASSERT_GT(pprof_samples, 0) << "no total in pprof's output";
   const StrataView strata = Query(server.address(), service);
@@ -199,7 +213,7 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
     EXPECT_GT(go_frames, quality.frames() * 8 / 10) << quality.ShortDebugString();
   }
 
-  if (variant != "stripped") return;
+  if (!stripped) return;
   // Lines and inlined calls from the stripped binary's .gopclntab on the server: uploaded
   // after the samples (known by its Go build ID), it gives them file:line and inline frames.
   CommandResult upload = RunCommand({BinPath("strata"), "--server", server.address(),
@@ -225,7 +239,7 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
     for (const v1::Frame& f : l.frames()) inlined += f.inlined() ? l.self() : 0;
     if (lines.size() < 4000) absl::StrAppend(&lines, l.ShortDebugString(), "\n");
   }
-  std::cout << "[ stripped ] by line: " << with_line << " of " << response.total_samples()
+  std::cout << "[ " << variant << " ] by line: " << with_line << " of " << response.total_samples()
             << " samples with a line, " << in_block << " in sha256block_amd64.s, " << inlined
             << " in inlined calls\n";
   EXPECT_GT(with_line, response.total_samples() * 9 / 10) << lines;
@@ -234,8 +248,13 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, GoProfileTest,
-                         ::testing::Values("plain", "stripped", "cgo"),
-                         [](const auto& info) { return info.param; });
+                         ::testing::Values("plain", "stripped", "cgo", "go1.23_plain",
+                                           "go1.23_stripped"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '.', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace strata::e2e

@@ -9,7 +9,8 @@
 // must agree with Go's: the top three functions of `go tool pprof -top -cum` have the same
 // cumulative share within 3 points (plus twice pprof's sampling error, as on x86-64), and
 // stacks that reach a goroutine's root (runtime.goexit) are complete. Unstripped and stripped
-// (-ldflags=-s -w: Go's names from .gopclntab only).
+// (-ldflags=-s -w: Go's names from .gopclntab only), built by Debian's Go 1.19 and by Go 1.23
+// (variants go1.23_plain and go1.23_stripped: the 1.20+ .gopclntab layout).
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -98,9 +99,10 @@ bool ReadRecords(const std::string& path, std::vector<Record>* out, uint32_t* dr
 // wrote into the profile (-symbolize=none): through qemu the profile's mapping names the
 // binary's host path, and pprof's own symbolization of a stripped mips64le cgo binary found
 // there names other functions than the runtime does.
-std::vector<CumShare> PprofTopCum(const std::string& profile, double* samples) {
-  CommandResult r = RunCommand(
-      {STRATA_GO, "tool", "pprof", "-symbolize=none", "-top", "-cum", profile}, 60);
+std::vector<CumShare> PprofTopCum(const std::string& go, const std::string& profile,
+                                  double* samples) {
+  CommandResult r = RunCommand({go, "tool", "pprof", "-symbolize=none", "-top", "-cum", profile},
+                               60);
   return ParsePprofTopCum(r.output, samples);
 }
 
@@ -212,8 +214,15 @@ TEST_P(Mips64GoTest, AgreesWithRuntimePprof) {
     GTEST_SKIP() << "no mips64el-linux-gnuabi64-gcc (cgo's cross compiler) installed";
   }
   const std::string variant = GetParam();
+  const bool go123 = variant.rfind("go1.23_", 0) == 0;
+  const bool stripped = variant.size() >= 8 && variant.substr(variant.size() - 8) == "stripped";
+  const std::string go = go123 ? STRATA_GO_1_23 : STRATA_GO;
+  if (go.empty()) {
+    GTEST_SKIP() << "no Go 1.23 toolchain: not in STRATA_GO_VERSIONS, or "
+                    "deploy/cross/make-go-root.sh could not fetch it (CMake's output)";
+  }
   const std::string binary = std::string(STRATA_GO_DIR) + "/mips64le_go_workload" +
-                             (variant == "stripped" ? "_stripped" : "");
+                             (go123 ? "_go1.23" : "") + (stripped ? "_stripped" : "");
   const std::string profile = dir_.File("cpu.pprof");
   const std::string samples = dir_.File("samples");
   ChildProcess workload({STRATA_QEMU_MIPS64EL, binary, "-seconds", absl::StrCat(kSeconds),
@@ -235,10 +244,10 @@ TEST_P(Mips64GoTest, AgreesWithRuntimePprof) {
   const StrataView strata = Unwind(binary, records);
   ASSERT_GT(strata.total, 500u) << workload.Output();
   // Stripped, the Go functions are named by Go's own table.
-  EXPECT_EQ(strata.symbols_source, variant == "stripped" ? "gopclntab" : "symtab");
+  EXPECT_EQ(strata.symbols_source, stripped ? "gopclntab" : "symtab");
 
   double pprof_samples = 0;
-  const std::vector<CumShare> pprof = PprofTopCum(profile, &pprof_samples);
+  const std::vector<CumShare> pprof = PprofTopCum(go, profile, &pprof_samples);
   ASSERT_GE(pprof.size(), 3u) << "no pprof output";
   ASSERT_GT(pprof_samples, 0) << "no total in pprof's output";
   auto share = [&](const std::string& name) {
@@ -301,8 +310,13 @@ TEST_P(Mips64GoTest, AgreesWithRuntimePprof) {
   EXPECT_GT(strata.frames_reused, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, Mips64GoTest, ::testing::Values("plain", "stripped"),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Variants, Mips64GoTest,
+                         ::testing::Values("plain", "stripped", "go1.23_plain", "go1.23_stripped"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '.', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace strata::e2e
