@@ -126,6 +126,7 @@ class OtlpE2eTest : public ::testing::Test {
     std::vector<std::string> argv{"--json", "top"};
     argv.insert(argv.end(), args.begin(), args.end());
     CommandResult r = Cli(argv);
+    if (r.output.find("unknown service") != std::string::npos) return 0;  // nothing stored
     EXPECT_EQ(r.exit_code, 0) << r.output;
     std::smatch m;
     if (!std::regex_search(r.output, m, std::regex(R"("total_samples":\s*"?(\d+))"))) {
