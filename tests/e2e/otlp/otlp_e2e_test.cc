@@ -5,7 +5,12 @@
 // hot-paths, labels, hosts, pprof export read by go tool pprof when installed). Refused
 // requests (bad indexes, an unknown sample type, an oversized message, a token without the
 // agent role) get their gRPC errors and store nothing; a retried request is stored once; a
-// profile exported as OTLP and sent back under another service name compares equal.
+// profile exported as OTLP (strata export --format otlp) and sent back under another service
+// name compares equal: same stacks, kinds and counts, per host and per profile type.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -14,7 +19,6 @@
 #include <regex>
 #include <sstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -159,6 +163,9 @@ class OtlpE2eTest : public ::testing::Test {
     return out;
   }
 
+  void ExportAndResend(const std::string& service, const std::string& type,
+                       const std::string& copy);
+
   strata::testing::TempDir dir_{"otlp_e2e"};
   std::unique_ptr<ServerProcess> server_;
   std::unique_ptr<otlp_v1::ProfilesService::Stub> stub_;
@@ -256,6 +263,48 @@ TEST_F(OtlpE2eTest, ProfilerExportsShowExactly) {
   } else {
     std::printf("go is not installed: the pprof file is not read back\n");
   }
+}
+
+// `service`'s profile of `type` exported as OTLP by the CLI, sent back as `copy`.
+void OtlpE2eTest::ExportAndResend(const std::string& service, const std::string& type,
+                                  const std::string& copy) {
+  const std::string file = dir_.File(service + "-" + type + ".otlp");
+  CommandResult out = Cli({"export", "--format", "otlp", "-s", service, "--type", type,
+                           "--since", "1h", "-o", file});
+  ASSERT_EQ(out.exit_code, 0) << out.output;
+  EXPECT_THAT(out.output, HasSubstr("Wrote OTLP profiles"));
+  std::ifstream in(file, std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  RequestBuilder::Request request;
+  ASSERT_TRUE(request.ParseFromString(bytes.str()));
+  ASSERT_GT(request.resource_profiles_size(), 0);
+  for (auto& resource : *request.mutable_resource_profiles()) {
+    for (auto& attribute : *resource.mutable_resource()->mutable_attributes()) {
+      if (attribute.key() == "service.name") attribute.mutable_value()->set_string_value(copy);
+    }
+  }
+  grpc::Status s = Export(request);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+}
+
+TEST_F(OtlpE2eTest, ExportedAsOtlpAndSentBackComparesEqual) {
+  Start();
+  ASSERT_TRUE(Export(ProfilerExport("node-1", 30, 12, 15, 1'000'000'000)).ok());
+  ASSERT_TRUE(Export(ProfilerExport("node-2", 20, 8, 0, 2'000'000'000)).ok());
+  ExportAndResend("checkout", "cpu", "checkout-copy");
+  ExportAndResend("checkout", "off-cpu", "checkout-copy");
+  ExportAndResend("pyworker", "cpu", "pyworker-copy");
+  EXPECT_EQ(Paths("checkout-copy"), Paths("checkout"));
+  EXPECT_EQ(Paths("checkout-copy", v1::PROFILE_OFF_CPU), Paths("checkout", v1::PROFILE_OFF_CPU));
+  EXPECT_EQ(Paths("pyworker-copy"), Paths("pyworker"));
+  for (const char* host : {"node-1", "node-2"}) {
+    EXPECT_EQ(Total({"-s", "checkout-copy", "--since", "2h", "--host", host}),
+              Total({"-s", "checkout", "--since", "2h", "--host", host}))
+        << host;
+  }
+  EXPECT_EQ(Total({"-s", "checkout-copy", "--since", "2h"}), 70u);
+  EXPECT_EQ(Total({"-s", "checkout-copy", "--since", "2h", "--type", "off-cpu"}), 297u);
 }
 
 TEST_F(OtlpE2eTest, OnlyTheAgentRoleMayExport) {
