@@ -235,8 +235,10 @@ int RunExport(CliContext* ctx, const FilterOptions& f, const ExportOptions& o) {
   Client& client = ctx->client();
   v1::ExportRequest request;
   *request.mutable_filter() = BuildFilter(f);
-  const bool llvm = o.format == "llvm-sample";
-  request.set_format(llvm ? v1::ExportRequest::LLVM_SAMPLE : v1::ExportRequest::PPROF);
+  const bool llvm = o.format == "llvm-sample", otlp = o.format == "otlp";
+  request.set_format(llvm   ? v1::ExportRequest::LLVM_SAMPLE
+                     : otlp ? v1::ExportRequest::OTLP
+                            : v1::ExportRequest::PPROF);
   auto r = client.Call(client.large_query(), &v1::Query::Stub::Export, request);
   WarnUnreachable(r.unreachable_nodes());
   WriteOutput(o.output, r.data());
@@ -250,6 +252,13 @@ int RunExport(CliContext* ctx, const FilterOptions& f, const ExportOptions& o) {
                 "-fprofile-sample-use=prof.afdo`\n",
                 f.service.c_str(), RangeText(f).c_str(), WithThousands(r.total_samples()).c_str(),
                 o.output.c_str(), o.output.c_str());
+    return 0;
+  }
+  if (otlp) {
+    std::printf("Wrote OTLP profiles of %s (%s, %s samples) to %s (%s bytes): a serialized "
+                "ExportProfilesServiceRequest (profiles v1development)\n",
+                f.service.c_str(), RangeText(f).c_str(), WithThousands(r.total_samples()).c_str(),
+                o.output.c_str(), WithThousands(r.data().size()).c_str());
     return 0;
   }
   std::printf("Wrote pprof profile of %s (%s, %s samples) to %s (%s bytes); open it with "
@@ -469,12 +478,14 @@ void AddQueryCommands(CLI::App* app, CliContext* ctx, int* exit_code) {
   quality->callback([=] { *exit_code = RunQuality(ctx, quality_filter); });
 
   static ExportOptions export_options;
-  auto* exp = app->add_subcommand("export", "write the profile for other tools (pprof, LLVM FDO)");
+  auto* exp =
+      app->add_subcommand("export", "write the profile for other tools (pprof, LLVM FDO, OTLP)");
   AddFilterFlags(exp, &export_filter);
   exp->add_option("--format,-f", export_options.format,
                   "pprof (gzipped profile.proto) or llvm-sample (text; for clang "
-                  "-fprofile-sample-use, from source lines: needs the modules' DWARF)")
-      ->check(CLI::IsMember({"pprof", "llvm-sample"}))
+                  "-fprofile-sample-use, from source lines: needs the modules' DWARF) or otlp "
+                  "(an OTLP profiles ExportProfilesServiceRequest, one resource per host)")
+      ->check(CLI::IsMember({"pprof", "llvm-sample", "otlp"}))
       ->capture_default_str();
   exp->add_option("--output,-o", export_options.output, "file to write, e.g. cpu.pb.gz")
       ->required();

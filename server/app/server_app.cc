@@ -144,6 +144,11 @@ absl::Status ServerApp::BuildServices() {
   ingest_options.placement = placement_.get();
   ingest_ = std::make_unique<ingest::IngestService>(store_.get(), &registry_, &ingest_metrics_,
                                                     std::move(ingest_options));
+  otlp::OtlpService::Options otlp_options;
+  otlp_options.authorizer = authorizer_.get();
+  otlp_options.committer = aggregator_.get();
+  otlp_options.limits = options_.ingest.service.limits;
+  otlp_ = std::make_unique<otlp::OtlpService>(store_.get(), std::move(otlp_options));
   auto debuginfo_store = symbolize::DebugInfoStore::Open(
       options_.storage.data_dir + "/debuginfo", options_.symbolize.max_debuginfo_bytes);
   if (!debuginfo_store.ok()) {
@@ -299,6 +304,7 @@ absl::Status ServerApp::Listen() {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, grpc_credentials_, &grpc_port_);
   builder.RegisterService(ingest_.get());
+  builder.RegisterService(otlp_.get());
   builder.RegisterService(query_.get());
   builder.RegisterService(capture_.get());
   builder.RegisterService(debuginfo_.get());

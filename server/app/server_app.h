@@ -30,6 +30,7 @@
 #include "server/cluster/replication.h"
 #include "server/http/http_server.h"
 #include "server/ingest/ingest_service.h"
+#include "server/otlp/otlp_service.h"
 #include "server/query/query_service.h"
 #include "server/regress/regressions_service.h"
 #include "server/registry/agent_registry.h"
@@ -97,6 +98,7 @@ class ServerApp {
   std::unique_ptr<cluster::Membership> membership_;
   std::unique_ptr<cluster::ClusterPlacement> placement_;
   std::unique_ptr<ingest::IngestService> ingest_;
+  std::unique_ptr<otlp::OtlpService> otlp_;  // OTLP profiles, into the same pipeline
   std::unique_ptr<symbolize::DebugInfoStore> debuginfo_store_;
   std::unique_ptr<symbolize::Symbolizer> symbolizer_;
   std::unique_ptr<symbolize::DebugInfoService> debuginfo_;

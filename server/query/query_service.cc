@@ -19,6 +19,7 @@
 #include "server/query/compare_profiles.h"
 #include "server/query/diff.h"
 #include "server/query/flamegraph.h"
+#include "server/query/otlp_export.h"
 #include "server/query/pprof.h"
 #include "server/query/quality.h"
 #include "server/query/series.h"
@@ -439,7 +440,8 @@ grpc::Status QueryService::Compare(grpc::ServerContext* context,
 
 absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportRequest& request) {
   if (request.format() != v1::ExportRequest::PPROF &&
-      request.format() != v1::ExportRequest::LLVM_SAMPLE) {
+      request.format() != v1::ExportRequest::LLVM_SAMPLE &&
+      request.format() != v1::ExportRequest::OTLP) {
     return absl::InvalidArgumentError("unsupported export format");
   }
   auto query = ToProfileQuery(request.filter(), base::NowMs());
@@ -473,6 +475,11 @@ absl::StatusOr<v1::ExportResponse> QueryService::RunExport(const v1::ExportReque
     response.set_content_type("text/plain");
     response.set_total_samples(profile->samples);
     add_unreachable(&response);
+    return response;
+  }
+  if (request.format() == v1::ExportRequest::OTLP) {
+    auto response = RunOtlpExport(*query);
+    if (response.ok()) add_unreachable(&*response);
     return response;
   }
   query->call_sites = query->build_ids = symbolizer_ != nullptr && source_ != nullptr;
@@ -518,6 +525,47 @@ grpc::Status QueryService::Diff(grpc::ServerContext* context, const v1::DiffRequ
                                 v1::DiffResponse* response) {
   if (auto p = AuthorizeQuery(context); !p.ok()) return ToGrpcStatus(p.status());
   return rpc::Respond([&] { return RunDiff(*request); }, response);
+}
+
+absl::StatusOr<v1::ExportResponse> QueryService::RunOtlpExport(const ProfileQuery& query) {
+  ProfileQuery by_host = query;
+  by_host.build_ids = source_ != nullptr;  // a cluster's nodes send them; here the store has them
+  auto profile = Load(by_host);
+  if (!profile.ok()) return profile.status();
+  // One resource per host: each host's profile.
+  std::vector<std::pair<std::string, Profile>> hosts;
+  if (!query.host.empty()) {
+    hosts.emplace_back(query.host, *profile);
+  } else {
+    for (const std::string& host : profile->hosts) {
+      by_host.host = host;
+      auto of_host = Load(by_host);
+      if (!of_host.ok()) return of_host.status();
+      hosts.emplace_back(host, *std::move(of_host));
+    }
+  }
+  if (source_ == nullptr) {
+    FunctionLookup functions(store_);
+    for (auto& [host, p] : hosts) {
+      for (ResolvedFunction& f : p.functions) {
+        if (auto info = functions.Get(f.id); info.ok()) f.build_id = (*info)->build_id;
+      }
+    }
+  }
+  OtlpExportOptions options;
+  options.service = query.service.empty() ? query.capture_id : query.service;
+  options.from_ms = query.from_ms;
+  options.to_ms = query.to_ms;
+  options.type = query.type;
+  options.rate_hz = registry_->SamplingRate(query.service);
+  auto data = EncodeOtlp(hosts, options);
+  if (!data.ok()) return data.status();
+  v1::ExportResponse response;
+  response.set_data(std::move(*data));
+  response.set_content_type("application/x-protobuf");
+  response.set_total_samples(profile->total);
+  for (const auto& n : profile->unreachable_nodes) response.add_unreachable_nodes(n);
+  return response;
 }
 
 grpc::Status QueryService::Export(grpc::ServerContext* context, const v1::ExportRequest* request,

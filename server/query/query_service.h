@@ -107,6 +107,8 @@ class QueryService final : public v1::Query::Service {
   absl::StatusOr<Profile> LoadProfile(const v1::ProfileFilter& filter);
   // From the ProfileSource if there is one, else from this server's store.
   absl::StatusOr<Profile> Load(const ProfileQuery& query);
+  // Export in OTLP (otlp_export.h): one profile per host.
+  absl::StatusOr<v1::ExportResponse> RunOtlpExport(const ProfileQuery& query);
   // Architectures of the hosts that contributed to `profile`.
   std::vector<std::string> ArchsOf(const Profile& profile);
 

@@ -1,0 +1,238 @@
+#include "server/otlp/otlp_convert.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/otlp/otlp_builder.h"
+
+namespace strata::server::otlp {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Pair;
+
+constexpr uint64_t kSecond = 1'000'000'000;
+constexpr uint64_t kT0 = 1'700'000'000 * kSecond;  // a window start (divisible by 10 s)
+constexpr int64_t kNowMs = 1'800'000'000'000;
+
+// "name (module)" of each frame of a stack, outermost first.
+std::vector<std::string> Frames(const ConvertedRequest& r, uint32_t stack) {
+  std::vector<std::string> out;
+  for (uint32_t f : r.stacks[stack].functions) {
+    out.push_back(r.functions[f].name + " (" + r.functions[f].module + ")");
+  }
+  return out;
+}
+
+// What the OTel eBPF profiler sends for a Go service calling into the kernel and a Python
+// service: resource attributes, frame types on locations, sample attributes, timestamps.
+class OtlpConvertTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const int32_t go_binary = b_.Mapping("/usr/bin/api", "b1d0", 0x400000, 0x800000, 0);
+    const int32_t vmlinux = b_.Mapping("vmlinux");
+    const int32_t libpython = b_.Mapping("/usr/lib/libpython3.11.so");
+    main_ = b_.Location(go_binary, 0x401000, {{"main.main", "main.go", 10}}, "go");
+    // handle() with encode() inlined into it: one location, two lines, innermost first.
+    handle_ = b_.Location(go_binary, 0x402000,
+                          {{"main.encode", "enc.go", 5}, {"main.handle", "main.go", 20}}, "go");
+    write_ = b_.Location(vmlinux, 0xffffffff81000000, {{"ksys_write", "", 0}}, "kernel");
+    py_run_ = b_.Location(libpython, 0, {{"run", "/srv/app.py", 3}}, "cpython");
+    py_work_ = b_.Location(libpython, 0, {{"work", "/srv/app.py", 9}}, "cpython");
+  }
+
+  absl::StatusOr<ConvertedRequest> Convert(const std::string& forced_host = "") {
+    return ConvertRequest(b_.request(), {}, forced_host, kNowMs);
+  }
+
+  RequestBuilder b_;
+  int32_t main_, handle_, write_, py_run_, py_work_;
+};
+
+TEST_F(OtlpConvertTest, StacksFramesKindsAndLabels) {
+  auto* api = b_.AddResource({{"service.name", "api"}, {"host.name", "host-1"},
+                              {"k8s.namespace.name", "prod"}, {"process.pid", "42"}});
+  auto* cpu = b_.AddProfile(api, "samples", "count", kT0, "cpu", 50'000'000);
+  const int32_t go_stack = b_.Stack({write_, handle_, main_});  // leaf first
+  const auto attrs = b_.AttributeList({{"container.id", "c1"},
+                                       {"process.executable.name", "api"},
+                                       {"thread.name", "worker-3"}});
+  b_.AddSample(cpu, go_stack, attrs, 1, kT0 + 1 * kSecond);
+  b_.AddSample(cpu, go_stack, attrs, 1, kT0 + 2 * kSecond);
+  b_.AddSample(cpu, go_stack, attrs, 1, kT0 + 12 * kSecond);  // the next window
+  auto* py = b_.AddResource({{"service.name", "worker"}, {"host.name", "host-2"}});
+  auto* py_cpu = b_.AddProfile(py, "samples", "count", kT0);
+  b_.AddSample(py_cpu, b_.Stack({py_work_, py_run_}), {}, 7);
+
+  auto r = Convert();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->profiles, 2u);
+  EXPECT_EQ(r->samples, 10u);
+  ASSERT_EQ(r->cells.size(), 3u);
+  const ConvertedCell& first = r->cells[0];
+  EXPECT_EQ(first.service, "api");
+  EXPECT_EQ(first.host, "host-1");
+  EXPECT_EQ(first.window_start_ms, static_cast<int64_t>(kT0 / 1'000'000));
+  EXPECT_EQ(first.count, 2u);
+  // process.pid and thread.name would make a label set per process and thread: dropped.
+  EXPECT_THAT(first.labels, ElementsAre(Pair("container.id", "c1"),
+                                        Pair("k8s.namespace.name", "prod"),
+                                        Pair("process.executable.name", "api")));
+  EXPECT_THAT(Frames(*r, first.stack),
+              ElementsAre("main.main (/usr/bin/api)", "main.handle (/usr/bin/api)",
+                          "main.encode (/usr/bin/api)", "ksys_write ([kernel.kallsyms])"));
+  EXPECT_EQ(r->functions[r->stacks[first.stack].functions[0]].build_id, "b1d0");
+  EXPECT_EQ(r->cells[1].count, 1u);
+  EXPECT_EQ(r->cells[1].window_start_ms, first.window_start_ms + 10'000);
+  const ConvertedCell& python = r->cells[2];
+  EXPECT_EQ(python.service, "worker");
+  EXPECT_EQ(python.host, "host-2");
+  EXPECT_EQ(python.count, 7u);
+  EXPECT_TRUE(python.labels.empty());
+  EXPECT_THAT(Frames(*r, python.stack),
+              ElementsAre("run ([python:/srv/app.py])", "work ([python:/srv/app.py])"));
+}
+
+TEST_F(OtlpConvertTest, NanosecondsBecomeSamplingPeriods) {
+  auto* api = b_.AddResource({{"service.name", "api"}, {"host.name", "h"}});
+  // CPU time with a 10 ms period: 35 ms is 3.5 periods, rounded to 4.
+  auto* cpu = b_.AddProfile(api, "cpu", "nanoseconds", kT0, "cpu", 10'000'000);
+  b_.AddSample(cpu, b_.Stack({main_}), {}, 35'000'000);
+  // Off-CPU time as the eBPF profiler sends it (no period): at the agents' 99 Hz.
+  auto* off = b_.AddProfile(api, "events", "nanoseconds", kT0);
+  b_.AddSample(off, b_.Stack({handle_, main_}), {}, 2 * 1'000'000'000);
+  auto r = Convert();
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->cells.size(), 2u);
+  EXPECT_EQ(r->cells[0].count, 4u);
+  EXPECT_TRUE(r->cells[0].labels.empty());
+  EXPECT_EQ(r->cells[1].count, 198u);
+  EXPECT_THAT(r->cells[1].labels, ElementsAre(Pair("__profile__", "off-cpu")));
+}
+
+TEST_F(OtlpConvertTest, UnsymbolizedNativeFramesAndMissingNames) {
+  const int32_t libc = b_.Mapping("/usr/lib/libc.so.6", "abcd", 0x7f0000000000, 0x7f0000100000,
+                                  0x1000);
+  const int32_t raw = b_.Location(libc, 0x7f0000000230, {}, "native");
+  auto* r0 = b_.AddResource({{"process.executable.name", "batch"}});
+  auto* cpu = b_.AddProfile(r0, "samples", "count", 0);
+  b_.AddSample(cpu, b_.Stack({raw}), {}, 3);
+  b_.AddSample(cpu, 0, {}, 2);  // the empty stack: its samples still count
+  auto r = Convert();
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->cells.size(), 2u);
+  EXPECT_EQ(r->cells[0].service, "unknown_service:batch");
+  EXPECT_EQ(r->cells[0].host, "unknown");
+  EXPECT_EQ(r->cells[0].window_start_ms, kNowMs);  // no time: now's window
+  EXPECT_THAT(Frames(*r, r->cells[0].stack), ElementsAre("libc.so.6+0x1230 (/usr/lib/libc.so.6)"));
+  EXPECT_THAT(Frames(*r, r->cells[1].stack), ElementsAre("[unknown] ([unknown])"));
+  EXPECT_EQ(r->cells[1].count, 2u);
+}
+
+TEST_F(OtlpConvertTest, OtherFrameKindsKeptByName) {
+  const int32_t rb = b_.Location(b_.Mapping(""), 0, {{"Foo#bar", "app.rb", 1}}, "ruby");
+  const int32_t jvm = b_.Location(b_.Mapping(""), 0, {{"Main.run", "Main.java", 1}}, "hotspot");
+  auto* r0 = b_.AddResource({{"service.name", "s"}, {"host.name", "h"}});
+  b_.AddSample(b_.AddProfile(r0, "samples", "count", kT0), b_.Stack({rb, jvm}), {}, 1);
+  auto r = Convert();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(Frames(*r, r->cells[0].stack),
+              ElementsAre("Main.run ([jit:hotspot])", "Foo#bar ([ruby:app.rb])"));
+}
+
+TEST_F(OtlpConvertTest, CertificateHostIsEnforced) {
+  auto* r0 = b_.AddResource({{"service.name", "s"}, {"host.name", "other"}});
+  b_.AddSample(b_.AddProfile(r0, "samples", "count", kT0), b_.Stack({main_}), {}, 1);
+  auto r = Convert("host-1");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
+  RequestBuilder without_host;
+  auto* r1 = without_host.AddResource({{"service.name", "s"}});
+  without_host.AddSample(without_host.AddProfile(r1, "samples", "count", kT0), 0, {}, 1);
+  auto ok = ConvertRequest(without_host.request(), {}, "host-1", kNowMs);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->cells[0].host, "host-1");
+}
+
+struct BadCase {
+  const char* name;
+  void (*spoil)(RequestBuilder::Request*);
+  const char* error;
+};
+
+TEST_F(OtlpConvertTest, BadInputIsRefusedWithTheFieldNamed) {
+  auto* r0 = b_.AddResource({{"service.name", "s"}, {"host.name", "h"}});
+  auto* cpu = b_.AddProfile(r0, "samples", "count", kT0);
+  b_.AddSample(cpu, b_.Stack({write_, main_}), {}, 1, kT0);
+  ASSERT_TRUE(Convert().ok());
+  const BadCase cases[] = {
+      {"stack index", [](auto* q) {
+         q->mutable_resource_profiles(0)->mutable_scope_profiles(0)->mutable_profiles(0)
+             ->mutable_samples(0)->set_stack_index(99);
+       }, "stack index 99 outside the stack table"},
+      {"location index", [](auto* q) {
+         q->mutable_dictionary()->mutable_stack_table(1)->set_location_indices(0, -1);
+       }, "location index -1 outside the location table"},
+      {"function index", [](auto* q) {
+         q->mutable_dictionary()->mutable_location_table(1)->mutable_lines(0)->set_function_index(
+             1000);
+       }, "function index 1000 outside the function table"},
+      {"string index", [](auto* q) {
+         q->mutable_dictionary()->mutable_function_table(1)->set_name_strindex(5000);
+       }, "string index 5000 outside the string table"},
+      {"sample type", [](auto* q) {
+         q->mutable_dictionary()->add_string_table("alloc_space");
+         q->mutable_resource_profiles(0)->mutable_scope_profiles(0)->mutable_profiles(0)
+             ->mutable_sample_type()->set_type_strindex(q->dictionary().string_table_size() - 1);
+       }, "sample type (alloc_space, count) is not stored"},
+      {"timestamps", [](auto* q) {
+         q->mutable_resource_profiles(0)->mutable_scope_profiles(0)->mutable_profiles(0)
+             ->mutable_samples(0)->add_timestamps_unix_nano(1);
+       }, "has 1 values and 2 timestamps"},
+      {"negative", [](auto* q) {
+         q->mutable_resource_profiles(0)->mutable_scope_profiles(0)->mutable_profiles(0)
+             ->mutable_samples(0)->set_values(0, -5);
+       }, "negative value"},
+      {"reserved label", [](auto* q) {
+         auto* kv = q->mutable_resource_profiles(0)->mutable_resource()->add_attributes();
+         kv->set_key("__profile__");
+         kv->mutable_value()->set_string_value("off-cpu");
+       }, "reserved"},
+      {"label syntax", [](auto* q) {
+         auto* kv = q->mutable_resource_profiles(0)->mutable_resource()->add_attributes();
+         kv->set_key("k8s.pod.name");
+         kv->mutable_value()->set_string_value("a,b");
+       }, "attribute k8s.pod.name"},
+  };
+  for (const BadCase& c : cases) {
+    RequestBuilder::Request request = b_.request();
+    c.spoil(&request);
+    auto r = ConvertRequest(request, {}, "", kNowMs);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_THAT(r.status().message(), HasSubstr(c.error)) << c.name;
+  }
+}
+
+TEST_F(OtlpConvertTest, LimitsApply) {
+  auto* r0 = b_.AddResource({{"service.name", "s"}, {"host.name", "h"}});
+  auto* cpu = b_.AddProfile(r0, "samples", "count", kT0);
+  b_.AddSample(cpu, b_.Stack({write_, main_}), {}, 5);
+  b_.AddSample(cpu, b_.Stack({main_}), {}, 5);
+  ingest::IngestLimits limits;
+  limits.max_context_count = 4;
+  EXPECT_THAT(ConvertRequest(b_.request(), limits, "", kNowMs).status().message(),
+              HasSubstr("exceeds the limit of 4"));
+  limits = {};
+  limits.max_batch_contexts = 1;
+  EXPECT_THAT(ConvertRequest(b_.request(), limits, "", kNowMs).status().message(),
+              HasSubstr("more than 1 distinct samples"));
+  limits = {};
+  limits.max_name_bytes = 5;
+  EXPECT_THAT(ConvertRequest(b_.request(), limits, "", kNowMs).status().message(),
+              HasSubstr("longer than the limits"));
+}
+
+}  // namespace
+}  // namespace strata::server::otlp

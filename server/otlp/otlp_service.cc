@@ -1,0 +1,163 @@
+#include "server/otlp/otlp_service.h"
+
+#include <map>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/clock.h"
+#include "common/rpc/grpc_status.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "server/auth/grpc_auth.h"
+#include "server/commit/profile_type.h"
+#include "spdlog/spdlog.h"
+
+namespace strata::server::otlp {
+namespace {
+
+// The request's content as bytes that are the same for the same content.
+std::string DeterministicBytes(const otlp_v1::ExportProfilesServiceRequest& request) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream out(&stream);
+    out.SetSerializationDeterministic(true);
+    request.SerializeToCodedStream(&out);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+OtlpService::OtlpService(store::Store* store, Options options)
+    : store_(store), committer_(options.committer), options_(std::move(options)) {
+  if (committer_ == nullptr) {
+    own_committer_ = std::make_unique<commit::StoreCommitter>(store);
+    committer_ = own_committer_.get();
+  }
+}
+
+grpc::Status OtlpService::Export(grpc::ServerContext* context,
+                                 const otlp_v1::ExportProfilesServiceRequest* request,
+                                 otlp_v1::ExportProfilesServiceResponse* /*response*/) {
+  auto principal =
+      auth::AuthorizeCall(options_.authorizer, context, auth::Role::kAgent, "OTLP ingest");
+  if (!principal.ok()) {
+    ++metrics_.rejected_requests;
+    return rpc::ToGrpcStatus(principal.status());
+  }
+  const std::string forced_host =
+      principal->kind == auth::Principal::Kind::kCertificate ? principal->name : std::string();
+  absl::Status applied = Apply(*request, forced_host);
+  if (!applied.ok()) {
+    spdlog::warn("OTLP export from {} refused: {}", principal->Describe(), applied.ToString());
+  }
+  return rpc::ToGrpcStatus(applied);
+}
+
+absl::Status OtlpService::Apply(const otlp_v1::ExportProfilesServiceRequest& request,
+                                const std::string& forced_host) {
+  ++metrics_.requests;
+  auto converted = ConvertRequest(request, options_.limits, forced_host, base::NowMs());
+  if (!converted.ok()) {
+    ++metrics_.rejected_requests;
+    return converted.status();
+  }
+  // Records first, in one commit: content-addressed, so harmless if the counts fail later.
+  store::WriteBatch records;
+  store::Interner& interner = store_->interner();
+  std::vector<uint64_t> function_ids;
+  function_ids.reserve(converted->functions.size());
+  for (const store::FunctionInfo& f : converted->functions) {
+    auto id = interner.InternFunction(f, &records);
+    if (!id.ok()) return id.status();
+    function_ids.push_back(*id);
+  }
+  std::vector<uint64_t> stack_ids;
+  stack_ids.reserve(converted->stacks.size());
+  for (const ConvertedStack& s : converted->stacks) {
+    store::StackFrames frames;
+    frames.truncated = s.truncated;
+    for (uint32_t f : s.functions) frames.function_ids.push_back(function_ids[f]);
+    auto id = interner.InternStack(frames, &records);
+    if (!id.ok()) return id.status();
+    stack_ids.push_back(*id);
+  }
+  // Label sets, and the cells of each (host, window).
+  std::map<std::pair<std::string, std::string>, uint64_t> label_sets;  // (service, encoded)
+  std::map<std::tuple<std::string, int64_t>, std::vector<commit::BatchCommitter::Cell>> groups;
+  for (const ConvertedCell& cell : converted->cells) {
+    auto [it, added] = label_sets.try_emplace({cell.service, labels::Encode(cell.labels)}, 0);
+    if (added && !cell.labels.empty()) {
+      auto id = interner.InternLabelSet(cell.service, cell.labels,
+                                        options_.limits.max_label_sets, &records);
+      if (absl::IsResourceExhausted(id.status())) {
+        // Past --max-label-sets samples are kept under the overflow set, as agents' are.
+        id = interner.InternLabelSet(
+            cell.service,
+            labels::Merge({{"strata_overflow", "label_sets"}},
+                          commit::ProfileLabels(commit::InProfile(cell.labels, v1::PROFILE_OFF_CPU)
+                                                    ? v1::PROFILE_OFF_CPU
+                                                    : v1::PROFILE_CPU)),
+            options_.limits.max_label_sets + 2, &records);
+      }
+      if (!id.ok()) return id.status();
+      it->second = *id;
+    }
+    groups[{cell.host, cell.window_start_ms}].push_back(
+        {&cell.service, stack_ids[cell.stack], cell.count, it->second});
+  }
+  if (!records.empty()) {
+    if (absl::Status s = store_->Commit(&records); !s.ok()) return s;
+  }
+  const size_t request_hash = absl::HashOf(DeterministicBytes(request));
+  for (const auto& [group, cells] : groups) {
+    const auto& [host, window_start_ms] = group;
+    const uint64_t key = absl::HashOf(request_hash, host, window_start_ms);
+    auto begin = BeginCommit(key);
+    if (!begin.ok()) return begin.status();
+    if (!*begin) {
+      ++metrics_.duplicate_commits;
+      continue;
+    }
+    store::WriteBatch wb;
+    absl::Status committed = committer_->CommitBatch(&wb, host, window_start_ms, cells);
+    EndCommit(key, committed.ok());
+    if (!committed.ok()) return committed;
+    for (const auto& c : cells) metrics_.samples += c.count;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> OtlpService::BeginCommit(uint64_t key) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  while (!applied_order_.empty() &&
+         (applied_order_.size() > options_.dedup_entries ||
+          now - applied_order_.front().second > options_.dedup_window)) {
+    auto it = applied_.find(applied_order_.front().first);
+    if (it != applied_.end() && it->second == applied_order_.front().second) applied_.erase(it);
+    applied_order_.pop_front();
+  }
+  if (auto it = applied_.find(key); it != applied_.end() && now - it->second <= options_.dedup_window) {
+    return false;
+  }
+  if (!in_flight_.insert(key).second) {
+    return absl::UnavailableError("an identical request is being stored; retry");
+  }
+  return true;
+}
+
+void OtlpService::EndCommit(uint64_t key, bool committed) {
+  absl::MutexLock lock(&mu_);
+  in_flight_.erase(key);
+  if (!committed) return;
+  const absl::Time now = absl::Now();
+  applied_[key] = now;
+  applied_order_.emplace_back(key, now);
+}
+
+}  // namespace strata::server::otlp
