@@ -22,8 +22,10 @@
 // blocks of the thread's data stack (3.11+: frames lie next to each other there, a
 // generator's inside its object); then the headers of code objects due for a check together
 // with the re-read of the current frame and the leaf's code that shows the chain held still.
-// Two calls for a chain like the last; frame objects before 3.11 cost one per frame besides
-// the innermost four.
+// Two calls for a chain like the last; one when it starts at the last read's innermost frame
+// and no code object is due for a check (that re-read then ends the first call: the reads of
+// one call are made in order). Frame objects before 3.11 cost one per frame besides the
+// innermost four.
 //
 // Threads before 3.11 carry only the pthread_t (the address of glibc's struct pthread); the
 // kernel tid inside that struct is found once per process: the offset at which the thread
