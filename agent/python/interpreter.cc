@@ -544,17 +544,21 @@ ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t
   const size_t n = chain_.size();
   // Code objects checked within kCodeRecheckNs are taken from the cache as they are (a frame
   // holds its code object: only one freed since could have left its address to another);
-  // the others' headers are read to be checked.
+  // the others' headers are read to be checked. With one due, the whole chain's are checked:
+  // their checks then fall due together, one second call per period for a chain rather than
+  // one per code object in it.
   const uint64_t now = NowNs();
   code_addresses_.clear();
   code_sizes_.clear();
+  bool due = false;
   for (ChainFrame& f : chain_) {
     auto it = code_.find(f.code);
-    f.info = it != code_.end() && it->second != nullptr &&
-                     now - it->second->checked_ns < kCodeRecheckNs
-                 ? it->second.get()
-                 : nullptr;
-    if (f.info != nullptr) continue;
+    f.info = it != code_.end() ? it->second.get() : nullptr;
+    due |= f.info == nullptr || now - f.info->checked_ns >= kCodeRecheckNs;
+  }
+  for (ChainFrame& f : chain_) {
+    if (!due) break;
+    f.info = nullptr;
     code_addresses_.push_back(f.code);
     code_sizes_.push_back(offsets_.code_size);
   }
