@@ -20,8 +20,9 @@
 // state with the current frame of the _PyCFrame the thread's last read went through (3.11,
 // 3.12) and the memory where its last read found frames; then the frames not found there, in
 // blocks of the thread's data stack (3.11+: frames lie next to each other there, a
-// generator's inside its object); then the headers of code objects due for a check together
-// with the re-read of the current frame and the leaf's code that shows the chain held still.
+// generator's inside its object); then, when one of its code objects is due for a check,
+// the headers of all of them (so that they fall due together) with the re-read of the current
+// frame and the leaf's code that shows the chain held still.
 // Two calls for a chain like the last; one when it starts at the last read's innermost frame
 // and no code object is due for a check (that re-read then ends the first call: the reads of
 // one call are made in order). Frame objects before 3.11 cost one per frame besides the
