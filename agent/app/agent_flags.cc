@@ -92,8 +92,10 @@ void AddAgentFlags(CLI::App& app, AgentFlags& f) {
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   app.add_option("--python-read-period-ms", f.python_read_period_ms,
-                 "while Python targets are profiled, their samples are recorded (and their "
-                 "Python frames read) at most this many milliseconds after they were taken")
+                 "Python targets whose samples are not delivered one by one (an interpreter "
+                 "loaded after the target was found, in-process rings, ad hoc captures): "
+                 "their samples are recorded (and their Python frames read) at most this many "
+                 "milliseconds after they were taken")
       ->check(CLI::Range(0.1, 10000.0))
       ->capture_default_str();
   app.add_option("--jvm-perf-map", f.jvm_perf_map_services,

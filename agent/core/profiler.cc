@@ -93,7 +93,7 @@ absl::Status Profiler::Poll(absl::Duration timeout) {
   }
   absl::Duration wait = std::min(timeout, next_rescan_ - now);
   for (sources::StackSource* source : sources_) wait = std::min(wait, source->max_wait());
-  if (recorder_.python_targets() > 0) wait = std::min(wait, PythonWait());
+  if (PythonBatched()) wait = std::min(wait, PythonWait());
   absl::StatusOr<Wakeup> woke = poller_->Wait(wait);
   if (!woke.ok()) return woke.status();
   ++wakeups_;
@@ -106,6 +106,15 @@ absl::Status Profiler::Poll(absl::Duration timeout) {
   }
   for (sources::StackSource* source : sources_) source->Drain(recorder_);
   return rescan_due_ ? Rescan() : absl::OkStatus();
+}
+
+bool Profiler::PythonBatched() const {
+  const size_t targets = recorder_.python_targets();
+  if (targets == 0) return false;
+  if (!session_targets_.empty()) return true;  // captures sample Python targets in batches
+  size_t each_sample = 0;
+  for (pid_t pid : python_each_sample_) each_sample += recorder_.HasInterpreter(pid);
+  return targets > each_sample;
 }
 
 absl::Duration Profiler::PythonWait() {
@@ -178,6 +187,7 @@ void Profiler::RescanSources() {
       // Started sampling itself after we found it: switch it to the source that claims it.
       if (target->source != nullptr) target->source->Detach(pid);
       recorder_.ForgetTarget(pid);
+      python_each_sample_.erase(pid);
       discovery_->SetSource(*target, source);
       spdlog::info("pid {} ({}): reading its in-process sampler's ring", pid,
                    target->executable);
@@ -194,24 +204,30 @@ sources::StackSource* Profiler::SourceFor(pid_t pid) const {
 
 void Profiler::AddTarget(const procfs::TrackedProcess& process) {
   std::unique_ptr<Target> target = discovery_->NewTarget(process, SourceFor(process.pid));
+  // Before attaching: a Python target's samples are wanted one by one.
+  if (recorder_.FindInterpreter(*target) && target->source != nullptr &&
+      target->source->DeliverEachSample(process.pid)) {
+    python_each_sample_.insert(process.pid);
+  }
   absl::Status st = target->source == nullptr
                         ? absl::OkStatus()
                         : target->source->Attach(process.pid, process.threads);
   if (!st.ok()) {
     spdlog::warn("cannot sample pid {} ({}): {}", process.pid, process.executable, st.ToString());
+    recorder_.ForgetTarget(process.pid);
+    python_each_sample_.erase(process.pid);
     return;
   }
   spdlog::info("profiling pid {} ({}) as service '{}', {} threads, labels {{{}}}", process.pid,
                process.executable, process.service, process.threads.size(),
                labels::ToString(target->labels));
-  const Target& inserted = *target;
   discovery_->Insert(std::move(target));
-  recorder_.FindInterpreter(inserted);
 }
 
 void Profiler::RemoveTarget(pid_t pid) {
   for (sources::StackSource* source : sources_) source->Remove(pid, recorder_);
   recorder_.ForgetTarget(pid);
+  python_each_sample_.erase(pid);
   discovery_->Remove(pid);
 }
 

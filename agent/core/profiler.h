@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "agent/core/batch_builder.h"
@@ -78,10 +79,13 @@ struct ProfilerOptions : DiscoveryOptions {
   absl::Duration off_cpu_threshold = absl::Microseconds(100);
   // Python frames of CPython targets (StackRecorder), read when their samples are recorded.
   // The sooner after the sample a thread's frames are read, the fewer have changed (the rest
-  // are counted as python_stale): while such targets run Python, samples are drained about one
-  // sampling period after the last Python sample (when a thread that keeps running is sampled
-  // again), then every python_read_period, backing off to 2 periods while none come, and
-  // after a second without any only with the rest (PythonWait).
+  // are counted as python_stale): a target whose interpreter is known when it is attached is
+  // sampled per thread, each sample waking the agent (StackSource::DeliverEachSample). For
+  // the others (an interpreter loaded later, a source that cannot, capture sessions), while
+  // they run Python, samples are drained about one sampling period after the last Python
+  // sample (when a thread that keeps running is sampled again), then every
+  // python_read_period, backing off to 2 periods while none come, and after a second without
+  // any only with the rest (PythonWait).
   bool python_frames = true;
   absl::Duration python_read_period = absl::Milliseconds(1);
 };
@@ -167,6 +171,8 @@ class Profiler final : public SamplingSessions {
   // How long Poll may sleep before Python targets' samples are drained (see
   // ProfilerOptions::python_frames); infinite while none run Python.
   absl::Duration PythonWait();
+  // Whether some Python target's samples come in batches (PythonWait drains them).
+  bool PythonBatched() const;
 
   const ProfilerOptions options_;
   std::unique_ptr<TargetDiscovery> discovery_;
@@ -192,6 +198,8 @@ class Profiler final : public SamplingSessions {
   absl::Duration python_backoff_;
   // Targets attached to each capture session.
   absl::flat_hash_map<uint32_t, size_t> session_targets_;
+  // Python targets whose source delivers each sample as it is taken.
+  absl::flat_hash_set<pid_t> python_each_sample_;
 };
 
 }  // namespace strata::agent

@@ -249,8 +249,13 @@ python::Interpreter* StackRecorder::PythonOf(const Target& target, TargetState& 
   return state.python->interpreter.get();
 }
 
-void StackRecorder::FindInterpreter(const Target& target) {
-  if (options_.python_frames) PythonOf(target, StateOf(target));
+bool StackRecorder::FindInterpreter(const Target& target) {
+  return options_.python_frames && PythonOf(target, StateOf(target)) != nullptr;
+}
+
+bool StackRecorder::HasInterpreter(pid_t pid) const {
+  auto it = states_.find(pid);
+  return it != states_.end() && it->second->python != nullptr;
 }
 
 absl::Duration StackRecorder::SincePythonSample() const {

@@ -109,8 +109,9 @@ class StackRecorder final : public sources::StackSink {
   // Targets whose interpreter's frames are read (their samples are best recorded soon).
   size_t python_targets() const { return python_targets_; }
   // Looks for the target's interpreter now rather than at its first sample (so that its first
-  // samples are drained as soon as the later ones).
-  void FindInterpreter(const Target& target);
+  // samples are drained as soon as the later ones); true when it has one.
+  bool FindInterpreter(const Target& target);
+  bool HasInterpreter(pid_t pid) const;
   // CLOCK_MONOTONIC of the latest sample whose Python frames were read, or of the latest
   // interpreter found (0: none yet), and the time since.
   uint64_t python_sample_ns() const { return python_sample_ns_; }

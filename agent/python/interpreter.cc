@@ -187,7 +187,8 @@ absl::StatusOr<std::unique_ptr<Interpreter>> Interpreter::Attach(
   interpreter->code_headers_.resize(kMaxChainFrames * interpreter->offsets_.code_size +
                                     3 * sizeof(uint64_t));
   interpreter->scratch_.resize(kMaxTstateBytes + sizeof(uint64_t) +
-                               (kMaxHints + kMaxChainBlocks) * kChainBlock);
+                               (kMaxHints + kMaxChainBlocks) * kChainBlock +
+                               3 * sizeof(uint64_t));
   return interpreter;
 }
 
@@ -248,14 +249,17 @@ Interpreter::KnownThread* Interpreter::ThreadStateOf(pid_t tid, bool* cframe_cur
   *cframe_current = false;
   num_blocks_ = 0;
   blocks_read_ = 0;
+  read_since_thread_ = false;
+  recheck_ = {};
   uint8_t* bytes = scratch_.data();
   if (tstate_bytes_ > kMaxTstateBytes) return nullptr;
   if (auto it = thread_states_.find(tid); it != thread_states_.end() && it->second.tstate != 0) {
     KnownThread& known = it->second;
-    // The thread state, the known _PyCFrame's current frame, the hints: in one call, else
-    // without the hints (memory that went away), else the thread state alone.
-    std::array<uint64_t, 2 + kMaxHints> addresses;
-    std::array<size_t, 2 + kMaxHints> sizes;
+    // The thread state, the known _PyCFrame's current frame, the hints and the re-read of
+    // where the chain starts (Recheck): in one call, else without the re-read, else without
+    // the hints (memory that went away), else the thread state alone.
+    std::array<uint64_t, 2 + kMaxHints + 3> addresses;
+    std::array<size_t, 2 + kMaxHints + 3> sizes;
     size_t count = 0;
     addresses[count] = known.tstate;
     sizes[count++] = tstate_bytes_;
@@ -264,12 +268,38 @@ Interpreter::KnownThread* Interpreter::ThreadStateOf(pid_t tid, bool* cframe_cur
       sizes[count++] = sizeof(uint64_t);
     }
     const size_t fixed = count;
+    size_t hinted_bytes = 0;
     for (size_t i = 0; i < known.num_hints; ++i) {
       addresses[count] = known.hints[i].start;
       sizes[count++] = known.hints[i].size;
+      hinted_bytes += known.hints[i].size;
+    }
+    const size_t hinted = count;
+    if (known.num_hints > 0 && known.leaf != 0) {
+      addresses[count] = known.tstate + offsets_.tstate_frame;
+      sizes[count++] = sizeof(uint64_t);
+      if (known.cframe != 0) {
+        addresses[count] = known.cframe + offsets_.cframe_frame;
+        sizes[count++] = sizeof(uint64_t);
+      }
+      addresses[count] = known.leaf + offsets_.frame_code;
+      sizes[count++] = sizeof(uint64_t);
     }
     bool read = memory_->ReadMany(addresses.data(), sizes.data(), count, bytes);
-    if (!read && count > fixed) {
+    if (read && count > hinted) {
+      const uint8_t* again = bytes + tstate_bytes_ + (fixed - 1) * sizeof(uint64_t) + hinted_bytes;
+      recheck_ = {true, known.cframe, known.leaf, FieldAt<uint64_t>(again, 0), 0, 0};
+      again += sizeof(uint64_t);
+      if (known.cframe != 0) {
+        recheck_.current = FieldAt<uint64_t>(again, 0);
+        again += sizeof(uint64_t);
+      }
+      recheck_.leaf_code = FieldAt<uint64_t>(again, 0);
+    }
+    if (!read && count > hinted) {
+      read = memory_->ReadMany(addresses.data(), sizes.data(), hinted, bytes);
+    }
+    if (!read && hinted > fixed) {
       known.num_hints = 0;
       read = memory_->ReadMany(addresses.data(), sizes.data(), fixed, bytes);
     }
@@ -320,6 +350,7 @@ bool Interpreter::CurrentFrame(KnownThread& thread, const uint8_t* bytes, bool c
       p = FieldAt<uint64_t>(bytes, tstate_bytes_);  // read along with the thread state
     } else {
       thread.cframe = p;
+      read_since_thread_ = true;
       if (!memory_->ReadValue(p + offsets_.cframe_frame, &p)) return false;
     }
   }
@@ -338,6 +369,7 @@ const uint8_t* Interpreter::FrameBytes(uint64_t address) {
     }
   }
   if (address > UINT64_MAX - size) return nullptr;
+  read_since_thread_ = true;
   // Frame objects (before 3.11) lie anywhere on the heap: only the frame. Else the block
   // below it (the first of a read a whole one; later ones mostly hold a generator's frame),
   // clipped to the frame's page when that reaches unmapped memory (the data stack chunk's
@@ -512,25 +544,40 @@ ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t
   const size_t n = chain_.size();
   // Code objects checked within kCodeRecheckNs are taken from the cache as they are (a frame
   // holds its code object: only one freed since could have left its address to another);
-  // the others' headers are read to be checked.
+  // the others' headers are read to be checked. With one due, the whole chain's are checked:
+  // their checks then fall due together, one second call per period for a chain rather than
+  // one per code object in it.
   const uint64_t now = NowNs();
   code_addresses_.clear();
   code_sizes_.clear();
+  bool due = false;
   for (ChainFrame& f : chain_) {
     auto it = code_.find(f.code);
-    f.info = it != code_.end() && it->second != nullptr &&
-                     now - it->second->checked_ns < kCodeRecheckNs
-                 ? it->second.get()
-                 : nullptr;
-    if (f.info != nullptr) continue;
+    f.info = it != code_.end() ? it->second.get() : nullptr;
+    due |= f.info == nullptr || now - f.info->checked_ns >= kCodeRecheckNs;
+  }
+  for (ChainFrame& f : chain_) {
+    if (!due) break;
+    f.info = nullptr;
     code_addresses_.push_back(f.code);
     code_sizes_.push_back(offsets_.code_size);
   }
   const size_t headers = code_addresses_.size();
   // The thread ran on while we read if its current frame or that frame's code moved: read
   // again after the headers, in the same call (the reads of one call are made in order).
+  // A chain found where the last read left it, starting at the same frame, with no header
+  // due, was read again at the end of the thread state's call already: no second call.
   const uint64_t frame_field = FieldAt<uint64_t>(tstate_bytes, offsets_.tstate_frame);
   const bool through_cframe = offsets_.cframe_frame != kNoOffset && frame_field != 0;
+  if (headers == 0 && recheck_.read && !read_since_thread_ && n > 0 && recheck_.leaf == leaf &&
+      (!through_cframe || recheck_.cframe == frame_field)) {
+    ++stats_.one_call_reads;
+    if (recheck_.frame_field != frame_field || (through_cframe && recheck_.current != leaf) ||
+        recheck_.leaf_code != chain_[0].code) {
+      return inconsistent();
+    }
+    return Finish(*thread, leaf, out, count);
+  }
   code_addresses_.push_back(thread->tstate + offsets_.tstate_frame);
   code_sizes_.push_back(sizeof(uint64_t));
   if (through_cframe) {
@@ -554,19 +601,26 @@ ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t
   }
   if (n > 0 && FieldAt<uint64_t>(again, 0) != chain_[0].code) return inconsistent();
   const uint8_t* header = code_headers_.data();
+  for (ChainFrame& f : chain_) {
+    if (f.info != nullptr) continue;
+    f.info = Code(f.code, header, now);
+    header += offsets_.code_size;
+    if (f.info == nullptr) return inconsistent();
+  }
+  return Finish(*thread, leaf, out, count);
+}
+
+ReadOutcome Interpreter::Finish(KnownThread& thread, uint64_t leaf, std::span<PythonFrame> out,
+                                size_t* count) {
+  const size_t n = chain_.size();
   for (size_t i = 0; i < n; ++i) {
-    const CodeInfo* info = chain_[i].info;
-    if (info == nullptr) {
-      info = Code(chain_[i].code, header, now);
-      header += offsets_.code_size;
-    }
-    if (info == nullptr) return inconsistent();
     PythonFrame& f = out[i];
-    f.code = info;
-    f.line = LineOf(*info, chain_[i].offset);
+    f.code = chain_[i].info;
+    f.line = LineOf(*chain_[i].info, chain_[i].offset);
     f.entry = chain_[i].entry;
   }
-  KeepHints(*thread);
+  KeepHints(thread);
+  thread.leaf = n > 0 ? leaf : 0;
   *count = n;
   stats_.frames += n;
   return ReadOutcome::kOk;

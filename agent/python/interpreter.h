@@ -20,10 +20,13 @@
 // state with the current frame of the _PyCFrame the thread's last read went through (3.11,
 // 3.12) and the memory where its last read found frames; then the frames not found there, in
 // blocks of the thread's data stack (3.11+: frames lie next to each other there, a
-// generator's inside its object); then the headers of code objects due for a check together
-// with the re-read of the current frame and the leaf's code that shows the chain held still.
-// Two calls for a chain like the last; frame objects before 3.11 cost one per frame besides
-// the innermost four.
+// generator's inside its object); then, when one of its code objects is due for a check,
+// the headers of all of them (so that they fall due together) with the re-read of the current
+// frame and the leaf's code that shows the chain held still.
+// Two calls for a chain like the last; one when it starts at the last read's innermost frame
+// and no code object is due for a check (that re-read then ends the first call: the reads of
+// one call are made in order). Frame objects before 3.11 cost one per frame besides the
+// innermost four.
 //
 // Threads before 3.11 carry only the pthread_t (the address of glibc's struct pthread); the
 // kernel tid inside that struct is found once per process: the offset at which the thread
@@ -113,6 +116,7 @@ struct InterpreterStats {
   uint64_t code_misses = 0;    // code objects copied into the cache
   uint64_t thread_scans = 0;   // walks of the thread-state lists
   uint64_t line_misses = 0;    // lines decoded from a line table (not found in CodeInfo::lines)
+  uint64_t one_call_reads = 0;  // reads checked with the thread state's call alone
 };
 
 class Interpreter {
@@ -162,6 +166,15 @@ class Interpreter {
     uint64_t cframe = 0;
     std::array<Range, kMaxHints> hints;
     size_t num_hints = 0;
+    uint64_t leaf = 0;  // the innermost frame of its last read (0: none)
+  };
+  // The re-read of where the chain starts, made at the end of the thread state's call (after
+  // the hints) when the thread has hints and a leaf: for a read that needs no other call, it
+  // takes the place of ReadStack's re-read. `cframe` and `leaf`: where it was read.
+  struct Recheck {
+    bool read = false;
+    uint64_t cframe = 0, leaf = 0;
+    uint64_t frame_field = 0, current = 0, leaf_code = 0;
   };
   // The thread state of `tid` (cached, re-checked), or null. Its first tstate_bytes_ bytes go
   // to the start of scratch_, followed (when *cframe_current is set true) by the current
@@ -180,6 +193,10 @@ class Interpreter {
   const uint8_t* FrameBytes(uint64_t address);
   // The thread's hints from the blocks the last walk used.
   void KeepHints(KnownThread& thread);
+  // A consistent chain_ (every frame's info set) into `out`, and what the next read of the
+  // thread starts from.
+  ReadOutcome Finish(KnownThread& thread, uint64_t leaf, std::span<PythonFrame> out,
+                     size_t* count);
   // The code object at `address` whose first code_size bytes are `header` (read already, at
   // `now`).
   const CodeInfo* Code(uint64_t address, const uint8_t* header, uint64_t now);
@@ -232,6 +249,9 @@ class Interpreter {
   std::array<ChainBlock, kMaxHints + kMaxChainBlocks> blocks_;
   size_t num_blocks_ = 0;
   size_t blocks_read_ = 0;  // by FrameBytes, in the current read
+  // Memory read after the thread state's call in the current read (so recheck_ came first).
+  bool read_since_thread_ = false;
+  Recheck recheck_;
   // The current read's thread state, then its blocks (scratch_used_ bytes so far); sized once.
   std::vector<uint8_t> scratch_;
   size_t scratch_used_ = 0;

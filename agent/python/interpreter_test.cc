@@ -191,11 +191,13 @@ void CheckFramesOf(std::vector<std::string> command) {
   // current frame of the _PyCFrame read last and the frames where the last read found them,
   // then the code objects' headers with the re-read of the current frame; before 3.11, the
   // pthread's tid and one per frame object besides the innermost four. Line tables are decoded
-  // once per offset.
+  // once per offset. While no code object is due for a check, the chain starting where the
+  // last read's did, the re-read comes at the end of the first call: one call.
   const size_t max_reads = qualified ? 2 : 3;
   {
     std::vector<PythonFrame> frames(256);
     size_t n = 0, consistent = 0;
+    const uint64_t one_call_before = (*interpreter)->stats().one_call_reads;
     for (int i = 0; i < 200 && consistent < 20; ++i) {
       const uint64_t reads = memory->reads();
       if ((*interpreter)->ReadStack(child.pid, frames, &n) != ReadOutcome::kOk) continue;
@@ -206,6 +208,7 @@ void CheckFramesOf(std::vector<std::string> command) {
           << "read " << i;
     }
     EXPECT_GT(consistent, 0u);
+    EXPECT_GT((*interpreter)->stats().one_call_reads - one_call_before, consistent / 2);
     EXPECT_LT((*interpreter)->stats().line_misses, (*interpreter)->stats().frames / 2);
   }
 

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "agent/sampler/perf_record.h"
 #include "common/base/split.h"
@@ -49,8 +50,12 @@ struct PerfSampler::Session {
   bool paced = false;
   uint64_t filtered_at_drain = 0;  // stats.filtered at the last drain
   uint32_t drain_every_ms = 0;     // options.drain_every_ms where the rings allow it, else 0
+  // Targets attached with Wake::kEachSample: sampled per thread in either scope.
+  absl::flat_hash_set<pid_t> each_sample;
 
   bool per_cpu() const { return options.scope == SamplingScope::kPerCpu; }
+  // Whether `pid`'s threads have events of their own (else the CPUs' events sample it).
+  bool per_thread(pid_t pid) const { return !per_cpu() || each_sample.contains(pid); }
 };
 
 template <typename Fn>
@@ -66,6 +71,9 @@ namespace {
 // The kernel's default limit of call chain entries (kernel.perf_event_max_stack), plus the
 // context marker; a longer chain is cut by the kernel.
 constexpr size_t kMaxKernelChain = 128;
+// Samples a Wake::kEachSample thread's ring holds in a kPerCpu session (whose own rings are
+// sized for CPUs): room for a reader that runs a few samples late.
+constexpr uint32_t kEachSampleRingSamples = 8;
 
 // Sample records carry a header, pid/tid, time, [a call chain,] abi, registers and two u64
 // around the stack.
@@ -96,7 +104,7 @@ absl::Status ValidateOptions(const SessionOptions& options, const UserRegsLayout
 }
 
 perf_event_attr MakeAttr(const SessionOptions& options, const UserRegsLayout& layout,
-                         size_t ring_bytes) {
+                         size_t ring_bytes, bool wake_each_sample = false) {
   perf_event_attr attr;
   std::memset(&attr, 0, sizeof(attr));
   attr.size = sizeof(attr);
@@ -132,6 +140,10 @@ perf_event_attr MakeAttr(const SessionOptions& options, const UserRegsLayout& la
   if (options.wakeup_samples > 0) {
     attr.wakeup_watermark = static_cast<uint32_t>(std::min(
         ring_bytes / 2, options.wakeup_samples * MaxSampleRecordSize(options, layout)));
+  }
+  if (wake_each_sample) {  // counted in samples, not bytes: a stack copy may be short
+    attr.watermark = 0;
+    attr.wakeup_events = 1;
   }
   return attr;
 }
@@ -372,8 +384,13 @@ absl::Status PerfSampler::SetFrequency(uint32_t session_id, uint32_t frequency_h
 
 absl::StatusOr<std::unique_ptr<PerfSampler::RingEvent>> PerfSampler::OpenEvent(
     const Session& session, pid_t pid, pid_t tid, int cpu) {
-  const size_t data_size = size_t{session.options.ring_pages} * page_size_;
-  perf_event_attr attr = MakeAttr(session.options, layout_, data_size);
+  const bool each_sample = cpu < 0 && session.each_sample.contains(pid);
+  const uint32_t pages =
+      each_sample && session.per_cpu()
+          ? RingPagesFor(session.options.stack_bytes, kEachSampleRingSamples)
+          : session.options.ring_pages;
+  const size_t data_size = size_t{pages} * page_size_;
+  perf_event_attr attr = MakeAttr(session.options, layout_, data_size, each_sample);
   auto event = std::make_unique<RingEvent>();
   event->pid = pid;
   event->tid = tid;
@@ -457,7 +474,7 @@ absl::Status PerfSampler::AttachThread(uint32_t session_id, pid_t pid, pid_t tid
   }
   Session& session = *it->second;
   auto& threads = session.targets[pid];
-  if (session.per_cpu()) return OpenCpuEvents(session);
+  if (!session.per_thread(pid)) return OpenCpuEvents(session);
   if (threads.contains(tid)) return absl::OkStatus();
   absl::StatusOr<std::unique_ptr<RingEvent>> event = OpenEvent(session, pid, tid, /*cpu=*/-1);
   if (!event.ok()) return event.status();
@@ -467,13 +484,15 @@ absl::Status PerfSampler::AttachThread(uint32_t session_id, pid_t pid, pid_t tid
 }
 
 absl::Status PerfSampler::AttachProcess(uint32_t session_id, pid_t pid,
-                                        absl::Span<const pid_t> tids) {
+                                        absl::Span<const pid_t> tids, Wake wake) {
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat("no session ", session_id));
   }
-  it->second->targets.try_emplace(pid);
-  if (it->second->per_cpu()) return OpenCpuEvents(*it->second);
+  Session& session = *it->second;
+  session.targets.try_emplace(pid);
+  if (wake == Wake::kEachSample) session.each_sample.insert(pid);
+  if (!session.per_thread(pid)) return OpenCpuEvents(session);
   for (pid_t tid : tids) {
     absl::Status status = AttachThread(session_id, pid, tid);
     if (!status.ok() && !absl::IsNotFound(status)) return status;
@@ -483,7 +502,7 @@ absl::Status PerfSampler::AttachProcess(uint32_t session_id, pid_t pid,
 
 absl::Status PerfSampler::AttachNewThread(pid_t pid, pid_t tid) {
   for (auto& [id, session] : sessions_) {
-    if (session->per_cpu() || !session->targets.contains(pid)) continue;
+    if (!session->targets.contains(pid) || !session->per_thread(pid)) continue;
     absl::Status status = AttachThread(id, pid, tid);
     if (!status.ok()) return status;
   }
@@ -508,6 +527,7 @@ void PerfSampler::DetachProcess(uint32_t session_id, pid_t pid) {
   if (target == it->second->targets.end()) return;
   for (auto& [tid, event] : target->second) CloseEvent(event.get());
   it->second->targets.erase(target);
+  it->second->each_sample.erase(pid);
 }
 
 void PerfSampler::DetachProcess(pid_t pid) {
@@ -536,7 +556,13 @@ absl::StatusOr<int> PerfSampler::Wait(absl::Duration timeout) {
 
 size_t PerfSampler::DrainEvent(Session& session, RingEvent& event, SampleCallback callback) {
   size_t delivered = 0;
-  const bool filter = session.per_cpu();
+  // A CPU's samples of processes that are no targets of its events: others, and the targets
+  // sampled per thread (Wake::kEachSample).
+  const bool filter = event.cpu >= 0;
+  auto sampled_here = [&session](uint32_t pid) {
+    return session.targets.contains(static_cast<pid_t>(pid)) &&
+           !session.each_sample.contains(static_cast<pid_t>(pid));
+  };
   const bool callchain = session.options.kernel_stacks;
   RingReader reader(event.control, event.data, event.data_size);
   RawSample sample;
@@ -550,8 +576,7 @@ size_t PerfSampler::DrainEvent(Session& session, RingEvent& event, SampleCallbac
           absl::StatusOr<bool> out = ParseSwitchRecord(record, size, &sample);
           if (!out.ok()) {
             ++session.stats.malformed;
-          } else if (!*out && (!filter || session.targets.contains(
-                                              static_cast<pid_t>(sample.pid)))) {
+          } else if (!*out && (!filter || sampled_here(sample.pid))) {
             callback(sample);
             ++session.stats.switches_in;
           }
@@ -559,7 +584,7 @@ size_t PerfSampler::DrainEvent(Session& session, RingEvent& event, SampleCallbac
           sample.session_id = session.options.session_id;
           if (!ParseSampleRecord(record, size, layout_, &sample, callchain).ok()) {
             ++session.stats.malformed;
-          } else if (filter && !session.targets.contains(static_cast<pid_t>(sample.pid))) {
+          } else if (filter && !sampled_here(sample.pid)) {
             ++session.stats.filtered;
           } else {
             callback(sample);

@@ -27,7 +27,11 @@
 //
 // The kernel wakes the reader once a ring holds wakeup_samples samples (by default half a
 // ring), not at every sample; the rest of the ring is headroom for the reader's own latency
-// (a busy host may not run it at once). The owner sizes both (RingPagesFor).
+// (a busy host may not run it at once). The owner sizes both (RingPagesFor). A target attached
+// with Wake::kEachSample is the exception: its reader reads something of the thread right
+// after each sample (Python frames), so each of its threads gets its own event, whatever the
+// scope, whose ring wakes the reader at every sample; in a kPerCpu session the CPUs' samples
+// of it are dropped, and the CPUs' events are opened only for the other targets.
 //
 // Targets are attached explicitly (AttachProcess / AttachNewThread) by the owner, from process
 // and thread events or /proc scans, rather than with perf `inherit`: inherited events also
@@ -178,7 +182,10 @@ class PerfSampler {
   absl::Status AttachThread(uint32_t session_id, pid_t pid, pid_t tid);
   // AttachThread for each of `tids`; threads that already exited are skipped (NotFound is not
   // an error here). The pid is a target of the session even if no thread could be attached.
-  absl::Status AttachProcess(uint32_t session_id, pid_t pid, absl::Span<const pid_t> tids);
+  // kEachSample: see the top; it holds for the pid's threads attached later too.
+  enum class Wake { kBatched, kEachSample };
+  absl::Status AttachProcess(uint32_t session_id, pid_t pid, absl::Span<const pid_t> tids,
+                             Wake wake = Wake::kBatched);
   // Attaches a new thread of `pid` to every session for which `pid` is a target.
   absl::Status AttachNewThread(pid_t pid, pid_t tid);
   // Stops sampling `tid` in every session (its undrained samples are dropped).

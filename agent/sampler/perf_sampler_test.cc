@@ -412,6 +412,50 @@ TEST_F(PerfSamplerTest, PerCpuSessionSamplesEveryThreadOfItsTargetsOnly) {
   EXPECT_EQ(sampler_->attached_events(), 0u);
 }
 
+// A target attached with Wake::kEachSample has an event per thread in either scope, each
+// sample waking the reader; in a per-CPU session its samples come from that event only (the
+// CPUs' events, opened for another target, drop theirs).
+TEST_F(PerfSamplerTest, EachSampleTargetWakesTheReaderAtEverySample) {
+  const pid_t pid = child_.pid();
+  for (SamplingScope scope : {SamplingScope::kPerThread, SamplingScope::kPerCpu}) {
+    if (scope == SamplingScope::kPerCpu && !ProbePerCpuEvents().ok()) continue;
+    SCOPED_TRACE(scope == SamplingScope::kPerCpu ? "per CPU" : "per thread");
+    SessionOptions options = Session(11, 499);
+    options.scope = scope;
+    if (scope == SamplingScope::kPerCpu) {
+      options.ring_pages = RingPagesFor(options.stack_bytes, 64);
+      options.wakeup_samples = 16;
+    }
+    ASSERT_TRUE(sampler_->AddSession(options).ok());
+    ASSERT_TRUE(sampler_->AttachProcess(11, pid, {pid}, PerfSampler::Wake::kEachSample).ok());
+    EXPECT_EQ(sampler_->attached_events(), 1u) << "its thread's event only";
+    SpinningChild other;
+    ASSERT_GT(other.pid(), 0);
+    ASSERT_TRUE(sampler_->AttachProcess(11, other.pid(), {other.pid()}).ok());
+    const size_t other_events =
+        scope == SamplingScope::kPerCpu ? OnlineCpus().value().size() : 1;
+    EXPECT_EQ(sampler_->attached_events(), 1 + other_events);
+
+    size_t samples = 0, wakeups = 0;
+    const uint64_t runtime_before = RuntimeNs(pid, pid);
+    const absl::Time deadline = absl::Now() + absl::Milliseconds(500);
+    while (absl::Now() < deadline) {
+      absl::StatusOr<int> ready = sampler_->Wait(absl::Milliseconds(100));
+      ASSERT_TRUE(ready.ok());
+      size_t mine = 0;
+      sampler_->Drain([&](const RawSample& s) { mine += s.pid == static_cast<uint32_t>(pid); });
+      samples += mine;
+      wakeups += *ready > 0 && mine > 0;
+    }
+    const double expected = static_cast<double>(RuntimeNs(pid, pid) - runtime_before) * 499 / 1e9;
+    ASSERT_GT(samples, 10u) << "the spinning child was barely sampled";
+    // One wake-up per sample, but for a reader the host ran late; no sample twice.
+    EXPECT_GT(wakeups * 3, samples);
+    EXPECT_LT(static_cast<double>(samples), expected * 1.25 + 10);
+    ASSERT_TRUE(sampler_->RemoveSession(11).ok());
+  }
+}
+
 // A per-CPU session with a drain period: once its rings have samples they leave the epoll
 // set (no wake-ups: Wait() times out) and max_wait() is the period, while Drain() still
 // delivers every sample; a rate whose period no longer fits the rings ends the pacing.

@@ -82,20 +82,32 @@ sampler::SessionOptions PerfSource::SessionFor(uint32_t session_id,
 }
 
 absl::Status PerfSource::Attach(pid_t pid, const std::vector<pid_t>& threads) {
-  if (auto st = sampler_->AttachProcess(kContinuousSession, pid, threads); !st.ok()) return st;
+  const auto wake = each_sample_.contains(pid) ? sampler::PerfSampler::Wake::kEachSample
+                                               : sampler::PerfSampler::Wake::kBatched;
+  if (auto st = sampler_->AttachProcess(kContinuousSession, pid, threads, wake); !st.ok()) {
+    each_sample_.erase(pid);
+    return st;
+  }
   if (!off_cpu_) return absl::OkStatus();
   return sampler_->AttachProcess(kOffCpuSession, pid, threads);
+}
+
+bool PerfSource::DeliverEachSample(pid_t pid) {
+  each_sample_.insert(pid);
+  return true;
 }
 
 void PerfSource::Detach(pid_t pid) {
   sampler_->DetachProcess(kContinuousSession, pid);
   sampler_->DetachProcess(kOffCpuSession, pid);
+  each_sample_.erase(pid);
 }
 
 void PerfSource::Remove(pid_t pid, StackSink& sink) {
   // Samples already in the ring still count: deliver them before the events close.
   Drain(sink);
   sampler_->DetachProcess(pid);
+  each_sample_.erase(pid);
 }
 
 void PerfSource::ThreadStarted(pid_t pid, pid_t tid) { (void)sampler_->AttachNewThread(pid, tid); }

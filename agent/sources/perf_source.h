@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "agent/sampler/perf_sampler.h"
 #include "agent/sources/stack_source.h"
@@ -42,6 +43,9 @@ class PerfSource final : public StackSource {
   sampler::SamplingScope scope() const { return scope_; }
 
   absl::Status Attach(pid_t pid, const std::vector<pid_t>& threads) override;
+  // Per thread in either scope, each ring waking the reader at every sample (see
+  // sampler::PerfSampler::Wake).
+  bool DeliverEachSample(pid_t pid) override;
   void Detach(pid_t pid) override;
   void Remove(pid_t pid, StackSink& sink) override;
   void ThreadStarted(pid_t pid, pid_t tid) override;
@@ -78,6 +82,7 @@ class PerfSource final : public StackSource {
   sampler::SessionOptions SessionFor(uint32_t session_id, uint32_t frequency_hz) const;
 
   std::unique_ptr<sampler::PerfSampler> sampler_;
+  absl::flat_hash_set<pid_t> each_sample_;  // DeliverEachSample()'s pids, until detached
   uint32_t stack_bytes_;
   sampler::SamplingScope scope_;
   bool kernel_stacks_;

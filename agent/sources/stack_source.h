@@ -72,6 +72,9 @@ class StackSource {
   // moves to another source); Remove forgets the target everywhere (it exited), after
   // delivering what was sampled of it to `sink`.
   virtual absl::Status Attach(pid_t pid, const std::vector<pid_t>& threads) = 0;
+  // Before Attach(): asks for `pid`'s stacks as soon as each is taken, not in batches (the
+  // owner reads its Python frames after each sample). False when the source cannot.
+  virtual bool DeliverEachSample(pid_t pid) { return false; }
   virtual void Detach(pid_t pid) = 0;
   virtual void Remove(pid_t pid, StackSink& sink) = 0;
   // Threads of targets that started or exited (a tid may be reused later).

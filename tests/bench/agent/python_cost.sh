@@ -6,7 +6,9 @@
 #   cpp     demo_service --threads 2 (two busy threads)
 #   py      python3.11 running tests/e2e/python/python_workload.py (two busy threads under the
 #           GIL), Python frames read at the default --python-read-period-ms (1)
-#   py10    the same, --python-read-period-ms 10
+#   py10    the same, --python-read-period-ms 10 (which only paces targets whose samples are
+#           not delivered one by one: a target whose interpreter is known when it is attached
+#           is sampled per thread, each sample waking its agent)
 #   py-off  the same, --python-frames off (the eval loop's native frames only)
 #   NAME-base  case NAME with the agent BASE_AGENT (another build, e.g. before a change)
 # For each agent: its CPU over a window of SECONDS after a WARMUP (on-CPU ns of all its
