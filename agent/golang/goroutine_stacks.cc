@@ -1,0 +1,185 @@
+#include "agent/golang/goroutine_stacks.h"
+
+#include <algorithm>
+
+namespace strata::agent::golang {
+namespace {
+
+// runtime/runtime2.go (type g, m, gobuf, gsignalStack, sigset on linux/amd64: [2]uint32) and
+// runtime/asm_amd64.s (asmcgocall: MOVQ DI, 48(SP) // save g; MOVQ DI, 40(SP) // save depth).
+constexpr RuntimeLayout kAmd64Layout;
+
+}  // namespace
+
+const RuntimeLayout* RuntimeLayoutFor(unwind::Arch arch) {
+  return arch == unwind::Arch::kX86_64 ? &kAmd64Layout : nullptr;
+}
+
+GoroutineStacks::GoroutineStacks(unwind::Arch arch, std::unique_ptr<python::RemoteMemory> memory,
+                                 size_t stack_bytes)
+    : arch_(arch),
+      layout_(RuntimeLayoutFor(arch)),
+      memory_(std::move(memory)),
+      stack_bytes_(stack_bytes) {}
+
+bool GoroutineStacks::ReadWord(uint64_t addr, uint64_t* out) const {
+  if (memory_->ReadValue(addr, out)) return true;
+  ++counts_.read_failed;
+  return false;
+}
+
+bool GoroutineStacks::ReadG(uint64_t addr, G* g) const {
+  const RuntimeLayout& l = *layout_;
+  uint8_t bytes[256];
+  if (addr == 0 || l.g_size > sizeof bytes) return false;
+  if (!memory_->Read(addr, bytes, l.g_size)) {
+    ++counts_.read_failed;
+    return false;
+  }
+  g->addr = addr;
+  g->stack_lo = python::FieldAt<uint64_t>(bytes, l.g_stack_lo);
+  g->stack_hi = python::FieldAt<uint64_t>(bytes, l.g_stack_hi);
+  g->m = python::FieldAt<uint64_t>(bytes, l.g_m);
+  g->sched_sp = python::FieldAt<uint64_t>(bytes, l.g_sched_sp);
+  g->sched_pc = python::FieldAt<uint64_t>(bytes, l.g_sched_pc);
+  g->sched_bp = python::FieldAt<uint64_t>(bytes, l.g_sched_bp);
+  return true;
+}
+
+bool GoroutineStacks::CurgOf(uint64_t g0, G* curg) const {
+  G g;
+  uint64_t m_g0 = 0, m_curg = 0;
+  if (g0 == 0) {
+    ++counts_.no_goroutine;
+    return false;
+  }
+  if (!ReadG(g0, &g) || g.m == 0 || !ReadWord(g.m + layout_->m_g0, &m_g0)) return false;
+  // The g register is g0 only while its thread runs on the system stack.
+  if (m_g0 != g0) {
+    ++counts_.no_goroutine;
+    return false;
+  }
+  if (!ReadWord(g.m + layout_->m_curg, &m_curg)) return false;
+  if (m_curg == 0) {  // no goroutine switched here (scheduler, GC workers' own code)
+    ++counts_.no_goroutine;
+    return false;
+  }
+  if (!ReadG(m_curg, curg)) return false;
+  if (curg->m != g.m || curg->sched_sp < curg->stack_lo || curg->sched_sp >= curg->stack_hi) {
+    ++counts_.check_failed;
+    return false;
+  }
+  return true;
+}
+
+bool GoroutineStacks::ReadStack(uint64_t sp, uint64_t hi, unwind::StackSnapshot* out) const {
+  const size_t size = static_cast<size_t>(std::min<uint64_t>(hi - sp, stack_bytes_));
+  std::vector<uint8_t>& buffer = buffers_[next_buffer_];
+  if (buffer.size() < stack_bytes_) buffer.resize(stack_bytes_);
+  if (!memory_->Read(sp, buffer.data(), size)) {
+    ++counts_.read_failed;
+    return false;
+  }
+  next_buffer_ ^= 1;
+  *out = {sp, buffer.data(), size};
+  return true;
+}
+
+bool GoroutineStacks::Crossed() const {
+  ++counts_.crossed;
+  return true;
+}
+
+bool GoroutineStacks::Cross(const unwind::StackCrossing& at, unwind::CrossedStack* to) const {
+  if (layout_ == nullptr || at.arch != arch_) return false;
+  const RuntimeLayout& l = *layout_;
+  const bool be = unwind::IsBigEndian(arch_);
+  switch (at.kind) {
+    case unwind::StackSwitch::kSystemStack:
+    case unwind::StackSwitch::kGoroutineContext: {
+      G curg;
+      if (!CurgOf(at.g, &curg) || !ReadStack(curg.sched_sp, curg.stack_hi, &to->stack)) {
+        return false;
+      }
+      // systemstack returns normally: its own frame goes on at the saved sp (runtime's
+      // gosave_systemstack_switch). morestack and mcall never return: their caller is the
+      // goroutine's saved context.
+      to->restep = at.kind == unwind::StackSwitch::kSystemStack;
+      to->regs = {to->restep ? at.regs.pc : curg.sched_pc, curg.sched_sp, curg.sched_bp, 0, 0};
+      to->g = curg.addr;
+      return Crossed();
+    }
+    case unwind::StackSwitch::kCgoCall: {
+      uint64_t g = 0, depth = 0;
+      if (!at.stack->Read64(at.regs.sp + l.cgocall_g, be, &g) ||
+          !at.stack->Read64(at.regs.sp + l.cgocall_depth, be, &depth)) {
+        ++counts_.read_failed;
+        return false;
+      }
+      uint64_t entry_sp = 0;
+      if (g == 0) {
+        // Called on the system stack already: the slot holds the sp it came with, on this
+        // same stack.
+        entry_sp = depth;
+        to->stack = *at.stack;
+        to->g = at.g;
+      } else {
+        G caller;
+        uint64_t m_curg = 0;
+        if (!ReadG(g, &caller) || caller.m == 0 ||
+            !ReadWord(caller.m + l.m_curg, &m_curg)) {
+          return false;
+        }
+        entry_sp = caller.stack_hi - depth;
+        if (m_curg != g || depth > caller.stack_hi - caller.stack_lo) {
+          ++counts_.check_failed;
+          return false;
+        }
+        if (!ReadStack(entry_sp, caller.stack_hi, &to->stack)) return false;
+        to->g = g;
+      }
+      // At asmcgocall's entry sp: the return address into its Go caller (x86-64's CALL).
+      uint64_t pc = 0;
+      if (!to->stack.Read64(entry_sp, be, &pc)) {
+        ++counts_.check_failed;
+        return false;
+      }
+      to->restep = false;
+      to->regs = {pc, entry_sp + 8, at.regs.fp, 0, 0};
+      return Crossed();
+    }
+    case unwind::StackSwitch::kCgoCallback: {
+      // On the goroutine's stack: cgocallback's frame continues on g0's, at the sp it saved
+      // in m.g0.sched.sp before switching (runtime/asm_amd64.s).
+      G curg, g0;
+      uint64_t m_curg = 0, m_g0 = 0;
+      if (at.g == 0) {
+        ++counts_.no_goroutine;
+        return false;
+      }
+      if (!ReadG(at.g, &curg) || curg.m == 0 || !ReadWord(curg.m + l.m_curg, &m_curg) ||
+          !ReadWord(curg.m + l.m_g0, &m_g0)) {
+        return false;
+      }
+      if (m_curg != at.g) {
+        ++counts_.no_goroutine;
+        return false;
+      }
+      if (!ReadG(m_g0, &g0)) return false;
+      if (g0.m != curg.m || g0.sched_sp < g0.stack_lo || g0.sched_sp >= g0.stack_hi) {
+        ++counts_.check_failed;
+        return false;
+      }
+      if (!ReadStack(g0.sched_sp, g0.stack_hi, &to->stack)) return false;
+      to->restep = true;
+      to->regs = {at.regs.pc, g0.sched_sp, at.regs.fp, 0, 0};
+      to->g = m_g0;
+      return Crossed();
+    }
+    case unwind::StackSwitch::kNone:
+      break;
+  }
+  return false;
+}
+
+}  // namespace strata::agent::golang

@@ -1,0 +1,99 @@
+// agent/golang (strata::agent::golang): the Go runtime's state read from a target's memory.
+//
+// GoroutineStacks crosses the stack switches Go's unwind rules mark (unwind::StackSwitch,
+// common/unwind/go/go_rules.h) the way Go's own profiler does (runtime/traceback.go and the
+// cgo paths of runtime/proc.go): from g0 to the goroutine that switched there
+// (g.m.curg.sched), from C code back to the goroutine that called it (the g and stack depth
+// runtime.asmcgocall saves in its frame), and from a Go callback to the C code that called
+// back (m.g0.sched.sp). The runtime's structures are read with process_vm_readv after the
+// sample, so every read is checked before it is used: g0 is its m's g0, the goroutine's m is
+// that m and it is the m's current goroutine, the saved stack pointer lies inside the
+// goroutine's stack bounds. A failed check refuses the crossing (the stack ends there as
+// complete, as it did before crossings) and is counted.
+//
+// Layouts: the fields of runtime.g, runtime.m and runtime.gobuf used here sit at the same
+// offsets in every Go release from 1.16 on (g.stack, g.m and g.sched lead runtime.g; m.curg
+// follows the fixed-size head of runtime.m), checked against runtime/runtime2.go of Go 1.19 and
+// of the current release; asmcgocall's frame is runtime/asm_amd64.s's. x86-64 only: on MIPS64
+// no layout is known here, so its switches stay roots.
+//
+// Owned by the target's address space (agent/symbols: ProcessAddressSpace::SetStackCrosser);
+// its buffers hold the other stacks' bytes until the next crossing. Not thread-safe.
+#ifndef STRATA_AGENT_GOLANG_GOROUTINE_STACKS_H_
+#define STRATA_AGENT_GOLANG_GOROUTINE_STACKS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "agent/python/remote_memory.h"
+#include "agent/symbols/process_address_space.h"
+#include "common/unwind/unwinder.h"
+
+namespace strata::agent::golang {
+
+// Offsets of the Go runtime's fields a crossing reads (bytes).
+struct RuntimeLayout {
+  uint32_t g_stack_lo = 0;  // g.stack.lo
+  uint32_t g_stack_hi = 8;  // g.stack.hi
+  uint32_t g_m = 48;        // g.m
+  uint32_t g_sched_sp = 56;  // g.sched.sp (gobuf.sp)
+  uint32_t g_sched_pc = 64;  // g.sched.pc
+  uint32_t g_sched_bp = 104;  // g.sched.bp
+  uint32_t g_size = 112;     // the bytes read of a g: up to the end of g.sched
+  uint32_t m_g0 = 0;         // m.g0
+  uint32_t m_curg = 192;     // m.curg
+  // asmcgocall's frame on g0, from its sp at the call into C: the calling g (0: it was
+  // already on g0, and this slot holds the sp it came with) and its stack depth
+  // (g.stack.hi - sp at entry, where the return address into the Go caller lies).
+  uint32_t cgocall_g = 48;
+  uint32_t cgocall_depth = 40;
+};
+
+// The layout of `arch`'s Go runtime; null when none is known.
+const RuntimeLayout* RuntimeLayoutFor(unwind::Arch arch);
+
+struct CrossingCounts {
+  uint64_t crossed = 0;
+  uint64_t no_goroutine = 0;     // no g known (register 0), or it is not where it should be
+  uint64_t check_failed = 0;     // a read value failed its check (moved on since the sample)
+  uint64_t read_failed = 0;      // the memory could not be read
+};
+
+class GoroutineStacks final : public symbols::StackCrosser {
+ public:
+  // Reads through `memory` (owned); `stack_bytes`: the most read of another stack.
+  GoroutineStacks(unwind::Arch arch, std::unique_ptr<python::RemoteMemory> memory,
+                  size_t stack_bytes = kDefaultStackBytes);
+
+  bool Cross(const unwind::StackCrossing& at, unwind::CrossedStack* to) const override;
+
+  const CrossingCounts& counts() const { return counts_; }
+  static constexpr size_t kDefaultStackBytes = 32 << 10;
+
+ private:
+  struct G {
+    uint64_t addr, stack_lo, stack_hi, m, sched_sp, sched_pc, sched_bp;
+  };
+  bool ReadG(uint64_t addr, G* g) const;
+  bool ReadWord(uint64_t addr, uint64_t* out) const;
+  // The goroutine on g0 `g0` switched from: checks g0 is its m's g0 and curg's m is that m.
+  bool CurgOf(uint64_t g0, G* curg) const;
+  // Reads [sp, min(hi, sp + stack_bytes_)) into the next buffer.
+  bool ReadStack(uint64_t sp, uint64_t hi, unwind::StackSnapshot* out) const;
+  bool Crossed() const;  // counts a crossing; true
+
+  unwind::Arch arch_;
+  const RuntimeLayout* layout_;  // null: no crossing
+  std::unique_ptr<python::RemoteMemory> memory_;
+  size_t stack_bytes_;
+  // Two: the walk reads the stack it crossed to while a crossing fills the other.
+  mutable std::vector<uint8_t> buffers_[2];
+  mutable int next_buffer_ = 0;
+  mutable CrossingCounts counts_;
+};
+
+}  // namespace strata::agent::golang
+
+#endif  // STRATA_AGENT_GOLANG_GOROUTINE_STACKS_H_

@@ -1,0 +1,190 @@
+#include "agent/golang/goroutine_stacks.h"
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace strata::agent::golang {
+namespace {
+
+// A target's memory made by hand: regions of bytes, read like process_vm_readv (all or
+// nothing).
+class FakeMemory final : public python::RemoteMemory {
+ public:
+  FakeMemory() : RemoteMemory(0) {}
+  bool Read(uint64_t address, void* out, size_t size) const override {
+    for (const auto& [start, bytes] : regions) {
+      if (address >= start && size <= bytes.size() && address - start <= bytes.size() - size) {
+        std::memcpy(out, bytes.data() + (address - start), size);
+        return true;
+      }
+    }
+    return false;
+  }
+  void Map(uint64_t start, size_t size) { regions[start].assign(size, 0); }
+  void Put(uint64_t addr, uint64_t value) {
+    for (auto& [start, bytes] : regions) {
+      if (addr >= start && addr + 8 <= start + bytes.size()) {
+        std::memcpy(bytes.data() + (addr - start), &value, 8);
+        return;
+      }
+    }
+    ADD_FAILURE() << "unmapped " << addr;
+  }
+  std::map<uint64_t, std::vector<uint8_t>> regions;
+};
+
+constexpr uint64_t kM = 0xc000100000, kG0 = 0xc000200000, kCurg = 0xc000300000;
+constexpr uint64_t kStackLo = 0xc000400000, kStackHi = 0xc000402000;  // the goroutine's
+constexpr uint64_t kG0Lo = 0x7f0000000000, kG0Hi = 0x7f0000010000;   // the thread's
+constexpr uint64_t kSchedSp = kStackHi - 0x100, kSchedPc = 0x4a0010, kSchedBp = kStackHi - 0x20;
+
+class GoroutineStacksTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const RuntimeLayout& l = *RuntimeLayoutFor(unwind::Arch::kX86_64);
+    auto memory = std::make_unique<FakeMemory>();
+    mem_ = memory.get();
+    mem_->Map(kM, 0x400);
+    mem_->Map(kG0, 0x200);
+    mem_->Map(kCurg, 0x200);
+    mem_->Map(kStackLo, kStackHi - kStackLo);
+    mem_->Map(kG0Hi - 0x1000, 0x1000);
+    mem_->Put(kM + l.m_g0, kG0);
+    mem_->Put(kM + l.m_curg, kCurg);
+    PutG(kG0, kG0Lo, kG0Hi, kG0Hi - 0x800, 0, 0);
+    PutG(kCurg, kStackLo, kStackHi, kSchedSp, kSchedPc, kSchedBp);
+    mem_->Put(kSchedSp, 0x4b0020);  // systemstack's return address into its caller
+    stacks_ = std::make_unique<GoroutineStacks>(unwind::Arch::kX86_64, std::move(memory));
+  }
+  void PutG(uint64_t g, uint64_t lo, uint64_t hi, uint64_t sp, uint64_t pc, uint64_t bp) {
+    const RuntimeLayout& l = *RuntimeLayoutFor(unwind::Arch::kX86_64);
+    mem_->Put(g + l.g_stack_lo, lo);
+    mem_->Put(g + l.g_stack_hi, hi);
+    mem_->Put(g + l.g_m, kM);
+    mem_->Put(g + l.g_sched_sp, sp);
+    mem_->Put(g + l.g_sched_pc, pc);
+    mem_->Put(g + l.g_sched_bp, bp);
+  }
+  unwind::StackCrossing At(unwind::StackSwitch kind, uint64_t g) {
+    return {unwind::Arch::kX86_64, kind, {0x460005, kG0Hi - 0x900, 0x77, 0, 0}, &g0_copy_, g};
+  }
+
+  FakeMemory* mem_ = nullptr;
+  std::unique_ptr<GoroutineStacks> stacks_;
+  unwind::StackSnapshot g0_copy_{};
+};
+
+TEST_F(GoroutineStacksTest, SystemStackGoesOnAtTheGoroutinesSavedSp) {
+  unwind::CrossedStack to;
+  ASSERT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, kG0), &to));
+  EXPECT_TRUE(to.restep);
+  EXPECT_EQ(to.regs.pc, 0x460005u);  // systemstack's own frame, stepped again there
+  EXPECT_EQ(to.regs.sp, kSchedSp);
+  EXPECT_EQ(to.regs.fp, kSchedBp);
+  EXPECT_EQ(to.g, kCurg);
+  // The goroutine's stack from the saved sp to its top.
+  EXPECT_EQ(to.stack.start, kSchedSp);
+  EXPECT_EQ(to.stack.size, kStackHi - kSchedSp);
+  uint64_t ra = 0;
+  EXPECT_TRUE(to.stack.Read64(kSchedSp, false, &ra));
+  EXPECT_EQ(ra, 0x4b0020u);
+  EXPECT_EQ(stacks_->counts().crossed, 1u);
+}
+
+TEST_F(GoroutineStacksTest, MorestackAndMcallResumeTheSavedContext) {
+  unwind::CrossedStack to;
+  ASSERT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kGoroutineContext, kG0), &to));
+  EXPECT_FALSE(to.restep);
+  EXPECT_EQ(to.regs.pc, kSchedPc);
+  EXPECT_EQ(to.regs.sp, kSchedSp);
+  EXPECT_EQ(to.regs.fp, kSchedBp);
+}
+
+TEST_F(GoroutineStacksTest, EveryReadIsCheckedAndFailuresCounted) {
+  const RuntimeLayout& l = *RuntimeLayoutFor(unwind::Arch::kX86_64);
+  unwind::CrossedStack to;
+  // The g register is no g0 (the sample was on the goroutine's stack, or it is unknown).
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, kCurg), &to));
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, 0), &to));
+  EXPECT_EQ(stacks_->counts().no_goroutine, 2u);
+  // Unreadable g.
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, 0xdead0000), &to));
+  EXPECT_EQ(stacks_->counts().read_failed, 1u);
+  // The goroutine moved on since the sample: another m, or its saved sp off its stack.
+  mem_->Put(kCurg + l.g_m, kM + 0x1000);
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, kG0), &to));
+  mem_->Put(kCurg + l.g_m, kM);
+  mem_->Put(kCurg + l.g_sched_sp, 0);  // systemstack clears it on the way back
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, kG0), &to));
+  EXPECT_EQ(stacks_->counts().check_failed, 2u);
+  // No current goroutine.
+  mem_->Put(kM + l.m_curg, 0);
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, kG0), &to));
+  EXPECT_EQ(stacks_->counts().no_goroutine, 3u);
+  EXPECT_EQ(stacks_->counts().crossed, 0u);
+}
+
+TEST_F(GoroutineStacksTest, CgoCallLeadsBackToTheCallingGoroutine) {
+  const RuntimeLayout& l = *RuntimeLayoutFor(unwind::Arch::kX86_64);
+  // asmcgocall's frame on g0 (the sample's copy): the calling g and its stack depth.
+  std::vector<uint8_t> bytes(0x100);
+  const uint64_t sp = kG0Hi - 0x900;
+  const uint64_t entry_sp = kStackHi - 0x180;
+  auto put = [&](uint64_t off, uint64_t v) { std::memcpy(&bytes[off], &v, 8); };
+  put(l.cgocall_g, kCurg);
+  put(l.cgocall_depth, kStackHi - entry_sp);
+  g0_copy_ = {sp, bytes.data(), bytes.size()};
+  mem_->Put(entry_sp, 0x4c0042);  // the return address into runtime.cgocall
+  unwind::CrossedStack to;
+  ASSERT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kCgoCall, 0), &to));
+  EXPECT_FALSE(to.restep);
+  EXPECT_EQ(to.regs.pc, 0x4c0042u);
+  EXPECT_EQ(to.regs.sp, entry_sp + 8);
+  EXPECT_EQ(to.g, kCurg);
+  EXPECT_EQ(to.stack.start, entry_sp);
+  // Already on the system stack (no g saved): the sp it came with, on the same stack.
+  put(l.cgocall_g, 0);
+  put(l.cgocall_depth, sp + 0x20);
+  put(0x20, 0x4d0001);
+  ASSERT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kCgoCall, kG0), &to));
+  EXPECT_EQ(to.regs.pc, 0x4d0001u);
+  EXPECT_EQ(to.regs.sp, sp + 0x28);
+  EXPECT_EQ(to.stack.data, bytes.data());
+  EXPECT_EQ(to.g, kG0);
+  // A g that is not its m's current goroutine.
+  put(l.cgocall_g, kCurg);
+  put(l.cgocall_depth, kStackHi - entry_sp);
+  mem_->Put(kM + l.m_curg, kG0);
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kCgoCall, 0), &to));
+  EXPECT_EQ(stacks_->counts().check_failed, 1u);
+}
+
+TEST_F(GoroutineStacksTest, CgoCallbackGoesOnOnG0AtItsSavedSp) {
+  unwind::CrossedStack to;
+  ASSERT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kCgoCallback, kCurg), &to));
+  EXPECT_TRUE(to.restep);
+  EXPECT_EQ(to.regs.sp, kG0Hi - 0x800);
+  EXPECT_EQ(to.g, kG0);
+  EXPECT_EQ(to.stack.start, kG0Hi - 0x800);
+  EXPECT_EQ(to.stack.size, 0x800u);
+  // Only from the m's current goroutine.
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kCgoCallback, kG0), &to));
+  EXPECT_EQ(stacks_->counts().no_goroutine, 1u);
+}
+
+TEST(GoroutineStacksLayoutTest, OnlyArchitecturesWithAKnownLayoutCross) {
+  EXPECT_NE(RuntimeLayoutFor(unwind::Arch::kX86_64), nullptr);
+  EXPECT_EQ(RuntimeLayoutFor(unwind::Arch::kMips64El), nullptr);
+  GoroutineStacks mips(unwind::Arch::kMips64El, std::make_unique<FakeMemory>());
+  unwind::StackSnapshot copy;
+  unwind::CrossedStack to;
+  EXPECT_FALSE(mips.Cross({unwind::Arch::kMips64El, unwind::StackSwitch::kSystemStack, {}, &copy,
+                           kG0}, &to));
+}
+
+}  // namespace
+}  // namespace strata::agent::golang
