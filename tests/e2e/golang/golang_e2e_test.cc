@@ -1,10 +1,13 @@
 // Go programs end to end: a Go workload (tests/e2e/golang/workload: one goroutine hashing with
-// crypto/sha256, one sorting and encoding JSON) profiled by the real strata-agent and
-// strata-server while it writes its own runtime/pprof CPU profile. Strata's view must agree
-// with Go's: the top three functions of `go tool pprof -top -cum` have the same cumulative
-// share within 3 points, and stacks that reach a goroutine's root (runtime.goexit) are
-// complete, never marked truncated. Unstripped, stripped (-ldflags=-s -w: names from
-// .gopclntab) and with cgo (C frames under runtime.asmcgocall).
+// crypto/sha256, one sorting and encoding JSON, one allocating -- its CPU mostly on the system
+// stack -- and, with cgo, one in C that calls back into Go) profiled by the real strata-agent
+// and strata-server while it writes its own runtime/pprof CPU profile. Strata's view must
+// agree with Go's: the top three functions of `go tool pprof -top -cum` and the goroutines
+// whose stacks cross stack switches (systemstack, cgo calls and callbacks) have the same
+// cumulative share within 3 points, and stacks that reach a goroutine's root (runtime.goexit)
+// are complete, never marked truncated. Unstripped, stripped (-ldflags=-s -w: names from
+// .gopclntab) and with cgo (C frames between runtime.asmcgocall and the Go code that called
+// C, and between a callback's runtime.cgocallback and that).
 #include <signal.h>
 
 #include <algorithm>
@@ -49,6 +52,9 @@ struct StrataView {
   uint64_t complete_goroutine_truncated = 0;  // reach runtime.goexit yet marked truncated
   uint64_t reach_goexit = 0;
   uint64_t in_c = 0, in_c_complete = 0;  // cgo: C code (strata_c_spin) under asmcgocall
+  // cgo: Go called back from C (main.goSpin), and of it the stacks through the C code that
+  // called back up to the goroutine that called C.
+  uint64_t callback = 0, callback_through_c = 0;
   std::string top_paths;  // for failure messages
 };
 
@@ -67,7 +73,26 @@ StrataView Query(const std::string& address, const std::string& service) {
           return n.find("strata_c_spin") != std::string::npos;
         })) {
       v.in_c += p.samples();
-      if (!p.truncated() && names.front() == "runtime.asmcgocall") v.in_c_complete += p.samples();
+      // Complete through asmcgocall, on to the goroutine's root.
+      if (!p.truncated() && names.front() == "runtime.goexit" &&
+          distinct.count("runtime.asmcgocall")) {
+        v.in_c_complete += p.samples();
+      }
+    }
+    if (distinct.count("main.goSpin")) {
+      v.callback += p.samples();
+      // Outermost first: the goroutine, its call into C, the C code, the callback.
+      const auto at = [&](const std::string& n) {
+        return std::find(names.begin(), names.end(), n) - names.begin();
+      };
+      const auto c_code = at("strata_c_calls_back");  // (not cgo's wrappers around it)
+      const auto end = static_cast<std::ptrdiff_t>(names.size());
+      if (!p.truncated() && names.front() == "runtime.goexit" && at("main.callbackWorker") < end &&
+          at("main.callbackWorker") < at("runtime.asmcgocall") &&
+          at("runtime.asmcgocall") < c_code && c_code < at("runtime.cgocallback") &&
+          at("runtime.cgocallback") < at("main.goSpin")) {
+        v.callback_through_c += p.samples();
+      }
     }
     if (distinct.count("runtime.goexit")) {
       v.reach_goexit += p.samples();
@@ -142,6 +167,23 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
                     100.0 * (it == strata.cum.end() ? 0 : it->second) / strata.total, "% pprof ",
                     pprof[i].percent, "%\n");
   }
+  // The goroutines whose CPU is past a stack switch: allocating (GC assists, spans from the
+  // heap: on the system stack) and, with cgo, Go called back from C. pprof follows those
+  // switches; so must Strata.
+  for (const std::string name : {"main.allocWorker", "main.callbackWorker"}) {
+    if (name == "main.callbackWorker" && variant != "cgo") continue;
+    double theirs = 0;
+    for (const CumShare& row : pprof) {
+      if (row.function == name) theirs = row.percent;
+    }
+    const auto it = strata.cum.find(name);
+    const double ours = 100.0 * (it == strata.cum.end() ? 0 : it->second) / strata.total;
+    absl::StrAppend(&report, name, ": strata ", ours, "% pprof ", theirs, "%\n");
+    const double p = theirs / 100;
+    const double pprof_error = 100 * std::sqrt(p * (1 - p) / pprof_samples);
+    EXPECT_GT(theirs, 2) << name << " has too little CPU to compare";
+    EXPECT_NEAR(ours, theirs, kTolerance + 2 * pprof_error) << name << "\n" << strata.top_paths;
+  }
   // The goroutines' own CPU times (each runs locked to a thread), for the record.
   std::smatch cpu;
   const std::string out = workload.Output();
@@ -154,8 +196,8 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
   const double strata_hash_share = 100 * strata_hash / std::max(1.0, strata_hash + strata_sort);
   absl::StrAppend(&report, "  thread CPU time: hashing ", hash_share,
                   "% of the two goroutines', strata ", strata_hash_share, "%\n");
-  // For the record only: time the goroutines spend on the system stack (GC assists, cgo
-  // calls) is Strata's runtime stacks, not theirs, so this split is not checked.
+  // For the record only: the runtime's own goroutines (GC workers) and stacks that stay on
+  // g0 (the scheduler) are in neither, so this split is not checked.
   // Incremental unwinding works on Go stacks: outer frames are reused sample after sample.
   std::smatch unwinding;
   const std::string agent_log = agent.Output();
@@ -174,12 +216,19 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
   EXPECT_GT(strata.reach_goexit, strata.total * 8 / 10) << strata.top_paths;
   EXPECT_LT(strata.truncated, strata.total / 10) << strata.top_paths;
   if (variant == "cgo") {
-    // C frames unwind with the C code's CFI up to the system stack's root, asmcgocall.
+    // C frames unwind with the C code's CFI up to asmcgocall, and on from there on the
+    // goroutine's stack that called C.
     std::cout << "[ cgo ] C code: " << strata.in_c << " samples, " << strata.in_c_complete
-              << " of them complete up to runtime.asmcgocall\n";
+              << " of them complete through runtime.asmcgocall to runtime.goexit\n";
     EXPECT_GT(strata.in_c, 0u) << strata.top_paths;
     // A few tens of samples: a sample or two caught switching stacks is not a trend.
     EXPECT_GE(strata.in_c_complete + 3, strata.in_c * 9 / 10) << strata.top_paths;
+    // Go called back from C: under runtime.cgocallback, the C code that called back, then the
+    // goroutine that called C.
+    std::cout << "[ cgo ] callbacks: " << strata.callback << " samples, "
+              << strata.callback_through_c << " of them through the C caller to runtime.goexit\n";
+    EXPECT_GT(strata.callback, 0u) << strata.top_paths;
+    EXPECT_GE(strata.callback_through_c + 3, strata.callback * 9 / 10) << strata.top_paths;
   }
 
   // strata quality counts the Go binary's frames as Go, and nearly all of them are.
