@@ -245,7 +245,7 @@ TEST(ParseSampleRecordTest, KernelCallChainKeepsOnlyTheKernelPart) {
 TEST(ParseSampleRecordTest, UserOnlyCallChainHasNoKernelFrames) {
   RecordBuilder b(PERF_RECORD_SAMPLE);
   b.U32(1).U32(2).U64(3).U64(0);  // empty chain: sampled in user mode
-  b.U64(PERF_SAMPLE_REGS_ABI_64).U64(1).U64(2).U64(3).U64(0);
+  b.U64(PERF_SAMPLE_REGS_ABI_64).U64(1).U64(2).U64(3).U64(4).U64(0);  // bp sp ip r14, no stack
   std::vector<uint8_t> record = b.Build();
   RawSample s;
   ASSERT_TRUE(ParseSampleRecord(record.data(), record.size(), RegsLayoutFor(Arch::kX86_64), &s,
