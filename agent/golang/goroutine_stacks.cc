@@ -98,9 +98,15 @@ bool GoroutineStacks::Cross(const unwind::StackCrossing& at, unwind::CrossedStac
     case unwind::StackSwitch::kSystemStack:
     case unwind::StackSwitch::kGoroutineContext: {
       G curg;
-      if (!CurgOf(at.g, &curg) || !ReadStack(curg.sched_sp, curg.stack_hi, &to->stack)) {
+      if (!CurgOf(at.g, &curg)) return false;
+      // The same switch as the sample's: the frame pointer it saved is the one the walk
+      // carried to the switching frame (x86-64 keeps rbp across the switch). A goroutine that
+      // switched again since shows another.
+      if (at.regs.fp != 0 && curg.sched_bp != at.regs.fp) {
+        ++counts_.check_failed;
         return false;
       }
+      if (!ReadStack(curg.sched_sp, curg.stack_hi, &to->stack)) return false;
       // systemstack returns normally: its own frame goes on at the saved sp (runtime's
       // gosave_systemstack_switch). morestack and mcall never return: their caller is the
       // goroutine's saved context.
@@ -124,14 +130,14 @@ bool GoroutineStacks::Cross(const unwind::StackCrossing& at, unwind::CrossedStac
         to->stack = *at.stack;
         to->g = at.g;
       } else {
+        // The g and depth are the sample's (its copy of this frame). The depth is measured
+        // from the stack's top because the stack may move while C runs (a callback can grow
+        // it): the goroutine's current bounds place it. Its frames from there out stay as
+        // they were while the C call lasts.
         G caller;
-        uint64_t m_curg = 0;
-        if (!ReadG(g, &caller) || caller.m == 0 ||
-            !ReadWord(caller.m + l.m_curg, &m_curg)) {
-          return false;
-        }
+        if (!ReadG(g, &caller)) return false;
         entry_sp = caller.stack_hi - depth;
-        if (m_curg != g || depth > caller.stack_hi - caller.stack_lo) {
+        if (depth < 8 || depth > caller.stack_hi - caller.stack_lo) {
           ++counts_.check_failed;
           return false;
         }
@@ -171,6 +177,15 @@ bool GoroutineStacks::Cross(const unwind::StackCrossing& at, unwind::CrossedStac
         return false;
       }
       if (!ReadStack(g0.sched_sp, g0.stack_hi, &to->stack)) return false;
+      // Inside a callback, the word at that sp is the g0.sched.sp cgocallback saved to restore
+      // on return: at or above it on g0's stack. (Out of the callback by now, g0.sched.sp is
+      // back at the thread's base, whose word is no such thing as a rule.)
+      uint64_t saved = 0;
+      if (!to->stack.Read64(g0.sched_sp, be, &saved) || saved < g0.sched_sp ||
+          saved >= g0.stack_hi) {
+        ++counts_.check_failed;
+        return false;
+      }
       to->restep = true;
       to->regs = {at.regs.pc, g0.sched_sp, at.regs.fp, 0, 0};
       to->g = m_g0;

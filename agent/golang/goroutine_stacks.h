@@ -6,10 +6,14 @@
 // (g.m.curg.sched), from C code back to the goroutine that called it (the g and stack depth
 // runtime.asmcgocall saves in its frame), and from a Go callback to the C code that called
 // back (m.g0.sched.sp). The runtime's structures are read with process_vm_readv after the
-// sample, so every read is checked before it is used: g0 is its m's g0, the goroutine's m is
-// that m and it is the m's current goroutine, the saved stack pointer lies inside the
-// goroutine's stack bounds. A failed check refuses the crossing (the stack ends there as
-// complete, as it did before crossings) and is counted.
+// sample (the agent drains its rings every few hundred milliseconds), so every read is
+// checked before it is used: g0 is its m's g0, the goroutine's m is that m and it is the m's
+// current goroutine, its saved stack pointer lies inside its stack bounds and its saved frame
+// pointer is the one the walk carried to the switch (the same switch, not a later one). A
+// failed check refuses the crossing (the stack ends there as complete, as it did before
+// crossings) and is counted. A goroutine that left the system stack (or parked) between the
+// sample and the read cannot be crossed to: its saved state is gone. A cgo call's crossing
+// needs less: its g and stack depth are in the sample's own copy.
 //
 // Layouts: the fields of runtime.g, runtime.m and runtime.gobuf used here sit at the same
 // offsets in every Go release from 1.16 on (g.stack, g.m and g.sched lead runtime.g; m.curg

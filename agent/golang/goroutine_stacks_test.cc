@@ -70,7 +70,8 @@ class GoroutineStacksTest : public ::testing::Test {
     mem_->Put(g + l.g_sched_bp, bp);
   }
   unwind::StackCrossing At(unwind::StackSwitch kind, uint64_t g) {
-    return {unwind::Arch::kX86_64, kind, {0x460005, kG0Hi - 0x900, 0x77, 0, 0}, &g0_copy_, g};
+    // The walk's fp at the switching frame: the frame pointer the switch saved.
+    return {unwind::Arch::kX86_64, kind, {0x460005, kG0Hi - 0x900, kSchedBp, 0, 0}, &g0_copy_, g};
   }
 
   FakeMemory* mem_ = nullptr;
@@ -121,11 +122,18 @@ TEST_F(GoroutineStacksTest, EveryReadIsCheckedAndFailuresCounted) {
   mem_->Put(kCurg + l.g_sched_sp, 0);  // systemstack clears it on the way back
   EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, kG0), &to));
   EXPECT_EQ(stacks_->counts().check_failed, 2u);
+  // The goroutine switched again since the sample: its saved frame pointer is another.
+  mem_->Put(kCurg + l.g_sched_sp, kSchedSp);
+  mem_->Put(kCurg + l.g_sched_bp, kSchedBp - 0x40);
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, kG0), &to));
+  EXPECT_EQ(stacks_->counts().check_failed, 3u);
+  mem_->Put(kCurg + l.g_sched_bp, kSchedBp);
+  EXPECT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, kG0), &to));
   // No current goroutine.
   mem_->Put(kM + l.m_curg, 0);
   EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, kG0), &to));
   EXPECT_EQ(stacks_->counts().no_goroutine, 3u);
-  EXPECT_EQ(stacks_->counts().crossed, 0u);
+  EXPECT_EQ(stacks_->counts().crossed, 1u);
 }
 
 TEST_F(GoroutineStacksTest, CgoCallLeadsBackToTheCallingGoroutine) {
@@ -155,15 +163,20 @@ TEST_F(GoroutineStacksTest, CgoCallLeadsBackToTheCallingGoroutine) {
   EXPECT_EQ(to.regs.sp, sp + 0x28);
   EXPECT_EQ(to.stack.data, bytes.data());
   EXPECT_EQ(to.g, kG0);
-  // A g that is not its m's current goroutine.
+  // The g and depth come from the sample's copy: the goroutine need not still run on its m
+  // (it is in C until the call returns), but the depth must lie inside its stack.
   put(l.cgocall_g, kCurg);
   put(l.cgocall_depth, kStackHi - entry_sp);
-  mem_->Put(kM + l.m_curg, kG0);
+  mem_->Put(kM + l.m_curg, 0);
+  EXPECT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kCgoCall, 0), &to));
+  put(l.cgocall_depth, kStackHi - kStackLo + 8);
   EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kCgoCall, 0), &to));
   EXPECT_EQ(stacks_->counts().check_failed, 1u);
 }
 
 TEST_F(GoroutineStacksTest, CgoCallbackGoesOnOnG0AtItsSavedSp) {
+  // cgocallback's frame on g0: the g0.sched.sp it replaced, restored on return.
+  mem_->Put(kG0Hi - 0x800, kG0Hi - 0x100);
   unwind::CrossedStack to;
   ASSERT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kCgoCallback, kCurg), &to));
   EXPECT_TRUE(to.restep);
@@ -174,6 +187,10 @@ TEST_F(GoroutineStacksTest, CgoCallbackGoesOnOnG0AtItsSavedSp) {
   // Only from the m's current goroutine.
   EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kCgoCallback, kG0), &to));
   EXPECT_EQ(stacks_->counts().no_goroutine, 1u);
+  // Not in a callback any more: g0.sched.sp holds no saved one.
+  mem_->Put(kG0Hi - 0x800, 0x1234);
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kCgoCallback, kCurg), &to));
+  EXPECT_EQ(stacks_->counts().check_failed, 1u);
 }
 
 TEST(GoroutineStacksLayoutTest, OnlyArchitecturesWithAKnownLayoutCross) {

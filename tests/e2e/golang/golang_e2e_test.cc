@@ -208,6 +208,19 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
                   " frames walked, ", unwinding[3].str(), " reused, ", unwinding[4].str(),
                   " verification failures\n");
   EXPECT_GT(std::stoull(unwinding[3]), 0u) << agent_log;
+  // Stack switches crossed onto the goroutine's (or the C caller's) stack.
+  std::smatch crossings;
+  if (std::regex_search(agent_log, crossings,
+                        std::regex(R"(stack switches: (\d+) crossed, (\d+) not crossed)"))) {
+    absl::StrAppend(&report, "  stack switches: ", crossings[1].str(), " crossed, ",
+                    crossings[2].str(), " not crossed\n");
+  }
+  if (getenv("STRATA_GO_E2E_VERBOSE")) {
+    std::istringstream lines(agent_log);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find("DEBUG") != std::string::npos) std::cout << line << "\n";
+    }
+  }
   std::cout << "[ " << variant << " ] " << strata.total << " samples, truncated "
             << strata.truncated << ", reaching runtime.goexit " << strata.reach_goexit << "\n"
             << report << "  " << AgentCostReport(agent_cpu_s, agent_log) << "\n";

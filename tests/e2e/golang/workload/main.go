@@ -15,8 +15,8 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
-	"runtime"
 	"os/signal"
+	"runtime"
 	"runtime/pprof"
 	"sort"
 	"sync"
@@ -105,6 +105,10 @@ func tree(depth int) *node {
 
 var live *node
 
+// Large allocations (spans from the heap) kept from the stack: a constant-size buffer that
+// does not escape would sit in the goroutine's frame.
+var bigBuf []byte
+
 // Allocates without pause: small pointer-rich objects that keep the heap growing against a
 // live tree (the GC makes it assist: marking on the system stack), large buffers (spans from
 // the heap, on the system stack) and, now and then, a forced collection.
@@ -126,8 +130,7 @@ func allocWorker(stop <-chan struct{}) {
 			}
 		}
 		if i%16 == 0 {
-			big := make([]byte, 40<<10)
-			sink ^= big[i%len(big)]
+			bigBuf = make([]byte, 40<<10)
 		}
 		if i%512 == 0 {
 			runtime.GC()
