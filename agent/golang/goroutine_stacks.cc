@@ -90,6 +90,61 @@ bool GoroutineStacks::Crossed() const {
   return true;
 }
 
+bool GoroutineStacks::FindByFramePointer(const unwind::StackCrossing& at,
+                                         unwind::CrossedStack* to) const {
+  // How far below the saved rbp the caller's return address may lie: its frame size.
+  constexpr uint64_t kMaxFrame = 4096;
+  const uint64_t fp = at.regs.fp;
+  if (at.space == nullptr || fp < kMaxFrame || fp % 8 != 0) return false;
+  // The goroutine's stack from the lowest slot searched up: as much as is mapped (a stack's
+  // top may end a mapping).
+  const uint64_t lo = fp - kMaxFrame;
+  std::vector<uint8_t>& buffer = buffers_[next_buffer_];
+  if (buffer.size() < std::max<size_t>(stack_bytes_, kMaxFrame + 16)) {
+    buffer.resize(std::max<size_t>(stack_bytes_, kMaxFrame + 16));
+  }
+  // At least up to the caller's return address into its own caller (fp + 16).
+  constexpr size_t kLeast = kMaxFrame + 16;
+  size_t size = std::max(stack_bytes_, kLeast);
+  while (!memory_->Read(lo, buffer.data(), size)) {
+    if (size == kLeast) {
+      ++counts_.read_failed;
+      return false;
+    }
+    size = std::max(size / 2, kLeast);
+  }
+  const unwind::StackSnapshot stack{lo, buffer.data(), size};
+  const bool be = unwind::IsBigEndian(arch_);
+  for (uint64_t slot = fp - 8; slot >= lo; slot -= 8) {
+    uint64_t ra = 0, module_pc = 0;
+    const unwind::RuleSource* rules = nullptr;
+    unwind::UnwindRow row;
+    if (!stack.Read64(slot, be, &ra) || !at.space->Lookup(ra, &rules, &module_pc) ||
+        rules == nullptr || !rules->FindRow(module_pc, /*innermost=*/false, &row) ||
+        row.cfa_base != unwind::UnwindRow::CfaBase::kSp ||
+        row.ra_rule != unwind::UnwindRow::RaRule::kAtCfaOffset ||
+        row.fp_rule != unwind::UnwindRow::FpRule::kAtCfaOffset) {
+      continue;
+    }
+    // The caller's sp is slot + 8 (the CALL pushed ra at slot); its row puts the saved rbp
+    // at CFA + fp_offset.
+    const uint64_t cfa = slot + 8 + static_cast<int64_t>(row.cfa_offset);
+    if (cfa + static_cast<int64_t>(row.fp_offset) != fp ||
+        !rules->IsPlausibleReturnAddress(module_pc)) {
+      continue;
+    }
+    next_buffer_ ^= 1;
+    to->stack = stack;
+    to->restep = true;  // systemstack's own frame at that sp: its return address is ra
+    to->regs = {at.regs.pc, slot, fp, 0, 0};
+    to->g = 0;  // not known: the m may run another goroutine by now
+    ++counts_.by_frame_pointer;
+    return Crossed();
+  }
+  ++counts_.check_failed;
+  return false;
+}
+
 bool GoroutineStacks::Cross(const unwind::StackCrossing& at, unwind::CrossedStack* to) const {
   if (layout_ == nullptr || at.arch != arch_) return false;
   const RuntimeLayout& l = *layout_;
@@ -97,14 +152,15 @@ bool GoroutineStacks::Cross(const unwind::StackCrossing& at, unwind::CrossedStac
   switch (at.kind) {
     case unwind::StackSwitch::kSystemStack:
     case unwind::StackSwitch::kGoroutineContext: {
+      const bool systemstack = at.kind == unwind::StackSwitch::kSystemStack;
       G curg;
-      if (!CurgOf(at.g, &curg)) return false;
+      if (!CurgOf(at.g, &curg)) return systemstack && FindByFramePointer(at, to);
       // The same switch as the sample's: the frame pointer it saved is the one the walk
       // carried to the switching frame (x86-64 keeps rbp across the switch). A goroutine that
       // switched again since shows another.
       if (at.regs.fp != 0 && curg.sched_bp != at.regs.fp) {
         ++counts_.check_failed;
-        return false;
+        return systemstack && FindByFramePointer(at, to);
       }
       if (!ReadStack(curg.sched_sp, curg.stack_hi, &to->stack)) return false;
       // systemstack returns normally: its own frame goes on at the saved sp (runtime's

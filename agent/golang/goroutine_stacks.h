@@ -12,8 +12,11 @@
 // pointer is the one the walk carried to the switch (the same switch, not a later one). A
 // failed check refuses the crossing (the stack ends there as complete, as it did before
 // crossings) and is counted. A goroutine that left the system stack (or parked) between the
-// sample and the read cannot be crossed to: its saved state is gone. A cgo call's crossing
-// needs less: its g and stack depth are in the sample's own copy.
+// sample and the read has no saved state left: systemstack is then crossed with the frame
+// pointer the sample holds (FindByFramePointer), from the goroutine's stack as it is in
+// memory -- its frames from the switch outwards, as long as the goroutine has not
+// overwritten them. A cgo call's crossing needs less: its g and stack depth are in the
+// sample's own copy.
 //
 // Layouts: the fields of runtime.g, runtime.m and runtime.gobuf used here sit at the same
 // offsets in every Go release from 1.16 on (g.stack, g.m and g.sched lead runtime.g; m.curg
@@ -63,6 +66,9 @@ struct CrossingCounts {
   uint64_t no_goroutine = 0;     // no g known (register 0), or it is not where it should be
   uint64_t check_failed = 0;     // a read value failed its check (moved on since the sample)
   uint64_t read_failed = 0;      // the memory could not be read
+  // Of `crossed`, systemstack switches whose goroutine had left the switch by the time of
+  // the read, found from the frame pointer the sample holds (FindByFramePointer).
+  uint64_t by_frame_pointer = 0;
 };
 
 class GoroutineStacks final : public symbols::StackCrosser {
@@ -87,6 +93,12 @@ class GoroutineStacks final : public symbols::StackCrosser {
   // Reads [sp, min(hi, sp + stack_bytes_)) into the next buffer.
   bool ReadStack(uint64_t sp, uint64_t hi, unwind::StackSnapshot* out) const;
   bool Crossed() const;  // counts a crossing; true
+  // systemstack's caller found from the frame pointer the switch kept (x86-64: rbp is
+  // carried onto g0, so the walk has it at the switching frame): the caller's frame saved the
+  // caller's caller's rbp at `fp`, so its return address into the caller lies at the slot s
+  // below fp where the caller's own row puts the saved rbp at fp (s + its SP delta == fp).
+  // Self-checking: a word that is a return address into a Go function whose frame ends there.
+  bool FindByFramePointer(const unwind::StackCrossing& at, unwind::CrossedStack* to) const;
 
   unwind::Arch arch_;
   const RuntimeLayout* layout_;  // null: no crossing

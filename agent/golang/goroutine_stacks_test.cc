@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/unwind/go/go_rules.h"
 #include "gtest/gtest.h"
 
 namespace strata::agent::golang {
@@ -191,6 +192,57 @@ TEST_F(GoroutineStacksTest, CgoCallbackGoesOnOnG0AtItsSavedSp) {
   mem_->Put(kG0Hi - 0x800, 0x1234);
   EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kCgoCallback, kCurg), &to));
   EXPECT_EQ(stacks_->counts().check_failed, 1u);
+}
+
+// Go code at 0x4b0000..0x4b1000 whose frames are 0x28 bytes below their saved rbp (a Go
+// function with a frame: rbp saved at the top of it).
+class OneFunctionSpace final : public unwind::AddressSpace {
+ public:
+  class Rules final : public unwind::RuleSource {
+   public:
+    bool FindRow(uint64_t pc, bool innermost, unwind::UnwindRow* row) const override {
+      *row = unwind::go::GoRow(unwind::Arch::kX86_64, 0x28, /*saved_fp=*/!innermost);
+      return true;
+    }
+  };
+  bool Lookup(uint64_t pc, const unwind::RuleSource** rules, uint64_t* module_pc) const override {
+    if (pc < 0x4b0000 || pc >= 0x4b1000) return false;
+    *rules = &rules_;
+    *module_pc = pc;
+    return true;
+  }
+  Rules rules_;
+};
+
+TEST_F(GoroutineStacksTest, SystemStackLeftSinceIsFoundByItsFramePointer) {
+  const RuntimeLayout& l = *RuntimeLayoutFor(unwind::Arch::kX86_64);
+  // The goroutine left the system stack and parked: no saved state to cross with.
+  mem_->Put(kM + l.m_curg, 0);
+  OneFunctionSpace space;
+  // systemstack's caller saved its caller's rbp at kSchedBp; its return address from the
+  // call into systemstack sits where its frame (0x28 below the saved rbp) began.
+  const uint64_t slot = kSchedBp - 0x28;
+  mem_->Put(slot, 0x4b0020);
+  mem_->Put(slot + 0x10, 0x4b0999);  // a return address at a slot that does not fit
+  unwind::StackCrossing at = At(unwind::StackSwitch::kSystemStack, kG0);
+  at.space = &space;
+  unwind::CrossedStack to;
+  ASSERT_TRUE(stacks_->Cross(at, &to));
+  EXPECT_TRUE(to.restep);
+  EXPECT_EQ(to.regs.sp, slot);
+  EXPECT_EQ(to.regs.fp, kSchedBp);
+  uint64_t ra = 0;
+  ASSERT_TRUE(to.stack.Read64(slot, false, &ra));
+  EXPECT_EQ(ra, 0x4b0020u);
+  EXPECT_EQ(stacks_->counts().by_frame_pointer, 1u);
+  // Nothing that fits (the frames were overwritten): not crossed.
+  mem_->Put(slot, 0x123);
+  EXPECT_FALSE(stacks_->Cross(at, &to));
+  // Without the walk's address space to check code addresses: no search.
+  at.space = nullptr;
+  mem_->Put(slot, 0x4b0020);
+  EXPECT_FALSE(stacks_->Cross(at, &to));
+  EXPECT_EQ(stacks_->counts().crossed, 1u);
 }
 
 TEST(GoroutineStacksLayoutTest, OnlyArchitecturesWithAKnownLayoutCross) {

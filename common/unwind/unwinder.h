@@ -55,6 +55,8 @@ class RuleSource {
   virtual bool IsPlausibleReturnAddress(uint64_t return_address) const { return true; }
 };
 
+class AddressSpace;
+
 // A walk at a frame whose row is RaRule::kStackSwitch (AddressSpace::CrossStack).
 struct StackCrossing {
   Arch arch = Arch::kX86_64;
@@ -62,6 +64,7 @@ struct StackCrossing {
   Registers regs;                        // the switching frame, on the stack being left
   const StackSnapshot* stack = nullptr;  // the bytes of the stack being left
   uint64_t g = 0;  // the goroutine that stack belongs to, as far as known (0: unknown)
+  const AddressSpace* space = nullptr;  // the walk's, to check code addresses read
 };
 
 // Where a crossing leads.

@@ -129,7 +129,9 @@ inline bool CrossStack(Arch arch, const UnwindRow& row, WalkState& w, WalkStep* 
                        StopReason* stop) {
   *stop = StopReason::kOutermost;
   CrossedStack to;
-  if (!w.space.CrossStack({arch, row.stack_switch, w.regs, &w.stack, w.g}, &to)) return false;
+  if (!w.space.CrossStack({arch, row.stack_switch, w.regs, &w.stack, w.g, &w.space}, &to)) {
+    return false;
+  }
   if (to.restep) {
     // The switching frame's own row, on the other stack (a MIPS64 frame without a frame of
     // its own has no slot to read its return address from there).
