@@ -210,47 +210,66 @@ bool GoroutineStacks::Cross(const unwind::StackCrossing& at, unwind::CrossedStac
       to->regs = {pc, entry_sp + 8, at.regs.fp, 0, 0};
       return Crossed();
     }
-    case unwind::StackSwitch::kCgoCallback: {
-      // On the goroutine's stack: cgocallback's frame continues on g0's, at the sp it saved
-      // in m.g0.sched.sp before switching (runtime/asm_amd64.s).
-      G curg, g0;
-      uint64_t m_curg = 0, m_g0 = 0;
-      if (at.g == 0) {
-        ++counts_.no_goroutine;
-        return false;
-      }
-      if (!ReadG(at.g, &curg) || curg.m == 0 || !ReadWord(curg.m + l.m_curg, &m_curg) ||
-          !ReadWord(curg.m + l.m_g0, &m_g0)) {
-        return false;
-      }
-      if (m_curg != at.g) {
-        ++counts_.no_goroutine;
-        return false;
-      }
-      if (!ReadG(m_g0, &g0)) return false;
-      if (g0.m != curg.m || g0.sched_sp < g0.stack_lo || g0.sched_sp >= g0.stack_hi) {
-        ++counts_.check_failed;
-        return false;
-      }
-      if (!ReadStack(g0.sched_sp, g0.stack_hi, &to->stack)) return false;
-      // Inside a callback, the word at that sp is the g0.sched.sp cgocallback saved to restore
-      // on return: at or above it on g0's stack. (Out of the callback by now, g0.sched.sp is
-      // back at the thread's base, whose word is no such thing as a rule.)
-      uint64_t saved = 0;
-      if (!to->stack.Read64(g0.sched_sp, be, &saved) || saved < g0.sched_sp ||
-          saved >= g0.stack_hi) {
-        ++counts_.check_failed;
-        return false;
-      }
-      to->restep = true;
-      to->regs = {at.regs.pc, g0.sched_sp, at.regs.fp, 0, 0};
-      to->g = m_g0;
-      return Crossed();
-    }
+    case unwind::StackSwitch::kCgoCallback:
+      // Without g0's state (the callback returned since the sample), the way Go's own
+      // traceback goes: cgocallback keeps a frame valid on both stacks, whose return address
+      // on the goroutine's leads to the Go code that called C -- without the C frames.
+      return CrossCallback(at, to) || CallbackOnGoroutineStack(at, to);
     case unwind::StackSwitch::kNone:
       break;
   }
   return false;
+}
+
+bool GoroutineStacks::CallbackOnGoroutineStack(const unwind::StackCrossing& at,
+                                               unwind::CrossedStack* to) const {
+  to->stack = *at.stack;
+  to->regs = at.regs;
+  to->restep = true;
+  to->g = at.g;
+  ++counts_.callbacks_without_c;
+  return Crossed();
+}
+
+bool GoroutineStacks::CrossCallback(const unwind::StackCrossing& at,
+                                    unwind::CrossedStack* to) const {
+  const RuntimeLayout& l = *layout_;
+  const bool be = unwind::IsBigEndian(arch_);
+  // On the goroutine's stack: cgocallback's frame continues on g0's, at the sp it saved
+  // in m.g0.sched.sp before switching (runtime/asm_amd64.s).
+  G curg, g0;
+  uint64_t m_curg = 0, m_g0 = 0;
+  if (at.g == 0) {
+    ++counts_.no_goroutine;
+    return false;
+  }
+  if (!ReadG(at.g, &curg) || curg.m == 0 || !ReadWord(curg.m + l.m_curg, &m_curg) ||
+      !ReadWord(curg.m + l.m_g0, &m_g0)) {
+    return false;
+  }
+  if (m_curg != at.g) {
+    ++counts_.no_goroutine;
+    return false;
+  }
+  if (!ReadG(m_g0, &g0)) return false;
+  if (g0.m != curg.m || g0.sched_sp < g0.stack_lo || g0.sched_sp >= g0.stack_hi) {
+    ++counts_.check_failed;
+    return false;
+  }
+  if (!ReadStack(g0.sched_sp, g0.stack_hi, &to->stack)) return false;
+  // Inside a callback, the word at that sp is the g0.sched.sp cgocallback saved to restore
+  // on return: at or above it on g0's stack. (Out of the callback by now, g0.sched.sp is
+  // back at the thread's base, whose word is no such thing as a rule.)
+  uint64_t saved = 0;
+  if (!to->stack.Read64(g0.sched_sp, be, &saved) || saved < g0.sched_sp ||
+      saved >= g0.stack_hi) {
+    ++counts_.check_failed;
+    return false;
+  }
+  to->restep = true;
+  to->regs = {at.regs.pc, g0.sched_sp, at.regs.fp, 0, 0};
+  to->g = m_g0;
+  return Crossed();
 }
 
 }  // namespace strata::agent::golang

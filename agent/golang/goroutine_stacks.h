@@ -69,6 +69,9 @@ struct CrossingCounts {
   // Of `crossed`, systemstack switches whose goroutine had left the switch by the time of
   // the read, found from the frame pointer the sample holds (FindByFramePointer).
   uint64_t by_frame_pointer = 0;
+  // Of `crossed`, callbacks whose g0 state was gone: continued on the goroutine's stack, as
+  // Go's traceback does, without the C frames between.
+  uint64_t callbacks_without_c = 0;
 };
 
 class GoroutineStacks final : public symbols::StackCrosser {
@@ -98,6 +101,10 @@ class GoroutineStacks final : public symbols::StackCrosser {
   // caller's caller's rbp at `fp`, so its return address into the caller lies at the slot s
   // below fp where the caller's own row puts the saved rbp at fp (s + its SP delta == fp).
   // Self-checking: a word that is a return address into a Go function whose frame ends there.
+  // cgocallback onto g0 and the C code that called back; and the way Go's traceback goes
+  // when g0's state is gone.
+  bool CrossCallback(const unwind::StackCrossing& at, unwind::CrossedStack* to) const;
+  bool CallbackOnGoroutineStack(const unwind::StackCrossing& at, unwind::CrossedStack* to) const;
   bool FindByFramePointer(const unwind::StackCrossing& at, unwind::CrossedStack* to) const;
 
   unwind::Arch arch_;

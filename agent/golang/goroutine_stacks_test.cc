@@ -185,13 +185,19 @@ TEST_F(GoroutineStacksTest, CgoCallbackGoesOnOnG0AtItsSavedSp) {
   EXPECT_EQ(to.g, kG0);
   EXPECT_EQ(to.stack.start, kG0Hi - 0x800);
   EXPECT_EQ(to.stack.size, 0x800u);
-  // Only from the m's current goroutine.
-  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kCgoCallback, kG0), &to));
-  EXPECT_EQ(stacks_->counts().no_goroutine, 1u);
-  // Not in a callback any more: g0.sched.sp holds no saved one.
+  // Not in a callback any more (g0.sched.sp holds no saved one), or the m runs another
+  // goroutine by now: on the goroutine's stack, as Go's traceback goes, without the C frames.
   mem_->Put(kG0Hi - 0x800, 0x1234);
-  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kCgoCallback, kCurg), &to));
+  ASSERT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kCgoCallback, kCurg), &to));
   EXPECT_EQ(stacks_->counts().check_failed, 1u);
+  EXPECT_TRUE(to.restep);
+  EXPECT_EQ(to.regs.sp, kG0Hi - 0x900);  // the frame as it is
+  EXPECT_EQ(to.stack.data, g0_copy_.data);
+  EXPECT_EQ(to.g, kCurg);
+  mem_->Put(kM + RuntimeLayoutFor(unwind::Arch::kX86_64)->m_curg, 0);
+  EXPECT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kCgoCallback, kCurg), &to));
+  EXPECT_EQ(stacks_->counts().no_goroutine, 1u);
+  EXPECT_EQ(stacks_->counts().callbacks_without_c, 2u);
 }
 
 // Go code at 0x4b0000..0x4b1000 whose frames are 0x28 bytes below their saved rbp (a Go
