@@ -43,10 +43,12 @@ bool GoroutineStacks::ReadG(uint64_t addr, G* g) const {
   g->sched_sp = python::FieldAt<uint64_t>(bytes, l.g_sched_sp);
   g->sched_pc = python::FieldAt<uint64_t>(bytes, l.g_sched_pc);
   g->sched_bp = python::FieldAt<uint64_t>(bytes, l.g_sched_bp);
+  g->syscall_sp = python::FieldAt<uint64_t>(bytes, l.g_syscallsp);
   return true;
 }
 
 bool GoroutineStacks::CurgOf(uint64_t g0, G* curg) const {
+  curg->addr = 0;
   G g;
   uint64_t m_g0 = 0, m_curg = 0;
   if (g0 == 0) {
@@ -65,7 +67,13 @@ bool GoroutineStacks::CurgOf(uint64_t g0, G* curg) const {
     return false;
   }
   if (!ReadG(m_curg, curg)) return false;
-  if (curg->m != g.m || curg->sched_sp < curg->stack_lo || curg->sched_sp >= curg->stack_hi) {
+  if (curg->m != g.m) {
+    ++counts_.check_failed;
+    curg->addr = 0;
+    return false;
+  }
+  // Its saved state (sched) is the switch's only while it is on the system stack.
+  if (curg->sched_sp < curg->stack_lo || curg->sched_sp >= curg->stack_hi) {
     ++counts_.check_failed;
     return false;
   }
@@ -90,12 +98,18 @@ bool GoroutineStacks::Crossed() const {
   return true;
 }
 
-bool GoroutineStacks::FindByFramePointer(const unwind::StackCrossing& at,
+bool GoroutineStacks::FindByFramePointer(const unwind::StackCrossing& at, const G& curg,
                                          unwind::CrossedStack* to) const {
   // How far below the saved rbp the caller's return address may lie: its frame size.
   constexpr uint64_t kMaxFrame = 4096;
   const uint64_t fp = at.regs.fp;
   if (at.space == nullptr || fp < kMaxFrame || fp % 8 != 0) return false;
+  // Only on the stack of the goroutine the m still runs (CurgOf found it, whatever its saved
+  // state): a goroutine that parked may have had its stack freed and reused by another.
+  if (curg.addr == 0 || fp < curg.stack_lo || fp + 16 > curg.stack_hi ||
+      fp - kMaxFrame < curg.stack_lo) {
+    return false;
+  }
   // The goroutine's stack from the lowest slot searched up: as much as is mapped (a stack's
   // top may end a mapping).
   const uint64_t lo = fp - kMaxFrame;
@@ -154,13 +168,13 @@ bool GoroutineStacks::Cross(const unwind::StackCrossing& at, unwind::CrossedStac
     case unwind::StackSwitch::kGoroutineContext: {
       const bool systemstack = at.kind == unwind::StackSwitch::kSystemStack;
       G curg;
-      if (!CurgOf(at.g, &curg)) return systemstack && FindByFramePointer(at, to);
+      if (!CurgOf(at.g, &curg)) return systemstack && FindByFramePointer(at, curg, to);
       // The same switch as the sample's: the frame pointer it saved is the one the walk
       // carried to the switching frame (x86-64 keeps rbp across the switch). A goroutine that
       // switched again since shows another.
       if (at.regs.fp != 0 && curg.sched_bp != at.regs.fp) {
         ++counts_.check_failed;
-        return systemstack && FindByFramePointer(at, to);
+        return systemstack && FindByFramePointer(at, curg, to);
       }
       if (!ReadStack(curg.sched_sp, curg.stack_hi, &to->stack)) return false;
       // systemstack returns normally: its own frame goes on at the saved sp (runtime's
@@ -194,6 +208,20 @@ bool GoroutineStacks::Cross(const unwind::StackCrossing& at, unwind::CrossedStac
         if (!ReadG(g, &caller)) return false;
         entry_sp = caller.stack_hi - depth;
         if (depth < 8 || depth > caller.stack_hi - caller.stack_lo) {
+          ++counts_.check_failed;
+          return false;
+        }
+        // Still in that call: entersyscall (runtime.cgocall) saved the caller's sp right
+        // above asmcgocall's entry sp, and exitsyscall clears it -- also while a callback
+        // runs, when the walk came from that callback's validated crossing (its g0 is `at.g`,
+        // and the goroutine is its m's).
+        bool in_call = caller.syscall_sp > entry_sp && caller.syscall_sp - entry_sp <= 512;
+        if (!in_call && caller.syscall_sp == 0 && at.g != 0 && caller.m != 0) {
+          uint64_t m_g0 = 0, m_curg = 0;
+          in_call = ReadWord(caller.m + l.m_g0, &m_g0) && ReadWord(caller.m + l.m_curg, &m_curg) &&
+                    m_g0 == at.g && m_curg == g;
+        }
+        if (!in_call) {
           ++counts_.check_failed;
           return false;
         }

@@ -48,7 +48,8 @@ struct RuntimeLayout {
   uint32_t g_sched_sp = 56;  // g.sched.sp (gobuf.sp)
   uint32_t g_sched_pc = 64;  // g.sched.pc
   uint32_t g_sched_bp = 104;  // g.sched.bp
-  uint32_t g_size = 112;     // the bytes read of a g: up to the end of g.sched
+  uint32_t g_syscallsp = 112;  // g.syscallsp
+  uint32_t g_size = 120;     // the bytes read of a g: up to the end of g.syscallsp
   uint32_t m_g0 = 0;         // m.g0
   uint32_t m_curg = 192;     // m.curg
   // asmcgocall's frame on g0, from its sp at the call into C: the calling g (0: it was
@@ -87,11 +88,12 @@ class GoroutineStacks final : public symbols::StackCrosser {
 
  private:
   struct G {
-    uint64_t addr, stack_lo, stack_hi, m, sched_sp, sched_pc, sched_bp;
+    uint64_t addr, stack_lo, stack_hi, m, sched_sp, sched_pc, sched_bp, syscall_sp;
   };
   bool ReadG(uint64_t addr, G* g) const;
   bool ReadWord(uint64_t addr, uint64_t* out) const;
-  // The goroutine on g0 `g0` switched from: checks g0 is its m's g0 and curg's m is that m.
+  // The goroutine on g0 `g0` switched from: checks g0 is its m's g0 and curg's m is that m
+  // (else curg->addr is 0), and that its saved sp lies on its stack.
   bool CurgOf(uint64_t g0, G* curg) const;
   // Reads [sp, min(hi, sp + stack_bytes_)) into the next buffer.
   bool ReadStack(uint64_t sp, uint64_t hi, unwind::StackSnapshot* out) const;
@@ -105,7 +107,9 @@ class GoroutineStacks final : public symbols::StackCrosser {
   // when g0's state is gone.
   bool CrossCallback(const unwind::StackCrossing& at, unwind::CrossedStack* to) const;
   bool CallbackOnGoroutineStack(const unwind::StackCrossing& at, unwind::CrossedStack* to) const;
-  bool FindByFramePointer(const unwind::StackCrossing& at, unwind::CrossedStack* to) const;
+  // Only on `curg`'s stack (the goroutine the m runs at the read; addr 0: none).
+  bool FindByFramePointer(const unwind::StackCrossing& at, const G& curg,
+                          unwind::CrossedStack* to) const;
 
   unwind::Arch arch_;
   const RuntimeLayout* layout_;  // null: no crossing

@@ -148,6 +148,7 @@ TEST_F(GoroutineStacksTest, CgoCallLeadsBackToTheCallingGoroutine) {
   put(l.cgocall_depth, kStackHi - entry_sp);
   g0_copy_ = {sp, bytes.data(), bytes.size()};
   mem_->Put(entry_sp, 0x4c0042);  // the return address into runtime.cgocall
+  mem_->Put(kCurg + l.g_syscallsp, entry_sp + 8);  // cgocall's entersyscall
   unwind::CrossedStack to;
   ASSERT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kCgoCall, 0), &to));
   EXPECT_FALSE(to.restep);
@@ -173,6 +174,14 @@ TEST_F(GoroutineStacksTest, CgoCallLeadsBackToTheCallingGoroutine) {
   put(l.cgocall_depth, kStackHi - kStackLo + 8);
   EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kCgoCall, 0), &to));
   EXPECT_EQ(stacks_->counts().check_failed, 1u);
+  // The call returned since (exitsyscall cleared the saved sp): its frames may be gone.
+  put(l.cgocall_depth, kStackHi - entry_sp);
+  mem_->Put(kCurg + l.g_syscallsp, 0);
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kCgoCall, 0), &to));
+  // ... unless a callback runs on it, whose crossing to g0 the walk came through.
+  mem_->Put(kM + l.m_curg, kCurg);
+  EXPECT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kCgoCall, kG0), &to));
+  EXPECT_EQ(stacks_->counts().check_failed, 2u);
 }
 
 TEST_F(GoroutineStacksTest, CgoCallbackGoesOnOnG0AtItsSavedSp) {
@@ -222,8 +231,9 @@ class OneFunctionSpace final : public unwind::AddressSpace {
 
 TEST_F(GoroutineStacksTest, SystemStackLeftSinceIsFoundByItsFramePointer) {
   const RuntimeLayout& l = *RuntimeLayoutFor(unwind::Arch::kX86_64);
-  // The goroutine left the system stack and parked: no saved state to cross with.
-  mem_->Put(kM + l.m_curg, 0);
+  // The goroutine left the system stack since (systemstack clears the saved sp on return):
+  // no saved state to cross with, but the m still runs it.
+  mem_->Put(kCurg + l.g_sched_sp, 0);
   OneFunctionSpace space;
   // systemstack's caller saved its caller's rbp at kSchedBp; its return address from the
   // call into systemstack sits where its frame (0x28 below the saved rbp) began.
@@ -247,6 +257,10 @@ TEST_F(GoroutineStacksTest, SystemStackLeftSinceIsFoundByItsFramePointer) {
   // Without the walk's address space to check code addresses: no search.
   at.space = nullptr;
   mem_->Put(slot, 0x4b0020);
+  EXPECT_FALSE(stacks_->Cross(at, &to));
+  // Nor when the m runs no goroutine any more (its stack may have been reused by another).
+  at.space = &space;
+  mem_->Put(kM + l.m_curg, 0);
   EXPECT_FALSE(stacks_->Cross(at, &to));
   EXPECT_EQ(stacks_->counts().crossed, 1u);
 }
