@@ -251,10 +251,35 @@ bool GoroutineStacks::Cross(const unwind::StackCrossing& at, unwind::CrossedStac
 
 bool GoroutineStacks::CallbackOnGoroutineStack(const unwind::StackCrossing& at,
                                                unwind::CrossedStack* to) const {
+  // cgocallback's frame on the goroutine's stack: its return address slot holds the
+  // goroutine's saved pc from its cgo call -- runtime.systemstack_switch's entry in Go 1.19
+  // (asmcgocall's gosave_systemstack_switch), a frame of nothing whose caller's return address
+  // (into runtime.cgocall) lies right above it; in later releases a return address into it.
+  const unwind::RuleSource* rules = nullptr;
+  uint64_t module_pc = 0, pushed = 0;
+  unwind::UnwindRow row;
+  const bool be = unwind::IsBigEndian(arch_);
+  if (at.space == nullptr || !at.space->Lookup(at.regs.pc, &rules, &module_pc) ||
+      rules == nullptr || !rules->FindRow(module_pc, /*innermost=*/false, &row) ||
+      row.cfa_base != unwind::UnwindRow::CfaBase::kSp) {
+    return false;
+  }
+  const uint64_t cfa = at.regs.sp + static_cast<int64_t>(row.cfa_offset);
+  if (!at.stack->Read64(cfa + static_cast<int64_t>(row.ra_offset), be, &pushed)) return false;
+  unwind::UnwindRow pushed_row;
+  const unwind::RuleSource* pushed_rules = nullptr;
+  uint64_t pushed_pc = 0;
   to->stack = *at.stack;
-  to->regs = at.regs;
-  to->restep = true;
+  to->restep = false;
   to->g = at.g;
+  if (at.space->Lookup(pushed, &pushed_rules, &pushed_pc) && pushed_rules != nullptr &&
+      pushed_rules->FindRow(pushed_pc, /*innermost=*/false, &pushed_row)) {
+    to->regs = {pushed, cfa, at.regs.fp, 0, 0};
+  } else {
+    uint64_t ra = 0;
+    if (!at.stack->Read64(cfa, be, &ra)) return false;
+    to->regs = {ra, cfa + 8, at.regs.fp, 0, 0};
+  }
   ++counts_.callbacks_without_c;
   return Crossed();
 }

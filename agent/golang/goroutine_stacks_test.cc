@@ -38,6 +38,26 @@ class FakeMemory final : public python::RemoteMemory {
   std::map<uint64_t, std::vector<uint8_t>> regions;
 };
 
+// Go code at 0x4b0000..0x4b1000 whose frames are 0x28 bytes below their saved rbp (a Go
+// function with a frame: rbp saved at the top of it).
+class OneFunctionSpace final : public unwind::AddressSpace {
+ public:
+  class Rules final : public unwind::RuleSource {
+   public:
+    bool FindRow(uint64_t pc, bool innermost, unwind::UnwindRow* row) const override {
+      *row = unwind::go::GoRow(unwind::Arch::kX86_64, 0x28, /*saved_fp=*/!innermost);
+      return true;
+    }
+  };
+  bool Lookup(uint64_t pc, const unwind::RuleSource** rules, uint64_t* module_pc) const override {
+    if (pc < 0x4b0000 || pc >= 0x4b1000) return false;
+    *rules = &rules_;
+    *module_pc = pc;
+    return true;
+  }
+  Rules rules_;
+};
+
 constexpr uint64_t kM = 0xc000100000, kG0 = 0xc000200000, kCurg = 0xc000300000;
 constexpr uint64_t kStackLo = 0xc000400000, kStackHi = 0xc000402000;  // the goroutine's
 constexpr uint64_t kG0Lo = 0x7f0000000000, kG0Hi = 0x7f0000010000;   // the thread's
@@ -196,38 +216,36 @@ TEST_F(GoroutineStacksTest, CgoCallbackGoesOnOnG0AtItsSavedSp) {
   EXPECT_EQ(to.stack.size, 0x800u);
   // Not in a callback any more (g0.sched.sp holds no saved one), or the m runs another
   // goroutine by now: on the goroutine's stack, as Go's traceback goes, without the C frames.
+  // cgocallback's frame there (0x28 below its CFA, the same frame as on g0) holds the
+  // goroutine's saved pc: systemstack_switch's entry (Go 1.19), no return address, so the
+  // word above it is the return address into runtime.cgocall.
   mem_->Put(kG0Hi - 0x800, 0x1234);
-  ASSERT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kCgoCallback, kCurg), &to));
+  OneFunctionSpace space;
+  std::vector<uint8_t> bytes(0x100);
+  auto put = [&](uint64_t off, uint64_t v) { std::memcpy(&bytes[off], &v, 8); };
+  put(0x28, 0x463920);   // the pushed pc: in no function
+  put(0x30, 0x4b0042);   // the return address into runtime.cgocall
+  const uint64_t sp = kStackHi - 0x100;
+  g0_copy_ = {sp, bytes.data(), bytes.size()};
+  unwind::StackCrossing at = At(unwind::StackSwitch::kCgoCallback, kCurg);
+  at.regs = {0x4b0010, sp, 0, 0, 0};
+  at.space = &space;
+  ASSERT_TRUE(stacks_->Cross(at, &to));
   EXPECT_EQ(stacks_->counts().check_failed, 1u);
-  EXPECT_TRUE(to.restep);
-  EXPECT_EQ(to.regs.sp, kG0Hi - 0x900);  // the frame as it is
+  EXPECT_FALSE(to.restep);
+  EXPECT_EQ(to.regs.pc, 0x4b0042u);
+  EXPECT_EQ(to.regs.sp, sp + 0x38);
   EXPECT_EQ(to.stack.data, g0_copy_.data);
   EXPECT_EQ(to.g, kCurg);
+  // A pushed pc that is a return address (later releases) is the caller itself.
+  put(0x28, 0x4b0080);
   mem_->Put(kM + RuntimeLayoutFor(unwind::Arch::kX86_64)->m_curg, 0);
-  EXPECT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kCgoCallback, kCurg), &to));
+  ASSERT_TRUE(stacks_->Cross(at, &to));
+  EXPECT_EQ(to.regs.pc, 0x4b0080u);
+  EXPECT_EQ(to.regs.sp, sp + 0x30);
   EXPECT_EQ(stacks_->counts().no_goroutine, 1u);
   EXPECT_EQ(stacks_->counts().callbacks_without_c, 2u);
 }
-
-// Go code at 0x4b0000..0x4b1000 whose frames are 0x28 bytes below their saved rbp (a Go
-// function with a frame: rbp saved at the top of it).
-class OneFunctionSpace final : public unwind::AddressSpace {
- public:
-  class Rules final : public unwind::RuleSource {
-   public:
-    bool FindRow(uint64_t pc, bool innermost, unwind::UnwindRow* row) const override {
-      *row = unwind::go::GoRow(unwind::Arch::kX86_64, 0x28, /*saved_fp=*/!innermost);
-      return true;
-    }
-  };
-  bool Lookup(uint64_t pc, const unwind::RuleSource** rules, uint64_t* module_pc) const override {
-    if (pc < 0x4b0000 || pc >= 0x4b1000) return false;
-    *rules = &rules_;
-    *module_pc = pc;
-    return true;
-  }
-  Rules rules_;
-};
 
 TEST_F(GoroutineStacksTest, SystemStackLeftSinceIsFoundByItsFramePointer) {
   const RuntimeLayout& l = *RuntimeLayoutFor(unwind::Arch::kX86_64);
