@@ -131,7 +131,8 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
   const std::string profile = dir_.File("cpu.pprof");
   ServerProcess server(dir_.File("data"), dir_.File("server.log"));
   ASSERT_GT(server.port(), 0) << server.process().Output();
-  ChildProcess workload({binary, "-seconds", absl::StrCat(kSeconds), "-cpuprofile", profile},
+  ChildProcess workload({binary, "-seconds", absl::StrCat(kSeconds), "-cpuprofile", profile,
+                         "-switches"},
                         dir_.File("workload.log"), {{"STRATA_SERVICE", service}});
   ASSERT_TRUE(workload.WaitForOutput("ready", 30)) << workload.Output();
   ChildProcess agent({BinPath("strata-agent"), "--server", server.address(), "--pid",

@@ -1,10 +1,11 @@
 // A Go workload for Strata's end-to-end test of Go profiling: goroutines burn CPU, one
-// hashing with crypto/sha256, one sorting with sort.Ints and encoding with encoding/json, one
-// allocating (its CPU mostly on the system stack: GC assists, span refills, runtime.GC) and,
-// with cgo, one in C code that calls back into Go, while the program writes its own
-// runtime/pprof CPU profile -- the reference the test compares Strata's profile of it with. Prints "ready", then waits for SIGUSR1 (the profiler
-// is attached) before it starts its profile and its goroutines, so that both profiles cover
-// the same work; both stop after -seconds, then it prints each goroutine's thread CPU time
+// hashing with crypto/sha256, one sorting with sort.Ints and encoding with encoding/json and,
+// with -switches, one allocating (its CPU much on the system stack: GC assists, spans from the
+// heap, runtime.GC) and, with cgo, one in C code that calls back into Go, while the program
+// writes its own runtime/pprof CPU profile -- the reference the test compares Strata's
+// profile of it with. Prints "ready", then waits for SIGUSR1 (the profiler is attached) before
+// it starts its profile and its goroutines, so that both profiles cover the same work; both
+// stop after -seconds, then it prints each goroutine's thread CPU time
 // (/proc/thread-self/schedstat: run ns, wait ns, slices) and exits.
 package main
 
@@ -147,6 +148,8 @@ func main() {
 	profile := flag.String("cpuprofile", "", "write a CPU profile here")
 	seconds := flag.Float64("seconds", 10, "run this long")
 	hz := flag.Int("hz", 100, "CPU profile rate")
+	switches := flag.Bool("switches", false,
+		"also run the goroutines whose work crosses stack switches (allocating; with cgo, called back from C)")
 	flag.Parse()
 	start := make(chan os.Signal, 1)
 	signal.Notify(start, syscall.SIGUSR1)
@@ -170,12 +173,15 @@ func main() {
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(4)
-	cpu := make([]string, 4)
+	wg.Add(2)
+	cpu := []string{"", "", "-", "-"}
 	go func() { defer wg.Done(); runtime.LockOSThread(); hashWorker(stop); cpu[0] = threadCPU() }()
 	go func() { defer wg.Done(); runtime.LockOSThread(); sortAndEncode(stop); cpu[1] = threadCPU() }()
-	go func() { defer wg.Done(); runtime.LockOSThread(); allocWorker(stop); cpu[2] = threadCPU() }()
-	go func() { defer wg.Done(); runtime.LockOSThread(); callbackWorker(stop); cpu[3] = threadCPU() }()
+	if *switches {
+		wg.Add(2)
+		go func() { defer wg.Done(); runtime.LockOSThread(); allocWorker(stop); cpu[2] = threadCPU() }()
+		go func() { defer wg.Done(); runtime.LockOSThread(); callbackWorker(stop); cpu[3] = threadCPU() }()
+	}
 	time.Sleep(time.Duration(*seconds * float64(time.Second)))
 	close(stop)
 	wg.Wait()
