@@ -151,7 +151,7 @@ bool GoroutineStacks::FindByFramePointer(const unwind::StackCrossing& at, const 
     to->stack = stack;
     to->restep = true;  // systemstack's own frame at that sp: its return address is ra
     to->regs = {at.regs.pc, slot, fp, 0, 0};
-    to->g = 0;  // not known: the m may run another goroutine by now
+    to->g = curg.addr;  // the goroutine whose stack holds the frames
     ++counts_.by_frame_pointer;
     return Crossed();
   }
