@@ -79,6 +79,10 @@ void LogSamplingSummary(const ProfilerStats& stats, const std::string& verify) {
                stats.unwound_frames, stats.truncated, stats.lost);
   spdlog::info("unwinding ({}): {} frames walked, {} reused, {} verification failures", verify,
                stats.frames_walked, stats.frames_reused, stats.unwind_verify_failures);
+  if (stats.stack_crossings + stats.stack_crossings_failed > 0) {
+    spdlog::info("stack switches: {} crossed, {} not crossed", stats.stack_crossings,
+                 stats.stack_crossings_failed);
+  }
   spdlog::info("sampling: {} perf events, {} wake-ups, {} target scans, {} samples of other "
                "processes dropped", stats.perf_events, stats.wakeups, stats.rescans,
                stats.filtered);

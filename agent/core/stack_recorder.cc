@@ -383,7 +383,7 @@ unwind::UnwindResult StackRecorder::Unwind(const Target& target, TargetState& st
                                            const sampler::RawSample& sample,
                                            PathCache** paths, size_t* outer_kept,
                                            v1::UnwindCounters* counts) {
-  unwind::Registers regs{sample.pc, sample.sp, sample.fp, sample.ra};
+  unwind::Registers regs{sample.pc, sample.sp, sample.fp, sample.ra, sample.g};
   unwind::StackSnapshot stack{sample.sp, sample.stack, sample.stack_size};
   if (thread == nullptr) thread = std::make_unique<Thread>(IncrementalOptions(), options_.max_frames);
   // A copy shorter than requested ended at the top of the thread's stack.
@@ -397,6 +397,8 @@ unwind::UnwindResult StackRecorder::Unwind(const Target& target, TargetState& st
   stats_.frames_walked += unwind_stats.frames_unwound;
   stats_.frames_reused += unwind_stats.frames_reused;
   stats_.unwind_verify_failures += unwind_stats.verify_failed;
+  stats_.stack_crossings += result.stack_crossings;
+  stats_.stack_crossings_failed += result.crossings_failed;
   if (counts != nullptr) {
     counts->set_verify_failures(counts->verify_failures() + unwind_stats.verify_failed);
     counts->set_jit_frames_cfi(counts->jit_frames_cfi() + unwind_stats.jit_frames_cfi);

@@ -64,6 +64,10 @@ struct StackRecorderStats {
   uint64_t frames_walked = 0;   // frames found with unwind-rule lookups
   uint64_t frames_reused = 0;   // frames taken from the thread's previous sample
   uint64_t unwind_verify_failures = 0;
+  // Go stack switches (systemstack, cgo calls and callbacks) crossed onto the goroutine's or
+  // the C caller's stack, and those that could not be (the stack ended there).
+  uint64_t stack_crossings = 0;
+  uint64_t stack_crossings_failed = 0;
   uint64_t unwound_stacks = 0;  // stacks unwound in their process (part of `samples`)
   uint64_t kernel_frames = 0;   // frames from kernel chains
   uint64_t off_cpu_switches = 0;  // switch-outs of target threads (not part of `samples`)

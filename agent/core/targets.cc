@@ -2,8 +2,10 @@
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "agent/golang/goroutine_stacks.h"
 #include "agent/core/target_labels.h"
 #include "agent/procfs/procfs.h"
+#include "common/unwind/host_arch.h"
 #include "spdlog/spdlog.h"
 
 namespace strata::agent {
@@ -99,6 +101,9 @@ std::unique_ptr<Target> TargetDiscovery::NewTarget(const procfs::TrackedProcess&
     spdlog::warn("pid {} ({}): {}", process.pid, process.executable, w);
   }
   target->space = std::make_unique<symbols::ProcessAddressSpace>(process.pid, &modules_);
+  // Go's stack switches are crossed with the target's memory (only Go's rules ask).
+  target->space->SetStackCrosser(std::make_unique<golang::GoroutineStacks>(
+      unwind::kHostArch, std::make_unique<python::RemoteMemory>(process.pid)));
   target->source = source;
   RefreshMappings(*target);
   return target;

@@ -44,6 +44,7 @@ std::vector<uint8_t> X86Sample(uint64_t stack_size, uint64_t dyn_size) {
   RecordBuilder b(PERF_RECORD_SAMPLE);
   b.U32(100).U32(101).U64(123456789).U64(PERF_SAMPLE_REGS_ABI_64);
   b.U64(0x7ffc0000aa00).U64(0x7ffc0000a000).U64(0x401234);  // bp, sp, ip (bit order)
+  b.U64(0xc000002000);                                        // r14
   b.U64(stack_size);
   if (stack_size != 0) b.Bytes(StackBytes(stack_size)).U64(dyn_size);
   return b.Build();
@@ -62,6 +63,7 @@ TEST(ParseSampleRecordTest, X86_64RegistersAndDynSizedStack) {
   EXPECT_EQ(s.sp, 0x7ffc0000a000u);
   EXPECT_EQ(s.fp, 0x7ffc0000aa00u);
   EXPECT_EQ(s.ra, 0u);
+  EXPECT_EQ(s.g, 0xc000002000u);
   EXPECT_EQ(s.session_id, 7u);
   ASSERT_EQ(s.stack_size, 40u);  // dyn_size, not the requested 64
   EXPECT_EQ(std::vector<uint8_t>(s.stack, s.stack + 40), StackBytes(40));
@@ -82,6 +84,7 @@ TEST(ParseSampleRecordTest, Mips64RegisterOrder) {
   EXPECT_EQ(s.sp, 0xffffff0000u);
   EXPECT_EQ(s.fp, 0xffffff0100u);
   EXPECT_EQ(s.ra, 0x120000f00u);
+  EXPECT_EQ(s.g, 0xffffff0100u);  // r30 is Go's g
   EXPECT_EQ(s.stack_size, 16u);
 }
 
@@ -215,7 +218,7 @@ TEST(RegsLayoutTest, HostArchIsSupportedHere) {
   ASSERT_TRUE(arch.ok()) << arch.status();
 #if defined(__x86_64__)
   EXPECT_EQ(*arch, Arch::kX86_64);
-  EXPECT_EQ(RegsLayoutFor(*arch).mask, (1ull << 6) | (1ull << 7) | (1ull << 8));
+  EXPECT_EQ(RegsLayoutFor(*arch).mask, (1ull << 6) | (1ull << 7) | (1ull << 8) | (1ull << 22));
 #endif
 }
 
@@ -225,7 +228,7 @@ TEST(ParseSampleRecordTest, KernelCallChainKeepsOnlyTheKernelPart) {
   // A chain as exclude_callchain_user gives it, with a stray user part after it.
   b.U64(6).U64(PERF_CONTEXT_KERNEL).U64(0xffffffff81000010).U64(0xffffffff81000020)
       .U64(0xffffffff81000030).U64(PERF_CONTEXT_USER).U64(0x401000);
-  b.U64(PERF_SAMPLE_REGS_ABI_64).U64(0x10).U64(0x20).U64(0x401234);
+  b.U64(PERF_SAMPLE_REGS_ABI_64).U64(0x10).U64(0x20).U64(0x401234).U64(0);
   b.U64(0);  // no stack
   std::vector<uint8_t> record = b.Build();
   RawSample s;
@@ -242,7 +245,7 @@ TEST(ParseSampleRecordTest, KernelCallChainKeepsOnlyTheKernelPart) {
 TEST(ParseSampleRecordTest, UserOnlyCallChainHasNoKernelFrames) {
   RecordBuilder b(PERF_RECORD_SAMPLE);
   b.U32(1).U32(2).U64(3).U64(0);  // empty chain: sampled in user mode
-  b.U64(PERF_SAMPLE_REGS_ABI_64).U64(1).U64(2).U64(3).U64(0);
+  b.U64(PERF_SAMPLE_REGS_ABI_64).U64(1).U64(2).U64(3).U64(4).U64(0);  // bp sp ip r14, no stack
   std::vector<uint8_t> record = b.Build();
   RawSample s;
   ASSERT_TRUE(ParseSampleRecord(record.data(), record.size(), RegsLayoutFor(Arch::kX86_64), &s,

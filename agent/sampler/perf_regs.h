@@ -25,6 +25,9 @@ struct UserRegsLayout {
   int sp_index = -1;
   int fp_index = -1;
   int ra_index = -1;
+  // Go's g register (x86-64 r14; MIPS64 r30, the fp register): where a Go stack crossing
+  // starts (unwind::Registers::g).
+  int g_index = -1;
 };
 
 const UserRegsLayout& RegsLayoutFor(Arch arch);

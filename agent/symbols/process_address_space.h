@@ -67,6 +67,14 @@ struct SymbolizedPc {
   bool is_plt = false;
 };
 
+// Crosses stack switches (unwind::AddressSpace::CrossStack) with the runtime's state in the
+// process's memory: Go's goroutine stacks (agent/golang).
+class StackCrosser {
+ public:
+  virtual ~StackCrosser() = default;
+  virtual bool Cross(const unwind::StackCrossing& at, unwind::CrossedStack* to) const = 0;
+};
+
 class ProcessAddressSpace final : public unwind::AddressSpace {
  public:
   ProcessAddressSpace(pid_t pid, ModuleCache* cache) : pid_(pid), cache_(cache) {}
@@ -84,6 +92,12 @@ class ProcessAddressSpace final : public unwind::AddressSpace {
   bool LookupJit(uint64_t pc, const unwind::RuleSource** rules,
                  uint64_t* module_pc) const override;
   SymbolizedPc Symbolize(uint64_t pc) const;
+  // Through the crosser, when one is set (else no crossing: switches end the stack).
+  bool CrossStack(const unwind::StackCrossing& at, unwind::CrossedStack* to) const override {
+    return crosser_ != nullptr && crosser_->Cross(at, to);
+  }
+  void SetStackCrosser(std::unique_ptr<StackCrosser> crosser) { crosser_ = std::move(crosser); }
+  const StackCrosser* stack_crosser() const { return crosser_.get(); }
 
   // Where the perf map is read (`open_path`) and the path that names its module (`map_path`,
   // as the process wrote it). Default: PerfMapPathsOf(pid). Takes effect at the next Refresh().
@@ -133,6 +147,7 @@ class ProcessAddressSpace final : public unwind::AddressSpace {
   size_t failed_modules_ = 0;
   std::optional<PerfMapPaths> perf_map_paths_;  // PerfMapPathsOf(pid_) unless set
   // Read lazily and from the const Symbolize(): a cache of the file, not the space's state.
+  std::unique_ptr<StackCrosser> crosser_;
   mutable std::unique_ptr<PerfMapFile> perf_map_;
   mutable uint64_t unnamed_jit_pcs_ = 0;
   mutable std::chrono::steady_clock::time_point perf_map_read_at_{};

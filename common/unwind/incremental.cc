@@ -54,7 +54,7 @@ IncrementalUnwinder::~IncrementalUnwinder() = default;
 
 void IncrementalUnwinder::Invalidate() {
   num_cached_ = 0;
-  cached_signal_ = false;
+  cached_unspliceable_ = false;
   cached_stack_end_ = 0;
 }
 
@@ -243,6 +243,11 @@ struct IncrementalUnwinder::Hooks {
   // ordinary frames.) Samples inside signal handlers are rare enough for the full cost.
   bool can_splice;
   bool saw_signal = false;
+  // Likewise never across a stack switch (RaRule::kStackSwitch): the frames beyond it are on
+  // another stack, outside the sample's copy and out of the slot order the cursor relies on,
+  // read from the process's memory after the sample. A sample whose previous stack crossed
+  // one is unwound in full, and the walk stops looking for a splice point once it crossed.
+  bool saw_switch = false;
   Element* cur_el;  // the element of the frame being left
 
   // The row goes straight into the element (no copy through a local: the rule source
@@ -256,6 +261,10 @@ struct IncrementalUnwinder::Hooks {
 
   WalkAction AtCaller(WalkState& w, WalkOutput& out, const UnwindRow& row, const WalkStep& step,
                       StopReason* stop) {
+    if (step.crossed) {
+      saw_switch = true;
+      can_splice = false;
+    }
     if (!can_splice || !step.sp_rises || step.ra_slot == 0 || step.interrupted) {
       return WalkAction::kGoOn;
     }
@@ -418,7 +427,7 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
               .stack = in.stack,
               .s = s,
               .cursor = num_cached_ > 0 ? num_cached_ - 1 : 0,
-              .can_splice = num_cached_ > 1 && !cached_signal_,
+              .can_splice = num_cached_ > 1 && !cached_unspliceable_,
               .cur_el = &scratch_[0]};
   const UnwindResult result =
       Walk(options_.unwind, in.regs, in.stack, space, frames, limit, hooks);
@@ -441,9 +450,9 @@ UnwindResult IncrementalUnwinder::UnwindAndCache(const SampleInput& in, const Ad
   for (size_t i = 0; i < inner; ++i) cached_[outer_new + keep + inner - 1 - i] = scratch_[i];
   num_cached_ = outer_new + keep + inner;
   cached_stop_ = result.stop;
-  // Reused elements never hold a signal frame (no splice when the cache had one), so the
-  // frames found with lookups tell whether the new cache does.
-  cached_signal_ = hooks.saw_signal;
+  // Reused elements never hold a signal frame or a stack switch (no splice when the cache had
+  // one), so the frames found with lookups tell whether the new cache does.
+  cached_unspliceable_ = hooks.saw_signal || hooks.saw_switch;
   return result;
 }
 

@@ -41,6 +41,11 @@
 // stack held a signal frame the new sample is unwound in full, and a signal frame's step is
 // never a splice point (the reasons are at the walk in incremental.cc).
 //
+// Stack switches (RaRule::kStackSwitch, Go's) are crossed like in unwind::Unwind(), and
+// likewise never spliced across: the frames beyond a crossing lie on another stack, read from
+// the process's memory, not from the sample's copy. A sample whose previous stack crossed
+// one is unwound in full; samples that stay on one stack keep their reuse.
+//
 // JIT frames (AddressSpace::LookupJit) without rules are left by the frame-pointer row, an
 // fp-based row like that of any frame-pointer code: their elements cache it, and full
 // verification re-derives them when the fp they were stepped with changed, as for any
@@ -187,7 +192,8 @@ class IncrementalUnwinder {
   std::unique_ptr<Element[]> cached_;
   size_t num_cached_ = 0;
   StopReason cached_stop_ = StopReason::kOutermost;
-  bool cached_signal_ = false;  // a cached element is a signal frame: do not splice
+  // A cached element is a signal frame or a crossed stack switch: do not splice.
+  bool cached_unspliceable_ = false;
   uint64_t cached_epoch_ = 0;
   uint64_t cached_stack_end_ = 0;  // 0 = unknown
   // Elements of the frames unwound in the current sample, innermost first.

@@ -408,8 +408,8 @@ class FpRules final : public RuleSource {
     row->ra_offset = -8;
     switch (id == 1 ? kSpNoFp : KindOf(id)) {
       case kFpBased:
-        *row = {UnwindRow::CfaBase::kFp, row->ra_rule, UnwindRow::FpRule::kAtCfaOffset, 16, -8,
-                -16};
+        *row = {UnwindRow::CfaBase::kFp, row->ra_rule, UnwindRow::FpRule::kAtCfaOffset,
+                StackSwitch::kNone, 16, -8, -16};
         break;
       case kSpNoFp:
         row->cfa_base = UnwindRow::CfaBase::kSp;
@@ -418,7 +418,7 @@ class FpRules final : public RuleSource {
         break;
       case kSpSavesFp:
         *row = {UnwindRow::CfaBase::kSp, row->ra_rule, UnwindRow::FpRule::kAtCfaOffset,
-                FpFrameSize(id), -8, -16};
+                StackSwitch::kNone, FpFrameSize(id), -8, -16};
         break;
     }
     return true;

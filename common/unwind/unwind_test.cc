@@ -221,7 +221,7 @@ TEST(StepWithRowTest, SignalFrameRow) {
   put(168, 0x401234);    // rip
   StackSnapshot stack{0x1000, bytes, sizeof bytes};
   UnwindRow row{UnwindRow::CfaBase::kSp, UnwindRow::RaRule::kSignalFrame,
-                UnwindRow::FpRule::kAtCfaOffset, 160, 168, 120};
+                UnwindRow::FpRule::kAtCfaOffset, StackSwitch::kNone, 160, 168, 120};
   Registers regs{.pc = 0x500000, .sp = 0x1000, .fp = 7, .ra = 0};
   Registers caller;
   uint64_t slot = 0;
@@ -248,7 +248,7 @@ TEST(StepWithRowTest, BigEndianAndRegisterRules) {
   bytes[0x08 + 7] = 0xbb;
   StackSnapshot stack{0x1000, bytes, sizeof bytes};
   UnwindRow row{UnwindRow::CfaBase::kSp, UnwindRow::RaRule::kAtCfaOffset,
-                UnwindRow::FpRule::kAtCfaOffset, 0x18, -8, -16};
+                UnwindRow::FpRule::kAtCfaOffset, StackSwitch::kNone, 0x18, -8, -16};
   Registers regs{.pc = 0x400000, .sp = 0x1000, .fp = 7, .ra = 0};
   Registers caller;
   uint64_t slot;

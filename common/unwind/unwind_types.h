@@ -29,6 +29,10 @@ struct Registers {
   uint64_t sp = 0;
   uint64_t fp = 0;  // rbp on x86-64, s8/fp ($30) on MIPS64
   uint64_t ra = 0;  // $31 on MIPS64 (valid for the innermost frame only); unused on x86-64
+  // Go's g register at the sample (x86-64 r14; MIPS64 r30, the same register as `fp`): the
+  // goroutine a Go stack crossing starts from (AddressSpace::CrossStack). 0: unknown. Only
+  // the innermost frame's; callers never have it.
+  uint64_t g = 0;
 };
 
 // A copy of the thread's stack taken at sample time: `data` holds memory [start, start+size).
@@ -52,6 +56,27 @@ struct StackSnapshot {
   }
 };
 
+// How a frame whose row is RaRule::kStackSwitch switched stacks: how its caller is found on
+// the other stack (Go's runtime/traceback.go and the runtime's assembly; see
+// AddressSpace::CrossStack).
+enum class StackSwitch : uint8_t {
+  kNone,
+  // runtime.systemstack on g0: the frame itself continues on the goroutine's stack
+  // (m.curg.sched.sp and bp), stepped there with its row.
+  kSystemStack,
+  // runtime.morestack, runtime.mcall on g0: the caller is the goroutine's saved context
+  // (m.curg.sched.pc, sp, bp), its pc a return address.
+  kGoroutineContext,
+  // runtime.asmcgocall on g0, under C code: the calling goroutine and its stack depth are
+  // saved in the frame; the caller is the Go code that called it, on that goroutine's stack.
+  kCgoCall,
+  // runtime.cgocallback on the goroutine's stack, under a Go callback: the frame itself
+  // continues on g0's stack (m.g0.sched.sp), stepped there with its row, into the C code that
+  // called back.
+  kCgoCallback,
+};
+std::string_view StackSwitchName(StackSwitch s);  // "systemstack", ...
+
 // How to step from a frame to its caller, as compiled from CFI (x86-64) or from a decoded
 // prologue (MIPS64). All offsets are relative to the CFA, the caller's stack pointer value --
 // except in a signal-frame row (RaRule::kSignalFrame), see there.
@@ -69,12 +94,19 @@ struct UnwindRow {
     // The caller was interrupted, not calling: its pc is exact (the unwinder looks its row up
     // without the return-address pc - 1 adjustment and skips call-site plausibility checks).
     kSignalFrame,
+    // The frame switched stacks (Go's systemstack, mcall, morestack, asmcgocall,
+    // cgocallback): its caller lies on another stack, which AddressSpace::CrossStack finds
+    // (`stack_switch` says how). The offsets are the frame's own row (as for kAtCfaOffset, or
+    // a MIPS64 frame without one), for crossings that step it again on the other stack. Where
+    // the crossing fails the walk ends here, as at kUndefined.
+    kStackSwitch,
   };
   enum class FpRule : uint8_t { kSame, kAtCfaOffset };
 
   CfaBase cfa_base = CfaBase::kUndefined;
   RaRule ra_rule = RaRule::kUndefined;
   FpRule fp_rule = FpRule::kSame;
+  StackSwitch stack_switch = StackSwitch::kNone;  // with RaRule::kStackSwitch
   int32_t cfa_offset = 0;
   int32_t ra_offset = 0;
   int32_t fp_offset = 0;

@@ -15,6 +15,17 @@ std::string_view ArchName(Arch arch) {
   return "unknown";
 }
 
+std::string_view StackSwitchName(StackSwitch s) {
+  switch (s) {
+    case StackSwitch::kNone: return "none";
+    case StackSwitch::kSystemStack: return "systemstack";
+    case StackSwitch::kGoroutineContext: return "goroutine_context";
+    case StackSwitch::kCgoCall: return "cgo_call";
+    case StackSwitch::kCgoCallback: return "cgo_callback";
+  }
+  return "unknown";
+}
+
 std::string_view StopReasonName(StopReason reason) {
   switch (reason) {
     case StopReason::kOutermost: return "outermost";

@@ -55,6 +55,29 @@ class RuleSource {
   virtual bool IsPlausibleReturnAddress(uint64_t return_address) const { return true; }
 };
 
+class AddressSpace;
+
+// A walk at a frame whose row is RaRule::kStackSwitch (AddressSpace::CrossStack).
+struct StackCrossing {
+  Arch arch = Arch::kX86_64;
+  StackSwitch kind = StackSwitch::kNone;
+  Registers regs;                        // the switching frame, on the stack being left
+  const StackSnapshot* stack = nullptr;  // the bytes of the stack being left
+  uint64_t g = 0;  // the goroutine that stack belongs to, as far as known (0: unknown)
+  const AddressSpace* space = nullptr;  // the walk's, to check code addresses read
+};
+
+// Where a crossing leads.
+struct CrossedStack {
+  // The frame to go on from on the other stack: the switching frame itself, to be stepped
+  // with its row (`restep`), or its caller (pc a return address).
+  Registers regs;
+  bool restep = false;
+  // The other stack's bytes, valid until the next CrossStack() of the same address space.
+  StackSnapshot stack;
+  uint64_t g = 0;  // the goroutine the other stack belongs to (g0 for the system stack)
+};
+
 class AddressSpace {
  public:
   virtual ~AddressSpace() = default;
@@ -69,6 +92,11 @@ class AddressSpace {
   virtual bool LookupJit(uint64_t pc, const RuleSource** rules, uint64_t* module_pc) const {
     return false;
   }
+  // Asked at a frame whose row is RaRule::kStackSwitch: the other stack and where the walk
+  // goes on there, read from the process's memory (the runtime's structures, checked). False:
+  // the switch cannot be crossed and the walk ends there (kOutermost), as if the frame were a
+  // stack root. Default: no crossing.
+  virtual bool CrossStack(const StackCrossing& at, CrossedStack* to) const { return false; }
 };
 
 struct UnwindOptions {
@@ -86,6 +114,10 @@ struct UnwindResult {
   // or by frame pointers.
   uint32_t jit_frames_cfi = 0;
   uint32_t jit_frames_fp = 0;
+  // Stack switches (RaRule::kStackSwitch) crossed, and the one that could not be (the walk
+  // ended there).
+  uint32_t stack_crossings = 0;
+  uint32_t crossings_failed = 0;
 };
 
 // Unwinds from `regs` over `stack`, writing at most min(capacity, options.max_frames) frames,

@@ -9,9 +9,13 @@
 //  2. the row applied (StepWithRow): an undefined return address or a zero one ends the walk
 //     (kOutermost), a row no step can follow (kNoRule), a word outside the copy
 //     (kStackOutOfRange);
+//     A stack switch (RaRule::kStackSwitch) is crossed here: AddressSpace::CrossStack gives
+//     the other stack and the frame to go on from, and the walk continues on that stack;
+//     where it cannot be crossed the walk ends as at a root (kOutermost);
 //  3. the caller's sanity checks: its sp rises (or stays, for a MIPS leaf whose return address
-//     is still in its register), its pc lies in a module or in JIT code and, unless it was
-//     interrupted by a signal, follows a call there (kBadReturnAddress);
+//     is still in its register; across a stack switch, anywhere), its pc lies in a module or
+//     in JIT code and, unless it was interrupted by a signal, follows a call there
+//     (kBadReturnAddress; after a crossing, kOutermost: the switch counts as not crossed);
 //  4. room for the caller's frame (kMaxFrames).
 //
 // What differs between the unwinders is passed as `Hooks` (a class with these members, all
@@ -40,7 +44,8 @@ namespace strata::unwind {
 // CFA - 16.
 inline constexpr UnwindRow kFramePointerRow{UnwindRow::CfaBase::kFp,
                                             UnwindRow::RaRule::kAtCfaOffset,
-                                            UnwindRow::FpRule::kAtCfaOffset, 16, -8, -16};
+                                            UnwindRow::FpRule::kAtCfaOffset,
+                                            StackSwitch::kNone, 16, -8, -16};
 
 // The code at `pc`: a module's (Lookup), else JIT code (LookupJit, asked only then, so
 // address spaces without JIT code cost nothing more). False: neither.
@@ -54,9 +59,11 @@ inline bool LookupCode(const AddressSpace& space, uint64_t pc, const RuleSource*
   return *jit;
 }
 
-// Where a walk stands: the frame being left and its module's rules.
+// Where a walk stands: the frame being left, its module's rules and the stack it is on.
 struct WalkState {
   const AddressSpace& space;
+  StackSnapshot stack;  // the sample's copy, or the stack a switch crossed to
+  uint64_t g = 0;       // the goroutine that stack belongs to (Registers::g), 0: unknown
   Registers regs = {};  // the frame being left
   const RuleSource* rules = nullptr;  // its module's rules (null: the module has none)
   uint64_t module_pc = 0;
@@ -88,6 +95,7 @@ struct WalkStep {
   uint64_t ra_slot = 0;  // where the return address was read (0: from a register)
   bool interrupted = false;  // out of a signal frame: the caller's pc is exact
   bool sp_rises = false;     // the first sanity check of step 3
+  bool crossed = false;      // across a stack switch: the caller is on another stack
 };
 
 enum class WalkAction : uint8_t { kGoOn, kStop, kResumed };
@@ -115,19 +123,53 @@ inline void CountJitFrame(const WalkState& w, RowFrom from, UnwindResult* result
   else ++result->jit_frames_fp;
 }
 
+// Step 2 for a stack switch: moves `w` onto the other stack (its bytes and goroutine) and
+// writes the caller found there. False: not crossed, the walk ends as at a root.
+inline bool CrossStack(Arch arch, const UnwindRow& row, WalkState& w, WalkStep* step,
+                       StopReason* stop) {
+  *stop = StopReason::kOutermost;
+  CrossedStack to;
+  if (!w.space.CrossStack({arch, row.stack_switch, w.regs, &w.stack, w.g, &w.space}, &to)) {
+    return false;
+  }
+  if (to.restep) {
+    // The switching frame's own row, on the other stack (a MIPS64 frame without a frame of
+    // its own has no slot to read its return address from there).
+    if (arch != Arch::kX86_64 && row.cfa_offset == 0) return false;
+    UnwindRow on = row;
+    on.ra_rule = UnwindRow::RaRule::kAtCfaOffset;
+    uint64_t slot = 0;
+    if (!StepWithRow(arch, on, to.regs, /*innermost=*/false, to.stack, &step->caller, &slot)) {
+      return false;
+    }
+  } else {
+    step->caller = to.regs;
+  }
+  if (step->caller.pc == 0) return false;
+  // No slot on the sample's stack: never a splice point of the incremental unwinder.
+  step->ra_slot = 0;
+  step->interrupted = false;
+  step->sp_rises = true;  // stacks lie anywhere relative to each other
+  step->crossed = true;
+  w.stack = to.stack;
+  w.g = to.g;
+  return true;
+}
+
 // Step 2, and the part of step 3 that needs no lookup. False: the walk ends, for `*stop`.
-inline bool StepOut(Arch arch, const UnwindRow& row, const WalkState& w,
-                    const StackSnapshot& stack, WalkStep* step, StopReason* stop) {
+inline bool StepOut(Arch arch, const UnwindRow& row, WalkState& w, WalkStep* step,
+                    StopReason* stop) {
   if (row.ra_rule == UnwindRow::RaRule::kUndefined) {
     *stop = StopReason::kOutermost;
     return false;
   }
+  if (row.ra_rule == UnwindRow::RaRule::kStackSwitch) return CrossStack(arch, row, w, step, stop);
   if (row.cfa_base == UnwindRow::CfaBase::kUndefined ||
       (row.ra_rule == UnwindRow::RaRule::kInRegister && !w.innermost)) {
     *stop = StopReason::kNoRule;  // described, but not representable as a row
     return false;
   }
-  if (!StepWithRow(arch, row, w.regs, w.innermost, stack, &step->caller, &step->ra_slot)) {
+  if (!StepWithRow(arch, row, w.regs, w.innermost, w.stack, &step->caller, &step->ra_slot)) {
     *stop = StopReason::kStackOutOfRange;
     return false;
   }
@@ -167,7 +209,7 @@ inline UnwindResult Walk(const UnwindOptions& options, const Registers& regs,
     result.stop = StopReason::kMaxFrames;
     return result;
   }
-  WalkState w{.space = space};
+  WalkState w{.space = space, .stack = stack, .g = regs.g};
   size_t n = 0;
   frames[n++] = {regs.pc, regs.sp, 0};
   if (!w.MoveTo(regs, /*exact=*/true)) {
@@ -184,7 +226,10 @@ inline UnwindResult Walk(const UnwindOptions& options, const Registers& regs,
     }
     hooks.Found(w, row);
     WalkStep step;
-    if (!StepOut(options.arch, row, w, stack, &step, &result.stop)) break;
+    if (!StepOut(options.arch, row, w, &step, &result.stop)) {
+      result.crossings_failed += row.ra_rule == UnwindRow::RaRule::kStackSwitch;
+      break;
+    }
     CountJitFrame(w, from, &result);
     WalkOutput out{frames, limit, n};
     const WalkAction action = hooks.AtCaller(w, out, row, step, &result.stop);
@@ -195,9 +240,11 @@ inline UnwindResult Walk(const UnwindOptions& options, const Registers& regs,
     uint64_t caller_module_pc = 0;
     bool caller_jit = false;
     if (!CallerPlausible(space, step, &caller_rules, &caller_module_pc, &caller_jit)) {
-      result.stop = StopReason::kBadReturnAddress;
+      result.stop = step.crossed ? StopReason::kOutermost : StopReason::kBadReturnAddress;
+      result.crossings_failed += step.crossed;
       break;
     }
+    result.stack_crossings += step.crossed;
     if (n >= limit) {
       result.stop = StopReason::kMaxFrames;
       break;

@@ -1,8 +1,24 @@
 #include "common/unwind/go/go_rules.h"
 
 #include <algorithm>
+#include <string_view>
 
 namespace strata::unwind::go {
+namespace {
+
+// The stack-switching functions Go's traceback follows onto the other stack
+// (runtime/traceback.go, and its cgo call and callback paths).
+StackSwitch SwitchOf(std::string_view name) {
+  if (name == "runtime.systemstack") return StackSwitch::kSystemStack;
+  if (name == "runtime.morestack" || name == "runtime.mcall") {
+    return StackSwitch::kGoroutineContext;
+  }
+  if (name == "runtime.asmcgocall") return StackSwitch::kCgoCall;
+  if (name == "runtime.cgocallback") return StackSwitch::kCgoCallback;
+  return StackSwitch::kNone;
+}
+
+}  // namespace
 
 UnwindRow GoRow(Arch arch, int32_t sp_delta, bool saved_fp) {
   UnwindRow row;
@@ -35,8 +51,10 @@ std::unique_ptr<GoRuleSource> GoRuleSource::Build(Arch arch, const elf::GoPclnta
   rules->funcs_.reserve(table.functions().size());
   for (const elf::GoPclntab::Function& f : table.functions()) {
     Func func{f.entry, f.end, static_cast<uint32_t>(rules->runs_.size()), 0, f.root,
-              (f.flags & elf::GoPclntab::kFlagAsm) == 0};
-    if (!f.root) {
+              (f.flags & elf::GoPclntab::kFlagAsm) == 0,
+              f.root ? SwitchOf(f.name) : StackSwitch::kNone};
+    // A stack switch keeps its SP deltas: crossings step it again on the other stack.
+    if (!f.root || func.stack_switch != StackSwitch::kNone) {
       for (const elf::GoPclntab::PcValueRange& r : table.SpDeltas(f)) {
         // A negative delta or one beyond any real frame is a corrupt table: no rule there.
         if (r.value < 0 || r.value > (1 << 24) || r.start < f.entry) continue;
@@ -49,6 +67,7 @@ std::unique_ptr<GoRuleSource> GoRuleSource::Build(Arch arch, const elf::GoPclnta
     }
     if (!rules->funcs_.empty() && rules->funcs_.back().end > func.start) continue;  // overlap
     rules->stats_.roots += f.root;
+    rules->stats_.stack_switches += func.stack_switch != StackSwitch::kNone;
     rules->funcs_.push_back(func);
   }
   rules->stats_.functions = rules->funcs_.size();
@@ -70,7 +89,7 @@ bool GoRuleSource::FindRow(uint64_t pc, bool innermost, UnwindRow* row) const {
   const uint64_t at = innermost ? pc : pc - 1;
   const Func* f = FindFunc(at);
   if (f == nullptr) return fallback_ != nullptr && fallback_->FindRow(pc, innermost, row);
-  if (f->root) {
+  if (f->root && (f->stack_switch == StackSwitch::kNone || f->num_runs == 0)) {
     *row = UnwindRow{};
     row->cfa_base = UnwindRow::CfaBase::kSp;
     row->ra_rule = UnwindRow::RaRule::kUndefined;
@@ -86,6 +105,10 @@ bool GoRuleSource::FindRow(uint64_t pc, bool innermost, UnwindRow* row) const {
   // The prologue stores rbp only after moving SP: certain at call sites, not at every pc of
   // the interrupted frame.
   *row = GoRow(arch_, (r - 1)->sp, f->compiled && !innermost);
+  if (f->stack_switch != StackSwitch::kNone) {
+    row->ra_rule = UnwindRow::RaRule::kStackSwitch;
+    row->stack_switch = f->stack_switch;
+  }
   return true;
 }
 

@@ -12,9 +12,14 @@
 //    (a leaf, before the prologue's SP adjustment, after the epilogue's) it is still in r31.
 // Stack roots end the walk as complete (RaRule::kUndefined, StopReason::kOutermost): the
 // functions Go marks TOPFRAME (runtime.goexit -- every goroutine's outermost frame --,
-// runtime.mstart, runtime.rt0_go) and SPWRITE (functions that switch stacks: systemstack,
-// mcall, morestack, asmcgocall, cgocallback, gogo), where Go's own profiler stops too: past
-// them lies another stack (the goroutine's, saved in g.sched), not a caller frame.
+// runtime.mstart, runtime.rt0_go) and the SPWRITE ones that switch to a stack no saved state
+// leads back from (gogo, ...). The stack switches Go's own profiler follows
+// (runtime/traceback.go) are rows of their own (RaRule::kStackSwitch, with their SP deltas):
+// systemstack, mcall and morestack on g0 lead to the goroutine's stack (g.m.curg.sched),
+// asmcgocall under C code to the calling goroutine's (saved in its frame), cgocallback under a
+// Go callback to g0's stack and the C code that called back (m.g0.sched.sp). The walk crosses
+// them with the target's memory (AddressSpace::CrossStack); where it cannot, they end the
+// stack as complete, like a root.
 //
 // Code outside the Go functions (C code linked into cgo programs, with its .eh_frame) is left
 // to the architecture's own decoder, passed in as the fallback.
@@ -38,6 +43,7 @@ namespace strata::unwind::go {
 struct GoRulesStats {
   size_t functions = 0;
   size_t roots = 0;
+  size_t stack_switches = 0;  // of the roots, the stack switches (crossed with CrossStack)
   size_t runs = 0;
   size_t without_table = 0;  // functions whose pcsp table did not decode (no rule)
 };
@@ -62,6 +68,7 @@ class GoRuleSource final : public RuleSource {
     uint32_t num_runs;
     bool root;
     bool compiled;  // not assembly: Go's prologue saves rbp in every frame
+    StackSwitch stack_switch;  // a root that switches stacks (its rows: kStackSwitch)
   };
   struct Run {
     uint32_t start;  // offset from the function's start

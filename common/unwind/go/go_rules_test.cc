@@ -9,8 +9,10 @@
 
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -187,7 +189,13 @@ INSTANTIATE_TEST_SUITE_P(Go123, GoStackTest,
                                                   true}),
                          [](const auto& info) { return info.param.variant.substr(7); });
 
-TEST(GoRulesTest, RootsAndSwitchesEndTheWalk) {
+TEST(GoRulesTest, RootsEndTheWalkSwitchesAreCrossed) {
+  const std::map<std::string_view, StackSwitch> switches = {
+      {"runtime.systemstack", StackSwitch::kSystemStack},
+      {"runtime.mcall", StackSwitch::kGoroutineContext},
+      {"runtime.morestack", StackSwitch::kGoroutineContext},
+      {"runtime.asmcgocall", StackSwitch::kCgoCall},
+      {"runtime.cgocallback", StackSwitch::kCgoCallback}};
   for (const char* variant : {"amd64", "mips64", "mips64le", "go1.23_amd64", "go1.23_mips64",
                               "go1.23_mips64le"}) {
     const std::string bin = GoProgram(variant);
@@ -207,12 +215,20 @@ TEST(GoRulesTest, RootsAndSwitchesEndTheWalk) {
     for (const auto& f : (*table)->functions()) {
       UnwindRow row;
       const bool found = (*rules)->FindRow(f.entry, true, &row);
-      // Stack roots, and the switches to the system stack: for runtime calls, for cgo calls
-      // (asmcgocall) and back from C (cgocallback), and for stack growth (morestack).
-      if (f.name == "runtime.goexit" || f.name == "runtime.mstart" ||
-          f.name == "runtime.systemstack" || f.name == "runtime.mcall" ||
-          f.name == "runtime.rt0_go" || f.name == "runtime.asmcgocall" ||
-          f.name == "runtime.cgocallback" || f.name == "runtime.morestack") {
+      // Stack roots end the walk; the switches to the system stack -- for runtime calls, for
+      // cgo calls (asmcgocall) and back from C (cgocallback), and for stack growth
+      // (morestack) -- are rows of their own, with the function's SP delta, that the walk
+      // crosses.
+      const auto sw = switches.find(f.name);
+      if (sw != switches.end()) {
+        ++roots_checked;
+        ASSERT_TRUE(found) << f.name;
+        EXPECT_EQ(row.ra_rule, UnwindRow::RaRule::kStackSwitch) << f.name << " " << variant;
+        EXPECT_EQ(row.stack_switch, sw->second) << f.name;
+        EXPECT_EQ(row.cfa_base, UnwindRow::CfaBase::kSp);
+        EXPECT_EQ(row.cfa_offset, *arch == Arch::kX86_64 ? 8 : 0) << f.name;  // at the entry
+      } else if (f.name == "runtime.goexit" || f.name == "runtime.mstart" ||
+                 f.name == "runtime.rt0_go") {
         ++roots_checked;
         ASSERT_TRUE(found) << f.name;
         EXPECT_EQ(row.ra_rule, UnwindRow::RaRule::kUndefined) << f.name << " " << variant;

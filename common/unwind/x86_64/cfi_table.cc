@@ -20,7 +20,7 @@ constexpr size_t kMaxStateStack = 32;
 // A pc range the table describes but a row cannot represent: the unwinder stops (kNoRule).
 constexpr UnwindRow kUnrepresentable{UnwindRow::CfaBase::kUndefined,
                                      UnwindRow::RaRule::kAtCfaOffset,
-                                     UnwindRow::FpRule::kSame, 0, 0, 0};
+                                     UnwindRow::FpRule::kSame, StackSwitch::kNone, 0, 0, 0};
 
 auto RowKey(const UnwindRow& r) {
   return std::make_tuple(r.cfa_base, r.ra_rule, r.fp_rule, r.cfa_offset, r.ra_offset, r.fp_offset);

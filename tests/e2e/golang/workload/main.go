@@ -1,9 +1,11 @@
-// A Go workload for Strata's end-to-end test of Go profiling: two goroutines burn CPU, one
-// hashing with crypto/sha256, one sorting with sort.Ints and encoding with encoding/json,
-// while the program writes its own runtime/pprof CPU profile -- the reference the test
-// compares Strata's profile of it with. Prints "ready", then waits for SIGUSR1 (the profiler
-// is attached) before it starts its profile and its goroutines, so that both profiles cover
-// the same work; both stop after -seconds, then it prints each goroutine's thread CPU time
+// A Go workload for Strata's end-to-end test of Go profiling: goroutines burn CPU, one
+// hashing with crypto/sha256, one sorting with sort.Ints and encoding with encoding/json and,
+// with -switches, one allocating (its CPU much on the system stack: GC assists, spans from the
+// heap, runtime.GC) and, with cgo, one in C code that calls back into Go, while the program
+// writes its own runtime/pprof CPU profile -- the reference the test compares Strata's
+// profile of it with. Prints "ready", then waits for SIGUSR1 (the profiler is attached) before
+// it starts its profile and its goroutines, so that both profiles cover the same work; both
+// stop after -seconds, then it prints each goroutine's thread CPU time
 // (/proc/thread-self/schedstat: run ns, wait ns, slices) and exits.
 package main
 
@@ -14,8 +16,8 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
-	"runtime"
 	"os/signal"
+	"runtime"
 	"runtime/pprof"
 	"sort"
 	"sync"
@@ -89,6 +91,54 @@ func sortAndEncode(stop <-chan struct{}) {
 	}
 }
 
+type node struct {
+	left, right *node
+	payload     [4]*int
+}
+
+// A tree of pointers, so that every GC cycle has marking to do.
+func tree(depth int) *node {
+	if depth == 0 {
+		return nil
+	}
+	return &node{left: tree(depth - 1), right: tree(depth - 1)}
+}
+
+var live *node
+
+// Large allocations (spans from the heap) kept from the stack: a constant-size buffer that
+// does not escape would sit in the goroutine's frame.
+var bigBuf []byte
+
+// Allocates without pause: small pointer-rich objects that keep the heap growing against a
+// live tree (the GC makes it assist: marking on the system stack), large buffers (spans from
+// the heap, on the system stack) and, now and then, a forced collection.
+//
+//go:noinline
+func allocWorker(stop <-chan struct{}) {
+	live = tree(16)
+	var keep []*node
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		for j := 0; j < 512; j++ {
+			keep = append(keep, &node{})
+			if len(keep) > 1<<14 {
+				keep = keep[:0]
+			}
+		}
+		if i%16 == 0 {
+			bigBuf = make([]byte, 40<<10)
+		}
+		if i%512 == 0 {
+			runtime.GC()
+		}
+	}
+}
+
 func threadCPU() string {
 	b, _ := os.ReadFile("/proc/thread-self/schedstat")
 	return string(b[:len(b)-1])
@@ -98,6 +148,8 @@ func main() {
 	profile := flag.String("cpuprofile", "", "write a CPU profile here")
 	seconds := flag.Float64("seconds", 10, "run this long")
 	hz := flag.Int("hz", 100, "CPU profile rate")
+	switches := flag.Bool("switches", false,
+		"also run the goroutines whose work crosses stack switches (allocating; with cgo, called back from C)")
 	flag.Parse()
 	start := make(chan os.Signal, 1)
 	signal.Notify(start, syscall.SIGUSR1)
@@ -122,15 +174,20 @@ func main() {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(2)
-	cpu := make([]string, 2)
+	cpu := []string{"", "", "-", "-"}
 	go func() { defer wg.Done(); runtime.LockOSThread(); hashWorker(stop); cpu[0] = threadCPU() }()
 	go func() { defer wg.Done(); runtime.LockOSThread(); sortAndEncode(stop); cpu[1] = threadCPU() }()
+	if *switches {
+		wg.Add(2)
+		go func() { defer wg.Done(); runtime.LockOSThread(); allocWorker(stop); cpu[2] = threadCPU() }()
+		go func() { defer wg.Done(); runtime.LockOSThread(); callbackWorker(stop); cpu[3] = threadCPU() }()
+	}
 	time.Sleep(time.Duration(*seconds * float64(time.Second)))
 	close(stop)
 	wg.Wait()
 	if *profile != "" {
 		pprof.StopCPUProfile()
 	}
-	fmt.Printf("cpu hash %s sort %s\n", cpu[0], cpu[1])
+	fmt.Printf("cpu hash %s sort %s alloc %s callback %s\n", cpu[0], cpu[1], cpu[2], cpu[3])
 	fmt.Println("done")
 }

@@ -1,0 +1,297 @@
+#include "agent/golang/goroutine_stacks.h"
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "common/unwind/go/go_rules.h"
+#include "gtest/gtest.h"
+
+namespace strata::agent::golang {
+namespace {
+
+// A target's memory made by hand: regions of bytes, read like process_vm_readv (all or
+// nothing).
+class FakeMemory final : public python::RemoteMemory {
+ public:
+  FakeMemory() : RemoteMemory(0) {}
+  bool Read(uint64_t address, void* out, size_t size) const override {
+    for (const auto& [start, bytes] : regions) {
+      if (address >= start && size <= bytes.size() && address - start <= bytes.size() - size) {
+        std::memcpy(out, bytes.data() + (address - start), size);
+        return true;
+      }
+    }
+    return false;
+  }
+  void Map(uint64_t start, size_t size) { regions[start].assign(size, 0); }
+  void Put(uint64_t addr, uint64_t value) {
+    for (auto& [start, bytes] : regions) {
+      if (addr >= start && addr + 8 <= start + bytes.size()) {
+        std::memcpy(bytes.data() + (addr - start), &value, 8);
+        return;
+      }
+    }
+    ADD_FAILURE() << "unmapped " << addr;
+  }
+  std::map<uint64_t, std::vector<uint8_t>> regions;
+};
+
+// Go code at 0x4b0000..0x4b1000 whose frames are 0x28 bytes below their saved rbp (a Go
+// function with a frame: rbp saved at the top of it).
+class OneFunctionSpace final : public unwind::AddressSpace {
+ public:
+  class Rules final : public unwind::RuleSource {
+   public:
+    bool FindRow(uint64_t pc, bool innermost, unwind::UnwindRow* row) const override {
+      *row = unwind::go::GoRow(unwind::Arch::kX86_64, 0x28, /*saved_fp=*/!innermost);
+      return true;
+    }
+  };
+  bool Lookup(uint64_t pc, const unwind::RuleSource** rules, uint64_t* module_pc) const override {
+    if (pc < 0x4b0000 || pc >= 0x4b1000) return false;
+    *rules = &rules_;
+    *module_pc = pc;
+    return true;
+  }
+  Rules rules_;
+};
+
+constexpr uint64_t kM = 0xc000100000, kG0 = 0xc000200000, kCurg = 0xc000300000;
+constexpr uint64_t kStackLo = 0xc000400000, kStackHi = 0xc000402000;  // the goroutine's
+constexpr uint64_t kG0Lo = 0x7f0000000000, kG0Hi = 0x7f0000010000;   // the thread's
+constexpr uint64_t kSchedSp = kStackHi - 0x100, kSchedPc = 0x4a0010, kSchedBp = kStackHi - 0x20;
+
+class GoroutineStacksTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const RuntimeLayout& l = *RuntimeLayoutFor(unwind::Arch::kX86_64);
+    auto memory = std::make_unique<FakeMemory>();
+    mem_ = memory.get();
+    mem_->Map(kM, 0x400);
+    mem_->Map(kG0, 0x200);
+    mem_->Map(kCurg, 0x200);
+    mem_->Map(kStackLo, kStackHi - kStackLo);
+    mem_->Map(kG0Hi - 0x1000, 0x1000);
+    mem_->Put(kM + l.m_g0, kG0);
+    mem_->Put(kM + l.m_curg, kCurg);
+    PutG(kG0, kG0Lo, kG0Hi, kG0Hi - 0x800, 0, 0);
+    PutG(kCurg, kStackLo, kStackHi, kSchedSp, kSchedPc, kSchedBp);
+    mem_->Put(kSchedSp, 0x4b0020);  // systemstack's return address into its caller
+    stacks_ = std::make_unique<GoroutineStacks>(unwind::Arch::kX86_64, std::move(memory));
+  }
+  void PutG(uint64_t g, uint64_t lo, uint64_t hi, uint64_t sp, uint64_t pc, uint64_t bp) {
+    const RuntimeLayout& l = *RuntimeLayoutFor(unwind::Arch::kX86_64);
+    mem_->Put(g + l.g_stack_lo, lo);
+    mem_->Put(g + l.g_stack_hi, hi);
+    mem_->Put(g + l.g_m, kM);
+    mem_->Put(g + l.g_sched_sp, sp);
+    mem_->Put(g + l.g_sched_pc, pc);
+    mem_->Put(g + l.g_sched_bp, bp);
+  }
+  unwind::StackCrossing At(unwind::StackSwitch kind, uint64_t g) {
+    // The walk's fp at the switching frame: the frame pointer the switch saved.
+    return {unwind::Arch::kX86_64, kind, {0x460005, kG0Hi - 0x900, kSchedBp, 0, 0}, &g0_copy_, g};
+  }
+
+  FakeMemory* mem_ = nullptr;
+  std::unique_ptr<GoroutineStacks> stacks_;
+  unwind::StackSnapshot g0_copy_{};
+};
+
+TEST_F(GoroutineStacksTest, SystemStackGoesOnAtTheGoroutinesSavedSp) {
+  unwind::CrossedStack to;
+  ASSERT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, kG0), &to));
+  EXPECT_TRUE(to.restep);
+  EXPECT_EQ(to.regs.pc, 0x460005u);  // systemstack's own frame, stepped again there
+  EXPECT_EQ(to.regs.sp, kSchedSp);
+  EXPECT_EQ(to.regs.fp, kSchedBp);
+  EXPECT_EQ(to.g, kCurg);
+  // The goroutine's stack from the saved sp to its top.
+  EXPECT_EQ(to.stack.start, kSchedSp);
+  EXPECT_EQ(to.stack.size, kStackHi - kSchedSp);
+  uint64_t ra = 0;
+  EXPECT_TRUE(to.stack.Read64(kSchedSp, false, &ra));
+  EXPECT_EQ(ra, 0x4b0020u);
+  EXPECT_EQ(stacks_->counts().crossed, 1u);
+}
+
+TEST_F(GoroutineStacksTest, MorestackAndMcallResumeTheSavedContext) {
+  unwind::CrossedStack to;
+  ASSERT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kGoroutineContext, kG0), &to));
+  EXPECT_FALSE(to.restep);
+  EXPECT_EQ(to.regs.pc, kSchedPc);
+  EXPECT_EQ(to.regs.sp, kSchedSp);
+  EXPECT_EQ(to.regs.fp, kSchedBp);
+}
+
+TEST_F(GoroutineStacksTest, EveryReadIsCheckedAndFailuresCounted) {
+  const RuntimeLayout& l = *RuntimeLayoutFor(unwind::Arch::kX86_64);
+  unwind::CrossedStack to;
+  // The g register is no g0 (the sample was on the goroutine's stack, or it is unknown).
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, kCurg), &to));
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, 0), &to));
+  EXPECT_EQ(stacks_->counts().no_goroutine, 2u);
+  // Unreadable g.
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, 0xdead0000), &to));
+  EXPECT_EQ(stacks_->counts().read_failed, 1u);
+  // The goroutine moved on since the sample: another m, or its saved sp off its stack.
+  mem_->Put(kCurg + l.g_m, kM + 0x1000);
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, kG0), &to));
+  mem_->Put(kCurg + l.g_m, kM);
+  mem_->Put(kCurg + l.g_sched_sp, 0);  // systemstack clears it on the way back
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, kG0), &to));
+  EXPECT_EQ(stacks_->counts().check_failed, 2u);
+  // The goroutine switched again since the sample: its saved frame pointer is another.
+  mem_->Put(kCurg + l.g_sched_sp, kSchedSp);
+  mem_->Put(kCurg + l.g_sched_bp, kSchedBp - 0x40);
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, kG0), &to));
+  EXPECT_EQ(stacks_->counts().check_failed, 3u);
+  mem_->Put(kCurg + l.g_sched_bp, kSchedBp);
+  EXPECT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, kG0), &to));
+  // No current goroutine.
+  mem_->Put(kM + l.m_curg, 0);
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kSystemStack, kG0), &to));
+  EXPECT_EQ(stacks_->counts().no_goroutine, 3u);
+  EXPECT_EQ(stacks_->counts().crossed, 1u);
+}
+
+TEST_F(GoroutineStacksTest, CgoCallLeadsBackToTheCallingGoroutine) {
+  const RuntimeLayout& l = *RuntimeLayoutFor(unwind::Arch::kX86_64);
+  // asmcgocall's frame on g0 (the sample's copy): the calling g and its stack depth.
+  std::vector<uint8_t> bytes(0x100);
+  const uint64_t sp = kG0Hi - 0x900;
+  const uint64_t entry_sp = kStackHi - 0x180;
+  auto put = [&](uint64_t off, uint64_t v) { std::memcpy(&bytes[off], &v, 8); };
+  put(l.cgocall_g, kCurg);
+  put(l.cgocall_depth, kStackHi - entry_sp);
+  g0_copy_ = {sp, bytes.data(), bytes.size()};
+  mem_->Put(entry_sp, 0x4c0042);  // the return address into runtime.cgocall
+  mem_->Put(kCurg + l.g_syscallsp, entry_sp + 8);  // cgocall's entersyscall
+  unwind::CrossedStack to;
+  ASSERT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kCgoCall, 0), &to));
+  EXPECT_FALSE(to.restep);
+  EXPECT_EQ(to.regs.pc, 0x4c0042u);
+  EXPECT_EQ(to.regs.sp, entry_sp + 8);
+  EXPECT_EQ(to.g, kCurg);
+  EXPECT_EQ(to.stack.start, entry_sp);
+  // Already on the system stack (no g saved): the sp it came with, on the same stack.
+  put(l.cgocall_g, 0);
+  put(l.cgocall_depth, sp + 0x20);
+  put(0x20, 0x4d0001);
+  ASSERT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kCgoCall, kG0), &to));
+  EXPECT_EQ(to.regs.pc, 0x4d0001u);
+  EXPECT_EQ(to.regs.sp, sp + 0x28);
+  EXPECT_EQ(to.stack.data, bytes.data());
+  EXPECT_EQ(to.g, kG0);
+  // The g and depth come from the sample's copy: the goroutine need not still run on its m
+  // (it is in C until the call returns), but the depth must lie inside its stack.
+  put(l.cgocall_g, kCurg);
+  put(l.cgocall_depth, kStackHi - entry_sp);
+  mem_->Put(kM + l.m_curg, 0);
+  EXPECT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kCgoCall, 0), &to));
+  put(l.cgocall_depth, kStackHi - kStackLo + 8);
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kCgoCall, 0), &to));
+  EXPECT_EQ(stacks_->counts().check_failed, 1u);
+  // The call returned since (exitsyscall cleared the saved sp): its frames may be gone.
+  put(l.cgocall_depth, kStackHi - entry_sp);
+  mem_->Put(kCurg + l.g_syscallsp, 0);
+  EXPECT_FALSE(stacks_->Cross(At(unwind::StackSwitch::kCgoCall, 0), &to));
+  // ... unless a callback runs on it, whose crossing to g0 the walk came through.
+  mem_->Put(kM + l.m_curg, kCurg);
+  EXPECT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kCgoCall, kG0), &to));
+  EXPECT_EQ(stacks_->counts().check_failed, 2u);
+}
+
+TEST_F(GoroutineStacksTest, CgoCallbackGoesOnOnG0AtItsSavedSp) {
+  // cgocallback's frame on g0: the g0.sched.sp it replaced, restored on return.
+  mem_->Put(kG0Hi - 0x800, kG0Hi - 0x100);
+  unwind::CrossedStack to;
+  ASSERT_TRUE(stacks_->Cross(At(unwind::StackSwitch::kCgoCallback, kCurg), &to));
+  EXPECT_TRUE(to.restep);
+  EXPECT_EQ(to.regs.sp, kG0Hi - 0x800);
+  EXPECT_EQ(to.g, kG0);
+  EXPECT_EQ(to.stack.start, kG0Hi - 0x800);
+  EXPECT_EQ(to.stack.size, 0x800u);
+  // Not in a callback any more (g0.sched.sp holds no saved one), or the m runs another
+  // goroutine by now: on the goroutine's stack, as Go's traceback goes, without the C frames.
+  // cgocallback's frame there (0x28 below its CFA, the same frame as on g0) holds the
+  // goroutine's saved pc: systemstack_switch's entry (Go 1.19), no return address, so the
+  // word above it is the return address into runtime.cgocall.
+  mem_->Put(kG0Hi - 0x800, 0x1234);
+  OneFunctionSpace space;
+  std::vector<uint8_t> bytes(0x100);
+  auto put = [&](uint64_t off, uint64_t v) { std::memcpy(&bytes[off], &v, 8); };
+  put(0x28, 0x463920);   // the pushed pc: in no function
+  put(0x30, 0x4b0042);   // the return address into runtime.cgocall
+  const uint64_t sp = kStackHi - 0x100;
+  g0_copy_ = {sp, bytes.data(), bytes.size()};
+  unwind::StackCrossing at = At(unwind::StackSwitch::kCgoCallback, kCurg);
+  at.regs = {0x4b0010, sp, 0, 0, 0};
+  at.space = &space;
+  ASSERT_TRUE(stacks_->Cross(at, &to));
+  EXPECT_EQ(stacks_->counts().check_failed, 1u);
+  EXPECT_FALSE(to.restep);
+  EXPECT_EQ(to.regs.pc, 0x4b0042u);
+  EXPECT_EQ(to.regs.sp, sp + 0x38);
+  EXPECT_EQ(to.stack.data, g0_copy_.data);
+  EXPECT_EQ(to.g, kCurg);
+  // A pushed pc that is a return address (later releases) is the caller itself.
+  put(0x28, 0x4b0080);
+  mem_->Put(kM + RuntimeLayoutFor(unwind::Arch::kX86_64)->m_curg, 0);
+  ASSERT_TRUE(stacks_->Cross(at, &to));
+  EXPECT_EQ(to.regs.pc, 0x4b0080u);
+  EXPECT_EQ(to.regs.sp, sp + 0x30);
+  EXPECT_EQ(stacks_->counts().no_goroutine, 1u);
+  EXPECT_EQ(stacks_->counts().callbacks_without_c, 2u);
+}
+
+TEST_F(GoroutineStacksTest, SystemStackLeftSinceIsFoundByItsFramePointer) {
+  const RuntimeLayout& l = *RuntimeLayoutFor(unwind::Arch::kX86_64);
+  // The goroutine left the system stack since (systemstack clears the saved sp on return):
+  // no saved state to cross with, but the m still runs it.
+  mem_->Put(kCurg + l.g_sched_sp, 0);
+  OneFunctionSpace space;
+  // systemstack's caller saved its caller's rbp at kSchedBp; its return address from the
+  // call into systemstack sits where its frame (0x28 below the saved rbp) began.
+  const uint64_t slot = kSchedBp - 0x28;
+  mem_->Put(slot, 0x4b0020);
+  mem_->Put(slot + 0x10, 0x4b0999);  // a return address at a slot that does not fit
+  unwind::StackCrossing at = At(unwind::StackSwitch::kSystemStack, kG0);
+  at.space = &space;
+  unwind::CrossedStack to;
+  ASSERT_TRUE(stacks_->Cross(at, &to));
+  EXPECT_TRUE(to.restep);
+  EXPECT_EQ(to.regs.sp, slot);
+  EXPECT_EQ(to.regs.fp, kSchedBp);
+  uint64_t ra = 0;
+  ASSERT_TRUE(to.stack.Read64(slot, false, &ra));
+  EXPECT_EQ(ra, 0x4b0020u);
+  EXPECT_EQ(stacks_->counts().by_frame_pointer, 1u);
+  // Nothing that fits (the frames were overwritten): not crossed.
+  mem_->Put(slot, 0x123);
+  EXPECT_FALSE(stacks_->Cross(at, &to));
+  // Without the walk's address space to check code addresses: no search.
+  at.space = nullptr;
+  mem_->Put(slot, 0x4b0020);
+  EXPECT_FALSE(stacks_->Cross(at, &to));
+  // Nor when the m runs no goroutine any more (its stack may have been reused by another).
+  at.space = &space;
+  mem_->Put(kM + l.m_curg, 0);
+  EXPECT_FALSE(stacks_->Cross(at, &to));
+  EXPECT_EQ(stacks_->counts().crossed, 1u);
+}
+
+TEST(GoroutineStacksLayoutTest, OnlyArchitecturesWithAKnownLayoutCross) {
+  EXPECT_NE(RuntimeLayoutFor(unwind::Arch::kX86_64), nullptr);
+  EXPECT_EQ(RuntimeLayoutFor(unwind::Arch::kMips64El), nullptr);
+  GoroutineStacks mips(unwind::Arch::kMips64El, std::make_unique<FakeMemory>());
+  unwind::StackSnapshot copy;
+  unwind::CrossedStack to;
+  EXPECT_FALSE(mips.Cross({unwind::Arch::kMips64El, unwind::StackSwitch::kSystemStack, {}, &copy,
+                           kG0}, &to));
+}
+
+}  // namespace
+}  // namespace strata::agent::golang
