@@ -210,7 +210,7 @@ class SortedTable {
   size_t AddBatch(std::span<const KeyCount<Key>> items) {
     // Bucket indices are computed kAhead items ahead and the home slot prefetched: far
     // enough ahead for a miss to DRAM at a few ns per item.
-    constexpr size_t kAhead = 16;
+    constexpr size_t kAhead = 32;
     uint32_t buckets[kAhead];  // of items i .. i + kAhead - 1, at index % kAhead
     const KeyCount<Key>* const item = items.data();
     const size_t n = items.size();
@@ -385,7 +385,7 @@ class SortedTable {
     Key key;
     uint64_t count;
     // (period of the last update) << 32 | counts added in that period (see PeriodWeight).
-    // One word, so that "reset if stale, then add" is a max and an add.
+    // One word, so that "reset if stale, then add" is a mask and an add.
     uint64_t period_word;
     uint32_t next;  // slot of the next entry in the chain, kNil at the tail, kFree if unused
     // Of the chain homed at this slot, whatever entry the slot holds: its length, | kQueuedBit
@@ -495,14 +495,15 @@ class SortedTable {
 
   // The slot for a new last entry of chain `b`, whose tail is slot `tail` (kNil: the chain is
   // empty), linked in and counted in the chain's length: the home slot for a first entry
-  // (moving a deeper entry of another chain out of it), else a free slot. There is a free slot
-  // whenever fewer than max_entries entries are stored.
+  // (moving a deeper entry of another chain out of it), else a free slot, in the tail's
+  // cache line if one is free there (a hit on the second entry then costs no second miss).
+  // There is a free slot whenever fewer than max_entries entries are stored.
   uint32_t ClaimSlot(uint32_t b, uint32_t tail) {
     uint32_t s = b;
     if (tail == kNil) {
       if (slots_[b].next != kFree) MoveOut(b);
     } else {
-      s = TakeFreeSlot();
+      s = TakeFreeSlotNear(tail);
       slots_[tail].next = s;
     }
     slots_[s].next = kNil;
@@ -514,12 +515,24 @@ class SortedTable {
   uint32_t MoveOut(uint32_t s) {
     uint32_t previous = BucketIndex(slots_[s].key);
     while (slots_[previous].next != s) previous = slots_[previous].next;
-    const uint32_t f = TakeFreeSlot();
+    const uint32_t f = TakeFreeSlotNear(previous);
     CopyPayload(slots_[s], slots_[f]);
     slots_[f].next = slots_[s].next;
     slots_[previous].next = f;
     slots_[s].next = kFree;
     return f;
+  }
+
+  // A free slot in the cache line of slot `near`, else TakeFreeSlot().
+  uint32_t TakeFreeSlotNear(uint32_t near) {
+    constexpr uint32_t kSlotsPerLine = 64 / sizeof(Entry);
+    if constexpr (kSlotsPerLine > 1) {
+      const uint32_t line = near & ~(kSlotsPerLine - 1);
+      for (uint32_t s = line; s < line + kSlotsPerLine && s < slot_count_; ++s) {
+        if (slots_[s].next == kFree) return s;
+      }
+    }
+    return TakeFreeSlot();
   }
 
   // A free slot, searched downwards from where the last search stopped: slots above it are
@@ -559,12 +572,13 @@ class SortedTable {
   }
 
   // Adds `weight` to the entry's count of the current period, restarting from 0 if the word
-  // is from an earlier period, and returns the new period count. A max, not a branch: entries
+  // is from an earlier period, and returns the new period count. A mask, not a branch: entries
   // hit less than once a period start over on most of their hits (most hits on cold keys), and
-  // the branch would be mispredicted on each of those.
+  // the branch would be mispredicted on each of those (std::max compiles to one here).
   static uint64_t AddToPeriodCount(Entry& e, uint32_t weight, uint64_t base) {
-    const uint64_t from = std::max(e.period_word, base);  // a stale word restarts at base
-    const uint64_t n = std::min(from - base + weight, kMaxPeriodCount);
+    const uint64_t old = e.period_word;
+    const uint64_t current = uint64_t{0} - uint64_t{old >= base};  // all ones unless stale
+    const uint64_t n = std::min(((old - base) & current) + weight, kMaxPeriodCount);
     e.period_word = base + n;
     return n;
   }
