@@ -69,6 +69,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <new>
 #include <optional>
 #include <span>
 #include <type_traits>
@@ -668,9 +669,21 @@ class SortedTable {
     return e == nullptr ? 0 : PeriodCount(*e);
   }
 
+  // Slots are allocated on cache-line boundaries, so that the slots of one line are the
+  // aligned groups TakeFreeSlotNear() looks in.
+  static constexpr std::align_val_t kSlotAlignment{std::max<size_t>(64, alignof(Entry))};
+  struct FreeSlots {
+    void operator()(Entry* p) const { ::operator delete(p, kSlotAlignment); }
+  };
+  static std::unique_ptr<Entry[], FreeSlots> AllocateSlots(uint32_t n) {
+    Entry* p = static_cast<Entry*>(::operator new(sizeof(Entry) * n, kSlotAlignment));
+    std::uninitialized_default_construct_n(p, n);  // trivially destructible: nothing to undo
+    return std::unique_ptr<Entry[], FreeSlots>(p);
+  }
+
   // What a hit on a chain head reads and writes, together. Slot b holds the head of chain b
   // (see the file comment).
-  std::unique_ptr<Entry[]> slots_;
+  std::unique_ptr<Entry[], FreeSlots> slots_;
   [[no_unique_address]] Hash hash_;
   int bucket_shift_ = 0;
   bool sorting_ = false;      // options_.sorting

@@ -219,7 +219,7 @@ SortedTable<Key, Hash>::SortedTable(const SortedTableOptions& options, Hash hash
   scratch_capacity_ = layout.scratch_capacity;
   const uint32_t rank_capacity = layout.rank_capacity;
 
-  slots_ = std::make_unique_for_overwrite<Entry[]>(slot_count_);
+  slots_ = AllocateSlots(slot_count_);
   if (options_.sorting) {
     sort_queue_ = std::make_unique_for_overwrite<uint32_t[]>(sort_capacity_);
     hot_ = std::make_unique_for_overwrite<SortItem[]>(scratch_capacity_);
