@@ -677,7 +677,9 @@ class SortedTable {
   };
   static std::unique_ptr<Entry[], FreeSlots> AllocateSlots(uint32_t n) {
     Entry* p = static_cast<Entry*>(::operator new(sizeof(Entry) * n, kSlotAlignment));
-    std::uninitialized_default_construct_n(p, n);  // trivially destructible: nothing to undo
+    // Value-initialized: the hot path compares the key of a slot before its chain length, so
+    // no slot's key is ever indeterminate. Trivially destructible: nothing to undo.
+    std::uninitialized_value_construct_n(p, n);
     return std::unique_ptr<Entry[], FreeSlots>(p);
   }
 
