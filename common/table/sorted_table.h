@@ -6,7 +6,7 @@
 // allocated once (an owner may Grow() it explicitly, e.g. the server creates tables small and
 // grows them with use). Nothing else allocates (Add, sorting, Drain, Clear
 // and phase-change recording never allocate; TopN and TakePhaseChanges allocate only the
-// vectors they return). When the slab is full, Add() reports AddResult::kFull and the owner
+// vectors they return). When the table is full, Add() reports AddResult::kFull and the owner
 // flushes with Drain() (or ForEach() + Clear() when the sink can fail), then adds again: counts
 // are never dropped or merged lossily.
 //
@@ -47,7 +47,8 @@
 // down, so they fill the slots above bucket_count first). When a chain gets its first entry
 // and its home slot holds a deeper entry of another chain, that entry moves to a free slot.
 // A sort that puts another entry first swaps the two entries' contents so the new head is in
-// the home slot. Memory per entry slot equals the old slab's entry; the head array is gone.
+// the home slot. No memory beyond the slots: with bucket_count <= max_entries, 32 bytes per
+// entry (64-bit keys).
 //
 // Cost of an update. A hit on a chain head is inlined into the caller: the entry above, a
 // period-count update without branches, and one counter decrement towards the period end.
@@ -121,7 +122,7 @@ struct SortedTableOptions {
 enum class AddResult {
   kUpdated,   // key was present; its count grew
   kInserted,  // key was new and is now stored
-  kFull,      // key was new and the slab is full: nothing stored; Drain() and add again
+  kFull,      // key was new and the table is full: nothing stored; Drain() and add again
 };
 
 template <typename Key>
@@ -175,7 +176,7 @@ struct TableStats {
 
 template <typename Key = uint64_t, typename Hash = std::hash<Key>>
 class SortedTable {
-  static_assert(std::is_trivially_copyable_v<Key>, "keys are copied into a fixed slab");
+  static_assert(std::is_trivially_copyable_v<Key>, "keys are copied into fixed slots");
 
  public:
   // Validates `options` and allocates all memory the table will ever use.
@@ -312,7 +313,7 @@ class SortedTable {
   size_t RemoveIf(Pred&& pred);
 
   // The n entries with the largest non-zero counts, largest first; ties by ascending key (Key
-  // needs operator<). One pass over the slab with a heap of n: O(size log n).
+  // needs operator<). One pass over the slots with a heap of n: O(slots + size log n).
   std::vector<KeyCount<Key>> TopN(size_t n) const;
 
   // Ends the current period now: sorts the queued chains, ranks the hot set and records phase
