@@ -281,7 +281,7 @@ class SortedTable {
   // period's ranking are kept.
   void Clear() {
     for (uint32_t i = 0; i < slot_count_; ++i) {
-      slots_[i].next = kFree;
+      Release(slots_[i]);
       slots_[i].chain = 0;
     }
     free_scan_ = slot_count_;
@@ -298,7 +298,7 @@ class SortedTable {
   void TakeCounts(Fn&& fn) {
     for (uint32_t i = 0; i < slot_count_; ++i) {
       Entry& e = slots_[i];
-      if (e.next == kFree || e.count == 0) continue;
+      if (e.count == 0) continue;  // unused slots too
       fn(static_cast<const Key&>(e.key), e.count);
       e.count = 0;
     }
@@ -390,6 +390,7 @@ class SortedTable {
     // One word, so that "reset if stale, then add" is a mask and an add.
     uint64_t period_word;
     uint32_t next;  // slot of the next entry in the chain, kNil at the tail, kFree if unused
+                    // (then count is 0)
     // Of the chain homed at this slot, whatever entry the slot holds: its length, | kQueuedBit
     // while queued for sorting. Not part of the entry: it stays when entries move.
     uint32_t chain;
@@ -521,7 +522,7 @@ class SortedTable {
     CopyPayload(slots_[s], slots_[f]);
     slots_[f].next = slots_[s].next;
     slots_[previous].next = f;
-    slots_[s].next = kFree;
+    Release(slots_[s]);
     return f;
   }
 
@@ -553,6 +554,12 @@ class SortedTable {
   }
   static void CopyPayload(const Entry& from, Entry& to) {
     SetPayload(to, from.key, from.count, from.period_word);
+  }
+  // Marks the slot unused. Its count is zeroed, so that TopN() passes it over like any zero
+  // count.
+  static void Release(Entry& e) {
+    e.next = kFree;
+    e.count = 0;
   }
   static void SwapPayloads(Entry& a, Entry& b) {
     std::swap(a.key, b.key);
