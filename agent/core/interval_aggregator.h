@@ -32,7 +32,7 @@
 namespace strata::agent {
 
 struct IntervalAggregatorOptions {
-  // Distinct contexts per batch (the table's slab).
+  // Distinct contexts per batch (the table's max_entries).
   size_t max_contexts = 1 << 16;
   // Edge IDs kept for those contexts' paths; 0 = 64 per context.
   size_t max_path_edges = 0;

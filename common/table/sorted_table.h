@@ -2,11 +2,11 @@
 //
 // The server aggregates (stack ID -> count) per (service, time window) in one of these; the
 // agent aggregates its per-interval batch (hash of the sample context -> count) in another.
-// Memory is fixed at construction: a power-of-two bucket array and a slab of `max_entries`
-// entries, both allocated once (an owner may Grow() them explicitly, e.g. the server creates
-// tables small and grows them with use). Nothing else allocates (Add, sorting, Drain, Clear
+// Memory is fixed at construction: one array of max(bucket_count, max_entries) entry slots,
+// allocated once (an owner may Grow() it explicitly, e.g. the server creates tables small and
+// grows them with use). Nothing else allocates (Add, sorting, Drain, Clear
 // and phase-change recording never allocate; TopN and TakePhaseChanges allocate only the
-// vectors they return). When the slab is full, Add() reports AddResult::kFull and the owner
+// vectors they return). When the table is full, Add() reports AddResult::kFull and the owner
 // flushes with Drain() (or ForEach() + Clear() when the sink can fail), then adds again: counts
 // are never dropped or merged lossily.
 //
@@ -39,13 +39,22 @@
 // share a chain, so the comparison is made over the table's sorted hot set instead (the chain
 // sorts still order the chains for lookups).
 //
-// Cost of an update. A hit on a chain head (where sorting keeps the hot entries) is inlined
-// into the caller: one load of the head slot, one 32-byte entry (key, count, period word,
-// link; 64-bit keys), a period-count update without branches, and one counter decrement
-// towards the period end. Hits and updates are not counted per Add: they follow from the
-// counts added (see Tally). Deeper hits, inserts and crossing the frequency threshold take
-// out-of-line paths. AddBatch() also prefetches chain heads and head entries ahead and keeps
-// the counters in registers.
+// Layout. Chains are coalesced into the one slot array: the head of chain b always sits in
+// slot b itself, so a hit on a chain head (where sorting keeps the hot entries) reads one
+// 32-byte entry (key, count, period word, link and the chain's length; 64-bit keys) found
+// from the hash alone: one cache miss for a cold key, none of the dependent loads of a
+// separate head array. Deeper entries take free slots (searched from the top of the array
+// down, so they fill the slots above bucket_count first). When a chain gets its first entry
+// and its home slot holds a deeper entry of another chain, that entry moves to a free slot.
+// A sort that puts another entry first swaps the two entries' contents so the new head is in
+// the home slot. No memory beyond the slots: with bucket_count <= max_entries, 32 bytes per
+// entry (64-bit keys).
+//
+// Cost of an update. A hit on a chain head is inlined into the caller: the entry above, a
+// period-count update without branches, and one counter decrement towards the period end.
+// Hits and updates are not counted per Add: they follow from the counts added (see Tally).
+// Deeper hits, inserts and crossing the frequency threshold take out-of-line paths.
+// AddBatch() also prefetches home slots ahead and keeps the counters in registers.
 //
 // Not thread-safe: the owner serializes calls. Keys are trivially copyable, equality
 // comparable and hashed by `Hash` (whose result is mixed again, so std::hash's identity for
@@ -61,6 +70,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <new>
 #include <optional>
 #include <span>
 #include <type_traits>
@@ -77,8 +87,9 @@ struct SortedTableOptions {
   // Distinct keys the table holds before Add() returns kFull. At most 2^31.
   uint32_t max_entries = 1u << 16;
   // Number of chains, rounded up to a power of two (at least 2, at most 2^31). 0 picks the
-  // smallest power of two >= max_entries, i.e. mean chain length <= 1 when full. Fewer
-  // buckets save 8 bytes each and make chains deeper, which is where sorting pays.
+  // smallest power of two >= max_entries, i.e. mean chain length <= 1 when full. Buckets
+  // beyond max_entries cost one entry slot each; fewer make chains deeper, which is where
+  // sorting pays.
   uint32_t bucket_count = 0;
   // false: a plain bounded chained table (no period counts, sorting or phase changes).
   bool sorting = true;
@@ -111,7 +122,7 @@ struct SortedTableOptions {
 enum class AddResult {
   kUpdated,   // key was present; its count grew
   kInserted,  // key was new and is now stored
-  kFull,      // key was new and the slab is full: nothing stored; Drain() and add again
+  kFull,      // key was new and the table is full: nothing stored; Drain() and add again
 };
 
 template <typename Key>
@@ -165,7 +176,7 @@ struct TableStats {
 
 template <typename Key = uint64_t, typename Hash = std::hash<Key>>
 class SortedTable {
-  static_assert(std::is_trivially_copyable_v<Key>, "keys are copied into a fixed slab");
+  static_assert(std::is_trivially_copyable_v<Key>, "keys are copied into fixed slots");
 
  public:
   // Validates `options` and allocates all memory the table will ever use.
@@ -185,9 +196,9 @@ class SortedTable {
   // deeper hits and inserts are out of line.
   AddResult Add(const Key& key, uint64_t count = 1) {
     const uint32_t b = BucketIndex(key);
-    const uint32_t i = heads_[b];
-    if (i != kNil && slab_[i].key == key) [[likely]] {
-      if (Hit(i, b, 1, count, tally_)) [[unlikely]] PeriodCountReached();
+    Entry& head = slots_[b];
+    if (IsHead(head, key)) [[likely]] {
+      if (Hit(head, b, 1, count, tally_)) [[unlikely]] PeriodCountReached();
       return AddResult::kUpdated;
     }
     return AddBehindHead(key, count, b);
@@ -195,36 +206,30 @@ class SortedTable {
 
   // Adds items in order, as Add() would. Returns how many items were stored: fewer than
   // items.size() means items[returned] found the table full; the owner drains and calls again
-  // with the rest. Faster than Add() per item: chain heads and head entries are prefetched a
-  // few items ahead (which hides most cache misses of a table larger than the cache), and the
-  // counters stay in registers between slow paths.
+  // with the rest. Faster than Add() per item: home slots are prefetched a few items ahead
+  // (which hides most cache misses of a table larger than the cache), and the counters stay
+  // in registers between slow paths.
   size_t AddBatch(std::span<const KeyCount<Key>> items) {
-    // Bucket indices are computed kHeadAhead items ahead and the head slot prefetched; the
-    // head entry is prefetched kEntryAhead items ahead. Far enough ahead for a miss to DRAM
-    // at ~10 ns per item.
-    constexpr size_t kHeadAhead = 32;
-    constexpr size_t kEntryAhead = kHeadAhead / 2;
-    uint32_t buckets[kHeadAhead];  // of items i .. i + kHeadAhead - 1, at index % kHeadAhead
+    // Bucket indices are computed kAhead items ahead and the home slot prefetched: far
+    // enough ahead for a miss to DRAM at a few ns per item.
+    constexpr size_t kAhead = 32;
+    uint32_t buckets[kAhead];  // of items i .. i + kAhead - 1, at index % kAhead
     const KeyCount<Key>* const item = items.data();
     const size_t n = items.size();
-    for (size_t i = 0; i < std::min(n, kHeadAhead); ++i) {
+    for (size_t i = 0; i < std::min(n, kAhead); ++i) {
       buckets[i] = BucketIndex(item[i].key);
-      __builtin_prefetch(&heads_[buckets[i]]);
+      __builtin_prefetch(&slots_[buckets[i]], 1);
     }
     Tally t = tally_;
     for (size_t i = 0; i < n; ++i) {
-      const uint32_t b = buckets[i % kHeadAhead];
-      if (i + kHeadAhead < n) {
-        const uint32_t ahead = BucketIndex(item[i + kHeadAhead].key);
-        buckets[i % kHeadAhead] = ahead;
-        __builtin_prefetch(&heads_[ahead]);
+      const uint32_t b = buckets[i % kAhead];
+      if (i + kAhead < n) {
+        const uint32_t ahead = BucketIndex(item[i + kAhead].key);
+        buckets[i % kAhead] = ahead;
+        __builtin_prefetch(&slots_[ahead], 1);
       }
-      if (i + kEntryAhead < n) {
-        const uint32_t head = heads_[buckets[(i + kEntryAhead) % kHeadAhead]];
-        if (head != kNil) __builtin_prefetch(&slab_[head], 1);
-      }
-      const uint32_t head = heads_[b];
-      if (head != kNil && slab_[head].key == item[i].key) [[likely]] {
+      Entry& head = slots_[b];
+      if (IsHead(head, item[i].key)) [[likely]] {
         if (!Hit(head, b, 1, item[i].count, t)) [[likely]] continue;
         tally_ = t;
         PeriodCountReached();
@@ -250,16 +255,17 @@ class SortedTable {
 
   // Count stored for `key`, if present. Does not count as an access.
   std::optional<uint64_t> Find(const Key& key) const {
-    for (uint32_t i = heads_[BucketIndex(key)]; i != kNil; i = slab_[i].next) {
-      if (slab_[i].key == key) return slab_[i].count;
-    }
-    return std::nullopt;
+    const Entry* e = FindEntry(key);
+    if (e == nullptr) return std::nullopt;
+    return e->count;
   }
 
-  // Calls fn(key, count) for every entry, in insertion order.
+  // Calls fn(key, count) for every entry, in slot order (no particular order).
   template <typename Fn>
   void ForEach(Fn&& fn) const {
-    for (uint32_t i = 0; i < size_; ++i) fn(static_cast<const Key&>(slab_[i].key), slab_[i].count);
+    for (uint32_t i = 0; i < slot_count_; ++i) {
+      if (slots_[i].next != kFree) fn(static_cast<const Key&>(slots_[i].key), slots_[i].count);
+    }
   }
 
   // Hands every entry to fn(key, count), then clears the table. The sum of counts handed over
@@ -274,8 +280,11 @@ class SortedTable {
   // Removes all entries. Period counters, statistics, buffered phase changes and the previous
   // period's ranking are kept.
   void Clear() {
-    std::fill(heads_.get(), heads_.get() + bucket_count_, kNil);
-    std::fill(depths_.get(), depths_.get() + bucket_count_, 0);
+    for (uint32_t i = 0; i < slot_count_; ++i) {
+      Release(slots_[i]);
+      slots_[i].chain = 0;
+    }
+    free_scan_ = slot_count_;
     size_ = 0;
     sort_queue_size_ = 0;
     hot_count_ = 0;
@@ -287,23 +296,24 @@ class SortedTable {
   // table keeps what it learned about which keys are hot. Counts conserved as with Drain().
   template <typename Fn>
   void TakeCounts(Fn&& fn) {
-    for (uint32_t i = 0; i < size_; ++i) {
-      if (slab_[i].count == 0) continue;
-      fn(static_cast<const Key&>(slab_[i].key), slab_[i].count);
-      slab_[i].count = 0;
+    for (uint32_t i = 0; i < slot_count_; ++i) {
+      Entry& e = slots_[i];
+      if (e.count == 0) continue;  // unused slots too
+      fn(static_cast<const Key&>(e.key), e.count);
+      e.count = 0;
     }
     ++stats_.drains;
   }
 
   // Removes the entries for which pred(key, count, period_count) is true, keeping the order of
-  // every chain, and compacts the slab. O(size * mean chain length); never allocates. The
-  // current period's hot entries that remain stay recorded for its ranking. Returns the
-  // number removed.
+  // every chain (a chain whose head goes moves its first remaining entry into the home
+  // slot). O(slots + hot entries * mean chain length); never allocates. The current period's
+  // hot entries that remain stay recorded for its ranking. Returns the number removed.
   template <typename Pred>
   size_t RemoveIf(Pred&& pred);
 
   // The n entries with the largest non-zero counts, largest first; ties by ascending key (Key
-  // needs operator<). One pass over the slab with a heap of n: O(size log n).
+  // needs operator<). One pass over the slots with a heap of n: O(slots + size log n).
   std::vector<KeyCount<Key>> TopN(size_t n) const;
 
   // Ends the current period now: sorts the queued chains, ranks the hot set and records phase
@@ -312,7 +322,7 @@ class SortedTable {
     if (options_.sorting) {
       for (uint32_t q = 0; q < sort_queue_size_; ++q) {
         const uint32_t b = sort_queue_[q];
-        depths_[b] &= ~kQueuedBit;
+        slots_[b].chain &= ~kQueuedBit;
         SortChain(b);
       }
       sort_queue_size_ = 0;
@@ -342,9 +352,9 @@ class SortedTable {
   }
   template <typename Fn>
   void ForEachInChain(uint32_t bucket, Fn&& fn) const {
-    if (bucket >= bucket_count_) return;
-    for (uint32_t i = heads_[bucket]; i != kNil; i = slab_[i].next) {
-      fn(static_cast<const Key&>(slab_[i].key), slab_[i].count, PeriodCount(slab_[i]));
+    if (bucket >= bucket_count_ || ChainLength(slots_[bucket]) == 0) return;
+    for (uint32_t i = bucket; i != kNil; i = slots_[i].next) {
+      fn(static_cast<const Key&>(slots_[i].key), slots_[i].count, PeriodCount(slots_[i]));
     }
   }
 
@@ -370,7 +380,8 @@ class SortedTable {
 
  private:
   static constexpr uint32_t kNil = std::numeric_limits<uint32_t>::max();
-  static constexpr uint32_t kQueuedBit = 1u << 31;  // in depths_[bucket]
+  static constexpr uint32_t kFree = kNil - 1;         // Entry::next of an unused slot
+  static constexpr uint32_t kQueuedBit = 1u << 31;  // in Entry::chain
 
   struct EntryFields {
     Key key;
@@ -378,14 +389,18 @@ class SortedTable {
     // (period of the last update) << 32 | counts added in that period (see PeriodWeight).
     // One word, so that "reset if stale, then add" is a mask and an add.
     uint64_t period_word;
-    uint32_t next;  // slab index of the next entry in the chain, kNil at the tail
+    uint32_t next;  // slot of the next entry in the chain, kNil at the tail, kFree if unused
+                    // (then count is 0)
+    // Of the chain homed at this slot, whatever entry the slot holds: its length, | kQueuedBit
+    // while queued for sorting. Not part of the entry: it stays when entries move.
+    uint32_t chain;
   };
   // Aligned to its power-of-two size (32 bytes for 64-bit keys) so no entry straddles two
   // cache lines.
   struct alignas(std::min<size_t>(64, std::bit_ceil(sizeof(EntryFields)))) Entry : EntryFields {};
-  // One entry of a chain being sorted.
+  // One entry of a chain being sorted, or of the hot set being ranked.
   struct SortItem {
-    uint32_t index;     // slab index
+    uint32_t index;     // slot (of a chain entry) or index into hot_list_ (of a hot entry)
     uint32_t position;  // position before the sort (head = 0), or order of turning hot
     uint32_t count;     // period count
   };
@@ -407,6 +422,7 @@ class SortedTable {
   // Array sizes implied by a set of options.
   struct Layout {
     uint32_t bucket_count;
+    uint32_t slot_count;
     uint32_t sort_capacity;
     uint32_t hot_capacity;
     uint32_t scratch_capacity;
@@ -427,46 +443,139 @@ class SortedTable {
     uint64_t excess = 0;
   };
 
+  static uint32_t ChainLength(const Entry& home) { return home.chain & ~kQueuedBit; }
+
+  // Whether `e`, the entry in slot BucketIndex(key), is key's entry: the head of that chain.
+  // A slot whose chain is empty is unused or holds a deeper entry of another chain, whose key
+  // hashes elsewhere; the key of an unused slot is stale, hence the chain test.
+  static bool IsHead(const Entry& e, const Key& key) { return e.key == key && ChainLength(e) != 0; }
+
+  const Entry* FindEntry(const Key& key) const {
+    const uint32_t b = BucketIndex(key);
+    if (ChainLength(slots_[b]) == 0) return nullptr;
+    for (uint32_t i = b; i != kNil; i = slots_[i].next) {
+      if (slots_[i].key == key) return &slots_[i];
+    }
+    return nullptr;
+  }
+
   // Add() when the key is not at the head of its chain: a deeper hit, or an insert at the
   // tail (new keys start cold, behind the sorted ones).
   // `key` by value: Add() need not store it to memory for the call.
   [[gnu::noinline]] AddResult AddBehindHead(Key key, uint64_t count, uint32_t b) {
-    uint32_t* link = &heads_[b];
     uint32_t position = 1;
-    for (uint32_t i = *link; i != kNil; i = *link, ++position) {
-      if (slab_[i].key == key) {
-        deep_probes_ += position - 1;
-        if (Hit(i, b, position, count, tally_)) PeriodCountReached();
-        return AddResult::kUpdated;
+    uint32_t tail = kNil;
+    if (ChainLength(slots_[b]) != 0) {
+      for (uint32_t i = b;; ++position) {
+        Entry& e = slots_[i];
+        if (e.key == key) {
+          deep_probes_ += position - 1;
+          if (Hit(e, b, position, count, tally_)) PeriodCountReached();
+          return AddResult::kUpdated;
+        }
+        if (e.next == kNil) {
+          tail = i;
+          break;
+        }
+        i = e.next;
       }
-      link = &slab_[i].next;
+      ++position;
     }
     if (size_ == options_.max_entries) {
       ++stats_.full_rejections;
       return AddResult::kFull;
     }
-    const uint32_t i = size_++;
+    ++size_;
     const uint32_t weight = PeriodWeight(count);
-    slab_[i] = Entry{{key, count, tally_.epoch_base + weight, kNil}};
-    *link = i;
-    ++depths_[b];
-    if (sorting_ && weight >= hot_min_) BecameHot(i, b, position);
+    Entry& e = slots_[ClaimSlot(b, tail)];
+    SetPayload(e, key, count, tally_.epoch_base + weight);
+    if (sorting_ && weight >= hot_min_) BecameHot(key, b, position);
     ++stats_.inserts;
     stats_.insert_probe_sum += position - 1;
     if (CountTowardsPeriod(weight, tally_)) PeriodCountReached();
     return AddResult::kInserted;
   }
 
-  // Adds `count` to entry `i`, found at `position` of chain `b`. Returns true when the period
+  // The slot for a new last entry of chain `b`, whose tail is slot `tail` (kNil: the chain is
+  // empty), linked in and counted in the chain's length: the home slot for a first entry
+  // (moving a deeper entry of another chain out of it), else a free slot, in the tail's
+  // cache line if one is free there (a hit on the second entry then costs no second miss).
+  // There is a free slot whenever fewer than max_entries entries are stored.
+  uint32_t ClaimSlot(uint32_t b, uint32_t tail) {
+    uint32_t s = b;
+    if (tail == kNil) {
+      if (slots_[b].next != kFree) MoveOut(b);
+    } else {
+      s = TakeFreeSlotNear(tail);
+      slots_[tail].next = s;
+    }
+    slots_[s].next = kNil;
+    ++slots_[b].chain;
+    return s;
+  }
+
+  // Moves the entry in slot `s`, a deeper entry of another chain, to a free slot; returns it.
+  uint32_t MoveOut(uint32_t s) {
+    uint32_t previous = BucketIndex(slots_[s].key);
+    while (slots_[previous].next != s) previous = slots_[previous].next;
+    const uint32_t f = TakeFreeSlotNear(previous);
+    CopyPayload(slots_[s], slots_[f]);
+    slots_[f].next = slots_[s].next;
+    slots_[previous].next = f;
+    Release(slots_[s]);
+    return f;
+  }
+
+  // A free slot in the cache line of slot `near`, else TakeFreeSlot().
+  uint32_t TakeFreeSlotNear(uint32_t near) {
+    constexpr uint32_t kSlotsPerLine = 64 / sizeof(Entry);
+    if constexpr (kSlotsPerLine > 1) {
+      const uint32_t line = near & ~(kSlotsPerLine - 1);
+      for (uint32_t s = line; s < line + kSlotsPerLine && s < slot_count_; ++s) {
+        if (slots_[s].next == kFree) return s;
+      }
+    }
+    return TakeFreeSlot();
+  }
+
+  // A free slot, searched downwards from where the last search stopped: slots above it are
+  // all in use (slots are freed only by Clear() and RemoveIf(), which restart the search).
+  uint32_t TakeFreeSlot() {
+    while (slots_[--free_scan_].next != kFree) {
+    }
+    return free_scan_;
+  }
+
+  // The entry's contents, without the slot's link and chain length.
+  static void SetPayload(Entry& e, const Key& key, uint64_t count, uint64_t period_word) {
+    e.key = key;
+    e.count = count;
+    e.period_word = period_word;
+  }
+  static void CopyPayload(const Entry& from, Entry& to) {
+    SetPayload(to, from.key, from.count, from.period_word);
+  }
+  // Marks the slot unused. Its count is zeroed, so that TopN() passes it over like any zero
+  // count.
+  static void Release(Entry& e) {
+    e.next = kFree;
+    e.count = 0;
+  }
+  static void SwapPayloads(Entry& a, Entry& b) {
+    std::swap(a.key, b.key);
+    std::swap(a.count, b.count);
+    std::swap(a.period_word, b.period_word);
+  }
+
+  // Adds `count` to entry `e`, found at `position` of chain `b`. Returns true when the period
   // is complete: the caller then calls PeriodCountReached() (with `t` stored in tally_).
-  bool Hit(uint32_t i, uint32_t b, uint32_t position, uint64_t count, Tally& t) {
-    Entry& e = slab_[i];
+  bool Hit(Entry& e, uint32_t b, uint32_t position, uint64_t count, Tally& t) {
     e.count += count;
     const uint32_t weight = PeriodWeight(count);
     if (sorting_) {  // without sorting nobody reads the period counts
       const uint64_t n = AddToPeriodCount(e, weight, t.epoch_base);
       // The entry just crossed frequency_threshold (cannot wrap below: n >= weight).
-      if (n - hot_min_ < weight) [[unlikely]] BecameHot(i, b, position);
+      if (n - hot_min_ < weight) [[unlikely]] BecameHot(e.key, b, position);
     }
     return CountTowardsPeriod(weight, t);
   }
@@ -474,7 +583,7 @@ class SortedTable {
   // Adds `weight` to the entry's count of the current period, restarting from 0 if the word
   // is from an earlier period, and returns the new period count. A mask, not a branch: entries
   // hit less than once a period start over on most of their hits (most hits on cold keys), and
-  // the branch would be mispredicted on each of those.
+  // the branch would be mispredicted on each of those (std::max compiles to one here).
   static uint64_t AddToPeriodCount(Entry& e, uint32_t weight, uint64_t base) {
     const uint64_t old = e.period_word;
     const uint64_t current = uint64_t{0} - uint64_t{old >= base};  // all ones unless stale
@@ -501,7 +610,7 @@ class SortedTable {
   }
 
   void QueueForSort(uint32_t b) {
-    uint32_t& depth = depths_[b];
+    uint32_t& depth = slots_[b].chain;
     if (!options_.sorting || (depth & kQueuedBit) != 0 || depth <= options_.depth_threshold ||
         sort_queue_size_ == sort_capacity_) {
       return;
@@ -535,10 +644,10 @@ class SortedTable {
                        static_cast<uint64_t>(tally_.period_left)) - tally_.excess;
   }
 
-  // Entry `index` (position `position` of chain `b`) crossed frequency_threshold in this
+  // `key`'s entry (position `position` of chain `b`) crossed frequency_threshold in this
   // period: remember it for the ranking, and queue its chain if it is not at the head.
-  [[gnu::noinline]] void BecameHot(uint32_t index, uint32_t b, uint32_t position) {
-    if (hot_count_ < hot_capacity_) hot_list_[hot_count_++] = index;
+  [[gnu::noinline]] void BecameHot(const Key& key, uint32_t b, uint32_t position) {
+    if (hot_count_ < hot_capacity_) hot_list_[hot_count_++] = key;
     if (position > 1) QueueForSort(b);
   }
 
@@ -564,17 +673,27 @@ class SortedTable {
 
   // Period count of `key` in the current period; 0 if absent.
   uint32_t CurrentPeriodCount(const Key& key) const {
-    for (uint32_t i = heads_[BucketIndex(key)]; i != kNil; i = slab_[i].next) {
-      if (slab_[i].key == key) return PeriodCount(slab_[i]);
-    }
-    return 0;
+    const Entry* e = FindEntry(key);
+    return e == nullptr ? 0 : PeriodCount(*e);
   }
 
-  // What a hit on a chain head reads and writes, together. Chain heads (slab index, kNil when
-  // empty) apart from the chain lengths: the hot path reads only heads_, so more of it stays
-  // in cache.
-  std::unique_ptr<uint32_t[]> heads_;
-  std::unique_ptr<Entry[]> slab_;
+  // Slots are allocated on cache-line boundaries, so that the slots of one line are the
+  // aligned groups TakeFreeSlotNear() looks in.
+  static constexpr std::align_val_t kSlotAlignment{std::max<size_t>(64, alignof(Entry))};
+  struct FreeSlots {
+    void operator()(Entry* p) const { ::operator delete(p, kSlotAlignment); }
+  };
+  static std::unique_ptr<Entry[], FreeSlots> AllocateSlots(uint32_t n) {
+    Entry* p = static_cast<Entry*>(::operator new(sizeof(Entry) * n, kSlotAlignment));
+    // Value-initialized: the hot path compares the key of a slot before its chain length, so
+    // no slot's key is ever indeterminate. Trivially destructible: nothing to undo.
+    std::uninitialized_value_construct_n(p, n);
+    return std::unique_ptr<Entry[], FreeSlots>(p);
+  }
+
+  // What a hit on a chain head reads and writes, together. Slot b holds the head of chain b
+  // (see the file comment).
+  std::unique_ptr<Entry[], FreeSlots> slots_;
   [[no_unique_address]] Hash hash_;
   int bucket_shift_ = 0;
   bool sorting_ = false;      // options_.sorting
@@ -586,18 +705,20 @@ class SortedTable {
 
   SortedTableOptions options_;
   uint32_t bucket_count_ = 0;
+  uint32_t slot_count_ = 0;  // max(bucket_count_, max_entries)
+  uint32_t free_scan_ = 0;   // slots at and above it are in use
   uint32_t size_ = 0;
   uint32_t epoch_ = 0;
-  std::unique_ptr<uint32_t[]> depths_;  // chain length | kQueuedBit while queued
   uint32_t sort_capacity_ = 0;
   uint32_t sort_queue_size_ = 0;
   std::unique_ptr<uint32_t[]> sort_queue_;
   uint32_t scratch_capacity_ = 0;
   std::unique_ptr<SortItem[]> hot_;
-  // Entries that crossed frequency_threshold in the current period (slab indices).
+  // Keys of the entries that crossed frequency_threshold in the current period, in that
+  // order (keys, not slots: entries move between slots).
   uint32_t hot_capacity_ = 0;
   uint32_t hot_count_ = 0;
-  std::unique_ptr<uint32_t[]> hot_list_;
+  std::unique_ptr<Key[]> hot_list_;
   // Hot-set rankings (phase_rank_limit entries each): the period ending now and two before.
   std::unique_ptr<Ranked[]> rank_now_;
   std::unique_ptr<Ranked[]> rank_back1_;  // the previous period's ranking

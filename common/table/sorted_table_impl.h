@@ -27,24 +27,25 @@ absl::Status SortedTable<Key, Hash>::Grow(const SortedTableOptions& options) {
   if (grown.bucket_count_ < bucket_count_) {
     return absl::InvalidArgumentError("Grow cannot reduce the number of chains");
   }
-  // Slab indices stay; chains are rebuilt. Bucket indices are the hash's top bits, so each
-  // new chain takes its entries from one old chain, in that chain's (sorted) order.
-  std::copy(slab_.get(), slab_.get() + size_, grown.slab_.get());
-  grown.size_ = size_;
+  // Chains are rebuilt. Bucket indices are the hash's top bits, so each new chain takes its
+  // entries from one old chain, in that chain's (sorted) order: appended at its tail.
   std::vector<uint32_t> tails(grown.bucket_count_, kNil);
   for (uint32_t b = 0; b < bucket_count_; ++b) {
-    for (uint32_t i = heads_[b]; i != kNil; i = slab_[i].next) {
-      const uint32_t nb = grown.BucketIndex(slab_[i].key);
-      grown.slab_[i].next = kNil;
-      if (tails[nb] == kNil) {
-        grown.heads_[nb] = i;
-      } else {
-        grown.slab_[tails[nb]].next = i;
+    if (ChainLength(slots_[b]) == 0) continue;
+    for (uint32_t i = b; i != kNil; i = slots_[i].next) {
+      const Entry& e = slots_[i];
+      const uint32_t nb = grown.BucketIndex(e.key);
+      if (tails[nb] == kNil && grown.slots_[nb].next != kFree) {
+        // The home slot holds a deeper entry, maybe the tail of its chain: it moves.
+        const uint32_t moved_to = grown.MoveOut(nb);
+        uint32_t& tail = tails[grown.BucketIndex(grown.slots_[moved_to].key)];
+        if (tail == nb) tail = moved_to;
       }
-      tails[nb] = i;
-      ++grown.depths_[nb];
+      tails[nb] = grown.ClaimSlot(nb, tails[nb]);
+      CopyPayload(e, grown.slots_[tails[nb]]);
     }
   }
+  grown.size_ = size_;
   grown.tally_ = tally_;
   grown.counted_ = counted_;
   grown.period_start_ = period_start_;
@@ -55,10 +56,10 @@ absl::Status SortedTable<Key, Hash>::Grow(const SortedTableOptions& options) {
     // The period's hot entries stay recorded; chains where one is not at the head are
     // queued again for the period's sort.
     for (uint32_t k = 0; k < hot_count_ && grown.hot_count_ < grown.hot_capacity_; ++k) {
-      const uint32_t i = hot_list_[k];
-      grown.hot_list_[grown.hot_count_++] = i;
-      const uint32_t nb = grown.BucketIndex(slab_[i].key);
-      if (grown.heads_[nb] != i) grown.QueueForSort(nb);
+      const Key& key = hot_list_[k];
+      grown.hot_list_[grown.hot_count_++] = key;
+      const uint32_t nb = grown.BucketIndex(key);
+      if (!(grown.slots_[nb].key == key)) grown.QueueForSort(nb);
     }
     std::copy(rank_back1_.get(), rank_back1_.get() + ranked_back1_, grown.rank_back1_.get());
     std::copy(rank_back2_.get(), rank_back2_.get() + ranked_back2_, grown.rank_back2_.get());
@@ -78,44 +79,40 @@ absl::Status SortedTable<Key, Hash>::Grow(const SortedTableOptions& options) {
 template <typename Key, typename Hash>
 template <typename Pred>
 size_t SortedTable<Key, Hash>::RemoveIf(Pred&& pred) {
-  constexpr uint32_t kRemoved = kNil - 1;
   size_t removed = 0;
   for (uint32_t b = 0; b < bucket_count_; ++b) {
-    uint32_t* link = &heads_[b];
-    for (uint32_t i = *link; i != kNil;) {
-      Entry& e = slab_[i];
+    if (ChainLength(slots_[b]) == 0) continue;
+    uint32_t last = kNil;  // the slot of the last entry kept
+    for (uint32_t i = b; i != kNil;) {
+      Entry& e = slots_[i];
       const uint32_t next = e.next;
       if (pred(static_cast<const Key&>(e.key), e.count, PeriodCount(e))) {
-        *link = next;
-        e.next = kRemoved;
-        --depths_[b];
+        Release(e);
+        --slots_[b].chain;
         ++removed;
+      } else if (last == kNil) {
+        if (i != b) {  // the head went: the first entry kept moves into the home slot
+          CopyPayload(e, slots_[b]);
+          Release(e);
+        }
+        last = b;
       } else {
-        link = &e.next;
+        slots_[last].next = i;
+        last = i;
       }
       i = next;
     }
+    if (last != kNil) slots_[last].next = kNil;
   }
   if (removed == 0) return 0;
+  size_ -= static_cast<uint32_t>(removed);
+  free_scan_ = slot_count_;
+  // The period's hot entries that remain stay recorded, in the order they turned hot.
   uint32_t kept = 0;
-  for (uint32_t src = 0; src < size_; ++src) {
-    if (slab_[src].next == kRemoved) continue;
-    if (src != kept) {
-      uint32_t* link = &heads_[BucketIndex(slab_[src].key)];
-      while (*link != src) link = &slab_[*link].next;
-      *link = kept;
-      slab_[kept] = slab_[src];
-    }
-    ++kept;
+  for (uint32_t k = 0; k < hot_count_; ++k) {
+    if (FindEntry(hot_list_[k]) != nullptr) hot_list_[kept++] = hot_list_[k];
   }
-  size_ = kept;
-  // Slab indices moved: record the surviving hot entries of this period again.
-  hot_count_ = 0;
-  if (options_.sorting) {
-    for (uint32_t i = 0; i < size_ && hot_count_ < hot_capacity_; ++i) {
-      if (PeriodCount(slab_[i]) > options_.frequency_threshold) hot_list_[hot_count_++] = i;
-    }
-  }
+  hot_count_ = kept;
   return removed;
 }
 
@@ -129,9 +126,12 @@ std::vector<KeyCount<Key>> SortedTable<Key, Hash>::TopN(size_t n) const {
   auto better = [](const KeyCount<Key>& a, const KeyCount<Key>& b) {
     return a.count != b.count ? a.count > b.count : a.key < b.key;
   };
-  for (uint32_t i = 0; i < size_; ++i) {
-    KeyCount<Key> kc{slab_[i].key, slab_[i].count};
-    if (kc.count == 0) continue;
+  // Counts below `floor` cannot enter: zero (unused slots too) at first, then the heap's
+  // worst, so that most slots cost one well-predicted branch.
+  uint64_t floor = 1;
+  for (uint32_t i = 0; i < slot_count_; ++i) {
+    if (slots_[i].count < floor) continue;
+    KeyCount<Key> kc{slots_[i].key, slots_[i].count};
     if (heap.size() < n) {
       heap.push_back(kc);
       std::push_heap(heap.begin(), heap.end(), better);
@@ -140,6 +140,7 @@ std::vector<KeyCount<Key>> SortedTable<Key, Hash>::TopN(size_t n) const {
       heap.back() = kc;
       std::push_heap(heap.begin(), heap.end(), better);
     }
+    if (heap.size() == n) floor = heap.front().count;
   }
   std::sort_heap(heap.begin(), heap.end(), better);
   return heap;
@@ -193,9 +194,10 @@ typename SortedTable<Key, Hash>::Layout SortedTable<Key, Hash>::LayoutFor(const 
   l.scratch_capacity = std::max(
       static_cast<uint32_t>(std::min<uint64_t>(per_period, o.max_entries)), l.hot_capacity);
   l.rank_capacity = std::max<uint32_t>(1, o.phase_rank_limit);
-  l.memory_bytes = 2 * sizeof(uint32_t) * l.bucket_count + sizeof(Entry) * o.max_entries;
+  l.slot_count = std::max(l.bucket_count, o.max_entries);
+  l.memory_bytes = sizeof(Entry) * l.slot_count;
   if (o.sorting) {
-    l.memory_bytes += sizeof(uint32_t) * (l.sort_capacity + l.hot_capacity) +
+    l.memory_bytes += sizeof(uint32_t) * l.sort_capacity + sizeof(Key) * l.hot_capacity +
                       sizeof(SortItem) * l.scratch_capacity +
                       3 * sizeof(Ranked) * l.rank_capacity +
                       2 * sizeof(KeyPair) * o.max_phase_changes +
@@ -213,19 +215,18 @@ SortedTable<Key, Hash>::SortedTable(const SortedTableOptions& options, Hash hash
       options_(options) {
   const Layout layout = LayoutFor(options_);
   bucket_count_ = layout.bucket_count;
+  slot_count_ = layout.slot_count;
   bucket_shift_ = 64 - std::countr_zero(bucket_count_);
   sort_capacity_ = layout.sort_capacity;
   hot_capacity_ = layout.hot_capacity;
   scratch_capacity_ = layout.scratch_capacity;
   const uint32_t rank_capacity = layout.rank_capacity;
 
-  heads_ = std::make_unique_for_overwrite<uint32_t[]>(bucket_count_);
-  depths_ = std::make_unique_for_overwrite<uint32_t[]>(bucket_count_);
-  slab_ = std::make_unique_for_overwrite<Entry[]>(options_.max_entries);
+  slots_ = AllocateSlots(slot_count_);
   if (options_.sorting) {
     sort_queue_ = std::make_unique_for_overwrite<uint32_t[]>(sort_capacity_);
     hot_ = std::make_unique_for_overwrite<SortItem[]>(scratch_capacity_);
-    hot_list_ = std::make_unique_for_overwrite<uint32_t[]>(hot_capacity_);
+    hot_list_ = std::make_unique_for_overwrite<Key[]>(hot_capacity_);
     rank_now_ = std::make_unique_for_overwrite<Ranked[]>(rank_capacity);
     rank_back1_ = std::make_unique_for_overwrite<Ranked[]>(rank_capacity);
     rank_back2_ = std::make_unique_for_overwrite<Ranked[]>(rank_capacity);
@@ -242,7 +243,7 @@ SortedTable<Key, Hash>::SortedTable(const SortedTableOptions& options, Hash hash
 
 template <typename Key, typename Hash>
 void SortedTable<Key, Hash>::SortChain(uint32_t b) {
-  if (depths_[b] <= options_.depth_threshold) return;
+  if (slots_[b].chain <= options_.depth_threshold) return;
   const uint32_t threshold = options_.frequency_threshold;
   uint32_t hot = 0;
   uint32_t cold_head = kNil;
@@ -250,8 +251,8 @@ void SortedTable<Key, Hash>::SortChain(uint32_t b) {
   uint32_t position = 0;
   uint32_t cold_seen = 0;
   uint32_t cold_before_last_hot = 0;
-  for (uint32_t i = heads_[b]; i != kNil; ++position) {
-    Entry& e = slab_[i];
+  for (uint32_t i = b; i != kNil; ++position) {
+    Entry& e = slots_[i];
     const uint32_t next = e.next;
     const uint32_t count = PeriodCount(e);
     const bool is_hot = count > threshold && hot < scratch_capacity_;
@@ -270,14 +271,26 @@ void SortedTable<Key, Hash>::SortChain(uint32_t b) {
     return a.count != b.count ? a.count > b.count : a.position < b.position;
   });
 
+  // The new head must sit in the home slot: if it is elsewhere (then it is hot, and the old
+  // head is the first cold entry or a later hot one), the two swap contents and places.
+  if (hot != 0 && hot_[0].index != b) {
+    const uint32_t first = hot_[0].index;
+    SwapPayloads(slots_[b], slots_[first]);
+    hot_[0].index = b;
+    uint32_t r = 1;
+    while (r < hot && hot_[r].index != b) ++r;
+    if (r < hot) {
+      hot_[r].index = first;
+    } else {  // the old head leads the cold chain
+      slots_[first].next = slots_[b].next;
+      cold_head = first;
+    }
+  }
   // Relink: hot group, then the cold chain. Count entries whose position changed.
-  uint32_t* link = &heads_[b];
   for (uint32_t r = 0; r < hot; ++r) {
-    *link = hot_[r].index;
-    link = &slab_[hot_[r].index].next;
+    slots_[hot_[r].index].next = r + 1 < hot ? hot_[r + 1].index : cold_head;
     if (hot_[r].position != r) ++stats_.entries_moved;
   }
-  *link = cold_head;
   // A cold entry moved back iff some hot entry was behind it.
   stats_.entries_moved += cold_before_last_hot;
   ++stats_.chains_sorted;
@@ -288,8 +301,7 @@ void SortedTable<Key, Hash>::RankHotSet() {
   const uint32_t limit = options_.phase_rank_limit;
   uint32_t n = 0;
   for (uint32_t k = 0; k < hot_count_; ++k) {
-    const uint32_t index = hot_list_[k];
-    hot_[n++] = SortItem{index, k, PeriodCount(slab_[index])};
+    hot_[n++] = SortItem{k, k, CurrentPeriodCount(hot_list_[k])};
   }
   hot_count_ = 0;
   const uint32_t ranked = std::min(n, limit);
@@ -299,8 +311,7 @@ void SortedTable<Key, Hash>::RankHotSet() {
                     });
   Ranked* now = rank_now_.get();
   for (uint32_t r = 0; r < ranked; ++r) {
-    const Entry& e = slab_[hot_[r].index];
-    now[r] = Ranked{e.key, hot_[r].count, 0, 0};
+    now[r] = Ranked{hot_list_[hot_[r].index], hot_[r].count, 0, 0};
   }
   uint32_t reported = 0;
   CompareRankings(now, ranked, rank_back1_.get(), ranked_back1_, &reported);
