@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <bit>
 #include <limits>
+#include <memory>
 #include <tuple>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/encoding/range_coder.h"
 
 namespace strata::encoding {
 namespace {
@@ -52,6 +54,12 @@ bool SortsBeforeV2(const ContextRecord& a, const ContextRecord& b) {
          std::tie(b.target_id, b_multi, b.context.leaf, b.context.ids);
 }
 
+// Version 3 order: (target, leaf, ids).
+bool SortsBeforeV3(const ContextRecord& a, const ContextRecord& b) {
+  return std::tie(a.target_id, a.context.leaf, a.context.ids) <
+         std::tie(b.target_id, b.context.leaf, b.context.ids);
+}
+
 bool SameContext(const ContextRecord& a, const ContextRecord& b) {
   return a.target_id == b.target_id && a.context == b.context;
 }
@@ -70,7 +78,9 @@ absl::Status Canonicalize(std::vector<ContextRecord>& records, uint8_t version) 
     if (r.count == 0) return absl::InvalidArgumentError("packed contexts: a zero count");
   }
   std::sort(records.begin(), records.end(),
-            version == kPackedContextsVersion1 ? SortsBeforeV1 : SortsBeforeV2);
+            version == kPackedContextsVersion1   ? SortsBeforeV1
+            : version == kPackedContextsVersion2 ? SortsBeforeV2
+                                                 : SortsBeforeV3);
   size_t kept = 0;
   for (size_t i = 0; i < records.size(); ++i) {
     if (kept > 0 && SameContext(records[kept - 1], records[i])) {
@@ -621,6 +631,185 @@ absl::Status DecodeGroupV2(std::string_view bytes, uint32_t target, size_t group
   return DecodeMultiV2(bytes, pos, target, multis, total_ids, out);
 }
 
+// ---- Version 3: every field in one adaptive range-coded stream ----
+
+namespace rc = range_coding;
+
+// Buckets of the id before a value in its stack: none (the outermost id), 0, 1, 2, 3, >= 4.
+constexpr int kIdBuckets = 6;
+// Where a stack value sits: the first suffix value of a context of the previous one's leaf
+// (stored above the previous stack's value), the innermost id, an inner id.
+enum IdClass { kIdAbovePrevious = 0, kIdInnermost = 1, kIdInner = 2, kIdClasses = 3 };
+
+int IdBucket(const std::vector<uint64_t>& ids, size_t j) {
+  return j == 0 ? 0 : 1 + static_cast<int>(std::min<uint64_t>(ids[j - 1], kIdBuckets - 2));
+}
+
+// The adaptive models of a version 3 stream, shared by all its groups (about 17 KiB: kept
+// off the stack).
+struct V3Models {
+  rc::UintModel group_count, target_delta, context_count;
+  rc::UintModel leaf_delta[2];  // by: the previous leaf delta was 0
+  rc::UintModel drop[2];        // by: same leaf as the previous context
+  rc::UintModel rest[2];        // by: nothing kept of the previous stack
+  rc::Prob repeats[kIdClasses][kIdBuckets];  // the value equals the id before it
+  rc::UintModel value[kIdClasses][kIdBuckets];
+  rc::Prob count_above_one[2];  // by: more than one id
+  rc::UintModel count[2];
+};
+
+// One context's fields, against the previous context of its group (null for the first).
+// DecodeV3 walks the same models in the same order.
+void EncodeContextV3(V3Models& m, rc::Encoder& enc, const ContextRecord& r,
+                     const ContextRecord* prev, bool prev_delta_zero) {
+  const uint64_t delta = prev == nullptr ? r.context.leaf : r.context.leaf - prev->context.leaf;
+  m.leaf_delta[prev_delta_zero].Encode(enc, delta);
+  const bool same_leaf = prev != nullptr && delta == 0;
+  const std::vector<uint64_t>& ids = r.context.ids;
+  size_t keep = 0;
+  size_t prev_len = 0;
+  if (prev != nullptr) {
+    prev_len = prev->context.ids.size();
+    keep = CommonPrefix(prev->context.ids, ids);
+    m.drop[same_leaf].Encode(enc, prev_len - keep);
+  }
+  m.rest[keep == 0].Encode(enc, ids.size() - keep);
+  for (size_t j = keep; j < ids.size(); ++j) {
+    const int bucket = IdBucket(ids, j);
+    if (j == keep && same_leaf && keep < prev_len) {
+      m.value[kIdAbovePrevious][bucket].Encode(enc, ids[j] - prev->context.ids[j] - 1);
+      continue;
+    }
+    const int cls = j + 1 == ids.size() ? kIdInnermost : kIdInner;
+    if (j > 0) {
+      const bool repeat = ids[j] == ids[j - 1];
+      enc.EncodeBit(m.repeats[cls][bucket], repeat ? 1 : 0);
+      if (repeat) continue;
+    }
+    m.value[cls][bucket].Encode(enc, ids[j]);
+  }
+  const bool multi = ids.size() > 1;
+  enc.EncodeBit(m.count_above_one[multi], r.count != 1 ? 1 : 0);
+  if (r.count != 1) m.count[multi].Encode(enc, r.count - 2);
+}
+
+// Version 3 body (records sorted by target, leaf, ids).
+void EncodeV3(const std::vector<ContextRecord>& records, std::string* out) {
+  auto models = std::make_unique<V3Models>();
+  V3Models& m = *models;
+  rc::Encoder enc(out);
+  uint64_t groups = 0;
+  for (size_t i = 0; i < records.size(); ++i) {
+    groups += i == 0 || records[i].target_id != records[i - 1].target_id;
+  }
+  m.group_count.Encode(enc, groups);
+  for (size_t g = 0; g < records.size();) {
+    const size_t end = GroupEnd(records, g);
+    m.target_delta.Encode(enc, g == 0 ? records[g].target_id
+                                      : records[g].target_id - records[g - 1].target_id - 1);
+    m.context_count.Encode(enc, end - g - 1);
+    bool prev_delta_zero = false;
+    for (size_t i = g; i < end; ++i) {
+      const ContextRecord* prev = i == g ? nullptr : &records[i - 1];
+      EncodeContextV3(m, enc, records[i], prev, prev_delta_zero);
+      prev_delta_zero = prev != nullptr && records[i].context.leaf == prev->context.leaf;
+    }
+    g = end;
+  }
+  enc.Finish();
+}
+
+absl::Status DecodeV3(std::string_view bytes, RecordSink* out) {
+  auto models = std::make_unique<V3Models>();
+  V3Models& m = *models;
+  rc::Decoder dec;
+  if (!dec.Start(bytes.substr(1))) return Malformed("bad range coder start", 1);
+  // Positions in the stream are not byte-exact; errors name the context instead.
+  auto bad = [](const std::string& what, uint64_t context) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("packed contexts: ", what, " at context ", context));
+  };
+  const uint64_t groups = m.group_count.Decode(dec);
+  // Every group holds a context and every context an id.
+  if (groups > kMaxPackedIdsPerBuffer) return bad("group count beyond the id limit", 0);
+  uint64_t total_ids = 0;
+  uint64_t target = 0;
+  for (uint64_t g = 0; g < groups; ++g) {
+    const uint64_t target_delta = m.target_delta.Decode(dec);
+    if (g > 0 && target_delta == kMaxU64) return bad("target id beyond 32 bits", out->size());
+    const uint64_t step = g == 0 ? target_delta : target_delta + 1;
+    if (step > std::numeric_limits<uint32_t>::max() - target) {
+      return bad("target id beyond 32 bits", out->size());
+    }
+    target += step;
+    const uint64_t contexts = m.context_count.Decode(dec);
+    if (contexts >= kMaxPackedIdsPerBuffer - total_ids) {
+      return bad("context count beyond the id limit", out->size());
+    }
+    bool prev_delta_zero = false;
+    uint64_t leaf = 0;
+    for (uint64_t i = 0; i <= contexts; ++i) {
+      const uint64_t at = out->size();
+      const uint64_t delta = m.leaf_delta[prev_delta_zero].Decode(dec);
+      if (delta > kMaxLeaf - leaf) return bad("leaf beyond 32 bits", at);
+      leaf += delta;
+      const bool same_leaf = i > 0 && delta == 0;
+      prev_delta_zero = same_leaf;
+      ContextRecord& r = out->Append();
+      r.target_id = static_cast<uint32_t>(target);
+      r.context.leaf = static_cast<NodeId>(leaf);
+      const std::vector<uint64_t>* prev_ids = i == 0 ? nullptr : &(*out)[at - 1].context.ids;
+      const size_t prev_len = prev_ids == nullptr ? 0 : prev_ids->size();
+      uint64_t keep = 0;
+      if (prev_ids != nullptr) {
+        const uint64_t drop = m.drop[same_leaf].Decode(dec);
+        if (drop > prev_len) return bad("shared prefix beyond the previous id stack", at);
+        keep = prev_len - drop;
+      }
+      const uint64_t rest = m.rest[keep == 0].Decode(dec);
+      if (rest > kMaxPackedIds - keep) return bad("id stack beyond the limit", at);
+      if (keep + rest == 0) return bad("context without ids", at);
+      // Sorted by (leaf, ids) and distinct: a context of the previous one's leaf extends or
+      // exceeds it.
+      if (same_leaf && rest == 0) return bad("contexts out of order", at);
+      if (keep + rest > kMaxPackedIdsPerBuffer - total_ids) {
+        return bad("more ids than a buffer may hold", at);
+      }
+      total_ids += keep + rest;
+      std::vector<uint64_t>& ids = r.context.ids;
+      ids.reserve(keep + rest);
+      if (keep > 0) ids.assign(prev_ids->begin(), prev_ids->begin() + static_cast<ptrdiff_t>(keep));
+      const size_t len = keep + rest;
+      for (size_t j = keep; j < len; ++j) {
+        const int bucket = IdBucket(ids, j);
+        if (j == keep && same_leaf && keep < prev_len) {
+          const uint64_t above = (*prev_ids)[j];
+          const uint64_t v = m.value[kIdAbovePrevious][bucket].Decode(dec);
+          if (above == kMaxU64 || v > kMaxU64 - above - 1) return bad("id overflows", at);
+          ids.push_back(above + 1 + v);
+          continue;
+        }
+        const int cls = j + 1 == len ? kIdInnermost : kIdInner;
+        if (j > 0 && dec.DecodeBit(m.repeats[cls][bucket]) == 1) {
+          ids.push_back(ids[j - 1]);
+          continue;
+        }
+        ids.push_back(m.value[cls][bucket].Decode(dec));
+      }
+      const bool multi = len > 1;
+      r.count = 1;
+      if (dec.DecodeBit(m.count_above_one[multi]) == 1) {
+        const uint64_t stored = m.count[multi].Decode(dec);
+        if (stored > kMaxU64 - 2) return bad("count overflows", at);
+        r.count = stored + 2;
+      }
+    }
+  }
+  if (!dec.EndsExactly()) return Malformed("trailing bytes or a zero last byte", bytes.size());
+  out->Finish();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void AppendVarint(std::string* out, uint64_t value) {
@@ -651,11 +840,19 @@ bool ReadVarint(std::string_view bytes, size_t* pos, uint64_t* value) {
 
 absl::StatusOr<std::string> EncodePackedContexts(std::vector<ContextRecord> records,
                                                  uint8_t version) {
-  if (version != kPackedContextsVersion && version != kPackedContextsVersion1) {
+  if (version != kPackedContextsVersion3 && version != kPackedContextsVersion2 &&
+      version != kPackedContextsVersion1) {
     return absl::InvalidArgumentError(
         absl::StrCat("packed contexts: cannot write version ", version));
   }
   if (absl::Status s = Canonicalize(records, version); !s.ok()) return s;
+  if (version == kPackedContextsVersion3) {
+    std::string out;
+    out.reserve(8 + records.size() * 3);
+    out.push_back(static_cast<char>(version));
+    EncodeV3(records, &out);
+    return out;
+  }
   return EncodeGroups(records, version,
                       version == kPackedContextsVersion1 ? EncodeGroupV1 : EncodeGroupV2);
 }
@@ -664,7 +861,8 @@ absl::Status DecodePackedContexts(std::string_view bytes, std::vector<ContextRec
   if (bytes.empty()) return Malformed("empty buffer", 0);
   RecordSink sink(records);
   const uint8_t version = static_cast<uint8_t>(bytes[0]);
-  if (version == kPackedContextsVersion) {
+  if (version == kPackedContextsVersion3) return DecodeV3(bytes, &sink);
+  if (version == kPackedContextsVersion2) {
     uint64_t total_ids = 0;
     return DecodeGroups(
         bytes,

@@ -111,7 +111,9 @@ class PackedContextsVersionTest : public ::testing::TestWithParam<uint8_t> {};
 
 TEST_P(PackedContextsVersionTest, EmptyBatch) {
   const std::string bytes = EncodeOrDie({}, GetParam());
-  EXPECT_EQ(bytes, Bytes({GetParam(), 0}));
+  // Version 3: the range coder's flush of a zero group count is all zero bytes, dropped.
+  EXPECT_EQ(bytes, GetParam() == kPackedContextsVersion3 ? Bytes({GetParam()})
+                                                         : Bytes({GetParam(), 0}));
   EXPECT_TRUE(DecodeOrDie(bytes).empty());
 }
 
@@ -132,6 +134,11 @@ TEST_P(PackedContextsVersionTest, RoundTripsSortedAndMerged) {
     // (target, leaf, single before multi, ids).
     expected = {R(1, 3, {0}, 1), R(1, 3, {4, 4}, 1), R(1, 7, {1}, 1), R(1, 7, {3}, 10),
                 R(1, 7, {0, 2, 9}, 2), R(2, 9, {5}, 1), R(2, 9, {1ull << 63}, kMaxU64 - 1),
+                R(7, 0xffffffff, {kMaxU64, 0}, 3)};
+  } else if (GetParam() == kPackedContextsVersion3) {
+    // (target, leaf, ids).
+    expected = {R(1, 3, {0}, 1), R(1, 3, {4, 4}, 1), R(1, 7, {0, 2, 9}, 2), R(1, 7, {1}, 1),
+                R(1, 7, {3}, 10), R(2, 9, {5}, 1), R(2, 9, {1ull << 63}, kMaxU64 - 1),
                 R(7, 0xffffffff, {kMaxU64, 0}, 3)};
   } else {
     // (target, single before multi, leaf, ids).
@@ -189,17 +196,19 @@ TEST_P(PackedContextsVersionTest, EncodeRejectsInvalidRecords) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Versions, PackedContextsVersionTest,
-                         ::testing::Values(kPackedContextsVersion1, kPackedContextsVersion),
+                         ::testing::Values(kPackedContextsVersion1, kPackedContextsVersion2,
+                                           kPackedContextsVersion3),
                          [](const ::testing::TestParamInfo<uint8_t>& info) {
                            return "V" + std::to_string(info.param);
                          });
 
-TEST(PackedContextsTest, WritesVersion2ByDefault) {
+TEST(PackedContextsTest, WritesVersion3ByDefault) {
   auto bytes = EncodePackedContexts({R(1, 2, {3}, 1)});
   ASSERT_TRUE(bytes.ok());
-  EXPECT_EQ(static_cast<uint8_t>((*bytes)[0]), 2);
-  EXPECT_EQ(kPackedContextsVersion, 2);
-  EXPECT_FALSE(EncodePackedContexts({R(1, 2, {3}, 1)}, 3).ok());
+  EXPECT_EQ(static_cast<uint8_t>((*bytes)[0]), 3);
+  EXPECT_EQ(kPackedContextsVersion, kPackedContextsVersion3);
+  EXPECT_EQ(kPackedContextsVersion2, 2);
+  EXPECT_FALSE(EncodePackedContexts({R(1, 2, {3}, 1)}, 4).ok());
   EXPECT_FALSE(EncodePackedContexts({R(1, 2, {3}, 1)}, 0).ok());
 }
 
@@ -210,7 +219,7 @@ TEST(PackedContextsTest, SteadyStateContextsTakeAboutThreeBytes) {
     in.push_back(R(1, leaf, {leaf % 50}, 1));
     in.push_back(R(1, leaf, {leaf % 50 + 40}, 5));
   }
-  const std::string bytes = EncodeOrDie(in, kPackedContextsVersion);
+  const std::string bytes = EncodeOrDie(in, kPackedContextsVersion2);
   // head + id per context, plus a count byte for half of them.
   EXPECT_LE(bytes.size(), in.size() * 5 / 2 + 8);
   EXPECT_EQ(Sum(DecodeOrDie(bytes)), Sum(in));
@@ -227,7 +236,7 @@ TEST(PackedContextsTest, DeepBinaryRecursionTakesAFewBytesPerContext) {
     if (seen.insert(ids).second) in.push_back(R(1, 15, ids, rng() % 4 == 0 ? 2 : 1));
   }
   for (NodeId leaf : {9, 14}) in.push_back(R(1, leaf, {0}, 300));
-  const std::string v2 = EncodeOrDie(in, kPackedContextsVersion);
+  const std::string v2 = EncodeOrDie(in, kPackedContextsVersion2);
   const std::string v1 = EncodeOrDie(in, kPackedContextsVersion1);
   EXPECT_EQ(Sum(DecodeOrDie(v2)), Sum(in));
   EXPECT_EQ(DecodeOrDie(v1).size(), in.size());
@@ -243,7 +252,7 @@ TEST(PackedContextsTest, DeepStacksCostTheirRunsAndDifferingSuffixes) {
   std::vector<uint64_t> deep(4000, 0);
   deep[0] = 7;
   deep.push_back(5);
-  EXPECT_LE(EncodeOrDie({R(1, 20, deep, 1)}, kPackedContextsVersion).size(), 16u);
+  EXPECT_LE(EncodeOrDie({R(1, 20, deep, 1)}, kPackedContextsVersion2).size(), 16u);
 
   std::vector<ContextRecord> in;
   for (size_t depth : {1000, 2000, 3000, 4000}) {
@@ -262,7 +271,7 @@ TEST(PackedContextsTest, DeepStacksCostTheirRunsAndDifferingSuffixes) {
     ids.push_back(last);
     in.push_back(R(2, 22, ids, 1));
   }
-  const std::string bytes = EncodeOrDie(in, kPackedContextsVersion);
+  const std::string bytes = EncodeOrDie(in, kPackedContextsVersion2);
   EXPECT_EQ(Sum(DecodeOrDie(bytes)), Sum(in));
   EXPECT_LE(bytes.size(), 73 * 5u);
 }
@@ -281,7 +290,7 @@ TEST(PackedContextsTest, PrefixesAreSharedAcrossLeavesAndTargets) {
     }
   }
   std::shuffle(in.begin(), in.end(), rng);
-  const std::string bytes = EncodeOrDie(in, kPackedContextsVersion);
+  const std::string bytes = EncodeOrDie(in, kPackedContextsVersion2);
   const auto out = DecodeOrDie(bytes);
   EXPECT_EQ(Sum(out), Sum(in));
   EXPECT_EQ(out.size(), in.size());
@@ -313,7 +322,7 @@ TEST(PackedContextsTest, HandBuiltVersion1BuffersDecode) {
   EXPECT_EQ(DecodeOrDie(v1), expected);
   EXPECT_EQ(EncodeOrDie(expected, kPackedContextsVersion1), v1);
   // The same records in version 2 decode to the same meaning.
-  EXPECT_EQ(Sum(DecodeOrDie(EncodeOrDie(expected, kPackedContextsVersion))), Sum(expected));
+  EXPECT_EQ(Sum(DecodeOrDie(EncodeOrDie(expected, kPackedContextsVersion2))), Sum(expected));
 }
 
 TEST(PackedContextsTest, HandBuiltVersion2BufferDecodes) {
@@ -333,7 +342,7 @@ TEST(PackedContextsTest, HandBuiltVersion2BufferDecodes) {
       R(1, 2, {5}, 1), R(1, 2, {7}, 4), R(1, 3, {4, 0, 1, 1}, 1), R(1, 3, {4, 0, 1, 1, 0}, 1),
       R(1, 3, {4, 1}, 1), R(1, 6, {4, 1, 2}, 3), R(1, 7, deep, 1)};
   EXPECT_EQ(DecodeOrDie(v2), expected);
-  EXPECT_EQ(EncodeOrDie(expected, kPackedContextsVersion), v2);
+  EXPECT_EQ(EncodeOrDie(expected, kPackedContextsVersion2), v2);
 }
 
 std::string Error(const std::string& bytes) {
@@ -351,7 +360,7 @@ TEST(PackedContextsTest, DecodeRejectsMalformedVersion1Input) {
   const std::string valid = Bytes({1, 1, 1, 1, (2 << 2) | 1, 5});
   ASSERT_TRUE(DecodePackedContexts(valid).ok());
   EXPECT_THAT(Error(""), HasSubstr("empty"));
-  EXPECT_THAT(Error(Bytes({3, 0})), HasSubstr("version"));
+  EXPECT_THAT(Error(Bytes({4, 0})), HasSubstr("version"));
   EXPECT_THAT(Error(Bytes({0, 0})), HasSubstr("version"));
   EXPECT_THAT(Error(Bytes({1})), HasSubstr("truncated"));
   for (size_t cut = 1; cut < valid.size(); ++cut) Error(valid.substr(0, cut));
@@ -391,7 +400,7 @@ TEST(PackedContextsTest, DecodeRejectsMalformedVersion2Input) {
   auto buffer = [&](const std::string& bits) { return head + BitStream(bits); };
   const std::string valid = buffer(Multi(3, 0, {2, 1}, 2));
   ASSERT_EQ(DecodeOrDie(valid), (std::vector<ContextRecord>{R(1, 2, {5}, 1), R(1, 3, {2, 1}, 1)}));
-  ASSERT_EQ(EncodeOrDie(DecodeOrDie(valid), kPackedContextsVersion), valid);
+  ASSERT_EQ(EncodeOrDie(DecodeOrDie(valid), kPackedContextsVersion2), valid);
   for (size_t cut = 1; cut < valid.size(); ++cut) Error(valid.substr(0, cut));
   EXPECT_THAT(Error(valid + Bytes({0})), HasSubstr("trailing"));
   // Padding bits must be zero: the multi-id context takes 21 bits.
@@ -474,7 +483,7 @@ TEST(PackedContextsTest, IdsPerBufferAreCapped) {
   }
   EXPECT_THAT(std::string(EncodePackedContexts(in).status().message()), HasSubstr("max"));
   in.pop_back();
-  EXPECT_TRUE(EncodeOrDie(in, kPackedContextsVersion) == at_cap);
+  EXPECT_TRUE(EncodeOrDie(in, kPackedContextsVersion2) == at_cap);
 }
 
 // Corrupts valid buffers of `version` 20,000 times: every outcome is InvalidArgument or a
@@ -522,8 +531,10 @@ void CorruptionSweep(const std::vector<ContextRecord>& in, uint8_t version, uint
       continue;
     }
     ++accepted;
-    // Whatever decodes is well formed and bounded.
-    EXPECT_LE(out->size(), bytes.size());
+    // Whatever decodes is well formed and bounded (version 3: a well-predicted context takes
+    // a fraction of a byte, so only the id limit bounds the records).
+    EXPECT_LE(out->size(), version == kPackedContextsVersion3 ? kMaxPackedIdsPerBuffer
+                                                              : bytes.size());
     size_t ids = 0;
     for (const auto& r : *out) {
       EXPECT_FALSE(r.context.ids.empty());
@@ -559,7 +570,8 @@ std::vector<ContextRecord> MixedRecords(uint64_t seed) {
 // or fewer) gives exactly what a fresh decode gives, in both layouts, and after a rejected
 // buffer too.
 TEST(PackedContextsTest, DecodingIntoAUsedVectorGivesTheSameRecords) {
-  for (uint8_t version : {kPackedContextsVersion1, kPackedContextsVersion}) {
+  for (uint8_t version :
+       {kPackedContextsVersion1, kPackedContextsVersion2, kPackedContextsVersion3}) {
     std::vector<ContextRecord> reused;
     for (uint64_t seed : {3u, 4u, 5u}) {
       std::vector<ContextRecord> in = MixedRecords(seed);
@@ -580,7 +592,7 @@ TEST(PackedContextsTest, RandomlyCorruptedVersion1InputNeverCrashes) {
 }
 
 TEST(PackedContextsTest, RandomlyCorruptedVersion2InputNeverCrashes) {
-  CorruptionSweep(MixedRecords(7), kPackedContextsVersion, 7);
+  CorruptionSweep(MixedRecords(7), kPackedContextsVersion2, 7);
 }
 
 TEST(PackedContextsTest, RandomlyCorruptedDeepRecursionNeverCrashes) {
@@ -594,7 +606,12 @@ TEST(PackedContextsTest, RandomlyCorruptedDeepRecursionNeverCrashes) {
     in.push_back(R(static_cast<uint32_t>(i % 4), static_cast<NodeId>(10 + rng() % 3), ids,
                    i % 5 == 0 ? 1 + rng() % 1000 : 1));
   }
-  CorruptionSweep(in, kPackedContextsVersion, 123);
+  CorruptionSweep(in, kPackedContextsVersion2, 123);
+  CorruptionSweep(in, kPackedContextsVersion3, 124);
+}
+
+TEST(PackedContextsTest, RandomlyCorruptedVersion3InputNeverCrashes) {
+  CorruptionSweep(MixedRecords(7), kPackedContextsVersion3, 8);
 }
 
 }  // namespace
