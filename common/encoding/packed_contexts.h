@@ -65,13 +65,28 @@ struct ContextRecord {
   friend bool operator==(const ContextRecord&, const ContextRecord&) = default;
 };
 
+// Where the bits of a packed buffer go, by field (for benchmarks; versions 2 and 3).
+// Version 3's figures are its coder's ideal cost (-log2 of each decision's probability,
+// within a few bytes per buffer of what it writes); framing takes the rest of the buffer.
+struct PackedContextsCost {
+  double framing = 0;        // version, group headers, padding or the coder's last bytes
+  double leaves = 0;         // leaf deltas
+  double stack_shapes = 0;   // ID-stack lengths: shared prefixes, suffixes, widths and modes
+  double single_ids = 0;     // the id of each single-id context
+  double innermost_ids = 0;  // the last id of each multi-id stack (the leaf's segment)
+  double inner_ids = 0;      // the other ids of multi-id stacks (recursion)
+  double counts = 0;         // counts and count-is-one flags
+};
+
 // Packs `records` (any order; equal (target, leaf, ids) records are merged by summing their
 // counts) in layout `version` (kPackedContextsVersion, or an older one for peers that only
 // read it). InvalidArgument for a record with no ids, more than
 // kMaxPackedIds ids, a zero count, merged counts that overflow 64 bits, more than
 // kMaxPackedIdsPerBuffer ids in total, or an unknown version.
+// With `cost`, adds the bits of each field to it (version 1: nothing).
 absl::StatusOr<std::string> EncodePackedContexts(std::vector<ContextRecord> records,
-                                                 uint8_t version = kPackedContextsVersion);
+                                                 uint8_t version = kPackedContextsVersion,
+                                                 PackedContextsCost* cost = nullptr);
 
 // Unpacks a buffer written by EncodePackedContexts (any version). Records come out grouped
 // by ascending target ID. Within a target, version 3 yields the contexts sorted by (leaf,

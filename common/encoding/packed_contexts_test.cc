@@ -111,9 +111,13 @@ class PackedContextsVersionTest : public ::testing::TestWithParam<uint8_t> {};
 
 TEST_P(PackedContextsVersionTest, EmptyBatch) {
   const std::string bytes = EncodeOrDie({}, GetParam());
-  // Version 3: the range coder's flush of a zero group count is all zero bytes, dropped.
-  EXPECT_EQ(bytes, GetParam() == kPackedContextsVersion3 ? Bytes({GetParam()})
-                                                         : Bytes({GetParam(), 0}));
+  if (GetParam() == kPackedContextsVersion3) {
+    // A zero group count and the check bits.
+    EXPECT_LE(bytes.size(), 3u);
+    EXPECT_EQ(bytes[0], static_cast<char>(GetParam()));
+  } else {
+    EXPECT_EQ(bytes, Bytes({GetParam(), 0}));
+  }
   EXPECT_TRUE(DecodeOrDie(bytes).empty());
 }
 
@@ -236,14 +240,19 @@ TEST(PackedContextsTest, DeepBinaryRecursionTakesAFewBytesPerContext) {
     if (seen.insert(ids).second) in.push_back(R(1, 15, ids, rng() % 4 == 0 ? 2 : 1));
   }
   for (NodeId leaf : {9, 14}) in.push_back(R(1, leaf, {0}, 300));
+  const std::string v3 = EncodeOrDie(in, kPackedContextsVersion3);
   const std::string v2 = EncodeOrDie(in, kPackedContextsVersion2);
   const std::string v1 = EncodeOrDie(in, kPackedContextsVersion1);
+  EXPECT_EQ(Sum(DecodeOrDie(v3)), Sum(in));
   EXPECT_EQ(Sum(DecodeOrDie(v2)), Sum(in));
   EXPECT_EQ(DecodeOrDie(v1).size(), in.size());
   EXPECT_LE(v2.size(), in.size() * 4);
   EXPECT_LT(v2.size() * 4, v1.size());
+  // Version 3 learns that the ids are 0/1 and that neighbours' stacks have similar lengths.
+  EXPECT_LT(v3.size(), v2.size());
   RecordProperty("v1_bytes", std::to_string(v1.size()));
   RecordProperty("v2_bytes", std::to_string(v2.size()));
+  RecordProperty("v3_bytes", std::to_string(v3.size()));
 }
 
 TEST(PackedContextsTest, DeepStacksCostTheirRunsAndDifferingSuffixes) {
@@ -455,6 +464,51 @@ TEST(PackedContextsTest, DecodeRejectsMalformedVersion2Input) {
               HasSubstr("count overflows"));
 }
 
+TEST(PackedContextsTest, Version3IsSmallerThanVersion2OnSingleIdContexts) {
+  // The steady state of a large program: mostly single-id contexts of ids spread over many
+  // magnitudes, leaves a few apart, counts mostly 1.
+  std::mt19937_64 rng(11);
+  std::vector<ContextRecord> in;
+  for (int i = 0; i < 2000; ++i) {
+    std::vector<uint64_t> ids{rng() >> (30 + rng() % 34)};
+    if (i % 10 == 0) ids.push_back(rng() % 4);
+    in.push_back(R(1, static_cast<NodeId>(rng() % 6000), ids, rng() % 2 == 0 ? 1 : 1 + rng() % 9));
+  }
+  const std::string v3 = EncodeOrDie(in, kPackedContextsVersion3);
+  const std::string v2 = EncodeOrDie(in, kPackedContextsVersion2);
+  EXPECT_EQ(Sum(DecodeOrDie(v3)), Sum(in));
+  EXPECT_LT(v3.size() * 5, v2.size() * 4);
+  // The cost breakdown covers the whole buffer.
+  PackedContextsCost cost;
+  ASSERT_TRUE(EncodePackedContexts(in, kPackedContextsVersion3, &cost).ok());
+  const double total = cost.framing + cost.leaves + cost.stack_shapes + cost.single_ids +
+                       cost.innermost_ids + cost.inner_ids + cost.counts;
+  EXPECT_NEAR(total, 8.0 * static_cast<double>(v3.size()), 1e-6);
+  EXPECT_GT(cost.single_ids, cost.leaves);
+  EXPECT_GE(cost.framing, 8.0);  // version byte
+  RecordProperty("v2_bytes", std::to_string(v2.size()));
+  RecordProperty("v3_bytes", std::to_string(v3.size()));
+}
+
+TEST(PackedContextsTest, DecodeRejectsMalformedVersion3Input) {
+  const std::vector<ContextRecord> in = {R(1, 2, {5}, 1), R(1, 2, {9}, 3), R(1, 4, {1, 0, 0, 7}, 1),
+                                         R(2, 3, {1ull << 40}, 2)};
+  const std::string valid = EncodeOrDie(in, kPackedContextsVersion3);
+  ASSERT_EQ(Sum(DecodeOrDie(valid)), Sum(in));
+  ASSERT_NE(valid.back(), '\0');
+  for (size_t cut = 1; cut < valid.size(); ++cut) {
+    EXPECT_FALSE(DecodePackedContexts(valid.substr(0, cut)).ok()) << cut;
+  }
+  EXPECT_THAT(Error(valid + Bytes({0})), HasSubstr("zero last byte"));
+  EXPECT_THAT(Error(valid + Bytes({0x42})), HasSubstr("trailing"));
+  for (size_t at = 1; at < valid.size(); ++at) {
+    std::string flipped = valid;
+    flipped[at] = static_cast<char>(flipped[at] ^ 0x10);
+    EXPECT_FALSE(DecodePackedContexts(flipped).ok()) << at;
+  }
+  EXPECT_THAT(Error(Bytes({3, 0xff, 0xff, 0xff, 0xff})), HasSubstr("range coder"));
+}
+
 TEST(PackedContextsTest, IdsPerBufferAreCapped) {
   // Each context: a 4096-deep stack of zeros that differs from the previous one in its last
   // id, about 4 bytes each. 1024 of them reach kMaxPackedIdsPerBuffer exactly.
@@ -484,6 +538,10 @@ TEST(PackedContextsTest, IdsPerBufferAreCapped) {
   EXPECT_THAT(std::string(EncodePackedContexts(in).status().message()), HasSubstr("max"));
   in.pop_back();
   EXPECT_TRUE(EncodeOrDie(in, kPackedContextsVersion2) == at_cap);
+  // Version 3 holds them in a few bytes per context too.
+  const std::string v3 = EncodeOrDie(in, kPackedContextsVersion3);
+  EXPECT_LT(v3.size(), 5000u);
+  EXPECT_EQ(DecodeOrDie(v3).size(), 1024u);
 }
 
 // Corrupts valid buffers of `version` 20,000 times: every outcome is InvalidArgument or a

@@ -12,6 +12,7 @@
 
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -36,11 +37,28 @@ struct Prob {
   }
 };
 
+// The value in [low, low + range) with the most trailing zero bits (whole bytes); its low
+// 32 bits are the last four bytes of a stream (the same modulo 2^32 for low modulo 2^32).
+inline uint64_t FinalValue(uint64_t low, uint32_t range) {
+  for (int k = 32; k > 0; k -= 8) {
+    const uint64_t mask = (uint64_t{1} << k) - 1;
+    const uint64_t v = (low + mask) & ~mask;
+    if (v - low < range) return v;
+  }
+  return low;
+}
+
 class Encoder {
  public:
   explicit Encoder(std::string* out) : out_(out) {}
 
+  // From now on adds the ideal cost in bits of each coded decision to *bits (null: stop).
+  void Meter(double* bits) { meter_ = bits; }
+
   void EncodeBit(Prob& prob, int bit) {
+    if (meter_ != nullptr) {
+      *meter_ -= std::log2((bit == 0 ? prob.p : kProbOne - prob.p) / double{kProbOne});
+    }
     const uint32_t bound = (range_ >> kProbBits) * prob.p;
     if (bit == 0) {
       range_ = bound;
@@ -54,6 +72,7 @@ class Encoder {
 
   // The low `bits` (<= 64) bits of `value` at probability 1/2 each, most significant first.
   void EncodeDirect(uint64_t value, int bits) {
+    if (meter_ != nullptr) *meter_ += bits;
     while (bits-- > 0) {
       range_ >>= 1;
       if ((value >> bits) & 1) low_ += range_;
@@ -62,16 +81,9 @@ class Encoder {
   }
 
   // Writes the last bytes: the value with the most trailing zero bits inside the final
-  // interval, without the zero bytes it ends with.
+  // interval (FinalValue), without the zero bytes it ends with.
   void Finish() {
-    for (int k = 32; k > 0; k -= 8) {
-      const uint64_t mask = (uint64_t{1} << k) - 1;
-      const uint64_t v = (low_ + mask) & ~mask;
-      if (v - low_ < range_) {
-        low_ = v;
-        break;
-      }
-    }
+    low_ = FinalValue(low_, range_);
     for (int i = 0; i < 5; ++i) ShiftLow();
     while (out_->size() > start_ && out_->back() == 0) out_->pop_back();
   }
@@ -108,6 +120,7 @@ class Encoder {
   uint8_t cache_ = 0;
   uint64_t pending_ = 1;
   bool first_ = true;
+  double* meter_ = nullptr;
 };
 
 class Decoder {
@@ -118,6 +131,7 @@ class Decoder {
     pos_ = 0;
     range_ = 0xFFFFFFFFu;
     code_ = 0;
+    window_ = 0;
     for (int i = 0; i < 4; ++i) code_ = (code_ << 8) | NextByte();
     return code_ < range_;
   }
@@ -150,15 +164,22 @@ class Decoder {
     return v;
   }
 
-  // Every byte was read (bytes past the end count as read zeros) and the last one is not a
-  // zero the encoder would have dropped.
+  // The stream ends as the encoder ends one: every byte was read (bytes past the end count
+  // as zeros), the last one is not a zero the encoder would have dropped, and the last four
+  // bytes read are the final value the encoder picks for the interval left (so no other
+  // bytes decode to the same symbols).
   bool EndsExactly() const {
-    return pos_ >= bytes_.size() && (bytes_.empty() || bytes_.back() != 0);
+    if (pos_ < bytes_.size() || (!bytes_.empty() && bytes_.back() == 0)) return false;
+    const uint32_t low = window_ - code_;  // modulo 2^32
+    return static_cast<uint32_t>(FinalValue(low, range_)) == window_;
   }
 
  private:
   uint32_t NextByte() {
-    return pos_ < bytes_.size() ? static_cast<uint8_t>(bytes_[pos_++]) : (++pos_, 0u);
+    const uint32_t byte = pos_ < bytes_.size() ? static_cast<uint8_t>(bytes_[pos_]) : 0u;
+    ++pos_;
+    window_ = (window_ << 8) | byte;
+    return byte;
   }
   void Normalize() {
     while (range_ < kTopValue) {
@@ -171,6 +192,7 @@ class Decoder {
   size_t pos_ = 0;
   uint32_t range_ = 0xFFFFFFFFu;
   uint32_t code_ = 0;
+  uint32_t window_ = 0;  // the last four bytes read
 };
 
 // Unsigned 64-bit integers: the bit width c of the value (0..64) in unary with one adaptive
