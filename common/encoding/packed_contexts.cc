@@ -688,14 +688,14 @@ int IdBucket(const std::vector<uint64_t>& ids, size_t j) {
 // The adaptive models of a version 3 stream, shared by all its groups (about 17 KiB: kept
 // off the stack).
 struct V3Models {
-  rc::UintModel group_count, target_delta, context_count;
-  rc::UintModel leaf_delta[2];  // by: the previous leaf delta was 0
-  rc::UintModel drop[2][kLengthBuckets];  // by: same leaf; the previous stack's length
-  rc::UintModel growth[2][kLengthBuckets];  // by: first context; the dropped ids' count
+  rc::SmallUintModel group_count, target_delta, context_count;
+  rc::SmallUintModel leaf_delta[2];  // by: the previous leaf delta was 0
+  rc::SmallUintModel drop[2][kLengthBuckets];  // by: same leaf; the previous stack's length
+  rc::SmallUintModel growth[2][kLengthBuckets];  // by: first context; the dropped ids' count
   rc::Prob repeats[kIdClasses][kIdBuckets];  // the value equals the id before it
-  rc::UintModel value[kIdClasses][kIdBuckets];
+  rc::IdModel value[kIdClasses][kIdBuckets];
   rc::Prob count_above_one[2];  // by: more than one id
-  rc::UintModel count[2];
+  rc::SmallUintModel count[2];
 };
 
 // One context's fields, against the previous context of its group (null for the first).

@@ -500,7 +500,7 @@ TEST(PackedContextsTest, DecodeRejectsMalformedVersion3Input) {
     EXPECT_FALSE(DecodePackedContexts(valid.substr(0, cut)).ok()) << cut;
   }
   EXPECT_THAT(Error(valid + Bytes({0})), HasSubstr("zero last byte"));
-  EXPECT_THAT(Error(valid + Bytes({0x42})), HasSubstr("trailing"));
+  EXPECT_FALSE(DecodePackedContexts(valid + Bytes({0x42})).ok());
   for (size_t at = 1; at < valid.size(); ++at) {
     std::string flipped = valid;
     flipped[at] = static_cast<char>(flipped[at] ^ 0x10);

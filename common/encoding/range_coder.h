@@ -10,6 +10,7 @@
 #ifndef STRATA_COMMON_ENCODING_RANGE_CODER_H_
 #define STRATA_COMMON_ENCODING_RANGE_CODER_H_
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
@@ -24,6 +25,8 @@ inline constexpr uint32_t kProbOne = uint32_t{1} << kProbBits;
 // Adaptation rate: a probability moves 1/2^kAdaptShift of the way to the bit seen.
 inline constexpr int kAdaptShift = 4;
 inline constexpr uint32_t kTopValue = uint32_t{1} << 24;
+// Direct bits coded at once (the range, at least 2^24, keeps 2^8 or more per part).
+inline constexpr int kDirectChunk = 16;
 
 // Probability (in 1/kProbOne) that the next bit is 0.
 struct Prob {
@@ -70,12 +73,17 @@ class Encoder {
     Normalize();
   }
 
-  // The low `bits` (<= 64) bits of `value` at probability 1/2 each, most significant first.
+  // The low `bits` (<= 64) bits of `value` at probability 1/2 each, most significant
+  // first, in chunks of up to kDirectChunk bits: a chunk of k bits splits the range into
+  // 2^k equal parts of range >> k (the remainder unused).
   void EncodeDirect(uint64_t value, int bits) {
     if (meter_ != nullptr) *meter_ += bits;
-    while (bits-- > 0) {
-      range_ >>= 1;
-      if ((value >> bits) & 1) low_ += range_;
+    while (bits > 0) {
+      const int k = bits < kDirectChunk ? bits : kDirectChunk;
+      bits -= k;
+      const auto chunk = static_cast<uint32_t>((value >> bits) & ((uint64_t{1} << k) - 1));
+      range_ >>= k;
+      low_ += uint64_t{range_} * chunk;
       Normalize();
     }
   }
@@ -132,6 +140,7 @@ class Decoder {
     range_ = 0xFFFFFFFFu;
     code_ = 0;
     window_ = 0;
+    failed_ = false;
     for (int i = 0; i < 4; ++i) code_ = (code_ << 8) | NextByte();
     return code_ < range_;
   }
@@ -152,24 +161,31 @@ class Decoder {
     return bit;
   }
 
+  // A malformed stream may hold a chunk beyond its bits; it reads as the largest value.
   uint64_t DecodeDirect(int bits) {
     uint64_t v = 0;
-    while (bits-- > 0) {
-      range_ >>= 1;
-      const uint32_t bit = code_ >= range_ ? 1 : 0;
-      code_ -= range_ & (0u - bit);
-      v = (v << 1) | bit;
+    while (bits > 0) {
+      const int k = bits < kDirectChunk ? bits : kDirectChunk;
+      bits -= k;
+      range_ >>= k;
+      const uint32_t most = (uint32_t{1} << k) - 1;
+      const uint32_t chunk = std::min(code_ / range_, most);
+      code_ -= range_ * chunk;
+      v = (v << k) | chunk;
       Normalize();
     }
     return v;
   }
+
+  // Marks the stream malformed (a code no encoder writes); EndsExactly then fails.
+  void Fail() { failed_ = true; }
 
   // The stream ends as the encoder ends one: every byte was read (bytes past the end count
   // as zeros), the last one is not a zero the encoder would have dropped, and the last four
   // bytes read are the final value the encoder picks for the interval left (so no other
   // bytes decode to the same symbols).
   bool EndsExactly() const {
-    if (pos_ < bytes_.size() || (!bytes_.empty() && bytes_.back() == 0)) return false;
+    if (failed_ || pos_ < bytes_.size() || (!bytes_.empty() && bytes_.back() == 0)) return false;
     const uint32_t low = window_ - code_;  // modulo 2^32
     return static_cast<uint32_t>(FinalValue(low, range_)) == window_;
   }
@@ -193,19 +209,26 @@ class Decoder {
   uint32_t range_ = 0xFFFFFFFFu;
   uint32_t code_ = 0;
   uint32_t window_ = 0;  // the last four bytes read
+  bool failed_ = false;
 };
 
-// Unsigned 64-bit integers: the bit width c of the value (0..64) in unary with one adaptive
-// probability per step, then the value's bits below its top one: the first kModeledBits
-// adaptive (per width and the bits above them), the rest at probability 1/2.
+// Unsigned 64-bit integers: the bit width c of the value (0..64), then the value's bits
+// below its top one: the first kModeledBits adaptive (per width and the bits above them),
+// the rest at probability 1/2. The width: the decisions c > 0, c > 1, ... (at most
+// kUnary of them, or until one is 0); when all kUnary say more, c - kUnary as a 6-bit
+// tree of decisions (node 1, then 2 * node + bit, most significant bit first). kUnary = 64
+// suits fields whose values are mostly small (a decision or two); a smaller kUnary bounds
+// the decisions of large values such as ids.
+template <int kUnary>
 class UintModel {
  public:
   static constexpr int kModeledBits = 2;
+  static constexpr int kTreeBits = 6;
+  static_assert(kUnary == 64 || (kUnary >= 1 && kUnary + (1 << kTreeBits) > 64));
 
   void Encode(Encoder& rc, uint64_t v) {
     const int c = std::bit_width(v);
-    for (int i = 0; i < c; ++i) rc.EncodeBit(width_[i], 1);
-    if (c < 64) rc.EncodeBit(width_[c], 0);
+    EncodeWidth(rc, c);
     if (c <= 1) return;
     const int low_bits = c - 1;
     const int modeled = low_bits < kModeledBits ? low_bits : kModeledBits;
@@ -218,23 +241,61 @@ class UintModel {
     rc.EncodeDirect(v, low_bits - modeled);
   }
 
+  // A width beyond 64 (only in a malformed stream) marks the decoder failed and reads 0.
   uint64_t Decode(Decoder& rc) {
-    int c = 0;
-    while (c < 64 && rc.DecodeBit(width_[c]) == 1) ++c;
+    const int c = DecodeWidth(rc);
     if (c <= 1) return static_cast<uint64_t>(c);
     const int low_bits = c - 1;
     const int modeled = low_bits < kModeledBits ? low_bits : kModeledBits;
     size_t node = 1;
-    for (int i = 1; i <= modeled; ++i) node = node * 2 + static_cast<size_t>(rc.DecodeBit(mantissa_[c][node]));
+    for (int i = 1; i <= modeled; ++i) {
+      node = node * 2 + static_cast<size_t>(rc.DecodeBit(mantissa_[c][node]));
+    }
     const uint64_t top = node - (size_t{1} << modeled);  // the modeled bits
     const int rest = low_bits - modeled;
     return (uint64_t{1} << low_bits) | (top << rest) | rc.DecodeDirect(rest);
   }
 
  private:
-  std::array<Prob, 64> width_{};
+  void EncodeWidth(Encoder& rc, int c) {
+    for (int i = 0; i < kUnary && i < 64; ++i) {
+      rc.EncodeBit(unary_[i], c > i ? 1 : 0);
+      if (c <= i) return;
+    }
+    if (kUnary == 64) return;
+    size_t node = 1;
+    for (int i = kTreeBits - 1; i >= 0; --i) {
+      const int bit = ((c - kUnary) >> i) & 1;
+      rc.EncodeBit(tree_[node], bit);
+      node = node * 2 + static_cast<size_t>(bit);
+    }
+  }
+
+  int DecodeWidth(Decoder& rc) {
+    for (int i = 0; i < kUnary && i < 64; ++i) {
+      if (rc.DecodeBit(unary_[i]) == 0) return i;
+    }
+    if (kUnary == 64) return 64;
+    size_t node = 1;
+    for (int i = 0; i < kTreeBits; ++i) {
+      node = node * 2 + static_cast<size_t>(rc.DecodeBit(tree_[node]));
+    }
+    const int c = kUnary + static_cast<int>(node - (size_t{1} << kTreeBits));
+    if (c > 64) {
+      rc.Fail();
+      return 0;
+    }
+    return c;
+  }
+
+  std::array<Prob, kUnary < 64 ? kUnary : 64> unary_{};
+  std::array<Prob, kUnary < 64 ? (size_t{1} << kTreeBits) : 1> tree_{};
   std::array<std::array<Prob, size_t{1} << kModeledBits>, 65> mantissa_{};
 };
+
+// Fields of mostly small values (lengths, deltas, counts) and fields of ids.
+using SmallUintModel = UintModel<64>;
+using IdModel = UintModel<4>;
 
 }  // namespace strata::encoding::range_coding
 
