@@ -685,11 +685,11 @@ int IdBucket(const std::vector<uint64_t>& ids, size_t j) {
   return j == 0 ? 0 : 1 + static_cast<int>(std::min<uint64_t>(ids[j - 1], kIdBuckets - 2));
 }
 
-// The adaptive models of a version 3 stream, shared by all its groups (about 17 KiB: kept
+// The adaptive models of a version 3 stream, shared by all its groups (about 30 KiB: kept
 // off the stack).
 struct V3Models {
   rc::SmallUintModel group_count, target_delta, context_count;
-  rc::SmallUintModel leaf_delta[2];  // by: the previous leaf delta was 0
+  rc::SmallUintModel leaf_delta[2];  // by: the previous context had its predecessor's leaf
   rc::SmallUintModel drop[2][kLengthBuckets];  // by: same leaf; the previous stack's length
   rc::SmallUintModel growth[2][kLengthBuckets];  // by: first context; the dropped ids' count
   rc::Prob repeats[kIdClasses][kIdBuckets];  // the value equals the id before it

@@ -4,7 +4,7 @@
 //
 // The encoder appends to a caller's string; the decoder reads a byte range it does not own
 // and supplies zero bytes past its end (the encoder drops the zero bytes its flush would end
-// with). Neither allocates. Malformed input cannot make the decoder loop or read out of
+// with). Nothing here allocates but the output string. Malformed input cannot make the decoder loop or read out of
 // bounds: every call decodes a bounded number of bits, and the caller checks the values and
 // how many bytes were read.
 #ifndef STRATA_COMMON_ENCODING_RANGE_CODER_H_
