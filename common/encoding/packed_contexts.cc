@@ -673,6 +673,12 @@ enum IdClass { kIdAbovePrevious = 0, kIdInnermost = 1, kIdInner = 2, kIdClasses 
 constexpr uint64_t kV3Check = 0xa5;
 constexpr int kV3CheckBits = 8;
 
+// Contexts a version 3 buffer may hold per byte of its size (about half a bit a context;
+// real batches take 5 bits or more). A well-predicted context can cost less, so without the
+// bound a few bytes could make the decoder build millions of records; the encoder writes
+// version 2 for a batch that would exceed it.
+constexpr uint64_t kMaxV3ContextsPerByte = 16;
+
 // Buckets of a stack length or of the ids dropped from one: 0, 1, 2-3, 4-7, >= 8.
 constexpr int kLengthBuckets = 5;
 int LengthBucket(uint64_t n) { return std::min(static_cast<int>(std::bit_width(n)), 4); }
@@ -789,8 +795,9 @@ absl::Status DecodeV3(std::string_view bytes, RecordSink* out) {
         absl::StrCat("packed contexts: ", what, " at context ", context));
   };
   const uint64_t groups = m.group_count.Decode(dec);
-  // Every group holds a context and every context an id.
-  if (groups > kMaxPackedIdsPerBuffer) return bad("group count beyond the id limit", 0);
+  // Every group holds a context.
+  const uint64_t max_contexts = kMaxV3ContextsPerByte * bytes.size();
+  if (groups > max_contexts) return bad("group count beyond the buffer's size", 0);
   uint64_t total_ids = 0;
   uint64_t target = 0;
   for (uint64_t g = 0; g < groups; ++g) {
@@ -801,9 +808,9 @@ absl::Status DecodeV3(std::string_view bytes, RecordSink* out) {
       return bad("target id beyond 32 bits", out->size());
     }
     target += step;
-    const uint64_t contexts = m.context_count.Decode(dec);
-    if (contexts >= kMaxPackedIdsPerBuffer - total_ids) {
-      return bad("context count beyond the id limit", out->size());
+    const uint64_t contexts = m.context_count.Decode(dec);  // minus one
+    if (contexts >= max_contexts - out->size()) {
+      return bad("context count beyond the buffer's size", out->size());
     }
     bool prev_delta_zero = false;
     uint64_t leaf = 0;
@@ -935,8 +942,12 @@ absl::StatusOr<std::string> EncodePackedContexts(std::vector<ContextRecord> reco
     out.push_back(static_cast<char>(version));
     PackedContextsCost metered;
     EncodeV3(records, &out, cost == nullptr ? nullptr : &metered);
-    if (cost != nullptr) AddCost(metered, out.size(), cost);
-    return out;
+    if (records.size() <= kMaxV3ContextsPerByte * out.size()) {
+      if (cost != nullptr) AddCost(metered, out.size(), cost);
+      return out;
+    }
+    version = kPackedContextsVersion2;
+    std::sort(records.begin(), records.end(), SortsBeforeV2);
   }
   if (version == kPackedContextsVersion1) return EncodeGroups(records, version, EncodeGroupV1);
   PackedContextsCost metered;

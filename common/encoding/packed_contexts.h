@@ -18,7 +18,7 @@
 // Decoding is strict and bounded: every malformed input (truncated or over-long varints and
 // bit codes, overflowing leaves/ids/counts, prefix lengths beyond the previous stack, stacks
 // beyond kMaxPackedIds, group or context counts beyond what the remaining bytes can hold
-// (version 3: beyond kMaxPackedIdsPerBuffer), unsorted groups or contexts, non-zero padding
+// (version 3: beyond 16 contexts per byte of the buffer), unsorted groups or contexts, non-zero padding
 // bits, trailing bytes (version 3: bytes its decoder does not read, or a last byte of zero),
 // an unknown version) returns InvalidArgument. Because a bit-packed suffix of zeros takes no
 // bits and a well-predicted range-coded field a fraction of one, a version 2 or 3 buffer may
@@ -80,7 +80,8 @@ struct PackedContextsCost {
 
 // Packs `records` (any order; equal (target, leaf, ids) records are merged by summing their
 // counts) in layout `version` (kPackedContextsVersion, or an older one for peers that only
-// read it). InvalidArgument for a record with no ids, more than
+// read it); a batch so regular that version 3 would code it in less than half a bit per
+// context is written in version 2 (which a version 3 reader reads). InvalidArgument for a record with no ids, more than
 // kMaxPackedIds ids, a zero count, merged counts that overflow 64 bits, more than
 // kMaxPackedIdsPerBuffer ids in total, or an unknown version.
 // With `cost`, adds the bits of each field to it (version 1: nothing).

@@ -509,6 +509,22 @@ TEST(PackedContextsTest, DecodeRejectsMalformedVersion3Input) {
   EXPECT_THAT(Error(Bytes({3, 0xff, 0xff, 0xff, 0xff})), HasSubstr("range coder"));
 }
 
+TEST(PackedContextsTest, Version3ContextsPerByteAreBounded) {
+  // 20,000 contexts that version 3 would code in a few hundredths of a bit each: leaves one
+  // apart, the same id, counts of 1. The encoder writes version 2 instead.
+  std::vector<ContextRecord> in;
+  for (NodeId leaf = 0; leaf < 20000; ++leaf) in.push_back(R(1, leaf, {0}, 1));
+  const std::string bytes = EncodeOrDie(in, kPackedContextsVersion3);
+  EXPECT_EQ(bytes[0], kPackedContextsVersion2);
+  EXPECT_EQ(Sum(DecodeOrDie(bytes)), Sum(in));
+  // Fifty of them are within the bound.
+  in.resize(50);
+  const std::string small = EncodeOrDie(in, kPackedContextsVersion3);
+  EXPECT_EQ(small[0], kPackedContextsVersion3);
+  EXPECT_LE(in.size(), 16 * small.size());
+  EXPECT_EQ(Sum(DecodeOrDie(small)), Sum(in));
+}
+
 TEST(PackedContextsTest, IdsPerBufferAreCapped) {
   // Each context: a 4096-deep stack of zeros that differs from the previous one in its last
   // id, about 4 bytes each. 1024 of them reach kMaxPackedIdsPerBuffer exactly.
