@@ -3,7 +3,7 @@
 //
 // Input: the packed bytes as they arrive. Oracles besides the sanitizers: a buffer the
 // decoder accepts means the same (target, leaf, ids) -> count multiset after re-encoding in
-// either layout version and decoding again, and the encoder accepts whatever the decoder
+// every layout version and decoding again, and the encoder accepts whatever the decoder
 // produced (zero counts aside, which only the decoder tolerates).
 #include <cstdint>
 #include <map>
@@ -39,7 +39,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (r.count == 0) return 0;  // the encoder refuses zero counts
   }
   const Meaning meaning = Sum(*decoded);
-  for (uint8_t version : {enc::kPackedContextsVersion, enc::kPackedContextsVersion1}) {
+  for (uint8_t version : {enc::kPackedContextsVersion3, enc::kPackedContextsVersion2,
+                          enc::kPackedContextsVersion1}) {
     auto encoded = enc::EncodePackedContexts(*decoded, version);
     STRATA_FUZZ_CHECK(encoded.ok(), "re-encoding (v%d) what was decoded failed: %s", version,
                       encoded.status().ToString().c_str());

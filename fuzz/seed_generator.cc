@@ -193,20 +193,23 @@ void EncodingSeeds() {
     Program p;
     Populate(p, 0);
     auto records = p.Records();
-    Seed("packed_contexts", "small_v2", Packed(records, enc::kPackedContextsVersion));
+    Seed("packed_contexts", "small_v3", Packed(records, enc::kPackedContextsVersion3));
+    Seed("packed_contexts", "small_v2", Packed(records, enc::kPackedContextsVersion2));
     Seed("packed_contexts", "small_v1", Packed(records, enc::kPackedContextsVersion1));
   }
   {
     Program p;
     Populate(p, 120);
     auto records = p.Records();
-    Seed("packed_contexts", "many_v2", Packed(records, enc::kPackedContextsVersion));
+    Seed("packed_contexts", "many_v3", Packed(records, enc::kPackedContextsVersion3));
+    Seed("packed_contexts", "many_v2", Packed(records, enc::kPackedContextsVersion2));
     Seed("packed_contexts", "many_v1", Packed(records, enc::kPackedContextsVersion1));
   }
   {
     Program p;
     p.Add(1, {"main", "f"}, 1);
-    Seed("packed_contexts", "one_v2", Packed(p.Records(), enc::kPackedContextsVersion));
+    Seed("packed_contexts", "one_v3", Packed(p.Records(), enc::kPackedContextsVersion3));
+    Seed("packed_contexts", "one_v2", Packed(p.Records(), enc::kPackedContextsVersion2));
   }
 
   // Graph deltas: one message, then the same graph in small messages.

@@ -14,6 +14,9 @@ namespace {
 
 std::vector<encoding::ContextRecord> Unpack(const v1::SampleBatch& batch) {
   EXPECT_EQ(batch.contexts_size(), 0);
+  // The agent writes the current layout.
+  EXPECT_TRUE(!batch.packed_contexts().empty() &&
+              static_cast<uint8_t>(batch.packed_contexts()[0]) == encoding::kPackedContextsVersion3);
   auto records = encoding::DecodePackedContexts(batch.packed_contexts());
   EXPECT_TRUE(records.ok()) << records.status();
   return records.ok() ? *records : std::vector<encoding::ContextRecord>{};

@@ -111,7 +111,13 @@ class PackedContextsVersionTest : public ::testing::TestWithParam<uint8_t> {};
 
 TEST_P(PackedContextsVersionTest, EmptyBatch) {
   const std::string bytes = EncodeOrDie({}, GetParam());
-  EXPECT_EQ(bytes, Bytes({GetParam(), 0}));
+  if (GetParam() == kPackedContextsVersion3) {
+    // A zero group count and the check bits.
+    EXPECT_LE(bytes.size(), 3u);
+    EXPECT_EQ(bytes[0], static_cast<char>(GetParam()));
+  } else {
+    EXPECT_EQ(bytes, Bytes({GetParam(), 0}));
+  }
   EXPECT_TRUE(DecodeOrDie(bytes).empty());
 }
 
@@ -132,6 +138,11 @@ TEST_P(PackedContextsVersionTest, RoundTripsSortedAndMerged) {
     // (target, leaf, single before multi, ids).
     expected = {R(1, 3, {0}, 1), R(1, 3, {4, 4}, 1), R(1, 7, {1}, 1), R(1, 7, {3}, 10),
                 R(1, 7, {0, 2, 9}, 2), R(2, 9, {5}, 1), R(2, 9, {1ull << 63}, kMaxU64 - 1),
+                R(7, 0xffffffff, {kMaxU64, 0}, 3)};
+  } else if (GetParam() == kPackedContextsVersion3) {
+    // (target, leaf, ids).
+    expected = {R(1, 3, {0}, 1), R(1, 3, {4, 4}, 1), R(1, 7, {0, 2, 9}, 2), R(1, 7, {1}, 1),
+                R(1, 7, {3}, 10), R(2, 9, {5}, 1), R(2, 9, {1ull << 63}, kMaxU64 - 1),
                 R(7, 0xffffffff, {kMaxU64, 0}, 3)};
   } else {
     // (target, single before multi, leaf, ids).
@@ -189,17 +200,19 @@ TEST_P(PackedContextsVersionTest, EncodeRejectsInvalidRecords) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Versions, PackedContextsVersionTest,
-                         ::testing::Values(kPackedContextsVersion1, kPackedContextsVersion),
+                         ::testing::Values(kPackedContextsVersion1, kPackedContextsVersion2,
+                                           kPackedContextsVersion3),
                          [](const ::testing::TestParamInfo<uint8_t>& info) {
                            return "V" + std::to_string(info.param);
                          });
 
-TEST(PackedContextsTest, WritesVersion2ByDefault) {
+TEST(PackedContextsTest, WritesVersion3ByDefault) {
   auto bytes = EncodePackedContexts({R(1, 2, {3}, 1)});
   ASSERT_TRUE(bytes.ok());
-  EXPECT_EQ(static_cast<uint8_t>((*bytes)[0]), 2);
-  EXPECT_EQ(kPackedContextsVersion, 2);
-  EXPECT_FALSE(EncodePackedContexts({R(1, 2, {3}, 1)}, 3).ok());
+  EXPECT_EQ(static_cast<uint8_t>((*bytes)[0]), 3);
+  EXPECT_EQ(kPackedContextsVersion, kPackedContextsVersion3);
+  EXPECT_EQ(kPackedContextsVersion2, 2);
+  EXPECT_FALSE(EncodePackedContexts({R(1, 2, {3}, 1)}, 4).ok());
   EXPECT_FALSE(EncodePackedContexts({R(1, 2, {3}, 1)}, 0).ok());
 }
 
@@ -210,7 +223,7 @@ TEST(PackedContextsTest, SteadyStateContextsTakeAboutThreeBytes) {
     in.push_back(R(1, leaf, {leaf % 50}, 1));
     in.push_back(R(1, leaf, {leaf % 50 + 40}, 5));
   }
-  const std::string bytes = EncodeOrDie(in, kPackedContextsVersion);
+  const std::string bytes = EncodeOrDie(in, kPackedContextsVersion2);
   // head + id per context, plus a count byte for half of them.
   EXPECT_LE(bytes.size(), in.size() * 5 / 2 + 8);
   EXPECT_EQ(Sum(DecodeOrDie(bytes)), Sum(in));
@@ -227,14 +240,19 @@ TEST(PackedContextsTest, DeepBinaryRecursionTakesAFewBytesPerContext) {
     if (seen.insert(ids).second) in.push_back(R(1, 15, ids, rng() % 4 == 0 ? 2 : 1));
   }
   for (NodeId leaf : {9, 14}) in.push_back(R(1, leaf, {0}, 300));
-  const std::string v2 = EncodeOrDie(in, kPackedContextsVersion);
+  const std::string v3 = EncodeOrDie(in, kPackedContextsVersion3);
+  const std::string v2 = EncodeOrDie(in, kPackedContextsVersion2);
   const std::string v1 = EncodeOrDie(in, kPackedContextsVersion1);
+  EXPECT_EQ(Sum(DecodeOrDie(v3)), Sum(in));
   EXPECT_EQ(Sum(DecodeOrDie(v2)), Sum(in));
   EXPECT_EQ(DecodeOrDie(v1).size(), in.size());
   EXPECT_LE(v2.size(), in.size() * 4);
   EXPECT_LT(v2.size() * 4, v1.size());
+  // Version 3 learns that the ids are 0/1 and that neighbours' stacks have similar lengths.
+  EXPECT_LT(v3.size(), v2.size());
   RecordProperty("v1_bytes", std::to_string(v1.size()));
   RecordProperty("v2_bytes", std::to_string(v2.size()));
+  RecordProperty("v3_bytes", std::to_string(v3.size()));
 }
 
 TEST(PackedContextsTest, DeepStacksCostTheirRunsAndDifferingSuffixes) {
@@ -243,7 +261,7 @@ TEST(PackedContextsTest, DeepStacksCostTheirRunsAndDifferingSuffixes) {
   std::vector<uint64_t> deep(4000, 0);
   deep[0] = 7;
   deep.push_back(5);
-  EXPECT_LE(EncodeOrDie({R(1, 20, deep, 1)}, kPackedContextsVersion).size(), 16u);
+  EXPECT_LE(EncodeOrDie({R(1, 20, deep, 1)}, kPackedContextsVersion2).size(), 16u);
 
   std::vector<ContextRecord> in;
   for (size_t depth : {1000, 2000, 3000, 4000}) {
@@ -262,7 +280,7 @@ TEST(PackedContextsTest, DeepStacksCostTheirRunsAndDifferingSuffixes) {
     ids.push_back(last);
     in.push_back(R(2, 22, ids, 1));
   }
-  const std::string bytes = EncodeOrDie(in, kPackedContextsVersion);
+  const std::string bytes = EncodeOrDie(in, kPackedContextsVersion2);
   EXPECT_EQ(Sum(DecodeOrDie(bytes)), Sum(in));
   EXPECT_LE(bytes.size(), 73 * 5u);
 }
@@ -281,7 +299,7 @@ TEST(PackedContextsTest, PrefixesAreSharedAcrossLeavesAndTargets) {
     }
   }
   std::shuffle(in.begin(), in.end(), rng);
-  const std::string bytes = EncodeOrDie(in, kPackedContextsVersion);
+  const std::string bytes = EncodeOrDie(in, kPackedContextsVersion2);
   const auto out = DecodeOrDie(bytes);
   EXPECT_EQ(Sum(out), Sum(in));
   EXPECT_EQ(out.size(), in.size());
@@ -313,7 +331,7 @@ TEST(PackedContextsTest, HandBuiltVersion1BuffersDecode) {
   EXPECT_EQ(DecodeOrDie(v1), expected);
   EXPECT_EQ(EncodeOrDie(expected, kPackedContextsVersion1), v1);
   // The same records in version 2 decode to the same meaning.
-  EXPECT_EQ(Sum(DecodeOrDie(EncodeOrDie(expected, kPackedContextsVersion))), Sum(expected));
+  EXPECT_EQ(Sum(DecodeOrDie(EncodeOrDie(expected, kPackedContextsVersion2))), Sum(expected));
 }
 
 TEST(PackedContextsTest, HandBuiltVersion2BufferDecodes) {
@@ -333,7 +351,7 @@ TEST(PackedContextsTest, HandBuiltVersion2BufferDecodes) {
       R(1, 2, {5}, 1), R(1, 2, {7}, 4), R(1, 3, {4, 0, 1, 1}, 1), R(1, 3, {4, 0, 1, 1, 0}, 1),
       R(1, 3, {4, 1}, 1), R(1, 6, {4, 1, 2}, 3), R(1, 7, deep, 1)};
   EXPECT_EQ(DecodeOrDie(v2), expected);
-  EXPECT_EQ(EncodeOrDie(expected, kPackedContextsVersion), v2);
+  EXPECT_EQ(EncodeOrDie(expected, kPackedContextsVersion2), v2);
 }
 
 std::string Error(const std::string& bytes) {
@@ -351,7 +369,7 @@ TEST(PackedContextsTest, DecodeRejectsMalformedVersion1Input) {
   const std::string valid = Bytes({1, 1, 1, 1, (2 << 2) | 1, 5});
   ASSERT_TRUE(DecodePackedContexts(valid).ok());
   EXPECT_THAT(Error(""), HasSubstr("empty"));
-  EXPECT_THAT(Error(Bytes({3, 0})), HasSubstr("version"));
+  EXPECT_THAT(Error(Bytes({4, 0})), HasSubstr("version"));
   EXPECT_THAT(Error(Bytes({0, 0})), HasSubstr("version"));
   EXPECT_THAT(Error(Bytes({1})), HasSubstr("truncated"));
   for (size_t cut = 1; cut < valid.size(); ++cut) Error(valid.substr(0, cut));
@@ -391,7 +409,7 @@ TEST(PackedContextsTest, DecodeRejectsMalformedVersion2Input) {
   auto buffer = [&](const std::string& bits) { return head + BitStream(bits); };
   const std::string valid = buffer(Multi(3, 0, {2, 1}, 2));
   ASSERT_EQ(DecodeOrDie(valid), (std::vector<ContextRecord>{R(1, 2, {5}, 1), R(1, 3, {2, 1}, 1)}));
-  ASSERT_EQ(EncodeOrDie(DecodeOrDie(valid), kPackedContextsVersion), valid);
+  ASSERT_EQ(EncodeOrDie(DecodeOrDie(valid), kPackedContextsVersion2), valid);
   for (size_t cut = 1; cut < valid.size(); ++cut) Error(valid.substr(0, cut));
   EXPECT_THAT(Error(valid + Bytes({0})), HasSubstr("trailing"));
   // Padding bits must be zero: the multi-id context takes 21 bits.
@@ -446,6 +464,67 @@ TEST(PackedContextsTest, DecodeRejectsMalformedVersion2Input) {
               HasSubstr("count overflows"));
 }
 
+TEST(PackedContextsTest, Version3IsSmallerThanVersion2OnSingleIdContexts) {
+  // The steady state of a large program: mostly single-id contexts of ids spread over many
+  // magnitudes, leaves a few apart, counts mostly 1.
+  std::mt19937_64 rng(11);
+  std::vector<ContextRecord> in;
+  for (int i = 0; i < 2000; ++i) {
+    std::vector<uint64_t> ids{rng() >> (30 + rng() % 34)};
+    if (i % 10 == 0) ids.push_back(rng() % 4);
+    in.push_back(R(1, static_cast<NodeId>(rng() % 6000), ids, rng() % 2 == 0 ? 1 : 1 + rng() % 9));
+  }
+  const std::string v3 = EncodeOrDie(in, kPackedContextsVersion3);
+  const std::string v2 = EncodeOrDie(in, kPackedContextsVersion2);
+  EXPECT_EQ(Sum(DecodeOrDie(v3)), Sum(in));
+  EXPECT_LT(v3.size() * 5, v2.size() * 4);
+  // The cost breakdown covers the whole buffer.
+  PackedContextsCost cost;
+  ASSERT_TRUE(EncodePackedContexts(in, kPackedContextsVersion3, &cost).ok());
+  const double total = cost.framing + cost.leaves + cost.stack_shapes + cost.single_ids +
+                       cost.innermost_ids + cost.inner_ids + cost.counts;
+  EXPECT_NEAR(total, 8.0 * static_cast<double>(v3.size()), 1e-6);
+  EXPECT_GT(cost.single_ids, cost.leaves);
+  EXPECT_GE(cost.framing, 8.0);  // version byte
+  RecordProperty("v2_bytes", std::to_string(v2.size()));
+  RecordProperty("v3_bytes", std::to_string(v3.size()));
+}
+
+TEST(PackedContextsTest, DecodeRejectsMalformedVersion3Input) {
+  const std::vector<ContextRecord> in = {R(1, 2, {5}, 1), R(1, 2, {9}, 3), R(1, 4, {1, 0, 0, 7}, 1),
+                                         R(2, 3, {1ull << 40}, 2)};
+  const std::string valid = EncodeOrDie(in, kPackedContextsVersion3);
+  ASSERT_EQ(Sum(DecodeOrDie(valid)), Sum(in));
+  ASSERT_NE(valid.back(), '\0');
+  for (size_t cut = 1; cut < valid.size(); ++cut) {
+    EXPECT_FALSE(DecodePackedContexts(valid.substr(0, cut)).ok()) << cut;
+  }
+  EXPECT_THAT(Error(valid + Bytes({0})), HasSubstr("zero last byte"));
+  EXPECT_FALSE(DecodePackedContexts(valid + Bytes({0x42})).ok());
+  for (size_t at = 1; at < valid.size(); ++at) {
+    std::string flipped = valid;
+    flipped[at] = static_cast<char>(flipped[at] ^ 0x10);
+    EXPECT_FALSE(DecodePackedContexts(flipped).ok()) << at;
+  }
+  EXPECT_THAT(Error(Bytes({3, 0xff, 0xff, 0xff, 0xff})), HasSubstr("range coder"));
+}
+
+TEST(PackedContextsTest, Version3ContextsPerByteAreBounded) {
+  // 20,000 contexts that version 3 would code in a few hundredths of a bit each: leaves one
+  // apart, the same id, counts of 1. The encoder writes version 2 instead.
+  std::vector<ContextRecord> in;
+  for (NodeId leaf = 0; leaf < 20000; ++leaf) in.push_back(R(1, leaf, {0}, 1));
+  const std::string bytes = EncodeOrDie(in, kPackedContextsVersion3);
+  EXPECT_EQ(bytes[0], kPackedContextsVersion2);
+  EXPECT_EQ(Sum(DecodeOrDie(bytes)), Sum(in));
+  // Fifty of them are within the bound.
+  in.resize(50);
+  const std::string small = EncodeOrDie(in, kPackedContextsVersion3);
+  EXPECT_EQ(small[0], kPackedContextsVersion3);
+  EXPECT_LE(in.size(), 16 * small.size());
+  EXPECT_EQ(Sum(DecodeOrDie(small)), Sum(in));
+}
+
 TEST(PackedContextsTest, IdsPerBufferAreCapped) {
   // Each context: a 4096-deep stack of zeros that differs from the previous one in its last
   // id, about 4 bytes each. 1024 of them reach kMaxPackedIdsPerBuffer exactly.
@@ -474,7 +553,11 @@ TEST(PackedContextsTest, IdsPerBufferAreCapped) {
   }
   EXPECT_THAT(std::string(EncodePackedContexts(in).status().message()), HasSubstr("max"));
   in.pop_back();
-  EXPECT_TRUE(EncodeOrDie(in, kPackedContextsVersion) == at_cap);
+  EXPECT_TRUE(EncodeOrDie(in, kPackedContextsVersion2) == at_cap);
+  // Version 3 holds them in a few bytes per context too.
+  const std::string v3 = EncodeOrDie(in, kPackedContextsVersion3);
+  EXPECT_LT(v3.size(), 5000u);
+  EXPECT_EQ(DecodeOrDie(v3).size(), 1024u);
 }
 
 // Corrupts valid buffers of `version` 20,000 times: every outcome is InvalidArgument or a
@@ -522,8 +605,10 @@ void CorruptionSweep(const std::vector<ContextRecord>& in, uint8_t version, uint
       continue;
     }
     ++accepted;
-    // Whatever decodes is well formed and bounded.
-    EXPECT_LE(out->size(), bytes.size());
+    // Whatever decodes is well formed and bounded (version 3: a well-predicted context takes
+    // a fraction of a byte, so only the id limit bounds the records).
+    EXPECT_LE(out->size(), version == kPackedContextsVersion3 ? kMaxPackedIdsPerBuffer
+                                                              : bytes.size());
     size_t ids = 0;
     for (const auto& r : *out) {
       EXPECT_FALSE(r.context.ids.empty());
@@ -559,7 +644,8 @@ std::vector<ContextRecord> MixedRecords(uint64_t seed) {
 // or fewer) gives exactly what a fresh decode gives, in both layouts, and after a rejected
 // buffer too.
 TEST(PackedContextsTest, DecodingIntoAUsedVectorGivesTheSameRecords) {
-  for (uint8_t version : {kPackedContextsVersion1, kPackedContextsVersion}) {
+  for (uint8_t version :
+       {kPackedContextsVersion1, kPackedContextsVersion2, kPackedContextsVersion3}) {
     std::vector<ContextRecord> reused;
     for (uint64_t seed : {3u, 4u, 5u}) {
       std::vector<ContextRecord> in = MixedRecords(seed);
@@ -580,7 +666,7 @@ TEST(PackedContextsTest, RandomlyCorruptedVersion1InputNeverCrashes) {
 }
 
 TEST(PackedContextsTest, RandomlyCorruptedVersion2InputNeverCrashes) {
-  CorruptionSweep(MixedRecords(7), kPackedContextsVersion, 7);
+  CorruptionSweep(MixedRecords(7), kPackedContextsVersion2, 7);
 }
 
 TEST(PackedContextsTest, RandomlyCorruptedDeepRecursionNeverCrashes) {
@@ -594,7 +680,12 @@ TEST(PackedContextsTest, RandomlyCorruptedDeepRecursionNeverCrashes) {
     in.push_back(R(static_cast<uint32_t>(i % 4), static_cast<NodeId>(10 + rng() % 3), ids,
                    i % 5 == 0 ? 1 + rng() % 1000 : 1));
   }
-  CorruptionSweep(in, kPackedContextsVersion, 123);
+  CorruptionSweep(in, kPackedContextsVersion2, 123);
+  CorruptionSweep(in, kPackedContextsVersion3, 124);
+}
+
+TEST(PackedContextsTest, RandomlyCorruptedVersion3InputNeverCrashes) {
+  CorruptionSweep(MixedRecords(7), kPackedContextsVersion3, 8);
 }
 
 }  // namespace

@@ -353,6 +353,38 @@ TEST_P(AgentSessionTest, BatchWithBothFormsCountsBoth) {
   EXPECT_EQ(p.stacks[0].count, 12u);
 }
 
+// Agents of earlier releases write versions 1 and 2 of packed_contexts; the server reads
+// them as it reads the current version 3.
+TEST_P(AgentSessionTest, EarlierPackedContextsVersionsAreStillRead) {
+  FakeAgent agent;
+  // A single-id context and a recursive one (an ID stack).
+  auto c1 = agent.Context({"main", "fib", "fib", "fib", "leaf"}, 6);
+  auto c2 = agent.Context({"main", "leaf"}, 3);
+  auto session = Open();
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  uint64_t seq = 0;
+  for (uint8_t version : {encoding::kPackedContextsVersion1, encoding::kPackedContextsVersion2,
+                          encoding::kPackedContextsVersion3}) {
+    auto batch = ingest::Batch(++seq, agent.graph.num_edges(), {c1, c2}, Form::kPacked);
+    auto records = encoding::DecodePackedContexts(batch.packed_contexts());
+    ASSERT_TRUE(records.ok()) << records.status();
+    ASSERT_EQ(records->size(), 2u);
+    EXPECT_NE((*records)[0].context.ids.size(), (*records)[1].context.ids.size());
+    auto packed = encoding::EncodePackedContexts(*records, version);
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    ASSERT_EQ(static_cast<uint8_t>((*packed)[0]), version);
+    batch.set_packed_contexts(*packed);
+    auto applied = session->ApplyBatch(batch);
+    ASSERT_TRUE(applied.ok()) << "version " << int{version} << ": " << applied.status();
+    EXPECT_EQ(applied->contexts.size(), 2u);
+  }
+  query::Profile p = Load();
+  EXPECT_EQ(p.total, 27u);
+  ASSERT_EQ(p.stacks.size(), 2u);
+  EXPECT_THAT(Names(p, p.stacks[0]), ElementsAre("main", "fib", "fib", "fib", "leaf"));
+  EXPECT_EQ(p.stacks[0].count, 18u);
+}
+
 TEST_P(AgentSessionTest, MalformedPackedContextsAreRejectedAndNothingIsStored) {
   FakeAgent agent;
   auto good = agent.Context({"main", "a"}, 3);
