@@ -327,7 +327,7 @@ TEST_F(LabelsE2eTest, SelectorsSplitTwoVersionsOfOneService) {
     // the range, which the flame graph, the timeline and the link then show.
     if (RunCommand({"/bin/sh", "-c", "command -v node"}).exit_code == 0) {
       CommandResult drive = RunCommand(
-          {"node", "--experimental-websocket", STRATA_DRIVE_PAGE, dir_.File("chromium-cdp"),
+          {"/usr/bin/env", "node", "--experimental-websocket", STRATA_DRIVE_PAGE, dir_.File("chromium-cdp"),
            absl::StrCat("http://127.0.0.1:", http_port_,
                         "/?service=demo&since_s=3600&select=region!%3D&group_by=version"),
            "drag", "#timeline-chart", "0.5", "1"},
