@@ -413,8 +413,12 @@ TEST_P(GoBinaryTest, MatchesDebugGosym) {
   // funcIDs are each release's own numbers (Go 1.22 inserted FuncID_corostart before goexit).
   const std::string version = GoVersionOf(GetParam());
   for (const auto& f : funcs) {
-    if (f.name == "runtime.goexit") EXPECT_EQ(f.func_id, version >= "1.22" ? 8 : 7) << version;
-    if (f.name == "main.main") EXPECT_EQ(f.func_id, 0);
+    if (f.name == "runtime.goexit") {
+      EXPECT_EQ(f.func_id, version >= "1.22" ? 8 : 7) << version;
+    }
+    if (f.name == "main.main") {
+      EXPECT_EQ(f.func_id, 0);
+    }
   }
 }
 

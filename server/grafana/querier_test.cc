@@ -81,8 +81,8 @@ class QuerierTest : public ::testing::Test {
       return *store_->interner().InternFunction({name, "app", "", 0}, &wb);
     };
     const uint64_t main = fn("main"), hash = fn("hash"), idle = fn("idle");
-    const uint64_t hot = *store_->interner().InternStack({{main, hash}, false}, &wb);
-    const uint64_t cold = *store_->interner().InternStack({{main, idle}, false}, &wb);
+    const uint64_t hot = *store_->interner().InternStack({{main, hash}, false, {}}, &wb);
+    const uint64_t cold = *store_->interner().InternStack({{main, idle}, false, {}}, &wb);
     const uint64_t v1 = *store_->interner().InternLabelSet("api", {{"version", "1"}}, 100, &wb);
     const uint64_t v2 = *store_->interner().InternLabelSet("api", {{"version", "2"}}, 100, &wb);
     wb.AddSamples("api", kWindow, "h1", hot, 30, v1);

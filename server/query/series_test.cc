@@ -93,8 +93,8 @@ class SeriesTest : public ::testing::Test {
       return *store_->interner().InternFunction({name, "/bin/x", "", 0}, &wb);
     };
     const uint64_t main = fn("main"), a = fn("a"), b = fn("b");
-    a_ = *store_->interner().InternStack({{main, a}, false}, &wb);
-    b_ = *store_->interner().InternStack({{main, b}, false}, &wb);
+    a_ = *store_->interner().InternStack({{main, a}, false, {}}, &wb);
+    b_ = *store_->interner().InternStack({{main, b}, false, {}}, &wb);
     v1_ = *store_->interner().InternLabelSet("svc", {{"version", "1"}}, 100, &wb);
     v2_ = *store_->interner().InternLabelSet("svc", {{"region", "eu"}, {"version", "2"}}, 100,
                                              &wb);
