@@ -540,6 +540,9 @@ async function loadTimeline() {
   drawTimeline();
 }
 
+// The chart's width in pixels (an <svg>'s clientWidth can be 0).
+const chartWidth = () => $('timeline-chart').getBoundingClientRect().width;
+
 function drawTimeline() {
   const r = state.timeline, chart = $('timeline-chart');
   chart.replaceChildren();
@@ -547,7 +550,7 @@ function drawTimeline() {
   if (!r) return;
   const series = r.series || [];
   const n = series.reduce((m, s) => Math.max(m, (s.counts || []).length), 0);
-  const width = chart.clientWidth || 1000, height = 90;
+  const width = chartWidth() || 1000, height = 90;
   chart.setAttribute('viewBox', `0 0 ${width} ${height}`);
   const totals = new Array(n).fill(0);
   for (const s of series) (s.counts || []).forEach((c, i) => { totals[i] += Number(c); });
@@ -583,7 +586,7 @@ function drawTimeline() {
 function timelineTimeAt(x) {
   const chart = $('timeline-chart');
   const n = Number(chart.dataset.intervals), step = Number(chart.dataset.stepMs);
-  const i = Math.round(Math.min(Math.max(x / chart.clientWidth, 0), 1) * n);
+  const i = Math.round(Math.min(Math.max(x / chartWidth(), 0), 1) * n);
   return Number(chart.dataset.fromMs) + i * step;
 }
 
@@ -594,7 +597,7 @@ $('timeline-chart').addEventListener('mousedown', (e) => {
   const box = svgElement('rect', { class: 'selection', x: start, y: 0, width: 0, height: 90 });
   chart.appendChild(box);
   const move = (m) => {
-    const x = Math.min(Math.max(m.clientX - left, 0), chart.clientWidth);
+    const x = Math.min(Math.max(m.clientX - left, 0), chartWidth());
     box.setAttribute('x', Math.min(start, x));
     box.setAttribute('width', Math.abs(x - start));
   };
@@ -615,7 +618,7 @@ $('timeline-chart').addEventListener('mousemove', (e) => {
   if (!r || !r.series) return;
   const chart = $('timeline-chart');
   const n = Number(chart.dataset.intervals);
-  const i = Math.floor((e.clientX - chart.getBoundingClientRect().left) / chart.clientWidth * n);
+  const i = Math.floor((e.clientX - chart.getBoundingClientRect().left) / chartWidth() * n);
   if (i < 0 || i >= n) return;
   const at = new Date(Number(r.from_ms) + i * Number(r.step_ms)).toLocaleString();
   const sum = r.series.reduce((t, s) => t + Number((s.counts || [])[i] || 0), 0);

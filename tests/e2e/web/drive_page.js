@@ -47,8 +47,13 @@ async function main() {
     await new Promise((resolve, reject) => { ws.onopen = resolve; ws.onerror = reject; });
     let next = 1;
     const waiting = new Map();
+    const exceptions = [];  // the page's uncaught errors, for failure messages
     ws.onmessage = (m) => {
       const msg = JSON.parse(m.data);
+      if (msg.method === 'Runtime.exceptionThrown') {
+        exceptions.push(msg.params.exceptionDetails.exception?.description ||
+                        msg.params.exceptionDetails.text);
+      }
       if (msg.id && waiting.has(msg.id)) {
         const { resolve, reject } = waiting.get(msg.id);
         waiting.delete(msg.id);
@@ -66,22 +71,27 @@ async function main() {
       if (r.exceptionDetails) fail(`${expression}: ${JSON.stringify(r.exceptionDetails)}`);
       return r.result.value;
     };
-    const waitFor = async (expression, what) => {
-      while (Date.now() < deadline) {
-        if (await evaluate(expression)) return;
-        await sleep(100);
-      }
-      fail(`timed out waiting for ${what}`);
-    };
-    const report = async () => console.log(JSON.stringify(await evaluate(`(() => {
+    const state = () => evaluate(`(() => {
       const chart = document.getElementById('timeline-chart');
       return { href: location.href, loaded: document.body.dataset.loaded,
                summary: document.getElementById('summary').textContent,
                error: document.getElementById('error').textContent,
                timeline: { ...chart.dataset, bars: chart.querySelectorAll('rect.bar').length },
                legend: document.getElementById('timeline-legend').textContent };
-    })()`)));
-    const loaded = 'document.body.dataset.loaded && document.getElementById("timeline-chart").dataset.intervals';
+    })()`);
+    const report = async () => console.log(JSON.stringify(await state()));
+    const waitFor = async (expression, what) => {
+      while (Date.now() < deadline) {
+        if (await evaluate(expression)) return;
+        await sleep(100);
+      }
+      fail(`timed out waiting for ${what}; the page: ${JSON.stringify(await state())}; ` +
+           `its errors: ${JSON.stringify(exceptions)}`);
+    };
+    // (A page being replaced has no body yet.)
+    const loaded = 'document.body && document.body.dataset.loaded && ' +
+        'document.getElementById("timeline-chart").dataset.intervals';
+    await send('Runtime.enable');
     await send('Page.navigate', { url });
     await waitFor(loaded, 'the page to load');
     await report();
@@ -92,7 +102,9 @@ async function main() {
       const box = await evaluate(`(() => { const r = document.querySelector(${JSON.stringify(selector)})
           .getBoundingClientRect(); return { left: r.left, top: r.top, width: r.width, height: r.height }; })()`);
       if (!box) fail(`no element ${selector}`);
-      await evaluate('delete document.body.dataset.loaded; document.getElementById("timeline-chart").dataset.intervals = ""');
+      // Loaded again, at another address (the page's state is in it).
+      const before = await evaluate('delete document.body.dataset.loaded; location.href');
+      const reloaded = `${loaded} && location.href !== ${JSON.stringify(before)}`;
       const y = box.top + box.height / 2;
       const at = (f) => box.left + f * box.width;
       await send('Input.dispatchMouseEvent', { type: 'mousePressed', x: at(x0), y, button: 'left', clickCount: 1 });
@@ -100,7 +112,7 @@ async function main() {
         await send('Input.dispatchMouseEvent', { type: 'mouseMoved', x: at(x0 + (x1 - x0) * k / 5), y, button: 'left' });
       }
       await send('Input.dispatchMouseEvent', { type: 'mouseReleased', x: at(x1), y, button: 'left', clickCount: 1 });
-      await waitFor(loaded, 'the page to load after the drag');
+      await waitFor(reloaded, 'the page to load after the drag');
       await report();
     }
     ws.close();
