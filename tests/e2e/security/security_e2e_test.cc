@@ -272,6 +272,12 @@ TEST_F(SecurityTest, WrongCaExpiredCertificatePlaintextAndOldTlsAreRefused) {
   EXPECT_EQ(HttpsStatus("/metrics"), 401);
   EXPECT_EQ(HttpsStatus("/api/v1/services", BearerHeader("fleet")), 403);
   EXPECT_EQ(HttpsStatus("/api/v1/services", BearerHeader("alice")), 200);
+  // Grafana's calls (server/grafana) are guarded the same way.
+  const std::string connect = "-X POST -H 'Content-Type: application/json' -d '{}' ";
+  const std::string profile_types = "/querier.v1.QuerierService/ProfileTypes";
+  EXPECT_EQ(HttpsStatus(profile_types, connect), 401);
+  EXPECT_EQ(HttpsStatus(profile_types, connect + BearerHeader("fleet")), 403);
+  EXPECT_EQ(HttpsStatus(profile_types, connect + BearerHeader("alice")), 200);
   CommandResult metrics = Shell(absl::StrCat("curl -s --cacert ", Pki("ca.pem"), " ",
                                              BearerHeader("alice"), " https://localhost:",
                                              http_port_, "/metrics"));
