@@ -138,6 +138,7 @@ class Agent {
     auto* c = new Connection(this, events);
     {
       absl::MutexLock lock(&mu_);
+      bytes_sent_ += hello.ByteSizeLong();
       conn_ = c;
       welcomed_ = false;
       redirect_pending_ = false;
@@ -172,6 +173,7 @@ class Agent {
         for (v1::GraphDelta& d : program_->DeltasFrom(w.known_nodes(), w.known_edges())) {
           v1::AgentMessage out;
           *out.mutable_graph_delta() = std::move(d);
+          bytes_sent_ += out.ByteSizeLong();
           conn_->Send(std::move(out));
         }
         for (Pending& p : spool_) SendLocked(p, now);
@@ -252,6 +254,7 @@ class Agent {
     r->connects += connects_;
     r->refusals += refusals_;
     r->redirects += redirects_;
+    r->bytes_sent += bytes_sent_;
     r->samples_by_service[service_] += delivered_samples_;
     r->ack_latency_ms.insert(r->ack_latency_ms.end(), latencies_ms_.begin(), latencies_ms_.end());
   }
@@ -282,6 +285,7 @@ class Agent {
     t->set_executable("/opt/loadgen/bin/service");
     b->set_packed_contexts(p.payload->packed_contexts);
     if (p.first_sent == absl::InfiniteFuture()) p.first_sent = now;
+    bytes_sent_ += out.ByteSizeLong();
     conn_->Send(std::move(out));
   }
 
@@ -310,7 +314,7 @@ class Agent {
   std::deque<Pending> spool_ ABSL_GUARDED_BY(mu_);
   uint64_t batches_sent_ = 0, delivered_batches_ = 0, delivered_samples_ = 0,
            delivered_contexts_ = 0, rejected_ = 0, connects_ = 0, refusals_ = 0, closed_ = 0,
-           redirects_ = 0;
+           redirects_ = 0, bytes_sent_ = 0;
   std::vector<float> latencies_ms_;
 };
 

@@ -59,6 +59,9 @@ struct FleetReport {
   uint64_t redirects = 0;               // Redirects received (each ends its stream)
   uint64_t refusals = 0;                // RESOURCE_EXHAUSTED from the server
   std::vector<double> ack_latency_ms;   // write to Ack, per batch, sorted
+  // Serialized protobuf bytes of every message sent (before gRPC's framing and any
+  // compression): hellos, graph deltas and batches, resent ones included.
+  uint64_t bytes_sent = 0;
   std::map<std::string, uint64_t> samples_by_service;
 };
 

@@ -29,6 +29,7 @@
 #include "absl/synchronization/notification.h"
 #include "strata/v1/query.grpc.pb.h"
 #include "tools/loadgen/fleet.h"
+#include "tools/loadgen/otlp_fleet.h"
 #include "tools/loadgen/program.h"
 
 namespace {
@@ -119,6 +120,7 @@ struct LoadgenFlags {
   uint32_t connect_probes = 0;
   std::string stream_file;
   std::vector<std::string> labels;  // --label, into fleet.labels
+  std::string protocol = "strata";
 };
 
 void AddFlags(CLI::App& app, LoadgenFlags& f) {
@@ -130,6 +132,11 @@ void AddFlags(CLI::App& app, LoadgenFlags& f) {
                  "and follows Redirects; queries, totals and --connect-probes use the first")
       ->required();
   app.add_option("--agents", f.fleet.agents, "simulated agents")->capture_default_str();
+  app.add_option("--protocol", f.protocol,
+                 "what the agents speak: strata (the ingest stream) or otlp (OTLP profiles "
+                 "exports, one request per interval, to the same listener)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"strata", "otlp"}));
   app.add_option("--interval", f.interval_s, "seconds between an agent's batches")
       ->capture_default_str();
   app.add_option("--rate", f.rate, "samples per second per agent (99 Hz x 4 busy threads)")
@@ -317,6 +324,10 @@ struct RunFigures {
   std::string first_service;
 };
 
+double BytesPerSample(const FleetReport& r) {
+  return r.samples_delivered ? static_cast<double>(r.bytes_sent) / r.samples_delivered : 0.0;
+}
+
 void PrintJsonReport(const LoadgenFlags& f, const RunFigures& x, bool ok) {
   const FleetReport& r = x.fleet;
   const double seconds = absl::ToDoubleSeconds(f.fleet.duration);
@@ -330,7 +341,8 @@ void PrintJsonReport(const LoadgenFlags& f, const RunFigures& x, bool ok) {
       "\"hot_paths_p50_ms\":%.1f,\"hot_paths_p99_ms\":%.1f,\"top_p99_ms\":%.1f,"
       "\"flamegraph_p99_ms\":%.1f,\"server_cpu_pct\":%.1f,"
       "\"server_cpu_ms_per_million_samples\":%.1f,\"server_rss_mib\":%.1f,"
-      "\"server_peak_rss_mib\":%.1f,\"server_threads\":%d,\"ok\":%s}\n",
+      "\"server_peak_rss_mib\":%.1f,\"server_threads\":%d,\"protocol\":\"%s\","
+      "\"bytes_sent\":%lu,\"bytes_per_sample\":%.2f,\"ok\":%s}\n",
       f.fleet.agents, seconds, r.batches_delivered, r.samples_delivered, x.totals.server_total,
       x.totals.lost, x.totals.extra, r.batches_rejected, r.batches_unacknowledged,
       r.samples_delivered / seconds, r.contexts_delivered / seconds,
@@ -342,7 +354,7 @@ void PrintJsonReport(const LoadgenFlags& f, const RunFigures& x, bool ok) {
       Percentile(x.queries.top_ms, 0.99), Percentile(x.queries.flame_ms, 0.99),
       100 * cpu_s / x.span_s, r.samples_delivered ? 1e9 * cpu_s / r.samples_delivered : 0.0,
       x.after.rss_mib, std::max(x.queries.peak_rss, x.after.rss_mib), x.after.threads,
-      ok ? "true" : "false");
+      f.protocol.c_str(), r.bytes_sent, BytesPerSample(r), ok ? "true" : "false");
 }
 
 void PrintTextReport(const LoadgenFlags& f, const RunFigures& x) {
@@ -360,6 +372,8 @@ void PrintTextReport(const LoadgenFlags& f, const RunFigures& x) {
   std::printf("  server has  %lu samples of these services: %s (lost %lu, counted twice %lu)\n",
               x.totals.server_total, x.totals.exact() ? "exact" : "MISMATCH", x.totals.lost,
               x.totals.extra);
+  std::printf("  sent        %lu bytes of %s messages, %.2f bytes per sample\n", r.bytes_sent,
+              f.protocol.c_str(), BytesPerSample(r));
   std::printf("  ack latency p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
               Percentile(r.ack_latency_ms, 0.5), Percentile(r.ack_latency_ms, 0.99),
               r.ack_latency_ms.empty() ? 0.0 : r.ack_latency_ms.back());
@@ -438,6 +452,7 @@ int Run(int argc, char** argv) {
   fleet.drain_timeout = absl::Seconds(f.drain_s);
   for (double s : f.storms_s) fleet.storms.push_back(absl::Seconds(s));
   f.program.samples_per_interval = static_cast<uint32_t>(f.rate * f.interval_s);
+  f.program.otlp = f.protocol == "otlp";
 
   strata::loadgen::SampleStream recorded;
   auto built = BuildPrograms(f, &recorded);
@@ -461,7 +476,8 @@ int Run(int argc, char** argv) {
 
   const ProcessSample before = SampleProcess(f.server_pid);
   const absl::Time t0 = absl::Now();
-  FleetReport r = strata::loadgen::RunFleet(fleet, *built);
+  FleetReport r = f.program.otlp ? strata::loadgen::RunOtlpFleet(fleet, *built)
+                                 : strata::loadgen::RunFleet(fleet, *built);
   const absl::Duration elapsed = absl::Now() - t0;
   const ProcessSample after = SampleProcess(f.server_pid);
   queries.Stop();

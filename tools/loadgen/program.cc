@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/encoding/packed_contexts.h"
+#include "server/otlp/otlp_builder.h"
 
 namespace strata::loadgen {
 namespace {
@@ -20,6 +21,38 @@ std::vector<v1::GraphDelta> ChunkedDeltas(const agent::ContextGraph& graph, uint
     out.push_back(std::move(d));
   }
   return out;
+}
+
+constexpr char kExecutable[] = "/opt/loadgen/bin/service";
+
+uint64_t FunctionAddress(uint32_t function) { return 0x1000 + 64 * uint64_t{function}; }
+
+// One interval's distinct stacks (outermost first, as in the stream) as an OTLP request: a
+// location per (function, call site), its one line naming the function; a truncated stack
+// ends in an abort marker.
+::opentelemetry::proto::collector::profiles::v1development::ExportProfilesServiceRequest
+OtlpRequest(const SampleStream& stream, const std::vector<StreamStack>& interval) {
+  server::otlp::RequestBuilder builder;
+  const int32_t mapping = builder.Mapping(kExecutable);
+  auto* profile = builder.AddProfile(builder.AddResource({}), "samples", "count", 0);
+  std::map<std::vector<int32_t>, uint64_t> counts;  // leaf-first locations -> samples
+  for (const StreamStack& s : interval) {
+    std::vector<int32_t> locations;
+    for (size_t i = s.frames.size(); i-- > 0;) {
+      const StreamFrame& f = s.frames[i];
+      const std::string& name = stream.function_names[f.function];
+      const uint64_t call_site = i + 1 == s.frames.size() ? 0 : f.call_site;
+      locations.push_back(builder.Location(mapping, FunctionAddress(f.function) + call_site,
+                                           {{name, kExecutable, 0}}, "native"));
+    }
+    // The eBPF profiler's marker of an unwinding stop, outermost.
+    if (s.truncated) locations.push_back(builder.Location(mapping, 0, {}, "abort-marker"));
+    counts[locations] += s.count;
+  }
+  for (const auto& [locations, count] : counts) {
+    builder.AddSample(profile, builder.Stack(locations), {}, static_cast<int64_t>(count));
+  }
+  return builder.Take();
 }
 
 }  // namespace
@@ -41,8 +74,7 @@ absl::StatusOr<std::unique_ptr<Program>> Program::Build(const ProgramOptions& op
   std::vector<encoding::NodeId> node_of(stream.function_names.size(), 0);
   auto node = [&](uint32_t f) {
     if (node_of[f] == 0) {
-      node_of[f] = graph.NodeFor(
-          {stream.function_names[f], "/opt/loadgen/bin/service", "", 0x1000 + 64 * uint64_t{f}});
+      node_of[f] = graph.NodeFor({stream.function_names[f], kExecutable, "", FunctionAddress(f)});
     }
     return node_of[f];
   };
@@ -61,9 +93,11 @@ absl::StatusOr<std::unique_ptr<Program>> Program::Build(const ProgramOptions& op
   auto numbering = graph.CurrentNumbering();
   if (!numbering.ok()) return numbering.status();
   encoding::Encoder encoder(**numbering);
-  for (const auto& agg : intervals) {
+  for (size_t i = 0; i < intervals.size(); ++i) {
+    const auto& agg = intervals[i];
     std::vector<encoding::ContextRecord> records;
     Payload payload;
+    if (options.otlp) payload.otlp = OtlpRequest(stream, stream.intervals[i]);
     for (const auto& [path, count] : agg) {
       auto context = encoder.Encode(path);
       if (!context.ok()) return context.status();

@@ -5,6 +5,11 @@
 // packed_contexts payload (version 2) per interval, encoded against the whole graph. A
 // simulated agent's batch is then its own sequence, time and target around one payload, so
 // the load generator can drive thousands of agents on a few cores.
+//
+// With ProgramOptions::otlp the same samples are also kept as one OTLP profiles request per
+// interval (the dictionary and one profile of ("samples", "count") values, one sample per
+// distinct stack, as the OpenTelemetry eBPF profiler sends them), without its resource: each
+// simulated agent adds its own service.name, host.name and labels.
 #ifndef STRATA_TOOLS_LOADGEN_PROGRAM_H_
 #define STRATA_TOOLS_LOADGEN_PROGRAM_H_
 
@@ -15,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/core/context_graph.h"
+#include "opentelemetry/proto/collector/profiles/v1development/profiles_service.pb.h"
 #include "strata/v1/ingest.pb.h"
 #include "tools/loadgen/sample_stream.h"
 
@@ -29,12 +35,16 @@ struct ProgramOptions {
   // A recorded stream (sample_stream.h's text format, e.g. from record_stream) instead of a
   // synthetic one; the options above other than the seed are then ignored.
   const SampleStream* recorded = nullptr;
+  bool otlp = false;  // also build Payload::otlp
 };
 
 struct Payload {
   std::string packed_contexts;  // all of target 1
   uint64_t samples = 0;
   uint32_t contexts = 0;
+  // The same samples as an OTLP request without a resource's attributes or a time (empty
+  // unless ProgramOptions::otlp).
+  ::opentelemetry::proto::collector::profiles::v1development::ExportProfilesServiceRequest otlp;
 };
 
 class Program {

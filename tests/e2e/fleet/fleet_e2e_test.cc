@@ -78,6 +78,19 @@ TEST_F(FleetTest, ReconnectStormOfFiveHundredAgents) {
   EXPECT_LT(peak_rss, 1024);
 }
 
+// The same fleet speaking OTLP (one Export request per agent and interval, on the same
+// listener): every sample is stored exactly once, under the agents' services and hosts.
+TEST_F(FleetTest, OtlpExportersAreStoredExactly) {
+  const std::string json =
+      RunLoad({}, {"--protocol", "otlp", "--agents", "50", "--interval", "2", "--duration", "12",
+                   "--ramp-up", "2", "--rate", "99", "--label", "version=a|b"},
+              120);
+  EXPECT_NE(json.find("\"ok\":true"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"protocol\":\"otlp\""), std::string::npos) << json;
+  EXPECT_GE(Field(json, "batches"), 50 * 4);
+  EXPECT_GT(Field(json, "bytes_per_sample"), 0);
+}
+
 // A session memory budget far below what the agents' graphs need: sessions drop their
 // graphs after each message and load them again for the next; nothing is lost.
 TEST_F(FleetTest, SessionBudgetDropsGraphsAndLosesNothing) {
