@@ -5,7 +5,7 @@
 #
 #   deploy/bench.sh                 all of them
 #   deploy/bench.sh table unwind    only those (backbone encoding table unwind mips64 query fleet tls
-#                                   faults agent python fdo symbolize cluster compare)
+#                                   otlp faults agent python fdo symbolize cluster compare)
 #
 # Figures are single runs on whatever machine this is: compare ratios, not absolute times.
 set -euo pipefail
@@ -17,7 +17,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_BUILD
 cmake --build "$build" -j "$(nproc)"
 bin=$build/bin
 want=("$@")
-[[ ${#want[@]} -gt 0 ]] || want=(backbone encoding table unwind mips64 query fleet tls faults agent python fdo symbolize cluster compare)
+[[ ${#want[@]} -gt 0 ]] || want=(backbone encoding table unwind mips64 query fleet tls otlp faults agent python fdo symbolize cluster compare)
 for b in "${want[@]}"; do
   echo "===== $b"
   case $b in
@@ -31,6 +31,7 @@ for b in "${want[@]}"; do
     query) "$bin/query_benchmark" ;;
     fleet) tests/bench/fleet/fleet.sh "$bin" ;;
     tls) tests/bench/fleet/tls.sh "$bin" ;;
+    otlp) tests/bench/fleet/otlp.sh "$bin" ;;  # OTLP exports vs Strata's stream, same samples
     faults) tests/bench/faults/outage_rss.sh 30 "$bin" ;;
     agent) BUILD="$(cd "$build" && pwd)" tests/bench/agent/overhead.sh ;;  # vs perf record, dwarf
     python) BUILD="$(cd "$build" && pwd)" tests/bench/agent/python_cost.sh ;;  # C++ vs Python targets

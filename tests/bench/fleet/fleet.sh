@@ -9,6 +9,8 @@ set -euo pipefail
 bin=${1:-build/bin}; shift || true
 sizes=("$@"); [[ ${#sizes[@]} -gt 0 ]] || sizes=(100 1000 5000 10000)
 duration=${DURATION:-60}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$here/lib.sh"
 work=$(mktemp -d /tmp/strata-fleet-bench.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 printf '%7s %10s %10s %9s %8s %10s %8s %7s %9s %9s %9s %9s %10s %6s %s\n' agents samples/s \
@@ -17,11 +19,7 @@ printf '%7s %10s %10s %9s %8s %10s %8s %7s %9s %9s %9s %9s %10s %6s %s\n' agents
 for n in "${sizes[@]}"; do
   ramp=$(( n / 100 )); (( ramp < 10 )) && ramp=10; (( ramp > 60 )) && ramp=60
   data=$work/data-$n
-  "$bin/strata-server" --listen 127.0.0.1:0 --http '' --data "$data" --max-agents $((n + 100)) \
-    > "$work/server-$n.log" 2>&1 &
-  server=$!
-  for _ in $(seq 100); do grep -q "ready on port" "$work/server-$n.log" && break; sleep 0.1; done
-  port=$(sed -n 's/.*ready on port \([0-9]*\).*/\1/p' "$work/server-$n.log")
+  start_server "$work/server-$n.log" --data "$data" --max-agents $((n + 100))
   out=$("$bin/strata-loadgen" --server "127.0.0.1:$port" --server-pid "$server" --json \
     --agents "$n" --interval 10 --rate 396 --duration $((duration + ramp)) --ramp-up "$ramp" \
     --query-every 5 --drain-timeout 120) || true

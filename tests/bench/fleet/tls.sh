@@ -13,6 +13,7 @@ agents=${2:-1000}
 duration=${DURATION:-60}
 probes=${PROBES:-200}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$here/lib.sh"
 work=$(mktemp -d /tmp/strata-tls-bench.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 "$here/../../../deploy/gen-certs.sh" --out "$work/pki" >/dev/null
@@ -34,11 +35,8 @@ for mode in plaintext tls; do
     client_flags=(--tls-ca "$work/pki/ca.pem" --token-file "$work/agent.token"
                   --query-token-file "$work/reader.token")
   fi
-  "$bin/strata-server" --listen 127.0.0.1:0 --http '' --data "$work/data-$mode" \
-    --max-agents $((agents + 100)) "${server_flags[@]}" >"$work/server-$mode.log" 2>&1 &
-  server=$!
-  for _ in $(seq 100); do grep -q "ready on port" "$work/server-$mode.log" && break; sleep 0.1; done
-  port=$(sed -n 's/.*ready on port \([0-9]*\).*/\1/p' "$work/server-$mode.log")
+  start_server "$work/server-$mode.log" --data "$work/data-$mode" \
+    --max-agents $((agents + 100)) "${server_flags[@]}"
   out=$("$bin/strata-loadgen" --server "127.0.0.1:$port" --server-pid "$server" --json \
     "${client_flags[@]}" --agents "$agents" --interval 10 --rate 396 \
     --duration $((duration + 10)) --ramp-up 10 --query-every 5 --drain-timeout 120) || true
