@@ -177,9 +177,13 @@ ShippedBatches AgentShippedBatches(const std::string& agent_log) {
   return shipped;
 }
 
+std::string ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 double ProcessCpuSeconds(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string stat = ReadWholeFile(absl::StrCat("/proc/", pid, "/stat"));
   const size_t paren = stat.rfind(')');
   if (paren == std::string::npos || paren + 2 > stat.size()) return 0;
   std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');

@@ -94,6 +94,9 @@ ShippedBatches AgentShippedBatches(const std::string& agent_log);
 // User + system CPU seconds a live process has used (/proc/PID/stat); 0 if unreadable.
 double ProcessCpuSeconds(pid_t pid);
 
+// A file's whole content; empty when it cannot be read.
+std::string ReadWholeFile(const std::string& path);
+
 // "agent: X us of CPU per sample (start-up included), Y bytes per batch, Z per sample", from
 // the agent's CPU (ProcessCpuSeconds before it stopped) and its log after it stopped.
 std::string AgentCostReport(double agent_cpu_s, const std::string& agent_log);

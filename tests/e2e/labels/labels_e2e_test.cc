@@ -330,11 +330,11 @@ TEST_F(LabelsE2eTest, SelectorsSplitTwoVersionsOfOneService) {
           {"/usr/bin/env", "node", "--experimental-websocket", STRATA_DRIVE_PAGE, dir_.File("chromium-cdp"),
            absl::StrCat("http://127.0.0.1:", http_port_,
                         "/?service=demo&since_s=3600&select=region!%3D&group_by=version"),
-           "drag", "#timeline-chart", "0.5", "1"},
+           "drag", "#timeline-chart", "0.5", "1", "screenshot", dir_.File("timeline.png")},
           120);
       ASSERT_EQ(drive.exit_code, 0) << drive.output;
       std::vector<std::string> states = absl::StrSplit(drive.output, '\n', absl::SkipEmpty());
-      ASSERT_GE(states.size(), 2u) << drive.output;
+      ASSERT_EQ(states.size(), 3u) << drive.output;
       // An hour at one-minute steps: 60 intervals, 61 when the hour starts mid-minute.
       EXPECT_THAT(states[0], ::testing::ContainsRegex("\"intervals\":\"6[01]\""));
       EXPECT_THAT(states[0], ::testing::ContainsRegex("\"bars\":[1-9]"));
@@ -355,6 +355,21 @@ TEST_F(LabelsE2eTest, SelectorsSplitTwoVersionsOfOneService) {
       EXPECT_THAT(after, HasSubstr("group_by=version"));
       EXPECT_THAT(after, HasSubstr(ours_text));
       EXPECT_THAT(after, HasSubstr("\"error\":\"\""));
+      // What the browser drew: a PNG of the viewport (the window's 1280 wide; its 900 high
+      // less the browser's own bars) with the timeline, the flame graph and the legend in it,
+      // far larger than a blank page's few kilobytes.
+      EXPECT_THAT(states[2], HasSubstr("\"screenshot\":"));
+      const std::string png = ReadWholeFile(dir_.File("timeline.png"));
+      ASSERT_GT(png.size(), 24u);
+      EXPECT_EQ(png.substr(1, 3), "PNG");
+      auto be32 = [&png](size_t at) {
+        return (uint32_t{static_cast<uint8_t>(png[at])} << 24) |
+               (uint32_t{static_cast<uint8_t>(png[at + 1])} << 16) |
+               (uint32_t{static_cast<uint8_t>(png[at + 2])} << 8) | static_cast<uint8_t>(png[at + 3]);
+      };
+      EXPECT_EQ(be32(16), 1280u);  // IHDR's width and height
+      EXPECT_GT(be32(20), 600u);
+      EXPECT_GT(png.size(), 30'000u) << "a nearly blank page";
     } else {
       std::printf("node not installed: the timeline's drag was not checked\n");
     }

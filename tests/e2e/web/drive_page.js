@@ -1,12 +1,14 @@
 // Drives the web UI in headless Chromium over the DevTools protocol, for tests that need a
 // pointer (a drag across the timeline) rather than a page's DOM after load (--dump-dom).
 //
-//   node --experimental-websocket drive_page.js PROFILE_DIR URL [drag SELECTOR X0 X1]...
+//   node --experimental-websocket drive_page.js PROFILE_DIR URL [ACTION]...
+//     drag SELECTOR X0 X1   a mouse drag across the element (X0, X1: fractions of its width)
+//     screenshot FILE       the page as a PNG
 //
 // Starts chromium with PROFILE_DIR, opens URL, waits until the page says it loaded
-// (body[data-loaded]), runs each action, waits for the page to load again, and prints one
-// JSON object per state (after load, after each action): the page's address, the summary,
-// and the timeline's data attributes. X0 and X1 are fractions of the element's width.
+// (body[data-loaded]), runs each action (after a drag, waits for the page to load again), and
+// prints one JSON object per state (after load, after each action): the page's address, the
+// summary, and the timeline's data attributes; a screenshot adds its file and size.
 'use strict';
 const { spawn } = require('child_process');
 const fs = require('fs');
@@ -97,6 +99,14 @@ async function main() {
     await report();
     for (let i = 0; i < rest.length;) {
       const action = rest[i++];
+      if (action === 'screenshot') {
+        const file = rest[i++];
+        const shot = await send('Page.captureScreenshot', { format: 'png' });
+        fs.writeFileSync(file, Buffer.from(shot.data, 'base64'));
+        console.log(JSON.stringify({ ...(await state()), screenshot: file,
+                                     bytes: fs.statSync(file).size }));
+        continue;
+      }
       if (action !== 'drag') fail(`unknown action ${action}`);
       const [selector, x0, x1] = [rest[i++], Number(rest[i++]), Number(rest[i++])];
       const box = await evaluate(`(() => { const r = document.querySelector(${JSON.stringify(selector)})
