@@ -150,17 +150,25 @@ int64_t Fill(const Options& o, int64_t t0) {
     }
   }
   const auto filled = Clock::now();
+  // The server's background roller sums every whole minute and hour into the rollups as
+  // they end; a store filled at once rolls up at once.
+  const int64_t end = t0 + windows * kWindowMs;
+  if (absl::Status st = (*store)->RollUp(end); !st.ok()) {
+    std::fprintf(stderr, "roll-up: %s\n", st.ToString().c_str());
+    std::exit(1);
+  }
+  const auto rolled = Clock::now();
   (void)(*store)->CompactAll();
   const auto compacted = Clock::now();
   std::printf(
       "fill: %zu distinct stacks, %lld windows, %llu cells (%.0f per window), %llu samples in "
-      "%.1f s; compaction %.1f s; %.1f MiB on disk\n",
+      "%.1f s; roll-up %.1f s; compaction %.1f s; %.1f MiB on disk\n",
       distinct, static_cast<long long>(windows), static_cast<unsigned long long>(cells),
       static_cast<double>(cells) / windows, static_cast<unsigned long long>(samples),
-      Ms(filled - start) / 1000, Ms(compacted - filled) / 1000,
+      Ms(filled - start) / 1000, Ms(rolled - filled) / 1000, Ms(compacted - rolled) / 1000,
       (*store)->ApproximateBytesOnDisk() / 1048576.0);
   (void)(*store)->Close();
-  return t0 + windows * kWindowMs;
+  return end;
 }
 
 struct Stats {
@@ -297,7 +305,10 @@ int main(int argc, char** argv) {
 
     // Distinct stacks in the range, for context, and what one (warm) load reads.
     strata::server::query::ProfileReader reader(store->get());
-    strata::server::query::ProfileQuery pq{"bench", now - r.ms, now};
+    strata::server::query::ProfileQuery pq;
+    pq.service = "bench";
+    pq.from_ms = now - r.ms;
+    pq.to_ms = now;
     const strata::server::store::StoreStats warm = (*store)->Stats();
     auto profile = reader.Load(pq);
     Check(profile, "profile");
@@ -356,7 +367,10 @@ int main(int argc, char** argv) {
   std::printf("%-6s %14s %14s\n", "range", "auto p50 ms", "raw p50 ms");
   strata::server::query::ProfileReader reader(store->get());
   for (Range r : {Range{"24h", kDayMs}, Range{"7d", 7 * kDayMs}}) {
-    strata::server::query::ProfileQuery pq{"bench", now - r.ms, now};
+    strata::server::query::ProfileQuery pq;
+    pq.service = "bench";
+    pq.from_ms = now - r.ms;
+    pq.to_ms = now;
     Stats a = Measure(3, [&] { Check(reader.Load(pq), "auto"); });
     pq.resolution = strata::server::store::Resolution::kRaw;
     Stats raw = Measure(3, [&] { Check(reader.Load(pq), "raw"); });
