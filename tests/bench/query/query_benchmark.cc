@@ -171,6 +171,15 @@ int64_t Fill(const Options& o, int64_t t0) {
   return end;
 }
 
+// The benchmark service's profile over [from_ms, to_ms).
+strata::server::query::ProfileQuery BenchQuery(int64_t from_ms, int64_t to_ms) {
+  strata::server::query::ProfileQuery q;
+  q.service = "bench";
+  q.from_ms = from_ms;
+  q.to_ms = to_ms;
+  return q;
+}
+
 struct Stats {
   double cold, p50, p99, max;
 };
@@ -305,10 +314,7 @@ int main(int argc, char** argv) {
 
     // Distinct stacks in the range, for context, and what one (warm) load reads.
     strata::server::query::ProfileReader reader(store->get());
-    strata::server::query::ProfileQuery pq;
-    pq.service = "bench";
-    pq.from_ms = now - r.ms;
-    pq.to_ms = now;
+    strata::server::query::ProfileQuery pq = BenchQuery(now - r.ms, now);
     const strata::server::store::StoreStats warm = (*store)->Stats();
     auto profile = reader.Load(pq);
     Check(profile, "profile");
@@ -334,7 +340,7 @@ int main(int argc, char** argv) {
   // Where a 7 d query's time goes, stage by stage (warm caches; p50 of the timed runs).
   {
     strata::server::query::ProfileReader reader(store->get());
-    strata::server::query::ProfileQuery pq{"bench", now - 7 * kDayMs, now};
+    strata::server::query::ProfileQuery pq = BenchQuery(now - 7 * kDayMs, now);
     strata::server::query::ProfileQuery first_half = pq, second_half = pq;
     first_half.to_ms = second_half.from_ms = now - 7 * kDayMs / 2;
     absl::StatusOr<strata::server::query::Profile> profile, base, current;
@@ -367,10 +373,7 @@ int main(int argc, char** argv) {
   std::printf("%-6s %14s %14s\n", "range", "auto p50 ms", "raw p50 ms");
   strata::server::query::ProfileReader reader(store->get());
   for (Range r : {Range{"24h", kDayMs}, Range{"7d", 7 * kDayMs}}) {
-    strata::server::query::ProfileQuery pq;
-    pq.service = "bench";
-    pq.from_ms = now - r.ms;
-    pq.to_ms = now;
+    strata::server::query::ProfileQuery pq = BenchQuery(now - r.ms, now);
     Stats a = Measure(3, [&] { Check(reader.Load(pq), "auto"); });
     pq.resolution = strata::server::store::Resolution::kRaw;
     Stats raw = Measure(3, [&] { Check(reader.Load(pq), "raw"); });
