@@ -284,6 +284,24 @@ http::HttpResponse RenderMetrics(const http::HttpServer* http, store::Store* sto
   counter("strata_ingest_replication_failures_total",
           "Batches not acknowledged because an owner did not confirm them.",
           metrics->replication_failures);
+  if (access.otlp != nullptr) {
+    const otlp::OtlpMetrics& o = *access.otlp;
+    counter("strata_otlp_requests_total", "OTLP Export requests received (replica calls too).",
+            o.requests);
+    counter("strata_otlp_rejected_requests_total",
+            "OTLP Export requests refused (malformed, over a limit, wrong role).",
+            o.rejected_requests);
+    counter("strata_otlp_samples_total", "Samples stored from OTLP exports.", o.samples);
+    counter("strata_otlp_duplicate_commits_total",
+            "(host, window) parts of retried OTLP requests not stored again.",
+            o.duplicate_commits);
+    counter("strata_otlp_forwarded_total",
+            "OTLP requests forwarded to another owner of their hosts and confirmed (cluster).",
+            o.forwarded);
+    counter("strata_otlp_forward_failures_total",
+            "OTLP requests another owner did not confirm (answered UNAVAILABLE).",
+            o.forward_failures);
+  }
   if (access.regressions != nullptr) r.body += access.regressions->RenderMetrics();
   if (access.more_metrics) r.body += access.more_metrics();
   if (access.capture_limit_refusals) {

@@ -12,6 +12,7 @@
 #include "server/auth/authorizer.h"
 #include "server/http/http_server.h"
 #include "server/ingest/ingest_service.h"
+#include "server/otlp/otlp_service.h"
 #include "server/query/query_service.h"
 #include "server/regress/regressions_service.h"
 #include "server/store/store.h"
@@ -29,6 +30,8 @@ struct HttpAccess {
   // Symbolization and debug-info uploads, for /metrics; optional.
   const symbolize::Symbolizer* symbolizer = nullptr;
   const symbolize::DebugInfoService* debuginfo = nullptr;
+  // OTLP profiles ingest, for /metrics; optional.
+  const otlp::OtlpMetrics* otlp = nullptr;
   // Release verdicts: /api/v1/regressions, and their metrics; optional.
   regress::RegressionsService* regressions = nullptr;
   // More Prometheus text for /metrics (a cluster node's ring state); optional.

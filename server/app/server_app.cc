@@ -131,6 +131,8 @@ absl::Status ServerApp::JoinCluster() {
   placement_ = std::make_unique<cluster::ClusterPlacement>(
       membership_.get(), store_.get(), &node_channels_, cluster.replication,
       &replication_metrics_);
+  otlp_placement_ = std::make_unique<cluster::ClusterOtlpPlacement>(
+      membership_.get(), &node_channels_, cluster.replication);
   spdlog::info("cluster: node {} at {} joined {} ({} nodes, replication factor {})",
                cluster.node_id, cluster.advertise, cluster.etcd_endpoints,
                membership_->ring()->members().size(), cluster.replication.replication_factor);
@@ -148,6 +150,7 @@ absl::Status ServerApp::BuildServices() {
   otlp_options.authorizer = authorizer_.get();
   otlp_options.committer = aggregator_.get();
   otlp_options.limits = options_.ingest.service.limits;
+  otlp_options.placement = otlp_placement_.get();
   otlp_ = std::make_unique<otlp::OtlpService>(store_.get(), std::move(otlp_options));
   auto debuginfo_store = symbolize::DebugInfoStore::Open(
       options_.storage.data_dir + "/debuginfo", options_.symbolize.max_debuginfo_bytes);
@@ -326,6 +329,7 @@ absl::Status ServerApp::Listen() {
        .capture_limit_refusals = [capture = capture_.get()] { return capture->limit_refusals(); },
        .symbolizer = symbolizer_.get(),
        .debuginfo = debuginfo_.get(),
+       .otlp = &otlp_->metrics(),
        .regressions = regressions_.get(),
        .more_metrics = membership_ == nullptr ? std::function<std::string()>() : [this] {
          return cluster::RenderClusterMetrics(*cluster_service_, debuginfo_sync_.get());

@@ -27,6 +27,7 @@
 #include "server/capture/capture_service.h"
 #include "server/cluster/fanout.h"
 #include "server/cluster/membership.h"
+#include "server/cluster/otlp_placement.h"
 #include "server/cluster/replication.h"
 #include "server/http/http_server.h"
 #include "server/ingest/ingest_service.h"
@@ -93,10 +94,11 @@ class ServerApp {
   std::unique_ptr<store::Store> store_;
   // Reset by Shutdown() once it has written its open windows, before the store closes.
   std::unique_ptr<aggregate::WindowAggregator> aggregator_;
-  // In a cluster only (null otherwise): membership_, placement_, cluster_service_, fanout_
-  // and debuginfo_sync_.
+  // In a cluster only (null otherwise): membership_, placement_, otlp_placement_,
+  // cluster_service_, fanout_ and debuginfo_sync_.
   std::unique_ptr<cluster::Membership> membership_;
   std::unique_ptr<cluster::ClusterPlacement> placement_;
+  std::unique_ptr<cluster::ClusterOtlpPlacement> otlp_placement_;
   std::unique_ptr<ingest::IngestService> ingest_;
   std::unique_ptr<otlp::OtlpService> otlp_;  // OTLP profiles, into the same pipeline
   std::unique_ptr<symbolize::DebugInfoStore> debuginfo_store_;

@@ -1,18 +1,22 @@
 #include "server/otlp/otlp_service.h"
 
+#include <algorithm>
 #include <map>
+#include <set>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/base/clock.h"
 #include "common/rpc/grpc_status.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "server/auth/grpc_auth.h"
 #include "server/commit/profile_type.h"
+#include "server/ingest/placement.h"
 #include "spdlog/spdlog.h"
 
 namespace strata::server::otlp {
@@ -43,15 +47,33 @@ OtlpService::OtlpService(store::Store* store, Options options)
 grpc::Status OtlpService::Export(grpc::ServerContext* context,
                                  const otlp_v1::ExportProfilesServiceRequest* request,
                                  otlp_v1::ExportProfilesServiceResponse* /*response*/) {
-  auto principal =
-      auth::AuthorizeCall(options_.authorizer, context, auth::Role::kAgent, "OTLP ingest");
+  // A replica call stores hosts another node placed here: only a node (role node) may make
+  // one.
+  const bool replica = options_.placement != nullptr &&
+                       context->client_metadata().count(ingest::kReplicaMetadata) > 0;
+  auto principal = auth::AuthorizeCall(options_.authorizer, context,
+                                       replica ? auth::Role::kNode : auth::Role::kAgent,
+                                       replica ? "forwarding OTLP exports" : "OTLP ingest");
   if (!principal.ok()) {
     ++metrics_.rejected_requests;
     return rpc::ToGrpcStatus(principal.status());
   }
-  const std::string forced_host =
-      principal->kind == auth::Principal::Kind::kCertificate ? principal->name : std::string();
-  absl::Status applied = Apply(*request, forced_host);
+  absl::Status applied;
+  if (replica) {
+    std::vector<std::string> hosts;
+    auto [begin, end] = context->client_metadata().equal_range(kReplicaHostsMetadata);
+    for (auto it = begin; it != end; ++it) {
+      for (absl::string_view host : absl::StrSplit(
+               absl::string_view(it->second.data(), it->second.size()), '\0', absl::SkipEmpty())) {
+        hosts.emplace_back(host);
+      }
+    }
+    applied = ApplyReplica(*request, hosts);
+  } else {
+    const std::string forced_host =
+        principal->kind == auth::Principal::Kind::kCertificate ? principal->name : std::string();
+    applied = Apply(*request, forced_host);
+  }
   if (!applied.ok()) {
     spdlog::warn("OTLP export from {} refused: {}", principal->Describe(), applied.ToString());
   }
@@ -66,19 +88,56 @@ absl::Status OtlpService::Apply(const otlp_v1::ExportProfilesServiceRequest& req
     ++metrics_.rejected_requests;
     return converted.status();
   }
+  if (options_.placement == nullptr) return Store(request, *converted, std::nullopt);
+  std::set<std::string> distinct;
+  for (const ConvertedCell& cell : converted->cells) distinct.insert(cell.host);
+  auto plan = options_.placement->PlanHosts({distinct.begin(), distinct.end()});
+  if (!plan.ok()) return plan.status();
+  if (!plan->here.empty()) {
+    if (absl::Status s = Store(request, *converted, plan->here); !s.ok()) return s;
+  }
+  for (const auto& [address, hosts] : plan->elsewhere) {
+    if (absl::Status s = options_.placement->Forward(address, request, hosts); !s.ok()) {
+      ++metrics_.forward_failures;
+      return absl::UnavailableError(absl::StrCat("the owner at ", address, " of ", hosts.size(),
+                                                 " of the request's hosts did not confirm it (",
+                                                 s.message(), "); retry"));
+    }
+    ++metrics_.forwarded;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OtlpService::ApplyReplica(const otlp_v1::ExportProfilesServiceRequest& request,
+                                       const std::vector<std::string>& hosts) {
+  ++metrics_.requests;
+  auto converted = ConvertRequest(request, options_.limits, /*forced_host=*/"", base::NowMs());
+  if (!converted.ok()) {
+    ++metrics_.rejected_requests;
+    return converted.status();
+  }
+  return Store(request, *converted, hosts);
+}
+
+absl::Status OtlpService::Store(const otlp_v1::ExportProfilesServiceRequest& request,
+                                const ConvertedRequest& converted,
+                                const std::optional<std::vector<std::string>>& hosts) {
+  auto stored_here = [&hosts](const std::string& host) {
+    return !hosts.has_value() || std::find(hosts->begin(), hosts->end(), host) != hosts->end();
+  };
   // Records first, in one commit: content-addressed, so harmless if the counts fail later.
   store::WriteBatch records;
   store::Interner& interner = store_->interner();
   std::vector<uint64_t> function_ids;
-  function_ids.reserve(converted->functions.size());
-  for (const store::FunctionInfo& f : converted->functions) {
+  function_ids.reserve(converted.functions.size());
+  for (const store::FunctionInfo& f : converted.functions) {
     auto id = interner.InternFunction(f, &records);
     if (!id.ok()) return id.status();
     function_ids.push_back(*id);
   }
   std::vector<uint64_t> stack_ids;
-  stack_ids.reserve(converted->stacks.size());
-  for (const ConvertedStack& s : converted->stacks) {
+  stack_ids.reserve(converted.stacks.size());
+  for (const ConvertedStack& s : converted.stacks) {
     store::StackFrames frames;
     frames.truncated = s.truncated;
     for (uint32_t f : s.functions) frames.function_ids.push_back(function_ids[f]);
@@ -89,7 +148,8 @@ absl::Status OtlpService::Apply(const otlp_v1::ExportProfilesServiceRequest& req
   // Label sets, and the cells of each (host, window).
   std::map<std::pair<std::string, std::string>, uint64_t> label_sets;  // (service, encoded)
   std::map<std::tuple<std::string, int64_t>, std::vector<commit::BatchCommitter::Cell>> groups;
-  for (const ConvertedCell& cell : converted->cells) {
+  for (const ConvertedCell& cell : converted.cells) {
+    if (!stored_here(cell.host)) continue;
     auto [it, added] = label_sets.try_emplace({cell.service, labels::Encode(cell.labels)}, 0);
     if (added && !cell.labels.empty()) {
       auto id = interner.InternLabelSet(cell.service, cell.labels,

@@ -14,14 +14,24 @@
 // acknowledged without being stored again, per (host, window) commit, so a retry after a
 // partial failure stores only what was missing. A retry after that, or after a server
 // restart, is stored again: each such retry counts its samples once more.
+//
+// In a cluster (Options::placement), a request's hosts are stored by their owners on the
+// ring, as agents' streams are: the node that receives it stores the hosts it owns and
+// forwards the request to each other owner, naming the hosts that node is to store (a replica
+// call: role node, applied without placement), and answers OK only once every owner stored
+// them. A failed forward answers UNAVAILABLE; the sender's retry is recognized, per node, for
+// what each already stored.
 #ifndef STRATA_SERVER_OTLP_OTLP_SERVICE_H_
 #define STRATA_SERVER_OTLP_OTLP_SERVICE_H_
 
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -37,11 +47,33 @@
 
 namespace strata::server::otlp {
 
+// Metadata of a replica call (binary): the hosts of the request the receiving node stores,
+// separated by NUL bytes. The call also carries ingest's kReplicaMetadata (the sending node).
+inline constexpr char kReplicaHostsMetadata[] = "x-strata-otlp-hosts-bin";
+
+// Where a cluster stores each host (server/cluster implements it).
+class OtlpPlacement {
+ public:
+  struct Plan {
+    std::vector<std::string> here;  // hosts this node owns
+    std::map<std::string, std::vector<std::string>> elsewhere;  // other owner's address -> hosts
+  };
+  virtual ~OtlpPlacement() = default;
+  // Unavailable when this node cannot tell (it lost its membership).
+  virtual absl::StatusOr<Plan> PlanHosts(const std::vector<std::string>& hosts) = 0;
+  // Has the node at `address` store `hosts` of `request` (a replica call); OK once it did.
+  virtual absl::Status Forward(const std::string& address,
+                               const otlp_v1::ExportProfilesServiceRequest& request,
+                               const std::vector<std::string>& hosts) = 0;
+};
+
 struct OtlpMetrics {
   std::atomic<uint64_t> requests{0};
   std::atomic<uint64_t> rejected_requests{0};
   std::atomic<uint64_t> duplicate_commits{0};  // (host, window) parts of retried requests
   std::atomic<uint64_t> samples{0};
+  std::atomic<uint64_t> forwarded{0};          // requests forwarded to another owner, confirmed
+  std::atomic<uint64_t> forward_failures{0};   // ... not confirmed (the sender retries)
 };
 
 class OtlpService final : public otlp_v1::ProfilesService::Service {
@@ -55,6 +87,8 @@ class OtlpService final : public otlp_v1::ProfilesService::Service {
     // Retried requests are recognized within these bounds (see above).
     size_t dedup_entries = 1 << 16;
     absl::Duration dedup_window = absl::Minutes(10);
+    // A cluster's placement of hosts; null: this server stores every host.
+    OtlpPlacement* placement = nullptr;
   };
 
   // Borrows the store, the committer and the authorizer.
@@ -65,13 +99,20 @@ class OtlpService final : public otlp_v1::ProfilesService::Service {
                       otlp_v1::ExportProfilesServiceResponse* response) override;
 
   // Export without the transport: converts and stores `request` as a sender that may write
-  // only as `forced_host` (empty: as any host).
+  // only as `forced_host` (empty: as any host), placing its hosts if there is a placement.
   absl::Status Apply(const otlp_v1::ExportProfilesServiceRequest& request,
                      const std::string& forced_host);
+  // A replica call's part: converts `request` and stores only `hosts` of it.
+  absl::Status ApplyReplica(const otlp_v1::ExportProfilesServiceRequest& request,
+                            const std::vector<std::string>& hosts);
 
   const OtlpMetrics& metrics() const { return metrics_; }
 
  private:
+  // Stores the cells of `converted` whose host is in `hosts` (all: nullopt).
+  absl::Status Store(const otlp_v1::ExportProfilesServiceRequest& request,
+                     const ConvertedRequest& converted,
+                     const std::optional<std::vector<std::string>>& hosts);
   // Whether commit `key` must be done now (false: done already); UNAVAILABLE while the same
   // commit of an identical request is under way.
   absl::StatusOr<bool> BeginCommit(uint64_t key);

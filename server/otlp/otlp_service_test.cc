@@ -107,5 +107,60 @@ TEST_F(OtlpServiceTest, RefusedRequestStoresNothing) {
   EXPECT_EQ(Total("api"), 0u);
 }
 
+// A cluster where this node owns host-1 and another node host-2: host-1 is stored here, the
+// request goes to the other node for host-2, and its failure is the sender's UNAVAILABLE
+// (its retry is recognized for host-1).
+class TwoNodePlacement : public OtlpPlacement {
+ public:
+  absl::StatusOr<Plan> PlanHosts(const std::vector<std::string>& hosts) override {
+    Plan plan;
+    for (const std::string& host : hosts) {
+      if (host == "host-1") {
+        plan.here.push_back(host);
+      } else {
+        plan.elsewhere["10.0.0.2:7070"].push_back(host);
+      }
+    }
+    return plan;
+  }
+  absl::Status Forward(const std::string& address, const otlp_v1::ExportProfilesServiceRequest&,
+                       const std::vector<std::string>& hosts) override {
+    forwards.push_back({address, hosts});
+    return fail ? absl::DeadlineExceededError("no answer") : absl::OkStatus();
+  }
+  std::vector<std::pair<std::string, std::vector<std::string>>> forwards;
+  bool fail = false;
+};
+
+TEST_F(OtlpServiceTest, InAClusterEachHostIsStoredByItsOwners) {
+  TwoNodePlacement placement;
+  OtlpService::Options options;
+  options.placement = &placement;
+  service_ = std::make_unique<OtlpService>(store_.get(), options);
+  const auto request = TwoHosts();
+  placement.fail = true;
+  absl::Status s = service_->Apply(request, "");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("10.0.0.2:7070"));
+  EXPECT_EQ(Total("api"), 3u);  // host-1's, stored here
+  placement.fail = false;
+  ASSERT_TRUE(service_->Apply(request, "").ok());
+  EXPECT_EQ(Total("api"), 3u);  // the retry stored nothing twice here
+  ASSERT_EQ(placement.forwards.size(), 2u);
+  EXPECT_EQ(placement.forwards[1].first, "10.0.0.2:7070");
+  EXPECT_EQ(placement.forwards[1].second, std::vector<std::string>{"host-2"});
+  EXPECT_EQ(service_->metrics().forwarded.load(), 1u);
+  EXPECT_EQ(service_->metrics().forward_failures.load(), 1u);
+}
+
+TEST_F(OtlpServiceTest, AReplicaCallStoresOnlyTheHostsItNames) {
+  ASSERT_TRUE(service_->ApplyReplica(TwoHosts(), {"host-2"}).ok());
+  EXPECT_EQ(Total("api"), 4u);
+  query::ProfileReader reader(store_.get());
+  auto host1 = reader.Load(AllTime("api", "host-1"));
+  ASSERT_TRUE(host1.ok()) << host1.status();
+  EXPECT_EQ(host1->total, 0u);
+}
+
 }  // namespace
 }  // namespace strata::server::otlp

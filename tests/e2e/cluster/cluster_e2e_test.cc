@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <regex>
 #include <string>
@@ -676,6 +677,45 @@ TEST_F(ClusterTest, FanOutQueriesNameTheNodesThatDidNotAnswer) {
               absl::StrCat("n2 (", n2.address(), "): down (lease expired)"));
   }
   ASSERT_EQ(kill(n3.process->pid(), SIGCONT), 0);
+}
+
+// OTLP exports are stored by every owner of their hosts, whichever node they reach (the load
+// generator's senders spread over the three nodes): nothing is lost or doubled, the nodes
+// forward what they do not own, and with one node stopped the other two still hold every
+// sample.
+TEST_F(ClusterTest, OtlpExportsAreStoredByEveryOwnerOfTheirHosts) {
+  lease_ttl_ = "60s";  // the stopped node stays on the ring
+  for (int i = 0; i < 3; ++i) AddNode({"--cluster-query-timeout", "2s"});
+  auto load = StartLoad(8, "otlp", 30, {"--protocol", "otlp"});
+  ExpectExact(*load, 120);
+  double forwarded = 0;
+  for (const auto& n : nodes_) forwarded += std::max(0.0, Metric(*n, "strata_otlp_forwarded_total"));
+  EXPECT_GT(forwarded, 0) << Logs();
+
+  auto query = v1::Query::NewStub(
+      grpc::CreateChannel(nodes_[1]->address(), grpc::InsecureChannelCredentials()));
+  auto total = [&](const std::string& service, v1::HotPathsResponse* paths) {
+    grpc::ClientContext ctx;
+    v1::HotPathsRequest request;
+    request.mutable_filter()->set_service(service);
+    return query->HotPaths(&ctx, request, paths);
+  };
+  std::map<std::string, uint64_t> all;
+  for (int s = 0; s < 3; ++s) {
+    const std::string service = absl::StrCat("otlp-svc-", s);
+    v1::HotPathsResponse paths;
+    ASSERT_TRUE(total(service, &paths).ok()) << service;
+    all[service] = paths.total_samples();
+    EXPECT_GT(all[service], 0u);
+  }
+  ASSERT_EQ(kill(nodes_[0]->process->pid(), SIGSTOP), 0);
+  for (const auto& [service, samples] : all) {
+    v1::HotPathsResponse paths;
+    ASSERT_TRUE(total(service, &paths).ok()) << service;
+    EXPECT_EQ(paths.total_samples(), samples) << service << " without n1";
+    EXPECT_EQ(paths.unreachable_nodes_size(), 1) << paths.DebugString();
+  }
+  ASSERT_EQ(kill(nodes_[0]->process->pid(), SIGCONT), 0);
 }
 
 // A new release is compared by the node first in the ring, reading every node's samples, and
