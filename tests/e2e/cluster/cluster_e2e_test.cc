@@ -24,6 +24,7 @@
 #include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 #include "server/cluster/etcd/etcd_test_server.h"
+#include "opentelemetry/proto/collector/profiles/v1development/profiles_service.grpc.pb.h"
 #include "strata/v1/capture.grpc.pb.h"
 #include "strata/v1/cluster.grpc.pb.h"
 #include "strata/v1/debuginfo.grpc.pb.h"
@@ -963,6 +964,20 @@ TEST_F(ClusterSecurityTest, OnlyNodesReplicateOrCallNodeInternals) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
     EXPECT_NE((s.error_message() + errors).find("role node"), std::string::npos)
         << s.error_message() << errors;
+  }
+  {
+    // An agent's credentials cannot make an OTLP replica call (which stores hosts it names
+    // without placing them) either.
+    namespace otlp = opentelemetry::proto::collector::profiles::v1development;
+    auto profiles = otlp::ProfilesService::NewStub(Channel(n1));
+    grpc::ClientContext ctx;
+    AddToken(&ctx, "fleet");
+    ctx.AddMetadata("x-strata-replica-of", "n2");
+    otlp::ExportProfilesServiceRequest export_request;
+    otlp::ExportProfilesServiceResponse answer;
+    grpc::Status s = profiles->Export(&ctx, export_request, &answer);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_NE(s.error_message().find("role node"), std::string::npos) << s.error_message();
   }
   v1::LocalProfileRequest request;
   request.mutable_filter()->set_service("any");
