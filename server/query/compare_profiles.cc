@@ -122,6 +122,7 @@ absl::StatusOr<LoadedGroup> LoadGroup(const ProfileLoader& load, const CompareGr
   auto work = [&] {
     for (size_t i = next++; i < slices.size(); i = next++) {
       ProfileQuery q = g.query;
+      q.requests = g.requests == 0;  // typed requests replace the scraped ones
       q.host = hosts[slices[i].host];
       q.from_ms = slices[i].from_ms;
       q.to_ms = slices[i].to_ms;
@@ -135,8 +136,6 @@ absl::StatusOr<LoadedGroup> LoadGroup(const ProfileLoader& load, const CompareGr
       out.unreachable.insert(profile->unreachable_nodes.begin(), profile->unreachable_nodes.end());
       if (profile->total == 0) continue;
       out.group.units.push_back(keys->UnitOf(*profile, window_ms == 0 ? slices[i].host : i));
-      // Requests typed in the request replace the scraped ones.
-      if (g.requests > 0) out.group.units.back().requests = 0;
     }
   };
   std::vector<std::thread> threads;
