@@ -126,8 +126,9 @@ absl::StatusOr<Sample> ParseSampleLine(absl::string_view line) {
   if (!value.ok()) return value.status();
   sample.value = *value;
   int64_t timestamp = 0;
-  if (fields.size() == 2 && (fields[1].find_first_not_of("-0123456789") != absl::string_view::npos ||
-                             !absl::SimpleAtoi(fields[1], &timestamp))) {
+  const bool integer = fields.size() == 2 && fields[1].find_first_not_of("-0123456789") ==
+                                                absl::string_view::npos;
+  if (fields.size() == 2 && (!integer || !absl::SimpleAtoi(fields[1], &timestamp))) {
     return absl::InvalidArgumentError(absl::StrCat("bad timestamp '", fields[1], "'"));
   }
   return sample;

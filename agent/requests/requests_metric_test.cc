@@ -221,7 +221,8 @@ TEST(RequestsMetricTest, ScrapesARealServer) {
   EXPECT_EQ(scraper->stats().scrapes, 4u);
 
   // A Content-Length shorter than what came: the body is cut there.
-  server.SetResponse("HTTP/1.1 200 OK\r\nContent-Length: 23\r\n\r\nhttp_requests_total 25\ntrailing junk");
+  server.SetResponse(
+      "HTTP/1.1 200 OK\r\nContent-Length: 23\r\n\r\nhttp_requests_total 25\ntrailing junk");
   scraper->ScrapeOnce();
   EXPECT_EQ(scraper->TakeRequests(), 20u);
 }

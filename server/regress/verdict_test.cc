@@ -79,7 +79,8 @@ TEST(VerdictTest, PerRequestFiguresDecideWhereTheComparisonHasThem) {
   // second): IMPROVED, in the comparison's unit.
   v1::CompareResponse c;
   c.set_per_request_unit("ms CPU/request");
-  for (auto [name, base, cand] : {std::tuple{"parse", 2.0, 1.5}, std::tuple{"checksum", 1.0, 0.8}}) {
+  for (auto [name, base, cand] :
+       {std::tuple{"parse", 2.0, 1.5}, std::tuple{"checksum", 1.0, 0.8}}) {
     v1::FunctionComparison f = Row(name, 50, 50, false);
     v1::PerRequestEstimate* r = f.mutable_self()->mutable_per_request();
     r->set_baseline(base);

@@ -900,7 +900,8 @@ TEST_F(StoreTest, RequestsSumPerHostAndRange) {
   WriteBatch batch;
   for (int64_t window = 0; window < 3 * kHour; window += 11 * kWindow) {
     for (const std::string host : {"a", "b"}) {
-      const uint64_t requests = static_cast<uint64_t>(window / kWindow % 7) + (host == "a" ? 1 : 50);
+      const uint64_t requests =
+          static_cast<uint64_t>(window / kWindow % 7) + (host == "a" ? 1 : 50);
       batch.PutRequests("svc", window, host, "agent-" + host, 1, ++sequence, requests);
       written[{host, window}] = requests;
     }
