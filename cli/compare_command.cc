@@ -2,6 +2,7 @@
 // a candidate selector, over one range or two) are larger than the spread between hosts.
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "cli/client.h"
@@ -53,6 +54,22 @@ std::string Q(const v1::CompareEstimate& e) {
   return e.tested() ? absl::StrFormat("%.3g", e.q()) : "-";
 }
 
+// A function's self per request, in the response's per_request_unit.
+std::vector<std::string> PerRequestRow(const v1::FunctionComparison& f, bool enough) {
+  const v1::PerRequestEstimate& e = f.self().per_request();
+  const v1::PerRequestEstimate& t = f.total().per_request();
+  return {e.significant() ? "*" : (t.significant() ? "t" : ""),
+          absl::StrFormat("%+.4g", e.delta()),
+          enough ? absl::StrFormat("[%+.4g, %+.4g]", e.ci_low(), e.ci_high()) : "-",
+          e.baseline() == 0 ? "new" : absl::StrFormat("%+.1f%%", e.relative()),
+          e.tested() ? absl::StrFormat("%.3g", e.q()) : "-",
+          absl::StrFormat("%.4g", e.baseline()),
+          absl::StrFormat("%.4g", e.candidate()),
+          absl::StrFormat("%+.4g", t.delta()),
+          t.tested() ? absl::StrFormat("%.3g", t.q()) : "-",
+          FrameText(f.function())};
+}
+
 int RunCompare(CliContext* ctx, const CompareOptions& o) {
   Client& client = ctx->client();
   v1::CompareRequest request;
@@ -93,9 +110,18 @@ int RunCompare(CliContext* ctx, const CompareOptions& o) {
               r.candidate_units());
   for (const std::string& note : r.notes()) std::printf("note: %s\n", note.c_str());
   if (r.baseline_samples_per_request() > 0) {
-    std::printf("samples per request: %.3f baseline, %.3f candidate (%+.1f%%)\n",
+    std::printf("requests: %s baseline, %s candidate (%s)\n",
+                WithThousands(r.baseline_requests()).c_str(),
+                WithThousands(r.candidate_requests()).c_str(),
+                r.per_request_unit().empty() ? "as given" : "scraped by the agents");
+    std::printf("samples per request: %.4g baseline, %.4g candidate (%+.1f%%)\n",
                 r.baseline_samples_per_request(), r.candidate_samples_per_request(),
                 100 * (r.candidate_samples_per_request() / r.baseline_samples_per_request() - 1));
+    if (r.sampling_hz() > 0) {
+      std::printf("CPU per request at %u Hz: %.4g ms baseline, %.4g ms candidate\n",
+                  r.sampling_hz(), 1000 * r.baseline_samples_per_request() / r.sampling_hz(),
+                  1000 * r.candidate_samples_per_request() / r.sampling_hz());
+    }
   }
   const bool enough = !r.not_enough_data();
   if (!enough) {
@@ -124,6 +150,18 @@ int RunCompare(CliContext* ctx, const CompareOptions& o) {
                       Q(t), FrameText(f.function())});
   }
   std::fputs(functions.ToString().c_str(), stdout);
+  if (!r.per_request_unit().empty()) {
+    std::printf(
+        "\nFunctions per request (%s%s; * = significant per request, Benjamini-Hochberg of "
+        "its own):\n",
+        r.per_request_unit().c_str(),
+        r.sampling_hz() > 0 ? "" : ": the sampling rate is not known, samples are not CPU time");
+    Table per_request({"", "ΔSELF", "INTERVAL", "REL", "q", "BASE SELF", "SELF", "ΔTOTAL",
+                       "q TOTAL", "FUNCTION"},
+                      {1, 2, 3, 4, 5, 6, 7, 8});
+    for (const auto& f : r.functions()) per_request.AddRow(PerRequestRow(f, enough));
+    std::fputs(per_request.ToString().c_str(), stdout);
+  }
   std::printf("\nPaths:\n");
   Table paths({"", "Δ", "INTERVAL", "REL", "q", "BASE%", "NOW%", "PATH"}, {1, 2, 3, 4, 5, 6});
   for (const auto& p : r.paths()) {
@@ -170,13 +208,16 @@ void AddCompareCommand(CLI::App* app, CliContext* ctx, int* exit_code) {
                   "rows below this percentage of the samples are shown but not tested")
       ->capture_default_str();
   cmd->add_option("--baseline-requests", o.baseline_requests,
-                  "requests the baseline served over its range (for samples per request)");
+                  "requests the baseline served over its range (for samples per request; "
+                  "replaces the counts the agents scraped with --requests-metric)");
   cmd->add_option("--candidate-requests", o.candidate_requests,
                   "requests the candidate served over its range");
   cmd->footer(
       "Rows marked * differ by more than the spread between hosts explains; REL is the change "
       "of the row's own CPU share (+10% = a tenth more). MDE is the smallest change these "
-      "hosts could have shown. See docs/using/queries.md.");
+      "hosts could have shown. Where every host's agent scraped its requests "
+      "(strata-agent --requests-metric), each function is also compared per request. See "
+      "docs/using/queries.md.");
   cmd->callback([=] { *exit_code = RunCompare(ctx, o); });
 }
 

@@ -32,9 +32,22 @@ std::string StateText(const v1::ReleaseVerdict& v) {
   }
 }
 
-std::string ChangeText(const v1::ReleaseFunctionChange& f) {
-  std::string text = absl::StrFormat("%+.2f pt [%+.2f, %+.2f] %s", f.delta(), f.ci_low(),
-                                     f.ci_high(), f.self() ? "self" : "total");
+// A verdict's figures are shares (percent, deltas in points) or per request in its unit.
+std::string MinDetectableText(const v1::ReleaseVerdict& v) {
+  return v.unit().empty() ? absl::StrFormat("%.2f pt", v.min_detectable())
+                          : absl::StrFormat("%.4g %s", v.min_detectable(), v.unit());
+}
+std::string FigureText(const v1::ReleaseVerdict& v, double figure) {
+  return v.unit().empty() ? absl::StrFormat("%.2f%%", figure) : absl::StrFormat("%.4g", figure);
+}
+
+std::string ChangeText(const v1::ReleaseVerdict& v, const v1::ReleaseFunctionChange& f) {
+  std::string text =
+      v.unit().empty()
+          ? absl::StrFormat("%+.2f pt [%+.2f, %+.2f]", f.delta(), f.ci_low(), f.ci_high())
+          : absl::StrFormat("%+.4g [%+.4g, %+.4g] %s", f.delta(), f.ci_low(), f.ci_high(),
+                            v.unit());
+  absl::StrAppend(&text, f.self() ? " self" : " total");
   if (f.baseline_share() > 0) absl::StrAppendFormat(&text, " (%+.0f %%)", f.relative());
   return text;
 }
@@ -74,9 +87,9 @@ int RunRegressions(CliContext* ctx, const RegressionOptions& o) {
                   absl::StrCat(StateText(v), v.final() ? "" : " (so far)",
                                v.error().empty() ? "" : " (error)"),
                   absl::StrCat(v.baseline_units(), "/", v.candidate_units()),
-                  v.min_detectable() > 0 ? absl::StrFormat("%.2f pt", v.min_detectable()) : "-",
+                  v.min_detectable() > 0 ? MinDetectableText(v) : "-",
                   v.functions_size() > 0
-                      ? absl::StrCat(v.functions(0).name(), " ", ChangeText(v.functions(0)))
+                      ? absl::StrCat(v.functions(0).name(), " ", ChangeText(v, v.functions(0)))
                       : "-"});
   }
   std::printf("Releases compared with the one before, and phase changes (since %s%s): %d of "
@@ -88,12 +101,13 @@ int RunRegressions(CliContext* ctx, const RegressionOptions& o) {
   // The functions responsible, per regressed release.
   for (const v1::ReleaseVerdict& v : r.verdicts()) {
     if (v.state() != v1::ReleaseVerdict::REGRESSED) continue;
-    std::printf("\n%s %s: share of the service's CPU, baseline -> candidate\n",
-                v.service().c_str(), ComparedText(v).c_str());
+    std::printf("\n%s %s: %s, baseline -> candidate\n", v.service().c_str(),
+                ComparedText(v).c_str(),
+                v.unit().empty() ? "share of the service's CPU" : v.unit().c_str());
     Table functions({"FUNCTION", "BASELINE", "CANDIDATE", "CHANGE", "Q"}, {1, 2, 4});
     for (const v1::ReleaseFunctionChange& f : v.functions()) {
-      functions.AddRow({f.name(), absl::StrFormat("%.2f%%", f.baseline_share()),
-                        absl::StrFormat("%.2f%%", f.candidate_share()), ChangeText(f),
+      functions.AddRow({f.name(), FigureText(v, f.baseline_share()),
+                        FigureText(v, f.candidate_share()), ChangeText(v, f),
                         absl::StrFormat("%.2g", f.q())});
     }
     std::fputs(functions.ToString().c_str(), stdout);

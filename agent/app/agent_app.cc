@@ -1,8 +1,11 @@
 #include "agent/app/agent_app.h"
 
+#include <algorithm>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -188,7 +191,20 @@ int AgentApp::Run(const std::atomic<bool>& stop) {
   IntervalLoop loop(options_.interval,
                     recovery_.last_sequence,  // a resumed incarnation numbers on
                     profiler_.get(), shipper_.get(), captures_.get());
+  // Each on its own thread, so a slow endpoint never holds up sampling; a fetch gets at most
+  // half an interval.
+  std::vector<std::unique_ptr<requests::RequestsScraper>> scrapers;
+  for (const requests::MetricSource& source : options_.requests_metrics) {
+    scrapers.push_back(std::make_unique<requests::RequestsScraper>(
+        source, options_.interval, std::min(options_.interval / 2, absl::Seconds(5))));
+    loop.AddRequestsScraper(scrapers.back().get());
+  }
   loop.Run(stop);
+  for (const auto& scraper : scrapers) {
+    const requests::ScraperStats s = scraper->stats();
+    spdlog::info("requests metric {}: {} scrapes, {} failed, {} counter resets",
+                 scraper->source().name, s.scrapes, s.failures, s.resets);
+  }
   LogSamplingSummary(profiler_->stats(),
                      std::string(unwind::VerifyModeName(options_.profiler.unwind_verify)));
   const ShippedBatches& shipped = loop.shipped();

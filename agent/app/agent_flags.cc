@@ -123,6 +123,11 @@ void AddAgentFlags(CLI::App& app, AgentFlags& f) {
                  "is left stays in the spool)")
       ->check(CLI::Range(0.0, 3600.0))
       ->capture_default_str();
+  app.add_option("--requests-metric", f.requests_metrics,
+                 "[SERVICE=]http://HOST:PORT/PATH#NAME{label=\"value\"}: a Prometheus counter "
+                 "of the requests served, scraped every interval and shipped with the batch for "
+                 "CPU per request in comparisons (SERVICE: of the targets; default: the one "
+                 "service profiled; repeatable, one per service)");
 }
 
 namespace {
@@ -190,6 +195,22 @@ absl::StatusOr<AgentOptions> AgentOptionsFromFlags(const AgentFlags& f) {
   if (!spool_max_bytes.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--spool-max-bytes: ", spool_max_bytes.status().message()));
+  }
+  for (const std::string& flag : f.requests_metrics) {
+    auto source = requests::ParseMetricSource(flag);
+    if (!source.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--requests-metric: ", source.status().message()));
+    }
+    options.requests_metrics.push_back(*std::move(source));
+  }
+  if (options.requests_metrics.size() > 1) {
+    for (const requests::MetricSource& source : options.requests_metrics) {
+      if (source.service.empty()) {
+        return absl::InvalidArgumentError(
+            "--requests-metric: with several, each names its SERVICE= first");
+      }
+    }
   }
   options.shipper.servers = *std::move(servers);
   options.shipper.host = f.host;

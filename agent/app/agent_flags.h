@@ -43,6 +43,7 @@ struct AgentFlags {
   double capture_cpu_budget_pct = 5;
   std::string spool_dir = kDefaultSpoolDir, spool_max = "256MiB";
   double flush_timeout_s = 5;
+  std::vector<std::string> requests_metrics;  // [SERVICE=]URL#NAME
 };
 
 // Adds the agent's flags to `app`, bound to `flags` (which must outlive the parse).

@@ -65,12 +65,28 @@ TEST(AgentFlagsTest, ErrorsNameTheFlag) {
            {"--server", "n1:7070,"},
            {"--label", "no-equals"},
            {"--service", "no-regex"},
-           {"--spool-max-bytes", "lots"}}) {
+           {"--spool-max-bytes", "lots"},
+           {"--requests-metric", "127.0.0.1:9100/metrics#reqs"}}) {
     auto options = OptionsOf({"--pid", "1", flag, value});
     ASSERT_FALSE(options.ok()) << flag;
     EXPECT_NE(options.status().message().find(flag), std::string::npos)
         << options.status().message();
   }
+}
+
+TEST(AgentFlagsTest, RequestsMetricsNameTheirServiceWhenSeveral) {
+  auto one = OptionsOf({"--pid", "1", "--requests-metric", "http://127.0.0.1:9100/m#reqs"});
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_EQ(one->requests_metrics.size(), 1u);
+  EXPECT_EQ(one->requests_metrics[0].port, 9100);
+  EXPECT_EQ(one->requests_metrics[0].name, "reqs");
+  EXPECT_FALSE(OptionsOf({"--pid", "1", "--requests-metric", "http://h:1/m#a",
+                          "--requests-metric", "api=http://h:2/m#b"})
+                   .ok());
+  auto two = OptionsOf({"--pid", "1", "--requests-metric", "web=http://h:1/m#a",
+                        "--requests-metric", "api=http://h:2/m#b"});
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->requests_metrics[1].service, "api");
 }
 
 }  // namespace

@@ -10,11 +10,13 @@
 #define STRATA_AGENT_APP_AGENT_OPTIONS_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "agent/core/capture_controller.h"
 #include "agent/core/profiler.h"
 #include "agent/core/shipper.h"
+#include "agent/requests/requests_metric.h"
 #include "agent/spool/spool.h"
 #include "common/rpc/client_security.h"
 
@@ -42,6 +44,8 @@ struct AgentOptions {
   CaptureControllerOptions captures;  // the CPU budget of ad hoc captures
   absl::Duration interval = absl::Seconds(10);       // between batches
   absl::Duration flush_timeout = absl::Seconds(5);   // at shutdown, for the last acks
+  // Throughput counters scraped every interval (SampleBatch.requests).
+  std::vector<requests::MetricSource> requests_metrics;
 };
 
 }  // namespace strata::agent::app

@@ -39,11 +39,30 @@ void IntervalLoop::ShipWindow(absl::Time end) {
   // After the clock went back, the window starts no later than it ends.
   const int64_t start_ms = absl::ToUnixMillis(std::min(window_start_, end));
   const int64_t end_ms = absl::ToUnixMillis(end);
-  Ship(profiler_->TakeBatch(start_ms, end_ms, sequence_ + 1), "cpu", &shipped_.cpu_batches,
-       &shipped_.cpu_bytes);
+  absl::StatusOr<std::optional<v1::SampleBatch>> cpu =
+      profiler_->TakeBatch(start_ms, end_ms, sequence_ + 1);
+  if (cpu.ok() && cpu->has_value()) AddRequests(&**cpu);
+  Ship(std::move(cpu), "cpu", &shipped_.cpu_batches, &shipped_.cpu_bytes);
   Ship(profiler_->TakeOffCpuBatch(start_ms, end_ms, sequence_ + 1), "off-CPU",
        &shipped_.off_cpu_batches, &shipped_.off_cpu_bytes);
   window_start_ = end;
+}
+
+void IntervalLoop::AddRequests(v1::SampleBatch* batch) {
+  for (requests::RequestsScraper* scraper : scrapers_) {
+    std::string service = scraper->source().service;
+    if (service.empty()) {
+      // The one service profiled; with none or several in this batch, the count waits.
+      for (const v1::Target& t : batch->targets()) {
+        if (service.empty()) service = t.service();
+        if (t.service() != service) service.clear();
+        if (service.empty()) break;
+      }
+      if (service.empty()) continue;
+    }
+    const uint64_t requests = scraper->TakeRequests();
+    if (requests > 0) (*batch->mutable_requests())[service] += requests;
+  }
 }
 
 void IntervalLoop::Run(const std::atomic<bool>& stop) {

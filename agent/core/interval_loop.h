@@ -12,11 +12,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "agent/core/capture_controller.h"
 #include "agent/core/profiler.h"
 #include "agent/core/shipper.h"
+#include "agent/requests/requests_metric.h"
 
 namespace strata::agent {
 
@@ -38,10 +40,15 @@ class IntervalLoop {
   void Run(const std::atomic<bool>& stop);
 
   const ShippedBatches& shipped() const { return shipped_; }
+  // Ships what `scraper` (borrowed) counted with each CPU batch, under its service (or the
+  // one service of the batch's targets). Before Run.
+  void AddRequestsScraper(requests::RequestsScraper* scraper) { scrapers_.push_back(scraper); }
 
  private:
   void PlanWindow(absl::Time now);
   void ShipWindow(absl::Time end);
+  // The scrapers' counts since the previous batch, into `batch`.
+  void AddRequests(v1::SampleBatch* batch);
   // Enqueues a built batch under the next sequence number and counts it.
   void Ship(absl::StatusOr<std::optional<v1::SampleBatch>> batch, const char* what,
             uint64_t* batches, uint64_t* bytes);
@@ -56,6 +63,7 @@ class IntervalLoop {
   std::chrono::steady_clock::time_point window_deadline_;
   uint64_t targets_generation_ = ~uint64_t{0};  // of the targets last handed to the shipper
   ShippedBatches shipped_;
+  std::vector<requests::RequestsScraper*> scrapers_;
 };
 
 }  // namespace strata::agent

@@ -17,6 +17,9 @@ const double kNaN = std::nan("");
 // over the clusters that hold the key).
 struct GroupCounts {
   std::vector<double> cluster_totals;
+  std::vector<double> cluster_requests;  // by the same index
+  bool every_unit_has_requests = true;
+  uint64_t requests = 0;
   // key -> (cluster index, samples) of the clusters with samples of the key.
   absl::flat_hash_map<uint32_t, std::vector<std::pair<uint32_t, double>>> key_counts;
   absl::flat_hash_map<uint32_t, uint64_t> key_samples;
@@ -32,8 +35,14 @@ absl::StatusOr<GroupCounts> Summarize(const Group& group, uint32_t num_keys, con
     const Unit& unit = group.units[i];
     if (unit.total == 0) continue;
     auto [it, inserted] = cluster_index.try_emplace(unit.cluster, out.cluster_totals.size());
-    if (inserted) out.cluster_totals.push_back(0);
+    if (inserted) {
+      out.cluster_totals.push_back(0);
+      out.cluster_requests.push_back(0);
+    }
     out.cluster_totals[it->second] += static_cast<double>(unit.total);
+    out.cluster_requests[it->second] += static_cast<double>(unit.requests);
+    out.every_unit_has_requests &= unit.requests > 0;
+    out.requests += unit.requests;
     ++out.units;
     out.samples += unit.total;
     std::vector<uint32_t> seen;
@@ -59,28 +68,37 @@ absl::StatusOr<GroupCounts> Summarize(const Group& group, uint32_t num_keys, con
   return out;
 }
 
+// What a key's samples are divided by: its group's samples (shares) or requests.
+enum class Measure { kShare, kPerRequest };
+
+const std::vector<double>& Denominators(const GroupCounts& g, Measure measure) {
+  return measure == Measure::kShare ? g.cluster_totals : g.cluster_requests;
+}
+
 struct Ratio {
-  double share = 0;
+  double value = 0;
   double variance = 0;
 };
 
 // The ratio estimator of `key` over a group's clusters and its bias-reduced (CR2) linearised
-// variance: cluster c's squared residual is divided by 1 - h_c, h_c = n_c / n its leverage.
-Ratio RatioOf(const GroupCounts& g, uint32_t key) {
-  const double n = std::accumulate(g.cluster_totals.begin(), g.cluster_totals.end(), 0.0);
-  const size_t k = g.cluster_totals.size();
+// variance: cluster c's squared residual is divided by 1 - h_c, h_c = n_c / n its leverage,
+// n_c the cluster's denominator (samples or requests).
+Ratio RatioOf(const GroupCounts& g, uint32_t key, Measure measure) {
+  const std::vector<double>& denominators = Denominators(g, measure);
+  const double n = std::accumulate(denominators.begin(), denominators.end(), 0.0);
+  const size_t k = denominators.size();
   Ratio r;
   if (n == 0) return r;
   std::vector<double> x(k, 0.0);
   if (auto it = g.key_counts.find(key); it != g.key_counts.end()) {
     for (const auto& [c, count] : it->second) x[c] = count;
   }
-  r.share = std::accumulate(x.begin(), x.end(), 0.0) / n;
+  r.value = std::accumulate(x.begin(), x.end(), 0.0) / n;
   if (k < 2) return r;
   double sum_sq = 0;
   for (size_t c = 0; c < k; ++c) {
-    const double residual = x[c] - r.share * g.cluster_totals[c];
-    sum_sq += residual * residual / (1 - g.cluster_totals[c] / n);
+    const double residual = x[c] - r.value * denominators[c];
+    sum_sq += residual * residual / (1 - denominators[c] / n);
   }
   r.variance = sum_sq / (n * n);
   return r;
@@ -118,10 +136,72 @@ double WelchDf(double var_b, double df_b, double var_c, double df_c) {
   return (var_b + var_c) * (var_b + var_c) / denominator;
 }
 
-void SetNoVerdict(KeyComparison* row) {
-  row->std_error = row->df = row->ci_low = row->ci_high = kNaN;
-  row->p = row->q = row->min_detectable = kNaN;
-  row->relative_ci_low = row->relative_ci_high = kNaN;
+void SetNoVerdict(Estimate* e) {
+  e->std_error = e->df = e->ci_low = e->ci_high = kNaN;
+  e->p = e->q = e->min_detectable = kNaN;
+  e->relative_ci_low = e->relative_ci_high = kNaN;
+}
+
+// The keys of one measure that are tested, for Benjamini-Hochberg.
+struct TestedKeys {
+  void Add(Estimate* e) {
+    if (!e->tested) return;
+    p.push_back(e->p);
+    estimates.push_back(e);
+  }
+  std::vector<double> p;
+  std::vector<Estimate*> estimates;
+};
+
+// `key`'s estimate in `measure` from both groups' counts (degrees of freedom df_b, df_c; 0
+// without enough data), tested when `test`; q and significant are set later (SetQValues).
+Estimate EstimateOf(const GroupCounts& b, const GroupCounts& c, uint32_t key, Measure measure,
+                    double df_b, double df_c, bool test, const Options& options) {
+  const Ratio rb = RatioOf(b, key, measure);
+  const Ratio rc = RatioOf(c, key, measure);
+  Estimate e;
+  e.baseline = rb.value;
+  e.candidate = rc.value;
+  e.delta = rc.value - rb.value;
+  e.relative = rb.value > 0 ? e.delta / rb.value : kNaN;
+  if (df_b == 0 || df_c == 0) {
+    SetNoVerdict(&e);
+    return e;
+  }
+  e.std_error = std::sqrt(rb.variance + rc.variance);
+  e.df = WelchDf(rb.variance, df_b, rc.variance, df_c);
+  const double t_ci = TwoSidedQuantile(1 - options.confidence, e.df);
+  e.ci_low = e.delta - t_ci * e.std_error;
+  e.ci_high = e.delta + t_ci * e.std_error;
+  e.min_detectable = (TwoSidedQuantile(options.fdr, e.df) +
+                      TwoSidedQuantile(2 * (1 - options.power), e.df)) *
+                     e.std_error;
+  e.relative_ci_low = rb.value > 0 ? e.ci_low / rb.value : kNaN;
+  e.relative_ci_high = rb.value > 0 ? e.ci_high / rb.value : kNaN;
+  e.tested = test;
+  if (test) {
+    // No spread at all (e.g. the root frame's total, 100 % of every unit): a difference
+    // without noise is certain, no difference is no evidence.
+    e.p = e.std_error > 0 ? TwoSidedP(e.delta / e.std_error, e.df) : (e.delta == 0 ? 1.0 : 0.0);
+  } else {
+    e.p = e.q = kNaN;
+  }
+  return e;
+}
+
+void SetQValues(const TestedKeys& tested, double fdr) {
+  const std::vector<double> q = BenjaminiHochberg(tested.p);
+  for (size_t i = 0; i < q.size(); ++i) {
+    tested.estimates[i]->q = q[i];
+    tested.estimates[i]->significant = q[i] <= fdr;
+  }
+}
+
+Estimate Unknown() {
+  Estimate e;
+  e.baseline = e.candidate = e.delta = e.relative = kNaN;
+  SetNoVerdict(&e);
+  return e;
 }
 
 }  // namespace
@@ -164,12 +244,23 @@ absl::StatusOr<Comparison> CompareGroups(const Group& baseline, const Group& can
   out.baseline_samples = b->samples;
   out.candidate_samples = c->samples;
   out.not_enough_data = out.baseline_clusters < 2 || out.candidate_clusters < 2;
-  const bool per_request = baseline.requests > 0 && candidate.requests > 0;
+  out.per_request = b->every_unit_has_requests && c->every_unit_has_requests && b->units > 0 &&
+                    c->units > 0;
+  const bool groups_requests = baseline.requests > 0 && candidate.requests > 0;
+  if (groups_requests) {
+    out.baseline_requests = baseline.requests;
+    out.candidate_requests = candidate.requests;
+  } else if (out.per_request) {
+    out.baseline_requests = b->requests;
+    out.candidate_requests = c->requests;
+  }
+  const bool any_requests = groups_requests || out.per_request;
   out.baseline_samples_per_request =
-      per_request ? static_cast<double>(b->samples) / static_cast<double>(baseline.requests) : kNaN;
+      any_requests ? static_cast<double>(b->samples) / static_cast<double>(out.baseline_requests)
+                   : kNaN;
   out.candidate_samples_per_request =
-      per_request ? static_cast<double>(c->samples) / static_cast<double>(candidate.requests)
-                  : kNaN;
+      any_requests ? static_cast<double>(c->samples) / static_cast<double>(out.candidate_requests)
+                   : kNaN;
 
   std::vector<uint32_t> keys;
   for (const auto& [key, n] : b->key_samples) keys.push_back(key);
@@ -178,12 +269,15 @@ absl::StatusOr<Comparison> CompareGroups(const Group& baseline, const Group& can
   }
   std::sort(keys.begin(), keys.end());
 
-  const double df_b = out.not_enough_data ? 0 : BellMcCaffreyDf(b->cluster_totals);
-  const double df_c = out.not_enough_data ? 0 : BellMcCaffreyDf(c->cluster_totals);
-  std::vector<double> p_values;
-  std::vector<size_t> tested;  // indices into out.keys
+  const bool enough = !out.not_enough_data;
+  const double df_b = enough ? BellMcCaffreyDf(b->cluster_totals) : 0;
+  const double df_c = enough ? BellMcCaffreyDf(c->cluster_totals) : 0;
+  const double df_b_requests = enough && out.per_request ? BellMcCaffreyDf(b->cluster_requests) : 0;
+  const double df_c_requests = enough && out.per_request ? BellMcCaffreyDf(c->cluster_requests) : 0;
+  out.keys.reserve(keys.size());  // TestedKeys points into it
+  TestedKeys tested_shares, tested_per_request;
   for (uint32_t key : keys) {
-    KeyComparison row;
+    KeyComparison& row = out.keys.emplace_back();
     row.key = key;
     if (auto it = b->key_samples.find(key); it != b->key_samples.end()) {
       row.baseline_samples = it->second;
@@ -191,56 +285,29 @@ absl::StatusOr<Comparison> CompareGroups(const Group& baseline, const Group& can
     if (auto it = c->key_samples.find(key); it != c->key_samples.end()) {
       row.candidate_samples = it->second;
     }
-    const Ratio rb = RatioOf(*b, key);
-    const Ratio rc = RatioOf(*c, key);
-    row.share_baseline = rb.share;
-    row.share_candidate = rc.share;
-    row.delta = rc.share - rb.share;
-    row.relative = rb.share > 0 ? row.delta / rb.share : kNaN;
-    row.per_request_change = per_request && row.baseline_samples > 0
+    row.per_request_change = groups_requests && row.baseline_samples > 0
                                  ? (static_cast<double>(row.candidate_samples) /
                                     static_cast<double>(candidate.requests)) /
                                            (static_cast<double>(row.baseline_samples) /
                                             static_cast<double>(baseline.requests)) -
                                        1
                                  : kNaN;
-    if (out.not_enough_data) {
-      SetNoVerdict(&row);
-      out.keys.push_back(row);
-      continue;
-    }
-    row.std_error = std::sqrt(rb.variance + rc.variance);
-    row.df = WelchDf(rb.variance, df_b, rc.variance, df_c);
-    const double t_ci = TwoSidedQuantile(1 - options.confidence, row.df);
-    row.ci_low = row.delta - t_ci * row.std_error;
-    row.ci_high = row.delta + t_ci * row.std_error;
-    row.min_detectable = (TwoSidedQuantile(options.fdr, row.df) +
-                          TwoSidedQuantile(2 * (1 - options.power), row.df)) *
-                         row.std_error;
-    row.relative_ci_low = rb.share > 0 ? row.ci_low / rb.share : kNaN;
-    row.relative_ci_high = rb.share > 0 ? row.ci_high / rb.share : kNaN;
     const double pooled = static_cast<double>(row.baseline_samples + row.candidate_samples) /
                           static_cast<double>(out.baseline_samples + out.candidate_samples);
-    row.tested = pooled >= options.min_share;
-    if (row.tested) {
-      // No spread at all (e.g. the root frame's total, 100 % of every unit): a difference
-      // without noise is certain, no difference is no evidence.
-      row.p = row.std_error > 0 ? TwoSidedP(row.delta / row.std_error, row.df)
-                                : (row.delta == 0 ? 1.0 : 0.0);
-      tested.push_back(out.keys.size());
-      p_values.push_back(row.p);
-    } else {
-      row.p = row.q = kNaN;
+    const bool test = enough && pooled >= options.min_share;
+    row.share = EstimateOf(*b, *c, key, Measure::kShare, df_b, df_c, test, options);
+    tested_shares.Add(&row.share);
+    if (!out.per_request) {
+      row.per_request = Unknown();
+      continue;
     }
-    out.keys.push_back(row);
+    row.per_request = EstimateOf(*b, *c, key, Measure::kPerRequest, df_b_requests,
+                                 df_c_requests, test, options);
+    tested_per_request.Add(&row.per_request);
   }
-  const std::vector<double> q = BenjaminiHochberg(p_values);
-  for (size_t i = 0; i < tested.size(); ++i) {
-    KeyComparison& row = out.keys[tested[i]];
-    row.q = q[i];
-    row.significant = q[i] <= options.fdr;
-  }
-  out.keys_tested = tested.size();
+  SetQValues(tested_shares, options.fdr);
+  SetQValues(tested_per_request, options.fdr);
+  out.keys_tested = tested_shares.p.size();
   return out;
 }
 

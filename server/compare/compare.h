@@ -24,6 +24,11 @@
 // compared gives q-values; a key is significant when q <= fdr. The minimum detectable effect
 // is (t_{1-fdr/2} + t_{power}) * se at the key's degrees of freedom. Fewer than two clusters
 // with samples in either group is "not enough data": shares and deltas, no verdict.
+//
+// Per request. When every unit of both groups knows the requests it served (n_u replaced by
+// r_u), each key is compared a second time as samples per request, sum(x_u) / sum(r_u), by
+// the same estimator, variance, degrees of freedom and a Benjamini-Hochberg of its own: a
+// candidate that serves more requests per CPU second shows here while its shares stay put.
 #ifndef STRATA_SERVER_COMPARE_COMPARE_H_
 #define STRATA_SERVER_COMPARE_COMPARE_H_
 
@@ -41,13 +46,14 @@ struct Unit {
   uint64_t total = 0;  // samples of the unit
   // (key, samples): keys below CompareGroups' num_keys, each at most once, samples <= total.
   std::vector<std::pair<uint32_t, uint64_t>> counts;
+  uint64_t requests = 0;  // requests the unit served; 0: unknown
 };
 
 struct Group {
   std::vector<Unit> units;
   // Optional throughput: requests served by the group over its range (0: unknown). With both
   // groups' counts, samples per request are reported too (without an interval: there is one
-  // count per group, no spread).
+  // count per group, no spread). Units' own requests are the better evidence: see above.
   uint64_t requests = 0;
 };
 
@@ -62,12 +68,11 @@ struct Options {
   double min_share = 0.001;
 };
 
-// Shares are fractions of each group's samples (0..1); deltas are in the same unit.
-struct KeyComparison {
-  uint32_t key = 0;
-  uint64_t baseline_samples = 0, candidate_samples = 0;
-  double share_baseline = 0, share_candidate = 0;
-  double delta = 0;  // share_candidate - share_baseline
+// One key's difference between the groups in one measure: shares are fractions of each
+// group's samples (0..1), per request samples per request; deltas are in the same unit.
+struct Estimate {
+  double baseline = 0, candidate = 0;
+  double delta = 0;  // candidate - baseline
   // The fields below are NaN when there is not enough data.
   double std_error = 0;
   double df = 0;  // Welch-Satterthwaite over each group's Bell-McCaffrey ones
@@ -76,10 +81,19 @@ struct KeyComparison {
   double p = 1, q = 1;
   bool significant = false;
   double min_detectable = 0;  // smallest |delta| found with `power` at alpha = fdr
-  // delta / share_baseline: "+5 %" of the key's CPU, with the interval scaled alike (the
+  // delta / baseline: "+5 %" of the key's CPU, with the interval scaled alike (the
   // baseline's own noise is in se). NaN when the baseline has none of the key.
   double relative = 0, relative_ci_low = 0, relative_ci_high = 0;
-  // (candidate samples / request) / (baseline samples / request) - 1; NaN without requests.
+};
+
+struct KeyComparison {
+  uint32_t key = 0;
+  uint64_t baseline_samples = 0, candidate_samples = 0;
+  Estimate share;
+  // Without requests in every unit (Comparison::per_request false): every field NaN.
+  Estimate per_request;
+  // With the groups' request counts (Group::requests): (candidate samples / request) /
+  // (baseline samples / request) - 1; NaN without them.
   double per_request_change = 0;
 };
 
@@ -88,10 +102,13 @@ struct Comparison {
   size_t baseline_units = 0, candidate_units = 0;  // units with samples
   size_t baseline_clusters = 0, candidate_clusters = 0;
   uint64_t baseline_samples = 0, candidate_samples = 0;
-  // Samples per request of each group; NaN without both request counts.
+  // Every unit of both groups knows its requests: KeyComparison::per_request is filled.
+  bool per_request = false;
+  uint64_t baseline_requests = 0, candidate_requests = 0;  // the units' or the groups' count
+  // Samples per request of each group; NaN without requests (of the units or the groups).
   double baseline_samples_per_request = 0, candidate_samples_per_request = 0;
   std::vector<KeyComparison> keys;  // keys with samples in either group, by key
-  size_t keys_tested = 0;           // the m of Benjamini-Hochberg
+  size_t keys_tested = 0;           // the m of Benjamini-Hochberg (of each measure)
 };
 
 // InvalidArgument: fdr, confidence or power outside (0, 1), min_share outside [0, 1), a key >=

@@ -113,7 +113,7 @@ bool NaiveBinomialFlagsAny(const Group& b, const Group& c, uint32_t num_keys, do
 
 bool AnySignificant(const Comparison& c) {
   for (const KeyComparison& k : c.keys) {
-    if (k.significant) return true;
+    if (k.share.significant) return true;
   }
   return false;
 }
@@ -180,7 +180,7 @@ TEST(CompareTest, AaComparisonsOfUnequalHostsStayUnderTheFdr) {
       auto result = CompareGroups(b, c, num_keys);
       ASSERT_TRUE(result.ok()) << result.status();
       flagged += AnySignificant(*result);
-      df_sum += result->keys[0].df;
+      df_sum += result->keys[0].share.df;
     }
     std::printf(
         "A/A, %d comparisons of %d hosts of unequal sizes x 3 windows, fdr 0.05: any key "
@@ -214,10 +214,10 @@ TEST(CompareTest, PlantedChangesAreFoundWithEnoughHosts) {
         ASSERT_TRUE(result.ok()) << result.status();
         for (const KeyComparison& k : result->keys) {
           if (k.key == kPlanted) {
-            found += k.significant && k.delta > 0;
-            covered += k.relative_ci_low <= planted && planted <= k.relative_ci_high;
+            found += k.share.significant && k.share.delta > 0;
+            covered += k.share.relative_ci_low <= planted && planted <= k.share.relative_ci_high;
           } else {
-            wrong_key_up += k.significant && k.delta > 0;
+            wrong_key_up += k.share.significant && k.share.delta > 0;
           }
         }
       }
@@ -253,9 +253,10 @@ TEST(CompareTest, MinimumDetectableEffectShrinksWithHosts) {
                                 DrawGroup(fleet, {hosts, 2}, rng), fleet.shares.size());
     ASSERT_TRUE(result.ok());
     const KeyComparison& k = result->keys[0];
-    EXPECT_LT(k.min_detectable, previous) << hosts;
-    EXPECT_GT(k.min_detectable, k.ci_high - k.delta) << "wider than the interval's half";
-    previous = k.min_detectable;
+    EXPECT_LT(k.share.min_detectable, previous) << hosts;
+    EXPECT_GT(k.share.min_detectable, k.share.ci_high - k.share.delta)
+        << "wider than the interval's half";
+    previous = k.share.min_detectable;
   }
 }
 
@@ -269,17 +270,17 @@ TEST(CompareTest, HandComputedTwoUnitsEach) {
   ASSERT_TRUE(result.ok()) << result.status();
   ASSERT_EQ(result->keys.size(), 1u);
   const KeyComparison& k = result->keys[0];
-  EXPECT_DOUBLE_EQ(k.share_baseline, 0.15);
-  EXPECT_DOUBLE_EQ(k.share_candidate, 0.35);
-  EXPECT_NEAR(k.delta, 0.2, 1e-12);
-  EXPECT_NEAR(k.std_error, std::sqrt(0.005), 1e-12);
-  EXPECT_NEAR(k.df, 2, 1e-9);
+  EXPECT_DOUBLE_EQ(k.share.baseline, 0.15);
+  EXPECT_DOUBLE_EQ(k.share.candidate, 0.35);
+  EXPECT_NEAR(k.share.delta, 0.2, 1e-12);
+  EXPECT_NEAR(k.share.std_error, std::sqrt(0.005), 1e-12);
+  EXPECT_NEAR(k.share.df, 2, 1e-9);
   const double t = 0.2 / std::sqrt(0.005);
-  EXPECT_NEAR(k.p, 1 - t / std::sqrt(2 + t * t), 1e-9);
-  EXPECT_NEAR(k.ci_low, 0.2 - 4.302653 * std::sqrt(0.005), 1e-6);
-  EXPECT_NEAR(k.ci_high, 0.2 + 4.302653 * std::sqrt(0.005), 1e-6);
-  EXPECT_NEAR(k.relative, 0.2 / 0.15, 1e-12);
-  EXPECT_FALSE(k.significant);  // p 0.106 of one key
+  EXPECT_NEAR(k.share.p, 1 - t / std::sqrt(2 + t * t), 1e-9);
+  EXPECT_NEAR(k.share.ci_low, 0.2 - 4.302653 * std::sqrt(0.005), 1e-6);
+  EXPECT_NEAR(k.share.ci_high, 0.2 + 4.302653 * std::sqrt(0.005), 1e-6);
+  EXPECT_NEAR(k.share.relative, 0.2 / 0.15, 1e-12);
+  EXPECT_FALSE(k.share.significant);  // p 0.106 of one key
 }
 
 TEST(CompareTest, BenjaminiHochbergByHand) {
@@ -307,14 +308,14 @@ TEST(CompareTest, EdgeCases) {
   EXPECT_EQ(result->baseline_units, 2u);
   EXPECT_EQ(result->baseline_samples, 220u);
   ASSERT_EQ(result->keys.size(), 3u);
-  EXPECT_EQ(result->keys[0].share_candidate, 0);
-  EXPECT_LT(result->keys[0].delta, 0);
-  EXPECT_TRUE(std::isfinite(result->keys[0].p));
-  EXPECT_EQ(result->keys[1].share_baseline, 0);
-  EXPECT_TRUE(std::isnan(result->keys[1].relative));
-  EXPECT_EQ(result->keys[2].delta, 0);
-  EXPECT_EQ(result->keys[2].p, 1);
-  EXPECT_FALSE(result->keys[2].significant);
+  EXPECT_EQ(result->keys[0].share.candidate, 0);
+  EXPECT_LT(result->keys[0].share.delta, 0);
+  EXPECT_TRUE(std::isfinite(result->keys[0].share.p));
+  EXPECT_EQ(result->keys[1].share.baseline, 0);
+  EXPECT_TRUE(std::isnan(result->keys[1].share.relative));
+  EXPECT_EQ(result->keys[2].share.delta, 0);
+  EXPECT_EQ(result->keys[2].share.p, 1);
+  EXPECT_FALSE(result->keys[2].share.significant);
   EXPECT_TRUE(std::isnan(result->baseline_samples_per_request));
 
   // One unit, or two units of one host: no verdict.
@@ -324,8 +325,8 @@ TEST(CompareTest, EdgeCases) {
     ASSERT_TRUE(single.ok());
     EXPECT_TRUE(single->not_enough_data);
     for (const KeyComparison& k : single->keys) {
-      EXPECT_FALSE(k.significant);
-      EXPECT_TRUE(std::isnan(k.p));
+      EXPECT_FALSE(k.share.significant);
+      EXPECT_TRUE(std::isnan(k.share.p));
     }
   }
   auto empty = CompareGroups({}, {}, 3);
@@ -341,20 +342,93 @@ TEST(CompareTest, EdgeCases) {
   EXPECT_DOUBLE_EQ(per_request->baseline_samples_per_request, 0.22);
   EXPECT_DOUBLE_EQ(per_request->candidate_samples_per_request, 0.4);
   EXPECT_NEAR(per_request->keys[2].per_request_change, 0.4 / 0.22 - 1, 1e-12);
+  EXPECT_FALSE(per_request->per_request);  // the units do not know theirs
+  EXPECT_TRUE(std::isnan(per_request->keys[2].per_request.delta));
 
   // Rows under min_share of the samples: intervals, but no test.
   auto rare = CompareGroups(b, c, 3, {.min_share = 0.2});
   ASSERT_TRUE(rare.ok());
   EXPECT_EQ(rare->keys_tested, 1u);  // the root
-  EXPECT_FALSE(rare->keys[0].tested);
-  EXPECT_TRUE(std::isnan(rare->keys[0].q));
-  EXPECT_TRUE(std::isfinite(rare->keys[0].ci_low));
-  EXPECT_TRUE(rare->keys[2].tested);
+  EXPECT_FALSE(rare->keys[0].share.tested);
+  EXPECT_TRUE(std::isnan(rare->keys[0].share.q));
+  EXPECT_TRUE(std::isfinite(rare->keys[0].share.ci_low));
+  EXPECT_TRUE(rare->keys[2].share.tested);
 
   EXPECT_FALSE(CompareGroups(b, c, 2).ok());  // key 2 >= 2 keys
   EXPECT_FALSE(CompareGroups(Group{{{1, 10, {{0, 11}}}}}, c, 3).ok());
   EXPECT_FALSE(CompareGroups(Group{{{1, 10, {{0, 1}, {0, 2}}}}}, c, 3).ok());
   EXPECT_FALSE(CompareGroups(b, c, 3, {.fdr = 0}).ok());
+}
+
+TEST(CompareTest, PerRequestByHand) {
+  // The share's estimator with requests for the denominator: key 0 per request in the
+  // baseline is 24 / 90, its CR2 variance over the residuals x_c - p r_c.
+  Group b{{{1, 100, {{0, 10}}, 50}, {2, 120, {{0, 14}}, 40}}};
+  Group c{{{3, 90, {{0, 9}}, 60}, {4, 110, {{0, 22}}, 60}}};
+  auto result = CompareGroups(b, c, 1);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_TRUE(result->per_request);
+  EXPECT_EQ(result->baseline_requests, 90u);
+  EXPECT_DOUBLE_EQ(result->baseline_samples_per_request, 220.0 / 90);
+  const Estimate& e = result->keys[0].per_request;
+  const double pb = 24.0 / 90, pc = 31.0 / 120;
+  EXPECT_DOUBLE_EQ(e.baseline, pb);
+  EXPECT_DOUBLE_EQ(e.candidate, pc);
+  auto cr2 = [](double x1, double r1, double x2, double r2, double p) {
+    const double n = r1 + r2;
+    return ((x1 - p * r1) * (x1 - p * r1) / (1 - r1 / n) +
+            (x2 - p * r2) * (x2 - p * r2) / (1 - r2 / n)) /
+           (n * n);
+  };
+  EXPECT_NEAR(e.std_error, std::sqrt(cr2(10, 50, 14, 40, pb) + cr2(9, 60, 22, 60, pc)), 1e-12);
+  EXPECT_TRUE(e.tested);
+  EXPECT_TRUE(std::isfinite(e.q));
+
+  // One unit without its requests: no per-request figures.
+  c.units[1].requests = 0;
+  auto partial = CompareGroups(b, c, 1);
+  ASSERT_TRUE(partial.ok());
+  EXPECT_FALSE(partial->per_request);
+  EXPECT_TRUE(std::isnan(partial->keys[0].per_request.p));
+  EXPECT_TRUE(std::isnan(partial->baseline_samples_per_request));
+}
+
+TEST(CompareTest, PerRequestChangeWithSharesUnchanged) {
+  // The candidate serves 25 % more requests per CPU second (every function alike): shares do
+  // not move, every key's samples per request fall by 20 %.
+  std::mt19937_64 rng(7);
+  Fleet fleet;
+  auto group = [&](double samples_per_request, uint64_t first_cluster) {
+    Group g;
+    std::lognormal_distribution<double> host_rate(0, 0.05);
+    std::uniform_int_distribution<uint64_t> size(fleet.min_samples, fleet.max_samples);
+    for (uint64_t h = 0; h < 12; ++h) {
+      Unit unit = DrawUnit(first_cluster + h, size(rng), Perturb(fleet.shares, 0.05, rng), rng);
+      unit.requests = static_cast<uint64_t>(static_cast<double>(unit.total) /
+                                            (samples_per_request * host_rate(rng)));
+      g.units.push_back(std::move(unit));
+    }
+    return g;
+  };
+  const Group b = group(0.05, 0);
+  const Group c = group(0.04, 100);
+  auto result = CompareGroups(b, c, static_cast<uint32_t>(fleet.shares.size()));
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_TRUE(result->per_request);
+  EXPECT_NEAR(result->candidate_samples_per_request / result->baseline_samples_per_request, 0.8,
+              0.05);
+  int shares_significant = 0, per_request_down = 0;
+  for (const KeyComparison& k : result->keys) {
+    shares_significant += k.share.significant;
+    EXPECT_TRUE(k.per_request.tested);
+    if (k.per_request.significant && k.per_request.delta < 0) ++per_request_down;
+    EXPECT_LE(k.per_request.relative_ci_low, -0.2) << k.key;
+    EXPECT_GE(k.per_request.relative_ci_high, -0.2) << k.key;
+  }
+  EXPECT_EQ(shares_significant, 0);
+  // The big keys' fall is found; the smallest ones' intervals are wider.
+  EXPECT_GE(per_request_down, 6);
+  EXPECT_TRUE(result->keys[0].per_request.significant);
 }
 
 }  // namespace

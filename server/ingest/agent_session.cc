@@ -446,6 +446,12 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
                          identity_.graph_id, batch.sequence(), counts);
     }
   }
+  // The host's throughput in this window, in this batch's commit: exactly once.
+  for (const auto& [service, requests] : batch.requests()) {
+    if (requests == 0) continue;
+    wb.PutRequests(service, applied.window_start_ms, identity_.host, identity_.agent_id,
+                   identity_.graph_id, batch.sequence(), requests);
+  }
   if (auto st = PutLeafAddresses(batch, targets, applied.window_start_ms, &wb); !st.ok()) {
     return st;
   }

@@ -104,6 +104,34 @@ TEST_P(AgentSessionTest, ResentBatchIsAppliedOnce) {
   EXPECT_EQ(Load().total, 5u);
 }
 
+TEST_P(AgentSessionTest, RequestsAreStoredOncePerHostAndWindow) {
+  FakeAgent agent;
+  auto c = agent.Context({"main", "work"}, 5);
+  auto session = Open();
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  auto batch = Batch(1, agent.graph.num_edges(), {c});
+  (*batch.mutable_requests())["demo"] = 40;
+  ASSERT_TRUE(session->ApplyBatch(batch).ok());
+  ASSERT_TRUE(session->ApplyBatch(batch).ok());  // resent: acknowledged only
+  auto next = Batch(2, agent.graph.num_edges(), {c});
+  (*next.mutable_requests())["demo"] = 2;
+  ASSERT_TRUE(session->ApplyBatch(next).ok());
+
+  query::ProfileReader reader(store_.get());
+  query::ProfileQuery q{.service = "demo", .from_ms = 0, .to_ms = INT64_MAX, .requests = true};
+  EXPECT_EQ(reader.Load(q)->requests, 42u);
+  q.host = "host-a";
+  EXPECT_EQ(reader.Load(q)->requests, 42u);
+  q.host = "host-b";
+  EXPECT_EQ(reader.Load(q)->requests, 0u);
+  EXPECT_EQ(Load().requests, 0u);  // not asked
+
+  auto capture = Batch(3, agent.graph.num_edges(), {c});
+  capture.set_capture_id("cap");
+  (*capture.mutable_requests())["demo"] = 1;
+  EXPECT_FALSE(session->ApplyBatch(capture).ok());
+}
+
 TEST_P(AgentSessionTest, GraphSurvivesServerRestart) {
   FakeAgent agent;
   auto c1 = agent.Context({"main", "a", "b"}, 2);

@@ -139,6 +139,16 @@ absl::Status CheckBatchShape(const v1::SampleBatch& batch, const IngestLimits& l
   s = CheckCount("SampleBatch.leaf_addresses (addresses)", leaf_addresses,
                  limits.max_batch_contexts);
   if (!s.ok()) return s;
+  if (!batch.requests().empty() && !batch.capture_id().empty()) {
+    return absl::InvalidArgumentError("SampleBatch.requests come with continuous batches only");
+  }
+  s = CheckCount("SampleBatch.requests", batch.requests_size(), limits.max_batch_services);
+  if (!s.ok()) return s;
+  for (const auto& [service, requests] : batch.requests()) {
+    if (s = CheckKeyPart("SampleBatch.requests service", service, limits.max_id_bytes); !s.ok()) {
+      return s;
+    }
+  }
   absl::flat_hash_set<std::string_view> services;
   for (const v1::Target& t : batch.targets()) {
     if (s = CheckTarget(t, limits); !s.ok()) return s;

@@ -55,7 +55,7 @@ class KeyTable {
       if (inserted) paths_.push_back({s.truncated, std::move(path_rows)});
       counts[KeyOf(kPath, it->second)] += s.count;
     }
-    compare::Unit unit{cluster, profile.total, {}};
+    compare::Unit unit{cluster, profile.total, {}, profile.requests};
     unit.counts.reserve(counts.size());
     // A total summed over same-named functions can pass the unit's samples: it is capped.
     for (const auto& [key, n] : counts) unit.counts.emplace_back(key, std::min(n, profile.total));
@@ -122,6 +122,7 @@ absl::StatusOr<LoadedGroup> LoadGroup(const ProfileLoader& load, const CompareGr
   auto work = [&] {
     for (size_t i = next++; i < slices.size(); i = next++) {
       ProfileQuery q = g.query;
+      q.requests = g.requests == 0;  // typed requests replace the scraped ones
       q.host = hosts[slices[i].host];
       q.from_ms = slices[i].from_ms;
       q.to_ms = slices[i].to_ms;
@@ -157,26 +158,47 @@ int64_t UnitWindowMs(const CompareSettings& s, const ProfileQuery& q, size_t hos
   return w;
 }
 
-void SetEstimate(const compare::KeyComparison& k, v1::CompareEstimate* e) {
-  auto set = [](double v, auto setter) {
-    if (std::isfinite(v)) setter(v);
-  };
+// Sets `value` when finite (NaN: not enough data, or no baseline to compare with).
+template <typename Setter>
+void SetFinite(double value, Setter setter) {
+  if (std::isfinite(value)) setter(value);
+}
+
+// `scale` turns samples per request into the response's per_request_unit.
+void SetEstimate(const compare::KeyComparison& k, double scale, v1::CompareEstimate* e) {
+  const compare::Estimate& s = k.share;
   e->set_baseline_samples(k.baseline_samples);
   e->set_candidate_samples(k.candidate_samples);
-  e->set_share_baseline(100 * k.share_baseline);
-  e->set_share_candidate(100 * k.share_candidate);
-  e->set_delta(100 * k.delta);
-  set(100 * k.ci_low, [&](double v) { e->set_ci_low(v); });
-  set(100 * k.ci_high, [&](double v) { e->set_ci_high(v); });
-  set(k.p, [&](double v) { e->set_p(v); });
-  set(k.q, [&](double v) { e->set_q(v); });
-  e->set_significant(k.significant);
-  e->set_tested(k.tested);
-  set(100 * k.min_detectable, [&](double v) { e->set_min_detectable(v); });
-  set(100 * k.relative, [&](double v) { e->set_relative(v); });
-  set(100 * k.relative_ci_low, [&](double v) { e->set_relative_ci_low(v); });
-  set(100 * k.relative_ci_high, [&](double v) { e->set_relative_ci_high(v); });
-  set(100 * k.per_request_change, [&](double v) { e->set_per_request_change(v); });
+  e->set_share_baseline(100 * s.baseline);
+  e->set_share_candidate(100 * s.candidate);
+  e->set_delta(100 * s.delta);
+  SetFinite(100 * s.ci_low, [&](double v) { e->set_ci_low(v); });
+  SetFinite(100 * s.ci_high, [&](double v) { e->set_ci_high(v); });
+  SetFinite(s.p, [&](double v) { e->set_p(v); });
+  SetFinite(s.q, [&](double v) { e->set_q(v); });
+  e->set_significant(s.significant);
+  e->set_tested(s.tested);
+  SetFinite(100 * s.min_detectable, [&](double v) { e->set_min_detectable(v); });
+  SetFinite(100 * s.relative, [&](double v) { e->set_relative(v); });
+  SetFinite(100 * s.relative_ci_low, [&](double v) { e->set_relative_ci_low(v); });
+  SetFinite(100 * s.relative_ci_high, [&](double v) { e->set_relative_ci_high(v); });
+  SetFinite(100 * k.per_request_change, [&](double v) { e->set_per_request_change(v); });
+  if (scale == 0) return;
+  const compare::Estimate& r = k.per_request;
+  v1::PerRequestEstimate* out = e->mutable_per_request();
+  out->set_baseline(scale * r.baseline);
+  out->set_candidate(scale * r.candidate);
+  out->set_delta(scale * r.delta);
+  SetFinite(scale * r.ci_low, [&](double v) { out->set_ci_low(v); });
+  SetFinite(scale * r.ci_high, [&](double v) { out->set_ci_high(v); });
+  SetFinite(r.p, [&](double v) { out->set_p(v); });
+  SetFinite(r.q, [&](double v) { out->set_q(v); });
+  out->set_significant(r.significant);
+  out->set_tested(r.tested);
+  SetFinite(scale * r.min_detectable, [&](double v) { out->set_min_detectable(v); });
+  SetFinite(100 * r.relative, [&](double v) { out->set_relative(v); });
+  SetFinite(100 * r.relative_ci_low, [&](double v) { out->set_relative_ci_low(v); });
+  SetFinite(100 * r.relative_ci_high, [&](double v) { out->set_relative_ci_high(v); });
 }
 
 // Significant rows first (by q), then by |delta|; at most `limit`.
@@ -252,6 +274,16 @@ absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
   if (std::isfinite(result->baseline_samples_per_request)) {
     response.set_baseline_samples_per_request(result->baseline_samples_per_request);
     response.set_candidate_samples_per_request(result->candidate_samples_per_request);
+    response.set_baseline_requests(result->baseline_requests);
+    response.set_candidate_requests(result->candidate_requests);
+  }
+  // Samples per request, as CPU milliseconds per request where the sampling rate is known.
+  double per_request_scale = 0;
+  if (result->per_request) {
+    per_request_scale = settings.sampling_hz > 0 ? 1000.0 / settings.sampling_hz : 1.0;
+    response.set_per_request_unit(settings.sampling_hz > 0 ? "ms CPU/request"
+                                                           : "samples/request");
+    response.set_sampling_hz(settings.sampling_hz);
   }
   for (const std::string& n : unreachable) response.add_unreachable_nodes(n);
 
@@ -263,15 +295,20 @@ absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
       const KeyTable::Path& path = keys.path(key.id);
       for (uint32_t r : path.rows) SetFrame(keys.function(r), row->add_frames());
       row->set_truncated(path.truncated);
-      SetEstimate(k, row->mutable_samples());
+      SetEstimate(k, per_request_scale, row->mutable_samples());
       continue;
     }
     auto [it, inserted] = function_row.try_emplace(key.id, response.functions_size());
     if (inserted) SetFrame(keys.function(key.id), response.add_functions()->mutable_function());
     v1::FunctionComparison* row = response.mutable_functions(it->second);
-    SetEstimate(k, key.kind == KeyTable::kSelf ? row->mutable_self() : row->mutable_total());
+    SetEstimate(k, per_request_scale,
+                key.kind == KeyTable::kSelf ? row->mutable_self() : row->mutable_total());
   }
-  auto rank = [](const v1::CompareEstimate& e) { return e.significant() ? e.q() : 2.0; };
+  // A row is significant by its share or its per-request figure.
+  auto rank = [](const v1::CompareEstimate& e) {
+    return std::min(e.significant() ? e.q() : 2.0,
+                    e.per_request().significant() ? e.per_request().q() : 2.0);
+  };
   RankRows<v1::FunctionComparison>(
       response.mutable_functions(), settings.limit, [&](const v1::FunctionComparison& r) {
         return std::pair{std::min(rank(r.self()), rank(r.total())),
@@ -286,7 +323,8 @@ absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
 
 absl::StatusOr<v1::CompareResponse> CompareRequested(const v1::CompareRequest& request,
                                                      int64_t now_ms, uint32_t limit,
-                                                     const ProfileLoader& load) {
+                                                     const ProfileLoader& load,
+                                                     uint32_t sampling_hz) {
   v1::ProfileFilter filters[2] = {request.baseline(), request.candidate()};
   for (v1::ProfileFilter& f : filters) {
     if (f.service().empty()) f.set_service(request.service());
@@ -314,6 +352,7 @@ absl::StatusOr<v1::CompareResponse> CompareRequested(const v1::CompareRequest& r
   if (request.confidence() != 0) settings.confidence = request.confidence();
   if (request.min_share() != 0) settings.min_share = request.min_share() / 100;
   settings.limit = limit;
+  settings.sampling_hz = sampling_hz;
   return CompareProfiles(load, groups[0], groups[1], settings);
 }
 

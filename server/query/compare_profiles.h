@@ -22,7 +22,9 @@ using ProfileLoader = std::function<absl::StatusOr<Profile>(const ProfileQuery&)
 
 struct CompareGroupQuery {
   ProfileQuery query;
-  uint64_t requests = 0;  // throughput over the range; 0: unknown
+  // Throughput over the range as the user gave it; 0: unknown, the units' own
+  // (Profile::requests, scraped by the agents) are used where every unit has them.
+  uint64_t requests = 0;
 };
 
 struct CompareSettings {
@@ -34,6 +36,8 @@ struct CompareSettings {
   uint32_t limit = 20;       // rows per table
   size_t max_loads = 256;    // per group, besides the group's own load
   int threads = 4;           // loads at once; `load` must be thread-safe
+  // Of the service's samples, to report CPU time per request; 0: unknown (samples/request).
+  uint32_t sampling_hz = 0;
 };
 
 // InvalidArgument for a bad fdr or confidence; a group's load errors, prefixed with the group's
@@ -48,7 +52,8 @@ absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
 // the same samples.
 absl::StatusOr<v1::CompareResponse> CompareRequested(const v1::CompareRequest& request,
                                                      int64_t now_ms, uint32_t limit,
-                                                     const ProfileLoader& load);
+                                                     const ProfileLoader& load,
+                                                     uint32_t sampling_hz = 0);
 
 }  // namespace strata::server::query
 

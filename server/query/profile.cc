@@ -599,6 +599,21 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
   profile.stacks.reserve(counts.size());
   absl::Status resolved = resolved_->Resolve(*store_, counts, focus.get(), ignore.get(), &profile);
   if (!resolved.ok()) return resolved;
+  if (query.requests && query.capture_id.empty()) {
+    std::vector<std::optional<std::string>> hosts;
+    if (!query.host.empty()) {
+      hosts.emplace_back(query.host);
+    } else if (query.hosts) {
+      hosts.assign(query.hosts->begin(), query.hosts->end());
+    } else {
+      hosts.emplace_back(std::nullopt);
+    }
+    for (const std::optional<std::string>& host : hosts) {
+      auto requests = store_->meta().SumRequests(query.service, query.from_ms, query.to_ms, host);
+      if (!requests.ok()) return requests.status();
+      profile.requests += *requests;
+    }
+  }
   return profile;
 }
 

@@ -54,6 +54,8 @@ struct ProfileQuery {
   // The call sites of each stack (Profile::call_sites), which a cluster's nodes read from
   // their stores for the pprof export's lines.
   bool call_sites = false;
+  // Also the requests the hosts served (Profile::requests), for continuous profiles.
+  bool requests = false;
 };
 
 struct ResolvedFunction {
@@ -89,6 +91,9 @@ struct Profile {
   // From a ProfileSource asked for them (ProfileQuery::call_sites): each stack's call sites
   // (store::StackFrames::call_sites), by index into `stacks`.
   std::vector<std::vector<uint64_t>> call_sites;
+  // When asked (ProfileQuery::requests): the requests the query's hosts served over its range
+  // as their agents scraped them (store::MetaRecords::SumRequests); 0: not known.
+  uint64_t requests = 0;
 };
 
 struct FunctionTotals {

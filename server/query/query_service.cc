@@ -427,8 +427,13 @@ absl::StatusOr<v1::DiffResponse> QueryService::RunDiff(const v1::DiffRequest& re
 }
 
 absl::StatusOr<v1::CompareResponse> QueryService::RunCompare(const v1::CompareRequest& request) {
+  // The sampling rate is known while agents of this server profile the service.
+  const std::string& service =
+      request.baseline().service().empty() ? request.service() : request.baseline().service();
+  const uint32_t sampling_hz =
+      registry_->FindAgents(service, "", 0).empty() ? 0 : registry_->SamplingRate(service);
   return CompareRequested(request, base::NowMs(), EffectiveLimit(request.limit()),
-                          [this](const ProfileQuery& q) { return Load(q); });
+                          [this](const ProfileQuery& q) { return Load(q); }, sampling_hz);
 }
 
 grpc::Status QueryService::Compare(grpc::ServerContext* context,

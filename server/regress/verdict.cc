@@ -25,6 +25,26 @@ v1::CompareRequest CompareRequestFor(const ComparisonPlan& plan, double fdr) {
   return request;
 }
 
+namespace {
+
+// A function's figures in the verdict's measure: shares of the samples, or per request.
+struct Figures {
+  bool tested, significant;
+  double min_detectable, baseline, candidate, delta, ci_low, ci_high, relative, q;
+};
+
+Figures FiguresOf(const v1::CompareEstimate& e, bool per_request) {
+  if (!per_request) {
+    return {e.tested(),   e.significant(), e.min_detectable(), e.share_baseline(),
+            e.share_candidate(), e.delta(), e.ci_low(), e.ci_high(), e.relative(), e.q()};
+  }
+  const v1::PerRequestEstimate& r = e.per_request();
+  return {r.tested(), r.significant(), r.min_detectable(), r.baseline(), r.candidate(),
+          r.delta(),  r.ci_low(),      r.ci_high(),        r.relative(), r.q()};
+}
+
+}  // namespace
+
 v1::ReleaseVerdict VerdictOf(const v1::CompareResponse& comparison, size_t max_functions) {
   v1::ReleaseVerdict verdict;
   verdict.set_baseline_units(comparison.baseline_units());
@@ -35,26 +55,29 @@ v1::ReleaseVerdict VerdictOf(const v1::CompareResponse& comparison, size_t max_f
     verdict.set_state(v1::ReleaseVerdict::NOT_ENOUGH_DATA);
     return verdict;
   }
+  const bool per_request = !comparison.per_request_unit().empty();
+  verdict.set_unit(comparison.per_request_unit());
   std::vector<double> detectable;
   std::vector<v1::ReleaseFunctionChange> changes;
   const v1::ReleaseFunctionChange* cause = nullptr;
   for (const v1::FunctionComparison& f : comparison.functions()) {
-    if (f.self().tested()) detectable.push_back(f.self().min_detectable());
-    // The self share where it changed significantly, else the total.
-    const bool self = f.self().significant();
-    if (!self && !f.total().significant()) continue;
-    const v1::CompareEstimate& e = self ? f.self() : f.total();
+    const Figures self_figures = FiguresOf(f.self(), per_request);
+    if (self_figures.tested) detectable.push_back(self_figures.min_detectable);
+    // The self figure where it changed significantly, else the total.
+    const bool self = self_figures.significant;
+    const Figures e = self ? self_figures : FiguresOf(f.total(), per_request);
+    if (!e.significant) continue;
     v1::ReleaseFunctionChange& c = changes.emplace_back();
     c.set_name(f.function().function());
     c.set_module(f.function().module());
     c.set_self(self);
-    c.set_baseline_share(e.share_baseline());
-    c.set_candidate_share(e.share_candidate());
-    c.set_delta(e.delta());
-    c.set_ci_low(e.ci_low());
-    c.set_ci_high(e.ci_high());
-    c.set_relative(e.relative());
-    c.set_q(e.q());
+    c.set_baseline_share(e.baseline);
+    c.set_candidate_share(e.candidate);
+    c.set_delta(e.delta);
+    c.set_ci_low(e.ci_low);
+    c.set_ci_high(e.ci_high);
+    c.set_relative(e.relative);
+    c.set_q(e.q);
   }
   // The cause: the largest relative move of a self share (a function new in the candidate
   // has no baseline share, hence no relative change: it counts as the largest).

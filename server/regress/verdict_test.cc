@@ -1,6 +1,8 @@
 // Verdicts from comparisons: the largest relative move of a significant self share decides.
 #include "server/regress/verdict.h"
 
+#include <tuple>
+
 #include "gtest/gtest.h"
 
 namespace strata::server::regress {
@@ -70,6 +72,38 @@ TEST(VerdictTest, ThePlanBecomesACompareRequest) {
   EXPECT_EQ(r.candidate().range().from_ms(), 50);
   EXPECT_EQ(r.candidate().range().to_ms(), 90);
   EXPECT_DOUBLE_EQ(r.fdr(), 0.01);
+}
+
+TEST(VerdictTest, PerRequestFiguresDecideWhereTheComparisonHasThem) {
+  // Shares do not move; every function's CPU per request falls (more requests per CPU
+  // second): IMPROVED, in the comparison's unit.
+  v1::CompareResponse c;
+  c.set_per_request_unit("ms CPU/request");
+  for (auto [name, base, cand] :
+       {std::tuple{"parse", 2.0, 1.5}, std::tuple{"checksum", 1.0, 0.8}}) {
+    v1::FunctionComparison f = Row(name, 50, 50, false);
+    v1::PerRequestEstimate* r = f.mutable_self()->mutable_per_request();
+    r->set_baseline(base);
+    r->set_candidate(cand);
+    r->set_delta(cand - base);
+    r->set_relative(100 * (cand - base) / base);
+    r->set_significant(true);
+    r->set_tested(true);
+    r->set_min_detectable(0.1);
+    *c.add_functions() = f;
+  }
+  v1::ReleaseVerdict v = VerdictOf(c);
+  EXPECT_EQ(v.state(), v1::ReleaseVerdict::IMPROVED);
+  EXPECT_EQ(v.unit(), "ms CPU/request");
+  ASSERT_EQ(v.functions_size(), 2);
+  EXPECT_EQ(v.functions(0).name(), "parse");
+  EXPECT_DOUBLE_EQ(v.functions(0).baseline_share(), 2.0);
+  EXPECT_DOUBLE_EQ(v.min_detectable(), 0.1);
+
+  // Without them, the same comparison is decided on shares: unchanged.
+  c.clear_per_request_unit();
+  EXPECT_EQ(VerdictOf(c).state(), v1::ReleaseVerdict::UNCHANGED);
+  EXPECT_EQ(VerdictOf(c).unit(), "");
 }
 
 }  // namespace

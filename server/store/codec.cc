@@ -391,10 +391,12 @@ std::string LeafAddressPrefix(std::string_view service, uint64_t window_start_ms
   return ServiceWindowPrefix(kLeafAddressTag, service, window_start_ms);
 }
 
-std::string LeafAddressKey(std::string_view service, uint64_t window_start_ms,
-                           std::string_view host, std::string_view agent_id,
-                           uint64_t incarnation, uint64_t sequence) {
-  std::string key = LeafAddressPrefix(service, window_start_ms);
+namespace {
+// (tag, service, window) then host, agent, incarnation and sequence.
+std::string BatchHostKey(char tag, std::string_view service, uint64_t window_start_ms,
+                         std::string_view host, std::string_view agent_id,
+                         uint64_t incarnation, uint64_t sequence) {
+  std::string key = ServiceWindowPrefix(tag, service, window_start_ms);
   key.append(host);
   key.push_back('\0');
   key.append(agent_id);
@@ -404,16 +406,49 @@ std::string LeafAddressKey(std::string_view service, uint64_t window_start_ms,
   return key;
 }
 
+std::string HourHostKey(char tag, std::string_view service, uint64_t hour_start_ms,
+                        std::string_view host) {
+  std::string key = ServiceWindowPrefix(tag, service, hour_start_ms);
+  key.append(host);
+  key.push_back('\0');
+  return key;
+}
+}  // namespace
+
+std::string LeafAddressKey(std::string_view service, uint64_t window_start_ms,
+                           std::string_view host, std::string_view agent_id,
+                           uint64_t incarnation, uint64_t sequence) {
+  return BatchHostKey(kLeafAddressTag, service, window_start_ms, host, agent_id, incarnation,
+                      sequence);
+}
+
+std::string RequestsPrefix(std::string_view service, uint64_t window_start_ms) {
+  return ServiceWindowPrefix(kRequestsTag, service, window_start_ms);
+}
+
+std::string RequestsKey(std::string_view service, uint64_t window_start_ms,
+                        std::string_view host, std::string_view agent_id, uint64_t incarnation,
+                        uint64_t sequence) {
+  return BatchHostKey(kRequestsTag, service, window_start_ms, host, agent_id, incarnation,
+                      sequence);
+}
+
+std::string RequestsHourPrefix(std::string_view service, uint64_t hour_start_ms) {
+  return ServiceWindowPrefix(kRequestsHourTag, service, hour_start_ms);
+}
+
+std::string RequestsHourKey(std::string_view service, uint64_t hour_start_ms,
+                            std::string_view host) {
+  return HourHostKey(kRequestsHourTag, service, hour_start_ms, host);
+}
+
 std::string LeafAddressHourPrefix(std::string_view service, uint64_t hour_start_ms) {
   return ServiceWindowPrefix(kLeafAddressHourTag, service, hour_start_ms);
 }
 
 std::string LeafAddressHourKey(std::string_view service, uint64_t hour_start_ms,
                                std::string_view host) {
-  std::string key = LeafAddressHourPrefix(service, hour_start_ms);
-  key.append(host);
-  key.push_back('\0');
-  return key;
+  return HourHostKey(kLeafAddressHourTag, service, hour_start_ms, host);
 }
 
 std::string LeafAddressHoursSinceKey() { return std::string(1, kRollupStateTag) + "leaf-address-hours"; }
@@ -421,7 +456,9 @@ std::string LeafAddressHoursSinceKey() { return std::string(1, kRollupStateTag) 
 absl::StatusOr<std::string_view> LeafAddressKeyHost(std::string_view key) {
   // tag, service, NUL, 8-byte window, then the host up to its NUL.
   const size_t service_end = key.find('\0', 1);
-  if (key.empty() || (key[0] != kLeafAddressTag && key[0] != kLeafAddressHourTag) ||
+  if (key.empty() ||
+      (key[0] != kLeafAddressTag && key[0] != kLeafAddressHourTag && key[0] != kRequestsTag &&
+       key[0] != kRequestsHourTag) ||
       service_end == std::string_view::npos ||
       key.size() < service_end + 9) {
     return Corrupt("leaf address key");
@@ -441,12 +478,17 @@ std::optional<uint64_t> ServiceWindowStart(std::string_view key) {
 }  // namespace
 
 std::optional<uint64_t> BatchMetaWindowStart(std::string_view key) {
-  if (key.empty() || (key[0] != kUnwindTag && key[0] != kLeafAddressTag)) return std::nullopt;
+  if (key.empty() ||
+      (key[0] != kUnwindTag && key[0] != kLeafAddressTag && key[0] != kRequestsTag)) {
+    return std::nullopt;
+  }
   return ServiceWindowStart(key);
 }
 
 std::optional<uint64_t> HourlyMetaWindowStart(std::string_view key) {
-  if (key.empty() || key[0] != kLeafAddressHourTag) return std::nullopt;
+  if (key.empty() || (key[0] != kLeafAddressHourTag && key[0] != kRequestsHourTag)) {
+    return std::nullopt;
+  }
   return ServiceWindowStart(key);
 }
 

@@ -78,6 +78,8 @@ inline constexpr char kServiceLabelSetTag = 'L';
 inline constexpr char kUnwindTag = 'u';
 inline constexpr char kLeafAddressTag = 'x';
 inline constexpr char kLeafAddressHourTag = 'X';
+inline constexpr char kRequestsTag = 'r';
+inline constexpr char kRequestsHourTag = 'Y';
 inline constexpr char kRollupStateTag = 'R';
 inline constexpr char kReleaseTag = 'v';
 
@@ -117,20 +119,34 @@ std::string LeafAddressPrefix(std::string_view service, uint64_t window_start_ms
 std::string LeafAddressKey(std::string_view service, uint64_t window_start_ms,
                            std::string_view host, std::string_view agent_id,
                            uint64_t incarnation, uint64_t sequence);
-// The host of a leaf-address key; DataLoss for a malformed key.
+// The host of a leaf-address or requests key (batch or hour); DataLoss for a malformed key.
 absl::StatusOr<std::string_view> LeafAddressKeyHost(std::string_view key);
 // Leaf addresses of one service, hour and host, summed over its batches by a merge operator:
 // 'X' service '\0' BE(hour start) host '\0'. LeafAddressKeyHost reads these too.
 std::string LeafAddressHourPrefix(std::string_view service, uint64_t hour_start_ms);
 std::string LeafAddressHourKey(std::string_view service, uint64_t hour_start_ms,
                                std::string_view host);
+// Requests a host served in one batch's window, as its agent scraped them (SampleBatch.
+// requests): 'r' service '\0' BE(window) host '\0' agent '\0' BE(incarnation) BE(sequence),
+// and summed per hour by the same merge operator, 'Y' service '\0' BE(hour start) host '\0'
+// (written together from the first such record on). The value is a leaf-address list of one
+// entry, (0, 0) -> requests, so that the meta column's one merge operator sums both.
+std::string RequestsPrefix(std::string_view service, uint64_t window_start_ms);
+std::string RequestsKey(std::string_view service, uint64_t window_start_ms,
+                        std::string_view host, std::string_view agent_id, uint64_t incarnation,
+                        uint64_t sequence);
+std::string RequestsHourPrefix(std::string_view service, uint64_t hour_start_ms);
+std::string RequestsHourKey(std::string_view service, uint64_t hour_start_ms,
+                            std::string_view host);
 // The first hour whose leaf addresses are all in hourly records (the store wrote them from
 // then on): 'R' "leaf-address-hours" -> fixed64 LE hour start.
 std::string LeafAddressHoursSinceKey();
-// The window start of a per-batch meta record ('u' unwind counters, 'x' leaf addresses), which
+// The window start of a per-batch meta record ('u' unwind counters, 'x' leaf addresses, 'r'
+// requests), which
 // the store keeps as long as the raw samples of that window; nullopt for every other key.
 std::optional<uint64_t> BatchMetaWindowStart(std::string_view key);
-// The hour of an hourly leaf-address record ('X'), kept as long as the hour rollups.
+// The hour of an hourly leaf-address or requests record ('X', 'Y'), kept as long as the hour
+// rollups.
 std::optional<uint64_t> HourlyMetaWindowStart(std::string_view key);
 // [version u8 = 1][varint n] n x [varint function_id][varint offset][varint count].
 std::string EncodeLeafAddresses(const std::vector<LeafAddressCount>& counts);

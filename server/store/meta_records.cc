@@ -152,11 +152,20 @@ absl::StatusOr<UnwindCounts> MetaRecords::SumUnwindCounts(
   return sum;
 }
 
-absl::StatusOr<absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t>>
-MetaRecords::SumLeafAddresses(std::string_view service, int64_t from_ms, int64_t to_ms,
-                              const std::optional<std::string>& host, size_t* records_read) {
+namespace {
+
+using AddressCounts = absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t>;
+
+// The leaf-address lists of `service` in windows [from, to) (of `host` only, when given)
+// summed: per-batch records under prefix(window), and from `hours_since` on, the whole hours'
+// records under hour_prefix(hour) (one per host and hour) instead.
+absl::StatusOr<AddressCounts> SumAddressLists(
+    const Database& database, std::string (*prefix)(std::string_view, uint64_t),
+    std::string (*hour_prefix)(std::string_view, uint64_t), uint64_t hours_since,
+    std::string_view service, int64_t from_ms, int64_t to_ms,
+    const std::optional<std::string>& host, size_t* records_read) {
   if (!ValidKeyPart(service)) return absl::InvalidArgumentError("service contains NUL");
-  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t> sum;
+  AddressCounts sum;
   size_t read = 0;
   if (records_read != nullptr) *records_read = 0;
   const uint64_t from = static_cast<uint64_t>(std::max<int64_t>(from_ms, 0));
@@ -164,7 +173,7 @@ MetaRecords::SumLeafAddresses(std::string_view service, int64_t from_ms, int64_t
   const uint64_t to = static_cast<uint64_t>(to_ms);
   // Records in [begin, end) of `host` (all hosts without one), summed.
   auto add = [&](const std::string& begin, const std::string& end) {
-    return database_->Scan(
+    return database.Scan(
         Column::kMeta, begin, end,
         [&](std::string_view key, std::string_view value) -> absl::Status {
           if (host) {
@@ -182,28 +191,46 @@ MetaRecords::SumLeafAddresses(std::string_view service, int64_t from_ms, int64_t
           return absl::OkStatus();
         });
   };
-  // Whole hours from the first one the store has hourly records for come from those (one
-  // record per host and hour); the rest of the range from the batches' own records.
+  const uint64_t first_hour = std::max((from + kHourMs - 1) / kHourMs * kHourMs, hours_since);
+  const uint64_t end_hour = to / kHourMs * kHourMs;
+  absl::Status s;
+  if (first_hour < end_hour) {
+    s = add(prefix(service, from), prefix(service, first_hour));
+    if (s.ok()) s = add(hour_prefix(service, first_hour), hour_prefix(service, end_hour));
+    if (s.ok()) s = add(prefix(service, end_hour), prefix(service, to));
+  } else {
+    s = add(prefix(service, from), prefix(service, to));
+  }
+  if (!s.ok()) return s;
+  if (records_read != nullptr) *records_read = read;
+  return sum;
+}
+
+}  // namespace
+
+absl::StatusOr<absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t>>
+MetaRecords::SumLeafAddresses(std::string_view service, int64_t from_ms, int64_t to_ms,
+                              const std::optional<std::string>& host, size_t* records_read) {
+  // Whole hours from the first one the store has hourly records for come from those; the
+  // rest of the range from the batches' own records.
   uint64_t hours_since = UINT64_MAX;
   std::string since;
   rocksdb::Status got = database_->db->Get(rocksdb::ReadOptions(), database_->cf(Column::kMeta),
                                            LeafAddressHoursSinceKey(), &since);
   if (got.ok() && since.size() == 8) hours_since = GetFixed64LE(since.data());
-  const uint64_t first_hour = std::max((from + kHourMs - 1) / kHourMs * kHourMs, hours_since);
-  const uint64_t end_hour = to / kHourMs * kHourMs;
-  absl::Status s;
-  if (first_hour < end_hour) {
-    s = add(LeafAddressPrefix(service, from), LeafAddressPrefix(service, first_hour));
-    if (s.ok()) {
-      s = add(LeafAddressHourPrefix(service, first_hour), LeafAddressHourPrefix(service, end_hour));
-    }
-    if (s.ok()) s = add(LeafAddressPrefix(service, end_hour), LeafAddressPrefix(service, to));
-  } else {
-    s = add(LeafAddressPrefix(service, from), LeafAddressPrefix(service, to));
-  }
-  if (!s.ok()) return s;
-  if (records_read != nullptr) *records_read = read;
-  return sum;
+  return SumAddressLists(*database_, &LeafAddressPrefix, &LeafAddressHourPrefix, hours_since,
+                         service, from_ms, to_ms, host, records_read);
+}
+
+absl::StatusOr<uint64_t> MetaRecords::SumRequests(std::string_view service, int64_t from_ms,
+                                                  int64_t to_ms,
+                                                  const std::optional<std::string>& host) {
+  // Every requests record was written with its hourly one.
+  absl::StatusOr<AddressCounts> sum = SumAddressLists(
+      *database_, &RequestsPrefix, &RequestsHourPrefix, 0, service, from_ms, to_ms, host, nullptr);
+  if (!sum.ok()) return sum.status();
+  auto it = sum->find(std::pair<uint64_t, uint64_t>{0, 0});
+  return it == sum->end() ? 0 : it->second;
 }
 
 absl::StatusOr<AgentRecord> MetaRecords::GetAgent(const std::string& agent_id) {

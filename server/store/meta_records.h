@@ -54,6 +54,10 @@ class MetaRecords {
   absl::StatusOr<absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t>> SumLeafAddresses(
       std::string_view service, int64_t from_ms, int64_t to_ms,
       const std::optional<std::string>& host, size_t* records_read = nullptr);
+  // Requests `service` served in windows [from_ms, to_ms) (on `host` only, when given), as
+  // the agents scraped them, summed; 0: none known. Whole hours come from the hourly records.
+  absl::StatusOr<uint64_t> SumRequests(std::string_view service, int64_t from_ms, int64_t to_ms,
+                                       const std::optional<std::string>& host);
   absl::StatusOr<CaptureInfo> GetCapture(std::string_view capture_id);
   absl::StatusOr<std::vector<CaptureInfo>> ListCaptures();
   absl::StatusOr<std::vector<ReleaseRecord>> ListReleases();

@@ -891,6 +891,42 @@ TEST_F(StoreTest, LeafAddressesOfWholeHoursComeFromHourlyRecords) {
   }
 }
 
+// Requests per host: summed over batches and hosts, whole hours from the hourly records.
+TEST_F(StoreTest, RequestsSumPerHostAndRange) {
+  constexpr int64_t kHour = 3'600'000;
+  constexpr int64_t kWindow = 10'000;
+  std::map<std::pair<std::string, int64_t>, uint64_t> written;
+  uint64_t sequence = 0;
+  WriteBatch batch;
+  for (int64_t window = 0; window < 3 * kHour; window += 11 * kWindow) {
+    for (const std::string host : {"a", "b"}) {
+      const uint64_t requests =
+          static_cast<uint64_t>(window / kWindow % 7) + (host == "a" ? 1 : 50);
+      batch.PutRequests("svc", window, host, "agent-" + host, 1, ++sequence, requests);
+      written[{host, window}] = requests;
+    }
+  }
+  batch.PutRequests("other", 0, "a", "agent-a", 1, ++sequence, 1000);
+  CommitOk(&batch);
+  for (bool compacted : {false, true}) {
+    if (compacted) ASSERT_TRUE(store_->CompactAll().ok());
+    for (auto [from, to] : {std::pair{0 * kHour, 3 * kHour}, std::pair{kHour / 3, 2 * kHour + 77},
+                            std::pair{kHour + 5 * kWindow, 2 * kHour - kWindow}}) {
+      for (const std::optional<std::string>& host :
+           {std::optional<std::string>(), std::optional<std::string>("b")}) {
+        uint64_t expected = 0;
+        for (const auto& [key, n] : written) {
+          if (key.second >= from && key.second < to && (!host || *host == key.first)) expected += n;
+        }
+        auto got = store_->meta().SumRequests("svc", from, to, host);
+        ASSERT_TRUE(got.ok()) << got.status();
+        EXPECT_EQ(*got, expected) << from << ".." << to << " compacted " << compacted;
+      }
+    }
+  }
+  EXPECT_EQ(*store_->meta().SumRequests("none", 0, 3 * kHour, std::nullopt), 0u);
+}
+
 // A store that held leaf addresses before it wrote hourly records (no marker) reads the hours
 // before the next full hour after its start from the batches' records.
 TEST_F(StoreTest, HoursBeforeTheHourlyRecordsAreReadFromTheBatches) {

@@ -186,6 +186,23 @@ void WriteBatch::PutLeafAddresses(std::string_view service, int64_t window_start
   rep_->Add(Column::kMeta, Rep::OpType::kMerge, LeafAddressHourKey(service, hour, host), value);
 }
 
+void WriteBatch::PutRequests(std::string_view service, int64_t window_start_ms,
+                             std::string_view host, std::string_view agent_id,
+                             uint64_t incarnation, uint64_t sequence, uint64_t requests) {
+  if (!rep_->CheckKeyPart("service", service, false) ||
+      !rep_->CheckKeyPart("host", host, false) ||
+      !rep_->CheckKeyPart("agent id", agent_id, false) || !rep_->CheckWindow(window_start_ms)) {
+    return;
+  }
+  const std::string value = EncodeLeafAddresses({{0, 0, requests}});
+  rep_->Add(Column::kMeta, Rep::OpType::kPut,
+            RequestsKey(service, static_cast<uint64_t>(window_start_ms), host, agent_id,
+                        incarnation, sequence),
+            value);
+  const uint64_t hour = static_cast<uint64_t>(window_start_ms) / kHourMs * kHourMs;
+  rep_->Add(Column::kMeta, Rep::OpType::kMerge, RequestsHourKey(service, hour, host), value);
+}
+
 bool WriteBatch::empty() const {
   return rep_->ops.empty() && rep_->sequences.empty() && rep_->status.ok();
 }

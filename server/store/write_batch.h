@@ -58,6 +58,12 @@ class WriteBatch {
   void PutLeafAddresses(std::string_view service, int64_t window_start_ms, std::string_view host,
                         std::string_view agent_id, uint64_t incarnation, uint64_t sequence,
                         const std::vector<LeafAddressCount>& counts);
+  // Requests `host` served in batch `sequence`'s window (its agent's scrape of a throughput
+  // metric), for `service`: committed with the batch, so exactly once, and summed into the
+  // (service, hour, host) record; MetaRecords::SumRequests reads them.
+  void PutRequests(std::string_view service, int64_t window_start_ms, std::string_view host,
+                   std::string_view agent_id, uint64_t incarnation, uint64_t sequence,
+                   uint64_t requests);
   // Drops a capture: its sample cells and its metadata record (capture retention).
   void DeleteCapture(std::string_view capture_id);
   // Journal records (see the journal column family): an opaque record under `sequence`, and

@@ -158,7 +158,7 @@ int Found(const Model& m, int hosts, double planted, int trials, uint64_t seed) 
     const compare::Comparison r =
         Take(compare::CompareGroups(b, c, m.shares.size(), {.fdr = kFdr}), "compare");
     // keys are sorted and key 0 is in every draw.
-    found += r.keys[0].key == 0 && r.keys[0].significant && r.keys[0].delta > 0;
+    found += r.keys[0].key == 0 && r.keys[0].share.significant && r.keys[0].share.delta > 0;
   }
   return found;
 }
@@ -235,7 +235,7 @@ double AaRate(const Model& m, int hosts, int comparisons, double fdr, uint64_t s
     const compare::Comparison r =
         Take(compare::CompareGroups(b, c, m.shares.size(), {.fdr = fdr}), "compare");
     flagged += std::any_of(r.keys.begin(), r.keys.end(),
-                           [](const compare::KeyComparison& k) { return k.significant; });
+                           [](const compare::KeyComparison& k) { return k.share.significant; });
   }
   return 100.0 * flagged / comparisons;
 }

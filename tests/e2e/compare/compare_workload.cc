@@ -6,22 +6,71 @@
 //                                   -> encode_output   25 %
 //
 // --slower F adds the fraction F of checksum_block's work (a planted slowdown of one function
-// in one build); --seconds N stops after N seconds (default: run until killed). Prints "ready"
-// when serving and "requests=R" at exit. The leaves run one loop, so an iteration costs the
-// same in each; noinline with C linkage keeps their names stable.
+// in one build); --cost C scales every part of a request by C (a build that serves more
+// requests per CPU second, with the same shares); --seconds N stops after N seconds (default:
+// run until killed); --metrics-port P serves the requests so far as a Prometheus counter,
+// compare_requests_total{code="200"}, at http://127.0.0.1:P/metrics (0: any port, printed as
+// "metrics=PORT") from a side thread. Prints "ready" when serving and "requests=R" at exit.
+// The leaves run one loop, so an iteration costs the same in each; noinline with C linkage
+// keeps their names stable.
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <thread>
 
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<uint64_t> g_requests{0};
 volatile uint64_t g_sink;
+
+// Answers every connection to `fd` with the requests counter (HTTP/1.0, then close).
+void ServeMetrics(int fd) {
+  while (true) {
+    const int client = accept(fd, nullptr, nullptr);
+    if (client < 0) continue;
+    std::string request;
+    char buffer[1024];
+    while (request.find("\r\n\r\n") == std::string::npos) {
+      const ssize_t n = read(client, buffer, sizeof(buffer));
+      if (n <= 0) break;
+      request.append(buffer, static_cast<size_t>(n));
+    }
+    const std::string response =
+        "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\r\n"
+        "# HELP compare_requests_total Requests served.\n"
+        "# TYPE compare_requests_total counter\n"
+        "compare_requests_total{code=\"200\"} " +
+        std::to_string(g_requests.load()) + "\n";
+    (void)!write(client, response.data(), response.size());
+    close(client);
+  }
+}
+
+// The metrics listener on 127.0.0.1:port (0: any); its port, or 0 when it cannot listen.
+int ListenForMetrics(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  socklen_t size = sizeof(address);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), size) != 0 ||
+      listen(fd, 16) != 0 || getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) != 0) {
+    return 0;
+  }
+  std::thread(ServeMetrics, fd).detach();
+  return ntohs(address.sin_port);
+}
 
 constexpr uint64_t kParse = 40'000, kChecksum = 35'000, kEncode = 25'000;
 
@@ -49,8 +98,9 @@ __attribute__((noinline)) uint64_t encode_output(uint64_t seed, uint64_t iterati
 
 // A request's size varies (0.5x to 1.5x, the three parts alike): a fixed period would
 // beat against the profiler's sampling period and bias each process's shares its own way.
-__attribute__((noinline)) uint64_t handle_request(uint64_t seed, double checksum_factor) {
-  const double size = 0.5 + static_cast<double>(seed >> 11) * 0x1.0p-53;
+__attribute__((noinline)) uint64_t handle_request(uint64_t seed, double checksum_factor,
+                                                  double cost) {
+  const double size = cost * (0.5 + static_cast<double>(seed >> 11) * 0x1.0p-53);
   uint64_t x = parse_input(seed, static_cast<uint64_t>(size * kParse));
   x = checksum_block(x, static_cast<uint64_t>(size * checksum_factor * kChecksum));
   x = encode_output(x, static_cast<uint64_t>(size * kEncode));
@@ -58,13 +108,14 @@ __attribute__((noinline)) uint64_t handle_request(uint64_t seed, double checksum
   return x;
 }
 
-__attribute__((noinline)) uint64_t serve(double seconds, double checksum_factor) {
+__attribute__((noinline)) uint64_t serve(double seconds, double checksum_factor, double cost) {
   timespec start;
   clock_gettime(CLOCK_MONOTONIC, &start);
   uint64_t requests = 0, x = 1;
   while (!g_stop.load(std::memory_order_relaxed)) {
-    x = handle_request(x, checksum_factor);
+    x = handle_request(x, checksum_factor, cost);
     ++requests;
+    g_requests.store(requests, std::memory_order_relaxed);
     if (seconds > 0 && requests % 64 == 0) {
       timespec now;
       clock_gettime(CLOCK_MONOTONIC, &now);
@@ -78,14 +129,21 @@ __attribute__((noinline)) uint64_t serve(double seconds, double checksum_factor)
 }
 
 int main(int argc, char** argv) {
-  double seconds = 0, slower = 0;
+  double seconds = 0, slower = 0, cost = 1;
+  int metrics_port = -1;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--seconds") && i + 1 < argc) {
       seconds = std::atof(argv[++i]);
     } else if (!std::strcmp(argv[i], "--slower") && i + 1 < argc) {
       slower = std::atof(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--cost") && i + 1 < argc) {
+      cost = std::atof(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--metrics-port") && i + 1 < argc) {
+      metrics_port = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--seconds N] [--slower F]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--seconds N] [--slower F] [--cost C] [--metrics-port P]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -93,9 +151,17 @@ int main(int argc, char** argv) {
   sa.sa_handler = [](int) { g_stop = true; };
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  if (metrics_port >= 0) {
+    const int port = ListenForMetrics(metrics_port);
+    if (port == 0) {
+      std::perror("metrics listener");
+      return 1;
+    }
+    std::printf("metrics=%d\n", port);
+  }
   std::printf("ready\n");
   std::fflush(stdout);
-  const uint64_t requests = serve(seconds, 1 + slower);
+  const uint64_t requests = serve(seconds, 1 + slower, cost);
   std::printf("requests=%llu\n", static_cast<unsigned long long>(requests));
   return 0;
 }
