@@ -193,6 +193,19 @@ absl::StatusOr<v1::LocalLeafAddressesResponse> ClusterService::RunLocalLeafAddre
   return response;
 }
 
+absl::StatusOr<v1::KeepReleaseRecordsResponse> ClusterService::RunKeepReleaseRecords(
+    const v1::KeepReleaseRecordsRequest& request) {
+  if (!keep_releases_) {
+    return absl::FailedPreconditionError("this node runs no Regressions service");
+  }
+  absl::StatusOr<size_t> kept = keep_releases_(
+      std::vector<v1::ReleaseVerdict>(request.releases().begin(), request.releases().end()));
+  if (!kept.ok()) return kept.status();
+  v1::KeepReleaseRecordsResponse response;
+  response.set_kept(static_cast<uint32_t>(*kept));
+  return response;
+}
+
 v1::ClusterStatusResponse ClusterService::RunStatus() {
   v1::ClusterStatusResponse r;
   r.set_self_id(membership_->options().node_id);
@@ -296,6 +309,12 @@ grpc::Status ClusterService::LocalTopLines(grpc::ServerContext* context,
                                            const v1::LocalProfileRequest* request,
                                            v1::TopResponse* response) {
   return AsNode(context, &ClusterService::RunLocalTopLines, request, response);
+}
+
+grpc::Status ClusterService::KeepReleaseRecords(grpc::ServerContext* context,
+                                                const v1::KeepReleaseRecordsRequest* request,
+                                                v1::KeepReleaseRecordsResponse* response) {
+  return AsNode(context, &ClusterService::RunKeepReleaseRecords, request, response);
 }
 
 }  // namespace strata::server::cluster

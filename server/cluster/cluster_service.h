@@ -1,16 +1,19 @@
 // A cluster node's side of fan-out queries (scatter_gather.h). Every node serves the Cluster
 // gRPC service: its own samples per host for a filter, its own profile over a set of hosts,
 // its services, agents, label sets, phase changes, unwinding counters, source lines and leaf
-// addresses, and the ring as it sees it. Only other nodes (role node) may call it, apart from
-// Status. The Run* forms answer without a transport: the node asking answers its own part
-// with them.
+// addresses, and the ring as it sees it; and it keeps the checking node's release records
+// (KeepReleaseRecords). Only other nodes (role node) may call it, apart from Status. The Run*
+// forms answer without a transport: the node asking answers its own part with them.
 //
 // ClusterService borrows the membership, store, registry, live samples, symbolizer,
 // authorizer and metrics; it owns a ProfileReader.
 #ifndef STRATA_SERVER_CLUSTER_CLUSTER_SERVICE_H_
 #define STRATA_SERVER_CLUSTER_CLUSTER_SERVICE_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/auth/authorizer.h"
@@ -51,6 +54,15 @@ class ClusterService final : public v1::Cluster::Service {
                            v1::SeriesResponse*) override;
   grpc::Status LocalLeafAddresses(grpc::ServerContext*, const v1::LocalProfileRequest*,
                                   v1::LocalLeafAddressesResponse*) override;
+  grpc::Status KeepReleaseRecords(grpc::ServerContext*, const v1::KeepReleaseRecordsRequest*,
+                                  v1::KeepReleaseRecordsResponse*) override;
+
+  // How this node keeps another's release records (RegressionsService::Keep: how many were
+  // newer); set before the service serves. Without one, KeepReleaseRecords fails
+  // (FailedPrecondition: the node runs no Regressions service).
+  using ReleaseKeeper =
+      std::function<absl::StatusOr<size_t>(const std::vector<v1::ReleaseVerdict>&)>;
+  void SetReleaseKeeper(ReleaseKeeper keeper) { keep_releases_ = std::move(keeper); }
 
   // Transport-free forms (this node's part of a fan-out query; the status for the CLI).
   absl::StatusOr<v1::HostTotalsResponse> RunHostTotals(const v1::LocalProfileRequest& request);
@@ -65,6 +77,8 @@ class ClusterService final : public v1::Cluster::Service {
   absl::StatusOr<v1::SeriesResponse> RunLocalSeries(const v1::LocalProfileRequest& request);
   absl::StatusOr<v1::LocalLeafAddressesResponse> RunLocalLeafAddresses(
       const v1::LocalProfileRequest& request);
+  absl::StatusOr<v1::KeepReleaseRecordsResponse> RunKeepReleaseRecords(
+      const v1::KeepReleaseRecordsRequest& request);
   v1::ClusterStatusResponse RunStatus();
   const Membership& membership() const { return *membership_; }
   const ReplicationMetrics& metrics() const { return *metrics_; }
@@ -85,6 +99,7 @@ class ClusterService final : public v1::Cluster::Service {
   const uint32_t replication_factor_;
   const ReplicationMetrics* const metrics_;
   query::ProfileReader reader_;
+  ReleaseKeeper keep_releases_;
 };
 
 }  // namespace strata::server::cluster
