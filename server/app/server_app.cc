@@ -270,16 +270,22 @@ absl::Status ServerApp::BuildRegressions() {
       return cluster::CopyReleasesTo(membership_.get(), &node_channels_, timeout, node,
                                      releases);
     };
+    options.records_elsewhere = [this, timeout](std::vector<std::string>* unreachable) {
+      return cluster::ReleaseRecordsElsewhere(membership_.get(), &node_channels_, timeout,
+                                              unreachable);
+    };
   }
   auto service = regress::RegressionsService::Create(std::move(options), std::move(inputs),
                                                      store_.get(), authorizer_.get());
   if (!service.ok()) return service.status();
   regressions_ = std::move(*service);
   if (cluster_service_ != nullptr) {
-    cluster_service_->SetReleaseKeeper(
-        [regressions = regressions_.get()](const std::vector<v1::ReleaseVerdict>& releases) {
-          return regressions->Keep(releases);
-        });
+    regress::RegressionsService* regressions = regressions_.get();
+    cluster_service_->SetReleaseRecords(
+        {.keep = [regressions](const std::vector<v1::ReleaseVerdict>& releases) {
+           return regressions->Keep(releases);
+         },
+         .list = [regressions] { return regressions->Releases(); }});
   }
   return absl::OkStatus();
 }

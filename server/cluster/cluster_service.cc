@@ -21,6 +21,10 @@ absl::StatusOr<query::ProfileQuery> FromRequest(const v1::LocalProfileRequest& r
   return q;
 }
 
+absl::Status NoRegressions() {
+  return absl::FailedPreconditionError("this node runs no Regressions service");
+}
+
 }  // namespace
 
 ClusterService::ClusterService(Membership* membership, store::Store* store,
@@ -194,15 +198,21 @@ absl::StatusOr<v1::LocalLeafAddressesResponse> ClusterService::RunLocalLeafAddre
 }
 
 absl::StatusOr<v1::KeepReleaseRecordsResponse> ClusterService::RunKeepReleaseRecords(
-    const v1::KeepReleaseRecordsRequest& request) {
-  if (!keep_releases_) {
-    return absl::FailedPreconditionError("this node runs no Regressions service");
-  }
-  absl::StatusOr<size_t> kept = keep_releases_(
+    const v1::ReleaseRecords& request) {
+  if (!release_records_.keep) return NoRegressions();
+  absl::StatusOr<size_t> kept = release_records_.keep(
       std::vector<v1::ReleaseVerdict>(request.releases().begin(), request.releases().end()));
   if (!kept.ok()) return kept.status();
   v1::KeepReleaseRecordsResponse response;
   response.set_kept(static_cast<uint32_t>(*kept));
+  return response;
+}
+
+absl::StatusOr<v1::ReleaseRecords> ClusterService::RunLocalReleaseRecords(
+    const v1::LocalReleaseRecordsRequest&) {
+  if (!release_records_.list) return NoRegressions();
+  v1::ReleaseRecords response;
+  for (v1::ReleaseVerdict& r : release_records_.list()) *response.add_releases() = std::move(r);
   return response;
 }
 
@@ -312,9 +322,15 @@ grpc::Status ClusterService::LocalTopLines(grpc::ServerContext* context,
 }
 
 grpc::Status ClusterService::KeepReleaseRecords(grpc::ServerContext* context,
-                                                const v1::KeepReleaseRecordsRequest* request,
+                                                const v1::ReleaseRecords* request,
                                                 v1::KeepReleaseRecordsResponse* response) {
   return AsNode(context, &ClusterService::RunKeepReleaseRecords, request, response);
+}
+
+grpc::Status ClusterService::LocalReleaseRecords(grpc::ServerContext* context,
+                                                 const v1::LocalReleaseRecordsRequest* request,
+                                                 v1::ReleaseRecords* response) {
+  return AsNode(context, &ClusterService::RunLocalReleaseRecords, request, response);
 }
 
 }  // namespace strata::server::cluster

@@ -125,6 +125,18 @@ std::vector<v1::ReleaseVerdict> ListRegressionsElsewhere(
       [](v1::ListRegressionsResponse& r) { return r.mutable_verdicts(); });
 }
 
+std::vector<v1::ReleaseVerdict> ReleaseRecordsElsewhere(Membership* membership,
+                                                        NodeChannels* channels,
+                                                        absl::Duration timeout,
+                                                        std::vector<std::string>* unreachable) {
+  return ListFromOthers<v1::Cluster, v1::ReleaseRecords>(
+      membership, channels, nullptr, timeout, unreachable,
+      [](v1::Cluster::Stub& stub, grpc::ClientContext* client, v1::ReleaseRecords* r) {
+        return stub.LocalReleaseRecords(client, v1::LocalReleaseRecordsRequest(), r);
+      },
+      [](v1::ReleaseRecords& r) { return r.mutable_releases(); });
+}
+
 grpc::Status GetCaptureElsewhere(Membership* membership, NodeChannels* channels,
                                  grpc::ServerContext* context, absl::Duration timeout,
                                  const v1::GetCaptureRequest& request, v1::CaptureRecord* record) {
@@ -147,7 +159,7 @@ absl::Status CopyReleasesTo(Membership* membership, NodeChannels* channels,
   auto to = std::find_if(members.begin(), members.end(),
                          [&](const RingMember& m) { return m.id == node_id; });
   if (to == members.end()) return absl::NotFoundError(absl::StrCat(node_id, " is not live"));
-  v1::KeepReleaseRecordsRequest request;
+  v1::ReleaseRecords request;
   request.mutable_releases()->Add(releases.begin(), releases.end());
   v1::KeepReleaseRecordsResponse response;
   grpc::ClientContext client;

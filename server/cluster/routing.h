@@ -73,6 +73,13 @@ absl::Status CopyReleasesTo(Membership* membership, NodeChannels* channels,
                             const std::vector<v1::ReleaseVerdict>& releases);
 // The IDs of the live nodes but this one, for RegressionsOptions::other_nodes.
 std::vector<std::string> OtherNodes(const Membership& membership);
+// The release records the other live nodes hold (Cluster.LocalReleaseRecords), for
+// RegressionsOptions::records_elsewhere; the nodes that did not answer within `timeout` are
+// named in `unreachable`.
+std::vector<v1::ReleaseVerdict> ReleaseRecordsElsewhere(Membership* membership,
+                                                        NodeChannels* channels,
+                                                        absl::Duration timeout,
+                                                        std::vector<std::string>* unreachable);
 
 // A debug file stored on this node, for DebugInfoSync.
 struct LocalDebugFile {

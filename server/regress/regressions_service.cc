@@ -179,24 +179,26 @@ void RegressionsService::CopyElsewhere() {
         break;
       }
       copies_sent_ += batch.size();
-      for (size_t k = from; k < to; ++k) confirmed[versions[due[k]].first] = versions[due[k]].second;
+      for (size_t k = from; k < to; ++k) {
+        const auto& [id, hash] = versions[due[k]];
+        confirmed[id] = hash;
+      }
     }
   }
 }
 
 bool RegressionsService::CatchUp() {
-  if (!options_.list_elsewhere) return true;
+  if (!options_.records_elsewhere) return true;
   std::vector<std::string> unreachable;
-  const std::vector<v1::ReleaseVerdict> listed =
-      options_.list_elsewhere(nullptr, v1::ListRegressionsRequest(), &unreachable);
-  absl::StatusOr<size_t> kept = Keep(listed);
+  absl::StatusOr<size_t> kept = Keep(options_.records_elsewhere(&unreachable));
   if (!kept.ok()) {
-    spdlog::warn("regressions: keeping the other nodes' verdicts: {}", kept.status().ToString());
+    spdlog::warn("regressions: keeping the other nodes' release records: {}",
+                 kept.status().ToString());
     return false;
   }
-  if (*kept > 0) spdlog::info("regressions: {} verdicts taken from the other nodes", *kept);
+  if (*kept > 0) spdlog::info("regressions: {} release records taken from the other nodes", *kept);
   for (const std::string& node : unreachable) {
-    spdlog::warn("regressions: catching up with the other nodes' verdicts: {}", node);
+    spdlog::warn("regressions: reading the other nodes' release records: {}", node);
   }
   return unreachable.empty();
 }

@@ -5,9 +5,9 @@
 //
 // In a cluster one node checks; after each check it sends the other nodes the release
 // records they have not confirmed yet (copy_to), and they keep them (Keep), so every node
-// holds every verdict. A node that becomes the checking one first takes the verdicts the
-// others list (list_elsewhere), in case it missed copies, and its watcher continues from
-// what it holds.
+// holds every verdict. A node that becomes the checking one first keeps the other nodes'
+// records (records_elsewhere), in case it missed copies, and its watcher continues from what
+// it holds.
 //
 // Borrows the store and the authorizer; the comparison, the services and their label sets
 // come through ReleaseWatcherInputs (the query service's, so a cluster's nodes are all read).
@@ -52,12 +52,15 @@ struct RegressionsOptions {
                                                 const v1::ListRegressionsRequest& request,
                                                 std::vector<std::string>* unreachable)>
       list_elsewhere;
-  // The other live nodes of a cluster (their IDs), and a call that has one of them keep
-  // copies of release records (Keep there); null: none.
+  // The other live nodes of a cluster (their IDs), a call that has one of them keep copies
+  // of release records (Keep there), and their release records (Releases there) with the
+  // nodes that did not answer; null: none.
   std::function<std::vector<std::string>()> other_nodes;
   std::function<absl::Status(const std::string& node,
                              const std::vector<v1::ReleaseVerdict>& releases)>
       copy_to;
+  std::function<std::vector<v1::ReleaseVerdict>(std::vector<std::string>* unreachable)>
+      records_elsewhere;
 };
 
 // The webhook's body for one verdict: {"service", "label", "baseline", "candidate", "state",
@@ -89,6 +92,8 @@ class RegressionsService final : public v1::Regressions::Service {
   // Another node's release records, each kept where it is newer than this node's state of
   // its release (ReleaseWatcher::Keep), in the store too; how many were.
   absl::StatusOr<size_t> Keep(const std::vector<v1::ReleaseVerdict>& releases);
+  // This node's release records, its own and copies (ReleaseWatcher::Releases).
+  std::vector<v1::ReleaseVerdict> Releases() const { return watcher_->Releases(); }
 
   // Prometheus text: strata_regression_detected{service,function,candidate,kind} 1 for the
   // functions of each service's newest REGRESSED verdict; checks, comparisons and webhook posts
@@ -102,8 +107,8 @@ class RegressionsService final : public v1::Regressions::Service {
   const RegressionsOptions options_;
   // Sends each other node the release records it has not confirmed yet (copy_to).
   void CopyElsewhere() ABSL_EXCLUSIVE_LOCKS_REQUIRED(check_mu_);
-  // Keeps what the other nodes list (list_elsewhere): the verdicts of the node that checked
-  // before this one. False when a node did not answer.
+  // Keeps the other nodes' release records (records_elsewhere): those of the node that
+  // checked before this one. False when a node did not answer.
   bool CatchUp();
 
   const std::unique_ptr<ReleaseWatcher> watcher_;

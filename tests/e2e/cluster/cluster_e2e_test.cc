@@ -158,9 +158,12 @@ class ClusterTest : public ::testing::Test {
   }
   double Metric(const Node& n, const std::string& name) { return MetricIn(MetricsText(n), name); }
 
+  // `servers`: the nodes the agents and the final query go to (empty: every node).
   std::unique_ptr<ChildProcess> StartLoad(int duration_s, const std::string& prefix,
-                                          int agents = 30, std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv{BinPath("strata-loadgen"), "--server", Addresses(),
+                                          int agents = 30, std::vector<std::string> extra = {},
+                                          const std::string& servers = "") {
+    std::vector<std::string> argv{BinPath("strata-loadgen"), "--server",
+                                  servers.empty() ? Addresses() : servers,
                                   "--agents", std::to_string(agents), "--interval", "2",
                                   "--duration", std::to_string(duration_s),
                                   "--ramp-up", "2", "--rate", "99", "--max-backoff", "3",
@@ -715,6 +718,106 @@ TEST_F(ClusterTest, ReleaseVerdictsAreListedByEveryNode) {
     EXPECT_EQ(r.verdicts(0).candidate(), "2");
     EXPECT_EQ(r.unreachable_nodes_size(), 0) << r.DebugString();
   }
+}
+
+// The release verdicts of `service` as the node at `address` lists them.
+v1::ListRegressionsResponse ListRegressions(const std::string& address,
+                                            const std::string& service) {
+  auto stub = v1::Regressions::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::ListRegressionsRequest request;
+  request.set_service(service);
+  v1::ListRegressionsResponse response;
+  grpc::Status s = stub->ListRegressions(&ctx, request, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return response;
+}
+
+// The verdict of `candidate` in `r`, or null.
+const v1::ReleaseVerdict* VerdictOf(const v1::ListRegressionsResponse& r,
+                                    const std::string& candidate) {
+  for (const v1::ReleaseVerdict& v : r.verdicts()) {
+    if (v.candidate() == candidate) return &v;
+  }
+  return nullptr;
+}
+
+// The checking node copies its release records to the others: stopped, its verdict is still
+// listed by every node, the next node in the ring checks on from the copies (release 2 is
+// compared again, not met anew), and a release that appears afterwards is compared with
+// release 2.
+TEST_F(ClusterTest, ReleaseVerdictsOutliveTheCheckingNode) {
+  const absl::Time began = absl::Now();
+  for (int i = 0; i < 3; ++i) AddNode({"--regression-interval", "1s"});
+  Node& n1 = *nodes_[0];
+  Node& n2 = *nodes_[1];
+  Node& n3 = *nodes_[2];
+  const std::string service = "takeover-svc-0";
+  ExpectExact(*StartLoad(4, "takeover", 6, {"--label", "version=1"}), 120);
+  const double checks = Metric(n1, "strata_regression_checks_total");
+  ASSERT_TRUE(WaitFor([&] { return Metric(n1, "strata_regression_checks_total") >= checks + 2; },
+                      absl::Seconds(30)))
+      << Logs();
+  auto release2 = StartLoad(4, "takeover", 6, {"--label", "version=2", "--seed", "2"});
+  EXPECT_NE(release2->Wait(120), -1) << release2->Output();
+  // Compared twice: the first comparison's record went to n2 and n3 after that check.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const v1::ReleaseVerdict* v = VerdictOf(ListRegressions(n1.address(), service), "2");
+        return v != nullptr && v->comparisons() >= 2;
+      },
+      absl::Seconds(30)))
+      << Logs();
+  EXPECT_EQ(Metric(n2, "strata_regression_checks_total"), 0) << "only n1 checks";
+  EXPECT_GT(Metric(n2, "strata_regression_copies_kept_total"), 0);
+  EXPECT_GT(Metric(n3, "strata_regression_copies_kept_total"), 0);
+
+  n1.process->Stop(SIGTERM, 30);  // leaves the ring at once
+  uint32_t comparisons_by_n1 = 0;
+  for (const Node* n : {&n2, &n3}) {
+    v1::ListRegressionsResponse r;
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          r = ListRegressions(n->address(), service);
+          return r.unreachable_nodes_size() == 0 && VerdictOf(r, "2") != nullptr;
+        },
+        absl::Seconds(10)))
+        << n->id << ": " << r.DebugString() << Logs();
+    EXPECT_EQ(VerdictOf(r, "2")->baseline(), "1");
+    EXPECT_GE(VerdictOf(r, "2")->comparisons(), 1u);
+    comparisons_by_n1 = std::max(comparisons_by_n1, VerdictOf(r, "2")->comparisons());
+  }
+  // n2, first in the ring now, checks: release 2 is compared on.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const v1::ReleaseVerdict* v = VerdictOf(ListRegressions(n2.address(), service), "2");
+        return v != nullptr && v->comparisons() > comparisons_by_n1 + 1;
+      },
+      absl::Seconds(30)))
+      << Logs();
+  EXPECT_GT(Metric(n2, "strata_regression_checks_total"), 0);
+
+  // Release 3, to the nodes still up: n2 compares it with release 2.
+  auto release3 = StartLoad(4, "takeover", 6, {"--label", "version=3", "--seed", "3"},
+                            absl::StrCat(n2.address(), ",", n3.address()));
+  EXPECT_NE(release3->Wait(120), -1) << release3->Output();
+  for (const Node* n : {&n2, &n3}) {
+    v1::ListRegressionsResponse r;
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          r = ListRegressions(n->address(), service);
+          const v1::ReleaseVerdict* v = VerdictOf(r, "3");
+          return v != nullptr && v->comparisons() >= 1;
+        },
+        absl::Seconds(30)))
+        << n->id << ": " << r.DebugString() << Logs();
+    EXPECT_EQ(VerdictOf(r, "3")->baseline(), "2") << r.DebugString();
+    EXPECT_EQ(VerdictOf(r, "3")->label(), "version");
+    EXPECT_EQ(r.verdicts_size(), 2) << r.DebugString();  // 1 -> 2 and 2 -> 3
+  }
+  std::printf("release verdicts across the loss of the checking node: %.1f s\n",
+              absl::ToDoubleSeconds(absl::Now() - began));
 }
 
 // A debug file uploaded while a node is down reaches it when it is back, and reaches a node
