@@ -265,11 +265,31 @@ absl::Status ServerApp::BuildRegressions() {
       return cluster::ListRegressionsElsewhere(membership_.get(), &node_channels_, context,
                                                timeout, request, unreachable);
     };
+    // Every node keeps a copy of every release record: a node that takes over checking
+    // continues from them, and lists them while the one that computed them is down.
+    options.other_nodes = [membership] { return cluster::OtherNodes(*membership); };
+    options.copy_to = [this, timeout](const std::string& node,
+                                      const std::vector<v1::ReleaseVerdict>& releases) {
+      return cluster::CopyReleasesTo(membership_.get(), &node_channels_, timeout, node,
+                                     releases);
+    };
+    options.records_elsewhere = [this, timeout](std::vector<std::string>* unreachable) {
+      return cluster::ReleaseRecordsElsewhere(membership_.get(), &node_channels_, timeout,
+                                              unreachable);
+    };
   }
   auto service = regress::RegressionsService::Create(std::move(options), std::move(inputs),
                                                      store_.get(), authorizer_.get());
   if (!service.ok()) return service.status();
   regressions_ = std::move(*service);
+  if (cluster_service_ != nullptr) {
+    regress::RegressionsService* regressions = regressions_.get();
+    cluster_service_->SetReleaseRecords(
+        {.keep = [regressions](const std::vector<v1::ReleaseVerdict>& releases) {
+           return regressions->Keep(releases);
+         },
+         .list = [regressions] { return regressions->Releases(); }});
+  }
   return absl::OkStatus();
 }
 

@@ -21,6 +21,10 @@ absl::StatusOr<query::ProfileQuery> FromRequest(const v1::LocalProfileRequest& r
   return q;
 }
 
+absl::Status NoRegressions() {
+  return absl::FailedPreconditionError("this node runs no Regressions service");
+}
+
 }  // namespace
 
 ClusterService::ClusterService(Membership* membership, store::Store* store,
@@ -193,6 +197,25 @@ absl::StatusOr<v1::LocalLeafAddressesResponse> ClusterService::RunLocalLeafAddre
   return response;
 }
 
+absl::StatusOr<v1::KeepReleaseRecordsResponse> ClusterService::RunKeepReleaseRecords(
+    const v1::ReleaseRecords& request) {
+  if (!release_records_.keep) return NoRegressions();
+  absl::StatusOr<size_t> kept = release_records_.keep(
+      std::vector<v1::ReleaseVerdict>(request.releases().begin(), request.releases().end()));
+  if (!kept.ok()) return kept.status();
+  v1::KeepReleaseRecordsResponse response;
+  response.set_kept(static_cast<uint32_t>(*kept));
+  return response;
+}
+
+absl::StatusOr<v1::ReleaseRecords> ClusterService::RunLocalReleaseRecords(
+    const v1::LocalReleaseRecordsRequest&) {
+  if (!release_records_.list) return NoRegressions();
+  v1::ReleaseRecords response;
+  for (v1::ReleaseVerdict& r : release_records_.list()) *response.add_releases() = std::move(r);
+  return response;
+}
+
 v1::ClusterStatusResponse ClusterService::RunStatus() {
   v1::ClusterStatusResponse r;
   r.set_self_id(membership_->options().node_id);
@@ -296,6 +319,18 @@ grpc::Status ClusterService::LocalTopLines(grpc::ServerContext* context,
                                            const v1::LocalProfileRequest* request,
                                            v1::TopResponse* response) {
   return AsNode(context, &ClusterService::RunLocalTopLines, request, response);
+}
+
+grpc::Status ClusterService::KeepReleaseRecords(grpc::ServerContext* context,
+                                                const v1::ReleaseRecords* request,
+                                                v1::KeepReleaseRecordsResponse* response) {
+  return AsNode(context, &ClusterService::RunKeepReleaseRecords, request, response);
+}
+
+grpc::Status ClusterService::LocalReleaseRecords(grpc::ServerContext* context,
+                                                 const v1::LocalReleaseRecordsRequest* request,
+                                                 v1::ReleaseRecords* response) {
+  return AsNode(context, &ClusterService::RunLocalReleaseRecords, request, response);
 }
 
 }  // namespace strata::server::cluster

@@ -1,16 +1,20 @@
 // A cluster node's side of fan-out queries (scatter_gather.h). Every node serves the Cluster
 // gRPC service: its own samples per host for a filter, its own profile over a set of hosts,
 // its services, agents, label sets, phase changes, unwinding counters, source lines and leaf
-// addresses, and the ring as it sees it. Only other nodes (role node) may call it, apart from
-// Status. The Run* forms answer without a transport: the node asking answers its own part
-// with them.
+// addresses, and the ring as it sees it; and it keeps the checking node's release records
+// and hands out its own (KeepReleaseRecords, LocalReleaseRecords). Only other nodes (role
+// node) may call it, apart from Status. The Run* forms answer without a transport: the node
+// asking answers its own part with them.
 //
 // ClusterService borrows the membership, store, registry, live samples, symbolizer,
 // authorizer and metrics; it owns a ProfileReader.
 #ifndef STRATA_SERVER_CLUSTER_CLUSTER_SERVICE_H_
 #define STRATA_SERVER_CLUSTER_CLUSTER_SERVICE_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/auth/authorizer.h"
@@ -51,6 +55,20 @@ class ClusterService final : public v1::Cluster::Service {
                            v1::SeriesResponse*) override;
   grpc::Status LocalLeafAddresses(grpc::ServerContext*, const v1::LocalProfileRequest*,
                                   v1::LocalLeafAddressesResponse*) override;
+  grpc::Status KeepReleaseRecords(grpc::ServerContext*, const v1::ReleaseRecords*,
+                                  v1::KeepReleaseRecordsResponse*) override;
+  grpc::Status LocalReleaseRecords(grpc::ServerContext*, const v1::LocalReleaseRecordsRequest*,
+                                   v1::ReleaseRecords*) override;
+
+  // This node's release records (the Regressions service's): how it keeps another node's
+  // (RegressionsService::Keep: how many were newer), and its own (Releases). Set before the
+  // service serves; without them both calls fail (FailedPrecondition: the node runs no
+  // Regressions service).
+  struct ReleaseRecordAccess {
+    std::function<absl::StatusOr<size_t>(const std::vector<v1::ReleaseVerdict>&)> keep;
+    std::function<std::vector<v1::ReleaseVerdict>()> list;
+  };
+  void SetReleaseRecords(ReleaseRecordAccess access) { release_records_ = std::move(access); }
 
   // Transport-free forms (this node's part of a fan-out query; the status for the CLI).
   absl::StatusOr<v1::HostTotalsResponse> RunHostTotals(const v1::LocalProfileRequest& request);
@@ -65,6 +83,10 @@ class ClusterService final : public v1::Cluster::Service {
   absl::StatusOr<v1::SeriesResponse> RunLocalSeries(const v1::LocalProfileRequest& request);
   absl::StatusOr<v1::LocalLeafAddressesResponse> RunLocalLeafAddresses(
       const v1::LocalProfileRequest& request);
+  absl::StatusOr<v1::KeepReleaseRecordsResponse> RunKeepReleaseRecords(
+      const v1::ReleaseRecords& request);
+  absl::StatusOr<v1::ReleaseRecords> RunLocalReleaseRecords(
+      const v1::LocalReleaseRecordsRequest& request);
   v1::ClusterStatusResponse RunStatus();
   const Membership& membership() const { return *membership_; }
   const ReplicationMetrics& metrics() const { return *metrics_; }
@@ -85,6 +107,7 @@ class ClusterService final : public v1::Cluster::Service {
   const uint32_t replication_factor_;
   const ReplicationMetrics* const metrics_;
   query::ProfileReader reader_;
+  ReleaseRecordAccess release_records_;
 };
 
 }  // namespace strata::server::cluster

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
+#include "strata/v1/cluster.grpc.pb.h"
 
 namespace strata::server::cluster {
 
@@ -124,6 +125,18 @@ std::vector<v1::ReleaseVerdict> ListRegressionsElsewhere(
       [](v1::ListRegressionsResponse& r) { return r.mutable_verdicts(); });
 }
 
+std::vector<v1::ReleaseVerdict> ReleaseRecordsElsewhere(Membership* membership,
+                                                        NodeChannels* channels,
+                                                        absl::Duration timeout,
+                                                        std::vector<std::string>* unreachable) {
+  return ListFromOthers<v1::Cluster, v1::ReleaseRecords>(
+      membership, channels, nullptr, timeout, unreachable,
+      [](v1::Cluster::Stub& stub, grpc::ClientContext* client, v1::ReleaseRecords* r) {
+        return stub.LocalReleaseRecords(client, v1::LocalReleaseRecordsRequest(), r);
+      },
+      [](v1::ReleaseRecords& r) { return r.mutable_releases(); });
+}
+
 grpc::Status GetCaptureElsewhere(Membership* membership, NodeChannels* channels,
                                  grpc::ServerContext* context, absl::Duration timeout,
                                  const v1::GetCaptureRequest& request, v1::CaptureRecord* record) {
@@ -136,6 +149,35 @@ grpc::Status GetCaptureElsewhere(Membership* membership, NodeChannels* channels,
         return last.error_code() == grpc::StatusCode::NOT_FOUND;
       });
   return last;
+}
+
+absl::Status CopyReleasesTo(Membership* membership, NodeChannels* channels,
+                            absl::Duration timeout, const std::string& node_id,
+                            const std::vector<v1::ReleaseVerdict>& releases) {
+  const std::shared_ptr<const Ring> ring = membership->ring();
+  const auto& members = ring->members();
+  auto to = std::find_if(members.begin(), members.end(),
+                         [&](const RingMember& m) { return m.id == node_id; });
+  if (to == members.end()) return absl::NotFoundError(absl::StrCat(node_id, " is not live"));
+  v1::ReleaseRecords request;
+  request.mutable_releases()->Add(releases.begin(), releases.end());
+  v1::KeepReleaseRecordsResponse response;
+  grpc::ClientContext client;
+  PrepareRouted(membership, channels, &client, timeout);
+  const grpc::Status s =
+      v1::Cluster::NewStub(channels->Get(to->address))->KeepReleaseRecords(&client, request,
+                                                                            &response);
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(NodeName(*to), ": ", s.error_message()));
+}
+
+std::vector<std::string> OtherNodes(const Membership& membership) {
+  std::vector<std::string> out;
+  for (const RingMember& m : membership.ring()->members()) {
+    if (m.id != membership.options().node_id) out.push_back(m.id);
+  }
+  return out;
 }
 
 namespace {

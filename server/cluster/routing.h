@@ -1,8 +1,9 @@
 // Calls a cluster node makes to the other live nodes on a client's behalf: a capture runs on
 // the node holding its agent's stream and is stored there, so runs, lists and gets of
 // captures are routed to the others; a debug file uploaded to one node is copied to the
-// others, and DebugInfoSync brings nodes that missed an upload up to date. Each such call is
-// marked routed, so that the node called answers from itself alone and routes nothing further.
+// others, and DebugInfoSync brings nodes that missed an upload up to date; the checking
+// node's release records are copied to the others. Each such call is marked routed, so that
+// the node called answers from itself alone and routes nothing further.
 //
 // The functions borrow the membership and channels; DebugInfoSync owns its thread.
 #ifndef STRATA_SERVER_CLUSTER_ROUTING_H_
@@ -18,6 +19,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/cluster/membership.h"
@@ -63,6 +65,21 @@ std::vector<std::string> CopyDebugInfoElsewhere(Membership* membership, NodeChan
                                                 const std::string& path,
                                                 const std::string& file_name,
                                                 const std::string& build_id);
+
+// Has the live node `node_id` keep copies of release records (Cluster.KeepReleaseRecords),
+// within `timeout`, for RegressionsOptions::copy_to; NotFound when it is not in the ring.
+absl::Status CopyReleasesTo(Membership* membership, NodeChannels* channels,
+                            absl::Duration timeout, const std::string& node_id,
+                            const std::vector<v1::ReleaseVerdict>& releases);
+// The IDs of the live nodes but this one, for RegressionsOptions::other_nodes.
+std::vector<std::string> OtherNodes(const Membership& membership);
+// The release records the other live nodes hold (Cluster.LocalReleaseRecords), for
+// RegressionsOptions::records_elsewhere; the nodes that did not answer within `timeout` are
+// named in `unreachable`.
+std::vector<v1::ReleaseVerdict> ReleaseRecordsElsewhere(Membership* membership,
+                                                        NodeChannels* channels,
+                                                        absl::Duration timeout,
+                                                        std::vector<std::string>* unreachable);
 
 // A debug file stored on this node, for DebugInfoSync.
 struct LocalDebugFile {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <utility>
 
@@ -98,8 +99,13 @@ RegressionsService::~RegressionsService() { Stop(); }
 void RegressionsService::Start() {
   if (thread_.joinable()) return;
   thread_ = std::thread([this] {
+    bool caught_up = false;  // with the node that checked before this one
     do {
-      if (options_.should_check && !options_.should_check()) continue;
+      if (options_.should_check && !options_.should_check()) {
+        caught_up = false;
+        continue;
+      }
+      if (!caught_up) caught_up = CatchUp();
       if (absl::Status s = CheckNow(); !s.ok()) {
         spdlog::warn("regressions: {}", s.ToString());
       }
@@ -117,6 +123,7 @@ absl::Status RegressionsService::CheckNow() {
   absl::MutexLock lock(&check_mu_);
   ++checks_;
   absl::StatusOr<std::vector<v1::ReleaseVerdict>> changed = watcher_->Check(base::NowMs());
+  CopyElsewhere();  // whatever the check stored, and what a node missed before
   if (!changed.ok()) {
     ++check_failures_;
     return changed.status();
@@ -138,6 +145,68 @@ absl::Status RegressionsService::CheckNow() {
     }
   }
   return absl::OkStatus();
+}
+
+void RegressionsService::CopyElsewhere() {
+  if (!options_.other_nodes || !options_.copy_to) return;
+  const std::vector<std::string> nodes = options_.other_nodes();
+  if (nodes.empty()) return;
+  // A call carries this many records at most (a node meeting the cluster gets them all).
+  constexpr size_t kRecordsPerCall = 256;
+  const std::vector<v1::ReleaseVerdict> releases = watcher_->Releases();
+  std::vector<std::pair<std::string, size_t>> versions;  // ReleaseId, hash of the record
+  versions.reserve(releases.size());
+  for (const v1::ReleaseVerdict& r : releases) {
+    versions.emplace_back(ReleaseWatcher::ReleaseId(r),
+                          std::hash<std::string>()(r.SerializeAsString()));
+  }
+  for (const std::string& node : nodes) {
+    std::map<std::string, size_t>& confirmed = copied_[node];
+    std::vector<size_t> due;  // indices into releases
+    for (size_t i = 0; i < releases.size(); ++i) {
+      auto it = confirmed.find(versions[i].first);
+      if (it == confirmed.end() || it->second != versions[i].second) due.push_back(i);
+    }
+    for (size_t from = 0; from < due.size(); from += kRecordsPerCall) {
+      const size_t to = std::min(due.size(), from + kRecordsPerCall);
+      std::vector<v1::ReleaseVerdict> batch;
+      for (size_t k = from; k < to; ++k) batch.push_back(releases[due[k]]);
+      if (absl::Status s = options_.copy_to(node, batch); !s.ok()) {
+        // Sent again after the next check.
+        ++copy_failures_;
+        spdlog::warn("regressions: copying {} release records to {}: {}", due.size() - from,
+                     node, s.ToString());
+        break;
+      }
+      copies_sent_ += batch.size();
+      for (size_t k = from; k < to; ++k) {
+        const auto& [id, hash] = versions[due[k]];
+        confirmed[id] = hash;
+      }
+    }
+  }
+}
+
+bool RegressionsService::CatchUp() {
+  if (!options_.records_elsewhere) return true;
+  std::vector<std::string> unreachable;
+  absl::StatusOr<size_t> kept = Keep(options_.records_elsewhere(&unreachable));
+  if (!kept.ok()) {
+    spdlog::warn("regressions: keeping the other nodes' release records: {}",
+                 kept.status().ToString());
+    return false;
+  }
+  if (*kept > 0) spdlog::info("regressions: {} release records taken from the other nodes", *kept);
+  for (const std::string& node : unreachable) {
+    spdlog::warn("regressions: reading the other nodes' release records: {}", node);
+  }
+  return unreachable.empty();
+}
+
+absl::StatusOr<size_t> RegressionsService::Keep(const std::vector<v1::ReleaseVerdict>& releases) {
+  absl::StatusOr<size_t> kept = watcher_->Keep(releases);
+  if (kept.ok()) copies_kept_ += *kept;
+  return kept;
 }
 
 grpc::Status RegressionsService::ListRegressions(grpc::ServerContext* context,
@@ -213,6 +282,19 @@ std::string RegressionsService::RenderMetrics() const {
       "# TYPE strata_regression_webhook_posts_total counter\n"
       "strata_regression_webhook_posts_total ", webhook_posts_.load(), "\n",
       "strata_regression_webhook_failures_total ", webhook_failures_.load(), "\n");
+  if (options_.copy_to) {
+    absl::StrAppend(
+        &out,
+        "# HELP strata_regression_copies_sent_total Release records the other nodes confirmed "
+        "keeping, and calls that failed.\n"
+        "# TYPE strata_regression_copies_sent_total counter\n"
+        "strata_regression_copies_sent_total ", copies_sent_.load(), "\n",
+        "strata_regression_copy_failures_total ", copy_failures_.load(), "\n",
+        "# HELP strata_regression_copies_kept_total Other nodes' release records kept here "
+        "(newer than this node's).\n"
+        "# TYPE strata_regression_copies_kept_total counter\n"
+        "strata_regression_copies_kept_total ", copies_kept_.load(), "\n");
+  }
   return out;
 }
 

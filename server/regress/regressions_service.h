@@ -3,6 +3,12 @@
 // and the HTTP mirror through RunList), exports the regressed functions to Prometheus and
 // POSTs each verdict that changed to an optional webhook.
 //
+// In a cluster one node checks; after each check it sends the other nodes the release
+// records they have not confirmed yet (copy_to), and they keep them (Keep), so every node
+// holds every verdict. A node that becomes the checking one first keeps the other nodes'
+// records (records_elsewhere), in case it missed copies, and its watcher continues from what
+// it holds.
+//
 // Borrows the store and the authorizer; the comparison, the services and their label sets
 // come through ReleaseWatcherInputs (the query service's, so a cluster's nodes are all read).
 #ifndef STRATA_SERVER_REGRESS_REGRESSIONS_SERVICE_H_
@@ -10,10 +16,12 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -44,6 +52,15 @@ struct RegressionsOptions {
                                                 const v1::ListRegressionsRequest& request,
                                                 std::vector<std::string>* unreachable)>
       list_elsewhere;
+  // The other live nodes of a cluster (their IDs), a call that has one of them keep copies
+  // of release records (Keep there), and their release records (Releases there) with the
+  // nodes that did not answer; null: none.
+  std::function<std::vector<std::string>()> other_nodes;
+  std::function<absl::Status(const std::string& node,
+                             const std::vector<v1::ReleaseVerdict>& releases)>
+      copy_to;
+  std::function<std::vector<v1::ReleaseVerdict>(std::vector<std::string>* unreachable)>
+      records_elsewhere;
 };
 
 // The webhook's body for one verdict: {"service", "label", "baseline", "candidate", "state",
@@ -72,6 +89,12 @@ class RegressionsService final : public v1::Regressions::Service {
   absl::StatusOr<v1::ListRegressionsResponse> RunList(const v1::ListRegressionsRequest& request,
                                                       grpc::ServerContext* context = nullptr);
 
+  // Another node's release records, each kept where it is newer than this node's state of
+  // its release (ReleaseWatcher::Keep), in the store too; how many were.
+  absl::StatusOr<size_t> Keep(const std::vector<v1::ReleaseVerdict>& releases);
+  // This node's release records, its own and copies (ReleaseWatcher::Releases).
+  std::vector<v1::ReleaseVerdict> Releases() const { return watcher_->Releases(); }
+
   // Prometheus text: strata_regression_detected{service,function,candidate,kind} 1 for the
   // functions of each service's newest REGRESSED verdict; checks, comparisons and webhook posts
   // counted.
@@ -82,12 +105,21 @@ class RegressionsService final : public v1::Regressions::Service {
                      std::optional<WebhookUrl> webhook, auth::Authorizer* authorizer);
 
   const RegressionsOptions options_;
+  // Sends each other node the release records it has not confirmed yet (copy_to).
+  void CopyElsewhere() ABSL_EXCLUSIVE_LOCKS_REQUIRED(check_mu_);
+  // Keeps the other nodes' release records (records_elsewhere): those of the node that
+  // checked before this one. False when a node did not answer.
+  bool CatchUp();
+
   const std::unique_ptr<ReleaseWatcher> watcher_;
   const std::optional<WebhookUrl> webhook_;
   auth::Authorizer* const authorizer_;
   std::atomic<uint64_t> checks_{0}, check_failures_{0}, changes_{0};
   std::atomic<uint64_t> webhook_posts_{0}, webhook_failures_{0};
+  std::atomic<uint64_t> copies_sent_{0}, copy_failures_{0}, copies_kept_{0};
   absl::Mutex check_mu_;  // one check at a time
+  // By node ID: a hash of each release record (by ReleaseId) the node confirmed keeping.
+  std::map<std::string, std::map<std::string, size_t>> copied_ ABSL_GUARDED_BY(check_mu_);
   absl::Notification stop_;
   std::thread thread_;
 };

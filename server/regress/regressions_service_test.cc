@@ -1,9 +1,12 @@
 // The Regressions service over a real store: verdicts kept across a restart, listed, exported
-// to Prometheus, and POSTed to a webhook listening on loopback; bad webhook URLs refused.
+// to Prometheus, and POSTed to a webhook listening on loopback; bad webhook URLs refused; a
+// cluster's copies of release records sent until confirmed, kept, and taken over.
 #include "server/regress/regressions_service.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -15,6 +18,8 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 
+#include "absl/time/clock.h"
+#include "common/base/clock.h"
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -262,6 +267,113 @@ TEST_F(RegressionsServiceTest, HttpsWebhooksAreVerified) {
   options.webhook_ca_file = certs + "/no-such-ca.pem";
   EXPECT_TRUE(absl::IsInvalidArgument(
       RegressionsService::Create(options, scripted_.Inputs(), store_.get(), nullptr).status()));
+}
+
+
+// The checking node sends each other node the records it has not confirmed: everything at
+// first, then what changed; a node that refused them gets them after the next check. The
+// node that keeps them lists them and stores them (they survive its restart).
+TEST_F(RegressionsServiceTest, ReleaseRecordsAreCopiedUntilEachNodeConfirmedThem) {
+  testing::TempDir other_dir;
+  auto other_store = store::Store::Open(other_dir.path(), store::StoreOptions{});
+  ASSERT_TRUE(other_store.ok()) << other_store.status();
+  Scripted other_scripted;
+  auto other = RegressionsService::Create({}, other_scripted.Inputs(), other_store->get(),
+                                          nullptr);
+  ASSERT_TRUE(other.ok()) << other.status();
+
+  std::map<std::string, std::vector<size_t>> sent;  // by node: records per call
+  bool n3_up = false;
+  RegressionsOptions options;
+  options.other_nodes = [] { return std::vector<std::string>{"n2", "n3"}; };
+  options.copy_to = [&](const std::string& node,
+                        const std::vector<v1::ReleaseVerdict>& r) -> absl::Status {
+    sent[node].push_back(r.size());
+    if (node == "n3" && !n3_up) return absl::UnavailableError("n3 down");
+    if (node == "n3") return absl::OkStatus();
+    return (*other)->Keep(r).status();
+  };
+  std::unique_ptr<RegressionsService> checker = Make(options);
+  ASSERT_NE(checker, nullptr);
+  ASSERT_TRUE(checker->CheckNow().ok());  // version 1, met with the service
+  scripted_.sets.push_back({{"version", "2-slow"}});
+  ASSERT_TRUE(checker->CheckNow().ok());  // version 2 compared
+  EXPECT_THAT(sent["n2"], ::testing::ElementsAre(1, 1));
+  EXPECT_THAT(sent["n3"], ::testing::ElementsAre(1, 2));  // refused: all again
+  n3_up = true;
+  ASSERT_TRUE(checker->CheckNow().ok());  // version 2 compared again: changed
+  EXPECT_THAT(sent["n2"], ::testing::ElementsAre(1, 1, 1));
+  EXPECT_THAT(sent["n3"], ::testing::ElementsAre(1, 2, 2));
+  const std::string metrics = checker->RenderMetrics();
+  EXPECT_THAT(metrics, HasSubstr("strata_regression_copies_sent_total 5\n"));
+  EXPECT_THAT(metrics, HasSubstr("strata_regression_copy_failures_total 2\n"));
+
+  v1::ListRegressionsRequest request;
+  auto listed = (*other)->RunList(request);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_THAT(listed->verdicts(), SizeIs(1));
+  EXPECT_EQ(listed->verdicts(0).state(), v1::ReleaseVerdict::REGRESSED);
+  EXPECT_EQ(listed->verdicts(0).comparisons(), 2u);
+  EXPECT_EQ(listed->verdicts(0).SerializeAsString(),
+            checker->RunList(request)->verdicts(0).SerializeAsString());
+  auto stored = (*other_store)->meta().ListReleases();
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_THAT(*stored, SizeIs(2));
+  // A single server (no other nodes) renders no copy counters.
+  EXPECT_THAT(Make()->RenderMetrics(), Not(HasSubstr("copies")));
+}
+
+// A node that becomes the checking one first keeps the other nodes' release records (in case
+// it missed copies), then checks on from there: the release the node before compared is not
+// met anew, and the next one is compared with it.
+TEST_F(RegressionsServiceTest, ANodeThatTakesOverChecksOnFromTheVerdictsTheOthersList) {
+  v1::ReleaseVerdict met;  // with the service, not compared
+  met.set_service("checkout");
+  met.set_label("version");
+  met.set_candidate("1");
+  met.set_first_seen_ms(base::NowMs() - 120'000);
+  met.set_final(true);
+  v1::ReleaseVerdict elsewhere;
+  elsewhere.set_service("checkout");
+  elsewhere.set_label("version");
+  elsewhere.set_baseline("1");
+  elsewhere.set_candidate("2-slow");
+  elsewhere.set_first_seen_ms(base::NowMs() - 60'000);
+  elsewhere.set_updated_ms(base::NowMs() - 1'000);
+  elsewhere.set_comparisons(7);
+  elsewhere.set_state(v1::ReleaseVerdict::REGRESSED);
+  std::atomic<bool> checking{false};
+  std::atomic<int> lists{0};
+  RegressionsOptions options;
+  options.check_interval = absl::Milliseconds(20);
+  options.should_check = [&] { return checking.load(); };
+  options.records_elsewhere = [&](std::vector<std::string>*) {
+    ++lists;
+    return std::vector<v1::ReleaseVerdict>{met, elsewhere};
+  };
+  scripted_.sets = {{{"version", "1"}}, {{"version", "2-slow"}}, {{"version", "3"}}};
+  std::unique_ptr<RegressionsService> service = Make(options);
+  ASSERT_NE(service, nullptr);
+  service->Start();
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(lists.load(), 0);  // not checking: not catching up
+  checking = true;
+  v1::ListRegressionsRequest request;
+  auto compared_3 = [&] {
+    auto listed = service->RunList(request);
+    return listed.ok() && listed->verdicts_size() == 2;
+  };
+  for (int i = 0; i < 200 && !compared_3(); ++i) absl::SleepFor(absl::Milliseconds(20));
+  service->Stop();
+  auto listed = service->RunList(request);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_THAT(listed->verdicts(), SizeIs(2));
+  // Versions 1 and 2-slow known: 3 was the new one, compared with 2-slow.
+  EXPECT_EQ(listed->verdicts(0).candidate(), "3");
+  EXPECT_EQ(listed->verdicts(0).baseline(), "2-slow");
+  EXPECT_EQ(listed->verdicts(1).candidate(), "2-slow");
+  EXPECT_GT(listed->verdicts(1).comparisons(), 7u);
+  EXPECT_EQ(lists.load(), 1);  // once: every node answered
 }
 
 }  // namespace

@@ -15,6 +15,13 @@ bool SelectableValue(const std::string& value) {
   return !value.empty() && value.find_first_of(",*?[]!=") == std::string::npos;
 }
 
+store::ReleaseRecord RecordOf(const std::string& id, const v1::ReleaseVerdict& release) {
+  store::ReleaseRecord record;
+  record.release_id = id;
+  release.SerializeToString(&record.payload);
+  return record;
+}
+
 }  // namespace
 
 ReleaseWatcher::ReleaseWatcher(ReleaseWatcherOptions options, ReleaseWatcherInputs inputs,
@@ -136,14 +143,11 @@ absl::StatusOr<std::vector<v1::ReleaseVerdict>> ReleaseWatcher::Check(int64_t no
   }
 
   if (!dirty.empty()) {
+    absl::MutexLock persisting(&persist_mu_);
     std::vector<store::ReleaseRecord> records;
     {
       absl::MutexLock lock(&mu_);
-      for (const std::string& id : dirty) {
-        store::ReleaseRecord& r = records.emplace_back();
-        r.release_id = id;
-        releases_.at(id).SerializeToString(&r.payload);
-      }
+      for (const std::string& id : dirty) records.push_back(RecordOf(id, releases_.at(id)));
     }
     note(inputs_.persist(records));
   }
@@ -257,6 +261,52 @@ std::vector<v1::ReleaseVerdict> ReleaseWatcher::Verdicts(const std::string& serv
     return a.first_seen_ms() > b.first_seen_ms();
   });
   return out;
+}
+
+std::vector<v1::ReleaseVerdict> ReleaseWatcher::Releases() const {
+  std::vector<v1::ReleaseVerdict> out;
+  absl::MutexLock lock(&mu_);
+  out.reserve(releases_.size());
+  for (const auto& [id, release] : releases_) out.push_back(release);
+  return out;
+}
+
+bool ReleaseWatcher::Supersedes(const v1::ReleaseVerdict& a, const v1::ReleaseVerdict& b) {
+  if (a.comparisons() != b.comparisons()) return a.comparisons() > b.comparisons();
+  if (a.final() != b.final()) return a.final();
+  return a.updated_ms() > b.updated_ms();
+}
+
+absl::StatusOr<size_t> ReleaseWatcher::Keep(const std::vector<v1::ReleaseVerdict>& states) {
+  absl::MutexLock persisting(&persist_mu_);
+  std::map<std::string, const v1::ReleaseVerdict*> newer;  // by ReleaseId
+  {
+    absl::MutexLock lock(&mu_);
+    for (const v1::ReleaseVerdict& state : states) {
+      if (state.service().empty()) continue;  // not a release of anything
+      const std::string id = ReleaseId(state);
+      auto held = releases_.find(id);
+      if (held != releases_.end() && !Supersedes(state, held->second)) continue;
+      auto [it, added] = newer.try_emplace(id, &state);
+      if (!added && Supersedes(state, *it->second)) it->second = &state;
+    }
+  }
+  if (newer.empty()) return 0;
+  std::vector<store::ReleaseRecord> records;
+  for (const auto& [id, state] : newer) records.push_back(RecordOf(id, *state));
+  if (absl::Status s = inputs_.persist(records); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  // Check may have moved a release on meanwhile (two nodes checking at once): the later
+  // state stays.
+  size_t taken = 0;
+  for (const auto& [id, state] : newer) {
+    auto [it, added] = releases_.try_emplace(id, *state);
+    if (added || Supersedes(*state, it->second)) {
+      it->second = *state;
+      ++taken;
+    }
+  }
+  return taken;
 }
 
 }  // namespace strata::server::regress

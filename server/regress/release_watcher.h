@@ -18,8 +18,12 @@
 // intervals and a false discovery rate) and the storage of the state are the caller's; the
 // watcher owns the bookkeeping. Every release's state goes through PersistFn after each
 // change, and a watcher built with those records continues where the last one stopped.
+// Keep() takes another watcher's states (a cluster's checking node sends them to the other
+// nodes), the newer state of each release winning, so that the watcher of whichever node
+// checks next continues from them too.
 //
-// Thread-safe: Check() from one thread (the server's), Verdicts() from any.
+// Thread-safe: Check() from one thread (the server's), Verdicts(), Releases() and Keep() from
+// any.
 #ifndef STRATA_SERVER_REGRESS_RELEASE_WATCHER_H_
 #define STRATA_SERVER_REGRESS_RELEASE_WATCHER_H_
 
@@ -100,6 +104,21 @@ class ReleaseWatcher {
   // `since_ms`, newest first.
   std::vector<v1::ReleaseVerdict> Verdicts(const std::string& service, int64_t since_ms) const;
 
+  // Every release's and phase change's state as last persisted, the releases met without a
+  // comparison too (what another watcher needs to continue from), in ReleaseId order.
+  std::vector<v1::ReleaseVerdict> Releases() const;
+
+  // Another watcher's states (Releases() there): each one of a release not known here, or
+  // superseding the state held here, goes through PersistFn and is then held, so that Check
+  // continues from it. Returns how many were taken; when PersistFn fails, none is.
+  absl::StatusOr<size_t> Keep(const std::vector<v1::ReleaseVerdict>& states);
+
+  // Whether `a` is a later state of its release than `b`: more comparisons run (they only
+  // grow along a release's history, whichever node ran them, so a clock behind on the node
+  // that took over does not hide its states), else final where `b` is not, else computed
+  // later.
+  static bool Supersedes(const v1::ReleaseVerdict& a, const v1::ReleaseVerdict& b);
+
   // A release's unique ID: service '\0' label '\0' value (the store's record ID); a phase
   // change's: service '\0' '\1' its window start (20 digits).
   static std::string ReleaseId(const v1::ReleaseVerdict& release);
@@ -117,6 +136,9 @@ class ReleaseWatcher {
 
   const ReleaseWatcherOptions options_;
   const ReleaseWatcherInputs inputs_;
+  // Held across a state's copy and its PersistFn call, so that the store is written in the
+  // order releases_ changed (Check and Keep).
+  absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   // By ReleaseId.
   std::map<std::string, v1::ReleaseVerdict> releases_ ABSL_GUARDED_BY(mu_);

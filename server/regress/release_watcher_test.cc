@@ -1,7 +1,8 @@
 // The release watcher's bookkeeping with a scripted service and comparison: releases met with
 // the service are not compared, a new one is compared with the one it replaces over the
 // right ranges until its window ends, a phase change within a release is compared before
-// with after, and a restarted watcher continues from what it stored.
+// with after, a restarted watcher continues from what it stored, and a watcher that keeps
+// another's states (newest wins) continues from them.
 #include "server/regress/release_watcher.h"
 
 #include <map>
@@ -301,6 +302,99 @@ TEST(ReleaseWatcherTest, APhaseChangeOfAServiceWithoutReleasesComparesAllItsSamp
   f.plans.clear();
   ASSERT_TRUE(watcher.Check(53 * kMinute).ok());
   for (const ComparisonPlan& plan : f.plans) EXPECT_EQ(plan.service, "batch");
+}
+
+
+// A state of release "svc" version "2" (compared `comparisons` times, computed at `updated_ms`).
+v1::ReleaseVerdict StateOf2(uint32_t comparisons, int64_t updated_ms, bool final = false) {
+  v1::ReleaseVerdict v;
+  v.set_service("svc");
+  v.set_label("version");
+  v.set_baseline("1");
+  v.set_candidate("2");
+  v.set_first_seen_ms(kMinute);
+  v.set_state(v1::ReleaseVerdict::UNCHANGED);
+  v.set_comparisons(comparisons);
+  v.set_updated_ms(updated_ms);
+  v.set_final(final);
+  return v;
+}
+
+TEST(ReleaseWatcherTest, ALaterStateHasMoreComparisonsElseIsFinalElseIsNewer) {
+  // More comparisons win over a later clock (the node that took over may lag).
+  EXPECT_TRUE(ReleaseWatcher::Supersedes(StateOf2(3, kMinute), StateOf2(2, 5 * kMinute)));
+  EXPECT_FALSE(ReleaseWatcher::Supersedes(StateOf2(2, 5 * kMinute), StateOf2(3, kMinute)));
+  EXPECT_TRUE(ReleaseWatcher::Supersedes(StateOf2(3, kMinute, true), StateOf2(3, 2 * kMinute)));
+  EXPECT_FALSE(ReleaseWatcher::Supersedes(StateOf2(3, 2 * kMinute), StateOf2(3, kMinute, true)));
+  EXPECT_TRUE(ReleaseWatcher::Supersedes(StateOf2(3, 2 * kMinute), StateOf2(3, kMinute)));
+  // The same state supersedes nothing: kept once.
+  EXPECT_FALSE(ReleaseWatcher::Supersedes(StateOf2(3, kMinute), StateOf2(3, kMinute)));
+}
+
+TEST(ReleaseWatcherTest, KeptStatesAreStoredNewestWinsAndCheckedOnFromThere) {
+  Fixture first;  // the node that checked
+  first.sets["svc"] = {{{"version", "1"}}};
+  ReleaseWatcher checker(Options(), first.Inputs(), {});
+  ASSERT_TRUE(checker.Check(0).ok());
+  first.sets["svc"].push_back({{"version", "2"}});
+  ASSERT_TRUE(checker.Check(kMinute).ok());
+  ASSERT_TRUE(checker.Check(2 * kMinute).ok());
+  const std::vector<v1::ReleaseVerdict> states = checker.Releases();
+  ASSERT_THAT(states, SizeIs(2));  // version 1 (met with the service) and 2
+
+  Fixture next;  // the node that takes over: same services, a store of its own
+  next.sets = first.sets;
+  ReleaseWatcher copy(Options(), next.Inputs(), {});
+  auto kept = copy.Keep(states);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(*kept, 2u);
+  EXPECT_EQ(next.stored, first.stored);  // the same records, byte for byte
+  // Kept again, or an older state of version 2: nothing changes, nothing is written.
+  next.stored.clear();
+  EXPECT_EQ(*copy.Keep(states), 0u);
+  EXPECT_EQ(*copy.Keep({StateOf2(1, 10 * kMinute)}), 0u);
+  EXPECT_THAT(next.stored, IsEmpty());
+  std::vector<v1::ReleaseVerdict> verdicts = copy.Verdicts("svc", 0);
+  ASSERT_THAT(verdicts, SizeIs(1));
+  EXPECT_EQ(verdicts[0].comparisons(), 2u);
+  EXPECT_EQ(verdicts[0].updated_ms(), 2 * kMinute);
+  // Of two states of one release in one call, the later one.
+  EXPECT_EQ(*copy.Keep({StateOf2(4, 3 * kMinute), StateOf2(5, 3 * kMinute),
+                        StateOf2(3, 4 * kMinute)}),
+            1u);
+  EXPECT_EQ(copy.Verdicts("svc", 0)[0].comparisons(), 5u);
+  ASSERT_THAT(next.stored, SizeIs(1));
+  v1::ReleaseVerdict stored;
+  ASSERT_TRUE(stored.ParseFromString(next.stored.begin()->second));
+  EXPECT_EQ(stored.comparisons(), 5u);
+  // A state of no service is not a release.
+  EXPECT_EQ(*copy.Keep({v1::ReleaseVerdict()}), 0u);
+
+  // The watcher that kept them checks on: version 2 is compared again (not met anew), and a
+  // third release is compared with version 2.
+  next.sets["svc"].push_back({{"version", "3"}});
+  auto changed = copy.Check(3 * kMinute);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  ASSERT_THAT(*changed, SizeIs(1));
+  EXPECT_EQ((*changed)[0].baseline(), "2");
+  EXPECT_EQ((*changed)[0].candidate(), "3");
+  ASSERT_THAT(next.plans, SizeIs(2));
+  verdicts = copy.Verdicts("svc", 0);
+  ASSERT_THAT(verdicts, SizeIs(2));
+  EXPECT_EQ(verdicts[1].candidate(), "2");
+  EXPECT_EQ(verdicts[1].comparisons(), 6u);
+  EXPECT_EQ(verdicts[1].first_seen_ms(), kMinute);
+}
+
+TEST(ReleaseWatcherTest, StatesThatCannotBeStoredAreNotKept) {
+  Fixture f;
+  ReleaseWatcherInputs inputs = f.Inputs();
+  inputs.persist = [](const std::vector<store::ReleaseRecord>&) {
+    return absl::UnavailableError("disk full");
+  };
+  ReleaseWatcher watcher(Options(), std::move(inputs), {});
+  EXPECT_TRUE(absl::IsUnavailable(watcher.Keep({StateOf2(1, kMinute)}).status()));
+  EXPECT_THAT(watcher.Releases(), IsEmpty());
 }
 
 }  // namespace

@@ -160,9 +160,12 @@ class ClusterTest : public ::testing::Test {
   }
   double Metric(const Node& n, const std::string& name) { return MetricIn(MetricsText(n), name); }
 
+  // `servers`: the nodes the agents and the final query go to (empty: every node).
   std::unique_ptr<ChildProcess> StartLoad(int duration_s, const std::string& prefix,
-                                          int agents = 30, std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv{BinPath("strata-loadgen"), "--server", Addresses(),
+                                          int agents = 30, std::vector<std::string> extra = {},
+                                          const std::string& servers = "") {
+    std::vector<std::string> argv{BinPath("strata-loadgen"), "--server",
+                                  servers.empty() ? Addresses() : servers,
                                   "--agents", std::to_string(agents), "--interval", "2",
                                   "--duration", std::to_string(duration_s),
                                   "--ramp-up", "2", "--rate", "99", "--max-backoff", "3",
@@ -758,6 +761,110 @@ TEST_F(ClusterTest, ReleaseVerdictsAreListedByEveryNode) {
   }
 }
 
+// The release verdicts of `service` as the node at `address` lists them.
+v1::ListRegressionsResponse ListRegressions(const std::string& address,
+                                            const std::string& service) {
+  auto stub = v1::Regressions::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::ListRegressionsRequest request;
+  request.set_service(service);
+  v1::ListRegressionsResponse response;
+  grpc::Status s = stub->ListRegressions(&ctx, request, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return response;
+}
+
+// The verdict of `candidate` in `r`, or null.
+const v1::ReleaseVerdict* VerdictOf(const v1::ListRegressionsResponse& r,
+                                    const std::string& candidate) {
+  for (const v1::ReleaseVerdict& v : r.verdicts()) {
+    if (v.candidate() == candidate) return &v;
+  }
+  return nullptr;
+}
+
+// The checking node copies its release records to the others: stopped, its verdict is still
+// listed by every node, the next node in the ring checks on from the copies (release 2 is
+// compared again, not met anew), and a release that appears afterwards is compared with
+// release 2.
+TEST_F(ClusterTest, ReleaseVerdictsOutliveTheCheckingNode) {
+  const absl::Time began = absl::Now();
+  for (int i = 0; i < 3; ++i) AddNode({"--regression-interval", "1s"});
+  Node& n1 = *nodes_[0];
+  Node& n2 = *nodes_[1];
+  Node& n3 = *nodes_[2];
+  const std::string service = "takeover-svc-0";
+  ExpectExact(*StartLoad(4, "takeover", 6, {"--label", "version=1"}), 120);
+  const double checks = Metric(n1, "strata_regression_checks_total");
+  ASSERT_TRUE(WaitFor([&] { return Metric(n1, "strata_regression_checks_total") >= checks + 2; },
+                      absl::Seconds(30)))
+      << Logs();
+  // A comparison reads whole 10 s windows from the candidate's first sighting on: release 2
+  // runs into the next one.
+  auto release2 = StartLoad(15, "takeover", 6, {"--label", "version=2", "--seed", "2"});
+  EXPECT_NE(release2->Wait(120), -1) << release2->Output();
+  // Compared twice: the record of the first comparison went to n2 and n3 after that check.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const v1::ReleaseVerdict* v = VerdictOf(ListRegressions(n1.address(), service), "2");
+        return v != nullptr && v->comparisons() >= 2;
+      },
+      absl::Seconds(30)))
+      << Logs();
+  EXPECT_EQ(Metric(n2, "strata_regression_checks_total"), 0) << "only n1 checks";
+  EXPECT_GT(Metric(n2, "strata_regression_copies_kept_total"), 0);
+  EXPECT_GT(Metric(n3, "strata_regression_copies_kept_total"), 0);
+
+  n1.process->Stop(SIGTERM, 30);  // leaves the ring at once
+  uint32_t comparisons_by_n1 = 0;
+  for (const Node* n : {&n2, &n3}) {
+    v1::ListRegressionsResponse r;
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          r = ListRegressions(n->address(), service);
+          return r.unreachable_nodes_size() == 0 && VerdictOf(r, "2") != nullptr;
+        },
+        absl::Seconds(10)))
+        << n->id << ": " << r.DebugString() << Logs();
+    EXPECT_EQ(VerdictOf(r, "2")->baseline(), "1");
+    EXPECT_GE(VerdictOf(r, "2")->comparisons(), 1u);
+    comparisons_by_n1 = std::max(comparisons_by_n1, VerdictOf(r, "2")->comparisons());
+  }
+  // Release 3, to the nodes still up, while n2, first in the ring now, takes over.
+  auto release3 = StartLoad(4, "takeover", 6, {"--label", "version=3", "--seed", "3"},
+                            absl::StrCat(n2.address(), ",", n3.address()));
+  // n2 compares release 2 on, from the copies.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const v1::ReleaseVerdict* v = VerdictOf(ListRegressions(n2.address(), service), "2");
+        return v != nullptr && v->comparisons() > comparisons_by_n1 + 1;
+      },
+      absl::Seconds(30)))
+      << Logs();
+  EXPECT_GT(Metric(n2, "strata_regression_checks_total"), 0);
+  EXPECT_NE(release3->Wait(120), -1) << release3->Output();
+  // n2 compares release 3 with release 2 (a release met without a comparison is not listed).
+  for (const Node* n : {&n2, &n3}) {
+    v1::ListRegressionsResponse r;
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          r = ListRegressions(n->address(), service);
+          return VerdictOf(r, "3") != nullptr;
+        },
+        absl::Seconds(30)))
+        << n->id << ": " << r.DebugString() << Logs();
+    const v1::ReleaseVerdict& v3 = *VerdictOf(r, "3");
+    EXPECT_EQ(v3.baseline(), "2") << r.DebugString();
+    EXPECT_EQ(v3.label(), "version");
+    // Its comparison ran (NotFound until a whole window of release 3 is stored).
+    EXPECT_TRUE(v3.comparisons() >= 1 || !v3.error().empty()) << r.DebugString();
+    EXPECT_EQ(r.verdicts_size(), 2) << r.DebugString();  // 1 -> 2 and 2 -> 3
+  }
+  std::printf("release verdicts across the loss of the checking node: %.1f s\n",
+              absl::ToDoubleSeconds(absl::Now() - began));
+}
+
 // A debug file uploaded while a node is down reaches it when it is back, and reaches a node
 // that joins later: the nodes compare their uploads (every second here) and the holder with
 // the smallest ID sends the missing ones.
@@ -989,6 +1096,17 @@ TEST_F(ClusterSecurityTest, OnlyNodesReplicateOrCallNodeInternals) {
     grpc::Status s = cluster->HostTotals(&ctx, request, &totals);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
     EXPECT_NE(s.error_message().find("needs role node"), std::string::npos) << s.error_message();
+  }
+  {
+    // Nor may an operator plant release verdicts.
+    auto cluster = v1::Cluster::NewStub(Channel(n1));
+    grpc::ClientContext ctx;
+    AddToken(&ctx, "ops");
+    v1::ReleaseRecords records;
+    records.add_releases()->set_service("any");
+    v1::KeepReleaseRecordsResponse kept;
+    grpc::Status s = cluster->KeepReleaseRecords(&ctx, records, &kept);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
   }
   {
     auto cluster = v1::Cluster::NewStub(Channel(n1, "intruder"));
