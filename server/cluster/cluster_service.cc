@@ -18,6 +18,7 @@ absl::StatusOr<query::ProfileQuery> FromRequest(const v1::LocalProfileRequest& r
   auto q = query::ToProfileQuery(request.filter(), base::NowMs());
   if (!q.ok()) return q.status();
   if (request.hosts_size() > 0) q->hosts.emplace(request.hosts().begin(), request.hosts().end());
+  q->requests = request.requests();
   return q;
 }
 
@@ -88,6 +89,7 @@ absl::StatusOr<v1::LocalProfileResponse> ClusterService::RunLocalProfile(
     }
   }
   for (const std::string& h : profile->hosts) response.add_hosts(h);
+  response.set_requests(profile->requests);
   return response;
 }
 

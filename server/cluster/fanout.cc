@@ -20,6 +20,7 @@ v1::LocalProfileRequest RequestFor(const query::ProfileQuery& query) {
   v1::LocalProfileRequest request;
   *request.mutable_filter() = query::ToProfileFilter(query);
   if (query.hosts) request.mutable_hosts()->Add(query.hosts->begin(), query.hosts->end());
+  request.set_requests(query.requests);
   return request;
 }
 
@@ -30,6 +31,7 @@ class ProfileMerger {
 
   absl::Status Add(const v1::LocalProfileResponse& part) {
     base::SaturatingAddTo(profile_.total, part.total());
+    base::SaturatingAddTo(profile_.requests, part.requests());
     std::vector<uint32_t> remap;
     for (const v1::LocalFunction& f : part.functions()) {
       auto [it, inserted] = function_index_.try_emplace(

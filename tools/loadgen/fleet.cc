@@ -284,6 +284,9 @@ class Agent {
     t->set_pid(1000 + index_);
     t->set_executable("/opt/loadgen/bin/service");
     b->set_packed_contexts(p.payload->packed_contexts);
+    if (options_.requests_per_batch > 0) {
+      (*b->mutable_requests())[service_] = options_.requests_per_batch;
+    }
     if (p.first_sent == absl::InfiniteFuture()) p.first_sent = now;
     bytes_sent_ += out.ByteSizeLong();
     conn_->Send(std::move(out));

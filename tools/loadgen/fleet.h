@@ -44,6 +44,9 @@ struct FleetOptions {
   // second, ...), e.g. version=a|b for two releases of every service side by side.
   std::map<std::string, std::vector<std::string>> labels;
   uint64_t seed = 1;
+  // Requests each agent's batch reports for its service (SampleBatch.requests, as scraped by
+  // strata-agent --requests-metric); 0: none.
+  uint64_t requests_per_batch = 0;
 };
 
 struct FleetReport {

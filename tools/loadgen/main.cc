@@ -177,6 +177,10 @@ void AddFlags(CLI::App& app, LoadgenFlags& f) {
                  "seconds between hot-paths queries of one service during the run (0: none)")
       ->capture_default_str();
   app.add_option("--seed", f.fleet.seed, "random seed")->capture_default_str();
+  app.add_option("--requests", f.fleet.requests_per_batch,
+                 "requests each batch reports for its service, as an agent's "
+                 "--requests-metric would (Strata protocol; 0: none)")
+      ->capture_default_str();
   app.add_option("--agents-per-connection", f.fleet.agents_per_connection,
                  "simulated agents sharing one HTTP/2 connection")
       ->capture_default_str()

@@ -724,6 +724,35 @@ TEST_F(ClusterTest, OtlpExportsAreStoredByEveryOwnerOfTheirHosts) {
 
 // A new release is compared by the node first in the ring, reading every node's samples, and
 // its verdict is listed by every node.
+// The requests agents report (strata-agent --requests-metric) come through the fan-out with
+// each host's profile: compared through any node, both versions' requests are the cluster's
+// totals, and the rows are compared per request.
+TEST_F(ClusterTest, RequestsComeThroughTheFanOut) {
+  for (int i = 0; i < 3; ++i) AddNode();
+  auto load = StartLoad(8, "req", 12, {"--label", "version=a|b", "--requests", "100"});
+  ExpectExact(*load, 120);
+  const uint64_t batches = static_cast<uint64_t>(JsonField(load->Output(), "batches"));
+  ASSERT_GT(batches, 0u);
+  uint64_t requests = 0;
+  for (int s = 0; s < 3; ++s) {
+    auto query = v1::Query::NewStub(
+        grpc::CreateChannel(nodes_[1]->address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::CompareRequest request;
+    request.set_service(absl::StrCat("req-svc-", s));
+    request.mutable_baseline()->set_selector("version=a");
+    request.mutable_candidate()->set_selector("version=b");
+    v1::CompareResponse response;
+    grpc::Status status = query->Compare(&ctx, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_FALSE(response.per_request_unit().empty()) << response.DebugString();
+    EXPECT_GT(response.baseline_requests(), 0u);
+    EXPECT_GT(response.candidate_requests(), 0u);
+    requests += response.baseline_requests() + response.candidate_requests();
+  }
+  EXPECT_EQ(requests, 100 * batches);
+}
+
 TEST_F(ClusterTest, ReleaseVerdictsAreListedByEveryNode) {
   for (int i = 0; i < 2; ++i) AddNode({"--regression-interval", "1s"});
   Node& n1 = *nodes_[0];
