@@ -1,5 +1,5 @@
-// absl::Status -> grpc::Status for the services: the codes are the same numbers by design
-// (both follow google.rpc.Code), so the conversion keeps code and message. And a handler's
+// absl::Status <-> grpc::Status for services and their clients: the codes are the same numbers
+// by design (both follow google.rpc.Code), so the conversion keeps code and message. And a handler's
 // tail: run the transport-free form, answer with its result or its error.
 #ifndef STRATA_COMMON_RPC_GRPC_STATUS_H_
 #define STRATA_COMMON_RPC_GRPC_STATUS_H_
@@ -17,6 +17,11 @@ inline grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
                       std::string(status.message()));
+}
+
+inline absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
 // Runs `run` and moves its result into `*response`.

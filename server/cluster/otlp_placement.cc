@@ -3,8 +3,8 @@
 #include <chrono>
 #include <memory>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/rpc/grpc_status.h"
 #include "server/ingest/placement.h"
 
 namespace strata::server::cluster {
@@ -42,12 +42,7 @@ absl::Status ClusterOtlpPlacement::Forward(
   channels_->Authorize(&context);
   auto stub = otlp::otlp_v1::ProfilesService::NewStub(channels_->Get(address));
   otlp::otlp_v1::ExportProfilesServiceResponse response;
-  const grpc::Status status = stub->Export(&context, request, &response);
-  if (!status.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat(status.error_message(), " (code ", static_cast<int>(status.error_code()), ")"));
-  }
-  return absl::OkStatus();
+  return rpc::FromGrpcStatus(stub->Export(&context, request, &response));
 }
 
 }  // namespace strata::server::cluster

@@ -3,15 +3,11 @@
 #include <future>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/grpc_status.h"
 
 namespace strata::server::cluster {
-namespace {
 
-absl::Status FromGrpc(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
-}  // namespace
+using rpc::FromGrpcStatus;
 
 ScatterGather::ScatterGather(Membership* membership, NodeChannels* channels,
                              ClusterService* local, uint32_t replication_factor,
@@ -35,7 +31,7 @@ absl::StatusOr<std::vector<size_t>> ScatterGather::Ask(const std::vector<RingMem
       grpc::ClientContext client;
       client.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
       channels_->Authorize(&client);
-      return FromGrpc(remote(stub.get(), &client, i));
+      return FromGrpcStatus(remote(stub.get(), &client, i));
     }));
   }
   std::vector<absl::Status> statuses;
