@@ -70,8 +70,11 @@ for size in $SIZES; do
   agents=()
   for entry in "${run[@]}"; do
     pid=${entry%%:*} host=${entry#*:}
+    # One event per thread of its own process: with per-CPU events every agent on this one
+    # machine would read every process's samples and drop all but its own (N agents, N
+    # times the samples each; their rings overflowed and lost most of their own).
     "$bin/strata-agent" --server "$server" --pid "$pid" --host "$host" --frequency "$HZ" \
-      --interval 1 --spool-dir none >"$work/$host-agent.log" 2>&1 &
+      --sampling per-thread --interval 1 --spool-dir none >"$work/$host-agent.log" 2>&1 &
     pids+=($!)
     agents+=($!)
   done
