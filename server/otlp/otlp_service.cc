@@ -126,24 +126,32 @@ absl::Status OtlpService::Store(const otlp_v1::ExportProfilesServiceRequest& req
     return !hosts.has_value() || std::find(hosts->begin(), hosts->end(), host) != hosts->end();
   };
   // Records first, in one commit: content-addressed, so harmless if the counts fail later.
+  // Only the stacks of the hosts stored here, and their functions (a cluster's owners each
+  // store some of a request's hosts).
+  std::vector<bool> stack_used(converted.stacks.size(), false);
+  for (const ConvertedCell& cell : converted.cells) {
+    if (stored_here(cell.host)) stack_used[cell.stack] = true;
+  }
   store::WriteBatch records;
   store::Interner& interner = store_->interner();
-  std::vector<uint64_t> function_ids;
-  function_ids.reserve(converted.functions.size());
-  for (const store::FunctionInfo& f : converted.functions) {
-    auto id = interner.InternFunction(f, &records);
-    if (!id.ok()) return id.status();
-    function_ids.push_back(*id);
-  }
-  std::vector<uint64_t> stack_ids;
-  stack_ids.reserve(converted.stacks.size());
-  for (const ConvertedStack& s : converted.stacks) {
+  std::vector<std::optional<uint64_t>> function_ids(converted.functions.size());
+  std::vector<uint64_t> stack_ids(converted.stacks.size(), 0);
+  for (size_t i = 0; i < converted.stacks.size(); ++i) {
+    if (!stack_used[i]) continue;
+    const ConvertedStack& s = converted.stacks[i];
     store::StackFrames frames;
     frames.truncated = s.truncated;
-    for (uint32_t f : s.functions) frames.function_ids.push_back(function_ids[f]);
+    for (uint32_t f : s.functions) {
+      if (!function_ids[f]) {
+        auto id = interner.InternFunction(converted.functions[f], &records);
+        if (!id.ok()) return id.status();
+        function_ids[f] = *id;
+      }
+      frames.function_ids.push_back(*function_ids[f]);
+    }
     auto id = interner.InternStack(frames, &records);
     if (!id.ok()) return id.status();
-    stack_ids.push_back(*id);
+    stack_ids[i] = *id;
   }
   // Label sets, and the cells of each (host, window).
   std::map<std::pair<std::string, std::string>, uint64_t> label_sets;  // (service, encoded)
