@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # deploy/fuzz.sh [TARGET|all] [SECONDS]: coverage-guided fuzzing of the decoders (fuzz/).
-# Builds the fuzz targets in build-sanitize (clang 14, ASan+UBSan, libFuzzer) and runs one
+# Builds the fuzz targets in build-fuzz (clang 14, ASan+UBSan, libFuzzer) and runs one
 # target, or each in turn, for SECONDS (default 600) on a working corpus
-# build-sanitize/fuzz-work/<target> seeded from fuzz/corpus/<target> (new inputs stay there
+# build-fuzz/fuzz-work/<target> seeded from fuzz/corpus/<target> (new inputs stay there
 # for the next run). Prints per target libFuzzer's executions and exec/s; fails if any target
 # found a crash, leak, UBSan report, timeout or OOM (the input is kept, its path printed; to
 # keep it as a regression seed, copy it into fuzz/corpus/<target>/).
-# Environment: JOBS (build), BUILD_DIR (default build-sanitize), FUZZ_RSS_LIMIT_MB (2048),
+# Environment: JOBS (build), BUILD_DIR (default build-fuzz: optimized, unlike
+# deploy/sanitize.sh's -O0 build-sanitize), FUZZ_RSS_LIMIT_MB (2048),
 # FUZZ_TIMEOUT (seconds per input before it counts as a hang, default 25).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
 target=${1:-all}
 seconds=${2:-600}
-build=${BUILD_DIR:-build-sanitize}
+build=${BUILD_DIR:-build-fuzz}
 jobs=${JOBS:-$(nproc)}
 
 deploy/install-deps.sh
@@ -30,7 +31,7 @@ fi
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang-14 \
   -DCMAKE_CXX_COMPILER=clang++-14 -DSTRATA_SANITIZE=address,undefined -DSTRATA_FUZZ=ON \
-  -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=OFF >/dev/null
+  -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=OFF -DSTRATA_DEBUG_INFO=lines >/dev/null
 cmake --build "$build" -j "$jobs" --target $(for t in $targets; do echo "${t}_fuzzer"; done)
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# deploy/sanitize.sh [asan|tsan]: sanitizer builds and their tests (clang 14).
+# deploy/sanitize.sh [asan|tsan] [build|test]: sanitizer builds and their tests (clang 14);
+# `build` or `test` does only that half of asan (deploy/test.sh builds beside other tests).
 #
 #  asan (default): build-sanitize, AddressSanitizer + UndefinedBehaviorSanitizer (every finding
 #     aborts) with the libFuzzer targets (STRATA_FUZZ=ON); runs `ctest -LE e2e`: every unit and
@@ -7,6 +8,9 @@
 #     STRATA_FUZZ_SECONDS (default 10) of fuzzing. The end-to-end suites (label e2e, which
 #     includes faults) are left out: they start real servers and agents on loopback with
 #     timing-based expectations, and deploy/test.sh runs them on the regular build.
+#     Built at -O0 with line tables only: instrumented -O2 code takes three times as long to
+#     compile, and what these tests check does not depend on it (deploy/fuzz.sh, which fuzzes
+#     for long, optimizes).
 #  tsan: build-tsan, ThreadSanitizer; builds and runs the server's concurrent-path tests only
 #     (server_test: ingest AgentSession, WindowAggregator, HTTP server, profiles;
 #     capture_service_test; store_test), run directly (not through CTest) with
@@ -19,6 +23,11 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mode=${1:-asan}
+step=${2:-all}
+if [[ ! $step =~ ^(all|build|test)$ ]]; then
+  echo "usage: deploy/sanitize.sh [asan|tsan] [build|test]" >&2
+  exit 2
+fi
 jobs=${JOBS:-$(nproc)}
 
 deploy/install-deps.sh
@@ -38,9 +47,13 @@ case "$mode" in
     echo "== ASan+UBSan build with fuzz targets ($build)"
     # No end-to-end test binaries: this part runs none of them (ctest -LE e2e below), and
     # building them under ASan was a sixth of its build.
-    cmake -S . -B "$build" "${common[@]}" -DSTRATA_SANITIZE=address,undefined -DSTRATA_FUZZ=ON \
-      -DSTRATA_BUILD_E2E=OFF -DSTRATA_FUZZ_SECONDS="${STRATA_FUZZ_SECONDS:-10}" >/dev/null
-    cmake --build "$build" -j "$jobs"
+    if [[ $step != test ]]; then
+      cmake -S . -B "$build" "${common[@]}" -DSTRATA_SANITIZE=address,undefined \
+        -DSTRATA_FUZZ=ON -DSTRATA_BUILD_E2E=OFF -DSTRATA_OPT_LEVEL=0 -DSTRATA_DEBUG_INFO=lines \
+        -DSTRATA_FUZZ_SECONDS="${STRATA_FUZZ_SECONDS:-10}" >/dev/null
+      cmake --build "$build" -j "$jobs"
+    fi
+    [[ $step == build ]] && exit 0
     echo "== unit, integration and fuzz tests under ASan+UBSan (ctest -LE e2e)"
     # Left out under ASan (they pass in the regular build; deploy/test.sh runs them):
     #  - inproc_accuracy_preload, inproc_accuracy_dynlib: the workload's TLS accesses from its

@@ -66,44 +66,89 @@ trap print_parts EXIT
 part_done "dependencies"
 
 echo "== x86-64 build ($build)"
+# Line tables only for Strata's own code (STRATA_DEBUG_INFO): backtraces keep file:line, and the
+# build takes a third less; workloads whose DWARF the tests read keep full debug information.
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_BUILD_TESTS=ON \
-  -DSTRATA_BUILD_BENCHMARKS=OFF >/dev/null
+  -DSTRATA_BUILD_BENCHMARKS=OFF -DSTRATA_DEBUG_INFO=lines >/dev/null
 cmake --build "$build" -j "$jobs"
 part_done "x86-64 build"
 
-echo "== x86-64 tests"
+# The cross and sanitizer builds run beside the x86-64 tests at the lowest CPU priority: those
+# tests spend much of their time waiting (on servers, agents, the clock), and a build at nice 19
+# gets only what they leave (a CFS weight of 15 against their 1,024). Each build's output goes
+# to its log under $logs, printed if it fails; its time and outcome to $other_builds.
+logs="$root/$build/other-builds"
+other_builds="$logs/outcomes"
+rm -rf "$logs" && mkdir -p "$logs"
+build_beside() {  # build_beside NAME COMMAND...: runs COMMAND niced, logs it, records the outcome.
+  local name=$1 started=$SECONDS outcome=ok
+  shift
+  nice -n 19 "$@" >"$logs/$name.log" 2>&1 || outcome=failed
+  echo "$name $outcome $((SECONDS - started))" >>"$other_builds"
+}
+other_builds_run() {
+  if [[ "${STRATA_SKIP_MIPS64:-0}" != 1 ]]; then
+    build_beside mips64el env JOBS="$jobs" deploy/cross/build.sh mips64el build-mips64el \
+      -DSTRATA_DEBUG_INFO=lines
+    # Debian's mips64el python3.11, unpacked beside its sysroot: the Python frame reader's
+    # tests read a live interpreter under qemu, from x86-64 and as MIPS64 code.
+    build_beside mips64el-python deploy/cross/make-python-root.sh build-mips64el/python-root \
+      build-mips64el/sysroot
+    build_beside mips64 env JOBS="$jobs" deploy/cross/build.sh mips64 build-mips64 \
+      -DSTRATA_DEBUG_INFO=lines
+  fi
+  if [[ "${STRATA_SKIP_SANITIZE:-0}" != 1 ]]; then
+    build_beside sanitize env JOBS="$jobs" deploy/sanitize.sh asan build
+  fi
+}
+other_builds_run &
+other_builds_pid=$!
+built() {  # built NAME: whether the build NAME beside the tests succeeded; records it if not.
+  if grep -q "^$1 ok " "$other_builds"; then
+    return 0
+  fi
+  echo "== $1 build failed; the end of $logs/$1.log:"
+  tail -n 40 "$logs/$1.log" || true
+  failures+=("$1 build: failed (log: $logs/$1.log)")
+  status=1
+  return 1
+}
+
+echo "== x86-64 tests (the other builds beside them, at nice 19)"
 # No reruns: a test that fails now and then is a bug, in the code or in the test.
 run_ctest "x86-64" "$build" -j "$jobs" --timeout 900
 part_done "x86-64 tests"
+wait "$other_builds_pid" || true
+part_done "the other builds' rest, after the x86-64 tests"
+while read -r name outcome seconds; do
+  parts+=("$(printf '%-46s %4d min %02d s (%s)' "  $name build beside them" $((seconds / 60)) \
+    $((seconds % 60)) "$outcome")")
+done <"$other_builds"
 
 if [[ "${STRATA_SKIP_MIPS64:-0}" != 1 ]]; then
   # The MIPS64 end-to-end test ships to the x86-64 server and queries it with the CLI.
   export STRATA_HOST_BIN_DIR="$root/$build/bin"
+  if built mips64el-python; then
+    export STRATA_MIPS64EL_PYTHON_ROOT="$root/build-mips64el/python-root"
+    echo "== x86-64 reader of a mips64el Python (qemu user mode)"
+    run_ctest "x86-64 reader of mips64el Python" "$build" -R 'Mips64elPython' --timeout 900
+    part_done "x86-64 reader of a mips64el Python"
+  fi
   for arch in mips64el mips64; do
-    echo "== $arch cross build (build-$arch)"
-    JOBS=$jobs deploy/cross/build.sh "$arch" "build-$arch" >/dev/null
-    part_done "$arch cross build"
-    if [[ $arch == mips64el ]]; then
-      # Debian's mips64el python3.11, unpacked beside its sysroot: the Python frame reader's
-      # tests read a live interpreter under qemu, from x86-64 and as MIPS64 code.
-      deploy/cross/make-python-root.sh build-mips64el/python-root build-mips64el/sysroot >/dev/null
-      export STRATA_MIPS64EL_PYTHON_ROOT="$root/build-mips64el/python-root"
-      echo "== x86-64 reader of a mips64el Python (qemu user mode)"
-      run_ctest "x86-64 reader of mips64el Python" "$build" -R 'Mips64elPython' --timeout 900
-      part_done "mips64el Python root and its reader test"
+    if built "$arch"; then
+      echo "== $arch tests (qemu user mode)"
+      run_ctest "$arch" "build-$arch" -j "$jobs" --timeout 900
+      part_done "$arch tests (qemu user mode)"
     fi
-    echo "== $arch tests (qemu user mode)"
-    run_ctest "$arch" "build-$arch" -j "$jobs" --timeout 900
-    part_done "$arch tests (qemu user mode)"
   done
 fi
-if [[ "${STRATA_SKIP_SANITIZE:-0}" != 1 ]]; then
+if [[ "${STRATA_SKIP_SANITIZE:-0}" != 1 ]] && built sanitize; then
   # Every unit and integration test under ASan+UBSan, and every libFuzzer target over its
   # seed corpus plus a short budget (long fuzzing: deploy/fuzz.sh).
-  echo "== ASan+UBSan build, unit and integration tests, fuzz targets (build-sanitize)"
+  echo "== ASan+UBSan unit and integration tests, fuzz targets (build-sanitize)"
   rm -f build-sanitize/Testing/Temporary/LastTestsFailed.log
-  STRATA_FUZZ_SECONDS=${STRATA_FUZZ_SECONDS:-10} JOBS=$jobs deploy/sanitize.sh asan ||
+  STRATA_FUZZ_SECONDS=${STRATA_FUZZ_SECONDS:-10} JOBS=$jobs deploy/sanitize.sh asan test ||
     record_failures "ASan+UBSan" build-sanitize
-  part_done "ASan+UBSan build and tests, fuzz targets"
+  part_done "ASan+UBSan tests, fuzz targets"
 fi
 exit $status
