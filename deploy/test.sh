@@ -79,7 +79,7 @@ part_done "x86-64 build"
 # to its log under $logs, printed if it fails; its time and outcome to $other_builds.
 logs="$root/$build/other-builds"
 other_builds="$logs/outcomes"
-rm -rf "$logs" && mkdir -p "$logs"
+rm -rf "$logs" && mkdir -p "$logs" && : >"$other_builds"
 build_beside() {  # build_beside NAME COMMAND...: runs COMMAND niced, logs it, records the outcome.
   local name=$1 started=$SECONDS outcome=ok
   shift
