@@ -51,7 +51,7 @@ class ProfileMerger {
       remap.push_back(it->second);
     }
     for (const v1::LocalStack& s : part.stacks()) {
-      std::vector<uint32_t> frames;
+      query::FrameIndices frames;
       frames.reserve(s.frames_size());
       for (uint32_t f : s.frames()) {
         if (f >= remap.size()) return absl::DataLossError("a node sent a malformed profile");
@@ -86,7 +86,7 @@ class ProfileMerger {
   }
 
  private:
-  void AddStack(const v1::LocalStack& s, std::vector<uint32_t> frames) {
+  void AddStack(const v1::LocalStack& s, query::FrameIndices frames) {
     absl::InlinedVector<size_t, 1>& same_id = stack_index_[s.stack_id()];
     auto same = std::find_if(same_id.begin(), same_id.end(), [&](size_t k) {
       return profile_.stacks[k].frames == frames && profile_.stacks[k].truncated == s.truncated();

@@ -149,7 +149,7 @@ Profile RandomProfile(std::mt19937_64& rng, size_t stacks, bool deep) {
   for (size_t i = 0; i < functions; ++i) {
     p.functions.push_back({i + 1, "f" + std::to_string(i % (functions / 2 + 1)), "/bin/m"});
   }
-  std::set<std::pair<bool, std::vector<uint32_t>>> seen;
+  std::set<std::pair<bool, FrameIndices>> seen;
   for (size_t s = 0; s < stacks; ++s) {
     ResolvedStack stack{s + 1, 1 + rng() % 4, rng() % 5 == 0, {}};
     const size_t depth = rng() % (deep ? 40 : 9);

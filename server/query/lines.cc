@@ -196,7 +196,7 @@ absl::StatusOr<Profile> ExpandLines(store::Store* store, symbolize::Symbolizer* 
   // A frame's source chain (innermost first) appended outermost first; the outermost source
   // frame is the function itself, named as the profile names it.
   auto append_chain = [&](uint32_t function, const std::vector<symbolize::SourceFrame>& chain,
-                          std::vector<uint32_t>* frames) {
+                          FrameIndices* frames) {
     const ResolvedFunction& f = profile.functions[function];
     for (size_t k = chain.size(); k-- > 0;) {
       const symbolize::SourceFrame& sf = chain[k];

@@ -30,7 +30,7 @@ ResolvedStack Stack(uint64_t id, uint64_t count, std::vector<uint32_t> frames,
   ResolvedStack s;
   s.stack_id = id;
   s.count = count;
-  s.frames = std::move(frames);
+  s.frames.assign(frames.begin(), frames.end());
   s.truncated = truncated;
   return s;
 }

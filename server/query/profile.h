@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "server/aggregate/live_samples.h"
 #include "server/store/store.h"
@@ -73,11 +74,15 @@ struct ResolvedFunction {
 // How views label a frame: its name, then " file:line" where known, " [inlined]" if so.
 std::string FrameLabel(const ResolvedFunction& f);
 
+// A stack's frames: most stacks fit inline, so loading a week's 100,000 stacks does not
+// allocate (and free) each one's frames on its own.
+using FrameIndices = absl::InlinedVector<uint32_t, 32>;
+
 struct ResolvedStack {
   uint64_t stack_id = 0;
   uint64_t count = 0;
   bool truncated = false;
-  std::vector<uint32_t> frames;  // indices into Profile::functions, outermost first
+  FrameIndices frames;  // indices into Profile::functions, outermost first
 };
 
 struct Profile {
