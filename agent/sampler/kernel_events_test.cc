@@ -147,11 +147,12 @@ TEST_P(KernelEventsTest, ContextSwitchesPairSwitchOutWithSwitchIn) {
       [&] { return intervals.size() >= 200; });
   ASSERT_GE(intervals.size(), 200u) << outs << " switch-outs";
   EXPECT_EQ(outs_with_stack, outs);
-  // usleep(2000): most intervals are the sleep (at least 2 ms), the others preemptions, which
-  // a loaded machine makes frequent (a quarter of them with four busy threads per core).
+  // usleep(2000): many intervals are the sleep (at least 2 ms), the others preemptions and
+  // migrations, which a loaded machine makes frequent: a quarter of them with four busy threads
+  // per core, 57 % while deploy/test.sh compiled beside the tests at nice 19.
   size_t sleeps = 0;
   for (uint64_t ns : intervals) sleeps += ns >= 2'000'000 && ns < 200'000'000;
-  EXPECT_GT(sleeps, intervals.size() / 2);
+  EXPECT_GE(sleeps, intervals.size() / 4);
   EXPECT_GE(sampler_->stats().switches_in, intervals.size());
 }
 
