@@ -44,10 +44,10 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 case "$mode" in
   asan)
     build=${BUILD_DIR:-build-sanitize}
-    echo "== ASan+UBSan build with fuzz targets ($build)"
     # No end-to-end test binaries: this part runs none of them (ctest -LE e2e below), and
     # building them under ASan was a sixth of its build.
     if [[ $step != test ]]; then
+      echo "== ASan+UBSan build with fuzz targets ($build)"
       cmake -S . -B "$build" "${common[@]}" -DSTRATA_SANITIZE=address,undefined \
         -DSTRATA_FUZZ=ON -DSTRATA_BUILD_E2E=OFF -DSTRATA_OPT_LEVEL=0 -DSTRATA_DEBUG_INFO=lines \
         -DSTRATA_FUZZ_SECONDS="${STRATA_FUZZ_SECONDS:-10}" >/dev/null
