@@ -9,10 +9,30 @@ namespace {
 // runtime/asm_amd64.s (asmcgocall: MOVQ DI, 48(SP) // save g; MOVQ DI, 40(SP) // save depth).
 constexpr RuntimeLayout kAmd64Layout;
 
+// linux/mips64x: sigset is [2]uint64, so m.curg lies 8 bytes further. asm_mips64x.s:
+// asmcgocall saves g at 0(R29) and the depth at 8(R29) before the call into C; cgocallback's
+// g0 frame keeps the saved g0.sched.sp at 8(R29) (0(R29) is its saved link register).
+constexpr RuntimeLayout kMips64Layout = [] {
+  RuntimeLayout l;
+  l.m_curg = 200;
+  l.cgocall_g = 0;
+  l.cgocall_depth = 8;
+  l.cgocallback_saved_sp = 8;
+  l.frame_pointers = false;
+  return l;
+}();
+
 }  // namespace
 
 const RuntimeLayout* RuntimeLayoutFor(unwind::Arch arch) {
-  return arch == unwind::Arch::kX86_64 ? &kAmd64Layout : nullptr;
+  switch (arch) {
+    case unwind::Arch::kX86_64:
+      return &kAmd64Layout;
+    case unwind::Arch::kMips64El:
+    case unwind::Arch::kMips64Be:
+      return &kMips64Layout;
+  }
+  return nullptr;
 }
 
 GoroutineStacks::GoroutineStacks(unwind::Arch arch, std::unique_ptr<python::RemoteMemory> memory,
@@ -42,6 +62,7 @@ bool GoroutineStacks::ReadG(uint64_t addr, G* g) const {
   g->m = python::FieldAt<uint64_t>(bytes, l.g_m);
   g->sched_sp = python::FieldAt<uint64_t>(bytes, l.g_sched_sp);
   g->sched_pc = python::FieldAt<uint64_t>(bytes, l.g_sched_pc);
+  g->sched_lr = python::FieldAt<uint64_t>(bytes, l.g_sched_lr);
   g->sched_bp = python::FieldAt<uint64_t>(bytes, l.g_sched_bp);
   g->syscall_sp = python::FieldAt<uint64_t>(bytes, l.g_syscallsp);
   return true;
@@ -103,7 +124,7 @@ bool GoroutineStacks::FindByFramePointer(const unwind::StackCrossing& at, const 
   // How far below the saved rbp the caller's return address may lie: its frame size.
   constexpr uint64_t kMaxFrame = 4096;
   const uint64_t fp = at.regs.fp;
-  if (at.space == nullptr || fp < kMaxFrame || fp % 8 != 0) return false;
+  if (!layout_->frame_pointers || at.space == nullptr || fp < kMaxFrame || fp % 8 != 0) return false;
   // Only on the stack of the goroutine the m still runs (CurgOf found it, whatever its saved
   // state): a goroutine that parked may have had its stack freed and reused by another.
   if (curg.addr == 0 || fp < curg.stack_lo || fp + 16 > curg.stack_hi ||
@@ -172,9 +193,15 @@ bool GoroutineStacks::Cross(const unwind::StackCrossing& at, unwind::CrossedStac
       // The same switch as the sample's: the frame pointer it saved is the one the walk
       // carried to the switching frame (x86-64 keeps rbp across the switch). A goroutine that
       // switched again since shows another.
-      if (at.regs.fp != 0 && curg.sched_bp != at.regs.fp) {
+      if (l.frame_pointers && at.regs.fp != 0 && curg.sched_bp != at.regs.fp) {
         ++counts_.check_failed;
         return systemstack && FindByFramePointer(at, curg, to);
+      }
+      // morestack on a link-register architecture: the caller it saved has its return
+      // address in gobuf.lr, a register the walk cannot carry past that frame.
+      if (!systemstack && !l.frame_pointers && curg.sched_lr != 0) {
+        ++counts_.check_failed;
+        return false;
       }
       if (!ReadStack(curg.sched_sp, curg.stack_hi, &to->stack)) return false;
       // systemstack returns normally: its own frame goes on at the saved sp (runtime's
@@ -314,7 +341,8 @@ bool GoroutineStacks::CrossCallback(const unwind::StackCrossing& at,
   // on return: at or above it on g0's stack. (Out of the callback by now, g0.sched.sp is
   // back at the thread's base, whose word is no such thing as a rule.)
   uint64_t saved = 0;
-  if (!to->stack.Read64(g0.sched_sp, be, &saved) || saved < g0.sched_sp ||
+  if (!to->stack.Read64(g0.sched_sp + l.cgocallback_saved_sp, be, &saved) ||
+      saved < g0.sched_sp ||
       saved >= g0.stack_hi) {
     ++counts_.check_failed;
     return false;

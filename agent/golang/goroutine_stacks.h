@@ -20,9 +20,14 @@
 //
 // Layouts: the fields of runtime.g, runtime.m and runtime.gobuf used here sit at the same
 // offsets in every Go release from 1.16 on (g.stack, g.m and g.sched lead runtime.g; m.curg
-// follows the fixed-size head of runtime.m), checked against runtime/runtime2.go of Go 1.19 and
-// of the current release; asmcgocall's frame is runtime/asm_amd64.s's. x86-64 only: on MIPS64
-// no layout is known here, so its switches stay roots.
+// follows the fixed-size head of runtime.m, whose signal mask is 8 bytes on x86-64 and 16 on
+// MIPS64), checked against runtime/runtime2.go of Go 1.19 and of the current release; the
+// frames of asmcgocall and cgocallback are runtime/asm_amd64.s's and asm_mips64x.s's. MIPS64
+// keeps no frame pointer: a systemstack switch is taken as the sample's while the goroutine is
+// still its m's current one on the system stack (a goroutine that left it since and entered
+// another systemstack call shows the later call's caller), and one that left is not crossed.
+// morestack's caller on MIPS64 has its return address in a register (gobuf.lr), which the
+// walk cannot carry past one frame: that switch stays a root there.
 //
 // Owned by the target's address space (agent/symbols: ProcessAddressSpace::SetStackCrosser);
 // its buffers hold the other stacks' bytes until the next crossing. Not thread-safe.
@@ -47,6 +52,7 @@ struct RuntimeLayout {
   uint32_t g_m = 48;        // g.m
   uint32_t g_sched_sp = 56;  // g.sched.sp (gobuf.sp)
   uint32_t g_sched_pc = 64;  // g.sched.pc
+  uint32_t g_sched_lr = 96;  // g.sched.lr (link-register architectures)
   uint32_t g_sched_bp = 104;  // g.sched.bp
   uint32_t g_syscallsp = 112;  // g.syscallsp
   uint32_t g_size = 120;     // the bytes read of a g: up to the end of g.syscallsp
@@ -57,6 +63,10 @@ struct RuntimeLayout {
   // (g.stack.hi - sp at entry, where the return address into the Go caller lies).
   uint32_t cgocall_g = 48;
   uint32_t cgocall_depth = 40;
+  // cgocallback's frame on g0, from its sp: the g0.sched.sp it restores on return.
+  uint32_t cgocallback_saved_sp = 0;
+  // Go code keeps a frame pointer (x86-64): a systemstack switch is checked against it.
+  bool frame_pointers = true;
 };
 
 // The layout of `arch`'s Go runtime; null when none is known.
@@ -88,7 +98,7 @@ class GoroutineStacks final : public symbols::StackCrosser {
 
  private:
   struct G {
-    uint64_t addr, stack_lo, stack_hi, m, sched_sp, sched_pc, sched_bp, syscall_sp;
+    uint64_t addr, stack_lo, stack_hi, m, sched_sp, sched_pc, sched_lr, sched_bp, syscall_sp;
   };
   bool ReadG(uint64_t addr, G* g) const;
   bool ReadWord(uint64_t addr, uint64_t* out) const;

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "common/unwind/go/go_rules.h"
@@ -283,14 +284,55 @@ TEST_F(GoroutineStacksTest, SystemStackLeftSinceIsFoundByItsFramePointer) {
   EXPECT_EQ(stacks_->counts().crossed, 1u);
 }
 
-TEST(GoroutineStacksLayoutTest, OnlyArchitecturesWithAKnownLayoutCross) {
-  EXPECT_NE(RuntimeLayoutFor(unwind::Arch::kX86_64), nullptr);
-  EXPECT_EQ(RuntimeLayoutFor(unwind::Arch::kMips64El), nullptr);
-  GoroutineStacks mips(unwind::Arch::kMips64El, std::make_unique<FakeMemory>());
+// MIPS64: m.curg 8 bytes further (a 16-byte signal mask), no frame pointer to check a
+// systemstack switch with, and morestack's caller (its return address in gobuf.lr) not crossed.
+TEST(GoroutineStacksMips64Test, SystemStackAndMcallCrossWithoutFramePointers) {
+  const RuntimeLayout& l = *RuntimeLayoutFor(unwind::Arch::kMips64El);
+  EXPECT_EQ(RuntimeLayoutFor(unwind::Arch::kMips64Be), &l);
+  EXPECT_EQ(l.m_curg, RuntimeLayoutFor(unwind::Arch::kX86_64)->m_curg + 8);
+  EXPECT_FALSE(l.frame_pointers);
+  auto memory = std::make_unique<FakeMemory>();
+  FakeMemory& mem = *memory;
+  mem.Map(kM, 0x400);
+  mem.Map(kG0, 0x200);
+  mem.Map(kCurg, 0x200);
+  mem.Map(kStackLo, kStackHi - kStackLo);
+  mem.Put(kM + l.m_g0, kG0);
+  mem.Put(kM + l.m_curg, kCurg);
+  for (const auto& [g, lo, hi, sp] : {std::tuple{kG0, kG0Lo, kG0Hi, kG0Hi - 0x800},
+                                      std::tuple{kCurg, kStackLo, kStackHi, kSchedSp}}) {
+    mem.Put(g + l.g_stack_lo, lo);
+    mem.Put(g + l.g_stack_hi, hi);
+    mem.Put(g + l.g_m, kM);
+    mem.Put(g + l.g_sched_sp, sp);
+  }
+  mem.Put(kCurg + l.g_sched_pc, kSchedPc);
+  GoroutineStacks stacks(unwind::Arch::kMips64El, std::move(memory));
   unwind::StackSnapshot copy;
+  // The walk's fp is r30, which is g itself on MIPS64: not a frame pointer to compare.
+  const unwind::StackCrossing at{unwind::Arch::kMips64El, unwind::StackSwitch::kSystemStack,
+                                 {0x460005, kG0Hi - 0x900, kG0, 0, 0}, &copy, kG0};
   unwind::CrossedStack to;
-  EXPECT_FALSE(mips.Cross({unwind::Arch::kMips64El, unwind::StackSwitch::kSystemStack, {}, &copy,
-                           kG0}, &to));
+  ASSERT_TRUE(stacks.Cross(at, &to));
+  EXPECT_TRUE(to.restep);
+  EXPECT_EQ(to.regs.sp, kSchedSp);
+  EXPECT_EQ(to.g, kCurg);
+  EXPECT_EQ(to.stack.start, kSchedSp);
+  // mcall saved its caller's pc and sp (gobuf.lr 0) ...
+  unwind::StackCrossing mcall = at;
+  mcall.kind = unwind::StackSwitch::kGoroutineContext;
+  ASSERT_TRUE(stacks.Cross(mcall, &to));
+  EXPECT_FALSE(to.restep);
+  EXPECT_EQ(to.regs.pc, kSchedPc);
+  // ... morestack also the link register of the function that grew its stack: not crossed.
+  mem.Put(kCurg + l.g_sched_lr, 0x4b0040);
+  EXPECT_FALSE(stacks.Cross(mcall, &to));
+  EXPECT_EQ(stacks.counts().crossed, 2u);
+  EXPECT_EQ(stacks.counts().check_failed, 1u);
+  // The x86-64 frame-pointer search has nothing to go by: a goroutine that left is not crossed.
+  mem.Put(kM + l.m_curg, 0);
+  EXPECT_FALSE(stacks.Cross(at, &to));
+  EXPECT_EQ(stacks.counts().by_frame_pointer, 0u);
 }
 
 }  // namespace

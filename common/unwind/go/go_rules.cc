@@ -18,6 +18,14 @@ StackSwitch SwitchOf(std::string_view name) {
   return StackSwitch::kNone;
 }
 
+// runtime/cgo's crosscall2 (C calling Go) on MIPS64 saves the return address among the C
+// callee-saved registers, at 8*14(R29), not at 0(R29) as Go's own frames do; Go's traceback
+// never steps out of it (a callback's goroutine goes on at its saved state), the walk does,
+// into the C code that called back.
+uint16_t ReturnAddressAtSp(Arch arch, std::string_view name) {
+  return arch != Arch::kX86_64 && name == "crosscall2" ? 8 * 14 : 0;
+}
+
 }  // namespace
 
 UnwindRow GoRow(Arch arch, int32_t sp_delta, bool saved_fp) {
@@ -52,7 +60,7 @@ std::unique_ptr<GoRuleSource> GoRuleSource::Build(Arch arch, const elf::GoPclnta
   for (const elf::GoPclntab::Function& f : table.functions()) {
     Func func{f.entry, f.end, static_cast<uint32_t>(rules->runs_.size()), 0, f.root,
               (f.flags & elf::GoPclntab::kFlagAsm) == 0,
-              f.root ? SwitchOf(f.name) : StackSwitch::kNone};
+              f.root ? SwitchOf(f.name) : StackSwitch::kNone, ReturnAddressAtSp(arch, f.name)};
     // A stack switch keeps its SP deltas: crossings step it again on the other stack.
     if (!f.root || func.stack_switch != StackSwitch::kNone) {
       for (const elf::GoPclntab::PcValueRange& r : table.SpDeltas(f)) {
@@ -105,6 +113,9 @@ bool GoRuleSource::FindRow(uint64_t pc, bool innermost, UnwindRow* row) const {
   // The prologue stores rbp only after moving SP: certain at call sites, not at every pc of
   // the interrupted frame.
   *row = GoRow(arch_, (r - 1)->sp, f->compiled && !innermost);
+  if (f->ra_at_sp != 0 && row->ra_rule == UnwindRow::RaRule::kAtCfaOffset) {
+    row->ra_offset = -row->cfa_offset + f->ra_at_sp;
+  }
   if (f->stack_switch != StackSwitch::kNone) {
     row->ra_rule = UnwindRow::RaRule::kStackSwitch;
     row->stack_switch = f->stack_switch;

@@ -69,6 +69,9 @@ class GoRuleSource final : public RuleSource {
     bool root;
     bool compiled;  // not assembly: Go's prologue saves rbp in every frame
     StackSwitch stack_switch;  // a root that switches stacks (its rows: kStackSwitch)
+    // Where the return address is saved, from sp, when not at 0(SP) (link-register
+    // architectures); 0: the usual place.
+    uint16_t ra_at_sp = 0;
   };
   struct Run {
     uint32_t start;  // offset from the function's start

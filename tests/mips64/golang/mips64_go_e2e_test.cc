@@ -10,7 +10,12 @@
 // cumulative share within 3 points (plus twice pprof's sampling error, as on x86-64), and
 // stacks that reach a goroutine's root (runtime.goexit) are complete. Unstripped and stripped
 // (-ldflags=-s -w: Go's names from .gopclntab only), built by Debian's Go 1.19 and by Go 1.23
-// (variants go1.23_plain and go1.23_stripped: the 1.20+ .gopclntab layout).
+// (variants go1.23_plain and go1.23_stripped: the 1.20+ .gopclntab layout). The switches
+// variants also run the goroutines whose work crosses stack switches (allocating: systemstack
+// and mcall; called back from C: cgo calls and callbacks), crossed by the agent's
+// GoroutineStacks over the runtime memory the sampler copied with each sample (g, m, and the
+// other stack): their shares must agree with pprof's too, and every callback's stack must run
+// through the C code that called back to runtime.goexit.
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -30,6 +35,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "agent/golang/goroutine_stacks.h"
+#include "agent/python/remote_memory.h"
 #include "agent/symbols/module_cache.h"
 #include "common/elf/go_pclntab.h"
 #include "common/testing/temp_dir.h"
@@ -56,14 +63,80 @@ struct RecordHeader {
   uint64_t gregs[32];
   uint64_t stack_start;
   uint64_t stack_size;
+  uint64_t memory_size;  // bytes of runtime memory regions after the stack bytes
+};
+struct RegionHeader {
+  uint64_t start;
+  uint64_t size;
 };
 constexpr uint64_t kSampleMagic = 0x504d53474f525453ull;  // "STRGOSMP"
 constexpr uint64_t kEndMagic = 0x444e45474f525453ull;     // "STRGOEND"
+
+struct Region {
+  uint64_t start = 0;
+  std::vector<uint8_t> bytes;
+};
 
 struct Record {
   uint32_t tid = 0;
   bool top_from_g = false;  // the copy ends at the top of the goroutine's (or g0's) stack
   unwind::mips64::RecordedSample sample;
+  std::vector<Region> memory;  // the runtime's memory as it was at the sample
+};
+
+// The size of the other stacks the recorder copies and the crossings read (their
+// GoroutineStacks' stack_bytes): both sides must agree, a read being all or nothing.
+constexpr size_t kCrossedStackBytes = 16 << 10;
+
+// The recorder's STRATA_GO_RECORD_LAYOUT: the offsets the crossings read, from their own table.
+std::string RecorderLayout() {
+  const agent::golang::RuntimeLayout& l =
+      *agent::golang::RuntimeLayoutFor(unwind::Arch::kMips64El);
+  return absl::StrCat(l.g_stack_hi, ",", l.g_m, ",", l.g_sched_sp, ",", l.g_size, ",", l.m_g0,
+                      ",", l.m_curg, ",", kCrossedStackBytes);
+}
+
+// The target's memory as a crossing reads it: what the recorder copied at the current sample.
+class RecordedMemory final : public agent::python::RemoteMemory {
+ public:
+  RecordedMemory() : RemoteMemory(0) {}
+  void set_record(const Record* record) { record_ = record; }
+  // From the regions, or from the sample's own stack copy (a cgo call's goroutine, read
+  // while a callback from that call runs on it).
+  bool Read(uint64_t address, void* out, size_t size) const override {
+    auto from = [&](uint64_t start, const std::vector<uint8_t>& bytes) {
+      if (address < start || size > bytes.size() || address - start > bytes.size() - size) {
+        return false;
+      }
+      std::memcpy(out, bytes.data() + (address - start), size);
+      return true;
+    };
+    if (from(record_->sample.stack_start, record_->sample.stack)) return true;
+    for (const Region& r : record_->memory) {
+      if (from(r.start, r.bytes)) return true;
+    }
+    return false;
+  }
+
+ private:
+  const Record* record_ = nullptr;
+};
+
+// The module's rules, and the stack crossings of GoroutineStacks over the recorded memory.
+class CrossingSpace final : public unwind::AddressSpace {
+ public:
+  CrossingSpace(const unwind::AddressSpace& modules, const agent::golang::GoroutineStacks& stacks)
+      : modules_(modules), stacks_(stacks) {}
+  bool Lookup(uint64_t pc, const unwind::RuleSource** rules, uint64_t* module_pc) const override {
+    return modules_.Lookup(pc, rules, module_pc);
+  }
+  bool CrossStack(const unwind::StackCrossing& at, unwind::CrossedStack* to) const override {
+    return stacks_.Cross(at, to);
+  }
+
+ private:
+  const unwind::AddressSpace& modules_;
+  const agent::golang::GoroutineStacks& stacks_;
 };
 
 // The records, and whether the end record (written last) was found with their count.
@@ -83,12 +156,31 @@ bool ReadRecords(const std::string& path, std::vector<Record>* out, uint32_t* dr
     r.sample.regs.sp = h.gregs[29];
     r.sample.regs.fp = h.gregs[30];
     r.sample.regs.ra = h.gregs[31];
+    r.sample.regs.g = h.gregs[30];  // Go's g register
     r.sample.stack_start = h.stack_start;
     r.sample.stack.resize(h.stack_size);
     const size_t padded = (h.stack_size + 7) & ~uint64_t{7};
     std::vector<char> bytes(padded);
     if (!in.read(bytes.data(), static_cast<std::streamsize>(padded))) return false;
     std::memcpy(r.sample.stack.data(), bytes.data(), h.stack_size);
+    for (uint64_t read = 0; read < h.memory_size;) {
+      RegionHeader region;
+      if (h.memory_size - read < sizeof region ||
+          !in.read(reinterpret_cast<char*>(&region), sizeof region)) {
+        return false;
+      }
+      const uint64_t region_padded = (region.size + 7) & ~uint64_t{7};
+      read += sizeof region + region_padded;
+      if (region.size > (1u << 20) || read > h.memory_size) return false;
+      Region& m = r.memory.emplace_back();
+      m.start = region.start;
+      m.bytes.resize(region_padded);
+      if (!in.read(reinterpret_cast<char*>(m.bytes.data()),
+                   static_cast<std::streamsize>(region_padded))) {
+        return false;
+      }
+      m.bytes.resize(region.size);
+    }
     out->push_back(std::move(r));
   }
   return false;
@@ -116,6 +208,10 @@ struct StrataView {
   uint64_t complete_goroutine_truncated = 0;  // reach runtime.goexit yet truncated
   uint64_t copy_from_g = 0;
   uint64_t frames_walked = 0, frames_reused = 0, verify_failures = 0;
+  uint64_t crossings = 0, crossings_failed = 0;  // stack switches crossed, and not
+  // Go called back from C (main.goSpin), the stacks of it that reach the goroutine that
+  // called C, and of those the ones through the C code that called back.
+  uint64_t callback = 0, callback_complete = 0, callback_through_c = 0;
   std::string symbols_source;  // where the module's names came from
   std::map<std::string, uint64_t> truncated_paths;  // for failure messages
   std::map<std::string, uint64_t> outside_goroutines;  // stacks not reaching goexit
@@ -140,7 +236,14 @@ StrataView Unwind(const std::string& binary, const std::vector<Record>& records)
   auto table = elf::GoPclntab::Find(*(*module)->elf);
   EXPECT_TRUE(table.ok()) << table.status();
   if (!table.ok()) return v;
-  const unwind::mips64::StaticModuleSpace space(*(*module)->elf, (*module)->rules.get());
+  const unwind::mips64::StaticModuleSpace modules(*(*module)->elf, (*module)->rules.get());
+  // Stack switches are crossed as the agent crosses them, over the memory recorded with each
+  // sample instead of the target's.
+  auto memory = std::make_unique<RecordedMemory>();
+  RecordedMemory* recorded = memory.get();
+  const agent::golang::GoroutineStacks stacks(unwind::Arch::kMips64El, std::move(memory),
+                                              kCrossedStackBytes);
+  const CrossingSpace space(modules, stacks);
   unwind::IncrementalOptions options;
   options.unwind.arch = unwind::Arch::kMips64El;
   options.unwind.max_frames = kMaxFrames;
@@ -151,12 +254,15 @@ StrataView Unwind(const std::string& binary, const std::vector<Record>& records)
     auto& unwinder = threads[r.tid];
     if (unwinder == nullptr) unwinder = std::make_unique<unwind::IncrementalUnwinder>(options);
     unwind::SampleStats stats;
+    recorded->set_record(&r);
     const unwind::UnwindResult result = unwinder->Unwind(
         {r.sample.regs, r.sample.snapshot(), /*epoch=*/0, /*stack_end_known=*/r.top_from_g},
         space, frames.data(), frames.size(), &stats);
     v.frames_walked += stats.frames_unwound;
     v.frames_reused += stats.frames_reused;
     v.verify_failures += stats.verify_failed;
+    v.crossings += result.stack_crossings;
+    v.crossings_failed += result.crossings_failed;
     std::vector<std::string> names;
     std::set<std::string> distinct;
     for (size_t i = 0; i < result.num_frames; ++i) {
@@ -181,6 +287,24 @@ StrataView Unwind(const std::string& binary, const std::vector<Record>& records)
     ++v.stops[std::string(unwind::StopReasonName(result.stop))];
     v.copy_from_g += r.top_from_g;
     for (const std::string& n : distinct) ++v.cum[n];
+    if (distinct.count("main.goSpin")) {
+      ++v.callback;
+      // Outermost first: the goroutine, its call into C, the C code, the callback.
+      const std::vector<std::string> outward(names.rbegin(), names.rend());
+      const auto at = [&](const std::string& n) {
+        return std::find(outward.begin(), outward.end(), n) - outward.begin();
+      };
+      const auto c_code = at("strata_c_calls_back");
+      if (!truncated && outward.front() == "runtime.goexit" &&
+          at("main.callbackWorker") < at("runtime.cgocallback") &&
+          at("runtime.cgocallback") < at("main.goSpin")) {
+        ++v.callback_complete;
+        if (at("main.callbackWorker") < at("runtime.asmcgocall") &&
+            at("runtime.asmcgocall") < c_code && c_code < at("runtime.cgocallback")) {
+          ++v.callback_through_c;
+        }
+      }
+    }
     if (distinct.count("runtime.goexit")) {
       ++v.reach_goexit;
       v.complete_goroutine_truncated += truncated;
@@ -216,6 +340,9 @@ TEST_P(Mips64GoTest, AgreesWithRuntimePprof) {
   const std::string variant = GetParam();
   const bool go123 = variant.rfind("go1.23_", 0) == 0;
   const bool stripped = variant.size() >= 8 && variant.substr(variant.size() - 8) == "stripped";
+  // With the goroutines whose work crosses stack switches: allocating (systemstack, mcall)
+  // and called back from C (cgo calls and callbacks).
+  const bool switches = variant.size() >= 8 && variant.substr(variant.size() - 8) == "switches";
   const std::string go = go123 ? STRATA_GO_1_23 : STRATA_GO;
   if (go.empty()) {
     GTEST_SKIP() << "no Go 1.23 toolchain: not in STRATA_GO_VERSIONS, or "
@@ -225,12 +352,14 @@ TEST_P(Mips64GoTest, AgreesWithRuntimePprof) {
                              (go123 ? "_go1.23" : "") + (stripped ? "_stripped" : "");
   const std::string profile = dir_.File("cpu.pprof");
   const std::string samples = dir_.File("samples");
-  ChildProcess workload({STRATA_QEMU_MIPS64EL, binary, "-seconds", absl::StrCat(kSeconds),
-                         "-cpuprofile", profile},
-                        dir_.File("workload.log"),
+  std::vector<std::string> argv = {STRATA_QEMU_MIPS64EL, binary, "-seconds",
+                                   absl::StrCat(kSeconds), "-cpuprofile", profile};
+  if (switches) argv.push_back("-switches");
+  ChildProcess workload(argv, dir_.File("workload.log"),
                         {{"STRATA_GO_RECORD", samples},
                          {"STRATA_GO_RECORD_HZ", absl::StrCat(kHz)},
-                         {"STRATA_GO_RECORD_SECONDS", absl::StrCat(kSeconds)}});
+                         {"STRATA_GO_RECORD_SECONDS", absl::StrCat(kSeconds)},
+                         {"STRATA_GO_RECORD_LAYOUT", RecorderLayout()}});
   ASSERT_TRUE(workload.WaitForOutput("ready", 30)) << workload.Output();
   // Both profiles start now, for the same work (qemu passes the signal to the program).
   ASSERT_EQ(kill(workload.pid(), SIGUSR1), 0);
@@ -285,6 +414,27 @@ TEST_P(Mips64GoTest, AgreesWithRuntimePprof) {
                   hash_split(share("main.hashWorker"), share("main.sortAndEncode")), "%, pprof ",
                   hash_split(pprof_share("main.hashWorker"), pprof_share("main.sortAndEncode")),
                   "%\n");
+  // The goroutines whose CPU is past a stack switch. pprof follows those switches; so must
+  // Strata, and with the runtime's memory as it was at the sample nothing has moved on.
+  if (switches) {
+    for (const std::string name : {"main.allocWorker", "main.callbackWorker"}) {
+      const double theirs = pprof_share(name), p = theirs / 100;
+      absl::StrAppend(&report, "  ", name, ": strata ", share(name), "% pprof ", theirs, "%\n");
+      EXPECT_GT(theirs, 2) << name << " has too little CPU to compare";
+      const double sampling_error =
+          100 * std::sqrt(p * (1 - p) / pprof_samples + p * (1 - p) / strata.total);
+      EXPECT_NEAR(share(name), theirs, kTolerance + 2 * sampling_error)
+          << name << "\n" << TruncatedPaths(strata);
+    }
+    absl::StrAppend(&report, "  stack switches: ", strata.crossings, " crossed, ",
+                    strata.crossings_failed, " not crossed\n  callbacks: ", strata.callback,
+                    " samples, ", strata.callback_complete, " complete to runtime.goexit, ",
+                    strata.callback_through_c, " through the C code that called back\n");
+    EXPECT_GT(strata.crossings, 0u);
+    EXPECT_GT(strata.callback, 0u);
+    EXPECT_GE(strata.callback_complete + 3, strata.callback * 9 / 10) << TruncatedPaths(strata);
+    EXPECT_GT(strata.callback_through_c, 0u) << TruncatedPaths(strata);
+  }
   std::smatch recorded;
   if (std::regex_search(out, recorded, std::regex("recorded [^\n]*"))) {
     absl::StrAppend(&report, "  ", recorded.str(), "\n");
@@ -304,14 +454,15 @@ TEST_P(Mips64GoTest, AgreesWithRuntimePprof) {
     for (const auto& [path, n] : strata.outside_goroutines) std::cout << "other " << n << " " << path << "\n";
   }
   EXPECT_EQ(strata.complete_goroutine_truncated, 0u) << TruncatedPaths(strata);
-  // Nearly every sample is of the two goroutines, whose stacks end at runtime.goexit.
+  // Nearly every sample is of the goroutines, whose stacks end at runtime.goexit.
   EXPECT_GT(strata.reach_goexit, strata.total * 8 / 10) << TruncatedPaths(strata);
   EXPECT_LT(strata.truncated, strata.total / 20) << TruncatedPaths(strata);
   EXPECT_GT(strata.frames_reused, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, Mips64GoTest,
-                         ::testing::Values("plain", "stripped", "go1.23_plain", "go1.23_stripped"),
+                         ::testing::Values("plain", "stripped", "go1.23_plain", "go1.23_stripped",
+                                           "switches", "go1.23_switches"),
                          [](const auto& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), '.', '_');

@@ -20,8 +20,17 @@
  * SIGPROF blocked while it runs (Go's own profiler then samples the interrupted code, not this
  * handler).
  *
- * File: records (struct record, then the stack bytes padded to 8), then an end record
- * (magic kEndMagic, tid = the number of records, flags = records dropped for space). */
+ * The runtime's memory the host's stack crossings read (agent/golang's GoroutineStacks, as
+ * the agent reads it from a live target), taken at the sample, when STRATA_GO_RECORD_LAYOUT
+ * gives the offsets of that code's RuntimeLayout ("g_stack_hi,g_m,g_sched_sp,g_size,m_g0,
+ * m_curg,stack_bytes"): from the sample's g (checked as above), its g, its m up to m.curg, and
+ * of m.g0 and m.curg the one that is not the sample's g: the g and its stack from its saved
+ * sp, at most stack_bytes up (the crossing's own read: on g0, systemstack, mcall and cgo calls
+ * go on at curg's saved state; a Go callback from C goes on at g0's).
+ *
+ * File: records (struct record, the stack bytes padded to 8, then memory_size bytes of memory
+ * regions: a struct region and its bytes padded to 8 each), then an end record (magic
+ * kEndMagic, tid = the number of records, flags = records dropped for space). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -40,11 +49,12 @@
 
 #define kSampleMagic 0x504d53474f525453ull /* "STRGOSMP" */
 #define kEndMagic 0x444e45474f525453ull    /* "STRGOEND" */
-#define kArenaBytes (128ul << 20)
+#define kArenaBytes (256ul << 20)
 #define kFallbackCopy (32ul << 10)
 #define kMaxCopy (1ul << 20)
 #define kMaxThreads 512
 #define kMaxMaps 4096
+#define kMaxMemory (80ul << 10)
 
 struct record {
   uint64_t magic;
@@ -54,6 +64,16 @@ struct record {
   uint64_t gregs[32];
   uint64_t stack_start;
   uint64_t stack_size;
+  uint64_t memory_size;
+};
+
+struct region {
+  uint64_t start;
+  uint64_t size;
+};
+
+struct layout {
+  uint64_t g_stack_hi, g_m, g_sched_sp, g_size, m_g0, m_curg, stack_bytes;
 };
 
 struct range {
@@ -73,6 +93,8 @@ static atomic_uint g_overruns;  /* timer expirations merged into a pending signa
 static struct maps g_maps[2];
 static atomic_int g_current_maps;
 static atomic_int g_recording;
+static struct layout g_layout;
+static int g_have_layout;
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct {
@@ -131,6 +153,43 @@ static void *refresh_maps(void *unused) {
   return NULL;
 }
 
+static uint64_t word_at(uint64_t addr) { return *(const uint64_t *)addr; }
+
+/* Appends [start, start + size) as a region at *at, when readable and within `end`. */
+static void add_region(uint64_t start, uint64_t size, uint8_t *base, size_t *at, size_t end) {
+  if (start == 0 || start % 8 != 0 || readable_end(start) < start + size) return;
+  const size_t bytes = sizeof(struct region) + ((size + 7) & ~(size_t)7);
+  if (*at + bytes > end) return;
+  struct region *r = (struct region *)(base + *at);
+  r->start = start;
+  r->size = size;
+  memcpy(r + 1, (const void *)start, size);
+  *at += bytes;
+}
+
+/* The regions of the g `g` is (already checked readable) -- see the top of the file. */
+static size_t add_runtime_memory(uint64_t g, uint8_t *base, size_t end) {
+  const struct layout *l = &g_layout;
+  size_t at = 0;
+  add_region(g, l->g_size, base, &at, end);
+  const uint64_t m = word_at(g + l->g_m);
+  if (m == 0 || m % 8 != 0 || readable_end(m) < m + l->m_curg + 8) return at;
+  add_region(m, l->m_curg + 8, base, &at, end);
+  const uint64_t others[2] = {word_at(m + l->m_g0), word_at(m + l->m_curg)};
+  for (int i = 0; i < 2; i++) {
+    const uint64_t other = others[i];
+    if (other == g || other == 0 || other % 8 != 0 || readable_end(other) < other + l->g_size) {
+      continue;
+    }
+    add_region(other, l->g_size, base, &at, end);
+    const uint64_t sp = word_at(other + l->g_sched_sp), hi = word_at(other + l->g_stack_hi);
+    if (sp != 0 && sp < hi) {
+      add_region(sp, hi - sp < l->stack_bytes ? hi - sp : l->stack_bytes, base, &at, end);
+    }
+  }
+  return at;
+}
+
 static void on_sample(int sig, siginfo_t *info, void *context) {
   (void)sig;
   const int saved_errno = errno;
@@ -152,7 +211,15 @@ static void on_sample(int sig, siginfo_t *info, void *context) {
     top = end == 0 ? sp : (end - sp > kFallbackCopy ? sp + kFallbackCopy : end);
   }
   const size_t size = (size_t)(top - sp);
-  const size_t bytes = sizeof(struct record) + ((size + 7) & ~(size_t)7);
+  const size_t stack_bytes = sizeof(struct record) + ((size + 7) & ~(size_t)7);
+  /* The runtime's memory goes to this thread's scratch area first: its size is known only
+   * after the copy. */
+  static __thread uint8_t scratch[kMaxMemory];
+  size_t memory = 0;
+  if (g_have_layout && flags == 1 && readable_end(g) >= g + g_layout.g_size) {
+    memory = add_runtime_memory(g, scratch, sizeof scratch);
+  }
+  const size_t bytes = stack_bytes + memory;
   const size_t at = atomic_fetch_add(&g_used, bytes);
   if (at + bytes > kArenaBytes) {
     atomic_fetch_add(&g_dropped, 1);
@@ -164,7 +231,9 @@ static void on_sample(int sig, siginfo_t *info, void *context) {
     for (int i = 0; i < 32; i++) r->gregs[i] = uc->uc_mcontext.gregs[i];
     r->stack_start = sp;
     r->stack_size = size;
+    r->memory_size = memory;
     memcpy(r + 1, (const void *)sp, size);
+    memcpy(g_arena + at + stack_bytes, scratch, memory);
     atomic_store_explicit((_Atomic uint64_t *)&r->magic, kSampleMagic, memory_order_release);
   }
   errno = saved_errno;
@@ -232,6 +301,15 @@ int __wrap_pthread_create(pthread_t *thread, const pthread_attr_t *attr,
 int strata_recorder_init(const char *path, int hz) {
   g_path = strdup(path);
   g_period_ns = 1000000000L / (hz > 0 ? hz : 250);
+  const char *layout = getenv("STRATA_GO_RECORD_LAYOUT");
+  if (layout != NULL) {
+    struct layout *l = &g_layout;
+    g_have_layout = sscanf(layout, "%lu,%lu,%lu,%lu,%lu,%lu,%lu", &l->g_stack_hi, &l->g_m,
+                           &l->g_sched_sp, &l->g_size, &l->m_g0, &l->m_curg,
+                           &l->stack_bytes) == 7 &&
+                    l->g_size <= 4096 && l->m_curg <= 4096 && l->stack_bytes <= (64ul << 10);
+    if (!g_have_layout) return -1;
+  }
   g_arena = mmap(NULL, kArenaBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (g_arena == MAP_FAILED) return -1;
   read_maps(&g_maps[0]);
@@ -277,7 +355,7 @@ long strata_recorder_stop(void) {
   while (at + sizeof(struct record) <= used) {
     const struct record *r = (const struct record *)(g_arena + at);
     if (r->magic != kSampleMagic) break;
-    at += sizeof(struct record) + ((r->stack_size + 7) & ~(uint64_t)7);
+    at += sizeof(struct record) + ((r->stack_size + 7) & ~(uint64_t)7) + r->memory_size;
     records++;
   }
   struct record end;
