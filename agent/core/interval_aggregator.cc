@@ -11,11 +11,19 @@
 namespace strata::agent {
 namespace {
 
-table::SortedTable<uint64_t> MakeTable(size_t max_contexts) {
+// Entries of a new table: 8 KB, the contexts of a small process's interval.
+constexpr size_t kInitialTableEntries = 256;
+
+table::SortedTableOptions TableOptions(size_t entries) {
   table::SortedTableOptions options;
-  options.max_entries = static_cast<uint32_t>(std::clamp<size_t>(max_contexts, 1, 1u << 31));
+  options.max_entries = static_cast<uint32_t>(std::clamp<size_t>(entries, 1, 1u << 31));
+  return options;
+}
+
+table::SortedTable<uint64_t> MakeTable(size_t max_contexts) {
   // Options are valid by construction.
-  return *table::SortedTable<uint64_t>::Create(options);
+  return *table::SortedTable<uint64_t>::Create(
+      TableOptions(std::min(max_contexts, kInitialTableEntries)));
 }
 
 IntervalAggregatorOptions Normalize(IntervalAggregatorOptions o) {
@@ -63,7 +71,9 @@ bool IntervalAggregator::Add(uint32_t target_id, std::span<const encoding::EdgeI
   // A new context: store it under the first free key from its hash on.
   if (!full_ && records_.size() < options_.max_contexts &&
       edges_.size() + edges.size() <= options_.max_path_edges) {
-    if (table_.Add(key, count) != table::AddResult::kInserted) {
+    table::AddResult added = table_.Add(key, count);
+    if (added == table::AddResult::kFull && GrowTable()) added = table_.Add(key, count);
+    if (added != table::AddResult::kInserted) {
       // Cannot happen (the table holds exactly the records); keep the count anyway.
       full_ = true;
       spill_[SpillKey(target_id, edges)] += count;
@@ -123,6 +133,12 @@ absl::StatusOr<size_t> IntervalAggregator::EncodeScaledInto(
   batch->set_packed_contexts(*std::move(packed));
   Clear();
   return encoded;
+}
+
+bool IntervalAggregator::GrowTable() {
+  const size_t entries = table_.options().max_entries;
+  if (entries >= options_.max_contexts) return false;
+  return table_.Grow(TableOptions(std::min(options_.max_contexts, 2 * entries))).ok();
 }
 
 void IntervalAggregator::Clear() {

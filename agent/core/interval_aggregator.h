@@ -6,8 +6,11 @@
 // 64-bit hash of (target, edge path); the path itself is kept once in a side store (an arena
 // of edge IDs plus a hash -> record index). Every Add compares the stored path, so two
 // contexts whose hashes collide never share a count: the later one takes the next free key
-// (hash + 1, + 2, ...). Memory is fixed by `max_contexts` and `max_path_edges`; when either
-// bound is reached Add() returns false and the owner ships an early batch. Adds that arrive
+// (hash + 1, + 2, ...). Memory is bounded by `max_contexts` and `max_path_edges`; when either
+// bound is reached Add() returns false and the owner ships an early batch. The table starts
+// small and doubles as an interval's distinct contexts need it (kept for later intervals):
+// each Add touches one random slot of it, and a table of the bound's size (2 MB) costs a
+// cache and TLB miss per sample and a walk of every slot per shipment. Adds that arrive
 // after that and before the owner ships (at most one sampler drain) go to a small spill map,
 // so no sample is ever dropped: the counts shipped always sum to the counts added.
 //
@@ -79,6 +82,8 @@ class IntervalAggregator {
     return {edges_.data() + r.offset, r.num_edges};
   }
   void Clear();
+  // Doubles the table, up to max_contexts. False at the bound (or if the table refuses).
+  bool GrowTable();
 
   IntervalAggregatorOptions options_;
   table::SortedTable<uint64_t> table_;

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <random>
+#include <set>
 #include <tuple>
 
 #include "agent/core/batch_builder.h"
@@ -215,6 +216,47 @@ TEST(IntervalAggregatorTest, ConservesCountsAddedAfterTheBound) {
   // The owner ships only after 25 more samples: they go to the spill.
   CheckConservation({.max_contexts = 64}, 25);
   CheckConservation({.max_contexts = 1000, .max_path_edges = 200}, 10);
+}
+
+// The table starts small and doubles while contexts arrive, up to max_contexts: every count
+// is kept across the growths, and the bound is where it was.
+TEST(IntervalAggregatorTest, TableGrowsToTheBoundKeepingEveryCount) {
+  Stream stream(400, 7);
+  auto numbering = stream.graph.CurrentNumbering();
+  ASSERT_TRUE(numbering.ok());
+  IntervalAggregator agg({.max_contexts = 700});
+  Totals expected, shipped;
+  std::set<std::pair<uint32_t, std::vector<encoding::EdgeId>>> distinct;
+  size_t accepted = 0;
+  for (int round = 0; round < 2; ++round) {
+    for (uint32_t target = 1; target <= 3; ++target) {
+      for (const auto& path : stream.paths) {
+        distinct.insert({target, path});
+        if (agg.Add(target, path, target)) ++accepted;
+        bool truncated = false;
+        auto encoded = encoding::Encoder(**numbering).Encode(path);
+        ASSERT_TRUE(encoded.ok());
+        auto decoded = encoding::Decode(**numbering, *encoded, &truncated);
+        ASSERT_TRUE(decoded.ok());
+        expected[{target, Flatten(*decoded, truncated)}] += target;
+      }
+    }
+  }
+  ASSERT_GT(distinct.size(), 700u);
+  // Accepted until the 700th distinct context; the rest went to the spill, counted.
+  EXPECT_TRUE(agg.full());
+  EXPECT_EQ(agg.distinct_contexts(), distinct.size());
+  EXPECT_GE(agg.table_stats().inserts, 700u);
+  EXPECT_LT(accepted, 2 * 3 * stream.paths.size());
+  v1::SampleBatch batch;
+  ASSERT_TRUE(agg.EncodeInto(**numbering, &batch).ok());
+  Accumulate(**numbering, batch, &shipped);
+  EXPECT_EQ(shipped, expected);
+  // The grown table stays for the next interval.
+  EXPECT_FALSE(agg.full());
+  for (size_t i = 0; i < 700; ++i) {
+    EXPECT_TRUE(agg.Add(1 + static_cast<uint32_t>(i % 3), stream.paths[i / 3 % stream.paths.size()], 1));
+  }
 }
 
 TEST(IntervalAggregatorTest, CollidingHashesNeverShareACount) {
