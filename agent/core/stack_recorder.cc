@@ -365,6 +365,8 @@ void StackRecorder::OnSwitch(Target& target, TargetState& state,
   slot->out = sample;
   slot->out.stack = nullptr;
   slot->out.kernel_pcs = nullptr;
+  slot->out.user_pcs = nullptr;  // switch sessions have none
+  slot->out.user_depth = 0;
   slot->stack.assign(sample.stack, sample.stack + sample.stack_size);
   slot->kernel_pcs.assign(sample.kernel_pcs, sample.kernel_pcs + sample.kernel_depth);
   slot->waiting = true;
@@ -384,7 +386,8 @@ unwind::UnwindResult StackRecorder::Unwind(const Target& target, TargetState& st
                                            PathCache** paths, size_t* outer_kept,
                                            v1::UnwindCounters* counts) {
   unwind::Registers regs{sample.pc, sample.sp, sample.fp, sample.ra, sample.g};
-  unwind::StackSnapshot stack{sample.sp, sample.stack, sample.stack_size};
+  unwind::StackSnapshot stack{sample.sp, sample.stack, sample.stack_size, sample.user_pcs,
+                              sample.user_depth};
   if (thread == nullptr) thread = std::make_unique<Thread>(IncrementalOptions(), options_.max_frames);
   // A copy shorter than requested ended at the top of the thread's stack.
   const bool stack_end_known = sample.stack_size < options_.stack_bytes;

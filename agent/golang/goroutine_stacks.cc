@@ -1,6 +1,7 @@
 #include "agent/golang/goroutine_stacks.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace strata::agent::golang {
 namespace {
@@ -119,12 +120,44 @@ bool GoroutineStacks::Crossed() const {
   return true;
 }
 
+// How far below a saved rbp a frame's return address may lie: its frame size.
+constexpr uint64_t kMaxFrame = 4096;
+
+uint64_t GoroutineStacks::FindCallerSlot(const unwind::StackCrossing& at,
+                                         const unwind::StackSnapshot& stack,
+                                         uint64_t caller_ra) const {
+  const uint64_t fp = at.regs.fp;
+  const bool be = unwind::IsBigEndian(arch_);
+  uint64_t word = 0;
+  if (caller_ra != 0 && (!stack.Read64(fp + 8, be, &word) || word != caller_ra)) return 0;
+  for (uint64_t slot = fp - 8; slot >= stack.start && slot + kMaxFrame >= fp; slot -= 8) {
+    uint64_t ra = 0, module_pc = 0;
+    const unwind::RuleSource* rules = nullptr;
+    unwind::UnwindRow row;
+    if (!stack.Read64(slot, be, &ra) || !at.space->Lookup(ra, &rules, &module_pc) ||
+        rules == nullptr || !rules->FindRow(module_pc, /*innermost=*/false, &row) ||
+        row.cfa_base != unwind::UnwindRow::CfaBase::kSp ||
+        row.ra_rule != unwind::UnwindRow::RaRule::kAtCfaOffset ||
+        row.fp_rule != unwind::UnwindRow::FpRule::kAtCfaOffset) {
+      continue;
+    }
+    // The caller's sp is slot + 8 (the CALL pushed ra at slot); its row puts the saved rbp
+    // at CFA + fp_offset.
+    const uint64_t cfa = slot + 8 + static_cast<int64_t>(row.cfa_offset);
+    if (cfa + static_cast<int64_t>(row.fp_offset) == fp &&
+        rules->IsPlausibleReturnAddress(module_pc)) {
+      return slot;
+    }
+  }
+  return 0;
+}
+
 bool GoroutineStacks::FindByFramePointer(const unwind::StackCrossing& at, const G& curg,
                                          unwind::CrossedStack* to) const {
-  // How far below the saved rbp the caller's return address may lie: its frame size.
-  constexpr uint64_t kMaxFrame = 4096;
   const uint64_t fp = at.regs.fp;
-  if (!layout_->frame_pointers || at.space == nullptr || fp < kMaxFrame || fp % 8 != 0) return false;
+  if (!layout_->frame_pointers || at.space == nullptr || fp < kMaxFrame || fp % 8 != 0) {
+    return false;
+  }
   // Only on the stack of the goroutine the m still runs (CurgOf found it, whatever its saved
   // state): a goroutine that parked may have had its stack freed and reused by another.
   if (curg.addr == 0 || fp < curg.stack_lo || fp + 16 > curg.stack_hi ||
@@ -149,35 +182,113 @@ bool GoroutineStacks::FindByFramePointer(const unwind::StackCrossing& at, const 
     size = std::max(size / 2, kLeast);
   }
   const unwind::StackSnapshot stack{lo, buffer.data(), size};
-  const bool be = unwind::IsBigEndian(arch_);
-  for (uint64_t slot = fp - 8; slot >= lo; slot -= 8) {
-    uint64_t ra = 0, module_pc = 0;
+  const uint64_t slot = FindCallerSlot(at, stack, /*caller_ra=*/0);
+  if (slot == 0) {
+    ++counts_.check_failed;
+    return false;
+  }
+  next_buffer_ ^= 1;
+  to->stack = stack;
+  to->restep = true;  // systemstack's own frame at that sp: its return address is ra
+  to->regs = {at.regs.pc, slot, fp, 0, 0};
+  to->g = curg.addr;  // the goroutine whose stack holds the frames
+  ++counts_.by_frame_pointer;
+  return Crossed();
+}
+
+bool GoroutineStacks::CrossByFrameChain(const unwind::StackCrossing& at,
+                                        unwind::CrossedStack* to) const {
+  const unwind::StackSnapshot& left = *at.stack;
+  const uint64_t fp = at.regs.fp;
+  if (!layout_->frame_pointers || left.frame_chain_size == 0 || at.space == nullptr ||
+      fp < kMaxFrame || fp % 8 != 0) {
+    return false;
+  }
+  // The walk's last frame on this stack returned into systemstack (at.regs.pc): the chain's
+  // entries after that return address were read at fp + 8, then at each caller's saved rbp
+  // + 8, at the sample.
+  const uint64_t* chain = left.frame_chain;
+  const size_t n = left.frame_chain_size;
+  size_t k = 0;
+  while (k < n && chain[k] != at.regs.pc) ++k;
+  if (k + 1 >= n) return false;
+  const uint64_t* callers = chain + k + 1;
+  const size_t num_callers = n - k - 1;
+
+  // The buffer holds [fp - kMaxFrame, ...): systemstack's caller's frame below fp, then its
+  // callers' frames.
+  std::vector<uint8_t>& buffer = buffers_[next_buffer_];
+  const size_t capacity = std::max<size_t>(stack_bytes_, 2 * kMaxFrame);
+  if (buffer.size() < capacity) buffer.resize(capacity);
+  const uint64_t lo = fp - kMaxFrame;
+  constexpr size_t kBelow = kMaxFrame + 16;  // up to the caller's frame end, fp + 16
+  // systemstack's caller, from memory as it is now: only if its frame is still there and
+  // still returns where the chain says.
+  uint64_t slot = 0;
+  if (memory_->Read(lo, buffer.data(), kBelow)) {
+    slot = FindCallerSlot(at, {lo, buffer.data(), kBelow}, callers[0]);
+  }
+  std::fill(buffer.begin() + (slot != 0 ? kBelow : 0), buffer.end(), 0);
+  const uint64_t start = slot != 0 ? slot : fp + 16;
+  auto put = [&](uint64_t addr, uint64_t value) {
+    if (addr < start || addr - lo + 8 > buffer.size()) return false;
+    std::memcpy(buffer.data() + (addr - lo), &value, 8);
+    return true;
+  };
+  // The callers' frames laid out by their rows from fp + 16 up: each one's return address,
+  // and the rbp it saved (its caller's frame pointer, just below that caller's return
+  // address), where the walk reads them. (The first caller's return address, at fp + 8, is
+  // in the memory read when systemstack's caller was found, else where the walk starts.)
+  // The rbp systemstack's caller saved (at fp) is read only when that caller is there.
+  uint64_t sp = fp + 16, saved_fp_slot = slot != 0 ? fp : 0, first_fp = 0;
+  bool complete = false;
+  for (size_t i = 0; i < num_callers; ++i) {
+    uint64_t module_pc = 0;
     const unwind::RuleSource* rules = nullptr;
     unwind::UnwindRow row;
-    if (!stack.Read64(slot, be, &ra) || !at.space->Lookup(ra, &rules, &module_pc) ||
-        rules == nullptr || !rules->FindRow(module_pc, /*innermost=*/false, &row) ||
-        row.cfa_base != unwind::UnwindRow::CfaBase::kSp ||
-        row.ra_rule != unwind::UnwindRow::RaRule::kAtCfaOffset ||
-        row.fp_rule != unwind::UnwindRow::FpRule::kAtCfaOffset) {
-      continue;
+    if (!at.space->Lookup(callers[i], &rules, &module_pc) || rules == nullptr ||
+        !rules->FindRow(module_pc, /*innermost=*/false, &row)) {
+      break;
     }
-    // The caller's sp is slot + 8 (the CALL pushed ra at slot); its row puts the saved rbp
-    // at CFA + fp_offset.
-    const uint64_t cfa = slot + 8 + static_cast<int64_t>(row.cfa_offset);
-    if (cfa + static_cast<int64_t>(row.fp_offset) != fp ||
-        !rules->IsPlausibleReturnAddress(module_pc)) {
-      continue;
+    // A root (runtime.goexit), or another switch: the walk ends there as complete.
+    if (row.ra_rule == unwind::UnwindRow::RaRule::kUndefined ||
+        row.ra_rule == unwind::UnwindRow::RaRule::kStackSwitch) {
+      complete = true;
+      break;
     }
-    next_buffer_ ^= 1;
-    to->stack = stack;
-    to->restep = true;  // systemstack's own frame at that sp: its return address is ra
-    to->regs = {at.regs.pc, slot, fp, 0, 0};
-    to->g = curg.addr;  // the goroutine whose stack holds the frames
-    ++counts_.by_frame_pointer;
-    return Crossed();
+    if (i + 1 == num_callers || row.cfa_base != unwind::UnwindRow::CfaBase::kSp ||
+        row.ra_rule != unwind::UnwindRow::RaRule::kAtCfaOffset) {
+      break;
+    }
+    const uint64_t cfa = sp + static_cast<int64_t>(row.cfa_offset);
+    if ((saved_fp_slot != 0 && !put(saved_fp_slot, cfa - 16)) ||
+        !put(cfa + static_cast<int64_t>(row.ra_offset), callers[i + 1])) {
+      break;
+    }
+    if (first_fp == 0) first_fp = cfa - 16;
+    saved_fp_slot = row.fp_rule == unwind::UnwindRow::FpRule::kAtCfaOffset
+                        ? cfa + static_cast<int64_t>(row.fp_offset)
+                        : 0;
+    sp = cfa;
   }
-  ++counts_.check_failed;
-  return false;
+  // The copy ends at the last frame laid out: a root or a switch ends the walk as complete;
+  // a chain cut short (its length bound, a frame without a row) leaves the last frame's return
+  // address outside it, so the walk stops there as truncated.
+  const uint64_t top = sp;
+  if (top <= start || (!complete && first_fp == 0)) return false;
+  next_buffer_ ^= 1;
+  to->stack = {start, buffer.data() + (start - lo), static_cast<size_t>(top - start)};
+  to->g = 0;
+  ++counts_.by_frame_chain;
+  if (slot != 0) {
+    to->restep = true;  // systemstack's own frame at the slot: its return address is ra
+    to->regs = {at.regs.pc, slot, fp, 0, 0};
+  } else {
+    ++counts_.frame_chain_without_caller;
+    to->restep = false;
+    to->regs = {callers[0], fp + 16, first_fp, 0, 0};
+  }
+  return Crossed();
 }
 
 bool GoroutineStacks::Cross(const unwind::StackCrossing& at, unwind::CrossedStack* to) const {
@@ -189,13 +300,15 @@ bool GoroutineStacks::Cross(const unwind::StackCrossing& at, unwind::CrossedStac
     case unwind::StackSwitch::kGoroutineContext: {
       const bool systemstack = at.kind == unwind::StackSwitch::kSystemStack;
       G curg;
-      if (!CurgOf(at.g, &curg)) return systemstack && FindByFramePointer(at, curg, to);
+      if (!CurgOf(at.g, &curg)) {
+        return systemstack && (CrossByFrameChain(at, to) || FindByFramePointer(at, curg, to));
+      }
       // The same switch as the sample's: the frame pointer it saved is the one the walk
       // carried to the switching frame (x86-64 keeps rbp across the switch). A goroutine that
       // switched again since shows another.
       if (l.frame_pointers && at.regs.fp != 0 && curg.sched_bp != at.regs.fp) {
         ++counts_.check_failed;
-        return systemstack && FindByFramePointer(at, curg, to);
+        return systemstack && (CrossByFrameChain(at, to) || FindByFramePointer(at, curg, to));
       }
       // morestack on a link-register architecture: the caller it saved has its return
       // address in gobuf.lr, a register the walk cannot carry past that frame.

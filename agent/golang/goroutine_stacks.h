@@ -13,10 +13,11 @@
 // failed check refuses the crossing (the stack ends there as complete, as it did before
 // crossings) and is counted. A goroutine that left the system stack (or parked) between the
 // sample and the read has no saved state left: systemstack is then crossed with the frame
-// pointer the sample holds (FindByFramePointer), from the goroutine's stack as it is in
-// memory -- its frames from the switch outwards, as long as the goroutine has not
-// overwritten them. A cgo call's crossing needs less: its g and stack depth are in the
-// sample's own copy.
+// pointer the sample holds, with the return addresses the kernel's frame-pointer walk found
+// at the sample when the sample has that walk (StackSnapshot::frame_chain: CrossByFrameChain),
+// else from the goroutine's stack as it is in memory (FindByFramePointer) -- its frames from
+// the switch outwards, as long as the goroutine has not overwritten them. A cgo call's
+// crossing needs less: its g and stack depth are in the sample's own copy.
 //
 // Layouts: the fields of runtime.g, runtime.m and runtime.gobuf used here sit at the same
 // offsets in every Go release from 1.16 on (g.stack, g.m and g.sched lead runtime.g; m.curg
@@ -83,6 +84,13 @@ struct CrossingCounts {
   // Of `crossed`, callbacks whose g0 state was gone: continued on the goroutine's stack, as
   // Go's traceback does, without the C frames between.
   uint64_t callbacks_without_c = 0;
+  // Of `crossed`, systemstack switches whose goroutine had moved on, crossed with the
+  // sample's frame chain (CrossByFrameChain); of those, the ones whose switching function
+  // (systemstack's caller, which the chain never holds) was not found in memory any more:
+  // its caller's frame follows systemstack's callee directly, as in Go's own frame-pointer
+  // tracebacks.
+  uint64_t by_frame_chain = 0;
+  uint64_t frame_chain_without_caller = 0;
 };
 
 class GoroutineStacks final : public symbols::StackCrosser {
@@ -120,6 +128,15 @@ class GoroutineStacks final : public symbols::StackCrosser {
   // Only on `curg`'s stack (the goroutine the m runs at the read; addr 0: none).
   bool FindByFramePointer(const unwind::StackCrossing& at, const G& curg,
                           unwind::CrossedStack* to) const;
+  // The slot of systemstack's return address into its caller below `fp` in `stack` (the
+  // caller's frame saved its caller's rbp at fp), or 0. With `caller_ra` non-zero, only if the
+  // word at fp + 8 is that return address (the caller still returns where it did).
+  uint64_t FindCallerSlot(const unwind::StackCrossing& at, const unwind::StackSnapshot& stack,
+                          uint64_t caller_ra) const;
+  // systemstack crossed with the sample's frame chain: the callers' return addresses as they
+  // were, laid out in a stack of their own by their rows (the bytes the walk reads), below
+  // them systemstack's caller when memory still holds it.
+  bool CrossByFrameChain(const unwind::StackCrossing& at, unwind::CrossedStack* to) const;
 
   unwind::Arch arch_;
   const RuntimeLayout* layout_;  // null: no crossing

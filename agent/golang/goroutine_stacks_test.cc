@@ -284,6 +284,99 @@ TEST_F(GoroutineStacksTest, SystemStackLeftSinceIsFoundByItsFramePointer) {
   EXPECT_EQ(stacks_->counts().crossed, 1u);
 }
 
+// Go code at 0x4b0000 (frames 0x28 below their saved rbp), runtime.systemstack at 0x460000
+// (no frame; a stack switch), runtime.goexit at 0x4c0000 (a root); crossings by `stacks`.
+class GoroutineSpace final : public unwind::AddressSpace {
+ public:
+  class Rules final : public unwind::RuleSource {
+   public:
+    bool FindRow(uint64_t pc, bool innermost, unwind::UnwindRow* row) const override {
+      const uint64_t at = innermost ? pc : pc - 1;
+      if (at >= 0x460000 && at < 0x461000) {
+        *row = unwind::go::GoRow(unwind::Arch::kX86_64, 0);
+        row->ra_rule = unwind::UnwindRow::RaRule::kStackSwitch;
+        row->stack_switch = unwind::StackSwitch::kSystemStack;
+      } else if (at >= 0x4c0000 && at < 0x4c1000) {
+        *row = unwind::UnwindRow{};
+        row->cfa_base = unwind::UnwindRow::CfaBase::kSp;
+        row->ra_rule = unwind::UnwindRow::RaRule::kUndefined;
+      } else {
+        *row = unwind::go::GoRow(unwind::Arch::kX86_64, 0x28, /*saved_fp=*/!innermost);
+      }
+      return true;
+    }
+  };
+  explicit GoroutineSpace(const GoroutineStacks& stacks) : stacks_(stacks) {}
+  bool Lookup(uint64_t pc, const unwind::RuleSource** rules, uint64_t* module_pc) const override {
+    if (!((pc >= 0x4b0000 && pc < 0x4b1000) || (pc >= 0x460000 && pc < 0x461000) ||
+          (pc > 0x4c0000 && pc <= 0x4c1000))) {
+      return false;
+    }
+    *rules = &rules_;
+    *module_pc = pc;
+    return true;
+  }
+  bool CrossStack(const unwind::StackCrossing& at, unwind::CrossedStack* to) const override {
+    return stacks_.Cross(at, to);
+  }
+  Rules rules_;
+  const GoroutineStacks& stacks_;
+};
+
+// The goroutine left the system stack before the read, but the sample carries the kernel's
+// frame-pointer walk: its callers are as they were at the sample, found through systemstack's
+// caller's saved rbp. Walked by the real unwinding loop.
+TEST_F(GoroutineStacksTest, SystemStackLeftSinceIsCrossedWithTheSamplesFrameChain) {
+  const RuntimeLayout& l = *RuntimeLayoutFor(unwind::Arch::kX86_64);
+  mem_->Put(kCurg + l.g_sched_sp, 0);  // systemstack returned: no saved state
+  GoroutineSpace space(*stacks_);
+  // The sample, on g0: a Go function (frame 0x28, rbp still the goroutine's) called by
+  // systemstack.
+  const uint64_t sp = kG0Hi - 0x900;
+  std::vector<uint8_t> g0(0x100, 0);
+  const uint64_t into_systemstack = 0x460005;
+  std::memcpy(g0.data() + 0x28, &into_systemstack, 8);
+  // The kernel's walk: the pc, systemstack's return address, then from kSchedBp up: A, B and
+  // goexit (systemstack's caller C is not in it: its call pushed no frame record).
+  std::vector<uint64_t> chain = {0x4b0300, into_systemstack, 0x4b0100, 0x4b0200, 0x4c0010};
+  unwind::StackSnapshot copy{sp, g0.data(), g0.size(), chain.data(), chain.size()};
+  const unwind::Registers regs{0x4b0300, sp, kSchedBp, 0, kG0};
+  auto walk = [&](std::vector<uint64_t>* pcs) {
+    unwind::UnwindOptions options;
+    std::vector<unwind::Frame> frames(16);
+    const unwind::UnwindResult r =
+        unwind::Unwind(options, regs, copy, space, frames.data(), frames.size());
+    pcs->clear();
+    for (size_t i = 0; i < r.num_frames; ++i) pcs->push_back(frames[i].pc);
+    return r.stop;
+  };
+  std::vector<uint64_t> pcs;
+  // C's frame is still in memory, returning where the chain says: C is shown too.
+  const uint64_t slot = kSchedBp - 0x28;
+  mem_->Put(slot, 0x4b0020);
+  mem_->Put(kSchedBp + 8, 0x4b0100);
+  EXPECT_EQ(walk(&pcs), unwind::StopReason::kOutermost);
+  EXPECT_EQ(pcs, (std::vector<uint64_t>{0x4b0300, into_systemstack, 0x4b0020, 0x4b0100,
+                                        0x4b0200, 0x4c0010}));
+  EXPECT_EQ(stacks_->counts().by_frame_chain, 1u);
+  // The memory moved on (C's caller calls elsewhere now): the sample's callers without C.
+  mem_->Put(kSchedBp + 8, 0x4b0180);
+  EXPECT_EQ(walk(&pcs), unwind::StopReason::kOutermost);
+  EXPECT_EQ(pcs, (std::vector<uint64_t>{0x4b0300, into_systemstack, 0x4b0100, 0x4b0200,
+                                        0x4c0010}));
+  EXPECT_EQ(stacks_->counts().frame_chain_without_caller, 1u);
+  // A chain cut short (the kernel's bound on its length) is not a complete stack.
+  copy.frame_chain_size = 4;
+  EXPECT_NE(walk(&pcs), unwind::StopReason::kOutermost);
+  EXPECT_EQ(pcs, (std::vector<uint64_t>{0x4b0300, into_systemstack, 0x4b0100, 0x4b0200}));
+  // Without a chain, the frame-pointer search of memory as before (nothing fits there now).
+  copy.frame_chain_size = 0;
+  mem_->Put(slot, 0x123);
+  walk(&pcs);
+  EXPECT_EQ(pcs, (std::vector<uint64_t>{0x4b0300, into_systemstack}));
+  EXPECT_EQ(stacks_->counts().by_frame_chain, 3u);
+}
+
 // MIPS64: m.curg 8 bytes further (a 16-byte signal mask), no frame pointer to check a
 // systemstack switch with, and morestack's caller (its return address in gobuf.lr) not crossed.
 TEST(GoroutineStacksMips64Test, SystemStackAndMcallCrossWithoutFramePointers) {

@@ -56,8 +56,8 @@ absl::Status ParseSampleRecord(const uint8_t* record, size_t size, const UserReg
   // PERF_SAMPLE_TID, PERF_SAMPLE_TIME
   if (!reader.ReadU32(&sample.pid) || !reader.ReadU32(&sample.tid)) return Truncated("tid");
   if (!reader.ReadU64(&sample.time_ns)) return Truncated("time");
-  // PERF_SAMPLE_CALLCHAIN: nr, then nr entries; context markers (PERF_CONTEXT_KERNEL, ...)
-  // separate the parts. Only the run after PERF_CONTEXT_KERNEL is kept.
+  // PERF_SAMPLE_CALLCHAIN: nr, then nr entries; context markers (PERF_CONTEXT_KERNEL,
+  // PERF_CONTEXT_USER, ...) start the parts. The first run after each of those two is kept.
   if (callchain) {
     uint64_t nr = 0;
     if (!reader.ReadU64(&nr)) return Truncated("callchain size");
@@ -65,14 +65,17 @@ absl::Status ParseSampleRecord(const uint8_t* record, size_t size, const UserReg
     const uint8_t* chain = reader.Take(nr * 8);
     if (chain == nullptr) return Truncated("callchain");
     const uint64_t* ips = reinterpret_cast<const uint64_t*>(chain);
-    size_t i = 0;
-    while (i < nr && ips[i] >= PERF_CONTEXT_MAX && ips[i] != PERF_CONTEXT_KERNEL) ++i;
-    if (i < nr && ips[i] == PERF_CONTEXT_KERNEL) {
-      const size_t first = ++i;
+    for (size_t i = 0; i < nr;) {
+      const uint64_t context = ips[i++];
+      const size_t first = i;
       while (i < nr && ips[i] < PERF_CONTEXT_MAX) ++i;
-      if (i > first) {
+      if (i == first) continue;
+      if (context == PERF_CONTEXT_KERNEL && sample.kernel_pcs == nullptr) {
         sample.kernel_pcs = ips + first;
         sample.kernel_depth = i - first;
+      } else if (context == PERF_CONTEXT_USER && sample.user_pcs == nullptr) {
+        sample.user_pcs = ips + first;
+        sample.user_depth = i - first;
       }
     }
   }

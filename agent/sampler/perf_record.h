@@ -31,8 +31,9 @@ inline constexpr size_t kMaxRecordSize = 65535;
 // sample taken while the thread had no user context (abi = PERF_SAMPLE_REGS_ABI_NONE) is valid
 // and has pc = sp = 0 and no stack. InvalidArgumentError if the record is truncated or its
 // fields disagree (e.g. dyn_size > size). With `callchain`, the record carries
-// PERF_SAMPLE_CALLCHAIN (kernel part only: exclude_callchain_user); `out->kernel_pcs` points
-// into `record` (8-byte aligned, as ring records are).
+// PERF_SAMPLE_CALLCHAIN: its kernel part (kernel stacks) and its user part (the kernel's
+// frame-pointer walk, user_frame_chain); `out->kernel_pcs` and `out->user_pcs` point into
+// `record` (8-byte aligned, as ring records are).
 absl::Status ParseSampleRecord(const uint8_t* record, size_t size, const UserRegsLayout& layout,
                                RawSample* out, bool callchain = false);
 

@@ -222,10 +222,10 @@ TEST(RegsLayoutTest, HostArchIsSupportedHere) {
 #endif
 }
 
-TEST(ParseSampleRecordTest, KernelCallChainKeepsOnlyTheKernelPart) {
+TEST(ParseSampleRecordTest, CallChainPartsAreKeptApart) {
   RecordBuilder b(PERF_RECORD_SAMPLE);
   b.U32(100).U32(101).U64(5);
-  // A chain as exclude_callchain_user gives it, with a stray user part after it.
+  // A kernel part, then the user part of the kernel's frame-pointer walk (user_frame_chain).
   b.U64(6).U64(PERF_CONTEXT_KERNEL).U64(0xffffffff81000010).U64(0xffffffff81000020)
       .U64(0xffffffff81000030).U64(PERF_CONTEXT_USER).U64(0x401000);
   b.U64(PERF_SAMPLE_REGS_ABI_64).U64(0x10).U64(0x20).U64(0x401234).U64(0);
@@ -238,8 +238,28 @@ TEST(ParseSampleRecordTest, KernelCallChainKeepsOnlyTheKernelPart) {
   ASSERT_EQ(s.kernel_depth, 3u);
   EXPECT_EQ(s.kernel_pcs[0], 0xffffffff81000010u);
   EXPECT_EQ(s.kernel_pcs[2], 0xffffffff81000030u);
+  ASSERT_EQ(s.user_depth, 1u);
+  EXPECT_EQ(s.user_pcs[0], 0x401000u);
   EXPECT_EQ(s.pc, 0x401234u);
   EXPECT_EQ(s.kind, RawEventKind::kSample);
+}
+
+TEST(ParseSampleRecordTest, UserFrameChainWithoutAKernelPart) {
+  RecordBuilder b(PERF_RECORD_SAMPLE);
+  b.U32(100).U32(101).U64(5);
+  // exclude_callchain_kernel: the user pc and the return addresses found from rbp.
+  b.U64(4).U64(PERF_CONTEXT_USER).U64(0x401234).U64(0x401500).U64(0x401600);
+  b.U64(PERF_SAMPLE_REGS_ABI_64).U64(0x10).U64(0x20).U64(0x401234).U64(0);
+  b.U64(0);
+  std::vector<uint8_t> record = b.Build();
+  RawSample s;
+  ASSERT_TRUE(ParseSampleRecord(record.data(), record.size(), RegsLayoutFor(Arch::kX86_64), &s,
+                                /*callchain=*/true)
+                  .ok());
+  EXPECT_EQ(s.kernel_depth, 0u);
+  ASSERT_EQ(s.user_depth, 3u);
+  EXPECT_EQ(s.user_pcs[0], 0x401234u);
+  EXPECT_EQ(s.user_pcs[2], 0x401600u);
 }
 
 TEST(ParseSampleRecordTest, UserOnlyCallChainHasNoKernelFrames) {

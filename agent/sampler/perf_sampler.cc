@@ -78,7 +78,10 @@ constexpr uint32_t kEachSampleRingSamples = 8;
 // Sample records carry a header, pid/tid, time, [a call chain,] abi, registers and two u64
 // around the stack.
 size_t MaxSampleRecordSize(const SessionOptions& options, const UserRegsLayout& layout) {
-  const size_t chain = options.kernel_stacks ? 8 + 8 * kMaxKernelChain : 0;
+  // The kernel bounds the chain's entries, kernel and user parts together, by the sysctl
+  // perf_event_max_stack (127 by default) plus context markers.
+  const size_t chain =
+      options.kernel_stacks || options.user_frame_chain ? 8 + 8 * (kMaxKernelChain + 8) : 0;
   return sizeof(perf_event_header) + 8 + 8 + chain + 8 + 8 * layout.count + 8 +
          options.stack_bytes + 8;
 }
@@ -121,9 +124,12 @@ perf_event_attr MakeAttr(const SessionOptions& options, const UserRegsLayout& la
     attr.freq = 1;
     attr.sample_freq = options.frequency_hz;
   }
-  if (options.kernel_stacks) {
+  if (options.kernel_stacks || options.user_frame_chain) {
     attr.sample_type |= PERF_SAMPLE_CALLCHAIN;
-    attr.exclude_callchain_user = 1;  // the agent unwinds user stacks itself
+    // The agent unwinds user stacks itself; the frame-pointer walk only serves what the copy
+    // does not hold (user_frame_chain).
+    attr.exclude_callchain_user = options.user_frame_chain ? 0 : 1;
+    attr.exclude_callchain_kernel = options.kernel_stacks ? 0 : 1;
   }
   attr.sample_regs_user = layout.mask;
   attr.sample_stack_user = options.stack_bytes;
@@ -563,7 +569,7 @@ size_t PerfSampler::DrainEvent(Session& session, RingEvent& event, SampleCallbac
     return session.targets.contains(static_cast<pid_t>(pid)) &&
            !session.each_sample.contains(static_cast<pid_t>(pid));
   };
-  const bool callchain = session.options.kernel_stacks;
+  const bool callchain = session.options.kernel_stacks || session.options.user_frame_chain;
   RingReader reader(event.control, event.data, event.data_size);
   RawSample sample;
   RingReader::ReadResult result = reader.ReadAll(

@@ -106,6 +106,11 @@ struct SessionOptions {
   // cpu-clock counts time in the kernel too (without it, time in system calls is not
   // sampled at all). Needs CAP_PERFMON/root or perf_event_paranoid <= 1.
   bool kernel_stacks = false;
+  // Samples also carry the kernel's frame-pointer walk of the user stack (PERF_SAMPLE_CALLCHAIN,
+  // user part): return addresses read at the sample from memory the stack copy does not hold,
+  // such as a goroutine's stack below the system stack the sample was taken on (Go keeps
+  // frame pointers on x86-64). Costs the target one walk of its frame pointers per sample.
+  bool user_frame_chain = false;
 };
 
 // Leaves room for the rest of the sample in a record whose size is a u16.

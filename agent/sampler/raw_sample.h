@@ -39,6 +39,10 @@ struct RawSample {
   // return addresses), for sessions with kernel stacks; empty for a sample taken in user mode.
   const uint64_t* kernel_pcs = nullptr;
   size_t kernel_depth = 0;
+  // The kernel's frame-pointer walk of the user stack, for sessions with user_frame_chain:
+  // the user pc, then the return addresses found from the frame pointer, innermost first.
+  const uint64_t* user_pcs = nullptr;
+  size_t user_depth = 0;
   uint32_t session_id = 0;  // the sampling session that took it
 };
 

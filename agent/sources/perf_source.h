@@ -14,6 +14,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "common/unwind/host_arch.h"
 #include "agent/sampler/perf_sampler.h"
 #include "agent/sources/stack_source.h"
 
@@ -30,6 +31,10 @@ struct PerfSourceOptions {
   sampler::SamplingScope scope = sampler::SamplingScope::kPerThread;
   // Kernel call chains on every sample (sampler::SessionOptions::kernel_stacks).
   bool kernel_stacks = false;
+  // The kernel's frame-pointer walk of user stacks on every CPU-time sample
+  // (sampler::SessionOptions::user_frame_chain): Go's stacks past a systemstack switch as they
+  // were at the sample. x86-64 only: Go keeps no frame pointer on MIPS64.
+  bool user_frame_chain = true;
   // A context-switch session over the continuous session's targets, per thread in either
   // scope (one more descriptor per target thread).
   bool off_cpu = false;
@@ -74,6 +79,7 @@ class PerfSource final : public StackSource {
         stack_bytes_(options.stack_bytes),
         scope_(options.scope),
         kernel_stacks_(options.kernel_stacks),
+        user_frame_chain_(options.user_frame_chain && unwind::kHostArch == unwind::Arch::kX86_64),
         off_cpu_(options.off_cpu) {}
 
   // A session's options: per CPU, rings of about two seconds of a busy CPU's samples, the
@@ -86,6 +92,7 @@ class PerfSource final : public StackSource {
   uint32_t stack_bytes_;
   sampler::SamplingScope scope_;
   bool kernel_stacks_;
+  bool user_frame_chain_;
   bool off_cpu_;
 };
 

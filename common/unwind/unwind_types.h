@@ -41,6 +41,12 @@ struct StackSnapshot {
   uint64_t start = 0;
   const uint8_t* data = nullptr;
   size_t size = 0;
+  // The kernel's frame-pointer walk of the same stack at the same moment, when the sample has
+  // one (x86-64 perf samples with PERF_SAMPLE_CALLCHAIN's user part): the pc, then return
+  // addresses, innermost first. It reaches memory the copy does not hold (another stack that
+  // the frame pointers lead to); stack crossings use it. Empty: none.
+  const uint64_t* frame_chain = nullptr;
+  size_t frame_chain_size = 0;
 
   bool Contains(uint64_t addr, size_t len) const {
     return addr >= start && len <= size && addr - start <= size - len;
