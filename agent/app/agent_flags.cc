@@ -85,6 +85,12 @@ void AddAgentFlags(CLI::App& app, AgentFlags& f) {
                  "(bounds what frequent short waits add to batches)")
       ->check(CLI::Range(0.0, 60e6))
       ->capture_default_str();
+  app.add_option("--frame-walk", f.frame_walk,
+                 "x86-64: each CPU-time sample also carries the kernel's frame-pointer walk "
+                 "of the user stack, which crosses Go's system-stack switches as they were at "
+                 "the sample (costs the target one walk of its frame pointers per sample)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   app.add_option("--python-frames", f.python_frames,
                  "Python functions (CPython 3.8 to 3.13) in place of the interpreter's "
                  "eval-loop frames, read from its thread states (needs ptrace access to the "
@@ -146,6 +152,7 @@ absl::StatusOr<ProfilerOptions> ProfilerOptionsFrom(const AgentFlags& f) {
   options.off_cpu = f.off_cpu;
   options.off_cpu_threshold = absl::Microseconds(f.off_cpu_threshold_us);
   options.python_frames = f.python_frames == "on";
+  options.frame_walk = f.frame_walk == "on";
   options.python_read_period = absl::Microseconds(f.python_read_period_ms * 1000);
   options.jvm_perf_maps.services = f.jvm_perf_map_services;
   options.jvm_perf_maps.max_period = absl::Seconds(f.jvm_perf_map_period_s);

@@ -88,6 +88,9 @@ struct ProfilerOptions : DiscoveryOptions {
   // any only with the rest (PythonWait).
   bool python_frames = true;
   absl::Duration python_read_period = absl::Milliseconds(1);
+  // The kernel's frame-pointer walk of user stacks with each CPU-time sample
+  // (sources::PerfSourceOptions::user_frame_chain).
+  bool frame_walk = true;
 };
 
 // Parses "auto" | "on" | "off".

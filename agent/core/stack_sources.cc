@@ -58,6 +58,7 @@ absl::StatusOr<StackSources> OpenStackSources(const ProfilerOptions& options) {
                                              .stack_bytes = options.stack_bytes,
                                              .scope = *scope,
                                              .kernel_stacks = opened.kernel_symbols != nullptr,
+                                             .user_frame_chain = options.frame_walk,
                                              .off_cpu = options.off_cpu});
       if (!perf.ok()) return perf.status();
       opened.perf = std::move(*perf);

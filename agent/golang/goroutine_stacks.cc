@@ -228,7 +228,6 @@ bool GoroutineStacks::CrossByFrameChain(const unwind::StackCrossing& at,
   if (memory_->Read(lo, buffer.data(), kBelow)) {
     slot = FindCallerSlot(at, {lo, buffer.data(), kBelow}, callers[0]);
   }
-  std::fill(buffer.begin() + (slot != 0 ? kBelow : 0), buffer.end(), 0);
   const uint64_t start = slot != 0 ? slot : fp + 16;
   auto put = [&](uint64_t addr, uint64_t value) {
     if (addr < start || addr - lo + 8 > buffer.size()) return false;
@@ -261,6 +260,9 @@ bool GoroutineStacks::CrossByFrameChain(const unwind::StackCrossing& at,
       break;
     }
     const uint64_t cfa = sp + static_cast<int64_t>(row.cfa_offset);
+    if (cfa <= sp || cfa - lo > buffer.size()) break;
+    // The frame's bytes other than those written below are not read: zeros.
+    std::fill(buffer.begin() + (sp - lo), buffer.begin() + (cfa - lo), 0);
     if ((saved_fp_slot != 0 && !put(saved_fp_slot, cfa - 16)) ||
         !put(cfa + static_cast<int64_t>(row.ra_offset), callers[i + 1])) {
       break;
