@@ -5,7 +5,7 @@
 #
 #   deploy/bench.sh                 all of them
 #   deploy/bench.sh table unwind    only those (backbone encoding table unwind mips64 query fleet tls
-#                                   otlp faults agent python fdo symbolize cluster compare)
+#                                   otlp faults agent languages fdo symbolize cluster compare)
 #
 # Figures are single runs on whatever machine this is: compare ratios, not absolute times.
 set -euo pipefail
@@ -17,7 +17,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_BUILD
 cmake --build "$build" -j "$(nproc)"
 bin=$build/bin
 want=("$@")
-[[ ${#want[@]} -gt 0 ]] || want=(backbone encoding table unwind mips64 query fleet tls otlp faults agent python fdo symbolize cluster compare)
+[[ ${#want[@]} -gt 0 ]] || want=(backbone encoding table unwind mips64 query fleet tls otlp faults agent languages fdo symbolize cluster compare)
 for b in "${want[@]}"; do
   echo "===== $b"
   case $b in
@@ -34,7 +34,9 @@ for b in "${want[@]}"; do
     otlp) tests/bench/fleet/otlp.sh "$bin" ;;  # OTLP exports vs Strata's stream, same samples
     faults) tests/bench/faults/outage_rss.sh 30 "$bin" ;;
     agent) BUILD="$(cd "$build" && pwd)" tests/bench/agent/overhead.sh ;;  # vs perf record, dwarf
-    python) BUILD="$(cd "$build" && pwd)" tests/bench/agent/python_cost.sh ;;  # C++ vs Python targets
+    languages)  # C++ vs Python and Go targets
+      BUILD="$(cd "$build" && pwd)" CASES="cpp py py-off go go-switches" \
+        tests/bench/agent/language_cost.sh ;;
     fdo) tests/bench/fdo/fdo.sh "$bin" ;;
     symbolize) "$bin/symbolize_benchmark" --benchmark_min_time=0.5 ;;  # per frame, vs addr2line
     cluster) tests/bench/cluster/cluster.sh "$bin" ;;  # per node count, RF 1 vs 2, fan-out queries

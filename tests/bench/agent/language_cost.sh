@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# What the agent pays per sample of a Python target against a C++ one, side by side in one run.
+# What the agent pays per sample of a Python or Go target against a C++ one, side by side in one
+# run.
 #
 # Targets, all running at once (so the machine's other load is the same for every agent), each
 # profiled by its own strata-agent at HZ (default 499):
@@ -10,6 +11,10 @@
 #           not delivered one by one: a target whose interpreter is known when it is attached
 #           is sampled per thread, each sample waking its agent)
 #   py-off  the same, --python-frames off (the eval loop's native frames only)
+#   go      tests/e2e/golang's workload (BUILD/go/go_workload_plain: two busy goroutines,
+#           hashing and sorting, each locked to a thread), Go rules from .gopclntab
+#   go-switches  the same with -switches (also an allocating goroutine, most of its CPU on the
+#           system stack: its stacks crossed)
 #   NAME-base  case NAME with the agent BASE_AGENT (another build, e.g. before a change)
 # For each agent: its CPU over a window of SECONDS after a WARMUP (on-CPU ns of all its
 # threads, /proc/PID/task/*/schedstat: start-up is not counted), the samples of that window
@@ -18,7 +23,7 @@
 # sample (over the agent's life), and for Python agents the stale share and the read delay of the agent's "python:"
 # line. Then each case's us/sample against cpp's.
 #
-#   tests/bench/agent/python_cost.sh [SECONDS=30]
+#   tests/bench/agent/language_cost.sh [SECONDS=30]
 #   env: BUILD (default <repo>/build; binaries in BUILD/bin), PYTHON (default
 #        /usr/bin/python3.11), CASES (default "cpp py py-off"), HZ (default 499), WARMUP
 #        (default 5 s), INTERVAL (agent --interval, default 10), AGENT_ARGS (extra flags for
@@ -39,10 +44,14 @@ AGENT_ARGS=${AGENT_ARGS:-}
 workload=$root/tests/e2e/python/python_workload.py
 
 for b in "$BUILD/bin/strata-server" "$BUILD/bin/strata-agent" "$BUILD/bin/demo_service" "$PYTHON"; do
-  [[ -x "$b" ]] || { echo "python_cost.sh: missing $b (set BUILD, PYTHON)" >&2; exit 2; }
+  [[ -x "$b" ]] || { echo "language_cost.sh: missing $b (set BUILD, PYTHON)" >&2; exit 2; }
 done
+if [[ " $CASES " == *" go"* ]]; then
+  [[ -x "$BUILD/go/go_workload_plain" ]] ||
+    { echo "language_cost.sh: missing $BUILD/go/go_workload_plain (golang-go)" >&2; exit 2; }
+fi
 
-work=$(mktemp -d /tmp/strata-python-cost-XXXXXX)
+work=$(mktemp -d /tmp/strata-language-cost-XXXXXX)
 pids=()  # every process this script started
 cleanup() {
   local i
@@ -63,7 +72,7 @@ wait_for() {
   local deadline=$(($(date +%s) + $2))
   until grep -q -- "$5" "$4" 2>/dev/null; do
     if ! kill -0 "$3" 2>/dev/null || (($(date +%s) >= deadline)); then
-      echo "python_cost.sh: no $1 (log $4):" >&2
+      echo "language_cost.sh: no $1 (log $4):" >&2
       tail -20 "$4" >&2
       exit 1
     fi
@@ -83,12 +92,17 @@ for c in $CASES; do
   case ${c%-base} in
     cpp) "$work/bin/demo_service" --threads 2 --seconds "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
     py | py10 | py-off) "$PYTHON" "$workload" "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
-    *) echo "python_cost.sh: unknown case $c" >&2; exit 2 ;;
+    go) "$BUILD/go/go_workload_plain" -seconds "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
+    go-switches) "$BUILD/go/go_workload_plain" -seconds "$run_seconds" -switches \
+                   >"$work/$c.target.log" 2>&1 & ;;
+    *) echo "language_cost.sh: unknown case $c" >&2; exit 2 ;;
   esac
   target[$c]=$!
   pids+=($!)
 done
 for c in $CASES; do wait_for "$c ready" 60 "${target[$c]}" "$work/$c.target.log" "ready"; done
+# The Go workload works from its SIGUSR1 on.
+for c in $CASES; do [[ ${c%-base} != go* ]] || kill -USR1 "${target[$c]}"; done
 declare -A attach_cpu
 for c in $CASES; do
   flags=()
@@ -98,7 +112,7 @@ for c in $CASES; do
   esac
   bin=$work/bin/strata-agent
   if [[ $c == *-base ]]; then
-    [[ -n "${BASE_AGENT:-}" ]] || { echo "python_cost.sh: case $c needs BASE_AGENT" >&2; exit 2; }
+    [[ -n "${BASE_AGENT:-}" ]] || { echo "language_cost.sh: case $c needs BASE_AGENT" >&2; exit 2; }
     bin=$work/bin/strata-agent-base
   fi
   # shellcheck disable=SC2086  # AGENT_ARGS is a list of flags
