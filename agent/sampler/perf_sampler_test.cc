@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "agent/procfs/procfs.h"
 #include "agent/procfs/process_tracker.h"
+#include "common/unwind/host_arch.h"
 #include "gtest/gtest.h"
 
 namespace strata::agent::sampler {
@@ -108,17 +109,21 @@ uint64_t RuntimeNs(pid_t pid, pid_t tid) {
 }
 
 struct CopiedSample {
-  RawSample regs;  // stack pointer cleared: the bytes live in `first_bytes`
+  RawSample regs;  // stack and chain pointers cleared: the bytes live in the fields below
   uint64_t first_bytes = 0;
+  std::vector<uint64_t> user_chain;  // the kernel's frame-pointer walk (user_frame_chain)
 };
 
 // Waits and drains for `duration`, copying every sample.
 void SampleFor(PerfSampler& sampler, absl::Duration duration, std::vector<CopiedSample>* out) {
   const absl::Time deadline = absl::Now() + duration;
   auto keep = [out](const RawSample& s) {
-    CopiedSample copy{s, 0};
+    CopiedSample copy{s, 0, {}};
     if (s.stack_size >= 8) std::memcpy(&copy.first_bytes, s.stack, 8);
     copy.regs.stack = nullptr;
+    if (s.user_pcs != nullptr) copy.user_chain.assign(s.user_pcs, s.user_pcs + s.user_depth);
+    copy.regs.user_pcs = nullptr;
+    copy.regs.kernel_pcs = nullptr;
     out->push_back(copy);
   };
   for (absl::Time now = absl::Now(); now < deadline; now = absl::Now()) {
@@ -211,6 +216,27 @@ TEST_F(PerfSamplerTest, SamplesChildAtRateWithRegistersInsideItsMappings) {
   EXPECT_EQ(stats.malformed, 0u);
   EXPECT_GE(stats.bytes, samples.size() * 16u * 1024);
   EXPECT_EQ(stats.threads_attached, 1u);
+}
+
+// With user_frame_chain, each sample also carries the kernel's frame-pointer walk of the user
+// stack: it starts at the sample's pc, and no kernel part comes with it.
+TEST_F(PerfSamplerTest, UserFrameChainStartsAtTheSamplesPc) {
+  if (unwind::kHostArch != unwind::Arch::kX86_64) GTEST_SKIP() << "x86-64 only";
+  const pid_t pid = child_.pid();
+  SessionOptions options = Session(1, 499);
+  options.user_frame_chain = true;
+  ASSERT_TRUE(sampler_->AddSession(options).ok());
+  ASSERT_TRUE(sampler_->AttachProcess(1, pid, {pid}).ok());
+  std::vector<CopiedSample> samples;
+  SampleForChildCpu(*sampler_, pid, absl::Milliseconds(200), &samples);
+  sampler_->DetachProcess(pid);
+  ASSERT_GT(samples.size(), 20u);
+  for (const CopiedSample& s : samples) {
+    ASSERT_FALSE(s.user_chain.empty());
+    EXPECT_EQ(s.user_chain[0], s.regs.pc);
+    EXPECT_EQ(s.regs.kernel_depth, 0u);
+  }
+  EXPECT_EQ(sampler_->stats().malformed, 0u);
 }
 
 TEST_F(PerfSamplerTest, ThreadStartedAfterAttachIsSampledAfterRescan) {
