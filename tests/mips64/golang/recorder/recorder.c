@@ -23,10 +23,10 @@
  * The runtime's memory the host's stack crossings read (agent/golang's GoroutineStacks, as
  * the agent reads it from a live target), taken at the sample, when STRATA_GO_RECORD_LAYOUT
  * gives the offsets of that code's RuntimeLayout ("g_stack_hi,g_m,g_sched_sp,g_size,m_g0,
- * m_curg,stack_bytes"): from the sample's g (checked as above), its g, its m up to m.curg, and
- * of m.g0 and m.curg the one that is not the sample's g: the g and its stack from its saved
- * sp, at most stack_bytes up (the crossing's own read: on g0, systemstack, mcall and cgo calls
- * go on at curg's saved state; a Go callback from C goes on at g0's).
+ * m_curg,stack_bytes"), starting from the sample's g (checked as above): that g, its m up to
+ * m.curg, and of m.g0 and m.curg the one that is not the sample's g, its g and its stack from
+ * its saved sp, at most stack_bytes up (the crossing's own read: on g0, systemstack, mcall and
+ * cgo calls go on at curg's saved state; a Go callback from C goes on at g0's).
  *
  * File: records (struct record, the stack bytes padded to 8, then memory_size bytes of memory
  * regions: a struct region and its bytes padded to 8 each), then an end record (magic
