@@ -91,13 +91,13 @@ build_beside() {  # build_beside NAME COMMAND...: runs COMMAND niced, logs it, r
 other_builds_run() {
   if [[ "${STRATA_SKIP_MIPS64:-0}" != 1 ]]; then
     build_beside mips64el env JOBS="$jobs" deploy/cross/build.sh mips64el build-mips64el \
-      -DSTRATA_DEBUG_INFO=lines
+      -DSTRATA_DEBUG_INFO=lines -DSTRATA_TEST_OPT_LEVEL=1
     # Debian's mips64el python3.11, unpacked beside its sysroot: the Python frame reader's
     # tests read a live interpreter under qemu, from x86-64 and as MIPS64 code.
     build_beside mips64el-python deploy/cross/make-python-root.sh build-mips64el/python-root \
       build-mips64el/sysroot
     build_beside mips64 env JOBS="$jobs" deploy/cross/build.sh mips64 build-mips64 \
-      -DSTRATA_DEBUG_INFO=lines
+      -DSTRATA_DEBUG_INFO=lines -DSTRATA_TEST_OPT_LEVEL=1
   fi
   if [[ "${STRATA_SKIP_SANITIZE:-0}" != 1 ]]; then
     build_beside sanitize env JOBS="$jobs" deploy/sanitize.sh asan build
