@@ -31,7 +31,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "common/testing/http_get.h"
+#include "common/testing/loopback_socket.h"
+#include "common/testing/wait_for.h"
 #include "gtest/gtest.h"
 
 namespace strata::server::http {

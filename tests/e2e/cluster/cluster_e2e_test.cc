@@ -20,17 +20,17 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/rpc/client_security.h"
-#include "common/testing/http_get.h"
 #include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
-#include "server/cluster/etcd/etcd_test_server.h"
 #include "opentelemetry/proto/collector/profiles/v1development/profiles_service.grpc.pb.h"
+#include "server/cluster/etcd/etcd_test_server.h"
 #include "strata/v1/capture.grpc.pb.h"
 #include "strata/v1/cluster.grpc.pb.h"
 #include "strata/v1/debuginfo.grpc.pb.h"
 #include "strata/v1/ingest.grpc.pb.h"
 #include "strata/v1/regress.grpc.pb.h"
 #include "tests/e2e/harness.h"
+#include "tests/e2e/http_client.h"
 
 namespace strata::e2e {
 namespace {

@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/testing/http_get.h"
 #include "gtest/gtest.h"
 #include "strata/v1/query.grpc.pb.h"
 #include "tests/e2e/harness.h"
+#include "tests/e2e/http_client.h"
 
 namespace strata::e2e {
 namespace {

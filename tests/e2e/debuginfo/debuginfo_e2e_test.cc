@@ -26,11 +26,11 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/elf/elf_file.h"
-#include "common/testing/http_get.h"
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/harness.h"
+#include "tests/e2e/http_client.h"
 
 namespace strata::e2e {
 namespace {

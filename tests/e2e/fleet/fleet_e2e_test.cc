@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
-#include "common/testing/http_get.h"
 #include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/harness.h"
+#include "tests/e2e/http_client.h"
 
 namespace strata::e2e {
 namespace {

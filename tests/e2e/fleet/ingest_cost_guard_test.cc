@@ -24,10 +24,10 @@
 #include "common/encoding/graph.h"
 #include "common/encoding/numbering.h"
 #include "common/encoding/packed_contexts.h"
-#include "common/testing/http_get.h"
 #include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/harness.h"
+#include "tests/e2e/http_client.h"
 #include "tools/loadgen/program.h"
 
 namespace strata::e2e {

@@ -22,8 +22,9 @@
 #include <boost/beast/http.hpp>
 
 #include "absl/strings/numbers.h"
+#include "common/testing/loopback_socket.h"
 #include "common/testing/temp_dir.h"
-#include "common/testing/http_get.h"
+#include "common/testing/wait_for.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/harness.h"
 

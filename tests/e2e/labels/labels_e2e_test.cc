@@ -20,12 +20,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "common/testing/http_get.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "querier/v1/querier.pb.h"
 #include "strata/v1/query.grpc.pb.h"
 #include "tests/e2e/harness.h"
+#include "tests/e2e/http_client.h"
 
 namespace strata::e2e {
 namespace {
@@ -232,7 +232,7 @@ TEST_F(LabelsE2eTest, SelectorsSplitTwoVersionsOfOneService) {
     std::string body;
     request.SerializeToString(&body);
     strata::testing::HttpReply reply = strata::testing::HttpCall(
-        http_port_, boost::beast::http::verb::post, "/querier.v1.QuerierService/" + method,
+        http_port_, "POST", "/querier.v1.QuerierService/" + method,
         {{"Content-Type", "application/proto"}, {"Connect-Protocol-Version", "1"},
          {"Accept-Encoding", "gzip"}, {"User-Agent", "connect-go/1.18.1 (go1.24.4)"}},
         body);

@@ -16,12 +16,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/rpc/client_security.h"
-#include "common/testing/http_get.h"
 #include "common/testing/temp_dir.h"
+#include "common/testing/wait_for.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "strata/v1/ingest.grpc.pb.h"
 #include "tests/e2e/harness.h"
+#include "tests/e2e/http_client.h"
 
 namespace strata::e2e {
 namespace {
