@@ -12,6 +12,7 @@
 #include "common/elf/cfi_records.h"
 #include "common/elf/elf_file.h"
 #include "common/elf/symbol_table.h"
+#include "common/testing/sanitizers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/testing/shell_output.h"
@@ -332,7 +333,7 @@ TEST(ElfFileTest, CorruptedBytesNeverCrash) {
   std::memcpy(&shoff, original.data() + 0x28, 8);
   regions.push_back({shoff, original.size() - shoff});
   std::mt19937_64 rng(42);
-  for (int iter = 0; iter < 150; ++iter) {
+  for (int iter = 0; iter < strata::testing::Trials(150); ++iter) {
     std::string bytes = original;
     for (int k = 0; k < 24; ++k) {
       auto [off, size] = regions[rng() % regions.size()];

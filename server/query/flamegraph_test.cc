@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/sanitizers.h"
 #include "server/query/diff.h"
 #include "server/query/pprof.h"
 
@@ -40,7 +41,7 @@ TEST(FlameTreeTest, MergesStacksInPreOrderWithOffsets) {
   EXPECT_EQ(tree.nodes[0].total, 12u);
   std::vector<std::string> names;
   for (const auto& n : tree.nodes) names.push_back(tree.functions[n.function].name);
-  EXPECT_THAT(names, testing::ElementsAre("all", "[truncated]", "x", "main", "a", "b", "c", "d"));
+  EXPECT_THAT(names, ::testing::ElementsAre("all", "[truncated]", "x", "main", "a", "b", "c", "d"));
   EXPECT_EQ(tree.nodes[3].offset, 2u);  // main follows [truncated] (2 samples)
   EXPECT_EQ(tree.nodes[6].offset, 8u);  // c follows b within a
   EXPECT_EQ(tree.nodes[5].self, 6u);
@@ -53,7 +54,7 @@ TEST(FlameTreeTest, PruningKeepsHeaviestConnectedNodes) {
   EXPECT_EQ(tree.pruned, 4u);
   std::vector<std::string> names;
   for (const auto& n : tree.nodes) names.push_back(tree.functions[n.function].name);
-  EXPECT_THAT(names, testing::ElementsAre("all", "main", "a", "b"));
+  EXPECT_THAT(names, ::testing::ElementsAre("all", "main", "a", "b"));
   EXPECT_EQ(tree.nodes[1].total, 10u);  // pruned children still count
 }
 
@@ -167,7 +168,7 @@ Profile RandomProfile(std::mt19937_64& rng, size_t stacks, bool deep) {
 
 TEST(FlameTreeTest, MatchesNaiveTreeOnRandomProfiles) {
   std::mt19937_64 rng(7);
-  for (int round = 0; round < 300; ++round) {
+  for (int round = 0; round < strata::testing::Trials(300); ++round) {
     const Profile p = RandomProfile(rng, 1 + rng() % 200, round % 3 == 0);
     for (uint32_t max_nodes : {0u, 1u, 2u, 3u, 7u, 20u, 64u, 500u}) {
       const FlameTree want = NaiveFlameTree(p, max_nodes);
@@ -197,7 +198,7 @@ TEST(FlameTreeTest, Renderings) {
   const std::string svg = RenderFlameSvg(tree, "t <&>");
   EXPECT_THAT(svg, HasSubstr("<text id=\"title\" x=\"600\" y=\"22\">t &lt;&amp;&gt;</text>"));
   EXPECT_THAT(svg, HasSubstr("<title>b (6 samples, 50.00%) /bin/m</title>"));
-  EXPECT_THAT(RenderFlameHtml(tree, "t"), testing::StartsWith("<!DOCTYPE html>"));
+  EXPECT_THAT(RenderFlameHtml(tree, "t"), ::testing::StartsWith("<!DOCTYPE html>"));
 }
 
 // Kernel and JIT frames (by module name, common/base/frame_kind.h) are told apart in every
@@ -365,7 +366,7 @@ void ExpectLargestRows(const std::vector<Row>& got, const std::map<Key, Naive>& 
 
 TEST(DiffTest, MatchesNaiveDiffOnRandomProfiles) {
   std::mt19937_64 rng(11);
-  for (int round = 0; round < 200; ++round) {
+  for (int round = 0; round < strata::testing::Trials(200); ++round) {
     SCOPED_TRACE(round);
     Profile base = RandomProfile(rng, 1 + rng() % 150, round % 2 == 0);
     Profile current = RandomProfile(rng, 1 + rng() % 150, round % 2 == 0);
@@ -477,7 +478,7 @@ TEST(PprofTest, SampleTypesAreCountAndTimeOfTheProfileType) {
   for (auto [it, end] = profile.equal_range(1); it != end; ++it) {
     types.push_back(value_type(it->second));
   }
-  EXPECT_THAT(types, testing::ElementsAre(std::pair{"samples", "count"},
+  EXPECT_THAT(types, ::testing::ElementsAre(std::pair{"samples", "count"},
                                           std::pair{"off-cpu", "nanoseconds"}));
   EXPECT_EQ(value_type(profile.find(11)->second),
             (std::pair<std::string, std::string>{"off-cpu", "nanoseconds"}));
@@ -487,9 +488,9 @@ TEST(PprofTest, SampleTypesAreCountAndTimeOfTheProfileType) {
   for (auto [it, end] = profile.equal_range(2); it != end; ++it) {
     values.push_back(Packed(Fields(it->second).find(2)->second));
   }
-  EXPECT_THAT(values, testing::ElementsAre(
-                          testing::ElementsAre(6, 60'000'000), testing::ElementsAre(3, 30'000'000),
-                          testing::ElementsAre(2, 20'000'000), testing::ElementsAre(1, 10'000'000)));
+  EXPECT_THAT(values, ::testing::ElementsAre(
+                          ::testing::ElementsAre(6, 60'000'000), ::testing::ElementsAre(3, 30'000'000),
+                          ::testing::ElementsAre(2, 20'000'000), ::testing::ElementsAre(1, 10'000'000)));
   // CPU at the default rate.
   profile = Fields(EncodePprofProto(SmallProfile(), {1000, 2000}));
   strings.clear();
@@ -539,17 +540,17 @@ TEST(PprofTest, CallSitesWithLinesAreLocationsOfTheirOwn) {
   EXPECT_EQ(samples[0][0], 3u);  // b's function location
   const auto& main_site = locations.at(samples[0][2]);
   EXPECT_EQ(main_site.first, 0x3fu);
-  EXPECT_THAT(main_site.second, testing::ElementsAre(std::pair<std::string, uint64_t>{"helper", 7},
+  EXPECT_THAT(main_site.second, ::testing::ElementsAre(std::pair<std::string, uint64_t>{"helper", 7},
                                                      std::pair<std::string, uint64_t>{"main", 30}));
   const auto& a_site = locations.at(samples[0][1]);
   EXPECT_EQ(a_site.first, 0x8fu);
-  EXPECT_THAT(a_site.second, testing::ElementsAre(std::pair<std::string, uint64_t>{"a", 12}));
+  EXPECT_THAT(a_site.second, ::testing::ElementsAre(std::pair<std::string, uint64_t>{"a", 12}));
   // main > a > c: the same main site is the same location; a's site 0x98 has no lines.
   EXPECT_EQ(samples[1][2], samples[0][2]);
   EXPECT_EQ(samples[1][1], 2u);
   // [truncated] x: no sites; main > d from 0x44: no lines there.
-  EXPECT_THAT(samples[2], testing::ElementsAre(6u));
-  EXPECT_THAT(samples[3], testing::ElementsAre(5u, 1u));
+  EXPECT_THAT(samples[2], ::testing::ElementsAre(6u));
+  EXPECT_THAT(samples[3], ::testing::ElementsAre(5u, 1u));
 }
 
 TEST(PprofTest, LeafLinesSplitAStackInProportion) {
@@ -557,10 +558,10 @@ TEST(PprofTest, LeafLinesSplitAStackInProportion) {
   lines[0].weight = 1;
   lines[1].weight = 6;
   lines[2].weight = 3;
-  EXPECT_THAT(SplitByLeafLines(10, lines), testing::ElementsAre(1, 6, 3));
+  EXPECT_THAT(SplitByLeafLines(10, lines), ::testing::ElementsAre(1, 6, 3));
   // Remainders go to the heaviest lines; parts always sum to the count.
-  EXPECT_THAT(SplitByLeafLines(4, lines), testing::ElementsAre(0, 3, 1));
-  EXPECT_THAT(SplitByLeafLines(0, lines), testing::ElementsAre(0, 0, 0));
+  EXPECT_THAT(SplitByLeafLines(4, lines), ::testing::ElementsAre(0, 3, 1));
+  EXPECT_THAT(SplitByLeafLines(0, lines), ::testing::ElementsAre(0, 0, 0));
   EXPECT_TRUE(SplitByLeafLines(5, {}).empty());
 }
 
