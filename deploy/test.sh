@@ -65,6 +65,10 @@ trap print_parts EXIT
 "$root/deploy/install-deps.sh"
 part_done "dependencies"
 
+# One Go build cache for every build below: the Go test programs are the same in each, so the
+# cross and sanitizer builds reuse what the x86-64 build compiled.
+export STRATA_GO_CACHE="$root/$build/go/cache"
+
 echo "== x86-64 build ($build)"
 # Line tables only for Strata's own code (STRATA_DEBUG_INFO: backtraces keep file:line; workloads
 # whose DWARF the tests read keep full debug information), and the tests' own sources at -O1
