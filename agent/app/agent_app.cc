@@ -11,8 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "agent/core/interval_loop.h"
+#include "common/base/log.h"
 #include "common/unwind/host_arch.h"
-#include "spdlog/spdlog.h"
 
 namespace strata::agent::app {
 namespace {
@@ -48,7 +48,7 @@ absl::StatusOr<OpenedSpool> OpenSpool(const AgentSpoolOptions& options, const st
   if (!opened_spool.ok() && options.memory_fallback &&
       !absl::IsFailedPrecondition(opened_spool.status())) {
     // Not running as the service (no access to the default place): keep the spool in memory.
-    spdlog::warn("spool: {}; batches are kept in memory only (give --spool-dir)",
+    LogWarn("spool: {}; batches are kept in memory only (give --spool-dir)",
                  std::string(opened_spool.status().message()));
     opened.graph.reset();
     spool_options.dir.clear();
@@ -62,42 +62,42 @@ absl::StatusOr<OpenedSpool> OpenSpool(const AgentSpoolOptions& options, const st
     opened.graph = std::make_unique<ContextGraph>(identity.graph_id);
   }
   if (recovery.resumed) {
-    spdlog::info("spool {}: resuming as agent {} (graph {:x}): {} batches ({} samples) to "
+    LogInfo("spool {}: resuming as agent {} (graph {:x}): {} batches ({} samples) to "
                  "deliver, {} graph records", recovery.path, identity.agent_id,
                  identity.graph_id, recovery.batches, recovery.samples, recovery.graph_records);
   }
   for (size_t i = 0; i < opened.spool->size(); ++i) {
-    spdlog::debug("recovered batch {} ({} samples)", opened.spool->entry(i).sequence,
+    LogDebug("recovered batch {} ({} samples)", opened.spool->entry(i).sequence,
                   opened.spool->entry(i).samples);
   }
   if (recovery.corrupt_records > 0 || recovery.orphaned_batches > 0) {
-    spdlog::warn("spool {}: skipped {} torn or corrupt records and {} batches whose graph was "
+    LogWarn("spool {}: skipped {} torn or corrupt records and {} batches whose graph was "
                  "lost", recovery.path, recovery.corrupt_records, recovery.orphaned_batches);
   }
   return opened;
 }
 
 void LogSamplingSummary(const ProfilerStats& stats, const std::string& verify) {
-  spdlog::info("stopping: {} samples, {} frames, {} truncated, {} lost; flushing", stats.samples,
+  LogInfo("stopping: {} samples, {} frames, {} truncated, {} lost; flushing", stats.samples,
                stats.unwound_frames, stats.truncated, stats.lost);
-  spdlog::info("unwinding ({}): {} frames walked, {} reused, {} verification failures", verify,
+  LogInfo("unwinding ({}): {} frames walked, {} reused, {} verification failures", verify,
                stats.frames_walked, stats.frames_reused, stats.unwind_verify_failures);
   if (stats.stack_crossings + stats.stack_crossings_failed > 0) {
-    spdlog::info("stack switches: {} crossed, {} not crossed", stats.stack_crossings,
+    LogInfo("stack switches: {} crossed, {} not crossed", stats.stack_crossings,
                  stats.stack_crossings_failed);
   }
-  spdlog::info("sampling: {} perf events, {} wake-ups, {} target scans, {} samples of other "
+  LogInfo("sampling: {} perf events, {} wake-ups, {} target scans, {} samples of other "
                "processes dropped", stats.perf_events, stats.wakeups, stats.rescans,
                stats.filtered);
-  if (stats.kernel_stacks) spdlog::info("kernel stacks: {} kernel frames", stats.kernel_frames);
+  if (stats.kernel_stacks) LogInfo("kernel stacks: {} kernel frames", stats.kernel_frames);
   if (stats.off_cpu_switches > 0) {
-    spdlog::info("off-CPU: {} switch-outs, {} counted ({:.3f} s), {} under the threshold, {} "
+    LogInfo("off-CPU: {} switch-outs, {} counted ({:.3f} s), {} under the threshold, {} "
                  "unpaired", stats.off_cpu_switches, stats.off_cpu_counted,
                  static_cast<double>(stats.off_cpu_ns) / 1e9, stats.off_cpu_short,
                  stats.off_cpu_unpaired);
   }
   if (stats.python_reads > 0) {
-    spdlog::info("python: {} stacks with {} Python frames, {} stale ({} changed while read, {} "
+    LogInfo("python: {} stacks with {} Python frames, {} stale ({} changed while read, {} "
                  "not matching the sample); {} reads {:.3f} ms after their sample on average "
                  "(max {:.3f} ms)", stats.python_stacks, stats.python_frames, stats.python_stale,
                  stats.python_torn, stats.python_mismatch, stats.python_reads,
@@ -106,7 +106,7 @@ void LogSamplingSummary(const ProfilerStats& stats, const std::string& verify) {
                  static_cast<double>(stats.python_read_delay_max_ns) / 1e6);
   }
   if (stats.inproc_targets > 0 || stats.unwound_stacks > 0) {
-    spdlog::info("in-process rings: {} stacks, {} targets", stats.unwound_stacks,
+    LogInfo("in-process rings: {} stacks, {} targets", stats.unwound_stacks,
                  stats.inproc_targets);
   }
 }
@@ -118,15 +118,15 @@ void FlushAndStop(Shipper& shipper, const spool::Spool& spool,
   shipper.Stop();
   const ShipperStats shipped = shipper.stats();
   if (shipped.spool.batches_dropped > 0) {
-    spdlog::warn("spool: dropped {} batches ({} samples) past --spool-max-bytes",
+    LogWarn("spool: dropped {} batches ({} samples) past --spool-max-bytes",
                  shipped.spool.batches_dropped, shipped.spool.samples_dropped);
   }
   if (flushed) return;
   if (spool.path().empty()) {
-    spdlog::warn("server did not acknowledge every batch before shutdown: {} batches lost "
+    LogWarn("server did not acknowledge every batch before shutdown: {} batches lost "
                  "(the spool is in memory)", shipped.spool.batches);
   } else {
-    spdlog::warn("server did not acknowledge every batch before shutdown: {} batches stay in "
+    LogWarn("server did not acknowledge every batch before shutdown: {} batches stay in "
                  "the spool {} and go out when the agent starts again",
                  shipped.spool.batches, spool.path());
   }
@@ -184,7 +184,7 @@ absl::Status AgentApp::Start() {
 
 int AgentApp::Run(const std::atomic<bool>& stop) {
   const ShipperOptions& ship = options_.shipper;
-  spdlog::info("strata-agent {} on {} ({}), shipping to {} every {} s at {} Hz",
+  LogInfo("strata-agent {} on {} ({}), shipping to {} every {} s at {} Hz",
                recovery_.identity.agent_id, ship.host, unwind::ArchName(unwind::kHostArch),
                absl::StrJoin(ship.servers, ","), absl::ToDoubleSeconds(options_.interval),
                ship.frequency_hz);
@@ -202,13 +202,13 @@ int AgentApp::Run(const std::atomic<bool>& stop) {
   loop.Run(stop);
   for (const auto& scraper : scrapers) {
     const requests::ScraperStats s = scraper->stats();
-    spdlog::info("requests metric {}: {} scrapes, {} failed, {} counter resets",
+    LogInfo("requests metric {}: {} scrapes, {} failed, {} counter resets",
                  scraper->source().name, s.scrapes, s.failures, s.resets);
   }
   LogSamplingSummary(profiler_->stats(),
                      std::string(unwind::VerifyModeName(options_.profiler.unwind_verify)));
   const ShippedBatches& shipped = loop.shipped();
-  spdlog::info("batches: {} cpu ({} bytes), {} off-cpu ({} bytes)", shipped.cpu_batches,
+  LogInfo("batches: {} cpu ({} bytes), {} off-cpu ({} bytes)", shipped.cpu_batches,
                shipped.cpu_bytes, shipped.off_cpu_batches, shipped.off_cpu_bytes);
   FlushAndStop(*shipper_, *spool_, options_.flush_timeout);
   return 0;

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "spdlog/spdlog.h"
+#include "common/base/log.h"
 
 namespace strata::agent {
 namespace {
@@ -48,9 +48,9 @@ void CaptureController::Tick(absl::Time now, uint64_t* sequence) {
                                                  options_.max_frequency_hz);
         // Session 0 is continuous profiling.
         if (auto st = sessions_->SetSessionFrequency(0, hz); !st.ok()) {
-          spdlog::warn("set rate {} Hz: {}", hz, st.ToString());
+          LogWarn("set rate {} Hz: {}", hz, st.ToString());
         } else {
-          spdlog::info("continuous profiling rate set to {} Hz by the server", hz);
+          LogInfo("continuous profiling rate set to {} Hz by the server", hz);
         }
         break;
       }
@@ -82,7 +82,7 @@ void CaptureController::StopAll(absl::Time now, uint64_t* sequence) {
 
 void CaptureController::Start(const v1::StartCapture& start, absl::Time now) {
   auto fail = [&](const std::string& error) {
-    spdlog::warn("capture {}: {}", start.capture_id(), error);
+    LogWarn("capture {}: {}", start.capture_id(), error);
     v1::CaptureStatus status;
     status.set_capture_id(start.capture_id());
     status.set_finished(true);
@@ -108,7 +108,7 @@ void CaptureController::Start(const v1::StartCapture& start, absl::Time now) {
   c.current_hz = hz;
   c.ends = now + absl::Milliseconds(start.duration_ms());
   c.window_start = now;
-  spdlog::info("capture {} started: session {}, {} target(s), {} Hz for {} ms", c.capture_id,
+  LogInfo("capture {} started: session {}, {} target(s), {} Hz for {} ms", c.capture_id,
                session_id, sessions_->SessionTargets(session_id), hz, start.duration_ms());
   if (captures_.empty()) {
     // Budget accounting starts with the first capture.
@@ -131,7 +131,7 @@ void CaptureController::Ship(Capture& c, absl::Time now, uint64_t* sequence, boo
                                            absl::ToUnixMillis(now), *sequence + 1, &samples);
   c.window_start = now;
   if (!batch.ok()) {
-    spdlog::error("capture {}: building batch: {}", c.capture_id, batch.status().ToString());
+    LogError("capture {}: building batch: {}", c.capture_id, batch.status().ToString());
   } else if (batch->has_value()) {
     ++*sequence;
     c.samples += samples;
@@ -157,7 +157,7 @@ void CaptureController::Finish(const std::string& capture_id, absl::Time now, ui
   const bool failed = why == "the agent is shutting down";
   Ship(c, now, sequence, true, failed ? why : "");
   sessions_->ReleaseSession(c.session_id);
-  spdlog::info("capture {} {}: {} samples, last rate {} Hz (requested {} Hz)", capture_id,
+  LogInfo("capture {} {}: {} samples, last rate {} Hz (requested {} Hz)", capture_id,
                why.empty() ? "finished" : why, c.samples, c.current_hz, c.requested_hz);
   captures_.erase(it);
 }
@@ -181,10 +181,10 @@ void CaptureController::EnforceBudget(absl::Time now) {
     }
     if (hz == c.current_hz) continue;
     if (auto st = sessions_->SetSessionFrequency(c.session_id, hz); !st.ok()) {
-      spdlog::warn("capture {}: cannot set {} Hz: {}", id, hz, st.ToString());
+      LogWarn("capture {}: cannot set {} Hz: {}", id, hz, st.ToString());
       continue;
     }
-    spdlog::info("capture {}: agent CPU {:.2f} % of a core (budget {:.2f} %): {} Hz -> {} Hz", id,
+    LogInfo("capture {}: agent CPU {:.2f} % of a core (budget {:.2f} %): {} Hz -> {} Hz", id,
                  usage * 100, budget * 100, c.current_hz, hz);
     c.current_hz = hz;
   }

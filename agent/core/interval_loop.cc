@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/time/clock.h"
-#include "spdlog/spdlog.h"
+#include "common/base/log.h"
 
 namespace strata::agent {
 
@@ -25,7 +25,7 @@ void IntervalLoop::PlanWindow(absl::Time now) {
 void IntervalLoop::Ship(absl::StatusOr<std::optional<v1::SampleBatch>> batch, const char* what,
                         uint64_t* batches, uint64_t* bytes) {
   if (!batch.ok()) {
-    spdlog::error("building {} batch: {}", what, batch.status().ToString());
+    LogError("building {} batch: {}", what, batch.status().ToString());
     return;
   }
   if (!batch->has_value()) return;
@@ -75,7 +75,7 @@ void IntervalLoop::Run(const std::atomic<bool>& stop) {
         captures_->running() > 0 ? absl::Milliseconds(50) : absl::InfiniteDuration();
     auto st = profiler_->Poll(std::min(
         max_wait, absl::FromChrono(window_deadline_ - std::chrono::steady_clock::now())));
-    if (!st.ok()) spdlog::warn("sampling: {}", st.ToString());
+    if (!st.ok()) LogWarn("sampling: {}", st.ToString());
     if (profiler_->targets_generation() != targets_generation_) {
       targets_generation_ = profiler_->targets_generation();
       shipper_->SetTargets(profiler_->targets());

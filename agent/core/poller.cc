@@ -10,7 +10,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "spdlog/spdlog.h"
+#include "common/base/log.h"
 
 namespace strata::agent {
 namespace {
@@ -113,7 +113,7 @@ void Poller::ArmChanges() {
     ev.events = EPOLLIN | EPOLLONESHOT;
     ev.data.fd = fd;
     if (epoll_ctl(poll_fd_.get(), changes_added_ ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev) != 0) {
-      spdlog::warn("watching process changes: epoll_ctl: {}", strerror(errno));
+      LogWarn("watching process changes: epoll_ctl: {}", strerror(errno));
     }
   }
   changes_added_ = true;

@@ -5,7 +5,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "agent/core/stack_sources.h"
-#include "spdlog/spdlog.h"
+#include "common/base/log.h"
 
 namespace strata::agent {
 
@@ -178,7 +178,7 @@ void Profiler::RescanSources() {
   for (sources::StackSource* source : sources_) {
     std::vector<pid_t> claimed;
     if (auto st = source->Rescan(recorder_, &claimed); !st.ok()) {
-      spdlog::debug("in-process rings: {}", st.ToString());
+      LogDebug("in-process rings: {}", st.ToString());
       continue;
     }
     for (pid_t pid : claimed) {
@@ -189,7 +189,7 @@ void Profiler::RescanSources() {
       recorder_.ForgetTarget(pid);
       python_each_sample_.erase(pid);
       discovery_->SetSource(*target, source);
-      spdlog::info("pid {} ({}): reading its in-process sampler's ring", pid,
+      LogInfo("pid {} ({}): reading its in-process sampler's ring", pid,
                    target->executable);
     }
   }
@@ -213,12 +213,12 @@ void Profiler::AddTarget(const procfs::TrackedProcess& process) {
                         ? absl::OkStatus()
                         : target->source->Attach(process.pid, process.threads);
   if (!st.ok()) {
-    spdlog::warn("cannot sample pid {} ({}): {}", process.pid, process.executable, st.ToString());
+    LogWarn("cannot sample pid {} ({}): {}", process.pid, process.executable, st.ToString());
     recorder_.ForgetTarget(process.pid);
     python_each_sample_.erase(process.pid);
     return;
   }
-  spdlog::info("profiling pid {} ({}) as service '{}', {} threads, labels {{{}}}", process.pid,
+  LogInfo("profiling pid {} ({}) as service '{}', {} threads, labels {{{}}}", process.pid,
                process.executable, process.service, process.threads.size(),
                labels::ToString(target->labels));
   discovery_->Insert(std::move(target));

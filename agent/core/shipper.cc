@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/log.h"
 #include "common/base/split.h"
-#include "spdlog/spdlog.h"
 
 namespace strata::agent {
 namespace {
@@ -77,16 +77,16 @@ void Shipper::Enqueue(v1::SampleBatch batch) {
   absl::Status appended = spool_->Append(batch);
   if (!spool_->empty()) {
     const spool::Spool::Entry& e = spool_->entry(spool_->size() - 1);
-    spdlog::debug("spooled batch {} ({} samples)", e.sequence, e.samples);
+    LogDebug("spooled batch {} ({} samples)", e.sequence, e.samples);
   }
   if (st.ok()) st = appended;
   if (!st.ok() && stats_.spool_errors++ % 60 == 0) {  // a full disk would log every batch
-    spdlog::warn("spool {}: {} (batch {} kept in memory; {} such errors)", spool_->path(),
+    LogWarn("spool {}: {} (batch {} kept in memory; {} such errors)", spool_->path(),
                  std::string(st.message()), batch.sequence(), stats_.spool_errors);
   }
   const uint64_t dropped = spool_->stats().batches_dropped;
   if (dropped > stats_.spool.batches_dropped) {
-    spdlog::warn("spool {} full: dropped the oldest batches ({} in all, {} samples)",
+    LogWarn("spool {} full: dropped the oldest batches ({} in all, {} samples)",
                  spool_->path().empty() ? "in memory" : spool_->path(), dropped,
                  spool_->stats().samples_dropped);
   }
@@ -134,7 +134,7 @@ ShipperStats Shipper::stats() const {
 
 void Shipper::Run() {
   if (options_.servers.empty()) {
-    spdlog::error("no strata-server address: batches stay in the spool");
+    LogError("no strata-server address: batches stay in the spool");
     return;
   }
   // The shipper backs off itself (jittered, honoring the server's retry_after); gRPC's own
@@ -188,7 +188,7 @@ void Shipper::Run() {
     if (redirect_.has_value()) {
       ++stats_.redirects;
       reconnect.Redirected({redirect_->servers().begin(), redirect_->servers().end()});
-      spdlog::info("strata-server at {} redirects the agent to {}: {}", address,
+      LogInfo("strata-server at {} redirects the agent to {}: {}", address,
                    reconnect.owners().empty() ? std::string("no server")
                                               : absl::StrJoin(reconnect.owners(), ", "),
                    redirect_->reason());
@@ -196,7 +196,7 @@ void Shipper::Run() {
     const absl::Duration wait = reconnect.Closed();
     if (reconnect.state() == rpc::Reconnector::State::kIdle) continue;  // to the owner, now
     if (redirect_.has_value() && !reconnect.owners().empty()) {
-      spdlog::warn("{} redirects without a Welcome: backing off before following the next",
+      LogWarn("{} redirects without a Welcome: backing off before following the next",
                    reconnect.redirects_in_a_row());
     }
     auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || flushing_; };
@@ -219,7 +219,7 @@ void Shipper::HandleServerMessage(const v1::ServerMessage& m) {
       break;
     }
     case v1::ServerMessage::kResync:
-      spdlog::info("server asks to resend the graph from node {} / edge {}: {}",
+      LogInfo("server asks to resend the graph from node {} / edge {}: {}",
                    m.resync().from_node(), m.resync().from_edge(), m.resync().reason());
       sent_nodes_ = m.resync().from_node();
       sent_edges_ = m.resync().from_edge();
@@ -233,7 +233,7 @@ void Shipper::HandleServerMessage(const v1::ServerMessage& m) {
         // The server ends the stream: everything unacknowledged goes again, in order, after
         // the reconnect (no sooner than it asked).
         retry_after_ = std::max(retry_after_, absl::Milliseconds(e.retry_after_ms()));
-        spdlog::warn("server ends the stream: {} (retry in {} ms)", e.message(),
+        LogWarn("server ends the stream: {} (retry in {} ms)", e.message(),
                      e.retry_after_ms());
         if (retryable) break;
       }
@@ -243,12 +243,12 @@ void Shipper::HandleServerMessage(const v1::ServerMessage& m) {
       if (e.sequence() != 0 && retryable) {
         next_send_ = std::min(next_send_, e.sequence());
       } else if (e.sequence() != 0) {
-        spdlog::error("server rejected batch {}: {}", e.sequence(), e.message());
+        LogError("server rejected batch {}: {}", e.sequence(), e.message());
         const size_t before = spool_->size();
         spool_->Remove(e.sequence());
         stats_.batches_rejected += before - spool_->size();
       }
-      if (e.sequence() == 0) spdlog::error("server reported: {}", e.message());
+      if (e.sequence() == 0) LogError("server reported: {}", e.message());
       break;
     }
     case v1::ServerMessage::kRedirect:
@@ -314,7 +314,7 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
     }
     grpc::Status status = stream->Finish();
     if (welcome.has_redirect()) return;  // Run() logs it
-    spdlog::warn("cannot connect to strata-server at {}: {}", address,
+    LogWarn("cannot connect to strata-server at {}: {}", address,
                  status.ok() ? "stream closed" : status.error_message());
     return;
   }
@@ -332,7 +332,7 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
     next_send_ = 0;
     targets_sent_ = false;
   }
-  spdlog::info("connected to strata-server at {} (server has {} nodes, {} edges)",
+  LogInfo("connected to strata-server at {} (server has {} nodes, {} edges)",
                address, welcome.welcome().known_nodes(), welcome.welcome().known_edges());
 
   std::thread reader([&] {
@@ -391,7 +391,7 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
         auto batch = spool_->Read(i);
         if (!batch.ok()) {
           // Unreadable (the disk changed under us): it can never be sent.
-          spdlog::error("spool: batch {} lost: {}", entry.sequence, batch.status().ToString());
+          LogError("spool: batch {} lost: {}", entry.sequence, batch.status().ToString());
           spool_->Remove(entry.sequence);
           --i;
           continue;
@@ -443,7 +443,7 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
   }
   stats_.connected = false;
   if (!stopping_ && !redirect_.has_value()) {
-    spdlog::warn("connection to strata-server at {} lost: {}", address,
+    LogWarn("connection to strata-server at {} lost: {}", address,
                  status.ok() ? "stream closed" : status.error_message());
   }
 }

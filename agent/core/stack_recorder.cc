@@ -8,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "agent/sources/perf_source.h"
 #include "common/base/frame_kind.h"
+#include "common/base/log.h"
 #include "common/unwind/host_arch.h"
-#include "spdlog/spdlog.h"
 
 namespace strata::agent {
 namespace {
@@ -221,7 +221,7 @@ python::Interpreter* StackRecorder::PythonOf(const Target& target, TargetState& 
     });
   }
   if (!unsupported.ok() && !found.has_value()) {
-    spdlog::info("pid {}: no Python frames: {}", target.pid, unsupported.ToString());
+    LogInfo("pid {}: no Python frames: {}", target.pid, unsupported.ToString());
   }
   const uint64_t runtime = found.has_value() ? found->runtime_vaddr + bias : 0;
   if (state.python != nullptr && state.python->runtime == runtime) {
@@ -234,11 +234,11 @@ python::Interpreter* StackRecorder::PythonOf(const Target& target, TargetState& 
   absl::StatusOr<std::unique_ptr<python::Interpreter>> attached =
       python::Interpreter::Attach(target.pid, *found, bias);
   if (!attached.ok()) {
-    spdlog::warn("pid {} ({}): no Python frames: {}", target.pid, path,
+    LogWarn("pid {} ({}): no Python frames: {}", target.pid, path,
                  attached.status().ToString());
     return nullptr;
   }
-  spdlog::info("pid {}: Python frames of CPython {}.{} ({})", target.pid, found->major,
+  LogInfo("pid {}: Python frames of CPython {}.{} ({})", target.pid, found->major,
                found->minor, path);
   // Its samples are expected from now on (Profiler::PythonWait).
   python_sample_ns_ = std::max(python_sample_ns_, MonotonicNs());

@@ -1,8 +1,8 @@
 #include "agent/core/stack_sources.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/base/log.h"
 #include "common/unwind/host_arch.h"
-#include "spdlog/spdlog.h"
 
 namespace strata::agent {
 namespace {
@@ -13,7 +13,7 @@ absl::StatusOr<sampler::SamplingScope> ChooseScope(ProfilerOptions::Sampling sam
   absl::Status probe = sampler::ProbePerCpuEvents();
   if (probe.ok()) return sampler::SamplingScope::kPerCpu;
   if (sampling == ProfilerOptions::Sampling::kPerCpu) return probe;
-  spdlog::info("sampling per thread: system-wide perf events are not allowed here ({})",
+  LogInfo("sampling per thread: system-wide perf events are not allowed here ({})",
                probe.ToString());
   return sampler::SamplingScope::kPerThread;
 }
@@ -27,11 +27,11 @@ absl::StatusOr<std::unique_ptr<kernel::KernelSymbols>> KernelSymbolsFor(
   absl::StatusOr<std::unique_ptr<kernel::KernelSymbols>> symbols =
       status.ok() ? kernel::KernelSymbols::Load() : status;
   if (symbols.ok()) {
-    spdlog::info("kernel stacks on: {} kernel text symbols", (*symbols)->size());
+    LogInfo("kernel stacks on: {} kernel text symbols", (*symbols)->size());
     return symbols;
   }
   if (mode == ProfilerOptions::KernelStacks::kOn) return symbols.status();
-  spdlog::info("kernel stacks off, user stacks only: {}", symbols.status().ToString());
+  LogInfo("kernel stacks off, user stacks only: {}", symbols.status().ToString());
   return nullptr;
 }
 
@@ -66,7 +66,7 @@ absl::StatusOr<StackSources> OpenStackSources(const ProfilerOptions& options) {
                options.kernel_stacks == ProfilerOptions::KernelStacks::kOn) {
       return probe;
     } else {
-      spdlog::warn("perf events unavailable ({}); sampling only processes that run the "
+      LogWarn("perf events unavailable ({}); sampling only processes that run the "
                    "in-process sampler (rings in {})",
                    probe.ToString(), options.inproc_dir);
     }

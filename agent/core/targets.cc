@@ -2,11 +2,11 @@
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
-#include "agent/golang/goroutine_stacks.h"
 #include "agent/core/target_labels.h"
+#include "agent/golang/goroutine_stacks.h"
 #include "agent/procfs/procfs.h"
+#include "common/base/log.h"
 #include "common/unwind/host_arch.h"
-#include "spdlog/spdlog.h"
 
 namespace strata::agent {
 namespace {
@@ -60,7 +60,7 @@ absl::StatusOr<std::unique_ptr<TargetDiscovery>> TargetDiscovery::Create(
     if (opened.ok()) {
       events = std::move(*opened);
     } else {
-      spdlog::info("process events unavailable ({}); scanning /proc on a period",
+      LogInfo("process events unavailable ({}); scanning /proc on a period",
                    opened.status().ToString());
     }
   }
@@ -77,11 +77,11 @@ absl::StatusOr<procfs::ProcessChanges> TargetDiscovery::Scan() {
   // Before the read, so that the /proc reads of this Update() (a process pinned since the last
   // scan) come after the kernel keeps its events.
   if (absl::Status st = events_->WatchOnly(tracker_.PidsOfInterest()); !st.ok()) {
-    spdlog::warn("process events: {}; keeping every process's events", st.ToString());
+    LogWarn("process events: {}; keeping every process's events", st.ToString());
   }
   batch_.Clear();
   if (absl::Status st = events_->Read(&batch_); !st.ok()) {
-    spdlog::warn("process events: {}; scanning /proc on a period from now on", st.ToString());
+    LogWarn("process events: {}; scanning /proc on a period from now on", st.ToString());
     events_.reset();
     return tracker_.Rescan();
   }
@@ -98,7 +98,7 @@ std::unique_ptr<Target> TargetDiscovery::NewTarget(const procfs::TrackedProcess&
   std::vector<std::string> label_warnings;
   target->labels = TargetLabels(process, &label_warnings);
   for (const std::string& w : label_warnings) {
-    spdlog::warn("pid {} ({}): {}", process.pid, process.executable, w);
+    LogWarn("pid {} ({}): {}", process.pid, process.executable, w);
   }
   target->space = std::make_unique<symbols::ProcessAddressSpace>(process.pid, &modules_);
   // Go's stack switches are crossed with the target's memory (only Go's rules ask).
@@ -122,7 +122,7 @@ void TargetDiscovery::Remove(pid_t pid) {
   if (jvm_perf_maps_ != nullptr && it->second->jvm) jvm_perf_maps_->Forget(pid);
   targets_.erase(it);
   ++generation_;
-  spdlog::info("pid {} exited or changed; no longer profiled", pid);
+  LogInfo("pid {} exited or changed; no longer profiled", pid);
 }
 
 Target* TargetDiscovery::Find(pid_t pid) {
@@ -166,7 +166,7 @@ bool TargetDiscovery::RefreshMappings(Target& target) {
   ++target.maps_epoch;
   target.last_refresh = absl::Now();
   if (auto st = target.space->Refresh(maps); !st.ok()) {
-    spdlog::warn("pid {}: {}", target.pid, st.ToString());
+    LogWarn("pid {}: {}", target.pid, st.ToString());
   }
   target.jvm = false;
   target.space->ForEachModule([&](const symbols::Module& m, int64_t) {

@@ -5,7 +5,7 @@
 
 #include "absl/status/status.h"
 #include "agent/jvm/hotspot_attach.h"
-#include "spdlog/spdlog.h"
+#include "common/base/log.h"
 
 namespace strata::agent::jvm {
 namespace {
@@ -81,7 +81,7 @@ void JvmPerfMaps::Run() {
     const absl::Time now = clock_();
     jvm.last_answer = now;
     if (answer.ok()) {
-      if (jvm.maps++ == 0) spdlog::info("pid {}: JIT code named from its JVM's perf map", pid);
+      if (jvm.maps++ == 0) LogInfo("pid {}: JIT code named from its JVM's perf map", pid);
       ++stats_.maps;
       jvm.next_due = now + jvm.period;
       jvm.period = std::min(jvm.period * 2, options_.max_period);
@@ -95,7 +95,7 @@ void JvmPerfMaps::Run() {
     }
     jvm.given_up = true;
     ++stats_.given_up;
-    spdlog::warn("pid {}: no JIT names from its JVM: {}", pid, answer.status().ToString());
+    LogWarn("pid {}: no JIT names from its JVM: {}", pid, answer.status().ToString());
   }
 }
 

@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "spdlog/spdlog.h"
+#include "common/base/log.h"
 
 namespace strata::agent::requests {
 namespace {
@@ -423,7 +423,7 @@ void RequestsScraper::ScrapeOnce() {
     const absl::Time now = absl::Now();
     if (now - last_failure_log_ >= absl::Minutes(1)) {
       last_failure_log_ = now;
-      spdlog::warn("requests metric {} of {}:{}{}: {} ({} failed scrapes so far)", source_.name,
+      LogWarn("requests metric {} of {}:{}{}: {} ({} failed scrapes so far)", source_.name,
                    source_.host, source_.port, source_.path, value.status().ToString(),
                    stats_.failures);
     }

@@ -8,10 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
+#include "common/base/log.h"
 #include "common/base/saturating.h"
 #include "common/encoding/packed_contexts.h"  // AppendVarint, ReadVarint
 #include "server/aggregate/phase_event.h"
-#include "spdlog/spdlog.h"
 
 namespace strata::server::aggregate {
 namespace {
@@ -165,7 +165,7 @@ absl::Status WindowAggregator::Recover() {
     cells.clear();
     if (absl::Status d = DecodeJournalRecord(record, &host, &cells); !d.ok()) {
       // Nothing else can recover these samples; the rest of the journal still is.
-      spdlog::error("journal record {}: {}; its samples are skipped", seq, d.ToString());
+      LogError("journal record {}: {}; its samples are skipped", seq, d.ToString());
       ++corrupt;
       return absl::OkStatus();
     }
@@ -182,7 +182,7 @@ absl::Status WindowAggregator::Recover() {
   absl::MutexLock lock(&mu_);
   next_journal_ = last + 1;
   stats_.recovered_records = records;
-  spdlog::info("wrote {} journal records of an earlier run to the store ({} corrupt)", records,
+  LogInfo("wrote {} journal records of an earlier run to the store ({} corrupt)", records,
                corrupt);
   return absl::OkStatus();
 }
@@ -235,7 +235,7 @@ bool WindowAggregator::GrowTable(ServiceTable& t, size_t wanted) {
   }
   if (absl::Status s = t.table.Grow(grown); !s.ok()) {
     // Only options Create() validated reach here.
-    spdlog::error("growing an aggregation table: {}", s.ToString());
+    LogError("growing an aggregation table: {}", s.ToString());
     return false;
   }
   table_bytes_ = table_bytes_ - before + t.table.memory_bytes();
@@ -300,7 +300,7 @@ absl::Status WindowAggregator::CommitBatch(store::WriteBatch* wb, const std::str
   }
   if (drain_here) {
     if (absl::Status d = DrainPending(); !d.ok()) {
-      spdlog::error("writing aggregation windows: {}", d.ToString());
+      LogError("writing aggregation windows: {}", d.ToString());
     }
   }
   return status;
@@ -537,7 +537,7 @@ void WindowAggregator::AddPhaseEvent(const std::string& service, int64_t window_
   }
   wb->PutPhaseEvent({service, window_start_ms, aggregate::EncodePhaseEvent(event)});
   ++stats_.phase_events;
-  spdlog::info("phase change in {} (window {}): {} contexts rose, {} fell", service,
+  LogInfo("phase change in {} (window {}): {} contexts rose, {} fell", service,
                window_start_ms, event.rose.size(), event.fell.size());
 }
 
@@ -580,7 +580,7 @@ void WindowAggregator::Start(absl::Duration tick) {
         if (stopping_) return;
       }
       if (absl::Status s = CloseDueWindows(base::NowMs()); !s.ok()) {
-        spdlog::error("closing aggregation windows: {}", s.ToString());
+        LogError("closing aggregation windows: {}", s.ToString());
         absl::SleepFor(absl::Milliseconds(100));  // a failing store: do not spin
       }
     }

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/log.h"
 #include "server/commit/batch_committer.h"
 #include "server/regress/verdict.h"
 #include "server/server_metrics.h"
-#include "spdlog/spdlog.h"
 
 namespace strata::server::app {
 namespace {
@@ -25,7 +25,7 @@ namespace {
 void RaiseOpenFileLimit() {
   if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
     files.rlim_cur = files.rlim_max;
-    if (setrlimit(RLIMIT_NOFILE, &files) != 0) spdlog::warn("cannot raise the open-file limit");
+    if (setrlimit(RLIMIT_NOFILE, &files) != 0) LogWarn("cannot raise the open-file limit");
   }
 }
 
@@ -133,7 +133,7 @@ absl::Status ServerApp::JoinCluster() {
       &replication_metrics_);
   otlp_placement_ = std::make_unique<cluster::ClusterOtlpPlacement>(
       membership_.get(), &node_channels_, cluster.replication);
-  spdlog::info("cluster: node {} at {} joined {} ({} nodes, replication factor {})",
+  LogInfo("cluster: node {} at {} joined {} ({} nodes, replication factor {})",
                cluster.node_id, cluster.advertise, cluster.etcd_endpoints,
                membership_->ring()->members().size(), cluster.replication.replication_factor);
   return absl::OkStatus();
@@ -364,7 +364,7 @@ absl::Status ServerApp::Listen() {
       return started;
     }
   }
-  spdlog::info("strata-server listening on {} (port {}), HTTP on {}, data in {}; {}, {}", listen,
+  LogInfo("strata-server listening on {} (port {}), HTTP on {}, data in {}; {}, {}", listen,
                grpc_port_, http.listen.empty() ? "off" : http.listen, options_.storage.data_dir,
                options_.security.tls_on() ? "TLS" : "plaintext",
                authorizer_->enabled() ? "authentication required" : "no authentication");
@@ -379,9 +379,9 @@ absl::Status ServerApp::Listen() {
 int ServerApp::Run() {
   int sig = 0;
   sigwait(&shutdown_signals_, &sig);
-  spdlog::info("signal {}: shutting down", sig);
+  LogInfo("signal {}: shutting down", sig);
   if (!Shutdown().ok()) return 1;
-  spdlog::info("stopped cleanly");
+  LogInfo("stopped cleanly");
   return 0;
 }
 
@@ -393,16 +393,16 @@ absl::Status ServerApp::Shutdown() {
   aggregator_->Stop();
   if (absl::Status flushed = aggregator_->FlushAll(); !flushed.ok()) {
     // The journal still holds the open windows; the next start writes them.
-    spdlog::error("writing the open windows: {}", flushed.ToString());
+    LogError("writing the open windows: {}", flushed.ToString());
   }
   const aggregate::AggregatorStats aggregated = aggregator_->stats();
-  spdlog::info("aggregation: {} windows closed, {} capacity flushes, {} cells written "
+  LogInfo("aggregation: {} windows closed, {} capacity flushes, {} cells written "
                "directly, {} phase changes",
                aggregated.windows_closed, aggregated.capacity_flushes, aggregated.direct_cells,
                aggregated.phase_events);
   aggregator_.reset();
   if (absl::Status closed = store_->Close(); !closed.ok()) {
-    spdlog::error("closing the store: {}", closed.ToString());
+    LogError("closing the store: {}", closed.ToString());
     return closed;
   }
   return absl::OkStatus();

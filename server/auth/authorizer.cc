@@ -9,7 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/escape.h"
-#include "spdlog/spdlog.h"
+#include "common/base/log.h"
 
 namespace strata::server::auth {
 namespace {
@@ -96,11 +96,11 @@ bool Authorizer::ReloadIfChanged() {
   auto table = LoadAuthFile(options_.auth_file);
   if (!table.ok()) {
     ++reload_errors_;
-    spdlog::error("tokens file not reloaded, the previous one stays in force: {}",
+    LogError("tokens file not reloaded, the previous one stays in force: {}",
                   std::string(table.status().message()));
     return false;
   }
-  spdlog::info("tokens file {} reloaded: {} tokens, {} certificates", options_.auth_file,
+  LogInfo("tokens file {} reloaded: {} tokens, {} certificates", options_.auth_file,
                table->tokens.size(), table->certificates.size());
   auto shared = std::make_shared<const AuthTable>(std::move(*table));
   absl::MutexLock lock(&mu_);

@@ -10,11 +10,11 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/rpc/grpc_status.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "spdlog/spdlog.h"
+#include "common/base/log.h"
+#include "common/rpc/grpc_status.h"
 
 namespace strata::server::capture {
 namespace {
@@ -99,13 +99,13 @@ void CaptureService::Start() {
       info.end_ms = absl::ToUnixMillis(absl::Now());
       info.error = "interrupted: the server stopped during the capture";
       if (auto st = PutCapture(store_, info); !st.ok()) {
-        spdlog::warn("capture {}: cannot mark as interrupted: {}", info.capture_id,
+        LogWarn("capture {}: cannot mark as interrupted: {}", info.capture_id,
                      st.ToString());
       }
     }
   }
   if (auto n = Sweep(absl::ToUnixMillis(absl::Now())); !n.ok()) {
-    spdlog::warn("capture retention sweep: {}", n.status().ToString());
+    LogWarn("capture retention sweep: {}", n.status().ToString());
   }
   sweeper_ = std::thread([this] {
     absl::MutexLock lock(&mu_);
@@ -115,7 +115,7 @@ void CaptureService::Start() {
       if (stopping_) break;
       mu_.Unlock();
       if (auto n = Sweep(absl::ToUnixMillis(absl::Now())); !n.ok()) {
-        spdlog::warn("capture retention sweep: {}", n.status().ToString());
+        LogWarn("capture retention sweep: {}", n.status().ToString());
       }
       mu_.Lock();
     }
@@ -140,7 +140,7 @@ absl::StatusOr<int> CaptureService::Sweep(int64_t now_ms) {
     }
   }
   if (expired > 0) {
-    spdlog::info("capture retention: {} capture(s) older than {} {}", expired,
+    LogInfo("capture retention: {} capture(s) older than {} {}", expired,
                  absl::FormatDuration(options_.retention),
                  options_.deleter ? "deleted" : "hidden (no deleter configured)");
   }
@@ -293,7 +293,7 @@ absl::StatusOr<std::shared_ptr<CaptureService::Running>> CaptureService::Begin(
     return absl::FailedPreconditionError(
         absl::StrCat("no agent serving ", TargetText(request), " could be reached"));
   }
-  spdlog::info("capture {} of {} at {} Hz for {} ms on {} agent(s)", running->info.capture_id,
+  LogInfo("capture {} of {} at {} Hz for {} ms on {} agent(s)", running->info.capture_id,
                TargetText(request), frequency, request.duration_ms(), sent);
   return running;
 }
@@ -309,7 +309,7 @@ void CaptureService::StopAgents(const Running& running, const std::string& why) 
     }
   }
   for (const auto& id : ids) registry_->Send(id, stop);
-  spdlog::info("capture {} stopped on {} agent(s): {}", running.info.capture_id, ids.size(), why);
+  LogInfo("capture {} stopped on {} agent(s): {}", running.info.capture_id, ids.size(), why);
 }
 
 void CaptureService::Finish(const std::shared_ptr<Running>& running, const std::string& error) {
@@ -324,7 +324,7 @@ void CaptureService::Finish(const std::shared_ptr<Running>& running, const std::
     ++changes_;
   }
   if (auto st = PutCapture(store_, info); !st.ok()) {
-    spdlog::error("capture {}: cannot store its end: {}", info.capture_id, st.ToString());
+    LogError("capture {}: cannot store its end: {}", info.capture_id, st.ToString());
   }
 }
 
@@ -455,7 +455,7 @@ grpc::Status CaptureService::Run(grpc::ServerContext* context,
       progress.set_finished(true);
       progress.set_error(error);
       writer->Write(progress);
-      spdlog::info("capture {} ended: {} samples{}", running->info.capture_id, progress.samples(),
+      LogInfo("capture {} ended: {} samples{}", running->info.capture_id, progress.samples(),
                    error.empty() ? "" : absl::StrCat(", ", error));
       if (failed_all) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, error);
       return grpc::Status::OK;

@@ -6,7 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/escape.h"
-#include "spdlog/spdlog.h"
+#include "common/base/log.h"
 #include "strata/v1/cluster.pb.h"
 
 namespace strata::server::cluster {
@@ -68,7 +68,7 @@ void Membership::Leave() {
   if (watch_thread_.joinable()) watch_thread_.join();
   if (const int64_t lease = lease_.exchange(0); lease != 0) {
     if (absl::Status s = etcd_->RevokeLease(lease); !s.ok() && !absl::IsNotFound(s)) {
-      spdlog::warn("cluster: leaving: {} (the others see this node go after its lease TTL)",
+      LogWarn("cluster: leaving: {} (the others see this node go after its lease TTL)",
                    s.ToString());
     }
   }
@@ -163,7 +163,7 @@ void Membership::Apply(const EtcdEvent& event) {
   if (absl::StartsWith(event.kv.key, records)) {
     const std::string id = event.kv.key.substr(records.size());
     if (event.type == EtcdEvent::Type::kDelete) {
-      if (known_.erase(id) > 0) spdlog::info("cluster: node {} forgotten", base::EscapeForLog(id));
+      if (known_.erase(id) > 0) LogInfo("cluster: node {} forgotten", base::EscapeForLog(id));
     } else if (std::optional<RingMember> m = ParseMember(event.kv); m && m->id == id) {
       known_[id] = *m;
     }
@@ -174,7 +174,7 @@ void Membership::Apply(const EtcdEvent& event) {
   if (event.type == EtcdEvent::Type::kDelete) {
     auto it = members_.find(id);
     if (it == members_.end()) return;
-    spdlog::info("cluster: node {} ({}) left the ring", base::EscapeForLog(id), it->second.address);
+    LogInfo("cluster: node {} ({}) left the ring", base::EscapeForLog(id), it->second.address);
     members_.erase(it);
   } else {
     std::optional<RingMember> m = ParseMember(event.kv);
@@ -182,7 +182,7 @@ void Membership::Apply(const EtcdEvent& event) {
     auto it = members_.find(id);
     if (it != members_.end() && it->second == *m) return;
     if (it == members_.end()) {
-      spdlog::info("cluster: node {} ({}) joined the ring", base::EscapeForLog(id), m->address);
+      LogInfo("cluster: node {} ({}) joined the ring", base::EscapeForLog(id), m->address);
     }
     members_[id] = *m;
   }
@@ -215,15 +215,15 @@ void Membership::LeaseLoop() {
     if (absl::IsNotFound(s)) {
       // The lease ran out (etcd was away longer than the TTL, or this node was cut off): the
       // others have moved this node's keys; join again.
-      spdlog::warn("cluster: this node's lease expired; registering again");
+      LogWarn("cluster: this node's lease expired; registering again");
       if (absl::Status r = Register(); r.ok()) {
         absl::MutexLock lock(&mu_);
         ++stats_.lease_regrants;
       } else {
-        spdlog::warn("cluster: registering again: {}", r.ToString());
+        LogWarn("cluster: registering again: {}", r.ToString());
       }
     } else {
-      spdlog::warn("cluster: refreshing the lease: {}", s.ToString());
+      LogWarn("cluster: refreshing the lease: {}", s.ToString());
     }
   }
 }
@@ -240,7 +240,7 @@ void Membership::WatchLoop() {
         options_.prefix + "/", from,
         [this](const EtcdEvent& e) { Apply(e); },
         [this](absl::Status why) {
-          spdlog::warn("cluster: membership watch ended: {}", why.ToString());
+          LogWarn("cluster: membership watch ended: {}", why.ToString());
           absl::MutexLock lock(&mu_);
           watch_ended_ = true;
         });

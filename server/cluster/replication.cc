@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/escape.h"
-#include "spdlog/spdlog.h"
+#include "common/base/log.h"
 #include "strata/v1/ingest.grpc.pb.h"
 
 namespace strata::server::cluster {

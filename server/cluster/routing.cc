@@ -8,7 +8,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
-#include "spdlog/spdlog.h"
+#include "common/base/log.h"
 #include "strata/v1/cluster.grpc.pb.h"
 
 namespace strata::server::cluster {
@@ -280,7 +280,7 @@ void DebugInfoSync::Loop() {
     }
     Round round = RunOnce();
     for (const std::string& f : round.failures) {
-      spdlog::warn("cluster: debug info sync: {}", f);
+      LogWarn("cluster: debug info sync: {}", f);
     }
     next = absl::Now() + interval_;
   }
@@ -330,7 +330,7 @@ DebugInfoSync::Round DebugInfoSync::RunOnce() {
       End();
       if (s.ok()) {
         ++round.sent;
-        spdlog::info("cluster: debug file {} ({}) sent to {}, which lacked it", build_id,
+        LogInfo("cluster: debug file {} ({}) sent to {}, which lacked it", build_id,
                      file.file_name, NodeName(m));
       } else {
         round.failures.push_back(

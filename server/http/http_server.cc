@@ -35,8 +35,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/base/escape.h"
+#include "common/base/log.h"
 #include "server/http/tls_context.h"
-#include "spdlog/spdlog.h"
 
 namespace strata::server::http {
 namespace asio = boost::asio;
@@ -371,13 +371,13 @@ struct HttpServer::Impl {
     tls_stamp = stamp;
     auto built = BuildTlsContext(options.tls);
     if (!built.ok()) {
-      spdlog::error("http: TLS certificate files changed but cannot be loaded, still serving "
+      LogError("http: TLS certificate files changed but cannot be loaded, still serving "
                     "the previous certificate: {}",
                     built.status().ToString());
       return tls_context;
     }
     tls_context = std::move(*built);
-    spdlog::info("http: loaded the changed TLS certificate '{}'",
+    LogInfo("http: loaded the changed TLS certificate '{}'",
                  base::EscapeForLog(options.tls.cert_file));
     return tls_context;
   }
@@ -416,7 +416,7 @@ struct HttpServer::Impl {
           } catch (const std::exception& e) {
             --open;  // no Session to do it
             ++tls_handshake_failures;
-            spdlog::error("http: cannot start a TLS connection: {}", e.what());
+            LogError("http: cannot start a TLS connection: {}", e.what());
           }
           if (session != nullptr) session->Start();
         } else {

@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/base/escape.h"
+#include "common/base/log.h"
 #include "common/encoding/packed_contexts.h"
 #include "server/commit/profile_type.h"
-#include "spdlog/spdlog.h"
 
 namespace strata::server::ingest {
 namespace {
@@ -67,7 +67,7 @@ absl::StatusOr<absl::flat_hash_map<uint32_t, uint64_t>> AgentSession::TargetLabe
     if (absl::IsResourceExhausted(id.status())) {
       // Past the bound the samples are kept, under one overflow set (allowed beyond it).
       if (g_label_sets_refused.fetch_add(1, std::memory_order_relaxed) % 1000 == 0) {
-        spdlog::error("agent {}: {}; its samples are stored under strata_overflow=label_sets",
+        LogError("agent {}: {}; its samples are stored under strata_overflow=label_sets",
                       base::EscapeForLog(identity_.agent_id), std::string(id.status().message()));
       }
       // One overflow set per profile type, so overflowing samples keep their type.

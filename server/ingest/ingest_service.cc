@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/escape.h"
-#include "spdlog/spdlog.h"
+#include "common/base/log.h"
 
 namespace strata::server::ingest {
 namespace {
@@ -107,7 +107,7 @@ class IngestService::Stream final
     }
     if (session_ != nullptr && !replica_) {
       service_->registry_->Detach(session_->identity().agent_id);
-      spdlog::info("agent {} disconnected", log_name_);
+      LogInfo("agent {} disconnected", log_name_);
     }
     if (admitted_) --service_->metrics_->connected;
     if (counted_principal_) service_->ReleasePrincipalStream(principal_);
@@ -310,14 +310,14 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
     if (labels::ValidateLabel(key, value).ok()) {
       identity.labels.emplace_back(key, value);
     } else {
-      spdlog::warn("agent {}: label '{}' left out: not KEY=VALUE label syntax",
+      LogWarn("agent {}: label '{}' left out: not KEY=VALUE label syntax",
                    base::EscapeForLog(hello.agent_id()), base::EscapeForLog(key, 64));
     }
   }
   labels::Normalize(&identity.labels);
   if (absl::Status st = CheckIdentity(&identity); !st.ok()) {
     ++metrics->identity_refused;
-    spdlog::warn("{} refused: {}", principal_.Describe(), std::string(st.message()));
+    LogWarn("{} refused: {}", principal_.Describe(), std::string(st.message()));
     return st;
   }
   if (options.placement != nullptr && !replica_) {
@@ -333,7 +333,7 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
   }
   auto session = AgentSession::Open(service_->store_, identity, options.committer, options.limits);
   if (!session.ok()) {
-    spdlog::error("agent {}: cannot open session: {}", base::EscapeForLog(hello.agent_id()),
+    LogError("agent {}: cannot open session: {}", base::EscapeForLog(hello.agent_id()),
                   session.status().ToString());
     return absl::InternalError("cannot load agent state");
   }
@@ -358,7 +358,7 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
     ++metrics->identity_refused;
     return st;
   }
-  spdlog::info("agent {} connected (host {}, arch {}, graph {:x}: {} nodes, {} edges known)",
+  LogInfo("agent {} connected (host {}, arch {}, graph {:x}: {} nodes, {} edges known)",
                log_name_, base::EscapeForLog(identity.host), base::EscapeForLog(identity.arch),
                identity.graph_id,
                session_->num_nodes(), session_->num_edges());
@@ -386,7 +386,7 @@ absl::Status IngestService::Stream::CheckIdentity(AgentIdentity* identity) {
         identity->owner, " may not write as it"));
   }
   if (!stored.ok() && !absl::IsNotFound(stored.status())) {
-    spdlog::error("reading agent {}: {}", base::EscapeForLog(identity->agent_id),
+    LogError("reading agent {}: {}", base::EscapeForLog(identity->agent_id),
                   stored.status().ToString());
     return absl::UnavailableError("cannot read the agent's record; retry later");
   }
@@ -410,7 +410,7 @@ absl::Status IngestService::Stream::HandleBatch(const v1::SampleBatch& batch) {
     // batch just comes again after it.
     if (absl::IsFailedPrecondition(st) && batch.epoch() > session_->num_edges()) Resync(st);
     if (!absl::IsFailedPrecondition(st)) {
-      spdlog::warn("agent {}: rejected batch {}: {}", log_name_, batch.sequence(),
+      LogWarn("agent {}: rejected batch {}: {}", log_name_, batch.sequence(),
                    st.ToString());
     }
     Reject(st, batch.sequence());
@@ -435,7 +435,7 @@ absl::Status IngestService::Stream::HandleBatch(const v1::SampleBatch& batch) {
     if (!replicated.ok()) {
       if (redirect.servers_size() > 0) {
         ++metrics->redirects;
-        spdlog::info("agent {}: moving to {}: {}", log_name_, redirect.servers(0),
+        LogInfo("agent {}: moving to {}: {}", log_name_, redirect.servers(0),
                      redirect.reason());
         v1::ServerMessage m;
         *m.mutable_redirect() = std::move(redirect);
@@ -465,7 +465,7 @@ absl::Status IngestService::Stream::EndWith(const absl::Status& st, uint64_t seq
   } else if (absl::IsUnavailable(st)) {
     retry_after_ms = service_->options_.retry_after_ms;
   }
-  spdlog::warn("agent {}: ending stream: {}", log_name_, st.ToString());
+  LogWarn("agent {}: ending stream: {}", log_name_, st.ToString());
   Queue(ErrorMessage(st, sequence, /*fatal=*/true, retry_after_ms));
   return st;
 }

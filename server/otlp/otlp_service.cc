@@ -11,13 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/base/clock.h"
+#include "common/base/log.h"
 #include "common/rpc/grpc_status.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "server/auth/grpc_auth.h"
 #include "server/commit/profile_type.h"
 #include "server/ingest/placement.h"
-#include "spdlog/spdlog.h"
 
 namespace strata::server::otlp {
 namespace {
@@ -75,7 +75,7 @@ grpc::Status OtlpService::Export(grpc::ServerContext* context,
     applied = Apply(*request, forced_host);
   }
   if (!applied.ok()) {
-    spdlog::warn("OTLP export from {} refused: {}", principal->Describe(), applied.ToString());
+    LogWarn("OTLP export from {} refused: {}", principal->Describe(), applied.ToString());
   }
   return rpc::ToGrpcStatus(applied);
 }

@@ -10,7 +10,7 @@
 #include <utility>
 
 #include <google/protobuf/util/json_util.h>
-#include <spdlog/spdlog.h>
+#include "common/base/log.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -107,7 +107,7 @@ void RegressionsService::Start() {
       }
       if (!caught_up) caught_up = CatchUp();
       if (absl::Status s = CheckNow(); !s.ok()) {
-        spdlog::warn("regressions: {}", s.ToString());
+        LogWarn("regressions: {}", s.ToString());
       }
     } while (!stop_.WaitForNotificationWithTimeout(options_.check_interval));
   });
@@ -130,7 +130,7 @@ absl::Status RegressionsService::CheckNow() {
   }
   for (const v1::ReleaseVerdict& verdict : *changed) {
     ++changes_;
-    spdlog::info("regressions: {} {}: {}{}", verdict.service(), WhatWasCompared(verdict),
+    LogInfo("regressions: {} {}: {}{}", verdict.service(), WhatWasCompared(verdict),
                  v1::ReleaseVerdict::State_Name(verdict.state()),
                  verdict.functions_size() > 0
                      ? absl::StrCat(" (", verdict.functions(0).name(), ")")
@@ -141,7 +141,7 @@ absl::Status RegressionsService::CheckNow() {
                                     options_.webhook_ca_file);
         !s.ok()) {
       ++webhook_failures_;
-      spdlog::warn("regressions: {}", s.ToString());
+      LogWarn("regressions: {}", s.ToString());
     }
   }
   return absl::OkStatus();
@@ -174,7 +174,7 @@ void RegressionsService::CopyElsewhere() {
       if (absl::Status s = options_.copy_to(node, batch); !s.ok()) {
         // Sent again after the next check.
         ++copy_failures_;
-        spdlog::warn("regressions: copying {} release records to {}: {}", due.size() - from,
+        LogWarn("regressions: copying {} release records to {}: {}", due.size() - from,
                      node, s.ToString());
         break;
       }
@@ -192,13 +192,13 @@ bool RegressionsService::CatchUp() {
   std::vector<std::string> unreachable;
   absl::StatusOr<size_t> kept = Keep(options_.records_elsewhere(&unreachable));
   if (!kept.ok()) {
-    spdlog::warn("regressions: keeping the other nodes' release records: {}",
+    LogWarn("regressions: keeping the other nodes' release records: {}",
                  kept.status().ToString());
     return false;
   }
-  if (*kept > 0) spdlog::info("regressions: {} release records taken from the other nodes", *kept);
+  if (*kept > 0) LogInfo("regressions: {} release records taken from the other nodes", *kept);
   for (const std::string& node : unreachable) {
-    spdlog::warn("regressions: reading the other nodes' release records: {}", node);
+    LogWarn("regressions: reading the other nodes' release records: {}", node);
   }
   return unreachable.empty();
 }

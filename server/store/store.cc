@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
+#include "common/base/log.h"
 #include "rocksdb/cache.h"
 #include "rocksdb/convenience.h"
 #include "rocksdb/db.h"
@@ -21,14 +22,13 @@
 #include "rocksdb/table.h"
 #include "rocksdb/write_batch.h"
 #include "server/store/codec.h"
-#include "server/store/rollup_plan.h"
 #include "server/store/data_dir.h"
 #include "server/store/db.h"
 #include "server/store/hour_block_cache.h"
-#include "server/store/rollups.h"
 #include "server/store/merge.h"
+#include "server/store/rollup_plan.h"
+#include "server/store/rollups.h"
 #include "server/store/write_batch_rep.h"
-#include "spdlog/spdlog.h"
 
 namespace strata::server::store {
 namespace {
@@ -49,14 +49,14 @@ class RocksLogger final : public rocksdb::Logger {
   }
   void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
     if (level < GetInfoLogLevel()) return;
-    const spdlog::level::level_enum to = level >= rocksdb::InfoLogLevel::ERROR_LEVEL ? spdlog::level::err
-                                         : level == rocksdb::InfoLogLevel::WARN_LEVEL ? spdlog::level::warn
-                                                                                     : spdlog::level::debug;
-    if (!spdlog::should_log(to)) return;
+    const LogLevel to = level >= rocksdb::InfoLogLevel::ERROR_LEVEL ? LogLevel::kError
+                        : level == rocksdb::InfoLogLevel::WARN_LEVEL ? LogLevel::kWarn
+                                                                     : LogLevel::kDebug;
+    if (!LogEnabled(to)) return;
     char buf[1024];
     const int n = vsnprintf(buf, sizeof buf, format, ap);
     if (n < 0) return;
-    spdlog::log(to, "rocksdb: {}", std::string_view(buf, std::min<size_t>(n, sizeof buf - 1)));
+    Log(to, "rocksdb: {}", std::string_view(buf, std::min<size_t>(n, sizeof buf - 1)));
   }
 };
 
@@ -140,7 +140,7 @@ struct Store::Impl {
     if (!s.ok()) {
       write_errors.fetch_add(1, std::memory_order_relaxed);
       absl::MutexLock lock(&resume_mu);
-      if (!write_failed) spdlog::error("store: writes fail: {}", s.ToString());
+      if (!write_failed) LogError("store: writes fail: {}", s.ToString());
       write_failed = true;
     }
     return FromRocks(s);
@@ -161,7 +161,7 @@ struct Store::Impl {
       if (roller_stop) break;
       roller_mu.Unlock();
       absl::Status rolled = RollUp(now_ms() - options.rollup_delay_ms);
-      if (!rolled.ok()) spdlog::error("store: rolling up samples: {}", rolled.ToString());
+      if (!rolled.ok()) LogError("store: rolling up samples: {}", rolled.ToString());
       roller_mu.Lock();
     }
   }
@@ -179,7 +179,7 @@ struct Store::Impl {
     if (!r.ok()) return FromRocks(r);
     write_failed = false;
     resumes.fetch_add(1, std::memory_order_relaxed);
-    spdlog::info("store: writes resumed");
+    LogInfo("store: writes resumed");
     return absl::OkStatus();
   }
 };

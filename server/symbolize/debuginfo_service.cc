@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/log.h"
 #include "common/rpc/grpc_status.h"
-#include "spdlog/spdlog.h"
 
 namespace strata::server::symbolize {
 namespace {
@@ -73,7 +73,7 @@ grpc::Status DebugInfoService::Upload(grpc::ServerContext* context,
   }
   symbolizer_->Invalidate(stored->info.build_id);
   uploads_.fetch_add(1, std::memory_order_relaxed);
-  spdlog::info("debug info uploaded: {} ({}, {} bytes, {} functions{})", stored->info.build_id,
+  LogInfo("debug info uploaded: {} ({}, {} bytes, {} functions{})", stored->info.build_id,
                stored->info.file_name, stored->info.size_bytes, stored->info.functions,
                stored->info.has_dwarf ? ", DWARF" : "");
   ToProto(stored->info, "upload", response->mutable_file());

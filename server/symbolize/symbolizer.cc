@@ -10,11 +10,11 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/log.h"
 #include "common/elf/debug_file.h"
 #include "common/elf/elf_file.h"
 #include "common/elf/go_pclntab.h"
 #include "common/elf/symbol_table.h"
-#include "spdlog/spdlog.h"
 
 namespace strata::server::symbolize {
 
@@ -142,18 +142,18 @@ std::shared_ptr<const Symbolizer::Module> Symbolizer::ReadFile(const std::string
                                                                std::string source) {
   absl::StatusOr<std::unique_ptr<elf::ElfFile>> elf = elf::ElfFile::Open(path);
   if (!elf.ok()) {
-    spdlog::warn("debug file {} for build ID {} is unusable: {}", path, build_id,
+    LogWarn("debug file {} for build ID {} is unusable: {}", path, build_id,
                  elf.status().ToString());
     return nullptr;
   }
   if ((*elf)->BuildIdHex() != build_id) {
-    spdlog::warn("debug file {} has build ID {}, not {}: ignored", path, (*elf)->BuildIdHex(),
+    LogWarn("debug file {} has build ID {}, not {}: ignored", path, (*elf)->BuildIdHex(),
                  build_id);
     return nullptr;
   }
   absl::StatusOr<std::vector<elf::FunctionSymbol>> symbols = (*elf)->ReadFunctionSymbols();
   if (!symbols.ok()) {
-    spdlog::warn("debug file {}: {}", path, symbols.status().ToString());
+    LogWarn("debug file {}: {}", path, symbols.status().ToString());
     return nullptr;
   }
   auto module = std::make_shared<Module>();
@@ -163,7 +163,7 @@ std::shared_ptr<const Symbolizer::Module> Symbolizer::ReadFile(const std::string
       elf::AddGoFunctionSymbols(**go, &*symbols);
       module->go = *std::move(go);
     } else {
-      spdlog::warn("debug file {}: unreadable Go symbol table: {}", path, go.status().ToString());
+      LogWarn("debug file {}: unreadable Go symbol table: {}", path, go.status().ToString());
     }
   }
   module->info = {build_id, path, std::move(source), symbols->size(),
@@ -174,11 +174,11 @@ std::shared_ptr<const Symbolizer::Module> Symbolizer::ReadFile(const std::string
     if (lines.ok()) {
       module->lines = *std::move(lines);
     } else {
-      spdlog::warn("debug file {}: no source lines: {}", path, lines.status().ToString());
+      LogWarn("debug file {}: no source lines: {}", path, lines.status().ToString());
     }
   }
   if (module->go != nullptr) module->go_elf = *std::move(elf);
-  spdlog::info("debug info for build ID {}: {} ({} functions, from {})", build_id, path,
+  LogInfo("debug info for build ID {}: {} ({} functions, from {})", build_id, path,
                module->info.functions, module->info.source);
   return module;
 }
@@ -197,7 +197,7 @@ std::optional<std::string> Symbolizer::FetchFromDebuginfod(const std::string& bu
   const int fd = debuginfod_find_debuginfo(
       client, reinterpret_cast<const unsigned char*>(build_id.c_str()), 0, &path);
   if (fd < 0) {
-    spdlog::debug("debuginfod has no debug info for {}: {}", build_id, std::strerror(-fd));
+    LogDebug("debuginfod has no debug info for {}: {}", build_id, std::strerror(-fd));
     return std::nullopt;
   }
   close(fd);
