@@ -80,13 +80,33 @@ std::unique_ptr<GoRuleSource> GoRuleSource::Build(Arch arch, const elf::GoPclnta
   }
   rules->stats_.functions = rules->funcs_.size();
   rules->stats_.runs = rules->runs_.size();
+  rules->IndexBuckets();
   return rules;
 }
 
+void GoRuleSource::IndexBuckets() {
+  bucket_first_.clear();
+  if (funcs_.empty()) return;
+  const uint64_t text_start = funcs_.front().start;
+  const uint64_t buckets = ((funcs_.back().end - 1 - text_start) >> kBucketShift) + 1;
+  bucket_first_.reserve(buckets + 1);
+  uint32_t i = 0;
+  for (uint64_t b = 0; b < buckets; ++b) {
+    const uint64_t bucket_start = text_start + (b << kBucketShift);
+    while (funcs_[i].end <= bucket_start) ++i;  // the last function ends after every bucket
+    bucket_first_.push_back(i);
+  }
+  bucket_first_.push_back(static_cast<uint32_t>(funcs_.size() - 1));
+}
+
 const GoRuleSource::Func* GoRuleSource::FindFunc(uint64_t pc) const {
-  auto it = std::upper_bound(funcs_.begin(), funcs_.end(), pc,
+  if (funcs_.empty() || pc < funcs_.front().start || pc >= funcs_.back().end) return nullptr;
+  const uint64_t b = (pc - funcs_.front().start) >> kBucketShift;
+  const auto first = funcs_.begin() + bucket_first_[b];
+  const auto last = funcs_.begin() + bucket_first_[b + 1] + 1;
+  auto it = std::upper_bound(first, last, pc,
                              [](uint64_t a, const Func& f) { return a < f.start; });
-  if (it == funcs_.begin()) return nullptr;
+  if (it == first) return nullptr;
   --it;
   return pc < it->end ? &*it : nullptr;
 }

@@ -77,11 +77,20 @@ class GoRuleSource final : public RuleSource {
     uint32_t start;  // offset from the function's start
     int32_t sp;
   };
+  // Text is indexed in buckets of 4 KiB, like the Go runtime's findfunctab: a lookup
+  // searches the few functions of one bucket instead of all of them.
+  static constexpr int kBucketShift = 12;
+
   GoRuleSource() = default;
   const Func* FindFunc(uint64_t pc) const;
+  void IndexBuckets();
 
   Arch arch_ = Arch::kX86_64;
   std::vector<Func> funcs_;  // sorted by start, disjoint
+  // bucket_first_[b]: the first function that ends after bucket b's first byte (from
+  // funcs_.front().start); a pc in bucket b lies in one of bucket_first_[b] ..
+  // bucket_first_[b + 1], or in none. One more entry than buckets.
+  std::vector<uint32_t> bucket_first_;
   std::vector<Run> runs_;
   std::unique_ptr<RuleSource> fallback_;
   GoRulesStats stats_;

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -251,6 +252,62 @@ TEST(GoRulesTest, RootsEndTheWalkSwitchesAreCrossed) {
 }
 
 #endif  // STRATA_GO_DIR
+
+// The rules that pcs outside every Go function fall back to: records that it was asked.
+class AskedFallback final : public RuleSource {
+ public:
+  bool FindRow(uint64_t, bool, UnwindRow*) const override {
+    asked = true;
+    return false;
+  }
+  mutable bool asked = false;
+};
+
+// The text index (4 KiB buckets) finds a pc's function exactly where the table's own search
+// does: at every function's first and last byte, the bytes around them (gaps, neighbours, a
+// bucket's edges) and pcs all over the text and past both of its ends.
+TEST(GoRulesTest, BucketIndexFindsTheFunctionsTheTableFinds) {
+  for (const char* variant : {"amd64", "go1.23_amd64", "mips64le"}) {
+    const std::string bin = GoProgram(variant);
+    if (bin.empty()) {
+      std::printf("no %s build (its Go toolchain is missing): not checked\n", variant);
+      continue;
+    }
+    auto elf = elf::ElfFile::Open(bin);
+    ASSERT_TRUE(elf.ok());
+    auto arch = ArchOf(**elf);
+    ASSERT_TRUE(arch.ok());
+    auto table = elf::GoPclntab::Find(**elf);
+    ASSERT_TRUE(table.ok());
+    auto fallback = std::make_unique<AskedFallback>();
+    const AskedFallback* asked = fallback.get();
+    std::unique_ptr<GoRuleSource> rules = GoRuleSource::Build(*arch, **table, std::move(fallback));
+    const auto& functions = (*table)->functions();
+    ASSERT_GT(functions.size(), 100u);
+    std::vector<uint64_t> pcs;
+    for (const auto& f : functions) {
+      for (uint64_t pc : {f.entry - 1, f.entry, f.entry + 1, f.end - 1, f.end, f.end + 1}) {
+        pcs.push_back(pc);
+      }
+    }
+    const uint64_t text_start = functions.front().entry, text_end = functions.back().end;
+    for (uint64_t pc = text_start - 8192; pc < text_end + 8192; pc += 997) pcs.push_back(pc);
+    for (uint64_t pc = text_start & ~uint64_t{4095}; pc < text_end; pc += 4096) {
+      pcs.push_back(pc - 1);
+      pcs.push_back(pc);
+    }
+    size_t in_functions = 0;
+    for (uint64_t pc : pcs) {
+      asked->asked = false;
+      UnwindRow row;
+      rules->FindRow(pc, /*innermost=*/true, &row);
+      const bool in_function = (*table)->FindFunction(pc) >= 0;
+      in_functions += in_function;
+      ASSERT_EQ(asked->asked, !in_function) << variant << " pc 0x" << std::hex << pc;
+    }
+    EXPECT_GT(in_functions, pcs.size() / 2) << variant;
+  }
+}
 
 }  // namespace
 }  // namespace strata::unwind::go
