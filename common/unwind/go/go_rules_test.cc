@@ -190,6 +190,30 @@ INSTANTIATE_TEST_SUITE_P(Go123, GoStackTest,
                                                   true}),
                          [](const auto& info) { return info.param.variant.substr(7); });
 
+// A built Go program opened with its table; `elf` is null when the program was not built
+// (its Go toolchain is missing), which is printed.
+struct GoBinary {
+  std::unique_ptr<elf::ElfFile> elf;
+  Arch arch = Arch::kX86_64;
+  std::unique_ptr<elf::GoPclntab> table;
+};
+void OpenGoBinary(const char* variant, GoBinary* out) {
+  const std::string bin = GoProgram(variant);
+  if (bin.empty()) {
+    std::printf("no %s build (its Go toolchain is missing): not checked\n", variant);
+    return;
+  }
+  auto elf = elf::ElfFile::Open(bin);
+  ASSERT_TRUE(elf.ok());
+  auto arch = ArchOf(**elf);
+  ASSERT_TRUE(arch.ok());
+  auto table = elf::GoPclntab::Find(**elf);
+  ASSERT_TRUE(table.ok());
+  out->elf = std::move(*elf);
+  out->arch = *arch;
+  out->table = std::move(*table);
+}
+
 TEST(GoRulesTest, RootsEndTheWalkSwitchesAreCrossed) {
   const std::map<std::string_view, StackSwitch> switches = {
       {"runtime.systemstack", StackSwitch::kSystemStack},
@@ -199,21 +223,13 @@ TEST(GoRulesTest, RootsEndTheWalkSwitchesAreCrossed) {
       {"runtime.cgocallback", StackSwitch::kCgoCallback}};
   for (const char* variant : {"amd64", "mips64", "mips64le", "go1.23_amd64", "go1.23_mips64",
                               "go1.23_mips64le"}) {
-    const std::string bin = GoProgram(variant);
-    if (bin.empty()) {
-      std::printf("no %s build (its Go toolchain is missing): not checked\n", variant);
-      continue;
-    }
-    auto elf = elf::ElfFile::Open(bin);
-    ASSERT_TRUE(elf.ok());
-    auto arch = ArchOf(**elf);
-    ASSERT_TRUE(arch.ok());
-    auto table = elf::GoPclntab::Find(**elf);
-    ASSERT_TRUE(table.ok());
-    auto rules = MakeRuleSource(*arch, **elf);
+    GoBinary go;
+    ASSERT_NO_FATAL_FAILURE(OpenGoBinary(variant, &go));
+    if (go.elf == nullptr) continue;
+    auto rules = MakeRuleSource(go.arch, *go.elf);
     ASSERT_TRUE(rules.ok()) << rules.status();
     int roots_checked = 0;
-    for (const auto& f : (*table)->functions()) {
+    for (const auto& f : go.table->functions()) {
       UnwindRow row;
       const bool found = (*rules)->FindRow(f.entry, true, &row);
       // Stack roots end the walk; the switches to the system stack -- for runtime calls, for
@@ -227,27 +243,27 @@ TEST(GoRulesTest, RootsEndTheWalkSwitchesAreCrossed) {
         EXPECT_EQ(row.ra_rule, UnwindRow::RaRule::kStackSwitch) << f.name << " " << variant;
         EXPECT_EQ(row.stack_switch, sw->second) << f.name;
         EXPECT_EQ(row.cfa_base, UnwindRow::CfaBase::kSp);
-        EXPECT_EQ(row.cfa_offset, *arch == Arch::kX86_64 ? 8 : 0) << f.name;  // at the entry
+        EXPECT_EQ(row.cfa_offset, go.arch == Arch::kX86_64 ? 8 : 0) << f.name;  // at the entry
       } else if (f.name == "runtime.goexit" || f.name == "runtime.mstart" ||
                  f.name == "runtime.rt0_go") {
         ++roots_checked;
         ASSERT_TRUE(found) << f.name;
         EXPECT_EQ(row.ra_rule, UnwindRow::RaRule::kUndefined) << f.name << " " << variant;
         // A return address into goexit (goexit+quantum, Go's fake caller) ends it too.
-        ASSERT_TRUE((*rules)->FindRow(f.entry + (*table)->pc_quantum(), false, &row));
+        ASSERT_TRUE((*rules)->FindRow(f.entry + go.table->pc_quantum(), false, &row));
         EXPECT_EQ(row.ra_rule, UnwindRow::RaRule::kUndefined);
       } else if (f.name == "main.main" || f.name == "runtime.main") {
         ASSERT_TRUE(found);
         // At the entry nothing is pushed yet.
-        EXPECT_EQ(row.cfa_offset, *arch == Arch::kX86_64 ? 8 : 0) << f.name;
+        EXPECT_EQ(row.cfa_offset, go.arch == Arch::kX86_64 ? 8 : 0) << f.name;
         EXPECT_NE(row.ra_rule, UnwindRow::RaRule::kUndefined);
       }
     }
     // (A MIPS64 build without cgo links no runtime.cgocallback.)
-    EXPECT_EQ(roots_checked, *arch == Arch::kX86_64 ? 8 : 7) << variant;
+    EXPECT_EQ(roots_checked, go.arch == Arch::kX86_64 ? 8 : 7) << variant;
     // Outside every Go function (before the text): no Go rule.
     UnwindRow row;
-    EXPECT_FALSE((*rules)->FindRow((*table)->functions().front().entry - 0x100000, true, &row));
+    EXPECT_FALSE((*rules)->FindRow(go.table->functions().front().entry - 0x100000, true, &row));
   }
 }
 
@@ -268,21 +284,14 @@ class AskedFallback final : public RuleSource {
 // bucket's edges) and pcs all over the text and past both of its ends.
 TEST(GoRulesTest, BucketIndexFindsTheFunctionsTheTableFinds) {
   for (const char* variant : {"amd64", "go1.23_amd64", "mips64le"}) {
-    const std::string bin = GoProgram(variant);
-    if (bin.empty()) {
-      std::printf("no %s build (its Go toolchain is missing): not checked\n", variant);
-      continue;
-    }
-    auto elf = elf::ElfFile::Open(bin);
-    ASSERT_TRUE(elf.ok());
-    auto arch = ArchOf(**elf);
-    ASSERT_TRUE(arch.ok());
-    auto table = elf::GoPclntab::Find(**elf);
-    ASSERT_TRUE(table.ok());
+    GoBinary go;
+    ASSERT_NO_FATAL_FAILURE(OpenGoBinary(variant, &go));
+    if (go.elf == nullptr) continue;
     auto fallback = std::make_unique<AskedFallback>();
     const AskedFallback* asked = fallback.get();
-    std::unique_ptr<GoRuleSource> rules = GoRuleSource::Build(*arch, **table, std::move(fallback));
-    const auto& functions = (*table)->functions();
+    std::unique_ptr<GoRuleSource> rules = GoRuleSource::Build(go.arch, *go.table,
+                                                              std::move(fallback));
+    const auto& functions = go.table->functions();
     ASSERT_GT(functions.size(), 100u);
     std::vector<uint64_t> pcs;
     for (const auto& f : functions) {
@@ -301,7 +310,7 @@ TEST(GoRulesTest, BucketIndexFindsTheFunctionsTheTableFinds) {
       asked->asked = false;
       UnwindRow row;
       rules->FindRow(pc, /*innermost=*/true, &row);
-      const bool in_function = (*table)->FindFunction(pc) >= 0;
+      const bool in_function = go.table->FindFunction(pc) >= 0;
       in_functions += in_function;
       ASSERT_EQ(asked->asked, !in_function) << variant << " pc 0x" << std::hex << pc;
     }
