@@ -89,6 +89,9 @@ void GoRuleSource::IndexBuckets() {
   if (funcs_.empty()) return;
   const uint64_t text_start = funcs_.front().start;
   const uint64_t buckets = ((funcs_.back().end - 1 - text_start) >> kBucketShift) + 1;
+  // Real text holds several functions per bucket; a span far beyond that is a corrupt table,
+  // searched without the index rather than given one sized by its bogus addresses.
+  if (buckets > 16 * funcs_.size() + 1024) return;
   bucket_first_.reserve(buckets + 1);
   uint32_t i = 0;
   for (uint64_t b = 0; b < buckets; ++b) {
@@ -101,9 +104,13 @@ void GoRuleSource::IndexBuckets() {
 
 const GoRuleSource::Func* GoRuleSource::FindFunc(uint64_t pc) const {
   if (funcs_.empty() || pc < funcs_.front().start || pc >= funcs_.back().end) return nullptr;
-  const uint64_t b = (pc - funcs_.front().start) >> kBucketShift;
-  const auto first = funcs_.begin() + bucket_first_[b];
-  const auto last = funcs_.begin() + bucket_first_[b + 1] + 1;
+  auto first = funcs_.begin();
+  auto last = funcs_.end();
+  if (!bucket_first_.empty()) {
+    const uint64_t b = (pc - funcs_.front().start) >> kBucketShift;
+    first = funcs_.begin() + bucket_first_[b];
+    last = funcs_.begin() + bucket_first_[b + 1] + 1;
+  }
   auto it = std::upper_bound(first, last, pc,
                              [](uint64_t a, const Func& f) { return a < f.start; });
   if (it == first) return nullptr;

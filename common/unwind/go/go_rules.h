@@ -89,7 +89,8 @@ class GoRuleSource final : public RuleSource {
   std::vector<Func> funcs_;  // sorted by start, disjoint
   // bucket_first_[b]: the first function that ends after bucket b's first byte (from
   // funcs_.front().start); a pc in bucket b lies in one of bucket_first_[b] ..
-  // bucket_first_[b + 1], or in none. One more entry than buckets.
+  // bucket_first_[b + 1], or in none. One more entry than buckets; empty when the text's span
+  // is implausible for its number of functions (a corrupt table: every function is searched).
   std::vector<uint32_t> bucket_first_;
   std::vector<Run> runs_;
   std::unique_ptr<RuleSource> fallback_;
