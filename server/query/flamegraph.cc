@@ -493,6 +493,31 @@ std::string RenderFolded(const Profile& profile) {
 std::string RenderFlameJson(const FlameTree& tree) {
   std::string out;
   if (tree.nodes.empty()) return "{}";
+  // Each function's fields up to "value" are the same in every node it has: written once per
+  // function (a tree holds each of many functions at many places), then copied per node.
+  std::vector<uint32_t> fields_at(tree.functions.size(), UINT32_MAX);
+  std::string fields;  // fragments of the functions in use, back to back
+  std::vector<uint32_t> fields_end;
+  for (const FlameTreeNode& n : tree.nodes) {
+    uint32_t& at = fields_at[n.function];
+    if (at != UINT32_MAX) continue;
+    at = static_cast<uint32_t>(fields_end.size());
+    const ResolvedFunction& f = tree.functions[n.function];
+    absl::StrAppend(&fields, "{\"name\":\"", JsonEscape(FrameLabel(f)), "\"");
+    if (!f.module.empty()) absl::StrAppend(&fields, ",\"module\":\"", JsonEscape(f.module), "\"");
+    if (!f.file.empty()) {
+      absl::StrAppend(&fields, ",\"function\":\"", JsonEscape(f.name), "\",\"file\":\"",
+                      JsonEscape(f.file), "\",\"line\":", f.line);
+    }
+    if (f.inlined) fields += ",\"inlined\":true";
+    // User code, the common case, goes without (readers of earlier output see no change).
+    if (const base::FrameKind kind = base::FrameKindOf(f.module); kind != base::FrameKind::kUser) {
+      absl::StrAppend(&fields, ",\"kind\":\"", KindName(kind), "\"");
+    }
+    fields += ",\"value\":";
+    fields_end.push_back(static_cast<uint32_t>(fields.size()));
+  }
+  out.reserve(tree.nodes.size() * 48 + fields.size());
   // Pre-order: close objects when the next node is not deeper than the open ones.
   std::vector<uint32_t> open;  // depths of open nodes
   for (size_t i = 0; i < tree.nodes.size(); ++i) {
@@ -502,19 +527,10 @@ std::string RenderFlameJson(const FlameTree& tree) {
       open.pop_back();
     }
     if (i > 0 && out.back() != '[') out.push_back(',');
-    const ResolvedFunction& f = tree.functions[n.function];
-    absl::StrAppend(&out, "{\"name\":\"", JsonEscape(FrameLabel(f)), "\"");
-    if (!f.module.empty()) absl::StrAppend(&out, ",\"module\":\"", JsonEscape(f.module), "\"");
-    if (!f.file.empty()) {
-      absl::StrAppend(&out, ",\"function\":\"", JsonEscape(f.name), "\",\"file\":\"",
-                      JsonEscape(f.file), "\",\"line\":", f.line);
-    }
-    if (f.inlined) out += ",\"inlined\":true";
-    // User code, the common case, goes without (readers of earlier output see no change).
-    if (const base::FrameKind kind = base::FrameKindOf(f.module); kind != base::FrameKind::kUser) {
-      absl::StrAppend(&out, ",\"kind\":\"", KindName(kind), "\"");
-    }
-    absl::StrAppend(&out, ",\"value\":", n.total, ",\"self\":", n.self, ",\"children\":[");
+    const uint32_t k = fields_at[n.function];
+    const uint32_t begin = k == 0 ? 0 : fields_end[k - 1];
+    out.append(fields, begin, fields_end[k] - begin);
+    absl::StrAppend(&out, n.total, ",\"self\":", n.self, ",\"children\":[");
     open.push_back(n.depth);
   }
   while (!open.empty()) {
