@@ -189,6 +189,11 @@ absl::Status Rollups::RollService(const std::string& service, ServiceState& stat
     auto cells = Roll(Column::kSamples, Column::kRollupMinute, service, state.seal.minute_ms,
                       kMinuteMs, seal);
     if (!cells.ok()) return cells.status();
+    if (blocks_->minutes.enabled()) {
+      for (int64_t m = state.seal.minute_ms; m < minute_to; m += kMinuteMs) {
+        blocks_->minutes.Invalidate(CellPrefix(service, static_cast<uint64_t>(m)));
+      }
+    }
     state.seal = seal;
     stats->minute_cells += *cells;
   }
@@ -198,7 +203,7 @@ absl::Status Rollups::RollService(const std::string& service, ServiceState& stat
                       kHourMs, seal);
     if (!cells.ok()) return cells.status();
     for (int64_t h = state.seal.hour_ms; h < hour_to; h += kHourMs) {
-      hour_blocks_->Invalidate(CellPrefix(service, static_cast<uint64_t>(h)));
+      blocks_->hours.Invalidate(CellPrefix(service, static_cast<uint64_t>(h)));
     }
     state.seal = seal;
     stats->hour_cells += *cells;

@@ -33,7 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "server/store/db.h"
-#include "server/store/hour_block_cache.h"
+#include "server/store/block_cache.h"
 #include "server/store/write_batch_rep.h"
 
 namespace strata::server::store {
@@ -61,8 +61,9 @@ class Rollups {
   // What a commit changes, applied by Committed() once its write succeeded.
   using Updates = absl::flat_hash_map<std::string, ServiceState>;
 
-  // Borrows the database and the hour block cache (the hours it writes are dropped there).
-  Rollups(Database* db, HourBlockCache* hour_blocks) : db_(db), hour_blocks_(hour_blocks) {}
+  // Borrows the database and the rollup block caches (the minutes and hours it writes are
+  // dropped there).
+  Rollups(Database* db, RollupBlocks* blocks) : db_(db), blocks_(blocks) {}
 
   // Reads the stored seals and the services' summaries; a service without a seal (written
   // before seals existed, every cell rolled up at commit) is sealed after its last window
@@ -99,7 +100,7 @@ class Rollups {
   absl::Status Write(rocksdb::WriteBatch* wb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Database* const db_;
-  HourBlockCache* const hour_blocks_;
+  RollupBlocks* const blocks_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, ServiceState> services_ ABSL_GUARDED_BY(mu_);
 };

@@ -9,10 +9,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "common/base/saturating.h"
+#include "server/store/block_cache.h"
 #include "server/store/cell_cursor.h"
 #include "server/store/codec.h"
 #include "server/store/db.h"
-#include "server/store/hour_block_cache.h"
 #include "server/store/rollup_plan.h"
 #include "server/store/rollups.h"
 
@@ -46,9 +46,9 @@ absl::StatusOr<std::string> QueryScope(const SampleQuery& query) {
 
 struct SampleReader::Impl {
   const Database* database;
-  HourBlockCache* hour_blocks;
+  RollupBlocks* blocks;
   const Rollups* rollups;
-  int64_t hour_retention_ms;
+  Retention retention;
   std::function<int64_t()> now_ms;
   std::atomic<uint64_t> cells_scanned{0};
 
@@ -148,13 +148,14 @@ struct SampleReader::Impl {
     return std::max(from, static_cast<int64_t>(cell->window_start_ms));
   }
 
-  // Reads the hour rollup of `scope` with window in [hour, end) (all hosts) into a block.
-  absl::StatusOr<std::shared_ptr<const HourBlock>> ReadHourBlock(const std::string& scope,
-                                                                 int64_t hour, int64_t end) {
-    auto block = std::make_shared<HourBlock>();
+  // Reads rollup `column` of `scope` with window in [start, end) (all hosts) into a block.
+  absl::StatusOr<std::shared_ptr<const RollupBlock>> ReadBlock(Column column,
+                                                               const std::string& scope,
+                                                               int64_t start, int64_t end) {
+    auto block = std::make_shared<RollupBlock>();
     bool labelled = false;  // a cell with a label set was seen: label_sets is kept
     absl::Status s = VisitCells(
-        Column::kRollupHour, scope, hour, end, std::nullopt, std::nullopt,
+        column, scope, start, end, std::nullopt, std::nullopt,
         [&](const CellKey& cell, uint64_t count) {
           if (block->hosts.empty() || cell.host != block->hosts.back()) {
             if (!block->hosts.empty()) block->host_end.push_back(block->entries.size());
@@ -174,47 +175,54 @@ struct SampleReader::Impl {
     return block;
   }
 
-  // Adds whole hours [from, to) of the hour rollup to `totals`, through the block cache.
-  absl::Status SumHours(const std::string& scope, int64_t from, int64_t to,
-                        const SampleQuery& query, Totals* totals) {
+  // Adds the windows in [from, to) of rollup `column` (kRollupHour or kRollupMinute) to
+  // `totals`, through its block cache.
+  absl::Status SumBlocks(Column column, const std::string& scope, int64_t from, int64_t to,
+                         const SampleQuery& query, Totals* totals) {
     const std::optional<std::string>& host = query.host;
-    std::vector<std::shared_ptr<const HourBlock>> blocks;
+    const bool hours = column == Column::kRollupHour;
+    const int64_t unit = hours ? kHourMs : kMinuteMs;
+    BlockCache& cache = blocks->Of(column);
+    std::vector<std::shared_ptr<const RollupBlock>> in_range;
     size_t entries = 0;
-    // Hours past the hour retention may be dropped by any compaction: read, never cached, so
-    // a block does not keep them visible longer than the rollup itself.
-    const int64_t cutoff =
-        hour_retention_ms > 0 ? now_ms() - hour_retention_ms : INT64_MIN;
-    // Hours are visited one by one while in memory; on a miss, the rollup is sought, which
-    // also skips every empty hour up to the next row, so a range costs its rows and gaps,
-    // not its length (ranges may reach to the end of time).
-    for (int64_t hour = from; hour < to;) {
-      // `hour` is a multiple of the hour below `to`: the end never overflows.
-      const int64_t end = to - hour <= kHourMs ? to : hour + kHourMs;
-      const std::string key = CellPrefix(scope, static_cast<uint64_t>(hour));
-      const bool cacheable = hour >= cutoff;
+    // Windows past their rollup's retention may be dropped by any compaction: read, never
+    // cached, so a block does not keep them visible longer than the rollup itself.
+    const int64_t retention_ms = hours ? retention.hour_ms : retention.minute_ms;
+    const int64_t cutoff = retention_ms > 0 ? now_ms() - retention_ms : INT64_MIN;
+    // Windows are visited one by one while in memory; on a miss, the rollup is sought, which
+    // also skips every empty window up to the next row, so a range costs its rows and gaps,
+    // not its length (ranges may reach to the end of time). A range starting inside a
+    // window holds none of it (rollup windows start at its multiples).
+    int64_t window = from % unit == 0 ? from : from - from % unit + unit;
+    while (window < to) {
+      // `window` is a multiple of the unit below `to`: the end never overflows.
+      const int64_t end = to - window <= unit ? to : window + unit;
+      const std::string key = CellPrefix(scope, static_cast<uint64_t>(window));
+      const bool cacheable = window >= cutoff;
       uint64_t generation = 0;
-      std::shared_ptr<const HourBlock> block =
-          cacheable ? hour_blocks->Lookup(key, &generation) : nullptr;
+      std::shared_ptr<const RollupBlock> block =
+          cacheable ? cache.Lookup(key, &generation) : nullptr;
       if (!block) {
-        absl::StatusOr<int64_t> next = NextWindow(Column::kRollupHour, scope, hour, to);
+        absl::StatusOr<int64_t> next = NextWindow(column, scope, window, to);
         if (!next.ok()) return next.status();
         if (*next >= to) break;
         if (*next >= end) {
-          hour = *next - *next % kHourMs;  // empty hours in between
+          window = *next - *next % unit;  // empty windows in between
           continue;
         }
-        absl::StatusOr<std::shared_ptr<const HourBlock>> read = ReadHourBlock(scope, hour, end);
+        absl::StatusOr<std::shared_ptr<const RollupBlock>> read =
+            ReadBlock(column, scope, window, end);
         if (!read.ok()) return read.status();
         block = *std::move(read);
-        if (cacheable) hour_blocks->Insert(key, generation, block);
+        if (cacheable) cache.Insert(key, generation, block);
       }
       entries = std::max(entries, block->entries.size());
-      blocks.push_back(std::move(block));
-      hour = end;
+      in_range.push_back(std::move(block));
+      window = end;
     }
-    // Hours share most of their stacks: the largest hour is a fair lower bound of the result.
+    // Windows share most of their stacks: the largest is a fair lower bound of the result.
     totals->counts.reserve(totals->counts.size() + entries * 2);
-    for (const auto& block : blocks) {
+    for (const auto& block : in_range) {
       for (size_t h = 0; h < block->hosts.size(); ++h) {
         if (host && block->hosts[h] != *host) continue;
         if (query.hosts && !query.hosts->contains(block->hosts[h])) continue;
@@ -255,10 +263,9 @@ struct SampleReader::Impl {
   }
 };
 
-SampleReader::SampleReader(const Database* db, HourBlockCache* hour_blocks,
-                           const Rollups* rollups, int64_t hour_retention_ms,
-                           std::function<int64_t()> now_ms)
-    : impl_(new Impl{db, hour_blocks, rollups, hour_retention_ms, std::move(now_ms)}) {}
+SampleReader::SampleReader(const Database* db, RollupBlocks* blocks, const Rollups* rollups,
+                           Retention retention, std::function<int64_t()> now_ms)
+    : impl_(new Impl{db, blocks, rollups, retention, std::move(now_ms)}) {}
 
 SampleReader::~SampleReader() = default;
 
@@ -285,9 +292,11 @@ absl::StatusOr<SampleTotals> SampleReader::SumSamples(const SampleQuery& query) 
   const RollupSeal seal = impl_->rollups->Seal(query.service);
   for (const Piece& piece : PlanPieces(query, from, query.to_ms, /*whole_hours=*/true, seal)) {
     if (piece.from >= piece.to) continue;
+    const bool rollup =
+        piece.column == Column::kRollupHour || piece.column == Column::kRollupMinute;
     absl::Status s =
-        piece.column == Column::kRollupHour && impl_->hour_blocks->enabled()
-            ? impl_->SumHours(*scope, piece.from, piece.to, query, &totals)
+        rollup && impl_->blocks->Of(piece.column).enabled()
+            ? impl_->SumBlocks(piece.column, *scope, piece.from, piece.to, query, &totals)
             : impl_->SumCells(piece.column, *scope, piece.from, piece.to, query, &totals);
     if (!s.ok()) return s;
   }

@@ -17,16 +17,20 @@
 namespace strata::server::store {
 
 struct Database;
-class HourBlockCache;
+struct RollupBlocks;
 class Rollups;
 
 class SampleReader {
  public:
-  // Hours older than now_ms() - hour_retention_ms (when > 0) are never cached.
+  // Of the minute and hour rollups (0: kept for ever).
+  struct Retention {
+    int64_t minute_ms = 0;
+    int64_t hour_ms = 0;
+  };
+  // Minutes (hours) older than now_ms() - retention.minute_ms (hour_ms) are never cached.
   // `rollups` says how far each service's rollups are complete (rollups.h).
-  SampleReader(const Database* db, HourBlockCache* hour_blocks, const Rollups* rollups,
-               int64_t hour_retention_ms,
-               std::function<int64_t()> now_ms);
+  SampleReader(const Database* db, RollupBlocks* blocks, const Rollups* rollups,
+               Retention retention, std::function<int64_t()> now_ms);
   ~SampleReader();
   SampleReader(const SampleReader&) = delete;
   SampleReader& operator=(const SampleReader&) = delete;
@@ -39,9 +43,10 @@ class SampleReader {
   // The cells ScanSamples would return for `query`, summed per stack (counts of zero
   // included, so the stacks and hosts listed are exactly those of the cells). With kAuto
   // and kHour, whole hours come from an in-memory aggregate per (service, hour) of the hour
-  // rollup: filled on first read, dropped by any commit that adds samples to that hour, so
-  // results always equal a fresh scan. Long ranges then cost one merge per hour instead of
-  // one RocksDB cell per (hour, host, stack).
+  // rollup, and whole minutes likewise from the minute rollup: filled on first read, dropped
+  // by any commit that adds samples to that hour or minute, so results always equal a fresh
+  // scan. Long ranges then cost one merge per hour instead of one RocksDB cell per (hour,
+  // host, stack), and short ones one merge per minute.
   absl::StatusOr<SampleTotals> SumSamples(const SampleQuery& query);
 
   absl::StatusOr<std::vector<ServiceSummary>> ListServices();

@@ -24,7 +24,7 @@
 #include "server/store/codec.h"
 #include "server/store/data_dir.h"
 #include "server/store/db.h"
-#include "server/store/hour_block_cache.h"
+#include "server/store/block_cache.h"
 #include "server/store/merge.h"
 #include "server/store/rollup_plan.h"
 #include "server/store/rollups.h"
@@ -66,7 +66,7 @@ struct Store::Impl {
   StoreOptions options;
   Database database;
   std::shared_ptr<std::atomic<uint64_t>> malformed = std::make_shared<std::atomic<uint64_t>>(0);
-  std::unique_ptr<HourBlockCache> hour_blocks;
+  std::unique_ptr<RollupBlocks> blocks;
   std::unique_ptr<Interner> interner;
   std::unique_ptr<SampleReader> samples;
   std::unique_ptr<MetaRecords> meta;
@@ -192,7 +192,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
                                                    const StoreOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  impl->hour_blocks = std::make_unique<HourBlockCache>(options.hour_block_cache_bytes);
+  impl->blocks = std::make_unique<RollupBlocks>(options.hour_block_cache_bytes);
   // The clock retention uses, Unix milliseconds.
   std::function<int64_t()> now_ms = options.now_ms_for_testing;
   if (!now_ms) now_ms = base::NowMs;
@@ -291,11 +291,11 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
     }
     if (!got.ok()) return FromRocks(got);
   }
-  impl->rollups = std::make_unique<Rollups>(&impl->database, impl->hour_blocks.get());
+  impl->rollups = std::make_unique<Rollups>(&impl->database, impl->blocks.get());
   if (absl::Status loaded = impl->rollups->Load(now_ms()); !loaded.ok()) return loaded;
-  impl->samples = std::make_unique<SampleReader>(&impl->database, impl->hour_blocks.get(),
-                                                 impl->rollups.get(), options.hour_retention_ms,
-                                                 now_ms);
+  impl->samples = std::make_unique<SampleReader>(
+      &impl->database, impl->blocks.get(), impl->rollups.get(),
+      SampleReader::Retention{options.minute_retention_ms, options.hour_retention_ms}, now_ms);
   impl->now_ms = std::move(now_ms);
   if (options.rollup_interval_ms > 0) {
     Impl* roller = impl.get();
@@ -386,9 +386,10 @@ absl::Status Store::Commit(WriteBatch* batch) {
     }
   }
   for (auto it = stripes.rbegin(); it != stripes.rend(); ++it) impl_->sequence_mu[*it].Unlock();
-  // After the write is visible (see HourBlockCache); also after a failed write, which may
+  // After the write is visible (see BlockCache); also after a failed write, which may
   // have been applied before failing to report.
-  for (const std::string& hour : rep.touched_hours) impl_->hour_blocks->Invalidate(hour);
+  for (const std::string& hour : rep.touched_hours) impl_->blocks->hours.Invalidate(hour);
+  for (const std::string& minute : rep.touched_minutes) impl_->blocks->minutes.Invalidate(minute);
   if (!status.ok()) return status;
 
   impl_->interner->MarkCommitted(batch);
@@ -428,10 +429,14 @@ StoreStats Store::Stats() {
   stats.write_resumes = impl_->resumes.load(std::memory_order_relaxed);
   stats.rollup_minute_cells = impl_->rollup_minute_cells.load(std::memory_order_relaxed);
   stats.rollup_hour_cells = impl_->rollup_hour_cells.load(std::memory_order_relaxed);
-  const HourBlockCache::Counters hour_blocks = impl_->hour_blocks->counters();
+  const BlockCache::Counters hour_blocks = impl_->blocks->hours.counters();
   stats.hour_block_hits = hour_blocks.hits;
   stats.hour_block_misses = hour_blocks.misses;
   stats.hour_block_bytes = hour_blocks.bytes;
+  const BlockCache::Counters minute_blocks = impl_->blocks->minutes.counters();
+  stats.minute_block_hits = minute_blocks.hits;
+  stats.minute_block_misses = minute_blocks.misses;
+  stats.minute_block_bytes = minute_blocks.bytes;
   for (rocksdb::ColumnFamilyHandle* h : impl_->database.columns) {
     uint64_t v = 0;
     if (impl_->database.db->GetIntProperty(h, rocksdb::DB::Properties::kSizeAllMemTables, &v)) {
@@ -452,15 +457,15 @@ absl::Status Store::CompactAll() {
     absl::Status s = FromRocks(impl_->database.db->CompactRange(options, h, nullptr, nullptr));
     if (!s.ok()) return s;
   }
-  // Retention may have dropped hour rows that cached blocks still hold.
-  impl_->hour_blocks->Clear();
+  // Retention may have dropped rollup rows that cached blocks still hold.
+  impl_->blocks->Clear();
   return absl::OkStatus();
 }
 
 absl::Status Store::PutRawForTesting(Column column, std::string_view key, std::string_view value) {
   absl::Status s = FromRocks(
       impl_->database.db->Put(rocksdb::WriteOptions(), impl_->database.cf(column), ToSlice(key), ToSlice(value)));
-  impl_->hour_blocks->Clear();  // bypasses the commit path that invalidates blocks
+  impl_->blocks->Clear();  // bypasses the commit path that invalidates blocks
   return s;
 }
 

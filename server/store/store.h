@@ -28,9 +28,10 @@
 //              the raw cells by RollUp() once a minute or hour is over; long-range queries
 //              read them (Resolution::kAuto) up to each service's seal (meta), the raw cells
 //              after it
-//              SumSamples keeps each (service, hour) of rollup_1h summed per (host, stack)
-//              in memory (StoreOptions::hour_block_cache_bytes); a commit adding samples to
-//              an hour drops that hour's aggregate
+//              SumSamples keeps each (service, hour) of rollup_1h and each (service,
+//              minute) of rollup_1m summed per (host, stack) in memory
+//              (StoreOptions::hour_block_cache_bytes); a commit adding samples to an hour
+//              or minute drops its aggregate
 //   meta       agents, per-agent applied batch sequence, per-agent call graph records,
 //              phase-change events, capture metadata, label sets (content-addressed IDs,
 //              like stacks) and the label sets each service uses, agents' unwinding
@@ -108,6 +109,10 @@ struct StoreStats {
   uint64_t hour_block_hits = 0;
   uint64_t hour_block_misses = 0;
   uint64_t hour_block_bytes = 0;
+  // The same for whole minutes and the minute rollup.
+  uint64_t minute_block_hits = 0;
+  uint64_t minute_block_misses = 0;
+  uint64_t minute_block_bytes = 0;
   // RocksDB memory: memtables of all column families, the shared block cache in use, and
   // index and filter blocks of open files.
   uint64_t memtable_bytes = 0;

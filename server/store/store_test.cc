@@ -1094,6 +1094,56 @@ TEST_F(SumSamplesTest, LateWritesToAClosedHourInvalidateItsBlock) {
   ExpectSame(q);
 }
 
+TEST_F(SumSamplesTest, WholeMinutesAreReadOnceThenServedFromMemory) {
+  Fill();
+  // Inside one hour, so no whole hour: a raw head, whole minutes, a raw tail.
+  const SampleQuery q{"svc", kHour + 25'000, kHour + 30 * 60'000 + 5'000, std::nullopt,
+                      std::nullopt, Resolution::kAuto};
+  const uint64_t before = store_->Stats().cells_scanned;
+  ExpectSame(q);
+  Sum(q);
+  EXPECT_EQ(store_->Stats().minute_block_misses, 29u);  // minutes 1 to 29 of the hour
+  EXPECT_EQ(store_->Stats().minute_block_hits, 29u);
+  const uint64_t scanned = store_->Stats().cells_scanned - before;
+  // Once more: only the raw edges are read, the windows at 0:30, 0:40, 0:50 and 30:00.
+  Sum(q);
+  EXPECT_EQ(store_->Stats().cells_scanned - before - scanned, 4u);
+  // A fixed minute resolution starting inside a minute holds none of that minute.
+  ExpectSame({"svc", kHour + 25'000, 2 * kHour, std::nullopt, std::nullopt,
+              Resolution::kMinute});
+  ExpectSame({"svc", kHour + 25'000, 2 * kHour, std::string("b"), std::nullopt,
+              Resolution::kMinute});
+}
+
+TEST_F(SumSamplesTest, LateWritesToAClosedMinuteInvalidateItsBlock) {
+  Fill();
+  const SampleQuery q{"svc", kHour + 60'000, kHour + 10 * 60'000, std::nullopt, std::nullopt,
+                      Resolution::kAuto};
+  Sum(q);  // caches the nine minutes
+  WriteBatch batch;
+  batch.AddSamples("svc", kHour + 3 * 60'000 + 20'000, "d", 3, 7);  // a late sample, new host
+  batch.AddSamples("svc", kHour + 5 * 60'000, "a", 99, 1);          // a new stack
+  CommitOk(&batch);
+  ExpectSame(q);
+  SampleTotals t = Sum(q);
+  EXPECT_EQ(t.hosts, (std::vector<std::string>{"a", "b", "c", "d"}));
+  EXPECT_EQ(t.stacks.back(), (StackCount{99, 1}));
+}
+
+TEST_F(SumSamplesTest, MinutesPastRetentionAreNotKeptInMemory) {
+  options_.now_ms_for_testing = [] { return 10 * kHour; };
+  options_.minute_retention_ms = 10 * kHour - (kHour + 5 * 60'000);  // minutes before 1:05
+  Reopen();
+  Fill();
+  const SampleQuery q{"svc", kHour, kHour + 10 * 60'000, std::nullopt, std::nullopt,
+                      Resolution::kMinute};
+  ExpectSame(q);
+  ExpectSame(q);
+  // Minutes 0-4 were read each time; minutes 5-9 once, then served from memory.
+  EXPECT_EQ(store_->Stats().minute_block_misses, 5u);
+  EXPECT_EQ(store_->Stats().minute_block_hits, 5u);
+}
+
 TEST_F(SumSamplesTest, ConcurrentLateWritesNeverLeaveAStaleBlock) {
   Fill();
   const SampleQuery q{"svc", 0, 4 * kHour, std::nullopt, std::nullopt, Resolution::kHour};

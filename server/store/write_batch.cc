@@ -26,10 +26,12 @@ void WriteBatch::AddSamples(std::string_view service, int64_t window_start_ms,
   rep_->Add(Column::kSamples, Rep::OpType::kMerge,
             EncodeCellKey(service, window_start_ms, host, stack_id, label_set),
             EncodeCount(count));
-  const int64_t hour = window_start_ms - window_start_ms % kHourMs;
-  if (hour != rep_->last_touched_hour || service != rep_->last_touched_service) {
+  const int64_t minute = window_start_ms - window_start_ms % kMinuteMs;
+  if (minute != rep_->last_touched_minute || service != rep_->last_touched_service) {
+    const int64_t hour = window_start_ms - window_start_ms % kHourMs;
+    rep_->touched_minutes.insert(CellPrefix(service, static_cast<uint64_t>(minute)));
     rep_->touched_hours.insert(CellPrefix(service, static_cast<uint64_t>(hour)));
-    rep_->last_touched_hour = hour;
+    rep_->last_touched_minute = minute;
     rep_->last_touched_service.assign(service);
   }
   auto [it, inserted] = rep_->services.try_emplace(std::string(service));

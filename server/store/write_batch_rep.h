@@ -44,12 +44,13 @@ struct WriteBatch::Rep {
   std::vector<std::pair<InternKind, uint64_t>> interned;
   // (service, label set ID) records this batch writes: durable once it is committed.
   std::vector<std::pair<std::string, uint64_t>> label_sets;
-  // CellPrefix(service, hour) of every hour this batch adds samples to: their cached hour
-  // aggregates are dropped once the batch is committed.
+  // CellPrefix(service, hour) and CellPrefix(service, minute) of every hour and minute this
+  // batch adds samples to: their cached rollup blocks are dropped once it is committed.
   absl::flat_hash_set<std::string> touched_hours;
-  // The last (service, hour) added to touched_hours: consecutive samples mostly repeat it.
+  absl::flat_hash_set<std::string> touched_minutes;
+  // The last (service, minute) added to touched_minutes: consecutive samples mostly repeat it.
   std::string last_touched_service;
-  int64_t last_touched_hour = -1;
+  int64_t last_touched_minute = -1;
   absl::Status status;
 
   void Fail(absl::Status s) {

@@ -12,11 +12,12 @@
 // flame graph (JSON rendering, default node budget), top (20 functions) and diff (the last
 // half of the range against the first half, i.e. the same amount of data), in process through
 // QueryService::Run*, plus Grafana's flame graph call (server/grafana, binary Connect body)
-// and the timeline (Series, about 100 intervals). The first (cold cache) run of each is reported separately: it fills the
-// store's per-hour aggregates and the reader's resolved stacks, which later runs reuse. Per
-// range it prints the cells read from RocksDB (all runs; one warm load) and the hour blocks
-// used; then a stage breakdown of a warm 7 d query (load, flame tree, JSON, top, diff). For
-// comparison the same loads run once more reading raw 10 s cells only.
+// and the timeline (Series, about 100 intervals). The first (cold cache) run of each is
+// reported separately: it fills the store's per-hour and per-minute aggregates and the
+// reader's resolved stacks, which later runs reuse. Per range it prints the cells read from
+// RocksDB (all runs; one warm load) and the hour and minute blocks used; then a stage
+// breakdown of a warm 1 h and 7 d query (load, flame tree, JSON, top, diff). For comparison
+// the same loads run once more reading raw 10 s cells only.
 //
 //   query_benchmark [--data DIR] [--reuse] [--iterations N] [--hour-block-mib N]
 #include <algorithm>
@@ -329,12 +330,15 @@ int main(int argc, char** argv) {
                 iterations, pruned);
     std::printf(
         "       cells read from RocksDB: %llu by all runs of the range, %llu by one warm load "
-        "(hour blocks: %llu cached, %llu read; %.1f MiB cached)\n",
+        "(hour blocks: %llu cached, %llu read; minute blocks: %llu cached, %llu read; %.1f MiB "
+        "cached)\n",
         static_cast<unsigned long long>(warm.cells_scanned - before.cells_scanned),
         static_cast<unsigned long long>(after.cells_scanned - warm.cells_scanned),
         static_cast<unsigned long long>(after.hour_block_hits - warm.hour_block_hits),
         static_cast<unsigned long long>(after.hour_block_misses - warm.hour_block_misses),
-        after.hour_block_bytes / 1048576.0);
+        static_cast<unsigned long long>(after.minute_block_hits - warm.minute_block_hits),
+        static_cast<unsigned long long>(after.minute_block_misses - warm.minute_block_misses),
+        (after.hour_block_bytes + after.minute_block_bytes) / 1048576.0);
   }
 
   // Where a 1 h and a 7 d query's time goes, stage by stage (warm caches; p50 of the timed

@@ -1,8 +1,10 @@
-// Internal to server/store: hour blocks, the hour rollup of one (service, hour) summed per
-// (host, stack) in memory, and their cache (StoreOptions::hour_block_cache_bytes). The
-// SampleReader fills and reads it; Store::Commit drops the hours a commit adds samples to.
-#ifndef STRATA_SERVER_STORE_HOUR_BLOCK_CACHE_H_
-#define STRATA_SERVER_STORE_HOUR_BLOCK_CACHE_H_
+// Internal to server/store: rollup blocks, the hour (minute) rollup of one (service, hour
+// (minute)) summed per (host, stack) in memory, and their caches (StoreOptions::
+// hour_block_cache_bytes). The SampleReader fills and reads them; Store::Commit drops the
+// hours and minutes a commit adds samples to. Whole hours are most of a long range; whole
+// minutes are the edges of every range and all of a short one.
+#ifndef STRATA_SERVER_STORE_BLOCK_CACHE_H_
+#define STRATA_SERVER_STORE_BLOCK_CACHE_H_
 
 #include <algorithm>
 #include <cstddef>
@@ -15,11 +17,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "server/store/column.h"
 #include "server/store/records.h"
 
 namespace strata::server::store {
 
-struct HourBlock {
+struct RollupBlock {
   std::vector<std::string> hosts;  // sorted (key order)
   std::vector<uint32_t> host_end;  // entries of hosts[i] end at host_end[i]
   std::vector<StackCount> entries;
@@ -29,7 +32,7 @@ struct HourBlock {
   uint64_t LabelSetOf(size_t i) const { return label_sets.empty() ? 0 : label_sets[i]; }
 
   size_t Bytes() const {
-    size_t bytes = sizeof(HourBlock) + entries.capacity() * sizeof(StackCount) +
+    size_t bytes = sizeof(RollupBlock) + entries.capacity() * sizeof(StackCount) +
                    host_end.capacity() * sizeof(uint32_t) +
                    label_sets.capacity() * sizeof(uint64_t);
     for (const std::string& h : hosts) bytes += sizeof(std::string) + h.capacity();
@@ -37,7 +40,7 @@ struct HourBlock {
   }
 };
 
-// Blocks by CellPrefix(service, hour), bounded by bytes (least recently used dropped first).
+// Blocks by CellPrefix(service, window), bounded by bytes (least recently used dropped first).
 //
 // Consistency with concurrent commits: a block is built from a RocksDB read that may race
 // with a commit to the same hour. Every key has a generation, bumped when a commit touching
@@ -45,14 +48,14 @@ struct HourBlock {
 // only if the generation is unchanged when it inserts. A commit bumps after its write is
 // visible, so a block that could have missed the write is never kept. Keys evicted (or
 // cleared) while a read is in flight lose their generation: such blocks are not kept either.
-class HourBlockCache {
+class BlockCache {
  public:
-  explicit HourBlockCache(size_t capacity_bytes) : capacity_(capacity_bytes) {}
+  explicit BlockCache(size_t capacity_bytes) : capacity_(capacity_bytes) {}
 
   bool enabled() const { return capacity_ > 0; }
 
   // The cached block of `key`, or null with *generation set for a later Insert.
-  std::shared_ptr<const HourBlock> Lookup(const std::string& key, uint64_t* generation) {
+  std::shared_ptr<const RollupBlock> Lookup(const std::string& key, uint64_t* generation) {
     absl::MutexLock lock(&mu_);
     auto [it, inserted] = entries_.try_emplace(key);
     Entry& e = it->second;
@@ -67,7 +70,8 @@ class HourBlockCache {
     return nullptr;
   }
 
-  void Insert(const std::string& key, uint64_t generation, std::shared_ptr<const HourBlock> block) {
+  void Insert(const std::string& key, uint64_t generation,
+              std::shared_ptr<const RollupBlock> block) {
     const size_t bytes = block->Bytes() + key.size() + sizeof(Entry);
     absl::MutexLock lock(&mu_);
     auto it = entries_.find(key);
@@ -109,7 +113,7 @@ class HourBlockCache {
     uint64_t generation = 0;
     uint64_t last_use = 0;
     size_t bytes = 0;
-    std::shared_ptr<const HourBlock> block;
+    std::shared_ptr<const RollupBlock> block;
   };
 
   // Drops the least recently used entries (placeholders of in-flight reads included) until
@@ -140,6 +144,22 @@ class HourBlockCache {
   uint64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// The blocks of both rollups: a budget shared out between hours (most of it: long ranges
+// hold many) and minutes (a range's edges, or all of a range under an hour or two).
+struct RollupBlocks {
+  explicit RollupBlocks(size_t capacity_bytes)
+      : hours(capacity_bytes - capacity_bytes / 8), minutes(capacity_bytes / 8) {}
+
+  BlockCache& Of(Column rollup) { return rollup == Column::kRollupHour ? hours : minutes; }
+  void Clear() {
+    hours.Clear();
+    minutes.Clear();
+  }
+
+  BlockCache hours;
+  BlockCache minutes;
+};
+
 }  // namespace strata::server::store
 
-#endif  // STRATA_SERVER_STORE_HOUR_BLOCK_CACHE_H_
+#endif  // STRATA_SERVER_STORE_BLOCK_CACHE_H_
