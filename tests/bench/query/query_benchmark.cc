@@ -31,6 +31,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "common/base/process_memory.h"
 #include "querier/v1/querier.pb.h"
 #include "server/grafana/querier.h"
 #include "server/query/diff.h"
@@ -56,6 +57,8 @@ struct Options {
   int sweep_cells = 6;
   int iterations = 20;
   size_t hour_block_mib = 256;
+  std::vector<std::string> ranges = {"1h", "24h", "7d"};
+  bool malloc_defaults = false;
 };
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
@@ -206,12 +209,16 @@ Stats Measure(int iterations, F run) {
   return s;
 }
 
-template <typename T>
-void Check(const absl::StatusOr<T>& r, const char* what) {
-  if (!r.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, r.status().ToString().c_str());
+void Check(const absl::Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
     std::exit(1);
   }
+}
+
+template <typename T>
+void Check(const absl::StatusOr<T>& r, const char* what) {
+  Check(r.status(), what);
 }
 
 }  // namespace
@@ -229,10 +236,21 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--iterations", o.iterations, "timed runs per query (after one cold run)")
       ->capture_default_str();
+  app.add_flag("--malloc-defaults", o.malloc_defaults,
+               "keep glibc's malloc thresholds (strata-server raises them at start-up)");
+  app.add_option("--ranges", o.ranges, "ranges to query (1h, 24h, 7d; e.g. to profile one)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"1h", "24h", "7d"}))
+      ->capture_default_str();
   app.add_option("--hour-block-mib", o.hour_block_mib,
                  "store memory for per-hour aggregates (0: read the hour rollup every time)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  // As strata-server does (process_memory.h), unless told otherwise.
+  if (!o.malloc_defaults) Check(strata::base::RetainFreedMemory(), "malloc thresholds");
+  std::printf("malloc: %s\n", o.malloc_defaults
+                                   ? "glibc's defaults"
+                                   : "freed memory retained, as strata-server (process_memory.h)");
 
   // A fixed, hour-aligned start keeps reused stores valid.
   const int64_t t0 = 1'760'000'400'000 / kHourMs * kHourMs;
@@ -257,7 +275,11 @@ int main(int argc, char** argv) {
     const char* name;
     int64_t ms;
   };
+  auto wanted = [&](const Range& r) {
+    return std::find(o.ranges.begin(), o.ranges.end(), r.name) != o.ranges.end();
+  };
   for (Range r : {Range{"1h", kHourMs}, Range{"24h", kDayMs}, Range{"7d", 7 * kDayMs}}) {
+    if (!wanted(r)) continue;
     strata::v1::ProfileFilter filter;
     filter.set_service("bench");
     filter.mutable_range()->set_from_ms(now - r.ms);
@@ -344,6 +366,7 @@ int main(int argc, char** argv) {
   // Where a 1 h and a 7 d query's time goes, stage by stage (warm caches; p50 of the timed
   // runs).
   for (Range r : {Range{"1h", kHourMs}, Range{"7d", 7 * kDayMs}}) {
+    if (!wanted(r)) continue;
     strata::server::query::ProfileReader reader(store->get());
     strata::server::query::ProfileQuery pq = BenchQuery(now - r.ms, now);
     strata::server::query::ProfileQuery first_half = pq, second_half = pq;
@@ -380,6 +403,7 @@ int main(int argc, char** argv) {
   std::printf("%-6s %14s %14s\n", "range", "auto p50 ms", "raw p50 ms");
   strata::server::query::ProfileReader reader(store->get());
   for (Range r : {Range{"24h", kDayMs}, Range{"7d", 7 * kDayMs}}) {
+    if (!wanted(r)) continue;
     strata::server::query::ProfileQuery pq = BenchQuery(now - r.ms, now);
     Stats a = Measure(3, [&] { Check(reader.Load(pq), "auto"); });
     pq.resolution = strata::server::store::Resolution::kRaw;
