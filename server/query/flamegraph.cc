@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/base/frame_kind.h"
+#include "common/base/parallel_sort.h"
 
 namespace strata::server::query {
 namespace {
@@ -181,7 +182,7 @@ SortedPaths SortPaths(const Profile& profile) {
     items[i] = {pack(0), pack(per_word), static_cast<uint32_t>(i)};
   }
   const size_t packed = 2 * per_word;
-  std::sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
+  base::SortOnTwoThreads(items.begin(), items.end(), [&](const Item& a, const Item& b) {
     if (a.k0 != b.k0) return a.k0 < b.k0;
     if (a.k1 != b.k1) return a.k1 < b.k1;
     const size_t na = begin[a.stack + 1] - begin[a.stack], nb = begin[b.stack + 1] - begin[b.stack];

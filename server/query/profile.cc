@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
+#include "common/base/parallel_sort.h"
 #include "common/base/saturating.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -588,10 +589,11 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
   // Resolving in the final order (heaviest first) makes function indices deterministic and
   // leaves nothing to sort afterwards.
   std::vector<store::StackCount>& counts = totals->stacks;
-  std::sort(counts.begin(), counts.end(),
-            [](const store::StackCount& a, const store::StackCount& b) {
-              return a.count != b.count ? a.count > b.count : a.stack_id < b.stack_id;
-            });
+  base::SortOnTwoThreads(counts.begin(), counts.end(),
+                         [](const store::StackCount& a, const store::StackCount& b) {
+                           return a.count != b.count ? a.count > b.count
+                                                     : a.stack_id < b.stack_id;
+                         });
 
   Profile profile;
   profile.hosts = std::move(totals->hosts);
