@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/base/clock.h"
 #include "common/base/log.h"
 #include "server/commit/batch_committer.h"
 #include "server/regress/verdict.h"
@@ -76,7 +78,12 @@ ServerApp::ServerApp(const ServerOptions& options, ServerSecurity security)
       etcd_security_(std::move(security.etcd_client)),
       node_channels_(std::move(security.node_client)) {}
 
-ServerApp::~ServerApp() = default;
+ServerApp::~ServerApp() { StopQueryWarmUp(); }
+
+void ServerApp::StopQueryWarmUp() {
+  stop_query_warmup_ = true;
+  if (query_warmup_.joinable()) query_warmup_.join();
+}
 
 absl::Status ServerApp::Start() {
   RaiseOpenFileLimit();
@@ -97,7 +104,18 @@ absl::Status ServerApp::Start() {
         capture->OnStatus(agent_id, status);
       });
   capture_->Start();
-  return Listen();
+  if (absl::Status listening = Listen(); !listening.ok()) return listening;
+  if (options_.query_warmup > absl::ZeroDuration()) {
+    // Behind the listeners: queries are served meanwhile, the warm-up only makes them faster.
+    query_warmup_ = std::thread([this] {
+      const absl::Time started = absl::Now();
+      const int64_t range_ms = absl::ToInt64Milliseconds(options_.query_warmup);
+      const size_t services = query_->WarmUp(base::NowMs(), range_ms, stop_query_warmup_);
+      LogInfo("query warm-up: {} services read in {}", services,
+              absl::FormatDuration(absl::Now() - started));
+    });
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ServerApp::OpenStore() {
@@ -386,6 +404,7 @@ int ServerApp::Run() {
 }
 
 absl::Status ServerApp::Shutdown() {
+  StopQueryWarmUp();
   if (regressions_ != nullptr) regressions_->Stop();
   if (membership_ != nullptr) membership_->Leave();
   grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));

@@ -15,7 +15,9 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <memory>
+#include <thread>
 
 #include <grpcpp/grpcpp.h>
 
@@ -79,6 +81,7 @@ class ServerApp {
   capture::CaptureService::Options CaptureOptions();
   absl::Status BuildRegressions();  // the release watcher, over the query service
   absl::Status Listen();         // gRPC, then HTTP
+  void StopQueryWarmUp();
 
   // Built by Create(): what the options name, and what needs nothing else.
   const ServerOptions options_;
@@ -112,6 +115,10 @@ class ServerApp {
   std::unique_ptr<regress::RegressionsService> regressions_;  // null with --regressions false
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<http::HttpServer> http_server_;
+  // Reads recent profiles into memory after start-up (QueryService::WarmUp); stopped and
+  // joined by Shutdown() or the destructor, before the query service goes.
+  std::atomic<bool> stop_query_warmup_{false};
+  std::thread query_warmup_;
 
   sigset_t shutdown_signals_;  // blocked by Start(), taken by Run()
   int grpc_port_ = 0;

@@ -127,6 +127,12 @@ absl::Status ParseRetentionPeriods(const ServerFlags& f, ServerOptions& o) {
     if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", d.status().message()));
     *out = absl::ToInt64Milliseconds(*d);
   }
+  auto warmup = capture::ParseRetention(f.query_warmup);
+  if (!warmup.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--query-warmup: ", warmup.status().message()));
+  }
+  o.query_warmup = *warmup;
   // Rollups are summed from the raw cells in the background, 30 s after each minute ends
   // (windows close about 10 s after theirs; later ones roll up at their commit).
   store.rollup_interval_ms = 5'000;
@@ -256,6 +262,9 @@ void AddStorageFlags(CLI::App& app, ServerFlags& f) {
     {"--retention-minute", &f.minute_retention,
      "keep the 1-minute rollups this long (0: forever)"},
     {"--retention-hour", &f.hour_retention, "keep the 1-hour rollups this long (0: forever)"},
+    {"--query-warmup", &f.query_warmup,
+     "after start-up, read this much of each recently active service into memory in the "
+     "background, so its first query is as fast as later ones (e.g. 7d, 24h; 0: off)"},
   });
 }
 

@@ -92,6 +92,9 @@ struct ServerOptions {
   capture::CaptureService::Options capture;  // retention and the caps on what clients ask
   SymbolizeOptions symbolize;
   ClusterOptions cluster;
+  // What the query warm-up reads of each service after start-up (QueryService::WarmUp;
+  // zero: none).
+  absl::Duration query_warmup = absl::Hours(24 * 7);
   // Releases found by themselves and compared with the one before (server/regress).
   bool regressions = true;
   regress::RegressionsOptions regression;

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "common/base/clock.h"
 #include "common/base/frame_kind.h"
+#include "common/base/log.h"
 #include "server/aggregate/phase_event.h"
 #include "server/commit/batch_committer.h"
 #include "server/commit/profile_type.h"
@@ -234,6 +235,33 @@ absl::StatusOr<v1::ListServicesResponse> QueryService::RunListServices() {
     info->set_last_ms(s.last_window_ms + commit::kWindowMs);
   }
   return response;
+}
+
+size_t QueryService::WarmUp(int64_t now_ms, int64_t range_ms, const std::atomic<bool>& stop) {
+  absl::StatusOr<std::vector<store::ServiceSummary>> services = store_->samples().ListServices();
+  if (!services.ok()) {
+    LogWarn("query warm-up: listing the services: {}", services.status().ToString());
+    return 0;
+  }
+  const int64_t from_ms = now_ms - range_ms;
+  std::erase_if(*services, [&](const store::ServiceSummary& s) {
+    return s.last_window_ms + commit::kWindowMs <= from_ms || s.first_window_ms >= now_ms;
+  });
+  std::sort(services->begin(), services->end(), [](const auto& a, const auto& b) {
+    return a.last_window_ms > b.last_window_ms;
+  });
+  const size_t budget = store_->options().hour_block_cache_bytes / 2;
+  size_t read = 0;
+  for (const store::ServiceSummary& s : *services) {
+    if (stop.load(std::memory_order_relaxed) || store_->Stats().hour_block_bytes >= budget) break;
+    ProfileQuery query;
+    query.service = s.service;
+    query.from_ms = from_ms;
+    query.to_ms = now_ms;
+    // Only what a query reads is kept: an error here is the query's to report.
+    if (reader_.Load(query).ok()) ++read;
+  }
+  return read;
 }
 
 v1::ListAgentsResponse QueryService::RunListAgents() {

@@ -10,6 +10,7 @@
 #ifndef STRATA_SERVER_QUERY_QUERY_SERVICE_H_
 #define STRATA_SERVER_QUERY_QUERY_SERVICE_H_
 
+#include <atomic>
 #include <functional>
 
 #include "absl/status/statusor.h"
@@ -98,6 +99,13 @@ class QueryService final : public v1::Query::Service {
   absl::StatusOr<v1::QualityResponse> RunQuality(const v1::QualityRequest& request);
   // Samples per interval (series.h), the largest series first.
   absl::StatusOr<v1::SeriesResponse> RunSeries(const v1::SeriesRequest& request);
+
+  // Reads [now_ms - range_ms, now_ms) of every service of this server's store with samples
+  // in it, the most recently active first, as a query would: fills the store's hour and
+  // minute blocks and this service's resolved stacks, so that the first query after
+  // start-up costs what later ones do. Stops when `stop` is set, or once the store's hour
+  // blocks fill half their budget (the rest is the queries'). Returns the services read.
+  size_t WarmUp(int64_t now_ms, int64_t range_ms, const std::atomic<bool>& stop);
 
   // In a cluster, profiles and services come from every node (set before serving).
   void SetProfileSource(ProfileSource* source) { source_ = source; }

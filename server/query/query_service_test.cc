@@ -499,3 +499,43 @@ TEST_F(QueryServiceTest, CompareNeedsTwoUnitsPerGroup) {
 
 }  // namespace
 }  // namespace strata::server::query
+
+namespace strata::server::query {
+namespace {
+
+// Three services: two active in the last day, one only a week before. The warm-up reads the
+// two, and their whole hours are then served from memory.
+TEST_F(QueryServiceTest, WarmUpReadsRecentServicesIntoMemory) {
+  constexpr int64_t kHour = 3'600'000;
+  const int64_t now = 100 * kHour + 30 * 60'000;
+  const uint64_t stack = Stack({"main", "work"});
+  for (int64_t h = 90; h < 100; ++h) {
+    AddSamples("recent", "h1", stack, 3, {}, h * kHour + 20'000);
+    AddSamples("busy", "h2", stack, 5, {}, h * kHour + 20'000);
+  }
+  AddSamples("old", "h1", stack, 7, {}, 2 * kHour);
+  ASSERT_TRUE(store_->RollUp(now).ok());
+
+  std::atomic<bool> stop{true};
+  EXPECT_EQ(query_->WarmUp(now, 24 * kHour, stop), 0u);  // told to stop before starting
+  stop = false;
+  EXPECT_EQ(query_->WarmUp(now, 24 * kHour, stop), 2u);
+  const store::StoreStats warmed = store_->Stats();
+  // Ten hours of each recent service, and the empty hour each read starts at (an empty hour
+  // is sought past, never kept).
+  EXPECT_EQ(warmed.hour_block_misses, 2u * (10 + 1));
+
+  // A query over the warmed range reads no whole hour from RocksDB again.
+  v1::TopRequest top;
+  top.mutable_filter()->set_service("recent");
+  top.mutable_filter()->mutable_range()->set_from_ms(now - 24 * kHour);
+  top.mutable_filter()->mutable_range()->set_to_ms(now);
+  auto answer = query_->RunTop(top);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(answer->total_samples(), 30u);
+  EXPECT_EQ(store_->Stats().hour_block_misses, warmed.hour_block_misses + 1);
+  EXPECT_EQ(store_->Stats().hour_block_hits, warmed.hour_block_hits + 10);
+}
+
+}  // namespace
+}  // namespace strata::server::query

@@ -401,6 +401,8 @@ absl::Status Store::RollUp(int64_t up_to_ms) { return impl_->RollUp(up_to_ms); }
 
 Interner& Store::interner() { return *impl_->interner; }
 SampleReader& Store::samples() { return *impl_->samples; }
+
+const StoreOptions& Store::options() const { return impl_->options; }
 MetaRecords& Store::meta() { return *impl_->meta; }
 
 uint64_t Store::ApproximateBytesOnDisk() {

@@ -152,6 +152,8 @@ class Store {
   Interner& interner();
   SampleReader& samples();
   MetaRecords& meta();
+  // As given to Open().
+  const StoreOptions& options() const;
 
   // Live SST bytes of all column families plus WAL bytes.
   uint64_t ApproximateBytesOnDisk();
