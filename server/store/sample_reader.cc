@@ -193,7 +193,11 @@ struct SampleReader::Impl {
     // also skips every empty window up to the next row, so a range costs its rows and gaps,
     // not its length (ranges may reach to the end of time). A range starting inside a
     // window holds none of it (rollup windows start at its multiples).
-    int64_t window = from % unit == 0 ? from : from - from % unit + unit;
+    int64_t window = from;
+    if (const int64_t into = from % unit; into != 0) {
+      if (to - from <= unit - into) return absl::OkStatus();  // no window starts in the range
+      window = from + (unit - into);
+    }
     while (window < to) {
       // `window` is a multiple of the unit below `to`: the end never overflows.
       const int64_t end = to - window <= unit ? to : window + unit;

@@ -1208,6 +1208,16 @@ TEST_F(SumSamplesTest, AllTimeAndSparseRangesCostTheirRowsNotTheirLength) {
                         std::nullopt, Resolution::kAuto});
   EXPECT_EQ(t.stacks, (std::vector<StackCount>{{1, 2}, {2, 7}}));
   EXPECT_EQ(t.hosts, (std::vector<std::string>{"a", "b"}));
+  // Rolled up, through the minute and hour blocks, from inside a window up to the end of time.
+  ASSERT_TRUE(store_->RollUp(24 * 366 * kHour).ok());
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (int i = 0; i < 2; ++i) {
+    for (int64_t from : {int64_t{0}, 3 * kHour + 5'000, kMax - 5}) {
+      for (Resolution r : {Resolution::kAuto, Resolution::kMinute, Resolution::kHour}) {
+        ExpectSame({"svc", from, kMax, std::nullopt, std::nullopt, r});
+      }
+    }
+  }
 }
 
 TEST_F(SumSamplesTest, CorruptHourRowIsAnErrorNotCached) {
