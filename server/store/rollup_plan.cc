@@ -1,11 +1,18 @@
 #include "server/store/rollup_plan.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace strata::server::store {
 namespace {
 
-int64_t RoundUp(int64_t v, int64_t unit) { return (v + unit - 1) / unit * unit; }
+// 0 <= v; past the last multiple of `unit`, INT64_MAX (ranges may reach to the end of time).
+int64_t RoundUp(int64_t v, int64_t unit) {
+  const int64_t down = v / unit * unit;
+  if (down == v) return v;
+  return down > std::numeric_limits<int64_t>::max() - unit ? std::numeric_limits<int64_t>::max()
+                                                           : down + unit;
+}
 int64_t RoundDown(int64_t v, int64_t unit) { return v / unit * unit; }
 
 // [a, b) from the minute rollup where it is whole minutes before the seal, the rest raw.
