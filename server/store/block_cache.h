@@ -43,8 +43,8 @@ struct RollupBlock {
 // Blocks by CellPrefix(service, window), bounded by bytes (least recently used dropped first).
 //
 // Consistency with concurrent commits: a block is built from a RocksDB read that may race
-// with a commit to the same hour. Every key has a generation, bumped when a commit touching
-// the hour completes; a reader notes the generation before reading and its block is kept
+// with a commit to the same window. Every key has a generation, bumped when a commit
+// touching the window completes; a reader notes the generation before reading and its block is kept
 // only if the generation is unchanged when it inserts. A commit bumps after its write is
 // visible, so a block that could have missed the write is never kept. Keys evicted (or
 // cleared) while a read is in flight lose their generation: such blocks are not kept either.
