@@ -44,9 +44,9 @@ struct RollupBlock {
 //
 // Consistency with concurrent commits: a block is built from a RocksDB read that may race
 // with a commit to the same window. Every key has a generation, bumped when a commit
-// touching the window completes; a reader notes the generation before reading and its block is kept
-// only if the generation is unchanged when it inserts. A commit bumps after its write is
-// visible, so a block that could have missed the write is never kept. Keys evicted (or
+// touching the window completes; a reader notes the generation before reading and its block
+// is kept only if the generation is unchanged when it inserts. A commit bumps after its write
+// is visible, so a block that could have missed the write is never kept. Keys evicted (or
 // cleared) while a read is in flight lose their generation: such blocks are not kept either.
 class BlockCache {
  public:
