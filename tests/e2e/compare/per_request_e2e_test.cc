@@ -149,8 +149,10 @@ TEST(PerRequestE2eTest, CheaperRequestsShowPerRequestWithSharesUnchanged) {
               e.relative_ci_high(), expected, e.q());
   EXPECT_TRUE(e.significant()) << handle->DebugString();
   EXPECT_LT(e.delta(), 0);
-  EXPECT_LE(e.relative_ci_low(), expected);
-  EXPECT_GE(e.relative_ci_high(), expected);
+  // A band around the planted change, not the run's interval: across runs the estimate moved
+  // from -31.9 to -45.4 % for the planted -40 %, and one run's interval was under a point
+  // wide, so an interval need not cover it (a 95 % interval misses by design 1 run in 20).
+  EXPECT_NEAR(e.relative(), expected, 15.0) << handle->DebugString();
 
   // Requests typed on the command line replace the scraped ones: no per-request rows.
   ASSERT_EQ(typed.exit_code, 0) << typed.output;
