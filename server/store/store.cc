@@ -21,10 +21,10 @@
 #include "rocksdb/options.h"
 #include "rocksdb/table.h"
 #include "rocksdb/write_batch.h"
+#include "server/store/block_cache.h"
 #include "server/store/codec.h"
 #include "server/store/data_dir.h"
 #include "server/store/db.h"
-#include "server/store/block_cache.h"
 #include "server/store/merge.h"
 #include "server/store/rollup_plan.h"
 #include "server/store/rollups.h"
@@ -388,8 +388,12 @@ absl::Status Store::Commit(WriteBatch* batch) {
   for (auto it = stripes.rbegin(); it != stripes.rend(); ++it) impl_->sequence_mu[*it].Unlock();
   // After the write is visible (see BlockCache); also after a failed write, which may
   // have been applied before failing to report.
-  for (const std::string& hour : rep.touched_hours) impl_->blocks->hours.Invalidate(hour);
-  for (const std::string& minute : rep.touched_minutes) impl_->blocks->minutes.Invalidate(minute);
+  for (const auto& [service, minute] : rep.touched_minutes) {
+    impl_->blocks->minutes.Invalidate(CellPrefix(service, static_cast<uint64_t>(minute)));
+    // Again for each minute of an hour a batch spans: none, for a batch of one window.
+    impl_->blocks->hours.Invalidate(
+        CellPrefix(service, static_cast<uint64_t>(minute - minute % kHourMs)));
+  }
   if (!status.ok()) return status;
 
   impl_->interner->MarkCommitted(batch);
@@ -401,9 +405,8 @@ absl::Status Store::RollUp(int64_t up_to_ms) { return impl_->RollUp(up_to_ms); }
 
 Interner& Store::interner() { return *impl_->interner; }
 SampleReader& Store::samples() { return *impl_->samples; }
-
-const StoreOptions& Store::options() const { return impl_->options; }
 MetaRecords& Store::meta() { return *impl_->meta; }
+const StoreOptions& Store::options() const { return impl_->options; }
 
 uint64_t Store::ApproximateBytesOnDisk() {
   uint64_t total = 0;

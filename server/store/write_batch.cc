@@ -28,9 +28,7 @@ void WriteBatch::AddSamples(std::string_view service, int64_t window_start_ms,
             EncodeCount(count));
   const int64_t minute = window_start_ms - window_start_ms % kMinuteMs;
   if (minute != rep_->last_touched_minute || service != rep_->last_touched_service) {
-    const int64_t hour = window_start_ms - window_start_ms % kHourMs;
-    rep_->touched_minutes.insert(CellPrefix(service, static_cast<uint64_t>(minute)));
-    rep_->touched_hours.insert(CellPrefix(service, static_cast<uint64_t>(hour)));
+    rep_->touched_minutes.emplace(std::string(service), minute);
     rep_->last_touched_minute = minute;
     rep_->last_touched_service.assign(service);
   }

@@ -44,11 +44,10 @@ struct WriteBatch::Rep {
   std::vector<std::pair<InternKind, uint64_t>> interned;
   // (service, label set ID) records this batch writes: durable once it is committed.
   std::vector<std::pair<std::string, uint64_t>> label_sets;
-  // CellPrefix(service, hour) and CellPrefix(service, minute) of every hour and minute this
-  // batch adds samples to: their cached rollup blocks are dropped once it is committed.
-  absl::flat_hash_set<std::string> touched_hours;
-  absl::flat_hash_set<std::string> touched_minutes;
-  // The last (service, minute) added to touched_minutes: consecutive samples mostly repeat it.
+  // (service, minute) of every minute this batch adds samples to: the cached rollup blocks of
+  // those minutes and of their hours are dropped once it is committed.
+  absl::flat_hash_set<std::pair<std::string, int64_t>> touched_minutes;
+  // The last pair added to touched_minutes: consecutive samples mostly repeat it.
   std::string last_touched_service;
   int64_t last_touched_minute = -1;
   absl::Status status;
