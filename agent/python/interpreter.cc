@@ -360,6 +360,10 @@ bool Interpreter::CurrentFrame(KnownThread& thread, const uint8_t* bytes, bool c
 
 const uint8_t* Interpreter::FrameBytes(uint64_t address) {
   const size_t size = offsets_.frame_size;
+  if (snapshot_ != nullptr && snapshot_next_ < snapshot_->num_frames &&
+      snapshot_->AddressOf(snapshot_next_) == address) {
+    return snapshot_->BytesOf(snapshot_next_++);
+  }
   for (size_t i = 0; i < num_blocks_; ++i) {
     ChainBlock& b = blocks_[i];
     if (address >= b.start && address - b.start <= b.size - size) {
@@ -488,19 +492,64 @@ int Interpreter::LineOf(const CodeInfo& code, int64_t offset) {
 }
 
 ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t* count) {
+  return Read(tid, nullptr, out, count);
+}
+
+ReadOutcome Interpreter::ReadSnapshot(const FrameSnapshot& snapshot, std::span<PythonFrame> out,
+                                      size_t* count) {
+  return Read(0, &snapshot, out, count);
+}
+
+std::optional<CaptureThread> Interpreter::CaptureThreadOf(pid_t tid) {
+  auto it = thread_states_.find(tid);
+  if (it == thread_states_.end() || it->second.tstate == 0) return std::nullopt;
+  CaptureThread t;
+  t.tstate = it->second.tstate;
+  t.pid = static_cast<uint32_t>(pid_);
+  if (offsets_.tstate_native_thread_id != kNoOffset) {
+    t.check_offset = offsets_.tstate_native_thread_id;
+    t.check_value = static_cast<uint64_t>(tid);
+  } else {  // the pthread_t: TidOf found it to be this thread's
+    t.check_offset = offsets_.tstate_thread_id;
+    if (!memory_->ReadValue(t.tstate + t.check_offset, &t.check_value)) return std::nullopt;
+  }
+  t.tstate_frame = offsets_.tstate_frame;
+  t.cframe_frame = offsets_.cframe_frame;
+  t.frame_previous = offsets_.frame_previous;
+  t.frame_size = offsets_.frame_size;
+  return t;
+}
+
+ReadOutcome Interpreter::Read(pid_t tid, const FrameSnapshot* snapshot,
+                              std::span<PythonFrame> out, size_t* count) {
   *count = 0;
   ++stats_.reads;
   if (code_.size() >= kMaxCodeObjects) code_.clear();  // before any frame points into it
-  bool cframe_current = false;
-  KnownThread* thread = ThreadStateOf(tid, &cframe_current);
-  if (thread == nullptr) return ReadOutcome::kNoThread;
-  const uint8_t* tstate_bytes = scratch_.data();
   auto inconsistent = [this] {
     ++stats_.inconsistent;
     return ReadOutcome::kInconsistent;
   };
-  uint64_t leaf = 0;
-  if (!CurrentFrame(*thread, tstate_bytes, cframe_current, &leaf)) return inconsistent();
+  KnownThread* thread = nullptr;
+  uint64_t leaf = 0, frame_field = 0;
+  snapshot_ = snapshot;
+  snapshot_next_ = 0;
+  if (snapshot != nullptr) {
+    ++stats_.snapshot_reads;
+    num_blocks_ = 0;
+    blocks_read_ = 0;
+    scratch_used_ = 0;
+    read_since_thread_ = false;
+    recheck_ = {};
+    if (snapshot->frame_size != offsets_.frame_size) return inconsistent();
+    leaf = snapshot->leaf;
+    frame_field = snapshot->frame_field;
+  } else {
+    bool cframe_current = false;
+    thread = ThreadStateOf(tid, &cframe_current);
+    if (thread == nullptr) return ReadOutcome::kNoThread;
+    if (!CurrentFrame(*thread, scratch_.data(), cframe_current, &leaf)) return inconsistent();
+    frame_field = FieldAt<uint64_t>(scratch_.data(), offsets_.tstate_frame);
+  }
   const bool frame_objects = offsets_.layout == FrameLayout::kFrameObject;
   if (offsets_.frame_size > kMaxCopiedStruct) return inconsistent();
   // First the chain (in blocks, FrameBytes; those where the last read found frames came with
@@ -567,8 +616,23 @@ ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t
   // again after the headers, in the same call (the reads of one call are made in order).
   // A chain found where the last read left it, starting at the same frame, with no header
   // due, was read again at the end of the thread state's call already: no second call.
-  const uint64_t frame_field = FieldAt<uint64_t>(tstate_bytes, offsets_.tstate_frame);
+  // A snapshot was copied while the thread stood still: only the headers due.
   const bool through_cframe = offsets_.cframe_frame != kNoOffset && frame_field != 0;
+  if (snapshot != nullptr) {
+    snapshot_ = nullptr;
+    if (headers > 0 && !memory_->ReadMany(code_addresses_.data(), code_sizes_.data(), headers,
+                                          code_headers_.data())) {
+      return inconsistent();
+    }
+    const uint8_t* header = code_headers_.data();
+    for (ChainFrame& f : chain_) {
+      if (f.info != nullptr) continue;
+      f.info = Code(f.code, header, now);
+      header += offsets_.code_size;
+      if (f.info == nullptr) return inconsistent();
+    }
+    return Finish(nullptr, leaf, out, count);
+  }
   if (headers == 0 && recheck_.read && !read_since_thread_ && n > 0 && recheck_.leaf == leaf &&
       (!through_cframe || recheck_.cframe == frame_field)) {
     ++stats_.one_call_reads;
@@ -576,7 +640,7 @@ ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t
         recheck_.leaf_code != chain_[0].code) {
       return inconsistent();
     }
-    return Finish(*thread, leaf, out, count);
+    return Finish(thread, leaf, out, count);
   }
   code_addresses_.push_back(thread->tstate + offsets_.tstate_frame);
   code_sizes_.push_back(sizeof(uint64_t));
@@ -607,10 +671,10 @@ ReadOutcome Interpreter::ReadStack(pid_t tid, std::span<PythonFrame> out, size_t
     header += offsets_.code_size;
     if (f.info == nullptr) return inconsistent();
   }
-  return Finish(*thread, leaf, out, count);
+  return Finish(thread, leaf, out, count);
 }
 
-ReadOutcome Interpreter::Finish(KnownThread& thread, uint64_t leaf, std::span<PythonFrame> out,
+ReadOutcome Interpreter::Finish(KnownThread* thread, uint64_t leaf, std::span<PythonFrame> out,
                                 size_t* count) {
   const size_t n = chain_.size();
   for (size_t i = 0; i < n; ++i) {
@@ -619,8 +683,10 @@ ReadOutcome Interpreter::Finish(KnownThread& thread, uint64_t leaf, std::span<Py
     f.line = LineOf(*chain_[i].info, chain_[i].offset);
     f.entry = chain_[i].entry;
   }
-  KeepHints(thread);
-  thread.leaf = n > 0 ? leaf : 0;
+  if (thread != nullptr) {
+    KeepHints(*thread);
+    thread->leaf = n > 0 ? leaf : 0;
+  }
   *count = n;
   stats_.frames += n;
   return ReadOutcome::kOk;

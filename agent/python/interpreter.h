@@ -51,6 +51,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "agent/python/frame_capture.h"
 #include "agent/python/offsets.h"
 #include "agent/python/remote_memory.h"
 #include "common/elf/elf_file.h"
@@ -117,6 +118,7 @@ struct InterpreterStats {
   uint64_t thread_scans = 0;   // walks of the thread-state lists
   uint64_t line_misses = 0;    // lines decoded from a line table (not found in CodeInfo::lines)
   uint64_t one_call_reads = 0;  // reads checked with the thread state's call alone
+  uint64_t snapshot_reads = 0;  // reads from a FrameSnapshot (counted in reads too)
 };
 
 class Interpreter {
@@ -137,6 +139,13 @@ class Interpreter {
 
   // The frames of thread `tid`, innermost first, into `out`; *count frames written.
   ReadOutcome ReadStack(pid_t tid, std::span<PythonFrame> out, size_t* count);
+  // The same from the frames copied at a sample (FrameCapture): frames past the copied ones,
+  // and code objects not in the cache or due for a check, are read from memory.
+  ReadOutcome ReadSnapshot(const FrameSnapshot& snapshot, std::span<PythonFrame> out,
+                           size_t* count);
+  // What FrameCapture needs to copy thread `tid`'s frames: known once a ReadStack of it
+  // found its thread state.
+  std::optional<CaptureThread> CaptureThreadOf(pid_t tid);
 
   const Offsets& offsets() const { return offsets_; }
   const InterpreterStats& stats() const { return stats_; }
@@ -195,8 +204,12 @@ class Interpreter {
   void KeepHints(KnownThread& thread);
   // A consistent chain_ (every frame's info set) into `out`, and what the next read of the
   // thread starts from.
-  ReadOutcome Finish(KnownThread& thread, uint64_t leaf, std::span<PythonFrame> out,
+  // `thread` null: a read from a snapshot (no hints kept).
+  ReadOutcome Finish(KnownThread* thread, uint64_t leaf, std::span<PythonFrame> out,
                      size_t* count);
+  // ReadStack and ReadSnapshot (`snapshot` non-null).
+  ReadOutcome Read(pid_t tid, const FrameSnapshot* snapshot, std::span<PythonFrame> out,
+                   size_t* count);
   // The code object at `address` whose first code_size bytes are `header` (read already, at
   // `now`).
   const CodeInfo* Code(uint64_t address, const uint8_t* header, uint64_t now);
@@ -252,6 +265,9 @@ class Interpreter {
   // Memory read after the thread state's call in the current read (so recheck_ came first).
   bool read_since_thread_ = false;
   Recheck recheck_;
+  // The snapshot of the current read (FrameBytes takes its frames first), and its next frame.
+  const FrameSnapshot* snapshot_ = nullptr;
+  size_t snapshot_next_ = 0;
   // The current read's thread state, then its blocks (scratch_used_ bytes so far); sized once.
   std::vector<uint8_t> scratch_;
   size_t scratch_used_ = 0;

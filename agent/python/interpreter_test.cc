@@ -2,19 +2,26 @@
 // (required), and 3.8 to 3.13 where pyenv installed them (libpython3.X.so, the embedding case).
 #include "agent/python/interpreter.h"
 
+#include <linux/perf_event.h>
 #include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "agent/python/frame_capture.h"
 #include "agent/symbols/module_cache.h"
 #include "agent/symbols/process_address_space.h"
 #include "common/testing/temp_dir.h"
@@ -114,6 +121,93 @@ bool ReadUntilConsistent(Interpreter& interpreter, pid_t tid, Read* read) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return false;
+}
+
+// Samples thread `tid` (CPU time, 1 kHz) with FrameCapture's program attached, for up to
+// `samples` samples or 5 s, and returns the names of the frames each sample's snapshot holds.
+std::vector<std::vector<std::string>> CapturedNames(FrameCapture& capture,
+                                                    Interpreter& interpreter, pid_t tid,
+                                                    size_t samples) {
+  std::vector<std::vector<std::string>> out;
+  perf_event_attr attr{};
+  attr.size = sizeof(attr);
+  attr.type = PERF_TYPE_SOFTWARE;
+  attr.config = PERF_COUNT_SW_TASK_CLOCK;
+  attr.sample_period = 1'000'000;
+  attr.sample_type = PERF_SAMPLE_TID | PERF_SAMPLE_TIME;
+  attr.use_clockid = 1;
+  attr.clockid = CLOCK_MONOTONIC;
+  attr.exclude_kernel = 1;
+  attr.exclude_hv = 1;
+  const int fd = static_cast<int>(syscall(__NR_perf_event_open, &attr, tid, -1, -1, 0));
+  if (fd < 0) {
+    ADD_FAILURE() << "perf_event_open: " << strerror(errno);
+    return out;
+  }
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE)), data = 16 * page;
+  void* ring = mmap(nullptr, page + data, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  EXPECT_NE(ring, MAP_FAILED);
+  EXPECT_EQ(ioctl(fd, PERF_EVENT_IOC_SET_BPF, capture.program_fd()), 0) << strerror(errno);
+  auto* control = static_cast<perf_event_mmap_page*>(ring);
+  const uint8_t* bytes = static_cast<const uint8_t*>(ring) + page;
+  std::vector<PythonFrame> frames(256);
+  uint64_t tail = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (out.size() < samples && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const uint64_t head = __atomic_load_n(&control->data_head, __ATOMIC_ACQUIRE);
+    for (; tail < head;) {
+      perf_event_header header;
+      std::memcpy(&header, bytes + tail % data, sizeof(header));  // (8-byte records: no wrap)
+      if (header.type == PERF_RECORD_SAMPLE) {
+        struct {
+          uint32_t pid, tid;
+          uint64_t time;
+        } sample;
+        for (size_t i = 0; i < sizeof(sample); ++i) {
+          reinterpret_cast<uint8_t*>(&sample)[i] = bytes[(tail + sizeof(header) + i) % data];
+        }
+        const FrameSnapshot* snapshot = capture.Find(tid, sample.time);
+        size_t n = 0;
+        std::vector<std::string> names;
+        if (snapshot != nullptr &&
+            interpreter.ReadSnapshot(*snapshot, frames, &n) == ReadOutcome::kOk) {
+          for (size_t i = 0; i < n; ++i) names.push_back(frames[i].code->name);
+        }
+        out.push_back(std::move(names));
+      }
+      tail += header.size;
+    }
+    __atomic_store_n(&control->data_tail, tail, __ATOMIC_RELEASE);
+  }
+  munmap(ring, page + data);
+  close(fd);
+  return out;
+}
+
+// Each sample of `tid` shows `expected` (from a read of memory) from its own snapshot.
+void CheckCapture(Interpreter& interpreter, pid_t tid, const std::vector<std::string>& expected) {
+  absl::StatusOr<std::unique_ptr<FrameCapture>> capture = FrameCapture::Create();
+  if (!capture.ok()) {
+    std::printf("frame capture not checked: %s\n", capture.status().ToString().c_str());
+    return;
+  }
+  std::optional<CaptureThread> thread = interpreter.CaptureThreadOf(tid);
+  ASSERT_TRUE(thread.has_value());
+  ASSERT_TRUE((*capture)->Register(tid, *thread).ok());
+  const uint64_t reads_before = interpreter.stats().snapshot_reads;
+  const auto names = CapturedNames(**capture, interpreter, tid, 50);
+  ASSERT_GE(names.size(), 20u);
+  size_t same = 0;
+  for (const auto& n : names) same += n == expected;
+  // The thread spins in one frame: every sample shows the whole chain (the snapshot of the
+  // odd sample may be missing, never wrong).
+  EXPECT_GE(same, names.size() - 2) << ::testing::PrintToString(names);
+  for (const auto& n : names) {
+    if (!n.empty()) EXPECT_EQ(n, expected);
+  }
+  EXPECT_EQ((*capture)->stats().malformed, 0u);
+  EXPECT_GE(interpreter.stats().snapshot_reads - reads_before, same);
 }
 
 // Runs kScript with `command` (the interpreter and its options) and checks the frames read of
@@ -226,6 +320,15 @@ void CheckFramesOf(std::vector<std::string> command) {
   size_t none = 0;
   EXPECT_EQ((*interpreter)->ReadStack(999999, std::span<PythonFrame>(), &none),
             ReadOutcome::kNoThread);
+
+  // The frames copied at each sample by the kernel (not under qemu, which has no perf events).
+  if (module.has_value() && guest_elf == nullptr) {
+    CheckCapture(**interpreter, child.pid, main.names);
+    // The generator's line moves between samples; its frames do not.
+    Read again;
+    ASSERT_TRUE(ReadUntilConsistent(**interpreter, worker, &again));
+    CheckCapture(**interpreter, worker, again.names);
+  }
 }
 
 // A chain through more coroutines, each frame in its own object, than a read keeps blocks of
@@ -265,6 +368,8 @@ TEST(InterpreterTest, ReadsAChainThroughManyCoroutines) {
     ASSERT_TRUE(ReadUntilConsistent(*interpreter, main_tid, &read));
     EXPECT_EQ(std::count(read.names.begin(), read.names.end(), "level"), kDepth + 1)
         << ::testing::PrintToString(read.names);
+    // Copied at the sample: the first kMaxCapturedFrames frames, the rest read from memory.
+    if (i == 2) CheckCapture(*interpreter, main_tid, read.names);
   }
 }
 

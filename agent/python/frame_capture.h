@@ -1,0 +1,144 @@
+// Python frame chains copied by the kernel at the moment of each sample, so that a sample's
+// Python frames are the ones it interrupted and the agent neither wakes per sample nor reads
+// the target's memory per sample.
+//
+// A BPF program (BPF_PROG_TYPE_PERF_EVENT), attached by the sampler to its CPU-time events,
+// runs in the sampled thread's context just before the kernel writes the sample. For a thread
+// registered here (its thread state's address and its interpreter's offsets, CaptureThread:
+// the layout is data, so one program serves every CPython version and every target), it
+// follows the thread's current frame and copies up to kMaxCapturedFrames frames (each frame's
+// address and its first frame_size bytes) into a ring buffer, stamped with the thread and the
+// time (CLOCK_MONOTONIC, the clock the sampler's samples carry). The agent drains the ring
+// with the samples and hands each sample its snapshot (Find); Interpreter::ReadSnapshot walks
+// the chain from it as from memory. A thread not registered yet (its first sample, before its
+// thread state is known), a snapshot that is missing (ring full) and frames past the copied
+// ones are read from memory as before. The thread state is checked at each run (its pid, and
+// the thread id the state holds), so a recycled state is never followed.
+//
+// Cost: the program runs in the target's time (one map lookup, 3 + frames reads of user
+// memory); bpf::RunsOf reports it when kernel.bpf_stats_enabled is set. Needs root (CAP_BPF +
+// CAP_PERFMON) and a 5.8+ kernel; Create() fails otherwise and the agent reads memory.
+//
+// Single-threaded (the agent's main loop). Find allocates only while a thread's queue grows.
+#ifndef STRATA_AGENT_PYTHON_FRAME_CAPTURE_H_
+#define STRATA_AGENT_PYTHON_FRAME_CAPTURE_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "agent/bpf/bpf.h"
+#include "agent/python/offsets.h"
+#include "common/base/unique_fd.h"
+
+namespace strata::agent::python {
+
+// What the program needs of one thread (the value of its map, keyed by tid).
+struct CaptureThread {
+  uint64_t tstate = 0;       // the thread's PyThreadState
+  uint64_t check_value = 0;  // what tstate + check_offset holds while it is this thread's
+  uint32_t pid = 0;
+  uint32_t check_offset = 0;
+  uint32_t tstate_frame = 0;          // Offsets::tstate_frame
+  uint32_t cframe_frame = kNoOffset;  // Offsets::cframe_frame
+  uint32_t frame_previous = 0;
+  uint32_t frame_size = 0;  // at most kMaxCopiedStruct
+};
+static_assert(sizeof(CaptureThread) == 40);
+
+inline constexpr uint32_t kMaxCapturedFrames = 48;
+
+// One sample's copy of a thread's frame chain.
+struct FrameSnapshot {
+  uint64_t time_ns = 0;
+  uint64_t frame_field = 0;  // *(tstate + tstate_frame)
+  uint64_t leaf = 0;         // the current frame (0: none)
+  uint64_t next = 0;         // the frame after the last one copied (0: the chain ends there)
+  uint32_t num_frames = 0;
+  uint32_t frame_size = 0;
+  const uint8_t* frames = nullptr;  // num_frames x stride(): the address, then frame_size bytes
+
+  size_t stride() const { return 8 + ((frame_size + 7) & ~size_t{7}); }
+  uint64_t AddressOf(size_t i) const;
+  const uint8_t* BytesOf(size_t i) const { return frames + i * stride() + 8; }
+};
+
+struct CaptureStats {
+  uint64_t snapshots = 0;  // records taken from the ring
+  uint64_t found = 0;      // ... handed to their sample
+  uint64_t unmatched = 0;  // ... whose sample never came (it was lost or dropped)
+  uint64_t missing = 0;    // samples of registered threads without a snapshot
+  uint64_t malformed = 0;  // records that did not parse
+  uint64_t threads = 0;    // threads registered now
+};
+
+class FrameCapture {
+ public:
+  // The maps and the program; Unavailable/PermissionDenied where the kernel has no BPF (or
+  // no ring buffer) or the agent may not load programs.
+  static absl::StatusOr<std::unique_ptr<FrameCapture>> Create();
+  ~FrameCapture();
+
+  // The program to attach to CPU-time perf events (PERF_EVENT_IOC_SET_BPF).
+  int program_fd() const { return program_.get(); }
+
+  // Thread `tid`'s samples carry its frames from now on.
+  absl::Status Register(pid_t tid, const CaptureThread& thread);
+  bool registered(pid_t tid) const { return queues_.contains(tid); }
+  void Forget(pid_t tid);
+
+  // The snapshot of `tid`'s sample taken at `sample_time_ns`, or null. Valid until the next
+  // call.
+  const FrameSnapshot* Find(pid_t tid, uint64_t sample_time_ns);
+
+  CaptureStats stats() const;
+  // The program's runs and their time (zeros unless kernel.bpf_stats_enabled).
+  bpf::ProgramRuns runs() const;
+
+ private:
+  struct Entry {
+    uint64_t time_ns;
+    uint32_t offset;  // in Queue::bytes
+    uint32_t size;
+  };
+  struct Queue {
+    std::vector<Entry> entries;  // in the ring's order (about the samples' order)
+    size_t head = 0;             // entries before it are gone
+    std::vector<uint8_t> bytes;
+    size_t hint = 0;  // where the last one was found
+  };
+
+  FrameCapture(base::UniqueFd threads, base::UniqueFd scratch, base::UniqueFd ring,
+               bpf::RingReader reader, base::UniqueFd program)
+      : threads_(std::move(threads)),
+        scratch_(std::move(scratch)),
+        ring_(std::move(ring)),
+        reader_(std::move(reader)),
+        program_(std::move(program)) {}
+
+  // Moves the ring's new records to their threads' queues.
+  void Collect();
+  // Drops `queue`'s entries before `index` (and compacts it when half of it is gone).
+  void DropBefore(Queue& queue, size_t index);
+
+  base::UniqueFd threads_, scratch_, ring_;
+  bpf::RingReader reader_;
+  base::UniqueFd program_;
+  absl::flat_hash_map<pid_t, Queue> queues_;  // the registered threads
+  FrameSnapshot found_;
+  std::vector<uint8_t> frame_bytes_;  // found_'s frames
+  CaptureStats stats_;
+};
+
+// The program, for the map descriptors given (exposed for its load test).
+std::vector<bpf::Insn> FrameCaptureProgram(int threads_map, int scratch_map, int ring_map);
+
+}  // namespace strata::agent::python
+
+#endif  // STRATA_AGENT_PYTHON_FRAME_CAPTURE_H_
