@@ -97,13 +97,29 @@ void LogSamplingSummary(const ProfilerStats& stats, const std::string& verify) {
                  stats.off_cpu_unpaired);
   }
   if (stats.python_reads > 0) {
+    const uint64_t delayed = stats.python_reads - stats.python_captured;
     LogInfo("python: {} stacks with {} Python frames, {} stale ({} changed while read, {} "
-                 "not matching the sample); {} reads {:.3f} ms after their sample on average "
-                 "(max {:.3f} ms)", stats.python_stacks, stats.python_frames, stats.python_stale,
-                 stats.python_torn, stats.python_mismatch, stats.python_reads,
-                 static_cast<double>(stats.python_read_delay_ns) / 1e6 /
-                     static_cast<double>(stats.python_reads),
-                 static_cast<double>(stats.python_read_delay_max_ns) / 1e6);
+            "not matching the sample); {} copied at the sample, {} reads {:.3f} ms after "
+            "their sample on average (max {:.3f} ms)", stats.python_stacks,
+            stats.python_frames, stats.python_stale, stats.python_torn,
+            stats.python_mismatch, stats.python_captured, delayed,
+            delayed == 0 ? 0.0
+                         : static_cast<double>(stats.python_read_delay_ns) / 1e6 /
+                               static_cast<double>(delayed),
+            static_cast<double>(stats.python_read_delay_max_ns) / 1e6);
+  }
+  if (stats.python_capture) {
+    LogInfo("python capture: {} snapshots, {} used, {} of samples that never came, {} samples "
+            "without one, {} threads; program: {} runs, {:.0f} ns each ({}), {} perf events "
+            "without it", stats.capture.snapshots, stats.capture.found,
+            stats.capture.unmatched, stats.capture.missing, stats.capture.threads,
+            stats.capture_runs.count,
+            stats.capture_runs.count == 0 ? 0.0
+                                          : static_cast<double>(stats.capture_runs.ns) /
+                                                static_cast<double>(stats.capture_runs.count),
+            stats.capture_runs.count == 0 ? "kernel.bpf_stats_enabled=1 counts them"
+                                          : "kernel.bpf_stats_enabled",
+            stats.programs_not_attached);
   }
   if (stats.inproc_targets > 0 || stats.unwound_stacks > 0) {
     LogInfo("in-process rings: {} stacks, {} targets", stats.unwound_stacks,

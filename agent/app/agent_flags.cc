@@ -97,6 +97,12 @@ void AddAgentFlags(CLI::App& app, AgentFlags& f) {
                  "targets: CAP_SYS_PTRACE or the same user)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  app.add_option("--python-capture", f.python_capture,
+                 "Python frames copied by the kernel at each sample (a BPF program on the "
+                 "perf events: needs root and Linux 5.8+), instead of read from the target's "
+                 "memory after it; auto: where the kernel allows")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   app.add_option("--python-read-period-ms", f.python_read_period_ms,
                  "Python targets whose samples are not delivered one by one (an interpreter "
                  "loaded after the target was found, in-process rings, ad hoc captures): "
@@ -152,6 +158,7 @@ absl::StatusOr<ProfilerOptions> ProfilerOptionsFrom(const AgentFlags& f) {
   options.off_cpu = f.off_cpu;
   options.off_cpu_threshold = absl::Microseconds(f.off_cpu_threshold_us);
   options.python_frames = f.python_frames == "on";
+  options.python_capture = *ParsePythonCaptureMode(f.python_capture);
   options.frame_walk = f.frame_walk == "on";
   options.python_read_period = absl::Microseconds(f.python_read_period_ms * 1000);
   options.jvm_perf_maps.services = f.jvm_perf_map_services;

@@ -37,6 +37,7 @@ struct AgentFlags {
   bool off_cpu = false;
   double off_cpu_threshold_us = 100;
   std::string python_frames = "on";
+  std::string python_capture = "auto";
   std::string frame_walk = "on";
   double python_read_period_ms = 1;
   std::vector<std::string> jvm_perf_map_services;

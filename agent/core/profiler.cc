@@ -9,11 +9,21 @@
 
 namespace strata::agent {
 
-std::optional<ProfilerOptions::Inproc> ParseInprocMode(std::string_view mode) {
-  if (mode == "auto") return ProfilerOptions::Inproc::kAuto;
-  if (mode == "on") return ProfilerOptions::Inproc::kOn;
-  if (mode == "off") return ProfilerOptions::Inproc::kOff;
+namespace {
+
+// "auto" | "on" | "off" as any of the options' three-way modes.
+template <typename Mode>
+std::optional<Mode> ParseAutoOnOff(std::string_view mode) {
+  if (mode == "auto") return Mode::kAuto;
+  if (mode == "on") return Mode::kOn;
+  if (mode == "off") return Mode::kOff;
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ProfilerOptions::Inproc> ParseInprocMode(std::string_view mode) {
+  return ParseAutoOnOff<ProfilerOptions::Inproc>(mode);
 }
 
 std::optional<ProfilerOptions::Sampling> ParseSamplingMode(std::string_view mode) {
@@ -24,10 +34,11 @@ std::optional<ProfilerOptions::Sampling> ParseSamplingMode(std::string_view mode
 }
 
 std::optional<ProfilerOptions::KernelStacks> ParseKernelStacksMode(std::string_view mode) {
-  if (mode == "auto") return ProfilerOptions::KernelStacks::kAuto;
-  if (mode == "on") return ProfilerOptions::KernelStacks::kOn;
-  if (mode == "off") return ProfilerOptions::KernelStacks::kOff;
-  return std::nullopt;
+  return ParseAutoOnOff<ProfilerOptions::KernelStacks>(mode);
+}
+
+std::optional<ProfilerOptions::PythonCapture> ParsePythonCaptureMode(std::string_view mode) {
+  return ParseAutoOnOff<ProfilerOptions::PythonCapture>(mode);
 }
 
 absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(ProfilerOptions options,
@@ -38,7 +49,8 @@ absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(ProfilerOptions optio
   if (!opened.ok()) return opened.status();
   auto profiler = std::unique_ptr<Profiler>(
       new Profiler(std::move(options), graph, std::move(*discovery), std::move(opened->perf),
-                   std::move(opened->inproc), std::move(opened->kernel_symbols)));
+                   std::move(opened->inproc), std::move(opened->kernel_symbols),
+                   std::move(opened->python_capture)));
   if (auto st = profiler->InitPoll(); !st.ok()) return st;
   return profiler;
 }
@@ -47,19 +59,22 @@ Profiler::Profiler(ProfilerOptions options, ContextGraph* graph,
                    std::unique_ptr<TargetDiscovery> discovery,
                    std::unique_ptr<sources::PerfSource> perf,
                    std::unique_ptr<sources::InprocSource> inproc,
-                   std::unique_ptr<kernel::KernelSymbols> kernel_symbols)
+                   std::unique_ptr<kernel::KernelSymbols> kernel_symbols,
+                   std::unique_ptr<python::FrameCapture> python_capture)
     : options_(std::move(options)),
       discovery_(std::move(discovery)),
       perf_(std::move(perf)),
       inproc_(std::move(inproc)),
       kernel_symbols_(std::move(kernel_symbols)),
+      python_capture_(std::move(python_capture)),
       recorder_({.max_frames = options_.max_frames,
                  .stack_bytes = options_.stack_bytes,
                  .unwind_verify = options_.unwind_verify,
                  .kernel_symbols = kernel_symbols_.get(),
                  .off_cpu_threshold_ns =
                      static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.off_cpu_threshold)),
-                 .python_frames = options_.python_frames},
+                 .python_frames = options_.python_frames,
+                 .python_capture = python_capture_.get()},
                 graph, discovery_.get()),
       batches_(graph),
       continuous_hz_(options_.frequency_hz) {
@@ -113,7 +128,7 @@ bool Profiler::PythonBatched() const {
   if (targets == 0) return false;
   if (!session_targets_.empty()) return true;  // captures sample Python targets in batches
   size_t each_sample = 0;
-  for (pid_t pid : python_each_sample_) each_sample += recorder_.HasInterpreter(pid);
+  for (pid_t pid : python_as_sampled_) each_sample += recorder_.HasInterpreter(pid);
   return targets > each_sample;
 }
 
@@ -187,7 +202,7 @@ void Profiler::RescanSources() {
       // Started sampling itself after we found it: switch it to the source that claims it.
       if (target->source != nullptr) target->source->Detach(pid);
       recorder_.ForgetTarget(pid);
-      python_each_sample_.erase(pid);
+      python_as_sampled_.erase(pid);
       discovery_->SetSource(*target, source);
       LogInfo("pid {} ({}): reading its in-process sampler's ring", pid,
                    target->executable);
@@ -204,10 +219,13 @@ sources::StackSource* Profiler::SourceFor(pid_t pid) const {
 
 void Profiler::AddTarget(const procfs::TrackedProcess& process) {
   std::unique_ptr<Target> target = discovery_->NewTarget(process, SourceFor(process.pid));
-  // Before attaching: a Python target's samples are wanted one by one.
-  if (recorder_.FindInterpreter(*target) && target->source != nullptr &&
-      target->source->DeliverEachSample(process.pid)) {
-    python_each_sample_.insert(process.pid);
+  // Before attaching: a Python target's samples are wanted one by one, unless they carry
+  // their frames (then also those of an interpreter loaded later).
+  if (python_capture_ != nullptr && target->source == perf_.get() && perf_ != nullptr) {
+    python_as_sampled_.insert(process.pid);
+  } else if (recorder_.FindInterpreter(*target) && target->source != nullptr &&
+             target->source->DeliverEachSample(process.pid)) {
+    python_as_sampled_.insert(process.pid);
   }
   absl::Status st = target->source == nullptr
                         ? absl::OkStatus()
@@ -215,7 +233,7 @@ void Profiler::AddTarget(const procfs::TrackedProcess& process) {
   if (!st.ok()) {
     LogWarn("cannot sample pid {} ({}): {}", process.pid, process.executable, st.ToString());
     recorder_.ForgetTarget(process.pid);
-    python_each_sample_.erase(process.pid);
+    python_as_sampled_.erase(process.pid);
     return;
   }
   LogInfo("profiling pid {} ({}) as service '{}', {} threads, labels {{{}}}", process.pid,
@@ -227,7 +245,7 @@ void Profiler::AddTarget(const procfs::TrackedProcess& process) {
 void Profiler::RemoveTarget(pid_t pid) {
   for (sources::StackSource* source : sources_) source->Remove(pid, recorder_);
   recorder_.ForgetTarget(pid);
-  python_each_sample_.erase(pid);
+  python_as_sampled_.erase(pid);
   discovery_->Remove(pid);
 }
 
@@ -328,6 +346,12 @@ ProfilerStats Profiler::stats() const {
   if (perf_ != nullptr) {
     s.filtered = perf_->filtered();
     s.perf_events = perf_->events();
+    s.programs_not_attached = perf_->programs_not_attached();
+  }
+  if (python_capture_ != nullptr) {
+    s.python_capture = true;
+    s.capture = python_capture_->stats();
+    s.capture_runs = python_capture_->runs();
   }
   s.wakeups = wakeups_;
   s.rescans = rescans_;

@@ -88,6 +88,12 @@ struct ProfilerOptions : DiscoveryOptions {
   // any only with the rest (PythonWait).
   bool python_frames = true;
   absl::Duration python_read_period = absl::Milliseconds(1);
+  // Python frames copied by the kernel at each perf sample (python::FrameCapture): no wake-up
+  // and no read of the target per sample, and frames exactly as sampled. kAuto: where the
+  // kernel lets the agent load BPF programs (root, 5.8+), else the reads above; kOn: Create()
+  // fails where it cannot.
+  enum class PythonCapture { kAuto, kOn, kOff };
+  PythonCapture python_capture = PythonCapture::kAuto;
   // The kernel's frame-pointer walk of user stacks with each CPU-time sample
   // (sources::PerfSourceOptions::user_frame_chain).
   bool frame_walk = true;
@@ -99,6 +105,8 @@ std::optional<ProfilerOptions::Inproc> ParseInprocMode(std::string_view mode);
 std::optional<ProfilerOptions::Sampling> ParseSamplingMode(std::string_view mode);
 // Parses "auto" | "on" | "off".
 std::optional<ProfilerOptions::KernelStacks> ParseKernelStacksMode(std::string_view mode);
+// Parses "auto" | "on" | "off".
+std::optional<ProfilerOptions::PythonCapture> ParsePythonCaptureMode(std::string_view mode);
 
 // The recorder's counters (StackRecorderStats: samples, frames, off-CPU, Python) and what the
 // profiler adds around them: its sources, targets and wake-ups.
@@ -113,6 +121,12 @@ struct ProfilerStats : StackRecorderStats {
   uint64_t rescans = 0;         // target scans (process events or /proc)
   bool kernel_stacks = false;   // samples carry kernel chains
   size_t python_targets = 0;
+  // The Python frame capture (all zero without it); its program's runs are counted while
+  // kernel.bpf_stats_enabled is set.
+  bool python_capture = false;
+  python::CaptureStats capture;
+  bpf::ProgramRuns capture_runs;
+  uint64_t programs_not_attached = 0;  // perf events sampling without the capture
 };
 
 class Profiler final : public SamplingSessions {
@@ -160,7 +174,8 @@ class Profiler final : public SamplingSessions {
   Profiler(ProfilerOptions options, ContextGraph* graph,
            std::unique_ptr<TargetDiscovery> discovery, std::unique_ptr<sources::PerfSource> perf,
            std::unique_ptr<sources::InprocSource> inproc,
-           std::unique_ptr<kernel::KernelSymbols> kernel_symbols);
+           std::unique_ptr<kernel::KernelSymbols> kernel_symbols,
+           std::unique_ptr<python::FrameCapture> python_capture);
 
   // Sources first (a process with a ring is not attached to perf), then /proc: targets that
   // came and went, their threads, their mappings.
@@ -183,6 +198,8 @@ class Profiler final : public SamplingSessions {
   std::unique_ptr<sources::InprocSource> inproc_;  // null: --inproc off
   std::vector<sources::StackSource*> sources_;     // the two above that exist, perf first
   std::unique_ptr<kernel::KernelSymbols> kernel_symbols_;  // null: no kernel stacks
+  // Python frames copied at perf samples (the recorder takes them); null: not on this host.
+  std::unique_ptr<python::FrameCapture> python_capture_;
   StackRecorder recorder_;
   BatchBuilder batches_;
   // Continuous profiling's rate (SetRate changes it): the unit of off-CPU batches.
@@ -201,8 +218,9 @@ class Profiler final : public SamplingSessions {
   absl::Duration python_backoff_;
   // Targets attached to each capture session.
   absl::flat_hash_map<uint32_t, size_t> session_targets_;
-  // Python targets whose source delivers each sample as it is taken.
-  absl::flat_hash_set<pid_t> python_each_sample_;
+  // Targets whose Python frames are those of each sample: their source delivers each sample
+  // as it is taken, or their samples carry the frames (python_capture_).
+  absl::flat_hash_set<pid_t> python_as_sampled_;
 };
 
 }  // namespace strata::agent

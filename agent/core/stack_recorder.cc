@@ -120,11 +120,13 @@ void StackRecorder::ForgetTarget(pid_t pid) {
   }
   python_targets_ -= it->second->python != nullptr;
   last_python_read_ = {};  // (its interpreter goes)
+  ForgetCapturedThreads(pid);
   states_.erase(it);
 }
 
 void StackRecorder::ForgetThread(pid_t pid, pid_t tid) {
   if (last_python_read_.tid == tid) last_python_read_ = {};
+  if (captured_threads_.erase(tid) > 0) options_.python_capture->Forget(tid);
   if (auto it = states_.find(pid); it != states_.end()) {
     it->second->threads.erase(tid);
     if (auto off = it->second->off_cpu.find(tid); off != it->second->off_cpu.end()) {
@@ -187,8 +189,8 @@ const std::vector<encoding::EdgeId>* StackRecorder::UnwindAndRecord(
   if (options_.python_frames && sample.session_id != sources::kOffCpuSession) {
     if (python::Interpreter* interpreter = PythonOf(target, state);
         interpreter != nullptr &&
-        ReadPython(*interpreter, static_cast<pid_t>(sample.tid), sample.time_ns,
-                   result.num_frames, truncated, &splice, counts)) {
+        ReadPython(*interpreter, target.pid, static_cast<pid_t>(sample.tid), sample.time_ns,
+                   /*perf=*/true, result.num_frames, truncated, &splice, counts)) {
       python = &splice;
     }
   }
@@ -229,6 +231,7 @@ python::Interpreter* StackRecorder::PythonOf(const Target& target, TargetState& 
   }
   python_targets_ -= state.python != nullptr;
   last_python_read_ = {};
+  ForgetCapturedThreads(target.pid);
   state.python.reset();
   if (!found.has_value()) return nullptr;
   absl::StatusOr<std::unique_ptr<python::Interpreter>> attached =
@@ -264,9 +267,33 @@ absl::Duration StackRecorder::SincePythonSample() const {
   return absl::Nanoseconds(static_cast<int64_t>(since));
 }
 
-bool StackRecorder::ReadPython(python::Interpreter& interpreter, pid_t tid,
-                               uint64_t sample_time_ns, size_t num_frames, bool truncated,
-                               PythonSplice* splice, v1::UnwindCounters* counts) {
+void StackRecorder::CaptureThread(python::Interpreter& interpreter, pid_t pid, pid_t tid) {
+  std::optional<python::CaptureThread> thread = interpreter.CaptureThreadOf(tid);
+  if (!thread.has_value()) return;
+  auto [it, added] = captured_threads_.try_emplace(tid, CapturedThread{pid, 0});
+  if (!added && it->second.tstate == thread->tstate) return;
+  it->second = {pid, thread->tstate};
+  if (absl::Status st = options_.python_capture->Register(tid, *thread); !st.ok()) {
+    LogDebug("pid {} tid {}: Python frames not copied at the sample: {}", pid, tid,
+             st.ToString());
+  }
+}
+
+void StackRecorder::ForgetCapturedThreads(pid_t pid) {
+  for (auto it = captured_threads_.begin(); it != captured_threads_.end();) {
+    if (it->second.pid != pid) {
+      ++it;
+      continue;
+    }
+    options_.python_capture->Forget(it->first);
+    captured_threads_.erase(it++);
+  }
+}
+
+bool StackRecorder::ReadPython(python::Interpreter& interpreter, pid_t pid, pid_t tid,
+                               uint64_t sample_time_ns, bool perf, size_t num_frames,
+                               bool truncated, PythonSplice* splice,
+                               v1::UnwindCounters* counts) {
   size_t evals = 0;
   for (size_t i = 0; i < num_frames; ++i) {
     evals += interpreter.InEvalLoop(i == 0 ? frames_[i].pc : frames_[i].pc - 1);
@@ -274,22 +301,34 @@ bool StackRecorder::ReadPython(python::Interpreter& interpreter, pid_t tid,
   if (evals == 0) return false;  // the thread ran no Python code when sampled
   ++stats_.python_reads;
   const uint64_t now = MonotonicNs();
-  const uint64_t delay = now > sample_time_ns ? now - sample_time_ns : 0;
-  stats_.python_read_delay_ns += delay;
-  stats_.python_read_delay_max_ns = std::max(stats_.python_read_delay_max_ns, delay);
   python_sample_ns_ = std::max(python_sample_ns_, sample_time_ns);
-  // Samples of one thread drained one after the other take the same read: it would find the
-  // same frames (the thread ran for microseconds since).
+  python::FrameCapture* capture = perf ? options_.python_capture : nullptr;
   PythonRead& last = last_python_read_;
-  if (last.interpreter == &interpreter && last.tid == tid && now - last.time_ns < kReuseReadNs) {
-    ++stats_.python_reused;
-  } else {
+  const python::FrameSnapshot* snapshot =
+      capture != nullptr ? capture->Find(tid, sample_time_ns) : nullptr;
+  if (snapshot != nullptr) {
+    ++stats_.python_captured;
     last = {&interpreter, tid, now, python::ReadOutcome::kOk, 0, 0};
-    last.outcome = interpreter.ReadStack(tid, python_frames_, &last.frames);
-    if (last.outcome == python::ReadOutcome::kOk) {
-      for (size_t i = 0; i < last.frames; ++i) {
-        if (python_frames_[i].entry) python_group_end_[last.groups++] = i;
-      }
+    last.outcome = interpreter.ReadSnapshot(*snapshot, python_frames_, &last.frames);
+  } else {
+    const uint64_t delay = now > sample_time_ns ? now - sample_time_ns : 0;
+    stats_.python_read_delay_ns += delay;
+    stats_.python_read_delay_max_ns = std::max(stats_.python_read_delay_max_ns, delay);
+    // Samples of one thread drained one after the other take the same read: it would find
+    // the same frames (the thread ran for microseconds since).
+    if (last.interpreter == &interpreter && last.tid == tid &&
+        now - last.time_ns < kReuseReadNs) {
+      ++stats_.python_reused;
+    } else {
+      last = {&interpreter, tid, now, python::ReadOutcome::kOk, 0, 0};
+      last.outcome = interpreter.ReadStack(tid, python_frames_, &last.frames);
+      // Its thread state is known now: its next samples carry their frames.
+      if (capture != nullptr) CaptureThread(interpreter, pid, tid);
+    }
+  }
+  if (last.outcome == python::ReadOutcome::kOk && last.groups == 0) {
+    for (size_t i = 0; i < last.frames; ++i) {
+      if (python_frames_[i].entry) python_group_end_[last.groups++] = i;
     }
   }
   const python::ReadOutcome outcome = last.outcome;
@@ -431,8 +470,9 @@ void StackRecorder::OnStack(sources::StackSource& from, const sources::UnwoundSt
   const PythonSplice* python = nullptr;
   if (options_.python_frames && stack.tid > 0) {
     if (python::Interpreter* interpreter = PythonOf(*target, state);
-        interpreter != nullptr && ReadPython(*interpreter, stack.tid, stack.time_ns, n,
-                                             truncated, &splice, &state.counts)) {
+        interpreter != nullptr &&
+        ReadPython(*interpreter, target->pid, stack.tid, stack.time_ns, /*perf=*/false, n,
+                   truncated, &splice, &state.counts)) {
       python = &splice;
     }
   }

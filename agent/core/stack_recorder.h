@@ -54,6 +54,9 @@ struct StackRecorderOptions {
   uint64_t off_cpu_threshold_ns = 0;
   // Python frames in place of eval-loop frames, for targets running CPython.
   bool python_frames = true;
+  // Python frames copied at each perf sample (borrowed; null: read from memory after it).
+  // The recorder registers each Python thread it finds with it.
+  python::FrameCapture* python_capture = nullptr;
 };
 
 struct StackRecorderStats {
@@ -81,8 +84,9 @@ struct StackRecorderStats {
   uint64_t python_torn = 0;       // ... the chain changed while read (or no thread state)
   uint64_t python_mismatch = 0;   // ... its groups did not match the eval-loop frames
   uint64_t python_reads = 0;      // reads of a thread's Python frames
+  uint64_t python_captured = 0;   // ... from the frames copied at the sample (not delayed)
   uint64_t python_reused = 0;     // ... that took the thread's read for its previous sample
-  uint64_t python_read_delay_ns = 0;      // sum over the reads: read time - sample time
+  uint64_t python_read_delay_ns = 0;  // sum over the other reads: read time - sample time
   uint64_t python_read_delay_max_ns = 0;
 };
 
@@ -184,9 +188,14 @@ class StackRecorder final : public sources::StackSink {
   python::Interpreter* PythonOf(const Target& target, TargetState& state);
   // Reads the Python frames of the sample's thread for the `num_frames` unwound frames_; true
   // with *splice set when they agree with the eval-loop frames among them.
-  bool ReadPython(python::Interpreter& interpreter, pid_t tid, uint64_t sample_time_ns,
-                  size_t num_frames, bool truncated, PythonSplice* splice,
-                  v1::UnwindCounters* counts);
+  // `perf`: a perf sample (which may carry its frames, python_capture).
+  bool ReadPython(python::Interpreter& interpreter, pid_t pid, pid_t tid,
+                  uint64_t sample_time_ns, bool perf, size_t num_frames, bool truncated,
+                  PythonSplice* splice, v1::UnwindCounters* counts);
+  // Registers thread `tid` (of `pid`) with the capture, or again when its thread state moved.
+  void CaptureThread(python::Interpreter& interpreter, pid_t pid, pid_t tid);
+  // Unregisters the threads of `pid` from the capture.
+  void ForgetCapturedThreads(pid_t pid);
   encoding::PathFrame PythonFrameFor(const python::PythonFrame& frame, bool innermost);
   void Count(const Target& target, uint32_t session_id,
              const std::vector<encoding::EdgeId>& edges);
@@ -227,6 +236,12 @@ class StackRecorder final : public sources::StackSink {
     size_t groups = 0;
   };
   PythonRead last_python_read_;
+  // Threads registered with the capture: tid -> its process and thread state.
+  struct CapturedThread {
+    pid_t pid;
+    uint64_t tstate;
+  };
+  absl::flat_hash_map<pid_t, CapturedThread> captured_threads_;
 };
 
 }  // namespace strata::agent

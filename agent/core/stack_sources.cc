@@ -54,12 +54,29 @@ absl::StatusOr<StackSources> OpenStackSources(const ProfilerOptions& options) {
           return absl::Status(off.code(), absl::StrCat("--off-cpu: ", off.message()));
         }
       }
+      if (options.python_frames && options.python_capture != ProfilerOptions::PythonCapture::kOff) {
+        auto capture = python::FrameCapture::Create();
+        if (capture.ok()) {
+          opened.python_capture = std::move(*capture);
+          LogInfo("python frames: copied at each sample (BPF)");
+        } else if (options.python_capture == ProfilerOptions::PythonCapture::kOn) {
+          return absl::Status(capture.status().code(),
+                              absl::StrCat("--python-capture: ", capture.status().message()));
+        } else {
+          LogInfo("python frames: read from memory after each sample ({})",
+                  capture.status().ToString());
+        }
+      }
       auto perf = sources::PerfSource::Open({.frequency_hz = options.frequency_hz,
                                              .stack_bytes = options.stack_bytes,
                                              .scope = *scope,
                                              .kernel_stacks = opened.kernel_symbols != nullptr,
                                              .user_frame_chain = options.frame_walk,
-                                             .off_cpu = options.off_cpu});
+                                             .off_cpu = options.off_cpu,
+                                             .sample_program_fd =
+                                                 opened.python_capture != nullptr
+                                                     ? opened.python_capture->program_fd()
+                                                     : -1});
       if (!perf.ok()) return perf.status();
       opened.perf = std::move(*perf);
     } else if (options.inproc == ProfilerOptions::Inproc::kOff || options.off_cpu ||

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "agent/core/profiler.h"
 #include "agent/kernel/kernel_symbols.h"
+#include "agent/python/frame_capture.h"
 #include "agent/sources/inproc_source.h"
 #include "agent/sources/perf_source.h"
 
@@ -19,10 +20,13 @@ struct StackSources {
   std::unique_ptr<sources::PerfSource> perf;              // null: no perf events
   std::unique_ptr<sources::InprocSource> inproc;          // null: --inproc off
   std::unique_ptr<kernel::KernelSymbols> kernel_symbols;  // null: no kernel stacks
+  // Python frames copied at each perf sample; null: read from memory after the sample.
+  std::unique_ptr<python::FrameCapture> python_capture;
 };
 
 // Probes the kernel and opens the sources. An error where the options insist on what the
-// kernel refuses (kOff in-process with no perf events, per-CPU, kernel stacks, off-CPU).
+// kernel refuses (kOff in-process with no perf events, per-CPU, kernel stacks, off-CPU,
+// the Python frame capture).
 absl::StatusOr<StackSources> OpenStackSources(const ProfilerOptions& options);
 
 }  // namespace strata::agent

@@ -20,23 +20,30 @@ using bpf::kR7;
 using bpf::kR8;
 using bpf::kR9;
 
-// A record as the program writes it: this header, then num_frames frames (FrameSnapshot).
+// A record as the program writes it: this header, then the frames (FrameSnapshot).
 struct RecordHeader {
   uint64_t time_ns;
   uint32_t tid;
-  uint32_t num_frames;
+  uint32_t frame_size;
   uint64_t frame_field;
   uint64_t leaf;
   uint64_t next;
-  uint32_t frame_size;
-  uint32_t reserved;
 };
-static_assert(sizeof(RecordHeader) == 48);
+static_assert(sizeof(RecordHeader) == 40);
 
 constexpr uint32_t kMaxSlot = 8 + kMaxCopiedStruct;
+// The program's per-CPU scratch: the record (header, frames), then the block of data stack
+// read, the thread state's bytes and the place of the next frame (kept in memory, so that the
+// verifier sees the same bounds at every step whichever way the step before went).
 constexpr uint32_t kRecordBytes = sizeof(RecordHeader) + kMaxCapturedFrames * kMaxSlot;
 constexpr uint32_t kLastSlot = kRecordBytes - kMaxSlot;
-constexpr uint32_t kRingBytes = 4 << 20;
+constexpr uint32_t kBlockAt = kRecordBytes;
+constexpr uint32_t kTstateAt = kBlockAt + kMaxCaptureBlock + kMaxCopiedStruct;
+constexpr uint32_t kBlockStartAt = kTstateAt + kMaxCapturedTstate;
+constexpr uint32_t kBlockSizeAt = kBlockStartAt + 8;
+constexpr uint32_t kCursorAt = kBlockSizeAt + 8;
+constexpr uint32_t kScratchBytes = kCursorAt + 8;
+constexpr uint32_t kRingBytes = 8 << 20;
 constexpr uint32_t kMaxThreads = 16384;
 // A snapshot is stamped just before the sample (the same clock, in the same interrupt).
 constexpr uint64_t kMatchNs = 100'000;
@@ -46,11 +53,13 @@ constexpr uint64_t kMatchNs = 100'000;
 constexpr uint64_t kKeepNs = 2'000'000'000;
 // A thread's queue never holds more (a thread whose samples stopped coming through).
 constexpr size_t kMaxQueued = 4096;
+// A queue's bytes move once this many entries before its head are gone (and half of it).
+constexpr size_t kCompactAfter = 64;
 
 #define FIELD(s, f) static_cast<int16_t>(offsetof(s, f))
 
 // Stack slots of the program.
-constexpr int16_t kTidSlot = -4, kPidSlot = -8, kZeroSlot = -12, kCheckSlot = -24;
+constexpr int16_t kTidSlot = -4, kPidSlot = -8, kZeroSlot = -12, kSizeSlot = -24;
 
 }  // namespace
 
@@ -63,7 +72,8 @@ uint64_t FrameSnapshot::AddressOf(size_t i) const {
 std::vector<bpf::Insn> FrameCaptureProgram(int threads_map, int scratch_map, int ring_map) {
   using namespace bpf;  // NOLINT: the instruction builders
   ProgramBuilder b;
-  const auto out = b.NewLabel(), have_leaf = b.NewLabel(), done = b.NewLabel();
+  const auto out = b.NewLabel(), have_leaf = b.NewLabel(), frames = b.NewLabel(),
+             done = b.NewLabel();
   // r7 = the thread's CaptureThread, or out.
   b.Add(Call(BPF_FUNC_get_current_pid_tgid));
   b.Add(Store(BPF_W, kFp, kR0, kTidSlot));
@@ -78,7 +88,7 @@ std::vector<bpf::Insn> FrameCaptureProgram(int threads_map, int scratch_map, int
   b.Add(Load(BPF_W, kR1, kR7, FIELD(CaptureThread, pid)));
   b.Add(Load(BPF_W, kR2, kFp, kPidSlot));
   b.AddJump(JumpReg(BPF_JNE, kR1, kR2, 0), out);  // a tid of another process now
-  // r8 = this CPU's record.
+  // r8 = this CPU's scratch.
   b.Add(StoreImm(BPF_W, kFp, kZeroSlot, 0));
   b.AddMap(kR1, scratch_map);
   b.Add(MovReg(kR2, kFp));
@@ -86,16 +96,21 @@ std::vector<bpf::Insn> FrameCaptureProgram(int threads_map, int scratch_map, int
   b.Add(Call(BPF_FUNC_map_lookup_elem));
   b.AddJump(JumpImm(BPF_JEQ, kR0, 0, 0), out);
   b.Add(MovReg(kR8, kR0));
-  // The thread state is still this thread's.
-  b.Add(MovReg(kR1, kFp));
-  b.Add(AluImm(BPF_ADD, kR1, kCheckSlot));
-  b.Add(MovImm(kR2, 8));
+  // The thread state's bytes that hold the check and the frame pointer, in one read.
+  b.Add(MovReg(kR1, kR8));
+  b.Add(AluImm(BPF_ADD, kR1, kTstateAt));
+  b.Add(Load(BPF_W, kR2, kR7, FIELD(CaptureThread, tstate_span)));
+  b.AddJump(JumpImm(BPF_JGT, kR2, kMaxCapturedTstate, 0), out);
   b.Add(Load(BPF_DW, kR3, kR7, FIELD(CaptureThread, tstate)));
-  b.Add(Load(BPF_W, kR4, kR7, FIELD(CaptureThread, check_offset)));
+  b.Add(Load(BPF_W, kR4, kR7, FIELD(CaptureThread, tstate_span_start)));
   b.Add(AluReg(BPF_ADD, kR3, kR4));
   b.Add(Call(BPF_FUNC_probe_read_user));
   b.AddJump(JumpImm(BPF_JNE, kR0, 0, 0), out);
-  b.Add(Load(BPF_DW, kR1, kFp, kCheckSlot));
+  // The thread state is still this thread's.
+  b.Add(Load(BPF_W, kR1, kR7, FIELD(CaptureThread, check_at)));
+  b.Add(AluImm(BPF_AND, kR1, (kMaxCapturedTstate - 8) & ~7u));
+  b.Add(AluReg(BPF_ADD, kR1, kR8));
+  b.Add(Load(BPF_DW, kR1, kR1, kTstateAt));
   b.Add(Load(BPF_DW, kR2, kR7, FIELD(CaptureThread, check_value)));
   b.AddJump(JumpReg(BPF_JNE, kR1, kR2, 0), out);
   // The header.
@@ -103,19 +118,16 @@ std::vector<bpf::Insn> FrameCaptureProgram(int threads_map, int scratch_map, int
   b.Add(Store(BPF_DW, kR8, kR0, FIELD(RecordHeader, time_ns)));
   b.Add(Load(BPF_W, kR1, kFp, kTidSlot));
   b.Add(Store(BPF_W, kR8, kR1, FIELD(RecordHeader, tid)));
-  b.Add(StoreImm(BPF_W, kR8, FIELD(RecordHeader, num_frames), 0));
   b.Add(Load(BPF_W, kR1, kR7, FIELD(CaptureThread, frame_size)));
   b.Add(Store(BPF_W, kR8, kR1, FIELD(RecordHeader, frame_size)));
+  b.Add(StoreImm(BPF_DW, kR8, kBlockSizeAt, 0));
+  b.Add(StoreImm(BPF_DW, kR8, kCursorAt, sizeof(RecordHeader)));
   // r9 = the current frame: *(tstate + tstate_frame), through the _PyCFrame when there is one.
-  b.Add(MovReg(kR1, kR8));
-  b.Add(AluImm(BPF_ADD, kR1, FIELD(RecordHeader, frame_field)));
-  b.Add(MovImm(kR2, 8));
-  b.Add(Load(BPF_DW, kR3, kR7, FIELD(CaptureThread, tstate)));
-  b.Add(Load(BPF_W, kR4, kR7, FIELD(CaptureThread, tstate_frame)));
-  b.Add(AluReg(BPF_ADD, kR3, kR4));
-  b.Add(Call(BPF_FUNC_probe_read_user));
-  b.AddJump(JumpImm(BPF_JNE, kR0, 0, 0), out);
-  b.Add(Load(BPF_DW, kR9, kR8, FIELD(RecordHeader, frame_field)));
+  b.Add(Load(BPF_W, kR1, kR7, FIELD(CaptureThread, frame_at)));
+  b.Add(AluImm(BPF_AND, kR1, (kMaxCapturedTstate - 8) & ~7u));
+  b.Add(AluReg(BPF_ADD, kR1, kR8));
+  b.Add(Load(BPF_DW, kR9, kR1, kTstateAt));
+  b.Add(Store(BPF_DW, kR8, kR9, FIELD(RecordHeader, frame_field)));
   b.Add(Load(BPF_W, kR3, kR7, FIELD(CaptureThread, cframe_frame)));
   b.AddJump(Jump32Imm(BPF_JEQ, kR3, -1, 0), have_leaf);  // kNoOffset
   b.AddJump(JumpImm(BPF_JEQ, kR9, 0, 0), have_leaf);
@@ -128,43 +140,96 @@ std::vector<bpf::Insn> FrameCaptureProgram(int threads_map, int scratch_map, int
   b.Add(Load(BPF_DW, kR9, kR8, FIELD(RecordHeader, leaf)));
   b.Bind(have_leaf);
   b.Add(Store(BPF_DW, kR8, kR9, FIELD(RecordHeader, leaf)));
-  // The frames, r6 the next one's place in the record. Unrolled: each step is checked by the
-  // verifier on its own, with r6's bound (kLastSlot) keeping every access inside the record.
-  b.Add(MovImm(kR6, sizeof(RecordHeader)));
+  // 3.11+: the data stack below the current frame's end, where its callers' frames lie, in
+  // one read; from the current frame's page when that reaches unmapped memory.
+  b.AddJump(JumpImm(BPF_JEQ, kR9, 0, 0), frames);
+  b.Add(Load(BPF_W, kR2, kR7, FIELD(CaptureThread, block_bytes)));
+  b.AddJump(JumpImm(BPF_JEQ, kR2, 0, 0), frames);
+  b.AddJump(JumpImm(BPF_JGT, kR2, kMaxCaptureBlock, 0), frames);
+  b.Add(Load(BPF_W, kR3, kR7, FIELD(CaptureThread, frame_size)));
+  b.Add(AluImm(BPF_ADD, kR3, 7));
+  b.Add(AluImm(BPF_AND, kR3, -8));  // (frames are 8-byte aligned: so is the block)
+  b.Add(AluReg(BPF_ADD, kR3, kR9));
+  b.Add(AluReg(BPF_SUB, kR3, kR2));
+  b.Add(Store(BPF_DW, kR8, kR3, kBlockStartAt));
+  b.Add(Store(BPF_DW, kR8, kR2, kBlockSizeAt));
+  b.Add(MovReg(kR1, kR8));
+  b.Add(AluImm(BPF_ADD, kR1, kBlockAt));
+  b.Add(Call(BPF_FUNC_probe_read_user));
+  b.AddJump(JumpImm(BPF_JEQ, kR0, 0, 0), frames);
+  b.Add(StoreImm(BPF_DW, kR8, kBlockSizeAt, 0));
+  b.Add(MovReg(kR3, kR9));
+  b.Add(AluImm(BPF_AND, kR3, -4096));
+  b.Add(Load(BPF_W, kR2, kR7, FIELD(CaptureThread, frame_size)));
+  b.Add(AluReg(BPF_ADD, kR2, kR9));
+  b.Add(AluReg(BPF_SUB, kR2, kR3));
+  b.AddJump(JumpImm(BPF_JGT, kR2, kMaxCaptureBlock, 0), frames);
+  b.Add(Store(BPF_DW, kR8, kR3, kBlockStartAt));
+  b.Add(Store(BPF_DW, kFp, kR2, kSizeSlot));
+  b.Add(MovReg(kR1, kR8));
+  b.Add(AluImm(BPF_ADD, kR1, kBlockAt));
+  b.Add(Call(BPF_FUNC_probe_read_user));
+  b.AddJump(JumpImm(BPF_JNE, kR0, 0, 0), frames);
+  b.Add(Load(BPF_DW, kR2, kFp, kSizeSlot));
+  b.Add(Store(BPF_DW, kR8, kR2, kBlockSizeAt));
+  // The chain, each frame's address and first frame_size bytes copied into the record: from
+  // the block, or read on its own (frames elsewhere: a generator's, another chunk's, frame
+  // objects). Unrolled; every step starts from the same verifier state (the cursor reloaded).
+  b.Bind(frames);
   for (uint32_t i = 0; i < kMaxCapturedFrames; ++i) {
+    const auto outside = b.NewLabel(), advance = b.NewLabel();
     b.AddJump(JumpImm(BPF_JEQ, kR9, 0, 0), done);
+    b.Add(Load(BPF_DW, kR6, kR8, kCursorAt));
     b.AddJump(JumpImm(BPF_JGT, kR6, kLastSlot, 0), done);
-    b.Add(MovReg(kR1, kR8));
-    b.Add(AluReg(BPF_ADD, kR1, kR6));
-    b.Add(Store(BPF_DW, kR1, kR9, 0));
+    b.Add(AluReg(BPF_ADD, kR6, kR8));  // r6 = the frame's slot
+    b.Add(Store(BPF_DW, kR6, kR9, 0));
+    b.Add(Load(BPF_W, kR4, kR7, FIELD(CaptureThread, frame_size)));
+    b.AddJump(JumpImm(BPF_JGT, kR4, kMaxCopiedStruct, 0), done);
+    // In the block: block_start <= r9 <= block_start + block_size - frame_size.
+    b.Add(Load(BPF_DW, kR1, kR8, kBlockSizeAt));
+    b.AddJump(JumpReg(BPF_JLT, kR1, kR4, 0), outside);  // (also: no block)
+    b.Add(AluReg(BPF_SUB, kR1, kR4));
+    b.Add(MovReg(kR2, kR9));
+    b.Add(Load(BPF_DW, kR3, kR8, kBlockStartAt));
+    b.Add(AluReg(BPF_SUB, kR2, kR3));
+    b.AddJump(JumpReg(BPF_JGT, kR2, kR1, 0), outside);
+    b.Add(AluImm(BPF_AND, kR2, (kMaxCaptureBlock - 1) & ~7u));
+    b.Add(AluReg(BPF_ADD, kR2, kR8));  // r2 = the frame in the block, less kBlockAt
+    for (uint32_t word = 0; word < kMaxCopiedStruct / 8; ++word) {
+      b.AddJump(JumpImm(BPF_JLE, kR4, static_cast<int32_t>(word * 8), 0), advance);
+      b.Add(Load(BPF_DW, kR1, kR2, static_cast<int16_t>(kBlockAt + word * 8)));
+      b.Add(Store(BPF_DW, kR6, kR1, static_cast<int16_t>(8 + word * 8)));
+    }
+    b.AddJump(Jump(0), advance);
+    b.Bind(outside);
+    b.Add(MovReg(kR1, kR6));
     b.Add(AluImm(BPF_ADD, kR1, 8));
-    b.Add(Load(BPF_W, kR2, kR7, FIELD(CaptureThread, frame_size)));
-    b.AddJump(JumpImm(BPF_JGT, kR2, kMaxCopiedStruct, 0), done);
+    b.Add(MovReg(kR2, kR4));
     b.Add(MovReg(kR3, kR9));
     b.Add(Call(BPF_FUNC_probe_read_user));
     b.AddJump(JumpImm(BPF_JNE, kR0, 0, 0), done);
-    b.Add(StoreImm(BPF_W, kR8, FIELD(RecordHeader, num_frames), static_cast<int32_t>(i + 1)));
+    b.Bind(advance);
     // r9 = this frame's previous, from the copy (an aligned field inside the frame).
     b.Add(Load(BPF_W, kR1, kR7, FIELD(CaptureThread, frame_previous)));
-    b.Add(AluImm(BPF_AND, kR1, 0xf8));  // bits 3-7: aligned, inside the copied frame
-    b.Add(MovReg(kR2, kR8));
-    b.Add(AluReg(BPF_ADD, kR2, kR6));
-    b.Add(AluReg(BPF_ADD, kR2, kR1));
-    b.Add(Load(BPF_DW, kR9, kR2, 8));
-    // r6 += 8 + frame_size rounded up to 8 (at most kMaxSlot).
+    b.Add(AluImm(BPF_AND, kR1, (kMaxCopiedStruct - 1) & ~7u));
+    b.Add(AluReg(BPF_ADD, kR1, kR6));
+    b.Add(Load(BPF_DW, kR9, kR1, 8));
+    // cursor += 8 + frame_size rounded up to 8 (at most kMaxSlot).
     b.Add(Load(BPF_W, kR1, kR7, FIELD(CaptureThread, frame_size)));
     b.Add(AluImm(BPF_ADD, kR1, 15));
     b.Add(AluImm(BPF_AND, kR1, 0x3f8));  // bits 3-9: a multiple of 8, bounded
     b.AddJump(JumpImm(BPF_JGT, kR1, kMaxSlot, 0), done);
-    b.Add(AluReg(BPF_ADD, kR6, kR1));
+    b.Add(Load(BPF_DW, kR2, kR8, kCursorAt));
+    b.Add(AluReg(BPF_ADD, kR2, kR1));
+    b.Add(Store(BPF_DW, kR8, kR2, kCursorAt));
   }
   b.Bind(done);
   b.Add(Store(BPF_DW, kR8, kR9, FIELD(RecordHeader, next)));
-  b.AddJump(JumpImm(BPF_JGT, kR6, kRecordBytes, 0), out);
+  b.Add(Load(BPF_DW, kR3, kR8, kCursorAt));
+  b.AddJump(JumpImm(BPF_JGT, kR3, kRecordBytes, 0), out);
   b.AddMap(kR1, ring_map);
   b.Add(MovReg(kR2, kR8));
-  b.Add(MovReg(kR3, kR6));
-  b.Add(MovImm(kR4, 0));
+  b.Add(MovImm(kR4, BPF_RB_NO_WAKEUP));  // the agent reads the ring with the samples
   b.Add(Call(BPF_FUNC_ringbuf_output));
   b.Bind(out);
   b.Add(MovImm(kR0, 1));  // the sample is written as always
@@ -177,7 +242,7 @@ absl::StatusOr<std::unique_ptr<FrameCapture>> FrameCapture::Create() {
       BPF_MAP_TYPE_HASH, sizeof(uint32_t), sizeof(CaptureThread), kMaxThreads, "py_threads");
   if (!threads.ok()) return threads.status();
   absl::StatusOr<base::UniqueFd> scratch =
-      bpf::CreateMap(BPF_MAP_TYPE_PERCPU_ARRAY, sizeof(uint32_t), kRecordBytes, 1, "py_record");
+      bpf::CreateMap(BPF_MAP_TYPE_PERCPU_ARRAY, sizeof(uint32_t), kScratchBytes, 1, "py_record");
   if (!scratch.ok()) return scratch.status();
   absl::StatusOr<base::UniqueFd> ring =
       bpf::CreateMap(BPF_MAP_TYPE_RINGBUF, 0, 0, kRingBytes, "py_frames");
@@ -197,11 +262,29 @@ absl::StatusOr<std::unique_ptr<FrameCapture>> FrameCapture::Create() {
 
 FrameCapture::~FrameCapture() = default;
 
+bool CaptureThread::Set(uint64_t tstate_address, uint32_t check_offset, uint64_t check,
+                        pid_t process, const Offsets& offsets) {
+  tstate = tstate_address;
+  check_value = check;
+  pid = static_cast<uint32_t>(process);
+  const uint32_t first = std::min(check_offset, offsets.tstate_frame) & ~7u;
+  const uint32_t end = std::max(check_offset, offsets.tstate_frame) + 8;
+  tstate_span_start = first;
+  tstate_span = end - first;
+  check_at = check_offset - first;
+  frame_at = offsets.tstate_frame - first;
+  cframe_frame = offsets.cframe_frame;
+  frame_previous = offsets.frame_previous;
+  frame_size = offsets.frame_size;
+  // Frames of a few calls with their locals and value stacks (3.11+: one data stack).
+  block_bytes = offsets.layout == FrameLayout::kFrameObject ? 0 : (getenv("DBG_BLOCK") ? atoi(getenv("DBG_BLOCK")) : 2048);
+  return tstate_span <= kMaxCapturedTstate && check_at % 8 == 0 && frame_at % 8 == 0 &&
+         frame_size > 0 && frame_size <= kMaxCopiedStruct && frame_previous % 8 == 0 &&
+         frame_previous + 8 <= frame_size && block_bytes % 8 == 0 &&
+         (block_bytes == 0 || (block_bytes >= frame_size && block_bytes <= kMaxCaptureBlock));
+}
+
 absl::Status FrameCapture::Register(pid_t tid, const CaptureThread& thread) {
-  if (thread.frame_size == 0 || thread.frame_size > kMaxCopiedStruct ||
-      thread.frame_previous + 8 > thread.frame_size) {
-    return absl::InvalidArgumentError("python frame capture: frame layout out of bounds");
-  }
   const uint32_t key = static_cast<uint32_t>(tid);
   if (absl::Status st = bpf::UpdateElement(threads_.get(), &key, &thread); !st.ok()) return st;
   queues_.try_emplace(tid);
@@ -212,7 +295,8 @@ void FrameCapture::Forget(pid_t tid) {
   const uint32_t key = static_cast<uint32_t>(tid);
   (void)bpf::DeleteElement(threads_.get(), &key);
   if (auto it = queues_.find(tid); it != queues_.end()) {
-    stats_.unmatched += it->second.entries.size() - it->second.head;
+    const Queue& q = it->second;
+    for (size_t i = q.head; i < q.entries.size(); ++i) stats_.unmatched += q.entries[i].time_ns != 0;
     queues_.erase(it);
   }
 }
@@ -237,8 +321,10 @@ void FrameCapture::Collect() {
     }
     Queue& q = it->second;
     if (q.entries.size() - q.head >= kMaxQueued) {
-      ++stats_.unmatched;
+      stats_.unmatched += q.entries[q.head].time_ns != 0;
       DropBefore(q, q.head + 1);
+    } else {
+      DropBefore(q, q.head);
     }
     q.entries.push_back({header.time_ns, static_cast<uint32_t>(q.bytes.size()),
                          static_cast<uint32_t>(record.size())});
@@ -256,7 +342,7 @@ void FrameCapture::DropBefore(Queue& q, size_t index) {
     q.hint = 0;
     return;
   }
-  if (q.head * 2 < q.entries.size()) return;
+  if (q.head < kCompactAfter || q.head * 2 < q.entries.size()) return;
   const uint32_t base = q.entries[q.head].offset;
   q.bytes.erase(q.bytes.begin(), q.bytes.begin() + base);
   q.entries.erase(q.entries.begin(), q.entries.begin() + static_cast<ptrdiff_t>(q.head));
@@ -269,6 +355,7 @@ const FrameSnapshot* FrameCapture::Find(pid_t tid, uint64_t sample_time_ns) {
   auto it = queues_.find(tid);
   if (it == queues_.end()) return nullptr;
   Queue* q = &it->second;
+  DropBefore(*q, q->head);  // (the last snapshot found is used up)
   auto search = [&]() -> size_t {
     // From where the last one was found: the next one is mostly right after it.
     const size_t n = q->entries.size();
@@ -300,27 +387,27 @@ const FrameSnapshot* FrameCapture::Find(pid_t tid, uint64_t sample_time_ns) {
   found_.leaf = header.leaf;
   found_.next = header.next;
   found_.frame_size = header.frame_size;
-  found_.num_frames = header.num_frames;
-  if (header.frame_size > kMaxCopiedStruct || header.num_frames > kMaxCapturedFrames ||
-      sizeof(header) + header.num_frames * found_.stride() > e.size) {
+  if (header.frame_size > kMaxCopiedStruct ||
+      (e.size - sizeof(header)) % found_.stride() != 0) {
     ++stats_.malformed;
+    q->entries[i].time_ns = 0;
     return nullptr;
   }
+  found_.num_frames = static_cast<uint32_t>((e.size - sizeof(header)) / found_.stride());
   ++stats_.found;
   // Entries older than this one by kKeepNs are for samples that will not come; this one is
   // used up (marked by its time: entries of one thread have distinct times).
-  size_t old = q->head;
-  while (old < q->entries.size() && q->entries[old].time_ns + kKeepNs < e.time_ns) ++old;
-  stats_.unmatched += old - q->head;
   q->entries[i].time_ns = 0;  // matches no sample again
   q->hint = i + 1;
-  // Copy out before the queue moves its bytes.
-  frame_bytes_.assign(q->bytes.begin() + e.offset + sizeof(header),
-                      q->bytes.begin() + e.offset + e.size);
-  found_.frames = frame_bytes_.data();
-  size_t first_live = old;
-  while (first_live < q->entries.size() && q->entries[first_live].time_ns == 0) ++first_live;
-  DropBefore(*q, first_live);
+  size_t first_live = q->head;
+  for (; first_live < q->entries.size(); ++first_live) {
+    const uint64_t t = q->entries[first_live].time_ns;
+    if (t != 0 && t + kKeepNs >= e.time_ns) break;
+    stats_.unmatched += t != 0;
+  }
+  // The queue's bytes move at its next change (Collect, the next Find), not before.
+  q->head = first_live;
+  found_.frames = q->bytes.data() + e.offset + sizeof(header);
   return &found_;
 }
 

@@ -39,29 +39,45 @@
 
 namespace strata::agent::python {
 
+inline constexpr uint32_t kMaxCapturedFrames = 48;
+inline constexpr uint32_t kMaxCaptureBlock = 4096;   // bytes of data stack copied in one go
+inline constexpr uint32_t kMaxCapturedTstate = 256;  // bytes of the thread state copied
+
 // What the program needs of one thread (the value of its map, keyed by tid).
 struct CaptureThread {
   uint64_t tstate = 0;       // the thread's PyThreadState
-  uint64_t check_value = 0;  // what tstate + check_offset holds while it is this thread's
+  uint64_t check_value = 0;  // what the thread state holds at check_at while it is this thread's
   uint32_t pid = 0;
-  uint32_t check_offset = 0;
-  uint32_t tstate_frame = 0;          // Offsets::tstate_frame
+  // The thread state's bytes copied, [tstate + tstate_span_start, + tstate_span), and where
+  // in them (8-byte aligned) the check and the frame pointer (Offsets::tstate_frame) lie.
+  uint32_t tstate_span_start = 0;
+  uint32_t tstate_span = 0;
+  uint32_t check_at = 0;
+  uint32_t frame_at = 0;
   uint32_t cframe_frame = kNoOffset;  // Offsets::cframe_frame
   uint32_t frame_previous = 0;
-  uint32_t frame_size = 0;  // at most kMaxCopiedStruct
-};
-static_assert(sizeof(CaptureThread) == 40);
+  uint32_t frame_size = 0;   // at most kMaxCopiedStruct
+  // 3.11+: bytes of the thread's data stack copied below the current frame's end in one
+  // read (its callers' frames mostly lie there); a multiple of 8, at least frame_size, at
+  // most kMaxCaptureBlock. 0: none (frame objects, before 3.11, lie anywhere on the heap).
+  uint32_t block_bytes = 0;
+  uint32_t reserved = 0;
 
-inline constexpr uint32_t kMaxCapturedFrames = 48;
+  // The fields above from a thread state's address, its check (at `check_offset` in it) and
+  // the interpreter's offsets; false when they do not fit the program's bounds.
+  bool Set(uint64_t tstate_address, uint32_t check_offset, uint64_t check, pid_t process,
+           const Offsets& offsets);
+};
+static_assert(sizeof(CaptureThread) == 56);
 
 // One sample's copy of a thread's frame chain.
 struct FrameSnapshot {
   uint64_t time_ns = 0;
   uint64_t frame_field = 0;  // *(tstate + tstate_frame)
   uint64_t leaf = 0;         // the current frame (0: none)
-  uint64_t next = 0;         // the frame after the last one copied (0: the chain ends there)
-  uint32_t num_frames = 0;
+  uint64_t next = 0;         // the frame after the last one followed (0: the chain ends there)
   uint32_t frame_size = 0;
+  uint32_t num_frames = 0;
   const uint8_t* frames = nullptr;  // num_frames x stride(): the address, then frame_size bytes
 
   size_t stride() const { return 8 + ((frame_size + 7) & ~size_t{7}); }
@@ -124,15 +140,15 @@ class FrameCapture {
 
   // Moves the ring's new records to their threads' queues.
   void Collect();
-  // Drops `queue`'s entries before `index` (and compacts it when half of it is gone).
+  // Drops `queue`'s entries before `index` (and compacts it when half of it is gone: a
+  // snapshot found before is invalid then).
   void DropBefore(Queue& queue, size_t index);
 
   base::UniqueFd threads_, scratch_, ring_;
   bpf::RingReader reader_;
   base::UniqueFd program_;
   absl::flat_hash_map<pid_t, Queue> queues_;  // the registered threads
-  FrameSnapshot found_;
-  std::vector<uint8_t> frame_bytes_;  // found_'s frames
+  FrameSnapshot found_;  // its frames lie in its queue's bytes
   CaptureStats stats_;
 };
 

@@ -503,20 +503,15 @@ ReadOutcome Interpreter::ReadSnapshot(const FrameSnapshot& snapshot, std::span<P
 std::optional<CaptureThread> Interpreter::CaptureThreadOf(pid_t tid) {
   auto it = thread_states_.find(tid);
   if (it == thread_states_.end() || it->second.tstate == 0) return std::nullopt;
+  const uint64_t tstate = it->second.tstate;
   CaptureThread t;
-  t.tstate = it->second.tstate;
-  t.pid = static_cast<uint32_t>(pid_);
-  if (offsets_.tstate_native_thread_id != kNoOffset) {
-    t.check_offset = offsets_.tstate_native_thread_id;
-    t.check_value = static_cast<uint64_t>(tid);
-  } else {  // the pthread_t: TidOf found it to be this thread's
-    t.check_offset = offsets_.tstate_thread_id;
-    if (!memory_->ReadValue(t.tstate + t.check_offset, &t.check_value)) return std::nullopt;
+  uint32_t check_offset = offsets_.tstate_native_thread_id;
+  uint64_t check = static_cast<uint64_t>(tid);
+  if (check_offset == kNoOffset) {  // the pthread_t: TidOf found it to be this thread's
+    check_offset = offsets_.tstate_thread_id;
+    if (!memory_->ReadValue(tstate + check_offset, &check)) return std::nullopt;
   }
-  t.tstate_frame = offsets_.tstate_frame;
-  t.cframe_frame = offsets_.cframe_frame;
-  t.frame_previous = offsets_.frame_previous;
-  t.frame_size = offsets_.frame_size;
+  if (!t.Set(tstate, check_offset, check, pid_, offsets_)) return std::nullopt;
   return t;
 }
 

@@ -228,7 +228,7 @@ class Interpreter {
   static constexpr size_t kMaxChainBlocks = 8;
   static constexpr size_t kHintAbove = 512;
   // A cached code object is trusted this long after its header was last compared.
-  static constexpr uint64_t kCodeRecheckNs = 250'000'000;
+  static constexpr uint64_t kCodeRecheckNs = 1'000'000'000;
 
   pid_t pid_;
   Offsets offsets_;

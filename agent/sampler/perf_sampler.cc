@@ -389,7 +389,7 @@ absl::Status PerfSampler::SetFrequency(uint32_t session_id, uint32_t frequency_h
 }
 
 absl::StatusOr<std::unique_ptr<PerfSampler::RingEvent>> PerfSampler::OpenEvent(
-    const Session& session, pid_t pid, pid_t tid, int cpu) {
+    Session& session, pid_t pid, pid_t tid, int cpu) {
   const bool each_sample = cpu < 0 && session.each_sample.contains(pid);
   const uint32_t pages =
       each_sample && session.per_cpu()
@@ -403,6 +403,11 @@ absl::StatusOr<std::unique_ptr<PerfSampler::RingEvent>> PerfSampler::OpenEvent(
   event->cpu = cpu;
   event->fd = PerfEventOpen(&attr, tid, cpu);
   if (event->fd < 0) return PerfOpenError(errno, tid, cpu, session.options);
+  if (session.options.sample_program_fd >= 0 &&
+      session.options.event == SessionEvent::kCpuClock &&
+      ioctl(event->fd, PERF_EVENT_IOC_SET_BPF, session.options.sample_program_fd) != 0) {
+    ++session.stats.programs_not_attached;
+  }
   event->mapping_size = page_size_ + data_size;
   event->mapping =
       mmap(nullptr, event->mapping_size, PROT_READ | PROT_WRITE, MAP_SHARED, event->fd, 0);

@@ -111,6 +111,10 @@ struct SessionOptions {
   // such as a goroutine's stack below the system stack the sample was taken on (Go keeps
   // frame pointers on x86-64). Costs the target one walk of its frame pointers per sample.
   bool user_frame_chain = false;
+  // kCpuClock only: a BPF_PROG_TYPE_PERF_EVENT program run at each sample, in the sampled
+  // thread's context, before the sample is written (e.g. agent/python/frame_capture.h); -1:
+  // none. An event the kernel will not attach it to samples without it (counted).
+  int sample_program_fd = -1;
 };
 
 // Leaves room for the rest of the sample in a record whose size is a u16.
@@ -135,6 +139,7 @@ struct SamplerStats {
   uint64_t threads_exited = 0;    // events closed because their thread exited
   uint64_t filtered = 0;  // per-CPU samples of processes that are not targets of the session
   uint64_t switches_in = 0;  // kSwitchIn events delivered (off-CPU sessions)
+  uint64_t programs_not_attached = 0;  // events opened without SessionOptions' program
 
   SamplerStats& operator+=(const SamplerStats& other) {
     switches_in += other.switches_in;
@@ -145,6 +150,7 @@ struct SamplerStats {
     threads_attached += other.threads_attached;
     threads_exited += other.threads_exited;
     filtered += other.filtered;
+    programs_not_attached += other.programs_not_attached;
     return *this;
   }
 };
@@ -228,8 +234,8 @@ class PerfSampler {
   PerfSampler(int epoll_fd, const UserRegsLayout& layout);
 
   // An event of `tid` (per thread) or of `cpu` (per CPU, tid -1).
-  absl::StatusOr<std::unique_ptr<RingEvent>> OpenEvent(const Session& session, pid_t pid,
-                                                         pid_t tid, int cpu);
+  absl::StatusOr<std::unique_ptr<RingEvent>> OpenEvent(Session& session, pid_t pid, pid_t tid,
+                                                         int cpu);
   template <typename Fn>
   static void ForEachEvent(Session& session, Fn fn);
   // Opens a kPerCpu session's events, once it has a target: until then they would only fill
