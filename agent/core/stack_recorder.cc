@@ -298,14 +298,14 @@ bool StackRecorder::ReadPython(python::Interpreter& interpreter, pid_t pid, pid_
   for (size_t i = 0; i < num_frames; ++i) {
     evals += interpreter.InEvalLoop(i == 0 ? frames_[i].pc : frames_[i].pc - 1);
   }
+  python::FrameCapture* capture = perf ? options_.python_capture : nullptr;
+  const python::FrameSnapshot* snapshot =
+      capture != nullptr ? capture->Find(tid, sample_time_ns) : nullptr;
   if (evals == 0) return false;  // the thread ran no Python code when sampled
   ++stats_.python_reads;
   const uint64_t now = MonotonicNs();
   python_sample_ns_ = std::max(python_sample_ns_, sample_time_ns);
-  python::FrameCapture* capture = perf ? options_.python_capture : nullptr;
   PythonRead& last = last_python_read_;
-  const python::FrameSnapshot* snapshot =
-      capture != nullptr ? capture->Find(tid, sample_time_ns) : nullptr;
   if (snapshot != nullptr) {
     ++stats_.python_captured;
     last = {&interpreter, tid, now, python::ReadOutcome::kOk, 0, 0};
@@ -564,6 +564,10 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
       keep = outside;
     }
   }
+  // Of a Python stack's frames inward of the kept ones, those the same as the last stack's
+  // keep their edges too (compared below): the thread mostly runs the same calls.
+  const bool compare = cache != nullptr && python != nullptr && keep > 0;
+  if (compare) previous_path_.assign(path.begin(), path.end());
   path.resize(keep);
   // Eval-loop frames met so far count down from the outermost: the g-th from the leaf runs
   // group g of the Python frames, whose frames go in outermost first.
@@ -586,6 +590,10 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   if (cache != nullptr) {
     cache->epoch = target.maps_epoch;
     cache->truncated = truncated;
+  }
+  if (compare) {
+    const size_t same = std::min({previous_path_.size(), path.size(), edges.size()});
+    while (keep < same && path[keep] == previous_path_[keep]) ++keep;
   }
   if (!graph_->ExtendPath(path, truncated, keep, &edges).ok()) {
     path.clear();  // nothing of it is reusable

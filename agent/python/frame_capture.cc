@@ -32,16 +32,13 @@ struct RecordHeader {
 static_assert(sizeof(RecordHeader) == 40);
 
 constexpr uint32_t kMaxSlot = 8 + kMaxCopiedStruct;
-// The program's per-CPU scratch: the record (header, frames), then the block of data stack
-// read, the thread state's bytes and the place of the next frame (kept in memory, so that the
-// verifier sees the same bounds at every step whichever way the step before went).
+// The program's per-CPU scratch: the record (header, frames), then the thread state's bytes
+// and the place of the next frame (kept in memory, so that the verifier sees the same bounds
+// at every step).
 constexpr uint32_t kRecordBytes = sizeof(RecordHeader) + kMaxCapturedFrames * kMaxSlot;
 constexpr uint32_t kLastSlot = kRecordBytes - kMaxSlot;
-constexpr uint32_t kBlockAt = kRecordBytes;
-constexpr uint32_t kTstateAt = kBlockAt + kMaxCaptureBlock + kMaxCopiedStruct;
-constexpr uint32_t kBlockStartAt = kTstateAt + kMaxCapturedTstate;
-constexpr uint32_t kBlockSizeAt = kBlockStartAt + 8;
-constexpr uint32_t kCursorAt = kBlockSizeAt + 8;
+constexpr uint32_t kTstateAt = kRecordBytes;
+constexpr uint32_t kCursorAt = kTstateAt + kMaxCapturedTstate;
 constexpr uint32_t kScratchBytes = kCursorAt + 8;
 constexpr uint32_t kRingBytes = 8 << 20;
 constexpr uint32_t kMaxThreads = 16384;
@@ -59,7 +56,7 @@ constexpr size_t kCompactAfter = 64;
 #define FIELD(s, f) static_cast<int16_t>(offsetof(s, f))
 
 // Stack slots of the program.
-constexpr int16_t kTidSlot = -4, kPidSlot = -8, kZeroSlot = -12, kSizeSlot = -24;
+constexpr int16_t kTidSlot = -4, kPidSlot = -8, kZeroSlot = -12;
 
 }  // namespace
 
@@ -72,8 +69,7 @@ uint64_t FrameSnapshot::AddressOf(size_t i) const {
 std::vector<bpf::Insn> FrameCaptureProgram(int threads_map, int scratch_map, int ring_map) {
   using namespace bpf;  // NOLINT: the instruction builders
   ProgramBuilder b;
-  const auto out = b.NewLabel(), have_leaf = b.NewLabel(), frames = b.NewLabel(),
-             done = b.NewLabel();
+  const auto out = b.NewLabel(), have_leaf = b.NewLabel(), done = b.NewLabel();
   // r7 = the thread's CaptureThread, or out.
   b.Add(Call(BPF_FUNC_get_current_pid_tgid));
   b.Add(Store(BPF_W, kFp, kR0, kTidSlot));
@@ -120,7 +116,6 @@ std::vector<bpf::Insn> FrameCaptureProgram(int threads_map, int scratch_map, int
   b.Add(Store(BPF_W, kR8, kR1, FIELD(RecordHeader, tid)));
   b.Add(Load(BPF_W, kR1, kR7, FIELD(CaptureThread, frame_size)));
   b.Add(Store(BPF_W, kR8, kR1, FIELD(RecordHeader, frame_size)));
-  b.Add(StoreImm(BPF_DW, kR8, kBlockSizeAt, 0));
   b.Add(StoreImm(BPF_DW, kR8, kCursorAt, sizeof(RecordHeader)));
   // r9 = the current frame: *(tstate + tstate_frame), through the _PyCFrame when there is one.
   b.Add(Load(BPF_W, kR1, kR7, FIELD(CaptureThread, frame_at)));
@@ -140,44 +135,11 @@ std::vector<bpf::Insn> FrameCaptureProgram(int threads_map, int scratch_map, int
   b.Add(Load(BPF_DW, kR9, kR8, FIELD(RecordHeader, leaf)));
   b.Bind(have_leaf);
   b.Add(Store(BPF_DW, kR8, kR9, FIELD(RecordHeader, leaf)));
-  // 3.11+: the data stack below the current frame's end, where its callers' frames lie, in
-  // one read; from the current frame's page when that reaches unmapped memory.
-  b.AddJump(JumpImm(BPF_JEQ, kR9, 0, 0), frames);
-  b.Add(Load(BPF_W, kR2, kR7, FIELD(CaptureThread, block_bytes)));
-  b.AddJump(JumpImm(BPF_JEQ, kR2, 0, 0), frames);
-  b.AddJump(JumpImm(BPF_JGT, kR2, kMaxCaptureBlock, 0), frames);
-  b.Add(Load(BPF_W, kR3, kR7, FIELD(CaptureThread, frame_size)));
-  b.Add(AluImm(BPF_ADD, kR3, 7));
-  b.Add(AluImm(BPF_AND, kR3, -8));  // (frames are 8-byte aligned: so is the block)
-  b.Add(AluReg(BPF_ADD, kR3, kR9));
-  b.Add(AluReg(BPF_SUB, kR3, kR2));
-  b.Add(Store(BPF_DW, kR8, kR3, kBlockStartAt));
-  b.Add(Store(BPF_DW, kR8, kR2, kBlockSizeAt));
-  b.Add(MovReg(kR1, kR8));
-  b.Add(AluImm(BPF_ADD, kR1, kBlockAt));
-  b.Add(Call(BPF_FUNC_probe_read_user));
-  b.AddJump(JumpImm(BPF_JEQ, kR0, 0, 0), frames);
-  b.Add(StoreImm(BPF_DW, kR8, kBlockSizeAt, 0));
-  b.Add(MovReg(kR3, kR9));
-  b.Add(AluImm(BPF_AND, kR3, -4096));
-  b.Add(Load(BPF_W, kR2, kR7, FIELD(CaptureThread, frame_size)));
-  b.Add(AluReg(BPF_ADD, kR2, kR9));
-  b.Add(AluReg(BPF_SUB, kR2, kR3));
-  b.AddJump(JumpImm(BPF_JGT, kR2, kMaxCaptureBlock, 0), frames);
-  b.Add(Store(BPF_DW, kR8, kR3, kBlockStartAt));
-  b.Add(Store(BPF_DW, kFp, kR2, kSizeSlot));
-  b.Add(MovReg(kR1, kR8));
-  b.Add(AluImm(BPF_ADD, kR1, kBlockAt));
-  b.Add(Call(BPF_FUNC_probe_read_user));
-  b.AddJump(JumpImm(BPF_JNE, kR0, 0, 0), frames);
-  b.Add(Load(BPF_DW, kR2, kFp, kSizeSlot));
-  b.Add(Store(BPF_DW, kR8, kR2, kBlockSizeAt));
-  // The chain, each frame's address and first frame_size bytes copied into the record: from
-  // the block, or read on its own (frames elsewhere: a generator's, another chunk's, frame
-  // objects). Unrolled; every step starts from the same verifier state (the cursor reloaded).
-  b.Bind(frames);
+  // The chain, each frame's address and first frame_size bytes copied into the record, one
+  // read per frame (reading a block of the data stack around them instead cost as much:
+  // each run's cost is mostly its cache misses). Unrolled; every step starts from the same
+  // verifier state (the cursor reloaded from memory).
   for (uint32_t i = 0; i < kMaxCapturedFrames; ++i) {
-    const auto outside = b.NewLabel(), advance = b.NewLabel();
     b.AddJump(JumpImm(BPF_JEQ, kR9, 0, 0), done);
     b.Add(Load(BPF_DW, kR6, kR8, kCursorAt));
     b.AddJump(JumpImm(BPF_JGT, kR6, kLastSlot, 0), done);
@@ -185,30 +147,12 @@ std::vector<bpf::Insn> FrameCaptureProgram(int threads_map, int scratch_map, int
     b.Add(Store(BPF_DW, kR6, kR9, 0));
     b.Add(Load(BPF_W, kR4, kR7, FIELD(CaptureThread, frame_size)));
     b.AddJump(JumpImm(BPF_JGT, kR4, kMaxCopiedStruct, 0), done);
-    // In the block: block_start <= r9 <= block_start + block_size - frame_size.
-    b.Add(Load(BPF_DW, kR1, kR8, kBlockSizeAt));
-    b.AddJump(JumpReg(BPF_JLT, kR1, kR4, 0), outside);  // (also: no block)
-    b.Add(AluReg(BPF_SUB, kR1, kR4));
-    b.Add(MovReg(kR2, kR9));
-    b.Add(Load(BPF_DW, kR3, kR8, kBlockStartAt));
-    b.Add(AluReg(BPF_SUB, kR2, kR3));
-    b.AddJump(JumpReg(BPF_JGT, kR2, kR1, 0), outside);
-    b.Add(AluImm(BPF_AND, kR2, (kMaxCaptureBlock - 1) & ~7u));
-    b.Add(AluReg(BPF_ADD, kR2, kR8));  // r2 = the frame in the block, less kBlockAt
-    for (uint32_t word = 0; word < kMaxCopiedStruct / 8; ++word) {
-      b.AddJump(JumpImm(BPF_JLE, kR4, static_cast<int32_t>(word * 8), 0), advance);
-      b.Add(Load(BPF_DW, kR1, kR2, static_cast<int16_t>(kBlockAt + word * 8)));
-      b.Add(Store(BPF_DW, kR6, kR1, static_cast<int16_t>(8 + word * 8)));
-    }
-    b.AddJump(Jump(0), advance);
-    b.Bind(outside);
     b.Add(MovReg(kR1, kR6));
     b.Add(AluImm(BPF_ADD, kR1, 8));
     b.Add(MovReg(kR2, kR4));
     b.Add(MovReg(kR3, kR9));
     b.Add(Call(BPF_FUNC_probe_read_user));
     b.AddJump(JumpImm(BPF_JNE, kR0, 0, 0), done);
-    b.Bind(advance);
     // r9 = this frame's previous, from the copy (an aligned field inside the frame).
     b.Add(Load(BPF_W, kR1, kR7, FIELD(CaptureThread, frame_previous)));
     b.Add(AluImm(BPF_AND, kR1, (kMaxCopiedStruct - 1) & ~7u));
@@ -276,12 +220,9 @@ bool CaptureThread::Set(uint64_t tstate_address, uint32_t check_offset, uint64_t
   cframe_frame = offsets.cframe_frame;
   frame_previous = offsets.frame_previous;
   frame_size = offsets.frame_size;
-  // Frames of a few calls with their locals and value stacks (3.11+: one data stack).
-  block_bytes = offsets.layout == FrameLayout::kFrameObject ? 0 : (getenv("DBG_BLOCK") ? atoi(getenv("DBG_BLOCK")) : 2048);
   return tstate_span <= kMaxCapturedTstate && check_at % 8 == 0 && frame_at % 8 == 0 &&
          frame_size > 0 && frame_size <= kMaxCopiedStruct && frame_previous % 8 == 0 &&
-         frame_previous + 8 <= frame_size && block_bytes % 8 == 0 &&
-         (block_bytes == 0 || (block_bytes >= frame_size && block_bytes <= kMaxCaptureBlock));
+         frame_previous + 8 <= frame_size;
 }
 
 absl::Status FrameCapture::Register(pid_t tid, const CaptureThread& thread) {
@@ -296,7 +237,7 @@ void FrameCapture::Forget(pid_t tid) {
   (void)bpf::DeleteElement(threads_.get(), &key);
   if (auto it = queues_.find(tid); it != queues_.end()) {
     const Queue& q = it->second;
-    for (size_t i = q.head; i < q.entries.size(); ++i) stats_.unmatched += q.entries[i].time_ns != 0;
+    for (size_t i = q.head; i < q.entries.size(); ++i) stats_.unmatched += !q.entries[i].used;
     queues_.erase(it);
   }
 }
@@ -321,13 +262,13 @@ void FrameCapture::Collect() {
     }
     Queue& q = it->second;
     if (q.entries.size() - q.head >= kMaxQueued) {
-      stats_.unmatched += q.entries[q.head].time_ns != 0;
+      stats_.unmatched += !q.entries[q.head].used;
       DropBefore(q, q.head + 1);
     } else {
       DropBefore(q, q.head);
     }
     q.entries.push_back({header.time_ns, static_cast<uint32_t>(q.bytes.size()),
-                         static_cast<uint32_t>(record.size())});
+                         static_cast<uint32_t>(record.size()), false});
     q.bytes.insert(q.bytes.end(), record.begin(), record.end());
   }
   if (any) reader_.Release(reader_.end());
@@ -339,7 +280,6 @@ void FrameCapture::DropBefore(Queue& q, size_t index) {
     q.entries.clear();
     q.bytes.clear();
     q.head = 0;
-    q.hint = 0;
     return;
   }
   if (q.head < kCompactAfter || q.head * 2 < q.entries.size()) return;
@@ -347,7 +287,6 @@ void FrameCapture::DropBefore(Queue& q, size_t index) {
   q.bytes.erase(q.bytes.begin(), q.bytes.begin() + base);
   q.entries.erase(q.entries.begin(), q.entries.begin() + static_cast<ptrdiff_t>(q.head));
   for (Entry& e : q.entries) e.offset -= base;
-  q.hint = q.hint > q.head ? q.hint - q.head : 0;
   q.head = 0;
 }
 
@@ -356,29 +295,32 @@ const FrameSnapshot* FrameCapture::Find(pid_t tid, uint64_t sample_time_ns) {
   if (it == queues_.end()) return nullptr;
   Queue* q = &it->second;
   DropBefore(*q, q->head);  // (the last snapshot found is used up)
+  // A thread's snapshots are in time order (it runs on one CPU at a time); its samples may
+  // come out of order (per-CPU rings drained one after the other).
   auto search = [&]() -> size_t {
-    // From where the last one was found: the next one is mostly right after it.
-    const size_t n = q->entries.size();
-    for (size_t k = 0; k < n - q->head; ++k) {
-      const size_t i = q->head + (std::max(q->hint, q->head) - q->head + k) % (n - q->head);
-      const Entry& e = q->entries[i];
-      if (e.time_ns <= sample_time_ns + kMatchNs && e.time_ns + kMatchNs >= sample_time_ns) {
-        return i;
-      }
+    const uint64_t from = sample_time_ns > kMatchNs ? sample_time_ns - kMatchNs : 0;
+    auto at = std::lower_bound(
+        q->entries.begin() + static_cast<ptrdiff_t>(q->head), q->entries.end(), from,
+        [](const Entry& e, uint64_t t) { return e.time_ns < t; });
+    for (; at != q->entries.end() && at->time_ns <= sample_time_ns + kMatchNs; ++at) {
+      if (!at->used) return static_cast<size_t>(at - q->entries.begin());
     }
     return SIZE_MAX;
   };
-  size_t i = q->entries.size() > q->head ? search() : SIZE_MAX;
-  if (i == SIZE_MAX) {  // written after the ring was last read: read it again
+  size_t i = search();
+  // Written after the ring was last read (its sample came out just now): read it again.
+  if (i == SIZE_MAX && (q->entries.size() == q->head ||
+                        q->entries.back().time_ns < sample_time_ns + kMatchNs)) {
     Collect();
     q = &queues_.find(tid)->second;
-    i = q->entries.size() > q->head ? search() : SIZE_MAX;
+    i = search();
   }
   if (i == SIZE_MAX) {
     ++stats_.missing;
     return nullptr;
   }
-  const Entry e = q->entries[i];
+  Entry& e = q->entries[i];
+  e.used = true;
   RecordHeader header;
   std::memcpy(&header, q->bytes.data() + e.offset, sizeof(header));
   found_ = {};
@@ -387,27 +329,25 @@ const FrameSnapshot* FrameCapture::Find(pid_t tid, uint64_t sample_time_ns) {
   found_.leaf = header.leaf;
   found_.next = header.next;
   found_.frame_size = header.frame_size;
-  if (header.frame_size > kMaxCopiedStruct ||
-      (e.size - sizeof(header)) % found_.stride() != 0) {
-    ++stats_.malformed;
-    q->entries[i].time_ns = 0;
-    return nullptr;
-  }
-  found_.num_frames = static_cast<uint32_t>((e.size - sizeof(header)) / found_.stride());
-  ++stats_.found;
-  // Entries older than this one by kKeepNs are for samples that will not come; this one is
-  // used up (marked by its time: entries of one thread have distinct times).
-  q->entries[i].time_ns = 0;  // matches no sample again
-  q->hint = i + 1;
+  found_.frames = q->bytes.data() + e.offset + sizeof(header);
+  const bool valid = header.frame_size <= kMaxCopiedStruct &&
+                     (e.size - sizeof(header)) % found_.stride() == 0;
+  found_.num_frames = valid ? static_cast<uint32_t>((e.size - sizeof(header)) / found_.stride())
+                            : 0;
+  // Snapshots this much older than the one found will not find their samples now. (The
+  // queue's bytes move at its next change, Collect or the next Find, not before.)
   size_t first_live = q->head;
   for (; first_live < q->entries.size(); ++first_live) {
-    const uint64_t t = q->entries[first_live].time_ns;
-    if (t != 0 && t + kKeepNs >= e.time_ns) break;
-    stats_.unmatched += t != 0;
+    const Entry& old = q->entries[first_live];
+    if (!old.used && old.time_ns + kKeepNs >= header.time_ns) break;
+    stats_.unmatched += !old.used;
   }
-  // The queue's bytes move at its next change (Collect, the next Find), not before.
   q->head = first_live;
-  found_.frames = q->bytes.data() + e.offset + sizeof(header);
+  if (!valid) {
+    ++stats_.malformed;
+    return nullptr;
+  }
+  ++stats_.found;
   return &found_;
 }
 

@@ -40,7 +40,6 @@
 namespace strata::agent::python {
 
 inline constexpr uint32_t kMaxCapturedFrames = 48;
-inline constexpr uint32_t kMaxCaptureBlock = 4096;   // bytes of data stack copied in one go
 inline constexpr uint32_t kMaxCapturedTstate = 256;  // bytes of the thread state copied
 
 // What the program needs of one thread (the value of its map, keyed by tid).
@@ -57,18 +56,13 @@ struct CaptureThread {
   uint32_t cframe_frame = kNoOffset;  // Offsets::cframe_frame
   uint32_t frame_previous = 0;
   uint32_t frame_size = 0;   // at most kMaxCopiedStruct
-  // 3.11+: bytes of the thread's data stack copied below the current frame's end in one
-  // read (its callers' frames mostly lie there); a multiple of 8, at least frame_size, at
-  // most kMaxCaptureBlock. 0: none (frame objects, before 3.11, lie anywhere on the heap).
-  uint32_t block_bytes = 0;
-  uint32_t reserved = 0;
 
   // The fields above from a thread state's address, its check (at `check_offset` in it) and
   // the interpreter's offsets; false when they do not fit the program's bounds.
   bool Set(uint64_t tstate_address, uint32_t check_offset, uint64_t check, pid_t process,
            const Offsets& offsets);
 };
-static_assert(sizeof(CaptureThread) == 56);
+static_assert(sizeof(CaptureThread) == 48);
 
 // One sample's copy of a thread's frame chain.
 struct FrameSnapshot {
@@ -110,7 +104,8 @@ class FrameCapture {
   void Forget(pid_t tid);
 
   // The snapshot of `tid`'s sample taken at `sample_time_ns`, or null. Valid until the next
-  // call.
+  // call. Called for every sample of a registered thread (also those that need no frames),
+  // so that its snapshots are used up in order.
   const FrameSnapshot* Find(pid_t tid, uint64_t sample_time_ns);
 
   CaptureStats stats() const;
@@ -122,12 +117,12 @@ class FrameCapture {
     uint64_t time_ns;
     uint32_t offset;  // in Queue::bytes
     uint32_t size;
+    bool used;  // handed to its sample
   };
   struct Queue {
-    std::vector<Entry> entries;  // in the ring's order (about the samples' order)
+    std::vector<Entry> entries;  // in time order
     size_t head = 0;             // entries before it are gone
     std::vector<uint8_t> bytes;
-    size_t hint = 0;  // where the last one was found
   };
 
   FrameCapture(base::UniqueFd threads, base::UniqueFd scratch, base::UniqueFd ring,

@@ -6,10 +6,11 @@
 # profiled by its own strata-agent at HZ (default 499):
 #   cpp     demo_service --threads 2 (two busy threads)
 #   py      python3.11 running tests/e2e/python/python_workload.py (two busy threads under the
-#           GIL), Python frames read at the default --python-read-period-ms (1)
-#   py10    the same, --python-read-period-ms 10 (which only paces targets whose samples are
-#           not delivered one by one: a target whose interpreter is known when it is attached
-#           is sampled per thread, each sample waking its agent)
+#           GIL), Python frames copied at each sample by the agent's BPF program (as root)
+#   py-read the same, --python-capture off: each sample wakes the agent, which reads the
+#           frames from the target's memory
+#   py10    --python-capture off, --python-read-period-ms 10 (which only paces targets whose
+#           samples are not delivered one by one)
 #   py-off  the same, --python-frames off (the eval loop's native frames only)
 #   go      tests/e2e/golang's workload (BUILD/go/go_workload_plain: two busy goroutines,
 #           hashing and sorting, each locked to a thread), Go rules from .gopclntab
@@ -21,7 +22,10 @@
 # (the agent's "stopping: N samples" scaled by the target's CPU in the window against its CPU
 # while attached: samples follow the target's CPU time), us of CPU per sample, wake-ups per
 # sample (over the agent's life), and for Python agents the stale share and the read delay of the agent's "python:"
-# line. Then each case's us/sample against cpp's.
+# line. The Python frame capture's program runs in the target (at its samples), not in the
+# agent: its runs are timed by the kernel while the run sets kernel.bpf_stats_enabled (root),
+# and its us per sample (bpf_us) are added to the agent's (total_us). Then each case's
+# total_us against cpp's.
 #
 #   tests/bench/agent/language_cost.sh [SECONDS=30]
 #   env: BUILD (default <repo>/build; binaries in BUILD/bin), PYTHON (default
@@ -53,8 +57,10 @@ fi
 
 work=$(mktemp -d /tmp/strata-language-cost-XXXXXX)
 pids=()  # every process this script started
+stats_before=
 cleanup() {
   local i
+  [[ -z "$stats_before" ]] || echo "$stats_before" >/proc/sys/kernel/bpf_stats_enabled
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
   wait 2>/dev/null || true
   if [[ "${KEEP:-0}" == 1 ]]; then echo "kept $work" >&2; else rm -rf "$work"; fi
@@ -80,6 +86,12 @@ wait_for() {
   done
 }
 
+# The kernel times BPF programs while this is set (kept as it was after the run).
+if [[ -w /proc/sys/kernel/bpf_stats_enabled ]]; then
+  stats_before=$(cat /proc/sys/kernel/bpf_stats_enabled)
+  echo 1 >/proc/sys/kernel/bpf_stats_enabled
+fi
+
 "$work/bin/strata-server" --listen 127.0.0.1:0 --http "" --data "$work/data" --log-level warn \
   >"$work/server.log" 2>&1 &
 pids+=($!)
@@ -91,7 +103,7 @@ run_seconds=$((WARMUP + seconds + 120))
 for c in $CASES; do
   case ${c%-base} in
     cpp) "$work/bin/demo_service" --threads 2 --seconds "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
-    py | py10 | py-off) "$PYTHON" "$workload" "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
+    py | py-read | py10 | py-off) "$PYTHON" "$workload" "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
     go) "$BUILD/go/go_workload_plain" -seconds "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
     go-switches) "$BUILD/go/go_workload_plain" -seconds "$run_seconds" -switches \
                    >"$work/$c.target.log" 2>&1 & ;;
@@ -107,7 +119,8 @@ declare -A attach_cpu
 for c in $CASES; do
   flags=()
   case ${c%-base} in
-    py10) flags=(--python-read-period-ms 10) ;;
+    py-read) flags=(--python-capture off) ;;
+    py10) flags=(--python-capture off --python-read-period-ms 10) ;;
     py-off) flags=(--python-frames off) ;;
   esac
   bin=$work/bin/strata-agent
@@ -137,24 +150,30 @@ done
 for c in $CASES; do wait "${agent[$c]}" || true; done
 
 echo "agent CPU per sample, ${seconds} s window after ${WARMUP} s, $HZ Hz, cases run at once"
-printf '%-11s %9s %9s %9s %9s %10s %8s %10s\n' case agent_ms samples us/sample x_cpp \
-  wake/smpl stale% delay_ms
+printf '%-11s %9s %9s %9s %8s %9s %7s %10s %8s %9s\n' case agent_ms samples us/sample bpf_us \
+  total_us x_cpp wake/smpl stale% delay_ms
 cpp_us=
 for c in $CASES; do
   log=$work/$c.agent.log
   samples=$(sed -n 's/.*stopping: \([0-9]*\) samples.*/\1/p' "$log" | tail -1)
   wakeups=$(sed -n 's/.*sampling: [0-9]* perf events, \([0-9]*\) wake-ups.*/\1/p' "$log" | tail -1)
   stale=$(sed -n 's/.*python: [0-9]* stacks with [0-9]* Python frames, \([0-9]*\) stale.*/\1/p' "$log" | tail -1)
-  delay=$(sed -n 's/.*reads \([0-9.]*\) ms after their sample.*/\1/p' "$log" | tail -1)
+  delay=$(sed -n 's/.*, \([0-9]*\) reads \([0-9.]*\) ms after their sample.*/\1 \2/p' "$log" | tail -1)
+  [[ -z "$delay" || "${delay%% *}" == 0 ]] && delay=- || delay=${delay#* }
+  runs=$(sed -n 's/.*program: \([0-9]*\) runs, \([0-9]*\) ns each.*/\1 \2/p' "$log" | tail -1)
   row=$(awk -v a0="${a0[$c]}" -v a1="${a1[$c]}" -v t0="${t0[$c]}" -v t1="${t1[$c]}" \
       -v ta="${attach_cpu[$c]}" -v te="${t_end[$c]}" -v n="${samples:-0}" -v w="${wakeups:-0}" \
-      -v s="${stale:-}" -v d="${delay:--}" -v cpp="$cpp_us" -v c="$c" 'BEGIN {
+      -v s="${stale:-}" -v d="$delay" -v cpp="$cpp_us" -v c="$c" -v runs="${runs:-0 0}" 'BEGIN {
     win = n * (t1 - t0) / (te > ta ? te - ta : 1)      # samples of the window
     us = win > 0 ? (a1 - a0) / 1e3 / win : 0
-    printf "%-11s %9.1f %9d %9.1f %9s %10.1f %8s %10s %.3f\n", c, (a1 - a0) / 1e6, win, us,
-      cpp == "" ? "-" : sprintf("%.2f", us / cpp), w / (n > 0 ? n : 1), \
-      s == "" ? "-" : sprintf("%.2f", 100 * s / (n > 0 ? n : 1)), d, us }')
+    split(runs, r, " ")                                # the program: runs over the agent life
+    bpf = n > 0 ? r[1] * r[2] / 1e3 / n : 0
+    total = us + bpf
+    printf "%-11s %9.1f %9d %9.1f %8.1f %9.1f %7s %10.2f %8s %9s %.3f\n", c, (a1 - a0) / 1e6, win,
+      us, bpf, total, cpp == "" ? "-" : sprintf("%.2f", total / cpp), w / (n > 0 ? n : 1), \
+      s == "" ? "-" : sprintf("%.2f", 100 * s / (n > 0 ? n : 1)), d, total }')
   [[ $c == cpp ]] && cpp_us=${row##* }
   echo "${row% *}"
-  sed -n 's/.*\] \(sampling: .*\)/            \1/p; s/.*\] \(python: .*\)/            \1/p' "$log"
+  sed -n 's/.*\] \(sampling: .*\)/            \1/p; s/.*\] \(python: .*\)/            \1/p
+          s/.*\] \(python capture: .*\)/            \1/p' "$log"
 done
