@@ -145,12 +145,20 @@ std::vector<bpf::Insn> FrameCaptureProgram(int threads_map, int scratch_map, int
     b.AddJump(JumpImm(BPF_JGT, kR6, kLastSlot, 0), done);
     b.Add(AluReg(BPF_ADD, kR6, kR8));  // r6 = the frame's slot
     b.Add(Store(BPF_DW, kR6, kR9, 0));
-    b.Add(Load(BPF_W, kR4, kR7, FIELD(CaptureThread, frame_size)));
-    b.AddJump(JumpImm(BPF_JGT, kR4, kMaxCopiedStruct, 0), done);
+    // Its bytes from frame_copy_from on, where they lie in a whole frame's copy.
+    b.Add(Load(BPF_W, kR4, kR7, FIELD(CaptureThread, frame_copy_from)));
+    b.Add(AluImm(BPF_AND, kR4, (kMaxCopiedStruct - 1) & ~7u));
+    b.Add(Load(BPF_W, kR2, kR7, FIELD(CaptureThread, frame_size)));
+    b.AddJump(JumpImm(BPF_JGT, kR2, kMaxCopiedStruct, 0), done);
+    b.AddJump(JumpReg(BPF_JLE, kR2, kR4, 0), done);
+    b.Add(AluReg(BPF_SUB, kR2, kR4));
+    b.Add(AluImm(BPF_AND, kR2, 2 * kMaxCopiedStruct - 1));  // (positive: bounds for the verifier)
+    b.AddJump(JumpImm(BPF_JGT, kR2, kMaxCopiedStruct, 0), done);
     b.Add(MovReg(kR1, kR6));
     b.Add(AluImm(BPF_ADD, kR1, 8));
-    b.Add(MovReg(kR2, kR4));
+    b.Add(AluReg(BPF_ADD, kR1, kR4));
     b.Add(MovReg(kR3, kR9));
+    b.Add(AluReg(BPF_ADD, kR3, kR4));
     b.Add(Call(BPF_FUNC_probe_read_user));
     b.AddJump(JumpImm(BPF_JNE, kR0, 0, 0), done);
     // r9 = this frame's previous, from the copy (an aligned field inside the frame).
@@ -220,6 +228,11 @@ bool CaptureThread::Set(uint64_t tstate_address, uint32_t check_offset, uint64_t
   cframe_frame = offsets.cframe_frame;
   frame_previous = offsets.frame_previous;
   frame_size = offsets.frame_size;
+  // The fields read lie at the frame's end (3.11: f_code on); what lies before is not copied.
+  uint32_t from = std::min({offsets.frame_code, offsets.frame_previous, offsets.frame_instr});
+  if (offsets.frame_owner != kNoOffset) from = std::min(from, offsets.frame_owner);
+  if (offsets.frame_is_entry != kNoOffset) from = std::min(from, offsets.frame_is_entry);
+  frame_copy_from = from & ~7u;
   return tstate_span <= kMaxCapturedTstate && check_at % 8 == 0 && frame_at % 8 == 0 &&
          frame_size > 0 && frame_size <= kMaxCopiedStruct && frame_previous % 8 == 0 &&
          frame_previous + 8 <= frame_size;

@@ -56,13 +56,15 @@ struct CaptureThread {
   uint32_t cframe_frame = kNoOffset;  // Offsets::cframe_frame
   uint32_t frame_previous = 0;
   uint32_t frame_size = 0;   // at most kMaxCopiedStruct
+  uint32_t frame_copy_from = 0;  // bytes of each frame before the fields read (not copied)
+  uint32_t reserved = 0;
 
   // The fields above from a thread state's address, its check (at `check_offset` in it) and
   // the interpreter's offsets; false when they do not fit the program's bounds.
   bool Set(uint64_t tstate_address, uint32_t check_offset, uint64_t check, pid_t process,
            const Offsets& offsets);
 };
-static_assert(sizeof(CaptureThread) == 48);
+static_assert(sizeof(CaptureThread) == 56);
 
 // One sample's copy of a thread's frame chain.
 struct FrameSnapshot {
@@ -72,7 +74,9 @@ struct FrameSnapshot {
   uint64_t next = 0;         // the frame after the last one followed (0: the chain ends there)
   uint32_t frame_size = 0;
   uint32_t num_frames = 0;
-  const uint8_t* frames = nullptr;  // num_frames x stride(): the address, then frame_size bytes
+  // num_frames x stride(): the address, then frame_size bytes (those before
+  // CaptureThread::frame_copy_from undefined).
+  const uint8_t* frames = nullptr;
 
   size_t stride() const { return 8 + ((frame_size + 7) & ~size_t{7}); }
   uint64_t AddressOf(size_t i) const;

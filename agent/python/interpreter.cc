@@ -19,6 +19,8 @@ constexpr uint64_t kShfAlloc = 2;
 constexpr std::string_view kEvalLoop = "_PyEval_EvalFrameDefault";
 constexpr size_t kMaxInterpreters = 64;
 constexpr size_t kMaxChainFrames = 1024;
+// Code objects checked along with a chain's beyond its own (see Read).
+constexpr size_t kMaxSweptCodeObjects = 128;
 // Thread-state lists are walked again for an unknown tid at most this often: samples of
 // threads that run no Python (an embedding program's own) must not cost a walk each.
 constexpr uint64_t kRescanGapNs = 50'000'000;
@@ -181,10 +183,11 @@ absl::StatusOr<std::unique_ptr<Interpreter>> Interpreter::Attach(
   interpreter->tstate_bytes_ = end + 8;
   interpreter->visited_.reserve(kMaxChainFrames);
   interpreter->chain_.reserve(kMaxChainFrames);
-  interpreter->code_addresses_.reserve(kMaxChainFrames + 3);
-  interpreter->code_sizes_.reserve(kMaxChainFrames + 3);
+  interpreter->code_addresses_.reserve(kMaxChainFrames + kMaxSweptCodeObjects + 3);
+  interpreter->code_sizes_.reserve(kMaxChainFrames + kMaxSweptCodeObjects + 3);
   // The code objects' headers, then the re-read of the thread's current frame (three words).
-  interpreter->code_headers_.resize(kMaxChainFrames * interpreter->offsets_.code_size +
+  interpreter->code_headers_.resize((kMaxChainFrames + kMaxSweptCodeObjects) *
+                                        interpreter->offsets_.code_size +
                                     3 * sizeof(uint64_t));
   interpreter->scratch_.resize(kMaxTstateBytes + sizeof(uint64_t) +
                                (kMaxHints + kMaxChainBlocks) * kChainBlock +
@@ -615,9 +618,27 @@ ReadOutcome Interpreter::Read(pid_t tid, const FrameSnapshot* snapshot,
   const bool through_cframe = offsets_.cframe_frame != kNoOffset && frame_field != 0;
   if (snapshot != nullptr) {
     snapshot_ = nullptr;
-    if (headers > 0 && !memory_->ReadMany(code_addresses_.data(), code_sizes_.data(), headers,
-                                          code_headers_.data())) {
-      return inconsistent();
+    if (headers == 0) return Finish(nullptr, leaf, out, count);
+    // The other code objects due within half a period come along: the chains of a process's
+    // threads, each falling due on its own, would each cost a call.
+    for (const auto& [address, info] : code_) {
+      if (code_addresses_.size() == headers + kMaxSweptCodeObjects) break;
+      if (now - info->checked_ns < kCodeRecheckNs / 2) continue;
+      code_addresses_.push_back(address);
+      code_sizes_.push_back(offsets_.code_size);
+    }
+    size_t read = code_addresses_.size();
+    if (!memory_->ReadMany(code_addresses_.data(), code_sizes_.data(), read,
+                           code_headers_.data())) {
+      read = headers;  // (one of the others went away: the chain's alone)
+      if (read == code_addresses_.size() ||
+          !memory_->ReadMany(code_addresses_.data(), code_sizes_.data(), read,
+                             code_headers_.data())) {
+        return inconsistent();
+      }
+    }
+    for (size_t i = headers; i < read; ++i) {
+      Code(code_addresses_[i], code_headers_.data() + i * offsets_.code_size, now);
     }
     const uint8_t* header = code_headers_.data();
     for (ChainFrame& f : chain_) {
