@@ -31,12 +31,14 @@ TEST(AgentFlagsTest, FillsEveryComponentsOptions) {
                             "n1:7070, n2:7070", "--host", "h1", "--label", "region=eu",
                             "--frequency", "49", "--interval", "2.5", "--spool-dir", "none",
                             "--spool-max-bytes", "32MiB", "--capture-cpu-budget", "10",
-                            "--unwind-verify", "boundary", "--flush-timeout", "1"});
+                            "--unwind-verify", "boundary", "--flush-timeout", "1",
+                            "--python-capture", "off"});
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->profiler.pids, std::vector<pid_t>{42});
   EXPECT_EQ(options->profiler.service_rules.size(), 1u);
   EXPECT_EQ(options->profiler.frequency_hz, 49u);
   EXPECT_EQ(options->profiler.unwind_verify, unwind::VerifyMode::kBoundary);
+  EXPECT_EQ(options->profiler.python_capture, ProfilerOptions::PythonCapture::kOff);
   EXPECT_EQ(options->shipper.servers, (std::vector<std::string>{"n1:7070", "n2:7070"}));
   EXPECT_EQ(options->shipper.host, "h1");
   EXPECT_EQ(options->shipper.frequency_hz, 49u);
@@ -54,6 +56,7 @@ TEST(AgentFlagsTest, FillsEveryComponentsOptions) {
 TEST(AgentFlagsTest, TheDefaultSpoolFallsBackToMemory) {
   auto options = OptionsOf({"--pid", "1", "--agent-id", "a1"});
   ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->profiler.python_capture, ProfilerOptions::PythonCapture::kAuto);
   EXPECT_EQ(options->spool.spool.dir, kDefaultSpoolDir);
   EXPECT_TRUE(options->spool.memory_fallback);
   EXPECT_EQ(options->spool.agent_id, "a1");

@@ -156,6 +156,9 @@ std::vector<std::vector<std::string>> CapturedNames(FrameCapture& capture,
   while (out.size() < samples && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     const uint64_t head = __atomic_load_n(&control->data_head, __ATOMIC_ACQUIRE);
+    // Each drain's samples are matched last first: per-CPU rings deliver a thread's samples
+    // out of order.
+    std::vector<uint64_t> times;
     for (; tail < head;) {
       perf_event_header header;
       std::memcpy(&header, bytes + tail % data, sizeof(header));  // (8-byte records: no wrap)
@@ -167,16 +170,19 @@ std::vector<std::vector<std::string>> CapturedNames(FrameCapture& capture,
         for (size_t i = 0; i < sizeof(sample); ++i) {
           reinterpret_cast<uint8_t*>(&sample)[i] = bytes[(tail + sizeof(header) + i) % data];
         }
-        const FrameSnapshot* snapshot = capture.Find(tid, sample.time);
-        size_t n = 0;
-        std::vector<std::string> names;
-        if (snapshot != nullptr &&
-            interpreter.ReadSnapshot(*snapshot, frames, &n) == ReadOutcome::kOk) {
-          for (size_t i = 0; i < n; ++i) names.push_back(frames[i].code->name);
-        }
-        out.push_back(std::move(names));
+        times.push_back(sample.time);
       }
       tail += header.size;
+    }
+    for (auto time = times.rbegin(); time != times.rend(); ++time) {
+      const FrameSnapshot* snapshot = capture.Find(tid, *time);
+      size_t n = 0;
+      std::vector<std::string> names;
+      if (snapshot != nullptr &&
+          interpreter.ReadSnapshot(*snapshot, frames, &n) == ReadOutcome::kOk) {
+        for (size_t i = 0; i < n; ++i) names.push_back(frames[i].code->name);
+      }
+      out.push_back(std::move(names));
     }
     __atomic_store_n(&control->data_tail, tail, __ATOMIC_RELEASE);
   }

@@ -57,7 +57,12 @@ std::string PathText(const v1::HotPath& p) {
                       }));
 }
 
-TEST(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
+// --python-capture: auto (frames copied at each sample where the kernel allows: as root
+// here), off (read from the target's memory after each sample, each waking the agent).
+class PythonE2eTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
+  const std::string capture = GetParam();
   if (!std::filesystem::exists(kPython)) GTEST_SKIP() << kPython << " is not installed";
   strata::testing::TempDir dir("strata_python_e2e");
   ServerProcess server(dir.File("data"), dir.File("server.log"));
@@ -75,7 +80,7 @@ TEST(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
 
   ChildProcess agent({BinPath("strata-agent"), "--server", server.address(), "--pid",
                       std::to_string(python.pid()), "--interval", "1", "--frequency", "499",
-                      "--spool-dir", "none"},
+                      "--spool-dir", "none", "--python-capture", capture},
                      dir.File("agent.log"));
   ASSERT_TRUE(agent.WaitForOutput(absl::StrCat("profiling pid ", python.pid()), 60))
       << agent.Output();
@@ -192,7 +197,22 @@ TEST(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
   if (const size_t at = log.find("python: "); at != std::string::npos) {
     std::fprintf(stderr, "agent: %s\n", log.substr(at, log.find('\n', at) - at).c_str());
   }
+  // Copied at the sample wherever the agent may load BPF programs (root here): all but the
+  // samples taken before a thread's state was first found.
+  if (capture == "auto" && geteuid() == 0) {
+    ASSERT_NE(log.find("python frames: copied at each sample"), std::string::npos) << log;
+    const size_t at = log.find(" copied at the sample, ");
+    ASSERT_NE(at, std::string::npos) << log;
+    uint64_t copied = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(log.substr(log.rfind(' ', at - 1) + 1,
+                                            at - log.rfind(' ', at - 1) - 1),
+                                 &copied))
+        << log;
+    EXPECT_GT(copied, with_python * 9 / 10) << log;
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Capture, PythonE2eTest, ::testing::Values("auto", "off"));
 
 }  // namespace
 }  // namespace strata::e2e
