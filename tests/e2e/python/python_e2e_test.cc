@@ -212,7 +212,10 @@ TEST_P(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Capture, PythonE2eTest, ::testing::Values("auto", "off"));
+INSTANTIATE_TEST_SUITE_P(Capture, PythonE2eTest, ::testing::Values("auto", "off"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 }  // namespace
 }  // namespace strata::e2e
