@@ -75,23 +75,22 @@ std::vector<bpf::Insn> FrameCaptureProgram(int threads_map, int scratch_map, int
   b.Add(Store(BPF_W, kFp, kR0, kTidSlot));
   b.Add(AluImm(BPF_RSH, kR0, 32));
   b.Add(Store(BPF_W, kFp, kR0, kPidSlot));
-  b.AddMap(kR1, threads_map);
-  b.Add(MovReg(kR2, kFp));
-  b.Add(AluImm(BPF_ADD, kR2, kTidSlot));
-  b.Add(Call(BPF_FUNC_map_lookup_elem));
-  b.AddJump(JumpImm(BPF_JEQ, kR0, 0, 0), out);
-  b.Add(MovReg(kR7, kR0));
+  // dst = the value of `map` under the key at `key_slot`, or out.
+  auto lookup = [&b, out](int map, int16_t key_slot, uint8_t dst) {
+    b.AddMap(kR1, map);
+    b.Add(MovReg(kR2, kFp));
+    b.Add(AluImm(BPF_ADD, kR2, key_slot));
+    b.Add(Call(BPF_FUNC_map_lookup_elem));
+    b.AddJump(JumpImm(BPF_JEQ, kR0, 0, 0), out);
+    b.Add(MovReg(dst, kR0));
+  };
+  lookup(threads_map, kTidSlot, kR7);
   b.Add(Load(BPF_W, kR1, kR7, FIELD(CaptureThread, pid)));
   b.Add(Load(BPF_W, kR2, kFp, kPidSlot));
   b.AddJump(JumpReg(BPF_JNE, kR1, kR2, 0), out);  // a tid of another process now
   // r8 = this CPU's scratch.
   b.Add(StoreImm(BPF_W, kFp, kZeroSlot, 0));
-  b.AddMap(kR1, scratch_map);
-  b.Add(MovReg(kR2, kFp));
-  b.Add(AluImm(BPF_ADD, kR2, kZeroSlot));
-  b.Add(Call(BPF_FUNC_map_lookup_elem));
-  b.AddJump(JumpImm(BPF_JEQ, kR0, 0, 0), out);
-  b.Add(MovReg(kR8, kR0));
+  lookup(scratch_map, kZeroSlot, kR8);
   // The thread state's bytes that hold the check and the frame pointer, in one read.
   b.Add(MovReg(kR1, kR8));
   b.Add(AluImm(BPF_ADD, kR1, kTstateAt));
@@ -102,11 +101,15 @@ std::vector<bpf::Insn> FrameCaptureProgram(int threads_map, int scratch_map, int
   b.Add(AluReg(BPF_ADD, kR3, kR4));
   b.Add(Call(BPF_FUNC_probe_read_user));
   b.AddJump(JumpImm(BPF_JNE, kR0, 0, 0), out);
+  // dst = the word of the thread state's copy at the CaptureThread field `at` says.
+  auto tstate_word = [&b](int16_t at, uint8_t dst) {
+    b.Add(Load(BPF_W, kR1, kR7, at));
+    b.Add(AluImm(BPF_AND, kR1, (kMaxCapturedTstate - 8) & ~7u));
+    b.Add(AluReg(BPF_ADD, kR1, kR8));
+    b.Add(Load(BPF_DW, dst, kR1, kTstateAt));
+  };
   // The thread state is still this thread's.
-  b.Add(Load(BPF_W, kR1, kR7, FIELD(CaptureThread, check_at)));
-  b.Add(AluImm(BPF_AND, kR1, (kMaxCapturedTstate - 8) & ~7u));
-  b.Add(AluReg(BPF_ADD, kR1, kR8));
-  b.Add(Load(BPF_DW, kR1, kR1, kTstateAt));
+  tstate_word(FIELD(CaptureThread, check_at), kR1);
   b.Add(Load(BPF_DW, kR2, kR7, FIELD(CaptureThread, check_value)));
   b.AddJump(JumpReg(BPF_JNE, kR1, kR2, 0), out);
   // The header.
@@ -118,10 +121,7 @@ std::vector<bpf::Insn> FrameCaptureProgram(int threads_map, int scratch_map, int
   b.Add(Store(BPF_W, kR8, kR1, FIELD(RecordHeader, frame_size)));
   b.Add(StoreImm(BPF_DW, kR8, kCursorAt, sizeof(RecordHeader)));
   // r9 = the current frame: *(tstate + tstate_frame), through the _PyCFrame when there is one.
-  b.Add(Load(BPF_W, kR1, kR7, FIELD(CaptureThread, frame_at)));
-  b.Add(AluImm(BPF_AND, kR1, (kMaxCapturedTstate - 8) & ~7u));
-  b.Add(AluReg(BPF_ADD, kR1, kR8));
-  b.Add(Load(BPF_DW, kR9, kR1, kTstateAt));
+  tstate_word(FIELD(CaptureThread, frame_at), kR9);
   b.Add(Store(BPF_DW, kR8, kR9, FIELD(RecordHeader, frame_field)));
   b.Add(Load(BPF_W, kR3, kR7, FIELD(CaptureThread, cframe_frame)));
   b.AddJump(Jump32Imm(BPF_JEQ, kR3, -1, 0), have_leaf);  // kNoOffset

@@ -640,13 +640,7 @@ ReadOutcome Interpreter::Read(pid_t tid, const FrameSnapshot* snapshot,
     for (size_t i = headers; i < read; ++i) {
       Code(code_addresses_[i], code_headers_.data() + i * offsets_.code_size, now);
     }
-    const uint8_t* header = code_headers_.data();
-    for (ChainFrame& f : chain_) {
-      if (f.info != nullptr) continue;
-      f.info = Code(f.code, header, now);
-      header += offsets_.code_size;
-      if (f.info == nullptr) return inconsistent();
-    }
+    if (!ChainCode(now)) return inconsistent();
     return Finish(nullptr, leaf, out, count);
   }
   if (headers == 0 && recheck_.read && !read_since_thread_ && n > 0 && recheck_.leaf == leaf &&
@@ -680,14 +674,19 @@ ReadOutcome Interpreter::Read(pid_t tid, const FrameSnapshot* snapshot,
     again += sizeof(uint64_t);
   }
   if (n > 0 && FieldAt<uint64_t>(again, 0) != chain_[0].code) return inconsistent();
+  if (!ChainCode(now)) return inconsistent();
+  return Finish(thread, leaf, out, count);
+}
+
+bool Interpreter::ChainCode(uint64_t now) {
   const uint8_t* header = code_headers_.data();
   for (ChainFrame& f : chain_) {
     if (f.info != nullptr) continue;
     f.info = Code(f.code, header, now);
     header += offsets_.code_size;
-    if (f.info == nullptr) return inconsistent();
+    if (f.info == nullptr) return false;
   }
-  return Finish(thread, leaf, out, count);
+  return true;
 }
 
 ReadOutcome Interpreter::Finish(KnownThread* thread, uint64_t leaf, std::span<PythonFrame> out,

@@ -213,6 +213,9 @@ class Interpreter {
   // The code object at `address` whose first code_size bytes are `header` (read already, at
   // `now`).
   const CodeInfo* Code(uint64_t address, const uint8_t* header, uint64_t now);
+  // The code objects of chain_'s frames without one, from the headers at the start of
+  // code_headers_ (read at `now`, in chain order); false when one is unreadable.
+  bool ChainCode(uint64_t now);
   // The line of `offset` in `code`.
   int LineOf(const CodeInfo& code, int64_t offset);
   bool ReadString(uint64_t address, std::string* out);
