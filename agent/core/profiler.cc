@@ -120,7 +120,18 @@ absl::Status Profiler::Poll(absl::Duration timeout) {
     }
   }
   for (sources::StackSource* source : sources_) source->Drain(recorder_);
+  AttachPythonCapture();
   return rescan_due_ ? Rescan() : absl::OkStatus();
+}
+
+void Profiler::AttachPythonCapture() {
+  // From the first Python target on: hosts without one pay nothing at their samples.
+  if (python_capture_ == nullptr || capture_attached_ || perf_ == nullptr ||
+      recorder_.python_targets() == 0) {
+    return;
+  }
+  perf_->SetSampleProgram(python_capture_->program_fd());
+  capture_attached_ = true;
 }
 
 bool Profiler::PythonBatched() const {
@@ -223,6 +234,8 @@ void Profiler::AddTarget(const procfs::TrackedProcess& process) {
   // their frames (then also those of an interpreter loaded later).
   if (python_capture_ != nullptr && target->source == perf_.get() && perf_ != nullptr) {
     python_as_sampled_.insert(process.pid);
+    recorder_.FindInterpreter(*target);  // (registers its threads, see AttachPythonCapture)
+    AttachPythonCapture();
   } else if (recorder_.FindInterpreter(*target) && target->source != nullptr &&
              target->source->DeliverEachSample(process.pid)) {
     python_as_sampled_.insert(process.pid);

@@ -191,6 +191,8 @@ class Profiler final : public SamplingSessions {
   absl::Duration PythonWait();
   // Whether some Python target's samples come in batches (PythonWait drains them).
   bool PythonBatched() const;
+  // Attaches the Python frame capture's program to the perf events once a target runs Python.
+  void AttachPythonCapture();
 
   const ProfilerOptions options_;
   std::unique_ptr<TargetDiscovery> discovery_;
@@ -200,6 +202,7 @@ class Profiler final : public SamplingSessions {
   std::unique_ptr<kernel::KernelSymbols> kernel_symbols_;  // null: no kernel stacks
   // Python frames copied at perf samples (the recorder takes them); null: not on this host.
   std::unique_ptr<python::FrameCapture> python_capture_;
+  bool capture_attached_ = false;
   StackRecorder recorder_;
   BatchBuilder batches_;
   // Continuous profiling's rate (SetRate changes it): the unit of off-CPU batches.

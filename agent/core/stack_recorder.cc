@@ -253,7 +253,14 @@ python::Interpreter* StackRecorder::PythonOf(const Target& target, TargetState& 
 }
 
 bool StackRecorder::FindInterpreter(const Target& target) {
-  return options_.python_frames && PythonOf(target, StateOf(target)) != nullptr;
+  if (!options_.python_frames) return false;
+  python::Interpreter* interpreter = PythonOf(target, StateOf(target));
+  if (interpreter == nullptr) return false;
+  // Its threads' samples carry their frames from the first on.
+  if (options_.python_capture != nullptr) {
+    for (pid_t tid : interpreter->ThreadIds()) CaptureThread(*interpreter, target.pid, tid);
+  }
+  return true;
 }
 
 bool StackRecorder::HasInterpreter(pid_t pid) const {

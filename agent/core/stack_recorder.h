@@ -117,7 +117,8 @@ class StackRecorder final : public sources::StackSink {
   // Targets whose interpreter's frames are read (their samples are best recorded soon).
   size_t python_targets() const { return python_targets_; }
   // Looks for the target's interpreter now rather than at its first sample (so that its first
-  // samples are drained as soon as the later ones); true when it has one.
+  // samples are drained as soon as the later ones, and with the capture, so that its threads
+  // are registered before their first samples); true when it has one.
   bool FindInterpreter(const Target& target);
   bool HasInterpreter(pid_t pid) const;
   // CLOCK_MONOTONIC of the latest sample whose Python frames were read, or of the latest

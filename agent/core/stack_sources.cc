@@ -72,11 +72,7 @@ absl::StatusOr<StackSources> OpenStackSources(const ProfilerOptions& options) {
                                              .scope = *scope,
                                              .kernel_stacks = opened.kernel_symbols != nullptr,
                                              .user_frame_chain = options.frame_walk,
-                                             .off_cpu = options.off_cpu,
-                                             .sample_program_fd =
-                                                 opened.python_capture != nullptr
-                                                     ? opened.python_capture->program_fd()
-                                                     : -1});
+                                             .off_cpu = options.off_cpu});
       if (!perf.ok()) return perf.status();
       opened.perf = std::move(*perf);
     } else if (options.inproc == ProfilerOptions::Inproc::kOff || options.off_cpu ||

@@ -20,7 +20,8 @@ struct StackSources {
   std::unique_ptr<sources::PerfSource> perf;              // null: no perf events
   std::unique_ptr<sources::InprocSource> inproc;          // null: --inproc off
   std::unique_ptr<kernel::KernelSymbols> kernel_symbols;  // null: no kernel stacks
-  // Python frames copied at each perf sample; null: read from memory after the sample.
+  // Python frames copied at each perf sample (its program attached by the Profiler once a
+  // target runs Python); null: read from memory after the sample.
   std::unique_ptr<python::FrameCapture> python_capture;
 };
 

@@ -323,13 +323,21 @@ Interpreter::KnownThread* Interpreter::ThreadStateOf(pid_t tid, bool* cframe_cur
     known = {};  // gone, or now another thread's: look again
   }
   scratch_used_ = tstate_bytes_ + sizeof(uint64_t);
+  if (!WalkThreadStates()) return nullptr;
+  KnownThread& found = thread_states_[tid];  // none: remembered as such until the next walk
+  if (found.tstate == 0 || !memory_->Read(found.tstate, bytes, tstate_bytes_)) return nullptr;
+  return &found;
+}
+
+bool Interpreter::WalkThreadStates() {
   const uint64_t now = NowNs();
-  if (last_scan_ns_ != 0 && now - last_scan_ns_ < kRescanGapNs) return nullptr;
+  if (last_scan_ns_ != 0 && now - last_scan_ns_ < kRescanGapNs) return false;
   last_scan_ns_ = now;
   ++stats_.thread_scans;
   for (auto& [known_tid, known] : thread_states_) known = {};
+  uint8_t* bytes = scratch_.data();
   uint64_t interp = 0;
-  if (!memory_->ReadValue(runtime_ + offsets_.runtime_interpreters_head, &interp)) return nullptr;
+  if (!memory_->ReadValue(runtime_ + offsets_.runtime_interpreters_head, &interp)) return false;
   for (size_t i = 0; interp != 0 && i < kMaxInterpreters; ++i) {
     uint64_t ts = 0;
     if (!memory_->ReadValue(interp + offsets_.interp_threads_head, &ts)) break;
@@ -340,9 +348,16 @@ Interpreter::KnownThread* Interpreter::ThreadStateOf(pid_t tid, bool* cframe_cur
     }
     if (!memory_->ReadValue(interp + offsets_.interp_next, &interp)) break;
   }
-  KnownThread& found = thread_states_[tid];  // none: remembered as such until the next walk
-  if (found.tstate == 0 || !memory_->Read(found.tstate, bytes, tstate_bytes_)) return nullptr;
-  return &found;
+  return true;
+}
+
+std::vector<pid_t> Interpreter::ThreadIds() {
+  WalkThreadStates();
+  std::vector<pid_t> tids;
+  for (const auto& [tid, known] : thread_states_) {
+    if (known.tstate != 0) tids.push_back(tid);
+  }
+  return tids;
 }
 
 bool Interpreter::CurrentFrame(KnownThread& thread, const uint8_t* bytes, bool cframe_current,

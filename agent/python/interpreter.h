@@ -143,9 +143,12 @@ class Interpreter {
   // and code objects not in the cache or due for a check, are read from memory.
   ReadOutcome ReadSnapshot(const FrameSnapshot& snapshot, std::span<PythonFrame> out,
                            size_t* count);
-  // What FrameCapture needs to copy thread `tid`'s frames: known once a ReadStack of it
-  // found its thread state.
+  // What FrameCapture needs to copy thread `tid`'s frames: known once a ReadStack of it or
+  // ThreadIds() found its thread state.
   std::optional<CaptureThread> CaptureThreadOf(pid_t tid);
+  // The threads whose states the interpreter lists (walked again unless walked within the
+  // last few milliseconds).
+  std::vector<pid_t> ThreadIds();
 
   const Offsets& offsets() const { return offsets_; }
   const InterpreterStats& stats() const { return stats_; }
@@ -190,6 +193,9 @@ class Interpreter {
   // frame of the known _PyCFrame, and the thread's hints as blocks (blocks_), read in the
   // same call.
   KnownThread* ThreadStateOf(pid_t tid, bool* cframe_current);
+  // Walks the interpreters' thread-state lists into thread_states_ (uses scratch_), unless
+  // walked within kRescanGapNs: false then, or when the list is unreadable.
+  bool WalkThreadStates();
   // The kernel tid of a thread state read into `bytes`, or -1.
   pid_t TidOf(const uint8_t* tstate);
   bool CalibratePthreadTid();

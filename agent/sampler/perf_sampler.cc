@@ -319,6 +319,7 @@ absl::Status PerfSampler::AddSession(const SessionOptions& options) {
   }
   auto session = std::make_unique<Session>();
   session->options = options;
+  if (sample_program_fd_ >= 0) session->options.sample_program_fd = sample_program_fd_;
   UpdatePeriod(*session);
   sessions_.emplace(options.session_id, std::move(session));
   return absl::OkStatus();
@@ -403,11 +404,7 @@ absl::StatusOr<std::unique_ptr<PerfSampler::RingEvent>> PerfSampler::OpenEvent(
   event->cpu = cpu;
   event->fd = PerfEventOpen(&attr, tid, cpu);
   if (event->fd < 0) return PerfOpenError(errno, tid, cpu, session.options);
-  if (session.options.sample_program_fd >= 0 &&
-      session.options.event == SessionEvent::kCpuClock &&
-      ioctl(event->fd, PERF_EVENT_IOC_SET_BPF, session.options.sample_program_fd) != 0) {
-    ++session.stats.programs_not_attached;
-  }
+  AttachSampleProgram(session, event->fd);
   event->mapping_size = page_size_ + data_size;
   event->mapping =
       mmap(nullptr, event->mapping_size, PROT_READ | PROT_WRITE, MAP_SHARED, event->fd, 0);
@@ -429,6 +426,26 @@ absl::StatusOr<std::unique_ptr<PerfSampler::RingEvent>> PerfSampler::OpenEvent(
     return absl::InternalError(absl::StrCat("epoll_ctl: ", strerror(err)));
   }
   return event;
+}
+
+void PerfSampler::AttachSampleProgram(Session& session, int fd) {
+  if (session.options.sample_program_fd < 0 ||
+      session.options.event != SessionEvent::kCpuClock) {
+    return;
+  }
+  if (ioctl(fd, PERF_EVENT_IOC_SET_BPF, session.options.sample_program_fd) != 0 &&
+      errno != EEXIST) {
+    ++session.stats.programs_not_attached;
+  }
+}
+
+void PerfSampler::SetSampleProgram(int program_fd) {
+  sample_program_fd_ = program_fd;
+  for (auto& [id, session] : sessions_) {
+    if (session->options.sample_program_fd == program_fd) continue;
+    session->options.sample_program_fd = program_fd;
+    ForEachEvent(*session, [&](RingEvent& event) { AttachSampleProgram(*session, event.fd); });
+  }
 }
 
 bool PerfSampler::Watch(RingEvent& event) {

@@ -186,6 +186,10 @@ class PerfSampler {
   absl::Status RemoveSession(uint32_t session_id);
   // Changes the rate of every event of the session, now and for threads attached later.
   absl::Status SetFrequency(uint32_t session_id, uint32_t frequency_hz);
+  // Runs `program_fd` at every sample of the CPU-time sessions (SessionOptions::
+  // sample_program_fd), on their events now and on those opened later, and of the sessions
+  // added later. A program already attached stays.
+  void SetSampleProgram(int program_fd);
 
   // Starts sampling thread `tid` of process `pid` in the session; no-op if already sampled.
   // The pid becomes a target of the session (see AttachNewThread). In a kPerCpu session only
@@ -236,6 +240,9 @@ class PerfSampler {
   // An event of `tid` (per thread) or of `cpu` (per CPU, tid -1).
   absl::StatusOr<std::unique_ptr<RingEvent>> OpenEvent(Session& session, pid_t pid, pid_t tid,
                                                          int cpu);
+  // Attaches the session's sample program to `fd` (a CPU-time session's event), or counts
+  // why not.
+  void AttachSampleProgram(Session& session, int fd);
   template <typename Fn>
   static void ForEachEvent(Session& session, Fn fn);
   // Opens a kPerCpu session's events, once it has a target: until then they would only fill
@@ -252,6 +259,7 @@ class PerfSampler {
   size_t DrainEvent(Session& session, RingEvent& event, SampleCallback callback);
 
   int epoll_fd_;
+  int sample_program_fd_ = -1;  // SetSampleProgram's
   const UserRegsLayout& layout_;
   size_t page_size_;
   absl::flat_hash_map<uint32_t, std::unique_ptr<Session>> sessions_;

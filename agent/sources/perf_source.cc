@@ -50,7 +50,6 @@ sampler::SessionOptions PerfSource::SessionFor(uint32_t session_id,
   session.stack_bytes = stack_bytes_;
   session.kernel_stacks = kernel_stacks_;
   session.user_frame_chain = user_frame_chain_ && session_id != kOffCpuSession;
-  session.sample_program_fd = session_id != kOffCpuSession ? sample_program_fd_ : -1;
   if (session_id == kOffCpuSession) {
     // Per thread whatever the sampling scope: a CPU's context-switch event records every
     // switch of every process on it (thousands a second on a busy host), each with a stack

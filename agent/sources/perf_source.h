@@ -38,9 +38,6 @@ struct PerfSourceOptions {
   // A context-switch session over the continuous session's targets, per thread in either
   // scope (one more descriptor per target thread).
   bool off_cpu = false;
-  // A program run at each CPU-time sample of every session (sampler::SessionOptions::
-  // sample_program_fd), e.g. the Python frame capture; -1: none.
-  int sample_program_fd = -1;
 };
 
 class PerfSource final : public StackSource {
@@ -66,6 +63,9 @@ class PerfSource final : public StackSource {
   uint64_t lost() const override { return sampler_->stats().lost; }
   uint64_t filtered() const { return sampler_->stats().filtered; }
   uint64_t programs_not_attached() const { return sampler_->stats().programs_not_attached; }
+  // Runs `program_fd` at every CPU-time sample from now on (sampler::PerfSampler::
+  // SetSampleProgram).
+  void SetSampleProgram(int program_fd) { sampler_->SetSampleProgram(program_fd); }
   size_t events() const { return sampler_->attached_events(); }
 
   // A session of its own rate over the continuous session's threads of `pids`. Returns the
@@ -84,8 +84,7 @@ class PerfSource final : public StackSource {
         scope_(options.scope),
         kernel_stacks_(options.kernel_stacks),
         user_frame_chain_(options.user_frame_chain && unwind::kHostArch == unwind::Arch::kX86_64),
-        off_cpu_(options.off_cpu),
-        sample_program_fd_(options.sample_program_fd) {}
+        off_cpu_(options.off_cpu) {}
 
   // A session's options: per CPU, rings of about two seconds of a busy CPU's samples, the
   // kernel's wake-up after about one, and a one-second drain period while samples flow (see
@@ -99,7 +98,6 @@ class PerfSource final : public StackSource {
   bool kernel_stacks_;
   bool user_frame_chain_;
   bool off_cpu_;
-  int sample_program_fd_;
 };
 
 }  // namespace strata::agent::sources

@@ -197,8 +197,8 @@ TEST_P(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
   if (const size_t at = log.find("python: "); at != std::string::npos) {
     std::fprintf(stderr, "agent: %s\n", log.substr(at, log.find('\n', at) - at).c_str());
   }
-  // Copied at the sample wherever the agent may load BPF programs (root here): all but the
-  // samples taken before a thread's state was first found.
+  // Copied at the sample wherever the agent may load BPF programs (root here): the threads
+  // are registered when the agent finds the process, before their first samples.
   if (capture == "auto" && geteuid() == 0) {
     ASSERT_NE(log.find("python frames: copied at each sample"), std::string::npos) << log;
     const size_t at = log.find(" copied at the sample, ");
@@ -208,7 +208,7 @@ TEST_P(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
                                             at - log.rfind(' ', at - 1) - 1),
                                  &copied))
         << log;
-    EXPECT_GT(copied, with_python * 9 / 10) << log;
+    EXPECT_GE(copied, with_python * 98 / 100) << log;
   }
 }
 
