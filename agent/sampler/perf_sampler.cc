@@ -441,10 +441,11 @@ void PerfSampler::AttachSampleProgram(Session& session, int fd) {
 
 void PerfSampler::SetSampleProgram(int program_fd) {
   sample_program_fd_ = program_fd;
-  for (auto& [id, session] : sessions_) {
-    if (session->options.sample_program_fd == program_fd) continue;
-    session->options.sample_program_fd = program_fd;
-    ForEachEvent(*session, [&](RingEvent& event) { AttachSampleProgram(*session, event.fd); });
+  for (auto& [id, owned] : sessions_) {
+    Session& session = *owned;
+    if (session.options.sample_program_fd == program_fd) continue;
+    session.options.sample_program_fd = program_fd;
+    ForEachEvent(session, [&](RingEvent& event) { AttachSampleProgram(session, event.fd); });
   }
 }
 
