@@ -92,7 +92,7 @@ absl::Status DeleteElement(int map_fd, const void* key) {
 }
 
 absl::StatusOr<base::UniqueFd> LoadProgram(bpf_prog_type type, std::span<const Insn> program,
-                                           std::string_view name) {
+                                           std::string_view name, uint32_t flags) {
   static constexpr char kLicense[] = "GPL";
   std::string log(64 * 1024, '\0');
   bpf_attr attr;
@@ -101,6 +101,7 @@ absl::StatusOr<base::UniqueFd> LoadProgram(bpf_prog_type type, std::span<const I
   attr.insns = Pointer(program.data());
   attr.insn_cnt = static_cast<uint32_t>(program.size());
   attr.license = Pointer(kLicense);
+  attr.prog_flags = flags;
   CopyName(name, attr.prog_name);
   long fd = Bpf(BPF_PROG_LOAD, &attr);
   if (fd >= 0) return base::UniqueFd(static_cast<int>(fd));

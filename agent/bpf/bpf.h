@@ -115,9 +115,11 @@ absl::StatusOr<base::UniqueFd> CreateMap(bpf_map_type type, uint32_t key_size,
 absl::Status UpdateElement(int map_fd, const void* key, const void* value);
 absl::Status DeleteElement(int map_fd, const void* key);
 // A program of `type` (license GPL: the helpers that read user memory require it). The
-// verifier's log is in the error of a program it refuses.
+// verifier's log is in the error of a program it refuses. `flags`: BPF_PROG_LOAD's
+// prog_flags, e.g. BPF_F_STRICT_ALIGNMENT (checked as on architectures without efficient
+// unaligned access, such as MIPS64).
 absl::StatusOr<base::UniqueFd> LoadProgram(bpf_prog_type type, std::span<const Insn> program,
-                                           std::string_view name);
+                                           std::string_view name, uint32_t flags = 0);
 
 // What the kernel counted of a program's runs: only while kernel.bpf_stats_enabled is 1 (or
 // some process holds BPF_ENABLE_STATS), else zeros.

@@ -37,6 +37,7 @@ constexpr uint32_t kMaxSlot = 8 + kMaxCopiedStruct;
 // at every step).
 constexpr uint32_t kRecordBytes = sizeof(RecordHeader) + kMaxCapturedFrames * kMaxSlot;
 constexpr uint32_t kLastSlot = kRecordBytes - kMaxSlot;
+static_assert(kLastSlot <= 0x3ff8);  // the program's mask of the cursor
 constexpr uint32_t kTstateAt = kRecordBytes;
 constexpr uint32_t kCursorAt = kTstateAt + kMaxCapturedTstate;
 constexpr uint32_t kScratchBytes = kCursorAt + 8;
@@ -143,6 +144,7 @@ std::vector<bpf::Insn> FrameCaptureProgram(int threads_map, int scratch_map, int
     b.AddJump(JumpImm(BPF_JEQ, kR9, 0, 0), done);
     b.Add(Load(BPF_DW, kR6, kR8, kCursorAt));
     b.AddJump(JumpImm(BPF_JGT, kR6, kLastSlot, 0), done);
+    b.Add(AluImm(BPF_AND, kR6, 0x3ff8));  // (aligned, as the verifier can see: kLastSlot fits)
     b.Add(AluReg(BPF_ADD, kR6, kR8));  // r6 = the frame's slot
     b.Add(Store(BPF_DW, kR6, kR9, 0));
     // Its bytes from frame_copy_from on, where they lie in a whole frame's copy.
@@ -189,7 +191,7 @@ std::vector<bpf::Insn> FrameCaptureProgram(int threads_map, int scratch_map, int
   return std::move(b).Build();
 }
 
-absl::StatusOr<std::unique_ptr<FrameCapture>> FrameCapture::Create() {
+absl::StatusOr<std::unique_ptr<FrameCapture>> FrameCapture::Create(uint32_t program_flags) {
   absl::StatusOr<base::UniqueFd> threads = bpf::CreateMap(
       BPF_MAP_TYPE_HASH, sizeof(uint32_t), sizeof(CaptureThread), kMaxThreads, "py_threads");
   if (!threads.ok()) return threads.status();
@@ -205,7 +207,7 @@ absl::StatusOr<std::unique_ptr<FrameCapture>> FrameCapture::Create() {
       FrameCaptureProgram(threads->get(), scratch->get(), ring->get());
   if (program.empty()) return absl::InternalError("python frame capture: program not built");
   absl::StatusOr<base::UniqueFd> loaded =
-      bpf::LoadProgram(BPF_PROG_TYPE_PERF_EVENT, program, "py_frames");
+      bpf::LoadProgram(BPF_PROG_TYPE_PERF_EVENT, program, "py_frames", program_flags);
   if (!loaded.ok()) return loaded.status();
   return std::unique_ptr<FrameCapture>(
       new FrameCapture(std::move(*threads), std::move(*scratch), std::move(*ring),

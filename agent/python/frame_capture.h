@@ -95,8 +95,9 @@ struct CaptureStats {
 class FrameCapture {
  public:
   // The maps and the program; Unavailable/PermissionDenied where the kernel has no BPF (or
-  // no ring buffer) or the agent may not load programs.
-  static absl::StatusOr<std::unique_ptr<FrameCapture>> Create();
+  // no ring buffer) or the agent may not load programs, InvalidArgument (with the verifier's
+  // log) where the verifier refuses the program. `program_flags`: bpf::LoadProgram's.
+  static absl::StatusOr<std::unique_ptr<FrameCapture>> Create(uint32_t program_flags = 0);
   ~FrameCapture();
 
   // The program to attach to CPU-time perf events (PERF_EVENT_IOC_SET_BPF).
