@@ -2,22 +2,24 @@
 // Python frames are the ones it interrupted and the agent neither wakes per sample nor reads
 // the target's memory per sample.
 //
-// A BPF program (BPF_PROG_TYPE_PERF_EVENT), attached by the sampler to its CPU-time events,
-// runs in the sampled thread's context just before the kernel writes the sample. For a thread
-// registered here (its thread state's address and its interpreter's offsets, CaptureThread:
-// the layout is data, so one program serves every CPython version and every target), it
-// follows the thread's current frame and copies up to kMaxCapturedFrames frames (each frame's
-// address and its first frame_size bytes) into a ring buffer, stamped with the thread and the
-// time (CLOCK_MONOTONIC, the clock the sampler's samples carry). The agent drains the ring
-// with the samples and hands each sample its snapshot (Find); Interpreter::ReadSnapshot walks
-// the chain from it as from memory. A thread not registered yet (its first sample, before its
-// thread state is known), a snapshot that is missing (ring full) and frames past the copied
-// ones are read from memory as before. The thread state is checked at each run (its pid, and
-// the thread id the state holds), so a recycled state is never followed.
+// A BPF program (BPF_PROG_TYPE_PERF_EVENT), attached by the sampler to its CPU-time events
+// once a target runs Python, runs in the sampled thread's context just before the kernel
+// writes the sample. For a thread registered here (its thread state's address and its
+// interpreter's offsets, CaptureThread: the layout is data, so one program serves every
+// CPython version and every target), it follows the thread's current frame and copies up to
+// kMaxCapturedFrames frames (each frame's address and its bytes from the first field read on)
+// into a ring buffer, stamped with the thread and the time (CLOCK_MONOTONIC, the clock the
+// sampler's samples carry). The agent drains the ring with the samples and hands each sample
+// its snapshot (Find); Interpreter::ReadSnapshot walks the chain from it as from memory. The
+// owner registers a process's threads when it finds the process, and a thread started later
+// at its first sample; that sample, a snapshot that is missing (ring full) and frames past
+// the copied ones are read from memory as before. The thread state is checked at each run
+// (its pid, and the thread id the state holds), so a recycled state is never followed.
 //
-// Cost: the program runs in the target's time (one map lookup, 3 + frames reads of user
-// memory); bpf::RunsOf reports it when kernel.bpf_stats_enabled is set. Needs root (CAP_BPF +
-// CAP_PERFMON) and a 5.8+ kernel; Create() fails otherwise and the agent reads memory.
+// Cost: the program runs in the target's time (a hash map lookup, two reads of the thread's
+// state and one per frame, a ring buffer record); bpf::RunsOf reports it when
+// kernel.bpf_stats_enabled is set. Needs root (CAP_BPF + CAP_PERFMON) and a 5.8+ kernel;
+// Create() fails otherwise and the agent reads memory.
 //
 // Single-threaded (the agent's main loop). Find allocates only while a thread's queue grows.
 #ifndef STRATA_AGENT_PYTHON_FRAME_CAPTURE_H_
