@@ -181,7 +181,6 @@ absl::StatusOr<std::unique_ptr<Interpreter>> Interpreter::Attach(
   uint32_t end = std::max({o.tstate_next, o.tstate_frame, o.tstate_thread_id});
   if (o.tstate_native_thread_id != kNoOffset) end = std::max(end, o.tstate_native_thread_id);
   interpreter->tstate_bytes_ = end + 8;
-  interpreter->visited_.reserve(kMaxChainFrames);
   interpreter->chain_.reserve(kMaxChainFrames);
   interpreter->code_addresses_.reserve(kMaxChainFrames + kMaxSweptCodeObjects + 3);
   interpreter->code_sizes_.reserve(kMaxChainFrames + kMaxSweptCodeObjects + 3);
@@ -569,14 +568,12 @@ ReadOutcome Interpreter::Read(pid_t tid, const FrameSnapshot* snapshot,
   // the thread state), then every frame's code object header and the re-read of the current
   // frame in one batch, then names and lines (from the cache; a code object seen first costs
   // its strings).
-  visited_.clear();
+  // A cycle (a chain that changed while it was read) runs into the bound on frames: on the
+  // frames shown (`out`), or on all of them (C-stack shims are not shown).
   chain_.clear();
+  size_t walked = 0;
   for (uint64_t frame = leaf; frame != 0;) {
-    if (visited_.size() >= kMaxChainFrames ||
-        std::find(visited_.begin(), visited_.end(), frame) != visited_.end()) {
-      return inconsistent();  // a cycle, or deeper than any real chain we show
-    }
-    visited_.push_back(frame);
+    if (++walked > kMaxChainFrames) return inconsistent();
     const uint8_t* bytes = FrameBytes(frame);
     if (bytes == nullptr) return inconsistent();
     const uint64_t code = FieldAt<uint64_t>(bytes, offsets_.frame_code);

@@ -250,7 +250,6 @@ class Interpreter {
   int64_t pthread_tid_offset_ = -1;
   uint64_t last_scan_ns_ = 0;  // CLOCK_MONOTONIC of the last walk of the thread states
   absl::flat_hash_map<uint64_t, std::unique_ptr<CodeInfo>> code_;
-  std::vector<uint64_t> visited_;  // frames of the current read (cycle check), sized once
   // Per frame of the current read (sized once): its code object, instruction offset, entry
   // flag; then every code object's header, read in one go.
   struct ChainFrame {
