@@ -108,7 +108,7 @@ void LogSamplingSummary(const ProfilerStats& stats, const std::string& verify) {
                                static_cast<double>(delayed),
             static_cast<double>(stats.python_read_delay_max_ns) / 1e6);
   }
-  if (stats.python_capture) {
+  if (stats.python_capture && (stats.capture.threads > 0 || stats.capture.snapshots > 0)) {
     LogInfo("python capture: {} snapshots, {} used, {} of samples that never came, {} samples "
             "without one, {} threads; program: {} runs, {:.0f} ns each ({}), {} perf events "
             "without it", stats.capture.snapshots, stats.capture.found,

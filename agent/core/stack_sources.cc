@@ -58,7 +58,8 @@ absl::StatusOr<StackSources> OpenStackSources(const ProfilerOptions& options) {
         auto capture = python::FrameCapture::Create();
         if (capture.ok()) {
           opened.python_capture = std::move(*capture);
-          LogInfo("python frames: copied at each sample (BPF)");
+          LogInfo("python frames: copied at each sample (a BPF program, attached to the perf "
+                  "events once a target runs Python)");
         } else if (options.python_capture == ProfilerOptions::PythonCapture::kOn) {
           return absl::Status(capture.status().code(),
                               absl::StrCat("--python-capture: ", capture.status().message()));
