@@ -91,6 +91,17 @@ absl::Status DeleteElement(int map_fd, const void* key) {
   return absl::OkStatus();
 }
 
+absl::Status LookupElement(int map_fd, const void* key, void* value) {
+  bpf_attr attr;
+  std::memset(&attr, 0, sizeof(attr));
+  attr.map_fd = static_cast<uint32_t>(map_fd);
+  attr.key = Pointer(key);
+  attr.value = Pointer(value);
+  if (Bpf(BPF_MAP_LOOKUP_ELEM, &attr) == 0) return absl::OkStatus();
+  if (errno == ENOENT) return absl::NotFoundError("bpf map: no such key");
+  return ErrnoStatus(errno, "bpf map lookup");
+}
+
 absl::StatusOr<base::UniqueFd> LoadProgram(bpf_prog_type type, std::span<const Insn> program,
                                            std::string_view name, uint32_t flags) {
   static constexpr char kLicense[] = "GPL";

@@ -114,6 +114,8 @@ absl::StatusOr<base::UniqueFd> CreateMap(bpf_map_type type, uint32_t key_size,
                                          std::string_view name);
 absl::Status UpdateElement(int map_fd, const void* key, const void* value);
 absl::Status DeleteElement(int map_fd, const void* key);
+// NotFound when the map holds no `key`.
+absl::Status LookupElement(int map_fd, const void* key, void* value);
 // A program of `type` (license GPL: the helpers that read user memory require it). The
 // verifier's log is in the error of a program it refuses. `flags`: BPF_PROG_LOAD's
 // prog_flags, e.g. BPF_F_STRICT_ALIGNMENT (checked as on architectures without efficient

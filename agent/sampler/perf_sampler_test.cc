@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "agent/bpf/bpf.h"
 #include "agent/procfs/procfs.h"
 #include "agent/procfs/process_tracker.h"
 #include "common/unwind/host_arch.h"
@@ -355,6 +356,69 @@ TEST_F(PerfSamplerTest, SetFrequencyChangesRateOfRunningSession) {
   EXPECT_NEAR(slow, 99, 40);
   EXPECT_NEAR(fast, 499, 150);
   EXPECT_EQ(sampler_->attached_events(), 1u);
+}
+
+// A program that counts its runs in an array map's one slot (for SetSampleProgram).
+struct CountingProgram {
+  base::UniqueFd map, program;
+  uint64_t runs() const {
+    const uint32_t key = 0;
+    uint64_t value = 0;
+    EXPECT_TRUE(bpf::LookupElement(map.get(), &key, &value).ok());
+    return value;
+  }
+};
+absl::StatusOr<CountingProgram> LoadCountingProgram() {
+  using namespace bpf;  // NOLINT: the instruction builders
+  absl::StatusOr<base::UniqueFd> map = CreateMap(BPF_MAP_TYPE_ARRAY, 4, 8, 1, "runs");
+  if (!map.ok()) return map.status();
+  ProgramBuilder b;
+  const auto out = b.NewLabel();
+  b.Add(StoreImm(BPF_W, kFp, -4, 0));
+  b.AddMap(kR1, map->get());
+  b.Add(MovReg(kR2, kFp));
+  b.Add(AluImm(BPF_ADD, kR2, -4));
+  b.Add(Call(BPF_FUNC_map_lookup_elem));
+  b.AddJump(JumpImm(BPF_JEQ, kR0, 0, 0), out);
+  b.Add(MovImm(kR1, 1));
+  b.Add({BPF_STX | BPF_DW | BPF_ATOMIC, kR0, kR1, 0, BPF_ADD});  // lock *(u64 *)r0 += r1
+  b.Bind(out);
+  b.Add(MovImm(kR0, 1));
+  b.Add(Exit());
+  std::vector<Insn> program = std::move(b).Build();
+  absl::StatusOr<base::UniqueFd> loaded =
+      LoadProgram(BPF_PROG_TYPE_PERF_EVENT, program, "count_runs");
+  if (!loaded.ok()) return loaded.status();
+  return CountingProgram{std::move(*map), std::move(*loaded)};
+}
+
+// The program runs at every sample from SetSampleProgram on: on the events open then, and on
+// those of sessions and threads added later.
+TEST_F(PerfSamplerTest, SampleProgramRunsAtEverySampleFromWhenItIsSet) {
+  absl::StatusOr<CountingProgram> counter = LoadCountingProgram();
+  if (absl::IsUnavailable(counter.status()) || absl::IsPermissionDenied(counter.status())) {
+    GTEST_SKIP() << "no BPF here: " << counter.status();
+  }
+  ASSERT_TRUE(counter.ok()) << counter.status();
+  const pid_t pid = child_.pid();
+  ASSERT_TRUE(sampler_->AddSession(Session(1, 499)).ok());
+  ASSERT_TRUE(sampler_->AttachProcess(1, pid, {pid}).ok());
+  std::vector<CopiedSample> before;
+  SampleForChildCpu(*sampler_, pid, absl::Milliseconds(100), &before);
+  ASSERT_GT(before.size(), 0u);
+  EXPECT_EQ(counter->runs(), 0u);
+
+  sampler_->SetSampleProgram(counter->program.get());
+  ASSERT_TRUE(sampler_->AddSession(Session(2, 99)).ok());
+  ASSERT_TRUE(sampler_->AttachProcess(2, pid, {pid}).ok());
+  std::vector<CopiedSample> after;
+  SampleForChildCpu(*sampler_, pid, absl::Milliseconds(400), &after);
+  ASSERT_GT(CountSession(after, 2), 0u);
+  // Each sample was preceded by a run; a run's sample may still be in the ring.
+  const uint64_t runs = counter->runs();
+  EXPECT_GE(runs, after.size());
+  EXPECT_LE(runs, after.size() + 4);
+  EXPECT_EQ(sampler_->stats().programs_not_attached, 0u);
 }
 
 TEST_F(PerfSamplerTest, FullRingCountsLostSamples) {
