@@ -5,6 +5,8 @@
 # Targets, all running at once (so the machine's other load is the same for every agent), each
 # profiled by its own strata-agent at HZ (default 499):
 #   cpp     demo_service --threads 2 (two busy threads)
+#   cpp1    demo_service --threads 1 (one busy thread: about the CPU the Python workload's two
+#           threads get under the GIL)
 #   py      python3.11 running tests/e2e/python/python_workload.py (two busy threads under the
 #           GIL), Python frames copied at each sample by the agent's BPF program (as root)
 #   py-read the same, --python-capture off: each sample wakes the agent, which reads the
@@ -30,7 +32,9 @@
 #   tests/bench/agent/language_cost.sh [SECONDS=30]
 #   env: BUILD (default <repo>/build; binaries in BUILD/bin), PYTHON (default
 #        /usr/bin/python3.11), CASES (default "cpp py py-off"), HZ (default 499), WARMUP
-#        (default 5 s), INTERVAL (agent --interval, default 10), AGENT_ARGS (extra flags for
+#        (default 5 s), INTERVAL (agent --interval, default 10), LOW_HZ (a second agent per
+#        target at this rate, and a second table: the CPU of one more sample, from the two
+#        agents' difference), AGENT_ARGS (extra flags for
 #        every agent), BASE_AGENT (the agent binary of the -base cases), KEEP=1 (keep the
 #        temp dir)
 #
@@ -44,6 +48,8 @@ CASES=${CASES:-cpp py py-off}
 HZ=${HZ:-499}
 WARMUP=${WARMUP:-5}
 INTERVAL=${INTERVAL:-10}
+LOW_HZ=${LOW_HZ:-}
+declare -A low
 AGENT_ARGS=${AGENT_ARGS:-}
 workload=$root/tests/e2e/python/python_workload.py
 
@@ -103,6 +109,7 @@ run_seconds=$((WARMUP + seconds + 120))
 for c in $CASES; do
   case ${c%-base} in
     cpp) "$work/bin/demo_service" --threads 2 --seconds "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
+    cpp1) "$work/bin/demo_service" --threads 1 --seconds "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
     py | py-read | py10 | py-off) "$PYTHON" "$workload" "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
     go) "$BUILD/go/go_workload_plain" -seconds "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
     go-switches) "$BUILD/go/go_workload_plain" -seconds "$run_seconds" -switches \
@@ -133,21 +140,38 @@ for c in $CASES; do
     --interval "$INTERVAL" --spool-dir none "${flags[@]}" $AGENT_ARGS >"$work/$c.agent.log" 2>&1 &
   agent[$c]=$!
   pids+=($!)
+  if [[ -n "$LOW_HZ" ]]; then  # a second agent on the same target, at the low rate
+    # shellcheck disable=SC2086
+    "$bin" --server "127.0.0.1:$port" --pid "${target[$c]}" --frequency "$LOW_HZ" \
+      --interval "$INTERVAL" --spool-dir none "${flags[@]}" $AGENT_ARGS \
+      >"$work/$c.low.agent.log" 2>&1 &
+    low[$c]=$!
+    pids+=($!)
+  fi
 done
 for c in $CASES; do
   wait_for "$c agent attached" 60 "${agent[$c]}" "$work/$c.agent.log" "profiling pid"
+  [[ -z "$LOW_HZ" ]] ||
+    wait_for "$c low agent attached" 60 "${low[$c]}" "$work/$c.low.agent.log" "profiling pid"
   attach_cpu[$c]=$(cpu_ns "${target[$c]}")
 done
 sleep "$WARMUP"
-declare -A a0 a1 t0 t1 t_end
-for c in $CASES; do a0[$c]=$(cpu_ns "${agent[$c]}"); t0[$c]=$(cpu_ns "${target[$c]}"); done
+declare -A a0 a1 t0 t1 t_end l0 l1
+for c in $CASES; do
+  a0[$c]=$(cpu_ns "${agent[$c]}"); t0[$c]=$(cpu_ns "${target[$c]}")
+  [[ -z "$LOW_HZ" ]] || l0[$c]=$(cpu_ns "${low[$c]}")
+done
 sleep "$seconds"
-for c in $CASES; do a1[$c]=$(cpu_ns "${agent[$c]}"); t1[$c]=$(cpu_ns "${target[$c]}"); done
+for c in $CASES; do
+  a1[$c]=$(cpu_ns "${agent[$c]}"); t1[$c]=$(cpu_ns "${target[$c]}")
+  [[ -z "$LOW_HZ" ]] || l1[$c]=$(cpu_ns "${low[$c]}")
+done
 for c in $CASES; do
   kill -TERM "${agent[$c]}"
+  [[ -z "$LOW_HZ" ]] || kill -TERM "${low[$c]}"
   t_end[$c]=$(cpu_ns "${target[$c]}")
 done
-for c in $CASES; do wait "${agent[$c]}" || true; done
+for c in $CASES; do wait "${agent[$c]}" || true; [[ -z "$LOW_HZ" ]] || wait "${low[$c]}" || true; done
 
 echo "agent CPU per sample, ${seconds} s window after ${WARMUP} s, $HZ Hz, cases run at once"
 printf '%-11s %9s %9s %9s %8s %9s %7s %10s %8s %9s\n' case agent_ms samples us/sample bpf_us \
@@ -176,4 +200,31 @@ for c in $CASES; do
   echo "${row% *}"
   sed -n 's/.*\] \(sampling: .*\)/            \1/p; s/.*\] \(python: .*\)/            \1/p
           s/.*\] \(python capture: .*\)/            \1/p' "$log"
+done
+[[ -n "$LOW_HZ" ]] || exit 0
+# The slope: what one more sample costs, without what an agent pays whatever its rate
+# (intervals, shipping, timers, scans), which the averages above spread over each target's
+# samples: a target that gets less CPU has fewer samples to spread them over.
+echo
+echo "agent CPU per additional sample: agents at $HZ and at $LOW_HZ Hz on the same targets"
+printf '%-11s %9s %9s %9s %8s %9s %7s\n' case samples low_smpl slope_us bpf_us total_us x_cpp
+cpp_slope=
+for c in $CASES; do
+  n_hi=$(sed -n 's/.*stopping: \([0-9]*\) samples.*/\1/p' "$work/$c.agent.log" | tail -1)
+  n_lo=$(sed -n 's/.*stopping: \([0-9]*\) samples.*/\1/p' "$work/$c.low.agent.log" | tail -1)
+  runs=$(sed -n 's/.*program: \([0-9]*\) runs, \([0-9]*\) ns each.*/\1 \2/p' "$work/$c.agent.log" | tail -1)
+  row=$(awk -v a0="${a0[$c]}" -v a1="${a1[$c]}" -v l0="${l0[$c]}" -v l1="${l1[$c]}" \
+      -v t0="${t0[$c]}" -v t1="${t1[$c]}" -v ta="${attach_cpu[$c]}" -v te="${t_end[$c]}" \
+      -v hi="${n_hi:-0}" -v lo="${n_lo:-0}" -v runs="${runs:-0 0}" -v cpp="$cpp_slope" \
+      -v c="$c" 'BEGIN {
+    f = (t1 - t0) / (te > ta ? te - ta : 1)            # the part of the samples in the window
+    whi = hi * f; wlo = lo * f
+    slope = whi > wlo ? ((a1 - a0) - (l1 - l0)) / 1e3 / (whi - wlo) : 0
+    split(runs, r, " ")
+    bpf = hi > 0 ? r[1] * r[2] / 1e3 / hi : 0
+    total = slope + bpf
+    printf "%-11s %9d %9d %9.1f %8.1f %9.1f %7s %.3f\n", c, whi, wlo, slope, bpf, total,
+      cpp == "" ? "-" : sprintf("%.2f", total / cpp), total }')
+  [[ $c == cpp ]] && cpp_slope=${row##* }
+  echo "${row% *}"
 done
