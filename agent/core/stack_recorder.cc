@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -82,6 +83,15 @@ struct StackRecorder::TargetState {
     uint64_t module_pc;
   };
   absl::flat_hash_map<uint64_t, CachedPc> pc_cache;
+  // Functions of known extent resolved in epoch `pc_epoch`, by absolute start: a pc inside
+  // one takes its node without being symbolized again (a hot loop's leaf is at a new address
+  // in many samples). `module_base`: absolute minus module pc.
+  struct CachedFunction {
+    uint64_t end;  // absolute, exclusive
+    encoding::NodeId node;
+    uint64_t module_base;
+  };
+  std::map<uint64_t, CachedFunction> functions;
   uint64_t pc_epoch = 0;
   // The interpreter found in the mappings of epoch `python_epoch` (null: none).
   std::unique_ptr<PythonTarget> python;
@@ -496,6 +506,20 @@ encoding::PathFrame StackRecorder::FrameFor(const Target& target, TargetState& s
   const uint64_t lookup = innermost ? pc : pc - 1;
   auto it = state.pc_cache.find(lookup);
   if (it == state.pc_cache.end()) {
+    ++stats_.pcs_resolved;
+    if (auto f = state.functions.upper_bound(lookup); f != state.functions.begin()) {
+      --f;
+      if (lookup < f->second.end) {
+        if (state.pc_cache.size() >= kMaxPcCacheEntries) state.pc_cache.clear();
+        it = state.pc_cache
+                 .emplace(lookup, TargetState::CachedPc{f->second.node,
+                                                        lookup - f->second.module_base})
+                 .first;
+      }
+    }
+  }
+  if (it == state.pc_cache.end()) {
+    ++stats_.pcs_symbolized;
     symbols::SymbolizedPc sym = target.space->Symbolize(lookup);
     FunctionRecord record;
     if (sym.module_path.empty()) {
@@ -510,6 +534,12 @@ encoding::PathFrame StackRecorder::FrameFor(const Target& target, TargetState& s
     it = state.pc_cache
              .emplace(lookup, TargetState::CachedPc{graph_->NodeFor(record), sym.module_pc})
              .first;
+    if (sym.known_function && sym.function_end > sym.module_pc && sym.module_pc <= lookup &&
+        state.functions.size() < kMaxPcCacheEntries) {
+      const uint64_t base = lookup - sym.module_pc;
+      state.functions[sym.function_start + base] = {sym.function_end + base, it->second.node,
+                                                    base};
+    }
   }
   if (innermost) leaf_module_pc_ = it->second.module_pc;
   return {it->second.node, innermost ? 0 : it->second.module_pc + 1};
@@ -549,6 +579,7 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   }
   if (state.pc_epoch != target.maps_epoch) {  // resolved against mappings since replaced
     state.pc_cache.clear();
+    state.functions.clear();
     state.pc_epoch = target.maps_epoch;
   }
   std::vector<encoding::PathFrame>& path = cache != nullptr ? cache->path : path_;

@@ -73,6 +73,8 @@ struct StackRecorderStats {
   uint64_t stack_crossings_failed = 0;
   uint64_t unwound_stacks = 0;  // stacks unwound in their process (part of `samples`)
   uint64_t kernel_frames = 0;   // frames from kernel chains
+  uint64_t pcs_resolved = 0;    // user pcs seen first (not in the target's pc cache)
+  uint64_t pcs_symbolized = 0;  // ... of those, not inside a function resolved before
   uint64_t off_cpu_switches = 0;  // switch-outs of target threads (not part of `samples`)
   uint64_t off_cpu_counted = 0;   // ... whose interval was counted
   uint64_t off_cpu_short = 0;     // ... shorter than the threshold

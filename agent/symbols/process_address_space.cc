@@ -257,6 +257,7 @@ SymbolizedPc ProcessAddressSpace::Symbolize(uint64_t pc) const {
     return out;
   }
   out.function_start = f->start;
+  out.function_end = f->end > f->start ? f->end : 0;
   out.known_function = true;
   out.is_plt = f->is_plt();
   if (!f->name.empty()) {

@@ -61,6 +61,7 @@ struct SymbolizedPc {
   std::string build_id;       // hex, empty when the module has none
   uint64_t module_pc = 0;     // ELF vaddr of pc in the module
   uint64_t function_start = 0;  // ELF vaddr of the function start (module-relative)
+  uint64_t function_end = 0;    // ... and its end (exclusive); 0: the size is not known
   std::string function_name;  // demangled; "target@plt" for PLT stubs; "module+0x..." unknown
                               // JIT code: the perf map's name, or "[jit]+0x..." unknown
   bool known_function = false;
