@@ -103,13 +103,15 @@ struct Read {
   size_t entries = 0;
 };
 
-// A consistent read of `tid` (the thread runs: retried until one is, for up to 10 s).
-bool ReadUntilConsistent(Interpreter& interpreter, pid_t tid, Read* read) {
+// A consistent read of `tid` with at least `min_frames` frames (the thread runs, and may not
+// have reached its loop yet when the child reported its tid: retried, for up to 10 s).
+bool ReadUntilConsistent(Interpreter& interpreter, pid_t tid, Read* read,
+                         size_t min_frames = 1) {
   std::vector<PythonFrame> frames(256);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (std::chrono::steady_clock::now() < deadline) {
     size_t n = 0;
-    if (interpreter.ReadStack(tid, frames, &n) == ReadOutcome::kOk && n > 0) {
+    if (interpreter.ReadStack(tid, frames, &n) == ReadOutcome::kOk && n >= min_frames) {
       for (size_t i = 0; i < n; ++i) {
         read->names.push_back(frames[i].code->name);
         read->files.push_back(frames[i].code->filename);
@@ -276,7 +278,7 @@ void CheckFramesOf(std::vector<std::string> command) {
   const bool qualified = module->minor >= 11;
 
   Read main;
-  ASSERT_TRUE(ReadUntilConsistent(**interpreter, child.pid, &main));
+  ASSERT_TRUE(ReadUntilConsistent(**interpreter, child.pid, &main, /*min_frames=*/4));
   ASSERT_EQ(main.names.size(), 4u) << ::testing::PrintToString(main.names);
   EXPECT_EQ(main.names[0], qualified ? "Spinner.spin" : "spin");
   EXPECT_EQ(main.names[1], "middle");
@@ -316,7 +318,7 @@ void CheckFramesOf(std::vector<std::string> command) {
   }
 
   Read thread;
-  ASSERT_TRUE(ReadUntilConsistent(**interpreter, worker, &thread));
+  ASSERT_TRUE(ReadUntilConsistent(**interpreter, worker, &thread, /*min_frames=*/5));
   ASSERT_GE(thread.names.size(), 3u) << ::testing::PrintToString(thread.names);
   EXPECT_EQ(thread.names[0], "gen");
   EXPECT_GE(thread.lines[0], kGenLine);
@@ -335,7 +337,7 @@ void CheckFramesOf(std::vector<std::string> command) {
     CheckCapture(**interpreter, child.pid, main.names);
     // The generator's line moves between samples; its frames do not.
     Read again;
-    ASSERT_TRUE(ReadUntilConsistent(**interpreter, worker, &again));
+    ASSERT_TRUE(ReadUntilConsistent(**interpreter, worker, &again, /*min_frames=*/5));
     CheckCapture(**interpreter, worker, again.names);
   }
 }
