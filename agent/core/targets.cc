@@ -153,12 +153,13 @@ bool TargetDiscovery::RefreshMappings(Target& target) {
   }
   if (hash == target.maps_hash && target.space->num_modules() > 0) {
     // JIT code: the perf map grows while the mappings stay. New entries name pcs that were
-    // resolved as "[jit]+0x..." before: a new epoch resolves them again.
+    // resolved as "[jit]+0x..." before: a new epoch resolves them again. (Against the size
+    // of the last epoch: symbolizing an unnamed pc reads the map too.)
     if (target.space->num_jit_regions() == 0) return false;
-    const size_t before = target.space->perf_map() ? target.space->perf_map()->size() : 0;
     (void)target.space->Refresh(maps);
-    const size_t after = target.space->perf_map() ? target.space->perf_map()->size() : 0;
-    if (after == before) return false;
+    const size_t entries = target.space->perf_map() ? target.space->perf_map()->size() : 0;
+    if (entries == target.perf_map_entries) return false;
+    target.perf_map_entries = entries;
     ++target.maps_epoch;
     return true;
   }
@@ -168,6 +169,7 @@ bool TargetDiscovery::RefreshMappings(Target& target) {
   if (auto st = target.space->Refresh(maps); !st.ok()) {
     LogWarn("pid {}: {}", target.pid, st.ToString());
   }
+  target.perf_map_entries = target.space->perf_map() ? target.space->perf_map()->size() : 0;
   target.jvm = false;
   target.space->ForEachModule([&](const symbols::Module& m, int64_t) {
     target.jvm |= m.path.ends_with("/libjvm.so");

@@ -60,6 +60,7 @@ struct Target {
   size_t maps_hash = 0;
   // Bumped on every mapping change: caches of resolved pcs and unwound frames are stale.
   uint64_t maps_epoch = 0;
+  size_t perf_map_entries = 0;  // the JIT perf map's size in this epoch
   absl::Time last_refresh = absl::InfinitePast();
   uint32_t intervals_unchecked = 0;  // since the last periodic look at the mappings
   bool jvm = false;                  // libjvm.so is mapped: HotSpot

@@ -40,9 +40,10 @@ void JvmPerfMaps::Tick(pid_t pid, absl::Time now, uint64_t unnamed_jit_pcs) {
   Jvm& jvm = jvms_[pid];
   if (jvm.given_up || jvm.queued) return;
   const bool unnamed = unnamed_jit_pcs > jvm.unnamed_seen;
-  jvm.unnamed_seen = unnamed_jit_pcs;
-  // Code the last map did not name: ask again a second after the last answer.
+  // Code the last map did not name: ask again a second after the last answer (code seen
+  // sooner is still asked for then: its pcs are named once, so it is seen once).
   if (now < jvm.next_due && !(unnamed && now >= jvm.last_answer + kUnnamedRetry)) return;
+  jvm.unnamed_seen = unnamed_jit_pcs;
   jvm.queued = true;
   queue_.push_back(pid);
 }

@@ -104,6 +104,26 @@ TEST(JvmPerfMapsTest, AsksAtDoublingIntervalsAndSoonerForUnnamedCode) {
   EXPECT_EQ(jvm.calls, std::vector<pid_t>(6, 42));
 }
 
+TEST(JvmPerfMapsTest, UnnamedCodeSeenWithinTheSecondIsAskedForAfterIt) {
+  FakeJvm jvm;
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  JvmPerfMaps maps({{"*"}, absl::Seconds(60)}, jvm.Runner(), [t0] { return t0; });
+  auto at = [t0](double seconds) { return t0 + absl::Seconds(seconds); };
+  // Answers at t0; the period grows to 8 s.
+  uint64_t requests = 0;
+  for (const double t : {0.0, 1.0, 2.0, 4.0}) {
+    maps.Tick(42, at(t), 0);
+    AwaitRequests(maps, ++requests);
+  }
+  ASSERT_EQ(maps.stats().requests, 4u);
+  maps.Tick(42, at(0.5), 5);  // new unnamed code, within a second of the last answer
+  EXPECT_EQ(maps.stats().requests, 4u);
+  maps.Tick(42, at(1.5), 5);  // none newer since, but that code is still unnamed
+  AwaitRequests(maps, 5);
+  maps.Tick(42, at(2.5), 5);  // asked for: the period holds again
+  EXPECT_EQ(maps.stats().requests, 5u);
+}
+
 TEST(JvmPerfMapsTest, GivesUpOnAJvmThatRefusesAndRetriesOneThatIsGone) {
   FakeJvm jvm;
   jvm.answer = absl::FailedPreconditionError("JDK 11: no Compiler.perfmap");
