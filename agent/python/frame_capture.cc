@@ -339,7 +339,6 @@ const FrameSnapshot* FrameCapture::Find(pid_t tid, uint64_t sample_time_ns) {
   RecordHeader header;
   std::memcpy(&header, q->bytes.data() + e.offset, sizeof(header));
   found_ = {};
-  found_.time_ns = header.time_ns;
   found_.frame_field = header.frame_field;
   found_.leaf = header.leaf;
   found_.next = header.next;

@@ -69,7 +69,6 @@ static_assert(sizeof(CaptureThread) == 56);
 
 // One sample's copy of a thread's frame chain.
 struct FrameSnapshot {
-  uint64_t time_ns = 0;
   uint64_t frame_field = 0;  // *(tstate + tstate_frame)
   uint64_t leaf = 0;         // the current frame (0: none)
   uint64_t next = 0;         // the frame after the last one followed (0: the chain ends there)
