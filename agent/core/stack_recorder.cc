@@ -603,10 +603,21 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
     }
   }
   // Of a Python stack's frames inward of the kept ones, those the same as the last stack's
-  // keep their edges too (compared below): the thread mostly runs the same calls.
-  const bool compare = cache != nullptr && python != nullptr && keep > 0;
-  if (compare) previous_path_.assign(path.begin(), path.end());
-  path.resize(keep);
+  // keep their edges too: the thread mostly runs the same calls. The new frames overwrite
+  // the last stack's in place, compared as they go.
+  bool same = cache != nullptr && python != nullptr && keep > 0;
+  size_t at = keep, same_until = keep;
+  auto put = [&](const encoding::PathFrame& f) {
+    if (at < path.size()) {
+      same = same && at < edges.size() && path[at] == f;
+      if (same) same_until = at + 1;
+      path[at] = f;
+    } else {
+      same = false;
+      path.push_back(f);
+    }
+    ++at;
+  };
   // Eval-loop frames met so far count down from the outermost: the g-th from the leaf runs
   // group g of the Python frames, whose frames go in outermost first.
   size_t evals_left = python != nullptr ? python->num_groups : 0;
@@ -616,22 +627,20 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
       const size_t g = --evals_left;
       const size_t first = g == 0 ? 0 : python->group_end[g - 1] + 1;
       for (size_t j = python->group_end[g] + 1; j-- > first;) {
-        path.push_back(PythonFrameFor(python->frames[j], i == 0 && j == 0));
+        put(PythonFrameFor(python->frames[j], i == 0 && j == 0));
       }
       continue;
     }
-    path.push_back(FrameFor(target, state, frames[i].pc, i == 0));
+    put(FrameFor(target, state, frames[i].pc, i == 0));
   }
-  const size_t user_leaf = path.size() - 1;
+  const size_t user_leaf = at - 1;
   // The kernel's frames run below the user leaf (a system call, a fault, an interrupt).
-  for (size_t k = kernel_depth; k-- > 0;) path.push_back(KernelFrameFor(kernel_pcs[k], k == 0));
+  for (size_t k = kernel_depth; k-- > 0;) put(KernelFrameFor(kernel_pcs[k], k == 0));
+  path.resize(at);
+  keep = same_until;
   if (cache != nullptr) {
     cache->epoch = target.maps_epoch;
     cache->truncated = truncated;
-  }
-  if (compare) {
-    const size_t same = std::min({previous_path_.size(), path.size(), edges.size()});
-    while (keep < same && path[keep] == previous_path_[keep]) ++keep;
   }
   if (!graph_->ExtendPath(path, truncated, keep, &edges).ok()) {
     path.clear();  // nothing of it is reusable

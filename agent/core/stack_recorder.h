@@ -224,7 +224,6 @@ class StackRecorder final : public sources::StackSink {
   std::vector<unwind::Frame> frames_;
   std::vector<encoding::PathFrame> path_;
   std::vector<encoding::EdgeId> edges_;  // Record's, for stacks without a PathCache
-  std::vector<encoding::PathFrame> previous_path_;  // Record's: the thread's last path
   size_t python_targets_ = 0;
   uint64_t python_sample_ns_ = 0;
   std::vector<python::PythonFrame> python_frames_;  // sized once: ReadPython's
