@@ -39,22 +39,34 @@
 // share a chain, so the comparison is made over the table's sorted hot set instead (the chain
 // sorts still order the chains for lookups).
 //
-// Layout. Chains are coalesced into the one slot array: the head of chain b always sits in
-// slot b itself, so a hit on a chain head (where sorting keeps the hot entries) reads one
-// 32-byte entry (key, count, period word, link and the chain's length; 64-bit keys) found
-// from the hash alone: one cache miss for a cold key, none of the dependent loads of a
-// separate head array. Deeper entries take free slots (searched from the top of the array
-// down, so they fill the slots above bucket_count first). When a chain gets its first entry
-// and its home slot holds a deeper entry of another chain, that entry moves to a free slot.
-// A sort that puts another entry first swaps the two entries' contents so the new head is in
-// the home slot. No memory beyond the slots: with bucket_count <= max_entries, 32 bytes per
-// entry (64-bit keys).
+// Layout. Chains are coalesced into one array of 16-byte slots (64-bit keys): the head of
+// chain b always sits in slot b itself, so a hit on a chain head (where sorting keeps the hot
+// entries) reads one slot found from the hash alone: one cache miss for a cold key, where
+// absl's Swiss table reads a control byte and then a slot. A slot holds what a hit on it
+// updates: the key, the low 32 bits of its count and its period word (an 8-bit period tag and
+// a 24-bit period count; 0 marks a free slot). What only the paths behind a head or the
+// drains need sits in two parallel arrays: the link to the chain's next entry and the high 32
+// bits of the count. A free slot holds a poison key of another bucket, so that "is this slot
+// the head of my chain" is one key compare (a deeper entry of another chain has a key of
+// another bucket too). Deeper entries take free slots (in the tail's cache line if one is
+// free there, else searched from the top of the array down). When a chain gets its first
+// entry and its home slot holds a deeper entry of another chain, that entry moves to a free
+// slot. A sort that puts another entry first swaps the two entries' contents so the new head
+// is in the home slot. Slots: max(bucket_count, max_entries), 24 bytes each with the two
+// arrays (100k keys: 131072 slots, 3.1 MB, of which the 2 MiB of slots is what hits touch;
+// before: 32-byte entries, 4.2 MB). Period counts saturate at 2^24 - 1. The tag is the period
+// number modulo 255, plus 1: a word whose tag is not the current one holds 0 counts of this
+// period, so a period end resets nothing, and each period end rewrites the stale words of
+// 1/128 of the slots (every move rewrites its entry's), so no word lives long enough for its
+// tag to come round again.
 //
-// Cost of an update. A hit on a chain head is inlined into the caller: the entry above, a
-// period-count update without branches, and one counter decrement towards the period end.
-// Hits and updates are not counted per Add: they follow from the counts added (see Tally).
-// Deeper hits, inserts and crossing the frequency threshold take out-of-line paths.
-// AddBatch() also prefetches home slots ahead and keeps the counters in registers.
+// Cost of an update. A hit on a chain head is inlined into the caller: one key compare, the
+// count added with a carry test, the period count reset-if-stale by a mask (no branch: entries
+// hit less than once a period restart on most of their hits), one compare that catches both
+// crossing the frequency threshold and saturating, and one counter decrement towards the
+// period end. Hits and updates are not counted per Add: they follow from the counts added (see
+// Tally). Deeper hits, inserts and the rare events take out-of-line paths. AddBatch() also
+// prefetches home slots ahead and keeps the counters in registers.
 //
 // Not thread-safe: the owner serializes calls. Keys are trivially copyable, equality
 // comparable and hashed by `Hash` (whose result is mixed again, so std::hash's identity for
@@ -97,9 +109,11 @@ struct SortedTableOptions {
   // 65536 samples is a few seconds of a busy server, a full interval of a busy agent.
   // 0: periods end only when the owner calls EndPeriod().
   uint32_t period = 1u << 16;
-  // Only chains with more than this many entries are sorted: following one or two links
-  // costs less than sorting (the patent's "small buckets are ignored").
-  uint32_t depth_threshold = 2;
+  // Only chains with more than this many entries are sorted (the patent's "small buckets are
+  // ignored"). 1: a hit behind the head costs a mispredicted branch and mostly a second cache
+  // miss, more than its share of a sort (O(hot entries) per period); with the hot set
+  // switching, sorting chains of two takes the benchmark's mean probe from 1.20 to 1.12.
+  uint32_t depth_threshold = 1;
   // Only entries with more than this many counts in the period move to the front. 64 is
   // 1/1024 of the default period: it bounds the number of hot entries (and so the sort
   // work) per period to period / (frequency_threshold + 1) and keeps Poisson noise at
@@ -179,6 +193,9 @@ class SortedTable {
   static_assert(std::is_trivially_copyable_v<Key>, "keys are copied into fixed slots");
 
  public:
+  // Period counts saturate here (24 bits of the period word; see the file comment).
+  static constexpr uint32_t kPeriodCountLimit = (1u << 24) - 1;
+
   // Validates `options` and allocates all memory the table will ever use.
   static absl::StatusOr<SortedTable> Create(const SortedTableOptions& options,
                                             Hash hash = Hash()) {
@@ -196,9 +213,8 @@ class SortedTable {
   // deeper hits and inserts are out of line.
   AddResult Add(const Key& key, uint64_t count = 1) {
     const uint32_t b = BucketIndex(key);
-    Entry& head = slots_[b];
-    if (IsHead(head, key)) [[likely]] {
-      if (Hit(head, b, 1, count, tally_)) [[unlikely]] PeriodCountReached();
+    if (slots_[b].key == key && !guarded_) [[likely]] {
+      if (Hit(b, 1, count, tally_)) [[unlikely]] PeriodCountReached();
       return AddResult::kUpdated;
     }
     return AddBehindHead(key, count, b);
@@ -220,6 +236,7 @@ class SortedTable {
       buckets[i] = BucketIndex(item[i].key);
       __builtin_prefetch(&slots_[buckets[i]], 1);
     }
+    const bool guarded = guarded_;
     Tally t = tally_;
     for (size_t i = 0; i < n; ++i) {
       const uint32_t b = buckets[i % kAhead];
@@ -228,9 +245,8 @@ class SortedTable {
         buckets[i % kAhead] = ahead;
         __builtin_prefetch(&slots_[ahead], 1);
       }
-      Entry& head = slots_[b];
-      if (IsHead(head, item[i].key)) [[likely]] {
-        if (!Hit(head, b, 1, item[i].count, t)) [[likely]] continue;
+      if (slots_[b].key == item[i].key && !guarded) [[likely]] {
+        if (!Hit(b, 1, item[i].count, t)) [[likely]] continue;
         tally_ = t;
         PeriodCountReached();
         t = tally_;
@@ -255,16 +271,16 @@ class SortedTable {
 
   // Count stored for `key`, if present. Does not count as an access.
   std::optional<uint64_t> Find(const Key& key) const {
-    const Entry* e = FindEntry(key);
-    if (e == nullptr) return std::nullopt;
-    return e->count;
+    const uint32_t i = FindSlot(key);
+    if (i == kNil) return std::nullopt;
+    return Count(i);
   }
 
   // Calls fn(key, count) for every entry, in slot order (no particular order).
   template <typename Fn>
   void ForEach(Fn&& fn) const {
     for (uint32_t i = 0; i < slot_count_; ++i) {
-      if (slots_[i].next != kFree) fn(static_cast<const Key&>(slots_[i].key), slots_[i].count);
+      if (IsUsed(slots_[i])) fn(static_cast<const Key&>(slots_[i].key), Count(i));
     }
   }
 
@@ -280,10 +296,7 @@ class SortedTable {
   // Removes all entries. Period counters, statistics, buffered phase changes and the previous
   // period's ranking are kept.
   void Clear() {
-    for (uint32_t i = 0; i < slot_count_; ++i) {
-      Release(slots_[i]);
-      slots_[i].chain = 0;
-    }
+    for (uint32_t i = 0; i < slot_count_; ++i) Release(i);
     free_scan_ = slot_count_;
     size_ = 0;
     sort_queue_size_ = 0;
@@ -297,10 +310,11 @@ class SortedTable {
   template <typename Fn>
   void TakeCounts(Fn&& fn) {
     for (uint32_t i = 0; i < slot_count_; ++i) {
-      Entry& e = slots_[i];
-      if (e.count == 0) continue;  // unused slots too
-      fn(static_cast<const Key&>(e.key), e.count);
-      e.count = 0;
+      const uint64_t count = Count(i);
+      if (count == 0) continue;  // free slots too
+      fn(static_cast<const Key&>(slots_[i].key), count);
+      slots_[i].count = 0;
+      count_high_[i] = 0;
     }
     ++stats_.drains;
   }
@@ -320,18 +334,20 @@ class SortedTable {
   // changes. Called by the table itself every `period` counts, or by the owner (period = 0).
   [[gnu::noinline]] void EndPeriod() {
     if (options_.sorting) {
-      for (uint32_t q = 0; q < sort_queue_size_; ++q) {
-        const uint32_t b = sort_queue_[q];
-        slots_[b].chain &= ~kQueuedBit;
-        SortChain(b);
-      }
+      // A chain is queued once per entry that turned hot behind its head: sort it once, and
+      // in bucket order, so that the result depends only on the set of chains.
+      uint32_t* const queue = sort_queue_.get();
+      std::sort(queue, queue + sort_queue_size_);
+      uint32_t* const end = std::unique(queue, queue + sort_queue_size_);
+      for (uint32_t* b = queue; b != end; ++b) SortChain(*b);
       sort_queue_size_ = 0;
       RankHotSet();
     }
     RestartPeriodCount();
     ++stats_.periods;
     ++epoch_;
-    tally_.epoch_base = uint64_t{epoch_} << 32;
+    tally_.epoch_base = EpochBase(epoch_);
+    SweepStaleWords();
   }
 
   // Moves the buffered phase changes (oldest first) to the caller.
@@ -342,8 +358,9 @@ class SortedTable {
     return out;
   }
 
-  // Diagnostics and tests: the bucket `key` maps to, and the chain of a bucket head first as
-  // fn(key, count, period_count). period_count is only maintained when sorting is on.
+  // Diagnostics and tests: the bucket `key` maps to; the chain of a bucket head first as
+  // fn(key, count, period_count) (period_count is only maintained when sorting is on); and
+  // the position of `key` in its chain (head = 1; 0 if absent).
   uint32_t BucketIndex(const Key& key) const {
     uint64_t h = static_cast<uint64_t>(hash_(key));
     h ^= h >> 32;
@@ -352,10 +369,14 @@ class SortedTable {
   }
   template <typename Fn>
   void ForEachInChain(uint32_t bucket, Fn&& fn) const {
-    if (bucket >= bucket_count_ || ChainLength(slots_[bucket]) == 0) return;
-    for (uint32_t i = bucket; i != kNil; i = slots_[i].next) {
-      fn(static_cast<const Key&>(slots_[i].key), slots_[i].count, PeriodCount(slots_[i]));
+    if (bucket >= bucket_count_ || !HasChain(bucket)) return;
+    for (uint32_t i = bucket; i != kNil; i = next_[i]) {
+      fn(static_cast<const Key&>(slots_[i].key), Count(i), PeriodCount(slots_[i]));
     }
+  }
+  uint32_t ProbeLength(const Key& key) const {
+    uint32_t position = 0;
+    return FindSlot(key, &position) == kNil ? 0 : position;
   }
 
   size_t size() const { return size_; }
@@ -380,24 +401,21 @@ class SortedTable {
 
  private:
   static constexpr uint32_t kNil = std::numeric_limits<uint32_t>::max();
-  static constexpr uint32_t kFree = kNil - 1;         // Entry::next of an unused slot
-  static constexpr uint32_t kQueuedBit = 1u << 31;  // in Entry::chain
+  static constexpr uint32_t kFreeWord = 0;  // Slot::period of a free slot
 
-  struct EntryFields {
+  struct SlotFields {
+    // A free slot holds a poison key whose bucket is another one (see PoisonFor): never the
+    // key of a lookup that starts here.
     Key key;
-    uint64_t count;
-    // (period of the last update) << 32 | counts added in that period (see PeriodWeight).
-    // One word, so that "reset if stale, then add" is a mask and an add.
-    uint64_t period_word;
-    uint32_t next;  // slot of the next entry in the chain, kNil at the tail, kFree if unused
-                    // (then count is 0)
-    // Of the chain homed at this slot, whatever entry the slot holds: its length, | kQueuedBit
-    // while queued for sorting. Not part of the entry: it stays when entries move.
-    uint32_t chain;
+    uint32_t count;  // low 32 bits of the count; the high 32 bits are in count_high_
+    // Tag << 24 | counts added in the tag's period (saturating at kPeriodCountLimit), where
+    // tag = 1 + period number % 255; kFreeWord if the slot is free. One word, so that "reset
+    // if stale, then add" is a mask and an add.
+    uint32_t period;
   };
-  // Aligned to its power-of-two size (32 bytes for 64-bit keys) so no entry straddles two
+  // Aligned to its power-of-two size (16 bytes for 64-bit keys) so no slot straddles two
   // cache lines.
-  struct alignas(std::min<size_t>(64, std::bit_ceil(sizeof(EntryFields)))) Entry : EntryFields {};
+  struct alignas(std::min<size_t>(64, std::bit_ceil(sizeof(SlotFields)))) Slot : SlotFields {};
   // One entry of a chain being sorted, or of the hot set being ranked.
   struct SortItem {
     uint32_t index;     // slot (of a chain entry) or index into hot_list_ (of a hot entry)
@@ -416,6 +434,10 @@ class SortedTable {
     Key fell;
   };
   static constexpr int64_t kNoPeriodEnd = std::numeric_limits<int64_t>::max();
+  // Each period end rewrites the stale period words of 1/kSweepPeriods of the slots, so every
+  // word is rewritten within kSweepPeriods periods, well before its tag (one of 255) comes
+  // round again.
+  static constexpr uint32_t kSweepPeriods = 128;
 
   static absl::Status Validate(const SortedTableOptions& o);
 
@@ -435,7 +457,7 @@ class SortedTable {
 
   // What every stored Add() updates besides its entry. AddBatch() works on a copy.
   struct Tally {
-    uint64_t epoch_base = 0;  // epoch_ << 32: the smallest period_word of the current period
+    uint32_t epoch_base = 0;  // EpochBase(epoch_): the smallest period word of this period
     int64_t period_left = 0;  // counts until the current period ends
     // Sum over stored Adds of (weight - 1) (see PeriodWeight): with the weights summed in
     // period_left, it gives the number of Adds (see Updates()) without a counter of its own
@@ -443,20 +465,27 @@ class SortedTable {
     uint64_t excess = 0;
   };
 
-  static uint32_t ChainLength(const Entry& home) { return home.chain & ~kQueuedBit; }
+  static uint32_t EpochBase(uint32_t epoch) { return (1 + epoch % 255) << 24; }
 
-  // Whether `e`, the entry in slot BucketIndex(key), is key's entry: the head of that chain.
-  // A slot whose chain is empty is unused or holds a deeper entry of another chain, whose key
-  // hashes elsewhere; the key of an unused slot is stale, hence the chain test.
-  static bool IsHead(const Entry& e, const Key& key) { return e.key == key && ChainLength(e) != 0; }
+  static bool IsUsed(const Slot& s) { return s.period != kFreeWord; }
+  uint64_t Count(uint32_t i) const { return uint64_t{count_high_[i]} << 32 | slots_[i].count; }
+  // Whether chain b has entries: then its head is in slot b.
+  bool HasChain(uint32_t b) const {
+    return IsUsed(slots_[b]) && BucketIndex(slots_[b].key) == b;
+  }
 
-  const Entry* FindEntry(const Key& key) const {
+  // The slot holding `key` (and its chain position, head = 1), or kNil.
+  uint32_t FindSlot(const Key& key, uint32_t* position = nullptr) const {
     const uint32_t b = BucketIndex(key);
-    if (ChainLength(slots_[b]) == 0) return nullptr;
-    for (uint32_t i = b; i != kNil; i = slots_[i].next) {
-      if (slots_[i].key == key) return &slots_[i];
+    if (!HasChain(b)) return kNil;
+    uint32_t p = 1;
+    for (uint32_t i = b; i != kNil; i = next_[i], ++p) {
+      if (slots_[i].key == key) {
+        if (position != nullptr) *position = p;
+        return i;
+      }
     }
-    return nullptr;
+    return kNil;
   }
 
   // Add() when the key is not at the head of its chain: a deeper hit, or an insert at the
@@ -465,19 +494,18 @@ class SortedTable {
   [[gnu::noinline]] AddResult AddBehindHead(Key key, uint64_t count, uint32_t b) {
     uint32_t position = 1;
     uint32_t tail = kNil;
-    if (ChainLength(slots_[b]) != 0) {
+    if (HasChain(b)) {
       for (uint32_t i = b;; ++position) {
-        Entry& e = slots_[i];
-        if (e.key == key) {
+        if (slots_[i].key == key) {
           deep_probes_ += position - 1;
-          if (Hit(e, b, position, count, tally_)) PeriodCountReached();
+          if (Hit(i, position, count, tally_)) PeriodCountReached();
           return AddResult::kUpdated;
         }
-        if (e.next == kNil) {
+        if (next_[i] == kNil) {
           tail = i;
           break;
         }
-        i = e.next;
+        i = next_[i];
       }
       ++position;
     }
@@ -487,9 +515,13 @@ class SortedTable {
     }
     ++size_;
     const uint32_t weight = PeriodWeight(count);
-    Entry& e = slots_[ClaimSlot(b, tail)];
-    SetPayload(e, key, count, tally_.epoch_base + weight);
-    if (sorting_ && weight >= hot_min_) BecameHot(key, b, position);
+    const uint32_t i = ClaimSlot(b, tail);
+    Slot& s = slots_[i];
+    s.key = key;
+    s.count = static_cast<uint32_t>(count);
+    count_high_[i] = static_cast<uint32_t>(count >> 32);
+    s.period = tally_.epoch_base + std::min(weight, kPeriodCountLimit);
+    if (sorting_ && weight >= hot_min_) BecameHot(key, position);
     ++stats_.inserts;
     stats_.insert_probe_sum += position - 1;
     if (CountTowardsPeriod(weight, tally_)) PeriodCountReached();
@@ -497,42 +529,41 @@ class SortedTable {
   }
 
   // The slot for a new last entry of chain `b`, whose tail is slot `tail` (kNil: the chain is
-  // empty), linked in and counted in the chain's length: the home slot for a first entry
-  // (moving a deeper entry of another chain out of it), else a free slot, in the tail's
-  // cache line if one is free there (a hit on the second entry then costs no second miss).
-  // There is a free slot whenever fewer than max_entries entries are stored.
+  // empty), linked in: the home slot for a first entry (moving a deeper entry of another
+  // chain out of it), else a free slot, in the tail's cache line if one is free there (a hit
+  // on the next entry then costs no second miss). There is a free slot whenever fewer than
+  // max_entries entries are stored.
   uint32_t ClaimSlot(uint32_t b, uint32_t tail) {
     uint32_t s = b;
     if (tail == kNil) {
-      if (slots_[b].next != kFree) MoveOut(b);
+      if (IsUsed(slots_[b])) MoveOut(b);
     } else {
       s = TakeFreeSlotNear(tail);
-      slots_[tail].next = s;
+      next_[tail] = s;
     }
-    slots_[s].next = kNil;
-    ++slots_[b].chain;
+    next_[s] = kNil;
     return s;
   }
 
   // Moves the entry in slot `s`, a deeper entry of another chain, to a free slot; returns it.
   uint32_t MoveOut(uint32_t s) {
     uint32_t previous = BucketIndex(slots_[s].key);
-    while (slots_[previous].next != s) previous = slots_[previous].next;
+    while (next_[previous] != s) previous = next_[previous];
     const uint32_t f = TakeFreeSlotNear(previous);
-    CopyPayload(slots_[s], slots_[f]);
-    slots_[f].next = slots_[s].next;
-    slots_[previous].next = f;
-    Release(slots_[s]);
+    MoveEntry(s, f);
+    next_[f] = next_[s];
+    next_[previous] = f;
+    Release(s);
     return f;
   }
 
   // A free slot in the cache line of slot `near`, else TakeFreeSlot().
   uint32_t TakeFreeSlotNear(uint32_t near) {
-    constexpr uint32_t kSlotsPerLine = 64 / sizeof(Entry);
+    constexpr uint32_t kSlotsPerLine = 64 / sizeof(Slot);
     if constexpr (kSlotsPerLine > 1) {
       const uint32_t line = near & ~(kSlotsPerLine - 1);
       for (uint32_t s = line; s < line + kSlotsPerLine && s < slot_count_; ++s) {
-        if (slots_[s].next == kFree) return s;
+        if (!IsUsed(slots_[s])) return s;
       }
     }
     return TakeFreeSlot();
@@ -541,55 +572,88 @@ class SortedTable {
   // A free slot, searched downwards from where the last search stopped: slots above it are
   // all in use (slots are freed only by Clear() and RemoveIf(), which restart the search).
   uint32_t TakeFreeSlot() {
-    while (slots_[--free_scan_].next != kFree) {
+    while (IsUsed(slots_[--free_scan_])) {
     }
     return free_scan_;
   }
 
-  // The entry's contents, without the slot's link and chain length.
-  static void SetPayload(Entry& e, const Key& key, uint64_t count, uint64_t period_word) {
-    e.key = key;
-    e.count = count;
-    e.period_word = period_word;
-  }
-  static void CopyPayload(const Entry& from, Entry& to) {
-    SetPayload(to, from.key, from.count, from.period_word);
-  }
-  // Marks the slot unused. Its count is zeroed, so that TopN() passes it over like any zero
+  // The poison key a free slot `i` holds: one whose bucket is not `i`. With a hash that maps
+  // every candidate to one bucket there is none for that slot, and guarded_ makes every Add
+  // take the path that tests the slot first.
+  const Key& PoisonFor(uint32_t i) const { return poison_[i == poison_bucket_ ? 1 : 0]; }
+  // Marks slot `i` free. Its count is zeroed, so that TopN() passes it over like any zero
   // count.
-  static void Release(Entry& e) {
-    e.next = kFree;
-    e.count = 0;
+  void Release(uint32_t i) {
+    slots_[i].key = PoisonFor(i);
+    slots_[i].count = 0;
+    slots_[i].period = kFreeWord;
+    count_high_[i] = 0;
   }
-  static void SwapPayloads(Entry& a, Entry& b) {
-    std::swap(a.key, b.key);
-    std::swap(a.count, b.count);
-    std::swap(a.period_word, b.period_word);
+  // Rewrites a stale period word as "0 counts in this period" (same meaning, current tag).
+  void Refresh(Slot& s) const {
+    if (IsUsed(s) && (s.period ^ tally_.epoch_base) > kPeriodCountLimit) {
+      s.period = tally_.epoch_base;
+    }
+  }
+  // The entry's contents (not its link) from slot `from` to slot `to`.
+  void MoveEntry(uint32_t from, uint32_t to) {
+    slots_[to] = slots_[from];
+    count_high_[to] = count_high_[from];
+    Refresh(slots_[to]);
+  }
+  void SwapEntries(uint32_t a, uint32_t b) {
+    std::swap(slots_[a], slots_[b]);
+    std::swap(count_high_[a], count_high_[b]);
+    Refresh(slots_[a]);
+    Refresh(slots_[b]);
+  }
+  void SweepStaleWords() {
+    for (uint32_t n = 0; n < sweep_chunk_; ++n) {
+      Refresh(slots_[sweep_next_]);
+      if (++sweep_next_ == slot_count_) sweep_next_ = 0;
+    }
   }
 
-  // Adds `count` to entry `e`, found at `position` of chain `b`. Returns true when the period
-  // is complete: the caller then calls PeriodCountReached() (with `t` stored in tally_).
-  bool Hit(Entry& e, uint32_t b, uint32_t position, uint64_t count, Tally& t) {
-    e.count += count;
+  // Adds `count` to the entry in slot `i`, at `position` of its chain (head = 1). Returns true
+  // when the period is complete: the caller then calls PeriodCountReached() (with `t` stored
+  // in tally_).
+  bool Hit(uint32_t i, uint32_t position, uint64_t count, Tally& t) {
+    Slot& s = slots_[i];
+    uint32_t low;
+    const bool carry = __builtin_add_overflow(s.count, static_cast<uint32_t>(count), &low);
+    s.count = low;
+    const uint32_t high = static_cast<uint32_t>(count >> 32) + carry;
+    if (high != 0) [[unlikely]] count_high_[i] += high;
     const uint32_t weight = PeriodWeight(count);
-    if (sorting_) {  // without sorting nobody reads the period counts
-      const uint64_t n = AddToPeriodCount(e, weight, t.epoch_base);
-      // The entry just crossed frequency_threshold (cannot wrap below: n >= weight).
-      if (n - hot_min_ < weight) [[unlikely]] BecameHot(e.key, b, position);
-    }
+    if (sorting_) AddToPeriodCount(s, weight, t.epoch_base, position);
     return CountTowardsPeriod(weight, t);
   }
 
   // Adds `weight` to the entry's count of the current period, restarting from 0 if the word
-  // is from an earlier period, and returns the new period count. A mask, not a branch: entries
-  // hit less than once a period start over on most of their hits (most hits on cold keys), and
-  // the branch would be mispredicted on each of those (std::max compiles to one here).
-  static uint64_t AddToPeriodCount(Entry& e, uint32_t weight, uint64_t base) {
-    const uint64_t old = e.period_word;
-    const uint64_t current = uint64_t{0} - uint64_t{old >= base};  // all ones unless stale
-    const uint64_t n = std::min(((old - base) & current) + weight, kMaxPeriodCount);
-    e.period_word = base + n;
-    return n;
+  // is from an earlier period. A mask, not a branch: entries hit less than once a period
+  // start over on most of their hits (most hits on cold keys), and the branch would be
+  // mispredicted on each. Crossing frequency_threshold and saturating are tested together
+  // (one unlikely branch) and handled out of line.
+  void AddToPeriodCount(Slot& s, uint32_t weight, uint32_t base, uint32_t position) {
+    // Of a current word the low 24 bits; of a stale one more (its tag differs).
+    const uint32_t delta = s.period ^ base;
+    const uint32_t current = uint32_t{delta <= kPeriodCountLimit} - 1u;  // 0 if current
+    const uint32_t before = delta & ~current;
+    const uint32_t w = std::min(weight, kPeriodCountLimit);
+    const uint32_t n = before + w;  // the new period count, if not saturated
+    s.period = base + n;
+    // Crossed: n - w < hot_min_ <= n (below hot_min_ the left side wraps).
+    if (n - hot_min_ < w || n > kPeriodCountLimit) [[unlikely]] {
+      PeriodCountEvent(s, base, before, n, position);
+    }
+  }
+  // The period count of the entry in `s` went from `before` to `n` (which may exceed the
+  // limit): saturate it, and record the entry if it crossed frequency_threshold.
+  [[gnu::noinline]] void PeriodCountEvent(Slot& s, uint32_t base, uint32_t before, uint32_t n,
+                                          uint32_t position) {
+    n = std::min(n, kPeriodCountLimit);
+    s.period = base + n;
+    if (before < hot_min_ && hot_min_ <= n) BecameHot(s.key, position);
   }
 
   // What an Add of `count` adds to the period counters: the count, capped at 2^31. A count
@@ -597,25 +661,14 @@ class SortedTable {
   static uint32_t PeriodWeight(uint64_t count) {
     return static_cast<uint32_t>(std::min<uint64_t>(count, uint64_t{1} << 31));
   }
-  // Period counts saturate here (reachable only with period = 0 or counts near 2^31), so the
-  // count half of period_word never carries into the epoch half. A weight alone is at most
-  // this.
-  static constexpr uint64_t kMaxPeriodCount = uint64_t{1} << 31;
 
-  static uint32_t WordEpoch(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
-  static uint32_t WordCount(uint64_t word) { return static_cast<uint32_t>(word); }
-
-  uint32_t PeriodCount(const Entry& e) const {
-    return WordEpoch(e.period_word) == epoch_ ? WordCount(e.period_word) : 0;
+  uint32_t PeriodCount(const Slot& s) const {
+    const uint32_t delta = s.period ^ tally_.epoch_base;
+    return delta <= kPeriodCountLimit ? delta : 0;
   }
 
   void QueueForSort(uint32_t b) {
-    uint32_t& depth = slots_[b].chain;
-    if (!options_.sorting || (depth & kQueuedBit) != 0 || depth <= options_.depth_threshold ||
-        sort_queue_size_ == sort_capacity_) {
-      return;
-    }
-    depth |= kQueuedBit;
+    if (!options_.sorting || sort_queue_size_ == sort_capacity_) return;
     sort_queue_[sort_queue_size_++] = b;
   }
 
@@ -644,15 +697,15 @@ class SortedTable {
                        static_cast<uint64_t>(tally_.period_left)) - tally_.excess;
   }
 
-  // `key`'s entry (position `position` of chain `b`) crossed frequency_threshold in this
-  // period: remember it for the ranking, and queue its chain if it is not at the head.
-  [[gnu::noinline]] void BecameHot(const Key& key, uint32_t b, uint32_t position) {
+  // `key`'s entry (at `position` of its chain) crossed frequency_threshold in this period:
+  // remember it for the ranking, and queue its chain if it is not the head.
+  [[gnu::noinline]] void BecameHot(const Key& key, uint32_t position) {
     if (hot_count_ < hot_capacity_) hot_list_[hot_count_++] = key;
-    if (position > 1) QueueForSort(b);
+    if (position > 1) QueueForSort(BucketIndex(key));
   }
 
   // Hot entries to the front in descending period count (ties keep their order), the rest
-  // behind in their original order; records phase changes among the moved pairs.
+  // behind in their original order; counts the entries moved.
   void SortChain(uint32_t b);
 
   // Sorts this period's hot entries by period count (the hottest phase_rank_limit of them),
@@ -673,35 +726,53 @@ class SortedTable {
 
   // Period count of `key` in the current period; 0 if absent.
   uint32_t CurrentPeriodCount(const Key& key) const {
-    const Entry* e = FindEntry(key);
-    return e == nullptr ? 0 : PeriodCount(*e);
+    const uint32_t i = FindSlot(key);
+    return i == kNil ? 0 : PeriodCount(slots_[i]);
+  }
+
+  // Candidate poison keys: byte patterns, the first all zero.
+  static Key CandidateKey(uint32_t n) {
+    struct Bytes {
+      unsigned char b[sizeof(Key)];
+    } bytes{};
+    uint64_t x = 0;
+    for (size_t j = 0; j < sizeof(Key); ++j) {
+      if (j % 8 == 0 && n != 0) x = (x + n + 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
+      bytes.b[j] = static_cast<unsigned char>(x >> (8 * (j % 8)));
+    }
+    return std::bit_cast<Key>(bytes);
   }
 
   // Slots are allocated on cache-line boundaries, so that the slots of one line are the
   // aligned groups TakeFreeSlotNear() looks in.
-  static constexpr std::align_val_t kSlotAlignment{std::max<size_t>(64, alignof(Entry))};
+  static constexpr std::align_val_t kSlotAlignment{std::max<size_t>(64, alignof(Slot))};
   struct FreeSlots {
-    void operator()(Entry* p) const { ::operator delete(p, kSlotAlignment); }
+    void operator()(Slot* p) const { ::operator delete(p, kSlotAlignment); }
   };
-  static std::unique_ptr<Entry[], FreeSlots> AllocateSlots(uint32_t n) {
-    Entry* p = static_cast<Entry*>(::operator new(sizeof(Entry) * n, kSlotAlignment));
-    // Value-initialized: the hot path compares the key of a slot before its chain length, so
-    // no slot's key is ever indeterminate. Trivially destructible: nothing to undo.
+  static std::unique_ptr<Slot[], FreeSlots> AllocateSlots(uint32_t n) {
+    Slot* p = static_cast<Slot*>(::operator new(sizeof(Slot) * n, kSlotAlignment));
+    // Value-initialized (then Clear() writes the poison keys): no key is ever indeterminate.
+    // Trivially destructible: nothing to undo.
     std::uninitialized_value_construct_n(p, n);
-    return std::unique_ptr<Entry[], FreeSlots>(p);
+    return std::unique_ptr<Slot[], FreeSlots>(p);
   }
 
   // What a hit on a chain head reads and writes, together. Slot b holds the head of chain b
   // (see the file comment).
-  std::unique_ptr<Entry[], FreeSlots> slots_;
+  std::unique_ptr<Slot[], FreeSlots> slots_;
   [[no_unique_address]] Hash hash_;
   int bucket_shift_ = 0;
   bool sorting_ = false;      // options_.sorting
-  uint32_t hot_min_ = 0;      // options_.frequency_threshold + 1 (at most 2^31)
+  bool guarded_ = false;      // no poison key for slot poison_bucket_ (see PoisonFor)
+  uint32_t hot_min_ = 0;      // options_.frequency_threshold + 1 (at most 2^24)
   Tally tally_;
   uint64_t counted_ = 0;       // weights added before period_left last restarted
   int64_t period_start_ = 0;   // ... where it restarted
   uint64_t deep_probes_ = 0;   // TableStats::hit_probe_sum - hits
+  // Out of the slots, read only behind a chain's head: the slot of the next entry of the
+  // chain (kNil at the tail; meaningless for a free slot), and the high 32 bits of the count.
+  std::unique_ptr<uint32_t[]> next_;
+  std::unique_ptr<uint32_t[]> count_high_;
 
   SortedTableOptions options_;
   uint32_t bucket_count_ = 0;
@@ -709,6 +780,10 @@ class SortedTable {
   uint32_t free_scan_ = 0;   // slots at and above it are in use
   uint32_t size_ = 0;
   uint32_t epoch_ = 0;
+  uint32_t sweep_chunk_ = 0;  // slots per SweepStaleWords()
+  uint32_t sweep_next_ = 0;
+  Key poison_[2];             // poison_[0] everywhere but in slot poison_bucket_, its bucket
+  uint32_t poison_bucket_ = 0;
   uint32_t sort_capacity_ = 0;
   uint32_t sort_queue_size_ = 0;
   std::unique_ptr<uint32_t[]> sort_queue_;

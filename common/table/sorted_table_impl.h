@@ -27,26 +27,28 @@ absl::Status SortedTable<Key, Hash>::Grow(const SortedTableOptions& options) {
   if (grown.bucket_count_ < bucket_count_) {
     return absl::InvalidArgumentError("Grow cannot reduce the number of chains");
   }
+  grown.tally_ = tally_;  // the period words keep their tags
   // Chains are rebuilt. Bucket indices are the hash's top bits, so each new chain takes its
   // entries from one old chain, in that chain's (sorted) order: appended at its tail.
   std::vector<uint32_t> tails(grown.bucket_count_, kNil);
   for (uint32_t b = 0; b < bucket_count_; ++b) {
-    if (ChainLength(slots_[b]) == 0) continue;
-    for (uint32_t i = b; i != kNil; i = slots_[i].next) {
-      const Entry& e = slots_[i];
-      const uint32_t nb = grown.BucketIndex(e.key);
-      if (tails[nb] == kNil && grown.slots_[nb].next != kFree) {
+    if (!HasChain(b)) continue;
+    for (uint32_t i = b; i != kNil; i = next_[i]) {
+      const uint32_t nb = grown.BucketIndex(slots_[i].key);
+      if (tails[nb] == kNil && IsUsed(grown.slots_[nb])) {
         // The home slot holds a deeper entry, maybe the tail of its chain: it moves.
         const uint32_t moved_to = grown.MoveOut(nb);
         uint32_t& tail = tails[grown.BucketIndex(grown.slots_[moved_to].key)];
         if (tail == nb) tail = moved_to;
       }
-      tails[nb] = grown.ClaimSlot(nb, tails[nb]);
-      CopyPayload(e, grown.slots_[tails[nb]]);
+      const uint32_t to = grown.ClaimSlot(nb, tails[nb]);
+      tails[nb] = to;
+      grown.slots_[to] = slots_[i];
+      grown.count_high_[to] = count_high_[i];
+      grown.Refresh(grown.slots_[to]);
     }
   }
   grown.size_ = size_;
-  grown.tally_ = tally_;
   grown.counted_ = counted_;
   grown.period_start_ = period_start_;
   grown.deep_probes_ = deep_probes_;
@@ -58,8 +60,7 @@ absl::Status SortedTable<Key, Hash>::Grow(const SortedTableOptions& options) {
     for (uint32_t k = 0; k < hot_count_ && grown.hot_count_ < grown.hot_capacity_; ++k) {
       const Key& key = hot_list_[k];
       grown.hot_list_[grown.hot_count_++] = key;
-      const uint32_t nb = grown.BucketIndex(key);
-      if (!(grown.slots_[nb].key == key)) grown.QueueForSort(nb);
+      if (grown.ProbeLength(key) > 1) grown.QueueForSort(grown.BucketIndex(key));
     }
     std::copy(rank_back1_.get(), rank_back1_.get() + ranked_back1_, grown.rank_back1_.get());
     std::copy(rank_back2_.get(), rank_back2_.get() + ranked_back2_, grown.rank_back2_.get());
@@ -81,28 +82,32 @@ template <typename Pred>
 size_t SortedTable<Key, Hash>::RemoveIf(Pred&& pred) {
   size_t removed = 0;
   for (uint32_t b = 0; b < bucket_count_; ++b) {
-    if (ChainLength(slots_[b]) == 0) continue;
+    if (!HasChain(b)) continue;
     uint32_t last = kNil;  // the slot of the last entry kept
     for (uint32_t i = b; i != kNil;) {
-      Entry& e = slots_[i];
-      const uint32_t next = e.next;
-      if (pred(static_cast<const Key&>(e.key), e.count, PeriodCount(e))) {
-        Release(e);
-        --slots_[b].chain;
+      const uint32_t next = next_[i];
+      if (pred(static_cast<const Key&>(slots_[i].key), Count(i), PeriodCount(slots_[i]))) {
+        // The home slot stays in use until a kept entry moves in or the chain ends, so that
+        // HasChain(b) holds while the chain is walked.
+        if (i != b) Release(i);
         ++removed;
       } else if (last == kNil) {
         if (i != b) {  // the head went: the first entry kept moves into the home slot
-          CopyPayload(e, slots_[b]);
-          Release(e);
+          MoveEntry(i, b);
+          Release(i);
         }
         last = b;
       } else {
-        slots_[last].next = i;
+        next_[last] = i;
         last = i;
       }
       i = next;
     }
-    if (last != kNil) slots_[last].next = kNil;
+    if (last != kNil) {
+      next_[last] = kNil;
+    } else {
+      Release(b);  // the whole chain went
+    }
   }
   if (removed == 0) return 0;
   size_ -= static_cast<uint32_t>(removed);
@@ -110,7 +115,7 @@ size_t SortedTable<Key, Hash>::RemoveIf(Pred&& pred) {
   // The period's hot entries that remain stay recorded, in the order they turned hot.
   uint32_t kept = 0;
   for (uint32_t k = 0; k < hot_count_; ++k) {
-    if (FindEntry(hot_list_[k]) != nullptr) hot_list_[kept++] = hot_list_[k];
+    if (FindSlot(hot_list_[k]) != kNil) hot_list_[kept++] = hot_list_[k];
   }
   hot_count_ = kept;
   return removed;
@@ -126,12 +131,13 @@ std::vector<KeyCount<Key>> SortedTable<Key, Hash>::TopN(size_t n) const {
   auto better = [](const KeyCount<Key>& a, const KeyCount<Key>& b) {
     return a.count != b.count ? a.count > b.count : a.key < b.key;
   };
-  // Counts below `floor` cannot enter: zero (unused slots too) at first, then the heap's
+  // Counts below `floor` cannot enter: zero (free slots too) at first, then the heap's
   // worst, so that most slots cost one well-predicted branch.
   uint64_t floor = 1;
   for (uint32_t i = 0; i < slot_count_; ++i) {
-    if (slots_[i].count < floor) continue;
-    KeyCount<Key> kc{slots_[i].key, slots_[i].count};
+    const uint64_t count = Count(i);
+    if (count < floor) continue;
+    KeyCount<Key> kc{slots_[i].key, count};
     if (heap.size() < n) {
       heap.push_back(kc);
       std::push_heap(heap.begin(), heap.end(), better);
@@ -174,7 +180,8 @@ absl::Status SortedTable<Key, Hash>::Validate(const SortedTableOptions& o) {
 }
 
 template <typename Key, typename Hash>
-typename SortedTable<Key, Hash>::Layout SortedTable<Key, Hash>::LayoutFor(const SortedTableOptions& o) {
+typename SortedTable<Key, Hash>::Layout SortedTable<Key, Hash>::LayoutFor(
+    const SortedTableOptions& o) {
   Layout l;
   const uint32_t wanted = o.bucket_count != 0 ? o.bucket_count : o.max_entries;
   l.bucket_count = std::max<uint32_t>(2, std::bit_ceil(wanted));
@@ -195,7 +202,7 @@ typename SortedTable<Key, Hash>::Layout SortedTable<Key, Hash>::LayoutFor(const 
       static_cast<uint32_t>(std::min<uint64_t>(per_period, o.max_entries)), l.hot_capacity);
   l.rank_capacity = std::max<uint32_t>(1, o.phase_rank_limit);
   l.slot_count = std::max(l.bucket_count, o.max_entries);
-  l.memory_bytes = sizeof(Entry) * l.slot_count;
+  l.memory_bytes = (sizeof(Slot) + 2 * sizeof(uint32_t)) * size_t{l.slot_count};
   if (o.sorting) {
     l.memory_bytes += sizeof(uint32_t) * l.sort_capacity + sizeof(Key) * l.hot_capacity +
                       sizeof(SortItem) * l.scratch_capacity +
@@ -210,8 +217,7 @@ template <typename Key, typename Hash>
 SortedTable<Key, Hash>::SortedTable(const SortedTableOptions& options, Hash hash)
     : hash_(std::move(hash)),
       sorting_(options.sorting),
-      hot_min_(static_cast<uint32_t>(
-          std::min<uint64_t>(options.frequency_threshold, kMaxPeriodCount) + 1)),
+      hot_min_(std::min(options.frequency_threshold, kPeriodCountLimit) + 1),
       options_(options) {
   const Layout layout = LayoutFor(options_);
   bucket_count_ = layout.bucket_count;
@@ -221,8 +227,22 @@ SortedTable<Key, Hash>::SortedTable(const SortedTableOptions& options, Hash hash
   hot_capacity_ = layout.hot_capacity;
   scratch_capacity_ = layout.scratch_capacity;
   const uint32_t rank_capacity = layout.rank_capacity;
+  sweep_chunk_ = (slot_count_ + kSweepPeriods - 1) / kSweepPeriods;
+  tally_.epoch_base = EpochBase(0);
+
+  // Poison keys: the first candidate, and another one of another bucket for its bucket's
+  // slot.
+  poison_[0] = poison_[1] = CandidateKey(0);
+  poison_bucket_ = BucketIndex(poison_[0]);
+  guarded_ = true;
+  for (uint32_t n = 1; n < 64 && guarded_; ++n) {
+    poison_[1] = CandidateKey(n);
+    guarded_ = BucketIndex(poison_[1]) == poison_bucket_;
+  }
 
   slots_ = AllocateSlots(slot_count_);
+  next_ = std::make_unique_for_overwrite<uint32_t[]>(slot_count_);
+  count_high_ = std::make_unique_for_overwrite<uint32_t[]>(slot_count_);
   if (options_.sorting) {
     sort_queue_ = std::make_unique_for_overwrite<uint32_t[]>(sort_capacity_);
     hot_ = std::make_unique_for_overwrite<SortItem[]>(scratch_capacity_);
@@ -243,7 +263,10 @@ SortedTable<Key, Hash>::SortedTable(const SortedTableOptions& options, Hash hash
 
 template <typename Key, typename Hash>
 void SortedTable<Key, Hash>::SortChain(uint32_t b) {
-  if (slots_[b].chain <= options_.depth_threshold) return;
+  if (!HasChain(b)) return;
+  uint32_t length = 0;
+  for (uint32_t i = b; i != kNil; i = next_[i]) ++length;
+  if (length <= options_.depth_threshold) return;
   const uint32_t threshold = options_.frequency_threshold;
   uint32_t hot = 0;
   uint32_t cold_head = kNil;
@@ -252,9 +275,8 @@ void SortedTable<Key, Hash>::SortChain(uint32_t b) {
   uint32_t cold_seen = 0;
   uint32_t cold_before_last_hot = 0;
   for (uint32_t i = b; i != kNil; ++position) {
-    Entry& e = slots_[i];
-    const uint32_t next = e.next;
-    const uint32_t count = PeriodCount(e);
+    const uint32_t next = next_[i];
+    const uint32_t count = PeriodCount(slots_[i]);
     const bool is_hot = count > threshold && hot < scratch_capacity_;
     if (is_hot) {
       hot_[hot++] = SortItem{i, position, count};
@@ -262,7 +284,7 @@ void SortedTable<Key, Hash>::SortChain(uint32_t b) {
     } else {
       ++cold_seen;
       *cold_tail = i;
-      cold_tail = &e.next;
+      cold_tail = &next_[i];
     }
     i = next;
   }
@@ -275,20 +297,20 @@ void SortedTable<Key, Hash>::SortChain(uint32_t b) {
   // head is the first cold entry or a later hot one), the two swap contents and places.
   if (hot != 0 && hot_[0].index != b) {
     const uint32_t first = hot_[0].index;
-    SwapPayloads(slots_[b], slots_[first]);
+    SwapEntries(b, first);
     hot_[0].index = b;
     uint32_t r = 1;
     while (r < hot && hot_[r].index != b) ++r;
     if (r < hot) {
       hot_[r].index = first;
     } else {  // the old head leads the cold chain
-      slots_[first].next = slots_[b].next;
+      next_[first] = next_[b];
       cold_head = first;
     }
   }
   // Relink: hot group, then the cold chain. Count entries whose position changed.
   for (uint32_t r = 0; r < hot; ++r) {
-    slots_[hot_[r].index].next = r + 1 < hot ? hot_[r + 1].index : cold_head;
+    next_[hot_[r].index] = r + 1 < hot ? hot_[r + 1].index : cold_head;
     if (hot_[r].position != r) ++stats_.entries_moved;
   }
   // A cold entry moved back iff some hot entry was behind it.

@@ -144,7 +144,9 @@ TEST(SortedTableTest, AddBatchStopsWhenFullAndMatchesAdd) {
   CountTable single = MakeTable(options);
   std::mt19937_64 rng(3);
   std::vector<KeyCount<uint64_t>> items(5000);
-  for (KeyCount<uint64_t>& item : items) item = {rng() % 150 * 0x9e3779b97f4a7c15ull, rng() % 3 + 1};
+  for (KeyCount<uint64_t>& item : items) {
+    item = {rng() % 150 * 0x9e3779b97f4a7c15ull, rng() % 3 + 1};
+  }
   std::map<uint64_t, uint64_t> added, from_batched, from_single;
   for (const KeyCount<uint64_t>& item : items) added[item.key] += item.count;
 
@@ -590,8 +592,8 @@ struct ConstantHash {
 };
 
 TEST(SortedTableTest, DegenerateHashOneChain) {
-  absl::StatusOr<SortedTable<uint64_t, ConstantHash>> table = SortedTable<uint64_t, ConstantHash>::Create(
-      {.max_entries = 500, .period = 200, .depth_threshold = 2, .frequency_threshold = 5});
+  absl::StatusOr<SortedTable<uint64_t, ConstantHash>> table =
+      SortedTable<uint64_t, ConstantHash>::Create({.max_entries = 500, .period = 200, .depth_threshold = 2, .frequency_threshold = 5});
   ASSERT_TRUE(table.ok());
   uint64_t sum = 0;
   for (int i = 0; i < 20000; ++i) {
@@ -640,29 +642,18 @@ struct Snapshot {
   }
 };
 
-// 1-based position of `key` in its chain, 0 if absent.
-template <typename Table>
-uint32_t ChainPosition(const Table& table, uint64_t key) {
-  uint32_t position = 0, found = 0;
-  table.ForEachInChain(table.BucketIndex(key), [&](uint64_t k, uint64_t, uint32_t) {
-    ++position;
-    if (k == key) found = position;
-  });
-  return found;
-}
-
 // A random mix of Add (counts 0, 1, a few, 2^31 and 2^40), AddBatch of every size around
 // the prefetch distances, EndPeriod, Clear, TakeCounts and RemoveIf on a small table that
 // fills up. `batched` takes the batches, `single` the same items one Add at a time; both must
 // end in the same state, `single`'s statistics must match a model that counts each Add by
-// the position of its key before the Add, its period counts a model that restarts them at
+// the probe length of its key before the Add, its period counts a model that restarts them at
 // every period end, and every count is handed over exactly once.
 template <typename Table>
 void RunAgainstModel(Table& batched, Table& single, uint32_t seed, int steps) {
   std::mt19937_64 rng(seed);
   TableStats model;
   std::map<uint64_t, uint64_t> added, removed, taken_batched, taken_single;
-  constexpr uint64_t kMaxPeriodCount = uint64_t{1} << 31;
+  constexpr uint64_t kMaxPeriodCount = Table::kPeriodCountLimit;
   std::map<uint64_t, uint64_t> period_counts;  // keys absent: 0
   uint64_t periods = 0;
   auto key_at = [&](uint64_t r) { return (r + 1) * 0x9e3779b97f4a7c15ull ^ 0x5bd1e995; };
@@ -676,7 +667,7 @@ void RunAgainstModel(Table& batched, Table& single, uint32_t seed, int steps) {
   };
   // Adds one item to `single` and to the model; false if the table was full.
   auto add_single = [&](const KeyCount<uint64_t>& item) {
-    const uint32_t position = ChainPosition(single, item.key);
+    const uint32_t position = single.ProbeLength(item.key);
     const AddResult result = single.Add(item.key, item.count);
     if (position != 0) {
       EXPECT_EQ(result, AddResult::kUpdated);
@@ -807,8 +798,8 @@ TEST(SortedTableTest, StatsAndBatchesMatchAModelWithDegenerateHash) {
   EXPECT_GT(single->stats().chains_sorted, 0u);
 }
 
-// Period counts saturate at 2^31 (owner-driven periods have no bound on them) without
-// spilling into the period number, and counts stay exact.
+// Period counts saturate at 2^24 - 1 (owner-driven periods have no bound on them) without
+// spilling into the period tag, and counts stay exact.
 TEST(SortedTableTest, PeriodCountsSaturate) {
   CountTable table = MakeTable({.max_entries = 8, .period = 0, .frequency_threshold = 10});
   const uint64_t a = 11, b = 12;
@@ -819,7 +810,7 @@ TEST(SortedTableTest, PeriodCountsSaturate) {
     });
     return out;
   };
-  constexpr uint32_t kMax = 1u << 31;
+  constexpr uint32_t kMax = CountTable::kPeriodCountLimit;
   table.Add(a, kMax - 10);
   table.Add(b, 3);
   EXPECT_EQ(period_count(a), kMax - 10);
@@ -832,13 +823,20 @@ TEST(SortedTableTest, PeriodCountsSaturate) {
   EXPECT_EQ(period_count(b), 3u);
   table.Add(b, uint64_t{1} << 40);  // a single count saturates too
   EXPECT_EQ(period_count(b), kMax);
+  const uint64_t c = 14;
+  table.Add(c, 3);
+  table.Add(c, kMax - 3);  // exactly at the limit
+  EXPECT_EQ(period_count(c), kMax);
+  table.Add(c, 0);
+  EXPECT_EQ(period_count(c), kMax);
+  EXPECT_EQ(table.Find(c), kMax);
   table.EndPeriod();
   EXPECT_EQ(period_count(a), 0u);  // a new period, not a carry into the period number
   table.Add(a, 5);
   table.Add(b);
   EXPECT_EQ(period_count(a), 5u);
   EXPECT_EQ(period_count(b), 1u);
-  EXPECT_EQ(table.stats().updates, 8u);
+  EXPECT_EQ(table.stats().updates, 11u);
   // A new key with a huge count: saturated from the start.
   table.Add(13, uint64_t{1} << 40);
   EXPECT_EQ(period_count(13), kMax);
@@ -852,6 +850,168 @@ TEST(SortedTableTest, PeriodCountsSaturate) {
   EXPECT_EQ(counted.stats().periods, 1u);
   EXPECT_EQ(counted.Find(a), (uint64_t{1} << 40) + 1);
   EXPECT_EQ(counted.stats().updates, 2u);
+}
+
+// Free slots hold poison keys (key 0 among them): keys 0 and ~0 are ordinary keys, also where
+// the poison key's own home slot is, and after their slots are freed and reused.
+TEST(SortedTableTest, KeyZeroAndMaxKey) {
+  CountTable table = MakeTable({.max_entries = 16, .bucket_count = 8});
+  const uint64_t max = ~uint64_t{0};
+  EXPECT_EQ(table.Find(0), std::nullopt);
+  EXPECT_EQ(table.Find(max), std::nullopt);
+  EXPECT_EQ(table.ProbeLength(0), 0u);
+  EXPECT_EQ(table.Add(0), AddResult::kInserted);
+  EXPECT_EQ(table.Add(0, 2), AddResult::kUpdated);
+  EXPECT_EQ(table.Add(max, 5), AddResult::kInserted);
+  EXPECT_EQ(table.Find(0), 3u);
+  EXPECT_EQ(table.Find(max), 5u);
+  EXPECT_EQ(table.RemoveIf([](uint64_t k, uint64_t, uint32_t) { return k == 0; }), 1u);
+  EXPECT_EQ(table.Find(0), std::nullopt);
+  EXPECT_EQ(table.Add(0), AddResult::kInserted);  // not a hit on a freed slot
+  EXPECT_EQ(table.size(), 2u);
+  std::map<uint64_t, uint64_t> drained;
+  table.Drain([&](uint64_t k, uint64_t c) { drained[k] += c; });
+  EXPECT_EQ(drained, (std::map<uint64_t, uint64_t>{{0, 1}, {max, 5}}));
+  for (int round = 0; round < 3; ++round) {  // free again: nothing matches key 0
+    EXPECT_EQ(table.Add(0), AddResult::kInserted);
+    EXPECT_EQ(table.Add(0), AddResult::kUpdated);
+    EXPECT_EQ(table.stats().inserts, 4u + round);
+    table.Clear();
+  }
+}
+
+// A full table of keys that all collide in a few chains: every key is found behind its head,
+// a new key is refused without disturbing anything, and after a drain the same keys fit again.
+TEST(SortedTableTest, FullTableOfCollidingKeys) {
+  CountTable table = MakeTable({.max_entries = 24, .bucket_count = 32, .period = 0});
+  const auto groups = KeysByBucket(table, 3, 8);  // chains of 8 in a table of 32 slots
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const auto& keys : groups) {
+      for (uint64_t k : keys) ASSERT_EQ(table.Add(k, k % 5 + 1), AddResult::kInserted);
+    }
+    EXPECT_EQ(table.size(), 24u);
+    const uint64_t extra = KeysByBucket(table, 4, 9)[3][8];
+    EXPECT_EQ(table.Add(extra), AddResult::kFull);
+    for (const auto& keys : groups) {
+      EXPECT_THAT(ChainKeys(table, table.BucketIndex(keys[0])), ElementsAreArray(keys));
+      for (size_t p = 0; p < keys.size(); ++p) {
+        EXPECT_EQ(table.ProbeLength(keys[p]), p + 1);
+        EXPECT_EQ(table.Find(keys[p]), keys[p] % 5 + 1);
+      }
+    }
+    table.Drain([](uint64_t, uint64_t) {});
+  }
+}
+
+// A chain whose home slot holds a deeper entry of another chain: the first key of the chain
+// moves it out, and both chains keep their order.
+TEST(SortedTableTest, FirstEntryMovesDeeperEntryOutOfItsHome) {
+  CountTable table = MakeTable({.max_entries = 16, .bucket_count = 16, .period = 0});
+  // Deeper entries take free slots from the top down when the tail's cache line (4 slots) is
+  // full: fill one line's homes, then add second entries to them.
+  std::map<uint32_t, std::vector<uint64_t>> by_bucket;
+  for (uint64_t key = 1; by_bucket.size() < 16 || key < 2000; ++key) {
+    by_bucket[table.BucketIndex(key)].push_back(key);
+  }
+  std::vector<uint64_t> heads, seconds;
+  for (uint32_t b = 0; b < 4; ++b) {  // line 0: buckets 0..3
+    heads.push_back(by_bucket[b][0]);
+    seconds.push_back(by_bucket[b][1]);
+  }
+  for (uint64_t k : heads) ASSERT_EQ(table.Add(k), AddResult::kInserted);
+  for (uint64_t k : seconds) ASSERT_EQ(table.Add(k), AddResult::kInserted);
+  // The seconds went to slots 15, 14, 13, 12 (homes of buckets 15..12): claim those homes.
+  for (uint32_t b = 12; b < 16; ++b) {
+    ASSERT_EQ(table.Add(by_bucket[b][0], 7), AddResult::kInserted);
+  }
+  for (uint32_t b = 0; b < 4; ++b) {
+    EXPECT_THAT(ChainKeys(table, b), ElementsAre(heads[b], seconds[b]));
+    EXPECT_EQ(table.ProbeLength(seconds[b]), 2u);
+  }
+  for (uint32_t b = 12; b < 16; ++b) {
+    EXPECT_THAT(ChainKeys(table, b), ElementsAre(by_bucket[b][0]));
+    EXPECT_EQ(table.Find(by_bucket[b][0]), 7u);
+  }
+  EXPECT_EQ(table.size(), 12u);
+}
+
+// Counts carry from the slot's 32 bits into the high word, in Add and in AddBatch, and every
+// path that moves entries (sorting, RemoveIf, Grow) moves the high word along.
+TEST(SortedTableTest, CountsCarryIntoHighWord) {
+  CountTable table = MakeTable({.max_entries = 32,
+                                .bucket_count = 2,  // one deep chain: sorts move entries
+                                .period = 0,
+                                .depth_threshold = 1,
+                                .frequency_threshold = 3});
+  const uint64_t a = 101, b = 202, c = 303;
+  const uint64_t low = 0xffffffffu;
+  table.Add(a, low);
+  table.Add(a);  // carries
+  EXPECT_EQ(table.Find(a), uint64_t{1} << 32);
+  const std::vector<KeyCount<uint64_t>> batch = {{b, low}, {b, 1}, {b, low}, {c, 3}};
+  ASSERT_EQ(table.AddBatch(batch), batch.size());
+  EXPECT_EQ(table.Find(b), 2 * low + 1);
+  table.Add(c, (uint64_t{5} << 32) + 10);  // c is hot now: sorted ahead of a and b
+  table.EndPeriod();
+  EXPECT_EQ(table.Find(a), uint64_t{1} << 32);
+  EXPECT_EQ(table.Find(b), 2 * low + 1);
+  EXPECT_EQ(table.Find(c), (uint64_t{5} << 32) + 13);
+  ASSERT_TRUE(table.Grow({.max_entries = 64,
+                          .bucket_count = 2,
+                          .period = 0,
+                          .depth_threshold = 1,
+                          .frequency_threshold = 3})
+                  .ok());
+  EXPECT_EQ(table.RemoveIf([&](uint64_t k, uint64_t, uint32_t) { return k == a; }), 1u);
+  EXPECT_EQ(table.Find(b), 2 * low + 1);
+  EXPECT_EQ(table.Find(c), (uint64_t{5} << 32) + 13);
+  const std::vector<KeyCount<uint64_t>> top = table.TopN(2);
+  ASSERT_EQ(top.size(), 2u);
+  EXPECT_EQ(top[0], (KeyCount<uint64_t>{c, (uint64_t{5} << 32) + 13}));
+  std::map<uint64_t, uint64_t> taken;
+  table.TakeCounts([&](uint64_t k, uint64_t n) { taken[k] = n; });
+  EXPECT_EQ(taken, (std::map<uint64_t, uint64_t>{{b, 2 * low + 1},
+                                                 {c, (uint64_t{5} << 32) + 13}}));
+  EXPECT_EQ(table.Find(b), 0u);
+}
+
+// Period tags repeat every 255 periods: an entry left untouched for hundreds of periods still
+// reads as 0 counts in the current one (the sweep rewrites stale words first), with counted
+// and with owner-driven periods.
+TEST(SortedTableTest, PeriodCountsOfIdleEntriesStayZeroAcrossTagWraps) {
+  for (uint32_t period : {0u, 16u}) {
+    SCOPED_TRACE(period);
+    CountTable table = MakeTable({.max_entries = 600, .period = period,
+                                  .frequency_threshold = 2});
+    auto period_count = [&](uint64_t key) {
+      uint32_t out = ~0u;
+      table.ForEachInChain(table.BucketIndex(key), [&](uint64_t k, uint64_t, uint32_t pc) {
+        if (k == key) out = pc;
+      });
+      return out;
+    };
+    // Idle keys with counts in some period, one of them at every 16th slot or so.
+    for (uint64_t k = 1; k <= 500; ++k) table.Add(k * 0x9e3779b97f4a7c15ull, k % 7 + 1);
+    const uint64_t busy = 12345;
+    for (int p = 0; p < 1200; ++p) {
+      if (period == 0) {
+        table.Add(busy);
+        table.EndPeriod();
+      } else {
+        for (uint32_t i = 0; i < period; ++i) table.Add(busy);
+      }
+      if (p % 97 == 0 || (p > 250 && p < 260)) {
+        for (uint64_t k = 1; k <= 500; k += 13) {
+          ASSERT_EQ(period_count(k * 0x9e3779b97f4a7c15ull), 0u) << p << " " << k;
+        }
+      }
+    }
+    EXPECT_GE(table.stats().periods, 1200u);
+    const uint64_t k7 = 7 * 0x9e3779b97f4a7c15ull;
+    table.Add(k7, 2);
+    EXPECT_EQ(period_count(k7), 2u);
+    EXPECT_EQ(table.Find(k7), 7 % 7 + 1 + 2u);
+  }
 }
 
 // The server's key: 16 bytes (host, padding, stack ID).

@@ -135,8 +135,9 @@ Run RunStrata(const std::string& name, const Stream& stream, SortedTableOptions 
   if (batched) {
     constexpr size_t kBatch = 1024;
     for (size_t i = 0; i < n; i += kBatch) {
-      const size_t stored = table.AddBatch(std::span(stream.items).subspan(i, std::min(kBatch, n - i)));
-      if (stored != std::min(kBatch, n - i)) Fail(name, "table full");
+      const size_t batch = std::min(kBatch, n - i);
+      const size_t stored = table.AddBatch(std::span(stream.items).subspan(i, batch));
+      if (stored != batch) Fail(name, "table full");
       if (i < period && i + kBatch >= period) first = table.stats();  // ~ the first period
     }
   } else {
@@ -158,13 +159,10 @@ Run RunStrata(const std::string& name, const Stream& stream, SortedTableOptions 
   run.probe_first = first.MeanHitProbeLengthSince(TableStats());
   run.probe_after = end.MeanHitProbeLengthSince(first);
   uint64_t weighted = 0, total = 0;
-  for (uint32_t b = 0; b < table.bucket_count(); ++b) {
-    uint64_t position = 0;
-    table.ForEachInChain(b, [&](uint64_t, uint64_t count, uint32_t) {
-      weighted += count * ++position;
-      total += count;
-    });
-  }
+  table.ForEach([&](uint64_t key, uint64_t count) {
+    weighted += count * table.ProbeLength(key);
+    total += count;
+  });
   run.probe_final = static_cast<double>(weighted) / static_cast<double>(total);
   run.memory_mb = static_cast<double>(table.memory_bytes()) / 1e6;
   run.chains_sorted = end.chains_sorted;
