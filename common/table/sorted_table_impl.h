@@ -33,7 +33,7 @@ absl::Status SortedTable<Key, Hash>::Grow(const SortedTableOptions& options) {
   std::vector<uint32_t> tails(grown.bucket_count_, kNil);
   for (uint32_t b = 0; b < bucket_count_; ++b) {
     if (!HasChain(b)) continue;
-    for (uint32_t i = b; i != kNil; i = next_[i]) {
+    for (uint32_t i = b; i != kNil; i = Next(i)) {
       const uint32_t nb = grown.BucketIndex(slots_[i].key);
       if (tails[nb] == kNil && IsUsed(grown.slots_[nb])) {
         // The home slot holds a deeper entry, maybe the tail of its chain: it moves.
@@ -43,9 +43,7 @@ absl::Status SortedTable<Key, Hash>::Grow(const SortedTableOptions& options) {
       }
       const uint32_t to = grown.ClaimSlot(nb, tails[nb]);
       tails[nb] = to;
-      grown.slots_[to] = slots_[i];
-      grown.count_high_[to] = count_high_[i];
-      grown.Refresh(grown.slots_[to]);
+      grown.CopyEntry(slots_[i], count_high_[i], to);
     }
   }
   grown.size_ = size_;
@@ -85,7 +83,7 @@ size_t SortedTable<Key, Hash>::RemoveIf(Pred&& pred) {
     if (!HasChain(b)) continue;
     uint32_t last = kNil;  // the slot of the last entry kept
     for (uint32_t i = b; i != kNil;) {
-      const uint32_t next = next_[i];
+      const uint32_t next = Next(i);
       if (pred(static_cast<const Key&>(slots_[i].key), Count(i), PeriodCount(slots_[i]))) {
         // The home slot stays in use until a kept entry moves in or the chain ends, so that
         // HasChain(b) holds while the chain is walked.
@@ -98,13 +96,13 @@ size_t SortedTable<Key, Hash>::RemoveIf(Pred&& pred) {
         }
         last = b;
       } else {
-        next_[last] = i;
+        SetNext(last, i);
         last = i;
       }
       i = next;
     }
     if (last != kNil) {
-      next_[last] = kNil;
+      SetNext(last, kNil);
     } else {
       Release(b);  // the whole chain went
     }
@@ -202,7 +200,7 @@ typename SortedTable<Key, Hash>::Layout SortedTable<Key, Hash>::LayoutFor(
       static_cast<uint32_t>(std::min<uint64_t>(per_period, o.max_entries)), l.hot_capacity);
   l.rank_capacity = std::max<uint32_t>(1, o.phase_rank_limit);
   l.slot_count = std::max(l.bucket_count, o.max_entries);
-  l.memory_bytes = (sizeof(Slot) + 2 * sizeof(uint32_t)) * size_t{l.slot_count};
+  l.memory_bytes = (sizeof(Slot) + sizeof(uint32_t) + sizeof(uint64_t)) * size_t{l.slot_count};
   if (o.sorting) {
     l.memory_bytes += sizeof(uint32_t) * l.sort_capacity + sizeof(Key) * l.hot_capacity +
                       sizeof(SortItem) * l.scratch_capacity +
@@ -242,7 +240,7 @@ SortedTable<Key, Hash>::SortedTable(const SortedTableOptions& options, Hash hash
 
   slots_ = AllocateSlots(slot_count_);
   next_ = std::make_unique_for_overwrite<uint32_t[]>(slot_count_);
-  count_high_ = std::make_unique_for_overwrite<uint32_t[]>(slot_count_);
+  count_high_ = std::make_unique_for_overwrite<uint64_t[]>(slot_count_);
   if (options_.sorting) {
     sort_queue_ = std::make_unique_for_overwrite<uint32_t[]>(sort_capacity_);
     hot_ = std::make_unique_for_overwrite<SortItem[]>(scratch_capacity_);
@@ -265,17 +263,17 @@ template <typename Key, typename Hash>
 void SortedTable<Key, Hash>::SortChain(uint32_t b) {
   if (!HasChain(b)) return;
   uint32_t length = 0;
-  for (uint32_t i = b; i != kNil; i = next_[i]) ++length;
+  for (uint32_t i = b; i != kNil; i = Next(i)) ++length;
   if (length <= options_.depth_threshold) return;
   const uint32_t threshold = options_.frequency_threshold;
   uint32_t hot = 0;
   uint32_t cold_head = kNil;
-  uint32_t* cold_tail = &cold_head;
+  uint32_t cold_tail = kNil;
   uint32_t position = 0;
   uint32_t cold_seen = 0;
   uint32_t cold_before_last_hot = 0;
   for (uint32_t i = b; i != kNil; ++position) {
-    const uint32_t next = next_[i];
+    const uint32_t next = Next(i);
     const uint32_t count = PeriodCount(slots_[i]);
     const bool is_hot = count > threshold && hot < scratch_capacity_;
     if (is_hot) {
@@ -283,12 +281,16 @@ void SortedTable<Key, Hash>::SortChain(uint32_t b) {
       cold_before_last_hot = cold_seen;
     } else {
       ++cold_seen;
-      *cold_tail = i;
-      cold_tail = &next_[i];
+      if (cold_tail == kNil) {
+        cold_head = i;
+      } else {
+        SetNext(cold_tail, i);
+      }
+      cold_tail = i;
     }
     i = next;
   }
-  *cold_tail = kNil;
+  if (cold_tail != kNil) SetNext(cold_tail, kNil);
   std::sort(hot_.get(), hot_.get() + hot, [](const SortItem& a, const SortItem& b) {
     return a.count != b.count ? a.count > b.count : a.position < b.position;
   });
@@ -304,13 +306,13 @@ void SortedTable<Key, Hash>::SortChain(uint32_t b) {
     if (r < hot) {
       hot_[r].index = first;
     } else {  // the old head leads the cold chain
-      next_[first] = next_[b];
+      SetNext(first, Next(b));
       cold_head = first;
     }
   }
   // Relink: hot group, then the cold chain. Count entries whose position changed.
   for (uint32_t r = 0; r < hot; ++r) {
-    next_[hot_[r].index] = r + 1 < hot ? hot_[r + 1].index : cold_head;
+    SetNext(hot_[r].index, r + 1 < hot ? hot_[r + 1].index : cold_head);
     if (hot_[r].position != r) ++stats_.entries_moved;
   }
   // A cold entry moved back iff some hot entry was behind it.

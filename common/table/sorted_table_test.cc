@@ -1014,6 +1014,68 @@ TEST(SortedTableTest, PeriodCountsOfIdleEntriesStayZeroAcrossTagWraps) {
   }
 }
 
+// Keys (bucket << 20 | id) that land in `bucket` of a table with 2^16 buckets: the hash undoes
+// the table's mixing (an xor-shift, its own inverse, then a multiplication by an odd number).
+struct BucketHash {
+  static constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
+  static constexpr uint64_t Inverse(uint64_t a) {
+    uint64_t x = a;  // Newton's iteration: each step doubles the correct low bits
+    for (int i = 0; i < 6; ++i) x *= 2 - a * x;
+    return x;
+  }
+  uint64_t operator()(uint64_t key) const {
+    const uint64_t mixed = (key >> 20) << 48 | (key & 0xfffff);
+    const uint64_t h = mixed * Inverse(kGolden);
+    return h ^ (h >> 32);
+  }
+};
+
+// Links reach 32k slots from their slot; a deeper entry placed further away (the near lines
+// all taken) is linked through the parallel array, and moving, sorting and removing such
+// entries keeps every chain intact.
+TEST(SortedTableTest, FarLinks) {
+  using Table = SortedTable<uint64_t, BucketHash>;
+  absl::StatusOr<Table> table = Table::Create({.max_entries = 60000,
+                                               .bucket_count = 1u << 16,
+                                               .period = 0,
+                                               .depth_threshold = 1,
+                                               .frequency_threshold = 5});
+  ASSERT_TRUE(table.ok());
+  auto key = [](uint64_t bucket, uint64_t id) { return bucket << 20 | id; };
+  ASSERT_EQ(table->BucketIndex(key(12345, 7)), 12345u);
+  // Heads of buckets 0 .. 4095: the lines near slot 0 are full.
+  for (uint64_t b = 0; b < 4096; ++b) ASSERT_EQ(table->Add(key(b, 0)), AddResult::kInserted);
+  // Bucket 0's second entry goes to the top-most free slot (65535), its third next to that.
+  const std::vector<uint64_t> chain = {key(0, 0), key(0, 1), key(0, 2), key(0, 3)};
+  for (size_t i = 1; i < chain.size(); ++i) table->Add(chain[i], i);
+  auto chain_keys = [&](uint32_t b) {
+    std::vector<uint64_t> keys;
+    table->ForEachInChain(b, [&](uint64_t k, uint64_t, uint32_t) { keys.push_back(k); });
+    return keys;
+  };
+  EXPECT_EQ(chain_keys(0), chain);
+  for (size_t i = 0; i < chain.size(); ++i) {
+    EXPECT_EQ(table->ProbeLength(chain[i]), i + 1);
+    EXPECT_EQ(table->Find(chain[i]), i == 0 ? 1u : i);
+  }
+  // Claiming the home slots up there moves bucket 0's deeper entries down again.
+  for (uint64_t b = 65528; b < 65536; ++b) {
+    ASSERT_EQ(table->Add(key(b, 0)), AddResult::kInserted);
+  }
+  EXPECT_EQ(chain_keys(0), chain);
+  // The last one turns hot and sorts to the head.
+  table->Add(chain[3], 10);
+  table->EndPeriod();
+  EXPECT_EQ(chain_keys(0), (std::vector<uint64_t>{chain[3], chain[0], chain[1], chain[2]}));
+  EXPECT_EQ(table->RemoveIf([&](uint64_t k, uint64_t, uint32_t) { return k == chain[0]; }), 1u);
+  EXPECT_EQ(chain_keys(0), (std::vector<uint64_t>{chain[3], chain[1], chain[2]}));
+  EXPECT_EQ(table->Find(chain[2]), 2u);
+  EXPECT_EQ(table->Find(chain[3]), 13u);
+  uint64_t total = 0;
+  table->Drain([&](uint64_t, uint64_t c) { total += c; });
+  EXPECT_EQ(total, 4095u + 8 + 1 + 2 + 13);
+}
+
 // The server's key: 16 bytes (host, padding, stack ID).
 struct CellKey {
   uint32_t host;
