@@ -31,8 +31,6 @@ constexpr int kLengthBuckets = 5;
 int LengthBucket(uint64_t n) { return std::min(static_cast<int>(std::bit_width(n)), 4); }
 
 // Signed difference as an unsigned value: 0, -1, 1, -2, 2, ...
-uint64_t ZigZag(int64_t v) { return (static_cast<uint64_t>(v) << 1) ^ static_cast<uint64_t>(v >> 63); }
-int64_t UnZigZag(uint64_t v) { return static_cast<int64_t>(v >> 1) ^ -static_cast<int64_t>(v & 1); }
 
 int IdBucket(const std::vector<uint64_t>& ids, size_t j) {
   return j == 0 ? 0 : 1 + static_cast<int>(std::min<uint64_t>(ids[j - 1], kIdBuckets - 2));
@@ -76,7 +74,7 @@ void EncodeContextV3(V3Models& m, rc::Encoder& enc, const ContextRecord& r,
   const size_t drop = prev_len - keep;
   if (prev != nullptr) m.drop[same_leaf][LengthBucket(prev_len)].Encode(enc, drop);
   m.growth[prev == nullptr][LengthBucket(drop)].Encode(
-      enc, ZigZag(static_cast<int64_t>(ids.size() - keep) - static_cast<int64_t>(drop)));
+      enc, rc::ZigZag(static_cast<int64_t>(ids.size() - keep) - static_cast<int64_t>(drop)));
   for (size_t j = keep; j < ids.size(); ++j) {
     meter(ids.size() == 1       ? &PackedContextsCost::single_ids
           : j + 1 == ids.size() ? &PackedContextsCost::innermost_ids
@@ -183,7 +181,7 @@ absl::Status DecodeV3(std::string_view bytes, RecordSink* out) {
       }
       const uint64_t keep = prev_len - drop;
       // drop <= kMaxPackedIds: the growth is bounded before it is added.
-      const int64_t growth = UnZigZag(m.growth[i == 0][LengthBucket(drop)].Decode(dec));
+      const int64_t growth = rc::UnZigZag(m.growth[i == 0][LengthBucket(drop)].Decode(dec));
       if (growth > static_cast<int64_t>(kMaxPackedIds) ||
           growth < -static_cast<int64_t>(drop)) {
         return bad("id stack length out of range", at);

@@ -28,6 +28,14 @@ inline constexpr uint32_t kTopValue = uint32_t{1} << 24;
 // Direct bits coded at once (the range, at least 2^24, keeps 2^8 or more per part).
 inline constexpr int kDirectChunk = 16;
 
+// Signed values as unsigned ones for the integer models: 0, -1, 1, -2, ... as 0, 1, 2, 3, ...
+inline uint64_t ZigZag(int64_t v) {
+  return (static_cast<uint64_t>(v) << 1) ^ static_cast<uint64_t>(v >> 63);
+}
+inline int64_t UnZigZag(uint64_t v) {
+  return static_cast<int64_t>(v >> 1) ^ -static_cast<int64_t>(v & 1);
+}
+
 // Probability (in 1/kProbOne) that the next bit is 0.
 struct Prob {
   uint16_t p = kProbOne / 2;
