@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/base/log.h"
 #include "common/base/split.h"
+#include "common/encoding/graph_delta_edges.h"
 
 namespace strata::agent {
 namespace {
@@ -404,6 +405,7 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
           sent_nodes_ = d.first_node() + d.nodes_size();
           sent_edges_ = d.first_edge() + d.edges_size();
           if (d.nodes_size() == 0 && d.edges_size() == 0) break;
+          encoding::PackDeltaEdges(delta.mutable_graph_delta());
           out.push_back(std::move(delta));
         }
         v1::AgentMessage m;

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/base/escape.h"
 #include "common/base/log.h"
+#include "common/encoding/graph_delta_edges.h"
 
 namespace strata::server::ingest {
 namespace {
@@ -182,7 +183,8 @@ class IngestService::Stream final
   }
 
   // Handles one message; a non-OK status ends the stream with it.
-  absl::Status Handle(const v1::AgentMessage& message);
+  // Unpacks a graph delta's packed edges in place.
+  absl::Status Handle(v1::AgentMessage& message);
   absl::Status HandleHello(const v1::AgentMessage& message);
   // Binds the agent to its principal: a certificate writes only as its own host, and an agent
   // ID stays with the principal that first wrote as it (the stored record says which).
@@ -234,11 +236,14 @@ class IngestService::Stream final
   grpc::Status end_status_;
 };
 
-absl::Status IngestService::Stream::Handle(const v1::AgentMessage& message) {
+absl::Status IngestService::Stream::Handle(v1::AgentMessage& message) {
   if (session_ == nullptr) return HandleHello(message);
   switch (message.kind_case()) {
     case v1::AgentMessage::kGraphDelta: {
-      absl::Status st = session_->ApplyGraphDelta(message.graph_delta());
+      // Unpacked here, so that the session, its replicas and the store see one form.
+      absl::Status st = encoding::UnpackDeltaEdges(message.mutable_graph_delta(),
+                                                   service_->options_.limits.max_delta_edges);
+      if (st.ok()) st = session_->ApplyGraphDelta(message.graph_delta());
       if (st.ok() && replica_of_ != nullptr) replica_of_->OnGraphDelta(message.graph_delta());
       // A large delta (a new agent's whole graph) leaves tens of MB of freed parse and
       // write-batch buffers in malloc's arenas; give them back rather than let every

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/encoding/graph_delta_edges.h"
 #include "common/encoding/packed_contexts.h"
 #include "server/otlp/otlp_builder.h"
 
@@ -18,6 +19,7 @@ std::vector<v1::GraphDelta> ChunkedDeltas(const agent::ContextGraph& graph, uint
     if (d.nodes_size() == 0 && d.edges_size() == 0) break;
     nodes = d.first_node() + d.nodes_size();
     edges = d.first_edge() + d.edges_size();
+    encoding::PackDeltaEdges(&d);  // as agents send them
     out.push_back(std::move(d));
   }
   return out;

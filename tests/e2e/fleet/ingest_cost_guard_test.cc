@@ -22,6 +22,7 @@
 
 #include "absl/strings/numbers.h"
 #include "common/encoding/graph.h"
+#include "common/encoding/graph_delta_edges.h"
 #include "common/encoding/numbering.h"
 #include "common/encoding/packed_contexts.h"
 #include "common/testing/temp_dir.h"
@@ -52,7 +53,8 @@ double AnchorMsPerMillionSamples() {
   EXPECT_TRUE(program.ok()) << program.status();
   if (!program.ok()) return -1;
   encoding::CallGraph graph;
-  for (const v1::GraphDelta& delta : (*program)->DeltasFrom(0, 0)) {
+  for (v1::GraphDelta& delta : (*program)->DeltasFrom(0, 0)) {
+    EXPECT_TRUE(encoding::UnpackDeltaEdges(&delta, size_t{1} << 20).ok());
     EXPECT_TRUE(graph.EnsureNodes(delta.first_node() + delta.nodes_size()).ok());
     for (const v1::CallEdge& e : delta.edges()) {
       EXPECT_TRUE(graph.AddEdge({e.caller(), e.call_site(), e.callee()}).ok());
