@@ -1,11 +1,14 @@
 // Fuzz target: the server's replay of GraphDelta messages into an agent's call graph and the
 // PCCE numbering built on it (common/encoding/graph.h, numbering.h), the way
-// server/ingest/agent_session.cc applies them: the message's shape checks
-// (server/ingest/limits.h CheckGraphDelta), then AppendNodes and AppendEdges.
+// server/ingest applies them: packed_edges unpacked (common/encoding/graph_delta_edges.h),
+// the message's shape checks (server/ingest/limits.h CheckGraphDelta), then AppendNodes and
+// AppendEdges.
 //
 // Input: GraphDelta messages, each preceded by its length as a varint (protobuf's delimited
 // format), applied in order; a delta the server would refuse is skipped like a refused
-// message. Oracles besides the sanitizers: AppendEdges is all-or-nothing; and on the graph
+// message. Oracles besides the sanitizers: a refused unpacking leaves the delta as it was;
+// edges packed as agents pack them unpack to the same edges; AppendEdges is all-or-nothing;
+// and on the graph
 // that results, every path from the root (random walks seeded by the input) encodes and
 // decodes back to the same edges and frames, at the full epoch and at an earlier one.
 #include <cstdint>
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "common/encoding/graph.h"
+#include "common/encoding/graph_delta_edges.h"
 #include "common/encoding/numbering.h"
 #include "common/encoding/packed_contexts.h"
 #include "fuzz/fuzz_util.h"
@@ -104,7 +108,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const bool parsed = delta.ParseFromArray(bytes.data() + pos, static_cast<int>(length));
     pos += length;
     seed = seed * 1000003 + length;
-    if (!parsed || !strata::server::ingest::CheckGraphDelta(delta, limits).ok()) continue;
+    if (!parsed) continue;
+    if (!delta.packed_edges().empty()) {
+      const std::string before = delta.SerializeAsString();
+      if (!enc::UnpackDeltaEdges(&delta, limits.max_delta_edges).ok()) {
+        STRATA_FUZZ_CHECK(delta.SerializeAsString() == before, "a refused unpacking changed it");
+        continue;
+      }
+    } else if (delta.edges_size() > 0) {
+      strata::v1::GraphDelta packed = delta;
+      enc::PackDeltaEdges(&packed);
+      if (!packed.packed_edges().empty()) {
+        absl::Status st = enc::UnpackDeltaEdges(&packed, delta.edges_size());
+        STRATA_FUZZ_CHECK(st.ok() && packed.SerializeAsString() == delta.SerializeAsString(),
+                          "packed edges do not unpack to the same edges: %s",
+                          st.ToString().c_str());
+      }
+    }
+    if (!strata::server::ingest::CheckGraphDelta(delta, limits).ok()) continue;
     if (graph.num_nodes() + delta.nodes_size() > limits.max_graph_nodes ||
         graph.num_edges() + delta.edges_size() > limits.max_graph_edges) {
       continue;

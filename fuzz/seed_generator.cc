@@ -23,6 +23,7 @@
 #include "agent/spool/spool.h"
 #include "common/elf/elf_file.h"
 #include "common/elf/symbol_table.h"
+#include "common/encoding/graph_delta_edges.h"
 #include "common/encoding/numbering.h"
 #include "common/encoding/packed_contexts.h"
 #include "fuzz/fuzz_util.h"
@@ -230,6 +231,11 @@ void EncodingSeeds() {
       if (d.nodes_size() == 0 && d.edges_size() == 0) break;
     }
     Seed("graph_delta", "split_graph", split);
+    v1::GraphDelta packed = p.graph.DeltaFrom(0, 0);
+    enc::PackDeltaEdges(&packed);  // as agents send it
+    std::string packed_one;
+    AppendDelimited(&packed_one, packed);
+    Seed("graph_delta", "whole_graph_packed_edges", packed_one);
   }
   {
     Program p;

@@ -17,8 +17,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
 #include "common/encoding/graph.h"
+#include "common/encoding/graph_delta_edges.h"
 #include "common/encoding/numbering.h"
+#include "common/encoding/packed_edges.h"
 #include "common/testing/temp_dir.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "strata/v1/ingest.grpc.pb.h"
 #include "strata/v1/query.grpc.pb.h"
@@ -84,7 +87,8 @@ class RawAgent {
     welcome_ = welcome.welcome();
     return true;
   }
-  bool SendGraph() {
+  // `packed`: the edges in packed_edges, as strata-agent sends them.
+  bool SendGraph(bool packed = false) {
     v1::AgentMessage m;
     v1::GraphDelta* d = m.mutable_graph_delta();
     d->set_first_node(welcome_.known_nodes());
@@ -101,6 +105,7 @@ class RawAgent {
       edge->set_call_site(graph_.edge(e).call_site);
       edge->set_callee(graph_.edge(e).callee);
     }
+    if (packed) encoding::PackDeltaEdges(d);
     return stream_->Write(m);
   }
   // A batch with one context of `count` per service.
@@ -461,6 +466,78 @@ TEST_F(HostileIngestTest, CountsNeverWrap) {
   answer = agent.Send(agent.Batch(3, {"wrap"}, 2));
   EXPECT_TRUE(answer.has_ack()) << answer.DebugString();
   EXPECT_EQ(Total("wrap"), largest + 2);
+}
+
+// A graph delta's packed edges are decoded before anything of the delta is applied: a field
+// that does not decode, a delta with both forms of its edges, or more edges than a delta may
+// carry end the stream with INVALID_ARGUMENT, and what was accepted before stays.
+TEST_F(HostileIngestTest, PackedEdgesAreCheckedBeforeAnythingIsStored) {
+  Start();
+  {
+    RawAgent agent(channel_, "packed", 1);
+    ASSERT_TRUE(agent.Connect());
+    ASSERT_TRUE(agent.SendGraph(/*packed=*/true));
+    v1::ServerMessage answer = agent.Send(agent.Batch(1, {"packed"}, 5));
+    ASSERT_TRUE(answer.has_ack()) << answer.DebugString();
+    EXPECT_TRUE(agent.Finish().ok());
+  }
+  ASSERT_EQ(Total("packed"), 5u);
+  uint32_t known_nodes = 0;
+  uint64_t known_edges = 0;
+  {
+    RawAgent agent(channel_, "packed", 1);
+    ASSERT_TRUE(agent.Connect());
+    known_nodes = agent.welcome().known_nodes();
+    known_edges = agent.welcome().known_edges();
+    ASSERT_GT(known_edges, 0u);
+  }
+  auto delta = [&](auto fill) {
+    v1::AgentMessage m;
+    v1::GraphDelta* d = m.mutable_graph_delta();
+    d->set_first_node(known_nodes);
+    d->set_first_edge(known_edges);
+    fill(d);
+    return m;
+  };
+  ASSERT_GT(known_nodes, 2u);
+  std::vector<encoding::CallEdge> too_many;  // call sites scattered: about 4 bytes an edge
+  for (uint32_t e = 0; e < (1u << 18) + 1; ++e) {
+    too_many.push_back({2 + e % (known_nodes - 2), (e * 2654435761ull) % (1ull << 32),
+                        2 + (e / 3) % (known_nodes - 2)});
+  }
+  const std::string too_many_packed = *encoding::EncodePackedEdges(too_many, known_nodes);
+  const struct {
+    const char* what;
+    v1::AgentMessage message;
+    const char* error;
+  } hostile[] = {
+      {"garbage", delta([](v1::GraphDelta* d) { d->set_packed_edges("\x01garbage"); }),
+       "packed edges"},
+      {"unknown version", delta([](v1::GraphDelta* d) { d->set_packed_edges("\x09\x10"); }),
+       "unknown version"},
+      {"both forms", delta([](v1::GraphDelta* d) {
+         d->set_packed_edges(*encoding::EncodePackedEdges({{{0, 0, 2}}}, 2));
+         auto* e = d->add_edges();
+         e->set_callee(2);
+       }),
+       "both"},
+      {"too many edges", delta([&](v1::GraphDelta* d) { d->set_packed_edges(too_many_packed); }),
+       "edges in"},
+  };
+  for (const auto& h : hostile) {
+    RawAgent agent(channel_, "packed", 1);
+    ASSERT_TRUE(agent.Connect()) << h.what;
+    ASSERT_TRUE(agent.Write(h.message)) << h.what;
+    const grpc::Status status = agent.Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << h.what;
+    EXPECT_THAT(status.error_message(), ::testing::HasSubstr(h.error)) << h.what;
+  }
+  RawAgent agent(channel_, "packed", 1);
+  ASSERT_TRUE(agent.Connect());
+  EXPECT_EQ(agent.welcome().known_nodes(), known_nodes);
+  EXPECT_EQ(agent.welcome().known_edges(), known_edges);
+  EXPECT_EQ(Total("packed"), 5u);
+  ExpectAlive();
 }
 
 }  // namespace
