@@ -32,6 +32,7 @@
 #include "agent/core/interval_aggregator.h"
 #include "common/encoding/numbering.h"
 #include "common/encoding/packed_contexts.h"
+#include "common/encoding/packed_edges.h"
 #include "tools/loadgen/sample_stream.h"
 
 namespace strata::bench {
@@ -149,6 +150,7 @@ int RunReport(World& w) {
   // carries the whole graph) of a short one.
   const size_t steady_from = n_iv >= 10 ? n_iv / 3 : n_iv >= 3 ? 1 : 0;
   uint64_t delta_node_bytes = 0, delta_edge_bytes = 0, delta_message_bytes = 0;
+  uint64_t delta_edge_message_bytes = 0;  // the same edges one CallEdge message each
   uint64_t delta_nodes = 0, delta_edges = 0;
   uint64_t batch_header_bytes = 0, batch_header_v2_bytes = 0;
   encoding::PackedContextsCost cost_shipped, cost_v2;
@@ -201,14 +203,27 @@ int RunReport(World& w) {
       }
       PutUint(&d, 3, shipped_edges);
       auto edges = encoding::ExportEdges(agent, shipped_edges, agent.num_edges());
+      // As agents ship them: packed_edges, or one CallEdge each where packing is refused.
+      const auto packed_edges =
+          encoding::EncodePackedEdges(*edges, static_cast<NodeId>(shipped_nodes));
+      std::string one_each;  // the edges as older agents send them
       for (const auto& e : *edges) {
         std::string ce;
         PutUint(&ce, 1, e.caller);
         PutUint(&ce, 2, e.call_site);
         PutUint(&ce, 3, e.callee);
-        before = d.size();
-        PutBytes(&d, 4, ce);
-        if (steady) delta_edge_bytes += d.size() - before, ++delta_edges;
+        PutBytes(&one_each, 4, ce);
+      }
+      before = d.size();
+      if (packed_edges) {
+        PutBytes(&d, 5, *packed_edges);
+      } else {
+        d += one_each;
+      }
+      if (steady) {
+        delta_edge_bytes += d.size() - before;
+        delta_edge_message_bytes += one_each.size();
+        delta_edges += edges->size();
       }
       if (shipped_nodes < agent.num_nodes() || shipped_edges < agent.num_edges()) {
         PutBytes(&delta_msg, 2, d);
@@ -583,10 +598,15 @@ int RunReport(World& w) {
   const double steady_batches = static_cast<double>(n_iv - steady_from);
   std::printf("   %-46s %8.3f %8.3f\n\n", "all-in", all_in_steady,
               per_ctx(packed_v2.raw, steady_from, n_iv));
-  std::printf("   graph delta per batch: %.1f new nodes, %.1f new edges (%.1f B per edge)\n\n",
+  const double edges_shipped = static_cast<double>(std::max<uint64_t>(delta_edges, 1));
+  std::printf("   graph delta per batch: %.1f new nodes, %.1f new edges: %.1f B per edge in "
+              "packed_edges, %.1f B as one CallEdge each (older agents: all-in %.3f B)\n\n",
               static_cast<double>(delta_nodes) / steady_batches,
               static_cast<double>(delta_edges) / steady_batches,
-              delta_edges ? static_cast<double>(delta_edge_bytes) / static_cast<double>(delta_edges) : 0.0);
+              static_cast<double>(delta_edge_bytes) / edges_shipped,
+              static_cast<double>(delta_edge_message_bytes) / edges_shipped,
+              all_in_steady + (static_cast<double>(delta_edge_message_bytes) -
+                               static_cast<double>(delta_edge_bytes)) / ctx);
   (void)field_v2_steady;
   (void)total_ctx;
   (void)steady_ctx;
