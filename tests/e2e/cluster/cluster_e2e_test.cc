@@ -203,6 +203,20 @@ class ClusterTest : public ::testing::Test {
     return out;
   }
 
+  // Waits until every running node sees all of them live. A request placed while some node
+  // still misses a member is stored by the owners on that node's ring: a host's samples are
+  // then split between two replicas, and with a node stopped a query (which takes each host
+  // from one replica) finds only part of them.
+  void WaitForRing() {
+    const double n = static_cast<double>(nodes_.size());
+    for (const auto& node : nodes_) {
+      ASSERT_TRUE(WaitFor(
+          [&] { return Metric(*node, "strata_cluster_nodes{state=\"live\"}") == n; },
+          absl::Seconds(30)))
+          << node->id << Logs();
+    }
+  }
+
   bool LoadFlowing() {
     double replicated = 0;
     for (const auto& n : nodes_) {
@@ -584,6 +598,7 @@ TEST_F(ClusterTest, StoppedNodeIsListedDownUntilForgotten) {
 TEST_F(ClusterTest, FanOutQueriesNameTheNodesThatDidNotAnswer) {
   lease_ttl_ = "60s";  // the hung node stays on the ring for the whole test
   for (int i = 0; i < 3; ++i) AddNode({"--cluster-query-timeout", "2s"});
+  WaitForRing();
   auto load = StartLoad(10, "away");
   ExpectExact(*load, 120);
   Node& n1 = *nodes_[0];
@@ -690,6 +705,7 @@ TEST_F(ClusterTest, FanOutQueriesNameTheNodesThatDidNotAnswer) {
 TEST_F(ClusterTest, OtlpExportsAreStoredByEveryOwnerOfTheirHosts) {
   lease_ttl_ = "60s";  // the stopped node stays on the ring
   for (int i = 0; i < 3; ++i) AddNode({"--cluster-query-timeout", "2s"});
+  WaitForRing();
   auto load = StartLoad(8, "otlp", 30, {"--protocol", "otlp"});
   ExpectExact(*load, 120);
   double forwarded = 0;
