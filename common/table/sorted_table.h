@@ -560,9 +560,9 @@ class SortedTable {
 
   // The slot for a new last entry of chain `b`, whose tail is slot `tail` (kNil: the chain is
   // empty), linked in: the home slot for a first entry (moving a deeper entry of another
-  // chain out of it), else a free slot, in the tail's cache line if one is free there (a hit
-  // on the next entry then costs no second miss). There is a free slot whenever fewer than
-  // max_entries entries are stored.
+  // chain out of it), else a free slot near the tail (see TakeFreeSlotNear: in the tail's
+  // cache line, a hit on the next entry costs no second miss). There is a free slot whenever
+  // fewer than max_entries entries are stored.
   uint32_t ClaimSlot(uint32_t b, uint32_t tail) {
     uint32_t s = b;
     if (tail == kNil) {
