@@ -593,7 +593,8 @@ struct ConstantHash {
 
 TEST(SortedTableTest, DegenerateHashOneChain) {
   absl::StatusOr<SortedTable<uint64_t, ConstantHash>> table =
-      SortedTable<uint64_t, ConstantHash>::Create({.max_entries = 500, .period = 200, .depth_threshold = 2, .frequency_threshold = 5});
+      SortedTable<uint64_t, ConstantHash>::Create(
+          {.max_entries = 500, .period = 200, .depth_threshold = 2, .frequency_threshold = 5});
   ASSERT_TRUE(table.ok());
   uint64_t sum = 0;
   for (int i = 0; i < 20000; ++i) {
