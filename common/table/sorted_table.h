@@ -10,64 +10,13 @@
 // flushes with Drain() (or ForEach() + Clear() when the sink can fail), then adds again: counts
 // are never dropped or merged lossily.
 //
-// Sorting. Each entry keeps its count of the current period (the sum of the counts added to
-// it; with count 1 per Add, as the agent does, this is its access count). Every `period`
-// counts, chains longer than `depth_threshold` are partially sorted: entries whose period
-// count is above `frequency_threshold` move to the front in descending order of that count,
-// the other entries keep their relative order behind them. Only chains where the sort can
-// change something are visited (a chain is queued when one of its entries, not already at the
-// head, becomes hot), so a sort costs O(hot entries), not O(table).
-//
-// Periods. A period ends every `period` counts, or, with period = 0, only when the owner calls
-// EndPeriod() (the server ends one per aggregation window: its counts arrive in lumps of a
-// whole agent interval, so a period measured in counts would end inside a lump).
-//
-// Phase changes. Counts used for both sorting and phase detection are per period, never
-// cumulative: a cumulative count takes a long time to be overtaken, so a hot-path switch in
-// the middle of a window would go unseen. At the end of every period the hot set (entries
-// above frequency_threshold in the period, at most `phase_rank_limit` of them) is sorted by
-// period count and compared with the sorted hot sets of the previous period and of the one
-// before. When entry X is now ahead of entry Y, Y was ahead of X in such a ranking, and the
-// two are an order of magnitude apart (`phase_change_factor`) either then (Y >= factor * X)
-// or now (X >= factor * Y), the table records a PhaseChange (once: a pair recorded in this or
-// the previous period is not recorded again). Two periods back as well, because a switch
-// rarely falls on a period boundary: in the period that straddles it the new hot entry
-// overtakes the old one by less than 10x, and in the next it is already ahead; compared with
-// the period before the switch, the reordering and its magnitude are plain. Requiring Y to
-// have been ranked keeps warm-up and low-count noise from recording anything.
-// The patent compares neighbours inside one sorted chain; two stacks that trade places rarely
-// share a chain, so the comparison is made over the table's sorted hot set instead (the chain
-// sorts still order the chains for lookups).
-//
-// Layout. Chains are coalesced into one array of 16-byte slots (64-bit keys): the head of
-// chain b always sits in slot b itself, so a hit on a chain head (where sorting keeps the hot
-// entries) reads one slot found from the hash alone: one cache miss for a cold key, where
-// absl's Swiss table reads a control byte and then a slot. A slot holds the key, the low 16
-// bits of its count, a 16-bit link to the chain's next entry (relative to the slot; a link
-// too far for 16 bits is marked and kept in a parallel array) and its period word (an 8-bit
-// period tag and a 24-bit period count; 0 marks a free slot). The count's higher bits sit in
-// another parallel array that only a carry, the drains and moves touch. A free slot holds a
-// poison key of another bucket, so that "is this slot the head of my chain" is one key
-// compare (a deeper entry of another chain has a key of another bucket too). Deeper entries
-// take free slots in the tail's cache line if there is one, else in the lines next to it,
-// else the top-most free slot, so that most links stay in the slot and most hits behind a
-// head read no other line. When a chain gets its first entry and its home slot holds a
-// deeper entry of another chain, that entry moves to a free slot. A sort that puts another
-// entry first swaps the two entries' contents so the new head is in the home slot. Slots:
-// max(bucket_count, max_entries), 28 bytes each with the two arrays (100k keys: 131072
-// slots, 3.7 MB, of which hits touch the 2 MiB of slots; before: 32-byte entries, 4.2 MB).
-// Period counts saturate at 2^24 - 1. The tag is the period number modulo 255, plus 1: a
-// word whose tag is not the current one holds 0 counts of this period, so a period end resets
-// nothing, and each period end rewrites the stale words of 1/128 of the slots (every move
-// rewrites its entry's), so no word lives long enough for its tag to come round again.
-//
-// Cost of an update. A hit on a chain head is inlined into the caller: one key compare, the
-// count added with a carry test, the period count reset-if-stale by a mask (no branch: entries
-// hit less than once a period restart on most of their hits), one compare that catches both
-// crossing the frequency threshold and saturating, and one counter decrement towards the
-// period end. Hits and updates are not counted per Add: they follow from the counts added (see
-// Tally). Deeper hits, inserts and the rare events take out-of-line paths. AddBatch() also
-// prefetches home slots ahead and keeps the counters in registers.
+// Each entry also keeps its count of the current period. Every `period` counts (or at
+// EndPeriod()), chains longer than `depth_threshold` move their entries above
+// `frequency_threshold` to the front, hottest first, and the period's hot set is ranked
+// against those of the two periods before to record phase changes (PhaseChange). Entries are
+// 16-byte slots with each chain's head in its home slot, so a hit on a head (where sorting
+// keeps the hot entries) is one cache miss found from the hash alone. Why each of these is so,
+// and what an update costs: docs/developing/sorted-table.md.
 //
 // Not thread-safe: the owner serializes calls. Keys are trivially copyable, equality
 // comparable and hashed by `Hash` (whose result is mixed again, so std::hash's identity for
@@ -120,7 +69,7 @@ struct SortedTableOptions {
   // work) per period to period / (frequency_threshold + 1) and keeps Poisson noise at
   // small counts from reordering chains.
   uint32_t frequency_threshold = 64;
-  // Order-of-magnitude test for phase changes (see the file comment). At least 2.
+  // Order-of-magnitude test for phase changes (docs/developing/sorted-table.md). At least 2.
   uint32_t phase_change_factor = 10;
   // Phase changes buffered until TakePhaseChanges(); later ones are only counted.
   uint32_t max_phase_changes = 256;
@@ -194,7 +143,7 @@ class SortedTable {
   static_assert(std::is_trivially_copyable_v<Key>, "keys are copied into fixed slots");
 
  public:
-  // Period counts saturate here (24 bits of the period word; see the file comment).
+  // Period counts saturate here (24 bits of the period word; docs/developing/sorted-table.md).
   static constexpr uint32_t kPeriodCountLimit = (1u << 24) - 1;
 
   // Validates `options` and allocates all memory the table will ever use.
@@ -296,29 +245,13 @@ class SortedTable {
 
   // Removes all entries. Period counters, statistics, buffered phase changes and the previous
   // period's ranking are kept.
-  void Clear() {
-    for (uint32_t i = 0; i < slot_count_; ++i) Release(i);
-    free_scan_ = slot_count_;
-    size_ = 0;
-    sort_queue_size_ = 0;
-    hot_count_ = 0;
-    ++stats_.drains;
-  }
+  void Clear();
 
   // Hands every non-zero count to fn(key, count) and sets it to zero, keeping the entries,
   // their chain order and their period counts: the owner flushes a window's counts and the
   // table keeps what it learned about which keys are hot. Counts conserved as with Drain().
   template <typename Fn>
-  void TakeCounts(Fn&& fn) {
-    for (uint32_t i = 0; i < slot_count_; ++i) {
-      const uint64_t count = Count(i);
-      if (count == 0) continue;  // free slots too
-      fn(static_cast<const Key&>(slots_[i].key), count);
-      slots_[i].count = 0;
-      count_high_[i] = 0;
-    }
-    ++stats_.drains;
-  }
+  void TakeCounts(Fn&& fn);
 
   // Removes the entries for which pred(key, count, period_count) is true, keeping the order of
   // every chain (a chain whose head goes moves its first remaining entry into the home
@@ -333,23 +266,7 @@ class SortedTable {
 
   // Ends the current period now: sorts the queued chains, ranks the hot set and records phase
   // changes. Called by the table itself every `period` counts, or by the owner (period = 0).
-  [[gnu::noinline]] void EndPeriod() {
-    if (options_.sorting) {
-      // A chain is queued once per entry that turned hot behind its head: sort it once, and
-      // in bucket order, so that the result depends only on the set of chains.
-      uint32_t* const queue = sort_queue_.get();
-      std::sort(queue, queue + sort_queue_size_);
-      uint32_t* const end = std::unique(queue, queue + sort_queue_size_);
-      for (uint32_t* b = queue; b != end; ++b) SortChain(*b);
-      sort_queue_size_ = 0;
-      RankHotSet();
-    }
-    RestartPeriodCount();
-    ++stats_.periods;
-    ++epoch_;
-    tally_.epoch_base = EpochBase(epoch_);
-    SweepStaleWords();
-  }
+  [[gnu::noinline]] void EndPeriod();
 
   // Moves the buffered phase changes (oldest first) to the caller.
   std::vector<PhaseChange<Key>> TakePhaseChanges() {
@@ -802,7 +719,7 @@ class SortedTable {
   }
 
   // What a hit on a chain head reads and writes, together. Slot b holds the head of chain b
-  // (see the file comment).
+  // (docs/developing/sorted-table.md).
   std::unique_ptr<Slot[], FreeSlots> slots_;
   [[no_unique_address]] Hash hash_;
   int bucket_shift_ = 0;

@@ -10,6 +10,48 @@
 namespace strata::table {
 
 template <typename Key, typename Hash>
+void SortedTable<Key, Hash>::Clear() {
+  for (uint32_t i = 0; i < slot_count_; ++i) Release(i);
+  free_scan_ = slot_count_;
+  size_ = 0;
+  sort_queue_size_ = 0;
+  hot_count_ = 0;
+  ++stats_.drains;
+}
+
+template <typename Key, typename Hash>
+template <typename Fn>
+void SortedTable<Key, Hash>::TakeCounts(Fn&& fn) {
+  for (uint32_t i = 0; i < slot_count_; ++i) {
+    const uint64_t count = Count(i);
+    if (count == 0) continue;  // free slots too
+    fn(static_cast<const Key&>(slots_[i].key), count);
+    slots_[i].count = 0;
+    count_high_[i] = 0;
+  }
+  ++stats_.drains;
+}
+
+template <typename Key, typename Hash>
+void SortedTable<Key, Hash>::EndPeriod() {
+  if (options_.sorting) {
+    // A chain is queued once per entry that turned hot behind its head: sort it once, and in
+    // bucket order, so that the result depends only on the set of chains.
+    uint32_t* const queue = sort_queue_.get();
+    std::sort(queue, queue + sort_queue_size_);
+    uint32_t* const end = std::unique(queue, queue + sort_queue_size_);
+    for (uint32_t* b = queue; b != end; ++b) SortChain(*b);
+    sort_queue_size_ = 0;
+    RankHotSet();
+  }
+  RestartPeriodCount();
+  ++stats_.periods;
+  ++epoch_;
+  tally_.epoch_base = EpochBase(epoch_);
+  SweepStaleWords();
+}
+
+template <typename Key, typename Hash>
 absl::Status SortedTable<Key, Hash>::Grow(const SortedTableOptions& options) {
   if (absl::Status s = Validate(options); !s.ok()) return s;
   const SortedTableOptions& o = options_;
