@@ -47,7 +47,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# On-CPU ns of every thread of the process: /proc/PID/schedstat alone is the main thread.
+# On-CPU ns of every thread of the process (the process's own schedstat file counts its main
+# thread only).
 oncpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ns += $1} END {print ns + 0}'; }
 now_ns() { date +%s%N; }
 
