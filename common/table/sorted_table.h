@@ -723,7 +723,7 @@ class SortedTable {
   std::unique_ptr<Slot[], FreeSlots> slots_;
   [[no_unique_address]] Hash hash_;
   int bucket_shift_ = 0;
-  bool sorting_ = false;      // options_.sorting
+  bool sorting_ = false;      // options_.sorting, beside the other fields a hit reads
   bool guarded_ = false;      // no poison key for slot poison_bucket_ (see PoisonFor)
   uint32_t hot_min_ = 0;      // options_.frequency_threshold + 1 (at most 2^24)
   Tally tally_;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -505,7 +506,9 @@ TEST_F(HostileIngestTest, PackedEdgesAreCheckedBeforeAnythingIsStored) {
     too_many.push_back({2 + e % (known_nodes - 2), (e * 2654435761ull) % (1ull << 32),
                         2 + (e / 3) % (known_nodes - 2)});
   }
-  const std::string too_many_packed = *encoding::EncodePackedEdges(too_many, known_nodes);
+  const std::optional<std::string> too_many_packed =
+      encoding::EncodePackedEdges(too_many, known_nodes);
+  ASSERT_TRUE(too_many_packed.has_value());  // about 4 bytes an edge: within the per-byte bound
   const struct {
     const char* what;
     v1::AgentMessage message;
@@ -521,7 +524,8 @@ TEST_F(HostileIngestTest, PackedEdgesAreCheckedBeforeAnythingIsStored) {
          e->set_callee(2);
        }),
        "both"},
-      {"too many edges", delta([&](v1::GraphDelta* d) { d->set_packed_edges(too_many_packed); }),
+      {"too many edges",
+       delta([&](v1::GraphDelta* d) { d->set_packed_edges(*too_many_packed); }),
        "edges in"},
   };
   for (const auto& h : hostile) {
