@@ -319,7 +319,6 @@ absl::Status PerfSampler::AddSession(const SessionOptions& options) {
   }
   auto session = std::make_unique<Session>();
   session->options = options;
-  if (sample_program_fd_ >= 0) session->options.sample_program_fd = sample_program_fd_;
   UpdatePeriod(*session);
   sessions_.emplace(options.session_id, std::move(session));
   return absl::OkStatus();
@@ -429,22 +428,17 @@ absl::StatusOr<std::unique_ptr<PerfSampler::RingEvent>> PerfSampler::OpenEvent(
 }
 
 void PerfSampler::AttachSampleProgram(Session& session, int fd) {
-  if (session.options.sample_program_fd < 0 ||
-      session.options.event != SessionEvent::kCpuClock) {
-    return;
-  }
-  if (ioctl(fd, PERF_EVENT_IOC_SET_BPF, session.options.sample_program_fd) != 0 &&
-      errno != EEXIST) {
+  if (sample_program_fd_ < 0 || session.options.event != SessionEvent::kCpuClock) return;
+  if (ioctl(fd, PERF_EVENT_IOC_SET_BPF, sample_program_fd_) != 0 && errno != EEXIST) {
     ++session.stats.programs_not_attached;
   }
 }
 
 void PerfSampler::SetSampleProgram(int program_fd) {
+  if (program_fd == sample_program_fd_) return;
   sample_program_fd_ = program_fd;
   for (auto& [id, owned] : sessions_) {
     Session& session = *owned;
-    if (session.options.sample_program_fd == program_fd) continue;
-    session.options.sample_program_fd = program_fd;
     ForEachEvent(session, [&](RingEvent& event) { AttachSampleProgram(session, event.fd); });
   }
 }

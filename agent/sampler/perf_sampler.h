@@ -111,10 +111,6 @@ struct SessionOptions {
   // such as a goroutine's stack below the system stack the sample was taken on (Go keeps
   // frame pointers on x86-64). Costs the target one walk of its frame pointers per sample.
   bool user_frame_chain = false;
-  // kCpuClock only: a BPF_PROG_TYPE_PERF_EVENT program run at each sample, in the sampled
-  // thread's context, before the sample is written (e.g. agent/python/frame_capture.h); -1:
-  // none. An event the kernel will not attach it to samples without it (counted).
-  int sample_program_fd = -1;
 };
 
 // Leaves room for the rest of the sample in a record whose size is a u16.
@@ -186,9 +182,11 @@ class PerfSampler {
   absl::Status RemoveSession(uint32_t session_id);
   // Changes the rate of every event of the session, now and for threads attached later.
   absl::Status SetFrequency(uint32_t session_id, uint32_t frequency_hz);
-  // Runs `program_fd` at every sample of the CPU-time sessions (SessionOptions::
-  // sample_program_fd), on their events now and on those opened later, and of the sessions
-  // added later. A program already attached stays.
+  // Runs `program_fd`, a BPF_PROG_TYPE_PERF_EVENT program, at every sample of the CPU-time
+  // sessions, in the sampled thread's context before the sample is written (e.g.
+  // agent/python/frame_capture.h): on their events now and on those opened later, and on
+  // those of sessions added later. An event the kernel will not attach it to samples without
+  // it (SessionStats::programs_not_attached). A program already attached stays.
   void SetSampleProgram(int program_fd);
 
   // Starts sampling thread `tid` of process `pid` in the session; no-op if already sampled.
@@ -259,7 +257,7 @@ class PerfSampler {
   size_t DrainEvent(Session& session, RingEvent& event, SampleCallback callback);
 
   int epoll_fd_;
-  int sample_program_fd_ = -1;  // SetSampleProgram's
+  int sample_program_fd_ = -1;  // SetSampleProgram's; -1: none
   const UserRegsLayout& layout_;
   size_t page_size_;
   absl::flat_hash_map<uint32_t, std::unique_ptr<Session>> sessions_;
