@@ -213,7 +213,11 @@ void CheckCapture(Interpreter& interpreter, pid_t tid, const std::vector<std::st
   for (const auto& n : names) same += n == expected;
   // The thread spins in one frame: every sample shows the whole chain (the snapshot of the
   // odd sample may be missing, never wrong).
-  EXPECT_GE(same, names.size() - 2) << ::testing::PrintToString(names);
+  const CaptureStats stats = (*capture)->stats();
+  EXPECT_GE(same, names.size() - 2)
+      << "snapshots " << stats.snapshots << ", found " << stats.found << ", missing "
+      << stats.missing << ", unmatched " << stats.unmatched << ", inconsistent reads "
+      << interpreter.stats().inconsistent << ": " << ::testing::PrintToString(names);
   for (const auto& n : names) {
     if (!n.empty()) EXPECT_EQ(n, expected);
   }
