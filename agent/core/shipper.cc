@@ -85,6 +85,7 @@ void Shipper::Enqueue(v1::SampleBatch batch) {
     LogWarn("spool {}: {} (batch {} kept in memory; {} such errors)", spool_->path(),
                  std::string(st.message()), batch.sequence(), stats_.spool_errors);
   }
+  SyncSpoolIfDue();
   const uint64_t dropped = spool_->stats().batches_dropped;
   if (dropped > stats_.spool.batches_dropped) {
     LogWarn("spool {} full: dropped the oldest batches ({} in all, {} samples)",
@@ -92,6 +93,22 @@ void Shipper::Enqueue(v1::SampleBatch batch) {
                  spool_->stats().samples_dropped);
   }
   stats_.spool = spool_->stats();
+}
+
+void Shipper::SyncSpoolIfDue() {
+  absl::Status st = spool_->SyncIfDue(absl::Now());
+  if (!st.ok() && stats_.spool_errors++ % 60 == 0) {
+    LogWarn("spool {}: {} (unacknowledged batches written but not synced; {} such errors)",
+            spool_->path(), std::string(st.message()), stats_.spool_errors);
+  }
+}
+
+bool Shipper::AwaitSyncingSpool(const absl::Condition& condition, absl::Time deadline) {
+  for (;;) {
+    if (mu_.AwaitWithDeadline(condition, std::min(deadline, spool_->sync_due()))) return true;
+    SyncSpoolIfDue();
+    if (absl::Now() >= deadline) return false;
+  }
 }
 
 void Shipper::SendStatus(v1::CaptureStatus status) {
@@ -201,7 +218,7 @@ void Shipper::Run() {
                    reconnect.redirects_in_a_row());
     }
     auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || flushing_; };
-    mu_.AwaitWithTimeout(absl::Condition(&stop), wait);
+    AwaitSyncingSpool(absl::Condition(&stop), absl::Now() + wait);
     if (stopping_) return;
     if (flushing_) {
       // Once, then the backoff again: a server that is still away is not hammered.
@@ -358,9 +375,7 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
         return !spool_->empty() && spool_->entry(spool_->size() - 1).sequence >= next_send_;
       };
       // Sleeps until there is work or the next heartbeat is due, not on a short timer.
-      mu_.AwaitWithTimeout(absl::Condition(&work),
-                           std::max(absl::ZeroDuration(),
-                                    last_heartbeat + options_.heartbeat - absl::Now()));
+      AwaitSyncingSpool(absl::Condition(&work), last_heartbeat + options_.heartbeat);
       while (!inbox_.empty()) {
         HandleServerMessage(inbox_.front());
         inbox_.pop_front();

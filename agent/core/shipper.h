@@ -109,6 +109,11 @@ class Shipper {
   void HandleServerMessage(const v1::ServerMessage& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A heartbeat with the agent's health.
   v1::AgentMessage Heartbeat() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Syncs the spool's unacknowledged writes once they are due (Spool::SyncIfDue).
+  void SyncSpoolIfDue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // mu_.AwaitWithDeadline that syncs the spool when that falls due while it waits.
+  bool AwaitSyncingSpool(const absl::Condition& condition, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ShipperOptions options_;
   ContextGraph* const graph_;

@@ -210,6 +210,8 @@ Spool::Spool(SpoolOptions options, std::string path, int lock_fd)
     : options_(std::move(options)), path_(std::move(path)), lock_fd_(lock_fd) {}
 
 Spool::~Spool() {
+  // An agent that stops with batches unacknowledged leaves them on the disk.
+  if (sync_due_ != absl::InfiniteFuture()) (void)SyncAll();
   for (auto& s : segments_) {
     if (s->fd >= 0) close(s->fd);
   }
@@ -496,14 +498,17 @@ absl::Status Spool::RewriteSegment(Segment* segment) {
 absl::Status Spool::AppendGraph(const v1::GraphDelta& delta) {
   if (path_.empty()) return absl::OkStatus();
   const std::string graph_path = path_ + "/" + kGraphFile;
-  absl::Status st = AppendDurably(graph_fd_, graph_bytes_,
-                                  FrameRecord(kGraphRecord, delta.SerializeAsString()), graph_path);
+  const std::string record = FrameRecord(kGraphRecord, delta.SerializeAsString());
+  absl::Status st = WriteAll(graph_fd_, record, graph_path);
   if (!st.ok()) {
     // Cut back to the last whole record; position appends there.
+    (void)ftruncate(graph_fd_, static_cast<off_t>(graph_bytes_));
     (void)lseek(graph_fd_, static_cast<off_t>(graph_bytes_), SEEK_SET);
     return st;
   }
-  graph_bytes_ += kRecordHeader + delta.ByteSizeLong();
+  graph_bytes_ += record.size();
+  graph_unsynced_ = true;
+  Written();
   return absl::OkStatus();
 }
 
@@ -534,19 +539,24 @@ absl::Status Spool::Append(const v1::SampleBatch& batch) {
   absl::Status st;
   if (!path_.empty()) {
     if (!append_to_last_ || segments_.back()->bytes >= options_.segment_bytes) {
-      st = OpenSegment(batch.sequence());
+      // The segment left behind is synced now: only the one taking appends waits.
+      if (unsynced_segment_ != nullptr) st = SyncAll();
+      if (st.ok()) st = OpenSegment(batch.sequence());
     }
     if (st.ok()) {
       Segment* segment = segments_.back().get();
       const std::string record = FrameRecord(kBatchRecord, batch.SerializeAsString());
-      st = AppendDurably(segment->fd, segment->bytes, record, segment->path);
+      st = WriteAll(segment->fd, record, segment->path);
       if (st.ok()) {
         slot.segment = segment;
         slot.offset = segment->bytes;
         slot.length = static_cast<uint32_t>(record.size());
         segment->bytes += record.size();
         ++segment->live;
+        unsynced_segment_ = segment;
+        Written();
       } else {
+        (void)ftruncate(segment->fd, static_cast<off_t>(segment->bytes));
         (void)lseek(segment->fd, static_cast<off_t>(segment->bytes), SEEK_SET);
       }
     }
@@ -590,6 +600,7 @@ absl::StatusOr<v1::SampleBatch> Spool::Read(size_t i) const {
 }
 
 void Spool::DropSegment(Segment* segment, bool count_as_dropped) {
+  if (segment == unsynced_segment_) unsynced_segment_ = nullptr;
   for (auto it = entries_.begin(); it != entries_.end();) {
     if (it->segment != segment) {
       ++it;
@@ -654,12 +665,49 @@ void Spool::AckThrough(uint64_t sequence) {
     entries_.pop_front();
   }
   for (size_t i = 0; i < segments_.size();) {
-    if (segments_[i]->live == 0) {
-      DropSegment(segments_[i].get(), false);
-    } else {
-      ++i;
-    }
+    const size_t before = segments_.size();
+    DropIfAcknowledged(segments_[i].get());
+    if (segments_.size() == before) ++i;
   }
+  // What is not synced yet is the server's now.
+  if (entries_.empty()) NothingToSync();
+}
+
+void Spool::DropIfAcknowledged(Segment* segment) {
+  if (segment->live > 0) return;
+  if (append_to_last_ && segment == segments_.back().get()) return;
+  DropSegment(segment, false);
+}
+
+void Spool::Written() {
+  if (sync_due_ == absl::InfiniteFuture()) sync_due_ = absl::Now() + options_.sync_delay;
+}
+
+void Spool::NothingToSync() {
+  sync_due_ = absl::InfiniteFuture();
+  graph_unsynced_ = false;
+  unsynced_segment_ = nullptr;
+}
+
+absl::Status Spool::SyncAll() {
+  // The graph first: a synced batch must find its graph after a power loss.
+  if (graph_unsynced_ && fdatasync(graph_fd_) != 0) {
+    return ErrnoError("cannot sync", path_ + "/" + kGraphFile, errno);
+  }
+  graph_unsynced_ = false;
+  if (unsynced_segment_ != nullptr && fdatasync(unsynced_segment_->fd) != 0) {
+    return ErrnoError("cannot sync", unsynced_segment_->path, errno);
+  }
+  NothingToSync();
+  return absl::OkStatus();
+}
+
+absl::Status Spool::SyncIfDue(absl::Time now) {
+  if (now < sync_due_) return absl::OkStatus();
+  absl::Status st = SyncAll();
+  // Tried again at the next write rather than at every call.
+  if (!st.ok()) sync_due_ = absl::InfiniteFuture();
+  return st;
 }
 
 void Spool::Remove(uint64_t sequence) {
@@ -667,7 +715,8 @@ void Spool::Remove(uint64_t sequence) {
     if (it->entry.sequence != sequence) continue;
     Segment* segment = it->segment;
     entries_.erase(it);
-    if (segment != nullptr && --segment->live == 0) DropSegment(segment, false);
+    if (segment != nullptr && --segment->live == 0) DropIfAcknowledged(segment);
+    if (entries_.empty()) NothingToSync();
     return;
   }
 }

@@ -19,9 +19,13 @@
 //   batches-<seq>.log      segments of batch records, the first sequence in the name
 //   acked                  the highest sequence number the server acknowledged
 // Every file is a header and records of [u32 length][u32 crc32c][u8 type][payload]; a
-// record is written whole before the batch can go out (fdatasync), so a torn or corrupt
-// tail (a crash mid-write, a bad disk) is detected by its length or checksum, skipped and
-// counted, never fatal. Only the batch bytes are on disk: memory holds an index entry per
+// record is written whole before the batch can go out, so a torn or corrupt tail (a crash
+// mid-write, a bad disk) is detected by its length or checksum, skipped and counted, never
+// fatal. A written record survives the agent's own death at once (it is in the kernel); it
+// is synced to the disk (fdatasync, the graph first) once it has waited `sync_delay` for the
+// server's acknowledgement: an acknowledged batch is the server's to keep, so an agent whose
+// server answers within the delay writes its batches and never waits for the disk. A power
+// loss can take the batches of the last `sync_delay`. Only the batch bytes are on disk: memory holds an index entry per
 // batch, so the agent stays flat however long the server is away. Past `max_bytes` the
 // oldest segment is dropped (counted). A batch that cannot be written (disk full) is kept in
 // memory and counted, so shipping goes on.
@@ -40,6 +44,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "strata/v1/ingest.pb.h"
 
 namespace strata::agent::spool {
@@ -49,6 +54,8 @@ struct SpoolOptions {
   uint64_t max_bytes = 256ull << 20;      // on disk, graph included
   uint64_t segment_bytes = 4ull << 20;    // a new segment past this size
   size_t max_memory_batches = 360;        // in memory: one hour of 10 s batches
+  // Unacknowledged writes are synced to the disk after this long (see above).
+  absl::Duration sync_delay = absl::Seconds(1);
   // No agent ID was given: adopt the directory of an earlier agent that left batches behind
   // (and is not running) instead of making a new one.
   bool adopt = false;
@@ -106,9 +113,16 @@ class Spool {
   // Records graph nodes and edges (in order, contiguous with the previous ones) before the
   // batches that need them.
   absl::Status AppendGraph(const v1::GraphDelta& delta);
-  // Adds a batch (sequence above every earlier one). Durable when it returns OK; on a write
-  // error the batch is kept in memory and the error returned for the caller to report.
+  // Adds a batch (sequence above every earlier one). Written when it returns OK (synced by
+  // SyncIfDue); on a write error the batch is kept in memory and the error returned for the
+  // caller to report.
   absl::Status Append(const v1::SampleBatch& batch);
+  // When the oldest write that unacknowledged batches depend on must be synced (infinite
+  // future: none waits).
+  absl::Time sync_due() const { return sync_due_; }
+  // Syncs the graph and the batches written so far when `now` is past sync_due(); the
+  // error of a failed sync (the batches stay, and are synced again at the next write).
+  absl::Status SyncIfDue(absl::Time now);
 
   struct Entry {
     uint64_t sequence = 0;
@@ -145,6 +159,14 @@ class Spool {
   absl::Status OpenSegment(uint64_t first_sequence);
   absl::Status RewriteSegment(Segment* segment);
   void DropSegment(Segment* segment, bool count_as_dropped);
+  // Drops `segment` once it holds no live batch, unless it is the one taking appends (kept,
+  // so that a spool the server keeps up with writes one file, not a file per batch).
+  void DropIfAcknowledged(Segment* segment);
+  // A write that unacknowledged batches depend on was made now.
+  void Written();
+  // Nothing unacknowledged depends on the writes not synced yet.
+  void NothingToSync();
+  absl::Status SyncAll();
   void EnforceBounds();
 
   const SpoolOptions options_;
@@ -158,6 +180,9 @@ class Spool {
   bool append_to_last_ = false;                    // false: the next Append opens a segment
   std::deque<Slot> entries_;
   SpoolStats stats_;
+  absl::Time sync_due_ = absl::InfiniteFuture();
+  bool graph_unsynced_ = false;
+  Segment* unsynced_segment_ = nullptr;  // the segment written since the last sync
 };
 
 }  // namespace strata::agent::spool

@@ -140,13 +140,63 @@ TEST_F(SpoolTest, NothingOwedStartsOverAsTheFreshIdentity) {
     ASSERT_TRUE(spool->AppendGraph(Delta(2, 0)).ok());
     ASSERT_TRUE(spool->Append(Batch(1, 1, 5)).ok());
     spool->AckThrough(1);
-    EXPECT_TRUE(Segments("web-1").empty());  // acknowledged segments are deleted
+    EXPECT_EQ(Segments("web-1").size(), 1u);  // the segment taking appends stays
   }
   auto spool = Open(Options(), Fresh("web-1", 2));
   EXPECT_FALSE(recovery_.resumed);
   EXPECT_EQ(recovery_.identity.graph_id, 2u);
   EXPECT_TRUE(restored_.empty());
   EXPECT_TRUE(spool->empty());
+}
+
+TEST_F(SpoolTest, ASpoolTheServerKeepsUpWithAppendsToOneSegment) {
+  SpoolOptions options = Options();
+  options.segment_bytes = 300;
+  auto spool = Open(options, Fresh("web-1", 1));
+  ASSERT_TRUE(spool->Append(Batch(1, 0, 5)).ok());
+  const std::vector<std::string> first = Segments("web-1");
+  ASSERT_EQ(first.size(), 1u);
+  spool->AckThrough(1);
+  ASSERT_TRUE(spool->Append(Batch(2, 0, 5)).ok());
+  EXPECT_EQ(Segments("web-1"), first);  // no file per batch
+  // Past segment_bytes a new segment takes the appends; the old one goes once acknowledged.
+  uint64_t sequence = 2;
+  while (Segments("web-1").size() == 1) ASSERT_TRUE(spool->Append(Batch(++sequence, 0, 5)).ok());
+  spool->AckThrough(sequence);
+  const std::vector<std::string> now = Segments("web-1");
+  ASSERT_EQ(now.size(), 1u);
+  EXPECT_NE(now, first);
+  EXPECT_TRUE(spool->empty());
+}
+
+TEST_F(SpoolTest, WritesAreSyncedOnlyWhileUnacknowledgedPastTheDelay) {
+  SpoolOptions options = Options();
+  options.sync_delay = absl::Seconds(1);
+  {
+    auto spool = Open(options, Fresh("web-1", 1));
+    EXPECT_EQ(spool->sync_due(), absl::InfiniteFuture());
+    const absl::Time before = absl::Now();
+    ASSERT_TRUE(spool->AppendGraph(Delta(2, 0)).ok());
+    ASSERT_TRUE(spool->Append(Batch(1, 1, 5)).ok());
+    EXPECT_GE(spool->sync_due(), before + absl::Seconds(1));
+    EXPECT_LE(spool->sync_due(), absl::Now() + absl::Seconds(1));
+    // Acknowledged: the server keeps it, nothing waits for the disk.
+    spool->AckThrough(1);
+    EXPECT_EQ(spool->sync_due(), absl::InfiniteFuture());
+    ASSERT_TRUE(spool->Append(Batch(2, 1, 7)).ok());
+    const absl::Time due = spool->sync_due();
+    ASSERT_NE(due, absl::InfiniteFuture());
+    ASSERT_TRUE(spool->SyncIfDue(due - absl::Milliseconds(1)).ok());
+    EXPECT_EQ(spool->sync_due(), due);  // not yet
+    ASSERT_TRUE(spool->SyncIfDue(due).ok());
+    EXPECT_EQ(spool->sync_due(), absl::InfiniteFuture());
+    ASSERT_TRUE(spool->Append(Batch(3, 1, 9)).ok());  // left to the destructor's sync
+  }
+  auto spool = Open(options, Fresh("web-1", 2));
+  ASSERT_TRUE(recovery_.resumed);
+  EXPECT_EQ(recovery_.batches, 2u);
+  EXPECT_EQ(recovery_.samples, 16u);
+  EXPECT_EQ(restored_.size(), 1u);
 }
 
 TEST_F(SpoolTest, ATornTailIsSkippedAndCounted) {
