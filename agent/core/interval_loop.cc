@@ -15,11 +15,20 @@ IntervalLoop::IntervalLoop(absl::Duration interval, uint64_t last_sequence, Prof
       captures_(captures),
       sequence_(last_sequence) {}
 
-void IntervalLoop::PlanWindow(absl::Time now) {
-  const int64_t ms = absl::ToInt64Milliseconds(interval_);
-  window_end_ = absl::FromUnixMillis((absl::ToUnixMillis(now) / ms + 1) * ms);
-  window_deadline_ =
-      std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(window_end_ - now);
+WindowPlan PlanWindow(absl::Time now, std::chrono::steady_clock::time_point steady_now,
+                      absl::Duration interval) {
+  const int64_t ms = std::max<int64_t>(1, absl::ToInt64Milliseconds(interval));
+  WindowPlan plan;
+  plan.end = absl::FromUnixMillis((absl::ToUnixMillis(now + kWindowSlack) / ms + 1) * ms);
+  // Nanoseconds: whole milliseconds would round the wait down, waking before the end.
+  plan.deadline = steady_now + absl::ToChronoNanoseconds(plan.end - now);
+  return plan;
+}
+
+void IntervalLoop::Plan(absl::Time now) {
+  const WindowPlan plan = PlanWindow(now, std::chrono::steady_clock::now(), interval_);
+  window_end_ = plan.end;
+  window_deadline_ = plan.deadline;
 }
 
 void IntervalLoop::Ship(absl::StatusOr<std::optional<v1::SampleBatch>> batch, const char* what,
@@ -67,7 +76,7 @@ void IntervalLoop::AddRequests(v1::SampleBatch* batch) {
 
 void IntervalLoop::Run(const std::atomic<bool>& stop) {
   window_start_ = absl::Now();
-  PlanWindow(window_start_);
+  Plan(window_start_);
   while (!stop.load()) {
     // Between boundaries the profiler sleeps until samples or process changes arrive; while
     // a capture runs, its batches go out every second.
@@ -85,7 +94,7 @@ void IntervalLoop::Run(const std::atomic<bool>& stop) {
     if (now >= window_end_ || std::chrono::steady_clock::now() >= window_deadline_ ||
         profiler_->batch_full()) {
       ShipWindow(now);
-      PlanWindow(now);
+      Plan(now);
     }
   }
   captures_->StopAll(absl::Now(), &sequence_);

@@ -30,6 +30,20 @@ struct ShippedBatches {
   uint64_t off_cpu_bytes = 0;
 };
 
+// Where the window that is open at `now` ends, and when, on the monotonic clock read at the
+// same moment, to wait until. The end is the first multiple of `interval` (since the epoch) at
+// least kWindowSlack after `now`: a loop woken a hair before a boundary (the two clocks drift
+// apart by parts per million) ships that window and waits for the next boundary, instead of
+// planning the same one again and spinning until the wall clock passes it. The deadline is
+// never earlier than the end.
+struct WindowPlan {
+  absl::Time end;
+  std::chrono::steady_clock::time_point deadline;
+};
+inline constexpr absl::Duration kWindowSlack = absl::Milliseconds(2);
+WindowPlan PlanWindow(absl::Time now, std::chrono::steady_clock::time_point steady_now,
+                      absl::Duration interval);
+
 class IntervalLoop {
  public:
   // `last_sequence`: the last batch sequence number used (a resumed agent numbers on).
@@ -45,7 +59,7 @@ class IntervalLoop {
   void AddRequestsScraper(requests::RequestsScraper* scraper) { scrapers_.push_back(scraper); }
 
  private:
-  void PlanWindow(absl::Time now);
+  void Plan(absl::Time now);
   void ShipWindow(absl::Time end);
   // The scrapers' counts since the previous batch, into `batch`.
   void AddRequests(v1::SampleBatch* batch);
