@@ -353,6 +353,10 @@ absl::Status ServerApp::Listen() {
   if (cluster_service_ != nullptr) builder.RegisterService(cluster_service_.get());
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(options_.ingest.service.limits.max_message_bytes));
+  // No bandwidth probe: it pings every agent at each batch (a frame to write and one to read
+  // on both ends, per interval per agent) to size a receive window that batches of a few
+  // kilobytes never fill.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   grpc_server_ = builder.BuildAndStart();
   if (!grpc_server_ || grpc_port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
