@@ -353,11 +353,13 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
   LogInfo("connected to strata-server at {} (server has {} nodes, {} edges)",
                address, welcome.welcome().known_nodes(), welcome.welcome().known_edges());
 
+  // Messages are handled where they arrive: an Ack wakes no other thread (the writer wakes
+  // only when one leaves it work: a resend, a Redirect, a broken stream).
   std::thread reader([&] {
     v1::ServerMessage m;
     while (stream->Read(&m)) {
       absl::MutexLock lock(&mu_);
-      inbox_.push_back(m);
+      HandleServerMessage(m);
     }
     absl::MutexLock lock(&mu_);
     stream_broken_ = true;
@@ -370,16 +372,15 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
     {
       absl::MutexLock lock(&mu_);
       auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        if (stopping_ || stream_broken_ || !inbox_.empty() || !statuses_.empty()) return true;
+        if (stopping_ || stream_broken_ || redirect_.has_value() || !statuses_.empty()) {
+          return true;
+        }
         if (!targets_sent_ && !targets_.empty()) return true;
         return !spool_->empty() && spool_->entry(spool_->size() - 1).sequence >= next_send_;
       };
       // Sleeps until there is work or the next heartbeat is due, not on a short timer.
-      AwaitSyncingSpool(absl::Condition(&work), last_heartbeat + options_.heartbeat);
-      while (!inbox_.empty()) {
-        HandleServerMessage(inbox_.front());
-        inbox_.pop_front();
-      }
+      AwaitSyncingSpool(absl::Condition(&work),
+                        last_heartbeat + options_.heartbeat + options_.heartbeat / 10);
       // After a Redirect nothing more goes to this server: the owners get it all.
       if (stream_broken_ || redirect_.has_value()) break;
       if (stopping_) {
@@ -432,7 +433,12 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
     }
     // A heartbeat, with the agent's health, every period whether or not batches flow: it keeps
     // an idle stream alive, and an agent that ships every interval still reports its health.
-    if (absl::Now() - last_heartbeat > options_.heartbeat) {
+    // Past half its period it goes with whatever this round writes, so an agent whose
+    // interval is about the period wakes for no heartbeat of its own (one due alone waits a
+    // tenth of a period more for a batch to go with).
+    const absl::Duration since_heartbeat = absl::Now() - last_heartbeat;
+    if (since_heartbeat > options_.heartbeat ||
+        (!out.empty() && since_heartbeat > options_.heartbeat / 2)) {
       absl::MutexLock lock(&mu_);
       out.push_back(Heartbeat());
       last_heartbeat = absl::Now();
@@ -452,12 +458,6 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
   reader.join();
   grpc::Status status = stream->Finish();
   absl::MutexLock lock(&mu_);
-  // What the reader got after the loop ended belongs to this stream (its last Acks, a
-  // Redirect), not to the next one.
-  while (!inbox_.empty()) {
-    HandleServerMessage(inbox_.front());
-    inbox_.pop_front();
-  }
   stats_.connected = false;
   if (!stopping_ && !redirect_.has_value()) {
     LogWarn("connection to strata-server at {} lost: {}", address,

@@ -9,7 +9,8 @@
 // server asks. Before a batch goes out, the graph nodes and edges it is encoded against are
 // sent; after a reconnect the server's Welcome says which part of the graph it already has
 // and which batches it applied. Server control messages (captures, rates) are passed to the
-// control handler on the shipper's reader thread.
+// control handler on the shipper's reader thread, which handles every server message as it
+// arrives (an Ack wakes no other thread).
 //
 // Servers: a list of addresses (the nodes of a cluster, or one server). The first connection
 // goes to the first address; after a failed connection or a stream that ended, the next one
@@ -129,7 +130,6 @@ class Shipper {
   std::deque<v1::CaptureStatus> statuses_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::Target> targets_ ABSL_GUARDED_BY(mu_);
   bool targets_sent_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<v1::ServerMessage> inbox_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool flushing_ ABSL_GUARDED_BY(mu_) = false;  // Flush() waits: reconnect without backoff
   bool stream_broken_ ABSL_GUARDED_BY(mu_) = false;

@@ -58,6 +58,10 @@ class FakeIngest final : public v1::Ingest::Service {
     if (!stream->Write(welcome) || welcome.has_redirect()) return grpc::Status::OK;
     v1::AgentMessage m;
     while (stream->Read(&m)) {
+      if (m.has_heartbeat()) {
+        absl::MutexLock lock(&mu_);
+        kinds_ += 'H';
+      }
       if (!m.has_sample_batch()) continue;
       const uint64_t sequence = m.sample_batch().sequence();
       v1::ServerMessage reply;
@@ -65,6 +69,7 @@ class FakeIngest final : public v1::Ingest::Service {
       {
         absl::MutexLock lock(&mu_);
         received_.push_back(sequence);
+        kinds_ += 'B';
         const uint64_t last = applied_.empty() ? 0 : applied_.back();
         if (redirect_at_ == sequence && !redirect_to_.empty()) {
           ++redirects_;
@@ -132,6 +137,11 @@ class FakeIngest final : public v1::Ingest::Service {
     absl::MutexLock lock(&mu_);
     return connects_;
   }
+  // What the streams carried, in order: B a batch, H a heartbeat.
+  std::string kinds() const {
+    absl::MutexLock lock(&mu_);
+    return kinds_;
+  }
   std::string agent_id() const {
     absl::MutexLock lock(&mu_);
     return agent_id_;
@@ -152,6 +162,7 @@ class FakeIngest final : public v1::Ingest::Service {
   mutable absl::Mutex mu_;
   std::vector<uint64_t> applied_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> received_ ABSL_GUARDED_BY(mu_);
+  std::string kinds_ ABSL_GUARDED_BY(mu_);
   int connects_ ABSL_GUARDED_BY(mu_) = 0;  // Welcomes sent
   int redirects_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> redirect_to_ ABSL_GUARDED_BY(mu_);
@@ -216,8 +227,10 @@ class ShipperTest : public ::testing::Test {
   }
 
   // The shipper with `servers` (default: address_).
-  void StartShipper(std::vector<std::string> servers = {}) {
+  void StartShipper(std::vector<std::string> servers = {},
+                    absl::Duration heartbeat = absl::Seconds(10)) {
     ShipperOptions options;
+    options.heartbeat = heartbeat;
     options.servers = servers.empty() ? std::vector<std::string>{address_} : std::move(servers);
     options.agent_id = "shipper-test";
     options.host = "test-host";
@@ -281,6 +294,35 @@ TEST_F(ShipperTest, ShipsBatchesInOrderAndForgetsThemOnceAcknowledged) {
   const ShipperStats stats = shipper_->stats();
   EXPECT_EQ(stats.batches_acked, 5u);
   EXPECT_EQ(stats.connects, 1u);
+}
+
+// An agent shipping more often than its heartbeat period sends each heartbeat with a batch
+// (the writer wakes for no heartbeat of its own); an idle one still sends one a period.
+TEST_F(ShipperTest, HeartbeatsGoWithBatchesAndAloneOnlyWhenNoneFlow) {
+  StartServer();
+  StartShipper({}, absl::Seconds(1));
+  const absl::Time start = absl::Now();
+  for (uint64_t s = 1; s <= 12; ++s) {
+    shipper_->Enqueue(Batch(s));
+    absl::SleepFor(absl::Milliseconds(300));
+  }
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const std::string during = ingest_.kinds();
+  const size_t first_batch = during.find('B');
+  ASSERT_NE(first_batch, std::string::npos);
+  int heartbeats = 0;
+  for (size_t i = first_batch; i < during.size(); ++i) {
+    if (during[i] != 'H') continue;
+    ++heartbeats;
+    EXPECT_EQ(during[i - 1], 'B') << "a heartbeat went alone while batches flowed: " << during;
+  }
+  // Each rides with the first batch after half a period: more than one a second, which
+  // heartbeats that each wait a whole period cannot be.
+  EXPECT_GT(heartbeats, seconds) << during;
+  // Batches stop: heartbeats go on alone.
+  EXPECT_TRUE(WaitFor([&] { return ingest_.kinds().size() > during.size(); }, absl::Seconds(15)));
+  EXPECT_EQ(ingest_.kinds().substr(during.size(), 1), "H");
 }
 
 TEST_F(ShipperTest, ResendsABatchRefusedAsUnavailable) {
