@@ -127,7 +127,7 @@ absl::Status Profiler::Poll(absl::Duration timeout) {
 void Profiler::AttachPythonCapture() {
   // From the first Python target on: hosts without one pay nothing at their samples.
   if (python_capture_ == nullptr || capture_attached_ || perf_ == nullptr ||
-      recorder_.python_targets() == 0) {
+      recorder_.python_targets() == 0 || python_capture_->program_fd() < 0) {
     return;
   }
   perf_->SetSampleProgram(python_capture_->program_fd());

@@ -1,5 +1,7 @@
 #include "agent/python/frame_capture.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -191,7 +193,8 @@ std::vector<bpf::Insn> FrameCaptureProgram(int threads_map, int scratch_map, int
   return std::move(b).Build();
 }
 
-absl::StatusOr<std::unique_ptr<FrameCapture>> FrameCapture::Create(uint32_t program_flags) {
+absl::StatusOr<FrameCapture::Loaded> FrameCapture::Load(uint32_t program_flags,
+                                                        uint32_t ring_bytes) {
   absl::StatusOr<base::UniqueFd> threads = bpf::CreateMap(
       BPF_MAP_TYPE_HASH, sizeof(uint32_t), sizeof(CaptureThread), kMaxThreads, "py_threads");
   if (!threads.ok()) return threads.status();
@@ -199,9 +202,9 @@ absl::StatusOr<std::unique_ptr<FrameCapture>> FrameCapture::Create(uint32_t prog
       bpf::CreateMap(BPF_MAP_TYPE_PERCPU_ARRAY, sizeof(uint32_t), kScratchBytes, 1, "py_record");
   if (!scratch.ok()) return scratch.status();
   absl::StatusOr<base::UniqueFd> ring =
-      bpf::CreateMap(BPF_MAP_TYPE_RINGBUF, 0, 0, kRingBytes, "py_frames");
+      bpf::CreateMap(BPF_MAP_TYPE_RINGBUF, 0, 0, ring_bytes, "py_frames");
   if (!ring.ok()) return ring.status();
-  absl::StatusOr<bpf::RingReader> reader = bpf::RingReader::Map(ring->get(), kRingBytes);
+  absl::StatusOr<bpf::RingReader> reader = bpf::RingReader::Map(ring->get(), ring_bytes);
   if (!reader.ok()) return reader.status();
   const std::vector<bpf::Insn> program =
       FrameCaptureProgram(threads->get(), scratch->get(), ring->get());
@@ -209,9 +212,15 @@ absl::StatusOr<std::unique_ptr<FrameCapture>> FrameCapture::Create(uint32_t prog
   absl::StatusOr<base::UniqueFd> loaded =
       bpf::LoadProgram(BPF_PROG_TYPE_PERF_EVENT, program, "py_frames", program_flags);
   if (!loaded.ok()) return loaded.status();
-  return std::unique_ptr<FrameCapture>(
-      new FrameCapture(std::move(*threads), std::move(*scratch), std::move(*ring),
-                       std::move(*reader), std::move(*loaded)));
+  return Loaded{std::move(*threads), std::move(*scratch), std::move(*ring), std::move(*reader),
+                std::move(*loaded)};
+}
+
+absl::StatusOr<std::unique_ptr<FrameCapture>> FrameCapture::Create(uint32_t program_flags) {
+  // The same program over a ring of one page: what the kernel and its verifier say of it.
+  absl::StatusOr<Loaded> probe = Load(program_flags, static_cast<uint32_t>(getpagesize()));
+  if (!probe.ok()) return probe.status();
+  return std::unique_ptr<FrameCapture>(new FrameCapture(program_flags));
 }
 
 FrameCapture::~FrameCapture() = default;
@@ -241,15 +250,22 @@ bool CaptureThread::Set(uint64_t tstate_address, uint32_t check_offset, uint64_t
 }
 
 absl::Status FrameCapture::Register(pid_t tid, const CaptureThread& thread) {
+  if (!loaded_.has_value()) {
+    absl::StatusOr<Loaded> loaded = Load(program_flags_, kRingBytes);
+    if (!loaded.ok()) return loaded.status();
+    loaded_.emplace(std::move(*loaded));
+  }
   const uint32_t key = static_cast<uint32_t>(tid);
-  if (absl::Status st = bpf::UpdateElement(threads_.get(), &key, &thread); !st.ok()) return st;
+  if (absl::Status st = bpf::UpdateElement(loaded_->threads.get(), &key, &thread); !st.ok()) {
+    return st;
+  }
   queues_.try_emplace(tid);
   return absl::OkStatus();
 }
 
 void FrameCapture::Forget(pid_t tid) {
   const uint32_t key = static_cast<uint32_t>(tid);
-  (void)bpf::DeleteElement(threads_.get(), &key);
+  if (loaded_.has_value()) (void)bpf::DeleteElement(loaded_->threads.get(), &key);
   if (auto it = queues_.find(tid); it != queues_.end()) {
     const Queue& q = it->second;
     for (size_t i = q.head; i < q.entries.size(); ++i) stats_.unmatched += !q.entries[i].used;
@@ -258,10 +274,12 @@ void FrameCapture::Forget(pid_t tid) {
 }
 
 void FrameCapture::Collect() {
+  if (!loaded_.has_value()) return;
+  bpf::RingReader& reader = loaded_->reader;
   std::span<const uint8_t> record;
   uint64_t position = 0;
   bool any = false;
-  while (reader_.Next(&record, &position)) {
+  while (reader.Next(&record, &position)) {
     any = true;
     RecordHeader header;
     if (record.size() < sizeof(header)) {
@@ -286,7 +304,7 @@ void FrameCapture::Collect() {
                          static_cast<uint32_t>(record.size()), false});
     q.bytes.insert(q.bytes.end(), record.begin(), record.end());
   }
-  if (any) reader_.Release(reader_.end());
+  if (any) reader.Release(reader.end());
 }
 
 void FrameCapture::DropBefore(Queue& q, size_t index) {
@@ -372,7 +390,8 @@ CaptureStats FrameCapture::stats() const {
 }
 
 bpf::ProgramRuns FrameCapture::runs() const {
-  absl::StatusOr<bpf::ProgramRuns> runs = bpf::RunsOf(program_.get());
+  if (!loaded_.has_value()) return {};
+  absl::StatusOr<bpf::ProgramRuns> runs = bpf::RunsOf(loaded_->program.get());
   return runs.ok() ? *runs : bpf::ProgramRuns{};
 }
 

@@ -19,7 +19,9 @@
 // Cost: the program runs in the target's time (a hash map lookup, two reads of the thread's
 // state and one per frame, a ring buffer record); bpf::RunsOf reports it when
 // kernel.bpf_stats_enabled is set. Needs root (CAP_BPF + CAP_PERFMON) and a 5.8+ kernel;
-// Create() fails otherwise and the agent reads memory.
+// Create() fails otherwise and the agent reads memory. Create() only checks that the program
+// loads (with a one-page ring); the maps, the 8 MiB ring and the program are made at the
+// first Register: an agent with no Python target holds none of them.
 //
 // Single-threaded (the agent's main loop). Find allocates only while a thread's queue grows.
 #ifndef STRATA_AGENT_PYTHON_FRAME_CAPTURE_H_
@@ -29,6 +31,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -100,8 +103,9 @@ class FrameCapture {
   static absl::StatusOr<std::unique_ptr<FrameCapture>> Create(uint32_t program_flags = 0);
   ~FrameCapture();
 
-  // The program to attach to CPU-time perf events (PERF_EVENT_IOC_SET_BPF).
-  int program_fd() const { return program_.get(); }
+  // The program to attach to CPU-time perf events (PERF_EVENT_IOC_SET_BPF); -1 until a
+  // thread was registered.
+  int program_fd() const { return loaded_.has_value() ? loaded_->program.get() : -1; }
 
   // Thread `tid`'s samples carry its frames from now on.
   absl::Status Register(pid_t tid, const CaptureThread& thread);
@@ -130,13 +134,15 @@ class FrameCapture {
     std::vector<uint8_t> bytes;
   };
 
-  FrameCapture(base::UniqueFd threads, base::UniqueFd scratch, base::UniqueFd ring,
-               bpf::RingReader reader, base::UniqueFd program)
-      : threads_(std::move(threads)),
-        scratch_(std::move(scratch)),
-        ring_(std::move(ring)),
-        reader_(std::move(reader)),
-        program_(std::move(program)) {}
+  // The maps and the program, with a ring of `ring_bytes`.
+  struct Loaded {
+    base::UniqueFd threads, scratch, ring;
+    bpf::RingReader reader;
+    base::UniqueFd program;
+  };
+  static absl::StatusOr<Loaded> Load(uint32_t program_flags, uint32_t ring_bytes);
+
+  explicit FrameCapture(uint32_t program_flags) : program_flags_(program_flags) {}
 
   // Moves the ring's new records to their threads' queues.
   void Collect();
@@ -144,9 +150,8 @@ class FrameCapture {
   // snapshot found before is invalid then).
   void DropBefore(Queue& queue, size_t index);
 
-  base::UniqueFd threads_, scratch_, ring_;
-  bpf::RingReader reader_;
-  base::UniqueFd program_;
+  const uint32_t program_flags_;
+  std::optional<Loaded> loaded_;  // from the first Register on
   absl::flat_hash_map<pid_t, Queue> queues_;  // the registered threads
   FrameSnapshot found_;  // its frames lie in its queue's bytes
   CaptureStats stats_;

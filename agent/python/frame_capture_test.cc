@@ -13,14 +13,21 @@ namespace {
 
 // Loaded here, and as the verifier of an architecture without efficient unaligned access
 // (MIPS64) would check it. A kernel without BPF, or an agent that may not load programs,
-// skips; a refusal by the verifier is a failure.
+// skips; a refusal by the verifier is a failure. The program that runs, with its ring, is
+// made at the first thread registered, not before.
 TEST(FrameCaptureTest, TheVerifierAcceptsTheProgram) {
+  absl::StatusOr<Offsets> offsets = OffsetsForVersion(3, 11);
+  ASSERT_TRUE(offsets.ok());
+  CaptureThread thread;
+  ASSERT_TRUE(thread.Set(0x1000, offsets->tstate_native_thread_id, 42, 7, *offsets));
   for (const uint32_t flags : {0u, static_cast<uint32_t>(BPF_F_STRICT_ALIGNMENT)}) {
     absl::StatusOr<std::unique_ptr<FrameCapture>> capture = FrameCapture::Create(flags);
     if (absl::IsUnavailable(capture.status()) || absl::IsPermissionDenied(capture.status())) {
       GTEST_SKIP() << "no BPF here: " << capture.status();
     }
     ASSERT_TRUE(capture.ok()) << "flags " << flags << ": " << capture.status();
+    EXPECT_EQ((*capture)->program_fd(), -1);
+    ASSERT_TRUE((*capture)->Register(1234, thread).ok()) << "flags " << flags;
     EXPECT_GE((*capture)->program_fd(), 0);
   }
 }
