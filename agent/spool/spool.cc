@@ -211,7 +211,7 @@ Spool::Spool(SpoolOptions options, std::string path, int lock_fd)
 
 Spool::~Spool() {
   // An agent that stops with batches unacknowledged leaves them on the disk.
-  if (sync_due_ != absl::InfiniteFuture()) (void)SyncAll();
+  if (!entries_.empty() && (graph_unsynced_ || unsynced_segment_ != nullptr)) (void)SyncAll();
   for (auto& s : segments_) {
     if (s->fd >= 0) close(s->fd);
   }

@@ -25,10 +25,10 @@
 // is synced to the disk (fdatasync, the graph first) once it has waited `sync_delay` for the
 // server's acknowledgement: an acknowledged batch is the server's to keep, so an agent whose
 // server answers within the delay writes its batches and never waits for the disk. A power
-// loss can take the batches of the last `sync_delay`. Only the batch bytes are on disk: memory holds an index entry per
-// batch, so the agent stays flat however long the server is away. Past `max_bytes` the
-// oldest segment is dropped (counted). A batch that cannot be written (disk full) is kept in
-// memory and counted, so shipping goes on.
+// loss can take the batches of the last `sync_delay`. Only the batch bytes are on disk:
+// memory holds an index entry per batch, so the agent stays flat however long the server is
+// away. Past `max_bytes` the oldest segment is dropped (counted). A batch that cannot be
+// written (disk full) is kept in memory and counted, so shipping goes on.
 //
 // Not thread-safe: the shipper calls it under its own lock.
 #ifndef STRATA_AGENT_SPOOL_SPOOL_H_
