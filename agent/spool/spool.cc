@@ -655,8 +655,10 @@ void Spool::AckThrough(uint64_t sequence) {
       PutU32(base::Crc32c(std::string_view(buf, 8)), buf + 8);
       // The whole file is this record: a longer one (damaged, or left by something else)
       // reads as no acknowledgement at all, and every acknowledged batch came back.
-      if (pwrite(acked_fd_, buf, sizeof buf, 0) == static_cast<ssize_t>(sizeof buf)) {
-        (void)ftruncate(acked_fd_, sizeof buf);
+      // (Once cut to one record, later writes of the same size keep it so.)
+      if (pwrite(acked_fd_, buf, sizeof buf, 0) == static_cast<ssize_t>(sizeof buf) &&
+          !acked_file_cut_) {
+        acked_file_cut_ = ftruncate(acked_fd_, sizeof buf) == 0;
       }
     }
   }

@@ -174,6 +174,7 @@ class Spool {
   const int lock_fd_;
   int graph_fd_ = -1;
   int acked_fd_ = -1;
+  bool acked_file_cut_ = false;  // the acked file holds one record's bytes, no more
   uint64_t acked_through_ = 0;  // the server has every batch up to here
   uint64_t graph_bytes_ = 0;
   std::deque<std::unique_ptr<Segment>> segments_;  // oldest first; the last takes appends
