@@ -160,7 +160,7 @@ absl::StatusOr<std::unique_ptr<AgentApp>> AgentApp::Create(AgentOptions options)
 AgentApp::AgentApp(AgentOptions options) : options_(std::move(options)) {}
 
 AgentApp::~AgentApp() {
-  // The shipper's reader thread hands control messages to the captures, destroyed first.
+  // The shipper's thread hands control messages to the captures, destroyed first.
   if (shipper_ != nullptr) shipper_->Stop();
 }
 
@@ -189,7 +189,7 @@ absl::Status AgentApp::Start() {
       CaptureController::Sink{
           [this](v1::SampleBatch b) { shipper_->Enqueue(std::move(b)); },
           [this](v1::CaptureStatus s) { shipper_->SendStatus(std::move(s)); }});
-  // Control messages arrive on the shipper's reader thread; the main loop applies them.
+  // Control messages arrive on the shipper's thread; the main loop applies them.
   shipper_->SetControlHandler([this](const v1::ServerMessage& m) {
     captures_->HandleMessage(m);
     profiler_->Wake();

@@ -14,7 +14,7 @@
 // Nothing here depends on the architecture: x86-64 and MIPS64 agents receive the same control
 // messages over the same ingest stream.
 //
-// Thread model: HandleMessage() is called on the shipper's reader thread and only queues;
+// Thread model: HandleMessage() is called on the shipper's thread and only queues;
 // everything else runs on the agent's main loop thread (the one that owns the sessions).
 #ifndef STRATA_AGENT_CORE_CAPTURE_CONTROLLER_H_
 #define STRATA_AGENT_CORE_CAPTURE_CONTROLLER_H_

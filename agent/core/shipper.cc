@@ -93,6 +93,7 @@ void Shipper::Enqueue(v1::SampleBatch batch) {
                  spool_->stats().samples_dropped);
   }
   stats_.spool = spool_->stats();
+  WakeSessionLocked();
 }
 
 void Shipper::SyncSpoolIfDue() {
@@ -114,6 +115,7 @@ bool Shipper::AwaitSyncingSpool(const absl::Condition& condition, absl::Time dea
 void Shipper::SendStatus(v1::CaptureStatus status) {
   absl::MutexLock lock(&mu_);
   statuses_.push_back(std::move(status));
+  WakeSessionLocked();
 }
 
 void Shipper::SetTargets(std::vector<v1::Target> targets) {
@@ -128,11 +130,13 @@ void Shipper::SetTargets(std::vector<v1::Target> targets) {
   if (same(targets, targets_)) return;
   targets_ = std::move(targets);
   targets_sent_ = false;
+  WakeSessionLocked();
 }
 
 bool Shipper::Flush(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   flushing_ = true;  // a reconnect waiting out its backoff goes now
+  WakeSessionLocked();
   auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return spool_->empty(); };
   return mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
 }
@@ -141,6 +145,7 @@ void Shipper::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    WakeSessionLocked();
   }
   if (thread_.joinable()) thread_.join();
 }
@@ -296,10 +301,96 @@ v1::AgentMessage Shipper::Heartbeat() {
   return m;
 }
 
+namespace {
+
+// Tags of a session's completion queue. The stream has at most one read, one write and one
+// wake-up in flight, and the handshake one operation at a time.
+void* const kStarted = reinterpret_cast<void*>(1);
+void* const kWritten = reinterpret_cast<void*>(2);
+void* const kReadDone = reinterpret_cast<void*>(3);
+void* const kFinished = reinterpret_cast<void*>(4);
+void* const kWoken = reinterpret_cast<void*>(5);
+
+// The outcome of the one operation in flight, `tag`.
+bool AwaitOne(grpc::CompletionQueue& cq, void* tag) {
+  void* got = nullptr;
+  bool ok = false;
+  return cq.Next(&got, &ok) && ok && got == tag;
+}
+
+}  // namespace
+
+void Shipper::WakeSessionLocked() {
+  if (session_alarm_ == nullptr || wake_pending_) return;
+  wake_pending_ = true;
+  // A deadline already past: the alarm fires at once, from this thread, with no timer.
+  session_alarm_->Set(session_cq_, gpr_inf_past(GPR_CLOCK_MONOTONIC), kWoken);
+}
+
+void Shipper::TakeRound(std::deque<v1::AgentMessage>* out) {
+  if (!targets_sent_ && !targets_.empty()) {
+    v1::AgentMessage m = Heartbeat();
+    for (const auto& t : targets_) *m.mutable_heartbeat()->add_targets() = t;
+    out->push_back(std::move(m));
+    targets_sent_ = true;
+  }
+  while (!statuses_.empty()) {
+    v1::AgentMessage m;
+    *m.mutable_capture_status() = std::move(statuses_.front());
+    statuses_.pop_front();
+    out->push_back(std::move(m));
+  }
+  // A bounded part of the spool per round: after a long outage it is far larger than the
+  // agent's memory should be.
+  size_t out_bytes = 0;
+  for (size_t i = 0; i < spool_->size() && out_bytes < kMaxBytesPerRound; ++i) {
+    const spool::Spool::Entry& entry = spool_->entry(i);
+    if (entry.sequence < next_send_) continue;
+    auto batch = spool_->Read(i);
+    if (!batch.ok()) {
+      // Unreadable (the disk changed under us): it can never be sent.
+      LogError("spool: batch {} lost: {}", entry.sequence, batch.status().ToString());
+      spool_->Remove(entry.sequence);
+      --i;
+      continue;
+    }
+    // The graph the batch needs, in messages of bounded size.
+    while (sent_edges_ < batch->epoch() || sent_nodes_ < graph_->num_nodes()) {
+      v1::AgentMessage delta;
+      *delta.mutable_graph_delta() = graph_->DeltaFrom(sent_nodes_, sent_edges_);
+      const v1::GraphDelta& d = delta.graph_delta();
+      sent_nodes_ = d.first_node() + d.nodes_size();
+      sent_edges_ = d.first_edge() + d.edges_size();
+      if (d.nodes_size() == 0 && d.edges_size() == 0) break;
+      encoding::PackDeltaEdges(delta.mutable_graph_delta());
+      out->push_back(std::move(delta));
+    }
+    v1::AgentMessage m;
+    *m.mutable_sample_batch() = std::move(*batch);
+    out_bytes += m.ByteSizeLong();
+    out->push_back(std::move(m));
+    next_send_ = entry.sequence + 1;
+  }
+}
+
 void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
+  // One thread and one completion queue for the stream's writes, reads and wake-ups: a batch
+  // written and its acknowledgement read cross no other thread.
   grpc::ClientContext context;
   options_.security.Authorize(&context);
-  auto stream = stub->Connect(&context);
+  grpc::CompletionQueue cq;
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::AgentMessage, v1::ServerMessage>> stream =
+      stub->PrepareAsyncConnect(&context, &cq);
+  // Every operation started is waited for before the queue goes.
+  auto finish = [&](grpc::Status* status) {
+    stream->Finish(status, kFinished);
+    (void)AwaitOne(cq, kFinished);
+    cq.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq.Next(&tag, &ok)) {
+    }
+  };
   v1::AgentMessage hello_message;
   v1::Hello* hello = hello_message.mutable_hello();
   hello->set_agent_id(options_.agent_id);
@@ -310,7 +401,17 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
   hello->set_frequency_hz(options_.frequency_hz);
   for (const auto& [k, v] : options_.labels) (*hello->mutable_labels())[k] = v;
   v1::ServerMessage welcome;
-  if (!stream->Write(hello_message) || !stream->Read(&welcome) || !welcome.has_welcome()) {
+  stream->StartCall(kStarted);
+  bool ok = AwaitOne(cq, kStarted);
+  if (ok) {
+    stream->Write(hello_message, kWritten);
+    ok = AwaitOne(cq, kWritten);
+  }
+  if (ok) {
+    stream->Read(&welcome, kReadDone);
+    ok = AwaitOne(cq, kReadDone);
+  }
+  if (!ok || !welcome.has_welcome()) {
     if (welcome.has_redirect()) {
       // The Redirect is the server's last message: the agent leaves without waiting for the
       // stream's end.
@@ -322,7 +423,9 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
     // message is then still unread, and Finish would wait for ever for a status that gRPC
     // delivers only after every message has been read.
     v1::ServerMessage unread;
-    while (stream->Read(&unread)) {
+    for (;;) {
+      stream->Read(&unread, kReadDone);
+      if (!AwaitOne(cq, kReadDone)) break;
       if (!welcome.has_error() && unread.has_error()) welcome = std::move(unread);
     }
     if (welcome.has_error() && welcome.error().retry_after_ms() > 0) {
@@ -330,17 +433,18 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
       absl::MutexLock lock(&mu_);
       retry_after_ = absl::Milliseconds(welcome.error().retry_after_ms());
     }
-    grpc::Status status = stream->Finish();
+    grpc::Status status;
+    finish(&status);
     if (welcome.has_redirect()) return;  // Run() logs it
     LogWarn("cannot connect to strata-server at {}: {}", address,
                  status.ok() ? "stream closed" : status.error_message());
     return;
   }
+  grpc::Alarm alarm;
   {
     absl::MutexLock lock(&mu_);
     ++stats_.connects;
     stats_.connected = true;
-    stream_broken_ = false;
     sent_nodes_ = welcome.welcome().known_nodes();
     sent_edges_ = welcome.welcome().known_edges();
     // Batches the server applied before a lost Ack are done; the rest go (again).
@@ -349,114 +453,112 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
     stats_.batches_acked += before - spool_->size();
     next_send_ = 0;
     targets_sent_ = false;
+    session_cq_ = &cq;
+    session_alarm_ = &alarm;
+    wake_pending_ = false;
   }
   LogInfo("connected to strata-server at {} (server has {} nodes, {} edges)",
                address, welcome.welcome().known_nodes(), welcome.welcome().known_edges());
 
-  // Messages are handled where they arrive: an Ack wakes no other thread (the writer wakes
-  // only when one leaves it work: a resend, a Redirect, a broken stream).
-  std::thread reader([&] {
-    v1::ServerMessage m;
-    while (stream->Read(&m)) {
-      absl::MutexLock lock(&mu_);
-      HandleServerMessage(m);
-    }
-    absl::MutexLock lock(&mu_);
-    stream_broken_ = true;
-  });
-
+  v1::ServerMessage incoming;
+  stream->Read(&incoming, kReadDone);
+  bool read_pending = true;
+  std::deque<v1::AgentMessage> queue;  // the round's messages; the first is being written
+  bool write_pending = false;
+  bool broken = false;
   absl::Time last_heartbeat = absl::Now();
-  bool ok = true;
-  while (ok) {
-    std::vector<v1::AgentMessage> out;
+  for (;;) {
+    absl::Time deadline;
     {
       absl::MutexLock lock(&mu_);
-      auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        if (stopping_ || stream_broken_ || redirect_.has_value() || !statuses_.empty()) {
-          return true;
-        }
-        if (!targets_sent_ && !targets_.empty()) return true;
-        return !spool_->empty() && spool_->entry(spool_->size() - 1).sequence >= next_send_;
-      };
-      // Sleeps until there is work or the next heartbeat is due, not on a short timer.
-      AwaitSyncingSpool(absl::Condition(&work),
-                        last_heartbeat + options_.heartbeat + options_.heartbeat / 10);
-      // After a Redirect nothing more goes to this server: the owners get it all.
-      if (stream_broken_ || redirect_.has_value()) break;
-      if (stopping_) {
-        // Stop after the spool is acknowledged or the caller gave up waiting (Flush).
-        break;
+      SyncSpoolIfDue();
+      // After a Redirect nothing more goes to this server: the owners get it all. Stop after
+      // the spool is acknowledged or the caller gave up waiting (Flush).
+      if (broken || stopping_ || redirect_.has_value()) break;
+      // The next round once this one is written: at most kMaxBytesPerRound in memory.
+      const bool new_round = queue.empty();
+      if (new_round) TakeRound(&queue);
+      // A heartbeat, with the agent's health, every period whether or not batches flow: it
+      // keeps an idle stream alive, and an agent that ships every interval still reports its
+      // health. Past half its period it goes with whatever this round writes, so an agent
+      // whose interval is about the period wakes for no heartbeat of its own (one due alone
+      // waits a tenth of a period more for a batch to go with).
+      const absl::Duration since_heartbeat = absl::Now() - last_heartbeat;
+      if (new_round && (since_heartbeat > options_.heartbeat ||
+                        (!queue.empty() && since_heartbeat > options_.heartbeat / 2))) {
+        queue.push_back(Heartbeat());
+        last_heartbeat = absl::Now();
       }
-      if (!targets_sent_ && !targets_.empty()) {
-        v1::AgentMessage m = Heartbeat();
-        for (const auto& t : targets_) *m.mutable_heartbeat()->add_targets() = t;
-        out.push_back(std::move(m));
-        targets_sent_ = true;
-      }
-      while (!statuses_.empty()) {
-        v1::AgentMessage m;
-        *m.mutable_capture_status() = std::move(statuses_.front());
-        statuses_.pop_front();
-        out.push_back(std::move(m));
-      }
-      // A bounded part of the spool per round: after a long outage it is far larger than
-      // the agent's memory should be.
-      size_t out_bytes = 0;
-      for (size_t i = 0; i < spool_->size() && out_bytes < kMaxBytesPerRound; ++i) {
-        const spool::Spool::Entry& entry = spool_->entry(i);
-        if (entry.sequence < next_send_) continue;
-        auto batch = spool_->Read(i);
-        if (!batch.ok()) {
-          // Unreadable (the disk changed under us): it can never be sent.
-          LogError("spool: batch {} lost: {}", entry.sequence, batch.status().ToString());
-          spool_->Remove(entry.sequence);
-          --i;
-          continue;
-        }
-        // The graph the batch needs, in messages of bounded size.
-        while (sent_edges_ < batch->epoch() || sent_nodes_ < graph_->num_nodes()) {
-          v1::AgentMessage delta;
-          *delta.mutable_graph_delta() = graph_->DeltaFrom(sent_nodes_, sent_edges_);
-          const v1::GraphDelta& d = delta.graph_delta();
-          sent_nodes_ = d.first_node() + d.nodes_size();
-          sent_edges_ = d.first_edge() + d.edges_size();
-          if (d.nodes_size() == 0 && d.edges_size() == 0) break;
-          encoding::PackDeltaEdges(delta.mutable_graph_delta());
-          out.push_back(std::move(delta));
-        }
-        v1::AgentMessage m;
-        *m.mutable_sample_batch() = std::move(*batch);
-        out_bytes += m.ByteSizeLong();
-        out.push_back(std::move(m));
-        next_send_ = entry.sequence + 1;
-      }
+      deadline = std::min(last_heartbeat + options_.heartbeat + options_.heartbeat / 10,
+                          spool_->sync_due());
     }
-    // A heartbeat, with the agent's health, every period whether or not batches flow: it keeps
-    // an idle stream alive, and an agent that ships every interval still reports its health.
-    // Past half its period it goes with whatever this round writes, so an agent whose
-    // interval is about the period wakes for no heartbeat of its own (one due alone waits a
-    // tenth of a period more for a batch to go with).
-    const absl::Duration since_heartbeat = absl::Now() - last_heartbeat;
-    if (since_heartbeat > options_.heartbeat ||
-        (!out.empty() && since_heartbeat > options_.heartbeat / 2)) {
-      absl::MutexLock lock(&mu_);
-      out.push_back(Heartbeat());
-      last_heartbeat = absl::Now();
+    if (!write_pending && !queue.empty()) {
+      stream->Write(queue.front(), kWritten);
+      write_pending = true;
     }
-    for (const auto& m : out) {
-      const size_t bytes = m.ByteSizeLong();
-      if (!stream->Write(m)) {
-        ok = false;
-        break;
+    void* tag = nullptr;
+    bool op_ok = false;
+    const grpc::CompletionQueue::NextStatus next =
+        cq.AsyncNext(&tag, &op_ok, absl::ToChronoTime(deadline));
+    if (next == grpc::CompletionQueue::TIMEOUT) continue;
+    if (next == grpc::CompletionQueue::SHUTDOWN) break;
+    if (tag == kReadDone) {
+      read_pending = false;
+      if (!op_ok) {
+        broken = true;
+        continue;
       }
+      {
+        absl::MutexLock lock(&mu_);
+        HandleServerMessage(incoming);
+      }
+      stream->Read(&incoming, kReadDone);
+      read_pending = true;
+    } else if (tag == kWritten) {
+      write_pending = false;
+      if (!op_ok) {
+        broken = true;
+        continue;
+      }
+      const size_t bytes = queue.front().ByteSizeLong();
+      queue.pop_front();
       absl::MutexLock lock(&mu_);
       stats_.bytes_sent += bytes;
+    } else if (tag == kWoken) {
+      absl::MutexLock lock(&mu_);
+      wake_pending_ = false;
     }
   }
-  stream->WritesDone();
+  {
+    absl::MutexLock lock(&mu_);
+    session_alarm_ = nullptr;
+    session_cq_ = nullptr;
+    if (wake_pending_) alarm.Cancel();
+  }
+  // Ends the stream; the read, write and wake-up in flight come back (failed) first.
   context.TryCancel();
-  reader.join();
-  grpc::Status status = stream->Finish();
+  grpc::Status status;
+  auto drain = [&](void* tag) {
+    if (tag == kReadDone) read_pending = false;
+    if (tag == kWritten) write_pending = false;
+    if (tag == kWoken) {
+      absl::MutexLock lock(&mu_);
+      wake_pending_ = false;
+    }
+  };
+  for (;;) {
+    bool alarm_pending;
+    {
+      absl::MutexLock lock(&mu_);
+      alarm_pending = wake_pending_;
+    }
+    if (!read_pending && !write_pending && !alarm_pending) break;
+    void* tag = nullptr;
+    bool op_ok = false;
+    if (!cq.Next(&tag, &op_ok)) break;
+    drain(tag);
+  }
+  finish(&status);
   absl::MutexLock lock(&mu_);
   stats_.connected = false;
   if (!stopping_ && !redirect_.has_value()) {

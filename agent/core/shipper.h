@@ -9,8 +9,7 @@
 // server asks. Before a batch goes out, the graph nodes and edges it is encoded against are
 // sent; after a reconnect the server's Welcome says which part of the graph it already has
 // and which batches it applied. Server control messages (captures, rates) are passed to the
-// control handler on the shipper's reader thread, which handles every server message as it
-// arrives (an Ack wakes no other thread).
+// control handler on the shipper's thread.
 //
 // Servers: a list of addresses (the nodes of a cluster, or one server). The first connection
 // goes to the first address; after a failed connection or a stream that ended, the next one
@@ -20,9 +19,14 @@
 // are resent after every reconnect; the server applies each (agent, sequence) once.
 //
 // Thread model: Enqueue/Flush/Stop from any thread; one internal thread writes to the stream
-// and one reads from it. The shipper owns the spool's use; the caller keeps it alive.
+// and reads from it (gRPC's asynchronous API on one completion queue, woken by an alarm when
+// there is work), so a batch and its acknowledgement cross no other thread of the agent's.
+// The shipper owns the spool's use; the caller keeps it alive.
 #ifndef STRATA_AGENT_CORE_SHIPPER_H_
 #define STRATA_AGENT_CORE_SHIPPER_H_
+
+#include <grpcpp/alarm.h>
+#include <grpcpp/completion_queue.h>
 
 #include <cstdint>
 #include <deque>
@@ -110,6 +114,11 @@ class Shipper {
   void HandleServerMessage(const v1::ServerMessage& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A heartbeat with the agent's health.
   v1::AgentMessage Heartbeat() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The messages that go next: the targets when they changed, capture statuses, and batches
+  // from the spool (at most kMaxBytesPerRound) after the graph they need.
+  void TakeRound(std::deque<v1::AgentMessage>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes the session's thread (there is work for it).
+  void WakeSessionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Syncs the spool's unacknowledged writes once they are due (Spool::SyncIfDue).
   void SyncSpoolIfDue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // mu_.AwaitWithDeadline that syncs the spool when that falls due while it waits.
@@ -132,7 +141,10 @@ class Shipper {
   bool targets_sent_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool flushing_ ABSL_GUARDED_BY(mu_) = false;  // Flush() waits: reconnect without backoff
-  bool stream_broken_ ABSL_GUARDED_BY(mu_) = false;
+  // The connected session's queue and its wake-up (null between sessions).
+  grpc::CompletionQueue* session_cq_ ABSL_GUARDED_BY(mu_) = nullptr;
+  grpc::Alarm* session_alarm_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool wake_pending_ ABSL_GUARDED_BY(mu_) = false;  // the alarm is set
   uint32_t sent_nodes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t sent_edges_ ABSL_GUARDED_BY(mu_) = 0;
   // Set when the server ends the stream for lack of resources: the least wait before the
