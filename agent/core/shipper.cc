@@ -136,7 +136,6 @@ void Shipper::SetTargets(std::vector<v1::Target> targets) {
 bool Shipper::Flush(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   flushing_ = true;  // a reconnect waiting out its backoff goes now
-  WakeSessionLocked();
   auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return spool_->empty(); };
   return mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
 }
@@ -529,35 +528,27 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
       wake_pending_ = false;
     }
   }
+  bool alarm_pending;
   {
+    // No other thread sets the alarm from here on.
     absl::MutexLock lock(&mu_);
     session_alarm_ = nullptr;
     session_cq_ = nullptr;
-    if (wake_pending_) alarm.Cancel();
+    alarm_pending = wake_pending_;
+    wake_pending_ = false;
   }
+  if (alarm_pending) alarm.Cancel();
   // Ends the stream; the read, write and wake-up in flight come back (failed) first.
   context.TryCancel();
-  grpc::Status status;
-  auto drain = [&](void* tag) {
-    if (tag == kReadDone) read_pending = false;
-    if (tag == kWritten) write_pending = false;
-    if (tag == kWoken) {
-      absl::MutexLock lock(&mu_);
-      wake_pending_ = false;
-    }
-  };
-  for (;;) {
-    bool alarm_pending;
-    {
-      absl::MutexLock lock(&mu_);
-      alarm_pending = wake_pending_;
-    }
-    if (!read_pending && !write_pending && !alarm_pending) break;
+  while (read_pending || write_pending || alarm_pending) {
     void* tag = nullptr;
     bool op_ok = false;
     if (!cq.Next(&tag, &op_ok)) break;
-    drain(tag);
+    read_pending &= tag != kReadDone;
+    write_pending &= tag != kWritten;
+    alarm_pending &= tag != kWoken;
   }
+  grpc::Status status;
   finish(&status);
   absl::MutexLock lock(&mu_);
   stats_.connected = false;
