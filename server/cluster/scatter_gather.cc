@@ -59,23 +59,40 @@ void ScatterGather::NoteDeparted(std::vector<std::string>* unreachable) const {
   }
 }
 
+absl::StatusOr<NodeAnswers<v1::HostTotalsResponse>> ScatterGather::AskHostTotals(
+    const std::vector<RingMember>& nodes, const v1::LocalProfileRequest& request,
+    std::vector<std::string>* unreachable) {
+  return AskEach(
+      nodes, &ClusterService::RunHostTotals, &v1::Cluster::Stub::HostTotals,
+      [&](size_t) -> const v1::LocalProfileRequest& { return request; }, unreachable);
+}
+
 absl::StatusOr<HostPick> ScatterGather::PickHosts(const v1::LocalProfileRequest& request,
                                                   std::vector<std::string>* unreachable) {
   const std::shared_ptr<const Ring> ring = membership_->ring();
-  const std::vector<RingMember>& nodes = ring->members();
-  auto totals = AskEach(
-      nodes, &ClusterService::RunHostTotals, &v1::Cluster::Stub::HostTotals,
-      [&](size_t) -> const v1::LocalProfileRequest& { return request; }, unreachable);
+  auto totals = AskHostTotals(ring->members(), request, unreachable);
   if (!totals.ok()) return totals.status();
+  return ChooseHosts(ring->members(), *totals, request);
+}
+
+HostPick ChooseHosts(const std::vector<RingMember>& nodes,
+                     const NodeAnswers<v1::HostTotalsResponse>& totals,
+                     const v1::LocalProfileRequest& request,
+                     const std::set<std::string>& excluded, const std::set<std::string>* only) {
   std::map<std::string, size_t> index_of;  // node ID -> index in `nodes`
   for (size_t i = 0; i < nodes.size(); ++i) index_of[nodes[i].id] = i;
   std::map<std::string, std::pair<uint64_t, size_t>> best;  // host -> (samples, node index)
-  for (const auto& [node, answer] : *totals) {
-    const size_t i = index_of[node];
+  for (const auto& [node, answer] : totals) {
+    auto at = index_of.find(node);
+    if (at == index_of.end() || excluded.contains(node)) continue;
     for (const auto& [host, samples] : answer.hosts()) {
-      auto [it, inserted] = best.try_emplace(host, samples, i);
-      // Ties go to the node first in ID order: any replica would do.
-      if (!inserted && samples > it->second.first) it->second = {samples, i};
+      if (only != nullptr && !only->contains(host)) continue;
+      auto [it, inserted] = best.try_emplace(host, samples, at->second);
+      // Ties go to the node first in ring order: any replica would do.
+      if (!inserted && (samples > it->second.first ||
+                        (samples == it->second.first && at->second < it->second.second))) {
+        it->second = {samples, at->second};
+      }
     }
   }
   std::vector<std::vector<std::string>> hosts_of(nodes.size());

@@ -12,6 +12,9 @@
 //    each host from the node holding the most of them (replicas of a host hold the same
 //    batches, so the largest is the complete one when another missed some, and summing
 //    replicas would count them twice); phase 2 asks each node for the hosts it was given.
+//    A node that answered phase 1 but not phase 2 (it stopped or timed out in between) is
+//    named, and its hosts are asked once more of their other replicas, so the answer stays
+//    whole where every host has one.
 //
 // ScatterGather borrows the membership, the channels and this node's ClusterService.
 #ifndef STRATA_SERVER_CLUSTER_SCATTER_GATHER_H_
@@ -22,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,6 +59,16 @@ struct HostPick {
   std::map<std::string, uint64_t> host_samples;
 };
 
+// Phase 1's choice from the nodes' samples per host (`totals`, by node ID; `nodes`: the ring
+// they were asked from, whose order breaks ties): each host goes to the node holding the most
+// of its samples, passing over the nodes in `excluded`; with `only`, hosts outside it are
+// left out. Each node given hosts is asked `request` narrowed to them.
+HostPick ChooseHosts(const std::vector<RingMember>& nodes,
+                     const NodeAnswers<v1::HostTotalsResponse>& totals,
+                     const v1::LocalProfileRequest& request,
+                     const std::set<std::string>& excluded = {},
+                     const std::set<std::string>* only = nullptr);
+
 // A two-phase answer: each picked node's part, and phase 1's samples per host.
 template <typename Response>
 struct HostParts {
@@ -75,7 +89,8 @@ class ScatterGather {
                                                      std::vector<std::string>* unreachable);
 
   // Both phases for `request`: phase 1 (PickHosts), then the call on each node given hosts,
-  // for them; then the down nodes.
+  // for them, and once more on other replicas for the hosts of nodes that did not answer;
+  // then the down nodes.
   template <typename Response>
   absl::StatusOr<HostParts<Response>> AskByHost(
       LocalForm<v1::LocalProfileRequest, Response> local,
@@ -103,6 +118,10 @@ class ScatterGather {
                                                 RemoteForm<Request, Response> remote,
                                                 RequestOf request_of,
                                                 std::vector<std::string>* unreachable);
+  // Phase 1: each of `nodes`' samples per host for `request`.
+  absl::StatusOr<NodeAnswers<v1::HostTotalsResponse>> AskHostTotals(
+      const std::vector<RingMember>& nodes, const v1::LocalProfileRequest& request,
+      std::vector<std::string>* unreachable);
   // Names the down nodes in `unreachable` when, with the nodes already there, as many are
   // away as there are replicas.
   void NoteDeparted(std::vector<std::string>* unreachable) const;
@@ -154,15 +173,39 @@ absl::StatusOr<HostParts<Response>> ScatterGather::AskByHost(
     LocalForm<v1::LocalProfileRequest, Response> local,
     RemoteForm<v1::LocalProfileRequest, Response> remote, const v1::LocalProfileRequest& request,
     std::vector<std::string>* unreachable) {
-  auto pick = PickHosts(request, unreachable);
-  if (!pick.ok()) return pick.status();
-  auto parts = AskEach(
-      pick->nodes, local, remote,
-      [&](size_t i) -> const v1::LocalProfileRequest& { return pick->requests[i]; },
-      unreachable);
-  NoteDeparted(unreachable);
+  const std::shared_ptr<const Ring> ring = membership_->ring();
+  auto totals = AskHostTotals(ring->members(), request, unreachable);
+  if (!totals.ok()) return totals.status();
+  HostPick pick = ChooseHosts(ring->members(), *totals, request);
+  auto ask = [&](const HostPick& p) {
+    return AskEach(
+        p.nodes, local, remote,
+        [&](size_t i) -> const v1::LocalProfileRequest& { return p.requests[i]; }, unreachable);
+  };
+  auto parts = ask(pick);
   if (!parts.ok()) return parts.status();
-  return HostParts<Response>{*std::move(parts), std::move(pick->host_samples)};
+  // Nodes given hosts that did not answer: their hosts from the other replicas.
+  std::set<std::string> failed, orphaned;
+  for (size_t i = 0, answered = 0; i < pick.nodes.size(); ++i) {
+    if (answered < parts->size() && (*parts)[answered].first == pick.nodes[i].id) {
+      ++answered;
+      continue;
+    }
+    failed.insert(pick.nodes[i].id);
+    for (const std::string& host : pick.requests[i].hosts()) {
+      orphaned.insert(host);
+      pick.host_samples.erase(host);
+    }
+  }
+  if (!orphaned.empty()) {
+    const HostPick again = ChooseHosts(ring->members(), *totals, request, failed, &orphaned);
+    auto more = ask(again);
+    if (!more.ok()) return more.status();
+    for (auto& part : *more) parts->push_back(std::move(part));
+    pick.host_samples.insert(again.host_samples.begin(), again.host_samples.end());
+  }
+  NoteDeparted(unreachable);
+  return HostParts<Response>{*std::move(parts), std::move(pick.host_samples)};
 }
 
 }  // namespace strata::server::cluster
