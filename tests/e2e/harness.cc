@@ -103,6 +103,29 @@ int ChildProcess::Stop(int signal, double timeout_s) {
   return status_;
 }
 
+bool ChildProcess::Pause(double timeout_s) {
+  if (!running()) return false;
+  kill(pid_, SIGSTOP);
+  const double deadline = Now() + timeout_s;
+  while (Now() < deadline) {
+    int status;
+    // The parent hears of the stop once the last thread of the process has stopped.
+    const pid_t changed = waitpid(pid_, &status, WUNTRACED | WNOHANG);
+    if (changed == pid_ && WIFSTOPPED(status)) return true;
+    if (changed == pid_) {
+      reaped_ = true;
+      status_ = status;
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return false;
+}
+
+void ChildProcess::Resume() {
+  if (pid_ > 0 && !reaped_) kill(pid_, SIGCONT);
+}
+
 std::string ChildProcess::Output() const { return ReadFile(log_path_); }
 
 bool ChildProcess::WaitForOutput(const std::string& text, double timeout_s) {
@@ -259,6 +282,24 @@ DemoPath ClassifyDemoPath(const std::vector<std::string>& names) {
     return DemoPath::kFib;
   }
   return DemoPath::kOther;
+}
+
+std::optional<DemoShares> DemoSharesFrom(const std::string& demo_output) {
+  const size_t line = demo_output.rfind("demo_service done:");
+  if (line == std::string::npos) return std::nullopt;
+  const std::string done = demo_output.substr(line, demo_output.find('\n', line) - line);
+  auto field = [&](const std::string& name, double* value) {
+    const size_t at = done.find(" " + name + "=");
+    if (at == std::string::npos) return false;
+    const size_t from = at + name.size() + 2;
+    return absl::SimpleAtod(done.substr(from, done.find(' ', from) - from), value);
+  };
+  DemoShares shares;
+  if (!field("tokenize_pct", &shares.tokenize) || !field("deflate_pct", &shares.deflate) ||
+      !field("fib_pct", &shares.fib)) {
+    return std::nullopt;
+  }
+  return shares;
 }
 
 }  // namespace strata::e2e

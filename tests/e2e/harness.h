@@ -8,6 +8,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,12 @@ class ChildProcess {
   // Sends `signal` and waits up to `timeout_s`; SIGKILL after that. Returns the exit status
   // (as from waitpid), or -1.
   int Stop(int signal = 15, double timeout_s = 10);
+  // Sends SIGSTOP and waits up to `timeout_s` until the process has stopped: kill() returns
+  // before every thread has, and a thread not yet stopped may still answer a request sent
+  // meanwhile. False if it did not stop (or exited).
+  bool Pause(double timeout_s = 10);
+  // Sends SIGCONT.
+  void Resume();
   // Waits for exit up to `timeout_s`; returns the exit code, or -1 on timeout / signal.
   int Wait(double timeout_s);
   std::string Output() const;
@@ -114,6 +121,14 @@ std::vector<std::string> FrameNames(const v1::HotPath& path);
 // Which of demo_service's three paths a stack is, by its frames from serve_forever inwards.
 enum class DemoPath { kTokenize, kDeflate, kFib, kOther };
 DemoPath ClassifyDemoPath(const std::vector<std::string>& names);
+
+// demo_service's own account of its serving threads' CPU time per path, in percent of the
+// three paths' sum (the "done" line it prints when stopped with SIGTERM): what a profile's
+// shares are checked against. nullopt when the output holds no such line.
+struct DemoShares {
+  double tokenize = 0, deflate = 0, fib = 0;
+};
+std::optional<DemoShares> DemoSharesFrom(const std::string& demo_output);
 
 }  // namespace strata::e2e
 
