@@ -21,8 +21,12 @@
 //
 // At exit (--seconds elapsed, SIGTERM or SIGINT) prints one line on stdout:
 //   demo_service done: requests=R seconds=S requests_per_second=X cpu_us_per_request=C
+//   tokenize_pct=T deflate_pct=D fib_pct=F
 // counting the requests completed by all serving threads between the end of --warmup and
-// the stop; C is the process's CPU time over the same window per request. The kernel charges
+// the stop; C is the process's CPU time over the same window per request. T, D and F are
+// the demo's own account of where its serving threads' CPU time went over that window (each
+// path's thread CPU time, as the path measures it, in percent of the three's sum): the
+// ground truth a profile's shares are checked against. The kernel charges
 // a profiler's sampling interrupts (and its stack copies) to the interrupted thread, and a
 // VM's steal time is not CPU time (CONFIG_PARAVIRT_TIME_ACCOUNTING): C shows the cost a
 // profiler adds inside the process without the noise of other load on the host.
@@ -39,6 +43,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -47,6 +52,8 @@ namespace {
 std::atomic<bool> g_stop{false};
 std::atomic<bool> g_switched{false};
 std::atomic<uint64_t> g_requests{0};  // completed requests, all serving threads
+// Thread CPU time each path took, all serving threads, microseconds.
+std::atomic<uint64_t> g_tokenize_us{0}, g_deflate_us{0}, g_fib_us{0};
 bool g_fixed_work = false;
 volatile uint64_t g_sink;
 
@@ -120,6 +127,8 @@ __attribute__((noinline)) uint64_t handle_request(uint64_t parse_iterations,
     Adapt(&t_tokenize_per_ms, parse_iterations, t1 - t0);
     Adapt(&t_deflate_per_ms, deflate_iterations, t2 - t1);
   }
+  g_tokenize_us.fetch_add(static_cast<uint64_t>((t1 - t0) * 1e3), std::memory_order_relaxed);
+  g_deflate_us.fetch_add(static_cast<uint64_t>((t2 - t1) * 1e3), std::memory_order_relaxed);
   asm volatile("" : "+r"(r));
   return r;
 }
@@ -139,22 +148,31 @@ __attribute__((noinline)) uint64_t recompute_stats(uint64_t repetitions) {
 }
 
 __attribute__((noinline)) void serve_forever() {
-  // One "request" = 6 ms parse + 3 ms compress + 1 ms stats, in CPU time. The iteration
-  // counts follow each kernel's measured speed on this thread, so the shares hold while other
-  // processes compete for the core (they slow the kernels unevenly).
+  // One "request" = 6 ms parse + 3 ms compress + 1 ms stats, in CPU time, times a random
+  // scale from 0.5 to 1.5 per request (the shares kept). A request of a fixed 10 ms would
+  // run in step with a sampler at 99 Hz (10.1 ms): its samples would fall on the same part of
+  // every request for seconds on end, and a profile's shares would swing by 20 points. The
+  // iteration counts follow each kernel's measured speed on this thread, so the shares hold
+  // while other processes compete for the core (they slow the kernels unevenly).
   t_tokenize_per_ms = g_tokenize_per_ms;
   t_deflate_per_ms = g_deflate_per_ms;
   t_fib_calls_per_ms = g_fib_calls_per_ms;
+  std::minstd_rand random(static_cast<uint32_t>(ThreadCpuMs() * 1e6) ^
+                          static_cast<uint32_t>(pthread_self()));
+  std::uniform_real_distribution<double> scale_of(0.5, 1.5);
   while (!g_stop.load(std::memory_order_relaxed)) {
     const bool switched = g_switched.load(std::memory_order_relaxed);
-    const double parse_ms = switched ? 0.5 : 6;
-    const double deflate_ms = switched ? 8.5 : 3;
+    const double scale = g_fixed_work ? 1 : scale_of(random);
+    const double parse_ms = scale * (switched ? 0.5 : 6);
+    const double deflate_ms = scale * (switched ? 8.5 : 3);
     g_sink = handle_request(static_cast<uint64_t>(parse_ms * t_tokenize_per_ms),
                             static_cast<uint64_t>(deflate_ms * t_deflate_per_ms));
-    const uint64_t fib_calls = static_cast<uint64_t>(1.0 * t_fib_calls_per_ms);
+    const uint64_t fib_calls = static_cast<uint64_t>(scale * t_fib_calls_per_ms);
     const double t0 = ThreadCpuMs();
     g_sink = recompute_stats(fib_calls);
-    if (!g_fixed_work) Adapt(&t_fib_calls_per_ms, fib_calls, ThreadCpuMs() - t0);
+    const double fib_ms = ThreadCpuMs() - t0;
+    if (!g_fixed_work) Adapt(&t_fib_calls_per_ms, fib_calls, fib_ms);
+    g_fib_us.fetch_add(static_cast<uint64_t>(fib_ms * 1e3), std::memory_order_relaxed);
     g_requests.fetch_add(1, std::memory_order_relaxed);
   }
 }
@@ -259,6 +277,14 @@ int main(int argc, char** argv) {
   std::printf("demo_service pid %d ready\n", getpid());
   std::fflush(stdout);
 
+  // The paths' CPU time so far (tokenize, deflate, fib), microseconds.
+  struct PathTimes {
+    uint64_t us[3] = {};
+    static PathTimes Now() {
+      return {{g_tokenize_us.load(), g_deflate_us.load(), g_fib_us.load()}};
+    }
+  };
+  PathTimes paths_from, paths_to;
   // Requests and time at the end of the warm-up, and at the stop.
   uint64_t counted_from = 0, counted_to = 0;
   double window_start = 0, window_end = 0;
@@ -273,6 +299,7 @@ int main(int argc, char** argv) {
       if (!warm && elapsed >= warmup) {
         warm = true;
         counted_from = g_requests.load();
+        paths_from = PathTimes::Now();
         window_start = now;
         cpu_start = ProcessCpuSeconds();
       }
@@ -281,10 +308,12 @@ int main(int argc, char** argv) {
       usleep(20'000);
     }
     counted_to = g_requests.load();
+    paths_to = PathTimes::Now();
     window_end = MonotonicSeconds();
     cpu_end = ProcessCpuSeconds();
     if (!warm) {  // stopped in the warm-up
       counted_from = counted_to, window_start = window_end, cpu_start = cpu_end;
+      paths_from = paths_to;
     }
   });
   std::vector<std::thread> workers;
@@ -294,11 +323,16 @@ int main(int argc, char** argv) {
   timer.join();
   const double window = window_end - window_start;
   const uint64_t requests = counted_to - counted_from;
+  double pct[3], paths_us = 0;
+  for (int i = 0; i < 3; ++i) paths_us += paths_to.us[i] - paths_from.us[i];
+  for (int i = 0; i < 3; ++i) {
+    pct[i] = paths_us > 0 ? 100.0 * (paths_to.us[i] - paths_from.us[i]) / paths_us : 0.0;
+  }
   std::printf(
       "demo_service done: requests=%llu seconds=%.3f requests_per_second=%.3f "
-      "cpu_us_per_request=%.4f\n",
+      "cpu_us_per_request=%.4f tokenize_pct=%.2f deflate_pct=%.2f fib_pct=%.2f\n",
       static_cast<unsigned long long>(requests), window, window > 0 ? requests / window : 0.0,
-      requests > 0 ? (cpu_end - cpu_start) * 1e6 / requests : 0.0);
+      requests > 0 ? (cpu_end - cpu_start) * 1e6 / requests : 0.0, pct[0], pct[1], pct[2]);
   std::fflush(stdout);
   return 0;
 }

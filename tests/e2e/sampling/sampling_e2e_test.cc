@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
+#include <optional>
 #include <regex>
 #include <string>
 #include <thread>
@@ -66,7 +68,9 @@ TEST_P(SamplingScopeTest, DemoWithIdleThreadsHasItsHotPaths) {
   EXPECT_TRUE(WaitForSamples(server.address(), "demo", 1500, absl::Seconds(90)))
       << ServiceTotal(server.address(), "demo") << " samples\n" << agent.Output();
   EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();
-  demo.Stop(SIGKILL);
+  demo.Stop(SIGTERM);
+  const std::optional<DemoShares> truth = DemoSharesFrom(demo.Output());
+  ASSERT_TRUE(truth.has_value()) << demo.Output();
 
   const int events = PerfEvents(agent.Output());
   if (scope == "per-cpu") {
@@ -87,11 +91,21 @@ TEST_P(SamplingScopeTest, DemoWithIdleThreadsHasItsHotPaths) {
   }
   const double total = static_cast<double>(paths.total_samples());
   ASSERT_GT(total, 0);
-  const std::string context = absl::StrCat(total, " samples; other paths:\n", others,
-                                           "agent log:\n", agent.Output());
-  EXPECT_NEAR(100 * by_path[DemoPath::kTokenize] / total, 60, 10) << context;
-  EXPECT_NEAR(100 * by_path[DemoPath::kDeflate] / total, 30, 10) << context;
-  EXPECT_NEAR(100 * by_path[DemoPath::kFib] / total, 10, 10) << context;
+  const std::string context =
+      absl::StrCat(total, " samples; the demo's own account: tokenize ", truth->tokenize,
+                   " %, deflate ", truth->deflate, " %, fib ", truth->fib,
+                   " %; other paths:\n", others, "agent log:\n", agent.Output());
+  std::printf("%s: profile %.1f / %.1f / %.1f %% of %.0f samples, demo's account %.1f / %.1f / "
+              "%.1f %% (tokenize / deflate / fib)\n",
+              scope.c_str(), 100 * by_path[DemoPath::kTokenize] / total,
+              100 * by_path[DemoPath::kDeflate] / total, 100 * by_path[DemoPath::kFib] / total,
+              total, truth->tokenize, truth->deflate, truth->fib);
+  // Against the demo's own account of its CPU time: a loaded machine moves the demo's split
+  // (its three paths slow down unevenly), not the profile's agreement with it. 1,500 samples
+  // put a 60 % share's standard error at 1.3 points.
+  EXPECT_NEAR(100 * by_path[DemoPath::kTokenize] / total, truth->tokenize, 6) << context;
+  EXPECT_NEAR(100 * by_path[DemoPath::kDeflate] / total, truth->deflate, 6) << context;
+  EXPECT_NEAR(100 * by_path[DemoPath::kFib] / total, truth->fib, 6) << context;
 }
 
 INSTANTIATE_TEST_SUITE_P(Scopes, SamplingScopeTest, ::testing::Values("per-cpu", "per-thread"),
