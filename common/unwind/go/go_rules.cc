@@ -118,11 +118,47 @@ const GoRuleSource::Func* GoRuleSource::FindFunc(uint64_t pc) const {
   return pc < it->end ? &*it : nullptr;
 }
 
+GoRuleSource::Location GoRuleSource::Locate(uint64_t pc) const {
+  const bool cacheable = !funcs_.empty() && pc >= funcs_.front().start &&
+                         LookupCache::Cacheable(pc - funcs_.front().start);
+  const uint64_t offset = cacheable ? pc - funcs_.front().start : 0;
+  uint32_t value;
+  if (cacheable && cache_.Find(offset, &value)) {
+    if (value == kNotInFunc) return {};
+    const Func* f = &funcs_[value >> kRunBits];
+    const uint32_t run = value & kNoRunInFunc;
+    return {f, run == kNoRunInFunc ? kNoRun : f->first_run + run};
+  }
+  Location where;
+  where.func = FindFunc(pc);
+  if (where.func != nullptr && where.func->num_runs > 0) {
+    const Run* first = runs_.data() + where.func->first_run;
+    const Run* last = first + where.func->num_runs;
+    const uint32_t in_func = static_cast<uint32_t>(pc - where.func->start);
+    const Run* r = std::upper_bound(first, last, in_func,
+                                    [](uint32_t o, const Run& run) { return o < run.start; });
+    if (r != first) where.run = static_cast<uint32_t>(r - 1 - runs_.data());
+  }
+  if (!cacheable) return where;
+  if (where.func == nullptr) {
+    cache_.Store(offset, kNotInFunc);
+    return where;
+  }
+  const uint64_t func_index = static_cast<uint64_t>(where.func - funcs_.data());
+  const uint32_t run_in_func =
+      where.run == kNoRun ? kNoRunInFunc : where.run - where.func->first_run;
+  // Functions and runs past the value's fields are searched every time.
+  if (func_index < (uint64_t{1} << (32 - kRunBits)) - 1 && run_in_func <= kNoRunInFunc) {
+    cache_.Store(offset, static_cast<uint32_t>(func_index << kRunBits | run_in_func));
+  }
+  return where;
+}
+
 bool GoRuleSource::FindRow(uint64_t pc, bool innermost, UnwindRow* row) const {
   // A return address may be the first byte after its function (a call as its last
   // instruction): the call itself is at pc - 1.
-  const uint64_t at = innermost ? pc : pc - 1;
-  const Func* f = FindFunc(at);
+  const Location where = Locate(innermost ? pc : pc - 1);
+  const Func* f = where.func;
   if (f == nullptr) return fallback_ != nullptr && fallback_->FindRow(pc, innermost, row);
   if (f->root && (f->stack_switch == StackSwitch::kNone || f->num_runs == 0)) {
     *row = UnwindRow{};
@@ -130,16 +166,10 @@ bool GoRuleSource::FindRow(uint64_t pc, bool innermost, UnwindRow* row) const {
     row->ra_rule = UnwindRow::RaRule::kUndefined;
     return true;
   }
-  if (f->num_runs == 0) return false;
-  const Run* first = runs_.data() + f->first_run;
-  const Run* last = first + f->num_runs;
-  const uint32_t offset = static_cast<uint32_t>(at - f->start);
-  const Run* r = std::upper_bound(first, last, offset,
-                                  [](uint32_t o, const Run& run) { return o < run.start; });
-  if (r == first) return false;
+  if (where.run == kNoRun) return false;
   // The prologue stores rbp only after moving SP: certain at call sites, not at every pc of
   // the interrupted frame.
-  *row = GoRow(arch_, (r - 1)->sp, f->compiled && !innermost);
+  *row = GoRow(arch_, runs_[where.run].sp, f->compiled && !innermost);
   if (f->ra_at_sp != 0 && row->ra_rule == UnwindRow::RaRule::kAtCfaOffset) {
     row->ra_offset = -row->cfa_offset + f->ra_at_sp;
   }
@@ -151,7 +181,7 @@ bool GoRuleSource::FindRow(uint64_t pc, bool innermost, UnwindRow* row) const {
 }
 
 bool GoRuleSource::IsPlausibleReturnAddress(uint64_t return_address) const {
-  if (FindFunc(return_address - 1) != nullptr) return true;
+  if (Locate(return_address - 1).func != nullptr) return true;
   return fallback_ == nullptr || fallback_->IsPlausibleReturnAddress(return_address);
 }
 

@@ -24,9 +24,10 @@
 // Code outside the Go functions (C code linked into cgo programs, with its .eh_frame) is left
 // to the architecture's own decoder, passed in as the fallback.
 //
-// Immutable after Build(), allocation-free to query (a binary search over the functions and
-// one over the function's runs), so one table is shared by every process mapping the module and
-// can be used from a signal handler.
+// Immutable after Build() but for its lookup cache (common/unwind/lookup_cache.h: the
+// function and run of each address looked up, so a frame seen before costs one probe, not
+// the searches over the functions and the function's runs), allocation-free to query, so one
+// table is shared by every process mapping the module and can be used from a signal handler.
 #ifndef STRATA_COMMON_UNWIND_GO_GO_RULES_H_
 #define STRATA_COMMON_UNWIND_GO_GO_RULES_H_
 
@@ -36,6 +37,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/elf/go_pclntab.h"
+#include "common/unwind/lookup_cache.h"
 #include "common/unwind/unwinder.h"
 
 namespace strata::unwind::go {
@@ -81,8 +83,17 @@ class GoRuleSource final : public RuleSource {
   // searches the few functions of one bucket instead of all of them.
   static constexpr int kBucketShift = 12;
 
+  // Where an address lies: its function (null: in none) and the index in runs_ of the run
+  // covering it (kNoRun: before the function's first run, or no runs).
+  struct Location {
+    const Func* func = nullptr;
+    uint32_t run = kNoRun;
+  };
+  static constexpr uint32_t kNoRun = 0xffffffffu;
+
   GoRuleSource() = default;
   const Func* FindFunc(uint64_t pc) const;
+  Location Locate(uint64_t pc) const;  // through cache_
   void IndexBuckets();
 
   Arch arch_ = Arch::kX86_64;
@@ -93,6 +104,12 @@ class GoRuleSource final : public RuleSource {
   // is implausible for its number of functions (a corrupt table: every function is searched).
   std::vector<uint32_t> bucket_first_;
   std::vector<Run> runs_;
+  // Offset from funcs_.front().start -> func index << kRunBits | the run's index in the
+  // function (kNoRunInFunc: none), or kNotInFunc.
+  LookupCache cache_;
+  static constexpr int kRunBits = 12;
+  static constexpr uint32_t kNoRunInFunc = (1u << kRunBits) - 1;
+  static constexpr uint32_t kNotInFunc = 0xffffffffu;
   std::unique_ptr<RuleSource> fallback_;
   GoRulesStats stats_;
 };

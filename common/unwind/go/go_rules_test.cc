@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -315,6 +316,65 @@ TEST(GoRulesTest, BucketIndexFindsTheFunctionsTheTableFinds) {
       ASSERT_EQ(asked->asked, !in_function) << variant << " pc 0x" << std::hex << pc;
     }
     EXPECT_GT(in_functions, pcs.size() / 2) << variant;
+  }
+}
+
+// Looked up again, every address answers from the lookup cache (or, where another address
+// took its slot, from the search) what its first lookup -- a search -- answered: the row, or
+// the fallback's turn outside every Go function; for return addresses and plausibility too.
+TEST(GoRulesTest, CachedLookupsAnswerAsTheFirstLookups) {
+  for (const char* variant : {"amd64", "go1.23_amd64", "mips64le"}) {
+    GoBinary go;
+    ASSERT_NO_FATAL_FAILURE(OpenGoBinary(variant, &go));
+    if (go.elf == nullptr) continue;
+    auto fallback = std::make_unique<AskedFallback>();
+    const AskedFallback* asked = fallback.get();
+    std::unique_ptr<GoRuleSource> rules = GoRuleSource::Build(go.arch, *go.table,
+                                                              std::move(fallback));
+    const auto& functions = go.table->functions();
+    std::set<uint64_t> distinct;
+    for (const auto& f : functions) {
+      for (uint64_t pc : {f.entry - 1, f.entry, f.entry + 1, (f.entry + f.end) / 2, f.end - 1}) {
+        distinct.insert(pc);
+      }
+    }
+    for (uint64_t pc = functions.front().entry - 4096; pc < functions.back().end + 4096;
+         pc += 61) {
+      distinct.insert(pc);
+    }
+    struct Answer {
+      bool found, fallback_asked, plausible;
+      UnwindRow row;
+    };
+    auto answer = [&](uint64_t pc) {
+      Answer a{};
+      asked->asked = false;
+      // innermost = false looks up pc - 1: pc + 1 is the same address as pc innermost.
+      a.found = rules->FindRow(pc + 1, /*innermost=*/false, &a.row);
+      a.fallback_asked = asked->asked;
+      a.plausible = rules->IsPlausibleReturnAddress(pc + 1);
+      return a;
+    };
+    std::vector<Answer> first;
+    for (uint64_t pc : distinct) first.push_back(answer(pc));
+    size_t i = 0, found = 0;
+    for (uint64_t pc : distinct) {
+      const Answer again = answer(pc);
+      const Answer& was = first[i++];
+      found += was.found;
+      ASSERT_EQ(again.found, was.found) << variant << " pc 0x" << std::hex << pc;
+      ASSERT_EQ(again.fallback_asked, was.fallback_asked) << variant << " 0x" << std::hex << pc;
+      ASSERT_EQ(again.plausible, was.plausible) << variant << " 0x" << std::hex << pc;
+      if (!was.found) continue;
+      EXPECT_EQ(again.row.cfa_base, was.row.cfa_base);
+      EXPECT_EQ(again.row.cfa_offset, was.row.cfa_offset) << variant << " 0x" << std::hex << pc;
+      EXPECT_EQ(again.row.ra_rule, was.row.ra_rule);
+      EXPECT_EQ(again.row.ra_offset, was.row.ra_offset);
+      EXPECT_EQ(again.row.fp_rule, was.row.fp_rule);
+      EXPECT_EQ(again.row.fp_offset, was.row.fp_offset);
+      EXPECT_EQ(again.row.stack_switch, was.row.stack_switch);
+    }
+    EXPECT_GT(found, distinct.size() / 2) << variant;
   }
 }
 

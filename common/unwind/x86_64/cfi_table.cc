@@ -464,8 +464,6 @@ absl::StatusOr<std::unique_ptr<CfiTable>> CfiTable::Build(const elf::ElfFile& el
 }
 
 void CfiTable::Assemble(std::vector<Span> spans) {
-  cache_.reset(new std::atomic<uint64_t>[kCacheSlots]);
-  for (size_t i = 0; i < kCacheSlots; ++i) cache_[i].store(0, std::memory_order_relaxed);
   if (spans.empty()) return;
   base_ = spans.front().start;
   absl::flat_hash_map<decltype(RowKey(UnwindRow())), uint32_t> distinct;
@@ -509,16 +507,12 @@ bool CfiTable::FindRowUncached(uint64_t pc, bool innermost, UnwindRow* row) cons
 
 bool CfiTable::FindRow(uint64_t pc, bool innermost, UnwindRow* row) const {
   uint64_t addr = innermost ? pc : pc - 1;
-  if (starts_.empty() || addr < base_ || addr - base_ >= 0xffffffffu) return false;
-  uint64_t off = addr - base_;
-  size_t slot = static_cast<size_t>((off * 0x9e3779b97f4a7c15ull) >> 54) & (kCacheSlots - 1);
-  uint64_t entry = cache_[slot].load(std::memory_order_relaxed);
+  if (starts_.empty() || addr < base_ || !LookupCache::Cacheable(addr - base_)) return false;
+  const uint64_t off = addr - base_;
   uint32_t index;
-  if ((entry >> 32) == off + 1) {
-    index = static_cast<uint32_t>(entry);
-  } else {
+  if (!cache_.Find(off, &index)) {
     if (!Search(addr, &index)) return false;
-    cache_[slot].store(((off + 1) << 32) | index, std::memory_order_relaxed);
+    cache_.Store(off, index);
   }
   if (index == kGap) return false;
   *row = rows_[index];
@@ -527,7 +521,7 @@ bool CfiTable::FindRow(uint64_t pc, bool innermost, UnwindRow* row) const {
 
 size_t CfiTable::MemoryBytes() const {
   return starts_.capacity() * sizeof(uint32_t) + row_index_.capacity() * sizeof(uint32_t) +
-         rows_.capacity() * sizeof(UnwindRow) + kCacheSlots * sizeof(uint64_t);
+         rows_.capacity() * sizeof(UnwindRow) + LookupCache::kMemoryBytes;
 }
 
 absl::StatusOr<std::unique_ptr<RuleSource>> BuildRuleSource(const elf::ElfFile& elf) {

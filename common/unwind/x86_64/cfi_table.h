@@ -20,7 +20,6 @@
 #ifndef STRATA_COMMON_UNWIND_X86_64_CFI_TABLE_H_
 #define STRATA_COMMON_UNWIND_X86_64_CFI_TABLE_H_
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -28,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/elf/elf_file.h"
+#include "common/unwind/lookup_cache.h"
 #include "common/unwind/unwinder.h"
 
 namespace strata::unwind::x86_64 {
@@ -82,14 +82,11 @@ class CfiTable final : public RuleSource {
   bool Search(uint64_t addr, uint32_t* row_index) const;
 
   static constexpr uint32_t kGap = 0xffffffffu;
-  static constexpr size_t kCacheSlots = 1024;
-
   uint64_t base_ = 0;               // starts_ are offsets from base_
   std::vector<uint32_t> starts_;    // sorted
   std::vector<uint32_t> row_index_; // into rows_, or kGap
   std::vector<UnwindRow> rows_;     // distinct rows
-  // Cache slot: (offset + 1) << 32 | row index; 0 = empty.
-  mutable std::unique_ptr<std::atomic<uint64_t>[]> cache_;
+  LookupCache cache_;  // offset -> row index
   CfiStats stats_;
 };
 
