@@ -6,7 +6,8 @@
 # profiled by its own strata-agent at HZ (default 499):
 #   cpp     demo_service --threads 2 (two busy threads)
 #   cpp1    demo_service --threads 1 (one busy thread: about the CPU the Python workload's two
-#           threads get under the GIL)
+#           threads get under the GIL, so as many samples a second: the anchor of x_cpp1, as
+#           cpp is of x_cpp; list them first)
 #   py      python3.11 running tests/e2e/python/python_workload.py (two busy threads under the
 #           GIL), Python frames copied at each sample by the agent's BPF program (as root)
 #   py-read the same, --python-capture off: each sample wakes the agent, which reads the
@@ -174,9 +175,10 @@ done
 for c in $CASES; do wait "${agent[$c]}" || true; [[ -z "$LOW_HZ" ]] || wait "${low[$c]}" || true; done
 
 echo "agent CPU per sample, ${seconds} s window after ${WARMUP} s, $HZ Hz, cases run at once"
-printf '%-11s %9s %9s %9s %8s %9s %7s %10s %8s %9s\n' case agent_ms samples us/sample bpf_us \
-  total_us x_cpp wake/smpl stale% delay_ms
+printf '%-11s %9s %9s %9s %8s %9s %7s %7s %10s %8s %9s\n' case agent_ms samples us/sample \
+  bpf_us total_us x_cpp x_cpp1 wake/smpl stale% delay_ms
 cpp_us=
+cpp1_us=
 for c in $CASES; do
   log=$work/$c.agent.log
   samples=$(sed -n 's/.*stopping: \([0-9]*\) samples.*/\1/p' "$log" | tail -1)
@@ -187,16 +189,19 @@ for c in $CASES; do
   runs=$(sed -n 's/.*program: \([0-9]*\) runs, \([0-9]*\) ns each.*/\1 \2/p' "$log" | tail -1)
   row=$(awk -v a0="${a0[$c]}" -v a1="${a1[$c]}" -v t0="${t0[$c]}" -v t1="${t1[$c]}" \
       -v ta="${attach_cpu[$c]}" -v te="${t_end[$c]}" -v n="${samples:-0}" -v w="${wakeups:-0}" \
-      -v s="${stale:-}" -v d="$delay" -v cpp="$cpp_us" -v c="$c" -v runs="${runs:-0 0}" 'BEGIN {
+      -v s="${stale:-}" -v d="$delay" -v cpp="$cpp_us" -v cpp1="$cpp1_us" -v c="$c" \
+      -v runs="${runs:-0 0}" 'BEGIN {
     win = n * (t1 - t0) / (te > ta ? te - ta : 1)      # samples of the window
     us = win > 0 ? (a1 - a0) / 1e3 / win : 0
     split(runs, r, " ")                                # the program: runs over the agent life
     bpf = n > 0 ? r[1] * r[2] / 1e3 / n : 0
     total = us + bpf
-    printf "%-11s %9.1f %9d %9.1f %8.1f %9.1f %7s %10.2f %8s %9s %.3f\n", c, (a1 - a0) / 1e6, win,
-      us, bpf, total, cpp == "" ? "-" : sprintf("%.2f", total / cpp), w / (n > 0 ? n : 1), \
+    printf "%-11s %9.1f %9d %9.1f %8.1f %9.1f %7s %7s %10.2f %8s %9s %.3f\n", c,
+      (a1 - a0) / 1e6, win, us, bpf, total, cpp == "" ? "-" : sprintf("%.2f", total / cpp),
+      cpp1 == "" ? "-" : sprintf("%.2f", total / cpp1), w / (n > 0 ? n : 1), \
       s == "" ? "-" : sprintf("%.2f", 100 * s / (n > 0 ? n : 1)), d, total }')
   [[ $c == cpp ]] && cpp_us=${row##* }
+  [[ $c == cpp1 ]] && cpp1_us=${row##* }
   echo "${row% *}"
   sed -n 's/.*\] \(sampling: .*\)/            \1/p; s/.*\] \(python: .*\)/            \1/p
           s/.*\] \(python capture: .*\)/            \1/p' "$log"
@@ -207,8 +212,10 @@ done
 # samples: a target that gets less CPU has fewer samples to spread them over.
 echo
 echo "agent CPU per additional sample: agents at $HZ and at $LOW_HZ Hz on the same targets"
-printf '%-11s %9s %9s %9s %8s %9s %7s\n' case samples low_smpl slope_us bpf_us total_us x_cpp
+printf '%-11s %9s %9s %9s %8s %9s %7s %7s\n' case samples low_smpl slope_us bpf_us total_us \
+  x_cpp x_cpp1
 cpp_slope=
+cpp1_slope=
 for c in $CASES; do
   n_hi=$(sed -n 's/.*stopping: \([0-9]*\) samples.*/\1/p' "$work/$c.agent.log" | tail -1)
   n_lo=$(sed -n 's/.*stopping: \([0-9]*\) samples.*/\1/p' "$work/$c.low.agent.log" | tail -1)
@@ -216,15 +223,17 @@ for c in $CASES; do
   row=$(awk -v a0="${a0[$c]}" -v a1="${a1[$c]}" -v l0="${l0[$c]}" -v l1="${l1[$c]}" \
       -v t0="${t0[$c]}" -v t1="${t1[$c]}" -v ta="${attach_cpu[$c]}" -v te="${t_end[$c]}" \
       -v hi="${n_hi:-0}" -v lo="${n_lo:-0}" -v runs="${runs:-0 0}" -v cpp="$cpp_slope" \
-      -v c="$c" 'BEGIN {
+      -v cpp1="$cpp1_slope" -v c="$c" 'BEGIN {
     f = (t1 - t0) / (te > ta ? te - ta : 1)            # the part of the samples in the window
     whi = hi * f; wlo = lo * f
     slope = whi > wlo ? ((a1 - a0) - (l1 - l0)) / 1e3 / (whi - wlo) : 0
     split(runs, r, " ")
     bpf = hi > 0 ? r[1] * r[2] / 1e3 / hi : 0
     total = slope + bpf
-    printf "%-11s %9d %9d %9.1f %8.1f %9.1f %7s %.3f\n", c, whi, wlo, slope, bpf, total,
-      cpp == "" ? "-" : sprintf("%.2f", total / cpp), total }')
+    printf "%-11s %9d %9d %9.1f %8.1f %9.1f %7s %7s %.3f\n", c, whi, wlo, slope, bpf, total,
+      cpp == "" ? "-" : sprintf("%.2f", total / cpp),
+      cpp1 == "" ? "-" : sprintf("%.2f", total / cpp1), total }')
   [[ $c == cpp ]] && cpp_slope=${row##* }
+  [[ $c == cpp1 ]] && cpp1_slope=${row##* }
   echo "${row% *}"
 done
