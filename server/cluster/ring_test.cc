@@ -7,20 +7,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "server/cluster/ring_testing.h"
 
 namespace strata::server::cluster {
 namespace {
 
-std::vector<RingMember> Nodes(int n) {
-  std::vector<RingMember> out;
-  for (int i = 1; i <= n; ++i) {
-    out.push_back({absl::StrCat("n", i), absl::StrCat("127.0.0.1:", 7000 + i), kDefaultTokens});
-  }
-  return out;
-}
-
 TEST(RingTest, OwnersAreDistinctAndTheSameOnEveryNode) {
-  std::vector<RingMember> members = Nodes(3);
+  std::vector<RingMember> members = TestMembers(3);
   const Ring a(members);
   std::reverse(members.begin(), members.end());
   const Ring b(members);  // another node's view: same members, another order
@@ -38,7 +31,7 @@ TEST(RingTest, OwnersAreDistinctAndTheSameOnEveryNode) {
 }
 
 TEST(RingTest, OwnershipIsBalancedAndSumsToOne) {
-  const Ring ring(Nodes(3));
+  const Ring ring(TestMembers(3));
   double sum = 0;
   for (const RingMember& m : ring.members()) {
     const double share = ring.Ownership(m.id);
@@ -56,8 +49,8 @@ TEST(RingTest, OwnershipIsBalancedAndSumsToOne) {
 // What fan-out queries rely on: a node joining or leaving changes at most one owner of a
 // key, so with two replicas one owner holds the key's samples from before and after.
 TEST(RingTest, AJoinOrALeaveKeepsAllButOneOwnerOfEveryKey) {
-  const Ring three(Nodes(3));
-  const Ring four(Nodes(4));
+  const Ring three(TestMembers(3));
+  const Ring four(TestMembers(4));
   int moved = 0;
   for (int i = 0; i < 5000; ++i) {
     const std::string host = absl::StrCat("host-", i);
@@ -78,7 +71,7 @@ TEST(RingTest, AJoinOrALeaveKeepsAllButOneOwnerOfEveryKey) {
 }
 
 TEST(RingTest, FindAndIsOwner) {
-  const Ring ring(Nodes(3));
+  const Ring ring(TestMembers(3));
   ASSERT_NE(ring.Find("n2"), nullptr);
   EXPECT_EQ(ring.Find("n2")->address, "127.0.0.1:7002");
   EXPECT_EQ(ring.Find("n9"), nullptr);

@@ -5,19 +5,11 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "server/cluster/ring_testing.h"
 
 namespace strata::server::cluster {
 namespace {
-
-std::vector<RingMember> Nodes(int n) {
-  std::vector<RingMember> out;
-  for (int i = 1; i <= n; ++i) {
-    out.push_back({absl::StrCat("n", i), absl::StrCat("127.0.0.1:", 7000 + i), kDefaultTokens});
-  }
-  return out;
-}
 
 v1::HostTotalsResponse Totals(std::map<std::string, uint64_t> hosts) {
   v1::HostTotalsResponse out;
@@ -39,7 +31,7 @@ std::map<std::string, std::vector<std::string>> Assignment(const HostPick& pick)
 using Hosts = std::vector<std::string>;
 
 TEST(ChooseHostsTest, EachHostFromItsFullestReplicaTiesToTheFirstNodeOfTheRing) {
-  const std::vector<RingMember> nodes = Nodes(3);
+  const std::vector<RingMember> nodes = TestMembers(3);
   // Answers in another order than the ring's: ties still go to the node first in the ring.
   const NodeAnswers<v1::HostTotalsResponse> totals = {
       {"n3", Totals({{"a", 10}, {"b", 7}, {"c", 5}})},
@@ -59,7 +51,7 @@ TEST(ChooseHostsTest, EachHostFromItsFullestReplicaTiesToTheFirstNodeOfTheRing) 
 }
 
 TEST(ChooseHostsTest, HostsOfANodeThatDidNotAnswerGoToTheirOtherReplicas) {
-  const std::vector<RingMember> nodes = Nodes(3);
+  const std::vector<RingMember> nodes = TestMembers(3);
   const NodeAnswers<v1::HostTotalsResponse> totals = {
       {"n1", Totals({{"a", 10}, {"b", 9}, {"c", 4}})},
       {"n2", Totals({{"a", 10}, {"d", 3}})},
@@ -86,7 +78,7 @@ TEST(ChooseHostsTest, HostsOfANodeThatDidNotAnswerGoToTheirOtherReplicas) {
 TEST(ChooseHostsTest, AnswersOfNodesNotOnTheRingAreIgnored) {
   const NodeAnswers<v1::HostTotalsResponse> totals = {{"n9", Totals({{"a", 100}})},
                                                       {"n2", Totals({{"a", 1}})}};
-  const HostPick pick = ChooseHosts(Nodes(2), totals, {});
+  const HostPick pick = ChooseHosts(TestMembers(2), totals, {});
   EXPECT_EQ(Assignment(pick), (std::map<std::string, Hosts>{{"n2", {"a"}}}));
 }
 

@@ -280,6 +280,14 @@ class AskedFallback final : public RuleSource {
   mutable bool asked = false;
 };
 
+// `go`'s rules, falling back to an AskedFallback (`*asked`).
+std::unique_ptr<GoRuleSource> RulesWithAskedFallback(const GoBinary& go,
+                                                     const AskedFallback** asked) {
+  auto fallback = std::make_unique<AskedFallback>();
+  *asked = fallback.get();
+  return GoRuleSource::Build(go.arch, *go.table, std::move(fallback));
+}
+
 // The text index (4 KiB buckets) finds a pc's function exactly where the table's own search
 // does: at every function's first and last byte, the bytes around them (gaps, neighbours, a
 // bucket's edges) and pcs all over the text and past both of its ends.
@@ -288,10 +296,8 @@ TEST(GoRulesTest, BucketIndexFindsTheFunctionsTheTableFinds) {
     GoBinary go;
     ASSERT_NO_FATAL_FAILURE(OpenGoBinary(variant, &go));
     if (go.elf == nullptr) continue;
-    auto fallback = std::make_unique<AskedFallback>();
-    const AskedFallback* asked = fallback.get();
-    std::unique_ptr<GoRuleSource> rules = GoRuleSource::Build(go.arch, *go.table,
-                                                              std::move(fallback));
+    const AskedFallback* asked = nullptr;
+    std::unique_ptr<GoRuleSource> rules = RulesWithAskedFallback(go, &asked);
     const auto& functions = go.table->functions();
     ASSERT_GT(functions.size(), 100u);
     std::vector<uint64_t> pcs;
@@ -327,10 +333,8 @@ TEST(GoRulesTest, CachedLookupsAnswerAsTheFirstLookups) {
     GoBinary go;
     ASSERT_NO_FATAL_FAILURE(OpenGoBinary(variant, &go));
     if (go.elf == nullptr) continue;
-    auto fallback = std::make_unique<AskedFallback>();
-    const AskedFallback* asked = fallback.get();
-    std::unique_ptr<GoRuleSource> rules = GoRuleSource::Build(go.arch, *go.table,
-                                                              std::move(fallback));
+    const AskedFallback* asked = nullptr;
+    std::unique_ptr<GoRuleSource> rules = RulesWithAskedFallback(go, &asked);
     const auto& functions = go.table->functions();
     std::set<uint64_t> distinct;
     for (const auto& f : functions) {

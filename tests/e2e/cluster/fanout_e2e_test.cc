@@ -20,6 +20,32 @@
 namespace strata::e2e {
 namespace {
 
+// The whole fan-out answer of hot paths of `service` (with `focus`), asked of the node at
+// `address`.
+grpc::Status HotPaths(const std::string& address, const std::string& service,
+                      v1::HotPathsResponse* paths, const std::string& focus = "") {
+  auto query = v1::Query::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::HotPathsRequest request;
+  request.mutable_filter()->set_service(service);
+  request.mutable_filter()->set_focus(focus);
+  return query->HotPaths(&ctx, request, paths);
+}
+
+// The samples of the load's three services ("PREFIX-svc-0" ...) in the answers of the node at
+// `address`: each more than 0.
+void ExpectServiceSamples(const std::string& address, const std::string& prefix,
+                          std::map<std::string, uint64_t>* samples) {
+  for (int s = 0; s < 3; ++s) {
+    const std::string service = absl::StrCat(prefix, "-svc-", s);
+    v1::HotPathsResponse paths;
+    ASSERT_TRUE(HotPaths(address, service, &paths).ok()) << service;
+    (*samples)[service] = paths.total_samples();
+    ASSERT_GT(paths.total_samples(), 0u) << service;
+  }
+}
+
 // Fan-out queries through a node while others are away. A hung node (on the ring, answering
 // nothing) is named unreachable, and the answer comes from the replicas that answered; a
 // stopped node is named too once, with the hung one, as many nodes are away as there are
@@ -38,11 +64,7 @@ TEST_F(ClusterTest, FanOutQueriesNameTheNodesThatDidNotAnswer) {
       grpc::CreateChannel(n1.address(), grpc::InsecureChannelCredentials()));
   auto hot_paths = [&](const std::string& service, const std::string& focus,
                        v1::HotPathsResponse* paths) {
-    grpc::ClientContext ctx;
-    v1::HotPathsRequest request;
-    request.mutable_filter()->set_service(service);
-    request.mutable_filter()->set_focus(focus);
-    return query->HotPaths(&ctx, request, paths);
+    return HotPaths(n1.address(), service, paths, focus);
   };
   // The timeline per host: each host's samples from one node, every sample once.
   auto series_by_host = [&](const std::string& service, v1::SeriesResponse* series) {
@@ -142,26 +164,13 @@ TEST_F(ClusterTest, OtlpExportsAreStoredByEveryOwnerOfTheirHosts) {
   for (const auto& n : nodes_) forwarded += std::max(0.0, Metric(*n, "strata_otlp_forwarded_total"));
   EXPECT_GT(forwarded, 0) << Logs();
 
-  auto query = v1::Query::NewStub(
-      grpc::CreateChannel(nodes_[1]->address(), grpc::InsecureChannelCredentials()));
-  auto total = [&](const std::string& service, v1::HotPathsResponse* paths) {
-    grpc::ClientContext ctx;
-    v1::HotPathsRequest request;
-    request.mutable_filter()->set_service(service);
-    return query->HotPaths(&ctx, request, paths);
-  };
+  const std::string n2 = nodes_[1]->address();
   std::map<std::string, uint64_t> all;
-  for (int s = 0; s < 3; ++s) {
-    const std::string service = absl::StrCat("otlp-svc-", s);
-    v1::HotPathsResponse paths;
-    ASSERT_TRUE(total(service, &paths).ok()) << service;
-    all[service] = paths.total_samples();
-    EXPECT_GT(all[service], 0u);
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectServiceSamples(n2, "otlp", &all));
   ASSERT_TRUE(nodes_[0]->process->Pause());
   for (const auto& [service, samples] : all) {
     v1::HotPathsResponse paths;
-    ASSERT_TRUE(total(service, &paths).ok()) << service;
+    ASSERT_TRUE(HotPaths(n2, service, &paths).ok()) << service;
     EXPECT_EQ(paths.total_samples(), samples) << service << " without n1";
     EXPECT_EQ(paths.unreachable_nodes_size(), 1) << paths.DebugString();
   }
@@ -250,22 +259,9 @@ TEST_F(ClusterTest, HostsOfANodeFailingBetweenThePhasesComeFromTheirReplicas) {
   auto load = StartLoad(4, "between", 12);
   ExpectExact(*load, 120);
   // Two nodes, two replicas: both hold every host.
-  auto query = v1::Query::NewStub(
-      grpc::CreateChannel(nodes_[0]->address(), grpc::InsecureChannelCredentials()));
-  auto hot_paths = [&](const std::string& service, v1::HotPathsResponse* paths) {
-    grpc::ClientContext ctx;
-    v1::HotPathsRequest request;
-    request.mutable_filter()->set_service(service);
-    return query->HotPaths(&ctx, request, paths);
-  };
+  const std::string n1 = nodes_[0]->address();
   std::map<std::string, uint64_t> all;
-  for (int s = 0; s < 3; ++s) {
-    const std::string service = absl::StrCat("between-svc-", s);
-    v1::HotPathsResponse paths;
-    ASSERT_TRUE(hot_paths(service, &paths).ok()) << service;
-    all[service] = paths.total_samples();
-    ASSERT_GT(all[service], 0u) << service;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectServiceSamples(n1, "between", &all));
 
   FailingBetweenPhases n3(nodes_[1]->address());
   absl::StatusOr<std::unique_ptr<server::cluster::Membership>> joined =
@@ -281,7 +277,7 @@ TEST_F(ClusterTest, HostsOfANodeFailingBetweenThePhasesComeFromTheirReplicas) {
   const std::string n3_name = absl::StrCat("n3 (", n3.address(), "): ");
   for (const auto& [service, samples] : all) {
     v1::HotPathsResponse paths;
-    ASSERT_TRUE(hot_paths(service, &paths).ok()) << service;
+    ASSERT_TRUE(HotPaths(n1, service, &paths).ok()) << service;
     EXPECT_EQ(paths.total_samples(), samples) << service;
     ASSERT_EQ(paths.unreachable_nodes_size(), 1) << paths.DebugString();
     EXPECT_EQ(paths.unreachable_nodes(0).rfind(n3_name, 0), 0u) << paths.unreachable_nodes(0);
