@@ -76,9 +76,11 @@ void Shipper::Enqueue(v1::SampleBatch batch) {
   // Kept in memory when the disk refuses it. (Written after a graph that failed, it is
   // dropped at a restart as undecodable, and counted there.)
   absl::Status appended = spool_->Append(batch);
-  if (!spool_->empty()) {
-    const spool::Spool::Entry& e = spool_->entry(spool_->size() - 1);
-    LogDebug("spooled batch {} ({} samples)", e.sequence, e.samples);
+  // Counting a batch's samples decodes it: only for the debug log.
+  if (!spool_->empty() && LogEnabled(LogLevel::kDebug)) {
+    const size_t last = spool_->size() - 1;
+    LogDebug("spooled batch {} ({} samples)", spool_->entry(last).sequence,
+             spool_->CountSamples(last));
   }
   if (st.ok()) st = appended;
   if (!st.ok() && stats_.spool_errors++ % 60 == 0) {  // a full disk would log every batch

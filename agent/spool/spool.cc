@@ -341,6 +341,7 @@ absl::Status Spool::Recover(const SpoolIdentity& fresh, const GraphRestorer& res
       if (batch.sequence() <= acked) continue;
       Slot slot;
       slot.entry = {batch.sequence(), batch.epoch(), SamplesOf(batch)};
+      slot.counted = true;
       slot.segment = segment.get();
       slot.offset = r.offset;
       slot.length = static_cast<uint32_t>(kRecordHeader + r.payload.size());
@@ -535,7 +536,7 @@ absl::Status Spool::OpenSegment(uint64_t first_sequence) {
 
 absl::Status Spool::Append(const v1::SampleBatch& batch) {
   Slot slot;
-  slot.entry = {batch.sequence(), batch.epoch(), SamplesOf(batch)};
+  slot.entry = {batch.sequence(), batch.epoch(), 0};  // samples counted if ever needed
   absl::Status st;
   if (!path_.empty()) {
     if (!append_to_last_ || segments_.back()->bytes >= options_.segment_bytes) {
@@ -570,8 +571,18 @@ absl::Status Spool::Append(const v1::SampleBatch& batch) {
   return st;
 }
 
-absl::StatusOr<v1::SampleBatch> Spool::Read(size_t i) const {
-  const Slot& slot = entries_[i];
+absl::StatusOr<v1::SampleBatch> Spool::Read(size_t i) const { return ReadSlot(entries_[i]); }
+
+uint64_t Spool::CountSlotSamples(Slot& slot) {
+  if (!slot.counted) {
+    absl::StatusOr<v1::SampleBatch> batch = ReadSlot(slot);
+    slot.entry.samples = batch.ok() ? SamplesOf(*batch) : 0;
+    slot.counted = true;
+  }
+  return slot.entry.samples;
+}
+
+absl::StatusOr<v1::SampleBatch> Spool::ReadSlot(const Slot& slot) const {
   v1::SampleBatch batch;
   if (slot.segment == nullptr) {
     if (!batch.ParseFromString(*slot.memory)) return absl::DataLossError("unparsable batch");
@@ -608,7 +619,7 @@ void Spool::DropSegment(Segment* segment, bool count_as_dropped) {
     }
     if (count_as_dropped) {
       ++stats_.batches_dropped;
-      stats_.samples_dropped += it->entry.samples;
+      stats_.samples_dropped += CountSlotSamples(*it);
     }
     it = entries_.erase(it);
   }
@@ -631,7 +642,7 @@ void Spool::EnforceBounds() {
       continue;
     }
     ++stats_.batches_dropped;
-    stats_.samples_dropped += it->entry.samples;
+    stats_.samples_dropped += CountSlotSamples(*it);
     it = entries_.erase(it);
     --in_memory;
   }

@@ -127,11 +127,16 @@ class Spool {
   struct Entry {
     uint64_t sequence = 0;
     uint64_t epoch = 0;
+    // The batch's samples, for the operator's accounting. Counting decodes the whole batch,
+    // so they are counted when the batch is recovered from disk or dropped, not as it is
+    // appended: 0 until then.
     uint64_t samples = 0;
   };
   bool empty() const { return entries_.empty(); }
   size_t size() const { return entries_.size(); }
   const Entry& entry(size_t i) const { return entries_[i].entry; }
+  // The samples of entry `i`'s batch, counted now if they were not yet (Entry::samples).
+  uint64_t CountSamples(size_t i) { return CountSlotSamples(entries_[i]); }
   // The batch of entry `i`, read back from disk (or memory).
   absl::StatusOr<v1::SampleBatch> Read(size_t i) const;
   // The server has everything up to `sequence`: drops those entries and their segments.
@@ -150,6 +155,7 @@ class Spool {
     uint64_t offset = 0;
     uint32_t length = 0;
     std::shared_ptr<const std::string> memory;  // serialized batch
+    bool counted = false;  // entry.samples holds the batch's samples
   };
 
   Spool(SpoolOptions options, std::string path, int lock_fd);
@@ -159,6 +165,10 @@ class Spool {
   absl::Status OpenSegment(uint64_t first_sequence);
   absl::Status RewriteSegment(Segment* segment);
   void DropSegment(Segment* segment, bool count_as_dropped);
+  // The batch of `slot`, read back from disk (or memory).
+  absl::StatusOr<v1::SampleBatch> ReadSlot(const Slot& slot) const;
+  // The samples of `slot`'s batch (counted now if they were not yet; 0 if it is unreadable).
+  uint64_t CountSlotSamples(Slot& slot);
   // Drops `segment` once it holds no live batch, unless it is the one taking appends (kept,
   // so that a spool the server keeps up with writes one file, not a file per batch).
   void DropIfAcknowledged(Segment* segment);
