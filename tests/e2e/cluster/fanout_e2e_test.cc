@@ -161,7 +161,9 @@ TEST_F(ClusterTest, OtlpExportsAreStoredByEveryOwnerOfTheirHosts) {
   auto load = StartLoad(8, "otlp", 30, {"--protocol", "otlp"});
   ExpectExact(*load, 120);
   double forwarded = 0;
-  for (const auto& n : nodes_) forwarded += std::max(0.0, Metric(*n, "strata_otlp_forwarded_total"));
+  for (const auto& n : nodes_) {
+    forwarded += std::max(0.0, Metric(*n, "strata_otlp_forwarded_total"));
+  }
   EXPECT_GT(forwarded, 0) << Logs();
 
   const std::string n2 = nodes_[1]->address();
