@@ -116,6 +116,8 @@ struct UnwindRow {
   int32_t cfa_offset = 0;
   int32_t ra_offset = 0;
   int32_t fp_offset = 0;
+
+  bool operator==(const UnwindRow&) const = default;
 };
 
 // One unwound frame. `ra_slot` is the stack address the return address that leads OUT of
