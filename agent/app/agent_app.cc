@@ -87,8 +87,13 @@ void LogSamplingSummary(const ProfilerStats& stats, const std::string& verify) {
                  stats.stack_crossings_failed);
   }
   LogInfo("sampling: {} perf events, {} wake-ups, {} target scans, {} samples of other "
-               "processes dropped", stats.perf_events, stats.wakeups, stats.rescans,
-               stats.filtered);
+               "processes dropped ({} in the kernel)", stats.perf_events, stats.wakeups,
+               stats.rescans, stats.filtered, stats.filtered_in_kernel);
+  if (stats.filter_runs > 0) {
+    // With a Python capture chained, its runs are part of these.
+    LogInfo("in-kernel filter: {} runs, {:.0f} ns each", stats.filter_runs,
+            static_cast<double>(stats.filter_ns) / static_cast<double>(stats.filter_runs));
+  }
   if (stats.kernel_stacks) LogInfo("kernel stacks: {} kernel frames", stats.kernel_frames);
   if (stats.off_cpu_switches > 0) {
     LogInfo("off-CPU: {} switch-outs, {} counted ({:.3f} s), {} under the threshold, {} "

@@ -357,9 +357,13 @@ ProfilerStats Profiler::stats() const {
   s.refreshes = discovery_->refreshes();
   for (const sources::StackSource* source : sources_) s.lost += source->lost();
   if (perf_ != nullptr) {
-    s.filtered = perf_->filtered();
+    const sampler::SamplerStats sampling = perf_->sampler_stats();
+    s.filtered = sampling.filtered + sampling.filtered_in_kernel;
+    s.filtered_in_kernel = sampling.filtered_in_kernel;
+    s.filter_runs = sampling.filter_runs;
+    s.filter_ns = sampling.filter_ns;
     s.perf_events = perf_->events();
-    s.programs_not_attached = perf_->programs_not_attached();
+    s.programs_not_attached = sampling.programs_not_attached;
   }
   if (python_capture_ != nullptr) {
     s.python_capture = true;

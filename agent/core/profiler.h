@@ -116,6 +116,9 @@ struct ProfilerStats : StackRecorderStats {
   size_t targets = 0;
   size_t inproc_targets = 0;    // targets served by an in-process ring
   uint64_t filtered = 0;        // per-CPU samples of processes that are not targets
+  uint64_t filtered_in_kernel = 0;  // ... of them dropped before the kernel wrote them
+  uint64_t filter_runs = 0;         // runs of the program that drops them, and their time
+  uint64_t filter_ns = 0;
   size_t perf_events = 0;       // perf events open now
   uint64_t wakeups = 0;         // Poll()s that returned with something to do or at a deadline
   uint64_t rescans = 0;         // target scans (process events or /proc)

@@ -19,6 +19,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "agent/sampler/cpu_filter.h"
 #include "agent/sampler/perf_record.h"
 #include "common/base/split.h"
 
@@ -53,9 +54,29 @@ struct PerfSampler::Session {
   // Targets attached with Wake::kEachSample: sampled per thread in either scope.
   absl::flat_hash_set<pid_t> each_sample;
 
+  // kPerCpu: the CPU events' program that drops other processes' samples in the kernel
+  // (null where it cannot be loaded: filter_status says why).
+  std::unique_ptr<CpuSampleFilter> filter;
+  absl::Status filter_status;
+
   bool per_cpu() const { return options.scope == SamplingScope::kPerCpu; }
   // Whether `pid`'s threads have events of their own (else the CPUs' events sample it).
   bool per_thread(pid_t pid) const { return !per_cpu() || each_sample.contains(pid); }
+  // Whether the CPUs' samples of `pid` are delivered: the targets sampled by the CPU events.
+  bool sampled_by_cpus(pid_t pid) const {
+    return targets.contains(pid) && !each_sample.contains(pid);
+  }
+  // Statistics with the filter's count read from the kernel.
+  SamplerStats current_stats() const {
+    SamplerStats s = stats;
+    if (filter != nullptr) {
+      s.filtered_in_kernel = filter->dropped();
+      const bpf::ProgramRuns runs = filter->runs();
+      s.filter_runs = runs.count;
+      s.filter_ns = runs.ns;
+    }
+    return s;
+  }
 };
 
 template <typename Fn>
@@ -328,6 +349,18 @@ absl::Status PerfSampler::OpenCpuEvents(Session& session) {
   if (!session.cpu_events.empty()) return absl::OkStatus();
   absl::StatusOr<std::vector<int>> cpus = OnlineCpus();
   if (!cpus.ok()) return cpus.status();
+  if (session.filter == nullptr && session.filter_status.ok()) {
+    absl::StatusOr<std::unique_ptr<CpuSampleFilter>> filter = CpuSampleFilter::Create();
+    if (filter.ok()) {
+      session.filter = std::move(*filter);
+      for (const auto& [pid, threads] : session.targets) UpdateFilter(session, pid);
+      if (session.options.event == SessionEvent::kCpuClock && sample_program_fd_ >= 0) {
+        (void)session.filter->Chain(sample_program_fd_);
+      }
+    } else {
+      session.filter_status = filter.status();
+    }
+  }
   for (int cpu : *cpus) {
     absl::StatusOr<std::unique_ptr<RingEvent>> event = OpenEvent(session, -1, -1, cpu);
     if (!event.ok()) {
@@ -347,7 +380,7 @@ absl::Status PerfSampler::RemoveSession(uint32_t session_id) {
   }
   Session& session = *it->second;
   ForEachEvent(session, [this](RingEvent& event) { CloseEvent(&event); });
-  retired_stats_ += session.stats;
+  retired_stats_ += session.current_stats();
   sessions_.erase(it);
   return absl::OkStatus();
 }
@@ -403,7 +436,14 @@ absl::StatusOr<std::unique_ptr<PerfSampler::RingEvent>> PerfSampler::OpenEvent(
   event->cpu = cpu;
   event->fd = PerfEventOpen(&attr, tid, cpu);
   if (event->fd < 0) return PerfOpenError(errno, tid, cpu, session.options);
-  AttachSampleProgram(session, event->fd);
+  if (cpu >= 0 && session.filter != nullptr) {
+    // Where the kernel refuses, the CPU's samples are filtered here, as without the program.
+    if (ioctl(event->fd, PERF_EVENT_IOC_SET_BPF, session.filter->program_fd()) != 0) {
+      ++session.stats.programs_not_attached;
+    }
+  } else {
+    AttachSampleProgram(session, event->fd);
+  }
   event->mapping_size = page_size_ + data_size;
   event->mapping =
       mmap(nullptr, event->mapping_size, PROT_READ | PROT_WRITE, MAP_SHARED, event->fd, 0);
@@ -439,8 +479,25 @@ void PerfSampler::SetSampleProgram(int program_fd) {
   sample_program_fd_ = program_fd;
   for (auto& [id, owned] : sessions_) {
     Session& session = *owned;
-    ForEachEvent(session, [&](RingEvent& event) { AttachSampleProgram(session, event.fd); });
+    if (session.filter != nullptr) {
+      // The CPU events run the filter, which runs the sample program for targets.
+      if (session.options.event == SessionEvent::kCpuClock &&
+          !session.filter->Chain(program_fd).ok()) {
+        session.stats.programs_not_attached += session.cpu_events.size();
+      }
+      for (auto& [pid, threads] : session.targets) {
+        for (auto& [tid, event] : threads) AttachSampleProgram(session, event->fd);
+      }
+    } else {
+      ForEachEvent(session, [&](RingEvent& event) { AttachSampleProgram(session, event.fd); });
+    }
   }
+}
+
+void PerfSampler::UpdateFilter(Session& session, pid_t pid) {
+  if (session.filter == nullptr || session.filter->passing()) return;
+  // A target the map cannot hold makes the filter pass every sample (filtered here instead).
+  (void)session.filter->SetTarget(pid, session.sampled_by_cpus(pid));
 }
 
 bool PerfSampler::Watch(RingEvent& event) {
@@ -496,7 +553,9 @@ absl::Status PerfSampler::AttachThread(uint32_t session_id, pid_t pid, pid_t tid
     return absl::NotFoundError(absl::StrCat("no session ", session_id));
   }
   Session& session = *it->second;
-  auto& threads = session.targets[pid];
+  auto [target, added] = session.targets.try_emplace(pid);
+  if (added) UpdateFilter(session, pid);
+  auto& threads = target->second;
   if (!session.per_thread(pid)) return OpenCpuEvents(session);
   if (threads.contains(tid)) return absl::OkStatus();
   absl::StatusOr<std::unique_ptr<RingEvent>> event = OpenEvent(session, pid, tid, /*cpu=*/-1);
@@ -515,6 +574,7 @@ absl::Status PerfSampler::AttachProcess(uint32_t session_id, pid_t pid,
   Session& session = *it->second;
   session.targets.try_emplace(pid);
   if (wake == Wake::kEachSample) session.each_sample.insert(pid);
+  UpdateFilter(session, pid);
   if (!session.per_thread(pid)) return OpenCpuEvents(session);
   for (pid_t tid : tids) {
     absl::Status status = AttachThread(session_id, pid, tid);
@@ -551,6 +611,7 @@ void PerfSampler::DetachProcess(uint32_t session_id, pid_t pid) {
   for (auto& [tid, event] : target->second) CloseEvent(event.get());
   it->second->targets.erase(target);
   it->second->each_sample.erase(pid);
+  UpdateFilter(*it->second, pid);
 }
 
 void PerfSampler::DetachProcess(pid_t pid) {
@@ -583,8 +644,7 @@ size_t PerfSampler::DrainEvent(Session& session, RingEvent& event, SampleCallbac
   // sampled per thread (Wake::kEachSample).
   const bool filter = event.cpu >= 0;
   auto sampled_here = [&session](uint32_t pid) {
-    return session.targets.contains(static_cast<pid_t>(pid)) &&
-           !session.each_sample.contains(static_cast<pid_t>(pid));
+    return session.sampled_by_cpus(static_cast<pid_t>(pid));
   };
   const bool callchain = session.options.kernel_stacks || session.options.user_frame_chain;
   RingReader reader(event.control, event.data, event.data_size);
@@ -660,7 +720,7 @@ size_t PerfSampler::Drain(SampleCallback callback) {
 
 SamplerStats PerfSampler::stats() const {
   SamplerStats total = retired_stats_;
-  for (const auto& [id, session] : sessions_) total += session->stats;
+  for (const auto& [id, session] : sessions_) total += session->current_stats();
   return total;
 }
 
@@ -669,7 +729,23 @@ absl::StatusOr<SamplerStats> PerfSampler::session_stats(uint32_t session_id) con
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat("no session ", session_id));
   }
-  return it->second->stats;
+  return it->second->current_stats();
+}
+
+absl::Status PerfSampler::CpuFilterStatus(uint32_t session_id) const {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("no session ", session_id));
+  }
+  const Session& session = *it->second;
+  if (!session.filter_status.ok()) return session.filter_status;
+  if (session.filter == nullptr) {
+    return absl::FailedPreconditionError("no CPU events open in this session");
+  }
+  if (session.filter->passing()) {
+    return absl::ResourceExhaustedError("more targets than the kernel filter holds");
+  }
+  return absl::OkStatus();
 }
 
 size_t PerfSampler::attached_events() const {

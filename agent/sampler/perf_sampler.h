@@ -21,7 +21,9 @@
 //    16 KiB stacks).
 //  - kPerCpu: one event per (session, online CPU) (pid = -1, cpu = N), which samples whatever
 //    runs there in user mode; samples of processes that are not targets of the session are
-//    dropped here (counted as `filtered`). Costs and descriptors scale with CPUs, not with
+//    dropped by a BPF program before the kernel writes them, where it can be loaded
+//    (cpu_filter.h; counted as `filtered_in_kernel`), and here in any case (counted as
+//    `filtered`). Costs and descriptors scale with CPUs, not with
 //    threads, and threads need no attaching; needs system-wide events (CAP_PERFMON or
 //    perf_event_paranoid <= 0). CPUs brought online later are not sampled.
 //
@@ -134,6 +136,11 @@ struct SamplerStats {
   uint64_t threads_attached = 0;  // events opened over the sampler's life
   uint64_t threads_exited = 0;    // events closed because their thread exited
   uint64_t filtered = 0;  // per-CPU samples of processes that are not targets of the session
+  uint64_t filtered_in_kernel = 0;  // ... dropped before they were written (CpuSampleFilter)
+  // Runs of that filter's program and their time (kernel.bpf_stats_enabled): a cost of the
+  // sampled processes, with the chained sample program's.
+  uint64_t filter_runs = 0;
+  uint64_t filter_ns = 0;
   uint64_t switches_in = 0;  // kSwitchIn events delivered (off-CPU sessions)
   uint64_t programs_not_attached = 0;  // events opened without SessionOptions' program
 
@@ -146,6 +153,9 @@ struct SamplerStats {
     threads_attached += other.threads_attached;
     threads_exited += other.threads_exited;
     filtered += other.filtered;
+    filtered_in_kernel += other.filtered_in_kernel;
+    filter_runs += other.filter_runs;
+    filter_ns += other.filter_ns;
     programs_not_attached += other.programs_not_attached;
     return *this;
   }
@@ -220,6 +230,9 @@ class PerfSampler {
 
   SamplerStats stats() const;  // summed over sessions, including removed ones
   absl::StatusOr<SamplerStats> session_stats(uint32_t session_id) const;
+  // OK when the kPerCpu session's CPU events drop other processes' samples in the kernel;
+  // else why not (FailedPrecondition before its events are open, or for another scope).
+  absl::Status CpuFilterStatus(uint32_t session_id) const;
   // Number of events currently open: (session, thread) and (session, CPU).
   size_t attached_events() const;
   // Threads of `pid` currently sampled in the session, ascending.
@@ -241,6 +254,8 @@ class PerfSampler {
   // Attaches the session's sample program to `fd` (a CPU-time session's event), or counts
   // why not.
   void AttachSampleProgram(Session& session, int fd);
+  // Tells the session's CPU filter whether the CPUs' samples of `pid` are kept.
+  void UpdateFilter(Session& session, pid_t pid);
   template <typename Fn>
   static void ForEachEvent(Session& session, Fn fn);
   // Opens a kPerCpu session's events, once it has a target: until then they would only fill

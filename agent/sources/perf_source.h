@@ -61,8 +61,7 @@ class PerfSource final : public StackSource {
   absl::Duration max_wait() const override { return sampler_->max_wait(); }
   void Drain(StackSink& sink) override;
   uint64_t lost() const override { return sampler_->stats().lost; }
-  uint64_t filtered() const { return sampler_->stats().filtered; }
-  uint64_t programs_not_attached() const { return sampler_->stats().programs_not_attached; }
+  sampler::SamplerStats sampler_stats() const { return sampler_->stats(); }
   // Runs `program_fd` at every CPU-time sample from now on (sampler::PerfSampler::
   // SetSampleProgram).
   void SetSampleProgram(int program_fd) { sampler_->SetSampleProgram(program_fd); }

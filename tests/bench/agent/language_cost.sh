@@ -25,10 +25,12 @@
 # (the agent's "stopping: N samples" scaled by the target's CPU in the window against its CPU
 # while attached: samples follow the target's CPU time), us of CPU per sample, wake-ups per
 # sample (over the agent's life), and for Python agents the stale share and the read delay of the agent's "python:"
-# line. The Python frame capture's program runs in the target (at its samples), not in the
-# agent: its runs are timed by the kernel while the run sets kernel.bpf_stats_enabled (root),
-# and its us per sample (bpf_us) are added to the agent's (total_us). Then each case's
-# total_us against cpp's.
+# line. The agent's BPF programs run in the sampled processes, not in the agent: the Python
+# frame capture at its targets' samples, and with per-CPU events the in-kernel filter at every
+# sample of the CPUs (it drops other processes' samples before the kernel copies their stacks,
+# and runs the capture for targets). Their runs are timed by the kernel while the run sets
+# kernel.bpf_stats_enabled (root), and their us per sample of the target (bpf_us) are added to
+# the agent's (total_us). Then each case's total_us against cpp's.
 #
 #   tests/bench/agent/language_cost.sh [SECONDS=30]
 #   env: BUILD (default <repo>/build; binaries in BUILD/bin), PYTHON (default
@@ -177,6 +179,15 @@ for c in $CASES; do wait "${agent[$c]}" || true; [[ -z "$LOW_HZ" ]] || wait "${l
 echo "agent CPU per sample, ${seconds} s window after ${WARMUP} s, $HZ Hz, cases run at once"
 printf '%-11s %9s %9s %9s %8s %9s %7s %7s %10s %8s %9s\n' case agent_ms samples us/sample \
   bpf_us total_us x_cpp x_cpp1 wake/smpl stale% delay_ms
+# "RUNS NS" of the agent's BPF programs that run in its targets: the in-kernel filter of a
+# per-CPU session (which runs the Python capture by a tail call: one run) and the Python capture
+# where it runs on its own (per-thread events); NS the mean per run.
+program_runs() {
+  sed -n 's/.*program: \([0-9]*\) runs, \([0-9]*\) ns each.*/\1 \2/p
+          s/.*in-kernel filter: \([0-9]*\) runs, \([0-9]*\) ns each.*/\1 \2/p' "$1" |
+    awk '{ n += $1; ns += $1 * $2 } END { printf "%d %.0f\n", n, (n > 0 ? ns / n : 0) }'
+}
+
 cpp_us=
 cpp1_us=
 for c in $CASES; do
@@ -186,7 +197,7 @@ for c in $CASES; do
   stale=$(sed -n 's/.*python: [0-9]* stacks with [0-9]* Python frames, \([0-9]*\) stale.*/\1/p' "$log" | tail -1)
   delay=$(sed -n 's/.*, \([0-9]*\) reads \([0-9.]*\) ms after their sample.*/\1 \2/p' "$log" | tail -1)
   [[ -z "$delay" || "${delay%% *}" == 0 ]] && delay=- || delay=${delay#* }
-  runs=$(sed -n 's/.*program: \([0-9]*\) runs, \([0-9]*\) ns each.*/\1 \2/p' "$log" | tail -1)
+  runs=$(program_runs "$log")
   row=$(awk -v a0="${a0[$c]}" -v a1="${a1[$c]}" -v t0="${t0[$c]}" -v t1="${t1[$c]}" \
       -v ta="${attach_cpu[$c]}" -v te="${t_end[$c]}" -v n="${samples:-0}" -v w="${wakeups:-0}" \
       -v s="${stale:-}" -v d="$delay" -v cpp="$cpp_us" -v cpp1="$cpp1_us" -v c="$c" \
@@ -204,6 +215,7 @@ for c in $CASES; do
   [[ $c == cpp1 ]] && cpp1_us=${row##* }
   echo "${row% *}"
   sed -n 's/.*\] \(sampling: .*\)/            \1/p; s/.*\] \(python: .*\)/            \1/p
+          s/.*\] \(in-kernel filter: .*\)/            \1/p
           s/.*\] \(python capture: .*\)/            \1/p' "$log"
 done
 [[ -n "$LOW_HZ" ]] || exit 0
@@ -219,7 +231,7 @@ cpp1_slope=
 for c in $CASES; do
   n_hi=$(sed -n 's/.*stopping: \([0-9]*\) samples.*/\1/p' "$work/$c.agent.log" | tail -1)
   n_lo=$(sed -n 's/.*stopping: \([0-9]*\) samples.*/\1/p' "$work/$c.low.agent.log" | tail -1)
-  runs=$(sed -n 's/.*program: \([0-9]*\) runs, \([0-9]*\) ns each.*/\1 \2/p' "$work/$c.agent.log" | tail -1)
+  runs=$(program_runs "$work/$c.agent.log")
   row=$(awk -v a0="${a0[$c]}" -v a1="${a1[$c]}" -v l0="${l0[$c]}" -v l1="${l1[$c]}" \
       -v t0="${t0[$c]}" -v t1="${t1[$c]}" -v ta="${attach_cpu[$c]}" -v te="${t_end[$c]}" \
       -v hi="${n_hi:-0}" -v lo="${n_lo:-0}" -v runs="${runs:-0 0}" -v cpp="$cpp_slope" \
