@@ -29,8 +29,9 @@
 # frame capture at its targets' samples, and with per-CPU events the in-kernel filter at every
 # sample of the CPUs (it drops other processes' samples before the kernel copies their stacks,
 # and runs the capture for targets). Their runs are timed by the kernel while the run sets
-# kernel.bpf_stats_enabled (root), and their us per sample of the target (bpf_us) are added to
-# the agent's (total_us). Then each case's total_us against cpp's.
+# kernel.bpf_stats_enabled (root); their time at the target's samples per sample (bpf_us: the
+# filter's runs at other processes' samples are taken out, see bpf_awk) is added to the
+# agent's (total_us). Then each case's total_us against cpp's.
 #
 #   tests/bench/agent/language_cost.sh [SECONDS=30]
 #   env: BUILD (default <repo>/build; binaries in BUILD/bin), PYTHON (default
@@ -179,17 +180,31 @@ for c in $CASES; do wait "${agent[$c]}" || true; [[ -z "$LOW_HZ" ]] || wait "${l
 echo "agent CPU per sample, ${seconds} s window after ${WARMUP} s, $HZ Hz, cases run at once"
 printf '%-11s %9s %9s %9s %8s %9s %7s %7s %10s %8s %9s\n' case agent_ms samples us/sample \
   bpf_us total_us x_cpp x_cpp1 wake/smpl stale% delay_ms
-# "RUNS NS" of the agent's BPF programs that run in its targets: the in-kernel filter of a
-# per-CPU session (which runs the Python capture by a tail call: one run) and the Python capture
-# where it runs on its own (per-thread events); NS the mean per run.
+# "RUNS NS OTHER" of the agent's BPF programs that run in the sampled processes: the
+# in-kernel filter of per-CPU events (which runs the Python capture for targets by a tail
+# call: one run) and the Python capture where it runs on its own (per-thread events); NS the
+# mean per run; OTHER the runs at other processes' samples (the samples the filter dropped).
 program_runs() {
+  local other
+  other=$(sed -n 's/.*processes dropped (\([0-9]*\) in the kernel).*/\1/p' "$1" | tail -1)
   sed -n 's/.*program: \([0-9]*\) runs, \([0-9]*\) ns each.*/\1 \2/p
           s/.*in-kernel filter: \([0-9]*\) runs, \([0-9]*\) ns each.*/\1 \2/p' "$1" |
-    awk '{ n += $1; ns += $1 * $2 } END { printf "%d %.0f\n", n, (n > 0 ? ns / n : 0) }'
+    awk -v other="${other:-0}" '{ n += $1; ns += $1 * $2 }
+      END { printf "%d %.0f %d\n", n, (n > 0 ? ns / n : 0), other }'
 }
+# The programs' ns per target sample: their time less that of their runs at other processes'
+# samples (a cost of per-CPU sampling whatever the target's language, in place of the kernel's
+# stack copies of those samples), each such run costing the cpp agent's mean run (the filter
+# alone; without a cpp case, this agent's mean).
+bpf_awk='function bpf_ns(runs, cpp_run,   r, f) {
+    split(runs, r, " ")
+    f = cpp_run != "" ? cpp_run : r[2]
+    return r[1] * r[2] - r[3] * (f < r[2] ? f : r[2])
+  }'
 
 cpp_us=
 cpp1_us=
+cpp_run=
 for c in $CASES; do
   log=$work/$c.agent.log
   samples=$(sed -n 's/.*stopping: \([0-9]*\) samples.*/\1/p' "$log" | tail -1)
@@ -198,14 +213,14 @@ for c in $CASES; do
   delay=$(sed -n 's/.*, \([0-9]*\) reads \([0-9.]*\) ms after their sample.*/\1 \2/p' "$log" | tail -1)
   [[ -z "$delay" || "${delay%% *}" == 0 ]] && delay=- || delay=${delay#* }
   runs=$(program_runs "$log")
+  [[ $c == cpp ]] && cpp_run=$(echo "$runs" | awk '{ print $2 }')
   row=$(awk -v a0="${a0[$c]}" -v a1="${a1[$c]}" -v t0="${t0[$c]}" -v t1="${t1[$c]}" \
       -v ta="${attach_cpu[$c]}" -v te="${t_end[$c]}" -v n="${samples:-0}" -v w="${wakeups:-0}" \
       -v s="${stale:-}" -v d="$delay" -v cpp="$cpp_us" -v cpp1="$cpp1_us" -v c="$c" \
-      -v runs="${runs:-0 0}" 'BEGIN {
+      -v runs="${runs:-0 0 0}" -v cpp_run="$cpp_run" "$bpf_awk"' BEGIN {
     win = n * (t1 - t0) / (te > ta ? te - ta : 1)      # samples of the window
     us = win > 0 ? (a1 - a0) / 1e3 / win : 0
-    split(runs, r, " ")                                # the program: runs over the agent life
-    bpf = n > 0 ? r[1] * r[2] / 1e3 / n : 0
+    bpf = n > 0 ? bpf_ns(runs, cpp_run) / 1e3 / n : 0  # the programs: runs over the agent life
     total = us + bpf
     printf "%-11s %9.1f %9d %9.1f %8.1f %9.1f %7s %7s %10.2f %8s %9s %.3f\n", c,
       (a1 - a0) / 1e6, win, us, bpf, total, cpp == "" ? "-" : sprintf("%.2f", total / cpp),
@@ -234,13 +249,12 @@ for c in $CASES; do
   runs=$(program_runs "$work/$c.agent.log")
   row=$(awk -v a0="${a0[$c]}" -v a1="${a1[$c]}" -v l0="${l0[$c]}" -v l1="${l1[$c]}" \
       -v t0="${t0[$c]}" -v t1="${t1[$c]}" -v ta="${attach_cpu[$c]}" -v te="${t_end[$c]}" \
-      -v hi="${n_hi:-0}" -v lo="${n_lo:-0}" -v runs="${runs:-0 0}" -v cpp="$cpp_slope" \
-      -v cpp1="$cpp1_slope" -v c="$c" 'BEGIN {
+      -v hi="${n_hi:-0}" -v lo="${n_lo:-0}" -v runs="${runs:-0 0 0}" -v cpp="$cpp_slope" \
+      -v cpp1="$cpp1_slope" -v c="$c" -v cpp_run="$cpp_run" "$bpf_awk"' BEGIN {
     f = (t1 - t0) / (te > ta ? te - ta : 1)            # the part of the samples in the window
     whi = hi * f; wlo = lo * f
     slope = whi > wlo ? ((a1 - a0) - (l1 - l0)) / 1e3 / (whi - wlo) : 0
-    split(runs, r, " ")
-    bpf = hi > 0 ? r[1] * r[2] / 1e3 / hi : 0
+    bpf = hi > 0 ? bpf_ns(runs, cpp_run) / 1e3 / hi : 0
     total = slope + bpf
     printf "%-11s %9d %9d %9.1f %8.1f %9.1f %7s %7s %.3f\n", c, whi, wlo, slope, bpf, total,
       cpp == "" ? "-" : sprintf("%.2f", total / cpp),
