@@ -39,6 +39,18 @@ inline std::vector<CumShare> ParsePprofTopCum(const std::string& output, double*
   return rows;
 }
 
+// How far Strata's share `ours` of a function (percent) lies from the shares the function can
+// have given pprof's `theirs`, when pprof's profile holds only `coverage` (0 to 1) of the
+// process's CPU time: Go's profiler loses samples under CPU contention (13 % of them in one run
+// with a busy process beside the workload on two cores), while perf events count all of it. The
+// function's samples pprof kept lie between all of its time and all but what pprof missed,
+// so its true share lies in [theirs * c, theirs * c + 100 * (1 - c)]; 0 inside.
+inline double DistanceFromPprofShare(double ours, double theirs, double coverage) {
+  const double c = coverage > 1 ? 1 : coverage;
+  const double low = theirs * c, high = theirs * c + 100 * (1 - c);
+  return ours < low ? low - ours : ours > high ? ours - high : 0;
+}
+
 }  // namespace strata::e2e
 
 #endif  // STRATA_TESTS_E2E_GOLANG_PPROF_TOP_H_
