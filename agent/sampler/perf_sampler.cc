@@ -724,6 +724,12 @@ SamplerStats PerfSampler::stats() const {
   return total;
 }
 
+uint64_t PerfSampler::lost() const {
+  uint64_t lost = retired_stats_.lost;
+  for (const auto& [id, session] : sessions_) lost += session->stats.lost;
+  return lost;
+}
+
 absl::StatusOr<SamplerStats> PerfSampler::session_stats(uint32_t session_id) const {
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {

@@ -229,6 +229,7 @@ class PerfSampler {
   size_t Drain(SampleCallback callback);
 
   SamplerStats stats() const;  // summed over sessions, including removed ones
+  uint64_t lost() const;       // stats().lost, without reading the kernel's counters
   absl::StatusOr<SamplerStats> session_stats(uint32_t session_id) const;
   // OK when the kPerCpu session's CPU events drop other processes' samples in the kernel;
   // else why not (FailedPrecondition before its events are open, or for another scope).

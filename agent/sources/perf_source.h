@@ -60,7 +60,7 @@ class PerfSource final : public StackSource {
   absl::Status Ready() override;
   absl::Duration max_wait() const override { return sampler_->max_wait(); }
   void Drain(StackSink& sink) override;
-  uint64_t lost() const override { return sampler_->stats().lost; }
+  uint64_t lost() const override { return sampler_->lost(); }
   sampler::SamplerStats sampler_stats() const { return sampler_->stats(); }
   // Runs `program_fd` at every CPU-time sample from now on (sampler::PerfSampler::
   // SetSampleProgram).
