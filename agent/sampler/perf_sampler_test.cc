@@ -171,6 +171,14 @@ class PerfSamplerTest : public ::testing::Test {
     options.frequency_hz = hz;
     return options;
   }
+  // A per-CPU session at 499 Hz whose rings wake the reader every 16 samples.
+  SessionOptions PerCpuSession(uint32_t id) {
+    SessionOptions options = Session(id, 499);
+    options.scope = SamplingScope::kPerCpu;
+    options.ring_pages = RingPagesFor(options.stack_bytes, 64);
+    options.wakeup_samples = 16;
+    return options;
+  }
 
   SpinningChild child_;
   std::unique_ptr<PerfSampler> sampler_;
@@ -436,11 +444,7 @@ TEST_F(PerfSamplerTest, PerCpuSampleProgramRunsAtTheTargetsSamplesOnly) {
   const pid_t pid = child_.pid();
   SpinningChild other;  // runs as much, but is no target
   ASSERT_GT(other.pid(), 0);
-  SessionOptions options = Session(8, 499);
-  options.scope = SamplingScope::kPerCpu;
-  options.ring_pages = RingPagesFor(options.stack_bytes, 64);
-  options.wakeup_samples = 16;
-  ASSERT_TRUE(sampler_->AddSession(options).ok());
+  ASSERT_TRUE(sampler_->AddSession(PerCpuSession(8)).ok());
   ASSERT_TRUE(sampler_->AttachProcess(8, pid, {}).ok());
   ASSERT_TRUE(sampler_->CpuFilterStatus(8).ok()) << sampler_->CpuFilterStatus(8);
   sampler_->SetSampleProgram(counter->program.get());  // chained after the filter
@@ -495,11 +499,7 @@ TEST_F(PerfSamplerTest, PerCpuSessionSamplesEveryThreadOfItsTargetsOnly) {
   const pid_t pid = child_.pid();
   SpinningChild other;  // runs too, but is no target
   ASSERT_GT(other.pid(), 0);
-  SessionOptions options = Session(7, 499);
-  options.scope = SamplingScope::kPerCpu;
-  options.ring_pages = RingPagesFor(options.stack_bytes, 64);
-  options.wakeup_samples = 16;
-  ASSERT_TRUE(sampler_->AddSession(options).ok());
+  ASSERT_TRUE(sampler_->AddSession(PerCpuSession(7)).ok());
   EXPECT_EQ(sampler_->attached_events(), 0u) << "no target yet: nothing to sample";
   ASSERT_TRUE(sampler_->AttachProcess(7, pid, {}).ok());
   const size_t cpus = OnlineCpus().value().size();
