@@ -643,8 +643,16 @@ size_t PerfSampler::DrainEvent(Session& session, RingEvent& event, SampleCallbac
   // A CPU's samples of processes that are no targets of its events: others, and the targets
   // sampled per thread (Wake::kEachSample).
   const bool filter = event.cpu >= 0;
-  auto sampled_here = [&session](uint32_t pid) {
-    return session.sampled_by_cpus(static_cast<pid_t>(pid));
+  // The last pid's answer: a ring's samples come in runs of one process (only targets' where
+  // the kernel filters), and the targets cannot change during a drain.
+  uint32_t last_pid = 0;
+  bool last_sampled = session.sampled_by_cpus(0);
+  auto sampled_here = [&](uint32_t pid) {
+    if (pid != last_pid) {
+      last_pid = pid;
+      last_sampled = session.sampled_by_cpus(static_cast<pid_t>(pid));
+    }
+    return last_sampled;
   };
   const bool callchain = session.options.kernel_stacks || session.options.user_frame_chain;
   RingReader reader(event.control, event.data, event.data_size);
