@@ -11,7 +11,15 @@ namespace {
 absl::StatusOr<sampler::SamplingScope> ChooseScope(ProfilerOptions::Sampling sampling) {
   if (sampling == ProfilerOptions::Sampling::kPerThread) return sampler::SamplingScope::kPerThread;
   absl::Status probe = sampler::ProbePerCpuEvents();
-  if (probe.ok()) return sampler::SamplingScope::kPerCpu;
+  if (probe.ok()) {
+    if (absl::Status filter = sampler::ProbeCpuFilter(); filter.ok()) {
+      LogInfo("sampling per CPU: other processes' samples dropped in the kernel");
+    } else {
+      LogInfo("sampling per CPU: other processes' samples dropped by the agent ({})",
+              filter.ToString());
+    }
+    return sampler::SamplingScope::kPerCpu;
+  }
   if (sampling == ProfilerOptions::Sampling::kPerCpu) return probe;
   LogInfo("sampling per thread: system-wide perf events are not allowed here ({})",
                probe.ToString());

@@ -308,6 +308,8 @@ absl::Status ProbeKernelEvents(SamplingScope scope, SessionEvent event) {
   return ProbeEvent(static_cast<pid_t>(syscall(SYS_gettid)), -1, options);
 }
 
+absl::Status ProbeCpuFilter() { return CpuSampleFilter::Create().status(); }
+
 absl::StatusOr<std::unique_ptr<PerfSampler>> PerfSampler::Create() {
   absl::StatusOr<Arch> arch = HostArch();
   if (!arch.ok()) return arch.status();

@@ -167,6 +167,9 @@ absl::Status ProbePerfEvents();
 // Opens and closes one system-wide cpu-clock event on CPU 0: OK if kPerCpu sessions can be
 // added, otherwise the error AddSession would return.
 absl::Status ProbePerCpuEvents();
+// Loads and frees the in-kernel filter of per-CPU events (cpu_filter.h): OK if kPerCpu
+// sessions will drop other processes' samples in the kernel, else why they will not.
+absl::Status ProbeCpuFilter();
 // Opens and closes an event of `event` with kernel stacks in `scope`: OK if sessions with
 // kernel_stacks (or of kContextSwitches) can be added.
 absl::Status ProbeKernelEvents(SamplingScope scope, SessionEvent event);
