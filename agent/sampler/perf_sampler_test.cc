@@ -20,6 +20,7 @@
 #include "agent/bpf/bpf.h"
 #include "agent/procfs/procfs.h"
 #include "agent/procfs/process_tracker.h"
+#include "agent/sampler/cpu_filter.h"
 #include "common/unwind/host_arch.h"
 #include "gtest/gtest.h"
 
@@ -464,6 +465,39 @@ TEST_F(PerfSamplerTest, PerCpuSampleProgramRunsAtTheTargetsSamplesOnly) {
   EXPECT_GT(stats.filtered_in_kernel, 50u);
   EXPECT_EQ(stats.filtered, 0u);
   EXPECT_EQ(stats.programs_not_attached, 0u);
+}
+
+// A session with more targets than the filter's map holds has the filter pass every sample:
+// the sampler drops other processes' samples itself and loses none of its targets'.
+TEST_F(PerfSamplerTest, PerCpuFilterWhoseMapIsFullPassesEverySample) {
+  if (absl::Status probe = ProbePerCpuEvents(); !probe.ok()) {
+    GTEST_SKIP() << "system-wide perf events not allowed here: " << probe;
+  }
+  if (absl::Status filter = ProbeCpuFilter(); !filter.ok()) {
+    GTEST_SKIP() << "no in-kernel filter here: " << filter;
+  }
+  const pid_t pid = child_.pid();
+  SpinningChild other;  // no target
+  ASSERT_GT(other.pid(), 0);
+  ASSERT_TRUE(sampler_->AddSession(PerCpuSession(10)).ok());
+  ASSERT_TRUE(sampler_->AttachProcess(10, pid, {}).ok());
+  ASSERT_TRUE(sampler_->CpuFilterStatus(10).ok()) << sampler_->CpuFilterStatus(10);
+  // Pids above the kernel's largest (4,194,304): targets no process is.
+  for (uint32_t i = 0; i < CpuSampleFilter::kMaxTargets; ++i) {
+    ASSERT_TRUE(sampler_->AttachProcess(10, static_cast<pid_t>(5'000'000 + i), {}).ok());
+  }
+  EXPECT_TRUE(absl::IsResourceExhausted(sampler_->CpuFilterStatus(10)))
+      << sampler_->CpuFilterStatus(10);
+  const SamplerStats before = sampler_->session_stats(10).value();
+  const uint64_t other_before = RuntimeNs(other.pid(), other.pid());
+  std::vector<CopiedSample> samples;
+  SampleForChildCpu(*sampler_, pid, absl::Milliseconds(300), &samples);
+  ASSERT_GT(RuntimeNs(other.pid(), other.pid()) - other_before, 100'000'000u)
+      << "the other child barely ran";
+  ASSERT_GT(samples.size(), 50u);
+  for (const CopiedSample& s : samples) ASSERT_EQ(s.regs.pid, static_cast<uint32_t>(pid));
+  const SamplerStats after = sampler_->session_stats(10).value();
+  EXPECT_GT(after.filtered - before.filtered, 25u) << "the other child's samples were read";
 }
 
 TEST_F(PerfSamplerTest, FullRingCountsLostSamples) {
