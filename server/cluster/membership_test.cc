@@ -1,9 +1,11 @@
 #include "server/cluster/membership.h"
 
+#include <chrono>
 #include <memory>
 #include <string>
 
 #include "absl/time/clock.h"
+#include "common/testing/wait_for.h"
 #include "gtest/gtest.h"
 #include "server/cluster/etcd/etcd_client.h"
 #include "server/cluster/etcd/etcd_test_server.h"
@@ -14,12 +16,8 @@ namespace {
 
 template <typename Pred>
 bool WaitFor(Pred done, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return done();
+  return strata::testing::WaitFor(done, absl::ToChronoMilliseconds(timeout),
+                                  std::chrono::milliseconds(50));
 }
 
 class MembershipTest : public ::testing::Test {

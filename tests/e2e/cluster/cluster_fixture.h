@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <regex>
 #include <string>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/testing/temp_dir.h"
+#include "common/testing/wait_for.h"
 #include "gtest/gtest.h"
 #include "server/cluster/etcd/etcd_test_server.h"
 #include "tests/e2e/harness.h"
@@ -72,15 +74,12 @@ inline double Metric(int port, const std::string& name) {
   return status == 200 ? MetricIn(body, name) : -1;
 }
 
-// Waits until `done` holds, checking every 100 ms; false after `timeout`.
+// Waits until `done` holds, checking every 100 ms (each check asks a node); false after
+// `timeout`.
 template <typename Pred>
 bool WaitFor(Pred done, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  return done();
+  return strata::testing::WaitFor(done, absl::ToChronoMilliseconds(timeout),
+                                  std::chrono::milliseconds(100));
 }
 
 class ClusterTest : public ::testing::Test {
