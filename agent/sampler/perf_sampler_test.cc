@@ -148,6 +148,17 @@ void SampleForChildCpu(PerfSampler& sampler, pid_t pid, absl::Duration cpu,
   }
 }
 
+// SampleForChildCpu, with `other` (no target) running beside the child: it must have run
+// 100 ms, and every sample must be the child's. Call through ASSERT_NO_FATAL_FAILURE.
+void SampleChildBesideOther(PerfSampler& sampler, pid_t pid, pid_t other, absl::Duration cpu,
+                            std::vector<CopiedSample>* out) {
+  const uint64_t other_before = RuntimeNs(other, other);
+  SampleForChildCpu(sampler, pid, cpu, out);
+  ASSERT_GT(RuntimeNs(other, other) - other_before, 100'000'000u) << "the other child barely ran";
+  ASSERT_GT(out->size(), 50u);
+  for (const CopiedSample& s : *out) ASSERT_EQ(s.regs.pid, static_cast<uint32_t>(pid));
+}
+
 size_t CountSession(const std::vector<CopiedSample>& samples, uint32_t session_id) {
   size_t n = 0;
   for (const CopiedSample& s : samples) n += s.regs.session_id == session_id;
@@ -449,13 +460,9 @@ TEST_F(PerfSamplerTest, PerCpuSampleProgramRunsAtTheTargetsSamplesOnly) {
   ASSERT_TRUE(sampler_->AttachProcess(8, pid, {}).ok());
   ASSERT_TRUE(sampler_->CpuFilterStatus(8).ok()) << sampler_->CpuFilterStatus(8);
   sampler_->SetSampleProgram(counter->program.get());  // chained after the filter
-  const uint64_t other_before = RuntimeNs(other.pid(), other.pid());
   std::vector<CopiedSample> samples;
-  SampleForChildCpu(*sampler_, pid, absl::Milliseconds(400), &samples);
-  ASSERT_GT(RuntimeNs(other.pid(), other.pid()) - other_before, 100'000'000u)
-      << "the other child barely ran";
-  ASSERT_GT(samples.size(), 50u);
-  for (const CopiedSample& s : samples) ASSERT_EQ(s.regs.pid, static_cast<uint32_t>(pid));
+  ASSERT_NO_FATAL_FAILURE(
+      SampleChildBesideOther(*sampler_, pid, other.pid(), absl::Milliseconds(400), &samples));
   // A run per sample of the target (a run's sample may still be in a ring), none per sample
   // of the other child.
   const uint64_t runs = counter->runs();
@@ -489,13 +496,9 @@ TEST_F(PerfSamplerTest, PerCpuFilterWhoseMapIsFullPassesEverySample) {
   EXPECT_TRUE(absl::IsResourceExhausted(sampler_->CpuFilterStatus(10)))
       << sampler_->CpuFilterStatus(10);
   const SamplerStats before = sampler_->session_stats(10).value();
-  const uint64_t other_before = RuntimeNs(other.pid(), other.pid());
   std::vector<CopiedSample> samples;
-  SampleForChildCpu(*sampler_, pid, absl::Milliseconds(300), &samples);
-  ASSERT_GT(RuntimeNs(other.pid(), other.pid()) - other_before, 100'000'000u)
-      << "the other child barely ran";
-  ASSERT_GT(samples.size(), 50u);
-  for (const CopiedSample& s : samples) ASSERT_EQ(s.regs.pid, static_cast<uint32_t>(pid));
+  ASSERT_NO_FATAL_FAILURE(
+      SampleChildBesideOther(*sampler_, pid, other.pid(), absl::Milliseconds(300), &samples));
   const SamplerStats after = sampler_->session_stats(10).value();
   EXPECT_GT(after.filtered - before.filtered, 25u) << "the other child's samples were read";
 }
