@@ -647,8 +647,8 @@ size_t PerfSampler::DrainEvent(Session& session, RingEvent& event, SampleCallbac
   const bool filter = event.cpu >= 0;
   // The last pid's answer: a ring's samples come in runs of one process (only targets' where
   // the kernel filters), and the targets cannot change during a drain.
-  uint32_t last_pid = 0;
-  bool last_sampled = session.sampled_by_cpus(0);
+  uint32_t last_pid = UINT32_MAX;  // no pid: (pid_t)-1
+  bool last_sampled = false;
   auto sampled_here = [&](uint32_t pid) {
     if (pid != last_pid) {
       last_pid = pid;
