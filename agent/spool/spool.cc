@@ -555,7 +555,8 @@ absl::Status Spool::Append(const v1::SampleBatch& batch) {
         segment->bytes += record.size();
         ++segment->live;
         unsynced_segment_ = segment;
-        Written();
+        slot.unsynced_since = absl::Now();
+        Written(slot.unsynced_since);
       } else {
         (void)ftruncate(segment->fd, static_cast<off_t>(segment->bytes));
         (void)lseek(segment->fd, static_cast<off_t>(segment->bytes), SEEK_SET);
@@ -682,8 +683,19 @@ void Spool::AckThrough(uint64_t sequence) {
     DropIfAcknowledged(segments_[i].get());
     if (segments_.size() == before) ++i;
   }
-  // What is not synced yet is the server's now.
-  if (entries_.empty()) NothingToSync();
+  // What is not synced yet is the server's now, but for batches still unacknowledged: those
+  // are due a delay after the oldest of them was written. (An acknowledgement read after the
+  // next batch was written leaves that one's delay to run.)
+  if (sync_due_ == absl::InfiniteFuture()) return;
+  absl::Time oldest = absl::InfiniteFuture();
+  for (auto it = entries_.rbegin(); it != entries_.rend() && !SyncedOnDisk(*it); ++it) {
+    oldest = std::min(oldest, it->unsynced_since);
+  }
+  if (oldest == absl::InfiniteFuture()) {
+    NothingToSync();
+  } else {
+    sync_due_ = oldest + options_.sync_delay;
+  }
 }
 
 void Spool::DropIfAcknowledged(Segment* segment) {
@@ -692,8 +704,8 @@ void Spool::DropIfAcknowledged(Segment* segment) {
   DropSegment(segment, false);
 }
 
-void Spool::Written() {
-  if (sync_due_ == absl::InfiniteFuture()) sync_due_ = absl::Now() + options_.sync_delay;
+void Spool::Written(absl::Time when) {
+  if (sync_due_ == absl::InfiniteFuture()) sync_due_ = when + options_.sync_delay;
 }
 
 void Spool::NothingToSync() {
@@ -710,6 +722,10 @@ absl::Status Spool::SyncAll() {
   graph_unsynced_ = false;
   if (unsynced_segment_ != nullptr && fdatasync(unsynced_segment_->fd) != 0) {
     return ErrnoError("cannot sync", unsynced_segment_->path, errno);
+  }
+  // The writes not synced before are the newest (batches kept in memory among them).
+  for (auto it = entries_.rbegin(); it != entries_.rend() && !SyncedOnDisk(*it); ++it) {
+    it->unsynced_since = absl::InfiniteFuture();
   }
   NothingToSync();
   return absl::OkStatus();

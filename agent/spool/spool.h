@@ -156,7 +156,12 @@ class Spool {
     uint32_t length = 0;
     std::shared_ptr<const std::string> memory;  // serialized batch
     bool counted = false;  // entry.samples holds the batch's samples
+    // When the batch was written to its segment, while that write is not synced.
+    absl::Time unsynced_since = absl::InfiniteFuture();
   };
+  static bool SyncedOnDisk(const Slot& slot) {
+    return slot.segment != nullptr && slot.unsynced_since == absl::InfiniteFuture();
+  }
 
   Spool(SpoolOptions options, std::string path, int lock_fd);
   absl::Status Recover(const SpoolIdentity& fresh, const GraphRestorer& restore,
@@ -173,7 +178,7 @@ class Spool {
   // so that a spool the server keeps up with writes one file, not a file per batch).
   void DropIfAcknowledged(Segment* segment);
   // A write that unacknowledged batches depend on was made now.
-  void Written();
+  void Written(absl::Time when = absl::Now());
   // Nothing unacknowledged depends on the writes not synced yet.
   void NothingToSync();
   absl::Status SyncAll();

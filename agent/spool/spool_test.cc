@@ -199,6 +199,34 @@ TEST_F(SpoolTest, WritesAreSyncedOnlyWhileUnacknowledgedPastTheDelay) {
   EXPECT_EQ(restored_.size(), 1u);
 }
 
+// The acknowledgement of a batch read only after the next one was written (a shipper that
+// reads them when the next batch goes) leaves the next one its own delay: the spool does not
+// sync a batch that was written a moment ago.
+TEST_F(SpoolTest, AnAcknowledgementReadLateLeavesTheNewerBatchItsOwnDelay) {
+  SpoolOptions options = Options();
+  options.sync_delay = absl::Seconds(1);
+  auto spool = Open(options, Fresh("web-1", 1));
+  ASSERT_TRUE(spool->Append(Batch(1, 0, 5)).ok());
+  const absl::Time first_due = spool->sync_due();
+  absl::SleepFor(absl::Milliseconds(20));  // the next interval
+  const absl::Time second_written = absl::Now();
+  ASSERT_TRUE(spool->Append(Batch(2, 0, 5)).ok());
+  EXPECT_EQ(spool->sync_due(), first_due);  // the oldest unacknowledged write counts
+  spool->AckThrough(1);
+  EXPECT_GE(spool->sync_due(), second_written + absl::Seconds(1));
+  ASSERT_TRUE(spool->SyncIfDue(first_due).ok());
+  EXPECT_NE(spool->sync_due(), absl::InfiniteFuture());  // nothing was due
+  // Once synced, a later acknowledgement leaves nothing due.
+  ASSERT_TRUE(spool->SyncIfDue(spool->sync_due()).ok());
+  EXPECT_EQ(spool->sync_due(), absl::InfiniteFuture());
+  ASSERT_TRUE(spool->Append(Batch(3, 0, 5)).ok());
+  const absl::Time third_due = spool->sync_due();
+  spool->AckThrough(2);
+  EXPECT_EQ(spool->sync_due(), third_due);
+  spool->AckThrough(3);
+  EXPECT_EQ(spool->sync_due(), absl::InfiniteFuture());
+}
+
 TEST_F(SpoolTest, ATornTailIsSkippedAndCounted) {
   {
     auto spool = Open(Options(), Fresh("a", 1));
