@@ -1,6 +1,7 @@
 #include "agent/core/shipper.h"
 
 #include <grpcpp/grpcpp.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <climits>
@@ -20,6 +21,11 @@ constexpr size_t kMaxBytesPerRound = 4 << 20;
 // Channels kept for addresses outside the configured list (redirect targets): a cluster's
 // membership changes over the agent's life, and each channel holds a connection's state.
 constexpr size_t kMaxRedirectChannels = 8;
+
+// Batches that come at most this far apart are shipped without waiting on the stream in
+// between (Shipper::Session): the server's messages are read when the next batch goes, at
+// most this late.
+constexpr absl::Duration kMaxPassiveWait = absl::Seconds(2);
 
 std::string_view TrimSpaces(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -58,10 +64,16 @@ void Shipper::SetControlHandler(ControlHandler handler) {
   control_handler_ = std::move(handler);
 }
 
-void Shipper::Start() { thread_ = std::thread([this] { Run(); }); }
+void Shipper::Start() {
+  thread_ = std::thread([this] { Run(); });
+  pthread_setname_np(thread_.native_handle(), "strata-shipper");  // as top -H shows it
+}
 
 void Shipper::Enqueue(v1::SampleBatch batch) {
   absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  enqueue_gap_ = now - last_enqueue_;
+  last_enqueue_ = now;
   // The graph first: a batch in the spool must be decodable after a restart.
   absl::Status st;
   while (st.ok() && (spooled_edges_ < batch.epoch() || spooled_nodes_ < graph_->num_nodes())) {
@@ -87,7 +99,9 @@ void Shipper::Enqueue(v1::SampleBatch batch) {
     LogWarn("spool {}: {} (batch {} kept in memory; {} such errors)", spool_->path(),
                  std::string(st.message()), batch.sequence(), stats_.spool_errors);
   }
-  SyncSpoolIfDue();
+  // A connected session syncs once it has read the acknowledgements that came (which may
+  // leave nothing to sync): it is woken now, and may not have read them yet.
+  if (session_cq_ == nullptr) SyncSpoolIfDue();
   const uint64_t dropped = spool_->stats().batches_dropped;
   if (dropped > stats_.spool.batches_dropped) {
     LogWarn("spool {} full: dropped the oldest batches ({} in all, {} samples)",
@@ -104,6 +118,18 @@ void Shipper::SyncSpoolIfDue() {
     LogWarn("spool {}: {} (unacknowledged batches written but not synced; {} such errors)",
             spool_->path(), std::string(st.message()), stats_.spool_errors);
   }
+}
+
+bool Shipper::HasWorkForSession() const {
+  return stopping_ || flush_waiters_ > 0 || !statuses_.empty() || (!targets_sent_ && !targets_.empty()) ||
+         (!spool_->empty() && spool_->entry(spool_->size() - 1).sequence >= next_send_);
+}
+
+std::optional<absl::Time> Shipper::PassiveWaitEnd() const {
+  if (flush_waiters_ > 0 || enqueue_gap_ > kMaxPassiveWait) return std::nullopt;
+  const absl::Time end = last_enqueue_ + kMaxPassiveWait;
+  if (end <= absl::Now()) return std::nullopt;
+  return end;
 }
 
 bool Shipper::AwaitSyncingSpool(const absl::Condition& condition, absl::Time deadline) {
@@ -138,8 +164,11 @@ void Shipper::SetTargets(std::vector<v1::Target> targets) {
 bool Shipper::Flush(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   flushing_ = true;  // a reconnect waiting out its backoff goes now
+  ++flush_waiters_;  // the session reads acknowledgements as they come
   auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return spool_->empty(); };
-  return mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
+  const bool flushed = mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
+  --flush_waiters_;
+  return flushed;
 }
 
 void Shipper::Stop() {
@@ -468,8 +497,39 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
   bool write_pending = false;
   bool broken = false;
   absl::Time last_heartbeat = absl::Now();
+  // Handles the completion of `tag`.
+  auto handle = [&](void* tag, bool op_ok) {
+    if (tag == kReadDone) {
+      read_pending = false;
+      if (!op_ok) {
+        broken = true;
+        return;
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        HandleServerMessage(incoming);
+      }
+      stream->Read(&incoming, kReadDone);
+      read_pending = true;
+    } else if (tag == kWritten) {
+      write_pending = false;
+      if (!op_ok) {
+        broken = true;
+        return;
+      }
+      const size_t bytes = queue.front().ByteSizeLong();
+      queue.pop_front();
+      absl::MutexLock lock(&mu_);
+      stats_.bytes_sent += bytes;
+    } else if (tag == kWoken) {
+      absl::MutexLock lock(&mu_);
+      wake_pending_ = false;
+    }
+  };
   for (;;) {
+    absl::Time heartbeat_due;
     absl::Time deadline;
+    std::optional<absl::Time> passive_until;
     {
       absl::MutexLock lock(&mu_);
       SyncSpoolIfDue();
@@ -490,8 +550,9 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
         queue.push_back(Heartbeat());
         last_heartbeat = absl::Now();
       }
-      deadline = std::min(last_heartbeat + options_.heartbeat + options_.heartbeat / 10,
-                          spool_->sync_due());
+      heartbeat_due = last_heartbeat + options_.heartbeat + options_.heartbeat / 10;
+      deadline = std::min(heartbeat_due, spool_->sync_due());
+      passive_until = PassiveWaitEnd();
     }
     if (!write_pending && !queue.empty()) {
       stream->Write(queue.front(), kWritten);
@@ -499,36 +560,42 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
     }
     void* tag = nullptr;
     bool op_ok = false;
+    if (passive_until.has_value() && queue.empty() && !write_pending) {
+      // Batches come often (short intervals): rather than wake for the acknowledgement that
+      // follows each one (and announce the read's window in a write of its own), read what
+      // has arrived when the next batch goes. A thread waiting on the stream is woken for
+      // every message; one waiting on mu_ only for work. The spool's sync waits for that
+      // read too: the acknowledgements read may leave nothing to sync.
+      auto read_arrived = [&] {
+        // Until the queue is empty twice in a row: a call that finds the queue kicked (an
+        // operation completed while no thread polled) returns without reading the socket.
+        for (int empty = 0; !broken && empty < 2;) {
+          if (cq.AsyncNext(&tag, &op_ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) ==
+              grpc::CompletionQueue::GOT_EVENT) {
+            handle(tag, op_ok);
+            empty = 0;
+          } else {
+            ++empty;
+          }
+        }
+      };
+      read_arrived();
+      if (broken || !queue.empty() || write_pending) continue;
+      {
+        absl::MutexLock lock(&mu_);
+        auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return HasWorkForSession();
+        };
+        mu_.AwaitWithDeadline(absl::Condition(&has_work), std::min(heartbeat_due, *passive_until));
+      }
+      read_arrived();
+      continue;
+    }
     const grpc::CompletionQueue::NextStatus next =
         cq.AsyncNext(&tag, &op_ok, absl::ToChronoTime(deadline));
     if (next == grpc::CompletionQueue::TIMEOUT) continue;
     if (next == grpc::CompletionQueue::SHUTDOWN) break;
-    if (tag == kReadDone) {
-      read_pending = false;
-      if (!op_ok) {
-        broken = true;
-        continue;
-      }
-      {
-        absl::MutexLock lock(&mu_);
-        HandleServerMessage(incoming);
-      }
-      stream->Read(&incoming, kReadDone);
-      read_pending = true;
-    } else if (tag == kWritten) {
-      write_pending = false;
-      if (!op_ok) {
-        broken = true;
-        continue;
-      }
-      const size_t bytes = queue.front().ByteSizeLong();
-      queue.pop_front();
-      absl::MutexLock lock(&mu_);
-      stats_.bytes_sent += bytes;
-    } else if (tag == kWoken) {
-      absl::MutexLock lock(&mu_);
-      wake_pending_ = false;
-    }
+    handle(tag, op_ok);
   }
   bool alarm_pending;
   {

@@ -117,6 +117,11 @@ class Shipper {
   // The messages that go next: the targets when they changed, capture statuses, and batches
   // from the spool (at most kMaxBytesPerRound) after the graph they need.
   void TakeRound(std::deque<v1::AgentMessage>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Batches, statuses or targets to send, or the session is to end.
+  bool HasWorkForSession() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When batches come at most kMaxPassiveWait apart: until when the session may sleep without
+  // waiting on the stream (the next batch is due before then). Not while Flush() waits.
+  std::optional<absl::Time> PassiveWaitEnd() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes the session's thread (there is work for it).
   void WakeSessionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Syncs the spool's unacknowledged writes once they are due (Spool::SyncIfDue).
@@ -141,12 +146,16 @@ class Shipper {
   bool targets_sent_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool flushing_ ABSL_GUARDED_BY(mu_) = false;  // Flush() waits: reconnect without backoff
+  int flush_waiters_ ABSL_GUARDED_BY(mu_) = 0;  // Flush() calls waiting
   // The connected session's queue and its wake-up (null between sessions).
   grpc::CompletionQueue* session_cq_ ABSL_GUARDED_BY(mu_) = nullptr;
   grpc::Alarm* session_alarm_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool wake_pending_ ABSL_GUARDED_BY(mu_) = false;  // the alarm is set
   uint32_t sent_nodes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t sent_edges_ ABSL_GUARDED_BY(mu_) = 0;
+  // When the last batch was enqueued, and how long after the one before.
+  absl::Time last_enqueue_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Duration enqueue_gap_ ABSL_GUARDED_BY(mu_) = absl::InfiniteDuration();
   // Set when the server ends the stream for lack of resources: the least wait before the
   // next connection.
   absl::Duration retry_after_ ABSL_GUARDED_BY(mu_);
