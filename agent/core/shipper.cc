@@ -22,10 +22,10 @@ constexpr size_t kMaxBytesPerRound = 4 << 20;
 // membership changes over the agent's life, and each channel holds a connection's state.
 constexpr size_t kMaxRedirectChannels = 8;
 
-// Batches that come at most this far apart are shipped without waiting on the stream in
-// between (Shipper::Session): the server's messages are read when the next batch goes, at
-// most this late.
-constexpr absl::Duration kMaxPassiveWait = absl::Seconds(2);
+// Batches that come at most this far apart (intervals of 2 s and less) are shipped without
+// waiting on the stream in between (Shipper::Session): the server's messages are read when
+// the next batch goes, at most this late.
+constexpr absl::Duration kMaxPassiveWait = absl::Milliseconds(2500);
 
 std::string_view TrimSpaces(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -269,6 +269,7 @@ void Shipper::HandleServerMessage(const v1::ServerMessage& m) {
       const size_t before = spool_->size();
       spool_->AckThrough(m.ack().sequence());
       stats_.batches_acked += before - spool_->size();
+      LogDebug("acknowledged through batch {}", m.ack().sequence());
       break;
     }
     case v1::ServerMessage::kResync:

@@ -3,7 +3,7 @@
 // acknowledged, refused batches are resent, and batches spooled while the server is away go
 // out after it comes back. With a list of servers, a dead one is passed over and a stream that
 // ends moves to the next; a cluster node's Redirect moves every batch to the owners it names,
-// and redirects that loop back off.
+// and redirects that loop back off. Batches that come often cost the shipper one wake-up each.
 #include "agent/core/shipper.h"
 
 #include <grpcpp/grpcpp.h>
@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -487,6 +489,55 @@ TEST_F(ShipperTest, RedirectsThatLoopBackOffAndStillDeliver) {
   ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
   EXPECT_EQ(ingest2_.applied(), Range(1, 3));
   EXPECT_TRUE(ingest_.received().empty());
+}
+
+// This process's thread named `name`, or 0.
+pid_t ThreadNamed(const std::string& name) {
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string line;
+    if (std::getline(comm, line) && line == name) {
+      return static_cast<pid_t>(std::stol(task.path().filename().string()));
+    }
+  }
+  return 0;
+}
+
+// Times thread `tid` of this process gave up its CPU to wait.
+uint64_t VoluntarySwitches(pid_t tid) {
+  std::ifstream status(absl::StrCat("/proc/self/task/", tid, "/status"));
+  const std::string key = "voluntary_ctxt_switches:";
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind(key, 0) == 0) return std::stoull(line.substr(key.size()));
+  }
+  return 0;
+}
+
+// Batches a second or less apart (short intervals): the shipper sleeps between them rather
+// than on the stream, so the acknowledgement of each is read when the next goes instead of
+// waking it. Waiting on the stream, each batch costs at least two wake-ups (the batch's and
+// its acknowledgement's), and a few more where the enqueuing thread still holds gRPC's queue.
+TEST_F(ShipperTest, BatchesComingOftenCostTheShipperOneWakeUpEach) {
+  StartServer();
+  StartShipper();
+  Enqueue(1, 1);
+  ASSERT_TRUE(WaitFor([&] { return shipper_->stats().batches_acked == 1; }));
+  const pid_t shipper = ThreadNamed("strata-shipper");
+  ASSERT_NE(shipper, 0);
+  constexpr int kBatches = 20;
+  const uint64_t before = VoluntarySwitches(shipper);
+  for (uint64_t s = 2; s <= 1 + kBatches; ++s) {
+    shipper_->Enqueue(Batch(s));
+    absl::SleepFor(absl::Milliseconds(50));  // the interval
+  }
+  const uint64_t switches = VoluntarySwitches(shipper) - before;
+  EXPECT_LT(switches, kBatches * 3 / 2) << switches << " wake-ups for " << kBatches << " batches";
+  // Acknowledged without a Flush. (This process's server threads poll the client's socket
+  // too; BackboneTest.AnAgentShippingOftenReadsEachAcknowledgementWithTheNextBatch checks the
+  // shipper's own reads against a server process.)
+  EXPECT_TRUE(WaitFor([&] { return shipper_->stats().batches_acked >= kBatches; }));
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  EXPECT_EQ(ingest_.applied(), Range(1, 1 + kBatches));
 }
 
 TEST(ShipperServerListTest, SplitsOnCommas) {

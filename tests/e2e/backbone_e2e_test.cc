@@ -186,6 +186,24 @@ class RawAgent {
   std::string agent_id_;
 };
 
+// Batches a quarter of a second apart: the agent reads each acknowledgement when it sends
+// the next batch (Shipper::Session), never later, so nothing waits in its spool for the disk.
+TEST_F(BackboneTest, AnAgentShippingOftenReadsEachAcknowledgementWithTheNextBatch) {
+  ServerProcess server(dir_.File("data"), dir_.File("server.log"));
+  ASSERT_GT(server.port(), 0) << server.process().Output();
+  ChildProcess demo({BinPath("demo_service")}, dir_.File("demo.log"), {{"STRATA_SERVICE", "demo"}});
+  ASSERT_TRUE(demo.WaitForOutput("ready", 30)) << demo.Output();
+  ChildProcess agent({BinPath("strata-agent"), "--server", server.address(), "--pid",
+                      std::to_string(demo.pid()), "--interval", "0.25", "--spool-dir",
+                      dir_.File("spool"), "--log-level", "debug"},
+                     dir_.File("agent.log"));
+  ASSERT_TRUE(agent.WaitForOutput("spooled batch 12 ", 60)) << agent.Output();
+  // Read as batch 12 goes, or the next if the server was slow; a shipper that read them
+  // only once batches stop coming (2.5 s after the last) would not within these 2 s.
+  EXPECT_TRUE(agent.WaitForOutput("acknowledged through batch 11\n", 2)) << agent.Output();
+  EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();
+}
+
 TEST_F(BackboneTest, BadInputGetsClearErrorsAndOthersKeepServing) {
   ServerProcess server(dir_.File("data"), dir_.File("server.log"));
   ASSERT_GT(server.port(), 0) << server.process().Output();
