@@ -352,7 +352,8 @@ bool AwaitOne(grpc::CompletionQueue& cq, void* tag) {
 }  // namespace
 
 void Shipper::WakeSessionLocked() {
-  if (session_alarm_ == nullptr || wake_pending_) return;
+  // A session asleep on mu_ wakes when the lock is released with work for it.
+  if (session_alarm_ == nullptr || wake_pending_ || session_asleep_) return;
   wake_pending_ = true;
   // A deadline already past: the alarm fires at once, from this thread, with no timer.
   session_alarm_->Set(session_cq_, gpr_inf_past(GPR_CLOCK_MONOTONIC), kWoken);
@@ -587,7 +588,9 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
         auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return HasWorkForSession();
         };
+        session_asleep_ = true;
         mu_.AwaitWithDeadline(absl::Condition(&has_work), std::min(heartbeat_due, *passive_until));
+        session_asleep_ = false;
       }
       read_arrived();
       continue;

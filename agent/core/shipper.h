@@ -21,6 +21,10 @@
 // Thread model: Enqueue/Flush/Stop from any thread; one internal thread writes to the stream
 // and reads from it (gRPC's asynchronous API on one completion queue, woken by an alarm when
 // there is work), so a batch and its acknowledgement cross no other thread of the agent's.
+// Where batches come at most 2.5 s apart, that thread sleeps on the shipper's lock between
+// them instead of on the stream, and reads what the server sent when the next batch goes:
+// one wake-up per batch rather than one for the batch and one for its acknowledgement. The
+// server's messages then wait up to that long; while Flush() waits, they are read at once.
 // The shipper owns the spool's use; the caller keeps it alive.
 #ifndef STRATA_AGENT_CORE_SHIPPER_H_
 #define STRATA_AGENT_CORE_SHIPPER_H_
@@ -151,6 +155,7 @@ class Shipper {
   grpc::CompletionQueue* session_cq_ ABSL_GUARDED_BY(mu_) = nullptr;
   grpc::Alarm* session_alarm_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool wake_pending_ ABSL_GUARDED_BY(mu_) = false;  // the alarm is set
+  bool session_asleep_ ABSL_GUARDED_BY(mu_) = false;  // waiting on mu_, not on the queue
   uint32_t sent_nodes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t sent_edges_ ABSL_GUARDED_BY(mu_) = 0;
   // When the last batch was enqueued, and how long after the one before.
