@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -23,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "agent/core/context_graph.h"
 #include "agent/spool/spool.h"
+#include "common/testing/emulation.h"
 #include "gtest/gtest.h"
 #include "strata/v1/ingest.grpc.pb.h"
 
@@ -531,7 +533,14 @@ TEST_F(ShipperTest, BatchesComingOftenCostTheShipperOneWakeUpEach) {
     absl::SleepFor(absl::Milliseconds(50));  // the interval
   }
   const uint64_t switches = VoluntarySwitches(shipper) - before;
-  EXPECT_LT(switches, kBatches * 3 / 2) << switches << " wake-ups for " << kBatches << " batches";
+  if (strata::testing::RunningUnderQemuUser()) {
+    // The emulator's own locks and futex calls run on the thread too.
+    std::printf("wake-ups not checked under qemu user mode: %llu for %d batches\n",
+                static_cast<unsigned long long>(switches), kBatches);
+  } else {
+    EXPECT_LT(switches, kBatches * 3 / 2) << switches << " wake-ups for " << kBatches
+                                          << " batches";
+  }
   // Acknowledged without a Flush. (This process's server threads poll the client's socket
   // too; BackboneTest.AnAgentShippingOftenReadsEachAcknowledgementWithTheNextBatch checks the
   // shipper's own reads against a server process.)
