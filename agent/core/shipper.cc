@@ -121,7 +121,8 @@ void Shipper::SyncSpoolIfDue() {
 }
 
 bool Shipper::HasWorkForSession() const {
-  return stopping_ || flush_waiters_ > 0 || !statuses_.empty() || (!targets_sent_ && !targets_.empty()) ||
+  return stopping_ || flush_waiters_ > 0 || !statuses_.empty() ||
+         (!targets_sent_ && !targets_.empty()) ||
          (!spool_->empty() && spool_->entry(spool_->size() - 1).sequence >= next_send_);
 }
 
@@ -201,9 +202,10 @@ void Shipper::Run() {
   // that an attempt into a dead link is given up soon.
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 10'000);
   // Timers gRPC would keep pending for the stream's whole life: each adds wake-ups of gRPC's
-  // timer thread, which refills its timer shards about once a second while any is pending. The bandwidth probe only sizes what
-  // the agent receives (acks: bytes); a client's keepalive is off by default, but as a
-  // 24-day timer re-armed on every read unless it is INT_MAX, which gRPC reads as "never".
+  // timer thread, which refills its timer shards about once a second while any is pending.
+  // The bandwidth probe only sizes what the agent receives (acks: bytes); a client's
+  // keepalive is off by default, but as a 24-day timer re-armed on every read unless it is
+  // INT_MAX, which gRPC reads as "never".
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, INT_MAX);
   // A channel per address, made when first used: a reconnect to an address keeps its
@@ -293,7 +295,8 @@ void Shipper::HandleServerMessage(const v1::ServerMessage& m) {
       }
       // FailedPrecondition: the batch referenced graph the server lacked (Resync came with
       // it), or waits for such a batch; ResourceExhausted: the server is short of memory;
-      // Unavailable: its store cannot write. All are resent. Anything else is permanent: drop the batch.
+      // Unavailable: its store cannot write. All are resent. Anything else is permanent: drop
+      // the batch.
       if (e.sequence() != 0 && retryable) {
         next_send_ = std::min(next_send_, e.sequence());
       } else if (e.sequence() != 0) {

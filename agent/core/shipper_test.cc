@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +24,7 @@
 #include "agent/core/context_graph.h"
 #include "agent/spool/spool.h"
 #include "common/testing/emulation.h"
+#include "common/testing/wait_for.h"
 #include "gtest/gtest.h"
 #include "strata/v1/ingest.grpc.pb.h"
 
@@ -276,15 +276,7 @@ class ShipperTest : public ::testing::Test {
 
 constexpr absl::Duration kFlushTimeout = absl::Seconds(30);
 
-// Polls `done` until it holds or `timeout` passes.
-bool WaitFor(const std::function<bool()>& done, absl::Duration timeout = kFlushTimeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
-}
+using strata::testing::WaitFor;
 
 TEST_F(ShipperTest, ShipsBatchesInOrderAndForgetsThemOnceAcknowledged) {
   StartServer();
@@ -325,7 +317,8 @@ TEST_F(ShipperTest, HeartbeatsGoWithBatchesAndAloneOnlyWhenNoneFlow) {
   // heartbeats that each wait a whole period cannot be.
   EXPECT_GT(heartbeats, seconds) << during;
   // Batches stop: heartbeats go on alone.
-  EXPECT_TRUE(WaitFor([&] { return ingest_.kinds().size() > during.size(); }, absl::Seconds(15)));
+  EXPECT_TRUE(WaitFor([&] { return ingest_.kinds().size() > during.size(); },
+                      std::chrono::seconds(15)));
   EXPECT_EQ(ingest_.kinds().substr(during.size(), 1), "H");
 }
 
@@ -538,7 +531,9 @@ TEST_F(ShipperTest, BatchesComingOftenCostTheShipperOneWakeUpEach) {
     std::printf("wake-ups not checked under qemu user mode: %llu for %d batches\n",
                 static_cast<unsigned long long>(switches), kBatches);
   } else {
-    EXPECT_LT(switches, kBatches * 3 / 2) << switches << " wake-ups for " << kBatches
+    // One each here (20); 35 under ASan, whose runtime takes locks of its own; about 120
+    // waiting on the stream.
+    EXPECT_LT(switches, kBatches * 5 / 2) << switches << " wake-ups for " << kBatches
                                           << " batches";
   }
   // Acknowledged without a Flush. (This process's server threads poll the client's socket

@@ -301,7 +301,8 @@ absl::Status Spool::Recover(const SpoolIdentity& fresh, const GraphRestorer& res
   // already has, and the server knows it).
   uint64_t acked = 0;
   if (auto data = ReadWholeFile(path_ + "/" + kAckedFile);
-      data.ok() && data->size() == 12 && base::Crc32c(data->substr(0, 8)) == GetU32(data->data() + 8)) {
+      data.ok() && data->size() == 12 &&
+      base::Crc32c(data->substr(0, 8)) == GetU32(data->data() + 8)) {
     acked = uint64_t{GetU32(data->data())} | uint64_t{GetU32(data->data() + 4)} << 32;
   }
   acked_through_ = acked;
@@ -637,7 +638,8 @@ void Spool::EnforceBounds() {
   // Batches held in memory (no directory, or the disk refused them): the oldest go first.
   size_t in_memory = 0;
   for (const Slot& s : entries_) in_memory += s.segment == nullptr;
-  for (auto it = entries_.begin(); in_memory > options_.max_memory_batches && it != entries_.end();) {
+  for (auto it = entries_.begin();
+       in_memory > options_.max_memory_batches && it != entries_.end();) {
     if (it->segment != nullptr) {
       ++it;
       continue;
