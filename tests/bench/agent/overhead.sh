@@ -28,7 +28,9 @@
 # and samples/s over the time the tool was attached; then the ratio agent/perf. The window
 # starts WARMUP seconds after the tool has attached (agent: its "profiling pid" log lines;
 # perf: its perf_event descriptors are open). Threads that exit during a window are not
-# counted (schedstat of live tasks); neither tool's sampling threads exit.
+# counted (schedstat of live tasks); neither tool's sampling threads exit. Under each case,
+# the agent's threads by name over the same window: CPU (µs/s) and times scheduled in per
+# second (wake-ups, and returns from preemption).
 #
 #   tests/bench/agent/overhead.sh [SECONDS=20]     (measured window of each case of a-d)
 #   env: BUILD (default <repo>/build; binaries in BUILD/bin), SERVER, AGENT, DEMO (binaries),
@@ -104,6 +106,14 @@ BLOCKING=$work/bin/blocking_service
 # thread only).
 # (A thread may exit between the glob and the read: not an error.)
 cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{ns += $1} END {print ns + 0}'; }
+# Per thread of the process: tid, name, on-CPU ns, times it was scheduled in (a wake-up or a
+# return from preemption).
+thread_stats() {
+  local t
+  for t in /proc/"$1"/task/*; do
+    echo "${t##*/} $(tr ' ' _ <"$t/comm" 2>/dev/null) $(cat "$t/schedstat" 2>/dev/null)"
+  done | awk 'NF == 5 {print $1, $2, $3, $5}'
+}
 now_ns() { date +%s%N; }
 nap() { sleep "$1" & napper=$!; wait "$napper"; }  # a trapped INT/TERM interrupts it at once
 status_kib() { awk -v k="$2:" '$1 == k {print $2}' /proc/"$1"/status 2>/dev/null || echo 0; }
@@ -206,8 +216,11 @@ measure_tool() {
   a0=$(now_ns)
   nap "$WARMUP"
   c0=$(cpu_ns "$tool"); w0=$(now_ns)
+  thread_stats "$tool" >"$work/threads0-$kind-$name"
   nap "$seconds"
   c1=$(cpu_ns "$tool"); w1=$(now_ns)
+  thread_stats "$tool" >"$work/threads1-$kind-$name"
+  echo $(((w1 - w0))) >"$work/window-$kind-$name"
   if ! kill -0 "$tool" 2>/dev/null; then
     echo "overhead.sh: $kind exited during the window of case $name; its log:" >&2
     tail -20 "$tool_log" >&2
@@ -251,6 +264,15 @@ run_case() {
   function q(x, y) { return y > 0 ? sprintf("%.2f", x / y) : "-" }'
   # The agent's own account of its sampling (events, wake-ups, samples of others dropped).
   sed -n 's/.*\] \(sampling: .*\)/  agent \1/p' "$work/agent-$id.log" | tail -1
+  # The agent's threads, by name (threads of one name summed): CPU and times scheduled in.
+  awk -v ns="$(cat "$work/window-agent-$id")" '
+    NR == FNR {cpu0[$1] = $3; in0[$1] = $4; next}
+    ($1 in cpu0) {cpu[$2] += $3 - cpu0[$1]; ins[$2] += $4 - in0[$1]}
+    END {
+      for (n in cpu) if (cpu[n] > 0) printf "%.0f %s %.1f\n", cpu[n] / ns * 1e6, n, ins[n] / ns * 1e9
+    }' "$work/threads0-agent-$id" "$work/threads1-agent-$id" | sort -rn |
+    awk '{line = line sprintf(" %s %s %s,", $2, $1, $3)}
+         END {sub(/,$/, "", line); print "  agent threads (us/s, scheduled in /s):" line}'
 }
 
 run_slowdown() {
