@@ -531,6 +531,22 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
       wake_pending_ = false;
     }
   };
+  // Handles what has completed, without waiting. Until the queue is empty twice in a row: a
+  // call that finds the queue kicked (an operation completed while no thread polled) returns
+  // without reading the socket.
+  auto read_arrived = [&] {
+    void* tag = nullptr;
+    bool op_ok = false;
+    for (int empty = 0; !broken && empty < 2;) {
+      if (cq.AsyncNext(&tag, &op_ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) ==
+          grpc::CompletionQueue::GOT_EVENT) {
+        handle(tag, op_ok);
+        empty = 0;
+      } else {
+        ++empty;
+      }
+    }
+  };
   for (;;) {
     absl::Time heartbeat_due;
     absl::Time deadline;
@@ -571,28 +587,13 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
       // has arrived when the next batch goes. A thread waiting on the stream is woken for
       // every message; one waiting on mu_ only for work. The spool's sync waits for that
       // read too: the acknowledgements read may leave nothing to sync.
-      auto read_arrived = [&] {
-        // Until the queue is empty twice in a row: a call that finds the queue kicked (an
-        // operation completed while no thread polled) returns without reading the socket.
-        for (int empty = 0; !broken && empty < 2;) {
-          if (cq.AsyncNext(&tag, &op_ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) ==
-              grpc::CompletionQueue::GOT_EVENT) {
-            handle(tag, op_ok);
-            empty = 0;
-          } else {
-            ++empty;
-          }
-        }
-      };
       read_arrived();
       if (broken || !queue.empty() || write_pending) continue;
       {
         absl::MutexLock lock(&mu_);
-        auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return HasWorkForSession();
-        };
         session_asleep_ = true;
-        mu_.AwaitWithDeadline(absl::Condition(&has_work), std::min(heartbeat_due, *passive_until));
+        mu_.AwaitWithDeadline(absl::Condition(this, &Shipper::HasWorkForSession),
+                              std::min(heartbeat_due, *passive_until));
         session_asleep_ = false;
       }
       read_arrived();
