@@ -8,6 +8,9 @@
 #   cpp1    demo_service --threads 1 (one busy thread: about the CPU the Python workload's two
 #           threads get under the GIL, so as many samples a second: the anchor of x_cpp1, as
 #           cpp is of x_cpp; list them first)
+#   cppmix  mixed_work_service: the Go workload's work in C++ (SHA-256 of 16 KiB buffers, a sort,
+#           JSON encoded and parsed by reflection), as many functions and leaf addresses as the
+#           Go target where the demo has three loops: the anchor of x_mix (list it before go)
 #   py      python3.11 running tests/e2e/python/python_workload.py (two busy threads under the
 #           GIL), Python frames copied at each sample by the agent's BPF program (as root)
 #   py-read the same, --python-capture off: each sample wakes the agent, which reads the
@@ -31,7 +34,7 @@
 # and runs the capture for targets). Their runs are timed by the kernel while the run sets
 # kernel.bpf_stats_enabled (root); their time at the target's samples per sample (bpf_us: the
 # filter's runs at other processes' samples are taken out, see bpf_awk) is added to the
-# agent's (total_us). Then each case's total_us against cpp's.
+# agent's (total_us). Then each case's total_us against cpp's, cpp1's and cppmix's.
 #
 #   tests/bench/agent/language_cost.sh [SECONDS=30]
 #   env: BUILD (default <repo>/build; binaries in BUILD/bin), PYTHON (default
@@ -60,6 +63,11 @@ workload=$root/tests/e2e/python/python_workload.py
 for b in "$BUILD/bin/strata-server" "$BUILD/bin/strata-agent" "$BUILD/bin/demo_service" "$PYTHON"; do
   [[ -x "$b" ]] || { echo "language_cost.sh: missing $b (set BUILD, PYTHON)" >&2; exit 2; }
 done
+if [[ " $CASES " == *" cppmix"* ]]; then
+  [[ -x "$BUILD/bin/mixed_work_service" ]] ||
+    { echo "language_cost.sh: missing $BUILD/bin/mixed_work_service (protobuf, OpenSSL)" >&2
+      exit 2; }
+fi
 if [[ " $CASES " == *" go"* ]]; then
   [[ -x "$BUILD/go/go_workload_plain" ]] ||
     { echo "language_cost.sh: missing $BUILD/go/go_workload_plain (golang-go)" >&2; exit 2; }
@@ -79,7 +87,9 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 # Copies, so a concurrent rebuild cannot change them mid-run.
 mkdir -p "$work/bin"
-for b in strata-server strata-agent demo_service; do cp "$BUILD/bin/$b" "$work/bin/$b"; done
+for b in strata-server strata-agent demo_service mixed_work_service; do
+  [[ ! -x "$BUILD/bin/$b" ]] || cp "$BUILD/bin/$b" "$work/bin/$b"
+done
 [[ -z "${BASE_AGENT:-}" ]] || cp "$BASE_AGENT" "$work/bin/strata-agent-base"
 
 cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{ns += $1} END {print ns + 0}'; }
@@ -114,6 +124,7 @@ for c in $CASES; do
   case ${c%-base} in
     cpp) "$work/bin/demo_service" --threads 2 --seconds "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
     cpp1) "$work/bin/demo_service" --threads 1 --seconds "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
+    cppmix) "$work/bin/mixed_work_service" --seconds "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
     py | py-read | py10 | py-off) "$PYTHON" "$workload" "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
     go) "$BUILD/go/go_workload_plain" -seconds "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
     go-switches) "$BUILD/go/go_workload_plain" -seconds "$run_seconds" -switches \
@@ -178,8 +189,8 @@ done
 for c in $CASES; do wait "${agent[$c]}" || true; [[ -z "$LOW_HZ" ]] || wait "${low[$c]}" || true; done
 
 echo "agent CPU per sample, ${seconds} s window after ${WARMUP} s, $HZ Hz, cases run at once"
-printf '%-11s %9s %9s %9s %8s %9s %7s %7s %10s %8s %9s\n' case agent_ms samples us/sample \
-  bpf_us total_us x_cpp x_cpp1 wake/smpl stale% delay_ms
+printf '%-11s %9s %9s %9s %8s %9s %7s %7s %7s %10s %8s %9s\n' case agent_ms samples \
+  us/sample bpf_us total_us x_cpp x_cpp1 x_mix wake/smpl stale% delay_ms
 # "RUNS NS OTHER" of the agent's BPF programs that run in the sampled processes: the
 # in-kernel filter of per-CPU events (which runs the Python capture for targets by a tail
 # call: one run) and the Python capture where it runs on its own (per-thread events); NS the
@@ -204,6 +215,7 @@ bpf_awk='function bpf_ns(runs, cpp_run,   r, f) {
 
 cpp_us=
 cpp1_us=
+mix_us=
 cpp_run=
 for c in $CASES; do
   log=$work/$c.agent.log
@@ -216,18 +228,21 @@ for c in $CASES; do
   [[ $c == cpp ]] && cpp_run=$(echo "$runs" | awk '{ print $2 }')
   row=$(awk -v a0="${a0[$c]}" -v a1="${a1[$c]}" -v t0="${t0[$c]}" -v t1="${t1[$c]}" \
       -v ta="${attach_cpu[$c]}" -v te="${t_end[$c]}" -v n="${samples:-0}" -v w="${wakeups:-0}" \
-      -v s="${stale:-}" -v d="$delay" -v cpp="$cpp_us" -v cpp1="$cpp1_us" -v c="$c" \
+      -v s="${stale:-}" -v d="$delay" -v cpp="$cpp_us" -v cpp1="$cpp1_us" -v mix="$mix_us" \
+      -v c="$c" \
       -v runs="${runs:-0 0 0}" -v cpp_run="$cpp_run" "$bpf_awk"' BEGIN {
     win = n * (t1 - t0) / (te > ta ? te - ta : 1)      # samples of the window
     us = win > 0 ? (a1 - a0) / 1e3 / win : 0
     bpf = n > 0 ? bpf_ns(runs, cpp_run) / 1e3 / n : 0  # the programs: runs over the agent life
     total = us + bpf
-    printf "%-11s %9.1f %9d %9.1f %8.1f %9.1f %7s %7s %10.2f %8s %9s %.3f\n", c,
+    printf "%-11s %9.1f %9d %9.1f %8.1f %9.1f %7s %7s %7s %10.2f %8s %9s %.3f\n", c,
       (a1 - a0) / 1e6, win, us, bpf, total, cpp == "" ? "-" : sprintf("%.2f", total / cpp),
-      cpp1 == "" ? "-" : sprintf("%.2f", total / cpp1), w / (n > 0 ? n : 1), \
+      cpp1 == "" ? "-" : sprintf("%.2f", total / cpp1),
+      mix == "" ? "-" : sprintf("%.2f", total / mix), w / (n > 0 ? n : 1), \
       s == "" ? "-" : sprintf("%.2f", 100 * s / (n > 0 ? n : 1)), d, total }')
   [[ $c == cpp ]] && cpp_us=${row##* }
   [[ $c == cpp1 ]] && cpp1_us=${row##* }
+  [[ $c == cppmix ]] && mix_us=${row##* }
   echo "${row% *}"
   sed -n 's/.*\] \(sampling: .*\)/            \1/p; s/.*\] \(python: .*\)/            \1/p
           s/.*\] \(in-kernel filter: .*\)/            \1/p
@@ -239,10 +254,11 @@ done
 # samples: a target that gets less CPU has fewer samples to spread them over.
 echo
 echo "agent CPU per additional sample: agents at $HZ and at $LOW_HZ Hz on the same targets"
-printf '%-11s %9s %9s %9s %8s %9s %7s %7s\n' case samples low_smpl slope_us bpf_us total_us \
-  x_cpp x_cpp1
+printf '%-11s %9s %9s %9s %8s %9s %7s %7s %7s\n' case samples low_smpl slope_us bpf_us \
+  total_us x_cpp x_cpp1 x_mix
 cpp_slope=
 cpp1_slope=
+mix_slope=
 for c in $CASES; do
   n_hi=$(sed -n 's/.*stopping: \([0-9]*\) samples.*/\1/p' "$work/$c.agent.log" | tail -1)
   n_lo=$(sed -n 's/.*stopping: \([0-9]*\) samples.*/\1/p' "$work/$c.low.agent.log" | tail -1)
@@ -250,16 +266,19 @@ for c in $CASES; do
   row=$(awk -v a0="${a0[$c]}" -v a1="${a1[$c]}" -v l0="${l0[$c]}" -v l1="${l1[$c]}" \
       -v t0="${t0[$c]}" -v t1="${t1[$c]}" -v ta="${attach_cpu[$c]}" -v te="${t_end[$c]}" \
       -v hi="${n_hi:-0}" -v lo="${n_lo:-0}" -v runs="${runs:-0 0 0}" -v cpp="$cpp_slope" \
-      -v cpp1="$cpp1_slope" -v c="$c" -v cpp_run="$cpp_run" "$bpf_awk"' BEGIN {
+      -v cpp1="$cpp1_slope" -v mix="$mix_slope" -v c="$c" -v cpp_run="$cpp_run" \
+      "$bpf_awk"' BEGIN {
     f = (t1 - t0) / (te > ta ? te - ta : 1)            # the part of the samples in the window
     whi = hi * f; wlo = lo * f
     slope = whi > wlo ? ((a1 - a0) - (l1 - l0)) / 1e3 / (whi - wlo) : 0
     bpf = hi > 0 ? bpf_ns(runs, cpp_run) / 1e3 / hi : 0
     total = slope + bpf
-    printf "%-11s %9d %9d %9.1f %8.1f %9.1f %7s %7s %.3f\n", c, whi, wlo, slope, bpf, total,
-      cpp == "" ? "-" : sprintf("%.2f", total / cpp),
-      cpp1 == "" ? "-" : sprintf("%.2f", total / cpp1), total }')
+    printf "%-11s %9d %9d %9.1f %8.1f %9.1f %7s %7s %7s %.3f\n", c, whi, wlo, slope, bpf,
+      total, cpp == "" ? "-" : sprintf("%.2f", total / cpp),
+      cpp1 == "" ? "-" : sprintf("%.2f", total / cpp1),
+      mix == "" ? "-" : sprintf("%.2f", total / mix), total }')
   [[ $c == cpp ]] && cpp_slope=${row##* }
   [[ $c == cpp1 ]] && cpp1_slope=${row##* }
+  [[ $c == cppmix ]] && mix_slope=${row##* }
   echo "${row% *}"
 done
