@@ -36,7 +36,7 @@ for b in "${want[@]}"; do
     agent) BUILD="$(cd "$build" && pwd)" tests/bench/agent/overhead.sh ;;  # vs perf record, dwarf
     languages)  # C++ vs Python and Go targets, each agent sampling its own target's threads
       BUILD="$(cd "$build" && pwd)" AGENT_ARGS="--sampling per-thread" \
-        CASES="cpp py py-read py-off go go-switches" tests/bench/agent/language_cost.sh ;;
+        CASES="cpp cppmix py py-read py-off go go-switches" tests/bench/agent/language_cost.sh ;;
     fdo) tests/bench/fdo/fdo.sh "$bin" ;;
     symbolize) "$bin/symbolize_benchmark" --benchmark_min_time=0.5 ;;  # per frame, vs addr2line
     cluster) tests/bench/cluster/cluster.sh "$bin" ;;  # per node count, RF 1 vs 2, fan-out queries
