@@ -38,8 +38,8 @@
 #
 #   tests/bench/agent/language_cost.sh [SECONDS=30]
 #   env: BUILD (default <repo>/build; binaries in BUILD/bin), PYTHON (default
-#        /usr/bin/python3.11), CASES (default "cpp py py-off"), HZ (default 499), WARMUP
-#        (default 5 s), INTERVAL (agent --interval, default 10), LOW_HZ (a second agent per
+#        /usr/bin/python3.11), CASES (default "cpp cppmix py py-off"), HZ (default 499),
+#        WARMUP (default 5 s), INTERVAL (agent --interval, default 10), LOW_HZ (a second agent per
 #        target at this rate, and a second table: the CPU of one more sample, from the two
 #        agents' difference), AGENT_ARGS (extra flags for
 #        every agent), BASE_AGENT (the agent binary of the -base cases), KEEP=1 (keep the
@@ -51,7 +51,7 @@ root=$(cd "$(dirname "$0")/../../.." && pwd)
 seconds=${1:-30}
 BUILD=${BUILD:-$root/build}
 PYTHON=${PYTHON:-/usr/bin/python3.11}
-CASES=${CASES:-cpp py py-off}
+CASES=${CASES:-cpp cppmix py py-off}
 HZ=${HZ:-499}
 WARMUP=${WARMUP:-5}
 INTERVAL=${INTERVAL:-10}
