@@ -10,8 +10,8 @@
 //
 //   mixed_work_service [--seconds N]   (N default 3600)
 //
-// Prints "ready" once both threads are started; after N seconds or at SIGTERM/SIGINT, stops and prints
-// "done: H hashes, J round trips" (the buffers hashed and the JSON round trips completed).
+// Prints "ready" once both threads are started; after N seconds or at SIGTERM/SIGINT, stops
+// and prints "done: H hashes, J round trips" (buffers hashed, JSON round trips completed).
 // Built like the other workloads: -O2, no frame pointers, with debug information.
 #include <signal.h>
 
