@@ -124,7 +124,8 @@ for c in $CASES; do
   case ${c%-base} in
     cpp) "$work/bin/demo_service" --threads 2 --seconds "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
     cpp1) "$work/bin/demo_service" --threads 1 --seconds "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
-    cppmix) "$work/bin/mixed_work_service" --seconds "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
+    cppmix) "$work/bin/mixed_work_service" --seconds "$run_seconds" \
+              >"$work/$c.target.log" 2>&1 & ;;
     py | py-read | py10 | py-off) "$PYTHON" "$workload" "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
     go) "$BUILD/go/go_workload_plain" -seconds "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
     go-switches) "$BUILD/go/go_workload_plain" -seconds "$run_seconds" -switches \
@@ -207,15 +208,24 @@ program_runs() {
 # samples (a cost of per-CPU sampling whatever the target's language, in place of the kernel's
 # stack copies of those samples), each such run costing the cpp agent's mean run (the filter
 # alone; without a cpp case, this agent's mean).
+# The columns x_cpp, x_cpp1 and x_mix: `total` against the anchors' totals, "A1 A2 A3" in that
+# order ("-": no such case, or not run yet).
 bpf_awk='function bpf_ns(runs, cpp_run,   r, f) {
     split(runs, r, " ")
     f = cpp_run != "" ? cpp_run : r[2]
     return r[1] * r[2] - r[3] * (f < r[2] ? f : r[2])
+  }
+  function ratios(total, anchors,   a, i, out) {
+    split(anchors, a, " ")
+    for (i = 1; i <= 3; i++) {
+      out = out sprintf(" %7s", a[i] == "-" ? "-" : sprintf("%.2f", total / a[i]))
+    }
+    return out
   }'
+# The anchors' totals of a table, by case, as ratios() takes them.
+declare -A anchor
+anchors() { echo "${anchor[cpp]:--} ${anchor[cpp1]:--} ${anchor[cppmix]:--}"; }
 
-cpp_us=
-cpp1_us=
-mix_us=
 cpp_run=
 for c in $CASES; do
   log=$work/$c.agent.log
@@ -228,21 +238,16 @@ for c in $CASES; do
   [[ $c == cpp ]] && cpp_run=$(echo "$runs" | awk '{ print $2 }')
   row=$(awk -v a0="${a0[$c]}" -v a1="${a1[$c]}" -v t0="${t0[$c]}" -v t1="${t1[$c]}" \
       -v ta="${attach_cpu[$c]}" -v te="${t_end[$c]}" -v n="${samples:-0}" -v w="${wakeups:-0}" \
-      -v s="${stale:-}" -v d="$delay" -v cpp="$cpp_us" -v cpp1="$cpp1_us" -v mix="$mix_us" \
-      -v c="$c" \
+      -v s="${stale:-}" -v d="$delay" -v x="$(anchors)" -v c="$c" \
       -v runs="${runs:-0 0 0}" -v cpp_run="$cpp_run" "$bpf_awk"' BEGIN {
     win = n * (t1 - t0) / (te > ta ? te - ta : 1)      # samples of the window
     us = win > 0 ? (a1 - a0) / 1e3 / win : 0
     bpf = n > 0 ? bpf_ns(runs, cpp_run) / 1e3 / n : 0  # the programs: runs over the agent life
     total = us + bpf
-    printf "%-11s %9.1f %9d %9.1f %8.1f %9.1f %7s %7s %7s %10.2f %8s %9s %.3f\n", c,
-      (a1 - a0) / 1e6, win, us, bpf, total, cpp == "" ? "-" : sprintf("%.2f", total / cpp),
-      cpp1 == "" ? "-" : sprintf("%.2f", total / cpp1),
-      mix == "" ? "-" : sprintf("%.2f", total / mix), w / (n > 0 ? n : 1), \
+    printf "%-11s %9.1f %9d %9.1f %8.1f %9.1f%s %10.2f %8s %9s %.3f\n", c,
+      (a1 - a0) / 1e6, win, us, bpf, total, ratios(total, x), w / (n > 0 ? n : 1), \
       s == "" ? "-" : sprintf("%.2f", 100 * s / (n > 0 ? n : 1)), d, total }')
-  [[ $c == cpp ]] && cpp_us=${row##* }
-  [[ $c == cpp1 ]] && cpp1_us=${row##* }
-  [[ $c == cppmix ]] && mix_us=${row##* }
+  [[ $c == cpp || $c == cpp1 || $c == cppmix ]] && anchor[$c]=${row##* }
   echo "${row% *}"
   sed -n 's/.*\] \(sampling: .*\)/            \1/p; s/.*\] \(python: .*\)/            \1/p
           s/.*\] \(in-kernel filter: .*\)/            \1/p
@@ -256,29 +261,22 @@ echo
 echo "agent CPU per additional sample: agents at $HZ and at $LOW_HZ Hz on the same targets"
 printf '%-11s %9s %9s %9s %8s %9s %7s %7s %7s\n' case samples low_smpl slope_us bpf_us \
   total_us x_cpp x_cpp1 x_mix
-cpp_slope=
-cpp1_slope=
-mix_slope=
+anchor=()
 for c in $CASES; do
   n_hi=$(sed -n 's/.*stopping: \([0-9]*\) samples.*/\1/p' "$work/$c.agent.log" | tail -1)
   n_lo=$(sed -n 's/.*stopping: \([0-9]*\) samples.*/\1/p' "$work/$c.low.agent.log" | tail -1)
   runs=$(program_runs "$work/$c.agent.log")
   row=$(awk -v a0="${a0[$c]}" -v a1="${a1[$c]}" -v l0="${l0[$c]}" -v l1="${l1[$c]}" \
       -v t0="${t0[$c]}" -v t1="${t1[$c]}" -v ta="${attach_cpu[$c]}" -v te="${t_end[$c]}" \
-      -v hi="${n_hi:-0}" -v lo="${n_lo:-0}" -v runs="${runs:-0 0 0}" -v cpp="$cpp_slope" \
-      -v cpp1="$cpp1_slope" -v mix="$mix_slope" -v c="$c" -v cpp_run="$cpp_run" \
-      "$bpf_awk"' BEGIN {
+      -v hi="${n_hi:-0}" -v lo="${n_lo:-0}" -v runs="${runs:-0 0 0}" -v x="$(anchors)" \
+      -v c="$c" -v cpp_run="$cpp_run" "$bpf_awk"' BEGIN {
     f = (t1 - t0) / (te > ta ? te - ta : 1)            # the part of the samples in the window
     whi = hi * f; wlo = lo * f
     slope = whi > wlo ? ((a1 - a0) - (l1 - l0)) / 1e3 / (whi - wlo) : 0
     bpf = hi > 0 ? bpf_ns(runs, cpp_run) / 1e3 / hi : 0
     total = slope + bpf
-    printf "%-11s %9d %9d %9.1f %8.1f %9.1f %7s %7s %7s %.3f\n", c, whi, wlo, slope, bpf,
-      total, cpp == "" ? "-" : sprintf("%.2f", total / cpp),
-      cpp1 == "" ? "-" : sprintf("%.2f", total / cpp1),
-      mix == "" ? "-" : sprintf("%.2f", total / mix), total }')
-  [[ $c == cpp ]] && cpp_slope=${row##* }
-  [[ $c == cpp1 ]] && cpp1_slope=${row##* }
-  [[ $c == cppmix ]] && mix_slope=${row##* }
+    printf "%-11s %9d %9d %9.1f %8.1f %9.1f%s %.3f\n", c, whi, wlo, slope, bpf, total,
+      ratios(total, x), total }')
+  [[ $c == cpp || $c == cpp1 || $c == cppmix ]] && anchor[$c]=${row##* }
   echo "${row% *}"
 done
