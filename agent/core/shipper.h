@@ -149,7 +149,7 @@ class Shipper {
   std::vector<v1::Target> targets_ ABSL_GUARDED_BY(mu_);
   bool targets_sent_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool flushing_ ABSL_GUARDED_BY(mu_) = false;  // Flush() waits: reconnect without backoff
+  bool flushing_ ABSL_GUARDED_BY(mu_) = false;  // a Flush() came: skip one reconnect backoff
   int flush_waiters_ ABSL_GUARDED_BY(mu_) = 0;  // Flush() calls waiting
   // The connected session's queue and its wake-up (null between sessions).
   grpc::CompletionQueue* session_cq_ ABSL_GUARDED_BY(mu_) = nullptr;
