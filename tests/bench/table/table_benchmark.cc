@@ -1,6 +1,8 @@
 // Aggregation throughput of strata::table::SortedTable against std::unordered_map and
 // absl::flat_hash_map: 10 M updates of Zipf-distributed stack IDs (100,000 distinct keys,
-// s = 0.8 and 1.1, and 1.1 with a phase switch halfway), count 1 per update.
+// s = 0.8 and 1.1, and 1.1 with a phase switch halfway), count 1 per update. Then, as a
+// diagnostic, s = 0.8 again with keys picked so that each heads a chain of its own: what
+// the table's chains cost is the difference.
 //
 // Every contender does the same work: the same key stream (generated once per stream,
 // outside the timed loop), one count per update, a container bounded to the 100,000 keys
@@ -62,16 +64,33 @@ struct Stream {
   std::vector<uint64_t> keys;
   std::vector<KeyCount<uint64_t>> items;  // the same keys, count 1, for AddBatch
   absl::flat_hash_map<uint64_t, uint64_t> expected;
+  bool own_chains = false;  // a diagnostic: no goal is reported on it
 };
 
 // Keys are scrambled 64-bit values, as stack IDs are hashes. With `phase_switch`, halfway
 // through the popularity ranks rotate by half the key space: the hot keys of the second
-// half were cold (and inserted late, at chain tails) in the first half.
-Stream MakeStream(double s, bool phase_switch, size_t updates) {
+// half were cold (and inserted late, at chain tails) in the first half. With `own_chains`,
+// keys that would share a chain in the table are skipped, so every key heads a chain of
+// its own: the same stream without what chains cost (a diagnostic, not a workload).
+Stream MakeStream(double s, bool phase_switch, bool own_chains, size_t updates) {
   Stream out;
   char name[64];
-  std::snprintf(name, sizeof name, "Zipf s=%.1f%s", s, phase_switch ? ", phase switch" : "");
+  std::snprintf(name, sizeof name, "Zipf s=%.1f%s%s", s, phase_switch ? ", phase switch" : "",
+                own_chains ? ", a chain per key" : "");
   out.name = name;
+  out.own_chains = own_chains;
+  std::vector<uint64_t> key_of_rank(kDistinctKeys);
+  {
+    const CountTable layout = *CountTable::Create({.max_entries = kDistinctKeys});
+    std::vector<bool> taken(layout.bucket_count());
+    uint64_t x = 0;
+    for (uint64_t& key : key_of_rank) {
+      do {
+        key = SplitMix64(x++);  // bijective: distinct x give distinct keys
+      } while (own_chains && taken[layout.BucketIndex(key)]);
+      taken[layout.BucketIndex(key)] = true;
+    }
+  }
   std::vector<double> cdf(kDistinctKeys);
   double sum = 0;
   for (uint32_t r = 0; r < kDistinctKeys; ++r) cdf[r] = sum += 1.0 / std::pow(r + 1.0, s);
@@ -84,7 +103,7 @@ Stream MakeStream(double s, bool phase_switch, size_t updates) {
         std::min<size_t>(std::lower_bound(cdf.begin(), cdf.end(), uniform(rng)) - cdf.begin(),
                          kDistinctKeys - 1));
     if (phase_switch && i >= updates / 2) rank = (rank + kDistinctKeys / 2) % kDistinctKeys;
-    out.keys[i] = SplitMix64(rank);  // bijective: distinct ranks give distinct keys
+    out.keys[i] = key_of_rank[rank];
   }
   out.items.reserve(updates);
   for (uint64_t key : out.keys) out.items.push_back({key, 1});
@@ -301,6 +320,7 @@ void Report(const Stream& stream, const std::vector<Contender>& contenders, int 
     }
   }
   for (const char* name : {kSortedAdd, kSortedBatch}) {
+    if (stream.own_chains) break;
     const Contender* c = Find(contenders, name);
     if (c == nullptr) continue;  // left out by --only
     const double rate = c->MedianRate(n);
@@ -345,9 +365,10 @@ int main(int argc, char** argv) {
   const struct {
     double s;
     bool phase_switch;
-  } kStreams[] = {{0.8, false}, {1.1, false}, {1.1, true}};
+    bool own_chains;
+  } kStreams[] = {{0.8, false, false}, {1.1, false, false}, {1.1, true, false}, {0.8, false, true}};
   for (const auto& spec : kStreams) {
-    const Stream stream = MakeStream(spec.s, spec.phase_switch, updates);
+    const Stream stream = MakeStream(spec.s, spec.phase_switch, spec.own_chains, updates);
     std::vector<Contender> contenders = MakeContenders();
     std::erase_if(contenders, [&](const Contender& c) {
       return c.name.find(only) == std::string::npos && c.name != kStd && c.name != kAbsl;
@@ -356,7 +377,7 @@ int main(int argc, char** argv) {
       for (Contender& c : contenders) c.runs.push_back(c.run(stream));
     }
     Report(stream, contenders, rounds);
-    if (spec.s == 1.1 && !spec.phase_switch) ReportTopN(stream);
+    if (spec.s == 1.1 && !spec.phase_switch && !spec.own_chains) ReportTopN(stream);
   }
   return 0;
 }
