@@ -580,11 +580,16 @@ class SortedTable {
   // in tally_).
   bool Hit(uint32_t i, uint32_t position, uint64_t count, Tally& t) {
     Slot& s = slots_[i];
-    uint16_t low;
-    const bool carry = __builtin_add_overflow(s.count, static_cast<uint16_t>(count), &low);
-    s.count = low;
-    const uint64_t high = (count >> 16) + carry;
-    if (high != 0) [[unlikely]] count_high_[i] += high;
+    if (count == 1) {
+      // Add(key): one add to memory and a test of its result (0 after a carry).
+      if (++s.count == 0) [[unlikely]] ++count_high_[i];
+    } else {
+      uint16_t low;
+      const bool carry = __builtin_add_overflow(s.count, static_cast<uint16_t>(count), &low);
+      s.count = low;
+      const uint64_t high = (count >> 16) + carry;
+      if (high != 0) [[unlikely]] count_high_[i] += high;
+    }
     const uint32_t weight = PeriodWeight(count);
     if (sorting_) AddToPeriodCount(s, weight, t.epoch_base, position);
     return CountTowardsPeriod(weight, t);
@@ -636,8 +641,10 @@ class SortedTable {
   // Returns true when the period is complete.
   static bool CountTowardsPeriod(uint32_t weight, Tally& t) {
     t.excess += uint64_t{weight} - 1;
-    t.period_left -= weight;
-    return t.period_left <= 0;
+    // period_left is positive on entry (a period that ran out restarts it): for the weight
+    // 1 of Add(key), "reached zero" is "ran out", and one decrement of memory tests it.
+    if (weight == 1) return --t.period_left == 0;
+    return (t.period_left -= weight) <= 0;
   }
   [[gnu::noinline]] void PeriodCountReached() {
     if (options_.period != 0) {

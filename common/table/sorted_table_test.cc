@@ -936,7 +936,7 @@ TEST(SortedTableTest, FirstEntryMovesDeeperEntryOutOfItsHome) {
   EXPECT_EQ(table.size(), 12u);
 }
 
-// Counts carry from the slot's 32 bits into the high word, in Add and in AddBatch, and every
+// Counts carry from the slot's 16 bits into the high word, in Add and in AddBatch, and every
 // path that moves entries (sorting, RemoveIf, Grow) moves the high word along.
 TEST(SortedTableTest, CountsCarryIntoHighWord) {
   CountTable table = MakeTable({.max_entries = 32,
