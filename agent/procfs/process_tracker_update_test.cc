@@ -228,7 +228,9 @@ TEST(ProcessTrackerUpdateTest, ExecDecidesAndTheImageAlreadyReadIsNoNews) {
 }
 
 TEST(ProcessTrackerUpdateTest, PinsTakeEffectAtTheNextUpdate) {
-  ProcessTracker tracker(ServiceMatcher::Create({}).value());
+  // No STRATA_SERVICE matching: only pins are read. With it, any process on the host with an
+  // empty environment (another test's child) is retried, and has_pending() stays true.
+  ProcessTracker tracker(ServiceMatcher::Create({}, /*use_env_var=*/false).value());
   pid_t child = SpawnSleep(Marker());
   ASSERT_GT(child, 0);
   tracker.Rescan().value();
