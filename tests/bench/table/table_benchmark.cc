@@ -18,8 +18,10 @@
 // chain position of hits during the first period (before any sort could run), during the
 // rest of the stream (sorted chains), and count-weighted in the final layout; for the maps,
 // the count-weighted final value only (chain position in std::unordered_map, groups probed
-// in absl::flat_hash_map). MB = bytes the container holds at the bound (the maps: buckets
-// or slots plus, for std::unordered_map, one 32-byte node per key).
+// in absl::flat_hash_map). For the table, "ideal" is the final value had every chain been
+// ordered by its entries' final counts: the best any order can do with these chains. MB =
+// bytes the container holds at the bound (the maps: buckets or slots plus, for
+// std::unordered_map, one 32-byte node per key).
 //
 // Usage: table_benchmark [--rounds=N] [--updates=N] [--only=SUBSTRING]
 // --only keeps the contenders whose name contains SUBSTRING, plus the two baselines.
@@ -121,6 +123,7 @@ double CpuSeconds() {
 struct Run {
   double seconds = 0;
   double probe_first = 0, probe_after = 0, probe_final = 0;  // 0: not applicable
+  double probe_ideal = 0;  // the table: probe_final with every chain ordered by final count
   double memory_mb = 0;
   uint64_t chains_sorted = 0;
 };
@@ -183,6 +186,16 @@ Run RunStrata(const std::string& name, const Stream& stream, SortedTableOptions 
     total += count;
   });
   run.probe_final = static_cast<double>(weighted) / static_cast<double>(total);
+  // What no order of the chains can beat: each chain's counts in descending order.
+  uint64_t ideal = 0;
+  std::vector<uint64_t> chain;
+  for (uint32_t b = 0; b < table.bucket_count(); ++b) {
+    chain.clear();
+    table.ForEachInChain(b, [&](uint64_t, uint64_t count, uint32_t) { chain.push_back(count); });
+    std::sort(chain.begin(), chain.end(), std::greater<>());
+    for (size_t p = 0; p < chain.size(); ++p) ideal += chain[p] * (p + 1);
+  }
+  run.probe_ideal = static_cast<double>(ideal) / static_cast<double>(total);
   run.memory_mb = static_cast<double>(table.memory_bytes()) / 1e6;
   run.chains_sorted = end.chains_sorted;
   return run;
@@ -298,8 +311,8 @@ void Report(const Stream& stream, const std::vector<Contender>& contenders, int 
   const size_t n = stream.keys.size();
   std::printf("\n%s: %zu updates, %zu distinct keys (of %u), %d rounds, CPU time\n",
               stream.name.c_str(), n, stream.expected.size(), kDistinctKeys, rounds);
-  std::printf("%-30s %9s %9s %7s %7s %7s %7s %7s %7s %7s\n", "contender", "M upd/s", "best",
-              "x std", "x absl", "probe1", "probe2", "final", "MB", "sorts");
+  std::printf("%-30s %9s %9s %7s %7s %7s %7s %7s %7s %7s %7s\n", "contender", "M upd/s", "best",
+              "x std", "x absl", "probe1", "probe2", "final", "ideal", "MB", "sorts");
   const double std_rate = Find(contenders, kStd)->MedianRate(n);  // the baselines always run
   const double absl_rate = Find(contenders, kAbsl)->MedianRate(n);
   for (const Contender& c : contenders) {
@@ -312,7 +325,13 @@ void Report(const Stream& stream, const std::vector<Contender>& contenders, int 
     } else {
       std::printf("%7s %7s ", "-", "-");
     }
-    std::printf("%7.3f %7.2f ", last.probe_final, last.memory_mb);
+    std::printf("%7.3f ", last.probe_final);
+    if (last.probe_ideal > 0) {
+      std::printf("%7.3f ", last.probe_ideal);
+    } else {
+      std::printf("%7s ", "-");
+    }
+    std::printf("%7.2f ", last.memory_mb);
     if (c.name.starts_with("strata")) {
       std::printf("%7llu\n", static_cast<unsigned long long>(last.chains_sorted));
     } else {
