@@ -239,6 +239,37 @@ TEST(StepWithRowTest, SignalFrameRow) {
   EXPECT_FALSE(StepWithRow(Arch::kX86_64, row, regs, false, stack, &caller, &slot));
 }
 
+// At an epilogue's `ret` GCC's CFI still places rbp at CFA - 16, below sp: popped already,
+// so the register holds the caller's value (libprotobuf's InternalMetadata::CheckedDestruct
+// ends `pop %rbx; pop %rbp; ret` with rbx at CFA - 24 and rbp at CFA - 16 in force). Reading
+// the slot would need bytes below the copy: such samples ended with one frame.
+TEST(StepWithRowTest, SaveSlotBelowSpWasPopped) {
+  uint8_t bytes[16] = {};
+  const uint64_t ra = 0x401234;
+  std::memcpy(bytes, &ra, 8);  // the return address at sp
+  StackSnapshot stack{0x1000, bytes, sizeof bytes};
+  UnwindRow row{UnwindRow::CfaBase::kSp, UnwindRow::RaRule::kAtCfaOffset,
+                UnwindRow::FpRule::kAtCfaOffset, StackSwitch::kNone, 8, -8, -16};
+  Registers regs{.pc = 0x500000, .sp = 0x1000, .fp = 0x7ffd0000, .ra = 0};
+  Registers caller;
+  uint64_t slot = 0;
+  ASSERT_TRUE(StepWithRow(Arch::kX86_64, row, regs, true, stack, &caller, &slot));
+  EXPECT_EQ(caller.pc, ra);
+  EXPECT_EQ(caller.sp, 0x1008u);
+  EXPECT_EQ(caller.fp, 0x7ffd0000u);
+  EXPECT_EQ(slot, 0x1000u);
+  // A slot at or above sp is still read, and one there beyond the copy still ends the walk.
+  row.cfa_offset = 16;
+  row.ra_offset = -16;
+  row.fp_offset = -8;
+  const uint64_t saved_fp = 0x7ffe0000;
+  std::memcpy(bytes + 8, &saved_fp, 8);
+  ASSERT_TRUE(StepWithRow(Arch::kX86_64, row, regs, true, stack, &caller, &slot));
+  EXPECT_EQ(caller.fp, saved_fp);
+  StackSnapshot short_copy{0x1000, bytes, 8};
+  EXPECT_FALSE(StepWithRow(Arch::kX86_64, row, regs, true, short_copy, &caller, &slot));
+}
+
 TEST(StepWithRowTest, BigEndianAndRegisterRules) {
   uint8_t bytes[32] = {};
   // Big-endian words: RA 0x1122334455667788 at 0x1010, fp 0xaabb at 0x1008.

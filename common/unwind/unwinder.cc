@@ -77,9 +77,12 @@ bool StepWithRow(Arch arch, const UnwindRow& row, const Registers& regs, bool in
     next.pc = regs.ra;
   }
   next.fp = regs.fp;
-  if (row.fp_rule == UnwindRow::FpRule::kAtCfaOffset &&
-      !stack.Read64(cfa + static_cast<int64_t>(row.fp_offset), be, &next.fp)) {
-    return false;
+  if (row.fp_rule == UnwindRow::FpRule::kAtCfaOffset) {
+    // A save slot below sp has been popped: compilers leave the save rules in force across
+    // an epilogue's pops (GCC up to the `ret`), so the frame pointer already holds the
+    // caller's value. Reading the slot would need bytes below the copy and end the walk.
+    const uint64_t fp_slot = cfa + static_cast<int64_t>(row.fp_offset);
+    if (fp_slot >= regs.sp && !stack.Read64(fp_slot, be, &next.fp)) return false;
   }
   next.ra = 0;  // only the innermost frame's RA register is known
   *caller = next;
