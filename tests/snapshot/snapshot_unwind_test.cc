@@ -12,6 +12,8 @@
 // recorded modules) stops strata with no_module while libdw's x86-64 backend falls back to a
 // frame-pointer step there.
 //
+// A recording of any other process replays the same way (RecordedFile, SNAPSHOT_FILE).
+//
 // signal_handler spends most of its time in a SIGALRM handler: those samples unwind through
 // glibc's __restore_rt (a signal-frame row: the interrupted rip/rsp/rbp from the kernel's
 // ucontext, the next pc exact) into the interrupted chain, and libdw (which reads the same
@@ -30,6 +32,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
 #include "agent/symbols/module_cache.h"
 #include "agent/symbols/process_address_space.h"
 #include "common/unwind/incremental.h"
@@ -181,6 +184,18 @@ struct Tally {
   std::map<std::string, size_t> stop_reasons;
 };
 
+// "path+0xOFFSET (exec)": the file and offset of `pc` among the recorded mappings (readelf
+// --debug-dump=frames-interp and objdump take the offset as is for code mapped at its offset).
+std::string Where(const std::vector<Mapping>& mappings, uint64_t pc) {
+  for (const Mapping& m : mappings) {
+    if (pc >= m.info.start && pc < m.info.end) {
+      return absl::StrFormat("%s+%#x (%s)", m.info.path, pc - m.info.start + m.info.offset,
+                             m.info.exec ? "exec" : "not exec");
+    }
+  }
+  return "no recorded mapping";
+}
+
 bool SameFrames(const unwind::Frame* a, size_t na, const unwind::Frame* b, size_t nb) {
   if (na != nb) return false;
   for (size_t i = 0; i < na; ++i) {
@@ -230,7 +245,13 @@ Tally Replay(const std::string& name, const std::string& path, size_t min_depth)
     options.max_frames = kMaxFrames;
     unwind::UnwindResult rf = unwind::Unwind(options, regs, stack, space, full.data(), kMaxFrames);
     t.full_frames += rf.num_frames;
-    t.stop_reasons[std::string(unwind::StopReasonName(rf.stop))]++;
+    // Walks that stopped before a root: the first few of each reason, and where.
+    const std::string reason(unwind::StopReasonName(rf.stop));
+    if (++t.stop_reasons[reason] <= 3 && rf.stop != unwind::StopReason::kOutermost) {
+      std::printf("[%s] stopped (%s) after %zu frames at %s\n", name.c_str(), reason.c_str(),
+                  rf.num_frames,
+                  Where(snap->mapping_sets[s.mapping_set], full[rf.num_frames - 1].pc).c_str());
+    }
     deep += rf.num_frames >= min_depth;
 
     const unwind::SampleInput in{regs, stack, s.mapping_set, s.stack.size() < 16 * 1024};
@@ -286,16 +307,11 @@ Tally Replay(const std::string& name, const std::string& path, size_t min_depth)
       // Who stopped first, and why (printed for the first few).
       if (t.libdw_prefix_equal <= 3) {
         const uint64_t last = full[rf.num_frames - 1].pc;
-        std::string where = "no recorded mapping";
-        for (const Mapping& m : snap->mapping_sets[s.mapping_set]) {
-          if (last >= m.info.start && last < m.info.end) {
-            where = m.info.path + (m.info.exec ? " (exec)" : " (not exec)");
-          }
-        }
         std::printf("[%s] libdw %zu frames, strata %zu (%s), last pc %#llx in %s\n",
                     name.c_str(), ref.size(), rf.num_frames,
                     std::string(unwind::StopReasonName(rf.stop)).c_str(),
-                    static_cast<unsigned long long>(last), where.c_str());
+                    static_cast<unsigned long long>(last),
+                    Where(snap->mapping_sets[s.mapping_set], last).c_str());
       }
     } else {
       ++t.libdw_differ;
@@ -325,6 +341,16 @@ Tally Replay(const std::string& name, const std::string& path, size_t min_depth)
   for (const auto& [reason, n] : t.stop_reasons) std::printf("[%s]   stop %s: %zu\n", name.c_str(), reason.c_str(), n);
   EXPECT_GT(t.samples, 50u);
   return t;
+}
+
+// A recording of any process (strata-snapshot-record PID SECONDS FILE [HZ]) on this host,
+// whose modules are still installed: SNAPSHOT_FILE=FILE. Prints where the walks stopped
+// early; every sample must agree with libdw.
+TEST(SnapshotUnwindTest, RecordedFile) {
+  const char* path = getenv("SNAPSHOT_FILE");
+  if (path == nullptr) GTEST_SKIP() << "set SNAPSHOT_FILE to a recording to replay it";
+  Tally t = Replay("file", path, 8);
+  EXPECT_EQ(t.libdw_differ, 0u);
 }
 
 TEST(SnapshotUnwindTest, DeepRecursion) {
