@@ -6,10 +6,12 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/base/clock.h"
 #include "common/base/escape.h"
@@ -153,6 +155,35 @@ absl::Status FilterFromQuery(const http::HttpRequest& req, v1::ProfileFilter* fi
   if (from_ms) filter->mutable_range()->set_from_ms(*from_ms);
   if (to_ms) filter->mutable_range()->set_to_ms(*to_ms);
   return absl::OkStatus();
+}
+
+// The keys FilterFromQuery reads, before any prefix.
+constexpr const char* kFilterKeys[] = {"service", "host",  "focus",   "ignore", "capture",
+                                       "select",  "type",  "from_ms", "to_ms",  "since_s"};
+
+// `handler`, answering 400 to a query key it does not take instead: a misspelt or guessed key
+// (since=1h for since_s=3600) would otherwise be ignored, and the query answered for the
+// default range as if it had been asked. It takes `keys`, and the filter's keys under each of
+// `filter_prefixes` ("" for the plain ones).
+http::HttpServer::Handler Taking(std::vector<std::string> keys,
+                                 const std::vector<std::string>& filter_prefixes,
+                                 http::HttpServer::Handler handler) {
+  for (const std::string& prefix : filter_prefixes) {
+    for (const char* key : kFilterKeys) keys.push_back(prefix + key);
+  }
+  std::sort(keys.begin(), keys.end());
+  return [keys = std::move(keys), handler = std::move(handler)](const http::HttpRequest& req) {
+    for (const auto& [key, value] : req.query) {
+      if (!std::binary_search(keys.begin(), keys.end(), key)) {
+        return Error(absl::InvalidArgumentError(
+            absl::StrCat("unknown parameter '", base::EscapeForLog(key, 64), "'",
+                         keys.empty() ? " (this endpoint takes none)"
+                                      : absl::StrCat(" (this endpoint takes ",
+                                                     absl::StrJoin(keys, ", "), ")"))));
+      }
+    }
+    return handler(req);
+  };
 }
 
 // ?limit= (or another count): 0 or absent means the query's default.
@@ -413,21 +444,23 @@ http::HttpResponse RenderMetrics(const http::HttpServer* http, store::Store* sto
 // /api/v1: the JSON mirror of the query service, each route guarded by `reader`.
 template <typename Guarded>
 void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Guarded reader) {
-  http->Route("/api/v1/services", reader([query](const http::HttpRequest&) {
+  http->Route("/api/v1/services", reader(Taking({}, {}, [query](const http::HttpRequest&) {
     auto r = query->RunListServices();
     return r.ok() ? Json(*r) : Error(r.status());
-  }));
-  http->Route("/api/v1/agents", reader([query](const http::HttpRequest&) {
+  })));
+  http->Route("/api/v1/agents", reader(Taking({}, {}, [query](const http::HttpRequest&) {
     return Json(query->RunListAgents());
-  }));
+  })));
   // ?service=: the service's label keys and their values (for selectors).
-  http->Route("/api/v1/labels", reader([query](const http::HttpRequest& req) {
+  http->Route("/api/v1/labels",
+              reader(Taking({"service"}, {}, [query](const http::HttpRequest& req) {
     v1::ListLabelsRequest request;
     if (auto it = req.query.find("service"); it != req.query.end()) request.set_service(it->second);
     auto r = query->RunListLabels(request);
     return r.ok() ? Json(*r) : Error(r.status());
-  }));
-  http->Route("/api/v1/top", reader([query](const http::HttpRequest& req) {
+  })));
+  http->Route("/api/v1/top",
+              reader(Taking({"limit", "by", "sort"}, {""}, [query](const http::HttpRequest& req) {
     v1::TopRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     auto limit = LimitFromQuery(req);
@@ -451,8 +484,9 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     }
     auto r = query->RunTop(request);
     return r.ok() ? Json(*r) : Error(r.status());
-  }));
-  http->Route("/api/v1/hot-paths", reader([query](const http::HttpRequest& req) {
+  })));
+  http->Route("/api/v1/hot-paths",
+              reader(Taking({"limit"}, {""}, [query](const http::HttpRequest& req) {
     v1::HotPathsRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     auto limit = LimitFromQuery(req);
@@ -460,9 +494,11 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     request.set_limit(*limit);
     auto r = query->RunHotPaths(request);
     return r.ok() ? Json(*r) : Error(r.status());
-  }));
+  })));
   // ?format=json (default; nested tree) | svg | html | folded | tree (the proto's node table).
-  http->Route("/api/v1/flamegraph", reader([query](const http::HttpRequest& req) {
+  http->Route("/api/v1/flamegraph",
+              reader(Taking({"format", "max_nodes", "lines"}, {""},
+                            [query](const http::HttpRequest& req) {
     v1::FlameGraphRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     auto format = FlameFormat(req);
@@ -478,10 +514,11 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     if (!r.ok()) return Error(r.status());
     if (*format == v1::FlameGraphRequest::TREE) return Json(*r);
     return Raw(r->content_type(), std::move(*r->mutable_rendered()));
-  }));
+  })));
   // The compared profile takes the usual keys, the base profile the same keys prefixed with
   // "base_" (base_service, base_from_ms, ...); see QueryService::RunDiff for defaults.
-  http->Route("/api/v1/diff", reader([query](const http::HttpRequest& req) {
+  http->Route("/api/v1/diff",
+              reader(Taking({"limit"}, {"", "base_"}, [query](const http::HttpRequest& req) {
     v1::DiffRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     if (auto st = FilterFromQuery(req, request.mutable_base(), "base_"); !st.ok()) {
@@ -499,11 +536,14 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     request.set_limit(*limit);
     auto r = query->RunDiff(request);
     return r.ok() ? Json(*r) : Error(r.status());
-  }));
+  })));
   // Each group takes the usual keys prefixed "baseline_" or "candidate_" (baseline_select,
   // candidate_since_s, ...); unprefixed keys (service, since_s, host, ...) are both groups'
   // defaults. See QueryService::RunCompare.
-  http->Route("/api/v1/compare", reader([query](const http::HttpRequest& req) {
+  http->Route("/api/v1/compare",
+              reader(Taking({"limit", "window_s", "windows_independent", "fdr", "confidence",
+                             "min_share", "baseline_requests", "candidate_requests"},
+                            {"", "baseline_", "candidate_"}, [query](const http::HttpRequest& req) {
     v1::CompareRequest request;
     v1::ProfileFilter shared;
     if (auto st = FilterFromQuery(req, &shared); !st.ok()) return Error(st);
@@ -557,9 +597,11 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     }
     auto r = query->RunCompare(request);
     return r.ok() ? Json(*r) : Error(r.status());
-  }));
+  })));
   // ?step_ms= (0 or absent: about 100 intervals) &group_by=LABEL|host &limit= (series).
-  http->Route("/api/v1/series", reader([query](const http::HttpRequest& req) {
+  http->Route("/api/v1/series",
+              reader(Taking({"step_ms", "group_by", "limit"}, {""},
+                            [query](const http::HttpRequest& req) {
     v1::SeriesRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     if (auto it = req.query.find("step_ms"); it != req.query.end() && !it->second.empty()) {
@@ -575,30 +617,32 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     request.set_limit(*limit);
     auto r = query->RunSeries(request);
     return r.ok() ? Json(*r) : Error(r.status());
-  }));
-  http->Route("/api/v1/quality", reader([query](const http::HttpRequest& req) {
+  })));
+  http->Route("/api/v1/quality", reader(Taking({}, {""}, [query](const http::HttpRequest& req) {
     v1::QualityRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     auto r = query->RunQuality(request);
     return r.ok() ? Json(*r) : Error(r.status());
-  }));
+  })));
   // Grafana's Pyroscope data source: Connect calls of querier.v1.QuerierService.
   for (const std::string& path : grafana::QuerierPaths()) {
     http->Route(path, reader([query](const http::HttpRequest& req) {
       return grafana::ServeQuerierCall(query, req);
     }));
   }
-  http->Route("/api/v1/export", reader([query](const http::HttpRequest& req) {
+  http->Route("/api/v1/export",
+              reader(Taking({"format"}, {""}, [query](const http::HttpRequest& req) {
     v1::ExportRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     if (auto it = req.query.find("format"); it != req.query.end() && it->second != "pprof") {
       return Error(absl::InvalidArgumentError(
-          absl::StrCat("unknown export format '", base::EscapeForLog(it->second, 64), "' (pprof)")));
+          absl::StrCat("unknown export format '", base::EscapeForLog(it->second, 64),
+                       "' (pprof)")));
     }
     auto r = query->RunExport(request);
     if (!r.ok()) return Error(r.status());
     return Raw(r->content_type(), std::move(*r->mutable_data()));
-  }));
+  })));
 }
 
 // The web UI: static assets compiled into the binary, a copy away, so served inline.
@@ -642,7 +686,9 @@ void RegisterHttpRoutes(http::HttpServer* http, store::Store* store, ingest::Ing
   RegisterQueryRoutes(http, query, reader);
   if (regress::RegressionsService* regressions = access.regressions; regressions != nullptr) {
     // ?service=&since_s= (default: every verdict).
-    http->Route("/api/v1/regressions", reader([regressions](const http::HttpRequest& req) {
+    http->Route("/api/v1/regressions",
+                reader(Taking({"service", "since_s"}, {},
+                              [regressions](const http::HttpRequest& req) {
       v1::ListRegressionsRequest request;
       if (auto it = req.query.find("service"); it != req.query.end()) {
         request.set_service(it->second);
@@ -654,7 +700,7 @@ void RegisterHttpRoutes(http::HttpServer* http, store::Store* store, ingest::Ing
       }
       auto r = regressions->RunList(request);
       return r.ok() ? Json(*r) : Error(r.status());
-    }));
+    })));
   }
   RegisterWebUi(http, authorizer);
 }

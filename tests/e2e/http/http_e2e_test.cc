@@ -1,8 +1,9 @@
 // The HTTP endpoint of the real strata-server (/healthz, /metrics, /api/v1) against many
 // idle and slow clients and hostile query parameters: health checks answer at once with
 // 1,000 connections open, connections over --http-max-connections are closed at once and
-// their slots come back, numeric parameters out of range or not numbers at all get a 400
-// with the input escaped, and the server lives through all of it.
+// their slots come back, numeric parameters out of range or not numbers at all and keys an
+// endpoint does not take get a 400 with the input escaped, and the server lives through all
+// of it.
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -262,6 +263,55 @@ TEST_F(HttpE2eTest, NumericParametersAreRangeChecked) {
   }
   // Still alive.
   EXPECT_EQ(Get(http_port_, "/healthz").status, 200);
+  EXPECT_TRUE(server_->process().running());
+}
+
+// A key an endpoint does not take is refused, not ignored: since=1h would otherwise be answered
+// for the default range as if it had been asked for.
+TEST_F(HttpE2eTest, UnknownParametersAreRefused) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  Reply since = Get(http_port_, "/api/v1/top?service=demo&since=1h");
+  EXPECT_EQ(since.status, 400) << since.body;
+  EXPECT_NE(since.body.find("unknown parameter 'since'"), std::string::npos) << since.body;
+  EXPECT_NE(since.body.find("since_s"), std::string::npos) << "names what it takes: " << since.body;
+  for (const std::string target : {
+           "/api/v1/services?service=demo",
+           "/api/v1/labels?service=demo&since_s=60",
+           "/api/v1/hot-paths?service=demo&limt=5",
+           "/api/v1/flamegraph?service=demo&base_since_s=60",
+           "/api/v1/diff?service=demo&base_limit=5",
+           "/api/v1/compare?service=demo&baseline_fdr=0.1",
+           "/api/v1/series?service=demo&step=60",
+           "/api/v1/quality?service=demo&limit=5",
+           "/api/v1/export?service=demo&lines=1",
+           "/api/v1/regressions?service=demo&from_ms=0",
+       }) {
+    Reply r = Get(http_port_, target);
+    EXPECT_EQ(r.status, 400) << target << ": " << r.body;
+    EXPECT_NE(r.body.find("unknown parameter"), std::string::npos) << target << ": " << r.body;
+  }
+  // The key comes back escaped and bounded.
+  Reply escaped = Get(http_port_, "/api/v1/top?service=demo&%1B%5B31m" + std::string(3000, 'k') +
+                                      "=1");
+  EXPECT_EQ(escaped.status, 400);
+  EXPECT_EQ(escaped.body.find('\x1b'), std::string::npos) << escaped.body;
+  EXPECT_LT(escaped.body.size(), 400u) << escaped.body;
+  // Every key an endpoint takes, prefixed ones included, gets through to the query.
+  for (const std::string target : {
+           "/api/v1/labels?service=demo",
+           "/api/v1/top?service=demo&since_s=60&host=h&focus=a&ignore=b&select=v%3D1&type=cpu"
+           "&by=line&sort=total&limit=5",
+           "/api/v1/diff?service=demo&since_s=60&base_since_s=600&base_select=&base_type=cpu",
+           "/api/v1/compare?service=demo&baseline_select=v%3D1&candidate_select=v%3D2"
+           "&candidate_since_s=60&window_s=60&fdr=0.1&min_share=1",
+           "/api/v1/series?service=demo&since_s=600&step_ms=10000&group_by=host&limit=3",
+           "/api/v1/flamegraph?service=demo&format=folded&max_nodes=10&lines=1",
+           "/api/v1/regressions?service=demo&since_s=60",
+       }) {
+    Reply r = Get(http_port_, target);
+    EXPECT_EQ(r.body.find("unknown parameter"), std::string::npos) << target << ": " << r.body;
+    EXPECT_NE(r.status, 0) << target;
+  }
   EXPECT_TRUE(server_->process().running());
 }
 
