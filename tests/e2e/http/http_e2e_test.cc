@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <thread>
@@ -89,6 +90,16 @@ class Connection {
 // GET `target` on a fresh connection.
 Reply Get(int port, const std::string& target, milliseconds timeout = milliseconds(10'000)) {
   return Connection(port, timeout).Get(target, timeout);
+}
+
+// Each target is answered 400, with `why` in the body.
+void ExpectRefused(int port, std::initializer_list<std::string> targets,
+                   const std::string& why = "") {
+  for (const std::string& target : targets) {
+    Reply r = Get(port, target);
+    EXPECT_EQ(r.status, 400) << target << ": " << r.body;
+    EXPECT_NE(r.body.find(why), std::string::npos) << target << ": " << r.body;
+  }
 }
 
 // The value of an unlabelled Prometheus sample in `text`, or -1.
@@ -211,7 +222,7 @@ TEST_F(HttpE2eTest, NumericParametersAreRangeChecked) {
   Reply overflow = Get(http_port_, "/api/v1/top?service=demo&since_s=9223372036854775807");
   EXPECT_EQ(overflow.status, 400) << overflow.body;
   EXPECT_NE(overflow.body.find("since_s"), std::string::npos) << overflow.body;
-  for (const std::string target : {
+  ExpectRefused(http_port_, {
            "/api/v1/top?service=demo&since_s=-5",
            "/api/v1/top?service=demo&since_s=0",
            "/api/v1/top?service=demo&since_s=abc",
@@ -233,10 +244,7 @@ TEST_F(HttpE2eTest, NumericParametersAreRangeChecked) {
            "/api/v1/diff?service=demo&base_to_ms=-1",
            "/api/v1/export?service=demo&from_ms=1.5",
            "/api/v1/export?service=demo&format=zip",
-       }) {
-    Reply r = Get(http_port_, target);
-    EXPECT_EQ(r.status, 400) << target << ": " << r.body;
-  }
+       });
   // What the client sent comes back escaped and bounded, never verbatim: a terminal escape
   // and 500 digits.
   Reply escaped =
@@ -274,7 +282,7 @@ TEST_F(HttpE2eTest, UnknownParametersAreRefused) {
   EXPECT_EQ(since.status, 400) << since.body;
   EXPECT_NE(since.body.find("unknown parameter 'since'"), std::string::npos) << since.body;
   EXPECT_NE(since.body.find("since_s"), std::string::npos) << "names what it takes: " << since.body;
-  for (const std::string target : {
+  ExpectRefused(http_port_, {
            "/api/v1/services?service=demo",
            "/api/v1/labels?service=demo&since_s=60",
            "/api/v1/hot-paths?service=demo&limt=5",
@@ -285,11 +293,7 @@ TEST_F(HttpE2eTest, UnknownParametersAreRefused) {
            "/api/v1/quality?service=demo&limit=5",
            "/api/v1/export?service=demo&lines=1",
            "/api/v1/regressions?service=demo&from_ms=0",
-       }) {
-    Reply r = Get(http_port_, target);
-    EXPECT_EQ(r.status, 400) << target << ": " << r.body;
-    EXPECT_NE(r.body.find("unknown parameter"), std::string::npos) << target << ": " << r.body;
-  }
+       }, "unknown parameter");
   // The key comes back escaped and bounded.
   Reply escaped = Get(http_port_, "/api/v1/top?service=demo&%1B%5B31m" + std::string(3000, 'k') +
                                       "=1");
