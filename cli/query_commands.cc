@@ -384,7 +384,8 @@ int RunQuality(CliContext* ctx, const FilterOptions& f) {
       !f.host.empty() || !f.select.empty() || !f.focus.empty() || !f.ignore.empty();
   std::printf("  agents            %s%s stacks, %s truncated, %s verification failures, "
               "JIT frames %s by CFI and %s by frame pointers, %s samples lost\n",
-              narrowed ? "(the whole service's) " : "", WithThousands(r.agent_stacks()).c_str(), WithThousands(r.agent_truncated()).c_str(),
+              narrowed ? "(the whole service's) " : "", WithThousands(r.agent_stacks()).c_str(),
+              WithThousands(r.agent_truncated()).c_str(),
               WithThousands(r.verify_failures()).c_str(), WithThousands(r.jit_frames_cfi()).c_str(),
               WithThousands(r.jit_frames_fp()).c_str(), WithThousands(r.lost_samples()).c_str());
   if (r.python_frames() > 0 || r.python_stale() > 0) {
