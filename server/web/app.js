@@ -304,7 +304,8 @@ async function loadQuality() {
     ['Depth', `mean ${r.mean_depth.toFixed(1)}, max ${r.max_depth}; truncated mean ` +
       `${r.mean_truncated_depth.toFixed(1)}, max ${r.max_truncated_depth}`],
     ['Unnamed frames', `${fmt(r.unnamed_frames)} of ${fmt(r.frames)} (${pct(r.unnamed_frames, r.frames)})`],
-    ['Agents (the whole service)', `${fmt(r.agent_stacks)} stacks, ${fmt(r.agent_truncated)} truncated, ` +
+    ['Agents (the whole service)',
+      `${fmt(r.agent_stacks)} stacks, ${fmt(r.agent_truncated)} truncated, ` +
       `${fmt(r.verify_failures)} verification failures, JIT frames ${fmt(r.jit_frames_cfi)} by CFI ` +
       `and ${fmt(r.jit_frames_fp)} by frame pointers, ${fmt(r.lost_samples)} samples lost`],
   ];
