@@ -172,43 +172,11 @@ class SortedTable {
 
   // Adds items in order, as Add() would. Returns how many items were stored: fewer than
   // items.size() means items[returned] found the table full; the owner drains and calls again
-  // with the rest. Faster than Add() per item: home slots are prefetched a few items ahead
-  // (which hides most cache misses of a table larger than the cache), and the counters stay
-  // in registers between slow paths.
+  // with the rest. Home slots are prefetched a few items ahead, which hides the cache misses
+  // of a table larger than the cache (one the cache holds gains nothing from it), sorting_ is
+  // tested once, and the counters stay in registers between slow paths.
   size_t AddBatch(std::span<const KeyCount<Key>> items) {
-    // Bucket indices are computed kAhead items ahead and the home slot prefetched: far
-    // enough ahead for a miss to DRAM at a few ns per item.
-    constexpr size_t kAhead = 32;
-    uint32_t buckets[kAhead];  // of items i .. i + kAhead - 1, at index % kAhead
-    const KeyCount<Key>* const item = items.data();
-    const size_t n = items.size();
-    for (size_t i = 0; i < std::min(n, kAhead); ++i) {
-      buckets[i] = BucketIndex(item[i].key);
-      __builtin_prefetch(&slots_[buckets[i]], 1);
-    }
-    const bool guarded = guarded_;
-    Tally t = tally_;
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t b = buckets[i % kAhead];
-      if (i + kAhead < n) {
-        const uint32_t ahead = BucketIndex(item[i + kAhead].key);
-        buckets[i % kAhead] = ahead;
-        __builtin_prefetch(&slots_[ahead], 1);
-      }
-      if (slots_[b].key == item[i].key && !guarded) [[likely]] {
-        if (!Hit(b, 1, item[i].count, t)) [[likely]] continue;
-        tally_ = t;
-        PeriodCountReached();
-        t = tally_;
-        continue;
-      }
-      tally_ = t;
-      const AddResult result = AddBehindHead(item[i].key, item[i].count, b);
-      t = tally_;
-      if (result == AddResult::kFull) return i;
-    }
-    tally_ = t;
-    return n;
+    return sorting_ ? AddBatchAs<Upkeep::kSorted>(items) : AddBatchAs<Upkeep::kPlain>(items);
   }
 
   // Raises the table's bounds to `options` (max_entries, bucket_count, max_phase_changes and
@@ -575,9 +543,12 @@ class SortedTable {
     }
   }
 
+  // Whether a hit keeps period counts: as sorting_ says, or as a caller that tested it says.
+  enum class Upkeep : uint8_t { kAsConfigured, kSorted, kPlain };
   // Adds `count` to the entry in slot `i`, at `position` of its chain (head = 1). Returns true
   // when the period is complete: the caller then calls PeriodCountReached() (with `t` stored
   // in tally_).
+  template <Upkeep kUpkeep = Upkeep::kAsConfigured>
   bool Hit(uint32_t i, uint32_t position, uint64_t count, Tally& t) {
     Slot& s = slots_[i];
     if (count == 1) {
@@ -591,8 +562,48 @@ class SortedTable {
       if (high != 0) [[unlikely]] count_high_[i] += high;
     }
     const uint32_t weight = PeriodWeight(count);
-    if (sorting_) AddToPeriodCount(s, weight, t.epoch_base, position);
+    if (kUpkeep == Upkeep::kSorted || (kUpkeep == Upkeep::kAsConfigured && sorting_)) {
+      AddToPeriodCount(s, weight, t.epoch_base, position);
+    }
     return CountTowardsPeriod(weight, t);
+  }
+
+  // AddBatch() with sorting_ tested.
+  template <Upkeep kUpkeep>
+  size_t AddBatchAs(std::span<const KeyCount<Key>> items) {
+    // Bucket indices are computed kAhead items ahead and the home slot prefetched: far
+    // enough ahead for a miss to DRAM at a few ns per item.
+    constexpr size_t kAhead = 32;
+    uint32_t buckets[kAhead];  // of items i .. i + kAhead - 1, at index % kAhead
+    const KeyCount<Key>* const item = items.data();
+    const size_t n = items.size();
+    for (size_t i = 0; i < std::min(n, kAhead); ++i) {
+      buckets[i] = BucketIndex(item[i].key);
+      __builtin_prefetch(&slots_[buckets[i]], 1);
+    }
+    const bool guarded = guarded_;
+    Tally t = tally_;
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t b = buckets[i % kAhead];
+      if (i + kAhead < n) {
+        const uint32_t ahead = BucketIndex(item[i + kAhead].key);
+        buckets[i % kAhead] = ahead;
+        __builtin_prefetch(&slots_[ahead], 1);
+      }
+      if (slots_[b].key == item[i].key && !guarded) [[likely]] {
+        if (!Hit<kUpkeep>(b, 1, item[i].count, t)) [[likely]] continue;
+        tally_ = t;
+        PeriodCountReached();
+        t = tally_;
+        continue;
+      }
+      tally_ = t;
+      const AddResult result = AddBehindHead(item[i].key, item[i].count, b);
+      t = tally_;
+      if (result == AddResult::kFull) return i;
+    }
+    tally_ = t;
+    return n;
   }
 
   // Adds `weight` to the entry's count of the current period, restarting from 0 if the word
