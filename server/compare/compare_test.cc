@@ -283,6 +283,26 @@ TEST(CompareTest, HandComputedTwoUnitsEach) {
   EXPECT_FALSE(k.share.significant);  // p 0.106 of one key
 }
 
+// Clusters can agree by chance: three candidate hosts with one sample each outside a function
+// that has every baseline sample (99.98 % against 100 %, as an A/A run of the compare e2e test
+// drew). Their spread is then nil, but sampling alone leaves a share that uncertain.
+TEST(CompareTest, ClustersThatAgreeByChanceAreNotCertain) {
+  Group b{{{1, 5434, {{0, 5434}}}, {2, 5433, {{0, 5433}}}, {3, 5434, {{0, 5434}}}}};
+  Group c{{{4, 5505, {{0, 5504}}}, {5, 5505, {{0, 5504}}}, {6, 5505, {{0, 5504}}}}};
+  auto result = CompareGroups(b, c, 1);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->keys.size(), 1u);
+  const Estimate& share = result->keys[0].share;
+  EXPECT_LT(share.delta, 0);
+  EXPECT_GT(share.p, 0.01) << "se " << share.std_error;
+  EXPECT_FALSE(share.significant);
+  // A real change with clusters that agree stays certain enough: 100 % against 90 %.
+  Group d{{{4, 5500, {{0, 4950}}}, {5, 5500, {{0, 4950}}}, {6, 5500, {{0, 4950}}}}};
+  auto changed = CompareGroups(b, d, 1);
+  ASSERT_TRUE(changed.ok());
+  EXPECT_TRUE(changed->keys[0].share.significant) << changed->keys[0].share.p;
+}
+
 TEST(CompareTest, BenjaminiHochbergByHand) {
   // Sorted 0.005, 0.01, 0.03, 0.04 (m = 4): p * m / rank = 0.02, 0.02, 0.04, 0.04.
   EXPECT_THAT(BenjaminiHochberg({0.01, 0.04, 0.03, 0.005}),
