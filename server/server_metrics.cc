@@ -104,7 +104,7 @@ absl::StatusOr<int64_t> IntParam(const std::string& key, const std::string& valu
 
 // Fills a ProfileFilter from ?service=&from_ms=&to_ms=&since_s=&host=&focus=&ignore=&select=
 // &type= (cpu, off-cpu, wall), each key optionally prefixed (the diff's base profile uses
-// "base_").
+// "base_"). A key read here must be in kFilterKeys too, or Taking() refuses it.
 absl::Status FilterFromQuery(const http::HttpRequest& req, v1::ProfileFilter* filter,
                              const std::string& prefix = "") {
   auto get = [&](const char* key) -> std::string {

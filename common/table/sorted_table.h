@@ -543,7 +543,8 @@ class SortedTable {
     }
   }
 
-  // Whether a hit keeps period counts: as sorting_ says, or as a caller that tested it says.
+  // Whether a hit keeps period counts: as sorting_ says (Add: its hit path specialised both
+  // ways ran slower), or as AddBatch, having tested it once, says.
   enum class Upkeep : uint8_t { kAsConfigured, kSorted, kPlain };
   // Adds `count` to the entry in slot `i`, at `position` of its chain (head = 1). Returns true
   // when the period is complete: the caller then calls PeriodCountReached() (with `t` stored
@@ -568,8 +569,7 @@ class SortedTable {
     return CountTowardsPeriod(weight, t);
   }
 
-  // AddBatch() with sorting_ tested.
-  template <Upkeep kUpkeep>
+  template <Upkeep kUpkeep>  // kSorted or kPlain, as sorting_ is
   size_t AddBatchAs(std::span<const KeyCount<Key>> items) {
     // Bucket indices are computed kAhead items ahead and the home slot prefetched: far
     // enough ahead for a miss to DRAM at a few ns per item.

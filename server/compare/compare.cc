@@ -106,9 +106,9 @@ Ratio RatioOf(const GroupCounts& g, uint32_t key, Measure measure) {
   // clusters can agree by chance. Three hosts with one sample each outside a function that has
   // every other sample (99.98 % against the baseline's 100 %) otherwise made a certain change.
   const double drawn = x_total + 0.5;
-  const double sampling = measure == Measure::kShare
-                              ? drawn / (n + 1) * (1 - drawn / (n + 1)) / n
-                              : drawn / (n * n);
+  const double share = drawn / (n + 1);
+  const double sampling =
+      measure == Measure::kShare ? share * (1 - share) / n : drawn / (n * n);
   r.variance = std::max(sum_sq / (n * n), sampling);
   return r;
 }
@@ -189,9 +189,9 @@ Estimate EstimateOf(const GroupCounts& b, const GroupCounts& c, uint32_t key, Me
   e.relative_ci_high = rb.value > 0 ? e.ci_high / rb.value : kNaN;
   e.tested = test;
   if (test) {
-    // No spread at all (e.g. the root frame's total, 100 % of every unit): a difference
-    // without noise is certain, no difference is no evidence.
-    e.p = e.std_error > 0 ? TwoSidedP(e.delta / e.std_error, e.df) : (e.delta == 0 ? 1.0 : 0.0);
+    // std_error > 0: a group with degrees of freedom has samples (or requests), so at least
+    // the sampling variance (RatioOf).
+    e.p = TwoSidedP(e.delta / e.std_error, e.df);
   } else {
     e.p = e.q = kNaN;
   }
