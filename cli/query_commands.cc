@@ -198,7 +198,7 @@ int RunFlameGraph(CliContext* ctx, const FilterOptions& f, const FlameOptions& o
   *request.mutable_filter() = BuildFilter(f);
   request.set_max_nodes(o.max_nodes);
   request.set_lines(o.lines);
-  v1::FlameGraphRequest::Format format;
+  v1::FlameGraphRequest::Format format = v1::FlameGraphRequest::SVG;  // --format is checked
   (void)v1::FlameGraphRequest::Format_Parse(absl::AsciiStrToUpper(o.format), &format);
   const bool to_stdout = o.output.empty() || o.output == "-";
   // --json without a file: the JSON tree is what is printed.

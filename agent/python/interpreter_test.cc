@@ -219,7 +219,9 @@ void CheckCapture(Interpreter& interpreter, pid_t tid, const std::vector<std::st
       << stats.missing << ", unmatched " << stats.unmatched << ", inconsistent reads "
       << interpreter.stats().inconsistent << ": " << ::testing::PrintToString(names);
   for (const auto& n : names) {
-    if (!n.empty()) EXPECT_EQ(n, expected);
+    if (!n.empty()) {
+      EXPECT_EQ(n, expected);
+    }
   }
   EXPECT_EQ((*capture)->stats().malformed, 0u);
   EXPECT_GE(interpreter.stats().snapshot_reads - reads_before, same);

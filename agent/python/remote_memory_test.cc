@@ -27,7 +27,9 @@ TEST(RemoteMemoryTest, ReadDownToStopsAtTheUnmappedStart) {
   uint64_t reads = memory.reads();
   EXPECT_EQ(memory.ReadDownTo(base + page / 2, page, base + page, out.data()), base + page / 2);
   EXPECT_EQ(std::memcmp(out.data(), map + page / 2, page), 0);
-  if (!memory.reads_mem_file()) EXPECT_EQ(memory.reads(), reads + 1);
+  if (!memory.reads_mem_file()) {
+    EXPECT_EQ(memory.reads(), reads + 1);
+  }
 
   // The first page gone: the part from the split only, where it belongs in `out`.
   ASSERT_EQ(munmap(map, page), 0);
@@ -35,7 +37,9 @@ TEST(RemoteMemoryTest, ReadDownToStopsAtTheUnmappedStart) {
   reads = memory.reads();
   EXPECT_EQ(memory.ReadDownTo(base + page / 2, page + 64, base + page, out.data()), base + page);
   EXPECT_EQ(std::memcmp(out.data() + page / 2, map + page, page / 2 + 64), 0);
-  if (!memory.reads_mem_file()) EXPECT_EQ(memory.reads(), reads + 1);
+  if (!memory.reads_mem_file()) {
+    EXPECT_EQ(memory.reads(), reads + 1);
+  }
 
   // Nothing mapped from the split on: nothing.
   EXPECT_EQ(memory.ReadDownTo(base, 64, base + 32, out.data()), 0u);

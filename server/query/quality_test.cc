@@ -54,8 +54,12 @@ TEST(QualityTest, FramesCountedByKindAndBinariesNamedByKind) {
       EXPECT_EQ(b.unnamed_frames(), 5u);
       EXPECT_FALSE(b.hint().empty());
     }
-    if (b.module() == "/usr/bin/tool") EXPECT_EQ(b.kind(), "native");
-    if (b.module() == "[jit]") EXPECT_EQ(b.kind(), "jit");
+    if (b.module() == "/usr/bin/tool") {
+      EXPECT_EQ(b.kind(), "native");
+    }
+    if (b.module() == "[jit]") {
+      EXPECT_EQ(b.kind(), "jit");
+    }
   }
 }
 

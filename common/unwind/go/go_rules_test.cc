@@ -366,7 +366,9 @@ TEST(GoRulesTest, CachedLookupsAnswerAsTheFirstLookups) {
       ASSERT_EQ(again.found, was.found) << variant << " pc 0x" << std::hex << pc;
       ASSERT_EQ(again.fallback_asked, was.fallback_asked) << variant << " 0x" << std::hex << pc;
       ASSERT_EQ(again.plausible, was.plausible) << variant << " 0x" << std::hex << pc;
-      if (was.found) ASSERT_TRUE(again.row == was.row) << variant << " 0x" << std::hex << pc;
+      if (was.found) {
+        ASSERT_TRUE(again.row == was.row) << variant << " 0x" << std::hex << pc;
+      }
     }
     EXPECT_GT(found, pcs.size() / 2) << variant;
   });

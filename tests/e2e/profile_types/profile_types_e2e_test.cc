@@ -280,6 +280,19 @@ TEST_F(ProfileTypesE2eTest, QualityReportsStacksAndAgentCounters) {
     const size_t libc = table.output.find("/usr/lib/x86_64-linux-gnu/libc.so.6");
     EXPECT_NE(libc, std::string::npos) << table.output;
     EXPECT_LT(libc, table.output.find("/usr/bin/app")) << table.output;
+    EXPECT_NE(table.output.find("agents            10 stacks, 4 truncated"), std::string::npos)
+        << table.output;
+    if (run == 1) continue;
+    // Narrowed to the complete stacks: the stack figures follow the selection, the agents'
+    // counters (kept per batch) stay the whole service's, and the line says so.
+    CommandResult narrowed = Cli({"quality", "-s", "svc", "--focus", "^main$", "--from",
+                                  Rfc3339(window), "--to", Rfc3339(window + 60'000)});
+    ASSERT_EQ(narrowed.exit_code, 0) << narrowed.output;
+    EXPECT_NE(narrowed.output.find("6 samples"), std::string::npos) << narrowed.output;
+    EXPECT_NE(narrowed.output.find("agents            (the whole service's) 10 stacks, 4 "
+                                   "truncated"),
+              std::string::npos)
+        << narrowed.output;
   }
 }
 
