@@ -92,7 +92,7 @@ for b in strata-server strata-agent demo_service mixed_work_service; do
 done
 [[ -z "${BASE_AGENT:-}" ]] || cp "$BASE_AGENT" "$work/bin/strata-agent-base"
 
-cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{ns += $1} END {print ns + 0}'; }
+source "$root/tests/bench/cpu_ns.sh"
 # wait_for WHAT TIMEOUT PID LOG PATTERN: until LOG holds PATTERN while PID lives.
 wait_for() {
   local deadline=$(($(date +%s) + $2))

@@ -102,10 +102,7 @@ cp "$BLOCKING" "$work/bin/blocking_service"
 SERVER=$work/bin/strata-server AGENT=$work/bin/strata-agent DEMO=$work/bin/demo_service
 BLOCKING=$work/bin/blocking_service
 
-# On-CPU ns of every thread of the process (the process's own schedstat file counts its main
-# thread only).
-# (A thread may exit between the glob and the read: not an error.)
-cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{ns += $1} END {print ns + 0}'; }
+source "$root/tests/bench/cpu_ns.sh"
 # Per thread of the process: tid, name, on-CPU ns, times it was scheduled in (a wake-up or a
 # return from preemption).
 thread_stats() {

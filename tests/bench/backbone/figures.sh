@@ -30,9 +30,7 @@ sleep 0.5
 agent=$!
 
 metric() { curl -s "http://127.0.0.1:$http_port/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
-# On-CPU ns of every thread of the process (the process's own schedstat file counts its main
-# thread only).
-cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ns += $1} END {print ns + 0}'; }
+source "$(dirname "$0")/../cpu_ns.sh"
 
 sleep 5  # let the agent attach and settle
 t0=$(date +%s.%N); a0=$(cpu_ns "$agent"); s0=$(metric strata_ingest_samples_total)

@@ -47,9 +47,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# On-CPU ns of every thread of the process (the process's own schedstat file counts its main
-# thread only).
-oncpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ns += $1} END {print ns + 0}'; }
+source "$root/tests/bench/cpu_ns.sh"
 now_ns() { date +%s%N; }
 
 "$SERVER" --listen "127.0.0.1:$PORT" --http "" --data "$work/data" --log-level warn \
@@ -77,10 +75,10 @@ for wl in $WORKLOADS; do
     agent=$!
     s0=$(now_ns)
     sleep "$grace"
-    c0=$(oncpu_ns "$agent")
+    c0=$(cpu_ns "$agent")
     w0=$(now_ns)
     sleep "$duration"
-    c1=$(oncpu_ns "$agent")
+    c1=$(cpu_ns "$agent")
     w1=$(now_ns)
     kill -INT "$agent"
     wait "$agent" || true
