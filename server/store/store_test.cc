@@ -872,7 +872,9 @@ TEST_F(StoreTest, LeafAddressesOfWholeHoursComeFromHourlyRecords) {
     return sum;
   };
   for (bool compacted : {false, true}) {
-    if (compacted) ASSERT_TRUE(store_->CompactAll().ok());
+    if (compacted) {
+      ASSERT_TRUE(store_->CompactAll().ok());
+    }
     for (auto [from, to] : {std::pair{0 * kHour, 4 * kHour}, std::pair{kHour / 3, 3 * kHour + 77},
                             std::pair{kHour + 5 * kWindow, 2 * kHour - kWindow},
                             std::pair{0 * kHour, 1 * kHour}}) {
@@ -909,7 +911,9 @@ TEST_F(StoreTest, RequestsSumPerHostAndRange) {
   batch.PutRequests("other", 0, "a", "agent-a", 1, ++sequence, 1000);
   CommitOk(&batch);
   for (bool compacted : {false, true}) {
-    if (compacted) ASSERT_TRUE(store_->CompactAll().ok());
+    if (compacted) {
+      ASSERT_TRUE(store_->CompactAll().ok());
+    }
     for (auto [from, to] : {std::pair{0 * kHour, 3 * kHour}, std::pair{kHour / 3, 2 * kHour + 77},
                             std::pair{kHour + 5 * kWindow, 2 * kHour - kWindow}}) {
       for (const std::optional<std::string>& host :
@@ -1021,7 +1025,9 @@ class SumSamplesTest : public StoreTest {
       batch.AddSamples("svc2", w, "a", 1, 1000);
     }
     CommitOk(&batch);
-    if (roll) ASSERT_TRUE(store_->RollUp(4 * kHour).ok());
+    if (roll) {
+      ASSERT_TRUE(store_->RollUp(4 * kHour).ok());
+    }
   }
 };
 

@@ -135,7 +135,9 @@ TEST_F(OffCpuE2eTest, SyscallsShowKernelFramesUnderTheirUserFrames) {
   EXPECT_EQ(quality.agent_stacks(), quality.samples());  // counters of the CPU stacks shipped
   EXPECT_GT(quality.samples(), 0u);
   for (const v1::BinaryQuality& b : quality.binaries()) {
-    if (b.module() == "[kernel.kallsyms]") EXPECT_EQ(b.unnamed_frames(), 0u);
+    if (b.module() == "[kernel.kallsyms]") {
+      EXPECT_EQ(b.unnamed_frames(), 0u);
+    }
   }
 }
 

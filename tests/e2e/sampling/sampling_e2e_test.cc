@@ -82,7 +82,9 @@ TEST_P(SamplingScopeTest, DemoWithIdleThreadsHasItsHotPaths) {
     const std::string log = agent.Output();
     std::smatch dropped;
     ASSERT_TRUE(std::regex_search(log, dropped, kDropped)) << log;
-    if (geteuid() == 0) EXPECT_EQ(dropped[1].str(), dropped[2].str()) << log;
+    if (geteuid() == 0) {
+      EXPECT_EQ(dropped[1].str(), dropped[2].str()) << log;
+    }
   } else {
     EXPECT_GE(events, kIdleThreads + 2) << agent.Output();
   }
