@@ -288,7 +288,7 @@ TEST_F(ProfileTypesE2eTest, QualityReportsStacksAndAgentCounters) {
     CommandResult narrowed = Cli({"quality", "-s", "svc", "--focus", "^main$", "--from",
                                   Rfc3339(window), "--to", Rfc3339(window + 60'000)});
     ASSERT_EQ(narrowed.exit_code, 0) << narrowed.output;
-    EXPECT_NE(narrowed.output.find("6 samples"), std::string::npos) << narrowed.output;
+    EXPECT_NE(narrowed.output.find(", 6 samples)"), std::string::npos) << narrowed.output;
     EXPECT_NE(narrowed.output.find("agents            (the whole service's) 10 stacks, 4 "
                                    "truncated"),
               std::string::npos)
