@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/testing/sanitizers.h"
@@ -23,11 +24,35 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// A function of a profile (file, line and inlined only where a test has lines).
+ResolvedFunction Fn(uint64_t id, std::string name, std::string module, std::string file = "",
+                    uint32_t line = 0, bool inlined = false) {
+  ResolvedFunction f;
+  f.id = id;
+  f.name = std::move(name);
+  f.module = std::move(module);
+  f.file = std::move(file);
+  f.line = line;
+  f.inlined = inlined;
+  return f;
+}
+
+// A source frame of a call site.
+symbolize::SourceFrame Line(std::string function, std::string file, uint32_t line,
+                            bool inlined) {
+  symbolize::SourceFrame frame;
+  frame.function = std::move(function);
+  frame.file = std::move(file);
+  frame.line = line;
+  frame.inlined = inlined;
+  return frame;
+}
+
 // main > a > {b: 6, c: 3}, main > d: 1 (truncated stack [truncated] > x: 2).
 Profile SmallProfile() {
   Profile p;
   for (const char* name : {"main", "a", "b", "c", "d", "x"}) {
-    p.functions.push_back({p.functions.size() + 100, name, "/bin/m"});
+    p.functions.push_back(Fn(p.functions.size() + 100, name, "/bin/m"));
   }
   p.stacks = {{1, 6, false, {0, 1, 2}}, {2, 3, false, {0, 1, 3}}, {3, 2, true, {5}},
               {4, 1, false, {0, 4}}};
@@ -101,8 +126,8 @@ FlameTree NaiveFlameTree(const Profile& profile, uint32_t max_nodes) {
   if (max_nodes == 0) max_nodes = kDefaultFlameNodes;
   FlameTree tree;
   tree.total = profile.total;
-  tree.functions.push_back({0, "all", ""});
-  tree.functions.push_back({0, "[truncated]", ""});
+  tree.functions.push_back(Fn(0, "all", ""));
+  tree.functions.push_back(Fn(0, "[truncated]", ""));
   for (const ResolvedFunction& f : profile.functions) tree.functions.push_back(f);
 
   NaiveNode root;
@@ -148,7 +173,7 @@ Profile RandomProfile(std::mt19937_64& rng, size_t stacks, bool deep) {
   Profile p;
   const size_t functions = deep ? 2 + rng() % 5000 : 2 + rng() % 40;
   for (size_t i = 0; i < functions; ++i) {
-    p.functions.push_back({i + 1, "f" + std::to_string(i % (functions / 2 + 1)), "/bin/m"});
+    p.functions.push_back(Fn(i + 1, "f" + std::to_string(i % (functions / 2 + 1)), "/bin/m"));
   }
   std::set<std::pair<bool, FrameIndices>> seen;
   for (size_t s = 0; s < stacks; ++s) {
@@ -205,10 +230,10 @@ TEST(FlameTreeTest, Renderings) {
 // rendering: folded suffixes, JSON kinds, SVG palettes; pprof keeps their modules as mappings.
 TEST(FlameTreeTest, KernelAndJitFramesAreMarked) {
   Profile p;
-  p.functions = {{1, "main", "/bin/m"},
-                 {2, "do_syscall_64", "[kernel.kallsyms]"},
-                 {3, "xfs_read", "[kernel:xfs]"},
-                 {4, "Lambda.run", "[jit:/tmp/perf-1.map]"}};
+  p.functions = {Fn(1, "main", "/bin/m"),
+                 Fn(2, "do_syscall_64", "[kernel.kallsyms]"),
+                 Fn(3, "xfs_read", "[kernel:xfs]"),
+                 Fn(4, "Lambda.run", "[jit:/tmp/perf-1.map]")};
   p.stacks = {{1, 4, false, {0, 1, 2}}, {2, 1, false, {0, 3}}};
   p.total = 5;
   EXPECT_EQ(RenderFolded(p), "main;do_syscall_64_[k];xfs_read_[k] 4\nmain;Lambda.run_[j] 1\n");
@@ -253,7 +278,8 @@ TEST(FlameTreeTest, KernelAndJitFramesAreMarked) {
 // kind, a green fill.
 TEST(FlameTreeTest, PythonFramesAreMarked) {
   Profile p;
-  p.functions = {{1, "main", "/usr/bin/python3.11"}, {2, "Worker.run", "[python:/srv/app.py]"}};
+  p.functions = {Fn(1, "main", "/usr/bin/python3.11"),
+                 Fn(2, "Worker.run", "[python:/srv/app.py]")};
   p.stacks = {{1, 3, false, {0, 1}}};
   p.total = 3;
   EXPECT_EQ(RenderFolded(p), "main;Worker.run_[p] 3\n");
@@ -507,8 +533,8 @@ TEST(PprofTest, CallSitesWithLinesAreLocationsOfTheirOwn) {
   const Profile small = SmallProfile();
   CallSiteLines sites;
   sites.sites = {{0x40, 0x90}, {0x40, 0x98}, {}, {0x44}};
-  sites.lines[{0, 0x40}] = {{"helper", "m.cc", 7, true}, {"main", "m.cc", 30, false}};
-  sites.lines[{1, 0x90}] = {{"a", "a.cc", 12, false}};
+  sites.lines[{0, 0x40}] = {Line("helper", "m.cc", 7, true), Line("main", "m.cc", 30, false)};
+  sites.lines[{1, 0x90}] = {Line("a", "a.cc", 12, false)};
   const std::string raw = EncodePprofProto(small, {1000, 2000, v1::PROFILE_CPU, 99, nullptr, &sites});
   auto profile = Fields(raw);
   std::vector<std::string> strings;
@@ -569,10 +595,10 @@ TEST(PprofTest, LeafLinesSplitAStackInProportion) {
 // the JSON also has them as fields; lines of one function stay apart.
 TEST(FlameTreeTest, FramesWithLinesAreLabelledWithThem) {
   Profile p;
-  p.functions = {{100, "main", "/bin/m", "m.cc", 30, false},
-                 {100, "helper", "/bin/m", "m.cc", 7, true},
-                 {101, "leaf", "/bin/m", "l.cc", 3, false},
-                 {101, "leaf", "/bin/m", "l.cc", 4, false}};
+  p.functions = {Fn(100, "main", "/bin/m", "m.cc", 30, false),
+                 Fn(100, "helper", "/bin/m", "m.cc", 7, true),
+                 Fn(101, "leaf", "/bin/m", "l.cc", 3, false),
+                 Fn(101, "leaf", "/bin/m", "l.cc", 4, false)};
   p.stacks = {{1, 5, false, {0, 1, 2}}, {1, 2, false, {0, 1, 3}}};
   p.total = 7;
   EXPECT_EQ(RenderFolded(p),
@@ -585,8 +611,8 @@ TEST(FlameTreeTest, FramesWithLinesAreLabelledWithThem) {
                               R"("function":"helper","file":"m.cc","line":7,"inlined":true)"));
   EXPECT_THAT(json, HasSubstr(R"("name":"leaf l.cc:4")"));
   EXPECT_THAT(RenderFlameSvg(tree, "t"), HasSubstr("helper m.cc:7 [inlined]"));
-  EXPECT_EQ(FrameLabel({1, "f", "/bin/m"}), "f");
-  EXPECT_EQ(FrameLabel({1, "f", "/bin/m", "f.cc", 0, false}), "f f.cc");
+  EXPECT_EQ(FrameLabel(Fn(1, "f", "/bin/m")), "f");
+  EXPECT_EQ(FrameLabel(Fn(1, "f", "/bin/m", "f.cc", 0, false)), "f f.cc");
 }
 
 }  // namespace
