@@ -109,11 +109,7 @@ void Shipper::Enqueue(v1::SampleBatch batch) {
                  spool_->stats().samples_dropped);
   }
   stats_.spool = spool_->stats();
-  if (session_ != nullptr && session_asleep_) {
-    TakeTurnLocked(*session_);
-  } else {
-    WakeSessionLocked();
-  }
+  WakeSessionLocked();
 }
 
 void Shipper::SyncSpoolIfDue() {
@@ -125,12 +121,9 @@ void Shipper::SyncSpoolIfDue() {
 }
 
 bool Shipper::HasWorkForSession() const {
-  return stopping_ || flush_waiters_ > 0 || !statuses_.empty() || turn_left_work_ ||
-         !control_read_.empty() || (!targets_sent_ && !targets_.empty()) || HasBatchesToSend();
-}
-
-bool Shipper::HasBatchesToSend() const {
-  return !spool_->empty() && spool_->entry(spool_->size() - 1).sequence >= next_send_;
+  return stopping_ || flush_waiters_ > 0 || !statuses_.empty() ||
+         (!targets_sent_ && !targets_.empty()) ||
+         (!spool_->empty() && spool_->entry(spool_->size() - 1).sequence >= next_send_);
 }
 
 std::optional<absl::Time> Shipper::PassiveWaitEnd() const {
@@ -320,11 +313,7 @@ void Shipper::HandleServerMessage(const v1::ServerMessage& m) {
       redirect_ = m.redirect();
       break;
     default:
-      if (in_turn_) {
-        control_read_.push_back(m);  // for the session's thread (see TakeTurnLocked)
-      } else if (control_handler_) {
-        control_handler_(m);
-      }
+      if (control_handler_) control_handler_(m);
       break;
   }
 }
@@ -345,17 +334,6 @@ v1::AgentMessage Shipper::Heartbeat() {
   h->set_spool_on_disk(!spool_->path().empty());
   return m;
 }
-
-struct Shipper::SessionState {
-  grpc::CompletionQueue* cq = nullptr;
-  grpc::ClientAsyncReaderWriter<v1::AgentMessage, v1::ServerMessage>* stream = nullptr;
-  v1::ServerMessage incoming;  // the read in flight reads into it
-  bool read_pending = false;
-  std::deque<v1::AgentMessage> queue;  // the round's messages; the first is being written
-  bool write_pending = false;
-  bool broken = false;
-  absl::Time last_heartbeat;
-};
 
 namespace {
 
@@ -498,10 +476,6 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
     return;
   }
   grpc::Alarm alarm;
-  SessionState state;
-  state.cq = &cq;
-  state.stream = stream.get();
-  state.last_heartbeat = absl::Now();
   {
     absl::MutexLock lock(&mu_);
     ++stats_.connects;
@@ -517,68 +491,124 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
     session_cq_ = &cq;
     session_alarm_ = &alarm;
     wake_pending_ = false;
-    session_ = &state;
-    turn_left_work_ = false;
   }
   LogInfo("connected to strata-server at {} (server has {} nodes, {} edges)",
                address, welcome.welcome().known_nodes(), welcome.welcome().known_edges());
 
-  stream->Read(&state.incoming, kReadDone);
-  state.read_pending = true;
+  v1::ServerMessage incoming;
+  stream->Read(&incoming, kReadDone);
+  bool read_pending = true;
+  std::deque<v1::AgentMessage> queue;  // the round's messages; the first is being written
+  bool write_pending = false;
+  bool broken = false;
+  absl::Time last_heartbeat = absl::Now();
+  // Handles the completion of `tag`.
+  auto handle = [&](void* tag, bool op_ok) {
+    if (tag == kReadDone) {
+      read_pending = false;
+      if (!op_ok) {
+        broken = true;
+        return;
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        HandleServerMessage(incoming);
+      }
+      stream->Read(&incoming, kReadDone);
+      read_pending = true;
+    } else if (tag == kWritten) {
+      write_pending = false;
+      if (!op_ok) {
+        broken = true;
+        return;
+      }
+      const size_t bytes = queue.front().ByteSizeLong();
+      queue.pop_front();
+      absl::MutexLock lock(&mu_);
+      stats_.bytes_sent += bytes;
+    } else if (tag == kWoken) {
+      absl::MutexLock lock(&mu_);
+      wake_pending_ = false;
+    }
+  };
+  // Handles what has completed, without waiting. Until the queue is empty twice in a row: a
+  // call that finds the queue kicked (an operation completed while no thread polled) returns
+  // without reading the socket.
+  auto read_arrived = [&] {
+    void* tag = nullptr;
+    bool op_ok = false;
+    for (int empty = 0; !broken && empty < 2;) {
+      if (cq.AsyncNext(&tag, &op_ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) ==
+          grpc::CompletionQueue::GOT_EVENT) {
+        handle(tag, op_ok);
+        empty = 0;
+      } else {
+        ++empty;
+      }
+    }
+  };
   for (;;) {
-    absl::Time deadline;
     absl::Time heartbeat_due;
+    absl::Time deadline;
     std::optional<absl::Time> passive_until;
     {
       absl::MutexLock lock(&mu_);
-      // What a turn left for this thread: server messages for the control handler, and
-      // whatever it could not finish (a write gRPC did not complete at once).
-      while (!control_read_.empty()) {
-        if (control_handler_) control_handler_(control_read_.front());
-        control_read_.pop_front();
-      }
-      turn_left_work_ = false;
       SyncSpoolIfDue();
       // After a Redirect nothing more goes to this server: the owners get it all. Stop after
       // the spool is acknowledged or the caller gave up waiting (Flush).
-      if (state.broken || stopping_ || redirect_.has_value()) break;
-      NextRoundLocked(state);
-      heartbeat_due = state.last_heartbeat + options_.heartbeat + options_.heartbeat / 10;
+      if (broken || stopping_ || redirect_.has_value()) break;
+      // The next round once this one is written: at most kMaxBytesPerRound in memory.
+      const bool new_round = queue.empty();
+      if (new_round) TakeRound(&queue);
+      // A heartbeat, with the agent's health, every period whether or not batches flow: it
+      // keeps an idle stream alive, and an agent that ships every interval still reports its
+      // health. Past half its period it goes with whatever this round writes, so an agent
+      // whose interval is about the period wakes for no heartbeat of its own (one due alone
+      // waits a tenth of a period more for a batch to go with).
+      const absl::Duration since_heartbeat = absl::Now() - last_heartbeat;
+      if (new_round && (since_heartbeat > options_.heartbeat ||
+                        (!queue.empty() && since_heartbeat > options_.heartbeat / 2))) {
+        queue.push_back(Heartbeat());
+        last_heartbeat = absl::Now();
+      }
+      heartbeat_due = last_heartbeat + options_.heartbeat + options_.heartbeat / 10;
       deadline = std::min(heartbeat_due, spool_->sync_due());
       passive_until = PassiveWaitEnd();
     }
-    WriteNext(state);
-    if (passive_until.has_value() && state.queue.empty() && !state.write_pending) {
-      // Batches come often (short intervals): rather than wake for the acknowledgement that
-      // follows each one (and announce the read's window in a write of its own), read what
-      // has arrived when the next batch goes. A thread waiting on the stream is woken for
-      // every message; one waiting on mu_ only for work, and not even for a batch: the
-      // thread enqueuing it writes it (TakeTurnLocked). The spool's sync waits for those
-      // reads too: the acknowledgements read may leave nothing to sync.
-      absl::MutexLock lock(&mu_);
-      DrainCompletionsLocked(state);
-      if (state.broken || !state.queue.empty() || state.write_pending) continue;
-      session_asleep_ = true;
-      mu_.AwaitWithDeadline(absl::Condition(this, &Shipper::HasWorkForSession),
-                            std::min(heartbeat_due, *passive_until));
-      session_asleep_ = false;
-      DrainCompletionsLocked(state);
-      continue;
+    if (!write_pending && !queue.empty()) {
+      stream->Write(queue.front(), kWritten);
+      write_pending = true;
     }
     void* tag = nullptr;
     bool op_ok = false;
+    if (passive_until.has_value() && queue.empty() && !write_pending) {
+      // Batches come often (short intervals): rather than wake for the acknowledgement that
+      // follows each one (and announce the read's window in a write of its own), read what
+      // has arrived when the next batch goes. A thread waiting on the stream is woken for
+      // every message; one waiting on mu_ only for work. The spool's sync waits for that
+      // read too: the acknowledgements read may leave nothing to sync.
+      read_arrived();
+      if (broken || !queue.empty() || write_pending) continue;
+      {
+        absl::MutexLock lock(&mu_);
+        session_asleep_ = true;
+        mu_.AwaitWithDeadline(absl::Condition(this, &Shipper::HasWorkForSession),
+                              std::min(heartbeat_due, *passive_until));
+        session_asleep_ = false;
+      }
+      read_arrived();
+      continue;
+    }
     const grpc::CompletionQueue::NextStatus next =
         cq.AsyncNext(&tag, &op_ok, absl::ToChronoTime(deadline));
     if (next == grpc::CompletionQueue::TIMEOUT) continue;
     if (next == grpc::CompletionQueue::SHUTDOWN) break;
-    absl::MutexLock lock(&mu_);
-    HandleCompletionLocked(state, tag, op_ok);
+    handle(tag, op_ok);
   }
   bool alarm_pending;
   {
-    // No other thread sets the alarm or takes a turn from here on.
+    // No other thread sets the alarm from here on.
     absl::MutexLock lock(&mu_);
-    session_ = nullptr;
     session_alarm_ = nullptr;
     session_cq_ = nullptr;
     alarm_pending = wake_pending_;
@@ -587,12 +617,12 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
   if (alarm_pending) alarm.Cancel();
   // Ends the stream; the read, write and wake-up in flight come back (failed) first.
   context.TryCancel();
-  while (state.read_pending || state.write_pending || alarm_pending) {
+  while (read_pending || write_pending || alarm_pending) {
     void* tag = nullptr;
     bool op_ok = false;
     if (!cq.Next(&tag, &op_ok)) break;
-    state.read_pending &= tag != kReadDone;
-    state.write_pending &= tag != kWritten;
+    read_pending &= tag != kReadDone;
+    write_pending &= tag != kWritten;
     alarm_pending &= tag != kWoken;
   }
   grpc::Status status;
@@ -602,89 +632,6 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
   if (!stopping_ && !redirect_.has_value()) {
     LogWarn("connection to strata-server at {} lost: {}", address,
                  status.ok() ? "stream closed" : status.error_message());
-  }
-}
-
-void Shipper::HandleCompletionLocked(SessionState& state, void* tag, bool ok) {
-  if (tag == kReadDone) {
-    state.read_pending = false;
-    if (!ok) {
-      state.broken = true;
-      return;
-    }
-    HandleServerMessage(state.incoming);
-    state.stream->Read(&state.incoming, kReadDone);
-    state.read_pending = true;
-  } else if (tag == kWritten) {
-    state.write_pending = false;
-    if (!ok) {
-      state.broken = true;
-      return;
-    }
-    stats_.bytes_sent += state.queue.front().ByteSizeLong();
-    state.queue.pop_front();
-  } else if (tag == kWoken) {
-    wake_pending_ = false;
-  }
-}
-
-void Shipper::DrainCompletionsLocked(SessionState& state) {
-  // Until the queue is empty twice in a row: a call that finds the queue kicked (an
-  // operation completed while no thread polled) returns without reading the socket.
-  void* tag = nullptr;
-  bool ok = false;
-  for (int empty = 0; !state.broken && empty < 2;) {
-    if (state.cq->AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) ==
-        grpc::CompletionQueue::GOT_EVENT) {
-      HandleCompletionLocked(state, tag, ok);
-      empty = 0;
-    } else {
-      ++empty;
-    }
-  }
-}
-
-void Shipper::NextRoundLocked(SessionState& state) {
-  // The next round once this one is written: at most kMaxBytesPerRound in memory.
-  if (!state.queue.empty()) return;
-  TakeRound(&state.queue);
-  // A heartbeat, with the agent's health, every period whether or not batches flow: it keeps
-  // an idle stream alive, and an agent that ships every interval still reports its health.
-  // Past half its period it goes with whatever this round writes, so an agent whose interval
-  // is about the period wakes for no heartbeat of its own (one due alone waits a tenth of a
-  // period more for a batch to go with).
-  const absl::Duration since_heartbeat = absl::Now() - state.last_heartbeat;
-  if (since_heartbeat > options_.heartbeat ||
-      (!state.queue.empty() && since_heartbeat > options_.heartbeat / 2)) {
-    state.queue.push_back(Heartbeat());
-    state.last_heartbeat = absl::Now();
-  }
-}
-
-void Shipper::WriteNext(SessionState& state) {
-  if (state.write_pending || state.queue.empty()) return;
-  state.stream->Write(state.queue.front(), kWritten);
-  state.write_pending = true;
-}
-
-void Shipper::TakeTurnLocked(SessionState& state) {
-  // The session's thread sleeps on mu_, which this thread holds: the stream is this thread's
-  // until it lets go. What has arrived is read (acknowledgements; messages for the control
-  // handler are kept for the session's thread, which delivers them), then the round is
-  // written as long as gRPC completes each write at once, as it does when the socket takes
-  // it. Anything left (a write in flight, a stream that broke, more rounds) wakes the
-  // session's thread, which carries on as if it had taken the batch itself.
-  in_turn_ = true;
-  DrainCompletionsLocked(state);
-  if (!state.broken) NextRoundLocked(state);
-  while (!state.broken && !state.queue.empty() && !state.write_pending) {
-    WriteNext(state);
-    DrainCompletionsLocked(state);
-  }
-  in_turn_ = false;
-  SyncSpoolIfDue();
-  if (state.broken || state.write_pending || !state.queue.empty() || HasBatchesToSend()) {
-    turn_left_work_ = true;
   }
 }
 

@@ -22,12 +22,10 @@
 // and reads from it (gRPC's asynchronous API on one completion queue, woken by an alarm when
 // there is work), so a batch and its acknowledgement cross no other thread of the agent's.
 // Where batches come at most 2.5 s apart, that thread sleeps on the shipper's lock between
-// them instead of on the stream, and the thread that enqueues a batch writes it itself, with
-// the lock held, after reading what the server sent (acknowledgements): no wake-up per batch
-// at all. Only what that turn cannot finish (a write gRPC does not complete at once, a broken
-// stream, server messages for the control handler, which runs on the shipper's thread) wakes
-// the shipper's thread. The server's messages then wait up to the next batch; while Flush()
-// waits, they are read at once. The shipper owns the spool's use; the caller keeps it alive.
+// them instead of on the stream, and reads what the server sent when the next batch goes:
+// one wake-up per batch rather than one for the batch and one for its acknowledgement. The
+// server's messages then wait up to that long; while Flush() waits, they are read at once.
+// The shipper owns the spool's use; the caller keeps it alive.
 #ifndef STRATA_AGENT_CORE_SHIPPER_H_
 #define STRATA_AGENT_CORE_SHIPPER_H_
 
@@ -130,25 +128,6 @@ class Shipper {
   std::optional<absl::Time> PassiveWaitEnd() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes the session's thread (there is work for it).
   void WakeSessionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Spooled batches not yet written to the current stream.
-  bool HasBatchesToSend() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // A connected session's stream and what is in flight on it (shipper.cc). The session's
-  // thread owns it, except while that thread sleeps on mu_ (session_asleep_): then a thread
-  // holding mu_ may take a turn on it.
-  struct SessionState;
-  // Handles the completion of operation `tag` on the stream.
-  void HandleCompletionLocked(SessionState& state, void* tag, bool ok)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Handles what has completed, without waiting.
-  void DrainCompletionsLocked(SessionState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Once the round in state's queue is written: the next one, with a heartbeat when due.
-  void NextRoundLocked(SessionState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Starts writing the queue's first message, unless a write is in flight.
-  static void WriteNext(SessionState& state);
-  // The enqueuing thread's turn on the stream of a session asleep on mu_ (see the thread
-  // model above); sets turn_left_work_ when the session's thread must carry on.
-  void TakeTurnLocked(SessionState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Syncs the spool's unacknowledged writes once they are due (Spool::SyncIfDue).
   void SyncSpoolIfDue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // mu_.AwaitWithDeadline that syncs the spool when that falls due while it waits.
@@ -177,11 +156,6 @@ class Shipper {
   grpc::Alarm* session_alarm_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool wake_pending_ ABSL_GUARDED_BY(mu_) = false;  // the alarm is set
   bool session_asleep_ ABSL_GUARDED_BY(mu_) = false;  // waiting on mu_, not on the queue
-  SessionState* session_ ABSL_GUARDED_BY(mu_) = nullptr;  // the connected session's
-  bool in_turn_ ABSL_GUARDED_BY(mu_) = false;         // TakeTurnLocked runs
-  bool turn_left_work_ ABSL_GUARDED_BY(mu_) = false;  // ... and left work for the session
-  // Server messages a turn read for the control handler, delivered by the session's thread.
-  std::deque<v1::ServerMessage> control_read_ ABSL_GUARDED_BY(mu_);
   uint32_t sent_nodes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t sent_edges_ ABSL_GUARDED_BY(mu_) = 0;
   // When the last batch was enqueued, and how long after the one before.
