@@ -39,13 +39,15 @@
 #        agent flags, e.g. "--sampling per-thread"), PERF_STACK (perf's dwarf stack dump,
 #        default 8192 = perf's default; the agent copies 16 KiB by default), PROCS (case c,
 #        default 50), IDLE (case b, default 500), ROUNDS (case e, default 5), RUN_SECONDS (case
-#        e, measured seconds per run, default 10, after WARMUP), SLOWDOWN_HZ (case e's rates,
-#        default 99; one table per rate), LOCK_THREADS (case g, default
-#        4), BLOCKING (binary, case g), KEEP=1 (keep the temp dir)
+#        e, measured seconds per run, default 10, after WARMUP), PAIRS (cases a-d: agent/perf
+#        pairs run, default 1; more print each pair, the medians and the ratio of the medians),
+#        SLOWDOWN_HZ (case e's rates, default 99; one table per rate), LOCK_THREADS (case g,
+#        default 4), BLOCKING (binary, case g), KEEP=1 (keep the temp dir)
 #
 # The binaries are copied into the temp dir first, so a concurrent rebuild cannot change them
 # mid-run. Figures are single runs on whatever machine this is (other load moves them):
-# compare the two tools of one case, and cases of one run.
+# compare the two tools of one case, and cases of one run. perf's own CPU moves with the cost
+# of its file writes more than the agent's does: PAIRS > 1 gives the spread and the medians.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 seconds=${1:-20}
@@ -65,6 +67,7 @@ IDLE=${IDLE:-500}
 ROUNDS=${ROUNDS:-5}
 SLOWDOWN_HZ=${SLOWDOWN_HZ:-99}
 RUN_SECONDS=${RUN_SECONDS:-10}
+PAIRS=${PAIRS:-1}
 LOCK_THREADS=${LOCK_THREADS:-4}
 PERF_EVENT=cpu-clock:u  # what perf record samples (case f: cpu-clock, user and kernel)
 PERF_EXTRA=()           # more perf record flags (case g: -c 1)
@@ -240,17 +243,9 @@ measure_tool() {
       fd, n, n / ((a1 - a0) / 1e9), lost }')
 }
 
-# One case: both tools on the same targets; prints three table rows. Saves the agent's and
-# perf's results in res_<case>_agent / res_<case>_perf.
-declare -A res
-run_case() {
-  local id=$1 label=$2 hz=$3 ra rp
-  measure_tool agent "$hz" "$id"
-  ra=$result
-  measure_tool perf "$hz" "$id"
-  rp=$result
-  res[${id}_agent]=$ra res[${id}_perf]=$rp
-  awk -v label="$label" -v ra="$ra" -v rp="$rp" 'BEGIN {
+# pair_rows LABEL AGENT_RESULT PERF_RESULT: the three table rows of one agent/perf pair.
+pair_rows() {
+  awk -v label="$1" -v ra="$2" -v rp="$3" 'BEGIN {
     split(ra, a, " "); split(rp, p, " ")
     f = "%-30s %-10s %9.3f %9.1f %9.1f %6d %9d %9.1f %6d\n"
     printf f, label, "agent", a[1], a[2], a[3], a[4], a[5], a[6], a[7]
@@ -259,6 +254,61 @@ run_case() {
       q(a[3], p[3]), q(a[4], p[4]), q(a[5], p[5])
   }
   function q(x, y) { return y > 0 ? sprintf("%.2f", x / y) : "-" }'
+}
+
+# One case: both tools on the same targets, PAIRS times (agent first in odd pairs, perf first
+# in even ones, so that a drift of the machine's load favours neither); prints three table
+# rows per pair and, with more than one pair, the field-wise medians and the ratio of the
+# medians. Saves the agent's and perf's (median) results in res_<case>_agent / res_<case>_perf.
+declare -A res
+run_case() {
+  local id=$1 label=$2 hz=$3 k name ra rp ras=() rps=()
+  for ((k = 1; k <= PAIRS; k++)); do
+    name=$id
+    ((PAIRS > 1)) && name=$id$k
+    if ((k % 2 == 1)); then
+      measure_tool agent "$hz" "$name"; ra=$result
+      measure_tool perf "$hz" "$name"; rp=$result
+    else
+      measure_tool perf "$hz" "$name"; rp=$result
+      measure_tool agent "$hz" "$name"; ra=$result
+    fi
+    ras+=("$ra") rps+=("$rp")
+    if ((PAIRS > 1)); then
+      pair_rows "$label ($k/$PAIRS)" "$ra" "$rp"
+    else
+      pair_rows "$label" "$ra" "$rp"
+    fi
+    agent_details "$name"
+  done
+  if ((PAIRS > 1)); then
+    ra=$(printf '%s\n' "${ras[@]}" | field_medians)
+    rp=$(printf '%s\n' "${rps[@]}" | field_medians)
+    pair_rows "$label (median)" "$ra" "$rp"
+    paste -d' ' <(printf '%s\n' "${ras[@]}" | cut -d' ' -f1) \
+      <(printf '%s\n' "${rps[@]}" | cut -d' ' -f1) |
+      awk '{r = $2 > 0 ? $1 / $2 : 0; lo = NR == 1 || r < lo ? r : lo; hi = r > hi ? r : hi}
+           END {printf "  cpu agent/perf per pair: %.2fx to %.2fx\n", lo, hi}'
+  fi
+  res[${id}_agent]=$ra res[${id}_perf]=$rp
+}
+
+# Lines of numbers in, one line out: the median of each column (the lower middle of an even
+# count).
+field_medians() {
+  local rows i n out=()
+  rows=$(cat)
+  n=$(head -1 <<<"$rows" | wc -w)
+  for ((i = 1; i <= n; i++)); do
+    out+=("$(cut -d' ' -f"$i" <<<"$rows" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}')")
+  done
+  echo "${out[*]}"
+}
+
+# agent_details NAME: the agent's own account of its sampling and its threads over the window
+# of run NAME.
+agent_details() {
+  local id=$1
   # The agent's own account of its sampling (events, wake-ups, samples of others dropped).
   sed -n 's/.*\] \(sampling: .*\)/  agent \1/p' "$work/agent-$id.log" | tail -1
   # The agent's threads, by name (threads of one name summed): CPU and times scheduled in.
