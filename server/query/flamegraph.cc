@@ -4,6 +4,7 @@
 #include <bit>
 #include <cinttypes>
 #include <cstdio>
+#include <iterator>
 #include <tuple>
 
 #include "absl/container/flat_hash_map.h"
@@ -133,14 +134,15 @@ constexpr char kSvgScript[] = R"JS(
 
 
 // Paths of a profile's stacks (function index + 2, after a leading "[truncated]" marker for
-// truncated stacks; 0 never occurs), in lexicographic order, in one contiguous arena so that
-// comparing neighbours reads memory sequentially.
+// truncated stacks; 0 never occurs), in one arena in the profile's stack order, visited in
+// lexicographic order through `stack` (copying them into that order cost more than reading
+// them where they lie).
 struct SortedPaths {
   std::vector<uint32_t> arena;
-  std::vector<uint64_t> begin;   // path k is arena[begin[k], begin[k + 1])
-  std::vector<uint32_t> stack;   // profile stack of path k
-  size_t size(size_t k) const { return begin[k + 1] - begin[k]; }
-  const uint32_t* data(size_t k) const { return arena.data() + begin[k]; }
+  std::vector<uint64_t> begin;   // the path of profile stack i is arena[begin[i], begin[i + 1])
+  std::vector<uint32_t> stack;   // profile stack of the k-th path in lexicographic order
+  size_t size(size_t k) const { return begin[stack[k] + 1] - begin[stack[k]]; }
+  const uint32_t* data(size_t k) const { return arena.data() + begin[stack[k]]; }
 };
 
 SortedPaths SortPaths(const Profile& profile) {
@@ -193,16 +195,10 @@ SortedPaths SortPaths(const Profile& profile) {
                                         arena.data() + begin[b.stack + 1]);
   });
   SortedPaths sorted;
-  sorted.arena.reserve(arena.size());
-  sorted.begin.reserve(n + 1);
   sorted.stack.reserve(n);
-  sorted.begin.push_back(0);
-  for (const Item& item : items) {
-    sorted.arena.insert(sorted.arena.end(), arena.begin() + begin[item.stack],
-                        arena.begin() + begin[item.stack + 1]);
-    sorted.begin.push_back(sorted.arena.size());
-    sorted.stack.push_back(item.stack);
-  }
+  for (const Item& item : items) sorted.stack.push_back(item.stack);
+  sorted.arena = std::move(arena);
+  sorted.begin = std::move(begin);
   return sorted;
 }
 
@@ -246,6 +242,11 @@ std::vector<BuildNode> MergeAndPrune(const Profile& profile, uint32_t max_nodes,
   uint64_t created = 1;
   size_t common = 0;  // with the previous path
   for (size_t k = 0; k < n; ++k) {
+    // Paths and stacks lie in the profile's order, not this one: fetch a few ahead.
+    if (k + 4 < n) {
+      __builtin_prefetch(paths.data(k + 4));
+      __builtin_prefetch(&profile.stacks[paths.stack[k + 4]].count);
+    }
     const ResolvedStack& stack = profile.stacks[paths.stack[k]];
     const uint32_t* p = paths.data(k);
     const size_t len = paths.size(k);
@@ -411,16 +412,27 @@ std::string XmlEscape(std::string_view text) {
   return out;
 }
 
-FlameTree BuildFlameTree(const Profile& profile, uint32_t max_nodes) {
+namespace {
+
+// BuildFlameTree, taking the profile's functions from `movable` if given (the profile's own),
+// else copying them.
+FlameTree BuildTree(const Profile& profile, uint32_t max_nodes,
+                    std::vector<ResolvedFunction>* movable) {
   if (max_nodes == 0) max_nodes = kDefaultFlameNodes;
   FlameTree tree;
   tree.total = profile.total;
-  tree.functions.reserve(profile.functions.size() + 2);
-  tree.functions.push_back({0, "all", ""});
-  tree.functions.push_back({0, "[truncated]", ""});
-  tree.functions.insert(tree.functions.end(), profile.functions.begin(), profile.functions.end());
-
   std::vector<BuildNode> nodes = MergeAndPrune(profile, max_nodes, &tree.pruned);
+  tree.functions.reserve(profile.functions.size() + 2);
+  tree.functions.emplace_back().name = "all";
+  tree.functions.emplace_back().name = "[truncated]";
+  if (movable != nullptr) {
+    tree.functions.insert(tree.functions.end(), std::make_move_iterator(movable->begin()),
+                          std::make_move_iterator(movable->end()));
+    movable->clear();
+  } else {
+    tree.functions.insert(tree.functions.end(), profile.functions.begin(),
+                          profile.functions.end());
+  }
 
   // Children, grouped by parent (counting sort; no per-node allocations).
   std::vector<uint32_t> first_child(nodes.size() + 1, 0);
@@ -466,6 +478,16 @@ FlameTree BuildFlameTree(const Profile& profile, uint32_t max_nodes) {
     std::reverse(todo.begin() + pushed, todo.end());
   }
   return tree;
+}
+
+}  // namespace
+
+FlameTree BuildFlameTree(const Profile& profile, uint32_t max_nodes) {
+  return BuildTree(profile, max_nodes, nullptr);
+}
+
+FlameTree BuildFlameTree(Profile&& profile, uint32_t max_nodes) {
+  return BuildTree(profile, max_nodes, &profile.functions);
 }
 
 std::string RenderFolded(const Profile& profile) {

@@ -41,6 +41,9 @@ inline constexpr uint32_t kDefaultFlameNodes = 16384;
 // Merges the stacks of `profile` into a tree and keeps the `max_nodes` heaviest nodes
 // (0: kDefaultFlameNodes). A kept node's ancestors are always kept.
 FlameTree BuildFlameTree(const Profile& profile, uint32_t max_nodes);
+// The same, taking the profile's functions instead of copying them (a week's profile holds
+// thousands): `profile` is left with its stacks and no functions.
+FlameTree BuildFlameTree(Profile&& profile, uint32_t max_nodes);
 
 // One "outer;...;leaf count" line per stack of `profile` (never pruned), heaviest first.
 // Frames are named by FrameLabel; ';' and line breaks inside names are replaced so every

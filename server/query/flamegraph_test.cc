@@ -209,6 +209,23 @@ TEST(FlameTreeTest, MatchesNaiveTreeOnRandomProfiles) {
                     a.total == b.total && a.self == b.self && a.offset == b.offset)
             << "round " << round << " max_nodes " << max_nodes << " node " << i;
       }
+      // Taking the profile's functions builds the same tree and leaves the stacks.
+      Profile taken = p;
+      const FlameTree moved = BuildFlameTree(std::move(taken), max_nodes);
+      EXPECT_TRUE(taken.functions.empty());
+      ASSERT_EQ(taken.stacks.size(), p.stacks.size());
+      ASSERT_EQ(moved.functions.size(), got.functions.size());
+      for (size_t i = 0; i < got.functions.size(); ++i) {
+        ASSERT_EQ(moved.functions[i].name, got.functions[i].name) << i;
+        ASSERT_EQ(moved.functions[i].module, got.functions[i].module) << i;
+      }
+      ASSERT_EQ(moved.nodes.size(), got.nodes.size());
+      for (size_t i = 0; i < got.nodes.size(); ++i) {
+        ASSERT_TRUE(moved.nodes[i].function == got.nodes[i].function &&
+                    moved.nodes[i].total == got.nodes[i].total &&
+                    moved.nodes[i].offset == got.nodes[i].offset)
+            << "round " << round << " max_nodes " << max_nodes << " node " << i;
+      }
     }
   }
 }

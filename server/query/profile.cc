@@ -272,7 +272,11 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
     if (k + 4 < counts.size() && found[k + 4].cached) {
       __builtin_prefetch(frames_.data() + found[k + 4].offset);
     }
-    ResolvedStack stack{c.stack_id, c.count, false, {}};
+    // Built in place (its frames are inline: moving it would copy them), taken back below if
+    // focus or ignore rule it out.
+    ResolvedStack& stack = profile->stacks.emplace_back();
+    stack.stack_id = c.stack_id;
+    stack.count = c.count;
     bool has_focus = !focus, has_ignore = false;
     auto add_frame = [&](uint32_t index) {
       stack.frames.push_back(index);
@@ -280,10 +284,20 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
       has_ignore |= matches_ignore[index] != 0;
     };
     if (found[k].cached) {
+      // The common case, a week's 100,000 stacks of ~20 frames: plain stores, and the focus
+      // and ignore tables read only when the query has them.
       const Stack& s = found[k];
       stack.truncated = s.truncated;
-      stack.frames.reserve(s.size);
-      for (uint64_t i = s.offset; i < s.offset + s.size; ++i) add_frame(index_of(frames_[i]));
+      stack.frames.resize(s.size);
+      uint32_t* const out = stack.frames.data();
+      const uint32_t* const numbers = frames_.data() + s.offset;
+      for (uint32_t i = 0; i < s.size; ++i) out[i] = index_of(numbers[i]);
+      if (focus || ignore) {
+        for (uint32_t i = 0; i < s.size; ++i) {
+          has_focus |= matches_focus[out[i]] != 0;
+          has_ignore |= matches_ignore[out[i]] != 0;
+        }
+      }
     } else {
       // Missed in step 1, so fetched in step 2; functions not numbered were fetched too.
       const store::StackFrames& frames = fetched.at(c.stack_id);
@@ -302,9 +316,11 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
         add_frame(it->second);
       }
     }
-    if (!has_focus || has_ignore) continue;
+    if (!has_focus || has_ignore) {
+      profile->stacks.pop_back();
+      continue;
+    }
     base::SaturatingAddTo(profile->total, c.count);
-    profile->stacks.push_back(std::move(stack));
   }
   return absl::OkStatus();
 }

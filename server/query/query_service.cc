@@ -343,7 +343,7 @@ absl::StatusOr<v1::FlameGraphResponse> QueryService::RunFlameGraph(
     response.set_content_type("text/plain; charset=utf-8");
     return response;
   }
-  const FlameTree tree = BuildFlameTree(*profile, request.max_nodes());
+  const FlameTree tree = BuildFlameTree(*std::move(profile), request.max_nodes());
   response.set_pruned_nodes(tree.pruned);
   std::string title = request.title();
   if (title.empty()) {
