@@ -133,32 +133,45 @@ constexpr char kSvgScript[] = R"JS(
 )JS";
 
 
-// Paths of a profile's stacks (function index + 2, after a leading "[truncated]" marker for
-// truncated stacks; 0 never occurs), in one arena in the profile's stack order, visited in
-// lexicographic order through `stack` (copying them into that order cost more than reading
-// them where they lie).
-struct SortedPaths {
-  std::vector<uint32_t> arena;
-  std::vector<uint64_t> begin;   // the path of profile stack i is arena[begin[i], begin[i + 1])
-  std::vector<uint32_t> stack;   // profile stack of the k-th path in lexicographic order
-  size_t size(size_t k) const { return begin[stack[k] + 1] - begin[stack[k]]; }
-  const uint32_t* data(size_t k) const { return arena.data() + begin[stack[k]]; }
+// A stack's path: a leading "[truncated]" marker if the stack is truncated, then its frames'
+// function indices + 2 (the tree's numbering; 0 never occurs).
+size_t PathLength(const ResolvedStack& s) { return s.frames.size() + (s.truncated ? 1 : 0); }
+uint32_t PathValue(const ResolvedStack& s, size_t d) {
+  if (s.truncated) return d == 0 ? kTruncatedFunction : s.frames[d - 1] + 2;
+  return s.frames[d] + 2;
+}
+
+// The paths of a profile's stacks in lexicographic order, read from the stacks where they lie
+// (copying them into an arena of their own cost more than the reads it saved).
+class SortedPaths {
+ public:
+  explicit SortedPaths(const Profile& profile);
+
+  size_t count() const { return order_.size(); }
+  const ResolvedStack& stack(size_t k) const { return stacks_[order_[k]]; }
+  size_t size(size_t k) const { return PathLength(stack(k)); }
+  uint32_t at(size_t k, size_t d) const { return PathValue(stack(k), d); }
+  void Prefetch(size_t k) const { __builtin_prefetch(&stacks_[order_[k]]); }
+  // Length of the common prefix of paths a and b.
+  size_t CommonPrefix(size_t a, size_t b) const {
+    const ResolvedStack& sa = stack(a);
+    const ResolvedStack& sb = stack(b);
+    if (sa.truncated != sb.truncated) return 0;  // the marker against a frame
+    const size_t len = std::min(sa.frames.size(), sb.frames.size());
+    const uint32_t* fa = sa.frames.data();
+    const uint32_t* fb = sb.frames.data();
+    size_t i = 0;
+    while (i < len && fa[i] == fb[i]) ++i;
+    return i + (sa.truncated ? 1 : 0);
+  }
+
+ private:
+  const std::vector<ResolvedStack>& stacks_;
+  std::vector<uint32_t> order_;  // profile stack of the k-th path
 };
 
-SortedPaths SortPaths(const Profile& profile) {
-  const size_t n = profile.stacks.size();
-  std::vector<uint64_t> begin(n + 1, 0);
-  for (size_t i = 0; i < n; ++i) {
-    const ResolvedStack& s = profile.stacks[i];
-    begin[i + 1] = begin[i] + s.frames.size() + (s.truncated ? 1 : 0);
-  }
-  std::vector<uint32_t> arena(begin[n]);
-  for (size_t i = 0; i < n; ++i) {
-    const ResolvedStack& s = profile.stacks[i];
-    uint32_t* out = arena.data() + begin[i];
-    if (s.truncated) *out++ = kTruncatedFunction;
-    for (uint32_t f : s.frames) *out++ = f + 2;
-  }
+SortedPaths::SortedPaths(const Profile& profile) : stacks_(profile.stacks) {
+  const size_t n = stacks_.size();
   // Sort keys: the first 2K path values packed K to a word, B bits each, most significant
   // first; a position past the end packs as 0, below every value, so shorter sorts first as
   // in lexicographic order. Ties (equal first 2K values) compare the rest of the paths.
@@ -171,13 +184,13 @@ SortedPaths SortPaths(const Profile& profile) {
   };
   std::vector<Item> items(n);
   for (size_t i = 0; i < n; ++i) {
-    const uint32_t* p = arena.data() + begin[i];
-    const size_t len = begin[i + 1] - begin[i];
+    const ResolvedStack& s = stacks_[i];
+    const size_t len = PathLength(s);
     auto pack = [&](size_t from) {
       uint64_t key = 0;
       for (size_t j = from; j < from + per_word; ++j) {
         key = per_word == 1 ? 0 : key << bits;
-        key |= j < len ? p[j] : 0;
+        key |= j < len ? PathValue(s, j) : 0;
       }
       return key;
     };
@@ -187,19 +200,18 @@ SortedPaths SortPaths(const Profile& profile) {
   base::SortOnTwoThreads(items.begin(), items.end(), [&](const Item& a, const Item& b) {
     if (a.k0 != b.k0) return a.k0 < b.k0;
     if (a.k1 != b.k1) return a.k1 < b.k1;
-    const size_t na = begin[a.stack + 1] - begin[a.stack], nb = begin[b.stack + 1] - begin[b.stack];
+    const ResolvedStack& sa = stacks_[a.stack];
+    const ResolvedStack& sb = stacks_[b.stack];
+    const size_t na = PathLength(sa), nb = PathLength(sb);
     if (na <= packed || nb <= packed) return na < nb;
-    return std::lexicographical_compare(arena.data() + begin[a.stack] + packed,
-                                        arena.data() + begin[a.stack + 1],
-                                        arena.data() + begin[b.stack] + packed,
-                                        arena.data() + begin[b.stack + 1]);
+    // The first values are equal, so both or neither start with the marker: compare the
+    // frames after the packed ones (values + 2 keep their order).
+    const size_t skip = packed - (sa.truncated ? 1 : 0);
+    return std::lexicographical_compare(sa.frames.begin() + skip, sa.frames.end(),
+                                        sb.frames.begin() + skip, sb.frames.end());
   });
-  SortedPaths sorted;
-  sorted.stack.reserve(n);
-  for (const Item& item : items) sorted.stack.push_back(item.stack);
-  sorted.arena = std::move(arena);
-  sorted.begin = std::move(begin);
-  return sorted;
+  order_.reserve(n);
+  for (const Item& item : items) order_.push_back(item.stack);
 }
 
 // The merged call tree of `profile`, already pruned to its `max_nodes` heaviest nodes
@@ -213,16 +225,8 @@ SortedPaths SortPaths(const Profile& profile) {
 // share little beyond the first frames, that leaves a small fraction of the nodes to build.
 std::vector<BuildNode> MergeAndPrune(const Profile& profile, uint32_t max_nodes,
                                      uint32_t* pruned) {
-  const SortedPaths paths = SortPaths(profile);
-  const size_t n = paths.stack.size();
-  auto common_prefix = [&](size_t a, size_t b) {
-    const size_t len = std::min(paths.size(a), paths.size(b));
-    const uint32_t* pa = paths.data(a);
-    const uint32_t* pb = paths.data(b);
-    size_t i = 0;
-    while (i < len && pa[i] == pb[i]) ++i;
-    return i;
-  };
+  const SortedPaths paths(profile);
+  const size_t n = paths.count();
   struct Shared {
     BuildNode node;
     uint64_t index;  // creation order (the root is 0)
@@ -242,19 +246,16 @@ std::vector<BuildNode> MergeAndPrune(const Profile& profile, uint32_t max_nodes,
   uint64_t created = 1;
   size_t common = 0;  // with the previous path
   for (size_t k = 0; k < n; ++k) {
-    // Paths and stacks lie in the profile's order, not this one: fetch a few ahead.
-    if (k + 4 < n) {
-      __builtin_prefetch(paths.data(k + 4));
-      __builtin_prefetch(&profile.stacks[paths.stack[k + 4]].count);
-    }
-    const ResolvedStack& stack = profile.stacks[paths.stack[k]];
-    const uint32_t* p = paths.data(k);
-    const size_t len = paths.size(k);
-    const size_t next = k + 1 < n ? common_prefix(k, k + 1) : 0;
+    // Paths lie in the profile's order, not this one: fetch a few ahead.
+    if (k + 4 < n) paths.Prefetch(k + 4);
+    const ResolvedStack& stack = paths.stack(k);
+    const size_t len = PathLength(stack);
+    const size_t next = k + 1 < n ? paths.CommonPrefix(k, k + 1) : 0;
     const size_t shared_end = std::max(common, std::min(len, next));  // deepest shared depth
     path_nodes.resize(common + 1);
     for (size_t d = common + 1; d <= shared_end; ++d) {
-      shared.push_back({{p[d - 1], path_nodes.back(), static_cast<uint32_t>(d), 0, 0}, created++});
+      shared.push_back(
+          {{PathValue(stack, d - 1), path_nodes.back(), static_cast<uint32_t>(d), 0, 0}, created++});
       path_nodes.push_back(static_cast<uint32_t>(shared.size() - 1));
     }
     for (size_t d = 1; d <= shared_end; ++d) shared[path_nodes[d]].node.total += stack.count;
@@ -360,12 +361,13 @@ std::vector<BuildNode> MergeAndPrune(const Profile& profile, uint32_t max_nodes,
   }
   for (size_t c = 0; c < chains.size(); ++c) {
     const Chain& chain = chains[c];
-    const uint32_t* p = paths.data(chain.path);
+    const ResolvedStack& stack = paths.stack(chain.path);
     uint32_t parent = renumber[chain.parent];
     for (uint32_t j = 0; j < chain_kept[c]; ++j) {
       const uint32_t depth = chain.first_depth + j;
       const bool leaf = j + 1 == chain.length;
-      nodes.push_back({p[depth - 1], parent, depth, chain.count, leaf ? chain.count : 0});
+      nodes.push_back(
+          {PathValue(stack, depth - 1), parent, depth, chain.count, leaf ? chain.count : 0});
       parent = static_cast<uint32_t>(nodes.size() - 1);
     }
   }
