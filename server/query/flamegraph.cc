@@ -376,23 +376,33 @@ std::vector<BuildNode> MergeAndPrune(const Profile& profile, uint32_t max_nodes,
 
 }  // namespace
 
+namespace {
+
+void AppendJsonEscaped(std::string_view text, std::string* out) {
+  // Names rarely hold anything to escape: copy the runs between such bytes whole.
+  size_t run = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c != '"' && c != '\\' && static_cast<unsigned char>(c) >= 0x20) continue;
+    out->append(text.data() + run, i - run);
+    run = i + 1;
+    switch (c) {
+      case '"': *out += "\\\""; break;
+      case '\\': *out += "\\\\"; break;
+      case '\n': *out += "\\n"; break;
+      case '\t': *out += "\\t"; break;
+      default: absl::StrAppendFormat(out, "\\u%04x", c);
+    }
+  }
+  out->append(text.data() + run, text.size() - run);
+}
+
+}  // namespace
+
 std::string JsonEscape(std::string_view text) {
   std::string out;
   out.reserve(text.size());
-  for (char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          absl::StrAppendFormat(&out, "\\u%04x", c);
-        } else {
-          out.push_back(c);
-        }
-    }
-  }
+  AppendJsonEscaped(text, &out);
   return out;
 }
 
@@ -528,11 +538,25 @@ std::string RenderFlameJson(const FlameTree& tree) {
     if (at != UINT32_MAX) continue;
     at = static_cast<uint32_t>(fields_end.size());
     const ResolvedFunction& f = tree.functions[n.function];
-    absl::StrAppend(&fields, "{\"name\":\"", JsonEscape(FrameLabel(f)), "\"");
-    if (!f.module.empty()) absl::StrAppend(&fields, ",\"module\":\"", JsonEscape(f.module), "\"");
+    fields += "{\"name\":\"";
+    // The label is the name alone unless the frame has a source line or was inlined.
+    if (f.file.empty() && !f.inlined) {
+      AppendJsonEscaped(f.name, &fields);
+    } else {
+      AppendJsonEscaped(FrameLabel(f), &fields);
+    }
+    fields += '"';
+    if (!f.module.empty()) {
+      fields += ",\"module\":\"";
+      AppendJsonEscaped(f.module, &fields);
+      fields += '"';
+    }
     if (!f.file.empty()) {
-      absl::StrAppend(&fields, ",\"function\":\"", JsonEscape(f.name), "\",\"file\":\"",
-                      JsonEscape(f.file), "\",\"line\":", f.line);
+      fields += ",\"function\":\"";
+      AppendJsonEscaped(f.name, &fields);
+      fields += "\",\"file\":\"";
+      AppendJsonEscaped(f.file, &fields);
+      absl::StrAppend(&fields, "\",\"line\":", f.line);
     }
     if (f.inlined) fields += ",\"inlined\":true";
     // User code, the common case, goes without (readers of earlier output see no change).

@@ -243,6 +243,20 @@ TEST(FlameTreeTest, Renderings) {
   EXPECT_THAT(RenderFlameHtml(tree, "t"), ::testing::StartsWith("<!DOCTYPE html>"));
 }
 
+TEST(FlameTreeTest, JsonEscapesNamesAndModules) {
+  EXPECT_EQ(JsonEscape("plain::name(int)"), "plain::name(int)");
+  EXPECT_EQ(JsonEscape(std::string("a\"b\\c\nd\te\x01" "f", 11)),
+            "a\\\"b\\\\c\\nd\\te\\u0001f");
+  EXPECT_EQ(JsonEscape("\"\""), "\\\"\\\"");
+  EXPECT_EQ(JsonEscape(""), "");
+  Profile p;
+  p.functions = {Fn(1, "operator\"\"_x", "C:\\bin\\m")};
+  p.stacks = {{1, 5, false, {0}}};
+  p.total = 5;
+  EXPECT_THAT(RenderFlameJson(BuildFlameTree(p, 0)),
+              HasSubstr(R"({"name":"operator\"\"_x","module":"C:\\bin\\m","value":5,)"));
+}
+
 // Kernel and JIT frames (by module name, common/base/frame_kind.h) are told apart in every
 // rendering: folded suffixes, JSON kinds, SVG palettes; pprof keeps their modules as mappings.
 TEST(FlameTreeTest, KernelAndJitFramesAreMarked) {
