@@ -254,8 +254,8 @@ std::vector<BuildNode> MergeAndPrune(const Profile& profile, uint32_t max_nodes,
     const size_t shared_end = std::max(common, std::min(len, next));  // deepest shared depth
     path_nodes.resize(common + 1);
     for (size_t d = common + 1; d <= shared_end; ++d) {
-      shared.push_back(
-          {{PathValue(stack, d - 1), path_nodes.back(), static_cast<uint32_t>(d), 0, 0}, created++});
+      const BuildNode node{PathValue(stack, d - 1), path_nodes.back(), static_cast<uint32_t>(d)};
+      shared.push_back({node, created++});
       path_nodes.push_back(static_cast<uint32_t>(shared.size() - 1));
     }
     for (size_t d = 1; d <= shared_end; ++d) shared[path_nodes[d]].node.total += stack.count;

@@ -300,7 +300,8 @@ field_medians() {
   rows=$(cat)
   n=$(head -1 <<<"$rows" | wc -w)
   for ((i = 1; i <= n; i++)); do
-    out+=("$(cut -d' ' -f"$i" <<<"$rows" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}')")
+    out+=("$(cut -d' ' -f"$i" <<<"$rows" | sort -g |
+      awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}')")
   done
   echo "${out[*]}"
 }
