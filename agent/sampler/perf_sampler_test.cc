@@ -457,9 +457,11 @@ TEST_F(PerfSamplerTest, PerCpuSampleProgramRunsAtTheTargetsSamplesOnly) {
   SpinningChild other;  // runs as much, but is no target
   ASSERT_GT(other.pid(), 0);
   ASSERT_TRUE(sampler_->AddSession(PerCpuSession(8)).ok());
+  // Chained after the filter before the target is: a sample the filter kept before then would
+  // have no run.
+  sampler_->SetSampleProgram(counter->program.get());
   ASSERT_TRUE(sampler_->AttachProcess(8, pid, {}).ok());
   ASSERT_TRUE(sampler_->CpuFilterStatus(8).ok()) << sampler_->CpuFilterStatus(8);
-  sampler_->SetSampleProgram(counter->program.get());  // chained after the filter
   std::vector<CopiedSample> samples;
   ASSERT_NO_FATAL_FAILURE(
       SampleChildBesideOther(*sampler_, pid, other.pid(), absl::Milliseconds(400), &samples));
