@@ -148,9 +148,8 @@ class SortedPaths {
   explicit SortedPaths(const Profile& profile);
 
   size_t count() const { return order_.size(); }
+  // The stack of the k-th path (its values: PathLength, PathValue).
   const ResolvedStack& stack(size_t k) const { return stacks_[order_[k]]; }
-  size_t size(size_t k) const { return PathLength(stack(k)); }
-  uint32_t at(size_t k, size_t d) const { return PathValue(stack(k), d); }
   void Prefetch(size_t k) const { __builtin_prefetch(&stacks_[order_[k]]); }
   // Length of the common prefix of paths a and b.
   size_t CommonPrefix(size_t a, size_t b) const {
