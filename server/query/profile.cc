@@ -6,7 +6,6 @@
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
-#include "common/base/parallel_sort.h"
 #include "common/base/saturating.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -18,6 +17,7 @@
 #include "server/commit/profile_type.h"
 #include "server/query/quality.h"
 #include "server/query/series.h"
+#include "server/store/stack_counts.h"
 
 namespace strata::server::query {
 
@@ -383,13 +383,7 @@ absl::StatusOr<store::SampleTotals> ProfileReader::SumSamples(const store::Sampl
     }
     if (!live_->AddLiveCounts(query, generation, &live_counts, &hosts)) continue;
     if (live_counts.empty()) return totals;
-    for (store::StackCount& s : totals->stacks) {
-      auto it = live_counts.find(s.stack_id);
-      if (it == live_counts.end()) continue;
-      base::SaturatingAddTo(s.count, it->second);
-      live_counts.erase(it);
-    }
-    for (const auto& [stack, count] : live_counts) totals->stacks.push_back({stack, count});
+    totals->stacks = store::AddToSorted(totals->stacks, live_counts);
     totals->hosts.clear();
     totals->host_samples.clear();
     for (const auto& [host, samples] : hosts) {
@@ -602,14 +596,9 @@ absl::StatusOr<Profile> ProfileReader::Load(const ProfileQuery& query) {
   // Summed per stack by the store (whole hours come from its per-hour aggregates).
   auto totals = SumSamples(*sq);
   if (!totals.ok()) return totals.status();
-  // Resolving in the final order (heaviest first) makes function indices deterministic and
-  // leaves nothing to sort afterwards.
-  std::vector<store::StackCount>& counts = totals->stacks;
-  base::SortOnTwoThreads(counts.begin(), counts.end(),
-                         [](const store::StackCount& a, const store::StackCount& b) {
-                           return a.count != b.count ? a.count > b.count
-                                                     : a.stack_id < b.stack_id;
-                         });
+  // Resolving in the final order (heaviest first, as the store returns them) makes function
+  // indices deterministic and leaves nothing to sort afterwards.
+  const std::vector<store::StackCount>& counts = totals->stacks;
 
   Profile profile;
   profile.hosts = std::move(totals->hosts);

@@ -1,8 +1,8 @@
 // Internal to server/store: rollup blocks, the hour (minute) rollup of one (service, hour
-// (minute)) summed per (host, stack) in memory, and their caches (StoreOptions::
-// hour_block_cache_bytes). The SampleReader fills and reads them; Store::Commit drops the
-// hours and minutes a commit adds samples to. Whole hours are most of a long range; whole
-// minutes are the edges of every range and all of a short one.
+// (minute)) summed per (host, stack) in memory, spans, runs of whole hours summed, and their
+// caches (StoreOptions::hour_block_cache_bytes). The SampleReader fills and reads them;
+// Store::Commit drops the hours, minutes and spans a commit adds samples to. Whole hours are
+// most of a long range; whole minutes are the edges of every range and all of a short one.
 #ifndef STRATA_SERVER_STORE_BLOCK_CACHE_H_
 #define STRATA_SERVER_STORE_BLOCK_CACHE_H_
 
@@ -17,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "server/store/codec.h"
 #include "server/store/column.h"
 #include "server/store/records.h"
 
@@ -144,20 +145,178 @@ class BlockCache {
   uint64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// The blocks of both rollups: a budget shared out between hours (most of it: long ranges
-// hold many) and minutes (a range's edges, or all of a range under an hour or two).
+// Sums of long runs of whole hours ("spans"): a range's hour blocks merged, stacks in
+// SumSamples' order (stack_counts.h). A week's query then costs a copy of its span plus its
+// edges, not the merge of 168 blocks and a sort of 100,000 stacks; the span stays valid for
+// the hour a "last 7 days" range keeps its whole hours. Kept per (scope, hours, label sets
+// selected), for queries of every host. A span goes with any hour it covers (a late commit),
+// and a build racing with such a commit is not kept: the generation scheme of BlockCache.
+struct RollupSpan {
+  std::vector<StackCount> stacks;  // HeavierFirst order
+  std::vector<std::string> hosts;  // sorted
+  std::vector<uint64_t> host_samples;
+
+  size_t Bytes() const {
+    size_t bytes = sizeof(RollupSpan) + stacks.capacity() * sizeof(StackCount) +
+                   host_samples.capacity() * sizeof(uint64_t);
+    for (const std::string& h : hosts) bytes += sizeof(std::string) + h.capacity();
+    return bytes;
+  }
+};
+
+class SpanCache {
+ public:
+  explicit SpanCache(size_t capacity_bytes) : capacity_(capacity_bytes) {}
+
+  bool enabled() const { return capacity_ > 0; }
+
+  // The span of hours [from, to) of `scope` for the label sets `selection` names (empty:
+  // all), or null with *generation set for a later Insert.
+  std::shared_ptr<const RollupSpan> Lookup(const std::string& scope, int64_t from, int64_t to,
+                                           const std::string& selection,
+                                           uint64_t* generation) {
+    absl::MutexLock lock(&mu_);
+    std::vector<Entry>& entries = scopes_[scope];
+    auto it = std::find_if(entries.begin(), entries.end(), [&](const Entry& e) {
+      return e.from == from && e.to == to && e.selection == selection;
+    });
+    if (it == entries.end()) {
+      Entry& e = entries.emplace_back();
+      e.from = from;
+      e.to = to;
+      e.selection = selection;
+      e.generation = next_generation_++;
+      it = entries.end() - 1;
+      ++count_;
+    }
+    it->last_use = ++tick_;
+    if (it->span) {
+      ++hits_;
+      return it->span;
+    }
+    ++misses_;
+    *generation = it->generation;
+    if (count_ > kMaxEntries) EvictLocked();
+    return nullptr;
+  }
+
+  void Insert(const std::string& scope, int64_t from, int64_t to, const std::string& selection,
+              uint64_t generation, std::shared_ptr<const RollupSpan> span) {
+    const size_t bytes = span->Bytes() + scope.size() + selection.size() + sizeof(Entry);
+    absl::MutexLock lock(&mu_);
+    if (bytes > capacity_ / 2) return;  // one span never pushes out most of the others
+    auto s = scopes_.find(scope);
+    if (s == scopes_.end()) return;
+    for (Entry& e : s->second) {
+      if (e.generation != generation || e.span) continue;
+      e.span = std::move(span);
+      e.bytes = bytes;
+      bytes_ += bytes;
+      if (bytes_ > capacity_) EvictLocked();
+      return;
+    }
+  }
+
+  // Drops the spans of `scope` holding the hour starting at `hour` (and voids their builds).
+  void Invalidate(const std::string& scope, int64_t hour) {
+    absl::MutexLock lock(&mu_);
+    auto s = scopes_.find(scope);
+    if (s == scopes_.end()) return;
+    std::erase_if(s->second, [&](const Entry& e) {
+      if (hour < e.from || hour >= e.to) return false;
+      bytes_ -= e.bytes;
+      --count_;
+      return true;
+    });
+    if (s->second.empty()) scopes_.erase(s);
+  }
+
+  void Clear() {
+    absl::MutexLock lock(&mu_);
+    scopes_.clear();
+    bytes_ = 0;
+    count_ = 0;
+  }
+
+  BlockCache::Counters counters() {
+    absl::MutexLock lock(&mu_);
+    return {hits_, misses_, bytes_};
+  }
+
+ private:
+  // Spans are few (one per long range being looked at); placeholders of builds that never
+  // completed are bounded by this too.
+  static constexpr size_t kMaxEntries = 64;
+
+  struct Entry {
+    int64_t from = 0, to = 0;
+    std::string selection;
+    uint64_t generation = 0;
+    uint64_t last_use = 0;
+    size_t bytes = 0;
+    std::shared_ptr<const RollupSpan> span;
+  };
+
+  // Drops the least recently used entries until at most three quarters of the capacity and
+  // of kMaxEntries are used.
+  void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<std::pair<uint64_t, size_t>> uses;  // last use (unique) and bytes
+    for (const auto& [scope, entries] : scopes_) {
+      for (const Entry& e : entries) uses.emplace_back(e.last_use, e.bytes);
+    }
+    std::sort(uses.begin(), uses.end());
+    uint64_t last_victim = 0;
+    for (const auto& [use, bytes] : uses) {
+      if (bytes_ <= capacity_ / 4 * 3 && count_ <= kMaxEntries / 4 * 3) break;
+      last_victim = use;
+      bytes_ -= bytes;
+      --count_;
+    }
+    for (auto it = scopes_.begin(); it != scopes_.end();) {
+      std::erase_if(it->second, [&](const Entry& e) { return e.last_use <= last_victim; });
+      if (it->second.empty()) {
+        scopes_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  const size_t capacity_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::vector<Entry>> scopes_ ABSL_GUARDED_BY(mu_);
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t count_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t tick_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The blocks of both rollups and the spans of hours: a budget shared out between hours (most
+// of it: long ranges hold many), minutes (a range's edges, or all of a range under an hour or
+// two) and spans (a few long ranges, each as large as its hours' distinct stacks).
 struct RollupBlocks {
   explicit RollupBlocks(size_t capacity_bytes)
-      : hours(capacity_bytes - capacity_bytes / 8), minutes(capacity_bytes / 8) {}
+      : hours(capacity_bytes - capacity_bytes / 8 - capacity_bytes / 8),
+        minutes(capacity_bytes / 8),
+        spans(capacity_bytes / 8) {}
 
   BlockCache& Of(Column rollup) { return rollup == Column::kRollupHour ? hours : minutes; }
+  // A commit or roll-up changed the hour starting at `hour` of `service`.
+  void InvalidateHour(const std::string& service, int64_t hour) {
+    hours.Invalidate(CellPrefix(service, static_cast<uint64_t>(hour)));
+    spans.Invalidate(service, hour);
+  }
   void Clear() {
     hours.Clear();
     minutes.Clear();
+    spans.Clear();
   }
 
   BlockCache hours;
   BlockCache minutes;
+  SpanCache spans;
 };
 
 }  // namespace strata::server::store

@@ -94,7 +94,8 @@ struct StackCount {
 // The cells of a SampleQuery reduced to one count per stack: what a profile needs, without
 // the window and host of every cell.
 struct SampleTotals {
-  std::vector<StackCount> stacks;  // one entry per stack that has a cell; in no fixed order
+  // One entry per stack that has a cell, heaviest first, then by stack ID (stack_counts.h).
+  std::vector<StackCount> stacks;
   std::vector<std::string> hosts;  // hosts that have a cell, sorted
   std::vector<uint64_t> host_samples;  // samples of each of `hosts`
 };

@@ -203,7 +203,7 @@ absl::Status Rollups::RollService(const std::string& service, ServiceState& stat
                       kHourMs, seal);
     if (!cells.ok()) return cells.status();
     for (int64_t h = state.seal.hour_ms; h < hour_to; h += kHourMs) {
-      blocks_->hours.Invalidate(CellPrefix(service, static_cast<uint64_t>(h)));
+      blocks_->InvalidateHour(service, h);
     }
     state.seal = seal;
     stats->hour_cells += *cells;

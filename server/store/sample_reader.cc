@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "common/base/saturating.h"
 #include "server/store/block_cache.h"
 #include "server/store/cell_cursor.h"
@@ -15,6 +16,7 @@
 #include "server/store/db.h"
 #include "server/store/rollup_plan.h"
 #include "server/store/rollups.h"
+#include "server/store/stack_counts.h"
 
 namespace strata::server::store {
 namespace {
@@ -40,6 +42,20 @@ absl::StatusOr<std::string> QueryScope(const SampleQuery& query) {
     }
   }
   return scope;
+}
+
+// Pieces of fewer whole hours are merged from their blocks every time: spans pay for long
+// ranges, where hundreds of blocks share most of their stacks.
+constexpr int64_t kMinSpanHours = 8;
+
+// The label sets `query` selects, as part of a span's key: empty for all.
+std::string SelectionKey(const SampleQuery& query) {
+  if (!query.label_sets) return "";
+  std::vector<uint64_t> ids(query.label_sets->begin(), query.label_sets->end());
+  std::sort(ids.begin(), ids.end());
+  std::string key = "sets:";
+  for (uint64_t id : ids) absl::StrAppend(&key, id, ",");
+  return key;
 }
 
 }  // namespace
@@ -265,6 +281,40 @@ struct SampleReader::Impl {
     }
     return absl::OkStatus();
   }
+
+  // Whether the whole hours [from, to) of a query of every host are read through a span.
+  bool SpanWorthy(int64_t from, int64_t to) {
+    if (!blocks->spans.enabled() || !blocks->hours.enabled()) return false;
+    if (to - from < kMinSpanHours * kHourMs) return false;
+    // As for blocks: hours past retention may go with any compaction.
+    return retention.hour_ms <= 0 || from >= now_ms() - retention.hour_ms;
+  }
+
+  // The hours [from, to) of `scope` for the label sets `query` selects, every host.
+  absl::StatusOr<std::shared_ptr<const RollupSpan>> HourSpan(const std::string& scope,
+                                                             int64_t from, int64_t to,
+                                                             const SampleQuery& query) {
+    const std::string selection = SelectionKey(query);
+    uint64_t generation = 0;
+    if (auto span = blocks->spans.Lookup(scope, from, to, selection, &generation)) return span;
+    SampleQuery every_host;
+    every_host.label_sets = query.label_sets;
+    Totals sums;
+    absl::Status s = SumBlocks(Column::kRollupHour, scope, from, to, every_host, &sums);
+    if (!s.ok()) return s;
+    auto span = std::make_shared<RollupSpan>();
+    span->stacks.reserve(sums.counts.size());
+    for (const auto& [stack_id, count] : sums.counts) span->stacks.push_back({stack_id, count});
+    SortHeavierFirst(&span->stacks);
+    std::vector<std::pair<std::string, uint64_t>> hosts(sums.hosts.begin(), sums.hosts.end());
+    std::sort(hosts.begin(), hosts.end());
+    for (auto& [host, samples] : hosts) {
+      span->hosts.push_back(std::move(host));
+      span->host_samples.push_back(samples);
+    }
+    blocks->spans.Insert(scope, from, to, selection, generation, span);
+    return span;
+  }
 };
 
 SampleReader::SampleReader(const Database* db, RollupBlocks* blocks, const Rollups* rollups,
@@ -293,9 +343,19 @@ absl::StatusOr<SampleTotals> SampleReader::SumSamples(const SampleQuery& query) 
   if (!scope.ok()) return scope.status();
   const int64_t from = std::max<int64_t>(query.from_ms, 0);
   Totals totals;
+  std::shared_ptr<const RollupSpan> span;  // the whole hours, when read as one span
+  const bool every_host = !query.host && !query.hosts;
   const RollupSeal seal = impl_->rollups->Seal(query.service);
   for (const Piece& piece : PlanPieces(query, from, query.to_ms, /*whole_hours=*/true, seal)) {
     if (piece.from >= piece.to) continue;
+    if (piece.column == Column::kRollupHour && every_host && span == nullptr &&
+        impl_->SpanWorthy(piece.from, piece.to)) {
+      absl::StatusOr<std::shared_ptr<const RollupSpan>> read =
+          impl_->HourSpan(*scope, piece.from, piece.to, query);
+      if (!read.ok()) return read.status();
+      span = *std::move(read);
+      continue;
+    }
     const bool rollup =
         piece.column == Column::kRollupHour || piece.column == Column::kRollupMinute;
     absl::Status s =
@@ -305,8 +365,17 @@ absl::StatusOr<SampleTotals> SampleReader::SumSamples(const SampleQuery& query) 
     if (!s.ok()) return s;
   }
   SampleTotals out;
-  out.stacks.reserve(totals.counts.size());
-  for (const auto& [stack_id, count] : totals.counts) out.stacks.push_back({stack_id, count});
+  if (span != nullptr) {
+    // The edges of the range (a few thousand stacks) go into the span's sorted list.
+    if (!query.hosts_only) out.stacks = AddToSorted(span->stacks, totals.counts);
+    for (size_t i = 0; i < span->hosts.size(); ++i) {
+      base::SaturatingAddTo(totals.hosts[span->hosts[i]], span->host_samples[i]);
+    }
+  } else {
+    out.stacks.reserve(totals.counts.size());
+    for (const auto& [stack_id, count] : totals.counts) out.stacks.push_back({stack_id, count});
+    SortHeavierFirst(&out.stacks);
+  }
   std::vector<std::pair<std::string, uint64_t>> hosts(totals.hosts.begin(), totals.hosts.end());
   std::sort(hosts.begin(), hosts.end());
   for (auto& [host, samples] : hosts) {

@@ -30,8 +30,9 @@
 //              after it
 //              SumSamples keeps each (service, hour) of rollup_1h and each (service,
 //              minute) of rollup_1m summed per (host, stack) in memory
-//              (StoreOptions::hour_block_cache_bytes); a commit adding samples to an hour
-//              or minute drops its aggregate
+//              (StoreOptions::hour_block_cache_bytes), and the whole hours of a few long
+//              ranges summed (spans); a commit adding samples to an hour or minute drops
+//              its aggregate and the spans holding it
 //   meta       agents, per-agent applied batch sequence, per-agent call graph records,
 //              phase-change events, capture metadata, label sets (content-addressed IDs,
 //              like stacks) and the label sets each service uses, agents' unwinding
@@ -113,6 +114,10 @@ struct StoreStats {
   uint64_t minute_block_hits = 0;
   uint64_t minute_block_misses = 0;
   uint64_t minute_block_bytes = 0;
+  // Runs of whole hours of long ranges served from one span / merged from their hours.
+  uint64_t hour_span_hits = 0;
+  uint64_t hour_span_misses = 0;
+  uint64_t hour_span_bytes = 0;
   // RocksDB memory: memtables of all column families, the shared block cache in use, and
   // index and filter blocks of open files.
   uint64_t memtable_bytes = 0;

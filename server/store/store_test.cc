@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "rocksdb/db.h"
 #include "server/store/codec.h"
+#include "server/store/stack_counts.h"
 
 namespace strata::server::store {
 namespace {
@@ -1165,6 +1166,102 @@ TEST_F(SumSamplesTest, ConcurrentLateWritesNeverLeaveAStaleBlock) {
   while (!done) Sum(q);
   writer.join();
   ExpectSame(q);  // whatever was cached while writing, the final answer is fresh
+}
+
+// Twelve hours of "svc" but for hour 5, with label sets 0 and 7, rolled up: long enough
+// for spans.
+void FillTwelveHours(Store* store) {
+  WriteBatch batch;
+  for (int64_t w = 0; w < 12 * 3'600'000; w += 60'000) {
+    if (w / 3'600'000 == 5) continue;
+    const int64_t i = w / 60'000;
+    batch.AddSamples("svc", w, i % 2 ? "a" : "b", 1 + i % 7, 1 + i % 3, i % 5 == 0 ? 7 : 0);
+  }
+  ASSERT_TRUE(store->Commit(&batch).ok());
+  ASSERT_TRUE(store->RollUp(12 * 3'600'000).ok());
+}
+
+TEST_F(SumSamplesTest, LongRangesReadTheirWholeHoursAsOneSpan) {
+  FillTwelveHours(store_.get());
+  // Hours 1 to 10 whole, minute and raw edges on both sides.
+  const SampleQuery q{"svc", kHour - 25'000, 11 * kHour + 95'000, std::nullopt, std::nullopt,
+                      Resolution::kAuto};
+  ExpectSame(q);
+  EXPECT_EQ(store_->Stats().hour_span_misses, 1u);
+  const uint64_t blocks = store_->Stats().hour_block_hits + store_->Stats().hour_block_misses;
+  EXPECT_EQ(blocks, 10u);  // hours 1 to 10 looked up once each
+  ExpectSame(q);
+  EXPECT_EQ(store_->Stats().hour_span_hits, 1u);
+  EXPECT_EQ(store_->Stats().hour_block_hits + store_->Stats().hour_block_misses, blocks);
+  EXPECT_GT(store_->Stats().hour_span_bytes, 0u);
+  // Heaviest first, as SumSamples returns them whether from a span or not.
+  for (int64_t to : {11 * kHour + 95'000, 2 * kHour}) {
+    absl::StatusOr<SampleTotals> raw = store_->samples().SumSamples({"svc", 0, to});
+    ASSERT_TRUE(raw.ok()) << raw.status();
+    EXPECT_TRUE(std::is_sorted(raw->stacks.begin(), raw->stacks.end(), HeavierFirst));
+  }
+  // One host, some label sets, hosts only: exact whether a span serves them or not.
+  SampleQuery one_host = q;
+  one_host.host = "a";
+  ExpectSame(one_host);
+  SampleQuery labelled = q;
+  labelled.label_sets = absl::flat_hash_set<uint64_t>{7};
+  ExpectSame(labelled);
+  ExpectSame(labelled);
+  EXPECT_EQ(store_->Stats().hour_span_hits, 2u);  // kept apart from the unlabelled span
+  SampleQuery hosts_only = labelled;
+  hosts_only.hosts_only = true;
+  const SampleTotals want = Expected(hosts_only), got = Sum(hosts_only);
+  EXPECT_TRUE(got.stacks.empty());
+  EXPECT_EQ(got.hosts, want.hosts);
+  EXPECT_EQ(got.host_samples, want.host_samples);
+  EXPECT_EQ(store_->Stats().hour_span_hits, 3u);
+  // Fewer whole hours than a span is kept for: merged from the blocks.
+  ExpectSame({"svc", kHour, 5 * kHour, std::nullopt, std::nullopt, Resolution::kAuto});
+  EXPECT_EQ(store_->Stats().hour_span_misses, 2u);
+}
+
+TEST_F(SumSamplesTest, LateWritesToAnHourOfASpanDropIt) {
+  FillTwelveHours(store_.get());
+  const SampleQuery q{"svc", 0, 12 * kHour, std::nullopt, std::nullopt, Resolution::kAuto};
+  Sum(q);
+  Sum(q);
+  EXPECT_EQ(store_->Stats().hour_span_hits, 1u);
+  // Another service's hour, or one after the span, leaves it.
+  WriteBatch other;
+  other.AddSamples("svc2", 3 * kHour, "a", 1, 1);
+  other.AddSamples("svc", 12 * kHour, "a", 1, 1);
+  CommitOk(&other);
+  Sum(q);
+  EXPECT_EQ(store_->Stats().hour_span_hits, 2u);
+  // A late sample in hour 3, then one in the hour that had none.
+  for (int64_t window : {3 * kHour + 20'000, 5 * kHour + 40'000}) {
+    WriteBatch late;
+    late.AddSamples("svc", window, "d", 99, 5);
+    CommitOk(&late);
+    ExpectSame(q);
+    SampleTotals t = Sum(q);
+    EXPECT_EQ(t.hosts, (std::vector<std::string>{"a", "b", "d"}));
+  }
+  EXPECT_EQ(store_->Stats().hour_span_hits, 4u);
+  EXPECT_EQ(store_->Stats().hour_span_misses, 3u);
+}
+
+TEST_F(SumSamplesTest, ConcurrentLateWritesNeverLeaveAStaleSpan) {
+  FillTwelveHours(store_.get());
+  const SampleQuery q{"svc", 0, 12 * kHour, std::nullopt, std::nullopt, Resolution::kHour};
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    for (int i = 0; i < 200; ++i) {
+      WriteBatch batch;
+      batch.AddSamples("svc", (i % 12) * kHour + 10'000, "a", 1, 1);
+      ASSERT_TRUE(store_->Commit(&batch).ok());
+    }
+    done = true;
+  });
+  while (!done) Sum(q);
+  writer.join();
+  ExpectSame(q);  // whatever was kept while writing, the final answer is fresh
 }
 
 TEST_F(SumSamplesTest, DisabledCacheAndSmallCacheStayExact) {
