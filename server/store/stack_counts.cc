@@ -9,8 +9,10 @@ namespace strata::server::store {
 
 void SortHeavierFirst(std::vector<StackCount>* stacks) {
   // A lambda, not the function's address: the comparison is inlined.
-  base::SortOnTwoThreads(stacks->begin(), stacks->end(),
-                         [](const StackCount& a, const StackCount& b) { return HeavierFirst(a, b); });
+  auto heavier_first = [](const StackCount& a, const StackCount& b) {
+    return HeavierFirst(a, b);
+  };
+  base::SortOnTwoThreads(stacks->begin(), stacks->end(), heavier_first);
 }
 
 std::vector<StackCount> AddToSorted(const std::vector<StackCount>& sorted,
