@@ -148,9 +148,10 @@ class BlockCache {
 // Sums of long runs of whole hours ("spans"): a range's hour blocks merged, stacks in
 // SumSamples' order (stack_counts.h). A week's query then costs a copy of its span plus its
 // edges, not the merge of 168 blocks and a sort of 100,000 stacks; the span stays valid for
-// the hour a "last 7 days" range keeps its whole hours. Kept per (scope, hours, label sets
-// selected), for queries of every host. A span goes with any hour it covers (a late commit),
-// and a build racing with such a commit is not kept: the generation scheme of BlockCache.
+// the hour a "last 7 days" range keeps its whole hours. Kept per (scope, hours, hosts and label
+// sets selected: a cluster node's share of its hosts is a selection of its own). A span goes
+// with any hour it covers (a late commit), and a build racing with such a commit is not kept:
+// the generation scheme of BlockCache.
 struct RollupSpan {
   std::vector<StackCount> stacks;  // HeavierFirst order
   std::vector<std::string> hosts;  // sorted
@@ -170,8 +171,8 @@ class SpanCache {
 
   bool enabled() const { return capacity_ > 0; }
 
-  // The span of hours [from, to) of `scope` for the label sets `selection` names (empty:
-  // all), or null with *generation set for a later Insert.
+  // The span of hours [from, to) of `scope` for the hosts and label sets `selection` names
+  // (empty: all), or null with *generation set for a later Insert.
   std::shared_ptr<const RollupSpan> Lookup(const std::string& scope, int64_t from, int64_t to,
                                            const std::string& selection,
                                            uint64_t* generation) {

@@ -48,13 +48,30 @@ absl::StatusOr<std::string> QueryScope(const SampleQuery& query) {
 // ranges, where hundreds of blocks share most of their stacks.
 constexpr int64_t kMinSpanHours = 8;
 
-// The label sets `query` selects, as part of a span's key: empty for all.
+// The hosts and label sets `query` selects, as part of a span's key: empty for all. Host
+// names hold no NUL (QueryScope), which ends each.
 std::string SelectionKey(const SampleQuery& query) {
-  if (!query.label_sets) return "";
-  std::vector<uint64_t> ids(query.label_sets->begin(), query.label_sets->end());
-  std::sort(ids.begin(), ids.end());
-  std::string key = "sets:";
-  for (uint64_t id : ids) absl::StrAppend(&key, id, ",");
+  std::string key;
+  if (query.host) {
+    key += "host:";
+    key += *query.host;
+    key.push_back('\0');
+  }
+  if (query.hosts) {
+    std::vector<std::string_view> hosts(query.hosts->begin(), query.hosts->end());
+    std::sort(hosts.begin(), hosts.end());
+    key += "hosts:";
+    for (std::string_view h : hosts) {
+      key += h;
+      key.push_back('\0');
+    }
+  }
+  if (query.label_sets) {
+    std::vector<uint64_t> ids(query.label_sets->begin(), query.label_sets->end());
+    std::sort(ids.begin(), ids.end());
+    key += "sets:";
+    for (uint64_t id : ids) absl::StrAppend(&key, id, ",");
+  }
   return key;
 }
 
@@ -282,7 +299,7 @@ struct SampleReader::Impl {
     return absl::OkStatus();
   }
 
-  // Whether the whole hours [from, to) of a query of every host are read through a span.
+  // Whether a query's whole hours [from, to) are read through a span.
   bool SpanWorthy(int64_t from, int64_t to) {
     if (!blocks->spans.enabled() || !blocks->hours.enabled()) return false;
     if (to - from < kMinSpanHours * kHourMs) return false;
@@ -290,17 +307,19 @@ struct SampleReader::Impl {
     return retention.hour_ms <= 0 || from >= now_ms() - retention.hour_ms;
   }
 
-  // The hours [from, to) of `scope` for the label sets `query` selects, every host.
+  // The hours [from, to) of `scope` for the hosts and label sets `query` selects.
   absl::StatusOr<std::shared_ptr<const RollupSpan>> HourSpan(const std::string& scope,
                                                              int64_t from, int64_t to,
                                                              const SampleQuery& query) {
     const std::string selection = SelectionKey(query);
     uint64_t generation = 0;
     if (auto span = blocks->spans.Lookup(scope, from, to, selection, &generation)) return span;
-    SampleQuery every_host;
-    every_host.label_sets = query.label_sets;
+    SampleQuery selected;  // what SumBlocks reads of the query: its selection
+    selected.host = query.host;
+    selected.hosts = query.hosts;
+    selected.label_sets = query.label_sets;
     Totals sums;
-    absl::Status s = SumBlocks(Column::kRollupHour, scope, from, to, every_host, &sums);
+    absl::Status s = SumBlocks(Column::kRollupHour, scope, from, to, selected, &sums);
     if (!s.ok()) return s;
     auto span = std::make_shared<RollupSpan>();
     span->stacks.reserve(sums.counts.size());
@@ -344,11 +363,10 @@ absl::StatusOr<SampleTotals> SampleReader::SumSamples(const SampleQuery& query) 
   const int64_t from = std::max<int64_t>(query.from_ms, 0);
   Totals totals;
   std::shared_ptr<const RollupSpan> span;  // the whole hours, when read as one span
-  const bool every_host = !query.host && !query.hosts;
   const RollupSeal seal = impl_->rollups->Seal(query.service);
   for (const Piece& piece : PlanPieces(query, from, query.to_ms, /*whole_hours=*/true, seal)) {
     if (piece.from >= piece.to) continue;
-    if (piece.column == Column::kRollupHour && every_host && span == nullptr &&
+    if (piece.column == Column::kRollupHour && span == nullptr &&
         impl_->SpanWorthy(piece.from, piece.to)) {
       absl::StatusOr<std::shared_ptr<const RollupSpan>> read =
           impl_->HourSpan(*scope, piece.from, piece.to, query);

@@ -46,8 +46,8 @@ class SampleReader {
   // rollup, and whole minutes likewise from the minute rollup: filled on first read, dropped
   // by any commit that adds samples to that hour or minute, so results always equal a fresh
   // scan. Long ranges then cost one merge per hour instead of one RocksDB cell per (hour,
-  // host, stack), and short ones one merge per minute. A query of every host over many whole
-  // hours reads them as one span (block_cache.h), kept until one of its hours changes.
+  // host, stack), and short ones one merge per minute. A query over many whole hours reads
+  // them as one span (block_cache.h), kept until one of its hours changes.
   absl::StatusOr<SampleTotals> SumSamples(const SampleQuery& query);
 
   absl::StatusOr<std::vector<ServiceSummary>> ListServices();

@@ -1200,25 +1200,32 @@ TEST_F(SumSamplesTest, LongRangesReadTheirWholeHoursAsOneSpan) {
     ASSERT_TRUE(raw.ok()) << raw.status();
     EXPECT_TRUE(std::is_sorted(raw->stacks.begin(), raw->stacks.end(), HeavierFirst));
   }
-  // One host, some label sets, hosts only: exact whether a span serves them or not.
+  // One host, a set of hosts, some label sets, hosts only: each selection a span of its own,
+  // read twice.
   SampleQuery one_host = q;
   one_host.host = "a";
-  ExpectSame(one_host);
+  SampleQuery some_hosts = q;
+  some_hosts.hosts.emplace({"b", "zz"});
   SampleQuery labelled = q;
   labelled.label_sets = absl::flat_hash_set<uint64_t>{7};
-  ExpectSame(labelled);
-  ExpectSame(labelled);
-  EXPECT_EQ(store_->Stats().hour_span_hits, 2u);  // kept apart from the unlabelled span
+  SampleQuery labelled_host = labelled;
+  labelled_host.host = "b";
+  for (const SampleQuery& selected : {one_host, some_hosts, labelled, labelled_host}) {
+    ExpectSame(selected);
+    ExpectSame(selected);
+  }
+  EXPECT_EQ(store_->Stats().hour_span_misses, 5u);
+  EXPECT_EQ(store_->Stats().hour_span_hits, 5u);
   SampleQuery hosts_only = labelled;
   hosts_only.hosts_only = true;
   const SampleTotals want = Expected(hosts_only), got = Sum(hosts_only);
   EXPECT_TRUE(got.stacks.empty());
   EXPECT_EQ(got.hosts, want.hosts);
   EXPECT_EQ(got.host_samples, want.host_samples);
-  EXPECT_EQ(store_->Stats().hour_span_hits, 3u);
+  EXPECT_EQ(store_->Stats().hour_span_hits, 6u);  // the labelled query's span
   // Fewer whole hours than a span is kept for: merged from the blocks.
   ExpectSame({"svc", kHour, 5 * kHour, std::nullopt, std::nullopt, Resolution::kAuto});
-  EXPECT_EQ(store_->Stats().hour_span_misses, 2u);
+  EXPECT_EQ(store_->Stats().hour_span_misses, 5u);
 }
 
 TEST_F(SumSamplesTest, LateWritesToAnHourOfASpanDropIt) {
