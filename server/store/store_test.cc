@@ -1016,6 +1016,23 @@ class SumSamplesTest : public StoreTest {
     EXPECT_EQ(got.hosts, want.hosts) << q.from_ms << ".." << q.to_ms;
     EXPECT_EQ(got.host_samples, want.host_samples) << q.from_ms << ".." << q.to_ms;
   }
+  // Sums `q` (whole hours) over and over while another thread commits late samples to each
+  // of its hours in turn; whatever was kept meanwhile, the final answer is fresh.
+  void SumWhileWritingLate(const SampleQuery& q) {
+    const int64_t hours = q.to_ms / kHour;
+    std::atomic<bool> done{false};
+    std::thread writer([&] {
+      for (int i = 0; i < 200; ++i) {
+        WriteBatch batch;
+        batch.AddSamples("svc", (i % hours) * kHour + 10'000, "a", 1, 1);
+        ASSERT_TRUE(store_->Commit(&batch).ok());
+      }
+      done = true;
+    });
+    while (!done) Sum(q);
+    writer.join();
+    ExpectSame(q);
+  }
   // Four hours of two services; with `roll`, rolled up as the server's roller would have.
   void Fill(bool roll = true) {
     WriteBatch batch;
@@ -1153,19 +1170,7 @@ TEST_F(SumSamplesTest, MinutesPastRetentionAreNotKeptInMemory) {
 
 TEST_F(SumSamplesTest, ConcurrentLateWritesNeverLeaveAStaleBlock) {
   Fill();
-  const SampleQuery q{"svc", 0, 4 * kHour, std::nullopt, std::nullopt, Resolution::kHour};
-  std::atomic<bool> done{false};
-  std::thread writer([&] {
-    for (int i = 0; i < 200; ++i) {
-      WriteBatch batch;
-      batch.AddSamples("svc", (i % 4) * kHour + 10'000, "a", 1, 1);
-      ASSERT_TRUE(store_->Commit(&batch).ok());
-    }
-    done = true;
-  });
-  while (!done) Sum(q);
-  writer.join();
-  ExpectSame(q);  // whatever was cached while writing, the final answer is fresh
+  SumWhileWritingLate({"svc", 0, 4 * kHour, std::nullopt, std::nullopt, Resolution::kHour});
 }
 
 // Twelve hours of "svc" but for hour 5, with label sets 0 and 7, rolled up: long enough
@@ -1256,19 +1261,7 @@ TEST_F(SumSamplesTest, LateWritesToAnHourOfASpanDropIt) {
 
 TEST_F(SumSamplesTest, ConcurrentLateWritesNeverLeaveAStaleSpan) {
   FillTwelveHours(store_.get());
-  const SampleQuery q{"svc", 0, 12 * kHour, std::nullopt, std::nullopt, Resolution::kHour};
-  std::atomic<bool> done{false};
-  std::thread writer([&] {
-    for (int i = 0; i < 200; ++i) {
-      WriteBatch batch;
-      batch.AddSamples("svc", (i % 12) * kHour + 10'000, "a", 1, 1);
-      ASSERT_TRUE(store_->Commit(&batch).ok());
-    }
-    done = true;
-  });
-  while (!done) Sum(q);
-  writer.join();
-  ExpectSame(q);  // whatever was kept while writing, the final answer is fresh
+  SumWhileWritingLate({"svc", 0, 12 * kHour, std::nullopt, std::nullopt, Resolution::kHour});
 }
 
 TEST_F(SumSamplesTest, DisabledCacheAndSmallCacheStayExact) {
