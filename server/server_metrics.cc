@@ -397,8 +397,8 @@ http::HttpResponse RenderMetrics(const http::HttpServer* http, store::Store* sto
   gauge("strata_memory_minute_block_bytes",
         "In-memory minute aggregates for the edges of ranges and short queries.",
         st.minute_block_bytes);
-  gauge("strata_memory_hour_span_bytes",
-        "In-memory sums of the whole hours of recent long queries.", st.hour_span_bytes);
+  gauge("strata_memory_span_bytes",
+        "In-memory sums of the whole hours or minutes of recent queries.", st.span_bytes);
   counter("strata_store_write_errors_total",
           "Writes the store refused (disk full, I/O errors): those batches were not "
           "acknowledged and come again.", st.write_errors);

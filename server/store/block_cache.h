@@ -1,8 +1,9 @@
 // Internal to server/store: rollup blocks, the hour (minute) rollup of one (service, hour
-// (minute)) summed per (host, stack) in memory, spans, runs of whole hours summed, and their
-// caches (StoreOptions::hour_block_cache_bytes). The SampleReader fills and reads them;
-// Store::Commit drops the hours, minutes and spans a commit adds samples to. Whole hours are
-// most of a long range; whole minutes are the edges of every range and all of a short one.
+// (minute)) summed per (host, stack) in memory, spans, runs of whole hours or whole minutes
+// summed, and their caches (StoreOptions::hour_block_cache_bytes). The SampleReader fills and
+// reads them; Store::Commit drops the hours, minutes and spans a commit adds samples to. Whole
+// hours are most of a long range; whole minutes are the edges of every range and all of a
+// short one.
 #ifndef STRATA_SERVER_STORE_BLOCK_CACHE_H_
 #define STRATA_SERVER_STORE_BLOCK_CACHE_H_
 
@@ -145,12 +146,13 @@ class BlockCache {
   uint64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Sums of long runs of whole hours ("spans"): a range's hour blocks merged, stacks in
-// SumSamples' order (stack_counts.h). A week's query then costs a copy of its span plus its
-// edges, not the merge of 168 blocks and a sort of 100,000 stacks; the span stays valid for
-// the hour a "last 7 days" range keeps its whole hours. Kept per (scope, hours, hosts and label
-// sets selected: a cluster node's share of its hosts is a selection of its own). A span goes
-// with any hour it covers (a late commit), and a build racing with such a commit is not kept:
+// Sums of long runs of whole hours or whole minutes ("spans"): a range's hour (minute) blocks
+// merged, stacks in SumSamples' order (stack_counts.h). A week's query then costs a copy of
+// its span plus its edges, not the merge of 168 blocks and a sort of 100,000 stacks; the span
+// stays valid for the hour a "last 7 days" range keeps its whole hours (the minute a "last
+// hour" range keeps its whole minutes). Kept per (scope, window range, hosts and label sets
+// selected: a cluster node's share of its hosts is a selection of its own). A span goes with
+// any window it covers (a late commit), and a build racing with such a commit is not kept:
 // the generation scheme of BlockCache.
 struct RollupSpan {
   std::vector<StackCount> stacks;  // HeavierFirst order
@@ -171,7 +173,7 @@ class SpanCache {
 
   bool enabled() const { return capacity_ > 0; }
 
-  // The span of hours [from, to) of `scope` for the hosts and label sets `selection` names
+  // The span of windows [from, to) of `scope` for the hosts and label sets `selection` names
   // (empty: all), or null with *generation set for a later Insert.
   std::shared_ptr<const RollupSpan> Lookup(const std::string& scope, int64_t from, int64_t to,
                                            const std::string& selection,
@@ -218,13 +220,13 @@ class SpanCache {
     }
   }
 
-  // Drops the spans of `scope` holding the hour starting at `hour` (and voids their builds).
-  void Invalidate(const std::string& scope, int64_t hour) {
+  // Drops the spans of `scope` overlapping [from, to) (and voids their builds).
+  void Invalidate(const std::string& scope, int64_t from, int64_t to) {
     absl::MutexLock lock(&mu_);
     auto s = scopes_.find(scope);
     if (s == scopes_.end()) return;
     std::erase_if(s->second, [&](const Entry& e) {
-      if (hour < e.from || hour >= e.to) return false;
+      if (to <= e.from || from >= e.to) return false;
       bytes_ -= e.bytes;
       --count_;
       return true;
@@ -294,9 +296,9 @@ class SpanCache {
   uint64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// The blocks of both rollups and the spans of hours: a budget shared out between hours (most
-// of it: long ranges hold many), minutes (a range's edges, or all of a range under an hour or
-// two) and spans (a few long ranges, each as large as its hours' distinct stacks).
+// The blocks of both rollups and the spans: a budget shared out between hours (most of it:
+// long ranges hold many), minutes (a range's edges, or all of a range under an hour or two)
+// and spans (a few ranges being looked at, each as large as its windows' distinct stacks).
 struct RollupBlocks {
   explicit RollupBlocks(size_t capacity_bytes)
       : hours(capacity_bytes - capacity_bytes / 8 - capacity_bytes / 8),
@@ -304,10 +306,17 @@ struct RollupBlocks {
         spans(capacity_bytes / 8) {}
 
   BlockCache& Of(Column rollup) { return rollup == Column::kRollupHour ? hours : minutes; }
-  // A commit or roll-up changed the hour starting at `hour` of `service`.
+  // A commit added samples to the minute starting at `minute` of `service`: its block, its
+  // hour's, and the spans holding that minute (spans of the live hour's other minutes stay).
+  void InvalidateMinute(const std::string& service, int64_t minute) {
+    minutes.Invalidate(CellPrefix(service, static_cast<uint64_t>(minute)));
+    hours.Invalidate(CellPrefix(service, static_cast<uint64_t>(minute - minute % kHourMs)));
+    spans.Invalidate(service, minute, minute + kMinuteMs);
+  }
+  // A roll-up rewrote the hour starting at `hour` of `service`.
   void InvalidateHour(const std::string& service, int64_t hour) {
     hours.Invalidate(CellPrefix(service, static_cast<uint64_t>(hour)));
-    spans.Invalidate(service, hour);
+    spans.Invalidate(service, hour, hour + kHourMs);
   }
   void Clear() {
     hours.Clear();

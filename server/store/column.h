@@ -3,6 +3,8 @@
 #ifndef STRATA_SERVER_STORE_COLUMN_H_
 #define STRATA_SERVER_STORE_COLUMN_H_
 
+#include <cstdint>
+
 namespace strata::server::store {
 
 enum class Column {
@@ -16,6 +18,10 @@ enum class Column {
   kRollupHour,
   kJournal
 };
+
+// Windows of the minute and hour rollups.
+inline constexpr int64_t kMinuteMs = 60'000;
+inline constexpr int64_t kHourMs = 3'600'000;
 
 }  // namespace strata::server::store
 

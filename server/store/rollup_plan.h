@@ -12,10 +12,6 @@
 
 namespace strata::server::store {
 
-// Windows of the minute and hour rollups.
-inline constexpr int64_t kMinuteMs = 60'000;
-inline constexpr int64_t kHourMs = 3'600'000;
-
 // A part of a query's range read from one column family.
 struct Piece {
   Column column;

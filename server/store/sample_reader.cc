@@ -44,9 +44,10 @@ absl::StatusOr<std::string> QueryScope(const SampleQuery& query) {
   return scope;
 }
 
-// Pieces of fewer whole hours are merged from their blocks every time: spans pay for long
-// ranges, where hundreds of blocks share most of their stacks.
+// Pieces of fewer whole windows are merged from their blocks every time: spans pay for
+// pieces of many blocks that share most of their stacks (a week's hours, an hour's minutes).
 constexpr int64_t kMinSpanHours = 8;
+constexpr int64_t kMinSpanMinutes = 30;
 
 // The hosts and label sets `query` selects, as part of a span's key: empty for all. Host
 // names hold no NUL (QueryScope), which ends each.
@@ -299,18 +300,25 @@ struct SampleReader::Impl {
     return absl::OkStatus();
   }
 
-  // Whether a query's whole hours [from, to) are read through a span.
-  bool SpanWorthy(int64_t from, int64_t to) {
-    if (!blocks->spans.enabled() || !blocks->hours.enabled()) return false;
-    if (to - from < kMinSpanHours * kHourMs) return false;
-    // As for blocks: hours past retention may go with any compaction.
-    return retention.hour_ms <= 0 || from >= now_ms() - retention.hour_ms;
+  // Whether a query's piece of rollup `column`, whole windows [from, to), is read through a
+  // span.
+  bool SpanWorthy(Column column, int64_t from, int64_t to) {
+    const bool hours = column == Column::kRollupHour;
+    if (!blocks->spans.enabled() || !blocks->Of(column).enabled()) return false;
+    const int64_t unit = hours ? kHourMs : kMinuteMs;
+    if (from % unit != 0 || to % unit != 0) return false;  // a fixed resolution's own range
+    if (to - from < (hours ? kMinSpanHours : kMinSpanMinutes) * unit) return false;
+    // As for blocks: windows past retention may go with any compaction.
+    const int64_t retention_ms = hours ? retention.hour_ms : retention.minute_ms;
+    return retention_ms <= 0 || from >= now_ms() - retention_ms;
   }
 
-  // The hours [from, to) of `scope` for the hosts and label sets `query` selects.
-  absl::StatusOr<std::shared_ptr<const RollupSpan>> HourSpan(const std::string& scope,
-                                                             int64_t from, int64_t to,
-                                                             const SampleQuery& query) {
+  // The windows [from, to) of rollup `column` of `scope` for the hosts and label sets `query`
+  // selects.
+  absl::StatusOr<std::shared_ptr<const RollupSpan>> Span(Column column, const std::string& scope,
+                                                         int64_t from, int64_t to,
+                                                         const SampleQuery& query) {
+    // An hour span and a minute span of the same hours hold the same sums: one may serve both.
     const std::string selection = SelectionKey(query);
     uint64_t generation = 0;
     if (auto span = blocks->spans.Lookup(scope, from, to, selection, &generation)) return span;
@@ -319,7 +327,7 @@ struct SampleReader::Impl {
     selected.hosts = query.hosts;
     selected.label_sets = query.label_sets;
     Totals sums;
-    absl::Status s = SumBlocks(Column::kRollupHour, scope, from, to, selected, &sums);
+    absl::Status s = SumBlocks(column, scope, from, to, selected, &sums);
     if (!s.ok()) return s;
     auto span = std::make_shared<RollupSpan>();
     span->stacks.reserve(sums.counts.size());
@@ -362,33 +370,42 @@ absl::StatusOr<SampleTotals> SampleReader::SumSamples(const SampleQuery& query) 
   if (!scope.ok()) return scope.status();
   const int64_t from = std::max<int64_t>(query.from_ms, 0);
   Totals totals;
-  std::shared_ptr<const RollupSpan> span;  // the whole hours, when read as one span
+  // The range's spans (its whole hours, its minutes at either side); the largest is copied,
+  // the others are added to `totals` with the range's other pieces.
+  std::vector<std::shared_ptr<const RollupSpan>> spans;
   const RollupSeal seal = impl_->rollups->Seal(query.service);
   for (const Piece& piece : PlanPieces(query, from, query.to_ms, /*whole_hours=*/true, seal)) {
     if (piece.from >= piece.to) continue;
-    if (piece.column == Column::kRollupHour && span == nullptr &&
-        impl_->SpanWorthy(piece.from, piece.to)) {
-      absl::StatusOr<std::shared_ptr<const RollupSpan>> read =
-          impl_->HourSpan(*scope, piece.from, piece.to, query);
-      if (!read.ok()) return read.status();
-      span = *std::move(read);
-      continue;
-    }
     const bool rollup =
         piece.column == Column::kRollupHour || piece.column == Column::kRollupMinute;
+    if (rollup && impl_->SpanWorthy(piece.column, piece.from, piece.to)) {
+      absl::StatusOr<std::shared_ptr<const RollupSpan>> read =
+          impl_->Span(piece.column, *scope, piece.from, piece.to, query);
+      if (!read.ok()) return read.status();
+      spans.push_back(*std::move(read));
+      continue;
+    }
     absl::Status s =
         rollup && impl_->blocks->Of(piece.column).enabled()
             ? impl_->SumBlocks(piece.column, *scope, piece.from, piece.to, query, &totals)
             : impl_->SumCells(piece.column, *scope, piece.from, piece.to, query, &totals);
     if (!s.ok()) return s;
   }
-  SampleTotals out;
-  if (span != nullptr) {
-    // The edges of the range (a few thousand stacks) go into the span's sorted list.
-    if (!query.hosts_only) out.stacks = AddToSorted(span->stacks, totals.counts);
+  std::sort(spans.begin(), spans.end(), [](const auto& a, const auto& b) {
+    return a->stacks.size() > b->stacks.size();
+  });
+  for (const std::shared_ptr<const RollupSpan>& span : spans) {
+    if (span != spans.front() && !query.hosts_only) {
+      for (const StackCount& c : span->stacks) totals.counts[c.stack_id] += c.count;
+    }
     for (size_t i = 0; i < span->hosts.size(); ++i) {
       base::SaturatingAddTo(totals.hosts[span->hosts[i]], span->host_samples[i]);
     }
+  }
+  SampleTotals out;
+  if (!spans.empty()) {
+    // The rest of the range (a few thousand stacks) goes into the largest span's sorted list.
+    if (!query.hosts_only) out.stacks = AddToSorted(spans.front()->stacks, totals.counts);
   } else {
     out.stacks.reserve(totals.counts.size());
     for (const auto& [stack_id, count] : totals.counts) out.stacks.push_back({stack_id, count});

@@ -389,9 +389,7 @@ absl::Status Store::Commit(WriteBatch* batch) {
   // After the write is visible (see BlockCache); also after a failed write, which may
   // have been applied before failing to report.
   for (const auto& [service, minute] : rep.touched_minutes) {
-    impl_->blocks->minutes.Invalidate(CellPrefix(service, static_cast<uint64_t>(minute)));
-    // Again for each minute of an hour a batch spans: none, for a batch of one window.
-    impl_->blocks->InvalidateHour(service, minute - minute % kHourMs);
+    impl_->blocks->InvalidateMinute(service, minute);
   }
   if (!status.ok()) return status;
 
@@ -442,9 +440,9 @@ StoreStats Store::Stats() {
   stats.minute_block_misses = minute_blocks.misses;
   stats.minute_block_bytes = minute_blocks.bytes;
   const BlockCache::Counters spans = impl_->blocks->spans.counters();
-  stats.hour_span_hits = spans.hits;
-  stats.hour_span_misses = spans.misses;
-  stats.hour_span_bytes = spans.bytes;
+  stats.span_hits = spans.hits;
+  stats.span_misses = spans.misses;
+  stats.span_bytes = spans.bytes;
   for (rocksdb::ColumnFamilyHandle* h : impl_->database.columns) {
     uint64_t v = 0;
     if (impl_->database.db->GetIntProperty(h, rocksdb::DB::Properties::kSizeAllMemTables, &v)) {

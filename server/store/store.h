@@ -114,10 +114,11 @@ struct StoreStats {
   uint64_t minute_block_hits = 0;
   uint64_t minute_block_misses = 0;
   uint64_t minute_block_bytes = 0;
-  // Runs of whole hours of long ranges served from one span / merged from their hours.
-  uint64_t hour_span_hits = 0;
-  uint64_t hour_span_misses = 0;
-  uint64_t hour_span_bytes = 0;
+  // Runs of whole hours (of long ranges) or whole minutes (of ranges of an hour or more)
+  // served from one span / merged from their blocks.
+  uint64_t span_hits = 0;
+  uint64_t span_misses = 0;
+  uint64_t span_bytes = 0;
   // RocksDB memory: memtables of all column families, the shared block cache in use, and
   // index and filter blocks of open files.
   uint64_t memtable_bytes = 0;

@@ -1192,13 +1192,13 @@ TEST_F(SumSamplesTest, LongRangesReadTheirWholeHoursAsOneSpan) {
   const SampleQuery q{"svc", kHour - 25'000, 11 * kHour + 95'000, std::nullopt, std::nullopt,
                       Resolution::kAuto};
   ExpectSame(q);
-  EXPECT_EQ(store_->Stats().hour_span_misses, 1u);
+  EXPECT_EQ(store_->Stats().span_misses, 1u);
   const uint64_t blocks = store_->Stats().hour_block_hits + store_->Stats().hour_block_misses;
   EXPECT_EQ(blocks, 10u);  // hours 1 to 10 looked up once each
   ExpectSame(q);
-  EXPECT_EQ(store_->Stats().hour_span_hits, 1u);
+  EXPECT_EQ(store_->Stats().span_hits, 1u);
   EXPECT_EQ(store_->Stats().hour_block_hits + store_->Stats().hour_block_misses, blocks);
-  EXPECT_GT(store_->Stats().hour_span_bytes, 0u);
+  EXPECT_GT(store_->Stats().span_bytes, 0u);
   // Heaviest first, as SumSamples returns them whether from a span or not.
   for (int64_t to : {11 * kHour + 95'000, 2 * kHour}) {
     absl::StatusOr<SampleTotals> raw = store_->samples().SumSamples({"svc", 0, to});
@@ -1219,18 +1219,18 @@ TEST_F(SumSamplesTest, LongRangesReadTheirWholeHoursAsOneSpan) {
     ExpectSame(selected);
     ExpectSame(selected);
   }
-  EXPECT_EQ(store_->Stats().hour_span_misses, 5u);
-  EXPECT_EQ(store_->Stats().hour_span_hits, 5u);
+  EXPECT_EQ(store_->Stats().span_misses, 5u);
+  EXPECT_EQ(store_->Stats().span_hits, 5u);
   SampleQuery hosts_only = labelled;
   hosts_only.hosts_only = true;
   const SampleTotals want = Expected(hosts_only), got = Sum(hosts_only);
   EXPECT_TRUE(got.stacks.empty());
   EXPECT_EQ(got.hosts, want.hosts);
   EXPECT_EQ(got.host_samples, want.host_samples);
-  EXPECT_EQ(store_->Stats().hour_span_hits, 6u);  // the labelled query's span
+  EXPECT_EQ(store_->Stats().span_hits, 6u);  // the labelled query's span
   // Fewer whole hours than a span is kept for: merged from the blocks.
   ExpectSame({"svc", kHour, 5 * kHour, std::nullopt, std::nullopt, Resolution::kAuto});
-  EXPECT_EQ(store_->Stats().hour_span_misses, 5u);
+  EXPECT_EQ(store_->Stats().span_misses, 5u);
 }
 
 TEST_F(SumSamplesTest, LateWritesToAnHourOfASpanDropIt) {
@@ -1238,14 +1238,14 @@ TEST_F(SumSamplesTest, LateWritesToAnHourOfASpanDropIt) {
   const SampleQuery q{"svc", 0, 12 * kHour, std::nullopt, std::nullopt, Resolution::kAuto};
   Sum(q);
   Sum(q);
-  EXPECT_EQ(store_->Stats().hour_span_hits, 1u);
+  EXPECT_EQ(store_->Stats().span_hits, 1u);
   // Another service's hour, or one after the span, leaves it.
   WriteBatch other;
   other.AddSamples("svc2", 3 * kHour, "a", 1, 1);
   other.AddSamples("svc", 12 * kHour, "a", 1, 1);
   CommitOk(&other);
   Sum(q);
-  EXPECT_EQ(store_->Stats().hour_span_hits, 2u);
+  EXPECT_EQ(store_->Stats().span_hits, 2u);
   // A late sample in hour 3, then one in the hour that had none.
   for (int64_t window : {3 * kHour + 20'000, 5 * kHour + 40'000}) {
     WriteBatch late;
@@ -1255,8 +1255,46 @@ TEST_F(SumSamplesTest, LateWritesToAnHourOfASpanDropIt) {
     SampleTotals t = Sum(q);
     EXPECT_EQ(t.hosts, (std::vector<std::string>{"a", "b", "d"}));
   }
-  EXPECT_EQ(store_->Stats().hour_span_hits, 4u);
-  EXPECT_EQ(store_->Stats().hour_span_misses, 3u);
+  EXPECT_EQ(store_->Stats().span_hits, 4u);
+  EXPECT_EQ(store_->Stats().span_misses, 3u);
+}
+
+TEST_F(SumSamplesTest, RangesOfManyWholeMinutesReadThemAsOneSpan) {
+  FillTwelveHours(store_.get());
+  constexpr int64_t kMinute = 60'000;
+  // 55 whole minutes (1:10 to 2:05) between raw edges, no whole hour: one minute span.
+  const SampleQuery last_hour{"svc", kHour + 10 * kMinute - 5'000, 2 * kHour + 5 * kMinute + 30'000,
+                              std::nullopt, std::nullopt, Resolution::kAuto};
+  ExpectSame(last_hour);
+  EXPECT_EQ(store_->Stats().span_misses, 1u);
+  EXPECT_EQ(store_->Stats().minute_block_misses, 55u);
+  ExpectSame(last_hour);
+  EXPECT_EQ(store_->Stats().span_hits, 1u);
+  EXPECT_EQ(store_->Stats().minute_block_misses, 55u);
+  // Samples of a minute the span does not hold (as live ones of the current minute) leave
+  // it, though they fall in an hour it overlaps; a late one inside it drops it.
+  WriteBatch live;
+  live.AddSamples("svc", 2 * kHour + 30 * kMinute, "a", 1, 1);
+  CommitOk(&live);
+  ExpectSame(last_hour);
+  EXPECT_EQ(store_->Stats().span_hits, 2u);
+  WriteBatch late;
+  late.AddSamples("svc", kHour + 20 * kMinute + 10'000, "d", 99, 5);
+  CommitOk(&late);
+  ExpectSame(last_hour);
+  EXPECT_EQ(store_->Stats().span_misses, 2u);
+  EXPECT_EQ(Sum(last_hour).hosts, (std::vector<std::string>{"a", "b", "d"}));
+  // A range with spans of minutes on both sides of its span of hours: the three merged.
+  const SampleQuery day{"svc", 30 * kMinute, 11 * kHour + 40 * kMinute, std::nullopt,
+                        std::nullopt, Resolution::kAuto};
+  ExpectSame(day);
+  ExpectSame(day);
+  EXPECT_EQ(store_->Stats().span_misses, 5u);
+  EXPECT_EQ(store_->Stats().span_hits, 6u);
+  // Fewer whole minutes than a span is kept for: merged from the blocks.
+  ExpectSame({"svc", kHour, kHour + 29 * kMinute, std::nullopt, std::nullopt,
+              Resolution::kAuto});
+  EXPECT_EQ(store_->Stats().span_misses, 5u);
 }
 
 TEST_F(SumSamplesTest, ConcurrentLateWritesNeverLeaveAStaleSpan) {

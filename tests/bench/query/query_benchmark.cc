@@ -353,17 +353,17 @@ int main(int argc, char** argv) {
                 iterations, pruned);
     std::printf(
         "       cells read from RocksDB: %llu by all runs of the range, %llu by one warm load "
-        "(hour spans: %llu cached, %llu summed; hour blocks: %llu cached, %llu read; minute "
+        "(spans: %llu cached, %llu summed; hour blocks: %llu cached, %llu read; minute "
         "blocks: %llu cached, %llu read; %.1f MiB cached)\n",
         static_cast<unsigned long long>(warm.cells_scanned - before.cells_scanned),
         static_cast<unsigned long long>(after.cells_scanned - warm.cells_scanned),
-        static_cast<unsigned long long>(after.hour_span_hits - warm.hour_span_hits),
-        static_cast<unsigned long long>(after.hour_span_misses - warm.hour_span_misses),
+        static_cast<unsigned long long>(after.span_hits - warm.span_hits),
+        static_cast<unsigned long long>(after.span_misses - warm.span_misses),
         static_cast<unsigned long long>(after.hour_block_hits - warm.hour_block_hits),
         static_cast<unsigned long long>(after.hour_block_misses - warm.hour_block_misses),
         static_cast<unsigned long long>(after.minute_block_hits - warm.minute_block_hits),
         static_cast<unsigned long long>(after.minute_block_misses - warm.minute_block_misses),
-        (after.hour_span_bytes + after.hour_block_bytes + after.minute_block_bytes) /
+        (after.span_bytes + after.hour_block_bytes + after.minute_block_bytes) /
             1048576.0);
   }
 
