@@ -257,6 +257,29 @@ TEST(FlameTreeTest, JsonEscapesNamesAndModules) {
               HasSubstr(R"({"name":"operator\"\"_x","module":"C:\\bin\\m","value":5,)"));
 }
 
+// Names are scanned 8 bytes at a time: a byte to escape is found at any position of a long
+// name, and bytes that are not (UTF-8, DEL, the rest of ASCII) never are.
+TEST(FlameTreeTest, JsonEscapesAtEveryPositionOfLongNames) {
+  for (char special : {'"', '\\', '\n', '\t', '\x01', '\x1f'}) {
+    for (size_t at = 0; at < 21; ++at) {
+      std::string name(21, 'x');
+      name[at] = special;
+      std::string want = name.substr(0, at);
+      switch (special) {
+        case '"': want += "\\\""; break;
+        case '\\': want += "\\\\"; break;
+        case '\n': want += "\\n"; break;
+        case '\t': want += "\\t"; break;
+        default: want += special == '\x01' ? "\\u0001" : "\\u001f";
+      }
+      want += name.substr(at + 1);
+      EXPECT_EQ(JsonEscape(name), want) << at;
+    }
+  }
+  const std::string plain = "caf\xc3\xa9::\x7f !#[]{}~ns::Long<With, Templates>()";
+  EXPECT_EQ(JsonEscape(plain), plain);
+}
+
 // Kernel and JIT frames (by module name, common/base/frame_kind.h) are told apart in every
 // rendering: folded suffixes, JSON kinds, SVG palettes; pprof keeps their modules as mappings.
 TEST(FlameTreeTest, KernelAndJitFramesAreMarked) {
