@@ -245,18 +245,29 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
   std::vector<uint8_t> matches_focus, matches_ignore;
   // Server-named functions: several unnamed pieces of one function (addresses the agent had
   // no symbol for) become one.
-  absl::flat_hash_map<std::pair<std::string, std::string>, uint32_t> index_of_symbolized;
+  absl::flat_hash_map<std::pair<std::string_view, std::string_view>, uint32_t>
+      index_of_symbolized;
+  // The profile's functions, copied once their number is known (a vector grown one by one
+  // moved them all several times). The names stay put meanwhile: under the lock nothing is
+  // added to functions_, and `fetched_functions` is only read.
+  struct FunctionSource {
+    uint64_t id;
+    const std::string* name;
+    const std::string* module;
+  };
+  std::vector<FunctionSource> sources;
   auto add_function = [&](uint64_t id, const std::string& name, const std::string& module,
                           bool symbolized_here) {
     if (symbolized_here) {
       auto [it, inserted] = index_of_symbolized.try_emplace(
-          std::pair{name, module}, static_cast<uint32_t>(profile->functions.size()));
+          std::pair<std::string_view, std::string_view>{name, module},
+          static_cast<uint32_t>(sources.size()));
       if (!inserted) return it->second;
     }
-    profile->functions.push_back({id, name, module});
+    sources.push_back({id, &name, &module});
     matches_focus.push_back(focus && RE2::PartialMatch(name, *focus));
     matches_ignore.push_back(ignore && RE2::PartialMatch(name, *ignore));
-    return static_cast<uint32_t>(profile->functions.size() - 1);
+    return static_cast<uint32_t>(sources.size() - 1);
   };
   auto index_of = [&](uint32_t number) {
     uint32_t& index = index_of_number[number];
@@ -322,6 +333,8 @@ absl::Status ProfileReader::Resolved::Resolve(store::Store& store,
     }
     base::SaturatingAddTo(profile->total, c.count);
   }
+  profile->functions.reserve(sources.size());
+  for (const FunctionSource& f : sources) profile->functions.push_back({f.id, *f.name, *f.module});
   return absl::OkStatus();
 }
 
