@@ -88,6 +88,11 @@ void Shipper::Enqueue(v1::SampleBatch batch) {
   // Kept in memory when the disk refuses it. (Written after a graph that failed, it is
   // dropped at a restart as undecodable, and counted there.)
   absl::Status appended = spool_->Append(batch);
+  const uint64_t sequence = batch.sequence();
+  if (appended.ok()) {
+    unsent_.push_back(std::move(batch));
+    if (unsent_.size() > kMaxUnsentInMemory) unsent_.pop_front();
+  }
   // Counting a batch's samples decodes it: only for the debug log.
   if (!spool_->empty() && LogEnabled(LogLevel::kDebug)) {
     const size_t last = spool_->size() - 1;
@@ -97,7 +102,7 @@ void Shipper::Enqueue(v1::SampleBatch batch) {
   if (st.ok()) st = appended;
   if (!st.ok() && stats_.spool_errors++ % 60 == 0) {  // a full disk would log every batch
     LogWarn("spool {}: {} (batch {} kept in memory; {} such errors)", spool_->path(),
-                 std::string(st.message()), batch.sequence(), stats_.spool_errors);
+                 std::string(st.message()), sequence, stats_.spool_errors);
   }
   // A connected session syncs once it has read the acknowledgements that came (which may
   // leave nothing to sync): it is woken now, and may not have read them yet.
@@ -381,7 +386,16 @@ void Shipper::TakeRound(std::deque<v1::AgentMessage>* out) {
   for (size_t i = 0; i < spool_->size() && out_bytes < kMaxBytesPerRound; ++i) {
     const spool::Spool::Entry& entry = spool_->entry(i);
     if (entry.sequence < next_send_) continue;
-    auto batch = spool_->Read(i);
+    // A batch enqueued since the last round is still in memory (older ones in unsent_ were
+    // sent, or dropped from a full spool).
+    while (!unsent_.empty() && unsent_.front().sequence() < entry.sequence) unsent_.pop_front();
+    absl::StatusOr<v1::SampleBatch> batch;
+    if (!unsent_.empty() && unsent_.front().sequence() == entry.sequence) {
+      batch = std::move(unsent_.front());
+      unsent_.pop_front();
+    } else {
+      batch = spool_->Read(i);
+    }
     if (!batch.ok()) {
       // Unreadable (the disk changed under us): it can never be sent.
       LogError("spool: batch {} lost: {}", entry.sequence, batch.status().ToString());

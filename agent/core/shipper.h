@@ -142,6 +142,10 @@ class Shipper {
   spool::Spool* const spool_ ABSL_GUARDED_BY(mu_);
   // Batches from this sequence number on have not been written to the current stream.
   uint64_t next_send_ ABSL_GUARDED_BY(mu_) = 0;
+  // The last batches enqueued (ascending sequence numbers, at most kMaxUnsentInMemory)
+  // until a round takes them: sent from here rather than read back from the spool's disk.
+  static constexpr size_t kMaxUnsentInMemory = 4;
+  std::deque<v1::SampleBatch> unsent_ ABSL_GUARDED_BY(mu_);
   // How much of the graph the spool holds.
   uint32_t spooled_nodes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t spooled_edges_ ABSL_GUARDED_BY(mu_) = 0;
