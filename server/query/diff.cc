@@ -13,13 +13,6 @@ double Share(uint64_t part, uint64_t total) {
   return total == 0 ? 0.0 : 100.0 * static_cast<double>(part) / static_cast<double>(total);
 }
 
-std::string FunctionKey(const ResolvedFunction& f) {
-  std::string key = f.name;
-  key.push_back('\0');
-  key += f.module;
-  return key;
-}
-
 // Final mixer of MurmurHash3 (fmix64): spreads every input bit over the result.
 uint64_t Mix(uint64_t h) {
   h ^= h >> 33;
@@ -47,8 +40,14 @@ void KeepLargest(std::vector<T>* rows, size_t limit, F magnitude) {
 std::vector<uint32_t> FunctionMatcher::RowsOf(const Profile& profile) {
   std::vector<uint32_t> rows(profile.functions.size());
   for (size_t i = 0; i < profile.functions.size(); ++i) {
-    auto [it, inserted] = rows_.try_emplace(FunctionKey(profile.functions[i]), functions_.size());
-    if (inserted) functions_.push_back(profile.functions[i]);
+    const ResolvedFunction& f = profile.functions[i];
+    auto it = rows_.find(std::pair<std::string_view, std::string_view>(f.name, f.module));
+    if (it == rows_.end()) {
+      const ResolvedFunction& kept = functions_.emplace_back(f);
+      it = rows_.emplace(std::pair<std::string_view, std::string_view>(kept.name, kept.module),
+                         static_cast<uint32_t>(functions_.size() - 1))
+               .first;
+    }
     rows[i] = it->second;
   }
   return rows;
@@ -64,12 +63,21 @@ ProfileDiff DiffProfiles(const Profile& base, const Profile& current, size_t lim
   FunctionMatcher matcher;
   const std::vector<uint32_t> base_ids = matcher.RowsOf(base);
   const std::vector<uint32_t> current_ids = matcher.RowsOf(current);
-  diff.functions.reserve(matcher.functions().size());
-  for (const ResolvedFunction& f : matcher.functions()) diff.functions.push_back({f});
+  // Ranked as rows of counts; only the rows returned copy their function.
+  struct FunctionRow {
+    uint32_t row;
+    uint64_t base_self = 0, self = 0;
+    uint64_t base_total = 0, total = 0;
+    double self_delta_pct = 0, total_delta_pct = 0;
+  };
+  std::vector<FunctionRow> function_rows(matcher.functions().size());
+  for (size_t i = 0; i < function_rows.size(); ++i) {
+    function_rows[i].row = static_cast<uint32_t>(i);
+  }
 
   auto add_functions = [&](const Profile& p, const std::vector<uint32_t>& ids, bool is_base) {
     for (const FunctionTotals& t : TopFunctions(p, false)) {
-      FunctionChange& row = diff.functions[ids[t.function]];
+      FunctionRow& row = function_rows[ids[t.function]];
       (is_base ? row.base_self : row.self) += t.self;
       (is_base ? row.base_total : row.total) += t.total;
     }
@@ -176,14 +184,19 @@ ProfileDiff DiffProfiles(const Profile& base, const Profile& current, size_t lim
     diff.paths.push_back(std::move(change));
   }
 
-  for (FunctionChange& row : diff.functions) {
+  for (FunctionRow& row : function_rows) {
     row.self_delta_pct = Share(row.self, current.total) - Share(row.base_self, base.total);
     row.total_delta_pct = Share(row.total, current.total) - Share(row.base_total, base.total);
   }
   // Ties on self (e.g. callers without self samples) are broken by the total change.
-  KeepLargest(&diff.functions, limit, [](const FunctionChange& r) {
+  KeepLargest(&function_rows, limit, [](const FunctionRow& r) {
     return std::abs(r.self_delta_pct) * 1e6 + std::abs(r.total_delta_pct);
   });
+  diff.functions.reserve(function_rows.size());
+  for (const FunctionRow& r : function_rows) {
+    diff.functions.push_back({matcher.functions()[r.row], r.base_self, r.self, r.base_total,
+                              r.total, r.self_delta_pct, r.total_delta_pct});
+  }
   return diff;
 }
 

@@ -6,7 +6,10 @@
 #define STRATA_SERVER_QUERY_DIFF_H_
 
 #include <cstdint>
+#include <deque>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -20,11 +23,13 @@ class FunctionMatcher {
   // The row of each of `profile`'s functions (by index into Profile::functions).
   std::vector<uint32_t> RowsOf(const Profile& profile);
   // The function first seen for each row.
-  const std::vector<ResolvedFunction>& functions() const { return functions_; }
+  const std::deque<ResolvedFunction>& functions() const { return functions_; }
 
  private:
-  absl::flat_hash_map<std::string, uint32_t> rows_;
-  std::vector<ResolvedFunction> functions_;
+  // Keyed by views of functions_' own names and modules (a deque: they never move), so a
+  // lookup builds no key.
+  absl::flat_hash_map<std::pair<std::string_view, std::string_view>, uint32_t> rows_;
+  std::deque<ResolvedFunction> functions_;
 };
 
 struct FunctionChange {
