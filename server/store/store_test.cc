@@ -1016,15 +1016,16 @@ class SumSamplesTest : public StoreTest {
     EXPECT_EQ(got.hosts, want.hosts) << q.from_ms << ".." << q.to_ms;
     EXPECT_EQ(got.host_samples, want.host_samples) << q.from_ms << ".." << q.to_ms;
   }
-  // Sums `q` (whole hours) over and over while another thread commits late samples to each
-  // of its hours in turn; whatever was kept meanwhile, the final answer is fresh.
-  void SumWhileWritingLate(const SampleQuery& q) {
-    const int64_t hours = q.to_ms / kHour;
+  // Sums `q` (whole windows of `unit`) over and over while another thread commits late
+  // samples to each of its windows in turn; whatever was kept meanwhile, the final answer is
+  // fresh.
+  void SumWhileWritingLate(const SampleQuery& q, int64_t unit = kHour) {
+    const int64_t windows = (q.to_ms - q.from_ms) / unit;
     std::atomic<bool> done{false};
     std::thread writer([&] {
       for (int i = 0; i < 200; ++i) {
         WriteBatch batch;
-        batch.AddSamples("svc", (i % hours) * kHour + 10'000, "a", 1, 1);
+        batch.AddSamples("svc", q.from_ms + (i % windows) * unit + 10'000, "a", 1, 1);
         ASSERT_TRUE(store_->Commit(&batch).ok());
       }
       done = true;
@@ -1300,6 +1301,12 @@ TEST_F(SumSamplesTest, RangesOfManyWholeMinutesReadThemAsOneSpan) {
 TEST_F(SumSamplesTest, ConcurrentLateWritesNeverLeaveAStaleSpan) {
   FillTwelveHours(store_.get());
   SumWhileWritingLate({"svc", 0, 12 * kHour, std::nullopt, std::nullopt, Resolution::kHour});
+  // The same for a span of minutes (an hour of them), each minute written in turn.
+  const uint64_t spans_built = store_->Stats().span_misses;
+  SumWhileWritingLate({"svc", kHour, 2 * kHour, std::nullopt, std::nullopt,
+                       Resolution::kMinute},
+                      60'000);
+  EXPECT_GT(store_->Stats().span_misses, spans_built);
 }
 
 TEST_F(SumSamplesTest, DisabledCacheAndSmallCacheStayExact) {
