@@ -24,6 +24,17 @@
 
 namespace strata::server::store {
 
+// Heap bytes of a vector's buffer, and of its strings' own buffers.
+template <typename T>
+size_t BufferBytes(const std::vector<T>& v) {
+  return v.capacity() * sizeof(T);
+}
+inline size_t BufferBytes(const std::vector<std::string>& v) {
+  size_t bytes = v.capacity() * sizeof(std::string);
+  for (const std::string& s : v) bytes += s.capacity();
+  return bytes;
+}
+
 struct RollupBlock {
   std::vector<std::string> hosts;  // sorted (key order)
   std::vector<uint32_t> host_end;  // entries of hosts[i] end at host_end[i]
@@ -34,11 +45,8 @@ struct RollupBlock {
   uint64_t LabelSetOf(size_t i) const { return label_sets.empty() ? 0 : label_sets[i]; }
 
   size_t Bytes() const {
-    size_t bytes = sizeof(RollupBlock) + entries.capacity() * sizeof(StackCount) +
-                   host_end.capacity() * sizeof(uint32_t) +
-                   label_sets.capacity() * sizeof(uint64_t);
-    for (const std::string& h : hosts) bytes += sizeof(std::string) + h.capacity();
-    return bytes;
+    return sizeof(RollupBlock) + BufferBytes(hosts) + BufferBytes(host_end) +
+           BufferBytes(entries) + BufferBytes(label_sets);
   }
 };
 
@@ -160,10 +168,8 @@ struct RollupSpan {
   std::vector<uint64_t> host_samples;
 
   size_t Bytes() const {
-    size_t bytes = sizeof(RollupSpan) + stacks.capacity() * sizeof(StackCount) +
-                   host_samples.capacity() * sizeof(uint64_t);
-    for (const std::string& h : hosts) bytes += sizeof(std::string) + h.capacity();
-    return bytes;
+    return sizeof(RollupSpan) + BufferBytes(stacks) + BufferBytes(hosts) +
+           BufferBytes(host_samples);
   }
 };
 
