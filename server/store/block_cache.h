@@ -305,34 +305,51 @@ class SpanCache {
 // The blocks of both rollups and the spans: a budget shared out between hours (most of it:
 // long ranges hold many), minutes (a range's edges, or all of a range under an hour or two)
 // and spans (a few ranges being looked at, each as large as its windows' distinct stacks).
+// Spans of hours and spans of minutes are kept apart: a week's span costs a second or so to
+// build again, one of an hour's minutes a few milliseconds, and "last hour" views, one span
+// per service and selection and a new one each minute, would otherwise push the week's out.
 struct RollupBlocks {
   explicit RollupBlocks(size_t capacity_bytes)
-      : hours(capacity_bytes - capacity_bytes / 8 - capacity_bytes / 8),
+      : hours(capacity_bytes - capacity_bytes / 8 - capacity_bytes / 8 - capacity_bytes / 32),
         minutes(capacity_bytes / 8),
-        spans(capacity_bytes / 8) {}
+        hour_spans(capacity_bytes / 8),
+        minute_spans(capacity_bytes / 32) {}
 
   BlockCache& Of(Column rollup) { return rollup == Column::kRollupHour ? hours : minutes; }
+  SpanCache& SpansOf(Column rollup) {
+    return rollup == Column::kRollupHour ? hour_spans : minute_spans;
+  }
   // A commit added samples to the minute starting at `minute` of `service`: its block, its
   // hour's, and the spans holding that minute (spans of the live hour's other minutes stay).
   void InvalidateMinute(const std::string& service, int64_t minute) {
     minutes.Invalidate(CellPrefix(service, static_cast<uint64_t>(minute)));
     hours.Invalidate(CellPrefix(service, static_cast<uint64_t>(minute - minute % kHourMs)));
-    spans.Invalidate(service, minute, minute + kMinuteMs);
+    hour_spans.Invalidate(service, minute, minute + kMinuteMs);
+    minute_spans.Invalidate(service, minute, minute + kMinuteMs);
   }
   // A roll-up rewrote the hour starting at `hour` of `service`.
   void InvalidateHour(const std::string& service, int64_t hour) {
     hours.Invalidate(CellPrefix(service, static_cast<uint64_t>(hour)));
-    spans.Invalidate(service, hour, hour + kHourMs);
+    hour_spans.Invalidate(service, hour, hour + kHourMs);
+    minute_spans.Invalidate(service, hour, hour + kHourMs);
   }
   void Clear() {
     hours.Clear();
     minutes.Clear();
-    spans.Clear();
+    hour_spans.Clear();
+    minute_spans.Clear();
+  }
+  // Both kinds of span together.
+  BlockCache::Counters span_counters() {
+    const BlockCache::Counters h = hour_spans.counters();
+    const BlockCache::Counters m = minute_spans.counters();
+    return {h.hits + m.hits, h.misses + m.misses, h.bytes + m.bytes};
   }
 
   BlockCache hours;
   BlockCache minutes;
-  SpanCache spans;
+  SpanCache hour_spans;
+  SpanCache minute_spans;
 };
 
 }  // namespace strata::server::store

@@ -304,7 +304,7 @@ struct SampleReader::Impl {
   // span.
   bool SpanWorthy(Column column, int64_t from, int64_t to) {
     const bool hours = column == Column::kRollupHour;
-    if (!blocks->spans.enabled() || !blocks->Of(column).enabled()) return false;
+    if (!blocks->SpansOf(column).enabled() || !blocks->Of(column).enabled()) return false;
     const int64_t unit = hours ? kHourMs : kMinuteMs;
     if (from % unit != 0 || to % unit != 0) return false;  // a fixed resolution's own range
     if (to - from < (hours ? kMinSpanHours : kMinSpanMinutes) * unit) return false;
@@ -318,10 +318,10 @@ struct SampleReader::Impl {
   absl::StatusOr<std::shared_ptr<const RollupSpan>> Span(Column column, const std::string& scope,
                                                          int64_t from, int64_t to,
                                                          const SampleQuery& query) {
-    // An hour span and a minute span of the same hours hold the same sums: one may serve both.
     const std::string selection = SelectionKey(query);
     uint64_t generation = 0;
-    if (auto span = blocks->spans.Lookup(scope, from, to, selection, &generation)) return span;
+    SpanCache& cache = blocks->SpansOf(column);
+    if (auto span = cache.Lookup(scope, from, to, selection, &generation)) return span;
     SampleQuery selected;  // what SumBlocks reads of the query: its selection
     selected.host = query.host;
     selected.hosts = query.hosts;
@@ -339,7 +339,7 @@ struct SampleReader::Impl {
       span->hosts.push_back(std::move(host));
       span->host_samples.push_back(samples);
     }
-    blocks->spans.Insert(scope, from, to, selection, generation, span);
+    cache.Insert(scope, from, to, selection, generation, span);
     return span;
   }
 };

@@ -439,7 +439,7 @@ StoreStats Store::Stats() {
   stats.minute_block_hits = minute_blocks.hits;
   stats.minute_block_misses = minute_blocks.misses;
   stats.minute_block_bytes = minute_blocks.bytes;
-  const BlockCache::Counters spans = impl_->blocks->spans.counters();
+  const BlockCache::Counters spans = impl_->blocks->span_counters();
   stats.span_hits = spans.hits;
   stats.span_misses = spans.misses;
   stats.span_bytes = spans.bytes;

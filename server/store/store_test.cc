@@ -1298,6 +1298,25 @@ TEST_F(SumSamplesTest, RangesOfManyWholeMinutesReadThemAsOneSpan) {
   EXPECT_EQ(store_->Stats().span_misses, 5u);
 }
 
+TEST_F(SumSamplesTest, SpansOfMinutesNeverPushOutASpanOfHours) {
+  FillTwelveHours(store_.get());
+  const SampleQuery week_like{"svc", 0, 12 * kHour, std::nullopt, std::nullopt,
+                              Resolution::kAuto};
+  ExpectSame(week_like);
+  EXPECT_EQ(store_->Stats().span_misses, 1u);
+  // Far more "last hour" views (each a span of minutes of its own) than spans are kept.
+  constexpr int64_t kMinute = 60'000;
+  for (int64_t start = 0; start < 200; ++start) {
+    const SampleQuery last_hour{"svc", start * kMinute, (start + 45) * kMinute, std::nullopt,
+                                std::nullopt, Resolution::kMinute};
+    ASSERT_TRUE(store_->samples().SumSamples(last_hour).ok());
+  }
+  EXPECT_EQ(store_->Stats().span_misses, 201u);
+  ExpectSame(week_like);
+  EXPECT_EQ(store_->Stats().span_misses, 201u);
+  EXPECT_EQ(store_->Stats().span_hits, 1u);
+}
+
 TEST_F(SumSamplesTest, ConcurrentLateWritesNeverLeaveAStaleSpan) {
   FillTwelveHours(store_.get());
   SumWhileWritingLate({"svc", 0, 12 * kHour, std::nullopt, std::nullopt, Resolution::kHour});
