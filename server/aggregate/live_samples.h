@@ -31,7 +31,7 @@ class LiveSamples {
   // `hosts` (host -> count), if the flush generation of query.service is still `generation`.
   virtual bool AddLiveCounts(const store::SampleQuery& query, uint64_t generation,
                              absl::flat_hash_map<uint64_t, uint64_t>* stacks,
-                             std::map<std::string, uint64_t>* hosts) const = 0;
+                             absl::flat_hash_map<std::string, uint64_t>* hosts) const = 0;
   // Calls `fn` with each live cell of `query` (the cells AddLiveCounts adds: window, host,
   // stack, label set ID, count) if the flush generation of query.service is still
   // `generation`; false (nothing called) otherwise.

@@ -644,7 +644,7 @@ bool WindowAggregator::VisitLive(const store::SampleQuery& query, uint64_t gener
 
 bool WindowAggregator::AddLiveCounts(const store::SampleQuery& query, uint64_t generation,
                                      absl::flat_hash_map<uint64_t, uint64_t>* stacks,
-                                     std::map<std::string, uint64_t>* hosts) const {
+                                     absl::flat_hash_map<std::string, uint64_t>* hosts) const {
   absl::MutexLock lock(&mu_);
   std::map<uint32_t, uint64_t> seen_hosts;
   if (!VisitLive(query, generation, [&](const CellKey& key, int64_t, uint64_t count) {

@@ -133,7 +133,7 @@ class WindowAggregator : public LiveSamples, public commit::BatchCommitter {
   uint64_t FlushGeneration(std::string_view service) const override;
   bool AddLiveCounts(const store::SampleQuery& query, uint64_t generation,
                      absl::flat_hash_map<uint64_t, uint64_t>* stacks,
-                     std::map<std::string, uint64_t>* hosts) const override;
+                     absl::flat_hash_map<std::string, uint64_t>* hosts) const override;
   bool ForEachLiveCell(const store::SampleQuery& query, uint64_t generation,
                        LiveCellFn fn) const override;
   std::vector<store::ServiceSummary> LiveServices() const override;

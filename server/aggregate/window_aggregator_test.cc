@@ -67,7 +67,7 @@ class WindowAggregatorTest : public ::testing::Test {
       }
       if (!aggregator_) return out;
       absl::flat_hash_map<uint64_t, uint64_t> live;
-      std::map<std::string, uint64_t> hosts;
+      absl::flat_hash_map<std::string, uint64_t> hosts;
       if (!aggregator_->AddLiveCounts(q, generation, &live, &hosts)) continue;
       for (const auto& [stack, count] : live) out[stack] += count;
       return out;
@@ -205,7 +205,7 @@ TEST_F(WindowAggregatorTest, LabelSetsStayApartThroughTablesJournalAndStore) {
         if (c.count != 0) out[c.stack_id] += c.count;
       }
       absl::flat_hash_map<uint64_t, uint64_t> live;
-      std::map<std::string, uint64_t> hosts;
+      absl::flat_hash_map<std::string, uint64_t> hosts;
       if (!aggregator_->AddLiveCounts(q, generation, &live, &hosts)) continue;
       for (const auto& [stack, count] : live) out[stack] += count;
       return out;

@@ -384,26 +384,16 @@ ProfileReader::ProfileReader(store::Store* store, const aggregate::LiveSamples* 
 absl::StatusOr<store::SampleTotals> ProfileReader::SumSamples(const store::SampleQuery& query) {
   if (live_ == nullptr || query.capture_id) return store_->samples().SumSamples(query);
   // A window flush between reading the store and reading the tables would count its samples
-  // twice (or not at all): retry until no flush happened in between.
+  // twice (or not at all): retry until no flush happened in between. The live counts go into
+  // the store's sum before its stacks are ordered, so a long range's list is merged once.
   for (;;) {
     const uint64_t generation = live_->FlushGeneration(query.service);
-    auto totals = store_->samples().SumSamples(query);
-    if (!totals.ok()) return totals;
-    absl::flat_hash_map<uint64_t, uint64_t> live_counts;
-    std::map<std::string, uint64_t> hosts;
-    for (size_t i = 0; i < totals->hosts.size(); ++i) {
-      hosts.emplace(totals->hosts[i], totals->host_samples[i]);
-    }
-    if (!live_->AddLiveCounts(query, generation, &live_counts, &hosts)) continue;
-    if (live_counts.empty()) return totals;
-    totals->stacks = store::AddToSorted(totals->stacks, live_counts);
-    totals->hosts.clear();
-    totals->host_samples.clear();
-    for (const auto& [host, samples] : hosts) {
-      totals->hosts.push_back(host);
-      totals->host_samples.push_back(samples);
-    }
-    return totals;
+    bool current = true;
+    auto totals = store_->samples().SumSamples(query, [&](auto* stacks, auto* hosts) {
+      current = live_->AddLiveCounts(query, generation, stacks, hosts);
+      return current;
+    });
+    if (current) return totals;
   }
 }
 

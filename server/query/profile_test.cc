@@ -2,6 +2,7 @@
 
 #include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
+#include "server/aggregate/window_aggregator.h"
 
 namespace strata::server::query {
 namespace {
@@ -104,6 +105,55 @@ TEST_F(ProfileTest, RepeatedLoadsOfOneReaderMatchFreshReaders) {
   }
   EXPECT_EQ(reader.Load({.service = "svc", .to_ms = 1'000'000})->total, 14u);
   EXPECT_EQ(reader.Load({.service = "svc", .to_ms = 1'000'000, .focus = "fresh"})->total, 4u);
+}
+
+// The open window's counts go into a long range's span of whole hours once, in order: a
+// stack they raise moves up, one they add takes its place, and the hosts add up.
+TEST_F(ProfileTest, OpenWindowCountsJoinASpanOfWholeHours) {
+  constexpr int64_t kHour = 3'600'000;
+  store::WriteBatch wb;
+  auto fn = [&](const char* name) {
+    return *store_->interner().InternFunction({name, "/bin/y", "", 0}, &wb);
+  };
+  const uint64_t main = fn("main"), work = fn("work"), idle = fn("idle"), fresh = fn("fresh");
+  auto stack = [&](std::vector<uint64_t> f) {
+    return *store_->interner().InternStack({std::move(f), false}, &wb);
+  };
+  const uint64_t busy = stack({main, work}), quiet = stack({main, idle});
+  const uint64_t added = stack({main, fresh});
+  for (int64_t w = 0; w < 12 * kHour; w += 60'000) {
+    wb.AddSamples("long", w, "h1", busy, 3);
+    wb.AddSamples("long", w, "h2", quiet, 1);
+  }
+  ASSERT_TRUE(store_->Commit(&wb).ok());
+  ASSERT_TRUE(store_->RollUp(12 * kHour).ok());
+  auto aggregator = aggregate::WindowAggregator::Create(store_.get(), {});
+  ASSERT_TRUE(aggregator.ok()) << aggregator.status();
+  const std::string service = "long";
+  store::WriteBatch open_window;
+  ASSERT_TRUE((*aggregator)
+                  ->CommitBatch(&open_window, "h3", 12 * kHour + 10'000,
+                                {{&service, quiet, 1000}, {&service, added, 2000}})
+                  .ok());
+  ProfileReader reader(store_.get(), aggregator->get());
+  ProfileQuery q;
+  q.service = "long";
+  q.to_ms = 13 * kHour;
+  for (int read = 0; read < 2; ++read) {  // the span built, then copied
+    absl::StatusOr<Profile> p = reader.Load(q);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_EQ(p->stacks.size(), 3u);
+    EXPECT_EQ(p->stacks[0].stack_id, busy);
+    EXPECT_EQ(p->stacks[0].count, 720u * 3);
+    EXPECT_EQ(p->stacks[1].stack_id, added);
+    EXPECT_EQ(p->stacks[1].count, 2000u);
+    EXPECT_EQ(p->stacks[2].stack_id, quiet);
+    EXPECT_EQ(p->stacks[2].count, 720u + 1000);
+    EXPECT_EQ(p->hosts, (std::vector<std::string>{"h1", "h2", "h3"}));
+    EXPECT_EQ(p->host_samples, (std::vector<uint64_t>{2160, 720, 3000}));
+  }
+  EXPECT_EQ(store_->Stats().span_misses, 1u);
+  EXPECT_EQ(store_->Stats().span_hits, 1u);
 }
 
 TEST_F(ProfileTest, UnreadableStackIsDataLoss) {

@@ -366,6 +366,11 @@ absl::Status SampleReader::ScanSamples(const SampleQuery& query,
 }
 
 absl::StatusOr<SampleTotals> SampleReader::SumSamples(const SampleQuery& query) {
+  return SumSamples(query, [](auto*, auto*) { return true; });
+}
+
+absl::StatusOr<SampleTotals> SampleReader::SumSamples(const SampleQuery& query,
+                                                      ExtraCounts extra) {
   absl::StatusOr<std::string> scope = QueryScope(query);
   if (!scope.ok()) return scope.status();
   const int64_t from = std::max<int64_t>(query.from_ms, 0);
@@ -401,6 +406,9 @@ absl::StatusOr<SampleTotals> SampleReader::SumSamples(const SampleQuery& query) 
     for (size_t i = 0; i < span->hosts.size(); ++i) {
       base::SaturatingAddTo(totals.hosts[span->hosts[i]], span->host_samples[i]);
     }
+  }
+  if (!extra(&totals.counts, &totals.hosts)) {
+    return absl::AbortedError("the counts to add moved into the store during the read");
   }
   SampleTotals out;
   if (!spans.empty()) {

@@ -8,8 +8,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "server/store/records.h"
@@ -49,6 +52,14 @@ class SampleReader {
   // host, stack), and short ones one merge per minute. A query over many whole hours reads
   // them as one span (block_cache.h), kept until one of its hours changes.
   absl::StatusOr<SampleTotals> SumSamples(const SampleQuery& query);
+
+  // Counts from outside the store (a server's open windows) added to a sum before its stacks
+  // are put in order: per stack ID and per host. False: what it would add is no longer valid
+  // beside what was read (it moved into the store meanwhile).
+  using ExtraCounts = absl::FunctionRef<bool(absl::flat_hash_map<uint64_t, uint64_t>* stacks,
+                                             absl::flat_hash_map<std::string, uint64_t>* hosts)>;
+  // SumSamples(query) with `extra`'s counts in, ordered once; Aborted when `extra` says false.
+  absl::StatusOr<SampleTotals> SumSamples(const SampleQuery& query, ExtraCounts extra);
 
   absl::StatusOr<std::vector<ServiceSummary>> ListServices();
 
