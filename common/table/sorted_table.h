@@ -13,7 +13,9 @@
 // Each entry also keeps its count of the current period. Every `period` counts (or at
 // EndPeriod()), chains longer than `depth_threshold` move their entries above
 // `frequency_threshold` to the front, hottest first, and the period's hot set is ranked
-// against those of the two periods before to record phase changes (PhaseChange). Entries are
+// against those of the two periods before to record phase changes (PhaseChange); between
+// the sorts, a hit behind a head passes the entry before it when it has twice that entry's
+// period count (the warm entries the sort leaves alone find their place). Entries are
 // 16-byte slots with each chain's head in its home slot, so a hit on a head (where sorting
 // keeps the hot entries) is one cache miss found from the hash alone. Why each of these is so,
 // and what an update costs: docs/developing/sorted-table.md.
@@ -124,6 +126,7 @@ struct TableStats {
   uint64_t periods = 0;           // periods ended (sort passes)
   uint64_t chains_sorted = 0;
   uint64_t entries_moved = 0;     // entries whose chain position a sort changed
+  uint64_t entries_passed = 0;    // hits behind a head that passed the entry before them
   uint64_t phase_changes = 0;     // recorded (buffered or dropped)
   uint64_t phase_changes_dropped = 0;
   uint64_t drains = 0;            // Drain() and Clear() calls
@@ -409,10 +412,12 @@ class SortedTable {
     uint32_t position = 1;
     uint32_t tail = kNil;
     if (HasChain(b)) {
-      for (uint32_t i = b;; ++position) {
+      for (uint32_t i = b, previous = kNil;; ++position) {
         if (slots_[i].key == key) {
           deep_probes_ += position - 1;
-          if (Hit(i, position, count, tally_)) PeriodCountReached();
+          const bool period_done = Hit(i, position, count, tally_);
+          if (previous != kNil && sorting_) PassIfBusier(i, previous);
+          if (period_done) PeriodCountReached();
           return AddResult::kUpdated;
         }
         const uint32_t next = Next(i);
@@ -420,6 +425,7 @@ class SortedTable {
           tail = i;
           break;
         }
+        previous = i;
         i = next;
       }
       ++position;
@@ -441,6 +447,21 @@ class SortedTable {
     stats_.insert_probe_sum += position - 1;
     if (CountTowardsPeriod(weight, tally_)) PeriodCountReached();
     return AddResult::kInserted;
+  }
+
+  // A hit behind a head: the entry in slot `i` passes the one before it (slot `previous`)
+  // once it has twice its count this period and at least kPassMinimum. The period-end sort
+  // orders only the entries above frequency_threshold; this orders the warm ones behind
+  // them, where most hits behind a head land (after a phase change, keys that were cold
+  // when they were inserted stay behind heads that have gone cold). Only this slow path
+  // pays for it, and one pass brings the entry a step nearer the head.
+  void PassIfBusier(uint32_t i, uint32_t previous) {
+    constexpr uint32_t kPassMinimum = 2;
+    const uint32_t mine = PeriodCount(slots_[i]);
+    if (mine >= kPassMinimum && mine > 2 * PeriodCount(slots_[previous])) {
+      SwapEntries(i, previous);
+      ++stats_.entries_passed;
+    }
   }
 
   // The slot for a new last entry of chain `b`, whose tail is slot `tail` (kNil: the chain is

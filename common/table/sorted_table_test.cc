@@ -239,13 +239,52 @@ TEST(SortedTableTest, SortMovesHotEntriesOfDeepChainsOnly) {
   for (int i = 0; i < 50; ++i) table.Add(b[1]);
   table.Add(filler);
   EXPECT_EQ(table.stats().chains_sorted, 0u);  // nothing before the period ends
+  // Meanwhile each hit passed the entry before it, having twice its count: a2 passed a1, a4
+  // and a5 passed a3 (a0, a2, a1, a4, a5, a3), and b1 passed b0 (no sort for a shallow chain).
+  EXPECT_EQ(table.stats().entries_passed, 4u);
+  EXPECT_THAT(ChainKeys(table, table.BucketIndex(b[0])), ElementsAre(b[1], b[0]));
   FinishPeriod(table, filler);
   EXPECT_THAT(ChainKeys(table, table.BucketIndex(a[0])),
               ElementsAre(a[2], a[4], a[5], a[0], a[1], a[3]));
-  EXPECT_THAT(ChainKeys(table, table.BucketIndex(b[0])), ElementsAre(b[0], b[1]));
+  EXPECT_THAT(ChainKeys(table, table.BucketIndex(b[0])), ElementsAre(b[1], b[0]));
   EXPECT_EQ(table.stats().chains_sorted, 1u);
-  // Hot a2, a4, a5 moved forward; cold a0, a1, a3 each had a hot entry behind them.
-  EXPECT_EQ(table.stats().entries_moved, 6u);
+  // Hot a2, a4, a5 moved forward; cold a0 and a1 each had a hot entry behind them.
+  EXPECT_EQ(table.stats().entries_moved, 5u);
+}
+
+// After a phase change the keys that got busy were cold when they were inserted, behind
+// heads that have gone idle: on a hit behind the head, an entry with twice the period count
+// of the one before it (and at least 2) passes it, hot or not.
+TEST(SortedTableTest, BusierEntriesPassIdleOnesBeforeThem) {
+  CountTable table = MakeTable({.max_entries = 64,
+                                .bucket_count = 16,
+                                .period = 1000,
+                                .depth_threshold = 1,
+                                .frequency_threshold = 500});
+  const auto groups = KeysByBucket(table, 2, 3);
+  const std::vector<uint64_t>& a = groups[0];
+  const uint64_t filler = groups[1][0];
+  for (uint64_t k : a) table.Add(k);
+  for (int i = 0; i < 300; ++i) table.Add(a[0]);  // busy at the head, never hot
+  FinishPeriod(table, filler);
+  // This period a0 is idle and a2 busy.
+  table.Add(a[2]);
+  EXPECT_THAT(ChainKeys(table, table.BucketIndex(a[0])), ElementsAre(a[0], a[1], a[2]));
+  table.Add(a[2]);
+  EXPECT_THAT(ChainKeys(table, table.BucketIndex(a[0])), ElementsAre(a[0], a[2], a[1]));
+  table.Add(a[2]);
+  EXPECT_THAT(ChainKeys(table, table.BucketIndex(a[0])), ElementsAre(a[2], a[0], a[1]));
+  EXPECT_EQ(table.stats().entries_passed, 2u);
+  EXPECT_EQ(table.stats().chains_sorted, 0u);
+  // Two entries as busy as each other do not trade places back and forth.
+  for (int i = 0; i < 100; ++i) {
+    table.Add(a[0]);
+    table.Add(a[2]);
+  }
+  EXPECT_EQ(table.stats().entries_passed, 2u);
+  EXPECT_EQ(table.Find(a[0]), 401u);
+  EXPECT_EQ(table.Find(a[1]), 1u);
+  EXPECT_EQ(table.Find(a[2]), 104u);
 }
 
 TEST(SortedTableTest, SortIsStableForEqualCountsAndSkipsOrderedChains) {
@@ -296,11 +335,14 @@ TEST(SortedTableTest, SortingShortensProbes) {
   const auto groups = KeysByBucket(table, 1, 8);
   const std::vector<uint64_t>& a = groups[0];
   for (uint64_t k : a) table.Add(k);
-  // 92 more hits on the tail (position 8) end the first period.
+  // 92 more hits on the tail (position 8) end the first period. Once its period count is 3
+  // (over twice the others' 1) it passes the entry before it on each hit: hits at 8, 8, then
+  // 7 to 2, then at the head.
   const TableStats start = table.stats();
   for (int i = 0; i < 92; ++i) table.Add(a[7]);
   EXPECT_EQ(table.stats().periods, 1u);
-  EXPECT_DOUBLE_EQ(table.stats().MeanHitProbeLengthSince(start), 8.0);
+  EXPECT_DOUBLE_EQ(table.stats().MeanHitProbeLengthSince(start),
+                   (8 + 8 + 7 + 6 + 5 + 4 + 3 + 2 + 84) / 92.0);
   const TableStats sorted = table.stats();
   for (int i = 0; i < 100; ++i) table.Add(a[7]);
   EXPECT_DOUBLE_EQ(table.stats().MeanHitProbeLengthSince(sorted), 1.0);
