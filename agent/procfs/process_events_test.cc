@@ -302,14 +302,22 @@ TEST_F(ProcessEventsTest, OverflowIsReportedAndEventsFlowAgain) {
 }
 
 TEST_F(ProcessEventsTest, FilterDropsUnusedEventsInTheKernel) {
-  // The same storm with the filter: the comm events never reach the queue.
+  // The same storm with the filter: the comm events never reach the queue. Every process's
+  // fork and exit events still do, and on a busy host (other tests starting hundreds of
+  // threads) they alone can fill these 150 places during a storm: then storm again. With the
+  // comm events let through, every storm overflows the queue 130 times over.
   Open(SmallQueue(/*filter=*/true));
   if (IsSkipped() || HasFatalFailure()) return;
-  GenerateCommEvents(20000);
-  ProcessEventBatch batch;
-  ASSERT_TRUE(events_->Read(&batch).ok());
-  EXPECT_FALSE(batch.overflowed);
-  EXPECT_EQ(events_->overflows(), 0u);
+  bool overflowed = true;
+  for (int storm = 0; storm < 5 && overflowed; ++storm) {
+    ProcessEventBatch before;
+    ASSERT_TRUE(events_->Read(&before).ok());  // an empty queue to start from
+    GenerateCommEvents(20000);
+    ProcessEventBatch batch;
+    ASSERT_TRUE(events_->Read(&batch).ok());
+    overflowed = batch.overflowed;
+  }
+  EXPECT_FALSE(overflowed);
 }
 
 TEST_F(ProcessEventsTest, WatchOnlyKeepsTheEventsOfTheWatchedProcesses) {
