@@ -456,7 +456,7 @@ class SortedTable {
   // when they were inserted stay behind heads that have gone cold). Only this slow path
   // pays for it, and one pass brings the entry a step nearer the head.
   void PassIfBusier(uint32_t i, uint32_t previous) {
-    constexpr uint32_t kPassMinimum = 2;
+    constexpr uint32_t kPassMinimum = 4;
     const uint32_t mine = PeriodCount(slots_[i]);
     if (mine >= kPassMinimum && mine > 2 * PeriodCount(slots_[previous])) {
       SwapEntries(i, previous);

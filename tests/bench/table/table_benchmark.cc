@@ -21,7 +21,9 @@
 // in absl::flat_hash_map). For the table, "ideal" is the final value had every chain been
 // ordered by its entries' final counts: the best any order can do with these chains. MB =
 // bytes the container holds at the bound (the maps: buckets or slots plus, for
-// std::unordered_map, one 32-byte node per key).
+// std::unordered_map, one 32-byte node per key). For the table, "sorts" counts the chains the
+// period-end sorts reordered and "passes" the hits behind a head that passed the entry before
+// them (TableStats).
 //
 // A third anchor, "absl + period counts", is absl::flat_hash_map keeping per update the
 // table's period counts (and recording the keys that cross frequency_threshold), without
@@ -131,6 +133,7 @@ struct Run {
   double probe_ideal = 0;  // the table: probe_final with every chain ordered by final count
   double memory_mb = 0;
   uint64_t chains_sorted = 0;
+  uint64_t entries_passed = 0;
 };
 
 [[noreturn]] void Fail(const std::string& contender, const std::string& what) {
@@ -203,6 +206,7 @@ Run RunStrata(const std::string& name, const Stream& stream, SortedTableOptions 
   run.probe_ideal = static_cast<double>(ideal) / static_cast<double>(total);
   run.memory_mb = static_cast<double>(table.memory_bytes()) / 1e6;
   run.chains_sorted = end.chains_sorted;
+  run.entries_passed = end.entries_passed;
   return run;
 }
 
@@ -383,8 +387,9 @@ void Report(const Stream& stream, const std::vector<Contender>& contenders, int 
   const size_t n = stream.keys.size();
   std::printf("\n%s: %zu updates, %zu distinct keys (of %u), %d rounds, CPU time\n",
               stream.name.c_str(), n, stream.expected.size(), kDistinctKeys, rounds);
-  std::printf("%-30s %9s %9s %7s %7s %7s %7s %7s %7s %7s %7s\n", "contender", "M upd/s", "best",
-              "x std", "x absl", "probe1", "probe2", "final", "ideal", "MB", "sorts");
+  std::printf("%-30s %9s %9s %7s %7s %7s %7s %7s %7s %7s %7s %8s\n", "contender", "M upd/s",
+              "best", "x std", "x absl", "probe1", "probe2", "final", "ideal", "MB", "sorts",
+              "passes");
   const double std_rate = Find(contenders, kStd)->MedianRate(n);  // the baselines always run
   const double absl_rate = Find(contenders, kAbsl)->MedianRate(n);
   for (const Contender& c : contenders) {
@@ -405,9 +410,10 @@ void Report(const Stream& stream, const std::vector<Contender>& contenders, int 
     }
     std::printf("%7.2f ", last.memory_mb);
     if (c.name.starts_with("strata")) {
-      std::printf("%7llu\n", static_cast<unsigned long long>(last.chains_sorted));
+      std::printf("%7llu %8llu\n", static_cast<unsigned long long>(last.chains_sorted),
+                  static_cast<unsigned long long>(last.entries_passed));
     } else {
-      std::printf("%7s\n", "-");
+      std::printf("%7s %8s\n", "-", "-");
     }
   }
   for (const char* name : {kSortedAdd, kSortedBatch}) {
