@@ -15,18 +15,20 @@ class ProfileTest : public ::testing::Test {
     store_ = std::move(*s);
     // main -> a -> leaf (5), main -> b -> leaf (3), main -> a -> a (2): recursion
     store::WriteBatch wb;
-    auto fn = [&](const char* name) {
-      return *store_->interner().InternFunction({name, "/bin/x", "", 0}, &wb);
-    };
+    auto fn = [&](const char* name) { return Function(name, "/bin/x", &wb); };
     const uint64_t main = fn("main"), a = fn("a"), b = fn("b"), leaf = fn("leaf");
-    auto stack = [&](std::vector<uint64_t> f) {
-      return *store_->interner().InternStack({std::move(f), false}, &wb);
-    };
+    auto stack = [&](std::vector<uint64_t> f) { return Stack(std::move(f), &wb); };
     wb.AddSamples("svc", 10'000, "h1", stack({main, a, leaf}), 5);
     wb.AddSamples("svc", 20'000, "h2", stack({main, b, leaf}), 3);
     wb.AddSamples("svc", 20'000, "h1", stack({main, a, a}), 2);
     wb.AddSamples("other", 20'000, "h1", stack({main}), 100);
     ASSERT_TRUE(store_->Commit(&wb).ok());
+  }
+  uint64_t Function(const char* name, const char* module, store::WriteBatch* wb) {
+    return *store_->interner().InternFunction({name, module, "", 0}, wb);
+  }
+  uint64_t Stack(std::vector<uint64_t> functions, store::WriteBatch* wb) {
+    return *store_->interner().InternStack({std::move(functions), false}, wb);
   }
   absl::StatusOr<Profile> Load(ProfileQuery q) {
     if (q.service.empty()) q.service = "svc";
@@ -112,13 +114,9 @@ TEST_F(ProfileTest, RepeatedLoadsOfOneReaderMatchFreshReaders) {
 TEST_F(ProfileTest, OpenWindowCountsJoinASpanOfWholeHours) {
   constexpr int64_t kHour = 3'600'000;
   store::WriteBatch wb;
-  auto fn = [&](const char* name) {
-    return *store_->interner().InternFunction({name, "/bin/y", "", 0}, &wb);
-  };
+  auto fn = [&](const char* name) { return Function(name, "/bin/y", &wb); };
   const uint64_t main = fn("main"), work = fn("work"), idle = fn("idle"), fresh = fn("fresh");
-  auto stack = [&](std::vector<uint64_t> f) {
-    return *store_->interner().InternStack({std::move(f), false}, &wb);
-  };
+  auto stack = [&](std::vector<uint64_t> f) { return Stack(std::move(f), &wb); };
   const uint64_t busy = stack({main, work}), quiet = stack({main, idle});
   const uint64_t added = stack({main, fresh});
   for (int64_t w = 0; w < 12 * kHour; w += 60'000) {
