@@ -14,8 +14,8 @@
 // EndPeriod()), chains longer than `depth_threshold` move their entries above
 // `frequency_threshold` to the front, hottest first, and the period's hot set is ranked
 // against those of the two periods before to record phase changes (PhaseChange); between
-// the sorts, a hit behind a head passes the entry before it when it has twice that entry's
-// period count (the warm entries the sort leaves alone find their place). Entries are
+// the sorts, a hit behind a head passes the entry before it when it has more than twice that
+// entry's period count (the warm entries the sort leaves alone find their place). Entries are
 // 16-byte slots with each chain's head in its home slot, so a hit on a head (where sorting
 // keeps the hot entries) is one cache miss found from the hash alone. Why each of these is so,
 // and what an update costs: docs/developing/sorted-table.md.
@@ -450,11 +450,11 @@ class SortedTable {
   }
 
   // A hit behind a head: the entry in slot `i` passes the one before it (slot `previous`)
-  // once it has twice its count this period and at least kPassMinimum. The period-end sort
-  // orders only the entries above frequency_threshold; this orders the warm ones behind
-  // them, where most hits behind a head land (after a phase change, keys that were cold
-  // when they were inserted stay behind heads that have gone cold). Only this slow path
-  // pays for it, and one pass brings the entry a step nearer the head.
+  // once it has more than twice its count this period, and at least kPassMinimum. The
+  // period-end sort orders only the entries above frequency_threshold; this orders the warm
+  // ones behind them, where most hits behind a head land (after a phase change, keys that
+  // were cold when they were inserted stay behind heads that have gone cold). Only this slow
+  // path pays for it, and one pass brings the entry a step nearer the head.
   void PassIfBusier(uint32_t i, uint32_t previous) {
     constexpr uint32_t kPassMinimum = 4;
     const uint32_t mine = PeriodCount(slots_[i]);
