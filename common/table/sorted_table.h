@@ -408,46 +408,7 @@ class SortedTable {
   // Add() when the key is not at the head of its chain: a deeper hit, or an insert at the
   // tail (new keys start cold, behind the sorted ones).
   // `key` by value: Add() need not store it to memory for the call.
-  [[gnu::noinline]] AddResult AddBehindHead(Key key, uint64_t count, uint32_t b) {
-    uint32_t position = 1;
-    uint32_t tail = kNil;
-    if (HasChain(b)) {
-      for (uint32_t i = b, previous = kNil;; ++position) {
-        if (slots_[i].key == key) {
-          deep_probes_ += position - 1;
-          const bool period_done = Hit(i, position, count, tally_);
-          if (previous != kNil && sorting_) PassIfBusier(i, previous);
-          if (period_done) PeriodCountReached();
-          return AddResult::kUpdated;
-        }
-        const uint32_t next = Next(i);
-        if (next == kNil) {
-          tail = i;
-          break;
-        }
-        previous = i;
-        i = next;
-      }
-      ++position;
-    }
-    if (size_ == options_.max_entries) {
-      ++stats_.full_rejections;
-      return AddResult::kFull;
-    }
-    ++size_;
-    const uint32_t weight = PeriodWeight(count);
-    const uint32_t i = ClaimSlot(b, tail);
-    Slot& s = slots_[i];
-    s.key = key;
-    s.count = static_cast<uint16_t>(count);
-    count_high_[i] = count >> 16;
-    s.period = tally_.epoch_base + std::min(weight, kPeriodCountLimit);
-    if (sorting_ && weight >= hot_min_) BecameHot(key, position);
-    ++stats_.inserts;
-    stats_.insert_probe_sum += position - 1;
-    if (CountTowardsPeriod(weight, tally_)) PeriodCountReached();
-    return AddResult::kInserted;
-  }
+  [[gnu::noinline]] AddResult AddBehindHead(Key key, uint64_t count, uint32_t b);
 
   // A hit behind a head: the entry in slot `i` passes the one before it (slot `previous`)
   // once it has more than twice its count this period, and at least kPassMinimum. The
@@ -455,14 +416,7 @@ class SortedTable {
   // ones behind them, where most hits behind a head land (after a phase change, keys that
   // were cold when they were inserted stay behind heads that have gone cold). Only this slow
   // path pays for it, and one pass brings the entry a step nearer the head.
-  void PassIfBusier(uint32_t i, uint32_t previous) {
-    constexpr uint32_t kPassMinimum = 4;
-    const uint32_t mine = PeriodCount(slots_[i]);
-    if (mine >= kPassMinimum && mine > 2 * PeriodCount(slots_[previous])) {
-      SwapEntries(i, previous);
-      ++stats_.entries_passed;
-    }
-  }
+  void PassIfBusier(uint32_t i, uint32_t previous);
 
   // The slot for a new last entry of chain `b`, whose tail is slot `tail` (kNil: the chain is
   // empty), linked in: the home slot for a first entry (moving a deeper entry of another

@@ -10,6 +10,58 @@
 namespace strata::table {
 
 template <typename Key, typename Hash>
+AddResult SortedTable<Key, Hash>::AddBehindHead(Key key, uint64_t count, uint32_t b) {
+  uint32_t position = 1;
+  uint32_t tail = kNil;
+  if (HasChain(b)) {
+    for (uint32_t i = b, previous = kNil;; ++position) {
+      if (slots_[i].key == key) {
+        deep_probes_ += position - 1;
+        const bool period_done = Hit(i, position, count, tally_);
+        if (previous != kNil && sorting_) PassIfBusier(i, previous);
+        if (period_done) PeriodCountReached();
+        return AddResult::kUpdated;
+      }
+      const uint32_t next = Next(i);
+      if (next == kNil) {
+        tail = i;
+        break;
+      }
+      previous = i;
+      i = next;
+    }
+    ++position;
+  }
+  if (size_ == options_.max_entries) {
+    ++stats_.full_rejections;
+    return AddResult::kFull;
+  }
+  ++size_;
+  const uint32_t weight = PeriodWeight(count);
+  const uint32_t i = ClaimSlot(b, tail);
+  Slot& s = slots_[i];
+  s.key = key;
+  s.count = static_cast<uint16_t>(count);
+  count_high_[i] = count >> 16;
+  s.period = tally_.epoch_base + std::min(weight, kPeriodCountLimit);
+  if (sorting_ && weight >= hot_min_) BecameHot(key, position);
+  ++stats_.inserts;
+  stats_.insert_probe_sum += position - 1;
+  if (CountTowardsPeriod(weight, tally_)) PeriodCountReached();
+  return AddResult::kInserted;
+}
+
+template <typename Key, typename Hash>
+void SortedTable<Key, Hash>::PassIfBusier(uint32_t i, uint32_t previous) {
+  constexpr uint32_t kPassMinimum = 4;
+  const uint32_t mine = PeriodCount(slots_[i]);
+  if (mine >= kPassMinimum && mine > 2 * PeriodCount(slots_[previous])) {
+    SwapEntries(i, previous);
+    ++stats_.entries_passed;
+  }
+}
+
+template <typename Key, typename Hash>
 void SortedTable<Key, Hash>::Clear() {
   for (uint32_t i = 0; i < slot_count_; ++i) Release(i);
   free_scan_ = slot_count_;
