@@ -25,14 +25,18 @@ part_done() {
 # The failed tests of every part, and the end of each one's output, repeated at the end: CI
 # keeps only the tail of the output.
 failures=()
-failed_outputs=()  # "BUILD_DIR<TAB>TEST NAME" of each failed test
+failed_outputs=()  # "LOG<TAB>TEST NAME" of each failed test
 record_failures() {  # record_failures PART BUILD_DIR: the failed tests of its last ctest.
   local part=$1 dir=$2 failed="$2/Testing/Temporary/LastTestsFailed.log" line
+  # A later ctest in the same directory (the mips64el Python reader runs in the x86-64 build)
+  # overwrites LastTest.log: each failed part keeps its own copy.
+  local log="$dir/Testing/Temporary/LastTest.failed-${#failures[@]}.log"
+  cp "$dir/Testing/Temporary/LastTest.log" "$log" 2>/dev/null || true
   status=1
   if [[ -s $failed ]]; then
     while IFS= read -r line; do
       failures+=("$part: ${line#*:}")
-      failed_outputs+=("$dir"$'\t'"${line#*:}")
+      failed_outputs+=("$log"$'\t'"${line#*:}")
     done <"$failed"
   else
     failures+=("$part: failed before or outside its tests (see above)")
@@ -51,12 +55,16 @@ print_parts() {
   if ((${#failures[@]})); then
     echo "== failed"
     printf '  %s\n' "${failures[@]}"
-    local entry dir name
+    local entry log name output
     for entry in "${failed_outputs[@]}"; do
-      dir=${entry%%$'\t'*} name=${entry#*$'\t'}
-      echo "== the end of $name's output ($dir)"
-      awk -v name="$name" '$0 ~ "Testing: " && $NF == name {found = 1; next}
-        found && /^<end of output>/ {exit} found' "$dir/Testing/Temporary/LastTest.log" | tail -n 30
+      log=${entry%%$'\t'*} name=${entry#*$'\t'}
+      echo "== the end of $name's output ($log)"
+      output=$(awk -v name="$name" '$0 ~ "Testing: " && $NF == name {found = 1; next}
+        found && /^<end of output>/ {exit} found' "$log")
+      # GoogleTest's failure lines first (a failure may print a long log after them).
+      grep -A 6 -m 8 ': Failure$' <<<"$output" | head -n 60 || true
+      echo "-- its last lines"
+      tail -n 30 <<<"$output"
     done
   fi
 }
