@@ -84,7 +84,7 @@ class Stream {
          const server::ingest::IngestLimits& limits, uint64_t graph_salt)
       : backend_(backend), registry_(registry), limits_(limits), graph_salt_(graph_salt) {}
   ~Stream() {
-    if (session_ != nullptr) registry_->Detach(session_->identity().agent_id);
+    if (session_ != nullptr) registry_->Detach(session_->identity().agent_id, attachment_);
   }
 
   // false: the stream ends (as when Handle returns an error).
@@ -124,11 +124,11 @@ class Stream {
     identity_ = {hello.agent_id(), hello.host(), hello.arch(), hello.version(),
                  hello.graph_id() ^ graph_salt_};
     if (!Open()) return false;
-    if (!registry_->Attach(server::ingest::DescriptorOf(identity_), hello.frequency_hz(),
-                           [](const v1::ServerMessage&) { return false; })
-             .ok()) {
-      return false;
-    }
+    absl::StatusOr<uint64_t> attachment =
+        registry_->Attach(server::ingest::DescriptorOf(identity_), hello.frequency_hz(),
+                          [](const v1::ServerMessage&) { return false; });
+    if (!attachment.ok()) return false;
+    attachment_ = *attachment;
     return true;
   }
 
@@ -180,6 +180,7 @@ class Stream {
   const uint64_t graph_salt_;
   server::ingest::AgentIdentity identity_;
   std::unique_ptr<server::ingest::AgentSession> session_;
+  uint64_t attachment_ = 0;  // in the registry
 };
 
 }  // namespace

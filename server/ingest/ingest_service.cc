@@ -107,7 +107,7 @@ class IngestService::Stream final
       link_->stream = nullptr;
     }
     if (session_ != nullptr && !replica_) {
-      service_->registry_->Detach(session_->identity().agent_id);
+      service_->registry_->Detach(session_->identity().agent_id, attachment_);
       LogInfo("agent {} disconnected", log_name_);
     }
     if (admitted_) --service_->metrics_->connected;
@@ -225,6 +225,7 @@ class IngestService::Stream final
   std::string replica_owner_;  // a replica stream's agent owner (kReplicaOwnerMetadata)
   std::unique_ptr<StreamReplica> replica_of_;  // an accepted stream's mirror to the owners
   std::string log_name_;                   // the agent ID, escaped for logs
+  uint64_t attachment_ = 0;                // in the registry, for Detach
   size_t accounted_bytes_ = 0;             // this session's part of session_bytes
 
   absl::Mutex mu_;
@@ -352,17 +353,17 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
   }
   if (options.placement != nullptr) replica_of_ = options.placement->Replicate(hello, identity.owner);
   std::shared_ptr<Link> link = link_;
-  if (absl::Status st = service_->registry_->Attach(
-          DescriptorOf(identity), hello.frequency_hz(),
-          [link](const v1::ServerMessage& m) {
-            absl::MutexLock lock(&link->mu);
-            return link->stream != nullptr && link->stream->Queue(m);
-          });
-      !st.ok()) {
+  absl::StatusOr<uint64_t> attachment = service_->registry_->Attach(
+      DescriptorOf(identity), hello.frequency_hz(), [link](const v1::ServerMessage& m) {
+        absl::MutexLock lock(&link->mu);
+        return link->stream != nullptr && link->stream->Queue(m);
+      });
+  if (!attachment.ok()) {
     session_.reset();
     ++metrics->identity_refused;
-    return st;
+    return attachment.status();
   }
+  attachment_ = *attachment;
   LogInfo("agent {} connected (host {}, arch {}, graph {:x}: {} nodes, {} edges known)",
                log_name_, base::EscapeForLog(identity.host), base::EscapeForLog(identity.arch),
                identity.graph_id,

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/testing/temp_dir.h"
+#include "common/testing/wait_for.h"
 #include "gtest/gtest.h"
 #include "server/aggregate/window_aggregator.h"
 #include "server/ingest/fake_agent.h"
@@ -186,6 +187,32 @@ TEST_F(IngestServiceTest, ResentBatchIsAcknowledgedAgainButStoredOnce) {
   ASSERT_TRUE(Send(s, Message(Batch(2, agent.graph.num_edges(), {c}))).has_ack());
   EXPECT_EQ(Stored(), 10u);
   EXPECT_TRUE(Finish(s).ok());
+}
+
+// An agent that reconnects before the server saw its old stream end (a reconnect storm, a
+// connection that broke one way) stays connected when the old stream's end is seen.
+TEST_F(IngestServiceTest, OldStreamEndingAfterTheAgentReconnectedLeavesItConnected) {
+  StartServer();
+  Stream old_stream = Connect();
+  ASSERT_TRUE(Send(old_stream, HelloMessage()).has_welcome());
+  Stream new_stream = Connect();
+  ASSERT_TRUE(Send(new_stream, HelloMessage()).has_welcome());
+  ASSERT_EQ(metrics_.connected.load(), 2);
+  EXPECT_TRUE(Finish(old_stream).ok());
+  // The old stream's end has been handled once the server counts one stream.
+  ASSERT_TRUE(strata::testing::WaitFor([&] { return metrics_.connected.load() == 1; }));
+  std::vector<registry::AgentStatus> agents = registry_.List();
+  ASSERT_EQ(agents.size(), 1u);
+  EXPECT_TRUE(agents[0].connected);
+  // Control messages still reach the agent, on its new stream.
+  v1::ServerMessage control;
+  control.mutable_stop_capture()->set_capture_id("c-1");
+  ASSERT_TRUE(registry_.Send("agent-1", control));
+  v1::ServerMessage received = Read(new_stream);
+  EXPECT_EQ(received.stop_capture().capture_id(), "c-1") << received.DebugString();
+  EXPECT_TRUE(Finish(new_stream).ok());
+  ASSERT_TRUE(strata::testing::WaitFor([&] { return metrics_.connected.load() == 0; }));
+  EXPECT_FALSE(registry_.List()[0].connected);
 }
 
 TEST_F(IngestServiceTest, BatchBeyondTheGraphGetsResyncAndNothingIsStored) {

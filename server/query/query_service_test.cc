@@ -265,10 +265,9 @@ TEST_F(QueryServiceTest, ListsServicesWithTheirWindows) {
 }
 
 TEST_F(QueryServiceTest, ListsTheRegistrysAgents) {
-  ASSERT_TRUE(registry_
-                  .Attach({"agent-1", "host-1", "x86_64", "1.0", ""}, 99,
-                          [](const v1::ServerMessage&) { return true; })
-                  .ok());
+  absl::StatusOr<uint64_t> attachment = registry_.Attach(
+      {"agent-1", "host-1", "x86_64", "1.0", ""}, 99, [](const v1::ServerMessage&) { return true; });
+  ASSERT_TRUE(attachment.ok()) << attachment.status();
   v1::SampleBatch batch;
   batch.set_end_ms(kWindow + 500);
   v1::Target* target = batch.add_targets();
@@ -293,7 +292,7 @@ TEST_F(QueryServiceTest, ListsTheRegistrysAgents) {
   EXPECT_EQ(a.targets(0), "api/42");
   EXPECT_EQ(a.health().spool_dropped_samples(), 7u);
 
-  registry_.Detach("agent-1");
+  registry_.Detach("agent-1", *attachment);
   response = query_->RunListAgents();
   ASSERT_EQ(response.agents_size(), 1);
   EXPECT_FALSE(response.agents(0).connected());

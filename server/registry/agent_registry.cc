@@ -7,8 +7,8 @@
 
 namespace strata::server::registry {
 
-absl::Status AgentRegistry::Attach(const AgentDescriptor& agent, uint32_t frequency_hz,
-                                   Sender sender) {
+absl::StatusOr<uint64_t> AgentRegistry::Attach(const AgentDescriptor& agent,
+                                               uint32_t frequency_hz, Sender sender) {
   absl::MutexLock lock(&mu_);
   if (auto known = agents_.find(agent.agent_id);
       known != agents_.end() && !known->second.agent.owner.empty() &&
@@ -23,13 +23,14 @@ absl::Status AgentRegistry::Attach(const AgentDescriptor& agent, uint32_t freque
   e.frequency_hz = frequency_hz;
   e.connected = true;
   e.sender = std::make_shared<Sender>(std::move(sender));
-  return absl::OkStatus();
+  e.attachment = ++attachments_;
+  return e.attachment;
 }
 
-void AgentRegistry::Detach(const std::string& agent_id) {
+void AgentRegistry::Detach(const std::string& agent_id, uint64_t attachment) {
   absl::MutexLock lock(&mu_);
   auto it = agents_.find(agent_id);
-  if (it == agents_.end()) return;
+  if (it == agents_.end() || it->second.attachment != attachment) return;
   it->second.connected = false;
   it->second.sender.reset();
   it->second.detached_at = ++detaches_;

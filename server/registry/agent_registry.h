@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "strata/v1/common.pb.h"
 #include "strata/v1/ingest.pb.h"
@@ -64,10 +65,14 @@ class AgentRegistry {
 
   explicit AgentRegistry(size_t max_disconnected = 10'000) : max_disconnected_(max_disconnected) {}
 
-  // Registers a connected agent. PERMISSION_DENIED if the agent ID belongs to another
-  // principal (AgentDescriptor::owner) that the registry knows of.
-  absl::Status Attach(const AgentDescriptor& agent, uint32_t frequency_hz, Sender sender);
-  void Detach(const std::string& agent_id);
+  // Registers a connected agent; returns the attachment, which Detach names. PERMISSION_DENIED
+  // if the agent ID belongs to another principal (AgentDescriptor::owner) that the registry
+  // knows of.
+  absl::StatusOr<uint64_t> Attach(const AgentDescriptor& agent, uint32_t frequency_hz,
+                                  Sender sender);
+  // Ends `attachment` of the agent. An agent that reconnected before the server saw its old
+  // stream end is attached again already: the old stream's Detach leaves it connected.
+  void Detach(const std::string& agent_id, uint64_t attachment);
   void RecordBatch(const std::string& agent_id, const v1::SampleBatch& batch);
   // Replaces the agent's target list (from a Heartbeat).
   void SetTargets(const std::string& agent_id,
@@ -97,6 +102,7 @@ class AgentRegistry {
     std::map<uint32_t, std::string> targets;  // pid -> service, latest seen
     v1::AgentHealth health;
     std::shared_ptr<Sender> sender;
+    uint64_t attachment = 0;  // the stream attached last
     uint64_t detached_at = 0;  // Detach() order, for forgetting the oldest
   };
   const size_t max_disconnected_;
@@ -104,6 +110,7 @@ class AgentRegistry {
   std::map<std::string, Entry> agents_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::string> disconnected_ ABSL_GUARDED_BY(mu_);  // by detached_at
   uint64_t detaches_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t attachments_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace strata::server::registry
