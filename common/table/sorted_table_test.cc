@@ -27,6 +27,21 @@ CountTable MakeTable(const SortedTableOptions& options) {
   return *std::move(table);
 }
 
+// A table of 64 entries in 16 buckets, for chains built key by key: its period and the
+// sort's depth and frequency thresholds.
+struct ChainTableOptions {
+  uint32_t period;
+  uint32_t depth;
+  uint32_t frequency;
+};
+CountTable ChainTable(const ChainTableOptions& o) {
+  return MakeTable({.max_entries = 64,
+                    .bucket_count = 16,
+                    .period = o.period,
+                    .depth_threshold = o.depth,
+                    .frequency_threshold = o.frequency});
+}
+
 std::vector<uint64_t> ChainKeys(const CountTable& table, uint32_t bucket) {
   std::vector<uint64_t> keys;
   table.ForEachInChain(bucket, [&](uint64_t key, uint64_t, uint32_t) { keys.push_back(key); });
@@ -44,6 +59,18 @@ std::vector<std::vector<uint64_t>> KeysByBucket(const CountTable& table, size_t 
     if (keys.size() == per_bucket) out.push_back(keys);
   }
   return out;
+}
+
+// A chain of `n` keys of one bucket, each added once, and a key of another bucket that ends
+// periods without touching the chain.
+struct AddedChain {
+  std::vector<uint64_t> keys;
+  uint64_t filler;
+};
+AddedChain AddChain(CountTable& table, size_t n) {
+  const auto groups = KeysByBucket(table, 2, n);
+  for (uint64_t k : groups[0]) table.Add(k);
+  return {groups[0], groups[1][0]};
 }
 
 // Adds `count` to `filler` (alone in its chain) until the current period ends.
@@ -218,11 +245,7 @@ TEST(SortedTableTest, NothingAllocatedAfterConstruction) {
 
 // Chain A (six keys, deeper than depth_threshold 2) and chain B (two keys) in one period.
 TEST(SortedTableTest, SortMovesHotEntriesOfDeepChainsOnly) {
-  CountTable table = MakeTable({.max_entries = 64,
-                                .bucket_count = 16,
-                                .period = 1000,
-                                .depth_threshold = 2,
-                                .frequency_threshold = 3});
+  CountTable table = ChainTable({.period = 1000, .depth = 2, .frequency = 3});
   const auto groups = KeysByBucket(table, 3, 6);
   const std::vector<uint64_t>& a = groups[0];
   const std::vector<uint64_t> b = {groups[1][0], groups[1][1]};
@@ -256,15 +279,8 @@ TEST(SortedTableTest, SortMovesHotEntriesOfDeepChainsOnly) {
 // heads that have gone idle: on a hit behind the head, an entry with twice the period count
 // of the one before it (and at least 4) passes it, hot or not.
 TEST(SortedTableTest, BusierEntriesPassIdleOnesBeforeThem) {
-  CountTable table = MakeTable({.max_entries = 64,
-                                .bucket_count = 16,
-                                .period = 1000,
-                                .depth_threshold = 1,
-                                .frequency_threshold = 500});
-  const auto groups = KeysByBucket(table, 2, 3);
-  const std::vector<uint64_t>& a = groups[0];
-  const uint64_t filler = groups[1][0];
-  for (uint64_t k : a) table.Add(k);
+  CountTable table = ChainTable({.period = 1000, .depth = 1, .frequency = 500});
+  const auto [a, filler] = AddChain(table, 3);
   for (int i = 0; i < 300; ++i) table.Add(a[0]);  // busy at the head, never hot
   FinishPeriod(table, filler);
   // This period a0 is idle and a2 busy.
@@ -288,15 +304,8 @@ TEST(SortedTableTest, BusierEntriesPassIdleOnesBeforeThem) {
 }
 
 TEST(SortedTableTest, SortIsStableForEqualCountsAndSkipsOrderedChains) {
-  CountTable table = MakeTable({.max_entries = 64,
-                                .bucket_count = 16,
-                                .period = 1000,
-                                .depth_threshold = 2,
-                                .frequency_threshold = 3});
-  const auto groups = KeysByBucket(table, 2, 5);
-  const std::vector<uint64_t>& a = groups[0];
-  const uint64_t filler = groups[1][0];
-  for (uint64_t k : a) table.Add(k);
+  CountTable table = ChainTable({.period = 1000, .depth = 2, .frequency = 3});
+  const auto [a, filler] = AddChain(table, 5);
   table.Add(a[3], 9);  // a3 and a1 tie at 10: a1 was first, stays first
   table.Add(a[1], 9);
   FinishPeriod(table, filler);
@@ -318,20 +327,15 @@ TEST(SortedTableTest, SortingOffNeverReorders) {
                                 .period = 100,
                                 .depth_threshold = 1,
                                 .frequency_threshold = 1});
-  const auto groups = KeysByBucket(table, 2, 4);
-  for (uint64_t k : groups[0]) table.Add(k);
-  for (int i = 0; i < 1000; ++i) table.Add(groups[0][3]);
-  EXPECT_THAT(ChainKeys(table, table.BucketIndex(groups[0][0])), ElementsAreArray(groups[0]));
+  const AddedChain chain = AddChain(table, 4);
+  for (int i = 0; i < 1000; ++i) table.Add(chain.keys[3]);
+  EXPECT_THAT(ChainKeys(table, table.BucketIndex(chain.keys[0])), ElementsAreArray(chain.keys));
   EXPECT_EQ(table.stats().chains_sorted, 0u);
   EXPECT_GT(table.stats().periods, 0u);
 }
 
 TEST(SortedTableTest, SortingShortensProbes) {
-  CountTable table = MakeTable({.max_entries = 64,
-                                .bucket_count = 16,
-                                .period = 100,
-                                .depth_threshold = 2,
-                                .frequency_threshold = 10});
+  CountTable table = ChainTable({.period = 100, .depth = 2, .frequency = 10});
   const auto groups = KeysByBucket(table, 1, 8);
   const std::vector<uint64_t>& a = groups[0];
   for (uint64_t k : a) table.Add(k);
@@ -352,11 +356,7 @@ TEST(SortedTableTest, SortingShortensProbes) {
 // various offsets inside a period. Each period has 1000 updates.
 std::vector<PhaseChange<uint64_t>> RunHotSwitch(uint64_t switch_at, uint64_t* a_key,
                                                 uint64_t* b_key) {
-  CountTable table = MakeTable({.max_entries = 64,
-                                .bucket_count = 16,
-                                .period = 1000,
-                                .depth_threshold = 2,
-                                .frequency_threshold = 10});
+  CountTable table = ChainTable({.period = 1000, .depth = 2, .frequency = 10});
   const auto groups = KeysByBucket(table, 1, 4);
   const uint64_t a = groups[0][0], b = groups[0][1], c = groups[0][2], d = groups[0][3];
   *a_key = a;
@@ -396,11 +396,7 @@ TEST(SortedTableTest, RecordsPhaseChangeWhenHotKeySwitches) {
 }
 
 TEST(SortedTableTest, NoPhaseChangeForSmallSwaps) {
-  CountTable table = MakeTable({.max_entries = 64,
-                                .bucket_count = 16,
-                                .period = 1000,
-                                .depth_threshold = 2,
-                                .frequency_threshold = 10});
+  CountTable table = ChainTable({.period = 1000, .depth = 2, .frequency = 10});
   const auto groups = KeysByBucket(table, 1, 6);
   const std::vector<uint64_t>& k = groups[0];
   std::mt19937_64 rng(5);
