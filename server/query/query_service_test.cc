@@ -265,8 +265,9 @@ TEST_F(QueryServiceTest, ListsServicesWithTheirWindows) {
 }
 
 TEST_F(QueryServiceTest, ListsTheRegistrysAgents) {
-  absl::StatusOr<uint64_t> attachment = registry_.Attach(
-      {"agent-1", "host-1", "x86_64", "1.0", ""}, 99, [](const v1::ServerMessage&) { return true; });
+  absl::StatusOr<uint64_t> attachment =
+      registry_.Attach({"agent-1", "host-1", "x86_64", "1.0", ""}, 99,
+                       [](const v1::ServerMessage&) { return true; });
   ASSERT_TRUE(attachment.ok()) << attachment.status();
   v1::SampleBatch batch;
   batch.set_end_ms(kWindow + 500);
