@@ -84,7 +84,11 @@ std::unique_ptr<PrologueTable> PrologueTable::Build(Arch arch,
     t->page_base_ = t->funcs_.front().start & ~((uint64_t{1} << kPageShift) - 1);
     const uint64_t span = t->funcs_.back().end - t->page_base_;
     const uint64_t pages = (span >> kPageShift) + 1;
-    if (pages <= (uint64_t{1} << 26)) {
+    // Only where it pays: a few entries per function at most. A module whose functions are
+    // scattered over a sparse range (a corrupt or hostile file: three FDEs over 130 GiB)
+    // would otherwise cost a page entry per 4 KiB of that range, and binary search over few
+    // functions is as quick.
+    if (pages <= kMaxPagesPerFunction * t->funcs_.size() + kMaxPagesPerFunction) {
       t->page_first_.resize(pages);
       size_t i = 0;
       for (uint64_t p = 0; p < pages; ++p) {
@@ -95,39 +99,36 @@ std::unique_ptr<PrologueTable> PrologueTable::Build(Arch arch,
     }
   }
 
-  // Addresses that follow a call, for the return-address sanity check.
-  if (!code.empty()) {
-    uint64_t lo = UINT64_MAX, hi = 0;
-    for (const CodeRegion& r : code) {
-      if (r.bytes == nullptr || r.size < 4) continue;
-      lo = std::min(lo, r.vaddr & ~uint64_t{3});
-      hi = std::max(hi, r.vaddr + r.size + 8);
+  // Addresses that follow a call, for the return-address sanity check: one bitmap per code
+  // region, so its size follows the code's, not the span between regions.
+  for (const CodeRegion& r : code) {
+    if (r.bytes == nullptr || r.size < 4) continue;
+    CallBitmap bitmap;
+    bitmap.base = r.vaddr & ~uint64_t{3};
+    bitmap.bits = (r.size + 3) / 4 + 3;  // up to the word after the region's last delay slot
+    bitmap.first_word = t->after_call_.size();
+    t->after_call_.resize(bitmap.first_word + (bitmap.bits + 63) / 64, 0);
+    uint64_t* words = t->after_call_.data() + bitmap.first_word;
+    auto mark = [&](uint64_t addr) {
+      const uint64_t bit = (addr - bitmap.base) / 4;
+      if (bit < bitmap.bits) words[bit / 64] |= uint64_t{1} << (bit % 64);
+    };
+    const uint64_t skew = (4 - (r.vaddr & 3)) & 3;
+    for (uint64_t off = skew; off + 4 <= r.size; off += 4) {
+      const uint32_t w = LoadWord(r.bytes + off, be);
+      if (insn::IsCallWithDelaySlot(w)) mark(r.vaddr + off + 8);
+      else if (insn::IsCompactCall(w)) mark(r.vaddr + off + 4);
     }
-    if (lo < hi && (hi - lo) / 4 <= (uint64_t{1} << 30)) {
-      t->call_base_ = lo;
-      t->after_call_bits_ = (hi - lo) / 4 + 1;
-      t->after_call_.assign((t->after_call_bits_ + 63) / 64, 0);
-      auto mark = [&](uint64_t addr) {
-        const uint64_t bit = (addr - lo) / 4;
-        if (bit < t->after_call_bits_) t->after_call_[bit / 64] |= uint64_t{1} << (bit % 64);
-      };
-      for (const CodeRegion& r : code) {
-        if (r.bytes == nullptr) continue;
-        const uint64_t skew = (4 - (r.vaddr & 3)) & 3;
-        for (uint64_t off = skew; off + 4 <= r.size; off += 4) {
-          const uint32_t w = LoadWord(r.bytes + off, be);
-          if (insn::IsCallWithDelaySlot(w)) mark(r.vaddr + off + 8);
-          else if (insn::IsCompactCall(w)) mark(r.vaddr + off + 4);
-        }
-      }
-    }
+    t->call_bitmaps_.push_back(bitmap);
   }
+  t->after_call_.shrink_to_fit();
 
   t->stats_.functions = t->funcs_.size();
   t->stats_.rows = t->rows_.size();
   t->stats_.memory_bytes = t->funcs_.size() * sizeof(Func) + t->rows_.size() * sizeof(RowRange) +
                            t->page_first_.size() * sizeof(uint32_t) +
-                           t->after_call_.size() * sizeof(uint64_t);
+                           t->after_call_.size() * sizeof(uint64_t) +
+                           t->call_bitmaps_.size() * sizeof(CallBitmap);
   return t;
 }
 
@@ -192,10 +193,14 @@ bool PrologueTable::FindRow(uint64_t pc, bool innermost, UnwindRow* row) const {
 }
 
 bool PrologueTable::IsPlausibleReturnAddress(uint64_t return_address) const {
-  if ((return_address & 3) != 0 || return_address < call_base_) return false;
-  const uint64_t bit = (return_address - call_base_) / 4;
-  if (bit >= after_call_bits_) return false;
-  return (after_call_[bit / 64] >> (bit % 64)) & 1;
+  if ((return_address & 3) != 0) return false;
+  // Regions may overlap (a corrupt file's segments): a mark in any of them counts.
+  for (const CallBitmap& b : call_bitmaps_) {
+    if (return_address < b.base) continue;
+    const uint64_t bit = (return_address - b.base) / 4;
+    if (bit < b.bits && (after_call_[b.first_word + bit / 64] >> (bit % 64)) & 1) return true;
+  }
+  return false;
 }
 
 }  // namespace strata::unwind::mips64

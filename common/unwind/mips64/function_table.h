@@ -4,11 +4,12 @@
 //
 //  - PC -> function: functions sorted by start address plus a page index (one entry per
 //    4 KiB of text: the first function that can contain an address of that page), so the
-//    common lookup is one index read and at most a few compares instead of a binary search.
+//    common lookup is one index read and at most a few compares instead of a binary search;
+//    binary search alone where the index would outnumber the functions many times over.
 //  - Function -> row: every function's code is analyzed once at construction
 //    (prologue_analyzer.h) into a short run-length list of rows; per sample only the PC's
 //    offset inside the function is compared with that list.
-//  - Return-address sanity: a bitmap over the text marks addresses that follow a call
+//  - Return-address sanity: a bitmap per code region marks addresses that follow a call
 //    (jal/jalr/bal + delay slot, or an R6 compact call), for IsPlausibleReturnAddress().
 //
 // The table copies what it needs; the code bytes passed to Build() may be released after.
@@ -59,6 +60,8 @@ struct TableStats {
 class PrologueTable final : public RuleSource {
  public:
   static constexpr unsigned kPageShift = 12;
+  // The page index is built when it has at most this many entries per function.
+  static constexpr uint64_t kMaxPagesPerFunction = 16;
 
   // Functions may be unsorted, overlapping or duplicated (aliases): one entry per start is
   // kept (the largest size). Never fails: functions without code get no rule.
@@ -100,9 +103,15 @@ class PrologueTable final : public RuleSource {
   std::vector<RowRange> rows_;
   uint64_t page_base_ = 0;           // first function start, page aligned
   std::vector<uint32_t> page_first_; // page -> index of the last function starting <= page
-  uint64_t call_base_ = 0;           // return-address bitmap covers [call_base_, +bits*4)
+  // Return-address bitmaps, one per code region: bit i of a region's bitmap (its words start
+  // at after_call_[first_word]) marks base + 4*i as following a call.
+  struct CallBitmap {
+    uint64_t base;
+    uint64_t bits;
+    size_t first_word;
+  };
+  std::vector<CallBitmap> call_bitmaps_;
   std::vector<uint64_t> after_call_;
-  size_t after_call_bits_ = 0;
   TableStats stats_;
 };
 

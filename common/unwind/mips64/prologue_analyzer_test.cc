@@ -413,6 +413,32 @@ TEST(PrologueTable, CodeEndingAtTheTopOfTheAddressSpace) {
   }
 }
 
+// Two code regions 64 GiB apart (a corrupt or hostile file's segments; the fuzzer found three
+// FDEs over 130 GiB): the table's size follows the code, not the span, and return
+// addresses in both regions are still recognized. A page index over the span was 64 MiB
+// and took seconds to fill; a single bitmap over it was refused, so no return address passed.
+TEST(PrologueTable, RegionsFarApartCostTheirCodeNotTheirSpan) {
+  const uint64_t far = uint64_t{64} << 30;
+  std::vector<uint8_t> bytes(16, 0);
+  // jalr t9 (0x0320f809), little-endian: a call at offset 0, returning to offset 8.
+  bytes[0] = 0x09, bytes[1] = 0xf8, bytes[2] = 0x20, bytes[3] = 0x03;
+  const CodeRegion code[] = {{0x1000, bytes.data(), bytes.size()},
+                             {far, bytes.data(), bytes.size()}};
+  auto t = PrologueTable::Build(Arch::kMips64El, {{0x1000, 16, 0}, {far, 16, 0}}, code);
+  ASSERT_EQ(t->num_functions(), 2u);
+  EXPECT_LT(t->stats().memory_bytes, 4096u);
+  for (uint64_t pc : {uint64_t{0xff0}, uint64_t{0x1000}, uint64_t{0x100c}, uint64_t{0x1010},
+                      far - 4, far, far + 12, far + 16}) {
+    EXPECT_EQ(t->FindFunction(pc), t->FindFunctionBinarySearch(pc)) << pc;
+  }
+  EXPECT_EQ(t->FindFunction(far + 4), 1);
+  EXPECT_TRUE(t->IsPlausibleReturnAddress(0x1008));
+  EXPECT_TRUE(t->IsPlausibleReturnAddress(far + 8));
+  EXPECT_FALSE(t->IsPlausibleReturnAddress(0x1004));
+  EXPECT_FALSE(t->IsPlausibleReturnAddress(far + 4));
+  EXPECT_FALSE(t->IsPlausibleReturnAddress(0x2008));
+}
+
 INSTANTIATE_TEST_SUITE_P(BothEndians, TableTest,
                          testing::Values(Arch::kMips64El, Arch::kMips64Be),
                          [](const auto& info) {
