@@ -1,6 +1,8 @@
 #include "common/unwind/mips64/function_table.h"
 
 #include <algorithm>
+#include <iterator>
+#include <vector>
 
 namespace strata::unwind::mips64 {
 namespace {
@@ -99,15 +101,41 @@ std::unique_ptr<PrologueTable> PrologueTable::Build(Arch arch,
     }
   }
 
-  // Addresses that follow a call, for the return-address sanity check: one bitmap per code
-  // region, so its size follows the code's, not the span between regions.
+  // Addresses that follow a call, for the return-address sanity check: bitmaps over the code
+  // regions, regions closer than a page sharing one. Their size follows the code's, not the
+  // span between far regions, and they are disjoint and sorted, so a lookup is one binary
+  // search however many segments a corrupt file has.
+  std::vector<const CodeRegion*> regions;
   for (const CodeRegion& r : code) {
-    if (r.bytes == nullptr || r.size < 4) continue;
-    CallBitmap bitmap;
-    bitmap.base = r.vaddr & ~uint64_t{3};
-    bitmap.bits = (r.size + 3) / 4 + 3;  // up to the word after the region's last delay slot
+    if (r.bytes != nullptr && r.size >= 4) regions.push_back(&r);
+  }
+  std::sort(regions.begin(), regions.end(),
+            [](const CodeRegion* x, const CodeRegion* y) { return x->vaddr < y->vaddr; });
+  std::vector<uint64_t> span_ends;  // of each bitmap, exclusive
+  std::vector<size_t> bitmap_of(regions.size());
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const CodeRegion& r = *regions[i];
+    const uint64_t base = r.vaddr & ~uint64_t{3};
+    // Up to the word after the region's last delay slot, short of 2^64.
+    const uint64_t end = r.size + 8 > UINT64_MAX - r.vaddr ? UINT64_MAX : r.vaddr + r.size + 8;
+    if (span_ends.empty() ||
+        (base > span_ends.back() && base - span_ends.back() > (uint64_t{1} << kPageShift))) {
+      t->call_bitmaps_.push_back({base, 0, 0});
+      span_ends.push_back(end);
+    } else {
+      span_ends.back() = std::max(span_ends.back(), end);
+    }
+    bitmap_of[i] = t->call_bitmaps_.size() - 1;
+  }
+  for (size_t j = 0; j < t->call_bitmaps_.size(); ++j) {
+    CallBitmap& bitmap = t->call_bitmaps_[j];
+    bitmap.bits = (span_ends[j] - bitmap.base) / 4 + 1;
     bitmap.first_word = t->after_call_.size();
     t->after_call_.resize(bitmap.first_word + (bitmap.bits + 63) / 64, 0);
+  }
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const CodeRegion& r = *regions[i];
+    const CallBitmap& bitmap = t->call_bitmaps_[bitmap_of[i]];
     uint64_t* words = t->after_call_.data() + bitmap.first_word;
     auto mark = [&](uint64_t addr) {
       const uint64_t bit = (addr - bitmap.base) / 4;
@@ -119,9 +147,7 @@ std::unique_ptr<PrologueTable> PrologueTable::Build(Arch arch,
       if (insn::IsCallWithDelaySlot(w)) mark(r.vaddr + off + 8);
       else if (insn::IsCompactCall(w)) mark(r.vaddr + off + 4);
     }
-    t->call_bitmaps_.push_back(bitmap);
   }
-  t->after_call_.shrink_to_fit();
 
   t->stats_.functions = t->funcs_.size();
   t->stats_.rows = t->rows_.size();
@@ -194,13 +220,14 @@ bool PrologueTable::FindRow(uint64_t pc, bool innermost, UnwindRow* row) const {
 
 bool PrologueTable::IsPlausibleReturnAddress(uint64_t return_address) const {
   if ((return_address & 3) != 0) return false;
-  // Regions may overlap (a corrupt file's segments): a mark in any of them counts.
-  for (const CallBitmap& b : call_bitmaps_) {
-    if (return_address < b.base) continue;
-    const uint64_t bit = (return_address - b.base) / 4;
-    if (bit < b.bits && (after_call_[b.first_word + bit / 64] >> (bit % 64)) & 1) return true;
-  }
-  return false;
+  // The last bitmap starting at or below the address.
+  auto it = std::upper_bound(
+      call_bitmaps_.begin(), call_bitmaps_.end(), return_address,
+      [](uint64_t address, const CallBitmap& b) { return address < b.base; });
+  if (it == call_bitmaps_.begin()) return false;
+  const CallBitmap& b = *std::prev(it);
+  const uint64_t bit = (return_address - b.base) / 4;
+  return bit < b.bits && (after_call_[b.first_word + bit / 64] >> (bit % 64)) & 1;
 }
 
 }  // namespace strata::unwind::mips64

@@ -9,7 +9,7 @@
 //  - Function -> row: every function's code is analyzed once at construction
 //    (prologue_analyzer.h) into a short run-length list of rows; per sample only the PC's
 //    offset inside the function is compared with that list.
-//  - Return-address sanity: a bitmap per code region marks addresses that follow a call
+//  - Return-address sanity: bitmaps over the code regions mark addresses that follow a call
 //    (jal/jalr/bal + delay slot, or an R6 compact call), for IsPlausibleReturnAddress().
 //
 // The table copies what it needs; the code bytes passed to Build() may be released after.
@@ -103,8 +103,9 @@ class PrologueTable final : public RuleSource {
   std::vector<RowRange> rows_;
   uint64_t page_base_ = 0;           // first function start, page aligned
   std::vector<uint32_t> page_first_; // page -> index of the last function starting <= page
-  // Return-address bitmaps, one per code region: bit i of a region's bitmap (its words start
-  // at after_call_[first_word]) marks base + 4*i as following a call.
+  // Return-address bitmaps, disjoint and sorted by base, over one code region or a few close
+  // ones: bit i of a bitmap (its words start at after_call_[first_word]) marks base + 4*i as
+  // following a call.
   struct CallBitmap {
     uint64_t base;
     uint64_t bits;

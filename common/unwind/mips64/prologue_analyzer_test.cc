@@ -439,6 +439,30 @@ TEST(PrologueTable, RegionsFarApartCostTheirCodeNotTheirSpan) {
   EXPECT_FALSE(t->IsPlausibleReturnAddress(0x2008));
 }
 
+// Regions in any order, one inside another, a few bytes apart, far apart and at the top of the
+// address space: every call's return address is recognized, whichever bitmap holds it.
+TEST(PrologueTable, ReturnAddressesOfOverlappingAndAdjacentRegions) {
+  // Little-endian words: a jalr t9 at offsets 0 and 0x100, nothing else.
+  std::vector<uint8_t> bytes(0x200, 0);
+  for (size_t at : {0x0, 0x100}) {
+    bytes[at] = 0x09, bytes[at + 1] = 0xf8, bytes[at + 2] = 0x20, bytes[at + 3] = 0x03;
+  }
+  const uint64_t top = UINT64_MAX - 31;
+  const CodeRegion code[] = {{0x9000, bytes.data(), 32},    {0x1010, bytes.data(), 32},
+                             {0x1000, bytes.data(), 0x200}, {0x9040, bytes.data(), 32},
+                             {0x40000, bytes.data(), 32},   {top, bytes.data(), 32}};
+  auto t = PrologueTable::Build(Arch::kMips64El, {}, code);
+  for (uint64_t start : {0x1000, 0x1010, 0x9000, 0x9040, 0x40000}) {
+    EXPECT_TRUE(t->IsPlausibleReturnAddress(start + 8)) << start;
+    EXPECT_FALSE(t->IsPlausibleReturnAddress(start + 12)) << start;
+  }
+  EXPECT_TRUE(t->IsPlausibleReturnAddress(0x1108));
+  EXPECT_TRUE(t->IsPlausibleReturnAddress(top + 8));
+  EXPECT_FALSE(t->IsPlausibleReturnAddress(top + 12));
+  EXPECT_FALSE(t->IsPlausibleReturnAddress(0x8));
+  EXPECT_FALSE(t->IsPlausibleReturnAddress(0x20000));
+}
+
 INSTANTIATE_TEST_SUITE_P(BothEndians, TableTest,
                          testing::Values(Arch::kMips64El, Arch::kMips64Be),
                          [](const auto& info) {
