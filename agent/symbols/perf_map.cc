@@ -160,7 +160,8 @@ void PerfMap::Compact() {
 }
 
 absl::Status PerfMapFile::Update() {
-  const int fd = open(open_path_.c_str(), O_RDONLY | O_CLOEXEC);
+  // Not blocking: a FIFO put at the path would otherwise hold the open until a writer came.
+  const int fd = open(open_path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     return absl::NotFoundError(absl::StrCat("cannot open ", open_path_));
   }
@@ -169,9 +170,14 @@ absl::Status PerfMapFile::Update() {
     close(fd);
     return absl::NotFoundError(absl::StrCat("cannot stat ", open_path_));
   }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(open_path_, ": not a regular file"));
+  }
   const int64_t mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (st.st_dev == device_ && st.st_ino == inode_ && size == size_ && mtime_ns == mtime_ns_) {
+  if (st.st_dev == device_ && st.st_ino == inode_ && size == size_ && mtime_ns == mtime_ns_ &&
+      !read_cut_short_) {
     close(fd);
     return absl::OkStatus();
   }
@@ -186,7 +192,11 @@ absl::Status PerfMapFile::Update() {
   size_ = size;
   mtime_ns_ = mtime_ns;
   std::vector<char> buffer(kChunkBytes);
-  while (consumed_ < size) {
+  // A bounded share per call: a file of gigabytes (a sparse one costs its writer nothing) is
+  // read over many calls instead of holding the caller for minutes.
+  const uint64_t stop = consumed_ + std::min<uint64_t>(size - consumed_, kMaxBytesPerUpdate);
+  read_cut_short_ = stop < size;
+  while (consumed_ < stop) {
     const ssize_t n = pread(fd, buffer.data(), buffer.size(), static_cast<off_t>(consumed_));
     if (n <= 0) break;
     bytes_read_ += static_cast<uint64_t>(n);

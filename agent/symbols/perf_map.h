@@ -89,9 +89,11 @@ class PerfMapFile {
       : open_path_(std::move(open_path)), map_path_(std::move(map_path)) {}
 
   // Reads what was appended since the last call when the file changed (size, mtime, inode),
-  // everything again when it was replaced or shrank. NotFound when there is no file (yet);
-  // the entries read before stay.
+  // everything again when it was replaced or shrank; at most kMaxBytesPerUpdate a call (the
+  // rest on the next calls). NotFound when there is no file (yet), FailedPrecondition when it
+  // is not a regular file; the entries read before stay.
   absl::Status Update();
+  static constexpr uint64_t kMaxBytesPerUpdate = 64 << 20;
 
   const PerfMap& map() const { return map_; }
   const std::string& open_path() const { return open_path_; }
@@ -111,6 +113,7 @@ class PerfMapFile {
   int64_t mtime_ns_ = -1;
   uint64_t consumed_ = 0;
   bool skipping_line_ = false;  // inside a line too long to be an entry
+  bool read_cut_short_ = false;  // the last call stopped at kMaxBytesPerUpdate
   uint64_t bytes_read_ = 0;
 };
 

@@ -2,6 +2,7 @@
 // grows, is replaced or shrinks.
 #include "agent/symbols/perf_map.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -187,6 +188,40 @@ TEST_F(PerfMapFileTest, StartsOverWhenReplacedOrTruncated) {
   EXPECT_FALSE(file.map().Lookup(0x5000, &s));
   ASSERT_TRUE(file.map().Lookup(0x6000, &s));
   EXPECT_EQ(s.name, "f");
+}
+
+// A FIFO at the path (any local user can make one in the target's /tmp): refused at once, not
+// an open that waits for a writer.
+TEST_F(PerfMapFileTest, RefusesAFifoWithoutWaiting) {
+  ASSERT_EQ(mkfifo(path_.c_str(), 0600), 0);
+  PerfMapFile file(path_, "/tmp/perf-1.map");
+  const absl::Status status = file.Update();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_EQ(file.map().size(), 0u);
+}
+
+// A sparse file of gigabytes costs its writer nothing: each call reads a bounded share, and
+// the entries after the hole arrive over the next calls.
+TEST_F(PerfMapFileTest, ReadsAHugeFileABoundedShareAtATime) {
+  Append("1000 10 a\n");
+  const uint64_t hole_end = 2 * PerfMapFile::kMaxBytesPerUpdate + 4096;
+  ASSERT_EQ(truncate(path_.c_str(), static_cast<off_t>(hole_end)), 0);
+  Append("\n2000 10 b\n");
+  PerfMapFile file(path_, "/tmp/perf-1.map");
+  PerfMap::Symbol s;
+  int calls = 0;
+  while (!file.map().Lookup(0x2000, &s) && calls < 10) {
+    const uint64_t before = file.bytes_read();
+    ASSERT_TRUE(file.Update().ok());
+    EXPECT_LE(file.bytes_read() - before, PerfMapFile::kMaxBytesPerUpdate + 64 * 1024);
+    ++calls;
+  }
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(s.name, "b");
+  ASSERT_TRUE(file.map().Lookup(0x1000, &s));
+  const uint64_t read = file.bytes_read();
+  ASSERT_TRUE(file.Update().ok());
+  EXPECT_EQ(file.bytes_read(), read) << "read to its end: not read again";
 }
 
 TEST(PerfMapPathsTest, OwnProcess) {
