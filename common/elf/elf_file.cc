@@ -135,7 +135,9 @@ ElfFile::~ElfFile() {
 }
 
 absl::StatusOr<std::unique_ptr<ElfFile>> ElfFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Not blocking: a FIFO put where a module was (under /proc/PID/root) would otherwise hold
+  // the open until a writer came; it is refused below like any other non-file.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return absl::NotFoundError(absl::StrCat("open ", path, ": ", strerror(errno)));
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

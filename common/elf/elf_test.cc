@@ -1,4 +1,5 @@
 #include <link.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -297,6 +298,19 @@ TEST(ElfFileTest, TruncatedFilesGiveErrorsNotCrashes) {
   EXPECT_FALSE(ElfFile::Open(path).ok());
   unlink(path.c_str());
   EXPECT_FALSE(ElfFile::Open("/nonexistent/file").ok());
+}
+
+// A FIFO where a module was (a local user can put one in a target's root): an error at once,
+// not an open waiting for a writer.
+TEST(ElfFileTest, AFifoIsRefusedWithoutWaiting) {
+  char dir[] = "/tmp/strata_elf_fifo.XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/libfifo.so";
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  auto elf = ElfFile::Open(path);
+  EXPECT_EQ(elf.status().code(), absl::StatusCode::kInvalidArgument) << elf.status();
+  std::remove(path.c_str());
+  rmdir(dir);
 }
 
 TEST(ElfFileTest, SectionsPointingOutsideTheFileAreErrors) {
