@@ -17,6 +17,7 @@ constexpr uint32_t kShtSymtab = 2, kShtDynsym = 11, kShtNobits = 8;
 constexpr uint8_t kSttObject = 1;
 constexpr uint64_t kShfAlloc = 2;
 constexpr std::string_view kEvalLoop = "_PyEval_EvalFrameDefault";
+constexpr size_t kMaxEvalRanges = 16;
 constexpr size_t kMaxInterpreters = 64;
 constexpr size_t kMaxChainFrames = 1024;
 // Code objects checked along with a chain's beyond its own (see Read).
@@ -126,6 +127,12 @@ absl::StatusOr<InterpreterModule> InspectModule(const elf::ElfFile& elf,
     }
   }
   if (m.eval_ranges.empty()) return absl::NotFoundError("no _PyEval_EvalFrameDefault");
+  // CPython has one, and a compiler's split-off parts (.cold) a few more; InEvalLoop tests
+  // every range on every frame.
+  if (m.eval_ranges.size() > kMaxEvalRanges) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        m.eval_ranges.size(), " _PyEval_EvalFrameDefault functions: not a CPython we read"));
+  }
   std::optional<uint64_t> runtime = FindObjectSymbol(elf, "_PyRuntime");
   if (!runtime.has_value()) return absl::NotFoundError("no _PyRuntime symbol");
   m.runtime_vaddr = *runtime;

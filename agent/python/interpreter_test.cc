@@ -354,6 +354,29 @@ void CheckFramesOf(std::vector<std::string> command) {
 
 // A chain through more coroutines, each frame in its own object, than a read keeps blocks of
 // memory for: every frame still comes, in every read.
+// A module naming thousands of functions _PyEval_EvalFrameDefault.* is refused: each sample
+// would test every one of them on every frame. A few (a compiler's .cold parts) are fine.
+TEST(InspectModuleTest, RefusesAModuleWithThousandsOfEvalLoops) {
+  absl::StatusOr<std::unique_ptr<elf::ElfFile>> self = elf::ElfFile::Open("/proc/self/exe");
+  ASSERT_TRUE(self.ok()) << self.status();
+  auto symbols_named = [](size_t n) {
+    std::vector<elf::FunctionSymbol> functions;
+    for (size_t i = 0; i < n; ++i) {
+      functions.push_back({.start = 0x10000 + 64 * i, .size = 16,
+                           .name = i == 0 ? "_PyEval_EvalFrameDefault"
+                                          : "_PyEval_EvalFrameDefault.part." + std::to_string(i),
+                           .global = true});
+    }
+    return elf::SymbolTable::FromFunctions(std::move(functions), {}, {});
+  };
+  const absl::Status many = InspectModule(**self, symbols_named(5000), "python").status();
+  EXPECT_EQ(many.code(), absl::StatusCode::kInvalidArgument) << many;
+  // Two pass that test and stop at the next: this binary has no _PyRuntime.
+  const absl::Status two = InspectModule(**self, symbols_named(2), "python").status();
+  EXPECT_EQ(two.code(), absl::StatusCode::kNotFound) << two;
+  EXPECT_NE(two.message().find("_PyRuntime"), std::string_view::npos) << two;
+}
+
 TEST(InterpreterTest, ReadsAChainThroughManyCoroutines) {
   constexpr char kPython[] = "/usr/bin/python3.11";
   if (!std::filesystem::exists(kPython)) GTEST_SKIP() << kPython << " is not installed";
