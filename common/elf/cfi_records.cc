@@ -25,6 +25,9 @@ struct CfiSection {
   std::string_view data;
   uint64_t vaddr = 0;
   CfiSectionKind kind;
+  // Base of datarel pointers: the .got's address (0 without one). Found once per walk, not
+  // once per record (a search of every section).
+  uint64_t data_base = 0;
 };
 
 uint64_t DataRelBase(const ElfFile& elf) {
@@ -72,7 +75,7 @@ bool ParseCie(const ElfFile& elf, const CfiSection& sec, uint64_t offset, Cie* c
           uint8_t enc = c.U8();
           uint64_t ignored;
           uint64_t field = sec.vaddr + body + c.pos();
-          if (!ReadEncodedPointer(elf, &c, enc & ~kPeIndirect, field, DataRelBase(elf), &ignored)) {
+          if (!ReadEncodedPointer(elf, &c, enc & ~kPeIndirect, field, sec.data_base, &ignored)) {
             return false;
           }
           break;
@@ -121,7 +124,7 @@ bool ParseFde(const ElfFile& elf, const CfiSection& sec, uint64_t offset,
   }
   if (!it->second.has_value()) return false;
   const Cie& cie = *it->second;
-  uint64_t data_base = DataRelBase(elf);
+  const uint64_t data_base = sec.data_base;
   uint8_t enc = sec.kind == CfiSectionKind::kEhFrame ? cie.fde_encoding : kPeAbsptr;
   uint64_t start = 0, range = 0;
   if (!ReadEncodedPointer(elf, &f, enc, sec.vaddr + body + f.pos(), data_base, &start)) return false;
@@ -171,6 +174,11 @@ std::optional<std::vector<uint64_t>> FdeOffsetsFromHeader(const ElfFile& elf,
     if (fde < eh_frame.vaddr || fde - eh_frame.vaddr >= eh_frame.data.size()) return std::nullopt;
     offsets.push_back(fde - eh_frame.vaddr);
   }
+  // A linker lists each FDE once. A table naming one many times (a corrupt or hostile file)
+  // would have it compiled again for each entry: walk the section instead.
+  std::vector<uint64_t> sorted = offsets;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return std::nullopt;
   return offsets;
 }
 
@@ -216,7 +224,8 @@ absl::Status ForEachFde(const ElfFile& elf, CfiSectionKind kind,
   if (section == nullptr) return absl::NotFoundError(absl::StrCat("no ", name));
   absl::StatusOr<std::string_view> data = elf.SectionData(*section);
   if (!data.ok()) return data.status();
-  CfiSection sec{*data, kind == CfiSectionKind::kEhFrame ? section->addr : 0, kind};
+  CfiSection sec{*data, kind == CfiSectionKind::kEhFrame ? section->addr : 0, kind,
+                 DataRelBase(elf)};
   absl::flat_hash_map<uint64_t, std::optional<Cie>> cies;
 
   auto visit_fde = [&](uint64_t offset) {

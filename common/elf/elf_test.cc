@@ -3,10 +3,12 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -163,6 +165,47 @@ TEST(ElfFileTest, LibcSymbolsBuildIdAndFdes) {
     }
     ASSERT_TRUE(inside) << std::hex << r.start;
   }
+}
+
+// An .eh_frame_hdr whose every entry names the same FDE (a corrupt or hostile file): each FDE
+// is still visited once, from a walk of .eh_frame, not that one FDE once per entry.
+TEST(ElfFileTest, AHeaderNamingOneFdeEverywhereFallsBackToTheWalk) {
+  std::ifstream in(LibcPath(), std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string bytes = ss.str();
+  auto count_fdes = [](const ElfFile& elf, std::set<uint64_t>* starts) {
+    CfiWalkStats stats;
+    EXPECT_TRUE(ForEachFde(elf, CfiSectionKind::kEhFrame,
+                           [&](const Cie&, const Fde& fde) { starts->insert(fde.pc_start); },
+                           &stats).ok());
+    return stats.fdes;
+  };
+  std::set<uint64_t> original_starts;
+  uint64_t original_fdes = 0;
+  uint64_t hdr_offset = 0;
+  {
+    auto elf = ElfFile::FromBytes(bytes);
+    ASSERT_TRUE(elf.ok());
+    original_fdes = count_fdes(**elf, &original_starts);
+    const Section* hdr = (*elf)->FindSection(".eh_frame_hdr");
+    ASSERT_NE(hdr, nullptr);
+    // version 1, sdata4/udata4 count, datarel sdata4 table: 12 header bytes, 8 per entry.
+    ASSERT_EQ(static_cast<uint8_t>(bytes[hdr->offset + 3]), 0x3b);
+    hdr_offset = hdr->offset;
+  }
+  ASSERT_GT(original_fdes, 1000u);
+  uint32_t count;
+  std::memcpy(&count, &bytes[hdr_offset + 8], 4);
+  ASSERT_EQ(count, original_fdes);
+  for (uint32_t i = 1; i < count; ++i) {  // every entry's FDE pointer = the first one's
+    std::memcpy(&bytes[hdr_offset + 12 + 8 * i + 4], &bytes[hdr_offset + 12 + 4], 4);
+  }
+  auto patched = ElfFile::FromBytes(std::move(bytes));
+  ASSERT_TRUE(patched.ok());
+  std::set<uint64_t> starts;
+  EXPECT_EQ(count_fdes(**patched, &starts), original_fdes);
+  EXPECT_EQ(starts, original_starts);
 }
 
 // PLT stub names agree with objdump's "<name@plt>" labels.
