@@ -58,9 +58,15 @@ struct PltExpression {
   uint64_t threshold;
 };
 
-// Two rows per PLT entry: a real .plt is a few thousand entries. A damaged FDE claiming a PLT
-// expression over gigabytes would otherwise compile into billions of rows.
+// Two rows per PLT entry: a real .plt is a few thousand entries of 16 bytes. A damaged FDE
+// claiming a PLT expression over gigabytes, or many FDEs (or advances of one) each claiming
+// a megabyte, would otherwise compile into billions of rows: a range is compiled per stub
+// when it is at most kMaxPltBytes and the module's PLT ranges so far stay within
+// kMaxPltBytesPerModule, and the period is at least kMinPltPeriod (two rows per 8 bytes at
+// most); other ranges are marked unrepresentable.
 constexpr uint64_t kMaxPltBytes = uint64_t{1} << 20;
+constexpr uint64_t kMaxPltBytesPerModule = uint64_t{1} << 20;
+constexpr uint64_t kMinPltPeriod = 8;
 
 std::optional<PltExpression> MatchPltExpression(std::string_view expr) {
   elf::ByteReader r(expr, false);
@@ -76,6 +82,7 @@ std::optional<PltExpression> MatchPltExpression(std::string_view expr) {
   uint64_t mask = mask_op - 0x30;
   uint64_t k = k_op - 0x30;
   if (((mask + 1) & mask) != 0 || k > mask) return std::nullopt;  // period must be 2^n
+  if (mask + 1 < kMinPltPeriod) return std::nullopt;
   return PltExpression{n, mask + 1, k};
 }
 
@@ -110,9 +117,11 @@ std::optional<int32_t> MatchRspExpression(std::string_view expr, bool deref) {
 
 class FdeCompiler {
  public:
+  // `plt_bytes_left`: what the module's PLT ranges may still cover (shared by its FDEs).
   FdeCompiler(const elf::ElfFile& elf, const elf::Cie& cie, const elf::Fde& fde,
-              CfiStats* stats, std::vector<CfiTable::Span>* out)
-      : elf_(elf), cie_(cie), fde_(fde), stats_(stats), out_(out) {}
+              CfiStats* stats, uint64_t* plt_bytes_left, std::vector<CfiTable::Span>* out)
+      : elf_(elf), cie_(cie), fde_(fde), stats_(stats), plt_bytes_left_(plt_bytes_left),
+        out_(out) {}
 
   // False when the instructions are malformed; spans emitted so far are then discarded.
   bool Compile() {
@@ -140,7 +149,8 @@ class FdeCompiler {
       out_->push_back({loc_, end, SignalRow()});
     } else if (!cfa.expression.empty()) {
       std::optional<PltExpression> plt = MatchPltExpression(cfa.expression);
-      if (plt && end - loc_ <= kMaxPltBytes) {
+      if (plt && end - loc_ <= kMaxPltBytes && end - loc_ <= *plt_bytes_left_) {
+        *plt_bytes_left_ -= end - loc_;
         EmitPlt(*plt, end);
       } else {
         ++stats_->unsupported_cfa_expressions;
@@ -390,6 +400,7 @@ class FdeCompiler {
   const elf::Cie& cie_;
   const elf::Fde& fde_;
   CfiStats* stats_;
+  uint64_t* plt_bytes_left_;
   std::vector<CfiTable::Span>* out_;
   CfiState state_;
   CfiState initial_;
@@ -422,13 +433,14 @@ absl::StatusOr<std::unique_ptr<CfiTable>> CfiTable::Build(const elf::ElfFile& el
   };
   std::vector<FdeSpans> fdes;
   std::vector<Span> spans;
+  uint64_t plt_bytes_left = kMaxPltBytesPerModule;
   bool any_section = false;
   for (elf::CfiSectionKind kind : {elf::CfiSectionKind::kEhFrame, elf::CfiSectionKind::kDebugFrame}) {
     elf::CfiWalkStats walk;
     int priority = kind == elf::CfiSectionKind::kEhFrame ? 0 : 1;
     absl::Status s = elf::ForEachFde(elf, kind, [&](const elf::Cie& cie, const elf::Fde& fde) {
       size_t first = spans.size();
-      FdeCompiler compiler(elf, cie, fde, &stats, &spans);
+      FdeCompiler compiler(elf, cie, fde, &stats, &plt_bytes_left, &spans);
       compiler.big_endian_ = elf.big_endian();
       if (compiler.Compile()) {
         fdes.push_back({fde.pc_start, fde.pc_end, priority, first, spans.size() - first});
