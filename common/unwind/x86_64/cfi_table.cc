@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <tuple>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -47,6 +48,16 @@ struct CfiState {
   CfaRule cfa;
   RegRule regs[kNumRegs];
 };
+
+// What a CIE's initial instructions leave, computed once per CIE: they run before each of its
+// FDEs' programs, and a CIE of megabytes shared by many FDEs (a hostile file) would otherwise
+// be run again for each. Keyed by where the instructions are in the image.
+struct CieStart {
+  bool ok = false;
+  CfiState state;
+  std::vector<CfiState> stack;
+};
+using CieStarts = absl::flat_hash_map<const char*, CieStart>;
 
 // Recognizes the CFA expression binutils emits for lazy-binding PLT stubs:
 //   DW_OP_breg7 N; DW_OP_breg16 0; DW_OP_lit<M>; DW_OP_and; DW_OP_lit<K>; DW_OP_ge;
@@ -117,18 +128,31 @@ std::optional<int32_t> MatchRspExpression(std::string_view expr, bool deref) {
 
 class FdeCompiler {
  public:
-  // `plt_bytes_left`: what the module's PLT ranges may still cover (shared by its FDEs).
+  // `plt_bytes_left`: what the module's PLT ranges may still cover; `cie_starts`: the CIEs
+  // run so far. Both shared by the module's FDEs.
   FdeCompiler(const elf::ElfFile& elf, const elf::Cie& cie, const elf::Fde& fde,
-              CfiStats* stats, uint64_t* plt_bytes_left, std::vector<CfiTable::Span>* out)
+              CfiStats* stats, uint64_t* plt_bytes_left, CieStarts* cie_starts,
+              std::vector<CfiTable::Span>* out)
       : elf_(elf), cie_(cie), fde_(fde), stats_(stats), plt_bytes_left_(plt_bytes_left),
-        out_(out) {}
+        cie_starts_(cie_starts), out_(out) {}
 
   // False when the instructions are malformed; spans emitted so far are then discarded.
   bool Compile() {
     size_t first = out_->size();
     if (cie_.signal_frame) ++stats_->signal_frames;
     loc_ = fde_.pc_start;
-    if (!Run(cie_.initial_instructions, /*in_cie=*/true)) return Fail(first);
+    auto [start, inserted] = cie_starts_->try_emplace(cie_.initial_instructions.data());
+    if (inserted) {
+      // No advances in a CIE: what it leaves does not depend on the FDE.
+      ++stats_->cie_programs_run;
+      start->second.ok = Run(cie_.initial_instructions, /*in_cie=*/true);
+      start->second.state = state_;
+      start->second.stack = stack_;
+    } else {
+      state_ = start->second.state;
+      stack_ = start->second.stack;
+    }
+    if (!start->second.ok) return Fail(first);
     initial_ = state_;
     if (!Run(fde_.instructions, /*in_cie=*/false)) return Fail(first);
     Emit(fde_.pc_end);
@@ -401,6 +425,7 @@ class FdeCompiler {
   const elf::Fde& fde_;
   CfiStats* stats_;
   uint64_t* plt_bytes_left_;
+  CieStarts* cie_starts_;
   std::vector<CfiTable::Span>* out_;
   CfiState state_;
   CfiState initial_;
@@ -411,7 +436,8 @@ class FdeCompiler {
 }  // namespace
 
 std::string CfiStats::ToString() const {
-  return absl::StrCat("cies=", cies, " fdes=", fdes, " debug_frame_fdes=", debug_frame_fdes,
+  return absl::StrCat("cies=", cies, " fdes=", fdes, " cie_programs_run=", cie_programs_run,
+                      " debug_frame_fdes=", debug_frame_fdes,
                       " overlapping_fdes=", overlapping_fdes, " bad_records=", bad_records,
                       " bad_instructions=", bad_instructions, " rows=", rows,
                       " distinct_rows=", distinct_rows, " plt_expressions=", plt_expressions,
@@ -434,13 +460,14 @@ absl::StatusOr<std::unique_ptr<CfiTable>> CfiTable::Build(const elf::ElfFile& el
   std::vector<FdeSpans> fdes;
   std::vector<Span> spans;
   uint64_t plt_bytes_left = kMaxPltBytesPerModule;
+  CieStarts cie_starts;
   bool any_section = false;
   for (elf::CfiSectionKind kind : {elf::CfiSectionKind::kEhFrame, elf::CfiSectionKind::kDebugFrame}) {
     elf::CfiWalkStats walk;
     int priority = kind == elf::CfiSectionKind::kEhFrame ? 0 : 1;
     absl::Status s = elf::ForEachFde(elf, kind, [&](const elf::Cie& cie, const elf::Fde& fde) {
       size_t first = spans.size();
-      FdeCompiler compiler(elf, cie, fde, &stats, &plt_bytes_left, &spans);
+      FdeCompiler compiler(elf, cie, fde, &stats, &plt_bytes_left, &cie_starts, &spans);
       compiler.big_endian_ = elf.big_endian();
       if (compiler.Compile()) {
         fdes.push_back({fde.pc_start, fde.pc_end, priority, first, spans.size() - first});

@@ -35,6 +35,7 @@ namespace strata::unwind::x86_64 {
 struct CfiStats {
   uint64_t cies = 0;
   uint64_t fdes = 0;
+  uint64_t cie_programs_run = 0;       // once per CIE, whatever the number of its FDEs
   uint64_t debug_frame_fdes = 0;       // FDEs taken from .debug_frame
   uint64_t overlapping_fdes = 0;       // dropped: range already covered
   uint64_t bad_records = 0;            // malformed CIE/FDE skipped

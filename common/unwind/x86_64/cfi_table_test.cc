@@ -255,6 +255,9 @@ TEST(CfiTableTest, LibcMatchesLibdw) {
   EXPECT_EQ(stats.unsupported_signal_frames, 0u);
   EXPECT_GT(counts.signal_rows, 0);
   EXPECT_EQ(stats.bad_records, 0u);
+  // Each CIE's initial instructions run once, not once per FDE (3 CIEs, thousands of FDEs).
+  EXPECT_EQ(stats.cie_programs_run, stats.cies);
+  EXPECT_GT(stats.fdes, 10 * stats.cies);
   std::cout << "libc: " << stats.ToString() << " unrepresentable pcs sampled "
             << counts.unrepresentable << "\n";
 }
