@@ -1,6 +1,7 @@
 #include "common/unwind/mips64/function_table.h"
 
 #include <algorithm>
+#include <functional>
 #include <iterator>
 #include <vector>
 
@@ -17,11 +18,35 @@ const CodeRegion* RegionFor(std::span<const CodeRegion> code, uint64_t start, ui
   return nullptr;
 }
 
+// The regions with bytes no other region has (the first by address of those that share):
+// a file's segments do not share code bytes, and a corrupt or hostile one mapping the same
+// bytes at thousands of addresses would have them analyzed, and a return-address bitmap
+// built over them, once per address.
+std::vector<CodeRegion> DistinctCode(std::span<const CodeRegion> code) {
+  std::vector<CodeRegion> regions;
+  for (const CodeRegion& r : code) {
+    if (r.bytes != nullptr && r.size > 0) regions.push_back(r);
+  }
+  std::sort(regions.begin(), regions.end(), [](const CodeRegion& a, const CodeRegion& b) {
+    return a.bytes != b.bytes ? std::less<const uint8_t*>()(a.bytes, b.bytes) : a.vaddr < b.vaddr;
+  });
+  std::vector<CodeRegion> distinct;
+  for (const CodeRegion& r : regions) {
+    if (!distinct.empty() &&
+        std::less<const uint8_t*>()(r.bytes, distinct.back().bytes + distinct.back().size)) {
+      continue;  // shares bytes with the region before
+    }
+    distinct.push_back(r);
+  }
+  return distinct;
+}
+
 }  // namespace
 
 std::unique_ptr<PrologueTable> PrologueTable::Build(Arch arch,
                                                     std::vector<FunctionRange> functions,
-                                                    std::span<const CodeRegion> code) {
+                                                    std::span<const CodeRegion> all_code) {
+  const std::vector<CodeRegion> code = DistinctCode(all_code);
   std::unique_ptr<PrologueTable> t(new PrologueTable());
   t->arch_ = arch;
   const bool be = IsBigEndian(arch);

@@ -419,11 +419,12 @@ TEST(PrologueTable, CodeEndingAtTheTopOfTheAddressSpace) {
 // and took seconds to fill; a single bitmap over it was refused, so no return address passed.
 TEST(PrologueTable, RegionsFarApartCostTheirCodeNotTheirSpan) {
   const uint64_t far = uint64_t{64} << 30;
-  std::vector<uint8_t> bytes(16, 0);
-  // jalr t9 (0x0320f809), little-endian: a call at offset 0, returning to offset 8.
-  bytes[0] = 0x09, bytes[1] = 0xf8, bytes[2] = 0x20, bytes[3] = 0x03;
-  const CodeRegion code[] = {{0x1000, bytes.data(), bytes.size()},
-                             {far, bytes.data(), bytes.size()}};
+  std::vector<uint8_t> bytes(32, 0);
+  // jalr t9 (0x0320f809), little-endian: a call at offsets 0 and 16, returning to 8 and 24.
+  for (size_t at : {0, 16}) {
+    bytes[at] = 0x09, bytes[at + 1] = 0xf8, bytes[at + 2] = 0x20, bytes[at + 3] = 0x03;
+  }
+  const CodeRegion code[] = {{0x1000, bytes.data(), 16}, {far, bytes.data() + 16, 16}};
   auto t = PrologueTable::Build(Arch::kMips64El, {{0x1000, 16, 0}, {far, 16, 0}}, code);
   ASSERT_EQ(t->num_functions(), 2u);
   EXPECT_LT(t->stats().memory_bytes, 4096u);
@@ -442,15 +443,15 @@ TEST(PrologueTable, RegionsFarApartCostTheirCodeNotTheirSpan) {
 // Regions in any order, one inside another, a few bytes apart, far apart and at the top of the
 // address space: every call's return address is recognized, whichever bitmap holds it.
 TEST(PrologueTable, ReturnAddressesOfOverlappingAndAdjacentRegions) {
-  // Little-endian words: a jalr t9 at offsets 0 and 0x100, nothing else.
-  std::vector<uint8_t> bytes(0x200, 0);
-  for (size_t at : {0x0, 0x100}) {
-    bytes[at] = 0x09, bytes[at + 1] = 0xf8, bytes[at + 2] = 0x20, bytes[at + 3] = 0x03;
-  }
+  // Each region's own bytes (regions sharing bytes are one region), little-endian: a jalr t9
+  // at offset 0 of each, and at 0x100 of the 0x200-byte one, nothing else.
+  std::vector<std::vector<uint8_t>> bytes(6, std::vector<uint8_t>(0x200, 0));
+  for (auto& b : bytes) b[0] = 0x09, b[1] = 0xf8, b[2] = 0x20, b[3] = 0x03;
+  bytes[2][0x100] = 0x09, bytes[2][0x101] = 0xf8, bytes[2][0x102] = 0x20, bytes[2][0x103] = 0x03;
   const uint64_t top = UINT64_MAX - 31;
-  const CodeRegion code[] = {{0x9000, bytes.data(), 32},    {0x1010, bytes.data(), 32},
-                             {0x1000, bytes.data(), 0x200}, {0x9040, bytes.data(), 32},
-                             {0x40000, bytes.data(), 32},   {top, bytes.data(), 32}};
+  const CodeRegion code[] = {{0x9000, bytes[0].data(), 32},    {0x1010, bytes[1].data(), 32},
+                             {0x1000, bytes[2].data(), 0x200}, {0x9040, bytes[3].data(), 32},
+                             {0x40000, bytes[4].data(), 32},   {top, bytes[5].data(), 32}};
   auto t = PrologueTable::Build(Arch::kMips64El, {}, code);
   for (uint64_t start : {0x1000, 0x1010, 0x9000, 0x9040, 0x40000}) {
     EXPECT_TRUE(t->IsPlausibleReturnAddress(start + 8)) << start;
@@ -461,6 +462,26 @@ TEST(PrologueTable, ReturnAddressesOfOverlappingAndAdjacentRegions) {
   EXPECT_FALSE(t->IsPlausibleReturnAddress(top + 12));
   EXPECT_FALSE(t->IsPlausibleReturnAddress(0x8));
   EXPECT_FALSE(t->IsPlausibleReturnAddress(0x20000));
+}
+
+// A corrupt or hostile file mapping the same code bytes at a thousand addresses: they are
+// analyzed, and a return-address bitmap built, once (the first address), not a thousand times.
+TEST(PrologueTable, CodeMappedAtManyAddressesIsTakenOnce) {
+  std::vector<uint8_t> bytes(64 * 1024, 0);
+  bytes[0] = 0x09, bytes[1] = 0xf8, bytes[2] = 0x20, bytes[3] = 0x03;  // jalr t9
+  std::vector<CodeRegion> code;
+  std::vector<FunctionRange> functions;
+  for (uint64_t i = 0; i < 1000; ++i) {
+    const uint64_t vaddr = (i + 1) << 24;
+    code.push_back({vaddr, bytes.data() + (i % 2) * 16, bytes.size() - (i % 2) * 16});
+    functions.push_back({vaddr, 64, 0});
+  }
+  auto t = PrologueTable::Build(Arch::kMips64El, functions, code);
+  ASSERT_EQ(t->num_functions(), 1000u);
+  EXPECT_EQ(t->stats().without_code, 999u);
+  EXPECT_LT(t->stats().memory_bytes, 64u * 1024);
+  EXPECT_TRUE(t->IsPlausibleReturnAddress((uint64_t{1} << 24) + 8));
+  EXPECT_FALSE(t->IsPlausibleReturnAddress((uint64_t{2} << 24) + 8));
 }
 
 INSTANTIATE_TEST_SUITE_P(BothEndians, TableTest,
