@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/testing/shell_output.h"
+#include "common/testing/temp_dir.h"
 #include "common/testing/emulation.h"
 
 namespace strata::elf {
@@ -346,14 +347,11 @@ TEST(ElfFileTest, TruncatedFilesGiveErrorsNotCrashes) {
 // A FIFO where a module was (a local user can put one in a target's root): an error at once,
 // not an open waiting for a writer.
 TEST(ElfFileTest, AFifoIsRefusedWithoutWaiting) {
-  char dir[] = "/tmp/strata_elf_fifo.XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string path = std::string(dir) + "/libfifo.so";
+  strata::testing::TempDir dir("strata_elf_fifo");
+  const std::string path = dir.File("libfifo.so");
   ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
   auto elf = ElfFile::Open(path);
   EXPECT_EQ(elf.status().code(), absl::StatusCode::kInvalidArgument) << elf.status();
-  std::remove(path.c_str());
-  rmdir(dir);
 }
 
 TEST(ElfFileTest, SectionsPointingOutsideTheFileAreErrors) {

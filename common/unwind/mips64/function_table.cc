@@ -18,10 +18,10 @@ const CodeRegion* RegionFor(std::span<const CodeRegion> code, uint64_t start, ui
   return nullptr;
 }
 
-// The regions with bytes no other region has (the first by address of those that share):
-// a file's segments do not share code bytes, and a corrupt or hostile one mapping the same
-// bytes at thousands of addresses would have them analyzed, and a return-address bitmap
-// built over them, once per address.
+// The regions whose bytes no region before them (by where their bytes start, then by
+// address) has, sorted by address: a file's segments do not share code bytes, and a corrupt
+// or hostile one mapping the same bytes at thousands of addresses would have them analyzed,
+// and a return-address bitmap built over them, once per address.
 std::vector<CodeRegion> DistinctCode(std::span<const CodeRegion> code) {
   std::vector<CodeRegion> regions;
   for (const CodeRegion& r : code) {
@@ -38,6 +38,8 @@ std::vector<CodeRegion> DistinctCode(std::span<const CodeRegion> code) {
     }
     distinct.push_back(r);
   }
+  std::sort(distinct.begin(), distinct.end(),
+            [](const CodeRegion& a, const CodeRegion& b) { return a.vaddr < b.vaddr; });
   return distinct;
 }
 
@@ -129,17 +131,12 @@ std::unique_ptr<PrologueTable> PrologueTable::Build(Arch arch,
   // Addresses that follow a call, for the return-address sanity check: bitmaps over the code
   // regions, regions closer than a page sharing one. Their size follows the code's, not the
   // span between far regions, and they are disjoint and sorted, so a lookup is one binary
-  // search however many segments a corrupt file has.
-  std::vector<const CodeRegion*> regions;
-  for (const CodeRegion& r : code) {
-    if (r.bytes != nullptr && r.size >= 4) regions.push_back(&r);
-  }
-  std::sort(regions.begin(), regions.end(),
-            [](const CodeRegion* x, const CodeRegion* y) { return x->vaddr < y->vaddr; });
+  // search however many segments a corrupt file has. `code` is sorted by address.
   std::vector<uint64_t> span_ends;  // of each bitmap, exclusive
-  std::vector<size_t> bitmap_of(regions.size());
-  for (size_t i = 0; i < regions.size(); ++i) {
-    const CodeRegion& r = *regions[i];
+  std::vector<size_t> bitmap_of(code.size());
+  for (size_t i = 0; i < code.size(); ++i) {
+    const CodeRegion& r = code[i];
+    if (r.size < 4) continue;
     const uint64_t base = r.vaddr & ~uint64_t{3};
     // Up to the word after the region's last delay slot, short of 2^64.
     const uint64_t end = r.size + 8 > UINT64_MAX - r.vaddr ? UINT64_MAX : r.vaddr + r.size + 8;
@@ -158,8 +155,9 @@ std::unique_ptr<PrologueTable> PrologueTable::Build(Arch arch,
     bitmap.first_word = t->after_call_.size();
     t->after_call_.resize(bitmap.first_word + (bitmap.bits + 63) / 64, 0);
   }
-  for (size_t i = 0; i < regions.size(); ++i) {
-    const CodeRegion& r = *regions[i];
+  for (size_t i = 0; i < code.size(); ++i) {
+    const CodeRegion& r = code[i];
+    if (r.size < 4) continue;
     const CallBitmap& bitmap = t->call_bitmaps_[bitmap_of[i]];
     uint64_t* words = t->after_call_.data() + bitmap.first_word;
     auto mark = [&](uint64_t addr) {

@@ -64,8 +64,8 @@ class PrologueTable final : public RuleSource {
   static constexpr uint64_t kMaxPagesPerFunction = 16;
 
   // Functions may be unsorted, overlapping or duplicated (aliases): one entry per start is
-  // kept (the largest size). Of code regions that share bytes only the first by address is
-  // used. Never fails: functions without code get no rule.
+  // kept (the largest size). Of code regions that share bytes only one is used (the one
+  // whose bytes start first). Never fails: functions without code get no rule.
   static std::unique_ptr<PrologueTable> Build(Arch arch, std::vector<FunctionRange> functions,
                                               std::span<const CodeRegion> code);
 
