@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -28,6 +29,10 @@ namespace {
 // How long one command may run once connected: Compiler.perfmap walks the whole code cache
 // at a safepoint, tens of milliseconds for a large service.
 constexpr absl::Duration kCommandTimeout = absl::Seconds(10);
+
+// The longest answer taken: the commands asked for answer in a few hundred bytes, and what
+// listens on the socket is the target's, so its answer is not trusted to end.
+constexpr size_t kMaxAnswerBytes = size_t{1} << 20;
 
 bool IsSocket(const std::string& path) {
   struct stat st;
@@ -102,8 +107,8 @@ absl::StatusOr<std::string> Exchange(const std::string& socket_path, std::string
   std::memcpy(address.sun_path, socket_path.data(), socket_path.size());
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  // Writes time out; the answer's read has its own deadline (ReadAttachAnswer).
   const timeval limit{static_cast<time_t>(absl::ToInt64Seconds(kCommandTimeout)), 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
   absl::StatusOr<std::string> response = std::string();
   if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
@@ -116,17 +121,10 @@ absl::StatusOr<std::string> Exchange(const std::string& socket_path, std::string
   if (absl::Status written = WriteAll(fd, request); !written.ok()) {
     response = written;
   } else {
-    char buffer[16384];
-    while (true) {
-      ssize_t n = ::read(fd, buffer, sizeof(buffer));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        response = absl::DeadlineExceededError(
-            absl::StrCat("reading the answer from ", socket_path, ": ", std::strerror(errno)));
-        break;
-      }
-      if (n == 0) break;
-      response->append(buffer, static_cast<size_t>(n));
+    response = ReadAttachAnswer(fd, absl::Now() + kCommandTimeout, kMaxAnswerBytes);
+    if (!response.ok()) {
+      response = absl::Status(response.status().code(),
+                              absl::StrCat(socket_path, ": ", response.status().message()));
     }
   }
   ::close(fd);
@@ -134,6 +132,35 @@ absl::StatusOr<std::string> Exchange(const std::string& socket_path, std::string
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> ReadAttachAnswer(int fd, absl::Time deadline, size_t max_bytes) {
+  std::string answer;
+  char buffer[16384];
+  while (true) {
+    const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    pollfd readable{fd, POLLIN, 0};
+    const int ready = left_ms <= 0 ? 0 : ::poll(&readable, 1, static_cast<int>(left_ms));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) {
+      return absl::InternalError(absl::StrCat("waiting for the answer: ", std::strerror(errno)));
+    }
+    if (ready == 0) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no end to the answer in time (", answer.size(), " bytes so far)"));
+    }
+    const ssize_t n = ::read(fd, buffer, std::min(sizeof(buffer), max_bytes + 1 - answer.size()));
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0) {
+      return absl::UnavailableError(absl::StrCat("reading the answer: ", std::strerror(errno)));
+    }
+    if (n == 0) return answer;
+    answer.append(buffer, static_cast<size_t>(n));
+    if (answer.size() > max_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the answer is longer than ", max_bytes, " bytes"));
+    }
+  }
+}
 
 std::string EncodeAttachRequest(std::string_view command, std::string_view argument) {
   std::string request("1", 2);  // protocol version 1, NUL-terminated

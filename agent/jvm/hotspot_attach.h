@@ -40,6 +40,12 @@ absl::StatusOr<std::string> RunDiagnosticCommand(pid_t pid, std::string_view com
 std::string EncodeAttachRequest(std::string_view command, std::string_view argument);
 absl::StatusOr<std::string> ParseAttachResponse(std::string_view response);
 
+// Reads an answer from `fd` to its end, at most `max_bytes` of it and until `deadline`: what
+// answers is the target process, which may send without end or a byte at a time.
+//  - ResourceExhausted: longer than max_bytes.   - DeadlineExceeded: no end by deadline.
+// Exposed for tests.
+absl::StatusOr<std::string> ReadAttachAnswer(int fd, absl::Time deadline, size_t max_bytes);
+
 }  // namespace strata::agent::jvm
 
 #endif  // STRATA_AGENT_JVM_HOTSPOT_ATTACH_H_

@@ -3,7 +3,9 @@
 // processes that are no JVM reported as such without harming them.
 #include "agent/jvm/hotspot_attach.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -13,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -214,6 +217,95 @@ TEST_F(HotSpotAttachTest, ProcessesThatAreNoJvmAreLeftAlone) {
     EXPECT_NE(answer.status().message().find("libjvm.so"), std::string::npos) << answer.status();
     EXPECT_TRUE(catcher.running());
   }
+}
+
+// Writes `chunk` to `fd` every `pause` until the peer closes its end.
+void SendUntilClosed(int fd, std::string chunk, absl::Duration pause) {
+  while (::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL) > 0) absl::SleepFor(pause);
+}
+
+TEST(AttachAnswerTest, AnAnswerWithoutEndIsCutAtTheCap) {
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  std::thread sender(SendUntilClosed, fds[1], std::string(65536, 'x'), absl::ZeroDuration());
+  absl::StatusOr<std::string> answer =
+      ReadAttachAnswer(fds[0], absl::Now() + absl::Seconds(60), size_t{1} << 20);
+  ::close(fds[0]);
+  sender.join();
+  ::close(fds[1]);
+  EXPECT_TRUE(absl::IsResourceExhausted(answer.status())) << answer.status();
+}
+
+TEST(AttachAnswerTest, AnAnswerTrickledByteByByteIsCutAtTheDeadline) {
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  std::thread sender(SendUntilClosed, fds[1], std::string("0"), absl::Milliseconds(5));
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::string> answer =
+      ReadAttachAnswer(fds[0], start + absl::Milliseconds(300), size_t{1} << 20);
+  const absl::Duration took = absl::Now() - start;
+  ::close(fds[0]);
+  sender.join();
+  ::close(fds[1]);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(answer.status())) << answer.status();
+  EXPECT_LT(took, absl::Seconds(30));
+}
+
+TEST(AttachAnswerTest, AnAnswerThatEndsIsReadWhole) {
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  const std::string sent = "0\n" + std::string(100000, 'v');
+  std::thread sender([&] {
+    ::send(fds[1], sent.data(), sent.size(), MSG_NOSIGNAL);
+    ::close(fds[1]);
+  });
+  absl::StatusOr<std::string> answer =
+      ReadAttachAnswer(fds[0], absl::Now() + absl::Seconds(60), sent.size());
+  sender.join();
+  ::close(fds[0]);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(*answer, sent);
+}
+
+// A process that looks like a JVM to the agent (it maps a file named libjvm.so and serves the
+// attach socket) answering without end: the command fails at the cap, it does not read on.
+TEST(AttachAnswerTest, ATargetAnsweringWithoutEndIsRefused) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("strata_fake_jvm_", getpid());
+  std::filesystem::create_directories(dir);
+  const std::string lib = (dir / "libjvm.so").string();
+  std::ofstream(lib) << std::string(4096, '\0');
+  const int lib_fd = ::open(lib.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(lib_fd, 0);
+  void* mapped = ::mmap(nullptr, 4096, PROT_READ, MAP_PRIVATE, lib_fd, 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  const std::string socket_path = absl::StrCat("/tmp/.java_pid", getpid());
+  std::filesystem::remove(socket_path);
+  const int listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, socket_path.data(), socket_path.size());
+  ASSERT_EQ(::bind(listener, reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  std::thread jvm([listener] {
+    const int peer = ::accept(listener, nullptr, nullptr);
+    if (peer < 0) return;
+    SendUntilClosed(peer, "0\n" + std::string(65536, 'x'), absl::ZeroDuration());
+    ::close(peer);
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::string> answer = RunDiagnosticCommand(getpid(), "VM.version",
+                                                            absl::Seconds(1));
+  const absl::Duration took = absl::Now() - start;
+  jvm.join();
+  ::close(listener);
+  std::filesystem::remove(socket_path);
+  ::munmap(mapped, 4096);
+  ::close(lib_fd);
+  std::filesystem::remove_all(dir);
+  EXPECT_TRUE(absl::IsResourceExhausted(answer.status())) << answer.status();
+  EXPECT_NE(answer.status().message().find(socket_path), std::string::npos) << answer.status();
+  EXPECT_LT(took, absl::Seconds(9));  // under the command's 10 s: cut by size, not time
 }
 
 }  // namespace
