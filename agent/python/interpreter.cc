@@ -473,6 +473,10 @@ bool Interpreter::ReadString(uint64_t address, std::string* out) {
   return true;
 }
 
+size_t Interpreter::CodeBytes(const CodeInfo& code) {
+  return sizeof(CodeInfo) + code.name.size() + code.filename.size() + code.line_table.size();
+}
+
 const CodeInfo* Interpreter::Code(uint64_t address, const uint8_t* header, uint64_t now) {
   const uint8_t* bytes = header;
   const uint32_t name_at =
@@ -489,12 +493,20 @@ const CodeInfo* Interpreter::Code(uint64_t address, const uint8_t* header, uint6
   }
   // First sight, or the address holds another code object now.
   ++stats_.code_misses;
+  if (slot != nullptr) stats_.code_bytes -= CodeBytes(*slot);
   auto info = std::make_unique<CodeInfo>();
   if (!ReadString(name, &info->name) || !ReadString(filename, &info->filename) ||
       !ReadBytes(table, &info->line_table)) {
     code_.erase(address);
     return nullptr;
   }
+  if (stats_.code_bytes + CodeBytes(*info) > kMaxCodeBytes) {
+    ++stats_.code_refused;
+    code_full_ = true;
+    code_.erase(address);
+    return nullptr;
+  }
+  stats_.code_bytes += CodeBytes(*info);
   info->first_line = first_line;
   info->name_ptr = name;
   info->filename_ptr = filename;
@@ -543,7 +555,11 @@ ReadOutcome Interpreter::Read(pid_t tid, const FrameSnapshot* snapshot,
                               std::span<PythonFrame> out, size_t* count) {
   *count = 0;
   ++stats_.reads;
-  if (code_.size() >= kMaxCodeObjects) code_.clear();  // before any frame points into it
+  if (code_.size() >= kMaxCodeObjects || code_full_) {  // before any frame points into it
+    code_.clear();
+    code_full_ = false;
+    stats_.code_bytes = 0;
+  }
   auto inconsistent = [this] {
     ++stats_.inconsistent;
     return ReadOutcome::kInconsistent;

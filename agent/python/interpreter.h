@@ -115,6 +115,8 @@ struct InterpreterStats {
   uint64_t frames = 0;
   uint64_t inconsistent = 0;
   uint64_t code_misses = 0;    // code objects copied into the cache
+  uint64_t code_bytes = 0;     // what the cached code objects hold now (CodeBytes)
+  uint64_t code_refused = 0;   // code objects not cached: the cache's bytes were spent
   uint64_t thread_scans = 0;   // walks of the thread-state lists
   uint64_t line_misses = 0;    // lines decoded from a line table (not found in CodeInfo::lines)
   uint64_t one_call_reads = 0;  // reads checked with the thread state's call alone
@@ -152,6 +154,9 @@ class Interpreter {
 
   const Offsets& offsets() const { return offsets_; }
   const InterpreterStats& stats() const { return stats_; }
+  // The code-object cache's bytes (CodeBytes of each entry): a line table may be 1 MiB, so the count
+  // alone bounds it only at 64 GiB. A big service's 65,536 code objects take about 40 MiB.
+  static constexpr size_t kMaxCodeBytes = size_t{64} << 20;
   int minor() const { return offsets_.minor; }
 
  private:
@@ -219,6 +224,8 @@ class Interpreter {
   // The code object at `address` whose first code_size bytes are `header` (read already, at
   // `now`).
   const CodeInfo* Code(uint64_t address, const uint8_t* header, uint64_t now);
+  // What a cached code object counts against kMaxCodeBytes.
+  static size_t CodeBytes(const CodeInfo& code);
   // The code objects of chain_'s frames without one, from the headers at the start of
   // code_headers_ (read at `now`, in chain order); false when one is unreadable.
   bool ChainCode(uint64_t now);
@@ -250,6 +257,8 @@ class Interpreter {
   int64_t pthread_tid_offset_ = -1;
   uint64_t last_scan_ns_ = 0;  // CLOCK_MONOTONIC of the last walk of the thread states
   absl::flat_hash_map<uint64_t, std::unique_ptr<CodeInfo>> code_;
+  // A code object was refused for want of bytes: the next read starts with an empty cache.
+  bool code_full_ = false;
   // Per frame of the current read (sized once): its code object, instruction offset, entry
   // flag; then every code object's header, read in one go.
   struct ChainFrame {

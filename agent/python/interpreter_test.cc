@@ -417,6 +417,58 @@ TEST(InterpreterTest, ReadsAChainThroughManyCoroutines) {
   }
 }
 
+// A target whose code objects carry line tables of 1 MiB each (CPython takes any bytes as
+// one), 80 of them on one stack: the cache stops at its bytes instead of copying them all,
+// and a stack that needs more than that is reported inconsistent, read after read.
+TEST(InterpreterTest, CodeObjectsOfHugeLineTablesStopAtTheCacheBytes) {
+  constexpr char kPython[] = "/usr/bin/python3.11";
+  if (!std::filesystem::exists(kPython)) GTEST_SKIP() << kPython << " is not installed";
+  constexpr int kDepth = 80;
+  strata::testing::TempDir dir;
+  const std::string script = dir.path() + "/huge_tables.py";
+  std::ofstream(script) << "import threading, types\n"
+                           "def leaf():\n"
+                           "    print(threading.get_native_id(), flush=True)\n"
+                           "    x = 0\n"
+                           "    while True: x += 1\n"
+                           "def level():\n"
+                           "    inner()\n"
+                           "fn = leaf\n"
+                           "for i in range("
+                        << kDepth
+                        << "):\n"
+                           "    code = level.__code__.replace(co_name=f'level{i}',\n"
+                           "        co_qualname=f'level{i}', co_linetable=bytes(1 << 20))\n"
+                           "    fn = types.FunctionType(code, {'inner': fn})\n"
+                           "fn()\n";
+  Child child;
+  pid_t main_tid = 0;
+  ASSERT_TRUE(Start({kPython, "-S", script}, &child, &main_tid));
+  symbols::ModuleCache cache;
+  symbols::ProcessAddressSpace space(child.pid, &cache);
+  ASSERT_TRUE(space.Refresh().ok());
+  std::unique_ptr<Interpreter> interpreter;
+  space.ForEachModule([&](const symbols::Module& m, int64_t bias) {
+    absl::StatusOr<InterpreterModule> found = InspectModule(*m.elf, m.symbols, m.path);
+    if (interpreter != nullptr || !found.ok()) return;
+    if (auto attached = Interpreter::Attach(child.pid, *found, bias); attached.ok()) {
+      interpreter = std::move(*attached);
+    }
+  });
+  ASSERT_NE(interpreter, nullptr);
+  std::vector<PythonFrame> frames(256);
+  uint64_t most_bytes = 0;
+  for (int i = 0; i < 5; ++i) {
+    size_t count = 0;
+    EXPECT_EQ(interpreter->ReadStack(main_tid, frames, &count), ReadOutcome::kInconsistent);
+    most_bytes = std::max(most_bytes, interpreter->stats().code_bytes);
+  }
+  EXPECT_LE(most_bytes, Interpreter::kMaxCodeBytes);
+  EXPECT_GE(most_bytes, Interpreter::kMaxCodeBytes / 2);
+  EXPECT_GE(interpreter->stats().code_refused, 5u);
+  EXPECT_LE(interpreter->stats().code_misses, 5u * (Interpreter::kMaxCodeBytes >> 20) + 5);
+}
+
 class InterpreterTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(InterpreterTest, ReadsTheFramesOfEveryThread) {
