@@ -13,7 +13,7 @@
 namespace strata::agent::python {
 namespace {
 
-constexpr uint32_t kShtSymtab = 2, kShtDynsym = 11, kShtNobits = 8;
+constexpr uint32_t kShtNobits = 8;
 constexpr uint8_t kSttObject = 1;
 constexpr uint64_t kShfAlloc = 2;
 constexpr std::string_view kEvalLoop = "_PyEval_EvalFrameDefault";
@@ -92,12 +92,10 @@ void AppendUtf8(uint32_t c, std::string* out) {
 }  // namespace
 
 std::optional<uint64_t> FindObjectSymbol(const elf::ElfFile& elf, std::string_view name) {
-  for (const elf::Section& s : elf.sections()) {
-    if ((s.type != kShtDynsym && s.type != kShtSymtab) || s.link >= elf.sections().size()) {
-      continue;
-    }
-    absl::StatusOr<std::string_view> table = elf.SectionData(s);
-    absl::StatusOr<std::string_view> strings = elf.SectionData(elf.sections()[s.link]);
+  for (const elf::Section* s : elf.SymbolTableSections()) {
+    if (s->link >= elf.sections().size()) continue;
+    absl::StatusOr<std::string_view> table = elf.SectionData(*s);
+    absl::StatusOr<std::string_view> strings = elf.SectionData(elf.sections()[s->link]);
     if (!table.ok() || !strings.ok()) continue;
     elf::ByteReader in(*table, elf.big_endian());
     while (in.remaining() >= 24) {
@@ -108,9 +106,12 @@ std::optional<uint64_t> FindObjectSymbol(const elf::ElfFile& elf, std::string_vi
       const uint64_t value = in.U64();
       in.U64();  // st_size
       if ((info & 0xf) != kSttObject || shndx == 0 || name_offset >= strings->size()) continue;
-      std::string_view sym = strings->substr(name_offset);
-      sym = sym.substr(0, sym.find('\0'));
-      if (sym == name) return value;
+      // `name` and its NUL, compared in place: scanning each symbol's name for its end would
+      // cost a table whose symbols all name one long string its size per symbol.
+      const std::string_view sym = strings->substr(name_offset, name.size() + 1);
+      if (sym.size() == name.size() + 1 && sym.back() == '\0' && sym.starts_with(name)) {
+        return value;
+      }
     }
   }
   return std::nullopt;

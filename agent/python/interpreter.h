@@ -154,8 +154,9 @@ class Interpreter {
 
   const Offsets& offsets() const { return offsets_; }
   const InterpreterStats& stats() const { return stats_; }
-  // The code-object cache's bytes (CodeBytes of each entry): a line table may be 1 MiB, so the count
-  // alone bounds it only at 64 GiB. A big service's 65,536 code objects take about 40 MiB.
+  // The code-object cache's bytes (CodeBytes of each entry): a line table may be 1 MiB, so
+  // the count alone bounds it only at 64 GiB; 65,536 code objects of a few hundred bytes each
+  // take tens of MiB.
   static constexpr size_t kMaxCodeBytes = size_t{64} << 20;
   int minor() const { return offsets_.minor; }
 

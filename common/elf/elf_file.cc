@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/escaping.h"
@@ -31,6 +32,37 @@ constexpr uint8_t kSttGnuIfunc = 10;
 constexpr uint8_t kStbLocal = 0;
 constexpr size_t kMaxSections = 1 << 16;
 constexpr size_t kMaxSegments = 1 << 12;
+
+// Names of one string table, read for symbols that each give an offset into it. Every symbol
+// may name the same string of megabytes, and a name is scanned for its end, copied and
+// demangled per symbol; real tables name each string about once (the linker's tail merging
+// lets some share their ends), so the bytes scanned are bounded by a few times the table.
+class SymbolNames {
+ public:
+  explicit SymbolNames(std::string_view strings)
+      : strings_(strings), budget_(4 * strings.size() + (size_t{1} << 20)) {}
+
+  // The name at `offset`: empty when there is none (outside, unterminated, empty) or when
+  // the budget is spent (then spent()).
+  std::string_view At(uint64_t offset) {
+    if (offset >= strings_.size()) return {};
+    const size_t end = strings_.find('\0', offset);
+    scanned_ += (end == std::string_view::npos ? strings_.size() : end) - offset;
+    if (spent() || end == std::string_view::npos) return {};
+    return strings_.substr(offset, end - offset);
+  }
+  bool spent() const { return scanned_ > budget_; }
+  absl::Status SpentError(const Section& table) const {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the names of ", std::string(table.name.substr(0, 80)), "'s symbols exceed ", budget_,
+        " bytes: its symbols name the same strings again and again"));
+  }
+
+ private:
+  std::string_view strings_;
+  size_t budget_;
+  size_t scanned_ = 0;
+};
 
 }  // namespace
 
@@ -255,11 +287,23 @@ absl::Status ElfFile::ParseSectionHeaders(uint64_t shoff, uint16_t shentsize, ui
     const Section& strtab = sections_[shstrndx];
     absl::StatusOr<std::string_view> names = SectionData(strtab);
     if (!names.ok()) return absl::InvalidArgumentError("section name table outside the file");
-    for (size_t i = 0; i < sections_.size(); ++i) {
-      ByteReader r = Reader(*names);
-      r.Seek(name_offsets[i]);
-      std::string_view name = r.CString();
-      if (r.ok()) sections_[i].name = std::string(name);
+    // Views, not copies, and each byte of the table scanned once: 65,536 headers may all
+    // name one string of megabytes. In the order of their offsets, a name starting before
+    // the end of the one before it ends there too.
+    std::vector<uint32_t> order(sections_.size());
+    std::iota(order.begin(), order.end(), 0u);
+    std::sort(order.begin(), order.end(),
+              [&](uint32_t a, uint32_t b) { return name_offsets[a] < name_offsets[b]; });
+    size_t end = 0;
+    bool found = false;
+    for (const uint32_t i : order) {
+      const size_t at = name_offsets[i];
+      if (at >= names->size()) break;
+      if (!found || at > end) {
+        end = std::min(names->find('\0', at), names->size());
+        found = true;
+      }
+      if (end < names->size()) sections_[i].name = names->substr(at, end - at);
     }
   }
   return absl::OkStatus();
@@ -324,7 +368,8 @@ const Section* ElfFile::FindSection(std::string_view name) const {
 absl::StatusOr<std::string_view> ElfFile::SectionData(const Section& section) const {
   if (section.type == kShtNobits) return std::string_view();
   if (section.offset > image_.size() || section.size > image_.size() - section.offset) {
-    return absl::OutOfRangeError(absl::StrCat("section ", section.name, " outside the file"));
+    return absl::OutOfRangeError(
+        absl::StrCat("section ", std::string(section.name.substr(0, 80)), " outside the file"));
   }
   return image_.substr(section.offset, section.size);
 }
@@ -382,6 +427,7 @@ absl::Status ElfFile::AppendSymbols(const Section& symtab, bool dynsym,
   if (!strs.ok()) return strs.status();
   constexpr size_t kSymSize = 24;
   size_t count = syms->size() / kSymSize;
+  SymbolNames names(*strs);
   for (size_t i = 1; i < count; ++i) {
     ByteReader r = Reader(syms->substr(i * kSymSize, kSymSize));
     uint32_t name_off = r.U32();
@@ -392,10 +438,9 @@ absl::Status ElfFile::AppendSymbols(const Section& symtab, bool dynsym,
     uint64_t size = r.U64();
     uint8_t type = info & 0xf;
     if (!r.ok() || (type != kSttFunc && type != kSttGnuIfunc) || shndx == 0 || value == 0) continue;
-    ByteReader nr = Reader(*strs);
-    nr.Seek(name_off);
-    std::string_view name = nr.CString();
-    if (!nr.ok() || name.empty()) continue;
+    const std::string_view name = names.At(name_off);
+    if (names.spent()) return names.SpentError(symtab);
+    if (name.empty()) continue;
     out->push_back({value, size, Demangle(name), (info >> 4) != kStbLocal, dynsym});
   }
   return absl::OkStatus();
@@ -403,9 +448,20 @@ absl::Status ElfFile::AppendSymbols(const Section& symtab, bool dynsym,
 
 absl::StatusOr<std::vector<FunctionSymbol>> ElfFile::ReadFunctionSymbols() const {
   std::vector<FunctionSymbol> out;
+  for (const Section* s : SymbolTableSections()) {
+    if (absl::Status st = AppendSymbols(*s, s->type == kShtDynsym, &out); !st.ok()) return st;
+  }
+  return out;
+}
+
+std::vector<const Section*> ElfFile::SymbolTableSections() const {
+  std::vector<const Section*> out;
+  bool symtab = false, dynsym = false;
   for (const Section& s : sections_) {
-    if (s.type != kShtSymtab && s.type != kShtDynsym) continue;
-    if (absl::Status st = AppendSymbols(s, s.type == kShtDynsym, &out); !st.ok()) return st;
+    bool& seen = s.type == kShtSymtab ? symtab : dynsym;
+    if ((s.type != kShtSymtab && s.type != kShtDynsym) || seen) continue;
+    seen = true;
+    out.push_back(&s);
   }
   return out;
 }
@@ -425,6 +481,7 @@ absl::StatusOr<std::vector<PltEntry>> ElfFile::ReadPltEntries() const {
   if (machine_ != kMachineX86_64) return out;  // MIPS uses .MIPS.stubs, not named here
   // GOT slot -> symbol name, from every RELA section that has a dynamic symbol table.
   absl::flat_hash_map<uint64_t, std::string> slot_names;
+  uint64_t relocation_bytes = 0;
   for (const Section& rela : sections_) {
     if (rela.type != kShtRela || rela.link == 0 || rela.link >= sections_.size()) continue;
     const Section& dynsym = sections_[rela.link];
@@ -433,6 +490,10 @@ absl::StatusOr<std::vector<PltEntry>> ElfFile::ReadPltEntries() const {
     absl::StatusOr<std::string_view> syms = SectionData(dynsym);
     absl::StatusOr<std::string_view> strs = SectionData(sections_[dynsym.link]);
     if (!rels.ok() || !syms.ok() || !strs.ok()) return absl::InvalidArgumentError("bad relocations");
+    // Real relocation sections do not overlap: headers aliasing one are read once in all.
+    relocation_bytes += rels->size();
+    if (relocation_bytes > image_.size()) break;
+    SymbolNames names(*strs);
     for (size_t off = 0; off + 24 <= rels->size(); off += 24) {
       ByteReader r = Reader(rels->substr(off, 24));
       uint64_t slot = r.U64();
@@ -440,11 +501,9 @@ absl::StatusOr<std::vector<PltEntry>> ElfFile::ReadPltEntries() const {
       uint64_t sym = info >> 32;
       if (sym == 0 || (sym + 1) * 24 > syms->size()) continue;
       ByteReader sr = Reader(syms->substr(sym * 24, 24));
-      uint32_t name_off = sr.U32();
-      ByteReader nr = Reader(*strs);
-      nr.Seek(name_off);
-      std::string_view name = nr.CString();
-      if (nr.ok() && !name.empty()) slot_names.emplace(slot, Demangle(name));
+      const std::string_view name = names.At(sr.U32());
+      if (names.spent()) return names.SpentError(dynsym);
+      if (!name.empty()) slot_names.emplace(slot, Demangle(name));
     }
   }
   for (std::string_view name : {".plt", ".plt.sec", ".plt.got"}) {

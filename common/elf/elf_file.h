@@ -26,7 +26,7 @@ inline constexpr uint16_t kMachineX86_64 = 62;  // EM_X86_64
 inline constexpr uint16_t kMachineMips = 8;     // EM_MIPS
 
 struct Section {
-  std::string name;
+  std::string_view name;  // in the file's image: valid while its ElfFile lives
   uint32_t type = 0;  // SHT_*
   uint64_t flags = 0;
   uint64_t addr = 0;
@@ -133,7 +133,12 @@ class ElfFile {
   const std::string& build_id() const { return build_id_; }
   std::string BuildIdHex() const;
 
-  // Function symbols of .symtab and .dynsym, unsorted, duplicates kept.
+  // The symbol tables: the first SHT_SYMTAB and the first SHT_DYNSYM, in header order (the
+  // ELF specification allows one of each; a file of thousands of headers naming one table
+  // would otherwise have it read as many times).
+  std::vector<const Section*> SymbolTableSections() const;
+  // Function symbols of .symtab and .dynsym, unsorted, duplicates kept. ResourceExhausted
+  // when a table's symbols name the same strings again and again (a few times its strings).
   absl::StatusOr<std::vector<FunctionSymbol>> ReadFunctionSymbols() const;
   // Ranges of .plt, .plt.sec and .plt.got (those present).
   std::vector<AddressRange> PltRanges() const;

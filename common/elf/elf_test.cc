@@ -13,6 +13,7 @@
 #include <string>
 
 #include "common/elf/cfi_records.h"
+#include "common/elf/elf_builder_for_test.h"
 #include "common/elf/elf_file.h"
 #include "common/elf/symbol_table.h"
 #include "common/testing/sanitizers.h"
@@ -34,7 +35,7 @@ namespace demangle_ns {
 __attribute__((noinline)) int Marked(double d) { asm volatile(""); return static_cast<int>(d); }
 }  // namespace demangle_ns
 
-std::string RunCommand(const std::string& cmd) { return testing::ShellOutput(cmd); }
+std::string RunCommand(const std::string& cmd) { return strata::testing::ShellOutput(cmd); }
 
 // This test executable's real path (realpath's buffer freed).
 std::string SelfExe() {
@@ -399,6 +400,80 @@ TEST(ElfFileTest, CorruptedBytesNeverCrash) {
     auto elf = ElfFile::FromBytes(std::move(bytes));
     if (elf.ok()) ExerciseEverything(**elf);
   }
+}
+
+// A string table of one empty name and one name of 1 MiB, at offset 1.
+std::string OneLongString(char c) { return std::string(1, '\0') + std::string(1 << 20, c) + '\0'; }
+
+// Files no linker writes, where work per header or per symbol would multiply one string or
+// one table by the count: each must cost about what its bytes do.
+TEST(ElfFileTest, SectionNamesAreViewsNotCopiesPerHeader) {
+  testing::ElfBuilder b;
+  const uint32_t names = b.AddSection(SHT_STRTAB, OneLongString('n'));
+  b.SetSectionNames(names);
+  b.AddAliases(names, 60000);  // every header named at offset 0 ... of 1 MiB
+  std::string image = b.Build();
+  // Point every header's name at the 1 MiB string (the aliases repeat section 1's header).
+  Elf64_Ehdr eh;
+  std::memcpy(&eh, image.data(), sizeof(eh));
+  for (size_t i = 1; i < eh.e_shnum; ++i) {
+    const uint32_t one = 1;
+    std::memcpy(image.data() + eh.e_shoff + i * sizeof(Elf64_Shdr), &one, sizeof(one));
+  }
+  auto elf = ElfFile::FromBytes(std::move(image));
+  ASSERT_TRUE(elf.ok()) << elf.status();
+  ASSERT_EQ((*elf)->sections().size(), 60002u);
+  for (const Section& s : (*elf)->sections()) {
+    if (&s == &(*elf)->sections()[0]) continue;
+    ASSERT_EQ(s.name.size(), size_t{1} << 20);
+    ASSERT_EQ(s.name.data(), (*elf)->sections()[1].name.data());
+  }
+}
+
+TEST(ElfFileTest, SymbolsAllNamingOneLongStringAreRefused) {
+  testing::ElfBuilder b;
+  const uint32_t strings = b.AddSection(SHT_STRTAB, OneLongString('f'));
+  std::string symbols = testing::SymbolBytes(0, STT_NOTYPE, 0, 0);
+  for (int i = 0; i < 100000; ++i) {
+    symbols += testing::SymbolBytes(1, STT_FUNC, 0x1000 + 16 * i, 16);
+  }
+  b.AddSection(SHT_SYMTAB, symbols, strings);
+  auto elf = ElfFile::FromBytes(b.Build());
+  ASSERT_TRUE(elf.ok()) << elf.status();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::vector<FunctionSymbol>> read = (*elf)->ReadFunctionSymbols();
+  EXPECT_TRUE(absl::IsResourceExhausted(read.status())) << read.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // 100 GB of names before
+  // A few symbols naming it are a real (if odd) table.
+  testing::ElfBuilder few;
+  const uint32_t few_strings = few.AddSection(SHT_STRTAB, OneLongString('f'));
+  symbols = testing::SymbolBytes(0, STT_NOTYPE, 0, 0);
+  for (int i = 0; i < 3; ++i) symbols += testing::SymbolBytes(1, STT_FUNC, 0x1000 + 16 * i, 16);
+  few.AddSection(SHT_SYMTAB, symbols, few_strings);
+  elf = ElfFile::FromBytes(few.Build());
+  ASSERT_TRUE(elf.ok()) << elf.status();
+  read = (*elf)->ReadFunctionSymbols();
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->size(), 3u);
+}
+
+TEST(ElfFileTest, HeadersAliasingOneSymbolTableReadItOnce) {
+  testing::ElfBuilder b;
+  std::string names(1, '\0'), symbols = testing::SymbolBytes(0, STT_NOTYPE, 0, 0);
+  for (int i = 0; i < 1000; ++i) {
+    symbols += testing::SymbolBytes(static_cast<uint32_t>(names.size()), STT_FUNC,
+                                    0x1000 + 16 * i, 16);
+    names += absl::StrCat("f", i, std::string(1, '\0'));
+  }
+  const uint32_t strings = b.AddSection(SHT_STRTAB, names);
+  const uint32_t symtab = b.AddSection(SHT_SYMTAB, symbols, strings);
+  b.AddAliases(symtab, 5000);
+  auto elf = ElfFile::FromBytes(b.Build());
+  ASSERT_TRUE(elf.ok()) << elf.status();
+  EXPECT_EQ((*elf)->SymbolTableSections().size(), 1u);
+  absl::StatusOr<std::vector<FunctionSymbol>> read = (*elf)->ReadFunctionSymbols();
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->size(), 1000u);  // 5,001,000 before
 }
 
 TEST(ByteReaderTest, LebAndBounds) {
