@@ -28,11 +28,13 @@ inline std::string SymbolBytes(uint32_t name_offset, uint8_t type, uint64_t valu
 class ElfBuilder {
  public:
   // Adds a section of `bytes` (placed after those added before); returns its index (the null
-  // section is 0). `name_offset` is into the section-name table (SetSectionNames).
+  // section is 0). `name_offset` is into the section-name table (SetSectionNames); `flags`
+  // are SHF_*.
   uint32_t AddSection(uint32_t type, std::string bytes, uint32_t link = 0,
-                      uint32_t name_offset = 0) {
+                      uint32_t name_offset = 0, uint64_t flags = 0) {
     Elf64_Shdr h{};
     h.sh_type = type;
+    h.sh_flags = flags;
     h.sh_link = link;
     h.sh_name = name_offset;
     h.sh_entsize = type == SHT_SYMTAB || type == SHT_DYNSYM ? sizeof(Elf64_Sym) : 0;

@@ -124,11 +124,12 @@ uint32_t GoPclntab::FuncField(const Function& f, size_t field_offset) const {
   return r.ok() ? v : 0;
 }
 
-std::string_view GoPclntab::NameAt(uint32_t nameoff) const {
-  ByteReader r(data_, big_endian_);
-  r.Seek(funcname_off_ + nameoff);
-  std::string_view s = r.CString();
-  return r.ok() ? s : std::string_view();
+std::string_view GoPclntab::NameAt(uint32_t nameoff, size_t* scanned) const {
+  const uint64_t at = funcname_off_ + nameoff;
+  if (at >= data_.size()) return {};
+  const size_t end = data_.find('\0', at);
+  if (scanned != nullptr) *scanned = (end == std::string_view::npos ? data_.size() : end) - at + 1;
+  return end == std::string_view::npos ? std::string_view() : data_.substr(at, end - at);
 }
 
 absl::Status GoPclntab::ParseFunctions() {
@@ -151,6 +152,9 @@ absl::Status GoPclntab::ParseFunctions() {
   }
   functions_.clear();
   functions_.reserve(nfunc_);
+  // Each function's name is scanned for its end (and copied by those who keep names): real
+  // tables hold each name once, a corrupt one may have every function name one long string.
+  size_t name_budget = 2 * data_.size() + (size_t{1} << 20);
   // Every step of a table takes at least two of its bytes, so the SP tables of all functions
   // together take fewer steps than the table has bytes -- unless a corrupt table points many
   // functions at one long run, which must not cost the reader quadratic time.
@@ -167,7 +171,13 @@ absl::Status GoPclntab::ParseFunctions() {
     f.entry = entry;
     f.end = next;
     f.func_offset = static_cast<uint32_t>(funcoff);
-    f.name = NameAt(FuncField(f, layout.nameoff));
+    size_t scanned = 0;
+    f.name = NameAt(FuncField(f, layout.nameoff), &scanned);
+    if (scanned > name_budget) {
+      return absl::InvalidArgumentError(
+          "gopclntab: function names longer than the table (corrupt)");
+    }
+    name_budget -= scanned;
     ByteReader r(data_, big_endian_);
     r.Seek(pcln_off_ + funcoff + layout.func_id);
     f.func_id = r.U8();
@@ -334,15 +344,22 @@ void GoPclntab::FindGoFunc(const ElfFile& elf) {
   if (version_ == Version::kGo116) return;
   const size_t p = ptr_size_;
   const size_t gofunc_word = version_ == Version::kGo118 ? 38 : 40;
+  // Sections scanned to at most the file's size in all (headers may alias one range), and
+  // only the first few places that look like moduledata looked into (a real file has one).
+  uint64_t scanned = 0;
+  int matches = 0;
   for (const Section& s : elf.sections()) {
     if (s.type != 1 /*SHT_PROGBITS*/ || !(s.flags & 1 /*SHF_WRITE*/)) continue;
     absl::StatusOr<std::string_view> bytes = elf.SectionData(s);
     if (!bytes.ok()) continue;
+    scanned += bytes->size();
+    if (scanned > elf.image().size()) return;
     ByteReader r(*bytes, big_endian_);
     for (size_t at = 0; at + (gofunc_word + 1) * p <= bytes->size(); at += p) {
       r.Seek(at);
       if ((p == 8 ? r.U64() : r.U32()) != vaddr_) continue;
       if ((p == 8 ? r.U64() : r.U32()) != vaddr_ + funcname_off_) continue;
+      if (++matches > 8) return;
       r.Seek(at + gofunc_word * p);
       const uint64_t gofunc = p == 8 ? r.U64() : r.U32();
       // go.func.* lies in read-only data.
@@ -392,17 +409,37 @@ absl::StatusOr<std::unique_ptr<GoPclntab>> GoPclntab::Find(const ElfFile& elf) {
     return Parse(*bytes, s->addr, elf.big_endian(), &elf);
   }
   // Without the section's name (other linkers, renamed sections): the header magic at a
-  // pointer-aligned offset of loaded data, confirmed by a full parse.
+  // pointer-aligned offset of loaded data, confirmed by a full parse. A parse may cost the
+  // rest of the section, so only the first kMaxMagicCandidates headers are parsed (a real
+  // file has one table), and sections are scanned to at most the file's size in all
+  // (headers may alias one range).
+  constexpr int kMaxMagicCandidates = 8;
+  int candidates = 0;
+  uint64_t scanned = 0;
   for (const Section& s : elf.sections()) {
     // Loaded data, not code.
     if (s.type != 1 /*SHT_PROGBITS*/ || (s.flags & 4 /*SHF_EXECINSTR*/) || !(s.flags & 2)) continue;
     absl::StatusOr<std::string_view> bytes = elf.SectionData(s);
     if (!bytes.ok()) continue;
+    scanned += bytes->size();
+    if (scanned > elf.image().size()) break;
     ByteReader r(*bytes, elf.big_endian());
     for (size_t at = 0; at + 64 <= bytes->size(); at += 8) {
       r.Seek(at);
       const uint32_t magic = r.U32();
       if (magic != kMagic116 && magic != kMagic118 && magic != kMagic120) continue;
+      // The rest of the 8-byte header (padding, quantum, pointer size), as ParseHeader wants
+      // it: the magic numbers alone are common words (-15 is one).
+      const uint8_t pad1 = r.U8(), pad2 = r.U8(), quantum = r.U8(), pointer = r.U8();
+      if (pad1 != 0 || pad2 != 0 || (quantum != 1 && quantum != 2 && quantum != 4) ||
+          (pointer != 4 && pointer != 8)) {
+        continue;
+      }
+      if (++candidates > kMaxMagicCandidates) {
+        return absl::NotFoundError(absl::StrCat(
+            "no Go symbol table (.gopclntab) in the first ", kMaxMagicCandidates,
+            " places holding its magic number"));
+      }
       auto t = Parse(bytes->substr(at), s.addr + at, elf.big_endian(), &elf);
       if (t.ok()) return t;
     }

@@ -111,7 +111,8 @@ class GoPclntab {
   uint32_t FuncField(const Function& f, size_t field_offset) const;  // 0 when out of range
   uint32_t PcdataOffset(const Function& f, uint32_t table) const;
   uint64_t FuncdataAddress(const Function& f, uint32_t index) const;  // 0: none
-  std::string_view NameAt(uint32_t nameoff) const;
+  // The name at `nameoff` of funcnametab (empty when unterminated); `scanned`: bytes looked at.
+  std::string_view NameAt(uint32_t nameoff, size_t* scanned = nullptr) const;
   std::string_view FileName(const Function& f, int32_t file_index) const;
   uint64_t Word(size_t offset) const;  // pointer-sized, 0 when out of range
 

@@ -5,6 +5,7 @@
 // hand-made tables in the Go 1.16 and 1.20+ layouts; malformed tables.
 #include "common/elf/go_pclntab.h"
 
+#include <elf.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,14 +19,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/elf/elf_builder_for_test.h"
 #include "common/testing/shell_output.h"
 
 namespace strata::elf {
 namespace {
 
-std::string RunCommand(const std::string& cmd) { return testing::ShellOutput(cmd); }
+std::string RunCommand(const std::string& cmd) { return strata::testing::ShellOutput(cmd); }
 
 // ---- Hand-made tables in the documented layouts (runtime/symtab.go of Go 1.16 and 1.20) ----
 
@@ -92,13 +95,18 @@ constexpr uint64_t kText = 0x401000;
 
 // main.work (frame 0x18 after its 4-byte prologue, lines 10 and 12), runtime.goexit (a root:
 // TOPFRAME in 1.20, by name in 1.16), runtime.systemstack (SPWRITE in 1.20).
-std::string MakeTable(GoPclntab::Version version, bool be, uint8_t ptr, uint8_t quantum) {
-  const std::vector<FixtureFunc> funcs = {
+std::vector<FixtureFunc> FixtureFuncs() {
+  return {
       {"main.work", 0x0, 0x40, {{0, 4}, {0x18, 0x38}, {0, 4}}, {{10, 0x10}, {12, 0x30}}, 0},
       {"runtime.goexit", 0x40, 0x10, {{0, 0x10}}, {{400, 0x10}}, GoPclntab::kFlagTopFrame},
       {"runtime.systemstack", 0x50, 0x20, {{0, 0x8}, {8, 0x18}}, {{500, 0x20}},
        GoPclntab::kFlagSpWrite},
   };
+}
+
+// `funcs`: a function of empty name is given the first function's name (the same bytes).
+std::string MakeTable(GoPclntab::Version version, bool be, uint8_t ptr, uint8_t quantum,
+                      const std::vector<FixtureFunc>& funcs = FixtureFuncs()) {
   const bool v116 = version == GoPclntab::Version::kGo116;
   TableWriter w(be, ptr);
   w.U32(v116 ? 0xfffffffa : 0xfffffff1);
@@ -115,6 +123,10 @@ std::string MakeTable(GoPclntab::Version version, bool be, uint8_t ptr, uint8_t 
   const size_t names = w.size();
   std::vector<uint32_t> name_off;
   for (const FixtureFunc& f : funcs) {
+    if (f.name.empty() && !name_off.empty()) {
+      name_off.push_back(name_off.front());
+      continue;
+    }
     name_off.push_back(static_cast<uint32_t>(w.size() - names));
     w.Bytes(f.name);
     w.U8(0);
@@ -261,6 +273,58 @@ TEST(GoPclntabTest, WritesFuzzSeedsWhenAsked) {
     fwrite(seed.data(), 1, seed.size(), f);
     fclose(f);
   }
+}
+
+// Every function naming one name of 1 MiB: its end was sought, and the name copied by
+// AddGoFunctionSymbols, per function (100 GB for these 100,000); refused as corrupt now.
+TEST(GoPclntabTest, FunctionsAllNamingOneLongNameAreRefused) {
+  std::vector<FixtureFunc> funcs;
+  for (uint32_t i = 0; i < 100000; ++i) {
+    funcs.push_back({i == 0 ? std::string(1 << 20, 'f') : "", 16 * i, 16, {{0, 16}}, {{1, 16}},
+                     0});
+  }
+  const std::string table = MakeTable(GoPclntab::Version::kGo120, false, 8, 1, funcs);
+  const absl::Time start = absl::Now();
+  auto parsed = GoPclntab::Parse(table, kTableVaddr, false, nullptr);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("function names"), std::string::npos)
+      << parsed.status();
+  // Two of them are a table.
+  funcs.resize(2);
+  parsed = GoPclntab::Parse(MakeTable(GoPclntab::Version::kGo120, false, 8, 1, funcs),
+                            kTableVaddr, false, nullptr);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ((*parsed)->functions().size(), 2u);
+  EXPECT_EQ((*parsed)->functions()[1].name.size(), size_t{1} << 20);
+}
+
+// Loaded data full of what looks like a table's header, under 60,000 section headers aliasing
+// it: the fallback parses a few of them and scans the bytes once, not per header.
+TEST(GoPclntabTest, TheMagicNumberFallbackIsBounded) {
+  std::string header;
+  for (int i = 0; i < 8; ++i) header += "\xf1\xff\xff\xff\x00\x00\x01\x08"[i];
+  std::string data;
+  while (data.size() < (1 << 20)) data += header + std::string(56, '\x7f');
+  testing::ElfBuilder b;
+  const uint32_t section = b.AddSection(SHT_PROGBITS, data, 0, 0, SHF_ALLOC);
+  b.AddAliases(section, 60000);
+  auto elf = ElfFile::FromBytes(b.Build());
+  ASSERT_TRUE(elf.ok()) << elf.status();
+  const absl::Time start = absl::Now();
+  auto found = GoPclntab::Find(**elf);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_TRUE(absl::IsNotFound(found.status())) << found.status();
+  EXPECT_NE(found.status().message().find("first 8"), std::string::npos) << found.status();
+  // Without header-like words, the aliases are scanned to the file's size, then given up.
+  testing::ElfBuilder plain;
+  plain.AddAliases(plain.AddSection(SHT_PROGBITS, std::string(1 << 20, '\x7f'), 0, 0, SHF_ALLOC),
+                   60000);
+  elf = ElfFile::FromBytes(plain.Build());
+  ASSERT_TRUE(elf.ok()) << elf.status();
+  const absl::Time plain_start = absl::Now();
+  EXPECT_TRUE(absl::IsNotFound(GoPclntab::Find(**elf).status()));
+  EXPECT_LT(absl::Now() - plain_start, absl::Seconds(5));  // minutes before
 }
 
 TEST(GoPclntabTest, MalformedTablesAreErrorsNotCrashes) {
