@@ -6,38 +6,14 @@
 #include <tuple>
 #include <vector>
 
+#include "agent/python/fake_memory_for_test.h"
 #include "common/unwind/go/go_rules.h"
 #include "gtest/gtest.h"
 
 namespace strata::agent::golang {
 namespace {
 
-// A target's memory made by hand: regions of bytes, read like process_vm_readv (all or
-// nothing).
-class FakeMemory final : public python::RemoteMemory {
- public:
-  FakeMemory() : RemoteMemory(0) {}
-  bool Read(uint64_t address, void* out, size_t size) const override {
-    for (const auto& [start, bytes] : regions) {
-      if (address >= start && size <= bytes.size() && address - start <= bytes.size() - size) {
-        std::memcpy(out, bytes.data() + (address - start), size);
-        return true;
-      }
-    }
-    return false;
-  }
-  void Map(uint64_t start, size_t size) { regions[start].assign(size, 0); }
-  void Put(uint64_t addr, uint64_t value) {
-    for (auto& [start, bytes] : regions) {
-      if (addr >= start && addr + 8 <= start + bytes.size()) {
-        std::memcpy(bytes.data() + (addr - start), &value, 8);
-        return;
-      }
-    }
-    ADD_FAILURE() << "unmapped " << addr;
-  }
-  std::map<uint64_t, std::vector<uint8_t>> regions;
-};
+using python::testing::FakeMemory;
 
 // Go code at 0x4b0000..0x4b1000 whose frames are 0x28 bytes below their saved rbp (a Go
 // function with a frame: rbp saved at the top of it).

@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "agent/procfs/procfs.h"
 #include "agent/python/line_table.h"
 
 namespace strata::agent::python {
@@ -215,6 +216,18 @@ pid_t Interpreter::TidOf(const uint8_t* tstate) {
 }
 
 bool Interpreter::CalibratePthreadTid() {
+  // A failure is remembered for a while: it is asked per thread state on every walk.
+  const uint64_t now = NowNs();
+  if (calibration_failed_ns_ != 0 && now - calibration_failed_ns_ < kCalibrationRetryNs) {
+    return false;
+  }
+  if (FindPthreadTid()) return true;
+  ++stats_.calibration_failures;
+  calibration_failed_ns_ = now;
+  return false;
+}
+
+bool Interpreter::FindPthreadTid() {
   // The pthreads of every thread state.
   std::vector<uint64_t> pthreads;
   uint64_t interp = 0;
@@ -239,15 +252,20 @@ bool Interpreter::CalibratePthreadTid() {
     if (!memory_->Read(pthreads[i], blocks[i].data(), sizeof(blocks[i]))) return false;
   }
   if (blocks.empty()) return false;
+  // The word where every thread state's pthread holds a distinct thread of the process. Its
+  // threads, not its main thread alone: an embedding program may run Python on other
+  // threads only.
+  absl::StatusOr<std::vector<pid_t>> live = procfs::ListThreads(pid_);
+  if (!live.ok()) return false;
+  const absl::flat_hash_set<int32_t> threads(live->begin(), live->end());
   for (size_t word = 0; word < kWords; ++word) {
-    bool has_pid = false, plausible = true;
+    bool plausible = true;
     absl::flat_hash_set<int32_t> seen;
     for (const auto& block : blocks) {
       const int32_t v = block[word];
-      plausible &= v > 0 && v <= (1 << 22) && seen.insert(v).second;
-      has_pid |= v == pid_;
+      plausible &= threads.contains(v) && seen.insert(v).second;
     }
-    if (plausible && has_pid) {
+    if (plausible) {
       pthread_tid_offset_ = static_cast<int64_t>(word * sizeof(int32_t));
       return true;
     }

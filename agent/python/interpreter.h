@@ -30,8 +30,7 @@
 //
 // Threads before 3.11 carry only the pthread_t (the address of glibc's struct pthread); the
 // kernel tid inside that struct is found once per process: the offset at which the thread
-// states' pthreads hold distinct plausible tids, one of them the process's id (its main
-// thread).
+// states' pthreads hold distinct threads of the process (/proc/PID/task).
 //
 // Single-threaded (the agent's main loop). A read of a known thread and code objects allocates
 // nothing; a code object seen first is copied into the cache.
@@ -121,6 +120,7 @@ struct InterpreterStats {
   uint64_t line_misses = 0;    // lines decoded from a line table (not found in CodeInfo::lines)
   uint64_t one_call_reads = 0;  // reads checked with the thread state's call alone
   uint64_t snapshot_reads = 0;  // reads from a FrameSnapshot (counted in reads too)
+  uint64_t calibration_failures = 0;  // searches for the tid in struct pthread that failed
 };
 
 class Interpreter {
@@ -204,7 +204,10 @@ class Interpreter {
   bool WalkThreadStates();
   // The kernel tid of a thread state read into `bytes`, or -1.
   pid_t TidOf(const uint8_t* tstate);
+  // Finds pthread_tid_offset_ (FindPthreadTid), at most once per kCalibrationRetryNs after
+  // a failure.
   bool CalibratePthreadTid();
+  bool FindPthreadTid();
   // The thread's innermost frame (0: none) from its state's `bytes` (see ThreadStateOf), or
   // false when unreadable.
   bool CurrentFrame(KnownThread& thread, const uint8_t* bytes, bool cframe_current,
@@ -246,6 +249,8 @@ class Interpreter {
   static constexpr size_t kHintAbove = 512;
   // A cached code object is trusted this long after its header was last compared.
   static constexpr uint64_t kCodeRecheckNs = 1'000'000'000;
+  // A failed search for the tid in struct pthread is tried again this long after.
+  static constexpr uint64_t kCalibrationRetryNs = 1'000'000'000;
 
   pid_t pid_;
   Offsets offsets_;
@@ -256,6 +261,7 @@ class Interpreter {
   absl::flat_hash_map<pid_t, KnownThread> thread_states_;
   // Before 3.11: offset of the kernel tid in glibc's struct pthread (-1: not found yet).
   int64_t pthread_tid_offset_ = -1;
+  uint64_t calibration_failed_ns_ = 0;  // CLOCK_MONOTONIC of the last failure (0: none)
   uint64_t last_scan_ns_ = 0;  // CLOCK_MONOTONIC of the last walk of the thread states
   absl::flat_hash_map<uint64_t, std::unique_ptr<CodeInfo>> code_;
   // A code object was refused for want of bytes: the next read starts with an empty cache.

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/python/fake_memory_for_test.h"
 #include "agent/python/frame_capture.h"
 #include "agent/symbols/module_cache.h"
 #include "agent/symbols/process_address_space.h"
@@ -467,6 +469,85 @@ TEST(InterpreterTest, CodeObjectsOfHugeLineTablesStopAtTheCacheBytes) {
   EXPECT_GE(most_bytes, Interpreter::kMaxCodeBytes / 2);
   EXPECT_GE(interpreter->stats().code_refused, 5u);
   EXPECT_LE(interpreter->stats().code_misses, 5u * (Interpreter::kMaxCodeBytes >> 20) + 5);
+}
+
+// CPython 3.9's thread states in a made-up memory: two states whose pthreads (glibc's
+// struct pthread, 2 KiB of it) hold `tids` at kTidOffset, between words of other values.
+class PthreadTidTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kRuntime = 0x10000, kInterp = 0x20000, kTstate = 0x30000,
+                            kPthread = 0x40000, kTidOffset = 720;
+
+  std::unique_ptr<Interpreter> Attach(const std::vector<pid_t>& tids) {
+    auto memory = std::make_unique<testing::FakeMemory>();
+    memory_ = memory.get();
+    const Offsets o = *OffsetsForVersion(3, 9);
+    memory->Map(kRuntime, 0x1000);
+    memory->Map(kInterp, 0x1000);
+    memory->Put(kRuntime + o.runtime_interpreters_head, kInterp);
+    memory->Put(kInterp + o.interp_threads_head, kTstate);
+    for (size_t i = 0; i < tids.size(); ++i) {
+      const uint64_t tstate = kTstate + 0x1000 * i, pthread = kPthread + 0x1000 * i;
+      memory->Map(tstate, 0x1000);
+      memory->Put(tstate + o.tstate_next, i + 1 < tids.size() ? tstate + 0x1000 : 0);
+      memory->Put(tstate + o.tstate_thread_id, pthread);
+      memory->Map(pthread, 0x1000);
+      for (uint64_t at = 0; at < 0x800; at += 8) memory->Put(pthread + at, pthread + at);
+      memory->Put(pthread + kTidOffset, static_cast<uint64_t>(tids[i]));
+    }
+    InterpreterModule module{3, 9, kRuntime, {{0x1000, 0x2000}}};
+    absl::StatusOr<std::unique_ptr<Interpreter>> attached =
+        Interpreter::Attach(getpid(), module, 0, std::move(memory));
+    EXPECT_TRUE(attached.ok()) << attached.status();
+    return attached.ok() ? *std::move(attached) : nullptr;
+  }
+  testing::FakeMemory* memory_ = nullptr;
+};
+
+// An embedding program that runs Python on two threads of its own, never on its main
+// thread: their thread states are found by their tids all the same.
+TEST_F(PthreadTidTest, FoundWhenPythonNeverRanOnTheMainThread) {
+  std::atomic<pid_t> tids[2] = {0, 0};
+  std::atomic<bool> done = false;
+  std::vector<std::thread> threads;
+  for (auto& tid : tids) {
+    threads.emplace_back([&tid, &done] {
+      tid = static_cast<pid_t>(syscall(SYS_gettid));
+      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+  }
+  while (tids[0] == 0 || tids[1] == 0) std::this_thread::yield();
+  std::unique_ptr<Interpreter> interpreter = Attach({tids[0], tids[1]});
+  ASSERT_NE(interpreter, nullptr);
+  std::vector<PythonFrame> frames(8);
+  size_t count = 0;
+  EXPECT_EQ(interpreter->ReadStack(tids[1], frames, &count), ReadOutcome::kOk);
+  EXPECT_EQ(count, 0u);  // (no frame: it runs no Python now)
+  EXPECT_EQ(interpreter->stats().calibration_failures, 0u);
+  done = true;
+  for (std::thread& t : threads) t.join();
+}
+
+// Pthreads holding no thread of the process: the search fails, and is not made again per
+// thread state and walk, but once a second.
+TEST_F(PthreadTidTest, AFailedSearchIsNotRepeatedPerWalk) {
+  std::unique_ptr<Interpreter> interpreter = Attach({4000001, 4000002, 4000003});
+  ASSERT_NE(interpreter, nullptr);
+  std::vector<PythonFrame> frames(8);
+  const auto start = std::chrono::steady_clock::now();
+  size_t reads = 0;
+  // Walks of the thread states, at most one per 50 ms, for half a second.
+  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(500)) {
+    size_t count = 0;
+    EXPECT_EQ(interpreter->ReadStack(getpid(), frames, &count), ReadOutcome::kNoThread);
+    ++reads;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_GE(reads, 20u);
+  EXPECT_EQ(interpreter->stats().calibration_failures, 1u);
+  // Each walk reads the three states (and their pthread pointers): 2 KiB of every pthread
+  // only for the one search.
+  EXPECT_LT(memory_->reads, 200u) << interpreter->stats().thread_scans << " walks";
 }
 
 class InterpreterTest : public ::testing::TestWithParam<std::string> {};
