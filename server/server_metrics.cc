@@ -126,9 +126,7 @@ absl::Status FilterFromQuery(const http::HttpRequest& req, v1::ProfileFilter* fi
     }
     filter->set_type(t);
   }
-  // Unix milliseconds up to 2^62 (the year 146 million): sums and differences of two of
-  // them cannot overflow.
-  constexpr int64_t kMaxMs = int64_t{1} << 62;
+  constexpr int64_t kMaxMs = query::kMaxQueryMs;
   std::optional<int64_t> from_ms, to_ms;
   for (auto [key, out] : {std::pair{"from_ms", &from_ms}, std::pair{"to_ms", &to_ms}}) {
     const std::string s = get(key);

@@ -188,6 +188,10 @@ absl::StatusOr<v1::ProfileFilter> FilterOf(std::string_view type_id, std::string
     return absl::InvalidArgumentError(
         "the label selector must name a service: {service_name=\"...\"}");
   }
+  if (start < 0 || end < 0 || start > query::kMaxQueryMs || end > query::kMaxQueryMs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "start and end must be Unix milliseconds from 0 to ", query::kMaxQueryMs));
+  }
   v1::ProfileFilter filter;
   filter.set_service(selection->service);
   filter.set_selector(selection->selector);
@@ -338,7 +342,10 @@ absl::StatusOr<querier::v1::SelectSeriesResponse> SelectSeries(
   // kMaxSeriesIntervals of them.
   const int64_t window = commit::kWindowMs;
   const int64_t span = std::max<int64_t>(request.end() - request.start(), 1);
-  int64_t step_ms = static_cast<int64_t>(std::ceil(std::max(request.step(), 0.0) * 1000));
+  // (Clamped before the conversion: a double beyond int64 does not convert. A NaN fails
+  // both comparisons, so it is tested apart.)
+  const double step_s = std::isnan(request.step()) ? 0.0 : std::clamp(request.step(), 0.0, 1e15);
+  int64_t step_ms = static_cast<int64_t>(std::ceil(step_s * 1000));
   step_ms = std::max(step_ms, (span + query::kMaxSeriesIntervals - 1) / query::kMaxSeriesIntervals);
   step_ms = std::max<int64_t>(window, (step_ms + window - 1) / window * window);
   v1::SeriesRequest series;

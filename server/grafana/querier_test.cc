@@ -2,6 +2,9 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <cstdint>
+#include <limits>
+
 #include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 #include "server/registry/agent_registry.h"
@@ -157,6 +160,35 @@ TEST_F(QuerierTest, TypesLabelsAndSeriesOfTheStore) {
   ASSERT_EQ(series.labels_set(0).labels_size(), 2);
   EXPECT_EQ(series.labels_set(0).labels(0).name(), "service_name");
   EXPECT_EQ(series.labels_set(0).labels(1).value(), "2");
+}
+
+// Times and steps at the ends of their types: refused, not wrapped into a huge interval
+// count (which took the process down from an HTTP handler) or converted from a double out
+// of int64's range.
+TEST_F(QuerierTest, TimesAndStepsOutOfRangeAreRefused) {
+  querier::v1::SelectSeriesRequest series;
+  series.set_profile_typeid(kCpu);
+  series.set_label_selector(R"({service_name="api"})");
+  series.set_start(0);
+  series.set_end(9223372036854770000);
+  series.set_step(10);
+  Call<querier::v1::SelectSeriesResponse>("SelectSeries", series, 400);
+  series.set_start(-9223372036854770000);
+  series.set_end(kWindow + 60'000);
+  Call<querier::v1::SelectSeriesResponse>("SelectSeries", series, 400);
+  series.set_start(kWindow - 60'000);
+  for (double step : {1e300, std::numeric_limits<double>::infinity(),
+                      std::numeric_limits<double>::quiet_NaN()}) {
+    series.set_step(step);
+    auto answer = Call<querier::v1::SelectSeriesResponse>("SelectSeries", series);
+    EXPECT_EQ(answer.series_size(), 1) << step;
+  }
+  querier::v1::SelectMergeStacktracesRequest flame;
+  flame.set_profile_typeid(kCpu);
+  flame.set_label_selector(R"({service_name="api"})");
+  flame.set_start(0);
+  flame.set_end(std::numeric_limits<int64_t>::max());
+  Call<querier::v1::SelectMergeStacktracesResponse>("SelectMergeStacktraces", flame, 400);
 }
 
 TEST_F(QuerierTest, FlameGraphTimelineAndProfileOfASelection) {

@@ -229,11 +229,28 @@ struct HttpServer::Impl {
       const RouteEntry& entry = route->second;
       switch (entry.dispatch) {
         case Dispatch::kInline:
-          return Respond(entry.handler(request));
+          return Respond(Call(entry.handler, request));
         case Dispatch::kPriority:
           return RunOn(*impl_->priority, entry.handler, std::move(request));
         case Dispatch::kPool:
           return RunOn(*impl_->pool, entry.handler, std::move(request));
+      }
+    }
+
+    // The handler's response. An exception must not leave it: on the handler pool it would
+    // end the process (asio's thread_pool terminates), ingest and all. The client gets a
+    // 500 and the server goes on.
+    static HttpResponse Call(const Handler& handler, const HttpRequest& request) {
+      try {
+        return handler(request);
+      } catch (const std::exception& e) {
+        LogError("http: {} {}: {}", base::EscapeForLog(request.method),
+                 base::EscapeForLog(request.path), e.what());
+        return {500, "text/plain; charset=utf-8", "internal error\n"};
+      } catch (...) {
+        LogError("http: {} {}: an exception", base::EscapeForLog(request.method),
+                 base::EscapeForLog(request.path));
+        return {500, "text/plain; charset=utf-8", "internal error\n"};
       }
     }
 
@@ -242,7 +259,7 @@ struct HttpServer::Impl {
     void RunOn(asio::thread_pool& pool, const Handler& handler, HttpRequest request) {
       asio::post(pool, [self = this->shared_from_this(), &handler,
                         request = std::move(request)] {
-        HttpResponse response = handler(request);
+        HttpResponse response = Call(handler, request);
         asio::post(self->stream_.get_executor(),
                    [self, response = std::move(response)]() mutable {
                      self->Respond(std::move(response));

@@ -160,6 +160,28 @@ TEST(HttpServerTest, RoutesAndDecodesQuery) {
   server.Stop();
 }
 
+// A handler that throws (a bug, not an input) answers 500 on every dispatch; the process,
+// whose handler pool would otherwise terminate it, serves on.
+TEST(HttpServerTest, AHandlerThatThrowsAnswers500AndTheServerServesOn) {
+  HttpServer server;
+  auto thrower = [](const HttpRequest&) -> HttpResponse {
+    std::vector<int> v;
+    v.reserve(v.max_size() + 1);  // std::length_error
+    return {200, "text/plain", "unreachable"};
+  };
+  server.Route("/pool", thrower);
+  server.Route("/inline", thrower, HttpServer::Dispatch::kInline);
+  server.Route("/priority", thrower, HttpServer::Dispatch::kPriority);
+  server.Route("/ok", [](const HttpRequest&) { return HttpResponse{200, "text/plain", "ok"}; });
+  ASSERT_TRUE(server.Start("127.0.0.1:0").ok());
+  for (const char* path : {"/pool", "/inline", "/priority", "/pool"}) {
+    EXPECT_EQ(Get(server.port(), path), std::make_pair(500, std::string("internal error\n")))
+        << path;
+  }
+  EXPECT_EQ(Get(server.port(), "/ok"), std::make_pair(200, std::string("ok")));
+  server.Stop();
+}
+
 TEST(HttpServerTest, BadAddressAndOptions) {
   HttpServer server;
   EXPECT_FALSE(server.Start("nonsense").ok());

@@ -154,7 +154,7 @@ int64_t UnitWindowMs(const CompareSettings& s, const ProfileQuery& q, size_t hos
   w = (w + commit::kWindowMs - 1) / commit::kWindowMs * commit::kWindowMs;
   const int64_t length = std::max<int64_t>(q.to_ms - q.from_ms, 1);
   const size_t bounded = std::min(std::max<size_t>(hosts, 1), s.max_loads);
-  while (static_cast<size_t>((length + w - 1) / w) * bounded > s.max_loads && w < length) w *= 2;
+  while (w < length && static_cast<size_t>((length + w - 1) / w) * bounded > s.max_loads) w *= 2;
   return w;
 }
 

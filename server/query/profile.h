@@ -28,6 +28,10 @@ class RE2;
 
 namespace strata::server::query {
 
+// The latest time a query takes, in Unix milliseconds (2^62, the year 146 million): sums and
+// differences of two of them, and of a step no longer, cannot overflow.
+inline constexpr int64_t kMaxQueryMs = int64_t{1} << 62;
+
 struct ProfileQuery {
   std::string service;
   int64_t from_ms = 0;  // inclusive

@@ -114,6 +114,10 @@ absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int
   q.from_ms = filter.range().from_ms();
   q.to_ms = filter.range().to_ms() == 0 ? now_ms + 1 : filter.range().to_ms();
   if (q.from_ms < 0 || q.to_ms < 0) return absl::InvalidArgumentError("negative time range");
+  if (q.from_ms > kMaxQueryMs || q.to_ms > kMaxQueryMs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("time range beyond ", kMaxQueryMs, " ms (Unix milliseconds)"));
+  }
   // Windows are addressed by their start: widen `from` to the window holding it.
   q.from_ms = commit::WindowStart(q.from_ms);
   q.host = filter.host();

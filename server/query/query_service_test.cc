@@ -246,6 +246,20 @@ TEST_F(QueryServiceTest, FramesCarryTheirKind) {
   EXPECT_EQ(functions->functions(0).function().kind(), v1::FRAME_JIT);
 }
 
+// Beyond 2^62 ms every front door's query is refused: later arithmetic on times (series
+// intervals, compare's windows) would overflow.
+TEST_F(QueryServiceTest, TimesBeyondTheQueryRangeAreRefused) {
+  v1::ProfileFilter filter = Filter("svc");
+  filter.mutable_range()->set_from_ms(0);
+  filter.mutable_range()->set_to_ms(INT64_MAX);
+  EXPECT_TRUE(absl::IsInvalidArgument(ToProfileQuery(filter, 1000).status()));
+  filter.mutable_range()->set_from_ms(kMaxQueryMs + 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(ToProfileQuery(filter, 1000).status()));
+  filter.mutable_range()->set_from_ms(0);
+  filter.mutable_range()->set_to_ms(kMaxQueryMs);
+  EXPECT_TRUE(ToProfileQuery(filter, 1000).ok());
+}
+
 TEST_F(QueryServiceTest, UnknownServiceIsNotFound) {
   AddKnownProfile();
   v1::TopRequest request;

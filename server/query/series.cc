@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/saturating.h"
 #include "server/commit/batch_committer.h"
+#include "server/query/profile.h"
 
 namespace strata::server::query {
 namespace {
@@ -28,6 +29,10 @@ void AddCounts(const v1::SampleSeries& from, v1::SampleSeries* to) {
 }  // namespace
 
 absl::StatusOr<int64_t> SeriesStep(int64_t from_ms, int64_t to_ms, int64_t step_ms) {
+  if (from_ms < 0 || to_ms > kMaxQueryMs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "time range from ", from_ms, " to ", to_ms, " ms outside 0 to ", kMaxQueryMs, " ms"));
+  }
   if (from_ms >= to_ms) {
     return absl::InvalidArgumentError(absl::StrCat(
         "empty time range: from ", from_ms, " ms is not before to ", to_ms, " ms"));
@@ -43,7 +48,7 @@ absl::StatusOr<int64_t> SeriesStep(int64_t from_ms, int64_t to_ms, int64_t step_
       }
     }
   }
-  if (step_ms < 0 || step_ms % commit::kWindowMs != 0) {
+  if (step_ms < 0 || step_ms > kMaxQueryMs || step_ms % commit::kWindowMs != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step ", step_ms, " ms is not a positive multiple of the ", commit::kWindowMs,
         " ms window"));

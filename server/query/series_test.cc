@@ -1,6 +1,8 @@
 #include "server/query/series.h"
 
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "common/testing/temp_dir.h"
@@ -33,6 +35,16 @@ const v1::SampleSeries* Find(const v1::SeriesResponse& r, const std::string& val
     if (s.value() == value && !s.other()) return &s;
   }
   return nullptr;
+}
+
+// Ranges and steps at the ends of int64: refused, not wrapped into an interval count.
+TEST(SeriesStepTest, TimesAndStepsBeyondTheQueryRangeAreRefused) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_FALSE(SeriesStep(0, kMax - 5000, 10'000).ok());
+  EXPECT_FALSE(SeriesStep(-kMax, 10'000, 10'000).ok());
+  EXPECT_FALSE(SeriesStep(0, kHour, kMax / 10'000 * 10'000).ok());
+  EXPECT_TRUE(SeriesStep(0, kMaxQueryMs, 0).ok());
+  EXPECT_TRUE(SeriesStep(kMaxQueryMs - kHour, kMaxQueryMs, kMaxQueryMs / 10'000 * 10'000).ok());
 }
 
 TEST(SeriesStepTest, AutomaticStepsAreRoundAndExplicitOnesChecked) {
