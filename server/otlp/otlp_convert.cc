@@ -98,9 +98,18 @@ class Converter {
   absl::Status AddProfile(const Profile& profile, const Attributes& resource_attributes,
                           absl::string_view field);
   absl::StatusOr<uint32_t> StackOf(int32_t stack_index);
-  // Appends `location`'s frames to `leaf_first`, innermost first.
+  // Appends `location`'s frames to `leaf_first`, innermost first (converted once per
+  // location: a request may name one location in every stack, and its attributes each time).
   absl::Status AddLocationFrames(int32_t location_index, std::vector<uint32_t>* leaf_first,
                                  bool* truncated);
+  // A location's frames, innermost first; `abort`: the sender's marker of an unwinding stop.
+  struct LocationFrames {
+    std::vector<uint32_t> leaf_first;
+    bool abort = false;
+  };
+  absl::Status ConvertLocation(int32_t location_index, LocationFrames* out);
+  // The build ID of a mapping (once per mapping, as for locations).
+  absl::StatusOr<std::string> BuildIdOf(int32_t mapping_index, absl::string_view field);
   absl::StatusOr<uint32_t> FunctionOf(store::FunctionInfo info, absl::string_view field);
 
   const ProfilesDictionary& dict_;
@@ -112,6 +121,9 @@ class Converter {
   absl::flat_hash_map<std::string, uint32_t> function_ids_;
   absl::flat_hash_map<std::string, uint32_t> stack_ids_;         // by frames
   absl::flat_hash_map<int32_t, uint32_t> stack_of_index_;        // Stack table index -> stack
+  absl::flat_hash_map<int32_t, LocationFrames> location_frames_;  // by location index
+  absl::flat_hash_map<int32_t, std::string> build_ids_;           // by mapping index
+  size_t stack_frames_ = 0;  // of out_.stacks, against kMaxRequestFrames
   std::vector<Context> contexts_;
   absl::flat_hash_map<std::string, uint32_t> context_ids_;
   absl::flat_hash_set<std::string> services_;
@@ -287,6 +299,29 @@ std::string ModuleFor(absl::string_view kind, absl::string_view mapping_file,
 
 absl::Status Converter::AddLocationFrames(int32_t location_index,
                                           std::vector<uint32_t>* leaf_first, bool* truncated) {
+  auto it = location_frames_.find(location_index);
+  if (it == location_frames_.end()) {
+    LocationFrames frames;
+    if (absl::Status s = ConvertLocation(location_index, &frames); !s.ok()) return s;
+    it = location_frames_.emplace(location_index, std::move(frames)).first;
+  }
+  if (it->second.abort) *truncated = true;
+  leaf_first->insert(leaf_first->end(), it->second.leaf_first.begin(),
+                     it->second.leaf_first.end());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Converter::BuildIdOf(int32_t mapping_index,
+                                                 absl::string_view field) {
+  if (auto it = build_ids_.find(mapping_index); it != build_ids_.end()) return it->second;
+  auto build_id =
+      FindAttribute(dict_.mapping_table(mapping_index).attribute_indices(), kGnuBuildId, field);
+  if (!build_id.ok()) return build_id.status();
+  return build_ids_.emplace(mapping_index, *std::move(build_id)).first->second;
+}
+
+absl::Status Converter::ConvertLocation(int32_t location_index, LocationFrames* out) {
+  std::vector<uint32_t>* leaf_first = &out->leaf_first;
   if (location_index < 0 || location_index >= dict_.location_table_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "stack: location index ", location_index, " outside the location table (",
@@ -298,7 +333,7 @@ absl::Status Converter::AddLocationFrames(int32_t location_index,
   if (!kind.ok()) return kind.status();
   absl::AsciiStrToLower(&*kind);
   if (absl::StartsWith(*kind, "abort")) {  // the eBPF profiler's marker of an unwinding stop
-    *truncated = true;
+    out->abort = true;
     return absl::OkStatus();
   }
   if (location.mapping_index() < 0 || location.mapping_index() >= dict_.mapping_table_size()) {
@@ -309,7 +344,7 @@ absl::Status Converter::AddLocationFrames(int32_t location_index,
   const auto& mapping = dict_.mapping_table(location.mapping_index());
   auto mapping_file = String(mapping.filename_strindex(), field);
   if (!mapping_file.ok()) return mapping_file.status();
-  auto build_id = FindAttribute(mapping.attribute_indices(), kGnuBuildId, field);
+  auto build_id = BuildIdOf(location.mapping_index(), field);
   if (!build_id.ok()) return build_id.status();
   const bool native = kind->empty() || *kind == "native" || *kind == "go" || *kind == "rust";
   if (location.lines().empty()) {
@@ -374,12 +409,20 @@ absl::StatusOr<uint32_t> Converter::StackOf(int32_t stack_index) {
     if (!fn.ok()) return fn.status();
     stack.functions.push_back(*fn);
   }
+  if (stack.functions.size() > kMaxRequestFrames - stack_frames_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "stack ", stack_index, ": the request's distinct stacks have more than ",
+        kMaxRequestFrames, " frames in all"));
+  }
   std::reverse(stack.functions.begin(), stack.functions.end());  // outermost first
   std::string key(reinterpret_cast<const char*>(stack.functions.data()),
                   stack.functions.size() * sizeof(uint32_t));
   key.push_back(stack.truncated ? 't' : 'c');
   auto [it, added] = stack_ids_.emplace(std::move(key), static_cast<uint32_t>(out_.stacks.size()));
-  if (added) out_.stacks.push_back(std::move(stack));
+  if (added) {
+    stack_frames_ += stack.functions.size();
+    out_.stacks.push_back(std::move(stack));
+  }
   stack_of_index_.emplace(stack_index, it->second);
   return it->second;
 }

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/otlp/otlp_builder.h"
@@ -232,6 +233,42 @@ TEST_F(OtlpConvertTest, LimitsApply) {
   limits.max_name_bytes = 5;
   EXPECT_THAT(ConvertRequest(b_.request(), limits, "", kNowMs).status().message(),
               HasSubstr("longer than the limits"));
+}
+
+// One location standing for 4,000 inlined frames, in 2,100 distinct stacks: 8.4 M frames
+// from a request of a few tens of KB, refused before they are all held (and stored).
+TEST_F(OtlpConvertTest, FramesOfAllStacksAreBounded) {
+  auto* r0 = b_.AddResource({{"service.name", "s"}, {"host.name", "h"}});
+  auto* cpu = b_.AddProfile(r0, "samples", "count", kT0);
+  const int32_t binary = b_.Mapping("/usr/bin/deep");
+  const std::vector<RequestBuilder::Line> lines(4000, {"inlined", "deep.c", 1});
+  const int32_t deep = b_.Location(binary, 0x1000, lines, "native");
+  for (uint64_t i = 0; i < 2100; ++i) {
+    const int32_t leaf = b_.Location(binary, 0x2000 + i, {}, "native");  // named by address
+    b_.AddSample(cpu, b_.Stack({leaf, deep}), {}, 1);
+  }
+  auto r = Convert();
+  EXPECT_TRUE(absl::IsResourceExhausted(r.status())) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("frames in all"));
+}
+
+// A location naming its frame type 20,000 times, 20,000 times in one stack: its attributes
+// are read once, not per reference (4e8 map updates before).
+TEST_F(OtlpConvertTest, ALocationIsConvertedOncePerRequest) {
+  auto* r0 = b_.AddResource({{"service.name", "s"}, {"host.name", "h"}});
+  auto* cpu = b_.AddProfile(r0, "samples", "count", kT0);
+  const int32_t stop = b_.Location(b_.Mapping("/usr/bin/x"), 0x1000, {}, "abort");
+  b_.AddSample(cpu, b_.Stack(std::vector<int32_t>(20000, stop)), {}, 1);
+  RequestBuilder::Request request = b_.Take();
+  auto* location = request.mutable_dictionary()->mutable_location_table(stop);
+  const int32_t abort_attribute = location->attribute_indices(0);
+  for (int i = 1; i < 20000; ++i) location->add_attribute_indices(abort_attribute);
+  const absl::Time start = absl::Now();
+  auto r = ConvertRequest(request, {}, "", kNowMs);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->stacks.size(), 1u);
+  EXPECT_TRUE(r->stacks[0].truncated);
 }
 
 }  // namespace
