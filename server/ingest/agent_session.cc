@@ -254,6 +254,11 @@ absl::StatusOr<uint64_t> AgentSession::StackIdFor(const encoding::Numbering& num
   bool truncated = false;
   auto path = encoding::Decode(numbering, context, &truncated, kMaxDecodeDepth);
   if (!path.ok()) return path.status();
+  batch_decoded_frames_ += path->size();
+  if (batch_decoded_frames_ > limits_.max_batch_decoded_frames) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "its contexts decode to more than ", limits_.max_batch_decoded_frames, " new frames"));
+  }
   store::StackFrames frames;
   frames.truncated = truncated;
   frames.function_ids.reserve(path->size());
@@ -396,6 +401,7 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
 
   store::WriteBatch wb;
   pending_cache_.clear();
+  batch_decoded_frames_ = 0;
   pending_label_sets_.clear();
   applied.contexts.reserve(contexts.size());
   absl::flat_hash_map<uint32_t, uint64_t> label_sets;

@@ -140,6 +140,8 @@ class AgentSession {
   absl::flat_hash_map<std::string, uint64_t> decode_cache_;
   // Decoded in the batch being applied, not committed yet.
   absl::flat_hash_map<std::string, uint64_t> pending_cache_;
+  // Frames decoded for the batch being applied (against max_batch_decoded_frames).
+  uint64_t batch_decoded_frames_ = 0;
   // Scratch of StackIdFor: functions seen from the leaf up.
   absl::flat_hash_set<uint64_t> recursive_;
   // (service '\0' encoded target labels) -> label set ID, once committed; and those of the

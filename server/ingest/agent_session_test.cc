@@ -247,6 +247,26 @@ TEST_P(AgentSessionTest, CountsAboveTheLimitAreRefused) {
   EXPECT_EQ(Load().total, (uint64_t{1} << 32) - 1);
 }
 
+// Contexts that decode to more frames than a batch may: the batch is refused, nothing of it
+// stored, and the next batch, within the limit, is. Stacks decoded by earlier batches do not
+// count again.
+TEST_P(AgentSessionTest, FramesDecodedPerBatchAreBounded) {
+  FakeAgent agent;
+  auto deep = agent.Context({"main", "a", "b", "c", "d", "e", "f", "g"}, 1);
+  auto other = agent.Context({"main", "a", "b", "c", "d", "e", "f", "h"}, 1);
+  IngestLimits limits;
+  limits.max_batch_decoded_frames = 12;
+  auto session = Open(7, limits);
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  auto refused = session->ApplyBatch(Batch(1, agent.graph.num_edges(), {deep, other}));
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("more than 12 new frames"), std::string::npos)
+      << refused.status();
+  ASSERT_TRUE(session->ApplyBatch(Batch(1, agent.graph.num_edges(), {deep})).ok());
+  ASSERT_TRUE(session->ApplyBatch(Batch(2, agent.graph.num_edges(), {deep, other})).ok());
+  EXPECT_EQ(Load().total, 3u);
+}
+
 TEST_P(AgentSessionTest, GraphAndBatchLimits) {
   FakeAgent agent;
   auto c = agent.Context({"main", "a", "b", "c"}, 1);

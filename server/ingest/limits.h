@@ -28,6 +28,11 @@ struct IngestLimits {
   uint32_t max_batch_targets = 4096;
   uint32_t max_batch_services = 256;
   uint32_t max_batch_contexts = 1u << 20;
+  // Frames of the stacks one batch's contexts decode to, those not decoded before: a few
+  // bytes of context may stand for thousands of frames (a deep path of a small graph), each
+  // stack kept as a record of its own. A large program's first batch: ~10^5 contexts of
+  // tens of frames.
+  uint64_t max_batch_decoded_frames = uint64_t{1} << 23;
   // One context's count in one batch: 2^32 - 1 is 4 * 10^9 samples, far above a whole host's
   // samples per interval. Stored totals saturate at 2^64 - 1 (common/base/saturating.h).
   uint64_t max_context_count = (uint64_t{1} << 32) - 1;
