@@ -379,6 +379,22 @@ TEST(InspectModuleTest, RefusesAModuleWithThousandsOfEvalLoops) {
   EXPECT_NE(two.message().find("_PyRuntime"), std::string_view::npos) << two;
 }
 
+// The interpreter of the first module of `pid` that holds one, or null.
+std::unique_ptr<Interpreter> AttachToInterpreterOf(pid_t pid) {
+  symbols::ModuleCache cache;
+  symbols::ProcessAddressSpace space(pid, &cache);
+  if (!space.Refresh().ok()) return nullptr;
+  std::unique_ptr<Interpreter> interpreter;
+  space.ForEachModule([&](const symbols::Module& m, int64_t bias) {
+    absl::StatusOr<InterpreterModule> found = InspectModule(*m.elf, m.symbols, m.path);
+    if (interpreter != nullptr || !found.ok()) return;
+    if (auto attached = Interpreter::Attach(pid, *found, bias); attached.ok()) {
+      interpreter = std::move(*attached);
+    }
+  });
+  return interpreter;
+}
+
 TEST(InterpreterTest, ReadsAChainThroughManyCoroutines) {
   constexpr char kPython[] = "/usr/bin/python3.11";
   if (!std::filesystem::exists(kPython)) GTEST_SKIP() << kPython << " is not installed";
@@ -397,17 +413,7 @@ TEST(InterpreterTest, ReadsAChainThroughManyCoroutines) {
   Child child;
   pid_t main_tid = 0;
   ASSERT_TRUE(Start({kPython, "-S", script}, &child, &main_tid));
-  symbols::ModuleCache cache;
-  symbols::ProcessAddressSpace space(child.pid, &cache);
-  ASSERT_TRUE(space.Refresh().ok());
-  std::unique_ptr<Interpreter> interpreter;
-  space.ForEachModule([&](const symbols::Module& m, int64_t bias) {
-    absl::StatusOr<InterpreterModule> found = InspectModule(*m.elf, m.symbols, m.path);
-    if (interpreter != nullptr || !found.ok()) return;
-    if (auto attached = Interpreter::Attach(child.pid, *found, bias); attached.ok()) {
-      interpreter = std::move(*attached);
-    }
-  });
+  std::unique_ptr<Interpreter> interpreter = AttachToInterpreterOf(child.pid);
   ASSERT_NE(interpreter, nullptr);
   for (int i = 0; i < 3; ++i) {
     Read read;
@@ -446,17 +452,7 @@ TEST(InterpreterTest, CodeObjectsOfHugeLineTablesStopAtTheCacheBytes) {
   Child child;
   pid_t main_tid = 0;
   ASSERT_TRUE(Start({kPython, "-S", script}, &child, &main_tid));
-  symbols::ModuleCache cache;
-  symbols::ProcessAddressSpace space(child.pid, &cache);
-  ASSERT_TRUE(space.Refresh().ok());
-  std::unique_ptr<Interpreter> interpreter;
-  space.ForEachModule([&](const symbols::Module& m, int64_t bias) {
-    absl::StatusOr<InterpreterModule> found = InspectModule(*m.elf, m.symbols, m.path);
-    if (interpreter != nullptr || !found.ok()) return;
-    if (auto attached = Interpreter::Attach(child.pid, *found, bias); attached.ok()) {
-      interpreter = std::move(*attached);
-    }
-  });
+  std::unique_ptr<Interpreter> interpreter = AttachToInterpreterOf(child.pid);
   ASSERT_NE(interpreter, nullptr);
   std::vector<PythonFrame> frames(256);
   uint64_t most_bytes = 0;
