@@ -174,10 +174,12 @@ TEST(CallGraphTest, BackEdgeClassification) {
 }
 
 // The incremental topological order must classify exactly the edges that close a cycle among
-// the earlier non-back edges (checked against a plain reachability search).
+// the earlier non-back edges (checked against a plain reachability search). Twelve nodes
+// give most pairs several call sites.
 TEST(CallGraphTest, BackEdgesMatchBruteForce) {
-  for (uint32_t seed = 1; seed <= 5; ++seed) {
-    CallGraph g = RandomGraph(Shape::kMutualRecursion, 60, 400, seed);
+  for (uint32_t run = 1; run <= 10; ++run) {
+    const uint32_t seed = (run + 1) / 2;
+    CallGraph g = RandomGraph(Shape::kMutualRecursion, run % 2 ? 60 : 12, 400, seed);
     std::vector<std::vector<NodeId>> fwd(g.num_nodes());
     size_t backs = 0;
     for (EdgeId e = 0; e < g.num_edges(); ++e) {
@@ -199,6 +201,63 @@ TEST(CallGraphTest, BackEdgesMatchBruteForce) {
     }
     EXPECT_GT(backs, 10u);
   }
+}
+
+// Another call site of a (caller, callee) pair is classified like the pair's first edge,
+// back or not, without searching.
+TEST(CallGraphTest, AnotherCallSiteOfAPairTakesNoSearch) {
+  CallGraph g;
+  const NodeId a = g.AddNode(), b = g.AddNode(), c = g.AddNode();
+  ASSERT_TRUE(g.AddEdge({kRootNode, 0, c}).ok());
+  ASSERT_TRUE(g.AddEdge({c, 1, b}).ok());
+  ASSERT_TRUE(g.AddEdge({b, 2, a}).ok());  // against the order: searches
+  const EdgeId back = *g.AddEdge({a, 3, c});
+  ASSERT_TRUE(g.is_back_edge(back));
+  const uint64_t steps = g.search_steps();
+  EXPECT_GT(steps, 0u);
+  EXPECT_TRUE(g.is_back_edge(*g.AddEdge({a, 4, c})));
+  EXPECT_FALSE(g.is_back_edge(*g.AddEdge({b, 5, a})));
+  EXPECT_EQ(g.search_steps(), steps);
+}
+
+// Edges k+1 -> k for k = 2, 3, ...: each new edge's callee heads the whole chain so far in the
+// topological order, and Pearce-Kelly reorders all of it.
+std::vector<CallEdge> ChainAgainstItsOrder(NodeId nodes) {
+  std::vector<CallEdge> edges;
+  for (NodeId k = kFirstFunctionNode; k + 1 < kFirstFunctionNode + nodes; ++k) {
+    edges.push_back({k + 1, 0x10, k});
+  }
+  return edges;
+}
+
+TEST(MalformedTest, DeltasPastTheSearchBudgetAreRefusedAtomically) {
+  constexpr NodeId kNodes = 2000;
+  const std::vector<CallEdge> chain = ChainAgainstItsOrder(kNodes);
+  CallGraph unbounded;
+  ASSERT_TRUE(AppendNodes(unbounded, kFirstFunctionNode, kNodes).ok());
+  ASSERT_TRUE(AppendEdges(unbounded, 0, chain).ok());
+  // Quadratic: about n^2 / 2 nodes visited, each with its one successor.
+  EXPECT_GT(unbounded.search_steps(), uint64_t{kNodes} * kNodes / 2);
+
+  CallGraph g;
+  ASSERT_TRUE(AppendNodes(g, kFirstFunctionNode, kNodes).ok());
+  const std::vector<CallEdge> head = {{kRootNode, 0, kFirstFunctionNode + kNodes - 1}};
+  ASSERT_TRUE(AppendEdges(g, 0, head).ok());
+  const absl::Status refused = AppendEdges(g, 1, chain, /*max_search_steps=*/100'000);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("100000 search steps"));
+  EXPECT_EQ(g.num_edges(), 1u);
+  EXPECT_GT(g.search_steps(), 100'000u);  // the work done stays counted
+  for (const CallEdge& e : chain) EXPECT_FALSE(g.FindEdge(e.caller, e.call_site, e.callee));
+
+  // What is left classifies as if the refused edges had never come.
+  ASSERT_TRUE(AppendEdges(g, 1, std::span(chain).subspan(0, 50)).ok());
+  const std::vector<CallEdge> closing = {{kFirstFunctionNode, 0x20, kFirstFunctionNode + 50}};
+  ASSERT_TRUE(AppendEdges(g, 51, closing).ok());
+  EXPECT_TRUE(g.is_back_edge(51));
+  const std::vector<CallEdge> open = {{kFirstFunctionNode, 0x20, kFirstFunctionNode + 51}};
+  ASSERT_TRUE(AppendEdges(g, 52, open).ok());
+  EXPECT_FALSE(g.is_back_edge(52));
 }
 
 // Hand-checked numbering: root -> a; a -> b (x2 call sites); a -> c; b -> d; c -> d; d -> b back.

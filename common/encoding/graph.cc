@@ -60,10 +60,31 @@ absl::StatusOr<EdgeId> CallGraph::AddEdge(const CallEdge& edge) {
   const EdgeKey key{edge.caller, edge.callee, edge.call_site};
   auto [it, inserted] = index_.try_emplace(key, edges_.size());
   if (!inserted) return it->second;
-  const bool back = InsertIntoOrder(edge.caller, edge.callee);
+  auto [pair, first] = first_of_pair_.try_emplace(PairKey(edge.caller, edge.callee),
+                                                  edges_.size());
+  const bool back = first ? InsertIntoOrder(edge.caller, edge.callee) : is_back_[pair->second];
   edges_.push_back(edge);
   is_back_.push_back(back ? 1 : 0);
   return it->second;
+}
+
+void CallGraph::RemoveEdgesFrom(EdgeId first) {
+  while (edges_.size() > first) {
+    const EdgeId id = edges_.size() - 1;
+    const CallEdge& e = edges_[id];
+    index_.erase(EdgeKey{e.caller, e.callee, e.call_site});
+    auto pair = first_of_pair_.find(PairKey(e.caller, e.callee));
+    if (pair->second == id) {
+      first_of_pair_.erase(pair);
+      // Appended last to both lists: every later non-back edge is gone already.
+      if (!is_back_[id]) {
+        succ_[e.caller].pop_back();
+        pred_[e.callee].pop_back();
+      }
+    }
+    edges_.pop_back();
+    is_back_.pop_back();
+  }
 }
 
 // Pearce-Kelly dynamic topological sort over the non-back edges. order_[n] is n's position.
@@ -93,6 +114,7 @@ bool CallGraph::InsertIntoOrder(NodeId x, NodeId y) {
     const NodeId n = scratch_stack_.back();
     scratch_stack_.pop_back();
     scratch_forward_.push_back(n);
+    search_steps_ += 1 + succ_[n].size();
     for (NodeId w : succ_[n]) {
       if (w == x) return true;
       if (mark_[w] != mark_epoch_ && order_[w] < ub) {
@@ -109,6 +131,7 @@ bool CallGraph::InsertIntoOrder(NodeId x, NodeId y) {
     const NodeId n = scratch_stack_.back();
     scratch_stack_.pop_back();
     scratch_backward_.push_back(n);
+    search_steps_ += 1 + pred_[n].size();
     for (NodeId w : pred_[n]) {
       if (mark_[w] != mark_epoch_ && order_[w] > lb) {
         mark_[w] = mark_epoch_;
@@ -201,8 +224,8 @@ absl::Status AppendNodes(CallGraph& graph, uint32_t first_node, size_t count) {
   return graph.EnsureNodes(graph.num_nodes() + count);
 }
 
-absl::Status AppendEdges(CallGraph& graph, uint64_t first_edge,
-                         std::span<const CallEdge> edges) {
+absl::Status AppendEdges(CallGraph& graph, uint64_t first_edge, std::span<const CallEdge> edges,
+                         uint64_t max_search_steps) {
   if (first_edge != graph.num_edges()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "delta starts at edge ", first_edge, " but the graph has ", graph.num_edges()));
@@ -226,6 +249,12 @@ absl::Status AppendEdges(CallGraph& graph, uint64_t first_edge,
   for (const CallEdge& e : edges) {
     absl::StatusOr<EdgeId> id = graph.AddEdge(e);
     if (!id.ok()) return id.status();  // unreachable after validation
+    if (graph.search_steps() > max_search_steps) {
+      graph.RemoveEdgesFrom(first_edge);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "classifying the call graph's edges took more than ", max_search_steps,
+          " search steps, at edge ", *id, " (a long chain added against its order)"));
+    }
   }
   return absl::OkStatus();
 }

@@ -78,6 +78,12 @@ class CallGraph {
   absl::StatusOr<EdgeId> AddEdge(const CallEdge& edge);
   std::optional<EdgeId> FindEdge(NodeId caller, uint64_t call_site, NodeId callee) const;
 
+  // Work spent classifying edges since the graph was made: nodes visited and adjacency
+  // entries scanned by the searches. Pearce-Kelly's cost per edge is bounded by the region it
+  // reorders, not by a constant: adding the edges of a long chain against its order costs
+  // the chain's length each, so a graph of n edges can cost n^2 / 2. AppendEdges bounds it.
+  uint64_t search_steps() const { return search_steps_; }
+
   // Requires id < num_edges().
   const CallEdge& edge(EdgeId id) const { return edges_[id]; }
   bool is_back_edge(EdgeId id) const { return is_back_[id] != 0; }
@@ -104,14 +110,29 @@ class CallGraph {
     }
   };
 
+  static uint64_t PairKey(NodeId caller, NodeId callee) {
+    return uint64_t{caller} << 32 | callee;
+  }
+
   // Incremental topological order of the non-back edges (Pearce-Kelly). Returns true when
   // caller -> callee would close a cycle; otherwise records the edge in the order.
   bool InsertIntoOrder(NodeId caller, NodeId callee);
+
+  // Removes the edges [first, num_edges()), the last ones first: AppendEdges undoes a delta
+  // with it. The topological order stays valid for the edges that remain.
+  void RemoveEdgesFrom(EdgeId first);
+  friend absl::Status AppendEdges(CallGraph& graph, uint64_t first_edge,
+                                  std::span<const CallEdge> edges, uint64_t max_search_steps);
 
   size_t num_nodes_ = kFirstFunctionNode;
   std::vector<CallEdge> edges_;
   std::vector<uint8_t> is_back_;
   absl::flat_hash_map<EdgeKey, EdgeId> index_;
+  // The first edge of each (caller, callee) pair. Another call site of the same pair is
+  // classified like it without a search (non-back edges only grow, so callee still reaches
+  // caller, or caller -> callee is still in the order) and adds nothing to the adjacency.
+  absl::flat_hash_map<uint64_t, EdgeId> first_of_pair_;
+  uint64_t search_steps_ = 0;
 
   // Non-back adjacency and topological positions, used only for classification.
   std::vector<std::vector<NodeId>> succ_;
@@ -138,8 +159,11 @@ absl::Status AppendNodes(CallGraph& graph, uint32_t first_node, size_t count);
 // Server side: appends an edge list received from the wire. `first_edge` must equal
 // graph.num_edges() (else FailedPrecondition). Every edge must reference existing nodes, must
 // not point into the root/marker and must not duplicate an existing edge or another edge of
-// the delta (InvalidArgument). All-or-nothing: on error the graph is unchanged.
-absl::Status AppendEdges(CallGraph& graph, uint64_t first_edge, std::span<const CallEdge> edges);
+// the delta (InvalidArgument). When classifying the edges takes graph.search_steps() past
+// `max_search_steps`, ResourceExhausted (the steps spent stay counted). All-or-nothing: on
+// error the graph's edges are unchanged.
+absl::Status AppendEdges(CallGraph& graph, uint64_t first_edge, std::span<const CallEdge> edges,
+                         uint64_t max_search_steps = UINT64_MAX);
 
 }  // namespace strata::encoding
 
