@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/escape.h"
@@ -149,31 +150,63 @@ absl::StatusOr<LabelSet> Decode(std::string_view bytes) {
   return set;
 }
 
-bool GlobMatch(std::string_view pattern, std::string_view text) {
-  // Greedy with backtracking to the last '*': linear in practice, never exponential.
-  size_t p = 0, t = 0, star = std::string_view::npos, mark = 0;
-  while (t < text.size()) {
-    if (p < pattern.size() && pattern[p] == '*') {
-      star = p++;
-      mark = t;
-    } else if (p < pattern.size() && pattern[p] == text[t]) {
-      ++p;
-      ++t;
-    } else if (star != std::string_view::npos) {
-      p = star + 1;
-      t = ++mark;
-    } else {
-      return false;
-    }
+namespace {
+
+// The first occurrence of `needle` (not empty) in `hay`, or npos: Knuth-Morris-Pratt, linear in
+// both, where a plain search (and backtracking to the last '*') costs their product.
+size_t FindLinear(std::string_view hay, std::string_view needle) {
+  absl::InlinedVector<uint32_t, 64> border(needle.size(), 0);
+  for (size_t i = 1, k = 0; i < needle.size(); ++i) {
+    while (k > 0 && needle[i] != needle[k]) k = border[k - 1];
+    if (needle[i] == needle[k]) ++k;
+    border[i] = static_cast<uint32_t>(k);
   }
-  while (p < pattern.size() && pattern[p] == '*') ++p;
-  return p == pattern.size();
+  for (size_t i = 0, k = 0; i < hay.size(); ++i) {
+    while (k > 0 && hay[i] != needle[k]) k = border[k - 1];
+    if (hay[i] == needle[k]) ++k;
+    if (k == needle.size()) return i + 1 - k;
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
+
+bool GlobMatch(std::string_view pattern, std::string_view text) {
+  // The pieces between the stars: the first must begin the text, the last end it, and the
+  // others occur in order in between, each at its leftmost place (a later one can only
+  // leave less room for the rest).
+  const size_t first_star = pattern.find('*');
+  if (first_star == std::string_view::npos) return pattern == text;
+  const size_t last_star = pattern.rfind('*');
+  const std::string_view head = pattern.substr(0, first_star);
+  const std::string_view tail = pattern.substr(last_star + 1);
+  if (head.size() + tail.size() > text.size() || !text.starts_with(head) ||
+      !text.ends_with(tail)) {
+    return false;
+  }
+  std::string_view rest = text.substr(head.size(), text.size() - head.size() - tail.size());
+  std::string_view middle = pattern.substr(first_star + 1, last_star - first_star);
+  while (!middle.empty()) {
+    const size_t star = middle.find('*');
+    const std::string_view piece = middle.substr(0, star);
+    middle.remove_prefix(star + 1);  // the middle ends with a star
+    if (piece.empty()) continue;
+    const size_t at = FindLinear(rest, piece);
+    if (at == std::string_view::npos) return false;
+    rest.remove_prefix(at + piece.size());
+  }
+  return true;
 }
 
 absl::StatusOr<Selector> Selector::Parse(std::string_view text) {
   Selector selector;
   if (Strip(text).empty()) return selector;
-  for (std::string_view raw : Split(text, ',')) {
+  const std::vector<std::string_view> terms = Split(text, ',');
+  if (terms.size() > kMaxTerms) {
+    return absl::InvalidArgumentError(absl::StrCat("label selector has ", terms.size(),
+                                                   " terms; at most ", kMaxTerms));
+  }
+  for (std::string_view raw : terms) {
     std::string_view term = Strip(raw);
     const size_t eq = term.find('=');
     if (eq == std::string_view::npos || eq == 0) {

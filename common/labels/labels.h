@@ -61,7 +61,8 @@ std::string Encode(const LabelSet& set);
 // Inverse of Encode; InvalidArgument for anything Encode does not produce.
 absl::StatusOr<LabelSet> Decode(std::string_view bytes);
 
-// '*' matches any run of bytes (also none); everything else matches itself.
+// '*' matches any run of bytes (also none); everything else matches itself. Linear in the
+// pattern's and the text's length.
 bool GlobMatch(std::string_view pattern, std::string_view text);
 
 class Selector {
@@ -73,8 +74,12 @@ class Selector {
     bool operator==(const Term&) const = default;
   };
 
+  // A set has at most 64 labels; a query's selector, matched against every label set of a
+  // service, at most as many terms.
+  static constexpr size_t kMaxTerms = 64;
+
   // Empty text (or only spaces): the empty selector, which matches every set.
-  // InvalidArgument naming the bad term otherwise.
+  // InvalidArgument naming the bad term otherwise, or when there are more than kMaxTerms.
   static absl::StatusOr<Selector> Parse(std::string_view text);
 
   bool empty() const { return terms_.empty(); }

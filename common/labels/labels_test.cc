@@ -1,5 +1,9 @@
 #include "common/labels/labels.h"
 
+#include <cstring>
+#include <random>
+#include <string>
+
 #include "gtest/gtest.h"
 
 namespace strata::labels {
@@ -48,6 +52,44 @@ TEST(LabelsTest, Glob) {
   EXPECT_FALSE(GlobMatch("a*b", "ac"));
   EXPECT_TRUE(GlobMatch("**a", "bbba"));
   EXPECT_FALSE(GlobMatch("", "x"));
+  EXPECT_FALSE(GlobMatch("a*a", "a"));  // the first and last pieces may not overlap
+  EXPECT_FALSE(GlobMatch("ab*ba", "aba"));
+  EXPECT_TRUE(GlobMatch("*ab*ab*", "abab"));
+}
+
+// Plain backtracking over every way the stars could split the text.
+bool GlobByBacktracking(std::string_view p, std::string_view t) {
+  if (p.empty()) return t.empty();
+  if (p[0] == '*') {
+    for (size_t skip = 0; skip <= t.size(); ++skip) {
+      if (GlobByBacktracking(p.substr(1), t.substr(skip))) return true;
+    }
+    return false;
+  }
+  return !t.empty() && p[0] == t[0] && GlobByBacktracking(p.substr(1), t.substr(1));
+}
+
+TEST(LabelsTest, GlobAgreesWithBacktracking) {
+  std::mt19937 rng(7);
+  auto random = [&](const char* alphabet, size_t max) {
+    std::string out(rng() % (max + 1), ' ');
+    for (char& c : out) c = alphabet[rng() % std::strlen(alphabet)];
+    return out;
+  };
+  for (int i = 0; i < 50'000; ++i) {
+    const std::string pattern = random("ab*", 7), text = random("ab", 9);
+    ASSERT_EQ(GlobMatch(pattern, text), GlobByBacktracking(pattern, text))
+        << "'" << pattern << "' against '" << text << "'";
+  }
+}
+
+TEST(LabelsTest, SelectorsHaveAtMostSixtyFourTerms) {
+  std::string terms = "k0=v";
+  for (size_t i = 1; i < Selector::kMaxTerms; ++i) terms += ",k" + std::to_string(i) + "=v*";
+  EXPECT_TRUE(Selector::Parse(terms).ok());
+  const absl::Status more = Selector::Parse(terms + ",k=v").status();
+  EXPECT_EQ(more.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(more.message(), "label selector has 65 terms; at most 64");
 }
 
 TEST(LabelsTest, Selectors) {
