@@ -264,6 +264,18 @@ absl::StatusOr<EncodedContext> EncodePath(CallGraph& graph,
   return Encoder(**numbering).Encode(*edges);
 }
 
+size_t Numbering::MemoryBytes() const {
+  return sizeof(*this) + edges_.capacity() * sizeof(EdgeInfo) +
+         num_contexts_.capacity() * sizeof(uint64_t) +
+         range_begin_.capacity() * sizeof(uint64_t) + ranges_.capacity() * sizeof(InRange);
+}
+
+size_t NumberingCache::MemoryBytes() const {
+  size_t bytes = 0;
+  for (const auto& numbering : entries_) bytes += numbering->MemoryBytes();
+  return bytes;
+}
+
 absl::StatusOr<std::shared_ptr<const Numbering>> NumberingCache::Get(const CallGraph& graph,
                                                                      uint64_t epoch) {
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {

@@ -78,6 +78,8 @@ class Numbering {
   const CallEdge& edge(EdgeId edge) const { return edges_[edge].edge; }
   // Number of push edges ("selective reduction") in this epoch.
   uint64_t num_push_edges() const { return num_push_edges_; }
+  // Heap bytes held (per edge and per node of the epoch: a few dozen bytes each).
+  size_t MemoryBytes() const;
 
   // Decoding to edge IDs (outermost first). See Decode().
   absl::Status DecodeEdges(const EncodedContext& context, std::vector<EdgeId>* edges_out,
@@ -146,6 +148,8 @@ class NumberingCache {
   absl::StatusOr<std::shared_ptr<const Numbering>> Get(const CallGraph& graph, uint64_t epoch);
   // Drop everything (e.g. when the graph is replaced after a Resync).
   void Clear() { entries_.clear(); }
+  // Heap bytes of the numberings kept (shared with callers that still hold one).
+  size_t MemoryBytes() const;
 
  private:
   size_t capacity_;

@@ -294,6 +294,10 @@ void AddLimitFlags(CLI::App& app, ServerFlags& f) {
      true, CLI::PositiveNumber},
     {"--max-graph-edges", &ingest.limits.max_graph_edges, "call edges in one agent's graph",
      true, CLI::PositiveNumber},
+    {"--max-graph-search-steps-per-edge", &ingest.limits.max_graph_search_steps_per_edge,
+     "search steps classifying an agent graph's edges (back edge or not), per edge, with a "
+     "floor for small graphs; past it the graph delta is refused",
+     true, CLI::PositiveNumber},
     {"--max-batch-services", &ingest.limits.max_batch_services,
      "distinct services named by one sample batch", true, CLI::PositiveNumber},
     {"--max-batch-contexts", &ingest.limits.max_batch_contexts,

@@ -154,9 +154,10 @@ void AgentSession::Unload() {
 size_t AgentSession::MemoryBytes() const {
   if (!loaded_) return sizeof(*this);
   // Estimates from the structures' layouts: per node its function ID and adjacency lists, per
-  // edge the edge, its index entry and its numbering, per cached context its key and ID.
-  return sizeof(*this) + 64 * graph_.num_nodes() + 96 * graph_.num_edges() +
-         96 * decode_cache_.size();
+  // edge the edge and its index entries, per cached context its key and ID; the numberings
+  // of the epochs kept (each a few dozen bytes per edge) as they are.
+  return sizeof(*this) + 64 * graph_.num_nodes() + 88 * graph_.num_edges() +
+         96 * decode_cache_.size() + numberings_.MemoryBytes();
 }
 
 absl::Status AgentSession::ApplyGraphDelta(const v1::GraphDelta& delta) {
@@ -218,7 +219,10 @@ absl::Status AgentSession::ApplyGraphDelta(const v1::GraphDelta& delta) {
       !st.ok() && delta.nodes_size() > 0) {
     return st;
   }
-  if (auto st = encoding::AppendEdges(graph_, delta.first_edge(), edges);
+  const uint64_t max_search_steps =
+      (graph_.num_edges() + edges.size() + kGraphSearchFloorEdges) *
+      uint64_t{limits_.max_graph_search_steps_per_edge};
+  if (auto st = encoding::AppendEdges(graph_, delta.first_edge(), edges, max_search_steps);
       !st.ok() && !edges.empty()) {
     if (graph_.num_nodes() != nodes_before) {
       // CallGraph cannot shrink; rebuild it from the persisted state. Rare: only a delta

@@ -1,5 +1,6 @@
 #include "server/ingest/agent_session.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -297,6 +298,57 @@ TEST_P(AgentSessionTest, GraphAndBatchLimits) {
   EXPECT_TRUE(absl::IsInvalidArgument(session->ApplyBatch(two_services).status()));
   ASSERT_TRUE(session->ApplyBatch(Batch(2, agent.graph.num_edges(), {c})).ok());
   EXPECT_EQ(Load().total, 1u);
+}
+
+// A chain of functions whose edges come against its topological order costs the search the
+// chain's length per edge: past the default budget the delta is refused whole.
+TEST_P(AgentSessionTest, GraphsTooCostlyToClassifyAreRefused) {
+  FakeAgent agent;
+  const v1::ContextCount main_a = agent.Context({"main", "a"}, 2);
+  auto session = Open();
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  const uint32_t nodes = agent.graph.num_nodes();
+  const uint64_t edges = agent.graph.num_edges();
+  constexpr int kChain = 3000;
+  std::vector<encoding::NodeId> chain;
+  for (int i = 0; i < kChain; ++i) chain.push_back(agent.Function(absl::StrCat("f", i)));
+  for (int i = 0; i + 1 < kChain; ++i) {
+    ASSERT_TRUE(agent.graph.AddEdge({chain[i + 1], 0x10, chain[i]}).ok());
+  }
+  const v1::GraphDelta chain_delta = agent.Delta(nodes, edges);
+  const absl::Status refused = session->ApplyGraphDelta(chain_delta);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("search steps"));
+  EXPECT_EQ(session->num_nodes(), nodes);
+  EXPECT_EQ(session->num_edges(), edges);
+  // What was accepted before still decodes.
+  ASSERT_TRUE(session->ApplyBatch(Batch(1, edges, {main_a})).ok());
+  EXPECT_EQ(Load().total, 2u);
+
+  IngestLimits limits;
+  limits.max_graph_search_steps_per_edge = 4096;
+  session = Open(7, limits);
+  EXPECT_TRUE(session->ApplyGraphDelta(chain_delta).ok());
+  EXPECT_EQ(session->num_edges(), agent.graph.num_edges());
+}
+
+// Each epoch a batch names costs a numbering of the graph up to it, a few dozen bytes per
+// edge: the session's memory, which --session-memory bounds, counts them.
+TEST_P(AgentSessionTest, NumberingsAreCountedInTheSessionsMemory) {
+  FakeAgent agent;
+  std::vector<v1::ContextCount> contexts;
+  for (int i = 0; i < 2000; ++i) {
+    contexts.push_back(agent.Context({"main", absl::StrCat("f", i % 40), absl::StrCat("g", i)}, 1));
+  }
+  auto session = Open();
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  const size_t graph_only = session->MemoryBytes();
+  ASSERT_TRUE(session->ApplyBatch(Batch(1, agent.graph.num_edges(), {contexts[0]})).ok());
+  const size_t one_numbering = session->MemoryBytes();
+  EXPECT_GT(one_numbering, graph_only + 40 * agent.graph.num_edges());
+  // A batch of an older epoch (resent from an agent's spool) adds another.
+  ASSERT_TRUE(session->ApplyBatch(Batch(2, 1000, {contexts[1]})).ok());
+  EXPECT_GT(session->MemoryBytes(), one_numbering + 20 * agent.graph.num_edges());
 }
 
 // Under a memory budget a session drops its graph between messages and loads it from the

@@ -15,6 +15,9 @@
 
 namespace strata::server::ingest {
 
+// Edges' worth of search steps every graph may spend, however small.
+inline constexpr uint64_t kGraphSearchFloorEdges = 4096;
+
 struct IngestLimits {
   // Whole gRPC messages (the transport refuses larger ones with RESOURCE_EXHAUSTED).
   uint32_t max_message_bytes = 16u << 20;
@@ -24,6 +27,11 @@ struct IngestLimits {
   // One agent graph in total (a large program has ~10^5 functions and a few 10^5 edges).
   uint32_t max_graph_nodes = 1u << 21;
   uint64_t max_graph_edges = uint64_t{1} << 23;
+  // Work classifying one agent graph's edges (encoding::CallGraph::search_steps), per edge
+  // of the graph counting kGraphSearchFloorEdges more: the search is cheap for the orders
+  // agents add edges in (about 40 steps an edge for a compiler's graph) and quadratic for a
+  // long chain sent against its order.
+  uint32_t max_graph_search_steps_per_edge = 256;
   // One SampleBatch.
   uint32_t max_batch_targets = 4096;
   uint32_t max_batch_services = 256;

@@ -186,38 +186,40 @@ absl::Status Rollups::RollService(const std::string& service, ServiceState& stat
   if (!minutes && !hours) return absl::OkStatus();
   if (minutes) {
     seal.minute_ms = minute_to;
-    auto cells = Roll(Column::kSamples, Column::kRollupMinute, service, state.seal.minute_ms,
-                      kMinuteMs, seal);
-    if (!cells.ok()) return cells.status();
+    auto rolled = Roll(Column::kSamples, Column::kRollupMinute, service, state.seal.minute_ms,
+                       kMinuteMs, seal);
+    if (!rolled.ok()) return rolled.status();
+    // Only the minutes that got cells changed: a seal years behind (a host whose clock
+    // started at 1970) spans millions of empty ones.
     if (blocks_->minutes.enabled()) {
-      for (int64_t m = state.seal.minute_ms; m < minute_to; m += kMinuteMs) {
+      for (int64_t m : rolled->units) {
         blocks_->minutes.Invalidate(CellPrefix(service, static_cast<uint64_t>(m)));
       }
     }
     state.seal = seal;
-    stats->minute_cells += *cells;
+    stats->minute_cells += rolled->cells;
   }
   if (hours) {
     seal.hour_ms = hour_to;
-    auto cells = Roll(Column::kRollupMinute, Column::kRollupHour, service, state.seal.hour_ms,
-                      kHourMs, seal);
-    if (!cells.ok()) return cells.status();
-    for (int64_t h = state.seal.hour_ms; h < hour_to; h += kHourMs) {
-      blocks_->InvalidateHour(service, h);
-    }
+    auto rolled = Roll(Column::kRollupMinute, Column::kRollupHour, service, state.seal.hour_ms,
+                       kHourMs, seal);
+    if (!rolled.ok()) return rolled.status();
+    for (int64_t h : rolled->units) blocks_->InvalidateHour(service, h);
     state.seal = seal;
-    stats->hour_cells += *cells;
+    stats->hour_cells += rolled->cells;
   }
   ++stats->services;
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> Rollups::Roll(Column from, Column to, const std::string& service,
-                                       int64_t begin, int64_t unit, const RollupSeal& seal) {
+absl::StatusOr<Rollups::Rolled> Rollups::Roll(Column from, Column to,
+                                              const std::string& service, int64_t begin,
+                                              int64_t unit, const RollupSeal& seal) {
   const int64_t end = unit == kMinuteMs ? seal.minute_ms : seal.hour_ms;
   rocksdb::WriteBatch batch;
   rocksdb::WriteBatch* wb = &batch;
   absl::flat_hash_map<std::string, uint64_t> sums;
+  Rolled rolled;
   CellCursor it(*db_, from, service, begin, end);
   for (; it->Valid(); it->Next()) {
     const std::string_view key = View(it->key());
@@ -225,6 +227,10 @@ absl::StatusOr<uint64_t> Rollups::Roll(Column from, Column to, const std::string
     int64_t window = 0;
     if (!CellWindow(key, &at, &window) || key.substr(0, at - 1) != service) {
       return absl::DataLossError("sample key outside its prefix");
+    }
+    // Cells come in window order.
+    if (rolled.units.empty() || rolled.units.back() != Floor(window, unit)) {
+      rolled.units.push_back(Floor(window, unit));
     }
     absl::StatusOr<uint64_t> count = DecodeCount(View(it->value()));
     if (!count.ok()) return count.status();
@@ -246,7 +252,8 @@ absl::StatusOr<uint64_t> Rollups::Roll(Column from, Column to, const std::string
     return s;
   }
   if (absl::Status s = Write(wb); !s.ok()) return s;
-  return sorted.size();
+  rolled.cells = sorted.size();
+  return rolled;
 }
 
 absl::Status Rollups::Write(rocksdb::WriteBatch* wb) {

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -91,11 +92,16 @@ class Rollups {
   // Rolls the minutes, then the hours, of one service: each its own commit with its seal.
   absl::Status RollService(const std::string& service, ServiceState& state, int64_t up_to_ms,
                            RollupStats* stats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What one Roll wrote: its cells, and the unit windows they fall in, ascending.
+  struct Rolled {
+    uint64_t cells = 0;
+    std::vector<int64_t> units;
+  };
   // Sums the cells of `from` from window `begin` up to the new seal's end for `unit` (minute
   // or hour) per (unit window, host, stack, label set) into merges of `to`, and commits them
-  // with `seal`; returns the number of cells written.
-  absl::StatusOr<uint64_t> Roll(Column from, Column to, const std::string& service,
-                                int64_t begin, int64_t unit, const RollupSeal& seal)
+  // with `seal`.
+  absl::StatusOr<Rolled> Roll(Column from, Column to, const std::string& service,
+                              int64_t begin, int64_t unit, const RollupSeal& seal)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Write(rocksdb::WriteBatch* wb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

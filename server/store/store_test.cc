@@ -759,6 +759,35 @@ TEST_F(StoreTest, RollupsHoldTheRawCountsThroughLateCellsRestartsAndUpgrades) {
   EXPECT_EQ(minute_total, 3u);  // not rolled up a second time
 }
 
+// A host whose clock started at 1970 (a board without a real-time clock, before NTP) seals
+// its service's roll-ups there: the first roll-up spans 29 million minutes, of which only
+// those with cells are summed and have cached blocks to drop.
+TEST_F(StoreTest, RollingUpFromNineteenSeventyTouchesOnlyTheMinutesWithCells) {
+  constexpr int64_t kHour = 3'600'000;
+  constexpr int64_t kNow = 1'764'633'600'000;  // 2025-12-02
+  WriteBatch batch;
+  batch.AddSamples("svc", 10'000, "a", 1, 2);
+  batch.AddSamples("svc", kNow - 2 * kHour, "a", 1, 3);
+  CommitOk(&batch);
+  ASSERT_TRUE(store_->RollUp(kNow).ok());
+  std::map<int64_t, uint64_t> minutes, hours;
+  auto per_window = [](std::map<int64_t, uint64_t>& into) {
+    return [&into](const SampleKey& k, uint64_t c) { into[k.window_start_ms] += c; };
+  };
+  ASSERT_TRUE(store_->samples()
+                  .ScanSamples({"svc", 0, kNow, std::nullopt, std::nullopt,
+                                Resolution::kMinute}, per_window(minutes))
+                  .ok());
+  ASSERT_TRUE(store_->samples()
+                  .ScanSamples({"svc", 0, kNow, std::nullopt, std::nullopt, Resolution::kHour},
+                               per_window(hours))
+                  .ok());
+  EXPECT_THAT(minutes, ElementsAre(std::pair<const int64_t, uint64_t>(0, 2),
+                                   std::pair<const int64_t, uint64_t>(kNow - 2 * kHour, 3)));
+  EXPECT_THAT(hours, ElementsAre(std::pair<const int64_t, uint64_t>(0, 2),
+                                 std::pair<const int64_t, uint64_t>(kNow - 2 * kHour, 3)));
+}
+
 TEST_F(StoreTest, RetentionDropsOldCellsPerResolution) {
   constexpr int64_t kHour = 3'600'000;
   options_.now_ms_for_testing = [] { return 10 * kHour; };
