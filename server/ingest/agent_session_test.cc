@@ -301,15 +301,17 @@ TEST_P(AgentSessionTest, GraphAndBatchLimits) {
 }
 
 // A chain of functions whose edges come against its topological order costs the search the
-// chain's length per edge: past the default budget the delta is refused whole.
+// chain's length per edge: past the budget the delta is refused whole.
 TEST_P(AgentSessionTest, GraphsTooCostlyToClassifyAreRefused) {
   FakeAgent agent;
   const v1::ContextCount main_a = agent.Context({"main", "a"}, 2);
-  auto session = Open();
+  IngestLimits limits;
+  limits.max_graph_search_steps_per_edge = 64;  // (2,000 + 4,096 edges) x 64: 390,000 steps
+  auto session = Open(7, limits);
   ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
   const uint32_t nodes = agent.graph.num_nodes();
   const uint64_t edges = agent.graph.num_edges();
-  constexpr int kChain = 3000;
+  constexpr int kChain = 2000;  // over 2,000,000 steps
   std::vector<encoding::NodeId> chain;
   for (int i = 0; i < kChain; ++i) chain.push_back(agent.Function(absl::StrCat("f", i)));
   for (int i = 0; i + 1 < kChain; ++i) {
@@ -325,8 +327,7 @@ TEST_P(AgentSessionTest, GraphsTooCostlyToClassifyAreRefused) {
   ASSERT_TRUE(session->ApplyBatch(Batch(1, edges, {main_a})).ok());
   EXPECT_EQ(Load().total, 2u);
 
-  IngestLimits limits;
-  limits.max_graph_search_steps_per_edge = 4096;
+  limits.max_graph_search_steps_per_edge = 2048;
   session = Open(7, limits);
   EXPECT_TRUE(session->ApplyGraphDelta(chain_delta).ok());
   EXPECT_EQ(session->num_edges(), agent.graph.num_edges());

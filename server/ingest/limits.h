@@ -29,9 +29,9 @@ struct IngestLimits {
   uint64_t max_graph_edges = uint64_t{1} << 23;
   // Work classifying one agent graph's edges (encoding::CallGraph::search_steps), per edge
   // of the graph counting kGraphSearchFloorEdges more: the search is cheap for the orders
-  // agents add edges in (about 40 steps an edge for a compiler's graph) and quadratic for a
-  // long chain sent against its order.
-  uint32_t max_graph_search_steps_per_edge = 256;
+  // agents add edges in (about 50 steps an edge for a compiler's graph of 28,000 edges,
+  // slowly growing with the graph) and quadratic for a long chain sent against its order.
+  uint32_t max_graph_search_steps_per_edge = 1024;
   // One SampleBatch.
   uint32_t max_batch_targets = 4096;
   uint32_t max_batch_services = 256;
