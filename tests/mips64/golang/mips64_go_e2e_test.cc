@@ -49,7 +49,10 @@
 namespace strata::e2e {
 namespace {
 
-constexpr double kSeconds = 9;    // the workload's run, as on x86-64
+// The workload runs until it has used kCpuSeconds of CPU (about 1,000 samples of each
+// profile), however much of the machine qemu gets, for at most kMaxSeconds.
+constexpr double kCpuSeconds = 10;
+constexpr double kMaxSeconds = 60;
 constexpr int kHz = 100;          // the sampler's rate per thread CPU second (Go's too)
 constexpr double kTolerance = 3;  // percentage points
 constexpr size_t kMaxFrames = 256;
@@ -352,18 +355,19 @@ TEST_P(Mips64GoTest, AgreesWithRuntimePprof) {
                              (go123 ? "_go1.23" : "") + (stripped ? "_stripped" : "");
   const std::string profile = dir_.File("cpu.pprof");
   const std::string samples = dir_.File("samples");
-  std::vector<std::string> argv = {STRATA_QEMU_MIPS64EL, binary, "-seconds",
-                                   absl::StrCat(kSeconds), "-cpuprofile", profile};
+  std::vector<std::string> argv = {
+      STRATA_QEMU_MIPS64EL, binary, "-seconds", absl::StrCat(kMaxSeconds), "-cpu-seconds",
+      absl::StrCat(kCpuSeconds), "-cpuprofile", profile};
   if (switches) argv.push_back("-switches");
   ChildProcess workload(argv, dir_.File("workload.log"),
                         {{"STRATA_GO_RECORD", samples},
                          {"STRATA_GO_RECORD_HZ", absl::StrCat(kHz)},
-                         {"STRATA_GO_RECORD_SECONDS", absl::StrCat(kSeconds)},
+                         {"STRATA_GO_RECORD_SECONDS", absl::StrCat(kMaxSeconds)},
                          {"STRATA_GO_RECORD_LAYOUT", RecorderLayout()}});
   ASSERT_TRUE(workload.WaitForOutput("ready", 30)) << workload.Output();
   // Both profiles start now, for the same work (qemu passes the signal to the program).
   ASSERT_EQ(kill(workload.pid(), SIGUSR1), 0);
-  ASSERT_EQ(workload.Wait(kSeconds + 60), 0) << workload.Output();
+  ASSERT_EQ(workload.Wait(kMaxSeconds + 60), 0) << workload.Output();
   ASSERT_NE(workload.Output().find("recorded "), std::string::npos) << workload.Output();
 
   std::vector<Record> records;

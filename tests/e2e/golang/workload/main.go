@@ -5,7 +5,9 @@
 // writes its own runtime/pprof CPU profile -- the reference the test compares Strata's
 // profile of it with. Prints "ready", then waits for SIGUSR1 (the profiler is attached) before
 // it starts its profile and its goroutines, so that both profiles cover the same work; both
-// stop after -seconds, then it prints each goroutine's thread CPU time
+// stop after -seconds (or, with -cpu-seconds, once the process has used that much CPU: as
+// many samples on a loaded machine, taking longer), then it prints each goroutine's thread
+// CPU time
 // (/proc/thread-self/schedstat: run ns, wait ns, slices) and the process's CPU time while the
 // profile ran (getrusage: the CPU time the profile should account for), and exits.
 package main
@@ -153,9 +155,30 @@ func processCPU() int64 {
 	return u.Utime.Nano() + u.Stime.Nano()
 }
 
+// Called when the work stops, before the profile does (a sampler linked in stops with it).
+var workDone = func() {}
+
+// Returns once the process has used `cpu` seconds of CPU since `since` (its processCPU()),
+// or `wall` seconds have passed.
+func runFor(since int64, cpu, wall float64) {
+	deadline := time.Now().Add(time.Duration(wall * float64(time.Second)))
+	for cpu <= 0 || float64(processCPU()-since) < cpu*1e9 {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return
+		}
+		if cpu > 0 && left > 50*time.Millisecond {
+			left = 50 * time.Millisecond
+		}
+		time.Sleep(left)
+	}
+}
+
 func main() {
 	profile := flag.String("cpuprofile", "", "write a CPU profile here")
 	seconds := flag.Float64("seconds", 10, "run this long")
+	cpuSeconds := flag.Float64("cpu-seconds", 0,
+		"stop once the process has used this much CPU (at most -seconds)")
 	hz := flag.Int("hz", 100, "CPU profile rate")
 	switches := flag.Bool("switches", false,
 		"also run the goroutines whose work crosses stack switches (allocating; with cgo, called back from C)")
@@ -192,9 +215,10 @@ func main() {
 		go func() { defer wg.Done(); runtime.LockOSThread(); allocWorker(stop); cpu[2] = threadCPU() }()
 		go func() { defer wg.Done(); runtime.LockOSThread(); callbackWorker(stop); cpu[3] = threadCPU() }()
 	}
-	time.Sleep(time.Duration(*seconds * float64(time.Second)))
+	runFor(profiled, *cpuSeconds, *seconds)
 	close(stop)
 	wg.Wait()
+	workDone()
 	profiled = processCPU() - profiled
 	if *profile != "" {
 		pprof.StopCPUProfile()

@@ -1,8 +1,8 @@
 //go:build cgo
 
 // Starts the sampler of recorder.c when STRATA_GO_RECORD names its output file: it samples
-// from the SIGUSR1 that starts the workload's work and its own profile, for
-// STRATA_GO_RECORD_SECONDS, at STRATA_GO_RECORD_HZ per thread's CPU second.
+// from the SIGUSR1 that starts the workload's work and its own profile until the work stops
+// (at most STRATA_GO_RECORD_SECONDS), at STRATA_GO_RECORD_HZ per thread's CPU second.
 
 package main
 
@@ -39,13 +39,23 @@ func init() {
 	}
 	start := make(chan os.Signal, 1)
 	signal.Notify(start, syscall.SIGUSR1)
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	workDone = func() {
+		close(done)
+		<-stopped // reported before the workload prints its own lines
+	}
 	go func() {
 		<-start
 		C.strata_recorder_start()
-		time.Sleep(time.Duration(seconds * float64(time.Second)))
+		select {
+		case <-time.After(time.Duration(seconds * float64(time.Second))):
+		case <-done:
+		}
 		n := int64(C.strata_recorder_stop())
 		fmt.Printf("recorded %d samples of %d threads (%d timers not created, %d expirations merged)\n",
 			n, int(C.strata_recorder_threads()), int(C.strata_recorder_timer_failures()),
 			int(C.strata_recorder_overruns()))
+		close(stopped)
 	}()
 }
