@@ -220,6 +220,25 @@ TEST(CallGraphTest, AnotherCallSiteOfAPairTakesNoSearch) {
   EXPECT_EQ(g.search_steps(), steps);
 }
 
+// An agent names a new stack's functions leaf first, then adds its edges root first: each
+// edge's callee is new, without edges, and takes a position of its own instead of the whole
+// stack so far being reordered (2,000 frames: 4,000,000 steps before).
+TEST(CallGraphTest, ANewDeepStackCostsItsDepth) {
+  constexpr int kDepth = 2000;
+  CallGraph g;
+  std::vector<PathFrame> outer_to_leaf(kDepth);
+  for (int i = kDepth - 1; i >= 0; --i) outer_to_leaf[i] = {g.AddNode(), 0x100u + i};
+  ASSERT_TRUE(g.AddPath(outer_to_leaf, false).ok());
+  EXPECT_LT(g.search_steps(), uint64_t{4} * kDepth);
+  // The same stack under another caller: its edges exist but one.
+  const NodeId caller = g.AddNode();
+  std::vector<PathFrame> longer = {{caller, 0x10}};
+  longer.insert(longer.end(), outer_to_leaf.begin(), outer_to_leaf.end());
+  ASSERT_TRUE(g.AddPath(longer, false).ok());
+  EXPECT_EQ(g.num_edges(), kDepth + 2u);
+  for (EdgeId e = 0; e < g.num_edges(); ++e) EXPECT_FALSE(g.is_back_edge(e));
+}
+
 // Edges k+1 -> k for k = 2, 3, ...: each new edge's callee heads the whole chain so far in the
 // topological order, and Pearce-Kelly reorders all of it.
 std::vector<CallEdge> ChainAgainstItsOrder(NodeId nodes) {

@@ -27,7 +27,7 @@ NodeId CallGraph::AddNode() {
   const NodeId id = static_cast<NodeId>(num_nodes_++);
   succ_.emplace_back();
   pred_.emplace_back();
-  order_.push_back(id);  // new nodes have no edges: any position after the others is valid
+  order_.push_back(next_position_++);  // no edges yet: any position after the others is valid
   mark_.push_back(0);
   return id;
 }
@@ -94,8 +94,15 @@ void CallGraph::RemoveEdgesFrom(EdgeId first) {
 // means the edge closes a cycle: it becomes a back edge and is not added to the order.
 bool CallGraph::InsertIntoOrder(NodeId x, NodeId y) {
   if (x == y) return true;
-  const uint32_t lb = order_[y];
-  const uint32_t ub = order_[x];
+  if (order_[y] < order_[x] && succ_[y].empty() && pred_[y].empty()) {
+    // A callee without edges reaches nothing and may take any position: a new one above all
+    // others. Agents name a new stack's functions leaf first and add its edges root first,
+    // each callee below its caller: reordering them one by one would cost the stack's depth
+    // per edge.
+    order_[y] = next_position_++;
+  }
+  const uint64_t lb = order_[y];
+  const uint64_t ub = order_[x];
   if (lb > ub) {
     succ_[x].push_back(y);
     pred_[y].push_back(x);
@@ -142,7 +149,7 @@ bool CallGraph::InsertIntoOrder(NodeId x, NodeId y) {
   auto by_order = [this](NodeId a, NodeId b) { return order_[a] < order_[b]; };
   std::sort(scratch_forward_.begin(), scratch_forward_.end(), by_order);
   std::sort(scratch_backward_.begin(), scratch_backward_.end(), by_order);
-  std::vector<uint32_t> positions;
+  std::vector<uint64_t> positions;
   positions.reserve(scratch_forward_.size() + scratch_backward_.size());
   for (NodeId n : scratch_backward_) positions.push_back(order_[n]);
   for (NodeId n : scratch_forward_) positions.push_back(order_[n]);

@@ -137,7 +137,9 @@ class CallGraph {
   // Non-back adjacency and topological positions, used only for classification.
   std::vector<std::vector<NodeId>> succ_;
   std::vector<std::vector<NodeId>> pred_;
-  std::vector<uint32_t> order_;
+  // Positions: distinct, not dense (a node may move to a new top position).
+  std::vector<uint64_t> order_;
+  uint64_t next_position_ = kFirstFunctionNode;
   std::vector<uint32_t> mark_;
   uint32_t mark_epoch_ = 0;
   std::vector<NodeId> scratch_forward_;
