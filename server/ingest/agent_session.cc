@@ -230,6 +230,10 @@ absl::Status AgentSession::ApplyGraphDelta(const v1::GraphDelta& delta) {
       loaded_ = false;
       if (absl::Status reloaded = Load(); !reloaded.ok()) return reloaded;
     }
+    if (absl::IsResourceExhausted(st)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(st.message(), " (strata-server --max-graph-search-steps-per-edge)"));
+    }
     return st;
   }
 

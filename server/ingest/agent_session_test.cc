@@ -320,7 +320,7 @@ TEST_P(AgentSessionTest, GraphsTooCostlyToClassifyAreRefused) {
   const v1::GraphDelta chain_delta = agent.Delta(nodes, edges);
   const absl::Status refused = session->ApplyGraphDelta(chain_delta);
   EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
-  EXPECT_THAT(refused.message(), ::testing::HasSubstr("search steps"));
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("--max-graph-search-steps-per-edge"));
   EXPECT_EQ(session->num_nodes(), nodes);
   EXPECT_EQ(session->num_edges(), edges);
   // What was accepted before still decodes.
