@@ -571,6 +571,28 @@ TEST(MalformedTest, DecoderRejectsBadInput) {
   EXPECT_FALSE(g.AddPath(std::vector<PathFrame>{{a, 1}, {kRootNode, 0}}, false).ok());
 }
 
+// Numberings of older epochs go when a newer one is computed; a batch sent again, of an
+// older epoch, leaves the newer ones cached.
+TEST(NumberingCacheTest, KeepsTheNewestEpochsAndWhatWasAskedForSince) {
+  CallGraph g = RandomGraph(Shape::kMixed, 300, 900, 7);
+  NumberingCache cache;
+  auto epoch_100 = cache.Get(g, 100);
+  ASSERT_TRUE(epoch_100.ok());
+  const size_t one = cache.MemoryBytes();
+  auto epoch_500 = cache.Get(g, 500);
+  ASSERT_TRUE(epoch_500.ok());
+  auto epoch_900 = cache.Get(g, 900);
+  ASSERT_TRUE(epoch_900.ok());
+  EXPECT_EQ(cache.MemoryBytes(), (*epoch_900)->MemoryBytes());  // 100 and 500 went
+  EXPECT_GT(cache.MemoryBytes(), one);
+  auto again_500 = cache.Get(g, 500);  // a batch sent again
+  ASSERT_TRUE(again_500.ok());
+  EXPECT_NE(again_500->get(), epoch_500->get());  // computed again
+  EXPECT_EQ(cache.Get(g, 900)->get(), epoch_900->get());  // still cached
+  EXPECT_EQ(cache.Get(g, 500)->get(), again_500->get());
+  EXPECT_EQ(cache.MemoryBytes(), (*epoch_900)->MemoryBytes() + (*again_500)->MemoryBytes());
+}
+
 TEST(MalformedTest, BadDeltasAreRejectedAtomically) {
   CallGraph src;
   for (int i = 0; i < 4; ++i) src.AddNode();

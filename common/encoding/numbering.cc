@@ -288,6 +288,7 @@ absl::StatusOr<std::shared_ptr<const Numbering>> NumberingCache::Get(const CallG
   }
   absl::StatusOr<std::shared_ptr<const Numbering>> fresh = Numbering::Compute(graph, epoch);
   if (!fresh.ok()) return fresh.status();
+  std::erase_if(entries_, [epoch](const auto& kept) { return kept->epoch() < epoch; });
   entries_.push_front(*fresh);
   while (entries_.size() > capacity_) entries_.pop_back();
   return fresh;
