@@ -68,8 +68,8 @@ int RunAgents(CliContext* ctx) {
     return 0;
   }
   Table table({"AGENT", "HOST", "ARCH", "VERSION", "STATE", "BATCHES", "LAST BATCH", "SPOOL",
-               "DROPPED", "TARGETS"},
-              {5, 7, 8});
+               "DROPPED", "GRAPH EDGES", "TARGETS"},
+              {5, 7, 8, 9});
   for (const auto& a : r.agents()) {
     const v1::AgentHealth& h = a.health();
     // Unacknowledged batches held (in memory only: lost if the agent stops), and what the
@@ -82,7 +82,9 @@ int RunAgents(CliContext* ctx) {
     table.AddRow({a.agent_id(), a.host(), a.arch(), a.version(),
                   a.connected() ? "connected" : "gone", WithThousands(a.batches()),
                   a.last_batch_ms() ? FormatRfc3339(a.last_batch_ms()) : "-", spool,
-                  a.has_health() ? WithThousands(lost) : "-", absl::StrJoin(a.targets(), ",")});
+                  a.has_health() ? WithThousands(lost) : "-",
+                  a.has_health() ? WithThousands(h.graph_edges()) : "-",
+                  absl::StrJoin(a.targets(), ",")});
   }
   std::fputs(table.ToString().c_str(), stdout);
   return 0;

@@ -337,6 +337,8 @@ v1::AgentMessage Shipper::Heartbeat() {
   h->set_spool_corrupt_records(options_.spool_corrupt_records);
   h->set_spool_orphaned_batches(options_.spool_orphaned_batches);
   h->set_spool_on_disk(!spool_->path().empty());
+  h->set_graph_nodes(graph_->num_nodes());
+  h->set_graph_edges(graph_->num_edges());
   return m;
 }
 

@@ -206,6 +206,9 @@ TEST_P(AgentKillTest, KilledDuringAnOutageDeliversItsSpoolAfterARestart) {
                                     : "\"spool_corrupt_records\": \"0\""),
             std::string::npos)
       << agents.output;
+  // And the size of its call graph, which a long-lived agent may grow to the server's limits.
+  EXPECT_NE(agents.output.find("\"graph_edges\": \""), std::string::npos) << agents.output;
+  EXPECT_EQ(agents.output.find("\"graph_edges\": \"0\""), std::string::npos) << agents.output;
   ASSERT_TRUE(WaitUntil([&] { return ServiceTotal(address, kService) >= Sum(recovered); }, 60));
   const uint64_t counted = StopAndCount(*second);
   ExpectExact(address, Sum(recovered) + counted);
