@@ -76,7 +76,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       STRATA_FUZZ_CHECK(bytes->empty() || (bytes->data() >= file.image().data() &&
                                            bytes->data() + bytes->size() <=
                                                file.image().data() + file.image().size()),
-                        "section %s data outside the image", s.name.c_str());
+                        "section %.*s data outside the image", static_cast<int>(s.name.size()),
+                        s.name.data());
     }
     (void)file.FindSection(s.name);
   }
