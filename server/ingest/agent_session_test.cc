@@ -333,6 +333,30 @@ TEST_P(AgentSessionTest, GraphsTooCostlyToClassifyAreRefused) {
   EXPECT_EQ(session->num_edges(), agent.graph.num_edges());
 }
 
+// An agent's graph only grows and stops being accepted at a limit: the server warns once, as
+// it passes half of one.
+TEST_P(AgentSessionTest, AGraphPassingHalfOfALimitIsWarnedOfOnce) {
+  FakeAgent agent;
+  agent.Context({"main", "a", "b"}, 1);  // with the root and the marker: 5 nodes
+  IngestLimits limits;
+  limits.max_graph_nodes = 8;
+  auto session = Open(7, limits);
+  ::testing::internal::CaptureStdout();
+  const absl::Status first = session->ApplyGraphDelta(agent.Delta(2, 0));
+  const uint32_t nodes = agent.graph.num_nodes();
+  const uint64_t edges = agent.graph.num_edges();
+  agent.Context({"main", "c"}, 1);
+  const absl::Status second = session->ApplyGraphDelta(agent.Delta(nodes, edges));
+  const std::string printed = ::testing::internal::GetCapturedStdout();
+  ASSERT_TRUE(first.ok()) << first;
+  ASSERT_TRUE(second.ok()) << second;
+  const std::string warning = "agent agent-1: its call graph passed half of the server's limits";
+  const size_t at = printed.find(warning);
+  EXPECT_NE(at, std::string::npos) << printed;
+  EXPECT_THAT(printed, ::testing::HasSubstr("(5 of 8 nodes"));
+  EXPECT_EQ(printed.find(warning, at + 1), std::string::npos) << printed;
+}
+
 // Each epoch a batch names costs a numbering of the graph up to it, a few dozen bytes per
 // edge: the session's memory, which --session-memory bounds, counts them.
 TEST_P(AgentSessionTest, NumberingsAreCountedInTheSessionsMemory) {
