@@ -126,12 +126,11 @@ absl::Status FilterFromQuery(const http::HttpRequest& req, v1::ProfileFilter* fi
     }
     filter->set_type(t);
   }
-  constexpr int64_t kMaxMs = query::kMaxQueryMs;
   std::optional<int64_t> from_ms, to_ms;
   for (auto [key, out] : {std::pair{"from_ms", &from_ms}, std::pair{"to_ms", &to_ms}}) {
     const std::string s = get(key);
     if (s.empty()) continue;
-    auto v = IntParam(prefix + key, s, 0, kMaxMs);
+    auto v = IntParam(prefix + key, s, 0, query::kMaxQueryMs);
     if (!v.ok()) return v.status();
     *out = *v;
   }

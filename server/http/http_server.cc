@@ -241,17 +241,16 @@ struct HttpServer::Impl {
     // end the process (asio's thread_pool terminates), ingest and all. The client gets a
     // 500 and the server goes on.
     static HttpResponse Call(const Handler& handler, const HttpRequest& request) {
+      std::string what = "an exception";
       try {
         return handler(request);
       } catch (const std::exception& e) {
-        LogError("http: {} {}: {}", base::EscapeForLog(request.method),
-                 base::EscapeForLog(request.path), e.what());
-        return {500, "text/plain; charset=utf-8", "internal error\n"};
+        what = e.what();
       } catch (...) {
-        LogError("http: {} {}: an exception", base::EscapeForLog(request.method),
-                 base::EscapeForLog(request.path));
-        return {500, "text/plain; charset=utf-8", "internal error\n"};
       }
+      LogError("http: {} {}: {}", base::EscapeForLog(request.method),
+               base::EscapeForLog(request.path), what);
+      return {500, "text/plain; charset=utf-8", "internal error\n"};
     }
 
     // Runs `handler` on `pool`; the response comes back to the connection's strand. Routes
