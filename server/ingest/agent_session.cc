@@ -371,6 +371,12 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
         absl::StrCat("batch ", batch.sequence(), " is encoded against epoch ", batch.epoch(),
                      " but the server has ", graph_.num_edges(), " edges"));
   }
+  if (batch.epoch() < last_applied_epoch_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch ", batch.sequence(), " is encoded against epoch ", batch.epoch(),
+        ", older than epoch ", last_applied_epoch_, " of batch ", last_applied_,
+        " applied before it (an agent's epochs never go back)"));
+  }
   if (absl::Status s = CheckBatchShape(batch, limits_); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(), ": ", s.message()));
   }
@@ -501,6 +507,7 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
     return st;
   }
   last_applied_ = batch.sequence();
+  last_applied_epoch_ = batch.epoch();
   waiting_for_ = 0;
   decode_cache_.merge(pending_cache_);
   pending_cache_.clear();

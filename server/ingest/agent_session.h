@@ -98,7 +98,8 @@ class AgentSession {
   //     or an earlier batch failed that way and has not been applied yet (this one must wait
   //     for it, or it would make the earlier one look applied).
   //   InvalidArgument: malformed packed bytes, an undecodable context, a count above the
-  //     limit, a sequence that jumps implausibly far (nothing is stored).
+  //     limit, a sequence that jumps implausibly far, an epoch older than that of the batch
+  //     applied before it (nothing is stored).
   //   ResourceExhausted (from the committer): retry later, in order.
   absl::StatusOr<AppliedBatch> ApplyBatch(const v1::SampleBatch& batch);
 
@@ -131,6 +132,10 @@ class AgentSession {
   const IngestLimits limits_;
   bool loaded_ = false;
   uint64_t last_applied_ = 0;
+  // Epoch of the last batch applied since the session was opened (0: none yet). An agent's
+  // graph only grows and its batches are built in sequence order, so their epochs never go
+  // back; a client that alternates them would cost a numbering of the whole graph per batch.
+  uint64_t last_applied_epoch_ = 0;
   // Sequence of a batch refused for a missing graph part; later ones wait for it (0: none).
   uint64_t waiting_for_ = 0;
   uint64_t batches_ = 0;
