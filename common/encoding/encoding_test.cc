@@ -455,6 +455,84 @@ TEST(DeterminismTest, AddingEdgesNeverReclassifies) {
   }
 }
 
+// A reloaded graph takes the flags its classification gave: the same edges, the same back
+// edges, and an order under which later edges classify as in the graph that never reloaded.
+TEST(RestoreEdgesTest, ARestoredGraphClassifiesLaterEdgesAsTheOriginal) {
+  for (uint32_t seed = 1; seed <= 6; ++seed) {
+    CallGraph g = RandomGraph(seed % 2 ? Shape::kMutualRecursion : Shape::kMixed, 150, 400, seed);
+    std::vector<uint8_t> flags;
+    for (EdgeId e = 0; e < g.num_edges(); ++e) flags.push_back(g.is_back_edge(e));
+    CallGraph r;
+    ASSERT_TRUE(AppendNodes(r, kFirstFunctionNode, g.num_nodes() - kFirstFunctionNode).ok());
+    ASSERT_TRUE(RestoreEdges(r, g.edges(), flags).ok());
+    EXPECT_EQ(r.search_steps(), 0u);
+    ASSERT_EQ(r.num_edges(), g.num_edges());
+    for (EdgeId e = 0; e < g.num_edges(); ++e) ASSERT_EQ(r.is_back_edge(e), g.is_back_edge(e));
+    std::mt19937 rng(seed);
+    for (int k = 0; k < 1000; ++k) {
+      const CallEdge e{static_cast<NodeId>(kFirstFunctionNode + rng() % 150),
+                       0x9000 + rng() % 8, static_cast<NodeId>(kFirstFunctionNode + rng() % 150)};
+      const EdgeId in_g = *g.AddEdge(e);
+      ASSERT_EQ(*r.AddEdge(e), in_g);
+      ASSERT_EQ(r.is_back_edge(in_g), g.is_back_edge(in_g)) << "seed " << seed << " edge " << k;
+    }
+    auto ng = MustCompute(g, g.num_edges()), nr = MustCompute(r, r.num_edges());
+    for (EdgeId e = 0; e < g.num_edges(); ++e) EXPECT_EQ(ng->annotation(e), nr->annotation(e));
+  }
+}
+
+// A chain added against its order costs Pearce-Kelly n^2 / 2 steps; restoring it, none.
+TEST(RestoreEdgesTest, RestoringCostsNoSearch) {
+  constexpr NodeId kNodes = 2000;
+  const std::vector<CallEdge> chain = ChainAgainstItsOrder(kNodes);
+  CallGraph g;
+  ASSERT_TRUE(AppendNodes(g, kFirstFunctionNode, kNodes).ok());
+  ASSERT_TRUE(RestoreEdges(g, chain, std::vector<uint8_t>(chain.size(), 0)).ok());
+  EXPECT_EQ(g.search_steps(), 0u);
+  // The chain's top (the last node) reaches its bottom: an edge back up closes a cycle.
+  EXPECT_TRUE(g.is_back_edge(*g.AddEdge({kFirstFunctionNode, 0x20, kFirstFunctionNode + 10})));
+  EXPECT_FALSE(g.is_back_edge(*g.AddEdge({kFirstFunctionNode + 10, 0x20, kFirstFunctionNode})));
+}
+
+// Flags no classification produces are refused and leave the graph without edges.
+TEST(RestoreEdgesTest, ImpossibleFlagsAreRefused) {
+  auto restore = [](std::vector<CallEdge> edges, std::vector<uint8_t> flags) {
+    CallGraph g;
+    EXPECT_TRUE(AppendNodes(g, kFirstFunctionNode, 3).ok());
+    absl::Status s = RestoreEdges(g, edges, flags);
+    EXPECT_FALSE(s.ok());
+    EXPECT_EQ(g.num_edges(), 0u);
+    // Usable again, its order valid: edges classify as in a new graph.
+    const NodeId x = kFirstFunctionNode, y = x + 1;
+    EXPECT_FALSE(g.is_back_edge(*g.AddEdge({kRootNode, 0, y})));
+    EXPECT_FALSE(g.is_back_edge(*g.AddEdge({y, 9, x})));
+    EXPECT_TRUE(g.is_back_edge(*g.AddEdge({x, 9, y})));
+    return s;
+  };
+  const NodeId a = kFirstFunctionNode, b = a + 1, c = a + 2;
+  const absl::Status cycle = restore({{kRootNode, 0, a}, {a, 1, b}, {b, 2, c}, {c, 3, a}},
+                                     {0, 0, 0, 0});
+  EXPECT_EQ(cycle.code(), absl::StatusCode::kDataLoss) << cycle;
+  EXPECT_THAT(cycle.message(), ::testing::HasSubstr("cycle"));
+  const absl::Status self = restore({{kRootNode, 0, a}, {a, 1, a}}, {0, 0});
+  EXPECT_EQ(self.code(), absl::StatusCode::kDataLoss) << self;
+  const absl::Status pair = restore({{kRootNode, 0, a}, {b, 1, a}, {b, 2, a}}, {0, 0, 1});
+  EXPECT_EQ(pair.code(), absl::StatusCode::kDataLoss) << pair;
+  const absl::Status count = restore({{kRootNode, 0, a}}, {});
+  EXPECT_EQ(count.code(), absl::StatusCode::kInvalidArgument) << count;
+  const absl::Status unknown = restore({{kRootNode, 0, c + 1}}, {0});
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument) << unknown;
+
+  CallGraph g;
+  ASSERT_TRUE(AppendNodes(g, kFirstFunctionNode, 3).ok());
+  ASSERT_TRUE(RestoreEdges(g, std::vector<CallEdge>{{kRootNode, 0, a}, {a, 1, b}, {b, 2, a}},
+                           std::vector<uint8_t>{0, 0, 1}).ok());
+  EXPECT_TRUE(g.is_back_edge(2));
+  const absl::Status again = RestoreEdges(g, std::vector<CallEdge>{{a, 5, c}},
+                                          std::vector<uint8_t>{0});
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+}
+
 TEST(OverflowTest, MoreThan2To63ContextsRoundTrip) {
   // A ladder of 80 levels, each joined to the next by three call sites: 3^80 > 2^126
   // contexts at the bottom.

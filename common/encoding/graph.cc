@@ -231,13 +231,12 @@ absl::Status AppendNodes(CallGraph& graph, uint32_t first_node, size_t count) {
   return graph.EnsureNodes(graph.num_nodes() + count);
 }
 
-absl::Status AppendEdges(CallGraph& graph, uint64_t first_edge, std::span<const CallEdge> edges,
-                         uint64_t max_search_steps) {
-  if (first_edge != graph.num_edges()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "delta starts at edge ", first_edge, " but the graph has ", graph.num_edges()));
-  }
-  // Validate everything first so that a bad delta leaves the graph untouched.
+namespace {
+
+// Edges that reference unknown or invalid nodes, or repeat an edge of the graph or of the
+// delta, refused before anything changes.
+absl::Status ValidateDelta(const CallGraph& graph, uint64_t first_edge,
+                           std::span<const CallEdge> edges) {
   absl::flat_hash_set<std::tuple<NodeId, NodeId, uint64_t>> seen;
   seen.reserve(edges.size());
   for (size_t i = 0; i < edges.size(); ++i) {
@@ -253,6 +252,19 @@ absl::Status AppendEdges(CallGraph& graph, uint64_t first_edge, std::span<const 
           absl::StrCat("delta edge ", first_edge + i, " duplicates an existing edge"));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status AppendEdges(CallGraph& graph, uint64_t first_edge, std::span<const CallEdge> edges,
+                         uint64_t max_search_steps) {
+  if (first_edge != graph.num_edges()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "delta starts at edge ", first_edge, " but the graph has ", graph.num_edges()));
+  }
+  // Validate everything first so that a bad delta leaves the graph untouched.
+  if (absl::Status s = ValidateDelta(graph, first_edge, edges); !s.ok()) return s;
   for (const CallEdge& e : edges) {
     absl::StatusOr<EdgeId> id = graph.AddEdge(e);
     if (!id.ok()) return id.status();  // unreachable after validation
@@ -263,6 +275,71 @@ absl::Status AppendEdges(CallGraph& graph, uint64_t first_edge, std::span<const 
           " search steps, at edge ", *id, " (a long chain added against its order)"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status RestoreEdges(CallGraph& graph, std::span<const CallEdge> edges,
+                          std::span<const uint8_t> is_back) {
+  if (graph.num_edges() != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("restoring edges into a graph that has ", graph.num_edges()));
+  }
+  if (is_back.size() != edges.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(edges.size(), " edges but ",
+                                                   is_back.size(), " back-edge flags"));
+  }
+  if (absl::Status s = ValidateDelta(graph, 0, edges); !s.ok()) return s;
+  const auto fail = [&graph](std::string message) {
+    graph.RemoveEdgesFrom(0);
+    return absl::DataLossError(std::move(message));
+  };
+  graph.edges_.reserve(edges.size());
+  graph.is_back_.reserve(edges.size());
+  graph.index_.reserve(edges.size());
+  for (size_t i = 0; i < edges.size(); ++i) {
+    const CallEdge& e = edges[i];
+    const bool back = is_back[i] != 0;
+    if (e.caller == e.callee && !back) {
+      return fail(absl::StrCat("edge ", i, " calls its own caller but is not a back edge"));
+    }
+    auto [pair, first] =
+        graph.first_of_pair_.try_emplace(CallGraph::PairKey(e.caller, e.callee), i);
+    if (!first && (graph.is_back_[pair->second] != 0) != back) {
+      return fail(absl::StrCat("edge ", i, " and edge ", pair->second,
+                               " join the same functions but only one is a back edge"));
+    }
+    graph.index_.emplace(CallGraph::EdgeKey{e.caller, e.callee, e.call_site}, i);
+    graph.edges_.push_back(e);
+    graph.is_back_.push_back(back ? 1 : 0);
+    if (first && !back) {
+      graph.succ_[e.caller].push_back(e.callee);
+      graph.pred_[e.callee].push_back(e.caller);
+    }
+  }
+  // Kahn's algorithm over the non-back edges: each node's position comes after its callers'.
+  const size_t n = graph.num_nodes();
+  std::vector<uint32_t> callers(n);
+  std::vector<NodeId> ready;
+  for (NodeId v = 0; v < n; ++v) {
+    callers[v] = static_cast<uint32_t>(graph.pred_[v].size());
+    if (callers[v] == 0) ready.push_back(v);
+  }
+  uint64_t position = 0;
+  while (!ready.empty()) {
+    const NodeId v = ready.back();
+    ready.pop_back();
+    graph.order_[v] = position++;
+    for (NodeId w : graph.succ_[v]) {
+      if (--callers[w] == 0) ready.push_back(w);
+    }
+  }
+  if (position != n) {
+    // Positions are left half assigned: give every node a distinct one again.
+    for (NodeId v = 0; v < n; ++v) graph.order_[v] = v;
+    graph.next_position_ = n;
+    return fail("the non-back edges form a cycle");
+  }
+  graph.next_position_ = position;
   return absl::OkStatus();
 }
 

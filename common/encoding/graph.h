@@ -123,6 +123,8 @@ class CallGraph {
   void RemoveEdgesFrom(EdgeId first);
   friend absl::Status AppendEdges(CallGraph& graph, uint64_t first_edge,
                                   std::span<const CallEdge> edges, uint64_t max_search_steps);
+  friend absl::Status RestoreEdges(CallGraph& graph, std::span<const CallEdge> edges,
+                                   std::span<const uint8_t> is_back);
 
   size_t num_nodes_ = kFirstFunctionNode;
   std::vector<CallEdge> edges_;
@@ -166,6 +168,18 @@ absl::Status AppendNodes(CallGraph& graph, uint32_t first_node, size_t count);
 // error the graph's edges are unchanged.
 absl::Status AppendEdges(CallGraph& graph, uint64_t first_edge, std::span<const CallEdge> edges,
                          uint64_t max_search_steps = UINT64_MAX);
+
+// Server side, reloading a graph it classified before: adds `edges` to a graph that has none,
+// each with the back-edge flag it was given then (`is_back[i]` for edges[i]), without the
+// searches, and lays out the non-back edges' topological order in one pass: time linear in
+// nodes plus edges, where AppendEdges costs what classifying them cost. Only for flags the
+// graph's own classification produced: a back flag on an edge that closes no cycle is not
+// detected. Errors: FailedPrecondition when the graph has edges; InvalidArgument as
+// AppendEdges; DataLoss for flags no classification gives (non-back edges that form a cycle,
+// a self-call not back, two call sites of one pair flagged apart). On error the graph has no
+// edges.
+absl::Status RestoreEdges(CallGraph& graph, std::span<const CallEdge> edges,
+                          std::span<const uint8_t> is_back);
 
 }  // namespace strata::encoding
 

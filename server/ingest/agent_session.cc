@@ -127,11 +127,26 @@ absl::Status AgentSession::Load() {
     node_function_ids_.push_back(*fn);
   }
   std::vector<encoding::CallEdge> edges;
+  std::vector<uint8_t> back;
   edges.reserve(graph->edges.size());
-  for (const store::GraphEdge& e : graph->edges) edges.push_back({e.caller, e.call_site, e.callee});
+  back.reserve(graph->edges.size());
+  bool classified = true;
+  for (const store::GraphEdge& e : graph->edges) {
+    edges.push_back({e.caller, e.call_site, e.callee});
+    back.push_back(e.back.value_or(false));
+    classified &= e.back.has_value();
+  }
   if (!edges.empty()) {
-    if (auto st = encoding::AppendEdges(graph_, 0, edges); !st.ok()) {
+    // The classification kept with the edges makes a reload linear in the graph's size;
+    // classifying again costs what it cost as the deltas came (bounded by the search budget
+    // then, not now), and is left for records written before it was kept.
+    absl::Status st = classified ? encoding::RestoreEdges(graph_, edges, back)
+                                 : encoding::AppendEdges(graph_, 0, edges);
+    if (!st.ok()) {
       // A persisted graph that does not replay is treated as absent: the agent resends it.
+      LogWarn("the stored call graph of agent {} (graph {:x}) does not load: {}; it is "
+              "asked for again",
+              base::EscapeForLog(identity_.agent_id), identity_.graph_id, st.ToString());
       graph_ = encoding::CallGraph();
       node_function_ids_.assign(encoding::kFirstFunctionNode, 0);
     }
@@ -240,7 +255,11 @@ absl::Status AgentSession::ApplyGraphDelta(const v1::GraphDelta& delta) {
   wb.AppendGraphNodes(identity_.agent_id, identity_.graph_id, records);
   std::vector<store::GraphEdge> edge_records;
   edge_records.reserve(edges.size());
-  for (const auto& e : edges) edge_records.push_back({e.caller, e.call_site, e.callee});
+  for (size_t i = 0; i < edges.size(); ++i) {
+    const encoding::CallEdge& e = edges[i];
+    edge_records.push_back(
+        {e.caller, e.call_site, e.callee, graph_.is_back_edge(delta.first_edge() + i)});
+  }
   if (!edge_records.empty()) {
     wb.AppendGraphEdges(identity_.agent_id, identity_.graph_id, delta.first_edge(),
                         edge_records);

@@ -81,6 +81,9 @@ class AgentSession {
   uint32_t num_nodes() const { return static_cast<uint32_t>(graph_.num_nodes()); }
   uint64_t num_edges() const { return graph_.num_edges(); }
   uint64_t last_applied_sequence() const { return last_applied_; }
+  // Steps spent classifying the graph's edges since it was loaded (encoding::CallGraph::
+  // search_steps): deltas cost them, a reload of a graph stored with its classification not.
+  uint64_t graph_search_steps() const { return graph_.search_steps(); }
 
   // Appends the delta's nodes and edges and persists them. FailedPrecondition when the delta
   // does not start where the graph ends (the caller answers Resync); InvalidArgument for

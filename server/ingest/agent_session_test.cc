@@ -155,6 +155,48 @@ TEST_P(AgentSessionTest, GraphSurvivesServerRestart) {
   EXPECT_EQ(Load().total, 8u);
 }
 
+// The edges are stored with their classification: a restart or a reload after Unload lays
+// the graph out again without classifying (whatever that cost as the deltas came). Graphs
+// stored before that was kept are classified again, to the same result.
+TEST_P(AgentSessionTest, AStoredGraphLoadsWithoutClassifyingAgain) {
+  FakeAgent agent;
+  auto c1 = agent.Context({"main", "a", "b", "a", "b"}, 2);  // recursion: back edges
+  auto session = Open();
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  EXPECT_GT(session->graph_search_steps(), 0u);
+  auto first = session->ApplyBatch(Batch(1, agent.graph.num_edges(), {c1}));
+  ASSERT_TRUE(first.ok()) << first.status();
+  session->Unload();
+  ASSERT_TRUE(session->ApplyBatch(Batch(2, agent.graph.num_edges(), {c1})).ok());
+  EXPECT_EQ(session->graph_search_steps(), 0u);
+  session.reset();
+  Reopen();
+  session = Open();
+  EXPECT_EQ(session->num_edges(), agent.graph.num_edges());
+  EXPECT_EQ(session->graph_search_steps(), 0u);
+  ASSERT_TRUE(session->ApplyBatch(Batch(3, agent.graph.num_edges(), {c1})).ok());
+
+  // The same graph as an older server stored it, under another graph ID.
+  auto stored = store_->meta().LoadGraph("agent-1", 7);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  for (store::GraphEdge& e : stored->edges) {
+    ASSERT_TRUE(e.back.has_value());
+    e.back.reset();
+  }
+  store::WriteBatch wb;
+  wb.AppendGraphNodes("agent-1", 8, stored->nodes);
+  wb.AppendGraphEdges("agent-1", 8, 0, stored->edges);
+  ASSERT_TRUE(store_->Commit(&wb).ok());
+  auto older = Open(8);
+  EXPECT_EQ(older->num_edges(), agent.graph.num_edges());
+  EXPECT_GT(older->graph_search_steps(), 0u);
+  auto applied = older->ApplyBatch(Batch(1, agent.graph.num_edges(), {c1}));
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  query::Profile p = Load();
+  EXPECT_EQ(p.total, 4 * 2u);
+  ASSERT_EQ(p.stacks.size(), 1u);
+}
+
 TEST_P(AgentSessionTest, NewGraphIdStartsEmpty) {
   FakeAgent agent;
   agent.Context({"main", "a"}, 1);

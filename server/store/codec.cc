@@ -606,15 +606,20 @@ std::string EncodeGraphEdge(const GraphEdge& edge) {
   PutVarint(&value, edge.caller);
   PutVarint(&value, edge.call_site);
   PutVarint(&value, edge.callee);
+  if (edge.back.has_value()) PutVarint(&value, *edge.back ? 1 : 0);
   return value;
 }
 
 absl::StatusOr<GraphEdge> DecodeGraphEdge(std::string_view value) {
   Reader in(value);
   GraphEdge e;
-  if (!in.Varint32(&e.caller) || !in.Varint(&e.call_site) || !in.Varint32(&e.callee) ||
-      !in.Done()) {
+  if (!in.Varint32(&e.caller) || !in.Varint(&e.call_site) || !in.Varint32(&e.callee)) {
     return Corrupt("graph edge");
+  }
+  if (!in.Done()) {
+    uint32_t back = 0;
+    if (!in.Varint32(&back) || back > 1 || !in.Done()) return Corrupt("graph edge");
+    e.back = back == 1;
   }
   return e;
 }

@@ -220,6 +220,17 @@ TEST(CodecTest, GraphEdge) {
   ExpectTruncationsRefused(encoded, DecodeGraphEdge, "graph edge");
   // Node IDs are 32 bits.
   ExpectCorrupt(DecodeGraphEdge(Bytes("\x80\x80\x80\x80\x10\x00\x00")).status(), "graph edge");
+  // The classification follows, in records written since it is kept; without it the edge is
+  // classified again when the graph loads.
+  EXPECT_EQ(DecodeGraphEdge(encoded)->back, std::nullopt);
+  for (bool back : {false, true}) {
+    const GraphEdge classified{1, 0x401000, 2, back};
+    const std::string with_flag = EncodeGraphEdge(classified);
+    EXPECT_EQ(with_flag, encoded + (back ? "\x01" : std::string(1, '\0')));
+    EXPECT_EQ(*DecodeGraphEdge(with_flag), classified);
+  }
+  ExpectCorrupt(DecodeGraphEdge(encoded + "\x02").status(), "graph edge");
+  ExpectCorrupt(DecodeGraphEdge(encoded + std::string("\x01\x00", 2)).status(), "graph edge");
 }
 
 TEST(CodecTest, Capture) {

@@ -137,6 +137,9 @@ struct GraphEdge {
   uint32_t caller = 0;
   uint64_t call_site = 0;
   uint32_t callee = 0;
+  // Whether the server classified it as a back edge, kept so that a reload need not classify
+  // again; absent in records written before it was kept.
+  std::optional<bool> back;
 
   bool operator==(const GraphEdge&) const = default;
 };
