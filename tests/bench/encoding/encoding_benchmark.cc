@@ -634,6 +634,40 @@ void BM_NumberingCompute(benchmark::State& state) {
 }
 BENCHMARK(BM_NumberingCompute)->Unit(benchmark::kMicrosecond);
 
+// A graph reloaded by the server (after a restart, or an Unload under the session memory
+// budget): its edges classified again (arg 0, as records stored without their classification
+// load) against the stored classification laid out (arg 1). The world's graph, then a chain
+// of 16,384 edges added against its order (Pearce-Kelly's worst case, n^2 / 2 steps).
+void ReloadGraph(benchmark::State& state, const CallGraph& g) {
+  std::vector<uint8_t> back;
+  for (EdgeId e = 0; e < g.num_edges(); ++e) back.push_back(g.is_back_edge(e) ? 1 : 0);
+  const bool restore = state.range(0) == 1;
+  for (auto _ : state) {
+    CallGraph r;
+    absl::Status st = encoding::AppendNodes(r, encoding::kFirstFunctionNode, g.num_nodes() - encoding::kFirstFunctionNode);
+    if (st.ok()) st = restore ? encoding::RestoreEdges(r, g.edges(), back) : encoding::AppendEdges(r, 0, g.edges());
+    if (!st.ok()) state.SkipWithError(st.ToString().c_str());
+    benchmark::DoNotOptimize(r);
+  }
+  state.counters["edges"] = static_cast<double>(g.num_edges());
+}
+void BM_GraphReload(benchmark::State& state) { ReloadGraph(state, world->agent_graph); }
+BENCHMARK(BM_GraphReload)->ArgName("restore")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+void BM_ChainGraphReload(benchmark::State& state) {
+  static const CallGraph* chain = [] {
+    constexpr NodeId kNodes = 16384;
+    auto* g = new CallGraph;
+    (void)encoding::AppendNodes(*g, encoding::kFirstFunctionNode, kNodes);
+    for (NodeId k = encoding::kFirstFunctionNode; k + 1 < encoding::kFirstFunctionNode + kNodes; ++k) {
+      (void)g->AddEdge({k + 1, 0x10, k});
+    }
+    return g;
+  }();
+  ReloadGraph(state, *chain);
+}
+BENCHMARK(BM_ChainGraphReload)->ArgName("restore")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
 void BM_EncodeContext(benchmark::State& state) {
   Encoder enc(*world->numbering);
   EncodedContext out;
