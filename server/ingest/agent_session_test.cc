@@ -33,6 +33,15 @@ class AgentSessionTest : public ::testing::TestWithParam<Form> {
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
   }
+  // 2,000 contexts of one sample each under 40 callers: a graph of about 4,000 edges.
+  static std::vector<v1::ContextCount> WideContexts(FakeAgent& agent) {
+    std::vector<v1::ContextCount> contexts;
+    for (int i = 0; i < 2000; ++i) {
+      contexts.push_back(
+          agent.Context({"main", absl::StrCat("f", i % 40), absl::StrCat("g", i)}, 1));
+    }
+    return contexts;
+  }
   std::unique_ptr<AgentSession> Open(uint64_t graph_id = 7, const IngestLimits& limits = {}) {
     auto s = AgentSession::Open(store_.get(), {"agent-1", "host-a", "x86_64", "test", graph_id},
                                 nullptr, limits);
@@ -403,10 +412,7 @@ TEST_P(AgentSessionTest, AGraphPassingHalfOfALimitIsWarnedOfOnce) {
 // edge: the session's memory, which --session-memory bounds, counts them.
 TEST_P(AgentSessionTest, NumberingsAreCountedInTheSessionsMemory) {
   FakeAgent agent;
-  std::vector<v1::ContextCount> contexts;
-  for (int i = 0; i < 2000; ++i) {
-    contexts.push_back(agent.Context({"main", absl::StrCat("f", i % 40), absl::StrCat("g", i)}, 1));
-  }
+  const std::vector<v1::ContextCount> contexts = WideContexts(agent);
   auto session = Open();
   ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
   const size_t graph_only = session->MemoryBytes();
@@ -420,10 +426,7 @@ TEST_P(AgentSessionTest, NumberingsAreCountedInTheSessionsMemory) {
 // whole graph per batch: such a batch is refused before one is computed.
 TEST_P(AgentSessionTest, AnEpochOlderThanTheLastAppliedIsRefused) {
   FakeAgent agent;
-  std::vector<v1::ContextCount> contexts;
-  for (int i = 0; i < 2000; ++i) {
-    contexts.push_back(agent.Context({"main", absl::StrCat("f", i % 40), absl::StrCat("g", i)}, 1));
-  }
+  const std::vector<v1::ContextCount> contexts = WideContexts(agent);
   auto session = Open();
   ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
   ASSERT_TRUE(session->ApplyBatch(Batch(1, 1000, {contexts[0]})).ok());
