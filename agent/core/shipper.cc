@@ -592,7 +592,13 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
       passive_until = PassiveWaitEnd();
     }
     if (!write_pending && !queue.empty()) {
-      stream->Write(queue.front(), kWritten);
+      // The round's messages but its last wait in the transport for the next, so a batch
+      // and the graph delta or heartbeat before it leave in one write, not one each. Such a
+      // write completes at once (the transport writes on its own past its 64 KiB write
+      // buffer); the last is written without the hint and flushes them.
+      grpc::WriteOptions options;
+      if (queue.size() > 1) options.set_buffer_hint();
+      stream->Write(queue.front(), options, kWritten);
       write_pending = true;
     }
     void* tag = nullptr;
