@@ -522,6 +522,8 @@ TEST(RestoreEdgesTest, ImpossibleFlagsAreRefused) {
   EXPECT_EQ(count.code(), absl::StatusCode::kInvalidArgument) << count;
   const absl::Status unknown = restore({{kRootNode, 0, c + 1}}, {0});
   EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument) << unknown;
+  const absl::Status repeated = restore({{kRootNode, 0, a}, {a, 1, b}, {a, 1, b}}, {0, 0, 0});
+  EXPECT_EQ(repeated.code(), absl::StatusCode::kInvalidArgument) << repeated;
 
   CallGraph g;
   ASSERT_TRUE(AppendNodes(g, kFirstFunctionNode, 3).ok());

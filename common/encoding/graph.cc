@@ -231,12 +231,13 @@ absl::Status AppendNodes(CallGraph& graph, uint32_t first_node, size_t count) {
   return graph.EnsureNodes(graph.num_nodes() + count);
 }
 
-namespace {
-
-// Edges that reference unknown or invalid nodes, or repeat an edge of the graph or of the
-// delta, refused before anything changes.
-absl::Status ValidateDelta(const CallGraph& graph, uint64_t first_edge,
-                           std::span<const CallEdge> edges) {
+absl::Status AppendEdges(CallGraph& graph, uint64_t first_edge, std::span<const CallEdge> edges,
+                         uint64_t max_search_steps) {
+  if (first_edge != graph.num_edges()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "delta starts at edge ", first_edge, " but the graph has ", graph.num_edges()));
+  }
+  // Validate everything first so that a bad delta leaves the graph untouched.
   absl::flat_hash_set<std::tuple<NodeId, NodeId, uint64_t>> seen;
   seen.reserve(edges.size());
   for (size_t i = 0; i < edges.size(); ++i) {
@@ -252,19 +253,6 @@ absl::Status ValidateDelta(const CallGraph& graph, uint64_t first_edge,
           absl::StrCat("delta edge ", first_edge + i, " duplicates an existing edge"));
     }
   }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::Status AppendEdges(CallGraph& graph, uint64_t first_edge, std::span<const CallEdge> edges,
-                         uint64_t max_search_steps) {
-  if (first_edge != graph.num_edges()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "delta starts at edge ", first_edge, " but the graph has ", graph.num_edges()));
-  }
-  // Validate everything first so that a bad delta leaves the graph untouched.
-  if (absl::Status s = ValidateDelta(graph, first_edge, edges); !s.ok()) return s;
   for (const CallEdge& e : edges) {
     absl::StatusOr<EdgeId> id = graph.AddEdge(e);
     if (!id.ok()) return id.status();  // unreachable after validation
@@ -288,10 +276,11 @@ absl::Status RestoreEdges(CallGraph& graph, std::span<const CallEdge> edges,
     return absl::InvalidArgumentError(absl::StrCat(edges.size(), " edges but ",
                                                    is_back.size(), " back-edge flags"));
   }
-  if (absl::Status s = ValidateDelta(graph, 0, edges); !s.ok()) return s;
-  const auto fail = [&graph](std::string message) {
+  // Checked as the edges go in (the index finds repeats; no second set of every edge, which
+  // for the largest graphs would be a few hundred megabytes); on error they come out again.
+  const auto fail = [&graph](absl::Status status) {
     graph.RemoveEdgesFrom(0);
-    return absl::DataLossError(std::move(message));
+    return status;
   };
   graph.edges_.reserve(edges.size());
   graph.is_back_.reserve(edges.size());
@@ -299,16 +288,28 @@ absl::Status RestoreEdges(CallGraph& graph, std::span<const CallEdge> edges,
   for (size_t i = 0; i < edges.size(); ++i) {
     const CallEdge& e = edges[i];
     const bool back = is_back[i] != 0;
+    if (e.caller >= graph.num_nodes() || e.callee >= graph.num_nodes() || IsSource(e.callee)) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("edge ", i, " (", e.caller, " -> ", e.callee,
+                       ") references an unknown or invalid node")));
+    }
     if (e.caller == e.callee && !back) {
-      return fail(absl::StrCat("edge ", i, " calls its own caller but is not a back edge"));
+      return fail(absl::DataLossError(
+          absl::StrCat("edge ", i, " calls its own caller but is not a back edge")));
     }
-    auto [pair, first] =
-        graph.first_of_pair_.try_emplace(CallGraph::PairKey(e.caller, e.callee), i);
+    auto pair = graph.first_of_pair_.find(CallGraph::PairKey(e.caller, e.callee));
+    const bool first = pair == graph.first_of_pair_.end();
     if (!first && (graph.is_back_[pair->second] != 0) != back) {
-      return fail(absl::StrCat("edge ", i, " and edge ", pair->second,
-                               " join the same functions but only one is a back edge"));
+      return fail(absl::DataLossError(
+          absl::StrCat("edge ", i, " and edge ", pair->second,
+                       " join the same functions but only one is a back edge")));
     }
-    graph.index_.emplace(CallGraph::EdgeKey{e.caller, e.callee, e.call_site}, i);
+    if (!graph.index_.try_emplace(CallGraph::EdgeKey{e.caller, e.callee, e.call_site}, i)
+             .second) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("edge ", i, " duplicates an earlier edge")));
+    }
+    if (first) graph.first_of_pair_.emplace(CallGraph::PairKey(e.caller, e.callee), i);
     graph.edges_.push_back(e);
     graph.is_back_.push_back(back ? 1 : 0);
     if (first && !back) {
@@ -337,7 +338,7 @@ absl::Status RestoreEdges(CallGraph& graph, std::span<const CallEdge> edges,
     // Positions are left half assigned: give every node a distinct one again.
     for (NodeId v = 0; v < n; ++v) graph.order_[v] = v;
     graph.next_position_ = n;
-    return fail("the non-back edges form a cycle");
+    return fail(absl::DataLossError("the non-back edges form a cycle"));
   }
   graph.next_position_ = position;
   return absl::OkStatus();
