@@ -15,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/rpc/client_security.h"
 #include "common/testing/temp_dir.h"
 #include "common/testing/wait_for.h"
@@ -362,8 +363,18 @@ TEST_F(SecurityTest, RotatedServerCertificateWhileIngestionGoesOn) {
   // A new connection trusts the new certificate (same CA) and ships beside the old one.
   auto late = StartAgent("late", "other-host", {"--host", "other-host"});
   ASSERT_TRUE(late->WaitForOutput("connected to strata-server", 60)) << late->Output();
+  // Listed, and with a batch applied (BATCHES): stopped before its first sample, it would
+  // have nothing to compare.
   ASSERT_TRUE(strata::testing::WaitFor(
-      [&] { return Cli({"agents"}, "alice").output.find("other-host") != std::string::npos; },
+      [&] {
+        const std::vector<std::string> lines =
+            absl::StrSplit(Cli({"agents"}, "alice").output, '\n');
+        for (const std::string& line : lines) {
+          const std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+          if (f.size() > 5 && f[1] == "other-host" && f[5] != "0") return true;
+        }
+        return false;
+      },
       std::chrono::seconds(30)));
   // Every sample the agents took reaches the server: stop them and compare.
   ASSERT_EQ(agent->Stop(SIGTERM, 30), 0) << agent->Output();
