@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -67,7 +68,17 @@ int Run(int argc, char** argv) {
   sa.sa_handler = OnSignal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
-  return (*agent)->Run(g_stop);
+  const int status = (*agent)->Run(g_stop);
+  if (status != app::AgentApp::kRunAgain) return status;
+  // A new call graph: the same program and flags again, in this process. The descriptors
+  // (perf events, the spool's lock) close on exec. Where exec fails, the exit status asks a
+  // supervisor (systemd's Restart=) for the restart.
+  g_wake_fd = -1;
+  agent->reset();
+  if (g_stop.load()) return 0;  // asked to stop meanwhile
+  spdlog::default_logger()->flush();
+  execv("/proc/self/exe", argv);
+  return Fail(absl::ErrnoToStatus(errno, "cannot start again (exec /proc/self/exe)"), status);
 }
 
 }  // namespace

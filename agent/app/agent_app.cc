@@ -210,7 +210,9 @@ int AgentApp::Run(const std::atomic<bool>& stop) {
                absl::StrJoin(ship.servers, ","), absl::ToDoubleSeconds(options_.interval),
                ship.frequency_hz);
   IntervalLoop loop(options_.interval,
-                    recovery_.last_sequence,  // a resumed incarnation numbers on
+                    // A resumed incarnation numbers on; a new one from 1 (the server
+                    // refuses a first batch numbered 2^20 or more above nothing).
+                    recovery_.resumed ? recovery_.last_sequence : 0,
                     profiler_.get(), shipper_.get(), captures_.get());
   // Each on its own thread, so a slow endpoint never holds up sampling; a fetch gets at most
   // half an interval.
@@ -232,6 +234,14 @@ int AgentApp::Run(const std::atomic<bool>& stop) {
   LogInfo("batches: {} cpu ({} bytes), {} off-cpu ({} bytes)", shipped.cpu_batches,
                shipped.cpu_bytes, shipped.off_cpu_batches, shipped.off_cpu_bytes);
   FlushAndStop(*shipper_, *spool_, options_.flush_timeout);
+  if (loop.new_graph_due()) {
+    const ShipperStats shipped = shipper_->stats();
+    LogWarn("the call graph ({} nodes, {} edges) passed half of the server's limits ({} "
+            "nodes, {} edges): starting again with a new graph",
+            graph_->num_nodes(), graph_->num_edges(), shipped.server_max_graph_nodes,
+            shipped.server_max_graph_edges);
+    return kRunAgain;
+  }
   return 0;
 }
 

@@ -37,8 +37,11 @@ class AgentApp {
   // Ends Run()'s current wait early (after Start()). Async-signal-safe: a signal handler
   // may write to this descriptor instead.
   int wake_fd() const { return profiler_->wake_fd(); }
-  // Profiles until `stop` is set, then flushes. Returns the process's exit status.
+  // Profiles until `stop` is set, then flushes. Returns the process's exit status, or
+  // kRunAgain when the agent should start again with a new call graph (IntervalLoop::
+  // new_graph_due): its spool is empty then, so the next start is a new incarnation.
   int Run(const std::atomic<bool>& stop);
+  static constexpr int kRunAgain = 75;  // EX_TEMPFAIL, should the restart be left to systemd
 
  private:
   explicit AgentApp(AgentOptions options);

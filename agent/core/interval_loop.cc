@@ -93,6 +93,11 @@ void IntervalLoop::Run(const std::atomic<bool>& stop) {
     captures_->Tick(now, &sequence_);
     if (now >= window_end_ || std::chrono::steady_clock::now() >= window_deadline_ ||
         profiler_->batch_full()) {
+      // The window goes out below, as at a stop.
+      if (captures_->running() == 0 && shipper_->NewGraphDue()) {
+        new_graph_due_ = true;
+        break;
+      }
       ShipWindow(now);
       Plan(now);
     }

@@ -50,8 +50,13 @@ class IntervalLoop {
   IntervalLoop(absl::Duration interval, uint64_t last_sequence, Profiler* profiler,
                Shipper* shipper, CaptureController* captures);
 
-  // Runs until `stop` is set, then ends the captures and ships the last window.
+  // Runs until `stop` is set, or until the agent should start a new call graph
+  // (Shipper::NewGraphDue, checked at window boundaries while no capture runs; then
+  // new_graph_due()), then ends the captures and ships the last window.
   void Run(const std::atomic<bool>& stop);
+  // Run ended for a new call graph: the caller restarts the agent, whose empty spool then
+  // starts a new incarnation.
+  bool new_graph_due() const { return new_graph_due_; }
 
   const ShippedBatches& shipped() const { return shipped_; }
   // Ships what `scraper` (borrowed) counted with each CPU batch, under its service (or the
@@ -77,6 +82,7 @@ class IntervalLoop {
   std::chrono::steady_clock::time_point window_deadline_;
   uint64_t targets_generation_ = ~uint64_t{0};  // of the targets last handed to the shipper
   ShippedBatches shipped_;
+  bool new_graph_due_ = false;
   std::vector<requests::RequestsScraper*> scrapers_;
 };
 

@@ -191,6 +191,19 @@ ShipperStats Shipper::stats() const {
   return stats_;
 }
 
+bool Shipper::NewGraphDue() const {
+  absl::MutexLock lock(&mu_);
+  // Caught up: at most the last two batches unacknowledged (with batches a second or less
+  // apart, an acknowledgement is read only when the next batch goes). The agent's flush on
+  // its way out takes them; one that fails leaves them in the spool, and the next start
+  // resumes this graph until it is caught up again.
+  if (!stats_.connected || spool_->size() > 2) return false;
+  const uint32_t max_nodes = stats_.server_max_graph_nodes;
+  const uint64_t max_edges = stats_.server_max_graph_edges;
+  return (max_nodes > 0 && graph_->num_nodes() > max_nodes / 2) ||
+         (max_edges > 0 && graph_->num_edges() > max_edges / 2);
+}
+
 void Shipper::Run() {
   if (options_.servers.empty()) {
     LogError("no strata-server address: batches stay in the spool");
@@ -498,6 +511,8 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
     stats_.connected = true;
     sent_nodes_ = welcome.welcome().known_nodes();
     sent_edges_ = welcome.welcome().known_edges();
+    stats_.server_max_graph_nodes = welcome.welcome().max_graph_nodes();
+    stats_.server_max_graph_edges = welcome.welcome().max_graph_edges();
     // Batches the server applied before a lost Ack are done; the rest go (again).
     const size_t before = spool_->size();
     spool_->AckThrough(welcome.welcome().last_applied_sequence());

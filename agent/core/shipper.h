@@ -84,6 +84,9 @@ struct ShipperStats {
   uint64_t bytes_sent = 0;
   uint64_t spool_errors = 0;  // batches or graph the spool could not write (kept in memory)
   bool connected = false;
+  // The server's graph limits, from its Welcome (0: not told).
+  uint32_t server_max_graph_nodes = 0;
+  uint64_t server_max_graph_edges = 0;
   spool::SpoolStats spool;
 };
 
@@ -109,6 +112,11 @@ class Shipper {
   bool Flush(absl::Duration timeout);
   void Stop();
   ShipperStats stats() const;
+  // Whether the agent should start a new call graph now: the connected server named its
+  // graph limits, the graph is past half of either (at a limit its deltas are refused and
+  // nothing more is delivered), and the server is caught up with the batches (a flush will
+  // leave no batch that needs the graph left behind).
+  bool NewGraphDue() const;
 
  private:
   void Run();

@@ -56,6 +56,7 @@ class FakeIngest final : public v1::Ingest::Service {
         ++connects_;
         welcome.mutable_welcome()->set_last_applied_sequence(applied_.empty() ? 0
                                                                            : applied_.back());
+        welcome.mutable_welcome()->set_max_graph_edges(max_graph_edges_);
       }
     }
     // A Redirect ends the stream.
@@ -137,6 +138,11 @@ class FakeIngest final : public v1::Ingest::Service {
     absl::MutexLock lock(&mu_);
     return received_;
   }
+  // The graph limit the Welcome names (0: none, as from an older server).
+  void SetMaxGraphEdges(uint64_t edges) {
+    absl::MutexLock lock(&mu_);
+    max_graph_edges_ = edges;
+  }
   int connects() const {
     absl::MutexLock lock(&mu_);
     return connects_;
@@ -168,6 +174,7 @@ class FakeIngest final : public v1::Ingest::Service {
   std::vector<uint64_t> received_ ABSL_GUARDED_BY(mu_);
   std::string kinds_ ABSL_GUARDED_BY(mu_);
   int connects_ ABSL_GUARDED_BY(mu_) = 0;  // Welcomes sent
+  uint64_t max_graph_edges_ ABSL_GUARDED_BY(mu_) = 0;
   int redirects_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> redirect_to_ ABSL_GUARDED_BY(mu_);
   uint64_t redirect_at_ ABSL_GUARDED_BY(mu_) = 0;
@@ -290,6 +297,40 @@ TEST_F(ShipperTest, ShipsBatchesInOrderAndForgetsThemOnceAcknowledged) {
   const ShipperStats stats = shipper_->stats();
   EXPECT_EQ(stats.batches_acked, 5u);
   EXPECT_EQ(stats.connects, 1u);
+}
+
+// A new graph is due once the connected server named its limits and the graph passed half of
+// them, while the server is caught up; never from a server that names none, or when away.
+TEST_F(ShipperTest, ANewGraphIsDueOnlyPastHalfOfTheLimitsTheServerNamed) {
+  std::vector<encoding::PathFrame> path;
+  for (int i = 0; i < 6; ++i) {
+    path.push_back({graph_.NodeFor({absl::StrCat("f", i), "/bin/app", "", 0x100u * i}), 0x10});
+  }
+  ASSERT_TRUE(graph_.AddPath(path, false).ok());  // 6 edges, the root's included
+  StartServer();
+  StartShipper();
+  ASSERT_TRUE(WaitFor([&] { return shipper_->stats().connected; }, std::chrono::seconds(30)));
+  EXPECT_FALSE(shipper_->NewGraphDue());  // no limits named
+  StopServer();
+  ASSERT_TRUE(WaitFor([&] { return !shipper_->stats().connected; }, std::chrono::seconds(30)));
+  ingest_.SetMaxGraphEdges(12);
+  StartServer();
+  ASSERT_TRUE(WaitFor([&] { return ingest_.connects() == 2; }, std::chrono::seconds(30)));
+  ASSERT_TRUE(WaitFor([&] { return shipper_->stats().server_max_graph_edges == 12; },
+                      std::chrono::seconds(30)));
+  EXPECT_FALSE(shipper_->NewGraphDue());  // 6 of 12: not past half
+  path.insert(path.begin(), {graph_.NodeFor({"main", "/bin/app", "", 0x900}), 0x20});
+  ASSERT_TRUE(graph_.AddPath(path, false).ok());
+  EXPECT_TRUE(shipper_->NewGraphDue());
+  // The server away: not due; back, with what was enqueued meanwhile acknowledged: due.
+  StopServer();
+  ASSERT_TRUE(WaitFor([&] { return !shipper_->stats().connected; }, std::chrono::seconds(30)));
+  EXPECT_FALSE(shipper_->NewGraphDue());
+  Enqueue(1, 3);
+  StartServer();
+  ASSERT_TRUE(WaitFor([&] { return ingest_.connects() == 3; }, std::chrono::seconds(30)));
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  EXPECT_TRUE(shipper_->NewGraphDue());
 }
 
 // An agent shipping more often than its heartbeat period sends each heartbeat with a batch

@@ -267,16 +267,17 @@ absl::Status AgentSession::ApplyGraphDelta(const v1::GraphDelta& delta) {
   if (auto st = store_->Commit(&wb); !st.ok()) return st;
   node_function_ids_.insert(node_function_ids_.end(), new_function_ids.begin(),
                             new_function_ids.end());
-  // An agent's graph only grows, and at a limit it delivers nothing more: warn while there
-  // is time, once as it passes half of either.
+  // An agent's graph only grows: past half of either limit the agent starts a new one,
+  // and an older agent delivers nothing more at a limit. Said once, as it passes half.
   const uint64_t edges_before = graph_.num_edges() - edges.size();
   if ((nodes_before <= limits_.max_graph_nodes / 2 &&
        graph_.num_nodes() > limits_.max_graph_nodes / 2) ||
       (edges_before <= limits_.max_graph_edges / 2 &&
        graph_.num_edges() > limits_.max_graph_edges / 2)) {
     LogWarn("agent {}: its call graph passed half of the server's limits ({} of {} nodes, {} of "
-            "{} edges); at a limit its graph is refused and it delivers nothing until it "
-            "restarts (strata-server --max-graph-nodes, --max-graph-edges)",
+            "{} edges); the agent starts a new graph once it is caught up (one that does not, "
+            "older than the limits in Welcome, delivers nothing past a limit until it "
+            "restarts; strata-server --max-graph-nodes, --max-graph-edges)",
             base::EscapeForLog(identity_.agent_id), graph_.num_nodes(), limits_.max_graph_nodes,
             graph_.num_edges(), limits_.max_graph_edges);
   }

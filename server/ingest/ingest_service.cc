@@ -201,6 +201,8 @@ class IngestService::Stream final
     m.mutable_welcome()->set_known_nodes(session_->num_nodes());
     m.mutable_welcome()->set_known_edges(session_->num_edges());
     m.mutable_welcome()->set_last_applied_sequence(session_->last_applied_sequence());
+    m.mutable_welcome()->set_max_graph_nodes(service_->options_.limits.max_graph_nodes);
+    m.mutable_welcome()->set_max_graph_edges(service_->options_.limits.max_graph_edges);
     Queue(std::move(m));
   }
   void Resync(const absl::Status& why) {

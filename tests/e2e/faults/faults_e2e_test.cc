@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -95,12 +96,13 @@ class FaultsTest : public ::testing::Test {
     probe.process().Stop(SIGTERM, 30);
     return port;
   }
-  std::unique_ptr<ChildProcess> StartServer(const std::string& listen, const std::string& log) {
-    auto server = std::make_unique<ChildProcess>(
-        // The fault tests' links are test networks between namespaces: plaintext on purpose.
-        std::vector<std::string>{BinPath("strata-server"), "--listen", listen, "--http", "",
-                                 "--data", dir_.File("data"), "--insecure"},
-        dir_.File(log));
+  std::unique_ptr<ChildProcess> StartServer(const std::string& listen, const std::string& log,
+                                            const std::vector<std::string>& flags = {}) {
+    // The fault tests' links are test networks between namespaces: plaintext on purpose.
+    std::vector<std::string> argv = {BinPath("strata-server"), "--listen", listen, "--http", "",
+                                     "--data", dir_.File("data"), "--insecure"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    auto server = std::make_unique<ChildProcess>(argv, dir_.File(log));
     EXPECT_TRUE(server->WaitForOutput("ready on port", 30)) << server->Output();
     return server;
   }
@@ -216,6 +218,55 @@ TEST_P(AgentKillTest, KilledDuringAnOutageDeliversItsSpoolAfterARestart) {
 
 INSTANTIATE_TEST_SUITE_P(Spool, AgentKillTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "TornRecord" : "Whole"; });
+
+// An agent whose call graph passes half of the server's graph limits starts again with a
+// new graph (at a limit its deltas would be refused and it would deliver nothing more): the
+// same process and agent ID, a new incarnation, nothing lost on the way. The demo's graph
+// reaches about 45 edges; the server takes 80, so the agent starts again past 40.
+TEST_F(FaultsTest, AnAgentPastHalfOfTheGraphLimitsStartsANewGraphAndLosesNothing) {
+  const int port = ReservePort();
+  ASSERT_GT(port, 0);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  auto server = StartServer(address, "server.log", {"--max-graph-edges", "80"});
+  auto agent = StartAgent(address, "fault-new-graph", "agent.log");
+  const auto count = [&](const std::string& what) {
+    const std::string log = agent->Output();
+    size_t n = 0;
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++n;
+    return n;
+  };
+  // Started again, connected, and shipping under the new graph.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        const std::string log = agent->Output();
+        const size_t again = log.find("starting again with a new graph");
+        return again != std::string::npos &&
+               log.find("spooled batch 2 ", again) != std::string::npos;
+      },
+      120))
+      << agent->Output();
+  uint64_t counted = 0;
+  EXPECT_EQ(agent->Stop(SIGTERM, 90), 0) << agent->Output();
+  // Each run's "stopping: N samples": the first runs' batches were all acknowledged before
+  // they started again.
+  const std::string log = agent->Output();
+  for (size_t at = log.find("stopping: "); at != std::string::npos;
+       at = log.find("stopping: ", at + 1)) {
+    counted += AgentSampleCount(log.substr(at));
+  }
+  EXPECT_EQ(log.find("stay in the spool"), std::string::npos) << log;
+  EXPECT_GE(count("connected to strata-server"), 2u) << log;
+  // One agent ID, and a graph of its own for each run of the process.
+  const std::string server_log = server->Output();
+  std::set<std::string> graphs;
+  std::regex re("agent fault-new-graph connected \\([^)]*graph ([0-9a-f]+)");
+  for (auto it = std::sregex_iterator(server_log.begin(), server_log.end(), re);
+       it != std::sregex_iterator(); ++it) {
+    graphs.insert((*it)[1].str());
+  }
+  EXPECT_EQ(graphs.size(), count("strata-agent fault-new-graph on ")) << server_log << log;
+  ExpectExact(address, counted);
+}
 
 // Killed while connected and shipping: batches acknowledged, in flight, applied but not
 // acknowledged, spooled but not sent. The restart resends what the server lacks; the server
