@@ -644,8 +644,12 @@ void ReloadGraph(benchmark::State& state, const CallGraph& g) {
   const bool restore = state.range(0) == 1;
   for (auto _ : state) {
     CallGraph r;
-    absl::Status st = encoding::AppendNodes(r, encoding::kFirstFunctionNode, g.num_nodes() - encoding::kFirstFunctionNode);
-    if (st.ok()) st = restore ? encoding::RestoreEdges(r, g.edges(), back) : encoding::AppendEdges(r, 0, g.edges());
+    absl::Status st = encoding::AppendNodes(r, encoding::kFirstFunctionNode,
+                                            g.num_nodes() - encoding::kFirstFunctionNode);
+    if (st.ok()) {
+      st = restore ? encoding::RestoreEdges(r, g.edges(), back)
+                   : encoding::AppendEdges(r, 0, g.edges());
+    }
     if (!st.ok()) state.SkipWithError(st.ToString().c_str());
     benchmark::DoNotOptimize(r);
   }
@@ -659,7 +663,8 @@ void BM_ChainGraphReload(benchmark::State& state) {
     constexpr NodeId kNodes = 16384;
     auto* g = new CallGraph;
     (void)encoding::AppendNodes(*g, encoding::kFirstFunctionNode, kNodes);
-    for (NodeId k = encoding::kFirstFunctionNode; k + 1 < encoding::kFirstFunctionNode + kNodes; ++k) {
+    for (NodeId k = encoding::kFirstFunctionNode; k + 1 < encoding::kFirstFunctionNode + kNodes;
+         ++k) {
       (void)g->AddEdge({k + 1, 0x10, k});
     }
     return g;
