@@ -146,9 +146,9 @@ class NumberingCache {
   explicit NumberingCache(size_t capacity = 4) : capacity_(capacity == 0 ? 1 : capacity) {}
   // Errors: epoch > graph.num_edges() (the batch references edges the server has not seen).
   // Computing a numbering drops those of older epochs: an agent's batches name epochs in
-  // order, an older one only when it sends a batch again, so a graph that keeps growing
-  // would otherwise keep `capacity` numberings (each a few dozen bytes per edge) where one
-  // is used.
+  // order (the ingest refuses one older than the last applied), so a graph that keeps
+  // growing would otherwise keep `capacity` numberings (each a few dozen bytes per edge)
+  // where one is used.
   absl::StatusOr<std::shared_ptr<const Numbering>> Get(const CallGraph& graph, uint64_t epoch);
   // Drop everything (e.g. when the graph is replaced after a Resync).
   void Clear() { entries_.clear(); }
