@@ -339,6 +339,13 @@ std::string GraphPrefix(std::string_view agent_id, uint64_t graph_id) {
   return key;
 }
 
+std::string GraphUseKey(std::string_view agent_id, uint64_t graph_id) {
+  std::string key = TaggedKey(kGraphUseTag, agent_id);
+  key.push_back('\0');
+  PutFixed64BE(&key, graph_id);
+  return key;
+}
+
 std::string GraphNodeKey(std::string_view agent_id, uint64_t graph_id, uint64_t node_id) {
   std::string key = GraphPrefix(agent_id, graph_id);
   key.push_back('n');

@@ -82,6 +82,7 @@ inline constexpr char kRequestsTag = 'r';
 inline constexpr char kRequestsHourTag = 'Y';
 inline constexpr char kRollupStateTag = 'R';
 inline constexpr char kReleaseTag = 'v';
+inline constexpr char kGraphUseTag = 'G';
 
 std::string AgentKey(std::string_view agent_id);
 // Applied batch sequence of one incarnation of an agent (its graph ID): 'q' agent '\0'
@@ -99,6 +100,10 @@ std::string ServiceLabelSetKey(std::string_view service, uint64_t label_set);
 std::string GraphPrefix(std::string_view agent_id, uint64_t graph_id);
 std::string GraphNodeKey(std::string_view agent_id, uint64_t graph_id, uint64_t node_id);
 std::string GraphEdgeKey(std::string_view agent_id, uint64_t graph_id, uint64_t index);
+// When a batch of (agent, graph_id) was last applied, about (server clock, Unix ms, refreshed
+// hourly): 'G' agent '\0' BE(graph_id) -> fixed64 LE. Outside the graph's prefix, so that
+// servers older than it read graphs as before.
+std::string GraphUseKey(std::string_view agent_id, uint64_t graph_id);
 // 'p' service '\0' BE(window) BE(hash of payload).
 std::string PhasePrefix(std::string_view service, uint64_t window_start_ms);
 std::string PhaseKey(const PhaseEvent& event);

@@ -258,6 +258,8 @@ TEST(CodecTest, MetaKeys) {
   EXPECT_EQ(ServiceLabelSetKey("svc", 7), Bytes("Lsvc") + '\0' + BE(7));
   EXPECT_TRUE(ServiceLabelSetKey("svc", 7).starts_with(ServiceLabelSetPrefix("svc")));
   EXPECT_EQ(GraphNodeKey("a1", 2, 3), Bytes("ga1") + '\0' + BE(2) + "n" + BE(3));
+  // Outside the graph's prefix: LoadGraph never meets it.
+  EXPECT_EQ(GraphUseKey("a1", 2), Bytes("Ga1") + '\0' + BE(2));
   EXPECT_EQ(GraphEdgeKey("a1", 2, 3), Bytes("ga1") + '\0' + BE(2) + "e" + BE(3));
   EXPECT_EQ(PhaseKey({"svc", 10'000, "payload"}),
             Bytes("psvc") + '\0' + BE(10'000) + BE(Hash64("payload", 0)));

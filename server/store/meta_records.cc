@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/saturating.h"
@@ -97,6 +98,38 @@ absl::StatusOr<AgentGraph> MetaRecords::LoadGraph(std::string_view agent_id, uin
       });
   if (!s.ok()) return s;
   return graph;
+}
+
+absl::StatusOr<std::vector<StoredGraph>> MetaRecords::ListGraphs() {
+  std::vector<StoredGraph> out;
+  const std::string begin(1, kGraphTag);
+  const std::string end = PrefixSuccessor(begin);
+  std::unique_ptr<rocksdb::Iterator> it(
+      database_->db->NewIterator(rocksdb::ReadOptions(), database_->cf(Column::kMeta)));
+  for (it->Seek(begin); it->Valid() && it->key().compare(end) < 0;) {
+    // 'g' agent '\0' BE(graph_id) kind BE(index); an agent ID holds no NUL.
+    const std::string_view key = View(it->key());
+    const size_t nul = key.find('\0', 1);
+    if (nul == std::string_view::npos || key.size() < nul + 1 + 8) {
+      return absl::DataLossError("corrupt graph key");
+    }
+    StoredGraph graph;
+    graph.agent_id.assign(key.substr(1, nul - 1));
+    graph.graph_id = GetFixed64BE(key.data() + nul + 1);
+    std::string value;
+    rocksdb::Status s =
+        database_->db->Get(rocksdb::ReadOptions(), database_->cf(Column::kMeta),
+                           GraphUseKey(graph.agent_id, graph.graph_id), &value);
+    if (s.ok() && value.size() == 8) {
+      graph.last_used_ms = static_cast<int64_t>(GetFixed64LE(value.data()));
+    } else if (!s.ok() && !s.IsNotFound()) {
+      return FromRocks(s);
+    }
+    it->Seek(PrefixSuccessor(GraphPrefix(graph.agent_id, graph.graph_id)));
+    out.push_back(std::move(graph));
+  }
+  if (!it->status().ok()) return FromRocks(it->status());
+  return out;
 }
 
 absl::StatusOr<std::vector<PhaseEvent>> MetaRecords::ScanPhaseEvents(std::string_view service,

@@ -39,6 +39,9 @@ class MetaRecords {
   // One agent's record; NotFound if there is none.
   absl::StatusOr<AgentRecord> GetAgent(const std::string& agent_id);
   absl::StatusOr<AgentGraph> LoadGraph(std::string_view agent_id, uint64_t graph_id);
+  // Every stored graph with its use mark, by (agent, graph_id): one seek per graph, not a
+  // read of its records.
+  absl::StatusOr<std::vector<StoredGraph>> ListGraphs();
   // Events of `service` with window in [from_ms, to_ms), by window.
   absl::StatusOr<std::vector<PhaseEvent>> ScanPhaseEvents(std::string_view service,
                                                           int64_t from_ms, int64_t to_ms);

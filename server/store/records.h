@@ -151,6 +151,16 @@ struct AgentGraph {
   std::vector<GraphEdge> edges;
 };
 
+// A stored graph and when a batch of it was last applied (WriteBatch::MarkGraphUsed; 0: no
+// mark, e.g. a graph stored before marks were kept).
+struct StoredGraph {
+  std::string agent_id;
+  uint64_t graph_id = 0;
+  int64_t last_used_ms = 0;
+
+  bool operator==(const StoredGraph&) const = default;
+};
+
 struct PhaseEvent {
   std::string service;
   int64_t window_start_ms = 0;

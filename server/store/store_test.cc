@@ -560,6 +560,44 @@ TEST_F(StoreTest, GraphRecordsLoadBackInOrder) {
   EXPECT_EQ(store_->meta().LoadGraph("agent", 6)->nodes.size(), 1u);
 }
 
+TEST_F(StoreTest, GraphsAreListedWithTheirUseMarksAndDeletedWithThem) {
+  {
+    WriteBatch b;
+    for (uint32_t i = 0; i < 500; ++i) b.AppendGraphEdges("agent", 5, i, {{0, i, 2}});
+    b.AppendGraphNodes("agent", 5, {{2, "f", "", "", 0}});
+    b.MarkGraphUsed("agent", 5, 1000);
+    b.AppendGraphNodes("agent", 6, {{2, "g", "", "", 0}});  // stored before marks were kept
+    b.AppendGraphNodes("agent-x", 5, {{2, "h", "", "", 0}});
+    b.MarkGraphUsed("agent-x", 5, 2000);
+    b.MarkGraphUsed("agent-y", 1, 3000);  // a mark without a graph lists nothing
+    CommitOk(&b);
+  }
+  auto graphs = store_->meta().ListGraphs();
+  ASSERT_TRUE(graphs.ok()) << graphs.status();
+  EXPECT_EQ(*graphs, (std::vector<StoredGraph>{
+                         {"agent", 5, 1000}, {"agent", 6, 0}, {"agent-x", 5, 2000}}));
+  {
+    WriteBatch b;
+    b.MarkGraphUsed("agent", 5, 5000);
+    CommitOk(&b);
+  }
+  EXPECT_EQ(store_->meta().ListGraphs()->front().last_used_ms, 5000);
+
+  WriteBatch del;
+  del.DeleteGraph("agent", 5);
+  CommitOk(&del);
+  graphs = store_->meta().ListGraphs();
+  ASSERT_TRUE(graphs.ok()) << graphs.status();
+  EXPECT_EQ(*graphs, (std::vector<StoredGraph>{{"agent", 6, 0}, {"agent-x", 5, 2000}}));
+  // The mark went with the graph: a graph stored again under that ID starts unmarked.
+  {
+    WriteBatch b;
+    b.AppendGraphNodes("agent", 5, {{2, "f", "", "", 0}});
+    CommitOk(&b);
+  }
+  EXPECT_EQ(store_->meta().ListGraphs()->front(), (StoredGraph{"agent", 5, 0}));
+}
+
 TEST_F(StoreTest, GraphGapIsReportedAsDataLoss) {
   WriteBatch b;
   b.AppendGraphEdges("agent", 1, 0, {{0, 1, 2}});

@@ -97,6 +97,16 @@ void WriteBatch::DeleteGraph(std::string_view agent_id, uint64_t graph_id) {
   std::string begin = GraphPrefix(agent_id, graph_id);
   std::string end = PrefixSuccessor(begin);
   rep_->Add(Column::kMeta, Rep::OpType::kDeleteRange, std::move(begin), std::move(end));
+  // The mark is the only key with exactly this value: a one-key range.
+  std::string mark = GraphUseKey(agent_id, graph_id);
+  std::string mark_end = mark + '\0';
+  rep_->Add(Column::kMeta, Rep::OpType::kDeleteRange, std::move(mark), std::move(mark_end));
+}
+
+void WriteBatch::MarkGraphUsed(std::string_view agent_id, uint64_t graph_id, int64_t now_ms) {
+  if (!rep_->CheckKeyPart("agent id", agent_id, false)) return;
+  rep_->Add(Column::kMeta, Rep::OpType::kPut, GraphUseKey(agent_id, graph_id),
+            EncodeCount(static_cast<uint64_t>(std::max<int64_t>(0, now_ms))));
 }
 
 void WriteBatch::DeleteCapture(std::string_view capture_id) {

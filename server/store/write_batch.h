@@ -41,8 +41,10 @@ class WriteBatch {
                         const std::vector<GraphNode>& nodes);
   void AppendGraphEdges(std::string_view agent_id, uint64_t graph_id, uint64_t first_edge,
                         const std::vector<GraphEdge>& edges);
-  // Drops every record of (agent, graph_id), e.g. when the agent starts a new graph.
+  // Drops every record of (agent, graph_id) and its use mark (an incarnation long gone).
   void DeleteGraph(std::string_view agent_id, uint64_t graph_id);
+  // Marks (agent, graph_id) as used at `now_ms` (MetaRecords::ListGraphs reads it back).
+  void MarkGraphUsed(std::string_view agent_id, uint64_t graph_id, int64_t now_ms);
   // Identical events (same service, window, payload) are stored once.
   void PutPhaseEvent(const PhaseEvent& event);
   void PutCapture(const CaptureInfo& capture);
