@@ -127,6 +127,12 @@ absl::Status ParseRetentionPeriods(const ServerFlags& f, ServerOptions& o) {
     if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", d.status().message()));
     *out = absl::ToInt64Milliseconds(*d);
   }
+  auto graphs = capture::ParseRetention(f.graph_retention);
+  if (!graphs.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--graph-retention: ", graphs.status().message()));
+  }
+  o.ingest.service.graph_retention = *graphs;
   auto warmup = capture::ParseRetention(f.query_warmup);
   if (!warmup.ok()) {
     return absl::InvalidArgumentError(
@@ -262,6 +268,9 @@ void AddStorageFlags(CLI::App& app, ServerFlags& f) {
     {"--retention-minute", &f.minute_retention,
      "keep the 1-minute rollups this long (0: forever)"},
     {"--retention-hour", &f.hour_retention, "keep the 1-hour rollups this long (0: forever)"},
+    {"--graph-retention", &f.graph_retention,
+     "delete an agent incarnation's call graph once no batch of it was applied for this "
+     "long and no stream holds it (0: keep every graph)"},
     {"--query-warmup", &f.query_warmup,
      "after start-up, read this much of each recently active service into memory in the "
      "background, so its first query is as fast as later ones (e.g. 7d, 24h; 0: off)"},

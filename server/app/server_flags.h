@@ -29,6 +29,7 @@ struct ServerFlags {
   std::string capture_retention = "7d";
   std::string max_capture_duration = "1h";
   std::string raw_retention = "7d", minute_retention = "30d", hour_retention = "365d";
+  std::string graph_retention = "7d";
   std::string query_warmup = "7d";
   std::string cluster_lease_ttl = "10s", cluster_query_timeout = "10s",
               cluster_replica_timeout = "5s", cluster_debuginfo_sync = "30s";

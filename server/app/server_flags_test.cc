@@ -49,6 +49,7 @@ TEST(ServerFlagsTest, Defaults) {
   EXPECT_EQ(options.storage.store.rollup_interval_ms, 5'000);
   EXPECT_EQ(options.capture.retention, absl::Hours(168));
   EXPECT_EQ(options.capture.max_duration, absl::Hours(1));
+  EXPECT_EQ(options.ingest.service.graph_retention, absl::Hours(168));
   EXPECT_EQ(options.security.authorizer.certificate_role, auth::Role::kAgent);
   EXPECT_FALSE(options.security.authenticates());
   EXPECT_FALSE(options.cluster.enabled());
@@ -58,12 +59,13 @@ TEST(ServerFlagsTest, FlagsReachTheirComponents) {
   const ServerOptions options = Accepted(
       "--table-memory 1GiB --max-message-bytes 4KiB --retention-hour 0 --max-agents 5 "
       "--max-capture-duration 10m --tls-client-role none --sync --ingest-threads 3 "
-      "--debug-dirs /a /b --http-max-connections 7 --query-rate 2.5");
+      "--debug-dirs /a /b --http-max-connections 7 --query-rate 2.5 --graph-retention 0");
   EXPECT_EQ(options.aggregation.memory_budget_bytes, size_t{1} << 30);
   EXPECT_EQ(options.ingest.service.limits.max_message_bytes, 4096u);
   EXPECT_EQ(options.storage.store.hour_retention_ms, 0);
   EXPECT_EQ(options.ingest.service.max_agents, 5u);
   EXPECT_EQ(options.ingest.service.worker_threads, 3u);
+  EXPECT_EQ(options.ingest.service.graph_retention, absl::ZeroDuration());
   EXPECT_EQ(options.capture.max_duration, absl::Minutes(10));
   EXPECT_EQ(options.security.authorizer.certificate_role, std::nullopt);
   EXPECT_TRUE(options.storage.store.sync);
@@ -96,6 +98,7 @@ TEST(ServerFlagsTest, BadValuesNameTheirFlag) {
                 "--max-capture-duration must be between 1ms and 1h");
   ExpectRefused("--table-memory lots", invalid, "--table-memory: ");
   ExpectRefused("--retention-minute forever", invalid, "--retention-minute: ");
+  ExpectRefused("--graph-retention soon", invalid, "--graph-retention: ");
 }
 
 TEST(ServerFlagsTest, CliRefusesOutOfRangeNumbers) {

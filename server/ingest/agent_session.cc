@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/base/clock.h"
 #include "common/base/escape.h"
 #include "common/base/log.h"
 #include "common/encoding/packed_contexts.h"
@@ -509,6 +510,10 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
     return st;
   }
   wb.SetAppliedSequence(identity_.agent_id, identity_.graph_id, batch.sequence());
+  // Once an hour is enough for IngestService::SweepGraphs, which waits days.
+  const int64_t now_ms = base::NowMs();
+  const bool mark_graph = now_ms - graph_marked_ms_ >= kGraphMarkIntervalMs;
+  if (mark_graph) wb.MarkGraphUsed(identity_.agent_id, identity_.graph_id, now_ms);
   ++batches_;
   wb.PutAgent({identity_.agent_id, identity_.host, identity_.arch, identity_.version,
                batch.end_ms(), batches_, identity_.owner});
@@ -528,6 +533,7 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
   }
   last_applied_ = batch.sequence();
   last_applied_epoch_ = batch.epoch();
+  if (mark_graph) graph_marked_ms_ = now_ms;
   waiting_for_ = 0;
   decode_cache_.merge(pending_cache_);
   pending_cache_.clear();

@@ -139,6 +139,9 @@ class AgentSession {
   // graph only grows and its batches are built in sequence order, so their epochs never go
   // back; a client that alternates them would cost a numbering of the whole graph per batch.
   uint64_t last_applied_epoch_ = 0;
+  // When this session last marked its graph as used (WriteBatch::MarkGraphUsed).
+  static constexpr int64_t kGraphMarkIntervalMs = 3'600'000;
+  int64_t graph_marked_ms_ = 0;
   // Sequence of a batch refused for a missing graph part; later ones wait for it (0: none).
   uint64_t waiting_for_ = 0;
   uint64_t batches_ = 0;

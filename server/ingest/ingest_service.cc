@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/clock.h"
 #include "common/base/escape.h"
 #include "common/base/log.h"
 #include "common/encoding/graph_delta_edges.h"
@@ -110,6 +112,9 @@ class IngestService::Stream final
       service_->registry_->Detach(session_->identity().agent_id, attachment_);
       LogInfo("agent {} disconnected", log_name_);
     }
+    // Before the stream stops counting as connected: whoever waits for that finds the graph
+    // released.
+    if (held_graph_.has_value()) service_->ReleaseGraph(*held_graph_);
     if (admitted_) --service_->metrics_->connected;
     if (counted_principal_) service_->ReleasePrincipalStream(principal_);
     service_->metrics_->session_bytes -= static_cast<int64_t>(accounted_bytes_);
@@ -221,6 +226,7 @@ class IngestService::Stream final
   bool counted_principal_ = false;  // holds a slot in principal_streams_
   v1::AgentMessage in_;
   std::unique_ptr<AgentSession> session_;  // after Hello
+  std::optional<GraphRef> held_graph_;      // from Hello until the stream is done
   // A replica of a stream another cluster node took: no placement, no replication, not an
   // agent connected here.
   bool replica_ = false;
@@ -339,6 +345,8 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
       return absl::FailedPreconditionError("redirected to the host's owners");
     }
   }
+  held_graph_ = GraphRef{identity.agent_id, identity.graph_id};
+  service_->HoldGraph(*held_graph_);
   auto session = AgentSession::Open(service_->store_, identity, options.committer, options.limits);
   if (!session.ok()) {
     LogError("agent {}: cannot open session: {}", base::EscapeForLog(hello.agent_id()),
@@ -492,9 +500,78 @@ IngestService::IngestService(store::Store* store, registry::AgentRegistry* regis
   } else {
     pool_ = std::make_unique<WorkerPool>(threads);
   }
+  if (options_.graph_retention > absl::ZeroDuration()) {
+    graph_sweeper_ = std::thread([this] { SweepGraphsPeriodically(); });
+  }
 }
 
-IngestService::~IngestService() = default;
+IngestService::~IngestService() {
+  if (graph_sweeper_.joinable()) {
+    {
+      absl::MutexLock lock(&sweeper_mu_);
+      sweeper_stopping_ = true;
+    }
+    graph_sweeper_.join();
+  }
+}
+
+void IngestService::HoldGraph(const GraphRef& graph) {
+  absl::MutexLock lock(&graphs_mu_);
+  ++held_graphs_[graph];
+}
+
+void IngestService::ReleaseGraph(const GraphRef& graph) {
+  absl::MutexLock lock(&graphs_mu_);
+  auto it = held_graphs_.find(graph);
+  if (it != held_graphs_.end() && --it->second == 0) held_graphs_.erase(it);
+}
+
+absl::StatusOr<IngestService::GraphSweep> IngestService::SweepGraphs(int64_t now_ms) {
+  GraphSweep sweep;
+  const int64_t retention_ms = absl::ToInt64Milliseconds(options_.graph_retention);
+  if (retention_ms <= 0) return sweep;
+  absl::StatusOr<std::vector<store::StoredGraph>> graphs = store_->meta().ListGraphs();
+  if (!graphs.ok()) return graphs.status();
+  sweep.graphs = graphs->size();
+  store::WriteBatch marks;
+  for (const store::StoredGraph& graph : *graphs) {
+    if (graph.last_used_ms == 0) {
+      // Stored before marks were kept, or no batch of it was ever applied: its time starts
+      // now.
+      marks.MarkGraphUsed(graph.agent_id, graph.graph_id, now_ms);
+      ++sweep.marked;
+      continue;
+    }
+    if (graph.last_used_ms >= now_ms - retention_ms) continue;
+    // Held while the delete commits: a stream opening this graph waits, then loads nothing.
+    absl::MutexLock lock(&graphs_mu_);
+    if (held_graphs_.contains(GraphRef{graph.agent_id, graph.graph_id})) continue;
+    store::WriteBatch del;
+    del.DeleteGraph(graph.agent_id, graph.graph_id);
+    if (absl::Status st = store_->Commit(&del); !st.ok()) return st;
+    ++sweep.deleted;
+  }
+  if (sweep.marked > 0) {
+    if (absl::Status st = store_->Commit(&marks); !st.ok()) return st;
+  }
+  return sweep;
+}
+
+void IngestService::SweepGraphsPeriodically() {
+  absl::MutexLock lock(&sweeper_mu_);
+  while (!sweeper_mu_.AwaitWithTimeout(absl::Condition(&sweeper_stopping_),
+                                       options_.graph_sweep_interval)) {
+    sweeper_mu_.Unlock();
+    absl::StatusOr<GraphSweep> sweep = SweepGraphs(base::NowMs());
+    if (!sweep.ok()) {
+      LogWarn("call graph sweep: {}", sweep.status().ToString());
+    } else if (sweep->deleted > 0) {
+      LogInfo("deleted {} of {} agent call graphs, unused for more than {}", sweep->deleted,
+              sweep->graphs, absl::FormatDuration(options_.graph_retention));
+    }
+    sweeper_mu_.Lock();
+  }
+}
 
 grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage>* IngestService::Connect(
     grpc::CallbackServerContext* context) {

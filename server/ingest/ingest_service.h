@@ -25,9 +25,13 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/auth/grpc_auth.h"
 #include "server/ingest/agent_session.h"
 #include "server/ingest/latency_histogram.h"
@@ -103,6 +107,14 @@ class IngestService final : public v1::Ingest::CallbackService {
     // In a cluster: which streams this node takes, and their replication (placement.h).
     // Null: a single server.
     StreamPlacement* placement = nullptr;
+    // The call graph of an agent incarnation with no batch applied for longer than this,
+    // and no stream open, is deleted (each restart, and each new graph an agent starts near
+    // the graph limits, leaves the old one behind). An agent that comes back with it later
+    // is told the server knows none of it and sends it again. Zero keeps every graph.
+    absl::Duration graph_retention = absl::ZeroDuration();
+    // How often the graphs are looked over (SweepGraphs), the first time one interval after
+    // start-up.
+    absl::Duration graph_sweep_interval = absl::Hours(1);
   };
   using BatchObserver = std::function<void(const AppliedBatch&)>;
 
@@ -124,12 +136,28 @@ class IngestService final : public v1::Ingest::CallbackService {
   // Messages waiting for a worker.
   size_t queued() const { return pool_->queued(); }
 
+  // What one look over the stored graphs did.
+  struct GraphSweep {
+    size_t graphs = 0;   // stored graphs
+    size_t marked = 0;   // without a use mark (stored before marks were kept): marked now
+    size_t deleted = 0;  // unused past graph_retention, no stream open
+  };
+  // Deletes the graphs unused past graph_retention at `now_ms` (Unix ms) that no stream
+  // holds; a stream opening one meanwhile waits for the delete and then finds no graph.
+  // Runs every graph_sweep_interval on a thread of its own; tests call it directly.
+  absl::StatusOr<GraphSweep> SweepGraphs(int64_t now_ms);
+
  private:
   class Stream;
 
   // A slot of the principal's --max-streams-per-principal; false when it has none left.
   bool TakePrincipalStream(const auth::Principal& principal);
   void ReleasePrincipalStream(const auth::Principal& principal);
+  // A stream holds its graph from before it loads it until it ends: SweepGraphs leaves it.
+  using GraphRef = std::pair<std::string, uint64_t>;  // (agent ID, graph ID)
+  void HoldGraph(const GraphRef& graph);
+  void ReleaseGraph(const GraphRef& graph);
+  void SweepGraphsPeriodically();
 
   store::Store* store_;
   registry::AgentRegistry* registry_;
@@ -141,6 +169,11 @@ class IngestService final : public v1::Ingest::CallbackService {
   std::unique_ptr<WorkerPool> replica_pool_;  // replica streams' (cluster only)
   absl::Mutex principals_mu_;
   std::map<std::string, uint32_t> principal_streams_ ABSL_GUARDED_BY(principals_mu_);
+  absl::Mutex graphs_mu_;
+  std::map<GraphRef, uint32_t> held_graphs_ ABSL_GUARDED_BY(graphs_mu_);  // -> streams
+  absl::Mutex sweeper_mu_;
+  bool sweeper_stopping_ ABSL_GUARDED_BY(sweeper_mu_) = false;
+  std::thread graph_sweeper_;
 };
 
 }  // namespace strata::server::ingest

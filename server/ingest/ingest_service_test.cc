@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/base/clock.h"
 #include "common/testing/temp_dir.h"
 #include "common/testing/wait_for.h"
 #include "gtest/gtest.h"
@@ -213,6 +214,69 @@ TEST_F(IngestServiceTest, OldStreamEndingAfterTheAgentReconnectedLeavesItConnect
   EXPECT_TRUE(Finish(new_stream).ok());
   ASSERT_TRUE(strata::testing::WaitFor([&] { return metrics_.connected.load() == 0; }));
   EXPECT_FALSE(registry_.List()[0].connected);
+}
+
+TEST_F(IngestServiceTest, GraphsUnusedPastTheRetentionGoUnlessAStreamHoldsThem) {
+  IngestService::Options options;
+  options.graph_retention = absl::Hours(24);
+  StartServer(options);
+  const int64_t now_ms = base::NowMs();
+  constexpr int64_t kHourMs = 3'600'000;
+  // A graph stored before use marks were kept.
+  {
+    store::WriteBatch wb;
+    wb.AppendGraphNodes("agent-0", 1, {{2, "f", "", "", 0}});
+    ASSERT_TRUE(store_->Commit(&wb).ok());
+  }
+  FakeAgent agent;
+  auto c = agent.Context({"main", "work"}, 5);
+  Stream first = Connect();  // incarnation 7
+  ASSERT_TRUE(Send(first, HelloMessage(7)).has_welcome());
+  ASSERT_TRUE(first.channel->Write(Message(agent.Delta(2, 0))));
+  ASSERT_TRUE(Send(first, Message(Batch(1, agent.graph.num_edges(), {c}))).has_ack());
+  Stream second = Connect();  // incarnation 8, open throughout
+  ASSERT_TRUE(Send(second, HelloMessage(8)).has_welcome());
+  ASSERT_TRUE(second.channel->Write(Message(agent.Delta(2, 0))));
+  ASSERT_TRUE(Send(second, Message(Batch(1, agent.graph.num_edges(), {c}))).has_ack());
+  EXPECT_TRUE(Finish(first).ok());
+  ASSERT_TRUE(strata::testing::WaitFor([&] { return metrics_.connected.load() == 1; }));
+
+  absl::StatusOr<IngestService::GraphSweep> sweep = service_->SweepGraphs(now_ms);
+  ASSERT_TRUE(sweep.ok()) << sweep.status();
+  EXPECT_EQ(sweep->graphs, 3u);
+  EXPECT_EQ(sweep->marked, 1u);  // agent-0's: its day starts now
+  EXPECT_EQ(sweep->deleted, 0u);
+
+  sweep = service_->SweepGraphs(now_ms + 25 * kHourMs);
+  ASSERT_TRUE(sweep.ok()) << sweep.status();
+  EXPECT_EQ(sweep->deleted, 2u);  // agent-0's and incarnation 7's; 8 is held
+  absl::StatusOr<std::vector<store::StoredGraph>> left = store_->meta().ListGraphs();
+  ASSERT_TRUE(left.ok()) << left.status();
+  ASSERT_EQ(left->size(), 1u);
+  EXPECT_EQ(left->front().graph_id, 8u);
+  EXPECT_TRUE(store_->meta().LoadGraph("agent-1", 7)->edges.empty());
+
+  // Incarnation 7 comes back: the server knows none of its graph, but still which batches
+  // it applied.
+  Stream again = Connect();
+  v1::ServerMessage welcome = Send(again, HelloMessage(7));
+  ASSERT_TRUE(welcome.has_welcome()) << welcome.DebugString();
+  EXPECT_EQ(welcome.welcome().known_nodes(), 2u);
+  EXPECT_EQ(welcome.welcome().known_edges(), 0u);
+  EXPECT_EQ(welcome.welcome().last_applied_sequence(), 1u);
+  ASSERT_TRUE(again.channel->Write(Message(agent.Delta(2, 0))));
+  ASSERT_TRUE(Send(again, Message(Batch(1, agent.graph.num_edges(), {c}))).has_ack());
+  ASSERT_TRUE(Send(again, Message(Batch(2, agent.graph.num_edges(), {c}))).has_ack());
+  EXPECT_EQ(Stored(), 15u);  // batch 1 of 7 once, batch 1 of 8, batch 2 of 7
+  EXPECT_EQ(store_->meta().LoadGraph("agent-1", 7)->edges.size(), agent.graph.num_edges());
+
+  // Both streams open: nothing goes, however old the marks.
+  sweep = service_->SweepGraphs(now_ms + 100 * kHourMs);
+  ASSERT_TRUE(sweep.ok()) << sweep.status();
+  EXPECT_EQ(sweep->graphs, 2u);
+  EXPECT_EQ(sweep->deleted, 0u);
+  EXPECT_TRUE(Finish(again).ok());
+  EXPECT_TRUE(Finish(second).ok());
 }
 
 TEST_F(IngestServiceTest, BatchBeyondTheGraphGetsResyncAndNothingIsStored) {
