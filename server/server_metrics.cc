@@ -282,6 +282,9 @@ http::HttpResponse RenderMetrics(const http::HttpServer* http, store::Store* sto
   counter("strata_ingest_sessions_unloaded_total",
           "Agent graphs dropped for the session memory budget (reloaded on the next batch).",
           metrics->sessions_unloaded);
+  counter("strata_ingest_graphs_deleted_total",
+          "Stored agent call graphs deleted, unused for longer than --graph-retention.",
+          metrics->graphs_deleted);
   counter("strata_ingest_streams_refused_total",
           "Agent streams refused over --max-agents (RESOURCE_EXHAUSTED).",
           metrics->streams_refused);

@@ -550,6 +550,7 @@ absl::StatusOr<IngestService::GraphSweep> IngestService::SweepGraphs(int64_t now
     del.DeleteGraph(graph.agent_id, graph.graph_id);
     if (absl::Status st = store_->Commit(&del); !st.ok()) return st;
     ++sweep.deleted;
+    ++metrics_->graphs_deleted;
   }
   if (sweep.marked > 0) {
     if (absl::Status st = store_->Commit(&marks); !st.ok()) return st;

@@ -63,6 +63,7 @@ struct IngestMetrics {
   std::atomic<int64_t> queued{0};  // messages waiting for a worker
   std::atomic<int64_t> session_bytes{0};      // estimated, of all sessions
   std::atomic<uint64_t> sessions_unloaded{0};  // graphs dropped for the session budget
+  std::atomic<uint64_t> graphs_deleted{0};     // unused past --graph-retention (SweepGraphs)
   // A message's wait for a worker, and a batch's decode and commit.
   LatencyHistogram queue_wait;
   LatencyHistogram batch_apply;

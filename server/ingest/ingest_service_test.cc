@@ -250,6 +250,7 @@ TEST_F(IngestServiceTest, GraphsUnusedPastTheRetentionGoUnlessAStreamHoldsThem) 
   sweep = service_->SweepGraphs(now_ms + 25 * kHourMs);
   ASSERT_TRUE(sweep.ok()) << sweep.status();
   EXPECT_EQ(sweep->deleted, 2u);  // agent-0's and incarnation 7's; 8 is held
+  EXPECT_EQ(metrics_.graphs_deleted.load(), 2u);
   absl::StatusOr<std::vector<store::StoredGraph>> left = store_->meta().ListGraphs();
   ASSERT_TRUE(left.ok()) << left.status();
   ASSERT_EQ(left->size(), 1u);
