@@ -81,6 +81,14 @@ std::string TaggedKey(char tag, std::string_view name) {
   return key;
 }
 
+// tag name '\0' BE(id): a record per (agent, incarnation).
+std::string TaggedIdKey(char tag, std::string_view name, uint64_t id) {
+  std::string key = TaggedKey(tag, name);
+  key.push_back('\0');
+  PutFixed64BE(&key, id);
+  return key;
+}
+
 }  // namespace
 
 uint64_t Hash64(std::string_view data, uint64_t seed) {
@@ -302,10 +310,7 @@ absl::StatusOr<ServiceSummary> DecodeServiceSummary(std::string_view value) {
 
 std::string AgentKey(std::string_view agent_id) { return TaggedKey(kAgentTag, agent_id); }
 std::string SequenceKey(std::string_view agent_id, uint64_t incarnation) {
-  std::string key = TaggedKey(kSequenceTag, agent_id);
-  key.push_back('\0');
-  PutFixed64BE(&key, incarnation);
-  return key;
+  return TaggedIdKey(kSequenceTag, agent_id, incarnation);
 }
 std::string LegacySequenceKey(std::string_view agent_id) {
   return TaggedKey(kSequenceTag, agent_id);
@@ -333,17 +338,11 @@ std::string ServiceLabelSetKey(std::string_view service, uint64_t label_set) {
 }
 
 std::string GraphPrefix(std::string_view agent_id, uint64_t graph_id) {
-  std::string key = TaggedKey(kGraphTag, agent_id);
-  key.push_back('\0');
-  PutFixed64BE(&key, graph_id);
-  return key;
+  return TaggedIdKey(kGraphTag, agent_id, graph_id);
 }
 
 std::string GraphUseKey(std::string_view agent_id, uint64_t graph_id) {
-  std::string key = TaggedKey(kGraphUseTag, agent_id);
-  key.push_back('\0');
-  PutFixed64BE(&key, graph_id);
-  return key;
+  return TaggedIdKey(kGraphUseTag, agent_id, graph_id);
 }
 
 std::string GraphNodeKey(std::string_view agent_id, uint64_t graph_id, uint64_t node_id) {

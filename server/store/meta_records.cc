@@ -120,6 +120,7 @@ absl::StatusOr<std::vector<StoredGraph>> MetaRecords::ListGraphs() {
     rocksdb::Status s =
         database_->db->Get(rocksdb::ReadOptions(), database_->cf(Column::kMeta),
                            GraphUseKey(graph.agent_id, graph.graph_id), &value);
+    // A mark of another size reads as none: the next sweep writes a good one.
     if (s.ok() && value.size() == 8) {
       graph.last_used_ms = static_cast<int64_t>(GetFixed64LE(value.data()));
     } else if (!s.ok() && !s.IsNotFound()) {
