@@ -34,11 +34,32 @@ namespace app = strata::agent::app;
 std::atomic<bool> g_stop{false};
 // The profiler's wake-up descriptor: the main loop may sleep until the next interval, and the
 // signal may be delivered to another thread.
-int g_wake_fd = -1;
+std::atomic<int> g_wake_fd{-1};
 void OnSignal(int) {
   g_stop.store(true);
   const uint64_t one = 1;
-  if (g_wake_fd >= 0) (void)!write(g_wake_fd, &one, sizeof(one));
+  const int fd = g_wake_fd.load();
+  if (fd >= 0) (void)!write(fd, &one, sizeof(one));
+}
+
+sigset_t StopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+
+// SIGINT and SIGTERM stop the agent as at the end of a run (the last window shipped) from the
+// start on. A run that executed itself again blocked them first (see Run): one sent meanwhile
+// waited, and arrives now that it is handled.
+void HandleStopSignals() {
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  const sigset_t stop = StopSignals();
+  pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);
 }
 
 // Prints `status` for the operator and returns `exit_status`.
@@ -48,6 +69,7 @@ int Fail(const absl::Status& status, int exit_status) {
 }
 
 int Run(int argc, char** argv) {
+  HandleStopSignals();
   CLI::App cli{"strata-agent: continuous profiling agent"};
   app::AgentFlags flags;
   app::AddAgentFlags(cli, flags);
@@ -63,18 +85,18 @@ int Run(int argc, char** argv) {
   if (!agent.ok()) return Fail(agent.status(), 2);
   if (absl::Status started = (*agent)->Start(); !started.ok()) return Fail(started, 1);
 
-  g_wake_fd = (*agent)->wake_fd();
-  struct sigaction sa = {};
-  sa.sa_handler = OnSignal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  g_wake_fd.store((*agent)->wake_fd());
   const int status = (*agent)->Run(g_stop);
   if (status != app::AgentApp::kRunAgain) return status;
   // A new call graph: the same program and flags again, in this process. The descriptors
   // (perf events, the spool's lock) close on exec. Where exec fails, the exit status asks a
-  // supervisor (systemd's Restart=) for the restart.
-  g_wake_fd = -1;
+  // supervisor (systemd's Restart=) for the restart. The stop signals stay blocked through
+  // the exec (the mask is kept), so that one sent before the new run handles them is not
+  // fatal.
+  g_wake_fd.store(-1);
   agent->reset();
+  const sigset_t stop = StopSignals();
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   if (g_stop.load()) return 0;  // asked to stop meanwhile
   spdlog::default_logger()->flush();
   execv("/proc/self/exe", argv);
