@@ -1,5 +1,7 @@
 #include "agent/app/agent_app.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <memory>
 #include <random>
@@ -11,6 +13,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "agent/core/interval_loop.h"
+#include "agent/procfs/procfs.h"
+#include "common/base/crc32c.h"
 #include "common/base/log.h"
 #include "common/unwind/host_arch.h"
 
@@ -32,9 +36,7 @@ absl::StatusOr<OpenedSpool> OpenSpool(const AgentSpoolOptions& options, const st
   spool::SpoolIdentity fresh;
   fresh.graph_id = (uint64_t{random()} << 32) | random();
   fresh.host = host;
-  fresh.agent_id = options.agent_id.empty()
-                       ? absl::StrFormat("%s-%08x", host, fresh.graph_id & 0xffffffff)
-                       : options.agent_id;
+  fresh.agent_id = options.agent_id.empty() ? GeneratedAgentId(host) : options.agent_id;
   spool::SpoolOptions spool_options = options.spool;
   OpenedSpool opened;
   auto restore = [&opened](const spool::SpoolIdentity& resumed,
@@ -154,6 +156,19 @@ void FlushAndStop(Shipper& shipper, const spool::Spool& spool,
 }
 
 }  // namespace
+
+std::string GeneratedAgentId(const std::string& host) {
+  absl::StatusOr<std::string> boot_id = procfs::ReadProcFile("/proc/sys/kernel/random/boot_id");
+  const pid_t pid = getpid();
+  absl::StatusOr<uint64_t> start_time = procfs::ReadStartTime(pid);
+  uint32_t tag;
+  if (boot_id.ok() && start_time.ok()) {
+    tag = base::Crc32c(absl::StrCat(*boot_id, " ", pid, " ", *start_time));
+  } else {
+    tag = std::random_device()();
+  }
+  return absl::StrFormat("%s-%08x", host, tag);
+}
 
 absl::StatusOr<std::unique_ptr<AgentApp>> AgentApp::Create(AgentOptions options) {
   auto security = rpc::ClientSecurity::Load(options.security);

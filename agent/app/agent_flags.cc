@@ -41,7 +41,8 @@ void AddAgentFlags(CLI::App& app, AgentFlags& f) {
       ->check(CLI::Range(512u, 63u * 1024u))
       ->capture_default_str();
   rpc::AddClientSecurityFlags(&app, &f.security);
-  app.add_option("--agent-id", f.agent_id, "agent identity (default: host-<random>)");
+  app.add_option("--agent-id", f.agent_id,
+                 "agent identity (default: host-<8 hex digits>, kept for the process's life)");
   app.add_option("--host", f.host, "host label")->capture_default_str();
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error");
   app.add_option("--unwind-verify", f.unwind_verify,

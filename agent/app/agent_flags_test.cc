@@ -1,10 +1,15 @@
 #include "agent/app/agent_flags.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "agent/app/agent_app.h"
 #include "gtest/gtest.h"
 
 namespace strata::agent::app {
@@ -90,6 +95,36 @@ TEST(AgentFlagsTest, RequestsMetricsNameTheirServiceWhenSeveral) {
                         "--requests-metric", "api=http://h:2/m#b"});
   ASSERT_TRUE(two.ok()) << two.status();
   EXPECT_EQ(two->requests_metrics[1].service, "api");
+}
+
+// A generated agent ID is the process's: the same on every call (and so after the process
+// executes itself again, which keeps its pid and start time), another in another process.
+TEST(GeneratedAgentIdTest, IsThisProcesssAndNoOtherOnes) {
+  const std::string id = GeneratedAgentId("h1");
+  ASSERT_EQ(id.size(), 3 + 8u) << id;
+  EXPECT_EQ(id.substr(0, 3), "h1-");
+  EXPECT_EQ(id.find_first_not_of("0123456789abcdef", 3), std::string::npos) << id;
+  EXPECT_EQ(GeneratedAgentId("h1"), id);
+  EXPECT_EQ(GeneratedAgentId("h2"), "h2-" + id.substr(3));
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const std::string theirs = GeneratedAgentId("h1");
+    _exit(write(fds[1], theirs.data(), theirs.size()) == static_cast<ssize_t>(theirs.size())
+              ? 0
+              : 1);
+  }
+  close(fds[1]);
+  char buf[64];
+  const ssize_t n = read(fds[0], buf, sizeof buf);
+  close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_GT(n, 0);
+  EXPECT_NE(std::string(buf, static_cast<size_t>(n)), id);
 }
 
 }  // namespace

@@ -113,11 +113,14 @@ class FaultsTest : public ::testing::Test {
     argv.push_back(BinPath("strata-agent"));
     for (std::string a : {std::string("--server"), server, std::string("--pid"),
                           std::to_string(demo_->pid()), std::string("--interval"),
-                          std::string("0.5"), std::string("--agent-id"), agent_id,
-                          std::string("--spool-dir"), dir_.File("spool"),
+                          std::string("0.5"), std::string("--spool-dir"), dir_.File("spool"),
                           std::string("--log-level"), std::string("debug"),
                           std::string("--flush-timeout"), std::string("60")}) {
       argv.push_back(std::move(a));
+    }
+    if (!agent_id.empty()) {  // else the agent generates its own
+      argv.push_back("--agent-id");
+      argv.push_back(agent_id);
     }
     return argv;
   }
@@ -221,15 +224,15 @@ INSTANTIATE_TEST_SUITE_P(Spool, AgentKillTest, ::testing::Values(false, true),
 
 // An agent whose call graph passes half of the server's graph limits starts again with a
 // new graph (at a limit its deltas would be refused and it would deliver nothing more): the
-// same process and agent ID, a new incarnation, nothing lost on the way. The server takes 48
-// edges: the demo's graph passes 24 within seconds (25-28 edges when the agent started
-// again, 3-10 s in), and needs about 30 s to reach 40.
+// same process and agent ID (here a generated one), a new incarnation, nothing lost on the
+// way. The server takes 48 edges: the demo's graph passes 24 within seconds (25-28 edges
+// when the agent started again, 3-10 s in), and needs about 30 s to reach 40.
 TEST_F(FaultsTest, AnAgentPastHalfOfTheGraphLimitsStartsANewGraphAndLosesNothing) {
   const int port = ReservePort();
   ASSERT_GT(port, 0);
   const std::string address = "127.0.0.1:" + std::to_string(port);
   auto server = StartServer(address, "server.log", {"--max-graph-edges", "48"});
-  auto agent = StartAgent(address, "fault-new-graph", "agent.log");
+  auto agent = StartAgent(address, "", "agent.log");
   const auto count = [&](const std::string& what) {
     const std::string log = agent->Output();
     size_t n = 0;
@@ -257,15 +260,35 @@ TEST_F(FaultsTest, AnAgentPastHalfOfTheGraphLimitsStartsANewGraphAndLosesNothing
   }
   EXPECT_EQ(log.find("stay in the spool"), std::string::npos) << log;
   EXPECT_GE(count("connected to strata-server"), 2u) << log;
-  // One agent ID, and a graph of its own for each run of the process.
-  const std::string server_log = server->Output();
-  std::set<std::string> graphs;
-  std::regex re("agent fault-new-graph connected \\([^)]*graph ([0-9a-f]+)");
-  for (auto it = std::sregex_iterator(server_log.begin(), server_log.end(), re);
+  // One agent ID for every run of the process, and a graph of its own for each.
+  std::set<std::string> ids;
+  const std::regex started("strata-agent (\\S+) on ");
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), started);
        it != std::sregex_iterator(); ++it) {
-    graphs.insert((*it)[1].str());
+    ids.insert((*it)[1].str());
   }
-  EXPECT_EQ(graphs.size(), count("strata-agent fault-new-graph on ")) << server_log << log;
+  ASSERT_EQ(ids.size(), 1u) << log;
+  const std::string id = *ids.begin();
+  const std::string server_log = server->Output();
+  std::set<std::string> graphs, agents;
+  const std::regex connected("agent (\\S+) connected \\([^)]*graph ([0-9a-f]+)");
+  for (auto it = std::sregex_iterator(server_log.begin(), server_log.end(), connected);
+       it != std::sregex_iterator(); ++it) {
+    agents.insert((*it)[1].str());
+    graphs.insert((*it)[2].str());
+  }
+  EXPECT_EQ(agents, std::set<std::string>{id}) << server_log;
+  // Runs that connected (the graph can pass half again within a second, and the stop can
+  // come before the next run connects).
+  size_t connected_runs = 0;
+  const std::string start = "strata-agent " + id + " on ";
+  for (size_t at = log.find(start); at != std::string::npos;) {
+    const size_t next = log.find(start, at + 1);
+    const size_t connect = log.find("connected to strata-server", at);
+    connected_runs += connect < next;
+    at = next;
+  }
+  EXPECT_EQ(graphs.size(), connected_runs) << server_log << log;
   ExpectExact(address, counted);
 }
 
