@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -99,7 +98,7 @@ TEST(AgentFlagsTest, RequestsMetricsNameTheirServiceWhenSeveral) {
 
 // A generated agent ID is the process's: the same on every call (and so after the process
 // executes itself again, which keeps its pid and start time), another in another process.
-TEST(GeneratedAgentIdTest, IsThisProcesssAndNoOtherOnes) {
+TEST(GeneratedAgentIdTest, StaysWithTheProcessAndDiffersInAnother) {
   const std::string id = GeneratedAgentId("h1");
   ASSERT_EQ(id.size(), 3 + 8u) << id;
   EXPECT_EQ(id.substr(0, 3), "h1-");
