@@ -161,9 +161,13 @@ std::string GeneratedAgentId(const std::string& host) {
   absl::StatusOr<std::string> boot_id = procfs::ReadProcFile("/proc/sys/kernel/random/boot_id");
   const pid_t pid = getpid();
   absl::StatusOr<uint64_t> start_time = procfs::ReadStartTime(pid);
+  // Agents in containers of one host can share a pid (1) and a start tick: their PID
+  // namespaces differ.
+  char pid_namespace[64] = {};
+  (void)!readlink("/proc/self/ns/pid", pid_namespace, sizeof pid_namespace - 1);
   uint32_t tag;
   if (boot_id.ok() && start_time.ok()) {
-    tag = base::Crc32c(absl::StrCat(*boot_id, " ", pid, " ", *start_time));
+    tag = base::Crc32c(absl::StrCat(*boot_id, " ", pid_namespace, " ", pid, " ", *start_time));
   } else {
     tag = std::random_device()();
   }

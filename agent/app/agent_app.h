@@ -26,10 +26,10 @@
 namespace strata::agent::app {
 
 // The ID of an agent started without --agent-id: "<host>-<8 hex digits>", the digits a
-// checksum of the boot ID, this process's pid and its start time. A process keeps it when it
-// executes itself again for a new call graph (the server sees one agent, a new incarnation);
-// another process, or the same pid after a reboot, gets another. Random digits where /proc
-// does not say.
+// checksum of the boot ID, this process's PID namespace, pid and start time. A process keeps
+// it when it executes itself again for a new call graph (the server sees one agent, a new
+// incarnation); another process, or the same pid after a reboot, gets another. Random digits
+// where /proc does not say.
 std::string GeneratedAgentId(const std::string& host);
 
 class AgentApp {
