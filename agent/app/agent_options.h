@@ -30,7 +30,7 @@ struct AgentSpoolOptions {
   // The directory is the default one: where it cannot be opened (not running as the
   // service), keep the spool in memory instead of failing.
   bool memory_fallback = false;
-  std::string agent_id;  // empty: host-<random>, or the identity a spool left behind
+  std::string agent_id;  // empty: GeneratedAgentId(), or the identity a spool left behind
 };
 
 struct AgentOptions {
