@@ -292,6 +292,27 @@ TEST_F(FaultsTest, AnAgentPastHalfOfTheGraphLimitsStartsANewGraphAndLosesNothing
   ExpectExact(address, counted);
 }
 
+// A stop signal sent as the agent starts again for a new graph (the new run needs a few
+// hundred milliseconds before it handles signals) stops it cleanly: status 0, nothing left in
+// the spool, every sample counted once.
+TEST_F(FaultsTest, AStopWhileTheAgentStartsAgainStopsItCleanly) {
+  const int port = ReservePort();
+  ASSERT_GT(port, 0);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  auto server = StartServer(address, "server.log", {"--max-graph-edges", "48"});
+  auto agent = StartAgent(address, "fault-stop-restart", "agent.log");
+  ASSERT_TRUE(agent->WaitForOutput("starting again with a new graph", 120)) << agent->Output();
+  EXPECT_EQ(agent->Stop(SIGTERM, 90), 0) << agent->Output();
+  const std::string log = agent->Output();
+  EXPECT_EQ(log.find("stay in the spool"), std::string::npos) << log;
+  uint64_t counted = 0;
+  for (size_t at = log.find("stopping: "); at != std::string::npos;
+       at = log.find("stopping: ", at + 1)) {
+    counted += AgentSampleCount(log.substr(at));
+  }
+  ExpectExact(address, counted);
+}
+
 // Killed while connected and shipping: batches acknowledged, in flight, applied but not
 // acknowledged, spooled but not sent. The restart resends what the server lacks; the server
 // applies each batch once.
