@@ -16,6 +16,7 @@
 #include "agent/procfs/procfs.h"
 #include "common/base/crc32c.h"
 #include "common/base/log.h"
+#include "common/rpc/grpc_timers.h"
 #include "common/unwind/host_arch.h"
 
 namespace strata::agent::app {
@@ -218,6 +219,11 @@ absl::Status AgentApp::Start() {
     captures_->HandleMessage(m);
     profiler_->Wake();
   });
+  // The shipper's thread, awake anyway for every batch, runs gRPC's timers: gRPC's own timer
+  // threads would wake at least once a second.
+  if (absl::Status timers = rpc::RunGrpcTimersOnCaller(); !timers.ok()) {
+    LogInfo("gRPC's timers stay on gRPC's threads: {}", timers.ToString());
+  }
   shipper_->Start();
   return absl::OkStatus();
 }

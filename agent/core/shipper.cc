@@ -13,6 +13,7 @@
 #include "common/base/log.h"
 #include "common/base/split.h"
 #include "common/encoding/graph_delta_edges.h"
+#include "common/rpc/grpc_timers.h"
 
 namespace strata::agent {
 namespace {
@@ -31,6 +32,12 @@ std::string_view TrimSpaces(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
   return s;
+}
+
+// The earlier of `deadline` and the next tick of gRPC's timers, where this thread runs them.
+absl::Time NextGrpcTick(absl::Time deadline) {
+  if (!rpc::GrpcTimersRunOnCaller()) return deadline;
+  return std::min(deadline, absl::Now() + rpc::kGrpcTimerTick);
 }
 
 }  // namespace
@@ -273,7 +280,15 @@ void Shipper::Run() {
                    reconnect.redirects_in_a_row());
     }
     auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || flushing_; };
-    AwaitSyncingSpool(absl::Condition(&stop), absl::Now() + wait);
+    // Where this thread runs gRPC's timers it ticks them while it waits: gRPC's own reconnect
+    // backoff and the backup poller that completes a connection made meanwhile keep pace.
+    const absl::Time retry_at = absl::Now() + wait;
+    while (!AwaitSyncingSpool(absl::Condition(&stop), NextGrpcTick(retry_at))) {
+      if (absl::Now() >= retry_at) break;
+      mu_.Unlock();
+      rpc::TickGrpcTimers();
+      mu_.Lock();
+    }
     if (stopping_) return;
     if (flushing_) {
       // Once, then the backoff again: a server that is still away is not hammered.
@@ -366,10 +381,22 @@ void* const kFinished = reinterpret_cast<void*>(4);
 void* const kWoken = reinterpret_cast<void*>(5);
 
 // The outcome of the one operation in flight, `tag`.
+// Waits for the next completion (expected to be `tag`), ticking gRPC's timers meanwhile: a
+// connection being made ends at its deadline.
 bool AwaitOne(grpc::CompletionQueue& cq, void* tag) {
   void* got = nullptr;
   bool ok = false;
-  return cq.Next(&got, &ok) && ok && got == tag;
+  for (;;) {
+    switch (cq.AsyncNext(&got, &ok, absl::ToChronoTime(NextGrpcTick(absl::InfiniteFuture())))) {
+      case grpc::CompletionQueue::GOT_EVENT:
+        return ok && got == tag;
+      case grpc::CompletionQueue::SHUTDOWN:
+        return false;
+      case grpc::CompletionQueue::TIMEOUT:
+        rpc::TickGrpcTimers();
+        break;
+    }
+  }
 }
 
 }  // namespace
@@ -579,6 +606,9 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
     }
   };
   for (;;) {
+    // Whatever woke this thread: gRPC's timers that fell due meanwhile (none matters to a
+    // connected stream: the reads and writes end it when it breaks).
+    rpc::TickGrpcTimers();
     absl::Time heartbeat_due;
     absl::Time deadline;
     std::optional<absl::Time> passive_until;
