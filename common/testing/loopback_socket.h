@@ -51,6 +51,30 @@ inline void Send(boost::asio::ip::tcp::socket& s, const std::string& bytes) {
   EXPECT_TRUE(SendAll(s, bytes));
 }
 
+// A loopback port that answers no connection, as a server behind a dead link: a listener
+// with a backlog of 0 whose queue holds a connection of its own, so the kernel drops every
+// later SYN and a client's connect hangs until its own deadline. port() is 0 if the listener
+// could not be made.
+class SilentPort {
+ public:
+  SilentPort() {
+    boost::system::error_code ec;
+    listener_.open(boost::asio::ip::tcp::v4(), ec);
+    if (!ec) listener_.bind(Local(0), ec);
+    if (!ec) listener_.listen(0, ec);
+    const int port = ec ? 0 : listener_.local_endpoint(ec).port();
+    if (!ec) filler_.connect(Local(port), ec);  // the one connection the queue takes
+    if (!ec) port_ = port;
+  }
+  int port() const { return port_; }
+
+ private:
+  boost::asio::io_context io_;
+  boost::asio::ip::tcp::acceptor listener_{io_};
+  boost::asio::ip::tcp::socket filler_{io_};
+  int port_ = 0;
+};
+
 // Raises the soft open-file limit to the hard one; true if `wanted` files are allowed.
 inline bool RaiseFileLimit(rlim_t wanted) {
   rlimit l{};

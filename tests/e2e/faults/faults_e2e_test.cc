@@ -24,6 +24,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/testing/loopback_socket.h"
 #include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/harness.h"
@@ -375,6 +376,32 @@ TEST_F(FaultsTest, ServerKilledAgainAndAgainUnderSeveralAgents) {
   ASSERT_TRUE(WaitUntil([&] { return ServiceTotal(address, kService) > 0; }, 60));
   uint64_t counted = 0;
   for (auto& agent : agents) counted += StopAndCount(*agent);
+  ExpectExact(address, counted);
+}
+
+// The first server in the agent's list sits behind a dead link (its SYNs go unanswered): the
+// connection attempt ends at its deadline (10 s, a gRPC timer the agent's shipper runs) and
+// the agent goes on to the next server, which gets every sample.
+TEST_F(FaultsTest, AFirstServerThatNeverAnswersIsLeftForTheNext) {
+  strata::testing::SilentPort silent;
+  ASSERT_GT(silent.port(), 0);
+  const int port = ReservePort();
+  ASSERT_GT(port, 0);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  const std::string dead = "127.0.0.1:" + std::to_string(silent.port());
+  auto server = StartServer(address, "server.log");
+  const auto start = std::chrono::steady_clock::now();
+  auto agent = StartAgent(dead + "," + address, "fault-dead-link", "agent.log");
+  ASSERT_TRUE(agent->WaitForOutput("connected to strata-server at " + address, 60))
+      << agent->Output();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("faults: connected to the second server %.1f s after the agent started\n",
+              seconds);
+  EXPECT_NE(agent->Output().find("cannot connect to strata-server at " + dead), std::string::npos)
+      << agent->Output();
+  ASSERT_TRUE(WaitUntil([&] { return ServiceTotal(address, kService) > 0; }, 60));
+  const uint64_t counted = StopAndCount(*agent);
   ExpectExact(address, counted);
 }
 
