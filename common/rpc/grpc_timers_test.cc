@@ -1,12 +1,16 @@
 #include "common/rpc/grpc_timers.h"
 
+#include <grpc/event_engine/event_engine.h>
 #include <grpcpp/alarm.h>
 #include <grpcpp/completion_queue.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "common/testing/wait_for.h"
 #include "gtest/gtest.h"
@@ -14,18 +18,20 @@
 namespace strata::rpc {
 namespace {
 
-// Threads of this process named like gRPC's iomgr timer threads ("grpc_global_timer", cut to
-// the kernel's 15 characters).
-int GrpcTimerThreads() {
+// Threads of this process whose name starts with `prefix`: gRPC's iomgr timer threads
+// ("grpc_global_timer", cut to the kernel's 15 characters), its EventEngine's
+// ("timer_manager").
+int ThreadsNamed(const std::string& prefix) {
   int count = 0;
   for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
     std::ifstream comm(task.path() / "comm");
     std::string name;
     std::getline(comm, name);
-    count += name.rfind("grpc_global_tim", 0) == 0 ? 1 : 0;
+    count += name.rfind(prefix, 0) == 0 ? 1 : 0;
   }
   return count;
 }
+int GrpcTimerThreads() { return ThreadsNamed("grpc_global_tim"); }
 
 // The process's gRPC timers, before and after the caller takes them over: one test, since
 // the take-over lasts for the process's life.
@@ -72,6 +78,58 @@ TEST(GrpcTimersTest, TimersRunOnlyWhenTheCallerTicksOnceItRunsThem) {
   EXPECT_EQ(tag, &later);
   EXPECT_FALSE(ok);  // cancelled, not fired
   EXPECT_EQ(GrpcTimerThreads(), 0);
+
+  // A channel's EventEngine is the ticked one: no timer thread of its own, even while the
+  // channel fails to connect and backs off (a port nothing listens on).
+  auto channel = grpc::CreateChannel("127.0.0.1:1", grpc::InsecureChannelCredentials());
+  channel->GetState(/*try_to_connect=*/true);
+  // (Not WaitForStateChange: its deadline is a gRPC timer, which nothing here would tick.)
+  for (int i = 0; i < 10; ++i) {
+    TickGrpcTimers();
+    channel->GetState(/*try_to_connect=*/true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(ThreadsNamed("timer_manager"), 0);
+}
+
+using grpc_event_engine::experimental::EventEngine;
+
+TEST(GrpcTimersTest, TheTickedEventEngineRunsTasksOnlyInTicksOnceDue) {
+  std::unique_ptr<EventEngine> engine = NewTickedEventEngine();
+  int ran_now = 0, ran_later = 0, ran_cancelled = 0;
+  engine->Run([&] { ++ran_now; });
+  EXPECT_EQ(ran_now, 0);  // never on the caller's thread
+  const EventEngine::TaskHandle later =
+      engine->RunAfter(std::chrono::milliseconds(30), [&] { ++ran_later; });
+  const EventEngine::TaskHandle cancelled =
+      engine->RunAfter(std::chrono::milliseconds(30), [&] { ++ran_cancelled; });
+  ASSERT_TRUE(RunGrpcTimersOnCaller().ok());  // for TickGrpcTimers to run the tasks
+  TickGrpcTimers();
+  EXPECT_EQ(ran_now, 1);
+  EXPECT_EQ(ran_later, 0);  // not due yet
+  EXPECT_TRUE(engine->Cancel(cancelled));
+  EXPECT_FALSE(engine->Cancel(cancelled));  // already gone
+  std::this_thread::sleep_for(std::chrono::milliseconds(40));
+  TickGrpcTimers();
+  EXPECT_EQ(ran_later, 1);
+  EXPECT_EQ(ran_cancelled, 0);
+  EXPECT_FALSE(engine->Cancel(later));  // ran
+  TickGrpcTimers();
+  EXPECT_EQ(ran_now + ran_later + ran_cancelled, 2);
+
+  // A task that adds another: the new one waits for the next tick, and a closure object runs
+  // as well as a callable.
+  struct Count : EventEngine::Closure {
+    int runs = 0;
+    void Run() override { ++runs; }
+  } closure;
+  engine->Run([&] { engine->Run(&closure); });
+  TickGrpcTimers();
+  EXPECT_EQ(closure.runs, 0);
+  TickGrpcTimers();
+  EXPECT_EQ(closure.runs, 1);
+  // What a client never asks of it fails cleanly.
+  EXPECT_FALSE(engine->IsWorkerThread());
 }
 
 }  // namespace
