@@ -380,8 +380,7 @@ void* const kReadDone = reinterpret_cast<void*>(3);
 void* const kFinished = reinterpret_cast<void*>(4);
 void* const kWoken = reinterpret_cast<void*>(5);
 
-// The outcome of the one operation in flight, `tag`.
-// Waits for the next completion (expected to be `tag`), ticking gRPC's timers meanwhile: a
+// The outcome of the one operation in flight, `tag`. Ticks gRPC's timers while it waits: a
 // connection being made ends at its deadline.
 bool AwaitOne(grpc::CompletionQueue& cq, void* tag) {
   void* got = nullptr;
