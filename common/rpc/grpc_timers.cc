@@ -23,7 +23,10 @@ void grpc_timer_manager_tick() __attribute__((weak));
 namespace strata::rpc {
 namespace {
 
+using grpc_event_engine::experimental::EndpointConfig;
 using grpc_event_engine::experimental::EventEngine;
+using grpc_event_engine::experimental::MemoryAllocator;
+using grpc_event_engine::experimental::MemoryAllocatorFactory;
 
 std::atomic<bool> g_caller_runs_timers{false};
 
@@ -93,13 +96,12 @@ TaskQueue& Tasks() {
 class TickedEventEngine final : public EventEngine {
  public:
   absl::StatusOr<std::unique_ptr<Listener>> CreateListener(
-      Listener::AcceptCallback, absl::AnyInvocable<void(absl::Status)>, const grpc_event_engine::experimental::EndpointConfig&,
-      std::unique_ptr<grpc_event_engine::experimental::MemoryAllocatorFactory>) override {
+      Listener::AcceptCallback, absl::AnyInvocable<void(absl::Status)>, const EndpointConfig&,
+      std::unique_ptr<MemoryAllocatorFactory>) override {
     return absl::UnimplementedError("the agent's EventEngine makes no listeners");
   }
   ConnectionHandle Connect(OnConnectCallback on_connect, const ResolvedAddress&,
-                           const grpc_event_engine::experimental::EndpointConfig&, grpc_event_engine::experimental::MemoryAllocator,
-                           Duration) override {
+                           const EndpointConfig&, MemoryAllocator, Duration) override {
     // Called back exactly once, asynchronously, as the interface asks.
     Run([cb = std::move(on_connect)]() mutable {
       cb(absl::UnimplementedError("the agent's EventEngine makes no connections"));
@@ -112,7 +114,8 @@ class TickedEventEngine final : public EventEngine {
     return nullptr;
   }
   void Run(Closure* closure) override {
-    Tasks().Add(std::chrono::steady_clock::now(), TaskQueue::Task(std::in_place_index<0>, closure));
+    Tasks().Add(std::chrono::steady_clock::now(),
+                TaskQueue::Task(std::in_place_index<0>, closure));
   }
   void Run(absl::AnyInvocable<void()> closure) override {
     Tasks().Add(std::chrono::steady_clock::now(), std::move(closure));

@@ -4,14 +4,15 @@
 // backup poller) on timer threads that wake at least once a second whatever is pending: a
 // timer shard looks at most a second ahead, and one with nothing due in that window asks to
 // be checked again at its end. In a process whose only other work is a wake-up a second (the
-// agent at 10 s intervals) those threads cost a quarter of its CPU. A process that waits on gRPC from one
-// thread of its own can run them there instead: RunGrpcTimersOnCaller() stops gRPC's timer
-// threads for the rest of the process's life, and from then on a timer runs only when a
-// thread calls TickGrpcTimers() after its deadline. That thread (the agent's shipper) ticks
-// whenever it wakes, and at least every kGrpcTimerTick while it waits on anything a timer
-// can end (a connection being made, the backoff between connections). Anything else that
-// waits on a gRPC timer (a synchronous call's deadline, Channel::WaitForStateChange) then
-// ends only at such a tick: that thread must be the process's only one to wait on gRPC.
+// agent at 10 s intervals) those threads cost a quarter to a third of its CPU. A process that
+// waits on gRPC from one thread of its own can run them there instead:
+// RunGrpcTimersOnCaller() stops gRPC's timer threads for the rest of the process's life, and
+// from then on a timer runs only when a thread calls TickGrpcTimers() after its deadline.
+// That thread (the agent's shipper) ticks whenever it wakes, and at least every
+// kGrpcTimerTick while it waits on anything a timer can end (a connection being made, the
+// backoff between connections). Anything else that waits on a gRPC timer (a synchronous
+// call's deadline, Channel::WaitForStateChange) then ends only at such a tick: that thread
+// must be the process's only one to wait on gRPC.
 //
 // gRPC 1.51 also starts a timer thread, waking every second, in its default EventEngine, which
 // a client uses only for a subchannel's reconnect retry: RunGrpcTimersOnCaller() installs an
