@@ -567,12 +567,9 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
         broken = true;
         return;
       }
-      {
-        absl::MutexLock lock(&mu_);
-        HandleServerMessage(incoming);
-      }
-      stream->Read(&incoming, kReadDone);
-      read_pending = true;
+      absl::MutexLock lock(&mu_);
+      HandleServerMessage(incoming);
+      // The next read is posted by post_read(), not here (see there).
     } else if (tag == kWritten) {
       write_pending = false;
       if (!op_ok) {
@@ -587,6 +584,19 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
       absl::MutexLock lock(&mu_);
       wake_pending_ = false;
     }
+  };
+  // Posts the next read unless one is pending. Not as soon as a message was read: a read posted
+  // while nothing waits in the transport and its window is short of what was read announces
+  // the window at once, in a write of its own (gRPC's chttp2 flow control); posted after the
+  // next write began, or with the next message already received, it finds the window topped
+  // up by that write or leaves the update for it. So it is posted after a round's last write
+  // (one held for the next by the buffer hint would be flushed by the read's update) and
+  // before the thread waits on the stream with no write in flight; a thread asleep on mu_
+  // (passive) needs none pending.
+  auto post_read = [&] {
+    if (read_pending || broken) return;
+    stream->Read(&incoming, kReadDone);
+    read_pending = true;
   };
   // Handles what has completed, without waiting. Until the queue is empty twice in a row: a
   // call that finds the queue kicked (an operation completed while no thread polled) returns
@@ -644,6 +654,7 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
       if (queue.size() > 1) options.set_buffer_hint();
       stream->Write(queue.front(), options, kWritten);
       write_pending = true;
+      if (!options.get_buffer_hint()) post_read();
     }
     void* tag = nullptr;
     bool op_ok = false;
@@ -665,6 +676,7 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
       read_arrived();
       continue;
     }
+    if (!write_pending) post_read();
     const grpc::CompletionQueue::NextStatus next =
         cq.AsyncNext(&tag, &op_ok, absl::ToChronoTime(deadline));
     if (next == grpc::CompletionQueue::TIMEOUT) continue;
