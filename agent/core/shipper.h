@@ -25,6 +25,8 @@
 // them instead of on the stream, and reads what the server sent when the next batch goes:
 // one wake-up per batch rather than one for the batch and one for its acknowledgement. The
 // server's messages then wait up to that long; while Flush() waits, they are read at once.
+// The read after a message is posted with the next batch's write, so the flow-control window
+// it announces goes in that write: one socket write per batch.
 // The shipper owns the spool's use; the caller keeps it alive.
 #ifndef STRATA_AGENT_CORE_SHIPPER_H_
 #define STRATA_AGENT_CORE_SHIPPER_H_
