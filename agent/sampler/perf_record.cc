@@ -1,5 +1,6 @@
 #include "agent/sampler/perf_record.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/status/status.h"
@@ -157,6 +158,25 @@ bool RingReader::HasData() const {
   return head != control_->data_tail;
 }
 
+void RingReader::PrefetchRecordAt(uint64_t position, uint64_t head) const {
+  const uint64_t mask = data_size_ - 1;
+  perf_event_header header;
+  for (size_t i = 0; i < sizeof(header); ++i) {
+    reinterpret_cast<uint8_t*>(&header)[i] = data_[(position + i) & mask];
+  }
+  if (header.size < sizeof(header) || header.size > head - position) return;
+  // Where a sample is read: its header and registers, the innermost part of its stack copy
+  // (where an unwind starts, and where the frames it verifies mostly lie) and its last word
+  // (the copy's dynamic size), pages apart in a record that copies 16 KiB.
+  constexpr size_t kLine = 64;
+  constexpr size_t kHeadBytes = 1024;
+  const size_t head_bytes = std::min<size_t>(header.size, kHeadBytes);
+  for (size_t at = 0; at < head_bytes; at += kLine) {
+    __builtin_prefetch(data_ + ((position + at) & mask));
+  }
+  __builtin_prefetch(data_ + ((position + header.size - 8) & mask));
+}
+
 RingReader::ReadResult RingReader::ReadAll(
     absl::FunctionRef<void(const uint8_t* record, size_t size)> fn, uint8_t* scratch) {
   ReadResult result;
@@ -188,6 +208,7 @@ RingReader::ReadResult RingReader::ReadAll(
       std::memcpy(scratch + first, data_, header.size - first);
       record = scratch;
     }
+    if (header.size < available) PrefetchRecordAt(tail + header.size, head);
     fn(record, header.size);
     tail += header.size;
     ++result.records;

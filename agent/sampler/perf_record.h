@@ -72,6 +72,12 @@ class RingReader {
   bool HasData() const;
 
  private:
+  // Starts loading the parts of the record at ring position `position` that a sample's
+  // parse and unwind read, so that they arrive while the record before it is handled: the
+  // kernel wrote them on the target's CPU, and each is otherwise a cache miss, and a TLB miss
+  // on a page of its own. Prefetches only; reads the record's header.
+  void PrefetchRecordAt(uint64_t position, uint64_t head) const;
+
   perf_event_mmap_page* control_;
   uint8_t* data_;
   size_t data_size_;
