@@ -37,7 +37,8 @@ cp "$BUILD/bin/strata-server" "$BUILD/bin/demo_service" "$work/"
 snapshot() {
   local t
   for t in /proc/"$1"/task/*; do
-    echo "${t##*/} $(tr ' ' _ <"$t/comm" 2>/dev/null) $(awk '{print $1}' "$t/schedstat" 2>/dev/null)"
+    echo "${t##*/} $(tr ' ' _ <"$t/comm" 2>/dev/null)" \
+      "$(awk '{print $1}' "$t/schedstat" 2>/dev/null)"
   done | awk 'NF == 3'
 }
 # usage BEFORE AFTER PID SECONDS: µs/s of the main loop, the shipper and all threads; a thread
@@ -46,7 +47,10 @@ usage() {
   awk -v pid="$3" -v s="$4" '
     NR == FNR { before[$1] = $3; next }
     { d = $3 - before[$1]; total += d; if ($1 == pid) main += d; if ($2 ~ /shipper/) ship += d }
-    END { printf "%.0f %.0f %.0f", main / s / 1000, ship / s / 1000, total / s / 1000 }' "$1" "$2"
+    function ratio(k) {
+    return median("A", k) > 0 ? sprintf("%.2fx", median("B", k) / median("A", k)) : "-"
+  }
+  END { printf "%.0f %.0f %.0f", main / s / 1000, ship / s / 1000, total / s / 1000 }' "$1" "$2"
 }
 wait_log() {  # wait_log FILE TEXT: up to 60 s
   local i
@@ -92,7 +96,8 @@ for ((run = 1; run <= RUNS; run++)); do
   kill "${agent[A]}" "${agent[B]}" "$demo"
   wait "${agent[A]}" "${agent[B]}" "$demo" 2>/dev/null || true
 done
-echo "(µs of CPU per second; $RUNS runs of ${seconds} s, --interval $INTERVAL, the order alternating)"
+echo "(µs of CPU per second; $RUNS runs of ${seconds} s, --interval $INTERVAL," \
+  "the order alternating)"
 awk '
   { v[$2, "main", ++n[$2]] = $3; v[$2, "shipper", n[$2]] = $4; v[$2, "total", n[$2]] = $5 }
   function median(a, k,    i, j, t, x) {
@@ -102,6 +107,9 @@ awk '
     }
     return n[a] % 2 ? x[(n[a] + 1) / 2] : (x[n[a] / 2] + x[n[a] / 2 + 1]) / 2
   }
+  function ratio(k) {
+    return median("A", k) > 0 ? sprintf("%.2fx", median("B", k) / median("A", k)) : "-"
+  }
   END {
     printf "%-11s %10s %10s %10s\n", "median", "main", "shipper", "total"
     for (a = 0; a < 2; a++) {
@@ -109,7 +117,5 @@ awk '
       printf "%-11s %10.0f %10.0f %10.0f\n", w, median(w, "main"), median(w, "shipper"),
              median(w, "total")
     }
-    printf "%-11s %9.2fx %9.2fx %9.2fx\n", "B/A", median("B", "main") / median("A", "main"),
-           median("B", "shipper") / median("A", "shipper"),
-           median("B", "total") / median("A", "total")
+    printf "%-11s %10s %10s %10s\n", "B/A", ratio("main"), ratio("shipper"), ratio("total")
   }' "$work/rows"
