@@ -47,10 +47,7 @@ usage() {
   awk -v pid="$3" -v s="$4" '
     NR == FNR { before[$1] = $3; next }
     { d = $3 - before[$1]; total += d; if ($1 == pid) main += d; if ($2 ~ /shipper/) ship += d }
-    function ratio(k) {
-    return median("A", k) > 0 ? sprintf("%.2fx", median("B", k) / median("A", k)) : "-"
-  }
-  END { printf "%.0f %.0f %.0f", main / s / 1000, ship / s / 1000, total / s / 1000 }' "$1" "$2"
+    END { printf "%.0f %.0f %.0f", main / s / 1000, ship / s / 1000, total / s / 1000 }' "$1" "$2"
 }
 wait_log() {  # wait_log FILE TEXT: up to 60 s
   local i
