@@ -158,12 +158,19 @@ bool RingReader::HasData() const {
   return head != control_->data_tail;
 }
 
-void RingReader::PrefetchRecordAt(uint64_t position, uint64_t head) const {
-  const uint64_t mask = data_size_ - 1;
+perf_event_header RingReader::HeaderAt(uint64_t position) const {
+  // Records are 8-byte aligned and the ring size is a power of two, so a header never
+  // wraps; copy it anyway rather than rely on the kernel for memory safety.
   perf_event_header header;
   for (size_t i = 0; i < sizeof(header); ++i) {
-    reinterpret_cast<uint8_t*>(&header)[i] = data_[(position + i) & mask];
+    reinterpret_cast<uint8_t*>(&header)[i] = data_[(position + i) & (data_size_ - 1)];
   }
+  return header;
+}
+
+void RingReader::PrefetchRecordAt(uint64_t position, uint64_t head) const {
+  const uint64_t mask = data_size_ - 1;
+  const perf_event_header header = HeaderAt(position);
   if (header.size < sizeof(header) || header.size > head - position) return;
   // Where a sample is read: its header and registers, the innermost part of its stack copy
   // (where an unwind starts, and where the frames it verifies mostly lie) and its last word
@@ -187,16 +194,11 @@ RingReader::ReadResult RingReader::ReadAll(
   while (tail != head) {
     const uint64_t available = head - tail;
     const size_t offset = tail & mask;
-    perf_event_header header;
-    // Records are 8-byte aligned and the ring size is a power of two, so a header never
-    // wraps; copy it anyway rather than rely on the kernel for memory safety.
-    if (available < sizeof(header) || available > data_size_) {
+    if (available < sizeof(perf_event_header) || available > data_size_) {
       result.corrupt = true;
       break;
     }
-    for (size_t i = 0; i < sizeof(header); ++i) {
-      reinterpret_cast<uint8_t*>(&header)[i] = data_[(offset + i) & mask];
-    }
+    const perf_event_header header = HeaderAt(tail);
     if (header.size < sizeof(header) || header.size % 8 != 0 || header.size > available) {
       result.corrupt = true;
       break;

@@ -72,6 +72,8 @@ class RingReader {
   bool HasData() const;
 
  private:
+  // The header of the record at ring position `position`.
+  perf_event_header HeaderAt(uint64_t position) const;
   // Starts loading the parts of the record at ring position `position` that a sample's
   // parse and unwind read, so that they arrive while the record before it is handled: the
   // kernel wrote them on the target's CPU, and each is otherwise a cache miss, and a TLB miss
