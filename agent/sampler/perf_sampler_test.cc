@@ -3,9 +3,11 @@
 
 #include "agent/sampler/perf_sampler.h"
 
+#include <linux/perf_event.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -22,6 +24,7 @@
 #include "agent/procfs/procfs.h"
 #include "agent/procfs/process_tracker.h"
 #include "agent/sampler/cpu_filter.h"
+#include "common/base/unique_fd.h"
 #include "common/unwind/host_arch.h"
 #include "gtest/gtest.h"
 
@@ -111,6 +114,37 @@ uint64_t RuntimeNs(pid_t pid, pid_t tid) {
   in >> runtime;
   return runtime;
 }
+
+// Time the thread has been on a CPU by the clock the samples are taken on (a counting
+// cpu-clock event), from construction on. The expected sample count comes from this, not from
+// RuntimeNs: under a hypervisor the scheduler leaves time stolen by the host out of a thread's
+// run time, while cpu-clock's timer keeps firing through it, so on a busy host the samples
+// outnumber run time x rate by the steal.
+class CpuClock {
+ public:
+  explicit CpuClock(pid_t tid) {
+    perf_event_attr attr;
+    std::memset(&attr, 0, sizeof attr);
+    attr.size = sizeof attr;
+    attr.type = PERF_TYPE_SOFTWARE;
+    attr.config = PERF_COUNT_SW_CPU_CLOCK;
+    attr.exclude_kernel = 1;
+    attr.exclude_hv = 1;
+    fd_ = base::UniqueFd(static_cast<int>(
+        syscall(__NR_perf_event_open, &attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC)));
+    EXPECT_GE(fd_.get(), 0) << "cpu-clock counter on " << tid << ": " << std::strerror(errno);
+  }
+  uint64_t ns() const {
+    uint64_t value = 0;
+    if (fd_.get() < 0 || read(fd_.get(), &value, sizeof value) != sizeof value) {
+      ADD_FAILURE() << "reading the cpu-clock counter: " << std::strerror(errno);
+    }
+    return value;
+  }
+
+ private:
+  base::UniqueFd fd_;
+};
 
 struct CopiedSample {
   RawSample regs;  // stack and chain pointers cleared: the bytes live in the fields below
@@ -202,10 +236,10 @@ TEST_F(PerfSamplerTest, SamplesChildAtRateWithRegistersInsideItsMappings) {
   const pid_t pid = child_.pid();
   ASSERT_TRUE(sampler_->AddSession(Session(1, kHz)).ok());
   ASSERT_TRUE(sampler_->AttachProcess(1, pid, {pid}).ok());
-  const uint64_t runtime_before = RuntimeNs(pid, pid);
+  const CpuClock clock(pid);
   std::vector<CopiedSample> samples;
   SampleForChildCpu(*sampler_, pid, absl::Milliseconds(600), &samples);
-  const uint64_t runtime_ns = RuntimeNs(pid, pid) - runtime_before;
+  const uint64_t runtime_ns = clock.ns();
   sampler_->DetachProcess(pid);
   EXPECT_EQ(sampler_->attached_events(), 0u);
 
@@ -365,11 +399,12 @@ TEST_F(PerfSamplerTest, SetFrequencyChangesRateOfRunningSession) {
   const pid_t pid = child_.pid();
   ASSERT_TRUE(sampler_->AddSession(Session(5, 99)).ok());
   ASSERT_TRUE(sampler_->AttachProcess(5, pid, {pid}).ok());
+  const CpuClock clock(pid);
   auto rate = [&](absl::Duration duration) {
     std::vector<CopiedSample> samples;
-    const uint64_t before = RuntimeNs(pid, pid);
+    const uint64_t before = clock.ns();
     SampleFor(*sampler_, duration, &samples);
-    const double cpu_seconds = (RuntimeNs(pid, pid) - before) / 1e9;
+    const double cpu_seconds = (clock.ns() - before) / 1e9;
     return cpu_seconds > 0 ? samples.size() / cpu_seconds : 0.0;
   };
   const double slow = rate(absl::Milliseconds(600));
@@ -520,12 +555,12 @@ TEST_F(PerfSamplerTest, FullRingCountsLostSamples) {
   options.ring_pages = 4;  // 16 KiB: three samples fit
   ASSERT_TRUE(sampler_->AddSession(options).ok());
   ASSERT_TRUE(sampler_->AttachProcess(6, pid, {pid}).ok());
-  const uint64_t before = RuntimeNs(pid, pid);
+  const CpuClock clock(pid);
   // Not draining while the child runs: the ring fills up. Waits for CPU time, not wall time,
   // so a loaded machine that gives the child little of it still fills the ring.
-  for (int i = 0; i < 100 && RuntimeNs(pid, pid) - before < 300'000'000; ++i) usleep(100 * 1000);
+  for (int i = 0; i < 100 && clock.ns() < 300'000'000; ++i) usleep(100 * 1000);
   size_t delivered = sampler_->Drain([](const RawSample&) {});
-  const double expected = (RuntimeNs(pid, pid) - before) / 1e9 * 499;
+  const double expected = clock.ns() / 1e9 * 499;
   EXPECT_LE(delivered, 4u);
   // The kernel reports the loss with the first record it can write after the drain.
   std::vector<CopiedSample> samples;
@@ -557,10 +592,10 @@ TEST_F(PerfSamplerTest, PerCpuSessionSamplesEveryThreadOfItsTargetsOnly) {
 
   const pid_t new_tid = child_.StartSecondThread();
   ASSERT_GT(new_tid, 0) << "the child's second thread did not show up";
-  const uint64_t runtime_before = RuntimeNs(pid, pid) + RuntimeNs(pid, new_tid);
+  const CpuClock main_clock(pid), new_thread_clock(new_tid);
   std::vector<CopiedSample> samples;
   SampleFor(*sampler_, absl::Seconds(1), &samples);
-  const uint64_t runtime_ns = RuntimeNs(pid, pid) + RuntimeNs(pid, new_tid) - runtime_before;
+  const uint64_t runtime_ns = main_clock.ns() + new_thread_clock.ns();
 
   size_t from_new_thread = 0;
   for (const CopiedSample& s : samples) {
@@ -622,7 +657,7 @@ TEST_F(PerfSamplerTest, EachSampleTargetWakesTheReaderAtEverySample) {
     EXPECT_EQ(sampler_->attached_events(), 1 + other_events);
 
     size_t samples = 0, wakeups = 0;
-    const uint64_t runtime_before = RuntimeNs(pid, pid);
+    const CpuClock clock(pid);
     const absl::Time deadline = absl::Now() + absl::Milliseconds(500);
     while (absl::Now() < deadline) {
       absl::StatusOr<int> ready = sampler_->Wait(absl::Milliseconds(100));
@@ -632,7 +667,7 @@ TEST_F(PerfSamplerTest, EachSampleTargetWakesTheReaderAtEverySample) {
       samples += mine;
       wakeups += *ready > 0 && mine > 0;
     }
-    const double expected = static_cast<double>(RuntimeNs(pid, pid) - runtime_before) * 499 / 1e9;
+    const double expected = static_cast<double>(clock.ns()) * 499 / 1e9;
     ASSERT_GT(samples, 10u) << "the spinning child was barely sampled";
     // One wake-up per sample, but for a reader the host ran late; no sample twice.
     EXPECT_GT(wakeups * 3, samples);
