@@ -233,7 +233,8 @@ TEST(RequestsMetricTest, TimeoutsAndClosedPortsFail) {
   const absl::Time start = absl::Now();
   auto body = FetchExposition(server.Source("x"), absl::Milliseconds(150));
   EXPECT_EQ(body.status().code(), absl::StatusCode::kDeadlineExceeded) << body.status();
-  EXPECT_LT(absl::Now() - start, absl::Milliseconds(350));
+  // Ends at its deadline, not at some later one (slack for a loaded machine or an emulator).
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 
   MetricSource closed = server.Source("x");
   {

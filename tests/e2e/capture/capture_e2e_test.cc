@@ -281,7 +281,7 @@ TEST_F(CaptureTest, UnknownTargetsFailFast) {
     const double took_s = std::chrono::duration<double>(Clock::now() - started).count();
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_THAT(r.output, HasSubstr(c.message));
-    EXPECT_LT(took_s, 2.0) << r.output;
+    EXPECT_LT(took_s, 4.0) << r.output;  // refused at once, not after the capture's 5 s
   }
   // Same through the API: NOT_FOUND.
   v1::RunCaptureRequest request;
