@@ -3,11 +3,9 @@
 
 #include "agent/sampler/perf_sampler.h"
 
-#include <linux/perf_event.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -24,12 +22,14 @@
 #include "agent/procfs/procfs.h"
 #include "agent/procfs/process_tracker.h"
 #include "agent/sampler/cpu_filter.h"
-#include "common/base/unique_fd.h"
+#include "common/testing/cpu_clock.h"
 #include "common/unwind/host_arch.h"
 #include "gtest/gtest.h"
 
 namespace strata::agent::sampler {
 namespace {
+
+using ::strata::testing::CpuClock;
 
 // ---- The child workload. ----
 
@@ -106,7 +106,8 @@ class SpinningChild {
 
 // ---- Helpers. ----
 
-// CPU time the thread has run, from the scheduler's own accounting.
+// CPU time the thread has run, from the scheduler's own accounting: how long to sample, not
+// how many samples to expect (that is CpuClock's).
 uint64_t RuntimeNs(pid_t pid, pid_t tid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) +
                    "/schedstat");
@@ -114,37 +115,6 @@ uint64_t RuntimeNs(pid_t pid, pid_t tid) {
   in >> runtime;
   return runtime;
 }
-
-// Time the thread has been on a CPU by the clock the samples are taken on (a counting
-// cpu-clock event), from construction on. The expected sample count comes from this, not from
-// RuntimeNs: under a hypervisor the scheduler leaves time stolen by the host out of a thread's
-// run time, while cpu-clock's timer keeps firing through it, so on a busy host the samples
-// outnumber run time x rate by the steal.
-class CpuClock {
- public:
-  explicit CpuClock(pid_t tid) {
-    perf_event_attr attr;
-    std::memset(&attr, 0, sizeof attr);
-    attr.size = sizeof attr;
-    attr.type = PERF_TYPE_SOFTWARE;
-    attr.config = PERF_COUNT_SW_CPU_CLOCK;
-    attr.exclude_kernel = 1;
-    attr.exclude_hv = 1;
-    fd_ = base::UniqueFd(static_cast<int>(
-        syscall(__NR_perf_event_open, &attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC)));
-    EXPECT_GE(fd_.get(), 0) << "cpu-clock counter on " << tid << ": " << std::strerror(errno);
-  }
-  uint64_t ns() const {
-    uint64_t value = 0;
-    if (fd_.get() < 0 || read(fd_.get(), &value, sizeof value) != sizeof value) {
-      ADD_FAILURE() << "reading the cpu-clock counter: " << std::strerror(errno);
-    }
-    return value;
-  }
-
- private:
-  base::UniqueFd fd_;
-};
 
 struct CopiedSample {
   RawSample regs;  // stack and chain pointers cleared: the bytes live in the fields below

@@ -6,15 +6,16 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <map>
+#include <memory>
 #include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/base/clock.h"
+#include "common/testing/cpu_clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "strata/v1/capture.grpc.pb.h"
@@ -121,24 +122,22 @@ class CaptureTest : public ::testing::Test {
   std::unique_ptr<ChildProcess> agent_;
 };
 
-// CPU time of every thread of `pid` (schedstat), nanoseconds.
-uint64_t ProcessCpuNs(pid_t pid) {
-  uint64_t total = 0;
-  std::error_code ec;
-  for (const auto& task : std::filesystem::directory_iterator(
-           "/proc/" + std::to_string(pid) + "/task", ec)) {
-    std::ifstream in(task.path() / "schedstat");
-    uint64_t ns = 0;
-    if (in >> ns) total += ns;
-  }
-  return total;
-}
-
-// A process's CPU time over wall-clock time, recorded every 20 ms by a thread of its own, so a
-// test can tell how much CPU the process had in any interval it learns of later.
+// A process's CPU time over wall-clock time, by the clock its samples are taken on (a
+// cpu-clock counter per thread it has when the recorder starts), recorded every 20 ms by a
+// thread of its own, so a test can tell how much CPU the process had in any interval it
+// learns of later.
 class CpuRecorder {
  public:
-  explicit CpuRecorder(pid_t pid) : pid_(pid), thread_([this] { Run(); }) {}
+  explicit CpuRecorder(pid_t pid) {
+    std::error_code ec;
+    for (const auto& task : std::filesystem::directory_iterator(
+             "/proc/" + std::to_string(pid) + "/task", ec)) {
+      clocks_.push_back(
+          std::make_unique<strata::testing::CpuClock>(std::stoi(task.path().filename())));
+    }
+    EXPECT_FALSE(clocks_.empty()) << "no threads of " << pid << ": " << ec.message();
+    thread_ = std::thread([this] { Run(); });
+  }
   ~CpuRecorder() {
     stop_ = true;
     thread_.join();
@@ -153,7 +152,8 @@ class CpuRecorder {
   void Run() {
     while (!stop_) {
       const int64_t now = base::NowMs();
-      const uint64_t cpu = ProcessCpuNs(pid_);
+      uint64_t cpu = 0;
+      for (const auto& clock : clocks_) cpu += clock->ns();
       {
         std::lock_guard<std::mutex> lock(mu_);
         points_.emplace_back(now, cpu);
@@ -167,7 +167,7 @@ class CpuRecorder {
     return it->second;
   }
 
-  const pid_t pid_;
+  std::vector<std::unique_ptr<strata::testing::CpuClock>> clocks_;
   std::mutex mu_;
   std::vector<std::pair<int64_t, uint64_t>> points_;
   std::atomic<bool> stop_{false};
