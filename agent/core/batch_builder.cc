@@ -1,6 +1,7 @@
 #include "agent/core/batch_builder.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace strata::agent {
 
@@ -19,7 +20,7 @@ v1::SampleBatch BatchBuilder::Start(const BatchWindow& window, uint64_t epoch,
   batch.set_epoch(epoch);
   batch.set_start_ms(window.start_ms);
   batch.set_end_ms(window.end_ms);
-  for (const v1::Target& t : targets.targets()) *batch.add_targets() = t;
+  for (v1::Target& t : targets.targets()) *batch.add_targets() = std::move(t);
   return batch;
 }
 
