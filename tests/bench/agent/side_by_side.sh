@@ -10,15 +10,19 @@
 #
 #   tests/bench/agent/side_by_side.sh AGENT_A AGENT_B [SECONDS=40]
 #   env: BUILD (default <repo>/build; server and demo from BUILD/bin), INTERVAL (agent
-#        --interval, default 10), RUNS (default 4), WARMUP (default 6 s)
+#        --interval, default 10), RUNS (default 4), WARMUP (default 6 s), ARGS_A and ARGS_B
+#        (more flags for that agent, split at spaces: one binary against itself with a flag
+#        changed, e.g. AGENT_B the same build and ARGS_B="--stack-bytes 4096")
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../../.." && pwd)
-[[ $# -ge 2 ]] || { sed -n '2,13p' "$0" >&2; exit 2; }
+[[ $# -ge 2 ]] || { sed -n '2,15p' "$0" >&2; exit 2; }
 BUILD=${BUILD:-$root/build}
 INTERVAL=${INTERVAL:-10}
 RUNS=${RUNS:-4}
 WARMUP=${WARMUP:-6}
 seconds=${3:-40}
+read -r -a args_A <<<"${ARGS_A:-}"
+read -r -a args_B <<<"${ARGS_B:-}"
 
 work=$(mktemp -d /tmp/strata-side-by-side-XXXXXX)
 pids=()
@@ -73,9 +77,10 @@ for ((run = 1; run <= RUNS; run++)); do
   ((run % 2 == 1)) || order=(B A)
   declare -A agent=()
   for which in "${order[@]}"; do
+    if [[ $which == A ]]; then extra=("${args_A[@]}"); else extra=("${args_B[@]}"); fi
     "$work/agent-$which" --server "127.0.0.1:$port" --pid "$demo" --frequency 99 \
       --interval "$INTERVAL" --spool-dir "$work/spool-$which-$run" --log-level info \
-      >"$work/agent-$which.log" 2>&1 &
+      "${extra[@]}" >"$work/agent-$which.log" 2>&1 &
     agent[$which]=$!
     pids+=($!)
   done
@@ -94,7 +99,7 @@ for ((run = 1; run <= RUNS; run++)); do
   wait "${agent[A]}" "${agent[B]}" "$demo" 2>/dev/null || true
 done
 echo "(µs of CPU per second; $RUNS runs of ${seconds} s, --interval $INTERVAL," \
-  "the order alternating)"
+  "the order alternating${ARGS_A:+; A with $ARGS_A}${ARGS_B:+; B with $ARGS_B})"
 awk '
   { v[$2, "main", ++n[$2]] = $3; v[$2, "shipper", n[$2]] = $4; v[$2, "total", n[$2]] = $5 }
   function median(a, k,    i, j, t, x) {
