@@ -132,8 +132,7 @@ class CpuRecorder {
     std::error_code ec;
     for (const auto& task : std::filesystem::directory_iterator(
              "/proc/" + std::to_string(pid) + "/task", ec)) {
-      clocks_.push_back(
-          std::make_unique<strata::testing::CpuClock>(std::stoi(task.path().filename())));
+      clocks_.emplace_back(std::stoi(task.path().filename()));
     }
     EXPECT_FALSE(clocks_.empty()) << "no threads of " << pid << ": " << ec.message();
     thread_ = std::thread([this] { Run(); });
@@ -153,7 +152,7 @@ class CpuRecorder {
     while (!stop_) {
       const int64_t now = base::NowMs();
       uint64_t cpu = 0;
-      for (const auto& clock : clocks_) cpu += clock->ns();
+      for (const strata::testing::CpuClock& clock : clocks_) cpu += clock.ns();
       {
         std::lock_guard<std::mutex> lock(mu_);
         points_.emplace_back(now, cpu);
@@ -167,7 +166,7 @@ class CpuRecorder {
     return it->second;
   }
 
-  std::vector<std::unique_ptr<strata::testing::CpuClock>> clocks_;
+  std::vector<strata::testing::CpuClock> clocks_;
   std::mutex mu_;
   std::vector<std::pair<int64_t, uint64_t>> points_;
   std::atomic<bool> stop_{false};
