@@ -12,7 +12,8 @@
 # from where it stands and their archives go, as one group (Abseil's archives refer to each
 # other both ways), where the first of them stood, before the shared libraries they need.
 set -euo pipefail
-pattern='^(.*/)?lib(grpc\+\+|grpc|gpr|upb|address_sorting|protobuf|absl_[a-z0-9_]+)\.so(\.[0-9.]+)?$'
+libraries='grpc\+\+|grpc|gpr|upb|address_sorting|protobuf|absl_[a-z0-9_]+'
+pattern="^(.*/)?lib($libraries)\\.so(\\.[0-9.]+)?\$"
 command=()
 archives=()
 group_at=-1
