@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # deploy/bench.sh: builds the benchmarks and runs them, printing every figure with its
-# comparison anchor from the same run. Not part of deploy/test.sh (it takes ~75 minutes, 35 of
-# them the 30-minute server outage of `faults`, ~8 the agent-vs-perf overhead of `agent`).
+# comparison anchor from the same run. Not part of deploy/test.sh (it takes ~80 minutes, 35 of
+# them the 30-minute server outage of `faults`, ~12 the agent's overhead against perf record's
+# and its shipper's against gRPC's own cost of a message, `agent`).
 #
 #   deploy/bench.sh                 all of them
 #   deploy/bench.sh table unwind    only those (backbone encoding table unwind mips64 query fleet tls
@@ -33,7 +34,10 @@ for b in "${want[@]}"; do
     tls) tests/bench/fleet/tls.sh "$bin" ;;
     otlp) tests/bench/fleet/otlp.sh "$bin" ;;  # OTLP exports vs Strata's stream, same samples
     faults) tests/bench/faults/outage_rss.sh 30 "$bin" ;;
-    agent) BUILD="$(cd "$build" && pwd)" tests/bench/agent/overhead.sh ;;  # vs perf record, dwarf
+    agent)  # vs perf record, dwarf; then the shipper at 1 s against gRPC's own cost a message
+      BUILD="$(cd "$build" && pwd)" tests/bench/agent/overhead.sh
+      BUILD="$(cd "$build" && pwd)" INTERVAL=1 FLOOR=1 tests/bench/agent/side_by_side.sh \
+        "$bin/strata-agent" "$bin/strata-agent" 40 ;;
     languages)  # C++ vs Python and Go targets, each agent sampling its own target's threads
       BUILD="$(cd "$build" && pwd)" AGENT_ARGS="--sampling per-thread" \
         CASES="cpp cppmix py py-read py-off go go-switches" tests/bench/agent/language_cost.sh ;;

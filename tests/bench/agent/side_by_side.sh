@@ -12,14 +12,17 @@
 #   env: BUILD (default <repo>/build; server and demo from BUILD/bin), INTERVAL (agent
 #        --interval, default 10), RUNS (default 4), WARMUP (default 6 s), ARGS_A and ARGS_B
 #        (more flags for that agent, split at spaces: one binary against itself with a flag
-#        changed, e.g. AGENT_B the same build and ARGS_B="--stack-bytes 4096")
+#        changed, e.g. AGENT_B the same build and ARGS_B="--stack-bytes 4096"), FLOOR=1 (also
+#        BUILD/bin/grpc_floor in each window, one message an interval: gRPC's own cost of a
+#        message to its sending thread, printed as the "floor" row's shipper µs/s)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../../.." && pwd)
-[[ $# -ge 2 ]] || { sed -n '2,15p' "$0" >&2; exit 2; }
+[[ $# -ge 2 ]] || { sed -n '2,17p' "$0" >&2; exit 2; }
 BUILD=${BUILD:-$root/build}
 INTERVAL=${INTERVAL:-10}
 RUNS=${RUNS:-4}
 WARMUP=${WARMUP:-6}
+FLOOR=${FLOOR:-0}
 seconds=${3:-40}
 read -r -a args_A <<<"${ARGS_A:-}"
 read -r -a args_B <<<"${ARGS_B:-}"
@@ -36,6 +39,7 @@ trap cleanup EXIT
 cp "$1" "$work/agent-A"
 cp "$2" "$work/agent-B"
 cp "$BUILD/bin/strata-server" "$BUILD/bin/demo_service" "$work/"
+if [[ $FLOOR == 1 ]]; then cp "$BUILD/bin/grpc_floor" "$work/"; fi
 
 # snapshot PID: one line per thread: tid, name, on-CPU ns (schedstat).
 snapshot() {
@@ -85,6 +89,12 @@ for ((run = 1; run <= RUNS; run++)); do
     pids+=($!)
   done
   for which in A B; do wait_log "$work/agent-$which.log" "profiling pid"; done
+  if [[ $FLOOR == 1 ]]; then
+    "$work/grpc_floor" --period-ms $((INTERVAL * 1000)) --warmup-s "$WARMUP" \
+      --seconds "$seconds" >"$work/floor.log" 2>&1 &
+    floor=$!
+    pids+=("$floor")
+  fi
   sleep "$WARMUP"
   for which in A B; do snapshot "${agent[$which]}" >"$work/before-$which"; done
   sleep "$seconds"
@@ -95,6 +105,14 @@ for ((run = 1; run <= RUNS; run++)); do
     printf '%-4s %-6s %10s %10s %10s\n' "$run" "$which" "$main" "$ship" "$total" |
       tee -a "$work/rows"
   done
+  if [[ $FLOOR == 1 ]]; then
+    wait "$floor" || { cat "$work/floor.log" >&2; exit 1; }
+    # Its thread's µs a message, at one message a period.
+    ship=$(sed -n 's/.*: \([0-9]*\) µs of the sending.*/\1/p' "$work/floor.log")
+    printf '%-4s %-6s %10s %10s %10s\n' "$run" floor - \
+      "$(awk -v u="$ship" -v i="$INTERVAL" 'BEGIN { printf "%.0f", u / i }')" - |
+      tee -a "$work/rows"
+  fi
   kill "${agent[A]}" "${agent[B]}" "$demo"
   wait "${agent[A]}" "${agent[B]}" "$demo" 2>/dev/null || true
 done
@@ -120,4 +138,9 @@ awk '
              median(w, "total")
     }
     printf "%-11s %10s %10s %10s\n", "B/A", ratio("main"), ratio("shipper"), ratio("total")
+    if (n["floor"] > 0) {
+      printf "%-11s %10s %10.0f %10s\n", "floor", "-", median("floor", "shipper"), "-"
+      printf "%-11s %10s %10.2fx %9s\n", "A/floor", "-",
+             median("A", "shipper") / median("floor", "shipper"), "-"
+    }
   }' "$work/rows"
