@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # deploy/bench.sh: builds the benchmarks and runs them, printing every figure with its
 # comparison anchor from the same run. Not part of deploy/test.sh (it takes ~80 minutes, 35 of
-# them the 30-minute server outage of `faults`, ~12 the agent's overhead against perf record's
+# them the 30-minute server outage of `faults`, ~14 the agent's overhead against perf record's
 # and its shipper's against gRPC's own cost of a message, `agent`).
 #
 #   deploy/bench.sh                 all of them
