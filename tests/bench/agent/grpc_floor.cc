@@ -4,9 +4,9 @@
 // a batch of --bytes every --period-ms and sleeps in between, reading the acknowledgement
 // that came meanwhile before its next write, as the shipper does at short intervals. The
 // thread's CPU per message (CLOCK_THREAD_CPUTIME_ID: what schedstat counts, wake-ups
-// included) is the figure to read the shipper's µs per batch against; grpc_floor.sh runs the
-// two side by side. No spool, no serialization of real contexts, no timers, no reconnects: all
-// that is left is gRPC's path for one message each way.
+// included) is the figure to read the shipper's µs per batch against; side_by_side.sh
+// FLOOR=1 runs the two side by side. No spool, no serialization of real contexts, no timers,
+// no reconnects: all that is left is gRPC's path for one message each way.
 //
 //   grpc_floor [--period-ms 1000] [--warmup-s 6] [--seconds 40] [--bytes 300]
 #include <pthread.h>
