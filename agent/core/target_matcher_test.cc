@@ -18,24 +18,32 @@
 namespace strata::agent {
 namespace {
 
-// Spawns `sleep 30` with STRATA_SERVICE=`service` and waits until it has exec'd.
-pid_t SpawnSelfNamed(const std::string& service) {
+// Spawns a `sleep` with the one environment entry `name`=`value` and waits until it has
+// exec'd (-1 if it never shows). It sleeps far longer than any test takes, so that it is still
+// alive when a slow run (sanitizers, a loaded machine) looks at it; KillAndReap ends it.
+pid_t SpawnSleeper(const std::string& name, const std::string& value) {
   char arg0[] = "sleep";
-  char arg1[] = "30";
+  char arg1[] = "600";
   char* argv[] = {arg0, arg1, nullptr};
-  std::string env = absl::StrCat("STRATA_SERVICE=", service);
+  std::string env = absl::StrCat(name, "=", value);
   char* envp[] = {env.data(), nullptr};
   pid_t child = 0;
   if (posix_spawnp(&child, "sleep", nullptr, nullptr, argv, envp) != 0) return -1;
   // Up to 10 s: on a loaded machine the exec can take a while.
   for (int i = 0; i < 10000; ++i) {
     if (procfs::ExecutableBasename(procfs::ReadExecutable(child).value_or("")) == "sleep" &&
-        procfs::ReadEnvironValue(child, procfs::kServiceEnvVar).value_or(std::nullopt)) {
-      break;
+        procfs::ReadEnvironValue(child, name).value_or(std::nullopt)) {
+      return child;
     }
     usleep(1000);
   }
-  return child;
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  return -1;
+}
+
+pid_t SpawnSelfNamed(const std::string& service) {
+  return SpawnSleeper(std::string(procfs::kServiceEnvVar), service);
 }
 
 void KillAndReap(pid_t pid) {
@@ -98,23 +106,14 @@ TEST(TargetMatcherTest, WithServiceRulesSelfNamedProcessesAreDiscovered) {
 // --pid P with --service NAME=REGEX: P is named by the rule it matches (it used to fall back
 // to its executable's name, so queries of NAME found nothing), and carries its labels.
 TEST(TargetMatcherTest, ExplicitPidIsNamedByTheMatchingRuleAndLabelled) {
-  char arg0[] = "sleep";
-  char arg1[] = "30";
-  char* argv[] = {arg0, arg1, nullptr};
-  std::string labels = "STRATA_LABELS=version=7, team=core";
-  char* envp[] = {labels.data(), nullptr};
-  pid_t child = 0;
-  ASSERT_EQ(posix_spawnp(&child, "sleep", nullptr, nullptr, argv, envp), 0);
-  for (int i = 0; i < 10000; ++i) {
-    if (procfs::ExecutableBasename(procfs::ReadExecutable(child).value_or("")) == "sleep" &&
-        procfs::ReadEnvironValue(child, "STRATA_LABELS").value_or(std::nullopt)) {
-      break;
-    }
-    usleep(1000);
-  }
+  const pid_t child = SpawnSleeper("STRATA_LABELS", "version=7, team=core");
+  ASSERT_GT(child, 0);
   ProfilerOptions options;
   options.pids = {child};
-  options.service_rules = {{"napper", "^sleep$"}, {"other", "."}};
+  // Both rules match the child (the first by executable, the second by command line); the
+  // first wins. Neither matches much else: a rule matching every process on the host makes the
+  // agent profile them all, which under sanitizers takes longer than a test should.
+  options.service_rules = {{"napper", "^sleep$"}, {"other", "^sleep 600$"}};
   ContextGraph graph(1);
   auto profiler = Profiler::Create(options, &graph);
   ASSERT_TRUE(profiler.ok()) << profiler.status();

@@ -209,16 +209,17 @@ TEST(LiveProcfsTest, ListsThreadsAsTheyComeAndGo) {
 
 TEST(LiveProcfsTest, ReadsEnvironmentOfAnotherProcess) {
   char arg0[] = "sleep";
-  char arg1[] = "5";
+  char arg1[] = "600";  // killed below; alive however slow the run
   char* argv[] = {arg0, arg1, nullptr};
   char env0[] = "STRATA_SERVICE=checkout";
   char env1[] = "OTHER=1";
   char* envp[] = {env0, env1, nullptr};
   pid_t child = 0;
   ASSERT_EQ(posix_spawnp(&child, "sleep", nullptr, nullptr, argv, envp), 0);
-  // Until exec completes, /proc shows the parent's image; wait for the new one.
-  for (int i = 0; i < 500 && ReadCommandLine(child).value_or(std::vector<std::string>{}) !=
-                                 std::vector<std::string>{"sleep", "5"};
+  // Until exec completes, /proc shows the parent's image; wait for the new one (up to 20 s:
+  // under sanitizers on a loaded machine the exec can take seconds).
+  for (int i = 0; i < 10000 && ReadCommandLine(child).value_or(std::vector<std::string>{}) !=
+                                   std::vector<std::string>{"sleep", "600"};
        ++i) {
     usleep(2000);
   }
