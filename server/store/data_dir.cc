@@ -27,6 +27,16 @@ constexpr char kMarkerV1[] = "strata-store 1\n";
 
 }  // namespace
 
+absl::Status CreateDataDirectory(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create the data directory ", dir, ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckDataDirectory(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;

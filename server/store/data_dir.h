@@ -13,6 +13,10 @@ namespace strata::server::store {
 // creates its files among someone else's: a path given by mistake must not be written to.
 absl::Status CheckDataDirectory(const std::string& dir);
 
+// Creates `dir` and its parents where missing. RocksDB creates a missing directory itself,
+// but only after listing it and logging the failure as an error, on every new store.
+absl::Status CreateDataDirectory(const std::string& dir);
+
 // Marks an opened directory as a store of the current version.
 void MarkDataDirectory(const std::string& dir);
 

@@ -1660,6 +1660,20 @@ TEST(StoreDirectoryTest, ForeignOrDamagedDirectoriesAreRefusedClearly) {
         << store.status();
   }
   {
+    // A new store several directories down: the missing ones are made; one that cannot be
+    // made (a file on the way) is refused with the path and the reason.
+    const std::string nested = root + "/new/a/b";
+    EXPECT_TRUE(Store::Open(nested, StoreOptions()).ok());
+    EXPECT_TRUE(fs::exists(nested + "/CURRENT"));
+    auto store = Store::Open(root + "/file/store", StoreOptions());
+    ASSERT_FALSE(store.ok());
+    EXPECT_TRUE(absl::IsFailedPrecondition(store.status())) << store.status();
+    EXPECT_NE(store.status().message().find("cannot create the data directory " + root +
+                                            "/file/store: Not a directory"),
+              std::string::npos)
+        << store.status();
+  }
+  {
     // A store whose MANIFEST was cut short.
     const std::string dir = root + "/damaged";
     ASSERT_TRUE(Store::Open(dir, StoreOptions()).ok());

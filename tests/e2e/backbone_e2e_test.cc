@@ -202,6 +202,9 @@ TEST_F(BackboneTest, AnAgentShippingOftenReadsEachAcknowledgementWithTheNextBatc
   // only once batches stop coming (2.5 s after the last) never would while they flow.
   EXPECT_TRUE(agent.WaitForOutput("acknowledged through batch 11\n", 5)) << agent.Output();
   EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();
+  // A first start on a new data directory is not an error.
+  EXPECT_EQ(server.process().Output().find("[error]"), std::string::npos)
+      << server.process().Output();
 }
 
 TEST_F(BackboneTest, BadInputGetsClearErrorsAndOthersKeepServing) {
