@@ -8,6 +8,7 @@
 #include "rocksdb/db.h"
 #include "rocksdb/env.h"
 #include "rocksdb/utilities/backup_engine.h"
+#include "server/store/data_dir.h"
 
 namespace strata::server::store {
 namespace {
@@ -31,6 +32,9 @@ absl::Status BackupStore(const std::string& data_dir, const std::string& backup_
   std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
   for (const std::string& name : families) descriptors.emplace_back(name, rocksdb::ColumnFamilyOptions());
 
+  if (absl::Status created = CreateDirectories(backup_dir, "backup directory"); !created.ok()) {
+    return created;
+  }
   std::unique_ptr<rocksdb::BackupEngine> engine;
   {
     rocksdb::BackupEngine* raw = nullptr;
@@ -90,6 +94,9 @@ absl::Status RestoreStore(const std::string& backup_dir, const std::string& data
   if (backups.empty()) return absl::NotFoundError(absl::StrCat("no backup in ", backup_dir));
   s = engine->VerifyBackup(backups.back().backup_id, /*verify_with_checksum=*/true);
   if (!s.ok()) return Error(absl::StrCat("backup ", backups.back().backup_id, " in ", backup_dir), s);
+  if (absl::Status created = CreateDirectories(data_dir, "data directory"); !created.ok()) {
+    return created;
+  }
   s = engine->RestoreDBFromLatestBackup(data_dir, data_dir);
   if (!s.ok()) return Error(absl::StrCat("restoring ", backup_dir, " into ", data_dir), s);
   return absl::OkStatus();

@@ -27,12 +27,12 @@ constexpr char kMarkerV1[] = "strata-store 1\n";
 
 }  // namespace
 
-absl::Status CreateDataDirectory(const std::string& dir) {
+absl::Status CreateDirectories(const std::string& dir, absl::string_view what) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
     return absl::FailedPreconditionError(
-        absl::StrCat("cannot create the data directory ", dir, ": ", ec.message()));
+        absl::StrCat("cannot create the ", what, " ", dir, ": ", ec.message()));
   }
   return absl::OkStatus();
 }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace strata::server::store {
 
@@ -13,9 +14,10 @@ namespace strata::server::store {
 // creates its files among someone else's: a path given by mistake must not be written to.
 absl::Status CheckDataDirectory(const std::string& dir);
 
-// Creates `dir` and its parents where missing. RocksDB creates a missing directory itself,
-// but only after listing it and logging the failure as an error, on every new store.
-absl::Status CreateDataDirectory(const std::string& dir);
+// Creates `dir` and its parents where missing; `what` names it in the error ("data
+// directory"). RocksDB makes only the last component of a missing path, and for a store only
+// after listing it and logging the failure as an error, on every new store.
+absl::Status CreateDirectories(const std::string& dir, absl::string_view what);
 
 // Marks an opened directory as a store of the current version.
 void MarkDataDirectory(const std::string& dir);

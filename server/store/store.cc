@@ -266,7 +266,9 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
 
   if (absl::Status checked = CheckDataDirectory(dir); !checked.ok()) return checked;
   if (options.create_if_missing) {
-    if (absl::Status created = CreateDataDirectory(dir); !created.ok()) return created;
+    if (absl::Status created = CreateDirectories(dir, "data directory"); !created.ok()) {
+      return created;
+    }
   }
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::Status s = rocksdb::DB::Open(db_options, dir, descriptors, &handles, &impl->database.db);

@@ -543,7 +543,8 @@ TEST_F(FaultsTest, DiskFullOnTheServerLosesNothingAndRecovers) {
 }
 
 // An online backup while an agent ships, restored into a new directory: a server on it
-// holds what the store held at the backup (between the totals before and after it).
+// holds what the store held at the backup (between the totals before and after it). Both
+// the backup's and the restored store's directories are made, with their parents.
 TEST_F(FaultsTest, OnlineBackupRestoresIntoAWorkingStore) {
   auto server = std::make_unique<ServerProcess>(dir_.File("data"), dir_.File("server.log"));
   ASSERT_GT(server->port(), 0) << server->process().Output();
@@ -551,8 +552,10 @@ TEST_F(FaultsTest, OnlineBackupRestoresIntoAWorkingStore) {
   auto agent = StartAgent(address, "fault-backup", "agent.log");
   ASSERT_TRUE(WaitUntil([&] { return ServiceTotal(address, kService) > 0; }, 60));
   const uint64_t before = ServiceTotal(address, kService);
+  // Into directories that do not exist yet, parents included: they are made.
+  const std::string backup_dir = dir_.File("backups/strata/1");
   CommandResult backup = RunCommand({BinPath("strata-server"), "backup", "--data",
-                                     dir_.File("data"), "--to", dir_.File("backup")});
+                                     dir_.File("data"), "--to", backup_dir});
   ASSERT_EQ(backup.exit_code, 0) << backup.output;
   const uint64_t after = ServiceTotal(address, kService);
   StopAndCount(*agent);
@@ -560,13 +563,14 @@ TEST_F(FaultsTest, OnlineBackupRestoresIntoAWorkingStore) {
 
   // Restoring over a store is refused; into a new directory it works.
   CommandResult refused = RunCommand({BinPath("strata-server"), "restore", "--from",
-                                      dir_.File("backup"), "--data", dir_.File("data")});
+                                      backup_dir, "--data", dir_.File("data")});
   EXPECT_NE(refused.exit_code, 0);
   EXPECT_NE(refused.output.find("not empty"), std::string::npos) << refused.output;
+  const std::string restored_dir = dir_.File("restored/strata");
   CommandResult restore = RunCommand({BinPath("strata-server"), "restore", "--from",
-                                      dir_.File("backup"), "--data", dir_.File("restored")});
+                                      backup_dir, "--data", restored_dir});
   ASSERT_EQ(restore.exit_code, 0) << restore.output;
-  ServerProcess restored(dir_.File("restored"), dir_.File("restored.log"));
+  ServerProcess restored(restored_dir, dir_.File("restored.log"));
   ASSERT_GT(restored.port(), 0) << restored.process().Output();
   const uint64_t total = ServiceTotal(restored.address(), kService);
   EXPECT_GE(total, before);
