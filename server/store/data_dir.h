@@ -1,5 +1,6 @@
 // Internal to server/store: the marker file that tells a Strata data directory (and the
-// store version written in it) from anything else at that path.
+// store version written in it) from anything else at that path, and the making of the
+// directories a store, a backup or a restore writes into.
 #ifndef STRATA_SERVER_STORE_DATA_DIR_H_
 #define STRATA_SERVER_STORE_DATA_DIR_H_
 
