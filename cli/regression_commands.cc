@@ -52,6 +52,14 @@ std::string ChangeText(const v1::ReleaseVerdict& v, const v1::ReleaseFunctionCha
   return text;
 }
 
+// What the comparison took as units: hosts, or one host's windows ("60/12 of 60s": a phase
+// change, or a release of a service that runs on one host).
+std::string UnitsText(const v1::ReleaseVerdict& v) {
+  std::string text = absl::StrCat(v.baseline_units(), "/", v.candidate_units());
+  if (v.window_s() == 0) return absl::StrCat(text, " hosts");
+  return absl::StrCat(text, " of ", v.window_s(), "s");
+}
+
 // "version 1 -> 2", or "phase change (version 2)": a phase change of one release, compared
 // from its start (the FIRST SEEN column) on with the time before.
 std::string ComparedText(const v1::ReleaseVerdict& v) {
@@ -74,7 +82,7 @@ int RunRegressions(CliContext* ctx, const RegressionOptions& o) {
   if (ctx->options().json) return PrintJson(r), 0;
   WarnUnreachable(r.unreachable_nodes());
 
-  Table table({"FIRST SEEN", "SERVICE", "RELEASE", "VERDICT", "HOSTS", "MDE", "LARGEST CHANGE"},
+  Table table({"FIRST SEEN", "SERVICE", "RELEASE", "VERDICT", "UNITS", "MDE", "LARGEST CHANGE"},
               {4, 5});
   int shown = 0;
   for (const v1::ReleaseVerdict& v : r.verdicts()) {
@@ -86,7 +94,7 @@ int RunRegressions(CliContext* ctx, const RegressionOptions& o) {
     table.AddRow({FormatRfc3339(v.first_seen_ms()), v.service(), ComparedText(v),
                   absl::StrCat(StateText(v), v.final() ? "" : " (so far)",
                                v.error().empty() ? "" : " (error)"),
-                  absl::StrCat(v.baseline_units(), "/", v.candidate_units()),
+                  UnitsText(v),
                   v.min_detectable() > 0 ? MinDetectableText(v) : "-",
                   v.functions_size() > 0
                       ? absl::StrCat(v.functions(0).name(), " ", ChangeText(v, v.functions(0)))

@@ -410,7 +410,7 @@ void AddRegressionFlags(CLI::App& app, ServerFlags& f) {
     {"--regression-lookback", &f.regression_lookback,
      "how far before a release appeared the previous release's samples are taken"},
     {"--regression-phase-unit", &f.regression_phase_unit,
-     "a phase change is compared per (host, span of this length) before and after it"},
+     "a phase change (and a release on one host) is compared per (host, span of this length)"},
     {"--regression-fdr", &o.regression_fdr,
      "false discovery rate over the functions compared (Benjamini-Hochberg)"},
     {"--regression-webhook", &o.regression.webhook_url,

@@ -158,6 +158,11 @@ int64_t UnitWindowMs(const CompareSettings& s, const ProfileQuery& q, size_t hos
   return w;
 }
 
+// A group's error, named: "baseline: ..." or "candidate: ...".
+absl::Status Prefixed(const char* group, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(group, ": ", status.message()));
+}
+
 // Sets `value` when finite (NaN: not enough data, or no baseline to compare with).
 template <typename Setter>
 void SetFinite(double value, Setter setter) {
@@ -232,16 +237,26 @@ absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
   v1::CompareResponse response;
   std::set<std::string> unreachable;
   std::vector<LoadedGroup> groups;
-  for (const auto& named : {std::pair{"baseline", &baseline}, std::pair{"candidate", &candidate}}) {
-    const char* const name = named.first;
-    const CompareGroupQuery* const g = named.second;
-    auto prefixed = [name](const absl::Status& status) {
-      return absl::Status(status.code(), absl::StrCat(name, ": ", status.message()));
-    };
+  const std::pair<const char*, const CompareGroupQuery*> named_groups[] = {
+      {"baseline", &baseline}, {"candidate", &candidate}};
+  std::vector<Profile> wholes;
+  for (const auto& [name, g] : named_groups) {
     auto whole = load(g->query);
-    if (!whole.ok()) return prefixed(whole.status());
-    const int64_t window_ms = UnitWindowMs(settings, g->query, whole->hosts.size());
-    if (settings.windows_independent) {
+    if (!whole.ok()) return Prefixed(name, whole.status());
+    wholes.push_back(*std::move(whole));
+  }
+  CompareSettings unit_settings = settings;
+  if (settings.one_host_windows && !settings.windows_independent &&
+      wholes[0].hosts.size() == 1 && wholes[0].hosts == wholes[1].hosts) {
+    unit_settings.windows_independent = true;
+    response.add_notes(absl::StrCat("one host (", wholes[0].hosts[0],
+                                    ") in both groups: its windows are the units"));
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    const auto [name, g] = named_groups[i];
+    const Profile* const whole = &wholes[i];
+    const int64_t window_ms = UnitWindowMs(unit_settings, g->query, whole->hosts.size());
+    if (unit_settings.windows_independent) {
       if (window_ms > std::max<int64_t>(settings.window_ms, commit::kWindowMs)) {
         response.add_notes(absl::StrCat(name, ": windows widened to ", window_ms / 1000,
                                         " s to stay within ", settings.max_loads, " loads"));
@@ -249,7 +264,7 @@ absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
       response.set_window_s(static_cast<uint32_t>(window_ms / 1000));
     }
     auto loaded = LoadGroup(load, *g, *whole, settings, window_ms, &keys, &mu);
-    if (!loaded.ok()) return prefixed(loaded.status());
+    if (!loaded.ok()) return Prefixed(name, loaded.status());
     if (loaded->hosts > settings.max_loads) {
       response.add_notes(absl::StrCat(name, ": ", settings.max_loads, " of ", loaded->hosts,
                                       " hosts (a sample by a hash of their names)"));
@@ -347,6 +362,7 @@ absl::StatusOr<v1::CompareResponse> CompareRequested(const v1::CompareRequest& r
   }
   CompareSettings settings;
   settings.windows_independent = request.windows_independent();
+  settings.one_host_windows = request.one_host_windows();
   if (request.window_s() > 0) settings.window_ms = int64_t{request.window_s()} * 1000;
   if (request.fdr() != 0) settings.fdr = request.fdr();
   if (request.confidence() != 0) settings.confidence = request.confidence();

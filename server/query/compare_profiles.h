@@ -1,6 +1,6 @@
 // Compare (query.proto): two groups of a service's samples (baseline and candidate, each a
 // selector and a range) split into units — a host over the range, or with independent
-// windows a host's window — loaded through whatever serves profiles (a cluster's
+// windows a host's window (also where both groups are one host, if asked) — loaded through whatever serves profiles (a cluster's
 // ProfileSource or this server's reader), keyed by function self and total (functions matched
 // by name and module as in Diff: diff.h's FunctionMatcher) and by path, and compared by
 // server/compare. The loads per group are bounded: past the bound a sample of the hosts
@@ -29,6 +29,8 @@ struct CompareGroupQuery {
 
 struct CompareSettings {
   bool windows_independent = false;
+  // Windows as units when both groups hold one host only, the same one (CompareRequest).
+  bool one_host_windows = false;
   int64_t window_ms = 60'000;  // of a unit with windows_independent; rounded up to store windows
   double fdr = 0.05;
   double confidence = 0.95;  // of the intervals

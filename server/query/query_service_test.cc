@@ -511,6 +511,67 @@ TEST_F(QueryServiceTest, CompareNeedsTwoUnitsPerGroup) {
   EXPECT_THAT(std::string(unknown.status().message()), ::testing::StartsWith("candidate: "));
 }
 
+// A service on one host, deployed there: version 1 in three windows, then version 2 in three,
+// hash's share 30 % before and 45 % after. With one_host_windows the host's windows are the
+// units; only while both versions are that one host.
+TEST_F(QueryServiceTest, CompareOfOneHostTakesItsWindowsWhenAsked) {
+  const uint64_t hash = Stack({"main", "work", "hash"});
+  const uint64_t parse = Stack({"main", "work", "parse"});
+  for (int w = 0; w < 6; ++w) {
+    const bool candidate = w >= 3;
+    const labels::LabelSet set = {{"version", candidate ? "2" : "1"}};
+    const int64_t window = kWindow + w * commit::kWindowMs;
+    const uint64_t hash_n = (candidate ? 450 : 300) + 10 * (w % 2);
+    AddSamples("solo", "h1", hash, hash_n, set, window);
+    AddSamples("solo", "h1", parse, 1000 - hash_n, set, window);
+  }
+  v1::CompareRequest request;
+  request.set_service("solo");
+  request.mutable_baseline()->set_selector("version=1");
+  request.mutable_baseline()->mutable_range()->set_from_ms(kWindow);
+  request.mutable_baseline()->mutable_range()->set_to_ms(kWindow + 6 * commit::kWindowMs);
+  request.mutable_candidate()->set_selector("version=2");
+  request.set_window_s(10);
+  // Hosts as units: one each, no verdict.
+  auto r = query_->RunCompare(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->not_enough_data());
+  EXPECT_EQ(r->window_s(), 0u);
+
+  request.set_one_host_windows(true);
+  r = query_->RunCompare(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->not_enough_data());
+  EXPECT_EQ(r->baseline_units(), 3u);
+  EXPECT_EQ(r->candidate_units(), 3u);
+  EXPECT_EQ(r->baseline_hosts(), 1u);
+  EXPECT_EQ(r->window_s(), 10u);
+  EXPECT_THAT(r->notes(), ::testing::Contains(::testing::HasSubstr("one host (h1)")));
+  bool hash_rose = false;
+  for (const v1::FunctionComparison& f : r->functions()) {
+    if (f.function().function() != "hash") continue;
+    EXPECT_TRUE(f.self().significant()) << f.DebugString();
+    EXPECT_NEAR(f.self().delta(), 45.0 + 2.0 / 3 - (30.0 + 1.0 / 3), 0.01);
+    hash_rose = true;
+  }
+  EXPECT_TRUE(hash_rose) << r->DebugString();
+
+  // A second host in the baseline: hosts are the units again (the candidate has one).
+  AddSamples("solo", "h2", hash, 300, {{"version", "1"}}, kWindow);
+  r = query_->RunCompare(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->not_enough_data());
+  EXPECT_EQ(r->baseline_units(), 2u);
+  EXPECT_EQ(r->window_s(), 0u);
+  EXPECT_THAT(r->notes(), ::testing::IsEmpty());
+  // One host each, but not the same one: a host's bias would pass for the release's.
+  request.mutable_baseline()->set_host("h2");
+  r = query_->RunCompare(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->not_enough_data());
+  EXPECT_EQ(r->window_s(), 0u);
+}
+
 }  // namespace
 }  // namespace strata::server::query
 

@@ -218,10 +218,9 @@ absl::Status ReleaseWatcher::Compare(v1::ReleaseVerdict& release, int64_t now_ms
   plan.candidate_from_ms = release.first_seen_ms();
   plan.candidate_to_ms = now_ms;
   plan.windows_independent = phase;
-  if (phase) {
-    plan.window_s = static_cast<uint32_t>(
-        std::max<int64_t>(1, absl::ToInt64Seconds(options_.phase_unit)));
-  }
+  plan.one_host_windows = !phase;
+  plan.window_s =
+      static_cast<uint32_t>(std::max<int64_t>(1, absl::ToInt64Seconds(options_.phase_unit)));
   absl::StatusOr<v1::ReleaseVerdict> outcome = inputs_.compare(plan);
   release.set_updated_ms(now_ms);
   if (!outcome.ok()) {
@@ -239,6 +238,7 @@ absl::Status ReleaseWatcher::Compare(v1::ReleaseVerdict& release, int64_t now_ms
   release.set_min_detectable(outcome->min_detectable());
   release.set_baseline_units(outcome->baseline_units());
   release.set_candidate_units(outcome->candidate_units());
+  release.set_window_s(outcome->window_s());
   release.set_baseline_samples(outcome->baseline_samples());
   release.set_candidate_samples(outcome->candidate_samples());
   if (now_ms - release.first_seen_ms() >= absl::ToInt64Milliseconds(options_.window)) {

@@ -11,7 +11,8 @@
 //
 // Phase changes (the aggregator saw a service's hottest contexts reorder within one window)
 // are compared the same way: the release running at the change, its samples from the change
-// on against its samples over the lookback before its onset, per (host, span) unit. A phase change
+// on against its samples over the lookback before its onset, per (host, span) unit (a release of
+// a service on one host is compared per span of that host too). A phase change
 // within `window` after a compared release or another phase change is part of that one.
 //
 // The comparison itself (CompareFn: two label selections over two ranges, with confidence
@@ -48,7 +49,8 @@ struct ReleaseWatcherOptions {
   std::vector<std::string> labels = {"version", "build_id"};
   absl::Duration baseline_lookback = absl::Hours(1);
   absl::Duration window = absl::Minutes(30);
-  // A phase change's comparison unit: each host's samples over a span this long.
+  // A phase change's comparison unit: each host's samples over a span this long; a
+  // release's too when the service runs on one host, the same before and after.
   absl::Duration phase_unit = absl::Minutes(1);
   // How long before the window a phase change is reported in it may have begun (the
   // aggregator ranks each window against the ones before): left out of the baseline.
@@ -65,6 +67,9 @@ struct ComparisonPlan {
   // Each (host, span of window_s seconds) a unit of its own (a phase change: the same hosts
   // before and after), else each host.
   bool windows_independent = false;
+  // Each host a unit, but its spans where both groups are the same one host (a release of a
+  // service that runs on one host).
+  bool one_host_windows = false;
   uint32_t window_s = 0;
 };
 

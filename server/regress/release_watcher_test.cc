@@ -76,6 +76,7 @@ struct Fixture {
         f->set_delta(4.5);
       }
       v.set_candidate_units(3);
+      if (plan.windows_independent) v.set_window_s(plan.window_s);
       return v;
     };
     in.persist = [this](const std::vector<store::ReleaseRecord>& records) {
@@ -126,6 +127,11 @@ TEST(ReleaseWatcherTest, ANewReleaseIsComparedWithTheOneItReplacesUntilItsWindow
   EXPECT_EQ(plan.baseline_to_ms, 101 * kMinute);
   EXPECT_EQ(plan.candidate_from_ms, 101 * kMinute);
   EXPECT_EQ(plan.candidate_to_ms, 101 * kMinute);
+  // Hosts are the units, unless the service runs on one host: then its minutes.
+  EXPECT_FALSE(plan.windows_independent);
+  EXPECT_TRUE(plan.one_host_windows);
+  EXPECT_EQ(plan.window_s, 60u);
+  EXPECT_EQ((*changed)[0].window_s(), 0u);
 
   // Compared again as samples accrue; reported again only when the state changes.
   changed = watcher.Check(105 * kMinute);
@@ -258,9 +264,11 @@ TEST(ReleaseWatcherTest, APhaseChangeIsComparedWithinItsReleaseBeforeWithAfter) 
   EXPECT_EQ(plan.candidate_from_ms, 130 * kMinute);
   EXPECT_EQ(plan.candidate_to_ms, 131 * kMinute);
   EXPECT_TRUE(plan.windows_independent);
+  EXPECT_FALSE(plan.one_host_windows);
   EXPECT_EQ(plan.window_s, 60u);
   ASSERT_THAT(*changed, SizeIs(1));
   EXPECT_EQ((*changed)[0].kind(), v1::ReleaseVerdict::PHASE);
+  EXPECT_EQ((*changed)[0].window_s(), 60u);
   EXPECT_EQ((*changed)[0].first_seen_ms(), 130 * kMinute);
 
   // Further changes within its window are part of it; it is final after the window.
@@ -295,6 +303,7 @@ TEST(ReleaseWatcherTest, APhaseChangeOfAServiceWithoutReleasesComparesAllItsSamp
   EXPECT_EQ(f.plans[0].candidate_selector, "");
   ASSERT_THAT(*changed, SizeIs(1));
   EXPECT_EQ((*changed)[0].kind(), v1::ReleaseVerdict::PHASE);
+  EXPECT_EQ((*changed)[0].window_s(), 60u);
   EXPECT_EQ((*changed)[0].label(), "");
   // Changes older than the window when met are history: not compared.
   f.phase_starts["other"] = {kMinute};

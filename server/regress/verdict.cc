@@ -20,6 +20,7 @@ v1::CompareRequest CompareRequestFor(const ComparisonPlan& plan, double fdr) {
   candidate->mutable_range()->set_from_ms(plan.candidate_from_ms);
   candidate->mutable_range()->set_to_ms(plan.candidate_to_ms);
   request.set_windows_independent(plan.windows_independent);
+  request.set_one_host_windows(plan.one_host_windows);
   request.set_window_s(plan.window_s);
   request.set_fdr(fdr);
   return request;
@@ -49,6 +50,7 @@ v1::ReleaseVerdict VerdictOf(const v1::CompareResponse& comparison, size_t max_f
   v1::ReleaseVerdict verdict;
   verdict.set_baseline_units(comparison.baseline_units());
   verdict.set_candidate_units(comparison.candidate_units());
+  verdict.set_window_s(comparison.window_s());
   verdict.set_baseline_samples(comparison.baseline_samples());
   verdict.set_candidate_samples(comparison.candidate_samples());
   if (comparison.not_enough_data()) {

@@ -4,7 +4,8 @@
 // The verdict follows the significant function with the largest relative change of its self
 // share: a rise is REGRESSED, a fall IMPROVED (shares move together: when one function gets
 // slower every other one's share falls a little, and the largest relative move is the cause).
-// No significant function: UNCHANGED; too few hosts: NOT_ENOUGH_DATA. Where the comparison has
+// No significant function: UNCHANGED; too few units (hosts, or one host's windows):
+// NOT_ENOUGH_DATA. Where the comparison has
 // per-request figures (its per_request_unit), the verdict is decided on those the same way
 // and says so (ReleaseVerdict.unit): a function's CPU per request moves on its own.
 #ifndef STRATA_SERVER_REGRESS_VERDICT_H_

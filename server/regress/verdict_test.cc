@@ -53,7 +53,9 @@ TEST(VerdictTest, TheLargestRelativeMoveDecides) {
 
   v1::CompareResponse thin;
   thin.set_not_enough_data(true);
+  thin.set_window_s(60);  // a host's minutes were the units
   EXPECT_EQ(VerdictOf(thin).state(), v1::ReleaseVerdict::NOT_ENOUGH_DATA);
+  EXPECT_EQ(VerdictOf(thin).window_s(), 60u);
 
   // A function new in the candidate has no relative change: it is the cause.
   v1::CompareResponse added;
@@ -64,7 +66,12 @@ TEST(VerdictTest, TheLargestRelativeMoveDecides) {
 
 TEST(VerdictTest, ThePlanBecomesACompareRequest) {
   ComparisonPlan plan{"svc", "version=1", "version=2", 10, 90, 50, 90};
+  plan.one_host_windows = true;
+  plan.window_s = 60;
   v1::CompareRequest r = CompareRequestFor(plan, 0.01);
+  EXPECT_FALSE(r.windows_independent());
+  EXPECT_TRUE(r.one_host_windows());
+  EXPECT_EQ(r.window_s(), 60u);
   EXPECT_EQ(r.service(), "svc");
   EXPECT_EQ(r.baseline().selector(), "version=1");
   EXPECT_EQ(r.baseline().range().from_ms(), 10);

@@ -341,6 +341,13 @@ function comparedText(v) {
   return `${v.label} ${v.baseline} → ${v.candidate}`;
 }
 
+// What the comparison took as units: hosts, or one host's windows (a phase change, or a
+// release of a service that runs on one host).
+function unitsText(v) {
+  const units = `${v.baseline_units || 0}/${v.candidate_units || 0}`;
+  return v.window_s ? `${units} of ${v.window_s}s` : `${units} hosts`;
+}
+
 // The releases (and phase changes) the server compared by itself; the chosen one's
 // differential flame graph: the
 // candidate's tree, each frame red where its share of the samples grew against the baseline,
@@ -359,7 +366,7 @@ async function loadRegressions() {
       cell(comparedText(v)),
       cell(stateNames[v.state] + (v.final ? '' : ' (so far)'),
            v.state === 'REGRESSED' ? 'up' : v.state === 'IMPROVED' ? 'down' : ''),
-      cell(`${v.baseline_units}/${v.candidate_units}`, 'num'),
+      cell(unitsText(v), 'num'),
       cell(v.min_detectable ? v.min_detectable.toFixed(2) + ' pt' : '-', 'num'),
       cell(top ? `${top.name} ${signed(top.delta)} pt [${signed(top.ci_low)}, ${signed(top.ci_high)}]`
                : '-', 'fn')];

@@ -2,7 +2,8 @@
 // then switch to version=2, whose checksum_block does twice the work. Nobody asks: the server
 // notices the new release, compares it with version 1 as samples accrue and reports
 // REGRESSED with checksum_block on /api/v1/regressions, in `strata regressions` and on
-// /metrics; the verdict is still there after a restart.
+// /metrics; the verdict is still there after a restart. The same deploy on a service that
+// runs on one host is judged too, over that host's windows.
 #include <google/protobuf/util/json_util.h>
 #include <signal.h>
 
@@ -27,8 +28,9 @@ namespace {
 constexpr int kHosts = 3;
 constexpr uint64_t kSamplesPerHost = 4000;
 
-v1::ListRegressionsResponse Regressions(int http_port) {
-  auto [status, body] = strata::testing::HttpGet(http_port, "/api/v1/regressions?service=cmp");
+v1::ListRegressionsResponse Regressions(int http_port, const std::string& service = "cmp") {
+  auto [status, body] =
+      strata::testing::HttpGet(http_port, "/api/v1/regressions?service=" + service);
   v1::ListRegressionsResponse r;
   EXPECT_EQ(status, 200) << body;
   google::protobuf::util::JsonParseOptions options;
@@ -37,12 +39,17 @@ v1::ListRegressionsResponse Regressions(int http_port) {
   return r;
 }
 
-// The service's samples of `selector` on `host` so far.
-uint64_t Samples(v1::Query::Stub* stub, const std::string& host, const std::string& selector) {
+// The service's samples of `selector` on `host` so far, or in [from_ms, to_ms).
+uint64_t Samples(v1::Query::Stub* stub, const std::string& host, const std::string& selector,
+                 const std::string& service = "cmp", int64_t from_ms = 0, int64_t to_ms = 0) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::TopRequest request;
-  request.mutable_filter()->set_service("cmp");
+  request.mutable_filter()->set_service(service);
+  if (to_ms > 0) {
+    request.mutable_filter()->mutable_range()->set_from_ms(from_ms);
+    request.mutable_filter()->mutable_range()->set_to_ms(to_ms);
+  }
   request.mutable_filter()->set_host(host);
   request.mutable_filter()->set_selector(selector);
   request.set_limit(1);
@@ -57,7 +64,7 @@ struct Release {
 };
 
 Release StartRelease(const ServerProcess& server, const strata::testing::TempDir& dir, int version,
-            const std::vector<std::string>& hosts) {
+                     const std::vector<std::string>& hosts, const std::string& service = "cmp") {
   Release r;
   for (const std::string& host : hosts) {
     std::vector<std::string> argv{BinPath("compare_workload"), "--seconds", "120"};
@@ -66,7 +73,7 @@ Release StartRelease(const ServerProcess& server, const strata::testing::TempDir
     if (version == 2) argv.insert(argv.end(), {"--slower", "1"});
     r.workloads.push_back(std::make_unique<ChildProcess>(
         argv, dir.File(absl::StrCat(host, "-v", version, ".log")),
-        std::map<std::string, std::string>{{"STRATA_SERVICE", "cmp"},
+        std::map<std::string, std::string>{{"STRATA_SERVICE", service},
                                            {"STRATA_LABELS", absl::StrCat("version=", version)}}));
   }
   for (size_t i = 0; i < hosts.size(); ++i) {
@@ -195,6 +202,81 @@ TEST(ReleaseE2eTest, ANewSlowerReleaseIsReportedWithoutBeingAsked) {
     std::printf("chromium not installed: the web UI's Regressions tab was not checked\n");
   }
   std::printf("release e2e wall time: %.1f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+}
+
+// A service on one host, deployed in place: with hosts as units it could never be judged; the
+// host's 10 s windows are the units instead (--regression-phase-unit), and the verdict says so.
+TEST(ReleaseE2eTest, ASlowerReleaseOnOneHostIsJudgedOverItsWindows) {
+  const auto started = std::chrono::steady_clock::now();
+  strata::testing::TempDir dir("release_e2e_one_host");
+  ServerProcess server(dir.File("data"), dir.File("server.log"),
+                       {"--http", "127.0.0.1:0", "--regression-interval", "1s",
+                        "--regression-window", "10m", "--regression-phase-unit", "10s",
+                        // 60 units of the baseline's range: within the loads a group may take,
+                        // so no unit is widened past 10 s.
+                        "--regression-lookback", "10m"});
+  ASSERT_GT(server.http_port(), 0) << server.process().Output();
+  auto stub = v1::Query::NewStub(server.Channel());
+  const std::vector<std::string> host{"solo-0"};
+  constexpr int64_t kWindowMs = 10'000;  // the server's windows
+  // The store windows of [from_ms, now) holding samples of `selector`: the units it makes.
+  auto windows_with = [&](const std::string& selector, int64_t from_ms) {
+    int windows = 0;
+    const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+    for (int64_t w = from_ms / kWindowMs * kWindowMs; w < now_ms; w += kWindowMs) {
+      if (Samples(stub.get(), host[0], selector, "solo", w, w + kWindowMs) > 0) ++windows;
+    }
+    return windows;
+  };
+  auto wait_for_windows = [&](const std::string& selector, int64_t from_ms, int want) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+    while (windows_with(selector, from_ms) < want &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+    return windows_with(selector, from_ms);
+  };
+  const int64_t start_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+  Release v1 = StartRelease(server, dir, 1, host, "solo");
+  // Three windows of version 1: two whole ones and the partial first.
+  ASSERT_GE(wait_for_windows("version=1", start_ms, 3), 3) << v1.agents[0]->Output();
+  Stop(v1);
+
+  Release v2 = StartRelease(server, dir, 2, host, "solo");
+  v1::ListRegressionsResponse found;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (std::chrono::steady_clock::now() < deadline) {
+    found = Regressions(server.http_port(), "solo");
+    if (found.verdicts_size() == 1 &&
+        found.verdicts(0).state() == v1::ReleaseVerdict::REGRESSED) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  Stop(v2);
+  ASSERT_EQ(found.verdicts_size(), 1) << found.DebugString();
+  const v1::ReleaseVerdict& verdict = found.verdicts(0);
+  std::printf("%s\n", verdict.DebugString().c_str());
+  EXPECT_EQ(verdict.state(), v1::ReleaseVerdict::REGRESSED) << verdict.DebugString();
+  EXPECT_EQ(verdict.window_s(), 10u);
+  EXPECT_GE(verdict.baseline_units(), 3u);
+  EXPECT_GE(verdict.candidate_units(), 2u);
+  ASSERT_GE(verdict.functions_size(), 1);
+  EXPECT_EQ(verdict.functions(0).name(), "checksum_block") << verdict.DebugString();
+  EXPECT_GT(verdict.functions(0).delta(), 0);
+
+  CommandResult cli = RunCommand({BinPath("strata"), "--server", server.address(), "regressions",
+                                  "--service", "solo"});
+  ASSERT_EQ(cli.exit_code, 0) << cli.output;
+  std::printf("%s\n", cli.output.c_str());
+  EXPECT_NE(cli.output.find("REGRESSED"), std::string::npos) << cli.output;
+  EXPECT_NE(cli.output.find(" of 10s"), std::string::npos) << cli.output;
+  std::printf("one-host release e2e wall time: %.1f s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
 }
 
