@@ -32,7 +32,7 @@ void AddFilterFlags(CLI::App* cmd, FilterOptions* f, bool service_required) {
   cmd->add_option("--since", f->since, "look back this far (e.g. 30s, 10m, 1h, 7d)")
       ->capture_default_str();
   cmd->add_option("--from", f->from, "range start, RFC 3339 (overrides --since)");
-  cmd->add_option("--to", f->to, "range end, RFC 3339 (default: now)");
+  cmd->add_option("--to", f->to, "range end, RFC 3339, exclusive (default: now)");
   cmd->add_option("--host", f->host, "only samples from this host");
   cmd->add_option("--focus", f->focus, "keep stacks with a function matching this regex");
   cmd->add_option("--ignore", f->ignore, "drop stacks with a function matching this regex");
@@ -76,7 +76,9 @@ v1::ProfileFilter BuildFilter(const FilterOptions& f) {
   }
   if (from >= to) Fail("--from must be before --to");
   filter.mutable_range()->set_from_ms(from);
-  filter.mutable_range()->set_to_ms(to + 1);
+  // An end given is exclusive, so that a range ending at T and one starting at T (before and
+  // after a deploy) share no window; "now" takes in the window it falls in.
+  filter.mutable_range()->set_to_ms(f.to.empty() ? to + 1 : to);
   return filter;
 }
 

@@ -194,7 +194,7 @@ void AddCompareCommand(CLI::App* app, CliContext* ctx, int* exit_code) {
     cmd->add_option(absl::StrCat("--", name, "-from"), *from,
                     absl::StrCat("the ", name, "'s own range start, RFC 3339"));
     cmd->add_option(absl::StrCat("--", name, "-to"), *to,
-                    absl::StrCat("the ", name, "'s own range end, RFC 3339"));
+                    absl::StrCat("the ", name, "'s own range end, RFC 3339, exclusive"));
   }
   cmd->add_option("--window", o.window, "a unit's window with --windows-independent (e.g. 60s)")
       ->capture_default_str();

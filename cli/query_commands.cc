@@ -465,7 +465,8 @@ void AddQueryCommands(CLI::App* app, CliContext* ctx, int* exit_code) {
   diff->add_option("--base-since", base.since,
                    "base range: from this far back up to the start of the compared range");
   diff->add_option("--base-from", base.from, "base range start, RFC 3339");
-  diff->add_option("--base-to", base.to, "base range end, RFC 3339 (default: compared start)");
+  diff->add_option("--base-to", base.to,
+                   "base range end, RFC 3339, exclusive (default: compared start)");
   diff->add_option("--base-select,--select-a", base.select,
                    "base profile: targets whose labels match (default: --select); with a "
                    "different selector the base is the same range, e.g. --select-a version=1 "

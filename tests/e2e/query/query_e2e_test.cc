@@ -198,7 +198,7 @@ class QueryE2eTest : public ::testing::Test {
     return absl::StrCat(STRATA_CLI_BIN, " --server 127.0.0.1:", grpc_port_, " ", args);
   }
   static std::string Range(int64_t from, int64_t to) {
-    return absl::StrCat(" --from ", Rfc3339(from), " --to ", Rfc3339(to - 1000));
+    return absl::StrCat(" --from ", Rfc3339(from), " --to ", Rfc3339(to));
   }
   static std::string AllRange() { return Range(base_from_, recent_to_); }
 
