@@ -16,6 +16,7 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace strata::base {
 
@@ -47,6 +48,37 @@ inline FrameKind FrameKindOf(std::string_view module) {
   }
   if (module.starts_with("[python:") && module.ends_with("]")) return FrameKind::kPython;
   return FrameKind::kUser;
+}
+
+// What names the same code in another process, on another host or in another release of the
+// same program: a module's kind and the part of its name that does not move with them. A file
+// by its name without the directory (a release installed in a directory of its own, a Nix
+// store path); JIT code by no name at all (a perf map's path holds the process ID); a Python
+// function's file by its name too. Kernel modules keep their whole name.
+struct ModuleIdentity {
+  FrameKind kind;
+  std::string_view name;  // a part of the module name given
+  bool operator==(const ModuleIdentity&) const = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const ModuleIdentity& m) {
+    return H::combine(std::move(h), m.kind, m.name);
+  }
+};
+
+inline ModuleIdentity IdentityOf(std::string_view module) {
+  const FrameKind kind = FrameKindOf(module);
+  auto file_name = [](std::string_view path) {
+    const size_t slash = path.rfind('/');
+    return slash == std::string_view::npos ? path : path.substr(slash + 1);
+  };
+  switch (kind) {
+    case FrameKind::kKernel: return {kind, module};
+    case FrameKind::kJit: return {kind, {}};
+    case FrameKind::kPython:
+      return {kind, file_name(module.substr(8, module.size() - 9))};  // "[python:" FILE "]"
+    case FrameKind::kUser: break;
+  }
+  return {kind, file_name(module)};
 }
 
 }  // namespace strata::base

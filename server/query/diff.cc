@@ -41,10 +41,12 @@ std::vector<uint32_t> FunctionMatcher::RowsOf(const Profile& profile) {
   std::vector<uint32_t> rows(profile.functions.size());
   for (size_t i = 0; i < profile.functions.size(); ++i) {
     const ResolvedFunction& f = profile.functions[i];
-    auto it = rows_.find(std::pair<std::string_view, std::string_view>(f.name, f.module));
+    auto it = rows_.find(std::pair<std::string_view, base::ModuleIdentity>(
+        f.name, base::IdentityOf(f.module)));
     if (it == rows_.end()) {
       const ResolvedFunction& kept = functions_.emplace_back(f);
-      it = rows_.emplace(std::pair<std::string_view, std::string_view>(kept.name, kept.module),
+      it = rows_.emplace(std::pair<std::string_view, base::ModuleIdentity>(
+                             kept.name, base::IdentityOf(kept.module)),
                          static_cast<uint32_t>(functions_.size() - 1))
                .first;
     }

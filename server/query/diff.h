@@ -1,7 +1,9 @@
 // Differences between two profiles (two time ranges of one service, or two services):
 // per-function self/total and per-path changes, compared as shares of each profile's own
-// total so that ranges of different lengths compare. Functions match by (name, module) —
-// function IDs differ between builds — and paths by their sequence of functions.
+// total so that ranges of different lengths compare. Functions match by name and module —
+// function IDs differ between builds, and so do a module's directory from one release to the
+// next and a perf map's path from one process to the next (base::IdentityOf) — and paths by
+// their sequence of functions.
 #ifndef STRATA_SERVER_QUERY_DIFF_H_
 #define STRATA_SERVER_QUERY_DIFF_H_
 
@@ -13,11 +15,13 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "common/base/frame_kind.h"
 #include "server/query/profile.h"
 
 namespace strata::server::query {
 
-// Matches functions across profiles: a dense row per (name, module), in order of first sight.
+// Matches functions across profiles: a dense row per (name, module identity), in order of
+// first sight.
 class FunctionMatcher {
  public:
   // The row of each of `profile`'s functions (by index into Profile::functions).
@@ -28,7 +32,7 @@ class FunctionMatcher {
  private:
   // Keyed by views of functions_' own names and modules (a deque: they never move), so a
   // lookup builds no key.
-  absl::flat_hash_map<std::pair<std::string_view, std::string_view>, uint32_t> rows_;
+  absl::flat_hash_map<std::pair<std::string_view, base::ModuleIdentity>, uint32_t> rows_;
   std::deque<ResolvedFunction> functions_;
 };
 

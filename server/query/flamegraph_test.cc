@@ -365,6 +365,47 @@ TEST(DiffTest, ComparesShares) {
   EXPECT_EQ(d.paths[0].samples, 2u);
 }
 
+// A release in a directory of its own, a JVM restarted (its perf map named by the new process
+// ID), a Python release's files in another directory: the same functions, matched. Another
+// program of another name, or kernel code of a user function's name, is not.
+TEST(DiffTest, FunctionsMatchAcrossReleaseDirectoriesAndProcesses) {
+  auto profile = [](const std::string& release, const std::string& pid) {
+    Profile p;
+    p.functions = {Fn(1, "main", "/srv/releases/" + release + "/bin/svc"),
+                   Fn(2, "Lcom/acme/Cart;::total", "[jit:/tmp/perf-" + pid + ".map]"),
+                   Fn(3, "handle", "[python:/srv/releases/" + release + "/app/views.py]"),
+                   Fn(4, "main", "/srv/releases/" + release + "/bin/other"),
+                   Fn(5, "handle", "[kernel.kallsyms]")};
+    p.stacks = {{1, 4, false, {0, 1}}, {2, 4, false, {0, 2}}, {3, 2, false, {3, 4}}};
+    p.total = 10;
+    return p;
+  };
+  Profile base = profile("1.4.1", "811");
+  Profile now = profile("1.4.2", "4177");
+  now.stacks[0].count = 6;  // Cart.total: 40 % -> 50 %
+  now.total = 12;
+  const ProfileDiff d = DiffProfiles(base, now, 10);
+  std::set<std::string> rows;
+  for (const FunctionChange& f : d.functions) {
+    EXPECT_TRUE(rows.insert(f.function.name + " " + f.function.module).second)
+        << f.function.name << " has two rows";
+    if (f.function.name == "Lcom/acme/Cart;::total") {
+      EXPECT_EQ(f.base_self, 4u);
+      EXPECT_EQ(f.self, 6u);
+    }
+  }
+  // Every path kept its row: three paths, each in both profiles.
+  EXPECT_EQ(d.paths.size(), 3u);
+  for (const PathChange& p : d.paths) EXPECT_GT(p.base_samples, 0u);
+  EXPECT_EQ(base::IdentityOf("/srv/releases/1/bin/svc"), base::IdentityOf("/opt/bin/svc"));
+  EXPECT_NE(base::IdentityOf("/opt/bin/svc"), base::IdentityOf("/opt/bin/other"));
+  EXPECT_NE(base::IdentityOf("[kernel.kallsyms]"), base::IdentityOf("[kernel:xfs]"));
+  EXPECT_EQ(base::IdentityOf("[jit:/tmp/perf-1.map]"), base::IdentityOf("[jit]"));
+  EXPECT_EQ(base::IdentityOf("[python:/a/1/views.py]"), base::IdentityOf("[python:views.py]"));
+  EXPECT_NE(base::IdentityOf("[python:/a/views.py]"), base::IdentityOf("/a/views.py"));
+  EXPECT_EQ(base::IdentityOf("[vdso]").name, "[vdso]");
+}
+
 // A deliberately naive diff, written from DiffProfiles' contract and sharing no code with it:
 // functions and paths keyed by (name, module) strings in std::map, every total recounted from
 // the stacks. Rows tied in magnitude may come in any order, so the check below compares
