@@ -60,14 +60,24 @@ std::string UnitsText(const v1::ReleaseVerdict& v) {
   return absl::StrCat(text, " of ", v.window_s(), "s");
 }
 
+// A release value for the table: a long one (a build ID: 40 hex digits, a Go build ID's 80)
+// by its first and last 8 characters, which tell two builds apart where a prefix may not.
+std::string ShortValue(const std::string& value, bool shorten) {
+  if (!shorten || value.size() <= 20) return value;
+  return absl::StrCat(value.substr(0, 8), "..", value.substr(value.size() - 8));
+}
+
 // "version 1 -> 2", or "phase change (version 2)": a phase change of one release, compared
-// from its start (the FIRST SEEN column) on with the time before.
-std::string ComparedText(const v1::ReleaseVerdict& v) {
+// from its start (the FIRST SEEN column) on with the time before. `shorten`: long values
+// shortened (the table; the section of each regressed release names them in full).
+std::string ComparedText(const v1::ReleaseVerdict& v, bool shorten = false) {
   if (v.kind() == v1::ReleaseVerdict::PHASE) {
     return v.label().empty() ? "phase change"
-                             : absl::StrCat("phase change (", v.label(), " ", v.candidate(), ")");
+                             : absl::StrCat("phase change (", v.label(), " ",
+                                            ShortValue(v.candidate(), shorten), ")");
   }
-  return absl::StrCat(v.label(), " ", v.baseline(), " -> ", v.candidate());
+  return absl::StrCat(v.label(), " ", ShortValue(v.baseline(), shorten), " -> ",
+                      ShortValue(v.candidate(), shorten));
 }
 
 int RunRegressions(CliContext* ctx, const RegressionOptions& o) {
@@ -91,7 +101,7 @@ int RunRegressions(CliContext* ctx, const RegressionOptions& o) {
       continue;
     }
     ++shown;
-    table.AddRow({FormatRfc3339(v.first_seen_ms()), v.service(), ComparedText(v),
+    table.AddRow({FormatRfc3339(v.first_seen_ms()), v.service(), ComparedText(v, true),
                   absl::StrCat(StateText(v), v.final() ? "" : " (so far)",
                                v.error().empty() ? "" : " (error)"),
                   UnitsText(v),
