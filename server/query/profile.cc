@@ -4,6 +4,8 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string_view>
+#include <tuple>
 
 #include "absl/container/flat_hash_map.h"
 #include "common/base/saturating.h"
@@ -44,6 +46,56 @@ std::vector<FunctionTotals> TopFunctions(const Profile& profile, bool sort_by_to
     return profile.functions[a.function].name < profile.functions[b.function].name;
   });
   return totals;
+}
+
+void MergeFunctionsAcrossBuilds(Profile* profile) {
+  if (!profile->call_sites.empty()) return;
+  using Key = std::tuple<std::string_view, base::ModuleIdentity, std::string_view, uint32_t, bool>;
+  absl::flat_hash_map<Key, uint32_t> index_of;
+  std::vector<uint32_t> renumbered(profile->functions.size());
+  std::vector<ResolvedFunction> kept;
+  for (uint32_t i = 0; i < profile->functions.size(); ++i) {
+    const ResolvedFunction& f = profile->functions[i];
+    auto [it, inserted] = index_of.try_emplace(
+        Key{f.name, base::IdentityOf(f.module), f.file, f.line, f.inlined},
+        static_cast<uint32_t>(index_of.size()));
+    renumbered[i] = it->second;
+  }
+  if (index_of.size() == profile->functions.size()) return;  // one build each: the common case
+  kept.resize(index_of.size());
+  std::vector<bool> placed(kept.size(), false);
+  for (uint32_t i = 0; i < profile->functions.size(); ++i) {
+    if (placed[renumbered[i]]) continue;
+    placed[renumbered[i]] = true;
+    kept[renumbered[i]] = std::move(profile->functions[i]);
+  }
+  profile->functions = std::move(kept);  // the keys' views pointed into the old functions
+
+  absl::flat_hash_map<std::string, uint32_t> stack_at;  // (truncated, frames) -> kept stack
+  std::vector<ResolvedStack> stacks;
+  stacks.reserve(profile->stacks.size());
+  std::string key;
+  bool summed = false;
+  for (ResolvedStack& stack : profile->stacks) {
+    for (uint32_t& f : stack.frames) f = renumbered[f];
+    key.assign(1, stack.truncated ? 't' : 'c');
+    key.append(reinterpret_cast<const char*>(stack.frames.data()),
+               stack.frames.size() * sizeof(uint32_t));
+    auto [it, inserted] = stack_at.try_emplace(key, static_cast<uint32_t>(stacks.size()));
+    if (inserted) {
+      stacks.push_back(std::move(stack));
+    } else {
+      base::SaturatingAddTo(stacks[it->second].count, stack.count);
+      summed = true;
+    }
+  }
+  if (summed) {
+    std::stable_sort(stacks.begin(), stacks.end(), [](const ResolvedStack& a,
+                                                      const ResolvedStack& b) {
+      return a.count > b.count;
+    });
+  }
+  profile->stacks = std::move(stacks);
 }
 
 // Stack and function records are immutable (content-addressed IDs), so what a load resolved

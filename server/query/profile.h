@@ -115,6 +115,16 @@ struct FunctionTotals {
 // (recursion) counts once towards that stack's total.
 std::vector<FunctionTotals> TopFunctions(const Profile& profile, bool sort_by_total);
 
+// Makes each function that several builds or processes hold one function: the same name,
+// module identity (base::IdentityOf: a release's directory and a perf map's process ID left
+// out), file, line and inlined flag. Stacks are renumbered to the first of them, and stacks
+// that become alike are summed (the first one's ID kept; stacks stay by count, descending).
+// Views keyed by function (top, hot paths, flame graphs) then show a function once over a
+// range that spans a deploy, or a fleet with two builds of a library; pprof, FDO and line
+// tables keep each build's own, as they need its addresses. A profile with call sites is
+// left alone (they are by index into its stacks).
+void MergeFunctionsAcrossBuilds(Profile* profile);
+
 // Services of the store, plus those whose only samples are still live (`live` may be null),
 // with live totals added.
 absl::StatusOr<std::vector<store::ServiceSummary>> ListServices(store::Store* store,

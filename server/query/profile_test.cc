@@ -61,6 +61,55 @@ TEST_F(ProfileTest, TopCountsSelfAndTotalOncePerStack) {
   EXPECT_EQ(p->functions[by_total[0].function].name, "main");
 }
 
+// A deploy within the range: the new build's functions (another build ID, another release
+// directory) are the old build's for top and paths, and a JIT function of two processes is one.
+TEST_F(ProfileTest, FunctionsOfTwoBuildsAreMergedForViews) {
+  store::WriteBatch wb;
+  auto fn = [&](const char* name, const char* module, const char* build) {
+    return *store_->interner().InternFunction({name, module, build, 0}, &wb);
+  };
+  const uint64_t main1 = fn("main", "/srv/1/bin/app", "aa");
+  const uint64_t work1 = fn("work", "/srv/1/bin/app", "aa");
+  const uint64_t main2 = fn("main", "/srv/2/bin/app", "bb");
+  const uint64_t work2 = fn("work", "/srv/2/bin/app", "bb");
+  const uint64_t jit1 = fn("LCart;::total", "[jit:/tmp/perf-7.map]", "");
+  const uint64_t jit2 = fn("LCart;::total", "[jit:/tmp/perf-9.map]", "");
+  const uint64_t other = fn("work", "/srv/2/bin/tool", "cc");  // another program: kept apart
+  wb.AddSamples("app", 10'000, "h1", Stack({main1, work1}, &wb), 4);
+  wb.AddSamples("app", 20'000, "h1", Stack({main2, work2}, &wb), 3);
+  wb.AddSamples("app", 20'000, "h1", Stack({main1, jit1}, &wb), 1);
+  wb.AddSamples("app", 20'000, "h2", Stack({main2, jit2}, &wb), 5);
+  wb.AddSamples("app", 20'000, "h2", Stack({main2, other}, &wb), 6);
+  ASSERT_TRUE(store_->Commit(&wb).ok());
+  auto p = Load({.service = "app"});
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->stacks.size(), 5u);
+  ASSERT_EQ(p->functions.size(), 7u);
+
+  MergeFunctionsAcrossBuilds(&*p);
+  EXPECT_EQ(p->total, 19u);
+  ASSERT_EQ(p->functions.size(), 4u);  // main, work, LCart;::total, tool's work
+  ASSERT_EQ(p->stacks.size(), 3u);
+  EXPECT_EQ(p->stacks[0].count, 7u);  // main > work, both builds; by count, descending
+  EXPECT_EQ(p->functions[p->stacks[0].frames[1]].name, "work");
+  EXPECT_EQ(p->stacks[1].count, 6u);  // main > work of the other program
+  EXPECT_EQ(p->functions[p->stacks[1].frames[1]].module, "/srv/2/bin/tool");
+  EXPECT_EQ(p->stacks[2].count, 6u);  // main > the JIT function of both processes
+  EXPECT_EQ(p->functions[p->stacks[2].frames[1]].name, "LCart;::total");
+  const std::vector<FunctionTotals> top = TopFunctions(*p, true);
+  ASSERT_FALSE(top.empty());
+  EXPECT_EQ(p->functions[top[0].function].name, "main");
+  EXPECT_EQ(top[0].total, 19u);
+
+  // Nothing to merge: left as it was.
+  auto plain = Load({});
+  ASSERT_TRUE(plain.ok());
+  const size_t functions = plain->functions.size(), stacks = plain->stacks.size();
+  MergeFunctionsAcrossBuilds(&*plain);
+  EXPECT_EQ(plain->functions.size(), functions);
+  EXPECT_EQ(plain->stacks.size(), stacks);
+}
+
 TEST_F(ProfileTest, FiltersByRangeHostFocusAndIgnore) {
   EXPECT_EQ(Load({.from_ms = 20'000})->total, 5u);
   EXPECT_EQ(Load({.host = "h2"})->total, 3u);

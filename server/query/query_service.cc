@@ -190,6 +190,7 @@ absl::StatusOr<v1::TopResponse> QueryService::RunTop(const v1::TopRequest& reque
   }
   auto profile = LoadProfile(request.filter());
   if (!profile.ok()) return profile.status();
+  MergeFunctionsAcrossBuilds(&*profile);
   v1::TopResponse response;
   response.set_total_samples(profile->total);
   for (const auto& n : profile->unreachable_nodes) response.add_unreachable_nodes(n);
@@ -209,6 +210,7 @@ absl::StatusOr<v1::HotPathsResponse> QueryService::RunHotPaths(
     const v1::HotPathsRequest& request) {
   auto profile = LoadProfile(request.filter());
   if (!profile.ok()) return profile.status();
+  MergeFunctionsAcrossBuilds(&*profile);
   v1::HotPathsResponse response;
   response.set_total_samples(profile->total);
   for (const auto& n : profile->unreachable_nodes) response.add_unreachable_nodes(n);
@@ -336,6 +338,7 @@ absl::StatusOr<v1::FlameGraphResponse> QueryService::RunFlameGraph(
     profile = ExpandLines(store_, symbolizer_, *query, *profile);
     if (!profile.ok()) return profile.status();
   }
+  MergeFunctionsAcrossBuilds(&*profile);
   v1::FlameGraphResponse response;
   response.set_total_samples(profile->total);
   for (const auto& n : profile->unreachable_nodes) response.add_unreachable_nodes(n);
