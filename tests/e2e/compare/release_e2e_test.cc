@@ -104,6 +104,22 @@ void WaitForSamples(v1::Query::Stub* stub, const std::vector<std::string>& hosts
   }
 }
 
+// The service's verdicts once its one release is REGRESSED, or as they are after `seconds`.
+v1::ListRegressionsResponse WaitForRegressed(int http_port, const std::string& service,
+                                             int seconds) {
+  v1::ListRegressionsResponse found;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    found = Regressions(http_port, service);
+    if (found.verdicts_size() == 1 &&
+        found.verdicts(0).state() == v1::ReleaseVerdict::REGRESSED) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  return found;
+}
+
 TEST(ReleaseE2eTest, ANewSlowerReleaseIsReportedWithoutBeingAsked) {
   const auto started = std::chrono::steady_clock::now();
   strata::testing::TempDir dir("release_e2e");
@@ -137,16 +153,7 @@ TEST(ReleaseE2eTest, ANewSlowerReleaseIsReportedWithoutBeingAsked) {
   Release v2 = StartRelease(*server, dir, 2, hosts);
   WaitForSamples(stub.get(), hosts, "version=2", kSamplesPerHost, 40);
   // The verdict comes by itself; more samples only sharpen it.
-  v1::ListRegressionsResponse found;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
-  while (std::chrono::steady_clock::now() < deadline) {
-    found = Regressions(server->http_port());
-    if (found.verdicts_size() == 1 &&
-        found.verdicts(0).state() == v1::ReleaseVerdict::REGRESSED) {
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  }
+  const v1::ListRegressionsResponse found = WaitForRegressed(server->http_port(), "cmp", 40);
   Stop(v2);
   ASSERT_EQ(found.verdicts_size(), 1) << found.DebugString();
   const v1::ReleaseVerdict& verdict = found.verdicts(0);
@@ -248,16 +255,7 @@ TEST(ReleaseE2eTest, ASlowerReleaseOnOneHostIsJudgedOverItsWindows) {
   Stop(v1);
 
   Release v2 = StartRelease(server, dir, 2, host, "solo");
-  v1::ListRegressionsResponse found;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  while (std::chrono::steady_clock::now() < deadline) {
-    found = Regressions(server.http_port(), "solo");
-    if (found.verdicts_size() == 1 &&
-        found.verdicts(0).state() == v1::ReleaseVerdict::REGRESSED) {
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  }
+  const v1::ListRegressionsResponse found = WaitForRegressed(server.http_port(), "solo", 90);
   Stop(v2);
   ASSERT_EQ(found.verdicts_size(), 1) << found.DebugString();
   const v1::ReleaseVerdict& verdict = found.verdicts(0);
