@@ -181,8 +181,10 @@ absl::Status PerfMapFile::Update() {
     close(fd);
     return absl::OkStatus();
   }
-  if (st.st_dev != device_ || st.st_ino != inode_ || size < consumed_) {
-    // Another file (the process exec'd, or its pid was reused) or rewritten: start over.
+  if (st.st_dev != device_ || st.st_ino != inode_ || size < consumed_ ||
+      !TailUnchanged(fd)) {
+    // Another file (the process exec'd, or its pid was reused) or rewritten (HotSpot writes
+    // each map over the last, in place): start over.
     map_.Clear();
     consumed_ = 0;
     skipping_line_ = false;
@@ -219,8 +221,23 @@ absl::Status PerfMapFile::Update() {
       skipping_line_ = true;
     }
   }
+  RememberTail(fd);
   close(fd);
   return absl::OkStatus();
+}
+
+bool PerfMapFile::TailUnchanged(int fd) const {
+  if (tail_.empty()) return true;
+  char bytes[kTailBytes];
+  const ssize_t n = pread(fd, bytes, tail_.size(), static_cast<off_t>(consumed_ - tail_.size()));
+  return n == static_cast<ssize_t>(tail_.size()) && tail_ == std::string_view(bytes, tail_.size());
+}
+
+void PerfMapFile::RememberTail(int fd) {
+  char bytes[kTailBytes];
+  const size_t want = static_cast<size_t>(std::min<uint64_t>(consumed_, kTailBytes));
+  const ssize_t n = pread(fd, bytes, want, static_cast<off_t>(consumed_ - want));
+  tail_.assign(bytes, n == static_cast<ssize_t>(want) ? want : 0);
 }
 
 PerfMapPaths PerfMapPathsOf(pid_t pid) {

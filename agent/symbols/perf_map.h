@@ -83,6 +83,9 @@ class PerfMap {
 // One process's perf map file, read where the agent can reach it (`open_path`, e.g.
 // /proc/PID/root/tmp/perf-NSPID.map for a process in a container) and known by the path the
 // process wrote it to (`map_path`, which names its JIT module: base::JitModuleName).
+// A file that grew is read on from where the last read stopped, unless the bytes before that
+// point changed: then it was written anew in place (as HotSpot writes each map it is asked
+// for), and it is read again from the start.
 class PerfMapFile {
  public:
   PerfMapFile(std::string open_path, std::string map_path)
@@ -113,6 +116,11 @@ class PerfMapFile {
   int64_t mtime_ns_ = -1;
   uint64_t consumed_ = 0;
   bool skipping_line_ = false;  // inside a line too long to be an entry
+  // The last bytes consumed (up to kTailBytes), to tell an append from a rewrite.
+  static constexpr size_t kTailBytes = 64;
+  std::string tail_;
+  bool TailUnchanged(int fd) const;
+  void RememberTail(int fd);
   bool read_cut_short_ = false;  // the last call stopped at kMaxBytesPerUpdate
   uint64_t bytes_read_ = 0;
 };

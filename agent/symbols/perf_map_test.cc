@@ -190,6 +190,34 @@ TEST_F(PerfMapFileTest, StartsOverWhenReplacedOrTruncated) {
   EXPECT_EQ(s.name, "f");
 }
 
+// HotSpot writes each map it is asked for over the last one, in place: the file grows, but what
+// it holds before the old end is new too.
+TEST_F(PerfMapFileTest, StartsOverWhenWrittenAnewInPlace) {
+  PerfMapFile file(path_, "/tmp/perf-1.map");
+  Append("0x1000 0x10 long A.a(long)\n0x2000 0x10 long A.b(long)\n");
+  ASSERT_TRUE(file.Update().ok());
+  ASSERT_EQ(file.map().size(), 2u);
+  {
+    std::ofstream out(path_, std::ios::trunc | std::ios::binary);  // same inode
+    out << "0x1000 0x10 long A.a(long)\n0x1800 0x10 void A.lambda$main$0(long)\n"
+           "0x2000 0x10 long A.b(long)\n0x3000 0x10 long A.c(long)\n";
+  }
+  ASSERT_TRUE(file.Update().ok());
+  PerfMap::Symbol s;
+  ASSERT_TRUE(file.map().Lookup(0x1805, &s));
+  EXPECT_EQ(s.name, "void A.lambda$main$0(long)");
+  ASSERT_TRUE(file.map().Lookup(0x3005, &s));
+  EXPECT_EQ(s.name, "long A.c(long)");
+  EXPECT_EQ(file.map().size(), 4u);
+
+  // An append after it is still read as one.
+  const uint64_t read = file.bytes_read();
+  Append("0x4000 0x10 long A.d(long)\n");
+  ASSERT_TRUE(file.Update().ok());
+  EXPECT_EQ(file.map().size(), 5u);
+  EXPECT_LT(file.bytes_read(), read + 40) << "only the appended line";
+}
+
 // A FIFO at the path (any local user can make one in the target's /tmp): refused at once, not
 // an open that waits for a writer.
 TEST_F(PerfMapFileTest, RefusesAFifoWithoutWaiting) {
