@@ -4,6 +4,8 @@
 #include "absl/strings/str_cat.h"
 #include "agent/core/target_labels.h"
 #include "agent/golang/goroutine_stacks.h"
+#include "agent/jvm/hotspot_frames.h"
+#include "agent/python/remote_memory.h"
 #include "agent/procfs/procfs.h"
 #include "common/base/log.h"
 #include "common/unwind/host_arch.h"
@@ -174,6 +176,13 @@ bool TargetDiscovery::RefreshMappings(Target& target) {
   target.space->ForEachModule([&](const symbols::Module& m, int64_t) {
     target.jvm |= m.path.ends_with("/libjvm.so");
   });
+  // HotSpot's compiled methods keep no frame pointer: their frames are read from their entry
+  // code (x86-64; elsewhere Debian's JDK has no JIT).
+  if (target.jvm && unwind::kHostArch == unwind::Arch::kX86_64 &&
+      !target.space->has_jit_frame_layouts()) {
+    target.space->SetJitFrameLayouts(std::make_unique<jvm::HotSpotFrames>(
+        std::make_unique<python::RemoteMemory>(target.pid)));
+  }
   ++refreshes_;
   return true;
 }

@@ -209,11 +209,68 @@ bool ProcessAddressSpace::Lookup(uint64_t pc, const unwind::RuleSource** rules,
   return true;
 }
 
+namespace {
+
+// The rows of one JIT code object's frame (JitFrameLayout), for pcs as offsets into it.
+class JitLayoutRules final : public unwind::RuleSource {
+ public:
+  explicit JitLayoutRules(const JitFrameLayout& layout) : layout_(layout) {}
+
+  bool FindRow(uint64_t offset, bool innermost, unwind::UnwindRow* row) const override {
+    using Row = unwind::UnwindRow;
+    const uint64_t at = innermost || offset == 0 ? offset : offset - 1;
+    *row = {Row::CfaBase::kSp, Row::RaRule::kAtCfaOffset, Row::FpRule::kAtCfaOffset,
+            unwind::StackSwitch::kNone, static_cast<int32_t>(layout_.frame_bytes), -8, -16};
+    if (at < layout_.entry) {  // nothing pushed yet
+      row->cfa_offset = 8;
+      row->fp_rule = Row::FpRule::kSame;
+      row->fp_offset = 0;
+    } else if (at < layout_.body) {  // rbp pushed, the frame not allocated yet
+      row->cfa_offset = 16;
+    }
+    return true;
+  }
+
+ private:
+  JitFrameLayout layout_;
+};
+
+}  // namespace
+
+void ProcessAddressSpace::SetJitFrameLayouts(std::unique_ptr<JitFrameLayouts> layouts) {
+  jit_layouts_ = std::move(layouts);
+  jit_rules_.clear();
+}
+
+size_t ProcessAddressSpace::jit_layouts_known() const {
+  size_t n = 0;
+  for (const auto& [start, rules] : jit_rules_) n += rules != nullptr;
+  return n;
+}
+
 bool ProcessAddressSpace::LookupJit(uint64_t pc, const unwind::RuleSource** rules,
                                     uint64_t* module_pc) const {
   if (FindJit(pc) == nullptr) return false;
   *rules = nullptr;
   *module_pc = pc;
+  PerfMap::Symbol symbol;
+  if (jit_layouts_ == nullptr || perf_map_ == nullptr || !perf_map_->map().Lookup(pc, &symbol)) {
+    return true;
+  }
+  // Code memory is reused: a layout holds only as long as the map that placed its code.
+  if (perf_map_->bytes_read() != jit_rules_map_bytes_) {
+    jit_rules_.clear();
+    jit_rules_map_bytes_ = perf_map_->bytes_read();
+  }
+  auto [it, inserted] = jit_rules_.try_emplace(symbol.start);
+  if (inserted) {
+    std::optional<JitFrameLayout> layout =
+        jit_layouts_->Layout(symbol.start, symbol.end - symbol.start, symbol.name);
+    if (layout) it->second = std::make_unique<JitLayoutRules>(*layout);
+  }
+  if (it->second == nullptr) return true;
+  *rules = it->second.get();
+  *module_pc = pc - symbol.start;
   return true;
 }
 

@@ -12,7 +12,8 @@
 // JIT code: anonymous executable mappings (no path, "[anon:NAME]", or a "/memfd:" file that
 // is no ELF image, as .NET double-maps its code) are JIT regions. They have no module:
 // Lookup() places their pcs in none and LookupJit() reports them, so the unwinder steps out
-// of them by frame pointers. Their functions are named from the process's perf map
+// of them by frame pointers, or by the frame layouts a runtime's own conventions give
+// (SetJitFrameLayouts: HotSpot's compiled methods keep no frame pointer). Their functions are named from the process's perf map
 // (perf_map.h), read when there are JIT regions, again on every Refresh() that finds the file
 // changed (only the appended bytes), and on a pc the map does not cover yet (at most every
 // kPerfMapRetry). A JIT pc symbolizes to module "[jit:/tmp/perf-N.map]" with the entry's name
@@ -30,8 +31,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "agent/symbols/module_cache.h"
 #include "agent/symbols/perf_map.h"
@@ -76,6 +79,29 @@ class StackCrosser {
   virtual bool Cross(const unwind::StackCrossing& at, unwind::CrossedStack* to) const = 0;
 };
 
+// The frame of a JIT code object that keeps no frame pointer (x86-64), as its entry code
+// builds it. Offsets are from the code object's start (its perf map entry's): before `entry`
+// nothing is pushed (the return address is at sp); from `entry` to `body` the caller's rbp is;
+// from `body` on the frame is whole: `frame_bytes` from sp to the CFA, the return address at
+// CFA - 8 and the caller's rbp at CFA - 16 (both kinds of HotSpot entry code leave them there).
+struct JitFrameLayout {
+  uint32_t entry = 0;
+  uint32_t body = 0;
+  uint32_t frame_bytes = 0;
+  bool operator==(const JitFrameLayout&) const = default;
+};
+
+// Frame layouts of a runtime's JIT code, from the code itself (agent/jvm/hotspot_frames.h).
+// Asked once per code object the walk meets, again after the perf map changed.
+class JitFrameLayouts {
+ public:
+  virtual ~JitFrameLayouts() = default;
+  // The layout of the code object `name` at [start, start + size); nullopt where none is
+  // known (the walk leaves it by frame pointers).
+  virtual std::optional<JitFrameLayout> Layout(uint64_t start, uint64_t size,
+                                               std::string_view name) const = 0;
+};
+
 class ProcessAddressSpace final : public unwind::AddressSpace {
  public:
   ProcessAddressSpace(pid_t pid, ModuleCache* cache) : pid_(pid), cache_(cache) {}
@@ -89,7 +115,8 @@ class ProcessAddressSpace final : public unwind::AddressSpace {
 
   bool Lookup(uint64_t pc, const unwind::RuleSource** rules,
               uint64_t* module_pc) const override;
-  // JIT regions: no rules (null), module_pc = pc.
+  // JIT regions: with a layout for the code object at pc (SetJitFrameLayouts), its rules and
+  // pc's offset in it; else no rules (null) and module_pc = pc.
   bool LookupJit(uint64_t pc, const unwind::RuleSource** rules,
                  uint64_t* module_pc) const override;
   SymbolizedPc Symbolize(uint64_t pc) const;
@@ -99,6 +126,13 @@ class ProcessAddressSpace final : public unwind::AddressSpace {
   }
   void SetStackCrosser(std::unique_ptr<StackCrosser> crosser) { crosser_ = std::move(crosser); }
   const StackCrosser* stack_crosser() const { return crosser_.get(); }
+  // Frame layouts of the process's JIT code (null: none; frame pointers only).
+  void SetJitFrameLayouts(std::unique_ptr<JitFrameLayouts> layouts);
+  bool has_jit_frame_layouts() const { return jit_layouts_ != nullptr; }
+  // JIT code objects whose layout was asked for since the last change of the perf map, and
+  // of those the ones that have one.
+  size_t jit_layouts_asked() const { return jit_rules_.size(); }
+  size_t jit_layouts_known() const;
 
   // Where the perf map is read (`open_path`) and the path that names its module (`map_path`,
   // as the process wrote it). Default: PerfMapPathsOf(pid). Takes effect at the next Refresh().
@@ -149,6 +183,11 @@ class ProcessAddressSpace final : public unwind::AddressSpace {
   std::optional<PerfMapPaths> perf_map_paths_;  // PerfMapPathsOf(pid_) unless set
   // Read lazily and from the const Symbolize(): a cache of the file, not the space's state.
   std::unique_ptr<StackCrosser> crosser_;
+  std::unique_ptr<JitFrameLayouts> jit_layouts_;
+  // The rules of each JIT code object met (by start; null: no layout), valid while the perf
+  // map read has not changed (`jit_rules_map_bytes_`: its bytes_read() then).
+  mutable absl::flat_hash_map<uint64_t, std::unique_ptr<unwind::RuleSource>> jit_rules_;
+  mutable uint64_t jit_rules_map_bytes_ = 0;
   mutable std::unique_ptr<PerfMapFile> perf_map_;
   mutable uint64_t unnamed_jit_pcs_ = 0;
   mutable std::chrono::steady_clock::time_point perf_map_read_at_{};

@@ -7,7 +7,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <thread>
 
@@ -170,12 +173,20 @@ TEST(SymbolsTest, ThreadStackEndsInLibcStartThreadAndClone3) {
 // Machine code generated at run time into anonymous executable memory, the way a JIT compiler
 // does: a frame-pointer frame that calls its first argument with its second,
 //   push rbp; mov rbp, rsp; mov rax, rdi; mov rdi, rsi; call rax; pop rbp; ret
-// with a second copy right after it (another "function" for the perf map).
+// with a second copy right after it (another "function" for the perf map), and a third
+// function that does the same from a frame without a frame pointer, built as HotSpot's
+// compiled methods build theirs (a stack bang, rbp pushed, 32 bytes allocated, rbp then used
+// as a plain register):
+//   mov [rsp - 0x100], eax; push rbp; sub rsp, 0x20; mov rax, rdi; mov rdi, rsi;
+//   mov rbp, 1; call rax; add rsp, 0x20; pop rbp; ret
 class JitCode {
  public:
   using Fn = void (*)(void (*)(void*), void*);
   static constexpr size_t kSize = 4096;
   static constexpr size_t kSecond = 64;  // offset of the second copy
+  static constexpr size_t kFrameless = 128;  // offset of the third function
+  // Its frame: rbp pushed from 8 on, the frame whole from 12 on, 48 bytes from sp to the CFA.
+  static constexpr JitFrameLayout kFramelessLayout{8, 12, 48};
 
   JitCode() {
     void* p = mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -185,6 +196,11 @@ class JitCode {
     std::memset(p, 0xcc, kSize);
     std::memcpy(p, kCode, sizeof kCode);
     std::memcpy(static_cast<uint8_t*>(p) + kSecond, kCode, sizeof kCode);
+    static const uint8_t kFramelessCode[] = {
+        0x89, 0x84, 0x24, 0x00, 0xff, 0xff, 0xff, 0x55, 0x48, 0x83, 0xec, 0x20,
+        0x48, 0x89, 0xf8, 0x48, 0x89, 0xf7, 0x48, 0xc7, 0xc5, 0x01, 0x00, 0x00,
+        0x00, 0xff, 0xd0, 0x48, 0x83, 0xc4, 0x20, 0x5d, 0xc3};
+    std::memcpy(static_cast<uint8_t*>(p) + kFrameless, kFramelessCode, sizeof kFramelessCode);
     if (mprotect(p, kSize, PROT_READ | PROT_EXEC) != 0) {
       munmap(p, kSize);
       return;
@@ -198,6 +214,7 @@ class JitCode {
   uint64_t start() const { return Addr(base_); }
   Fn first() const { return reinterpret_cast<Fn>(base_); }
   Fn second() const { return reinterpret_cast<Fn>(base_ + kSecond); }
+  Fn frameless() const { return reinterpret_cast<Fn>(base_ + kFrameless); }
 
  private:
   uint8_t* base_ = nullptr;
@@ -381,6 +398,84 @@ TEST_F(JitSymbolsTest, UnwindsThroughJitCodeByFramePointers) {
   unwind::UnwindResult r = unwind::Unwind({}, cap.stack.regs, cap.stack.snapshot(), modules_only,
                                           frames, 128);
   EXPECT_EQ(r.stop, unwind::StopReason::kBadReturnAddress);
+}
+
+// Layouts as a runtime's conventions would give them: JitCode's frameless function's only.
+class FramelessLayouts final : public JitFrameLayouts {
+ public:
+  std::optional<JitFrameLayout> Layout(uint64_t start, uint64_t size,
+                                       std::string_view name) const override {
+    ++asked;
+    if (name.find("strataFrameless") == std::string_view::npos) return std::nullopt;
+    return JitCode::kFramelessLayout;
+  }
+  mutable int asked = 0;
+};
+
+TEST_F(JitSymbolsTest, UnwindsThroughJitCodeWithoutFramePointerByItsLayout) {
+  const uint64_t frameless = code_.start() + JitCode::kFrameless;
+  AppendMap(absl::StrFormat("%x 40 JS:*strataTrampoline /app/a.js:3:1\n", code_.start()));
+  AppendMap(absl::StrFormat("%x 40 long Strata.strataFrameless(long)\n", frameless));
+  JitCapture cap;
+  code_.frameless()(&CaptureFromJit, &cap);
+  ModuleCache cache;
+  ProcessAddressSpace space(getpid(), &cache);
+  space.SetPerfMap(map_, "/tmp/perf-42.map");
+  ASSERT_TRUE(space.Refresh().ok());
+  unwind::Frame frames[128];
+  // By frame pointers the walk reads the frame's "rbp" (1) and ends there.
+  unwind::UnwindResult r =
+      unwind::Unwind({}, cap.stack.regs, cap.stack.snapshot(), space, frames, 128);
+  EXPECT_NE(r.stop, unwind::StopReason::kOutermost);
+
+  auto owned = std::make_unique<FramelessLayouts>();
+  const FramelessLayouts* layouts = owned.get();
+  space.SetJitFrameLayouts(std::move(owned));
+  r = unwind::Unwind({}, cap.stack.regs, cap.stack.snapshot(), space, frames, 128);
+  EXPECT_EQ(r.stop, unwind::StopReason::kOutermost) << unwind::StopReasonName(r.stop);
+  EXPECT_EQ(r.jit_frames_cfi, 1u);
+  EXPECT_EQ(r.jit_frames_fp, 0u);
+  std::vector<std::string> names;
+  for (size_t i = 0; i < r.num_frames; ++i) {
+    names.push_back(space.Symbolize(i == 0 ? frames[i].pc : frames[i].pc - 1).function_name);
+  }
+  const auto jit = std::find(names.begin(), names.end(), "long Strata.strataFrameless(long)");
+  ASSERT_NE(jit, names.end()) << absl::StrJoin(names, "\n");
+  EXPECT_NE(jit[-1].find("CaptureFromJit"), std::string::npos) << absl::StrJoin(names, "\n");
+  EXPECT_NE(jit[1].find("UnwindsThroughJitCodeWithoutFramePointerByItsLayout"),
+            std::string::npos) << absl::StrJoin(names, "\n");
+  EXPECT_EQ(names.back(), "_start");
+  EXPECT_EQ(layouts->asked, 1);
+  EXPECT_EQ(space.jit_layouts_known(), 1u);
+
+  // Asked once per code object until the map changes: the code may have been replaced.
+  r = unwind::Unwind({}, cap.stack.regs, cap.stack.snapshot(), space, frames, 128);
+  EXPECT_EQ(layouts->asked, 1);
+  AppendMap(absl::StrFormat("%x 40 JS:*strataSecond /app/a.js:9:1\n",
+                            code_.start() + JitCode::kSecond));
+  ASSERT_TRUE(space.Refresh().ok());
+  r = unwind::Unwind({}, cap.stack.regs, cap.stack.snapshot(), space, frames, 128);
+  EXPECT_EQ(r.stop, unwind::StopReason::kOutermost);
+  EXPECT_EQ(layouts->asked, 2);
+
+  // Rows across the entry code: nothing pushed yet, rbp pushed, the whole frame.
+  const unwind::RuleSource* rules = nullptr;
+  uint64_t offset = 0;
+  unwind::UnwindRow row;
+  for (auto [at, cfa, fp] : {std::tuple{0, 8, false}, {7, 8, false}, {8, 16, true},
+                             {11, 16, true}, {12, 48, true}, {30, 48, true}}) {
+    ASSERT_TRUE(space.LookupJit(frameless + at, &rules, &offset));
+    ASSERT_NE(rules, nullptr);
+    EXPECT_EQ(offset, static_cast<uint64_t>(at));
+    ASSERT_TRUE(rules->FindRow(offset, /*innermost=*/true, &row));
+    EXPECT_EQ(row.cfa_base, unwind::UnwindRow::CfaBase::kSp) << at;
+    EXPECT_EQ(row.cfa_offset, cfa) << at;
+    EXPECT_EQ(row.ra_offset, -8) << at;
+    EXPECT_EQ(row.fp_rule == unwind::UnwindRow::FpRule::kAtCfaOffset, fp) << at;
+  }
+  // Code the layouts know nothing of keeps the frame-pointer walk.
+  ASSERT_TRUE(space.LookupJit(code_.start() + 4, &rules, &offset));
+  EXPECT_EQ(rules, nullptr);
 }
 
 TEST(SymbolsTest, ReadProcMapsParsesSelf) {
