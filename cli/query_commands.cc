@@ -385,7 +385,7 @@ int RunQuality(CliContext* ctx, const FilterOptions& f) {
   const bool narrowed =
       !f.host.empty() || !f.select.empty() || !f.focus.empty() || !f.ignore.empty();
   std::printf("  agents            %s%s stacks, %s truncated, %s verification failures, "
-              "JIT frames %s by CFI and %s by frame pointers, %s samples lost\n",
+              "JIT frames %s by rules and %s by frame pointers, %s samples lost\n",
               narrowed ? "(the whole service's) " : "", WithThousands(r.agent_stacks()).c_str(),
               WithThousands(r.agent_truncated()).c_str(),
               WithThousands(r.verify_failures()).c_str(), WithThousands(r.jit_frames_cfi()).c_str(),

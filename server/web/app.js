@@ -306,7 +306,7 @@ async function loadQuality() {
     ['Unnamed frames', `${fmt(r.unnamed_frames)} of ${fmt(r.frames)} (${pct(r.unnamed_frames, r.frames)})`],
     ['Agents (the whole service)',
       `${fmt(r.agent_stacks)} stacks, ${fmt(r.agent_truncated)} truncated, ` +
-      `${fmt(r.verify_failures)} verification failures, JIT frames ${fmt(r.jit_frames_cfi)} by CFI ` +
+      `${fmt(r.verify_failures)} verification failures, JIT frames ${fmt(r.jit_frames_cfi)} by rules ` +
       `and ${fmt(r.jit_frames_fp)} by frame pointers, ${fmt(r.lost_samples)} samples lost`],
   ];
   if (r.frames_by_kind && r.frames_by_kind.length) {

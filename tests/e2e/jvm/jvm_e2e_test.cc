@@ -1,7 +1,8 @@
 // HotSpot JIT code end to end: a JVM started without any profiling option runs a hot method;
 // the real strata-agent, told to (--jvm-perf-map), asks it for perf maps through the attach
 // mechanism while it runs, and the real strata-server's hot paths name the method's compiled
-// code. The JVM is not disturbed: it keeps running and prints no thread dump.
+// code, in whole stacks although compiled Java code keeps no frame pointer. The JVM is not
+// disturbed: it keeps running and prints no thread dump.
 #include <signal.h>
 #include <unistd.h>
 
@@ -44,6 +45,9 @@ constexpr char kSource[] = R"(public class Spin {
 // Samples of `paths` with a frame named `name`, and of JIT frames left unnamed.
 struct Counts {
   uint64_t named = 0, unnamed = 0, total = 0;
+  // Of the named ones: complete stacks, and those whose frame calling `name` is Java code
+  // (Spin.main compiled, or the interpreter running it).
+  uint64_t complete = 0, called_from_java = 0;
   std::string module;  // of the named frame
 };
 
@@ -51,15 +55,20 @@ Counts CountFrames(const v1::HotPathsResponse& paths, const std::string& name) {
   Counts c;
   c.total = paths.total_samples();
   for (const v1::HotPath& p : paths.paths()) {
-    bool named = false, unnamed = false;
-    for (const v1::Frame& f : p.frames()) {
+    bool named = false, unnamed = false, from_java = false;
+    for (int i = 0; i < p.frames_size(); ++i) {
+      const v1::Frame& f = p.frames(i);
       if (f.function() == name) {
         named = true;
         c.module = f.module();
+        const std::string caller = i > 0 ? p.frames(i - 1).function() : "";
+        from_java = caller == "Interpreter" || caller == "void Spin.main(java.lang.String[])";
       }
       unnamed |= f.function().starts_with("[jit]+0x");
     }
     c.named += named ? p.samples() : 0;
+    c.complete += named && !p.truncated() ? p.samples() : 0;
+    c.called_from_java += named && from_java ? p.samples() : 0;
     c.unnamed += unnamed ? p.samples() : 0;
   }
   return c;
@@ -126,6 +135,13 @@ TEST(JvmE2eTest, HotSpotJitCodeIsNamedWithoutARestart) {
                top.c_str());
   EXPECT_GE(counts.named, 200u) << top << agent.Output();
   EXPECT_EQ(counts.module, absl::StrCat("[jit:/tmp/perf-", java.pid(), ".map]"));
+  // Compiled without a frame pointer (no -XX:+PreserveFramePointer), the method's frame is
+  // left by its entry code's layout, out to its Java caller and the thread's start.
+  std::fprintf(stderr, "of those %lu complete, %lu called from Java code\n",
+               static_cast<unsigned long>(counts.complete),
+               static_cast<unsigned long>(counts.called_from_java));
+  EXPECT_GE(counts.complete * 10, counts.named * 9) << top;
+  EXPECT_GE(counts.called_from_java * 10, counts.named * 9) << top;
   // Asked through the attach listener, not by a SIGQUIT the JVM took as a dump request.
   EXPECT_EQ(java.Output().find("Full thread dump"), std::string::npos) << java.Output();
 }
