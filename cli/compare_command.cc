@@ -130,10 +130,11 @@ int RunCompare(CliContext* ctx, const CompareOptions& o) {
         "no intervals and no verdicts.\n");
   } else {
     std::printf(
-        "* = significant at a false discovery rate of %.3g over the %u rows above "
-        "%.3g %% of the samples (Benjamini-Hochberg); shares and deltas in percent of each "
-        "group's samples, intervals %.3g %%, REL = change of the row's own CPU\n",
-        r.fdr(), r.keys_compared(), o.min_share, 100 * o.confidence);
+        "* = significant at a false discovery rate of %.3g over the %u function rows, and "
+        "apart over the %u path rows, above %.3g %% of the samples (Benjamini-Hochberg); "
+        "shares and deltas in percent of each group's samples, intervals %.3g %%, REL = "
+        "change of the row's own CPU\n",
+        r.fdr(), r.keys_compared(), r.paths_compared(), o.min_share, 100 * o.confidence);
   }
   std::printf("\nFunctions:\n");
   Table functions({"", "ΔSELF", "INTERVAL", "REL", "REL INTERVAL", "q", "BASE SELF%", "SELF%",

@@ -240,6 +240,10 @@ absl::StatusOr<Comparison> CompareGroups(const Group& baseline, const Group& can
   if (!(options.min_share >= 0 && options.min_share < 1)) {
     return absl::InvalidArgumentError("min_share must lie in [0, 1)");
   }
+  if (!options.families.empty() && options.families.size() != num_keys) {
+    return absl::InvalidArgumentError(absl::StrCat("families: ", options.families.size(),
+                                                   " for ", num_keys, " keys"));
+  }
   auto b = Summarize(baseline, num_keys, "baseline");
   if (!b.ok()) return b.status();
   auto c = Summarize(candidate, num_keys, "candidate");
@@ -284,7 +288,11 @@ absl::StatusOr<Comparison> CompareGroups(const Group& baseline, const Group& can
   const double df_b_requests = enough && out.per_request ? BellMcCaffreyDf(b->cluster_requests) : 0;
   const double df_c_requests = enough && out.per_request ? BellMcCaffreyDf(c->cluster_requests) : 0;
   out.keys.reserve(keys.size());  // TestedKeys points into it
-  TestedKeys tested_shares, tested_per_request;
+  const size_t num_families =
+      options.families.empty()
+          ? 1
+          : size_t{*std::max_element(options.families.begin(), options.families.end())} + 1;
+  std::vector<TestedKeys> tested_shares(num_families), tested_per_request(num_families);
   for (uint32_t key : keys) {
     KeyComparison& row = out.keys.emplace_back();
     row.key = key;
@@ -304,19 +312,23 @@ absl::StatusOr<Comparison> CompareGroups(const Group& baseline, const Group& can
     const double pooled = static_cast<double>(row.baseline_samples + row.candidate_samples) /
                           static_cast<double>(out.baseline_samples + out.candidate_samples);
     const bool test = enough && pooled >= options.min_share;
+    const size_t family = options.families.empty() ? 0 : options.families[key];
     row.share = EstimateOf(*b, *c, key, Measure::kShare, df_b, df_c, test, options);
-    tested_shares.Add(&row.share);
+    tested_shares[family].Add(&row.share);
     if (!out.per_request) {
       row.per_request = Unknown();
       continue;
     }
     row.per_request = EstimateOf(*b, *c, key, Measure::kPerRequest, df_b_requests,
                                  df_c_requests, test, options);
-    tested_per_request.Add(&row.per_request);
+    tested_per_request[family].Add(&row.per_request);
   }
-  SetQValues(tested_shares, options.fdr);
-  SetQValues(tested_per_request, options.fdr);
-  out.keys_tested = tested_shares.p.size();
+  for (size_t f = 0; f < num_families; ++f) {
+    SetQValues(tested_shares[f], options.fdr);
+    SetQValues(tested_per_request[f], options.fdr);
+    out.family_keys_tested.push_back(tested_shares[f].p.size());
+    out.keys_tested += tested_shares[f].p.size();
+  }
   return out;
 }
 

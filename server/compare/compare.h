@@ -20,8 +20,9 @@
 // variances, each with its Bell-McCaffrey degrees of freedom: k - 1 for clusters of one size,
 // fewer when a few clusters carry most of the samples (with k - 1 regardless, 20 % of A/A
 // comparisons of 10 hosts of log-normally spread sizes flagged a key at fdr 0.05; with these,
-// 1 %). The normal replaces t past 10^4 degrees of freedom. Benjamini-Hochberg over every key
-// compared gives q-values; a key is significant when q <= fdr. The minimum detectable effect
+// 1 %). The normal replaces t past 10^4 degrees of freedom. Benjamini-Hochberg over the keys
+// compared (of each family, Options::families) gives q-values; a key is significant when
+// q <= fdr. The minimum detectable effect
 // is (t_{1-fdr/2} + t_{power}) * se at the key's degrees of freedom. Fewer than two clusters
 // with samples in either group is "not enough data": shares and deltas, no verdict.
 //
@@ -66,6 +67,11 @@ struct Options {
   // frames) would otherwise raise Benjamini-Hochberg's bar for every key. Filtering on the
   // pooled share, blind to the groups, keeps the FDR.
   double min_share = 0.001;
+  // Each key's family (indexed by key; empty: all keys in family 0). Benjamini-Hochberg runs
+  // over each family apart, the FDR held within each: a family per question the caller
+  // answers (which functions changed; which paths did), so that the many keys of one do not
+  // raise the bar of the other.
+  std::vector<uint8_t> families;
 };
 
 // One key's difference between the groups in one measure: shares are fractions of each
@@ -108,11 +114,14 @@ struct Comparison {
   // Samples per request of each group; NaN without requests (of the units or the groups).
   double baseline_samples_per_request = 0, candidate_samples_per_request = 0;
   std::vector<KeyComparison> keys;  // keys with samples in either group, by key
-  size_t keys_tested = 0;           // the m of Benjamini-Hochberg (of each measure)
+  size_t keys_tested = 0;           // keys tested, of every family (in each measure)
+  // Per family (Options::families): the m of its Benjamini-Hochberg.
+  std::vector<size_t> family_keys_tested;
 };
 
-// InvalidArgument: fdr, confidence or power outside (0, 1), min_share outside [0, 1), a key >=
-// num_keys, a key twice in one unit, or a count above its unit's total. Units without samples are
+// InvalidArgument: fdr, confidence or power outside (0, 1), min_share outside [0, 1), families
+// neither empty nor of num_keys, a key >= num_keys, a key twice in one unit, or a count above
+// its unit's total. Units without samples are
 // left out.
 absl::StatusOr<Comparison> CompareGroups(const Group& baseline, const Group& candidate,
                                          uint32_t num_keys, const Options& options = {});

@@ -318,6 +318,41 @@ TEST(CompareTest, BenjaminiHochbergByHand) {
   EXPECT_TRUE(BenjaminiHochberg({}).empty());
 }
 
+// Two families (a function's change, and paths that stayed put): each gets its own
+// Benjamini-Hochberg, so the twenty unchanged keys of one do not raise the other's bar.
+TEST(CompareTest, FamiliesAreCorrectedApart) {
+  auto group = [](uint64_t first_cluster, std::vector<uint64_t> key0) {
+    Group g;
+    for (size_t u = 0; u < key0.size(); ++u) {
+      Unit& unit = g.units.emplace_back(Unit{first_cluster + u, 100000, {{0, key0[u]}}});
+      for (uint32_t k = 1; k <= 20; ++k) unit.counts.emplace_back(k, 50000);
+    }
+    return g;
+  };
+  const Group b = group(1, {10000, 10100, 9900}), c = group(4, {10500, 10600, 10400});
+  auto one = CompareGroups(b, c, 21);
+  ASSERT_TRUE(one.ok()) << one.status();
+  std::vector<uint8_t> families(21, 1);
+  families[0] = 0;
+  auto apart = CompareGroups(b, c, 21, {.families = families});
+  ASSERT_TRUE(apart.ok()) << apart.status();
+  const double p = apart->keys[0].share.p;
+  // A clear change, but not past a bar raised 21 times.
+  ASSERT_LT(p, 0.05);
+  ASSERT_GT(21 * p, 0.05);
+  EXPECT_DOUBLE_EQ(one->keys[0].share.p, p);
+  EXPECT_NEAR(one->keys[0].share.q, std::min(1.0, 21 * p), 1e-12);
+  EXPECT_NEAR(apart->keys[0].share.q, p, 1e-12);
+  EXPECT_TRUE(apart->keys[0].share.significant);
+  EXPECT_FALSE(apart->keys[5].share.significant);
+  EXPECT_EQ(one->keys_tested, 21u);
+  EXPECT_EQ(apart->keys_tested, 21u);
+  EXPECT_THAT(apart->family_keys_tested, ::testing::ElementsAre(1u, 20u));
+  EXPECT_THAT(one->family_keys_tested, ::testing::ElementsAre(21u));
+  // A family for every key, or none.
+  EXPECT_FALSE(CompareGroups(b, c, 21, {.families = std::vector<uint8_t>(20)}).ok());
+}
+
 TEST(CompareTest, EdgeCases) {
   // Key 0 in the baseline only, key 1 in the candidate only, key 2 (the root) in every sample,
   // a unit without samples, a key with a zero count.

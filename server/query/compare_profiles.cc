@@ -81,6 +81,10 @@ class KeyTable {
   std::vector<Path> paths_;
 };
 
+// The Benjamini-Hochberg families of a comparison's keys.
+constexpr uint8_t kFunctionFamily = 0;
+constexpr uint8_t kPathFamily = 1;
+
 struct LoadedGroup {
   compare::Group group;
   uint32_t hosts = 0;
@@ -272,9 +276,17 @@ absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
     unreachable.insert(loaded->unreachable.begin(), loaded->unreachable.end());
     groups.push_back(*std::move(loaded));
   }
-  auto result = compare::CompareGroups(
-      groups[0].group, groups[1].group, keys.size(),
-      {.fdr = settings.fdr, .confidence = settings.confidence, .min_share = settings.min_share});
+  // Two questions, a family each: which functions changed (self and total), and which paths.
+  // Whole stacks make paths many; in one family they would raise every function's bar.
+  std::vector<uint8_t> families(keys.size());
+  for (uint32_t k = 0; k < keys.size(); ++k) {
+    families[k] = keys.key(k).kind == KeyTable::kPath ? kPathFamily : kFunctionFamily;
+  }
+  auto result = compare::CompareGroups(groups[0].group, groups[1].group, keys.size(),
+                                       {.fdr = settings.fdr,
+                                        .confidence = settings.confidence,
+                                        .min_share = settings.min_share,
+                                        .families = std::move(families)});
   if (!result.ok()) return result.status();
 
   response.set_not_enough_data(result->not_enough_data);
@@ -285,7 +297,13 @@ absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
   response.set_baseline_samples(result->baseline_samples);
   response.set_candidate_samples(result->candidate_samples);
   response.set_fdr(settings.fdr);
-  response.set_keys_compared(static_cast<uint32_t>(result->keys_tested));
+  auto tested = [&](uint8_t family) {
+    return family < result->family_keys_tested.size()
+               ? static_cast<uint32_t>(result->family_keys_tested[family])
+               : 0u;
+  };
+  response.set_keys_compared(tested(kFunctionFamily));
+  response.set_paths_compared(tested(kPathFamily));
   if (std::isfinite(result->baseline_samples_per_request)) {
     response.set_baseline_samples_per_request(result->baseline_samples_per_request);
     response.set_candidate_samples_per_request(result->candidate_samples_per_request);
