@@ -22,6 +22,9 @@
 #           hashing and sorting, each locked to a thread), Go rules from .gopclntab
 #   go-switches  the same with -switches (also an allocating goroutine, most of its CPU on the
 #           system stack: its stacks crossed)
+#   java    OpenJDK (JAVA, default /usr/bin/java) running tests/workloads/java/JavaWorkload.java
+#           (two busy threads: parse, SHA-256, sort), no JVM option; the agent asks it for perf
+#           maps (--jvm-perf-map) and steps out of its compiled methods by their frame layouts
 #   NAME-base  case NAME with the agent BASE_AGENT (another build, e.g. before a change)
 # For each agent: its CPU over a window of SECONDS after a WARMUP (on-CPU ns of all its
 # threads, /proc/PID/task/*/schedstat: start-up is not counted), the samples of that window
@@ -51,6 +54,7 @@ root=$(cd "$(dirname "$0")/../../.." && pwd)
 seconds=${1:-30}
 BUILD=${BUILD:-$root/build}
 PYTHON=${PYTHON:-/usr/bin/python3.11}
+JAVA=${JAVA:-/usr/bin/java}
 CASES=${CASES:-cpp cppmix py py-off}
 HZ=${HZ:-499}
 WARMUP=${WARMUP:-5}
@@ -68,6 +72,10 @@ if [[ " $CASES " == *" cppmix"* ]]; then
     { echo "language_cost.sh: missing $BUILD/bin/mixed_work_service (protobuf, OpenSSL)" >&2
       exit 2; }
 fi
+if [[ " $CASES " == *" java"* ]]; then
+  [[ -x "$JAVA" && -x "$(dirname "$(readlink -f "$JAVA")")/javac" ]] ||
+    { echo "language_cost.sh: missing $JAVA or its javac (default-jdk-headless)" >&2; exit 2; }
+fi
 if [[ " $CASES " == *" go"* ]]; then
   [[ -x "$BUILD/go/go_workload_plain" ]] ||
     { echo "language_cost.sh: missing $BUILD/go/go_workload_plain (golang-go)" >&2; exit 2; }
@@ -81,6 +89,9 @@ cleanup() {
   [[ -z "$stats_before" ]] || echo "$stats_before" >/proc/sys/kernel/bpf_stats_enabled
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  # What the JVM leaves in /tmp: its perf map and attach socket.
+  local jvm=${target[java]:-}
+  [[ -z "$jvm" ]] || rm -f "/tmp/perf-$jvm.map" "/tmp/.java_pid$jvm"
   if [[ "${KEEP:-0}" == 1 ]]; then echo "kept $work" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
@@ -91,7 +102,12 @@ for b in strata-server strata-agent demo_service mixed_work_service; do
   [[ ! -x "$BUILD/bin/$b" ]] || cp "$BUILD/bin/$b" "$work/bin/$b"
 done
 [[ -z "${BASE_AGENT:-}" ]] || cp "$BASE_AGENT" "$work/bin/strata-agent-base"
+if [[ " $CASES " == *" java"* ]]; then
+  "$(dirname "$(readlink -f "$JAVA")")/javac" -d "$work/java" \
+    "$root/tests/workloads/java/JavaWorkload.java"
+fi
 
+declare -A target agent
 source "$root/tests/bench/cpu_ns.sh"
 # wait_for WHAT TIMEOUT PID LOG PATTERN: until LOG holds PATTERN while PID lives.
 wait_for() {
@@ -118,7 +134,6 @@ pids+=($!)
 wait_for "strata-server" 60 "${pids[0]}" "$work/server.log" "ready on port"
 port=$(sed -n 's/.*ready on port \([0-9]*\).*/\1/p' "$work/server.log" | head -1)
 
-declare -A target agent
 run_seconds=$((WARMUP + seconds + 120))
 for c in $CASES; do
   case ${c%-base} in
@@ -130,6 +145,7 @@ for c in $CASES; do
     go) "$BUILD/go/go_workload_plain" -seconds "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
     go-switches) "$BUILD/go/go_workload_plain" -seconds "$run_seconds" -switches \
                    >"$work/$c.target.log" 2>&1 & ;;
+    java) "$JAVA" -cp "$work/java" JavaWorkload "$run_seconds" >"$work/$c.target.log" 2>&1 & ;;
     *) echo "language_cost.sh: unknown case $c" >&2; exit 2 ;;
   esac
   target[$c]=$!
@@ -145,6 +161,7 @@ for c in $CASES; do
     py-read) flags=(--python-capture off) ;;
     py10) flags=(--python-capture off --python-read-period-ms 10) ;;
     py-off) flags=(--python-frames off) ;;
+    java) flags=(--jvm-perf-map '*') ;;
   esac
   bin=$work/bin/strata-agent
   if [[ $c == *-base ]]; then
