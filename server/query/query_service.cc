@@ -99,6 +99,19 @@ absl::StatusOr<v1::PhaseChange> ToPhaseChange(store::Store* store, const store::
   return change;
 }
 
+// Whether a phase change is one of naming, not of behaviour: every stack that fell runs
+// through JIT code no perf map had named yet ("[jit]+0x..."), and no stack that rose does.
+// The runtime's map arrived (a JVM's, asked for after it started) and the same samples now
+// land on named, and often whole, stacks; the old ones fall to nothing at once.
+bool IsNamingChange(const v1::PhaseChange& c) {
+  auto unnamed_jit = [](const v1::PhaseChange::Shift& s) {
+    return std::any_of(s.path().frames().begin(), s.path().frames().end(),
+                       [](const v1::Frame& f) { return f.module() == base::kJitModule; });
+  };
+  return !c.fell().empty() && std::all_of(c.fell().begin(), c.fell().end(), unnamed_jit) &&
+         std::none_of(c.rose().begin(), c.rose().end(), unnamed_jit);
+}
+
 }  // namespace
 
 void SetFrame(const ResolvedFunction& f, v1::Frame* out) {
@@ -734,6 +747,7 @@ absl::StatusOr<v1::PhasesResponse> PhasesOf(store::Store* store, const ProfileQu
   for (const store::PhaseEvent& e : *events) {
     auto change = ToPhaseChange(store, e, &paths);
     if (!change.ok()) return change.status();
+    if (IsNamingChange(*change)) continue;
     *response.add_changes() = *std::move(change);
   }
   return response;

@@ -341,6 +341,33 @@ TEST_F(QueryServiceTest, PhaseEventsAreNamedWhenRead) {
   EXPECT_EQ(c.fell(1).count_after(), 1u);
 }
 
+// A JVM's perf map arriving renames its stacks: the unnamed ones fall to nothing as the named
+// ones rise. That is no change of behaviour and no phase change; a reordering among stacks
+// that stay unnamed (a runtime never asked for its map) still is one.
+TEST_F(QueryServiceTest, PhaseEventsOfJitCodeGettingNamedAreNotPhaseChanges) {
+  const std::vector<std::string> jit = {"app", "[jit]", "[jit:/tmp/perf-7.map]"};
+  const uint64_t unnamed = Stack({"main", "[jit]+0x7f00", "digest"}, jit);
+  const uint64_t named = Stack({"main", "long Svc.hash(long)", "digest"},
+                               {"app", "[jit:/tmp/perf-7.map]", "[jit:/tmp/perf-7.map]"});
+  const uint64_t other_unnamed = Stack({"main", "[jit]+0x7f80"}, {"app", "[jit]"});
+  aggregate::PhaseEventPayload renamed, reordered;
+  renamed.detected_ms = reordered.detected_ms = kWindow + 12'000;
+  renamed.rose = {{named, 0, 300}};
+  renamed.fell = {{unnamed, 280, 0}};
+  reordered.rose = {{other_unnamed, 3, 300}};
+  reordered.fell = {{unnamed, 280, 5}};
+  PutPhaseEvent("jvm", kWindow, aggregate::EncodePhaseEvent(renamed));
+  PutPhaseEvent("jvm", kWindow + commit::kWindowMs, aggregate::EncodePhaseEvent(reordered));
+
+  v1::PhasesRequest request;
+  *request.mutable_filter() = Filter("jvm");
+  request.mutable_filter()->mutable_range()->set_to_ms(kWindow + 2 * commit::kWindowMs);
+  auto response = query_->RunPhases(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  ASSERT_EQ(response->changes_size(), 1);
+  EXPECT_EQ(response->changes(0).window_start_ms(), kWindow + commit::kWindowMs);
+}
+
 // Earlier servers stored a serialized v1::PhaseChange; none looks like the stack-ID encoding.
 TEST(PhaseEventFormatTest, SerializedPhaseChangesAreToldApart) {
   v1::PhaseChange change;
