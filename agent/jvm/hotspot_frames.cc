@@ -83,7 +83,8 @@ std::optional<symbols::JitFrameLayout> DecodeHotSpotEntry(std::span<const uint8_
     // leaves the mov, whose displacement still gives N.
     int64_t disp = 0;
     size_t mov_size = 0;
-    if (At(code, i, kSubRspImm32) && i + 7 <= code.size() && SavesRbp(code, i + 7, &disp, &mov_size) &&
+    if (At(code, i, kSubRspImm32) && i + 7 <= code.size() &&
+        SavesRbp(code, i + 7, &disp, &mov_size) &&
         disp == static_cast<int64_t>(Imm32(code, i + 3)) - 8) {
       return Checked(static_cast<uint32_t>(i + 7), static_cast<uint32_t>(i + 7), disp + 16);
     }
