@@ -66,6 +66,22 @@ std::string DebugHint(std::string_view module, std::string_view build_id_hex) {
   return "strata debuginfo upload FILE (its unstripped binary or debug file)";
 }
 
+// What would let stacks go on past a binary whose frames are all named but where stacks end.
+std::string UnwindHint(std::string_view module) {
+  switch (base::FrameKindOf(module)) {
+    case base::FrameKind::kJit:
+      return "stacks end in named JIT code: a runtime that keeps no frame pointer (HotSpot's "
+             "compiled methods are unwound by their frame layouts; others need their "
+             "frame-pointer option)";
+    case base::FrameKind::kKernel:
+    case base::FrameKind::kPython:
+      return "";
+    default:
+      return "stacks end in it: code without unwind rules (.eh_frame), or a stack deeper than "
+             "the agent's --stack-bytes";
+  }
+}
+
 v1::QualityResponse StackQuality(const Profile& profile,
                                  const std::vector<std::string>& build_ids) {
   struct Binary {
@@ -154,8 +170,10 @@ v1::QualityResponse StackQuality(const Profile& profile,
     out->set_unnamed_frames(b.unnamed);
     out->set_unnamed_pct(Pct(b.unnamed, b.frames));
     out->set_truncated_here(b.truncated_here);
-    if (b.unnamed > 0 || b.truncated_here > 0) {
+    if (b.unnamed > 0) {
       out->set_hint(DebugHint(key.first, out->build_id()));
+    } else if (b.truncated_here > 0) {
+      out->set_hint(UnwindHint(key.first));
     }
   }
   std::sort(r.mutable_binaries()->begin(), r.mutable_binaries()->end(),

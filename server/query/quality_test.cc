@@ -26,25 +26,31 @@ TEST(QualityTest, FramesCountedByKindAndBinariesNamedByKind) {
   const uint32_t eval = add("main", "[python:/srv/app.py]");
   const uint32_t jit = add("[jit]+0x7f00", "[jit]");
   const uint32_t c_main = add("main", "/usr/bin/tool");
+  const uint32_t named_jit = add("long Spin.hotLoop(long)", "[jit:/tmp/perf-7.map]");
+  const uint32_t lib = add("step", "/opt/lib/libstep.so");
   profile.stacks = {
       {1, 10, false, {goexit, handler, libc, kernel}},
       {2, 5, false, {goexit, unnamed_go}},
       {3, 3, true, {eval, jit}},
       {4, 2, false, {c_main, libc}},
+      {5, 4, true, {named_jit}},
+      {6, 1, true, {lib}},
   };
   const v1::QualityResponse r = StackQuality(profile, {});
   ASSERT_EQ(r.frames_by_kind_size(), 5);
-  // go: 10*2 + 5*2 frames (5 unnamed); native: libc 10 + 2, tool 2; kernel 10; python 3; jit 3.
+  // go: 10*2 + 5*2 frames (5 unnamed); native: libc 10 + 2, tool 2, libstep 1; kernel 10;
+  // python 3; jit 3 + 4.
   EXPECT_EQ(r.frames_by_kind(0).kind(), "go");
   EXPECT_EQ(r.frames_by_kind(0).frames(), 30u);
   EXPECT_EQ(r.frames_by_kind(0).unnamed_frames(), 5u);
   EXPECT_EQ(r.frames_by_kind(1).kind(), "native");
-  EXPECT_EQ(r.frames_by_kind(1).frames(), 14u);
+  EXPECT_EQ(r.frames_by_kind(1).frames(), 15u);
   EXPECT_EQ(r.frames_by_kind(2).kind(), "kernel");
   EXPECT_EQ(r.frames_by_kind(2).frames(), 10u);
-  EXPECT_EQ(r.frames_by_kind(3).kind(), "python");
-  EXPECT_EQ(r.frames_by_kind(4).kind(), "jit");
-  EXPECT_EQ(r.frames_by_kind(4).unnamed_frames(), 3u);
+  EXPECT_EQ(r.frames_by_kind(3).kind(), "jit");  // by frames: 7 against python's 3
+  EXPECT_EQ(r.frames_by_kind(3).frames(), 7u);
+  EXPECT_EQ(r.frames_by_kind(3).unnamed_frames(), 3u);
+  EXPECT_EQ(r.frames_by_kind(4).kind(), "python");
   uint64_t sum = 0;
   for (const auto& k : r.frames_by_kind()) sum += k.frames();
   EXPECT_EQ(sum, r.frames());
@@ -59,6 +65,15 @@ TEST(QualityTest, FramesCountedByKindAndBinariesNamedByKind) {
     }
     if (b.module() == "[jit]") {
       EXPECT_EQ(b.kind(), "jit");
+      EXPECT_NE(b.hint().find("perf map"), std::string::npos) << b.hint();
+    }
+    // Named, but stacks end there: a hint about unwinding, not about names.
+    if (b.module() == "[jit:/tmp/perf-7.map]") {
+      EXPECT_EQ(b.truncated_here(), 4u);
+      EXPECT_NE(b.hint().find("frame pointer"), std::string::npos) << b.hint();
+    }
+    if (b.module() == "/opt/lib/libstep.so") {
+      EXPECT_NE(b.hint().find("unwind rules"), std::string::npos) << b.hint();
     }
   }
 }
