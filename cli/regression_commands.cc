@@ -92,7 +92,7 @@ int RunRegressions(CliContext* ctx, const RegressionOptions& o) {
   if (ctx->options().json) return PrintJson(r), 0;
   WarnUnreachable(r.unreachable_nodes());
 
-  Table table({"FIRST SEEN", "SERVICE", "RELEASE", "VERDICT", "UNITS", "MDE", "LARGEST CHANGE"},
+  Table table({"FIRST SEEN", "SERVICE", "RELEASE", "VERDICT", "UNITS", "MDE", "CAUSE"},
               {4, 5});
   int shown = 0;
   for (const v1::ReleaseVerdict& v : r.verdicts()) {

@@ -1,6 +1,7 @@
 #include "server/regress/verdict.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cmath>
 #include <vector>
 
@@ -94,9 +95,14 @@ v1::ReleaseVerdict VerdictOf(const v1::CompareResponse& comparison, size_t max_f
   verdict.set_state(cause == nullptr    ? v1::ReleaseVerdict::UNCHANGED
                     : cause->delta() > 0 ? v1::ReleaseVerdict::REGRESSED
                                          : v1::ReleaseVerdict::IMPROVED);
-  std::stable_sort(changes.begin(), changes.end(), [](const auto& a, const auto& b) {
-    return std::fabs(a.delta()) > std::fabs(b.delta());
-  });
+  // The cause first: a REGRESSED verdict led by another function's larger fall (the shares
+  // the slower function took from it) reads as a contradiction. Then the rest, largest first.
+  const ptrdiff_t cause_at = cause == nullptr ? -1 : cause - changes.data();
+  if (cause_at > 0) std::swap(changes[0], changes[static_cast<size_t>(cause_at)]);
+  std::stable_sort(changes.begin() + (cause_at >= 0 ? 1 : 0), changes.end(),
+                   [](const auto& a, const auto& b) {
+                     return std::fabs(a.delta()) > std::fabs(b.delta());
+                   });
   if (changes.size() > max_functions) changes.resize(max_functions);
   for (v1::ReleaseFunctionChange& c : changes) *verdict.add_functions() = std::move(c);
   if (!detectable.empty()) {

@@ -22,8 +22,8 @@ namespace strata::server::regress {
 // `fdr`: the false discovery rate of the comparison (0: the query service's default).
 v1::CompareRequest CompareRequestFor(const ComparisonPlan& plan, double fdr);
 
-// The verdict's state, its significant functions (at most `max_functions`, largest |delta|
-// first) and the comparison's sizes.
+// The verdict's state, its significant functions (at most `max_functions`: the cause first,
+// then the others by |delta|, largest first) and the comparison's sizes.
 v1::ReleaseVerdict VerdictOf(const v1::CompareResponse& comparison, size_t max_functions = 10);
 
 }  // namespace strata::server::regress

@@ -40,6 +40,19 @@ TEST(VerdictTest, TheLargestRelativeMoveDecides) {
   EXPECT_EQ(v.baseline_units(), 3u);
   EXPECT_DOUBLE_EQ(v.min_detectable(), 0.7);  // median of 1.1, 0.7, 0.7
 
+  // checksum got slower and took its share from parse, a larger function: the cause comes
+  // first, not the larger fall.
+  v1::CompareResponse took;
+  *took.add_functions() = Row("parse", 57, 43, true);     // -25 %, -14 points
+  *took.add_functions() = Row("checksum", 43, 56, true);  // +30 %, +13 points
+  *took.add_functions() = Row("crc", 10, 11.5, true);     // +15 %
+  v = VerdictOf(took);
+  EXPECT_EQ(v.state(), v1::ReleaseVerdict::REGRESSED);
+  ASSERT_EQ(v.functions_size(), 3);
+  EXPECT_EQ(v.functions(0).name(), "checksum");
+  EXPECT_EQ(v.functions(1).name(), "parse");
+  EXPECT_EQ(v.functions(2).name(), "crc");
+
   // parse got faster: its share falls most, relatively.
   v1::CompareResponse faster;
   *faster.add_functions() = Row("parse", 20, 10, true);     // -50 %
