@@ -39,6 +39,16 @@ __attribute__((noinline)) int NamespacedTarget(long v) {
 
 uint64_t Addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
+// The names of an unwound stack's frames, innermost first (a caller by its call's address).
+std::vector<std::string> FrameNames(const ProcessAddressSpace& space, const unwind::Frame* frames,
+                                    size_t n) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < n; ++i) {
+    names.push_back(space.Symbolize(i == 0 ? frames[i].pc : frames[i].pc - 1).function_name);
+  }
+  return names;
+}
+
 TEST(SymbolsTest, SymbolizesOwnFunctions) {
   ModuleCache cache;
   ProcessAddressSpace space(getpid(), &cache);
@@ -158,10 +168,7 @@ TEST(SymbolsTest, ThreadStackEndsInLibcStartThreadAndClone3) {
   unwind::UnwindResult r = unwind::Unwind(unwind::UnwindOptions(), cap.regs, cap.snapshot(), space,
                                           frames, 128);
   EXPECT_EQ(r.stop, unwind::StopReason::kOutermost) << unwind::StopReasonName(r.stop);
-  std::vector<std::string> names;
-  for (size_t i = 0; i < r.num_frames; ++i) {
-    names.push_back(space.Symbolize(i == 0 ? frames[i].pc : frames[i].pc - 1).function_name);
-  }
+  const std::vector<std::string> names = FrameNames(space, frames, r.num_frames);
   ASSERT_GE(names.size(), 3u);
   EXPECT_NE(names[0].find("LeafNoFp"), std::string::npos) << names[0];
   EXPECT_EQ(names[names.size() - 2], "start_thread") << absl::StrJoin(names, "\n");
@@ -369,10 +376,7 @@ TEST_F(JitSymbolsTest, UnwindsThroughJitCodeByFramePointers) {
     EXPECT_EQ(r.stop, unwind::StopReason::kOutermost) << unwind::StopReasonName(r.stop);
     EXPECT_EQ(r.jit_frames_fp, 1u);
     EXPECT_EQ(r.jit_frames_cfi, 0u);
-    std::vector<std::string> names;
-    for (size_t i = 0; i < r.num_frames; ++i) {
-      names.push_back(space.Symbolize(i == 0 ? frames[i].pc : frames[i].pc - 1).function_name);
-    }
+    const std::vector<std::string> names = FrameNames(space, frames, r.num_frames);
     auto at = [&](std::string_view what) {
       return std::find_if(names.begin(), names.end(),
                           [&](const std::string& n) { return n.find(what) != std::string::npos; }) -
@@ -435,10 +439,7 @@ TEST_F(JitSymbolsTest, UnwindsThroughJitCodeWithoutFramePointerByItsLayout) {
   EXPECT_EQ(r.stop, unwind::StopReason::kOutermost) << unwind::StopReasonName(r.stop);
   EXPECT_EQ(r.jit_frames_cfi, 1u);
   EXPECT_EQ(r.jit_frames_fp, 0u);
-  std::vector<std::string> names;
-  for (size_t i = 0; i < r.num_frames; ++i) {
-    names.push_back(space.Symbolize(i == 0 ? frames[i].pc : frames[i].pc - 1).function_name);
-  }
+  const std::vector<std::string> names = FrameNames(space, frames, r.num_frames);
   const auto jit = std::find(names.begin(), names.end(), "long Strata.strataFrameless(long)");
   ASSERT_NE(jit, names.end()) << absl::StrJoin(names, "\n");
   EXPECT_NE(jit[-1].find("CaptureFromJit"), std::string::npos) << absl::StrJoin(names, "\n");
