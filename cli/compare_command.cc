@@ -19,6 +19,7 @@ struct CompareOptions {
   std::string candidate_since, candidate_from, candidate_to;
   std::string window = "60s";
   bool windows_independent = false;
+  bool language_self = false;
   double fdr = 0.05;
   double confidence = 0.95;
   double min_share = 0.1;  // percent
@@ -83,6 +84,7 @@ int RunCompare(CliContext* ctx, const CompareOptions& o) {
   if (!window.ok() || *window < 1000) Fail("--window: a duration of at least 1s, e.g. 60s");
   request.set_window_s(static_cast<uint32_t>(*window / 1000));
   request.set_windows_independent(o.windows_independent);
+  request.set_language_self(o.language_self);
   if (!(o.fdr > 0 && o.fdr < 1)) Fail("--fdr: a number in (0, 1), e.g. 0.05");
   request.set_fdr(o.fdr);
   if (!(o.confidence > 0 && o.confidence < 1)) Fail("--confidence: a number in (0, 1), e.g. 0.95");
@@ -202,6 +204,9 @@ void AddCompareCommand(CLI::App* app, CliContext* ctx, int* exit_code) {
   cmd->add_flag("--windows-independent", o.windows_independent,
                 "each window of a host is a unit of its own (only when hosts do not differ "
                 "lastingly; by default a unit is a host over the range)");
+  cmd->add_flag("--language-self", o.language_self,
+                "a Python or Java function's self samples include the interpreter's or JVM's "
+                "native code it calls (as release verdicts count them)");
   cmd->add_option("--fdr", o.fdr, "false discovery rate (Benjamini-Hochberg)")
       ->capture_default_str();
   cmd->add_option("--confidence", o.confidence, "of the intervals")->capture_default_str();

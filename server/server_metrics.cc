@@ -543,8 +543,9 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
   // candidate_since_s, ...); unprefixed keys (service, since_s, host, ...) are both groups'
   // defaults. See QueryService::RunCompare.
   http->Route("/api/v1/compare",
-              reader(Taking({"limit", "window_s", "windows_independent", "fdr", "confidence",
-                             "min_share", "baseline_requests", "candidate_requests"},
+              reader(Taking({"limit", "window_s", "windows_independent", "language_self", "fdr",
+                             "confidence", "min_share", "baseline_requests",
+                             "candidate_requests"},
                             {"", "baseline_", "candidate_"}, [query](const http::HttpRequest& req) {
     v1::CompareRequest request;
     v1::ProfileFilter shared;
@@ -566,12 +567,15 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     auto limit = LimitFromQuery(req);
     auto window = LimitFromQuery(req, "window_s");
     auto independent = FlagFromQuery(req, "windows_independent");
-    for (const absl::Status& st : {limit.status(), window.status(), independent.status()}) {
+    auto language_self = FlagFromQuery(req, "language_self");
+    for (const absl::Status& st :
+         {limit.status(), window.status(), independent.status(), language_self.status()}) {
       if (!st.ok()) return Error(st);
     }
     request.set_limit(*limit);
     request.set_window_s(*window);
     request.set_windows_independent(*independent);
+    request.set_language_self(*language_self);
     for (const auto& [key, set] : {std::pair{"fdr", &v1::CompareRequest::set_fdr},
                                    std::pair{"confidence", &v1::CompareRequest::set_confidence},
                                    std::pair{"min_share", &v1::CompareRequest::set_min_share}}) {

@@ -32,11 +32,13 @@ class KeyTable {
     std::vector<uint32_t> rows;
   };
 
+  explicit KeyTable(SelfOf self_of) : self_of_(self_of) {}
+
   // A profile of one unit as counts per key.
   compare::Unit UnitOf(const Profile& profile, uint64_t cluster) {
     const std::vector<uint32_t> rows = matcher_.RowsOf(profile);
     absl::flat_hash_map<uint32_t, uint64_t> counts;
-    for (const FunctionTotals& t : TopFunctions(profile, false)) {
+    for (const FunctionTotals& t : TopFunctions(profile, false, self_of_)) {
       // Two functions of one profile may share a name and module (two builds of a module):
       // their counts add up, as in Diff.
       if (t.self > 0) counts[KeyOf(kSelf, rows[t.function])] += t.self;
@@ -74,6 +76,7 @@ class KeyTable {
     return it->second;
   }
 
+  const SelfOf self_of_;
   FunctionMatcher matcher_;
   absl::flat_hash_map<uint64_t, uint32_t> index_;
   std::vector<Key> keys_;
@@ -162,6 +165,10 @@ int64_t UnitWindowMs(const CompareSettings& s, const ProfileQuery& q, size_t hos
   return w;
 }
 
+bool HasLanguageFrames(const Profile& profile) {
+  return std::ranges::any_of(profile.functions, IsLanguageFrame);
+}
+
 // A group's error, named: "baseline: ..." or "candidate: ...".
 absl::Status Prefixed(const char* group, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(group, ": ", status.message()));
@@ -236,7 +243,7 @@ absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
       !(settings.confidence > 0 && settings.confidence < 1)) {
     return absl::InvalidArgumentError("fdr and confidence must lie in (0, 1)");
   }
-  KeyTable keys;
+  KeyTable keys(settings.language_self ? SelfOf::kLanguageFrame : SelfOf::kLeaf);
   std::mutex mu;
   v1::CompareResponse response;
   std::set<std::string> unreachable;
@@ -248,6 +255,10 @@ absl::StatusOr<v1::CompareResponse> CompareProfiles(const ProfileLoader& load,
     auto whole = load(g->query);
     if (!whole.ok()) return Prefixed(name, whole.status());
     wholes.push_back(*std::move(whole));
+  }
+  if (settings.language_self && std::ranges::any_of(wholes, HasLanguageFrames)) {
+    response.add_notes(
+        "self samples of Python and JIT functions include the native code they call");
   }
   CompareSettings unit_settings = settings;
   if (settings.one_host_windows && !settings.windows_independent &&
@@ -381,6 +392,7 @@ absl::StatusOr<v1::CompareResponse> CompareRequested(const v1::CompareRequest& r
   CompareSettings settings;
   settings.windows_independent = request.windows_independent();
   settings.one_host_windows = request.one_host_windows();
+  settings.language_self = request.language_self();
   if (request.window_s() > 0) settings.window_ms = int64_t{request.window_s()} * 1000;
   if (request.fdr() != 0) settings.fdr = request.fdr();
   if (request.confidence() != 0) settings.confidence = request.confidence();

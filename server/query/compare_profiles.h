@@ -31,6 +31,9 @@ struct CompareSettings {
   bool windows_independent = false;
   // Windows as units when both groups hold one host only, the same one (CompareRequest).
   bool one_host_windows = false;
+  // Self samples of Python and JIT functions include the native code they call
+  // (SelfOf::kLanguageFrame; CompareRequest.language_self).
+  bool language_self = false;
   int64_t window_ms = 60'000;  // of a unit with windows_independent; rounded up to store windows
   double fdr = 0.05;
   double confidence = 0.95;  // of the intervals

@@ -23,14 +23,33 @@
 
 namespace strata::server::query {
 
-std::vector<FunctionTotals> TopFunctions(const Profile& profile, bool sort_by_total) {
+bool IsLanguageFrame(const ResolvedFunction& f) {
+  const base::FrameKind kind = base::FrameKindOf(f.module);
+  return kind == base::FrameKind::kPython || kind == base::FrameKind::kJit;
+}
+
+std::vector<FunctionTotals> TopFunctions(const Profile& profile, bool sort_by_total,
+                                         SelfOf self_of) {
   std::vector<FunctionTotals> totals(profile.functions.size());
   for (uint32_t i = 0; i < totals.size(); ++i) totals[i].function = i;
+  std::vector<bool> language;  // by function, with SelfOf::kLanguageFrame
+  if (self_of == SelfOf::kLanguageFrame) {
+    language.resize(profile.functions.size());
+    for (uint32_t i = 0; i < language.size(); ++i) {
+      language[i] = IsLanguageFrame(profile.functions[i]);
+    }
+  }
   std::vector<uint32_t> seen(profile.functions.size(), UINT32_MAX);
   for (uint32_t s = 0; s < profile.stacks.size(); ++s) {
     const ResolvedStack& stack = profile.stacks[s];
     if (stack.frames.empty()) continue;
-    totals[stack.frames.back()].self += stack.count;
+    uint32_t self = stack.frames.back();
+    if (!language.empty()) {
+      auto inner = std::find_if(stack.frames.rbegin(), stack.frames.rend(),
+                                [&](uint32_t f) { return language[f]; });
+      if (inner != stack.frames.rend()) self = *inner;
+    }
+    totals[self].self += stack.count;
     for (uint32_t f : stack.frames) {
       if (seen[f] == s) continue;
       seen[f] = s;

@@ -111,9 +111,23 @@ struct FunctionTotals {
   uint64_t total = 0;
 };
 
+// Which frame of a stack its samples are the self samples of.
+enum class SelfOf {
+  kLeaf,  // the innermost frame
+  // The innermost Python or JIT frame, where the stack has one: the interpreter's or JVM's
+  // native code it called (_PyObject_Free, a GC barrier) and the kernel's under that are its
+  // cost, as py-spy and async-profiler's Java views count them; else the leaf. The question a
+  // release of a Python or Java service asks is which of its own functions got slower.
+  kLanguageFrame,
+};
+
+// Whether `f` is Python or JIT code: a frame SelfOf::kLanguageFrame gives self samples to.
+bool IsLanguageFrame(const ResolvedFunction& f);
+
 // Self and total samples per function; a function appearing several times in one stack
 // (recursion) counts once towards that stack's total.
-std::vector<FunctionTotals> TopFunctions(const Profile& profile, bool sort_by_total);
+std::vector<FunctionTotals> TopFunctions(const Profile& profile, bool sort_by_total,
+                                         SelfOf self_of = SelfOf::kLeaf);
 
 // Makes each function that several builds or processes hold one function: the same name,
 // module identity (base::IdentityOf: a release's directory and a perf map's process ID left

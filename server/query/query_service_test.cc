@@ -599,6 +599,58 @@ TEST_F(QueryServiceTest, CompareOfOneHostTakesItsWindowsWhenAsked) {
   EXPECT_EQ(r->window_s(), 0u);
 }
 
+// A Python service's release whose parse allocates more: the interpreter's _PyObject_Free
+// under it rises from about 10 % to 25 % of the samples. Compared by leaf the cause is
+// _PyObject_Free; with language_self parse's own self share rises by those 15 points, and a
+// native thread without Python frames is still counted by its leaf.
+TEST_F(QueryServiceTest, CompareWithLanguageSelfGivesTheRuntimesCostToItsPythonCaller) {
+  const std::vector<std::string> modules = {"/usr/bin/python3.11", "[python:app.py]",
+                                            "/usr/bin/python3.11"};
+  const uint64_t parse_free = Stack({"Py_RunMain", "parse", "_PyObject_Free"}, modules);
+  const uint64_t parse = Stack({"Py_RunMain", "parse"}, modules);
+  const uint64_t gc = Stack({"start_thread", "gc_collect_main"}, {"libc.so.6", modules[0]});
+  for (int w = 0; w < 6; ++w) {
+    const bool candidate = w >= 3;
+    const labels::LabelSet set = {{"version", candidate ? "2" : "1"}};
+    const int64_t window = kWindow + w * commit::kWindowMs;
+    const uint64_t free_n = (candidate ? 250 : 100) + 10 * (w % 2);
+    AddSamples("py", "h1", parse_free, free_n, set, window);
+    AddSamples("py", "h1", parse, 300, set, window);
+    AddSamples("py", "h1", gc, 1000 - 300 - free_n, set, window);
+  }
+  v1::CompareRequest request;
+  request.set_service("py");
+  request.mutable_baseline()->set_selector("version=1");
+  request.mutable_baseline()->mutable_range()->set_from_ms(kWindow);
+  request.mutable_baseline()->mutable_range()->set_to_ms(kWindow + 6 * commit::kWindowMs);
+  request.mutable_candidate()->set_selector("version=2");
+  request.set_window_s(10);
+  request.set_one_host_windows(true);
+  auto self_delta = [](const v1::CompareResponse& r, const std::string& name) {
+    for (const v1::FunctionComparison& f : r.functions()) {
+      if (f.function().function() == name && f.self().tested()) return f.self().delta();
+    }
+    return 0.0;
+  };
+  const double rise = (770.0 - 310.0) / 30;  // points: 310 of 3,000 samples, then 770
+  auto r = query_->RunCompare(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(self_delta(*r, "_PyObject_Free"), rise, 0.01);
+  EXPECT_NEAR(self_delta(*r, "parse"), 0.0, 0.01);
+  EXPECT_THAT(r->notes(), ::testing::Not(::testing::Contains(::testing::HasSubstr("Python"))));
+
+  request.set_language_self(true);
+  r = query_->RunCompare(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(self_delta(*r, "parse"), rise, 0.01);
+  EXPECT_EQ(self_delta(*r, "_PyObject_Free"), 0.0);
+  EXPECT_NEAR(self_delta(*r, "gc_collect_main"), -rise, 0.01);
+  EXPECT_THAT(r->notes(), ::testing::Contains(::testing::HasSubstr("Python and JIT functions")));
+  for (const v1::FunctionComparison& f : r->functions()) {
+    if (f.function().function() == "_PyObject_Free") EXPECT_TRUE(f.total().significant());
+  }
+}
+
 }  // namespace
 }  // namespace strata::server::query
 

@@ -22,6 +22,9 @@ v1::CompareRequest CompareRequestFor(const ComparisonPlan& plan, double fdr) {
   candidate->mutable_range()->set_to_ms(plan.candidate_to_ms);
   request.set_windows_independent(plan.windows_independent);
   request.set_one_host_windows(plan.one_host_windows);
+  // A Python or Java service's release is about its own functions: the runtime's native code
+  // they call is theirs.
+  request.set_language_self(true);
   request.set_window_s(plan.window_s);
   request.set_fdr(fdr);
   return request;

@@ -84,6 +84,7 @@ TEST(VerdictTest, ThePlanBecomesACompareRequest) {
   v1::CompareRequest r = CompareRequestFor(plan, 0.01);
   EXPECT_FALSE(r.windows_independent());
   EXPECT_TRUE(r.one_host_windows());
+  EXPECT_TRUE(r.language_self());
   EXPECT_EQ(r.window_s(), 60u);
   EXPECT_EQ(r.service(), "svc");
   EXPECT_EQ(r.baseline().selector(), "version=1");
