@@ -3,10 +3,12 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "agent/jvm/hotspot_methods.h"
 #include "agent/sources/perf_source.h"
 #include "common/base/frame_kind.h"
 #include "common/base/log.h"
@@ -96,6 +98,9 @@ struct StackRecorder::TargetState {
   // The interpreter found in the mappings of epoch `python_epoch` (null: none).
   std::unique_ptr<PythonTarget> python;
   std::optional<uint64_t> python_epoch;
+  // The JVM found in the mappings of epoch `java_epoch` (null: none, or not readable).
+  std::unique_ptr<JavaTarget> java;
+  std::optional<uint64_t> java_epoch;
 };
 
 struct StackRecorder::PythonTarget {
@@ -103,10 +108,21 @@ struct StackRecorder::PythonTarget {
   uint64_t runtime = 0;  // absolute address of its _PyRuntime
 };
 
+struct StackRecorder::JavaTarget {
+  std::unique_ptr<jvm::HotSpotMethods> methods;
+  uint64_t libjvm_bias = 0;
+  // The interpreter's code, absolute, as the perf map names it (FrameFor finds it; empty until
+  // then), and the module its methods are named in: the perf map's, as their compiled code.
+  uint64_t interpreter_start = 0, interpreter_end = 0;
+  std::string module;
+  bool InInterpreter(uint64_t pc) const { return pc >= interpreter_start && pc < interpreter_end; }
+};
+
 StackRecorder::StackRecorder(StackRecorderOptions options, ContextGraph* graph,
                              TargetDiscovery* targets)
     : options_(options), graph_(graph), targets_(targets) {
   frames_.resize(options_.max_frames);
+  java_methods_.resize(options_.max_frames);
   python_frames_.resize(options_.max_frames);
   python_group_end_.resize(options_.max_frames);
 }
@@ -204,8 +220,83 @@ const std::vector<encoding::EdgeId>* StackRecorder::UnwindAndRecord(
       python = &splice;
     }
   }
+  const uint64_t* java_methods = nullptr;
+  if (JavaTarget* java = JavaOf(target, state);
+      java != nullptr && ReadJavaMethods(*java, sample, result.num_frames)) {
+    java_methods = java_methods_.data();
+  }
   return Record(target, state, frames_.data(), result.num_frames, truncated, sample.kernel_pcs,
-                sample.kernel_depth, paths, outer_kept, counts, python);
+                sample.kernel_depth, paths, outer_kept, counts, python, java_methods);
+}
+
+StackRecorder::JavaTarget* StackRecorder::JavaOf(const Target& target, TargetState& state) {
+  if (!target.jvm || unwind::kHostArch != unwind::Arch::kX86_64) return nullptr;
+  if (state.java_epoch == target.maps_epoch) return state.java.get();
+  state.java_epoch = target.maps_epoch;
+  const symbols::Module* libjvm = nullptr;
+  int64_t bias = 0;
+  target.space->ForEachModule([&](const symbols::Module& m, int64_t module_bias) {
+    if (libjvm == nullptr && m.elf != nullptr && m.path.ends_with("/libjvm.so")) {
+      libjvm = &m;
+      bias = module_bias;
+    }
+  });
+  if (libjvm == nullptr) {
+    state.java.reset();
+    return nullptr;
+  }
+  if (state.java != nullptr && state.java->libjvm_bias == static_cast<uint64_t>(bias)) {
+    return state.java.get();  // the same JVM: keep its methods
+  }
+  state.java.reset();
+  auto memory = std::make_unique<python::RemoteMemory>(target.pid);
+  absl::StatusOr<jvm::HotSpotOffsets> offsets =
+      jvm::ReadHotSpotOffsets(*libjvm->elf, bias, *memory);
+  if (!offsets.ok()) {
+    LogInfo("pid {}: interpreted Java frames not named: {}", target.pid,
+            offsets.status().ToString());
+    return nullptr;
+  }
+  state.java = std::make_unique<JavaTarget>();
+  state.java->methods = std::make_unique<jvm::HotSpotMethods>(*offsets, std::move(memory));
+  state.java->libjvm_bias = static_cast<uint64_t>(bias);
+  return state.java.get();
+}
+
+bool StackRecorder::ReadJavaMethods(const JavaTarget& java, const sampler::RawSample& sample,
+                                    size_t num_frames) {
+  bool any = false;
+  for (size_t i = 0; i < num_frames; ++i) {
+    java_methods_[i] = 0;
+    const unwind::Frame& f = frames_[i];
+    if (!java.InInterpreter(i == 0 ? f.pc : f.pc - 1) || f.ra_slot < sample.sp ||
+        f.ra_slot < jvm::kMethodBelowReturnSlot) {
+      continue;
+    }
+    const uint64_t slot = f.ra_slot - jvm::kMethodBelowReturnSlot;
+    if (slot < sample.sp || slot - sample.sp + 8 > sample.stack_size) continue;
+    std::memcpy(&java_methods_[i], sample.stack + (slot - sample.sp), 8);
+    any |= java_methods_[i] != 0;
+  }
+  return any;
+}
+
+std::optional<encoding::PathFrame> StackRecorder::JavaFrameFor(JavaTarget& java,
+                                                               uint64_t method, bool innermost) {
+  const jvm::HotSpotMethods::Method* m = java.methods->Find(method, MonotonicNs());
+  if (m == nullptr) {
+    ++stats_.java_unnamed;
+    return std::nullopt;
+  }
+  if (m->owner_id == 0) {
+    FunctionRecord record;
+    record.name = m->name;
+    record.module = java.module;
+    m->owner_id = graph_->NodeFor(record);
+  }
+  ++stats_.java_frames;
+  if (innermost) leaf_module_pc_ = 0;
+  return encoding::PathFrame{m->owner_id, 0};
 }
 
 python::Interpreter* StackRecorder::PythonOf(const Target& target, TargetState& state) {
@@ -530,6 +621,15 @@ encoding::PathFrame StackRecorder::FrameFor(const Target& target, TargetState& s
       record.build_id = sym.build_id;
       record.start_offset = sym.known_function ? sym.function_start : sym.module_pc;
     }
+    // The interpreter's code, where the JVM's perf map names it (its extent is the entry's).
+    symbols::PerfMap::Symbol entry;
+    if (state.java != nullptr && sym.known_function && sym.function_name == "Interpreter" &&
+        base::FrameKindOf(sym.module_path) == base::FrameKind::kJit &&
+        target.space->perf_map() != nullptr && target.space->perf_map()->Lookup(lookup, &entry)) {
+      state.java->interpreter_start = entry.start;
+      state.java->interpreter_end = entry.end;
+      state.java->module = sym.module_path;
+    }
     if (state.pc_cache.size() >= kMaxPcCacheEntries) state.pc_cache.clear();
     it = state.pc_cache
              .emplace(lookup, TargetState::CachedPc{graph_->NodeFor(record), sym.module_pc})
@@ -569,7 +669,8 @@ encoding::PathFrame StackRecorder::KernelFrameFor(uint64_t pc, bool innermost) {
 const std::vector<encoding::EdgeId>* StackRecorder::Record(
     const Target& target, TargetState& state, const unwind::Frame* frames, size_t num_frames,
     bool truncated, const uint64_t* kernel_pcs, size_t kernel_depth, PathCache* cache,
-    size_t outer_kept, v1::UnwindCounters* counts, const PythonSplice* python) {
+    size_t outer_kept, v1::UnwindCounters* counts, const PythonSplice* python,
+    const uint64_t* java_methods) {
   stats_.unwound_frames += num_frames;
   stats_.truncated += truncated;
   stats_.kernel_frames += kernel_depth;
@@ -601,11 +702,19 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
       }
       keep = outside;
     }
+    // So in a JVM: the method an interpreter frame runs is not in its return address.
+    if (const JavaTarget* java = state.java.get(); java != nullptr && java->interpreter_end != 0) {
+      size_t outside = 0;
+      while (outside < keep && !java->InInterpreter(frames[num_frames - 1 - outside].pc - 1)) {
+        ++outside;
+      }
+      keep = outside;
+    }
   }
   // Of a Python stack's frames inward of the kept ones, those the same as the last stack's
   // keep their edges too: the thread mostly runs the same calls. The new frames overwrite
   // the last stack's in place, compared as they go.
-  bool same = cache != nullptr && python != nullptr && keep > 0;
+  bool same = cache != nullptr && (python != nullptr || java_methods != nullptr) && keep > 0;
   size_t at = keep, same_until = keep;
   auto put = [&](const encoding::PathFrame& f) {
     if (at < path.size()) {
@@ -630,6 +739,12 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
         put(PythonFrameFor(python->frames[j], i == 0 && j == 0));
       }
       continue;
+    }
+    if (java_methods != nullptr && java_methods[i] != 0) {
+      if (auto f = JavaFrameFor(*state.java, java_methods[i], i == 0)) {
+        put(*f);
+        continue;
+      }
     }
     put(FrameFor(target, state, frames[i].pc, i == 0));
   }

@@ -16,6 +16,11 @@
 // the outermost eval-loop frame are reused from the previous sample (the Python frames under a
 // kept eval-loop frame may differ).
 //
+// HotSpot JVMs (x86-64, with a perf map naming their interpreter's code): each frame in the
+// template interpreter's code is shown as the Java method it runs, its Method* read from the
+// sample's stack copy and named from the JVM's memory (agent/jvm/hotspot_methods.h); as for
+// Python, only frames outside the outermost interpreter frame are reused from the last sample.
+//
 // Single-threaded: the agent's main loop. A sample of a known thread allocates nothing.
 #ifndef STRATA_AGENT_CORE_STACK_RECORDER_H_
 #define STRATA_AGENT_CORE_STACK_RECORDER_H_
@@ -24,6 +29,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -90,6 +96,8 @@ struct StackRecorderStats {
   uint64_t python_reused = 0;     // ... that took the thread's read for its previous sample
   uint64_t python_read_delay_ns = 0;  // sum over the other reads: read time - sample time
   uint64_t python_read_delay_max_ns = 0;
+  uint64_t java_frames = 0;       // interpreted Java frames named by their method
+  uint64_t java_unnamed = 0;      // ... whose slot held no method that could be read
 };
 
 
@@ -141,6 +149,7 @@ class StackRecorder final : public sources::StackSink {
   struct OffCpuThread;
   struct TargetState;
   struct PythonTarget;
+  struct JavaTarget;
   // The Python frames read for the sample being recorded, innermost first, and where each
   // native eval-loop call's group of them ends (group g: frames [end[g-1] + 1, end[g]]).
   struct PythonSplice {
@@ -186,7 +195,19 @@ class StackRecorder final : public sources::StackSink {
                                               bool truncated, const uint64_t* kernel_pcs,
                                               size_t kernel_depth, PathCache* cache,
                                               size_t outer_kept, v1::UnwindCounters* counts,
-                                              const PythonSplice* python = nullptr);
+                                              const PythonSplice* python = nullptr,
+                                              const uint64_t* java_methods = nullptr);
+  // The target's JVM whose interpreted frames can be named (found again when its mappings
+  // changed), or null.
+  JavaTarget* JavaOf(const Target& target, TargetState& state);
+  // The Method* of each of the `num_frames` unwound frames_ that runs in the JVM's
+  // interpreter, read from the sample's stack copy, into java_methods_ (0 for the others);
+  // false when no frame is the interpreter's.
+  bool ReadJavaMethods(const JavaTarget& java, const sampler::RawSample& sample,
+                       size_t num_frames);
+  // The frame of an interpreted method; nullopt where `method` cannot be named.
+  std::optional<encoding::PathFrame> JavaFrameFor(JavaTarget& java, uint64_t method,
+                                                  bool innermost);
   // The target's interpreter (found again when its mappings changed), or null.
   python::Interpreter* PythonOf(const Target& target, TargetState& state);
   // Reads the Python frames of the sample's thread for the `num_frames` unwound frames_; true
@@ -226,6 +247,7 @@ class StackRecorder final : public sources::StackSink {
   std::vector<encoding::EdgeId> edges_;  // Record's, for stacks without a PathCache
   size_t python_targets_ = 0;
   uint64_t python_sample_ns_ = 0;
+  std::vector<uint64_t> java_methods_;              // sized once: ReadJavaMethods's
   std::vector<python::PythonFrame> python_frames_;  // sized once: ReadPython's
   std::vector<size_t> python_group_end_;            // sized once
   // The read python_frames_ hold (ReadPython takes it again for the thread's next sample when

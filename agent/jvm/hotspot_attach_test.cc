@@ -22,6 +22,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/jvm/hotspot_methods.h"
+#include "agent/symbols/module_cache.h"
+#include "agent/symbols/process_address_space.h"
 #include "gtest/gtest.h"
 
 namespace strata::agent::jvm {
@@ -123,6 +126,23 @@ TEST_F(HotSpotAttachTest, RunsCommandsAndWritesThePerfMap) {
       RunDiagnosticCommand(jvm->pid(), "No.such_command", absl::Seconds(10));
   EXPECT_TRUE(absl::IsFailedPrecondition(unknown.status())) << unknown.status();
   EXPECT_TRUE(jvm->running());
+
+  // The offsets interpreted frames are named through, from the running JVM's own tables.
+  symbols::ModuleCache cache;
+  symbols::ProcessAddressSpace space(jvm->pid(), &cache);
+  ASSERT_TRUE(space.Refresh().ok());
+  absl::StatusOr<HotSpotOffsets> offsets = absl::NotFoundError("no libjvm.so mapped");
+  space.ForEachModule([&](const symbols::Module& m, int64_t bias) {
+    if (m.elf != nullptr && m.path.ends_with("/libjvm.so")) {
+      offsets = ReadHotSpotOffsets(*m.elf, bias, python::RemoteMemory(jvm->pid()));
+    }
+  });
+  ASSERT_TRUE(offsets.ok()) << offsets.status();
+  EXPECT_GT(offsets->method_const_method, 0u);
+  EXPECT_NE(offsets->const_method_name_index, offsets->const_method_signature_index);
+  EXPECT_GT(offsets->symbol_body, offsets->symbol_length);
+  EXPECT_GE(offsets->constant_pool_size, 32u);
+  EXPECT_LE(offsets->constant_pool_size, 256u);
 }
 
 // Until `pid` runs `program` (its exec done: under qemu the child runs as the emulator until

@@ -1,8 +1,9 @@
 // HotSpot JIT code end to end: a JVM started without any profiling option runs a hot method;
 // the real strata-agent, told to (--jvm-perf-map), asks it for perf maps through the attach
 // mechanism while it runs, and the real strata-server's hot paths name the method's compiled
-// code, in whole stacks although compiled Java code keeps no frame pointer. The JVM is not
-// disturbed: it keeps running and prints no thread dump.
+// code, in whole stacks although compiled Java code keeps no frame pointer, called from a
+// method the JVM only ever interprets, named as that method. The JVM is not disturbed: it keeps
+// running and prints no thread dump.
 #include <signal.h>
 #include <unistd.h>
 
@@ -25,6 +26,8 @@ constexpr char kJava[] = "/usr/bin/java";
 constexpr char kJavac[] = "/usr/bin/javac";
 // The name HotSpot's perf map gives the method's compiled code.
 constexpr char kHotMethod[] = "long Spin.hotLoop(long)";
+// Its caller, never compiled (-XX:CompileCommand=exclude): always the interpreter's frame.
+constexpr char kInterpretedCaller[] = "long Spin.viaInterpreter(long)";
 
 constexpr char kSource[] = R"(public class Spin {
   static long hotLoop(long n) {
@@ -32,11 +35,12 @@ constexpr char kSource[] = R"(public class Spin {
     for (long i = 0; i < n; i++) s = (s * 31 + i) % 1000003;
     return s;
   }
+  static long viaInterpreter(long n) { return hotLoop(n); }
   public static void main(String[] args) {
     long sink = 0;
     System.out.println("ready");
     final long stopAt = System.currentTimeMillis() + 300_000;
-    while (System.currentTimeMillis() < stopAt) sink += hotLoop(2_000_000);
+    while (System.currentTimeMillis() < stopAt) sink += viaInterpreter(2_000_000);
     System.out.println("done " + sink);
   }
 }
@@ -45,9 +49,9 @@ constexpr char kSource[] = R"(public class Spin {
 // Samples of `paths` with a frame named `name`, and of JIT frames left unnamed.
 struct Counts {
   uint64_t named = 0, unnamed = 0, total = 0;
-  // Of the named ones: complete stacks, and those whose frame calling `name` is Java code
-  // (Spin.main compiled, or the interpreter running it).
-  uint64_t complete = 0, called_from_java = 0;
+  // Of the named ones: complete stacks, those whose frame calling `name` is its interpreted
+  // caller, named, and those with a frame left as the interpreter's code.
+  uint64_t complete = 0, called_from_java = 0, interpreter = 0;
   std::string module;  // of the named frame
 };
 
@@ -55,20 +59,21 @@ Counts CountFrames(const v1::HotPathsResponse& paths, const std::string& name) {
   Counts c;
   c.total = paths.total_samples();
   for (const v1::HotPath& p : paths.paths()) {
-    bool named = false, unnamed = false, from_java = false;
+    bool named = false, unnamed = false, from_java = false, interpreter = false;
     for (int i = 0; i < p.frames_size(); ++i) {
       const v1::Frame& f = p.frames(i);
       if (f.function() == name) {
         named = true;
         c.module = f.module();
-        const std::string caller = i > 0 ? p.frames(i - 1).function() : "";
-        from_java = caller == "Interpreter" || caller == "void Spin.main(java.lang.String[])";
+        from_java = i > 0 && p.frames(i - 1).function() == kInterpretedCaller;
       }
+      interpreter |= f.function() == "Interpreter";
       unnamed |= f.function().starts_with("[jit]+0x");
     }
     c.named += named ? p.samples() : 0;
     c.complete += named && !p.truncated() ? p.samples() : 0;
     c.called_from_java += named && from_java ? p.samples() : 0;
+    c.interpreter += named && interpreter ? p.samples() : 0;
     c.unnamed += unnamed ? p.samples() : 0;
   }
   return c;
@@ -86,7 +91,9 @@ TEST(JvmE2eTest, HotSpotJitCodeIsNamedWithoutARestart) {
   ServerProcess server(dir.File("data"), dir.File("server.log"));
   ASSERT_GT(server.port(), 0) << server.process().Output();
   const std::string service = absl::StrCat("jvm-", getpid());
-  ChildProcess java({kJava, "-cp", dir.path(), "Spin"}, dir.File("java.log"),
+  ChildProcess java({kJava, "-XX:CompileCommand=quiet",
+                     "-XX:CompileCommand=exclude,Spin::viaInterpreter", "-cp", dir.path(), "Spin"},
+                    dir.File("java.log"),
                     {{"STRATA_SERVICE", service}});
   // The JVM writes its map and its attach socket into its own /tmp, and is killed: remove
   // both whatever happens.
@@ -137,11 +144,15 @@ TEST(JvmE2eTest, HotSpotJitCodeIsNamedWithoutARestart) {
   EXPECT_EQ(counts.module, absl::StrCat("[jit:/tmp/perf-", java.pid(), ".map]"));
   // Compiled without a frame pointer (no -XX:+PreserveFramePointer), the method's frame is
   // left by its entry code's layout, out to its Java caller and the thread's start.
-  std::fprintf(stderr, "of those %lu complete, %lu called from Java code\n",
+  // Its caller, interpreted, is named as the Java method it is (its Method* in its frame).
+  std::fprintf(stderr,
+               "of those %lu complete, %lu called from %s, %lu with an interpreter frame\n",
                static_cast<unsigned long>(counts.complete),
-               static_cast<unsigned long>(counts.called_from_java));
+               static_cast<unsigned long>(counts.called_from_java), kInterpretedCaller,
+               static_cast<unsigned long>(counts.interpreter));
   EXPECT_GE(counts.complete * 10, counts.named * 9) << top;
   EXPECT_GE(counts.called_from_java * 10, counts.named * 9) << top;
+  EXPECT_LE(counts.interpreter * 10, counts.named) << top;
   // Asked through the attach listener, not by a SIGQUIT the JVM took as a dump request.
   EXPECT_EQ(java.Output().find("Full thread dump"), std::string::npos) << java.Output();
 }

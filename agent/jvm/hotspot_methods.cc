@@ -1,0 +1,287 @@
+#include "agent/jvm/hotspot_methods.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "agent/python/interpreter.h"
+
+namespace strata::agent::jvm {
+namespace {
+
+// A NUL-terminated string of libjvm.so's file at `vaddr` (its tables' names are literals).
+std::string_view FileString(const elf::ElfFile& elf, uint64_t vaddr) {
+  for (size_t size = 64; size >= 8; size /= 2) {
+    const std::string_view bytes = python::FileBytesAt(elf, vaddr, size);
+    if (bytes.empty()) continue;
+    const size_t end = bytes.find('\0');
+    return end == std::string_view::npos ? std::string_view() : bytes.substr(0, end);
+  }
+  return {};
+}
+
+// The value of the exported variable `name` (8 bytes) of the running JVM.
+absl::StatusOr<uint64_t> ReadVariable(const elf::ElfFile& elf, int64_t bias,
+                                      const python::RemoteMemory& memory, const char* name) {
+  const std::optional<uint64_t> vaddr = python::FindObjectSymbol(elf, name);
+  if (!vaddr.has_value()) return absl::NotFoundError(absl::StrCat("libjvm.so exports no ", name));
+  uint64_t value = 0;
+  if (!memory.ReadValue(*vaddr + static_cast<uint64_t>(bias), &value)) {
+    return absl::UnavailableError(absl::StrCat("cannot read the JVM's ", name));
+  }
+  return value;
+}
+
+// One of the JVM's tables (VMStructs, VMTypes): entries of `stride` bytes from `address`, up
+// to the first whose type name is null. Calls `entry(bytes)` for each until it returns false.
+template <typename Entry>
+absl::Status ForEachEntry(const python::RemoteMemory& memory, uint64_t address, uint64_t stride,
+                          uint64_t type_name_offset, Entry entry) {
+  constexpr size_t kBatch = 64;
+  constexpr size_t kMaxEntries = 1 << 16;
+  if (stride < 8 || stride > 256 || type_name_offset + 8 > stride) {
+    return absl::DataLossError(absl::StrCat("bad table stride ", stride));
+  }
+  std::vector<uint8_t> bytes(kBatch * stride);
+  for (size_t at = 0; at < kMaxEntries; at += kBatch) {
+    if (!memory.Read(address + at * stride, bytes.data(), bytes.size())) {
+      // The table's end may be near its mapping's end: one entry at a time.
+      for (size_t i = 0; i < kBatch; ++i) {
+        if (!memory.Read(address + (at + i) * stride, bytes.data() + i * stride, stride)) {
+          return absl::UnavailableError("cannot read the JVM's VMStructs tables");
+        }
+        if (python::FieldAt<uint64_t>(bytes.data() + i * stride,
+                                      static_cast<uint32_t>(type_name_offset)) == 0) {
+          break;
+        }
+      }
+    }
+    for (size_t i = 0; i < kBatch; ++i) {
+      const uint8_t* e = bytes.data() + i * stride;
+      if (python::FieldAt<uint64_t>(e, static_cast<uint32_t>(type_name_offset)) == 0) {
+        return absl::OkStatus();
+      }
+      if (!entry(e)) return absl::OkStatus();
+    }
+  }
+  return absl::DataLossError("the JVM's VMStructs table has no end");
+}
+
+}  // namespace
+
+absl::StatusOr<HotSpotOffsets> ReadHotSpotOffsets(const elf::ElfFile& elf, int64_t bias,
+                                                  const python::RemoteMemory& memory) {
+  std::array<uint64_t, 10> v{};
+  constexpr std::array<const char*, 10> kNames = {
+      "gHotSpotVMStructs",
+      "gHotSpotVMStructEntryArrayStride",
+      "gHotSpotVMStructEntryTypeNameOffset",
+      "gHotSpotVMStructEntryFieldNameOffset",
+      "gHotSpotVMStructEntryOffsetOffset",
+      "gHotSpotVMStructEntryIsStaticOffset",
+      "gHotSpotVMTypes",
+      "gHotSpotVMTypeEntryArrayStride",
+      "gHotSpotVMTypeEntryTypeNameOffset",
+      "gHotSpotVMTypeEntrySizeOffset",
+  };
+  for (size_t i = 0; i < kNames.size(); ++i) {
+    absl::StatusOr<uint64_t> value = ReadVariable(elf, bias, memory, kNames[i]);
+    if (!value.ok()) return value.status();
+    v[i] = *value;
+  }
+  const auto [structs, struct_stride, struct_type, struct_field, struct_offset, struct_static,
+              types, type_stride, type_name, type_size] = v;
+  if (structs == 0 || types == 0) {
+    return absl::UnavailableError("the JVM has not published its VMStructs tables yet");
+  }
+  for (uint64_t offset : {struct_type, struct_field, struct_offset, struct_static}) {
+    if (offset + 8 > struct_stride) return absl::DataLossError("bad VMStructs entry layout");
+  }
+  if (type_name + 8 > type_stride || type_size + 8 > type_stride) {
+    return absl::DataLossError("bad VMTypes entry layout");
+  }
+
+  HotSpotOffsets out;
+  struct Wanted {
+    std::string_view type, field;
+    uint64_t* offset;
+    bool found = false;
+  };
+  std::array<Wanted, 8> fields = {{
+      {"Method", "_constMethod", &out.method_const_method},
+      {"ConstMethod", "_constants", &out.const_method_constants},
+      {"ConstMethod", "_name_index", &out.const_method_name_index},
+      {"ConstMethod", "_signature_index", &out.const_method_signature_index},
+      {"ConstantPool", "_pool_holder", &out.constant_pool_holder},
+      {"Klass", "_name", &out.klass_name},
+      {"Symbol", "_length", &out.symbol_length},
+      {"Symbol", "_body", &out.symbol_body},
+  }};
+  const uint64_t base = static_cast<uint64_t>(bias);
+  absl::Status st = ForEachEntry(memory, structs, struct_stride, struct_type,
+                                 [&](const uint8_t* e) {
+    const std::string_view type =
+        FileString(elf, python::FieldAt<uint64_t>(e, static_cast<uint32_t>(struct_type)) - base);
+    const uint64_t field_ptr = python::FieldAt<uint64_t>(e, static_cast<uint32_t>(struct_field));
+    if (field_ptr == 0 || python::FieldAt<int32_t>(e, static_cast<uint32_t>(struct_static))) {
+      return true;
+    }
+    for (Wanted& w : fields) {
+      if (w.found || w.type != type) continue;
+      if (FileString(elf, field_ptr - base) != w.field) continue;
+      *w.offset = python::FieldAt<uint64_t>(e, static_cast<uint32_t>(struct_offset));
+      w.found = true;
+    }
+    return std::ranges::any_of(fields, [](const Wanted& w) { return !w.found; });
+  });
+  if (!st.ok()) return st;
+  for (const Wanted& w : fields) {
+    if (!w.found) {
+      return absl::NotFoundError(absl::StrCat("the JVM publishes no ", std::string(w.type), "::",
+                                              std::string(w.field)));
+    }
+  }
+  bool sized = false;
+  st = ForEachEntry(memory, types, type_stride, type_name, [&](const uint8_t* e) {
+    const uint64_t name = python::FieldAt<uint64_t>(e, static_cast<uint32_t>(type_name));
+    if (FileString(elf, name - base) != "ConstantPool") return true;
+    out.constant_pool_size = python::FieldAt<uint64_t>(e, static_cast<uint32_t>(type_size));
+    sized = true;
+    return false;
+  });
+  if (!st.ok()) return st;
+  if (!sized || out.constant_pool_size == 0 || out.constant_pool_size > 4096) {
+    return absl::NotFoundError("the JVM publishes no size of ConstantPool");
+  }
+  return out;
+}
+
+namespace {
+
+// One type of a descriptor at `at` in Java's words ("int[]", "java.lang.String"); advances
+// `at`. Empty where it does not parse.
+std::string JavaType(std::string_view d, size_t& at) {
+  size_t dims = 0;
+  while (at < d.size() && d[at] == '[') ++dims, ++at;
+  if (at >= d.size()) return {};
+  std::string type;
+  switch (d[at++]) {
+    case 'B': type = "byte"; break;
+    case 'C': type = "char"; break;
+    case 'D': type = "double"; break;
+    case 'F': type = "float"; break;
+    case 'I': type = "int"; break;
+    case 'J': type = "long"; break;
+    case 'S': type = "short"; break;
+    case 'Z': type = "boolean"; break;
+    case 'V': type = "void"; break;
+    case 'L': {
+      const size_t end = d.find(';', at);
+      if (end == std::string_view::npos || end == at) return {};
+      type.assign(d.substr(at, end - at));
+      std::replace(type.begin(), type.end(), '/', '.');
+      at = end + 1;
+      break;
+    }
+    default:
+      return {};
+  }
+  for (size_t i = 0; i < dims; ++i) type += "[]";
+  return type;
+}
+
+}  // namespace
+
+std::optional<std::string> JavaMethodName(std::string_view class_name, std::string_view name,
+                                          std::string_view descriptor) {
+  if (class_name.empty() || name.empty() || descriptor.size() < 3 || descriptor[0] != '(') {
+    return std::nullopt;
+  }
+  std::vector<std::string> args;
+  size_t at = 1;
+  while (at < descriptor.size() && descriptor[at] != ')') {
+    std::string arg = JavaType(descriptor, at);
+    if (arg.empty() || arg == "void") return std::nullopt;
+    args.push_back(std::move(arg));
+  }
+  if (at >= descriptor.size()) return std::nullopt;
+  ++at;  // ')'
+  const std::string ret = JavaType(descriptor, at);
+  if (ret.empty() || at != descriptor.size()) return std::nullopt;
+  std::string holder(class_name);
+  std::replace(holder.begin(), holder.end(), '/', '.');
+  return absl::StrCat(ret, " ", holder, ".", std::string(name), "(", absl::StrJoin(args, ", "),
+                      ")");
+}
+
+std::optional<std::string> HotSpotMethods::ReadSymbol(uint64_t symbol) const {
+  constexpr uint16_t kMaxLength = 1024;
+  uint16_t length = 0;
+  if (symbol == 0 || symbol % 8 != 0 ||
+      !memory_->ReadValue(symbol + offsets_.symbol_length, &length) || length == 0 ||
+      length > kMaxLength) {
+    return std::nullopt;
+  }
+  std::string text(length, '\0');
+  if (!memory_->Read(symbol + offsets_.symbol_body, text.data(), length)) return std::nullopt;
+  // Modified UTF-8 of a name or descriptor: no NUL, no control character.
+  if (std::ranges::any_of(text, [](char c) { return static_cast<unsigned char>(c) < 0x20; })) {
+    return std::nullopt;
+  }
+  return text;
+}
+
+std::optional<std::string> HotSpotMethods::ReadName(uint64_t method) const {
+  const HotSpotOffsets& o = offsets_;
+  uint64_t const_method = 0, constants = 0, holder = 0, class_symbol = 0;
+  uint16_t name_index = 0, signature_index = 0;
+  if (method == 0 || method % 8 != 0 ||
+      !memory_->ReadValue(method + o.method_const_method, &const_method) ||
+      const_method == 0 || const_method % 8 != 0 ||
+      !memory_->ReadValue(const_method + o.const_method_constants, &constants) ||
+      !memory_->ReadValue(const_method + o.const_method_name_index, &name_index) ||
+      !memory_->ReadValue(const_method + o.const_method_signature_index, &signature_index) ||
+      constants == 0 || constants % 8 != 0 || name_index == 0 || signature_index == 0 ||
+      !memory_->ReadValue(constants + o.constant_pool_holder, &holder) || holder == 0 ||
+      holder % 8 != 0 || !memory_->ReadValue(holder + o.klass_name, &class_symbol)) {
+    return std::nullopt;
+  }
+  // The constant pool's slots follow it; a name's and a descriptor's hold their Symbol*.
+  uint64_t name_symbol = 0, signature_symbol = 0;
+  const uint64_t slots = constants + o.constant_pool_size;
+  if (!memory_->ReadValue(slots + uint64_t{name_index} * 8, &name_symbol) ||
+      !memory_->ReadValue(slots + uint64_t{signature_index} * 8, &signature_symbol)) {
+    return std::nullopt;
+  }
+  const std::optional<std::string> class_name = ReadSymbol(class_symbol);
+  const std::optional<std::string> name = ReadSymbol(name_symbol);
+  const std::optional<std::string> signature = ReadSymbol(signature_symbol);
+  if (!class_name || !name || !signature) return std::nullopt;
+  return JavaMethodName(*class_name, *name, *signature);
+}
+
+const HotSpotMethods::Method* HotSpotMethods::Find(uint64_t method, uint64_t now_ns) {
+  auto it = methods_.find(method);
+  if (it != methods_.end() && now_ns - it->second.read_ns < kRecheckNs) return &it->second;
+  std::optional<std::string> name = ReadName(method);
+  if (!name.has_value()) {
+    if (it != methods_.end()) methods_.erase(it);
+    return nullptr;
+  }
+  if (it == methods_.end()) {
+    if (methods_.size() >= kMaxMethods) methods_.clear();
+    it = methods_.try_emplace(method).first;
+  }
+  Method& m = it->second;
+  if (m.name != *name) {
+    m.name = *std::move(name);
+    m.owner_id = 0;
+  }
+  m.read_ns = now_ns;
+  return &m;
+}
+
+}  // namespace strata::agent::jvm

@@ -1,0 +1,92 @@
+// The names of HotSpot's interpreted Java frames. The template interpreter's frames keep rbp,
+// so the walk leaves them by frame pointers, but their code is the interpreter's, the same for
+// every method: the perf map names it "Interpreter". Each such frame holds its Method* at
+// rbp - 24 (x86-64: frame::interpreter_frame_method_offset), copied with the sample's stack;
+// the method's class, name and signature are read from the JVM's memory (Method ->
+// ConstMethod -> ConstantPool -> Symbol) at offsets the JVM publishes for its serviceability
+// agent (gHotSpotVMStructs, gHotSpotVMTypes in libjvm.so), once per method and checked again
+// every second (a class unloaded frees its methods' memory for others).
+//
+// Names are those the JVM's perf map gives the method's compiled code ("RET CLASS.NAME(ARGS)",
+// Java's type names), so a method's interpreted and compiled frames are one function in views.
+// x86-64 only, as HotSpotFrames. Owned by the stack recorder's per-target state; one thread.
+#ifndef STRATA_AGENT_JVM_HOTSPOT_METHODS_H_
+#define STRATA_AGENT_JVM_HOTSPOT_METHODS_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "agent/python/remote_memory.h"
+#include "common/elf/elf_file.h"
+
+namespace strata::agent::jvm {
+
+// Where an interpreted frame's Method* is, from the frame's return address slot (rbp + 8).
+inline constexpr uint64_t kMethodBelowReturnSlot = 32;
+
+// The offsets of the fields a method's name is read through, from the JVM's own tables.
+struct HotSpotOffsets {
+  uint64_t method_const_method = 0;       // Method::_constMethod
+  uint64_t const_method_constants = 0;    // ConstMethod::_constants
+  uint64_t const_method_name_index = 0;   // ConstMethod::_name_index (u2)
+  uint64_t const_method_signature_index = 0;  // ConstMethod::_signature_index (u2)
+  uint64_t constant_pool_holder = 0;      // ConstantPool::_pool_holder
+  uint64_t constant_pool_size = 0;        // sizeof(ConstantPool): its slots follow it
+  uint64_t klass_name = 0;                // Klass::_name
+  uint64_t symbol_length = 0;             // Symbol::_length (u2)
+  uint64_t symbol_body = 0;               // Symbol::_body
+};
+
+// The offsets, read from the VMStructs and VMTypes tables of the JVM whose libjvm.so is `elf`,
+// loaded at `bias`, through `memory` (the tables' pointers and strides are set at the JVM's
+// start; their strings are read from the file). NotFound where `elf` exports no tables or a
+// field is missing, Unavailable where the JVM's memory cannot be read.
+absl::StatusOr<HotSpotOffsets> ReadHotSpotOffsets(const elf::ElfFile& elf, int64_t bias,
+                                                  const python::RemoteMemory& memory);
+
+// "RET CLASS.NAME(ARGS)" from a class's internal name ("java/util/Arrays"), a method's name
+// and its descriptor ("([II)V"); nullopt for a descriptor that does not parse.
+std::optional<std::string> JavaMethodName(std::string_view class_name, std::string_view name,
+                                          std::string_view descriptor);
+
+// The names of one JVM's methods, cached by Method*.
+class HotSpotMethods {
+ public:
+  HotSpotMethods(HotSpotOffsets offsets, std::unique_ptr<python::RemoteMemory> memory)
+      : offsets_(offsets), memory_(std::move(memory)) {}
+
+  // The method at `method` and the time its name was last read, or null where it cannot be
+  // read or is no method (a leaf sampled in the interpreter's entry code, before it set its
+  // frame up, reads its caller's slot). `now_ns` (CLOCK_MONOTONIC): a name read more than
+  // kRecheckNs before is read again. Valid until the next call.
+  struct Method {
+    std::string name;
+    uint64_t read_ns = 0;
+    // For the owner: the function node it resolved this method to (0: none yet), cleared
+    // when the name changed.
+    mutable uint32_t owner_id = 0;
+  };
+  const Method* Find(uint64_t method, uint64_t now_ns);
+
+  static constexpr uint64_t kRecheckNs = 1'000'000'000;
+  static constexpr size_t kMaxMethods = 1 << 16;
+
+  uint64_t reads() const { return memory_->reads(); }
+
+ private:
+  std::optional<std::string> ReadName(uint64_t method) const;
+  std::optional<std::string> ReadSymbol(uint64_t symbol) const;
+
+  HotSpotOffsets offsets_;
+  std::unique_ptr<python::RemoteMemory> memory_;
+  absl::flat_hash_map<uint64_t, Method> methods_;
+};
+
+}  // namespace strata::agent::jvm
+
+#endif  // STRATA_AGENT_JVM_HOTSPOT_METHODS_H_

@@ -1,0 +1,134 @@
+// Interpreted methods named: descriptors in Java's words, a Method* followed through a JVM's
+// structures laid out by hand, and methods that change or were never methods.
+#include "agent/jvm/hotspot_methods.h"
+
+#include <cstring>
+#include <string>
+
+#include "agent/python/fake_memory_for_test.h"
+#include "gtest/gtest.h"
+
+namespace strata::agent::jvm {
+namespace {
+
+using python::testing::FakeMemory;
+
+TEST(JavaMethodNameTest, NamesAsThePerfMapDoes) {
+  EXPECT_EQ(JavaMethodName("java/util/DualPivotQuicksort", "sort",
+                           "(Ljava/util/DualPivotQuicksort$Sorter;[IIII)V"),
+            "void java.util.DualPivotQuicksort.sort(java.util.DualPivotQuicksort$Sorter, int[], "
+            "int, int, int)");
+  EXPECT_EQ(JavaMethodName("java/util/regex/Pattern", "split",
+                           "(Ljava/lang/CharSequence;I)[Ljava/lang/String;"),
+            "java.lang.String[] java.util.regex.Pattern.split(java.lang.CharSequence, int)");
+  EXPECT_EQ(JavaMethodName("Spin", "main", "([Ljava/lang/String;)V"),
+            "void Spin.main(java.lang.String[])");
+  EXPECT_EQ(JavaMethodName("A", "f", "()J"), "long A.f()");
+  EXPECT_EQ(JavaMethodName("A", "g", "([[DZBCSF)[[[Z"),
+            "boolean[][][] A.g(double[][], boolean, byte, char, short, float)");
+  for (const char* bad : {"", "()", "(I", "(V)V", "(Q)V", "(L;)V", "(Ljava/lang/String)V",
+                          "()VV", "I"}) {
+    EXPECT_EQ(JavaMethodName("A", "f", bad), std::nullopt) << bad;
+  }
+  EXPECT_EQ(JavaMethodName("", "f", "()V"), std::nullopt);
+}
+
+// A method's structures in a fake JVM: Method -> ConstMethod -> ConstantPool (-> its holder
+// Klass -> its name) and two of the pool's slots -> the name's and the descriptor's Symbols.
+class HotSpotMethodsTest : public ::testing::Test {
+ protected:
+  static constexpr HotSpotOffsets kOffsets = {
+      .method_const_method = 8,
+      .const_method_constants = 8,
+      .const_method_name_index = 42,
+      .const_method_signature_index = 44,
+      .constant_pool_holder = 24,
+      .constant_pool_size = 80,
+      .klass_name = 16,
+      .symbol_length = 4,
+      .symbol_body = 6,
+  };
+  static constexpr uint64_t kMethod = 0x10000, kConstMethod = 0x11000, kPool = 0x12000,
+                            kKlass = 0x13000, kSymbols = 0x14000;
+
+  HotSpotMethodsTest() {
+    memory_ = new FakeMemory;
+    for (uint64_t region : {kMethod, kConstMethod, kPool, kKlass, kSymbols}) {
+      memory_->Map(region, 0x1000);
+    }
+    memory_->Put(kMethod + kOffsets.method_const_method, kConstMethod);
+    memory_->Put(kConstMethod + kOffsets.const_method_constants, kPool);
+    Put16(kConstMethod + kOffsets.const_method_name_index, 5);
+    Put16(kConstMethod + kOffsets.const_method_signature_index, 7);
+    memory_->Put(kPool + kOffsets.constant_pool_holder, kKlass);
+    memory_->Put(kKlass + kOffsets.klass_name, PutSymbol(0, "com/example/Service"));
+    memory_->Put(kPool + kOffsets.constant_pool_size + 5 * 8, PutSymbol(1, "handle"));
+    memory_->Put(kPool + kOffsets.constant_pool_size + 7 * 8,
+                 PutSymbol(2, "(Ljava/lang/String;)I"));
+    methods_ = std::make_unique<HotSpotMethods>(kOffsets,
+                                                std::unique_ptr<python::RemoteMemory>(memory_));
+  }
+
+  void Put16(uint64_t address, uint16_t value) {
+    for (auto& [start, bytes] : memory_->regions) {
+      if (address >= start && address + 2 <= start + bytes.size()) {
+        std::memcpy(bytes.data() + (address - start), &value, 2);
+      }
+    }
+  }
+  // The `n`th symbol's address, holding `text`.
+  uint64_t PutSymbol(int n, const std::string& text) {
+    const uint64_t symbol = kSymbols + 0x100 * static_cast<uint64_t>(n);
+    Put16(symbol + kOffsets.symbol_length, static_cast<uint16_t>(text.size()));
+    std::vector<uint8_t>& bytes = memory_->regions[kSymbols];
+    std::memcpy(bytes.data() + (symbol - kSymbols) + kOffsets.symbol_body, text.data(),
+                text.size());
+    return symbol;
+  }
+
+  FakeMemory* memory_;  // owned by methods_
+  std::unique_ptr<HotSpotMethods> methods_;
+};
+
+TEST_F(HotSpotMethodsTest, NamesAMethodOnceAndAgainAfterASecond) {
+  const HotSpotMethods::Method* m = methods_->Find(kMethod, 1'000);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->name, "int com.example.Service.handle(java.lang.String)");
+  m->owner_id = 7;
+  const uint64_t reads = memory_->reads;
+  EXPECT_EQ(methods_->Find(kMethod, 2'000), m);
+  EXPECT_EQ(memory_->reads, reads);  // cached
+
+  // The class was unloaded and the memory holds another method: read again after a second,
+  // its new name without the old node.
+  memory_->Put(kPool + kOffsets.constant_pool_size + 5 * 8, PutSymbol(3, "close"));
+  memory_->Put(kPool + kOffsets.constant_pool_size + 7 * 8, PutSymbol(4, "()V"));
+  EXPECT_EQ(methods_->Find(kMethod, 500'000'000)->name,
+            "int com.example.Service.handle(java.lang.String)");
+  m = methods_->Find(kMethod, 1'000 + HotSpotMethods::kRecheckNs);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->name, "void com.example.Service.close()");
+  EXPECT_EQ(m->owner_id, 0u);
+}
+
+TEST_F(HotSpotMethodsTest, WhatIsNoMethodIsNotNamed) {
+  EXPECT_EQ(methods_->Find(0, 1), nullptr);
+  EXPECT_EQ(methods_->Find(kMethod + 4, 1), nullptr);  // misaligned
+  EXPECT_EQ(methods_->Find(0x90000, 1), nullptr);      // unmapped
+  // A slot holding some other pointer: its "ConstMethod" leads nowhere.
+  memory_->Put(kMethod + 0x800 + kOffsets.method_const_method, 0x5000);
+  EXPECT_EQ(methods_->Find(kMethod + 0x800, 1), nullptr);
+  // A symbol of absurd length, or one holding control bytes.
+  Put16(kSymbols + 0x100 + kOffsets.symbol_length, 60000);
+  EXPECT_EQ(methods_->Find(kMethod, 1), nullptr);
+  PutSymbol(1, std::string("ha\nndle"));
+  EXPECT_EQ(methods_->Find(kMethod, 1), nullptr);
+  PutSymbol(1, "handle");
+  ASSERT_NE(methods_->Find(kMethod, 1), nullptr);
+  // A method no longer readable is forgotten, not served from the cache.
+  memory_->Put(kMethod + kOffsets.method_const_method, 0);
+  EXPECT_EQ(methods_->Find(kMethod, 1 + HotSpotMethods::kRecheckNs), nullptr);
+}
+
+}  // namespace
+}  // namespace strata::agent::jvm
