@@ -282,8 +282,9 @@ bool StackRecorder::ReadJavaMethods(const JavaTarget& java, const sampler::RawSa
 }
 
 std::optional<encoding::PathFrame> StackRecorder::JavaFrameFor(JavaTarget& java,
-                                                               uint64_t method, bool innermost) {
-  const jvm::HotSpotMethods::Method* m = java.methods->Find(method, MonotonicNs());
+                                                               uint64_t method, uint64_t now_ns,
+                                                               bool innermost) {
+  const jvm::HotSpotMethods::Method* m = java.methods->Find(method, now_ns);
   if (m == nullptr) {
     ++stats_.java_unnamed;
     return std::nullopt;
@@ -690,6 +691,8 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   // In a Python target only those outside the outermost eval-loop frame: the Python frames
   // under kept eval-loop frames may have changed, and path frames stand for native frames one
   // for one only up to there (in the last stack too: the kept frames are the same).
+  // The clock interpreted methods' names are checked again by, read once per stack.
+  const uint64_t java_now = java_methods != nullptr ? MonotonicNs() : 0;
   size_t keep = 0;
   if (cache != nullptr && !path.empty() && cache->epoch == target.maps_epoch &&
       cache->truncated == truncated) {
@@ -702,11 +705,18 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
       }
       keep = outside;
     }
-    // So in a JVM: the method an interpreter frame runs is not in its return address.
-    if (const JavaTarget* java = state.java.get(); java != nullptr && java->interpreter_end != 0) {
+    // So in a JVM, up to the first interpreter frame not running the method it ran in the last
+    // stack: the method is not in the frame's return address.
+    if (JavaTarget* java = state.java.get(); java != nullptr && java->interpreter_end != 0) {
       size_t outside = 0;
-      while (outside < keep && !java->InInterpreter(frames[num_frames - 1 - outside].pc - 1)) {
-        ++outside;
+      for (; outside < keep; ++outside) {
+        const size_t f = num_frames - 1 - outside;
+        if (!java->InInterpreter(frames[f].pc - 1)) continue;
+        const jvm::HotSpotMethods::Method* m =
+            java_methods == nullptr || java_methods[f] == 0
+                ? nullptr
+                : java->methods->Find(java_methods[f], java_now);
+        if (m == nullptr || m->owner_id != path[outside].function) break;
       }
       keep = outside;
     }
@@ -741,7 +751,7 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
       continue;
     }
     if (java_methods != nullptr && java_methods[i] != 0) {
-      if (auto f = JavaFrameFor(*state.java, java_methods[i], i == 0)) {
+      if (auto f = JavaFrameFor(*state.java, java_methods[i], java_now, i == 0)) {
         put(*f);
         continue;
       }

@@ -18,8 +18,9 @@
 //
 // HotSpot JVMs (x86-64, with a perf map naming their interpreter's code): each frame in the
 // template interpreter's code is shown as the Java method it runs, its Method* read from the
-// sample's stack copy and named from the JVM's memory (agent/jvm/hotspot_methods.h); as for
-// Python, only frames outside the outermost interpreter frame are reused from the last sample.
+// sample's stack copy and named from the JVM's memory (agent/jvm/hotspot_methods.h); of the
+// path prefix, frames are reused from the last sample up to the first interpreter frame that
+// now runs another method.
 //
 // Single-threaded: the agent's main loop. A sample of a known thread allocates nothing.
 #ifndef STRATA_AGENT_CORE_STACK_RECORDER_H_
@@ -205,9 +206,10 @@ class StackRecorder final : public sources::StackSink {
   // false when no frame is the interpreter's.
   bool ReadJavaMethods(const JavaTarget& java, const sampler::RawSample& sample,
                        size_t num_frames);
-  // The frame of an interpreted method; nullopt where `method` cannot be named.
+  // The frame of an interpreted method; nullopt where `method` cannot be named. `now_ns`:
+  // CLOCK_MONOTONIC (HotSpotMethods::Find).
   std::optional<encoding::PathFrame> JavaFrameFor(JavaTarget& java, uint64_t method,
-                                                  bool innermost);
+                                                  uint64_t now_ns, bool innermost);
   // The target's interpreter (found again when its mappings changed), or null.
   python::Interpreter* PythonOf(const Target& target, TargetState& state);
   // Reads the Python frames of the sample's thread for the `num_frames` unwound frames_; true
