@@ -109,7 +109,7 @@ struct StackRecorder::PythonTarget {
 };
 
 struct StackRecorder::JavaTarget {
-  std::unique_ptr<jvm::HotSpotMethods> methods;
+  std::unique_ptr<jvm::HotSpotMethods> methods;  // null: its tables could not be read
   uint64_t libjvm_bias = 0;
   // The interpreter's code, absolute, as the perf map names it (FrameFor finds it; empty until
   // then), and the module its methods are named in: the perf map's, as their compiled code.
@@ -245,22 +245,21 @@ StackRecorder::JavaTarget* StackRecorder::JavaOf(const Target& target, TargetSta
     state.java.reset();
     return nullptr;
   }
-  if (state.java != nullptr && state.java->libjvm_bias == static_cast<uint64_t>(bias)) {
-    return state.java.get();  // the same JVM: keep its methods
+  // The same JVM: its methods kept, or its tables not read again.
+  if (state.java == nullptr || state.java->libjvm_bias != static_cast<uint64_t>(bias)) {
+    state.java = std::make_unique<JavaTarget>();
+    state.java->libjvm_bias = static_cast<uint64_t>(bias);
+    auto memory = std::make_unique<python::RemoteMemory>(target.pid);
+    absl::StatusOr<jvm::HotSpotOffsets> offsets =
+        jvm::ReadHotSpotOffsets(*libjvm->elf, bias, *memory);
+    if (offsets.ok()) {
+      state.java->methods = std::make_unique<jvm::HotSpotMethods>(*offsets, std::move(memory));
+    } else {
+      LogInfo("pid {}: interpreted Java frames not named: {}", target.pid,
+              offsets.status().ToString());
+    }
   }
-  state.java.reset();
-  auto memory = std::make_unique<python::RemoteMemory>(target.pid);
-  absl::StatusOr<jvm::HotSpotOffsets> offsets =
-      jvm::ReadHotSpotOffsets(*libjvm->elf, bias, *memory);
-  if (!offsets.ok()) {
-    LogInfo("pid {}: interpreted Java frames not named: {}", target.pid,
-            offsets.status().ToString());
-    return nullptr;
-  }
-  state.java = std::make_unique<JavaTarget>();
-  state.java->methods = std::make_unique<jvm::HotSpotMethods>(*offsets, std::move(memory));
-  state.java->libjvm_bias = static_cast<uint64_t>(bias);
-  return state.java.get();
+  return state.java->methods != nullptr ? state.java.get() : nullptr;
 }
 
 bool StackRecorder::ReadJavaMethods(const JavaTarget& java, const sampler::RawSample& sample,
@@ -624,7 +623,8 @@ encoding::PathFrame StackRecorder::FrameFor(const Target& target, TargetState& s
     }
     // The interpreter's code, where the JVM's perf map names it (its extent is the entry's).
     symbols::PerfMap::Symbol entry;
-    if (state.java != nullptr && sym.known_function && sym.function_name == "Interpreter" &&
+    if (state.java != nullptr && state.java->methods != nullptr && sym.known_function &&
+        sym.function_name == "Interpreter" &&
         base::FrameKindOf(sym.module_path) == base::FrameKind::kJit &&
         target.space->perf_map() != nullptr && target.space->perf_map()->Lookup(lookup, &entry)) {
       state.java->interpreter_start = entry.start;
@@ -707,7 +707,8 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
     }
     // So in a JVM, up to the first interpreter frame not running the method it ran in the last
     // stack: the method is not in the frame's return address.
-    if (JavaTarget* java = state.java.get(); java != nullptr && java->interpreter_end != 0) {
+    if (JavaTarget* java = state.java.get();
+        java != nullptr && java->methods != nullptr && java->interpreter_end != 0) {
       size_t outside = 0;
       for (; outside < keep; ++outside) {
         const size_t f = num_frames - 1 - outside;

@@ -217,56 +217,87 @@ std::optional<std::string> JavaMethodName(std::string_view class_name, std::stri
                       ")");
 }
 
-std::optional<std::string> HotSpotMethods::ReadSymbol(uint64_t symbol) const {
-  constexpr uint16_t kMaxLength = 1024;
-  uint16_t length = 0;
-  if (symbol == 0 || symbol % 8 != 0 ||
-      !memory_->ReadValue(symbol + offsets_.symbol_length, &length) || length == 0 ||
-      length > kMaxLength) {
+std::optional<HotSpotMethods::Identity> HotSpotMethods::ReadIdentity(uint64_t method) const {
+  const HotSpotOffsets& o = offsets_;
+  Identity id;
+  if (method == 0 || method % 8 != 0 ||
+      !memory_->ReadValue(method + o.method_const_method, &id.const_method) ||
+      id.const_method == 0 || id.const_method % 8 != 0) {
     return std::nullopt;
   }
-  std::string text(length, '\0');
-  if (!memory_->Read(symbol + offsets_.symbol_body, text.data(), length)) return std::nullopt;
-  // Modified UTF-8 of a name or descriptor: no NUL, no control character.
+  // The three fields in one read of the span they lie in.
+  const uint64_t lo = std::min({o.const_method_constants, o.const_method_name_index,
+                                o.const_method_signature_index});
+  const uint64_t hi = std::max({o.const_method_constants + 8, o.const_method_name_index + 2,
+                                o.const_method_signature_index + 2});
+  std::array<uint8_t, 256> span;
+  if (hi - lo > span.size() || !memory_->Read(id.const_method + lo, span.data(), hi - lo)) {
+    return std::nullopt;
+  }
+  auto at = [&](uint64_t offset) { return static_cast<uint32_t>(offset - lo); };
+  id.constants = python::FieldAt<uint64_t>(span.data(), at(o.const_method_constants));
+  id.name_index = python::FieldAt<uint16_t>(span.data(), at(o.const_method_name_index));
+  id.signature_index = python::FieldAt<uint16_t>(span.data(), at(o.const_method_signature_index));
+  if (id.constants == 0 || id.constants % 8 != 0 || id.name_index == 0 ||
+      id.signature_index == 0) {
+    return std::nullopt;
+  }
+  return id;
+}
+
+std::optional<std::string> HotSpotMethods::ReadName(const Identity& id) const {
+  const HotSpotOffsets& o = offsets_;
+  // The pool's holder, and the pool's slots of the name and the descriptor (the slots follow
+  // the pool; each holds its Symbol*).
+  const uint64_t slots = id.constants + o.constant_pool_size;
+  const uint64_t pointers_at[3] = {id.constants + o.constant_pool_holder,
+                                   slots + uint64_t{id.name_index} * 8,
+                                   slots + uint64_t{id.signature_index} * 8};
+  const size_t pointer_sizes[3] = {8, 8, 8};
+  uint64_t pointers[3];  // holder, name, descriptor
+  if (!memory_->ReadMany(pointers_at, pointer_sizes, 3, pointers) || pointers[0] == 0 ||
+      pointers[0] % 8 != 0) {
+    return std::nullopt;
+  }
+  uint64_t symbols[3] = {0, pointers[1], pointers[2]};  // class name, name, descriptor
+  if (!memory_->ReadValue(pointers[0] + o.klass_name, &symbols[0])) return std::nullopt;
+  uint64_t lengths_at[3];
+  const size_t length_sizes[3] = {2, 2, 2};
+  for (int i = 0; i < 3; ++i) {
+    if (symbols[i] == 0 || symbols[i] % 8 != 0) return std::nullopt;
+    lengths_at[i] = symbols[i] + o.symbol_length;
+  }
+  uint16_t lengths[3];
+  if (!memory_->ReadMany(lengths_at, length_sizes, 3, lengths)) return std::nullopt;
+  constexpr uint16_t kMaxLength = 1024;
+  uint64_t bodies_at[3];
+  size_t body_sizes[3];
+  for (int i = 0; i < 3; ++i) {
+    if (lengths[i] == 0 || lengths[i] > kMaxLength) return std::nullopt;
+    bodies_at[i] = symbols[i] + o.symbol_body;
+    body_sizes[i] = lengths[i];
+  }
+  std::string text(size_t{lengths[0]} + lengths[1] + lengths[2], '\0');
+  if (!memory_->ReadMany(bodies_at, body_sizes, 3, text.data())) return std::nullopt;
+  // Modified UTF-8 of names and descriptors: no NUL, no control character.
   if (std::ranges::any_of(text, [](char c) { return static_cast<unsigned char>(c) < 0x20; })) {
     return std::nullopt;
   }
-  return text;
-}
-
-std::optional<std::string> HotSpotMethods::ReadName(uint64_t method) const {
-  const HotSpotOffsets& o = offsets_;
-  uint64_t const_method = 0, constants = 0, holder = 0, class_symbol = 0;
-  uint16_t name_index = 0, signature_index = 0;
-  if (method == 0 || method % 8 != 0 ||
-      !memory_->ReadValue(method + o.method_const_method, &const_method) ||
-      const_method == 0 || const_method % 8 != 0 ||
-      !memory_->ReadValue(const_method + o.const_method_constants, &constants) ||
-      !memory_->ReadValue(const_method + o.const_method_name_index, &name_index) ||
-      !memory_->ReadValue(const_method + o.const_method_signature_index, &signature_index) ||
-      constants == 0 || constants % 8 != 0 || name_index == 0 || signature_index == 0 ||
-      !memory_->ReadValue(constants + o.constant_pool_holder, &holder) || holder == 0 ||
-      holder % 8 != 0 || !memory_->ReadValue(holder + o.klass_name, &class_symbol)) {
-    return std::nullopt;
-  }
-  // The constant pool's slots follow it; a name's and a descriptor's hold their Symbol*.
-  uint64_t name_symbol = 0, signature_symbol = 0;
-  const uint64_t slots = constants + o.constant_pool_size;
-  if (!memory_->ReadValue(slots + uint64_t{name_index} * 8, &name_symbol) ||
-      !memory_->ReadValue(slots + uint64_t{signature_index} * 8, &signature_symbol)) {
-    return std::nullopt;
-  }
-  const std::optional<std::string> class_name = ReadSymbol(class_symbol);
-  const std::optional<std::string> name = ReadSymbol(name_symbol);
-  const std::optional<std::string> signature = ReadSymbol(signature_symbol);
-  if (!class_name || !name || !signature) return std::nullopt;
-  return JavaMethodName(*class_name, *name, *signature);
+  const std::string_view all = text;
+  return JavaMethodName(all.substr(0, lengths[0]), all.substr(lengths[0], lengths[1]),
+                        all.substr(size_t{lengths[0]} + lengths[1]));
 }
 
 const HotSpotMethods::Method* HotSpotMethods::Find(uint64_t method, uint64_t now_ns) {
   auto it = methods_.find(method);
   if (it != methods_.end() && now_ns - it->second.read_ns < kRecheckNs) return &it->second;
-  std::optional<std::string> name = ReadName(method);
+  const std::optional<Identity> identity = ReadIdentity(method);
+  if (it != methods_.end() && identity == it->second.identity) {
+    it->second.read_ns = now_ns;
+    return &it->second;
+  }
+  std::optional<std::string> name;
+  if (identity.has_value()) name = ReadName(*identity);
   if (!name.has_value()) {
     if (it != methods_.end()) methods_.erase(it);
     return nullptr;
@@ -280,6 +311,7 @@ const HotSpotMethods::Method* HotSpotMethods::Find(uint64_t method, uint64_t now
     m.name = *std::move(name);
     m.owner_id = 0;
   }
+  m.identity = *identity;
   m.read_ns = now_ns;
   return &m;
 }

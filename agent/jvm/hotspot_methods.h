@@ -60,12 +60,22 @@ class HotSpotMethods {
   HotSpotMethods(HotSpotOffsets offsets, std::unique_ptr<python::RemoteMemory> memory)
       : offsets_(offsets), memory_(std::move(memory)) {}
 
-  // The method at `method` and the time its name was last read, or null where it cannot be
-  // read or is no method (a leaf sampled in the interpreter's entry code, before it set its
-  // frame up, reads its caller's slot). `now_ns` (CLOCK_MONOTONIC): a name read more than
-  // kRecheckNs before is read again. Valid until the next call.
+  // What tells one method at an address from another that took its place: its ConstMethod,
+  // the constant pool and the two indexes into it (a class unloaded frees all of them).
+  struct Identity {
+    uint64_t const_method = 0, constants = 0;
+    uint16_t name_index = 0, signature_index = 0;
+    friend bool operator==(const Identity&, const Identity&) = default;
+  };
+
+  // The method at `method` and the time it was last checked, or null where it cannot be read
+  // or is no method (a leaf sampled in the interpreter's entry code, before it set its frame
+  // up, reads its caller's slot). `now_ns` (CLOCK_MONOTONIC): a method checked more than
+  // kRecheckNs before is checked again (its Identity read: two reads), and named again when
+  // that changed (six). Valid until the next call.
   struct Method {
     std::string name;
+    Identity identity;
     uint64_t read_ns = 0;
     // For the owner: the function node it resolved this method to (0: none yet), cleared
     // when the name changed.
@@ -79,8 +89,8 @@ class HotSpotMethods {
   uint64_t reads() const { return memory_->reads(); }
 
  private:
-  std::optional<std::string> ReadName(uint64_t method) const;
-  std::optional<std::string> ReadSymbol(uint64_t symbol) const;
+  std::optional<Identity> ReadIdentity(uint64_t method) const;
+  std::optional<std::string> ReadName(const Identity& identity) const;
 
   HotSpotOffsets offsets_;
   std::unique_ptr<python::RemoteMemory> memory_;

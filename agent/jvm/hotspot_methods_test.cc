@@ -99,13 +99,24 @@ TEST_F(HotSpotMethodsTest, NamesAMethodOnceAndAgainAfterASecond) {
   EXPECT_EQ(methods_->Find(kMethod, 2'000), m);
   EXPECT_EQ(memory_->reads, reads);  // cached
 
-  // The class was unloaded and the memory holds another method: read again after a second,
-  // its new name without the old node.
-  memory_->Put(kPool + kOffsets.constant_pool_size + 5 * 8, PutSymbol(3, "close"));
-  memory_->Put(kPool + kOffsets.constant_pool_size + 7 * 8, PutSymbol(4, "()V"));
-  EXPECT_EQ(methods_->Find(kMethod, 500'000'000)->name,
-            "int com.example.Service.handle(java.lang.String)");
+  // A second later the method is checked: the same ConstMethod, pool and indexes, two reads.
   m = methods_->Find(kMethod, 1'000 + HotSpotMethods::kRecheckNs);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(memory_->reads, reads + 2);
+  EXPECT_EQ(m->owner_id, 7u);
+
+  // The class was unloaded and the memory holds another method, with a ConstMethod of its
+  // own: named again at its next check, without the old node.
+  constexpr uint64_t kOther = kConstMethod + 0x200;
+  memory_->Put(kOther + kOffsets.const_method_constants, kPool);
+  Put16(kOther + kOffsets.const_method_name_index, 9);
+  Put16(kOther + kOffsets.const_method_signature_index, 11);
+  memory_->Put(kPool + kOffsets.constant_pool_size + 9 * 8, PutSymbol(3, "close"));
+  memory_->Put(kPool + kOffsets.constant_pool_size + 11 * 8, PutSymbol(4, "()V"));
+  memory_->Put(kMethod + kOffsets.method_const_method, kOther);
+  EXPECT_EQ(methods_->Find(kMethod, 1'500'000'000)->name,
+            "int com.example.Service.handle(java.lang.String)");
+  m = methods_->Find(kMethod, 1'000 + 2 * HotSpotMethods::kRecheckNs);
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->name, "void com.example.Service.close()");
   EXPECT_EQ(m->owner_id, 0u);
