@@ -538,6 +538,19 @@ TEST_F(QueryServiceTest, CompareNeedsTwoUnitsPerGroup) {
   EXPECT_THAT(std::string(unknown.status().message()), ::testing::StartsWith("candidate: "));
 }
 
+// Version 1 over the first three 10 s windows from kWindow against version 2 after them, the
+// windows as units once one_host_windows is set.
+v1::CompareRequest OneHostReleaseRequest(const std::string& service) {
+  v1::CompareRequest request;
+  request.set_service(service);
+  request.mutable_baseline()->set_selector("version=1");
+  request.mutable_baseline()->mutable_range()->set_from_ms(kWindow);
+  request.mutable_baseline()->mutable_range()->set_to_ms(kWindow + 6 * commit::kWindowMs);
+  request.mutable_candidate()->set_selector("version=2");
+  request.set_window_s(10);
+  return request;
+}
+
 // A service on one host, deployed there: version 1 in three windows, then version 2 in three,
 // hash's share 30 % before and 45 % after. With one_host_windows the host's windows are the
 // units; only while both versions are that one host.
@@ -552,13 +565,7 @@ TEST_F(QueryServiceTest, CompareOfOneHostTakesItsWindowsWhenAsked) {
     AddSamples("solo", "h1", hash, hash_n, set, window);
     AddSamples("solo", "h1", parse, 1000 - hash_n, set, window);
   }
-  v1::CompareRequest request;
-  request.set_service("solo");
-  request.mutable_baseline()->set_selector("version=1");
-  request.mutable_baseline()->mutable_range()->set_from_ms(kWindow);
-  request.mutable_baseline()->mutable_range()->set_to_ms(kWindow + 6 * commit::kWindowMs);
-  request.mutable_candidate()->set_selector("version=2");
-  request.set_window_s(10);
+  v1::CompareRequest request = OneHostReleaseRequest("solo");
   // Hosts as units: one each, no verdict.
   auto r = query_->RunCompare(request);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -618,13 +625,7 @@ TEST_F(QueryServiceTest, CompareWithLanguageSelfGivesTheRuntimesCostToItsPythonC
     AddSamples("py", "h1", parse, 300, set, window);
     AddSamples("py", "h1", gc, 1000 - 300 - free_n, set, window);
   }
-  v1::CompareRequest request;
-  request.set_service("py");
-  request.mutable_baseline()->set_selector("version=1");
-  request.mutable_baseline()->mutable_range()->set_from_ms(kWindow);
-  request.mutable_baseline()->mutable_range()->set_to_ms(kWindow + 6 * commit::kWindowMs);
-  request.mutable_candidate()->set_selector("version=2");
-  request.set_window_s(10);
+  v1::CompareRequest request = OneHostReleaseRequest("py");
   request.set_one_host_windows(true);
   auto self_delta = [](const v1::CompareResponse& r, const std::string& name) {
     for (const v1::FunctionComparison& f : r.functions()) {
