@@ -92,8 +92,10 @@ absl::StatusOr<HotSpotOffsets> ReadHotSpotOffsets(const elf::ElfFile& elf, int64
     if (!value.ok()) return value.status();
     v[i] = *value;
   }
-  const auto [structs, struct_stride, struct_type, struct_field, struct_offset, struct_static,
-              types, type_stride, type_name, type_size] = v;
+  // Named values, not structured bindings: lambdas below capture them (clang 14).
+  const uint64_t structs = v[0], struct_stride = v[1], struct_type = v[2], struct_field = v[3],
+                 struct_offset = v[4], struct_static = v[5], types = v[6], type_stride = v[7],
+                 type_name = v[8], type_size = v[9];
   if (structs == 0 || types == 0) {
     return absl::UnavailableError("the JVM has not published its VMStructs tables yet");
   }
