@@ -117,7 +117,8 @@ void LogSamplingSummary(const ProfilerStats& stats, const std::string& verify) {
             static_cast<double>(stats.python_read_delay_max_ns) / 1e6);
   }
   if (stats.java_frames > 0 || stats.java_unnamed > 0) {
-    LogInfo("java: {} interpreted frames named by their method, {} left as the interpreter's",
+    LogInfo("java: {} interpreted frames named by their method (those a thread's next stack "
+            "kept not counted again), {} left as the interpreter's",
             stats.java_frames, stats.java_unnamed);
   }
   if (stats.python_capture && (stats.capture.threads > 0 || stats.capture.snapshots > 0)) {

@@ -97,7 +97,7 @@ struct StackRecorderStats {
   uint64_t python_reused = 0;     // ... that took the thread's read for its previous sample
   uint64_t python_read_delay_ns = 0;  // sum over the other reads: read time - sample time
   uint64_t python_read_delay_max_ns = 0;
-  uint64_t java_frames = 0;       // interpreted Java frames named by their method
+  uint64_t java_frames = 0;       // interpreted Java frames named by their method (not kept)
   uint64_t java_unnamed = 0;      // ... whose slot held no method that could be read
 };
 
