@@ -3,12 +3,10 @@
 #include <time.h>
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "agent/jvm/hotspot_methods.h"
 #include "agent/sources/perf_source.h"
 #include "common/base/frame_kind.h"
 #include "common/base/log.h"
@@ -98,24 +96,16 @@ struct StackRecorder::TargetState {
   // The interpreter found in the mappings of epoch `python_epoch` (null: none).
   std::unique_ptr<PythonTarget> python;
   std::optional<uint64_t> python_epoch;
-  // The JVM found in the mappings of epoch `java_epoch` (null: none, or not readable).
-  std::unique_ptr<JavaTarget> java;
+  // The JVM found in the mappings of epoch `java_epoch` (null: none, or its tables could not
+  // be read), and where its libjvm.so was loaded (its tables are read once per JVM).
+  std::unique_ptr<jvm::HotSpotInterpreter> java;
   std::optional<uint64_t> java_epoch;
+  std::optional<int64_t> java_bias;
 };
 
 struct StackRecorder::PythonTarget {
   std::unique_ptr<python::Interpreter> interpreter;
   uint64_t runtime = 0;  // absolute address of its _PyRuntime
-};
-
-struct StackRecorder::JavaTarget {
-  std::unique_ptr<jvm::HotSpotMethods> methods;  // null: its tables could not be read
-  uint64_t libjvm_bias = 0;
-  // The interpreter's code, absolute, as the perf map names it (FrameFor finds it; empty until
-  // then), and the module its methods are named in: the perf map's, as their compiled code.
-  uint64_t interpreter_start = 0, interpreter_end = 0;
-  std::string module;
-  bool InInterpreter(uint64_t pc) const { return pc >= interpreter_start && pc < interpreter_end; }
 };
 
 StackRecorder::StackRecorder(StackRecorderOptions options, ContextGraph* graph,
@@ -221,15 +211,17 @@ const std::vector<encoding::EdgeId>* StackRecorder::UnwindAndRecord(
     }
   }
   const uint64_t* java_methods = nullptr;
-  if (JavaTarget* java = JavaOf(target, state);
-      java != nullptr && ReadJavaMethods(*java, sample, result.num_frames)) {
+  if (const jvm::HotSpotInterpreter* java = JavaOf(target, state);
+      java != nullptr && java->MethodsOf({frames_.data(), result.num_frames}, sample.sp,
+                                         {sample.stack, sample.stack_size},
+                                         java_methods_.data())) {
     java_methods = java_methods_.data();
   }
   return Record(target, state, frames_.data(), result.num_frames, truncated, sample.kernel_pcs,
                 sample.kernel_depth, paths, outer_kept, counts, python, java_methods);
 }
 
-StackRecorder::JavaTarget* StackRecorder::JavaOf(const Target& target, TargetState& state) {
+jvm::HotSpotInterpreter* StackRecorder::JavaOf(const Target& target, TargetState& state) {
   if (!target.jvm || unwind::kHostArch != unwind::Arch::kX86_64) return nullptr;
   if (state.java_epoch == target.maps_epoch) return state.java.get();
   state.java_epoch = target.maps_epoch;
@@ -243,47 +235,26 @@ StackRecorder::JavaTarget* StackRecorder::JavaOf(const Target& target, TargetSta
   });
   if (libjvm == nullptr) {
     state.java.reset();
+    state.java_bias.reset();
     return nullptr;
   }
-  // The same JVM: its methods kept, or its tables not read again.
-  if (state.java == nullptr || state.java->libjvm_bias != static_cast<uint64_t>(bias)) {
-    state.java = std::make_unique<JavaTarget>();
-    state.java->libjvm_bias = static_cast<uint64_t>(bias);
-    auto memory = std::make_unique<python::RemoteMemory>(target.pid);
-    absl::StatusOr<jvm::HotSpotOffsets> offsets =
-        jvm::ReadHotSpotOffsets(*libjvm->elf, bias, *memory);
-    if (offsets.ok()) {
-      state.java->methods = std::make_unique<jvm::HotSpotMethods>(*offsets, std::move(memory));
-    } else {
+  if (state.java_bias != bias) {  // the first JVM seen here, or another one
+    state.java_bias = bias;
+    absl::StatusOr<std::unique_ptr<jvm::HotSpotInterpreter>> attached =
+        jvm::HotSpotInterpreter::Attach(target.pid, *libjvm->elf, bias);
+    if (!attached.ok()) {
       LogInfo("pid {}: interpreted Java frames not named: {}", target.pid,
-              offsets.status().ToString());
+              attached.status().ToString());
     }
+    state.java = attached.ok() ? *std::move(attached) : nullptr;
   }
-  return state.java->methods != nullptr ? state.java.get() : nullptr;
+  return state.java.get();
 }
 
-bool StackRecorder::ReadJavaMethods(const JavaTarget& java, const sampler::RawSample& sample,
-                                    size_t num_frames) {
-  bool any = false;
-  for (size_t i = 0; i < num_frames; ++i) {
-    java_methods_[i] = 0;
-    const unwind::Frame& f = frames_[i];
-    if (!java.InInterpreter(i == 0 ? f.pc : f.pc - 1) || f.ra_slot < sample.sp ||
-        f.ra_slot < jvm::kMethodBelowReturnSlot) {
-      continue;
-    }
-    const uint64_t slot = f.ra_slot - jvm::kMethodBelowReturnSlot;
-    if (slot < sample.sp || slot - sample.sp + 8 > sample.stack_size) continue;
-    std::memcpy(&java_methods_[i], sample.stack + (slot - sample.sp), 8);
-    any |= java_methods_[i] != 0;
-  }
-  return any;
-}
-
-std::optional<encoding::PathFrame> StackRecorder::JavaFrameFor(JavaTarget& java,
+std::optional<encoding::PathFrame> StackRecorder::JavaFrameFor(jvm::HotSpotInterpreter& java,
                                                                uint64_t method, uint64_t now_ns,
                                                                bool innermost) {
-  const jvm::HotSpotMethods::Method* m = java.methods->Find(method, now_ns);
+  const jvm::HotSpotMethods::Method* m = java.methods().Find(method, now_ns);
   if (m == nullptr) {
     ++stats_.java_unnamed;
     return std::nullopt;
@@ -291,7 +262,7 @@ std::optional<encoding::PathFrame> StackRecorder::JavaFrameFor(JavaTarget& java,
   if (m->owner_id == 0) {
     FunctionRecord record;
     record.name = m->name;
-    record.module = java.module;
+    record.module = java.module();
     m->owner_id = graph_->NodeFor(record);
   }
   ++stats_.java_frames;
@@ -623,13 +594,10 @@ encoding::PathFrame StackRecorder::FrameFor(const Target& target, TargetState& s
     }
     // The interpreter's code, where the JVM's perf map names it (its extent is the entry's).
     symbols::PerfMap::Symbol entry;
-    if (state.java != nullptr && state.java->methods != nullptr && sym.known_function &&
-        sym.function_name == "Interpreter" &&
+    if (state.java != nullptr && sym.known_function && sym.function_name == "Interpreter" &&
         base::FrameKindOf(sym.module_path) == base::FrameKind::kJit &&
         target.space->perf_map() != nullptr && target.space->perf_map()->Lookup(lookup, &entry)) {
-      state.java->interpreter_start = entry.start;
-      state.java->interpreter_end = entry.end;
-      state.java->module = sym.module_path;
+      state.java->SetCode(entry.start, entry.end, sym.module_path);
     }
     if (state.pc_cache.size() >= kMaxPcCacheEntries) state.pc_cache.clear();
     it = state.pc_cache
@@ -707,16 +675,15 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
     }
     // So in a JVM, up to the first interpreter frame not running the method it ran in the last
     // stack: the method is not in the frame's return address.
-    if (JavaTarget* java = state.java.get();
-        java != nullptr && java->methods != nullptr && java->interpreter_end != 0) {
+    if (jvm::HotSpotInterpreter* java = state.java.get(); java != nullptr && java->code_known()) {
       size_t outside = 0;
       for (; outside < keep; ++outside) {
         const size_t f = num_frames - 1 - outside;
-        if (!java->InInterpreter(frames[f].pc - 1)) continue;
+        if (!java->Contains(frames[f].pc - 1)) continue;
         const jvm::HotSpotMethods::Method* m =
             java_methods == nullptr || java_methods[f] == 0
                 ? nullptr
-                : java->methods->Find(java_methods[f], java_now);
+                : java->methods().Find(java_methods[f], java_now);
         if (m == nullptr || m->owner_id != path[outside].function) break;
       }
       keep = outside;

@@ -39,6 +39,7 @@
 #include "agent/core/interval_aggregator.h"
 #include "agent/core/leaf_histogram.h"
 #include "agent/core/targets.h"
+#include "agent/jvm/hotspot_methods.h"
 #include "agent/kernel/kernel_symbols.h"
 #include "agent/python/interpreter.h"
 #include "agent/sources/stack_source.h"
@@ -150,7 +151,6 @@ class StackRecorder final : public sources::StackSink {
   struct OffCpuThread;
   struct TargetState;
   struct PythonTarget;
-  struct JavaTarget;
   // The Python frames read for the sample being recorded, innermost first, and where each
   // native eval-loop call's group of them ends (group g: frames [end[g-1] + 1, end[g]]).
   struct PythonSplice {
@@ -200,15 +200,10 @@ class StackRecorder final : public sources::StackSink {
                                               const uint64_t* java_methods = nullptr);
   // The target's JVM whose interpreted frames can be named (found again when its mappings
   // changed), or null.
-  JavaTarget* JavaOf(const Target& target, TargetState& state);
-  // The Method* of each of the `num_frames` unwound frames_ that runs in the JVM's
-  // interpreter, read from the sample's stack copy, into java_methods_ (0 for the others);
-  // false when no frame is the interpreter's.
-  bool ReadJavaMethods(const JavaTarget& java, const sampler::RawSample& sample,
-                       size_t num_frames);
+  jvm::HotSpotInterpreter* JavaOf(const Target& target, TargetState& state);
   // The frame of an interpreted method; nullopt where `method` cannot be named. `now_ns`:
   // CLOCK_MONOTONIC (HotSpotMethods::Find).
-  std::optional<encoding::PathFrame> JavaFrameFor(JavaTarget& java, uint64_t method,
+  std::optional<encoding::PathFrame> JavaFrameFor(jvm::HotSpotInterpreter& java, uint64_t method,
                                                   uint64_t now_ns, bool innermost);
   // The target's interpreter (found again when its mappings changed), or null.
   python::Interpreter* PythonOf(const Target& target, TargetState& state);
@@ -249,7 +244,7 @@ class StackRecorder final : public sources::StackSink {
   std::vector<encoding::EdgeId> edges_;  // Record's, for stacks without a PathCache
   size_t python_targets_ = 0;
   uint64_t python_sample_ns_ = 0;
-  std::vector<uint64_t> java_methods_;              // sized once: ReadJavaMethods's
+  std::vector<uint64_t> java_methods_;              // sized once: the sample's Method*s
   std::vector<python::PythonFrame> python_frames_;  // sized once: ReadPython's
   std::vector<size_t> python_group_end_;            // sized once
   // The read python_frames_ hold (ReadPython takes it again for the thread's next sample when

@@ -318,4 +318,34 @@ const HotSpotMethods::Method* HotSpotMethods::Find(uint64_t method, uint64_t now
   return &m;
 }
 
+absl::StatusOr<std::unique_ptr<HotSpotInterpreter>> HotSpotInterpreter::Attach(
+    pid_t pid, const elf::ElfFile& elf, int64_t bias) {
+  auto memory = std::make_unique<python::RemoteMemory>(pid);
+  absl::StatusOr<HotSpotOffsets> offsets = ReadHotSpotOffsets(elf, bias, *memory);
+  if (!offsets.ok()) return offsets.status();
+  return std::make_unique<HotSpotInterpreter>(
+      std::make_unique<HotSpotMethods>(*offsets, std::move(memory)));
+}
+
+void HotSpotInterpreter::SetCode(uint64_t start, uint64_t end, std::string module) {
+  code_start_ = start;
+  code_end_ = end;
+  module_ = std::move(module);
+}
+
+bool HotSpotInterpreter::MethodsOf(std::span<const unwind::Frame> frames, uint64_t sp,
+                                   std::span<const uint8_t> stack, uint64_t* methods) const {
+  bool any = false;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    methods[i] = 0;
+    const unwind::Frame& f = frames[i];
+    if (!Contains(i == 0 ? f.pc : f.pc - 1) || f.ra_slot < sp + kMethodBelowReturnSlot) continue;
+    const uint64_t at = f.ra_slot - kMethodBelowReturnSlot - sp;
+    if (at + 8 > stack.size()) continue;
+    std::memcpy(&methods[i], stack.data() + at, 8);
+    any |= methods[i] != 0;
+  }
+  return any;
+}
+
 }  // namespace strata::agent::jvm

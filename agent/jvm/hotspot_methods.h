@@ -13,9 +13,12 @@
 #ifndef STRATA_AGENT_JVM_HOTSPOT_METHODS_H_
 #define STRATA_AGENT_JVM_HOTSPOT_METHODS_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -23,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "agent/python/remote_memory.h"
 #include "common/elf/elf_file.h"
+#include "common/unwind/unwind_types.h"
 
 namespace strata::agent::jvm {
 
@@ -95,6 +99,39 @@ class HotSpotMethods {
   HotSpotOffsets offsets_;
   std::unique_ptr<python::RemoteMemory> memory_;
   absl::flat_hash_map<uint64_t, Method> methods_;
+};
+
+// One JVM's template interpreter as stacks meet it: where its code is (once the perf map names
+// it), the module its methods are named in (the map's, as their compiled code's) and the
+// methods. Owned by the stack recorder's per-target state.
+class HotSpotInterpreter {
+ public:
+  // The interpreter of the JVM `pid` whose libjvm.so is `elf`, loaded at `bias`: its tables
+  // read once (ReadHotSpotOffsets' errors).
+  static absl::StatusOr<std::unique_ptr<HotSpotInterpreter>> Attach(pid_t pid,
+                                                                    const elf::ElfFile& elf,
+                                                                    int64_t bias);
+  explicit HotSpotInterpreter(std::unique_ptr<HotSpotMethods> methods)
+      : methods_(std::move(methods)) {}
+
+  // The perf map's "Interpreter" entry: [start, end), absolute, in `module`.
+  void SetCode(uint64_t start, uint64_t end, std::string module);
+  bool code_known() const { return code_end_ != 0; }
+  bool Contains(uint64_t pc) const { return pc >= code_start_ && pc < code_end_; }
+  const std::string& module() const { return module_; }
+  HotSpotMethods& methods() { return *methods_; }
+
+  // The Method* of each of `frames` (innermost first: the first one's pc exact, the others'
+  // return addresses) that runs in the interpreter, from the sample's stack copy `stack`
+  // (from `sp` on), into `methods` (as many; 0 for the other frames and for slots outside the
+  // copy). False when it found none.
+  bool MethodsOf(std::span<const unwind::Frame> frames, uint64_t sp,
+                 std::span<const uint8_t> stack, uint64_t* methods) const;
+
+ private:
+  std::unique_ptr<HotSpotMethods> methods_;
+  uint64_t code_start_ = 0, code_end_ = 0;
+  std::string module_;
 };
 
 }  // namespace strata::agent::jvm

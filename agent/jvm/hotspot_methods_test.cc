@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "agent/python/fake_memory_for_test.h"
 #include "gtest/gtest.h"
@@ -139,6 +140,41 @@ TEST_F(HotSpotMethodsTest, WhatIsNoMethodIsNotNamed) {
   // A method no longer readable is forgotten, not served from the cache.
   memory_->Put(kMethod + kOffsets.method_const_method, 0);
   EXPECT_EQ(methods_->Find(kMethod, 1 + HotSpotMethods::kRecheckNs), nullptr);
+}
+
+// A sample's frames: the leaf and one caller in the interpreter's code, one in compiled code,
+// and an interpreter frame whose slot lies beyond the stack copy.
+TEST(HotSpotInterpreterTest, MethodsAreReadFromTheirFramesSlots) {
+  HotSpotInterpreter interpreter(nullptr);
+  constexpr uint64_t kSp = 0x7000'0000;
+  std::vector<uint8_t> stack(256);
+  auto put = [&](uint64_t address, uint64_t value) {
+    std::memcpy(stack.data() + (address - kSp), &value, 8);
+  };
+  const unwind::Frame frames[] = {
+      {0x5000, kSp, kSp + 0x40},         // leaf in the interpreter: its slot at sp + 0x20
+      {0x9001, kSp + 0x50, kSp + 0x80},  // compiled code
+      {0x5101, kSp + 0x90, kSp + 0xc0},  // the interpreter, returned to
+      {0x5201, kSp + 0xd0, kSp + 0x400},  // the interpreter, its slot beyond the copy
+  };
+  put(kSp + 0x40 - kMethodBelowReturnSlot, 0x1234'5678);
+  put(kSp + 0x80 - kMethodBelowReturnSlot, 0xdead);
+  put(kSp + 0xc0 - kMethodBelowReturnSlot, 0x2345'6780);
+  uint64_t methods[4] = {9, 9, 9, 9};
+  EXPECT_FALSE(interpreter.code_known());
+  EXPECT_FALSE(interpreter.MethodsOf(frames, kSp, stack, methods));  // no code known yet
+  EXPECT_EQ(methods[0], 0u);
+
+  interpreter.SetCode(0x5000, 0x6000, "[jit:/tmp/perf-1.map]");
+  ASSERT_TRUE(interpreter.MethodsOf(frames, kSp, stack, methods));
+  EXPECT_EQ(methods[0], 0x1234'5678u);
+  EXPECT_EQ(methods[1], 0u);
+  EXPECT_EQ(methods[2], 0x2345'6780u);
+  EXPECT_EQ(methods[3], 0u);
+  EXPECT_EQ(interpreter.module(), "[jit:/tmp/perf-1.map]");
+  // The code ends before its end address.
+  EXPECT_TRUE(interpreter.Contains(0x5fff));
+  EXPECT_FALSE(interpreter.Contains(0x6000));
 }
 
 }  // namespace
