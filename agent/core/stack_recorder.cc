@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "agent/jvm/hotspot_attach.h"
 #include "agent/sources/perf_source.h"
 #include "common/base/frame_kind.h"
 #include "common/base/log.h"
@@ -228,7 +229,7 @@ jvm::HotSpotInterpreter* StackRecorder::JavaOf(const Target& target, TargetState
   const symbols::Module* libjvm = nullptr;
   int64_t bias = 0;
   target.space->ForEachModule([&](const symbols::Module& m, int64_t module_bias) {
-    if (libjvm == nullptr && m.elf != nullptr && m.path.ends_with("/libjvm.so")) {
+    if (libjvm == nullptr && m.elf != nullptr && jvm::IsLibJvm(m.path)) {
       libjvm = &m;
       bias = module_bias;
     }

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/core/target_labels.h"
 #include "agent/golang/goroutine_stacks.h"
+#include "agent/jvm/hotspot_attach.h"
 #include "agent/jvm/hotspot_frames.h"
 #include "agent/python/remote_memory.h"
 #include "agent/procfs/procfs.h"
@@ -174,7 +175,7 @@ bool TargetDiscovery::RefreshMappings(Target& target) {
   target.perf_map_entries = target.space->perf_map() ? target.space->perf_map()->size() : 0;
   target.jvm = false;
   target.space->ForEachModule([&](const symbols::Module& m, int64_t) {
-    target.jvm |= m.path.ends_with("/libjvm.so");
+    target.jvm |= jvm::IsLibJvm(m.path);
   });
   // HotSpot's compiled methods keep no frame pointer: their frames are read from their entry
   // code (x86-64; elsewhere Debian's JDK has no JIT).

@@ -46,7 +46,7 @@ absl::StatusOr<bool> MapsLibjvm(pid_t pid) {
   absl::StatusOr<std::string> maps = procfs::ReadProcFile(absl::StrCat("/proc/", pid, "/maps"));
   if (!maps.ok()) return maps.status();
   for (const procfs::Mapping& m : procfs::ParseMaps(*maps)) {
-    if (m.path.ends_with("/libjvm.so")) return true;
+    if (IsLibJvm(m.path)) return true;
   }
   return false;
 }

@@ -22,6 +22,9 @@
 
 namespace strata::agent::jvm {
 
+// Whether a mapping's path is HotSpot's libjvm.so: how the agent recognises a JVM.
+inline bool IsLibJvm(std::string_view path) { return path.ends_with("/libjvm.so"); }
+
 // Runs the diagnostic command `command` (e.g. "Compiler.perfmap", "VM.version") in the JVM
 // `pid` (a pid of this agent's namespace) and returns its output. Starts the JVM's attach
 // listener first if it is not running, waiting up to `timeout` for it.
