@@ -8,9 +8,18 @@
 // FLOOR=1 runs the two side by side. No spool, no serialization of real contexts, no timers,
 // no reconnects: all that is left is gRPC's path for one message each way.
 //
-//   grpc_floor [--period-ms 1000] [--warmup-s 6] [--seconds 40] [--bytes 300]
+// With --socket, the same messages then go over a plain loopback TCP socket to a thread that
+// answers each with 16 bytes, on the same schedule: the kernel's own cost of a message and its
+// answer (wake-up, send, the loopback delivery that runs in the sender's thread, the read),
+// under any transport the agent could use; printed after gRPC's, with the ratio.
+//
+//   grpc_floor [--period-ms 1000] [--warmup-s 6] [--seconds 40] [--bytes 300] [--socket]
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -99,6 +108,74 @@ Measured Send(const std::string& address, int period_ms, int warmup_s, int secon
   return m;
 }
 
+// The same schedule as Send(), on a plain TCP socket: the previous answer read, the message
+// written, nothing else.
+Measured SendOnSocket(int period_ms, int warmup_s, int seconds, int bytes) {
+  Measured m;
+  m.ok = false;
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
+      listen(listener, 1) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    return m;
+  }
+  constexpr size_t kAnswer = 16;
+  const auto read_exactly = [](int fd, char* out, size_t n) {
+    for (size_t got = 0; got < n;) {
+      const ssize_t r = read(fd, out + got, n - got);
+      if (r <= 0) return false;
+      got += static_cast<size_t>(r);
+    }
+    return true;
+  };
+  std::thread answerer([&] {
+    const int fd = accept(listener, nullptr, nullptr);
+    if (fd < 0) return;
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    std::string in(static_cast<size_t>(bytes), '\0');
+    const char answer[kAnswer] = {};
+    while (read_exactly(fd, in.data(), in.size()) &&
+           write(fd, answer, kAnswer) == static_cast<ssize_t>(kAnswer)) {
+    }
+    close(fd);
+  });
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&address), length) == 0 &&
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0) {
+    m.ok = true;
+    const std::string message(static_cast<size_t>(bytes), '\x5a');
+    char answer[kAnswer];
+    const auto period = std::chrono::milliseconds(period_ms);
+    const int warmup = warmup_s * 1000 / period_ms;
+    const int total = warmup + seconds * 1000 / period_ms;
+    auto next = std::chrono::steady_clock::now();
+    int64_t window_start = 0;
+    for (int i = 0; i < total && m.ok; ++i) {
+      std::this_thread::sleep_until(next);
+      next += period;
+      if (i == warmup) window_start = ThreadCpuNs();
+      const int64_t before = ThreadCpuNs();
+      m.ok = (i == 0 || read_exactly(fd, answer, kAnswer)) &&
+             write(fd, message.data(), message.size()) == static_cast<ssize_t>(message.size());
+      if (m.ok && i >= warmup) {
+        m.per_message.push_back(ThreadCpuNs() - before);
+        ++m.messages;
+      }
+    }
+    m.cpu_ns = ThreadCpuNs() - window_start;
+  }
+  if (fd >= 0) close(fd);  // the answerer's read ends
+  answerer.join();
+  close(listener);
+  return m;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -109,6 +186,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup-s", warmup_s, "messages before the window")->check(CLI::Range(0, 600));
   app.add_option("--seconds", seconds, "the measured window")->check(CLI::Range(1, 3600));
   app.add_option("--bytes", bytes, "each batch's payload")->check(CLI::Range(0, 1 << 20));
+  bool also_socket = false;
+  app.add_flag("--socket", also_socket, "then the same messages on a plain TCP socket");
   CLI11_PARSE(app, argc, argv);
 
   AckingIngest service;
@@ -138,5 +217,25 @@ int main(int argc, char** argv) {
               "write's return\n",
               m.messages, bytes, period_ms, m.cpu_ns / 1e3 / m.messages,
               m.per_message[m.per_message.size() / 2] / 1e3);
+  if (!also_socket) return 0;
+  Measured plain;
+  std::thread socket_sender([&] {
+    pthread_setname_np(pthread_self(), "socket-floor");
+    plain = SendOnSocket(period_ms, warmup_s, seconds, bytes);
+  });
+  socket_sender.join();
+  if (!plain.ok || plain.messages == 0) {
+    std::fprintf(stderr, "grpc_floor: the plain socket failed after %d messages\n",
+                 plain.messages);
+    return 1;
+  }
+  std::sort(plain.per_message.begin(), plain.per_message.end());
+  const double grpc_us = m.cpu_ns / 1e3 / m.messages;
+  const double plain_us = plain.cpu_ns / 1e3 / plain.messages;
+  std::printf("plain TCP socket: %d messages, the same schedule: %.0f µs of its sending thread's "
+              "CPU a message, median %.0f µs from the read to the write's return; gRPC %.2fx "
+              "of it, %.0f µs more\n",
+              plain.messages, plain_us, plain.per_message[plain.per_message.size() / 2] / 1e3,
+              grpc_us / plain_us, grpc_us - plain_us);
   return 0;
 }
