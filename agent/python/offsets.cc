@@ -9,7 +9,8 @@ namespace strata::agent::python {
 namespace {
 
 // Values printed by print_offsets.c from the headers of 3.8.18, 3.9.18, 3.10.13, 3.11.7
-// (identical for Debian's 3.11.2), 3.12.1 and 3.13.0.
+// (identical for Debian's 3.11.2), 3.12.1 and 3.13.0; 3.14's from the _Py_DebugOffsets of
+// Debian's 3.14.10.
 Offsets Version38And39(int minor) {
   Offsets o;
   o.minor = minor;
@@ -120,6 +121,45 @@ Offsets Version313() {
   return o;
 }
 
+// 3.14: f_executable is a _PyStackRef (tagged: see kStackRefTagBits); the native eval call's
+// entry frame is owned by FRAME_OWNED_BY_INTERPRETER, which took the value CSTACK had (3).
+Offsets Version314() {
+  Offsets o = Version313();
+  o.minor = 14;
+  o.runtime_interpreters_head = 808;
+  o.interp_next = 7272;
+  o.frame_owner = 74;
+  o.frame_size = 80;
+  o.code_adaptive = 208;
+  return o;
+}
+
+// Where 3.13's and 3.14's _Py_DebugOffsets keep the fields the reader takes (the index of the
+// uint64 field, the cookie being field 0), from Include/internal/pycore_runtime.h (3.13) and
+// pycore_debug_offsets.h (3.14: threads_main, code_object_generation and tlbc_generation in the
+// interpreter's part, stackpointer and tlbc_index in the frame's, co_tlbc in the code's).
+struct DebugLayout {
+  int minor;
+  size_t fields;  // of the struct: its size / 8
+  size_t runtime_size, interpreters_head;
+  size_t interp_size, interp_next, interp_threads_head;
+  size_t tstate_size, tstate_next, tstate_current_frame, tstate_thread_id,
+      tstate_native_thread_id;
+  size_t frame_size, frame_previous, frame_executable, frame_instr_ptr, frame_owner;
+  size_t code_size, code_filename, code_name, code_qualname, code_linetable, code_firstlineno,
+      code_adaptive;
+  size_t object_size, object_type;
+  size_t bytes_size, bytes_ob_size, bytes_sval;
+  size_t unicode_size, unicode_state, unicode_length, unicode_ascii_size;
+};
+
+constexpr DebugLayout kDebugLayouts[] = {
+    {13, 73, 3, 5, 6, 8, 9, 19, 21, 23, 24, 25, 28, 29, 30, 31, 33,
+     34, 35, 36, 37, 38, 39, 43, 44, 45, 64, 65, 66, 67, 68, 69, 70},
+    {14, 95, 3, 5, 6, 8, 9, 22, 24, 26, 27, 28, 31, 32, 33, 34, 36,
+     39, 40, 41, 42, 43, 44, 48, 50, 51, 74, 75, 76, 77, 78, 79, 80},
+};
+
 }  // namespace
 
 absl::StatusOr<Offsets> OffsetsForVersion(int major, int minor) {
@@ -136,22 +176,22 @@ absl::StatusOr<Offsets> OffsetsForVersion(int major, int minor) {
         return Version312();
       case 13:
         return Version313();
+      case 14:
+        return Version314();
       default:
         break;
     }
   }
   return absl::UnimplementedError(
-      absl::StrCat("CPython ", major, ".", minor, " is not supported (3.8 to 3.13 are)"));
+      absl::StrCat("CPython ", major, ".", minor, " is not supported (3.8 to 3.14 are)"));
 }
 
 absl::StatusOr<Offsets> OffsetsFromDebugOffsets(std::string_view bytes) {
-  if (bytes.size() < kDebugOffsetsSize) {
-    return absl::InvalidArgumentError("_Py_DebugOffsets: too short");
-  }
+  if (bytes.size() < 3 * 8) return absl::InvalidArgumentError("_Py_DebugOffsets: too short");
   if (bytes.substr(0, kDebugCookie.size()) != kDebugCookie) {
     return absl::InvalidArgumentError("_Py_DebugOffsets: no xdebugpy cookie");
   }
-  // The struct is 73 native-endian uint64 fields (3.13's Include/internal/pycore_runtime.h).
+  // Native-endian uint64 fields, in the order of the version's struct (kDebugLayouts).
   auto field = [&](size_t index) {
     uint64_t v;
     std::memcpy(&v, bytes.data() + 8 * index, sizeof(v));
@@ -160,45 +200,55 @@ absl::StatusOr<Offsets> OffsetsFromDebugOffsets(std::string_view bytes) {
   const uint64_t version = field(1);
   const int major = static_cast<int>(version >> 24);
   const int minor = static_cast<int>((version >> 16) & 0xff);
-  if (major != 3 || minor != 13) {
-    return absl::UnimplementedError(absl::StrCat(
-        "_Py_DebugOffsets of CPython ", major, ".", minor, ": only 3.13's layout is known"));
+  const DebugLayout* layout = nullptr;
+  for (const DebugLayout& l : kDebugLayouts) {
+    if (major == 3 && minor == l.minor) layout = &l;
+  }
+  if (layout == nullptr) {
+    return absl::UnimplementedError(absl::StrCat("_Py_DebugOffsets of CPython ", major, ".",
+                                                 minor, ": only 3.13's and 3.14's are known"));
+  }
+  if (bytes.size() < 8 * layout->fields) {
+    return absl::InvalidArgumentError("_Py_DebugOffsets: too short");
   }
   if (field(2) != 0) return absl::UnimplementedError("free-threaded CPython is not supported");
   absl::StatusOr<Offsets> table = OffsetsForVersion(major, minor);
   if (!table.ok()) return table.status();
   Offsets o = *table;
+  const DebugLayout& l = *layout;
   // Each offset must lie inside the size its own struct gives (a torn or foreign table).
-  const uint64_t interp_size = field(6), tstate_size = field(19), frame_size = field(28),
-                 code_size = field(34);
+  const uint64_t interp_size = field(l.interp_size), tstate_size = field(l.tstate_size),
+                 frame_size = field(l.frame_size), code_size = field(l.code_size);
   auto within = [](uint64_t offset, uint64_t width, uint64_t size, uint32_t* out) {
     if (offset + width > size || offset > UINT32_MAX) return false;
     *out = static_cast<uint32_t>(offset);
     return true;
   };
-  bool ok = within(field(5), 8, field(3), &o.runtime_interpreters_head) &&
-            within(field(8), 8, interp_size, &o.interp_next) &&
-            within(field(9), 8, interp_size, &o.interp_threads_head) &&
-            within(field(21), 8, tstate_size, &o.tstate_next) &&
-            within(field(23), 8, tstate_size, &o.tstate_frame) &&
-            within(field(24), 8, tstate_size, &o.tstate_thread_id) &&
-            within(field(25), 8, tstate_size, &o.tstate_native_thread_id) &&
-            within(field(29), 8, frame_size, &o.frame_previous) &&
-            within(field(30), 8, frame_size, &o.frame_code) &&
-            within(field(31), 8, frame_size, &o.frame_instr) &&
-            within(field(33), 1, frame_size, &o.frame_owner) &&
-            within(field(35), 8, code_size, &o.code_filename) &&
-            within(field(36), 8, code_size, &o.code_name) &&
-            within(field(37), 8, code_size, &o.code_qualname) &&
-            within(field(38), 8, code_size, &o.code_linetable) &&
-            within(field(39), 4, code_size, &o.code_firstlineno) &&
-            within(field(43), 0, code_size, &o.code_adaptive) &&
-            within(field(45), 8, field(44), &o.object_type) &&
-            within(field(65), 8, field(64), &o.varobject_size) &&
-            within(field(66), 0, field(64), &o.bytes_sval) &&
-            within(field(68), 4, field(67), &o.unicode_state) &&
-            within(field(69), 8, field(67), &o.unicode_length) &&
-            within(field(70), 0, field(67), &o.unicode_ascii_data);
+  bool ok =
+      within(field(l.interpreters_head), 8, field(l.runtime_size),
+             &o.runtime_interpreters_head) &&
+      within(field(l.interp_next), 8, interp_size, &o.interp_next) &&
+      within(field(l.interp_threads_head), 8, interp_size, &o.interp_threads_head) &&
+      within(field(l.tstate_next), 8, tstate_size, &o.tstate_next) &&
+      within(field(l.tstate_current_frame), 8, tstate_size, &o.tstate_frame) &&
+      within(field(l.tstate_thread_id), 8, tstate_size, &o.tstate_thread_id) &&
+      within(field(l.tstate_native_thread_id), 8, tstate_size, &o.tstate_native_thread_id) &&
+      within(field(l.frame_previous), 8, frame_size, &o.frame_previous) &&
+      within(field(l.frame_executable), 8, frame_size, &o.frame_code) &&
+      within(field(l.frame_instr_ptr), 8, frame_size, &o.frame_instr) &&
+      within(field(l.frame_owner), 1, frame_size, &o.frame_owner) &&
+      within(field(l.code_filename), 8, code_size, &o.code_filename) &&
+      within(field(l.code_name), 8, code_size, &o.code_name) &&
+      within(field(l.code_qualname), 8, code_size, &o.code_qualname) &&
+      within(field(l.code_linetable), 8, code_size, &o.code_linetable) &&
+      within(field(l.code_firstlineno), 4, code_size, &o.code_firstlineno) &&
+      within(field(l.code_adaptive), 0, code_size, &o.code_adaptive) &&
+      within(field(l.object_type), 8, field(l.object_size), &o.object_type) &&
+      within(field(l.bytes_ob_size), 8, field(l.bytes_size), &o.varobject_size) &&
+      within(field(l.bytes_sval), 0, field(l.bytes_size), &o.bytes_sval) &&
+      within(field(l.unicode_state), 4, field(l.unicode_size), &o.unicode_state) &&
+      within(field(l.unicode_length), 8, field(l.unicode_size), &o.unicode_length) &&
+      within(field(l.unicode_ascii_size), 0, field(l.unicode_size), &o.unicode_ascii_data);
   if (!ok) return absl::InvalidArgumentError("_Py_DebugOffsets: an offset outside its struct");
   o.cframe_frame = kNoOffset;
   // PyCompactUnicodeObject adds utf8_length and utf8 to PyASCIIObject (3.12+: no wstr).

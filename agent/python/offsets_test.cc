@@ -1,5 +1,6 @@
 #include "agent/python/offsets.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -32,6 +33,21 @@ std::string DebugOffsets313() {
   return bytes;
 }
 
+// 3.14's _Py_DebugOffsets as Debian's CPython 3.14.10 (python3.14-minimal 3.14.10-1)
+// initializes it: the first 95 fields of its .PyRuntime section, as they are.
+std::string DebugOffsets314() {
+  const std::vector<uint64_t> f = {
+      0, 0x030E0AF0, 0, 316616, 784, 808, 225864, 7280, 7272, 7344, 7360, 7408, 7688, 7672,
+      7680, 16, 7784, 0, 7800, 7792, 7992, 0, 832, 0, 8, 16, 72, 152, 160, 232, 32, 88, 8, 0,
+      56, 80, 74, 64, 0, 216, 112, 120, 128, 136, 68, 52, 96, 104, 208, 0, 16, 8, 416, 24, 88,
+      168, 40, 32, 16, 40, 24, 16, 200, 24, 40, 32, 48, 32, 40, 24, 16, 32, 16, 24, 40, 16, 32,
+      64, 32, 16, 40, 264, 192, 160, 24, 72, 67, 0, 8, 24, 304, 8076, 0, 4, 512};
+  std::string bytes(kDebugOffsetsSize, '\0');
+  std::memcpy(bytes.data(), f.data(), std::min(bytes.size(), f.size() * 8));
+  std::memcpy(bytes.data(), kDebugCookie.data(), kDebugCookie.size());
+  return bytes;
+}
+
 void ExpectSameReadFields(const Offsets& a, const Offsets& b) {
   EXPECT_EQ(a.runtime_interpreters_head, b.runtime_interpreters_head);
   EXPECT_EQ(a.interp_threads_head, b.interp_threads_head);
@@ -54,8 +70,8 @@ void ExpectSameReadFields(const Offsets& a, const Offsets& b) {
   EXPECT_EQ(a.unicode_compact_data, b.unicode_compact_data);
 }
 
-TEST(OffsetsTest, EveryVersionFrom38To313) {
-  for (int minor = 8; minor <= 13; ++minor) {
+TEST(OffsetsTest, EveryVersionFrom38To314) {
+  for (int minor = 8; minor <= 14; ++minor) {
     absl::StatusOr<Offsets> o = OffsetsForVersion(3, minor);
     ASSERT_TRUE(o.ok()) << minor;
     EXPECT_EQ(o->minor, minor);
@@ -83,7 +99,7 @@ TEST(OffsetsTest, EveryVersionFrom38To313) {
     EXPECT_EQ(o->layout == FrameLayout::kInterpreterFrameCStack, minor >= 12);
   }
   EXPECT_FALSE(OffsetsForVersion(3, 7).ok());
-  EXPECT_FALSE(OffsetsForVersion(3, 14).ok());
+  EXPECT_FALSE(OffsetsForVersion(3, 15).ok());
   EXPECT_FALSE(OffsetsForVersion(2, 7).ok());
 }
 
@@ -94,16 +110,37 @@ TEST(OffsetsTest, DebugOffsetsOf313MatchTheTable) {
   EXPECT_EQ(parsed->cframe_frame, kNoOffset);
 }
 
+// 3.14 inserted fields into the struct's thread, frame and code parts: each field read is
+// taken from its own index, and the values are those the table for 3.14 holds.
+TEST(OffsetsTest, DebugOffsetsOf314MatchTheTable) {
+  absl::StatusOr<Offsets> parsed = OffsetsFromDebugOffsets(DebugOffsets314());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->minor, 14);
+  ExpectSameReadFields(*parsed, *OffsetsForVersion(3, 14));
+  EXPECT_EQ(parsed->tstate_frame, 72u);
+  EXPECT_EQ(parsed->frame_owner, 74u);
+  EXPECT_EQ(parsed->code_adaptive, 208u);
+  EXPECT_EQ(parsed->layout, FrameLayout::kInterpreterFrameCStack);
+  EXPECT_LE(parsed->frame_owner + 1, parsed->frame_size);
+  // Read with 3.13's indices, the same bytes would be refused: 3.13's "thread state size"
+  // (field 19) is 3.14's GIL holder offset, far smaller than the offsets checked against it.
+  std::string as313 = DebugOffsets314();
+  const uint64_t v313 = 0x030D00F0;
+  std::memcpy(as313.data() + 8, &v313, 8);
+  EXPECT_FALSE(OffsetsFromDebugOffsets(as313).ok());
+}
+
 TEST(OffsetsTest, DebugOffsetsRejected) {
   std::string bytes = DebugOffsets313();
   EXPECT_FALSE(OffsetsFromDebugOffsets(bytes.substr(0, 100)).ok());
   std::string cookie = bytes;
   cookie[0] = 'y';
   EXPECT_FALSE(OffsetsFromDebugOffsets(cookie).ok());
-  std::string v314 = bytes;
-  const uint64_t version = 0x030E00F0;
-  std::memcpy(v314.data() + 8, &version, 8);
-  EXPECT_EQ(OffsetsFromDebugOffsets(v314).status().code(), absl::StatusCode::kUnimplemented);
+  std::string v315 = bytes;
+  const uint64_t version = 0x030F02F0;  // 3.15 reordered the struct again
+  std::memcpy(v315.data() + 8, &version, 8);
+  EXPECT_EQ(OffsetsFromDebugOffsets(v315).status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_FALSE(OffsetsFromDebugOffsets(DebugOffsets314().substr(0, 8 * 73)).ok());
   std::string free_threaded = bytes;
   free_threaded[16] = 1;
   EXPECT_FALSE(OffsetsFromDebugOffsets(free_threaded).ok());
