@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "agent/core/python_eval_parts.h"
 #include "agent/jvm/hotspot_attach.h"
 #include "agent/sources/perf_source.h"
 #include "common/base/frame_kind.h"
@@ -206,7 +207,7 @@ const std::vector<encoding::EdgeId>* StackRecorder::UnwindAndRecord(
   if (options_.python_frames && sample.session_id != sources::kOffCpuSession) {
     if (python::Interpreter* interpreter = PythonOf(target, state);
         interpreter != nullptr &&
-        ReadPython(*interpreter, target.pid, static_cast<pid_t>(sample.tid), sample.time_ns,
+        ReadPython(*interpreter, target, static_cast<pid_t>(sample.tid), sample.time_ns,
                    /*perf=*/true, result.num_frames, truncated, &splice, counts)) {
       python = &splice;
     }
@@ -370,18 +371,25 @@ void StackRecorder::ForgetCapturedThreads(pid_t pid) {
   }
 }
 
-bool StackRecorder::ReadPython(python::Interpreter& interpreter, pid_t pid, pid_t tid,
+bool StackRecorder::ReadPython(python::Interpreter& interpreter, const Target& target, pid_t tid,
                                uint64_t sample_time_ns, bool perf, size_t num_frames,
                                bool truncated, PythonSplice* splice,
                                v1::UnwindCounters* counts) {
-  size_t evals = 0;
-  for (size_t i = 0; i < num_frames; ++i) {
-    evals += interpreter.InEvalLoop(i == 0 ? frames_[i].pc : frames_[i].pc - 1);
-  }
+  const auto count_evals = [&] {
+    size_t n = 0;
+    for (size_t i = 0; i < num_frames; ++i) {
+      n += interpreter.InEvalLoop(i == 0 ? frames_[i].pc : frames_[i].pc - 1);
+    }
+    return n;
+  };
+  size_t evals = count_evals();
+  const bool learning = interpreter.learns_eval_parts() && target.space != nullptr;
   python::FrameCapture* capture = perf ? options_.python_capture : nullptr;
   const python::FrameSnapshot* snapshot =
       capture != nullptr ? capture->Find(tid, sample_time_ns) : nullptr;
-  if (evals == 0) return false;  // the thread ran no Python code when sampled
+  // No eval-loop frame: the thread ran no Python code when sampled, unless the eval loop has
+  // parts not known yet.
+  if (evals == 0 && !learning) return false;
   ++stats_.python_reads;
   const uint64_t now = MonotonicNs();
   python_sample_ns_ = std::max(python_sample_ns_, sample_time_ns);
@@ -403,7 +411,7 @@ bool StackRecorder::ReadPython(python::Interpreter& interpreter, pid_t pid, pid_
       last = {&interpreter, tid, now, python::ReadOutcome::kOk, 0, 0};
       last.outcome = interpreter.ReadStack(tid, python_frames_, &last.frames);
       // Its thread state is known now: its next samples carry their frames.
-      if (capture != nullptr) CaptureThread(interpreter, pid, tid);
+      if (capture != nullptr) CaptureThread(interpreter, target.pid, tid);
     }
   }
   if (last.outcome == python::ReadOutcome::kOk && last.groups == 0) {
@@ -413,6 +421,14 @@ bool StackRecorder::ReadPython(python::Interpreter& interpreter, pid_t pid, pid_
   }
   const python::ReadOutcome outcome = last.outcome;
   const size_t groups = last.groups;
+  if (learning && (evals == 0 || groups > evals)) {  // a read that looks for parts: bounded
+    interpreter.CountLearningRead();
+    if (outcome == python::ReadOutcome::kOk && groups > evals &&
+        LearnEvalParts(interpreter, *target.space, {frames_.data(), num_frames}) > 0) {
+      evals = count_evals();
+    }
+  }
+  if (evals == 0) return false;
   // One group of Python frames per eval-loop frame (the outermost groups may lie beyond a
   // truncated native stack). Anything else: the thread ran on between sample and read.
   if (outcome != python::ReadOutcome::kOk || groups < evals || (!truncated && groups > evals)) {
@@ -551,7 +567,7 @@ void StackRecorder::OnStack(sources::StackSource& from, const sources::UnwoundSt
   if (options_.python_frames && stack.tid > 0) {
     if (python::Interpreter* interpreter = PythonOf(*target, state);
         interpreter != nullptr &&
-        ReadPython(*interpreter, target->pid, stack.tid, stack.time_ns, /*perf=*/false, n,
+        ReadPython(*interpreter, *target, stack.tid, stack.time_ns, /*perf=*/false, n,
                    truncated, &splice, &state.counts)) {
       python = &splice;
     }

@@ -8,7 +8,7 @@
 // per-target pc caches, the per-target unwinding counters and the aggregators; the targets
 // belong to TargetDiscovery, the kernel's symbols to the recorder's owner.
 //
-// Python targets (a CPython 3.8-3.13 interpreter among their modules, agent/python): each
+// Python targets (a CPython 3.8-3.14 interpreter among their modules, agent/python): each
 // native `_PyEval_EvalFrameDefault` frame of a sample is replaced by the Python frames it runs,
 // read from the interpreter's thread state when the sample is recorded (the thread has run on
 // since the sample: the read must agree with the sample's eval-loop frames, else the stack
@@ -208,9 +208,10 @@ class StackRecorder final : public sources::StackSink {
   // The target's interpreter (found again when its mappings changed), or null.
   python::Interpreter* PythonOf(const Target& target, TargetState& state);
   // Reads the Python frames of the sample's thread for the `num_frames` unwound frames_; true
-  // with *splice set when they agree with the eval-loop frames among them.
+  // with *splice set when they agree with the eval-loop frames among them (while the
+  // interpreter learns eval-loop parts, also when none were known: python_eval_parts.h).
   // `perf`: a perf sample (which may carry its frames, python_capture).
-  bool ReadPython(python::Interpreter& interpreter, pid_t pid, pid_t tid,
+  bool ReadPython(python::Interpreter& interpreter, const Target& target, pid_t tid,
                   uint64_t sample_time_ns, bool perf, size_t num_frames, bool truncated,
                   PythonSplice* splice, v1::UnwindCounters* counts);
   // Registers thread `tid` (of `pid`) with the capture, or again when its thread state moved.

@@ -129,6 +129,11 @@ absl::StatusOr<InterpreterModule> InspectModule(const elf::ElfFile& elf,
     }
   }
   if (m.eval_ranges.empty()) return absl::NotFoundError("no _PyEval_EvalFrameDefault");
+  m.learn_eval_parts = std::none_of(
+      symbols.functions().begin(), symbols.functions().end(),
+      [](const elf::SymbolTable::Function& f) {
+        return f.origin == elf::SymbolTable::Origin::kSymtab;
+      });
   // CPython has one, and a compiler's split-off parts (.cold) a few more; InEvalLoop tests
   // every range on every frame.
   if (m.eval_ranges.size() > kMaxEvalRanges) {
@@ -152,7 +157,7 @@ absl::StatusOr<InterpreterModule> InspectModule(const elf::ElfFile& elf,
   if (!known && !VersionFromPath(path, &m.major, &m.minor)) {
     return absl::NotFoundError(absl::StrCat("no CPython version in ", std::string(path)));
   }
-  if (m.major == 3 && m.minor > 13) {
+  if (m.major == 3 && m.minor > 14) {
     return absl::UnimplementedError(absl::StrCat("CPython 3.", m.minor, " is not supported"));
   }
   if (absl::StatusOr<Offsets> o = OffsetsForVersion(m.major, m.minor); !o.ok()) return o.status();
@@ -190,6 +195,10 @@ absl::StatusOr<std::unique_ptr<Interpreter>> Interpreter::Attach(
   uint32_t end = std::max({o.tstate_next, o.tstate_frame, o.tstate_thread_id});
   if (o.tstate_native_thread_id != kNoOffset) end = std::max(end, o.tstate_native_thread_id);
   interpreter->tstate_bytes_ = end + 8;
+  if (module.learn_eval_parts && o.layout == FrameLayout::kInterpreterFrameCStack) {
+    interpreter->learning_reads_left_ = kLearningReads;
+  }
+  interpreter->entry_frames_.reserve(kMaxChainFrames);
   interpreter->chain_.reserve(kMaxChainFrames);
   interpreter->code_addresses_.reserve(kMaxChainFrames + kMaxSweptCodeObjects + 3);
   interpreter->code_sizes_.reserve(kMaxChainFrames + kMaxSweptCodeObjects + 3);
@@ -213,6 +222,12 @@ pid_t Interpreter::TidOf(const uint8_t* tstate) {
   int32_t tid;
   if (!memory_->ReadValue(pthread + static_cast<uint64_t>(pthread_tid_offset_), &tid)) return -1;
   return tid;
+}
+
+bool Interpreter::AddEvalPart(elf::AddressRange range) {
+  if (eval_ranges_.size() >= kMaxEvalRanges || range.end <= range.start) return false;
+  eval_ranges_.push_back(range);
+  return true;
 }
 
 bool Interpreter::CalibratePthreadTid() {
@@ -322,7 +337,7 @@ Interpreter::KnownThread* Interpreter::ThreadStateOf(pid_t tid, bool* cframe_cur
         recheck_.current = FieldAt<uint64_t>(again, 0);
         again += sizeof(uint64_t);
       }
-      recheck_.leaf_code = FieldAt<uint64_t>(again, 0);
+      recheck_.leaf_code = FieldAt<uint64_t>(again, 0) & ~kStackRefTagBits;
     }
     if (!read && count > hinted) {
       read = memory_->ReadMany(addresses.data(), sizes.data(), hinted, bytes);
@@ -613,17 +628,22 @@ ReadOutcome Interpreter::Read(pid_t tid, const FrameSnapshot* snapshot,
   // A cycle (a chain that changed while it was read) runs into the bound on frames: on the
   // frames shown (`out`), or on all of them (C-stack shims are not shown).
   chain_.clear();
+  entry_frames_.clear();
   size_t walked = 0;
   for (uint64_t frame = leaf; frame != 0;) {
     if (++walked > kMaxChainFrames) return inconsistent();
     const uint8_t* bytes = FrameBytes(frame);
     if (bytes == nullptr) return inconsistent();
-    const uint64_t code = FieldAt<uint64_t>(bytes, offsets_.frame_code);
+    const uint64_t code = FieldAt<uint64_t>(bytes, offsets_.frame_code) & ~kStackRefTagBits;
     const uint64_t previous = FieldAt<uint64_t>(bytes, offsets_.frame_previous);
     if (offsets_.layout == FrameLayout::kInterpreterFrameCStack &&
         bytes[offsets_.frame_owner] == kFrameOwnedByCStack) {
-      // The shim a native eval call pushed below the frames it runs.
-      if (!chain_.empty()) chain_.back().entry = true;
+      // The shim a native eval call pushed below the frames it runs (3.14 also ends each
+      // thread's chain with one of its own, under the outermost call's).
+      if (!chain_.empty() && !chain_.back().entry) {
+        chain_.back().entry = true;
+        entry_frames_.push_back(frame);
+      }
       frame = previous;
       continue;
     }
@@ -727,7 +747,9 @@ ReadOutcome Interpreter::Read(pid_t tid, const FrameSnapshot* snapshot,
     if (FieldAt<uint64_t>(again, 0) != leaf) return inconsistent();
     again += sizeof(uint64_t);
   }
-  if (n > 0 && FieldAt<uint64_t>(again, 0) != chain_[0].code) return inconsistent();
+  if (n > 0 && (FieldAt<uint64_t>(again, 0) & ~kStackRefTagBits) != chain_[0].code) {
+    return inconsistent();
+  }
   if (!ChainCode(now)) return inconsistent();
   return Finish(thread, leaf, out, count);
 }

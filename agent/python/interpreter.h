@@ -64,6 +64,10 @@ struct InterpreterModule {
   int minor = 0;
   uint64_t runtime_vaddr = 0;  // _PyRuntime
   std::vector<elf::AddressRange> eval_ranges;  // _PyEval_EvalFrameDefault (and .cold parts)
+  // The module names no local function (no .symtab): a compiler's split-off parts of the eval
+  // loop (GCC's .cold) have no name, and on 3.12+ the stacks show where they are (see
+  // Interpreter::learns_eval_parts).
+  bool learn_eval_parts = false;
 };
 
 // The interpreter in `elf` (named `path`, with its function symbols `symbols`); NotFound when
@@ -138,6 +142,22 @@ class Interpreter {
     }
     return false;
   }
+
+  // Split-off parts of the eval loop that no symbol names run its native frames too (Debian's
+  // stripped python3.14 runs most of its bytecode in its unnamed .cold part). From 3.12 each
+  // native eval call keeps its entry frame, the shim below the Python frames it runs, in its
+  // own stack frame: the native frame whose stack holds a read's entry frame (entry_frames())
+  // is that call's, whatever its pc. While learns_eval_parts(), the caller looks for such
+  // frames in reads with more groups than eval-loop frames (or none) and adds the function
+  // around each one's pc with AddEvalPart(); CountLearningRead() spends the budget.
+  bool learns_eval_parts() const { return learning_reads_left_ > 0; }
+  std::span<const uint64_t> entry_frames() const { return entry_frames_; }
+  // Adds an absolute range to the eval loop; false (nothing added) once kMaxEvalRanges are.
+  bool AddEvalPart(elf::AddressRange range);
+  void CountLearningRead() {
+    if (learning_reads_left_ > 0) --learning_reads_left_;
+  }
+  static constexpr uint32_t kLearningReads = 4096;
 
   // The frames of thread `tid`, innermost first, into `out`; *count frames written.
   ReadOutcome ReadStack(pid_t tid, std::span<PythonFrame> out, size_t* count);
@@ -256,6 +276,8 @@ class Interpreter {
   Offsets offsets_;
   uint64_t runtime_;
   std::vector<elf::AddressRange> eval_ranges_;  // absolute
+  uint32_t learning_reads_left_ = 0;
+  std::vector<uint64_t> entry_frames_;  // of the last read's groups, innermost first
   std::unique_ptr<RemoteMemory> memory_;
   uint32_t tstate_bytes_ = 0;  // bytes copied of a thread state
   absl::flat_hash_map<pid_t, KnownThread> thread_states_;

@@ -1,12 +1,15 @@
-// Python frames end to end: Debian's /usr/bin/python3.11 runs python_workload.py (two threads,
-// a nested call chain, a generator, a coroutine; each function measures its own CPU time),
-// the real strata-agent reads its interpreter's frames, the real strata-server stores them.
+// Python frames end to end: Debian's /usr/bin/python3.11, and the python3.14 of Debian unstable
+// that deploy/cross/make-python-next-root.sh unpacks into the build (run through its own
+// loader), run python_workload.py (two threads, a nested call chain, a generator, a coroutine;
+// each function measures its own CPU time), the real strata-agent reads its interpreter's
+// frames, the real strata-server stores them.
 // Each function's share of the profile must match the share the workload measured in the
 // same window within 3 points, and no eval-loop frame may be left on a stack that got
 // Python frames.
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -14,6 +17,7 @@
 #include <iterator>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -29,7 +33,33 @@
 namespace strata::e2e {
 namespace {
 
-constexpr char kPython[] = "/usr/bin/python3.11";
+// An interpreter to profile: the command that runs a script with it, and where its standard
+// library lies.
+struct Interpreter {
+  std::vector<std::string> command;
+  std::string stdlib;
+  std::string missing;  // why it cannot run here, or empty
+};
+
+Interpreter InterpreterFor(const std::string& version) {
+  Interpreter python;
+  if (version == "3.11") {
+    python.command = {"/usr/bin/python3.11"};
+    python.stdlib = "/usr/lib/python3.11/";
+  } else {
+    const std::string root = STRATA_PYTHON_NEXT_ROOT;
+    python.command = {root + "/usr/lib64/ld-linux-x86-64.so.2", "--library-path",
+                      root + "/usr/lib/x86_64-linux-gnu", root + "/usr/bin/python" + version};
+    python.stdlib = root + "/usr/lib/python" + version + "/";
+  }
+  if (!std::filesystem::exists(python.command.back())) {
+    python.missing = absl::StrCat(python.command.back(), " is not there (",
+                                  version == "3.11" ? "apt-get install python3.11"
+                                                    : "deploy/cross/make-python-next-root.sh",
+                                  ")");
+  }
+  return python;
+}
 constexpr char kEvalLoop[] = "_PyEval_EvalFrameDefault";
 const std::vector<std::string> kFunctions = {"deep_leaf", "squares", "crunch", "plain_work"};
 
@@ -57,19 +87,23 @@ std::string PathText(const v1::HotPath& p) {
                       }));
 }
 
-// --python-capture: auto (frames copied at each sample where the kernel allows: as root
-// here), off (read from the target's memory after each sample, each waking the agent).
-class PythonE2eTest : public ::testing::TestWithParam<std::string> {};
+// (CPython version, --python-capture): auto (frames copied at each sample where the kernel
+// allows: as root here), off (read from the target's memory after each sample, each waking the
+// agent).
+class PythonE2eTest
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
-  const std::string capture = GetParam();
-  if (!std::filesystem::exists(kPython)) GTEST_SKIP() << kPython << " is not installed";
+  const auto& [version, capture] = GetParam();
+  const Interpreter interpreter = InterpreterFor(version);
+  if (!interpreter.missing.empty()) GTEST_SKIP() << interpreter.missing;
   strata::testing::TempDir dir("strata_python_e2e");
   ServerProcess server(dir.File("data"), dir.File("server.log"));
   ASSERT_GT(server.port(), 0) << server.process().Output();
   const std::string service = absl::StrCat("python-", getpid());
-  ChildProcess python({kPython, STRATA_PYTHON_WORKLOAD, "120"}, dir.File("python.log"),
-                      {{"STRATA_SERVICE", service}});
+  std::vector<std::string> command = interpreter.command;
+  command.insert(command.end(), {STRATA_PYTHON_WORKLOAD, "120"});
+  ChildProcess python(command, dir.File("python.log"), {{"STRATA_SERVICE", service}});
   // Until its first complete accounting line.
   const absl::Time started = absl::Now();
   while (!LastAccounting(python.Output()).contains("process") && python.running() &&
@@ -120,7 +154,7 @@ TEST_P(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
       python_frames = true;
       const std::string workload = absl::StrCat("[python:", STRATA_PYTHON_WORKLOAD, "]");
       EXPECT_TRUE(f.module() == workload ||
-                  f.module().starts_with("[python:/usr/lib/python3.11/"))
+                  f.module().starts_with("[python:" + interpreter.stdlib))
           << f.module();
     }
     for (const std::string& fn : kFunctions) {
@@ -212,9 +246,15 @@ TEST_P(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Capture, PythonE2eTest, ::testing::Values("auto", "off"),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param;
+// 3.14 once, in the default mode: its frames are read as 3.13's are, with its own offsets.
+INSTANTIATE_TEST_SUITE_P(Capture, PythonE2eTest,
+                         ::testing::Values(std::tuple("3.11", "auto"), std::tuple("3.11", "off"),
+                                           std::tuple("3.14", "auto")),
+                         [](const auto& info) {
+                           std::string name = absl::StrCat("python", std::get<0>(info.param),
+                                                           "_", std::get<1>(info.param));
+                           std::replace(name.begin(), name.end(), '.', '_');
+                           return name;
                          });
 
 }  // namespace

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# make-python-next-root.sh <root-dir>: Debian's newest CPython that the agent reads and bookworm
+# does not ship (python3.14, from Debian unstable), unpacked into <root-dir> with unstable's C
+# library and loader, to run as `<root-dir>/usr/lib64/ld-linux-x86-64.so.2 --library-path
+# <root-dir>/usr/lib/x86_64-linux-gnu <root-dir>/usr/bin/python3.14`. Packages come with
+# `apt-get download` and `dpkg -x` through private package lists (apt-options.sh, for amd64);
+# nothing is installed. tests/e2e/python profiles this interpreter when <root-dir> is the
+# x86-64 build's python-next/. Idempotent.
+set -euo pipefail
+if [[ $# -ne 1 ]]; then
+  echo "usage: $0 <root-dir>" >&2
+  exit 2
+fi
+VERSION=3.14
+ROOT=$(mkdir -p "$1" && cd "$1" && pwd)
+[[ -x "$ROOT/usr/bin/python$VERSION" ]] && { echo "python root $ROOT is ready"; exit 0; }
+APTDIR="$ROOT/.apt"
+mkdir -p "$APTDIR/lists/partial" "$APTDIR/archives/partial" "$APTDIR/etc" "$APTDIR/debs"
+: >"$APTDIR/status"
+cat >"$APTDIR/etc/debian.sources" <<'SOURCES'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: unstable
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SOURCES
+APT_ARCH=amd64
+# shellcheck source=apt-options.sh
+source "$(dirname "${BASH_SOURCE[0]}")/apt-options.sh"
+apt-get "${APT_OPTS[@]}" -q update >"$APTDIR/update.log" 2>&1 || {
+  cat "$APTDIR/update.log" >&2; exit 1; }
+PKGS=("python$VERSION-minimal" "libpython$VERSION-minimal" "libpython$VERSION-stdlib" libc6
+      libexpat1 zlib1g libffi8)
+(cd "$APTDIR/debs" && apt-get "${APT_OPTS[@]}" -q download "${PKGS[@]}" \
+  >"$APTDIR/download.log" 2>&1) || { cat "$APTDIR/download.log" >&2; exit 1; }
+for deb in "$APTDIR"/debs/*.deb; do
+  dpkg -x "$deb" "$ROOT"
+done
+rm -rf "$APTDIR/lists" "$APTDIR/debs"
+echo "python root ready: $ROOT ($(du -sh "$ROOT" | cut -f1))"
