@@ -85,10 +85,10 @@ echo "== x86-64 build ($build)"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_BUILD_TESTS=ON \
   -DSTRATA_BUILD_BENCHMARKS=OFF -DSTRATA_DEBUG_INFO=lines -DSTRATA_TEST_OPT_LEVEL=1 >/dev/null
 cmake --build "$build" -j "$jobs"
-# Debian unstable's python3.14 (bookworm has 3.11), unpacked into the build with its own C
-# library: tests/e2e/python profiles it (a few seconds; Debian's archive only).
+# Debian unstable's python3.14 and python3.15 (bookworm has 3.11), unpacked into the build with
+# their own C library: tests/e2e/python profiles them (a few seconds; Debian's archive only).
 deploy/cross/make-python-next-root.sh "$build/python-next" ||
-  { failures+=("python3.14 root: deploy/cross/make-python-next-root.sh failed"); status=1; }
+  { failures+=("python 3.14/3.15 root: deploy/cross/make-python-next-root.sh failed"); status=1; }
 part_done "x86-64 build"
 
 # The cross and sanitizer builds run beside the x86-64 tests at the lowest CPU priority: those

@@ -93,7 +93,7 @@ void AddAgentFlags(CLI::App& app, AgentFlags& f) {
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   app.add_option("--python-frames", f.python_frames,
-                 "Python functions (CPython 3.8 to 3.14) in place of the interpreter's "
+                 "Python functions (CPython 3.8 to 3.15) in place of the interpreter's "
                  "eval-loop frames, read from its thread states (needs ptrace access to the "
                  "targets: CAP_SYS_PTRACE or the same user)")
       ->check(CLI::IsMember({"on", "off"}))

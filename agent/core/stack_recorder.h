@@ -8,7 +8,7 @@
 // per-target pc caches, the per-target unwinding counters and the aggregators; the targets
 // belong to TargetDiscovery, the kernel's symbols to the recorder's owner.
 //
-// Python targets (a CPython 3.8-3.14 interpreter among their modules, agent/python): each
+// Python targets (a CPython 3.8-3.15 interpreter among their modules, agent/python): each
 // native `_PyEval_EvalFrameDefault` frame of a sample is replaced by the Python frames it runs,
 // read from the interpreter's thread state when the sample is recorded (the thread has run on
 // since the sample: the read must agree with the sample's eval-loop frames, else the stack

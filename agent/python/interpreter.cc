@@ -157,7 +157,7 @@ absl::StatusOr<InterpreterModule> InspectModule(const elf::ElfFile& elf,
   if (!known && !VersionFromPath(path, &m.major, &m.minor)) {
     return absl::NotFoundError(absl::StrCat("no CPython version in ", std::string(path)));
   }
-  if (m.major == 3 && m.minor > 14) {
+  if (m.major == 3 && m.minor > 15) {
     return absl::UnimplementedError(absl::StrCat("CPython 3.", m.minor, " is not supported"));
   }
   if (absl::StatusOr<Offsets> o = OffsetsForVersion(m.major, m.minor); !o.ok()) return o.status();

@@ -9,8 +9,8 @@ namespace strata::agent::python {
 namespace {
 
 // Values printed by print_offsets.c from the headers of 3.8.18, 3.9.18, 3.10.13, 3.11.7
-// (identical for Debian's 3.11.2), 3.12.1 and 3.13.0; 3.14's from the _Py_DebugOffsets of
-// Debian's 3.14.10.
+// (identical for Debian's 3.11.2), 3.12.1 and 3.13.0; 3.14's and 3.15's from the
+// _Py_DebugOffsets of Debian's 3.14.10 and 3.15.2.
 Offsets Version38And39(int minor) {
   Offsets o;
   o.minor = minor;
@@ -134,10 +134,27 @@ Offsets Version314() {
   return o;
 }
 
-// Where 3.13's and 3.14's _Py_DebugOffsets keep the fields the reader takes (the index of the
+// 3.15: as 3.14 (FRAME_OWNED_BY_CSTACK is gone; the entry frame's owner is still 3), the
+// runtime, interpreter and thread states laid out anew.
+Offsets Version315() {
+  Offsets o = Version314();
+  o.minor = 15;
+  o.runtime_interpreters_head = 936;
+  o.interp_threads_head = 7336;
+  o.interp_next = 7264;
+  o.tstate_thread_id = 176;
+  o.tstate_native_thread_id = 184;
+  return o;
+}
+
+// Where 3.13's, 3.14's and 3.15's _Py_DebugOffsets keep the fields the reader takes (the index of the
 // uint64 field, the cookie being field 0), from Include/internal/pycore_runtime.h (3.13) and
 // pycore_debug_offsets.h (3.14: threads_main, code_object_generation and tlbc_generation in the
-// interpreter's part, stackpointer and tlbc_index in the frame's, co_tlbc in the code's).
+// interpreter's part, stackpointer and tlbc_index in the frame's, co_tlbc in the code's; 3.15:
+// three frame pointers after current_frame and four fields after status in the thread's part,
+// an exception stack item's part, four more fields in the type object's). The 3.15 indices
+// were placed by the values Debian's 3.15.2 holds there (each struct's size, then offsets
+// inside it); the struct has more fields past the last index read.
 struct DebugLayout {
   int minor;
   size_t fields;  // of the struct: its size / 8
@@ -158,6 +175,8 @@ constexpr DebugLayout kDebugLayouts[] = {
      34, 35, 36, 37, 38, 39, 43, 44, 45, 64, 65, 66, 67, 68, 69, 70},
     {14, 95, 3, 5, 6, 8, 9, 22, 24, 26, 27, 28, 31, 32, 33, 34, 36,
      39, 40, 41, 42, 43, 44, 48, 50, 51, 74, 75, 76, 77, 78, 79, 80},
+    {15, 93, 3, 5, 6, 8, 9, 22, 24, 26, 30, 31, 39, 40, 41, 42, 44,
+     47, 48, 49, 50, 51, 52, 56, 58, 59, 86, 87, 88, 89, 90, 91, 92},
 };
 
 }  // namespace
@@ -178,12 +197,14 @@ absl::StatusOr<Offsets> OffsetsForVersion(int major, int minor) {
         return Version313();
       case 14:
         return Version314();
+      case 15:
+        return Version315();
       default:
         break;
     }
   }
   return absl::UnimplementedError(
-      absl::StrCat("CPython ", major, ".", minor, " is not supported (3.8 to 3.14 are)"));
+      absl::StrCat("CPython ", major, ".", minor, " is not supported (3.8 to 3.15 are)"));
 }
 
 absl::StatusOr<Offsets> OffsetsFromDebugOffsets(std::string_view bytes) {
@@ -206,7 +227,7 @@ absl::StatusOr<Offsets> OffsetsFromDebugOffsets(std::string_view bytes) {
   }
   if (layout == nullptr) {
     return absl::UnimplementedError(absl::StrCat("_Py_DebugOffsets of CPython ", major, ".",
-                                                 minor, ": only 3.13's and 3.14's are known"));
+                                                 minor, ": only 3.13's to 3.15's are known"));
   }
   if (bytes.size() < 8 * layout->fields) {
     return absl::InvalidArgumentError("_Py_DebugOffsets: too short");

@@ -10,7 +10,7 @@
 // The layouts come from each version's headers (Include/cpython/pystate.h, code.h,
 // frameobject.h, Include/internal/pycore_frame.h, pycore_interp.h, pycore_runtime.h); they were
 // printed with offsetof() by agent/python/print_offsets.c compiled against each version's
-// headers (64-bit, the same on x86-64 and MIPS64 n64). 3.13 and 3.14 carry their own table
+// headers (64-bit, the same on x86-64 and MIPS64 n64). 3.13 to 3.15 carry their own table
 // (_Py_DebugOffsets at the start of _PyRuntime), which is read from the target and preferred.
 #ifndef STRATA_AGENT_PYTHON_OFFSETS_H_
 #define STRATA_AGENT_PYTHON_OFFSETS_H_
@@ -32,7 +32,7 @@ enum class FrameLayout : uint8_t {
   // 3.11: _PyInterpreterFrame chain from tstate->cframe->current_frame through previous; one
   // native call runs several frames, the outermost of them marked is_entry.
   kInterpreterFrameIsEntry,
-  // 3.12 - 3.14: as 3.11, but each native call pushes a shim frame owned by the C stack
+  // 3.12 - 3.15: as 3.11, but each native call pushes a shim frame owned by the C stack
   // (owner == kFrameOwnedByCStack) below the frames it runs.
   kInterpreterFrameCStack,
 };
@@ -44,7 +44,7 @@ enum class LineTableFormat : uint8_t {
 };
 
 // The owner of a native call's shim frame: FRAME_OWNED_BY_CSTACK in 3.12 and 3.13,
-// FRAME_OWNED_BY_INTERPRETER in 3.14, which took its value (pycore_frame.h,
+// FRAME_OWNED_BY_INTERPRETER from 3.14, which took its value (pycore_frame.h,
 // pycore_interpframe_structs.h); 3.14 also ends every thread's chain with such a frame.
 inline constexpr uint8_t kFrameOwnedByCStack = 3;
 // 3.14's f_executable is a _PyStackRef: the object's address with a reference-counting tag in
@@ -99,14 +99,13 @@ struct Offsets {
   uint32_t unicode_compact_data = 0;  // sizeof(PyCompactUnicodeObject): other compact data
 };
 
-// The table of a version, 3.8 to 3.14; an error for any other.
+// The table of a version, 3.8 to 3.15; an error for any other.
 absl::StatusOr<Offsets> OffsetsForVersion(int major, int minor);
 
-// 3.13's or 3.14's _Py_DebugOffsets (the first bytes of _PyRuntime, at least the struct's
-// size of them: kDebugOffsetsSize covers both): the version's table with every field the
+// 3.13's to 3.15's _Py_DebugOffsets (the first bytes of _PyRuntime, at least the fields read
+// of them: kDebugOffsetsSize covers each version's): the version's table with every field the
 // struct carries taken from it. Errors: no "xdebugpy" cookie, a version whose struct is not
-// known (3.15 reorders it), free-threaded builds, offsets outside the sizes the struct itself
-// gives.
+// known, free-threaded builds, offsets outside the sizes the struct itself gives.
 inline constexpr size_t kDebugOffsetsSize = 8 * 95;  // 3.14's struct: 95 uint64 fields
 inline constexpr std::string_view kDebugCookie = "xdebugpy";
 absl::StatusOr<Offsets> OffsetsFromDebugOffsets(std::string_view bytes);

@@ -48,6 +48,21 @@ std::string DebugOffsets314() {
   return bytes;
 }
 
+// 3.15's as Debian's CPython 3.15.2 (python3.15-minimal 3.15.2-1) initializes it: the fields
+// up to the last one read.
+std::string DebugOffsets315() {
+  const std::vector<uint64_t> f = {
+      0, 0x030F02F0, 0, 346568, 912, 936, 226240, 7272, 7264, 7336, 7352, 7400, 7592, 7576,
+      7584, 16, 7736, 0, 7752, 7744, 7944, 0, 888, 0, 8, 16, 72, 80, 88, 96, 176, 184, 256, 32,
+      36, 40, 136, 288, 0, 88, 8, 0, 56, 80, 74, 64, 0, 216, 112, 120, 128, 136, 68, 52, 96,
+      104, 208, 0, 16, 8, 424, 24, 88, 168, 32, 288, 944, 888, 40, 32, 16, 40, 24, 16, 200, 24,
+      40, 32, 48, 32, 40, 24, 16, 32, 16, 24, 40, 16, 32, 64, 32, 16, 40};
+  std::string bytes(kDebugOffsetsSize, '\0');
+  std::memcpy(bytes.data(), f.data(), std::min(bytes.size(), f.size() * 8));
+  std::memcpy(bytes.data(), kDebugCookie.data(), kDebugCookie.size());
+  return bytes;
+}
+
 void ExpectSameReadFields(const Offsets& a, const Offsets& b) {
   EXPECT_EQ(a.runtime_interpreters_head, b.runtime_interpreters_head);
   EXPECT_EQ(a.interp_threads_head, b.interp_threads_head);
@@ -70,8 +85,8 @@ void ExpectSameReadFields(const Offsets& a, const Offsets& b) {
   EXPECT_EQ(a.unicode_compact_data, b.unicode_compact_data);
 }
 
-TEST(OffsetsTest, EveryVersionFrom38To314) {
-  for (int minor = 8; minor <= 14; ++minor) {
+TEST(OffsetsTest, EveryVersionFrom38To315) {
+  for (int minor = 8; minor <= 15; ++minor) {
     absl::StatusOr<Offsets> o = OffsetsForVersion(3, minor);
     ASSERT_TRUE(o.ok()) << minor;
     EXPECT_EQ(o->minor, minor);
@@ -99,7 +114,7 @@ TEST(OffsetsTest, EveryVersionFrom38To314) {
     EXPECT_EQ(o->layout == FrameLayout::kInterpreterFrameCStack, minor >= 12);
   }
   EXPECT_FALSE(OffsetsForVersion(3, 7).ok());
-  EXPECT_FALSE(OffsetsForVersion(3, 15).ok());
+  EXPECT_FALSE(OffsetsForVersion(3, 16).ok());
   EXPECT_FALSE(OffsetsForVersion(2, 7).ok());
 }
 
@@ -130,16 +145,27 @@ TEST(OffsetsTest, DebugOffsetsOf314MatchTheTable) {
   EXPECT_FALSE(OffsetsFromDebugOffsets(as313).ok());
 }
 
+// 3.15 laid the thread state's part out anew (thread ids after three more frame pointers).
+TEST(OffsetsTest, DebugOffsetsOf315MatchTheTable) {
+  absl::StatusOr<Offsets> parsed = OffsetsFromDebugOffsets(DebugOffsets315());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->minor, 15);
+  ExpectSameReadFields(*parsed, *OffsetsForVersion(3, 15));
+  EXPECT_EQ(parsed->tstate_thread_id, 176u);
+  EXPECT_EQ(parsed->tstate_native_thread_id, 184u);
+  EXPECT_EQ(parsed->runtime_interpreters_head, 936u);
+}
+
 TEST(OffsetsTest, DebugOffsetsRejected) {
   std::string bytes = DebugOffsets313();
   EXPECT_FALSE(OffsetsFromDebugOffsets(bytes.substr(0, 100)).ok());
   std::string cookie = bytes;
   cookie[0] = 'y';
   EXPECT_FALSE(OffsetsFromDebugOffsets(cookie).ok());
-  std::string v315 = bytes;
-  const uint64_t version = 0x030F02F0;  // 3.15 reordered the struct again
-  std::memcpy(v315.data() + 8, &version, 8);
-  EXPECT_EQ(OffsetsFromDebugOffsets(v315).status().code(), absl::StatusCode::kUnimplemented);
+  std::string v316 = bytes;
+  const uint64_t version = 0x031000A0;  // a struct not known yet
+  std::memcpy(v316.data() + 8, &version, 8);
+  EXPECT_EQ(OffsetsFromDebugOffsets(v316).status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_FALSE(OffsetsFromDebugOffsets(DebugOffsets314().substr(0, 8 * 73)).ok());
   std::string free_threaded = bytes;
   free_threaded[16] = 1;

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# make-python-next-root.sh <root-dir>: Debian's newest CPython that the agent reads and bookworm
-# does not ship (python3.14, from Debian unstable), unpacked into <root-dir> with unstable's C
-# library and loader, to run as `<root-dir>/usr/lib64/ld-linux-x86-64.so.2 --library-path
-# <root-dir>/usr/lib/x86_64-linux-gnu <root-dir>/usr/bin/python3.14`. Packages come with
+# make-python-next-root.sh <root-dir>: the CPython versions the agent reads that bookworm does not
+# ship (python3.14 and python3.15, from Debian unstable), unpacked into <root-dir> with
+# unstable's C library and loader, to run as `<root-dir>/usr/lib64/ld-linux-x86-64.so.2
+# --library-path <root-dir>/usr/lib/x86_64-linux-gnu <root-dir>/usr/bin/python3.X`. Packages come with
 # `apt-get download` and `dpkg -x` through private package lists (apt-options.sh, for amd64);
-# nothing is installed. tests/e2e/python profiles this interpreter when <root-dir> is the
+# nothing is installed. tests/e2e/python profiles these interpreters when <root-dir> is the
 # x86-64 build's python-next/. Idempotent.
 set -euo pipefail
 if [[ $# -ne 1 ]]; then
   echo "usage: $0 <root-dir>" >&2
   exit 2
 fi
-VERSION=3.14
+VERSIONS=(3.14 3.15)
 ROOT=$(mkdir -p "$1" && cd "$1" && pwd)
-[[ -x "$ROOT/usr/bin/python$VERSION" ]] && { echo "python root $ROOT is ready"; exit 0; }
+ready=1
+for v in "${VERSIONS[@]}"; do [[ -x "$ROOT/usr/bin/python$v" ]] || ready=0; done
+((ready)) && { echo "python root $ROOT is ready"; exit 0; }
 APTDIR="$ROOT/.apt"
 mkdir -p "$APTDIR/lists/partial" "$APTDIR/archives/partial" "$APTDIR/etc" "$APTDIR/debs"
 : >"$APTDIR/status"
@@ -29,8 +31,10 @@ APT_ARCH=amd64
 source "$(dirname "${BASH_SOURCE[0]}")/apt-options.sh"
 apt-get "${APT_OPTS[@]}" -q update >"$APTDIR/update.log" 2>&1 || {
   cat "$APTDIR/update.log" >&2; exit 1; }
-PKGS=("python$VERSION-minimal" "libpython$VERSION-minimal" "libpython$VERSION-stdlib" libc6
-      libexpat1 zlib1g libffi8)
+PKGS=(libc6 libexpat1 zlib1g libffi8 libzstd1 libgcc-s1)
+for v in "${VERSIONS[@]}"; do
+  PKGS+=("python$v-minimal" "libpython$v-minimal" "libpython$v-stdlib")
+done
 (cd "$APTDIR/debs" && apt-get "${APT_OPTS[@]}" -q download "${PKGS[@]}" \
   >"$APTDIR/download.log" 2>&1) || { cat "$APTDIR/download.log" >&2; exit 1; }
 for deb in "$APTDIR"/debs/*.deb; do

@@ -1,6 +1,6 @@
-// Python frames end to end: Debian's /usr/bin/python3.11, and the python3.14 of Debian unstable
-// that deploy/cross/make-python-next-root.sh unpacks into the build (run through its own
-// loader), run python_workload.py (two threads, a nested call chain, a generator, a coroutine;
+// Python frames end to end: Debian's /usr/bin/python3.11, and the python3.14 and python3.15 of
+// Debian unstable that deploy/cross/make-python-next-root.sh unpacks into the build (run
+// through their own loader), run python_workload.py (two threads, a nested call chain, a generator, a coroutine;
 // each function measures its own CPU time), the real strata-agent reads its interpreter's
 // frames, the real strata-server stores them.
 // Each function's share of the profile must match the share the workload measured in the
@@ -246,10 +246,12 @@ TEST_P(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
   }
 }
 
-// 3.14 once, in the default mode: its frames are read as 3.13's are, with its own offsets.
+// 3.14 and 3.15 once each, in the default mode: their frames are read as 3.13's are, with
+// their own offsets, and most of their eval loop is found from the stacks (no symbol names it).
 INSTANTIATE_TEST_SUITE_P(Capture, PythonE2eTest,
                          ::testing::Values(std::tuple("3.11", "auto"), std::tuple("3.11", "off"),
-                                           std::tuple("3.14", "auto")),
+                                           std::tuple("3.14", "auto"),
+                                           std::tuple("3.15", "auto")),
                          [](const auto& info) {
                            std::string name = absl::StrCat("python", std::get<0>(info.param),
                                                            "_", std::get<1>(info.param));
