@@ -147,17 +147,17 @@ Offsets Version315() {
   return o;
 }
 
-// Where 3.13's, 3.14's and 3.15's _Py_DebugOffsets keep the fields the reader takes (the index of the
-// uint64 field, the cookie being field 0), from Include/internal/pycore_runtime.h (3.13) and
-// pycore_debug_offsets.h (3.14: threads_main, code_object_generation and tlbc_generation in the
-// interpreter's part, stackpointer and tlbc_index in the frame's, co_tlbc in the code's; 3.15:
-// three frame pointers after current_frame and four fields after status in the thread's part,
-// an exception stack item's part, four more fields in the type object's). The 3.15 indices
-// were placed by the values Debian's 3.15.2 holds there (each struct's size, then offsets
-// inside it); the struct has more fields past the last index read.
+// Where 3.13's, 3.14's and 3.15's _Py_DebugOffsets keep the fields the reader takes (the index
+// of the uint64 field, the cookie being field 0), from Include/internal/pycore_runtime.h (3.13)
+// and pycore_debug_offsets.h (3.14: threads_main, code_object_generation and tlbc_generation in
+// the interpreter's part, stackpointer and tlbc_index in the frame's, co_tlbc in the code's;
+// 3.15: three frame pointers after current_frame and four fields after status in the thread's
+// part, an exception stack item's part, four more fields in the type object's). The 3.15
+// indices were placed by the values Debian's 3.15.2 holds there (each struct's size, then
+// offsets inside it); the struct has more fields past the last index read.
 struct DebugLayout {
   int minor;
-  size_t fields;  // of the struct: its size / 8
+  size_t fields;  // the uint64 fields to read: up to the last one used
   size_t runtime_size, interpreters_head;
   size_t interp_size, interp_next, interp_threads_head;
   size_t tstate_size, tstate_next, tstate_current_frame, tstate_thread_id,

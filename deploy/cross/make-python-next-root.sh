@@ -2,8 +2,8 @@
 # make-python-next-root.sh <root-dir>: the CPython versions the agent reads that bookworm does not
 # ship (python3.14 and python3.15, from Debian unstable), unpacked into <root-dir> with
 # unstable's C library and loader, to run as `<root-dir>/usr/lib64/ld-linux-x86-64.so.2
-# --library-path <root-dir>/usr/lib/x86_64-linux-gnu <root-dir>/usr/bin/python3.X`. Packages come with
-# `apt-get download` and `dpkg -x` through private package lists (apt-options.sh, for amd64);
+# --library-path <root-dir>/usr/lib/x86_64-linux-gnu <root-dir>/usr/bin/python3.X`. Packages come
+# with `apt-get download` and `dpkg -x` through private package lists (apt-options.sh, for amd64);
 # nothing is installed. tests/e2e/python profiles these interpreters when <root-dir> is the
 # x86-64 build's python-next/. Idempotent.
 set -euo pipefail

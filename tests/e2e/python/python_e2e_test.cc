@@ -1,8 +1,8 @@
 // Python frames end to end: Debian's /usr/bin/python3.11, and the python3.14 and python3.15 of
 // Debian unstable that deploy/cross/make-python-next-root.sh unpacks into the build (run
-// through their own loader), run python_workload.py (two threads, a nested call chain, a generator, a coroutine;
-// each function measures its own CPU time), the real strata-agent reads its interpreter's
-// frames, the real strata-server stores them.
+// through their own loader), run python_workload.py (two threads, a nested call chain, a
+// generator, a coroutine; each function measures its own CPU time), the real strata-agent
+// reads its interpreter's frames, the real strata-server stores them.
 // Each function's share of the profile must match the share the workload measured in the
 // same window within 3 points, and no eval-loop frame may be left on a stack that got
 // Python frames.
