@@ -57,7 +57,7 @@ TEST_F(BackboneTest, DemoHotPathsSurviveRestart) {
   std::map<DemoPath, uint64_t> by_path;
   uint64_t main_thread_samples = 0;
   for (const auto& p : paths.paths()) {
-    const auto names = FrameNames(p);
+    const auto names = UserFrameNames(p);
     const DemoPath kind = ClassifyDemoPath(names);
     by_path[kind] += p.samples();
     if (kind != DemoPath::kOther && !p.truncated()) {

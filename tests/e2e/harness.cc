@@ -270,6 +270,14 @@ std::vector<std::string> FrameNames(const v1::HotPath& path) {
   return names;
 }
 
+std::vector<std::string> UserFrameNames(const v1::HotPath& path) {
+  std::vector<std::string> names;
+  for (const auto& f : path.frames()) {
+    if (f.kind() != v1::FRAME_KERNEL) names.push_back(f.function());
+  }
+  return names;
+}
+
 DemoPath ClassifyDemoPath(const std::vector<std::string>& names) {
   auto at = std::find(names.begin(), names.end(), "serve_forever");
   if (at == names.end()) return DemoPath::kOther;

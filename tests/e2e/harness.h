@@ -117,6 +117,10 @@ v1::HotPathsResponse QueryHotPaths(const std::string& address, const std::string
 
 // Function names of a path, outermost first.
 std::vector<std::string> FrameNames(const v1::HotPath& path);
+// The same without the kernel's frames: a sample taken while the thread was in the kernel on
+// the way back to user code (an interrupt's exit, a preemption there) is still the user
+// path's time, and the demo counts it in its own CPU time.
+std::vector<std::string> UserFrameNames(const v1::HotPath& path);
 
 // Which of demo_service's three paths a stack is, by its frames from serve_forever inwards.
 enum class DemoPath { kTokenize, kDeflate, kFib, kOther };

@@ -223,7 +223,7 @@ TEST_F(AgentCapabilitiesTest, UnitCapabilitiesAreSufficientAndEachIsNeeded) {
   EXPECT_GT(paths.total_samples(), 100u) << log;
   uint64_t named = 0;
   for (const auto& p : paths.paths()) {
-    if (ClassifyDemoPath(FrameNames(p)) != DemoPath::kOther) named += p.samples();
+    if (ClassifyDemoPath(UserFrameNames(p)) != DemoPath::kOther) named += p.samples();
   }
   EXPECT_GT(named, paths.total_samples() / 2) << "stacks were not unwound and named\n" << log;
   std::printf("with the unit's capabilities: %llu samples, %llu on the demo's named paths\n",

@@ -150,7 +150,7 @@ TEST_P(EncodingRestartTest, AgentSurvivesServerKillsWithoutLossOrDoubleCounting)
 
   // Every batch decoded against its own graph: the demo's shape and mix are intact.
   std::map<DemoPath, uint64_t> by_path;
-  for (const auto& p : paths.paths()) by_path[ClassifyDemoPath(FrameNames(p))] += p.samples();
+  for (const auto& p : paths.paths()) by_path[ClassifyDemoPath(UserFrameNames(p))] += p.samples();
   const double total = static_cast<double>(paths.total_samples());
   EXPECT_LT(100 * by_path[DemoPath::kOther] / total, 10);
   // The demo's threads share the CPU as the scheduler lets them: on a loaded machine the mix

@@ -49,7 +49,7 @@ v1::HotPathsResponse HotPaths(const std::string& address, const std::string& sel
 double Share(const v1::HotPathsResponse& r, DemoPath kind) {
   uint64_t of_kind = 0, total = 0;
   for (const auto& p : r.paths()) {
-    const DemoPath k = ClassifyDemoPath(FrameNames(p));
+    const DemoPath k = ClassifyDemoPath(UserFrameNames(p));
     if (k == DemoPath::kOther) continue;
     total += p.samples();
     if (k == kind) of_kind += p.samples();

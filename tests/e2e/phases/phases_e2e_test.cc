@@ -52,7 +52,7 @@ WindowSamples SamplesIn(const std::string& address, const std::string& service,
   WindowSamples out;
   if (!stub->HotPaths(&ctx, req, &resp).ok()) return out;
   for (const auto& path : resp.paths()) {
-    const DemoPath kind = ClassifyDemoPath(FrameNames(path));
+    const DemoPath kind = ClassifyDemoPath(UserFrameNames(path));
     if (kind == DemoPath::kTokenize) out.tokenize += path.samples();
     if (kind == DemoPath::kDeflate) out.deflate += path.samples();
   }

@@ -93,7 +93,7 @@ TEST_P(SamplingScopeTest, DemoWithIdleThreadsHasItsHotPaths) {
   // The paths outside the three, for a failure to show what the rest of the profile was.
   std::string others;
   for (const auto& p : paths.paths()) {
-    const DemoPath path = ClassifyDemoPath(FrameNames(p));
+    const DemoPath path = ClassifyDemoPath(UserFrameNames(p));
     by_path[path] += p.samples();
     if (path == DemoPath::kOther && others.size() < 4000) {
       absl::StrAppend(&others, p.samples(), " ", absl::StrJoin(FrameNames(p), ";"), "\n");
