@@ -24,7 +24,7 @@ size_t LearnEvalParts(python::Interpreter& interpreter,
         break;
       }
       const uint64_t bias = pc - module_pc;
-      if (interpreter.AddEvalPart({f->start + bias, f->end + bias})) {
+      if (interpreter.ProposeEvalPart({f->start + bias, f->end + bias})) {
         ++added;
         LogInfo("eval loop: {}+{:#x}..{:#x} runs Python frames (found from their stacks; "
                 "no symbol names it)",

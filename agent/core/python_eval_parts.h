@@ -23,8 +23,9 @@ namespace strata::agent {
 // `frames`: the sample's native frames, innermost first, each with its stack pointer. For
 // each of the interpreter's last read's entry frames, the frame i with frames[i].sp <= entry <
 // frames[i + 1].sp; when its pc (less one, for a return address) is not in the eval loop yet,
-// the function around it joins it if it is nameless (an FDE range) or a
-// _PyEval_EvalFrameDefault part. Returns how many functions were added.
+// the function around it is proposed (Interpreter::ProposeEvalPart: a few reads must agree)
+// if it is nameless (an FDE range) or a _PyEval_EvalFrameDefault part. Returns how many
+// functions joined the eval loop.
 size_t LearnEvalParts(python::Interpreter& interpreter,
                       const symbols::ProcessAddressSpace& space,
                       std::span<const unwind::Frame> frames);

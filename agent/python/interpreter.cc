@@ -143,6 +143,7 @@ absl::StatusOr<InterpreterModule> InspectModule(const elf::ElfFile& elf,
   std::optional<uint64_t> runtime = FindObjectSymbol(elf, "_PyRuntime");
   if (!runtime.has_value()) return absl::NotFoundError("no _PyRuntime symbol");
   m.runtime_vaddr = *runtime;
+  m.init_cleanup_vaddr = FindObjectSymbol(elf, "_Py_InitCleanup").value_or(0);
   bool known = false;
   if (std::optional<uint64_t> version = FindObjectSymbol(elf, "Py_Version")) {
     std::string_view bytes = FileBytesAt(elf, *version, 4);
@@ -198,6 +199,9 @@ absl::StatusOr<std::unique_ptr<Interpreter>> Interpreter::Attach(
   if (module.learn_eval_parts && o.layout == FrameLayout::kInterpreterFrameCStack) {
     interpreter->learning_reads_left_ = kLearningReads;
   }
+  if (module.init_cleanup_vaddr != 0) {
+    interpreter->init_cleanup_ = module.init_cleanup_vaddr + static_cast<uint64_t>(bias);
+  }
   interpreter->entry_frames_.reserve(kMaxChainFrames);
   interpreter->chain_.reserve(kMaxChainFrames);
   interpreter->code_addresses_.reserve(kMaxChainFrames + kMaxSweptCodeObjects + 3);
@@ -224,8 +228,20 @@ pid_t Interpreter::TidOf(const uint8_t* tstate) {
   return tid;
 }
 
-bool Interpreter::AddEvalPart(elf::AddressRange range) {
+bool Interpreter::ProposeEvalPart(elf::AddressRange range) {
+  constexpr size_t kMaxProposedParts = 8;
   if (eval_ranges_.size() >= kMaxEvalRanges || range.end <= range.start) return false;
+  auto it = std::find_if(proposed_parts_.begin(), proposed_parts_.end(),
+                         [&](const ProposedPart& p) {
+                           return p.range.start == range.start && p.range.end == range.end;
+                         });
+  if (it == proposed_parts_.end()) {
+    if (proposed_parts_.size() == kMaxProposedParts) proposed_parts_.erase(proposed_parts_.begin());
+    proposed_parts_.push_back({range, 0});
+    it = proposed_parts_.end() - 1;
+  }
+  if (++it->reads < kEvalPartConfirmations) return false;
+  proposed_parts_.erase(it);
   eval_ranges_.push_back(range);
   return true;
 }
@@ -541,6 +557,10 @@ const CodeInfo* Interpreter::Code(uint64_t address, const uint8_t* header, uint6
     return nullptr;
   }
   stats_.code_bytes += CodeBytes(*info);
+  info->interpreter_shim =
+      address == init_cleanup_ ||
+      (init_cleanup_ == 0 && offsets_.minor >= 13 && info->name == "__init__" &&
+       info->filename == "__init__");
   info->first_line = first_line;
   info->name_ptr = name;
   info->filename_ptr = filename;
@@ -767,12 +787,13 @@ bool Interpreter::ChainCode(uint64_t now) {
 
 ReadOutcome Interpreter::Finish(KnownThread* thread, uint64_t leaf, std::span<PythonFrame> out,
                                 size_t* count) {
-  const size_t n = chain_.size();
-  for (size_t i = 0; i < n; ++i) {
-    PythonFrame& f = out[i];
-    f.code = chain_[i].info;
-    f.line = LineOf(*chain_[i].info, chain_[i].offset);
-    f.entry = chain_[i].entry;
+  size_t n = 0;
+  for (const ChainFrame& c : chain_) {
+    if (c.info->interpreter_shim && !c.entry) continue;  // (never a call's outermost frame)
+    PythonFrame& f = out[n++];
+    f.code = c.info;
+    f.line = LineOf(*c.info, c.offset);
+    f.entry = c.entry;
   }
   if (thread != nullptr) {
     KeepHints(*thread);

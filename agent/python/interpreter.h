@@ -68,6 +68,7 @@ struct InterpreterModule {
   // loop (GCC's .cold) have no name, and on 3.12+ the stacks show where they are (see
   // Interpreter::learns_eval_parts).
   bool learn_eval_parts = false;
+  uint64_t init_cleanup_vaddr = 0;  // _Py_InitCleanup (3.14+ export it; 0: not found)
 };
 
 // The interpreter in `elf` (named `path`, with its function symbols `symbols`); NotFound when
@@ -92,6 +93,10 @@ struct CodeInfo {
   uint64_t checked_ns = 0;
   // For the owner: e.g. the function node it resolved this code object to (0: none yet).
   mutable uint32_t owner_id = 0;
+  // The interpreter's own code, not the program's: 3.13+'s _Py_InitCleanup, the shim frame
+  // CALL_ALLOC_AND_ENTER_INIT pushes between a class's caller and its __init__ (filename and
+  // name "__init__"). Such frames are not returned.
+  bool interpreter_shim = false;
   // Lines of offsets decoded before (direct-mapped by offset): the offsets of a thread's
   // callers repeat from one sample to the next, and decoding walks the table from its start.
   struct CachedLine {
@@ -148,12 +153,15 @@ class Interpreter {
   // native eval call keeps its entry frame, the shim below the Python frames it runs, in its
   // own stack frame: the native frame whose stack holds a read's entry frame (entry_frames())
   // is that call's, whatever its pc. While learns_eval_parts(), the caller looks for such
-  // frames in reads with more groups than eval-loop frames (or none) and adds the function
-  // around each one's pc with AddEvalPart(); CountLearningRead() spends the budget.
+  // frames in reads with more groups than eval-loop frames (or none) and proposes the function
+  // around each one's pc with ProposeEvalPart(); CountLearningRead() spends the budget.
   bool learns_eval_parts() const { return learning_reads_left_ > 0; }
   std::span<const uint64_t> entry_frames() const { return entry_frames_; }
-  // Adds an absolute range to the eval loop; false (nothing added) once kMaxEvalRanges are.
-  bool AddEvalPart(elf::AddressRange range);
+  // Proposes an absolute range as a part of the eval loop; true when this adds it: once
+  // kEvalPartConfirmations reads proposed it (a read made after the sample may pair a chain
+  // with a stack it no longer matches), while fewer than kMaxEvalRanges are known.
+  bool ProposeEvalPart(elf::AddressRange range);
+  static constexpr uint32_t kEvalPartConfirmations = 3;
   void CountLearningRead() {
     if (learning_reads_left_ > 0) --learning_reads_left_;
   }
@@ -277,6 +285,12 @@ class Interpreter {
   uint64_t runtime_;
   std::vector<elf::AddressRange> eval_ranges_;  // absolute
   uint32_t learning_reads_left_ = 0;
+  uint64_t init_cleanup_ = 0;  // absolute; 0: known by its names only
+  struct ProposedPart {
+    elf::AddressRange range;
+    uint32_t reads = 0;
+  };
+  std::vector<ProposedPart> proposed_parts_;  // at most kMaxProposedParts
   std::vector<uint64_t> entry_frames_;  // of the last read's groups, innermost first
   std::unique_ptr<RemoteMemory> memory_;
   uint32_t tstate_bytes_ = 0;  // bytes copied of a thread state

@@ -554,6 +554,28 @@ TEST_P(InterpreterTest, ReadsTheFramesOfEveryThread) {
   CheckFramesOf({python});
 }
 
+// Debian unstable's python3.14 and python3.15 (stripped: no .symtab), unpacked into the build
+// with their own C library by deploy/cross/make-python-next-root.sh and run through its loader.
+class NextInterpreterTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NextInterpreterTest, ReadsTheFramesOfEveryThread) {
+  const std::string root = STRATA_PYTHON_NEXT_ROOT;
+  const std::string python = root + "/usr/bin/python" + GetParam();
+  if (!std::filesystem::exists(python)) {
+    GTEST_SKIP() << python << " is not there (deploy/cross/make-python-next-root.sh " << root
+                 << ")";
+  }
+  CheckFramesOf({root + "/usr/lib64/ld-linux-x86-64.so.2", "--library-path",
+                 root + "/usr/lib/x86_64-linux-gnu", python});
+}
+
+INSTANTIATE_TEST_SUITE_P(Unstable, NextInterpreterTest, ::testing::Values("3.14", "3.15"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = "python" + info.param;
+                           for (char& c : name) c = c == '.' ? '_' : c;
+                           return name;
+                         });
+
 // Debian's mips64el python3.11 under qemu-mips64el (user mode: guest threads are host threads,
 // guest memory the qemu process's), from a folder its packages were unpacked into
 // (STRATA_MIPS64EL_PYTHON_ROOT, see deploy/cross/make-python-root.sh).
