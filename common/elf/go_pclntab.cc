@@ -338,39 +338,57 @@ std::vector<GoPclntab::SourceFrame> GoPclntab::Symbolize(const Function& f, uint
   return frames;
 }
 
-void GoPclntab::FindGoFunc(const ElfFile& elf) {
-  // The runtime's moduledata (runtime/symtab.go) starts with the pcHeader's address and the
-  // funcnametab slice; gofunc is word 38 (Go 1.18-1.19) or 40 (1.20+: covctrs, ecovctrs).
-  if (version_ == Version::kGo116) return;
+std::string_view GoPclntab::FindModuledata(const ElfFile& elf) const {
   const size_t p = ptr_size_;
-  const size_t gofunc_word = version_ == Version::kGo118 ? 38 : 40;
-  // Sections scanned to at most the file's size in all (headers may alias one range), and
-  // only the first few places that look like moduledata looked into (a real file has one).
+  // Sections scanned to at most the file's size in all (headers may alias one range).
   uint64_t scanned = 0;
-  int matches = 0;
   for (const Section& s : elf.sections()) {
     if (s.type != 1 /*SHT_PROGBITS*/ || !(s.flags & 1 /*SHF_WRITE*/)) continue;
     absl::StatusOr<std::string_view> bytes = elf.SectionData(s);
     if (!bytes.ok()) continue;
     scanned += bytes->size();
-    if (scanned > elf.image().size()) return;
+    if (scanned > elf.image().size()) return {};
     ByteReader r(*bytes, big_endian_);
-    for (size_t at = 0; at + (gofunc_word + 1) * p <= bytes->size(); at += p) {
+    for (size_t at = 0; at + 2 * p <= bytes->size(); at += p) {
       r.Seek(at);
       if ((p == 8 ? r.U64() : r.U32()) != vaddr_) continue;
       if ((p == 8 ? r.U64() : r.U32()) != vaddr_ + funcname_off_) continue;
-      if (++matches > 8) return;
-      r.Seek(at + gofunc_word * p);
-      const uint64_t gofunc = p == 8 ? r.U64() : r.U32();
-      // go.func.* lies in read-only data.
-      for (const Section& ro : elf.sections()) {
-        if (ro.Contains(gofunc) && !(ro.flags & 4 /*SHF_EXECINSTR*/)) {
-          gofunc_ = gofunc;
-          return;
-        }
+      return bytes->substr(at);
+    }
+  }
+  return {};
+}
+
+void GoPclntab::FindGoFunc(std::string_view moduledata) {
+  // gofunc (go:func.*) follows moduledata's rodata, the .rodata section's address: word 38 in
+  // Go 1.18-1.19, 40 in 1.20-1.23 (covctrs, ecovctrs), 43 in 1.27. Where no rodata is found,
+  // the word of the release's layout.
+  const size_t p = ptr_size_;
+  ByteReader r(moduledata, big_endian_);
+  auto word = [&](size_t w) -> uint64_t {
+    if ((w + 1) * p > moduledata.size()) return 0;
+    r.Seek(w * p);
+    return p == 8 ? r.U64() : r.U32();
+  };
+  auto read_only_data = [&](uint64_t address) {
+    for (const Section& ro : elf_->sections()) {
+      if (ro.Contains(address) && !(ro.flags & 4 /*SHF_EXECINSTR*/) &&
+          !(ro.flags & 1 /*SHF_WRITE*/)) {
+        return true;
+      }
+    }
+    return false;
+  };
+  size_t gofunc_word = version_ == Version::kGo118 ? 38 : 40;
+  if (const Section* rodata = elf_->FindSection(".rodata"); rodata != nullptr) {
+    for (size_t w = 30; w < 56; ++w) {
+      if (word(w) == rodata->addr && read_only_data(word(w + 1))) {
+        gofunc_word = w + 1;
+        break;
       }
     }
   }
+  if (const uint64_t gofunc = word(gofunc_word); read_only_data(gofunc)) gofunc_ = gofunc;
 }
 
 absl::StatusOr<std::unique_ptr<GoPclntab>> GoPclntab::Parse(std::string_view table,
@@ -382,21 +400,40 @@ absl::StatusOr<std::unique_ptr<GoPclntab>> GoPclntab::Parse(std::string_view tab
   t->big_endian_ = big_endian;
   t->elf_ = elf;
   if (absl::Status s = t->ParseHeader(); !s.ok()) return s;
+  std::string_view moduledata;
   if (elf != nullptr && t->version_ != Version::kGo116) {
-    // A PIE's textStart may be left to a dynamic relocation: then it is .text's address.
-    bool in_code = false;
-    for (const LoadSegment& seg : elf->load_segments()) {
-      in_code |= seg.executable() && t->text_start_ >= seg.vaddr &&
-                 t->text_start_ - seg.vaddr < seg.memsz;
-    }
-    if (!in_code) {
-      const Section* text = elf->FindSection(".text");
-      if (text == nullptr) return absl::InvalidArgumentError("gopclntab: textStart outside code");
-      t->text_start_ = text->addr;
+    moduledata = t->FindModuledata(*elf);
+    const auto in_code = [&](uint64_t address) {
+      for (const LoadSegment& seg : elf->load_segments()) {
+        if (seg.executable() && address >= seg.vaddr && address - seg.vaddr < seg.memsz) {
+          return true;
+        }
+      }
+      return false;
+    };
+    // Newer linkers (Go 1.26 and later) leave textStart 0, and a PIE's may be left to a
+    // dynamic relocation: then it is moduledata's text (word 22 from Go 1.18 on), which
+    // follows the build ID's bytes at .text's start, or where there is none, .text's address.
+    if (!in_code(t->text_start_)) {
+      const size_t p = t->ptr_size_;
+      uint64_t text = 0;
+      if (moduledata.size() >= 24 * p) {
+        ByteReader r(moduledata, big_endian);
+        r.Seek(22 * p);
+        text = p == 8 ? r.U64() : r.U32();
+      }
+      const Section* section = elf->FindSection(".text");
+      if (in_code(text)) {
+        t->text_start_ = text;
+      } else if (section != nullptr) {
+        t->text_start_ = section->addr;
+      } else {
+        return absl::InvalidArgumentError("gopclntab: textStart outside code");
+      }
     }
   }
   if (absl::Status s = t->ParseFunctions(); !s.ok()) return s;
-  if (elf != nullptr) t->FindGoFunc(*elf);
+  if (!moduledata.empty()) t->FindGoFunc(moduledata);
   return t;
 }
 

@@ -101,7 +101,12 @@ class GoPclntab {
   GoPclntab() = default;
   absl::Status ParseHeader();
   absl::Status ParseFunctions();
-  void FindGoFunc(const ElfFile& elf);
+  void FindGoFunc(std::string_view moduledata);
+  // The runtime's moduledata (runtime/symtab.go) in `elf`'s writable data, from its start to
+  // the end of its section, found by its first two words (the pcHeader's address and
+  // funcnametab's); empty when there is none (or only a PIE's, whose words wait for
+  // relocations).
+  std::string_view FindModuledata(const ElfFile& elf) const;
   // Reads the pc-value table at `offset` (into pctab) of function `f` into ranges.
   // `budget` (optional): steps left for all tables decoded with it; false when exhausted.
   // Decoding ends early (true) after the range holding `stop_at`.

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# make-go-root.sh <dir> <version>: Debian's Go toolchain <version> (1.21, 1.22 or 1.23, from
-# bookworm-backports: golang-<version>-go and the golang-<version>-src it needs) unpacked into
-# <dir>; prints its GOROOT (<dir>/usr/lib/go-<version>) as the last line. The tests of Go
-# support build their programs with it besides Debian 12's own Go 1.19.
+# make-go-root.sh <dir> <version>: Debian's Go toolchain <version> (1.21, 1.22 or 1.23 from
+# bookworm-backports, newer ones such as 1.27 from unstable: golang-<version>-go and the
+# golang-<version>-src it needs; Go's toolchain is statically linked and runs on bookworm)
+# unpacked into <dir>; prints its GOROOT (<dir>/usr/lib/go-<version>) as the last line. The
+# tests of Go support build their programs with it besides Debian 12's own Go 1.19.
 #
 # Packages come with `apt-get download` and `dpkg -x` through a private package state in
-# <dir>/.apt (lists of bookworm-backports only, its own cache, an empty dpkg status): nothing is
-# installed and the host's apt/dpkg state is never touched. Idempotent: a version already
-# unpacked is only printed; the lists are fetched once.
+# <dir>/.apt (lists of bookworm-backports and unstable only, its own cache, an empty dpkg
+# status): nothing is installed and the host's apt/dpkg state is never touched. Idempotent: a
+# version already unpacked is only printed; the lists are fetched once.
 set -euo pipefail
 if [[ $# -ne 2 ]] || [[ ! $2 =~ ^1\.[0-9]+$ ]]; then
   echo "usage: $0 <dir> <version, e.g. 1.23>" >&2
@@ -27,7 +28,7 @@ mkdir -p "$APTDIR/lists/partial" "$APTDIR/archives/partial" "$APTDIR/debs" "$APT
 cat >"$APTDIR/etc/debian-backports.sources" <<'SOURCES'
 Types: deb
 URIs: http://deb.debian.org/debian
-Suites: bookworm-backports
+Suites: bookworm-backports unstable
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SOURCES
@@ -37,11 +38,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/apt-options.sh"
 # Run at configure time: an unreachable mirror fails soon, and the tests that need Go skip.
 APT_OPTS+=(-o "Acquire::http::Timeout=20" -o "Acquire::Retries=0")
 
-if ! compgen -G "$APTDIR/lists/*_Packages*" >/dev/null; then
+if ! compgen -G "$APTDIR/lists/*unstable*_Packages*" >/dev/null; then
   # (apt-get update succeeds even when nothing could be fetched.)
   if ! apt-get "${APT_OPTS[@]}" -q update >"$APTDIR/update.log" 2>&1 ||
-     ! compgen -G "$APTDIR/lists/*_Packages*" >/dev/null; then
-    echo "make-go-root.sh: no package lists from bookworm-backports:" >&2
+     ! compgen -G "$APTDIR/lists/*unstable*_Packages*" >/dev/null; then
+    echo "make-go-root.sh: no package lists from bookworm-backports and unstable:" >&2
     grep -E '^(W|E):' "$APTDIR/update.log" >&2 || cat "$APTDIR/update.log" >&2
     exit 1
   fi

@@ -9,7 +9,8 @@
 // goroutine's root (runtime.goexit) are complete, never marked truncated. Unstripped,
 // stripped (-ldflags=-s -w: names from .gopclntab) and with cgo, built by Debian's Go 1.19;
 // and unstripped and stripped built by Go 1.23 (variants go1.23_plain and go1.23_stripped: the
-// 1.20+ .gopclntab layout, the frame pointer pushed before the frame is allocated).
+// 1.20+ .gopclntab layout, the frame pointer pushed before the frame is allocated) and by Go 1.27
+// (go1.27_*: a table whose textStart its linker left 0).
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -23,6 +24,7 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -131,11 +133,16 @@ class GoProfileTest : public ::testing::TestWithParam<std::string> {
 TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
   const std::string variant = GetParam();
   const std::string binary = std::string(STRATA_GO_DIR) + "/go_workload_" + variant;
-  const bool go123 = variant.rfind("go1.23_", 0) == 0;
-  const std::string go = go123 ? STRATA_GO_1_23 : STRATA_GO;
+  // "goVERSION_..." variants were built by that release's toolchain, the others by Debian's.
+  const std::string version =
+      variant.rfind("go", 0) == 0 ? variant.substr(2, variant.find('_') - 2) : "";
+  const std::string go = version.empty()    ? STRATA_GO
+                         : version == "1.23" ? STRATA_GO_1_23
+                         : version == "1.27" ? STRATA_GO_1_27
+                                             : "";
   if (go.empty()) {
-    GTEST_SKIP() << "no Go 1.23 toolchain: not in STRATA_GO_VERSIONS, or "
-                    "deploy/cross/make-go-root.sh could not fetch it (CMake's output)";
+    GTEST_SKIP() << "no Go " << version << " toolchain: not in STRATA_GO_VERSIONS, or "
+                 << "deploy/cross/make-go-root.sh could not fetch it (CMake's output)";
   }
   struct stat st;
   if (stat(binary.c_str(), &st) != 0) GTEST_SKIP() << binary << " not built";
@@ -323,8 +330,11 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
   for (const v1::LineStat& l : response.lines()) {
     if (l.frames_size() == 0 || l.frames(0).line() == 0) continue;
     with_line += l.self();
-    if (l.frames(0).function() == "crypto/sha256.block" &&
-        l.frames(0).file().find("crypto/sha256/sha256block_amd64.s") != std::string::npos) {
+    // crypto/sha256.block (Go 1.19-1.23), crypto/internal/fips140/sha256.blockSHANI and its
+    // kin (1.24+), in the package's sha256block_amd64.s.
+    const v1::Frame& leaf = l.frames(0);
+    if (absl::StrContains(leaf.function(), "sha256.block") &&
+        absl::EndsWith(leaf.file(), "/sha256block_amd64.s")) {
       in_block += l.self();
     }
     for (const v1::Frame& f : l.frames()) inlined += f.inlined() ? l.self() : 0;
@@ -340,7 +350,7 @@ TEST_P(GoProfileTest, AgreesWithRuntimePprof) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, GoProfileTest,
                          ::testing::Values("plain", "stripped", "cgo", "go1.23_plain",
-                                           "go1.23_stripped"),
+                                           "go1.23_stripped", "go1.27_plain", "go1.27_stripped"),
                          [](const auto& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), '.', '_');
