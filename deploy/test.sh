@@ -87,8 +87,13 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_BUILD
 cmake --build "$build" -j "$jobs"
 # Debian unstable's python3.14 and python3.15 (bookworm has 3.11), unpacked into the build with
 # their own C library: tests/e2e/python profiles them (a few seconds; Debian's archive only).
-deploy/cross/make-python-next-root.sh "$build/python-next" ||
-  { failures+=("python 3.14/3.15 root: deploy/cross/make-python-next-root.sh failed"); status=1; }
+# The sanitizer build's tests read the same interpreters.
+if deploy/cross/make-python-next-root.sh "$build/python-next"; then
+  mkdir -p build-sanitize && ln -sfn "$root/$build/python-next" build-sanitize/python-next
+else
+  failures+=("python 3.14/3.15 root: deploy/cross/make-python-next-root.sh failed")
+  status=1
+fi
 part_done "x86-64 build"
 
 # The cross and sanitizer builds run beside the x86-64 tests at the lowest CPU priority: those
