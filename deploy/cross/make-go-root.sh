@@ -23,18 +23,10 @@ if [[ -x "$GOROOT/bin/go" && -f "$GOROOT/src/runtime/symtab.go" ]]; then
 fi
 
 APTDIR="$ROOT/.apt"
-mkdir -p "$APTDIR/lists/partial" "$APTDIR/archives/partial" "$APTDIR/debs" "$APTDIR/etc"
-: >"$APTDIR/status"
-cat >"$APTDIR/etc/debian-backports.sources" <<'SOURCES'
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: bookworm-backports unstable
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SOURCES
 APT_ARCH=$(dpkg --print-architecture)
 # shellcheck source=apt-options.sh
 source "$(dirname "${BASH_SOURCE[0]}")/apt-options.sh"
+private_apt_state bookworm-backports unstable
 # Run at configure time: an unreachable mirror fails soon, and the tests that need Go skip.
 APT_OPTS+=(-o "Acquire::http::Timeout=20" -o "Acquire::Retries=0")
 

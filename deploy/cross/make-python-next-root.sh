@@ -17,18 +17,10 @@ ready=1
 for v in "${VERSIONS[@]}"; do [[ -x "$ROOT/usr/bin/python$v" ]] || ready=0; done
 ((ready)) && { echo "python root $ROOT is ready"; exit 0; }
 APTDIR="$ROOT/.apt"
-mkdir -p "$APTDIR/lists/partial" "$APTDIR/archives/partial" "$APTDIR/etc" "$APTDIR/debs"
-: >"$APTDIR/status"
-cat >"$APTDIR/etc/debian.sources" <<'SOURCES'
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: unstable
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SOURCES
 APT_ARCH=amd64
 # shellcheck source=apt-options.sh
 source "$(dirname "${BASH_SOURCE[0]}")/apt-options.sh"
+private_apt_state unstable
 apt-get "${APT_OPTS[@]}" -q update >"$APTDIR/update.log" 2>&1 || {
   cat "$APTDIR/update.log" >&2; exit 1; }
 PKGS=(libc6 libexpat1 zlib1g libffi8 libzstd1 libgcc-s1)
