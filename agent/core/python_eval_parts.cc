@@ -20,7 +20,7 @@ size_t LearnEvalParts(python::Interpreter& interpreter,
       const elf::SymbolTable::Function* f =
           module != nullptr ? module->symbols.Lookup(module_pc) : nullptr;
       if (f == nullptr || f->end <= f->start ||
-          !(f->name.empty() || f->name.starts_with("_PyEval_EvalFrameDefault"))) {
+          !(f->name.empty() || f->name.starts_with(python::kEvalLoop))) {
         break;
       }
       const uint64_t bias = pc - module_pc;

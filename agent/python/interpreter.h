@@ -58,7 +58,13 @@
 
 namespace strata::agent::python {
 
+// The eval loop's function; a compiler's split-off parts of it are named NAME.SUFFIX.
+inline constexpr std::string_view kEvalLoop = "_PyEval_EvalFrameDefault";
+// InEvalLoop tests every range on every frame: CPython has one, and its split-off parts a few.
+inline constexpr size_t kMaxEvalRanges = 16;
+
 // What a module's file says about the interpreter in it (ELF virtual addresses).
+// (interpreter_module.cc)
 struct InterpreterModule {
   int major = 0;
   int minor = 0;
