@@ -394,6 +394,7 @@ bool StackRecorder::ReadPython(python::Interpreter& interpreter, const Target& t
   const uint64_t now = MonotonicNs();
   python_sample_ns_ = std::max(python_sample_ns_, sample_time_ns);
   PythonRead& last = last_python_read_;
+  bool reused = false;  // the last sample's read: its entry frames are no new evidence
   if (snapshot != nullptr) {
     ++stats_.python_captured;
     last = {&interpreter, tid, now, python::ReadOutcome::kOk, 0, 0};
@@ -407,6 +408,7 @@ bool StackRecorder::ReadPython(python::Interpreter& interpreter, const Target& t
     if (last.interpreter == &interpreter && last.tid == tid &&
         now - last.time_ns < kReuseReadNs) {
       ++stats_.python_reused;
+      reused = true;
     } else {
       last = {&interpreter, tid, now, python::ReadOutcome::kOk, 0, 0};
       last.outcome = interpreter.ReadStack(tid, python_frames_, &last.frames);
@@ -423,7 +425,7 @@ bool StackRecorder::ReadPython(python::Interpreter& interpreter, const Target& t
   const size_t groups = last.groups;
   if (learning && (evals == 0 || groups > evals)) {  // a read that looks for parts: bounded
     interpreter.CountLearningRead();
-    if (outcome == python::ReadOutcome::kOk && groups > evals &&
+    if (outcome == python::ReadOutcome::kOk && groups > evals && !reused &&
         LearnEvalParts(interpreter, *target.space, {frames_.data(), num_frames}) > 0) {
       evals = count_evals();
     }
