@@ -7,112 +7,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "agent/python/interpreter.h"
 
 namespace strata::agent::jvm {
-namespace {
-
-// A NUL-terminated string of libjvm.so's file at `vaddr` (its tables' names are literals).
-std::string_view FileString(const elf::ElfFile& elf, uint64_t vaddr) {
-  for (size_t size = 64; size >= 8; size /= 2) {
-    const std::string_view bytes = python::FileBytesAt(elf, vaddr, size);
-    if (bytes.empty()) continue;
-    const size_t end = bytes.find('\0');
-    return end == std::string_view::npos ? std::string_view() : bytes.substr(0, end);
-  }
-  return {};
-}
-
-// The value of the exported variable `name` (8 bytes) of the running JVM.
-absl::StatusOr<uint64_t> ReadVariable(const elf::ElfFile& elf, int64_t bias,
-                                      const python::RemoteMemory& memory, const char* name) {
-  const std::optional<uint64_t> vaddr = python::FindObjectSymbol(elf, name);
-  if (!vaddr.has_value()) return absl::NotFoundError(absl::StrCat("libjvm.so exports no ", name));
-  uint64_t value = 0;
-  if (!memory.ReadValue(*vaddr + static_cast<uint64_t>(bias), &value)) {
-    return absl::UnavailableError(absl::StrCat("cannot read the JVM's ", name));
-  }
-  return value;
-}
-
-// One of the JVM's tables (VMStructs, VMTypes): entries of `stride` bytes from `address`, up
-// to the first whose type name is null. Calls `entry(bytes)` for each until it returns false.
-template <typename Entry>
-absl::Status ForEachEntry(const python::RemoteMemory& memory, uint64_t address, uint64_t stride,
-                          uint64_t type_name_offset, Entry entry) {
-  constexpr size_t kBatch = 64;
-  constexpr size_t kMaxEntries = 1 << 16;
-  if (stride < 8 || stride > 256 || type_name_offset + 8 > stride) {
-    return absl::DataLossError(absl::StrCat("bad table stride ", stride));
-  }
-  std::vector<uint8_t> bytes(kBatch * stride);
-  for (size_t at = 0; at < kMaxEntries; at += kBatch) {
-    if (!memory.Read(address + at * stride, bytes.data(), bytes.size())) {
-      // The table's end may be near its mapping's end: one entry at a time.
-      for (size_t i = 0; i < kBatch; ++i) {
-        if (!memory.Read(address + (at + i) * stride, bytes.data() + i * stride, stride)) {
-          return absl::UnavailableError("cannot read the JVM's VMStructs tables");
-        }
-        if (python::FieldAt<uint64_t>(bytes.data() + i * stride,
-                                      static_cast<uint32_t>(type_name_offset)) == 0) {
-          break;
-        }
-      }
-    }
-    for (size_t i = 0; i < kBatch; ++i) {
-      const uint8_t* e = bytes.data() + i * stride;
-      if (python::FieldAt<uint64_t>(e, static_cast<uint32_t>(type_name_offset)) == 0) {
-        return absl::OkStatus();
-      }
-      if (!entry(e)) return absl::OkStatus();
-    }
-  }
-  return absl::DataLossError("the JVM's VMStructs table has no end");
-}
-
-}  // namespace
-
-absl::StatusOr<HotSpotOffsets> ReadHotSpotOffsets(const elf::ElfFile& elf, int64_t bias,
-                                                  const python::RemoteMemory& memory) {
-  std::array<uint64_t, 10> v{};
-  constexpr std::array<const char*, 10> kNames = {
-      "gHotSpotVMStructs",
-      "gHotSpotVMStructEntryArrayStride",
-      "gHotSpotVMStructEntryTypeNameOffset",
-      "gHotSpotVMStructEntryFieldNameOffset",
-      "gHotSpotVMStructEntryOffsetOffset",
-      "gHotSpotVMStructEntryIsStaticOffset",
-      "gHotSpotVMTypes",
-      "gHotSpotVMTypeEntryArrayStride",
-      "gHotSpotVMTypeEntryTypeNameOffset",
-      "gHotSpotVMTypeEntrySizeOffset",
-  };
-  for (size_t i = 0; i < kNames.size(); ++i) {
-    absl::StatusOr<uint64_t> value = ReadVariable(elf, bias, memory, kNames[i]);
-    if (!value.ok()) return value.status();
-    v[i] = *value;
-  }
-  // Named values, not structured bindings: lambdas below capture them (clang 14).
-  const uint64_t structs = v[0], struct_stride = v[1], struct_type = v[2], struct_field = v[3],
-                 struct_offset = v[4], struct_static = v[5], types = v[6], type_stride = v[7],
-                 type_name = v[8], type_size = v[9];
-  if (structs == 0 || types == 0) {
-    return absl::UnavailableError("the JVM has not published its VMStructs tables yet");
-  }
-  for (uint64_t offset : {struct_type, struct_field, struct_offset, struct_static}) {
-    if (offset + 8 > struct_stride) return absl::DataLossError("bad VMStructs entry layout");
-  }
-  if (type_name + 8 > type_stride || type_size + 8 > type_stride) {
-    return absl::DataLossError("bad VMTypes entry layout");
-  }
-
+absl::StatusOr<HotSpotOffsets> MethodOffsets(const HotSpotTables& tables) {
   HotSpotOffsets out;
   struct Wanted {
     std::string_view type, field;
     uint64_t* offset;
-    bool found = false;
   };
-  std::array<Wanted, 8> fields = {{
+  const std::array<Wanted, 8> fields = {{
       {"Method", "_constMethod", &out.method_const_method},
       {"ConstMethod", "_constants", &out.const_method_constants},
       {"ConstMethod", "_name_index", &out.const_method_name_index},
@@ -122,43 +25,26 @@ absl::StatusOr<HotSpotOffsets> ReadHotSpotOffsets(const elf::ElfFile& elf, int64
       {"Symbol", "_length", &out.symbol_length},
       {"Symbol", "_body", &out.symbol_body},
   }};
-  const uint64_t base = static_cast<uint64_t>(bias);
-  absl::Status st = ForEachEntry(memory, structs, struct_stride, struct_type,
-                                 [&](const uint8_t* e) {
-    const std::string_view type =
-        FileString(elf, python::FieldAt<uint64_t>(e, static_cast<uint32_t>(struct_type)) - base);
-    const uint64_t field_ptr = python::FieldAt<uint64_t>(e, static_cast<uint32_t>(struct_field));
-    if (field_ptr == 0 || python::FieldAt<int32_t>(e, static_cast<uint32_t>(struct_static))) {
-      return true;
-    }
-    for (Wanted& w : fields) {
-      if (w.found || w.type != type) continue;
-      if (FileString(elf, field_ptr - base) != w.field) continue;
-      *w.offset = python::FieldAt<uint64_t>(e, static_cast<uint32_t>(struct_offset));
-      w.found = true;
-    }
-    return std::ranges::any_of(fields, [](const Wanted& w) { return !w.found; });
-  });
-  if (!st.ok()) return st;
   for (const Wanted& w : fields) {
-    if (!w.found) {
+    const std::optional<uint64_t> offset = tables.Offset(w.type, w.field);
+    if (!offset.has_value()) {
       return absl::NotFoundError(absl::StrCat("the JVM publishes no ", std::string(w.type), "::",
                                               std::string(w.field)));
     }
+    *w.offset = *offset;
   }
-  bool sized = false;
-  st = ForEachEntry(memory, types, type_stride, type_name, [&](const uint8_t* e) {
-    const uint64_t name = python::FieldAt<uint64_t>(e, static_cast<uint32_t>(type_name));
-    if (FileString(elf, name - base) != "ConstantPool") return true;
-    out.constant_pool_size = python::FieldAt<uint64_t>(e, static_cast<uint32_t>(type_size));
-    sized = true;
-    return false;
-  });
-  if (!st.ok()) return st;
-  if (!sized || out.constant_pool_size == 0 || out.constant_pool_size > 4096) {
+  out.constant_pool_size = tables.Size("ConstantPool").value_or(0);
+  if (out.constant_pool_size == 0 || out.constant_pool_size > 4096) {
     return absl::NotFoundError("the JVM publishes no size of ConstantPool");
   }
   return out;
+}
+
+absl::StatusOr<HotSpotOffsets> ReadHotSpotOffsets(const elf::ElfFile& elf, int64_t bias,
+                                                  const python::RemoteMemory& memory) {
+  absl::StatusOr<HotSpotTables> tables = HotSpotTables::Read(elf, bias, memory);
+  if (!tables.ok()) return tables.status();
+  return MethodOffsets(*tables);
 }
 
 namespace {

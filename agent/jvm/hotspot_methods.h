@@ -24,6 +24,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "agent/jvm/hotspot_tables.h"
 #include "agent/python/remote_memory.h"
 #include "common/elf/elf_file.h"
 #include "common/unwind/unwind_types.h"
@@ -46,10 +47,10 @@ struct HotSpotOffsets {
   uint64_t symbol_body = 0;               // Symbol::_body
 };
 
-// The offsets, read from the VMStructs and VMTypes tables of the JVM whose libjvm.so is `elf`,
-// loaded at `bias`, through `memory` (the tables' pointers and strides are set at the JVM's
-// start; their strings are read from the file). NotFound where `elf` exports no tables or a
-// field is missing, Unavailable where the JVM's memory cannot be read.
+// The offsets, from a JVM's tables; NotFound where a field is missing.
+absl::StatusOr<HotSpotOffsets> MethodOffsets(const HotSpotTables& tables);
+// The same from the tables of the JVM whose libjvm.so is `elf`, loaded at `bias`
+// (HotSpotTables::Read's errors too).
 absl::StatusOr<HotSpotOffsets> ReadHotSpotOffsets(const elf::ElfFile& elf, int64_t bias,
                                                   const python::RemoteMemory& memory);
 
