@@ -116,10 +116,10 @@ void LogSamplingSummary(const ProfilerStats& stats, const std::string& verify) {
                                static_cast<double>(delayed),
             static_cast<double>(stats.python_read_delay_max_ns) / 1e6);
   }
-  if (stats.java_frames > 0 || stats.java_unnamed > 0) {
+  if (stats.java_frames > 0 || stats.java_unnamed > 0 || stats.java_inlined > 0) {
     LogInfo("java: {} interpreted frames named by their method (those a thread's next stack "
-            "kept not counted again), {} left as the interpreter's",
-            stats.java_frames, stats.java_unnamed);
+            "kept not counted again), {} left as the interpreter's, {} frames of inlined calls",
+            stats.java_frames, stats.java_unnamed, stats.java_inlined);
   }
   if (stats.python_capture && (stats.capture.threads > 0 || stats.capture.snapshots > 0)) {
     LogInfo("python capture: {} snapshots, {} used, {} of samples that never came, {} samples "

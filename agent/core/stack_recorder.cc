@@ -247,6 +247,9 @@ jvm::HotSpotInterpreter* StackRecorder::JavaOf(const Target& target, TargetState
     if (!attached.ok()) {
       LogInfo("pid {}: interpreted Java frames not named: {}", target.pid,
               attached.status().ToString());
+    } else if (!(*attached)->scopes_status().ok()) {
+      LogInfo("pid {}: calls inlined into compiled Java code not shown: {}", target.pid,
+              (*attached)->scopes_status().ToString());
     }
     state.java = attached.ok() ? *std::move(attached) : nullptr;
   }
@@ -257,17 +260,13 @@ std::optional<encoding::PathFrame> StackRecorder::JavaFrameFor(jvm::HotSpotInter
                                                                uint64_t method, uint64_t now_ns,
                                                                bool innermost) {
   const jvm::HotSpotMethods::Method* m = java.methods().Find(method, now_ns);
-  if (m == nullptr) {
-    ++stats_.java_unnamed;
-    return std::nullopt;
-  }
+  if (m == nullptr) return std::nullopt;
   if (m->owner_id == 0) {
     FunctionRecord record;
     record.name = m->name;
     record.module = java.module();
     m->owner_id = graph_->NodeFor(record);
   }
-  ++stats_.java_frames;
   if (innermost) leaf_module_pc_ = 0;
   return encoding::PathFrame{m->owner_id, 0};
 }
@@ -678,8 +677,15 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   // In a Python target only those outside the outermost eval-loop frame: the Python frames
   // under kept eval-loop frames may have changed, and path frames stand for native frames one
   // for one only up to there (in the last stack too: the kept frames are the same).
-  // The clock interpreted methods' names are checked again by, read once per stack.
-  const uint64_t java_now = java_methods != nullptr ? MonotonicNs() : 0;
+  // The scopes of the JVM's compiled code, where its layout and perf map are known.
+  jvm::HotSpotScopes* java_scopes = nullptr;
+  const symbols::PerfMap* perf_map = target.space != nullptr ? target.space->perf_map() : nullptr;
+  if (state.java != nullptr && state.java->code_known() && perf_map != nullptr) {
+    java_scopes = state.java->scopes();
+  }
+  // The clock interpreted methods' names and compiled methods' scopes are checked again by,
+  // read once per stack.
+  const uint64_t java_now = java_methods != nullptr || java_scopes != nullptr ? MonotonicNs() : 0;
   size_t keep = 0;
   if (cache != nullptr && !path.empty() && cache->epoch == target.maps_epoch &&
       cache->truncated == truncated) {
@@ -698,6 +704,9 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
       size_t outside = 0;
       for (; outside < keep; ++outside) {
         const size_t f = num_frames - 1 - outside;
+        // Path frames stand for native frames one for one only outside the first compiled
+        // frame with inlined calls (the kept frames' scopes are those of the last stack).
+        if (java_scopes != nullptr && java_scopes->Cached(frames[f].pc, true).size() > 1) break;
         if (!java->Contains(frames[f].pc - 1)) continue;
         const jvm::HotSpotMethods::Method* m =
             java_methods == nullptr || java_methods[f] == 0
@@ -739,7 +748,28 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
     }
     if (java_methods != nullptr && java_methods[i] != 0) {
       if (auto f = JavaFrameFor(*state.java, java_methods[i], java_now, i == 0)) {
+        ++stats_.java_frames;
         put(*f);
+        continue;
+      }
+      ++stats_.java_unnamed;
+    }
+    // A compiled Java method's frame: a frame for each scope at its pc, outermost first (the
+    // method's own, then the calls inlined into it), where any were inlined and all are named.
+    if (java_scopes != nullptr) {
+      const std::span<const uint64_t> scopes =
+          java_scopes->At(frames[i].pc, /*return_address=*/i != 0, java_now, *perf_map);
+      std::array<encoding::PathFrame, jvm::HotSpotScopes::kMaxScopes> named;
+      size_t n = 0;
+      for (; scopes.size() > 1 && n < scopes.size(); ++n) {
+        const std::optional<encoding::PathFrame> f =
+            JavaFrameFor(*state.java, scopes[n], java_now, i == 0 && n == 0);
+        if (!f.has_value()) break;
+        named[n] = *f;
+      }
+      if (n > 1 && n == scopes.size()) {
+        for (size_t j = n; j-- > 0;) put(named[j]);
+        stats_.java_inlined += n - 1;
         continue;
       }
     }

@@ -100,6 +100,7 @@ struct StackRecorderStats {
   uint64_t python_read_delay_max_ns = 0;
   uint64_t java_frames = 0;       // interpreted Java frames named by their method (not kept)
   uint64_t java_unnamed = 0;      // ... whose slot held no method that could be read
+  uint64_t java_inlined = 0;      // frames of calls inlined into compiled Java methods
 };
 
 

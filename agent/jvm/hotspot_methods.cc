@@ -207,10 +207,30 @@ const HotSpotMethods::Method* HotSpotMethods::Find(uint64_t method, uint64_t now
 absl::StatusOr<std::unique_ptr<HotSpotInterpreter>> HotSpotInterpreter::Attach(
     pid_t pid, const elf::ElfFile& elf, int64_t bias) {
   auto memory = std::make_unique<python::RemoteMemory>(pid);
-  absl::StatusOr<HotSpotOffsets> offsets = ReadHotSpotOffsets(elf, bias, *memory);
+  absl::StatusOr<HotSpotTables> tables = HotSpotTables::Read(elf, bias, *memory);
+  if (!tables.ok()) return tables.status();
+  absl::StatusOr<HotSpotOffsets> offsets = MethodOffsets(*tables);
   if (!offsets.ok()) return offsets.status();
-  return std::make_unique<HotSpotInterpreter>(
+  absl::StatusOr<HotSpotCodeLayout> layout = CodeLayout(*tables, *memory);
+  auto java = std::make_unique<HotSpotInterpreter>(
       std::make_unique<HotSpotMethods>(*offsets, std::move(memory)));
+  if (layout.ok()) {
+    java->SetScopes(
+        std::make_unique<HotSpotScopes>(*layout, std::make_unique<python::RemoteMemory>(pid)));
+  } else {
+    java->SetScopes(layout.status());
+  }
+  return java;
+}
+
+void HotSpotInterpreter::SetScopes(absl::StatusOr<std::unique_ptr<HotSpotScopes>> scopes) {
+  if (scopes.ok()) {
+    scopes_ = *std::move(scopes);
+    scopes_status_ = absl::OkStatus();
+  } else {
+    scopes_.reset();
+    scopes_status_ = scopes.status();
+  }
 }
 
 void HotSpotInterpreter::SetCode(uint64_t start, uint64_t end, std::string module) {

@@ -24,6 +24,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "agent/jvm/hotspot_scopes.h"
 #include "agent/jvm/hotspot_tables.h"
 #include "agent/python/remote_memory.h"
 #include "common/elf/elf_file.h"
@@ -103,8 +104,8 @@ class HotSpotMethods {
 };
 
 // One JVM's template interpreter as stacks meet it: where its code is (once the perf map names
-// it), the module its methods are named in (the map's, as their compiled code's) and the
-// methods. Owned by the stack recorder's per-target state.
+// it), the module its methods are named in (the map's, as their compiled code's), the methods
+// and the scopes of its compiled code. Owned by the stack recorder's per-target state.
 class HotSpotInterpreter {
  public:
   // The interpreter of the JVM `pid` whose libjvm.so is `elf`, loaded at `bias`: its tables
@@ -121,6 +122,11 @@ class HotSpotInterpreter {
   bool Contains(uint64_t pc) const { return pc >= code_start_ && pc < code_end_; }
   const std::string& module() const { return module_; }
   HotSpotMethods& methods() { return *methods_; }
+  // The inlined calls of its compiled code; null where the JVM's layout is not one the agent
+  // reads (why: scopes_status()).
+  HotSpotScopes* scopes() { return scopes_.get(); }
+  const absl::Status& scopes_status() const { return scopes_status_; }
+  void SetScopes(absl::StatusOr<std::unique_ptr<HotSpotScopes>> scopes);
 
   // The Method* of each of `frames` (innermost first: the first one's pc exact, the others'
   // return addresses) that runs in the interpreter, from the sample's stack copy `stack`
@@ -131,6 +137,8 @@ class HotSpotInterpreter {
 
  private:
   std::unique_ptr<HotSpotMethods> methods_;
+  std::unique_ptr<HotSpotScopes> scopes_;
+  absl::Status scopes_status_;
   uint64_t code_start_ = 0, code_end_ = 0;
   std::string module_;
 };

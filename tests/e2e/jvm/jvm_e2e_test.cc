@@ -2,8 +2,9 @@
 // the real strata-agent, told to (--jvm-perf-map), asks it for perf maps through the attach
 // mechanism while it runs, and the real strata-server's hot paths name the method's compiled
 // code, in whole stacks although compiled Java code keeps no frame pointer, called from a
-// method the JVM only ever interprets, named as that method. The JVM is not disturbed: it keeps
-// running and prints no thread dump.
+// method the JVM only ever interprets, named as that method, and with the calls the JIT inlined
+// into it (read from the compiled code's debug information) as frames of their own. The JVM is
+// not disturbed: it keeps running and prints no thread dump.
 #include <signal.h>
 #include <unistd.h>
 
@@ -28,11 +29,17 @@ constexpr char kJavac[] = "/usr/bin/javac";
 constexpr char kHotMethod[] = "long Spin.hotLoop(long)";
 // Its caller, never compiled (-XX:CompileCommand=exclude): always the interpreter's frame.
 constexpr char kInterpretedCaller[] = "long Spin.viaInterpreter(long)";
+// Inlined into the hot method: a frame only the compiled code's debug information knows.
+constexpr char kInlined[] = "long Spin.mixTwice(long, long)";
+// Called by the inlined method, never inlined itself (-XX:CompileCommand=dontinline).
+constexpr char kOutOfLine[] = "long Spin.mix(long, long)";
 
 constexpr char kSource[] = R"(public class Spin {
+  static long mix(long s, long i) { return (s * 31 + i) % 1000003; }
+  static long mixTwice(long s, long i) { return mix(mix(s, i), i + 1); }
   static long hotLoop(long n) {
     long s = 0;
-    for (long i = 0; i < n; i++) s = (s * 31 + i) % 1000003;
+    for (long i = 0; i < n; i++) s = mixTwice(s, i);
     return s;
   }
   static long viaInterpreter(long n) { return hotLoop(n); }
@@ -52,6 +59,9 @@ struct Counts {
   // Of the named ones: complete stacks, those whose frame calling `name` is its interpreted
   // caller, named, and those with a frame left as the interpreter's code.
   uint64_t complete = 0, called_from_java = 0, interpreter = 0;
+  // Samples in the out-of-line method, and those of them called from the inlined method
+  // called from the named one.
+  uint64_t out_of_line = 0, through_inlined = 0;
   std::string module;  // of the named frame
 };
 
@@ -60,8 +70,14 @@ Counts CountFrames(const v1::HotPathsResponse& paths, const std::string& name) {
   c.total = paths.total_samples();
   for (const v1::HotPath& p : paths.paths()) {
     bool named = false, unnamed = false, from_java = false, interpreter = false;
+    bool out_of_line = false, through_inlined = false;
     for (int i = 0; i < p.frames_size(); ++i) {
       const v1::Frame& f = p.frames(i);
+      if (f.function() == kOutOfLine) {
+        out_of_line = true;
+        through_inlined |= i >= 2 && p.frames(i - 1).function() == kInlined &&
+                           p.frames(i - 2).function() == name;
+      }
       if (f.function() == name) {
         named = true;
         c.module = f.module();
@@ -75,6 +91,8 @@ Counts CountFrames(const v1::HotPathsResponse& paths, const std::string& name) {
     c.called_from_java += named && from_java ? p.samples() : 0;
     c.interpreter += named && interpreter ? p.samples() : 0;
     c.unnamed += unnamed ? p.samples() : 0;
+    c.out_of_line += out_of_line ? p.samples() : 0;
+    c.through_inlined += through_inlined ? p.samples() : 0;
   }
   return c;
 }
@@ -92,7 +110,8 @@ TEST(JvmE2eTest, HotSpotJitCodeIsNamedWithoutARestart) {
   ASSERT_GT(server.port(), 0) << server.process().Output();
   const std::string service = absl::StrCat("jvm-", getpid());
   ChildProcess java({kJava, "-XX:CompileCommand=quiet",
-                     "-XX:CompileCommand=exclude,Spin::viaInterpreter", "-cp", dir.path(), "Spin"},
+                     "-XX:CompileCommand=exclude,Spin::viaInterpreter",
+                     "-XX:CompileCommand=dontinline,Spin::mix", "-cp", dir.path(), "Spin"},
                     dir.File("java.log"),
                     {{"STRATA_SERVICE", service}});
   // The JVM writes its map and its attach socket into its own /tmp, and is killed: remove
@@ -153,6 +172,13 @@ TEST(JvmE2eTest, HotSpotJitCodeIsNamedWithoutARestart) {
   EXPECT_GE(counts.complete * 10, counts.named * 9) << top;
   EXPECT_GE(counts.called_from_java * 10, counts.named * 9) << top;
   EXPECT_LE(counts.interpreter * 10, counts.named) << top;
+  // The frames compiled code inlined are there, named from the code's scopes: the method
+  // called from the inlined one is called from it, inside the hot method.
+  std::fprintf(stderr, "%lu samples in %s, %lu of them under %s > %s\n",
+               static_cast<unsigned long>(counts.out_of_line), kOutOfLine,
+               static_cast<unsigned long>(counts.through_inlined), kHotMethod, kInlined);
+  EXPECT_GE(counts.out_of_line, 50u) << top;
+  EXPECT_GE(counts.through_inlined * 10, counts.out_of_line * 9) << top;
   // Asked through the attach listener, not by a SIGQUIT the JVM took as a dump request.
   EXPECT_EQ(java.Output().find("Full thread dump"), std::string::npos) << java.Output();
 }
