@@ -23,6 +23,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/jvm/hotspot_methods.h"
+#include "agent/jvm/hotspot_scopes.h"
+#include "agent/jvm/hotspot_tables.h"
 #include "agent/symbols/module_cache.h"
 #include "agent/symbols/process_address_space.h"
 #include "gtest/gtest.h"
@@ -132,11 +134,21 @@ TEST_F(HotSpotAttachTest, RunsCommandsAndWritesThePerfMap) {
   symbols::ProcessAddressSpace space(jvm->pid(), &cache);
   ASSERT_TRUE(space.Refresh().ok());
   absl::StatusOr<HotSpotOffsets> offsets = absl::NotFoundError("no libjvm.so mapped");
+  absl::StatusOr<HotSpotCodeLayout> layout = absl::NotFoundError("no libjvm.so mapped");
   space.ForEachModule([&](const symbols::Module& m, int64_t bias) {
     if (m.elf != nullptr && m.path.ends_with("/libjvm.so")) {
-      offsets = ReadHotSpotOffsets(*m.elf, bias, python::RemoteMemory(jvm->pid()));
+      const python::RemoteMemory memory(jvm->pid());
+      offsets = ReadHotSpotOffsets(*m.elf, bias, memory);
+      absl::StatusOr<HotSpotTables> tables = HotSpotTables::Read(*m.elf, bias, memory);
+      layout = tables.ok() ? CodeLayout(*tables, memory) : tables.status();
     }
   });
+  // And where its compiled code's scopes are (JDK 17: within the nmethod, integers without
+  // an excess).
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_FALSE(layout->out_of_line);
+  EXPECT_EQ(layout->excess, 0u);
+  EXPECT_EQ(layout->pc_desc_size, 16u);
   ASSERT_TRUE(offsets.ok()) << offsets.status();
   EXPECT_GT(offsets->method_const_method, 0u);
   EXPECT_NE(offsets->const_method_name_index, offsets->const_method_signature_index);

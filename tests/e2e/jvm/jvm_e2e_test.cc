@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -23,8 +24,11 @@
 namespace strata::e2e {
 namespace {
 
-constexpr char kJava[] = "/usr/bin/java";
-constexpr char kJavac[] = "/usr/bin/javac";
+// Debian's JDK, or the one under $STRATA_JAVA_HOME (another release, by hand).
+std::string JdkTool(const char* name) {
+  const char* home = std::getenv("STRATA_JAVA_HOME");
+  return absl::StrCat(home != nullptr && *home != '\0' ? home : "/usr", "/bin/", name);
+}
 // The name HotSpot's perf map gives the method's compiled code.
 constexpr char kHotMethod[] = "long Spin.hotLoop(long)";
 // Its caller, never compiled (-XX:CompileCommand=exclude): always the interpreter's frame.
@@ -98,18 +102,19 @@ Counts CountFrames(const v1::HotPathsResponse& paths, const std::string& name) {
 }
 
 TEST(JvmE2eTest, HotSpotJitCodeIsNamedWithoutARestart) {
-  if (!std::filesystem::exists(kJava) || !std::filesystem::exists(kJavac)) {
+  const std::string java_tool = JdkTool("java"), javac_tool = JdkTool("javac");
+  if (!std::filesystem::exists(java_tool) || !std::filesystem::exists(javac_tool)) {
     GTEST_SKIP() << "no JDK installed (Debian package default-jdk-headless)";
   }
   strata::testing::TempDir dir("strata_jvm_e2e");
   std::ofstream(dir.File("Spin.java")) << kSource;
-  CommandResult javac = RunCommand({kJavac, "-d", dir.path(), dir.File("Spin.java")}, 120);
+  CommandResult javac = RunCommand({javac_tool, "-d", dir.path(), dir.File("Spin.java")}, 120);
   ASSERT_EQ(javac.exit_code, 0) << javac.output;
 
   ServerProcess server(dir.File("data"), dir.File("server.log"));
   ASSERT_GT(server.port(), 0) << server.process().Output();
   const std::string service = absl::StrCat("jvm-", getpid());
-  ChildProcess java({kJava, "-XX:CompileCommand=quiet",
+  ChildProcess java({java_tool, "-XX:CompileCommand=quiet",
                      "-XX:CompileCommand=exclude,Spin::viaInterpreter",
                      "-XX:CompileCommand=dontinline,Spin::mix", "-cp", dir.path(), "Spin"},
                     dir.File("java.log"),
