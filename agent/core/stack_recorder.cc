@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -39,6 +40,9 @@ struct StackRecorder::PathCache {
   std::vector<encoding::EdgeId> edges;
   uint64_t epoch = 0;
   bool truncated = false;
+  // How many of the stack's outermost native frames have a path frame each: all but those
+  // from the outermost compiled Java frame shown with its inlined calls on.
+  size_t one_for_one = std::numeric_limits<size_t>::max();
 };
 
 // Per-thread state of continuous unwinding: the incremental unwinder (previous sample's
@@ -689,7 +693,8 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   size_t keep = 0;
   if (cache != nullptr && !path.empty() && cache->epoch == target.maps_epoch &&
       cache->truncated == truncated) {
-    keep = std::min({outer_kept, path.size() - 1, edges.size(), num_frames - 1});
+    keep = std::min({outer_kept, path.size() - 1, edges.size(), num_frames - 1,
+                     cache->one_for_one});
     if (state.python != nullptr) {
       const python::Interpreter& interpreter = *state.python->interpreter;
       size_t outside = 0;
@@ -704,9 +709,6 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
       size_t outside = 0;
       for (; outside < keep; ++outside) {
         const size_t f = num_frames - 1 - outside;
-        // Path frames stand for native frames one for one only outside the first compiled
-        // frame with inlined calls (the kept frames' scopes are those of the last stack).
-        if (java_scopes != nullptr && java_scopes->Cached(frames[f].pc, true).size() > 1) break;
         if (!java->Contains(frames[f].pc - 1)) continue;
         const jvm::HotSpotMethods::Method* m =
             java_methods == nullptr || java_methods[f] == 0
@@ -736,6 +738,7 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   // Eval-loop frames met so far count down from the outermost: the g-th from the leaf runs
   // group g of the Python frames, whose frames go in outermost first.
   size_t evals_left = python != nullptr ? python->num_groups : 0;
+  size_t one_for_one = std::numeric_limits<size_t>::max();
   for (size_t i = num_frames - keep; i-- > 0;) {
     if (evals_left > 0 &&
         python->interpreter->InEvalLoop(i == 0 ? frames[i].pc : frames[i].pc - 1)) {
@@ -770,6 +773,7 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
       if (n > 1 && n == scopes.size()) {
         for (size_t j = n; j-- > 0;) put(named[j]);
         stats_.java_inlined += n - 1;
+        one_for_one = std::min(one_for_one, num_frames - 1 - i);
         continue;
       }
     }
@@ -783,6 +787,7 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   if (cache != nullptr) {
     cache->epoch = target.maps_epoch;
     cache->truncated = truncated;
+    cache->one_for_one = one_for_one;
   }
   if (!graph_->ExtendPath(path, truncated, keep, &edges).ok()) {
     path.clear();  // nothing of it is reusable

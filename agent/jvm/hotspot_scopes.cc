@@ -325,10 +325,4 @@ std::span<const uint64_t> HotSpotScopes::At(uint64_t pc, bool return_address, ui
   return {c.methods, c.size};
 }
 
-std::span<const uint64_t> HotSpotScopes::Cached(uint64_t pc, bool return_address) const {
-  auto it = chains_.find(pc * 2 + (return_address ? 1 : 0));
-  if (it == chains_.end()) return {};
-  return {it->second.methods, it->second.size};
-}
-
 }  // namespace strata::agent::jvm

@@ -121,8 +121,6 @@ class HotSpotScopes {
   // then. Valid until the next call.
   std::span<const uint64_t> At(uint64_t pc, bool return_address, uint64_t now_ns,
                                const symbols::PerfMap& map);
-  // The chain last found at `pc` without reading or checking anything (empty where none).
-  std::span<const uint64_t> Cached(uint64_t pc, bool return_address) const;
 
   uint64_t reads() const { return memory_->reads(); }
   size_t methods_read() const { return methods_read_; }
