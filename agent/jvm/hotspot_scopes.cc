@@ -17,12 +17,18 @@ constexpr uint32_t kSerializedNull = 0;
 // How long a chain is followed before it is taken for a misread.
 constexpr size_t kMaxChain = 64;
 // What is copied of one nmethod at most: its PcDescs, scopes and metadata.
-constexpr uint64_t kMaxDebugInfoBytes = 4 << 20;
+constexpr uint64_t kMaxDebugInfoBytes = 1 << 20;
 // Hops through a code heap's segment map before it is taken for a misread (a 16 MiB method of
 // 128-byte segments takes 517).
 constexpr int kMaxHops = 1 << 12;
 // An nmethod's header fields all lie in its first bytes.
 constexpr size_t kHeaderBytes = 512;
+
+// What a method's copy takes.
+size_t Bytes(const CompiledMethodInfo& info) {
+  return info.pcs.size() * sizeof(CompiledMethodInfo::Pc) + info.scopes.size() +
+         info.metadata.size() * 8;
+}
 
 template <typename T>
 T HeaderField(const std::array<uint8_t, kHeaderBytes>& header, uint64_t offset) {
@@ -277,9 +283,13 @@ const HotSpotScopes::Method* HotSpotScopes::MethodAt(uint64_t code_start, uint64
       m.read_ns = now_ns;
       return &m;
     }
+    bytes_ -= Bytes(m.info);
     methods_.erase(it);
   }
-  if (methods_.size() >= kMaxMethods) methods_.clear();
+  if (methods_.size() >= kMaxMethods || bytes_ >= kMaxBytes) {
+    methods_.clear();
+    bytes_ = 0;
+  }
   Method& m = methods_[code_start];
   m.read_ns = now_ns;
   m.generation = next_generation_++;
@@ -289,6 +299,7 @@ const HotSpotScopes::Method* HotSpotScopes::MethodAt(uint64_t code_start, uint64
   if (info == nullptr || pc < info->code_begin) return nullptr;
   ++methods_read_;
   m.info = std::move(*info);
+  bytes_ += Bytes(m.info);
   return &m;
 }
 

@@ -106,7 +106,9 @@ class HotSpotScopes {
  public:
   // Scopes of more inlined calls than this are cut at their innermost ones.
   static constexpr size_t kMaxScopes = 16;
-  static constexpr size_t kMaxMethods = 4096;  // nmethods kept; all dropped past it
+  // nmethods kept, and their debug information's bytes: all dropped past either.
+  static constexpr size_t kMaxMethods = 4096;
+  static constexpr size_t kMaxBytes = 8 << 20;
   static constexpr size_t kMaxPcs = 1 << 16;   // pcs' chains kept; all dropped past it
   static constexpr uint64_t kRecheckNs = 1'000'000'000;
 
@@ -151,6 +153,7 @@ class HotSpotScopes {
   absl::flat_hash_map<uint64_t, Chain> chains_;    // by pc * 2 + return_address
   uint64_t next_generation_ = 1;
   size_t methods_read_ = 0;
+  size_t bytes_ = 0;  // of the methods kept
 };
 
 }  // namespace strata::agent::jvm
