@@ -1,4 +1,5 @@
-# Sourced by make-sysroot.sh, make-python-root.sh, make-python-next-root.sh and make-go-root.sh:
+# Sourced by make-sysroot.sh, make-python-root.sh, make-python-next-root.sh, make-jdk-root.sh
+# and make-go-root.sh:
 # APT_OPTS, apt-get/apt-cache options for a private package state under $APTDIR (lists, cache,
 # an empty dpkg status; Debian's sources from $APTDIR/etc, see private_apt_state) for
 # architecture $APT_ARCH (default mips64el), so that the host's dpkg/apt state is never touched.

@@ -24,11 +24,24 @@
 namespace strata::e2e {
 namespace {
 
-// Debian's JDK, or the one under $STRATA_JAVA_HOME (another release, by hand).
-std::string JdkTool(const char* name) {
+// The JVMs profiled: Debian's OpenJDK 17 (or the JDK under $STRATA_JAVA_HOME, by hand), and
+// Debian trixie's OpenJDK 21, unpacked into the build with its own C library by
+// deploy/cross/make-jdk-root.sh. The test's program is compiled by the host's javac.
+struct Jdk {
+  const char* name;
+  std::string home;  // its bin/java runs the JVM
+  const char* missing;  // what to do where it is not there
+};
+
+Jdk JdkOf(const std::string& name) {
+  if (name == "openjdk21") {
+    return {"openjdk21", STRATA_JDK21_ROOT, "deploy/cross/make-jdk-root.sh " STRATA_JDK21_ROOT};
+  }
   const char* home = std::getenv("STRATA_JAVA_HOME");
-  return absl::StrCat(home != nullptr && *home != '\0' ? home : "/usr", "/bin/", name);
+  return {"openjdk17", home != nullptr && *home != '\0' ? home : "/usr",
+          "Debian package default-jdk-headless"};
 }
+
 // The name HotSpot's perf map gives the method's compiled code.
 constexpr char kHotMethod[] = "long Spin.hotLoop(long)";
 // Its caller, never compiled (-XX:CompileCommand=exclude): always the interpreter's frame.
@@ -101,10 +114,15 @@ Counts CountFrames(const v1::HotPathsResponse& paths, const std::string& name) {
   return c;
 }
 
-TEST(JvmE2eTest, HotSpotJitCodeIsNamedWithoutARestart) {
-  const std::string java_tool = JdkTool("java"), javac_tool = JdkTool("javac");
+class JvmE2eTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(JvmE2eTest, HotSpotJitCodeIsNamedWithoutARestart) {
+  const Jdk jdk = JdkOf(GetParam());
+  const std::string java_tool = jdk.home + "/bin/java";
+  std::string javac_tool = jdk.home + "/bin/javac";
+  if (!std::filesystem::exists(javac_tool)) javac_tool = "/usr/bin/javac";
   if (!std::filesystem::exists(java_tool) || !std::filesystem::exists(javac_tool)) {
-    GTEST_SKIP() << "no JDK installed (Debian package default-jdk-headless)";
+    GTEST_SKIP() << "no " << java_tool << " or " << javac_tool << " (" << jdk.missing << ")";
   }
   strata::testing::TempDir dir("strata_jvm_e2e");
   std::ofstream(dir.File("Spin.java")) << kSource;
@@ -187,6 +205,11 @@ TEST(JvmE2eTest, HotSpotJitCodeIsNamedWithoutARestart) {
   // Asked through the attach listener, not by a SIGQUIT the JVM took as a dump request.
   EXPECT_EQ(java.Output().find("Full thread dump"), std::string::npos) << java.Output();
 }
+
+INSTANTIATE_TEST_SUITE_P(Jdks, JvmE2eTest, ::testing::Values("openjdk17", "openjdk21"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 }  // namespace
 }  // namespace strata::e2e
