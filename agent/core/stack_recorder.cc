@@ -349,11 +349,15 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   // The clock interpreted methods' names and compiled methods' scopes are checked again by,
   // read once per stack.
   const uint64_t java_now = java_methods != nullptr || java_scopes != nullptr ? MonotonicNs() : 0;
+  // Native frames kept, and how many path frames they have.
   size_t keep = 0;
+  auto path_end = [&](size_t native) -> size_t {
+    return native == 0 ? 0 : cache->ends[native - 1];
+  };
   if (cache != nullptr && !path.empty() && cache->epoch == target.maps_epoch &&
       cache->truncated == truncated) {
-    keep = std::min({outer_kept, path.size() - 1, edges.size(), num_frames - 1,
-                     cache->one_for_one});
+    keep = std::min({outer_kept, num_frames - 1, cache->ends.size()});
+    while (keep > 0 && path_end(keep) > std::min(path.size() - 1, edges.size())) --keep;
     if (state.python != nullptr) {
       const python::Interpreter& interpreter = *state.python->interpreter;
       size_t outside = 0;
@@ -373,7 +377,7 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
             java_methods == nullptr || java_methods[f] == 0
                 ? nullptr
                 : java->methods().Find(java_methods[f], java_now);
-        if (m == nullptr || m->owner_id != path[outside].function) break;
+        if (m == nullptr || m->owner_id != path[path_end(outside)].function) break;
       }
       keep = outside;
     }
@@ -383,7 +387,9 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   // overwrite the last stack's in place, compared as they go.
   bool same = cache != nullptr &&
               (python != nullptr || java_methods != nullptr || java_scopes != nullptr) && keep > 0;
-  size_t at = keep, same_until = keep;
+  const size_t kept_path = keep > 0 ? path_end(keep) : 0;
+  size_t at = kept_path, same_until = kept_path;
+  if (cache != nullptr) cache->ends.resize(num_frames);
   auto put = [&](const encoding::PathFrame& f) {
     if (at < path.size()) {
       same = same && at < edges.size() && path[at] == f;
@@ -398,8 +404,16 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   // Eval-loop frames met so far count down from the outermost: the g-th from the leaf runs
   // group g of the Python frames, whose frames go in outermost first.
   size_t evals_left = python != nullptr ? python->num_groups : 0;
-  size_t one_for_one = std::numeric_limits<size_t>::max();
   for (size_t i = num_frames - keep; i-- > 0;) {
+    // Where frame i's path frames end, once they are put (the loop's every way on).
+    struct EndAfter {
+      PathCache* cache;
+      size_t index;
+      const size_t& at;
+      ~EndAfter() {
+        if (cache != nullptr) cache->ends[index] = static_cast<uint32_t>(at);
+      }
+    } end_after{cache, num_frames - 1 - i, at};
     if (evals_left > 0 &&
         python->interpreter->InEvalLoop(i == 0 ? frames[i].pc : frames[i].pc - 1)) {
       const size_t g = --evals_left;
@@ -433,7 +447,6 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
       if (n > 1 && n == scopes.size()) {
         for (size_t j = n; j-- > 0;) put(named[j]);
         stats_.java_inlined += n - 1;
-        one_for_one = std::min(one_for_one, num_frames - 1 - i);
         continue;
       }
     }
@@ -447,7 +460,6 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   if (cache != nullptr) {
     cache->epoch = target.maps_epoch;
     cache->truncated = truncated;
-    cache->one_for_one = one_for_one;
   }
   if (!graph_->ExtendPath(path, truncated, keep, &edges).ok()) {
     path.clear();  // nothing of it is reusable

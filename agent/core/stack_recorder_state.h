@@ -8,7 +8,6 @@
 #include <time.h>
 
 #include <cstdint>
-#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -41,9 +40,10 @@ struct StackRecorder::PathCache {
   std::vector<encoding::EdgeId> edges;
   uint64_t epoch = 0;
   bool truncated = false;
-  // How many of the stack's outermost native frames have a path frame each: all but those
-  // from the outermost compiled Java frame shown with its inlined calls on.
-  size_t one_for_one = std::numeric_limits<size_t>::max();
+  // Where each native frame's path frames end, outermost first: ends[k] is the path's size
+  // after the k-th frame from the outside (a Python eval-loop frame or a compiled Java frame
+  // with inlined calls has several path frames, others one).
+  std::vector<uint32_t> ends;
 };
 
 // Per-thread state of continuous unwinding: the incremental unwinder (previous sample's
@@ -55,6 +55,7 @@ struct StackRecorder::Thread {
     if (options.verify == unwind::VerifyMode::kOff) return;
     paths.path.reserve(max_frames);
     paths.edges.reserve(max_frames);
+    paths.ends.reserve(max_frames);
   }
   unwind::IncrementalUnwinder unwinder;
   PathCache paths;

@@ -85,6 +85,8 @@ absl::StatusOr<HotSpotCodeLayout> CodeLayout(const HotSpotTables& t,
                           "CompiledMethod::_scopes_data_begin");
     l.metadata_begin = need(t.Offset("nmethod", "_metadata_offset"), "nmethod::_metadata_offset");
   }
+  l.low_bound = t.Address("CodeCache", "_low_bound").value_or(0);
+  l.high_bound = t.Address("CodeCache", "_high_bound").value_or(0);
   const uint64_t major_at = need(t.Address("Abstract_VM_Version", "_vm_major_version"),
                                  "Abstract_VM_Version::_vm_major_version");
   if (!missing.empty()) {
@@ -274,12 +276,19 @@ const HotSpotScopes::Method* HotSpotScopes::MethodAt(uint64_t code_start, uint64
   if (it != methods_.end()) {
     Method& m = it->second;
     if (now_ns - m.read_ns < kRecheckNs) return m.info.blob != 0 ? &m : nullptr;
-    // Still the same nmethod: its Method* and compile ID where they were.
-    uint64_t method = 0;
-    int32_t compile_id = 0;
-    if (m.info.blob != 0 && memory_->ReadValue(m.info.blob + layout_.method, &method) &&
-        memory_->ReadValue(m.info.blob + layout_.compile_id, &compile_id) &&
-        method == m.info.method && compile_id == m.info.compile_id) {
+    // Still the same nmethod: its Method* and compile ID where they were (one system call).
+    struct {
+      uint64_t method = 0;
+      int32_t compile_id = 0;
+    } now;
+    const uint64_t at[2] = {m.info.blob + layout_.method, m.info.blob + layout_.compile_id};
+    const size_t sizes[2] = {8, 4};
+    uint8_t bytes[12];
+    if (m.info.blob != 0 && memory_->ReadMany(at, sizes, 2, bytes)) {
+      std::memcpy(&now.method, bytes, 8);
+      std::memcpy(&now.compile_id, bytes + 8, 4);
+    }
+    if (m.info.blob != 0 && now.method == m.info.method && now.compile_id == m.info.compile_id) {
       m.read_ns = now_ns;
       return &m;
     }
@@ -303,36 +312,77 @@ const HotSpotScopes::Method* HotSpotScopes::MethodAt(uint64_t code_start, uint64
   return &m;
 }
 
+bool HotSpotScopes::InCodeCache(uint64_t pc, uint64_t now_ns) {
+  if (high_bound_ == 0 && layout_.low_bound != 0 && layout_.high_bound != 0 &&
+      (bounds_read_ns_ == 0 || now_ns - bounds_read_ns_ >= kRecheckNs)) {
+    bounds_read_ns_ = now_ns;
+    uint64_t low = 0, high = 0;
+    if (memory_->ReadValue(layout_.low_bound, &low) &&
+        memory_->ReadValue(layout_.high_bound, &high) && low < high) {
+      low_bound_ = low;
+      high_bound_ = high;
+    }
+  }
+  return high_bound_ == 0 || (pc >= low_bound_ && pc < high_bound_);
+}
+
+std::span<const uint64_t> HotSpotScopes::LeafAt(uint64_t pc, uint64_t now_ns,
+                                                const symbols::PerfMap& map) {
+  const Range* range = nullptr;
+  for (const Range& r : recent_) {
+    if (pc >= r.start && pc < r.end && now_ns - r.looked_up_ns < kRecheckNs) {
+      range = &r;
+      break;
+    }
+  }
+  if (range == nullptr) {
+    symbols::PerfMap::Symbol entry;
+    if (!map.Lookup(pc, &entry)) return {};
+    Range& r = recent_[recent_next_++ % recent_.size()];
+    r = {entry.start, entry.end, IsCompiledMethodName(entry.name), now_ns};
+    range = &r;
+  }
+  if (!range->compiled) return {};
+  const Method* m = MethodAt(range->start, pc, now_ns);
+  if (m == nullptr) return {};
+  leaf_.size = static_cast<uint8_t>(
+      ScopesAt(m->info, pc, /*return_address=*/false, layout_.excess, {leaf_.methods, kMaxScopes}));
+  return {leaf_.methods, leaf_.size};
+}
+
 std::span<const uint64_t> HotSpotScopes::At(uint64_t pc, bool return_address, uint64_t now_ns,
                                             const symbols::PerfMap& map) {
-  const uint64_t key = pc * 2 + (return_address ? 1 : 0);
-  auto it = chains_.find(key);
+  if (!InCodeCache(pc, now_ns)) return {};
+  if (!return_address) return LeafAt(pc, now_ns, map);
+  auto it = chains_.find(pc);
   if (it != chains_.end()) {
     Chain& c = it->second;
-    if (c.code_start == 0) {
-      if (now_ns - c.checked_ns < kRecheckNs) return {};
-    } else if (const Method* m = MethodAt(c.code_start, pc, now_ns);
-               m != nullptr && m->generation == c.generation) {
-      return {c.methods, c.size};
+    // A chain is taken as it is for a second (as its method would be), then checked against
+    // its method.
+    if (now_ns - c.checked_ns < kRecheckNs) return {c.methods, c.size};
+    if (c.code_start != 0) {
+      if (const Method* m = MethodAt(c.code_start, pc, now_ns);
+          m != nullptr && m->generation == c.generation) {
+        c.checked_ns = now_ns;
+        return {c.methods, c.size};
+      }
     }
   } else {
     if (chains_.size() >= kMaxPcs) chains_.clear();
-    it = chains_.try_emplace(key).first;
+    it = chains_.try_emplace(pc).first;
   }
   Chain& c = it->second;
   c = Chain{};
   c.checked_ns = now_ns;
   // A return address is looked up by its call, which may be its method's last instruction.
   symbols::PerfMap::Symbol entry;
-  if (!map.Lookup(return_address ? pc - 1 : pc, &entry) || !IsCompiledMethodName(entry.name)) {
-    return {};
-  }
+  if (!map.Lookup(pc - 1, &entry) || !IsCompiledMethodName(entry.name)) return {};
   const Method* m = MethodAt(entry.start, pc, now_ns);
   if (m == nullptr) return {};
   c.code_start = entry.start;
   c.generation = m->generation;
   c.size = static_cast<uint8_t>(
-      ScopesAt(m->info, pc, return_address, layout_.excess, {c.methods, kMaxScopes}));
+      ScopesAt(m->info, pc, /*return_address=*/true, layout_.excess, {c.methods, kMaxScopes}));
   return {c.methods, c.size};
 }
 

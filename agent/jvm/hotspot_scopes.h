@@ -19,6 +19,7 @@
 #ifndef STRATA_AGENT_JVM_HOTSPOT_SCOPES_H_
 #define STRATA_AGENT_JVM_HOTSPOT_SCOPES_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -64,6 +65,9 @@ struct HotSpotCodeLayout {
   uint64_t scopes_begin = 0, scopes_end = 0;
   uint64_t metadata_begin = 0, metadata_end = 0;
   uint64_t immutable_data = 0, mutable_data = 0;
+  // CodeCache::_low_bound and _high_bound: the addresses of the code cache's bounds (0: not
+  // published; every pc is then looked up).
+  uint64_t low_bound = 0, high_bound = 0;
   // The scopes' compressed integers (UNSIGNED5) exclude this many byte values: 0 until JDK 19,
   // 1 from JDK 20 (its CompressedStream never writes a zero byte), by the JVM's major version.
   uint32_t excess = 0;
@@ -117,10 +121,13 @@ class HotSpotScopes {
 
   // The Method* of each scope at `pc` (`return_address`: as ScopesAt), innermost first, where
   // `map` names the code around it as a compiled Java method; empty elsewhere and where the
-  // JVM's memory says nothing (no PcDesc there, a read failed). A method read more than
-  // kRecheckNs before `now_ns` is checked again (its compile ID and Method*: one read) and
-  // read again when another took its place; a pc the map did not name is looked up again
-  // then. Valid until the next call.
+  // JVM's memory says nothing (no PcDesc there, a read failed). A pc's chain found more than
+  // kRecheckNs before `now_ns` is checked again: against its method, itself checked again
+  // (its compile ID and Method*: one system call) and read again when another took its
+  // place; a pc the map did not name is looked up again. Return addresses' chains are kept
+  // by pc; a sampled pc's (at a new address in most samples) is found each time, from the
+  // method around it (the last few the map named are kept for a second). Valid until the
+  // next call.
   std::span<const uint64_t> At(uint64_t pc, bool return_address, uint64_t now_ns,
                                const symbols::PerfMap& map);
 
@@ -136,21 +143,38 @@ class HotSpotScopes {
   struct Chain {
     uint64_t code_start = 0;  // 0: the map named no compiled method there
     uint64_t generation = 0;  // of the method it was read from
-    uint64_t checked_ns = 0;  // where code_start is 0
+    uint64_t checked_ns = 0;  // when it was read or last checked
     uint8_t size = 0;
     uint64_t methods[kMaxScopes];
   };
+  // A perf map entry looked up for a sampled pc: [start, end), whether it names a compiled
+  // method, and when it was looked up.
+  struct Range {
+    uint64_t start = 0, end = 0;
+    bool compiled = false;
+    uint64_t looked_up_ns = 0;
+  };
+  static constexpr size_t kRecentRanges = 8;
 
   // The nmethod whose blob holds `pc`, by the code cache's segment map; 0 where none.
   uint64_t FindBlob(uint64_t pc) const;
   std::unique_ptr<CompiledMethodInfo> ReadMethod(uint64_t blob) const;
   // The method whose code starts at `code_start`, read or checked as `At` says.
   const Method* MethodAt(uint64_t code_start, uint64_t pc, uint64_t now_ns);
+  // Whether `pc` may be in the code cache (CodeCache::_low_bound, _high_bound, read once).
+  bool InCodeCache(uint64_t pc, uint64_t now_ns);
+  // The chain of a sampled pc, into leaf_.
+  std::span<const uint64_t> LeafAt(uint64_t pc, uint64_t now_ns, const symbols::PerfMap& map);
 
   HotSpotCodeLayout layout_;
   std::unique_ptr<python::RemoteMemory> memory_;
   absl::flat_hash_map<uint64_t, Method> methods_;  // by perf map start
-  absl::flat_hash_map<uint64_t, Chain> chains_;    // by pc * 2 + return_address
+  absl::flat_hash_map<uint64_t, Chain> chains_;    // of return addresses, by pc
+  Chain leaf_;
+  std::array<Range, kRecentRanges> recent_;
+  size_t recent_next_ = 0;
+  uint64_t low_bound_ = 0, high_bound_ = 0;  // 0, 0: not read (yet)
+  uint64_t bounds_read_ns_ = 0;
   uint64_t next_generation_ = 1;
   size_t methods_read_ = 0;
   size_t bytes_ = 0;  // of the methods kept

@@ -135,7 +135,7 @@ TEST(ScopesAtTest, ChainsThatCannotBeRightAreNone) {
 // scopes and metadata follow its code.
 class HotSpotScopesTest : public ::testing::Test {
  protected:
-  static constexpr uint64_t kHeapsStatic = 0x1000, kArray = 0x2000, kArrayData = 0x2100,
+  static constexpr uint64_t kHeapsStatic = 0x1000, kBoundsStatics = 0x1100, kArray = 0x2000, kArrayData = 0x2100,
                             kHeap = 0x3000, kSegmap = 0x200000, kLow = 0x100000,
                             kHigh = 0x110000, kBlock = kLow + 4 * 128, kBlob = kBlock + 16,
                             kCode = kBlob + 0x300, kPcs = kBlob + 0x480, kScopes = kBlob + 0x420,
@@ -144,6 +144,8 @@ class HotSpotScopesTest : public ::testing::Test {
   static HotSpotCodeLayout Layout() {
     HotSpotCodeLayout l;
     l.heaps = kHeapsStatic;
+    l.low_bound = kBoundsStatics;
+    l.high_bound = kBoundsStatics + 8;
     l.array_length = 0;
     l.array_data = 8;
     l.heap_memory = 8;
@@ -204,12 +206,15 @@ class HotSpotScopesTest : public ::testing::Test {
   HotSpotScopesTest() {
     memory_ = new FakeMemory;
     memory_->Map(kHeapsStatic, 8);
+    memory_->Map(kBoundsStatics, 16);
     memory_->Map(kArray, 0x200);
     memory_->Map(kHeap, 0x200);
     memory_->Map(kSegmap, 0x200);
     memory_->Map(kLow, kHigh - kLow);
     const HotSpotCodeLayout l = Layout();
     PutValue<uint64_t>(kHeapsStatic, kArray);
+    PutValue<uint64_t>(kBoundsStatics, kLow);
+    PutValue<uint64_t>(kBoundsStatics + 8, kHigh);
     PutValue<int32_t>(kArray + l.array_length, 1);
     PutValue<uint64_t>(kArray + l.array_data, kArrayData);
     PutValue<uint64_t>(kArrayData, kHeap);
@@ -259,7 +264,8 @@ TEST_F(HotSpotScopesTest, AMethodIsCheckedEverySecondAndReadAgainWhenReplaced) {
   const std::vector<uint64_t> three = {kInner, kMiddle, kOuter};
   EXPECT_EQ(At(kCode + 0x40, true, 1000), three);
   uint64_t reads = memory_->reads;
-  // A second on, the same nmethod: its Method* and compile ID read, nothing else.
+  // A second on, the same nmethod: its Method* and compile ID read, nothing else (FakeMemory
+  // counts each of ReadMany's ranges).
   const uint64_t later = 1000 + HotSpotScopes::kRecheckNs;
   EXPECT_EQ(At(kCode + 0x40, true, later), three);
   EXPECT_EQ(memory_->reads, reads + 2);
@@ -285,11 +291,22 @@ TEST_F(HotSpotScopesTest, WhatTheCodeCacheDoesNotHoldHasNoScopes) {
   PutValue<uint8_t>(kBlock + Layout().heap_block_used, 1);
   const std::vector<uint64_t> three = {kInner, kMiddle, kOuter};
   EXPECT_EQ(At(kCode + 0x40, true, 1000 + HotSpotScopes::kRecheckNs), three);
-  // Code the map names in a free segment, and outside every heap.
+  // Code the map names in a free segment, and outside the code cache (nothing read).
   map_.Add(kLow + 0x80, 0x40, "long C.g()");
   EXPECT_TRUE(At(kLow + 0x90, false, 5000).empty());
   map_.Add(kHigh + 0x1000, 0x100, "long B.f()");
+  const uint64_t before = memory_->reads;
   EXPECT_TRUE(At(kHigh + 0x1010, false, 5000).empty());
+  EXPECT_TRUE(At(kHigh + 0x1010, true, 5000).empty());
+  EXPECT_EQ(memory_->reads, before);
+}
+
+TEST_F(HotSpotScopesTest, ASampledPcsMethodIsTheOneTheMapNamedWithinTheSecond) {
+  const std::vector<uint64_t> three = {kInner, kMiddle, kOuter};
+  EXPECT_EQ(At(kCode + 0x10, false, 1000), three);
+  map_.Add(kCode, 0x100, "Interpreter");  // the map rewritten since
+  EXPECT_EQ(At(kCode + 0x20, false, 2000), three);
+  EXPECT_TRUE(At(kCode + 0x20, false, 1000 + HotSpotScopes::kRecheckNs).empty());
 }
 
 TEST(CodeLayoutTest, TakesEitherFormFromTheTables) {
