@@ -247,20 +247,19 @@ std::unique_ptr<CompiledMethodInfo> HotSpotScopes::ReadMethod(uint64_t blob) con
       pcs[1] - pcs[0] + scopes[1] - scopes[0] + metadata[1] - metadata[0] > kMaxDebugInfoBytes) {
     return nullptr;
   }
-  std::vector<uint8_t> pc_bytes(pcs[1] - pcs[0]);
-  info->scopes.resize(scopes[1] - scopes[0]);
-  info->metadata.resize((metadata[1] - metadata[0]) / 8);
+  // The three parts in one system call, one after another in `bytes`.
   const uint64_t addresses[3] = {pcs[0], scopes[0], metadata[0]};
-  const size_t sizes[3] = {pc_bytes.size(), info->scopes.size(), info->metadata.size() * 8};
-  for (int i = 0; i < 3; ++i) {
-    void* to = i == 0 ? static_cast<void*>(pc_bytes.data())
-                      : i == 1 ? static_cast<void*>(info->scopes.data())
-                               : static_cast<void*>(info->metadata.data());
-    if (sizes[i] > 0 && !memory_->Read(addresses[i], to, sizes[i])) return nullptr;
-  }
-  info->pcs.reserve(pc_bytes.size() / l.pc_desc_size);
-  for (size_t at = 0; at < pc_bytes.size(); at += l.pc_desc_size) {
-    const uint8_t* p = pc_bytes.data() + at;
+  const size_t sizes[3] = {pcs[1] - pcs[0], scopes[1] - scopes[0], metadata[1] - metadata[0]};
+  std::vector<uint8_t> bytes(sizes[0] + sizes[1] + sizes[2]);
+  if (!bytes.empty() && !memory_->ReadMany(addresses, sizes, 3, bytes.data())) return nullptr;
+  const uint8_t* const pc_bytes = bytes.data();
+  const uint8_t* const scope_bytes = pc_bytes + sizes[0];
+  info->scopes.assign(scope_bytes, scope_bytes + sizes[1]);
+  info->metadata.resize(sizes[2] / 8);
+  if (sizes[2] > 0) std::memcpy(info->metadata.data(), scope_bytes + sizes[1], sizes[2]);
+  info->pcs.reserve(sizes[0] / l.pc_desc_size);
+  for (size_t at = 0; at < sizes[0]; at += l.pc_desc_size) {
+    const uint8_t* p = pc_bytes + at;
     const CompiledMethodInfo::Pc pc{
         python::FieldAt<int32_t>(p, static_cast<uint32_t>(l.pc_desc_pc_offset)),
         python::FieldAt<int32_t>(p, static_cast<uint32_t>(l.pc_desc_scope_offset))};
