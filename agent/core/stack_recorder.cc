@@ -340,10 +340,12 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   // In a Python target only those outside the outermost eval-loop frame: the Python frames
   // under kept eval-loop frames may have changed, and path frames stand for native frames one
   // for one only up to there (in the last stack too: the kept frames are the same).
-  // The scopes of the JVM's compiled code, where its layout and perf map are known.
+  // The scopes of the JVM's compiled code, where its layout and perf map are known (its
+  // frames named in the map's module, as the map names the code).
   jvm::HotSpotScopes* java_scopes = nullptr;
   const symbols::PerfMap* perf_map = target.space != nullptr ? target.space->perf_map() : nullptr;
-  if (state.java != nullptr && state.java->code_known() && perf_map != nullptr) {
+  if (state.java != nullptr && state.java->scopes() != nullptr && perf_map != nullptr) {
+    if (state.java->module().empty()) state.java->SetModule(target.space->perf_map_module());
     java_scopes = state.java->scopes();
   }
   // The clock interpreted methods' names and compiled methods' scopes are checked again by,

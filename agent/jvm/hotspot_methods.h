@@ -118,6 +118,9 @@ class HotSpotInterpreter {
 
   // The perf map's "Interpreter" entry: [start, end), absolute, in `module`.
   void SetCode(uint64_t start, uint64_t end, std::string module);
+  // The module alone (the perf map's), where compiled code's frames are named before any
+  // stack has met the interpreter.
+  void SetModule(std::string module) { module_ = std::move(module); }
   bool code_known() const { return code_end_ != 0; }
   bool Contains(uint64_t pc) const { return pc >= code_start_ && pc < code_end_; }
   const std::string& module() const { return module_; }

@@ -38,6 +38,7 @@
 #include "absl/status/status.h"
 #include "agent/symbols/module_cache.h"
 #include "agent/symbols/perf_map.h"
+#include "common/base/frame_kind.h"
 #include "common/unwind/unwinder.h"
 
 namespace strata::agent::symbols {
@@ -153,6 +154,11 @@ class ProcessAddressSpace final : public unwind::AddressSpace {
   size_t num_jit_regions() const { return jit_regions_.size(); }
   // The perf map read so far (null before the first JIT region).
   const PerfMap* perf_map() const { return perf_map_ ? &perf_map_->map() : nullptr; }
+  // The module its entries are named in (base::JitModuleName of the map's path; empty before
+  // the first JIT region).
+  std::string perf_map_module() const {
+    return perf_map_ ? base::JitModuleName(perf_map_->map_path()) : std::string();
+  }
   // JIT pcs Symbolize() found in no perf map entry, since the space was made: a runtime that
   // writes its map on request (jvm/jvm_perf_maps.h) is asked again when this grows.
   uint64_t unnamed_jit_pcs() const { return unnamed_jit_pcs_; }
