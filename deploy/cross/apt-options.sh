@@ -23,3 +23,20 @@ private_apt_state() {
     "Components: main" "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" \
     >"$APTDIR/etc/debian.sources"
 }
+# unpack_packages ROOT SUITES PKG...: PKG... for $APT_ARCH from Debian's SUITES (one word, or
+# several in one quoted argument) through $APTDIR's private state, unpacked into ROOT with
+# `dpkg -x`; the lists and the packages are removed after. Prints apt's log where a step fails.
+unpack_packages() {
+  local root=$1 suites=$2 deb
+  shift 2
+  # shellcheck disable=SC2086  # the suites, one word each
+  private_apt_state $suites
+  apt-get "${APT_OPTS[@]}" -q update >"$APTDIR/update.log" 2>&1 || {
+    cat "$APTDIR/update.log" >&2; return 1; }
+  (cd "$APTDIR/debs" && apt-get "${APT_OPTS[@]}" -q download "$@" >"$APTDIR/download.log" 2>&1) ||
+    { cat "$APTDIR/download.log" >&2; return 1; }
+  for deb in "$APTDIR"/debs/*.deb; do
+    dpkg -x "$deb" "$root"
+  done
+  rm -rf "$APTDIR/lists" "$APTDIR/debs"
+}

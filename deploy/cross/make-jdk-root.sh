@@ -18,16 +18,7 @@ APTDIR="$ROOT/.apt"
 APT_ARCH=amd64
 # shellcheck source=apt-options.sh
 source "$(dirname "${BASH_SOURCE[0]}")/apt-options.sh"
-private_apt_state trixie
-apt-get "${APT_OPTS[@]}" -q update >"$APTDIR/update.log" 2>&1 || {
-  cat "$APTDIR/update.log" >&2; exit 1; }
-PKGS=(openjdk-21-jre-headless libc6 libgcc-s1 libstdc++6 zlib1g)
-(cd "$APTDIR/debs" && apt-get "${APT_OPTS[@]}" -q download "${PKGS[@]}" \
-  >"$APTDIR/download.log" 2>&1) || { cat "$APTDIR/download.log" >&2; exit 1; }
-for deb in "$APTDIR"/debs/*.deb; do
-  dpkg -x "$deb" "$ROOT"
-done
-rm -rf "$APTDIR/lists" "$APTDIR/debs"
+unpack_packages "$ROOT" trixie openjdk-21-jre-headless libc6 libgcc-s1 libstdc++6 zlib1g
 mkdir -p "$ROOT/bin"
 cat >"$ROOT/bin/java" <<WRAPPER
 #!/bin/sh

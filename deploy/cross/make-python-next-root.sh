@@ -20,17 +20,9 @@ APTDIR="$ROOT/.apt"
 APT_ARCH=amd64
 # shellcheck source=apt-options.sh
 source "$(dirname "${BASH_SOURCE[0]}")/apt-options.sh"
-private_apt_state unstable
-apt-get "${APT_OPTS[@]}" -q update >"$APTDIR/update.log" 2>&1 || {
-  cat "$APTDIR/update.log" >&2; exit 1; }
 PKGS=(libc6 libexpat1 zlib1g libffi8 libzstd1 libgcc-s1)
 for v in "${VERSIONS[@]}"; do
   PKGS+=("python$v-minimal" "libpython$v-minimal" "libpython$v-stdlib")
 done
-(cd "$APTDIR/debs" && apt-get "${APT_OPTS[@]}" -q download "${PKGS[@]}" \
-  >"$APTDIR/download.log" 2>&1) || { cat "$APTDIR/download.log" >&2; exit 1; }
-for deb in "$APTDIR"/debs/*.deb; do
-  dpkg -x "$deb" "$ROOT"
-done
-rm -rf "$APTDIR/lists" "$APTDIR/debs"
+unpack_packages "$ROOT" unstable "${PKGS[@]}"
 echo "python root ready: $ROOT ($(du -sh "$ROOT" | cut -f1))"
