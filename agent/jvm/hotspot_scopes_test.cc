@@ -135,9 +135,10 @@ TEST(ScopesAtTest, ChainsThatCannotBeRightAreNone) {
 // scopes and metadata follow its code.
 class HotSpotScopesTest : public ::testing::Test {
  protected:
-  static constexpr uint64_t kHeapsStatic = 0x1000, kBoundsStatics = 0x1100, kArray = 0x2000, kArrayData = 0x2100,
-                            kHeap = 0x3000, kSegmap = 0x200000, kLow = 0x100000,
-                            kHigh = 0x110000, kBlock = kLow + 4 * 128, kBlob = kBlock + 16,
+  static constexpr uint64_t kHeapsStatic = 0x1000, kBoundsStatics = 0x1100, kArray = 0x2000,
+                            kArrayData = 0x2100, kHeap = 0x3000, kSegmap = 0x200000,
+                            kLow = 0x100000, kHigh = 0x110000, kBlock = kLow + 4 * 128,
+                            kBlob = kBlock + 16,
                             kCode = kBlob + 0x300, kPcs = kBlob + 0x480, kScopes = kBlob + 0x420,
                             kMetadata = kBlob + 0x400;
 
