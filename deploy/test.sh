@@ -94,9 +94,9 @@ else
   failures+=("python 3.14/3.15 root: deploy/cross/make-python-next-root.sh failed")
   status=1
 fi
-# Debian trixie's OpenJDK 21 (bookworm has 17), likewise: tests/e2e/jvm profiles it too.
-if ! deploy/cross/make-jdk-root.sh "$build/jdk21"; then
-  failures+=("OpenJDK 21 root: deploy/cross/make-jdk-root.sh failed")
+# Debian's OpenJDK 21 and 25 (bookworm has 17), likewise: tests/e2e/jvm profiles them too.
+if ! deploy/cross/make-jdk-root.sh "$build/jdk"; then
+  failures+=("OpenJDK 21/25 root: deploy/cross/make-jdk-root.sh failed")
   status=1
 fi
 part_done "x86-64 build"

@@ -25,21 +25,20 @@ namespace strata::e2e {
 namespace {
 
 // The JVMs profiled: Debian's OpenJDK 17 (or the JDK under $STRATA_JAVA_HOME, by hand), and
-// Debian trixie's OpenJDK 21, unpacked into the build with its own C library by
+// Debian's OpenJDK 21 and 25, unpacked into the build with their own C library by
 // deploy/cross/make-jdk-root.sh. The test's program is compiled by the host's javac.
 struct Jdk {
-  const char* name;
-  std::string home;  // its bin/java runs the JVM
+  std::string home;     // its bin/java runs the JVM
   const char* missing;  // what to do where it is not there
 };
 
 Jdk JdkOf(const std::string& name) {
-  if (name == "openjdk21") {
-    return {"openjdk21", STRATA_JDK21_ROOT, "deploy/cross/make-jdk-root.sh " STRATA_JDK21_ROOT};
+  if (name == "openjdk21" || name == "openjdk25") {
+    return {absl::StrCat(STRATA_JDK_ROOT, "/", name.substr(7)),
+            "deploy/cross/make-jdk-root.sh " STRATA_JDK_ROOT};
   }
   const char* home = std::getenv("STRATA_JAVA_HOME");
-  return {"openjdk17", home != nullptr && *home != '\0' ? home : "/usr",
-          "Debian package default-jdk-headless"};
+  return {home != nullptr && *home != '\0' ? home : "/usr", "Debian package default-jdk-headless"};
 }
 
 // The name HotSpot's perf map gives the method's compiled code.
@@ -206,7 +205,8 @@ TEST_P(JvmE2eTest, HotSpotJitCodeIsNamedWithoutARestart) {
   EXPECT_EQ(java.Output().find("Full thread dump"), std::string::npos) << java.Output();
 }
 
-INSTANTIATE_TEST_SUITE_P(Jdks, JvmE2eTest, ::testing::Values("openjdk17", "openjdk21"),
+INSTANTIATE_TEST_SUITE_P(Jdks, JvmE2eTest,
+                         ::testing::Values("openjdk17", "openjdk21", "openjdk25"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });
