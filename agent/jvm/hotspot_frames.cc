@@ -88,6 +88,12 @@ std::optional<symbols::JitFrameLayout> DecodeHotSpotEntry(std::span<const uint8_
         disp == static_cast<int64_t>(Imm32(code, i + 3)) - 8) {
       return Checked(static_cast<uint32_t>(i + 7), static_cast<uint32_t>(i + 7), disp + 16);
     }
+    // The same with the short sub of a small frame (JDK 27's C2: sub rsp, 0x18).
+    if (At(code, i, kSubRspImm8) && i + 4 <= code.size() &&
+        SavesRbp(code, i + 4, &disp, &mov_size) &&
+        disp == static_cast<int64_t>(static_cast<int8_t>(code[i + 3])) - 8) {
+      return Checked(static_cast<uint32_t>(i + 4), static_cast<uint32_t>(i + 4), disp + 16);
+    }
     if (code[i] == kJmpRel32 && SavesRbp(code, i + kStackBangSize, &disp, &mov_size)) {
       return Checked(static_cast<uint32_t>(i + 7), static_cast<uint32_t>(i + 7), disp + 16);
     }

@@ -28,7 +28,8 @@ inline constexpr size_t kEntryScanBytes = 96;
 // The frame layout HotSpot's x86-64 entry code at the start of `code` (a compiled method's
 // first bytes) builds, or nullopt where `code` starts with neither of its two forms:
 //   [stack bang] push rbp; [mov rbp, rsp]; [sub rsp, N]    (C1, and C2 with a stack bang)
-//   sub rsp, N; mov [rsp + N - 8], rbp                     (C2 without one)
+//   sub rsp, N; mov [rsp + N - 8], rbp                     (C2 without one; N in 8 bits
+//                                                           or 32)
 // A method made not entrant keeps its frames' code: the jump HotSpot writes over its stack
 // bang leaves the push and the sub behind it.
 std::optional<symbols::JitFrameLayout> DecodeHotSpotEntry(std::span<const uint8_t> code);

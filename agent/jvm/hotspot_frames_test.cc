@@ -54,6 +54,9 @@ TEST(HotSpotFramesTest, EntryCodeOfCompiledMethodsGivesTheFrame) {
             (JitFrameLayout{7, 7, 0x118 + 8}));
   // ... and made not entrant.
   EXPECT_EQ(Decode("e9 00 10 00 00 00 00 48 89 6c 24 30"), (JitFrameLayout{7, 7, 0x38 + 8}));
+  // ... and JDK 27's for a small frame (the short sub), before its entry barrier.
+  EXPECT_EQ(Decode("48 83 ec 18 48 89 6c 24 10 66 66 90 41 81 7f 20 01 00 00 00"),
+            (JitFrameLayout{4, 4, 0x18 + 8}));
   // rbp pushed and nothing allocated.
   EXPECT_EQ(Decode("89 84 24 00 c0 fe ff 55 8b 46 0c c3"), (JitFrameLayout{8, 8, 16}));
 }
@@ -68,6 +71,7 @@ TEST(HotSpotFramesTest, CodeOfOtherShapesHasNoLayout) {
   EXPECT_FALSE(Decode("89 84 24 00 10 00 00 55 48 83 ec 20"));
   // An rbp store that does not match the allocation.
   EXPECT_FALSE(Decode("48 81 ec 38 00 00 00 48 89 6c 24 20"));
+  EXPECT_FALSE(Decode("48 83 ec 18 48 89 6c 24 08"));
   // Cut short, odd or absurd sizes.
   EXPECT_FALSE(Decode("89 84 24 00 c0 fe"));
   EXPECT_FALSE(Decode("89 84 24 00 c0 fe ff 55 48 83 ec 21"));
