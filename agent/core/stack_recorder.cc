@@ -1,7 +1,6 @@
 #include "agent/core/stack_recorder.h"
 
 #include <algorithm>
-#include <limits>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -407,15 +406,10 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   // group g of the Python frames, whose frames go in outermost first.
   size_t evals_left = python != nullptr ? python->num_groups : 0;
   for (size_t i = num_frames - keep; i-- > 0;) {
-    // Where frame i's path frames end, once they are put (the loop's every way on).
-    struct EndAfter {
-      PathCache* cache;
-      size_t index;
-      const size_t& at;
-      ~EndAfter() {
-        if (cache != nullptr) cache->ends[index] = static_cast<uint32_t>(at);
-      }
-    } end_after{cache, num_frames - 1 - i, at};
+    // The frame outward of this one ends where this one's path frames begin.
+    if (cache != nullptr && i + 1 < num_frames) {
+      cache->ends[num_frames - 2 - i] = static_cast<uint32_t>(at);
+    }
     if (evals_left > 0 &&
         python->interpreter->InEvalLoop(i == 0 ? frames[i].pc : frames[i].pc - 1)) {
       const size_t g = --evals_left;
@@ -454,6 +448,7 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
     }
     put(FrameFor(target, state, frames[i].pc, i == 0));
   }
+  if (cache != nullptr && num_frames > 0) cache->ends[num_frames - 1] = static_cast<uint32_t>(at);
   const size_t user_leaf = at - 1;
   // The kernel's frames run below the user leaf (a system call, a fault, an interrupt).
   for (size_t k = kernel_depth; k-- > 0;) put(KernelFrameFor(kernel_pcs[k], k == 0));

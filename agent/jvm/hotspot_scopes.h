@@ -113,7 +113,8 @@ class HotSpotScopes {
   // nmethods kept, and their debug information's bytes: all dropped past either.
   static constexpr size_t kMaxMethods = 4096;
   static constexpr size_t kMaxBytes = 8 << 20;
-  static constexpr size_t kMaxPcs = 1 << 16;   // pcs' chains kept; all dropped past it
+  // Return addresses' chains kept; all dropped past it.
+  static constexpr size_t kMaxPcs = 1 << 16;
   static constexpr uint64_t kRecheckNs = 1'000'000'000;
 
   HotSpotScopes(HotSpotCodeLayout layout, std::unique_ptr<python::RemoteMemory> memory)
@@ -131,7 +132,6 @@ class HotSpotScopes {
   std::span<const uint64_t> At(uint64_t pc, bool return_address, uint64_t now_ns,
                                const symbols::PerfMap& map);
 
-  uint64_t reads() const { return memory_->reads(); }
   size_t methods_read() const { return methods_read_; }
 
  private:
