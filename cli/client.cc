@@ -109,7 +109,8 @@ void PrintJson(const google::protobuf::Message& message) {
 std::string FrameText(const v1::Frame& frame) {
   switch (frame.kind()) {
     case v1::FRAME_KERNEL: return absl::StrCat(frame.function(), " [k]");
-    case v1::FRAME_JIT: return absl::StrCat(frame.function(), " [j]");
+    case v1::FRAME_JIT:
+    case v1::FRAME_JAVA: return absl::StrCat(frame.function(), " [j]");
     default: return frame.function();
   }
 }

@@ -7,13 +7,18 @@
 // the method's own Method*; then the scopes bytes. Little-endian framing. Every PcDesc's pc
 // (and the pcs either side of it) is asked for, as a return address and as a sampled pc, into
 // outputs of every size from 1 to HotSpotScopes::kMaxScopes.
+// The scopes bytes are also read as a method's line table (hotspot_methods.h), which a target
+// may hold anything in too.
 // Oracles besides the sanitizers, what ScopesAt promises: at most the output's size, and a
-// chain found ends with the method's own Method* and names only methods of the metadata.
+// chain found ends with the method's own Method*, names only methods of the metadata and
+// stands at bytecode indexes a method may have; a line table's rows are such indexes and
+// positive lines.
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
 
+#include "agent/jvm/hotspot_methods.h"
 #include "agent/jvm/hotspot_scopes.h"
 #include "fuzz/fuzz_util.h"
 
@@ -23,16 +28,19 @@ namespace jvm = strata::agent::jvm;
 
 void Check(const jvm::CompiledMethodInfo& info, uint64_t pc, bool return_address,
            uint32_t excess) {
-  std::array<uint64_t, jvm::HotSpotScopes::kMaxScopes> out;
+  std::array<jvm::JavaScope, jvm::HotSpotScopes::kMaxScopes> out;
   for (size_t room = 1; room <= out.size(); room *= 2) {
     const size_t n = jvm::ScopesAt(info, pc, return_address, excess, {out.data(), room});
     STRATA_FUZZ_CHECK(n <= room, "%zu scopes into room for %zu", n, room);
     if (n == 0) continue;
-    STRATA_FUZZ_CHECK(out[n - 1] == info.method, "the outermost scope is not the method's own");
+    STRATA_FUZZ_CHECK(out[n - 1].method == info.method,
+                      "the outermost scope is not the method's own");
     for (size_t i = 0; i < n; ++i) {
-      STRATA_FUZZ_CHECK(std::find(info.metadata.begin(), info.metadata.end(), out[i]) !=
+      STRATA_FUZZ_CHECK(std::find(info.metadata.begin(), info.metadata.end(), out[i].method) !=
                             info.metadata.end(),
                         "scope %zu names a method outside the metadata", i);
+      STRATA_FUZZ_CHECK(out[i].bci >= -1 && out[i].bci <= 0xFFFF, "scope %zu at bci %d", i,
+                        out[i].bci);
     }
   }
 }
@@ -65,6 +73,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const uint64_t pc = info.code_begin + static_cast<uint64_t>(offset);
       Check(info, pc, true, excess);
       Check(info, pc, false, excess);
+    }
+  }
+  // The same bytes as a method's line table.
+  if (const auto lines = jvm::DecodeLineTable(info.scopes, excess); lines.has_value()) {
+    STRATA_FUZZ_CHECK(lines->size() <= jvm::kMaxJavaLines, "%zu rows", lines->size());
+    for (const jvm::JavaLine& row : *lines) {
+      STRATA_FUZZ_CHECK(row.bci >= 0 && row.bci <= 0xFFFF && row.line > 0, "row %d:%d", row.bci,
+                        row.line);
     }
   }
   // The compressed integers alone, read to the end.

@@ -17,6 +17,7 @@ StackRecorder::StackRecorder(StackRecorderOptions options, ContextGraph* graph,
     : options_(options), graph_(graph), targets_(targets) {
   frames_.resize(options_.max_frames);
   java_methods_.resize(options_.max_frames);
+  java_bcps_.resize(options_.max_frames);
   python_frames_.resize(options_.max_frames);
   python_group_end_.resize(options_.max_frames);
 }
@@ -118,11 +119,12 @@ const std::vector<encoding::EdgeId>* StackRecorder::UnwindAndRecord(
   if (const jvm::HotSpotInterpreter* java = JavaOf(target, state);
       java != nullptr && java->MethodsOf({frames_.data(), result.num_frames}, sample.sp,
                                          {sample.stack, sample.stack_size},
-                                         java_methods_.data())) {
+                                         java_methods_.data(), java_bcps_.data())) {
     java_methods = java_methods_.data();
   }
   return Record(target, state, frames_.data(), result.num_frames, truncated, sample.kernel_pcs,
-                sample.kernel_depth, paths, outer_kept, counts, python, java_methods);
+                sample.kernel_depth, paths, outer_kept, counts, python, java_methods,
+                java_bcps_.data());
 }
 
 void StackRecorder::OnSwitch(Target& target, TargetState& state,
@@ -319,7 +321,7 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
     const Target& target, TargetState& state, const unwind::Frame* frames, size_t num_frames,
     bool truncated, const uint64_t* kernel_pcs, size_t kernel_depth, PathCache* cache,
     size_t outer_kept, v1::UnwindCounters* counts, const PythonSplice* python,
-    const uint64_t* java_methods) {
+    const uint64_t* java_methods, const uint64_t* java_bcps) {
   stats_.unwound_frames += num_frames;
   stats_.truncated += truncated;
   stats_.kernel_frames += kernel_depth;
@@ -367,18 +369,19 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
       }
       keep = outside;
     }
-    // So in a JVM, up to the first interpreter frame not running the method it ran in the last
-    // stack: the method is not in the frame's return address.
+    // So in a JVM, up to the first interpreter frame not running the method and line it ran in
+    // the last stack: neither is in the frame's return address.
     if (jvm::HotSpotInterpreter* java = state.java.get(); java != nullptr && java->code_known()) {
       size_t outside = 0;
       for (; outside < keep; ++outside) {
         const size_t f = num_frames - 1 - outside;
         if (!java->Contains(frames[f].pc - 1)) continue;
-        const jvm::HotSpotMethods::Method* m =
+        const std::optional<encoding::PathFrame> now =
             java_methods == nullptr || java_methods[f] == 0
-                ? nullptr
-                : java->methods().Find(java_methods[f], java_now);
-        if (m == nullptr || m->owner_id != path[path_end(outside)].function) break;
+                ? std::nullopt
+                : JavaFrameFor(*java, java_methods[f], java_now, false, jvm::kUnknownBci,
+                               java_bcps[f]);
+        if (!now.has_value() || *now != path[path_end(outside)]) break;
       }
       keep = outside;
     }
@@ -420,7 +423,8 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
       continue;
     }
     if (java_methods != nullptr && java_methods[i] != 0) {
-      if (auto f = JavaFrameFor(*state.java, java_methods[i], java_now, i == 0)) {
+      if (auto f = JavaFrameFor(*state.java, java_methods[i], java_now, i == 0, jvm::kUnknownBci,
+                                i == 0 ? 0 : java_bcps[i])) {
         ++stats_.java_frames;
         put(*f);
         continue;
@@ -428,19 +432,19 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
       ++stats_.java_unnamed;
     }
     // A compiled Java method's frame: a frame for each scope at its pc, outermost first (the
-    // method's own, then the calls inlined into it), where any were inlined and all are named.
+    // method's own, then the calls inlined into it), where all are named.
     if (java_scopes != nullptr) {
-      const std::span<const uint64_t> scopes =
+      const std::span<const jvm::JavaScope> scopes =
           java_scopes->At(frames[i].pc, /*return_address=*/i != 0, java_now, *perf_map);
       std::array<encoding::PathFrame, jvm::HotSpotScopes::kMaxScopes> named;
       size_t n = 0;
-      for (; scopes.size() > 1 && n < scopes.size(); ++n) {
-        const std::optional<encoding::PathFrame> f =
-            JavaFrameFor(*state.java, scopes[n], java_now, i == 0 && n == 0);
+      for (; n < scopes.size(); ++n) {
+        const std::optional<encoding::PathFrame> f = JavaFrameFor(
+            *state.java, scopes[n].method, java_now, i == 0 && n == 0, scopes[n].bci);
         if (!f.has_value()) break;
         named[n] = *f;
       }
-      if (n > 1 && n == scopes.size()) {
+      if (n > 0 && n == scopes.size()) {
         for (size_t j = n; j-- > 0;) put(named[j]);
         stats_.java_inlined += n - 1;
         continue;

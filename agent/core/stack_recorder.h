@@ -198,14 +198,18 @@ class StackRecorder final : public sources::StackSink {
                                               size_t kernel_depth, PathCache* cache,
                                               size_t outer_kept, v1::UnwindCounters* counts,
                                               const PythonSplice* python = nullptr,
-                                              const uint64_t* java_methods = nullptr);
+                                              const uint64_t* java_methods = nullptr,
+                                              const uint64_t* java_bcps = nullptr);
   // The target's JVM whose interpreted frames can be named (found again when its mappings
   // changed), or null.
   jvm::HotSpotInterpreter* JavaOf(const Target& target, TargetState& state);
-  // The frame of an interpreted method; nullopt where `method` cannot be named. `now_ns`:
+  // The frame of a Java method (interpreted, compiled or inlined into compiled code); nullopt
+  // where `method` cannot be named. Its line from `bci`, or where it is not known
+  // (jvm::kUnknownBci) from the interpreted frame's bytecode pointer `bcp` (0: none). `now_ns`:
   // CLOCK_MONOTONIC (HotSpotMethods::Find).
   std::optional<encoding::PathFrame> JavaFrameFor(jvm::HotSpotInterpreter& java, uint64_t method,
-                                                  uint64_t now_ns, bool innermost);
+                                                  uint64_t now_ns, bool innermost, int32_t bci,
+                                                  uint64_t bcp = 0);
   // The target's interpreter (found again when its mappings changed), or null.
   python::Interpreter* PythonOf(const Target& target, TargetState& state);
   // Reads the Python frames of the sample's thread for the `num_frames` unwound frames_; true
@@ -247,6 +251,7 @@ class StackRecorder final : public sources::StackSink {
   size_t python_targets_ = 0;
   uint64_t python_sample_ns_ = 0;
   std::vector<uint64_t> java_methods_;              // sized once: the sample's Method*s
+  std::vector<uint64_t> java_bcps_;                 // sized once: their bytecode pointers
   std::vector<python::PythonFrame> python_frames_;  // sized once: ReadPython's
   std::vector<size_t> python_group_end_;            // sized once
   // The read python_frames_ hold (ReadPython takes it again for the thread's next sample when

@@ -49,17 +49,25 @@ jvm::HotSpotInterpreter* StackRecorder::JavaOf(const Target& target, TargetState
 
 std::optional<encoding::PathFrame> StackRecorder::JavaFrameFor(jvm::HotSpotInterpreter& java,
                                                                uint64_t method, uint64_t now_ns,
-                                                               bool innermost) {
+                                                               bool innermost, int32_t bci,
+                                                               uint64_t bcp) {
   const jvm::HotSpotMethods::Method* m = java.methods().Find(method, now_ns);
   if (m == nullptr) return std::nullopt;
+  const bool lines = java.methods().lines();
   if (m->owner_id == 0) {
     FunctionRecord record;
     record.name = m->name;
-    record.module = java.module();
+    // Where the JVM publishes lines, its methods' offsets are lines (the module says so), as
+    // Python's; else they are named in the perf map's module, as their compiled code.
+    record.module = lines ? base::JavaModuleName(m->file) : java.module();
+    if (lines) record.start_offset = static_cast<uint64_t>(m->first_line());
     m->owner_id = graph_->NodeFor(record);
   }
-  if (innermost) leaf_module_pc_ = 0;
-  return encoding::PathFrame{m->owner_id, 0};
+  if (bci == jvm::kUnknownBci && bcp != 0) bci = m->BciOf(bcp).value_or(jvm::kUnknownBci);
+  const uint64_t line = lines ? static_cast<uint64_t>(std::max(m->LineAt(bci), 0)) : 0;
+  // As a Python frame's: a leaf's line is its leaf address, a caller's call site line + 1.
+  if (innermost) leaf_module_pc_ = line;
+  return encoding::PathFrame{m->owner_id, innermost || line == 0 ? 0 : line + 1};
 }
 
 python::Interpreter* StackRecorder::PythonOf(const Target& target, TargetState& state) {

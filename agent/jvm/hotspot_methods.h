@@ -9,6 +9,9 @@
 //
 // Names are those the JVM's perf map gives the method's compiled code ("RET CLASS.NAME(ARGS)",
 // Java's type names), so a method's interpreted and compiled frames are one function in views.
+// With each name come the method's source file (its package's path and the class's SourceFile
+// attribute: "java/util/Arrays.java") and its line table (bytecode index to line, decoded from
+// the compressed table after the method's bytecodes), so that frames carry lines.
 // x86-64 only, as HotSpotFrames. Owned by the stack recorder's per-target state; one thread.
 #ifndef STRATA_AGENT_JVM_HOTSPOT_METHODS_H_
 #define STRATA_AGENT_JVM_HOTSPOT_METHODS_H_
@@ -21,6 +24,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -34,6 +38,9 @@ namespace strata::agent::jvm {
 
 // Where an interpreted frame's Method* is, from the frame's return address slot (rbp + 8).
 inline constexpr uint64_t kMethodBelowReturnSlot = 32;
+// And its bytecode pointer (rbp - 64, frame::interpreter_frame_bcp_offset): where the frame
+// stands in its method's bytecode, saved at each call it makes (the leaf's may be stale).
+inline constexpr uint64_t kBcpBelowReturnSlot = 72;
 
 // The offsets of the fields a method's name is read through, from the JVM's own tables.
 struct HotSpotOffsets {
@@ -46,14 +53,43 @@ struct HotSpotOffsets {
   uint64_t klass_name = 0;                // Klass::_name
   uint64_t symbol_length = 0;             // Symbol::_length (u2)
   uint64_t symbol_body = 0;               // Symbol::_body
+  // Lines, where the JVM publishes all of these (`lines`); methods are named without otherwise.
+  bool lines = false;
+  uint64_t const_method_flags = 0;      // ConstMethod::_flags (JDK 21 on _flags._flags): bit 0,
+                                        // the method has a line table
+  uint64_t const_method_code_size = 0;  // ConstMethod::_code_size (u2)
+  uint64_t const_method_words = 0;      // ConstMethod::_constMethod_size (int, in words)
+  uint64_t const_method_size = 0;       // sizeof(ConstMethod): its bytecodes follow it
+  uint64_t constant_pool_source_file = 0;  // ConstantPool::_source_file_name_index (u2)
+  uint32_t excess = 0;  // of the line table's compressed integers (HotSpotCodeLayout::excess)
 };
 
-// The offsets, from a JVM's tables; NotFound where a field is missing.
-absl::StatusOr<HotSpotOffsets> MethodOffsets(const HotSpotTables& tables);
+// The offsets, from a JVM's tables (and its version, read through `memory`, for the line
+// table's integers); NotFound where a field a name needs is missing.
+absl::StatusOr<HotSpotOffsets> MethodOffsets(const HotSpotTables& tables,
+                                             const python::RemoteMemory& memory);
 // The same from the tables of the JVM whose libjvm.so is `elf`, loaded at `bias`
 // (HotSpotTables::Read's errors too).
 absl::StatusOr<HotSpotOffsets> ReadHotSpotOffsets(const elf::ElfFile& elf, int64_t bias,
                                                   const python::RemoteMemory& memory);
+
+// One row of a method's line table: from bytecode index `bci` on, line `line`.
+struct JavaLine {
+  int32_t bci = 0, line = 0;
+  friend bool operator==(const JavaLine&, const JavaLine&) = default;
+};
+
+// A method's compressed line table (HotSpot's CompressedLineNumberReadStream: a byte per row of
+// small deltas, 0xFF and two zigzag UNSIGNED5 deltas otherwise, 0 at the end) from the start of
+// `bytes`; nullopt where it does not end in `bytes` or goes where no table goes (a bytecode
+// index or line out of range, at most kMaxJavaLines rows).
+inline constexpr size_t kMaxJavaLines = 1 << 16;
+std::optional<std::vector<JavaLine>> DecodeLineTable(std::span<const uint8_t> bytes,
+                                                     uint32_t excess);
+
+// "pkg/path/File.java" from a class's internal name ("java/util/Arrays") and its SourceFile
+// ("Arrays.java").
+std::string JavaSourcePath(std::string_view class_name, std::string_view source_file);
 
 // "RET CLASS.NAME(ARGS)" from a class's internal name ("java/util/Arrays"), a method's name
 // and its descriptor ("([II)V"); nullopt for a descriptor that does not parse.
@@ -71,6 +107,10 @@ class HotSpotMethods {
   struct Identity {
     uint64_t const_method = 0, constants = 0;
     uint16_t name_index = 0, signature_index = 0;
+    // Where its line table is (read with the rest, where the JVM publishes lines).
+    uint16_t code_size = 0;
+    bool has_lines = false;
+    uint32_t words = 0;
     friend bool operator==(const Identity&, const Identity&) = default;
   };
 
@@ -81,11 +121,24 @@ class HotSpotMethods {
   // that changed (six). Valid until the next call.
   struct Method {
     std::string name;
+    std::string file;  // JavaSourcePath; empty where the class names no source file
+    std::vector<JavaLine> lines;  // ascending bytecode indexes; empty: no line known
+    uint64_t code_begin = 0;      // its bytecodes' address (0: not known)
     Identity identity;
     uint64_t read_ns = 0;
     // For the owner: the function node it resolved this method to (0: none yet), cleared
     // when the name changed.
     mutable uint32_t owner_id = 0;
+
+    // The line at bytecode index `bci` (a negative one: the method's entry): that of the last
+    // row at or before it; 0 where none is known. At kUnknownBci, the method's line where it
+    // has one line only.
+    int32_t LineAt(int32_t bci) const;
+    // The first line of the method (0: none known).
+    int32_t first_line() const;
+    // The bytecode index an interpreted frame's bytecode pointer `bcp` stands at; nullopt
+    // outside the method's bytecodes (a slot that holds no bcp of this method).
+    std::optional<int32_t> BciOf(uint64_t bcp) const;
   };
   const Method* Find(uint64_t method, uint64_t now_ns);
 
@@ -93,10 +146,16 @@ class HotSpotMethods {
   static constexpr size_t kMaxMethods = 1 << 16;
 
   uint64_t reads() const { return memory_->reads(); }
+  // Whether methods have lines and source files (HotSpotOffsets::lines).
+  bool lines() const { return offsets_.lines; }
 
  private:
   std::optional<Identity> ReadIdentity(uint64_t method) const;
-  std::optional<std::string> ReadName(const Identity& identity) const;
+  struct Details {
+    std::string name, file;
+    std::vector<JavaLine> lines;
+  };
+  std::optional<Details> ReadDetails(const Identity& identity) const;
 
   HotSpotOffsets offsets_;
   std::unique_ptr<python::RemoteMemory> memory_;
@@ -131,12 +190,12 @@ class HotSpotInterpreter {
   const absl::Status& scopes_status() const { return scopes_status_; }
   void SetScopes(absl::StatusOr<std::unique_ptr<HotSpotScopes>> scopes);
 
-  // The Method* of each of `frames` (innermost first: the first one's pc exact, the others'
-  // return addresses) that runs in the interpreter, from the sample's stack copy `stack`
-  // (from `sp` on), into `methods` (as many; 0 for the other frames and for slots outside the
-  // copy). False when it found none.
+  // The Method* and bytecode pointer of each of `frames` (innermost first: the first one's pc
+  // exact, the others' return addresses) that runs in the interpreter, from the sample's stack
+  // copy `stack` (from `sp` on), into `methods` and `bcps` (as many; 0 for the other frames
+  // and for slots outside the copy). False when it found no method.
   bool MethodsOf(std::span<const unwind::Frame> frames, uint64_t sp,
-                 std::span<const uint8_t> stack, uint64_t* methods) const;
+                 std::span<const uint8_t> stack, uint64_t* methods, uint64_t* bcps) const;
 
  private:
   std::unique_ptr<HotSpotMethods> methods_;

@@ -1,11 +1,13 @@
 // Interpreted methods named: descriptors in Java's words, a Method* followed through a JVM's
-// structures laid out by hand, and methods that change or were never methods.
+// structures laid out by hand, and methods that change or were never methods; their source
+// files and line tables (HotSpot's compressed form), and frames' bytecode pointers.
 #include "agent/jvm/hotspot_methods.h"
 
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "agent/jvm/compressed_for_test.h"
 #include "agent/python/fake_memory_for_test.h"
 #include "gtest/gtest.h"
 
@@ -13,6 +15,85 @@ namespace strata::agent::jvm {
 namespace {
 
 using python::testing::FakeMemory;
+using testing::LineTableWriter;
+
+// Reads another's memory (owned elsewhere), counting calls (each one system call in a
+// process's memory) where FakeMemory counts the reads of each part.
+class SharedMemory final : public python::RemoteMemory {
+ public:
+  explicit SharedMemory(const FakeMemory* memory) : RemoteMemory(0), memory_(memory) {}
+  bool Read(uint64_t address, void* out, size_t size) const override {
+    ++calls;
+    return memory_->Read(address, out, size);
+  }
+  bool ReadMany(const uint64_t* addresses, const size_t* sizes, size_t count,
+                void* out) const override {
+    ++calls;
+    return memory_->ReadMany(addresses, sizes, count, out);
+  }
+  mutable uint64_t calls = 0;
+
+ private:
+  const FakeMemory* memory_;
+};
+
+TEST(DecodeLineTableTest, ReadsWhatHotSpotWrites) {
+  for (uint32_t excess : {0u, 1u}) {
+    // Small steps (one byte a row), a step back in lines, far bytecode indexes and lines, and a
+    // row whose single byte would be the escape (bci + 31, line + 7: 0xFF).
+    const std::vector<JavaLine> rows = {{0, 10}, {4, 11}, {9, 11}, {12, 8},   {300, 9},
+                                        {301, 4000}, {332, 4007}, {333, 12}, {65535, 13}};
+    LineTableWriter writer(excess);
+    for (const JavaLine& row : rows) writer.Add(row.bci, row.line);
+    std::vector<uint8_t> bytes = writer.End();
+    bytes.push_back(0x55);  // what follows the table is not read
+    EXPECT_EQ(DecodeLineTable(bytes, excess), rows) << "excess " << excess;
+    // Cut before its end, a bytecode index before 0, and a line that is not positive.
+    bytes.resize(bytes.size() - 2);
+    EXPECT_EQ(DecodeLineTable(bytes, excess), std::nullopt);
+    for (const std::vector<JavaLine>& bad : {std::vector<JavaLine>{{5, 3}, {-2, 4}},
+                                             std::vector<JavaLine>{{5, 3}, {6, -1}}}) {
+      LineTableWriter w(excess);
+      for (const JavaLine& row : bad) w.Add(row.bci, row.line);
+      EXPECT_EQ(DecodeLineTable(w.End(), excess), std::nullopt);
+    }
+  }
+  // Rows out of bytecode order are kept as written (a compiler may write them so).
+  LineTableWriter unordered(1);
+  unordered.Add(5, 3);
+  unordered.Add(2, 4);
+  EXPECT_EQ(DecodeLineTable(unordered.End(), 1), (std::vector<JavaLine>{{5, 3}, {2, 4}}));
+  EXPECT_EQ(DecodeLineTable(std::vector<uint8_t>{0}, 0), std::vector<JavaLine>{});
+  EXPECT_EQ(DecodeLineTable({}, 0), std::nullopt);
+}
+
+TEST(JavaSourcePathTest, PackagePathAndSourceFile) {
+  EXPECT_EQ(JavaSourcePath("java/util/Arrays", "Arrays.java"), "java/util/Arrays.java");
+  EXPECT_EQ(JavaSourcePath("java/util/Arrays$1", "Arrays.java"), "java/util/Arrays.java");
+  EXPECT_EQ(JavaSourcePath("Spin", "Spin.java"), "Spin.java");
+  EXPECT_EQ(JavaSourcePath("kotlin/collections/CollectionsKt", "_Collections.kt"),
+            "kotlin/collections/_Collections.kt");
+}
+
+TEST(JavaLineTest, LineAtAsHotSpotFindsIt) {
+  HotSpotMethods::Method m;
+  EXPECT_EQ(m.LineAt(3), 0);  // no table
+  // Sorted by bci as read; two rows at bci 8 (a loop's condition written twice).
+  m.lines = {{0, 20}, {8, 22}, {8, 21}, {15, 25}};
+  EXPECT_EQ(m.LineAt(-1), 20);  // the method's entry
+  EXPECT_EQ(m.LineAt(0), 20);
+  EXPECT_EQ(m.LineAt(7), 20);
+  EXPECT_EQ(m.LineAt(8), 22);   // the first row at the bci
+  EXPECT_EQ(m.LineAt(9), 21);   // the last row before it
+  EXPECT_EQ(m.LineAt(400), 25);
+  EXPECT_EQ(m.first_line(), 20);
+  EXPECT_EQ(m.LineAt(kUnknownBci), 0);  // somewhere in four lines
+  m.lines = {{3, 5}};
+  EXPECT_EQ(m.LineAt(2), 0);  // before the first row
+  EXPECT_EQ(m.LineAt(kUnknownBci), 5);  // a one-line method is at its line anywhere
+  m.lines = {{0, 5}, {4, 5}};
+  EXPECT_EQ(m.LineAt(kUnknownBci), 5);
+}
 
 TEST(JavaMethodNameTest, NamesAsThePerfMapDoes) {
   EXPECT_EQ(JavaMethodName("java/util/DualPivotQuicksort", "sort",
@@ -91,6 +172,59 @@ class HotSpotMethodsTest : public ::testing::Test {
   std::unique_ptr<HotSpotMethods> methods_;
 };
 
+// The same method where the JVM publishes lines: its ConstMethod's flags, code size and size,
+// 10 bytes of code after the ConstMethod and the line table after them; its pool's source file.
+TEST_F(HotSpotMethodsTest, ReadsTheSourceFileAndLineTableWithTheName) {
+  HotSpotOffsets offsets = kOffsets;
+  offsets.lines = true;
+  offsets.const_method_flags = 28;
+  offsets.const_method_code_size = 32;
+  offsets.const_method_words = 24;
+  offsets.const_method_size = 48;
+  offsets.constant_pool_source_file = 54;
+  offsets.excess = 1;
+  memory_->Put(kConstMethod + 24, uint32_t{32});  // 256 bytes
+  Put16(kConstMethod + 28, 0x0401);                // has a line table (bit 0), and other flags
+  Put16(kConstMethod + 32, 10);
+  LineTableWriter writer(offsets.excess);
+  writer.Add(0, 40);
+  writer.Add(6, 42);
+  const std::vector<uint8_t> table = writer.End();
+  std::memcpy(memory_->regions[kConstMethod].data() + 48 + 10, table.data(), table.size());
+  Put16(kPool + 54, 13);
+  memory_->Put(kPool + kOffsets.constant_pool_size + 13 * 8, PutSymbol(5, "Service.java"));
+  // The memory read with these offsets (the fixture's methods_ still own it), and without.
+  auto shared = std::make_unique<SharedMemory>(memory_);
+  const SharedMemory* calls = shared.get();
+  HotSpotMethods methods(offsets, std::move(shared));
+  auto shared_too = std::make_unique<SharedMemory>(memory_);
+  const SharedMemory* calls_without = shared_too.get();
+  HotSpotMethods without(kOffsets, std::move(shared_too));
+  ASSERT_NE(without.Find(kMethod, 1'000), nullptr);
+  const HotSpotMethods::Method* m = methods.Find(kMethod, 1'000);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->name, "int com.example.Service.handle(java.lang.String)");
+  EXPECT_EQ(m->file, "com/example/Service.java");
+  EXPECT_EQ(m->lines, (std::vector<JavaLine>{{0, 40}, {6, 42}}));
+  EXPECT_EQ(calls->calls, calls_without->calls);  // as many system calls as a name alone
+  EXPECT_EQ(calls->calls, 6u);
+  // A frame's bytecode pointer inside the code, and pointers that are not.
+  const uint64_t code = kConstMethod + 48;
+  EXPECT_EQ(m->BciOf(code + 7), 7);
+  EXPECT_EQ(m->LineAt(*m->BciOf(code + 7)), 42);
+  EXPECT_EQ(m->BciOf(code + 10), std::nullopt);
+  EXPECT_EQ(m->BciOf(code - 1), std::nullopt);
+
+  // No SourceFile attribute, no line table: the name alone.
+  Put16(kPool + 54, 0);
+  Put16(kConstMethod + 28, 0x0400);
+  m = methods.Find(kMethod, 1'000 + 2 * HotSpotMethods::kRecheckNs);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->name, "int com.example.Service.handle(java.lang.String)");
+  EXPECT_EQ(m->file, "");
+  EXPECT_TRUE(m->lines.empty());
+}
+
 TEST_F(HotSpotMethodsTest, NamesAMethodOnceAndAgainAfterASecond) {
   const HotSpotMethods::Method* m = methods_->Find(kMethod, 1'000);
   ASSERT_NE(m, nullptr);
@@ -160,17 +294,21 @@ TEST(HotSpotInterpreterTest, MethodsAreReadFromTheirFramesSlots) {
   put(kSp + 0x40 - kMethodBelowReturnSlot, 0x1234'5678);
   put(kSp + 0x80 - kMethodBelowReturnSlot, 0xdead);
   put(kSp + 0xc0 - kMethodBelowReturnSlot, 0x2345'6780);
-  uint64_t methods[4] = {9, 9, 9, 9};
+  put(kSp + 0xc0 - kBcpBelowReturnSlot, 0x3456'7800);
+  uint64_t methods[4] = {9, 9, 9, 9}, bcps[4] = {9, 9, 9, 9};
   EXPECT_FALSE(interpreter.code_known());
-  EXPECT_FALSE(interpreter.MethodsOf(frames, kSp, stack, methods));  // no code known yet
+  EXPECT_FALSE(interpreter.MethodsOf(frames, kSp, stack, methods, bcps));  // no code known yet
   EXPECT_EQ(methods[0], 0u);
 
   interpreter.SetCode(0x5000, 0x6000, "[jit:/tmp/perf-1.map]");
-  ASSERT_TRUE(interpreter.MethodsOf(frames, kSp, stack, methods));
+  ASSERT_TRUE(interpreter.MethodsOf(frames, kSp, stack, methods, bcps));
   EXPECT_EQ(methods[0], 0x1234'5678u);
+  EXPECT_EQ(bcps[0], 0u);  // its bcp slot lies below the stack pointer
   EXPECT_EQ(methods[1], 0u);
   EXPECT_EQ(methods[2], 0x2345'6780u);
+  EXPECT_EQ(bcps[2], 0x3456'7800u);
   EXPECT_EQ(methods[3], 0u);
+  EXPECT_EQ(bcps[3], 0u);
   EXPECT_EQ(interpreter.module(), "[jit:/tmp/perf-1.map]");
   // The code ends before its end address.
   EXPECT_TRUE(interpreter.Contains(0x5fff));

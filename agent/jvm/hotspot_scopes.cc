@@ -16,6 +16,8 @@ namespace {
 constexpr uint32_t kSerializedNull = 0;
 // How long a chain is followed before it is taken for a misread.
 constexpr size_t kMaxChain = 64;
+// A bytecode index is under 65536 (a method's code is at most that long); written plus one.
+constexpr uint32_t kMaxBciPlusOne = 1 << 16;
 // What is copied of one nmethod at most: its PcDescs, scopes and metadata.
 constexpr uint64_t kMaxDebugInfoBytes = 1 << 20;
 // Hops through a code heap's segment map before it is taken for a misread (a 16 MiB method of
@@ -87,8 +89,6 @@ absl::StatusOr<HotSpotCodeLayout> CodeLayout(const HotSpotTables& t,
   }
   l.low_bound = t.Address("CodeCache", "_low_bound").value_or(0);
   l.high_bound = t.Address("CodeCache", "_high_bound").value_or(0);
-  const uint64_t major_at = need(t.Address("Abstract_VM_Version", "_vm_major_version"),
-                                 "Abstract_VM_Version::_vm_major_version");
   if (!missing.empty()) {
     return absl::NotFoundError(absl::StrCat("the JVM publishes no ", missing));
   }
@@ -101,12 +101,24 @@ absl::StatusOr<HotSpotCodeLayout> CodeLayout(const HotSpotTables& t,
       l.pc_desc_scope_offset + 4 > l.pc_desc_size) {
     return absl::DataLossError("bad PcDesc layout");
   }
+  absl::StatusOr<uint32_t> excess = CompressedIntExcess(t, memory);
+  if (!excess.ok()) return excess.status();
+  l.excess = *excess;
+  return l;
+}
+
+absl::StatusOr<uint32_t> CompressedIntExcess(const HotSpotTables& tables,
+                                             const python::RemoteMemory& memory) {
+  const std::optional<uint64_t> major_at =
+      tables.Address("Abstract_VM_Version", "_vm_major_version");
+  if (!major_at.has_value()) {
+    return absl::NotFoundError("the JVM publishes no Abstract_VM_Version::_vm_major_version");
+  }
   int32_t major = 0;
-  if (!memory.ReadValue(major_at, &major)) {
+  if (!memory.ReadValue(*major_at, &major)) {
     return absl::UnavailableError("cannot read the JVM's major version");
   }
-  l.excess = major >= 20 ? 1 : 0;
-  return l;
+  return major >= 20 ? 1 : 0;
 }
 
 bool ReadCompressedInt(std::span<const uint8_t> bytes, uint32_t excess, size_t& at,
@@ -126,7 +138,7 @@ bool ReadCompressedInt(std::span<const uint8_t> bytes, uint32_t excess, size_t& 
 }
 
 size_t ScopesAt(const CompiledMethodInfo& info, uint64_t pc, bool return_address,
-                uint32_t excess, std::span<uint64_t> out) {
+                uint32_t excess, std::span<JavaScope> out) {
   if (pc < info.code_begin || out.empty()) return 0;
   const uint64_t offset = pc - info.code_begin + (return_address ? 0 : 1);
   if (offset > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) return 0;
@@ -139,25 +151,27 @@ size_t ScopesAt(const CompiledMethodInfo& info, uint64_t pc, bool return_address
   if (it == info.pcs.end() || (return_address && it->pc_offset != static_cast<int32_t>(offset))) {
     return 0;
   }
-  std::array<uint64_t, kMaxChain> chain;
+  std::array<JavaScope, kMaxChain> chain;
   size_t n = 0;
   const std::span<const uint8_t> scopes = info.scopes;
   uint32_t decode = static_cast<uint32_t>(it->scope_offset);
   while (decode != kSerializedNull) {
     size_t at = decode;
-    uint32_t sender = 0, index = 0;
+    uint32_t sender = 0, index = 0, bci = 0;
     if (n == chain.size() || !ReadCompressedInt(scopes, excess, at, &sender) ||
         !ReadCompressedInt(scopes, excess, at, &index) || index == 0 ||
-        index > info.metadata.size()) {
+        index > info.metadata.size() || !ReadCompressedInt(scopes, excess, at, &bci) ||
+        bci > kMaxBciPlusOne) {
       return 0;
     }
-    chain[n++] = info.metadata[index - 1];
+    // Written as bci - InvocationEntryBci (-1).
+    chain[n++] = {info.metadata[index - 1], static_cast<int32_t>(bci) - 1};
     // Callers are written before their callees: a sender at or after its scope is a misread.
     if (sender >= decode) return 0;
     decode = sender;
   }
   // The outermost scope is the compiled method's own (else the bytes were not what they seemed).
-  if (n == 0 || chain[n - 1] != info.method) return 0;
+  if (n == 0 || chain[n - 1].method != info.method) return 0;
   const size_t kept = std::min(n, out.size());  // the outermost ones
   std::copy(chain.begin() + static_cast<std::ptrdiff_t>(n - kept), chain.begin() +
             static_cast<std::ptrdiff_t>(n), out.begin());
@@ -325,7 +339,7 @@ bool HotSpotScopes::InCodeCache(uint64_t pc, uint64_t now_ns) {
   return high_bound_ == 0 || (pc >= low_bound_ && pc < high_bound_);
 }
 
-std::span<const uint64_t> HotSpotScopes::LeafAt(uint64_t pc, uint64_t now_ns,
+std::span<const JavaScope> HotSpotScopes::LeafAt(uint64_t pc, uint64_t now_ns,
                                                 const symbols::PerfMap& map) {
   const Range* range = nullptr;
   for (const Range& r : recent_) {
@@ -345,11 +359,17 @@ std::span<const uint64_t> HotSpotScopes::LeafAt(uint64_t pc, uint64_t now_ns,
   const Method* m = MethodAt(range->start, pc, now_ns);
   if (m == nullptr) return {};
   leaf_.size = static_cast<uint8_t>(
-      ScopesAt(m->info, pc, /*return_address=*/false, layout_.excess, {leaf_.methods, kMaxScopes}));
-  return {leaf_.methods, leaf_.size};
+      ScopesAt(m->info, pc, /*return_address=*/false, layout_.excess, {leaf_.scopes, kMaxScopes}));
+  // No PcDesc after the pc (a method without calls or loops records none but its end): the
+  // method itself, where in it unknown (as AsyncGetCallTrace's frame without a PcDesc).
+  if (leaf_.size == 0 && m->info.method != 0) {
+    leaf_.scopes[0] = {m->info.method, kUnknownBci};
+    leaf_.size = 1;
+  }
+  return {leaf_.scopes, leaf_.size};
 }
 
-std::span<const uint64_t> HotSpotScopes::At(uint64_t pc, bool return_address, uint64_t now_ns,
+std::span<const JavaScope> HotSpotScopes::At(uint64_t pc, bool return_address, uint64_t now_ns,
                                             const symbols::PerfMap& map) {
   if (!InCodeCache(pc, now_ns)) return {};
   if (!return_address) return LeafAt(pc, now_ns, map);
@@ -358,12 +378,12 @@ std::span<const uint64_t> HotSpotScopes::At(uint64_t pc, bool return_address, ui
     Chain& c = it->second;
     // A chain is taken as it is for a second (as its method would be), then checked against
     // its method.
-    if (now_ns - c.checked_ns < kRecheckNs) return {c.methods, c.size};
+    if (now_ns - c.checked_ns < kRecheckNs) return {c.scopes, c.size};
     if (c.code_start != 0) {
       if (const Method* m = MethodAt(c.code_start, pc, now_ns);
           m != nullptr && m->generation == c.generation) {
         c.checked_ns = now_ns;
-        return {c.methods, c.size};
+        return {c.scopes, c.size};
       }
     }
   } else {
@@ -381,8 +401,8 @@ std::span<const uint64_t> HotSpotScopes::At(uint64_t pc, bool return_address, ui
   c.code_start = entry.start;
   c.generation = m->generation;
   c.size = static_cast<uint8_t>(
-      ScopesAt(m->info, pc, /*return_address=*/true, layout_.excess, {c.methods, kMaxScopes}));
-  return {c.methods, c.size};
+      ScopesAt(m->info, pc, /*return_address=*/true, layout_.excess, {c.scopes, kMaxScopes}));
+  return {c.scopes, c.size};
 }
 
 }  // namespace strata::agent::jvm

@@ -78,11 +78,25 @@ struct HotSpotCodeLayout {
 absl::StatusOr<HotSpotCodeLayout> CodeLayout(const HotSpotTables& tables,
                                              const python::RemoteMemory& memory);
 
+// The excess of a JVM's compressed integers (HotSpotCodeLayout::excess), from its major
+// version; NotFound where it publishes none, Unavailable where it cannot be read.
+absl::StatusOr<uint32_t> CompressedIntExcess(const HotSpotTables& tables,
+                                             const python::RemoteMemory& memory);
+
 // One of the scopes' compressed integers at `at` in `bytes` (HotSpot's UNSIGNED5: a byte below
 // 192 ends the number, each byte after the first is worth 64 times the one before, at most five
 // bytes); advances `at`. False past the end.
 bool ReadCompressedInt(std::span<const uint8_t> bytes, uint32_t excess, size_t& at,
                        uint32_t* value);
+
+// One scope of a compiled pc: the method it runs and where in its bytecode (-1: the method's
+// entry, before its first bytecode; kUnknownBci: not known).
+inline constexpr int32_t kUnknownBci = INT32_MIN;
+struct JavaScope {
+  uint64_t method = 0;
+  int32_t bci = 0;
+  friend bool operator==(const JavaScope&, const JavaScope&) = default;
+};
 
 // One nmethod's debug information, as copied.
 struct CompiledMethodInfo {
@@ -98,12 +112,12 @@ struct CompiledMethodInfo {
   std::vector<uint64_t> metadata;
 };
 
-// The Method* of each scope at `pc` in `info`'s code, innermost first (the last one is the
-// compiled method's own), into `out`; how many (0: no scope known there). `return_address`:
+// Each scope at `pc` in `info`'s code, innermost first (the last one is the compiled method's
+// own), into `out`; how many (0: no scope known there). `return_address`:
 // the pc after a call (its PcDesc's own pc); else a sampled pc, whose scope is that of the
 // first PcDesc after it.
 size_t ScopesAt(const CompiledMethodInfo& info, uint64_t pc, bool return_address,
-                uint32_t excess, std::span<uint64_t> out);
+                uint32_t excess, std::span<JavaScope> out);
 
 // The scopes of one JVM's compiled code, read from its memory.
 class HotSpotScopes {
@@ -120,16 +134,17 @@ class HotSpotScopes {
   HotSpotScopes(HotSpotCodeLayout layout, std::unique_ptr<python::RemoteMemory> memory)
       : layout_(layout), memory_(std::move(memory)) {}
 
-  // The Method* of each scope at `pc` (`return_address`: as ScopesAt), innermost first, where
+  // Each scope at `pc` (`return_address`: as ScopesAt), innermost first, where
   // `map` names the code around it as a compiled Java method; empty elsewhere and where the
-  // JVM's memory says nothing (no PcDesc there, a read failed). A pc's chain found more than
+  // JVM's memory says nothing (a return address without its PcDesc, a read failed). A sampled
+  // pc without a PcDesc after it is its method's, at kUnknownBci. A pc's chain found more than
   // kRecheckNs before `now_ns` is checked again: against its method, itself checked again
   // (its compile ID and Method*: one system call) and read again when another took its
   // place; a pc the map did not name is looked up again. Return addresses' chains are kept
   // by pc; a sampled pc's (at a new address in most samples) is found each time, from the
   // method around it (the last few the map named are kept for a second). Valid until the
   // next call.
-  std::span<const uint64_t> At(uint64_t pc, bool return_address, uint64_t now_ns,
+  std::span<const JavaScope> At(uint64_t pc, bool return_address, uint64_t now_ns,
                                const symbols::PerfMap& map);
 
   size_t methods_read() const { return methods_read_; }
@@ -145,7 +160,7 @@ class HotSpotScopes {
     uint64_t generation = 0;  // of the method it was read from
     uint64_t checked_ns = 0;  // when it was read or last checked
     uint8_t size = 0;
-    uint64_t methods[kMaxScopes];
+    JavaScope scopes[kMaxScopes];
   };
   // A perf map entry looked up for a sampled pc: [start, end), whether it names a compiled
   // method, and when it was looked up.
@@ -164,7 +179,7 @@ class HotSpotScopes {
   // Whether `pc` may be in the code cache (CodeCache::_low_bound, _high_bound, read once).
   bool InCodeCache(uint64_t pc, uint64_t now_ns);
   // The chain of a sampled pc, into leaf_.
-  std::span<const uint64_t> LeafAt(uint64_t pc, uint64_t now_ns, const symbols::PerfMap& map);
+  std::span<const JavaScope> LeafAt(uint64_t pc, uint64_t now_ns, const symbols::PerfMap& map);
 
   HotSpotCodeLayout layout_;
   std::unique_ptr<python::RemoteMemory> memory_;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "agent/jvm/compressed_for_test.h"
 #include "agent/python/fake_memory_for_test.h"
 #include "gtest/gtest.h"
 
@@ -13,22 +14,7 @@ namespace strata::agent::jvm {
 namespace {
 
 using python::testing::FakeMemory;
-
-// HotSpot's writer (utilities/unsigned5.hpp): a value below L in one byte, else a byte of L
-// and above carrying 6 bits and the rest after it; every byte offset by the excess.
-void WriteCompressed(uint32_t value, uint32_t excess, std::vector<uint8_t>* out) {
-  const uint32_t low = 192 - excess;  // L
-  uint32_t sum = value;
-  for (int i = 0;; ++i) {
-    if (sum < low || i == 4) {
-      out->push_back(static_cast<uint8_t>(sum + excess));
-      return;
-    }
-    sum -= low;
-    out->push_back(static_cast<uint8_t>(low + (sum % 64) + excess));
-    sum >>= 6;
-  }
-}
+using testing::WriteCompressed;
 
 TEST(ReadCompressedIntTest, ReadsWhatHotSpotWrites) {
   for (uint32_t excess : {0u, 1u}) {
@@ -59,11 +45,13 @@ TEST(ReadCompressedIntTest, ReadsWhatHotSpotWrites) {
 constexpr uint64_t kOuter = 0x7000, kMiddle = 0x7100, kInner = 0x7200;
 
 // One scope's record: its caller's offset, its method's index in the metadata (1-based), its
-// bci + 1 and three offsets nobody here reads.
+// bci + 1 (HotSpot's InvocationEntryBci is -1) and three offsets nobody here reads.
 size_t AddScope(uint32_t sender, uint32_t method_index, uint32_t excess,
-                std::vector<uint8_t>* scopes) {
+                std::vector<uint8_t>* scopes, int32_t bci = 4) {
   const size_t at = scopes->size();
-  for (uint32_t v : {sender, method_index, 5u, 0u, 0u, 0u}) WriteCompressed(v, excess, scopes);
+  for (uint32_t v : {sender, method_index, static_cast<uint32_t>(bci + 1), 0u, 0u, 0u}) {
+    WriteCompressed(v, excess, scopes);
+  }
   return at;
 }
 
@@ -74,9 +62,9 @@ CompiledMethodInfo ThreeScopes(uint32_t excess) {
   info.method = kOuter;
   info.metadata = {kOuter, kMiddle, kInner};
   info.scopes = {0xFF};  // HotSpot's first byte, so that no scope is at offset 0
-  const size_t outer = AddScope(0, 1, excess, &info.scopes);
-  const size_t middle = AddScope(static_cast<uint32_t>(outer), 2, excess, &info.scopes);
-  const size_t inner = AddScope(static_cast<uint32_t>(middle), 3, excess, &info.scopes);
+  const size_t outer = AddScope(0, 1, excess, &info.scopes, 17);
+  const size_t middle = AddScope(static_cast<uint32_t>(outer), 2, excess, &info.scopes, 300);
+  const size_t inner = AddScope(static_cast<uint32_t>(middle), 3, excess, &info.scopes, -1);
   info.pcs = {{-1, 0},
               {0x40, static_cast<int32_t>(inner)},
               {0x80, static_cast<int32_t>(middle)},
@@ -84,10 +72,13 @@ CompiledMethodInfo ThreeScopes(uint32_t excess) {
   return info;
 }
 
+// The methods of the scopes at `pc`.
 std::vector<uint64_t> Scopes(const CompiledMethodInfo& info, uint64_t pc, bool return_address,
                              uint32_t excess, size_t room = HotSpotScopes::kMaxScopes) {
-  std::vector<uint64_t> out(room);
-  out.resize(ScopesAt(info, pc, return_address, excess, out));
+  std::vector<JavaScope> scopes(room);
+  scopes.resize(ScopesAt(info, pc, return_address, excess, scopes));
+  std::vector<uint64_t> out;
+  for (const JavaScope& s : scopes) out.push_back(s.method);
   return out;
 }
 
@@ -107,6 +98,12 @@ TEST(ScopesAtTest, AReturnAddressHasItsOwnPcDescASampledPcTheNextOne) {
     EXPECT_TRUE(Scopes(info, 0x0fff, false, excess).empty());
     // Cut at the innermost scopes: the compiled method's own frame stays.
     EXPECT_EQ(Scopes(info, 0x1040, true, excess, 2), two);
+    // Each scope where it is in its method's bytecode (the inner one at its entry).
+    std::vector<JavaScope> scopes(HotSpotScopes::kMaxScopes);
+    ASSERT_EQ(ScopesAt(info, 0x1040, true, excess, scopes), 3u);
+    EXPECT_EQ(scopes[0], (JavaScope{kInner, -1}));
+    EXPECT_EQ(scopes[1], (JavaScope{kMiddle, 300}));
+    EXPECT_EQ(scopes[2], (JavaScope{kOuter, 17}));
   }
 }
 
@@ -236,8 +233,11 @@ class HotSpotScopesTest : public ::testing::Test {
   }
 
   std::vector<uint64_t> At(uint64_t pc, bool return_address, uint64_t now_ns) {
-    const std::span<const uint64_t> s = scopes_->At(pc, return_address, now_ns, map_);
-    return {s.begin(), s.end()};
+    std::vector<uint64_t> methods;
+    for (const JavaScope& s : scopes_->At(pc, return_address, now_ns, map_)) {
+      methods.push_back(s.method);
+    }
+    return methods;
   }
 
   FakeMemory* memory_;  // owned by scopes_

@@ -9,6 +9,13 @@
 //                    "[jit:PATH]"              named from the perf map at PATH
 //   Python           "[python:FILE]"           a function read from a CPython interpreter's
 //                                              frames (FILE: its co_filename)
+//   Java             "[java:FILE]"             a method read from a HotSpot JVM's memory
+//                    "[java]"                  (FILE: its package's path and its class's
+//                                              SourceFile, "java/util/Arrays.java"; none:
+//                                              the class names no source file)
+//
+// Python and Java functions' offsets (call sites, leaf addresses) are lines: a caller's call
+// site is its line + 1 (one past, as a return address is), a leaf's address its line.
 //
 // Every other module name (a file path, "[vdso]", "[unknown]") is user code.
 #ifndef STRATA_COMMON_BASE_FRAME_KIND_H_
@@ -20,10 +27,11 @@
 
 namespace strata::base {
 
-enum class FrameKind { kUser = 0, kKernel = 1, kJit = 2, kPython = 3 };
+enum class FrameKind { kUser = 0, kKernel = 1, kJit = 2, kPython = 3, kJava = 4 };
 
 inline constexpr std::string_view kKernelModule = "[kernel.kallsyms]";
 inline constexpr std::string_view kJitModule = "[jit]";
+inline constexpr std::string_view kJavaModule = "[java]";
 
 inline std::string KernelModuleName(std::string_view module) {
   if (module.empty()) return std::string(kKernelModule);
@@ -39,6 +47,26 @@ inline std::string PythonModuleName(std::string_view file) {
   return "[python:" + std::string(file) + "]";
 }
 
+inline std::string JavaModuleName(std::string_view file) {
+  if (file.empty()) return std::string(kJavaModule);
+  return "[java:" + std::string(file) + "]";
+}
+
+// The file of a Python or Java module ("[python:FILE]", "[java:FILE]"); empty for others.
+inline std::string_view SourceFileOf(std::string_view module) {
+  for (std::string_view prefix : {std::string_view("[python:"), std::string_view("[java:")}) {
+    if (module.starts_with(prefix) && module.ends_with("]")) {
+      return module.substr(prefix.size(), module.size() - prefix.size() - 1);
+    }
+  }
+  return {};
+}
+
+// Whether the kind's offsets are lines (Python and Java functions), not machine addresses.
+inline bool OffsetsAreLines(FrameKind kind) {
+  return kind == FrameKind::kPython || kind == FrameKind::kJava;
+}
+
 inline FrameKind FrameKindOf(std::string_view module) {
   if (module == kKernelModule || (module.starts_with("[kernel:") && module.ends_with("]"))) {
     return FrameKind::kKernel;
@@ -47,6 +75,9 @@ inline FrameKind FrameKindOf(std::string_view module) {
     return FrameKind::kJit;
   }
   if (module.starts_with("[python:") && module.ends_with("]")) return FrameKind::kPython;
+  if (module == kJavaModule || (module.starts_with("[java:") && module.ends_with("]"))) {
+    return FrameKind::kJava;
+  }
   return FrameKind::kUser;
 }
 
@@ -75,7 +106,9 @@ inline ModuleIdentity IdentityOf(std::string_view module) {
     case FrameKind::kKernel: return {kind, module};
     case FrameKind::kJit: return {kind, {}};
     case FrameKind::kPython:
-      return {kind, file_name(module.substr(8, module.size() - 9))};  // "[python:" FILE "]"
+      return {kind, file_name(SourceFileOf(module))};
+    case FrameKind::kJava:  // the package's path stays: it names the class, not a directory
+      return {kind, SourceFileOf(module)};
     case FrameKind::kUser: break;
   }
   return {kind, file_name(module)};

@@ -286,6 +286,10 @@ std::string ModuleFor(absl::string_view kind, absl::string_view mapping_file,
     return base::KernelModuleName(Std(mapping_file));
   }
   if (kind == "cpython" || kind == "python") return base::PythonModuleName(Std(function_file));
+  // A Java method with its source file, as the agent names one; without, code of its runtime.
+  if ((kind == "jvm" || kind == "hotspot") && !function_file.empty()) {
+    return base::JavaModuleName(Std(function_file));
+  }
   if (kind == "jvm" || kind == "hotspot" || kind == "v8js" || kind == "dotnet" ||
       kind == "beam") {
     return base::JitModuleName(Std(kind));

@@ -13,8 +13,9 @@
 //              frame "FILE+0xOFFSET" of its mapping, OFFSET the address in the file.
 //   kinds      the location attribute profile.frame.type, as Strata's module names
 //              (common/base/frame_kind.h): kernel -> "[kernel.kallsyms]" / "[kernel:MOD]",
-//              cpython/python -> "[python:FILE]", jvm/hotspot, v8js, dotnet, beam ->
-//              "[jit:KIND]", native/go/rust (or none) -> the mapping's file; any other kind
+//              cpython/python -> "[python:FILE]", jvm/hotspot with a file -> "[java:FILE]",
+//              jvm/hotspot without, v8js, dotnet, beam -> "[jit:KIND]", native/go/rust (or
+//              none) -> the mapping's file; any other kind
 //              (php, ruby, perl, ...) is kept by name as "[KIND:FILE]".
 //   values     sample type ("samples"|"cpu", "count") counts CPU samples; ("cpu",
 //              "nanoseconds") and the off-CPU types ("off_cpu"|"offcpu"|"events",

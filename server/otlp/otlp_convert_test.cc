@@ -141,7 +141,7 @@ TEST_F(OtlpConvertTest, OtherFrameKindsKeptByName) {
   auto r = Convert();
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_THAT(Frames(*r, r->cells[0].stack),
-              ElementsAre("Main.run ([jit:hotspot])", "Foo#bar ([ruby:app.rb])"));
+              ElementsAre("Main.run ([java:Main.java])", "Foo#bar ([ruby:app.rb])"));
 }
 
 TEST_F(OtlpConvertTest, CertificateHostIsEnforced) {

@@ -63,6 +63,7 @@ std::string FrameColor(std::string_view name, base::FrameKind kind) {
       return absl::StrFormat("rgb(%d,%d,%d)", 50 + static_cast<int>(60 * v1),
                              165 + static_cast<int>(55 * v1), 165 + static_cast<int>(55 * v1));
     case base::FrameKind::kPython:  // flamegraph.pl's "java" green for interpreted code
+    case base::FrameKind::kJava:
       return absl::StrFormat("rgb(%d,%d,%d)", 50 + static_cast<int>(60 * v1),
                              180 + static_cast<int>(60 * v1), 50 + static_cast<int>(60 * v1));
     default:
@@ -77,6 +78,7 @@ const char* FoldedSuffix(base::FrameKind kind) {
     case base::FrameKind::kKernel: return "_[k]";
     case base::FrameKind::kJit: return "_[j]";
     case base::FrameKind::kPython: return "_[p]";
+    case base::FrameKind::kJava: return "_[j]";
     default: return "";
   }
 }
@@ -84,6 +86,7 @@ const char* FoldedSuffix(base::FrameKind kind) {
 const char* KindName(base::FrameKind kind) {
   if (kind == base::FrameKind::kKernel) return "kernel";
   if (kind == base::FrameKind::kPython) return "python";
+  if (kind == base::FrameKind::kJava) return "java";
   return kind == base::FrameKind::kJit ? "jit" : "user";
 }
 

@@ -328,27 +328,35 @@ TEST(FlameTreeTest, KernelAndJitFramesAreMarked) {
   }
 }
 
-// Python frames ([python:FILE]) are marked like kernel and JIT frames: folded suffix, JSON
-// kind, a green fill.
-TEST(FlameTreeTest, PythonFramesAreMarked) {
-  Profile p;
-  p.functions = {Fn(1, "main", "/usr/bin/python3.11"),
-                 Fn(2, "Worker.run", "[python:/srv/app.py]")};
-  p.stacks = {{1, 3, false, {0, 1}}};
-  p.total = 3;
-  EXPECT_EQ(RenderFolded(p), "main;Worker.run_[p] 3\n");
-  FlameTree tree = BuildFlameTree(p, 0);
-  EXPECT_THAT(RenderFlameJson(tree),
-              HasSubstr("\"name\":\"Worker.run\",\"module\":\"[python:/srv/app.py]\","
-                        "\"kind\":\"python\""));
-  const std::string svg = RenderFlameSvg(tree, "t");
-  const size_t at = svg.find("data-n=\"Worker.run\"");
-  ASSERT_NE(at, std::string::npos);
-  int r = 0, g = 0, b = 0;
-  ASSERT_EQ(std::sscanf(svg.c_str() + svg.find("fill=\"rgb(", at) + 10, "%d,%d,%d", &r, &g, &b),
-            3);
-  EXPECT_GT(g, r);
-  EXPECT_GT(g, b);
+// Python frames ([python:FILE]) and Java frames ([java:FILE]) are marked like kernel and JIT
+// frames: folded suffix, JSON kind, a green fill.
+TEST(FlameTreeTest, PythonAndJavaFramesAreMarked) {
+  struct Case {
+    const char* module;
+    const char* suffix;
+    const char* kind;
+  };
+  for (const Case& c : {Case{"[python:/srv/app.py]", "_[p]", "python"},
+                        Case{"[java:com/acme/Worker.java]", "_[j]", "java"},
+                        Case{"[java]", "_[j]", "java"}}) {
+    Profile p;
+    p.functions = {Fn(1, "main", "/usr/bin/python3.11"), Fn(2, "Worker.run", c.module)};
+    p.stacks = {{1, 3, false, {0, 1}}};
+    p.total = 3;
+    EXPECT_EQ(RenderFolded(p), absl::StrCat("main;Worker.run", c.suffix, " 3\n"));
+    FlameTree tree = BuildFlameTree(p, 0);
+    EXPECT_THAT(RenderFlameJson(tree),
+                HasSubstr(absl::StrCat("\"name\":\"Worker.run\",\"module\":\"", c.module,
+                                       "\",\"kind\":\"", c.kind, "\"")));
+    const std::string svg = RenderFlameSvg(tree, "t");
+    const size_t at = svg.find("data-n=\"Worker.run\"");
+    ASSERT_NE(at, std::string::npos);
+    int r = 0, g = 0, b = 0;
+    ASSERT_EQ(std::sscanf(svg.c_str() + svg.find("fill=\"rgb(", at) + 10, "%d,%d,%d", &r, &g, &b),
+              3);
+    EXPECT_GT(g, r) << c.module;
+    EXPECT_GT(g, b) << c.module;
+  }
 }
 
 TEST(DiffTest, ComparesShares) {
@@ -403,6 +411,15 @@ TEST(DiffTest, FunctionsMatchAcrossReleaseDirectoriesAndProcesses) {
   EXPECT_EQ(base::IdentityOf("[jit:/tmp/perf-1.map]"), base::IdentityOf("[jit]"));
   EXPECT_EQ(base::IdentityOf("[python:/a/1/views.py]"), base::IdentityOf("[python:views.py]"));
   EXPECT_NE(base::IdentityOf("[python:/a/views.py]"), base::IdentityOf("/a/views.py"));
+  // A Java file's path is its package's: it stays.
+  EXPECT_EQ(base::IdentityOf("[java:com/acme/Cart.java]").name, "com/acme/Cart.java");
+  EXPECT_NE(base::IdentityOf("[java:com/acme/Cart.java]"), base::IdentityOf("[java:Cart.java]"));
+  EXPECT_NE(base::IdentityOf("[java:Cart.java]"), base::IdentityOf("[python:Cart.java]"));
+  EXPECT_EQ(base::FrameKindOf("[java]"), base::FrameKind::kJava);
+  EXPECT_EQ(base::FrameKindOf("[javax]"), base::FrameKind::kUser);
+  EXPECT_EQ(base::SourceFileOf("[java:a/B.java]"), "a/B.java");
+  EXPECT_EQ(base::SourceFileOf("[python:/x.py]"), "/x.py");
+  EXPECT_EQ(base::SourceFileOf("/usr/bin/x"), "");
   EXPECT_EQ(base::IdentityOf("[vdso]").name, "[vdso]");
 }
 

@@ -28,13 +28,14 @@ struct Line {
 // build ID, kernel or JIT code, or without a symbolizer.
 std::vector<symbolize::SourceFrame> SourceFramesAt(symbolize::Symbolizer* symbolizer,
                                                    const store::FunctionInfo& f, uint64_t offset) {
-  // A Python function's offsets are lines (the agent's call sites: line + 1, as a return
-  // address follows its call; leaf addresses: the line), its module "[python:FILE]".
-  if (base::FrameKindOf(f.module) == base::FrameKind::kPython) {
+  // A Python or Java function's offsets are lines (the agent's call sites: line + 1, as a
+  // return address follows its call; leaf addresses: the line), its module "[python:FILE]" or
+  // "[java:FILE]".
+  if (base::OffsetsAreLines(base::FrameKindOf(f.module))) {
     if (offset == 0 || offset > UINT32_MAX) return {};
     symbolize::SourceFrame frame;
     frame.function = f.name;
-    frame.file = f.module.substr(8, f.module.size() - 9);
+    frame.file = std::string(base::SourceFileOf(f.module));
     frame.line = static_cast<uint32_t>(offset);
     return {std::move(frame)};
   }

@@ -32,6 +32,8 @@ int32_t LocationOf(const ResolvedFunction& f, otlp::RequestBuilder* b) {
     case base::FrameKind::kPython:
       SplitKindModule(f.module, &kind, &file);
       return b->Location(0, 0, {{f.name, std::string(file)}}, "cpython");
+    case base::FrameKind::kJava:
+      return b->Location(0, 0, {{f.name, std::string(base::SourceFileOf(f.module))}}, "jvm");
     case base::FrameKind::kJit:
       if (SplitKindModule(f.module, &kind, &file) &&
           (file == "jvm" || file == "hotspot" || file == "v8js" || file == "dotnet" ||

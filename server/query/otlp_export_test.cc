@@ -43,8 +43,9 @@ Profile EveryKind() {
                  Function(4, "LFoo;.bar", "[jit:/tmp/perf-7.map]"),
                  Function(5, "Main.run", "[jit:hotspot]"),
                  Function(6, "Foo#bar", "[ruby:app.rb]"),
-                 Function(7, "libc.so.6+0x1230", "/usr/lib/libc.so.6")};
-  p.stacks = {Stack(10, 9, {0, 2, 1}), Stack(11, 4, {3, 4, 5, 6}, /*truncated=*/true)};
+                 Function(7, "libc.so.6+0x1230", "/usr/lib/libc.so.6"),
+                 Function(8, "int app.Main.run(long)", "[java:app/Main.java]")};
+  p.stacks = {Stack(10, 9, {0, 2, 1}), Stack(11, 4, {3, 4, 5, 6, 7}, /*truncated=*/true)};
   p.total = 13;
   return p;
 }
@@ -84,7 +85,8 @@ TEST(OtlpExportTest, ReadsBackAsTheSameStacksAndCounts) {
     EXPECT_EQ(r->functions[r->stacks[r->cells[0].stack].functions[0]].build_id, "ab12");
     EXPECT_THAT(Frames(*r, r->cells[1].stack),
                 ElementsAre("LFoo;.bar ([jit:/tmp/perf-7.map])", "Main.run ([jit:hotspot])",
-                            "Foo#bar ([ruby:app.rb])", "libc.so.6+0x1230 (/usr/lib/libc.so.6)"));
+                            "Foo#bar ([ruby:app.rb])", "libc.so.6+0x1230 (/usr/lib/libc.so.6)",
+                            "int app.Main.run(long) ([java:app/Main.java])"));
     EXPECT_TRUE(r->stacks[r->cells[1].stack].truncated);
   }
 }

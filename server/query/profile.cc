@@ -25,7 +25,8 @@ namespace strata::server::query {
 
 bool IsLanguageFrame(const ResolvedFunction& f) {
   const base::FrameKind kind = base::FrameKindOf(f.module);
-  return kind == base::FrameKind::kPython || kind == base::FrameKind::kJit;
+  return kind == base::FrameKind::kPython || kind == base::FrameKind::kJava ||
+         kind == base::FrameKind::kJit;
 }
 
 std::vector<FunctionTotals> TopFunctions(const Profile& profile, bool sort_by_total,

@@ -17,8 +17,8 @@ double Pct(uint64_t part, uint64_t total) {
 }
 
 // The kinds FrameKindCount names, in the order a tie in frames is listed.
-enum class Kind { kNative, kGo, kPython, kJit, kKernel, kCount };
-constexpr const char* kKindNames[] = {"native", "go", "python", "jit", "kernel"};
+enum class Kind { kNative, kGo, kPython, kJava, kJit, kKernel, kCount };
+constexpr const char* kKindNames[] = {"native", "go", "python", "java", "jit", "kernel"};
 
 }  // namespace
 
@@ -52,6 +52,8 @@ std::string DebugHint(std::string_view module, std::string_view build_id_hex) {
       return "enable the runtime's perf map (/tmp/perf-PID.map)";
     case base::FrameKind::kPython:
       return "Python functions are named by the interpreter";
+    case base::FrameKind::kJava:
+      return "Java methods are named from the JVM's memory";
     default:
       break;
   }
@@ -75,6 +77,7 @@ std::string UnwindHint(std::string_view module) {
              "frame-pointer option)";
     case base::FrameKind::kKernel:
     case base::FrameKind::kPython:
+    case base::FrameKind::kJava:
       return "";
     default:
       return "stacks end in it: code without unwind rules (.eh_frame), or a stack deeper than "
@@ -101,6 +104,7 @@ v1::QualityResponse StackQuality(const Profile& profile,
       case base::FrameKind::kKernel: binary.kind = Kind::kKernel; break;
       case base::FrameKind::kJit: binary.kind = Kind::kJit; break;
       case base::FrameKind::kPython: binary.kind = Kind::kPython; break;
+      case base::FrameKind::kJava: binary.kind = Kind::kJava; break;
       case base::FrameKind::kUser:
         if (IsGoStackRoot(f.name)) binary.kind = Kind::kGo;
         break;

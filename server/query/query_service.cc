@@ -38,7 +38,8 @@ uint32_t EffectiveLimit(uint32_t requested) {
 
 static_assert(static_cast<int>(base::FrameKind::kKernel) == v1::FRAME_KERNEL &&
               static_cast<int>(base::FrameKind::kJit) == v1::FRAME_JIT &&
-              static_cast<int>(base::FrameKind::kPython) == v1::FRAME_PYTHON);
+              static_cast<int>(base::FrameKind::kPython) == v1::FRAME_PYTHON &&
+              static_cast<int>(base::FrameKind::kJava) == v1::FRAME_JAVA);
 
 // Every frame the API returns says where its code lives, from the module name agents give
 // kernel and JIT code (common/base/frame_kind.h).

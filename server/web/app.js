@@ -76,13 +76,16 @@ function fillTable(table, rows) {
 // ---- flame graph --------------------------------------------------------------------------
 
 // Stable colour per function name, in the SVG export's palettes: warm for user code, orange
-// for the kernel, aqua for JIT code (the node's "kind").
+// for the kernel, aqua for JIT code, green for Python and Java (the node's "kind").
 function color(name, kind) {
   let h = 2166136261;
   for (let i = 0; i < name.length; i++) h = Math.imul(h ^ name.charCodeAt(i), 16777619) >>> 0;
   const v = (h & 0xff) / 255;
   if (kind === 'kernel') return `rgb(${190 + 65 * v | 0},${90 + 65 * v | 0},0)`;
   if (kind === 'jit') return `rgb(${50 + 60 * v | 0},${165 + 55 * v | 0},${165 + 55 * v | 0})`;
+  if (kind === 'python' || kind === 'java') {
+    return `rgb(${50 + 60 * v | 0},${180 + 60 * v | 0},${50 + 60 * v | 0})`;
+  }
   return `rgb(${205 + (h >>> 16) % 50},${(h & 0xff) * 230 / 255 | 0},${((h >>> 8) & 0xff) * 55 / 255 | 0})`;
 }
 
@@ -237,7 +240,7 @@ function nodeAtPath(tree, names) {
 
 // A frame of the JSON API, marked " [k]" for kernel code and " [j]" for JIT code (as the CLI).
 const functionText = (f) =>
-  f.function + ({ FRAME_KERNEL: ' [k]', FRAME_JIT: ' [j]' }[f.kind] || '');
+  f.function + ({ FRAME_KERNEL: ' [k]', FRAME_JIT: ' [j]', FRAME_JAVA: ' [j]' }[f.kind] || '');
 
 // ---- top ----------------------------------------------------------------------------------
 

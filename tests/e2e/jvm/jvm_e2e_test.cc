@@ -3,8 +3,9 @@
 // mechanism while it runs, and the real strata-server's hot paths name the method's compiled
 // code, in whole stacks although compiled Java code keeps no frame pointer, called from a
 // method the JVM only ever interprets, named as that method, and with the calls the JIT inlined
-// into it (read from the compiled code's debug information) as frames of their own. The JVM is
-// not disturbed: it keeps running and prints no thread dump.
+// into it (read from the compiled code's debug information) as frames of their own, each at
+// its source file and line. The JVM is not disturbed: it keeps running and prints no thread
+// dump.
 #include <signal.h>
 #include <unistd.h>
 
@@ -13,9 +14,12 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
@@ -80,6 +84,23 @@ struct Counts {
   uint64_t out_of_line = 0, through_inlined = 0;
   std::string module;  // of the named frame
 };
+
+// The samples of `folded` ("a;b;c 123" lines) whose stack holds `frames` one after the other.
+uint64_t FoldedSamples(const std::string& folded, const std::vector<std::string>& frames) {
+  const std::string chain = absl::StrJoin(frames, ";");
+  uint64_t n = 0;
+  for (absl::string_view line : absl::StrSplit(folded, '\n', absl::SkipEmpty())) {
+    const size_t space = line.rfind(' ');
+    uint64_t count = 0;
+    if (space == absl::string_view::npos || !absl::SimpleAtoi(line.substr(space + 1), &count)) {
+      continue;
+    }
+    const absl::string_view stack = line.substr(0, space);
+    const size_t at = stack.find(chain);
+    if (at != absl::string_view::npos && (at == 0 || stack[at - 1] == ';')) n += count;
+  }
+  return n;
+}
 
 Counts CountFrames(const v1::HotPathsResponse& paths, const std::string& name) {
   Counts c;
@@ -182,7 +203,8 @@ TEST_P(JvmE2eTest, HotSpotJitCodeIsNamedWithoutARestart) {
                kHotMethod, counts.module.c_str(), static_cast<unsigned long>(counts.unnamed),
                top.c_str());
   EXPECT_GE(counts.named, 200u) << top << agent.Output();
-  EXPECT_EQ(counts.module, absl::StrCat("[jit:/tmp/perf-", java.pid(), ".map]"));
+  // A Java method, at its class's source file: the package's path (none here) and SourceFile.
+  EXPECT_EQ(counts.module, "[java:Spin.java]");
   // Compiled without a frame pointer (no -XX:+PreserveFramePointer), the method's frame is
   // left by its entry code's layout, out to its Java caller and the thread's start.
   // Its caller, interpreted, is named as the Java method it is (its Method* in its frame).
@@ -201,6 +223,29 @@ TEST_P(JvmE2eTest, HotSpotJitCodeIsNamedWithoutARestart) {
                static_cast<unsigned long>(counts.through_inlined), kHotMethod, kInlined);
   EXPECT_GE(counts.out_of_line, 50u) << top;
   EXPECT_GE(counts.through_inlined * 10, counts.out_of_line * 9) << top;
+  // Each frame at its line: the interpreted caller at its call (its frame's bytecode
+  // pointer), the compiled method and the one inlined into it at theirs (the return address's
+  // scopes), the sampled leaf in its one line (the next scope after its pc). Lines of kSource.
+  grpc::ClientContext context;
+  v1::FlameGraphRequest request;
+  request.mutable_filter()->set_service(service);
+  request.set_format(v1::FlameGraphRequest::FOLDED);
+  request.set_lines(true);
+  v1::FlameGraphResponse flame;
+  ASSERT_TRUE(v1::Query::NewStub(server.Channel())->FlameGraph(&context, request, &flame).ok());
+  const std::string folded = flame.rendered();
+  auto at = [](const char* method, int line) {
+    return absl::StrCat(method, " Spin.java:", line, "_[j]");
+  };
+  const uint64_t in_leaf = FoldedSamples(folded, {at(kOutOfLine, 2)});
+  const uint64_t whole_chain =
+      FoldedSamples(folded, {at(kInterpretedCaller, 9), at(kHotMethod, 6), at(kInlined, 3),
+                             at(kOutOfLine, 2)});
+  std::fprintf(stderr, "%lu samples in %s at line 2, %lu of them under lines 9 > 6 > 3\n",
+               static_cast<unsigned long>(in_leaf), kOutOfLine,
+               static_cast<unsigned long>(whole_chain));
+  EXPECT_GE(in_leaf * 10, counts.out_of_line * 9) << folded.substr(0, 4000);
+  EXPECT_GE(whole_chain * 10, in_leaf * 8) << folded.substr(0, 4000);
   // Asked through the attach listener, not by a SIGQUIT the JVM took as a dump request.
   EXPECT_EQ(java.Output().find("Full thread dump"), std::string::npos) << java.Output();
 }
