@@ -121,6 +121,9 @@ const std::vector<encoding::EdgeId>* StackRecorder::UnwindAndRecord(
                                          {sample.stack, sample.stack_size},
                                          java_methods_.data(), java_bcps_.data())) {
     java_methods = java_methods_.data();
+    // An interpreted leaf's frame holds the bytecode pointer of its last call; the register
+    // holds where it is (checked against its method's bytecodes before it is used).
+    java_bcps_[0] = sample.bcp;
   }
   return Record(target, state, frames_.data(), result.num_frames, truncated, sample.kernel_pcs,
                 sample.kernel_depth, paths, outer_kept, counts, python, java_methods,
@@ -329,10 +332,14 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
     counts->set_stacks(counts->stacks() + 1);
     counts->set_truncated(counts->truncated() + truncated);
   }
-  if (state.pc_epoch != target.maps_epoch) {  // resolved against mappings since replaced
+  // What names were resolved against: the mappings, and the perf map (read again within a
+  // stack for code newer than its last read, the mappings unchanged). Both only grow.
+  const uint64_t names_epoch =
+      target.maps_epoch + (target.space != nullptr ? target.space->perf_map_generation() : 0);
+  if (state.pc_epoch != names_epoch) {  // resolved against mappings or names since replaced
     state.pc_cache.clear();
     state.functions.clear();
-    state.pc_epoch = target.maps_epoch;
+    state.pc_epoch = names_epoch;
   }
   std::vector<encoding::PathFrame>& path = cache != nullptr ? cache->path : path_;
   std::vector<encoding::EdgeId>& edges = cache != nullptr ? cache->edges : edges_;
@@ -349,6 +356,11 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
     if (state.java->module().empty()) state.java->SetModule(target.space->perf_map_module());
     java_scopes = state.java->scopes();
   }
+  // Code newer than the map's last read is looked up after the map is read again, as its
+  // frame would be named (FrameFor): else that frame would be named from the map, as code.
+  const auto lookup_jit = [&target](uint64_t pc, symbols::PerfMap::Symbol* out) {
+    return target.space->PerfMapEntryAt(pc, out);
+  };
   // The clock interpreted methods' names and compiled methods' scopes are checked again by,
   // read once per stack.
   const uint64_t java_now = java_methods != nullptr || java_scopes != nullptr ? MonotonicNs() : 0;
@@ -357,7 +369,7 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   auto path_end = [&](size_t native) -> size_t {
     return native == 0 ? 0 : cache->ends[native - 1];
   };
-  if (cache != nullptr && !path.empty() && cache->epoch == target.maps_epoch &&
+  if (cache != nullptr && !path.empty() && cache->epoch == names_epoch &&
       cache->truncated == truncated) {
     keep = std::min({outer_kept, num_frames - 1, cache->ends.size()});
     while (keep > 0 && path_end(keep) > std::min(path.size() - 1, edges.size())) --keep;
@@ -424,7 +436,7 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
     }
     if (java_methods != nullptr && java_methods[i] != 0) {
       if (auto f = JavaFrameFor(*state.java, java_methods[i], java_now, i == 0, jvm::kUnknownBci,
-                                i == 0 ? 0 : java_bcps[i])) {
+                                java_bcps[i])) {
         ++stats_.java_frames;
         put(*f);
         continue;
@@ -435,7 +447,7 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
     // method's own, then the calls inlined into it), where all are named.
     if (java_scopes != nullptr) {
       const std::span<const jvm::JavaScope> scopes =
-          java_scopes->At(frames[i].pc, /*return_address=*/i != 0, java_now, *perf_map);
+          java_scopes->At(frames[i].pc, /*return_address=*/i != 0, java_now, lookup_jit);
       std::array<encoding::PathFrame, jvm::HotSpotScopes::kMaxScopes> named;
       size_t n = 0;
       for (; n < scopes.size(); ++n) {
@@ -459,7 +471,7 @@ const std::vector<encoding::EdgeId>* StackRecorder::Record(
   path.resize(at);
   keep = same_until;
   if (cache != nullptr) {
-    cache->epoch = target.maps_epoch;
+    cache->epoch = names_epoch;
     cache->truncated = truncated;
   }
   if (!graph_->ExtendPath(path, truncated, keep, &edges).ok()) {

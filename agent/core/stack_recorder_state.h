@@ -32,9 +32,10 @@ inline uint64_t MonotonicNs() {
 
 // A thread's last recorded stack as a path, outermost first: path[i] is frame i's (function
 // node, call site) and edges[i] the edge ID into it -- the patent's cumulative context
-// encoding kept per cached frame. Valid for the mappings epoch the nodes were resolved in and
-// for the `truncated` the edges were added with (the outermost edge hangs off the root or the
-// truncated marker). Edge IDs never change once added, so a kept prefix stays exact.
+// encoding kept per cached frame. Valid for the names epoch (the mappings' epoch plus the perf
+// map's generation) the nodes were resolved in and for the `truncated` the edges were added
+// with (the outermost edge hangs off the root or the truncated marker). Edge IDs never change
+// once added, so a kept prefix stays exact.
 struct StackRecorder::PathCache {
   std::vector<encoding::PathFrame> path;
   std::vector<encoding::EdgeId> edges;
@@ -85,15 +86,15 @@ struct StackRecorder::TargetState {
   absl::flat_hash_map<pid_t, std::unique_ptr<Thread>> threads;  // by tid
   absl::flat_hash_map<pid_t, std::unique_ptr<OffCpuThread>> off_cpu;  // by tid
   // Absolute pc (already adjusted for return addresses) -> function node and module offset,
-  // for the target's mappings epoch `pc_epoch`.
+  // for the names epoch `pc_epoch` (the mappings' epoch plus the perf map's generation).
   struct CachedPc {
     encoding::NodeId node;
     uint64_t module_pc;
   };
   absl::flat_hash_map<uint64_t, CachedPc> pc_cache;
-  // Functions of known extent resolved in epoch `pc_epoch`, by absolute start: a pc inside
-  // one takes its node without being symbolized again (a hot loop's leaf is at a new address
-  // in many samples). `module_base`: absolute minus module pc.
+  // Functions of known extent resolved in names epoch `pc_epoch`, by absolute start: a pc
+  // inside one takes its node without being symbolized again (a hot loop's leaf is at a new
+  // address in many samples). `module_base`: absolute minus module pc.
   struct CachedFunction {
     uint64_t end;  // absolute, exclusive
     encoding::NodeId node;

@@ -39,7 +39,8 @@ namespace strata::agent::jvm {
 // Where an interpreted frame's Method* is, from the frame's return address slot (rbp + 8).
 inline constexpr uint64_t kMethodBelowReturnSlot = 32;
 // And its bytecode pointer (rbp - 64, frame::interpreter_frame_bcp_offset): where the frame
-// stands in its method's bytecode, saved at each call it makes (the leaf's may be stale).
+// stands in its method's bytecode, saved at each call it makes (a leaf's is stale: the live one
+// is in r13, RawSample::bcp).
 inline constexpr uint64_t kBcpBelowReturnSlot = 72;
 
 // The offsets of the fields a method's name is read through, from the JVM's own tables.

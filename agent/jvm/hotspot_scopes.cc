@@ -340,7 +340,7 @@ bool HotSpotScopes::InCodeCache(uint64_t pc, uint64_t now_ns) {
 }
 
 std::span<const JavaScope> HotSpotScopes::LeafAt(uint64_t pc, uint64_t now_ns,
-                                                const symbols::PerfMap& map) {
+                                                PerfMapLookup lookup) {
   const Range* range = nullptr;
   for (const Range& r : recent_) {
     if (pc >= r.start && pc < r.end && now_ns - r.looked_up_ns < kRecheckNs) {
@@ -350,7 +350,7 @@ std::span<const JavaScope> HotSpotScopes::LeafAt(uint64_t pc, uint64_t now_ns,
   }
   if (range == nullptr) {
     symbols::PerfMap::Symbol entry;
-    if (!map.Lookup(pc, &entry)) return {};
+    if (!lookup(pc, &entry)) return {};
     Range& r = recent_[recent_next_++ % recent_.size()];
     r = {entry.start, entry.end, IsCompiledMethodName(entry.name), now_ns};
     range = &r;
@@ -370,9 +370,9 @@ std::span<const JavaScope> HotSpotScopes::LeafAt(uint64_t pc, uint64_t now_ns,
 }
 
 std::span<const JavaScope> HotSpotScopes::At(uint64_t pc, bool return_address, uint64_t now_ns,
-                                            const symbols::PerfMap& map) {
+                                            PerfMapLookup lookup) {
   if (!InCodeCache(pc, now_ns)) return {};
-  if (!return_address) return LeafAt(pc, now_ns, map);
+  if (!return_address) return LeafAt(pc, now_ns, lookup);
   auto it = chains_.find(pc);
   if (it != chains_.end()) {
     Chain& c = it->second;
@@ -395,7 +395,7 @@ std::span<const JavaScope> HotSpotScopes::At(uint64_t pc, bool return_address, u
   c.checked_ns = now_ns;
   // A return address is looked up by its call, which may be its method's last instruction.
   symbols::PerfMap::Symbol entry;
-  if (!map.Lookup(pc - 1, &entry) || !IsCompiledMethodName(entry.name)) return {};
+  if (!lookup(pc - 1, &entry) || !IsCompiledMethodName(entry.name)) return {};
   const Method* m = MethodAt(entry.start, pc, now_ns);
   if (m == nullptr) return {};
   c.code_start = entry.start;

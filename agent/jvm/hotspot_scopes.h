@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "agent/jvm/hotspot_tables.h"
 #include "agent/python/remote_memory.h"
@@ -119,6 +120,10 @@ struct CompiledMethodInfo {
 size_t ScopesAt(const CompiledMethodInfo& info, uint64_t pc, bool return_address,
                 uint32_t excess, std::span<JavaScope> out);
 
+// The perf map's entry around a pc (ProcessAddressSpace::PerfMapEntryAt, which reads the map
+// again for code newer than its last read).
+using PerfMapLookup = absl::FunctionRef<bool(uint64_t pc, symbols::PerfMap::Symbol* out)>;
+
 // The scopes of one JVM's compiled code, read from its memory.
 class HotSpotScopes {
  public:
@@ -134,8 +139,8 @@ class HotSpotScopes {
   HotSpotScopes(HotSpotCodeLayout layout, std::unique_ptr<python::RemoteMemory> memory)
       : layout_(layout), memory_(std::move(memory)) {}
 
-  // Each scope at `pc` (`return_address`: as ScopesAt), innermost first, where
-  // `map` names the code around it as a compiled Java method; empty elsewhere and where the
+  // Each scope at `pc` (`return_address`: as ScopesAt), innermost first, where the perf map
+  // (`lookup`) names the code around it as a compiled Java method; empty elsewhere and where the
   // JVM's memory says nothing (a return address without its PcDesc, a read failed). A sampled
   // pc without a PcDesc after it is its method's, at kUnknownBci. A pc's chain found more than
   // kRecheckNs before `now_ns` is checked again: against its method, itself checked again
@@ -145,7 +150,7 @@ class HotSpotScopes {
   // method around it (the last few the map named are kept for a second). Valid until the
   // next call.
   std::span<const JavaScope> At(uint64_t pc, bool return_address, uint64_t now_ns,
-                               const symbols::PerfMap& map);
+                               PerfMapLookup lookup);
 
   size_t methods_read() const { return methods_read_; }
 
@@ -179,7 +184,7 @@ class HotSpotScopes {
   // Whether `pc` may be in the code cache (CodeCache::_low_bound, _high_bound, read once).
   bool InCodeCache(uint64_t pc, uint64_t now_ns);
   // The chain of a sampled pc, into leaf_.
-  std::span<const JavaScope> LeafAt(uint64_t pc, uint64_t now_ns, const symbols::PerfMap& map);
+  std::span<const JavaScope> LeafAt(uint64_t pc, uint64_t now_ns, PerfMapLookup lookup);
 
   HotSpotCodeLayout layout_;
   std::unique_ptr<python::RemoteMemory> memory_;

@@ -234,7 +234,10 @@ class HotSpotScopesTest : public ::testing::Test {
 
   std::vector<uint64_t> At(uint64_t pc, bool return_address, uint64_t now_ns) {
     std::vector<uint64_t> methods;
-    for (const JavaScope& s : scopes_->At(pc, return_address, now_ns, map_)) {
+    auto lookup = [this](uint64_t at, symbols::PerfMap::Symbol* out) {
+      return map_.Lookup(at, out);
+    };
+    for (const JavaScope& s : scopes_->At(pc, return_address, now_ns, lookup)) {
       methods.push_back(s.method);
     }
     return methods;
@@ -255,6 +258,14 @@ TEST_F(HotSpotScopesTest, ReadsAMethodOnceAndEachPcsChainOnce) {
   EXPECT_EQ(At(kCode + 0x40, true, 2000), three);
   EXPECT_EQ(At(kCode + 0x80, true, 3000), two);
   EXPECT_EQ(At(kCode + 0x10, false, 4000), three);
+  // A sampled pc past the last PcDesc with a scope: the method's own, where in it unknown.
+  EXPECT_EQ(At(kCode + 0x90, false, 4500), std::vector<uint64_t>{kOuter});
+  auto lookup = [this](uint64_t at, symbols::PerfMap::Symbol* out) {
+    return map_.Lookup(at, out);
+  };
+  const std::span<const JavaScope> past = scopes_->At(kCode + 0x90, false, 4500, lookup);
+  ASSERT_EQ(past.size(), 1u);
+  EXPECT_EQ(past[0].bci, kUnknownBci);
   EXPECT_EQ(memory_->reads, reads);  // from what was read
   // Code the map names as something else: nothing read.
   EXPECT_TRUE(At(kCode + 0x140, false, 5000).empty());

@@ -93,6 +93,7 @@ absl::Status ParseSampleRecord(const uint8_t* record, size_t size, const UserReg
     if (layout.fp_index >= 0) sample.fp = regs[layout.fp_index];
     if (layout.ra_index >= 0) sample.ra = regs[layout.ra_index];
     if (layout.g_index >= 0) sample.g = regs[layout.g_index];
+    if (layout.bcp_index >= 0) sample.bcp = regs[layout.bcp_index];
   }
   // PERF_SAMPLE_STACK_USER: size, then (only if size != 0) data[size] and dyn_size.
   uint64_t stack_size = 0;

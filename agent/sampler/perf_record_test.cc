@@ -44,6 +44,7 @@ std::vector<uint8_t> X86Sample(uint64_t stack_size, uint64_t dyn_size) {
   RecordBuilder b(PERF_RECORD_SAMPLE);
   b.U32(100).U32(101).U64(123456789).U64(PERF_SAMPLE_REGS_ABI_64);
   b.U64(0x7ffc0000aa00).U64(0x7ffc0000a000).U64(0x401234);  // bp, sp, ip (bit order)
+  b.U64(0x7f0000451234);                                      // r13
   b.U64(0xc000002000);                                        // r14
   b.U64(stack_size);
   if (stack_size != 0) b.Bytes(StackBytes(stack_size)).U64(dyn_size);
@@ -64,6 +65,7 @@ TEST(ParseSampleRecordTest, X86_64RegistersAndDynSizedStack) {
   EXPECT_EQ(s.fp, 0x7ffc0000aa00u);
   EXPECT_EQ(s.ra, 0u);
   EXPECT_EQ(s.g, 0xc000002000u);
+  EXPECT_EQ(s.bcp, 0x7f0000451234u);
   EXPECT_EQ(s.session_id, 7u);
   ASSERT_EQ(s.stack_size, 40u);  // dyn_size, not the requested 64
   EXPECT_EQ(std::vector<uint8_t>(s.stack, s.stack + 40), StackBytes(40));
@@ -116,7 +118,8 @@ TEST(ParseSampleRecordTest, RejectsEveryTruncationAndInconsistentSizes) {
   EXPECT_FALSE(ParseSampleRecord(bad.data(), bad.size(), layout, &s).ok());
   // A stack size larger than the record.
   RecordBuilder huge(PERF_RECORD_SAMPLE);
-  huge.U32(1).U32(1).U64(1).U64(PERF_SAMPLE_REGS_ABI_64).U64(1).U64(2).U64(3).U64(~0ull);
+  huge.U32(1).U32(1).U64(1).U64(PERF_SAMPLE_REGS_ABI_64).U64(1).U64(2).U64(3).U64(4).U64(5);
+  huge.U64(~0ull);
   bad = huge.Build();
   EXPECT_FALSE(ParseSampleRecord(bad.data(), bad.size(), layout, &s).ok());
   bad = RecordBuilder(PERF_RECORD_LOST).U64(1).U64(2).Build();
@@ -155,7 +158,7 @@ class FakeRing {
 
 TEST(RingReaderTest, DeliversWrappedRecordContiguouslyAndAdvancesTail) {
   FakeRing ring(1024);
-  std::vector<uint8_t> first = X86Sample(64, 64);    // 152 bytes
+  std::vector<uint8_t> first = X86Sample(64, 64);    // 160 bytes
   std::vector<uint8_t> second = X86Sample(512, 500);  // wraps the end of the ring
   std::vector<uint8_t> lost = RecordBuilder(PERF_RECORD_LOST).U64(0).U64(3).Build();
   ring.StartAt(1024 * 5 + 1024 - first.size() - 64);
@@ -218,7 +221,8 @@ TEST(RegsLayoutTest, HostArchIsSupportedHere) {
   ASSERT_TRUE(arch.ok()) << arch.status();
 #if defined(__x86_64__)
   EXPECT_EQ(*arch, Arch::kX86_64);
-  EXPECT_EQ(RegsLayoutFor(*arch).mask, (1ull << 6) | (1ull << 7) | (1ull << 8) | (1ull << 22));
+  EXPECT_EQ(RegsLayoutFor(*arch).mask,
+            (1ull << 6) | (1ull << 7) | (1ull << 8) | (1ull << 21) | (1ull << 22));
 #endif
 }
 
@@ -228,7 +232,7 @@ TEST(ParseSampleRecordTest, CallChainPartsAreKeptApart) {
   // A kernel part, then the user part of the kernel's frame-pointer walk (user_frame_chain).
   b.U64(6).U64(PERF_CONTEXT_KERNEL).U64(0xffffffff81000010).U64(0xffffffff81000020)
       .U64(0xffffffff81000030).U64(PERF_CONTEXT_USER).U64(0x401000);
-  b.U64(PERF_SAMPLE_REGS_ABI_64).U64(0x10).U64(0x20).U64(0x401234).U64(0);
+  b.U64(PERF_SAMPLE_REGS_ABI_64).U64(0x10).U64(0x20).U64(0x401234).U64(0).U64(0);
   b.U64(0);  // no stack
   std::vector<uint8_t> record = b.Build();
   RawSample s;
@@ -249,7 +253,7 @@ TEST(ParseSampleRecordTest, UserFrameChainWithoutAKernelPart) {
   b.U32(100).U32(101).U64(5);
   // exclude_callchain_kernel: the user pc and the return addresses found from rbp.
   b.U64(4).U64(PERF_CONTEXT_USER).U64(0x401234).U64(0x401500).U64(0x401600);
-  b.U64(PERF_SAMPLE_REGS_ABI_64).U64(0x10).U64(0x20).U64(0x401234).U64(0);
+  b.U64(PERF_SAMPLE_REGS_ABI_64).U64(0x10).U64(0x20).U64(0x401234).U64(0).U64(0);
   b.U64(0);
   std::vector<uint8_t> record = b.Build();
   RawSample s;
@@ -265,7 +269,8 @@ TEST(ParseSampleRecordTest, UserFrameChainWithoutAKernelPart) {
 TEST(ParseSampleRecordTest, UserOnlyCallChainHasNoKernelFrames) {
   RecordBuilder b(PERF_RECORD_SAMPLE);
   b.U32(1).U32(2).U64(3).U64(0);  // empty chain: sampled in user mode
-  b.U64(PERF_SAMPLE_REGS_ABI_64).U64(1).U64(2).U64(3).U64(4).U64(0);  // bp sp ip r14, no stack
+  b.U64(PERF_SAMPLE_REGS_ABI_64).U64(1).U64(2).U64(3).U64(5).U64(4);  // bp sp ip r13 r14
+  b.U64(0);                                                            // no stack
   std::vector<uint8_t> record = b.Build();
   RawSample s;
   ASSERT_TRUE(ParseSampleRecord(record.data(), record.size(), RegsLayoutFor(Arch::kX86_64), &s,

@@ -28,6 +28,10 @@ struct UserRegsLayout {
   // Go's g register (x86-64 r14; MIPS64 r30, the fp register): where a Go stack crossing
   // starts (unwind::Registers::g).
   int g_index = -1;
+  // HotSpot's template interpreter's bytecode pointer (x86-64 r13): where an interpreted leaf
+  // is in its method, which its frame saves only at calls. -1 on MIPS64 (Zero's interpreter
+  // is C++).
+  int bcp_index = -1;
 };
 
 const UserRegsLayout& RegsLayoutFor(Arch arch);

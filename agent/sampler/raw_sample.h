@@ -31,6 +31,7 @@ struct RawSample {
   uint64_t fp = 0;  // x86-64: rbp; MIPS64: s8/fp (r30)
   uint64_t ra = 0;  // MIPS64: ra (r31); 0 on x86-64 (the return address is on the stack)
   uint64_t g = 0;   // Go's g register: x86-64 r14; MIPS64 r30 (= fp)
+  uint64_t bcp = 0;  // x86-64 r13: HotSpot's interpreter's bytecode pointer; 0 on MIPS64
   // Copy of the user stack starting at `sp`: only the `stack_size` valid bytes (the kernel's
   // dyn_size), possibly fewer than requested when the stack is shallower.
   const uint8_t* stack = nullptr;

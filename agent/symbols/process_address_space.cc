@@ -180,6 +180,12 @@ void ProcessAddressSpace::SetPerfMap(std::string open_path, std::string map_path
   perf_map_.reset();
 }
 
+bool ProcessAddressSpace::PerfMapEntryAt(uint64_t pc, PerfMap::Symbol* out) const {
+  if (perf_map_ != nullptr && perf_map_->map().Lookup(pc, out)) return true;
+  UpdatePerfMap(/*retry=*/true);  // code newer than the last read (or the map not read yet)
+  return perf_map_ != nullptr && perf_map_->map().Lookup(pc, out);
+}
+
 void ProcessAddressSpace::UpdatePerfMap(bool retry) const {
   const auto now = std::chrono::steady_clock::now();
   if (retry && perf_map_ != nullptr && now - perf_map_read_at_ < kPerfMapRetry) return;
@@ -190,7 +196,9 @@ void ProcessAddressSpace::UpdatePerfMap(bool retry) const {
                                               std::move(paths.map_path));
   }
   // No file is the common case (a runtime not asked to write one): the frames stay "[jit]".
+  const size_t entries = perf_map_->map().size();
   perf_map_->Update().IgnoreError();
+  if (perf_map_->map().size() != entries) ++perf_map_generation_;
 }
 
 const Module* ProcessAddressSpace::ModuleAt(uint64_t pc, uint64_t* module_pc) const {
@@ -281,12 +289,7 @@ SymbolizedPc ProcessAddressSpace::Symbolize(uint64_t pc) const {
   if (module == nullptr && FindJit(pc) != nullptr) {
     out.module_pc = pc;
     PerfMap::Symbol symbol;
-    bool found = perf_map_ != nullptr && perf_map_->map().Lookup(pc, &symbol);
-    if (!found) {  // code newer than the last read
-      UpdatePerfMap(/*retry=*/true);
-      found = perf_map_->map().Lookup(pc, &symbol);
-    }
-    if (found) {
+    if (PerfMapEntryAt(pc, &symbol)) {
       out.module_path = base::JitModuleName(perf_map_->map_path());
       out.function_name = std::string(symbol.name);
       out.function_start = symbol.start;

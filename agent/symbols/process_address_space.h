@@ -154,11 +154,19 @@ class ProcessAddressSpace final : public unwind::AddressSpace {
   size_t num_jit_regions() const { return jit_regions_.size(); }
   // The perf map read so far (null before the first JIT region).
   const PerfMap* perf_map() const { return perf_map_ ? &perf_map_->map() : nullptr; }
+  // The perf map's entry around `pc`, the map read again first where it names nothing there
+  // (code newer than the last read; at most every kPerfMapRetry), as Symbolize() does. False
+  // where the map names nothing there.
+  bool PerfMapEntryAt(uint64_t pc, PerfMap::Symbol* out) const;
   // The module its entries are named in (base::JitModuleName of the map's path; empty before
   // the first JIT region).
   std::string perf_map_module() const {
     return perf_map_ ? base::JitModuleName(perf_map_->map_path()) : std::string();
   }
+  // How many reads of the perf map found entries it did not have: the names of JIT pcs
+  // (Symbolize, PerfMapEntryAt) may have changed since this was last seen, though the mappings
+  // did not.
+  uint64_t perf_map_generation() const { return perf_map_generation_; }
   // JIT pcs Symbolize() found in no perf map entry, since the space was made: a runtime that
   // writes its map on request (jvm/jvm_perf_maps.h) is asked again when this grows.
   uint64_t unnamed_jit_pcs() const { return unnamed_jit_pcs_; }
@@ -196,6 +204,7 @@ class ProcessAddressSpace final : public unwind::AddressSpace {
   mutable uint64_t jit_rules_map_bytes_ = 0;
   mutable std::unique_ptr<PerfMapFile> perf_map_;
   mutable uint64_t unnamed_jit_pcs_ = 0;
+  mutable uint64_t perf_map_generation_ = 0;
   mutable std::chrono::steady_clock::time_point perf_map_read_at_{};
 };
 

@@ -293,8 +293,14 @@ TEST_F(JitSymbolsTest, AnonymousCodeIsJitNamedFromThePerfMap) {
   AppendMap(absl::StrFormat("0x%x 0x10 JS:~strataThird /app/a.js:20:1\n",
                             code_.start() + 0x200));
   std::this_thread::sleep_for(ProcessAddressSpace::kPerfMapRetry + std::chrono::milliseconds(50));
+  const uint64_t generation = space.perf_map_generation();
+  PerfMap::Symbol entry;
+  ASSERT_TRUE(space.PerfMapEntryAt(code_.start() + 0x208, &entry));
+  EXPECT_EQ(entry.name, "JS:~strataThird /app/a.js:20:1");
+  EXPECT_EQ(space.perf_map_generation(), generation + 1);  // names read since may differ
   s = space.Symbolize(code_.start() + 0x208);
   EXPECT_EQ(s.function_name, "JS:~strataThird /app/a.js:20:1");
+  EXPECT_EQ(space.perf_map_generation(), generation + 1);  // nothing new read
   // Code memory reused: the later entry wins.
   AppendMap(absl::StrFormat("%x 40 JS:*strataReused /app/b.js:1:1\n", code_.start()));
   ASSERT_TRUE(space.Refresh().ok());

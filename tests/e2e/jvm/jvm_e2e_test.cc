@@ -53,6 +53,8 @@ constexpr char kInterpretedCaller[] = "long Spin.viaInterpreter(long)";
 constexpr char kInlined[] = "long Spin.mixTwice(long, long)";
 // Called by the inlined method, never inlined itself (-XX:CompileCommand=dontinline).
 constexpr char kOutOfLine[] = "long Spin.mix(long, long)";
+// A loop never compiled either: samples in it are interpreted leaves, at line 12.
+constexpr char kInterpretedLeaf[] = "long Spin.interpretedLoop(long)";
 
 constexpr char kSource[] = R"(public class Spin {
   static long mix(long s, long i) { return (s * 31 + i) % 1000003; }
@@ -63,11 +65,19 @@ constexpr char kSource[] = R"(public class Spin {
     return s;
   }
   static long viaInterpreter(long n) { return hotLoop(n); }
+  static long interpretedLoop(long n) {
+    long s = 0;
+    for (long i = 0; i < n; i++) s = (s * 17 + i) % 1000033;
+    return s;
+  }
   public static void main(String[] args) {
     long sink = 0;
     System.out.println("ready");
     final long stopAt = System.currentTimeMillis() + 300_000;
-    while (System.currentTimeMillis() < stopAt) sink += viaInterpreter(2_000_000);
+    while (System.currentTimeMillis() < stopAt) {
+      sink += viaInterpreter(2_000_000);
+      sink += interpretedLoop(100_000);
+    }
     System.out.println("done " + sink);
   }
 }
@@ -154,6 +164,7 @@ TEST_P(JvmE2eTest, HotSpotJitCodeIsNamedWithoutARestart) {
   const std::string service = absl::StrCat("jvm-", getpid());
   ChildProcess java({java_tool, "-XX:CompileCommand=quiet",
                      "-XX:CompileCommand=exclude,Spin::viaInterpreter",
+                     "-XX:CompileCommand=exclude,Spin::interpretedLoop",
                      "-XX:CompileCommand=dontinline,Spin::mix", "-cp", dir.path(), "Spin"},
                     dir.File("java.log"),
                     {{"STRATA_SERVICE", service}});
@@ -246,6 +257,14 @@ TEST_P(JvmE2eTest, HotSpotJitCodeIsNamedWithoutARestart) {
                static_cast<unsigned long>(whole_chain));
   EXPECT_GE(in_leaf * 10, counts.out_of_line * 9) << folded.substr(0, 4000);
   EXPECT_GE(whole_chain * 10, in_leaf * 8) << folded.substr(0, 4000);
+  // An interpreted leaf at its line, from the sampled bytecode pointer (r13): the loop's.
+  const uint64_t interpreted = FoldedSamples(folded, {kInterpretedLeaf});
+  const uint64_t interpreted_at_loop = FoldedSamples(folded, {at(kInterpretedLeaf, 12)});
+  std::fprintf(stderr, "%lu samples in %s, %lu of them at line 12\n",
+               static_cast<unsigned long>(interpreted), kInterpretedLeaf,
+               static_cast<unsigned long>(interpreted_at_loop));
+  EXPECT_GE(interpreted, 5u) << folded.substr(0, 4000);
+  EXPECT_GE(interpreted_at_loop * 10, interpreted * 8) << folded.substr(0, 4000);
   // Asked through the attach listener, not by a SIGQUIT the JVM took as a dump request.
   EXPECT_EQ(java.Output().find("Full thread dump"), std::string::npos) << java.Output();
 }
