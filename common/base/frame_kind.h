@@ -107,8 +107,9 @@ inline ModuleIdentity IdentityOf(std::string_view module) {
     case FrameKind::kJit: return {kind, {}};
     case FrameKind::kPython:
       return {kind, file_name(SourceFileOf(module))};
-    case FrameKind::kJava:  // the package's path stays: it names the class, not a directory
-      return {kind, SourceFileOf(module)};
+    // A Java method's name holds its class and signature, and agents before Java frames had
+    // their kind named it in the JVM's perf map: the same code as that JIT code.
+    case FrameKind::kJava: return {FrameKind::kJit, {}};
     case FrameKind::kUser: break;
   }
   return {kind, file_name(module)};

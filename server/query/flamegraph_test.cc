@@ -374,8 +374,9 @@ TEST(DiffTest, ComparesShares) {
 }
 
 // A release in a directory of its own, a JVM restarted (its perf map named by the new process
-// ID), a Python release's files in another directory: the same functions, matched. Another
-// program of another name, or kernel code of a user function's name, is not.
+// ID, its method then named by a newer agent as a Java frame), a Python release's files in
+// another directory: the same functions, matched. Another program of another name, or kernel
+// code of a user function's name, is not.
 TEST(DiffTest, FunctionsMatchAcrossReleaseDirectoriesAndProcesses) {
   auto profile = [](const std::string& release, const std::string& pid) {
     Profile p;
@@ -390,6 +391,7 @@ TEST(DiffTest, FunctionsMatchAcrossReleaseDirectoriesAndProcesses) {
   };
   Profile base = profile("1.4.1", "811");
   Profile now = profile("1.4.2", "4177");
+  now.functions[1].module = "[java:com/acme/Cart.java]";  // named by a newer agent: a Java frame
   now.stacks[0].count = 6;  // Cart.total: 40 % -> 50 %
   now.total = 12;
   const ProfileDiff d = DiffProfiles(base, now, 10);
@@ -411,9 +413,11 @@ TEST(DiffTest, FunctionsMatchAcrossReleaseDirectoriesAndProcesses) {
   EXPECT_EQ(base::IdentityOf("[jit:/tmp/perf-1.map]"), base::IdentityOf("[jit]"));
   EXPECT_EQ(base::IdentityOf("[python:/a/1/views.py]"), base::IdentityOf("[python:views.py]"));
   EXPECT_NE(base::IdentityOf("[python:/a/views.py]"), base::IdentityOf("/a/views.py"));
-  // A Java file's path is its package's: it stays.
-  EXPECT_EQ(base::IdentityOf("[java:com/acme/Cart.java]").name, "com/acme/Cart.java");
-  EXPECT_NE(base::IdentityOf("[java:com/acme/Cart.java]"), base::IdentityOf("[java:Cart.java]"));
+  // A Java method is its name (class and signature), whether named from the JVM's tables or,
+  // by older agents, from its perf map.
+  EXPECT_EQ(base::IdentityOf("[java:com/acme/Cart.java]"),
+            base::IdentityOf("[jit:/tmp/perf-9.map]"));
+  EXPECT_EQ(base::IdentityOf("[java]"), base::IdentityOf("[java:Cart.java]"));
   EXPECT_NE(base::IdentityOf("[java:Cart.java]"), base::IdentityOf("[python:Cart.java]"));
   EXPECT_EQ(base::FrameKindOf("[java]"), base::FrameKind::kJava);
   EXPECT_EQ(base::FrameKindOf("[javax]"), base::FrameKind::kUser);
