@@ -60,11 +60,11 @@ std::optional<encoding::PathFrame> StackRecorder::JavaFrameFor(jvm::HotSpotInter
     // Where the JVM publishes lines, its methods' offsets are lines (the module says so), as
     // Python's; else they are named in the perf map's module, as their compiled code.
     record.module = lines ? base::JavaModuleName(m->file) : java.module();
-    if (lines) record.start_offset = static_cast<uint64_t>(m->first_line());
+    if (lines) record.start_offset = static_cast<uint64_t>(m->lines.first_line());
     m->owner_id = graph_->NodeFor(record);
   }
   if (bci == jvm::kUnknownBci && bcp != 0) bci = m->BciOf(bcp).value_or(jvm::kUnknownBci);
-  const uint64_t line = lines ? static_cast<uint64_t>(std::max(m->LineAt(bci), 0)) : 0;
+  const uint64_t line = lines ? static_cast<uint64_t>(std::max(m->lines.LineAt(bci), 0)) : 0;
   // As a Python frame's: a leaf's line is its leaf address, a caller's call site line + 1.
   if (innermost) leaf_module_pc_ = line;
   return encoding::PathFrame{m->owner_id, innermost || line == 0 ? 0 : line + 1};

@@ -48,7 +48,6 @@ absl::StatusOr<HotSpotOffsets> MethodOffsets(const HotSpotTables& tables,
   const std::optional<uint64_t> source = tables.Offset("ConstantPool", "_source_file_name_index");
   if (flags.has_value() && code_size.has_value() && words.has_value() && size.has_value() &&
       source.has_value() && *size <= 4096 && *source + 2 <= out.constant_pool_size) {
-    out.lines = true;
     out.const_method_flags = *flags;
     out.const_method_code_size = *code_size;
     out.const_method_words = *words;
@@ -104,30 +103,26 @@ std::string JavaSourcePath(std::string_view class_name, std::string_view source_
   return absl::StrCat(std::string(class_name.substr(0, slash + 1)), std::string(source_file));
 }
 
-int32_t HotSpotMethods::Method::LineAt(int32_t bci) const {
-  // HotSpot's Method::line_number_from_bci: the row at the bci, else the last before it. The
-  // rows are sorted by bci when read (stably: of rows at one bci, the first is the one at it,
-  // the last the one before a later bci, as HotSpot's scan of the table in its order finds).
-  if (bci == kUnknownBci) {  // known only where the method has one line
-    const bool one = std::ranges::all_of(
-        lines, [&](const JavaLine& row) { return row.line == lines.front().line; });
-    return one && !lines.empty() ? lines.front().line : 0;
+JavaLineTable::JavaLineTable(std::vector<JavaLine> rows) : rows_(std::move(rows)) {
+  std::stable_sort(rows_.begin(), rows_.end(),
+                   [](const JavaLine& a, const JavaLine& b) { return a.bci < b.bci; });
+  bool one = !rows_.empty();
+  for (const JavaLine& row : rows_) {
+    if (first_line_ == 0 || row.line < first_line_) first_line_ = row.line;
+    one = one && row.line == rows_.front().line;
   }
-  const int32_t at = std::max(bci, 0);
-  auto it = std::upper_bound(lines.begin(), lines.end(), at,
-                             [](int32_t b, const JavaLine& row) { return b < row.bci; });
-  if (it == lines.begin()) return 0;
-  --it;
-  while (it->bci == at && it != lines.begin() && std::prev(it)->bci == at) --it;
-  return it->line;
+  only_line_ = one ? rows_.front().line : 0;
 }
 
-int32_t HotSpotMethods::Method::first_line() const {
-  int32_t first = 0;
-  for (const JavaLine& row : lines) {
-    if (first == 0 || row.line < first) first = row.line;
-  }
-  return first;
+int32_t JavaLineTable::LineAt(int32_t bci) const {
+  if (bci == kUnknownBci) return only_line_;
+  const int32_t at = std::max(bci, 0);
+  auto it = std::upper_bound(rows_.begin(), rows_.end(), at,
+                             [](int32_t b, const JavaLine& row) { return b < row.bci; });
+  if (it == rows_.begin()) return 0;
+  --it;
+  while (it->bci == at && it != rows_.begin() && std::prev(it)->bci == at) --it;
+  return it->line;
 }
 
 std::optional<int32_t> HotSpotMethods::Method::BciOf(uint64_t bcp) const {
@@ -318,11 +313,7 @@ std::optional<HotSpotMethods::Details> HotSpotMethods::ReadDetails(const Identit
     const auto* table = reinterpret_cast<const uint8_t*>(text.data() + total);
     std::optional<std::vector<JavaLine>> lines =
         DecodeLineTable({table, table_size}, o.excess);
-    if (lines.has_value()) {
-      std::stable_sort(lines->begin(), lines->end(),
-                       [](const JavaLine& a, const JavaLine& b) { return a.bci < b.bci; });
-      details.lines = *std::move(lines);
-    }
+    if (lines.has_value()) details.lines = JavaLineTable(*std::move(lines));
   }
   return details;
 }

@@ -88,6 +88,29 @@ inline constexpr size_t kMaxJavaLines = 1 << 16;
 std::optional<std::vector<JavaLine>> DecodeLineTable(std::span<const uint8_t> bytes,
                                                      uint32_t excess);
 
+// A method's line table, sorted by bytecode index once (stably: of rows at one bci, the first
+// is the one HotSpot's scan finds at it, the last the one before a later bci), with what each
+// sample would otherwise scan it for.
+class JavaLineTable {
+ public:
+  JavaLineTable() = default;
+  explicit JavaLineTable(std::vector<JavaLine> rows);
+
+  // HotSpot's Method::line_number_from_bci: the line of the row at `bci`, else of the last
+  // before it (a negative bci: the method's entry); 0 where none is. At kUnknownBci, the
+  // method's line where it has one line only.
+  int32_t LineAt(int32_t bci) const;
+  int32_t first_line() const { return first_line_; }  // 0: none
+  const std::vector<JavaLine>& rows() const { return rows_; }
+  friend bool operator==(const JavaLineTable& a, const JavaLineTable& b) {
+    return a.rows_ == b.rows_;
+  }
+
+ private:
+  std::vector<JavaLine> rows_;
+  int32_t first_line_ = 0, only_line_ = 0;
+};
+
 // "pkg/path/File.java" from a class's internal name ("java/util/Arrays") and its SourceFile
 // ("Arrays.java").
 std::string JavaSourcePath(std::string_view class_name, std::string_view source_file);
@@ -123,7 +146,7 @@ class HotSpotMethods {
   struct Method {
     std::string name;
     std::string file;  // JavaSourcePath; empty where the class names no source file
-    std::vector<JavaLine> lines;  // ascending bytecode indexes; empty: no line known
+    JavaLineTable lines;  // empty: no line known
     uint64_t code_begin = 0;      // its bytecodes' address (0: not known)
     Identity identity;
     uint64_t read_ns = 0;
@@ -131,12 +154,6 @@ class HotSpotMethods {
     // when the name changed.
     mutable uint32_t owner_id = 0;
 
-    // The line at bytecode index `bci` (a negative one: the method's entry): that of the last
-    // row at or before it; 0 where none is known. At kUnknownBci, the method's line where it
-    // has one line only.
-    int32_t LineAt(int32_t bci) const;
-    // The first line of the method (0: none known).
-    int32_t first_line() const;
     // The bytecode index an interpreted frame's bytecode pointer `bcp` stands at; nullopt
     // outside the method's bytecodes (a slot that holds no bcp of this method).
     std::optional<int32_t> BciOf(uint64_t bcp) const;
@@ -154,7 +171,7 @@ class HotSpotMethods {
   std::optional<Identity> ReadIdentity(uint64_t method) const;
   struct Details {
     std::string name, file;
-    std::vector<JavaLine> lines;
+    JavaLineTable lines;
   };
   std::optional<Details> ReadDetails(const Identity& identity) const;
 

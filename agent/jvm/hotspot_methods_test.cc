@@ -76,23 +76,23 @@ TEST(JavaSourcePathTest, PackagePathAndSourceFile) {
 }
 
 TEST(JavaLineTest, LineAtAsHotSpotFindsIt) {
-  HotSpotMethods::Method m;
-  EXPECT_EQ(m.LineAt(3), 0);  // no table
-  // Sorted by bci as read; two rows at bci 8 (a loop's condition written twice).
-  m.lines = {{0, 20}, {8, 22}, {8, 21}, {15, 25}};
-  EXPECT_EQ(m.LineAt(-1), 20);  // the method's entry
-  EXPECT_EQ(m.LineAt(0), 20);
-  EXPECT_EQ(m.LineAt(7), 20);
-  EXPECT_EQ(m.LineAt(8), 22);   // the first row at the bci
-  EXPECT_EQ(m.LineAt(9), 21);   // the last row before it
-  EXPECT_EQ(m.LineAt(400), 25);
-  EXPECT_EQ(m.first_line(), 20);
-  EXPECT_EQ(m.LineAt(kUnknownBci), 0);  // somewhere in four lines
-  m.lines = {{3, 5}};
-  EXPECT_EQ(m.LineAt(2), 0);  // before the first row
-  EXPECT_EQ(m.LineAt(kUnknownBci), 5);  // a one-line method is at its line anywhere
-  m.lines = {{0, 5}, {4, 5}};
-  EXPECT_EQ(m.LineAt(kUnknownBci), 5);
+  EXPECT_EQ(JavaLineTable().LineAt(3), 0);  // no table
+  // Two rows at bci 8 (a loop's condition written twice), and one out of order: sorted.
+  const JavaLineTable table({{0, 20}, {15, 25}, {8, 22}, {8, 21}});
+  EXPECT_EQ(table.rows(), (std::vector<JavaLine>{{0, 20}, {8, 22}, {8, 21}, {15, 25}}));
+  EXPECT_EQ(table.LineAt(-1), 20);  // the method's entry
+  EXPECT_EQ(table.LineAt(0), 20);
+  EXPECT_EQ(table.LineAt(7), 20);
+  EXPECT_EQ(table.LineAt(8), 22);   // the first row at the bci
+  EXPECT_EQ(table.LineAt(9), 21);   // the last row before it
+  EXPECT_EQ(table.LineAt(400), 25);
+  EXPECT_EQ(table.first_line(), 20);
+  EXPECT_EQ(table.LineAt(kUnknownBci), 0);  // somewhere in four lines
+  const JavaLineTable one({{3, 5}});
+  EXPECT_EQ(one.LineAt(2), 0);  // before the first row
+  EXPECT_EQ(one.LineAt(kUnknownBci), 5);  // a one-line method is at its line anywhere
+  EXPECT_EQ(JavaLineTable({{0, 5}, {4, 5}}).LineAt(kUnknownBci), 5);
+  EXPECT_EQ(JavaLineTable({{0, 6}, {4, 5}}).first_line(), 5);
 }
 
 TEST(JavaMethodNameTest, NamesAsThePerfMapDoes) {
@@ -205,13 +205,13 @@ TEST_F(HotSpotMethodsTest, ReadsTheSourceFileAndLineTableWithTheName) {
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->name, "int com.example.Service.handle(java.lang.String)");
   EXPECT_EQ(m->file, "com/example/Service.java");
-  EXPECT_EQ(m->lines, (std::vector<JavaLine>{{0, 40}, {6, 42}}));
+  EXPECT_EQ(m->lines.rows(), (std::vector<JavaLine>{{0, 40}, {6, 42}}));
   EXPECT_EQ(calls->calls, calls_without->calls);  // as many system calls as a name alone
   EXPECT_EQ(calls->calls, 6u);
   // A frame's bytecode pointer inside the code, and pointers that are not.
   const uint64_t code = kConstMethod + 48;
   EXPECT_EQ(m->BciOf(code + 7), 7);
-  EXPECT_EQ(m->LineAt(*m->BciOf(code + 7)), 42);
+  EXPECT_EQ(m->lines.LineAt(*m->BciOf(code + 7)), 42);
   EXPECT_EQ(m->BciOf(code + 10), std::nullopt);
   EXPECT_EQ(m->BciOf(code - 1), std::nullopt);
 
@@ -222,7 +222,7 @@ TEST_F(HotSpotMethodsTest, ReadsTheSourceFileAndLineTableWithTheName) {
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->name, "int com.example.Service.handle(java.lang.String)");
   EXPECT_EQ(m->file, "");
-  EXPECT_TRUE(m->lines.empty());
+  EXPECT_TRUE(m->lines.rows().empty());
 }
 
 TEST_F(HotSpotMethodsTest, NamesAMethodOnceAndAgainAfterASecond) {
