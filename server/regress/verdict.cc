@@ -85,10 +85,24 @@ v1::ReleaseVerdict VerdictOf(const v1::CompareResponse& comparison, size_t max_f
     c.set_relative(e.relative);
     c.set_q(e.q);
   }
+  double min_detectable = 0;
+  if (!detectable.empty()) {
+    std::nth_element(detectable.begin(), detectable.begin() + detectable.size() / 2,
+                     detectable.end());
+    min_detectable = detectable[detectable.size() / 2];
+  }
   // The cause: the largest relative move of a self share (a function new in the candidate
-  // has no baseline share, hence no relative change: it counts as the largest).
+  // has no baseline share, hence no relative change: it counts as the largest), among the
+  // moves at least as large as the comparison could detect for a typical function when there
+  // are such. A small function's move is significant at a fraction of a point and may be
+  // large relatively (a kernel entry path -64 % at -0.17 pt): it must not turn a function's
+  // +17 pt into IMPROVED.
+  bool material_move = false;
   for (const v1::ReleaseFunctionChange& c : changes) {
-    if (!c.self()) continue;
+    material_move |= c.self() && std::fabs(c.delta()) >= min_detectable;
+  }
+  for (const v1::ReleaseFunctionChange& c : changes) {
+    if (!c.self() || (material_move && std::fabs(c.delta()) < min_detectable)) continue;
     auto size = [](const v1::ReleaseFunctionChange& x) {
       return x.baseline_share() == 0 ? INFINITY : std::fabs(x.relative());
     };
@@ -108,11 +122,7 @@ v1::ReleaseVerdict VerdictOf(const v1::CompareResponse& comparison, size_t max_f
                    });
   if (changes.size() > max_functions) changes.resize(max_functions);
   for (v1::ReleaseFunctionChange& c : changes) *verdict.add_functions() = std::move(c);
-  if (!detectable.empty()) {
-    std::nth_element(detectable.begin(), detectable.begin() + detectable.size() / 2,
-                     detectable.end());
-    verdict.set_min_detectable(detectable[detectable.size() / 2]);
-  }
+  verdict.set_min_detectable(min_detectable);
   return verdict;
 }
 

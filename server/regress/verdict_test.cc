@@ -1,4 +1,5 @@
-// Verdicts from comparisons: the largest relative move of a significant self share decides.
+// Verdicts from comparisons: the largest relative move of a significant self share decides,
+// among the moves as large as the comparison detects.
 #include "server/regress/verdict.h"
 
 #include <tuple>
@@ -75,6 +76,25 @@ TEST(VerdictTest, TheLargestRelativeMoveDecides) {
   *added.add_functions() = Row("parse", 50, 40, true);
   *added.add_functions() = Row("new_path", 0, 10, true);
   EXPECT_EQ(VerdictOf(added).state(), v1::ReleaseVerdict::REGRESSED);
+}
+
+TEST(VerdictTest, ASmallFunctionsLargeRelativeMoveDoesNotOutweighAMaterialOne) {
+  // checksum_block doubled its work (+17 pt); a kernel entry path, a fraction of a point, fell
+  // by more relatively and was significant too. Measured on three hosts.
+  v1::CompareResponse c;
+  *c.add_functions() = Row("checksum_block", 34.1, 51.5, true);           // +51 %
+  *c.add_functions() = Row("parse_input", 39.0, 29.8, true);              // -24 %
+  *c.add_functions() = Row("irqentry_exit_to_user_mode", 0.27, 0.10, true);  // -64 %
+  v1::ReleaseVerdict v = VerdictOf(c);
+  EXPECT_EQ(v.state(), v1::ReleaseVerdict::REGRESSED) << v.DebugString();
+  ASSERT_EQ(v.functions_size(), 3);
+  EXPECT_EQ(v.functions(0).name(), "checksum_block");
+
+  // With no move as large as the comparison detects, the largest relative one still decides.
+  v1::CompareResponse small;
+  *small.add_functions() = Row("parse_input", 39.0, 38.8, true);              // -0.5 %
+  *small.add_functions() = Row("irqentry_exit_to_user_mode", 0.10, 0.27, true);  // +170 %
+  EXPECT_EQ(VerdictOf(small).state(), v1::ReleaseVerdict::REGRESSED);
 }
 
 TEST(VerdictTest, ThePlanBecomesACompareRequest) {
