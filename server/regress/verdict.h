@@ -3,7 +3,9 @@
 //
 // The verdict follows the significant function with the largest relative change of its self
 // share: a rise is REGRESSED, a fall IMPROVED (shares move together: when one function gets
-// slower every other one's share falls a little, and the largest relative move is the cause).
+// slower every other one's share falls a little, and the largest relative move is the cause),
+// among the moves at least the median function's minimum detectable change when there are
+// such (a tiny function moves far, relatively, at a fraction of a point).
 // No significant function: UNCHANGED; too few units (hosts, or one host's windows):
 // NOT_ENOUGH_DATA. Where the comparison has
 // per-request figures (its per_request_unit), the verdict is decided on those the same way
