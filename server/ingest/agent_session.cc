@@ -314,15 +314,7 @@ absl::StatusOr<uint64_t> AgentSession::StackIdFor(const encoding::Numbering& num
     // The leaf's call site is not a call (0).
     if (frames.function_ids.size() < path->size()) frames.call_sites.push_back(f.call_site);
   }
-  // No call sites inside recursion (a frame whose function is called again deeper in the
-  // stack): they would make paths, and stacks, exponential in the depth (a function calling
-  // itself from two sites has 2^depth), where their lines say little.
-  recursive_.clear();
-  for (size_t i = frames.function_ids.size(); i-- > 0;) {
-    if (!recursive_.insert(frames.function_ids[i]).second && i < frames.call_sites.size()) {
-      frames.call_sites[i] = 0;
-    }
-  }
+  store::ZeroCallSitesInRecursion(frames.function_ids, frames.call_sites, recursive_);
   auto stack_id = store_->interner().InternStack(frames, wb);
   if (!stack_id.ok()) return stack_id.status();
   if (decode_cache_.size() >= kMaxDecodeCacheEntries) decode_cache_.clear();

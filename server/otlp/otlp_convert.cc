@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/base/frame_kind.h"
+#include "common/base/saturating.h"
 #include "server/commit/batch_committer.h"
 #include "server/commit/profile_type.h"
 
@@ -79,6 +80,26 @@ class Converter {
       return H::combine(std::move(h), k.context, k.window_start_ms, k.stack, k.period_ns);
     }
   };
+  // Where a CPU sample's leaf line lands: its stack's leaf function at `line`.
+  struct LeafLineKey {
+    uint32_t context;
+    int64_t window_start_ms;
+    uint32_t function;
+    uint32_t line;
+    int64_t period_ns;
+    bool operator==(const LeafLineKey&) const = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const LeafLineKey& k) {
+      return H::combine(std::move(h), k.context, k.window_start_ms, k.function, k.line,
+                        k.period_ns);
+    }
+  };
+  // An OTLP stack as converted: its stack, and its leaf's line where the leaf's offsets are
+  // lines (a Python or Java function), else 0.
+  struct StackOfIndex {
+    uint32_t stack = 0;
+    uint32_t leaf_line = 0;
+  };
   struct Context {
     std::string service;
     std::string host;
@@ -97,16 +118,19 @@ class Converter {
   absl::StatusOr<uint32_t> ContextOf(const Attributes& attributes, v1::ProfileType type);
   absl::Status AddProfile(const Profile& profile, const Attributes& resource_attributes,
                           absl::string_view field);
-  absl::StatusOr<uint32_t> StackOf(int32_t stack_index);
-  // Appends `location`'s frames to `leaf_first`, innermost first (converted once per
-  // location: a request may name one location in every stack, and its attributes each time).
-  absl::Status AddLocationFrames(int32_t location_index, std::vector<uint32_t>* leaf_first,
-                                 bool* truncated);
-  // A location's frames, innermost first; `abort`: the sender's marker of an unwinding stop.
+  absl::StatusOr<StackOfIndex> StackOf(int32_t stack_index);
+  // A location's frames, innermost first, and each one's line where its function's offsets
+  // are lines (common/base/frame_kind.h), else 0; `abort`: the sender's marker of an
+  // unwinding stop.
   struct LocationFrames {
     std::vector<uint32_t> leaf_first;
+    std::vector<uint32_t> lines;
     bool abort = false;
   };
+  // Appends `location`'s frames to `leaf_first`, innermost first (converted once per
+  // location: a request may name one location in every stack, and its attributes each time).
+  absl::Status AddLocationFrames(int32_t location_index, LocationFrames* leaf_first,
+                                 bool* truncated);
   absl::Status ConvertLocation(int32_t location_index, LocationFrames* out);
   // The build ID of a mapping (once per mapping, as for locations).
   absl::StatusOr<std::string> BuildIdOf(int32_t mapping_index, absl::string_view field);
@@ -120,7 +144,7 @@ class Converter {
   ConvertedRequest out_;
   absl::flat_hash_map<std::string, uint32_t> function_ids_;
   absl::flat_hash_map<std::string, uint32_t> stack_ids_;         // by frames
-  absl::flat_hash_map<int32_t, uint32_t> stack_of_index_;        // Stack table index -> stack
+  absl::flat_hash_map<int32_t, StackOfIndex> stack_of_index_;    // by Stack table index
   absl::flat_hash_map<int32_t, LocationFrames> location_frames_;  // by location index
   absl::flat_hash_map<int32_t, std::string> build_ids_;           // by mapping index
   size_t stack_frames_ = 0;  // of out_.stacks, against kMaxRequestFrames
@@ -128,6 +152,8 @@ class Converter {
   absl::flat_hash_map<std::string, uint32_t> context_ids_;
   absl::flat_hash_set<std::string> services_;
   absl::flat_hash_map<RawKey, uint64_t> raw_;
+  absl::flat_hash_map<LeafLineKey, uint64_t> leaf_line_raw_;
+  absl::flat_hash_set<uint32_t> recursive_;  // scratch
 };
 
 absl::StatusOr<absl::string_view> Converter::String(int32_t index, absl::string_view field) const {
@@ -301,8 +327,8 @@ std::string ModuleFor(absl::string_view kind, absl::string_view mapping_file,
   return absl::StrCat("[", kind, ":", function_file, "]");
 }
 
-absl::Status Converter::AddLocationFrames(int32_t location_index,
-                                          std::vector<uint32_t>* leaf_first, bool* truncated) {
+absl::Status Converter::AddLocationFrames(int32_t location_index, LocationFrames* leaf_first,
+                                          bool* truncated) {
   auto it = location_frames_.find(location_index);
   if (it == location_frames_.end()) {
     LocationFrames frames;
@@ -310,8 +336,10 @@ absl::Status Converter::AddLocationFrames(int32_t location_index,
     it = location_frames_.emplace(location_index, std::move(frames)).first;
   }
   if (it->second.abort) *truncated = true;
-  leaf_first->insert(leaf_first->end(), it->second.leaf_first.begin(),
-                     it->second.leaf_first.end());
+  leaf_first->leaf_first.insert(leaf_first->leaf_first.end(), it->second.leaf_first.begin(),
+                                it->second.leaf_first.end());
+  leaf_first->lines.insert(leaf_first->lines.end(), it->second.lines.begin(),
+                           it->second.lines.end());
   return absl::OkStatus();
 }
 
@@ -366,6 +394,7 @@ absl::Status Converter::ConvertLocation(int32_t location_index, LocationFrames* 
                          field);
     if (!fn.ok()) return fn.status();
     leaf_first->push_back(*fn);
+    out->lines.push_back(0);
     return absl::OkStatus();
   }
   for (const auto& line : location.lines()) {  // innermost (inlined) first
@@ -381,17 +410,22 @@ absl::Status Converter::ConvertLocation(int32_t location_index, LocationFrames* 
     if (!name.ok()) return name.status();
     auto file = String(function.filename_strindex(), field);
     if (!file.ok()) return file.status();
-    auto fn = FunctionOf({std::string(name->empty() ? kUnknown : *name),
-                          ModuleFor(*kind, *mapping_file, *file),
+    std::string module = ModuleFor(*kind, *mapping_file, *file);
+    const bool offsets_are_lines = base::OffsetsAreLines(base::FrameKindOf(module));
+    auto fn = FunctionOf({std::string(name->empty() ? kUnknown : *name), std::move(module),
                           native ? *build_id : std::string(), 0},
                          field);
     if (!fn.ok()) return fn.status();
     leaf_first->push_back(*fn);
+    // A line past what the agents' offsets hold is not known.
+    out->lines.push_back(offsets_are_lines && line.line() > 0 && line.line() < UINT32_MAX
+                             ? static_cast<uint32_t>(line.line())
+                             : 0);
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint32_t> Converter::StackOf(int32_t stack_index) {
+absl::StatusOr<Converter::StackOfIndex> Converter::StackOf(int32_t stack_index) {
   if (auto it = stack_of_index_.find(stack_index); it != stack_of_index_.end()) return it->second;
   if (stack_index < 0 || stack_index >= dict_.stack_table_size()) {
     return absl::InvalidArgumentError(absl::StrCat("sample: stack index ", stack_index,
@@ -399,36 +433,54 @@ absl::StatusOr<uint32_t> Converter::StackOf(int32_t stack_index) {
                                                    dict_.stack_table_size(), " entries)"));
   }
   ConvertedStack stack;
+  LocationFrames frames;  // leaf first
   for (int32_t location : dict_.stack_table(stack_index).location_indices()) {
-    if (absl::Status s = AddLocationFrames(location, &stack.functions, &stack.truncated); !s.ok()) {
+    if (absl::Status s = AddLocationFrames(location, &frames, &stack.truncated); !s.ok()) {
       return s;
     }
-    if (stack.functions.size() > kMaxStackFrames) {
+    if (frames.leaf_first.size() > kMaxStackFrames) {
       return absl::InvalidArgumentError(absl::StrCat("stack ", stack_index, " has more than ",
                                                      kMaxStackFrames, " frames"));
     }
   }
-  if (stack.functions.empty()) {  // no frames: its samples still count
+  if (frames.leaf_first.empty()) {  // no frames: its samples still count
     auto fn = FunctionOf({std::string(kUnknown), std::string(kUnknown), "", 0}, "stack");
     if (!fn.ok()) return fn.status();
-    stack.functions.push_back(*fn);
+    frames.leaf_first.push_back(*fn);
+    frames.lines.push_back(0);
   }
-  if (stack.functions.size() > kMaxRequestFrames - stack_frames_) {
+  if (frames.leaf_first.size() > kMaxRequestFrames - stack_frames_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "stack ", stack_index, ": the request's distinct stacks have more than ",
         kMaxRequestFrames, " frames in all"));
   }
-  std::reverse(stack.functions.begin(), stack.functions.end());  // outermost first
-  std::string key(reinterpret_cast<const char*>(stack.functions.data()),
-                  stack.functions.size() * sizeof(uint32_t));
+  stack.functions.assign(frames.leaf_first.rbegin(), frames.leaf_first.rend());  // outermost first
+  // A caller's call site is its line + 1, as the agents send a Python or Java caller's (a
+  // return address follows its call); the leaf's line is where its samples were.
+  bool sites_known = false;
+  stack.call_sites.resize(stack.functions.size() - 1);
+  for (size_t i = 0; i + 1 < stack.functions.size(); ++i) {
+    const uint32_t line = frames.lines[frames.lines.size() - 1 - i];
+    stack.call_sites[i] = line == 0 ? 0 : uint64_t{line} + 1;
+  }
+  store::ZeroCallSitesInRecursion(stack.functions, stack.call_sites, recursive_);
+  for (uint64_t site : stack.call_sites) sites_known |= site != 0;
+  if (!sites_known) stack.call_sites.clear();
+  const uint32_t depth = static_cast<uint32_t>(stack.functions.size());
+  std::string key(reinterpret_cast<const char*>(&depth), sizeof depth);
+  key.append(reinterpret_cast<const char*>(stack.functions.data()),
+             stack.functions.size() * sizeof(uint32_t));
+  key.append(reinterpret_cast<const char*>(stack.call_sites.data()),
+             stack.call_sites.size() * sizeof(uint64_t));
   key.push_back(stack.truncated ? 't' : 'c');
   auto [it, added] = stack_ids_.emplace(std::move(key), static_cast<uint32_t>(out_.stacks.size()));
   if (added) {
     stack_frames_ += stack.functions.size();
     out_.stacks.push_back(std::move(stack));
   }
-  stack_of_index_.emplace(stack_index, it->second);
-  return it->second;
+  const StackOfIndex converted{it->second, frames.lines.front()};
+  stack_of_index_.emplace(stack_index, converted);
+  return converted;
 }
 
 absl::Status Converter::AddProfile(const Profile& profile, const Attributes& resource_attributes,
@@ -500,11 +552,20 @@ absl::Status Converter::AddProfile(const Profile& profile, const Attributes& res
           sample.timestamps_unix_nano_size() == 0 || sample.timestamps_unix_nano(j) == 0
               ? profile_ms
               : static_cast<int64_t>(sample.timestamps_unix_nano(j) / 1'000'000);
-      uint64_t& raw = raw_[RawKey{context, commit::WindowStart(time_ms), *stack, period_ns}];
+      const int64_t window_start_ms = commit::WindowStart(time_ms);
+      uint64_t& raw = raw_[RawKey{context, window_start_ms, stack->stack, period_ns}];
       if (raw > std::numeric_limits<uint64_t>::max() - static_cast<uint64_t>(value)) {
         return absl::InvalidArgumentError(absl::StrCat(sample_field, ": values overflow"));
       }
       raw += static_cast<uint64_t>(value);
+      // Leaf lines of CPU samples, as agents send their leaf addresses.
+      if (stack->leaf_line != 0 && *profile_type == v1::PROFILE_CPU) {
+        base::SaturatingAddTo(
+            leaf_line_raw_[LeafLineKey{context, window_start_ms,
+                                       out_.stacks[stack->stack].functions.back(),
+                                       stack->leaf_line, period_ns}],
+            static_cast<uint64_t>(value));
+      }
     }
   }
   return absl::OkStatus();
@@ -541,13 +602,15 @@ absl::StatusOr<ConvertedRequest> Converter::Finish() {
              std::tie(o.context, o.window_start_ms, o.stack);
     }
   };
+  // Nanoseconds to sampling periods, rounded to the nearest.
+  auto periods = [](uint64_t raw, int64_t period_ns) {
+    if (period_ns == 0) return raw;
+    const uint64_t period = static_cast<uint64_t>(period_ns);
+    return raw / period + (raw % period >= (period + 1) / 2);
+  };
   std::map<CellKey, uint64_t> counts;  // ordered: cells come out in a stable order
   for (const auto& [key, raw] : raw_) {
-    // Nanoseconds to sampling periods, rounded to the nearest.
-    const uint64_t count =
-        key.period_ns == 0 ? raw
-                           : raw / key.period_ns +
-                                 (raw % key.period_ns >= (static_cast<uint64_t>(key.period_ns) + 1) / 2);
+    const uint64_t count = periods(raw, key.period_ns);
     if (count == 0) continue;
     uint64_t& c = counts[{key.context, key.window_start_ms, key.stack}];
     c = c > std::numeric_limits<uint64_t>::max() - count ? std::numeric_limits<uint64_t>::max()
@@ -567,6 +630,18 @@ absl::StatusOr<ConvertedRequest> Converter::Finish() {
     out_.cells.push_back({context.service, context.host, context.labels, key.window_start_ms,
                           key.stack, count});
     out_.samples += count;
+  }
+  std::map<std::tuple<uint32_t, int64_t, uint32_t, uint32_t>, uint64_t> leaf_lines;
+  for (const auto& [key, raw] : leaf_line_raw_) {
+    const uint64_t count = periods(raw, key.period_ns);
+    if (count == 0) continue;
+    base::SaturatingAddTo(leaf_lines[{key.context, key.window_start_ms, key.function, key.line}],
+                          count);
+  }
+  for (const auto& [key, count] : leaf_lines) {
+    const auto& [context, window_start_ms, function, line] = key;
+    const Context& c = contexts_[context];
+    out_.leaf_lines.push_back({c.service, c.host, window_start_ms, function, line, count});
   }
   return std::move(out_);
 }

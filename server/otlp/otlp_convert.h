@@ -61,6 +61,20 @@ inline constexpr size_t kMaxRequestFrames = size_t{1} << 23;
 struct ConvertedStack {
   std::vector<uint32_t> functions;  // indexes into ConvertedRequest::functions, outermost first
   bool truncated = false;           // the sender marked the stack as cut short
+  // As store::StackFrames::call_sites: empty, or one per frame but the leaf, 0 where not
+  // known. Only Python and Java callers' are (their line + 1, from the location's Line).
+  std::vector<uint64_t> call_sites;
+};
+
+// CPU samples of one (service, host, window) whose leaf function is Python or Java, at a
+// line of it: what agents send as their leaf addresses (a line is such a function's address).
+struct ConvertedLeafLine {
+  std::string service;
+  std::string host;
+  int64_t window_start_ms = 0;
+  uint32_t function = 0;  // index into ConvertedRequest::functions
+  uint32_t line = 0;
+  uint64_t count = 0;
 };
 
 // Counts of one stack in one 10 s window of one (service, host, label set).
@@ -77,6 +91,7 @@ struct ConvertedRequest {
   std::vector<store::FunctionInfo> functions;  // distinct
   std::vector<ConvertedStack> stacks;          // distinct
   std::vector<ConvertedCell> cells;            // distinct keys, counts > 0
+  std::vector<ConvertedLeafLine> leaf_lines;   // distinct keys, counts > 0
   uint64_t samples = 0;                        // sum of the cells' counts
   uint32_t profiles = 0;
 };

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -95,6 +96,73 @@ TEST_F(OtlpConvertTest, StacksFramesKindsAndLabels) {
   EXPECT_TRUE(python.labels.empty());
   EXPECT_THAT(Frames(*r, python.stack),
               ElementsAre("run ([python:/srv/app.py])", "work ([python:/srv/app.py])"));
+}
+
+// A Python or Java frame's line is where it is: a caller's becomes its call site (line + 1, as
+// agents send one), a CPU sample's leaf's its leaf line (what agents send as leaf addresses).
+TEST_F(OtlpConvertTest, PythonAndJavaLinesBecomeCallSitesAndLeafLines) {
+  const int32_t libpython = b_.Mapping("/usr/lib/libpython3.11.so");
+  const int32_t libjvm = b_.Mapping("/usr/lib/jvm/lib/server/libjvm.so");
+  auto py = [&](const char* function, int64_t line) {
+    return b_.Location(libpython, 0, {{function, "/srv/app.py", line}}, "cpython");
+  };
+  auto* worker = b_.AddResource({{"service.name", "worker"}, {"host.name", "host-2"}});
+  auto* cpu = b_.AddProfile(worker, "samples", "count", kT0);
+  b_.AddSample(cpu, b_.Stack({py_work_, py_run_}), {}, 7);                // work:9 < run:3
+  b_.AddSample(cpu, b_.Stack({py("work", 11), py_run_}), {}, 2);          // work:11 < run:3
+  b_.AddSample(cpu, b_.Stack({py_work_, py("run", 5)}), {}, 1);           // work:9 < run:5
+  // fib:4 < fib:6 < main:10: no call site inside the recursion.
+  b_.AddSample(cpu, b_.Stack({py("fib", 4), py("fib", 6), py("main", 10)}), {}, 3);
+  b_.AddSample(cpu, b_.Stack({write_, handle_, main_}), {}, 1);           // native: none
+  auto* java = b_.AddProfile(
+      b_.AddResource({{"service.name", "orders"}, {"host.name", "host-3"}}), "samples",
+      "count", kT0);
+  b_.AddSample(java,
+               b_.Stack({b_.Location(libjvm, 0, {{"Spin.inner", "Spin.java", 6}}, "jvm"),
+                         b_.Location(libjvm, 0, {{"Spin.main", "Spin.java", 2}}, "jvm")}),
+               {}, 4);
+  auto* off_cpu = b_.AddProfile(worker, "off_cpu", "nanoseconds", kT0, "off_cpu", 1000);
+  b_.AddSample(off_cpu, b_.Stack({py_work_, py_run_}), {}, 5000);        // no leaf lines
+
+  auto r = Convert();
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto stack_of = [&](const std::vector<std::string>& frames,
+                      const std::vector<uint64_t>& call_sites) -> const ConvertedCell* {
+    for (const ConvertedCell& cell : r->cells) {
+      if (Frames(*r, cell.stack) == frames && r->stacks[cell.stack].call_sites == call_sites &&
+          cell.labels.empty()) {
+        return &cell;
+      }
+    }
+    return nullptr;
+  };
+  const std::string run = "run ([python:/srv/app.py])", work = "work ([python:/srv/app.py])";
+  const ConvertedCell* at_3 = stack_of({run, work}, {4});
+  ASSERT_NE(at_3, nullptr);
+  EXPECT_EQ(at_3->count, 9u);  // the leaf's line is not the stack's
+  const ConvertedCell* at_5 = stack_of({run, work}, {6});
+  ASSERT_NE(at_5, nullptr);
+  EXPECT_EQ(at_5->count, 1u);
+  const std::string fib = "fib ([python:/srv/app.py])";
+  const ConvertedCell* recursive = stack_of({"main ([python:/srv/app.py])", fib, fib}, {11, 0});
+  ASSERT_NE(recursive, nullptr);
+  EXPECT_EQ(recursive->count, 3u);
+  EXPECT_NE(stack_of({"main.main (/usr/bin/api)", "main.handle (/usr/bin/api)",
+                      "main.encode (/usr/bin/api)", "ksys_write ([kernel.kallsyms])"},
+                     {}),
+            nullptr);
+  EXPECT_NE(stack_of({"Spin.main ([java:Spin.java])", "Spin.inner ([java:Spin.java])"}, {3}),
+            nullptr);
+
+  std::vector<std::string> leaf_lines;
+  for (const ConvertedLeafLine& l : r->leaf_lines) {
+    EXPECT_EQ(l.window_start_ms, static_cast<int64_t>(kT0 / 1'000'000));
+    leaf_lines.push_back(absl::StrCat(l.service, " ", l.host, " ", r->functions[l.function].name,
+                                      ":", l.line, " ", l.count));
+  }
+  EXPECT_THAT(leaf_lines, ::testing::UnorderedElementsAre(
+                              "worker host-2 work:9 8", "worker host-2 work:11 2",
+                              "worker host-2 fib:4 3", "orders host-3 Spin.inner:6 4"));
 }
 
 TEST_F(OtlpConvertTest, NanosecondsBecomeSamplingPeriods) {

@@ -119,6 +119,11 @@ absl::Status OtlpService::ApplyReplica(const otlp_v1::ExportProfilesServiceReque
   return Store(request, *converted, hosts);
 }
 
+namespace {
+// The agent ID of leaf lines received by OTLP in the store's keys.
+constexpr std::string_view kLeafLinesSender = "otlp";
+}  // namespace
+
 absl::Status OtlpService::Store(const otlp_v1::ExportProfilesServiceRequest& request,
                                 const ConvertedRequest& converted,
                                 const std::optional<std::vector<std::string>>& hosts) {
@@ -135,19 +140,25 @@ absl::Status OtlpService::Store(const otlp_v1::ExportProfilesServiceRequest& req
   store::WriteBatch records;
   store::Interner& interner = store_->interner();
   std::vector<std::optional<uint64_t>> function_ids(converted.functions.size());
+  auto function_id = [&](uint32_t f) -> absl::StatusOr<uint64_t> {
+    if (!function_ids[f]) {
+      auto id = interner.InternFunction(converted.functions[f], &records);
+      if (!id.ok()) return id.status();
+      function_ids[f] = *id;
+    }
+    return *function_ids[f];
+  };
   std::vector<uint64_t> stack_ids(converted.stacks.size(), 0);
   for (size_t i = 0; i < converted.stacks.size(); ++i) {
     if (!stack_used[i]) continue;
     const ConvertedStack& s = converted.stacks[i];
     store::StackFrames frames;
     frames.truncated = s.truncated;
+    frames.call_sites = s.call_sites;
     for (uint32_t f : s.functions) {
-      if (!function_ids[f]) {
-        auto id = interner.InternFunction(converted.functions[f], &records);
-        if (!id.ok()) return id.status();
-        function_ids[f] = *id;
-      }
-      frames.function_ids.push_back(*function_ids[f]);
+      auto id = function_id(f);
+      if (!id.ok()) return id.status();
+      frames.function_ids.push_back(*id);
     }
     auto id = interner.InternStack(frames, &records);
     if (!id.ok()) return id.status();
@@ -178,6 +189,16 @@ absl::Status OtlpService::Store(const otlp_v1::ExportProfilesServiceRequest& req
     groups[{cell.host, cell.window_start_ms}].push_back(
         {&cell.service, stack_ids[cell.stack], cell.count, it->second});
   }
+  // Leaf lines, by (host, window) and service, as agents' leaf addresses.
+  std::map<std::tuple<std::string, int64_t>,
+           std::map<std::string, std::vector<store::LeafAddressCount>>>
+      leaf_lines;
+  for (const ConvertedLeafLine& l : converted.leaf_lines) {
+    if (!stored_here(l.host)) continue;
+    auto id = function_id(l.function);
+    if (!id.ok()) return id.status();
+    leaf_lines[{l.host, l.window_start_ms}][l.service].push_back({*id, l.line, l.count});
+  }
   if (!records.empty()) {
     if (absl::Status s = store_->Commit(&records); !s.ok()) return s;
   }
@@ -192,6 +213,10 @@ absl::Status OtlpService::Store(const otlp_v1::ExportProfilesServiceRequest& req
       continue;
     }
     store::WriteBatch wb;
+    // Keyed by the request's commit, so that applying it twice writes the same record.
+    for (const auto& [service, counts] : leaf_lines[group]) {
+      wb.PutLeafAddresses(service, window_start_ms, host, kLeafLinesSender, key, 0, counts);
+    }
     absl::Status committed = committer_->CommitBatch(&wb, host, window_start_ms, cells);
     EndCommit(key, committed.ok());
     if (!committed.ok()) return committed;

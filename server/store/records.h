@@ -34,6 +34,20 @@ struct StackFrames {
   bool operator==(const StackFrames&) const = default;
 };
 
+// Zeroes the call sites inside recursion (a frame whose function is called again deeper in
+// the stack): they would make paths, and stacks, exponential in the depth (a function calling
+// itself from two sites has 2^depth), where their lines say little. `functions` outermost
+// first, `call_sites` one per frame but the leaf; `seen` is scratch, cleared first.
+template <typename FunctionId>
+void ZeroCallSitesInRecursion(const std::vector<FunctionId>& functions,
+                              std::vector<uint64_t>& call_sites,
+                              absl::flat_hash_set<FunctionId>& seen) {
+  seen.clear();
+  for (size_t i = functions.size(); i-- > 0;) {
+    if (!seen.insert(functions[i]).second && i < call_sites.size()) call_sites[i] = 0;
+  }
+}
+
 struct SampleKey {
   std::string service;
   int64_t window_start_ms = 0;

@@ -191,6 +191,15 @@ TEST_F(OtlpE2eTest, ProfilerExportsShowExactly) {
   EXPECT_THAT(Paths("pyworker"),
               ElementsAre("libpython3.11.so.1.0+0x12345;<module>[p];loop[p];score[p] 15"));
 
+  // Python lines, as the sender gave them: where the samples were, and the call sites.
+  CommandResult lines = Cli({"top", "-s", "pyworker", "--by", "line"});
+  ASSERT_EQ(lines.exit_code, 0) << lines.output;
+  EXPECT_TRUE(std::regex_search(lines.output, std::regex(R"(\b15\b[^\n]*model\.py:7)")))
+      << lines.output;
+  CommandResult flame = Cli({"flamegraph", "-s", "pyworker", "--lines", "--format", "folded"});
+  ASSERT_EQ(flame.exit_code, 0) << flame.output;
+  EXPECT_THAT(flame.output, HasSubstr("worker.py:20"));
+
   // The CLI: top, hot-paths, hosts, labels, profile types.
   EXPECT_EQ(Total({"-s", "checkout"}), 70u);
   EXPECT_EQ(Total({"-s", "checkout", "--host", "node-2"}), 28u);
