@@ -27,6 +27,7 @@
 #include "common/encoding/numbering.h"
 #include "common/encoding/packed_contexts.h"
 #include "fuzz/fuzz_util.h"
+#include "server/otlp/otlp_builder.h"
 #include "strata/v1/ingest.pb.h"
 
 namespace {
@@ -521,6 +522,43 @@ void ProcfsSeeds() {
            "STRATA_SERVICE=shadowed\0EMPTY=\0"));
 }
 
+// What the OTel eBPF profiler sends: a Go service into the kernel, Python with lines and
+// recursion, Java with source files, off-CPU nanoseconds.
+void OtlpSeeds() {
+  using strata::server::otlp::RequestBuilder;
+  constexpr uint64_t kT0 = 1'700'000'000'000'000'000;
+  RequestBuilder b;
+  const int32_t api = b.Mapping("/usr/bin/api", "b1d0", 0x400000, 0x800000, 0);
+  const int32_t vmlinux = b.Mapping("vmlinux");
+  const int32_t libpython = b.Mapping("/usr/lib/libpython3.11.so");
+  const int32_t libjvm = b.Mapping("/usr/lib/jvm/lib/server/libjvm.so");
+  auto* go = b.AddResource({{"service.name", "api"}, {"host.name", "host-1"},
+                            {"container.id", "c1"}});
+  auto* cpu = b.AddProfile(go, "samples", "count", kT0, "cpu", 50'000'000);
+  const int32_t go_stack =
+      b.Stack({b.Location(vmlinux, 0xffffffff81000000, {{"ksys_write", "", 0}}, "kernel"),
+               b.Location(api, 0x402000,
+                          {{"main.encode", "enc.go", 5}, {"main.handle", "main.go", 20}}, "go"),
+               b.Location(api, 0x401000, {}, "native")});
+  b.AddSample(cpu, go_stack, b.AttributeList({{"thread.name", "w"}}), 3, kT0 + 1'000'000'000);
+  auto* py = b.AddResource({{"service.name", "worker"}, {"host.name", "host-2"}});
+  auto* py_cpu = b.AddProfile(py, "samples", "count", kT0);
+  auto line = [&](int32_t mapping, const char* function, const char* file, int64_t at,
+                  const char* kind) { return b.Location(mapping, 0, {{function, file, at}}, kind); };
+  b.AddSample(py_cpu,
+              b.Stack({line(libpython, "fib", "/srv/app.py", 4, "cpython"),
+                       line(libpython, "fib", "/srv/app.py", 6, "cpython"),
+                       line(libpython, "main", "/srv/app.py", 10, "cpython")}),
+              {}, 7);
+  b.AddSample(py_cpu,
+              b.Stack({line(libjvm, "Spin.inner", "Spin.java", 6, "jvm"),
+                       line(libjvm, "Spin.main", "Spin.java", 2, "hotspot")}),
+              {}, 2);
+  auto* off_cpu = b.AddProfile(py, "off_cpu", "nanoseconds", kT0, "off_cpu", 10'101'010);
+  b.AddSample(off_cpu, go_stack, {}, 25'000'000);
+  Seed("otlp_convert", "profiler_export", b.request().SerializeAsString());
+}
+
 // --- Seeds cut from ELF files ---
 
 void CfiSeed(const std::string& name, const strata::elf::ElfFile& elf) {
@@ -609,6 +647,7 @@ int main(int argc, char** argv) {
   SpoolSeeds();
   PerfSeeds();
   ProcfsSeeds();
+  OtlpSeeds();
   for (int i = 2; i < argc; ++i) ElfSeeds(argv[i]);
   return 0;
 }
