@@ -275,15 +275,39 @@ struct BaseOptions {
   std::optional<std::string> select;  // unset: the compared profile's selector
   std::string since;
   std::string from, to;
+  std::string by = "function";  // or "line"
 };
 
 std::string Signed(double v) { return absl::StrFormat("%+.2f", v); }
+
+// The lines whose share of self samples moved most (DiffRequest.by_line).
+void PrintLineDiff(const v1::DiffResponse& r) {
+  std::printf("\nLines (change of self share in percentage points; %s and %s samples without "
+              "line information):\n",
+              WithThousands(r.base_unresolved_samples()).c_str(),
+              WithThousands(r.unresolved_samples()).c_str());
+  Table lines({"ΔSELF", "BASE SELF%", "SELF%", "LINE", "FUNCTION", "INLINED INTO"}, {0, 1, 2});
+  for (const v1::LineDelta& l : r.lines()) {
+    if (l.frames_size() == 0) continue;
+    const v1::Frame& leaf = l.frames(0);
+    std::string into;
+    for (int i = 1; i < l.frames_size(); ++i) {
+      absl::StrAppend(&into, i > 1 ? " < " : "", l.frames(i).function(), " (",
+                      LineText(l.frames(i)), ")");
+    }
+    lines.AddRow({Signed(l.self_delta_pct()), Percent(l.base_self(), r.base_total_samples()),
+                  Percent(l.self(), r.total_samples()), LineText(leaf),
+                  absl::StrCat(FrameText(leaf), leaf.inlined() ? " [inline]" : ""), into});
+  }
+  std::fputs(lines.ToString().c_str(), stdout);
+}
 
 int RunDiff(CliContext* ctx, const FilterOptions& f, const BaseOptions& b) {
   Client& client = ctx->client();
   v1::DiffRequest request;
   *request.mutable_filter() = BuildFilter(f);
   request.set_limit(f.limit);
+  request.set_by_line(b.by == "line");
   v1::ProfileFilter* base = request.mutable_base();
   base->set_service(b.service.empty() ? f.service : b.service);
   base->set_host(f.host);
@@ -330,9 +354,11 @@ int RunDiff(CliContext* ctx, const FilterOptions& f, const BaseOptions& b) {
               with_selector(base->service(), base->selector()).c_str(), base_text.c_str(),
               WithThousands(r.base_total_samples()).c_str());
   if (r.total_samples() == 0 && r.base_total_samples() == 0) {
-    std::printf("No samples in either range.\n");
+    std::printf(request.by_line() ? "No leaf addresses in either range.\n"
+                                  : "No samples in either range.\n");
     return 0;
   }
+  if (request.by_line()) return PrintLineDiff(r), 0;
   std::printf("\nFunctions (change of share in percentage points):\n");
   Table functions({"ΔSELF", "BASE SELF%", "SELF%", "ΔTOTAL", "BASE TOTAL%", "TOTAL%", "FUNCTION"},
                   {0, 1, 2, 3, 4, 5});
@@ -472,6 +498,11 @@ void AddQueryCommands(CLI::App* app, CliContext* ctx, int* exit_code) {
                    "different selector the base is the same range, e.g. --select-a version=1 "
                    "--select-b version=2");
   diff->add_option("--select-b", diff_filter.select, "compared profile's selector (= --select)");
+  diff->add_option("--by", base.by,
+                   "function, or line: each source line's change of self share (needs the "
+                   "modules' DWARF on the server; ranges, services and --host only)")
+      ->check(CLI::IsMember({"function", "line"}))
+      ->capture_default_str();
   diff->footer(
       "Without base range flags the base is the equally long range just before the compared "
       "one, or with --base-service or --base-select the same range of that service or those "

@@ -210,6 +210,15 @@ absl::StatusOr<bool> FlagFromQuery(const http::HttpRequest& req, const std::stri
       name, " must be 1, true, 0 or false, not '", base::EscapeForLog(it->second, 64), "'"));
 }
 
+// ?by=line (self samples per source line) | function (the default).
+absl::StatusOr<bool> ByLineFromQuery(const http::HttpRequest& req) {
+  auto it = req.query.find("by");
+  if (it == req.query.end() || it->second.empty() || it->second == "function") return false;
+  if (it->second == "line") return true;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown by '", base::EscapeForLog(it->second, 64), "' (function, line)"));
+}
+
 absl::StatusOr<v1::FlameGraphRequest::Format> FlameFormat(const http::HttpRequest& req) {
   auto it = req.query.find("format");
   if (it == req.query.end() || it->second == "json") return v1::FlameGraphRequest::JSON;
@@ -468,14 +477,9 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     auto limit = LimitFromQuery(req);
     if (!limit.ok()) return Error(limit.status());
     request.set_limit(*limit);
-    if (auto it = req.query.find("by"); it != req.query.end() && !it->second.empty()) {
-      if (it->second == "line") {
-        request.set_by_line(true);
-      } else if (it->second != "function") {
-        return Error(absl::InvalidArgumentError(absl::StrCat(
-            "unknown by '", base::EscapeForLog(it->second, 64), "' (function, line)")));
-      }
-    }
+    auto by_line = ByLineFromQuery(req);
+    if (!by_line.ok()) return Error(by_line.status());
+    request.set_by_line(*by_line);
     if (auto it = req.query.find("sort"); it != req.query.end() && !it->second.empty()) {
       if (it->second == "total") {
         request.set_sort(v1::TopRequest::TOTAL);
@@ -520,7 +524,7 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
   // The compared profile takes the usual keys, the base profile the same keys prefixed with
   // "base_" (base_service, base_from_ms, ...); see QueryService::RunDiff for defaults.
   http->Route("/api/v1/diff",
-              reader(Taking({"limit"}, {"", "base_"}, [query](const http::HttpRequest& req) {
+              reader(Taking({"limit", "by"}, {"", "base_"}, [query](const http::HttpRequest& req) {
     v1::DiffRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     if (auto st = FilterFromQuery(req, request.mutable_base(), "base_"); !st.ok()) {
@@ -536,6 +540,9 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     auto limit = LimitFromQuery(req);
     if (!limit.ok()) return Error(limit.status());
     request.set_limit(*limit);
+    auto by_line = ByLineFromQuery(req);
+    if (!by_line.ok()) return Error(by_line.status());
+    request.set_by_line(*by_line);
     auto r = query->RunDiff(request);
     return r.ok() ? Json(*r) : Error(r.status());
   })));

@@ -1,10 +1,12 @@
 #include "server/query/query_service.h"
 
 #include "server/query/fdo.h"
+#include "server/query/line_diff.h"
 #include "server/query/lines.h"
 
 #include <algorithm>
 #include <future>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -431,6 +433,22 @@ absl::StatusOr<v1::DiffResponse> QueryService::RunDiff(const v1::DiffRequest& re
   if (!base.ok()) return base.status();
   if (same_target && base->from_ms == current->from_ms && base->to_ms == current->to_ms) {
     return absl::InvalidArgumentError("base and compared profiles are the same");
+  }
+  if (request.by_line()) {
+    // Every line of both: a line one profile leaves out would seem to appear or vanish.
+    auto lines_of = [&](const ProfileQuery& q) {
+      constexpr uint32_t kEveryLine = std::numeric_limits<uint32_t>::max();
+      return source_ != nullptr ? source_->TopLines(q, kEveryLine)
+                                : TopLines(store_, symbolizer_, q, kEveryLine);
+    };
+    auto base_lines = lines_of(*base);
+    if (!base_lines.ok()) {
+      return absl::Status(base_lines.status().code(),
+                          absl::StrCat("base: ", base_lines.status().message()));
+    }
+    auto lines = lines_of(*current);
+    if (!lines.ok()) return lines.status();
+    return DiffLines(*base_lines, *lines, EffectiveLimit(request.limit()));
   }
   // The two loads are independent: the base loads on a second thread meanwhile.
   std::future<absl::StatusOr<Profile>> base_load =

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "strata/v1/query.grpc.pb.h"
 #include "strata/v1/regress.pb.h"
@@ -254,6 +255,9 @@ TEST(ReleaseE2eTest, ASlowerReleaseOnOneHostIsJudgedOverItsWindows) {
   ASSERT_GE(wait_for_windows("version=1", start_ms, 3), 3) << v1.agents[0]->Output();
   Stop(v1);
 
+  const int64_t v2_start_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count();
   Release v2 = StartRelease(server, dir, 2, host, "solo");
   const v1::ListRegressionsResponse found = WaitForRegressed(server.http_port(), "solo", 90);
   Stop(v2);
@@ -274,6 +278,45 @@ TEST(ReleaseE2eTest, ASlowerReleaseOnOneHostIsJudgedOverItsWindows) {
   std::printf("%s\n", cli.output.c_str());
   EXPECT_NE(cli.output.find("REGRESSED"), std::string::npos) << cli.output;
   EXPECT_NE(cli.output.find(" of 10s"), std::string::npos) << cli.output;
+
+  // Which line got slower: the lines of the windows before the deploy against those after,
+  // the binary's DWARF uploaded. The line that rose most is in checksum_block's code.
+  CommandResult upload = RunCommand({BinPath("strata"), "--server", server.address(),
+                                     "debuginfo", "upload", BinPath("compare_workload")});
+  ASSERT_EQ(upload.exit_code, 0) << upload.output;
+  grpc::ClientContext ctx;
+  v1::DiffRequest diff;
+  diff.set_by_line(true);
+  diff.set_limit(1000);
+  diff.mutable_base()->set_service("solo");
+  diff.mutable_base()->mutable_range()->set_from_ms(start_ms);
+  diff.mutable_base()->mutable_range()->set_to_ms(v2_start_ms);
+  diff.mutable_filter()->set_service("solo");
+  diff.mutable_filter()->mutable_range()->set_from_ms(v2_start_ms);
+  v1::DiffResponse lines;
+  ASSERT_TRUE(stub->Diff(&ctx, diff, &lines).ok());
+  const v1::LineDelta* rose = nullptr;
+  for (const v1::LineDelta& l : lines.lines()) {
+    if (rose == nullptr || l.self_delta_pct() > rose->self_delta_pct()) rose = &l;
+  }
+  ASSERT_NE(rose, nullptr) << lines.ShortDebugString();
+  bool in_checksum = false;
+  for (const v1::Frame& f : rose->frames()) in_checksum |= f.function() == "checksum_block";
+  EXPECT_TRUE(in_checksum && rose->frames(0).line() > 0) << lines.ShortDebugString();
+  EXPECT_GT(rose->self_delta_pct(), 1) << lines.ShortDebugString();
+  auto rfc3339 = [](int64_t ms) {
+    return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(ms),
+                            absl::UTCTimeZone());
+  };
+  CommandResult by_line = RunCommand(
+      {BinPath("strata"), "--server", server.address(), "diff", "-s", "solo", "--by", "line",
+       "--from", rfc3339(v2_start_ms), "--base-from", rfc3339(start_ms), "--base-to",
+       rfc3339(v2_start_ms)});
+  ASSERT_EQ(by_line.exit_code, 0) << by_line.output;
+  EXPECT_TRUE(std::regex_search(by_line.output,
+                                std::regex("compare_workload\\.cc:[0-9]+[^\\n]*checksum_block")))
+      << by_line.output;
+  std::printf("%s\n", by_line.output.c_str());
   std::printf("one-host release e2e wall time: %.1f s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
 }

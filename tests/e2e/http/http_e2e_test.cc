@@ -242,6 +242,8 @@ TEST_F(HttpE2eTest, NumericParametersAreRangeChecked) {
            "/api/v1/flamegraph?service=demo&format=gif",
            "/api/v1/diff?service=demo&base_since_s=99999999999",
            "/api/v1/diff?service=demo&base_to_ms=-1",
+           "/api/v1/diff?service=demo&by=path",
+           "/api/v1/diff?service=demo&by=line&select=v%3D1",
            "/api/v1/export?service=demo&from_ms=1.5",
            "/api/v1/export?service=demo&format=zip",
        });
@@ -306,6 +308,7 @@ TEST_F(HttpE2eTest, UnknownParametersAreRefused) {
            "/api/v1/top?service=demo&since_s=60&host=h&focus=a&ignore=b&select=v%3D1&type=cpu"
            "&by=line&sort=total&limit=5",
            "/api/v1/diff?service=demo&since_s=60&base_since_s=600&base_select=&base_type=cpu",
+           "/api/v1/diff?service=demo&since_s=60&base_since_s=600&by=line",
            "/api/v1/compare?service=demo&baseline_select=v%3D1&candidate_select=v%3D2"
            "&candidate_since_s=60&window_s=60&fdr=0.1&min_share=1",
            "/api/v1/series?service=demo&since_s=600&step_ms=10000&group_by=host&limit=3",
