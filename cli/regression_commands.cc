@@ -1,5 +1,6 @@
 // `strata regressions`: the releases the server found by itself and compared with the one
 // before (server/regress), with their verdicts and the functions responsible.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -129,6 +130,15 @@ int RunRegressions(CliContext* ctx, const RegressionOptions& o) {
                         absl::StrFormat("%.2g", f.q())});
     }
     std::fputs(functions.ToString().c_str(), stdout);
+    // Leaf lines are kept per host and range, not per release: the ranges before and after
+    // it appeared say which lines moved where every host switched at once.
+    if (v.baseline_from_ms() > 0 && v.candidate_from_ms() > v.baseline_from_ms()) {
+      std::printf("Which lines: strata diff -s %s --by line --from %s --base-from %s "
+                  "--base-to %s\n",
+                  v.service().c_str(), FormatRfc3339(v.candidate_from_ms()).c_str(),
+                  FormatRfc3339(v.baseline_from_ms()).c_str(),
+                  FormatRfc3339(std::min(v.baseline_to_ms(), v.candidate_from_ms())).c_str());
+    }
   }
   return 0;
 }

@@ -187,6 +187,9 @@ TEST(ReleaseE2eTest, ANewSlowerReleaseIsReportedWithoutBeingAsked) {
   EXPECT_NE(cli.output.find("version 1 -> 2"), std::string::npos) << cli.output;
   EXPECT_NE(cli.output.find("REGRESSED"), std::string::npos) << cli.output;
   EXPECT_NE(cli.output.find("checksum_block"), std::string::npos) << cli.output;
+  EXPECT_NE(cli.output.find("Which lines: strata diff -s cmp --by line --from "),
+            std::string::npos)
+      << cli.output;
 
   // The web UI's Regressions tab, in headless Chromium when installed: the verdict, and the
   // differential flame graph with checksum_block grown (red).
