@@ -285,10 +285,22 @@ async function loadDiff() {
     // The same range of the targets this selector picks ("did the deploy make it slower?").
     p.set('base_select', $('diff-select').value.trim());
   }
+  const byLine = $('lines').checked;
+  if (byLine) p.set('by', 'line');
   const r = await api('/api/v1/diff', p);
   const bt = Number(r.base_total_samples), t = Number(r.total_samples);
-  $('summary').textContent = `base ${fmt(bt)} samples, compared ${fmt(t)} samples`;
+  $('summary').textContent = `base ${fmt(bt)} samples, compared ${fmt(t)} samples` +
+      (byLine ? ' with a leaf address' : '');
   const deltaCell = (v) => cell(signed(v), 'num ' + (v > 0 ? 'up' : v < 0 ? 'down' : ''));
+  $('diff-by-function').hidden = byLine;
+  $('diff-by-line').hidden = !byLine;
+  if (byLine) {
+    // Each line with its inline chain, outermost first, as in Top.
+    fillTable($('diff-lines'), (r.lines || []).map((l) => [
+      deltaCell(l.self_delta_pct), cell(pct(l.base_self, bt), 'num'), cell(pct(l.self, t), 'num'),
+      cell([...l.frames].reverse().map(lineText).join(' > '), 'fn')]));
+    return;
+  }
   fillTable($('diff-functions'), r.functions.map((f) => [
     deltaCell(f.self_delta_pct), cell(pct(f.base_self, bt), 'num'), cell(pct(f.self, t), 'num'),
     deltaCell(f.total_delta_pct), cell(f.function.function, 'fn')]));

@@ -320,6 +320,21 @@ TEST(ReleaseE2eTest, ASlowerReleaseOnOneHostIsJudgedOverItsWindows) {
                                 std::regex("compare_workload\\.cc:[0-9]+[^\\n]*checksum_block")))
       << by_line.output;
   std::printf("%s\n", by_line.output.c_str());
+  // The web UI's Diff tab with Lines ticked: the same line, grown.
+  if (ChromiumInstalled()) {
+    CommandResult dom = RunCommand(
+        {"/bin/sh", "-c",
+         absl::StrCat(HeadlessChromium(dir.File("chromium-profile")), " --dump-dom ",
+                      "'http://127.0.0.1:", server.http_port(), "/?service=solo&from_ms=",
+                      v2_start_ms, "&view=diff&lines=1' 2>/dev/null")},
+        90);
+    ASSERT_EQ(dom.exit_code, 0) << dom.output;
+    EXPECT_NE(dom.output.find("data-loaded=\"diff\""), std::string::npos) << dom.output;
+    EXPECT_TRUE(std::regex_search(
+        dom.output, std::regex("class=\"num up\">\\+[0-9.]+</td>(<td[^>]*>[^<]*</td>){2}"
+                               "<td class=\"fn\">checksum_block [^<]*compare_workload\\.cc:")))
+        << dom.output;
+  }
   std::printf("one-host release e2e wall time: %.1f s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
 }
