@@ -120,6 +120,21 @@ std::string LineText(const v1::Frame& frame) {
   return absl::StrCat(std::string(file), ":", frame.line());
 }
 
+// A source line's LINE, FUNCTION (marked when inlined) and INLINED INTO cells: its inline
+// chain, innermost first (not empty).
+void AppendLineCells(const google::protobuf::RepeatedPtrField<v1::Frame>& frames,
+                     std::vector<std::string>* row) {
+  const v1::Frame& leaf = frames[0];
+  std::string into;
+  for (int i = 1; i < frames.size(); ++i) {
+    absl::StrAppend(&into, i > 1 ? " < " : "", frames[i].function(), " (", LineText(frames[i]),
+                    ")");
+  }
+  row->push_back(LineText(leaf));
+  row->push_back(absl::StrCat(FrameText(leaf), leaf.inlined() ? " [inline]" : ""));
+  row->push_back(std::move(into));
+}
+
 // Self samples per source line: the line, its function (marked when inlined) and the
 // functions it was inlined into.
 int PrintTopLines(const v1::TopResponse& r, const FilterOptions& f) {
@@ -133,14 +148,9 @@ int PrintTopLines(const v1::TopResponse& r, const FilterOptions& f) {
   Table table({"SELF", "SELF%", "LINE", "FUNCTION", "INLINED INTO"}, {0, 1});
   for (const auto& l : r.lines()) {
     if (l.frames_size() == 0) continue;
-    const v1::Frame& leaf = l.frames(0);
-    std::string into;
-    for (int i = 1; i < l.frames_size(); ++i) {
-      absl::StrAppend(&into, i > 1 ? " < " : "", l.frames(i).function(), " (",
-                      LineText(l.frames(i)), ")");
-    }
-    table.AddRow({WithThousands(l.self()), Percent(l.self(), r.total_samples()), LineText(leaf),
-                  absl::StrCat(FrameText(leaf), leaf.inlined() ? " [inline]" : ""), into});
+    std::vector<std::string> row{WithThousands(l.self()), Percent(l.self(), r.total_samples())};
+    AppendLineCells(l.frames(), &row);
+    table.AddRow(std::move(row));
   }
   std::fputs(table.ToString().c_str(), stdout);
   return 0;
@@ -289,15 +299,11 @@ void PrintLineDiff(const v1::DiffResponse& r) {
   Table lines({"ΔSELF", "BASE SELF%", "SELF%", "LINE", "FUNCTION", "INLINED INTO"}, {0, 1, 2});
   for (const v1::LineDelta& l : r.lines()) {
     if (l.frames_size() == 0) continue;
-    const v1::Frame& leaf = l.frames(0);
-    std::string into;
-    for (int i = 1; i < l.frames_size(); ++i) {
-      absl::StrAppend(&into, i > 1 ? " < " : "", l.frames(i).function(), " (",
-                      LineText(l.frames(i)), ")");
-    }
-    lines.AddRow({Signed(l.self_delta_pct()), Percent(l.base_self(), r.base_total_samples()),
-                  Percent(l.self(), r.total_samples()), LineText(leaf),
-                  absl::StrCat(FrameText(leaf), leaf.inlined() ? " [inline]" : ""), into});
+    std::vector<std::string> row{Signed(l.self_delta_pct()),
+                                 Percent(l.base_self(), r.base_total_samples()),
+                                 Percent(l.self(), r.total_samples())};
+    AppendLineCells(l.frames(), &row);
+    lines.AddRow(std::move(row));
   }
   std::fputs(lines.ToString().c_str(), stdout);
 }
