@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/saturating.h"
 
 namespace strata::server::query {
 namespace {
@@ -46,10 +47,11 @@ v1::DiffResponse DiffLines(const v1::TopResponse& base, const v1::TopResponse& c
         *row.delta.mutable_frames() = line.frames();
       }
       v1::LineDelta& d = rows[it->second].delta;
+      // Two modules' copies of one line (two releases' binaries in one range) add up.
       if (is_base) {
-        d.set_base_self(d.base_self() + line.self());
+        d.set_base_self(base::SaturatingAdd(d.base_self(), line.self()));
       } else {
-        d.set_self(d.self() + line.self());
+        d.set_self(base::SaturatingAdd(d.self(), line.self()));
       }
     }
   };
