@@ -154,6 +154,7 @@ class Converter {
   absl::flat_hash_map<RawKey, uint64_t> raw_;
   absl::flat_hash_map<LeafLineKey, uint64_t> leaf_line_raw_;
   absl::flat_hash_set<uint32_t> recursive_;  // scratch
+  std::vector<uint64_t> call_sites_;         // scratch
 };
 
 absl::StatusOr<absl::string_view> Converter::String(int32_t index, absl::string_view field) const {
@@ -457,15 +458,17 @@ absl::StatusOr<Converter::StackOfIndex> Converter::StackOf(int32_t stack_index) 
   stack.functions.assign(frames.leaf_first.rbegin(), frames.leaf_first.rend());  // outermost first
   // A caller's call site is its line + 1, as the agents send a Python or Java caller's (a
   // return address follows its call); the leaf's line is where its samples were.
-  bool sites_known = false;
-  stack.call_sites.resize(stack.functions.size() - 1);
+  // Kept only where one is known: most stacks have none, and a request may hold millions of
+  // frames.
+  call_sites_.resize(stack.functions.size() - 1);
   for (size_t i = 0; i + 1 < stack.functions.size(); ++i) {
     const uint32_t line = frames.lines[frames.lines.size() - 1 - i];
-    stack.call_sites[i] = line == 0 ? 0 : uint64_t{line} + 1;
+    call_sites_[i] = line == 0 ? 0 : uint64_t{line} + 1;
   }
-  store::ZeroCallSitesInRecursion(stack.functions, stack.call_sites, recursive_);
-  for (uint64_t site : stack.call_sites) sites_known |= site != 0;
-  if (!sites_known) stack.call_sites.clear();
+  store::ZeroCallSitesInRecursion(stack.functions, call_sites_, recursive_);
+  if (std::any_of(call_sites_.begin(), call_sites_.end(), [](uint64_t s) { return s != 0; })) {
+    stack.call_sites = call_sites_;
+  }
   const uint32_t depth = static_cast<uint32_t>(stack.functions.size());
   std::string key(reinterpret_cast<const char*>(&depth), sizeof depth);
   key.append(reinterpret_cast<const char*>(stack.functions.data()),
