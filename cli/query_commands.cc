@@ -137,12 +137,14 @@ void AppendLineCells(const google::protobuf::RepeatedPtrField<v1::Frame>& frames
 
 // Self samples per source line: the line, its function (marked when inlined) and the
 // functions it was inlined into.
-int PrintTopLines(const v1::TopResponse& r, const FilterOptions& f) {
-  std::printf("Top lines of %s (%s, %s samples, %s without line information)\n",
+int PrintTopLines(const v1::TopResponse& r, const FilterOptions& f, bool language_self) {
+  std::printf("Top lines of %s (%s, %s samples, %s without line information%s)\n",
               f.service.c_str(), RangeText(f).c_str(), WithThousands(r.total_samples()).c_str(),
-              WithThousands(r.unresolved_samples()).c_str());
+              WithThousands(r.unresolved_samples()).c_str(),
+              language_self ? "; Python and Java lines with the native code they call" : "");
   if (r.total_samples() == 0) {
-    std::printf("No leaf addresses in this range.\n");
+    std::printf(language_self ? "No samples in this range.\n"
+                              : "No leaf addresses in this range.\n");
     return 0;
   }
   Table table({"SELF", "SELF%", "LINE", "FUNCTION", "INLINED INTO"}, {0, 1});
@@ -156,17 +158,19 @@ int PrintTopLines(const v1::TopResponse& r, const FilterOptions& f) {
   return 0;
 }
 
-int RunTop(CliContext* ctx, const FilterOptions& f, bool by_total, bool by_line) {
+int RunTop(CliContext* ctx, const FilterOptions& f, bool by_total, bool by_line,
+           bool language_self) {
   Client& client = ctx->client();
   v1::TopRequest request;
   *request.mutable_filter() = BuildFilter(f);
   request.set_limit(f.limit);
   request.set_sort(by_total ? v1::TopRequest::TOTAL : v1::TopRequest::SELF);
   request.set_by_line(by_line);
+  request.set_language_self(language_self);
   auto r = client.Call(client.query(), &v1::Query::Stub::Top, request);
   WarnUnreachable(r.unreachable_nodes());
   if (ctx->options().json) return PrintJson(r), 0;
-  if (by_line) return PrintTopLines(r, f);
+  if (by_line) return PrintTopLines(r, f, language_self);
   std::printf("Top functions of %s (%s, %s samples%s)\n", f.service.c_str(),
               RangeText(f).c_str(), WithThousands(r.total_samples()).c_str(),
               ArchSuffix(r.archs()).c_str());
@@ -286,6 +290,7 @@ struct BaseOptions {
   std::string since;
   std::string from, to;
   std::string by = "function";  // or "line"
+  bool language_self = false;   // with by "line"
 };
 
 std::string Signed(double v) { return absl::StrFormat("%+.2f", v); }
@@ -314,6 +319,7 @@ int RunDiff(CliContext* ctx, const FilterOptions& f, const BaseOptions& b) {
   *request.mutable_filter() = BuildFilter(f);
   request.set_limit(f.limit);
   request.set_by_line(b.by == "line");
+  request.set_language_self(b.language_self);
   v1::ProfileFilter* base = request.mutable_base();
   base->set_service(b.service.empty() ? f.service : b.service);
   base->set_host(f.host);
@@ -457,6 +463,7 @@ void AddQueryCommands(CLI::App* app, CliContext* ctx, int* exit_code) {
 
   static FilterOptions top_filter, paths_filter;
   static std::string sort = "self", by = "function";
+  static bool top_language = false;
   auto* top = app->add_subcommand("top", "functions by self or total samples, or source lines");
   AddFilterFlags(top, &top_filter);
   top->add_option("--sort", sort, "self or total")
@@ -467,8 +474,12 @@ void AddQueryCommands(CLI::App* app, CliContext* ctx, int* exit_code) {
                   "(needs the modules' DWARF on the server)")
       ->check(CLI::IsMember({"function", "line"}))
       ->capture_default_str();
+  top->add_flag("--language-self", top_language,
+                "with --by line: each sample at its innermost Python or Java frame's line (the "
+                "native code that code calls counted there), from the stacks: every filter "
+                "applies");
   top->callback(
-      [=] { *exit_code = RunTop(ctx, top_filter, sort == "total", by == "line"); });
+      [=] { *exit_code = RunTop(ctx, top_filter, sort == "total", by == "line", top_language); });
 
   auto* hot_paths = app->add_subcommand("hot-paths", "hottest full call paths");
   AddFilterFlags(hot_paths, &paths_filter);
@@ -509,6 +520,9 @@ void AddQueryCommands(CLI::App* app, CliContext* ctx, int* exit_code) {
                    "modules' DWARF on the server; ranges, services and --host only)")
       ->check(CLI::IsMember({"function", "line"}))
       ->capture_default_str();
+  diff->add_flag("--language-self", base.language_self,
+                 "with --by line: lines as top --by line --language-self counts them (every "
+                 "filter applies, --select-a/--select-b too)");
   diff->footer(
       "Without base range flags the base is the equally long range just before the compared "
       "one, or with --base-service or --base-select the same range of that service or those "

@@ -219,6 +219,18 @@ absl::StatusOr<bool> ByLineFromQuery(const http::HttpRequest& req) {
       "unknown by '", base::EscapeForLog(it->second, 64), "' (function, line)"));
 }
 
+// ?by= and ?language_self= of a TopRequest or DiffRequest.
+template <typename Request>
+absl::Status LineOptionsFromQuery(const http::HttpRequest& req, Request* request) {
+  auto by_line = ByLineFromQuery(req);
+  if (!by_line.ok()) return by_line.status();
+  auto language_self = FlagFromQuery(req, "language_self");
+  if (!language_self.ok()) return language_self.status();
+  request->set_by_line(*by_line);
+  request->set_language_self(*language_self);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::FlameGraphRequest::Format> FlameFormat(const http::HttpRequest& req) {
   auto it = req.query.find("format");
   if (it == req.query.end() || it->second == "json") return v1::FlameGraphRequest::JSON;
@@ -471,15 +483,14 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     return r.ok() ? Json(*r) : Error(r.status());
   })));
   http->Route("/api/v1/top",
-              reader(Taking({"limit", "by", "sort"}, {""}, [query](const http::HttpRequest& req) {
+              reader(Taking({"limit", "by", "sort", "language_self"}, {""},
+                            [query](const http::HttpRequest& req) {
     v1::TopRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     auto limit = LimitFromQuery(req);
     if (!limit.ok()) return Error(limit.status());
     request.set_limit(*limit);
-    auto by_line = ByLineFromQuery(req);
-    if (!by_line.ok()) return Error(by_line.status());
-    request.set_by_line(*by_line);
+    if (auto st = LineOptionsFromQuery(req, &request); !st.ok()) return Error(st);
     if (auto it = req.query.find("sort"); it != req.query.end() && !it->second.empty()) {
       if (it->second == "total") {
         request.set_sort(v1::TopRequest::TOTAL);
@@ -524,7 +535,8 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
   // The compared profile takes the usual keys, the base profile the same keys prefixed with
   // "base_" (base_service, base_from_ms, ...); see QueryService::RunDiff for defaults.
   http->Route("/api/v1/diff",
-              reader(Taking({"limit", "by"}, {"", "base_"}, [query](const http::HttpRequest& req) {
+              reader(Taking({"limit", "by", "language_self"}, {"", "base_"},
+                            [query](const http::HttpRequest& req) {
     v1::DiffRequest request;
     if (auto st = FilterFromQuery(req, request.mutable_filter()); !st.ok()) return Error(st);
     if (auto st = FilterFromQuery(req, request.mutable_base(), "base_"); !st.ok()) {
@@ -540,9 +552,7 @@ void RegisterQueryRoutes(http::HttpServer* http, query::QueryService* query, Gua
     auto limit = LimitFromQuery(req);
     if (!limit.ok()) return Error(limit.status());
     request.set_limit(*limit);
-    auto by_line = ByLineFromQuery(req);
-    if (!by_line.ok()) return Error(by_line.status());
-    request.set_by_line(*by_line);
+    if (auto st = LineOptionsFromQuery(req, &request); !st.ok()) return Error(st);
     auto r = query->RunDiff(request);
     return r.ok() ? Json(*r) : Error(r.status());
   })));

@@ -306,4 +306,50 @@ absl::StatusOr<v1::TopResponse> TopLines(store::Store* store, symbolize::Symboli
   return response;
 }
 
+v1::TopResponse TopLinesOfStacks(const Profile& expanded, uint32_t limit) {
+  v1::TopResponse response;
+  response.set_total_samples(expanded.total);
+  for (const std::string& n : expanded.unreachable_nodes) response.add_unreachable_nodes(n);
+  std::map<std::vector<uint32_t>, uint64_t> self;  // chain (innermost first) -> samples
+  for (const ResolvedStack& stack : expanded.stacks) {
+    if (stack.frames.empty()) continue;
+    size_t at = stack.frames.size() - 1;
+    for (size_t j = stack.frames.size(); j-- > 0;) {
+      if (IsLanguageFrame(expanded.functions[stack.frames[j]])) {
+        at = j;
+        break;
+      }
+    }
+    std::vector<uint32_t> chain{stack.frames[at]};
+    for (size_t j = at; j > 0 && expanded.functions[stack.frames[j]].inlined; --j) {
+      chain.push_back(stack.frames[j - 1]);
+    }
+    if (expanded.functions[chain.front()].line == 0) {
+      response.set_unresolved_samples(
+          base::SaturatingAdd(response.unresolved_samples(), stack.count));
+    }
+    base::SaturatingAddTo(self[std::move(chain)], stack.count);
+  }
+  std::vector<const std::pair<const std::vector<uint32_t>, uint64_t>*> sorted;
+  sorted.reserve(self.size());
+  for (const auto& entry : self) sorted.push_back(&entry);
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const auto* a, const auto* b) { return a->second > b->second; });
+  for (size_t i = 0; i < sorted.size() && i < limit; ++i) {
+    v1::LineStat* stat = response.add_lines();
+    stat->set_self(sorted[i]->second);
+    for (uint32_t f : sorted[i]->first) {
+      const ResolvedFunction& rf = expanded.functions[f];
+      v1::Frame* frame = stat->add_frames();
+      frame->set_function(rf.name);
+      frame->set_module(rf.module);
+      frame->set_kind(static_cast<v1::FrameKind>(base::FrameKindOf(rf.module)));
+      frame->set_file(rf.file);
+      frame->set_line(rf.line);
+      frame->set_inlined(rf.inlined);
+    }
+  }
+  return response;
+}
+
 }  // namespace strata::server::query

@@ -73,6 +73,12 @@ absl::StatusOr<CallSiteLines> CallSiteLinesOf(store::Store* store, FunctionLooku
 absl::StatusOr<Profile> ExpandLines(store::Store* store, symbolize::Symbolizer* symbolizer,
                                     const ProfileQuery& query, const Profile& profile);
 
+// Self samples per source line of `expanded` (ExpandLines' profile, or a ProfileSource's with
+// lines): each stack's samples at its innermost Python or Java frame (IsLanguageFrame), else at
+// its leaf, with the frames that one was inlined into. `unresolved_samples` counts those at a
+// frame without a line.
+v1::TopResponse TopLinesOfStacks(const Profile& expanded, uint32_t limit);
+
 // `symbolizer` may be null (no lines: every address is unresolved). InvalidArgument for a
 // query with filters that leaf addresses cannot honour (focus, ignore, selector, capture,
 // a profile type other than CPU).

@@ -197,12 +197,27 @@ std::vector<std::string> QueryService::ArchsOf(const Profile& profile) {
   return {archs.begin(), archs.end()};
 }
 
+absl::StatusOr<v1::TopResponse> QueryService::Lines(ProfileQuery query, bool language_self,
+                                                    uint32_t limit) {
+  if (!language_self) {
+    if (source_ != nullptr) return source_->TopLines(query, limit);
+    return TopLines(store_, symbolizer_, query, limit);
+  }
+  query.lines = true;  // a ProfileSource expands them on each node
+  auto profile = Load(query);
+  if (!profile.ok()) return profile.status();
+  if (source_ == nullptr) {
+    profile = ExpandLines(store_, symbolizer_, query, *profile);
+    if (!profile.ok()) return profile.status();
+  }
+  return TopLinesOfStacks(*profile, limit);
+}
+
 absl::StatusOr<v1::TopResponse> QueryService::RunTop(const v1::TopRequest& request) {
   if (request.by_line()) {
     auto query = ToProfileQuery(request.filter(), base::NowMs());
     if (!query.ok()) return query.status();
-    if (source_ != nullptr) return source_->TopLines(*query, EffectiveLimit(request.limit()));
-    return TopLines(store_, symbolizer_, *query, EffectiveLimit(request.limit()));
+    return Lines(*query, request.language_self(), EffectiveLimit(request.limit()));
   }
   auto profile = LoadProfile(request.filter());
   if (!profile.ok()) return profile.status();
@@ -436,10 +451,9 @@ absl::StatusOr<v1::DiffResponse> QueryService::RunDiff(const v1::DiffRequest& re
   }
   if (request.by_line()) {
     // Every line of both: a line one profile leaves out would seem to appear or vanish.
+    constexpr uint32_t kEveryLine = std::numeric_limits<uint32_t>::max();
     auto lines_of = [&](const ProfileQuery& q) {
-      constexpr uint32_t kEveryLine = std::numeric_limits<uint32_t>::max();
-      return source_ != nullptr ? source_->TopLines(q, kEveryLine)
-                                : TopLines(store_, symbolizer_, q, kEveryLine);
+      return Lines(q, request.language_self(), kEveryLine);
     };
     auto base_lines = lines_of(*base);
     if (!base_lines.ok()) {

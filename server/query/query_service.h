@@ -115,6 +115,9 @@ class QueryService final : public v1::Query::Service {
   absl::StatusOr<Profile> LoadProfile(const v1::ProfileFilter& filter);
   // From the ProfileSource if there is one, else from this server's store.
   absl::StatusOr<Profile> Load(const ProfileQuery& query);
+  // Self samples per source line: from the leaf addresses (TopLines), or with
+  // `language_self` from the stacks (TopLinesOfStacks).
+  absl::StatusOr<v1::TopResponse> Lines(ProfileQuery query, bool language_self, uint32_t limit);
   // Export in OTLP (otlp_export.h): one profile per host.
   absl::StatusOr<v1::ExportResponse> RunOtlpExport(const ProfileQuery& query);
   // Architectures of the hosts that contributed to `profile`.

@@ -219,6 +219,31 @@ TEST_P(PythonE2eTest, FunctionSharesMatchTheWorkloadsOwnAccounting) {
   }
   EXPECT_GT(deep_leaf_lines, 0u);
   EXPECT_GE(loop_lines, deep_leaf_lines * 9 / 10);
+  // From the stacks, each Python line with the interpreter's code it runs (language_self):
+  // deep_leaf's loop again, and the Python lines nearly every sample.
+  by_line.set_language_self(true);
+  grpc::ClientContext self_context;
+  v1::TopResponse self_lines;
+  ASSERT_TRUE(stub->Top(&self_context, by_line, &self_lines).ok());
+  uint64_t in_python = 0, without_line = 0, self_deep_leaf = 0, self_loop = 0;
+  for (const v1::LineStat& l : self_lines.lines()) {
+    if (l.frames_size() == 0 || l.frames(0).kind() != v1::FRAME_PYTHON) continue;
+    in_python += l.self();
+    if (l.frames(0).line() == 0) without_line += l.self();
+    if (l.frames(0).function() != "deep_leaf") continue;
+    self_deep_leaf += l.self();
+    self_loop += l.frames(0).line() == 24 || l.frames(0).line() == 25 ? l.self() : 0;
+  }
+  std::fprintf(stderr, "lines: deep_leaf %llu as the leaf, %llu with what it calls; Python %llu "
+               "of %llu\n", static_cast<unsigned long long>(deep_leaf_lines),
+               static_cast<unsigned long long>(self_deep_leaf),
+               static_cast<unsigned long long>(in_python),
+               static_cast<unsigned long long>(self_lines.total_samples()));
+  EXPECT_GE(self_deep_leaf, deep_leaf_lines * 19 / 20);
+  EXPECT_GE(self_loop, self_deep_leaf * 9 / 10);
+  EXPECT_GT(in_python, self_lines.total_samples() * 7 / 10) << self_lines.ShortDebugString();
+  // A Python leaf in a window without its leaf addresses, now and then.
+  EXPECT_LT(without_line, in_python / 50 + 5) << self_lines.ShortDebugString();
 
   // strata quality says it too.
   CommandResult cli = RunCommand({BinPath("strata"), "--server", server.address(), "quality",
