@@ -130,11 +130,17 @@ int RunRegressions(CliContext* ctx, const RegressionOptions& o) {
                         absl::StrFormat("%.2g", f.q())});
     }
     std::fputs(functions.ToString().c_str(), stdout);
-    // Leaf lines are kept per host and range, not per release: the ranges before and after
-    // it appeared say which lines moved where every host switched at once.
-    if (v.baseline_from_ms() > 0 && v.candidate_from_ms() > v.baseline_from_ms()) {
-      std::printf("Which lines: strata diff -s %s --by line --from %s --base-from %s "
-                  "--base-to %s\n",
+    // The lines behind it, counted as the verdict counts functions (language_self): a
+    // release's two label values over the same range, a phase change's two ranges.
+    if (v.kind() == v1::ReleaseVerdict::RELEASE && !v.label().empty()) {
+      std::printf("Which lines: strata diff -s %s --by line --language-self --select-a %s=%s "
+                  "--select-b %s=%s --from %s\n",
+                  v.service().c_str(), v.label().c_str(), v.baseline().c_str(),
+                  v.label().c_str(), v.candidate().c_str(),
+                  FormatRfc3339(v.baseline_from_ms()).c_str());
+    } else if (v.candidate_from_ms() > v.baseline_from_ms()) {
+      std::printf("Which lines: strata diff -s %s --by line --language-self --from %s "
+                  "--base-from %s --base-to %s\n",
                   v.service().c_str(), FormatRfc3339(v.candidate_from_ms()).c_str(),
                   FormatRfc3339(v.baseline_from_ms()).c_str(),
                   FormatRfc3339(std::min(v.baseline_to_ms(), v.candidate_from_ms())).c_str());

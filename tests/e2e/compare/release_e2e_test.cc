@@ -187,9 +187,20 @@ TEST(ReleaseE2eTest, ANewSlowerReleaseIsReportedWithoutBeingAsked) {
   EXPECT_NE(cli.output.find("version 1 -> 2"), std::string::npos) << cli.output;
   EXPECT_NE(cli.output.find("REGRESSED"), std::string::npos) << cli.output;
   EXPECT_NE(cli.output.find("checksum_block"), std::string::npos) << cli.output;
-  EXPECT_NE(cli.output.find("Which lines: strata diff -s cmp --by line --from "),
-            std::string::npos)
-      << cli.output;
+  const std::string which_lines =
+      "Which lines: strata diff -s cmp --by line --language-self --select-a version=1 "
+      "--select-b version=2 --from ";
+  const size_t hint = cli.output.find(which_lines);
+  ASSERT_NE(hint, std::string::npos) << cli.output;
+  // The command it names runs, and finds checksum_block's code rose.
+  CommandResult lines = RunCommand(
+      {BinPath("strata"), "--server", server->address(), "diff", "-s", "cmp", "--by", "line",
+       "--language-self", "--select-a", "version=1", "--select-b", "version=2", "--from",
+       cli.output.substr(hint + which_lines.size(), 20)});
+  ASSERT_EQ(lines.exit_code, 0) << lines.output;
+  std::printf("%s\n", lines.output.c_str());
+  EXPECT_TRUE(std::regex_search(lines.output, std::regex("\\n\\+[0-9.]+ [^\\n]*checksum_block")))
+      << lines.output;
 
   // The web UI's Regressions tab, in headless Chromium when installed: the verdict, and the
   // differential flame graph with checksum_block grown (red).
