@@ -465,9 +465,12 @@ absl::StatusOr<Converter::StackOfIndex> Converter::StackOf(int32_t stack_index) 
     const uint32_t line = frames.lines[frames.lines.size() - 1 - i];
     call_sites_[i] = line == 0 ? 0 : uint64_t{line} + 1;
   }
-  store::ZeroCallSitesInRecursion(stack.functions, call_sites_, recursive_);
-  if (std::any_of(call_sites_.begin(), call_sites_.end(), [](uint64_t s) { return s != 0; })) {
-    stack.call_sites = call_sites_;
+  auto any_known = [this] {
+    return std::any_of(call_sites_.begin(), call_sites_.end(), [](uint64_t s) { return s != 0; });
+  };
+  if (any_known()) {  // native stacks have none: no recursion check for them
+    store::ZeroCallSitesInRecursion(stack.functions, call_sites_, recursive_);
+    if (any_known()) stack.call_sites = call_sites_;
   }
   const uint32_t depth = static_cast<uint32_t>(stack.functions.size());
   std::string key(reinterpret_cast<const char*>(&depth), sizeof depth);
