@@ -155,6 +155,7 @@ class Converter {
   absl::flat_hash_map<LeafLineKey, uint64_t> leaf_line_raw_;
   absl::flat_hash_set<uint32_t> recursive_;  // scratch
   std::vector<uint64_t> call_sites_;         // scratch
+  LocationFrames stack_frames_scratch_;      // StackOf's, leaf first
 };
 
 absl::StatusOr<absl::string_view> Converter::String(int32_t index, absl::string_view field) const {
@@ -434,7 +435,9 @@ absl::StatusOr<Converter::StackOfIndex> Converter::StackOf(int32_t stack_index) 
                                                    dict_.stack_table_size(), " entries)"));
   }
   ConvertedStack stack;
-  LocationFrames frames;  // leaf first
+  LocationFrames& frames = stack_frames_scratch_;  // leaf first
+  frames.leaf_first.clear();
+  frames.lines.clear();
   for (int32_t location : dict_.stack_table(stack_index).location_indices()) {
     if (absl::Status s = AddLocationFrames(location, &frames, &stack.truncated); !s.ok()) {
       return s;
