@@ -338,16 +338,7 @@ v1::TopResponse TopLinesOfStacks(const Profile& expanded, uint32_t limit) {
   for (size_t i = 0; i < sorted.size() && i < limit; ++i) {
     v1::LineStat* stat = response.add_lines();
     stat->set_self(sorted[i]->second);
-    for (uint32_t f : sorted[i]->first) {
-      const ResolvedFunction& rf = expanded.functions[f];
-      v1::Frame* frame = stat->add_frames();
-      frame->set_function(rf.name);
-      frame->set_module(rf.module);
-      frame->set_kind(static_cast<v1::FrameKind>(base::FrameKindOf(rf.module)));
-      frame->set_file(rf.file);
-      frame->set_line(rf.line);
-      frame->set_inlined(rf.inlined);
-    }
+    for (uint32_t f : sorted[i]->first) SetFrame(expanded.functions[f], stat->add_frames());
   }
   return response;
 }

@@ -29,6 +29,15 @@ bool IsLanguageFrame(const ResolvedFunction& f) {
          kind == base::FrameKind::kJit;
 }
 
+void SetFrame(const ResolvedFunction& f, v1::Frame* out) {
+  out->set_function(f.name);
+  out->set_module(f.module);
+  out->set_kind(static_cast<v1::FrameKind>(base::FrameKindOf(f.module)));
+  if (!f.file.empty()) out->set_file(f.file);
+  if (f.line != 0) out->set_line(f.line);
+  if (f.inlined) out->set_inlined(true);
+}
+
 std::vector<FunctionTotals> TopFunctions(const Profile& profile, bool sort_by_total,
                                          SelfOf self_of) {
   std::vector<FunctionTotals> totals(profile.functions.size());

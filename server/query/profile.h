@@ -121,8 +121,12 @@ enum class SelfOf {
   kLanguageFrame,
 };
 
-// Whether `f` is Python or JIT code: a frame SelfOf::kLanguageFrame gives self samples to.
+// Whether `f` is Python, Java or JIT code: a frame SelfOf::kLanguageFrame gives self samples
+// to.
 bool IsLanguageFrame(const ResolvedFunction& f);
+
+// A function as the API's frame (its kind from the module name; file, line, inlined).
+void SetFrame(const ResolvedFunction& f, v1::Frame* out);
 
 // Self and total samples per function; a function appearing several times in one stack
 // (recursion) counts once towards that stack's total.

@@ -117,13 +117,6 @@ bool IsNamingChange(const v1::PhaseChange& c) {
 
 }  // namespace
 
-void SetFrame(const ResolvedFunction& f, v1::Frame* out) {
-  SetFrame(f.name, f.module, out);
-  if (!f.file.empty()) out->set_file(f.file);
-  if (f.line != 0) out->set_line(f.line);
-  if (f.inlined) out->set_inlined(true);
-}
-
 absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int64_t now_ms) {
   ProfileQuery q;
   q.service = filter.service();
@@ -455,12 +448,15 @@ absl::StatusOr<v1::DiffResponse> QueryService::RunDiff(const v1::DiffRequest& re
     auto lines_of = [&](const ProfileQuery& q) {
       return Lines(q, request.language_self(), kEveryLine);
     };
-    auto base_lines = lines_of(*base);
+    // Independent, as the profiles below: the base's on a second thread meanwhile.
+    std::future<absl::StatusOr<v1::TopResponse>> base_load =
+        std::async(std::launch::async, [&] { return lines_of(*base); });
+    auto lines = lines_of(*current);
+    auto base_lines = base_load.get();
     if (!base_lines.ok()) {
       return absl::Status(base_lines.status().code(),
                           absl::StrCat("base: ", base_lines.status().message()));
     }
-    auto lines = lines_of(*current);
     if (!lines.ok()) return lines.status();
     return DiffLines(*base_lines, *lines, EffectiveLimit(request.limit()));
   }

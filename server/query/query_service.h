@@ -30,8 +30,6 @@ absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int
 // The filter of a query (its range made explicit), for asking another server the same.
 v1::ProfileFilter ToProfileFilter(const ProfileQuery& query);
 using rpc::ToGrpcStatus;
-// A function as the API's frame (its kind from the module name; file, line, inlined).
-void SetFrame(const ResolvedFunction& f, v1::Frame* out);
 
 // This server's own answers, from its registry and store only: a single server's, and a
 // cluster node's part of a fan-out (server/cluster).
