@@ -160,6 +160,7 @@ int PrintTopLines(const v1::TopResponse& r, const FilterOptions& f, bool languag
 
 int RunTop(CliContext* ctx, const FilterOptions& f, bool by_total, bool by_line,
            bool language_self) {
+  if (language_self && !by_line) Fail("--language-self counts lines: it needs --by line");
   Client& client = ctx->client();
   v1::TopRequest request;
   *request.mutable_filter() = BuildFilter(f);
@@ -314,6 +315,9 @@ void PrintLineDiff(const v1::DiffResponse& r) {
 }
 
 int RunDiff(CliContext* ctx, const FilterOptions& f, const BaseOptions& b) {
+  if (b.language_self && b.by != "line") {
+    Fail("--language-self counts lines: it needs --by line");
+  }
   Client& client = ctx->client();
   v1::DiffRequest request;
   *request.mutable_filter() = BuildFilter(f);

@@ -544,7 +544,9 @@ void OtlpSeeds() {
   auto* py = b.AddResource({{"service.name", "worker"}, {"host.name", "host-2"}});
   auto* py_cpu = b.AddProfile(py, "samples", "count", kT0);
   auto line = [&](int32_t mapping, const char* function, const char* file, int64_t at,
-                  const char* kind) { return b.Location(mapping, 0, {{function, file, at}}, kind); };
+                  const char* kind) {
+    return b.Location(mapping, 0, {{function, file, at}}, kind);
+  };
   b.AddSample(py_cpu,
               b.Stack({line(libpython, "fib", "/srv/app.py", 4, "cpython"),
                        line(libpython, "fib", "/srv/app.py", 6, "cpython"),

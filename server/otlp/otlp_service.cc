@@ -214,8 +214,10 @@ absl::Status OtlpService::Store(const otlp_v1::ExportProfilesServiceRequest& req
     }
     store::WriteBatch wb;
     // Keyed by the request's commit, so that applying it twice writes the same record.
-    for (const auto& [service, counts] : leaf_lines[group]) {
-      wb.PutLeafAddresses(service, window_start_ms, host, kLeafLinesSender, key, 0, counts);
+    if (auto lines = leaf_lines.find(group); lines != leaf_lines.end()) {
+      for (const auto& [service, counts] : lines->second) {
+        wb.PutLeafAddresses(service, window_start_ms, host, kLeafLinesSender, key, 0, counts);
+      }
     }
     absl::Status committed = committer_->CommitBatch(&wb, host, window_start_ms, cells);
     EndCommit(key, committed.ok());

@@ -207,6 +207,9 @@ absl::StatusOr<v1::TopResponse> QueryService::Lines(ProfileQuery query, bool lan
 }
 
 absl::StatusOr<v1::TopResponse> QueryService::RunTop(const v1::TopRequest& request) {
+  if (request.language_self() && !request.by_line()) {
+    return absl::InvalidArgumentError("language_self counts lines: it needs by_line");
+  }
   if (request.by_line()) {
     auto query = ToProfileQuery(request.filter(), base::NowMs());
     if (!query.ok()) return query.status();
@@ -411,6 +414,9 @@ absl::StatusOr<v1::FlameGraphResponse> QueryService::RunFlameGraph(
 }
 
 absl::StatusOr<v1::DiffResponse> QueryService::RunDiff(const v1::DiffRequest& request) {
+  if (request.language_self() && !request.by_line()) {
+    return absl::InvalidArgumentError("language_self counts lines: it needs by_line");
+  }
   const int64_t now = base::NowMs();
   auto current = ToProfileQuery(request.filter(), now);
   if (!current.ok()) return current.status();

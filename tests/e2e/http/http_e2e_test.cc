@@ -244,6 +244,8 @@ TEST_F(HttpE2eTest, NumericParametersAreRangeChecked) {
            "/api/v1/diff?service=demo&base_to_ms=-1",
            "/api/v1/diff?service=demo&by=path",
            "/api/v1/diff?service=demo&by=line&select=v%3D1",
+           "/api/v1/diff?service=demo&language_self=1",
+           "/api/v1/top?service=demo&language_self=1",
            "/api/v1/export?service=demo&from_ms=1.5",
            "/api/v1/export?service=demo&format=zip",
        });
