@@ -9,12 +9,15 @@
 
 #include <cstdint>
 #include <deque>
+#include <future>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "common/base/frame_kind.h"
 #include "server/query/profile.h"
 
@@ -59,6 +62,23 @@ struct ProfileDiff {
 
 // At most `limit` rows per table; rows without any change are left out.
 ProfileDiff DiffProfiles(const Profile& base, const Profile& current, size_t limit);
+
+// The two sides of a diff, `load(base)` and `load(current)`, independent: the base's on a
+// second thread meanwhile. An error of the base's says so.
+template <typename T, typename LoadFn>
+absl::StatusOr<std::pair<T, T>> LoadBoth(const ProfileQuery& base, const ProfileQuery& current,
+                                         const LoadFn& load) {
+  std::future<absl::StatusOr<T>> base_load =
+      std::async(std::launch::async, [&] { return load(base); });
+  absl::StatusOr<T> compared = load(current);
+  absl::StatusOr<T> base_result = base_load.get();
+  if (!base_result.ok()) {
+    return absl::Status(base_result.status().code(),
+                        absl::StrCat("base: ", base_result.status().message()));
+  }
+  if (!compared.ok()) return compared.status();
+  return std::pair<T, T>(*std::move(base_result), *std::move(compared));
+}
 
 }  // namespace strata::server::query
 

@@ -450,41 +450,25 @@ absl::StatusOr<v1::DiffResponse> QueryService::RunDiff(const v1::DiffRequest& re
   }
   if (request.by_line()) {
     // Every line of both: a line one profile leaves out would seem to appear or vanish.
-    constexpr uint32_t kEveryLine = std::numeric_limits<uint32_t>::max();
-    auto lines_of = [&](const ProfileQuery& q) {
-      return Lines(q, request.language_self(), kEveryLine);
-    };
-    // Independent, as the profiles below: the base's on a second thread meanwhile.
-    std::future<absl::StatusOr<v1::TopResponse>> base_load =
-        std::async(std::launch::async, [&] { return lines_of(*base); });
-    auto lines = lines_of(*current);
-    auto base_lines = base_load.get();
-    if (!base_lines.ok()) {
-      return absl::Status(base_lines.status().code(),
-                          absl::StrCat("base: ", base_lines.status().message()));
-    }
+    auto lines = LoadBoth<v1::TopResponse>(*base, *current, [&](const ProfileQuery& q) {
+      return Lines(q, request.language_self(), std::numeric_limits<uint32_t>::max());
+    });
     if (!lines.ok()) return lines.status();
-    return DiffLines(*base_lines, *lines, EffectiveLimit(request.limit()));
+    return DiffLines(lines->first, lines->second, EffectiveLimit(request.limit()));
   }
-  // The two loads are independent: the base loads on a second thread meanwhile.
-  std::future<absl::StatusOr<Profile>> base_load =
-      std::async(std::launch::async, [&] { return Load(*base); });
-  auto profile = Load(*current);
-  auto base_profile = base_load.get();
-  if (!base_profile.ok()) {
-    return absl::Status(base_profile.status().code(),
-                        absl::StrCat("base: ", base_profile.status().message()));
-  }
-  if (!profile.ok()) return profile.status();
+  auto profiles =
+      LoadBoth<Profile>(*base, *current, [&](const ProfileQuery& q) { return Load(q); });
+  if (!profiles.ok()) return profiles.status();
+  const auto& [base_profile, profile] = *profiles;
 
-  const ProfileDiff diff = DiffProfiles(*base_profile, *profile, EffectiveLimit(request.limit()));
+  const ProfileDiff diff = DiffProfiles(base_profile, profile, EffectiveLimit(request.limit()));
   v1::DiffResponse response;
   response.set_base_total_samples(diff.base_total);
   {
-    std::set<std::string> unreachable(profile->unreachable_nodes.begin(),
-                                      profile->unreachable_nodes.end());
-    unreachable.insert(base_profile->unreachable_nodes.begin(),
-                       base_profile->unreachable_nodes.end());
+    std::set<std::string> unreachable(profile.unreachable_nodes.begin(),
+                                      profile.unreachable_nodes.end());
+    unreachable.insert(base_profile.unreachable_nodes.begin(),
+                       base_profile.unreachable_nodes.end());
     for (const auto& n : unreachable) response.add_unreachable_nodes(n);
   }
   response.set_total_samples(diff.total);
