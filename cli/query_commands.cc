@@ -370,8 +370,9 @@ int RunDiff(CliContext* ctx, const FilterOptions& f, const BaseOptions& b) {
               with_selector(base->service(), base->selector()).c_str(), base_text.c_str(),
               WithThousands(r.base_total_samples()).c_str());
   if (r.total_samples() == 0 && r.base_total_samples() == 0) {
-    std::printf(request.by_line() ? "No leaf addresses in either range.\n"
-                                  : "No samples in either range.\n");
+    std::printf(request.by_line() && !request.language_self()
+                    ? "No leaf addresses in either range.\n"
+                    : "No samples in either range.\n");
     return 0;
   }
   if (request.by_line()) return PrintLineDiff(r), 0;

@@ -245,6 +245,9 @@ const functionText = (f) =>
 // ---- top ----------------------------------------------------------------------------------
 
 // A source line of the API (Frame with file and line), as "function file:line [inlined]".
+// With Lines, the API's language_self: each sample at its innermost Python or Java frame's line.
+const languageSelf = () => $('lines').checked && $('language-self').checked;
+
 const lineText = (f) => f.function + (f.file ? ` ${f.file}${f.line ? ':' + f.line : ''}` : '') +
     (f.inlined ? ' [inlined]' : '');
 
@@ -254,10 +257,12 @@ async function loadTop() {
   if ($('lines').checked) {
     // Self samples per leaf line, its inline chain outermost first.
     p.set('by', 'line');
+    if (languageSelf()) p.set('language_self', '1');
     const r = await api('/api/v1/top', p);
     const total = Number(r.total_samples);
     $('summary').textContent = `${$('service').value}: ${fmt(total)} samples by line` +
-        (Number(r.unresolved_samples) ? `, ${fmt(r.unresolved_samples)} without lines` : '');
+        (Number(r.unresolved_samples) ? `, ${fmt(r.unresolved_samples)} without lines` : '') +
+        (languageSelf() ? '; Python and Java lines with the native code they call' : '');
     fillTable($('top-table'), r.lines.map((l) => [
       cell(fmt(l.self), 'num'), cell(pct(l.self, total), 'num'), cell('', 'num'), cell('', 'num'),
       cell([...l.frames].reverse().map(lineText).join(' > '), 'fn'),
@@ -284,13 +289,22 @@ async function loadDiff() {
   } else if ($('diff-base').value === 'select') {
     // The same range of the targets this selector picks ("did the deploy make it slower?").
     p.set('base_select', $('diff-select').value.trim());
+  } else if ($('diff-base').value === 'range') {
+    const from = Date.parse($('diff-from').value), to = Date.parse($('diff-to').value);
+    if (isNaN(from) || isNaN(to)) throw new Error('pick the start and end of the earlier range');
+    p.set('base_from_ms', from);
+    p.set('base_to_ms', to);
   }
   const byLine = $('lines').checked;
   if (byLine) p.set('by', 'line');
+  if (languageSelf()) p.set('language_self', '1');
   const r = await api('/api/v1/diff', p);
   const bt = Number(r.base_total_samples), t = Number(r.total_samples);
   $('summary').textContent = `base ${fmt(bt)} samples, compared ${fmt(t)} samples` +
-      (byLine ? ' with a leaf address' : '');
+      (byLine && !languageSelf() ? ' with a leaf address' : '');
+  // Leaf addresses are kept per host and window; lines of the stacks take every filter.
+  $('diff-lines-scope').textContent = languageSelf() ? 'every filter applies'
+                                                     : 'the ranges and host apply';
   const deltaCell = (v) => cell(signed(v), 'num ' + (v > 0 ? 'up' : v < 0 ? 'down' : ''));
   $('diff-by-function').hidden = byLine;
   $('diff-by-line').hidden = !byLine;
@@ -392,9 +406,31 @@ async function loadRegressions() {
   await showRegression(chosen >= 0 ? chosen : 0);
 }
 
+// The Diff tab by line for a verdict, counted as the verdict counts functions (language_self):
+// a release's two label values over the same range, a phase change's two ranges.
+function whichLinesParams(v) {
+  const p = new URLSearchParams({ service: v.service, view: 'diff', lines: '1',
+                                  language_self: '1' });
+  const baseFrom = Number(v.baseline_from_ms), candFrom = Number(v.candidate_from_ms);
+  if (v.label) {
+    p.set('select', `${v.label}=${v.candidate}`);
+    p.set('base_select', `${v.label}=${v.baseline}`);
+    p.set('from_ms', Math.min(baseFrom, candFrom));
+    p.set('to_ms', Number(v.candidate_to_ms));
+  } else {
+    p.set('from_ms', candFrom);
+    p.set('to_ms', Number(v.candidate_to_ms));
+    p.set('base_from_ms', baseFrom);
+    p.set('base_to_ms', Math.min(Number(v.baseline_to_ms), candFrom));
+  }
+  return p;
+}
+
 async function showRegression(index) {
   const v = (state.verdicts || [])[index];
   const box = $('regression-flame');
+  $('regression-lines').hidden = !v;
+  if (v) $('regression-lines').href = `?${whichLinesParams(v)}`;
   if (!v) {
     box.replaceChildren();
     $('regression-title').textContent = 'No release of this service was compared yet.';
@@ -660,10 +696,15 @@ function viewParams() {
   try { p = filterParams(); } catch (e) { p = new URLSearchParams({ service: $('service').value }); }
   p.set('view', state.view);
   if ($('lines').checked) p.set('lines', '1');
+  if (languageSelf()) p.set('language_self', '1');
   if (state.view === 'diff' && $('diff-base').value === 'select') {
     p.set('base_select', $('diff-select').value.trim());
   } else if (state.view === 'diff' && $('diff-base').value === 'service') {
     p.set('base_service', $('diff-service').value);
+  } else if (state.view === 'diff' && $('diff-base').value === 'range') {
+    const from = Date.parse($('diff-from').value), to = Date.parse($('diff-to').value);
+    if (!isNaN(from)) p.set('base_from_ms', from);
+    if (!isNaN(to)) p.set('base_to_ms', to);
   }
   if (state.view === 'sandwich' && $('sandwich-function').value.trim()) {
     p.set('function', $('sandwich-function').value.trim());
@@ -717,10 +758,12 @@ for (const b of document.querySelectorAll('nav .tab')) {
 }
 $('filters').addEventListener('submit', (e) => { e.preventDefault(); refresh(); });
 $('diff-form').addEventListener('submit', (e) => { e.preventDefault(); refresh(); });
-$('diff-base').addEventListener('change', () => {
+function showDiffBase() {
   $('diff-service').hidden = $('diff-base').value !== 'service';
   $('diff-select').hidden = $('diff-base').value !== 'select';
-});
+  $('diff-range').hidden = $('diff-base').value !== 'range';
+}
+$('diff-base').addEventListener('change', showDiffBase);
 
 // Suggestions for the label filter: key=value of the service's label sets.
 async function loadLabelHints() {
@@ -747,7 +790,11 @@ $('range').addEventListener('change', () => {
 });
 $('service').addEventListener('change', () => { loadLabelHints(); refresh(); });
 $('type').addEventListener('change', refresh);
-$('lines').addEventListener('change', refresh);
+$('lines').addEventListener('change', () => {
+  $('language-self').disabled = !$('lines').checked;
+  refresh();
+});
+$('language-self').addEventListener('change', refresh);
 
 async function init() {
   try {
@@ -775,15 +822,21 @@ async function init() {
     if (params.get('base_service') !== null) {
       $('diff-base').value = 'service';
       $('diff-service').value = params.get('base_service');
-      $('diff-service').hidden = false;
     }
     if (['cpu', 'off-cpu', 'wall'].includes(params.get('type'))) $('type').value = params.get('type');
     $('lines').checked = params.get('lines') === '1';
+    $('language-self').checked = params.get('language_self') === '1';
+    $('language-self').disabled = !$('lines').checked;
     if (params.get('base_select') !== null) {
       $('diff-base').value = 'select';
       $('diff-select').value = params.get('base_select');
-      $('diff-select').hidden = false;
+    } else if (params.get('base_from_ms')) {
+      $('diff-base').value = 'range';
+      $('diff-from').value = localTime(Number(params.get('base_from_ms')));
+      const to = params.get('base_to_ms');
+      if (to) $('diff-to').value = localTime(Number(to));
     }
+    showDiffBase();
     await loadLabelHints();
     if (params.get('since_s')) {
       const opt = [...$('range').options].find((o) => o.value === params.get('since_s'));

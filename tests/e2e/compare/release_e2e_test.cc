@@ -220,6 +220,29 @@ TEST(ReleaseE2eTest, ANewSlowerReleaseIsReportedWithoutBeingAsked) {
         dom.output, std::regex("background: rgb\\(255, ([0-9]|[1-9][0-9]|1[0-9][0-9]|2[0-4][0-9]|"
                                "25[0-4]), \\1\\);[^>]*>checksum_block<")))
         << dom.output;
+    // Its Which lines link opens the Diff tab by line for the two releases: checksum_block's
+    // code grown (no debug information here: its line is the function's, unnamed), first.
+    std::smatch link;
+    ASSERT_TRUE(std::regex_search(dom.output, link,
+                                  std::regex("id=\"regression-lines\"[^>]*href=\"\\?([^\"]*)\"")))
+        << dom.output;
+    const std::string query = std::regex_replace(link[1].str(), std::regex("&amp;"), "&");
+    EXPECT_NE(query.find("select=version%3D2"), std::string::npos) << query;
+    EXPECT_NE(query.find("base_select=version%3D1"), std::string::npos) << query;
+    EXPECT_NE(query.find("language_self=1"), std::string::npos) << query;
+    CommandResult diff_page = RunCommand(
+        {"/bin/sh", "-c",
+         absl::StrCat(flags, "'http://127.0.0.1:", server->http_port(), "/?", query,
+                      "' 2>/dev/null")},
+        90);
+    ASSERT_EQ(diff_page.exit_code, 0) << diff_page.output;
+    EXPECT_NE(diff_page.output.find("data-loaded=\"diff\""), std::string::npos)
+        << diff_page.output;
+    EXPECT_TRUE(std::regex_search(
+        diff_page.output,
+        std::regex("<tbody><tr><td class=\"num up\">\\+[0-9.]+</td>(<td[^>]*>[^<]*</td>){2}"
+                   "<td class=\"fn\">checksum_block</td>")))
+        << diff_page.output;
   } else {
     std::printf("chromium not installed: the web UI's Regressions tab was not checked\n");
   }
@@ -331,16 +354,19 @@ TEST(ReleaseE2eTest, ASlowerReleaseOnOneHostIsJudgedOverItsWindows) {
                                 std::regex("compare_workload\\.cc:[0-9]+[^\\n]*checksum_block")))
       << by_line.output;
   std::printf("%s\n", by_line.output.c_str());
-  // The web UI's Diff tab with Lines ticked: the same line, grown.
+  // The web UI's Diff tab with Lines ticked, against the same earlier range: the same line,
+  // grown.
   if (ChromiumInstalled()) {
     CommandResult dom = RunCommand(
         {"/bin/sh", "-c",
          absl::StrCat(HeadlessChromium(dir.File("chromium-profile")), " --dump-dom ",
                       "'http://127.0.0.1:", server.http_port(), "/?service=solo&from_ms=",
-                      v2_start_ms, "&view=diff&lines=1' 2>/dev/null")},
+                      v2_start_ms, "&base_from_ms=", start_ms, "&base_to_ms=", v2_start_ms,
+                      "&view=diff&lines=1' 2>/dev/null")},
         90);
     ASSERT_EQ(dom.exit_code, 0) << dom.output;
     EXPECT_NE(dom.output.find("data-loaded=\"diff\""), std::string::npos) << dom.output;
+    EXPECT_NE(dom.output.find("<span id=\"diff-range\">"), std::string::npos) << dom.output;
     EXPECT_TRUE(std::regex_search(
         dom.output, std::regex("class=\"num up\">\\+[0-9.]+</td>(<td[^>]*>[^<]*</td>){2}"
                                "<td class=\"fn\">checksum_block [^<]*compare_workload\\.cc:")))
