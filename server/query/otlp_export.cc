@@ -3,6 +3,7 @@
 #include <string_view>
 
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 #include "common/base/frame_kind.h"
 #include "server/otlp/otlp_builder.h"
@@ -22,32 +23,44 @@ bool SplitKindModule(std::string_view module, std::string_view* kind, std::strin
 
 absl::string_view Absl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-// A function as a location of `b`: kind, mapping and line such that server/otlp reads it
-// back as the same name and module.
-int32_t LocationOf(const ResolvedFunction& f, otlp::RequestBuilder* b) {
+// The frames `chain` of a stack as one location of `b`: a function (the first, outermost)
+// and the functions inlined into it (ExpandLines' frames marked inlined), with their lines
+// innermost first; its kind and mapping such that server/otlp reads it back as the same name
+// and module.
+int32_t LocationOf(const Profile& profile, absl::Span<const uint32_t> chain,
+                   otlp::RequestBuilder* b) {
+  const ResolvedFunction& f = profile.functions[chain.front()];
   std::string_view kind, file;
+  const bool kind_and_file = SplitKindModule(f.module, &kind, &file);
+  // Interpreted code without a source file of its own has the module's.
+  auto lines = [&](std::string_view module_file) {
+    std::vector<otlp::RequestBuilder::Line> out;
+    for (size_t k = chain.size(); k-- > 0;) {
+      const ResolvedFunction& g = profile.functions[chain[k]];
+      out.push_back({g.name, g.file.empty() ? std::string(module_file) : g.file, g.line});
+    }
+    return out;
+  };
   switch (base::FrameKindOf(f.module)) {
     case base::FrameKind::kKernel:
-      return b->Location(b->Mapping(f.module), 0, {{f.name, ""}}, "kernel");
+      return b->Location(b->Mapping(f.module), 0, lines(""), "kernel");
     case base::FrameKind::kPython:
-      SplitKindModule(f.module, &kind, &file);
-      return b->Location(0, 0, {{f.name, std::string(file)}}, "cpython");
+      return b->Location(0, 0, lines(file), "cpython");
     case base::FrameKind::kJava:
-      return b->Location(0, 0, {{f.name, std::string(base::SourceFileOf(f.module))}}, "jvm");
+      return b->Location(0, 0, lines(base::SourceFileOf(f.module)), "jvm");
     case base::FrameKind::kJit:
-      if (SplitKindModule(f.module, &kind, &file) &&
-          (file == "jvm" || file == "hotspot" || file == "v8js" || file == "dotnet" ||
-           file == "beam")) {
-        return b->Location(0, 0, {{f.name, ""}}, Absl(file));  // named by an OTLP sender's kind
+      if (kind_and_file && (file == "jvm" || file == "hotspot" || file == "v8js" ||
+                            file == "dotnet" || file == "beam")) {
+        return b->Location(0, 0, lines(""), Absl(file));  // named by an OTLP sender's kind
       }
       break;
     case base::FrameKind::kUser:
-      if (SplitKindModule(f.module, &kind, &file) && f.module != "[unknown]") {
-        return b->Location(0, 0, {{f.name, std::string(file)}}, Absl(kind));  // php, ruby, ...
+      if (kind_and_file && f.module != "[unknown]") {
+        return b->Location(0, 0, lines(file), Absl(kind));  // php, ruby, ...
       }
       break;
   }
-  return b->Location(b->Mapping(f.module, f.build_id), 0, {{f.name, ""}}, "native");
+  return b->Location(b->Mapping(f.module, f.build_id), 0, lines(""), "native");
 }
 
 }  // namespace
@@ -69,13 +82,23 @@ absl::StatusOr<std::string> EncodeOtlp(const std::vector<std::pair<std::string, 
     if (options.to_ms > options.from_ms) {
       p->set_duration_nano(static_cast<uint64_t>(options.to_ms - options.from_ms) * 1'000'000);
     }
+    // A frame with nothing inlined into it (most) has one location whatever the stack.
     std::vector<int32_t> location_of(profile.functions.size(), -1);
+    std::vector<int32_t> leaf_first;
     for (const ResolvedStack& stack : profile.stacks) {
-      std::vector<int32_t> leaf_first;
-      for (size_t i = stack.frames.size(); i-- > 0;) {
-        int32_t& location = location_of[stack.frames[i]];
-        if (location < 0) location = LocationOf(profile.functions[stack.frames[i]], &b);
-        leaf_first.push_back(location);
+      leaf_first.clear();
+      const absl::Span<const uint32_t> frames(stack.frames.data(), stack.frames.size());
+      for (size_t end = frames.size(); end > 0;) {
+        size_t start = end - 1;
+        while (start > 0 && profile.functions[frames[start]].inlined) --start;
+        if (end - start == 1) {
+          int32_t& location = location_of[frames[start]];
+          if (location < 0) location = LocationOf(profile, frames.subspan(start, 1), &b);
+          leaf_first.push_back(location);
+        } else {
+          leaf_first.push_back(LocationOf(profile, frames.subspan(start, end - start), &b));
+        }
+        end = start;
       }
       if (stack.truncated) leaf_first.push_back(b.Location(0, 0, {}, "abort-marker"));
       const int64_t value = cpu ? static_cast<int64_t>(stack.count)

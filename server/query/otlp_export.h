@@ -5,9 +5,12 @@
 // One ResourceProfiles per host (service.name, host.name), one profile of the query's type:
 // CPU as ("samples", "count"), off-CPU as ("off_cpu", "nanoseconds") with every count
 // multiplied by the sampling period, both with period type ("cpu", "nanoseconds") and period
-// 1e9 / rate. Each stored frame is a location with one line; its kind is profile.frame.type
-// (kernel, cpython, native, or the name kept from an OTLP sender) and its module is the
-// mapping (or the function's file for interpreted code). A truncated stack ends in an
+// 1e9 / rate. The profiles come with their lines (ExpandLines): each frame is a location whose
+// lines are the function and the functions inlined into it, innermost first, each with its
+// file and line where known (callers at their call sites, a leaf's samples split over its
+// sampled lines); its kind is profile.frame.type (kernel, cpython, native, or the name kept
+// from an OTLP sender) and its module is the mapping (or the function's file for interpreted
+// code). A truncated stack ends in an
 // "abort-marker" location, as the eBPF profiler marks one. Samples carry no timestamps: the
 // profile spans the query's range. Label sets are not exported.
 #ifndef STRATA_SERVER_QUERY_OTLP_EXPORT_H_

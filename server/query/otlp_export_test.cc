@@ -91,6 +91,60 @@ TEST(OtlpExportTest, ReadsBackAsTheSameStacksAndCounts) {
   }
 }
 
+// A profile with lines, as ExpandLines gives one: Spin inlined into checksum_block at the
+// leaf, a Python caller at its call's line.
+TEST(OtlpExportTest, LinesAreWrittenWithTheirInlineChains) {
+  Profile p;
+  p.functions = {Function(1, "main", "/usr/bin/app", "ab12"),
+                 Function(2, "handler", "[python:/srv/h.py]"),
+                 Function(3, "checksum_block", "/usr/bin/app", "ab12"),
+                 Function(3, "Spin", "/usr/bin/app", "ab12")};
+  p.functions[0].file = "app.cc";
+  p.functions[0].line = 10;
+  p.functions[1].file = "/srv/h.py";
+  p.functions[1].line = 7;
+  p.functions[2].file = "app.cc";
+  p.functions[2].line = 40;
+  p.functions[3].file = "spin.h";
+  p.functions[3].line = 80;
+  p.functions[3].inlined = true;
+  p.stacks = {Stack(10, 6, {0, 1, 2, 3})};
+  p.total = 6;
+  OtlpExportOptions options;
+  options.service = "svc";
+  options.from_ms = 1'700'000'000'000;
+  auto data = EncodeOtlp({{"host-1", p}}, options);
+  ASSERT_TRUE(data.ok()) << data.status();
+  otlp::otlp_v1::ExportProfilesServiceRequest request;
+  ASSERT_TRUE(request.ParseFromString(*data));
+  const auto& d = request.dictionary();
+  // Leaf first: the leaf's location holds Spin then checksum_block, innermost first.
+  const auto& stack = d.stack_table(
+      request.resource_profiles(0).scope_profiles(0).profiles(0).samples(0).stack_index());
+  std::vector<std::string> locations;
+  for (int32_t l : stack.location_indices()) {
+    std::string text;
+    for (const auto& line : d.location_table(l).lines()) {
+      const auto& f = d.function_table(line.function_index());
+      text += d.string_table(f.name_strindex()) + " " + d.string_table(f.filename_strindex()) +
+              ":" + std::to_string(line.line()) + "; ";
+    }
+    locations.push_back(text);
+  }
+  EXPECT_THAT(locations, ElementsAre("Spin spin.h:80; checksum_block app.cc:40; ",
+                                     "handler /srv/h.py:7; ", "main app.cc:10; "));
+  // Read back, the inlined function is a frame of its own (as any OTLP sender's inline chain),
+  // the Python caller's line its call site.
+  auto r = otlp::ConvertRequest(request, {}, "", 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->cells.size(), 1u);
+  EXPECT_EQ(r->cells[0].count, 6u);
+  EXPECT_THAT(Frames(*r, r->cells[0].stack),
+              ElementsAre("main (/usr/bin/app)", "handler ([python:/srv/h.py])",
+                          "checksum_block (/usr/bin/app)", "Spin (/usr/bin/app)"));
+  EXPECT_THAT(r->stacks[r->cells[0].stack].call_sites, ElementsAre(0, 8, 0));
+}
+
 TEST(OtlpExportTest, WallIsRefused) {
   OtlpExportOptions options;
   options.type = v1::PROFILE_WALL;

@@ -604,17 +604,19 @@ absl::StatusOr<v1::ExportResponse> QueryService::RunOtlpExport(const ProfileQuer
   by_host.build_ids = source_ != nullptr;  // a cluster's nodes send them; here the store has them
   auto profile = Load(by_host);
   if (!profile.ok()) return profile.status();
-  // One resource per host: each host's profile.
+  // One resource per host: each host's profile, with its lines (a ProfileSource has each node
+  // expand them).
+  by_host.lines = true;
   std::vector<std::pair<std::string, Profile>> hosts;
-  if (!query.host.empty()) {
-    hosts.emplace_back(query.host, *profile);
-  } else {
-    for (const std::string& host : profile->hosts) {
-      by_host.host = host;
-      auto of_host = Load(by_host);
-      if (!of_host.ok()) return of_host.status();
-      hosts.emplace_back(host, *std::move(of_host));
+  for (const std::string& host :
+       query.host.empty() ? profile->hosts : std::vector<std::string>{query.host}) {
+    by_host.host = host;
+    auto of_host = Load(by_host);
+    if (of_host.ok() && source_ == nullptr) {
+      of_host = ExpandLines(store_, symbolizer_, by_host, *of_host);
     }
+    if (!of_host.ok()) return of_host.status();
+    hosts.emplace_back(host, *std::move(of_host));
   }
   if (source_ == nullptr) {
     FunctionLookup functions(store_);

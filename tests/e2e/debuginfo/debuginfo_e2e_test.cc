@@ -29,6 +29,7 @@
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/otlp/otlp_builder.h"
 #include "tests/e2e/harness.h"
 #include "tests/e2e/http_client.h"
 
@@ -246,6 +247,11 @@ TEST(DebugInfoTest, AnUploadAfterIngestNamesFramesAlreadyStored) {
   EXPECT_THAT(ls.output, HasSubstr(debug_file)) << ls.output;
 }
 
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 // A source frame as compared here: function, file name (last component), line.
 using Frame = std::tuple<std::string, std::string, uint32_t>;
 
@@ -408,6 +414,37 @@ TEST(DebugInfoTest, LinesAndInlinedFramesMatchAddr2line) {
   EXPECT_THAT(cum.output, HasSubstr("inline_spin.cc:29")) << cum.output;
   EXPECT_THAT(cum.output, HasSubstr("inline_spin.cc:35")) << cum.output;
 
+  // The OTLP export too: each of Spin's sampled addresses a location whose lines are the
+  // chain addr2line -i gives, innermost first, as OTLP orders a location's inlined functions.
+  const std::string otlp_file = dir.File("inline.otlp");
+  CommandResult otlp = RunCommand({BinPath("strata"), "--server", server.address(), "export",
+                                   "--format", "otlp", "--service", "inline", "--since", "1h",
+                                   "-o", otlp_file});
+  ASSERT_EQ(otlp.exit_code, 0) << otlp.output;
+  server::otlp::RequestBuilder::Request otlp_request;
+  ASSERT_TRUE(otlp_request.ParseFromString(Slurp(otlp_file)));
+  const auto& dictionary = otlp_request.dictionary();
+  size_t spin_locations = 0, with_inlined = 0;
+  for (const auto& location : dictionary.location_table()) {
+    std::vector<Frame> chain;
+    for (const auto& line : location.lines()) {
+      const auto& function = dictionary.function_table(line.function_index());
+      chain.emplace_back(dictionary.string_table(function.name_strindex()),
+                         BaseName(dictionary.string_table(function.filename_strindex())),
+                         static_cast<uint32_t>(line.line()));
+    }
+    if (chain.empty() || std::get<0>(chain.back()).rfind("Spin", 0) != 0 ||
+        std::get<2>(chain.back()) == 0) {
+      continue;  // not Spin, or Spin as a caller (Spin calls nothing that is sampled)
+    }
+    EXPECT_TRUE(expected.contains(chain)) << "not a chain addr2line -i gives for Spin: "
+                                          << location.ShortDebugString();
+    ++spin_locations;
+    with_inlined += chain.size() > 1;
+  }
+  EXPECT_GT(spin_locations, 0u);
+  EXPECT_GT(with_inlined, 0u);
+
   // The web UI's Lines box: flame graph frames and top rows are source lines.
   ASSERT_EQ(RunCommand({"/bin/sh", "-c", "test -x /usr/bin/chromium"}).exit_code, 0)
       << "chromium is missing: deploy/install-deps.sh installs it";
@@ -439,11 +476,6 @@ TEST(DebugInfoTest, LinesAndInlinedFramesMatchAddr2line) {
                                     "--by", "line", "--service", "inline", "--focus", "Mix"});
   EXPECT_NE(focus.exit_code, 0);
   EXPECT_THAT(focus.output, HasSubstr("only the time range and --host apply")) << focus.output;
-}
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 // Production samples to a faster binary: a workload built with clang is profiled, its LLVM
