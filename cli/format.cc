@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace strata::cli {
 
@@ -67,6 +68,14 @@ std::string FormatRfc3339(int64_t unix_ms) {
   char buf[32];
   std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &t);
   return buf;
+}
+
+std::string FormatRfc3339Millis(int64_t unix_ms) {
+  std::string text = FormatRfc3339(unix_ms);
+  if (const int64_t millis = unix_ms % 1000; millis != 0) {
+    text.insert(text.size() - 1, absl::StrFormat(".%03d", millis));
+  }
+  return text;
 }
 
 std::string WithThousands(uint64_t value) {

@@ -19,6 +19,8 @@ using base::ParseDuration;
 absl::StatusOr<int64_t> ParseRfc3339(std::string_view text);
 // Unix milliseconds -> "2026-11-21T05:53:00Z".
 std::string FormatRfc3339(int64_t unix_ms);
+// As FormatRfc3339, with the milliseconds when there are any (ParseRfc3339 reads them back).
+std::string FormatRfc3339Millis(int64_t unix_ms);
 
 // 1234567 -> "1,234,567".
 std::string WithThousands(uint64_t value);

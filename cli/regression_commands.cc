@@ -81,6 +81,33 @@ std::string ComparedText(const v1::ReleaseVerdict& v, bool shorten = false) {
                       ShortValue(v.candidate(), shorten));
 }
 
+// `word` as one shell word: quoted unless it is plain.
+std::string ShellWord(const std::string& word) {
+  const bool plain = !word.empty() && word.find_first_not_of(
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.,=:/@%+-") ==
+      std::string::npos;
+  if (plain) return word;
+  std::string quoted = "'";
+  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+// The verdict's which_lines request as the strata diff command that sends it.
+std::string WhichLinesCommand(const v1::ReleaseVerdict& v) {
+  const v1::DiffRequest& d = v.which_lines();
+  std::string command = absl::StrCat("strata diff -s ", ShellWord(d.filter().service()),
+                                     " --by line", d.language_self() ? " --language-self" : "");
+  if (!d.base().selector().empty() || !d.filter().selector().empty()) {
+    absl::StrAppend(&command, " --select-a ", ShellWord(d.base().selector()), " --select-b ",
+                    ShellWord(d.filter().selector()));
+  }
+  absl::StrAppend(&command, " --from ", FormatRfc3339Millis(d.filter().range().from_ms()),
+                  " --to ", FormatRfc3339Millis(d.filter().range().to_ms()), " --base-from ",
+                  FormatRfc3339Millis(d.base().range().from_ms()), " --base-to ",
+                  FormatRfc3339Millis(d.base().range().to_ms()));
+  return command;
+}
+
 int RunRegressions(CliContext* ctx, const RegressionOptions& o) {
   absl::StatusOr<int64_t> since = base::ParseDuration(o.since);
   if (!since.ok() || *since <= 0) Fail(absl::StrCat("--since: '", o.since, "' is not a duration"));
@@ -130,21 +157,7 @@ int RunRegressions(CliContext* ctx, const RegressionOptions& o) {
                         absl::StrFormat("%.2g", f.q())});
     }
     std::fputs(functions.ToString().c_str(), stdout);
-    // The lines behind it, counted as the verdict counts functions (language_self): a
-    // release's two label values over the same range, a phase change's two ranges.
-    if (v.kind() == v1::ReleaseVerdict::RELEASE && !v.label().empty()) {
-      std::printf("Which lines: strata diff -s %s --by line --language-self --select-a %s=%s "
-                  "--select-b %s=%s --from %s\n",
-                  v.service().c_str(), v.label().c_str(), v.baseline().c_str(),
-                  v.label().c_str(), v.candidate().c_str(),
-                  FormatRfc3339(v.baseline_from_ms()).c_str());
-    } else if (v.candidate_from_ms() > v.baseline_from_ms()) {
-      std::printf("Which lines: strata diff -s %s --by line --language-self --from %s "
-                  "--base-from %s --base-to %s\n",
-                  v.service().c_str(), FormatRfc3339(v.candidate_from_ms()).c_str(),
-                  FormatRfc3339(v.baseline_from_ms()).c_str(),
-                  FormatRfc3339(std::min(v.baseline_to_ms(), v.candidate_from_ms())).c_str());
-    }
+    if (v.has_which_lines()) std::printf("Which lines: %s\n", WhichLinesCommand(v).c_str());
   }
   return 0;
 }

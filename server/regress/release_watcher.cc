@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "server/regress/verdict.h"
 
 namespace strata::server::regress {
 namespace {
@@ -233,6 +234,7 @@ absl::Status ReleaseWatcher::Compare(v1::ReleaseVerdict& release, int64_t now_ms
   release.set_baseline_to_ms(plan.baseline_to_ms);
   release.set_candidate_from_ms(plan.candidate_from_ms);
   release.set_candidate_to_ms(plan.candidate_to_ms);
+  *release.mutable_which_lines() = WhichLinesRequestFor(plan);
   release.set_state(outcome->state());
   *release.mutable_functions() = outcome->functions();
   release.set_min_detectable(outcome->min_detectable());

@@ -132,6 +132,13 @@ TEST(ReleaseWatcherTest, ANewReleaseIsComparedWithTheOneItReplacesUntilItsWindow
   EXPECT_TRUE(plan.one_host_windows);
   EXPECT_EQ(plan.window_s, 60u);
   EXPECT_EQ((*changed)[0].window_s(), 0u);
+  // The lines behind it: the comparison's two selections, by line.
+  const v1::DiffRequest& lines = (*changed)[0].which_lines();
+  EXPECT_TRUE(lines.by_line());
+  EXPECT_EQ(lines.base().selector(), "version=1");
+  EXPECT_EQ(lines.base().range().from_ms(), 41 * kMinute);
+  EXPECT_EQ(lines.filter().selector(), "version=2-slow");
+  EXPECT_EQ(lines.filter().range().from_ms(), 101 * kMinute);
 
   // Compared again as samples accrue; reported again only when the state changes.
   changed = watcher.Check(105 * kMinute);

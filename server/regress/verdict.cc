@@ -7,19 +7,34 @@
 
 namespace strata::server::regress {
 
+namespace {
+
+// The plan's baseline and candidate selections.
+v1::ProfileFilter BaselineOf(const ComparisonPlan& plan) {
+  v1::ProfileFilter f;
+  f.set_service(plan.service);
+  f.set_selector(plan.baseline_selector);
+  f.mutable_range()->set_from_ms(plan.baseline_from_ms);
+  f.mutable_range()->set_to_ms(plan.baseline_to_ms);
+  return f;
+}
+
+v1::ProfileFilter CandidateOf(const ComparisonPlan& plan) {
+  v1::ProfileFilter f;
+  f.set_service(plan.service);
+  f.set_selector(plan.candidate_selector);
+  f.mutable_range()->set_from_ms(plan.candidate_from_ms);
+  f.mutable_range()->set_to_ms(plan.candidate_to_ms);
+  return f;
+}
+
+}  // namespace
+
 v1::CompareRequest CompareRequestFor(const ComparisonPlan& plan, double fdr) {
   v1::CompareRequest request;
   request.set_service(plan.service);
-  v1::ProfileFilter* baseline = request.mutable_baseline();
-  baseline->set_service(plan.service);
-  baseline->set_selector(plan.baseline_selector);
-  baseline->mutable_range()->set_from_ms(plan.baseline_from_ms);
-  baseline->mutable_range()->set_to_ms(plan.baseline_to_ms);
-  v1::ProfileFilter* candidate = request.mutable_candidate();
-  candidate->set_service(plan.service);
-  candidate->set_selector(plan.candidate_selector);
-  candidate->mutable_range()->set_from_ms(plan.candidate_from_ms);
-  candidate->mutable_range()->set_to_ms(plan.candidate_to_ms);
+  *request.mutable_baseline() = BaselineOf(plan);
+  *request.mutable_candidate() = CandidateOf(plan);
   request.set_windows_independent(plan.windows_independent);
   request.set_one_host_windows(plan.one_host_windows);
   // A Python or Java service's release is about its own functions: the runtime's native code
@@ -27,6 +42,15 @@ v1::CompareRequest CompareRequestFor(const ComparisonPlan& plan, double fdr) {
   request.set_language_self(true);
   request.set_window_s(plan.window_s);
   request.set_fdr(fdr);
+  return request;
+}
+
+v1::DiffRequest WhichLinesRequestFor(const ComparisonPlan& plan) {
+  v1::DiffRequest request;
+  *request.mutable_base() = BaselineOf(plan);
+  *request.mutable_filter() = CandidateOf(plan);
+  request.set_by_line(true);
+  request.set_language_self(true);  // as CompareRequestFor
   return request;
 }
 

@@ -24,6 +24,10 @@ namespace strata::server::regress {
 // `fdr`: the false discovery rate of the comparison (0: the query service's default).
 v1::CompareRequest CompareRequestFor(const ComparisonPlan& plan, double fdr);
 
+// The diff by line of the plan's two selections, lines counted as the comparison counts
+// functions (ReleaseVerdict.which_lines).
+v1::DiffRequest WhichLinesRequestFor(const ComparisonPlan& plan);
+
 // The verdict's state, its significant functions (at most `max_functions`: the cause first,
 // then the others by |delta|, largest first) and the comparison's sizes.
 v1::ReleaseVerdict VerdictOf(const v1::CompareResponse& comparison, size_t max_functions = 10);

@@ -113,6 +113,12 @@ TEST(VerdictTest, ThePlanBecomesACompareRequest) {
   EXPECT_EQ(r.candidate().range().from_ms(), 50);
   EXPECT_EQ(r.candidate().range().to_ms(), 90);
   EXPECT_DOUBLE_EQ(r.fdr(), 0.01);
+  // Its lines: the same two selections, by line, counted the same way.
+  v1::DiffRequest lines = WhichLinesRequestFor(plan);
+  EXPECT_TRUE(lines.by_line());
+  EXPECT_TRUE(lines.language_self());
+  EXPECT_EQ(lines.base().ShortDebugString(), r.baseline().ShortDebugString());
+  EXPECT_EQ(lines.filter().ShortDebugString(), r.candidate().ShortDebugString());
 }
 
 TEST(VerdictTest, PerRequestFiguresDecideWhereTheComparisonHasThem) {

@@ -406,22 +406,24 @@ async function loadRegressions() {
   await showRegression(chosen >= 0 ? chosen : 0);
 }
 
-// The Diff tab by line for a verdict, counted as the verdict counts functions (language_self):
-// a release's two label values over the same range, a phase change's two ranges.
+// The Diff tab by line for a verdict (its which_lines request): two releases' selectors over
+// one range that covers both of theirs, or one selection's two ranges (a phase change).
 function whichLinesParams(v) {
-  const p = new URLSearchParams({ service: v.service, view: 'diff', lines: '1',
-                                  language_self: '1' });
-  const baseFrom = Number(v.baseline_from_ms), candFrom = Number(v.candidate_from_ms);
-  if (v.label) {
-    p.set('select', `${v.label}=${v.candidate}`);
-    p.set('base_select', `${v.label}=${v.baseline}`);
-    p.set('from_ms', Math.min(baseFrom, candFrom));
-    p.set('to_ms', Number(v.candidate_to_ms));
+  const d = v.which_lines, f = d.filter, b = d.base;
+  const p = new URLSearchParams({ service: f.service, view: 'diff', lines: '1' });
+  if (d.language_self) p.set('language_self', '1');
+  const selector = f.selector || '', baseSelector = b.selector || '';
+  if (selector) p.set('select', selector);
+  const ms = (r, key) => Number((r.range || {})[key] || 0);
+  if (baseSelector !== selector) {
+    p.set('base_select', baseSelector);
+    p.set('from_ms', Math.min(ms(f, 'from_ms'), ms(b, 'from_ms')));
+    p.set('to_ms', Math.max(ms(f, 'to_ms'), ms(b, 'to_ms')));
   } else {
-    p.set('from_ms', candFrom);
-    p.set('to_ms', Number(v.candidate_to_ms));
-    p.set('base_from_ms', baseFrom);
-    p.set('base_to_ms', Math.min(Number(v.baseline_to_ms), candFrom));
+    p.set('from_ms', ms(f, 'from_ms'));
+    p.set('to_ms', ms(f, 'to_ms'));
+    p.set('base_from_ms', ms(b, 'from_ms'));
+    p.set('base_to_ms', ms(b, 'to_ms'));
   }
   return p;
 }
@@ -429,8 +431,8 @@ function whichLinesParams(v) {
 async function showRegression(index) {
   const v = (state.verdicts || [])[index];
   const box = $('regression-flame');
-  $('regression-lines').hidden = !v;
-  if (v) $('regression-lines').href = `?${whichLinesParams(v)}`;
+  $('regression-lines').hidden = !(v && v.which_lines);
+  if (v && v.which_lines) $('regression-lines').href = `?${whichLinesParams(v)}`;
   if (!v) {
     box.replaceChildren();
     $('regression-title').textContent = 'No release of this service was compared yet.';

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "strata/v1/query.grpc.pb.h"
@@ -187,16 +188,17 @@ TEST(ReleaseE2eTest, ANewSlowerReleaseIsReportedWithoutBeingAsked) {
   EXPECT_NE(cli.output.find("version 1 -> 2"), std::string::npos) << cli.output;
   EXPECT_NE(cli.output.find("REGRESSED"), std::string::npos) << cli.output;
   EXPECT_NE(cli.output.find("checksum_block"), std::string::npos) << cli.output;
-  const std::string which_lines =
-      "Which lines: strata diff -s cmp --by line --language-self --select-a version=1 "
-      "--select-b version=2 --from ";
-  const size_t hint = cli.output.find(which_lines);
-  ASSERT_NE(hint, std::string::npos) << cli.output;
+  std::smatch hint;
+  ASSERT_TRUE(std::regex_search(
+      cli.output, hint,
+      std::regex("Which lines: strata (diff -s cmp --by line --language-self --select-a "
+                 "version=1 --select-b version=2 --from [^ ]+ --to [^ ]+ --base-from [^ ]+ "
+                 "--base-to [^ \\n]+)\\n")))
+      << cli.output;
   // The command it names runs, and finds checksum_block's code rose.
-  CommandResult lines = RunCommand(
-      {BinPath("strata"), "--server", server->address(), "diff", "-s", "cmp", "--by", "line",
-       "--language-self", "--select-a", "version=1", "--select-b", "version=2", "--from",
-       cli.output.substr(hint + which_lines.size(), 20)});
+  std::vector<std::string> argv = {BinPath("strata"), "--server", server->address()};
+  for (absl::string_view word : absl::StrSplit(hint[1].str(), ' ')) argv.emplace_back(word);
+  CommandResult lines = RunCommand(argv);
   ASSERT_EQ(lines.exit_code, 0) << lines.output;
   std::printf("%s\n", lines.output.c_str());
   EXPECT_TRUE(std::regex_search(lines.output, std::regex("\\n\\+[0-9.]+ [^\\n]*checksum_block")))
