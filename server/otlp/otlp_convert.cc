@@ -119,19 +119,26 @@ class Converter {
   absl::Status AddProfile(const Profile& profile, const Attributes& resource_attributes,
                           absl::string_view field);
   absl::StatusOr<StackOfIndex> StackOf(int32_t stack_index);
-  // A location's frames, innermost first, and each one's line where its function's offsets
-  // are lines (common/base/frame_kind.h), else 0; `abort`: the sender's marker of an
-  // unwinding stop.
-  struct LocationFrames {
+  // Frames leaf first, and each one's line where its function's offsets are lines
+  // (common/base/frame_kind.h), else 0.
+  struct Frames {
     std::vector<uint32_t> leaf_first;
     std::vector<uint32_t> lines;
+  };
+  // A location's frames, innermost first: `size` of location_frames_ from `begin`, converted
+  // once per location (a request may name one location in every stack, and its attributes
+  // each time); `abort`: the sender's marker of an unwinding stop.
+  struct LocationFrames {
+    uint32_t begin = 0;
+    uint32_t size = 0;
+    bool converted = false;
     bool abort = false;
   };
-  // Appends `location`'s frames to `leaf_first`, innermost first (converted once per
-  // location: a request may name one location in every stack, and its attributes each time).
-  absl::Status AddLocationFrames(int32_t location_index, LocationFrames* leaf_first,
-                                 bool* truncated);
-  absl::Status ConvertLocation(int32_t location_index, LocationFrames* out);
+  // Appends `location`'s frames to `frames`, innermost first.
+  absl::Status AddLocationFrames(int32_t location_index, Frames* frames, bool* truncated);
+  // Appends the location's frames to location_frames_; `abort` for the sender's marker of an
+  // unwinding stop.
+  absl::Status ConvertLocation(int32_t location_index, bool* abort);
   // The build ID of a mapping (once per mapping, as for locations).
   absl::StatusOr<std::string> BuildIdOf(int32_t mapping_index, absl::string_view field);
   absl::StatusOr<uint32_t> FunctionOf(store::FunctionInfo info, absl::string_view field);
@@ -145,7 +152,8 @@ class Converter {
   absl::flat_hash_map<std::string, uint32_t> function_ids_;
   absl::flat_hash_map<std::string, uint32_t> stack_ids_;         // by frames
   absl::flat_hash_map<int32_t, StackOfIndex> stack_of_index_;    // by Stack table index
-  absl::flat_hash_map<int32_t, LocationFrames> location_frames_;  // by location index
+  std::vector<LocationFrames> locations_;  // by location index
+  Frames location_frames_;                 // every converted location's, one after another
   absl::flat_hash_map<int32_t, std::string> build_ids_;           // by mapping index
   size_t stack_frames_ = 0;  // of out_.stacks, against kMaxRequestFrames
   std::vector<Context> contexts_;
@@ -155,7 +163,7 @@ class Converter {
   absl::flat_hash_map<LeafLineKey, uint64_t> leaf_line_raw_;
   absl::flat_hash_set<uint32_t> recursive_;  // scratch
   std::vector<uint64_t> call_sites_;         // scratch
-  LocationFrames stack_frames_scratch_;      // StackOf's, leaf first
+  Frames stack_frames_scratch_;              // StackOf's
 };
 
 absl::StatusOr<absl::string_view> Converter::String(int32_t index, absl::string_view field) const {
@@ -329,19 +337,27 @@ std::string ModuleFor(absl::string_view kind, absl::string_view mapping_file,
   return absl::StrCat("[", kind, ":", function_file, "]");
 }
 
-absl::Status Converter::AddLocationFrames(int32_t location_index, LocationFrames* leaf_first,
+absl::Status Converter::AddLocationFrames(int32_t location_index, Frames* frames,
                                           bool* truncated) {
-  auto it = location_frames_.find(location_index);
-  if (it == location_frames_.end()) {
-    LocationFrames frames;
-    if (absl::Status s = ConvertLocation(location_index, &frames); !s.ok()) return s;
-    it = location_frames_.emplace(location_index, std::move(frames)).first;
+  if (location_index < 0 || location_index >= dict_.location_table_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stack: location index ", location_index, " outside the location table (",
+        dict_.location_table_size(), " entries)"));
   }
-  if (it->second.abort) *truncated = true;
-  leaf_first->leaf_first.insert(leaf_first->leaf_first.end(), it->second.leaf_first.begin(),
-                                it->second.leaf_first.end());
-  leaf_first->lines.insert(leaf_first->lines.end(), it->second.lines.begin(),
-                           it->second.lines.end());
+  if (locations_.empty()) locations_.resize(dict_.location_table_size());
+  LocationFrames& location = locations_[location_index];
+  if (!location.converted) {
+    location.begin = static_cast<uint32_t>(location_frames_.leaf_first.size());
+    if (absl::Status s = ConvertLocation(location_index, &location.abort); !s.ok()) return s;
+    location.size = static_cast<uint32_t>(location_frames_.leaf_first.size()) - location.begin;
+    location.converted = true;
+  }
+  if (location.abort) *truncated = true;
+  const auto from = [&](const std::vector<uint32_t>& v) { return v.begin() + location.begin; };
+  frames->leaf_first.insert(frames->leaf_first.end(), from(location_frames_.leaf_first),
+                            from(location_frames_.leaf_first) + location.size);
+  frames->lines.insert(frames->lines.end(), from(location_frames_.lines),
+                       from(location_frames_.lines) + location.size);
   return absl::OkStatus();
 }
 
@@ -354,20 +370,16 @@ absl::StatusOr<std::string> Converter::BuildIdOf(int32_t mapping_index,
   return build_ids_.emplace(mapping_index, *std::move(build_id)).first->second;
 }
 
-absl::Status Converter::ConvertLocation(int32_t location_index, LocationFrames* out) {
-  std::vector<uint32_t>* leaf_first = &out->leaf_first;
-  if (location_index < 0 || location_index >= dict_.location_table_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "stack: location index ", location_index, " outside the location table (",
-        dict_.location_table_size(), " entries)"));
-  }
+absl::Status Converter::ConvertLocation(int32_t location_index, bool* abort) {
+  std::vector<uint32_t>* leaf_first = &location_frames_.leaf_first;
+  std::vector<uint32_t>* lines = &location_frames_.lines;
   const Location& location = dict_.location_table(location_index);
   const std::string field = absl::StrCat("location ", location_index);
   auto kind = FindAttribute(location.attribute_indices(), kFrameType, field);
   if (!kind.ok()) return kind.status();
   absl::AsciiStrToLower(&*kind);
   if (absl::StartsWith(*kind, "abort")) {  // the eBPF profiler's marker of an unwinding stop
-    out->abort = true;
+    *abort = true;
     return absl::OkStatus();
   }
   if (location.mapping_index() < 0 || location.mapping_index() >= dict_.mapping_table_size()) {
@@ -396,7 +408,7 @@ absl::Status Converter::ConvertLocation(int32_t location_index, LocationFrames* 
                          field);
     if (!fn.ok()) return fn.status();
     leaf_first->push_back(*fn);
-    out->lines.push_back(0);
+    lines->push_back(0);
     return absl::OkStatus();
   }
   for (const auto& line : location.lines()) {  // innermost (inlined) first
@@ -420,7 +432,7 @@ absl::Status Converter::ConvertLocation(int32_t location_index, LocationFrames* 
     if (!fn.ok()) return fn.status();
     leaf_first->push_back(*fn);
     // A line past what the agents' offsets hold is not known.
-    out->lines.push_back(offsets_are_lines && line.line() > 0 && line.line() < UINT32_MAX
+    lines->push_back(offsets_are_lines && line.line() > 0 && line.line() < UINT32_MAX
                              ? static_cast<uint32_t>(line.line())
                              : 0);
   }
@@ -435,7 +447,7 @@ absl::StatusOr<Converter::StackOfIndex> Converter::StackOf(int32_t stack_index) 
                                                    dict_.stack_table_size(), " entries)"));
   }
   ConvertedStack stack;
-  LocationFrames& frames = stack_frames_scratch_;  // leaf first
+  Frames& frames = stack_frames_scratch_;
   frames.leaf_first.clear();
   frames.lines.clear();
   for (int32_t location : dict_.stack_table(stack_index).location_indices()) {

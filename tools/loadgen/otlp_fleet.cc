@@ -60,15 +60,8 @@ class Sender {
   // One interval's request, queued.
   void Tick(absl::Time now) {
     const Payload& p = program_->payload(next_sequence_++ + index_);
-    Pending pending{p.otlp, p.samples, p.contexts, absl::InfiniteFuture()};
-    auto* resource = pending.request.mutable_resource_profiles(0)->mutable_resource();
-    for (const auto& [key, value] : resource_) {
-      auto* kv = resource->add_attributes();
-      kv->set_key(key);
-      kv->mutable_value()->set_string_value(value);
-    }
-    pending.request.mutable_resource_profiles(0)->mutable_scope_profiles(0)->mutable_profiles(0)
-        ->set_time_unix_nano(static_cast<uint64_t>(absl::ToUnixNanos(now)));
+    Pending pending{OtlpRequestOf(p, resource_, static_cast<uint64_t>(absl::ToUnixNanos(now))),
+                    p.samples, p.contexts, absl::InfiniteFuture()};
     ++sent_;
     queue_.push_back(std::move(pending));
   }

@@ -59,6 +59,22 @@ OtlpRequest(const SampleStream& stream, const std::vector<StreamStack>& interval
 
 }  // namespace
 
+::opentelemetry::proto::collector::profiles::v1development::ExportProfilesServiceRequest
+OtlpRequestOf(const Payload& payload,
+              const std::vector<std::pair<std::string, std::string>>& resource,
+              uint64_t time_unix_nano) {
+  auto request = payload.otlp;
+  auto* attributes = request.mutable_resource_profiles(0)->mutable_resource();
+  for (const auto& [key, value] : resource) {
+    auto* kv = attributes->add_attributes();
+    kv->set_key(key);
+    kv->mutable_value()->set_string_value(value);
+  }
+  request.mutable_resource_profiles(0)->mutable_scope_profiles(0)->mutable_profiles(0)
+      ->set_time_unix_nano(time_unix_nano);
+  return request;
+}
+
 absl::StatusOr<std::unique_ptr<Program>> Program::Build(const ProgramOptions& options) {
   SyntheticOptions synthetic;
   synthetic.functions = options.functions;

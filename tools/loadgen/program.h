@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -46,6 +47,13 @@ struct Payload {
   // unless ProgramOptions::otlp).
   ::opentelemetry::proto::collector::profiles::v1development::ExportProfilesServiceRequest otlp;
 };
+
+// `payload`'s OTLP request as an agent with `resource` (service.name, host.name, labels)
+// sends it at `time_unix_nano`.
+::opentelemetry::proto::collector::profiles::v1development::ExportProfilesServiceRequest
+OtlpRequestOf(const Payload& payload,
+              const std::vector<std::pair<std::string, std::string>>& resource,
+              uint64_t time_unix_nano);
 
 class Program {
  public:

@@ -105,15 +105,11 @@ double OtlpAnchorMsPerMillionSamples() {
   std::vector<std::string> requests;
   uint64_t samples_per_round = 0;
   for (uint64_t i = 0; i < 16; ++i) {
-    server::otlp::otlp_v1::ExportProfilesServiceRequest request = (*program)->payload(i).otlp;
-    auto* resource = request.mutable_resource_profiles(0)->mutable_resource();
-    for (const auto& [key, value] : {std::pair{"service.name", "guard"},
-                                     std::pair{"host.name", "guard-host-0"}}) {
-      auto* kv = resource->add_attributes();
-      kv->set_key(key);
-      kv->mutable_value()->set_string_value(value);
-    }
-    requests.push_back(request.SerializeAsString());
+    requests.push_back(loadgen::OtlpRequestOf((*program)->payload(i),
+                                              {{"service.name", "guard"},
+                                               {"host.name", "guard-host-0"}},
+                                              0)
+                           .SerializeAsString());
     samples_per_round += (*program)->payload(i).samples;
   }
   double best = 1e300;
