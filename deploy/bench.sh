@@ -32,7 +32,9 @@ for b in "${want[@]}"; do
     query) "$bin/query_benchmark" ;;
     fleet) tests/bench/fleet/fleet.sh "$bin" ;;
     tls) tests/bench/fleet/tls.sh "$bin" ;;
-    otlp) tests/bench/fleet/otlp.sh "$bin" ;;  # OTLP exports vs Strata's stream, same samples
+    otlp)  # OTLP exports vs Strata's stream, same samples; the conversion vs parsing
+      tests/bench/fleet/otlp.sh "$bin"
+      "$bin/otlp_convert_benchmark" ;;
     faults) tests/bench/faults/outage_rss.sh 30 "$bin" ;;
     agent)  # vs perf record, dwarf; then the shipper at 1 s against gRPC's own cost a message
       BUILD="$(cd "$build" && pwd)" tests/bench/agent/overhead.sh
