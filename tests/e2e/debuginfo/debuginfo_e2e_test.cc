@@ -470,6 +470,17 @@ TEST(DebugInfoTest, LinesAndInlinedFramesMatchAddr2line) {
               ::testing::ContainsRegex("<td class=\"fn\">Spin[^<]* &gt; Scale [^<]*inline_spin.cc:1[78] "
                                      "\\[inlined\\] &gt; Mix [^<]*inline_spin.cc:1[123] \\[inlined\\]</td>"))
       << top_page.output;
+  // With Python/Java lines ticked too: lines from the stacks, a native leaf at its own line.
+  CommandResult self_page =
+      web_page("service=inline&since_s=3600&lines=1&language_self=1&view=top");
+  ASSERT_EQ(self_page.exit_code, 0) << self_page.output;
+  EXPECT_THAT(self_page.output, HasSubstr("Python and Java lines with the native code they call"))
+      << self_page.output;
+  EXPECT_THAT(self_page.output,
+              ::testing::ContainsRegex(
+                  "<td class=\"fn\">Spin[^<]* &gt; Scale [^<]*inline_spin.cc:1[78] \\[inlined\\] "
+                  "&gt; Mix [^<]*inline_spin.cc:1[123] \\[inlined\\]</td>"))
+      << self_page.output;
 
   // Filters that leaf addresses cannot honour are refused, not ignored.
   CommandResult focus = RunCommand({BinPath("strata"), "--server", server.address(), "top",
