@@ -3,29 +3,28 @@
 #include <algorithm>
 #include <cstddef>
 #include <cmath>
+#include <string>
 #include <vector>
 
 namespace strata::server::regress {
 
 namespace {
 
-// The plan's baseline and candidate selections.
-v1::ProfileFilter BaselineOf(const ComparisonPlan& plan) {
+// One of the plan's two selections: `service`'s samples matching `selector` in [from, to).
+v1::ProfileFilter SelectionOf(const std::string& service, const std::string& selector,
+                              int64_t from_ms, int64_t to_ms) {
   v1::ProfileFilter f;
-  f.set_service(plan.service);
-  f.set_selector(plan.baseline_selector);
-  f.mutable_range()->set_from_ms(plan.baseline_from_ms);
-  f.mutable_range()->set_to_ms(plan.baseline_to_ms);
+  f.set_service(service);
+  f.set_selector(selector);
+  f.mutable_range()->set_from_ms(from_ms);
+  f.mutable_range()->set_to_ms(to_ms);
   return f;
 }
-
-v1::ProfileFilter CandidateOf(const ComparisonPlan& plan) {
-  v1::ProfileFilter f;
-  f.set_service(plan.service);
-  f.set_selector(plan.candidate_selector);
-  f.mutable_range()->set_from_ms(plan.candidate_from_ms);
-  f.mutable_range()->set_to_ms(plan.candidate_to_ms);
-  return f;
+v1::ProfileFilter BaselineOf(const ComparisonPlan& p) {
+  return SelectionOf(p.service, p.baseline_selector, p.baseline_from_ms, p.baseline_to_ms);
+}
+v1::ProfileFilter CandidateOf(const ComparisonPlan& p) {
+  return SelectionOf(p.service, p.candidate_selector, p.candidate_from_ms, p.candidate_to_ms);
 }
 
 }  // namespace
