@@ -10,6 +10,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/escaping.h"
@@ -139,8 +140,18 @@ class Converter {
   // Appends the location's frames to location_frames_; `abort` for the sender's marker of an
   // unwinding stop.
   absl::Status ConvertLocation(int32_t location_index, bool* abort);
-  // The build ID of a mapping (once per mapping, as for locations).
-  absl::StatusOr<std::string> BuildIdOf(int32_t mapping_index, absl::string_view field);
+  // The build ID of a mapping (once per mapping, as for locations; valid as long as the
+  // converter).
+  absl::StatusOr<absl::string_view> BuildIdOf(int32_t mapping_index, absl::string_view field);
+  // A location line's function, and whether its offsets are lines.
+  struct LineFunction {
+    uint32_t function;
+    bool offsets_are_lines;
+  };
+  absl::StatusOr<LineFunction> LineFunctionOf(const profiles_v1::Function& function,
+                                              absl::string_view kind,
+                                              absl::string_view mapping_file,
+                                              absl::string_view build_id, absl::string_view field);
   absl::StatusOr<uint32_t> FunctionOf(store::FunctionInfo info, absl::string_view field);
 
   const ProfilesDictionary& dict_;
@@ -154,7 +165,14 @@ class Converter {
   absl::flat_hash_map<int32_t, StackOfIndex> stack_of_index_;    // by Stack table index
   std::vector<LocationFrames> locations_;  // by location index
   Frames location_frames_;                 // every converted location's, one after another
-  absl::flat_hash_map<int32_t, std::string> build_ids_;           // by mapping index
+  absl::node_hash_map<int32_t, std::string> build_ids_;  // by mapping index (stable values)
+  // The lowercased frame type of locations with one attribute, by its attribute index.
+  absl::flat_hash_map<int32_t, std::string> kinds_;
+  // Converted location lines' functions by (function index, mapping index, the location's
+  // one attribute index or -1 for none): most locations of a request repeat a function (one
+  // per call site), whose name and module need building once.
+  absl::flat_hash_map<std::tuple<int32_t, int32_t, int32_t>, LineFunction> line_functions_;
+  std::string location_field_;  // scratch: "location N", for errors
   size_t stack_frames_ = 0;  // of out_.stacks, against kMaxRequestFrames
   std::vector<Context> contexts_;
   absl::flat_hash_map<std::string, uint32_t> context_ids_;
@@ -361,8 +379,8 @@ absl::Status Converter::AddLocationFrames(int32_t location_index, Frames* frames
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> Converter::BuildIdOf(int32_t mapping_index,
-                                                 absl::string_view field) {
+absl::StatusOr<absl::string_view> Converter::BuildIdOf(int32_t mapping_index,
+                                                       absl::string_view field) {
   if (auto it = build_ids_.find(mapping_index); it != build_ids_.end()) return it->second;
   auto build_id =
       FindAttribute(dict_.mapping_table(mapping_index).attribute_indices(), kGnuBuildId, field);
@@ -370,14 +388,44 @@ absl::StatusOr<std::string> Converter::BuildIdOf(int32_t mapping_index,
   return build_ids_.emplace(mapping_index, *std::move(build_id)).first->second;
 }
 
+absl::StatusOr<Converter::LineFunction> Converter::LineFunctionOf(
+    const profiles_v1::Function& function, absl::string_view kind, absl::string_view mapping_file,
+    absl::string_view build_id, absl::string_view field) {
+  auto name = String(function.name_strindex(), field);
+  if (!name.ok()) return name.status();
+  if (name->empty()) name = String(function.system_name_strindex(), field);
+  if (!name.ok()) return name.status();
+  auto file = String(function.filename_strindex(), field);
+  if (!file.ok()) return file.status();
+  std::string module = ModuleFor(kind, mapping_file, *file);
+  const bool offsets_are_lines = base::OffsetsAreLines(base::FrameKindOf(module));
+  auto fn = FunctionOf({std::string(name->empty() ? kUnknown : *name), std::move(module),
+                        std::string(build_id), 0},
+                       field);
+  if (!fn.ok()) return fn.status();
+  return LineFunction{*fn, offsets_are_lines};
+}
+
 absl::Status Converter::ConvertLocation(int32_t location_index, bool* abort) {
   std::vector<uint32_t>* leaf_first = &location_frames_.leaf_first;
   std::vector<uint32_t>* lines = &location_frames_.lines;
   const Location& location = dict_.location_table(location_index);
-  const std::string field = absl::StrCat("location ", location_index);
-  auto kind = FindAttribute(location.attribute_indices(), kFrameType, field);
-  if (!kind.ok()) return kind.status();
-  absl::AsciiStrToLower(&*kind);
+  location_field_.assign("location ");
+  absl::StrAppend(&location_field_, location_index);
+  const absl::string_view field = location_field_;
+  // Locations share their few frame-type attributes: with one, its kind is looked up once.
+  const int attribute_count = location.attribute_indices_size();
+  const int32_t kind_key = attribute_count == 1 ? location.attribute_indices(0) : -1;
+  auto cached_kind = attribute_count <= 1 ? kinds_.find(kind_key) : kinds_.end();
+  absl::StatusOr<std::string> kind;
+  if (cached_kind != kinds_.end()) {
+    kind = cached_kind->second;
+  } else {
+    kind = FindAttribute(location.attribute_indices(), kFrameType, field);
+    if (!kind.ok()) return kind.status();
+    absl::AsciiStrToLower(&*kind);
+    if (attribute_count <= 1) kinds_.emplace(kind_key, *kind);
+  }
   if (absl::StartsWith(*kind, "abort")) {  // the eBPF profiler's marker of an unwinding stop
     *abort = true;
     return absl::OkStatus();
@@ -404,7 +452,7 @@ absl::Status Converter::ConvertLocation(int32_t location_index, bool* abort) {
     const std::string module = ModuleFor(*kind, *mapping_file, "");
     absl::string_view base = mapping_file->empty() ? absl::string_view(module) : BaseName(*mapping_file);
     auto fn = FunctionOf({absl::StrFormat("%s+0x%x", base, offset), module,
-                          native ? *build_id : std::string(), offset},
+                          native ? std::string(*build_id) : std::string(), offset},
                          field);
     if (!fn.ok()) return fn.status();
     leaf_first->push_back(*fn);
@@ -417,24 +465,22 @@ absl::Status Converter::ConvertLocation(int32_t location_index, bool* abort) {
           field, ": function index ", line.function_index(), " outside the function table (",
           dict_.function_table_size(), " entries)"));
     }
-    const auto& function = dict_.function_table(line.function_index());
-    auto name = String(function.name_strindex(), field);
-    if (!name.ok()) return name.status();
-    if (name->empty()) name = String(function.system_name_strindex(), field);
-    if (!name.ok()) return name.status();
-    auto file = String(function.filename_strindex(), field);
-    if (!file.ok()) return file.status();
-    std::string module = ModuleFor(*kind, *mapping_file, *file);
-    const bool offsets_are_lines = base::OffsetsAreLines(base::FrameKindOf(module));
-    auto fn = FunctionOf({std::string(name->empty() ? kUnknown : *name), std::move(module),
-                          native ? *build_id : std::string(), 0},
-                         field);
-    if (!fn.ok()) return fn.status();
-    leaf_first->push_back(*fn);
+    const auto cache_key = std::tuple{line.function_index(), location.mapping_index(), kind_key};
+    auto cached = attribute_count <= 1 ? line_functions_.find(cache_key) : line_functions_.end();
+    absl::StatusOr<LineFunction> function =
+        cached != line_functions_.end()
+            ? cached->second
+            : LineFunctionOf(dict_.function_table(line.function_index()), *kind, *mapping_file,
+                             native ? *build_id : absl::string_view(), field);
+    if (!function.ok()) return function.status();
+    if (cached == line_functions_.end() && attribute_count <= 1) {
+      line_functions_.emplace(cache_key, *function);
+    }
+    leaf_first->push_back(function->function);
     // A line past what the agents' offsets hold is not known.
-    lines->push_back(offsets_are_lines && line.line() > 0 && line.line() < UINT32_MAX
-                             ? static_cast<uint32_t>(line.line())
-                             : 0);
+    lines->push_back(function->offsets_are_lines && line.line() > 0 && line.line() < UINT32_MAX
+                         ? static_cast<uint32_t>(line.line())
+                         : 0);
   }
   return absl::OkStatus();
 }

@@ -339,5 +339,32 @@ TEST_F(OtlpConvertTest, ALocationIsConvertedOncePerRequest) {
   EXPECT_TRUE(r->stacks[0].truncated);
 }
 
+// Locations share their functions' conversion when their function, mapping and frame type
+// agree, and only then: the same function of one mapping as Go code and as kernel code is two
+// functions, and a location with two attributes is converted on its own.
+TEST_F(OtlpConvertTest, LocationsOfOneFunctionKeepTheirKinds) {
+  auto* r0 = b_.AddResource({{"service.name", "s"}, {"host.name", "h"}});
+  auto* cpu = b_.AddProfile(r0, "samples", "count", kT0);
+  const int32_t lib = b_.Mapping("/usr/lib/libx.so", "b2");
+  const int32_t as_go = b_.Location(lib, 0x10, {{"f", "f.c", 1}}, "go");
+  const int32_t as_kernel = b_.Location(lib, 0x20, {{"f", "f.c", 1}}, "kernel");
+  const int32_t as_go_again = b_.Location(lib, 0x30, {{"f", "f.c", 2}}, "go");
+  const int32_t two_attributes = b_.Location(lib, 0x40, {{"f", "f.c", 3}}, "cpython");
+  b_.AddSample(cpu, b_.Stack({as_go, as_kernel, as_go_again, two_attributes}), {}, 1);
+  RequestBuilder::Request request = b_.Take();
+  auto* location = request.mutable_dictionary()->mutable_location_table(two_attributes);
+  location->add_attribute_indices(location->attribute_indices(0));
+  auto r = ConvertRequest(request, {}, "", kNowMs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->cells.size(), 1u);
+  EXPECT_THAT(Frames(*r, r->cells[0].stack),
+              ElementsAre("f ([python:f.c])", "f (/usr/lib/libx.so)", "f ([kernel:/usr/lib/libx.so])",
+                          "f (/usr/lib/libx.so)"));
+  const auto& functions = r->stacks[r->cells[0].stack].functions;
+  EXPECT_EQ(functions[1], functions[3]);
+  EXPECT_EQ(r->functions[functions[3]].build_id, "b2");
+  EXPECT_EQ(r->functions[functions[2]].build_id, "");
+}
+
 }  // namespace
 }  // namespace strata::server::otlp
