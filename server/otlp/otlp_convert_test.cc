@@ -358,8 +358,8 @@ TEST_F(OtlpConvertTest, LocationsOfOneFunctionKeepTheirKinds) {
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->cells.size(), 1u);
   EXPECT_THAT(Frames(*r, r->cells[0].stack),
-              ElementsAre("f ([python:f.c])", "f (/usr/lib/libx.so)", "f ([kernel:/usr/lib/libx.so])",
-                          "f (/usr/lib/libx.so)"));
+              ElementsAre("f ([python:f.c])", "f (/usr/lib/libx.so)",
+                          "f ([kernel:/usr/lib/libx.so])", "f (/usr/lib/libx.so)"));
   const auto& functions = r->stacks[r->cells[0].stack].functions;
   EXPECT_EQ(functions[1], functions[3]);
   EXPECT_EQ(r->functions[functions[3]].build_id, "b2");
