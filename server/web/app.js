@@ -244,10 +244,10 @@ const functionText = (f) =>
 
 // ---- top ----------------------------------------------------------------------------------
 
-// A source line of the API (Frame with file and line), as "function file:line [inlined]".
 // With Lines, the API's language_self: each sample at its innermost Python or Java frame's line.
 const languageSelf = () => $('lines').checked && $('language-self').checked;
 
+// A source line of the API (Frame with file and line), as "function file:line [inlined]".
 const lineText = (f) => f.function + (f.file ? ` ${f.file}${f.line ? ':' + f.line : ''}` : '') +
     (f.inlined ? ' [inlined]' : '');
 
