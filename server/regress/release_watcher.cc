@@ -23,6 +23,18 @@ store::ReleaseRecord RecordOf(const std::string& id, const v1::ReleaseVerdict& r
   return record;
 }
 
+// The service and selectors of a comparison of `release` (none for a phase change of a
+// service without a release label: all its samples).
+ComparisonPlan SelectionsOf(const v1::ReleaseVerdict& release) {
+  ComparisonPlan plan;
+  plan.service = release.service();
+  if (release.kind() != v1::ReleaseVerdict::PHASE || !release.label().empty()) {
+    plan.baseline_selector = absl::StrCat(release.label(), "=", release.baseline());
+    plan.candidate_selector = absl::StrCat(release.label(), "=", release.candidate());
+  }
+  return plan;
+}
+
 }  // namespace
 
 ReleaseWatcher::ReleaseWatcher(ReleaseWatcherOptions options, ReleaseWatcherInputs inputs,
@@ -32,7 +44,17 @@ ReleaseWatcher::ReleaseWatcher(ReleaseWatcherOptions options, ReleaseWatcherInpu
   for (const store::ReleaseRecord& record : stored) {
     v1::ReleaseVerdict release;
     // A record that does not parse is dropped: its release is met again as known.
-    if (release.ParseFromString(record.payload)) releases_[ReleaseId(release)] = release;
+    if (!release.ParseFromString(record.payload)) continue;
+    if (release.comparisons() > 0 && !release.has_which_lines()) {
+      // Stored before verdicts carried their lines: those of its last comparison's ranges.
+      ComparisonPlan plan = SelectionsOf(release);
+      plan.baseline_from_ms = release.baseline_from_ms();
+      plan.baseline_to_ms = release.baseline_to_ms();
+      plan.candidate_from_ms = release.candidate_from_ms();
+      plan.candidate_to_ms = release.candidate_to_ms();
+      *release.mutable_which_lines() = WhichLinesRequestFor(plan);
+    }
+    releases_[ReleaseId(release)] = release;
   }
 }
 
@@ -204,12 +226,7 @@ absl::Status ReleaseWatcher::Compare(v1::ReleaseVerdict& release, int64_t now_ms
     release.set_error("a release value a selector cannot name (one of , * ? [ ] ! =)");
     return absl::OkStatus();
   }
-  ComparisonPlan plan;
-  plan.service = release.service();
-  if (!whole_service) {
-    plan.baseline_selector = absl::StrCat(release.label(), "=", release.baseline());
-    plan.candidate_selector = absl::StrCat(release.label(), "=", release.candidate());
-  }
+  ComparisonPlan plan = SelectionsOf(release);
   plan.baseline_from_ms =
       release.first_seen_ms() - absl::ToInt64Milliseconds(options_.baseline_lookback);
   // A release runs beside its baseline while it rolls out; a phase change splits one

@@ -192,6 +192,36 @@ TEST(ReleaseWatcherTest, ARestartedWatcherContinuesFromWhatItStored) {
   EXPECT_THAT(tolerant.Verdicts("svc", 0), SizeIs(2));
 }
 
+// A verdict stored before verdicts carried their lines gets those of its last comparison.
+TEST(ReleaseWatcherTest, AVerdictStoredWithoutItsLinesGetsThemFromItsRanges) {
+  Fixture f;
+  v1::ReleaseVerdict stored;
+  stored.set_service("checkout");
+  stored.set_label("version");
+  stored.set_baseline("1");
+  stored.set_candidate("2");
+  stored.set_comparisons(3);
+  stored.set_final(true);
+  stored.set_baseline_from_ms(10);
+  stored.set_baseline_to_ms(90);
+  stored.set_candidate_from_ms(50);
+  stored.set_candidate_to_ms(90);
+  store::ReleaseRecord record;
+  record.release_id = ReleaseWatcher::ReleaseId(stored);
+  stored.SerializeToString(&record.payload);
+  ReleaseWatcher watcher(Options(), f.Inputs(), {record});
+  std::vector<v1::ReleaseVerdict> verdicts = watcher.Verdicts("checkout", 0);
+  ASSERT_THAT(verdicts, SizeIs(1));
+  const v1::DiffRequest& lines = verdicts[0].which_lines();
+  EXPECT_TRUE(lines.by_line());
+  EXPECT_TRUE(lines.language_self());
+  EXPECT_EQ(lines.base().selector(), "version=1");
+  EXPECT_EQ(lines.base().range().from_ms(), 10);
+  EXPECT_EQ(lines.filter().selector(), "version=2");
+  EXPECT_EQ(lines.filter().range().from_ms(), 50);
+  EXPECT_EQ(lines.filter().range().to_ms(), 90);
+}
+
 TEST(ReleaseWatcherTest, BuildIdIsTheReleaseLabelWithoutVersions) {
   Fixture f;
   f.sets["svc"] = {{{"build_id", "aa"}}};
