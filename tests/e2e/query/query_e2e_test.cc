@@ -379,6 +379,7 @@ TEST_F(QueryE2eTest, HttpMirror) {
   EXPECT_THAT(pprof, HasSubstr("\r\n\r\n\x1f\x8b"));
   EXPECT_THAT(Http("/"), HasSubstr("<title>Strata</title>"));
   EXPECT_THAT(Http("/ui/app.js"), HasSubstr("/api/v1/flamegraph"));
+  EXPECT_THAT(Http("/ui/timeline.js"), HasSubstr("/api/v1/series"));
 }
 
 TEST_F(QueryE2eTest, WebUiShowsTheHottestFrame) {
