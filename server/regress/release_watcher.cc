@@ -35,6 +35,18 @@ ComparisonPlan SelectionsOf(const v1::ReleaseVerdict& release) {
   return plan;
 }
 
+// A verdict made before verdicts carried their lines (stored, or sent by an older node of a
+// cluster): those of its last comparison's ranges.
+void AddMissingWhichLines(v1::ReleaseVerdict* release) {
+  if (release->comparisons() == 0 || release->has_which_lines()) return;
+  ComparisonPlan plan = SelectionsOf(*release);
+  plan.baseline_from_ms = release->baseline_from_ms();
+  plan.baseline_to_ms = release->baseline_to_ms();
+  plan.candidate_from_ms = release->candidate_from_ms();
+  plan.candidate_to_ms = release->candidate_to_ms();
+  *release->mutable_which_lines() = WhichLinesRequestFor(plan);
+}
+
 }  // namespace
 
 ReleaseWatcher::ReleaseWatcher(ReleaseWatcherOptions options, ReleaseWatcherInputs inputs,
@@ -45,15 +57,7 @@ ReleaseWatcher::ReleaseWatcher(ReleaseWatcherOptions options, ReleaseWatcherInpu
     v1::ReleaseVerdict release;
     // A record that does not parse is dropped: its release is met again as known.
     if (!release.ParseFromString(record.payload)) continue;
-    if (release.comparisons() > 0 && !release.has_which_lines()) {
-      // Stored before verdicts carried their lines: those of its last comparison's ranges.
-      ComparisonPlan plan = SelectionsOf(release);
-      plan.baseline_from_ms = release.baseline_from_ms();
-      plan.baseline_to_ms = release.baseline_to_ms();
-      plan.candidate_from_ms = release.candidate_from_ms();
-      plan.candidate_to_ms = release.candidate_to_ms();
-      *release.mutable_which_lines() = WhichLinesRequestFor(plan);
-    }
+    AddMissingWhichLines(&release);
     releases_[ReleaseId(release)] = release;
   }
 }
@@ -322,6 +326,7 @@ absl::StatusOr<size_t> ReleaseWatcher::Keep(const std::vector<v1::ReleaseVerdict
     auto [it, added] = releases_.try_emplace(id, *state);
     if (added || Supersedes(*state, it->second)) {
       it->second = *state;
+      AddMissingWhichLines(&it->second);
       ++taken;
     }
   }

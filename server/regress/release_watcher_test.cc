@@ -192,7 +192,8 @@ TEST(ReleaseWatcherTest, ARestartedWatcherContinuesFromWhatItStored) {
   EXPECT_THAT(tolerant.Verdicts("svc", 0), SizeIs(2));
 }
 
-// A verdict stored before verdicts carried their lines gets those of its last comparison.
+// A verdict stored before verdicts carried their lines, or sent by an older node, gets those
+// of its last comparison.
 TEST(ReleaseWatcherTest, AVerdictStoredWithoutItsLinesGetsThemFromItsRanges) {
   Fixture f;
   v1::ReleaseVerdict stored;
@@ -212,7 +213,7 @@ TEST(ReleaseWatcherTest, AVerdictStoredWithoutItsLinesGetsThemFromItsRanges) {
   ReleaseWatcher watcher(Options(), f.Inputs(), {record});
   std::vector<v1::ReleaseVerdict> verdicts = watcher.Verdicts("checkout", 0);
   ASSERT_THAT(verdicts, SizeIs(1));
-  const v1::DiffRequest& lines = verdicts[0].which_lines();
+  const v1::DiffRequest lines = verdicts[0].which_lines();
   EXPECT_TRUE(lines.by_line());
   EXPECT_TRUE(lines.language_self());
   EXPECT_EQ(lines.base().selector(), "version=1");
@@ -220,6 +221,12 @@ TEST(ReleaseWatcherTest, AVerdictStoredWithoutItsLinesGetsThemFromItsRanges) {
   EXPECT_EQ(lines.filter().selector(), "version=2");
   EXPECT_EQ(lines.filter().range().from_ms(), 50);
   EXPECT_EQ(lines.filter().range().to_ms(), 90);
+
+  ReleaseWatcher copy(Options(), f.Inputs(), {});
+  ASSERT_EQ(*copy.Keep({stored}), 1u);
+  verdicts = copy.Verdicts("checkout", 0);
+  ASSERT_THAT(verdicts, SizeIs(1));
+  EXPECT_EQ(verdicts[0].which_lines().ShortDebugString(), lines.ShortDebugString());
 }
 
 TEST(ReleaseWatcherTest, BuildIdIsTheReleaseLabelWithoutVersions) {
