@@ -1,6 +1,7 @@
 // The web UI's static files (index.html, app.js, timeline.js, style.css), compiled into the
 // server binary from server/web/ at build time (embed.cmake) so the UI needs no files or
-// network at run time. The data is static and immutable; callers borrow it for the life of the process.
+// network at run time. The data is static and immutable; callers borrow it for the life of
+// the process.
 #ifndef STRATA_SERVER_WEB_ASSETS_H_
 #define STRATA_SERVER_WEB_ASSETS_H_
 

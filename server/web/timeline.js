@@ -57,8 +57,9 @@ function drawTimeline() {
       const h = Number(c) / max * (height - 4);
       if (h <= 0) return;
       base[i] += h;
-      chart.appendChild(svgElement('rect', { x: i * w, y: height - base[i], width: Math.max(1, w - 1),
-                                             height: h, fill, class: 'bar' }));
+      chart.appendChild(svgElement('rect', { x: i * w, y: height - base[i],
+                                             width: Math.max(1, w - 1), height: h, fill,
+                                             class: 'bar' }));
     });
     if ($('timeline-group').value) {
       const item = document.createElement('span');
