@@ -8,6 +8,7 @@
 #include <future>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
@@ -175,7 +176,10 @@ absl::StatusOr<Profile> QueryService::LoadProfile(const v1::ProfileFilter& filte
 }
 
 absl::StatusOr<Profile> QueryService::Load(const ProfileQuery& query) {
-  return source_ != nullptr ? source_->Load(query) : reader_.Load(query);
+  if (source_ != nullptr) return source_->Load(query);  // its nodes expand the lines
+  auto profile = reader_.Load(query);
+  if (!profile.ok() || !query.lines) return profile;
+  return ExpandLines(store_, symbolizer_, query, *profile);
 }
 
 std::vector<std::string> QueryService::ArchsOf(const Profile& profile) {
@@ -196,13 +200,9 @@ absl::StatusOr<v1::TopResponse> QueryService::Lines(ProfileQuery query, bool lan
     if (source_ != nullptr) return source_->TopLines(query, limit);
     return TopLines(store_, symbolizer_, query, limit);
   }
-  query.lines = true;  // a ProfileSource expands them on each node
+  query.lines = true;
   auto profile = Load(query);
   if (!profile.ok()) return profile.status();
-  if (source_ == nullptr) {
-    profile = ExpandLines(store_, symbolizer_, query, *profile);
-    if (!profile.ok()) return profile.status();
-  }
   return TopLinesOfStacks(*profile, limit);
 }
 
@@ -361,10 +361,6 @@ absl::StatusOr<v1::FlameGraphResponse> QueryService::RunFlameGraph(
   query->lines = request.lines();
   auto profile = Load(*query);
   if (!profile.ok()) return profile.status();
-  if (request.lines() && source_ == nullptr) {  // a ProfileSource expanded the lines
-    profile = ExpandLines(store_, symbolizer_, *query, *profile);
-    if (!profile.ok()) return profile.status();
-  }
   MergeFunctionsAcrossBuilds(&*profile);
   v1::FlameGraphResponse response;
   response.set_total_samples(profile->total);
@@ -602,19 +598,21 @@ grpc::Status QueryService::Diff(grpc::ServerContext* context, const v1::DiffRequ
 absl::StatusOr<v1::ExportResponse> QueryService::RunOtlpExport(const ProfileQuery& query) {
   ProfileQuery by_host = query;
   by_host.build_ids = source_ != nullptr;  // a cluster's nodes send them; here the store has them
-  auto profile = Load(by_host);
-  if (!profile.ok()) return profile.status();
-  // One resource per host: each host's profile, with its lines (a ProfileSource has each node
-  // expand them).
+  // One resource per host: each host's profile, with its lines. Without a host given, the
+  // hosts are those of the whole profile, whose total and unreachable nodes are the answer's.
+  std::vector<std::string> host_names = {query.host};
+  std::optional<Profile> all;
+  if (query.host.empty()) {
+    auto profile = Load(by_host);
+    if (!profile.ok()) return profile.status();
+    all = *std::move(profile);
+    host_names = all->hosts;
+  }
   by_host.lines = true;
   std::vector<std::pair<std::string, Profile>> hosts;
-  for (const std::string& host :
-       query.host.empty() ? profile->hosts : std::vector<std::string>{query.host}) {
+  for (const std::string& host : host_names) {
     by_host.host = host;
     auto of_host = Load(by_host);
-    if (of_host.ok() && source_ == nullptr) {
-      of_host = ExpandLines(store_, symbolizer_, by_host, *of_host);
-    }
     if (!of_host.ok()) return of_host.status();
     hosts.emplace_back(host, *std::move(of_host));
   }
@@ -637,8 +635,9 @@ absl::StatusOr<v1::ExportResponse> QueryService::RunOtlpExport(const ProfileQuer
   v1::ExportResponse response;
   response.set_data(std::move(*data));
   response.set_content_type("application/x-protobuf");
-  response.set_total_samples(profile->total);
-  for (const auto& n : profile->unreachable_nodes) response.add_unreachable_nodes(n);
+  const Profile& whole = all.has_value() ? *all : hosts.front().second;
+  response.set_total_samples(whole.total);
+  for (const auto& n : whole.unreachable_nodes) response.add_unreachable_nodes(n);
   return response;
 }
 

@@ -111,7 +111,8 @@ class QueryService final : public v1::Query::Service {
  private:
   absl::StatusOr<auth::Principal> AuthorizeQuery(const grpc::ServerContextBase* context);
   absl::StatusOr<Profile> LoadProfile(const v1::ProfileFilter& filter);
-  // From the ProfileSource if there is one, else from this server's store.
+  // From the ProfileSource if there is one, else from this server's store; at source-line
+  // granularity with query.lines (ExpandLines here, on each node of a ProfileSource).
   absl::StatusOr<Profile> Load(const ProfileQuery& query);
   // Self samples per source line: from the leaf addresses (TopLines), or with
   // `language_self` from the stacks (TopLinesOfStacks).
