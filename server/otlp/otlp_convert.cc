@@ -413,10 +413,12 @@ absl::Status Converter::ConvertLocation(int32_t location_index, bool* abort) {
   location_field_.assign("location ");
   absl::StrAppend(&location_field_, location_index);
   const absl::string_view field = location_field_;
-  // Locations share their few frame-type attributes: with one, its kind is looked up once.
+  // Locations share their few frame-type attributes: a location with one (or none) has its
+  // kind, and its lines' functions, converted once per request; one with more on its own.
   const int attribute_count = location.attribute_indices_size();
+  const bool shared = attribute_count <= 1;
   const int32_t kind_key = attribute_count == 1 ? location.attribute_indices(0) : -1;
-  auto cached_kind = attribute_count <= 1 ? kinds_.find(kind_key) : kinds_.end();
+  auto cached_kind = shared ? kinds_.find(kind_key) : kinds_.end();
   absl::StatusOr<std::string> kind;
   if (cached_kind != kinds_.end()) {
     kind = cached_kind->second;
@@ -424,7 +426,7 @@ absl::Status Converter::ConvertLocation(int32_t location_index, bool* abort) {
     kind = FindAttribute(location.attribute_indices(), kFrameType, field);
     if (!kind.ok()) return kind.status();
     absl::AsciiStrToLower(&*kind);
-    if (attribute_count <= 1) kinds_.emplace(kind_key, *kind);
+    if (shared) kinds_.emplace(kind_key, *kind);
   }
   if (absl::StartsWith(*kind, "abort")) {  // the eBPF profiler's marker of an unwinding stop
     *abort = true;
@@ -466,16 +468,14 @@ absl::Status Converter::ConvertLocation(int32_t location_index, bool* abort) {
           dict_.function_table_size(), " entries)"));
     }
     const auto cache_key = std::tuple{line.function_index(), location.mapping_index(), kind_key};
-    auto cached = attribute_count <= 1 ? line_functions_.find(cache_key) : line_functions_.end();
+    auto cached = shared ? line_functions_.find(cache_key) : line_functions_.end();
     absl::StatusOr<LineFunction> function =
         cached != line_functions_.end()
             ? cached->second
             : LineFunctionOf(dict_.function_table(line.function_index()), *kind, *mapping_file,
                              native ? *build_id : absl::string_view(), field);
     if (!function.ok()) return function.status();
-    if (cached == line_functions_.end() && attribute_count <= 1) {
-      line_functions_.emplace(cache_key, *function);
-    }
+    if (shared && cached == line_functions_.end()) line_functions_.emplace(cache_key, *function);
     leaf_first->push_back(function->function);
     // A line past what the agents' offsets hold is not known.
     lines->push_back(function->offsets_are_lines && line.line() > 0 && line.line() < UINT32_MAX
