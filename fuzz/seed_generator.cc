@@ -347,6 +347,9 @@ void SpoolSeeds() {
         Die(st.ToString());
       }
     }
+    // Acknowledgements: one written into a segment with the next batch, one into the acked
+    // file when the spool closes.
+    (*spool)->AckThrough(1);
     const size_t before = p.samples.size();
     p.Add(3, {"thread_start", "worker", "flush", "lib_write"}, 9);
     if (auto st = (*spool)->AppendGraph(p.graph.DeltaFrom(nodes, edges)); !st.ok()) {
@@ -356,7 +359,7 @@ void SpoolSeeds() {
         !st.ok()) {
       Die(st.ToString());
     }
-    (*spool)->AckThrough(1);
+    (*spool)->AckThrough(2);
   }
   const std::string agent_dir = dir + "/given/fuzz-agent";
   std::vector<std::string> names;

@@ -30,7 +30,23 @@ constexpr char kAckedFile[] = "acked";
 constexpr char kSegmentPrefix[] = "batches-";
 constexpr char kSegmentSuffix[] = ".log";
 
-enum RecordType : uint8_t { kHelloRecord = 1, kGraphRecord = 2, kBatchRecord = 3 };
+enum RecordType : uint8_t {
+  kHelloRecord = 1,
+  kGraphRecord = 2,
+  kBatchRecord = 3,
+  kAckRecord = 4,  // in a segment: the server has every batch up to this u64 sequence
+};
+
+std::string SequenceBytes(uint64_t sequence) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(sequence >> (8 * i));
+  return out;
+}
+uint64_t SequenceOf(std::string_view bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= uint64_t{static_cast<unsigned char>(bytes[i])} << (8 * i);
+  return v;
+}
 
 absl::Status ErrnoError(const std::string& what, const std::string& path, int error) {
   std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(error));
@@ -212,6 +228,7 @@ Spool::Spool(SpoolOptions options, std::string path, int lock_fd)
 Spool::~Spool() {
   // An agent that stops with batches unacknowledged leaves them on the disk.
   if (!entries_.empty() && (graph_unsynced_ || unsynced_segment_ != nullptr)) (void)SyncAll();
+  if (acked_through_ > acked_recorded_) WriteAckedFile();
   for (auto& s : segments_) {
     if (s->fd >= 0) close(s->fd);
   }
@@ -297,15 +314,16 @@ absl::Status Spool::Recover(const SpoolIdentity& fresh, const GraphRestorer& res
                     !hello.agent_id().empty();
   }
 
-  // The last acknowledgement written (not synced: losing it only resends what the server
-  // already has, and the server knows it).
+  // The last acknowledgement written: the acked file's, or a later one that went into a
+  // segment with a batch (not synced: losing it only resends what the server already has,
+  // and the server knows it).
   uint64_t acked = 0;
   if (auto data = ReadWholeFile(path_ + "/" + kAckedFile);
       data.ok() && data->size() == 12 &&
       base::Crc32c(data->substr(0, 8)) == GetU32(data->data() + 8)) {
     acked = uint64_t{GetU32(data->data())} | uint64_t{GetU32(data->data() + 4)} << 32;
   }
-  acked_through_ = acked;
+  acked_recorded_ = acked;
 
   // Every whole batch record of every segment, oldest first.
   std::vector<std::string> names;
@@ -332,6 +350,10 @@ absl::Status Spool::Recover(const SpoolIdentity& fresh, const GraphRestorer& res
     std::vector<Record> records = ParseRecords(*data, &recovery->corrupt_records, &good_end);
     segment->bytes = data->size();
     for (const Record& r : records) {
+      if (r.type == kAckRecord && r.payload.size() == 8) {
+        acked = std::max(acked, SequenceOf(r.payload));
+        continue;
+      }
       v1::SampleBatch batch;
       if (r.type != kBatchRecord || !batch.ParseFromString(std::string(r.payload)) ||
           batch.sequence() <= last_sequence) {
@@ -356,6 +378,19 @@ absl::Status Spool::Recover(const SpoolIdentity& fresh, const GraphRestorer& res
     segment->fd = open(segment->path.c_str(), O_RDONLY | O_CLOEXEC);
     if (segment->fd < 0) return ErrnoError("cannot open", segment->path, errno);
     segments_.push_back(std::move(segment));
+  }
+  // An acknowledgement in a later segment covers batches of earlier ones.
+  acked_through_ = acked;
+  while (!entries_.empty() && entries_.front().entry.sequence <= acked) {
+    --entries_.front().segment->live;
+    entries_.pop_front();
+  }
+  for (size_t i = 0; i < segments_.size();) {
+    if (segments_[i]->live == 0) {
+      DropSegment(segments_[i].get(), false);
+    } else {
+      ++i;
+    }
   }
 
   if (entries_.empty() || !have_identity) {
@@ -416,6 +451,8 @@ absl::Status Spool::Recover(const SpoolIdentity& fresh, const GraphRestorer& res
       ++i;
     }
   }
+  // The segments' acknowledgements may have gone with the segments rewritten or dropped.
+  if (acked_through_ > acked_recorded_) WriteAckedFile();
   graph_fd_ = open(graph_path.c_str(), O_WRONLY | O_CLOEXEC);
   if (graph_fd_ < 0) return ErrnoError("cannot open", graph_path, errno);
   if (keep_bytes < graph_data.size() && ftruncate(graph_fd_, static_cast<off_t>(keep_bytes)) != 0) {
@@ -435,6 +472,7 @@ absl::Status Spool::StartOver(const SpoolIdentity& fresh) {
     if (name.rfind(kSegmentPrefix, 0) == 0 || name == kAckedFile) fs::remove(e.path(), ec);
   }
   acked_through_ = 0;
+  acked_recorded_ = 0;
   v1::Hello hello;
   hello.set_agent_id(fresh.agent_id);
   hello.set_host(fresh.host);
@@ -547,13 +585,19 @@ absl::Status Spool::Append(const v1::SampleBatch& batch) {
     }
     if (st.ok()) {
       Segment* segment = segments_.back().get();
-      const std::string record = FrameRecord(kBatchRecord, batch.SerializeAsString());
-      st = WriteAll(segment->fd, record, segment->path);
+      // An acknowledgement not yet on disk goes in the same write, ahead of the batch.
+      const uint64_t acked = acked_through_;
+      std::string records;
+      if (acked > acked_recorded_) records = FrameRecord(kAckRecord, SequenceBytes(acked));
+      const size_t ack_bytes = records.size();
+      records += FrameRecord(kBatchRecord, batch.SerializeAsString());
+      st = WriteAll(segment->fd, records, segment->path);
       if (st.ok()) {
+        acked_recorded_ = std::max(acked_recorded_, acked);
         slot.segment = segment;
-        slot.offset = segment->bytes;
-        slot.length = static_cast<uint32_t>(record.size());
-        segment->bytes += record.size();
+        slot.offset = segment->bytes + ack_bytes;
+        slot.length = static_cast<uint32_t>(records.size() - ack_bytes);
+        segment->bytes += records.size();
         ++segment->live;
         unsynced_segment_ = segment;
         slot.unsynced_since = absl::Now();
@@ -655,27 +699,28 @@ void Spool::EnforceBounds() {
   }
 }
 
-void Spool::AckThrough(uint64_t sequence) {
-  if (!path_.empty() && sequence > acked_through_) {
-    acked_through_ = sequence;
-    if (acked_fd_ < 0) {
-      const std::string path = path_ + "/" + kAckedFile;
-      acked_fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-    }
-    if (acked_fd_ >= 0) {
-      char buf[12];
-      PutU32(static_cast<uint32_t>(sequence), buf);
-      PutU32(static_cast<uint32_t>(sequence >> 32), buf + 4);
-      PutU32(base::Crc32c(std::string_view(buf, 8)), buf + 8);
-      // The whole file is this record: a longer one (damaged, or left by something else)
-      // reads as no acknowledgement at all, and every acknowledged batch came back.
-      // (Once cut to one record, later writes of the same size keep it so.)
-      if (pwrite(acked_fd_, buf, sizeof buf, 0) == static_cast<ssize_t>(sizeof buf) &&
-          !acked_file_cut_) {
-        acked_file_cut_ = ftruncate(acked_fd_, sizeof buf) == 0;
-      }
-    }
+void Spool::WriteAckedFile() {
+  if (acked_fd_ < 0) {
+    const std::string path = path_ + "/" + kAckedFile;
+    acked_fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
   }
+  if (acked_fd_ < 0) return;
+  char buf[12];
+  PutU32(static_cast<uint32_t>(acked_through_), buf);
+  PutU32(static_cast<uint32_t>(acked_through_ >> 32), buf + 4);
+  PutU32(base::Crc32c(std::string_view(buf, 8)), buf + 8);
+  // The whole file is this record: a longer one (damaged, or left by something else)
+  // reads as no acknowledgement at all, and every acknowledged batch came back.
+  // (Once cut to one record, later writes of the same size keep it so.)
+  if (pwrite(acked_fd_, buf, sizeof buf, 0) == static_cast<ssize_t>(sizeof buf)) {
+    acked_recorded_ = acked_through_;
+    if (!acked_file_cut_) acked_file_cut_ = ftruncate(acked_fd_, sizeof buf) == 0;
+  }
+}
+
+void Spool::AckThrough(uint64_t sequence) {
+  // Recorded with the next batch's write, or when the spool closes (WriteAckedFile).
+  if (!path_.empty()) acked_through_ = std::max(acked_through_, sequence);
   while (!entries_.empty() && entries_.front().entry.sequence <= sequence) {
     if (entries_.front().segment != nullptr) --entries_.front().segment->live;
     entries_.pop_front();

@@ -16,8 +16,9 @@
 // an ID (a given identity is resumed only by the agent it was given to). Its files:
 //   LOCK                   flock()ed for the life of the agent: one agent per identity
 //   graph.log              the identity (a Hello record), then every graph delta, in order
-//   batches-<seq>.log      segments of batch records, the first sequence in the name
-//   acked                  the highest sequence number the server acknowledged
+//   batches-<seq>.log      segments of batch records, the first sequence in the name; an
+//                          acknowledgement goes in ahead of the next batch, in its write
+//   acked                  the highest sequence number acknowledged when the spool closed
 // Every file is a header and records of [u32 length][u32 crc32c][u8 type][payload]; a
 // record is written whole before the batch can go out, so a torn or corrupt tail (a crash
 // mid-write, a bad disk) is detected by its length or checksum, skipped and counted, never
@@ -140,6 +141,8 @@ class Spool {
   // The batch of entry `i`, read back from disk (or memory).
   absl::StatusOr<v1::SampleBatch> Read(size_t i) const;
   // The server has everything up to `sequence`: drops those entries and their segments.
+  // Written with the next Append (or when the spool closes), not on its own: an agent
+  // killed before that resends batches the server has, and the server applies each once.
   void AckThrough(uint64_t sequence);
   // The server refused batch `sequence` for good.
   void Remove(uint64_t sequence);
@@ -183,6 +186,8 @@ class Spool {
   void NothingToSync();
   absl::Status SyncAll();
   void EnforceBounds();
+  // acked_through_ into the acked file.
+  void WriteAckedFile();
 
   const SpoolOptions options_;
   const std::string path_;  // empty: in memory
@@ -191,6 +196,7 @@ class Spool {
   int acked_fd_ = -1;
   bool acked_file_cut_ = false;  // the acked file holds one record's bytes, no more
   uint64_t acked_through_ = 0;  // the server has every batch up to here
+  uint64_t acked_recorded_ = 0;  // on disk: in the acked file or a segment's ack record
   uint64_t graph_bytes_ = 0;
   std::deque<std::unique_ptr<Segment>> segments_;  // oldest first; the last takes appends
   bool append_to_last_ = false;                    // false: the next Append opens a segment

@@ -249,6 +249,65 @@ TEST_F(SpoolTest, ATornTailIsSkippedAndCounted) {
   EXPECT_EQ(recovery_.corrupt_records, 1u);  // still there, still skipped
 }
 
+// What a kill -9 leaves: the files as they are now, copied while `id`'s spool is open.
+// Returns the options that open the copy.
+SpoolOptions CrashCopy(const SpoolOptions& options, const std::string& id,
+                       const std::string& to) {
+  fs::create_directories(to + "/given");
+  fs::copy(options.dir + "/given/" + id, to + "/given/" + id, fs::copy_options::recursive);
+  SpoolOptions copy = options;
+  copy.dir = to;
+  return copy;
+}
+
+// An acknowledgement costs no write of its own: it goes into the segment with the next
+// batch. A kill -9 before that resends what it covered (the server applies each batch once).
+TEST_F(SpoolTest, AnAcknowledgementGoesToDiskWithTheNextBatch) {
+  auto spool = Open(Options(), Fresh("a", 1));
+  for (uint64_t s = 1; s <= 3; ++s) ASSERT_TRUE(spool->Append(Batch(s, 0, 1)).ok());
+  spool->AckThrough(2);
+  EXPECT_FALSE(fs::exists(dir_.path() + "/given/a/acked"));
+  {
+    auto copy = Open(CrashCopy(Options(), "a", dir_.path() + "/crash-1"), Fresh("a", 2));
+    EXPECT_EQ(recovery_.batches, 3u);
+  }
+  ASSERT_TRUE(spool->Append(Batch(4, 0, 1)).ok());
+  EXPECT_FALSE(fs::exists(dir_.path() + "/given/a/acked"));
+  const SpoolOptions crashed = CrashCopy(Options(), "a", dir_.path() + "/crash-2");
+  {
+    auto copy = Open(crashed, Fresh("a", 3));
+    EXPECT_EQ(recovery_.batches, 2u);
+    EXPECT_EQ(recovery_.corrupt_records, 0u);
+    ASSERT_EQ(copy->size(), 2u);
+    EXPECT_EQ(copy->entry(0).sequence, 3u);
+    copy->AckThrough(3);
+  }
+  // Closed with an acknowledgement no batch carried: the acked file has it.
+  auto copy = Open(crashed, Fresh("a", 4));
+  ASSERT_EQ(copy->size(), 1u);
+  EXPECT_EQ(copy->entry(0).sequence, 4u);
+}
+
+// An acknowledgement written into a later segment covers the batches of earlier ones.
+TEST_F(SpoolTest, AnAcknowledgementInALaterSegmentCoversEarlierOnes) {
+  SpoolOptions o = Options();
+  o.segment_bytes = 50;  // two of these batches a segment
+  auto spool = Open(o, Fresh("a", 1));
+  for (uint64_t s = 1; s <= 4; ++s) ASSERT_TRUE(spool->Append(Batch(s, 0, 1)).ok());
+  ASSERT_EQ(Segments("a").size(), 2u);
+  spool->AckThrough(3);  // the first segment goes; the second keeps batch 4
+  ASSERT_TRUE(spool->Append(Batch(5, 0, 1)).ok());
+  ASSERT_EQ(Segments("a").size(), 2u);  // batches 3-4, then the acknowledgement and 5
+  const SpoolOptions crashed = CrashCopy(o, "a", dir_.path() + "/crash");
+  auto copy = Open(crashed, Fresh("a", 2));
+  EXPECT_EQ(recovery_.batches, 2u);
+  EXPECT_EQ(recovery_.corrupt_records, 0u);
+  ASSERT_EQ(copy->size(), 2u);
+  EXPECT_EQ(copy->entry(0).sequence, 4u);
+  // Kept in the acked file too, so that rewriting or dropping segments cannot lose it.
+  EXPECT_TRUE(fs::exists(crashed.dir + "/given/a/acked"));
+}
+
 // A damaged acknowledgement file longer than its record is rewritten whole: the next
 // acknowledgement holds across a restart (found by the spool fuzzer).
 TEST_F(SpoolTest, AnAcknowledgementReplacesADamagedAckedFile) {
