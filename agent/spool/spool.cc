@@ -30,23 +30,9 @@ constexpr char kAckedFile[] = "acked";
 constexpr char kSegmentPrefix[] = "batches-";
 constexpr char kSegmentSuffix[] = ".log";
 
-enum RecordType : uint8_t {
-  kHelloRecord = 1,
-  kGraphRecord = 2,
-  kBatchRecord = 3,
-  kAckRecord = 4,  // in a segment: the server has every batch up to this u64 sequence
-};
+// An ack record (in a segment): the server has every batch up to its u64 sequence.
+enum RecordType : uint8_t { kHelloRecord = 1, kGraphRecord = 2, kBatchRecord = 3, kAckRecord = 4 };
 
-std::string SequenceBytes(uint64_t sequence) {
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(sequence >> (8 * i));
-  return out;
-}
-uint64_t SequenceOf(std::string_view bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= uint64_t{static_cast<unsigned char>(bytes[i])} << (8 * i);
-  return v;
-}
 
 absl::Status ErrnoError(const std::string& what, const std::string& path, int error) {
   std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(error));
@@ -61,6 +47,16 @@ uint32_t GetU32(const char* in) {
   uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<unsigned char>(in[i])} << (8 * i);
   return v;
+}
+// A batch sequence number as the acked file and ack records hold it: 8 bytes, little-endian.
+std::string SequenceBytes(uint64_t sequence) {
+  std::string out(8, '\0');
+  PutU32(static_cast<uint32_t>(sequence), out.data());
+  PutU32(static_cast<uint32_t>(sequence >> 32), out.data() + 4);
+  return out;
+}
+uint64_t SequenceOf(const char* bytes) {
+  return uint64_t{GetU32(bytes)} | uint64_t{GetU32(bytes + 4)} << 32;
 }
 
 // The checksum covers the type byte and the payload.
@@ -321,7 +317,7 @@ absl::Status Spool::Recover(const SpoolIdentity& fresh, const GraphRestorer& res
   if (auto data = ReadWholeFile(path_ + "/" + kAckedFile);
       data.ok() && data->size() == 12 &&
       base::Crc32c(data->substr(0, 8)) == GetU32(data->data() + 8)) {
-    acked = uint64_t{GetU32(data->data())} | uint64_t{GetU32(data->data() + 4)} << 32;
+    acked = SequenceOf(data->data());
   }
   acked_recorded_ = acked;
 
@@ -351,7 +347,7 @@ absl::Status Spool::Recover(const SpoolIdentity& fresh, const GraphRestorer& res
     segment->bytes = data->size();
     for (const Record& r : records) {
       if (r.type == kAckRecord && r.payload.size() == 8) {
-        acked = std::max(acked, SequenceOf(r.payload));
+        acked = std::max(acked, SequenceOf(r.payload.data()));
         continue;
       }
       v1::SampleBatch batch;
@@ -381,17 +377,7 @@ absl::Status Spool::Recover(const SpoolIdentity& fresh, const GraphRestorer& res
   }
   // An acknowledgement in a later segment covers batches of earlier ones.
   acked_through_ = acked;
-  while (!entries_.empty() && entries_.front().entry.sequence <= acked) {
-    --entries_.front().segment->live;
-    entries_.pop_front();
-  }
-  for (size_t i = 0; i < segments_.size();) {
-    if (segments_[i]->live == 0) {
-      DropSegment(segments_[i].get(), false);
-    } else {
-      ++i;
-    }
-  }
+  DropThrough(acked);
 
   if (entries_.empty() || !have_identity) {
     // Nothing to deliver (or no identity to deliver it under): start over.
@@ -705,31 +691,22 @@ void Spool::WriteAckedFile() {
     acked_fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
   }
   if (acked_fd_ < 0) return;
-  char buf[12];
-  PutU32(static_cast<uint32_t>(acked_through_), buf);
-  PutU32(static_cast<uint32_t>(acked_through_ >> 32), buf + 4);
-  PutU32(base::Crc32c(std::string_view(buf, 8)), buf + 8);
+  std::string record = SequenceBytes(acked_through_);
+  record.resize(12);
+  PutU32(base::Crc32c(std::string_view(record).substr(0, 8)), record.data() + 8);
   // The whole file is this record: a longer one (damaged, or left by something else)
   // reads as no acknowledgement at all, and every acknowledged batch came back.
   // (Once cut to one record, later writes of the same size keep it so.)
-  if (pwrite(acked_fd_, buf, sizeof buf, 0) == static_cast<ssize_t>(sizeof buf)) {
+  if (pwrite(acked_fd_, record.data(), 12, 0) == 12) {
     acked_recorded_ = acked_through_;
-    if (!acked_file_cut_) acked_file_cut_ = ftruncate(acked_fd_, sizeof buf) == 0;
+    if (!acked_file_cut_) acked_file_cut_ = ftruncate(acked_fd_, 12) == 0;
   }
 }
 
 void Spool::AckThrough(uint64_t sequence) {
   // Recorded with the next batch's write, or when the spool closes (WriteAckedFile).
   if (!path_.empty()) acked_through_ = std::max(acked_through_, sequence);
-  while (!entries_.empty() && entries_.front().entry.sequence <= sequence) {
-    if (entries_.front().segment != nullptr) --entries_.front().segment->live;
-    entries_.pop_front();
-  }
-  for (size_t i = 0; i < segments_.size();) {
-    const size_t before = segments_.size();
-    DropIfAcknowledged(segments_[i].get());
-    if (segments_.size() == before) ++i;
-  }
+  DropThrough(sequence);
   // What is not synced yet is the server's now, but for batches still unacknowledged: those
   // are due a delay after the oldest of them was written. (An acknowledgement read after the
   // next batch was written leaves that one's delay to run.)
@@ -742,6 +719,18 @@ void Spool::AckThrough(uint64_t sequence) {
     NothingToSync();
   } else {
     sync_due_ = oldest + options_.sync_delay;
+  }
+}
+
+void Spool::DropThrough(uint64_t sequence) {
+  while (!entries_.empty() && entries_.front().entry.sequence <= sequence) {
+    if (entries_.front().segment != nullptr) --entries_.front().segment->live;
+    entries_.pop_front();
+  }
+  for (size_t i = 0; i < segments_.size();) {
+    const size_t before = segments_.size();
+    DropIfAcknowledged(segments_[i].get());
+    if (segments_.size() == before) ++i;
   }
 }
 

@@ -177,6 +177,8 @@ class Spool {
   absl::StatusOr<v1::SampleBatch> ReadSlot(const Slot& slot) const;
   // The samples of `slot`'s batch (counted now if they were not yet; 0 if it is unreadable).
   uint64_t CountSlotSamples(Slot& slot);
+  // Drops the entries up to `sequence` and the segments left without live batches.
+  void DropThrough(uint64_t sequence);
   // Drops `segment` once it holds no live batch, unless it is the one taking appends (kept,
   // so that a spool the server keeps up with writes one file, not a file per batch).
   void DropIfAcknowledged(Segment* segment);
