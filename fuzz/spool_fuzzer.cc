@@ -1,7 +1,7 @@
 // Fuzz target: the agent's spool recovery (agent/spool/spool.h), which reads the segment
-// files, graph log and acknowledgement file a previous agent run left on the host's disk,
-// restores the call graph from it (agent/core ContextGraph::Restore, as strata-agent does)
-// and reads the recovered batches back.
+// files (batch and acknowledgement records), graph log and acknowledgement file a previous
+// agent run left on the host's disk, restores the call graph from it (agent/core
+// ContextGraph::Restore, as strata-agent does) and reads the recovered batches back.
 //
 // Input: files of one agent's spool directory, each: u8 tag, [u32 sequence for segments],
 // u32 length, bytes. Tag bits 0-1: 0 graph.log, 1 acked, 2 and 3 a batches-<sequence>.log

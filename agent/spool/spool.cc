@@ -33,7 +33,6 @@ constexpr char kSegmentSuffix[] = ".log";
 // An ack record (in a segment): the server has every batch up to its u64 sequence.
 enum RecordType : uint8_t { kHelloRecord = 1, kGraphRecord = 2, kBatchRecord = 3, kAckRecord = 4 };
 
-
 absl::Status ErrnoError(const std::string& what, const std::string& path, int error) {
   std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(error));
   if (error == ENOSPC || error == EDQUOT) return absl::ResourceExhaustedError(message);
