@@ -64,13 +64,14 @@ uint32_t RecordCrc(uint8_t type, std::string_view payload) {
   return base::Crc32c(payload, base::Crc32c(std::string_view(&t, 1)));
 }
 
-std::string FrameRecord(uint8_t type, std::string_view payload) {
-  std::string out(kRecordHeader, '\0');
-  PutU32(static_cast<uint32_t>(payload.size()), out.data());
-  PutU32(RecordCrc(type, payload), out.data() + 4);
-  out[8] = static_cast<char>(type);
-  out.append(payload);
-  return out;
+// Appends one record to `out` (several records can go out in one write).
+void AppendRecord(uint8_t type, std::string_view payload, std::string* out) {
+  char header[kRecordHeader];
+  PutU32(static_cast<uint32_t>(payload.size()), header);
+  PutU32(RecordCrc(type, payload), header + 4);
+  header[8] = static_cast<char>(type);
+  out->append(header, kRecordHeader);
+  out->append(payload);
 }
 
 struct Record {
@@ -463,7 +464,7 @@ absl::Status Spool::StartOver(const SpoolIdentity& fresh) {
   hello.set_host(fresh.host);
   hello.set_graph_id(fresh.graph_id);
   std::string contents(kMagic, sizeof kMagic);
-  contents += FrameRecord(kHelloRecord, hello.SerializeAsString());
+  AppendRecord(kHelloRecord, hello.SerializeAsString(), &contents);
   const std::string graph_path = path_ + "/" + kGraphFile;
   const std::string tmp = graph_path + ".tmp";
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -523,7 +524,8 @@ absl::Status Spool::RewriteSegment(Segment* segment) {
 absl::Status Spool::AppendGraph(const v1::GraphDelta& delta) {
   if (path_.empty()) return absl::OkStatus();
   const std::string graph_path = path_ + "/" + kGraphFile;
-  const std::string record = FrameRecord(kGraphRecord, delta.SerializeAsString());
+  std::string record;
+  AppendRecord(kGraphRecord, delta.SerializeAsString(), &record);
   absl::Status st = WriteAll(graph_fd_, record, graph_path);
   if (!st.ok()) {
     // Cut back to the last whole record; position appends there.
@@ -573,9 +575,9 @@ absl::Status Spool::Append(const v1::SampleBatch& batch) {
       // An acknowledgement not yet on disk goes in the same write, ahead of the batch.
       const uint64_t acked = acked_through_;
       std::string records;
-      if (acked > acked_recorded_) records = FrameRecord(kAckRecord, SequenceBytes(acked));
+      if (acked > acked_recorded_) AppendRecord(kAckRecord, SequenceBytes(acked), &records);
       const size_t ack_bytes = records.size();
-      records += FrameRecord(kBatchRecord, batch.SerializeAsString());
+      AppendRecord(kBatchRecord, batch.SerializeAsString(), &records);
       st = WriteAll(segment->fd, records, segment->path);
       if (st.ok()) {
         acked_recorded_ = std::max(acked_recorded_, acked);
