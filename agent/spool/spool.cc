@@ -14,105 +14,25 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/base/crc32c.h"
+#include "agent/spool/spool_records.h"
 #include "common/encoding/packed_contexts.h"
 
 namespace strata::agent::spool {
 namespace {
 
 namespace fs = std::filesystem;
+using namespace records;  // NOLINT(build/namespaces): the file format, this module's own
 
-constexpr char kMagic[8] = {'S', 'T', 'R', 'S', 'P', 'L', '1', '\n'};
-constexpr size_t kRecordHeader = 9;  // u32 length, u32 crc32c, u8 type
-constexpr uint32_t kMaxRecordBytes = 64u << 20;
 constexpr char kGraphFile[] = "graph.log";
 constexpr char kLockFile[] = "LOCK";
 constexpr char kAckedFile[] = "acked";
 constexpr char kSegmentPrefix[] = "batches-";
 constexpr char kSegmentSuffix[] = ".log";
 
-// An ack record (in a segment): the server has every batch up to its u64 sequence.
-enum RecordType : uint8_t { kHelloRecord = 1, kGraphRecord = 2, kBatchRecord = 3, kAckRecord = 4 };
-
 absl::Status ErrnoError(const std::string& what, const std::string& path, int error) {
   std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(error));
   if (error == ENOSPC || error == EDQUOT) return absl::ResourceExhaustedError(message);
   return absl::InternalError(message);
-}
-
-void PutU32(uint32_t v, char* out) {
-  for (int i = 0; i < 4; ++i) out[i] = static_cast<char>(v >> (8 * i));
-}
-uint32_t GetU32(const char* in) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<unsigned char>(in[i])} << (8 * i);
-  return v;
-}
-// A batch sequence number as the acked file and ack records hold it: 8 bytes, little-endian.
-std::string SequenceBytes(uint64_t sequence) {
-  std::string out(8, '\0');
-  PutU32(static_cast<uint32_t>(sequence), out.data());
-  PutU32(static_cast<uint32_t>(sequence >> 32), out.data() + 4);
-  return out;
-}
-uint64_t SequenceOf(const char* bytes) {
-  return uint64_t{GetU32(bytes)} | uint64_t{GetU32(bytes + 4)} << 32;
-}
-
-// The checksum covers the type byte and the payload.
-uint32_t RecordCrc(uint8_t type, std::string_view payload) {
-  const char t = static_cast<char>(type);
-  return base::Crc32c(payload, base::Crc32c(std::string_view(&t, 1)));
-}
-
-// Appends one record to `out` (several records can go out in one write).
-void AppendRecord(uint8_t type, std::string_view payload, std::string* out) {
-  char header[kRecordHeader];
-  PutU32(static_cast<uint32_t>(payload.size()), header);
-  PutU32(RecordCrc(type, payload), header + 4);
-  header[8] = static_cast<char>(type);
-  out->append(header, kRecordHeader);
-  out->append(payload);
-}
-
-struct Record {
-  uint8_t type = 0;
-  uint64_t offset = 0;  // of the record's header in the file
-  std::string_view payload;
-};
-
-// The whole records of a file's contents; `*corrupt` counts a torn or failing tail (the
-// rest of the file after it is not trusted); `*good_end` is where the last whole record ends.
-std::vector<Record> ParseRecords(std::string_view data, uint64_t* corrupt, uint64_t* good_end) {
-  std::vector<Record> records;
-  *good_end = 0;
-  if (data.size() < sizeof kMagic || std::memcmp(data.data(), kMagic, sizeof kMagic) != 0) {
-    if (!data.empty()) ++*corrupt;
-    return records;
-  }
-  uint64_t pos = sizeof kMagic;
-  *good_end = pos;
-  while (pos < data.size()) {
-    if (data.size() - pos < kRecordHeader) {
-      ++*corrupt;
-      break;
-    }
-    const uint32_t length = GetU32(data.data() + pos);
-    const uint32_t crc = GetU32(data.data() + pos + 4);
-    const uint8_t type = static_cast<uint8_t>(data[pos + 8]);
-    if (length > kMaxRecordBytes || data.size() - pos - kRecordHeader < length) {
-      ++*corrupt;
-      break;
-    }
-    const std::string_view payload = data.substr(pos + kRecordHeader, length);
-    if (RecordCrc(type, payload) != crc) {
-      ++*corrupt;
-      break;
-    }
-    records.push_back({type, pos, payload});
-    pos += kRecordHeader + length;
-    *good_end = pos;
-  }
-  return records;
 }
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
@@ -464,7 +384,7 @@ absl::Status Spool::StartOver(const SpoolIdentity& fresh) {
   hello.set_host(fresh.host);
   hello.set_graph_id(fresh.graph_id);
   std::string contents(kMagic, sizeof kMagic);
-  AppendRecord(kHelloRecord, hello.SerializeAsString(), &contents);
+  AppendRecord(kHelloRecord, hello, &contents);
   const std::string graph_path = path_ + "/" + kGraphFile;
   const std::string tmp = graph_path + ".tmp";
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -525,7 +445,7 @@ absl::Status Spool::AppendGraph(const v1::GraphDelta& delta) {
   if (path_.empty()) return absl::OkStatus();
   const std::string graph_path = path_ + "/" + kGraphFile;
   std::string record;
-  AppendRecord(kGraphRecord, delta.SerializeAsString(), &record);
+  AppendRecord(kGraphRecord, delta, &record);
   absl::Status st = WriteAll(graph_fd_, record, graph_path);
   if (!st.ok()) {
     // Cut back to the last whole record; position appends there.
@@ -575,9 +495,11 @@ absl::Status Spool::Append(const v1::SampleBatch& batch) {
       // An acknowledgement not yet on disk goes in the same write, ahead of the batch.
       const uint64_t acked = acked_through_;
       std::string records;
-      if (acked > acked_recorded_) AppendRecord(kAckRecord, SequenceBytes(acked), &records);
+      if (acked > acked_recorded_) {
+        AppendRecord(kAckRecord, &records, [&](std::string& to) { to += SequenceBytes(acked); });
+      }
       const size_t ack_bytes = records.size();
-      AppendRecord(kBatchRecord, batch.SerializeAsString(), &records);
+      AppendRecord(kBatchRecord, batch, &records);
       st = WriteAll(segment->fd, records, segment->path);
       if (st.ok()) {
         acked_recorded_ = std::max(acked_recorded_, acked);
