@@ -2,12 +2,8 @@
 // Waits are on conditions with generous timeouts, for a loaded 2-core machine.
 #include "server/cluster/etcd/etcd_client.h"
 
-#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -25,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/testing/free_port.h"
 #include "etcd/etcdserverpb/rpc.grpc.pb.h"
 #include "server/cluster/etcd/etcd_test_server.h"
 
@@ -41,19 +38,6 @@ bool WaitFor(const std::function<bool()>& condition, absl::Duration timeout = kW
     absl::SleepFor(absl::Milliseconds(50));
   }
   return true;
-}
-
-// A loopback port nothing listens on (connections are refused).
-int DeadPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 // What a watch delivered, for the test thread to wait on.
@@ -246,8 +230,10 @@ TEST_F(EtcdKvTest, ConcurrentCallsFromManyThreads) {
 }
 
 TEST_F(EtcdKvTest, TriesTheNextEndpointWhenOneIsDown) {
+  // A port nothing listens on: its connections are refused.
+  const int dead_port = strata::testing::FreeLoopbackPort();
   absl::StatusOr<std::unique_ptr<EtcdClient>> client =
-      EtcdClient::Create(absl::StrCat("http://127.0.0.1:", DeadPort(), ",", server_->endpoint()));
+      EtcdClient::Create(absl::StrCat("http://127.0.0.1:", dead_port, ",", server_->endpoint()));
   ASSERT_TRUE(client.ok()) << client.status();
   EXPECT_TRUE((*client)->Put("failover", "yes").ok());
   absl::StatusOr<EtcdClient::RangeResult> result = (*client)->GetPrefix("failover");

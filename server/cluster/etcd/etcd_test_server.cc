@@ -1,12 +1,9 @@
 #include "server/cluster/etcd/etcd_test_server.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/testing/free_port.h"
 #include "server/cluster/etcd/etcd_client.h"
 
 extern char** environ;
@@ -29,32 +27,6 @@ namespace strata::server::cluster {
 namespace {
 
 constexpr char kMemberName[] = "strata-test";
-
-// Two distinct free loopback ports. They are free when this returns; etcd binds them soon
-// after, and Start retries with new ones if another process was faster.
-absl::StatusOr<std::pair<int, int>> FreePorts() {
-  int fds[2] = {-1, -1};
-  int ports[2] = {0, 0};
-  absl::Status status;
-  for (int i = 0; i < 2 && status.ok(); ++i) {
-    fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    if (fds[i] < 0 || bind(fds[i], reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        getsockname(fds[i], reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      status = absl::InternalError(absl::StrCat("no free loopback port: ", strerror(errno)));
-    } else {
-      ports[i] = ntohs(addr.sin_port);
-    }
-  }
-  for (int fd : fds) {
-    if (fd >= 0) close(fd);
-  }
-  if (!status.ok()) return status;
-  return std::make_pair(ports[0], ports[1]);
-}
 
 absl::StatusOr<std::string> MakeTempDir() {
   std::string pattern = (std::filesystem::temp_directory_path() / "strata_etcd_XXXXXX").string();
@@ -82,18 +54,21 @@ absl::StatusOr<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start(
   for (int attempt = 0; attempt < 3; ++attempt) {
     absl::StatusOr<std::string> dir = MakeTempDir();
     if (!dir.ok()) return dir.status();
-    absl::StatusOr<std::pair<int, int>> ports = FreePorts();
-    if (!ports.ok()) {
+    // Free when handed out; etcd binds them soon after, and another process that was faster
+    // makes the loop try other ports.
+    const int client_port = strata::testing::FreeLoopbackPort();
+    const int peer_port = strata::testing::FreeLoopbackPort();
+    if (client_port == 0 || peer_port == 0) {
       std::error_code ec;
       std::filesystem::remove_all(*dir, ec);
-      return ports.status();
+      return absl::InternalError("no free loopback port");
     }
     std::unique_ptr<EtcdTestServer> server(
-        new EtcdTestServer(*dir, address, ports->first, ports->second, start_timeout, tls));
+        new EtcdTestServer(*dir, address, client_port, peer_port, start_timeout, tls));
     last = server->Launch();
     if (last.ok()) last = server->WaitUntilServing();
     if (last.ok()) return server;
-    // Another process took a port between FreePorts and etcd's bind: try other ports.
+    // Another process took a port before etcd's bind: try other ports.
     if (!absl::StrContains(server->LogTail(), "address already in use")) break;
   }
   return last;

@@ -622,9 +622,9 @@ TEST(ClusterPartitionTest, PartitionedNodeAcknowledgesNothingItCannotReplicate) 
   std::vector<Node> nodes;
   for (int i = 1; i <= 3; ++i) {
     const bool cut_off = i == 3;
-    Node n{absl::StrCat("n", i),
-           absl::StrCat(cut_off ? ns.ns_ip() : ns.host_ip(), ":", FreePort()), FreePort(),
-           nullptr};
+    const int port = strata::testing::FreeLoopbackPort();
+    Node n{absl::StrCat("n", i), absl::StrCat(cut_off ? ns.ns_ip() : ns.host_ip(), ":", port),
+           strata::testing::FreeLoopbackPort(), nullptr};
     std::vector<std::string> argv{BinPath("strata-server"), "--listen", n.address,
                                   "--http", absl::StrCat("127.0.0.1:", n.http_port),
                                   "--insecure", "--data", dir.path() + "/" + n.id,

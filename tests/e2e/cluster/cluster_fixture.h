@@ -1,13 +1,9 @@
 // The cluster end-to-end tests' fixture: one real etcd (Debian's etcd-server), strata-server
 // nodes started as child processes on loopback (replication factor 2), strata-loadgen's
-// agents spread over them, and the helpers the tests share (free ports, /metrics values,
-// loadgen's verdict). Each test owns its fixture's etcd, nodes and temp dir.
+// agents spread over them, and the helpers the tests share (/metrics values, loadgen's
+// verdict). Each test owns its fixture's etcd, nodes and temp dir.
 #ifndef STRATA_TESTS_E2E_CLUSTER_CLUSTER_FIXTURE_H_
 #define STRATA_TESTS_E2E_CLUSTER_CLUSTER_FIXTURE_H_
-
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/testing/free_port.h"
 #include "common/testing/temp_dir.h"
 #include "common/testing/wait_for.h"
 #include "gtest/gtest.h"
@@ -31,22 +28,6 @@ namespace strata::e2e {
 
 using server::cluster::EtcdTestServer;
 using server::cluster::EtcdTestTls;
-
-inline int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    close(fd);
-    return 0;
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // A number from strata-loadgen's JSON line.
 inline double JsonField(const std::string& json, const std::string& name) {
@@ -108,8 +89,8 @@ class ClusterTest : public ::testing::Test {
   Node& AddNode(std::vector<std::string> extra = {}) {
     auto node = std::make_unique<Node>();
     node->id = absl::StrCat("n", nodes_.size() + 1);
-    node->port = FreePort();
-    node->http_port = FreePort();
+    node->port = strata::testing::FreeLoopbackPort();
+    node->http_port = strata::testing::FreeLoopbackPort();
     nodes_.push_back(std::move(node));
     extra_args_.push_back(std::move(extra));
     Start(nodes_.size() - 1);

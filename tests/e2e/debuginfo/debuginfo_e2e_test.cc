@@ -5,8 +5,6 @@
 // The stripped workloads are copies of demo_service made here, the way Debian builds
 // packages: `objcopy --only-keep-debug` for the debug file, then `strip --strip-all`. The
 // agent cannot name their functions (no .symtab, no debug link); only the server can.
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +24,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/elf/elf_file.h"
+#include "common/testing/free_port.h"
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -82,19 +81,6 @@ std::string Top(const ServerProcess& server, const std::string& service) {
   return top.output;
 }
 
-// A TCP port free on loopback right now (debuginfod takes a port number, not a socket).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 uint64_t MetricValue(const std::string& metrics, const std::string& name) {
   const std::string key = "\n" + name + " ";
   const size_t at = metrics.find(key);
@@ -141,7 +127,7 @@ TEST(DebugInfoTest, DebuginfodOnLoopbackNamesAStrippedWorkloadOnce) {
   ASSERT_FALSE(build_id.empty());
 
   // debuginfod scans the directory and serves the file by build ID.
-  const int port = FreePort();
+  const int port = strata::testing::FreeLoopbackPort();
   ChildProcess debuginfod({"/usr/bin/debuginfod", "-F", dir.File("debugfiles"), "-p",
                            std::to_string(port), "-d", dir.File("debuginfod.sqlite"), "-t", "1"},
                           dir.File("debuginfod.log"));

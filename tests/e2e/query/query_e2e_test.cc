@@ -29,6 +29,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/base/clock.h"
+#include "common/testing/free_port.h"
 #include "server/store/store.h"
 
 namespace {
@@ -55,18 +56,6 @@ const std::vector<DemoPath>& DemoPaths() {
 
 std::string Rfc3339(int64_t ms) {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixMillis(ms), absl::UTCTimeZone());
-}
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 struct CommandResult {
@@ -110,8 +99,8 @@ class QueryE2eTest : public ::testing::Test {
     recent_from_ = recent_to_ - 600'000;
     base_from_ = recent_from_ - 600'000;
     Fill();
-    grpc_port_ = FreePort();
-    http_port_ = FreePort();
+    grpc_port_ = strata::testing::FreeLoopbackPort();
+    http_port_ = strata::testing::FreeLoopbackPort();
     server_pid_ = fork();
     if (server_pid_ == 0) {
       const std::string listen = absl::StrCat("127.0.0.1:", grpc_port_);
