@@ -336,10 +336,9 @@ struct Contender {
     const size_t m = rates.size() / 2;
     return rates.size() % 2 == 1 ? rates[m] : (rates[m - 1] + rates[m]) / 2;
   }
-  // This contender's rate against `anchor`'s in the same round, over the rounds (median,
-  // lowest, highest):
-  // runs a fraction of a second apart, so that a host whose speed drifts within a run (a
-  // guest whose neighbours come and go) moves both alike.
+  // This contender's rate against `anchor`'s in the same round (runs a fraction of a second
+  // apart, which a host whose speed drifts within a run moves alike): the median, lowest and
+  // highest over the rounds.
   struct PairedRatios {
     double median, lowest, highest;
   };
