@@ -78,12 +78,31 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# free_ports N: N distinct free loopback ports.
+# free_ports N: N free loopback ports, none handed out before in this run ($work/ports), from
+# below the kernel's range for connections' local ports (common/testing/free_port.h: why).
 free_ports() {
-  python3 -c 'import socket, sys
-socks = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
+  python3 -c 'import random, socket, sys
+n, used_file = int(sys.argv[1]), sys.argv[2]
+try:
+    used = set(open(used_file).read().split())
+except OSError:
+    used = set()
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+out = []
+while len(out) < n:
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", random.randrange(10000, low) if low > 11000 else 0))
+        port = str(s.getsockname()[1])
+    except OSError:
+        continue
+    finally:
+        s.close()
+    if port not in used:
+        used.add(port)
+        out.append(port)
+open(used_file, "w").write(" ".join(sorted(used)))
+print(" ".join(out))' "$1" "$work/ports"
 }
 
 # wait_for LOG PATTERN PID [SECONDS]: until PATTERN is in LOG; fails if PID exits first.
