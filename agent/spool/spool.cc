@@ -13,8 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/base/crc32c.h"
 #include "agent/spool/spool_records.h"
+#include "common/base/crc32c.h"
 #include "common/encoding/packed_contexts.h"
 
 namespace strata::agent::spool {

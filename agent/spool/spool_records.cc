@@ -4,8 +4,6 @@
 
 namespace strata::agent::spool::records {
 
-// The whole records of a file's contents; `*corrupt` counts a torn or failing tail (the
-// rest of the file after it is not trusted); `*good_end` is where the last whole record ends.
 std::vector<Record> ParseRecords(std::string_view data, uint64_t* corrupt, uint64_t* good_end) {
   std::vector<Record> records;
   *good_end = 0;

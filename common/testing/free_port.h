@@ -41,10 +41,6 @@ inline int FreeLoopbackPort() {
   static std::set<int>* const handed_out = new std::set<int>;
   static std::mt19937 rng{std::random_device{}()};
   std::lock_guard lock(mu);
-  const auto take = [](int port) {
-    if (port == 0 || !handed_out->insert(port).second) return 0;
-    return port;
-  };
   // Connections' local ports come from ip_local_port_range (32768-60999 by default).
   int ephemeral_low = 32768;
   if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) {
@@ -55,11 +51,15 @@ inline int FreeLoopbackPort() {
     std::uniform_int_distribution<int> below(kLowest, ephemeral_low - 1);
     for (int attempt = 0; attempt < 1000; ++attempt) {
       const int port = below(rng);
-      if (!handed_out->contains(port) && take(BindLoopbackPort(port)) != 0) return port;
+      if (!handed_out->contains(port) && BindLoopbackPort(port) == port) {
+        handed_out->insert(port);
+        return port;
+      }
     }
   }
   for (int attempt = 0; attempt < 100; ++attempt) {  // a range set to start low
-    if (const int port = take(BindLoopbackPort(0)); port != 0) return port;
+    const int port = BindLoopbackPort(0);
+    if (port != 0 && handed_out->insert(port).second) return port;
   }
   return 0;
 }
