@@ -1,6 +1,6 @@
 // The batch builder: turns an aggregator's counts into an encoded v1::SampleBatch against the
-// graph's current numbering, with the targets the batch names (current ones, and for
-// continuous profiling those gone since the last batch) and the samples lost since then.
+// graph's current numbering, with the targets the batch names (current ones, and those gone
+// whose samples may still be in an aggregator) and the samples lost since then.
 // Borrows the graph, the aggregators and the targets; owns only the lost-samples mark.
 #ifndef STRATA_AGENT_CORE_BATCH_BUILDER_H_
 #define STRATA_AGENT_CORE_BATCH_BUILDER_H_
@@ -35,7 +35,7 @@ class BatchBuilder {
   // cleared otherwise). `lost_total`: samples lost since the agent started.
   absl::StatusOr<std::optional<v1::SampleBatch>> Interval(IntervalAggregator& aggregator,
                                                           const BatchWindow& window,
-                                                          TargetDiscovery& targets,
+                                                          const TargetDiscovery& targets,
                                                           uint64_t lost_total);
   // The interval's off-CPU time (nanoseconds per context in `aggregator`) as a PROFILE_OFF_CPU
   // batch in sampling periods of `frequency_hz`: t ns count t * f / 1e9 samples, rounded up or
@@ -52,7 +52,7 @@ class BatchBuilder {
                                                          const std::string& capture_id);
 
  private:
-  // The batch's header and current targets.
+  // The batch's header, and its targets: the current and the retired ones.
   static v1::SampleBatch Start(const BatchWindow& window, uint64_t epoch,
                                const TargetDiscovery& targets);
 

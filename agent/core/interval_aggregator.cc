@@ -141,6 +141,16 @@ bool IntervalAggregator::GrowTable() {
   return table_.Grow(TableOptions(std::min(options_.max_contexts, 2 * entries))).ok();
 }
 
+bool IntervalAggregator::References(uint32_t target_id) const {
+  for (const Record& r : records_) {
+    if (r.target_id == target_id) return true;
+  }
+  for (const auto& [key, count] : spill_) {
+    if (std::memcmp(key.data(), &target_id, 4) == 0) return true;
+  }
+  return false;
+}
+
 void IntervalAggregator::Clear() {
   table_.Clear();
   key_index_.clear();

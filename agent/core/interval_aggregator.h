@@ -58,6 +58,8 @@ class IntervalAggregator {
   bool empty() const { return samples_ == 0; }
   // True once a bound was reached in this interval.
   bool full() const { return full_; }
+  // Whether any context counted since the last encode is of `target_id`.
+  bool References(uint32_t target_id) const;
   // Contexts that took a key other than their hash (hash collisions), since construction.
   uint64_t collisions() const { return collisions_; }
   table::TableStats table_stats() const { return table_.stats(); }

@@ -54,6 +54,7 @@ void IntervalLoop::ShipWindow(absl::Time end) {
   Ship(std::move(cpu), "cpu", &shipped_.cpu_batches, &shipped_.cpu_bytes);
   Ship(profiler_->TakeOffCpuBatch(start_ms, end_ms, sequence_ + 1), "off-CPU",
        &shipped_.off_cpu_batches, &shipped_.off_cpu_bytes);
+  profiler_->DropRetiredTargets();
   window_start_ = end;
 }
 

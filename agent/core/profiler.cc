@@ -294,6 +294,10 @@ absl::StatusOr<std::optional<v1::SampleBatch>> Profiler::TakeOffCpuBatch(int64_t
                          continuous_hz_);
 }
 
+void Profiler::DropRetiredTargets() {
+  discovery_->DropRetired([this](uint32_t id) { return recorder_.HoldsSamplesOf(id); });
+}
+
 absl::Status Profiler::StartSession(uint32_t session_id, uint32_t frequency_hz,
                                     const std::string& service, pid_t pid) {
   if (session_id == sources::kContinuousSession) {

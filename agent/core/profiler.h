@@ -154,6 +154,9 @@ class Profiler final : public SamplingSessions {
   absl::StatusOr<std::optional<v1::SampleBatch>> TakeOffCpuBatch(int64_t start_ms,
                                                                  int64_t end_ms,
                                                                  uint64_t sequence);
+  // Forgets exited targets whose samples have all gone out in batches (call after a window's
+  // batches are taken; a capture's batch may name them later).
+  void DropRetiredTargets();
   // True when the interval aggregator reached its bound (ship an early batch).
   bool batch_full() const { return recorder_.full(); }
 

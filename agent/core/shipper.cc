@@ -134,7 +134,7 @@ void Shipper::SyncSpoolIfDue() {
 
 bool Shipper::HasWorkForSession() const {
   return stopping_ || flush_waiters_ > 0 || !statuses_.empty() ||
-         (!targets_sent_ && !targets_.empty()) ||
+         !targets_sent_ ||
          (!spool_->empty() && spool_->entry(spool_->size() - 1).sequence >= next_send_);
 }
 
@@ -409,9 +409,10 @@ void Shipper::WakeSessionLocked() {
 }
 
 void Shipper::TakeRound(std::deque<v1::AgentMessage>* out) {
-  if (!targets_sent_ && !targets_.empty()) {
+  if (!targets_sent_) {
     v1::AgentMessage m = Heartbeat();
     for (const auto& t : targets_) *m.mutable_heartbeat()->add_targets() = t;
+    m.mutable_heartbeat()->set_targets_listed(true);
     out->push_back(std::move(m));
     targets_sent_ = true;
   }

@@ -503,6 +503,14 @@ void StackRecorder::AddSession(uint32_t session_id) {
 
 void StackRecorder::RemoveSession(uint32_t session_id) { session_aggregators_.erase(session_id); }
 
+bool StackRecorder::HoldsSamplesOf(uint32_t target_id) const {
+  if (aggregator_.References(target_id) || off_cpu_.References(target_id)) return true;
+  for (const auto& [id, aggregator] : session_aggregators_) {
+    if (aggregator->References(target_id)) return true;
+  }
+  return false;
+}
+
 IntervalAggregator* StackRecorder::session(uint32_t session_id) {
   auto it = session_aggregators_.find(session_id);
   return it == session_aggregators_.end() ? nullptr : it->second.get();

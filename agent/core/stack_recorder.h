@@ -143,6 +143,8 @@ class StackRecorder final : public sources::StackSink {
   void AddSession(uint32_t session_id);
   void RemoveSession(uint32_t session_id);
   IntervalAggregator* session(uint32_t session_id);
+  // Whether an aggregator (continuous, off-CPU or a capture's) holds samples of the target.
+  bool HoldsSamplesOf(uint32_t target_id) const;
 
   const StackRecorderStats& stats() const { return stats_; }
 

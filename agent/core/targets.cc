@@ -217,10 +217,8 @@ std::vector<v1::Target> TargetDiscovery::targets() const {
   return out;
 }
 
-std::vector<v1::Target> TargetDiscovery::TakeRetired() {
-  std::vector<v1::Target> out;
-  out.swap(retired_);
-  return out;
+void TargetDiscovery::DropRetired(absl::FunctionRef<bool(uint32_t target_id)> referenced) {
+  std::erase_if(retired_, [&](const v1::Target& t) { return !referenced(t.id()); });
 }
 
 }  // namespace strata::agent

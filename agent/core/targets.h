@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "agent/jvm/jvm_perf_maps.h"
@@ -86,7 +87,7 @@ class TargetDiscovery {
   std::unique_ptr<Target> NewTarget(const procfs::TrackedProcess& process,
                                     sources::StackSource* source);
   void Insert(std::unique_ptr<Target> target);
-  // Drops the target; batches still name it until TakeRetired().
+  // Drops the target; batches still name it until DropRetired().
   void Remove(pid_t pid);
   Target* Find(pid_t pid);
 
@@ -111,8 +112,12 @@ class TargetDiscovery {
   std::vector<v1::Target> targets() const;
   // Changes whenever a target is inserted or removed.
   uint64_t generation() const { return generation_; }
-  // Targets gone since the last call.
-  std::vector<v1::Target> TakeRetired();
+  // Targets removed whose samples may still wait in an aggregator (continuous, off-CPU or a
+  // capture's): every batch names them with the current ones, or the server would refuse
+  // the batch for its contexts of an unknown target.
+  const std::vector<v1::Target>& retired() const { return retired_; }
+  // Forgets the retired targets no aggregator holds samples of (`referenced` says which do).
+  void DropRetired(absl::FunctionRef<bool(uint32_t target_id)> referenced);
   uint64_t refreshes() const { return refreshes_; }
   // Null when no service's JVMs are asked for perf maps.
   const jvm::JvmPerfMaps* jvm_perf_maps() const { return jvm_perf_maps_.get(); }

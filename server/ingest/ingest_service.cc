@@ -276,7 +276,7 @@ absl::Status IngestService::Stream::Handle(v1::AgentMessage& message) {
           !st.ok()) {
         Reject(st, 0);
       } else {
-        if (message.heartbeat().targets_size() > 0) {
+        if (message.heartbeat().targets_size() > 0 || message.heartbeat().targets_listed()) {
           service_->registry_->SetTargets(session_->identity().agent_id,
                                           message.heartbeat().targets());
         }

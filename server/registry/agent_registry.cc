@@ -47,6 +47,7 @@ void AgentRegistry::RecordBatch(const std::string& agent_id, const v1::SampleBat
   if (it == agents_.end()) return;
   it->second.last_batch_ms = batch.end_ms();
   ++it->second.batches;
+  if (it->second.targets_from_heartbeats) return;
   for (const v1::Target& t : batch.targets()) it->second.targets[t.pid()] = t.service();
 }
 
@@ -56,6 +57,7 @@ void AgentRegistry::SetTargets(const std::string& agent_id,
   auto it = agents_.find(agent_id);
   if (it == agents_.end()) return;
   it->second.targets.clear();
+  it->second.targets_from_heartbeats = true;
   for (const v1::Target& t : targets) it->second.targets[t.pid()] = t.service();
 }
 

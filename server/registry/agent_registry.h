@@ -73,8 +73,10 @@ class AgentRegistry {
   // Ends `attachment` of the agent. An agent that reconnected before the server saw its old
   // stream end is attached again already: the old stream's Detach leaves it connected.
   void Detach(const std::string& agent_id, uint64_t attachment);
+  // Counts the batch; its targets are the agent's list only until a heartbeat lists them
+  // (a batch also names targets that exited with samples still to ship).
   void RecordBatch(const std::string& agent_id, const v1::SampleBatch& batch);
-  // Replaces the agent's target list (from a Heartbeat).
+  // Replaces the agent's target list (from a Heartbeat), from then on the only source of it.
   void SetTargets(const std::string& agent_id,
                   const google::protobuf::RepeatedPtrField<v1::Target>& targets);
   // The agent's health from its latest heartbeat.
@@ -100,6 +102,7 @@ class AgentRegistry {
     int64_t last_batch_ms = 0;
     uint64_t batches = 0;
     std::map<uint32_t, std::string> targets;  // pid -> service, latest seen
+    bool targets_from_heartbeats = false;
     v1::AgentHealth health;
     std::shared_ptr<Sender> sender;
     uint64_t attachment = 0;  // the stream attached last

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -211,6 +212,68 @@ TEST_F(OffCpuE2eTest, HalfSleepingThreadSplitsItsWallClockTime) {
   // workload itself measured, not with 50 %.
   EXPECT_NEAR(wall_nap, nap_truth, 0.10);
   EXPECT_NEAR(wall_burn, 1 - nap_truth, 0.10);
+}
+
+// The agent's targets as Query.ListAgents lists them ("service/pid"); empty if unreachable.
+std::vector<std::string> ListedTargets(const std::string& address) {
+  auto stub = v1::Query::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::ListAgentsResponse agents;
+  std::vector<std::string> targets;
+  if (!stub->ListAgents(&context, v1::ListAgentsRequest(), &agents).ok()) return targets;
+  for (const v1::AgentInfo& agent : agents.agents()) {
+    targets.insert(targets.end(), agent.targets().begin(), agent.targets().end());
+  }
+  return targets;
+}
+
+bool WaitForTargets(const std::string& address, const std::vector<std::string>& expected,
+                    absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (ListedTargets(address) != expected) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  return true;
+}
+
+// A process that exits while it is profiled off CPU: the batches of its last window, its
+// off-CPU time and the other process's in one, still name it, so the server takes them
+// rather than refusing them for a target it does not know. The agent's listed targets follow
+// the processes, down to none.
+TEST_F(OffCpuE2eTest, AProcessThatExitsKeepsItsLastWindow) {
+  ServerProcess server(dir_.File("data"), dir_.File("server.log"));
+  ASSERT_GT(server.port(), 0) << server.process().Output();
+  const std::vector<std::string> half_sleep = {BinPath("blocking_service"), "--mode",
+                                               "half-sleep", "--burn-ms", "5", "--nap-ms", "20"};
+  std::vector<std::string> leaving_argv = half_sleep;
+  leaving_argv.insert(leaving_argv.end(), {"--seconds", "4"});
+  ChildProcess leaving(leaving_argv, dir_.File("leaving.log"), {{"STRATA_SERVICE", "leaving"}});
+  ChildProcess staying(half_sleep, dir_.File("staying.log"), {{"STRATA_SERVICE", "staying"}});
+  ChildProcess agent({BinPath("strata-agent"), "--server", server.address(), "--pid",
+                      std::to_string(leaving.pid()), "--pid", std::to_string(staying.pid()),
+                      "--off-cpu", "--interval", "1", "--spool-dir", "none"},
+                     dir_.File("agent.log"));
+  ASSERT_TRUE(agent.WaitForOutput(absl::StrCat("profiling pid ", staying.pid()), 30))
+      << agent.Output();
+  EXPECT_EQ(leaving.Wait(60), 0) << leaving.Output();
+  const std::string staying_target = absl::StrCat("staying/", staying.pid());
+  EXPECT_TRUE(WaitForTargets(server.address(), {staying_target}, absl::Seconds(30)))
+      << agent.Output();
+  // A window after the exit has gone out once the staying process's off-CPU time grows.
+  v1::HotPathsResponse before = HotPaths(server.address(), "staying", v1::PROFILE_OFF_CPU);
+  EXPECT_TRUE(WaitForProfile(server.address(), "staying", v1::PROFILE_OFF_CPU,
+                             before.total_samples() + 20, absl::Seconds(60)));
+  EXPECT_EQ(staying.Stop(SIGTERM, 15), 0);
+  EXPECT_TRUE(WaitForTargets(server.address(), {}, absl::Seconds(30))) << agent.Output();
+  EXPECT_EQ(agent.Stop(SIGTERM, 15), 0) << agent.Output();
+
+  EXPECT_EQ(agent.Output().find("rejected"), std::string::npos) << agent.Output();
+  EXPECT_EQ(server.process().Output().find("rejected"), std::string::npos)
+      << server.process().Output();
+  EXPECT_GT(HotPaths(server.address(), "leaving", v1::PROFILE_OFF_CPU).total_samples(), 0u);
+  EXPECT_GT(HotPaths(server.address(), "leaving", v1::PROFILE_CPU).total_samples(), 0u);
 }
 
 }  // namespace
