@@ -58,6 +58,8 @@ ReleaseWatcher::ReleaseWatcher(ReleaseWatcherOptions options, ReleaseWatcherInpu
     // A record that does not parse is dropped: its release is met again as known.
     if (!release.ParseFromString(record.payload)) continue;
     AddMissingWhichLines(&release);
+    int64_t& listed = listed_ms_[release.service()];
+    listed = std::max(listed, release.updated_ms());
     releases_[ReleaseId(release)] = release;
   }
 }
@@ -115,6 +117,11 @@ absl::StatusOr<std::vector<v1::ReleaseVerdict>> ReleaseWatcher::Check(int64_t no
       }
     }
     absl::MutexLock lock(&mu_);
+    // The candidates new now ran since the last listing, or since now if there was none.
+    auto listed = listed_ms_.find(service);
+    const int64_t ran_since_ms =
+        listed != listed_ms_.end() ? std::min(now_ms, listed->second - kLateSamplesMs) : now_ms;
+    listed_ms_[service] = now_ms;
     if (!label.empty()) {
       std::string prefix = service;
       prefix.push_back('\0');
@@ -136,6 +143,7 @@ absl::StatusOr<std::vector<v1::ReleaseVerdict>> ReleaseWatcher::Check(int64_t no
         release.set_label(label);
         release.set_candidate(value);
         release.set_first_seen_ms(now_ms);
+        release.set_candidate_from_ms(ran_since_ms);
         release.set_updated_ms(now_ms);
         // Met with the service (no release known before): no baseline to compare with.
         release.set_baseline(baseline);
@@ -238,6 +246,9 @@ absl::Status ReleaseWatcher::Compare(v1::ReleaseVerdict& release, int64_t now_ms
   plan.baseline_to_ms =
       phase ? release.first_seen_ms() - absl::ToInt64Milliseconds(options_.phase_onset) : now_ms;
   plan.candidate_from_ms = release.first_seen_ms();
+  if (!phase && release.candidate_from_ms() != 0) {
+    plan.candidate_from_ms = std::min(plan.candidate_from_ms, release.candidate_from_ms());
+  }
   plan.candidate_to_ms = now_ms;
   plan.windows_independent = phase;
   plan.one_host_windows = !phase;

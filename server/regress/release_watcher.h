@@ -5,8 +5,10 @@
 // `labels` its label sets carry: "version", else "build_id"). A value not seen before is a
 // new release. Its baseline is the release of the same label first seen most recently
 // before it; the comparison takes the baseline's samples over [first seen - lookback, now)
-// and the candidate's over [first seen, now), and runs again at every check until the
-// candidate has been seen for `window`: then its verdict is final. The values a service shows
+// and the candidate's from the check before the one that found it (less kLateSamples: a
+// window's samples are listed only once its batch arrives) to now, since the candidate ran
+// from some time between the two, and runs again at every check until the candidate has been
+// seen for `window`: then its verdict is final. The values a service shows
 // when the watcher first meets it are recorded without a comparison (their order is unknown).
 //
 // Phase changes (the aggregator saw a service's hottest contexts reorder within one window)
@@ -44,6 +46,10 @@
 #include "strata/v1/regress.pb.h"
 
 namespace strata::server::regress {
+
+// How long before a check samples of a value it does not list yet may be: their batch came
+// after it (agents send a window's samples once it ends, every 10 s by default).
+inline constexpr int64_t kLateSamplesMs = 60'000;
 
 struct ReleaseWatcherOptions {
   std::vector<std::string> labels = {"version", "build_id"};
@@ -147,6 +153,9 @@ class ReleaseWatcher {
   mutable absl::Mutex mu_;
   // By ReleaseId.
   std::map<std::string, v1::ReleaseVerdict> releases_ ABSL_GUARDED_BY(mu_);
+  // Per service, when its release values were last listed (at start-up: its latest stored
+  // state's time). A value new at a check may have run since then.
+  std::map<std::string, int64_t> listed_ms_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace strata::server::regress
