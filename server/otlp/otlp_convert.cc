@@ -173,7 +173,7 @@ class Converter {
   // per call site), whose name and module need building once.
   absl::flat_hash_map<std::tuple<int32_t, int32_t, int32_t>, LineFunction> line_functions_;
   std::string location_field_;  // scratch: "location N", for errors
-  size_t stack_frames_ = 0;  // of out_.stacks, against kMaxRequestFrames
+  size_t decoded_frames_ = 0;  // of the stack table entries converted, against kMaxRequestFrames
   std::vector<Context> contexts_;
   absl::flat_hash_map<std::string, uint32_t> context_ids_;
   absl::flat_hash_set<std::string> services_;
@@ -511,11 +511,14 @@ absl::StatusOr<Converter::StackOfIndex> Converter::StackOf(int32_t stack_index) 
     frames.leaf_first.push_back(*fn);
     frames.lines.push_back(0);
   }
-  if (frames.leaf_first.size() > kMaxRequestFrames - stack_frames_) {
+  // Every stack table entry the samples name is decoded (once), whatever it decodes to:
+  // entries that repeat one stack cost as much as distinct ones.
+  if (frames.leaf_first.size() > kMaxRequestFrames - decoded_frames_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "stack ", stack_index, ": the request's distinct stacks have more than ",
-        kMaxRequestFrames, " frames in all"));
+        "stack ", stack_index, ": the request's stacks have more than ", kMaxRequestFrames,
+        " frames in all"));
   }
+  decoded_frames_ += frames.leaf_first.size();
   stack.functions.assign(frames.leaf_first.rbegin(), frames.leaf_first.rend());  // outermost first
   // A caller's call site is its line + 1, as the agents send a Python or Java caller's (a
   // return address follows its call); the leaf's line is where its samples were.
@@ -541,10 +544,7 @@ absl::StatusOr<Converter::StackOfIndex> Converter::StackOf(int32_t stack_index) 
              stack.call_sites.size() * sizeof(uint64_t));
   key.push_back(stack.truncated ? 't' : 'c');
   auto [it, added] = stack_ids_.emplace(std::move(key), static_cast<uint32_t>(out_.stacks.size()));
-  if (added) {
-    stack_frames_ += stack.functions.size();
-    out_.stacks.push_back(std::move(stack));
-  }
+  if (added) out_.stacks.push_back(std::move(stack));
   const StackOfIndex converted{it->second, frames.lines.front()};
   stack_of_index_.emplace(stack_index, converted);
   return converted;

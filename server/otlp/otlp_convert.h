@@ -53,7 +53,8 @@ namespace profiles_v1 = ::opentelemetry::proto::profiles::v1development;
 inline constexpr int64_t kDefaultPeriodNs = 1'000'000'000 / 99;
 // Frames of one stack (deeper ones are an error, as for agents' decoded stacks).
 inline constexpr size_t kMaxStackFrames = 4096;
-// Frames of all the distinct stacks of one request: a location may stand for thousands of
+// Frames of all the stacks of one request (each stack table entry its samples name, counted
+// once however many entries hold the same stack): a location may stand for thousands of
 // (inlined) frames and each stack may repeat it, so the request's bytes alone do not bound
 // what they decode to.
 inline constexpr size_t kMaxRequestFrames = size_t{1} << 23;

@@ -320,6 +320,27 @@ TEST_F(OtlpConvertTest, FramesOfAllStacksAreBounded) {
   EXPECT_THAT(r.status().message(), HasSubstr("frames in all"));
 }
 
+// The same stack under 2,100 stack table entries, one a sample: each entry is decoded, so
+// they count as 2,100 stacks, though they store as one.
+TEST_F(OtlpConvertTest, FramesOfStacksThatRepeatOneAnotherAreBoundedToo) {
+  auto* r0 = b_.AddResource({{"service.name", "s"}, {"host.name", "h"}});
+  auto* cpu = b_.AddProfile(r0, "samples", "count", kT0);
+  const std::vector<RequestBuilder::Line> lines(4000, {"inlined", "deep.c", 1});
+  const int32_t deep = b_.Location(b_.Mapping("/usr/bin/deep"), 0x1000, lines, "native");
+  const int32_t stack = b_.Stack({deep});
+  for (int i = 0; i < 2100; ++i) b_.AddSample(cpu, stack, {}, 1);
+  RequestBuilder::Request request = b_.Take();
+  auto* profile =
+      request.mutable_resource_profiles(0)->mutable_scope_profiles(0)->mutable_profiles(0);
+  for (int i = 1; i < 2100; ++i) {
+    *request.mutable_dictionary()->add_stack_table() = request.dictionary().stack_table(stack);
+    profile->mutable_samples(i)->set_stack_index(request.dictionary().stack_table_size() - 1);
+  }
+  auto r = ConvertRequest(request, {}, "", kNowMs);
+  EXPECT_TRUE(absl::IsResourceExhausted(r.status())) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("frames in all"));
+}
+
 // A location naming its frame type 20,000 times, 20,000 times in one stack: its attributes
 // are read once, not per reference (4e8 map updates before).
 TEST_F(OtlpConvertTest, ALocationIsConvertedOncePerRequest) {
