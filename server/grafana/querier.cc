@@ -26,6 +26,9 @@ constexpr char kService[] = "/querier.v1.QuerierService/";
 constexpr char kServiceLabel[] = "service_name";
 // Largest pprof a merged profile may inflate to.
 constexpr size_t kMaxProfileBytes = size_t{256} << 20;
+// Matchers of one LabelNames, LabelValues or Series request: each lists the label sets of
+// the services it names again (Grafana sends one or a few).
+constexpr int kMaxMatchers = 100;
 
 struct KnownType {
   v1::ProfileType type;
@@ -144,6 +147,10 @@ absl::StatusOr<std::vector<std::string>> ServicesOf(query::QueryService* query,
 // Every matcher parsed (none: one empty selection).
 absl::StatusOr<std::vector<Selection>> SelectionsOf(
     const google::protobuf::RepeatedPtrField<std::string>& matchers) {
+  if (matchers.size() > kMaxMatchers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(matchers.size(), " matchers: at most ", kMaxMatchers, " a request"));
+  }
   std::vector<Selection> out;
   for (const std::string& m : matchers) {
     auto s = ParseLabelSelector(m);

@@ -160,6 +160,10 @@ TEST_F(QuerierTest, TypesLabelsAndSeriesOfTheStore) {
   ASSERT_EQ(series.labels_set(0).labels_size(), 2);
   EXPECT_EQ(series.labels_set(0).labels(0).name(), "service_name");
   EXPECT_EQ(series.labels_set(0).labels(1).value(), "2");
+
+  // Each matcher lists the label sets again: a request may not bring thousands.
+  for (int i = 0; i < 100; ++i) names_request.add_matchers("{}");
+  Call<types::v1::LabelNamesResponse>("LabelNames", names_request, 400);
 }
 
 // Times and steps at the ends of their types: refused, not wrapped into a huge interval
