@@ -287,6 +287,9 @@ http::HttpResponse RenderMetrics(const http::HttpServer* http, store::Store* sto
   counter("strata_ingest_rejected_messages_total", "Messages rejected as malformed.",
           metrics->rejected_messages);
   counter("strata_ingest_resyncs_total", "Graph resyncs requested.", metrics->resyncs);
+  counter("strata_ingest_reads_held_total",
+          "Times an agent stream was not read while its replies backed up unread.",
+          metrics->reads_held);
   counter("strata_ingest_label_sets_refused_total",
           "Target label sets refused past --max-label-sets (stored as strata_overflow).",
           ingest::LabelSetsRefused());

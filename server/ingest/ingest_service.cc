@@ -44,10 +44,14 @@ registry::AgentDescriptor DescriptorOf(const AgentIdentity& identity) {
 // the worker pool, one at a time: the next read starts only when Handle() is done with the
 // last one. Writes (replies from Handle, control messages from other threads through the
 // registry) go through an outbox with one write in flight; Finish comes after the outbox
-// is empty.
+// is empty. While the outbox holds kMaxQueuedReplies, the next message is read only once it
+// has drained to half that: a client that sends without reading its replies is held to the
+// pace at which it reads them, not buffered without bound.
 class IngestService::Stream final
     : public grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage> {
  public:
+  static constexpr size_t kMaxQueuedReplies = 64;
+
   explicit Stream(IngestService* service) : service_(service), link_(std::make_shared<Link>()) {
     link_->stream = this;
   }
@@ -90,17 +94,33 @@ class IngestService::Stream final
         EndAfterWrites(ToGrpc(end));
         return;
       }
+      {
+        absl::MutexLock lock(&mu_);
+        if (outbox_.size() >= kMaxQueuedReplies) {
+          read_deferred_ = true;  // OnWriteDone reads on
+          ++service_->metrics_->reads_held;
+          return;
+        }
+      }
       StartRead(&in_);
     });
   }
 
   void OnWriteDone(bool ok) override {
+    bool read = false;
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
       if (!ok) outbox_.clear();  // the agent is gone: nothing more can be written
+      // After a failed write the read fails too, and ends the stream; one that ends anyway
+      // reads no more (Finish may come first).
+      if (read_deferred_ && outbox_.size() <= kMaxQueuedReplies / 2 && !end_requested_) {
+        read_deferred_ = false;
+        read = true;
+      }
     }
     Pump();
+    if (read) StartRead(&in_);
   }
 
   void OnDone() override {
@@ -242,6 +262,7 @@ class IngestService::Stream final
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool end_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_deferred_ ABSL_GUARDED_BY(mu_) = false;  // the next read waits for the outbox
   grpc::Status end_status_;
 };
 

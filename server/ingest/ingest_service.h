@@ -51,6 +51,9 @@ struct IngestMetrics {
   std::atomic<uint64_t> samples{0};
   std::atomic<uint64_t> contexts{0};
   std::atomic<uint64_t> rejected_messages{0};
+  // Times a stream's next message was left unread while its replies backed up (its client
+  // sends without reading them).
+  std::atomic<uint64_t> reads_held{0};
   // Streams ended because the server was out of a resource (table memory).
   std::atomic<uint64_t> resource_exhausted{0};
   // Streams refused at connection: over --max-agents.

@@ -2,8 +2,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/base/clock.h"
@@ -42,8 +44,8 @@ class IngestServiceTest : public ::testing::Test {
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
     ASSERT_NE(port, 0);
-    stub_ = v1::Ingest::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                                    grpc::InsecureChannelCredentials()));
+    address_ = absl::StrCat("127.0.0.1:", port);
+    stub_ = v1::Ingest::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
   }
   void StopServer() {
     if (server_ != nullptr) server_->Shutdown();
@@ -117,6 +119,7 @@ class IngestServiceTest : public ::testing::Test {
   IngestMetrics metrics_;
   std::unique_ptr<IngestService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::string address_;
   std::unique_ptr<v1::Ingest::Stub> stub_;
   std::vector<std::string> observed_capture_ids_;  // observers run before the Ack is sent
 };
@@ -320,6 +323,47 @@ TEST_F(IngestServiceTest, StreamMustStartWithAValidHello) {
   EXPECT_EQ(Finish(bad).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(registry_.List().empty());
   EXPECT_EQ(metrics_.rejected_messages.load(), 2u);
+}
+
+// A client that sends without reading its replies: once they back up the server stops
+// reading it, so that its writes stall instead of the server holding every reply; once it
+// reads again, so does the server.
+TEST_F(IngestServiceTest, AClientThatDoesNotReadItsRepliesIsHeldNotBuffered) {
+  StartServer();
+  // A client whose transport takes no more than HTTP/2's initial window of replies it has
+  // not read (with its default estimate of the link's bandwidth, megabytes of them).
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  auto stub = v1::Ingest::NewStub(
+      grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+  Stream s;
+  s.channel = stub->Connect(s.context.get());
+  ASSERT_TRUE(s.channel->Write(HelloMessage()));
+  ASSERT_TRUE(Read(s).has_welcome());
+  constexpr uint64_t kSent = 100'000;
+  std::atomic<uint64_t> written{0};
+  std::thread writer([&] {
+    v1::AgentMessage unexpected = HelloMessage();  // refused, not fatal, on a live session
+    for (uint64_t i = 0; i < kSent && s.channel->Write(unexpected); ++i) ++written;
+  });
+  // Held once the replies fill what the transports and sockets buffer.
+  EXPECT_TRUE(strata::testing::WaitFor([&] { return metrics_.reads_held.load() > 0; },
+                                       std::chrono::seconds(60)));
+  // The window's worth (about 1,100 replies of this size) and the outbox, not the 100,000.
+  const uint64_t answered = metrics_.rejected_messages.load();
+  EXPECT_LT(answered, 20'000u);
+  std::printf("held after %llu messages answered, %llu written\n",
+              static_cast<unsigned long long>(answered),
+              static_cast<unsigned long long>(written.load()));
+  for (int i = 0; i < 1000; ++i) {
+    v1::ServerMessage reply;
+    ASSERT_TRUE(s.channel->Read(&reply)) << i;
+    ASSERT_TRUE(reply.has_error()) << i;
+  }
+  EXPECT_TRUE(strata::testing::WaitFor(
+      [&] { return metrics_.rejected_messages.load() > answered; }));
+  s.context->TryCancel();
+  writer.join();
 }
 
 // Every batch commits through the configured committer: continuous-profile counts go to
