@@ -226,6 +226,13 @@ struct HttpServer::Impl {
         return Respond({404, "text/plain; charset=utf-8",
                         absl::StrCat("no such path: ", base::EscapeForLog(request.path), "\n")});
       }
+      head_ = request.method == "HEAD";
+      if (!head_ && request.method != "GET" && request.method != "POST") {
+        return Respond({405, "text/plain; charset=utf-8",
+                        absl::StrCat("method ", base::EscapeForLog(request.method),
+                                     " not allowed: GET, HEAD or POST\n"),
+                        {{"Allow", "GET, HEAD, POST"}}});
+      }
       const RouteEntry& entry = route->second;
       switch (entry.dispatch) {
         case Dispatch::kInline:
@@ -305,6 +312,10 @@ struct HttpServer::Impl {
       response_->keep_alive(keep_alive_);
       response_->body() = std::move(response.body);
       response_->prepare_payload();
+      // A HEAD answer is a GET's header, its Content-Length included, with no body: a body
+      // there would be read as the start of the next response.
+      if (head_) response_->body().clear();
+      head_ = false;
       Lowest().expires_after(ToChrono(impl_->options.body_timeout));
       http::async_write(stream_, *response_,
                         [self = this->shared_from_this()](beast::error_code ec, size_t) {
@@ -366,6 +377,7 @@ struct HttpServer::Impl {
     std::optional<http::request_parser<http::string_body>> parser_;
     std::optional<http::response<http::string_body>> response_;
     bool keep_alive_ = false;
+    bool head_ = false;  // the request being answered is a HEAD
     bool responded_bad_ = false;
     unsigned version_ = 11;
   };

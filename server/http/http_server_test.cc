@@ -221,6 +221,39 @@ TEST(HttpServerTest, KeepAliveAndPipelinedRequests) {
   server.Stop();
 }
 
+// HEAD gets a GET's header with no body, so the next response on the connection is read
+// whole; methods the routes do not take get 405 naming those they do.
+TEST(HttpServerTest, HeadHasNoBodyAndOtherMethodsAreNotAllowed) {
+  HttpServer server;
+  server.Route("/a", [](const HttpRequest&) { return HttpResponse{200, "text/plain", "AAAA"}; });
+  ASSERT_TRUE(server.Start("127.0.0.1:0").ok());
+  asio::io_context io;
+  auto s = Connect(io, server.port());
+  Send(*s, "HEAD /a HTTP/1.1\r\nHost: x\r\n\r\nGET /a HTTP/1.1\r\nHost: x\r\n\r\n");
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> head;
+  head.skip(true);  // a HEAD answer's Content-Length says what a GET would get
+  beast::error_code ec;
+  http::read(*s, buffer, head, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_EQ(head.get().result_int(), 200);
+  EXPECT_EQ(head.get()[http::field::content_length], "4");
+  EXPECT_EQ(head.get().body(), "");
+  http::response<http::string_body> get;
+  http::read(*s, buffer, get, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_EQ(get.body(), "AAAA");
+  for (const char* method : {"PUT", "DELETE", "TRACE", "OPTIONS", "FOO"}) {
+    Send(*s, absl::StrCat(method, " /a HTTP/1.1\r\nHost: x\r\n\r\n"));
+    http::response<http::string_body> res;
+    http::read(*s, buffer, res, ec);
+    ASSERT_FALSE(ec) << method << ": " << ec.message();
+    EXPECT_EQ(res.result_int(), 405) << method;
+    EXPECT_EQ(res[http::field::allow], "GET, HEAD, POST") << method;
+  }
+  server.Stop();
+}
+
 // 1,000 idle connections, a few that stall mid-header and one that trickles a body: the
 // health check still answers at once, and so do priority routes.
 TEST(HttpServerTest, IdleAndSlowClientsDoNotDelayHealthChecks) {
