@@ -8,6 +8,7 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include "absl/status/status.h"
 #include "cli/format.h"
 #include "common/base/clock.h"
 
@@ -48,7 +49,7 @@ void AddFilterFlags(CLI::App* cmd, FilterOptions* f, bool service_required) {
   cmd->add_option("--limit,-n", f->limit, "rows to show")->capture_default_str();
 }
 
-v1::ProfileFilter BuildFilter(const FilterOptions& f) {
+v1::ProfileFilter BuildFilter(const FilterOptions& f, absl::string_view flags) {
   v1::ProfileFilter filter;
   filter.set_service(f.service);
   filter.set_host(f.host);
@@ -61,20 +62,24 @@ v1::ProfileFilter BuildFilter(const FilterOptions& f) {
   int64_t to = base::NowMs();
   if (!f.to.empty()) {
     auto t = ParseRfc3339(f.to);
-    if (!t.ok()) Fail(absl::StrCat("--to: ", t.status().message()));
+    if (!t.ok()) Fail(absl::StrCat(flags, "to: ", t.status().message()));
     to = *t;
   }
   int64_t from;
   if (!f.from.empty()) {
     auto t = ParseRfc3339(f.from);
-    if (!t.ok()) Fail(absl::StrCat("--from: ", t.status().message()));
+    if (!t.ok()) Fail(absl::StrCat(flags, "from: ", t.status().message()));
     from = *t;
   } else {
     auto d = ParseDuration(f.since);
-    if (!d.ok()) Fail(absl::StrCat("--since: ", d.status().message()));
+    if (!d.ok()) Fail(absl::StrCat(flags, "since: ", d.status().message()));
     from = to - *d;
   }
-  if (from >= to) Fail("--from must be before --to");
+  if (from >= to) {
+    Fail(f.from.empty()    ? absl::StrCat(flags, "since must be longer than 0")
+         : f.to.empty()    ? absl::StrCat(flags, "from must be in the past")
+                           : absl::StrCat(flags, "from must be before ", flags, "to"));
+  }
   filter.mutable_range()->set_from_ms(from);
   // An end given is exclusive, so that a range ending at T and one starting at T (before and
   // after a deploy) share no window; "now" takes in the window it falls in.
@@ -87,6 +92,7 @@ std::string RangeText(const FilterOptions& f) {
   if (!f.from.empty()) {
     return absl::StrCat(f.from, " .. ", f.to.empty() ? "now" : f.to, type);
   }
+  if (!f.to.empty()) return absl::StrCat(f.since, " before ", f.to, type);
   return absl::StrCat("last ", f.since, type);
 }
 
@@ -194,6 +200,15 @@ void Client::Check(const grpc::Status& status) const {
                             "and valid for the --server name or --tls-server-name?)"
                           : " (is the server running? set --server or STRATA_SERVER; a server "
                             "with TLS needs --tls-ca)"));
+  }
+  if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED && status.error_message().empty()) {
+    // gRPC's own answer for a service the server does not offer (Cluster without a cluster).
+    Fail(absl::StrCat("strata-server at ", options_.server,
+                      " does not offer this (a command for a cluster, or for a newer server)"));
+  }
+  if (status.error_message().empty()) {
+    const auto code = static_cast<absl::StatusCode>(status.error_code());  // the same numbers
+    Fail(absl::StrCat("strata-server answered ", absl::StatusCodeToString(code)));
   }
   Fail(status.error_message());
 }

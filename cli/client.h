@@ -13,6 +13,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/rpc/client_security.h"
 #include "strata/v1/capture.grpc.pb.h"
 #include "strata/v1/query.grpc.pb.h"
@@ -41,9 +42,11 @@ struct FilterOptions {
 
 // Adds the filter flags to `cmd`.
 void AddFilterFlags(CLI::App* cmd, FilterOptions* f, bool service_required = true);
-// Builds the proto filter; exits with a clear message on bad durations/times.
-v1::ProfileFilter BuildFilter(const FilterOptions& f);
-// "last 10m" or "FROM .. TO" for headers, with the profile type unless it is CPU.
+// Builds the proto filter; exits with a clear message on bad durations/times, naming the
+// flags as `flags` begins them ("--base-" for a diff's base range).
+v1::ProfileFilter BuildFilter(const FilterOptions& f, absl::string_view flags = "--");
+// "last 10m", "10m before TO" or "FROM .. TO" for headers, with the profile type unless it is
+// CPU.
 std::string RangeText(const FilterOptions& f);
 
 void PrintJson(const google::protobuf::Message& message);

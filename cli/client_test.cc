@@ -30,5 +30,23 @@ TEST(BuildFilterTest, AGivenEndIsExclusiveAndNowIsIncluded) {
   EXPECT_EQ(last.range().to_ms() - last.range().from_ms(), 600'001);
 }
 
+// Headers and errors name the range and the flags as given: an end without a start is the
+// --since before it, and a bad range names the flags the user set.
+TEST(BuildFilterTest, HeadersAndErrorsSayWhatWasGiven) {
+  FilterOptions f;
+  f.since = "10m";
+  f.to = "2026-12-04T10:05:00Z";
+  EXPECT_EQ(RangeText(f), "10m before 2026-12-04T10:05:00Z");
+  EXPECT_EQ(BuildFilter(f).range().from_ms(), 1'796'378'700'000 - 600'000);
+  FilterOptions future;
+  future.from = "2999-01-01T00:00:00Z";
+  EXPECT_EXIT(BuildFilter(future), ::testing::ExitedWithCode(1), "--from must be in the past");
+  FilterOptions reversed;
+  reversed.from = "2026-12-04T10:05:00Z";
+  reversed.to = "2026-12-04T10:00:00Z";
+  EXPECT_EXIT(BuildFilter(reversed, "--base-"), ::testing::ExitedWithCode(1),
+              "--base-from must be before --base-to");
+}
+
 }  // namespace
 }  // namespace strata::cli

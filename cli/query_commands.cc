@@ -338,7 +338,7 @@ int RunDiff(CliContext* ctx, const FilterOptions& f, const BaseOptions& b) {
     bf.from = b.from;
     bf.to = b.to;
     if (bf.to.empty()) bf.to = FormatRfc3339(current_from);
-    *base->mutable_range() = BuildFilter(bf).range();
+    *base->mutable_range() = BuildFilter(bf, "--base-").range();
     if (b.to.empty()) base->mutable_range()->set_to_ms(current_from);
     base_text = RangeText(bf);
   } else if (!b.to.empty()) {
