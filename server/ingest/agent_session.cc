@@ -397,6 +397,11 @@ absl::StatusOr<AppliedBatch> AgentSession::ApplyBatch(const v1::SampleBatch& bat
     return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(),
                                                    " has an invalid time window"));
   }
+  if (const int64_t ahead_ms = batch.end_ms() - base::NowMs(); ahead_ms > kMaxAheadOfServerMs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch ", batch.sequence(), " ends ", ahead_ms / 1000,
+        " s past the server's clock (at most 24 h): is the agent host's clock right?"));
+  }
   absl::flat_hash_map<uint32_t, const v1::Target*> targets;
   for (const v1::Target& t : batch.targets()) targets[t.id()] = &t;
   // Both context forms as records: packed first, then the repeated field. Malformed packed

@@ -1,5 +1,7 @@
 #include "server/ingest/agent_session.h"
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
@@ -297,6 +299,22 @@ TEST_P(AgentSessionTest, CountsAboveTheLimitAreRefused) {
   auto largest = agent.Context({"main", "work"}, (uint64_t{1} << 32) - 1);
   ASSERT_TRUE(session->ApplyBatch(Batch(2, agent.graph.num_edges(), {largest})).ok());
   EXPECT_EQ(Load().total, (uint64_t{1} << 32) - 1);
+}
+
+// A batch from a host whose clock is far ahead (year 2262 here) is refused, naming the clock;
+// nothing of it is stored, and the next batch, in time, is.
+TEST_P(AgentSessionTest, BatchesFarPastTheServersClockAreRefused) {
+  FakeAgent agent;
+  auto context = agent.Context({"main", "work"}, 5);
+  auto session = Open();
+  ASSERT_TRUE(session->ApplyGraphDelta(agent.Delta(2, 0)).ok());
+  v1::SampleBatch future = Batch(1, agent.graph.num_edges(), {context});
+  future.set_end_ms(std::numeric_limits<int64_t>::max());
+  auto r = session->ApplyBatch(future);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("clock"), std::string_view::npos) << r.status();
+  ASSERT_TRUE(session->ApplyBatch(Batch(2, agent.graph.num_edges(), {context})).ok());
+  EXPECT_EQ(Load().total, 5u);
 }
 
 // Contexts that decode to more frames than a batch may: the batch is refused, nothing of it

@@ -15,6 +15,10 @@
 
 namespace strata::server::ingest {
 
+// How far past the server's clock samples may be (a host's clock that far ahead is wrong):
+// samples stored in the year 2262 would show in no default range and outlive retention.
+inline constexpr int64_t kMaxAheadOfServerMs = int64_t{24} * 3600 * 1000;
+
 // Edges' worth of search steps every graph may spend, however small.
 inline constexpr uint64_t kGraphSearchFloorEdges = 4096;
 

@@ -619,6 +619,11 @@ absl::Status Converter::AddProfile(const Profile& profile, const Attributes& res
           sample.timestamps_unix_nano_size() == 0 || sample.timestamps_unix_nano(j) == 0
               ? profile_ms
               : static_cast<int64_t>(sample.timestamps_unix_nano(j) / 1'000'000);
+      if (time_ms - now_ms_ > ingest::kMaxAheadOfServerMs) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            sample_field, ": its time is ", (time_ms - now_ms_) / 1000,
+            " s past the server's clock (at most 24 h)"));
+      }
       const int64_t window_start_ms = commit::WindowStart(time_ms);
       uint64_t& raw = raw_[RawKey{context, window_start_ms, stack->stack, period_ns}];
       if (raw > std::numeric_limits<uint64_t>::max() - static_cast<uint64_t>(value)) {

@@ -260,6 +260,10 @@ TEST_F(OtlpConvertTest, BadInputIsRefusedWithTheFieldNamed) {
          q->mutable_resource_profiles(0)->mutable_scope_profiles(0)->mutable_profiles(0)
              ->mutable_samples(0)->add_timestamps_unix_nano(1);
        }, "has 1 values and 2 timestamps"},
+      {"future", [](auto* q) {
+         q->mutable_resource_profiles(0)->mutable_scope_profiles(0)->mutable_profiles(0)
+             ->mutable_samples(0)->set_timestamps_unix_nano(0, uint64_t{1} << 63);
+       }, "past the server's clock (at most 24 h)"},
       {"negative", [](auto* q) {
          q->mutable_resource_profiles(0)->mutable_scope_profiles(0)->mutable_profiles(0)
              ->mutable_samples(0)->set_values(0, -5);

@@ -70,7 +70,7 @@ TEST(OtlpExportTest, ReadsBackAsTheSameStacksAndCounts) {
     ASSERT_TRUE(data.ok()) << data.status();
     otlp::otlp_v1::ExportProfilesServiceRequest request;
     ASSERT_TRUE(request.ParseFromString(*data));
-    auto r = otlp::ConvertRequest(request, {}, "", 0);
+    auto r = otlp::ConvertRequest(request, {}, "", options.to_ms);
     ASSERT_TRUE(r.ok()) << r.status();
     ASSERT_EQ(r->cells.size(), 2u);
     EXPECT_EQ(r->cells[0].service, "svc");
@@ -135,7 +135,7 @@ TEST(OtlpExportTest, LinesAreWrittenWithTheirInlineChains) {
                                      "handler /srv/h.py:7; ", "main app.cc:10; "));
   // Read back, the inlined function is a frame of its own (as any OTLP sender's inline chain),
   // the Python caller's line its call site.
-  auto r = otlp::ConvertRequest(request, {}, "", 0);
+  auto r = otlp::ConvertRequest(request, {}, "", options.from_ms);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->cells.size(), 1u);
   EXPECT_EQ(r->cells[0].count, 6u);
