@@ -258,6 +258,34 @@ TEST(SymbolizeGoTest, StrippedGoBinaryGivesNamesInlinedCallsAndLines) {
   EXPECT_FALSE(frames[1].inlined);
   EXPECT_EQ(frames[1].line, 29u);
 }
+
+// A Go binary with .symtab and DWARF, both of which name an assembly function with its ABI
+// suffix: its lines name it as the runtime's table and the agent do, without the suffix.
+TEST(SymbolizeGoTest, AssemblyFunctionsAreNamedWithoutTheirAbiSuffix) {
+  const std::string binary = std::string(STRATA_GO_DIR) + "/pclntab_subject_amd64";
+  auto elf = elf::ElfFile::Open(binary);
+  ASSERT_TRUE(elf.ok());
+  ASSERT_NE((*elf)->FindSection(".debug_info"), nullptr);
+  auto symbols = (*elf)->ReadFunctionSymbols();
+  ASSERT_TRUE(symbols.ok());
+  uint64_t entry = 0;
+  for (const elf::FunctionSymbol& f : *symbols) {
+    if (f.name == "internal/bytealg.IndexByteString.abi0") entry = f.start;
+  }
+  ASSERT_NE(entry, 0u) << "no assembly function in the subject";
+
+  testing::TempDir dir("strata_symbolize_go_abi");
+  const std::string path = elf::BuildIdDebugPath(dir.File("debug"), (*elf)->BuildIdHex());
+  fs::create_directories(fs::path(path).parent_path());
+  fs::copy_file(binary, path);
+  Symbolizer symbolizer({.debug_dirs = {dir.File("debug")}}, nullptr);
+  const std::vector<SourceFrame> frames = symbolizer.SourceFrames((*elf)->BuildIdHex(), entry);
+  ASSERT_EQ(frames.size(), 1u);
+  EXPECT_EQ(frames[0].function, "internal/bytealg.IndexByteString");
+  EXPECT_GT(frames[0].line, 0u);
+  EXPECT_EQ(symbolizer.FunctionName((*elf)->BuildIdHex(), entry),
+            "internal/bytealg.IndexByteString");
+}
 #endif
 
 }  // namespace

@@ -48,13 +48,12 @@ std::vector<SourceFrame> Symbolizer::SourceFrames(std::string_view build_id_hex,
                                                   uint64_t address) {
   std::shared_ptr<const Module> module = ModuleOf(build_id_hex);
   if (module == nullptr) return {};
-  if (module->lines != nullptr) {
-    std::vector<SourceFrame> frames = module->lines->Frames(address);
-    if (!frames.empty() || module->go == nullptr) return frames;
+  // Go code by the runtime's own table, as the agent names it (DWARF and .symtab name an
+  // assembly function with its ABI suffix, main.f.abi0); the rest (cgo's C) by DWARF.
+  const int64_t i = module->go != nullptr ? module->go->FindFunction(address) : -1;
+  if (i < 0) {
+    return module->lines != nullptr ? module->lines->Frames(address) : std::vector<SourceFrame>();
   }
-  if (module->go == nullptr) return {};
-  const int64_t i = module->go->FindFunction(address);
-  if (i < 0) return {};
   std::vector<SourceFrame> frames;
   for (const elf::GoPclntab::SourceFrame& f :
        module->go->Symbolize(module->go->functions()[i], address)) {
