@@ -247,9 +247,7 @@ TEST_F(OffCpuE2eTest, AProcessThatExitsKeepsItsLastWindow) {
   ASSERT_GT(server.port(), 0) << server.process().Output();
   const std::vector<std::string> half_sleep = {BinPath("blocking_service"), "--mode",
                                                "half-sleep", "--burn-ms", "5", "--nap-ms", "20"};
-  std::vector<std::string> leaving_argv = half_sleep;
-  leaving_argv.insert(leaving_argv.end(), {"--seconds", "4"});
-  ChildProcess leaving(leaving_argv, dir_.File("leaving.log"), {{"STRATA_SERVICE", "leaving"}});
+  ChildProcess leaving(half_sleep, dir_.File("leaving.log"), {{"STRATA_SERVICE", "leaving"}});
   ChildProcess staying(half_sleep, dir_.File("staying.log"), {{"STRATA_SERVICE", "staying"}});
   ChildProcess agent({BinPath("strata-agent"), "--server", server.address(), "--pid",
                       std::to_string(leaving.pid()), "--pid", std::to_string(staying.pid()),
@@ -257,7 +255,10 @@ TEST_F(OffCpuE2eTest, AProcessThatExitsKeepsItsLastWindow) {
                      dir_.File("agent.log"));
   ASSERT_TRUE(agent.WaitForOutput(absl::StrCat("profiling pid ", staying.pid()), 30))
       << agent.Output();
-  EXPECT_EQ(leaving.Wait(60), 0) << leaving.Output();
+  ASSERT_TRUE(WaitForProfile(server.address(), "leaving", v1::PROFILE_OFF_CPU, 10,
+                             absl::Seconds(60)))
+      << agent.Output();
+  EXPECT_EQ(leaving.Stop(SIGTERM, 15), 0) << leaving.Output();
   const std::string staying_target = absl::StrCat("staying/", staying.pid());
   EXPECT_TRUE(WaitForTargets(server.address(), {staying_target}, absl::Seconds(30)))
       << agent.Output();
