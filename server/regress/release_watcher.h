@@ -5,7 +5,7 @@
 // `labels` its label sets carry: "version", else "build_id"). A value not seen before is a
 // new release. Its baseline is the release of the same label first seen most recently
 // before it; the comparison takes the baseline's samples over [first seen - lookback, now)
-// and the candidate's from the check before the one that found it (less kLateSamples: a
+// and the candidate's from the check before the one that found it (less kLateSamplesMs: a
 // window's samples are listed only once its batch arrives) to now, since the candidate ran
 // from some time between the two, and runs again at every check until the candidate has been
 // seen for `window`: then its verdict is final. The values a service shows
