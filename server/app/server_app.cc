@@ -1,6 +1,8 @@
 #include "server/app/server_app.h"
 
+#include <signal.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -15,6 +17,7 @@
 #include "absl/time/time.h"
 #include "common/base/clock.h"
 #include "common/base/log.h"
+#include "server/app/grpc_log.h"
 #include "server/commit/batch_committer.h"
 #include "server/regress/verdict.h"
 #include "server/server_metrics.h"
@@ -89,6 +92,15 @@ absl::Status ServerApp::Start() {
   RaiseOpenFileLimit();
   ConfigureDebuginfod(options_);
   shutdown_signals_ = BlockShutdownSignals();
+  RouteGrpcLog([this](std::string_view message) {
+    listener_lost_ = true;
+    rlimit files{};
+    getrlimit(RLIMIT_NOFILE, &files);
+    LogError("gRPC stopped taking connections on {} ({}; open-file limit {}): shutting down "
+             "to be restarted",
+             options_.ingest.listen, message, files.rlim_cur);
+    kill(getpid(), SIGTERM);  // taken by Run()'s sigwait
+  });
   if (absl::Status opened = OpenStore(); !opened.ok()) return opened;
   if (absl::Status joined = JoinCluster(); !joined.ok()) return joined;
   if (absl::Status built = BuildServices(); !built.ok()) return built;
@@ -357,6 +369,9 @@ absl::Status ServerApp::Listen() {
   // on both ends, per interval per agent) to size a receive window that batches of a few
   // kilobytes never fill.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  // A connection that never finishes its TLS or HTTP/2 handshake holds an open file, of the
+  // limit past which gRPC stops listening (grpc_log.h), for 20 s rather than gRPC's 120.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 20'000);
   grpc_server_ = builder.BuildAndStart();
   if (!grpc_server_ || grpc_port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
@@ -404,7 +419,8 @@ int ServerApp::Run() {
   LogInfo("signal {}: shutting down", sig);
   if (!Shutdown().ok()) return 1;
   LogInfo("stopped cleanly");
-  return 0;
+  // For the supervisor (systemd's Restart=on-failure, a Kubernetes pod) to start it again.
+  return listener_lost_ ? 1 : 0;
 }
 
 absl::Status ServerApp::Shutdown() {

@@ -121,6 +121,8 @@ class ServerApp {
   std::thread query_warmup_;
 
   sigset_t shutdown_signals_;  // blocked by Start(), taken by Run()
+  // gRPC's listener gave up (grpc_log.h): Run() shuts down and returns 1.
+  std::atomic<bool> listener_lost_{false};
   int grpc_port_ = 0;
 };
 

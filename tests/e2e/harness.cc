@@ -139,9 +139,14 @@ bool ChildProcess::WaitForOutput(const std::string& text, double timeout_s) {
 }
 
 ServerProcess::ServerProcess(const std::string& data_dir, const std::string& log_path,
-                             std::vector<std::string> extra_args) {
-  std::vector<std::string> argv{BinPath("strata-server"), "--listen", "127.0.0.1:0", "--http",
-                                "", "--data", data_dir};
+                             std::vector<std::string> extra_args,
+                             std::vector<std::string> launcher) {
+  std::vector<std::string> argv = std::move(launcher);
+  for (std::string arg : {BinPath("strata-server"), std::string("--listen"),
+                          std::string("127.0.0.1:0"), std::string("--http"), std::string(),
+                          std::string("--data"), data_dir}) {
+    argv.push_back(std::move(arg));
+  }
   for (auto& a : extra_args) argv.push_back(std::move(a));
   process_ = std::make_unique<ChildProcess>(std::move(argv), log_path);
   const std::string marker = "ready on port ";

@@ -56,11 +56,13 @@ class ChildProcess {
   bool reaped_ = false;
 };
 
-// strata-server on 127.0.0.1 with an ephemeral gRPC port, HTTP off unless asked.
+// strata-server on 127.0.0.1 with an ephemeral gRPC port, HTTP off unless asked. `launcher`
+// goes in front of the command (e.g. prlimit and its flags).
 class ServerProcess {
  public:
   explicit ServerProcess(const std::string& data_dir, const std::string& log_path,
-                         std::vector<std::string> extra_args = {});
+                         std::vector<std::string> extra_args = {},
+                         std::vector<std::string> launcher = {});
   int port() const { return port_; }
   // The HTTP port, when started with an --http address ("HTTP on port N"); 0 otherwise.
   int http_port() const { return http_port_; }

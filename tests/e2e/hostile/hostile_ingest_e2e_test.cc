@@ -1,7 +1,10 @@
 // What a hostile or broken agent can do to a running strata-server, one case per test:
 // every case must end with a clear error for the client, the server alive and serving
 // others, its memory within its configuration, and nothing it acknowledged lost.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -17,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
+#include "common/base/unique_fd.h"
 #include "common/encoding/graph.h"
 #include "common/encoding/graph_delta_edges.h"
 #include "common/encoding/numbering.h"
@@ -179,9 +183,9 @@ std::vector<std::string> ServiceNames(const std::string& prefix, int n) {
 
 class HostileIngestTest : public ::testing::Test {
  protected:
-  void Start(std::vector<std::string> args = {}) {
+  void Start(std::vector<std::string> args = {}, std::vector<std::string> launcher = {}) {
     server_ = std::make_unique<ServerProcess>(dir_.path() + "/data", dir_.path() + "/server.log",
-                                              std::move(args));
+                                              std::move(args), std::move(launcher));
     ASSERT_NE(server_->port(), 0) << server_->process().Output();
     channel_ = server_->Channel();
   }
@@ -191,7 +195,8 @@ class HostileIngestTest : public ::testing::Test {
     grpc::ClientContext ctx;
     v1::ListServicesRequest req;
     v1::ListServicesResponse resp;
-    EXPECT_TRUE(stub->ListServices(&ctx, req, &resp).ok());
+    const grpc::Status status = stub->ListServices(&ctx, req, &resp);
+    EXPECT_TRUE(status.ok()) << status.error_code() << " " << status.error_message();
     for (const auto& s : resp.services()) {
       if (s.name() == service) return s.total_samples();
     }
@@ -405,6 +410,40 @@ TEST_F(HostileIngestTest, RealAgentRestartedWithTheSameIdLosesNothing) {
     counted += samples;
   }
   EXPECT_EQ(Total("demo"), counted);
+}
+
+// gRPC 1.51 stops listening for good once accept4() fails for want of open files
+// (server/app/grpc_log.h): agents that reconnect and queries then hung while the process ran
+// on. The server now shuts down cleanly, keeping what it acknowledged, and exits with status 1
+// for its supervisor to restart it.
+TEST_F(HostileIngestTest, AServerOutOfOpenFilesExitsToBeRestartedAndKeepsItsData) {
+  Start({}, {"/usr/bin/prlimit", "--nofile=256"});
+  {
+    RawAgent agent(channel_, "before-the-flood", 1);
+    ASSERT_TRUE(agent.Connect());
+    ASSERT_TRUE(agent.SendGraph());
+    ASSERT_TRUE(agent.Send(agent.Batch(1, {"kept"}, 5)).has_ack());
+  }
+  // Connections that never speak: each one gRPC accepts takes a file of the server's.
+  std::vector<base::UniqueFd> flood;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(server_->port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  for (int i = 0; i < 400; ++i) {
+    base::UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    ASSERT_GE(fd.get(), 0);
+    ASSERT_EQ(connect(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    flood.push_back(std::move(fd));
+  }
+  EXPECT_EQ(server_->process().Wait(60), 1) << server_->process().Output();
+  EXPECT_THAT(server_->process().Output(), ::testing::HasSubstr("gRPC stopped taking"));
+  flood.clear();
+  // The same data directory; a new log, which the restarted server's port is read from.
+  ASSERT_EQ(std::rename((dir_.path() + "/server.log").c_str(),
+                        (dir_.path() + "/server-flooded.log").c_str()), 0);
+  Start();
+  EXPECT_EQ(Total("kept"), 5u) << server_->process().Output();
 }
 
 // Past --max-agents new streams are refused with RESOURCE_EXHAUSTED and a retry delay; they
