@@ -12,9 +12,10 @@
 // native `_PyEval_EvalFrameDefault` frame of a sample is replaced by the Python frames it runs,
 // read from the interpreter's thread state when the sample is recorded (the thread has run on
 // since the sample: the read must agree with the sample's eval-loop frames, else the stack
-// keeps them and is counted as python_stale). Of their path prefix only the frames outside
-// the outermost eval-loop frame are reused from the previous sample (the Python frames under a
-// kept eval-loop frame may differ).
+// keeps them and is counted as python_stale). A leaf eval-loop frame in its call's prologue or
+// epilogue runs none: it goes, and the read's groups are those of the frames outside it. Of
+// their path prefix only the frames outside the outermost eval-loop frame are reused from the
+// previous sample (the Python frames under a kept eval-loop frame may differ).
 //
 // HotSpot JVMs (x86-64, with a perf map naming their interpreter's code): each frame in the
 // template interpreter's code is shown as the Java method it runs, its Method* read from the
@@ -155,7 +156,8 @@ class StackRecorder final : public sources::StackSink {
   struct TargetState;
   struct PythonTarget;
   // The Python frames read for the sample being recorded, innermost first, and where each
-  // native eval-loop call's group of them ends (group g: frames [end[g-1] + 1, end[g]]).
+  // native eval-loop call's group of them ends (group g: frames [end[g-1] + 1, end[g]]; an
+  // innermost call that runs none yet or any more has end[0] == SIZE_MAX, an empty group).
   struct PythonSplice {
     const python::Interpreter* interpreter = nullptr;
     const python::PythonFrame* frames = nullptr;
@@ -255,7 +257,7 @@ class StackRecorder final : public sources::StackSink {
   std::vector<uint64_t> java_methods_;              // sized once: the sample's Method*s
   std::vector<uint64_t> java_bcps_;                 // sized once: their bytecode pointers
   std::vector<python::PythonFrame> python_frames_;  // sized once: ReadPython's
-  std::vector<size_t> python_group_end_;            // sized once
+  std::vector<size_t> python_group_end_;            // sized once: [0], then ReadPython's groups
   // The read python_frames_ hold (ReadPython takes it again for the thread's next sample when
   // it is recent enough). `interpreter` null: none.
   struct PythonRead {
@@ -265,6 +267,7 @@ class StackRecorder final : public sources::StackSink {
     python::ReadOutcome outcome = python::ReadOutcome::kOk;
     size_t frames = 0;
     size_t groups = 0;
+    uint64_t innermost_call = 0;  // Interpreter::innermost_call()
   };
   PythonRead last_python_read_;
   // Threads registered with the capture: tid -> its process and thread state.

@@ -197,6 +197,7 @@ bool StackRecorder::ReadPython(python::Interpreter& interpreter, const Target& t
     ++stats_.python_captured;
     last = {&interpreter, tid, now, python::ReadOutcome::kOk, 0, 0};
     last.outcome = interpreter.ReadSnapshot(*snapshot, python_frames_, &last.frames);
+    last.innermost_call = interpreter.innermost_call();
   } else {
     const uint64_t delay = now > sample_time_ns ? now - sample_time_ns : 0;
     stats_.python_read_delay_ns += delay;
@@ -210,13 +211,16 @@ bool StackRecorder::ReadPython(python::Interpreter& interpreter, const Target& t
     } else {
       last = {&interpreter, tid, now, python::ReadOutcome::kOk, 0, 0};
       last.outcome = interpreter.ReadStack(tid, python_frames_, &last.frames);
+      last.innermost_call = interpreter.innermost_call();
       // Its thread state is known now: its next samples carry their frames.
       if (capture != nullptr) CaptureThread(interpreter, target.pid, tid);
     }
   }
+  // Group g's end at python_group_end_[g + 1]: [0] is that of a group of no frames.
+  python_group_end_[0] = SIZE_MAX;
   if (last.outcome == python::ReadOutcome::kOk && last.groups == 0) {
-    for (size_t i = 0; i < last.frames; ++i) {
-      if (python_frames_[i].entry) python_group_end_[last.groups++] = i;
+    for (size_t i = 0; i < last.frames && last.groups + 1 < python_group_end_.size(); ++i) {
+      if (python_frames_[i].entry) python_group_end_[++last.groups] = i;
     }
   }
   const python::ReadOutcome outcome = last.outcome;
@@ -229,19 +233,32 @@ bool StackRecorder::ReadPython(python::Interpreter& interpreter, const Target& t
     }
   }
   if (evals == 0) return false;
-  // One group of Python frames per eval-loop frame (the outermost groups may lie beyond a
-  // truncated native stack). Anything else: the thread ran on between sample and read.
-  if (outcome != python::ReadOutcome::kOk || groups < evals || (!truncated && groups > evals)) {
+  // A leaf in the eval loop whose call's state (Interpreter::innermost_call) lies outside its
+  // stack frame is in that call's prologue or epilogue: it runs no Python frames, and the
+  // innermost group is its caller's. Its group is empty (the leaf frame is not shown). Stacks
+  // the target unwound itself carry no stack pointers: not known there.
+  const uint64_t call = last.innermost_call;
+  const bool idle_leaf = outcome == python::ReadOutcome::kOk && call != 0 && num_frames > 1 &&
+                         frames_[0].sp < frames_[1].sp && interpreter.InEvalLoop(frames_[0].pc) &&
+                         (call < frames_[0].sp || call >= frames_[1].sp);
+  const size_t running = evals - idle_leaf;
+  // One group of Python frames per eval-loop frame that runs any (the outermost groups may lie
+  // beyond a truncated native stack). Anything else: the thread ran on between sample and read.
+  if (outcome != python::ReadOutcome::kOk || groups < running ||
+      (!truncated && groups > running)) {
     ++stats_.python_stale;
     ++(outcome == python::ReadOutcome::kOk ? stats_.python_mismatch : stats_.python_torn);
     if (counts != nullptr) counts->set_python_stale(counts->python_stale() + 1);
     return false;
   }
-  const size_t spliced = python_group_end_[evals - 1] + 1;
+  const size_t* group_end = python_group_end_.data() + (idle_leaf ? 0 : 1);
+  const size_t spliced = group_end[evals - 1] + 1;  // (0 for an empty group)
+  // No frame of the stack is its leaf's own (its leaf address would be the last stack's).
+  if (idle_leaf) leaf_module_pc_ = 0;
   ++stats_.python_stacks;
   stats_.python_frames += spliced;
   if (counts != nullptr) counts->set_python_frames(counts->python_frames() + spliced);
-  *splice = {&interpreter, python_frames_.data(), python_group_end_.data(), evals};
+  *splice = {&interpreter, python_frames_.data(), group_end, evals};
   return true;
 }
 

@@ -3,25 +3,34 @@
 // kernel pcs, graph edges, contexts), then recorded again under a counting allocator; the
 // same samples replayed as an off-CPU session's switch-outs, each followed by its switch-in,
 // count exactly their off-CPU time, also without allocating. A CPython child's samples get
-// its Python frames in place of the eval loop's, also without allocating once warm.
+// its Python frames in place of the eval loop's, also without allocating once warm, and keep
+// them when taken while a generator's native eval call starts or ends (a ptrace-stopped child).
 
 #include "agent/core/stack_recorder.h"
 
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/ptrace.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/user.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
 #include "agent/core/context_graph.h"
 #include "agent/core/targets.h"
+#include "agent/python/interpreter.h"
 #include "agent/sampler/perf_sampler.h"
 #include "agent/sources/perf_source.h"
 #include "common/testing/counting_allocator.h"
@@ -282,6 +291,164 @@ TEST(StackRecorderTest, PythonFramesSplicedWithoutAllocating) {
   ASSERT_EQ(counts.size(), 1u);
   EXPECT_EQ(counts[0].python_frames(), recorder.stats().python_frames);
   EXPECT_EQ(counts[0].python_stale(), recorder.stats().python_stale);
+}
+
+#if defined(__x86_64__)
+// A perf sample of ptrace-stopped `pid` (its only thread) in `regs`, with up to 64 KiB of its
+// stack.
+CopiedSample SampleStopped(pid_t pid, const user_regs_struct& regs) {
+  CopiedSample s;
+  s.stack.resize(64 * 1024);
+  size_t got = 0;
+  while (got < s.stack.size()) {  // page by page, up to the end of the stack's mapping
+    const uint64_t at = regs.rsp + got;
+    const size_t chunk = std::min<size_t>(4096 - at % 4096, s.stack.size() - got);
+    iovec local{s.stack.data() + got, chunk};
+    iovec remote{reinterpret_cast<void*>(at), chunk};
+    if (process_vm_readv(pid, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(chunk)) break;
+    got += chunk;
+  }
+  s.stack.resize(got);
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  s.sample.pid = s.sample.tid = static_cast<uint32_t>(pid);
+  s.sample.time_ns = static_cast<uint64_t>(now.tv_sec) * 1'000'000'000 +
+                     static_cast<uint64_t>(now.tv_nsec);
+  s.sample.pc = regs.rip;
+  s.sample.sp = regs.rsp;
+  s.sample.fp = regs.rbp;
+  s.sample.g = regs.r14;
+  s.sample.bcp = regs.r13;
+  s.sample.stack = s.stack.data();
+  s.sample.stack_size = s.stack.size();
+  s.sample.session_id = sources::kContinuousSession;
+  return s;
+}
+#endif
+
+// 3.11 runs each step of a generator in a native eval call of its own (gen_send_ex2). At the
+// call's first instruction its frame is not pushed yet, and at its `ret` it is popped already:
+// the chain's innermost group is the caller's. Such samples keep the caller's Python frames
+// (the eval-loop frame that runs none is not shown) rather than counting as stale.
+TEST(StackRecorderTest, PythonFramesKeptWhileAGeneratorsEvalCallStartsAndEnds) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "x86-64 registers";
+#else
+  constexpr char kPython[] = "/usr/bin/python3.11";
+  if (access(kPython, X_OK) != 0) GTEST_SKIP() << kPython << " is not installed";
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(fds[1], 1);
+    close(fds[0]);
+    execl(kPython, kPython, "-S", "-c",
+          "import sys\n"
+          "def gen():\n"
+          "    x = 0\n"
+          "    while True:\n"
+          "        x += 1\n"
+          "        yield x\n"
+          "sys.stdout.write('r'); sys.stdout.flush()\n"
+          "for v in gen(): pass\n",
+          nullptr);
+    _exit(127);
+  }
+  close(fds[1]);
+  char byte;
+  ASSERT_EQ(read(fds[0], &byte, 1), 1);
+  close(fds[0]);
+  struct KillChild {
+    pid_t pid;
+    ~KillChild() {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } kill_child{child};
+
+  DiscoveryOptions options;
+  options.pids = {child};
+  auto discovery = TargetDiscovery::Create(options);
+  ASSERT_TRUE(discovery.ok()) << discovery.status();
+  auto changes = (*discovery)->Scan();
+  ASSERT_TRUE(changes.ok());
+  ASSERT_EQ(changes->added.size(), 1u);
+  (*discovery)->Insert((*discovery)->NewTarget(changes->added[0], nullptr));
+  Target* target = (*discovery)->Find(child);
+  ASSERT_NE(target, nullptr);
+  ASSERT_NE(target->space, nullptr);
+  elf::AddressRange eval{0, 0};
+  target->space->ForEachModule([&](const symbols::Module& m, int64_t bias) {
+    if (eval.end != 0 || m.elf == nullptr) return;
+    absl::StatusOr<python::InterpreterModule> found =
+        python::InspectModule(*m.elf, m.symbols, m.path);
+    if (!found.ok()) return;
+    for (const elf::AddressRange& r : found->eval_ranges) {  // the function, not a .cold part
+      if (eval.end == 0 || r.end - r.start > eval.end - eval.start) {
+        eval = {r.start + static_cast<uint64_t>(bias), r.end + static_cast<uint64_t>(bias)};
+      }
+    }
+  });
+  ASSERT_NE(eval.end, 0u) << "no eval loop in " << kPython;
+
+  // Stopped at the eval loop's first instruction by a breakpoint: the next generator step.
+  ASSERT_EQ(ptrace(PTRACE_ATTACH, child, nullptr, nullptr), 0) << strerror(errno);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  void* entry = reinterpret_cast<void*>(eval.start);
+  errno = 0;
+  const long word = ptrace(PTRACE_PEEKTEXT, child, entry, nullptr);
+  ASSERT_EQ(errno, 0) << strerror(errno);
+  ASSERT_EQ(ptrace(PTRACE_POKETEXT, child, entry,
+                   reinterpret_cast<void*>((word & ~0xffL) | 0xcc)), 0);
+  ASSERT_EQ(ptrace(PTRACE_CONT, child, nullptr, nullptr), 0);
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSTOPPED(status) && WSTOPSIG(status) == SIGTRAP) << status;
+  ASSERT_EQ(ptrace(PTRACE_POKETEXT, child, entry, reinterpret_cast<void*>(word)), 0);
+  user_regs_struct regs;
+  ASSERT_EQ(ptrace(PTRACE_GETREGS, child, nullptr, &regs), 0);
+  ASSERT_EQ(regs.rip, eval.start + 1);
+  regs.rip = eval.start;
+  ASSERT_EQ(ptrace(PTRACE_SETREGS, child, nullptr, &regs), 0);
+
+  ContextGraph graph(1);
+  StackRecorder recorder({}, &graph, discovery->get());
+  const CopiedSample starts = SampleStopped(child, regs);
+  recorder.OnSample(starts.sample);
+  // Stepped on to the same call's `ret` (the stack pointer back where it was at its entry).
+  const uint64_t entry_sp = regs.rsp;
+  bool at_ret = false;
+  for (int step = 0; step < 1'000'000 && !at_ret; ++step) {
+    ASSERT_EQ(ptrace(PTRACE_SINGLESTEP, child, nullptr, nullptr), 0);
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFSTOPPED(status)) << status;
+    ASSERT_EQ(ptrace(PTRACE_GETREGS, child, nullptr, &regs), 0);
+    at_ret = regs.rsp == entry_sp && eval.Contains(regs.rip);
+  }
+  ASSERT_TRUE(at_ret);
+  errno = 0;
+  const long ret = ptrace(PTRACE_PEEKTEXT, child, reinterpret_cast<void*>(regs.rip), nullptr);
+  ASSERT_EQ(errno, 0);
+  EXPECT_EQ(ret & 0xff, 0xc3) << "not at a ret";
+  const CopiedSample ends = SampleStopped(child, regs);
+  recorder.OnSample(ends.sample);
+
+  const StackRecorderStats stats = recorder.stats();
+  EXPECT_EQ(stats.python_stale, 0u);
+  EXPECT_EQ(stats.python_stacks, 2u);
+  EXPECT_EQ(stats.python_frames, 2u);  // <module>, running the for loop
+  std::vector<std::string> python_nodes;
+  bool eval_node = false;
+  const v1::GraphDelta delta = graph.DeltaFrom(0, 0);
+  for (const v1::FunctionNode& n : delta.nodes()) {
+    if (n.module() == "[python:<string>]") python_nodes.push_back(n.name());
+    eval_node |= n.name() == python::kEvalLoop;
+  }
+  EXPECT_EQ(python_nodes, std::vector<std::string>{"<module>"});
+  EXPECT_FALSE(eval_node) << "an eval-loop frame left on a stack";
+#endif
 }
 
 }  // namespace

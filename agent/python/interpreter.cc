@@ -493,6 +493,7 @@ std::optional<CaptureThread> Interpreter::CaptureThreadOf(pid_t tid) {
 ReadOutcome Interpreter::Read(pid_t tid, const FrameSnapshot* snapshot,
                               std::span<PythonFrame> out, size_t* count) {
   *count = 0;
+  innermost_call_ = 0;
   ++stats_.reads;
   if (code_.size() >= kMaxCodeObjects || code_full_) {  // before any frame points into it
     code_.clear();
@@ -568,6 +569,11 @@ ReadOutcome Interpreter::Read(pid_t tid, const FrameSnapshot* snapshot,
     frame = previous;
   }
   const size_t n = chain_.size();
+  if (offsets_.cframe_frame != kNoOffset) {
+    innermost_call_ = frame_field;
+  } else if (!entry_frames_.empty()) {
+    innermost_call_ = entry_frames_.front();
+  }
   // Code objects checked within kCodeRecheckNs are taken from the cache as they are (a frame
   // holds its code object: only one freed since could have left its address to another);
   // the others' headers are read to be checked. With one due, the whole chain's are checked:

@@ -163,6 +163,13 @@ class Interpreter {
   // around each one's pc with ProposeEvalPart(); CountLearningRead() spends the budget.
   bool learns_eval_parts() const { return learning_reads_left_ > 0; }
   std::span<const uint64_t> entry_frames() const { return entry_frames_; }
+  // Where the native eval call running the last read's innermost group keeps its state on its
+  // own native stack frame: the _PyCFrame the chain was read through (3.11, 3.12), else that
+  // group's shim (3.13+); 0: not known (before 3.11, no shim read). In a call's prologue, before
+  // it publishes that state, and its epilogue, after it put back its caller's, the call's
+  // native frame already (or still) runs but the chain's innermost group is its caller's: that
+  // state then lies outside the native frame (3.11 enters a call per generator resumption).
+  uint64_t innermost_call() const { return innermost_call_; }
   // Proposes an absolute range as a part of the eval loop; true when this adds it: once
   // kEvalPartConfirmations reads proposed it (a read made after the sample may pair a chain
   // with a stack it no longer matches), while fewer than kMaxEvalRanges are known.
@@ -298,6 +305,7 @@ class Interpreter {
   };
   std::vector<ProposedPart> proposed_parts_;  // at most kMaxProposedParts
   std::vector<uint64_t> entry_frames_;  // of the last read's groups, innermost first
+  uint64_t innermost_call_ = 0;         // innermost_call() of the last read
   std::unique_ptr<RemoteMemory> memory_;
   uint32_t tstate_bytes_ = 0;  // bytes copied of a thread state
   absl::flat_hash_map<pid_t, KnownThread> thread_states_;
