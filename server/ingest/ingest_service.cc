@@ -8,6 +8,8 @@
 #include <thread>
 #include <utility>
 
+#include <grpcpp/impl/codegen/proto_utils.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
@@ -47,8 +49,12 @@ registry::AgentDescriptor DescriptorOf(const AgentIdentity& identity) {
 // is empty. While the outbox holds kMaxQueuedReplies, the next message is read only once it
 // has drained to half that: a client that sends without reading its replies is held to the
 // pace at which it reads them, not buffered without bound.
+//
+// The stream carries raw bytes, parsed and serialized here: a message that does not parse
+// ends the stream with INVALID_ARGUMENT saying so (gRPC's typed stream would only fail the
+// read, which looks like the agent closing its side and ends with OK).
 class IngestService::Stream final
-    : public grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   static constexpr size_t kMaxQueuedReplies = 64;
 
@@ -68,7 +74,7 @@ class IngestService::Stream final
     counted_principal_ = counted;
     admitted_ = true;
     ++service_->metrics_->connected;
-    StartRead(&in_);
+    StartRead(&in_bytes_);
   }
 
   void OnReadDone(bool ok) override {
@@ -85,7 +91,9 @@ class IngestService::Stream final
     pool->Post([this, read_at] {
       --service_->metrics_->queued;
       service_->metrics_->queue_wait.Observe(absl::Now() - read_at);
-      absl::Status end = Handle(in_);
+      ++messages_read_;
+      absl::Status end = Parse();
+      if (end.ok()) end = Handle(in_);
       // The next read reuses the message; a graph delta's thousands of nodes would stay
       // allocated in it for as long as the agent is connected.
       if (in_.has_graph_delta()) v1::AgentMessage().Swap(&in_);
@@ -102,7 +110,7 @@ class IngestService::Stream final
           return;
         }
       }
-      StartRead(&in_);
+      StartRead(&in_bytes_);
     });
   }
 
@@ -120,7 +128,7 @@ class IngestService::Stream final
       }
     }
     Pump();
-    if (read) StartRead(&in_);
+    if (read) StartRead(&in_bytes_);
   }
 
   void OnDone() override {
@@ -177,14 +185,18 @@ class IngestService::Stream final
       absl::MutexLock lock(&mu_);
       if (writing_) return;
       if (!outbox_.empty()) {
-        current_ = std::move(outbox_.front());
+        bool own_buffer = false;
+        current_bytes_.Clear();  // gRPC serializes only into an empty buffer
+        // Cannot fail for a message built here (its size is bounded by the limits).
+        (void)grpc::SerializationTraits<v1::ServerMessage>::Serialize(
+            outbox_.front(), &current_bytes_, &own_buffer);
         outbox_.pop_front();
         writing_ = write = true;
       } else if (end_requested_ && !finish_called_) {
         finish_called_ = finish = true;
       }
     }
-    if (write) StartWrite(&current_);
+    if (write) StartWrite(&current_bytes_);
     if (finish) Finish(end_status_);
   }
 
@@ -207,6 +219,8 @@ class IngestService::Stream final
     }
   }
 
+  // Parses in_bytes_ into in_.
+  absl::Status Parse();
   // Handles one message; a non-OK status ends the stream with it.
   // Unpacks a graph delta's packed edges in place.
   absl::Status Handle(v1::AgentMessage& message);
@@ -244,7 +258,9 @@ class IngestService::Stream final
   bool admitted_ = false;
   auth::Principal principal_;
   bool counted_principal_ = false;  // holds a slot in principal_streams_
-  v1::AgentMessage in_;
+  grpc::ByteBuffer in_bytes_;  // read
+  v1::AgentMessage in_;        // ... and parsed
+  uint64_t messages_read_ = 0;
   std::unique_ptr<AgentSession> session_;  // after Hello
   std::optional<GraphRef> held_graph_;      // from Hello until the stream is done
   // A replica of a stream another cluster node took: no placement, no replication, not an
@@ -258,13 +274,22 @@ class IngestService::Stream final
 
   absl::Mutex mu_;
   std::deque<v1::ServerMessage> outbox_ ABSL_GUARDED_BY(mu_);
-  v1::ServerMessage current_;  // being written
+  grpc::ByteBuffer current_bytes_;  // being written
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool end_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   bool read_deferred_ ABSL_GUARDED_BY(mu_) = false;  // the next read waits for the outbox
   grpc::Status end_status_;
 };
+
+absl::Status IngestService::Stream::Parse() {
+  if (grpc::SerializationTraits<v1::AgentMessage>::Deserialize(&in_bytes_, &in_).ok()) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("message ", messages_read_,
+                                                 " of the stream is not a strata.v1.AgentMessage "
+                                                 "(it does not parse)"));
+}
 
 absl::Status IngestService::Stream::Handle(v1::AgentMessage& message) {
   if (session_ == nullptr) return HandleHello(message);
@@ -595,7 +620,7 @@ void IngestService::SweepGraphsPeriodically() {
   }
 }
 
-grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage>* IngestService::Connect(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* IngestService::Connect(
     grpc::CallbackServerContext* context) {
   auto* stream = new Stream(this);
   // A replica stream stores batches another node placed and acknowledged for: only another

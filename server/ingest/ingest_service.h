@@ -82,7 +82,8 @@ struct IngestMetrics {
 // The registry's view of an agent's identity.
 registry::AgentDescriptor DescriptorOf(const AgentIdentity& identity);
 
-class IngestService final : public v1::Ingest::CallbackService {
+class IngestService final
+    : public v1::Ingest::WithRawCallbackMethod_Connect<v1::Ingest::Service> {
  public:
   struct Options {
     // Who may ingest (role agent); null: anyone. A certificate principal writes only as the
@@ -134,7 +135,8 @@ class IngestService final : public v1::Ingest::CallbackService {
     capture_status_observers_.push_back(std::move(observer));
   }
 
-  grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage>* Connect(
+  // Agent and replica streams, as bytes (see Stream).
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Connect(
       grpc::CallbackServerContext* context) override;
 
   // Messages waiting for a worker.

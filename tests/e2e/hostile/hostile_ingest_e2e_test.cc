@@ -93,25 +93,27 @@ class RawAgent {
     return true;
   }
   // `packed`: the edges in packed_edges, as strata-agent sends them.
-  bool SendGraph(bool packed = false) {
+  bool SendGraph(bool packed = false) { return stream_->Write(GraphMessage(welcome_, packed)); }
+  // The part of the graph that `welcome` says the server does not know.
+  v1::AgentMessage GraphMessage(const v1::Welcome& welcome, bool packed = false) const {
     v1::AgentMessage m;
     v1::GraphDelta* d = m.mutable_graph_delta();
-    d->set_first_node(welcome_.known_nodes());
-    for (uint32_t n = std::max<uint32_t>(welcome_.known_nodes(), 2); n < graph_.num_nodes(); ++n) {
+    d->set_first_node(welcome.known_nodes());
+    for (uint32_t n = std::max<uint32_t>(welcome.known_nodes(), 2); n < graph_.num_nodes(); ++n) {
       auto* node = d->add_nodes();
       node->set_id(n);
       node->set_name("main");
       node->set_module("/bin/hostile");
     }
-    d->set_first_edge(welcome_.known_edges());
-    for (uint64_t e = welcome_.known_edges(); e < graph_.num_edges(); ++e) {
+    d->set_first_edge(welcome.known_edges());
+    for (uint64_t e = welcome.known_edges(); e < graph_.num_edges(); ++e) {
       auto* edge = d->add_edges();
       edge->set_caller(graph_.edge(e).caller);
       edge->set_call_site(graph_.edge(e).call_site);
       edge->set_callee(graph_.edge(e).callee);
     }
     if (packed) encoding::PackDeltaEdges(d);
-    return stream_->Write(m);
+    return m;
   }
   // A batch with one context of `count` per service.
   v1::AgentMessage Batch(uint64_t sequence, const std::vector<std::string>& services,
@@ -444,6 +446,58 @@ TEST_F(HostileIngestTest, AServerOutOfOpenFilesExitsToBeRestartedAndKeepsItsData
                         (dir_.path() + "/server-flooded.log").c_str()), 0);
   Start();
   EXPECT_EQ(Total("kept"), 5u) << server_->process().Output();
+}
+
+// A message that is not an AgentMessage ends its stream with INVALID_ARGUMENT saying so (it
+// ended with OK, as if the agent had closed its side); what the stream sent before is kept.
+TEST_F(HostileIngestTest, AMessageThatDoesNotParseEndsItsStreamWithAClearError) {
+  Start();
+  RawAgent agent(channel_, "garbler", 1);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  // The stream as bytes, as the generated stub opens it typed.
+  using BytesStream = grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>;
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+      BytesStream::Create(channel_.get(),
+                          grpc::internal::RpcMethod("/strata.v1.Ingest/Connect",
+                                                    grpc::internal::RpcMethod::BIDI_STREAMING,
+                                                    channel_),
+                          &context));
+  auto write = [&](const v1::AgentMessage& m) {
+    grpc::ByteBuffer bytes;
+    bool own = false;
+    ASSERT_TRUE(grpc::SerializationTraits<v1::AgentMessage>::Serialize(m, &bytes, &own).ok());
+    ASSERT_TRUE(stream->Write(bytes));
+  };
+  v1::AgentMessage hello;
+  *hello.mutable_hello() = agent.MakeHello();
+  write(hello);
+  grpc::ByteBuffer reply;
+  v1::ServerMessage answer;
+  auto read_until = [&](bool (v1::ServerMessage::*has)() const) {
+    while (!(answer.*has)() && stream->Read(&reply)) {
+      ASSERT_TRUE(grpc::SerializationTraits<v1::ServerMessage>::Deserialize(&reply, &answer).ok());
+    }
+    ASSERT_TRUE((answer.*has)()) << answer.DebugString();
+  };
+  read_until(&v1::ServerMessage::has_welcome);
+  write(agent.GraphMessage(answer.welcome()));
+  write(agent.Batch(1, {"before-garbage"}, 3));
+  read_until(&v1::ServerMessage::has_ack);
+  // Field 1 as 127 bytes long, and 3 bytes: no protobuf message parses from it.
+  const grpc::Slice garbage(std::string("\x0a\x7f" "abc"));
+  grpc::ByteBuffer bytes(&garbage, 1);
+  ASSERT_TRUE(stream->Write(bytes));
+  stream->WritesDone();
+  while (stream->Read(&reply)) {
+  }
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << status.error_message() << server_->process().Output();
+  EXPECT_THAT(status.error_message(),
+              ::testing::HasSubstr("message 4 of the stream is not a strata.v1.AgentMessage"));
+  EXPECT_EQ(Total("before-garbage"), 3u);
+  ExpectAlive();
 }
 
 // Past --max-agents new streams are refused with RESOURCE_EXHAUSTED and a retry delay; they
