@@ -760,6 +760,29 @@ TEST(IngestLimitsTest, ReservedHelloLabelsAreRefused) {
   EXPECT_TRUE(absl::IsInvalidArgument(CheckHello(hello, {})));
 }
 
+// Contexts name their target by ID; two targets of one ID (the last one won) made it unclear
+// whose samples they were.
+TEST(IngestLimitsTest, TargetsListedTwiceAreRefused) {
+  v1::SampleBatch batch;
+  for (const char* service : {"a", "b"}) {
+    v1::Target* t = batch.add_targets();
+    t->set_id(1);
+    t->set_service(service);
+  }
+  batch.set_profile(v1::PROFILE_CPU);
+  const absl::Status refused = CheckBatchShape(batch, {});
+  EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("list target 1 twice"));
+  batch.mutable_targets(1)->set_id(2);
+  EXPECT_TRUE(CheckBatchShape(batch, {}).ok());
+
+  v1::Heartbeat heartbeat;
+  *heartbeat.mutable_targets() = batch.targets();
+  EXPECT_TRUE(CheckHeartbeat(heartbeat, {}).ok());
+  heartbeat.mutable_targets(0)->set_id(2);
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckHeartbeat(heartbeat, {})));
+}
+
 INSTANTIATE_TEST_SUITE_P(Forms, AgentSessionTest,
                          ::testing::Values(Form::kRepeated, Form::kPacked),
                          [](const ::testing::TestParamInfo<Form>& info) {

@@ -57,6 +57,19 @@ absl::Status CheckTarget(const v1::Target& t, const IngestLimits& limits) {
   return CheckString("target executable", t.executable(), limits.max_path_bytes);
 }
 
+// Contexts name their target by ID: a second target with the same ID would leave it unclear
+// whose samples they are.
+absl::Status CheckTargetIds(const char* what,
+                            const google::protobuf::RepeatedPtrField<v1::Target>& targets) {
+  absl::flat_hash_set<uint32_t> ids;
+  for (const v1::Target& t : targets) {
+    if (!ids.insert(t.id()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " list target ", t.id(), " twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool ValidKeyPart(std::string_view s, uint32_t max_bytes) {
@@ -149,6 +162,7 @@ absl::Status CheckBatchShape(const v1::SampleBatch& batch, const IngestLimits& l
       return s;
     }
   }
+  if (s = CheckTargetIds("SampleBatch.targets", batch.targets()); !s.ok()) return s;
   absl::flat_hash_set<std::string_view> services;
   for (const v1::Target& t : batch.targets()) {
     if (s = CheckTarget(t, limits); !s.ok()) return s;
@@ -165,6 +179,7 @@ absl::Status CheckBatchShape(const v1::SampleBatch& batch, const IngestLimits& l
 absl::Status CheckHeartbeat(const v1::Heartbeat& heartbeat, const IngestLimits& limits) {
   absl::Status s =
       CheckCount("Heartbeat.targets", heartbeat.targets_size(), limits.max_batch_targets);
+  if (s.ok()) s = CheckTargetIds("Heartbeat.targets", heartbeat.targets());
   if (!s.ok()) return s;
   for (const v1::Target& t : heartbeat.targets()) {
     if (s = CheckTarget(t, limits); !s.ok()) return s;
