@@ -213,11 +213,11 @@ struct HttpServer::Impl {
       keep_alive_ = req.keep_alive();
       version_ = req.version();
       HttpRequest request;
-      if (!Parse(std::move(req), &request)) {
+      if (std::string malformed = Parse(std::move(req), &request); !malformed.empty()) {
         ++impl_->bad_requests;
         keep_alive_ = false;
-        return Respond({400, "text/plain; charset=utf-8",
-                        "malformed request: the path and query must be valid UTF-8\n"});
+        return Respond(
+            {400, "text/plain; charset=utf-8", absl::StrCat("malformed request: ", malformed, "\n")});
       }
       request.secure = kTls;
       request.peer_identity = peer_identity_;
@@ -273,12 +273,14 @@ struct HttpServer::Impl {
       });
     }
 
-    static bool Parse(http::request<http::string_body> req, HttpRequest* out) {
+    // What is wrong with the request, for its 400 answer; empty when it parsed.
+    static std::string Parse(http::request<http::string_body> req, HttpRequest* out) {
+      constexpr char kNotUtf8[] = "the path and query must be valid UTF-8";
       out->method = std::string(req.method_string());
       std::string_view target(req.target().data(), req.target().size());
       const size_t q = target.find('?');
       out->path = UrlDecode(target.substr(0, q));
-      if (!base::IsValidUtf8(out->path)) return false;
+      if (!base::IsValidUtf8(out->path)) return kNotUtf8;
       if (q != std::string_view::npos) {
         const std::string_view params = target.substr(q + 1);
         for (absl::string_view part :
@@ -288,8 +290,12 @@ struct HttpServer::Impl {
           const size_t eq = kv.find('=');
           std::string key = UrlDecode(kv.substr(0, eq));
           std::string value = eq == std::string_view::npos ? "" : UrlDecode(kv.substr(eq + 1));
-          if (!base::IsValidUtf8(key) || !base::IsValidUtf8(value)) return false;
-          out->query[std::move(key)] = std::move(value);
+          if (!base::IsValidUtf8(key) || !base::IsValidUtf8(value)) return kNotUtf8;
+          // Which of two values a route would take is not for the client to guess.
+          if (!out->query.try_emplace(key, std::move(value)).second) {
+            return absl::StrCat("query parameter '", base::EscapeForLog(key, 64),
+                                "' is given more than once");
+          }
         }
       }
       const auto auth = req.find(http::field::authorization);
@@ -297,7 +303,7 @@ struct HttpServer::Impl {
       const auto type = req.find(http::field::content_type);
       if (type != req.end()) out->content_type = std::string(type->value());
       out->body = std::move(req.body());
-      return true;
+      return {};
     }
 
     void Respond(HttpResponse response) {

@@ -156,7 +156,12 @@ TEST(HttpServerTest, RoutesAndDecodesQuery) {
   // Invalid UTF-8 in a parameter (it would end up in protobuf strings and JSON).
   EXPECT_EQ(Get(server.port(), "/echo?q=%FF%FE").first, 400);
   EXPECT_EQ(Get(server.port(), "/echo?q=%C0%AF").first, 400);  // overlong '/'
-  EXPECT_EQ(server.stats().requests, 5u);
+  // A parameter given twice (which value would be used was the route's to decide).
+  EXPECT_EQ(Get(server.port(), "/echo?q=a&x=1&q=b"),
+            std::make_pair(400, std::string("malformed request: query parameter 'q' is given "
+                                            "more than once\n")));
+  EXPECT_EQ(Get(server.port(), "/echo?q=a&q%3Db"), std::make_pair(200, std::string("a")));
+  EXPECT_EQ(server.stats().requests, 7u);
   server.Stop();
 }
 
