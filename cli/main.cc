@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--json", g.json, "print JSON instead of tables");
   app.add_option("--timeout", g.timeout_s, "seconds to wait for the server")
+      ->check(CLI::Range(1, 24 * 3600))
       ->capture_default_str();
   strata::rpc::AddClientSecurityFlags(&app, &g.security);
 

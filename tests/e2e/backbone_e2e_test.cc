@@ -287,6 +287,10 @@ TEST_F(BackboneTest, CliReportsUnreachableServerAndBadFlags) {
                                 "services"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("cannot reach strata-server at 127.0.0.1:1"));
+  // No wait at all would fail every call as if the server were unreachable.
+  r = RunCommand({BinPath("strata"), "--server", "127.0.0.1:1", "--timeout", "0", "services"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("--timeout: Value 0 not in range 1 to 86400"));
 
   ServerProcess server(dir_.File("data"), dir_.File("server.log"));
   ASSERT_GT(server.port(), 0);
