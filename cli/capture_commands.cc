@@ -276,7 +276,12 @@ int RunCapture(CliContext* ctx, const CaptureOptions& o) {
   }
   std::string title = o.service.empty() ? absl::StrCat("host ", o.host) : o.service;
   if (o.pid != 0) absl::StrAppend(&title, ", pid ", o.pid);
-  absl::StrAppend(&title, ", ", o.duration, " at ", o.frequency, " Hz");
+  // A capture cancelled or failed before its end says how long it ran.
+  const std::string ran = last.error().empty()
+                              ? o.duration
+                              : absl::StrFormat("%.1fs of %s", last.elapsed_ms() / 1000.0,
+                                                o.duration);
+  absl::StrAppend(&title, ", ", ran, " at ", o.frequency, " Hz");
   const int rc = PrintResult(ctx, last.capture_id(), title, o.format, o.output, o.limit);
   return last.error().empty() ? rc : 1;
 }

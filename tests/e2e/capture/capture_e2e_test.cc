@@ -340,6 +340,23 @@ TEST_F(CaptureTest, CtrlCCancelsOnEveryAgentAndASecondCaptureIsRefused) {
       RunCommand(Cli({"capture", "--service", "demo", "--duration", "1s", "--format", "top"}), 20);
   EXPECT_EQ(third.exit_code, 0) << third.output;
   EXPECT_THAT(third.output, HasSubstr("tokenize"));
+
+  // Cancelled from another terminal: the samples it took are printed, headed by how long it
+  // ran of the length asked for.
+  ChildProcess fourth(Cli({"capture", "--service", "demo", "--duration", "30s", "--format",
+                           "top"}),
+                      dir_.File("capture4.log"));
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (!std::regex_search(fourth.Output(), std::regex("s  [1-9][0-9,]* samples")) &&
+         Clock::now() < deadline) {
+    ASSERT_TRUE(fourth.running()) << fourth.Output();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const std::string fourth_id = CaptureIdIn(fourth.Output());
+  CommandResult cancel = RunCommand(Cli({"capture", "cancel", fourth_id}), 10);
+  EXPECT_EQ(cancel.exit_code, 0) << cancel.output;
+  EXPECT_EQ(fourth.Wait(10), 1) << fourth.Output();
+  EXPECT_THAT(fourth.Output(), ::testing::ContainsRegex("\\(demo, [0-9.]+s of 30s at 499 Hz, "));
 }
 
 TEST_F(CaptureTest, CpuBudgetLowersTheRate) {
