@@ -560,6 +560,19 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
   bool write_pending = false;
   bool broken = false;
   absl::Time last_heartbeat = absl::Now();
+  // Posts the next read unless one is pending. Not as soon as a message was read: a read posted
+  // while nothing waits in the transport and its window is short of what was read announces
+  // the window at once, in a write of its own (gRPC's chttp2 flow control); posted after the
+  // next write began, or with the next message already received, it finds the window topped
+  // up by that write or leaves the update for it. So it is posted after a round's last write
+  // (one held for the next by the buffer hint would be flushed by the read's update) and
+  // before the thread waits on the stream with no write in flight; a thread asleep on mu_
+  // (passive) needs none pending.
+  auto post_read = [&] {
+    if (read_pending || broken) return;
+    stream->Read(&incoming, kReadDone);
+    read_pending = true;
+  };
   // Handles the completion of `tag`.
   auto handle = [&](void* tag, bool op_ok) {
     if (tag == kReadDone) {
@@ -568,9 +581,16 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
         broken = true;
         return;
       }
-      absl::MutexLock lock(&mu_);
-      HandleServerMessage(incoming);
-      // The next read is posted by post_read(), not here (see there).
+      bool unacknowledged;
+      {
+        absl::MutexLock lock(&mu_);
+        HandleServerMessage(incoming);
+        unacknowledged = !spool_->empty() && spool_->entry(0).sequence < next_send_;
+      }
+      // The next read is posted by post_read(), not here (see there), but while batches sent
+      // wait for their acknowledgements: a round that resent a backlog gets one for each, and
+      // reading one a round (passive) would leave the spool that far behind for good.
+      if (unacknowledged) post_read();
     } else if (tag == kWritten) {
       write_pending = false;
       if (!op_ok) {
@@ -585,19 +605,6 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
       absl::MutexLock lock(&mu_);
       wake_pending_ = false;
     }
-  };
-  // Posts the next read unless one is pending. Not as soon as a message was read: a read posted
-  // while nothing waits in the transport and its window is short of what was read announces
-  // the window at once, in a write of its own (gRPC's chttp2 flow control); posted after the
-  // next write began, or with the next message already received, it finds the window topped
-  // up by that write or leaves the update for it. So it is posted after a round's last write
-  // (one held for the next by the buffer hint would be flushed by the read's update) and
-  // before the thread waits on the stream with no write in flight; a thread asleep on mu_
-  // (passive) needs none pending.
-  auto post_read = [&] {
-    if (read_pending || broken) return;
-    stream->Read(&incoming, kReadDone);
-    read_pending = true;
   };
   // Handles what has completed, without waiting. Until the queue is empty twice in a row: a
   // call that finds the queue kicked (an operation completed while no thread polled) returns

@@ -440,6 +440,31 @@ TEST_F(ShipperTest, ResumesAfterTheServerRestarts) {
   EXPECT_GE(shipper_->stats().connects, 2u);
 }
 
+// Batches spooled while the server was away go out in one round, and each gets its
+// acknowledgement. With batches coming often the shipper reads what arrived when the next one
+// goes; it read one message a round, so the spool stayed as far behind as the backlog had been
+// (and never shrank, nor let a new graph start).
+TEST_F(ShipperTest, AfterAnOutageBatchesComingOftenAreAcknowledgedAsTheyGo) {
+  StartShipper();
+  constexpr uint64_t kBacklog = 10;
+  for (uint64_t s = 1; s <= kBacklog; ++s) {
+    shipper_->Enqueue(Batch(s));
+    absl::SleepFor(absl::Milliseconds(50));  // the interval
+  }
+  StartServer();
+  ASSERT_TRUE(WaitFor([&] { return ingest_.applied().size() == kBacklog; }));
+  uint64_t sequence = kBacklog;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (sequence - shipper_->stats().batches_acked > 2 && absl::Now() < deadline) {
+    shipper_->Enqueue(Batch(++sequence));
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_LE(sequence - shipper_->stats().batches_acked, 2u)
+      << sequence << " batches enqueued, " << spool_->size() << " in the spool";
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  EXPECT_EQ(ingest_.applied(), Range(1, sequence));
+}
+
 TEST_F(ShipperTest, ARedirectAnsweringTheHelloMovesEveryBatchToTheOwner) {
   StartServer();
   StartSecondServer();
