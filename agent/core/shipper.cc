@@ -83,17 +83,24 @@ void Shipper::Enqueue(v1::SampleBatch batch) {
   last_enqueue_ = now;
   // The graph first: a batch in the spool must be decodable after a restart.
   absl::Status st;
-  while (st.ok() && (spooled_edges_ < batch.epoch() || spooled_nodes_ < graph_->num_nodes())) {
+  while (spool_->graph_durable() &&
+         (spooled_edges_ < batch.epoch() || spooled_nodes_ < graph_->num_nodes())) {
     v1::GraphDelta d = graph_->DeltaFrom(spooled_nodes_, spooled_edges_);
     if (d.nodes_size() == 0 && d.edges_size() == 0) break;
     st = spool_->AppendGraph(d);
-    if (st.ok()) {
-      spooled_nodes_ = d.first_node() + d.nodes_size();
-      spooled_edges_ = d.first_edge() + d.edges_size();
+    if (!st.ok()) {
+      // Shipping goes on with the graph sent from memory (TakeRound), which the spool can
+      // then no longer resume after a restart.
+      LogWarn("spool {}: {}: the call graph goes on from memory; a restart starts a new one, "
+              "dropping the batches spooled until then", spool_->path(), std::string(st.message()));
+      spool_->AbandonGraph();
+      break;
     }
+    spooled_nodes_ = d.first_node() + d.nodes_size();
+    spooled_edges_ = d.first_edge() + d.edges_size();
   }
-  // Kept in memory when the disk refuses it. (Written after a graph that failed, it is
-  // dropped at a restart as undecodable, and counted there.)
+  // Kept in memory when the disk refuses it. (Written after the graph was abandoned, it is
+  // dropped at a restart, and counted there.)
   absl::Status appended = spool_->Append(batch);
   const uint64_t sequence = batch.sequence();
   if (appended.ok()) {
@@ -445,10 +452,23 @@ void Shipper::TakeRound(std::deque<v1::AgentMessage>* out) {
       --i;
       continue;
     }
-    // The graph the batch needs, in messages of bounded size.
-    while (sent_edges_ < batch->epoch() || sent_nodes_ < graph_->num_nodes()) {
+    // The graph the batch needs, in messages of bounded size. No further than the spool
+    // recorded it: a restart resumes the spool's graph, and the server must not know nodes
+    // or edges there that the resumed graph would number otherwise.
+    const bool durable = spool_->graph_durable();
+    const uint32_t node_end = durable ? spooled_nodes_ : graph_->num_nodes();
+    const uint64_t edge_end = durable ? spooled_edges_ : graph_->num_edges();
+    while ((sent_edges_ < batch->epoch() || sent_nodes_ < node_end) &&
+           (sent_nodes_ < node_end || sent_edges_ < edge_end)) {
+      // (DeltaFrom starts at the first function node at the earliest.)
+      const uint32_t first_node = std::max(sent_nodes_, encoding::kFirstFunctionNode);
+      const uint32_t max_nodes =
+          std::min(ContextGraph::kMaxDeltaNodes, node_end - std::min(first_node, node_end));
+      const uint32_t max_edges = static_cast<uint32_t>(std::min<uint64_t>(
+          ContextGraph::kMaxDeltaEdges, edge_end - std::min(sent_edges_, edge_end)));
       v1::AgentMessage delta;
-      *delta.mutable_graph_delta() = graph_->DeltaFrom(sent_nodes_, sent_edges_);
+      *delta.mutable_graph_delta() =
+          graph_->DeltaFrom(sent_nodes_, sent_edges_, max_nodes, max_edges);
       const v1::GraphDelta& d = delta.graph_delta();
       sent_nodes_ = d.first_node() + d.nodes_size();
       sent_edges_ = d.first_edge() + d.edges_size();

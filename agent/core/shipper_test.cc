@@ -76,6 +76,11 @@ class FakeIngest final : public v1::Ingest::Service {
         absl::MutexLock lock(&mu_);
         kinds_ += 'H';
       }
+      if (m.has_graph_delta()) {
+        absl::MutexLock lock(&mu_);
+        const v1::GraphDelta& d = m.graph_delta();
+        graph_nodes_ = std::max<uint32_t>(graph_nodes_, d.first_node() + d.nodes_size());
+      }
       if (!m.has_sample_batch()) continue;
       const uint64_t sequence = m.sample_batch().sequence();
       v1::ServerMessage reply;
@@ -152,6 +157,10 @@ class FakeIngest final : public v1::Ingest::Service {
     absl::MutexLock lock(&mu_);
     max_graph_edges_ = edges;
   }
+  uint32_t graph_nodes() const {
+    absl::MutexLock lock(&mu_);
+    return graph_nodes_;
+  }
   int connects() const {
     absl::MutexLock lock(&mu_);
     return connects_;
@@ -182,6 +191,7 @@ class FakeIngest final : public v1::Ingest::Service {
   std::vector<uint64_t> applied_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> received_ ABSL_GUARDED_BY(mu_);
   std::string kinds_ ABSL_GUARDED_BY(mu_);
+  uint32_t graph_nodes_ ABSL_GUARDED_BY(mu_) = 0;  // nodes sent in graph deltas
   int connects_ ABSL_GUARDED_BY(mu_) = 0;  // Welcomes sent
   uint64_t max_graph_edges_ ABSL_GUARDED_BY(mu_) = 0;
   int redirects_ ABSL_GUARDED_BY(mu_) = 0;
@@ -463,6 +473,31 @@ TEST_F(ShipperTest, AfterAnOutageBatchesComingOftenAreAcknowledgedAsTheyGo) {
       << sequence << " batches enqueued, " << spool_->size() << " in the spool";
   ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
   EXPECT_EQ(ingest_.applied(), Range(1, sequence));
+}
+
+// The server is sent the graph only as far as the spool recorded it: a restart resumes the
+// spool's graph, and nodes the server knew beyond it would be numbered again, as other
+// functions, by the resumed agent (its stacks then named wrongly).
+TEST_F(ShipperTest, TheServerIsSentOnlyTheGraphTheSpoolRecorded) {
+  std::vector<encoding::PathFrame> path;
+  for (int i = 0; i < 3; ++i) {
+    path.push_back({graph_.NodeFor({absl::StrCat("f", i), "/bin/app", "", 0x100u * i}), 0x10});
+  }
+  ASSERT_TRUE(graph_.AddPath(path, false).ok());
+  StartShipper();
+  v1::SampleBatch first = Batch(1);
+  first.set_epoch(graph_.num_edges());
+  shipper_->Enqueue(first);  // spools the graph so far
+  const uint32_t spooled = graph_.num_nodes();
+  graph_.NodeFor({"found-later", "/bin/app", "", 0x900});  // not in the spool yet
+  StartServer();
+  ASSERT_TRUE(WaitFor([&] { return ingest_.applied().size() == 1; }));
+  EXPECT_EQ(ingest_.graph_nodes(), spooled);
+  v1::SampleBatch second = Batch(2);
+  second.set_epoch(graph_.num_edges());
+  shipper_->Enqueue(second);
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  EXPECT_EQ(ingest_.graph_nodes(), spooled + 1);
 }
 
 TEST_F(ShipperTest, ARedirectAnsweringTheHelloMovesEveryBatchToTheOwner) {

@@ -330,6 +330,19 @@ absl::Status Spool::Recover(const SpoolIdentity& fresh, const GraphRestorer& res
     ++recovery->graph_records;
     restored_edges = delta.first_edge() + static_cast<uint64_t>(delta.edges_size());
   }
+  if (keep_bytes < graph_data.size()) {
+    // A graph cut short (a torn or corrupt record, a delta that does not follow on) is behind
+    // what the server may have been sent: resumed, it would number new functions and edges
+    // as the server knows others, and every later batch would be decoded wrong. The batches
+    // go, counted, and the agent starts a new graph.
+    recovery->orphaned_batches += entries_.size();
+    recovery->resumed = false;
+    recovery->identity = fresh;
+    recovery->graph_records = 0;
+    while (!segments_.empty()) DropSegment(segments_.front().get(), false);
+    entries_.clear();
+    return StartOver(fresh);
+  }
   // Batches encoded against graph that was lost cannot be decoded by anyone; their records
   // go from disk too, or a graph that grows again would make them decodable, wrongly.
   std::vector<Segment*> rewrite;
@@ -441,8 +454,18 @@ absl::Status Spool::RewriteSegment(Segment* segment) {
   return absl::OkStatus();
 }
 
+void Spool::AbandonGraph() {
+  if (path_.empty() || graph_abandoned_) return;
+  graph_abandoned_ = true;
+  // No identity left: a restart starts over. (Shrinking a file needs no free space.)
+  (void)ftruncate(graph_fd_, 0);
+  graph_bytes_ = 0;
+  graph_unsynced_ = false;
+}
+
 absl::Status Spool::AppendGraph(const v1::GraphDelta& delta) {
   if (path_.empty()) return absl::OkStatus();
+  if (graph_abandoned_) return absl::FailedPreconditionError("the spool's graph was abandoned");
   const std::string graph_path = path_ + "/" + kGraphFile;
   std::string record;
   AppendRecord(kGraphRecord, delta, &record);

@@ -114,6 +114,13 @@ class Spool {
   // Records graph nodes and edges (in order, contiguous with the previous ones) before the
   // batches that need them.
   absl::Status AppendGraph(const v1::GraphDelta& delta);
+  // For a graph that could not be recorded while the caller sends it on from memory: the
+  // graph log is emptied, so that a restart starts a new incarnation rather than resume a
+  // graph behind the server's, and takes no more deltas. Batches go on being spooled (for
+  // this run's reconnects); a restart drops them, counted as orphaned.
+  void AbandonGraph();
+  // Whether every delta the caller sent was recorded (no AbandonGraph()).
+  bool graph_durable() const { return !graph_abandoned_; }
   // Adds a batch (sequence above every earlier one). Written when it returns OK (synced by
   // SyncIfDue); on a write error the batch is kept in memory and the error returned for the
   // caller to report.
@@ -200,6 +207,7 @@ class Spool {
   uint64_t acked_through_ = 0;  // the server has every batch up to here
   uint64_t acked_recorded_ = 0;  // on disk: in the acked file or a segment's ack record
   uint64_t graph_bytes_ = 0;
+  bool graph_abandoned_ = false;  // AbandonGraph()
   std::deque<std::unique_ptr<Segment>> segments_;  // oldest first; the last takes appends
   bool append_to_last_ = false;                    // false: the next Append opens a segment
   std::deque<Slot> entries_;

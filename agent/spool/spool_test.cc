@@ -345,7 +345,10 @@ TEST_F(SpoolTest, AFlippedByteFailsItsChecksum) {
   EXPECT_EQ(recovery_.corrupt_records, 1u);
 }
 
-TEST_F(SpoolTest, BatchesWhoseGraphWasLostAreDroppedAndCounted) {
+// A graph cut short is behind what the server may have been sent: resumed, the agent would
+// number new functions and edges as the server knows others, and the server would decode its
+// batches into stacks that never ran. The batches go, counted, and a new graph starts.
+TEST_F(SpoolTest, AGraphCutShortStartsANewIncarnation) {
   {
     auto spool = Open(Options(), Fresh("a", 1));
     ASSERT_TRUE(spool->AppendGraph(Delta(2, 0)).ok());
@@ -356,22 +359,28 @@ TEST_F(SpoolTest, BatchesWhoseGraphWasLostAreDroppedAndCounted) {
   const std::string graph = dir_.path() + "/given/a/graph.log";
   fs::resize_file(graph, fs::file_size(graph) - 2);
   auto spool = Open(Options(), Fresh("a", 2));
-  ASSERT_TRUE(recovery_.resumed);
+  EXPECT_FALSE(recovery_.resumed);
+  EXPECT_EQ(recovery_.identity.graph_id, 2u);
+  EXPECT_EQ(recovery_.batches, 0u);
+  EXPECT_EQ(recovery_.orphaned_batches, 2u);
+  EXPECT_EQ(recovery_.corrupt_records, 1u);
+  EXPECT_EQ(recovery_.last_sequence, 2u);  // numbered on, not from 1
+  EXPECT_EQ(spool->size(), 0u);
+  // The new incarnation's graph and batches resume as usual.
+  ASSERT_TRUE(spool->AppendGraph(Delta(2, 0)).ok());
+  ASSERT_TRUE(spool->Append(Batch(3, 1, 1)).ok());
+  spool.reset();
+  restored_.clear();
+  spool = Open(Options(), Fresh("a", 3));
+  EXPECT_TRUE(recovery_.resumed);
+  EXPECT_EQ(recovery_.identity.graph_id, 2u);
   EXPECT_EQ(restored_.size(), 1u);
   EXPECT_EQ(recovery_.batches, 1u);
-  EXPECT_EQ(recovery_.orphaned_batches, 1u);
-  EXPECT_EQ(recovery_.corrupt_records, 1u);
-  // The graph continues from the last whole delta.
-  ASSERT_TRUE(spool->AppendGraph(Delta(3, 1)).ok());
-  ASSERT_TRUE(spool->Append(Batch(3, 2, 1)).ok());
-  spool.reset();
-  spool = Open(Options(), Fresh("a", 3));
-  EXPECT_EQ(restored_.size(), 2u);
-  EXPECT_EQ(recovery_.batches, 2u);
   EXPECT_EQ(recovery_.corrupt_records, 0u);
 }
 
-TEST_F(SpoolTest, AGraphTheAgentRefusesEndsTheRestoreThere) {
+// A delta the agent cannot restore cuts the graph short too.
+TEST_F(SpoolTest, AGraphTheAgentRefusesStartsANewIncarnation) {
   {
     auto spool = Open(Options(), Fresh("a", 1));
     ASSERT_TRUE(spool->AppendGraph(Delta(2, 0)).ok());
@@ -381,9 +390,30 @@ TEST_F(SpoolTest, AGraphTheAgentRefusesEndsTheRestoreThere) {
   }
   restore_fails_at_ = 1;
   auto spool = Open(Options(), Fresh("a", 2));
-  EXPECT_EQ(restored_.size(), 1u);
-  EXPECT_EQ(recovery_.batches, 1u);
-  EXPECT_EQ(recovery_.orphaned_batches, 1u);
+  EXPECT_FALSE(recovery_.resumed);
+  EXPECT_EQ(recovery_.batches, 0u);
+  EXPECT_EQ(recovery_.orphaned_batches, 2u);
+}
+
+// A graph the disk would not take, sent on from memory: the log is emptied, so that a restart
+// starts over rather than resume a graph behind the server's.
+TEST_F(SpoolTest, AnAbandonedGraphStartsANewIncarnationAtTheRestart) {
+  {
+    auto spool = Open(Options(), Fresh("a", 1));
+    ASSERT_TRUE(spool->AppendGraph(Delta(2, 0)).ok());
+    ASSERT_TRUE(spool->Append(Batch(1, 1, 1)).ok());
+    EXPECT_TRUE(spool->graph_durable());
+    spool->AbandonGraph();
+    EXPECT_FALSE(spool->graph_durable());
+    EXPECT_FALSE(spool->AppendGraph(Delta(3, 1)).ok());
+    ASSERT_TRUE(spool->Append(Batch(2, 2, 1)).ok());  // spooled for this run's reconnects
+    EXPECT_EQ(spool->size(), 2u);
+  }
+  auto spool = Open(Options(), Fresh("a", 2));
+  EXPECT_FALSE(recovery_.resumed);
+  EXPECT_EQ(recovery_.identity.graph_id, 2u);
+  EXPECT_EQ(recovery_.orphaned_batches, 2u);
+  EXPECT_TRUE(spool->graph_durable());
 }
 
 TEST_F(SpoolTest, OneRunningAgentPerIdentity) {
