@@ -22,7 +22,7 @@
 // Every file is a header and records of [u32 length][u32 crc32c][u8 type][payload]; a
 // record is written whole before the batch can go out, so a torn or corrupt tail (a crash
 // mid-write, a bad disk) is detected by its length or checksum, skipped and counted, never
-// fatal. A written record survives the agent's own death at once (it is in the kernel); it
+// fatal; a graph log cut short that way is not resumed (see Open()). A written record survives the agent's own death at once (it is in the kernel); it
 // is synced to the disk (fdatasync, the graph first) once it has waited `sync_delay` for the
 // server's acknowledgement: an acknowledged batch is the server's to keep, so an agent whose
 // server answers within the delay writes its batches and never waits for the disk. A power
@@ -100,8 +100,9 @@ class Spool {
 
   // Opens (creating) the spool. The agent's directory is `fresh.agent_id`'s; with
   // `options.adopt`, the directory of an earlier agent that left batches behind and is no
-  // longer running is adopted first. An identity with no batches left
-  // starts over as `fresh` (new graph, sequence numbers from 1). Errors: the directory cannot
+  // longer running is adopted first. An identity with no batches left, or whose graph log
+  // is cut short (the server may know more of its graph than is left), starts over as `fresh`
+  // (new graph; the batches dropped, counted as orphaned). Errors: the directory cannot
   // be created or written, or another running agent holds the identity.
   static absl::StatusOr<std::unique_ptr<Spool>> Open(const SpoolOptions& options,
                                                      const SpoolIdentity& fresh,
