@@ -27,8 +27,11 @@ std::vector<Record> ParseRecords(std::string_view data, uint64_t* corrupt, uint6
     }
     const std::string_view payload = data.substr(pos + kRecordHeader, length);
     if (RecordCrc(type, payload) != crc) {
+      // A flipped bit in the payload (or the type): the length still finds the next record,
+      // whose own checksum says whether it did. Records after it are not given up with it.
       ++*corrupt;
-      break;
+      pos += kRecordHeader + length;
+      continue;
     }
     records.push_back({type, pos, payload});
     pos += kRecordHeader + length;

@@ -72,8 +72,10 @@ struct Record {
   std::string_view payload;
 };
 
-// The whole records of a file's contents; `*corrupt` counts a torn or failing tail (the
-// rest of the file after it is not trusted); `*good_end` is where the last whole record ends.
+// The whole records of a file's contents. `*corrupt` counts each record failing its
+// checksum (skipped: its length leads to the next) and a torn tail or an impossible length
+// (the rest of the file after it is not trusted); `*good_end` is where the last whole record
+// ends.
 std::vector<Record> ParseRecords(std::string_view data, uint64_t* corrupt, uint64_t* good_end);
 
 }  // namespace strata::agent::spool::records

@@ -348,6 +348,33 @@ TEST_F(SpoolTest, AFlippedByteFailsItsChecksum) {
 // A graph cut short is behind what the server may have been sent: resumed, the agent would
 // number new functions and edges as the server knows others, and the server would decode its
 // batches into stacks that never ran. The batches go, counted, and a new graph starts.
+// A record failing its checksum in the middle of a segment costs that batch only: the ones
+// after it were given up with it, and the next run numbered its batches as theirs.
+TEST_F(SpoolTest, ACorruptRecordCostsOnlyItsOwnBatch) {
+  std::vector<uint64_t> ends;
+  {
+    auto spool = Open(Options(), Fresh("a", 1));
+    for (uint64_t s = 1; s <= 4; ++s) {
+      ASSERT_TRUE(spool->Append(Batch(s, 0, 1)).ok());
+      ends.push_back(fs::file_size(Segments("a")[0]));
+    }
+  }
+  const auto segments = Segments("a");
+  ASSERT_EQ(segments.size(), 1u);
+  std::fstream f(segments[0], std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(ends[1] - 3));  // inside batch 2's payload
+  f.put('\x5a');
+  f.close();
+  auto spool = Open(Options(), Fresh("a", 2));
+  ASSERT_TRUE(recovery_.resumed);
+  EXPECT_EQ(recovery_.batches, 3u);
+  EXPECT_EQ(recovery_.corrupt_records, 1u);
+  EXPECT_EQ(recovery_.last_sequence, 4u);
+  ASSERT_EQ(spool->size(), 3u);
+  EXPECT_EQ(spool->entry(1).sequence, 3u);
+  EXPECT_EQ(spool->entry(2).sequence, 4u);
+}
+
 TEST_F(SpoolTest, AGraphCutShortStartsANewIncarnation) {
   {
     auto spool = Open(Options(), Fresh("a", 1));
