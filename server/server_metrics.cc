@@ -700,6 +700,19 @@ void RegisterHttpRoutes(http::HttpServer* http, store::Store* store, ingest::Ing
         return http::HttpResponse{200, "text/plain", "ok\n"};
       },
       http::HttpServer::Dispatch::kInline);
+  // Readiness, for a load balancer or Kubernetes' readinessProbe: not while the store cannot
+  // write, when every batch sent here would be refused. (/healthz stays the liveness check: a
+  // restart does not make a full disk write.)
+  http->Route(
+      "/readyz",
+      [store](const http::HttpRequest&) {
+        if (store->WritesFailing()) {
+          return http::HttpResponse{503, "text/plain",
+                                    "not ready: the store cannot write (disk full or failing)\n"};
+        }
+        return http::HttpResponse{200, "text/plain", "ready\n"};
+      },
+      http::HttpServer::Dispatch::kInline);
   http::HttpServer::Handler metrics_handler = [http, store, metrics, aggregator,
                                                access](const http::HttpRequest&) {
     return RenderMetrics(http, store, metrics, aggregator, access);

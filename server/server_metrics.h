@@ -1,4 +1,4 @@
-// HTTP routes of strata-server: /healthz, Prometheus /metrics, the JSON mirror of the
+// HTTP routes of strata-server: /healthz (liveness), /readyz (readiness), Prometheus /metrics, the JSON mirror of the
 // query API (/api/v1/services, agents, top, hot-paths, flamegraph, diff, export) and the web
 // UI (/, /ui/...), behind the Authorizer (HttpAccess). The routes borrow the store, metrics, query service and aggregator (may be
 // null), which must outlive the HttpServer.
@@ -21,7 +21,7 @@
 
 namespace strata::server {
 
-// Who may use the routes. /healthz is always open; the web UI and /api/v1 need role reader
+// Who may use the routes. /healthz and /readyz are always open; the web UI and /api/v1 need role reader
 // (and count against the caller's query rate), /metrics too unless `metrics_open`.
 struct HttpAccess {
   auth::Authorizer* authorizer = nullptr;  // null: open

@@ -133,10 +133,11 @@ data_mount = [m for m in sc["volumeMounts"] if m["mountPath"] == sconf["data"]]
 check(bool(data_mount) and data_mount[0]["name"] in pvc,
       f"data {sconf['data']} is the persistent volume claim {pvc}")
 tls = "tls-cert" in sconf
-for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+for probe, path in (("startupProbe", "/healthz"), ("readinessProbe", "/readyz"),
+                    ("livenessProbe", "/healthz")):
     p = sc.get(probe, {}).get("httpGet", {})
-    check(p.get("path") == "/healthz" and p.get("port") in ("http", ports.get("http")),
-          f"{probe} asks /healthz on the http port")
+    check(p.get("path") == path and p.get("port") in ("http", ports.get("http")),
+          f"{probe} asks {path} on the http port")
     check(p.get("scheme", "HTTP") == ("HTTPS" if tls else "HTTP"),
           f"{probe} scheme {p.get('scheme', 'HTTP')} matches TLS {'on' if tls else 'off'}")
 check(sts["spec"]["template"]["spec"]["securityContext"].get("runAsNonRoot") is True,

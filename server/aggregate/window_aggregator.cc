@@ -573,6 +573,9 @@ void WindowAggregator::Start(absl::Duration tick) {
     stopping_ = false;
   }
   ticker_ = std::thread([this, tick] {
+    // A failing store fails every tick: the first failure is logged, then one a minute.
+    uint64_t failures = 0;
+    absl::Time logged = absl::InfinitePast();
     for (;;) {
       {
         absl::MutexLock lock(&mu_);
@@ -580,8 +583,17 @@ void WindowAggregator::Start(absl::Duration tick) {
         if (stopping_) return;
       }
       if (absl::Status s = CloseDueWindows(base::NowMs()); !s.ok()) {
-        LogError("closing aggregation windows: {}", s.ToString());
+        ++failures;
+        if (absl::Now() - logged >= absl::Minutes(1)) {
+          LogError("closing aggregation windows ({} attempts failed so far): {}", failures,
+                   s.ToString());
+          logged = absl::Now();
+        }
         absl::SleepFor(absl::Milliseconds(100));  // a failing store: do not spin
+      } else if (failures > 0) {
+        LogInfo("closing aggregation windows again, after {} failed attempts", failures);
+        failures = 0;
+        logged = absl::InfinitePast();
       }
     }
   });

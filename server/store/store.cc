@@ -176,7 +176,10 @@ struct Store::Impl {
     }
     last_resume = now;
     rocksdb::Status r = database.db->Resume();
-    if (!r.ok()) return FromRocks(r);
+    if (!r.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "the store cannot write (disk full or failing); resuming failed: ", r.ToString()));
+    }
     write_failed = false;
     resumes.fetch_add(1, std::memory_order_relaxed);
     LogInfo("store: writes resumed");
@@ -423,6 +426,11 @@ uint64_t Store::ApproximateBytesOnDisk() {
     for (const auto& f : wal_files) total += f->SizeFileBytes();
   }
   return total;
+}
+
+bool Store::WritesFailing() {
+  absl::MutexLock lock(&impl_->resume_mu);
+  return impl_->write_failed;
 }
 
 StoreStats Store::Stats() {

@@ -161,6 +161,9 @@ class Store {
   // As given to Open().
   const StoreOptions& options() const;
 
+  // Whether the last write failed (disk full or failing) and none has succeeded since: the
+  // server is not ready for agents (/readyz).
+  bool WritesFailing();
   // Live SST bytes of all column families plus WAL bytes.
   uint64_t ApproximateBytesOnDisk();
   StoreStats Stats();

@@ -28,6 +28,7 @@
 #include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/harness.h"
+#include "tests/e2e/http_client.h"
 
 namespace strata::e2e {
 namespace {
@@ -502,10 +503,17 @@ TEST_F(FaultsTest, DiskFullOnTheServerLosesNothingAndRecovers) {
   ASSERT_GT(port, 0);
   const std::string address = "127.0.0.1:" + std::to_string(port);
   auto server = std::make_unique<ChildProcess>(
-      std::vector<std::string>{BinPath("strata-server"), "--listen", address, "--http", "",
-                               "--data", mount_point + "/data"},
+      std::vector<std::string>{BinPath("strata-server"), "--listen", address, "--http",
+                               "127.0.0.1:0", "--data", mount_point + "/data"},
       dir_.File("server.log"));
   ASSERT_TRUE(server->WaitForOutput("ready on port", 30)) << server->Output();
+  int http_port = 0;
+  {
+    const std::string out = server->Output();
+    const size_t at = out.find("HTTP on port ") + std::string("HTTP on port ").size();
+    ASSERT_TRUE(absl::SimpleAtoi(out.substr(at, out.find('\n', at) - at), &http_port)) << out;
+  }
+  EXPECT_EQ(strata::testing::HttpGet(http_port, "/readyz").first, 200);
   auto agent = StartAgent(address, "fault-disk", "agent.log");
   ASSERT_TRUE(WaitUntil([&] { return ServiceTotal(address, kService) > 0; }, 60));
 
@@ -526,20 +534,33 @@ TEST_F(FaultsTest, DiskFullOnTheServerLosesNothingAndRecovers) {
                     dir_.File("loadgen.log"));
   ASSERT_TRUE(server->WaitForOutput("store: writes fail", 60))
       << "server exit status " << server->Wait(0) << "\n" << server->Output();
-  // Queries are still answered while the disk is full.
+  // Queries are still answered while the disk is full; the server says it is not ready.
   const uint64_t during = ServiceTotal(address, kService);
   EXPECT_GT(during, 0u);
+  const auto not_ready = strata::testing::HttpGet(http_port, "/readyz");
+  EXPECT_EQ(not_ready.first, 503) << not_ready.second;
+  EXPECT_EQ(strata::testing::HttpGet(http_port, "/healthz").first, 200);  // alive
   ASSERT_TRUE(agent->WaitForOutput("server ends the stream", 60)) << agent->Output();
 
   for (int attempt = 0; attempt < 20; ++attempt) {
     fs::remove(mount_point + "/fill" + std::to_string(attempt));
   }
   ASSERT_TRUE(server->WaitForOutput("store: writes resumed", 60)) << server->Output();
+  EXPECT_TRUE(WaitUntil(
+      [&] { return strata::testing::HttpGet(http_port, "/readyz").first == 200; }, 60));
   EXPECT_EQ(load.Wait(240), 0) << load.Output();
   ASSERT_TRUE(WaitUntil([&] { return ServiceTotal(address, kService) > during; }, 60));
   const uint64_t counted = StopAndCount(*agent);
   ExpectExact(address, counted);
   EXPECT_TRUE(server->running()) << server->Output();
+  // The aggregator's failures are logged once a minute, not at every 100 ms tick.
+  const std::string log = server->Output();
+  size_t failure_lines = 0;
+  for (size_t at = log.find("closing aggregation windows ("); at != std::string::npos;
+       at = log.find("closing aggregation windows (", at + 1)) {
+    ++failure_lines;
+  }
+  EXPECT_LE(failure_lines, 3u) << log;
 }
 
 // An online backup while an agent ships, restored into a new directory: a server on it
