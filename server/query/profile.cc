@@ -488,7 +488,8 @@ absl::StatusOr<store::SampleQuery> ProfileReader::Prepare(const ProfileQuery& qu
   if (query.service.empty() && query.capture_id.empty()) {
     return absl::InvalidArgumentError("a service is required");
   }
-  if (query.from_ms >= query.to_ms) {
+  // (A range that no window starts in is empty, not wrong: ToProfileQuery.)
+  if (query.from_ms > query.to_ms) {
     return absl::InvalidArgumentError(
         absl::StrCat("empty time range: from ", query.from_ms, " ms is not before to ",
                      query.to_ms, " ms"));

@@ -128,8 +128,16 @@ absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int
     return absl::InvalidArgumentError(
         absl::StrCat("time range beyond ", kMaxQueryMs, " ms (Unix milliseconds)"));
   }
-  // Windows are addressed by their start: widen `from` to the window holding it.
-  q.from_ms = commit::WindowStart(q.from_ms);
+  // Samples are kept in windows addressed by their start, and a range takes the windows that
+  // start in it. A window holding `from` but starting before it is left out, as one holding
+  // `to` is taken: ranges that meet at T share no window, wherever T falls.
+  if (q.from_ms >= q.to_ms) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "empty time range: from ", q.from_ms, " ms is not before to ", q.to_ms, " ms"));
+  }
+  if (q.from_ms > 0) {
+    q.from_ms = std::min(commit::WindowStart(q.from_ms - 1) + commit::kWindowMs, q.to_ms);
+  }
   q.host = filter.host();
   q.capture_id = filter.capture_id();
   q.focus = filter.focus();

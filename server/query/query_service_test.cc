@@ -260,6 +260,33 @@ TEST_F(QueryServiceTest, TimesBeyondTheQueryRangeAreRefused) {
   EXPECT_TRUE(ToProfileQuery(filter, 1000).ok());
 }
 
+// A range takes the windows that start in it: ranges that meet at any T share no window (a
+// deploy's before and after), and their totals add up to the whole range's. A window holding
+// `from` but starting before it was taken whole by both.
+TEST_F(QueryServiceTest, RangesThatMeetShareNoWindowWhereverTheyMeet) {
+  const uint64_t stack = Stack({"main", "work"});
+  for (int i = 0; i < 3; ++i) {
+    AddSamples("api", "h1", stack, uint64_t{1} << i, {}, kWindow + i * commit::kWindowMs);
+  }
+  auto total = [&](int64_t from_ms, int64_t to_ms) -> uint64_t {
+    v1::TopRequest request;
+    *request.mutable_filter() = Filter("api");
+    request.mutable_filter()->mutable_range()->set_from_ms(from_ms);
+    request.mutable_filter()->mutable_range()->set_to_ms(to_ms);
+    absl::StatusOr<v1::TopResponse> top = query_->RunTop(request);
+    EXPECT_TRUE(top.ok()) << top.status();
+    return top.ok() ? top->total_samples() : 0;
+  };
+  const int64_t end = kWindow + 3 * commit::kWindowMs;
+  EXPECT_EQ(total(kWindow, end), 7u);
+  for (const int64_t t : {kWindow + 1, kWindow + 5'000, kWindow + commit::kWindowMs,
+                          kWindow + commit::kWindowMs + 9'999}) {
+    EXPECT_EQ(total(kWindow, t) + total(t, end), 7u) << "meeting at " << t - kWindow;
+  }
+  EXPECT_EQ(total(kWindow + 5'000, kWindow + 15'000), 2u);  // the window starting in it
+  EXPECT_EQ(total(kWindow + 9'999, kWindow + 10'000), 0u);  // none starts in it
+}
+
 TEST_F(QueryServiceTest, UnknownServiceIsNotFound) {
   AddKnownProfile();
   v1::TopRequest request;
