@@ -155,9 +155,16 @@ void FlushAndStop(Shipper& shipper, const spool::Spool& spool,
     LogWarn("server did not acknowledge every batch before shutdown: {} batches lost "
                  "(the spool is in memory)", shipped.spool.batches);
   } else {
+    // Batches the disk refused are only in memory, and a spool whose graph was abandoned is
+    // not resumed: neither goes out after a restart.
+    const size_t resumable = spool.ResumableBatches();
     LogWarn("server did not acknowledge every batch before shutdown: {} batches stay in "
-                 "the spool {} and go out when the agent starts again",
-                 shipped.spool.batches, spool.path());
+            "the spool {} and go out when the agent starts again{}",
+            resumable, spool.path(),
+            resumable == shipped.spool.batches
+                ? ""
+                : absl::StrCat("; ", shipped.spool.batches - resumable,
+                               " more are lost (the disk refused them or their call graph)"));
   }
 }
 

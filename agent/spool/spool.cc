@@ -454,6 +454,12 @@ absl::Status Spool::RewriteSegment(Segment* segment) {
   return absl::OkStatus();
 }
 
+size_t Spool::ResumableBatches() const {
+  if (path_.empty() || graph_abandoned_) return 0;
+  return static_cast<size_t>(std::count_if(entries_.begin(), entries_.end(),
+                                           [](const Slot& s) { return s.segment != nullptr; }));
+}
+
 void Spool::AbandonGraph() {
   if (path_.empty() || graph_abandoned_) return;
   graph_abandoned_ = true;

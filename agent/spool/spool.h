@@ -143,6 +143,9 @@ class Spool {
   };
   bool empty() const { return entries_.empty(); }
   size_t size() const { return entries_.size(); }
+  // The batches a restart would find: those on disk while the graph is durable (none in
+  // memory, none after AbandonGraph()).
+  size_t ResumableBatches() const;
   const Entry& entry(size_t i) const { return entries_[i].entry; }
   // The samples of entry `i`'s batch, counted now if they were not yet (Entry::samples).
   uint64_t CountSamples(size_t i) { return CountSlotSamples(entries_[i]); }

@@ -435,6 +435,7 @@ TEST_F(SpoolTest, AnAbandonedGraphStartsANewIncarnationAtTheRestart) {
     EXPECT_FALSE(spool->AppendGraph(Delta(3, 1)).ok());
     ASSERT_TRUE(spool->Append(Batch(2, 2, 1)).ok());  // spooled for this run's reconnects
     EXPECT_EQ(spool->size(), 2u);
+    EXPECT_EQ(spool->ResumableBatches(), 0u);
   }
   auto spool = Open(Options(), Fresh("a", 2));
   EXPECT_FALSE(recovery_.resumed);
@@ -512,6 +513,7 @@ TEST_F(SpoolTest, ABatchTheDiskRefusesIsKeptInMemory) {
   EXPECT_FALSE(st.ok());
   EXPECT_EQ(spool->stats().write_errors, 1u);
   ASSERT_EQ(spool->size(), 2u);
+  EXPECT_EQ(spool->ResumableBatches(), 1u);  // a restart would not find the second
   auto b = spool->Read(1);
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->sequence(), 2u);
