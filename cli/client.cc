@@ -30,9 +30,11 @@ constexpr std::pair<const char*, v1::ProfileType> kProfileTypes[] = {
 void AddFilterFlags(CLI::App* cmd, FilterOptions* f, bool service_required) {
   auto* service = cmd->add_option("--service,-s", f->service, "service name");
   if (service_required) service->required();
-  cmd->add_option("--since", f->since, "look back this far (e.g. 30s, 10m, 1h, 7d)")
-      ->capture_default_str();
-  cmd->add_option("--from", f->from, "range start, RFC 3339 (overrides --since)");
+  CLI::Option* since =
+      cmd->add_option("--since", f->since, "look back this far (e.g. 30s, 10m, 1h, 7d)")
+          ->capture_default_str();
+  cmd->add_option("--from", f->from, "range start, RFC 3339 (instead of --since)")
+      ->excludes(since);
   cmd->add_option("--to", f->to, "range end, RFC 3339, exclusive (default: now)");
   cmd->add_option("--host", f->host, "only samples from this host");
   cmd->add_option("--focus", f->focus, "keep stacks with a function matching this regex");
@@ -73,7 +75,7 @@ v1::ProfileFilter BuildFilter(const FilterOptions& f, absl::string_view flags) {
   } else {
     auto d = ParseDuration(f.since);
     if (!d.ok()) Fail(absl::StrCat(flags, "since: ", d.status().message()));
-    from = to - *d;
+    from = std::max<int64_t>(to - *d, 0);  // further back than 1970: everything
   }
   if (from >= to) {
     Fail(f.from.empty()    ? absl::StrCat(flags, "since must be longer than 0")

@@ -301,6 +301,15 @@ TEST_F(BackboneTest, CliReportsUnreachableServerAndBadFlags) {
                   "--since", "ten minutes"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("invalid duration"));
+  // --from instead of --since, not beside it (the one given last was dropped unsaid).
+  r = RunCommand({BinPath("strata"), "--server", server.address(), "top", "--service", "x",
+                  "--since", "1h", "--from", "2026-01-01T00:00:00Z"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("--since excludes --from"));
+  // Further back than 1970 is everything (it was a "negative time range").
+  r = RunCommand({BinPath("strata"), "--server", server.address(), "top", "--service", "nope",
+                  "--since", "100000d"});
+  EXPECT_THAT(r.output, HasSubstr("unknown service 'nope'"));
   r = RunCommand({BinPath("strata-agent"), "--server", server.address()});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("nothing to profile"));
