@@ -301,7 +301,7 @@ TEST_F(BackboneTest, CliReportsUnreachableServerAndBadFlags) {
                   "--since", "ten minutes"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("invalid duration"));
-  // --from instead of --since, not beside it (the one given last was dropped unsaid).
+  // --from instead of --since, not beside it (--since was dropped unsaid).
   r = RunCommand({BinPath("strata"), "--server", server.address(), "top", "--service", "x",
                   "--since", "1h", "--from", "2026-01-01T00:00:00Z"});
   EXPECT_NE(r.exit_code, 0);
