@@ -1,7 +1,7 @@
-// HTTP routes of strata-server: /healthz (liveness), /readyz (readiness), Prometheus /metrics, the JSON mirror of the
-// query API (/api/v1/services, agents, top, hot-paths, flamegraph, diff, export) and the web
-// UI (/, /ui/...), behind the Authorizer (HttpAccess). The routes borrow the store, metrics, query service and aggregator (may be
-// null), which must outlive the HttpServer.
+// HTTP routes of strata-server: /healthz (liveness), /readyz (readiness), Prometheus /metrics, the
+// JSON mirror of the query API (/api/v1/services, agents, top, hot-paths, flamegraph, diff, export)
+// and the web UI (/, /ui/...), behind the Authorizer (HttpAccess). The routes borrow the store,
+// metrics, query service and aggregator (may be null), which must outlive the HttpServer.
 #ifndef STRATA_SERVER_SERVER_METRICS_H_
 #define STRATA_SERVER_SERVER_METRICS_H_
 
@@ -21,8 +21,8 @@
 
 namespace strata::server {
 
-// Who may use the routes. /healthz and /readyz are always open; the web UI and /api/v1 need role reader
-// (and count against the caller's query rate), /metrics too unless `metrics_open`.
+// Who may use the routes. /healthz and /readyz are always open; the web UI and /api/v1 need
+// role reader (and count against the caller's query rate), /metrics too unless `metrics_open`.
 struct HttpAccess {
   auth::Authorizer* authorizer = nullptr;  // null: open
   bool metrics_open = false;

@@ -19,17 +19,17 @@
 //   batches-<seq>.log      segments of batch records, the first sequence in the name; an
 //                          acknowledgement goes in ahead of the next batch, in its write
 //   acked                  the highest sequence number acknowledged when the spool closed
-// Every file is a header and records of [u32 length][u32 crc32c][u8 type][payload]; a
-// record is written whole before the batch can go out, so a torn or corrupt tail (a crash
-// mid-write, a bad disk) is detected by its length or checksum, skipped and counted, never
-// fatal; a graph log cut short that way is not resumed (see Open()). A written record survives the agent's own death at once (it is in the kernel); it
-// is synced to the disk (fdatasync, the graph first) once it has waited `sync_delay` for the
-// server's acknowledgement: an acknowledged batch is the server's to keep, so an agent whose
-// server answers within the delay writes its batches and never waits for the disk. A power
-// loss can take the batches of the last `sync_delay`. Only the batch bytes are on disk:
-// memory holds an index entry per batch, so the agent stays flat however long the server is
-// away. Past `max_bytes` the oldest segment is dropped (counted). A batch that cannot be
-// written (disk full) is kept in memory and counted, so shipping goes on.
+// Every file is a header and records of [u32 length][u32 crc32c][u8 type][payload]; a record is
+// written whole before the batch can go out, so a torn or corrupt tail (a crash mid-write, a bad
+// disk) is detected by its length or checksum, skipped and counted, never fatal; a graph log cut
+// short that way is not resumed (see Open()). A written record survives the agent's own death at
+// once (it is in the kernel); it is synced to the disk (fdatasync, the graph first) once it has
+// waited `sync_delay` for the server's acknowledgement: an acknowledged batch is the server's to
+// keep, so an agent whose server answers within the delay writes its batches and never waits for
+// the disk. A power loss can take the batches of the last `sync_delay`. Only the batch bytes are on
+// disk: memory holds an index entry per batch, so the agent stays flat however long the server is
+// away. Past `max_bytes` the oldest segment is dropped (counted). A batch that cannot be written
+// (disk full) is kept in memory and counted, so shipping goes on.
 //
 // Not thread-safe: the shipper calls it under its own lock.
 #ifndef STRATA_AGENT_SPOOL_SPOOL_H_

@@ -216,8 +216,8 @@ struct HttpServer::Impl {
       if (std::string malformed = Parse(std::move(req), &request); !malformed.empty()) {
         ++impl_->bad_requests;
         keep_alive_ = false;
-        return Respond(
-            {400, "text/plain; charset=utf-8", absl::StrCat("malformed request: ", malformed, "\n")});
+        return Respond({400, "text/plain; charset=utf-8",
+                        absl::StrCat("malformed request: ", malformed, "\n")});
       }
       request.secure = kTls;
       request.peer_identity = peer_identity_;
