@@ -216,41 +216,54 @@ std::vector<CopiedSample> SampleProcess(pid_t pid, size_t wanted) {
   return samples;
 }
 
-TEST(StackRecorderTest, PythonFramesSplicedWithoutAllocating) {
-  constexpr char kPython[] = "/usr/bin/python3.11";
-  if (access(kPython, X_OK) != 0) GTEST_SKIP() << kPython << " is not installed";
-  if (absl::Status probe = sampler::ProbePerfEvents(); !probe.ok()) {
-    GTEST_SKIP() << "perf events not usable here: " << probe;
-  }
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  const pid_t child = fork();
-  if (child == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    dup2(fds[1], 1);
-    close(fds[0]);
-    // Spins in leaf() for good: the frames read later are still those of every sample.
-    execl(kPython, kPython, "-S", "-c",
-          "import sys\n"
-          "def leaf():\n"
-          "    while True: pass\n"
-          "def middle(): leaf()\n"
-          "sys.stdout.write('r'); sys.stdout.flush()\n"
-          "middle()\n",
-          nullptr);
-    _exit(127);
-  }
-  close(fds[1]);
-  char byte;
-  ASSERT_EQ(read(fds[0], &byte, 1), 1);
-  close(fds[0]);
-  struct KillChild {
-    pid_t pid;
-    ~KillChild() {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
+constexpr char kPython[] = "/usr/bin/python3.11";
+
+// `kPython -S -c script` as a child process, waited for until the script writes its first
+// byte to stdout; killed when this goes.
+class PythonChild {
+ public:
+  explicit PythonChild(const char* script) {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      dup2(fds[1], 1);
+      close(fds[0]);
+      execl(kPython, kPython, "-S", "-c", script, nullptr);
+      _exit(127);
     }
-  } kill_child{child};
+    close(fds[1]);
+    char byte;
+    ready_ = pid_ > 0 && read(fds[0], &byte, 1) == 1;
+    close(fds[0]);
+  }
+  ~PythonChild() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  PythonChild(const PythonChild&) = delete;
+  PythonChild& operator=(const PythonChild&) = delete;
+  pid_t pid() const { return pid_; }
+  bool ready() const { return ready_; }
+
+ private:
+  pid_t pid_ = -1;
+  bool ready_ = false;
+};
+
+TEST(StackRecorderTest, PythonFramesSplicedWithoutAllocating) {
+  if (access(kPython, X_OK) != 0) GTEST_SKIP() << kPython << " is not installed";
+  // Spins in leaf() for good: the frames read later are still those of every sample.
+  PythonChild python("import sys\n"
+                     "def leaf():\n"
+                     "    while True: pass\n"
+                     "def middle(): leaf()\n"
+                     "sys.stdout.write('r'); sys.stdout.flush()\n"
+                     "middle()\n");
+  ASSERT_TRUE(python.ready());
+  const pid_t child = python.pid();
   const std::vector<CopiedSample> samples = SampleProcess(child, 200);
   ASSERT_GE(samples.size(), 200u) << "the child got too little CPU";
 
@@ -334,38 +347,17 @@ TEST(StackRecorderTest, PythonFramesKeptWhileAGeneratorsEvalCallStartsAndEnds) {
 #if !defined(__x86_64__)
   GTEST_SKIP() << "x86-64 registers";
 #else
-  constexpr char kPython[] = "/usr/bin/python3.11";
   if (access(kPython, X_OK) != 0) GTEST_SKIP() << kPython << " is not installed";
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  const pid_t child = fork();
-  if (child == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    dup2(fds[1], 1);
-    close(fds[0]);
-    execl(kPython, kPython, "-S", "-c",
-          "import sys\n"
-          "def gen():\n"
-          "    x = 0\n"
-          "    while True:\n"
-          "        x += 1\n"
-          "        yield x\n"
-          "sys.stdout.write('r'); sys.stdout.flush()\n"
-          "for v in gen(): pass\n",
-          nullptr);
-    _exit(127);
-  }
-  close(fds[1]);
-  char byte;
-  ASSERT_EQ(read(fds[0], &byte, 1), 1);
-  close(fds[0]);
-  struct KillChild {
-    pid_t pid;
-    ~KillChild() {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  } kill_child{child};
+  PythonChild python("import sys\n"
+                     "def gen():\n"
+                     "    x = 0\n"
+                     "    while True:\n"
+                     "        x += 1\n"
+                     "        yield x\n"
+                     "sys.stdout.write('r'); sys.stdout.flush()\n"
+                     "for v in gen(): pass\n");
+  ASSERT_TRUE(python.ready());
+  const pid_t child = python.pid();
 
   DiscoveryOptions options;
   options.pids = {child};
