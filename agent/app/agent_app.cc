@@ -272,6 +272,12 @@ int AgentApp::Run(const std::atomic<bool>& stop) {
                shipped.cpu_bytes, shipped.off_cpu_batches, shipped.off_cpu_bytes);
   FlushAndStop(*shipper_, *spool_, options_.flush_timeout);
   if (loop.new_graph_due()) {
+    if (shipper_->GraphPastServerLimits() && !spool_->empty()) {
+      LogError("dropping {} batches that need call graph past the server's limits (it "
+               "refuses that graph): the next start would resume it for good",
+               spool_->size());
+      spool_->DropAll();
+    }
     const ShipperStats shipped = shipper_->stats();
     LogWarn("the call graph ({} nodes, {} edges) passed half of the server's limits ({} "
             "nodes, {} edges): starting again with a new graph",

@@ -205,8 +205,21 @@ ShipperStats Shipper::stats() const {
   return stats_;
 }
 
+bool Shipper::GraphPastServerLimits() const {
+  absl::MutexLock lock(&mu_);
+  return PastServerLimitsLocked();
+}
+
+bool Shipper::PastServerLimitsLocked() const {
+  const uint32_t max_nodes = stats_.server_max_graph_nodes;
+  const uint64_t max_edges = stats_.server_max_graph_edges;
+  return (max_nodes > 0 && graph_->num_nodes() > max_nodes) ||
+         (max_edges > 0 && graph_->num_edges() > max_edges);
+}
+
 bool Shipper::NewGraphDue() const {
   absl::MutexLock lock(&mu_);
+  if (PastServerLimitsLocked()) return true;
   // Caught up: at most the last two batches unacknowledged (with batches a second or less
   // apart, an acknowledgement is read only when the next batch goes). The agent's flush on
   // its way out takes them; one that fails leaves them in the spool, and the next start

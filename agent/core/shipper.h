@@ -117,11 +117,15 @@ class Shipper {
   // Whether the agent should start a new call graph now: the connected server named its
   // graph limits, the graph is past half of either (at a limit its deltas are refused and
   // nothing more is delivered), and the server is caught up with the batches (a flush will
-  // leave no batch that needs the graph left behind).
+  // leave no batch that needs the graph left behind); or the graph is past a limit itself.
   bool NewGraphDue() const;
+  // Whether the graph is past a limit the server named (at its last Welcome): the server
+  // refuses it, and batches left in the spool can never be delivered.
+  bool GraphPastServerLimits() const;
 
  private:
   void Run();
+  bool PastServerLimitsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One connection's lifetime; returns when the stream breaks, the server redirects the agent
   // or Stop() is called.
   void Session(v1::Ingest::Stub* stub, const std::string& address);

@@ -350,6 +350,19 @@ TEST_F(ShipperTest, ANewGraphIsDueOnlyPastHalfOfTheLimitsTheServerNamed) {
   ASSERT_TRUE(WaitFor([&] { return ingest_.connects() == 3; }, std::chrono::seconds(30)));
   ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
   EXPECT_TRUE(shipper_->NewGraphDue());
+  EXPECT_FALSE(shipper_->GraphPastServerLimits());
+  // Past the limit itself the server refuses the graph: the batches behind cannot go, and
+  // waiting for them would wait for good. Due at once, away or behind.
+  StopServer();
+  ASSERT_TRUE(WaitFor([&] { return !shipper_->stats().connected; }, std::chrono::seconds(30)));
+  Enqueue(4, 6);
+  for (int i = 0; i < 6; ++i) {
+    path.push_back({graph_.NodeFor({absl::StrCat("g", i), "/bin/app", "", 0x2000u + i}), 0x10});
+  }
+  ASSERT_TRUE(graph_.AddPath(path, false).ok());
+  ASSERT_GT(graph_.num_edges(), 12u);
+  EXPECT_TRUE(shipper_->GraphPastServerLimits());
+  EXPECT_TRUE(shipper_->NewGraphDue());
 }
 
 // An agent shipping more often than its heartbeat period sends each heartbeat with a batch

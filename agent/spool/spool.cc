@@ -454,6 +454,15 @@ absl::Status Spool::RewriteSegment(Segment* segment) {
   return absl::OkStatus();
 }
 
+void Spool::DropAll() {
+  while (!segments_.empty()) DropSegment(segments_.front().get(), true);
+  for (Slot& slot : entries_) {  // those the disk refused, or an in-memory spool's
+    ++stats_.batches_dropped;
+    stats_.samples_dropped += CountSlotSamples(slot);
+  }
+  entries_.clear();
+}
+
 size_t Spool::ResumableBatches() const {
   if (path_.empty() || graph_abandoned_) return 0;
   return static_cast<size_t>(std::count_if(entries_.begin(), entries_.end(),

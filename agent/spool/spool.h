@@ -120,6 +120,9 @@ class Spool {
   // graph behind the server's, and takes no more deltas. Batches go on being spooled (for
   // this run's reconnects); a restart drops them, counted as orphaned.
   void AbandonGraph();
+  // Drops every batch, counted as dropped: they need graph the server refuses (past its
+  // limits), and a restart that found them would resume that graph for good.
+  void DropAll();
   // Whether every delta the caller sent was recorded (no AbandonGraph()).
   bool graph_durable() const { return !graph_abandoned_; }
   // Adds a batch (sequence above every earlier one). Written when it returns OK (synced by

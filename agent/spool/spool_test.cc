@@ -444,6 +444,24 @@ TEST_F(SpoolTest, AnAbandonedGraphStartsANewIncarnationAtTheRestart) {
   EXPECT_TRUE(spool->graph_durable());
 }
 
+// Batches that need graph the server refuses (past its limits) are dropped, counted, so that
+// the agent's restart starts a new graph rather than resume that one for good.
+TEST_F(SpoolTest, DroppedBatchesLeaveNothingForARestart) {
+  {
+    auto spool = Open(Options(), Fresh("a", 1));
+    ASSERT_TRUE(spool->AppendGraph(Delta(2, 0)).ok());
+    for (uint64_t s = 1; s <= 2; ++s) ASSERT_TRUE(spool->Append(Batch(s, 1, 5)).ok());
+    spool->DropAll();
+    EXPECT_TRUE(spool->empty());
+    EXPECT_EQ(spool->stats().batches_dropped, 2u);
+    EXPECT_EQ(spool->stats().samples_dropped, 10u);
+  }
+  auto spool = Open(Options(), Fresh("a", 2));
+  EXPECT_FALSE(recovery_.resumed);
+  EXPECT_EQ(recovery_.identity.graph_id, 2u);
+  EXPECT_EQ(recovery_.orphaned_batches, 0u);
+}
+
 TEST_F(SpoolTest, OneRunningAgentPerIdentity) {
   auto first = Open(Options(), Fresh("a", 1));
   SpoolRecovery recovery;
