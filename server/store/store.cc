@@ -33,6 +33,14 @@
 namespace strata::server::store {
 namespace {
 
+// Retention is applied when RocksDB compacts a file (the compaction filters), which a store
+// taking few writes may not do for weeks: every file of a column with a retention is
+// compacted again at least this often, so what expired goes within a quarter of the
+// retention (at least an hour, at most a day) of expiring.
+uint64_t PeriodicCompactionSeconds(int64_t retention_ms) {
+  return static_cast<uint64_t>(std::clamp<int64_t>(retention_ms / 4 / 1000, 3600, 86400));
+}
+
 constexpr size_t kSequenceStripes = 16;
 constexpr size_t kMaxCachedSequencesPerStripe = 4096;
 
@@ -251,12 +259,15 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
     if (retention_ms > 0) {
       impl->retention_filters.push_back(NewRetentionFilter(retention_ms, now_ms));
       cf_options.compaction_filter = impl->retention_filters.back().get();
+      cf_options.periodic_compaction_seconds = PeriodicCompactionSeconds(retention_ms);
     } else if (column == Column::kMeta) {
       cf_options.merge_operator = NewLeafAddressSumOperator(impl->malformed);
       if (options.raw_retention_ms > 0 || options.hour_retention_ms > 0) {
         impl->retention_filters.push_back(NewMetaRetentionFilter(
             options.raw_retention_ms, options.hour_retention_ms, now_ms));
         cf_options.compaction_filter = impl->retention_filters.back().get();
+        cf_options.periodic_compaction_seconds = PeriodicCompactionSeconds(
+            options.raw_retention_ms > 0 ? options.raw_retention_ms : options.hour_retention_ms);
       }
     } else if (column == Column::kServices) {
       cf_options.merge_operator = NewServiceSummaryOperator(impl->malformed);

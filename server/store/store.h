@@ -82,7 +82,8 @@ struct StoreOptions {
   // by the in-flight working set.
   size_t intern_cache_entries = 1 << 20;
   // Retention of continuous-profile cells by window start, enforced by compaction (data may
-  // remain readable until compacted); 0 keeps forever. The per-batch meta records (unwind
+  // remain readable until compacted; every file is compacted again within a quarter of the
+  // retention, an hour to a day); 0 keeps forever. The per-batch meta records (unwind
   // counters, leaf addresses) follow the raw cells; captures and other metadata are kept.
   int64_t raw_retention_ms = 0;
   int64_t minute_retention_ms = 0;

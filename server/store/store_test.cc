@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <algorithm>
 #include <atomic>
 #include <limits>
@@ -852,6 +853,37 @@ TEST_F(StoreTest, RetentionDropsOldCellsPerResolution) {
             (std::map<int64_t, uint64_t>{{6 * kHour, 7}, {9 * kHour, 11}}));
   EXPECT_EQ(windows(Resolution::kHour),
             (std::map<int64_t, uint64_t>{{1 * kHour, 5}, {6 * kHour, 7}, {9 * kHour, 11}}));
+}
+
+// Retention runs when a file is compacted: each column with a retention has every file
+// compacted again within a quarter of it (an hour at least, a day at most), so a store that
+// takes few writes drops what expired too. Read back from the options RocksDB stored.
+TEST_F(StoreTest, ColumnsWithARetentionAreCompactedPeriodically) {
+  constexpr int64_t kHour = 3'600'000;
+  options_.raw_retention_ms = 8 * kHour;
+  options_.minute_retention_ms = 30 * 24 * kHour;
+  Reopen();
+  std::filesystem::path latest;  // OPTIONS-<n>, the highest n written by the last open
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("OPTIONS-", 0) == 0 &&
+        (latest.empty() || name.size() > latest.filename().string().size() ||
+         (name.size() == latest.filename().string().size() && name > latest.filename()))) {
+      latest = e.path();
+    }
+  }
+  std::ifstream in(latest);
+  const std::string stored(std::istreambuf_iterator<char>(in), {});
+  auto periodic = [&](const std::string& column) {
+    const size_t section = stored.find("[CFOptions \"" + column + "\"]");
+    const std::string key = "periodic_compaction_seconds=";
+    const size_t at = stored.find(key, section);
+    if (section == std::string::npos || at == std::string::npos) return std::string("-");
+    return stored.substr(at + key.size(), stored.find('\n', at) - at - key.size());
+  };
+  EXPECT_EQ(periodic("samples"), "7200");
+  EXPECT_EQ(periodic("meta"), "7200");
+  EXPECT_EQ(periodic("rollup_1m"), "86400");
 }
 
 // A cluster takes each agent's counters from one node: the sums per agent add up to the
