@@ -62,6 +62,24 @@ struct CopiedSample {
   std::vector<uint64_t> kernel_pcs;
 };
 
+// Target discovery that has found `pid` and nothing else; null (a test failure) otherwise.
+std::unique_ptr<TargetDiscovery> DiscoverOnly(pid_t pid) {
+  DiscoveryOptions options;
+  options.pids = {pid};
+  absl::StatusOr<std::unique_ptr<TargetDiscovery>> discovery = TargetDiscovery::Create(options);
+  if (!discovery.ok()) {
+    ADD_FAILURE() << discovery.status();
+    return nullptr;
+  }
+  auto changes = (*discovery)->Scan();
+  if (!changes.ok() || changes->added.size() != 1) {
+    ADD_FAILURE() << "the scan did not find process " << pid << " alone";
+    return nullptr;
+  }
+  (*discovery)->Insert((*discovery)->NewTarget(changes->added[0], nullptr));
+  return *std::move(discovery);
+}
+
 TEST(StackRecorderTest, SteadyStateSampleAllocatesNothing) {
   if (absl::Status probe = sampler::ProbePerfEvents(); !probe.ok()) {
     GTEST_SKIP() << "perf events not usable here: " << probe;
@@ -114,17 +132,11 @@ TEST(StackRecorderTest, SteadyStateSampleAllocatesNothing) {
     s.sample.kernel_pcs = s.kernel_pcs.data();
   }
 
-  DiscoveryOptions options;
-  options.pids = {child};
-  auto discovery = TargetDiscovery::Create(options);
-  ASSERT_TRUE(discovery.ok()) << discovery.status();
-  auto changes = (*discovery)->Scan();
-  ASSERT_TRUE(changes.ok());
-  ASSERT_EQ(changes->added.size(), 1u);
-  (*discovery)->Insert((*discovery)->NewTarget(changes->added[0], nullptr));
+  const std::unique_ptr<TargetDiscovery> discovery = DiscoverOnly(child);
+  ASSERT_NE(discovery, nullptr);
 
   ContextGraph graph(1);
-  StackRecorder recorder({.kernel_symbols = kernel_symbols.get()}, &graph, discovery->get());
+  StackRecorder recorder({.kernel_symbols = kernel_symbols.get()}, &graph, discovery.get());
   for (const CopiedSample& s : samples) recorder.OnSample(s.sample);  // warms every cache
   const StackRecorderStats warm = recorder.stats();
   ASSERT_EQ(warm.samples, samples.size());
@@ -178,7 +190,7 @@ TEST(StackRecorderTest, SteadyStateSampleAllocatesNothing) {
   // Under the threshold an interval is neither counted nor unwound.
   StackRecorder strict({.kernel_symbols = kernel_symbols.get(),
                         .off_cpu_threshold_ns = 2'000'000},
-                       &graph, discovery->get());
+                       &graph, discovery.get());
   replay_off_cpu(strict);
   EXPECT_EQ(strict.stats().off_cpu_short, samples.size());
   EXPECT_EQ(strict.stats().unwound_frames, 0u);
@@ -267,17 +279,11 @@ TEST(StackRecorderTest, PythonFramesSplicedWithoutAllocating) {
   const std::vector<CopiedSample> samples = SampleProcess(child, 200);
   ASSERT_GE(samples.size(), 200u) << "the child got too little CPU";
 
-  DiscoveryOptions options;
-  options.pids = {child};
-  auto discovery = TargetDiscovery::Create(options);
-  ASSERT_TRUE(discovery.ok()) << discovery.status();
-  auto changes = (*discovery)->Scan();
-  ASSERT_TRUE(changes.ok());
-  ASSERT_EQ(changes->added.size(), 1u);
-  (*discovery)->Insert((*discovery)->NewTarget(changes->added[0], nullptr));
+  const std::unique_ptr<TargetDiscovery> discovery = DiscoverOnly(child);
+  ASSERT_NE(discovery, nullptr);
 
   ContextGraph graph(1);
-  StackRecorder recorder({}, &graph, discovery->get());
+  StackRecorder recorder({}, &graph, discovery.get());
   for (const CopiedSample& s : samples) recorder.OnSample(s.sample);  // warms every cache
   const StackRecorderStats warm = recorder.stats();
   EXPECT_EQ(recorder.python_targets(), 1u);
@@ -359,15 +365,9 @@ TEST(StackRecorderTest, PythonFramesKeptWhileAGeneratorsEvalCallStartsAndEnds) {
   ASSERT_TRUE(python.ready());
   const pid_t child = python.pid();
 
-  DiscoveryOptions options;
-  options.pids = {child};
-  auto discovery = TargetDiscovery::Create(options);
-  ASSERT_TRUE(discovery.ok()) << discovery.status();
-  auto changes = (*discovery)->Scan();
-  ASSERT_TRUE(changes.ok());
-  ASSERT_EQ(changes->added.size(), 1u);
-  (*discovery)->Insert((*discovery)->NewTarget(changes->added[0], nullptr));
-  Target* target = (*discovery)->Find(child);
+  const std::unique_ptr<TargetDiscovery> discovery = DiscoverOnly(child);
+  ASSERT_NE(discovery, nullptr);
+  Target* target = discovery->Find(child);
   ASSERT_NE(target, nullptr);
   ASSERT_NE(target->space, nullptr);
   elf::AddressRange eval{0, 0};
@@ -406,7 +406,7 @@ TEST(StackRecorderTest, PythonFramesKeptWhileAGeneratorsEvalCallStartsAndEnds) {
   ASSERT_EQ(ptrace(PTRACE_SETREGS, child, nullptr, &regs), 0);
 
   ContextGraph graph(1);
-  StackRecorder recorder({}, &graph, discovery->get());
+  StackRecorder recorder({}, &graph, discovery.get());
   const CopiedSample starts = SampleStopped(child, regs);
   recorder.OnSample(starts.sample);
   // Stepped on to the same call's `ret` (the stack pointer back where it was at its entry).
