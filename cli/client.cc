@@ -1,8 +1,12 @@
 #include "cli/client.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -142,9 +146,53 @@ void PrintTopTable(const v1::TopResponse& r) {
   std::fputs(table.ToString().c_str(), stdout);
 }
 
+namespace {
+
+// Writes all of `data` to descriptor 1; false on an error.
+bool WriteToFd1(std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(1, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+bool stdout_terminal_safe = false;
+bool held_c2 = false;  // AppendTerminalSafe's state
+
+ssize_t WriteTerminalSafe(void*, const char* buffer, size_t size) {
+  std::string safe;
+  AppendTerminalSafe(std::string_view(buffer, size), &held_c2, &safe);
+  return WriteToFd1(safe) ? static_cast<ssize_t>(size) : -1;
+}
+
+int CloseTerminalSafe(void*) {
+  if (held_c2) WriteToFd1("\xc2");
+  held_c2 = false;
+  return 0;
+}
+
+}  // namespace
+
+void MakeStdoutTerminalSafe() {
+  if (stdout_terminal_safe) return;
+  std::fflush(stdout);
+  cookie_io_functions_t io{nullptr, WriteTerminalSafe, nullptr, CloseTerminalSafe};
+  FILE* safe = fopencookie(nullptr, "w", io);
+  if (safe == nullptr) return;
+  // A terminal sees each line as it is printed; a pipe or file gets whole buffers.
+  setvbuf(safe, nullptr, isatty(1) ? _IOLBF : _IOFBF, 0);
+  stdout = safe;
+  stdout_terminal_safe = true;
+}
+
 void WriteOutput(const std::string& path, const std::string& data) {
   if (path.empty() || path == "-") {
-    std::fwrite(data.data(), 1, data.size(), stdout);
+    // Files (pprof's gzip, a flame graph's page) go as they are, past the escaping.
+    std::fflush(stdout);
+    if (!WriteToFd1(data)) Fail("cannot write the output to stdout");
     return;
   }
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -73,8 +73,12 @@ void PrintHotPathsTable(const v1::HotPathsResponse& response);
 // The SELF / SELF% / TOTAL / TOTAL% / FUNCTION / MODULE table of a top response.
 void PrintTopTable(const v1::TopResponse& response);
 
-// Writes `data` to `path`, or to stdout when `path` is empty or "-"; exits on a write error.
+// Writes `data` to `path`, or to stdout when `path` is empty or "-", as it is (not escaped);
+// exits on a write error.
 void WriteOutput(const std::string& path, const std::string& data);
+// From now on, what is printed to stdout has its control characters escaped
+// (AppendTerminalSafe): names from the server cannot drive the terminal.
+void MakeStdoutTerminalSafe();
 
 // The connection; stubs are created on first use.
 class Client {

@@ -137,4 +137,27 @@ std::string Table::ToString() const {
   return out;
 }
 
+void AppendTerminalSafe(std::string_view text, bool* held_c2, std::string* out) {
+  auto escape = [out](unsigned char c) { absl::StrAppendFormat(out, "\\x%02x", c); };
+  for (const char ch : text) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (*held_c2) {
+      *held_c2 = false;
+      if (c >= 0x80 && c <= 0x9f) {  // U+0080..U+009F: C1 controls (0x9b is CSI)
+        escape(0xc2);
+        escape(c);
+        continue;
+      }
+      out->push_back(static_cast<char>(0xc2));
+    }
+    if (c == 0xc2) {
+      *held_c2 = true;
+    } else if ((c < 0x20 && c != '\n' && c != '\t' && c != '\r') || c == 0x7f) {
+      escape(c);
+    } else {
+      out->push_back(ch);
+    }
+  }
+}
+
 }  // namespace strata::cli

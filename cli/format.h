@@ -44,6 +44,13 @@ class Table {
 // Display width of UTF-8 text (code points; the CLI prints no wide characters).
 size_t DisplayWidth(std::string_view text);
 
+// Text from the server holds names that agents chose (functions, services, hosts, labels):
+// written to a terminal as they are, control characters in them could move the cursor,
+// rewrite the screen or the window's title. This writes `text` to `out` with every control
+// character but \n, \t and \r (C0, DEL, and C1 as UTF-8's C2 80-9F) as \xNN. Text may come in
+// pieces: `*held_c2` carries a C2 byte that ended the last piece.
+void AppendTerminalSafe(std::string_view text, bool* held_c2, std::string* out);
+
 }  // namespace strata::cli
 
 #endif  // STRATA_CLI_FORMAT_H_

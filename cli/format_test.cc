@@ -46,5 +46,21 @@ TEST(FormatTest, TableAlignsColumns) {
             "1,000  x\n");
 }
 
+// Names an agent chose cannot drive the terminal: control characters (C0 but newline, tab and
+// carriage return; DEL; C1 as UTF-8) are written as \xNN, other text as it is, in pieces too.
+TEST(FormatTest, TerminalSafeTextEscapesControlCharacters) {
+  auto safe = [](std::vector<std::string_view> pieces) {
+    std::string out;
+    bool held_c2 = false;
+    for (std::string_view p : pieces) AppendTerminalSafe(p, &held_c2, &out);
+    return out;
+  };
+  EXPECT_EQ(safe({"main\x1b]0;owned\x07 > f\n"}), "main\\x1b]0;owned\\x07 > f\n");
+  EXPECT_EQ(safe({"a\tb\r\n\x7f"}), "a\tb\r\n\\x7f");
+  EXPECT_EQ(safe({"caf\xc3\xa9 \xc2\xb5s"}), "caf\xc3\xa9 \xc2\xb5s");  // é, µ kept
+  EXPECT_EQ(safe({"x\xc2", "\x9b" "2J"}), "x\\xc2\\x9b2J");              // CSI, split
+  EXPECT_EQ(safe({"x\xc2", "\xb5"}), "x\xc2\xb5");
+}
+
 }  // namespace
 }  // namespace strata::cli

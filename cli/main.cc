@@ -15,6 +15,7 @@ void AddCaptureCommands(CLI::App* app, CliContext* context, int* exit_code);
 
 int main(int argc, char** argv) {
   using strata::cli::CliContext;
+  strata::cli::MakeStdoutTerminalSafe();
   CLI::App app{"strata: query and control the Strata continuous profiler"};
   app.require_subcommand(1);
   CliContext context;

@@ -500,6 +500,29 @@ TEST_F(HostileIngestTest, AMessageThatDoesNotParseEndsItsStreamWithAClearError) 
   ExpectAlive();
 }
 
+// Names are an agent's to choose. The CLI prints their control characters escaped, so a
+// hostile agent cannot drive an operator's terminal (clear it, retitle it, fake its output).
+TEST_F(HostileIngestTest, ControlCharactersInNamesDoNotReachTheOperatorsTerminal) {
+  Start();
+  const std::string service = "esc\x1b[2J\x1b]0;owned\x07" "ape";
+  RawAgent agent(channel_, "escaper", 1);
+  ASSERT_TRUE(agent.Connect());
+  ASSERT_TRUE(agent.SendGraph());
+  ASSERT_TRUE(agent.Send(agent.Batch(1, {service}, 3)).has_ack());
+  for (const std::vector<std::string>& command :
+       {std::vector<std::string>{"services"},
+        std::vector<std::string>{"top", "--service", service, "--since", "1h"}}) {
+    std::vector<std::string> argv{BinPath("strata"), "--server", server_->address()};
+    argv.insert(argv.end(), command.begin(), command.end());
+    const CommandResult r = RunCommand(argv);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find('\x1b'), std::string::npos) << command[0];
+    EXPECT_EQ(r.output.find('\x07'), std::string::npos) << command[0];
+    EXPECT_THAT(r.output, ::testing::HasSubstr("esc\\x1b[2J\\x1b]0;owned\\x07ape"))
+        << command[0];
+  }
+}
+
 // Past --max-agents new streams are refused with RESOURCE_EXHAUSTED and a retry delay; they
 // get in when others leave. The real agent backs off and then delivers everything.
 TEST_F(HostileIngestTest, AgentsOverTheLimitAreRefusedAndGetInLater) {
