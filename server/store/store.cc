@@ -94,6 +94,8 @@ struct Store::Impl {
   absl::Mutex resume_mu;
   absl::Time last_resume ABSL_GUARDED_BY(resume_mu) = absl::InfinitePast();
   bool write_failed ABSL_GUARDED_BY(resume_mu) = false;
+  // write_failed for readers that must not wait behind a resume (/readyz).
+  std::atomic<bool> writes_failing{false};
   std::function<int64_t()> now_ms;
   // The roller: rolls every service up every StoreOptions::rollup_interval_ms.
   absl::Mutex roller_mu;
@@ -150,6 +152,7 @@ struct Store::Impl {
       absl::MutexLock lock(&resume_mu);
       if (!write_failed) LogError("store: writes fail: {}", s.ToString());
       write_failed = true;
+      writes_failing = true;
     }
     return FromRocks(s);
   }
@@ -189,6 +192,7 @@ struct Store::Impl {
           "the store cannot write (disk full or failing); resuming failed: ", r.ToString()));
     }
     write_failed = false;
+    writes_failing = false;
     resumes.fetch_add(1, std::memory_order_relaxed);
     LogInfo("store: writes resumed");
     return absl::OkStatus();
@@ -439,10 +443,7 @@ uint64_t Store::ApproximateBytesOnDisk() {
   return total;
 }
 
-bool Store::WritesFailing() {
-  absl::MutexLock lock(&impl_->resume_mu);
-  return impl_->write_failed;
-}
+bool Store::WritesFailing() { return impl_->writes_failing; }
 
 StoreStats Store::Stats() {
   StoreStats stats;
