@@ -267,6 +267,9 @@ class PythonChild {
 
 TEST(StackRecorderTest, PythonFramesSplicedWithoutAllocating) {
   if (access(kPython, X_OK) != 0) GTEST_SKIP() << kPython << " is not installed";
+  if (absl::Status probe = sampler::ProbePerfEvents(); !probe.ok()) {
+    GTEST_SKIP() << "perf events not usable here: " << probe;
+  }
   // Spins in leaf() for good: the frames read later are still those of every sample.
   PythonChild python("import sys\n"
                      "def leaf():\n"
