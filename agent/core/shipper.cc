@@ -89,11 +89,7 @@ void Shipper::Enqueue(v1::SampleBatch batch) {
     if (d.nodes_size() == 0 && d.edges_size() == 0) break;
     st = spool_->AppendGraph(d);
     if (!st.ok()) {
-      // Shipping goes on with the graph sent from memory (TakeRound), which the spool can
-      // then no longer resume after a restart.
-      LogWarn("spool {}: {}: the call graph goes on from memory; a restart starts a new one, "
-              "dropping the batches spooled until then", spool_->path(), std::string(st.message()));
-      spool_->AbandonGraph();
+      AbandonSpoolGraph(st);
       break;
     }
     spooled_nodes_ = d.first_node() + d.nodes_size();
@@ -129,6 +125,14 @@ void Shipper::Enqueue(v1::SampleBatch batch) {
   }
   stats_.spool = spool_->stats();
   WakeSessionLocked();
+}
+
+void Shipper::AbandonSpoolGraph(const absl::Status& error) {
+  // Shipping goes on with the graph sent from memory (TakeRound), which the spool can then no
+  // longer resume after a restart.
+  LogWarn("spool {}: {}: the call graph goes on from memory; a restart starts a new one, "
+          "dropping the batches spooled until then", spool_->path(), std::string(error.message()));
+  spool_->AbandonGraph();
 }
 
 void Shipper::SyncSpoolIfDue() {
@@ -202,7 +206,9 @@ void Shipper::Stop() {
 
 ShipperStats Shipper::stats() const {
   absl::MutexLock lock(&mu_);
-  return stats_;
+  ShipperStats stats = stats_;
+  stats.spool = spool_->stats();
+  return stats;
 }
 
 bool Shipper::GraphPastServerLimits() const {
@@ -466,8 +472,13 @@ void Shipper::TakeRound(std::deque<v1::AgentMessage>* out) {
       continue;
     }
     // The graph the batch needs, in messages of bounded size. No further than the spool
-    // recorded it: a restart resumes the spool's graph, and the server must not know nodes
-    // or edges there that the resumed graph would number otherwise.
+    // recorded and synced it: a restart (after a power loss too) resumes the spool's graph,
+    // and the server must not know nodes or edges there that the resumed graph would number
+    // otherwise.
+    const bool unsent = sent_nodes_ < spooled_nodes_ || sent_edges_ < spooled_edges_;
+    if (unsent && spool_->graph_durable()) {
+      if (absl::Status synced = spool_->SyncGraph(); !synced.ok()) AbandonSpoolGraph(synced);
+    }
     const bool durable = spool_->graph_durable();
     const uint32_t node_end = durable ? spooled_nodes_ : graph_->num_nodes();
     const uint64_t edge_end = durable ? spooled_edges_ : graph_->num_edges();

@@ -144,6 +144,8 @@ class Shipper {
   void WakeSessionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Syncs the spool's unacknowledged writes once they are due (Spool::SyncIfDue).
   void SyncSpoolIfDue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The spool could not record or sync the graph (`error`): it goes on from memory.
+  void AbandonSpoolGraph(const absl::Status& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // mu_.AwaitWithDeadline that syncs the spool when that falls due while it waits.
   bool AwaitSyncingSpool(const absl::Condition& condition, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -32,6 +32,7 @@
 #include "absl/time/clock.h"
 #include "agent/core/context_graph.h"
 #include "agent/spool/spool.h"
+#include "common/testing/temp_dir.h"
 #include "common/testing/emulation.h"
 #include "common/testing/wait_for.h"
 #include "gtest/gtest.h"
@@ -511,6 +512,33 @@ TEST_F(ShipperTest, TheServerIsSentOnlyTheGraphTheSpoolRecorded) {
   shipper_->Enqueue(second);
   ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
   EXPECT_EQ(ingest_.graph_nodes(), spooled + 1);
+}
+
+// Acknowledged within the spool's sync delay, batches are never synced; the graph they need is,
+// before the server is sent it: a restart after a power loss resumes the graph on disk, and
+// must not number new nodes as the server knows others.
+TEST_F(ShipperTest, TheGraphIsSyncedBeforeTheServerIsSentIt) {
+  strata::testing::TempDir dir("shipper_test");
+  spool::SpoolOptions options;
+  options.dir = dir.path();
+  options.sync_delay = absl::Hours(1);
+  spool::SpoolRecovery recovery;
+  auto opened = spool::Spool::Open(
+      options, {"shipper-test", "test-host", 0x5eed},
+      [](const spool::SpoolIdentity&, const v1::GraphDelta&) { return absl::OkStatus(); },
+      &recovery);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  spool_ = std::move(*opened);
+  StartServer();
+  StartShipper();
+  std::vector<encoding::PathFrame> path = {{graph_.NodeFor({"main", "/bin/app", "", 0x100}), 0x10}};
+  ASSERT_TRUE(graph_.AddPath(path, false).ok());
+  v1::SampleBatch batch = Batch(1);
+  batch.set_epoch(graph_.num_edges());
+  shipper_->Enqueue(batch);
+  ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
+  EXPECT_EQ(ingest_.graph_nodes(), graph_.num_nodes());
+  EXPECT_EQ(shipper_->stats().spool.graph_syncs, 1u);
 }
 
 TEST_F(ShipperTest, ARedirectAnsweringTheHelloMovesEveryBatchToTheOwner) {

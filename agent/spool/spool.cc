@@ -313,11 +313,14 @@ absl::Status Spool::Recover(const SpoolIdentity& fresh, const GraphRestorer& res
   recovery->identity.agent_id = hello.agent_id();
   recovery->identity.graph_id = hello.graph_id();
   recovery->identity.host = fresh.host;
-  recovery->last_sequence = last_sequence;
   uint64_t restored_edges = 0;
   uint64_t keep_bytes = graph_good_end;
   for (size_t i = 1; i < graph_records.size(); ++i) {
     const Record& r = graph_records[i];
+    if (r.type == kSequenceRecord && r.payload.size() == 8) {
+      sequences_reserved_ = std::max(sequences_reserved_, SequenceOf(r.payload.data()));
+      continue;
+    }
     v1::GraphDelta delta;
     absl::Status st = r.type == kGraphRecord && delta.ParseFromString(std::string(r.payload))
                           ? restore(recovery->identity, delta)
@@ -330,6 +333,8 @@ absl::Status Spool::Recover(const SpoolIdentity& fresh, const GraphRestorer& res
     ++recovery->graph_records;
     restored_edges = delta.first_edge() + static_cast<uint64_t>(delta.edges_size());
   }
+  // The batches after the last one on disk may have reached the server all the same.
+  recovery->last_sequence = std::max(last_sequence, sequences_reserved_);
   if (keep_bytes < graph_data.size()) {
     // A graph cut short (a torn or corrupt record, a delta that does not follow on) is behind
     // what the server may have been sent: resumed, it would number new functions and edges
@@ -398,6 +403,9 @@ absl::Status Spool::StartOver(const SpoolIdentity& fresh) {
   hello.set_graph_id(fresh.graph_id);
   std::string contents(kMagic, sizeof kMagic);
   AppendRecord(kHelloRecord, hello, &contents);
+  // A new incarnation numbers its batches from 1.
+  AppendRecord(kSequenceRecord, &contents,
+               [](std::string& to) { to += SequenceBytes(kSequenceBlock); });
   const std::string graph_path = path_ + "/" + kGraphFile;
   const std::string tmp = graph_path + ".tmp";
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -414,6 +422,8 @@ absl::Status Spool::StartOver(const SpoolIdentity& fresh) {
   graph_fd_ = open(graph_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
   if (graph_fd_ < 0) return ErrnoError("cannot open", graph_path, errno);
   graph_bytes_ = contents.size();
+  graph_unsynced_ = false;
+  sequences_reserved_ = kSequenceBlock;
   append_to_last_ = false;
   return absl::OkStatus();
 }
@@ -497,6 +507,39 @@ absl::Status Spool::AppendGraph(const v1::GraphDelta& delta) {
   return absl::OkStatus();
 }
 
+absl::Status Spool::SyncGraph() {
+  if (path_.empty() || graph_abandoned_ || !graph_unsynced_) return absl::OkStatus();
+  if (fdatasync(graph_fd_) != 0) {
+    return ErrnoError("cannot sync", path_ + "/" + kGraphFile, errno);
+  }
+  graph_unsynced_ = false;
+  ++stats_.graph_syncs;
+  return absl::OkStatus();
+}
+
+absl::Status Spool::ReserveSequences(uint64_t through) {
+  const std::string graph_path = path_ + "/" + kGraphFile;
+  std::string record;
+  AppendRecord(kSequenceRecord, &record, [&](std::string& to) { to += SequenceBytes(through); });
+  absl::Status st = WriteAll(graph_fd_, record, graph_path);
+  if (!st.ok()) {
+    (void)ftruncate(graph_fd_, static_cast<off_t>(graph_bytes_));
+    (void)lseek(graph_fd_, static_cast<off_t>(graph_bytes_), SEEK_SET);
+  } else {
+    graph_bytes_ += record.size();
+    graph_unsynced_ = true;
+    st = SyncGraph();
+  }
+  if (!st.ok()) {
+    // A restart could number batches as the server has others: it starts over instead.
+    AbandonGraph();
+    return absl::Status(st.code(), absl::StrCat("cannot reserve batch sequence numbers: ",
+                                                st.message(), "; a restart starts a new graph"));
+  }
+  sequences_reserved_ = through;
+  return absl::OkStatus();
+}
+
 absl::Status Spool::OpenSegment(uint64_t first_sequence) {
   auto segment = std::make_unique<Segment>();
   segment->first_sequence = first_sequence;
@@ -522,6 +565,10 @@ absl::Status Spool::Append(const v1::SampleBatch& batch) {
   Slot slot;
   slot.entry = {batch.sequence(), batch.epoch(), 0};  // samples counted if ever needed
   absl::Status st;
+  absl::Status reserved;
+  if (!path_.empty() && !graph_abandoned_ && batch.sequence() > sequences_reserved_) {
+    reserved = ReserveSequences(batch.sequence() + kSequenceBlock - 1);
+  }
   if (!path_.empty()) {
     if (!append_to_last_ || segments_.back()->bytes >= options_.segment_bytes) {
       // The segment left behind is synced now: only the one taking appends waits.
@@ -561,7 +608,7 @@ absl::Status Spool::Append(const v1::SampleBatch& batch) {
   }
   entries_.push_back(std::move(slot));
   EnforceBounds();
-  return st;
+  return st.ok() ? reserved : st;
 }
 
 absl::StatusOr<v1::SampleBatch> Spool::Read(size_t i) const { return ReadSlot(entries_[i]); }
@@ -706,17 +753,14 @@ void Spool::Written(absl::Time when) {
 }
 
 void Spool::NothingToSync() {
+  // (The graph may still need syncing: the server is not sent graph a restart would lose.)
   sync_due_ = absl::InfiniteFuture();
-  graph_unsynced_ = false;
   unsynced_segment_ = nullptr;
 }
 
 absl::Status Spool::SyncAll() {
   // The graph first: a synced batch must find its graph after a power loss.
-  if (graph_unsynced_ && fdatasync(graph_fd_) != 0) {
-    return ErrnoError("cannot sync", path_ + "/" + kGraphFile, errno);
-  }
-  graph_unsynced_ = false;
+  if (absl::Status st = SyncGraph(); !st.ok()) return st;
   if (unsynced_segment_ != nullptr && fdatasync(unsynced_segment_->fd) != 0) {
     return ErrnoError("cannot sync", unsynced_segment_->path, errno);
   }

@@ -15,7 +15,8 @@
 // <spool dir>/generated/<agent ID>; only the latter are adopted by an agent started without
 // an ID (a given identity is resumed only by the agent it was given to). Its files:
 //   LOCK                   flock()ed for the life of the agent: one agent per identity
-//   graph.log              the identity (a Hello record), then every graph delta, in order
+//   graph.log              the identity (a Hello record), then every graph delta, in order,
+//                          and the blocks of batch sequence numbers reserved
 //   batches-<seq>.log      segments of batch records, the first sequence in the name; an
 //                          acknowledgement goes in ahead of the next batch, in its write
 //   acked                  the highest sequence number acknowledged when the spool closed
@@ -26,7 +27,10 @@
 // once (it is in the kernel); it is synced to the disk (fdatasync, the graph first) once it has
 // waited `sync_delay` for the server's acknowledgement: an acknowledged batch is the server's to
 // keep, so an agent whose server answers within the delay writes its batches and never waits for
-// the disk. A power loss can take the batches of the last `sync_delay`. Only the batch bytes are on
+// the disk. A power loss can take the batches of the last `sync_delay`, but never what a restart
+// numbers on from: graph deltas are synced before the server is sent them (SyncGraph), and batch
+// sequence numbers are reserved in synced blocks, so a resumed incarnation numbers no node, edge
+// or batch as the server already knows another. Only the batch bytes are on
 // disk: memory holds an index entry per batch, so the agent stays flat however long the server is
 // away. Past `max_bytes` the oldest segment is dropped (counted). A batch that cannot be written
 // (disk full) is kept in memory and counted, so shipping goes on.
@@ -74,7 +78,7 @@ struct SpoolIdentity {
 struct SpoolRecovery {
   bool resumed = false;          // unacknowledged batches of an earlier run: same identity
   SpoolIdentity identity;        // the identity to run as (the earlier one when resumed)
-  uint64_t last_sequence = 0;    // highest batch sequence number of the earlier run
+  uint64_t last_sequence = 0;    // the earlier run numbered its batches up to here at most
   uint64_t batches = 0;          // batches recovered
   uint64_t samples = 0;          // their samples
   uint64_t graph_records = 0;    // graph deltas restored
@@ -89,6 +93,7 @@ struct SpoolStats {
   uint64_t batches_dropped = 0;  // past the bound, oldest first
   uint64_t samples_dropped = 0;
   uint64_t write_errors = 0;     // batches kept in memory because the disk refused them
+  uint64_t graph_syncs = 0;      // times the graph log was synced
 };
 
 class Spool {
@@ -125,10 +130,17 @@ class Spool {
   void DropAll();
   // Whether every delta the caller sent was recorded (no AbandonGraph()).
   bool graph_durable() const { return !graph_abandoned_; }
+  // Syncs the graph deltas recorded so far, before the caller sends them to the server. On an
+  // error the caller sends from memory and abandons the graph (AbandonGraph()).
+  absl::Status SyncGraph();
   // Adds a batch (sequence above every earlier one). Written when it returns OK (synced by
   // SyncIfDue); on a write error the batch is kept in memory and the error returned for the
-  // caller to report.
+  // caller to report. A sequence past the block reserved reserves the next (synced first; if
+  // that fails, the graph is abandoned and the error returned, the batch written all the same).
   absl::Status Append(const v1::SampleBatch& batch);
+  // Batch sequence numbers reserved a block at a time: a restart numbers on above the block,
+  // whatever batch records the disk lost (the server may have applied them).
+  static constexpr uint64_t kSequenceBlock = 256;
   // When the oldest write that unacknowledged batches depend on must be synced (infinite
   // future: none waits).
   absl::Time sync_due() const { return sync_due_; }
@@ -185,6 +197,8 @@ class Spool {
                        SpoolRecovery* recovery);
   absl::Status StartOver(const SpoolIdentity& fresh);
   absl::Status OpenSegment(uint64_t first_sequence);
+  // Records (synced) that batches may be numbered up to `through`.
+  absl::Status ReserveSequences(uint64_t through);
   absl::Status RewriteSegment(Segment* segment);
   void DropSegment(Segment* segment, bool count_as_dropped);
   // The batch of `slot`, read back from disk (or memory).
@@ -215,6 +229,7 @@ class Spool {
   uint64_t acked_recorded_ = 0;  // on disk: in the acked file or a segment's ack record
   uint64_t graph_bytes_ = 0;
   bool graph_abandoned_ = false;  // AbandonGraph()
+  uint64_t sequences_reserved_ = 0;  // batches may be numbered up to here (graph log)
   std::deque<std::unique_ptr<Segment>> segments_;  // oldest first; the last takes appends
   bool append_to_last_ = false;                    // false: the next Append opens a segment
   std::deque<Slot> entries_;

@@ -19,8 +19,15 @@ inline constexpr char kMagic[8] = {'S', 'T', 'R', 'S', 'P', 'L', '1', '\n'};
 inline constexpr size_t kRecordHeader = 9;  // u32 length, u32 crc32c, u8 type
 inline constexpr uint32_t kMaxRecordBytes = 64u << 20;
 
-// An ack record (in a segment): the server has every batch up to its u64 sequence.
-enum RecordType : uint8_t { kHelloRecord = 1, kGraphRecord = 2, kBatchRecord = 3, kAckRecord = 4 };
+// An ack record (in a segment): the server has every batch up to its u64 sequence. A sequence
+// record (in the graph log): batches may be numbered up to its u64 sequence.
+enum RecordType : uint8_t {
+  kHelloRecord = 1,
+  kGraphRecord = 2,
+  kBatchRecord = 3,
+  kAckRecord = 4,
+  kSequenceRecord = 5,
+};
 
 inline void PutU32(uint32_t v, char* out) {
   for (int i = 0; i < 4; ++i) out[i] = static_cast<char>(v >> (8 * i));

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/spool/spool_records.h"
 #include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 
@@ -113,7 +114,7 @@ TEST_F(SpoolTest, ARestartResumesTheIdentityGraphAndUnacknowledgedBatches) {
   ASSERT_TRUE(recovery_.resumed);
   EXPECT_EQ(recovery_.identity.agent_id, "web-1");
   EXPECT_EQ(recovery_.identity.graph_id, 0xabcu);
-  EXPECT_EQ(recovery_.last_sequence, 4u);
+  EXPECT_EQ(recovery_.last_sequence, Spool::kSequenceBlock);
   EXPECT_EQ(recovery_.batches, 2u);
   EXPECT_EQ(recovery_.samples, 14u);
   EXPECT_EQ(recovery_.corrupt_records, 0u);
@@ -241,7 +242,7 @@ TEST_F(SpoolTest, ATornTailIsSkippedAndCounted) {
     ASSERT_TRUE(recovery_.resumed);
     EXPECT_EQ(recovery_.batches, 2u);
     EXPECT_EQ(recovery_.corrupt_records, 1u);
-    EXPECT_EQ(recovery_.last_sequence, 2u);
+    EXPECT_EQ(recovery_.last_sequence, Spool::kSequenceBlock);
     ASSERT_TRUE(spool->Append(Batch(3, 0, 1)).ok());  // the next run's new batches
   }
   auto spool = Open(Options(), Fresh("a", 3));
@@ -369,10 +370,61 @@ TEST_F(SpoolTest, ACorruptRecordCostsOnlyItsOwnBatch) {
   ASSERT_TRUE(recovery_.resumed);
   EXPECT_EQ(recovery_.batches, 3u);
   EXPECT_EQ(recovery_.corrupt_records, 1u);
-  EXPECT_EQ(recovery_.last_sequence, 4u);
+  EXPECT_EQ(recovery_.last_sequence, Spool::kSequenceBlock);
   ASSERT_EQ(spool->size(), 3u);
   EXPECT_EQ(spool->entry(1).sequence, 3u);
   EXPECT_EQ(spool->entry(2).sequence, 4u);
+}
+
+// What a power loss leaves: the records the kernel had not written yet are gone, though the
+// server may have applied (and acknowledged) their batches. A restart numbers on above every
+// batch ever numbered: the server drops a batch numbered as one it applied.
+TEST_F(SpoolTest, SequenceNumbersTheDiskLostAreNotUsedAgain) {
+  std::vector<uintmax_t> ends;
+  {
+    auto spool = Open(Options(), Fresh("a", 1));
+    for (uint64_t s = 1; s <= 3; ++s) {
+      ASSERT_TRUE(spool->Append(Batch(s, 0, 1)).ok());
+      ends.push_back(fs::file_size(Segments("a")[0]));
+    }
+  }
+  fs::resize_file(Segments("a")[0], ends[0]);  // batches 2 and 3 lost, at a record's end
+  uint64_t next = 0;
+  {
+    auto spool = Open(Options(), Fresh("a", 2));
+    ASSERT_TRUE(recovery_.resumed);
+    EXPECT_EQ(recovery_.batches, 1u);
+    EXPECT_EQ(recovery_.corrupt_records, 0u);
+    EXPECT_GE(recovery_.last_sequence, 3u);
+    next = recovery_.last_sequence + 1;
+    ASSERT_TRUE(spool->Append(Batch(next, 0, 1)).ok());  // past the block: another reserved
+  }
+  // That run's batch is lost too: its number was reserved before the batch was written.
+  const auto segments = Segments("a");
+  ASSERT_EQ(segments.size(), 2u);
+  fs::resize_file(segments[1], sizeof records::kMagic);
+  auto spool = Open(Options(), Fresh("a", 3));
+  ASSERT_TRUE(recovery_.resumed);
+  EXPECT_EQ(recovery_.batches, 1u);
+  EXPECT_GE(recovery_.last_sequence, next);
+}
+
+// Acknowledged in time, batches are never synced; the graph is, before the server is sent it
+// (the shipper calls SyncGraph), or after a power loss a restart would number new nodes and
+// edges as the server knows others.
+TEST_F(SpoolTest, TheGraphIsSyncedWhenAskedThoughNoBatchWaits) {
+  SpoolOptions options = Options();
+  options.sync_delay = absl::Hours(1);
+  auto spool = Open(options, Fresh("a", 1));
+  ASSERT_TRUE(spool->AppendGraph(Delta(2, 0)).ok());
+  ASSERT_TRUE(spool->Append(Batch(1, 1, 1)).ok());
+  spool->AckThrough(1);  // nothing owed: no batch asks for a sync
+  ASSERT_TRUE(spool->SyncIfDue(absl::Now() + absl::Hours(2)).ok());
+  EXPECT_EQ(spool->stats().graph_syncs, 0u);
+  ASSERT_TRUE(spool->SyncGraph().ok());
+  EXPECT_EQ(spool->stats().graph_syncs, 1u);
+  ASSERT_TRUE(spool->SyncGraph().ok());  // nothing new: no second sync
+  EXPECT_EQ(spool->stats().graph_syncs, 1u);
 }
 
 TEST_F(SpoolTest, AGraphCutShortStartsANewIncarnation) {
@@ -391,7 +443,7 @@ TEST_F(SpoolTest, AGraphCutShortStartsANewIncarnation) {
   EXPECT_EQ(recovery_.batches, 0u);
   EXPECT_EQ(recovery_.orphaned_batches, 2u);
   EXPECT_EQ(recovery_.corrupt_records, 1u);
-  EXPECT_EQ(recovery_.last_sequence, 2u);  // numbered on, not from 1
+  EXPECT_EQ(recovery_.last_sequence, Spool::kSequenceBlock);  // numbered on, not from 1
   EXPECT_EQ(spool->size(), 0u);
   // The new incarnation's graph and batches resume as usual.
   ASSERT_TRUE(spool->AppendGraph(Delta(2, 0)).ok());
