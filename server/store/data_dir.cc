@@ -54,6 +54,18 @@ absl::Status CheckDataDirectory(const std::string& dir) {
           marker, " says '", absl::CHexEscape(contents.substr(0, 64)),
           "', not '", absl::CHexEscape(kMarker), "': a store of another version or a damaged file"));
     }
+    // Without CURRENT, RocksDB would start a new, empty database over the store's files.
+    std::string newest_manifest;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename();
+      if (name.rfind("MANIFEST-", 0) == 0 && name > newest_manifest) newest_manifest = name;
+    }
+    if (!newest_manifest.empty() && !fs::exists(dir + "/CURRENT", ec)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          dir, "/CURRENT is missing from a Strata store (it names the store's MANIFEST file): "
+          "not opened, so that no empty store starts over its data. If ", newest_manifest,
+          " is the store's, restore it with: echo ", newest_manifest, " > ", dir, "/CURRENT"));
+    }
     return absl::OkStatus();
   }
   std::vector<std::string> names;

@@ -1719,6 +1719,30 @@ TEST(StoreDirectoryTest, ForeignOrDamagedDirectoriesAreRefusedClearly) {
     ASSERT_FALSE(store.ok());
     EXPECT_NE(store.status().message().find("MANIFEST-"), std::string::npos) << store.status();
   }
+  {
+    // A store whose CURRENT file went missing is not opened as a new, empty store over its
+    // data; the message says how to restore the file.
+    const std::string dir = root + "/no-current";
+    {
+      auto store = Store::Open(dir, StoreOptions());
+      ASSERT_TRUE(store.ok()) << store.status();
+      ASSERT_TRUE((*store)->PutRawForTesting(Column::kMeta, "kept", "1").ok());
+    }
+    std::ifstream in(dir + "/CURRENT");
+    std::string current;
+    std::getline(in, current);
+    fs::remove(dir + "/CURRENT");
+    auto store = Store::Open(dir, StoreOptions());
+    ASSERT_FALSE(store.ok());
+    EXPECT_TRUE(absl::IsFailedPrecondition(store.status())) << store.status();
+    EXPECT_NE(store.status().message().find("echo " + current + " > " + dir + "/CURRENT"),
+              std::string::npos)
+        << store.status();
+    EXPECT_FALSE(fs::exists(dir + "/CURRENT"));
+    std::ofstream(dir + "/CURRENT") << current << "\n";
+    store = Store::Open(dir, StoreOptions());
+    ASSERT_TRUE(store.ok()) << store.status();
+  }
   fs::remove_all(root);
 }
 
