@@ -409,17 +409,26 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
   }
   if (options.placement != nullptr) replica_of_ = options.placement->Replicate(hello, identity.owner);
   std::shared_ptr<Link> link = link_;
+  std::string other_host;
   absl::StatusOr<uint64_t> attachment = service_->registry_->Attach(
-      DescriptorOf(identity), hello.frequency_hz(), [link](const v1::ServerMessage& m) {
+      DescriptorOf(identity), hello.frequency_hz(),
+      [link](const v1::ServerMessage& m) {
         absl::MutexLock lock(&link->mu);
         return link->stream != nullptr && link->stream->Queue(m);
-      });
+      },
+      &other_host);
   if (!attachment.ok()) {
     session_.reset();
     ++metrics->identity_refused;
     return attachment.status();
   }
   attachment_ = *attachment;
+  if (!other_host.empty()) {
+    LogWarn("agent {} connected from host {} while connected from host {}: two agents with one "
+            "agent ID (give each its own --agent-id) show as one in `strata agents`, and "
+            "captures reach only the last to connect", log_name_,
+            base::EscapeForLog(identity.host), base::EscapeForLog(other_host));
+  }
   LogInfo("agent {} connected (host {}, arch {}, graph {:x}: {} nodes, {} edges known)",
                log_name_, base::EscapeForLog(identity.host), base::EscapeForLog(identity.arch),
                identity.graph_id,

@@ -8,7 +8,8 @@
 namespace strata::server::registry {
 
 absl::StatusOr<uint64_t> AgentRegistry::Attach(const AgentDescriptor& agent,
-                                               uint32_t frequency_hz, Sender sender) {
+                                               uint32_t frequency_hz, Sender sender,
+                                               std::string* other_host) {
   absl::MutexLock lock(&mu_);
   if (auto known = agents_.find(agent.agent_id);
       known != agents_.end() && !known->second.agent.owner.empty() &&
@@ -18,6 +19,9 @@ absl::StatusOr<uint64_t> AgentRegistry::Attach(const AgentDescriptor& agent,
         "; ", agent.owner.empty() ? "anonymous" : agent.owner, " may not write as it"));
   }
   Entry& e = agents_[agent.agent_id];
+  if (e.connected && e.agent.host != agent.host && other_host != nullptr) {
+    *other_host = e.agent.host;
+  }
   if (!e.connected && e.detached_at != 0) disconnected_.erase(e.detached_at);
   e.agent = agent;
   e.frequency_hz = frequency_hz;

@@ -67,9 +67,11 @@ class AgentRegistry {
 
   // Registers a connected agent; returns the attachment, which Detach names. PERMISSION_DENIED
   // if the agent ID belongs to another principal (AgentDescriptor::owner) that the registry
-  // knows of.
+  // knows of. When the agent ID is connected from another host already (two agents given one
+  // ID, or one moved before its old stream ended), `other_host` (if not null) is set to it;
+  // the new attachment replaces the other in List() and FindAgents().
   absl::StatusOr<uint64_t> Attach(const AgentDescriptor& agent, uint32_t frequency_hz,
-                                  Sender sender);
+                                  Sender sender, std::string* other_host = nullptr);
   // Ends `attachment` of the agent. An agent that reconnected before the server saw its old
   // stream end is attached again already: the old stream's Detach leaves it connected.
   void Detach(const std::string& agent_id, uint64_t attachment);

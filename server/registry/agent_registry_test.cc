@@ -49,5 +49,21 @@ TEST(AgentRegistryTest, HeartbeatsAloneListTargetsOnceTheyHaveListedThem) {
   EXPECT_EQ(registry.List().at(0).batches, 2u);
 }
 
+// Two agents given one ID: the second to connect from another host is told of the first (the
+// server warns), and the same host reconnecting (its old stream not yet seen to end) is not.
+TEST(AgentRegistryTest, AnAgentIdConnectedFromTwoHostsNamesTheOther) {
+  AgentRegistry registry;
+  auto sender = [](const v1::ServerMessage&) { return true; };
+  std::string other;
+  ASSERT_TRUE(registry.Attach({"a", "host-a", "x86_64", "1.0", ""}, 99, sender, &other).ok());
+  EXPECT_EQ(other, "");
+  ASSERT_TRUE(registry.Attach({"a", "host-a", "x86_64", "1.0", ""}, 99, sender, &other).ok());
+  EXPECT_EQ(other, "");
+  ASSERT_TRUE(registry.Attach({"a", "host-b", "x86_64", "1.0", ""}, 99, sender, &other).ok());
+  EXPECT_EQ(other, "host-a");
+  ASSERT_EQ(registry.List().size(), 1u);
+  EXPECT_EQ(registry.List()[0].host, "host-b");
+}
+
 }  // namespace
 }  // namespace strata::server::registry
