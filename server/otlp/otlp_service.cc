@@ -44,9 +44,10 @@ OtlpService::OtlpService(store::Store* store, Options options)
   }
 }
 
-grpc::Status OtlpService::Export(grpc::ServerContext* context,
-                                 const otlp_v1::ExportProfilesServiceRequest* request,
-                                 otlp_v1::ExportProfilesServiceResponse* /*response*/) {
+grpc::Status OtlpService::StreamedExport(
+    grpc::ServerContext* context,
+    grpc::ServerUnaryStreamer<otlp_v1::ExportProfilesServiceRequest,
+                              otlp_v1::ExportProfilesServiceResponse>* stream) {
   // A replica call stores hosts another node placed here: only a node (role node) may make
   // one.
   const bool replica = options_.placement != nullptr &&
@@ -57,6 +58,14 @@ grpc::Status OtlpService::Export(grpc::ServerContext* context,
   if (!principal.ok()) {
     ++metrics_.rejected_requests;
     return rpc::ToGrpcStatus(principal.status());
+  }
+  auto request = std::make_unique<otlp_v1::ExportProfilesServiceRequest>();
+  if (!stream->Read(request.get())) {
+    ++metrics_.rejected_requests;
+    LogWarn("OTLP export from {} refused: the request does not parse", principal->Describe());
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "the request does not parse as an OTLP ExportProfilesServiceRequest "
+                        "(opentelemetry.proto.collector.profiles.v1development)");
   }
   absl::Status applied;
   if (replica) {
@@ -76,8 +85,10 @@ grpc::Status OtlpService::Export(grpc::ServerContext* context,
   }
   if (!applied.ok()) {
     LogWarn("OTLP export from {} refused: {}", principal->Describe(), applied.ToString());
+    return rpc::ToGrpcStatus(applied);
   }
-  return rpc::ToGrpcStatus(applied);
+  stream->Write(otlp_v1::ExportProfilesServiceResponse());
+  return grpc::Status::OK;
 }
 
 absl::Status OtlpService::Apply(const otlp_v1::ExportProfilesServiceRequest& request,

@@ -76,7 +76,9 @@ struct OtlpMetrics {
   std::atomic<uint64_t> forward_failures{0};   // ... not confirmed (the sender retries)
 };
 
-class OtlpService final : public otlp_v1::ProfilesService::Service {
+// Export is taken as a streamed unary call so that a request that does not parse gets a clear
+// INVALID_ARGUMENT (gRPC's own handler answers INTERNAL with no message).
+class OtlpService final : public otlp_v1::ProfilesService::StreamedUnaryService {
  public:
   struct Options {
     // Who may export profiles (role agent); null: anyone.
@@ -94,9 +96,10 @@ class OtlpService final : public otlp_v1::ProfilesService::Service {
   // Borrows the store, the committer and the authorizer.
   OtlpService(store::Store* store, Options options);
 
-  grpc::Status Export(grpc::ServerContext* context,
-                      const otlp_v1::ExportProfilesServiceRequest* request,
-                      otlp_v1::ExportProfilesServiceResponse* response) override;
+  grpc::Status StreamedExport(
+      grpc::ServerContext* context,
+      grpc::ServerUnaryStreamer<otlp_v1::ExportProfilesServiceRequest,
+                                otlp_v1::ExportProfilesServiceResponse>* stream) override;
 
   // Export without the transport: converts and stores `request` as a sender that may write
   // only as `forced_host` (empty: as any host), placing its hosts if there is a placement.

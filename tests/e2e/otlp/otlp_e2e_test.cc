@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/client_unary_call.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
@@ -342,6 +343,31 @@ TEST_F(OtlpE2eTest, OnlyTheAgentRoleMayExport) {
   s = Export(request, absl::StrCat("fleet-", getpid(), "-secret"));
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(Total({"-s", "checkout"}), 6u);
+}
+
+// A request that does not parse gets a clear error (gRPC's own handler answered INTERNAL with
+// no message), and what was stored before stays.
+TEST_F(OtlpE2eTest, ARequestThatDoesNotParseIsRefusedClearly) {
+  Start();
+  ASSERT_TRUE(Export(ProfilerExport("node-1", 4, 2, 0, 0)).ok());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  // Field 1 as 127 bytes long, and 3 bytes: no protobuf message parses from it.
+  const grpc::Slice garbage(std::string("\x0a\x7f" "abc"));
+  grpc::ByteBuffer request(&garbage, 1);
+  grpc::ByteBuffer response;
+  const std::shared_ptr<grpc::Channel> channel = server_->Channel();
+  const grpc::Status s = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      channel.get(),
+      grpc::internal::RpcMethod("/opentelemetry.proto.collector.profiles.v1development."
+                                "ProfilesService/Export",
+                                grpc::internal::RpcMethod::NORMAL_RPC, channel),
+      &context, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("does not parse"), std::string::npos) << s.error_message();
+  EXPECT_EQ(Total({"-s", "checkout"}), 6u);
+  ASSERT_TRUE(Export(ProfilerExport("node-2", 4, 2, 0, 0)).ok());
+  EXPECT_EQ(Total({"-s", "checkout"}), 12u);
 }
 
 }  // namespace
