@@ -272,12 +272,15 @@ int AgentApp::Run(const std::atomic<bool>& stop) {
                shipped.cpu_bytes, shipped.off_cpu_batches, shipped.off_cpu_bytes);
   FlushAndStop(*shipper_, *spool_, options_.flush_timeout);
   if (loop.new_graph_due()) {
-    if (shipper_->GraphPastServerLimits() && !spool_->empty()) {
-      LogError("dropping {} batches that need call graph past the server's limits (it "
-               "refuses that graph): the next start would resume it for good",
-               spool_->size());
+    const bool server_ahead = shipper_->ServerAhead();
+    if ((server_ahead || shipper_->GraphPastServerLimits()) && !spool_->empty()) {
+      LogError("dropping {} batches that {}: the next start would resume that graph for good",
+               spool_->size(),
+               server_ahead ? "the server would decode as other stacks (it is ahead of them)"
+                            : "need call graph past the server's limits (it refuses that graph)");
       spool_->DropAll();
     }
+    if (server_ahead) return kRunAgain;  // the shipper said why
     const ShipperStats shipped = shipper_->stats();
     LogWarn("the call graph ({} nodes, {} edges) passed half of the server's limits ({} "
             "nodes, {} edges): starting again with a new graph",

@@ -146,7 +146,8 @@ void Shipper::SyncSpoolIfDue() {
 bool Shipper::HasWorkForSession() const {
   return stopping_ || flush_waiters_ > 0 || !statuses_.empty() ||
          !targets_sent_ ||
-         (!spool_->empty() && spool_->entry(spool_->size() - 1).sequence >= next_send_);
+         (!server_ahead_ && !spool_->empty() &&
+          spool_->entry(spool_->size() - 1).sequence >= next_send_);
 }
 
 std::optional<absl::Time> Shipper::PassiveWaitEnd() const {
@@ -189,8 +190,10 @@ bool Shipper::Flush(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   flushing_ = true;  // a reconnect waiting out its backoff goes now
   ++flush_waiters_;  // the session reads acknowledgements as they come
-  auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return spool_->empty(); };
-  const bool flushed = mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
+  auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return spool_->empty() || server_ahead_;
+  };
+  const bool flushed = mu_.AwaitWithTimeout(absl::Condition(&drained), timeout) && !server_ahead_;
   --flush_waiters_;
   return flushed;
 }
@@ -223,9 +226,14 @@ bool Shipper::PastServerLimitsLocked() const {
          (max_edges > 0 && graph_->num_edges() > max_edges);
 }
 
+bool Shipper::ServerAhead() const {
+  absl::MutexLock lock(&mu_);
+  return server_ahead_;
+}
+
 bool Shipper::NewGraphDue() const {
   absl::MutexLock lock(&mu_);
-  if (PastServerLimitsLocked()) return true;
+  if (server_ahead_ || PastServerLimitsLocked()) return true;
   // Caught up: at most the last two batches unacknowledged (with batches a second or less
   // apart, an acknowledgement is read only when the next batch goes). The agent's flush on
   // its way out takes them; one that fails leaves them in the spool, and the next start
@@ -448,6 +456,7 @@ void Shipper::TakeRound(std::deque<v1::AgentMessage>* out) {
     statuses_.pop_front();
     out->push_back(std::move(m));
   }
+  if (server_ahead_) return;
   // A bounded part of the spool per round: after a long outage it is far larger than the
   // agent's memory should be.
   size_t out_bytes = 0;
@@ -580,13 +589,28 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
     absl::MutexLock lock(&mu_);
     ++stats_.connects;
     stats_.connected = true;
-    sent_nodes_ = welcome.welcome().known_nodes();
-    sent_edges_ = welcome.welcome().known_edges();
-    stats_.server_max_graph_nodes = welcome.welcome().max_graph_nodes();
-    stats_.server_max_graph_edges = welcome.welcome().max_graph_edges();
-    // Batches the server applied before a lost Ack are done; the rest go (again).
+    const v1::Welcome& w = welcome.welcome();
+    sent_nodes_ = w.known_nodes();
+    sent_edges_ = w.known_edges();
+    // More than the agent has: its spool was restored from an older copy (see ServerAhead()).
+    const uint64_t reserved = spool_->sequences_reserved();
+    const bool sequence_ahead =
+        reserved > 0 && spool_->graph_durable() && w.last_applied_sequence() > reserved;
+    if (!server_ahead_ && (sequence_ahead || w.known_nodes() > graph_->num_nodes() ||
+                           w.known_edges() > graph_->num_edges())) {
+      server_ahead_ = true;
+      LogError("strata-server at {} holds more of this agent's incarnation than the agent ({} "
+               "nodes, {} edges, batches to {}; the agent: {}, {}, {}): its spool was restored "
+               "from an older copy. Nothing more goes under this call graph; starting a new one",
+               address, w.known_nodes(), w.known_edges(), w.last_applied_sequence(),
+               graph_->num_nodes(), graph_->num_edges(), reserved);
+    }
+    stats_.server_max_graph_nodes = w.max_graph_nodes();
+    stats_.server_max_graph_edges = w.max_graph_edges();
+    // Batches the server applied before a lost Ack are done; the rest go (again). (A server
+    // ahead applied others under their numbers: they are dropped, not done.)
     const size_t before = spool_->size();
-    spool_->AckThrough(welcome.welcome().last_applied_sequence());
+    if (!server_ahead_) spool_->AckThrough(w.last_applied_sequence());
     stats_.batches_acked += before - spool_->size();
     next_send_ = 0;
     targets_sent_ = false;

@@ -109,16 +109,23 @@ class Shipper {
   // The agent's current targets: announced in a Heartbeat after every (re)connect and
   // whenever they change.
   void SetTargets(std::vector<v1::Target> targets);
-  // Waits until every queued batch is acknowledged; false on timeout. A reconnect waiting out
-  // its backoff is tried at once.
+  // Waits until every queued batch is acknowledged; false on timeout, or at once when the
+  // server is ahead (ServerAhead()). A reconnect waiting out its backoff is tried at once.
   bool Flush(absl::Duration timeout);
   void Stop();
   ShipperStats stats() const;
   // Whether the agent should start a new call graph now: the connected server named its
   // graph limits, the graph is past half of either (at a limit its deltas are refused and
   // nothing more is delivered), and the server is caught up with the batches (a flush will
-  // leave no batch that needs the graph left behind); or the graph is past a limit itself.
+  // leave no batch that needs the graph left behind); or the graph is past a limit itself; or
+  // the server is ahead (ServerAhead()).
   bool NewGraphDue() const;
+  // Whether a server's Welcome showed more of this incarnation than the agent has: more nodes
+  // or edges of its graph, or a batch sequence past those the spool reserved. The agent's
+  // state came from an older copy of its spool (a VM snapshot or a backup restored), and the
+  // server would decode its new nodes, edges or batches as others: nothing more is sent under
+  // this incarnation, and the batches left can never be delivered.
+  bool ServerAhead() const;
   // Whether the graph is past a limit the server named (at its last Welcome): the server
   // refuses it, and batches left in the spool can never be delivered.
   bool GraphPastServerLimits() const;
@@ -169,6 +176,7 @@ class Shipper {
   std::vector<v1::Target> targets_ ABSL_GUARDED_BY(mu_);
   bool targets_sent_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool server_ahead_ ABSL_GUARDED_BY(mu_) = false;  // ServerAhead()
   bool flushing_ ABSL_GUARDED_BY(mu_) = false;  // a Flush() came: skip one reconnect backoff
   int flush_waiters_ ABSL_GUARDED_BY(mu_) = 0;  // Flush() calls waiting
   // The connected session's queue and its wake-up (null between sessions).

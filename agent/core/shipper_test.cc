@@ -67,6 +67,7 @@ class FakeIngest final : public v1::Ingest::Service {
         welcome.mutable_welcome()->set_last_applied_sequence(applied_.empty() ? 0
                                                                            : applied_.back());
         welcome.mutable_welcome()->set_max_graph_edges(max_graph_edges_);
+        welcome.mutable_welcome()->set_known_nodes(known_nodes_);
       }
     }
     // A Redirect ends the stream.
@@ -153,6 +154,15 @@ class FakeIngest final : public v1::Ingest::Service {
     absl::MutexLock lock(&mu_);
     return received_;
   }
+  // What the Welcome says the server holds of the agent's graph (as if a node had been told
+  // `nodes` by this incarnation before) and has applied (`sequence` and those before it).
+  void PretendKnown(uint32_t nodes, uint64_t sequence) {
+    absl::MutexLock lock(&mu_);
+    known_nodes_ = nodes;
+    for (uint64_t s = applied_.empty() ? 1 : applied_.back() + 1; s <= sequence; ++s) {
+      applied_.push_back(s);
+    }
+  }
   // The graph limit the Welcome names (0: none, as from an older server).
   void SetMaxGraphEdges(uint64_t edges) {
     absl::MutexLock lock(&mu_);
@@ -193,6 +203,7 @@ class FakeIngest final : public v1::Ingest::Service {
   std::vector<uint64_t> received_ ABSL_GUARDED_BY(mu_);
   std::string kinds_ ABSL_GUARDED_BY(mu_);
   uint32_t graph_nodes_ ABSL_GUARDED_BY(mu_) = 0;  // nodes sent in graph deltas
+  uint32_t known_nodes_ ABSL_GUARDED_BY(mu_) = 0;  // PretendKnown()
   int connects_ ABSL_GUARDED_BY(mu_) = 0;  // Welcomes sent
   uint64_t max_graph_edges_ ABSL_GUARDED_BY(mu_) = 0;
   int redirects_ ABSL_GUARDED_BY(mu_) = 0;
@@ -255,6 +266,21 @@ class ShipperTest : public ::testing::Test {
   void StartSecondServer() {
     server2_ = Serve(&ingest2_, address2_);
     ASSERT_NE(server2_, nullptr);
+  }
+
+  // A spool in `dir` in place of the in-memory one (no sync for the batches' sake within an
+  // hour).
+  void SpoolOnDisk(const std::string& dir) {
+    spool::SpoolOptions options;
+    options.dir = dir;
+    options.sync_delay = absl::Hours(1);
+    spool::SpoolRecovery recovery;
+    auto opened = spool::Spool::Open(
+        options, {"shipper-test", "test-host", 0x5eed},
+        [](const spool::SpoolIdentity&, const v1::GraphDelta&) { return absl::OkStatus(); },
+        &recovery);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    spool_ = std::move(*opened);
   }
 
   // The shipper with `servers` (default: address_).
@@ -519,16 +545,7 @@ TEST_F(ShipperTest, TheServerIsSentOnlyTheGraphTheSpoolRecorded) {
 // must not number new nodes as the server knows others.
 TEST_F(ShipperTest, TheGraphIsSyncedBeforeTheServerIsSentIt) {
   strata::testing::TempDir dir("shipper_test");
-  spool::SpoolOptions options;
-  options.dir = dir.path();
-  options.sync_delay = absl::Hours(1);
-  spool::SpoolRecovery recovery;
-  auto opened = spool::Spool::Open(
-      options, {"shipper-test", "test-host", 0x5eed},
-      [](const spool::SpoolIdentity&, const v1::GraphDelta&) { return absl::OkStatus(); },
-      &recovery);
-  ASSERT_TRUE(opened.ok()) << opened.status();
-  spool_ = std::move(*opened);
+  SpoolOnDisk(dir.path());
   StartServer();
   StartShipper();
   std::vector<encoding::PathFrame> path = {{graph_.NodeFor({"main", "/bin/app", "", 0x100}), 0x10}};
@@ -539,6 +556,34 @@ TEST_F(ShipperTest, TheGraphIsSyncedBeforeTheServerIsSentIt) {
   ASSERT_TRUE(shipper_->Flush(kFlushTimeout));
   EXPECT_EQ(ingest_.graph_nodes(), graph_.num_nodes());
   EXPECT_EQ(shipper_->stats().spool.graph_syncs, 1u);
+}
+
+// A server that holds more of the agent's incarnation than the agent (its spool restored from
+// an older copy: a VM snapshot, a backup) would decode the agent's new nodes, edges and batches
+// as others: nothing more is sent under that graph, and a new one is due at once.
+TEST_F(ShipperTest, AServerAheadOfTheAgentsGraphIsSentNothingMoreOfIt) {
+  ingest_.PretendKnown(graph_.num_nodes() + 5, 0);
+  StartServer();
+  StartShipper();
+  Enqueue(1, 2);
+  ASSERT_TRUE(WaitFor([&] { return shipper_->ServerAhead(); }));
+  EXPECT_TRUE(shipper_->NewGraphDue());
+  EXPECT_FALSE(shipper_->Flush(kFlushTimeout));  // at once: nothing will be acknowledged
+  EXPECT_TRUE(ingest_.received().empty());
+  EXPECT_EQ(spool_->size(), 2u);  // for the agent to drop, counted
+}
+
+TEST_F(ShipperTest, AServerAheadOfTheAgentsSequenceNumbersIsSentNothingMore) {
+  strata::testing::TempDir dir("shipper_test");
+  SpoolOnDisk(dir.path());  // numbers up to Spool::kSequenceBlock reserved
+  ingest_.PretendKnown(0, spool::Spool::kSequenceBlock + 1);
+  StartServer();
+  StartShipper();
+  Enqueue(1, 2);
+  ASSERT_TRUE(WaitFor([&] { return shipper_->ServerAhead(); }));
+  EXPECT_FALSE(shipper_->Flush(kFlushTimeout));
+  EXPECT_TRUE(ingest_.received().empty());
+  EXPECT_EQ(spool_->size(), 2u);  // not taken as acknowledged by the server's number
 }
 
 TEST_F(ShipperTest, ARedirectAnsweringTheHelloMovesEveryBatchToTheOwner) {

@@ -130,6 +130,8 @@ class Spool {
   void DropAll();
   // Whether every delta the caller sent was recorded (no AbandonGraph()).
   bool graph_durable() const { return !graph_abandoned_; }
+  // Batches are numbered up to here at most (0 in memory, where nothing is reserved).
+  uint64_t sequences_reserved() const { return sequences_reserved_; }
   // Syncs the graph deltas recorded so far, before the caller sends them to the server. On an
   // error the caller sends from memory and abandons the graph (AbandonGraph()).
   absl::Status SyncGraph();
