@@ -372,9 +372,13 @@ absl::Status ServerApp::Listen() {
   // A connection that never finishes its TLS or HTTP/2 handshake holds an open file, of the
   // limit past which gRPC stops listening (grpc_log.h), for 20 s rather than gRPC's 120.
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 20'000);
+  // gRPC listens with SO_REUSEPORT by default: a second server on the port would start, and
+  // the kernel would spread agents and queries over the two stores.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   grpc_server_ = builder.BuildAndStart();
   if (!grpc_server_ || grpc_port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", listen, " (another process listens there, or no such address)"));
   }
 
   const HttpOptions& http = options_.http;

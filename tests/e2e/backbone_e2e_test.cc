@@ -294,6 +294,12 @@ TEST_F(BackboneTest, CliReportsUnreachableServerAndBadFlags) {
 
   ServerProcess server(dir_.File("data"), dir_.File("server.log"));
   ASSERT_GT(server.port(), 0);
+  // A second server on the same port, with a store of its own, does not start (gRPC's
+  // SO_REUSEPORT would have let it share the port, and the data, with the first).
+  r = RunCommand({BinPath("strata-server"), "--listen", server.address(), "--http", "",
+                  "--data", dir_.File("data2")});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("cannot listen on " + server.address()));
   r = RunCommand({BinPath("strata"), "--server", server.address(), "top", "--service", "nope"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("unknown service 'nope'"));
