@@ -270,6 +270,7 @@ absl::Status ReleaseWatcher::Compare(v1::ReleaseVerdict& release, int64_t now_ms
   release.set_state(outcome->state());
   *release.mutable_functions() = outcome->functions();
   release.set_min_detectable(outcome->min_detectable());
+  release.set_unit(outcome->unit());
   release.set_baseline_units(outcome->baseline_units());
   release.set_candidate_units(outcome->candidate_units());
   release.set_window_s(outcome->window_s());

@@ -74,6 +74,7 @@ struct Fixture {
         v1::ReleaseFunctionChange* f = v.add_functions();
         f->set_name("hot");
         f->set_delta(4.5);
+        v.set_unit("ms CPU/request");  // decided per request
       }
       v.set_candidate_units(3);
       if (plan.windows_independent) v.set_window_s(plan.window_s);
@@ -116,6 +117,7 @@ TEST(ReleaseWatcherTest, ANewReleaseIsComparedWithTheOneItReplacesUntilItsWindow
   ASSERT_TRUE(changed.ok());
   ASSERT_THAT(*changed, SizeIs(1));
   EXPECT_EQ((*changed)[0].state(), v1::ReleaseVerdict::REGRESSED);
+  EXPECT_EQ((*changed)[0].unit(), "ms CPU/request");  // the figures' unit goes with them
   EXPECT_EQ((*changed)[0].baseline(), "1");
   EXPECT_EQ((*changed)[0].candidate(), "2-slow");
   ASSERT_THAT(f.plans, SizeIs(1));

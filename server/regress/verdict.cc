@@ -71,9 +71,9 @@ Figures FiguresOf(const v1::CompareEstimate& e, bool per_request) {
           r.delta(),  r.ci_low(),      r.ci_high(),        r.relative(), r.q()};
 }
 
-}  // namespace
-
-v1::ReleaseVerdict VerdictOf(const v1::CompareResponse& comparison, size_t max_functions) {
+// The verdict on shares or per request (`per_request`).
+v1::ReleaseVerdict VerdictOn(const v1::CompareResponse& comparison, bool per_request,
+                             size_t max_functions) {
   v1::ReleaseVerdict verdict;
   verdict.set_baseline_units(comparison.baseline_units());
   verdict.set_candidate_units(comparison.candidate_units());
@@ -84,8 +84,7 @@ v1::ReleaseVerdict VerdictOf(const v1::CompareResponse& comparison, size_t max_f
     verdict.set_state(v1::ReleaseVerdict::NOT_ENOUGH_DATA);
     return verdict;
   }
-  const bool per_request = !comparison.per_request_unit().empty();
-  verdict.set_unit(comparison.per_request_unit());
+  if (per_request) verdict.set_unit(comparison.per_request_unit());
   std::vector<double> detectable;
   std::vector<v1::ReleaseFunctionChange> changes;
   const v1::ReleaseFunctionChange* cause = nullptr;
@@ -122,16 +121,15 @@ v1::ReleaseVerdict VerdictOf(const v1::CompareResponse& comparison, size_t max_f
   // +17 pt into IMPROVED.
   bool material_move = false;
   for (const v1::ReleaseFunctionChange& c : changes) {
-    material_move |= c.self() && std::fabs(c.delta()) >= min_detectable;
+    material_move |= std::fabs(c.delta()) >= min_detectable;
   }
   for (const v1::ReleaseFunctionChange& c : changes) {
-    if (!c.self() || (material_move && std::fabs(c.delta()) < min_detectable)) continue;
+    if (material_move && std::fabs(c.delta()) < min_detectable) continue;
     auto size = [](const v1::ReleaseFunctionChange& x) {
       return x.baseline_share() == 0 ? INFINITY : std::fabs(x.relative());
     };
     if (cause == nullptr || size(c) > size(*cause)) cause = &c;
   }
-  if (cause == nullptr && !changes.empty()) cause = &changes.front();
   verdict.set_state(cause == nullptr    ? v1::ReleaseVerdict::UNCHANGED
                     : cause->delta() > 0 ? v1::ReleaseVerdict::REGRESSED
                                          : v1::ReleaseVerdict::IMPROVED);
@@ -146,6 +144,18 @@ v1::ReleaseVerdict VerdictOf(const v1::CompareResponse& comparison, size_t max_f
   if (changes.size() > max_functions) changes.resize(max_functions);
   for (v1::ReleaseFunctionChange& c : changes) *verdict.add_functions() = std::move(c);
   verdict.set_min_detectable(min_detectable);
+  return verdict;
+}
+
+}  // namespace
+
+v1::ReleaseVerdict VerdictOf(const v1::CompareResponse& comparison, size_t max_functions) {
+  const bool per_request = !comparison.per_request_unit().empty();
+  v1::ReleaseVerdict verdict = VerdictOn(comparison, per_request, max_functions);
+  if (per_request && verdict.state() == v1::ReleaseVerdict::UNCHANGED) {
+    v1::ReleaseVerdict on_shares = VerdictOn(comparison, false, max_functions);
+    if (on_shares.state() != v1::ReleaseVerdict::UNCHANGED) return on_shares;
+  }
   return verdict;
 }
 

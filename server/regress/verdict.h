@@ -2,14 +2,17 @@
 // answer to a verdict: the link between the release watcher and server/compare.
 //
 // The verdict follows the significant function with the largest relative change of its self
-// share: a rise is REGRESSED, a fall IMPROVED (shares move together: when one function gets
-// slower every other one's share falls a little, and the largest relative move is the cause),
-// among the moves at least the median function's minimum detectable change when there are
-// such (a tiny function moves far, relatively, at a fraction of a point).
-// No significant function: UNCHANGED; too few units (hosts, or one host's windows):
-// NOT_ENOUGH_DATA. Where the comparison has
-// per-request figures (its per_request_unit), the verdict is decided on those the same way
-// and says so (ReleaseVerdict.unit): a function's CPU per request moves on its own.
+// share (of its total share where only that changed significantly: a leaf's two figures are
+// one, and either test may be the one to pass): a rise is REGRESSED, a fall IMPROVED (shares
+// move together: when one function gets slower every other one's share falls a little, and
+// the largest relative move is the cause), among the moves at least the median function's
+// minimum detectable change when there are such (a tiny function moves far, relatively, at a
+// fraction of a point). No significant function: UNCHANGED; too few units (hosts, or one
+// host's windows): NOT_ENOUGH_DATA. Where the comparison has per-request figures (its
+// per_request_unit), the verdict is decided on those the same way and says so
+// (ReleaseVerdict.unit): a function's CPU per request moves on its own. Per request is the
+// noisier measure (a scraped count divides every window): where it finds no change and the
+// shares do, the shares decide.
 #ifndef STRATA_SERVER_REGRESS_VERDICT_H_
 #define STRATA_SERVER_REGRESS_VERDICT_H_
 

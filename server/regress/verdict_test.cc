@@ -1,5 +1,5 @@
-// Verdicts from comparisons: the largest relative move of a significant self share decides,
-// among the moves as large as the comparison detects.
+// Verdicts from comparisons: the largest relative move of a significant share (self, else
+// total) decides, among the moves as large as the comparison detects.
 #include "server/regress/verdict.h"
 
 #include <tuple>
@@ -97,6 +97,22 @@ TEST(VerdictTest, ASmallFunctionsLargeRelativeMoveDoesNotOutweighAMaterialOne) {
   EXPECT_EQ(VerdictOf(small).state(), v1::ReleaseVerdict::REGRESSED);
 }
 
+// Measured: checksum_block doubled its work, and only its total share passed its test (its
+// self share, the same figures for a leaf, did not). parse_input's self share fell, as every
+// other function's does when one takes more: the release regressed; it did not improve.
+TEST(VerdictTest, ALeafWhoseTotalAloneRoseSignificantlyIsTheCause) {
+  v1::CompareResponse c;
+  v1::FunctionComparison checksum = Row("checksum_block", 35.4, 51.7, false);
+  *checksum.mutable_total() = Row("checksum_block", 35.4, 51.7, true).self();
+  *c.add_functions() = checksum;
+  *c.add_functions() = Row("parse_input", 39.9, 29.2, true);  // -26.8 %
+  v1::ReleaseVerdict v = VerdictOf(c);
+  EXPECT_EQ(v.state(), v1::ReleaseVerdict::REGRESSED) << v.DebugString();
+  ASSERT_EQ(v.functions_size(), 2);
+  EXPECT_EQ(v.functions(0).name(), "checksum_block");
+  EXPECT_FALSE(v.functions(0).self());
+}
+
 TEST(VerdictTest, ThePlanBecomesACompareRequest) {
   ComparisonPlan plan{"svc", "version=1", "version=2", 10, 90, 50, 90};
   plan.one_host_windows = true;
@@ -151,6 +167,32 @@ TEST(VerdictTest, PerRequestFiguresDecideWhereTheComparisonHasThem) {
   c.clear_per_request_unit();
   EXPECT_EQ(VerdictOf(c).state(), v1::ReleaseVerdict::UNCHANGED);
   EXPECT_EQ(VerdictOf(c).unit(), "");
+}
+
+// Measured: checksum_block doubled its work (+17 pt of the samples, q 1e-7), while its CPU
+// per request, +83 %, did not pass its test (a scraped request count divides every window).
+// The shares decide, and the verdict says they did.
+TEST(VerdictTest, SharesDecideWherePerRequestFiguresFindNoChange) {
+  v1::CompareResponse c;
+  c.set_per_request_unit("ms CPU/request");
+  auto with_per_request = [](v1::FunctionComparison f, double base, double cand) {
+    v1::PerRequestEstimate* r = f.mutable_self()->mutable_per_request();
+    r->set_baseline(base);
+    r->set_candidate(cand);
+    r->set_delta(cand - base);
+    r->set_relative(100 * (cand - base) / base);
+    r->set_tested(true);
+    r->set_min_detectable(0.04);
+    return f;
+  };
+  *c.add_functions() = with_per_request(Row("checksum_block", 34.5, 51.9, true), 0.067, 0.123);
+  *c.add_functions() = with_per_request(Row("parse_input", 40.1, 30.2, true), 0.078, 0.072);
+  v1::ReleaseVerdict v = VerdictOf(c);
+  EXPECT_EQ(v.state(), v1::ReleaseVerdict::REGRESSED) << v.DebugString();
+  EXPECT_EQ(v.unit(), "");  // shares
+  ASSERT_GE(v.functions_size(), 1);
+  EXPECT_EQ(v.functions(0).name(), "checksum_block");
+  EXPECT_DOUBLE_EQ(v.functions(0).baseline_share(), 34.5);
 }
 
 }  // namespace
