@@ -59,19 +59,23 @@ void IntervalLoop::ShipWindow(absl::Time end) {
 }
 
 void IntervalLoop::AddRequests(v1::SampleBatch* batch) {
-  for (requests::RequestsScraper* scraper : scrapers_) {
-    std::string service = scraper->source().service;
-    if (service.empty()) {
-      // The one service profiled; with none or several in this batch, the count waits.
-      for (const v1::Target& t : batch->targets()) {
-        if (service.empty()) service = t.service();
-        if (t.service() != service) service.clear();
-        if (service.empty()) break;
-      }
-      if (service.empty()) continue;
-    }
+  std::vector<std::string> services;
+  for (const v1::Target& t : batch->targets()) services.push_back(t.service());
+  for (size_t i = 0; i < scrapers_.size(); ++i) {
+    requests::RequestsScraper* scraper = scrapers_[i];
+    const std::string service = requests::ServiceOfCount(scraper->source(), services);
+    // Taken even when it belongs to no one service: kept for a later batch, it would count
+    // this window's requests in that one's.
     const uint64_t requests = scraper->TakeRequests();
-    if (requests > 0) (*batch->mutable_requests())[service] += requests;
+    if (requests == 0) continue;
+    if (!service.empty()) {
+      (*batch->mutable_requests())[service] += requests;
+    } else if (services.size() > 1 && !requests_unattributed_warned_[i]) {
+      requests_unattributed_warned_[i] = true;
+      LogWarn("requests metric {}: this agent profiles several services, and the metric names "
+              "none: its counts are dropped while they run (give SERVICE= in --requests-metric)",
+              scraper->source().name);
+    }
   }
 }
 

@@ -61,7 +61,10 @@ class IntervalLoop {
   const ShippedBatches& shipped() const { return shipped_; }
   // Ships what `scraper` (borrowed) counted with each CPU batch, under its service (or the
   // one service of the batch's targets). Before Run.
-  void AddRequestsScraper(requests::RequestsScraper* scraper) { scrapers_.push_back(scraper); }
+  void AddRequestsScraper(requests::RequestsScraper* scraper) {
+    scrapers_.push_back(scraper);
+    requests_unattributed_warned_.push_back(false);
+  }
 
  private:
   void Plan(absl::Time now);
@@ -84,6 +87,7 @@ class IntervalLoop {
   ShippedBatches shipped_;
   bool new_graph_due_ = false;
   std::vector<requests::RequestsScraper*> scrapers_;
+  std::vector<bool> requests_unattributed_warned_;  // per scraper: said once
 };
 
 }  // namespace strata::agent

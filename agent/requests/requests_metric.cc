@@ -276,6 +276,15 @@ absl::StatusOr<std::string> BodyOf(std::string response) {
 
 }  // namespace
 
+std::string ServiceOfCount(const MetricSource& source, const std::vector<std::string>& services) {
+  if (!source.service.empty()) return source.service;
+  if (services.empty()) return "";
+  for (const std::string& s : services) {
+    if (s != services.front()) return "";
+  }
+  return services.front();
+}
+
 absl::StatusOr<MetricSource> ParseMetricSource(absl::string_view flag) {
   MetricSource source;
   auto bad = [&](absl::string_view why) {

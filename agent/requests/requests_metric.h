@@ -38,6 +38,11 @@ struct MetricSource {
 // InvalidArgument naming what is wrong.
 absl::StatusOr<MetricSource> ParseMetricSource(absl::string_view flag);
 
+// The service a count of `source` goes to in a batch whose targets run `services` (repeats
+// allowed): the source's own, else the batch's one service; empty when the batch has none or
+// several, and the count cannot be told apart.
+std::string ServiceOfCount(const MetricSource& source, const std::vector<std::string>& services);
+
 // The sum of the series of `source.name` whose labels match, in a Prometheus text exposition.
 // InvalidArgument (with the line) for a malformed exposition; NotFound when no series matches;
 // a negative, NaN or infinite counter value is malformed.

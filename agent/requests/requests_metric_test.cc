@@ -139,6 +139,17 @@ TEST(RequestsMetricTest, FlagsParse) {
   }
 }
 
+// A count without SERVICE= goes to the batch's one service; with several (another process
+// with STRATA_SERVICE set showed up) it cannot be told apart.
+TEST(RequestsMetricTest, ACountGoesToItsServiceOrTheBatchsOneService) {
+  MetricSource source;
+  EXPECT_EQ(ServiceOfCount(source, {"cmp", "cmp"}), "cmp");
+  EXPECT_EQ(ServiceOfCount(source, {"cmp", "faults", "cmp"}), "");
+  EXPECT_EQ(ServiceOfCount(source, {}), "");
+  source.service = "cmp";
+  EXPECT_EQ(ServiceOfCount(source, {"faults", "demo"}), "cmp");
+}
+
 TEST(RequestsMetricTest, SumsTheMatchingSeries) {
   MetricSource source;
   source.name = "http_requests_total";
