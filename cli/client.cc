@@ -13,6 +13,8 @@
 #include <google/protobuf/util/json_util.h>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cli/format.h"
 #include "common/base/clock.h"
 
@@ -100,6 +102,19 @@ std::string RangeText(const FilterOptions& f) {
   }
   if (!f.to.empty()) return absl::StrCat(f.since, " before ", f.to, type);
   return absl::StrCat("last ", f.since, type);
+}
+
+void FailIfUnknownService(Client& client, const std::string& service) {
+  if (service.empty()) return;
+  auto r = client.Call(client.query(), &v1::Query::Stub::ListServices, v1::ListServicesRequest());
+  std::vector<std::string> names;
+  for (const auto& s : r.services()) {
+    if (s.name() == service) return;
+    names.push_back(s.name());
+  }
+  Fail(absl::StrCat("unknown service '", service, "'",
+                    names.empty() ? " (no service has reported samples yet)"
+                                  : absl::StrCat(" (known: ", absl::StrJoin(names, ", "), ")")));
 }
 
 void WarnUnreachable(const google::protobuf::RepeatedPtrField<std::string>& nodes) {

@@ -123,6 +123,11 @@ class Client {
   std::unique_ptr<v1::Capture::Stub> capture_;
 };
 
+// For an answer that found nothing of `service`: fails as the profile queries do ("unknown
+// service 'x' (known: ...)") when the server knows no such service, so that a mistyped name
+// does not read as nothing to report.
+void FailIfUnknownService(Client& client, const std::string& service);
+
 // What command groups share: the global options (filled by parsing) and the client
 // (created after parsing, on first use).
 class CliContext {

@@ -2,6 +2,7 @@
 //
 //   strata [--server ADDR] [--json] <command> [flags]
 // Commands are registered by command groups (see client.h); `strata --help` lists them.
+#include <cstdio>
 #include <cstdlib>
 
 #include "CLI/CLI.hpp"
@@ -41,6 +42,18 @@ int main(int argc, char** argv) {
   for (auto* sub : app.get_subcommands({})) sub->fallthrough();
 
   strata::base::AddConfigFile(app);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::RequiredError& e) {
+    // A mistyped command leaves the subcommand missing: name what was typed instead.
+    if (app.get_subcommands().empty() && !app.remaining().empty()) {
+      std::fprintf(stderr, "strata: unknown command '%s' (strata --help lists them)\n",
+                   app.remaining().front().c_str());
+      return 1;
+    }
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
   return exit_code;
 }

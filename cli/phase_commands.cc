@@ -17,6 +17,7 @@ int RunPhases(CliContext* ctx, const FilterOptions& f) {
   *request.mutable_filter() = BuildFilter(f);
   auto r = client.Call(client.query(), &v1::Query::Stub::Phases, request);
   WarnUnreachable(r.unreachable_nodes());
+  if (r.changes().empty()) FailIfUnknownService(client, f.service);
   if (ctx->options().json) return PrintJson(r), 0;
   std::printf("Phase changes of %s (%s): %d\n", f.service.c_str(), RangeText(f).c_str(),
               r.changes_size());

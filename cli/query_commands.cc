@@ -28,6 +28,7 @@ int RunLabels(CliContext* ctx, const std::string& service) {
   request.set_service(service);
   auto r = client.Call(client.query(), &v1::Query::Stub::ListLabels, request);
   WarnUnreachable(r.unreachable_nodes());
+  if (r.labels().empty()) FailIfUnknownService(client, service);
   if (ctx->options().json) return PrintJson(r), 0;
   if (r.labels().empty()) {
     std::printf("The targets of %s carry no labels.\n", service.c_str());

@@ -117,6 +117,7 @@ int RunRegressions(CliContext* ctx, const RegressionOptions& o) {
   request.set_since_ms(std::max<int64_t>(0, base::NowMs() - *since));
   auto stub = v1::Regressions::NewStub(client.channel());
   auto r = client.Call(stub.get(), &v1::Regressions::Stub::ListRegressions, request);
+  if (r.verdicts().empty()) FailIfUnknownService(client, o.service);
   if (ctx->options().json) return PrintJson(r), 0;
   WarnUnreachable(r.unreachable_nodes());
 
@@ -170,7 +171,7 @@ void AddRegressionCommands(CLI::App* app, CliContext* ctx, int* exit_code) {
       "regressions",
       "releases (and phase changes) the server compared with the time before by itself: which "
       "got slower");
-  regressions->add_option("--service", options.service, "only this service's releases");
+  regressions->add_option("-s,--service", options.service, "only this service's releases");
   regressions->add_option("--since", options.since, "releases first seen this recently")
       ->capture_default_str();
   regressions->add_flag("--all", options.all, "unchanged and undecided releases too");

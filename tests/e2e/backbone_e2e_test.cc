@@ -303,6 +303,15 @@ TEST_F(BackboneTest, CliReportsUnreachableServerAndBadFlags) {
   r = RunCommand({BinPath("strata"), "--server", server.address(), "top", "--service", "nope"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("unknown service 'nope'"));
+  // Commands whose answer may be empty say so too: a mistyped name is not "nothing to report".
+  for (const char* command : {"regressions", "labels", "phases"}) {
+    r = RunCommand({BinPath("strata"), "--server", server.address(), command, "-s", "nope"});
+    EXPECT_NE(r.exit_code, 0) << command;
+    EXPECT_THAT(r.output, HasSubstr("unknown service 'nope'")) << command;
+  }
+  r = RunCommand({BinPath("strata"), "--server", server.address(), "frobnicate"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("unknown command 'frobnicate'"));
   r = RunCommand({BinPath("strata"), "--server", server.address(), "hot-paths", "--service", "x",
                   "--since", "ten minutes"});
   EXPECT_NE(r.exit_code, 0);
