@@ -376,6 +376,11 @@ int RunDiff(CliContext* ctx, const FilterOptions& f, const BaseOptions& b) {
                     : "No samples in either range.\n");
     return 0;
   }
+  // Against nothing every function is new, at its whole share: say so before the table does.
+  if (r.total_samples() == 0 || r.base_total_samples() == 0) {
+    std::printf("warning: the %s has no samples; every change below is all of a share\n",
+                r.base_total_samples() == 0 ? "base range" : "compared range");
+  }
   if (request.by_line()) return PrintLineDiff(r), 0;
   std::printf("\nFunctions (change of share in percentage points):\n");
   Table functions({"ΔSELF", "BASE SELF%", "SELF%", "ΔTOTAL", "BASE TOTAL%", "TOTAL%", "FUNCTION"},

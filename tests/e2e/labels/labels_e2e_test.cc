@@ -31,6 +31,7 @@ namespace strata::e2e {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 v1::HotPathsResponse HotPaths(const std::string& address, const std::string& selector) {
   auto stub = v1::Query::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
@@ -188,6 +189,12 @@ TEST_F(LabelsE2eTest, SelectorsSplitTwoVersionsOfOneService) {
   ASSERT_EQ(diff_text.exit_code, 0) << diff_text.output;
   EXPECT_THAT(diff_text.output, HasSubstr("Diff of demo {version=2}"));
   EXPECT_THAT(diff_text.output, HasSubstr("against demo {version=1} (the same range"));
+  EXPECT_THAT(diff_text.output, Not(HasSubstr("warning")));
+  // Against a selection with no samples, every function is new: the diff says so.
+  CommandResult against_none = Cli({"diff", "--service", "demo", "--select", "version=2",
+                                    "--base-select", "version=9"});
+  ASSERT_EQ(against_none.exit_code, 0) << against_none.output;
+  EXPECT_THAT(against_none.output, HasSubstr("warning: the base range has no samples"));
   std::printf("version 1: %lu samples, version 2: %lu samples\n%s\n",
               static_cast<unsigned long>(one.total_samples()),
               static_cast<unsigned long>(two.total_samples()), diff_text.output.c_str());
