@@ -106,6 +106,15 @@ Table::Table(std::vector<std::string> header, std::vector<size_t> right_aligned)
 
 void Table::AddRow(std::vector<std::string> cells) {
   cells.resize(header_.size());
+  // Escaped here, not only on the way to stdout, so that the columns are padded to the width
+  // the terminal shows.
+  for (std::string& cell : cells) {
+    std::string safe;
+    bool held_c2 = false;
+    AppendTerminalSafe(cell, &held_c2, &safe);
+    if (held_c2) safe.push_back(static_cast<char>(0xc2));
+    cell = std::move(safe);
+  }
   rows_.push_back(std::move(cells));
 }
 

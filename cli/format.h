@@ -27,8 +27,9 @@ std::string WithThousands(uint64_t value);
 // share of total as "59.9%"; "-" when total is 0.
 std::string Percent(uint64_t part, uint64_t total);
 
-// A table printed with columns padded to their widest cell. Columns listed in
-// `right_aligned` (by index) are right-aligned (numbers).
+// A table printed with columns padded to their widest cell, control characters in cells
+// escaped (AppendTerminalSafe). Columns listed in `right_aligned` (by index) are right-aligned
+// (numbers).
 class Table {
  public:
   Table(std::vector<std::string> header, std::vector<size_t> right_aligned);

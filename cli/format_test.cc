@@ -44,6 +44,14 @@ TEST(FormatTest, TableAlignsColumns) {
             "    N  NAME\n"
             "    5  a > b\n"
             "1,000  x\n");
+  // A name with control characters is padded as it is shown, escaped.
+  Table named({"NAME", "N"}, {1});
+  named.AddRow({"esc\x1b[31m", "1"});
+  named.AddRow({"plain", "2"});
+  EXPECT_EQ(named.ToString(),
+            "NAME         N\n"
+            "esc\\x1b[31m  1\n"
+            "plain        2\n");
 }
 
 // Names an agent chose cannot drive the terminal: control characters (C0 but newline, tab and
