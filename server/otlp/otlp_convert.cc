@@ -24,6 +24,9 @@
 namespace strata::server::otlp {
 namespace {
 
+// 2000-01-01T00:00:00Z: samples timed before it are refused (see where it is checked).
+constexpr int64_t kEarliestSampleMs = 946'684'800'000;
+
 using ::opentelemetry::proto::common::v1::AnyValue;
 using ::opentelemetry::proto::common::v1::KeyValue;
 using profiles_v1::Location;
@@ -623,6 +626,13 @@ absl::Status Converter::AddProfile(const Profile& profile, const Attributes& res
         return absl::InvalidArgumentError(absl::StrCat(
             sample_field, ": its time is ", (time_ms - now_ms_) / 1000,
             " s past the server's clock (at most 24 h)"));
+      }
+      // A time before 2000 is a clock not set or a time in the wrong unit: stored, it would
+      // land in 1970's windows, outside every query's range and every retention.
+      if (time_ms < kEarliestSampleMs) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            sample_field, ": its time, ", time_ms, " ms since 1970, is before 2000 (a clock not "
+            "set, or nanoseconds given in another unit?)"));
       }
       const int64_t window_start_ms = commit::WindowStart(time_ms);
       uint64_t& raw = raw_[RawKey{context, window_start_ms, stack->stack, period_ns}];

@@ -264,6 +264,10 @@ TEST_F(OtlpConvertTest, BadInputIsRefusedWithTheFieldNamed) {
          q->mutable_resource_profiles(0)->mutable_scope_profiles(0)->mutable_profiles(0)
              ->mutable_samples(0)->set_timestamps_unix_nano(0, uint64_t{1} << 63);
        }, "past the server's clock (at most 24 h)"},
+      {"1970", [](auto* q) {  // seconds given as nanoseconds
+         q->mutable_resource_profiles(0)->mutable_scope_profiles(0)->mutable_profiles(0)
+             ->mutable_samples(0)->set_timestamps_unix_nano(0, 1'764'000'000);
+       }, "is before 2000"},
       {"negative", [](auto* q) {
          q->mutable_resource_profiles(0)->mutable_scope_profiles(0)->mutable_profiles(0)
              ->mutable_samples(0)->set_values(0, -5);
