@@ -22,6 +22,12 @@ std::string ArchSuffix(const google::protobuf::RepeatedPtrField<std::string>& ar
   return absl::StrCat(", ", absl::StrJoin(archs, "+"));
 }
 
+// What an empty answer says: the selection too, when one was given (it may be what is empty).
+std::string NoSamplesText(const FilterOptions& f) {
+  if (f.select.empty()) return "No samples in this range.\n";
+  return absl::StrCat("No samples in this range match --select ", f.select, ".\n");
+}
+
 int RunLabels(CliContext* ctx, const std::string& service) {
   Client& client = ctx->client();
   v1::ListLabelsRequest request;
@@ -178,7 +184,7 @@ int RunTop(CliContext* ctx, const FilterOptions& f, bool by_total, bool by_line,
               ArchSuffix(r.archs()).c_str());
   PrintPhaseHeader(client, request.filter());
   if (r.total_samples() == 0) {
-    std::printf("No samples in this range.\n");
+    std::fputs(NoSamplesText(f).c_str(), stdout);
     return 0;
   }
   PrintTopTable(r);
@@ -196,7 +202,7 @@ int RunHotPaths(CliContext* ctx, const FilterOptions& f) {
   std::printf("Hot paths of %s (%s, %s samples%s)\n", f.service.c_str(), RangeText(f).c_str(),
               WithThousands(r.total_samples()).c_str(), ArchSuffix(r.archs()).c_str());
   if (r.total_samples() == 0) {
-    std::printf("No samples in this range.\n");
+    std::fputs(NoSamplesText(f).c_str(), stdout);
     return 0;
   }
   PrintHotPathsTable(r);
@@ -411,6 +417,10 @@ int RunQuality(CliContext* ctx, const FilterOptions& f) {
   if (ctx->options().json) return PrintJson(r), 0;
   std::printf("Stack quality of %s (%s, %s samples)\n", f.service.c_str(), RangeText(f).c_str(),
               WithThousands(r.samples()).c_str());
+  if (r.samples() == 0) {  // "0.00 % complete" would read as broken stacks
+    std::fputs(NoSamplesText(f).c_str(), stdout);
+    return 0;
+  }
   std::printf("  complete stacks   %s (%s truncated)\n",
               absl::StrFormat("%.2f%%", r.complete_pct()).c_str(),
               WithThousands(r.truncated_samples()).c_str());

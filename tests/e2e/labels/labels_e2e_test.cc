@@ -195,6 +195,15 @@ TEST_F(LabelsE2eTest, SelectorsSplitTwoVersionsOfOneService) {
                                     "--base-select", "version=9"});
   ASSERT_EQ(against_none.exit_code, 0) << against_none.output;
   EXPECT_THAT(against_none.output, HasSubstr("warning: the base range has no samples"));
+  // A selection that matches nothing is named as what is empty; stack quality of nothing is
+  // not "0 % complete".
+  for (const char* command : {"top", "quality"}) {
+    CommandResult none = Cli({command, "--service", "demo", "--select", "version=9"});
+    ASSERT_EQ(none.exit_code, 0) << none.output;
+    EXPECT_THAT(none.output, HasSubstr("No samples in this range match --select version=9"))
+        << command;
+    EXPECT_THAT(none.output, Not(HasSubstr("complete stacks"))) << command;
+  }
   std::printf("version 1: %lu samples, version 2: %lu samples\n%s\n",
               static_cast<unsigned long>(one.total_samples()),
               static_cast<unsigned long>(two.total_samples()), diff_text.output.c_str());
