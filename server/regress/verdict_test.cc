@@ -24,6 +24,20 @@ v1::FunctionComparison Row(const char* name, double base, double cand, bool sign
   return f;
 }
 
+// Gives `f` per-request figures.
+v1::FunctionComparison WithPerRequest(v1::FunctionComparison f, double base, double cand,
+                                      bool significant, double min_detectable) {
+  v1::PerRequestEstimate* r = f.mutable_self()->mutable_per_request();
+  r->set_baseline(base);
+  r->set_candidate(cand);
+  r->set_delta(cand - base);
+  r->set_relative(100 * (cand - base) / base);
+  r->set_significant(significant);
+  r->set_tested(true);
+  r->set_min_detectable(min_detectable);
+  return f;
+}
+
 TEST(VerdictTest, TheLargestRelativeMoveDecides) {
   v1::CompareResponse c;
   c.set_baseline_units(3);
@@ -144,16 +158,7 @@ TEST(VerdictTest, PerRequestFiguresDecideWhereTheComparisonHasThem) {
   c.set_per_request_unit("ms CPU/request");
   for (auto [name, base, cand] :
        {std::tuple{"parse", 2.0, 1.5}, std::tuple{"checksum", 1.0, 0.8}}) {
-    v1::FunctionComparison f = Row(name, 50, 50, false);
-    v1::PerRequestEstimate* r = f.mutable_self()->mutable_per_request();
-    r->set_baseline(base);
-    r->set_candidate(cand);
-    r->set_delta(cand - base);
-    r->set_relative(100 * (cand - base) / base);
-    r->set_significant(true);
-    r->set_tested(true);
-    r->set_min_detectable(0.1);
-    *c.add_functions() = f;
+    *c.add_functions() = WithPerRequest(Row(name, 50, 50, false), base, cand, true, 0.1);
   }
   v1::ReleaseVerdict v = VerdictOf(c);
   EXPECT_EQ(v.state(), v1::ReleaseVerdict::IMPROVED);
@@ -175,18 +180,10 @@ TEST(VerdictTest, PerRequestFiguresDecideWhereTheComparisonHasThem) {
 TEST(VerdictTest, SharesDecideWherePerRequestFiguresFindNoChange) {
   v1::CompareResponse c;
   c.set_per_request_unit("ms CPU/request");
-  auto with_per_request = [](v1::FunctionComparison f, double base, double cand) {
-    v1::PerRequestEstimate* r = f.mutable_self()->mutable_per_request();
-    r->set_baseline(base);
-    r->set_candidate(cand);
-    r->set_delta(cand - base);
-    r->set_relative(100 * (cand - base) / base);
-    r->set_tested(true);
-    r->set_min_detectable(0.04);
-    return f;
-  };
-  *c.add_functions() = with_per_request(Row("checksum_block", 34.5, 51.9, true), 0.067, 0.123);
-  *c.add_functions() = with_per_request(Row("parse_input", 40.1, 30.2, true), 0.078, 0.072);
+  *c.add_functions() =
+      WithPerRequest(Row("checksum_block", 34.5, 51.9, true), 0.067, 0.123, false, 0.04);
+  *c.add_functions() =
+      WithPerRequest(Row("parse_input", 40.1, 30.2, true), 0.078, 0.072, false, 0.04);
   v1::ReleaseVerdict v = VerdictOf(c);
   EXPECT_EQ(v.state(), v1::ReleaseVerdict::REGRESSED) << v.DebugString();
   EXPECT_EQ(v.unit(), "");  // shares
