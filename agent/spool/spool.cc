@@ -491,10 +491,15 @@ void Spool::AbandonGraph() {
 absl::Status Spool::AppendGraph(const v1::GraphDelta& delta) {
   if (path_.empty()) return absl::OkStatus();
   if (graph_abandoned_) return absl::FailedPreconditionError("the spool's graph was abandoned");
-  const std::string graph_path = path_ + "/" + kGraphFile;
   std::string record;
   AppendRecord(kGraphRecord, delta, &record);
-  absl::Status st = WriteAll(graph_fd_, record, graph_path);
+  absl::Status st = AppendGraphRecord(record);
+  if (st.ok()) Written();
+  return st;
+}
+
+absl::Status Spool::AppendGraphRecord(const std::string& record) {
+  absl::Status st = WriteAll(graph_fd_, record, path_ + "/" + kGraphFile);
   if (!st.ok()) {
     // Cut back to the last whole record; position appends there.
     (void)ftruncate(graph_fd_, static_cast<off_t>(graph_bytes_));
@@ -503,7 +508,6 @@ absl::Status Spool::AppendGraph(const v1::GraphDelta& delta) {
   }
   graph_bytes_ += record.size();
   graph_unsynced_ = true;
-  Written();
   return absl::OkStatus();
 }
 
@@ -518,18 +522,10 @@ absl::Status Spool::SyncGraph() {
 }
 
 absl::Status Spool::ReserveSequences(uint64_t through) {
-  const std::string graph_path = path_ + "/" + kGraphFile;
   std::string record;
   AppendRecord(kSequenceRecord, &record, [&](std::string& to) { to += SequenceBytes(through); });
-  absl::Status st = WriteAll(graph_fd_, record, graph_path);
-  if (!st.ok()) {
-    (void)ftruncate(graph_fd_, static_cast<off_t>(graph_bytes_));
-    (void)lseek(graph_fd_, static_cast<off_t>(graph_bytes_), SEEK_SET);
-  } else {
-    graph_bytes_ += record.size();
-    graph_unsynced_ = true;
-    st = SyncGraph();
-  }
+  absl::Status st = AppendGraphRecord(record);
+  if (st.ok()) st = SyncGraph();
   if (!st.ok()) {
     // A restart could number batches as the server has others: it starts over instead.
     AbandonGraph();

@@ -199,6 +199,8 @@ class Spool {
                        SpoolRecovery* recovery);
   absl::Status StartOver(const SpoolIdentity& fresh);
   absl::Status OpenSegment(uint64_t first_sequence);
+  // Writes a record to the graph log (cut back to the last whole record on an error).
+  absl::Status AppendGraphRecord(const std::string& record);
   // Records (synced) that batches may be numbered up to `through`.
   absl::Status ReserveSequences(uint64_t through);
   absl::Status RewriteSegment(Segment* segment);
