@@ -142,9 +142,12 @@ ServerProcess::ServerProcess(const std::string& data_dir, const std::string& log
                              std::vector<std::string> extra_args,
                              std::vector<std::string> launcher) {
   std::vector<std::string> argv = std::move(launcher);
-  for (std::string arg : {BinPath("strata-server"), std::string("--listen"),
-                          std::string("127.0.0.1:0"), std::string("--http"), std::string(),
-                          std::string("--data"), data_dir}) {
+  argv.push_back(BinPath("strata-server"));
+  // A port of its own unless the test gives one (a restart on the port its agents know).
+  if (std::find(extra_args.begin(), extra_args.end(), "--listen") == extra_args.end()) {
+    argv.insert(argv.end(), {"--listen", "127.0.0.1:0"});
+  }
+  for (std::string arg : {std::string("--http"), std::string(), std::string("--data"), data_dir}) {
     argv.push_back(std::move(arg));
   }
   for (auto& a : extra_args) argv.push_back(std::move(a));

@@ -56,8 +56,9 @@ class ChildProcess {
   bool reaped_ = false;
 };
 
-// strata-server on 127.0.0.1 with an ephemeral gRPC port, HTTP off unless asked. `launcher`
-// goes in front of the command (e.g. prlimit and its flags).
+// strata-server on 127.0.0.1 with an ephemeral gRPC port (unless `extra_args` gives
+// --listen: a restart on the port its agents know), HTTP off unless asked. `launcher` goes in
+// front of the command (e.g. prlimit and its flags).
 class ServerProcess {
  public:
   explicit ServerProcess(const std::string& data_dir, const std::string& log_path,
