@@ -343,6 +343,11 @@ capture::CaptureService::Options ServerApp::CaptureOptions() {
       return cluster::GetCaptureElsewhere(membership_.get(), &node_channels_, context, timeout,
                                           request, record);
     };
+    capture_options.cancel_elsewhere = [this, timeout](grpc::ServerContext* context,
+                                                       const auto& request) {
+      return cluster::CancelCaptureElsewhere(membership_.get(), &node_channels_, context,
+                                             timeout, request);
+    };
   }
   capture_options.deleter = [store = store_.get()](const std::string& capture_id) {
     store::WriteBatch wb;

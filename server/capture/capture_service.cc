@@ -476,15 +476,18 @@ grpc::Status CaptureService::Cancel(grpc::ServerContext* context, const v1::Canc
       !p.ok()) {
     return rpc::ToGrpcStatus(p.status());
   }
-  absl::MutexLock lock(&mu_);
-  auto it = running_.find(request->capture_id());
-  if (it == running_.end()) {
-    response->set_cancelled(false);
-    return grpc::Status::OK;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = running_.find(request->capture_id());
+    if (it != running_.end()) {
+      it->second->cancel_reason = "cancelled by the user";
+      ++changes_;
+      response->set_cancelled(true);
+      return grpc::Status::OK;
+    }
   }
-  it->second->cancel_reason = "cancelled by the user";
-  ++changes_;
-  response->set_cancelled(true);
+  response->set_cancelled(options_.cancel_elsewhere &&
+                          options_.cancel_elsewhere(context, *request));
   return grpc::Status::OK;
 }
 

@@ -76,6 +76,10 @@ class CaptureService final : public v1::Capture::Service {
     std::function<grpc::Status(grpc::ServerContext* context, const v1::GetCaptureRequest& request,
                                v1::CaptureRecord* record)>
         get_elsewhere;
+    // In a cluster: cancels a capture running on another node (the one holding its agents'
+    // streams); whether one did.
+    std::function<bool(grpc::ServerContext* context, const v1::CancelCaptureRequest& request)>
+        cancel_elsewhere;
   };
 
   CaptureService(store::Store* store, registry::AgentRegistry* registry, Options options);

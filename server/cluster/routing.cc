@@ -151,6 +151,21 @@ grpc::Status GetCaptureElsewhere(Membership* membership, NodeChannels* channels,
   return last;
 }
 
+bool CancelCaptureElsewhere(Membership* membership, NodeChannels* channels,
+                            grpc::ServerContext* context, absl::Duration timeout,
+                            const v1::CancelCaptureRequest& request) {
+  if (IsRouted(context)) return false;
+  bool cancelled = false;
+  CallOthers<v1::Capture>(
+      membership, channels, *membership->ring(), timeout,
+      [&](const RingMember&, v1::Capture::Stub& stub, grpc::ClientContext* client) {
+        v1::CancelCaptureResponse response;
+        cancelled = stub.Cancel(client, request, &response).ok() && response.cancelled();
+        return !cancelled;  // on to the next node
+      });
+  return cancelled;
+}
+
 absl::Status CopyReleasesTo(Membership* membership, NodeChannels* channels,
                             absl::Duration timeout, const std::string& node_id,
                             const std::vector<v1::ReleaseVerdict>& releases) {

@@ -56,6 +56,12 @@ std::vector<v1::ReleaseVerdict> ListRegressionsElsewhere(
 grpc::Status GetCaptureElsewhere(Membership* membership, NodeChannels* channels,
                                  grpc::ServerContext* context, absl::Duration timeout,
                                  const v1::GetCaptureRequest& request, v1::CaptureRecord* record);
+// Cancels a capture running on another live node (the one that runs it, for its agents'
+// streams), for CaptureService::Options::cancel_elsewhere: whether a node cancelled it. A call
+// that was already routed is answered by its node alone.
+bool CancelCaptureElsewhere(Membership* membership, NodeChannels* channels,
+                            grpc::ServerContext* context, absl::Duration timeout,
+                            const v1::CancelCaptureRequest& request);
 
 // Copies a debug file uploaded here to the other live nodes (DebugInfoService's
 // copy_elsewhere), as uploads of their own; returns the nodes it could not be copied to. A

@@ -233,6 +233,37 @@ TEST_F(ClusterTest, RealAgentIsPlacedAndCapturesWorkFromAnyNode) {
         << n->id << ": " << capture.output;
     EXPECT_EQ(capture.output.find("not reached"), std::string::npos) << capture.output;
   }
+  // A capture is cancelled through a node that does not run it (it runs where the agent's
+  // stream is): the node asked passes the cancel on.
+  {
+    const std::string holder = connected_on()[0];
+    const auto other = std::find_if(nodes_.begin(), nodes_.end(),
+                                    [&](const auto& n) { return n->id != holder; });
+    ChildProcess long_capture({BinPath("strata"), "--server", (*other)->address(), "capture",
+                               "--service", "demo", "--duration", "60s", "--format", "top"},
+                              dir_.path() + "/long_capture.log");
+    std::string capture_id;
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          const std::string out = long_capture.Output();
+          std::smatch id;
+          // Once it has samples: a capture cancelled before any has no result to show.
+          const std::regex progress("capture (cap-[0-9a-f-]+): .*s  [1-9][0-9,]* samples");
+          if (!std::regex_search(out, id, progress)) return false;
+          capture_id = id[1];
+          return true;
+        },
+        absl::Seconds(30)))
+        << long_capture.Output();
+    CommandResult cancel = RunCommand(
+        {BinPath("strata"), "--server", (*other)->address(), "capture", "cancel", capture_id}, 30);
+    EXPECT_EQ(cancel.exit_code, 0) << cancel.output;
+    EXPECT_NE(cancel.output.find("cancelled"), std::string::npos) << cancel.output;
+    // As on one server: the capture ends, and its result says how much of it ran.
+    EXPECT_EQ(long_capture.Wait(30), 1) << long_capture.Output();
+    EXPECT_TRUE(std::regex_search(long_capture.Output(), std::regex("s of 60s at ")))
+        << long_capture.Output();
+  }
   // `strata agents` through any node shows the agent connected (it is, on one of them).
   for (const auto& n : nodes_) {
     CommandResult agents =
@@ -260,7 +291,7 @@ TEST_F(ClusterTest, RealAgentIsPlacedAndCapturesWorkFromAnyNode) {
     grpc::ClientContext captures_ctx, labels_ctx, phases_ctx, quality_ctx;
     v1::ListCapturesResponse captures;
     ASSERT_TRUE(v1::Capture::NewStub(channel)->List(&captures_ctx, {}, &captures).ok());
-    EXPECT_EQ(captures.captures_size(), 3) << n->id;
+    EXPECT_EQ(captures.captures_size(), 4) << n->id;
     EXPECT_EQ(captures.unreachable_nodes_size(), 0) << n->id;
     auto query = v1::Query::NewStub(channel);
     v1::ListLabelsRequest labels_request;
