@@ -245,11 +245,11 @@ int RunCapture(CliContext* ctx, const CaptureOptions& o) {
 
   if (cancelled.load()) {
     if (last.capture_id().empty()) Fail("capture cancelled (Ctrl-C) before it started");
+    // The agents' last batches are still on their way: the stored capture counts them.
     std::fprintf(stderr,
-                 "strata: capture %s cancelled (Ctrl-C): stopped on every agent; %s samples "
-                 "kept (strata capture show %s)\n",
-                 last.capture_id().c_str(), WithThousands(last.samples()).c_str(),
-                 last.capture_id().c_str());
+                 "strata: capture %s cancelled (Ctrl-C): stopped on every agent; what they "
+                 "sampled until then is kept (strata capture show %s)\n",
+                 last.capture_id().c_str(), last.capture_id().c_str());
     return 130;
   }
   if (!status.ok() && !last.finished()) {

@@ -3,6 +3,7 @@
 #include "common/base/duration.h"
 
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <set>
 #include <utility>
@@ -24,6 +25,8 @@ constexpr uint32_t kMaxFrequencyHz = 10'000;
 constexpr uint32_t kMaxDurationMs = 3'600'000;
 // After an agent reports the end, how long its last batch may take to be stored.
 constexpr absl::Duration kLastBatchWait = absl::Seconds(2);
+// How long a cancelled capture waits for its agents to report the end after StopCapture.
+constexpr absl::Duration kStopWait = absl::Seconds(3);
 
 bool ValidKeyPart(const std::string& s) {
   return s.size() <= 256 && s.find('\0') == std::string::npos;
@@ -375,6 +378,8 @@ grpc::Status CaptureService::Run(grpc::ServerContext* context,
   absl::Time last_presence_check = absl::Now();
   std::string error;       // the capture's outcome; empty: success
   bool failed_all = false;  // every agent failed: the RPC fails too
+  // Cancelled: when the agents were told to stop (they ship what they sampled up to then).
+  std::optional<absl::Time> stopped_at;
 
   for (;;) {
     v1::CaptureProgress progress;
@@ -397,14 +402,19 @@ grpc::Status CaptureService::Run(grpc::ServerContext* context,
         all_finished &= settled;
         all_failed &= state.finished && !state.error.empty();
       }
-      if (!running->cancel_reason.empty()) {
-        error = running->cancel_reason;
-        stop_reason = error;
-        done = true;
-      } else if (stopping_) {
+      if (stopping_) {
         error = "the server is shutting down";
         stop_reason = error;
         done = true;
+      } else if (!running->cancel_reason.empty()) {
+        // Ends once the agents' last batches are stored (or given up on), so the result
+        // keeps what they sampled up to the stop.
+        error = running->cancel_reason;
+        if (!stopped_at.has_value()) {
+          stop_reason = error;
+          stopped_at = now;
+        }
+        done = all_finished || now - *stopped_at > kLastBatchWait + kStopWait;
       } else if (all_failed) {
         std::vector<std::string> errors;
         for (const auto& [id, state] : running->agents) {
@@ -425,10 +435,11 @@ grpc::Status CaptureService::Run(grpc::ServerContext* context,
       }
       progress = ProgressOf(*running);
     }
-    if (!done && context->IsCancelled()) {
-      error = "cancelled: the client went away";
-      stop_reason = error;
-      done = true;
+    if (!done && !stopped_at.has_value() && context->IsCancelled()) {
+      absl::MutexLock lock(&mu_);
+      running->cancel_reason = "cancelled: the client went away";
+      ++changes_;
+      continue;
     }
     if (!done && absl::Now() - last_presence_check > absl::Seconds(1)) {
       last_presence_check = absl::Now();

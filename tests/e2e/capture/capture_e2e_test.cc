@@ -324,16 +324,32 @@ TEST_F(CaptureTest, CtrlCCancelsOnEveryAgentAndASecondCaptureIsRefused) {
   EXPECT_TRUE(agent_->WaitForOutput("capture " + id + " stopped by the server", 5))
       << agent_->Output();
 
+  // Ended once the agent's last batch is stored: everything it sampled until the stop is kept.
   auto stub = v1::Capture::NewStub(server_->Channel());
   v1::GetCaptureRequest get;
   get.set_capture_id(id);
   v1::CaptureRecord record;
-  grpc::ClientContext context;
-  context.set_deadline(Deadline(10));
-  ASSERT_TRUE(stub->Get(&context, get, &record).ok());
+  const auto ended_by = Clock::now() + std::chrono::seconds(15);
+  do {
+    grpc::ClientContext context;
+    context.set_deadline(Deadline(10));
+    ASSERT_TRUE(stub->Get(&context, get, &record).ok());
+    if (!record.finished()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  } while (!record.finished() && Clock::now() < ended_by);
   EXPECT_TRUE(record.finished());
   EXPECT_THAT(record.error(), HasSubstr("cancelled"));
   EXPECT_LT(record.end_ms() - record.start_ms(), 20'000);
+  std::smatch sampled, kept;
+  const std::string agent_log = agent_->Output();
+  ASSERT_TRUE(std::regex_search(
+      agent_log, sampled, std::regex("capture " + id + " stopped by the server: ([0-9]+) samples")))
+      << agent_log;
+  CommandResult show = RunCommand(Cli({"capture", "show", id, "--format", "top"}), 10);
+  ASSERT_TRUE(std::regex_search(show.output, kept, std::regex("([0-9,]+) samples\\)")))
+      << show.output;
+  std::string kept_digits = kept[1];
+  std::erase(kept_digits, ',');
+  EXPECT_EQ(kept_digits, std::string(sampled[1])) << show.output;
 
   // The agent is free again: a new capture on it runs.
   CommandResult third =
@@ -355,8 +371,24 @@ TEST_F(CaptureTest, CtrlCCancelsOnEveryAgentAndASecondCaptureIsRefused) {
   const std::string fourth_id = CaptureIdIn(fourth.Output());
   CommandResult cancel = RunCommand(Cli({"capture", "cancel", fourth_id}), 10);
   EXPECT_EQ(cancel.exit_code, 0) << cancel.output;
-  EXPECT_EQ(fourth.Wait(10), 1) << fourth.Output();
+  EXPECT_EQ(fourth.Wait(15), 1) << fourth.Output();
   EXPECT_THAT(fourth.Output(), ::testing::ContainsRegex("\\(demo, [0-9.]+s of 30s at 499 Hz, "));
+  // The result printed counts the agent's last batch, shipped after the stop: the capture
+  // ends only once it is stored.
+  std::smatch fourth_sampled, fourth_printed;
+  ASSERT_TRUE(agent_->WaitForOutput("capture " + fourth_id + " stopped by the server", 5));
+  const std::string log_now = agent_->Output();
+  ASSERT_TRUE(std::regex_search(
+      log_now, fourth_sampled,
+      std::regex("capture " + fourth_id + " stopped by the server: ([0-9]+) samples")))
+      << log_now;
+  const std::string fourth_out = fourth.Output();
+  ASSERT_TRUE(std::regex_search(fourth_out, fourth_printed,
+                                std::regex("of 30s at 499 Hz, ([0-9,]+) samples")))
+      << fourth_out;
+  std::string printed_digits = fourth_printed[1];
+  std::erase(printed_digits, ',');
+  EXPECT_EQ(printed_digits, std::string(fourth_sampled[1])) << fourth_out;
 }
 
 TEST_F(CaptureTest, CpuBudgetLowersTheRate) {
