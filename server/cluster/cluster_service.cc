@@ -15,7 +15,7 @@ namespace strata::server::cluster {
 namespace {
 
 absl::StatusOr<query::ProfileQuery> FromRequest(const v1::LocalProfileRequest& request) {
-  auto q = query::ToProfileQuery(request.filter(), base::NowMs());
+  auto q = query::ToProfileQuery(request.filter(), base::NowMs(), /*asked_again=*/true);
   if (!q.ok()) return q.status();
   if (request.hosts_size() > 0) q->hosts.emplace(request.hosts().begin(), request.hosts().end());
   q->requests = request.requests();
@@ -127,7 +127,7 @@ absl::StatusOr<v1::LocalLabelSetsResponse> ClusterService::RunLocalLabelSets(
 
 absl::StatusOr<v1::PhasesResponse> ClusterService::RunLocalPhases(
     const v1::PhasesRequest& request) {
-  auto q = query::ToProfileQuery(request.filter(), base::NowMs());
+  auto q = query::ToProfileQuery(request.filter(), base::NowMs(), /*asked_again=*/true);
   if (!q.ok()) return q.status();
   return query::PhasesOf(store_, *q);
 }

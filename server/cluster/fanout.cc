@@ -198,8 +198,14 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
   profile.unreachable_nodes = std::move(unreachable);
   if (parts->host_samples.empty() && profile.unreachable_nodes.empty() &&
       query.capture_id.empty()) {
-    // As a single server says it: no node knows the service.
-    return absl::NotFoundError(absl::StrCat("unknown service '", query.service, "'"));
+    // As a single server says it: no node knows the service. (A --host that matches none of
+    // its hosts, or a range no window starts in, leaves a known service without samples.)
+    std::vector<std::string> ignored;
+    auto services = Services(&ignored);
+    if (!services.ok()) return services.status();
+    bool known = false;
+    for (const store::ServiceSummary& s : *services) known |= s.service == query.service;
+    if (!known) return absl::NotFoundError(absl::StrCat("unknown service '", query.service, "'"));
   }
   return profile;
 }

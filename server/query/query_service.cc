@@ -118,7 +118,8 @@ bool IsNamingChange(const v1::PhaseChange& c) {
 
 }  // namespace
 
-absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int64_t now_ms) {
+absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int64_t now_ms,
+                                            bool asked_again) {
   ProfileQuery q;
   q.service = filter.service();
   q.from_ms = filter.range().from_ms();
@@ -131,7 +132,7 @@ absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int
   // Samples are kept in windows addressed by their start, and a range takes the windows that
   // start in it. A window holding `from` but starting before it is left out, as one holding
   // `to` is taken: ranges that meet at T share no window, wherever T falls.
-  if (q.from_ms >= q.to_ms) {
+  if (q.from_ms > q.to_ms || (q.from_ms == q.to_ms && !asked_again)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "empty time range: from ", q.from_ms, " ms is not before to ", q.to_ms, " ms"));
   }

@@ -25,8 +25,11 @@
 
 namespace strata::server::query {
 
-// Converts a proto filter to a ProfileQuery; `now_ms` fills an open end.
-absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int64_t now_ms);
+// Converts a proto filter to a ProfileQuery; `now_ms` fills an open end. `asked_again`: the
+// filter is another server's ToProfileFilter, whose range was checked there and may have come
+// out empty (no window starts in it).
+absl::StatusOr<ProfileQuery> ToProfileQuery(const v1::ProfileFilter& filter, int64_t now_ms,
+                                            bool asked_again = false);
 // The filter of a query (its range made explicit), for asking another server the same.
 v1::ProfileFilter ToProfileFilter(const ProfileQuery& query);
 using rpc::ToGrpcStatus;

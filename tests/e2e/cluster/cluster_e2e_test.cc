@@ -264,6 +264,17 @@ TEST_F(ClusterTest, RealAgentIsPlacedAndCapturesWorkFromAnyNode) {
     EXPECT_TRUE(std::regex_search(long_capture.Output(), std::regex("s of 60s at ")))
         << long_capture.Output();
   }
+  // As on one server: a --host that matches none of the service's hosts, and a range that
+  // may have no window starting in it, are answered (with no samples), not refused.
+  for (const std::vector<std::string>& narrow :
+       {std::vector<std::string>{"--host", "no-such-host"}, {"--since", "5s"}}) {
+    std::vector<std::string> argv{BinPath("strata"), "--server", nodes_[0]->address(), "top",
+                                  "--service", "demo"};
+    argv.insert(argv.end(), narrow.begin(), narrow.end());
+    CommandResult top = RunCommand(argv, 30);
+    EXPECT_EQ(top.exit_code, 0) << narrow[0] << ": " << top.output;
+    if (narrow[0] == "--host") EXPECT_NE(top.output.find("No samples"), std::string::npos);
+  }
   // `strata agents` through any node shows the agent connected (it is, on one of them).
   for (const auto& n : nodes_) {
     CommandResult agents =
