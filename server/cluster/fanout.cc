@@ -165,6 +165,13 @@ std::string RenderClusterMetrics(ClusterService& service, const DebugInfoSync* d
          "Batches refused at once: an owner had just failed to confirm one within the replica "
          "timeout.",
          r.replica_skipped.load());
+  metric("strata_cluster_agent_ids_refused_total", "counter",
+         "Agent streams refused: another principal wrote as the agent ID first, on some node.",
+         r.agent_ids.refused.load());
+  metric("strata_cluster_agent_ids_unconfirmed_total", "counter",
+         "Agent streams taken on this node's record of the agent's owner alone, etcd not "
+         "answering.",
+         r.agent_ids.unconfirmed.load());
   if (debuginfo_sync != nullptr) {
     metric("strata_cluster_debuginfo_sent_total", "counter",
            "Uploaded debug files sent to a live node that lacked them.",

@@ -71,6 +71,8 @@ class Membership {
   int64_t revision() const;
   MembershipStats stats() const;
   const MembershipOptions& options() const { return options_; }
+  // The cluster's etcd, for other records under the prefix (agent ID claims).
+  EtcdClient* etcd() const { return etcd_.get(); }
   // Called (on the watch thread) with every new ring.
   void AddObserver(Observer observer);
 

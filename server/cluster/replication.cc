@@ -347,7 +347,8 @@ ClusterPlacement::ClusterPlacement(Membership* membership, store::Store* store,
                                    NodeChannels* channels, ReplicationOptions options,
                                    ReplicationMetrics* metrics)
     : membership_(membership), store_(store), channels_(channels), options_(options),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      agent_ids_(membership->etcd(), membership->options().prefix, &metrics->agent_ids) {}
 
 bool ClusterPlacement::Unresponsive(const std::string& node_id) {
   absl::MutexLock lock(&unresponsive_mu_);
@@ -381,6 +382,11 @@ absl::StatusOr<std::optional<v1::Redirect>> ClusterPlacement::Place(
 std::unique_ptr<ingest::StreamReplica> ClusterPlacement::Replicate(const v1::Hello& hello,
                                                                    const std::string& owner) {
   return std::make_unique<AgentReplica>(this, hello, owner);
+}
+
+absl::Status ClusterPlacement::ClaimAgentId(const ingest::AgentIdentity& agent,
+                                            bool recorded_here) {
+  return agent_ids_.Claim(agent.agent_id, agent.owner, recorded_here);
 }
 
 }  // namespace strata::server::cluster

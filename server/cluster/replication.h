@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/rpc/client_security.h"
+#include "server/cluster/agent_id_claims.h"
 #include "server/cluster/membership.h"
 #include "server/ingest/placement.h"
 #include "server/store/store.h"
@@ -42,6 +43,7 @@ struct ReplicationMetrics {
   // (until that timeout has passed again): refused at once instead of each waiting for it.
   std::atomic<uint64_t> replica_skipped{0};
   std::atomic<int64_t> replicated_streams{0};   // accepted streams with another owner
+  AgentIdClaimStats agent_ids;
 };
 
 // Channels to other nodes by address, shared by replication, fan-out queries and routed
@@ -95,6 +97,7 @@ class ClusterPlacement final : public ingest::StreamPlacement {
   absl::StatusOr<std::optional<v1::Redirect>> Place(const ingest::AgentIdentity& agent) override;
   std::unique_ptr<ingest::StreamReplica> Replicate(const v1::Hello& hello,
                                                    const std::string& owner) override;
+  absl::Status ClaimAgentId(const ingest::AgentIdentity& agent, bool recorded_here) override;
 
  private:
   friend class AgentReplica;
@@ -110,6 +113,7 @@ class ClusterPlacement final : public ingest::StreamPlacement {
   const ReplicationOptions options_;
   ReplicationMetrics* const metrics_;
   CallDeadlines deadlines_;
+  AgentIdClaims agent_ids_;
   absl::Mutex unresponsive_mu_;
   std::map<std::string, absl::Time> unresponsive_until_ ABSL_GUARDED_BY(unresponsive_mu_);
 };

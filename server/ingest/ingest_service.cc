@@ -226,8 +226,9 @@ class IngestService::Stream final
   absl::Status Handle(v1::AgentMessage& message);
   absl::Status HandleHello(const v1::AgentMessage& message);
   // Binds the agent to its principal: a certificate writes only as its own host, and an agent
-  // ID stays with the principal that first wrote as it (the stored record says which).
-  absl::Status CheckIdentity(AgentIdentity* identity);
+  // ID stays with the principal that first wrote as it (the stored record says which; in a
+  // cluster, the placement's claim too). `recorded_here`: the stored record names the owner.
+  absl::Status CheckIdentity(AgentIdentity* identity, bool* recorded_here);
   absl::Status HandleBatch(const v1::SampleBatch& batch);
   absl::Status EndWith(const absl::Status& st, uint64_t sequence);
   void Reject(const absl::Status& st, uint64_t sequence) {
@@ -375,7 +376,8 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
     }
   }
   labels::Normalize(&identity.labels);
-  if (absl::Status st = CheckIdentity(&identity); !st.ok()) {
+  bool recorded_here = false;
+  if (absl::Status st = CheckIdentity(&identity, &recorded_here); !st.ok()) {
     ++metrics->identity_refused;
     LogWarn("{} refused: {}", principal_.Describe(), std::string(st.message()));
     return st;
@@ -389,6 +391,16 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
       *m.mutable_redirect() = std::move(**placed);
       Queue(std::move(m));
       return absl::FailedPreconditionError("redirected to the host's owners");
+    }
+    if (!identity.owner.empty()) {
+      absl::Status claimed = options.placement->ClaimAgentId(identity, recorded_here);
+      if (!claimed.ok()) {
+        if (absl::IsPermissionDenied(claimed)) {
+          ++metrics->identity_refused;
+          LogWarn("{} refused: {}", principal_.Describe(), std::string(claimed.message()));
+        }
+        return claimed;
+      }
     }
   }
   held_graph_ = GraphRef{identity.agent_id, identity.graph_id};
@@ -437,7 +449,8 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
   return absl::OkStatus();
 }
 
-absl::Status IngestService::Stream::CheckIdentity(AgentIdentity* identity) {
+absl::Status IngestService::Stream::CheckIdentity(AgentIdentity* identity,
+                                                  bool* recorded_here) {
   // A replica stream's node checked the agent; the agent keeps the owner it has there.
   if (replica_) {
     identity->owner = replica_owner_;
@@ -461,6 +474,7 @@ absl::Status IngestService::Stream::CheckIdentity(AgentIdentity* identity) {
                   stored.status().ToString());
     return absl::UnavailableError("cannot read the agent's record; retry later");
   }
+  *recorded_here = stored.ok() && stored->owner == identity->owner;
   return absl::OkStatus();
 }
 

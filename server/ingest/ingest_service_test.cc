@@ -418,6 +418,7 @@ class ScriptedPlacement final : public StreamPlacement {
   std::unique_ptr<StreamReplica> Replicate(const v1::Hello&, const std::string&) override {
     return std::make_unique<Replica>(this);
   }
+  absl::Status ClaimAgentId(const AgentIdentity&, bool) override { return absl::OkStatus(); }
 
  private:
   class Replica final : public StreamReplica {

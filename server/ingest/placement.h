@@ -53,6 +53,11 @@ class StreamPlacement {
   // AgentIdentity::owner here.
   virtual std::unique_ptr<StreamReplica> Replicate(const v1::Hello& hello,
                                                    const std::string& owner) = 0;
+  // Before this node takes a stream whose agent.owner is set: a node knows the owners of its
+  // own hosts' agents only, so the first principal to write as an agent ID anywhere owns it
+  // everywhere. OK, PermissionDenied naming the owner, or Unavailable when the cluster cannot
+  // tell and `recorded_here` (this node's store records the same owner) is false.
+  virtual absl::Status ClaimAgentId(const AgentIdentity& agent, bool recorded_here) = 0;
 };
 
 }  // namespace strata::server::ingest

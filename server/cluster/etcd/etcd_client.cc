@@ -474,6 +474,35 @@ absl::Status EtcdClient::Delete(const std::string& key) {
                        });
 }
 
+absl::StatusOr<std::string> EtcdClient::PutIfAbsent(const std::string& key,
+                                                    const std::string& value) {
+  etcdserverpb::TxnRequest request;
+  etcdserverpb::Compare& absent = *request.add_compare();
+  absent.set_key(key);
+  absent.set_target(etcdserverpb::Compare::CREATE);
+  absent.set_result(etcdserverpb::Compare::EQUAL);
+  absent.set_create_revision(0);
+  etcdserverpb::PutRequest& put = *request.add_success()->mutable_request_put();
+  put.set_key(key);
+  put.set_value(value);
+  request.add_failure()->mutable_request_range()->set_key(key);
+  etcdserverpb::TxnResponse response;
+  absl::Status status =
+      CallEndpoints(endpoints_, preferred_, "Txn", absl::Now() + options_.call_timeout,
+                    [&](Endpoint& endpoint, grpc::ClientContext& context) {
+                      return endpoint.kv->Txn(&context, request, &response);
+                    });
+  if (!status.ok()) return status;
+  if (response.succeeded()) return value;
+  // A retried call whose first attempt put the key finds it here: its value is `value`.
+  if (response.responses_size() != 1 || !response.responses(0).has_response_range() ||
+      response.responses(0).response_range().kvs_size() != 1) {
+    // Deleted between the compare and the read cannot happen within one transaction.
+    return absl::InternalError("etcd Txn: no value for a key that exists");
+  }
+  return response.responses(0).response_range().kvs(0).value();
+}
+
 absl::StatusOr<EtcdClient::RangeResult> EtcdClient::GetPrefix(const std::string& prefix) {
   etcdserverpb::RangeRequest request;
   auto [key, range_end] = PrefixRange(prefix);

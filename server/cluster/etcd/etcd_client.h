@@ -1,5 +1,5 @@
-// A small client of etcd's v3 API (3.4) over the project's gRPC: keys (put, delete, read a
-// prefix), leases (grant, refresh, revoke) and prefix watches, which is what the server needs
+// A small client of etcd's v3 API (3.4) over the project's gRPC: keys (put, put if absent,
+// delete, read a prefix), leases (grant, refresh, revoke) and prefix watches, which is what the server needs
 // to register itself in a cluster and to follow the other members.
 //
 // Ownership: the caller owns the EtcdClient and every Watch it returns; a Watch may outlive
@@ -93,6 +93,9 @@ class EtcdClient {
   absl::Status Put(const std::string& key, const std::string& value, int64_t lease = 0);
   // OK whether or not the key existed.
   absl::Status Delete(const std::string& key);
+  // Puts `value` (without a lease) unless the key exists, in one transaction; the key's value
+  // afterwards: `value` if it was put or already held it, else the value another client put.
+  absl::StatusOr<std::string> PutIfAbsent(const std::string& key, const std::string& value);
 
   struct RangeResult {
     std::vector<EtcdKeyValue> kvs;  // sorted by key

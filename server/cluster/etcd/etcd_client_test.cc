@@ -213,6 +213,40 @@ TEST_F(EtcdKvTest, BinaryKeysAndPrefixesEndingIn0xff) {
   EXPECT_EQ(result->kvs[0].value, std::string("\0\1", 2));
 }
 
+TEST_F(EtcdKvTest, PutIfAbsentKeepsTheFirstValueOfManyRacingClients) {
+  absl::StatusOr<std::string> first = client_->PutIfAbsent("claim/x", "mine");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, "mine");
+  absl::StatusOr<std::string> again = client_->PutIfAbsent("claim/x", "mine");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, "mine");
+  absl::StatusOr<std::string> other = client_->PutIfAbsent("claim/x", "theirs");
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(*other, "mine");
+
+  // Four threads race for each of 20 keys: all of them see the one value that was put.
+  std::vector<std::vector<std::string>> seen(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([this, t, &seen] {
+      for (int i = 0; i < 20; ++i) {
+        absl::StatusOr<std::string> v =
+            client_->PutIfAbsent(absl::StrCat("claim/race/", i), absl::StrCat("thread ", t));
+        EXPECT_TRUE(v.ok()) << v.status();
+        seen[t].push_back(v.ok() ? *v : "");
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  absl::StatusOr<EtcdClient::RangeResult> stored = client_->GetPrefix("claim/race/");
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_EQ(stored->kvs.size(), 20u);
+  for (const EtcdKeyValue& kv : stored->kvs) {
+    const int i = std::stoi(kv.key.substr(std::string("claim/race/").size()));
+    for (int t = 0; t < 4; ++t) EXPECT_EQ(seen[t][i], kv.value) << kv.key;
+  }
+}
+
 TEST_F(EtcdKvTest, ConcurrentCallsFromManyThreads) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {

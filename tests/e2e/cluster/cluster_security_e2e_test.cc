@@ -36,7 +36,8 @@ class ClusterSecurityTest : public ClusterTest {
     ASSERT_EQ(certs.exit_code, 0) << certs.output;
     std::string auth = "cert n1 node\ncert n2 node\ncert n3 node\ncert n4 node\n";
     for (const auto& [name, role] : std::vector<std::pair<std::string, std::string>>{
-             {"fleet", "agent"}, {"alice", "reader"}, {"ops", "operator"}}) {
+             {"fleet", "agent"}, {"other", "agent"}, {"alice", "reader"},
+             {"ops", "operator"}}) {
       const std::string token = TokenFile(name);
       std::ofstream(token) << name << "-" << getpid() << "-secret\n";
       CommandResult line =
@@ -108,6 +109,30 @@ class ClusterSecurityTest : public ClusterTest {
     context->AddMetadata("authorization", absl::StrCat("Bearer ", name, "-", getpid(), "-secret"));
   }
 
+  // What `node` answers an agent's Hello sent with `token`: "welcome", "redirect", or the
+  // stream's error.
+  std::string Hello(const Node& node, const std::string& token, const std::string& agent_id,
+                    const std::string& host) {
+    auto ingest = v1::Ingest::NewStub(Channel(node));
+    grpc::ClientContext ctx;
+    AddToken(&ctx, token);
+    auto stream = ingest->Connect(&ctx);
+    v1::AgentMessage hello;
+    hello.mutable_hello()->set_agent_id(agent_id);
+    hello.mutable_hello()->set_host(host);
+    hello.mutable_hello()->set_graph_id(1);
+    stream->Write(hello);
+    stream->WritesDone();
+    std::string answer;
+    v1::ServerMessage m;
+    while (stream->Read(&m)) {
+      if (m.has_welcome()) answer = "welcome";
+      if (m.has_redirect()) answer = "redirect";
+    }
+    grpc::Status s = stream->Finish();
+    return answer.empty() ? s.error_message() : answer;
+  }
+
   std::string pki_, auth_file_;
 };
 
@@ -165,6 +190,45 @@ TEST_F(ClusterSecurityTest, NodesReplicateAndAnswerAsNodesOverMutualTls) {
   CommandResult status = Cli(*nodes_[2], "alice", {"cluster"});
   EXPECT_EQ(status.exit_code, 0) << status.output;
   EXPECT_NE(status.output.find("n1"), std::string::npos) << status.output;
+}
+
+// An agent ID belongs to the first principal that wrote as it on any node. A node records the
+// owner of its own hosts' agents only, so another agent's credentials, naming a host that
+// another node owns, are refused there too: each host has one owner here (replication factor
+// 1), and some of the squatter's hosts fall on nodes that never saw the agent.
+TEST_F(ClusterSecurityTest, AnAgentIdTakenOnOneNodeIsRefusedToOthersOnEveryNode) {
+  for (int i = 0; i < 3; ++i) AddNode({"--replication-factor", "1"});
+  WaitForRing();
+  std::string owner_of_host_a;
+  for (const auto& n : nodes_) {
+    if (Hello(*n, "fleet", "web-1", "host-a") == "welcome") owner_of_host_a += n->id;
+  }
+  ASSERT_TRUE(owner_of_host_a == "n1" || owner_of_host_a == "n2" || owner_of_host_a == "n3")
+      << owner_of_host_a << Logs();
+
+  int refused = 0, refused_elsewhere = 0;
+  for (int h = 0; h < 8; ++h) {
+    const std::string host = absl::StrCat("squat-", h);
+    for (const auto& n : nodes_) {
+      const std::string answer = Hello(*n, "other", "web-1", host);
+      EXPECT_NE(answer, "welcome") << n->id << " took web-1 for " << host << Logs();
+      if (answer == "redirect") continue;
+      EXPECT_NE(answer.find("belongs to token fleet"), std::string::npos) << answer;
+      ++refused;
+      refused_elsewhere += n->id != owner_of_host_a;
+    }
+  }
+  EXPECT_GT(refused_elsewhere, 0) << "every squatting host fell on host-a's node";
+  double counted = 0;
+  for (const auto& n : nodes_) counted += Metric(*n, "strata_cluster_agent_ids_refused_total");
+  EXPECT_EQ(counted, refused) << Logs();
+  // The agent and the other principal's own agent IDs are taken as before.
+  int welcomed = 0;
+  for (const auto& n : nodes_) welcomed += Hello(*n, "fleet", "web-1", "host-a") == "welcome";
+  EXPECT_EQ(welcomed, 1);
+  welcomed = 0;
+  for (const auto& n : nodes_) welcomed += Hello(*n, "other", "web-2", "squat-0") == "welcome";
+  EXPECT_EQ(welcomed, 1);
 }
 
 // What only nodes may do: an agent's token cannot open a replica stream (which would store
