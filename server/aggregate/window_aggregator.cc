@@ -156,8 +156,11 @@ WindowAggregator::WindowAggregator(store::Store* store, AggregatorOptions option
 WindowAggregator::~WindowAggregator() { Stop(); }
 
 absl::Status WindowAggregator::Recover() {
+  // Services whose cells of the older records were written before the process ended.
+  absl::StatusOr<std::map<std::string, uint64_t>> written = store_->meta().JournalWritten();
+  if (!written.ok()) return written.status();
   store::WriteBatch wb;
-  uint64_t last = 0, records = 0, corrupt = 0;
+  uint64_t last = 0, records = 0, corrupt = 0, skipped = 0;
   std::vector<JournalCell> cells;
   std::string host;
   absl::Status s = store_->meta().ScanJournal([&](uint64_t seq, std::string_view record) {
@@ -170,20 +173,25 @@ absl::Status WindowAggregator::Recover() {
       return absl::OkStatus();
     }
     for (const JournalCell& c : cells) {
+      if (auto w = written->find(c.service); w != written->end() && seq < w->second) {
+        ++skipped;
+        continue;
+      }
       wb.AddSamples(c.service, c.window_start_ms, host, c.stack_id, c.count, c.label_set);
     }
     ++records;
     return absl::OkStatus();
   });
   if (!s.ok()) return s;
-  if (last == 0) return absl::OkStatus();
+  if (!written->empty()) wb.DeleteJournalWritten();
+  if (last == 0) return written->empty() ? absl::OkStatus() : store_->Commit(&wb);
   wb.DeleteJournalBefore(last + 1);
   if (absl::Status c = store_->Commit(&wb); !c.ok()) return c;
   absl::MutexLock lock(&mu_);
   next_journal_ = last + 1;
   stats_.recovered_records = records;
-  LogInfo("wrote {} journal records of an earlier run to the store ({} corrupt)", records,
-               corrupt);
+  LogInfo("wrote {} journal records of an earlier run to the store ({} corrupt, {} cells "
+          "written before)", records, corrupt, skipped);
   return absl::OkStatus();
 }
 
@@ -429,6 +437,8 @@ void WindowAggregator::Flush(const std::string& service, ServiceTable& t, bool c
     base::SaturatingAddTo(p.total, count);
   });
   p.first_journal = t.first_journal;
+  // The table holds every cell of the service journaled so far that is not written yet.
+  p.wb->PutJournalWritten(service, next_journal_);
   t.first_journal = kNoJournal;
   t.live_total = 0;
   ++t.pending_flushes;

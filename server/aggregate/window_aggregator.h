@@ -26,8 +26,10 @@
 // Durability: a batch's cells are written to the journal column family in the same commit as
 // the batch's other records and applied sequence, before the caller acknowledges it. A window
 // flush deletes, in its commit, the journal records no table and no other pending flush
-// still needs.
-// Create() writes the cells of journal records left by a killed process to the store. Cells
+// still needs, and marks the service's cells of every record so far as written (a record
+// holds a batch's cells of all its services, so it outlives the first service's flush).
+// Create() writes the cells of journal records left by a killed process to the store, but
+// for services marked as written past them. Cells
 // of windows already closed (late batches) go to the cell column families directly.
 //
 // Queries see every acknowledged sample: LiveSamples adds the counts still in the tables to

@@ -178,6 +178,34 @@ TEST_F(WindowAggregatorTest, RecoversOpenWindowsFromTheJournal) {
   EXPECT_EQ(Stored("api"), (Totals{{1, 17}, {2, 5}}));
 }
 
+// One batch of two services is one journal record; when one service's window was written
+// and the process was killed before the other's, the record is still there, and recovery
+// writes only the other service's cells of it.
+TEST_F(WindowAggregatorTest, RecoveryWritesNoServiceTwiceWhoseWindowWasWrittenAlready) {
+  CreateAggregator({});
+  const int64_t w = 500 * kWindowMs;
+  const std::string api = "api", db = "db";
+  store::WriteBatch wb;
+  std::vector<BatchCommitter::Cell> cells{{&api, 1, 10}, {&db, 2, 6}};
+  ASSERT_TRUE(aggregator_->CommitBatch(&wb, "h1", w, cells).ok());
+  ASSERT_TRUE(Commit("api", "h1", w + kWindowMs, {{1, 3}}).ok());  // closes api's window w
+  EXPECT_EQ(Stored("api"), (Totals{{1, 10}}));
+  EXPECT_EQ(Stored("db"), Totals{});
+  EXPECT_EQ(JournalRecords(), 2u);  // db still needs the first
+
+  aggregator_.reset();  // no flush: as if killed
+  OpenStore();
+  CreateAggregator({});
+  EXPECT_EQ(JournalRecords(), 0u);
+  EXPECT_EQ(Stored("api"), (Totals{{1, 13}}));
+  EXPECT_EQ(Stored("db"), (Totals{{2, 6}}));
+  // Recovering again (another restart) adds nothing.
+  aggregator_.reset();
+  CreateAggregator({});
+  EXPECT_EQ(Stored("api"), (Totals{{1, 13}}));
+  EXPECT_EQ(Stored("db"), (Totals{{2, 6}}));
+}
+
 // Cells of one stack under different label sets stay apart in the tables, the journal and
 // the store, and queries select them by label set ID.
 TEST_F(WindowAggregatorTest, LabelSetsStayApartThroughTablesJournalAndStore) {

@@ -317,6 +317,9 @@ std::string LegacySequenceKey(std::string_view agent_id) {
 }
 std::string CaptureKey(std::string_view capture_id) { return TaggedKey(kCaptureTag, capture_id); }
 std::string ReleaseKey(std::string_view release_id) { return TaggedKey(kReleaseTag, release_id); }
+std::string JournalWrittenKey(std::string_view service) {
+  return TaggedKey(kJournalWrittenTag, service);
+}
 
 std::string LabelSetKey(uint64_t label_set) {
   std::string key(1, kLabelSetTag);

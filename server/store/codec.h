@@ -83,6 +83,7 @@ inline constexpr char kRequestsHourTag = 'Y';
 inline constexpr char kRollupStateTag = 'R';
 inline constexpr char kReleaseTag = 'v';
 inline constexpr char kGraphUseTag = 'G';
+inline constexpr char kJournalWrittenTag = 'J';
 
 std::string AgentKey(std::string_view agent_id);
 // Applied batch sequence of one incarnation of an agent (its graph ID): 'q' agent '\0'
@@ -91,6 +92,9 @@ std::string SequenceKey(std::string_view agent_id, uint64_t incarnation);
 std::string LegacySequenceKey(std::string_view agent_id);
 std::string CaptureKey(std::string_view capture_id);
 std::string ReleaseKey(std::string_view release_id);
+// 'J' service -> BE(sequence): journal records below the sequence hold no cell of the service
+// that is not in the cell column families.
+std::string JournalWrittenKey(std::string_view service);
 // Label sets: 'l' BE(id) -> labels::Encode(set) (content-addressed like stacks), and the
 // sets each service's samples use: 'L' service '\0' BE(id) -> "".
 std::string LabelSetKey(uint64_t label_set);

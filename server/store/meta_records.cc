@@ -297,6 +297,19 @@ absl::Status MetaRecords::ScanJournal(
                          });
 }
 
+absl::StatusOr<std::map<std::string, uint64_t>> MetaRecords::JournalWritten() {
+  std::map<std::string, uint64_t> written;
+  absl::Status s = database_->Scan(
+      Column::kMeta, std::string(1, kJournalWrittenTag), std::string(1, kJournalWrittenTag + 1),
+      [&](std::string_view key, std::string_view value) -> absl::Status {
+        if (value.size() != 8) return absl::DataLossError("corrupt journal mark");
+        written.emplace(key.substr(1), GetFixed64BE(value.data()));
+        return absl::OkStatus();
+      });
+  if (!s.ok()) return s;
+  return written;
+}
+
 absl::StatusOr<std::vector<ReleaseRecord>> MetaRecords::ListReleases() {
   return ScanTaggedRecords<ReleaseRecord>(*database_, kReleaseTag, &DecodeRelease,
                                           &ReleaseRecord::release_id);

@@ -67,6 +67,8 @@ class MetaRecords {
   // Every journal record in sequence order; stops at the first error `fn` returns.
   absl::Status ScanJournal(
       const std::function<absl::Status(uint64_t sequence, std::string_view record)>& fn);
+  // WriteBatch::PutJournalWritten's sequences, by service.
+  absl::StatusOr<std::map<std::string, uint64_t>> JournalWritten();
 
  private:
   const Database* database_;

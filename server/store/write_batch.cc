@@ -140,6 +140,17 @@ void WriteBatch::DeleteJournalBefore(uint64_t sequence) {
   rep_->Add(Column::kJournal, Rep::OpType::kDeleteRange, JournalKey(0), JournalKey(sequence));
 }
 
+void WriteBatch::PutJournalWritten(std::string_view service, uint64_t sequence) {
+  std::string value;
+  PutFixed64BE(&value, sequence);
+  rep_->Add(Column::kMeta, Rep::OpType::kPut, JournalWrittenKey(service), std::move(value));
+}
+
+void WriteBatch::DeleteJournalWritten() {
+  rep_->Add(Column::kMeta, Rep::OpType::kDeleteRange, std::string(1, kJournalWrittenTag),
+            std::string(1, kJournalWrittenTag + 1));
+}
+
 void WriteBatch::PutPhaseEvent(const PhaseEvent& event) {
   if (!rep_->CheckKeyPart("service", event.service, false) ||
       !rep_->CheckWindow(event.window_start_ms)) {

@@ -72,6 +72,11 @@ class WriteBatch {
   // the deletion of every record below `sequence`.
   void PutJournal(uint64_t sequence, std::string_view record);
   void DeleteJournalBefore(uint64_t sequence);
+  // Every cell of `service` in journal records below `sequence` is in the cell column
+  // families (committed with the cells): a journal record holds several services' cells and
+  // stays until all of them are written, so replaying it must skip the ones that were.
+  void PutJournalWritten(std::string_view service, uint64_t sequence);
+  void DeleteJournalWritten();
 
   bool empty() const;
   // Drops everything added so far.
