@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "cli/format.h"
 #include "common/base/clock.h"
+#include "common/base/host_port.h"
 
 namespace strata::cli {
 
@@ -217,6 +218,9 @@ void WriteOutput(const std::string& path, const std::string& data) {
 }
 
 Client::Client(const GlobalOptions& options) : options_(options) {
+  if (absl::Status port = base::CheckPortInRange(options.server); !port.ok()) {
+    Fail(absl::StrCat("--server: ", port.message()));
+  }
   auto security = rpc::ClientSecurity::Load(options.security);
   if (!security.ok()) Fail(std::string(security.status().message()));
   security_ = std::move(*security);

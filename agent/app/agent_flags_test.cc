@@ -70,6 +70,7 @@ TEST(AgentFlagsTest, TheDefaultSpoolFallsBackToMemory) {
 TEST(AgentFlagsTest, ErrorsNameTheFlag) {
   for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
            {"--server", "n1:7070,"},
+           {"--server", "n1:7070,n2:99999"},
            {"--label", "no-equals"},
            {"--service", "no-regex"},
            {"--spool-max-bytes", "lots"},

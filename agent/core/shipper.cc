@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/host_port.h"
 #include "common/base/log.h"
 #include "common/base/split.h"
 #include "common/encoding/graph_delta_edges.h"
@@ -52,6 +53,7 @@ absl::StatusOr<std::vector<std::string>> ParseServerList(std::string_view list) 
                        : absl::StrCat("an empty address in '", std::string(list),
                                       "' (addresses are host:port, separated by commas)"));
     }
+    if (absl::Status port = base::CheckPortInRange(piece); !port.ok()) return port;
     out.emplace_back(piece);
   }
   return out;

@@ -1,5 +1,6 @@
 #include "server/app/server_flags.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <initializer_list>
 #include <optional>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/byte_size.h"
 #include "common/base/duration.h"
+#include "common/base/host_port.h"
 #include "server/auth/principal.h"
 
 namespace strata::server::app {
@@ -261,7 +263,8 @@ void AddStorageFlags(CLI::App& app, ServerFlags& f) {
   ServerOptions& o = f.options;
   AddFlags(app, {
     {"--sync", &o.storage.store.sync, "fsync the write-ahead log on every batch"},
-    {"--log-level", &o.log_level, "trace|debug|info|warn|error", kNoDefault},
+    {"--log-level", &o.log_level, "trace|debug|info|warn|error", kNoDefault,
+     CLI::IsMember({"trace", "debug", "info", "warn", "error"})},
     {"--capture-retention", &f.capture_retention,
      "keep ad hoc captures this long after they end (e.g. 7d, 12h; 0: forever)"},
     {"--retention-raw", &f.raw_retention, "keep 10 s windows this long (0: forever)"},
@@ -451,6 +454,17 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags(const ServerFlags& flags) {
   if (absl::Status sizes = ParseSizes(flags, options); !sizes.ok()) return sizes;
   if (absl::Status durations = ParseDurations(flags, options); !durations.ok()) {
     return durations;
+  }
+  for (const auto& [flag, address] :
+       {std::pair{"--listen", &options.ingest.listen}, std::pair{"--http", &options.http.listen},
+        std::pair{"--advertise", &options.cluster.advertise}}) {
+    if (absl::Status port = base::CheckPortInRange(*address); !port.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": ", port.message()));
+    }
+  }
+  const auth::AuthorizerOptions& auth = options.security.authorizer;
+  if (!std::isfinite(auth.query_rate) || !std::isfinite(auth.query_burst)) {
+    return absl::InvalidArgumentError("--query-rate and --query-burst must be numbers");
   }
   if (!(options.regression_fdr > 0 && options.regression_fdr < 1)) {
     return absl::InvalidArgumentError("--regression-fdr must be between 0 and 1 (e.g. 0.05)");

@@ -99,12 +99,16 @@ TEST(ServerFlagsTest, BadValuesNameTheirFlag) {
   ExpectRefused("--table-memory lots", invalid, "--table-memory: ");
   ExpectRefused("--retention-minute forever", invalid, "--retention-minute: ");
   ExpectRefused("--graph-retention soon", invalid, "--graph-retention: ");
+  ExpectRefused("--listen 127.0.0.1:99999", invalid, "--listen: port 99999 of");
+  ExpectRefused("--advertise n1:70000", invalid, "--advertise: port 70000 of");
+  ExpectRefused("--query-rate nan", invalid, "--query-rate and --query-burst must be numbers");
 }
 
 TEST(ServerFlagsTest, CliRefusesOutOfRangeNumbers) {
   EXPECT_THROW(FromCommandLine("--max-graph-nodes 0").IgnoreError(), CLI::ValidationError);
   EXPECT_THROW(FromCommandLine("--replication-factor 6").IgnoreError(), CLI::ValidationError);
   EXPECT_THROW(FromCommandLine("--tls-client-role root").IgnoreError(), CLI::ValidationError);
+  EXPECT_THROW(FromCommandLine("--log-level loud").IgnoreError(), CLI::ValidationError);
 }
 
 TEST(ServerFlagsTest, TlsAndAuthenticationMustFitTogether) {

@@ -309,6 +309,10 @@ TEST_F(BackboneTest, CliReportsUnreachableServerAndBadFlags) {
     EXPECT_NE(r.exit_code, 0) << command;
     EXPECT_THAT(r.output, HasSubstr("unknown service 'nope'")) << command;
   }
+  // A port past 65535 would reach another server (gRPC takes it modulo 65536).
+  r = RunCommand({BinPath("strata"), "--server", server.address() + "0", "services"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("is out of range"));
   r = RunCommand({BinPath("strata"), "--server", server.address(), "frobnicate"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("unknown command 'frobnicate'"));
