@@ -132,6 +132,8 @@ absl::Status ServerApp::Start() {
 
 absl::Status ServerApp::OpenStore() {
   const std::string& data = options_.storage.data_dir;
+  // After an unclean stop RocksDB first replays its write-ahead log, which can take a while.
+  LogInfo("opening the store in {}", data);
   auto store = store::Store::Open(data, options_.storage.store);
   if (!store.ok()) {
     return Failed(absl::StrCat("cannot open data directory ", data, ": "), store.status(),

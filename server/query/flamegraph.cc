@@ -527,22 +527,35 @@ std::string RenderFolded(const Profile& profile) {
   auto clean = [](std::string_view name, std::string* out) {
     for (char c : name) out->push_back(c == ';' ? ':' : (c == '\n' || c == '\r') ? ' ' : c);
   };
-  std::string out;
+  // Stacks that differ only in what the text does not show (call sites, two functions of one
+  // label) are one line, as perf's stackcollapse writes them: tools that sort or diff the
+  // lines would otherwise see a fraction of the stack's weight.
+  std::vector<std::pair<std::string, uint64_t>> lines;
+  absl::flat_hash_map<std::string, size_t> line_of;
+  std::string text;
   for (const ResolvedStack& stack : profile.stacks) {
+    text.clear();
     bool first = true;
     if (stack.truncated) {
-      out += "[truncated]";
+      text += "[truncated]";
       first = false;
     }
     for (uint32_t f : stack.frames) {
-      if (!first) out.push_back(';');
+      if (!first) text.push_back(';');
       first = false;
-      clean(FrameLabel(profile.functions[f]), &out);
-      out += FoldedSuffix(base::FrameKindOf(profile.functions[f].module));
+      clean(FrameLabel(profile.functions[f]), &text);
+      text += FoldedSuffix(base::FrameKindOf(profile.functions[f].module));
     }
-    if (first) out += "[unknown]";
-    absl::StrAppend(&out, " ", stack.count, "\n");
+    if (first) text += "[unknown]";
+    auto [it, added] = line_of.try_emplace(text, lines.size());
+    if (added) {
+      lines.emplace_back(text, stack.count);
+    } else {
+      lines[it->second].second += stack.count;
+    }
   }
+  std::string out;
+  for (const auto& [line, count] : lines) absl::StrAppend(&out, line, " ", count, "\n");
   return out;
 }
 

@@ -233,6 +233,15 @@ TEST(FlameTreeTest, MatchesNaiveTreeOnRandomProfiles) {
 TEST(FlameTreeTest, Renderings) {
   const Profile p = SmallProfile();
   EXPECT_EQ(RenderFolded(p), "main;a;b 6\nmain;a;c 3\n[truncated];x 2\nmain;d 1\n");
+  {
+    // Stacks whose lines read the same (another function named b; a call site the text does
+    // not show) are one line.
+    Profile twice = p;
+    twice.functions.push_back(Fn(200, "b", "/bin/m"));
+    twice.stacks.push_back({5, 4, false, {0, 1, 6}});
+    twice.stacks.push_back({6, 1, false, {0, 1, 2}});
+    EXPECT_EQ(RenderFolded(twice), "main;a;b 11\nmain;a;c 3\n[truncated];x 2\nmain;d 1\n");
+  }
   FlameTree tree = BuildFlameTree(p, 0);
   EXPECT_THAT(RenderFlameJson(tree),
               HasSubstr("{\"name\":\"b\",\"module\":\"/bin/m\",\"value\":6,"

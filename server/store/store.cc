@@ -290,6 +290,11 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
   }
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::Status s = rocksdb::DB::Open(db_options, dir, descriptors, &handles, &impl->database.db);
+  if (s.IsIOError() && s.ToString().find("lock file") != std::string::npos &&
+      s.ToString().find("temporarily unavailable") != std::string::npos) {
+    return absl::FailedPreconditionError(
+        "another process has it open (a strata-server running on it?): " + s.ToString());
+  }
   if (!s.ok()) return FromRocks(s);
   MarkDataDirectory(dir);
   for (size_t i = 0; i < kNumColumns; ++i) impl->database.columns[i] = handles[i];

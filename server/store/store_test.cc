@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1672,6 +1673,41 @@ TEST(StoreDirectoryTest, ForeignOrDamagedDirectoriesAreRefusedClearly) {
     EXPECT_TRUE(absl::IsFailedPrecondition(store.status())) << store.status();
     EXPECT_NE(store.status().message().find("notes.txt"), std::string::npos) << store.status();
     EXPECT_FALSE(fs::exists(root + "/foreign/CURRENT"));
+  }
+  {
+    // A store another process has open: a child holds its LOCK (as RocksDB does, with
+    // fcntl; only system calls after the fork) until the pipe closes.
+    ASSERT_TRUE(Store::Open(root + "/taken", StoreOptions()).ok());
+    int opened[2], done[2];
+    ASSERT_EQ(pipe(opened), 0);
+    ASSERT_EQ(pipe(done), 0);
+    const std::string lock_file = root + "/taken/LOCK";
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      close(opened[0]);
+      close(done[1]);
+      struct flock lock = {};
+      lock.l_type = F_WRLCK;
+      lock.l_whence = SEEK_SET;
+      const int fd = open(lock_file.c_str(), O_RDWR);
+      char c = fd >= 0 && fcntl(fd, F_SETLK, &lock) == 0 ? 'y' : 'n';
+      if (write(opened[1], &c, 1) != 1 || read(done[0], &c, 1) < 0) _exit(1);
+      _exit(0);
+    }
+    close(opened[1]);
+    close(done[0]);
+    char c = 0;
+    ASSERT_EQ(read(opened[0], &c, 1), 1);
+    ASSERT_EQ(c, 'y');
+    auto second = Store::Open(root + "/taken", StoreOptions());
+    close(done[1]);
+    close(opened[0]);
+    int status = 0;
+    waitpid(child, &status, 0);
+    ASSERT_FALSE(second.ok());
+    EXPECT_NE(second.status().message().find("another process has it open"), std::string::npos)
+        << second.status();
   }
   {
     std::ofstream(root + "/file") << "x";
