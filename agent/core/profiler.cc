@@ -107,6 +107,7 @@ absl::Status Profiler::Poll(absl::Duration timeout) {
     now = absl::Now();
   }
   absl::Duration wait = std::min(timeout, next_rescan_ - now);
+  wait = std::min(wait, discovery_->RereadNewTargets(now) - now);
   for (sources::StackSource* source : sources_) wait = std::min(wait, source->max_wait());
   if (PythonBatched()) wait = std::min(wait, PythonWait());
   absl::StatusOr<Wakeup> woke = poller_->Wait(wait);
@@ -119,6 +120,9 @@ absl::Status Profiler::Poll(absl::Duration timeout) {
       if (auto st = source->Ready(); !st.ok()) return st;
     }
   }
+  // Before the drain: new targets' samples are unwound with the libraries mapped since they
+  // were found (TargetDiscovery::kNewTargetRereads).
+  (void)discovery_->RereadNewTargets(absl::Now());
   for (sources::StackSource* source : sources_) source->Drain(recorder_);
   AttachPythonCapture();
   return rescan_due_ ? Rescan() : absl::OkStatus();

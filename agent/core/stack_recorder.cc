@@ -97,11 +97,15 @@ const std::vector<encoding::EdgeId>* StackRecorder::UnwindAndRecord(
   size_t outer_kept = 0;
   unwind::UnwindResult result =
       Unwind(target, state, thread, sample, &paths, &outer_kept, counts);
+  // A library mapped since the mappings were read: read them again, and unwind again when
+  // they changed (the sample was taken with the library there).
+  if (result.stop == unwind::StopReason::kNoModule && targets_->RefreshSoon(target)) {
+    result = Unwind(target, state, thread, sample, &paths, &outer_kept, counts);
+  }
   if (result.num_frames == 0) {
     frames_[0] = {sample.pc, sample.sp, 0};
     result.num_frames = 1;
   }
-  if (result.stop == unwind::StopReason::kNoModule) targets_->RefreshSoon(target);
   const bool truncated = result.stop != unwind::StopReason::kOutermost;
   // Off-CPU stacks are recorded at the switch-in, long after the switch-out they show: the
   // thread's Python frames are not those of the sample any more.

@@ -446,5 +446,92 @@ TEST(StackRecorderTest, PythonFramesKeptWhileAGeneratorsEvalCallStartsAndEnds) {
 #endif
 }
 
+// Whether libc is among the target's modules, or among the process's mappings.
+bool SpaceHasLibc(const Target& target) {
+  bool found = false;
+  target.space->ForEachModule([&](const symbols::Module& m, int64_t) {
+    found |= m.path.find("/libc.so") != std::string::npos;
+  });
+  return found;
+}
+bool ProcessHasLibc(pid_t pid) {
+  auto maps = symbols::ReadExecutableMappings(pid);
+  if (!maps.ok()) return false;
+  return std::any_of(maps->begin(), maps->end(), [](const symbols::MappingInfo& m) {
+    return m.path.find("/libc.so") != std::string::npos;
+  });
+}
+
+// Process events find a process at its exec, before its dynamic loader maps its libraries:
+// the mappings read then lack libc, which every stack runs through. A sample in no known module
+// reads them again at once (not a second after the first read) and is unwound again; and a new
+// target's mappings are read again shortly after it was found, so that the samples of a process
+// that exited before they were drained are complete too (a dead process's empty maps replace
+// nothing).
+TEST(StackRecorderTest, ProcessFoundAtExecUnwoundThroughLibrariesMappedAfter) {
+  if (absl::Status probe = sampler::ProbePerfEvents(); !probe.ok()) {
+    GTEST_SKIP() << "perf events not usable here: " << probe;
+  }
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(fds[1], 1);
+    close(fds[0]);
+    ptrace(PTRACE_TRACEME, 0, nullptr, nullptr);  // stops at the exec, before the loader runs
+    execl("/bin/sh", "sh", "-c", "echo r; while :; do :; done", nullptr);
+    _exit(127);
+  }
+  ASSERT_GT(child, 0);
+  close(fds[1]);
+  struct KillChild {
+    pid_t pid;
+    ~KillChild() {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } kill_child{child};
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSTOPPED(status) && WSTOPSIG(status) == SIGTRAP) << status;
+  // Both read at the exec.
+  const std::unique_ptr<TargetDiscovery> on_sample = DiscoverOnly(child);
+  const std::unique_ptr<TargetDiscovery> reread = DiscoverOnly(child);
+  ASSERT_NE(on_sample, nullptr);
+  ASSERT_NE(reread, nullptr);
+  ASSERT_FALSE(SpaceHasLibc(*on_sample->Find(child))) << "libc mapped before the loader ran";
+  ASSERT_EQ(ptrace(PTRACE_DETACH, child, nullptr, nullptr), 0) << strerror(errno);
+  char byte;  // sampled from its loop on (the loader's own start-up frames are another matter)
+  ASSERT_EQ(read(fds[0], &byte, 1), 1);
+  close(fds[0]);
+  ASSERT_TRUE(ProcessHasLibc(child));
+  const std::vector<CopiedSample> samples = SampleProcess(child, 100);
+  ASSERT_GE(samples.size(), 100u) << "the child got too little CPU";
+
+  ContextGraph graph(1);
+  StackRecorder recorder({}, &graph, on_sample.get());
+  for (const CopiedSample& s : samples) recorder.OnSample(s.sample);
+  EXPECT_EQ(recorder.stats().samples, samples.size());
+  EXPECT_EQ(recorder.stats().truncated, 0u) << "of " << samples.size() << " samples";
+  EXPECT_TRUE(SpaceHasLibc(*on_sample->Find(child)));
+
+  // Read again when due, while the process lives; its samples drained after it exited.
+  const absl::Time added = reread->Find(child)->added_at;
+  EXPECT_EQ(reread->RereadNewTargets(added), added + TargetDiscovery::kNewTargetRereads[0]);
+  EXPECT_EQ(reread->RereadNewTargets(added + TargetDiscovery::kNewTargetRereads[0]),
+            added + TargetDiscovery::kNewTargetRereads[1]);
+  ASSERT_TRUE(SpaceHasLibc(*reread->Find(child)));
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  siginfo_t info;
+  ASSERT_EQ(waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT), 0);  // a zombie
+  EXPECT_FALSE(reread->RefreshMappings(*reread->Find(child)));
+  ASSERT_TRUE(SpaceHasLibc(*reread->Find(child)));
+  StackRecorder after_exit({}, &graph, reread.get());
+  for (const CopiedSample& s : samples) after_exit.OnSample(s.sample);
+  EXPECT_EQ(after_exit.stats().samples, samples.size());
+  EXPECT_EQ(after_exit.stats().truncated, 0u) << "of " << samples.size() << " samples";
+}
+
 }  // namespace
 }  // namespace strata::agent

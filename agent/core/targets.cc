@@ -1,5 +1,8 @@
 #include "agent/core/targets.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "agent/core/target_labels.h"
@@ -109,6 +112,9 @@ std::unique_ptr<Target> TargetDiscovery::NewTarget(const procfs::TrackedProcess&
       unwind::kHostArch, std::make_unique<python::RemoteMemory>(process.pid)));
   target->source = source;
   RefreshMappings(*target);
+  target->added_at = target->maps_read_at;
+  next_new_target_reread_ =
+      std::min(next_new_target_reread_, target->added_at + kNewTargetRereads[0]);
   return target;
 }
 
@@ -139,6 +145,7 @@ bool TargetDiscovery::RefreshMappings(Target& target) {
   const bool from_source = target.source != nullptr && target.source->ProvidesMappings();
   std::vector<symbols::MappingInfo> maps;
   size_t hash = 0;
+  target.maps_read_at = absl::Now();
   if (from_source) {
     uint64_t generation = 0;
     auto source_maps = target.source->Mappings(target.pid, &generation);
@@ -147,7 +154,9 @@ bool TargetDiscovery::RefreshMappings(Target& target) {
     hash = absl::HashOf(generation);
   } else {
     auto proc_maps = symbols::ReadExecutableMappings(target.pid);
-    if (!proc_maps.ok()) return false;
+    // A process that exited (a zombie too) shows no mappings: its samples still to be
+    // unwound need the ones read while it lived.
+    if (!proc_maps.ok() || proc_maps->empty()) return false;
     maps = std::move(*proc_maps);
   }
   for (const auto& m : maps) {
@@ -168,7 +177,6 @@ bool TargetDiscovery::RefreshMappings(Target& target) {
   }
   target.maps_hash = hash;
   ++target.maps_epoch;
-  target.last_refresh = absl::Now();
   if (auto st = target.space->Refresh(maps); !st.ok()) {
     LogWarn("pid {}: {}", target.pid, st.ToString());
   }
@@ -201,8 +209,36 @@ void TargetDiscovery::RefreshMappingsPeriodically(Target& target) {
   }
 }
 
-void TargetDiscovery::RefreshSoon(Target& target) {
-  if (absl::Now() - target.last_refresh > absl::Seconds(1)) RefreshMappings(target);
+bool TargetDiscovery::RefreshSoon(Target& target) {
+  if (absl::Now() - target.maps_read_at < target.no_module_wait) return false;
+  const bool changed = RefreshMappings(target);
+  target.no_module_wait = changed ? kMinNoModuleWait
+                                  : std::clamp(2 * target.no_module_wait, kMinNoModuleWait,
+                                               kMaxNoModuleWait);
+  return changed;
+}
+
+absl::Time TargetDiscovery::RereadNewTargets(absl::Time now) {
+  if (now < next_new_target_reread_) return next_new_target_reread_;
+  constexpr uint32_t kRereads = std::size(kNewTargetRereads);
+  next_new_target_reread_ = absl::InfiniteFuture();
+  for (auto& [pid, target] : targets_) {
+    if (target->new_target_rereads >= kRereads) continue;
+    if (now >= target->added_at + kNewTargetRereads[target->new_target_rereads]) {
+      RefreshMappings(*target);
+      // Rereads that fell due together are one.
+      while (target->new_target_rereads < kRereads &&
+             now >= target->added_at + kNewTargetRereads[target->new_target_rereads]) {
+        ++target->new_target_rereads;
+      }
+    }
+    if (target->new_target_rereads < kRereads) {
+      next_new_target_reread_ =
+          std::min(next_new_target_reread_,
+                   target->added_at + kNewTargetRereads[target->new_target_rereads]);
+    }
+  }
+  return next_new_target_reread_;
 }
 
 void TargetDiscovery::SetSource(Target& target, sources::StackSource* source) {

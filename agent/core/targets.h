@@ -62,7 +62,11 @@ struct Target {
   // Bumped on every mapping change: caches of resolved pcs and unwound frames are stale.
   uint64_t maps_epoch = 0;
   size_t perf_map_entries = 0;  // the JIT perf map's size in this epoch
-  absl::Time last_refresh = absl::InfinitePast();
+  absl::Time maps_read_at = absl::InfinitePast();  // the last read, whatever it found
+  // RefreshSoon's wait since the last read: doubles while reads find nothing new.
+  absl::Duration no_module_wait = absl::ZeroDuration();
+  absl::Time added_at = absl::InfinitePast();  // when NewTarget read its mappings first
+  uint32_t new_target_rereads = 0;  // of TargetDiscovery::kNewTargetRereads done
   uint32_t intervals_unchecked = 0;  // since the last periodic look at the mappings
   bool jvm = false;                  // libjvm.so is mapped: HotSpot
 };
@@ -102,9 +106,22 @@ class TargetDiscovery {
   // mapping changes, and in-process sources report their changes cheaply: every interval.
   void RefreshMappingsPeriodically(Target& target);
   static constexpr uint32_t kMapsCheckIntervals = 6;
-  // A pc in no known module usually means a library was just mapped: refreshes at most once a
-  // second per target.
-  void RefreshSoon(Target& target);
+  // A pc in no known module usually means a library was mapped since the last read: reads the
+  // mappings again unless the last read was within the target's no_module_wait (10 ms,
+  // doubling up to 1 s while the reads find nothing new, as for code no mapping names).
+  // True when the mappings changed (the sample is worth unwinding again).
+  bool RefreshSoon(Target& target);
+  static constexpr absl::Duration kMinNoModuleWait = absl::Milliseconds(10);
+  static constexpr absl::Duration kMaxNoModuleWait = absl::Seconds(1);
+  // A process found at its exec (or fork) is read before its dynamic loader mapped its
+  // libraries, and a short-lived one may be gone before its samples are drained (about a
+  // second later) and a pc in no module could read its mappings again: new targets are read
+  // again at these delays after they were added.
+  static constexpr absl::Duration kNewTargetRereads[] = {
+      absl::Milliseconds(10), absl::Milliseconds(100), absl::Seconds(1)};
+  // The rereads of new targets due by `now`; returns when the next one is due (InfiniteFuture:
+  // none left).
+  absl::Time RereadNewTargets(absl::Time now);
   // The target is served by `source` from now on; its mappings are re-read.
   void SetSource(Target& target, sources::StackSource* source);
 
@@ -138,6 +155,7 @@ class TargetDiscovery {
   uint32_t next_target_id_ = 1;
   uint64_t generation_ = 0;
   uint64_t refreshes_ = 0;
+  absl::Time next_new_target_reread_ = absl::InfiniteFuture();
   std::unique_ptr<jvm::JvmPerfMaps> jvm_perf_maps_;  // null: none asked
 };
 

@@ -407,7 +407,7 @@ TEST_F(JitSymbolsTest, UnwindsThroughJitCodeByFramePointers) {
   unwind::Frame frames[128];
   unwind::UnwindResult r = unwind::Unwind({}, cap.stack.regs, cap.stack.snapshot(), modules_only,
                                           frames, 128);
-  EXPECT_EQ(r.stop, unwind::StopReason::kBadReturnAddress);
+  EXPECT_EQ(r.stop, unwind::StopReason::kNoModule);
 }
 
 // Layouts as a runtime's conventions would give them: JitCode's frameless function's only.

@@ -134,10 +134,10 @@ struct Frame {
 enum class StopReason : uint8_t {
   kOutermost,        // reached a frame whose RA rule is undefined (_start, thread start)
   kMaxFrames,        // output buffer full
-  kNoModule,         // pc outside any known module
+  kNoModule,         // pc (the sample's, or a return address) outside any known module
   kNoRule,           // module has no rule for pc
   kStackOutOfRange,  // needed bytes beyond the stack copy
-  kBadReturnAddress, // sanity check failed (not executable, not after a call, sp not rising)
+  kBadReturnAddress, // sanity check failed (not after a call, sp not rising)
   kSpliced,          // incremental unwinder reused cached outer frames
 };
 

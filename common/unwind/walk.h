@@ -14,8 +14,9 @@
 //     where it cannot be crossed the walk ends as at a root (kOutermost);
 //  3. the caller's sanity checks: its sp rises (or stays, for a MIPS leaf whose return address
 //     is still in its register; across a stack switch, anywhere), its pc lies in a module or
-//     in JIT code and, unless it was interrupted by a signal, follows a call there
-//     (kBadReturnAddress; after a crossing, kOutermost: the switch counts as not crossed);
+//     in JIT code (else kNoModule) and, unless it was interrupted by a signal, follows a call
+//     there (else, or where sp falls, kBadReturnAddress; after a crossing, kOutermost: the
+//     switch counts as not crossed);
 //  4. room for the caller's frame (kMaxFrames).
 //
 // What differs between the unwinders is passed as `Hooks` (a class with these members, all
@@ -190,13 +191,23 @@ inline bool StepOut(Arch arch, const UnwindRow& row, WalkState& w, WalkStep* ste
 }
 
 // The rest of step 3: the caller's module (or JIT code), and that its pc follows a call.
+// Where it fails, *stop: kNoModule for a caller in a rising frame whose pc lies in no known
+// code (most often a library mapped since the owner read the mappings), else
+// kBadReturnAddress.
 inline bool CallerPlausible(const AddressSpace& space, const WalkStep& step,
                             const RuleSource** caller_rules, uint64_t* caller_module_pc,
-                            bool* caller_jit) {
-  return step.sp_rises &&
-         LookupCode(space, step.caller.pc, caller_rules, caller_module_pc, caller_jit) &&
-         (step.interrupted || *caller_rules == nullptr ||
-          (*caller_rules)->IsPlausibleReturnAddress(*caller_module_pc));
+                            bool* caller_jit, StopReason* stop) {
+  if (step.sp_rises &&
+      !LookupCode(space, step.caller.pc, caller_rules, caller_module_pc, caller_jit)) {
+    *stop = StopReason::kNoModule;
+    return false;
+  }
+  if (step.sp_rises && (step.interrupted || *caller_rules == nullptr ||
+                        (*caller_rules)->IsPlausibleReturnAddress(*caller_module_pc))) {
+    return true;
+  }
+  *stop = StopReason::kBadReturnAddress;
+  return false;
 }
 
 // Unwinds from `regs` into frames[0, limit), innermost first (see Unwind() in unwinder.h).
@@ -239,8 +250,9 @@ inline UnwindResult Walk(const UnwindOptions& options, const Registers& regs,
     const RuleSource* caller_rules = nullptr;
     uint64_t caller_module_pc = 0;
     bool caller_jit = false;
-    if (!CallerPlausible(space, step, &caller_rules, &caller_module_pc, &caller_jit)) {
-      result.stop = step.crossed ? StopReason::kOutermost : StopReason::kBadReturnAddress;
+    if (!CallerPlausible(space, step, &caller_rules, &caller_module_pc, &caller_jit,
+                         &result.stop)) {
+      if (step.crossed) result.stop = StopReason::kOutermost;
       result.crossings_failed += step.crossed;
       break;
     }
