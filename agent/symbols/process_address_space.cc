@@ -7,6 +7,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -144,9 +145,10 @@ absl::Status ProcessAddressSpace::Refresh(const std::vector<MappingInfo>& mappin
     regions.push_back({m.start, m.end, static_cast<int64_t>(m.start - *vaddr), *std::move(module)});
   }
   std::sort(regions.begin(), regions.end(), [](const Region& a, const Region& b) { return a.start < b.start; });
-  regions_ = std::move(regions);
   std::sort(jit_regions.begin(), jit_regions.end(),
             [](const JitRegion& a, const JitRegion& b) { return a.start < b.start; });
+  KeepUnmapped(regions, jit_regions);
+  regions_ = std::move(regions);
   jit_regions_ = std::move(jit_regions);
   if (!jit_regions_.empty()) UpdatePerfMap(/*retry=*/false);
   if (regions_.empty() && !first_error.ok()) return first_error;
@@ -159,12 +161,39 @@ absl::Status ProcessAddressSpace::Refresh() {
   return Refresh(*mappings);
 }
 
+void ProcessAddressSpace::KeepUnmapped(const std::vector<Region>& regions,
+                                       const std::vector<JitRegion>& jit_regions) {
+  auto overlaps_new = [&](const Region& old) {
+    auto it = std::lower_bound(regions.begin(), regions.end(), old.end,
+                               [](const Region& r, uint64_t end) { return r.start < end; });
+    if (it != regions.begin() && std::prev(it)->end > old.start) return true;
+    auto jit = std::lower_bound(jit_regions.begin(), jit_regions.end(), old.end,
+                                [](const JitRegion& r, uint64_t end) { return r.start < end; });
+    return jit != jit_regions.begin() && std::prev(jit)->end > old.start;
+  };
+  // What is mapped again, or mapped over, is looked up where it is now.
+  std::erase_if(unmapped_, overlaps_new);
+  for (const Region& old : regions_) {
+    if (overlaps_new(old)) continue;
+    // The newest unmap of a range replaces an older one of it.
+    std::erase_if(unmapped_,
+                  [&](const Region& r) { return r.start < old.end && old.start < r.end; });
+    unmapped_.push_back(old);
+  }
+  if (unmapped_.size() > kMaxUnmappedRegions) {
+    unmapped_.erase(unmapped_.begin(), unmapped_.end() - kMaxUnmappedRegions);
+  }
+}
+
 const ProcessAddressSpace::Region* ProcessAddressSpace::Find(uint64_t pc) const {
   auto it = std::upper_bound(regions_.begin(), regions_.end(), pc,
                              [](uint64_t v, const Region& r) { return v < r.start; });
-  if (it == regions_.begin()) return nullptr;
-  --it;
-  return pc < it->end ? &*it : nullptr;
+  if (it != regions_.begin() && pc < std::prev(it)->end) return &*std::prev(it);
+  // In no current mapping: the sample may predate an unmap (a rare path: kept regions are few).
+  for (auto r = unmapped_.rbegin(); r != unmapped_.rend(); ++r) {
+    if (r->start <= pc && pc < r->end) return &*r;
+  }
+  return nullptr;
 }
 
 const ProcessAddressSpace::JitRegion* ProcessAddressSpace::FindJit(uint64_t pc) const {

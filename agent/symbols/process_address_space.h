@@ -20,6 +20,12 @@
 // and start (module_pc and function_start are absolute addresses: there is no file), or to
 // "[jit]" and "[jit]+0xPC" when no entry covers it.
 //
+// A module gone from the mappings at a Refresh() (dlclose, munmap, a process that exited) stays
+// behind the current ones, at its old addresses, for pcs no current mapping covers: samples
+// are unwound up to a second or more after they were taken, and those taken before the unmap
+// ran its code. Such regions go when a new mapping overlaps them, and beyond the newest
+// kMaxUnmappedRegions.
+//
 // Not thread-safe: Refresh() must not run concurrently with Lookup()/Symbolize().
 #ifndef STRATA_AGENT_SYMBOLS_PROCESS_ADDRESS_SPACE_H_
 #define STRATA_AGENT_SYMBOLS_PROCESS_ADDRESS_SPACE_H_
@@ -150,6 +156,9 @@ class ProcessAddressSpace final : public unwind::AddressSpace {
   }
 
   size_t num_modules() const { return regions_.size(); }
+  // Regions unmapped since an earlier Refresh() that are still looked in (see above).
+  size_t num_unmapped_regions() const { return unmapped_.size(); }
+  static constexpr size_t kMaxUnmappedRegions = 64;
   size_t failed_modules() const { return failed_modules_; }
   size_t num_jit_regions() const { return jit_regions_.size(); }
   // The perf map read so far (null before the first JIT region).
@@ -182,7 +191,12 @@ class ProcessAddressSpace final : public unwind::AddressSpace {
     uint64_t start;
     uint64_t end;
   };
+  // The current region at pc, else the newest unmapped one.
   const Region* Find(uint64_t pc) const;
+  // Moves the regions of regions_ that `regions` and `jit_regions` (the new lists, sorted)
+  // no longer hold to unmapped_, and drops the unmapped ones they overlap.
+  void KeepUnmapped(const std::vector<Region>& regions,
+                    const std::vector<JitRegion>& jit_regions);
   const JitRegion* FindJit(uint64_t pc) const;
   absl::StatusOr<std::shared_ptr<const Module>> OpenModule(const MappingInfo& m);
   // Reads what the perf map gained; with `retry`, only if kPerfMapRetry has passed since the
@@ -192,6 +206,7 @@ class ProcessAddressSpace final : public unwind::AddressSpace {
   pid_t pid_;
   ModuleCache* cache_;
   std::vector<Region> regions_;  // sorted by start, non-overlapping
+  std::vector<Region> unmapped_;  // oldest first; overlapping none of regions_, jit_regions_
   std::vector<JitRegion> jit_regions_;  // sorted by start, non-overlapping
   size_t failed_modules_ = 0;
   std::optional<PerfMapPaths> perf_map_paths_;  // PerfMapPathsOf(pid_) unless set

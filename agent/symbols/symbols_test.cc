@@ -131,6 +131,48 @@ TEST(SymbolsTest, RefreshFindsDlopenedModuleAndReusesModules) {
   EXPECT_EQ(space.num_modules(), modules_before);
 }
 
+// Samples are unwound a second or more after they were taken: one taken in a library that was
+// dlclose'd before the next read of the mappings still finds it there, until something else is
+// mapped over it.
+TEST(SymbolsTest, DlclosedModuleKeptForPcsNoMappingCovers) {
+  ModuleCache cache;
+  ProcessAddressSpace space(getpid(), &cache);
+  void* handle = dlopen(STRATA_SYMBOLS_TEST_DSO, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(handle, nullptr) << dlerror();
+  auto fn = reinterpret_cast<int (*)(int)>(dlsym(handle, "strata_symbols_test_dso_function"));
+  ASSERT_NE(fn, nullptr);
+  const uint64_t pc = Addr(reinterpret_cast<void*>(fn)) + 1;
+  ASSERT_TRUE(space.Refresh().ok());
+  const size_t modules = space.num_modules();
+  ASSERT_EQ(space.Symbolize(pc).function_name, "strata_symbols_test_dso_function");
+  ASSERT_EQ(space.num_unmapped_regions(), 0u);
+
+  ASSERT_EQ(dlclose(handle), 0);
+  ASSERT_TRUE(space.Refresh().ok());
+  EXPECT_LT(space.num_modules(), modules);
+  EXPECT_GT(space.num_unmapped_regions(), 0u);
+  SymbolizedPc s = space.Symbolize(pc);
+  EXPECT_EQ(s.function_name, "strata_symbols_test_dso_function");
+  EXPECT_TRUE(s.module_path.ends_with("strata_symbols_test_dso.so")) << s.module_path;
+  const unwind::RuleSource* rules = nullptr;
+  uint64_t module_pc = 0;
+  EXPECT_TRUE(space.Lookup(pc, &rules, &module_pc));
+  const size_t kept = space.num_unmapped_regions();
+  ASSERT_TRUE(space.Refresh().ok());  // nothing changed: still kept
+  EXPECT_EQ(space.num_unmapped_regions(), kept);
+
+  // Code mapped over it (here anonymous: JIT code) is looked up where it is now.
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  void* at = reinterpret_cast<void*>(pc & ~(page - 1));
+  void* jit = mmap(at, page, PROT_READ | PROT_EXEC,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  ASSERT_EQ(jit, at) << strerror(errno);
+  ASSERT_TRUE(space.Refresh().ok());
+  EXPECT_FALSE(space.Lookup(pc, &rules, &module_pc));
+  EXPECT_EQ(space.Symbolize(pc).module_path, base::JitModuleName(""));
+  munmap(jit, page);
+}
+
 TEST(SymbolsTest, UnwindsAndSymbolizesOwnStack) {
   ModuleCache cache;
   ProcessAddressSpace space(getpid(), &cache);

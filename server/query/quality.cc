@@ -45,6 +45,11 @@ std::string BuildIdHex(std::string_view id) {
 }
 
 std::string DebugHint(std::string_view module, std::string_view build_id_hex) {
+  // Agents leave the module empty for a pc in none of the mappings they read of the process.
+  if (module.empty()) {
+    return "pcs in no mapping the agent knew of (code mapped and unmapped between its reads of "
+           "the process's mappings, or memory no file backs): no debug file names them";
+  }
   switch (base::FrameKindOf(module)) {
     case base::FrameKind::kKernel:
       return "kernel symbols: let the agent read /proc/kallsyms (kernel.kptr_restrict)";

@@ -78,6 +78,20 @@ TEST(QualityTest, FramesCountedByKindAndBinariesNamedByKind) {
   }
 }
 
+// A pc the agent found in no mapping has no module: no debug file can name it.
+TEST(QualityTest, FramesInNoKnownMappingAreNotSentToDebugFiles) {
+  Profile profile;
+  profile.functions = {{1, "main", "/srv/tool"}, {2, "[unknown]", ""}};
+  profile.stacks = {{1, 3, true, {1}}, {2, 5, false, {0}}};
+  const v1::QualityResponse r = StackQuality(profile, {});
+  ASSERT_EQ(r.binaries_size(), 2);
+  const v1::BinaryQuality& unknown = r.binaries(0);  // the unnamed frames first
+  EXPECT_EQ(unknown.module(), "");
+  EXPECT_EQ(unknown.unnamed_frames(), 3u);
+  EXPECT_EQ(unknown.hint().find("debuginfo upload"), std::string::npos) << unknown.hint();
+  EXPECT_NE(unknown.hint().find("no mapping"), std::string::npos) << unknown.hint();
+}
+
 TEST(QualityTest, GoStackRoots) {
   EXPECT_TRUE(IsGoStackRoot("runtime.goexit"));
   EXPECT_TRUE(IsGoStackRoot("runtime.mstart"));
