@@ -40,6 +40,11 @@ void AddAgentFlags(CLI::App& app, AgentFlags& f) {
   app.add_option("--stack-bytes", f.stack_bytes, "bytes of stack copied per sample")
       ->check(CLI::Range(512u, 63u * 1024u))
       ->capture_default_str();
+  app.add_option("--max-frames", f.max_frames,
+                 "user frames unwound per stack (deeper stacks end there, truncated; each "
+                 "sampled thread's unwinding state grows with it)")
+      ->check(CLI::Range(kMaxFramesFloor, kMaxFramesCeiling))
+      ->capture_default_str();
   rpc::AddClientSecurityFlags(&app, &f.security);
   app.add_option("--agent-id", f.agent_id,
                  "agent identity (default: host-<8 hex digits>, kept for the process's life)");
@@ -150,6 +155,7 @@ absl::StatusOr<ProfilerOptions> ProfilerOptionsFrom(const AgentFlags& f) {
   ProfilerOptions options;
   options.frequency_hz = f.frequency;
   options.stack_bytes = f.stack_bytes & ~7u;
+  options.max_frames = f.max_frames;
   // The modes' texts were checked by CLI11.
   options.unwind_verify = *unwind::ParseVerifyMode(f.unwind_verify);
   options.inproc = *ParseInprocMode(f.inproc_mode);

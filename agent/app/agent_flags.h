@@ -18,6 +18,11 @@ namespace strata::agent::app {
 // This host's name ("localhost" when it has none): the default of --host.
 std::string Hostname();
 
+// --max-frames's range. At most 1024: with Python frames in place of eval-loop frames and a
+// kernel chain below, a stack stays within the 4096 frames servers decode.
+inline constexpr uint32_t kMaxFramesFloor = 16;
+inline constexpr uint32_t kMaxFramesCeiling = 1024;
+
 // What CLI11 fills in: the flags as written (for --help and config files) until
 // AgentOptionsFromFlags parses them.
 struct AgentFlags {
@@ -28,6 +33,7 @@ struct AgentFlags {
   uint32_t frequency = 99;
   double interval_s = 10;
   uint32_t stack_bytes = 16 * 1024;
+  uint32_t max_frames = 256;
   std::string agent_id, host = Hostname(), log_level = "info";
   rpc::ClientSecurityOptions security;
   std::string unwind_verify = "full";

@@ -57,6 +57,19 @@ TEST(AgentFlagsTest, FillsEveryComponentsOptions) {
   EXPECT_EQ(options->flush_timeout, absl::Seconds(1));
 }
 
+TEST(AgentFlagsTest, MaxFramesBoundsTheUnwoundStack) {
+  auto options = OptionsOf({"--pid", "1"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->profiler.max_frames, 256u);
+  options = OptionsOf({"--pid", "1", "--max-frames", "600"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->profiler.max_frames, 600u);
+  for (const char* out_of_range : {"0", "15", "1025", "-1", "many"}) {
+    EXPECT_THROW(OptionsOf({"--pid", "1", "--max-frames", out_of_range}), CLI::ParseError)
+        << out_of_range;
+  }
+}
+
 TEST(AgentFlagsTest, TheDefaultSpoolFallsBackToMemory) {
   auto options = OptionsOf({"--pid", "1", "--agent-id", "a1"});
   ASSERT_TRUE(options.ok()) << options.status();

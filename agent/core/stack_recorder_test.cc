@@ -56,6 +56,19 @@ volatile uint64_t g_counter = 0;
   for (;;) Middle();
 }
 
+// kRecursionDepth frames of Recurse, then Leaf() for good: stacks of over 300 frames.
+[[gnu::noinline]] int Recurse(int depth, int ready_fd) {
+  volatile int kept = depth;  // used after the call: no tail call, no loop
+  if (depth == 0) {
+    char byte = 'r';
+    if (write(ready_fd, &byte, 1) != 1) _exit(1);
+    for (;;) Leaf();
+  }
+  const int below = Recurse(depth - 1, ready_fd);
+  return below + kept;
+}
+constexpr int kRecursionDepth = 300;
+
 struct CopiedSample {
   sampler::RawSample sample;
   std::vector<uint8_t> stack;
@@ -531,6 +544,53 @@ TEST(StackRecorderTest, ProcessFoundAtExecUnwoundThroughLibrariesMappedAfter) {
   for (const CopiedSample& s : samples) after_exit.OnSample(s.sample);
   EXPECT_EQ(after_exit.stats().samples, samples.size());
   EXPECT_EQ(after_exit.stats().truncated, 0u) << "of " << samples.size() << " samples";
+}
+
+// --max-frames: a stack deeper than the default 256 frames is cut there, whole under a larger
+// limit, and its samples still allocate nothing once warm.
+TEST(StackRecorderTest, MaxFramesBoundsTheUnwoundStack) {
+  if (absl::Status probe = sampler::ProbePerfEvents(); !probe.ok()) {
+    GTEST_SKIP() << "perf events not usable here: " << probe;
+  }
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    close(fds[0]);
+    Recurse(kRecursionDepth, fds[1]);
+    _exit(0);
+  }
+  close(fds[1]);
+  char byte;
+  ASSERT_EQ(read(fds[0], &byte, 1), 1);
+  close(fds[0]);
+  struct KillChild {
+    pid_t pid;
+    ~KillChild() {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } kill_child{child};
+  const std::vector<CopiedSample> samples = SampleProcess(child, 100);
+  ASSERT_GE(samples.size(), 100u) << "the child got too little CPU";
+  const std::unique_ptr<TargetDiscovery> discovery = DiscoverOnly(child);
+  ASSERT_NE(discovery, nullptr);
+
+  ContextGraph graph(1);
+  StackRecorder cut({}, &graph, discovery.get());
+  for (const CopiedSample& s : samples) cut.OnSample(s.sample);
+  EXPECT_EQ(cut.stats().truncated, samples.size());
+  EXPECT_EQ(cut.stats().unwound_frames, 256 * samples.size());
+
+  StackRecorder whole({.max_frames = 512}, &graph, discovery.get());
+  for (const CopiedSample& s : samples) whole.OnSample(s.sample);  // warms every cache
+  EXPECT_EQ(whole.stats().truncated, 0u);
+  EXPECT_GT(whole.stats().unwound_frames, (kRecursionDepth + 2) * samples.size());
+  const uint64_t before = strata::testing::AllocationCount();
+  for (const CopiedSample& s : samples) whole.OnSample(s.sample);
+  EXPECT_EQ(strata::testing::AllocationCount() - before, 0u)
+      << "allocations in " << samples.size() << " samples";
 }
 
 }  // namespace

@@ -85,8 +85,8 @@ std::string UnwindHint(std::string_view module) {
     case base::FrameKind::kJava:
       return "";
     default:
-      return "stacks end in it: code without unwind rules (.eh_frame), or a stack deeper than "
-             "the agent's --stack-bytes";
+      return "stacks end in it: code without unwind rules (.eh_frame), a stack deeper than "
+             "the agent's --stack-bytes, or more frames than its --max-frames (256)";
   }
 }
 

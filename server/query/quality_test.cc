@@ -74,6 +74,8 @@ TEST(QualityTest, FramesCountedByKindAndBinariesNamedByKind) {
     }
     if (b.module() == "/opt/lib/libstep.so") {
       EXPECT_NE(b.hint().find("unwind rules"), std::string::npos) << b.hint();
+      EXPECT_NE(b.hint().find("--stack-bytes"), std::string::npos) << b.hint();
+      EXPECT_NE(b.hint().find("--max-frames"), std::string::npos) << b.hint();
     }
   }
 }
