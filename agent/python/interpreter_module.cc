@@ -97,7 +97,13 @@ absl::StatusOr<InterpreterModule> InspectModule(const elf::ElfFile& elf,
         m.eval_ranges.size(), " _PyEval_EvalFrameDefault functions: not a CPython we read"));
   }
   std::optional<uint64_t> runtime = FindObjectSymbol(elf, "_PyRuntime");
-  if (!runtime.has_value()) return absl::NotFoundError("no _PyRuntime symbol");
+  if (!runtime.has_value()) {
+    // An interpreter's eval loop without _PyRuntime: CPython before 3.7. Said, not left as
+    // "no interpreter here", or an old Python's profile shows only its C frames unexplained.
+    return absl::FailedPreconditionError(
+        "CPython without a _PyRuntime symbol (older than 3.7): Python frames need CPython 3.8 "
+        "to 3.15");
+  }
   m.runtime_vaddr = *runtime;
   m.init_cleanup_vaddr = FindObjectSymbol(elf, "_Py_InitCleanup").value_or(0);
   bool known = false;
