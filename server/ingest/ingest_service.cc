@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <chrono>
 #include <deque>
 #include <optional>
 #include <thread>
@@ -34,6 +35,24 @@ v1::ServerMessage ErrorMessage(const absl::Status& status, uint64_t sequence,
 
 grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+// Agents' connects, disconnects and ended streams: a fleet refused while the store cannot
+// write reconnects every few seconds, hundreds of lines a second on the disk that is full.
+// True when this one may be logged; *note then says how many were not.
+bool StreamChurnLogged(std::string* note) {
+  static LogBudget budget(20, 10'000'000'000);
+  uint64_t left_out = 0;
+  const int64_t now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch())
+                             .count();
+  if (!budget.Take(now_ns, &left_out)) return false;
+  note->clear();
+  if (left_out > 0) {
+    absl::StrAppend(note, " (", left_out,
+                    " agent connects, disconnects and ended streams not logged before this)");
+  }
+  return true;
 }
 
 }  // namespace
@@ -138,7 +157,9 @@ class IngestService::Stream final
     }
     if (session_ != nullptr && !replica_) {
       service_->registry_->Detach(session_->identity().agent_id, attachment_);
-      LogInfo("agent {} disconnected", log_name_);
+      if (std::string note; StreamChurnLogged(&note)) {
+        LogInfo("agent {} disconnected{}", log_name_, note);
+      }
     }
     // Before the stream stops counting as connected: whoever waits for that finds the graph
     // released.
@@ -441,10 +462,11 @@ absl::Status IngestService::Stream::HandleHello(const v1::AgentMessage& message)
             "captures reach only the last to connect", log_name_,
             base::EscapeForLog(identity.host), base::EscapeForLog(other_host));
   }
-  LogInfo("agent {} connected (host {}, arch {}, graph {:x}: {} nodes, {} edges known)",
-               log_name_, base::EscapeForLog(identity.host), base::EscapeForLog(identity.arch),
-               identity.graph_id,
-               session_->num_nodes(), session_->num_edges());
+  if (std::string note; StreamChurnLogged(&note)) {
+    LogInfo("agent {} connected (host {}, arch {}, graph {:x}: {} nodes, {} edges known){}",
+            log_name_, base::EscapeForLog(identity.host), base::EscapeForLog(identity.arch),
+            identity.graph_id, session_->num_nodes(), session_->num_edges(), note);
+  }
   Welcome();
   return absl::OkStatus();
 }
@@ -550,7 +572,9 @@ absl::Status IngestService::Stream::EndWith(const absl::Status& st, uint64_t seq
   } else if (absl::IsUnavailable(st)) {
     retry_after_ms = service_->options_.retry_after_ms;
   }
-  LogWarn("agent {}: ending stream: {}", log_name_, st.ToString());
+  if (std::string note; StreamChurnLogged(&note)) {
+    LogWarn("agent {}: ending stream: {}{}", log_name_, st.ToString(), note);
+  }
   Queue(ErrorMessage(st, sequence, /*fatal=*/true, retry_after_ms));
   return st;
 }
