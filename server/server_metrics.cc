@@ -69,18 +69,16 @@ std::string JsonEscape(absl::string_view s, size_t max_bytes = 1024) {
 }
 
 http::HttpResponse Error(const absl::Status& status) {
-  http::HttpResponse r;
+  int code = 500;
   switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument: r.status = 400; break;
-    case absl::StatusCode::kNotFound: r.status = 404; break;
-    case absl::StatusCode::kUnauthenticated: r.status = 401; break;
-    case absl::StatusCode::kPermissionDenied: r.status = 403; break;
-    case absl::StatusCode::kResourceExhausted: r.status = 429; break;
-    default: r.status = 500;
+    case absl::StatusCode::kInvalidArgument: code = 400; break;
+    case absl::StatusCode::kNotFound: code = 404; break;
+    case absl::StatusCode::kUnauthenticated: code = 401; break;
+    case absl::StatusCode::kPermissionDenied: code = 403; break;
+    case absl::StatusCode::kResourceExhausted: code = 429; break;
+    default: break;
   }
-  r.content_type = "application/json";
-  r.body = absl::StrCat("{\"error\":\"", JsonEscape(status.message()), "\"}");
-  return r;
+  return JsonErrorResponse(code, std::string(status.message()));
 }
 
 // Parses an integer query parameter within [min, max]; 400 naming the parameter otherwise.
@@ -683,6 +681,14 @@ void RegisterWebUi(http::HttpServer* http, auth::Authorizer* authorizer) {
 }
 
 }  // namespace
+
+http::HttpResponse JsonErrorResponse(int status, const std::string& message) {
+  http::HttpResponse r;
+  r.status = status;
+  r.content_type = "application/json";
+  r.body = absl::StrCat("{\"error\":\"", JsonEscape(message), "\"}");
+  return r;
+}
 
 void RegisterHttpRoutes(http::HttpServer* http, store::Store* store, ingest::IngestMetrics* metrics,
                         query::QueryService* query, const aggregate::WindowAggregator* aggregator,

@@ -38,6 +38,10 @@ struct HttpAccess {
   std::function<std::string()> more_metrics;
 };
 
+// `{"error":"MESSAGE"}` with `status`, as every /api/v1 route answers its errors: the HTTP
+// server's own answers (HttpServerOptions::error_response) take the same form.
+http::HttpResponse JsonErrorResponse(int status, const std::string& message);
+
 void RegisterHttpRoutes(http::HttpServer* http, store::Store* store, ingest::IngestMetrics* metrics,
                         query::QueryService* query,
                         const aggregate::WindowAggregator* aggregator = nullptr,

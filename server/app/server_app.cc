@@ -405,6 +405,7 @@ absl::Status ServerApp::Listen() {
   if (!http.listen.empty()) {
     http::HttpServerOptions http_options;
     http_options.max_connections = http.max_connections;
+    http_options.error_response = JsonErrorResponse;
     const auth::ServerTlsFiles& tls = options_.security.tls;
     http_options.tls = {tls.cert_file, tls.key_file, tls.client_ca_file};
     if (absl::Status started = http_server_->Start(http.listen, http_options); !started.ok()) {

@@ -130,6 +130,11 @@ struct HttpServer::Impl {
     Dispatch dispatch = Dispatch::kPool;
   };
 
+  HttpResponse ErrorResponse(int status, const std::string& message) const {
+    if (options.error_response) return options.error_response(status, message);
+    return {status, "text/plain; charset=utf-8", message + "\n"};
+  }
+
   // One connection, over plaintext (beast::tcp_stream) or TLS
   // (beast::ssl_stream<beast::tcp_stream>). Owned by the completion handlers it has in
   // flight (shared_ptr); every operation runs on the connection's strand.
@@ -216,27 +221,27 @@ struct HttpServer::Impl {
       if (std::string malformed = Parse(std::move(req), &request); !malformed.empty()) {
         ++impl_->bad_requests;
         keep_alive_ = false;
-        return Respond({400, "text/plain; charset=utf-8",
-                        absl::StrCat("malformed request: ", malformed, "\n")});
+        return Respond(impl_->ErrorResponse(400, absl::StrCat("malformed request: ", malformed)));
       }
       request.secure = kTls;
       request.peer_identity = peer_identity_;
       auto route = impl_->routes.find(request.path);
       if (route == impl_->routes.end()) {
-        return Respond({404, "text/plain; charset=utf-8",
-                        absl::StrCat("no such path: ", base::EscapeForLog(request.path), "\n")});
+        return Respond(impl_->ErrorResponse(
+            404, absl::StrCat("no such path: ", base::EscapeForLog(request.path))));
       }
       head_ = request.method == "HEAD";
       if (!head_ && request.method != "GET" && request.method != "POST") {
-        return Respond({405, "text/plain; charset=utf-8",
-                        absl::StrCat("method ", base::EscapeForLog(request.method),
-                                     " not allowed: GET, HEAD or POST\n"),
-                        {{"Allow", "GET, HEAD, POST"}}});
+        HttpResponse refused = impl_->ErrorResponse(
+            405, absl::StrCat("method ", base::EscapeForLog(request.method),
+                              " not allowed: GET, HEAD or POST"));
+        refused.headers.emplace_back("Allow", "GET, HEAD, POST");
+        return Respond(std::move(refused));
       }
       const RouteEntry& entry = route->second;
       switch (entry.dispatch) {
         case Dispatch::kInline:
-          return Respond(Call(entry.handler, request));
+          return Respond(Call(impl_, entry.handler, request));
         case Dispatch::kPriority:
           return RunOn(*impl_->priority, entry.handler, std::move(request));
         case Dispatch::kPool:
@@ -247,7 +252,7 @@ struct HttpServer::Impl {
     // The handler's response. An exception must not leave it: on the handler pool it would
     // end the process (asio's thread_pool terminates), ingest and all. The client gets a
     // 500 and the server goes on.
-    static HttpResponse Call(const Handler& handler, const HttpRequest& request) {
+    static HttpResponse Call(Impl* impl, const Handler& handler, const HttpRequest& request) {
       std::string what = "an exception";
       try {
         return handler(request);
@@ -257,7 +262,7 @@ struct HttpServer::Impl {
       }
       LogError("http: {} {}: {}", base::EscapeForLog(request.method),
                base::EscapeForLog(request.path), what);
-      return {500, "text/plain; charset=utf-8", "internal error\n"};
+      return impl->ErrorResponse(500, "internal error");
     }
 
     // Runs `handler` on `pool`; the response comes back to the connection's strand. Routes
@@ -265,7 +270,7 @@ struct HttpServer::Impl {
     void RunOn(asio::thread_pool& pool, const Handler& handler, HttpRequest request) {
       asio::post(pool, [self = this->shared_from_this(), &handler,
                         request = std::move(request)] {
-        HttpResponse response = Call(handler, request);
+        HttpResponse response = Call(self->impl_, handler, request);
         asio::post(self->stream_.get_executor(),
                    [self, response = std::move(response)]() mutable {
                      self->Respond(std::move(response));
@@ -353,9 +358,9 @@ struct HttpServer::Impl {
           keep_alive_ = false;
           const bool too_large =
               ec == http::error::body_limit || ec == http::error::header_limit;
-          return Respond({too_large ? 413 : 400, "text/plain; charset=utf-8",
-                          too_large ? "request header or body too large\n"
-                                    : "malformed request\n"});
+          return Respond(impl_->ErrorResponse(
+              too_large ? 413 : 400,
+              too_large ? "request header or body too large" : "malformed request"));
         }
       }
       Close();

@@ -73,6 +73,10 @@ struct HttpResponse {
 };
 
 struct HttpServerOptions {
+  // The server's own answers, to requests it cannot parse or route and for handlers that
+  // threw (400, 404, 405, 413, 500): their body and type from `status` and a message (e.g.
+  // JSON, as the routes answer their errors). Null: plain text.
+  std::function<HttpResponse(int status, const std::string& message)> error_response;
   int io_threads = 2;
   // Pooled handlers running at once; more requests wait for a thread.
   int handler_threads = 2;

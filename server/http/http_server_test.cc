@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -162,6 +163,28 @@ TEST(HttpServerTest, RoutesAndDecodesQuery) {
                                             "more than once\n")));
   EXPECT_EQ(Get(server.port(), "/echo?q=a&q%3Db"), std::make_pair(200, std::string("a")));
   EXPECT_EQ(server.stats().requests, 7u);
+  server.Stop();
+}
+
+// The server's own answers take the form the owner gives them (JSON, as its routes answer).
+TEST(HttpServerTest, ItsOwnErrorsTakeTheOwnersForm) {
+  HttpServer server;
+  server.Route("/echo", [](const HttpRequest&) { return HttpResponse{200, "text/plain", "-"}; });
+  server.Route("/throws", [](const HttpRequest&) -> HttpResponse {
+    throw std::runtime_error("bug");
+  });
+  HttpServerOptions options;
+  options.error_response = [](int status, const std::string& message) {
+    return HttpResponse{status, "application/json", "{\"error\":\"" + message + "\"}"};
+  };
+  ASSERT_TRUE(server.Start("127.0.0.1:0", options).ok());
+  EXPECT_EQ(Get(server.port(), "/nope"),
+            std::make_pair(404, std::string("{\"error\":\"no such path: /nope\"}")));
+  EXPECT_EQ(Get(server.port(), "/echo?q=a&q=b"),
+            std::make_pair(400, std::string("{\"error\":\"malformed request: query parameter "
+                                            "'q' is given more than once\"}")));
+  EXPECT_EQ(Get(server.port(), "/throws"),
+            std::make_pair(500, std::string("{\"error\":\"internal error\"}")));
   server.Stop();
 }
 
