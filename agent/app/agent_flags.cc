@@ -49,7 +49,8 @@ void AddAgentFlags(CLI::App& app, AgentFlags& f) {
   app.add_option("--agent-id", f.agent_id,
                  "agent identity (default: host-<8 hex digits>, kept for the process's life)");
   app.add_option("--host", f.host, "host label")->capture_default_str();
-  app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error");
+  app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   app.add_option("--unwind-verify", f.unwind_verify,
                  "incremental unwinding: full (re-check every reused frame against the new "
                  "stack bytes), boundary (check only the splice point) or off (unwind every "

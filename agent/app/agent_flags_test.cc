@@ -70,6 +70,14 @@ TEST(AgentFlagsTest, MaxFramesBoundsTheUnwoundStack) {
   }
 }
 
+// An unknown level would silence every line (spdlog's "off"), the warnings with it.
+TEST(AgentFlagsTest, AnUnknownLogLevelIsRefused) {
+  EXPECT_TRUE(OptionsOf({"--pid", "1", "--log-level", "warn"}).ok());
+  for (const char* level : {"verbose", "Info", ""}) {
+    EXPECT_THROW(OptionsOf({"--pid", "1", "--log-level", level}), CLI::ParseError) << level;
+  }
+}
+
 TEST(AgentFlagsTest, TheDefaultSpoolFallsBackToMemory) {
   auto options = OptionsOf({"--pid", "1", "--agent-id", "a1"});
   ASSERT_TRUE(options.ok()) << options.status();
