@@ -83,6 +83,10 @@ class Authorizer {
   absl::Status AdmitQuery(const Principal& principal);
 
   AuthStats stats() const;
+  // Changes with every reload of the tokens file: a long-lived call (an agent's stream)
+  // authorized before it checks its credentials again, so that a removed token or a lowered
+  // role stops it too.
+  uint64_t reloads() const { return reloads_.load(std::memory_order_relaxed); }
 
  private:
   explicit Authorizer(AuthorizerOptions options);

@@ -86,7 +86,12 @@ class IngestService::Stream final
     Queue(ErrorMessage(status, 0, /*fatal=*/true, retry_after_ms));
     EndAfterWrites(ToGrpc(status));
   }
-  void Begin(auth::Principal principal, bool counted, bool replica, std::string replica_owner) {
+  void Begin(const grpc::CallbackServerContext* context, auth::Principal principal, bool counted,
+             bool replica, std::string replica_owner) {
+    context_ = context;
+    if (service_->options_.authorizer != nullptr) {
+      auth_reloads_ = service_->options_.authorizer->reloads();
+    }
     principal_ = std::move(principal);
     replica_ = replica;
     replica_owner_ = std::move(replica_owner);
@@ -280,6 +285,8 @@ class IngestService::Stream final
   bool admitted_ = false;
   auth::Principal principal_;
   bool counted_principal_ = false;  // holds a slot in principal_streams_
+  const grpc::CallbackServerContext* context_ = nullptr;  // the call's, for its credentials
+  uint64_t auth_reloads_ = 0;  // Authorizer::reloads() when they were last checked
   grpc::ByteBuffer in_bytes_;  // read
   v1::AgentMessage in_;        // ... and parsed
   uint64_t messages_read_ = 0;
@@ -502,6 +509,17 @@ absl::Status IngestService::Stream::CheckIdentity(AgentIdentity* identity,
 
 absl::Status IngestService::Stream::HandleBatch(const v1::SampleBatch& batch) {
   IngestMetrics* metrics = service_->metrics_;
+  if (auth::Authorizer* authorizer = service_->options_.authorizer;
+      authorizer != nullptr && authorizer->reloads() != auth_reloads_) {
+    // The tokens file changed since the stream's credentials were checked: a token removed
+    // (or a role lowered) stops the streams opened with it, not only new ones.
+    auth_reloads_ = authorizer->reloads();
+    auto still = replica_ ? auth::AuthorizeCall(authorizer, context_, auth::Role::kNode,
+                                                "sending replica streams")
+                          : auth::AuthorizeCall(authorizer, context_, auth::Role::kAgent,
+                                                "ingest");
+    if (!still.ok()) return EndWith(still.status(), batch.sequence());
+  }
   const absl::Time start = absl::Now();
   auto applied = session_->ApplyBatch(batch);
   metrics->batch_apply.Observe(absl::Now() - start);
@@ -708,7 +726,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* IngestService::Conn
       replica_owner.assign(owner->second.data(), owner->second.size());
     }
   }
-  stream->Begin(std::move(*principal), counted, replica, std::move(replica_owner));
+  stream->Begin(context, std::move(*principal), counted, replica, std::move(replica_owner));
   return stream;
 }
 

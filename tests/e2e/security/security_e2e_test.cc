@@ -354,12 +354,17 @@ TEST_F(SecurityTest, AnAgentCannotWriteAsAnother) {
 
 TEST_F(SecurityTest, TokensFileChangesTakeEffectWithoutRestart) {
   StartServer();
+  StartDemo();
+  auto agent = StartAgent("agent", kHost, {"--token-file", dir_.File("fleet.token")});
+  ASSERT_TRUE(agent->WaitForOutput("connected to strata-server", 60)) << agent->Output();
   std::ofstream(dir_.File("bob.token")) << "bob-secret-" << getpid() << "\n";
   EXPECT_THAT(Cli({"services"}, "bob").output, HasSubstr("unknown bearer token"));
   WriteFile(auth_file_, TokenLine("bob", "reader") + TokenLine("ops", "operator"));
   ASSERT_TRUE(strata::testing::WaitFor([&] { return Cli({"services"}, "bob").exit_code == 0; },
                                        std::chrono::seconds(30)));
   EXPECT_THAT(Cli({"services"}, "alice").output, HasSubstr("unknown bearer token"));
+  // A removed token stops the stream it opened too, at its next batch.
+  EXPECT_TRUE(agent->WaitForOutput("unknown bearer token", 30)) << agent->Output();
   // A broken file is refused and the previous one stays in force.
   WriteFile(auth_file_, "token carol reader plaintext-secret\n");
   ASSERT_TRUE(server_->process().WaitForOutput("tokens file not reloaded", 30));
