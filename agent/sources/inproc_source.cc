@@ -11,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/log.h"
 #include "common/unwind/unwind_types.h"
 
 namespace strata::agent::sources {
@@ -58,7 +59,17 @@ absl::Status InprocSource::Rescan(StackSink& sink, std::vector<pid_t>* claimed) 
     if (rings_.contains(pid) || !ProcessAlive(pid)) continue;
     absl::StatusOr<std::unique_ptr<runtime::RingReader>> reader =
         runtime::RingReader::Open(runtime::RingPath(options_.dir, pid), options_.arch);
-    if (!reader.ok()) continue;  // still being created, or not ours to read: retry next scan
+    if (!reader.ok()) {
+      // Its owner's, mode 0600, and opened for writing (the reader's position): an agent that
+      // is neither root nor that user nor has CAP_DAC_OVERRIDE would get nothing, unsaid.
+      if (refused_.size() > 4096) refused_.clear();  // pids of long-gone processes
+      if (absl::IsPermissionDenied(reader.status()) && refused_.insert(pid).second) {
+        LogWarn("pid {}: cannot open its in-process sampler's ring ({}): run the agent as root, "
+                "as the process's user, or with CAP_DAC_OVERRIDE",
+                pid, reader.status().ToString());
+      }
+      continue;  // still being created, or not ours to read: retry next scan
+    }
     rings_[pid] = std::move(*reader);
     if (claimed != nullptr) claimed->push_back(pid);
   }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "agent/runtime/ring.h"
@@ -72,6 +73,7 @@ class InprocSource final : public StackSource {
   InprocSourceOptions options_;
   base::UniqueFd inotify_fd_;  // files created in options_.dir
   absl::flat_hash_map<pid_t, std::unique_ptr<runtime::RingReader>> rings_;
+  absl::flat_hash_set<pid_t> refused_;  // rings this agent may not open, said once each
   uint64_t stacks_ = 0;
   uint64_t lost_closed_ = 0;
 };
