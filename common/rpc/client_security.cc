@@ -4,6 +4,8 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -23,7 +25,10 @@ constexpr unsigned kRefreshSeconds = 1;
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the ", what, " ", path));
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read the ", what, " ", path, ": ", std::strerror(errno)));
+  }
   std::ostringstream text;
   text << in.rdbuf();
   if (text.str().find("-----BEGIN ") == std::string::npos) {
