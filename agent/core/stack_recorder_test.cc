@@ -41,6 +41,40 @@ namespace {
 
 volatile uint64_t g_counter = 0;
 
+// Kills and reaps a test's child when the test ends, however it ends.
+struct KillChild {
+  pid_t pid;
+  ~KillChild() {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+};
+
+// A child running body(ready_fd), which writes a byte to ready_fd once it runs the code to
+// sample; returns its pid once the byte came, -1 if the fork failed or the child never got
+// there.
+template <typename Body>
+pid_t ForkWhenReady(Body body) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  const pid_t child = fork();
+  if (child == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    close(fds[0]);
+    body(fds[1]);
+    _exit(0);
+  }
+  close(fds[1]);
+  char byte;
+  const bool ready = child > 0 && read(fds[0], &byte, 1) == 1;
+  close(fds[0]);
+  if (!ready && child > 0) {
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+  }
+  return ready ? child : -1;
+}
+
 [[gnu::noinline]] void Leaf() {
   for (int i = 0; i < 1000; ++i) g_counter = g_counter + 1;
 }
@@ -97,25 +131,9 @@ TEST(StackRecorderTest, SteadyStateSampleAllocatesNothing) {
   if (absl::Status probe = sampler::ProbePerfEvents(); !probe.ok()) {
     GTEST_SKIP() << "perf events not usable here: " << probe;
   }
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  const pid_t child = fork();
-  if (child == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    close(fds[0]);
-    Outer(fds[1]);
-  }
-  close(fds[1]);
-  char byte;
-  ASSERT_EQ(read(fds[0], &byte, 1), 1);
-  close(fds[0]);
-  struct KillChild {
-    pid_t pid;
-    ~KillChild() {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  } kill_child{child};
+  const pid_t child = ForkWhenReady([](int ready_fd) { Outer(ready_fd); });
+  ASSERT_GT(child, 0);
+  KillChild kill_child{child};
 
   // Real samples of the child, copied out of the ring.
   auto perf = sampler::PerfSampler::Create();
@@ -498,13 +516,7 @@ TEST(StackRecorderTest, ProcessFoundAtExecUnwoundThroughLibrariesMappedAfter) {
   }
   ASSERT_GT(child, 0);
   close(fds[1]);
-  struct KillChild {
-    pid_t pid;
-    ~KillChild() {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  } kill_child{child};
+  KillChild kill_child{child};
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFSTOPPED(status) && WSTOPSIG(status) == SIGTRAP) << status;
@@ -552,26 +564,10 @@ TEST(StackRecorderTest, MaxFramesBoundsTheUnwoundStack) {
   if (absl::Status probe = sampler::ProbePerfEvents(); !probe.ok()) {
     GTEST_SKIP() << "perf events not usable here: " << probe;
   }
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  const pid_t child = fork();
-  if (child == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    close(fds[0]);
-    Recurse(kRecursionDepth, fds[1]);
-    _exit(0);
-  }
-  close(fds[1]);
-  char byte;
-  ASSERT_EQ(read(fds[0], &byte, 1), 1);
-  close(fds[0]);
-  struct KillChild {
-    pid_t pid;
-    ~KillChild() {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  } kill_child{child};
+  const pid_t child =
+      ForkWhenReady([](int ready_fd) { Recurse(kRecursionDepth, ready_fd); });
+  ASSERT_GT(child, 0);
+  KillChild kill_child{child};
   const std::vector<CopiedSample> samples = SampleProcess(child, 100);
   ASSERT_GE(samples.size(), 100u) << "the child got too little CPU";
   const std::unique_ptr<TargetDiscovery> discovery = DiscoverOnly(child);
