@@ -1,6 +1,7 @@
 // A small client of etcd's v3 API (3.4) over the project's gRPC: keys (put, put if absent,
-// delete, read a prefix), leases (grant, refresh, revoke) and prefix watches, which is what the server needs
-// to register itself in a cluster and to follow the other members.
+// delete, read a prefix), leases (grant, refresh, revoke) and prefix watches, which is what
+// the server needs to register itself in a cluster, follow the other members and claim
+// agent IDs.
 //
 // Ownership: the caller owns the EtcdClient and every Watch it returns; a Watch may outlive
 // its client (it holds what it needs). The caller owns its leases too: nothing here refreshes
