@@ -17,6 +17,18 @@ std::string Hostname() {
   return buf;
 }
 
+// A CLI11 check from a parser of one value: a config file's value it refuses is then reported
+// as FILE:LINE, by --print-config too, instead of when the agent starts.
+template <typename Parse>
+CLI::Validator ParsedBy(Parse parse, const char* what) {
+  return CLI::Validator(
+      [parse](std::string& value) -> std::string {
+        auto parsed = parse(value);
+        return parsed.ok() ? std::string() : std::string(parsed.status().message());
+      },
+      what);
+}
+
 void AddAgentFlags(CLI::App& app, AgentFlags& f) {
   app.add_option("--server", f.server,
                  "strata-server address (host:port), or the nodes of a cluster separated by "
@@ -26,11 +38,13 @@ void AddAgentFlags(CLI::App& app, AgentFlags& f) {
   app.add_option("--pid", f.pids, "profile this process (repeatable)");
   app.add_option("--service", f.service_flags,
                  "NAME=REGEX: profile processes whose executable name or command line "
-                 "matches REGEX as service NAME (repeatable; new processes are picked up)");
+                 "matches REGEX as service NAME (repeatable; new processes are picked up)")
+      ->check(ParsedBy(&procfs::ParseServiceRule, "NAME=REGEX"));
   app.add_option("--label", f.label_flags,
                  "KEY=VALUE: a label of every target (repeatable), e.g. region=eu-west; a "
                  "process's own STRATA_LABELS and derived labels (build_id, version, "
-                 "container_id, pod, namespace) win over it");
+                 "container_id, pod, namespace) win over it")
+      ->check(ParsedBy(&labels::ParseLabel, "KEY=VALUE"));
   app.add_option("--frequency", f.frequency, "samples per second per thread")
       ->check(CLI::Range(1u, 10000u))
       ->capture_default_str();

@@ -92,8 +92,6 @@ TEST(AgentFlagsTest, ErrorsNameTheFlag) {
   for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
            {"--server", "n1:7070,"},
            {"--server", "n1:7070,n2:99999"},
-           {"--label", "no-equals"},
-           {"--service", "no-regex"},
            {"--spool-max-bytes", "lots"},
            {"--requests-metric", "127.0.0.1:9100/metrics#reqs"}}) {
     auto options = OptionsOf({"--pid", "1", flag, value});
@@ -101,6 +99,21 @@ TEST(AgentFlagsTest, ErrorsNameTheFlag) {
     EXPECT_NE(options.status().message().find(flag), std::string::npos)
         << options.status().message();
   }
+}
+
+// Refused as the flags are parsed, so that a config file's bad rule or label is named with its
+// line, by --print-config too.
+TEST(AgentFlagsTest, ServiceRulesAndLabelsAreCheckedAsTheyAreParsed) {
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--label", "no-equals"}, {"--service", "no-regex"}, {"--service", "c=(unclosed"}}) {
+    try {
+      (void)OptionsOf({"--pid", "1", flag, value});
+      ADD_FAILURE() << flag << " " << value << " was taken";
+    } catch (const CLI::ParseError& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(OptionsOf({"--pid", "1", "--service", "c=^c$", "--label", "k=v"}).ok());
 }
 
 TEST(AgentFlagsTest, RequestsMetricsNameTheirServiceWhenSeveral) {
