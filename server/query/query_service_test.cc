@@ -294,6 +294,26 @@ TEST_F(QueryServiceTest, UnknownServiceIsNotFound) {
   EXPECT_EQ(query_->RunTop(request).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A capture ID no capture has is not an empty capture; a capture that got no samples is.
+TEST_F(QueryServiceTest, UnknownCaptureIsNotFound) {
+  AddKnownProfile();
+  v1::TopRequest request;
+  request.mutable_filter()->set_capture_id("cap-nope");
+  absl::Status unknown = query_->RunTop(request).status();
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound) << unknown;
+  EXPECT_NE(unknown.message().find("unknown capture 'cap-nope'"), std::string::npos) << unknown;
+  store::CaptureInfo empty_capture;
+  empty_capture.capture_id = "cap-empty";
+  empty_capture.service = "api";
+  store::WriteBatch wb;
+  wb.PutCapture(empty_capture);
+  ASSERT_TRUE(store_->Commit(&wb).ok());
+  request.mutable_filter()->set_capture_id("cap-empty");
+  auto empty = query_->RunTop(request);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->total_samples(), 0u);
+}
+
 TEST_F(QueryServiceTest, ListsServicesWithTheirWindows) {
   AddKnownProfile();
   auto response = query_->RunListServices();
