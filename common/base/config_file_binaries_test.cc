@@ -118,6 +118,10 @@ std::string NewValue(const Listed& o, const std::string& file_value,
     return Quote(dir_value);
   }
   const bool repeatable = o.type.find("repeatable") != std::string::npos;
+  // A value checked as A=B (an agent's service rules and labels) gets that form.
+  if (repeatable && o.type.find("=") != std::string::npos) {
+    return "[\"cfg_one=one\", \"cfg_two=two\"]";
+  }
   if (repeatable) return Numeric(o.type) ? "[7, 8]" : "[\"cfg-one\", \"cfg-two\"]";
   std::string def = o.has_default ? Values(o.value_text).front() : "";
   std::smatch m;
