@@ -187,10 +187,9 @@ absl::StatusOr<Profile> QueryService::LoadProfile(const v1::ProfileFilter& filte
 absl::StatusOr<Profile> QueryService::Load(const ProfileQuery& query) {
   if (source_ != nullptr) return source_->Load(query);  // its nodes expand the lines
   auto profile = reader_.Load(query);
+  // A mistyped capture ID is not an empty capture.
   if (profile.ok() && profile->total == 0 && !query.capture_id.empty() &&
       absl::IsNotFound(store_->meta().GetCapture(query.capture_id).status())) {
-    // A mistyped ID is not an empty capture. (A cluster's nodes hold the captures of their
-    // own agents: the fan-out cannot tell, so this is a single server's answer.)
     return absl::NotFoundError(absl::StrCat("unknown capture '", query.capture_id,
                                             "' (strata captures lists them)"));
   }
