@@ -21,12 +21,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/core/context_graph.h"
 #include "agent/core/targets.h"
@@ -90,13 +92,29 @@ pid_t ForkWhenReady(Body body) {
   for (;;) Middle();
 }
 
+// Reads one byte in every 512 from here up to `top`. The kernel copies a sample's stack
+// without faulting pages in and stops at the first page not resident, so a stack deep enough
+// to span pages is kept in use while its samples are taken.
+[[gnu::noinline]] void ReadStackUpTo(uintptr_t top) {
+  volatile char here = 0;
+  for (uintptr_t p = reinterpret_cast<uintptr_t>(&here); p < top; p += 512) {
+    (void)*reinterpret_cast<const volatile char*>(p);
+  }
+}
+
 // kRecursionDepth frames of Recurse, then Leaf() for good: stacks of over 300 frames.
 [[gnu::noinline]] int Recurse(int depth, int ready_fd) {
   volatile int kept = depth;  // used after the call: no tail call, no loop
+  static uintptr_t outermost = 0;
+  if (outermost == 0) outermost = reinterpret_cast<uintptr_t>(&kept);
   if (depth == 0) {
     char byte = 'r';
     if (write(ready_fd, &byte, 1) != 1) _exit(1);
-    for (;;) Leaf();
+    do {
+      Leaf();
+      ReadStackUpTo(outermost);
+    } while (g_counter != 0);  // for good, as Leaf counts up
+    return 0;
   }
   const int below = Recurse(depth - 1, ready_fd);
   return below + kept;
@@ -572,6 +590,10 @@ TEST(StackRecorderTest, MaxFramesBoundsTheUnwoundStack) {
   ASSERT_GE(samples.size(), 100u) << "the child got too little CPU";
   const std::unique_ptr<TargetDiscovery> discovery = DiscoverOnly(child);
   ASSERT_NE(discovery, nullptr);
+
+  size_t shortest_copy = SIZE_MAX;
+  for (const CopiedSample& s : samples) shortest_copy = std::min(shortest_copy, s.stack.size());
+  SCOPED_TRACE(absl::StrCat("the shortest stack copied was ", shortest_copy, " bytes"));
 
   ContextGraph graph(1);
   StackRecorder cut({}, &graph, discovery.get());
