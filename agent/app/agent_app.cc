@@ -85,6 +85,10 @@ void LogSamplingSummary(const ProfilerStats& stats, const std::string& verify) {
                stats.unwound_frames, stats.truncated, stats.lost);
   LogInfo("unwinding ({}): {} frames walked, {} reused, {} verification failures", verify,
                stats.frames_walked, stats.frames_reused, stats.unwind_verify_failures);
+  if (stats.stacks_refilled > 0) {
+    LogInfo("{} stacks copied short by the kernel (pages not resident) completed from memory",
+            stats.stacks_refilled);
+  }
   if (stats.stack_crossings + stats.stack_crossings_failed > 0) {
     LogInfo("stack switches: {} crossed, {} not crossed", stats.stack_crossings,
                  stats.stack_crossings_failed);

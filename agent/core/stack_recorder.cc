@@ -1,6 +1,7 @@
 #include "agent/core/stack_recorder.h"
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +17,7 @@ StackRecorder::StackRecorder(StackRecorderOptions options, ContextGraph* graph,
                              TargetDiscovery* targets)
     : options_(options), graph_(graph), targets_(targets) {
   frames_.resize(options_.max_frames);
+  refilled_stack_.resize(options_.stack_bytes);
   java_methods_.resize(options_.max_frames);
   java_bcps_.resize(options_.max_frames);
   python_frames_.resize(options_.max_frames);
@@ -102,6 +104,16 @@ const std::vector<encoding::EdgeId>* StackRecorder::UnwindAndRecord(
   if (result.stop == unwind::StopReason::kNoModule && targets_->RefreshSoon(target)) {
     result = Unwind(target, state, thread, sample, &paths, &outer_kept, counts);
   }
+  // The kernel copies no stack page that is not resident (swapped out, say), so the copy can
+  // end below the stack's top and the walk run off it. A page that cold holds frames the
+  // thread has not returned into since: read from the process, they are the sample's.
+  sampler::RawSample refilled;
+  const sampler::RawSample* unwound = &sample;
+  if (result.stop == unwind::StopReason::kStackOutOfRange &&
+      RefillStack(target, state, sample, &refilled)) {
+    result = Unwind(target, state, thread, refilled, &paths, &outer_kept, counts);
+    unwound = &refilled;
+  }
   if (result.num_frames == 0) {
     frames_[0] = {sample.pc, sample.sp, 0};
     result.num_frames = 1;
@@ -122,7 +134,7 @@ const std::vector<encoding::EdgeId>* StackRecorder::UnwindAndRecord(
   const uint64_t* java_methods = nullptr;
   if (const jvm::HotSpotInterpreter* java = JavaOf(target, state);
       java != nullptr && java->MethodsOf({frames_.data(), result.num_frames}, sample.sp,
-                                         {sample.stack, sample.stack_size},
+                                         {unwound->stack, unwound->stack_size},
                                          java_methods_.data(), java_bcps_.data())) {
     java_methods = java_methods_.data();
     // An interpreted leaf's frame holds the bytecode pointer of its last call; the register
@@ -132,6 +144,26 @@ const std::vector<encoding::EdgeId>* StackRecorder::UnwindAndRecord(
   return Record(target, state, frames_.data(), result.num_frames, truncated, sample.kernel_pcs,
                 sample.kernel_depth, paths, outer_kept, counts, python, java_methods,
                 java_bcps_.data());
+}
+
+bool StackRecorder::RefillStack(const Target& target, TargetState& state,
+                                const sampler::RawSample& sample, sampler::RawSample* refilled) {
+  // Not for off-CPU stacks: the thread has run since their switch-out.
+  if (sample.session_id == sources::kOffCpuSession || sample.stack_size >= options_.stack_bytes) {
+    return false;
+  }
+  if (state.memory == nullptr) state.memory = std::make_unique<python::RemoteMemory>(target.pid);
+  const size_t more =
+      state.memory->ReadPrefix(sample.sp + sample.stack_size,
+                               refilled_stack_.data() + sample.stack_size,
+                               options_.stack_bytes - sample.stack_size);
+  if (more < sizeof(uint64_t)) return false;  // the copy did end at the top
+  std::memcpy(refilled_stack_.data(), sample.stack, sample.stack_size);
+  *refilled = sample;
+  refilled->stack = refilled_stack_.data();
+  refilled->stack_size += more;
+  ++stats_.stacks_refilled;
+  return true;
 }
 
 void StackRecorder::OnSwitch(Target& target, TargetState& state,

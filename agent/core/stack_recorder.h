@@ -80,6 +80,9 @@ struct StackRecorderStats {
   // the C caller's stack, and those that could not be (the stack ended there).
   uint64_t stack_crossings = 0;
   uint64_t stack_crossings_failed = 0;
+  // Samples whose stack copy the kernel ended short of the stack's top (at a page not
+  // resident), completed from the process's memory.
+  uint64_t stacks_refilled = 0;
   uint64_t unwound_stacks = 0;  // stacks unwound in their process (part of `samples`)
   uint64_t kernel_frames = 0;   // frames from kernel chains
   uint64_t pcs_resolved = 0;    // user pcs seen first (not in the target's pc cache)
@@ -185,6 +188,10 @@ class StackRecorder final : public sources::StackSink {
                               std::unique_ptr<Thread>& thread, const sampler::RawSample& sample,
                               PathCache** paths, size_t* outer_kept,
                               v1::UnwindCounters* counts);
+  // A copy of the sample's stack in refilled_stack_, completed from the process's memory up
+  // to the size requested; false when it was not short or nothing more could be read.
+  bool RefillStack(const Target& target, TargetState& state, const sampler::RawSample& sample,
+                   sampler::RawSample* refilled);
   // Symbolizes an unwound stack (innermost first; frames[0].pc exact, the others return
   // addresses) and adds its context to the graph.
   //
@@ -250,6 +257,7 @@ class StackRecorder final : public sources::StackSink {
   bool full_ = false;
   StackRecorderStats stats_;
   std::vector<unwind::Frame> frames_;
+  std::vector<uint8_t> refilled_stack_;  // sized once: options_.stack_bytes
   std::vector<encoding::PathFrame> path_;
   std::vector<encoding::EdgeId> edges_;  // Record's, for stacks without a PathCache
   size_t python_targets_ = 0;

@@ -83,6 +83,8 @@ struct StackRecorder::TargetState {
   // Of continuous CPU stacks (what the batches' samples are) since the last TakeUnwindCounts;
   // target_id set.
   v1::UnwindCounters counts;
+  // Its memory, for stacks the kernel copied short (made at the first).
+  std::unique_ptr<python::RemoteMemory> memory;
   absl::flat_hash_map<pid_t, std::unique_ptr<Thread>> threads;  // by tid
   absl::flat_hash_map<pid_t, std::unique_ptr<OffCpuThread>> off_cpu;  // by tid
   // Absolute pc (already adjusted for return addresses) -> function node and module offset,

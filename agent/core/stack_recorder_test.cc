@@ -46,9 +46,12 @@ volatile uint64_t g_counter = 0;
 // Kills and reaps a test's child when the test ends, however it ends.
 struct KillChild {
   pid_t pid;
-  ~KillChild() {
+  ~KillChild() { Kill(); }
+  void Kill() {
+    if (pid <= 0) return;
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
+    pid = 0;
   }
 };
 
@@ -557,6 +560,7 @@ TEST(StackRecorderTest, ProcessFoundAtExecUnwoundThroughLibrariesMappedAfter) {
   for (const CopiedSample& s : samples) recorder.OnSample(s.sample);
   EXPECT_EQ(recorder.stats().samples, samples.size());
   EXPECT_EQ(recorder.stats().truncated, 0u) << "of " << samples.size() << " samples";
+  EXPECT_EQ(recorder.stats().stacks_refilled, 0u) << "copies that ended at the stack's top";
   EXPECT_TRUE(SpaceHasLibc(*on_sample->Find(child)));
 
   // Read again when due, while the process lives; its samples drained after it exited.
@@ -609,6 +613,47 @@ TEST(StackRecorderTest, MaxFramesBoundsTheUnwoundStack) {
   for (const CopiedSample& s : samples) whole.OnSample(s.sample);
   EXPECT_EQ(strata::testing::AllocationCount() - before, 0u)
       << "allocations in " << samples.size() << " samples";
+}
+
+// The kernel copies a sample's stack without faulting pages in: at a page swapped out it
+// stops, short of the size asked for and of the stack's top. The rest is read from the process.
+TEST(StackRecorderTest, AStackCopiedShortIsCompletedFromTheProcess) {
+  if (absl::Status probe = sampler::ProbePerfEvents(); !probe.ok()) {
+    GTEST_SKIP() << "perf events not usable here: " << probe;
+  }
+  const pid_t child =
+      ForkWhenReady([](int ready_fd) { Recurse(kRecursionDepth, ready_fd); });
+  ASSERT_GT(child, 0);
+  KillChild kill_child{child};
+  std::vector<CopiedSample> samples = SampleProcess(child, 100);
+  ASSERT_GE(samples.size(), 100u) << "the child got too little CPU";
+  const std::unique_ptr<TargetDiscovery> discovery = DiscoverOnly(child);
+  ASSERT_NE(discovery, nullptr);
+  // Each copy ended where the kernel would have at the page above the sampled one.
+  for (CopiedSample& s : samples) {
+    const size_t to_page_end = 4096 - s.sample.sp % 4096;
+    ASSERT_LT(to_page_end, s.stack.size()) << "the stack spans a page boundary";
+    s.sample.stack_size = to_page_end;
+  }
+
+  ContextGraph graph(1);
+  StackRecorder recorder({.max_frames = 512}, &graph, discovery.get());
+  for (const CopiedSample& s : samples) recorder.OnSample(s.sample);
+  EXPECT_EQ(recorder.stats().truncated, 0u);
+  EXPECT_EQ(recorder.stats().stacks_refilled, samples.size());
+  EXPECT_GT(recorder.stats().unwound_frames, (kRecursionDepth + 2) * samples.size());
+  const uint64_t before = strata::testing::AllocationCount();
+  for (const CopiedSample& s : samples) recorder.OnSample(s.sample);
+  EXPECT_EQ(strata::testing::AllocationCount() - before, 0u)
+      << "allocations in " << samples.size() << " samples";
+  EXPECT_EQ(recorder.stats().truncated, 0u);
+
+  // Once the process is gone, nothing more can be read: the stacks end where the copies did.
+  kill_child.Kill();
+  StackRecorder after_exit({.max_frames = 512}, &graph, discovery.get());
+  for (const CopiedSample& s : samples) after_exit.OnSample(s.sample);
+  EXPECT_EQ(after_exit.stats().stacks_refilled, 0u);
+  EXPECT_EQ(after_exit.stats().truncated, samples.size());
 }
 
 }  // namespace

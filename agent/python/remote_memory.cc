@@ -21,13 +21,50 @@ bool RemoteMemory::Read(uint64_t address, void* out, size_t size) const {
     if (n >= 0 || errno != ENOSYS) return false;
     use_mem_file_ = true;  // kernels or emulators without the call
   }
+  if (!OpenMemFile()) return false;
+  return pread(mem_fd_.get(), out, size, static_cast<off_t>(address)) ==
+         static_cast<ssize_t>(size);
+}
+
+size_t RemoteMemory::ReadPrefix(uint64_t address, void* out, size_t size) const {
+  constexpr uint64_t kPage = 4096;  // the smallest page of both architectures
+  constexpr size_t kPages = 32;     // iovecs per call
+  auto* to = static_cast<uint8_t*>(out);
+  size_t done = 0;
+  while (done < size && !use_mem_file_) {
+    // A partial transfer ends at a whole remote iovec: one per page, so that it ends at the
+    // first page that cannot be read.
+    iovec remote[kPages];
+    size_t pages = 0, want = 0;
+    for (uint64_t at = address + done, end = address + size; at < end && pages < kPages;) {
+      const uint64_t next = std::min(end, (at | (kPage - 1)) + 1);
+      remote[pages++] = {reinterpret_cast<void*>(static_cast<uintptr_t>(at)), next - at};
+      want += next - at;
+      at = next;
+    }
+    iovec local{to + done, want};
+    ++reads_;
+    const ssize_t got = process_vm_readv(pid_, &local, 1, remote, pages, 0);
+    if (got < 0 && errno == ENOSYS) {
+      use_mem_file_ = true;  // as in Read()
+      break;
+    }
+    if (got > 0) done += static_cast<size_t>(got);
+    if (got != static_cast<ssize_t>(want)) return done;
+  }
+  if (done == size || !OpenMemFile()) return done;
+  ++reads_;
+  const ssize_t got =
+      pread(mem_fd_.get(), to + done, size - done, static_cast<off_t>(address + done));
+  return done + static_cast<size_t>(std::max<ssize_t>(got, 0));
+}
+
+bool RemoteMemory::OpenMemFile() const {
   if (!mem_fd_.valid()) {
     const std::string path = "/proc/" + std::to_string(pid_) + "/mem";
     mem_fd_.reset(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!mem_fd_.valid()) return false;
   }
-  return pread(mem_fd_.get(), out, size, static_cast<off_t>(address)) ==
-         static_cast<ssize_t>(size);
+  return mem_fd_.valid();
 }
 
 bool RemoteMemory::ReadMany(const uint64_t* addresses, const size_t* sizes, size_t count,

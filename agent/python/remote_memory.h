@@ -24,6 +24,10 @@ class RemoteMemory {
   // Copies `size` bytes at `address` of the process to `out`; false unless all were read.
   virtual bool Read(uint64_t address, void* out, size_t size) const;
 
+  // Copies the bytes at [address, address + size) to `out` up to the first page that cannot
+  // be read (unmapped); returns how many were copied.
+  virtual size_t ReadPrefix(uint64_t address, void* out, size_t size) const;
+
   // Several reads in one system call where possible: `sizes[i]` bytes at `addresses[i]` to
   // consecutive places in `out`. False unless all were read.
   virtual bool ReadMany(const uint64_t* addresses, const size_t* sizes, size_t count,
@@ -46,6 +50,8 @@ class RemoteMemory {
   bool reads_mem_file() const { return use_mem_file_; }
 
  private:
+  bool OpenMemFile() const;  // /proc/PID/mem, once
+
   pid_t pid_;
   mutable base::UniqueFd mem_fd_;  // /proc/PID/mem, opened on the first fallback
   mutable bool use_mem_file_ = false;
