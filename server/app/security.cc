@@ -52,11 +52,13 @@ absl::StatusOr<ServerSecurity> LoadSecurity(const ServerOptions& options) {
   auto authorizer = auth::Authorizer::Create(options.security.authorizer);
   if (!authorizer.ok()) return authorizer.status();
   security.authorizer = std::move(*authorizer);
-  security.grpc_credentials = grpc::InsecureServerCredentials();
   if (options.security.tls_on()) {
-    auto credentials = auth::MakeServerCredentials(options.security.tls);
-    if (!credentials.ok()) return credentials.status();
-    security.grpc_credentials = *credentials;
+    // Staged and watched once the store is open (ServerApp::Listen).
+    if (absl::Status checked = auth::CheckServerTlsFiles(options.security.tls); !checked.ok()) {
+      return checked;
+    }
+  } else {
+    security.grpc_credentials = grpc::InsecureServerCredentials();
   }
   const ClusterOptions& cluster = options.cluster;
   if (!cluster.enabled()) return security;

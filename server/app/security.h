@@ -20,7 +20,8 @@ namespace strata::server::app {
 
 struct ServerSecurity {
   std::unique_ptr<auth::Authorizer> authorizer;
-  std::shared_ptr<grpc::ServerCredentials> grpc_credentials;  // TLS, or plaintext
+  // Plaintext; null with TLS (ServerApp makes them from auth::ServerTls).
+  std::shared_ptr<grpc::ServerCredentials> grpc_credentials;
   // A cluster node's calls (plaintext and no token for a single server).
   rpc::ClientSecurity node_client;  // to the other nodes
   rpc::ClientSecurity etcd_client;  // to etcd

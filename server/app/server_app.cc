@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -361,6 +362,15 @@ capture::CaptureService::Options ServerApp::CaptureOptions() {
 
 absl::Status ServerApp::Listen() {
   const std::string& listen = options_.ingest.listen;
+  if (options_.security.tls_on()) {
+    // In the data directory, which the store's lock keeps to this server: the one directory
+    // every deployment lets it write (the Kubernetes manifests make the root read-only).
+    auto tls = auth::ServerTls::Create(
+        options_.security.tls, (std::filesystem::path(options_.storage.data_dir) / "tls").string());
+    if (!tls.ok()) return tls.status();
+    grpc_tls_ = *std::move(tls);
+    grpc_credentials_ = grpc_tls_->credentials();
+  }
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, grpc_credentials_, &grpc_port_);
   builder.RegisterService(ingest_.get());

@@ -26,6 +26,7 @@
 #include "server/aggregate/window_aggregator.h"
 #include "server/app/security.h"
 #include "server/app/server_options.h"
+#include "server/auth/tls_credentials.h"
 #include "server/capture/capture_service.h"
 #include "server/cluster/fanout.h"
 #include "server/cluster/membership.h"
@@ -86,7 +87,7 @@ class ServerApp {
   // Built by Create(): what the options name, and what needs nothing else.
   const ServerOptions options_;
   const std::unique_ptr<auth::Authorizer> authorizer_;
-  const std::shared_ptr<grpc::ServerCredentials> grpc_credentials_;
+  std::shared_ptr<grpc::ServerCredentials> grpc_credentials_;
   rpc::ClientSecurity etcd_security_;  // moved into the membership when it joins
   cluster::NodeChannels node_channels_;  // calls to the other nodes
   cluster::ReplicationMetrics replication_metrics_;
@@ -113,6 +114,8 @@ class ServerApp {
   std::unique_ptr<cluster::DebugInfoSync> debuginfo_sync_;
   std::unique_ptr<capture::CaptureService> capture_;
   std::unique_ptr<regress::RegressionsService> regressions_;  // null with --regressions false
+  // With --tls-cert: the staged files grpc_credentials_ watch; outlives grpc_server_.
+  std::unique_ptr<auth::ServerTls> grpc_tls_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<http::HttpServer> http_server_;
   // Reads recent profiles into memory after start-up (QueryService::WarmUp); stopped and

@@ -2,8 +2,10 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 
@@ -233,10 +235,87 @@ TEST(TlsCredentialsTest, LoopbackAddresses) {
 }
 
 TEST(TlsCredentialsTest, MissingFilesAreNamed) {
-  auto creds = MakeServerCredentials(
-      {.cert_file = "/nonexistent/server.pem", .key_file = "/nonexistent/server.key"});
-  EXPECT_THAT(std::string(creds.status().message()), HasSubstr("/nonexistent/server.pem"));
-  EXPECT_TRUE(absl::IsInvalidArgument(MakeServerCredentials({.cert_file = "a.pem"}).status()));
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat("strata_tls_", getpid());
+  auto tls = ServerTls::Create(
+      {.cert_file = "/nonexistent/server.pem", .key_file = "/nonexistent/server.key"},
+      (dir / "staging").string());
+  EXPECT_THAT(std::string(tls.status().message()), HasSubstr("/nonexistent/server.pem"));
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckServerTlsFiles({.cert_file = "a.pem"})));
+  EXPECT_FALSE(fs::exists(dir));
+}
+
+class ServerTlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / absl::StrCat("strata_server_tls_", getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    for (const char* name : {"a", "b"}) {
+      const std::string command = absl::StrCat(
+          "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 "
+          "-subj /CN=", name, " -keyout ", (dir_ / name).string(), ".key -out ",
+          (dir_ / name).string(), ".pem 2>/dev/null");
+      ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    }
+    files_ = {.cert_file = (dir_ / "server.pem").string(),
+              .key_file = (dir_ / "server.key").string()};
+    Put("a.pem", files_.cert_file);
+    Put("a.key", files_.key_file);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Replaces `to` with a copy of `from` in one rename, as an operator's tools would.
+  void Put(const std::string& from, const std::string& to) {
+    fs::copy_file(dir_ / from, to + ".new", fs::copy_options::overwrite_existing);
+    fs::rename(to + ".new", to);
+  }
+  std::string Read(const fs::path& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  std::string Staged(const char* name) { return Read(dir_ / "staging" / "current" / name); }
+
+  fs::path dir_;
+  ServerTlsFiles files_;
+};
+
+// gRPC reads the staged copies; a certificate renewed before its key is not staged, so new
+// connections keep getting the previous pair instead of failing their handshakes.
+TEST_F(ServerTlsTest, OnlyACertificateWithItsKeyIsStaged) {
+  auto tls = ServerTls::Create(files_, (dir_ / "staging").string());
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  ASSERT_NE((*tls)->credentials(), nullptr);
+  EXPECT_EQ(Staged("cert.pem"), Read(dir_ / "a.pem"));
+  EXPECT_EQ(Staged("key.pem"), Read(dir_ / "a.key"));
+  EXPECT_EQ(fs::status(dir_ / "staging").permissions(), fs::perms::owner_all);
+  EXPECT_EQ(fs::status(dir_ / "staging" / "current" / "key.pem").permissions(),
+            fs::perms::owner_read | fs::perms::owner_write);
+  const auto first_mtime = fs::last_write_time(dir_ / "staging" / "current" / "key.pem");
+  EXPECT_FALSE((*tls)->StageIfChanged());  // nothing changed
+
+  Put("b.pem", files_.cert_file);  // the new certificate first
+  EXPECT_FALSE((*tls)->StageIfChanged());
+  EXPECT_EQ((*tls)->refused(), 1u);
+  EXPECT_EQ(Staged("cert.pem"), Read(dir_ / "a.pem"));
+  EXPECT_FALSE((*tls)->StageIfChanged());  // refused once, not at every look
+  EXPECT_EQ((*tls)->refused(), 1u);
+
+  Put("b.key", files_.key_file);  // then its key
+  EXPECT_TRUE((*tls)->StageIfChanged());
+  EXPECT_EQ((*tls)->staged(), 1u);
+  EXPECT_EQ(Staged("cert.pem"), Read(dir_ / "b.pem"));
+  EXPECT_EQ(Staged("key.pem"), Read(dir_ / "b.key"));
+  // A second later at least, so that gRPC's whole-second check sees the switch.
+  EXPECT_GE(fs::last_write_time(dir_ / "staging" / "current" / "key.pem") - first_mtime,
+            std::chrono::seconds(1));
+
+  // Files that cannot be read at all are refused the same way.
+  fs::remove(files_.key_file);
+  EXPECT_FALSE((*tls)->StageIfChanged());
+  EXPECT_EQ((*tls)->refused(), 2u);
+  EXPECT_EQ(Staged("key.pem"), Read(dir_ / "b.key"));
+  tls->reset();
+  EXPECT_FALSE(fs::exists(dir_ / "staging"));
 }
 
 }  // namespace

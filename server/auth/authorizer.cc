@@ -1,7 +1,5 @@
 #include "server/auth/authorizer.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 
 #include "absl/strings/ascii.h"
@@ -41,7 +39,7 @@ std::optional<std::string> TokenOf(std::string_view authorization) {
 absl::StatusOr<std::unique_ptr<Authorizer>> Authorizer::Create(AuthorizerOptions options) {
   std::unique_ptr<Authorizer> a(new Authorizer(std::move(options)));
   if (!a->options_.auth_file.empty()) {
-    const FileStamp stamp = Stamp(a->options_.auth_file);
+    const base::FileStamp stamp = base::StampOf(a->options_.auth_file);
     auto table = LoadAuthFile(a->options_.auth_file);
     if (!table.ok()) return table.status();
     {
@@ -67,13 +65,6 @@ Authorizer::~Authorizer() {
   if (watcher_.joinable()) watcher_.join();
 }
 
-Authorizer::FileStamp Authorizer::Stamp(const std::string& path) {
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0) return {};
-  return {st.st_mtim.tv_sec * 1'000'000'000LL + st.st_mtim.tv_nsec,
-          static_cast<int64_t>(st.st_size), static_cast<uint64_t>(st.st_ino)};
-}
-
 void Authorizer::Watch() {
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
@@ -86,7 +77,7 @@ void Authorizer::Watch() {
 }
 
 bool Authorizer::ReloadIfChanged() {
-  const FileStamp stamp = Stamp(options_.auth_file);
+  const base::FileStamp stamp = base::StampOf(options_.auth_file);
   {
     absl::MutexLock lock(&mu_);
     if (stamp == stamp_) return false;

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/file_stamp.h"
 #include "server/auth/auth_file.h"
 #include "server/auth/principal.h"
 
@@ -93,14 +94,6 @@ class Authorizer {
   void Watch();
   bool ReloadIfChanged();
 
-  struct FileStamp {
-    int64_t mtime_ns = 0;
-    int64_t size = -1;
-    uint64_t inode = 0;
-    bool operator==(const FileStamp&) const = default;
-  };
-  static FileStamp Stamp(const std::string& path);
-
   struct Bucket {
     double tokens;
     absl::Time refilled;
@@ -110,7 +103,7 @@ class Authorizer {
   const bool enabled_;
   mutable absl::Mutex mu_;
   std::shared_ptr<const AuthTable> table_ ABSL_GUARDED_BY(mu_);
-  FileStamp stamp_ ABSL_GUARDED_BY(mu_);
+  base::FileStamp stamp_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, Bucket> buckets_ ABSL_GUARDED_BY(mu_);
   mutable std::atomic<uint64_t> unauthenticated_{0};

@@ -1,7 +1,5 @@
 #include "server/http/tls_context.h"
 
-#include <sys/stat.h>
-
 #include <cerrno>
 #include <fstream>
 #include <sstream>
@@ -26,24 +24,6 @@ namespace beast = boost::beast;
 namespace ssl = boost::asio::ssl;
 
 namespace {
-
-
-FileStamp Stamp(const std::string& path) {
-  FileStamp stamp;
-  if (path.empty()) return stamp;
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    stamp.error = errno;
-    return stamp;
-  }
-  stamp.dev = st.st_dev;
-  stamp.ino = st.st_ino;
-  stamp.size = st.st_size;
-  stamp.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
-  return stamp;
-}
-
-
 
 // The OpenSSL error queue is per thread: whatever a failed load left there must not be
 // mistaken for the next connection's error on this I/O thread.
@@ -90,7 +70,8 @@ absl::StatusOr<std::string> ReadWhole(const std::string& what, const std::string
 }  // namespace
 
 TlsStamp StampAll(const HttpServerOptions::Tls& tls) {
-  return {Stamp(tls.cert_file), Stamp(tls.key_file), Stamp(tls.client_ca_file)};
+  return {base::StampOf(tls.cert_file), base::StampOf(tls.key_file),
+          base::StampOf(tls.client_ca_file)};
 }
 
 absl::StatusOr<std::shared_ptr<ssl::context>> BuildTlsContext(const HttpServerOptions::Tls& tls) {

@@ -386,6 +386,21 @@ TEST_F(SecurityTest, RotatedServerCertificateWhileIngestionGoesOn) {
   const std::string before = serial(server_->port());
   ASSERT_THAT(before, HasSubstr("serial="));
   EXPECT_EQ(serial(http_port_), before);
+  // A certificate renewed before its key: refused by both listeners, which keep the previous
+  // pair (gRPC's own watcher would take it and fail every new handshake).
+  const std::string other = dir_.File("other");
+  ASSERT_EQ(Shell(absl::StrCat("openssl req -x509 -newkey ec -pkeyopt "
+                               "ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=other "
+                               "-keyout ", other, ".key -out ", other, ".pem 2>&1 && cp ",
+                               other, ".pem ", Pki("server.pem"), ".new && mv ",
+                               Pki("server.pem"), ".new ", Pki("server.pem")))
+                .exit_code,
+            0);
+  ASSERT_TRUE(server_->process().WaitForOutput(
+      "gRPC: TLS certificate files changed but cannot be used", 30))
+      << server_->process().Output();
+  EXPECT_EQ(serial(server_->port()), before);
+  EXPECT_EQ(Cli({"services"}, "alice").exit_code, 0);
   CommandResult renew = RunCommand({std::string(STRATA_SOURCE_DIR) + "/deploy/gen-certs.sh",
                                     "--out", pki_, "--renew", "--server", "localhost,127.0.0.1"});
   ASSERT_EQ(renew.exit_code, 0) << renew.output;
