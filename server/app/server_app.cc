@@ -256,6 +256,23 @@ absl::Status ServerApp::BuildRegressions() {
     }
     return values;
   };
+  inputs.running = [query](const std::string& service, const std::string& label,
+                           int64_t from_ms, int64_t to_ms)
+      -> absl::StatusOr<std::vector<std::string>> {
+    v1::SeriesRequest request;
+    request.mutable_filter()->set_service(service);
+    request.mutable_filter()->mutable_range()->set_from_ms(from_ms);
+    request.mutable_filter()->mutable_range()->set_to_ms(to_ms);
+    request.set_group_by(label);
+    request.set_limit(1000);  // releases running at once: a few
+    absl::StatusOr<v1::SeriesResponse> series = query->RunSeries(request);
+    if (!series.ok()) return series.status();
+    std::vector<std::string> values;
+    for (const v1::SampleSeries& s : series->series()) {
+      if (!s.other() && s.total() > 0 && !s.value().empty()) values.push_back(s.value());
+    }
+    return values;
+  };
   inputs.phases = [query](const std::string& service, int64_t from_ms,
                           int64_t to_ms) -> absl::StatusOr<std::vector<int64_t>> {
     v1::PhasesRequest request;

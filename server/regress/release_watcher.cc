@@ -106,6 +106,23 @@ absl::StatusOr<std::vector<v1::ReleaseVerdict>> ReleaseWatcher::Check(int64_t no
       continue;
     }
     const auto& [label, found] = *values;
+    std::vector<std::string> running;
+    if (inputs_.running && !label.empty()) {
+      int64_t since_ms = now_ms;
+      {
+        absl::MutexLock lock(&mu_);
+        if (auto listed = listed_ms_.find(service); listed != listed_ms_.end()) {
+          since_ms = std::min(now_ms, listed->second - kLateSamplesMs);
+        }
+      }
+      absl::StatusOr<std::vector<std::string>> ran =
+          inputs_.running(service, label, since_ms, now_ms + 1);
+      if (ran.ok()) {
+        running = *std::move(ran);
+      } else {
+        note(ran.status());
+      }
+    }
     std::vector<int64_t> phase_starts;
     if (inputs_.phases) {
       absl::StatusOr<std::vector<int64_t>> starts =
@@ -127,12 +144,22 @@ absl::StatusOr<std::vector<v1::ReleaseVerdict>> ReleaseWatcher::Check(int64_t no
       prefix.push_back('\0');
       prefix += label;
       prefix.push_back('\0');
-      // The releases known before this pass: new ones are compared with the newest of them.
+      // The releases known before this pass: new ones are compared with the one that ran
+      // most recently, the newest of those on a tie.
+      auto ran_at = [](const v1::ReleaseVerdict& r) {
+        return std::make_pair(std::max(r.last_running_ms(), r.first_seen_ms()),
+                              r.first_seen_ms());
+      };
       const v1::ReleaseVerdict* previous = nullptr;
       for (auto it = releases_.lower_bound(prefix);
            it != releases_.end() && it->first.starts_with(prefix); ++it) {
-        const v1::ReleaseVerdict& r = it->second;
-        if (previous == nullptr || r.first_seen_ms() > previous->first_seen_ms()) previous = &r;
+        v1::ReleaseVerdict& r = it->second;
+        if (std::find(running.begin(), running.end(), r.candidate()) != running.end() &&
+            r.last_running_ms() < now_ms) {
+          r.set_last_running_ms(now_ms);
+          dirty.insert(it->first);
+        }
+        if (previous == nullptr || ran_at(r) > ran_at(*previous)) previous = &r;
       }
       const std::string baseline = previous != nullptr ? previous->candidate() : std::string();
       for (const std::string& value : found) {
@@ -143,6 +170,7 @@ absl::StatusOr<std::vector<v1::ReleaseVerdict>> ReleaseWatcher::Check(int64_t no
         release.set_label(label);
         release.set_candidate(value);
         release.set_first_seen_ms(now_ms);
+        release.set_last_running_ms(now_ms);
         release.set_candidate_from_ms(ran_since_ms);
         release.set_updated_ms(now_ms);
         // Met with the service (no release known before): no baseline to compare with.

@@ -1,10 +1,11 @@
 // Releases found by themselves: the server notices a new release of a service and compares it
-// with the one before, without being asked.
+// with the one it replaced, without being asked.
 //
 // Every Check(), for every service: the values of its release label (the first of
 // `labels` its label sets carry: "version", else "build_id"). A value not seen before is a
-// new release. Its baseline is the release of the same label first seen most recently
-// before it; the comparison takes the baseline's samples over [first seen - lookback, now)
+// new release. Its baseline is the known release of the same label that ran most recently
+// (the values with samples since the last check are noted at every check: after a rollback,
+// the release rolled back to), else the one first seen most recently; the comparison takes the baseline's samples over [first seen - lookback, now)
 // and the candidate's from the check before the one that found it (less kLateSamplesMs: a
 // window's samples are listed only once its batch arrives) to now, since the candidate ran
 // from some time between the two, and runs again at every check until the candidate has been
@@ -88,6 +89,11 @@ struct ReleaseWatcherInputs {
   std::function<absl::StatusOr<std::map<std::string, std::vector<std::string>>>(
       const std::string& service)>
       label_values;
+  // The values of the service's label `label` that have samples in [from_ms, to_ms).
+  // Optional (without it, the baseline is the release first seen most recently).
+  std::function<absl::StatusOr<std::vector<std::string>>(
+      const std::string& service, const std::string& label, int64_t from_ms, int64_t to_ms)>
+      running;
   // The window starts of the service's phase changes in [from_ms, to_ms). Optional.
   std::function<absl::StatusOr<std::vector<int64_t>>(const std::string& service,
                                                       int64_t from_ms, int64_t to_ms)>

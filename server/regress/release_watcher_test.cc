@@ -43,6 +43,9 @@ struct Fixture {
   std::map<std::string, std::vector<int64_t>> phase_starts;  // by service
   absl::Status label_error;
   absl::Status compare_error;
+  // With `scripted_running`: the values of each service with samples at the next check.
+  bool scripted_running = false;
+  std::map<std::string, std::vector<std::string>> running;
 
   ReleaseWatcherInputs Inputs() {
     ReleaseWatcherInputs in;
@@ -56,6 +59,13 @@ struct Fixture {
       if (!label_error.ok() && service == "broken") return label_error;
       return ValuesOf(sets[service]);
     };
+    if (scripted_running) {
+      in.running = [this](const std::string& service, const std::string& label, int64_t,
+                          int64_t) -> absl::StatusOr<std::vector<std::string>> {
+        EXPECT_EQ(label, "version");
+        return running[service];
+      };
+    }
     in.phases = [this](const std::string& service, int64_t from_ms,
                        int64_t to_ms) -> absl::StatusOr<std::vector<int64_t>> {
       std::vector<int64_t> out;
@@ -161,6 +171,57 @@ TEST(ReleaseWatcherTest, ANewReleaseIsComparedWithTheOneItReplacesUntilItsWindow
   EXPECT_THAT(f.plans, SizeIs(3));
   EXPECT_THAT(watcher.Verdicts("other", 0), IsEmpty());
   EXPECT_THAT(watcher.Verdicts("", 102 * kMinute), IsEmpty());
+}
+
+// v1, v2, back to v1, then v3: v3 replaced v1, not v2 (first seen more recently).
+TEST(ReleaseWatcherTest, TheReleaseAfterARollbackIsComparedWithTheOneRolledBackTo) {
+  Fixture f;
+  f.scripted_running = true;
+  f.sets["checkout"] = {{{"version", "1"}}};
+  f.running["checkout"] = {"1"};
+  ReleaseWatcher watcher(Options(), f.Inputs(), {});
+  ASSERT_TRUE(watcher.Check(100 * kMinute).ok());
+  f.sets["checkout"].push_back({{"version", "2-slow"}});
+  f.running["checkout"] = {"1", "2-slow"};  // rolling out
+  auto changed = watcher.Check(101 * kMinute);
+  ASSERT_TRUE(changed.ok());
+  ASSERT_THAT(*changed, SizeIs(1));
+  EXPECT_EQ((*changed)[0].baseline(), "1");
+  f.running["checkout"] = {"2-slow"};
+  ASSERT_TRUE(watcher.Check(102 * kMinute).ok());
+  f.running["checkout"] = {"1"};  // rolled back
+  ASSERT_TRUE(watcher.Check(103 * kMinute).ok());
+  ASSERT_TRUE(watcher.Check(104 * kMinute).ok());
+
+  f.sets["checkout"].push_back({{"version", "3"}});
+  f.running["checkout"] = {"1", "3"};
+  changed = watcher.Check(105 * kMinute);
+  ASSERT_TRUE(changed.ok());
+  ASSERT_THAT(*changed, SizeIs(1));
+  EXPECT_EQ((*changed)[0].candidate(), "3");
+  EXPECT_EQ((*changed)[0].baseline(), "1");
+  EXPECT_EQ(f.plans.back().baseline_selector, "version=1");
+
+  // Without a rollback, the release before.
+  f.running["checkout"] = {"3"};
+  ASSERT_TRUE(watcher.Check(106 * kMinute).ok());
+  f.sets["checkout"].push_back({{"version", "4"}});
+  f.running["checkout"] = {"3", "4"};
+  changed = watcher.Check(107 * kMinute);
+  ASSERT_TRUE(changed.ok());
+  ASSERT_THAT(*changed, SizeIs(1));
+  EXPECT_EQ((*changed)[0].baseline(), "3");
+
+  // What ran when is kept: a restarted watcher picks the same baseline.
+  f.running["checkout"] = {"1"};  // rolled back again
+  ASSERT_TRUE(watcher.Check(108 * kMinute).ok());
+  ReleaseWatcher restarted(Options(), f.Inputs(), f.Stored());
+  f.sets["checkout"].push_back({{"version", "5"}});
+  f.running["checkout"] = {"5"};
+  changed = restarted.Check(109 * kMinute);
+  ASSERT_TRUE(changed.ok());
+  ASSERT_THAT(*changed, SizeIs(1));
+  EXPECT_EQ((*changed)[0].baseline(), "1");
 }
 
 TEST(ReleaseWatcherTest, ARestartedWatcherContinuesFromWhatItStored) {
