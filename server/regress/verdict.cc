@@ -85,12 +85,15 @@ v1::ReleaseVerdict VerdictOn(const v1::CompareResponse& comparison, bool per_req
     return verdict;
   }
   if (per_request) verdict.set_unit(comparison.per_request_unit());
-  std::vector<double> detectable;
+  std::vector<std::pair<double, double>> detectable;  // each function's, and its share
   std::vector<v1::ReleaseFunctionChange> changes;
   const v1::ReleaseFunctionChange* cause = nullptr;
   for (const v1::FunctionComparison& f : comparison.functions()) {
     const Figures self_figures = FiguresOf(f.self(), per_request);
-    if (self_figures.tested) detectable.push_back(self_figures.min_detectable);
+    if (self_figures.tested) {
+      detectable.emplace_back(self_figures.min_detectable,
+                              std::max(self_figures.baseline, self_figures.candidate));
+    }
     // The self figure where it changed significantly, else the total.
     const bool self = self_figures.significant;
     const Figures e = self ? self_figures : FiguresOf(f.total(), per_request);
@@ -107,16 +110,29 @@ v1::ReleaseVerdict VerdictOn(const v1::CompareResponse& comparison, bool per_req
     c.set_relative(e.relative);
     c.set_q(e.q);
   }
+  // The median weighted by share: what a change of the functions that hold the samples must
+  // reach to be found. Dozens of functions of a fraction of a point each (kernel entry paths)
+  // have small MDEs of their own, and a plain median of them would read "measured, no change"
+  // where the hot functions' changes could not have been told from noise yet.
   double min_detectable = 0;
   if (!detectable.empty()) {
-    std::nth_element(detectable.begin(), detectable.begin() + detectable.size() / 2,
-                     detectable.end());
-    min_detectable = detectable[detectable.size() / 2];
+    std::sort(detectable.begin(), detectable.end());
+    double total = 0;
+    for (const auto& [mde, share] : detectable) total += share;
+    double below = 0;
+    min_detectable = detectable[detectable.size() / 2].first;  // no shares: the plain median
+    for (const auto& [mde, share] : detectable) {
+      below += share;
+      if (total > 0 && below >= total / 2) {
+        min_detectable = mde;
+        break;
+      }
+    }
   }
   // The cause: the largest relative move of a self share (a function new in the candidate
   // has no baseline share, hence no relative change: it counts as the largest), among the
-  // moves at least as large as the comparison could detect for a typical function when there
-  // are such. A small function's move is significant at a fraction of a point and may be
+  // moves at least as large as the comparison could detect for a typical sample's function
+  // when there are such. A small function's move is significant at a fraction of a point and may be
   // large relatively (a kernel entry path -64 % at -0.17 pt): it must not turn a function's
   // +17 pt into IMPROVED.
   bool material_move = false;

@@ -53,7 +53,8 @@ TEST(VerdictTest, TheLargestRelativeMoveDecides) {
   EXPECT_EQ(v.functions(1).name(), "parse");
   EXPECT_TRUE(v.functions(0).self());
   EXPECT_EQ(v.baseline_units(), 3u);
-  EXPECT_DOUBLE_EQ(v.min_detectable(), 0.7);  // median of 1.1, 0.7, 0.7
+  // The median of 1.1 (parse, 60 %), 0.7 and 0.7 weighted by share.
+  EXPECT_DOUBLE_EQ(v.min_detectable(), 1.1);
 
   // checksum got slower and took its share from parse, a larger function: the cause comes
   // first, not the larger fall.
@@ -90,6 +91,23 @@ TEST(VerdictTest, TheLargestRelativeMoveDecides) {
   *added.add_functions() = Row("parse", 50, 40, true);
   *added.add_functions() = Row("new_path", 0, 10, true);
   EXPECT_EQ(VerdictOf(added).state(), v1::ReleaseVerdict::REGRESSED);
+}
+
+// Dozens of small functions with MDEs of a fraction of a point do not make an "unchanged"
+// read as measured while the hot function's change could still be 12 points.
+TEST(VerdictTest, TheMdeIsThatOfTheFunctionsHoldingTheSamples) {
+  v1::CompareResponse c;
+  v1::FunctionComparison hot = Row("func_b", 27, 43, false);
+  hot.mutable_self()->set_min_detectable(12.1);
+  *c.add_functions() = hot;
+  *c.add_functions() = Row("func_a", 20, 17, false);
+  *c.add_functions() = Row("func_c", 50, 38, false);
+  for (int i = 0; i < 40; ++i) *c.add_functions() = Row("entry_SYSCALL_64", 0.1, 0.1, false);
+  const v1::ReleaseVerdict v = VerdictOf(c);
+  EXPECT_EQ(v.state(), v1::ReleaseVerdict::UNCHANGED);
+  EXPECT_DOUBLE_EQ(v.min_detectable(), 1.0);  // func_c's, the middle of the samples
+  c.mutable_functions(2)->mutable_self()->set_min_detectable(9);
+  EXPECT_DOUBLE_EQ(VerdictOf(c).min_detectable(), 9);  // not 0.501, the plain median's
 }
 
 TEST(VerdictTest, ASmallFunctionsLargeRelativeMoveDoesNotOutweighAMaterialOne) {
