@@ -399,6 +399,12 @@ absl::Status ServerApp::Listen() {
   if (cluster_service_ != nullptr) builder.RegisterService(cluster_service_.get());
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(options_.ingest.service.limits.max_message_bytes));
+  if (!options_.ingest.accept_compressed) {
+    // Refused at the call's headers (UNIMPLEMENTED, "Compression algorithm 'gzip' is
+    // disabled"), before any message is inflated: see IngestOptions::accept_compressed.
+    builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, false);
+    builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, false);
+  }
   // No bandwidth probe: it pings every agent at each batch (a frame to write and one to read
   // on both ends, per interval per agent) to size a receive window that batches of a few
   // kilobytes never fill.

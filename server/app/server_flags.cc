@@ -302,6 +302,9 @@ void AddLimitFlags(CLI::App& app, ServerFlags& f) {
      "memory for all aggregation tables together; past it, batches of new services are "
      "refused with RESOURCE_EXHAUSTED until idle tables are released"},
     {"--max-message-bytes", &f.max_message, "largest gRPC message accepted"},
+    {"--accept-compressed", &o.ingest.accept_compressed,
+     "accept gRPC messages the client compressed (an OTel Collector's gzip); they are "
+     "inflated whole before --max-message-bytes applies"},
     {"--max-graph-nodes", &ingest.limits.max_graph_nodes, "functions in one agent's call graph",
      true, CLI::PositiveNumber},
     {"--max-graph-edges", &ingest.limits.max_graph_edges, "call edges in one agent's graph",

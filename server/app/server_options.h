@@ -36,6 +36,10 @@ struct StorageOptions {
 struct IngestOptions {
   std::string listen = "127.0.0.1:7070";
   ingest::IngestService::Options service;  // limits, memory and threads
+  // gRPC messages compressed by the client (gzip, deflate) accepted. gRPC 1.51 inflates a
+  // message whole before max_message_bytes applies, so a client can make the server take
+  // about 1000 times what it sent: off unless every client is trusted.
+  bool accept_compressed = false;
 };
 
 // The HTTP listener: /healthz, /metrics, the JSON API and the web UI.

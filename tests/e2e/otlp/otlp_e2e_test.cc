@@ -111,10 +111,12 @@ class OtlpE2eTest : public ::testing::Test {
     stub_ = otlp_v1::ProfilesService::NewStub(server_->Channel());
   }
 
-  grpc::Status Export(const RequestBuilder::Request& request, const std::string& token = "") {
+  grpc::Status Export(const RequestBuilder::Request& request, const std::string& token = "",
+                      grpc_compression_algorithm compression = GRPC_COMPRESS_NONE) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+    context.set_compression_algorithm(compression);
     otlp_v1::ExportProfilesServiceResponse response;
     return stub_->Export(&context, request, &response);
   }
@@ -367,6 +369,28 @@ TEST_F(OtlpE2eTest, ARequestThatDoesNotParseIsRefusedClearly) {
   EXPECT_NE(s.error_message().find("does not parse"), std::string::npos) << s.error_message();
   EXPECT_EQ(Total({"-s", "checkout"}), 6u);
   ASSERT_TRUE(Export(ProfilerExport("node-2", 4, 2, 0, 0)).ok());
+  EXPECT_EQ(Total({"-s", "checkout"}), 12u);
+}
+
+// gRPC 1.51 inflates a compressed message whole before --max-message-bytes applies (300 KiB
+// of gzip took a server 650 MB): compressed calls are refused at their headers unless
+// --accept-compressed.
+TEST_F(OtlpE2eTest, CompressedRequestsAreRefusedUnlessAccepted) {
+  Start();
+  const grpc::Status s = Export(ProfilerExport("node-1", 4, 2, 0, 0), "", GRPC_COMPRESS_GZIP);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("'gzip' is disabled"), std::string::npos) << s.error_message();
+  ASSERT_TRUE(Export(ProfilerExport("node-1", 4, 2, 0, 0)).ok());
+  EXPECT_EQ(Total({"-s", "checkout"}), 6u);
+
+  server_.reset();
+  server_ = std::make_unique<ServerProcess>(dir_.File("data"), dir_.File("accepting.log"),
+                                            std::vector<std::string>{"--accept-compressed"});
+  ASSERT_GT(server_->port(), 0) << server_->process().Output();
+  stub_ = otlp_v1::ProfilesService::NewStub(server_->Channel());
+  const grpc::Status accepted =
+      Export(ProfilerExport("node-2", 4, 2, 0, 0), "", GRPC_COMPRESS_GZIP);
+  ASSERT_TRUE(accepted.ok()) << accepted.error_message();
   EXPECT_EQ(Total({"-s", "checkout"}), 12u);
 }
 
