@@ -254,13 +254,33 @@ absl::StatusOr<v1::ListRegressionsResponse> RegressionsService::RunList(
 std::string RegressionsService::RenderMetrics() const {
   std::string out =
       "# HELP strata_regression_detected Functions whose share rose significantly in the "
-      "service's newest release or phase comparison (1 while that verdict stands).\n"
+      "service's newest regressed release or phase comparison (1 while no later verdict "
+      "improved on it and no rollback went back before it).\n"
       "# TYPE strata_regression_detected gauge\n";
-  // Verdicts come newest first: the first of each service is its newest.
-  std::map<std::string, bool> seen;
+  // Per service, the release that ran last (RELEASE states only): a regressed release it
+  // is older than was rolled back.
+  std::map<std::string, std::pair<int64_t, int64_t>> ran_last;  // (ran at, first seen)
+  for (const v1::ReleaseVerdict& r : watcher_->Releases()) {
+    if (r.kind() != v1::ReleaseVerdict::RELEASE) continue;
+    auto& last = ran_last[r.service()];
+    last = std::max(last, {std::max(r.last_running_ms(), r.first_seen_ms()), r.first_seen_ms()});
+  }
+  // Verdicts come newest first. A regression stands while the verdicts after it find no
+  // change (a release that carries it on is "unchanged" against it), until one improves, or
+  // the service is rolled back to a release before it.
+  std::map<std::string, bool> decided;
   for (const v1::ReleaseVerdict& v : watcher_->Verdicts("", 0)) {
-    if (!seen.emplace(v.service(), true).second) continue;
+    if (decided[v.service()]) continue;
+    if (v.state() == v1::ReleaseVerdict::UNCHANGED ||
+        v.state() == v1::ReleaseVerdict::NOT_ENOUGH_DATA) {
+      continue;
+    }
+    decided[v.service()] = true;
     if (v.state() != v1::ReleaseVerdict::REGRESSED) continue;
+    if (v.kind() == v1::ReleaseVerdict::RELEASE &&
+        ran_last[v.service()].second < v.first_seen_ms()) {
+      continue;
+    }
     for (const v1::ReleaseFunctionChange& f : v.functions()) {
       if (f.delta() <= 0) continue;
       absl::StrAppend(&out, "strata_regression_detected{service=\"", PromLabel(v.service()),

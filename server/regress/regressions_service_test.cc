@@ -55,13 +55,20 @@ struct Scripted {
         v1::ReleaseFunctionChange* f = v.add_functions();
         f->set_name("parse \"request\"");
         f->set_delta(6.0);
+      } else if (plan.candidate_selector.ends_with("fast")) {
+        v.set_state(v1::ReleaseVerdict::IMPROVED);
       } else {
         v.set_state(v1::ReleaseVerdict::UNCHANGED);
       }
       return v;
     };
+    if (!running.empty()) {
+      in.running = [this](const std::string&, const std::string&, int64_t, int64_t)
+          -> absl::StatusOr<std::vector<std::string>> { return running; };
+    }
     return in;
   }
+  std::vector<std::string> running;  // values with samples at each check (empty: not asked)
 };
 
 // One HTTP exchange on loopback: the request's body, answered with `status`; over TLS with
@@ -192,10 +199,33 @@ TEST_F(RegressionsServiceTest, VerdictsAreListedExportedPostedAndKeptAcrossARest
   request.set_since_ms(-1);
   EXPECT_TRUE(absl::IsInvalidArgument(restarted->RunList(request).status()));
 
-  // A newer release of the service that is not slower: the gauge follows the newest verdict.
+  // A newer release no faster than the slow one carries its regression on; one that is
+  // faster ends it.
   scripted_.sets.push_back({{"version", "3"}});
   ASSERT_TRUE(restarted->CheckNow().ok());
+  EXPECT_THAT(restarted->RenderMetrics(),
+              HasSubstr("strata_regression_detected{service=\"checkout\","
+                        "function=\"parse \\\"request\\\"\",candidate=\"2-slow\""));
+  scripted_.sets.push_back({{"version", "4-fast"}});
+  ASSERT_TRUE(restarted->CheckNow().ok());
   EXPECT_THAT(restarted->RenderMetrics(), Not(HasSubstr("strata_regression_detected{")));
+}
+
+TEST_F(RegressionsServiceTest, ARollbackBeforeTheSlowReleaseEndsItsAlert) {
+  scripted_.running = {"1"};
+  std::unique_ptr<RegressionsService> service = Make();
+  ASSERT_NE(service, nullptr);
+  ASSERT_TRUE(service->CheckNow().ok());
+  scripted_.sets.push_back({{"version", "2-slow"}});
+  scripted_.running = {"1", "2-slow"};
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_TRUE(service->CheckNow().ok());
+  EXPECT_THAT(service->RenderMetrics(), HasSubstr("candidate=\"2-slow\""));
+  scripted_.running = {"1"};  // rolled back
+  // Checks a minute apart in life: here at least the clock's next millisecond.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_TRUE(service->CheckNow().ok());
+  EXPECT_THAT(service->RenderMetrics(), Not(HasSubstr("strata_regression_detected{")));
 }
 
 TEST_F(RegressionsServiceTest, AWebhookThatFailsIsCountedAndTheVerdictKept) {
