@@ -593,6 +593,14 @@ absl::Status Converter::AddProfile(const Profile& profile, const Attributes& res
           absl::StrCat(sample_field, " has ", sample.values_size(), " values and ",
                        sample.timestamps_unix_nano_size(), " timestamps"));
     }
+    // Links (trace spans) are not kept, but an index outside the table is as malformed as
+    // any other: 0 is the table's empty entry, valid without a table.
+    if (sample.link_index() != 0 &&
+        (sample.link_index() < 0 || sample.link_index() >= dict_.link_table_size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(sample_field, ": link index ", sample.link_index(),
+                       " outside the link table (", dict_.link_table_size(), " entries)"));
+    }
     std::string attributes_key(reinterpret_cast<const char*>(sample.attribute_indices().data()),
                                sample.attribute_indices_size() * sizeof(int32_t));
     uint32_t context;

@@ -241,6 +241,16 @@ TEST_F(OtlpConvertTest, BadInputIsRefusedWithTheFieldNamed) {
          q->mutable_resource_profiles(0)->mutable_scope_profiles(0)->mutable_profiles(0)
              ->mutable_samples(0)->set_stack_index(99);
        }, "stack index 99 outside the stack table"},
+      {"link index", [](auto* q) {
+         q->mutable_resource_profiles(0)->mutable_scope_profiles(0)->mutable_profiles(0)
+             ->mutable_samples(0)->set_link_index(-5);
+       }, "link index -5 outside the link table"},
+      {"link index past the table", [](auto* q) {
+         q->mutable_dictionary()->clear_link_table();
+         q->mutable_dictionary()->add_link_table();
+         q->mutable_resource_profiles(0)->mutable_scope_profiles(0)->mutable_profiles(0)
+             ->mutable_samples(0)->set_link_index(1);
+       }, "link index 1 outside the link table (1 entries)"},
       {"location index", [](auto* q) {
          q->mutable_dictionary()->mutable_stack_table(1)->set_location_indices(0, -1);
        }, "location index -1 outside the location table"},
