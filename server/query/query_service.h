@@ -117,6 +117,10 @@ class QueryService final : public v1::Query::Service {
   // From the ProfileSource if there is one, else from this server's store; at source-line
   // granularity with query.lines (ExpandLines here, on each node of a ProfileSource).
   absl::StatusOr<Profile> Load(const ProfileQuery& query);
+  // A query of a service's whole history (from 0) from its first stored window to the end of
+  // its last, so that an export's start and duration and a series' intervals are its data's,
+  // not 1970's. Unknown services are left as they are.
+  absl::Status BoundToStoredRange(ProfileQuery* query);
   // Self samples per source line: from the leaf addresses (TopLines), or with
   // `language_self` from the stacks (TopLinesOfStacks).
   absl::StatusOr<v1::TopResponse> Lines(ProfileQuery query, bool language_self, uint32_t limit);

@@ -1,5 +1,6 @@
 #include "server/query/query_service.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "server/aggregate/phase_event.h"
 #include "server/commit/batch_committer.h"
 #include "server/query/compare_profiles.h"
+#include "server/query/pprof.h"
 #include "server/registry/agent_registry.h"
 
 namespace strata::server::query {
@@ -323,6 +325,55 @@ TEST_F(QueryServiceTest, ListsServicesWithTheirWindows) {
   EXPECT_EQ(response->services(0).total_samples(), 45u);
   EXPECT_EQ(response->services(0).first_ms(), kWindow);
   EXPECT_EQ(response->services(0).last_ms(), kWindow + commit::kWindowMs);
+}
+
+// "The whole history" (no range) is the service's stored windows, not everything since 1970:
+// a series' intervals and an export's start and duration are its data's.
+TEST_F(QueryServiceTest, TheWholeHistoryIsTheServicesStoredWindows) {
+  AddKnownProfile();
+  AddSamples("api", "h1", hash_, 7, {}, kWindow + 5 * commit::kWindowMs);
+  v1::SeriesRequest series;
+  series.mutable_filter()->set_service("api");
+  series.set_step_ms(commit::kWindowMs);
+  auto response = query_->RunSeries(series);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->from_ms(), kWindow);
+  ASSERT_EQ(response->series_size(), 1);
+  ASSERT_EQ(response->series(0).counts_size(), 6);
+  EXPECT_EQ(response->series(0).counts(0), 45u);
+  EXPECT_EQ(response->series(0).counts(5), 7u);
+
+  v1::ExportRequest pprof;
+  pprof.mutable_filter()->set_service("api");
+  pprof.set_format(v1::ExportRequest::PPROF);
+  auto exported = query_->RunExport(pprof);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_EQ(exported->total_samples(), 52u);
+  auto decoded = Gunzip(exported->data(), 1 << 20);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  // The profile's top-level varint fields: time_nanos is 9, duration_nanos 10.
+  std::map<uint64_t, uint64_t> varints;
+  size_t at = 0;
+  auto varint = [&]() {
+    uint64_t v = 0;
+    for (int shift = 0; at < decoded->size(); shift += 7) {
+      const uint8_t byte = static_cast<uint8_t>((*decoded)[at++]);
+      v |= uint64_t{byte & 0x7fu} << shift;
+      if ((byte & 0x80) == 0) break;
+    }
+    return v;
+  };
+  while (at < decoded->size()) {
+    const uint64_t tag = varint();
+    if ((tag & 7) == 0) {
+      varints[tag >> 3] = varint();
+    } else {
+      ASSERT_EQ(tag & 7, 2u) << "field " << (tag >> 3);
+      at += varint();
+    }
+  }
+  EXPECT_EQ(varints[9], uint64_t{kWindow} * 1'000'000);
+  EXPECT_EQ(varints[10], uint64_t{6 * commit::kWindowMs} * 1'000'000);
 }
 
 TEST_F(QueryServiceTest, ListsTheRegistrysAgents) {
