@@ -376,8 +376,9 @@ void FormatApp(const CLI::App& app, const std::vector<std::string>& section, std
     absl::StrAppend(out, "# ", description, "\n#   type: ", type, "\n");
     if (opt->count() > 0) {
       absl::StrAppend(out, KeyOf(opt), " = ", FormatValue(opt, opt->results()), "\n");
-    } else if (opt->get_expected_min() == 0) {
-      absl::StrAppend(out, "# ", KeyOf(opt), " = false\n");
+    } else if (opt->get_expected_min() == 0) {  // a flag: off unless its default says on
+      absl::StrAppend(out, "# ", KeyOf(opt), " = ",
+                      opt->get_default_str() == "true" ? "true" : "false", "\n");
     } else if (!opt->get_default_str().empty()) {
       absl::StrAppend(out, "# ", KeyOf(opt), " = ",
                       FormatValue(opt, {opt->get_default_str()}), "\n");

@@ -88,6 +88,7 @@ struct TestApp {
   uint32_t frequency = 99;
   std::string mode = "full";
   bool sync = false;
+  bool checks = true;  // a flag on by default
   std::vector<int> pids;
   std::string memory = "512MiB";
   std::string retention = "7d";
@@ -105,6 +106,7 @@ struct TestApp {
         ->check(CLI::IsMember({"full", "boundary", "off"}))
         ->capture_default_str();
     app.add_flag("--sync", sync, "fsync");
+    app.add_flag("--checks", checks, "checks")->default_str("true");
     app.add_option("--pid", pids, "pids");
     app.add_option("--memory", memory, "bytes")->capture_default_str();
     app.add_option("--retention", retention, "how long")->capture_default_str();
@@ -246,6 +248,7 @@ TEST_F(ConfigFileTest, PrintConfigRoundTrips) {
   EXPECT_THAT(out, HasSubstr("sync = true\n"));
   EXPECT_THAT(out, HasSubstr("pid = [3, 4]\n"));
   EXPECT_THAT(out, HasSubstr("# mode = \"full\"\n"));  // a default, commented
+  EXPECT_THAT(out, HasSubstr("# checks = true\n"));    // a flag on by default
   EXPECT_THAT(out, HasSubstr("[backup]\n"));
   EXPECT_THAT(out, HasSubstr("to = \"/b\"\n"));
 

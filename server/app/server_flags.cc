@@ -37,7 +37,9 @@ void AddFlags(CLI::App& app, std::initializer_list<Flag> flags) {
     CLI::Option* option = std::visit(
         [&](auto* value) {
           if constexpr (std::is_same_v<decltype(value), bool*>) {
-            return app.add_flag(flag.name, *value, flag.help);
+            // On by default (--regressions): said so by --help and --print-config.
+            return app.add_flag(flag.name, *value, flag.help)
+                ->default_str(*value ? "true" : "");
           } else {
             return app.add_option(flag.name, *value, flag.help);
           }
