@@ -526,11 +526,13 @@ void AddQueryCommands(CLI::App* app, CliContext* ctx, int* exit_code) {
       "diff", "what changed between two ranges of a service, or between two services");
   AddFilterFlags(diff, &diff_filter);
   diff->add_option("--base-service", base.service, "compare against this service");
-  diff->add_option("--base-since", base.since,
-                   "base range: from this far back up to the start of the compared range");
-  diff->add_option("--base-from", base.from, "base range start, RFC 3339");
+  CLI::Option* base_since =
+      diff->add_option("--base-since", base.since,
+                       "base range: from this far back up to the start of the compared range");
+  diff->add_option("--base-from", base.from, "base range start, RFC 3339")->excludes(base_since);
   diff->add_option("--base-to", base.to,
-                   "base range end, RFC 3339, exclusive (default: compared start)");
+                   "base range end, RFC 3339, exclusive (default: compared start)")
+      ->excludes(base_since);
   diff->add_option("--base-select,--select-a", base.select,
                    "base profile: targets whose labels match (default: --select); with a "
                    "different selector the base is the same range, e.g. --select-a version=1 "

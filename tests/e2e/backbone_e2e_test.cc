@@ -325,6 +325,10 @@ TEST_F(BackboneTest, CliReportsUnreachableServerAndBadFlags) {
                   "--since", "1h", "--from", "2026-01-01T00:00:00Z"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("--since excludes --from"));
+  r = RunCommand({BinPath("strata"), "--server", server.address(), "diff", "--service", "x",
+                  "--base-since", "1h", "--base-from", "2026-01-01T00:00:00Z"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("--base-since excludes --base-from"));
   // Further back than 1970 is everything (it was a "negative time range").
   r = RunCommand({BinPath("strata"), "--server", server.address(), "top", "--service", "nope",
                   "--since", "100000d"});
