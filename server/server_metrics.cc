@@ -739,7 +739,7 @@ void RegisterHttpRoutes(http::HttpServer* http, store::Store* store, ingest::Ing
         request.set_service(it->second);
       }
       if (auto it = req.query.find("since_s"); it != req.query.end() && !it->second.empty()) {
-        auto s = IntParam("since_s", it->second, 0, int64_t{1} << 32);
+        auto s = IntParam("since_s", it->second, 1, int64_t{1} << 32);
         if (!s.ok()) return Error(s.status());
         request.set_since_ms(std::max<int64_t>(0, base::NowMs() - *s * 1000));
       }

@@ -294,6 +294,11 @@ TEST_F(QueryServiceTest, UnknownServiceIsNotFound) {
   v1::TopRequest request;
   *request.mutable_filter() = Filter("nope");
   EXPECT_EQ(query_->RunTop(request).status().code(), absl::StatusCode::kNotFound);
+  v1::ListLabelsRequest labels;
+  labels.set_service("nope");  // every service has the empty label set: not "no labels"
+  EXPECT_EQ(query_->RunListLabels(labels).status().code(), absl::StatusCode::kNotFound);
+  labels.set_service("api");
+  EXPECT_TRUE(query_->RunListLabels(labels).ok());
 }
 
 // A capture ID no capture has is not an empty capture; a capture that got no samples is.
