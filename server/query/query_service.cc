@@ -704,6 +704,12 @@ absl::StatusOr<v1::SeriesResponse> QueryService::RunSeries(const v1::SeriesReque
   auto query = ToProfileQuery(request.filter(), base::NowMs());
   if (!query.ok()) return query.status();
   if (absl::Status bounded = BoundToStoredRange(&*query); !bounded.ok()) return bounded;
+  if (query->from_ms == query->to_ms) {  // within one window, which it does not take
+    v1::SeriesResponse none;
+    none.set_from_ms(query->from_ms);
+    none.set_step_ms(request.step_ms() > 0 ? request.step_ms() : commit::kWindowMs);
+    return none;
+  }
   auto step = SeriesStep(query->from_ms, query->to_ms, request.step_ms());
   if (!step.ok()) return step.status();
   auto response = source_ != nullptr ? source_->Series(*query, *step, request.group_by())

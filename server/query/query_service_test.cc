@@ -287,6 +287,15 @@ TEST_F(QueryServiceTest, RangesThatMeetShareNoWindowWhereverTheyMeet) {
   }
   EXPECT_EQ(total(kWindow + 5'000, kWindow + 15'000), 2u);  // the window starting in it
   EXPECT_EQ(total(kWindow + 9'999, kWindow + 10'000), 0u);  // none starts in it
+  // A series agrees: no interval, not an "empty time range" error.
+  v1::SeriesRequest series;
+  *series.mutable_filter() = Filter("api");
+  series.mutable_filter()->mutable_range()->set_from_ms(kWindow + 1'000);
+  series.mutable_filter()->mutable_range()->set_to_ms(kWindow + 5'000);
+  absl::StatusOr<v1::SeriesResponse> within = query_->RunSeries(series);
+  ASSERT_TRUE(within.ok()) << within.status();
+  EXPECT_EQ(within->series_size(), 0);
+  EXPECT_EQ(within->total_samples(), 0u);
 }
 
 TEST_F(QueryServiceTest, UnknownServiceIsNotFound) {
