@@ -98,15 +98,17 @@ pid_t ForkWhenReady(Body body) {
 // Reads one byte in every 512 from here up to `top`. The kernel copies a sample's stack
 // without faulting pages in and stops at the first page not resident, so a stack deep enough
 // to span pages is kept in use while its samples are taken.
-[[gnu::noinline]] void ReadStackUpTo(uintptr_t top) {
+[[gnu::noinline, gnu::no_sanitize_address]] void ReadStackUpTo(uintptr_t top) {
   volatile char here = 0;
   for (uintptr_t p = reinterpret_cast<uintptr_t>(&here); p < top; p += 512) {
     (void)*reinterpret_cast<const volatile char*>(p);
   }
 }
 
-// kRecursionDepth frames of Recurse, then Leaf() for good: stacks of over 300 frames.
-[[gnu::noinline]] int Recurse(int depth, int ready_fd) {
+// kRecursionDepth frames of Recurse, then Leaf() for good: stacks of over 300 frames, of 32
+// bytes each optimized (64 in the sanitizers' build; not instrumented by AddressSanitizer,
+// whose redzones would make them 250). Sampled with kDeepStackBytes.
+[[gnu::noinline, gnu::no_sanitize_address]] int Recurse(int depth, int ready_fd) {
   volatile int kept = depth;  // used after the call: no tail call, no loop
   static uintptr_t outermost = 0;
   if (outermost == 0) outermost = reinterpret_cast<uintptr_t>(&kept);
@@ -123,6 +125,7 @@ pid_t ForkWhenReady(Body body) {
   return below + kept;
 }
 constexpr int kRecursionDepth = 300;
+constexpr uint32_t kDeepStackBytes = 32 * 1024;
 
 struct CopiedSample {
   sampler::RawSample sample;
@@ -256,13 +259,15 @@ TEST(StackRecorderTest, SteadyStateSampleAllocatesNothing) {
 }
 
 // Real perf samples of `pid`'s thread `pid`, copied out of the ring (at least `wanted`).
-std::vector<CopiedSample> SampleProcess(pid_t pid, size_t wanted) {
+std::vector<CopiedSample> SampleProcess(pid_t pid, size_t wanted,
+                                        uint32_t stack_bytes = 16 * 1024) {
   std::vector<CopiedSample> samples;
   auto perf = sampler::PerfSampler::Create();
   EXPECT_TRUE(perf.ok()) << perf.status();
   if (!perf.ok()) return samples;
   sampler::SessionOptions session;
   session.frequency_hz = 999;
+  session.stack_bytes = stack_bytes;
   EXPECT_TRUE((*perf)->AddSession(session).ok());
   EXPECT_TRUE((*perf)->AttachProcess(0, pid, {pid}).ok());
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
@@ -590,7 +595,7 @@ TEST(StackRecorderTest, MaxFramesBoundsTheUnwoundStack) {
       ForkWhenReady([](int ready_fd) { Recurse(kRecursionDepth, ready_fd); });
   ASSERT_GT(child, 0);
   KillChild kill_child{child};
-  const std::vector<CopiedSample> samples = SampleProcess(child, 100);
+  const std::vector<CopiedSample> samples = SampleProcess(child, 100, kDeepStackBytes);
   ASSERT_GE(samples.size(), 100u) << "the child got too little CPU";
   const std::unique_ptr<TargetDiscovery> discovery = DiscoverOnly(child);
   ASSERT_NE(discovery, nullptr);
@@ -600,12 +605,13 @@ TEST(StackRecorderTest, MaxFramesBoundsTheUnwoundStack) {
   SCOPED_TRACE(absl::StrCat("the shortest stack copied was ", shortest_copy, " bytes"));
 
   ContextGraph graph(1);
-  StackRecorder cut({}, &graph, discovery.get());
+  StackRecorder cut({.stack_bytes = kDeepStackBytes}, &graph, discovery.get());
   for (const CopiedSample& s : samples) cut.OnSample(s.sample);
   EXPECT_EQ(cut.stats().truncated, samples.size());
   EXPECT_EQ(cut.stats().unwound_frames, 256 * samples.size());
 
-  StackRecorder whole({.max_frames = 512}, &graph, discovery.get());
+  StackRecorder whole({.max_frames = 512, .stack_bytes = kDeepStackBytes}, &graph,
+                      discovery.get());
   for (const CopiedSample& s : samples) whole.OnSample(s.sample);  // warms every cache
   EXPECT_EQ(whole.stats().truncated, 0u);
   EXPECT_GT(whole.stats().unwound_frames, (kRecursionDepth + 2) * samples.size());
@@ -625,7 +631,7 @@ TEST(StackRecorderTest, AStackCopiedShortIsCompletedFromTheProcess) {
       ForkWhenReady([](int ready_fd) { Recurse(kRecursionDepth, ready_fd); });
   ASSERT_GT(child, 0);
   KillChild kill_child{child};
-  std::vector<CopiedSample> samples = SampleProcess(child, 100);
+  std::vector<CopiedSample> samples = SampleProcess(child, 100, kDeepStackBytes);
   ASSERT_GE(samples.size(), 100u) << "the child got too little CPU";
   const std::unique_ptr<TargetDiscovery> discovery = DiscoverOnly(child);
   ASSERT_NE(discovery, nullptr);
@@ -637,7 +643,8 @@ TEST(StackRecorderTest, AStackCopiedShortIsCompletedFromTheProcess) {
   }
 
   ContextGraph graph(1);
-  StackRecorder recorder({.max_frames = 512}, &graph, discovery.get());
+  StackRecorder recorder({.max_frames = 512, .stack_bytes = kDeepStackBytes}, &graph,
+                         discovery.get());
   for (const CopiedSample& s : samples) recorder.OnSample(s.sample);
   EXPECT_EQ(recorder.stats().truncated, 0u);
   EXPECT_EQ(recorder.stats().stacks_refilled, samples.size());
@@ -650,7 +657,8 @@ TEST(StackRecorderTest, AStackCopiedShortIsCompletedFromTheProcess) {
 
   // Once the process is gone, nothing more can be read: the stacks end where the copies did.
   kill_child.Kill();
-  StackRecorder after_exit({.max_frames = 512}, &graph, discovery.get());
+  StackRecorder after_exit({.max_frames = 512, .stack_bytes = kDeepStackBytes}, &graph,
+                           discovery.get());
   for (const CopiedSample& s : samples) after_exit.OnSample(s.sample);
   EXPECT_EQ(after_exit.stats().stacks_refilled, 0u);
   EXPECT_EQ(after_exit.stats().truncated, samples.size());
