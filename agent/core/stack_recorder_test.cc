@@ -585,33 +585,48 @@ TEST(StackRecorderTest, ProcessFoundAtExecUnwoundThroughLibrariesMappedAfter) {
   EXPECT_EQ(after_exit.stats().truncated, 0u) << "of " << samples.size() << " samples";
 }
 
+// A child in Recurse(kRecursionDepth), its samples (kDeepStackBytes of stack each) and a
+// discovery of it; `skipped` says why not, where perf events are not usable.
+struct DeepStack {
+  void Sample() {
+    if (absl::Status probe = sampler::ProbePerfEvents(); !probe.ok()) {
+      skipped = absl::StrCat("perf events not usable here: ", probe.ToString());
+      return;
+    }
+    kill_child.pid = ForkWhenReady([](int ready_fd) { Recurse(kRecursionDepth, ready_fd); });
+    ASSERT_GT(kill_child.pid, 0);
+    samples = SampleProcess(kill_child.pid, 100, kDeepStackBytes);
+    ASSERT_GE(samples.size(), 100u) << "the child got too little CPU";
+    discovery = DiscoverOnly(kill_child.pid);
+    ASSERT_NE(discovery, nullptr);
+  }
+  std::string skipped;
+  KillChild kill_child{0};
+  std::vector<CopiedSample> samples;
+  std::unique_ptr<TargetDiscovery> discovery;
+};
+
 // --max-frames: a stack deeper than the default 256 frames is cut there, whole under a larger
 // limit, and its samples still allocate nothing once warm.
 TEST(StackRecorderTest, MaxFramesBoundsTheUnwoundStack) {
-  if (absl::Status probe = sampler::ProbePerfEvents(); !probe.ok()) {
-    GTEST_SKIP() << "perf events not usable here: " << probe;
-  }
-  const pid_t child =
-      ForkWhenReady([](int ready_fd) { Recurse(kRecursionDepth, ready_fd); });
-  ASSERT_GT(child, 0);
-  KillChild kill_child{child};
-  const std::vector<CopiedSample> samples = SampleProcess(child, 100, kDeepStackBytes);
-  ASSERT_GE(samples.size(), 100u) << "the child got too little CPU";
-  const std::unique_ptr<TargetDiscovery> discovery = DiscoverOnly(child);
-  ASSERT_NE(discovery, nullptr);
+  DeepStack deep;
+  ASSERT_NO_FATAL_FAILURE(deep.Sample());
+  if (!deep.skipped.empty()) GTEST_SKIP() << deep.skipped;
+  const std::vector<CopiedSample>& samples = deep.samples;
+  TargetDiscovery* discovery = deep.discovery.get();
 
   size_t shortest_copy = SIZE_MAX;
   for (const CopiedSample& s : samples) shortest_copy = std::min(shortest_copy, s.stack.size());
   SCOPED_TRACE(absl::StrCat("the shortest stack copied was ", shortest_copy, " bytes"));
 
   ContextGraph graph(1);
-  StackRecorder cut({.stack_bytes = kDeepStackBytes}, &graph, discovery.get());
+  StackRecorder cut({.stack_bytes = kDeepStackBytes}, &graph, discovery);
   for (const CopiedSample& s : samples) cut.OnSample(s.sample);
   EXPECT_EQ(cut.stats().truncated, samples.size());
   EXPECT_EQ(cut.stats().unwound_frames, 256 * samples.size());
 
   StackRecorder whole({.max_frames = 512, .stack_bytes = kDeepStackBytes}, &graph,
-                      discovery.get());
+                      discovery);
   for (const CopiedSample& s : samples) whole.OnSample(s.sample);  // warms every cache
   EXPECT_EQ(whole.stats().truncated, 0u);
   EXPECT_GT(whole.stats().unwound_frames, (kRecursionDepth + 2) * samples.size());
@@ -624,17 +639,11 @@ TEST(StackRecorderTest, MaxFramesBoundsTheUnwoundStack) {
 // The kernel copies a sample's stack without faulting pages in: at a page swapped out it
 // stops, short of the size asked for and of the stack's top. The rest is read from the process.
 TEST(StackRecorderTest, AStackCopiedShortIsCompletedFromTheProcess) {
-  if (absl::Status probe = sampler::ProbePerfEvents(); !probe.ok()) {
-    GTEST_SKIP() << "perf events not usable here: " << probe;
-  }
-  const pid_t child =
-      ForkWhenReady([](int ready_fd) { Recurse(kRecursionDepth, ready_fd); });
-  ASSERT_GT(child, 0);
-  KillChild kill_child{child};
-  std::vector<CopiedSample> samples = SampleProcess(child, 100, kDeepStackBytes);
-  ASSERT_GE(samples.size(), 100u) << "the child got too little CPU";
-  const std::unique_ptr<TargetDiscovery> discovery = DiscoverOnly(child);
-  ASSERT_NE(discovery, nullptr);
+  DeepStack deep;
+  ASSERT_NO_FATAL_FAILURE(deep.Sample());
+  if (!deep.skipped.empty()) GTEST_SKIP() << deep.skipped;
+  std::vector<CopiedSample>& samples = deep.samples;
+  TargetDiscovery* discovery = deep.discovery.get();
   // Each copy ended where the kernel would have at the page above the sampled one.
   for (CopiedSample& s : samples) {
     const size_t to_page_end = 4096 - s.sample.sp % 4096;
@@ -644,7 +653,7 @@ TEST(StackRecorderTest, AStackCopiedShortIsCompletedFromTheProcess) {
 
   ContextGraph graph(1);
   StackRecorder recorder({.max_frames = 512, .stack_bytes = kDeepStackBytes}, &graph,
-                         discovery.get());
+                         discovery);
   for (const CopiedSample& s : samples) recorder.OnSample(s.sample);
   EXPECT_EQ(recorder.stats().truncated, 0u);
   EXPECT_EQ(recorder.stats().stacks_refilled, samples.size());
@@ -656,9 +665,9 @@ TEST(StackRecorderTest, AStackCopiedShortIsCompletedFromTheProcess) {
   EXPECT_EQ(recorder.stats().truncated, 0u);
 
   // Once the process is gone, nothing more can be read: the stacks end where the copies did.
-  kill_child.Kill();
+  deep.kill_child.Kill();
   StackRecorder after_exit({.max_frames = 512, .stack_bytes = kDeepStackBytes}, &graph,
-                           discovery.get());
+                           discovery);
   for (const CopiedSample& s : samples) after_exit.OnSample(s.sample);
   EXPECT_EQ(after_exit.stats().stacks_refilled, 0u);
   EXPECT_EQ(after_exit.stats().truncated, samples.size());
