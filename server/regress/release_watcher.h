@@ -5,12 +5,13 @@
 // `labels` its label sets carry: "version", else "build_id"). A value not seen before is a
 // new release. Its baseline is the known release of the same label that ran most recently
 // (the values with samples since the last check are noted at every check: after a rollback,
-// the release rolled back to), else the one first seen most recently; the comparison takes the baseline's samples over [first seen - lookback, now)
-// and the candidate's from the check before the one that found it (less kLateSamplesMs: a
-// window's samples are listed only once its batch arrives) to now, since the candidate ran
-// from some time between the two, and runs again at every check until the candidate has been
-// seen for `window`: then its verdict is final. The values a service shows
-// when the watcher first meets it are recorded without a comparison (their order is unknown).
+// the release rolled back to), else the one first seen most recently. The comparison takes
+// the baseline's samples over [first seen - lookback, now) and the candidate's from the check
+// before the one that found it (less kLateSamplesMs: a window's samples are listed only once
+// its batch arrives) to now, since the candidate ran from some time between the two, and runs
+// again at every check until the candidate has been seen for `window`: then its verdict is
+// final. The values a service shows when the watcher first meets it are recorded without a
+// comparison (their order is unknown).
 //
 // Phase changes (the aggregator saw a service's hottest contexts reorder within one window)
 // are compared the same way: the release running at the change, its samples from the change
