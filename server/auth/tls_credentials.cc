@@ -58,8 +58,11 @@ absl::StatusOr<std::unique_ptr<ServerTls>> ServerTls::Create(const ServerTlsFile
         absl::StrCat("cannot make the TLS staging directory ", staging_dir, ": ",
                      ec ? ec.message() : std::string(strerror(errno))));
   }
-  if (absl::Status staged = tls->Stage(stamps); !staged.ok()) return staged;
-  tls->stamps_ = stamps;
+  {
+    absl::MutexLock lock(&tls->stage_mu_);
+    if (absl::Status staged = tls->Stage(stamps); !staged.ok()) return staged;
+    tls->stamps_ = stamps;
+  }
 
   const fs::path current = fs::path(staging_dir) / kCurrent;
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
@@ -147,6 +150,7 @@ absl::Status ServerTls::Stage(const std::vector<base::FileStamp>& checked) {
 }
 
 bool ServerTls::StageIfChanged() {
+  absl::MutexLock lock(&stage_mu_);
   const std::vector<base::FileStamp> stamps = Stamps();
   if (stamps == stamps_) return false;
   if (absl::Status checked = CheckServerTlsFiles(files_); !checked.ok()) {

@@ -59,16 +59,19 @@ class ServerTls {
   ServerTls(const ServerTlsFiles& files, std::string staging_dir);
   // Copies the operator's files into a new generation and switches to it; Aborted when they
   // no longer have the stamps `checked` (they changed since they were checked).
-  absl::Status Stage(const std::vector<base::FileStamp>& checked);
+  absl::Status Stage(const std::vector<base::FileStamp>& checked)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(stage_mu_);
   std::vector<base::FileStamp> Stamps() const;
   void Watch();
 
   const ServerTlsFiles files_;
   const std::string dir_;
   std::shared_ptr<grpc::ServerCredentials> credentials_;
-  uint64_t generation_ = 0;
-  int64_t staged_mtime_s_ = 0;  // of the current generation's files
-  std::vector<base::FileStamp> stamps_;  // of the files staged or refused last
+  absl::Mutex stage_mu_;  // one look at a time: the watcher's, or a caller's
+  uint64_t generation_ ABSL_GUARDED_BY(stage_mu_) = 0;
+  int64_t staged_mtime_s_ ABSL_GUARDED_BY(stage_mu_) = 0;  // of the current generation's files
+  // Of the files staged or refused last.
+  std::vector<base::FileStamp> stamps_ ABSL_GUARDED_BY(stage_mu_);
   std::atomic<uint64_t> staged_{0}, refused_{0};
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -609,17 +609,19 @@ grpc::Status QueryService::Export(grpc::ServerContext* context, const v1::Export
 absl::StatusOr<v1::ListLabelsResponse> QueryService::RunListLabels(
     const v1::ListLabelsRequest& request) {
   if (request.service().empty()) return absl::InvalidArgumentError("a service is required");
-  // Every service has the empty set: a mistyped name would answer as a service without labels.
-  auto services = RunListServices();
-  if (!services.ok()) return services.status();
-  if (std::none_of(services->services().begin(), services->services().end(),
-                   [&](const v1::ServiceInfo& s) { return s.name() == request.service(); })) {
-    return absl::NotFoundError(absl::StrCat("unknown service '", request.service(), "'"));
-  }
   std::vector<std::string> unreachable;
   auto all = LabelSetsOf(request.service(), &unreachable);
   if (!all.ok()) return all.status();
   const std::vector<labels::LabelSet>& sets = *all;
+  // Every name has the empty set: a mistyped one would answer as a service without labels.
+  if (sets.size() <= 1) {
+    auto services = RunListServices();
+    if (!services.ok()) return services.status();
+    if (std::none_of(services->services().begin(), services->services().end(),
+                     [&](const v1::ServiceInfo& s) { return s.name() == request.service(); })) {
+      return absl::NotFoundError(absl::StrCat("unknown service '", request.service(), "'"));
+    }
+  }
   std::map<std::string, std::set<std::string>> values;
   for (const labels::LabelSet& set : sets) {
     for (const auto& [key, value] : set) {

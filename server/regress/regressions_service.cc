@@ -257,13 +257,13 @@ std::string RegressionsService::RenderMetrics() const {
       "service's newest regressed release or phase comparison (1 while no later verdict "
       "improved on it and no rollback went back before it).\n"
       "# TYPE strata_regression_detected gauge\n";
-  // Per service, the release that ran last (RELEASE states only): a regressed release it
-  // is older than was rolled back.
-  std::map<std::string, std::pair<int64_t, int64_t>> ran_last;  // (ran at, first seen)
-  for (const v1::ReleaseVerdict& r : watcher_->Releases()) {
+  // Per service, the release that ran last: a regressed release first seen after it was
+  // rolled back.
+  std::map<std::string, v1::ReleaseVerdict> ran_last;
+  for (v1::ReleaseVerdict& r : watcher_->Releases()) {
     if (r.kind() != v1::ReleaseVerdict::RELEASE) continue;
-    auto& last = ran_last[r.service()];
-    last = std::max(last, {std::max(r.last_running_ms(), r.first_seen_ms()), r.first_seen_ms()});
+    auto [last, added] = ran_last.try_emplace(r.service(), r);
+    if (!added && ReleaseWatcher::RanLater(r, last->second)) last->second = std::move(r);
   }
   // Verdicts come newest first. A regression stands while the verdicts after it find no
   // change (a release that carries it on is "unchanged" against it), until one improves, or
@@ -278,7 +278,7 @@ std::string RegressionsService::RenderMetrics() const {
     decided[v.service()] = true;
     if (v.state() != v1::ReleaseVerdict::REGRESSED) continue;
     if (v.kind() == v1::ReleaseVerdict::RELEASE &&
-        ran_last[v.service()].second < v.first_seen_ms()) {
+        ran_last[v.service()].first_seen_ms() < v.first_seen_ms()) {
       continue;
     }
     for (const v1::ReleaseFunctionChange& f : v.functions()) {

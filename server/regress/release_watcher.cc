@@ -64,6 +64,13 @@ ReleaseWatcher::ReleaseWatcher(ReleaseWatcherOptions options, ReleaseWatcherInpu
   }
 }
 
+bool ReleaseWatcher::RanLater(const v1::ReleaseVerdict& a, const v1::ReleaseVerdict& b) {
+  auto ran_at = [](const v1::ReleaseVerdict& r) {
+    return std::make_pair(std::max(r.last_running_ms(), r.first_seen_ms()), r.first_seen_ms());
+  };
+  return ran_at(a) > ran_at(b);
+}
+
 std::string ReleaseWatcher::ReleaseId(const v1::ReleaseVerdict& release) {
   std::string id = release.service();
   id.push_back('\0');
@@ -106,17 +113,18 @@ absl::StatusOr<std::vector<v1::ReleaseVerdict>> ReleaseWatcher::Check(int64_t no
       continue;
     }
     const auto& [label, found] = *values;
+    // Since the last listing (what is new now ran since then), or since now if there was none.
+    int64_t ran_since_ms = now_ms;
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto listed = listed_ms_.find(service); listed != listed_ms_.end()) {
+        ran_since_ms = std::min(now_ms, listed->second - kLateSamplesMs);
+      }
+    }
     std::vector<std::string> running;
     if (inputs_.running && !label.empty()) {
-      int64_t since_ms = now_ms;
-      {
-        absl::MutexLock lock(&mu_);
-        if (auto listed = listed_ms_.find(service); listed != listed_ms_.end()) {
-          since_ms = std::min(now_ms, listed->second - kLateSamplesMs);
-        }
-      }
       absl::StatusOr<std::vector<std::string>> ran =
-          inputs_.running(service, label, since_ms, now_ms + 1);
+          inputs_.running(service, label, ran_since_ms, now_ms + 1);
       if (ran.ok()) {
         running = *std::move(ran);
       } else {
@@ -134,10 +142,6 @@ absl::StatusOr<std::vector<v1::ReleaseVerdict>> ReleaseWatcher::Check(int64_t no
       }
     }
     absl::MutexLock lock(&mu_);
-    // The candidates new now ran since the last listing, or since now if there was none.
-    auto listed = listed_ms_.find(service);
-    const int64_t ran_since_ms =
-        listed != listed_ms_.end() ? std::min(now_ms, listed->second - kLateSamplesMs) : now_ms;
     listed_ms_[service] = now_ms;
     if (!label.empty()) {
       std::string prefix = service;
@@ -145,11 +149,7 @@ absl::StatusOr<std::vector<v1::ReleaseVerdict>> ReleaseWatcher::Check(int64_t no
       prefix += label;
       prefix.push_back('\0');
       // The releases known before this pass: new ones are compared with the one that ran
-      // most recently, the newest of those on a tie.
-      auto ran_at = [](const v1::ReleaseVerdict& r) {
-        return std::make_pair(std::max(r.last_running_ms(), r.first_seen_ms()),
-                              r.first_seen_ms());
-      };
+      // most recently.
       const v1::ReleaseVerdict* previous = nullptr;
       for (auto it = releases_.lower_bound(prefix);
            it != releases_.end() && it->first.starts_with(prefix); ++it) {
@@ -159,7 +159,7 @@ absl::StatusOr<std::vector<v1::ReleaseVerdict>> ReleaseWatcher::Check(int64_t no
           r.set_last_running_ms(now_ms);
           dirty.insert(it->first);
         }
-        if (previous == nullptr || ran_at(r) > ran_at(*previous)) previous = &r;
+        if (previous == nullptr || RanLater(r, *previous)) previous = &r;
       }
       const std::string baseline = previous != nullptr ? previous->candidate() : std::string();
       for (const std::string& value : found) {

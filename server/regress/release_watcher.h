@@ -137,6 +137,11 @@ class ReleaseWatcher {
   // later.
   static bool Supersedes(const v1::ReleaseVerdict& a, const v1::ReleaseVerdict& b);
 
+  // Whether release `a` ran more recently than `b` (its last check with samples, else its
+  // first sighting; the one first seen later on a tie): what a new release replaced, and
+  // whether a service was rolled back.
+  static bool RanLater(const v1::ReleaseVerdict& a, const v1::ReleaseVerdict& b);
+
   // A release's unique ID: service '\0' label '\0' value (the store's record ID); a phase
   // change's: service '\0' '\1' its window start (20 digits).
   static std::string ReleaseId(const v1::ReleaseVerdict& release);
