@@ -44,8 +44,11 @@ std::string Points(double v) { return absl::StrFormat("%+.2f", v); }
 std::string Interval(const v1::CompareEstimate& e, bool enough) {
   return enough ? absl::StrFormat("[%+.2f, %+.2f]", e.ci_low(), e.ci_high()) : "-";
 }
+// "new" only for what the candidate has and the baseline has not: a function with no self
+// time in either group (its samples are all in its callees) has no change to show.
 std::string Relative(const v1::CompareEstimate& e) {
-  return e.share_baseline() == 0 ? "new" : absl::StrFormat("%+.1f%%", e.relative());
+  if (e.share_baseline() != 0) return absl::StrFormat("%+.1f%%", e.relative());
+  return e.share_candidate() == 0 ? "-" : "new";
 }
 std::string RelativeInterval(const v1::CompareEstimate& e, bool enough) {
   if (!enough || e.share_baseline() == 0) return "-";
@@ -62,7 +65,9 @@ std::vector<std::string> PerRequestRow(const v1::FunctionComparison& f, bool eno
   return {e.significant() ? "*" : (t.significant() ? "t" : ""),
           absl::StrFormat("%+.4g", e.delta()),
           enough ? absl::StrFormat("[%+.4g, %+.4g]", e.ci_low(), e.ci_high()) : "-",
-          e.baseline() == 0 ? "new" : absl::StrFormat("%+.1f%%", e.relative()),
+          e.baseline() != 0   ? absl::StrFormat("%+.1f%%", e.relative())
+          : e.candidate() == 0 ? "-"
+                               : "new",
           e.tested() ? absl::StrFormat("%.3g", e.q()) : "-",
           absl::StrFormat("%.4g", e.baseline()),
           absl::StrFormat("%.4g", e.candidate()),

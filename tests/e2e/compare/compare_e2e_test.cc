@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "strata/v1/query.grpc.pb.h"
 #include "tests/e2e/harness.h"
@@ -159,6 +161,26 @@ TEST(CompareE2eTest, FindsThePlantedSlowdownAndNothingBetweenTwoLabelsOfOneBuild
     }
   }
   ASSERT_NE(checksum, nullptr) << json.output;
+  // "new" marks only what the baseline lacks: a caller with no self time in either group
+  // (main, serve) shows no change in its self columns.
+  std::vector<std::string> all_args = planted_args;
+  all_args.back() = "500";  // -n: every row, the callers ranked last among them
+  CommandResult all_text = cli(all_args);
+  ASSERT_EQ(all_text.exit_code, 0) << all_text.output;
+  all_args.insert(all_args.begin(), "--json");
+  CommandResult all_json = cli(all_args);
+  ASSERT_EQ(all_json.exit_code, 0) << all_json.output;
+  const v1::CompareResponse all = ParseCompare(all_json.output);
+  size_t callers_without_self = 0;
+  for (const auto& f : all.functions()) {
+    if (f.self().share_baseline() != 0 || f.self().share_candidate() != 0) continue;
+    ++callers_without_self;
+    const std::string name = "  " + f.function().function();
+    for (absl::string_view line : absl::StrSplit(all_text.output, '\n')) {
+      if (absl::EndsWith(line, name)) EXPECT_EQ(line.find(" new "), line.npos) << line;
+    }
+  }
+  EXPECT_GT(callers_without_self, 0u) << all_json.output;
   EXPECT_TRUE(checksum->self().significant()) << checksum->DebugString();
   EXPECT_GT(checksum->self().delta(), 0);
   // A fraction f more work in a function of share s raises its share by
