@@ -43,6 +43,9 @@ absl::StatusOr<v1::HostTotalsResponse> ClusterService::RunHostTotals(
   auto q = FromRequest(request);
   if (!q.ok()) return q.status();
   v1::HostTotalsResponse response;
+  if (!q->capture_id.empty()) {
+    response.set_capture_known(store_->meta().GetCapture(q->capture_id).ok());
+  }
   auto hosts = reader_.HostSamples(*q);
   if (absl::IsNotFound(hosts.status())) return response;  // no samples of it here
   if (!hosts.ok()) return hosts.status();

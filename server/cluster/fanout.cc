@@ -204,6 +204,12 @@ absl::StatusOr<query::Profile> FanoutSource::Load(const query::ProfileQuery& que
   query::Profile profile = std::move(merged).Finish(parts->host_samples);
   profile.unreachable_nodes = std::move(unreachable);
   if (parts->host_samples.empty() && profile.unreachable_nodes.empty() &&
+      !query.capture_id.empty() && !parts->capture_known) {
+    // As a single server says it (QueryService::Load): a mistyped ID is not an empty capture.
+    return absl::NotFoundError(absl::StrCat("unknown capture '", query.capture_id,
+                                            "' (strata captures lists them)"));
+  }
+  if (parts->host_samples.empty() && profile.unreachable_nodes.empty() &&
       query.capture_id.empty()) {
     // As a single server says it: no node knows the service. (A --host that matches none of
     // its hosts, or a range no window starts in, leaves a known service without samples.)

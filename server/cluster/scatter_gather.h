@@ -74,6 +74,7 @@ template <typename Response>
 struct HostParts {
   NodeAnswers<Response> parts;
   std::map<std::string, uint64_t> host_samples;
+  bool capture_known = false;  // a node answering holds the request's capture's record
 };
 
 class ScatterGather {
@@ -205,7 +206,9 @@ absl::StatusOr<HostParts<Response>> ScatterGather::AskByHost(
     pick.host_samples.insert(again.host_samples.begin(), again.host_samples.end());
   }
   NoteDeparted(unreachable);
-  return HostParts<Response>{*std::move(parts), std::move(pick.host_samples)};
+  bool capture_known = false;
+  for (const auto& [node, answer] : *totals) capture_known |= answer.capture_known();
+  return HostParts<Response>{*std::move(parts), std::move(pick.host_samples), capture_known};
 }
 
 }  // namespace strata::server::cluster

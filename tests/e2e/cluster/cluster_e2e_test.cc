@@ -263,6 +263,17 @@ TEST_F(ClusterTest, RealAgentIsPlacedAndCapturesWorkFromAnyNode) {
     EXPECT_EQ(long_capture.Wait(30), 1) << long_capture.Output();
     EXPECT_TRUE(std::regex_search(long_capture.Output(), std::regex("s of 60s at ")))
         << long_capture.Output();
+    // Its profile is read through every node; a mistyped capture ID is refused by every
+    // node, as by one server, not answered as an empty capture.
+    for (const auto& n : nodes_) {
+      auto [status, body] =
+          strata::testing::HttpGet(n->http_port, "/api/v1/top?capture=" + capture_id);
+      EXPECT_EQ(status, 200) << n->id << ": " << body;
+      std::tie(status, body) =
+          strata::testing::HttpGet(n->http_port, "/api/v1/top?capture=" + capture_id + "x");
+      EXPECT_EQ(status, 404) << n->id << ": " << body;
+      EXPECT_NE(body.find("unknown capture"), std::string::npos) << body;
+    }
   }
   // As on one server: a --host that matches none of the service's hosts, and a range that
   // may have no window starting in it, are answered (with no samples), not refused.
