@@ -81,6 +81,32 @@ inline FrameKind FrameKindOf(std::string_view module) {
   return FrameKind::kUser;
 }
 
+// A Java method's name as every JVM process names it. A hidden class (a lambda's
+// "Svc$$Lambda$1+0x00007fbe58000a08", a method handle's "LambdaForm$MH/0x0000000800c0c400") is
+// named with its address in the JVM that defined it, so each release's process would name the
+// same lambda anew; the address is dropped, as JFR drops it ("Svc$$Lambda$1.run()"). Other
+// names are returned unchanged.
+inline std::string WithoutHiddenClassAddresses(std::string_view name) {
+  std::string out;
+  size_t copied = 0;  // name[0, copied) is in `out`
+  for (size_t at = name.find("0x"); at != std::string_view::npos; at = name.find("0x", at + 2)) {
+    // "+0x", "/0x" or ".0x" (the '/' of an internal class name written as '.'), hex digits,
+    // then the '.' before the method's name: no Java identifier starts with a digit.
+    if (at == 0 || (name[at - 1] != '+' && name[at - 1] != '/' && name[at - 1] != '.')) continue;
+    size_t end = at + 2;
+    while (end < name.size() && ((name[end] >= '0' && name[end] <= '9') ||
+                                 (name[end] >= 'a' && name[end] <= 'f'))) {
+      ++end;
+    }
+    if (end == at + 2 || end >= name.size() || name[end] != '.') continue;
+    out.append(name.substr(copied, at - 1 - copied));
+    copied = end;
+  }
+  if (copied == 0) return std::string(name);
+  out.append(name.substr(copied));
+  return out;
+}
+
 // What names the same code in another process, on another host or in another release of the
 // same program: a module's kind and the part of its name that does not move with them. A file
 // by its name without the directory (a release installed in a directory of its own, a Nix

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/base/escape.h"
+#include "common/base/frame_kind.h"
 #include "server/store/codec.h"
 #include "server/store/db.h"
 #include "server/store/intern_table.h"
@@ -166,8 +167,17 @@ Interner::Interner(const Database* db, size_t cache_entries, IdHash id_hash)
 Interner::~Interner() = default;
 
 absl::StatusOr<uint64_t> Interner::InternFunction(const FunctionInfo& function, WriteBatch* batch) {
-  return impl_->Intern(InternKind::kFunction, FunctionIdentity(function),
-                       EncodeFunction(function), batch);
+  const FunctionInfo* interned = &function;
+  FunctionInfo portable;
+  const base::FrameKind kind = base::FrameKindOf(function.module);
+  if (kind == base::FrameKind::kJit || kind == base::FrameKind::kJava) {
+    // One lambda is one function in every process of its program, as other methods are.
+    portable = function;
+    portable.name = base::WithoutHiddenClassAddresses(function.name);
+    interned = &portable;
+  }
+  return impl_->Intern(InternKind::kFunction, FunctionIdentity(*interned),
+                       EncodeFunction(*interned), batch);
 }
 
 absl::StatusOr<uint64_t> Interner::InternStack(const StackFrames& stack, WriteBatch* batch) {

@@ -145,6 +145,35 @@ TEST_F(StoreTest, FunctionIdentityIgnoresModulePathWhenBuildIdKnown) {
   EXPECT_NE(*c, *d);
 }
 
+// A lambda's hidden class is named with its address in each JVM: stored without it, the
+// same lambda of two processes (two releases) has one name, in compiled and interpreted
+// frames alike. Only Java and JIT frames' names are changed.
+TEST_F(StoreTest, JavaHiddenClassAddressesAreNotPartOfFunctionNames) {
+  WriteBatch batch;
+  const std::pair<const char*, const char*> functions[] = {
+      {"void Svc$$Lambda$1+0x00007fbe58000a08.run()", "[jit:/tmp/perf-100.map]"},
+      {"void Svc$$Lambda$1+0x00007fac04000a08.run()", "[jit:/tmp/perf-200.map]"},
+      {"void Svc$$Lambda$1.0x0000000800c01234.run()", "[java:Svc.java]"},
+      {"java.lang.Object java.lang.invoke.LambdaForm$MH/0x0000000800c0c400.invoke(java.lang.Object)",
+       "[jit:/tmp/perf-100.map]"},
+      {"f+0x10.g", "/usr/bin/app"},
+      {"long Svc.parse(int)", "[java:Svc.java]"},
+  };
+  std::vector<std::string> names;
+  for (const auto& [name, module] : functions) {
+    auto id = store_->interner().InternFunction({name, module, "", 0}, &batch);
+    ASSERT_TRUE(id.ok()) << id.status();
+    auto stored = store_->interner().GetFunction(*id);
+    ASSERT_TRUE(stored.ok()) << stored.status();
+    names.push_back(stored->name);
+  }
+  EXPECT_THAT(names, ElementsAre("void Svc$$Lambda$1.run()", "void Svc$$Lambda$1.run()",
+                                 "void Svc$$Lambda$1.run()",
+                                 "java.lang.Object java.lang.invoke.LambdaForm$MH.invoke("
+                                 "java.lang.Object)",
+                                 "f+0x10.g", "long Svc.parse(int)"));
+}
+
 TEST_F(StoreTest, UncommittedInternIsRewrittenByLaterBatch) {
   StackFrames stack{{1, 2, 3}, false};
   uint64_t id;
