@@ -218,7 +218,7 @@ void WriteOutput(const std::string& path, const std::string& data) {
 }
 
 Client::Client(const GlobalOptions& options) : options_(options) {
-  if (absl::Status port = base::CheckPortInRange(options.server); !port.ok()) {
+  if (absl::Status port = base::CheckAddressPort(options.server); !port.ok()) {
     Fail(absl::StrCat("--server: ", port.message()));
   }
   auto security = rpc::ClientSecurity::Load(options.security);

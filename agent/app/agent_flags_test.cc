@@ -92,6 +92,7 @@ TEST(AgentFlagsTest, ErrorsNameTheFlag) {
   for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
            {"--server", "n1:7070,"},
            {"--server", "n1:7070,n2:99999"},
+           {"--server", "n1:7070,n2"},
            {"--spool-max-bytes", "lots"},
            {"--requests-metric", "127.0.0.1:9100/metrics#reqs"}}) {
     auto options = OptionsOf({"--pid", "1", flag, value});

@@ -53,7 +53,7 @@ absl::StatusOr<std::vector<std::string>> ParseServerList(std::string_view list) 
                        : absl::StrCat("an empty address in '", std::string(list),
                                       "' (addresses are host:port, separated by commas)"));
     }
-    if (absl::Status port = base::CheckPortInRange(piece); !port.ok()) return port;
+    if (absl::Status port = base::CheckAddressPort(piece); !port.ok()) return port;
     out.emplace_back(piece);
   }
   return out;

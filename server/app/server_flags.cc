@@ -463,7 +463,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags(const ServerFlags& flags) {
   for (const auto& [flag, address] :
        {std::pair{"--listen", &options.ingest.listen}, std::pair{"--http", &options.http.listen},
         std::pair{"--advertise", &options.cluster.advertise}}) {
-    if (absl::Status port = base::CheckPortInRange(*address); !port.ok()) {
+    if (absl::Status port = base::CheckAddressPort(*address); !port.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(flag, ": ", port.message()));
     }
   }

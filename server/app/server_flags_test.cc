@@ -101,6 +101,9 @@ TEST(ServerFlagsTest, BadValuesNameTheirFlag) {
   ExpectRefused("--graph-retention soon", invalid, "--graph-retention: ");
   ExpectRefused("--listen 127.0.0.1:99999", invalid, "--listen: port 99999 of");
   ExpectRefused("--advertise n1:70000", invalid, "--advertise: port 70000 of");
+  // gRPC would listen on port 443.
+  ExpectRefused("--listen 127.0.0.1", invalid, "--listen: '127.0.0.1' has no port");
+  ExpectRefused("--http 127.0.0.1", invalid, "--http: '127.0.0.1' has no port");
   ExpectRefused("--query-rate nan", invalid, "--query-rate and --query-burst must be numbers");
 }
 

@@ -313,6 +313,10 @@ TEST_F(BackboneTest, CliReportsUnreachableServerAndBadFlags) {
   r = RunCommand({BinPath("strata"), "--server", server.address() + "0", "services"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("is out of range"));
+  // An address without a port would be dialled on the scheme's default port.
+  r = RunCommand({BinPath("strata"), "--server", "127.0.0.1", "services"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("has no port"));
   r = RunCommand({BinPath("strata"), "--server", server.address(), "frobnicate"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("unknown command 'frobnicate'"));
