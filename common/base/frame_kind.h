@@ -107,11 +107,33 @@ inline std::string WithoutHiddenClassAddresses(std::string_view name) {
   return out;
 }
 
+// A file name without the version it ends in: "gosvc-v2" and "app-1.4.2" are "gosvc" and "app",
+// "libssl.so.3" is "libssl.so", "python3.11" is "python3". The version is the trailing run of
+// numbers each after a '-', '_', '.' or '@' (a 'v' before the number allowed); a name that is
+// nothing but numbers and separators ("1.2") is kept whole.
+inline std::string_view WithoutVersionSuffix(std::string_view file_name) {
+  size_t end = file_name.size();
+  while (true) {
+    size_t at = end;
+    while (at > 0 && file_name[at - 1] >= '0' && file_name[at - 1] <= '9') --at;
+    if (at == end) break;
+    if (at > 0 && file_name[at - 1] == 'v') --at;
+    if (at < 2) break;
+    const char separator = file_name[at - 1];
+    if (separator != '-' && separator != '_' && separator != '.' && separator != '@') break;
+    end = at - 1;
+  }
+  const std::string_view name = file_name.substr(0, end);
+  const bool named = name.find_first_not_of("0123456789-_.@v") != std::string_view::npos;
+  return named ? name : file_name;
+}
+
 // What names the same code in another process, on another host or in another release of the
 // same program: a module's kind and the part of its name that does not move with them. A file
 // by its name without the directory (a release installed in a directory of its own, a Nix
-// store path); JIT code by no name at all (a perf map's path holds the process ID); a Python
-// function's file by its name too. Kernel modules keep their whole name.
+// store path) and without the version it ends in (a release's binary named after it); JIT
+// code by no name at all (a perf map's path holds the process ID); a Python function's file
+// by its name too. Kernel modules keep their whole name.
 struct ModuleIdentity {
   FrameKind kind;
   std::string_view name;  // a part of the module name given
@@ -138,7 +160,7 @@ inline ModuleIdentity IdentityOf(std::string_view module) {
     case FrameKind::kJava: return {FrameKind::kJit, {}};
     case FrameKind::kUser: break;
   }
-  return {kind, file_name(module)};
+  return {kind, WithoutVersionSuffix(file_name(module))};
 }
 
 }  // namespace strata::base

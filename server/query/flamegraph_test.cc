@@ -418,6 +418,16 @@ TEST(DiffTest, FunctionsMatchAcrossReleaseDirectoriesAndProcesses) {
   for (const PathChange& p : d.paths) EXPECT_GT(p.base_samples, 0u);
   EXPECT_EQ(base::IdentityOf("/srv/releases/1/bin/svc"), base::IdentityOf("/opt/bin/svc"));
   EXPECT_NE(base::IdentityOf("/opt/bin/svc"), base::IdentityOf("/opt/bin/other"));
+  // A binary named after its release, a library after its version.
+  EXPECT_EQ(base::IdentityOf("/opt/gosvc-v1"), base::IdentityOf("/opt/gosvc-v2"));
+  EXPECT_EQ(base::IdentityOf("/opt/app-1.4.2"), base::IdentityOf("/opt/app_1.5"));
+  EXPECT_EQ(base::IdentityOf("/lib/libssl.so.1.1"), base::IdentityOf("/lib/libssl.so.3"));
+  EXPECT_EQ(base::IdentityOf("/usr/bin/python3.11"), base::IdentityOf("/usr/bin/python3.12"));
+  EXPECT_NE(base::IdentityOf("/usr/bin/python3.11"), base::IdentityOf("/usr/bin/python2.7"));
+  EXPECT_NE(base::IdentityOf("/opt/svc2"), base::IdentityOf("/opt/svc3"));
+  EXPECT_EQ(base::WithoutVersionSuffix("1.2"), "1.2");
+  EXPECT_EQ(base::WithoutVersionSuffix("x-v"), "x-v");
+  EXPECT_EQ(base::WithoutVersionSuffix("x-1"), "x");
   EXPECT_NE(base::IdentityOf("[kernel.kallsyms]"), base::IdentityOf("[kernel:xfs]"));
   EXPECT_EQ(base::IdentityOf("[jit:/tmp/perf-1.map]"), base::IdentityOf("[jit]"));
   EXPECT_EQ(base::IdentityOf("[python:/a/1/views.py]"), base::IdentityOf("[python:views.py]"));
