@@ -124,6 +124,7 @@ absl::Status Profiler::Poll(absl::Duration timeout) {
   // were found (TargetDiscovery::kNewTargetRereads).
   (void)discovery_->RereadNewTargets(absl::Now());
   for (sources::StackSource* source : sources_) source->Drain(recorder_);
+  discovery_->AskJvmsForPerfMaps();
   AttachPythonCapture();
   return rescan_due_ ? Rescan() : absl::OkStatus();
 }

@@ -97,11 +97,19 @@ const std::vector<encoding::EdgeId>* StackRecorder::UnwindAndRecord(
     const sampler::RawSample& sample, v1::UnwindCounters* counts) {
   PathCache* paths = nullptr;
   size_t outer_kept = 0;
+  const uint64_t unnamed_jit_pcs = target.space->unnamed_jit_pcs();
   unwind::UnwindResult result =
       Unwind(target, state, thread, sample, &paths, &outer_kept, counts);
   // A library mapped since the mappings were read: read them again, and unwind again when
   // they changed (the sample was taken with the library there).
   if (result.stop == unwind::StopReason::kNoModule && targets_->RefreshSoon(target)) {
+    result = Unwind(target, state, thread, sample, &paths, &outer_kept, counts);
+  }
+  // Likewise JIT code compiled since its perf map was read (a JVM asked for a new map, which
+  // JvmPerfMaps does when such code is met): its frame's layout comes with its entry.
+  if (result.stop != unwind::StopReason::kOutermost &&
+      result.stop != unwind::StopReason::kMaxFrames &&
+      target.space->unnamed_jit_pcs() != unnamed_jit_pcs && target.space->ReadPerfMapAgain()) {
     result = Unwind(target, state, thread, sample, &paths, &outer_kept, counts);
   }
   // The kernel copies no stack page that is not resident (swapped out, say), so the copy can
@@ -231,8 +239,11 @@ unwind::UnwindResult StackRecorder::Unwind(const Target& target, TargetState& st
   // A copy shorter than requested ended at the top of the thread's stack.
   const bool stack_end_known = sample.stack_size < options_.stack_bytes;
   unwind::SampleStats unwind_stats;
+  // JIT code the perf map names since it was last read brings its frames' layouts: frames
+  // stepped without them (by the frame-pointer row) are not reused.
+  const uint64_t epoch = target.maps_epoch + target.space->perf_map_generation();
   unwind::UnwindResult result =
-      thread->unwinder.Unwind({regs, stack, target.maps_epoch, stack_end_known}, *target.space,
+      thread->unwinder.Unwind({regs, stack, epoch, stack_end_known}, *target.space,
                               frames_.data(), frames_.size(), &unwind_stats);
   *paths = options_.unwind_verify == unwind::VerifyMode::kOff ? nullptr : &thread->paths;
   *outer_kept = unwind_stats.outer_kept;

@@ -204,8 +204,15 @@ void TargetDiscovery::RefreshMappingsPeriodically(Target& target) {
   }
   target.intervals_unchecked = 0;
   RefreshMappings(target);
-  if (target.jvm && jvm_perf_maps_ != nullptr && jvm_perf_maps_->Wants(target.service)) {
-    jvm_perf_maps_->Tick(target.pid, absl::Now(), target.space->unnamed_jit_pcs());
+}
+
+void TargetDiscovery::AskJvmsForPerfMaps() {
+  if (jvm_perf_maps_ == nullptr) return;
+  const absl::Time now = absl::Now();
+  for (const auto& [pid, target] : targets_) {
+    if (target->jvm && jvm_perf_maps_->Wants(target->service)) {
+      jvm_perf_maps_->Tick(target->pid, now, target->space->unnamed_jit_pcs());
+    }
   }
 }
 

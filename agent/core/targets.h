@@ -106,6 +106,10 @@ class TargetDiscovery {
   // mapping changes, and in-process sources report their changes cheaply: every interval.
   void RefreshMappingsPeriodically(Target& target);
   static constexpr uint32_t kMapsCheckIntervals = 6;
+  // At each of the main loop's wake-ups: the JVM targets whose perf maps are wanted tell
+  // JvmPerfMaps how much JIT code their maps did not name, so that a JVM is asked for a new map
+  // within about a second of compiling code, not at the next shipping interval.
+  void AskJvmsForPerfMaps();
   // A pc in no known module usually means a library was mapped since the last read: reads the
   // mappings again unless the last read was within the target's no_module_wait (10 ms,
   // doubling up to 1 s while the reads find nothing new, as for code no mapping names).

@@ -53,8 +53,8 @@ class JvmPerfMaps {
   JvmPerfMaps& operator=(const JvmPerfMaps&) = delete;
 
   bool Wants(std::string_view service) const;
-  // A JVM target of a wanted service, once per shipping interval: queues a request when one is
-  // due. `unnamed_jit_pcs` is the target's running count (ProcessAddressSpace).
+  // A JVM target of a wanted service, at each of the main loop's wake-ups: queues a request
+  // when one is due. `unnamed_jit_pcs` is the target's running count (ProcessAddressSpace).
   void Tick(pid_t pid, absl::Time now, uint64_t unnamed_jit_pcs);
   // The process is gone or no longer a target.
   void Forget(pid_t pid);

@@ -215,6 +215,17 @@ bool ProcessAddressSpace::PerfMapEntryAt(uint64_t pc, PerfMap::Symbol* out) cons
   return perf_map_ != nullptr && perf_map_->map().Lookup(pc, out);
 }
 
+bool ProcessAddressSpace::ReadPerfMapAgain() const {
+  // Anonymous executable memory of a process that writes no map (and is not a JVM, asked for
+  // one) is not looked for five times a second.
+  if (jit_layouts_ == nullptr && (perf_map_ == nullptr || perf_map_->map().size() == 0)) {
+    return false;
+  }
+  const uint64_t generation = perf_map_generation_;
+  UpdatePerfMap(/*retry=*/true);
+  return perf_map_generation_ != generation;
+}
+
 void ProcessAddressSpace::UpdatePerfMap(bool retry) const {
   const auto now = std::chrono::steady_clock::now();
   if (retry && perf_map_ != nullptr && now - perf_map_read_at_ < kPerfMapRetry) return;
@@ -291,9 +302,11 @@ bool ProcessAddressSpace::LookupJit(uint64_t pc, const unwind::RuleSource** rule
   *rules = nullptr;
   *module_pc = pc;
   PerfMap::Symbol symbol;
-  if (jit_layouts_ == nullptr || perf_map_ == nullptr || !perf_map_->map().Lookup(pc, &symbol)) {
+  if (perf_map_ == nullptr || !perf_map_->map().Lookup(pc, &symbol)) {
+    ++unnamed_jit_pcs_;  // code newer than the map: its frame's layout is not known either
     return true;
   }
+  if (jit_layouts_ == nullptr) return true;
   // Code memory is reused: a layout holds only as long as the map that placed its code.
   if (perf_map_->bytes_read() != jit_rules_map_bytes_) {
     jit_rules_.clear();

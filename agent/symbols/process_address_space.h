@@ -176,9 +176,13 @@ class ProcessAddressSpace final : public unwind::AddressSpace {
   // (Symbolize, PerfMapEntryAt) may have changed since this was last seen, though the mappings
   // did not.
   uint64_t perf_map_generation() const { return perf_map_generation_; }
-  // JIT pcs Symbolize() found in no perf map entry, since the space was made: a runtime that
-  // writes its map on request (jvm/jvm_perf_maps.h) is asked again when this grows.
+  // JIT pcs Symbolize() or the unwinder (LookupJit) found in no perf map entry, since the
+  // space was made: a runtime that writes its map on request (jvm/jvm_perf_maps.h) is asked
+  // again when this grows.
   uint64_t unnamed_jit_pcs() const { return unnamed_jit_pcs_; }
+  // Reads what the perf map gained, at most every kPerfMapRetry: true when it gained entries
+  // (a walk that stopped at a JIT pc the map did not name may now go on).
+  bool ReadPerfMapAgain() const;
 
  private:
   struct Region {

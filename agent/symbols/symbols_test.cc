@@ -360,6 +360,34 @@ TEST_F(JitSymbolsTest, AnonymousCodeIsJitNamedFromThePerfMap) {
   }
 }
 
+// The unwinder meeting JIT code its map does not name yet counts it (a JVM is then asked for a
+// new map: jvm/jvm_perf_maps.h), and the map read again names it, at most every
+// kPerfMapRetry.
+TEST_F(JitSymbolsTest, UnwinderCountsCodeTheMapDoesNotNameAndReadsTheMapAgain) {
+  ModuleCache cache;
+  ProcessAddressSpace space(getpid(), &cache);
+  space.SetPerfMap(map_, "/tmp/perf-42.map");
+  AppendMap(absl::StrFormat("%x 40 JS:*strataFirst /app/a.js:1:1\n", code_.start()));
+  ASSERT_TRUE(space.Refresh().ok());
+  const unwind::RuleSource* rules = nullptr;
+  uint64_t module_pc = 0;
+  const uint64_t named = code_.start() + 10, newer = code_.start() + JitCode::kSecond + 4;
+  ASSERT_TRUE(space.LookupJit(named, &rules, &module_pc));
+  EXPECT_EQ(space.unnamed_jit_pcs(), 0u);
+  ASSERT_TRUE(space.LookupJit(newer, &rules, &module_pc));
+  ASSERT_TRUE(space.LookupJit(newer, &rules, &module_pc));
+  EXPECT_EQ(space.unnamed_jit_pcs(), 2u);  // each walk that meets it
+  EXPECT_FALSE(space.ReadPerfMapAgain()) << "the map gained nothing";
+
+  AppendMap(absl::StrFormat("%x 20 JS:*strataSecond /app/a.js:9:1\n",
+                            code_.start() + JitCode::kSecond));
+  EXPECT_FALSE(space.ReadPerfMapAgain()) << "read again within kPerfMapRetry";
+  std::this_thread::sleep_for(ProcessAddressSpace::kPerfMapRetry + std::chrono::milliseconds(50));
+  EXPECT_TRUE(space.ReadPerfMapAgain());
+  ASSERT_TRUE(space.LookupJit(newer, &rules, &module_pc));
+  EXPECT_EQ(space.unnamed_jit_pcs(), 2u);
+}
+
 TEST_F(JitSymbolsTest, WithoutPerfMapJitCodeIsUnknownJit) {
   ModuleCache cache;
   ProcessAddressSpace space(getpid(), &cache);
