@@ -1,6 +1,7 @@
 #include "common/base/config_file.h"
 
 #include <cctype>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -552,6 +553,17 @@ void AddConfigFile(CLI::App& app) {
   app.add_flag_callback(
          "--print-config",
          [root] {
+           // CLI11 runs this callback before it reports a config file it could not read (so
+           // that --help wins over that error): the check before a restart must fail as the
+           // restart would.
+           const CLI::Option* config = root->get_config_ptr();
+           if (config != nullptr && config->count() > 0) {
+             const std::string path = config->as<std::string>();
+             std::ifstream readable(path);
+             if (!readable || std::filesystem::is_directory(path)) {
+               throw CLI::FileError::Missing(path);
+             }
+           }
            RunCallbacks(root);
            std::cout << FormatEffectiveConfig(*root) << std::flush;
            throw CLI::Success();

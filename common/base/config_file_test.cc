@@ -272,5 +272,19 @@ TEST_F(ConfigFileTest, PrintConfigReportsBadValuesLikeAStart) {
   EXPECT_THAT(err, HasSubstr(path + ":2: "));
 }
 
+// A mistyped config path fails the check as it fails the start, in either order of the flags.
+TEST_F(ConfigFileTest, PrintConfigReportsAMissingConfigFileLikeAStart) {
+  const std::string missing = Write("") + ".missing";
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--config", missing, "--print-config"},
+        std::vector<std::string>{"--print-config", "--config", missing}}) {
+    TestApp t;
+    std::string out, err;
+    EXPECT_NE(t.Parse(args, &out, &err), 0) << out;
+    EXPECT_THAT(err, HasSubstr(missing));
+    EXPECT_THAT(out, ::testing::Not(HasSubstr("configuration")));
+  }
+}
+
 }  // namespace
 }  // namespace strata::base
