@@ -45,9 +45,14 @@ absl::StatusOr<int64_t> ParseRfc3339(std::string_view text) {
     }
     offset_minutes = (s[i] == '+' ? 1 : -1) * (oh * 60 + om);
     i += 6;
-  } else {
+  } else if (i == s.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("time '", std::string(text), "' needs a zone: Z or +hh:mm"));
+  } else {
+    // Something else after the seconds ("05:15:50:00Z"): not a missing zone.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid time '", std::string(text), "': '", s.substr(i),
+        "' after the seconds (times are like 2026-12-06T05:15:50Z)"));
   }
   if (i != s.size()) return absl::InvalidArgumentError(absl::StrCat("invalid time '", std::string(text), "'"));
   tm t{};

@@ -1,5 +1,6 @@
 #include "cli/format.h"
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace strata::cli {
@@ -26,6 +27,11 @@ TEST(FormatTest, ParsesRfc3339) {
                           "2026-11-21T05:53:00+2", "yesterday", "2026-11-21T05:53:00Zjunk"}) {
     EXPECT_FALSE(ParseRfc3339(bad).ok()) << bad;
   }
+  // A zone missing is said so; anything else after the seconds is named.
+  EXPECT_THAT(std::string(ParseRfc3339("2026-11-21T05:53:00").status().message()),
+              ::testing::HasSubstr("needs a zone"));
+  const absl::Status extra = ParseRfc3339("2026-12-06T05:15:50:00Z").status();
+  EXPECT_THAT(std::string(extra.message()), ::testing::HasSubstr("':00Z' after the seconds"));
 }
 
 TEST(FormatTest, NumbersAndPercentages) {
