@@ -582,8 +582,9 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
     grpc::Status status;
     finish(&status);
     if (welcome.has_redirect()) return;  // Run() logs it
-    LogWarn("cannot connect to strata-server at {}: {}", address,
-                 status.ok() ? "stream closed" : status.error_message());
+    LogWarn("cannot connect to strata-server at {}: {}{}", address,
+            status.ok() ? "stream closed" : status.error_message(),
+            options_.security.ConnectionErrorHint(status.error_message()));
     return;
   }
   grpc::Alarm alarm;

@@ -1,12 +1,15 @@
 #include "common/rpc/client_security.h"
 
+#include <openssl/asn1.h>
 #include <openssl/bio.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <grpcpp/create_channel.h>
@@ -16,6 +19,8 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/base/log.h"
 
 namespace strata::rpc {
 namespace {
@@ -102,6 +107,36 @@ absl::Status CheckTlsFiles(const std::string& cert_file, const std::string& key_
   return status;
 }
 
+std::string CertificateValidityWarning(const std::string& cert_file, absl::Time now,
+                                       absl::Duration soon) {
+  auto pem = ReadPem(cert_file, "certificate");
+  if (!pem.ok()) return "";
+  BIO* bio = BIO_new_mem_buf(pem->data(), static_cast<int>(pem->size()));
+  X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
+  BIO_free(bio);
+  if (cert == nullptr) return "";
+  auto time_of = [](const ASN1_TIME* t) -> std::optional<absl::Time> {
+    tm parts{};
+    if (t == nullptr || ASN1_TIME_to_tm(t, &parts) != 1) return std::nullopt;
+    return absl::FromTimeT(timegm(&parts));
+  };
+  const std::optional<absl::Time> not_before = time_of(X509_get0_notBefore(cert));
+  const std::optional<absl::Time> not_after = time_of(X509_get0_notAfter(cert));
+  X509_free(cert);
+  auto date = [](absl::Time t) { return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", t, absl::UTCTimeZone()); };
+  if (not_after.has_value() && *not_after <= now) {
+    return absl::StrCat("the certificate ", cert_file, " expired on ", date(*not_after));
+  }
+  if (not_before.has_value() && *not_before > now) {
+    return absl::StrCat("the certificate ", cert_file, " is not valid before ", date(*not_before));
+  }
+  if (not_after.has_value() && *not_after - now <= soon) {
+    return absl::StrCat("the certificate ", cert_file, " expires on ", date(*not_after), ", in ",
+                        absl::ToInt64Hours(*not_after - now) / 24, " days");
+  }
+  return "";
+}
+
 absl::StatusOr<ClientSecurity> ClientSecurity::Load(const ClientSecurityOptions& options) {
   ClientSecurity s;
   s.options_ = options;
@@ -112,12 +147,24 @@ absl::StatusOr<ClientSecurity> ClientSecurity::Load(const ClientSecurityOptions&
       !st.ok()) {
     return st;
   }
+  if (!options.cert_file.empty()) {
+    // The server refuses the handshake, and its client sees only "Socket closed".
+    const std::string warning = CertificateValidityWarning(options.cert_file, absl::Now());
+    if (!warning.empty()) LogWarn("TLS client certificate: {}", warning);
+  }
   if (!options.token_file.empty()) {
     auto token = ReadTokenFile(options.token_file);
     if (!token.ok()) return token.status();
     s.authorization_ = absl::StrCat("Bearer ", *token);
   }
   return s;
+}
+
+std::string ClientSecurity::ConnectionErrorHint(std::string_view error) const {
+  if (!tls() || options_.cert_file.empty() || error.find("Socket closed") == error.npos) return "";
+  return absl::StrCat(" (a server that refuses this client's certificate closes the connection: "
+                      "is ", options_.cert_file, " signed by the CA of its --tls-client-ca, and "
+                      "valid now?)");
 }
 
 std::shared_ptr<grpc::Channel> ClientSecurity::CreateChannel(const std::string& target,

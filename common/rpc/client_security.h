@@ -12,12 +12,14 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
 #include <grpcpp/support/channel_arguments.h>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace CLI {
 class App;
@@ -46,6 +48,14 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 absl::Status CheckTlsFiles(const std::string& cert_file, const std::string& key_file,
                            const std::string& ca_file);
 
+// What an operator should hear about the validity period of the certificate in `cert_file`
+// at `now`: "expired on 2026-11-01T00:00:00Z", "not valid before ...", or "expires on ..., in
+// N days" when that is within `soon`. Empty when it is valid beyond `soon`, or cannot be read
+// (CheckTlsFiles reports that). A warning, not an error: a renewal may be on its way, and the
+// programs watch their certificate files.
+std::string CertificateValidityWarning(const std::string& cert_file, absl::Time now,
+                                       absl::Duration soon = absl::Hours(24 * 7));
+
 class ClientSecurity {
  public:
   // Plaintext, no token.
@@ -59,6 +69,10 @@ class ClientSecurity {
   void Authorize(grpc::ClientContext* context) const;
 
   bool tls() const { return !options_.ca_file.empty(); }
+  // What to add to a failed connection's error: with a client certificate, a server that
+  // refuses it (another CA, expired) closes the connection after the handshake, and gRPC says
+  // only "Socket closed". Empty when there is nothing to add.
+  std::string ConnectionErrorHint(std::string_view error) const;
 
  private:
   ClientSecurityOptions options_;

@@ -19,7 +19,8 @@ std::atomic<bool> listener_lost{false};
 
 void LogGrpcLine(gpr_log_func_args* args) {
   const std::string_view message = args->message != nullptr ? args->message : "";
-  const LogLevel level = args->severity == GPR_LOG_SEVERITY_ERROR  ? LogLevel::kError
+  const LogLevel level = IsClientsDoing(message)                   ? LogLevel::kDebug
+                         : args->severity == GPR_LOG_SEVERITY_ERROR ? LogLevel::kError
                          : args->severity == GPR_LOG_SEVERITY_INFO ? LogLevel::kInfo
                                                                    : LogLevel::kDebug;
   Log(level, "grpc: {} ({}:{})", message, args->file != nullptr ? args->file : "?", args->line);
@@ -32,6 +33,10 @@ void LogGrpcLine(gpr_log_func_args* args) {
 
 bool IsListenerLost(std::string_view message) {
   return message.starts_with("Failed accept4");
+}
+
+bool IsClientsDoing(std::string_view message) {
+  return message.starts_with("No match found for server name");
 }
 
 void RouteGrpcLog(std::function<void(std::string_view message)> on_listener_lost) {

@@ -19,6 +19,12 @@ namespace strata::server::app {
 // Whether gRPC's log line `message` says its listener gave up (see above).
 bool IsListenerLost(std::string_view message);
 
+// Whether gRPC's error line `message` is a client's doing that the server serves anyway, to be
+// logged at debug level rather than as an error at every connection: "No match found for
+// server name: X" (a client asked, by SNI, for a name the server has no certificate of its
+// own for; it gets the server's only certificate, and refuses it itself if it does not match).
+bool IsClientsDoing(std::string_view message);
+
 // From now on gRPC's log lines go to the server's log (LogError and LogInfo, with gRPC's
 // source file and line), and the first that IsListenerLost() calls `on_listener_lost` with
 // its text. gRPC may hold its own locks while it logs: the callback must not call into gRPC.

@@ -11,6 +11,8 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/rpc/client_security.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/auth/auth_file.h"
@@ -318,6 +320,33 @@ TEST_F(ServerTlsTest, OnlyACertificateWithItsKeyIsStaged) {
   EXPECT_EQ(Staged("key.pem"), Read(dir_ / "b.key"));
   tls->reset();
   EXPECT_FALSE(fs::exists(dir_ / "staging"));
+}
+
+// An expired certificate fails every handshake with the same "certificate verify failed" as
+// one of another CA: the programs warn of it when they take it, and of one expiring soon.
+TEST_F(ServerTlsTest, CertificateValidityIsWarnedOf) {
+  const std::string cert = (dir_ / "a.pem").string();  // valid for one day from now
+  const absl::Time now = absl::Now();
+  EXPECT_THAT(strata::rpc::CertificateValidityWarning(cert, now), HasSubstr("expires on "));
+  EXPECT_THAT(strata::rpc::CertificateValidityWarning(cert, now), HasSubstr(", in 0 days"));
+  EXPECT_EQ(strata::rpc::CertificateValidityWarning(cert, now, absl::ZeroDuration()), "");
+  EXPECT_THAT(strata::rpc::CertificateValidityWarning(cert, now + absl::Hours(48)),
+              HasSubstr(cert + " expired on "));
+  EXPECT_THAT(strata::rpc::CertificateValidityWarning(cert, now - absl::Hours(1)),
+              HasSubstr(cert + " is not valid before "));
+  EXPECT_EQ(strata::rpc::CertificateValidityWarning("/nonexistent.pem", now), "");
+
+  // A client whose certificate the server refused hears only "Socket closed": it is told
+  // what to check.
+  auto client = strata::rpc::ClientSecurity::Load(
+      {.ca_file = cert, .cert_file = cert, .key_file = (dir_ / "a.key").string()});
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_THAT(client->ConnectionErrorHint("ipv4:127.0.0.1:7070: Socket closed"),
+              HasSubstr(cert + " signed by the CA of its --tls-client-ca"));
+  EXPECT_EQ(client->ConnectionErrorHint("Connection refused"), "");
+  auto server_only = strata::rpc::ClientSecurity::Load({.ca_file = cert});
+  ASSERT_TRUE(server_only.ok()) << server_only.status();
+  EXPECT_EQ(server_only->ConnectionErrorHint("Socket closed"), "");
 }
 
 }  // namespace

@@ -50,6 +50,7 @@ absl::StatusOr<std::unique_ptr<ServerTls>> ServerTls::Create(const ServerTlsFile
   std::unique_ptr<ServerTls> tls(new ServerTls(files, staging_dir));
   const std::vector<base::FileStamp> stamps = tls->Stamps();
   if (absl::Status checked = CheckServerTlsFiles(files); !checked.ok()) return checked;
+  tls->WarnOfValidity();
   std::error_code ec;
   fs::remove_all(staging_dir, ec);
   if (!fs::create_directories(staging_dir, ec) ||
@@ -149,6 +150,13 @@ absl::Status ServerTls::Stage(const std::vector<base::FileStamp>& checked) {
   return absl::OkStatus();
 }
 
+void ServerTls::WarnOfValidity() const {
+  // Clients refuse an expired certificate with "certificate verify failed", as one of another
+  // CA, and the server hears of it only as a closed connection.
+  const std::string warning = rpc::CertificateValidityWarning(files_.cert_file, absl::Now());
+  if (!warning.empty()) LogWarn("gRPC: TLS server certificate: {}", warning);
+}
+
 bool ServerTls::StageIfChanged() {
   absl::MutexLock lock(&stage_mu_);
   const std::vector<base::FileStamp> stamps = Stamps();
@@ -171,6 +179,7 @@ bool ServerTls::StageIfChanged() {
   stamps_ = stamps;
   staged_.fetch_add(1, std::memory_order_relaxed);
   LogInfo("gRPC: took the changed TLS certificate '{}'", files_.cert_file);
+  WarnOfValidity();
   return true;
 }
 

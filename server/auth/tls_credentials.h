@@ -63,6 +63,8 @@ class ServerTls {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(stage_mu_);
   std::vector<base::FileStamp> Stamps() const;
   void Watch();
+  // Logs a warning when the certificate is expired, not yet valid or expires within a week.
+  void WarnOfValidity() const;
 
   const ServerTlsFiles files_;
   const std::string dir_;
