@@ -187,6 +187,13 @@ struct Store::Impl {
     }
     last_resume = now;
     rocksdb::Status r = database.db->Resume();
+    if (r.IsBusy()) {
+      // RocksDB's own recovery runs (its Busy says nothing more): it resumes writes itself
+      // once the disk has room again.
+      return absl::UnavailableError(
+          "the store cannot write (disk full or failing); RocksDB is recovering and resumes "
+          "writes once the disk has room");
+    }
     if (!r.ok()) {
       return absl::UnavailableError(absl::StrCat(
           "the store cannot write (disk full or failing); resuming failed: ", r.ToString()));
