@@ -123,7 +123,9 @@ std::string CertificateValidityWarning(const std::string& cert_file, absl::Time 
   const std::optional<absl::Time> not_before = time_of(X509_get0_notBefore(cert));
   const std::optional<absl::Time> not_after = time_of(X509_get0_notAfter(cert));
   X509_free(cert);
-  auto date = [](absl::Time t) { return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", t, absl::UTCTimeZone()); };
+  auto date = [](absl::Time t) {
+    return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", t, absl::UTCTimeZone());
+  };
   if (not_after.has_value() && *not_after <= now) {
     return absl::StrCat("the certificate ", cert_file, " expired on ", date(*not_after));
   }

@@ -77,10 +77,13 @@ uint64_t CountKeys(const std::string& dir) {
   std::vector<std::string> names;
   EXPECT_TRUE(rocksdb::DB::ListColumnFamilies(rocksdb::DBOptions(), dir, &names).ok());
   std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
-  for (const std::string& name : names) descriptors.emplace_back(name, rocksdb::ColumnFamilyOptions());
+  for (const std::string& name : names) {
+    descriptors.emplace_back(name, rocksdb::ColumnFamilyOptions());
+  }
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw = nullptr;
-  rocksdb::Status s = rocksdb::DB::OpenForReadOnly(rocksdb::DBOptions(), dir, descriptors, &handles, &raw);
+  rocksdb::Status s =
+      rocksdb::DB::OpenForReadOnly(rocksdb::DBOptions(), dir, descriptors, &handles, &raw);
   EXPECT_TRUE(s.ok()) << s.ToString();
   if (!s.ok()) return 0;
   std::unique_ptr<rocksdb::DB> db(raw);

@@ -154,7 +154,8 @@ TEST_F(StoreTest, JavaHiddenClassAddressesAreNotPartOfFunctionNames) {
       {"void Svc$$Lambda$1+0x00007fbe58000a08.run()", "[jit:/tmp/perf-100.map]"},
       {"void Svc$$Lambda$1+0x00007fac04000a08.run()", "[jit:/tmp/perf-200.map]"},
       {"void Svc$$Lambda$1.0x0000000800c01234.run()", "[java:Svc.java]"},
-      {"java.lang.Object java.lang.invoke.LambdaForm$MH/0x0000000800c0c400.invoke(java.lang.Object)",
+      {"java.lang.Object java.lang.invoke.LambdaForm$MH/0x0000000800c0c400.invoke("
+       "java.lang.Object)",
        "[jit:/tmp/perf-100.map]"},
       {"f+0x10.g", "/usr/bin/app"},
       {"long Svc.parse(int)", "[java:Svc.java]"},
