@@ -787,8 +787,11 @@ void Shipper::Session(v1::Ingest::Stub* stub, const std::string& address) {
   absl::MutexLock lock(&mu_);
   stats_.connected = false;
   if (!stopping_ && !redirect_.has_value()) {
+    // CANCELLED is this side's own TryCancel() above, after a read or write failed.
     LogWarn("connection to strata-server at {} lost: {}", address,
-                 status.ok() ? "stream closed" : status.error_message());
+            status.ok() || status.error_code() == grpc::StatusCode::CANCELLED
+                ? "the server ended the stream or the connection broke"
+                : status.error_message());
   }
 }
 

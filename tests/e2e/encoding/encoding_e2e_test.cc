@@ -130,6 +130,9 @@ TEST_P(EncodingRestartTest, AgentSurvivesServerKillsWithoutLossOrDoubleCounting)
   EXPECT_THAT(log, Not(HasSubstr("did not acknowledge"))) << log;
   EXPECT_THAT(log, Not(HasSubstr("rejected"))) << log;
   EXPECT_THAT(log, Not(HasSubstr("[error]"))) << log;
+  // A killed server is told as such, not by the agent's own cancel of the stream.
+  EXPECT_THAT(log, HasSubstr("lost: the server ended the stream or the connection broke"));
+  EXPECT_THAT(log, Not(HasSubstr("lost: CANCELLED"))) << log;
 
   // Three connections; the two after a restart found the graph the server had persisted
   // (beyond the root and the truncation marker, which every graph starts with).
