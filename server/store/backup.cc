@@ -93,7 +93,10 @@ absl::Status StageStore(const std::string& data_dir, const std::string& staging)
   std::string options_file;  // the newest; RocksDB writes one at each open
   for (const auto& entry : fs::directory_iterator(data_dir, ec)) {
     const std::string name = entry.path().filename();
-    if (name.starts_with("OPTIONS-") && name > options_file) options_file = name;
+    // Not RocksDB's half-written "OPTIONS-N.dbtmp", which sorts after its finished file.
+    if (name.starts_with("OPTIONS-") && !name.ends_with(".dbtmp") && name > options_file) {
+      options_file = name;
+    }
   }
   for (const std::string& name : {std::string("IDENTITY"), options_file}) {
     if (!name.empty()) fs::copy_file(data_dir + "/" + name, staging + "/" + name, ec);
